@@ -1,0 +1,22 @@
+"""The spec: request lifecycle and in-flight batch accounting of vLLM V1's
+scheduler under pipeline parallelism, as a state machine in plain Python.
+
+Standard library only. Read `README.md` beside this file for the prose.
+"""
+
+from .actions import Prompt, Sample, abort, arrive, complete_oldest, sampling_entries
+from .config import MUTANTS, Config
+from .invariants import INVARIANTS, Invariant, violated
+from .schedule import Scheduled, ScheduledEntry, schedule
+from .sometimes import SOMETIMES, Sometimes
+from .state import BlockPool, Entry, Fate, Request, State, Status, describe, initial_state
+from .transitions import (TRANSITION_PROPERTIES, Abort, Action, Arrive, CompleteOldest,
+                          Schedule, step)
+
+__all__ = [
+    "Abort", "Action", "Arrive", "BlockPool", "CompleteOldest", "Config", "Entry", "Fate",
+    "INVARIANTS", "Invariant", "MUTANTS", "Prompt", "Request", "Sample", "SOMETIMES",
+    "Schedule", "Scheduled", "ScheduledEntry", "Sometimes", "State", "Status",
+    "TRANSITION_PROPERTIES", "abort", "arrive", "complete_oldest", "describe",
+    "initial_state", "sampling_entries", "schedule", "step", "violated",
+]

@@ -1,0 +1,165 @@
+"""The state of the spec: requests, queues, the in-flight batch FIFO, the KV
+block pool.
+
+Abstracted away:
+* token ids. A request is its prompt length, its output count and, for prefix
+  caching, one content label per full prompt block (fixed at arrival; requests
+  that share a prefix share labels). Blocks that hold output tokens get a label
+  unique to their request and position (`content_label`), since two requests'
+  sampled continuations are taken to differ.
+* request names. Requests are slots 0..N-1 that arrive at most once, so the
+  state is finite; name reuse is a trace-level concern.
+* incarnation numbers. A batch entry's `fate` (LIVE, ORPHANED, SUPERSEDED) is
+  the finite stand-in for "the incarnation it was scheduled for".
+* time. Only the order of events matters.
+
+Every value is frozen and hashable, so explicit-state search can store states
+in a set, and every counter is bounded by the configuration.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+
+class Status(enum.Enum):
+    NEW = "NEW"                          # not yet arrived
+    WAITING = "WAITING"
+    RUNNING = "RUNNING"
+    PREEMPTED = "PREEMPTED"
+    FINISHED_STOPPED = "FINISHED_STOPPED"
+    FINISHED_LENGTH = "FINISHED_LENGTH"
+    FINISHED_ABORTED = "FINISHED_ABORTED"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in FINISHED
+
+    @property
+    def is_active(self) -> bool:
+        """Arrived and not finished."""
+        return self in (Status.WAITING, Status.RUNNING, Status.PREEMPTED)
+
+
+FINISHED = frozenset({Status.FINISHED_STOPPED, Status.FINISHED_LENGTH, Status.FINISHED_ABORTED})
+
+
+class Fate(enum.Enum):
+    LIVE = "live"              # its request is the incarnation it was scheduled for
+    ORPHANED = "orphaned"      # request preempted since, not rescheduled: tokens kept
+    SUPERSEDED = "superseded"  # rescheduled, aborted or finished since: tokens dropped
+
+
+@dataclass(frozen=True)
+class Request:
+    status: Status = Status.NEW
+    prompt_len: int = 0
+    max_tokens: int = 0
+    prompt_labels: tuple[int, ...] = ()  # content label of each full prompt block
+    num_output: int = 0
+    num_computed: int = 0                # advanced at schedule time
+    num_drafts: int = 0                  # draft tokens proposed for the next step
+    block_table: tuple[int, ...] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        """Known tokens: prompt plus sampled outputs."""
+        return self.prompt_len + self.num_output
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return self.num_tokens + self.num_drafts
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One request's part of a batch: the snapshot taken when it was scheduled."""
+
+    req: int
+    start: int          # num_computed before this batch, prefix-cache hit included
+    n: int              # tokens scheduled, drafts included
+    samples: bool       # start + n - drafts reaches the known tokens: a token comes back
+    drafts: int         # draft tokens scheduled with it
+    fate: Fate = Fate.LIVE
+
+    @property
+    def end(self) -> int:
+        return self.start + self.n
+
+
+Batch = tuple[Entry, ...]
+
+
+@dataclass(frozen=True)
+class BlockPool:
+    """vLLM's BlockPool by identity: reference counts, cached labels and the
+    free queue in eviction order (head is evicted first)."""
+
+    ref_counts: tuple[int, ...]
+    labels: tuple[int | None, ...]
+    free_queue: tuple[int, ...]
+
+    @staticmethod
+    def empty(num_blocks: int) -> "BlockPool":
+        return BlockPool((0,) * num_blocks, (None,) * num_blocks, tuple(range(num_blocks)))
+
+
+@dataclass(frozen=True)
+class State:
+    requests: tuple[Request, ...]
+    waiting: tuple[int, ...] = ()
+    running: tuple[int, ...] = ()
+    in_flight: tuple[Batch, ...] = ()        # FIFO, oldest first, at most K
+    pool: BlockPool = field(default_factory=lambda: BlockPool.empty(0))
+    scheduled_ids: frozenset[int] = frozenset()  # one-batch-per-request's in-flight set
+
+    def with_request(self, r: int, **changes) -> "State":
+        reqs = list(self.requests)
+        reqs[r] = replace(reqs[r], **changes)
+        return replace(self, requests=tuple(reqs))
+
+    def entries_of(self, r: int, fate: Fate | None = Fate.LIVE) -> list[Entry]:
+        """r's entries in FIFO order (only those of `fate`, unless None)."""
+        return [e for batch in self.in_flight for e in batch
+                if e.req == r and (fate is None or e.fate == fate)]
+
+    def num_new_tokens(self, r: int) -> int:
+        req = self.requests[r]
+        return req.num_tokens_with_spec - req.num_computed
+
+
+def initial_state(num_requests: int, num_blocks: int) -> State:
+    return State(requests=(Request(),) * num_requests, pool=BlockPool.empty(num_blocks))
+
+
+def content_label(state: State, r: int, block_index: int, block_size: int) -> int:
+    """The content of r's block `block_index`: its prompt label if the block is
+    all prompt, otherwise a label unique to (r, block_index)."""
+    req = state.requests[r]
+    if (block_index + 1) * block_size <= req.prompt_len:
+        return req.prompt_labels[block_index]
+    return -(1 + r + len(state.requests) * block_index)
+
+
+def retire_entries(state: State, r: int, from_fates: frozenset[Fate], to: Fate) -> State:
+    """Every in-flight entry of r whose fate is in `from_fates` becomes `to`."""
+    def retire(e: Entry) -> Entry:
+        return replace(e, fate=to) if e.req == r and e.fate in from_fates else e
+    return replace(state, in_flight=tuple(tuple(retire(e) for e in b) for b in state.in_flight))
+
+
+def describe(state: State) -> str:
+    """A compact one-line rendering, for step tables."""
+    reqs = []
+    for i, q in enumerate(state.requests):
+        if q.status is Status.NEW:
+            continue
+        reqs.append(f"r{i}:{q.status.value[:4]} c={q.num_computed}/{q.num_tokens}"
+                    f"{f'+{q.num_drafts}d' if q.num_drafts else ''} o={q.num_output}"
+                    f" b={list(q.block_table)}")
+    batches = ["[" + " ".join(f"r{e.req}@{e.start}+{e.n}{'*' if e.samples else ''}"
+                              f"{'' if e.fate is Fate.LIVE else '~' + e.fate.value[0]}"
+                              for e in b) + "]" for b in state.in_flight]
+    return (f"{'; '.join(reqs) or '-'} | W={list(state.waiting)} R={list(state.running)}"
+            f" | Q={' '.join(batches) or '-'} | free={list(state.pool.free_queue)}")

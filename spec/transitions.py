@@ -1,0 +1,133 @@
+"""Labelled actions, the step function, and properties of single transitions.
+
+`step(state, cfg, action)` is the spec's next-state relation for one labelled
+action; counterexamples and trace replays are lists of these labels. The
+transition properties are the parts of S4, S7 and S12 that speak about a
+change rather than a state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Union
+
+from .actions import Prompt, Sample, abort, arrive, complete_oldest
+from .config import Config
+from .schedule import schedule
+from .state import FINISHED, Entry, Fate, State, Status
+
+
+@dataclass(frozen=True)
+class Arrive:
+    req: int
+    prompt: Prompt
+
+    def __str__(self) -> str:
+        p = self.prompt
+        return f"arrive r{self.req} (prompt {p.prompt_len}, max_tokens {p.max_tokens}" + \
+            (f", labels {list(p.labels)})" if p.labels else ")")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    def __str__(self) -> str:
+        return "schedule"
+
+
+@dataclass(frozen=True)
+class CompleteOldest:
+    samples: tuple[Sample, ...] = ()
+
+    def __str__(self) -> str:
+        parts = []
+        for s in self.samples:
+            bits = [f"acc={s.num_accepted}"] if s.num_accepted else []
+            if s.stop_at is not None:
+                bits.append(f"stop@{s.stop_at}")
+            if s.next_drafts:
+                bits.append(f"drafts={s.next_drafts}")
+            parts.append(",".join(bits) or "tok")
+        return "complete oldest" + (f" [{'; '.join(parts)}]" if parts else "")
+
+
+@dataclass(frozen=True)
+class Abort:
+    req: int
+
+    def __str__(self) -> str:
+        return f"abort r{self.req}"
+
+
+Action = Union[Arrive, Schedule, CompleteOldest, Abort]
+
+
+def step(state: State, cfg: Config, action: Action) -> State | None:
+    """The successor of `state` under `action`, or None if it is disabled."""
+    if isinstance(action, Arrive):
+        return arrive(state, cfg, action.req, action.prompt)
+    if isinstance(action, Schedule):
+        scheduled = schedule(state, cfg)
+        return None if scheduled is None else scheduled.state
+    if isinstance(action, CompleteOldest):
+        return complete_oldest(state, cfg, action.samples)
+    if isinstance(action, Abort):
+        return abort(state, cfg, action.req)
+    raise TypeError(f"not an action: {action!r}")
+
+
+def _same_snapshot(a: Entry, b: Entry) -> bool:
+    return (a.req, a.start, a.n, a.samples, a.drafts) == (b.req, b.start, b.n, b.samples, b.drafts)
+
+
+def s4_snapshot_immutability(before: State, after: State, action: Action) -> bool:
+    """A batch's snapshot never changes while it is in flight; only its entries' fates move on."""
+    kept = before.in_flight[1:] if isinstance(action, CompleteOldest) else before.in_flight
+    if len(after.in_flight) < len(kept):
+        return False
+    return all(len(x) == len(y) and all(_same_snapshot(a, b) for a, b in zip(x, y))
+               for x, y in zip(kept, after.in_flight))
+
+
+_FATE_ORDER = {Fate.LIVE: 0, Fate.ORPHANED: 1, Fate.SUPERSEDED: 2}
+
+
+def s7_fates_only_age(before: State, after: State, action: Action) -> bool:
+    """An entry's fate only moves LIVE -> ORPHANED -> SUPERSEDED: an output is never rebound to a newer incarnation."""
+    kept = before.in_flight[1:] if isinstance(action, CompleteOldest) else before.in_flight
+    return all(_FATE_ORDER[a.fate] <= _FATE_ORDER[b.fate]
+               for x, y in zip(kept, after.in_flight) for a, b in zip(x, y))
+
+
+def s12_status_monotonicity(before: State, after: State, action: Action) -> bool:
+    """Finished states are absorbing, a finished request gains no tokens, only schedule moves a request to RUNNING, and never in a step that preempted."""
+    preempted = any(b.status is Status.RUNNING and a.status is Status.PREEMPTED
+                    for b, a in zip(before.requests, after.requests))
+    for b, a in zip(before.requests, after.requests):
+        if b.status in FINISHED and (a.status != b.status or a.num_output != b.num_output):
+            return False
+        admitted = a.status is Status.RUNNING and b.status is not Status.RUNNING
+        if admitted and (not isinstance(action, Schedule) or preempted):
+            return False
+        if b.status is Status.NEW and a.status is not Status.NEW and not isinstance(action, Arrive):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class TransitionProperty:
+    name: str
+    predicate: Callable[[State, State, Action], bool]
+
+    @property
+    def statement(self) -> str:
+        return (self.predicate.__doc__ or "").strip()
+
+    def holds(self, before: State, after: State, action: Action) -> bool:
+        return self.predicate(before, after, action)
+
+
+TRANSITION_PROPERTIES: tuple[TransitionProperty, ...] = (
+    TransitionProperty("S4_snapshot_immutability", s4_snapshot_immutability),
+    TransitionProperty("S7_fates_only_age", s7_fates_only_age),
+    TransitionProperty("S12_status_monotonicity", s12_status_monotonicity),
+)
