@@ -54,10 +54,6 @@ MUTANTS: dict[str, str] = {
         "synthetic: an aborted request keeps its blocks",
     "admit_after_preemption":
         "synthetic: admission runs in a step that preempted",
-    "finished_request_revived":
-        "synthetic: an abort of a finished request resets it to WAITING",
-    "preempt_keeps_running":
-        "synthetic: the preemption victim stays in the running queue",
     "orphan_kept_after_reschedule":
         "synthetic: a rescheduled request's orphaned entries stay orphaned",
     "no_block_for_last_token":

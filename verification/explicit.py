@@ -1,0 +1,237 @@
+"""Explicit-state exhaustive search over a finite `Model`, in the manner of
+TLC and stateright: breadth-first from the initial state, every environment
+choice expanded, every invariant checked on every state and every transition
+property on every edge. Breadth-first order makes each counterexample a
+shortest one.
+
+Liveness needs the whole graph: once the search is complete it checks that
+from every reachable state the scheduler alone (schedule and complete steps,
+no arrivals, no aborts) can bring every request to a finished state with
+nothing in flight, and that the scheduler's own steps contain no cycle, so no
+run can go on forever without finishing its requests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from flightcheck.spec import (INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES, Abort, Action, Arrive,
+                              CompleteOldest, Sample, Schedule, State, initial_state,
+                              sampling_entries, step)
+
+from .models import Model
+
+
+def sample_choices(model: Model, state: State) -> Iterator[tuple[Sample, ...]]:
+    """Every environment choice for the oldest batch's sampling entries."""
+    cfg = model.cfg
+    per_entry: list[list[Sample]] = []
+    for e in sampling_entries(state, cfg):
+        options = []
+        live = e.fate.value == "live"
+        for accepted in range(e.drafts + 1):
+            stops = [None] + (list(range(accepted + 1)) if model.allow_stop else [])
+            for stop_at in stops:
+                drafts = range(cfg.num_spec_tokens + 1) if live and stop_at is None else [0]
+                options.extend(Sample(accepted, stop_at, d) for d in drafts)
+        per_entry.append(options)
+    return itertools.product(*per_entry)
+
+
+def actions(model: Model, state: State) -> Iterator[Action]:
+    """Every labelled action to try from `state` (disabled ones yield None in `step`)."""
+    for r, q in enumerate(state.requests):
+        if q.status.value == "NEW":
+            yield Arrive(r, model.prompts[r])
+    yield Schedule()
+    if state.in_flight:
+        for samples in sample_choices(model, state):
+            yield CompleteOldest(samples)
+    if model.allow_abort:
+        for r, q in enumerate(state.requests):
+            if q.status.is_active:
+                yield Abort(r)
+
+
+def successors(model: Model, state: State) -> Iterator[tuple[Action, State]]:
+    for action in actions(model, state):
+        nxt = step(state, model.cfg, action)
+        if nxt is not None:
+            yield action, nxt
+
+
+def initial(model: Model) -> State:
+    return initial_state(model.num_requests, model.cfg.num_blocks)
+
+
+@dataclass
+class Violation:
+    property: str
+    path: list[tuple[Action, State]]      # from the initial state, last step broke it
+    message: str
+
+
+@dataclass
+class SearchResult:
+    model: Model
+    num_states: int = 0
+    num_edges: int = 0
+    max_depth: int = 0
+    complete: bool = True
+    seconds: float = 0.0
+    violations: list[Violation] = field(default_factory=list)
+    reached: dict[str, int] = field(default_factory=dict)       # sometimes target -> depth
+    liveness: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+class _Graph:
+    """Parents for shortest paths; system edges for liveness."""
+
+    def __init__(self, root: State) -> None:
+        self.parent: dict[State, tuple[State, Action] | None] = {root: None}
+        self.depth: dict[State, int] = {root: 0}
+        self.system_edges: dict[State, list[State]] = {}
+
+    def path_to(self, s: State) -> list[tuple[Action, State]]:
+        path = []
+        while (p := self.parent[s]) is not None:
+            path.append((p[1], s))
+            s = p[0]
+        return path[::-1]
+
+
+def search(model: Model, *, max_states: int = 2_000_000, stop_at_first: bool = False,
+           check_liveness: bool = True, progress: Callable[[int, int], None] | None = None) -> SearchResult:
+    """Breadth-first exhaustive search; stops early only at `max_states` (then
+    `complete` is False) or, with `stop_at_first`, at the first violation."""
+    t0 = time.perf_counter()
+    cfg = model.cfg
+    root = initial(model)
+    graph = _Graph(root)
+    result = SearchResult(model)
+    broken: set[str] = set()
+    pending = {sm.name: sm for sm in SOMETIMES if sm.is_applicable(cfg)}
+    # Two-stage targets: states where `after` held for r on the path so far.
+    primed: dict[str, set[tuple[State, int]]] = {sm.name: set() for sm in SOMETIMES if sm.after}
+
+    def note_violation(name: str, s: State, message: str) -> None:
+        if name not in broken:
+            broken.add(name)
+            result.violations.append(Violation(name, graph.path_to(s), message))
+
+    def check_state(s: State) -> None:
+        for inv in INVARIANTS:
+            if not inv.holds(s, cfg):
+                note_violation(inv.name, s, inv.statement)
+
+    def check_sometimes(s: State, prev: State | None) -> None:
+        for name, sm in list(pending.items()):
+            for r in range(model.num_requests):
+                if sm.after is not None:
+                    carried = prev is not None and (prev, r) in primed[name]
+                    if carried or sm.after(s, cfg, r):
+                        primed[name].add((s, r))
+                    else:
+                        continue
+                    if not sm.target(s, cfg, r):
+                        continue
+                elif not sm.target(s, cfg, r):
+                    continue
+                result.reached[name] = graph.depth[s]
+                del pending[name]
+                break
+
+    check_state(root)
+    check_sometimes(root, None)
+    frontier = deque([root])
+    while frontier:
+        if stop_at_first and result.violations:
+            break
+        s = frontier.popleft()
+        sys_edges = graph.system_edges.setdefault(s, [])
+        for action, nxt in successors(model, s):
+            result.num_edges += 1
+            if isinstance(action, (Schedule, CompleteOldest)):
+                sys_edges.append(nxt)
+            fresh = nxt not in graph.parent
+            if fresh:
+                if len(graph.parent) >= max_states:
+                    result.complete = False
+                    continue
+                graph.parent[nxt] = (s, action)
+                graph.depth[nxt] = graph.depth[s] + 1
+            for prop in TRANSITION_PROPERTIES:
+                if not prop.holds(s, nxt, action):
+                    # report the path through this very edge
+                    if prop.name not in broken:
+                        broken.add(prop.name)
+                        result.violations.append(Violation(prop.name, graph.path_to(s) + [(action, nxt)],
+                                                           prop.statement))
+            if fresh:
+                check_state(nxt)
+                frontier.append(nxt)
+            check_sometimes(nxt, s)
+        if progress and len(graph.parent) % 20000 == 0:
+            progress(len(graph.parent), graph.depth[s])
+    result.num_states = len(graph.parent)
+    result.max_depth = max(graph.depth.values())
+    for name in pending:
+        result.violations.append(Violation(name, [], "sometimes target never reached"))
+    if check_liveness and result.complete and not (stop_at_first and result.violations):
+        _check_liveness(graph, result)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _is_quiescent(s: State) -> bool:
+    return not s.in_flight and not any(q.status.is_active for q in s.requests)
+
+
+def _check_liveness(graph: _Graph, result: SearchResult) -> None:
+    """AG EF quiescent over scheduler steps, and no cycle of scheduler steps."""
+    reverse: dict[State, list[State]] = {}
+    for s, outs in graph.system_edges.items():
+        for t in outs:
+            reverse.setdefault(t, []).append(s)
+    good = {s for s in graph.parent if _is_quiescent(s)}
+    frontier = deque(good)
+    while frontier:
+        t = frontier.popleft()
+        for s in reverse.get(t, ()):
+            if s not in good:
+                good.add(s)
+                frontier.append(s)
+    stuck = [s for s in graph.parent if s not in good]
+    result.liveness["L1_L3_every_request_can_finish"] = not stuck
+    if stuck:
+        worst = min(stuck, key=lambda s: graph.depth[s])
+        result.violations.append(Violation("L1_L3_every_request_can_finish", graph.path_to(worst),
+                                           "from this state the scheduler can never finish every request"))
+    # Kahn's algorithm on the scheduler-step subgraph: a leftover node lies on a cycle.
+    indegree = {s: 0 for s in graph.parent}
+    for outs in graph.system_edges.values():
+        for t in outs:
+            indegree[t] += 1
+    queue = deque(s for s, d in indegree.items() if d == 0)
+    seen = 0
+    while queue:
+        s = queue.popleft()
+        seen += 1
+        for t in graph.system_edges.get(s, ()):
+            indegree[t] -= 1
+            if indegree[t] == 0:
+                queue.append(t)
+    acyclic = seen == len(indegree)
+    result.liveness["L2_every_run_terminates"] = acyclic
+    if not acyclic:
+        on_cycle = min((s for s, d in indegree.items() if d > 0), key=lambda s: graph.depth[s])
+        result.violations.append(Violation("L2_every_run_terminates", graph.path_to(on_cycle),
+                                           "the scheduler can cycle forever from here"))
