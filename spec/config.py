@@ -56,6 +56,13 @@ MUTANTS: dict[str, str] = {
         "synthetic: admission runs in a step that preempted",
     "orphan_kept_after_reschedule":
         "synthetic: a rescheduled request's orphaned entries stay orphaned",
+    "preempt_keeps_counter":
+        "synthetic: preemption does not reset num_computed",
+    "preemption_clears_inflight_drafts":
+        "synthetic: in-flight batches alias the request's draft list, which "
+        "preemption clears",
+    "empty_batch_submitted":
+        "synthetic: a schedule call that only preempted still enqueues an empty batch",
     "no_block_for_last_token":
         "synthetic: allocation rounds down, the last partial block is missing",
 }

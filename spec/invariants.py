@@ -59,14 +59,14 @@ def s3_contiguous_coverage(s: State, cfg: Config) -> bool:
 
 
 def s5_one_sample_per_prefill(s: State, cfg: Config) -> bool:
-    """A live entry samples exactly when it reaches the request's known tokens, never past them; drafts only ride on a sampling entry."""
+    """A live entry samples exactly when it reaches the request's known tokens, never past them; it holds more tokens than drafts, and drafts only ride on a sampling entry."""
     for b in s.in_flight:
         for e in b:
             if e.fate is not Fate.LIVE:
                 continue
             reach = e.end - e.drafts
             T = s.requests[e.req].num_tokens
-            if reach > T or e.samples != (reach == T) or (e.drafts > 0 and not e.samples):
+            if reach > T or e.n <= e.drafts or e.samples != (reach == T) or (e.drafts > 0 and not e.samples):
                 return False
     return True
 

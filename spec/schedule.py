@@ -176,7 +176,10 @@ def _preempt(step: _Step, victim: int) -> None:
     if not step.cfg.is_mutant("inflight_set_not_cleared_on_preemption"):
         state = replace(state, scheduled_ids=state.scheduled_ids - {victim})
     state = retire_entries(state, victim, frozenset({Fate.LIVE}), Fate.ORPHANED)
-    step.state = state.with_request(victim, status=Status.PREEMPTED, num_computed=0,
+    if step.cfg.is_mutant("preemption_clears_inflight_drafts"):
+        state = _clear_inflight_drafts(state, victim)
+    keep = req.num_computed if step.cfg.is_mutant("preempt_keeps_counter") else 0
+    step.state = state.with_request(victim, status=Status.PREEMPTED, num_computed=keep,
                                     num_drafts=0, block_table=())
     step.preempted.append(victim)
 
@@ -215,9 +218,16 @@ def _launch(step: _Step) -> State:
             state = replace(state, scheduled_ids=state.scheduled_ids | {e.req})
         if cfg.is_mutant("shared_snapshot"):
             state = _overwrite_live_snapshots(state, e)
-    if not batch:
+    if not batch and not cfg.is_mutant("empty_batch_submitted"):
         return state
     return replace(state, in_flight=state.in_flight + (batch,))
+
+
+def _clear_inflight_drafts(state: State, r: int) -> State:
+    """Mutant: r's in-flight entries share its draft list, cleared by preemption."""
+    def clear(e: Entry) -> Entry:
+        return replace(e, drafts=0) if e.req == r else e
+    return replace(state, in_flight=tuple(tuple(clear(e) for e in b) for b in state.in_flight))
 
 
 def _overwrite_live_snapshots(state: State, new: ScheduledEntry) -> State:

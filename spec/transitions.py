@@ -79,7 +79,7 @@ def _same_snapshot(a: Entry, b: Entry) -> bool:
     return (a.req, a.start, a.n, a.samples, a.drafts) == (b.req, b.start, b.n, b.samples, b.drafts)
 
 
-def s4_snapshot_immutability(before: State, after: State, action: Action) -> bool:
+def s4_snapshot_immutability(before: State, after: State, action: Action, cfg: Config) -> bool:
     """A batch's snapshot never changes while it is in flight; only its entries' fates move on."""
     kept = before.in_flight[1:] if isinstance(action, CompleteOldest) else before.in_flight
     if len(after.in_flight) < len(kept):
@@ -91,39 +91,44 @@ def s4_snapshot_immutability(before: State, after: State, action: Action) -> boo
 _FATE_ORDER = {Fate.LIVE: 0, Fate.ORPHANED: 1, Fate.SUPERSEDED: 2}
 
 
-def s7_fates_only_age(before: State, after: State, action: Action) -> bool:
+def s7_fates_only_age(before: State, after: State, action: Action, cfg: Config) -> bool:
     """An entry's fate only moves LIVE -> ORPHANED -> SUPERSEDED: an output is never rebound to a newer incarnation."""
     kept = before.in_flight[1:] if isinstance(action, CompleteOldest) else before.in_flight
     return all(_FATE_ORDER[a.fate] <= _FATE_ORDER[b.fate]
                for x, y in zip(kept, after.in_flight) for a, b in zip(x, y))
 
 
-def s12_status_monotonicity(before: State, after: State, action: Action) -> bool:
+def s12_status_monotonicity(before: State, after: State, action: Action, cfg: Config) -> bool:
     """Finished states are absorbing, a finished request gains no tokens, only schedule moves a request to RUNNING, and never in a step that preempted."""
-    preempted = any(b.status is Status.RUNNING and a.status is Status.PREEMPTED
-                    for b, a in zip(before.requests, after.requests))
     for b, a in zip(before.requests, after.requests):
         if b.status in FINISHED and (a.status != b.status or a.num_output != b.num_output):
             return False
-        admitted = a.status is Status.RUNNING and b.status is not Status.RUNNING
-        if admitted and (not isinstance(action, Schedule) or preempted):
-            return False
         if b.status is Status.NEW and a.status is not Status.NEW and not isinstance(action, Arrive):
             return False
+        if a.status is Status.RUNNING and b.status is not Status.RUNNING and not isinstance(action, Schedule):
+            return False
+    if isinstance(action, Schedule):
+        scheduled = schedule(before, cfg)          # deterministic: the step's own record
+        if scheduled is not None and scheduled.preempted:
+            admitted = [e.req for e in scheduled.entries
+                        if before.requests[e.req].status is not Status.RUNNING
+                        or e.req in scheduled.preempted]
+            if admitted:
+                return False
     return True
 
 
 @dataclass(frozen=True)
 class TransitionProperty:
     name: str
-    predicate: Callable[[State, State, Action], bool]
+    predicate: Callable[[State, State, Action, Config], bool]
 
     @property
     def statement(self) -> str:
         return (self.predicate.__doc__ or "").strip()
 
-    def holds(self, before: State, after: State, action: Action) -> bool:
-        return self.predicate(before, after, action)
+    def holds(self, before: State, after: State, action: Action, cfg: Config) -> bool:
+        return self.predicate(before, after, action, cfg)
 
 
 TRANSITION_PROPERTIES: tuple[TransitionProperty, ...] = (

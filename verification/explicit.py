@@ -169,7 +169,7 @@ def search(model: Model, *, max_states: int = 2_000_000, stop_at_first: bool = F
                 graph.parent[nxt] = (s, action)
                 graph.depth[nxt] = graph.depth[s] + 1
             for prop in TRANSITION_PROPERTIES:
-                if not prop.holds(s, nxt, action):
+                if not prop.holds(s, nxt, action, cfg):
                     # report the path through this very edge
                     if prop.name not in broken:
                         broken.add(prop.name)

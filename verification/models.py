@@ -50,36 +50,47 @@ def _p(prompt_len: int, max_tokens: int, labels: tuple[int, ...] = ()) -> Prompt
     return Prompt(prompt_len, max_tokens, labels)
 
 
-# Small configurations for exhaustive search: every state is visited.
-TINY = Model(
-    "tiny",
+# Small configurations for exhaustive search: every reachable state is visited.
+# Each is sized so that every "sometimes" target is reachable in it.
+PRESSURE_K2 = Model(
+    "pressure-k2",   # spec decode, long-prefill threshold, a pool small enough to preempt
     Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2,
-           num_blocks=3, max_model_len=8, prefix_caching=True),
-    (_p(3, 2, (7,)), _p(2, 1, (7,))),
+           num_blocks=4, max_model_len=8, prefix_caching=True, num_spec_tokens=1,
+           long_prefill_token_threshold=2),
+    (_p(1, 4), _p(3, 3, (7,))),
 )
 
-SMALL_SPEC = Model(
-    "small-spec",
-    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2,
-           num_blocks=4, max_model_len=8, prefix_caching=True, num_spec_tokens=1),
-    (_p(3, 3, (7,)), _p(2, 2, (7,))),
-)
-
-SMALL_K3 = Model(
-    "small-k3",
-    Config(num_stages=3, max_num_batched_tokens=2, max_num_seqs=2, block_size=2,
-           num_blocks=3, max_model_len=8, prefix_caching=True),
-    (_p(3, 2, (7,)), _p(3, 1, (7,))),
+SHARED_K3 = Model(
+    "shared-k3",     # three requests sharing a prefix label, three stages
+    Config(num_stages=3, max_num_batched_tokens=3, max_num_seqs=2, block_size=2,
+           num_blocks=4, max_model_len=8, prefix_caching=True, num_spec_tokens=1,
+           long_prefill_token_threshold=2),
+    (_p(3, 2, (7,)), _p(3, 2, (7,)), _p(2, 1, (7,))),
 )
 
 ONE_BATCH = Model(
-    "one-batch",
+    "one-batch",     # before the PR: one in-flight batch per request, 0.8.4's engine gate
     Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2,
            num_blocks=3, max_model_len=8, prefix_caching=True, continue_prefill=False),
-    (_p(3, 2, (7,)), _p(2, 1, (7,))),
+    (_p(1, 4), _p(3, 2, (7,))),
 )
 
-EXHAUSTIVE_MODELS: tuple[Model, ...] = (TINY, SMALL_SPEC, SMALL_K3, ONE_BATCH)
+SINGLE_SEQ = Model(
+    "single-seq",    # max_num_seqs = 1: admission must wait for a slot
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=1, block_size=2,
+           num_blocks=3, max_model_len=8, prefix_caching=True),
+    (_p(1, 2), _p(2, 1, (7,))),
+)
+
+CROWDED = Model(
+    "crowded",       # a third request waits behind a preemption victim
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=3, block_size=2,
+           num_blocks=3, max_model_len=8, prefix_caching=True),
+    (_p(1, 3), _p(3, 3, (7,)), _p(1, 1)),
+    allow_abort=False,
+)
+
+EXHAUSTIVE_MODELS: tuple[Model, ...] = (PRESSURE_K2, SHARED_K3, ONE_BATCH)
 
 # The default configuration of `flightcheck verify`: 3 requests, K = 3, prefix
 # caching and spec decode on (proved by k-induction; too large to enumerate).
@@ -90,3 +101,26 @@ DEFAULT = Model(
            long_prefill_token_threshold=3),
     (_p(4, 3, (5, 6)), _p(3, 2, (5,)), _p(5, 2, (8, 9))),
 )
+
+# The vLLM engine test (notes §4): two 12-token prompts, budget 10, K = 2.
+ENGINE_TEST = Model(
+    "engine-test",
+    Config(num_stages=2, max_num_batched_tokens=10, max_num_seqs=2, block_size=4,
+           num_blocks=16, max_model_len=64, prefix_caching=False),
+    (_p(12, 5), _p(12, 5)),
+    allow_abort=False, allow_stop=False,
+)
+
+MODELS: dict[str, Model] = {m.name: m for m in
+                            (DEFAULT, PRESSURE_K2, SHARED_K3, ONE_BATCH, SINGLE_SEQ, CROWDED, ENGINE_TEST)}
+
+# Where each mutant is hunted: the smallest model whose behaviours include its bug.
+MUTANT_MODELS: dict[str, Model] = {
+    "inflight_set_not_cleared_on_preemption": ONE_BATCH,
+    "max_num_seqs_ignored": SINGLE_SEQ,
+    "admit_after_preemption": CROWDED,
+}
+
+
+def mutant_model(mutant: str) -> Model:
+    return MUTANT_MODELS.get(mutant, PRESSURE_K2).with_mutant(mutant)

@@ -1,0 +1,119 @@
+"""The KV block pool by identity (vLLM's `BlockPool` and `KVCacheBlock`).
+
+* Blocks have ids 0..num_blocks-1; none is reserved (vLLM >= 0.9 keeps a null
+  block; a trace from such a writer says so with `usable_blocks`).
+* The free queue is in eviction order, head first: initially 0, 1, ...
+  Fresh blocks come from the head; a popped block that still caches a hash
+  loses it (eviction). Freed blocks join the tail with their hash, so they can
+  still be hit until evicted (LRU).
+* Prefix caching by identity: `cached_block_hash_to_block` maps a full block's
+  chained hash to THE block caching it. Deliberate deviation from vLLM, which
+  keeps every block of a hash: at most one block caches a hash, a second full
+  block with the same content stays uncached. A lookup finds the same block
+  either way while the first stays cached, and the pool's state stays a
+  function of fewer choices (the spec models it the same way).
+
+The free queue is an OrderedDict: O(1) pop from the head, append at the tail
+and removal from the middle (a hit on a free block), like vLLM's doubly
+linked list.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+# The parent of a request's first block, so every block hash is a chain.
+_ROOT_HASH = hash("flightcheck-root")
+
+
+def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
+    """Chained hash of one full block: the prefix is identified by the parent's
+    hash, so equal hashes mean equal prefixes (up to hash collisions, which, as
+    in vLLM's default hash, are not guarded against)."""
+    return hash((_ROOT_HASH if parent_hash is None else parent_hash, tuple(token_ids)))
+
+
+class KVCacheBlock:
+    __slots__ = ("block_id", "ref_cnt", "block_hash")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0                       # live block tables holding this block
+        self.block_hash: int | None = None     # set while the block is cached
+
+    def __repr__(self) -> str:
+        cached = "" if self.block_hash is None else ", cached"
+        return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}{cached})"
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_block_queue: OrderedDict[int, KVCacheBlock] = OrderedDict(
+            (b.block_id, b) for b in self.blocks)
+        self.cached_block_hash_to_block: dict[int, KVCacheBlock] = {}
+
+    def get_num_free_blocks(self) -> int:
+        return len(self.free_block_queue)
+
+    def free_block_ids(self) -> list[int]:
+        """The free queue in eviction order (head first)."""
+        return list(self.free_block_queue)
+
+    def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
+        return self.cached_block_hash_to_block.get(block_hash)
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop `num_blocks` from the head of the free queue, evicting their hashes."""
+        if num_blocks > len(self.free_block_queue):
+            raise ValueError(f"cannot get {num_blocks} free blocks from the pool "
+                             f"({len(self.free_block_queue)} free)")
+        new_blocks = []
+        for _ in range(num_blocks):
+            _, block = self.free_block_queue.popitem(last=False)
+            self._evict(block)
+            block.ref_cnt = 1
+            new_blocks.append(block)
+        return new_blocks
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        if block.block_hash is not None:
+            del self.cached_block_hash_to_block[block.block_hash]
+            block.block_hash = None
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take hold of prefix-hit blocks: a free one leaves the free queue
+        wherever it is (it is no longer evictable)."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                del self.free_block_queue[block.block_id]
+            block.ref_cnt += 1
+
+    def cache_block(self, block: KVCacheBlock, block_hash: int) -> bool:
+        """Cache a full block under its hash, unless another block already
+        caches that hash (one block per hash). Returns whether it was cached."""
+        if block_hash in self.cached_block_hash_to_block:
+            return False
+        block.block_hash = block_hash
+        self.cached_block_hash_to_block[block_hash] = block
+        return True
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Release one hold on each block; blocks nobody holds join the tail of
+        the free queue in the given order (so the first is evicted first)."""
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_block_queue[block.block_id] = block
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; only possible when no block is held."""
+        if len(self.free_block_queue) != self.num_blocks:
+            return False
+        for block in self.blocks:
+            block.block_hash = None
+        self.cached_block_hash_to_block.clear()
+        return True

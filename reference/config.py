@@ -1,0 +1,61 @@
+"""The scheduler's configuration (vLLM's SchedulerConfig, CacheConfig,
+ParallelConfig and SpeculativeConfig fields that matter here), validated at
+construction so a bad configuration fails before any request arrives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .mutants import check_mutant
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division."""
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 2048     # token budget of one batch
+    max_num_seqs: int = 256                # running requests at most
+    max_model_len: int = 16384             # prompt + outputs at most
+    block_size: int = 16                   # tokens per KV block
+    num_blocks: int = 1024                 # KV pool size (no reserved null block)
+    num_pipeline_stages: int = 1           # PP size = engine batch queue depth
+    long_prefill_token_threshold: int = 0  # 0: off; else cap of one request's chunk
+    num_spec_tokens: int = 0               # k: drafts per request per step at most
+    enable_prefix_caching: bool = True
+    continue_prefill: bool = True          # False: one batch per request (vLLM <= 0.8.4)
+    mutant: str | None = None              # see mutants.py; None is correct
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
+                     "block_size", "num_blocks", "num_pipeline_stages"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_model_len < 2:
+            # A prompt needs at least one token and room for one output token.
+            raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0 (0 turns it off), "
+                             f"got {self.long_prefill_token_threshold}")
+        if self.num_spec_tokens < 0:
+            raise ValueError(f"num_spec_tokens must be >= 0, got {self.num_spec_tokens}")
+        # One request may hold KV for up to max_model_len tokens (drafts are
+        # clipped at max_model_len); it must fit in the pool on its own, or
+        # preemption could not make room for it and it would never finish.
+        needed = cdiv(self.max_model_len, self.block_size)
+        if self.num_blocks < needed:
+            raise ValueError(
+                f"num_blocks={self.num_blocks} is fewer than one request of max_model_len="
+                f"{self.max_model_len} needs ({needed} blocks of {self.block_size} tokens)")
+        check_mutant(self.mutant)
+
+    @property
+    def policy(self) -> str:
+        """The trace format's name for the scheduling policy."""
+        return "continue-prefill" if self.continue_prefill else "one-batch-per-request"
+
+    def is_mutant(self, name: str) -> bool:
+        return self.mutant == name

@@ -1,0 +1,66 @@
+"""Names of the reference scheduler's mutant switches.
+
+Each mutant re-introduces one historical bug (or, where noted, a bug that was
+only ever a design hazard) by changing the few lines it needs, guarded by
+`config.mutant == NAME`. `None` is the correct scheduler. The verification
+suite must find a counterexample for every name here; the tests in
+`tests/test_reference_mutants.py` show each one's damage on a small scenario.
+"""
+
+from __future__ import annotations
+
+ADVANCE_AT_COMPLETION = "advance_at_completion"
+SHARED_SNAPSHOT = "shared_snapshot"
+FINAL_CHUNK_FROM_LIVE_COUNTER = "final_chunk_from_live_counter"
+SNAPSHOT_OMITS_PREFIX_HIT = "snapshot_omits_prefix_hit"
+REJECTIONS_NOT_SUBTRACTED = "rejections_not_subtracted"
+DECODE_WHILE_TOKEN_IN_FLIGHT = "decode_while_token_in_flight"
+STALE_OUTPUT_APPLIED_TO_RESUMED = "stale_output_applied_to_resumed"
+INFLIGHT_SET_NOT_CLEARED_ON_PREEMPTION = "inflight_set_not_cleared_on_preemption"
+REJECTIONS_SUBTRACTED_AFTER_RESET = "rejections_subtracted_after_reset"
+OUTPUT_BOUND_BY_NAME = "output_bound_by_name"
+
+# name -> one-line description with its historic source.
+MUTANTS: dict[str, str] = {
+    ADVANCE_AT_COMPLETION:
+        "num_computed_tokens advanced in update_from_output while prefill "
+        "continues: the same tokens are scheduled twice (what scheduled_req_ids "
+        "prevented before #15307, v0.8.1-0.8.2)",
+    SHARED_SNAPSHOT:
+        "one mutable CachedRequestData per request, overwritten by the next batch "
+        "while the previous one is in flight (vLLM <= 0.8.4 object reuse, #13637 (c))",
+    FINAL_CHUNK_FROM_LIVE_COUNTER:
+        "update_from_output decides whether an entry sampled from the live "
+        "request counter, not the batch's snapshot (#13637 design note (d)); "
+        "visible with a worker that samples every chunk "
+        "(ScriptedExecutor(sample_every_chunk=True), as vLLM <= 0.8.2)",
+    SNAPSHOT_OMITS_PREFIX_HIT:
+        "the snapshot's num_computed_tokens leaves out the prefix-cache hit: the "
+        "final chunk looks partial, its token is dropped, the request hangs "
+        "(#13637, 2025-03-14)",
+    REJECTIONS_NOT_SUBTRACTED:
+        "spec-decode rejections not subtracted from num_computed_tokens "
+        "(#13637 (d): 'simply subtracts the number of rejected tokens')",
+    DECODE_WHILE_TOKEN_IN_FLIGHT:
+        "the num_new_tokens == 0 skip removed for decodes: one token is scheduled "
+        "while the previous sampled token is still in flight (0.8.5 running-loop gate)",
+    STALE_OUTPUT_APPLIED_TO_RESUMED:
+        "an output of a batch scheduled before a preemption is applied by name to "
+        "the resumed, RUNNING request (vLLM 0.8.5 with PP >= 3; fixed by #20739)",
+    INFLIGHT_SET_NOT_CLEARED_ON_PREEMPTION:
+        "one-batch-per-request: scheduled_req_ids keeps a request preempted while "
+        "in flight, get_num_unscheduled_requests undercounts and the engine stops "
+        "scheduling (inferred from vLLM 0.8.1-0.8.4)",
+    REJECTIONS_SUBTRACTED_AFTER_RESET:
+        "spec-decode rejections of an orphaned batch subtracted from the counter "
+        "that preemption reset to 0 (the v0.12.0 `num_computed_tokens > 0` guard, #28473)",
+    OUTPUT_BOUND_BY_NAME:
+        "an output applied by request name: an aborted id re-added as a new "
+        "request gets the old batch's tokens (#42492 / #42523)",
+}
+
+
+def check_mutant(name: str | None) -> None:
+    """Raise ValueError unless `name` is None or a known mutant."""
+    if name is not None and name not in MUTANTS:
+        raise ValueError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")

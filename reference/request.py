@@ -1,0 +1,124 @@
+"""A request and its lifecycle (vLLM's `vllm/v1/request.py`).
+
+Besides vLLM's fields a request carries its *incarnation*: a number, unique
+within one scheduler, that changes whenever the request's in-flight work stops
+being its own (preemption, abort). Every batch entry records the incarnation
+it was scheduled for, so an output is bound to the incarnation it belongs to,
+never to a request name alone (a name can be reused after an abort).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    # Everything after PREEMPTED is finished (vLLM's ordering trick).
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @staticmethod
+    def is_finished(status: "RequestStatus") -> bool:
+        return status > RequestStatus.PREEMPTED
+
+    @staticmethod
+    def get_finished_reason(status: "RequestStatus") -> str | None:
+        return _FINISHED_REASONS.get(status)
+
+
+_FINISHED_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    ignore_eos: bool = False                 # EOS does not stop (stop_token_ids still do, as vLLM)
+    stop_token_ids: tuple[int, ...] = ()
+    temperature: float = 0.0                 # for the runtime; the scheduler ignores it
+    seed: int | None = None                  # for the runtime; the scheduler ignores it
+
+
+class Request:
+    __slots__ = (
+        "request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
+        "status", "stop_reason", "output_token_ids", "_all_token_ids", "spec_token_ids",
+        "num_computed_tokens", "num_cached_tokens", "block_hashes",
+        "incarnation", "first_incarnation", "orphaned_incarnation",
+    )
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int],
+                 sampling_params: SamplingParams | None = None,
+                 eos_token_id: int | None = None, arrival_time: float = 0.0) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids: list[int] = list(prompt_token_ids)
+        self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
+        self.eos_token_id = eos_token_id
+        self.arrival_time = arrival_time
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | None = None          # the stop token id, if one stopped it
+        self.output_token_ids: list[int] = []
+        # Prompt + outputs in one list, so slicing across the boundary is cheap.
+        self._all_token_ids: list[int] = list(self.prompt_token_ids)
+        self.spec_token_ids: list[int] = []          # drafts proposed for the next step
+        # Tokens whose KV is computed or in flight (advanced at schedule time).
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0                   # prefix hit of the last admission
+        # Chained hashes of the full blocks of known tokens, filled lazily by the
+        # KV cache manager; token ids only grow, so they stay valid across preemption.
+        self.block_hashes: list[int] = []
+        # Set by Scheduler.add_request (scheduler-wide unique numbers).
+        self.incarnation = -1
+        self.first_incarnation = -1
+        # The incarnation a preemption ended, until the request is rescheduled:
+        # entries of that incarnation are orphaned, not superseded.
+        self.orphaned_incarnation: int | None = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self._all_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Known tokens: prompt plus sampled outputs."""
+        return len(self._all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self._all_token_ids) + len(self.spec_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling_params.max_tokens
+
+    def append_output_token_id(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self._all_token_ids.append(token_id)
+
+    def is_finished(self) -> bool:
+        return self.status > RequestStatus.PREEMPTED
+
+    def get_finished_reason(self) -> str | None:
+        return RequestStatus.get_finished_reason(self.status)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.name}, computed="
+                f"{self.num_computed_tokens}/{self.num_tokens}"
+                f"{'+' + str(len(self.spec_token_ids)) + 'd' if self.spec_token_ids else ''},"
+                f" outputs={self.num_output_tokens}, inc={self.incarnation})")

@@ -1,0 +1,109 @@
+"""Trace writing in the format of DESIGN.md (JSON Lines, one event per line).
+
+Off by default: the scheduler holds `trace = None` and pays one `is None`
+test per event site. When on, each event is one `json.dumps` of a small dict
+written to a buffered text stream.
+
+Events this writer produces (every one carries `"step"`, the number of
+`schedule()` + `update_from_output()` calls made so far):
+* `config` once, with the scheduler's knobs (`num_preallocate_tokens` 0, no
+  reserved blocks, `mutant` when one is switched on);
+* `arrive` per added request, with `prompt_token_ids`, `eos_token_id`,
+  `ignore_eos` and `stop_token_ids`;
+* `schedule` per schedule() call that scheduled or preempted anything
+  (`"batch": null` and no entries when it only preempted), entries with
+  `block_ids`;
+* `complete` per update_from_output(): `tokens` per entry as the scheduler
+  took them (after the non-final-chunk filter, before stop trimming),
+  `dropped` (entries whose tokens were not applied because their request
+  finished, was aborted or was rescheduled since), and `next_drafts` (draft
+  tokens proposed per request, only when some were);
+* `finish` (reason `stop` or `length`) after the `complete` that caused it;
+* `abort` for every abort that changed something (an abort is not also
+  written as a `finish`);
+* `end` when the writer is told the run is over.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from .config import SchedulerConfig
+    from .outputs import SchedulerOutput
+    from .request import Request
+
+
+class TraceWriter:
+    def __init__(self, sink: TextIO, *, eos_token_id: int | None = None) -> None:
+        self._sink = sink
+        self._eos_token_id = eos_token_id
+        self._dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+    @classmethod
+    def to_path(cls, path: str, **kwargs: Any) -> "TraceWriter":
+        return cls(open(path, "w", buffering=1 << 16), **kwargs)
+
+    def _write(self, event: dict[str, Any]) -> None:
+        self._sink.write(self._dumps(event))
+        self._sink.write("\n")
+
+    def config(self, cfg: "SchedulerConfig") -> None:
+        event: dict[str, Any] = {
+            "ev": "config", "num_stages": cfg.num_pipeline_stages,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            "max_num_seqs": cfg.max_num_seqs, "block_size": cfg.block_size,
+            "num_blocks": cfg.num_blocks, "max_model_len": cfg.max_model_len,
+            "long_prefill_token_threshold": cfg.long_prefill_token_threshold,
+            "num_spec_tokens": cfg.num_spec_tokens,
+            "prefix_caching": cfg.enable_prefix_caching, "policy": cfg.policy,
+            "num_preallocate_tokens": 0, "writer": "flightcheck.reference",
+        }
+        if self._eos_token_id is not None:
+            event["eos_token_id"] = self._eos_token_id
+        if cfg.mutant is not None:
+            event["mutant"] = cfg.mutant
+        self._write(event)
+
+    def arrive(self, request: "Request", step: int) -> None:
+        params = request.sampling_params
+        self._write({
+            "ev": "arrive", "req": request.request_id, "step": step,
+            "prompt_len": request.num_prompt_tokens, "max_tokens": params.max_tokens,
+            "prompt_token_ids": request.prompt_token_ids,
+            "eos_token_id": request.eos_token_id, "ignore_eos": params.ignore_eos,
+            "stop_token_ids": list(params.stop_token_ids),
+        })
+
+    def schedule(self, output: "SchedulerOutput", step: int) -> None:
+        entries = [{
+            "req": e.req_id, "start": e.num_computed_tokens, "n": e.num_new_tokens,
+            "cached": e.num_cached_tokens, "drafts": len(e.spec_token_ids),
+            "samples": e.samples, "block_ids": list(e.new_block_ids),
+        } for e in output.entries]
+        self._write({"ev": "schedule", "batch": output.batch_id, "step": step,
+                     "entries": entries, "preempted": list(output.preempted_req_ids)})
+
+    def complete(self, batch_id: int | None, step: int, tokens: dict[str, list[int]],
+                 dropped: list[str], next_drafts: dict[str, int]) -> None:
+        event: dict[str, Any] = {"ev": "complete", "batch": batch_id, "step": step,
+                                 "tokens": tokens}
+        if dropped:
+            event["dropped"] = dropped
+        if next_drafts:
+            event["next_drafts"] = next_drafts
+        self._write(event)
+
+    def finish(self, req_id: str, reason: str, step: int) -> None:
+        self._write({"ev": "finish", "req": req_id, "reason": reason, "step": step})
+
+    def abort(self, req_id: str, step: int) -> None:
+        self._write({"ev": "abort", "req": req_id, "step": step})
+
+    def end(self) -> None:
+        self._write({"ev": "end"})
+        self._sink.flush()
+
+    def close(self) -> None:
+        self._sink.close()
