@@ -105,14 +105,17 @@ class Engine:
         Raises RuntimeError when stuck (nothing to do but requests unfinished)
         or after `max_steps`."""
         outputs: list[EngineCoreOutput] = []
+        idle_steps = 0
         for _ in range(max_steps):
             if not self.has_unfinished_requests() and not self.batch_queue:
                 return outputs
-            in_flight = len(self.batch_queue)
             result = self.step()
             if result is not None:
                 outputs.extend(result)
-            elif len(self.batch_queue) == in_flight == 0:
+            # Idle: nothing submitted, nothing completed. One idle step can be a
+            # preemption that frees room for the next; two in a row are a hang.
+            idle_steps = idle_steps + 1 if result is None and not self.batch_queue else 0
+            if idle_steps >= 2:
                 raise RuntimeError("engine stuck: unfinished requests, nothing schedulable, "
                                    "nothing in flight")
         raise RuntimeError(f"engine did not finish within {max_steps} steps")

@@ -99,6 +99,7 @@ class _Graph:
         self.parent: dict[State, tuple[State, Action] | None] = {root: None}
         self.depth: dict[State, int] = {root: 0}
         self.system_edges: dict[State, list[State]] = {}
+        self.labelled_system_edges: dict[State, list[tuple[Action, State]]] = {}
 
     def path_to(self, s: State) -> list[tuple[Action, State]]:
         path = []
@@ -157,10 +158,12 @@ def search(model: Model, *, max_states: int = 2_000_000, stop_at_first: bool = F
             break
         s = frontier.popleft()
         sys_edges = graph.system_edges.setdefault(s, [])
+        labelled = graph.labelled_system_edges.setdefault(s, [])
         for action, nxt in successors(model, s):
             result.num_edges += 1
             if isinstance(action, (Schedule, CompleteOldest)):
                 sys_edges.append(nxt)
+                labelled.append((action, nxt))
             fresh = nxt not in graph.parent
             if fresh:
                 if len(graph.parent) >= max_states:
@@ -195,6 +198,29 @@ def _is_quiescent(s: State) -> bool:
     return not s.in_flight and not any(q.status.is_active for q in s.requests)
 
 
+def _path_to_dead_end(graph: _Graph, start: State) -> list[tuple[Action, State]]:
+    """A shortest run of scheduler steps from `start` to a state where the
+    scheduler can do nothing more (or back to a state already on the run)."""
+    came: dict[State, tuple[State, Action] | None] = {start: None}
+    frontier = deque([start])
+    while frontier:
+        s = frontier.popleft()
+        outs = [(a, t) for a, t in graph.labelled_system_edges.get(s, [])]
+        if not outs:
+            break
+        for a, t in outs:
+            if t not in came:
+                came[t] = (s, a)
+                frontier.append(t)
+    else:
+        return []
+    path = []
+    while (p := came[s]) is not None:
+        path.append((p[1], s))
+        s = p[0]
+    return path[::-1]
+
+
 def _check_liveness(graph: _Graph, result: SearchResult) -> None:
     """AG EF quiescent over scheduler steps, and no cycle of scheduler steps."""
     reverse: dict[State, list[State]] = {}
@@ -213,8 +239,11 @@ def _check_liveness(graph: _Graph, result: SearchResult) -> None:
     result.liveness["L1_L3_every_request_can_finish"] = not stuck
     if stuck:
         worst = min(stuck, key=lambda s: graph.depth[s])
-        result.violations.append(Violation("L1_L3_every_request_can_finish", graph.path_to(worst),
-                                           "from this state the scheduler can never finish every request"))
+        path = graph.path_to(worst) + _path_to_dead_end(graph, worst)
+        result.violations.append(Violation(
+            "L1_L3_every_request_can_finish", path,
+            f"after step {graph.depth[worst]} no run of the scheduler finishes every request; "
+            "the trace goes on to where it gets stuck"))
     # Kahn's algorithm on the scheduler-step subgraph: a leftover node lies on a cycle.
     indegree = {s: 0 for s in graph.parent}
     for outs in graph.system_edges.values():

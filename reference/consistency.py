@@ -1,0 +1,89 @@
+"""Self-checks of a scheduler's internal state, for tests and harnesses.
+
+`consistency_errors` states what must hold between any two calls;
+`leak_errors` what must hold once every request has finished or been
+aborted (vLLM's `assert_scheduler_empty`). Both return readable problems
+rather than raising, so a harness can print all of them at once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from .request import RequestStatus
+from .scheduler import Scheduler
+
+
+def consistency_errors(scheduler: Scheduler) -> list[str]:
+    errors: list[str] = []
+    cfg = scheduler.config
+    kv = scheduler.kv_cache_manager
+    pool = kv.block_pool
+    running_ids = [r.request_id for r in scheduler.running]
+    waiting_ids = [r.request_id for r in scheduler.waiting]
+    if len(set(running_ids)) != len(running_ids) or set(running_ids) & set(waiting_ids):
+        errors.append(f"a request is queued twice: running={running_ids} waiting={waiting_ids}")
+    if set(running_ids) | set(waiting_ids) != set(scheduler.requests):
+        errors.append("requests and queues disagree: "
+                      f"{sorted(scheduler.requests)} vs {sorted(running_ids + waiting_ids)}")
+    for r in scheduler.running:
+        if r.status != RequestStatus.RUNNING:
+            errors.append(f"{r.request_id} in running with status {r.status.name}")
+    for r in scheduler.waiting:
+        if r.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            errors.append(f"{r.request_id} in waiting with status {r.status.name}")
+        if kv.req_to_blocks.get(r.request_id):
+            errors.append(f"{r.request_id} waits but holds blocks")
+    if len(scheduler.running) > cfg.max_num_seqs:
+        errors.append(f"{len(scheduler.running)} running > max_num_seqs {cfg.max_num_seqs}")
+    for r in scheduler.requests.values():
+        if not 0 <= r.num_computed_tokens <= r.num_tokens_with_spec:
+            errors.append(f"{r.request_id}: num_computed_tokens {r.num_computed_tokens} "
+                          f"outside [0, {r.num_tokens_with_spec}]")
+        if len(kv.req_to_blocks.get(r.request_id, ())) * cfg.block_size < r.num_computed_tokens:
+            errors.append(f"{r.request_id}: block table does not cover its computed tokens")
+        if r.num_tokens > cfg.max_model_len or r.num_output_tokens > r.max_tokens:
+            errors.append(f"{r.request_id}: past its length limits")
+    if not set(scheduler.scheduled_req_ids) <= set(running_ids) and cfg.mutant is None:
+        errors.append(f"scheduled_req_ids {sorted(scheduler.scheduled_req_ids)} not all running")
+    # KV ownership: reference count = tables holding the block; free <=> count 0.
+    holders = Counter(b.block_id for blocks in kv.req_to_blocks.values() for b in blocks)
+    if set(kv.req_to_blocks) - set(scheduler.requests):
+        errors.append(f"block tables of unknown requests: {set(kv.req_to_blocks) - set(scheduler.requests)}")
+    free = set(pool.free_block_queue)
+    for block in pool.blocks:
+        if block.ref_cnt != holders.get(block.block_id, 0):
+            errors.append(f"block {block.block_id}: ref_cnt {block.ref_cnt} but "
+                          f"{holders.get(block.block_id, 0)} tables hold it")
+        if (block.ref_cnt == 0) != (block.block_id in free):
+            errors.append(f"block {block.block_id}: ref_cnt {block.ref_cnt}, "
+                          f"{'in' if block.block_id in free else 'not in'} the free queue")
+        if block.block_hash is not None and pool.cached_block_hash_to_block.get(block.block_hash) is not block:
+            errors.append(f"block {block.block_id} has a hash the cache does not map to it")
+    for h, block in pool.cached_block_hash_to_block.items():
+        if block.block_hash != h:
+            errors.append(f"hash map entry for block {block.block_id} disagrees with the block")
+    for req_id, blocks in kv.req_to_blocks.items():
+        if len({b.block_id for b in blocks}) != len(blocks):
+            errors.append(f"{req_id} holds a block twice")
+    return errors
+
+
+def leak_errors(scheduler: Scheduler) -> list[str]:
+    """Nothing of any request may remain once all are finished or aborted."""
+    kv = scheduler.kv_cache_manager
+    pool = kv.block_pool
+    leftovers = {
+        "requests": scheduler.requests, "waiting": scheduler.waiting,
+        "running": scheduler.running, "scheduled_req_ids": scheduler.scheduled_req_ids,
+        "cached request data": scheduler._cached_reqs_data,
+        "block tables": kv.req_to_blocks, "cached-block counts": kv.num_cached_block,
+        "uncached-block lists": kv.req_to_uncached_blocks,
+    }
+    errors = [f"{name} not empty: {list(value)[:5]}" for name, value in leftovers.items() if value]
+    held = [b.block_id for b in pool.blocks if b.ref_cnt != 0]
+    if held:
+        errors.append(f"blocks still held: {held[:10]}")
+    if pool.get_num_free_blocks() != pool.num_blocks:
+        errors.append(f"{pool.get_num_free_blocks()} of {pool.num_blocks} blocks free")
+    return errors

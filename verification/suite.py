@@ -1,0 +1,148 @@
+"""The verification suite `flightcheck verify` runs: every property by every
+method that applies, and every mutant hunted to its shortest counterexample.
+
+Methods:
+* exhaustive: explicit-state search of a small model; for a finite model,
+  visiting every reachable state proves an invariant for all depths;
+* k-induction (Z3): the invariants with strengthening invariants are
+  inductive, so they hold for all depths of the default model;
+* bmc (Z3): bounded model checking to a depth, shortest-first; for
+  "sometimes" targets, the depth at which they are first reached.
+
+A mutant is killed when some safety or liveness property is violated on the
+model it is hunted in; "sometimes" targets that go unreached do not count as
+kills, since a mutant that only makes the spec do less proves nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from flightcheck.spec import INVARIANTS, MUTANTS, SOMETIMES, TRANSITION_PROPERTIES
+
+from . import explicit
+from .counterexample import Counterexample, from_actions
+from .models import DEFAULT, EXHAUSTIVE_MODELS, Model, mutant_model
+
+SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES)
+LIVENESS_GRAPH = ("L1_L3_every_request_can_finish", "L2_every_run_terminates")
+
+
+@dataclass
+class PropertyResult:
+    name: str
+    kind: str            # invariant | sometimes | liveness
+    status: str          # proved | bounded | reached | violated | unknown
+    method: str
+    depth: int | None
+    seconds: float
+
+
+@dataclass
+class MutantResult:
+    name: str
+    killed: bool
+    trace_length: int | None
+    seconds: float
+    property: str | None = None
+    model: str = ""
+    method: str = "exhaustive"
+    counterexample: Counterexample | None = field(default=None, repr=False)
+
+
+@dataclass
+class SuiteResult:
+    seconds: float
+    properties: list[PropertyResult]
+    mutants: list[MutantResult]
+
+    @property
+    def ok(self) -> bool:
+        bad_props = [p for p in self.properties if p.status in ("violated", "unknown")]
+        return not bad_props and all(m.killed for m in self.mutants)
+
+    def to_json(self) -> dict:
+        return {
+            "seconds": round(self.seconds, 3),
+            "ok": self.ok,
+            "properties": [asdict(p) | {"seconds": round(p.seconds, 3)} for p in self.properties],
+            "mutants": [{"name": m.name, "killed": m.killed, "trace_length": m.trace_length,
+                         "seconds": round(m.seconds, 3), "property": m.property, "model": m.model,
+                         "method": m.method} for m in self.mutants],
+        }
+
+
+def kind_of(name: str) -> str:
+    if name in SOMETIMES_NAMES:
+        return "sometimes"
+    if name.startswith("L"):
+        return "liveness"
+    return "invariant"
+
+
+def all_property_names() -> list[str]:
+    return ([i.name for i in INVARIANTS] + [t.name for t in TRANSITION_PROPERTIES]
+            + list(LIVENESS_GRAPH) + [s.name for s in SOMETIMES])
+
+
+def exhaustive_rows(model: Model) -> list[PropertyResult]:
+    """One row per property from an exhaustive search of `model`."""
+    r = explicit.search(model)
+    method = f"exhaustive {model.name} ({r.num_states} states, depth {r.max_depth})"
+    broken = {v.property for v in r.violations}
+    rows = []
+    applicable = {s.name for s in SOMETIMES if s.is_applicable(model.cfg)}
+    for name in all_property_names():
+        if name in SOMETIMES_NAMES:
+            if name not in applicable:
+                continue
+            status = "reached" if name in r.reached else "violated"
+            depth = r.reached.get(name)
+        else:
+            status = "violated" if name in broken else ("proved" if r.complete else "bounded")
+            depth = None if r.complete else r.max_depth
+        rows.append(PropertyResult(name, kind_of(name), status, method, depth, r.seconds))
+    return rows
+
+
+def hunt_mutant(name: str, model: Model | None = None) -> MutantResult:
+    """Shortest counterexample for a mutant by breadth-first search."""
+    model = (model.with_mutant(name) if model else mutant_model(name))
+    t0 = time.perf_counter()
+    r = explicit.search(model, stop_at_first=True, check_liveness=False)
+    kills = [v for v in r.violations if v.property not in SOMETIMES_NAMES]
+    if not kills and r.complete:
+        r = explicit.search(model, check_liveness=True)      # liveness needs the whole graph
+        kills = [v for v in r.violations if v.property not in SOMETIMES_NAMES]
+    seconds = time.perf_counter() - t0
+    if not kills:
+        return MutantResult(name, False, None, seconds, model=model.name)
+    v = min(kills, key=lambda v: len(v.path))
+    cx = from_actions(model, v.property, [a for a, _ in v.path], v.message)
+    return MutantResult(name, True, cx.length, seconds, v.property, model.name, counterexample=cx)
+
+
+def run_suite(model: Model = DEFAULT, depth: int = 8, *, use_z3: bool = True,
+              mutants: list[str] | None = None,
+              progress: Callable[[str], None] | None = None) -> SuiteResult:
+    """The default suite: exhaustive search of the small models, Z3 proofs and
+    BMC on `model`, and every mutant hunted."""
+    t0 = time.perf_counter()
+    say = progress or (lambda _msg: None)
+    rows: list[PropertyResult] = []
+    for small in EXHAUSTIVE_MODELS:
+        say(f"exhaustive search of {small.name}")
+        rows += exhaustive_rows(small)
+    if use_z3:
+        from . import z3_suite
+        say(f"k-induction on {model.name}")
+        rows += z3_suite.induction_rows(model)
+        say(f"bounded model checking of {model.name} to depth {depth}")
+        rows += z3_suite.bmc_rows(model, depth)
+    results = []
+    for name in (mutants if mutants is not None else list(MUTANTS)):
+        say(f"hunting mutant {name}")
+        results.append(hunt_mutant(name))
+    return SuiteResult(time.perf_counter() - t0, rows, results)
