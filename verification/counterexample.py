@@ -11,7 +11,7 @@ agrees that the last step breaks the property.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from enum import Enum
 
 from rich.console import Console
@@ -90,7 +90,8 @@ def _plain(value):
     if isinstance(value, Enum):
         return value.value
     if is_dataclass(value) and not isinstance(value, type):
-        return {k: _plain(v) for k, v in asdict(value).items()} | {"#type": type(value).__name__}
+        return {"#type": type(value).__name__} | {f.name: _plain(getattr(value, f.name))
+                                                  for f in fields(value)}
     if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     if isinstance(value, (set, frozenset)):
