@@ -1,6 +1,7 @@
 """The `flightcheck` command line: composes the layers.
 
     flightcheck verify [--config NAME] [--depth D] [--mutant NAME] [--json]
+    flightcheck check-trace FILE [--json]
 
 Exit codes: 0 all checks passed, 1 a property failed or a mutant survived,
 2 bad arguments.
@@ -46,7 +47,34 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--list-configs", action="store_true", help="print the model names and exit")
     verify.add_argument("--json", action="store_true", help="print machine-readable results")
     verify.set_defaults(func=_cmd_verify)
+
+    check = sub.add_parser("check-trace", help="replay a trace file against the spec")
+    check.add_argument("file", help="a JSON Lines trace (DESIGN.md format)")
+    check.add_argument("--json", action="store_true", help="print machine-readable results")
+    check.set_defaults(func=_cmd_check_trace)
     return parser
+
+
+def _cmd_check_trace(args: argparse.Namespace) -> int:
+    from flightcheck.verification.trace_check import MalformedTrace, check_trace
+
+    try:
+        result = check_trace(args.file)
+    except MalformedTrace as err:
+        if args.json:
+            print(json.dumps({"ok": False, "malformed": str(err)}))
+        return _bad(f"{args.file}: {err}")
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+    elif result.ok:
+        print(f"{args.file}: legal ({result.events} events)")
+    else:
+        print(f"{args.file}: event {result.event_index} violates {result.property}: {result.message}")
+        print(f"state before: {result.state_before}")
+    if not args.json:
+        for item in result.unchecked:
+            print(f"not checked: {item}")
+    return 0 if result.ok else 1
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:

@@ -90,8 +90,13 @@ def is_valid_sample(cfg: Config, e: Entry, s: Sample) -> bool:
             and 0 <= s.next_drafts <= cfg.num_spec_tokens)
 
 
-def complete_oldest(state: State, cfg: Config, samples: tuple[Sample, ...]) -> State | None:
-    """The oldest in-flight batch returns; its entries' outputs are applied in order."""
+def complete_oldest(state: State, cfg: Config, samples: tuple[Sample, ...],
+                    dropped: frozenset[int] = frozenset()) -> State | None:
+    """The oldest in-flight batch returns; its entries' outputs are applied in order.
+
+    `dropped`: requests whose ORPHANED entries the scheduler drops instead of
+    applying (vLLM 0.8.5 does; wasteful but safe). Only trace validation uses
+    it; the model checkers explore the rule that applies them."""
     if not state.in_flight:
         return None
     sampling = sampling_entries(state, cfg)
@@ -107,7 +112,9 @@ def complete_oldest(state: State, cfg: Config, samples: tuple[Sample, ...]) -> S
         if e.fate is Fate.LIVE:
             state = _settle_live(state, cfg, e)
         if samples_here:
-            state = _apply_sample(state, cfg, e, next(remaining), e.fate)
+            sample = next(remaining)
+            if not (e.fate is Fate.ORPHANED and e.req in dropped):
+                state = _apply_sample(state, cfg, e, sample, e.fate)
     return state
 
 

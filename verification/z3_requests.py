@@ -1,0 +1,76 @@
+"""Reading and writing one request of a symbolic state whose index is itself
+a term (the request at running[i], at the head of waiting, of a batch entry),
+and the derived quantities of spec/state.py (`num_tokens`, `content_label`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import z3
+
+from .z3_state import NEW, PAD, Layout, SReq, SState
+from .z3_terms import Builder, eq, ite, merge, pick
+
+
+def prompt_len(lay: Layout, q: SReq, k: int) -> Any:
+    """Request k's prompt length: the model's once it has arrived, 0 before."""
+    return ite(eq(q.status, NEW), z3.IntVal(0), z3.IntVal(lay.prompt_len(k)))
+
+
+def max_tokens(lay: Layout, q: SReq, k: int) -> Any:
+    return ite(eq(q.status, NEW), z3.IntVal(0), z3.IntVal(lay.max_tokens(k)))
+
+
+def num_tokens(lay: Layout, q: SReq, k: int) -> Any:
+    """Known tokens of request k: prompt plus sampled outputs."""
+    return prompt_len(lay, q, k) + q.num_output
+
+
+def content_label(lay: Layout, q: SReq, k: int, i: int) -> Any:
+    """spec.state.content_label(k, i): its prompt label if block i is all prompt."""
+    unique = -(1 + k + lay.N * i)
+    return ite(eq(q.status, NEW), z3.IntVal(unique), z3.IntVal(lay.content[k][i]))
+
+
+def req_at(s: SState, r: Any) -> SReq:
+    """The fields of request r (a term)."""
+    qs = s.reqs
+    return SReq(pick([q.status for q in qs], r), pick([q.num_output for q in qs], r),
+                pick([q.num_computed for q in qs], r), pick([q.num_drafts for q in qs], r),
+                pick([q.table_len for q in qs], r),
+                [pick([q.table[t] for q in qs], r) for t in range(len(qs[0].table))])
+
+
+def at(lay: Layout, s: SState, r: Any, fn) -> Any:
+    """fn(request k, k) for the request r (a term)."""
+    return pick([fn(q, k) for k, q in enumerate(s.reqs)], r)
+
+
+def tokens_at(lay: Layout, s: SState, r: Any) -> Any:
+    return at(lay, s, r, lambda q, k: num_tokens(lay, q, k))
+
+
+def label_at(lay: Layout, s: SState, r: Any, i: int) -> Any:
+    return at(lay, s, r, lambda q, k: content_label(lay, q, k, i))
+
+
+def with_req(s: SState, r: Any, new: SReq, when: Any = True) -> SState:
+    """s with request r (a term) replaced by `new`, if `when`."""
+    from .z3_terms import conj
+    out = SState(**{f: getattr(s, f) for f in s.__dataclass_fields__})
+    out.reqs = [merge(conj(when, eq(r, k)), new, q) for k, q in enumerate(s.reqs)]
+    return out
+
+
+def put_flag(flags: list, r: Any, value: Any, when: Any = True) -> list:
+    from .z3_terms import conj
+    return [ite(conj(when, eq(r, k)), value, f) for k, f in enumerate(flags)]
+
+
+def snap_req(bld: Builder, s: SState, r: Any, name: str) -> SReq:
+    return bld.snap(req_at(s, r), name)
+
+
+def empty_table(lay: Layout) -> list:
+    return [z3.IntVal(PAD)] * lay.T
