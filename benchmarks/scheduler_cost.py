@@ -10,9 +10,11 @@ Workloads (anchor: /work/shared/notes/vllm-scheduler-cost.md, vLLM 0.8.5):
 * decode-N: N running requests, all decoding; with K = 2 half of them have
   their token in flight, so each batch holds N/2 decodes while schedule()
   walks all N.
-* prefill-N: a closed loop of N requests (each finished one is replaced by a
-  new arrival), prompts of 1-3k tokens, half of them starting with one of 8
-  shared 1k-token prefixes, 1-32 output tokens, budget 8192 tokens per batch.
+* prefill-N: N running requests with 1-3k-token contexts, decoding, plus a
+  stream of arrivals with 1-3k-token prompts (1-8 output tokens; 8 always
+  waiting) that fills every batch to the 8192-token budget with
+  prefill chunks; half of all prompts start with one of 8 shared 1k-token
+  prefixes. Each batch: N/2 decodes plus the prefill chunks.
 
 Usage: python benchmarks/scheduler_cost.py [--quick] [--runs R] [--batches B]
 """
@@ -51,7 +53,18 @@ BLOCK_SIZE = 16
 
 
 class Workload:
-    """Builds requests; `replace` says whether a finished one is replaced."""
+    """Builds the requests of one case.
+
+    decode: N short-prompt requests that decode for the whole run.
+    prefill: N long-context requests (1-3k-token prompts) that decode for the
+    whole run, plus a stream of short-lived arrivals with 1-3k-token prompts
+    (1-8 output tokens, 8 of them always waiting) that keeps every
+    batch filled to the token budget with prefill chunks. Half of all
+    prompts start with one of 8 shared 1k-token prefixes.
+    """
+
+    STREAM_WAITING = 8          # prefill arrivals kept queued at all times
+    STREAM_RUNNING = 128        # room for the stream's requests while they decode
 
     def __init__(self, name: str, num_requests: int, seed: int) -> None:
         self.name, self.num_requests = name, num_requests
@@ -61,25 +74,34 @@ class Workload:
         self.counter = 0
         self.is_decode = name == "decode"
 
-    def new_request(self) -> Request:
+    def _long_prompt(self) -> list[int]:
         rng = self.rng
-        self.counter += 1
-        req_id = f"r{self.counter}"
-        if self.is_decode:
-            n = rng.randint(64, 128)
-            return Request(req_id, rng.choices(self.vocab, k=n), SamplingParams(max_tokens=100_000))
         n = rng.randint(1024, 3072)
         prompt = self.prefixes[rng.randrange(8)][:] if rng.random() < 0.5 else []
-        prompt += rng.choices(self.vocab, k=n - len(prompt))
-        return Request(req_id, prompt, SamplingParams(max_tokens=rng.randint(1, 32)))
+        return prompt + rng.choices(self.vocab, k=n - len(prompt))
+
+    def long_lived_request(self) -> Request:
+        self.counter += 1
+        if self.is_decode:
+            prompt = self.rng.choices(self.vocab, k=self.rng.randint(64, 128))
+        else:
+            prompt = self._long_prompt()
+        return Request(f"r{self.counter}", prompt, SamplingParams(max_tokens=100_000))
+
+    def stream_request(self) -> Request:
+        self.counter += 1
+        return Request(f"s{self.counter}", self._long_prompt(),
+                       SamplingParams(max_tokens=self.rng.randint(1, 8)))
 
     def config(self) -> SchedulerConfig:
-        max_len = 16384 if self.is_decode else 3200
+        max_len = 4096 if self.is_decode else 6144
+        stream = 0 if self.is_decode else self.STREAM_RUNNING + self.STREAM_WAITING
         # Room for every request at its longest: no preemption in the steady state.
-        per_request = -(-((128 + 2000) if self.is_decode else 3104) // BLOCK_SIZE)
-        return SchedulerConfig(max_num_batched_tokens=BUDGET, max_num_seqs=self.num_requests,
+        per_request = -(-max_len // BLOCK_SIZE)
+        return SchedulerConfig(max_num_batched_tokens=BUDGET,
+                               max_num_seqs=self.num_requests + stream,
                                max_model_len=max_len, block_size=BLOCK_SIZE,
-                               num_blocks=max(per_request * self.num_requests, max_len // BLOCK_SIZE),
+                               num_blocks=per_request * (self.num_requests + stream),
                                num_pipeline_stages=K, enable_prefix_caching=True)
 
 
@@ -94,7 +116,10 @@ def run_case(name: str, num_requests: int, num_batches: int, seed: int) -> dict:
     workload = Workload(name, num_requests, seed)
     sched = Scheduler(workload.config())
     for _ in range(num_requests):
-        sched.add_request(workload.new_request())
+        sched.add_request(workload.long_lived_request())
+    if not workload.is_decode:
+        for _ in range(workload.STREAM_WAITING):
+            sched.add_request(workload.stream_request())
     queue: deque = deque()
     step = 0
 
@@ -105,31 +130,27 @@ def run_case(name: str, num_requests: int, num_batches: int, seed: int) -> dict:
             t0 = time.perf_counter_ns()
             out = sched.schedule()
             t1 = time.perf_counter_ns()
+            if not workload.is_decode:           # keep the stream's queue topped up
+                for _ in range(workload.STREAM_WAITING - len(sched.waiting)):
+                    sched.add_request(workload.stream_request())
             if out.total_num_scheduled_tokens:
                 queue.append((out, fake_model(out, step), t1 - t0, len(sched.running)))
                 return
         out, result, schedule_ns, num_running = queue.popleft()
         t0 = time.perf_counter_ns()
-        outputs = sched.update_from_output(out, result)
+        sched.update_from_output(out, result)
         t1 = time.perf_counter_ns()
-        if not workload.is_decode:
-            for o in outputs:
-                if o.finish_reason is not None:
-                    sched.add_request(workload.new_request())
         if record is not None:
             record.append((schedule_ns, t1 - t0, len(out.entries),
                            out.total_num_scheduled_tokens, num_running))
 
-    # Warm up to the steady state: every decode request prefilled; for the
-    # prefill loop, a few thousand batches of turnover.
-    if workload.is_decode:
-        while any(r.num_output_tokens == 0 for r in sched.running) or sched.waiting:
-            one_step(None)
-        for _ in range(20):
-            one_step(None)
-    else:
-        for _ in range(min(3000, 40 + num_requests // 2)):
-            one_step(None)
+    # Warm up to the steady state: every long-lived request prefilled and
+    # decoding, then some batches of turnover.
+    long_lived = {f"r{i + 1}" for i in range(num_requests)}
+    while any(sched.requests[r].num_output_tokens == 0 for r in long_lived):
+        one_step(None)
+    for _ in range(40):
+        one_step(None)
     gc.collect()
     gc.freeze()
     records: list = []

@@ -74,7 +74,8 @@ class KVCacheManager:
         num_new_blocks = max(0, num_required - len(req_blocks) - len(new_computed_blocks))
         # Hit blocks that nobody holds sit in the free queue: taking them
         # removes them from it, so they cannot also serve as fresh blocks.
-        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0) \
+            if new_computed_blocks else 0
         if num_new_blocks > pool.get_num_free_blocks() - num_evictable_hits:
             return None
 

@@ -24,7 +24,8 @@ Every entry records:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from .request import SamplingParams
 
@@ -35,16 +36,16 @@ class NewRequestData:
     incarnation: int
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    block_ids: list[int]
+    block_ids: tuple[int, ...]
     num_computed_tokens: int
     num_new_tokens: int
     num_cached_tokens: int
     new_token_ids: list[int]
     samples: bool
-    spec_token_ids: list[int] = field(default_factory=list)   # never drafts on admission
+    spec_token_ids: tuple[int, ...] = ()      # never drafts on admission
 
     @property
-    def new_block_ids(self) -> list[int]:
+    def new_block_ids(self) -> tuple[int, ...]:
         return self.block_ids
 
     @property
@@ -62,11 +63,11 @@ class CachedRequestData:
     incarnation: int
     resumed_from_preemption: bool
     new_token_ids: list[int]
-    new_block_ids: list[int]
+    new_block_ids: tuple[int, ...]
     num_computed_tokens: int
     num_new_tokens: int
     num_cached_tokens: int
-    spec_token_ids: list[int]
+    spec_token_ids: tuple[int, ...]
     samples: bool
 
     @property
@@ -85,7 +86,7 @@ class SchedulerOutput:
     scheduled_cached_reqs: list[CachedRequestData]
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
-    scheduled_spec_decode_tokens: dict[str, list[int]]
+    scheduled_spec_decode_tokens: dict[str, tuple[int, ...]]
     preempted_req_ids: list[str]
     finished_req_ids: set[str]                # finished since the last batch: workers drop state
 
@@ -114,9 +115,9 @@ class ModelRunnerOutput:
                    [list(tokens[r]) for r in req_ids], spec)
 
 
-@dataclass(frozen=True, slots=True)
-class EngineCoreOutput:
-    """One request's result of one completed batch."""
+class EngineCoreOutput(NamedTuple):
+    """One request's result of one completed batch (a NamedTuple: one is made
+    per sampled token, so it must be cheap)."""
 
     request_id: str
     new_token_ids: list[int]

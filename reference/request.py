@@ -50,8 +50,9 @@ class SamplingParams:
 class Request:
     __slots__ = (
         "request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
-        "status", "stop_reason", "output_token_ids", "_all_token_ids", "spec_token_ids",
-        "num_computed_tokens", "num_cached_tokens", "block_hashes",
+        "status", "stop_reason", "_all_token_ids", "num_prompt_tokens", "max_tokens",
+        "stop_token_set", "spec_token_ids", "num_computed_tokens", "num_cached_tokens",
+        "block_hashes",
         "incarnation", "first_incarnation", "orphaned_incarnation",
     )
 
@@ -65,10 +66,20 @@ class Request:
         self.arrival_time = arrival_time
         self.status = RequestStatus.WAITING
         self.stop_reason: int | None = None          # the stop token id, if one stopped it
-        self.output_token_ids: list[int] = []
-        # Prompt + outputs in one list, so slicing across the boundary is cheap.
+        # Prompt + outputs in one list: appending a token touches one list, and
+        # slices across the prompt/output boundary are cheap.
         self._all_token_ids: list[int] = list(self.prompt_token_ids)
-        self.spec_token_ids: list[int] = []          # drafts proposed for the next step
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.max_tokens = self.sampling_params.max_tokens
+        # Every token that may stop the request (EOS unless ignore_eos), so the
+        # per-token check is one set lookup.
+        stops = set(self.sampling_params.stop_token_ids)
+        if eos_token_id is not None and not self.sampling_params.ignore_eos:
+            stops.add(eos_token_id)
+        self.stop_token_set = frozenset(stops)
+        # Drafts proposed for the next step; a tuple, so "no drafts" is the one
+        # shared () and entries can share it without copying.
+        self.spec_token_ids: tuple[int, ...] = ()
         # Tokens whose KV is computed or in flight (advanced at schedule time).
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0                   # prefix hit of the last admission
@@ -87,8 +98,8 @@ class Request:
         return self._all_token_ids
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+    def output_token_ids(self) -> list[int]:
+        return self._all_token_ids[self.num_prompt_tokens:]
 
     @property
     def num_tokens(self) -> int:
@@ -101,14 +112,9 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
-
-    @property
-    def max_tokens(self) -> int:
-        return self.sampling_params.max_tokens
+        return len(self._all_token_ids) - self.num_prompt_tokens
 
     def append_output_token_id(self, token_id: int) -> None:
-        self.output_token_ids.append(token_id)
         self._all_token_ids.append(token_id)
 
     def is_finished(self) -> bool:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from . import mutants as M
 from .block_pool import KVCacheBlock
@@ -76,6 +76,11 @@ class Scheduler:
         self._next_batch_id = 1
         self.num_steps = 0            # schedule() + update_from_output() calls
         self._mutant = config.mutant
+        self._one_batch_per_request = not config.continue_prefill
+        # Whether a live entry needs bookkeeping at completion (it does not in
+        # the correct continue-prefill scheduler: the counter moved at schedule time).
+        self._settles_live = (self._one_batch_per_request
+                              or config.mutant == M.ADVANCE_AT_COMPLETION)
         self.trace = trace
         if trace is not None:
             trace.config(config)
@@ -181,7 +186,8 @@ class Scheduler:
             if num_new_tokens == 0:
                 req_index += 1                # nothing to schedule: tokens in flight
                 continue
-            num_drafts = self._num_scheduled_drafts(request, num_new_tokens)
+            num_drafts = self._num_scheduled_drafts(request, num_new_tokens) \
+                if request.spec_token_ids else 0
             new_blocks = self._allocate_or_preempt(request, num_new_tokens, num_drafts, batch)
             if new_blocks is None:
                 return                        # the request preempted itself
@@ -190,15 +196,16 @@ class Scheduler:
             req_index += 1
 
     def _num_new_tokens_running(self, request: Request, token_budget: int) -> int:
-        if not self.config.continue_prefill and request.request_id in self.scheduled_req_ids:
+        if self._one_batch_per_request and request.request_id in self.scheduled_req_ids:
             return 0                          # one batch per request
         num_computed = request.num_computed_tokens
-        num_new_tokens = self._clip(request.num_tokens_with_spec - num_computed,
-                                    num_computed, token_budget)
-        if (num_new_tokens == 0 and self._mutant == M.DECODE_WHILE_TOKEN_IN_FLIGHT
+        num_new_tokens = request.num_tokens_with_spec - num_computed
+        if num_new_tokens > 0:
+            return self._clip(num_new_tokens, num_computed, token_budget)
+        if (self._mutant == M.DECODE_WHILE_TOKEN_IN_FLIGHT
                 and request.num_tokens <= num_computed < self.config.max_model_len):
             return 1
-        return num_new_tokens
+        return 0
 
     def _clip(self, num_new_tokens: int, num_computed: int, token_budget: int) -> int:
         threshold = self.config.long_prefill_token_threshold
@@ -234,7 +241,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
-        request.spec_token_ids = []
+        request.spec_token_ids = ()
         request.orphaned_incarnation = request.incarnation
         request.incarnation = next(self._incarnations)
         self.waiting.appendleft(request)
@@ -276,7 +283,7 @@ class Scheduler:
         return NewRequestData(
             req_id=request.request_id, incarnation=request.incarnation,
             prompt_token_ids=request.prompt_token_ids, sampling_params=request.sampling_params,
-            block_ids=[b.block_id for b in new_blocks], num_computed_tokens=start,
+            block_ids=tuple([b.block_id for b in new_blocks]), num_computed_tokens=start,
             num_new_tokens=num_new_tokens, num_cached_tokens=num_hit_tokens,
             new_token_ids=request.prompt_token_ids[num_hit_tokens:num_hit_tokens + num_new_tokens],
             samples=start + num_new_tokens >= request.num_tokens)
@@ -298,8 +305,8 @@ class Scheduler:
                                   num_cached_tokens: int, resumed: bool) -> CachedRequestData:
         num_computed = request.num_computed_tokens
         new_token_ids = request.all_token_ids[num_computed:num_computed + num_new_tokens - num_drafts]
-        spec_token_ids = request.spec_token_ids[:num_drafts] if num_drafts else []
-        block_ids = [b.block_id for b in new_blocks]
+        spec_token_ids = request.spec_token_ids[:num_drafts] if num_drafts else ()
+        block_ids = tuple([b.block_id for b in new_blocks]) if new_blocks else ()
         samples = start + num_new_tokens - num_drafts >= request.num_tokens
         if self._mutant == M.SHARED_SNAPSHOT:
             shared = self._cached_reqs_data.get(request.request_id)
@@ -325,7 +332,7 @@ class Scheduler:
         new_reqs: list[NewRequestData] = []
         cached_reqs: list[CachedRequestData] = []
         num_scheduled_tokens: dict[str, int] = {}
-        spec_decode_tokens: dict[str, list[int]] = {}
+        spec_decode_tokens: dict[str, tuple[int, ...]] = {}
         for entry in batch.entries:
             (new_reqs if type(entry) is NewRequestData else cached_reqs).append(entry)  # type: ignore[arg-type]
             num_scheduled_tokens[entry.req_id] = entry.num_new_tokens
@@ -345,11 +352,10 @@ class Scheduler:
     def _update_after_schedule(self, batch: _Batch) -> None:
         """Advance the counters after the output holds the pre-batch counts."""
         advance = self._mutant != M.ADVANCE_AT_COMPLETION
-        one_batch = not self.config.continue_prefill
         for request, entry in zip(batch.requests, batch.entries):
             if advance:
                 request.num_computed_tokens += entry.num_new_tokens
-            if one_batch:
+            if self._one_batch_per_request:
                 self.scheduled_req_ids.add(request.request_id)
 
     # ------------------------------------------------------------------
@@ -393,16 +399,22 @@ class Scheduler:
             row = index.get(req_id)
             generated = sampled[row] if row is not None else []
             request = self.requests.get(req_id)
-            fate = self._fate(entry, request)
+            if request is not None and entry.incarnation == request.incarnation:
+                fate = Fate.LIVE              # the common case, without a call
+            else:
+                fate = self._fate(entry, request)
             if fate is Fate.SUPERSEDED:
                 if tracing:
                     taken[req_id] = list(generated)
                     dropped.append(req_id)
                 continue
             assert request is not None
-            if not self._entry_samples(entry, request, fate):
+            samples = entry.samples
+            if self._mutant == M.FINAL_CHUNK_FROM_LIVE_COUNTER and fate is Fate.LIVE:
+                samples = request.num_computed_tokens >= request.num_tokens
+            if not samples:
                 generated = []                # a non-final chunk: nothing was sampled
-            if fate is Fate.LIVE:
+            if fate is Fate.LIVE and self._settles_live:
                 self._settle_live(request, entry)
             if tracing:
                 taken[req_id] = list(generated)
@@ -425,32 +437,26 @@ class Scheduler:
             self._trace_complete(scheduler_output, taken, dropped, next_drafts, outputs)
         return outputs
 
-    def _entry_samples(self, entry: RequestData, request: Request, fate: Fate) -> bool:
-        """Whether the entry produced tokens: its snapshot says so. A worker that
-        samples every chunk (vLLM <= 0.8.2) leaves the filtering to us."""
-        if self._mutant == M.FINAL_CHUNK_FROM_LIVE_COUNTER and fate is Fate.LIVE:
-            return request.num_computed_tokens >= request.num_tokens
-        return entry.samples
-
     def _settle_live(self, request: Request, entry: RequestData) -> None:
         """Bookkeeping every live entry gets, whether or not it sampled."""
-        if not self.config.continue_prefill:
+        if self._one_batch_per_request:
             self.scheduled_req_ids.discard(request.request_id)
         if self._mutant == M.ADVANCE_AT_COMPLETION:
             request.num_computed_tokens += entry.num_new_tokens
 
     def _apply_sampled(self, request: Request, entry: RequestData, generated: list[int],
-                       fate: Fate, proposed_drafts: Iterable[int]) -> EngineCoreOutput:
+                       fate: Fate, proposed_drafts: Sequence[int]) -> EngineCoreOutput:
         num_drafts = len(entry.spec_token_ids)
         if len(generated) > num_drafts + 1:
             raise ValueError(f"{len(generated)} tokens returned for request {request.request_id!r}, "
                              f"which had {num_drafts} drafts scheduled (at most {num_drafts + 1})")
         num_rejected = num_drafts + 1 - len(generated)
-        if fate is Fate.LIVE:
-            if self._mutant != M.REJECTIONS_NOT_SUBTRACTED:
+        if num_rejected:
+            if fate is Fate.LIVE:
+                if self._mutant != M.REJECTIONS_NOT_SUBTRACTED:
+                    request.num_computed_tokens -= num_rejected
+            elif self._mutant == M.REJECTIONS_SUBTRACTED_AFTER_RESET:
                 request.num_computed_tokens -= num_rejected
-        elif self._mutant == M.REJECTIONS_SUBTRACTED_AFTER_RESET:
-            request.num_computed_tokens -= num_rejected
         # An orphaned entry leaves the counter alone: preemption reset it and the
         # recompute after resumption includes the tokens appended here.
         new_token_ids: list[int] = []
@@ -459,25 +465,23 @@ class Scheduler:
             new_token_ids.append(token_id)
             if self._check_stop(request, token_id):
                 break                         # tokens after the stop are trimmed
-        if fate is Fate.LIVE and not request.is_finished():
-            request.spec_token_ids = list(proposed_drafts)[:self.config.num_spec_tokens]
+        if fate is Fate.LIVE and not request.is_finished() and (proposed_drafts or request.spec_token_ids):
+            request.spec_token_ids = tuple(proposed_drafts[:self.config.num_spec_tokens])
         return EngineCoreOutput(request.request_id, new_token_ids,
                                 request.get_finished_reason(), request.stop_reason)
 
     def _check_stop(self, request: Request, token_id: int) -> bool:
         """vLLM's check_stop after each appended token: length first, then EOS
         (unless ignore_eos), then stop_token_ids."""
-        if (request.num_tokens >= self.config.max_model_len
-                or request.num_output_tokens >= request.max_tokens):
+        num_tokens = request.num_tokens
+        if (num_tokens >= self.config.max_model_len
+                or num_tokens - request.num_prompt_tokens >= request.max_tokens):
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
             return True
-        params = request.sampling_params
-        if not params.ignore_eos and token_id == request.eos_token_id:
+        if token_id in request.stop_token_set:
             request.status = RequestStatus.FINISHED_STOPPED
-            return True
-        if token_id in params.stop_token_ids:
-            request.status = RequestStatus.FINISHED_STOPPED
-            request.stop_reason = token_id
+            if token_id != request.eos_token_id or request.sampling_params.ignore_eos:
+                request.stop_reason = token_id     # a stop token id, not EOS
             return True
         return False
 

@@ -56,8 +56,9 @@ def arrive(state: State, cfg: Config, r: int, prompt: Prompt) -> State | None:
     if cfg.prefix_caching and len(labels) != prompt.prompt_len // cfg.block_size:
         return None
     state = replace(state, waiting=state.waiting + (r,))
+    stale = 1 if cfg.is_mutant("arrival_counter_stale") else 0
     return state.with_request(r, status=Status.WAITING, prompt_len=prompt.prompt_len,
-                              max_tokens=prompt.max_tokens, prompt_labels=labels)
+                              max_tokens=prompt.max_tokens, prompt_labels=labels, num_computed=stale)
 
 
 def abort(state: State, cfg: Config, r: int) -> State | None:
@@ -87,7 +88,7 @@ def sampling_entries(state: State, cfg: Config) -> list[Entry]:
 def is_valid_sample(cfg: Config, e: Entry, s: Sample) -> bool:
     return (0 <= s.num_accepted <= e.drafts
             and (s.stop_at is None or 0 <= s.stop_at <= s.num_accepted)
-            and 0 <= s.next_drafts <= cfg.num_spec_tokens)
+            and 0 <= s.next_drafts <= cfg.num_spec_tokens + cfg.is_mutant("draft_cap_ignored"))
 
 
 def complete_oldest(state: State, cfg: Config, samples: tuple[Sample, ...],
@@ -98,6 +99,8 @@ def complete_oldest(state: State, cfg: Config, samples: tuple[Sample, ...],
     applying (vLLM 0.8.5 does; wasteful but safe). Only trace validation uses
     it; the model checkers explore the rule that applies them."""
     if not state.in_flight:
+        return None
+    if cfg.is_mutant("complete_refuses_orphans") and any(e.fate is Fate.ORPHANED for e in state.in_flight[0]):
         return None
     sampling = sampling_entries(state, cfg)
     if len(samples) != len(sampling) or not all(is_valid_sample(cfg, e, s) for e, s in zip(sampling, samples)):

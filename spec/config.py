@@ -63,6 +63,20 @@ MUTANTS: dict[str, str] = {
         "preemption clears",
     "empty_batch_submitted":
         "synthetic: a schedule call that only preempted still enqueues an empty batch",
+    "arrival_counter_stale":
+        "synthetic: an arriving request keeps a stale num_computed until admitted",
+    "overlapping_chunks":
+        "synthetic: a continuing prefill chunk restarts one token early, "
+        "recomputing a token already in flight",
+    "stale_drafts_on_prefill_chunk":
+        "synthetic: a prefill chunk's snapshot records a draft, as if the request's "
+        "old proposal were still scheduled",
+    "draft_cap_ignored":
+        "synthetic: the drafter may propose k + 1 drafts",
+    "complete_refuses_orphans":
+        "synthetic: a batch holding an orphaned entry can never be consumed",
+    "schedule_blocked_when_idle":
+        "synthetic: the engine will not schedule while nothing is in flight",
     "no_block_for_last_token":
         "synthetic: allocation rounds down, the last partial block is missing",
 }

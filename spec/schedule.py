@@ -56,11 +56,14 @@ class _Step:
         self.entries: list[ScheduledEntry] = []
         self.preempted: list[int] = []
         self.new_blocks: tuple[int, ...] = ()   # set by the last successful _allocate
+        self.advance: dict[int, int] = {}       # tokens each scheduled request computes
 
 
 def is_schedule_enabled(state: State, cfg: Config) -> bool:
     """Room in the pipeline, and (one-batch-per-request) vLLM 0.8.4's engine gate."""
     if len(state.in_flight) >= cfg.num_stages:
+        return False
+    if cfg.is_mutant("schedule_blocked_when_idle") and not state.in_flight:
         return False
     if not cfg.continue_prefill:
         unscheduled = len(state.waiting) + len(state.running) - len(state.scheduled_ids)
@@ -198,12 +201,22 @@ def _admit(step: _Step, r: int, hit_tokens: int, num_new: int) -> None:
 def _add_entry(step: _Step, r: int, num_new: int, cached: int) -> None:
     req = step.state.requests[r]
     drafts = min(req.num_drafts, max(0, req.num_computed + num_new - req.num_tokens))
-    start = 0 if cached and step.cfg.is_mutant("snapshot_omits_prefix_hit") else req.num_computed
+    cfg = step.cfg
+    start = 0 if cached and cfg.is_mutant("snapshot_omits_prefix_hit") else req.num_computed
     samples = start + num_new - drafts >= req.num_tokens
-    step.entries.append(ScheduledEntry(r, start, num_new, cached, drafts, samples, step.new_blocks))
-    step.state = step.state.with_request(r, num_drafts=drafts)   # unscheduled drafts dropped
-    if not step.cfg.is_mutant("budget_ignored"):
-        step.budget -= num_new
+    if cfg.is_mutant("stale_drafts_on_prefill_chunk") and not samples and cfg.num_spec_tokens:
+        drafts = 1
+    charged, recorded_start, recorded_n = num_new, start, num_new
+    if (cfg.is_mutant("overlapping_chunks") and step.state.entries_of(r)
+            and step.budget > num_new and start > 0
+            and not 0 < cfg.long_prefill_token_threshold <= num_new):
+        recorded_start, recorded_n, charged = start - 1, num_new + 1, num_new + 1
+    step.entries.append(ScheduledEntry(r, recorded_start, recorded_n, cached, drafts, samples,
+                                       step.new_blocks))
+    step.state = step.state.with_request(r, num_drafts=drafts if samples else 0)  # unscheduled drafts dropped
+    step.advance[r] = num_new
+    if not cfg.is_mutant("budget_ignored"):
+        step.budget -= charged
 
 
 def _launch(step: _Step) -> State:
@@ -213,7 +226,7 @@ def _launch(step: _Step) -> State:
     for e in step.entries:
         req = state.requests[e.req]
         if not cfg.is_mutant("advance_at_completion"):
-            state = state.with_request(e.req, num_computed=req.num_computed + e.n)
+            state = state.with_request(e.req, num_computed=req.num_computed + step.advance[e.req])
         if not cfg.continue_prefill:
             state = replace(state, scheduled_ids=state.scheduled_ids | {e.req})
         if cfg.is_mutant("shared_snapshot"):

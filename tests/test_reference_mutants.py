@@ -205,7 +205,7 @@ def test_rejections_subtracted_after_reset_drive_the_counter_negative(mutant):
     sched.update_from_output(b1, ModelRunnerOutput.from_tokens({"0": [], "1": [5]},
                                                                {"1": [6, 7]}))
     b2 = sched.schedule()                                    # r0: 8, r1: 1 + 2 drafts
-    assert b2.scheduled_spec_decode_tokens == {"1": [6, 7]}
+    assert b2.scheduled_spec_decode_tokens == {"1": (6, 7)}
     b3 = sched.schedule()                                    # r0 needs 2 blocks: r1 preempted
     assert b3.preempted_req_ids == ["1"]
     sched.update_from_output(b2, ModelRunnerOutput.from_tokens({"0": [], "1": [9]}))  # 2 rejected

@@ -245,7 +245,7 @@ def test_eos_stops_and_trims_the_tokens_after_it():
     sched = _decoding_scheduler()
     sched.add_request(Request("a", [1, 2, 3, 4, 5], SamplingParams(max_tokens=10), eos_token_id=99))
     out = _run_to_decode(sched, {"a": [10, 99, 12]})
-    assert out.scheduled_spec_decode_tokens == {"a": [10, 99, 12]}
+    assert out.scheduled_spec_decode_tokens == {"a": (10, 99, 12)}
     (res,) = sched.update_from_output(out, runner_output(out, {"a": [10, 99, 12, 13]}))
     assert (res.new_token_ids, res.finish_reason) == ([10, 99], "stop")
     assert leak_errors(sched) == []
@@ -282,7 +282,7 @@ def test_max_model_len_caps_the_request():
     sched.add_request(Request("a", [1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=10)))
     out = _run_to_decode(sched, {"a": [10, 11, 12]})
     # Drafts are clipped at max_model_len: KV for positions 6 and 7 only.
-    assert out.num_scheduled_tokens == {"a": 2} and out.scheduled_spec_decode_tokens == {"a": [10]}
+    assert out.num_scheduled_tokens == {"a": 2} and out.scheduled_spec_decode_tokens == {"a": (10,)}
     (res,) = sched.update_from_output(out, runner_output(out, {"a": [10, 13]}))
     assert res.finish_reason == "length" and res.new_token_ids == [10]
     assert leak_errors(sched) == []
@@ -303,7 +303,7 @@ def test_rejected_drafts_are_subtracted_from_num_computed_tokens():
     sched.update_from_output(out, runner_output(out, {"a": [20, 30]}, {"a": [40]}))
     assert request.num_tokens == 13
     assert request.num_computed_tokens == 12              # = num_tokens - 1
-    assert request.spec_token_ids == [40]
+    assert request.spec_token_ids == (40,)
     out = sched.schedule()
     assert out.num_scheduled_tokens == {"a": 2} and out.entries[0].num_computed_tokens == 12
 
@@ -323,7 +323,7 @@ def test_all_drafts_accepted_advance_by_drafts_plus_one():
     sched.add_request(make_request("a", 10))
     engine = Engine(sched, ScriptedExecutor(lambda r, n, d: Sample(500 + n, len(d), (1, 2))))
     engine.step(), engine.step()          # prefill, then its token (proposes 2 drafts)
-    assert sched.requests["a"].spec_token_ids == [1, 2]
+    assert sched.requests["a"].spec_token_ids == (1, 2)
     engine.step(), engine.step()          # decode 1 + 2 drafts, all accepted
     request = sched.requests["a"]
     assert request.num_tokens == 14 and request.num_computed_tokens == 13

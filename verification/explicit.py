@@ -36,7 +36,8 @@ def sample_choices(model: Model, state: State) -> Iterator[tuple[Sample, ...]]:
         for accepted in range(e.drafts + 1):
             stops = [None] + (list(range(accepted + 1)) if model.allow_stop else [])
             for stop_at in stops:
-                drafts = range(cfg.num_spec_tokens + 1) if live and stop_at is None else [0]
+                max_drafts = cfg.num_spec_tokens + cfg.is_mutant("draft_cap_ignored")
+                drafts = range(max_drafts + 1) if live and stop_at is None else [0]
                 options.extend(Sample(accepted, stop_at, d) for d in drafts)
         per_entry.append(options)
     return itertools.product(*per_entry)
