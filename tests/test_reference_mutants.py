@@ -211,10 +211,13 @@ def test_rejections_subtracted_after_reset_drive_the_counter_negative(mutant):
     sched.update_from_output(b2, ModelRunnerOutput.from_tokens({"0": [], "1": [9]}))  # 2 rejected
     r1 = sched.requests["1"]
     assert r1.output_token_ids == [5, 9]                     # orphaned: tokens kept
-    if mutant is None:
-        assert r1.num_computed_tokens == 0
-    else:
-        assert r1.num_computed_tokens == -2
+    assert r1.num_computed_tokens == (0 if mutant is None else -2)
+    # The damage surfaces when r1 is resumed: its allocation starts from the
+    # counter, so the recomputed 5 tokens get one block instead of two.
+    sched.finish_requests("0", RequestStatus.FINISHED_ABORTED)
+    (resumed,) = sched.schedule().entries
+    assert (resumed.req_id, resumed.num_new_tokens) == ("1", 5)
+    assert len(resumed.new_block_ids) == (2 if mutant is None else 1)
 
 
 @pytest.mark.parametrize("mutant", [None, M.OUTPUT_BOUND_BY_NAME])
