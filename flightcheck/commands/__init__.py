@@ -1,0 +1,1 @@
+"""The subcommands of `flightcheck`, one module each."""

@@ -1,0 +1,39 @@
+"""`flightcheck check-trace FILE`: replay a trace against the spec."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .common import bad
+
+
+def add_parser(sub) -> None:
+    check = sub.add_parser("check-trace", help="replay a trace file against the spec")
+    check.add_argument("file", help="a JSON Lines trace (DESIGN.md format)")
+    check.add_argument("--json", action="store_true", help="print machine-readable results")
+    check.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from flightcheck.verification.trace_check import MalformedTrace, check_trace
+
+    try:
+        result = check_trace(args.file)
+    except MalformedTrace as err:
+        if args.json:
+            print(json.dumps({"ok": False, "malformed": str(err)}))
+        return bad(f"{args.file}: {err}")
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+    elif result.ok:
+        print(f"{args.file}: legal ({result.events} events)")
+    else:
+        print(f"{args.file}: event {result.event_index} violates {result.property}: {result.message}")
+        print(f"state before: {result.state_before}")
+    if not args.json:
+        for item in result.unchecked:
+            print(f"not checked: {item}")
+    return 0 if result.ok else 1
+
+

@@ -1,0 +1,88 @@
+"""`flightcheck verify`: model-check the spec and hunt every mutant."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+
+from .common import bad, positive_int
+
+
+def add_parser(sub) -> None:
+    verify = sub.add_parser("verify", help="model-check the spec and hunt every mutant")
+    verify.add_argument("--config", default="default",
+                        help="model for the Z3 proofs and BMC (see --list-configs)")
+    verify.add_argument("--depth", type=positive_int, default=8, help="BMC depth (default 8)")
+    verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
+    verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
+    verify.add_argument("--list-configs", action="store_true", help="print the model names and exit")
+    verify.add_argument("--json", action="store_true", help="print machine-readable results")
+    verify.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from flightcheck.spec import MUTANTS
+    from flightcheck.verification.counterexample import render
+    from flightcheck.verification.models import MODELS
+    from flightcheck.verification.suite import hunt_mutant, run_suite
+
+    if args.list_configs:
+        for name, model in MODELS.items():
+            print(f"{name}: {model.describe()}")
+        return 0
+    if args.config not in MODELS:
+        return bad(f"unknown --config {args.config!r}; known: {', '.join(MODELS)}")
+    if args.mutant is not None and args.mutant not in MUTANTS:
+        return bad(f"unknown --mutant {args.mutant!r}; known: {', '.join(MUTANTS)}")
+    console = Console(stderr=args.json)
+
+    if args.mutant:
+        result = hunt_mutant(args.mutant)
+        if args.json:
+            from flightcheck.verification.counterexample import to_json
+            out = {"name": result.name, "killed": result.killed, "trace_length": result.trace_length,
+                   "seconds": round(result.seconds, 3), "property": result.property,
+                   "model": result.model,
+                   "counterexample": to_json(result.counterexample) if result.counterexample else None}
+            print(json.dumps(out, indent=1))
+        elif result.counterexample:
+            render(result.counterexample, console)
+        else:
+            console.print(f"mutant {args.mutant} SURVIVED on model {result.model}")
+        return 0 if result.killed else 1
+
+    with console.status("verifying") as status:
+        suite = run_suite(MODELS[args.config], args.depth, use_z3=not args.no_z3,
+                          progress=lambda msg: status.update(msg))
+    if args.json:
+        print(json.dumps(suite.to_json(), indent=1))
+    else:
+        _print_suite(console, suite)
+    return 0 if suite.ok else 1
+
+
+def _print_suite(console: Console, suite) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    props = Table(title="Properties", show_lines=False)
+    for col in ("property", "kind", "method", "status", "depth", "seconds"):
+        props.add_column(col, justify="right" if col in ("depth", "seconds") else "left")
+    colour = {"proved": "green", "reached": "green", "bounded": "yellow",
+              "violated": "red", "unknown": "red"}
+    for p in suite.properties:
+        props.add_row(p.name, p.kind, Text(p.method), Text(p.status, style=colour.get(p.status, "")),
+                      "" if p.depth is None else str(p.depth), f"{p.seconds:.2f}")
+    console.print(props)
+    muts = Table(title="Mutants")
+    for col in ("mutant", "killed", "by", "model", "trace length", "seconds"):
+        muts.add_column(col)
+    for m in suite.mutants:
+        muts.add_row(m.name, Text("yes" if m.killed else "NO", style="green" if m.killed else "red"),
+                     m.property or "", m.model, str(m.trace_length or ""), f"{m.seconds:.2f}")
+    console.print(muts)
+    console.print(f"{'OK' if suite.ok else 'FAILED'} in {suite.seconds:.1f} s")
+
+
