@@ -64,25 +64,48 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_suite(console: Console, suite) -> None:
+    """Property x method, then one row per mutant."""
     from rich.table import Table
     from rich.text import Text
 
-    props = Table(title="Properties", show_lines=False)
-    for col in ("property", "kind", "method", "status", "depth", "seconds"):
-        props.add_column(col, justify="right" if col in ("depth", "seconds") else "left")
-    colour = {"proved": "green", "reached": "green", "bounded": "yellow",
-              "violated": "red", "unknown": "red"}
+    methods: list[str] = []
+    cells: dict[tuple[str, str], object] = {}
+    kinds: dict[str, str] = {}
+    seconds: dict[str, float] = {}
     for p in suite.properties:
-        props.add_row(p.name, p.kind, Text(p.method), Text(p.status, style=colour.get(p.status, "")),
-                      "" if p.depth is None else str(p.depth), f"{p.seconds:.2f}")
-    console.print(props)
+        if p.method not in methods:
+            methods.append(p.method)
+        seconds[p.method] = max(seconds.get(p.method, 0.0), p.seconds)
+        kinds[p.name] = p.kind
+        cells[(p.name, p.method)] = p
+    colour = {"proved": "green", "reached": "green", "bounded": "yellow",
+              "violated": "bold red", "unknown": "red"}
+    table = Table(title="Properties by method", show_lines=False)
+    table.add_column("property")
+    table.add_column("kind")
+    for i, m in enumerate(methods):
+        table.add_column(f"[{i + 1}]", justify="center")
+    for name, kind in kinds.items():
+        row = [name, kind]
+        for m in methods:
+            p = cells.get((name, m))
+            if p is None:
+                row.append(Text(""))
+                continue
+            label = p.status + (f"@{p.depth}" if p.depth is not None else "")
+            row.append(Text(label, style=colour.get(p.status, "")))
+        table.add_row(*row)
+    console.print(table)
+    for i, m in enumerate(methods):
+        console.print(Text(f"  [{i + 1}] {m}: {seconds[m]:.2f} s"))
     muts = Table(title="Mutants")
-    for col in ("mutant", "killed", "by", "model", "trace length", "seconds"):
+    for col in ("mutant", "killed", "by", "model", "steps", "seconds"):
         muts.add_column(col)
     for m in suite.mutants:
-        muts.add_row(m.name, Text("yes" if m.killed else "NO", style="green" if m.killed else "red"),
+        muts.add_row(m.name, Text("yes" if m.killed else "NO", style="green" if m.killed else "bold red"),
                      m.property or "", m.model, str(m.trace_length or ""), f"{m.seconds:.2f}")
     console.print(muts)
     console.print(f"{'OK' if suite.ok else 'FAILED'} in {suite.seconds:.1f} s")
+
 
 
