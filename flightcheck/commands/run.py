@@ -1,0 +1,187 @@
+"""`flightcheck run`: generate text for a batch of prompts with the
+pipeline-parallel runtime, driven by the reference scheduler.
+
+    flightcheck run --pp 2 --num-prompts 8 --trace run.jsonl --json
+    flightcheck run --pp 3 --prompts prompts.jsonl --checkpoint ./tiny-llama
+    torchrun --standalone --nproc-per-node 3 -m flightcheck.cli run --pp 2 --num-prompts 8
+
+Every rank of a torchrun job runs the same command: rank 0 drives, ranks
+1..K serve the stages. torch is imported only when this command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+from .common import bad, positive_int
+
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="generate with the pipeline-parallel PyTorch runtime")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompts", metavar="FILE",
+                     help="JSON list or JSON Lines: text, token-id lists, or objects")
+    src.add_argument("--num-prompts", type=positive_int, metavar="N",
+                     help="N seeded synthetic prompts (varied lengths, shared prefixes)")
+    p.add_argument("--pp", type=positive_int, default=1, help="pipeline stages (default 1)")
+    p.add_argument("--checkpoint", metavar="DIR", help="local HF Llama checkpoint "
+                   "(config.json + *.safetensors); default: the seeded model")
+    p.add_argument("--model", default="tiny", help="seeded model preset (default tiny)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--seed", type=int, default=0, help="weights, workload and sampling seed")
+    p.add_argument("--max-tokens", type=positive_int, default=16)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-num-batched-tokens", type=positive_int, default=256)
+    p.add_argument("--max-num-seqs", type=positive_int, default=32)
+    p.add_argument("--max-model-len", type=positive_int, default=1024)
+    p.add_argument("--block-size", type=positive_int, default=16)
+    p.add_argument("--num-blocks", type=positive_int, default=512, help="KV pool size per stage")
+    p.add_argument("--long-prefill-token-threshold", type=int, default=0)
+    p.add_argument("--num-spec-tokens", type=int, default=0,
+                   help="prompt-lookup drafts per step (0: no spec decode)")
+    p.add_argument("--one-batch-per-request", action="store_true",
+                   help="the policy before continue-prefill (vLLM <= 0.8.4)")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--trace", metavar="FILE", help="write the JSON Lines trace here")
+    p.add_argument("--chrome-trace", metavar="FILE", help="also write Chrome/Perfetto trace JSON")
+    p.add_argument("--json", action="store_true", help="print machine-readable results")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from flightcheck.runtime import launch
+
+    rank = launch.torchrun_rank()
+    if rank is not None and rank > 0:                 # a stage of a torchrun job
+        launch.set_threads(1)
+        launch.serve_torchrun_stage()
+        return 0
+    try:
+        prepared = _prepare(args)
+    except ValueError as err:                         # ConfigError, PromptFileError, ...
+        return bad(str(err).splitlines()[0])
+    return _execute(args, *prepared)
+
+
+def _prepare(args: argparse.Namespace):
+    """Validate everything before any process starts; ValueError on bad input."""
+    from flightcheck.reference import SchedulerConfig
+    from flightcheck.runtime.tokenizer import load_tokenizer
+    from flightcheck.runtime.weights import WeightSource
+    from flightcheck.runtime.workload import mixed_workload, read_prompts
+
+    if not 0.0 < args.top_p <= 1.0:
+        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    source = WeightSource(checkpoint=args.checkpoint, preset=args.model, seed=args.seed)
+    model_cfg = source.model_config()
+    if args.pp > model_cfg.n_layers:
+        raise ValueError(f"--pp {args.pp} exceeds the model's {model_cfg.n_layers} layers")
+    if args.max_model_len > model_cfg.max_position_embeddings:
+        raise ValueError(f"--max-model-len {args.max_model_len} exceeds the model's "
+                         f"max_position_embeddings {model_cfg.max_position_embeddings}")
+    sched_cfg = SchedulerConfig(
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len, block_size=args.block_size, num_blocks=args.num_blocks,
+        num_pipeline_stages=args.pp, long_prefill_token_threshold=args.long_prefill_token_threshold,
+        num_spec_tokens=args.num_spec_tokens, enable_prefix_caching=not args.no_prefix_caching,
+        continue_prefill=not args.one_batch_per_request)
+    tokenizer = load_tokenizer(args.checkpoint)
+    if args.prompts:
+        requests = read_prompts(args.prompts, tokenizer, args.max_tokens, args.temperature)
+    else:
+        vocab = min(256, model_cfg.vocab_size)
+        requests = mixed_workload(args.seed, args.num_prompts, vocab=vocab,
+                                  prompt_lens=(4, min(200, args.max_model_len - 1)),
+                                  max_tokens=(args.max_tokens, args.max_tokens),
+                                  temperature=args.temperature)
+    limit = args.max_model_len - 1
+    for r in requests:
+        if len(r.prompt_token_ids) > limit:
+            raise ValueError(f"prompt {r.req_id!r} has {len(r.prompt_token_ids)} tokens; at most "
+                             f"{limit} fit (--max-model-len {args.max_model_len} - 1)")
+        out_of_vocab = [t for t in r.prompt_token_ids if not 0 <= t < model_cfg.vocab_size]
+        if out_of_vocab:
+            raise ValueError(f"prompt {r.req_id!r} has token id {out_of_vocab[0]} outside the "
+                             f"vocabulary (size {model_cfg.vocab_size})")
+    if len({r.req_id for r in requests}) != len(requests):
+        raise ValueError("prompt ids are not unique")
+    return source, model_cfg, sched_cfg, tokenizer, requests
+
+
+def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
+    from flightcheck.runtime import launch
+    from flightcheck.runtime.generate import RunFailed, generate
+    from flightcheck.runtime.trace import RuntimeTraceWriter, write_chrome_trace
+
+    launch.set_threads(1)
+    trace_path = args.trace
+    if trace_path is None and args.chrome_trace:
+        trace_path = os.path.join(tempfile.mkdtemp(prefix="flightcheck-"), "trace.jsonl")
+    eos = model_cfg.eos_token_id
+    log = sys.stderr
+    print(f"flightcheck run: {len(requests)} requests, PP={args.pp}, "
+          f"{'checkpoint ' + args.checkpoint if args.checkpoint else 'seeded ' + args.model} "
+          f"model, {args.dtype}", file=log)
+    from flightcheck.runtime import ConfigError, PipelineError
+    try:
+        executor = launch.make_executor(source, args.pp, sched_cfg.num_blocks,
+                                        sched_cfg.block_size, dtype=args.dtype,
+                                        device=args.device, num_spec_tokens=args.num_spec_tokens,
+                                        top_p=args.top_p)
+    except (ConfigError, PipelineError) as err:      # e.g. weights that do not fit config.json
+        return bad(str(err).splitlines()[0])
+    trace = RuntimeTraceWriter.to_path(trace_path, eos_token_id=eos) if trace_path else None
+    status = 0
+    try:
+        shown = [-1]
+
+        def progress(done: int, total: int, tokens: int) -> None:
+            if log.isatty():
+                print(f"\r  {done}/{total} requests finished, {tokens} tokens", end="", file=log)
+            elif done != shown[0]:
+                shown[0] = done
+                print(f"  {done}/{total} requests finished, {tokens} tokens", file=log)
+        try:
+            result = generate(executor, sched_cfg, requests, eos_token_id=eos, trace=trace,
+                              progress=progress)
+        except RunFailed as err:
+            result, status = err.result, 1
+            print(f"\nflightcheck: error: {str(err).splitlines()[0]}", file=log)
+        if log.isatty():
+            print(file=log)
+    finally:
+        executor.close()
+        if trace is not None:
+            trace.close()
+    if args.chrome_trace and trace_path:
+        write_chrome_trace(trace_path, args.chrome_trace)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        _print_results(result, tokenizer, args)
+    return status
+
+
+def _print_results(result, tokenizer, args) -> None:
+    total = sum(len(r.output_token_ids) for r in result.requests)
+    for r in result.requests:
+        text = tokenizer.decode(list(r.output_token_ids))
+        print(f"{r.req_id}: prompt {r.prompt_len} tokens -> {len(r.output_token_ids)} tokens "
+              f"({r.finish_reason}) {text!r}")
+    rate = total / result.seconds if result.seconds > 0 else 0.0
+    print(f"{len(result.requests)} requests, {total} output tokens, {result.num_batches} batches "
+          f"in {result.seconds:.2f} s ({rate:.1f} tokens/s)")
+    if result.error:
+        print(f"error: {result.error.splitlines()[0]}")
+    if args.trace:
+        print(f"trace: {args.trace}")

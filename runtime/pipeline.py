@@ -1,0 +1,279 @@
+"""The driver's side of the pipeline: an `Executor` over K stage processes.
+
+`submit` copies the batch's snapshot into a `BatchPlan` and isends it to
+every stage at once (stages queue plans FIFO), so while stage 1 runs batch n,
+stage 0 runs batch n + 1. One receiver thread takes the messages the stages
+send back (ready, result, error, bye) and completes the futures in FIFO
+order. `result()` waits in short slices and checks, between them, that every
+stage process is alive, so a dead stage becomes a `PipelineError` within
+about a second, never a hang.
+
+Launch: `PipelineExecutor.spawn(...)` starts K processes with
+torch.multiprocessing (the caller becomes rank 0);
+`PipelineExecutor.attach(...)` is for rank 0 under torchrun, where the other
+ranks run `stage_main.serve_stage`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections import deque
+from datetime import timedelta
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from flightcheck.reference import ModelRunnerOutput, SchedulerOutput
+
+from .local_executor import to_model_runner_output
+from .plan import BatchPlan, BatchResult, plan_from_scheduler_output
+from .stage_main import StageSpec, stage_entry
+from .transport import Groups, Outbox, make_groups, recv_object
+
+
+class PipelineError(RuntimeError):
+    """A stage failed, died or stopped answering."""
+
+
+class PipelineFuture:
+    def __init__(self, executor: "PipelineExecutor", batch_id: int) -> None:
+        self._executor, self.batch_id = executor, batch_id
+        self._event = threading.Event()
+        self._result: BatchResult | None = None
+        self._output: ModelRunnerOutput | None = None
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def result(self, timeout: float | None = None) -> ModelRunnerOutput:
+        if self._output is None:
+            self._executor._wait(self, timeout)
+            assert self._result is not None
+            self._output = to_model_runner_output(self._result)
+            self._executor._completed(self)
+        return self._output
+
+
+class PipelineExecutor:
+    def __init__(self, groups: Groups, num_stages: int, spec: StageSpec, *,
+                 processes: list | None = None, num_spec_tokens: int = 0,
+                 stall_timeout: float = 120.0, on_stage_times=None) -> None:
+        self.groups, self.num_stages, self.spec = groups, num_stages, spec
+        self.processes = processes or []
+        self.num_spec_tokens = num_spec_tokens
+        self.stall_timeout = stall_timeout
+        self.on_stage_times = on_stage_times          # callback(batch_id, [(t0, t1, recv)])
+        self.stage_info: dict[int, dict] = {}
+        self.error_detail: str | None = None
+        self._outbox = Outbox()
+        self._pending: deque[PipelineFuture] = deque()
+        self._lock = threading.Lock()
+        self._error: str | None = None
+        self._ready = threading.Event()
+        self._closed = False
+        for rank in range(1, num_stages + 1):
+            self._outbox.send_object(spec, rank, groups.meta)
+        self._receiver = threading.Thread(target=self._receive_loop, daemon=True,
+                                          name="pipeline-receiver")
+        self._receiver.start()
+        self._wait_until(self._ready.is_set, "the stages to start")
+
+    # -- launch ------------------------------------------------------------------
+
+    @classmethod
+    def spawn(cls, spec: StageSpec, *, act_backend: str = "gloo", init_timeout: float = 120.0,
+              **kwargs) -> "PipelineExecutor":
+        """Start K stage processes on this machine; this process becomes rank 0."""
+        if dist.is_initialized():
+            raise PipelineError("torch.distributed is already initialised in this process")
+        K = spec.num_stages
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        ctx = mp.get_context("spawn")
+        old = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"
+        try:
+            procs = [ctx.Process(target=stage_entry, daemon=True, name=f"stage-{r - 1}",
+                                 args=(r, K + 1, init_method, act_backend, init_timeout))
+                     for r in range(1, K + 1)]
+            for p in procs:
+                p.start()
+        finally:
+            if old is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = old
+        try:
+            dist.init_process_group("gloo", init_method=init_method, rank=0, world_size=K + 1,
+                                    timeout=timedelta(seconds=init_timeout))
+            groups = make_groups(act_backend)
+            return cls(groups, K, spec, processes=procs, **kwargs)
+        except BaseException:
+            _reap(procs)
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            raise
+
+    @classmethod
+    def attach(cls, spec: StageSpec, *, act_backend: str = "gloo", **kwargs) -> "PipelineExecutor":
+        """Rank 0 under torchrun (env:// rendezvous); world size = K + 1."""
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        world = dist.get_world_size()
+        if world != spec.num_stages + 1:
+            raise PipelineError(f"torchrun started {world} ranks; --pp {spec.num_stages} needs "
+                                f"{spec.num_stages + 1} (a driver and one per stage)")
+        return cls(make_groups(act_backend), spec.num_stages, spec, **kwargs)
+
+    # -- Executor ------------------------------------------------------------------
+
+    def submit(self, scheduler_output: SchedulerOutput) -> PipelineFuture:
+        plan = plan_from_scheduler_output(scheduler_output, self.num_spec_tokens)
+        future = PipelineFuture(self, plan.batch_id)
+        with self._lock:
+            self._check()
+            self._pending.append(future)
+        self._broadcast(plan)
+        return future
+
+    def reset(self) -> None:
+        """Drop every request's state on every stage (between runs)."""
+        if self._pending:
+            raise PipelineError("reset() with batches in flight")
+        self._broadcast(BatchPlan(0, (), (), kind="reset"))
+
+    def _broadcast(self, plan: BatchPlan) -> None:
+        for rank in range(1, self.num_stages + 1):
+            self._outbox.send_object(plan, rank, self.groups.meta)
+        # Every plan older than those still in flight has been received by all stages.
+        self._outbox.wait_oldest(keep=2 * self.num_stages * (len(self._pending) + 2))
+
+    # -- receiving -------------------------------------------------------------------
+
+    def _receive_loop(self) -> None:
+        byes = 0
+        try:
+            while byes < self.num_stages:
+                _, (kind, stage, payload) = recv_object(None, self.groups.result)
+                if kind == "ready":
+                    self.stage_info[stage] = payload
+                    if len(self.stage_info) == self.num_stages:
+                        self._ready.set()
+                elif kind == "result":
+                    self._deliver(payload)
+                elif kind == "error":
+                    self.error_detail = payload                 # the stage's traceback
+                    self._fail(f"stage {stage} failed: {payload.strip().splitlines()[-1]}")
+                    return
+                elif kind == "bye":
+                    byes += 1
+        except Exception as err:                       # a peer died: gloo reports a closed pair
+            if not self._closed:
+                self._fail(f"lost contact with the stages ({type(err).__name__}: {err})")
+
+    def _deliver(self, result: BatchResult) -> None:
+        with self._lock:
+            waiting = [f for f in self._pending if not f.done()]
+            if not waiting or waiting[0].batch_id != result.batch_id:
+                self._error = (f"batch {result.batch_id} came back out of order "
+                               f"(expected {waiting[0].batch_id if waiting else None})")
+            else:
+                waiting[0]._result = result
+                waiting[0]._event.set()
+
+    def _fail(self, message: str) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = message
+        for f in list(self._pending):
+            f._event.set()
+        self._ready.set()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise PipelineError(self._error)
+        for i, p in enumerate(self.processes):
+            if p.exitcode is not None and not self._closed:
+                self._fail(f"stage {i} (pid {p.pid}) exited with code {p.exitcode}")
+                raise PipelineError(self._error)
+
+    def _wait_until(self, predicate, what: str, timeout: float | None = None) -> None:
+        limit = self.stall_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while not predicate():
+            self._check()
+            if time.monotonic() > deadline:
+                self._fail(f"no answer from the stages within {limit:.0f} s while waiting for {what}")
+                raise PipelineError(self._error)
+            self._ready.wait(0.05)
+        self._check()
+
+    def _wait(self, future: PipelineFuture, timeout: float | None) -> None:
+        waited = 0.0
+        while not future._event.wait(0.2):
+            self._check()
+            waited += 0.2
+            if timeout is not None and waited >= timeout:
+                raise TimeoutError(f"batch {future.batch_id} not back after {timeout} s")
+            if waited >= self.stall_timeout:
+                self._fail(f"batch {future.batch_id} not back after {self.stall_timeout:.0f} s")
+        if future._result is None:
+            self._check()
+            raise PipelineError(self._error or f"batch {future.batch_id} failed")
+
+    def _completed(self, future: PipelineFuture) -> None:
+        with self._lock:
+            if self._pending and self._pending[0] is future:
+                self._pending.popleft()
+            else:
+                self._pending.remove(future)
+        assert future._result is not None
+        if self.on_stage_times is not None:
+            self.on_stage_times(future.batch_id, list(future._result.stage_times))
+
+    # -- shutdown ------------------------------------------------------------------
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the stages (cleanly if they are healthy) and reap every process."""
+        if self._closed:
+            return
+        healthy = self._error is None and all(p.exitcode is None for p in self.processes)
+        try:
+            if healthy:
+                self._broadcast(BatchPlan(0, (), (), kind="stop"))
+                self._receiver.join(timeout)
+                for p in self.processes:
+                    p.join(max(0.1, timeout))
+        except Exception:
+            pass
+        finally:
+            self._closed = True
+            _reap(self.processes)
+            self._receiver.join(1.0)
+            if dist.is_initialized():
+                try:
+                    dist.destroy_process_group()
+                except Exception:
+                    pass
+
+    def __enter__(self) -> "PipelineExecutor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _reap(procs: list) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    for p in procs:
+        p.join(5.0)

@@ -1,0 +1,128 @@
+"""The loop of one stage process (rank s + 1 of a world of K + 1; rank 0 is
+the driver).
+
+    receive the StageSpec, build the stage, report ready
+    for each plan from the driver (FIFO):
+        stage 0: embed the plan's tokens; else receive [T + 1, D] from stage s - 1
+        run the stage's layers over the paged KV cache
+        not last: isend hidden + timings to stage s + 1; last: sample, send the result
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, replace
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .plan import BatchPlan
+from .stages import build_stage
+from .transport import (Groups, Outbox, Times, make_groups, pack_activations, recv_object,
+                        unpack_activations)
+from .weights import WeightSource
+from .worker import StageWorker
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Everything a stage process needs, sent by the driver after init."""
+
+    source: WeightSource
+    num_stages: int
+    num_blocks: int
+    block_size: int
+    dtype: str = "float32"
+    device: str = "cpu"              # "cpu", or "cuda" (stage s on GPU s mod #GPUs)
+    top_p: float = 1.0
+
+
+def stage_device(spec: StageSpec, index: int) -> torch.device:
+    if spec.device == "cuda":
+        return torch.device("cuda", index % torch.cuda.device_count())
+    return torch.device(spec.device)
+
+
+def stage_entry(rank: int, world_size: int, init_method: str, act_backend: str,
+                timeout_s: float) -> None:
+    """Target of a spawned stage process (local launch)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+    serve_stage(make_groups(act_backend))
+    # A clean stop: skip the interpreter's teardown of torch (seconds on a
+    # loaded 2-core machine); everything is flushed and the group destroyed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def serve_stage(groups: Groups) -> None:
+    """Run this rank's stage until the driver says stop (also under torchrun)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    index, num_stages = rank - 1, world - 1
+    outbox = Outbox()
+    try:
+        _, spec = recv_object(0, groups.meta)
+        device = stage_device(spec, index)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        cfg = spec.source.model_config()
+        stage = build_stage(cfg, spec.source, index, num_stages, DTYPES[spec.dtype], device)
+        worker = StageWorker(stage, spec.num_blocks, spec.block_size, seed=spec.source.seed,
+                             top_p=spec.top_p, device=device)
+        outbox.send_object(("ready", index, {"layers": list(stage.layer_ids), "pid": os.getpid(),
+                                             "kv_bytes": worker.cache.nbytes}), 0, groups.result)
+        _loop(worker, groups, outbox, index, num_stages, cfg.dim, DTYPES[spec.dtype], device)
+        outbox.send_object(("bye", index, None), 0, groups.result)
+        outbox.wait_oldest(0)
+    except Exception:
+        try:
+            outbox.send_object(("error", index, traceback.format_exc()), 0, groups.result)
+            outbox.wait_oldest(0)
+        finally:
+            raise
+    finally:
+        dist.destroy_process_group()
+
+
+def _loop(worker: StageWorker, groups: Groups, outbox: Outbox, index: int, num_stages: int,
+          dim: int, dtype: torch.dtype, device: torch.device) -> None:
+    is_first, is_last = index == 0, index == num_stages - 1
+    gloo_acts = groups.act_backend == "gloo"
+    while True:
+        _, plan = recv_object(0, groups.meta)
+        assert isinstance(plan, BatchPlan)
+        if plan.kind == "stop":
+            return
+        if plan.kind == "reset":
+            worker.reset()
+            continue
+        times: Times = []
+        inputs = None
+        posted = time.time()
+        if not is_first:
+            buf = torch.empty(plan.num_tokens + 1, dim, dtype=dtype,
+                              device="cpu" if gloo_acts else device)
+            posted = time.time()
+            dist.recv(buf, src=index, group=groups.act)                # from rank index = stage - 1
+            inputs, times = unpack_activations(buf.to(device), index)
+        t0 = time.time()
+        out = worker.execute(plan, inputs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append((t0, time.time(), posted))
+        outbox.wait_oldest(keep=4)                     # bounded: at most a few sends in flight
+        if is_last:
+            outbox.send_object(("result", index, replace(out, stage_times=tuple(times))),
+                               0, groups.result)
+        else:
+            packed = pack_activations(out, times)
+            outbox.isend(packed.cpu() if gloo_acts else packed, index + 2, groups.act)
