@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import sys
 
-from .commands import check_trace, verify
+from .commands import bench, check_trace, plot, run, simulate, verify
 from .commands.common import Parser
 
-COMMANDS = (verify, check_trace)
+COMMANDS = (verify, check_trace, simulate, plot, run, bench)
 
 
 def build_parser() -> Parser:

@@ -1,0 +1,93 @@
+"""`flightcheck bench`: the serving benchmark on the PyTorch runtime (CPU
+here, GPU where present), with the simulator's workloads, open-loop client
+and metrics, arrivals in wall-clock time. torch is imported only here."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+
+from .common import bad, positive_int
+from .simulate import add_workload_arguments, print_result, workload_args
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="serving benchmark on the PyTorch pipeline runtime")
+    p.add_argument("--pp", type=positive_int, default=2, help="pipeline stages (default 2)")
+    p.add_argument("--model", default="tiny", help="seeded model preset of the runtime")
+    p.add_argument("--checkpoint", metavar="DIR", help="local HF Llama checkpoint")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "float16"))
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--max-num-batched-tokens", type=positive_int, default=2048)
+    p.add_argument("--max-model-len", type=positive_int, default=4096)
+    p.add_argument("--max-num-seqs", type=positive_int, default=256)
+    p.add_argument("--block-size", type=positive_int, default=16)
+    p.add_argument("--num-blocks", type=positive_int, default=4096, help="KV pool per stage")
+    p.add_argument("--enable-prefix-caching", action="store_true")
+    p.add_argument("--policy", default="continue-prefill",
+                   choices=("continue-prefill", "one-batch-per-request"))
+    p.add_argument("--trace", metavar="FILE", help="write the trace (with stage events)")
+    add_workload_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from flightcheck.bench.live import epoch_stage_recorder, run_live
+    from flightcheck.bench.serving import make_request
+    from flightcheck.bench.workload import WorkloadError
+    from flightcheck.bench.workload_args import build_workload
+    from flightcheck.reference import SchedulerConfig
+
+    try:
+        from flightcheck.runtime import launch
+        from flightcheck.runtime.weights import WeightSource
+    except ImportError as err:
+        return bad(f"flightcheck bench needs the runtime extra (torch): {err}")
+    try:
+        source = WeightSource(checkpoint=args.checkpoint, preset=args.model, seed=args.seed)
+        model_cfg = source.model_config()
+        if args.max_model_len > model_cfg.max_position_embeddings:
+            raise WorkloadError(f"--max-model-len {args.max_model_len} exceeds the model's "
+                                f"max_position_embeddings {model_cfg.max_position_embeddings}")
+        sched_cfg = SchedulerConfig(
+            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len, block_size=args.block_size,
+            num_blocks=args.num_blocks, num_pipeline_stages=args.pp,
+            enable_prefix_caching=args.enable_prefix_caching,
+            continue_prefill=args.policy == "continue-prefill")
+        wargs = workload_args(args)
+        seeds = list(range(args.seed, args.seed + args.seeds))
+        workloads = [build_workload(wargs, s) for s in seeds]
+        # Prompt ids must lie in the model's vocabulary (a seeded model's may be 512).
+        build = functools.partial(make_request, vocab_size=min(model_cfg.vocab_size, 32000))
+    except (WorkloadError, ValueError) as err:
+        return bad(str(err).splitlines()[0])
+
+    launch.set_threads(1)
+    runs = []
+    for i, workload in enumerate(workloads):
+        holder = {}
+
+        def make_executor(clock, trace):
+            executor = launch.make_executor(source, args.pp, args.num_blocks, args.block_size,
+                                            dtype=args.dtype, device=args.device)
+            if trace is not None:
+                executor.on_stage_times = epoch_stage_recorder(trace, clock)
+            holder["executor"] = executor
+            return executor
+
+        try:
+            runs.append(run_live(workload, sched_cfg, make_executor,
+                                 trace_path=args.trace if i == 0 else None,
+                                 percentiles=args.metric_percentiles, build=build))
+        finally:
+            if "executor" in holder and hasattr(holder["executor"], "close"):
+                holder["executor"].close()
+    extra = {"simulator": False, "policy": args.policy, "runtime_model": args.model,
+             "pp": args.pp, "dataset": args.dataset, "request_rate": str(args.request_rate),
+             "num_prompts": args.num_prompts, "device": args.device, "cpu_count": os.cpu_count()}
+    print_result(args, runs, seeds, extra)
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,170 @@
+"""`flightcheck simulate`: a serving benchmark on the simulator (the reference
+scheduler and engine, a simulated pipeline on a virtual clock)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from .common import bad, positive_int
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive (or inf), got {text}")
+    return value
+
+
+def percentile_list(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}") from None
+    if any(not 0 < p < 100 for p in values):
+        raise argparse.ArgumentTypeError(f"percentiles must be in (0, 100), got {text}")
+    return values
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """Dataset and arrival options, shared with `flightcheck bench`."""
+    parser.add_argument("--dataset", default="burstgpt", choices=("burstgpt", "sharegpt", "random"))
+    parser.add_argument("--dataset-path", help="BurstGPT CSV or ShareGPT JSON; without it "
+                        "--dataset burstgpt uses the synthetic BurstGPT-like generator")
+    parser.add_argument("--num-prompts", type=positive_int, default=150)
+    parser.add_argument("--request-rate", type=positive_float, default=2.0,
+                        help="requests per second, or inf (default 2)")
+    parser.add_argument("--burstiness", type=positive_float, default=1.0,
+                        help="gamma shape of the gaps: 1 = Poisson (default)")
+    parser.add_argument("--random-input-len", type=positive_int, default=1024)
+    parser.add_argument("--random-output-len", type=positive_int, default=128)
+    parser.add_argument("--random-range-ratio", type=float, default=0.0)
+    parser.add_argument("--sharegpt-output-len", type=positive_int)
+    parser.add_argument("--seed", type=int, default=0, help="first workload seed (default 0)")
+    parser.add_argument("--seeds", type=positive_int, default=1,
+                        help="run seeds SEED..SEED+N-1 and report each metric's median and spread")
+    parser.add_argument("--metric-percentiles", type=percentile_list, default=(99.0,),
+                        help="comma-separated, default 99")
+    parser.add_argument("--json", action="store_true", help="print vLLM-style result JSON")
+    parser.add_argument("--save-result", metavar="FILE", help="also write the result JSON here")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate a serving benchmark on a pipelined model")
+    p.add_argument("--model", default="llama-3.1-8b")
+    p.add_argument("--gpu", default="L4")
+    p.add_argument("--pp", type=positive_int, default=2, help="pipeline stages (default 2)")
+    p.add_argument("--max-num-batched-tokens", type=positive_int, default=2048)
+    p.add_argument("--max-model-len", type=positive_int, default=16384)
+    p.add_argument("--max-num-seqs", type=positive_int, default=256)
+    p.add_argument("--block-size", type=positive_int, default=16)
+    p.add_argument("--num-blocks", type=positive_int, help="KV blocks (default: what fits)")
+    p.add_argument("--enable-prefix-caching", action="store_true",
+                   help="off by default, as in the seed PR's run")
+    p.add_argument("--policy", default="continue-prefill",
+                   choices=("continue-prefill", "one-batch-per-request"))
+    p.add_argument("--eta-compute", type=positive_float,
+                   help="override the calibrated compute efficiency (what-if)")
+    p.add_argument("--eta-memory", type=positive_float,
+                   help="override the calibrated memory-bandwidth efficiency (what-if)")
+    p.add_argument("--trace", metavar="FILE", help="write the run's trace (first seed) with "
+                   "stage events; `flightcheck plot FILE` draws it")
+    add_workload_arguments(p)
+    p.set_defaults(func=run)
+
+
+def workload_args(args: argparse.Namespace):
+    from flightcheck.bench.workload_args import WorkloadArgs
+    return WorkloadArgs(
+        dataset=args.dataset, dataset_path=args.dataset_path, num_prompts=args.num_prompts,
+        request_rate=args.request_rate, burstiness=args.burstiness,
+        random_input_len=args.random_input_len, random_output_len=args.random_output_len,
+        random_range_ratio=args.random_range_ratio, sharegpt_output_len=args.sharegpt_output_len,
+        max_model_len=getattr(args, "max_model_len", 16384))
+
+
+def print_result(args: argparse.Namespace, runs: list[Any], seeds: list[int],
+                 doc_extra: dict[str, Any]) -> None:
+    """Report block (or JSON) of one run, or of the median over seeds."""
+    from flightcheck.bench.metrics import percentile_key
+    from flightcheck.bench.multiseed import aggregate, multiseed_json
+    from flightcheck.bench.report import format_report, result_json
+
+    metrics = [r.metrics for r in runs]
+    if len(runs) == 1:
+        doc = result_json(metrics[0], seed=seeds[0], **doc_extra)
+        summary = metrics[0].summary()
+    else:
+        summaries = [m.summary() for m in metrics]
+        summary, spread = aggregate(summaries)
+        doc = multiseed_json(summary, spread, seeds, summaries, **doc_extra,
+                             ttfts=[t for m in metrics for t in m.ttfts],
+                             tpots=[t for m in metrics for t in m.tpots])
+    if args.save_result:
+        with open(args.save_result, "w") as f:
+            json.dump(doc, f)
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return
+    title = " Serving Benchmark Result " if len(runs) == 1 else f" Median of {len(runs)} seeds "
+    print(format_report(summary, args.metric_percentiles, title=title))
+    if len(runs) > 1:
+        print("spread over seeds (min / p25 / p75 / max):")
+        keys = ["mean_ttft_ms", "median_ttft_ms",
+                *(f"{percentile_key(p)}_ttft_ms" for p in args.metric_percentiles),
+                "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms", "duration"]
+        for key in keys:
+            s = spread[key]
+            print(f"  {key:<16} {s['min']:9.2f} {s['p25']:9.2f} {s['p75']:9.2f} {s['max']:9.2f}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from flightcheck.bench.simulation import SimConfig, simulate
+    from flightcheck.bench.workload import WorkloadError
+    from flightcheck.bench.workload_args import build_workload
+
+    try:
+        config = SimConfig(
+            model=args.model, gpu=args.gpu, pp=args.pp,
+            max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs, block_size=args.block_size, num_blocks=args.num_blocks,
+            enable_prefix_caching=args.enable_prefix_caching, policy=args.policy,
+            percentiles=args.metric_percentiles)
+        if args.eta_compute or args.eta_memory:
+            config = replace(config, params=config.params.with_efficiency(
+                min(1.0, args.eta_compute or config.params.compute_efficiency),
+                min(1.0, args.eta_memory or config.params.memory_efficiency)))
+        wargs = workload_args(args)
+        seeds = list(range(args.seed, args.seed + args.seeds))
+        runs = []
+        for i, seed in enumerate(seeds):
+            runs.append(simulate(build_workload(wargs, seed), config,
+                                 trace_path=args.trace if i == 0 else None))
+    except (WorkloadError, ValueError) as err:
+        return bad(str(err))
+    except OSError as err:
+        return bad(f"{err.filename or ''}: {err.strerror or err}")
+    extra = {"simulator": True, "policy": args.policy, "model": args.model, "gpu": args.gpu,
+             "pp": args.pp, "dataset": args.dataset, "request_rate": args.request_rate,
+             "num_prompts": args.num_prompts,
+             "compute_efficiency": config.params.compute_efficiency,
+             "memory_efficiency": config.params.memory_efficiency}
+    if math.isinf(args.request_rate):
+        extra["request_rate"] = "inf"
+    print_result(args, runs, seeds, extra)
+    if not args.json:
+        sys.stdout.flush()
+        wall = sum(r.wall_s for r in runs)
+        share = sum(r.scheduler_wall_s for r in runs) / wall if wall else 0.0
+        print(f"simulated {sum(r.num_batches for r in runs)} batches in {wall:.2f} s "
+              f"({share:.0%} inside the reference scheduler); KV blocks {runs[0].num_blocks}",
+              file=sys.stderr)
+    return 0
