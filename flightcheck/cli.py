@@ -1,7 +1,10 @@
 """The `flightcheck` command line: composes the layers.
 
     flightcheck verify [--config NAME] [--depth D] [--mutant NAME] [--json]
+    flightcheck fuzz --steps N --seed S [--mutant NAME] [--json]
     flightcheck check-trace FILE [--json]
+    flightcheck run --pp K --num-prompts N [--trace FILE] [--json]
+    flightcheck simulate ... | bench ... | plot TRACE|RESULTS...
 
 Each subcommand lives in `flightcheck/commands/`, with `add_parser(sub)` and
 `run(args) -> exit code`. Exit codes: 0 success, 1 a check failed, 2 bad
@@ -12,10 +15,10 @@ from __future__ import annotations
 
 import sys
 
-from .commands import bench, check_trace, plot, run, simulate, verify
+from .commands import bench, check_trace, fuzz, plot, run, simulate, verify
 from .commands.common import Parser
 
-COMMANDS = (verify, check_trace, simulate, plot, run, bench)
+COMMANDS = (verify, fuzz, check_trace, run, simulate, bench, plot)
 
 
 def build_parser() -> Parser:

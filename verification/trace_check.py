@@ -13,8 +13,10 @@ reason, and every invariant after every event. With `block_ids` it also
 checks block identity (up to a consistent renaming of block ids), so KV
 ownership and every allocation decision are checked; without them it says so.
 
-After an `end` event: no batch may be left in flight, and no request may be
-unfinished and unable to make progress.
+After an `end` event (the writer's run is over and no input is left): no
+batch may be left in flight and every request must have finished. One left
+unfinished is stuck: either the writer's scheduler stalled where the spec
+would go on (L2), or the spec itself cannot move it (L1).
 """
 
 from __future__ import annotations
@@ -347,9 +349,16 @@ class TraceChecker:
         if self.state.in_flight:
             raise _Violation("L3_drain", f"{len(self.state.in_flight)} batches still in flight at the end")
         active = [r for r, q in enumerate(self.state.requests) if q.status.is_active]
-        if active and schedule(self.state, self.cfg) is None:
-            raise _Violation("L1_running_request_unblocked",
-                             f"{', '.join(self._name(r) for r in active)} can never make progress")
+        if not active:
+            return
+        names = ", ".join(self._name(r) for r in active)
+        nxt = schedule(self.state, self.cfg)
+        if nxt is None:
+            raise _Violation("L1_running_request_unblocked", f"{names} can never make progress")
+        would = self._fmt([(self._name(e.req), e.start, e.n, e.cached, e.drafts) for e in nxt.entries])
+        raise _Violation("L2_no_deadlock", f"the run ended with {names} unfinished, but the spec "
+                         f"would schedule {would if nxt.entries else 'a preemption'}: "
+                         "the scheduler stalled")
 
 
 def check_events(events: list[dict[str, Any]]) -> CheckResult:

@@ -1,0 +1,79 @@
+"""Time-to-kill of every reference mutant by `flightcheck fuzz`.
+
+For each mutant and each of the fixed seeds, run the refinement machine for
+at most --steps rule steps (example database off, no explicit examples) and
+record the steps and seconds until the first failure (before shrinking, which
+is not part of finding the bug). Prints one row per mutant: kills out of
+seeds, median and worst steps and seconds to kill.
+
+    python benchmarks/fuzz_kill.py [--steps 20000] [--seeds 10] [--mutant NAME] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+from flightcheck.verification.fuzz import fuzz, list_mutants
+
+
+def measure(mutant: str, seeds: list[int], steps: int) -> dict:
+    runs = []
+    for s in seeds:
+        result = fuzz(steps, s, mutant, shrink=False)
+        runs.append({"seed": s, "killed": result.failed, "steps": result.steps_run,
+                     "seconds": result.seconds_to_failure if result.failed else result.seconds})
+    killed = [r for r in runs if r["killed"]]
+    row = {"mutant": mutant, "kills": len(killed), "seeds": len(seeds), "runs": runs}
+    if killed:
+        row["median_steps"] = statistics.median(r["steps"] for r in killed)
+        row["max_steps"] = max(r["steps"] for r in killed)
+        row["median_seconds"] = statistics.median(r["seconds"] for r in killed)
+        row["max_seconds"] = max(r["seconds"] for r in killed)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=20_000)
+    parser.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1")
+    parser.add_argument("--mutant", action="append", help="only these mutants")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    mutants = args.mutant or list_mutants()
+    seeds = list(range(args.seeds))
+    t0 = time.perf_counter()
+    rows = []
+    for mutant in mutants:
+        rows.append(measure(mutant, seeds, args.steps))
+        if not args.json:
+            _print_row(rows[-1])
+    if args.json:
+        print(json.dumps({"machine": platform.processor() or platform.machine(),
+                          "steps": args.steps, "seeds": seeds, "rows": rows}, indent=1))
+    else:
+        print(f"# {len(seeds)} seeds, at most {args.steps} steps each; "
+              f"{time.perf_counter() - t0:.0f} s in all")
+    return 0 if all(r["kills"] == r["seeds"] for r in rows) else 1
+
+
+def _print_row(row: dict) -> None:
+    if not hasattr(_print_row, "header"):
+        _print_row.header = True
+        print(f"{'mutant':<40} {'kills':>6} {'median steps':>13} {'max steps':>10} "
+              f"{'median s':>9} {'max s':>7}")
+    if row["kills"]:
+        print(f"{row['mutant']:<40} {row['kills']:>3}/{row['seeds']:<2} {row['median_steps']:>13.0f} "
+              f"{row['max_steps']:>10} {row['median_seconds']:>9.2f} {row['max_seconds']:>7.2f}",
+              flush=True)
+    else:
+        print(f"{row['mutant']:<40} {0:>3}/{row['seeds']:<2} {'-':>13} {'-':>10} {'-':>9} {'-':>7}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

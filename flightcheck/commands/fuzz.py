@@ -1,0 +1,48 @@
+"""`flightcheck fuzz`: the Hypothesis refinement machine from a fixed seed.
+
+    flightcheck fuzz --steps N --seed S [--mutant NAME] [--json]
+    flightcheck fuzz --list-mutants
+
+Exit 0 when no step failed (with --mutant: exactly when the mutant was
+caught), 1 otherwise, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .common import bad, positive_int
+
+
+def add_parser(sub) -> None:
+    fuzz = sub.add_parser("fuzz", help="drive the reference scheduler against the spec (Hypothesis)")
+    fuzz.add_argument("--steps", type=positive_int, default=2000, help="rule steps in all (default 2000)")
+    fuzz.add_argument("--seed", type=int, default=0, help="the run's seed (default 0)")
+    fuzz.add_argument("--mutant", help="switch on a reference mutant (see --list-mutants)")
+    fuzz.add_argument("--list-mutants", action="store_true", help="print the reference mutants and exit")
+    fuzz.add_argument("--json", action="store_true", help="print machine-readable results")
+    fuzz.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from flightcheck.verification.fuzz import list_mutants, run_fuzz
+
+    if args.list_mutants:
+        print("\n".join(list_mutants()))
+        return 0
+    if args.mutant is not None and args.mutant not in list_mutants():
+        return bad(f"unknown --mutant {args.mutant!r}; known: {', '.join(list_mutants())}")
+    result = run_fuzz(args.steps, args.seed, args.mutant)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        what = f"mutant {args.mutant}" if args.mutant else "the reference"
+        verdict = "a step FAILED" if result["failed"] else "no step failed"
+        print(f"{what}: {verdict} (budget {result['steps']} steps, seed {result['seed']}, "
+              f"{result['seconds']:.1f} s)")
+        if result["failure"]:
+            print(result["failure"])
+    if args.mutant:
+        return 0 if result["failed"] else 1
+    return 1 if result["failed"] else 0

@@ -1,0 +1,290 @@
+"""check-trace against traces the reference writes: the correct scheduler's
+traces replay on the spec (with and without block ids), every mutant's trace
+is rejected at the event where its damage first shows, malformed files are
+malformed, and the command line keeps its exit-code contract."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from flightcheck.reference import (Engine, ModelRunnerOutput, Request, RequestStatus, Sample,
+                                   SamplingParams, Scheduler, SchedulerConfig, ScriptedExecutor,
+                                   TraceWriter)
+from flightcheck.reference import mutants as M
+from flightcheck.verification.fuzz import fuzz
+from flightcheck.verification.trace_check import (MalformedTrace, check_events, check_trace,
+                                                  read_events)
+
+
+def prompt(n: int, base: int = 0) -> list[int]:
+    return [base + i for i in range(n)]
+
+
+def traced(cfg: SchedulerConfig) -> tuple[Scheduler, io.StringIO]:
+    sink = io.StringIO()
+    return Scheduler(cfg, trace=TraceWriter(sink)), sink
+
+
+def finish_run(engine: Engine) -> None:
+    """Run to the end (a mutant may get stuck: that is its damage), then end."""
+    try:
+        engine.run(max_steps=500)
+    except RuntimeError:
+        pass
+    engine.scheduler.trace.end()
+
+
+# -- one scenario per mutant: a deterministic driver, the same for both -------
+
+def _concurrent(mutant: str | None, **executor_kwargs) -> io.StringIO:
+    cfg = SchedulerConfig(max_num_batched_tokens=10, max_num_seqs=2, max_model_len=64,
+                          block_size=16, num_blocks=16, num_pipeline_stages=2,
+                          enable_prefix_caching=False, mutant=mutant)
+    sched, sink = traced(cfg)
+    engine = Engine(sched, ScriptedExecutor(**executor_kwargs))
+    engine.add_request(Request("0", prompt(12), SamplingParams(max_tokens=5)))
+    engine.add_request(Request("1", prompt(12, 100), SamplingParams(max_tokens=5)))
+    finish_run(engine)
+    return sink
+
+
+def _three_chunks(mutant: str | None) -> io.StringIO:
+    cfg = SchedulerConfig(max_num_batched_tokens=10, max_num_seqs=1, max_model_len=64,
+                          block_size=16, num_blocks=16, num_pipeline_stages=3,
+                          enable_prefix_caching=False, mutant=mutant)
+    sched, sink = traced(cfg)
+    engine = Engine(sched, ScriptedExecutor())
+    engine.add_request(Request("r", prompt(30), SamplingParams(max_tokens=3)))
+    finish_run(engine)
+    return sink
+
+
+def _prefix_hit(mutant: str | None) -> io.StringIO:
+    cfg = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2, max_model_len=128,
+                          block_size=16, num_blocks=16, num_pipeline_stages=2, mutant=mutant)
+    sched, sink = traced(cfg)
+    engine = Engine(sched, ScriptedExecutor())
+    engine.add_request(Request("a", prompt(40), SamplingParams(max_tokens=2)))
+    engine.run()
+    engine.add_request(Request("b", prompt(40), SamplingParams(max_tokens=2)))
+    finish_run(engine)
+    return sink
+
+
+def _spec_decode(mutant: str | None) -> io.StringIO:
+    cfg = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2, max_model_len=64,
+                          block_size=4, num_blocks=16, num_spec_tokens=2, mutant=mutant)
+    sched, sink = traced(cfg)
+    engine = Engine(sched, ScriptedExecutor(lambda r, n, d: Sample(500 + n, 0, (7, 8))))
+    engine.add_request(Request("a", prompt(10), SamplingParams(max_tokens=6)))
+    finish_run(engine)
+    return sink
+
+
+def _stale_after_resume(mutant: str | None) -> io.StringIO:
+    """r1's sampling batch is in flight when r1 is preempted, r0 is aborted,
+    r1 is resumed, and only then does the old batch return."""
+    cfg = SchedulerConfig(max_num_batched_tokens=100, max_num_seqs=2, max_model_len=12,
+                          block_size=4, num_blocks=3, num_pipeline_stages=3,
+                          enable_prefix_caching=False, mutant=mutant)
+    sched, sink = traced(cfg)
+    executor = ScriptedExecutor()
+    sched.add_request(Request("0", prompt(4), SamplingParams(max_tokens=5)))
+    b1 = sched.schedule()
+    f1 = executor.submit(b1)
+    sched.add_request(Request("1", prompt(8, 50), SamplingParams(max_tokens=5)))
+    b2 = sched.schedule()
+    f2 = executor.submit(b2)
+    sched.update_from_output(b1, f1.result())
+    executor.submit(sched.schedule())                 # r1 preempted for r0's block
+    sched.finish_requests("0", RequestStatus.FINISHED_ABORTED)
+    executor.submit(sched.schedule())                 # r1 resumed while b2 is in flight
+    sched.update_from_output(b2, f2.result())
+    return sink
+
+
+def _one_batch_preemption(mutant: str | None) -> io.StringIO:
+    cfg = SchedulerConfig(max_num_batched_tokens=100, max_num_seqs=2, max_model_len=160,
+                          block_size=16, num_blocks=10, num_pipeline_stages=2,
+                          continue_prefill=False, mutant=mutant)
+    sched, sink = traced(cfg)
+    engine = Engine(sched, ScriptedExecutor())
+    engine.add_request(Request("0", prompt(80), SamplingParams(max_tokens=20)))
+    engine.step()
+    engine.add_request(Request("1", prompt(80, 1000), SamplingParams(max_tokens=5)))
+    finish_run(engine)
+    return sink
+
+
+def _orphan_with_rejections(mutant: str | None) -> io.StringIO:
+    cfg = SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=2, max_model_len=28,
+                          block_size=4, num_blocks=7, num_pipeline_stages=2, num_spec_tokens=2,
+                          long_prefill_token_threshold=8, enable_prefix_caching=False,
+                          mutant=mutant)
+    sched, sink = traced(cfg)
+    sched.add_request(Request("0", prompt(24), SamplingParams(max_tokens=4)))
+    sched.add_request(Request("1", prompt(3, 100), SamplingParams(max_tokens=8)))
+    b1 = sched.schedule()
+    sched.update_from_output(b1, ModelRunnerOutput.from_tokens({"0": [], "1": [5]}, {"1": [6, 7]}))
+    b2 = sched.schedule()                             # r1 decodes with two drafts
+    sched.schedule()                                  # r0 needs blocks: r1 preempted
+    sched.update_from_output(b2, ModelRunnerOutput.from_tokens({"0": [], "1": [9]}))
+    sched.finish_requests("0", RequestStatus.FINISHED_ABORTED)
+    sched.schedule()                                  # r1 resumed
+    return sink
+
+
+def _reused_name(mutant: str | None) -> io.StringIO:
+    cfg = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2, max_model_len=64,
+                          block_size=4, num_blocks=16, num_pipeline_stages=2, mutant=mutant)
+    sched, sink = traced(cfg)
+    executor = ScriptedExecutor()
+    sched.add_request(Request("x", prompt(4), SamplingParams(max_tokens=4)))
+    b1 = sched.schedule()
+    f1 = executor.submit(b1)
+    sched.finish_requests("x", RequestStatus.FINISHED_ABORTED)
+    sched.add_request(Request("x", prompt(20, 300), SamplingParams(max_tokens=4)))
+    executor.submit(sched.schedule())
+    sched.update_from_output(b1, f1.result())
+    return sink
+
+
+SCENARIOS: dict[str, Callable[[str | None], io.StringIO]] = {
+    M.ADVANCE_AT_COMPLETION: _concurrent,
+    M.SHARED_SNAPSHOT: _three_chunks,
+    M.FINAL_CHUNK_FROM_LIVE_COUNTER: lambda m: _concurrent(m, sample_every_chunk=True),
+    M.SNAPSHOT_OMITS_PREFIX_HIT: _prefix_hit,
+    M.REJECTIONS_NOT_SUBTRACTED: _spec_decode,
+    M.DECODE_WHILE_TOKEN_IN_FLIGHT: _concurrent,
+    M.STALE_OUTPUT_APPLIED_TO_RESUMED: _stale_after_resume,
+    M.INFLIGHT_SET_NOT_CLEARED_ON_PREEMPTION: _one_batch_preemption,
+    M.REJECTIONS_SUBTRACTED_AFTER_RESET: _orphan_with_rejections,
+    M.OUTPUT_BOUND_BY_NAME: _reused_name,
+}
+
+
+def events_of(sink: io.StringIO) -> list[dict]:
+    return read_events(sink.getvalue().splitlines())
+
+
+def first_difference(correct: list[dict], damaged: list[dict]) -> int:
+    """The index of the first event (after config) where the mutant's trace
+    departs, ignoring time (a stalled engine counts its steps differently)."""
+    def timeless(e: dict) -> dict:
+        return {k: v for k, v in e.items() if k not in ("step", "t")}
+    for i in range(1, max(len(correct), len(damaged))):
+        if i >= len(correct) or i >= len(damaged) or timeless(correct[i]) != timeless(damaged[i]):
+            return i
+    raise AssertionError("the mutant's trace is the correct one")
+
+
+def without_block_ids(events: list[dict]) -> list[dict]:
+    out = []
+    for e in events:
+        if e["ev"] == "schedule":
+            e = {**e, "entries": [{k: v for k, v in x.items() if k != "block_ids"}
+                                  for x in e["entries"]]}
+        out.append(e)
+    return out
+
+
+def test_every_reference_mutant_has_a_trace_scenario():
+    assert set(SCENARIOS) == set(M.MUTANTS)
+
+
+@pytest.mark.parametrize("mutant", sorted(SCENARIOS))
+def test_the_correct_schedulers_trace_of_each_scenario_is_legal(mutant):
+    result = check_events(events_of(SCENARIOS[mutant](None)))
+    assert result.ok, result.to_json()
+
+
+@pytest.mark.parametrize("mutant", sorted(SCENARIOS))
+def test_a_mutants_trace_is_rejected_where_its_damage_first_shows(mutant):
+    correct = events_of(SCENARIOS[mutant](None))
+    damaged = events_of(SCENARIOS[mutant](mutant))
+    where = first_difference(correct, damaged)
+    result = check_events(events_of(SCENARIOS[mutant](mutant)))
+    assert not result.ok
+    assert result.event_index == where, (result.to_json(), damaged[where])
+    assert result.state_before
+
+
+def test_random_reference_runs_write_legal_traces_with_and_without_block_ids():
+    # The machine drains each run with the engine's loop, ends the trace and
+    # checks it twice, once with block_ids stripped (see RefinementMachine).
+    result = fuzz(1_200, seed=11, check_traces=True)
+    assert not result.failed, result.failure
+
+
+def test_a_trace_without_block_ids_says_block_identity_is_unchecked():
+    events = without_block_ids(events_of(_concurrent(None)))
+    result = check_events(events)
+    assert result.ok
+    assert any("block identity" in u for u in result.unchecked)
+    assert not any("block identity" in u for u in check_events(events_of(_concurrent(None))).unchecked)
+
+
+# -- malformed files ------------------------------------------------------------
+
+CONFIG = {"ev": "config", "num_stages": 2, "max_num_batched_tokens": 8, "block_size": 2,
+          "num_blocks": 8, "max_model_len": 16}
+
+
+@pytest.mark.parametrize("lines", [
+    [],                                                          # empty file
+    ["not json"],
+    [json.dumps({"ev": "arrive", "req": "a", "prompt_len": 2, "max_tokens": 1})],  # no config first
+    [json.dumps(CONFIG), json.dumps({"ev": "teleport"})],        # unknown event kind
+    [json.dumps(CONFIG), json.dumps([1, 2])],                    # not an object
+    [json.dumps({**CONFIG, "block_size": "two"})],               # a config field of the wrong type
+    [json.dumps({**CONFIG, "policy": "round-robin"})],
+    [json.dumps(CONFIG), json.dumps(CONFIG)],                    # a second config
+    [json.dumps(CONFIG), json.dumps({"ev": "schedule", "batch": 1})],     # no entries
+    [json.dumps(CONFIG), json.dumps({"ev": "arrive", "req": "a", "max_tokens": 1})],  # no prompt_len
+], ids=["empty", "not-json", "no-config", "unknown-event", "not-object", "bad-field",
+        "bad-policy", "second-config", "schedule-without-entries", "arrive-without-length"])
+def test_malformed_traces_raise_malformed_trace(tmp_path, lines):
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(MalformedTrace):
+        check_trace(path)
+
+
+def test_a_missing_file_is_malformed(tmp_path):
+    with pytest.raises(MalformedTrace):
+        check_trace(tmp_path / "nowhere.jsonl")
+
+
+# -- the command line -----------------------------------------------------------
+
+def run_cli(path) -> tuple[int, dict]:
+    proc = subprocess.run([sys.executable, "-m", "flightcheck.cli", "check-trace", str(path), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_cli_exit_codes_legal_violation_malformed(tmp_path):
+    legal, bad, broken = tmp_path / "legal.jsonl", tmp_path / "bad.jsonl", tmp_path / "broken.jsonl"
+    legal.write_text(_concurrent(None).getvalue())
+    bad.write_text(_concurrent(M.ADVANCE_AT_COMPLETION).getvalue())
+    broken.write_text('{"ev": "config"\n')
+
+    code, out = run_cli(legal)
+    assert code == 0 and out["ok"] is True and out["event_index"] is None
+    assert set(out) == {"ok", "events", "event_index", "property", "message", "state_before",
+                        "unchecked"}
+
+    code, out = run_cli(bad)
+    damaged = events_of(_concurrent(M.ADVANCE_AT_COMPLETION))
+    assert code == 1 and out["ok"] is False
+    assert out["event_index"] == first_difference(events_of(_concurrent(None)), damaged)
+    assert out["property"] and out["message"] and out["state_before"]
+
+    code, out = run_cli(broken)
+    assert code == 2 and out["ok"] is False and "malformed" in out

@@ -1,0 +1,111 @@
+"""The reference refines the spec: the abstraction maps its states to spec
+states, and the Hypothesis machine finds no step where the reference and the
+spec part ways (CI profile here; the thorough profile behind `slow`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flightcheck import spec
+from flightcheck.reference import (Engine, Request, RequestStatus, SamplingParams, Scheduler,
+                                   SchedulerConfig, ScriptedExecutor)
+from flightcheck.verification.abstraction import Ledger, abstract, spec_config
+from flightcheck.verification.fuzz import PROFILES, fuzz
+from flightcheck.verification.refinement import Outcome, RefinementMachine
+
+
+def engine_and_ledger(cfg: SchedulerConfig, num_slots: int = 4) -> tuple[Engine, Ledger]:
+    return (Engine(Scheduler(cfg), ScriptedExecutor()),
+            Ledger(num_slots, cfg.block_size, cfg.enable_prefix_caching))
+
+
+def add(engine: Engine, ledger: Ledger, request: Request) -> spec.Prompt:
+    engine.add_request(request)
+    return ledger.arrive(request)[1]
+
+
+def test_a_fresh_scheduler_abstracts_to_the_initial_spec_state():
+    cfg = SchedulerConfig(max_num_batched_tokens=8, max_model_len=16, block_size=2, num_blocks=8)
+    engine, ledger = engine_and_ledger(cfg)
+    assert abstract(engine.scheduler, engine, ledger) == spec.initial_state(4, 8)
+
+
+def test_requests_sharing_a_prefix_share_prompt_labels_and_hit_the_same_blocks():
+    cfg = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2, max_model_len=16,
+                          block_size=2, num_blocks=8, num_pipeline_stages=1)
+    engine, ledger = engine_and_ledger(cfg)
+    scfg, state = spec_config(cfg), spec.initial_state(4, 8)
+    first = add(engine, ledger, Request("a", [100, 101, 102, 103, 104], SamplingParams(max_tokens=1)))
+    for action in (spec.Arrive(0, first), spec.Schedule(), spec.CompleteOldest((spec.Sample(),))):
+        state = spec.step(state, scfg, action)
+    ledger.record_batch(engine.scheduler, engine.schedule_step())
+    engine.complete_oldest_step()                 # a finished by length: its blocks stay cached
+    second = add(engine, ledger, Request("b", [100, 101, 102, 103, 9], SamplingParams(max_tokens=1)))
+    assert first.labels == second.labels[:2] and len(first.labels) == 2
+    state = spec.step(state, scfg, spec.Arrive(1, second))
+    ledger.record_batch(engine.scheduler, engine.schedule_step())
+    state = spec.step(state, scfg, spec.Schedule())
+    got = abstract(engine.scheduler, engine, ledger)
+    assert got == state
+    assert got.in_flight[-1][0].start == 4       # two cached blocks hit
+
+
+def test_an_entry_of_an_aborted_request_maps_to_its_old_slot_after_the_name_is_reused():
+    cfg = SchedulerConfig(max_num_batched_tokens=16, max_model_len=16, block_size=2,
+                          num_blocks=8, num_pipeline_stages=2)
+    engine, ledger = engine_and_ledger(cfg)
+    add(engine, ledger, Request("x", [100, 101, 102], SamplingParams(max_tokens=2)))
+    ledger.record_batch(engine.scheduler, engine.schedule_step())
+    engine.abort_request("x")
+    add(engine, ledger, Request("x", [200, 201], SamplingParams(max_tokens=2)))
+    ledger.record_batch(engine.scheduler, engine.schedule_step())
+    state = abstract(engine.scheduler, engine, ledger)
+    (old,), (new,) = state.in_flight
+    assert (old.req, old.fate) == (0, spec.Fate.SUPERSEDED)
+    assert (new.req, new.fate) == (1, spec.Fate.LIVE)
+    assert state.requests[0].status is spec.Status.FINISHED_ABORTED
+    assert state.requests[0].block_table == () and state.requests[1].status is spec.Status.RUNNING
+
+
+def test_a_finished_request_abstracts_to_its_final_status_and_output_count():
+    cfg = SchedulerConfig(max_num_batched_tokens=16, max_model_len=16, block_size=2, num_blocks=8)
+    engine, ledger = engine_and_ledger(cfg)
+    add(engine, ledger, Request("a", [100, 101, 102], SamplingParams(max_tokens=2)))
+    engine.run()
+    (a, *_) = abstract(engine.scheduler, engine, ledger).requests
+    assert (a.status, a.num_output, a.num_computed, a.block_table) == \
+        (spec.Status.FINISHED_LENGTH, 2, 0, ())
+    assert engine.scheduler.requests == {}        # the scheduler forgot it; the ledger did not
+
+
+def test_a_program_replays_by_hand_and_a_wrong_step_is_reported_with_the_states():
+    machine = RefinementMachine(mutant="rejections_not_subtracted")
+    machine.setup(cfg=SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2, max_model_len=16,
+                                      block_size=2, num_blocks=8, num_pipeline_stages=1,
+                                      num_spec_tokens=2), sample_every_chunk=False)
+    machine.arrive(prompt_len=3, family=0, tail=0, max_tokens=8, reuse=0)
+    machine.schedule()
+    machine.complete(returned=[Outcome(drafts=2)] * 4)   # a token and two drafts proposed
+    machine.schedule()                                    # decode with both drafts
+    with pytest.raises(AssertionError, match="r0.num_computed: spec 4, reference 6"):
+        machine.complete(returned=[Outcome(accepted=0)] * 4)   # both rejected
+
+
+def test_refinement_ci_profile_finds_no_failure():
+    result = fuzz(PROFILES["ci"], seed=0)
+    assert not result.failed, result.failure
+    assert result.steps_run == PROFILES["ci"] >= 2_000
+
+
+@pytest.mark.slow
+def test_refinement_thorough_profile_finds_no_failure():
+    result = fuzz(PROFILES["thorough"], seed=1)
+    assert not result.failed, result.failure
+    assert result.steps_run == PROFILES["thorough"] >= 100_000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(2, 6))
+def test_refinement_holds_from_more_seeds(seed):
+    result = fuzz(20_000, seed)
+    assert not result.failed, result.failure

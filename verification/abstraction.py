@@ -1,0 +1,244 @@
+"""The abstraction function: the single bridge from a reference `Scheduler`
+and its `Engine`'s batch queue to a spec `State`.
+
+The spec and the reference share no code, so this mapping is the only place
+where their vocabularies meet:
+
+* requests are spec slots in arrival order. The scheduler forgets finished
+  requests (it deletes them from `scheduler.requests`) and may reuse a name,
+  so a `Ledger`, kept by whoever drives the scheduler, remembers every
+  `Request` object it added, in order; a finished one still abstracts to its
+  final status and output count;
+* statuses map one to one (FINISHED_LENGTH_CAPPED is the spec's
+  FINISHED_LENGTH); a finished request's counters, drafts and table are the
+  spec's normal form (0, 0, empty), since the reference leaves stale values
+  on an object nobody reads again;
+* a cached block's hash becomes the spec's content label: a prompt block by a
+  chained-hash -> int table shared by all requests (a shared prefix shares
+  labels, and the spec's `Prompt.labels` come from the same table), a block
+  holding output tokens by `content_label`, which the spec makes unique per
+  (request, block index). That is sound only if two requests never share an
+  output-containing block's content, so a driver must sample tokens unique to
+  the request (`output_token`);
+* in-flight batches come from `engine.batch_queue`, oldest first, each
+  entry's slot found by (request id, incarnation), so an entry of an aborted
+  request whose name was reused maps to the old slot, and each entry's fate
+  from `scheduler.fate_of`. Snapshots are read live, never copied, so a
+  scheduler that mutates an in-flight snapshot shows it here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from flightcheck.reference import Engine, Request, RequestStatus, Scheduler
+from flightcheck.reference.block_pool import hash_block_tokens
+from flightcheck.reference.outputs import SchedulerOutput
+from flightcheck.spec import BlockPool, Config, Entry, Fate, Prompt, State, Status
+from flightcheck.spec import Request as SpecRequest
+from flightcheck.spec.state import content_label
+
+STATUS: dict[RequestStatus, Status] = {
+    RequestStatus.WAITING: Status.WAITING,
+    RequestStatus.RUNNING: Status.RUNNING,
+    RequestStatus.PREEMPTED: Status.PREEMPTED,
+    RequestStatus.FINISHED_STOPPED: Status.FINISHED_STOPPED,
+    RequestStatus.FINISHED_LENGTH_CAPPED: Status.FINISHED_LENGTH,
+    RequestStatus.FINISHED_ABORTED: Status.FINISHED_ABORTED,
+}
+FATE: dict[str, Fate] = {f.value: f for f in Fate}
+
+# Output tokens live far above any prompt token a driver uses, and each
+# request slot has its own range, so output-containing blocks never collide.
+OUTPUT_TOKEN_BASE = 1_000_000
+OUTPUT_TOKEN_STRIDE = 100_000
+
+
+def output_token(slot: int, position: int) -> int:
+    """A sampled token unique to (request slot, position)."""
+    return OUTPUT_TOKEN_BASE + slot * OUTPUT_TOKEN_STRIDE + position
+
+
+class AbstractionError(AssertionError):
+    """The reference's state has no image in the spec (a bug, or a driver
+    that broke the abstraction's assumptions)."""
+
+
+def spec_config(cfg) -> Config:
+    """The spec's constants for a reference `SchedulerConfig` (always the
+    correct spec: a reference mutant is checked against it)."""
+    return Config(num_stages=cfg.num_pipeline_stages,
+                  max_num_batched_tokens=cfg.max_num_batched_tokens,
+                  max_num_seqs=cfg.max_num_seqs, block_size=cfg.block_size,
+                  num_blocks=cfg.num_blocks, max_model_len=cfg.max_model_len,
+                  long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+                  num_spec_tokens=cfg.num_spec_tokens,
+                  prefix_caching=cfg.enable_prefix_caching,
+                  continue_prefill=cfg.continue_prefill)
+
+
+class Ledger:
+    """What the driver knows and the scheduler forgets: every request it added
+    (slot = arrival order), the prompt labels it gave the spec, which slot
+    each scheduled incarnation belongs to, and what each cached hash means."""
+
+    def __init__(self, num_slots: int, block_size: int, prefix_caching: bool) -> None:
+        self.num_slots = num_slots
+        self.block_size = block_size
+        self.prefix_caching = prefix_caching
+        self.requests: list[Request] = []
+        self._slot_by_object: dict[int, int] = {}
+        self.prompt_labels: list[tuple[int, ...]] = []
+        self._entry_slot: dict[tuple[str, int], int] = {}
+        self._prompt_label: dict[int, int] = {}       # chained hash of a prompt block -> label
+        self._output_label: dict[int, int] = {}       # hash of an output-containing block -> label
+        self._hashes: list[list[int]] = []            # per slot: chained hashes of its full blocks
+
+    # -- recording ----------------------------------------------------------
+
+    def arrive(self, request: Request) -> tuple[int, Prompt]:
+        """Register a request just added to the scheduler; its slot and the
+        spec's prompt (labels from the shared chained-hash table)."""
+        slot = len(self.requests)
+        if slot >= self.num_slots:
+            raise AbstractionError(f"more than {self.num_slots} requests arrived")
+        bs = self.block_size
+        tokens = request.prompt_token_ids
+        labels, parent = [], None
+        for i in range(len(tokens) // bs):
+            parent = hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs])
+            labels.append(self._prompt_label.setdefault(parent, len(self._prompt_label) + 1))
+        self.requests.append(request)
+        self._slot_by_object[id(request)] = slot
+        self.prompt_labels.append(tuple(labels))
+        self._hashes.append([])
+        return slot, Prompt(request.num_prompt_tokens, request.max_tokens, tuple(labels))
+
+    def record_batch(self, scheduler: Scheduler, output: SchedulerOutput) -> None:
+        """Bind each entry's (request id, incarnation) to its slot, right
+        after `schedule()`, while the scheduled requests are all known."""
+        for entry in output.entries:
+            self._entry_slot[(entry.req_id, entry.incarnation)] = \
+                self.slot_of(scheduler.requests[entry.req_id])
+
+    # -- lookups ------------------------------------------------------------
+
+    def slot_of(self, request: Request) -> int:
+        try:
+            return self._slot_by_object[id(request)]
+        except KeyError:
+            raise AbstractionError(f"{request!r} was not added through the ledger") from None
+
+    def active_slot(self, req_id: str) -> int | None:
+        """The slot of the unfinished request named `req_id`, if any."""
+        for slot in range(len(self.requests) - 1, -1, -1):
+            request = self.requests[slot]
+            if request.request_id == req_id:
+                return None if request.is_finished() else slot
+        return None
+
+    def entry_slot(self, req_id: str, incarnation: int) -> int:
+        try:
+            return self._entry_slot[(req_id, incarnation)]
+        except KeyError:
+            raise AbstractionError(f"an in-flight entry of {req_id!r} with incarnation "
+                                   f"{incarnation} that no recorded batch scheduled") from None
+
+    def label_of_hash(self, block_hash: int) -> int:
+        label = self._prompt_label.get(block_hash)
+        if label is None:
+            label = self._output_label.get(block_hash)
+        if label is None:
+            raise AbstractionError(f"a block caches hash {block_hash}, which is no known "
+                                   "request's content")
+        return label
+
+    def refresh_output_labels(self, state: State) -> None:
+        """Extend each request's chained hashes to its full blocks and label
+        the output-containing ones (token ids only grow, so this is incremental)."""
+        bs = self.block_size
+        for slot, request in enumerate(self.requests):
+            hashes = self._hashes[slot]
+            tokens = request.all_token_ids
+            while len(hashes) < len(tokens) // bs:
+                i = len(hashes)
+                hashes.append(hash_block_tokens(hashes[-1] if hashes else None,
+                                                tokens[i * bs:(i + 1) * bs]))
+                if (i + 1) * bs > request.num_prompt_tokens:
+                    self._output_label[hashes[-1]] = content_label(state, slot, i, bs)
+
+
+def abstract(scheduler: Scheduler, engine: Engine | Iterable[SchedulerOutput],
+             ledger: Ledger) -> State:
+    """The spec state the reference is in. `engine` may also be the in-flight
+    `SchedulerOutput`s themselves, oldest first (for a harness without an Engine)."""
+    requests = tuple(_request(scheduler, ledger, slot, r) for slot, r in enumerate(ledger.requests))
+    requests += (SpecRequest(),) * (ledger.num_slots - len(requests))
+    state = State(requests=requests)
+    outputs = ([out for out, _ in engine.batch_queue] if isinstance(engine, Engine)
+               else list(engine))
+    in_flight = tuple(tuple(_entry(scheduler, ledger, e) for e in out.entries) for out in outputs)
+    scheduled = frozenset(_slot_by_name(scheduler, ledger, rid) for rid in scheduler.scheduled_req_ids)
+    return State(requests=requests,
+                 waiting=tuple(ledger.slot_of(r) for r in scheduler.waiting),
+                 running=tuple(ledger.slot_of(r) for r in scheduler.running),
+                 in_flight=in_flight, pool=_pool(scheduler, ledger, state),
+                 scheduled_ids=scheduled)
+
+
+def _request(scheduler: Scheduler, ledger: Ledger, slot: int, r: Request) -> SpecRequest:
+    status = STATUS[r.status]
+    labels = ledger.prompt_labels[slot] if ledger.prefix_caching else ()
+    common = dict(status=status, prompt_len=r.num_prompt_tokens, max_tokens=r.max_tokens,
+                  prompt_labels=labels, num_output=r.num_output_tokens)
+    if status.is_finished:
+        return SpecRequest(**common)          # the spec's normal form of a finished request
+    table = tuple(scheduler.kv_cache_manager.get_block_ids(r.request_id))
+    return SpecRequest(**common, num_computed=r.num_computed_tokens,
+                       num_drafts=len(r.spec_token_ids), block_table=table)
+
+
+def _entry(scheduler: Scheduler, ledger: Ledger, e) -> Entry:
+    return Entry(ledger.entry_slot(e.req_id, e.incarnation), start=e.num_computed_tokens,
+                 n=e.num_new_tokens, samples=bool(e.samples), drafts=len(e.spec_token_ids),
+                 fate=FATE[scheduler.fate_of(e).value])
+
+
+def _slot_by_name(scheduler: Scheduler, ledger: Ledger, req_id: str) -> int:
+    request = scheduler.requests.get(req_id)
+    if request is None:
+        raise AbstractionError(f"scheduled_req_ids holds {req_id!r}, which is no known request")
+    return ledger.slot_of(request)
+
+
+def _pool(scheduler: Scheduler, ledger: Ledger, state: State) -> BlockPool:
+    pool = scheduler.kv_cache_manager.block_pool
+    if any(b.block_hash is not None for b in pool.blocks):
+        ledger.refresh_output_labels(state)
+    labels: Sequence[int | None] = tuple(
+        None if b.block_hash is None else ledger.label_of_hash(b.block_hash) for b in pool.blocks)
+    return BlockPool(ref_counts=tuple(b.ref_cnt for b in pool.blocks), labels=labels,
+                     free_queue=tuple(pool.free_block_ids()))
+
+
+def describe_difference(expected: State, actual: State) -> str:
+    """Where two spec states differ, field by field, for a failure message."""
+    diffs: list[str] = []
+    for r, (a, b) in enumerate(zip(expected.requests, actual.requests)):
+        for name in SpecRequest.__dataclass_fields__:
+            x, y = getattr(a, name), getattr(b, name)
+            if x != y:
+                diffs.append(f"r{r}.{name}: spec {x!r}, reference {y!r}")
+    for name in ("waiting", "running", "scheduled_ids"):
+        if getattr(expected, name) != getattr(actual, name):
+            diffs.append(f"{name}: spec {getattr(expected, name)}, reference {getattr(actual, name)}")
+    if len(expected.in_flight) != len(actual.in_flight):
+        diffs.append(f"batches in flight: spec {len(expected.in_flight)}, reference {len(actual.in_flight)}")
+    for i, (x, y) in enumerate(zip(expected.in_flight, actual.in_flight)):
+        if x != y:
+            diffs.append(f"batch {i}: spec {list(x)}, reference {list(y)}")
+    for name in ("ref_counts", "labels", "free_queue"):
+        if getattr(expected.pool, name) != getattr(actual.pool, name):
+            diffs.append(f"pool.{name}: spec {getattr(expected.pool, name)}, "
+                         f"reference {getattr(actual.pool, name)}")
+    return "; ".join(diffs) or "no difference"
