@@ -180,6 +180,7 @@ class RefinementMachine(RuleBasedStateMachine):
         self.calls: dict[str, spec.Sample] = {}      # req id -> what its entry sampled
         self.num_calls = 0
         self.num_aborts = 0
+        self.num_completes = 0
         self.history: list[tuple[spec.Action, spec.State]] = []   # for the failure report
         if self.mutant is not None and currently_in_test_context():   # not in a replay by hand
             note(f"reference mutant: {self.mutant}")
@@ -209,12 +210,18 @@ class RefinementMachine(RuleBasedStateMachine):
     def schedule(self) -> None:
         self._schedule()
 
-    @precondition(lambda self: self.engine is not None and self.engine.can_complete())
+    @precondition(lambda self: self.engine is not None and self.engine.can_complete()
+                  and self.num_completes * 4 <= len(self.history))
     @rule(returned=outcomes())
     @_step
     def complete(self, returned: list[Outcome]) -> None:
-        """The oldest batch returns; `returned[i]` is what the model gave the
-        i-th entry it sampled for."""
+        """The oldest batch returns, whatever the engine would do; `returned[i]`
+        is what the model gave the i-th entry it sampled for. At most one per
+        four steps: completing out of the engine's order keeps every request's
+        decodes in one batch (lockstep), and the engine's own order
+        (`engine_step`), which staggers them, is where a request is preempted
+        with its decode in flight."""
+        self.num_completes += 1
         self._complete(returned)
 
     @precondition(lambda self: self.engine is not None and (

@@ -21,7 +21,7 @@ from . import z3_blocks as zb
 from .z3_requests import at, empty_table, prompt_len, put_flag, req_at, tokens_at, with_req, max_tokens
 from .z3_state import (F_ABORTED, F_LENGTH, F_STOPPED, LIVE, NEW, ORPHANED, PAD, PREEMPTED, RUNNING,
                        SUPERSEDED, WAITING, Layout, SBatch, SReq, SState, clone, pad_entry)
-from .z3_terms import Builder, conj, disj, eq, ite, le, lt, merge, neg, pick, put
+from .z3_terms import V, Builder, conj, disj, eq, ite, le, lt, merge, neg, pick, put, var
 
 ARRIVE, SCHEDULE, COMPLETE, ABORT = range(4)
 NO_STOP = -1
@@ -39,7 +39,7 @@ class Choices:
 
 
 def choices(lay: Layout, tag: str) -> Choices:
-    I = z3.Int
+    I = var
     return Choices(I(f"act@{tag}"), I(f"req@{tag}"),
                    [I(f"accepted[{j}]@{tag}") for j in range(lay.E)],
                    [I(f"stop_at[{j}]@{tag}") for j in range(lay.E)],
@@ -55,7 +55,7 @@ def remove(xs: list, length: Any, r: Any) -> tuple[list, Any]:
     seen, out = z3.BoolVal(False), []
     for j in range(len(xs)):
         seen = disj(seen, conj(lt(j, length), eq(xs[j], r)))
-        nxt = xs[j + 1] if j + 1 < len(xs) else z3.IntVal(PAD)
+        nxt = xs[j + 1] if j + 1 < len(xs) else V(PAD)
         out.append(ite(seen, nxt, xs[j]))
     return out, ite(seen, length - 1, length)
 
@@ -73,10 +73,12 @@ def finish(lay: Layout, s: SState, r: Any, status: Any, when: Any = True, is_abo
     for b in st.batches:
         for e in b.entries:
             mine = conj(eq(e.req, r), disj(eq(e.fate, LIVE), eq(e.fate, ORPHANED)))
-            e.fate = ite(mine, z3.IntVal(SUPERSEDED), e.fate)
-    st = with_req(st, r, SReq(status, q.num_output, z3.IntVal(0), z3.IntVal(0),
-                              q.table_len if keep else z3.IntVal(0),
-                              list(q.table) if keep else empty_table(lay)))
+            e.fate = ite(mine, V(SUPERSEDED), e.fate)
+    if keep:
+        st = with_req(st, r, status=status, num_computed=V(0), num_drafts=V(0))
+    else:
+        st = with_req(st, r, status=status, num_computed=V(0), num_drafts=V(0), table_len=V(0),
+                      table=empty_table(lay))
     return merge(when, st, s)
 
 
@@ -98,9 +100,7 @@ def arrive(lay: Layout, s: SState, ch: Choices) -> SState:
     st = clone(s)
     st.waiting = put(s.waiting, s.waiting_len, ch.req)
     st.waiting_len = s.waiting_len + 1
-    q = req_at(s, ch.req)
-    return with_req(st, ch.req, SReq(z3.IntVal(WAITING), q.num_output, q.num_computed, q.num_drafts,
-                                     q.table_len, list(q.table)))
+    return with_req(st, ch.req, status=V(WAITING))
 
 
 def abort_guard(lay: Layout, s: SState, ch: Choices) -> Any:
@@ -110,7 +110,7 @@ def abort_guard(lay: Layout, s: SState, ch: Choices) -> Any:
 
 
 def abort(lay: Layout, s: SState, ch: Choices) -> SState:
-    return finish(lay, s, ch.req, z3.IntVal(F_ABORTED), is_abort=True)
+    return finish(lay, s, ch.req, V(F_ABORTED), is_abort=True)
 
 
 @dataclass
@@ -133,7 +133,7 @@ def complete_oldest(lay: Layout, bld: Builder, s: SState, ch: Choices) -> Comple
     cfg = lay.cfg
     b0 = s.batches[0]
     st = clone(s)
-    st.batches = [clone(b) for b in s.batches[1:]] + [SBatch(z3.IntVal(0), [pad_entry() for _ in range(lay.E)])]
+    st.batches = [clone(b) for b in s.batches[1:]] + [SBatch(V(0), [pad_entry() for _ in range(lay.E)])]
     st.num_batches = s.num_batches - 1
     flags, oks = [], []
     for j, e in enumerate(b0.entries):
@@ -160,8 +160,7 @@ def _settle_live(lay: Layout, st: SState, e, live: Any) -> SState:
         st.scheduled = put_flag(st.scheduled, e.req, z3.BoolVal(False), live)
     if cfg.is_mutant("advance_at_completion"):
         q = req_at(st, e.req)
-        st = with_req(st, e.req, SReq(q.status, q.num_output, q.num_computed + e.n, q.num_drafts,
-                                      q.table_len, list(q.table)), live)
+        st = with_req(st, e.req, live, num_computed=q.num_computed + e.n)
     return st
 
 
@@ -174,16 +173,16 @@ def _apply_sample(lay: Layout, bld: Builder, st: SState, e, acc: Any, stop: Any,
     subtract = disj(conj(eq(e.fate, LIVE), not cfg.is_mutant("rejections_not_subtracted")),
                     conj(eq(e.fate, ORPHANED), cfg.is_mutant("rejections_subtracted_after_reset")))
     num_computed = ite(subtract, q.num_computed - (e.drafts - acc), q.num_computed)
-    num_output, finished, status = q.num_output, z3.BoolVal(False), z3.IntVal(PAD)
+    num_output, finished, status = q.num_output, z3.BoolVal(False), V(PAD)
     for j in range(cfg.num_spec_tokens + 1):
         going = conj(le(j, acc), neg(finished))
         num_output = ite(going, num_output + 1, num_output)
         length = disj(plen + num_output >= cfg.max_model_len,
                       conj(num_output >= cap, not cfg.is_mutant("no_length_cap")))
         reason = conj(going, disj(length, eq(stop, j)))
-        status = ite(reason, ite(length, z3.IntVal(F_LENGTH), z3.IntVal(F_STOPPED)), status)
+        status = ite(reason, ite(length, V(F_LENGTH), V(F_STOPPED)), status)
         finished = bld.let(f"finished{j}", disj(finished, reason))
     drafts = ite(eq(e.fate, LIVE), nd, q.num_drafts)
-    applied = with_req(st, r, SReq(q.status, num_output, num_computed, drafts, q.table_len, list(q.table)))
+    applied = with_req(st, r, num_output=num_output, num_computed=num_computed, num_drafts=drafts)
     done = finish(lay, applied, r, status)
     return merge(here, merge(finished, done, applied), st)

@@ -16,14 +16,15 @@ itself find the property broken.
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 import z3
 
 from flightcheck.spec import SOMETIMES
 
 from .models import Model
-from .z3_invariants import INVARIANT_FORMULAS, SOMETIMES_FORMULAS, TRANSITION_FORMULAS
+from .z3_invariants import INVARIANT_FORMULAS, SOMETIMES_FORMULAS, TRANSITION_FORMULAS, well_formed
+from .z3_strengthening import AUXILIARY
 from .z3_results import EngineResult, PropertyResult, ReplayMismatch, concrete_check, kind_of, replay
 from .z3_system import Step, System
 
@@ -45,14 +46,24 @@ def applicable_sometimes(model: Model) -> list[str]:
 
 
 class _Unrolling:
-    """The incremental solver: frames 0..depth, steps between them."""
+    """The incremental solver: frames 0..depth, steps between them.
+
+    Each open property P has a literal `held[P]`; once BMC has shown that P
+    holds at every state within d steps, `held[P] -> P(s_t)` is added for
+    t <= d. Queries assume the literals of the properties still open, so the
+    solver gets every invariant not yet refuted as a lemma on the prefix
+    (sound: a path violating an open P earlier would have refuted P at a
+    smaller depth), and dropping a refuted P's literal releases it."""
 
     def __init__(self, model: Model, seed: int = 0) -> None:
         self.system = System(model)
-        self.solver = z3.Solver()
+        # Bit-vectors go to Z3's incremental SAT solver (bit-blasted once, then
+        # CDCL with assumptions), far faster here than integer arithmetic.
+        self.solver = z3.SolverFor("QF_BV")
         self.solver.set("random_seed", seed)
         self.steps: list[Step] = []
         self.depth = 0
+        self.held: dict[str, z3.BoolRef] = {}
         self._lits = 0
         self.solver.add(self.system.init(0))
         self.solver.add(self.system.sched(0)[1])
@@ -64,14 +75,19 @@ class _Unrolling:
         self.depth += 1
         self.solver.add(self.system.sched(self.depth)[1])
 
-    def query(self, goal: z3.BoolRef, timeout_ms: int | None) -> z3.CheckSatResult:
-        """Is `goal` satisfiable at the current depth? (asked under a fresh literal)"""
+    def holds(self, name: str, formula: z3.BoolRef) -> None:
+        """Record that `name` holds at the current depth (as a lemma)."""
+        lit = self.held.setdefault(name, z3.Bool(f"held:{name}"))
+        self.solver.add(z3.Implies(lit, formula))
+
+    def query(self, goal: z3.BoolRef, timeout_ms: int | None, open_names) -> z3.CheckSatResult:
+        """Is `goal` satisfiable at the current depth, with the open properties as lemmas?"""
         self._lits += 1
         lit = z3.Bool(f"query#{self._lits}")
         self.solver.add(z3.Implies(lit, goal))
         if timeout_ms is not None:
             self.solver.set("timeout", max(1, timeout_ms))
-        return self.solver.check(lit)
+        return self.solver.check(lit, *[self.held[n] for n in open_names if n in self.held])
 
     def trace(self, m: z3.ModelRef):
         sysm = self.system
@@ -82,72 +98,80 @@ class _Unrolling:
 
 def bmc(model: Model, max_depth: int, properties: Iterable[str] | None = None,
         sometimes: Iterable[str] | None = None, time_budget: float | None = None,
-        stop_at_first: bool = False, seed: int = 0) -> EngineResult:
+        stop_at_first: bool = False, seed: int = 0, lemmas: bool = False,
+        progress: Callable[[int, float], None] | None = None) -> EngineResult:
     """BMC of `properties` (invariant and transition-property names; default:
     all of them) and cover queries for `sometimes` targets (default: every one
     applicable to the model) up to `max_depth` steps or `time_budget` seconds.
-    With stop_at_first, it returns at the first violation (mutant hunting)."""
+
+    With `lemmas`, the auxiliary invariants of z3_strengthening and the
+    encoding's well-formedness are checked too (rows of kind "auxiliary"):
+    like every open property they then serve as lemmas on the prefix, and
+    since together they are inductive, each depth's query is about one step.
+    With stop_at_first, it returns at the first violation of a spec property
+    (mutant hunting). `progress(depth, seconds)` is called after each depth."""
     t0 = time.perf_counter()
     props = list(default_properties() if properties is None else properties)
+    spec_props = set(props)
+    if lemmas:
+        props += ["WF_encoding", *AUXILIARY]
     targets = list(applicable_sometimes(model) if sometimes is None else sometimes)
     u = _Unrolling(model, seed)
-    lay = u.system.lay
     results: dict[str, PropertyResult] = {}
     open_props, open_targets = list(props), list(targets)
-    completed = -1
+    completed, timed_out = -1, False
 
     def remaining_ms() -> int | None:
         if time_budget is None:
             return None
         return int((time_budget - (time.perf_counter() - t0)) * 1000)
 
-    def out_of_time() -> bool:
-        ms = remaining_ms()
-        return ms is not None and ms <= 0
-
-    timed_out = False
     for d in range(max_depth + 1):
         if d > 0:
             u.extend()
-        frame = u.system.frame(d)
-        sched = u.system.sched(d)[0]
-
-        def violation(name: str):
-            if name in TRANSITION_FORMULAS:
-                return None if d == 0 else z3.Not(TRANSITION_FORMULAS[name](lay, u.steps[-1]))
-            return z3.Not(INVARIANT_FORMULAS[name](lay, frame, sched))
-
-        while open_props and not timed_out:
-            bad = {n: violation(n) for n in open_props}
-            bad = {n: f for n, f in bad.items() if f is not None}
+        frame, sched = u.system.frame(d), u.system.sched(d)[0]
+        formulas = {}
+        for n in open_props:
+            if n in TRANSITION_FORMULAS:
+                if d > 0:
+                    formulas[n] = u.system.build(TRANSITION_FORMULAS[n], u.steps[-1])
+            elif n == "WF_encoding":
+                formulas[n] = u.system.build(well_formed, frame)
+            elif n in AUXILIARY:
+                formulas[n] = u.system.build(AUXILIARY[n], frame)
+            else:
+                formulas[n] = u.system.build(INVARIANT_FORMULAS[n], frame, sched)
+        while not timed_out:
+            bad = {n: z3.Not(f) for n, f in formulas.items() if n in open_props}
             if not bad:
                 break
-            r = u.query(z3.Or(list(bad.values())), remaining_ms())
-            if r == z3.unknown:
-                timed_out = True
-                break
-            if r == z3.unsat:
+            r = u.query(z3.Or(list(bad.values())), remaining_ms(), open_props)
+            if r != z3.sat:
+                timed_out = r == z3.unknown
                 break
             m = u.solver.model()
             actions, states = u.trace(m)
             replay(model, actions, states)
             for n, f in bad.items():
                 if z3.is_true(m.eval(f, model_completion=True)):
-                    if not concrete_check(model, n, states, actions):
+                    if n in spec_props and not concrete_check(model, n, states, actions):
                         raise ReplayMismatch(f"{n}: Z3 says violated at depth {d}, the spec's predicate holds")
                     results[n] = PropertyResult(n, kind_of(n), "violated", "bmc", d,
                                                 time.perf_counter() - t0, actions, states)
                     open_props.remove(n)
-        if stop_at_first and any(p.status == "violated" for p in results.values()):
+        if timed_out:
+            break
+        for n in open_props:
+            if n in formulas:
+                u.holds(n, formulas[n])
+        if stop_at_first and any(p.status == "violated" and p.name in spec_props for p in results.values()):
             completed = d
             break
         while open_targets and not timed_out:
-            goals = {n: SOMETIMES_FORMULAS[n](lay, frame) for n in open_targets}
-            r = u.query(z3.Or(list(goals.values())), remaining_ms())
-            if r == z3.unknown:
-                timed_out = True
-                break
-            if r == z3.unsat:
+            goals = {n: u.system.build(SOMETIMES_FORMULAS[n], frame) for n in open_targets}
+            r = u.query(z3.Or(list(goals.values())), remaining_ms(), open_props)
+            if r != z3.sat:
+                timed_out = r == z3.unknown
                 break
             m = u.solver.model()
             actions, states = u.trace(m)
@@ -158,11 +182,14 @@ def bmc(model: Model, max_depth: int, properties: Iterable[str] | None = None,
                     results[n] = PropertyResult(n, "sometimes", "reached", "bmc", d,
                                                 time.perf_counter() - t0, actions, states)
                     open_targets.remove(n)
-        if timed_out or out_of_time():
-            if not timed_out:
-                completed = d
+        if timed_out:
             break
         completed = d
+        if progress is not None:
+            progress(d, time.perf_counter() - t0)
+        ms = remaining_ms()
+        if ms is not None and ms <= 0:
+            break
     seconds = time.perf_counter() - t0
     for n in open_props:
         results[n] = PropertyResult(n, kind_of(n), "bounded" if completed >= 0 else "unknown", "bmc",
@@ -191,5 +218,5 @@ def first_counterexample(model: Model, max_depth: int = 12, time_budget: float |
                          properties: Iterable[str] | None = None) -> PropertyResult | None:
     """The shortest violation of any property (for mutant hunting), or None."""
     res = bmc(model, max_depth, properties, sometimes=[], time_budget=time_budget, stop_at_first=True)
-    bad = [p for p in res.properties if p.status == "violated"]
+    bad = [p for p in res.properties if p.status == "violated" and p.kind != "auxiliary"]
     return min(bad, key=lambda p: p.depth) if bad else None

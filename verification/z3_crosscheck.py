@@ -26,7 +26,7 @@ from flightcheck.spec import State, step
 
 from . import explicit
 from .models import Model
-from .z3_state import constant_state, encode, leaves
+from .z3_terms import leaves
 from .z3_system import System
 
 
@@ -47,8 +47,7 @@ class CrossChecker:
 
     def z3_successors(self, s: State, limit: int = 500) -> Iterator[tuple[object, State]]:
         """(action, state) for each distinct next state T allows from s."""
-        lay = self.system.lay
-        values = [v for _, v in leaves(constant_state(lay, s))]
+        values = [v for _, v in leaves(self.system.constant(s))]
         f = z3.simplify(z3.substitute(self.relation, *zip(self._before, values)))
         solver = z3.Solver()
         solver.add(f)
@@ -58,14 +57,13 @@ class CrossChecker:
             m = solver.model()
             nxt = self.system.decode(m, 1)
             yield self.system.decode_action(m, self.step), nxt
-            solver.add(z3.Not(z3.And(encode(lay, nxt, self.step.after))))
+            solver.add(z3.Not(z3.And(self.system.encode(nxt, 1))))
         raise RuntimeError(f"more than {limit} Z3 successors: the next frame is not determined")
 
     def satisfies(self, s: State, nxt: State) -> bool:
         """T(encode(s), encode(nxt)) is satisfiable."""
         solver = z3.Solver()
-        solver.add(self.relation, *encode(self.system.lay, s, self.step.before),
-                   *encode(self.system.lay, nxt, self.step.after))
+        solver.add(self.relation, *self.system.encode(s, 0), *self.system.encode(nxt, 1))
         return solver.check() == z3.sat
 
     def check(self, s: State, report: CrossReport) -> set[State]:

@@ -27,7 +27,7 @@ from .z3_requests import content_label, max_tokens, num_tokens, at
 from .z3_schedule import SchedResult
 from .z3_state import (F_ABORTED, F_LENGTH, F_STOPPED, FATE, LIVE, NEW, ORPHANED, PAD, PREEMPTED,
                        RUNNING, STATUS, WAITING, Layout, SState)
-from .z3_terms import conj, count, disj, eq, imax, ite, le, lt, member, neg, pick
+from .z3_terms import V, conj, count, disj, div_const, eq, imax, ite, le, lt, member, neg, pick, sum_terms
 
 Formula = Callable[[Layout, SState, SchedResult], Any]
 
@@ -71,7 +71,7 @@ def s2_length_cap(lay: Layout, s: SState, sch: SchedResult) -> Any:
     L, out = lay.cfg.max_model_len, []
     for r, q in enumerate(s.reqs):
         cap, tokens = max_tokens(lay, q, r), num_tokens(lay, q, r)
-        out.append(conj(le(q.num_output, imax(cap, z3.IntVal(0))), le(tokens, L)))
+        out.append(conj(le(q.num_output, imax(cap, V(0))), le(tokens, L)))
         out.append(z3.Implies(_active(s, r), conj(lt(q.num_output, cap), lt(tokens, L))))
     out += [z3.Implies(u, le(e.start + e.n, L)) for e, u in positions(lay, s)]
     return conj(out)
@@ -80,7 +80,7 @@ def s2_length_cap(lay: Layout, s: SState, sch: SchedResult) -> Any:
 def s3_contiguous_coverage(lay: Layout, s: SState, sch: SchedResult) -> Any:
     out = []
     for r, q in enumerate(s.reqs):
-        seen, end, ok = z3.BoolVal(False), z3.IntVal(0), []
+        seen, end, ok = z3.BoolVal(False), V(0), []
         for e, u in positions(lay, s):
             here = live(e, u, r)
             ok += [z3.Implies(here, le(1, e.n)), z3.Implies(conj(here, seen), eq(e.start, end))]
@@ -141,9 +141,9 @@ def s9_kv_ownership(lay: Layout, s: SState, sch: SchedResult) -> Any:
         out.append(z3.Implies(lt(0, q.table_len), eq(q.status, RUNNING)))
         out += [z3.Implies(conj(used[t], used[t2]), neg(eq(q.table[t], q.table[t2])))
                 for t in range(lay.T) for t2 in range(t + 1, lay.T)]
-        out.append(z3.Implies(eq(q.status, RUNNING), le((q.num_computed + (bs - 1)) / bs, q.table_len)))
+        out.append(z3.Implies(eq(q.status, RUNNING), le(div_const(q.num_computed + (bs - 1), bs), q.table_len)))
         for t in range(lay.T):
-            lab = pick(pool.label, q.table[t], z3.IntVal(lay.none_label))
+            lab = pick(pool.label, q.table[t], V(lay.none_label))
             out.append(z3.Implies(used[t], disj(eq(lab, lay.none_label), eq(lab, content_label(lay, q, r, t)))))
     for b in range(lay.B):
         holders = count(conj(lt(t, q.table_len), eq(q.table[t], b)) for q in s.reqs for t in range(lay.T))
@@ -176,7 +176,7 @@ def s10_queues_and_budgets(lay: Layout, s: SState, sch: SchedResult) -> Any:
            le(s.running_len, cfg.max_num_seqs)]
     for k, b in enumerate(s.batches):
         used = [lt(j, b.length) for j in range(lay.E)]
-        total = z3.Sum([ite(u, e.n, z3.IntVal(0)) for u, e in zip(used, b.entries)])
+        total = sum_terms([ite(u, e.n, V(0)) for u, e in zip(used, b.entries)])
         ok = [le(total, cfg.max_num_batched_tokens)]
         if cfg.long_prefill_token_threshold > 0:
             ok += [z3.Implies(u, le(e.n, cfg.long_prefill_token_threshold)) for u, e in zip(used, b.entries)]
@@ -239,7 +239,7 @@ NEEDS_SCHEDULE = frozenset({"L2_no_deadlock"})
 
 def well_formed(lay: Layout, s: SState) -> Any:
     """Every code, index and length in range and every unused slot padded."""
-    P = z3.IntVal(PAD)
+    P = V(PAD)
     out = [le(0, s.num_batches), le(s.num_batches, lay.K)]
     for q in s.reqs:
         out += [le(0, q.status), lt(q.status, len(STATUS)), le(0, q.table_len), le(q.table_len, lay.T)]

@@ -10,16 +10,16 @@ from typing import Any
 import z3
 
 from .z3_state import NEW, PAD, Layout, SReq, SState
-from .z3_terms import Builder, eq, ite, merge, pick
+from .z3_terms import V, Builder, eq, ite, merge, pick
 
 
 def prompt_len(lay: Layout, q: SReq, k: int) -> Any:
     """Request k's prompt length: the model's once it has arrived, 0 before."""
-    return ite(eq(q.status, NEW), z3.IntVal(0), z3.IntVal(lay.prompt_len(k)))
+    return ite(eq(q.status, NEW), V(0), V(lay.prompt_len(k)))
 
 
 def max_tokens(lay: Layout, q: SReq, k: int) -> Any:
-    return ite(eq(q.status, NEW), z3.IntVal(0), z3.IntVal(lay.max_tokens(k)))
+    return ite(eq(q.status, NEW), V(0), V(lay.max_tokens(k)))
 
 
 def num_tokens(lay: Layout, q: SReq, k: int) -> Any:
@@ -30,7 +30,7 @@ def num_tokens(lay: Layout, q: SReq, k: int) -> Any:
 def content_label(lay: Layout, q: SReq, k: int, i: int) -> Any:
     """spec.state.content_label(k, i): its prompt label if block i is all prompt."""
     unique = -(1 + k + lay.N * i)
-    return ite(eq(q.status, NEW), z3.IntVal(unique), z3.IntVal(lay.content[k][i]))
+    return ite(eq(q.status, NEW), V(unique), V(lay.content[k][i]))
 
 
 def req_at(s: SState, r: Any) -> SReq:
@@ -55,11 +55,24 @@ def label_at(lay: Layout, s: SState, r: Any, i: int) -> Any:
     return at(lay, s, r, lambda q, k: content_label(lay, q, k, i))
 
 
-def with_req(s: SState, r: Any, new: SReq, when: Any = True) -> SState:
-    """s with request r (a term) replaced by `new`, if `when`."""
+def with_req(s: SState, r: Any, when: Any = True, **fields: Any) -> SState:
+    """s with the given fields of request r (a term) set, if `when`. Only
+    those fields get new terms: the others stay the very same terms, so the
+    solver sees at once that an action leaves them alone."""
     from .z3_terms import conj
     out = SState(**{f: getattr(s, f) for f in s.__dataclass_fields__})
-    out.reqs = [merge(conj(when, eq(r, k)), new, q) for k, q in enumerate(s.reqs)]
+    reqs = []
+    for k, q in enumerate(s.reqs):
+        c = conj(when, eq(r, k))
+        new = SReq(q.status, q.num_output, q.num_computed, q.num_drafts, q.table_len, list(q.table))
+        for name, value in fields.items():
+            old = getattr(q, name)
+            if isinstance(old, list):
+                setattr(new, name, [ite(c, v, o) for v, o in zip(value, old)])
+            else:
+                setattr(new, name, ite(c, value, old))
+        reqs.append(new)
+    out.reqs = reqs
     return out
 
 
@@ -73,4 +86,4 @@ def snap_req(bld: Builder, s: SState, r: Any, name: str) -> SReq:
 
 
 def empty_table(lay: Layout) -> list:
-    return [z3.IntVal(PAD)] * lay.T
+    return [V(PAD)] * lay.T

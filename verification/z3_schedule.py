@@ -29,7 +29,8 @@ from . import z3_blocks as zb
 from .z3_requests import empty_table, label_at, put_flag, req_at, tokens_at, with_req
 from .z3_state import (LIVE, ORPHANED, PAD, PREEMPTED, RUNNING, SUPERSEDED, Layout, SBatch, SEntry,
                        SState, clone, pad_entry)
-from .z3_terms import Builder, conj, count, disj, eq, imax, imin, ite, le, lt, merge, neg, pick, put
+from .z3_terms import (V, Builder, conj, count, disj, div_const, eq, imax, imin, ite, le, lt, merge, neg,
+                       pick, put, sum_terms)
 
 
 @dataclass
@@ -60,6 +61,7 @@ class SchedResult:
     any_pre: Any
     count: Any
     entries: list
+    trail: list                # the batch under construction after each micro-step
 
     @property
     def result(self) -> Any:
@@ -78,36 +80,39 @@ def is_enabled(lay: Layout, s: SState) -> Any:
 def schedule(lay: Layout, bld: Builder, s: SState) -> SchedResult:
     """Form the next batch from s (spec.schedule.schedule)."""
     cfg = lay.cfg
-    V = z3.IntVal
     acc = Acc(clone(s), V(cfg.max_num_batched_tokens), V(0), [pad_entry() for _ in range(lay.E)],
               [z3.BoolVal(False)] * lay.N, [z3.BoolVal(False)] * lay.N, [z3.BoolVal(False)] * lay.N,
               z3.BoolVal(False), V(0), z3.BoolVal(False))
+    trail = [acc]
     for m in range(lay.N):
         acc = bld.snap(_running_step(lay, bld, acc), f"run{m}")
+        trail.append(acc)
     phase = z3.BoolVal(True) if cfg.is_mutant("admit_after_preemption") else neg(acc.any_pre)
-    acc.done = z3.BoolVal(False)
+    acc = Acc(acc.st, acc.budget, acc.count, acc.entries, acc.pre, acc.admpre, acc.adm, acc.any_pre,
+              acc.i, z3.BoolVal(False))
     for m in range(lay.N):
         acc = bld.snap(_waiting_step(lay, bld, acc, phase), f"wait{m}")
+        trail.append(acc)
     state = bld.snap(_launch(lay, acc), "launch")
     return SchedResult(state, is_enabled(lay, s), disj(lt(0, acc.count), acc.any_pre),
-                       acc.pre, acc.adm, acc.any_pre, acc.count, acc.entries)
+                       acc.pre, acc.adm, acc.any_pre, acc.count, acc.entries, trail)
 
 
 def _clip(lay: Layout, budget: Any, num_computed: Any, num_new: Any, is_admission: bool) -> Any:
     cfg = lay.cfg
     threshold = cfg.long_prefill_token_threshold
     if threshold > 0 and not (is_admission and cfg.is_mutant("threshold_ignored_on_admission")):
-        num_new = ite(lt(threshold, num_new), z3.IntVal(threshold), num_new)
+        num_new = ite(lt(threshold, num_new), V(threshold), num_new)
     if not (cfg.is_mutant("budget_ignored") and not is_admission):
         num_new = imin(num_new, budget)
-    return imax(z3.IntVal(0), imin(num_new, cfg.max_model_len - num_computed))
+    return imax(V(0), imin(num_new, cfg.max_model_len - num_computed))
 
 
 def _blocks_for(lay: Layout, total: Any) -> Any:
     bs = lay.cfg.block_size
     if lay.cfg.is_mutant("no_block_for_last_token"):
-        return total / bs
-    return (total + (bs - 1)) / bs
+        return div_const(total, bs)
+    return div_const(total + (bs - 1), bs)
 
 
 def _cache(lay: Layout, st: SState, pool, r: Any, table: list, table_len: Any, total: Any,
@@ -115,20 +120,20 @@ def _cache(lay: Layout, st: SState, pool, r: Any, table: list, table_len: Any, t
     """_allocate's label caching: the full blocks of known tokens (drafts left out)."""
     if not lay.cfg.prefix_caching:
         return pool
-    drafts = imax(z3.IntVal(0), total - tokens)
-    num_full = (total - drafts) / lay.cfg.block_size
+    drafts = imax(V(0), total - tokens)
+    num_full = div_const(total - drafts, lay.cfg.block_size)
     labels = [label_at(lay, st, r, i) for i in range(lay.T)]
     return zb.cache_labels(lay, pool, table, table_len, labels, num_full)
 
 
 def _entry(lay: Layout, q, r: Any, tokens: Any, num_computed: Any, num_new: Any, cached: Any):
     """_add_entry's snapshot: (entry, drafts kept by the request)."""
-    drafts = imin(q.num_drafts, imax(z3.IntVal(0), num_computed + num_new - tokens))
+    drafts = imin(q.num_drafts, imax(V(0), num_computed + num_new - tokens))
     start = num_computed
     if lay.cfg.is_mutant("snapshot_omits_prefix_hit"):
-        start = ite(lt(0, cached), z3.IntVal(0), num_computed)
+        start = ite(lt(0, cached), V(0), num_computed)
     samples = start + num_new - drafts >= tokens
-    return SEntry(r, start, num_new, samples, drafts, z3.IntVal(LIVE)), drafts
+    return SEntry(r, start, num_new, samples, drafts, V(LIVE)), drafts
 
 
 def _add(lay: Layout, acc: Acc, entry: SEntry, when: Any) -> tuple[list, Any, Any]:
@@ -141,7 +146,7 @@ def _running_step(lay: Layout, bld: Builder, acc: Acc) -> Acc:
     """One iteration of _schedule_running's loops (skip, allocate or preempt)."""
     cfg, st = lay.cfg, acc.st
     active = bld.let("active", conj(neg(acc.done), lt(acc.i, st.running_len), lt(0, acc.budget)))
-    r = bld.let("r", pick(st.running, acc.i, z3.IntVal(PAD)))
+    r = bld.let("r", pick(st.running, acc.i, V(PAD)))
     q = bld.snap(req_at(st, r), "q")
     tokens = bld.let("tokens", tokens_at(lay, st, r))
     skip_sid = z3.BoolVal(False) if cfg.continue_prefill else pick(st.scheduled, r, z3.BoolVal(False))
@@ -152,9 +157,9 @@ def _running_step(lay: Layout, bld: Builder, acc: Acc) -> Acc:
     if cfg.is_mutant("decode_while_token_in_flight"):
         anyway = conj(q.num_computed >= tokens, q.num_computed < cfg.max_model_len)
     skip = disj(skip_sid, conj(zero, neg(anyway)))
-    num_new = bld.let("num_new", ite(zero, z3.IntVal(1), num_new0))
+    num_new = bld.let("num_new", ite(zero, V(1), num_new0))
     total = q.num_computed + num_new
-    num_fresh = bld.let("num_fresh", imax(z3.IntVal(0), _blocks_for(lay, total) - q.table_len))
+    num_fresh = bld.let("num_fresh", imax(V(0), _blocks_for(lay, total) - q.table_len))
     fits = le(num_fresh, st.pool.free_len)
     do_skip = bld.let("skip", conj(active, skip))
     do_alloc = bld.let("alloc", conj(active, neg(skip), fits))
@@ -164,26 +169,26 @@ def _running_step(lay: Layout, bld: Builder, acc: Acc) -> Acc:
     pool, fresh = zb.pop_fresh(lay, st.pool, num_fresh, lay.T)
     table, table_len = zb.append_blocks(lay, q.table, q.table_len, fresh, num_fresh)
     pool = _cache(lay, st, pool, r, table, table_len, total, tokens)
-    entry, drafts = _entry(lay, q, r, tokens, q.num_computed, num_new, z3.IntVal(0))
+    entry, drafts = _entry(lay, q, r, tokens, q.num_computed, num_new, V(0))
     a = clone(st)
     a.pool = pool
-    a = with_req(a, r, type(q)(q.status, q.num_output, q.num_computed, drafts, table_len, table))
+    a = with_req(a, r, num_drafts=drafts, table_len=table_len, table=table)
     entries, cnt, budget = _add(lay, acc, entry, do_alloc)
 
     # preempt the last running request
-    victim = bld.let("victim", pick(st.running, st.running_len - 1, z3.IntVal(PAD)))
+    victim = bld.let("victim", pick(st.running, st.running_len - 1, V(PAD)))
     v = bld.snap(req_at(st, victim), "v")
     p = clone(st)
     p.pool = zb.free_table(lay, st.pool, v.table, v.table_len)
-    p.running = put(st.running, st.running_len - 1, z3.IntVal(PAD))
+    p.running = put(st.running, st.running_len - 1, V(PAD))
     p.running_len = st.running_len - 1
     p.waiting = [victim] + st.waiting[:-1]
     p.waiting_len = st.waiting_len + 1
     if not cfg.is_mutant("inflight_set_not_cleared_on_preemption"):
         p.scheduled = put_flag(st.scheduled, victim, z3.BoolVal(False))
-    keep = v.num_computed if cfg.is_mutant("preempt_keeps_counter") else z3.IntVal(0)
-    p = with_req(p, victim, type(v)(z3.IntVal(PREEMPTED), v.num_output, keep, z3.IntVal(0),
-                                    z3.IntVal(0), empty_table(lay)))
+    keep = v.num_computed if cfg.is_mutant("preempt_keeps_counter") else V(0)
+    p = with_req(p, victim, status=V(PREEMPTED), num_computed=keep, num_drafts=V(0), table_len=V(0),
+                 table=empty_table(lay))
 
     out = Acc(merge(do_alloc, a, merge(do_pre, p, st)), budget, cnt, entries,
               put_flag(acc.pre, victim, z3.BoolVal(True), do_pre), acc.admpre, acc.adm,
@@ -196,10 +201,10 @@ def _concat(lay: Layout, xs: list, nx: Any, ys: list, ny: Any) -> list:
     """xs[:nx] + ys[:ny], PAD-padded to T slots."""
     out = []
     for s in range(lay.T):
-        v = z3.IntVal(PAD)
+        v = V(PAD)
         for base in range(min(s, len(xs)), -1, -1):
             if s - base < len(ys):
-                v = ite(eq(nx, base), ite(lt(s - base, ny), ys[s - base], z3.IntVal(PAD)), v)
+                v = ite(eq(nx, base), ite(lt(s - base, ny), ys[s - base], V(PAD)), v)
         out.append(ite(lt(s, nx), xs[s], v) if s < len(xs) else v)
     return out
 
@@ -214,14 +219,14 @@ def _waiting_step(lay: Layout, bld: Builder, acc: Acc, phase: Any) -> Acc:
     tokens = bld.let("tokens", tokens_at(lay, st, r))
     if cfg.prefix_caching:
         labels = [label_at(lay, st, r, i) for i in range(lay.T)]
-        num_hit, hit = zb.lookup_hit(lay, bld, st.pool, labels, tokens / bs, (tokens - 1) / bs)
+        num_hit, hit = zb.lookup_hit(lay, bld, st.pool, labels, div_const(tokens, bs), div_const(tokens - 1, bs))
         num_hit = bld.let("num_hit", num_hit)
     else:
-        num_hit, hit = z3.IntVal(0), []
+        num_hit, hit = V(0), []
     hit_tokens = num_hit * bs
     num_new = bld.let("num_new", _clip(lay, acc.budget, q.num_computed, tokens - hit_tokens, True))
     total = q.num_computed + hit_tokens + num_new
-    num_fresh = bld.let("num_fresh", imax(z3.IntVal(0), _blocks_for(lay, total) - q.table_len - num_hit))
+    num_fresh = bld.let("num_fresh", imax(V(0), _blocks_for(lay, total) - q.table_len - num_hit))
     fits = zb.can_allocate(st.pool, num_fresh, hit, num_hit)
     ok = bld.let("admit", conj(active, neg(eq(num_new, 0)), fits))
 
@@ -233,11 +238,12 @@ def _waiting_step(lay: Layout, bld: Builder, acc: Acc, phase: Any) -> Acc:
     entry, drafts = _entry(lay, q, r, tokens, hit_tokens, num_new, hit_tokens)
     a = clone(st)
     a.pool = pool
-    a.waiting = st.waiting[1:] + [z3.IntVal(PAD)]
+    a.waiting = st.waiting[1:] + [V(PAD)]
     a.waiting_len = st.waiting_len - 1
     a.running = put(st.running, st.running_len, r)
     a.running_len = st.running_len + 1
-    a = with_req(a, r, type(q)(z3.IntVal(RUNNING), q.num_output, hit_tokens, drafts, table_len, table))
+    a = with_req(a, r, status=V(RUNNING), num_computed=hit_tokens, num_drafts=drafts, table_len=table_len,
+                 table=table)
     entries, cnt, budget = _add(lay, acc, entry, ok)
     return Acc(merge(ok, a, st), budget, cnt, entries, acc.pre,
                put_flag(acc.admpre, r, eq(q.status, PREEMPTED), ok),
@@ -253,7 +259,7 @@ def _launch(lay: Layout, acc: Acc) -> SState:
     for k, q in enumerate(st.reqs):
         mine = [conj(valid[j], eq(e.req, k)) for j, e in enumerate(new)]
         if not cfg.is_mutant("advance_at_completion"):
-            added = z3.Sum([ite(c, e.n, z3.IntVal(0)) for c, e in zip(mine, new)]) if new else 0
+            added = sum_terms([ite(c, e.n, V(0)) for c, e in zip(mine, new)]) if new else 0
             q.num_computed = q.num_computed + added
         if not cfg.continue_prefill:
             st.scheduled[k] = disj(st.scheduled[k], *mine)
@@ -261,13 +267,13 @@ def _launch(lay: Layout, acc: Acc) -> SState:
     for b in st.batches:
         for e in b.entries:
             pre = pick(acc.pre, e.req, z3.BoolVal(False))
-            fate = ite(conj(eq(e.fate, LIVE), pre), z3.IntVal(ORPHANED), e.fate)
+            fate = ite(conj(eq(e.fate, LIVE), pre), V(ORPHANED), e.fate)
             if not cfg.is_mutant("orphan_kept_after_reschedule"):
                 admpre = pick(acc.admpre, e.req, z3.BoolVal(False))
-                fate = ite(conj(eq(fate, ORPHANED), admpre), z3.IntVal(stale_to), fate)
+                fate = ite(conj(eq(fate, ORPHANED), admpre), V(stale_to), fate)
             e.fate = fate
             if cfg.is_mutant("preemption_clears_inflight_drafts"):
-                e.drafts = ite(pre, z3.IntVal(0), e.drafts)
+                e.drafts = ite(pre, V(0), e.drafts)
             if cfg.is_mutant("shared_snapshot"):
                 for j, n in enumerate(new):
                     alias = conj(valid[j], eq(n.req, e.req), eq(e.fate, LIVE))

@@ -19,7 +19,6 @@ outside every label the model can produce.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -29,6 +28,7 @@ from flightcheck.spec import BlockPool, Config, Entry, Fate, Request, State, Sta
 from flightcheck.spec.blocks import cdiv
 
 from .models import Model
+from .z3_terms import V, clone, leaves, rebuild, value_of, var
 
 STATUS: tuple[Status, ...] = (Status.NEW, Status.WAITING, Status.RUNNING, Status.PREEMPTED,
                               Status.FINISHED_STOPPED, Status.FINISHED_LENGTH,
@@ -51,13 +51,15 @@ class Layout:
     T: int            # block-table slots per request
     none_label: int
     content: tuple[tuple[int, ...], ...]   # content label of (r, block i) once r has arrived
+    width: int | None                      # bits of the signed bit-vectors; None: Int
+    distinct_labels: bool                  # no prompt repeats a block label
 
     @property
     def cfg(self) -> Config:
         return self.model.cfg
 
     @staticmethod
-    def of(model: Model) -> "Layout":
+    def of(model: Model, bitvectors: bool = True) -> "Layout":
         cfg, n = model.cfg, model.num_requests
         # Every entry schedules >= 1 token, charged to the budget, and a batch
         # holds a request once: min(N, budget) entries, unless the budget mutant.
@@ -65,7 +67,16 @@ class Layout:
         t = cdiv(cfg.max_model_len, cfg.block_size)   # a table covers < max_model_len tokens
         content = tuple(tuple(_content_label(model, r, i) for i in range(t)) for r in range(n))
         used = {lab for row in content for lab in row} | {lab for p in model.prompts for lab in p.labels}
-        return Layout(model, n, cfg.num_stages, e, cfg.num_blocks, t, min(used | {0}) - 1, content)
+        none = min(used | {0}) - 1
+        # Every quantity of a reachable state is bounded by these (a batch's
+        # token sum by E * max_model_len); four times the bound leaves room for
+        # the intermediate sums and differences the actions form.
+        bound = max(cfg.max_model_len + cfg.num_spec_tokens, e * cfg.max_model_len, cfg.num_blocks, n, t,
+                    cfg.max_num_batched_tokens, -none, *(abs(x) for x in used),
+                    *(p.max_tokens for p in model.prompts))
+        width = max(8, (4 * bound).bit_length() + 1) if bitvectors else None
+        distinct = all(len(set(p.labels)) == len(p.labels) for p in model.prompts)
+        return Layout(model, n, cfg.num_stages, e, cfg.num_blocks, t, none, content, width, distinct)
 
     def prompt_len(self, r: int) -> int:
         return self.model.prompts[r].prompt_len
@@ -132,36 +143,9 @@ class SState:
     was_preempted: list       # ghost Bool per request: PREEMPTED at some point (sometimes targets)
 
 
-def leaves(x: Any, path: str = "") -> Iterator[tuple[str, z3.ExprRef]]:
-    """Every Z3 term of a symbolic structure, with a readable path name."""
-    if dataclasses.is_dataclass(x):
-        for f in dataclasses.fields(x):
-            yield from leaves(getattr(x, f.name), f"{path}.{f.name}" if path else f.name)
-    elif isinstance(x, list):
-        for i, v in enumerate(x):
-            yield from leaves(v, f"{path}[{i}]")
-    else:
-        yield path, x
-
-
-def rebuild(template: Any, values: Iterator[Any]) -> Any:
-    """A copy of `template` whose leaves are taken, in order, from `values`."""
-    if dataclasses.is_dataclass(template):
-        return type(template)(**{f.name: rebuild(getattr(template, f.name), values)
-                                 for f in dataclasses.fields(template)})
-    if isinstance(template, list):
-        return [rebuild(v, values) for v in template]
-    return next(values)
-
-
-def clone(x: Any) -> Any:
-    """A structural copy (the terms are shared), safe to mutate."""
-    return rebuild(x, (v for _, v in leaves(x)))
-
-
 def frame(lay: Layout, tag: str) -> SState:
     """A fresh frame of named variables `field@tag`."""
-    I, Bo = z3.Int, z3.Bool
+    I, Bo = var, z3.Bool
 
     def ints(name: str, n: int) -> list:
         return [I(f"{name}[{i}]@{tag}") for i in range(n)]
@@ -195,7 +179,7 @@ class NotRepresentable(ValueError):
 
 def constant_state(lay: Layout, state: State, was_preempted: tuple[bool, ...] | None = None) -> SState:
     """The concrete `state` as a symbolic state of literals."""
-    cfg, V = lay.cfg, z3.IntVal
+    cfg = lay.cfg
 
     def padded(xs: tuple, n: int, what: str) -> list:
         if len(xs) > n:
@@ -238,7 +222,6 @@ def constant_state(lay: Layout, state: State, was_preempted: tuple[bool, ...] | 
 
 
 def pad_entry() -> SEntry:
-    V = z3.IntVal
     return SEntry(V(PAD), V(0), V(0), z3.BoolVal(False), V(0), V(0))
 
 
@@ -263,15 +246,21 @@ def initial(lay: Layout) -> SState:
 def decode(lay: Layout, m: z3.ModelRef, f: SState) -> State:
     """The concrete state frame `f` holds in model `m`."""
     def iv(x) -> int:
-        return m.eval(x, model_completion=True).as_long()
+        return value_of(m.eval(x, model_completion=True))
 
     def bv(x) -> bool:
         return z3.is_true(m.eval(x, model_completion=True))
 
+    def code(x, names: tuple, what: str):
+        v = iv(x)
+        if not 0 <= v < len(names):
+            raise NotRepresentable(f"{what} code {v} out of range")
+        return names[v]
+
     cfg = lay.cfg
     reqs = []
     for r, q in enumerate(f.reqs):
-        status = STATUS[iv(q.status)]
+        status = code(q.status, STATUS, f"r{r} status")
         p = lay.model.prompts[r]
         fixed = dict(prompt_len=0, max_tokens=0, prompt_labels=()) if status is Status.NEW else \
             dict(prompt_len=p.prompt_len, max_tokens=p.max_tokens,
@@ -282,7 +271,7 @@ def decode(lay: Layout, m: z3.ModelRef, f: SState) -> State:
     in_flight = []
     for b in f.batches[:iv(f.num_batches)]:
         in_flight.append(tuple(Entry(iv(e.req), iv(e.start), iv(e.n), bv(e.samples), iv(e.drafts),
-                                     FATE[iv(e.fate)]) for e in b.entries[:iv(b.length)]))
+                                     code(e.fate, FATE, "fate")) for e in b.entries[:iv(b.length)]))
     labels = tuple(None if iv(x) == lay.none_label else iv(x) for x in f.pool.label)
     pool = BlockPool(tuple(iv(c) for c in f.pool.ref), labels,
                      tuple(iv(b) for b in f.pool.free[:iv(f.pool.free_len)]))
@@ -294,3 +283,8 @@ def decode(lay: Layout, m: z3.ModelRef, f: SState) -> State:
 
 def decode_ghost(lay: Layout, m: z3.ModelRef, f: SState) -> tuple[bool, ...]:
     return tuple(z3.is_true(m.eval(g, model_completion=True)) for g in f.was_preempted)
+
+
+def dump(m: z3.ModelRef, f: SState) -> str:
+    """Every variable of a frame with its value (for frames `decode` rejects)."""
+    return ", ".join(f"{name}={m.eval(v, model_completion=True)}" for name, v in leaves(f))

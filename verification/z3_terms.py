@@ -1,4 +1,12 @@
-"""Small term-building helpers shared by the Z3 encoding.
+"""Small term-building helpers shared by the Z3 encoding, and its arithmetic.
+
+The encoding's numbers are either mathematical integers (Z3 `Int`, for
+Spacer, whose arithmetic engines want them) or signed bit-vectors of a width
+wide enough for every quantity of the model (the default: unrolled, the
+schedule is a combinational circuit, and bit-blasting it for Z3's
+incremental SAT solver is much faster than integer case splits). Which one a
+term gets is set while it is built, by `arithmetic(width)`; `System` enters
+it around everything it builds.
 
 They fold constants as they build (`ite(True, a, b)` is `a`, `pick(xs, 2)`
 is `xs[2]`), so the parts of an action that the layout fixes statically cost
@@ -9,15 +17,74 @@ stay a chain of small definitions instead of one deeply nested term.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+import contextlib
+import dataclasses
+from typing import Any, Iterable, Iterator, Sequence
 
 import z3
 
-from .z3_state import leaves, rebuild
+
+
+_WIDTH: list[int | None] = [None]      # stack; None = Int
+
+
+@contextlib.contextmanager
+def arithmetic(width: int | None) -> Iterator[None]:
+    """Build terms as `width`-bit signed bit-vectors (None: as Ints)."""
+    _WIDTH.append(width)
+    try:
+        yield
+    finally:
+        _WIDTH.pop()
+
+
+def width() -> int | None:
+    return _WIDTH[-1]
+
+
+def num_sort() -> z3.SortRef:
+    w = _WIDTH[-1]
+    return z3.IntSort() if w is None else z3.BitVecSort(w)
+
+
+def V(n: int) -> Any:
+    """The number n as a literal of the current arithmetic."""
+    w = _WIDTH[-1]
+    return z3.IntVal(n) if w is None else z3.BitVecVal(n, w)
+
+
+def var(name: str) -> Any:
+    return z3.Const(name, num_sort())
+
+
+def is_num(x: Any) -> bool:
+    """A term of the encoding's number sort (not a Boolean)."""
+    return isinstance(x, (z3.ArithRef, z3.BitVecRef))
+
+
+def value_of(x: Any) -> int:
+    """A model's value for a number term as a Python int."""
+    return x.as_signed_long() if z3.is_bv_value(x) else x.as_long()
+
+
+def div_const(a: Any, d: int) -> Any:
+    """floor(a / d) for a constant d >= 1 (Python's //)."""
+    if d == 1:
+        return a
+    if isinstance(a, z3.BitVecRef):
+        if d & (d - 1) == 0:
+            return a >> (d.bit_length() - 1)          # arithmetic shift = floor division
+        return z3.If(a >= 0, a / d, -((-a + (d - 1)) / d))
+    return a / d                                        # Int division is floor division for d > 0
+
+
+def sum_terms(xs: Iterable[Any]) -> Any:
+    xs = list(xs)
+    return V(0) if not xs else xs[0] if len(xs) == 1 else z3.Sum(xs)
 
 
 def is_lit(x: Any) -> bool:
-    return z3.is_int_value(x) or z3.is_true(x) or z3.is_false(x)
+    return z3.is_int_value(x) or z3.is_bv_value(x) or z3.is_true(x) or z3.is_false(x)
 
 
 def same(a: Any, b: Any) -> bool:
@@ -42,11 +109,13 @@ def num(x: Any) -> int | None:
         return x
     if z3.is_int_value(x):
         return x.as_long()
+    if z3.is_bv_value(x):
+        return x.as_signed_long()
     return None
 
 
 def _z(x: Any) -> Any:
-    return z3.IntVal(x) if isinstance(x, int) and not isinstance(x, bool) else x
+    return V(x) if isinstance(x, int) and not isinstance(x, bool) else x
 
 
 def eq(a: Any, b: Any) -> Any:
@@ -111,15 +180,14 @@ def _flat(xs: Iterable) -> Iterable:
 
 
 def count(bools: Iterable[Any]) -> Any:
-    terms = [ite(b, z3.IntVal(1), z3.IntVal(0)) for b in bools]
-    terms = [t for t in terms if not (z3.is_int_value(t) and t.as_long() == 0)]
-    return z3.IntVal(0) if not terms else terms[0] if len(terms) == 1 else z3.Sum(terms)
+    terms = [ite(b, V(1), V(0)) for b in bools]
+    return sum_terms(t for t in terms if num(t) != 0)
 
 
 def pick(xs: Sequence[Any], i: Any, default: Any = None) -> Any:
     """xs[i] for a symbolic index (out of range: `default`, else the last)."""
-    if isinstance(i, int) or z3.is_int_value(i):
-        k = i if isinstance(i, int) else i.as_long()
+    k = num(i)
+    if k is not None:
         if 0 <= k < len(xs):
             return xs[k]
         return default if default is not None else xs[-1]
@@ -172,7 +240,7 @@ class Builder:
         if isinstance(term, bool):
             return z3.BoolVal(term)
         if isinstance(term, int):
-            return z3.IntVal(term)
+            return V(term)
         if z3.is_const(term):           # a variable or a literal: nothing to name
             return term
         self._n += 1
@@ -183,3 +251,32 @@ class Builder:
     def snap(self, x: Any, name: str) -> Any:
         """Name every non-trivial leaf of a symbolic structure."""
         return rebuild(x, (self.let(f"{name}.{p}", v) for p, v in leaves(x)))
+
+
+# --- symbolic structures: dataclasses and lists of terms ---------------------------
+
+def leaves(x: Any, path: str = "") -> Iterator[tuple[str, z3.ExprRef]]:
+    """Every Z3 term of a symbolic structure, with a readable path name."""
+    if dataclasses.is_dataclass(x):
+        for f in dataclasses.fields(x):
+            yield from leaves(getattr(x, f.name), f"{path}.{f.name}" if path else f.name)
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            yield from leaves(v, f"{path}[{i}]")
+    else:
+        yield path, x
+
+
+def rebuild(template: Any, values: Iterator[Any]) -> Any:
+    """A copy of `template` whose leaves are taken, in order, from `values`."""
+    if dataclasses.is_dataclass(template):
+        return type(template)(**{f.name: rebuild(getattr(template, f.name), values)
+                                 for f in dataclasses.fields(template)})
+    if isinstance(template, list):
+        return [rebuild(v, values) for v in template]
+    return next(values)
+
+
+def clone(x: Any) -> Any:
+    """A structural copy (the terms are shared), safe to mutate."""
+    return rebuild(x, (v for _, v in leaves(x)))

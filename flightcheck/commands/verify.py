@@ -12,9 +12,9 @@ from .common import bad, positive_int
 
 def add_parser(sub) -> None:
     verify = sub.add_parser("verify", help="model-check the spec and hunt every mutant")
-    verify.add_argument("--config", default="default",
-                        help="model for the Z3 proofs and BMC (see --list-configs)")
-    verify.add_argument("--depth", type=positive_int, default=8, help="BMC depth (default 8)")
+    verify.add_argument("--config", default="pressure-k2",
+                        help="model for the Z3 proofs and BMC (default pressure-k2; see --list-configs)")
+    verify.add_argument("--depth", type=positive_int, default=6, help="BMC depth (default 6)")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--list-configs", action="store_true", help="print the model names and exit")

@@ -1,0 +1,111 @@
+"""The Z3 transition relation is the concrete spec's: on small models
+exhaustively, on the default model on states met by seeded random walks, and
+for mutants; every Z3 successor decodes to a concrete successor through a spec
+action that replays, and every concrete successor is a Z3 successor."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import z3
+
+from flightcheck.spec import Config, Fate, Prompt, Schedule, State, step
+from flightcheck.verification import models
+from flightcheck.verification.z3_crosscheck import (CrossChecker, CrossReport, random_walk_states,
+                                                   reachable)
+from flightcheck.verification.z3_state import Layout, NotRepresentable, constant_state, decode, initial
+from flightcheck.verification.z3_system import System
+from flightcheck.verification.z3_terms import arithmetic
+
+
+# K = 3, spec decode and a shared prefix label, small enough to enumerate in seconds.
+TINY_K3 = models.Model(
+    "tiny-k3", Config(num_stages=3, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=3,
+                      max_model_len=6, prefix_caching=True, num_spec_tokens=1),
+    (Prompt(2, 1, (7,)), Prompt(3, 1, (7,))))
+
+# Preemption with spec decode and the long-prefill threshold.
+TINY_PREEMPT = models.Model(
+    "tiny-preempt", Config(num_stages=2, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=2,
+                           max_model_len=6, prefix_caching=True, num_spec_tokens=1,
+                           long_prefill_token_threshold=1),
+    (Prompt(1, 2), Prompt(3, 1, (7,))))
+
+
+def _check_all(model, states) -> CrossReport:
+    checker, report = CrossChecker(model), CrossReport()
+    for s in states:
+        checker.check(s, report)
+    return report
+
+
+@pytest.mark.parametrize("model", [models.SINGLE_SEQ, TINY_K3], ids=lambda m: m.name)
+def test_relation_equals_spec_on_every_reachable_state(model):
+    states = list(reachable(model))
+    report = _check_all(model, states)
+    assert report.problems == []
+    assert report.states == len(states) and report.edges > report.states
+
+
+def test_relation_equals_spec_on_random_states_of_the_default_model():
+    states = random_walk_states(models.DEFAULT, 25, seed=1)
+    report = _check_all(models.DEFAULT, states)
+    assert report.problems == []
+
+
+@pytest.mark.parametrize("mutant", ["stale_output_applied_to_resumed", "shared_snapshot"])
+def test_relation_equals_mutant_spec(mutant):
+    model = models.PRESSURE_K2.with_mutant(mutant)
+    report = _check_all(model, list(reachable(model, limit=30)))
+    assert report.problems == []
+
+
+def test_relation_rejects_a_perturbed_successor():
+    """Negative control: a successor with one counter off by one is not in T."""
+    model = models.PRESSURE_K2
+    checker = CrossChecker(model)
+    s = next(x for x in reachable(model) if x.in_flight and step(x, model.cfg, Schedule()))
+    nxt = step(s, model.cfg, Schedule())
+    assert checker.satisfies(s, nxt)
+    reqs = list(nxt.requests)
+    r = nxt.in_flight[-1][0].req
+    reqs[r] = dataclasses.replace(reqs[r], num_computed=reqs[r].num_computed + 1)
+    assert not checker.satisfies(s, dataclasses.replace(nxt, requests=tuple(reqs)))
+    batch = nxt.in_flight[-1]
+    moved = (dataclasses.replace(batch[0], fate=Fate.ORPHANED),) + batch[1:]
+    assert not checker.satisfies(s, dataclasses.replace(nxt, in_flight=nxt.in_flight[:-1] + (moved,)))
+
+
+def test_encode_then_decode_is_the_identity():
+    model = models.DEFAULT
+    lay = Layout.of(model)
+    for s in random_walk_states(model, 20, seed=3):
+        solver = z3.Solver()
+        system = System(model)
+        solver.add(system.encode(s, "x"))
+        assert solver.check() == z3.sat
+        assert decode(lay, solver.model(), system.frame("x")) == s
+
+
+def test_a_state_of_another_model_is_not_representable():
+    lay = Layout.of(models.DEFAULT)
+    other = random_walk_states(models.SHARED_K3, 1, seed=0)[0]
+    with arithmetic(lay.width), pytest.raises(NotRepresentable):
+        constant_state(lay, State(requests=other.requests, pool=other.pool))
+    with arithmetic(lay.width):
+        initial(lay)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [models.ONE_BATCH, TINY_PREEMPT, models.PRESSURE_K2, models.SHARED_K3,
+                                   models.CROWDED], ids=lambda m: m.name)
+def test_relation_equals_spec_on_every_reachable_state_of_the_larger_small_models(model):
+    report = _check_all(model, reachable(model))
+    assert report.problems == []
+
+
+@pytest.mark.slow
+def test_relation_equals_spec_on_hundreds_of_random_default_states():
+    report = _check_all(models.DEFAULT, random_walk_states(models.DEFAULT, 300, seed=7))
+    assert report.problems == []

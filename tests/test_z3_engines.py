@@ -1,0 +1,71 @@
+"""The Z3 engines: BMC finds shortest counterexamples that replay on the
+concrete spec and reaches the "sometimes" targets; k-induction with the
+strengthening invariants proves every invariant (and reports a CTI without
+them); Spacer proves invariants with no invariant given."""
+
+from __future__ import annotations
+
+import pytest
+
+from flightcheck.spec import INVARIANTS, MUTANTS
+from flightcheck.verification import models
+from flightcheck.verification.counterexample import broken_at, replay
+from flightcheck.verification.z3_bmc import bmc, first_counterexample
+from flightcheck.verification.z3_induction import prove_by_induction
+from flightcheck.verification.z3_results import replay as replay_checked
+from flightcheck.verification.z3_spacer import spacer
+
+
+def test_bmc_kills_a_mutant_with_a_shortest_replayable_trace():
+    model = models.mutant_model("advance_at_completion")
+    p = first_counterexample(model, max_depth=4)
+    assert p is not None and p.status == "violated" and p.depth == 2
+    states = replay(model, p.trace)
+    assert states == p.states
+    assert p.name in broken_at(model, states, p.trace, len(p.trace))
+
+
+def test_bmc_bounds_the_correct_spec_and_reaches_sometimes_targets():
+    res = bmc(models.SINGLE_SEQ, 3, sometimes=["request_can_finish"])
+    rows = res.by_name()
+    assert res.depth == 3
+    assert all(rows[inv.name].status == "bounded" for inv in INVARIANTS)
+    assert rows["request_can_finish"].status == "reached" and rows["request_can_finish"].depth == 3
+    replay_checked(models.SINGLE_SEQ, rows["request_can_finish"].trace, rows["request_can_finish"].states)
+
+
+@pytest.mark.slow
+def test_k_induction_proves_every_invariant_of_the_default_model():
+    res = prove_by_induction(models.DEFAULT)
+    assert [p.name for p in res.properties if p.status != "proved"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [models.SINGLE_SEQ, models.ONE_BATCH, models.PRESSURE_K2],
+                         ids=lambda m: m.name)
+def test_k_induction_proves_every_invariant(model):
+    res = prove_by_induction(model)
+    assert [p.name for p in res.properties if p.status != "proved"] == []
+
+
+@pytest.mark.slow
+def test_without_strengthening_the_spec_invariants_are_not_inductive():
+    res = prove_by_induction(models.SINGLE_SEQ, auxiliary=[])
+    unknown = [p for p in res.properties if p.status == "unknown"]
+    assert unknown and all(p.cti is not None for p in unknown)
+
+
+@pytest.mark.slow
+def test_spacer_proves_an_invariant_with_no_invariant_given():
+    res = spacer(models.SINGLE_SEQ, ["S11_pipeline_depth"], time_budget=600)
+    assert res.properties[0].status == "proved"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [m for m in MUTANTS if m not in (
+    "snapshot_omits_prefix_hit", "stale_output_applied_to_resumed", "inflight_set_not_cleared_on_preemption")])
+def test_bmc_kills_mutant(name):
+    model = models.mutant_model(name)
+    p = first_counterexample(model, max_depth=12, time_budget=300)
+    assert p is not None
+    replay_checked(model, p.trace, p.states)

@@ -1,0 +1,183 @@
+"""Every Z3 formula of an invariant, a transition property or a "sometimes"
+target agrees with the spec's Python predicate of the same name, on
+reachable states, on states of mutants (where invariants break) and on
+randomly perturbed states; the auxiliary invariants hold on reachable states."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import z3
+
+from flightcheck.spec import (INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES, Abort, Arrive, CompleteOldest,
+                              Fate, Schedule, State)
+from flightcheck.verification import explicit, models
+from flightcheck.verification.z3_actions import ABORT, ARRIVE, COMPLETE, SCHEDULE
+from flightcheck.verification.z3_crosscheck import random_walk_states, reachable
+from flightcheck.verification.z3_invariants import (INVARIANT_FORMULAS, SOMETIMES_FORMULAS,
+                                                    TRANSITION_FORMULAS, well_formed)
+from flightcheck.verification.z3_strengthening import AUXILIARY
+from flightcheck.verification.z3_system import System
+
+SLOW = pytest.mark.slow
+CODE = {Arrive: ARRIVE, Schedule: SCHEDULE, CompleteOldest: COMPLETE, Abort: ABORT}
+
+
+class Evaluator:
+    """Truth values of the Z3 formulas on concrete states (one solve per state)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.system = System(model)
+        self.frame = self.system.frame(0)
+        sched, defs = self.system.sched(0)
+        self.invariants = {n: self.system.build(f, self.frame, sched) for n, f in INVARIANT_FORMULAS.items()}
+        self.auxiliary = {n: self.system.build(f, self.frame) for n, f in AUXILIARY.items()}
+        self.wf = self.system.build(well_formed, self.frame)
+        self.sometimes = {n: self.system.build(f, self.frame) for n, f in SOMETIMES_FORMULAS.items()}
+        self.solver = z3.Solver()
+        self.solver.add(defs)
+        self.step = self.system.step(0, 1)
+        self.step_solver = z3.Solver()
+        self.step_solver.add(self.step.constraints)
+        self.transition = {n: self.system.build(f, self.step) for n, f in TRANSITION_FORMULAS.items()}
+
+    def state(self, s: State, ghost=None) -> z3.ModelRef:
+        self.solver.push()
+        self.solver.add(self.system.encode(s, 0, ghost))
+        assert self.solver.check() == z3.sat
+        m = self.solver.model()
+        self.solver.pop()
+        return m
+
+    def edge(self, s: State, action, t: State) -> z3.ModelRef:
+        self.step_solver.push()
+        self.step_solver.add(self.system.encode(s, 0) + self.system.encode(t, 1))
+        self.step_solver.add(self.step.choices.act == CODE[type(action)])
+        assert self.step_solver.check() == z3.sat
+        m = self.step_solver.model()
+        self.step_solver.pop()
+        return m
+
+
+def _truth(m, f) -> bool:
+    return z3.is_true(m.eval(f, model_completion=True))
+
+
+def perturb(s: State, rng: random.Random, cfg) -> State:
+    """One random small change that keeps the state representable."""
+    reqs = list(s.requests)
+    choice = rng.randrange(8)
+    r = rng.randrange(len(reqs))
+    if choice == 0:
+        reqs[r] = dataclasses.replace(reqs[r], num_computed=max(0, reqs[r].num_computed + rng.choice([-1, 1])))
+    elif choice == 1:
+        reqs[r] = dataclasses.replace(reqs[r], num_output=max(0, reqs[r].num_output + rng.choice([-1, 1])))
+    elif choice == 2:
+        reqs[r] = dataclasses.replace(reqs[r], num_drafts=rng.randrange(cfg.num_spec_tokens + 2))
+    elif choice == 3 and s.in_flight:
+        k = rng.randrange(len(s.in_flight))
+        batch = list(s.in_flight[k])
+        j = rng.randrange(len(batch))
+        e = batch[j]
+        batch[j] = rng.choice([dataclasses.replace(e, fate=rng.choice(list(Fate))),
+                               dataclasses.replace(e, samples=not e.samples),
+                               dataclasses.replace(e, n=e.n + 1),
+                               dataclasses.replace(e, start=max(0, e.start - 1)),
+                               dataclasses.replace(e, drafts=rng.randrange(cfg.num_spec_tokens + 2))])
+        return dataclasses.replace(s, in_flight=s.in_flight[:k] + (tuple(batch),) + s.in_flight[k + 1:])
+    elif choice == 4:
+        refs = list(s.pool.ref_counts)
+        b = rng.randrange(len(refs))
+        refs[b] = max(0, refs[b] + rng.choice([-1, 1]))
+        return dataclasses.replace(s, pool=dataclasses.replace(s.pool, ref_counts=tuple(refs)))
+    elif choice == 5 and s.pool.free_queue:
+        free = list(s.pool.free_queue)
+        free.pop(rng.randrange(len(free)))
+        return dataclasses.replace(s, pool=dataclasses.replace(s.pool, free_queue=tuple(free)))
+    elif choice == 6:
+        labels = list(s.pool.labels)
+        b = rng.randrange(len(labels))
+        labels[b] = rng.choice([None, 7, -1, -2])
+        return dataclasses.replace(s, pool=dataclasses.replace(s.pool, labels=tuple(labels)))
+    elif choice == 7 and len(s.waiting) + len(s.running) < len(reqs):
+        status = reqs[r].status
+        return dataclasses.replace(s, running=s.running + (r,)) if status.is_active else s
+    return dataclasses.replace(s, requests=tuple(reqs))
+
+
+def _compare_states(model, states, check_aux: bool) -> list[str]:
+    ev, cfg, bad = Evaluator(model), model.cfg, []
+    for s in states:
+        m = ev.state(s)
+        assert _truth(m, ev.wf), s
+        for inv in INVARIANTS:
+            if inv.holds(s, cfg) != _truth(m, ev.invariants[inv.name]):
+                bad.append(f"{inv.name} disagrees on {s}")
+        if check_aux:
+            bad += [f"{n} fails on reachable {s}" for n, f in ev.auxiliary.items() if not _truth(m, f)]
+        for sm in SOMETIMES:
+            if sm.after is None:
+                py = any(sm.target(s, cfg, r) for r in range(model.num_requests))
+                if py != _truth(m, ev.sometimes[sm.name]):
+                    bad.append(f"{sm.name} disagrees on {s}")
+    return bad
+
+
+@pytest.mark.parametrize("model", [models.PRESSURE_K2, pytest.param(models.ONE_BATCH, marks=SLOW)],
+                         ids=lambda m: m.name)
+def test_invariant_formulas_agree_on_reachable_states(model):
+    assert _compare_states(model, list(reachable(model, limit=100)), check_aux=True) == []
+
+
+def test_invariant_formulas_agree_on_default_states():
+    assert _compare_states(models.DEFAULT, random_walk_states(models.DEFAULT, 20, seed=2), check_aux=True) == []
+
+
+@pytest.mark.parametrize("mutant", ["rejections_not_subtracted", "no_length_cap",
+                                    pytest.param("blocks_not_freed_on_abort", marks=SLOW),
+                                    pytest.param("stale_output_applied_to_resumed", marks=SLOW),
+                                    pytest.param("budget_ignored", marks=SLOW)])
+def test_invariant_formulas_agree_on_mutant_states(mutant):
+    model = models.mutant_model(mutant)
+    states = list(reachable(model, limit=80))
+    assert _compare_states(model, states, check_aux=False) == []
+
+
+def test_invariant_formulas_agree_on_perturbed_states():
+    rng = random.Random(5)
+    model = models.PRESSURE_K2
+    base = list(reachable(model, limit=200))
+    states = [perturb(rng.choice(base), rng, model.cfg) for _ in range(200)]
+    broken = sum(1 for s in states if any(not inv.holds(s, model.cfg) for inv in INVARIANTS))
+    assert broken > 50                     # the perturbations do break invariants
+    assert _compare_states(model, states, check_aux=False) == []
+
+
+def test_two_stage_target_uses_the_ghost_flag():
+    model = models.PRESSURE_K2
+    ev = Evaluator(model)
+    s = next(x for x in reachable(model) if any(q.status.value == "FINISHED_LENGTH" for q in x.requests))
+    r = next(i for i, q in enumerate(s.requests) if q.status.value == "FINISHED_LENGTH")
+    flags = tuple(i == r for i in range(model.num_requests))
+    assert _truth(ev.state(s, flags), ev.sometimes["preempted_request_resumes_and_finishes"])
+    assert not _truth(ev.state(s, (False,) * model.num_requests),
+                      ev.sometimes["preempted_request_resumes_and_finishes"])
+
+
+@pytest.mark.parametrize("mutant", [None, "shared_snapshot",
+                                    pytest.param("stale_output_applied_to_resumed", marks=SLOW),
+                                    pytest.param("admit_after_preemption", marks=SLOW)])
+def test_transition_property_formulas_agree_on_edges(mutant):
+    model = models.mutant_model(mutant) if mutant else models.PRESSURE_K2
+    ev, cfg, bad, edges = Evaluator(model), model.cfg, [], 0
+    for s in reachable(model, limit=40):
+        for action, t in explicit.successors(model, s):
+            m = ev.edge(s, action, t)
+            edges += 1
+            for p in TRANSITION_PROPERTIES:
+                if p.holds(s, t, action, cfg) != _truth(m, ev.transition[p.name]):
+                    bad.append(f"{p.name} disagrees on {s} --{action}--> {t}")
+    assert edges > 40 and bad == []

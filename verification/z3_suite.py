@@ -1,0 +1,41 @@
+"""The Z3 engines' rows for `flightcheck verify` (verification/suite.py): one
+row per spec property, in the suite's `PropertyResult` shape, plus mutant
+hunting by BMC."""
+
+from __future__ import annotations
+
+import time
+
+from .models import Model
+from .z3_bmc import bmc, first_counterexample
+from .z3_induction import prove_by_induction
+from .z3_invariants import INVARIANT_FORMULAS, TRANSITION_FORMULAS
+
+SPEC_PROPERTIES = frozenset(INVARIANT_FORMULAS) | frozenset(TRANSITION_FORMULAS)
+
+
+def _row(p):
+    from .suite import PropertyResult, kind_of
+    return PropertyResult(p.name, kind_of(p.name), p.status, p.method, p.depth, p.seconds)
+
+
+def induction_rows(model: Model, k: int = 1, time_budget: float | None = None) -> list:
+    """Every spec invariant and transition property by k-induction (with the
+    auxiliary invariants; their own rows are left out)."""
+    res = prove_by_induction(model, k, time_budget=time_budget)
+    return [_row(p) for p in res.properties if p.name in SPEC_PROPERTIES]
+
+
+def bmc_rows(model: Model, depth: int, time_budget: float | None = None) -> list:
+    """Every spec property bounded (or violated) to `depth`, every applicable
+    "sometimes" target reached (or not) within it."""
+    res = bmc(model, depth, time_budget=time_budget)
+    return [_row(p) for p in res.properties if p.kind != "auxiliary"]
+
+
+def hunt_mutant_bmc(name: str, model: Model, max_depth: int = 12, time_budget: float = 60.0):
+    """A mutant's shortest counterexample by BMC: (killed, property, trace, seconds)."""
+    t0 = time.perf_counter()
+    p = first_counterexample(model.with_mutant(name), max_depth, time_budget)
+    return (p is not None, None if p is None else p.name, None if p is None else p.trace,
+            time.perf_counter() - t0)
