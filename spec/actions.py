@@ -55,6 +55,8 @@ def arrive(state: State, cfg: Config, r: int, prompt: Prompt) -> State | None:
     labels = prompt.labels if cfg.prefix_caching else ()
     if cfg.prefix_caching and len(labels) != prompt.prompt_len // cfg.block_size:
         return None
+    if len(set(labels)) != len(labels):
+        return None      # chained block hashes never repeat within a prompt (a repeat would break S9)
     state = replace(state, waiting=state.waiting + (r,))
     stale = 1 if cfg.is_mutant("arrival_counter_stale") else 0
     return state.with_request(r, status=Status.WAITING, prompt_len=prompt.prompt_len,

@@ -64,3 +64,22 @@ def test_max_states_cap_marks_the_search_incomplete():
     r = explicit.search(SHARED_K3, max_states=100)
     assert not r.complete and r.num_states == 100
     assert not r.liveness       # liveness is only claimed for a complete graph
+
+
+def test_arrival_refuses_a_prompt_whose_block_labels_repeat():
+    # Chained block hashes cannot repeat within a prompt; a repeat would make
+    # one cached block serve two positions of one request and break S9.
+    from flightcheck.spec import Prompt, arrive, initial_state
+    cfg = PRESSURE_K2.cfg
+    s0 = initial_state(1, cfg.num_blocks)
+    assert arrive(s0, cfg, 0, Prompt(4, 2, (7, 7))) is None
+    assert arrive(s0, cfg, 0, Prompt(4, 2, (7, 8))) is not None
+
+
+def test_a_model_whose_labels_are_not_chained_hashes_is_refused():
+    from flightcheck.spec import Prompt
+    from flightcheck.verification.models import Model
+    with pytest.raises(ValueError, match="repeated block label"):
+        Model("bad", PRESSURE_K2.cfg, (Prompt(4, 2, (7, 7)),))
+    with pytest.raises(ValueError, match="different prefixes"):
+        Model("bad", PRESSURE_K2.cfg, (Prompt(4, 2, (5, 7)), Prompt(4, 2, (6, 7))))

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import z3
 
-from flightcheck.spec import Config, Fate, Prompt, Schedule, State, step
+from flightcheck.spec import MUTANTS, Config, Fate, Prompt, Schedule, State, step
 from flightcheck.verification import models
 from flightcheck.verification.z3_crosscheck import (CrossChecker, CrossReport, random_walk_states,
                                                    reachable)
@@ -108,4 +108,12 @@ def test_relation_equals_spec_on_every_reachable_state_of_the_larger_small_model
 @pytest.mark.slow
 def test_relation_equals_spec_on_hundreds_of_random_default_states():
     report = _check_all(models.DEFAULT, random_walk_states(models.DEFAULT, 300, seed=7))
+    assert report.problems == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_relation_equals_every_mutant_spec(mutant):
+    model = models.mutant_model(mutant)
+    report = _check_all(model, list(reachable(model, limit=150)))
     assert report.problems == []

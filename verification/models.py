@@ -22,6 +22,20 @@ class Model:
     allow_abort: bool = True
     allow_stop: bool = True
 
+    def __post_init__(self) -> None:
+        """Labels behave like vLLM's chained block hashes: distinct within a
+        prompt, and two prompts share a label only with the whole prefix
+        before it (so a shared label is a shared prefix, at the same block)."""
+        for p in self.prompts:
+            if len(set(p.labels)) != len(p.labels):
+                raise ValueError(f"model {self.name}: repeated block label in {p.labels}")
+        for p in self.prompts:
+            for q in self.prompts:
+                for i, lab in enumerate(p.labels):
+                    if lab in q.labels and q.labels[:q.labels.index(lab) + 1] != p.labels[:i + 1]:
+                        raise ValueError(f"model {self.name}: label {lab} has different prefixes "
+                                         f"in {p.labels} and {q.labels}")
+
     @property
     def num_requests(self) -> int:
         return len(self.prompts)

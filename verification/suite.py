@@ -24,7 +24,12 @@ from flightcheck.spec import INVARIANTS, MUTANTS, SOMETIMES, TRANSITION_PROPERTI
 
 from . import explicit
 from .counterexample import Counterexample, from_actions
-from .models import EXHAUSTIVE_MODELS, PRESSURE_K2, Model, mutant_model
+from .models import EXHAUSTIVE_MODELS, SHARED_K3, Model, mutant_model
+
+# `flightcheck verify`'s Z3 model: 3 requests, K = 3, prefix caching, spec
+# decode, long-prefill threshold, aborts and stop tokens; BMC's default depth.
+VERIFY_MODEL = SHARED_K3
+VERIFY_DEPTH = 4
 
 SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES)
 LIVENESS_GRAPH = ("L1_L3_every_request_can_finish", "L2_every_run_terminates")
@@ -132,8 +137,8 @@ def hunt_mutant(name: str, model: Model | None = None) -> MutantResult:
     return MutantResult(name, True, cx.length, seconds, v.property, model.name, counterexample=cx)
 
 
-def run_suite(model: Model = PRESSURE_K2, depth: int = 6, *, use_z3: bool = True,
-              mutants: list[str] | None = None,
+def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3: bool = True,
+              mutants: list[str] | None = None, jobs: int = 1,
               progress: Callable[[str], None] | None = None) -> SuiteResult:
     """The default suite: exhaustive search of the small models, Z3 proofs and
     BMC on `model`, and every mutant hunted."""
@@ -146,7 +151,7 @@ def run_suite(model: Model = PRESSURE_K2, depth: int = 6, *, use_z3: bool = True
     if use_z3:
         from . import z3_suite
         say(f"k-induction on {model.name}")
-        rows += z3_suite.induction_rows(model)
+        rows += z3_suite.induction_rows(model, jobs=jobs)
         say(f"bounded model checking of {model.name} to depth {depth}")
         rows += z3_suite.bmc_rows(model, depth)
     results = []

@@ -12,7 +12,7 @@ before the step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import z3
@@ -118,6 +118,8 @@ class Completion:
     state: SState
     samples_here: list        # per entry slot: the entry takes a Sample
     choice_ok: Any            # the choices are a valid Sample for each such entry
+    start: SState = None      # the state the entries are applied to (oldest batch removed)
+    micro: list = field(default_factory=list)   # MicroStep per entry
 
 
 def entry_samples(lay: Layout, s: SState, e) -> Any:
@@ -135,7 +137,7 @@ def complete_oldest(lay: Layout, bld: Builder, s: SState, ch: Choices) -> Comple
     st = clone(s)
     st.batches = [clone(b) for b in s.batches[1:]] + [SBatch(V(0), [pad_entry() for _ in range(lay.E)])]
     st.num_batches = s.num_batches - 1
-    flags, oks = [], []
+    flags, oks, micro, start = [], [], [], st
     for j, e in enumerate(b0.entries):
         valid = lt(j, b0.length)
         here = bld.let(f"samples{j}", conj(valid, neg(eq(e.fate, SUPERSEDED)), entry_samples(lay, s, e)))
@@ -147,9 +149,12 @@ def complete_oldest(lay: Layout, bld: Builder, s: SState, ch: Choices) -> Comple
         canonical = conj(eq(acc, 0), eq(stop, NO_STOP), eq(nd, 0))
         oks.append(ite(conj(eq(ch.act, COMPLETE), here), good, canonical))
         live = conj(valid, eq(e.fate, LIVE))
-        st = _settle_live(lay, st, e, live)
-        st = bld.snap(_apply_sample(lay, bld, st, e, acc, stop, nd, here), f"entry{j}")
-    return Completion(st, flags, conj(*oks))
+
+        def apply(st: SState, e=e, live=live, here=here, acc=acc, stop=stop, nd=nd) -> SState:
+            return _apply_sample(lay, bld, _settle_live(lay, st, e, live), e, acc, stop, nd, here)
+
+        st = bld.step(st, apply, f"entry{j}", micro)
+    return Completion(st, flags, conj(*oks), start, micro)
 
 
 def _settle_live(lay: Layout, st: SState, e, live: Any) -> SState:

@@ -17,11 +17,21 @@ to induction) drops every conjunct it violates, and the rest is re-checked
 until what is left is inductive; the CTI is decoded into spec states. The
 transition properties (S4, S7, S12) are then proved as
 I(s) AND T(s,s') => Q(s,s').
+
+`schedule` and `complete_oldest` are unrolled loops; their step is first
+tried micro-step by micro-step (z3_microsteps), which is what makes the
+3-request, K = 3 proof take seconds per conjunct instead of minutes, and
+only what that leaves unproved goes to the one-query form. With `jobs` > 1
+the first Houdini round (every conjunct assumed, every action) is split
+between processes by action; when it finds nothing to drop, the
+conjunction is inductive and the proof is done.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import multiprocessing
 import time
 from dataclasses import dataclass
 from typing import Iterable
@@ -32,11 +42,12 @@ from flightcheck.spec import State
 
 from .models import Model
 from .z3_actions import ABORT, ARRIVE, COMPLETE, SCHEDULE
+from .z3_microsteps import SPLIT, Chain, MicroChain, batch_facts, completion_facts
 from .z3_invariants import INVARIANT_FORMULAS, NEEDS_SCHEDULE, TRANSITION_FORMULAS, well_formed
 from .z3_results import EngineResult, PropertyResult, kind_of
 from .z3_strengthening import AUXILIARY
 from .z3_system import Step, System
-from .z3_terms import V, arithmetic
+from .z3_terms import V, arithmetic, eq, lt
 
 ACTIONS = {ARRIVE: "arrive", SCHEDULE: "schedule", COMPLETE: "complete_oldest", ABORT: "abort"}
 
@@ -52,39 +63,86 @@ def formula(system: System, name: str, s, sched=None) -> z3.BoolRef:
 
 @dataclass
 class _Query:
-    """step(k) for one action: the solver, and each conjunct on the action's effect."""
+    """step(k) for one action: its solvers, and each conjunct on the action's effect."""
 
     action: int
     goal: dict          # conjunct name -> formula on effect_a(s_{k-1})
     guard: z3.BoolRef   # literal: the action is taken
+    solvers: dict       # conjunct name -> the solver that checks it
+    parts: dict         # conjunct name -> its clauses, for the big ones (SPLIT)
+
+    def solver(self, name: str) -> z3.Solver:
+        return self.solvers[name]
+
+    def check(self, name: str, assumptions: list) -> z3.CheckSatResult:
+        """Can the action break conjunct `name`? Clause by clause for a split
+        one (many small queries beat one big disjunction); sat or unknown on
+        the first clause that is not refuted."""
+        solver = self.solvers[name]
+        for clause in self.parts.get(name, [self.goal[name]]):
+            r = solver.check(*assumptions, self.guard, z3.Not(clause))
+            if r != z3.unsat:
+                return r
+        return z3.unsat
 
 
 def k_induction(system: System, k: int, names: list[str]):
-    """step(k) on one solver: frames 0..k-1 with T between them, every
-    conjunct assumed on them (under a literal each), and the last step's
-    effects per action."""
-    solver = z3.SolverFor("QF_BV") if system.lay.width else z3.SolverFor("QF_LIA")
-    for t in range(k - 1):
-        solver.add(system.step(t, t + 1).constraints)
+    """step(k) as one small solver per action (and one more per action for
+    the conjuncts that call `schedule` on the next state): frames 0..k-1 with
+    T between them, every conjunct assumed on them under a literal each, and
+    the action's guard under a literal. Keeping each action's circuit (and
+    the next state's schedule circuit) out of the other queries is what
+    keeps them fast."""
     tr = system.transitions(k - 1)
-    solver.add(tr.sched_defs + tr.defs + tr.legal)
-    assume = {}
-    for n in names:
-        lit = z3.Bool(f"assume:{n}")
-        solver.add(z3.Implies(lit, z3.And([formula(system, n, system.frame(t), system.sched(t)[0])
-                                           for t in range(k)])))
-        assume[n] = lit
+    assume = {n: z3.Bool(f"assume:{n}") for n in names}
+    hyps = [z3.Implies(assume[n], z3.And([formula(system, n, system.frame(t), system.sched(t)[0])
+                                          for t in range(k)])) for n in names]
+    prefix = [c for t in range(k - 1) for c in system.step(t, t + 1).constraints]
     queries = []
     for a in ACTIONS:
         eff = tr.effects[a]
-        sched1 = None
+        g = z3.Bool(f"takes:{ACTIONS[a]}")
+
+        def new_solver() -> z3.Solver:
+            solver = z3.SolverFor("QF_BV") if system.lay.width else z3.SolverFor("QF_LIA")
+            solver.add(prefix + tr.sched_defs + tr.defs + tr.legal + hyps)
+            solver.add(z3.Implies(g, z3.And(tr.guards[a], tr.choices.act == a)))
+            return solver
+
+        main, sched1, solvers = new_solver(), None, {}
         if any(n in NEEDS_SCHEDULE for n in names):
             sched1, defs = system.schedule_of(eff, f"effect{a}@{k}")
-            solver.add(defs)
-        g = z3.Bool(f"takes:{ACTIONS[a]}")
-        solver.add(z3.Implies(g, z3.And(tr.guards[a], tr.choices.act == a)))
-        queries.append(_Query(a, {n: formula(system, n, eff, sched1) for n in names}, g))
-    return solver, assume, queries, tr
+            extra = new_solver()
+            extra.add(defs)
+        for n in names:
+            solvers[n] = extra if n in NEEDS_SCHEDULE else main
+        parts = {n: list(system.build(SPLIT[n], eff).values()) for n in names if n in SPLIT}
+        queries.append(_Query(a, {n: formula(system, n, eff, sched1) for n in names}, g, solvers, parts))
+    return assume, queries, tr
+
+
+def chains(system: System, t: int, names: list[str]) -> dict[int, MicroChain]:
+    """schedule's and complete_oldest's steps from frame t, micro-step by
+    micro-step (z3_microsteps)."""
+    frame, tr = system.frame(t), system.transitions(t)
+    sched, comp = tr.sched, tr.completion
+    plain = [n for n in names if n not in NEEDS_SCHEDULE]
+    flag_defs = [d for d in tr.defs if any(d.arg(0).eq(f) for f in comp.samples_here if z3.is_const(f))]
+    with arithmetic(system.lay.width):
+        given_complete = [lt(0, frame.num_batches), eq(tr.choices.act, COMPLETE)]
+    specs = {
+        SCHEDULE: Chain(sched.trail[0], sched.micro, lambda acc: acc.st,
+                        lambda acc, _: system.build(batch_facts, acc, frame), [sched.enabled],
+                        sched.launch_defs + [sched.result], "schedule"),
+        COMPLETE: Chain(comp.start, comp.micro, lambda st: st,
+                        lambda st, i: system.build(completion_facts, st, frame, i),
+                        [*given_complete, *tr.legal, *flag_defs], [],
+                        "complete_oldest"),
+    }
+    return {a: MicroChain(system.build, c, {n: (lambda st, n=n: formula(system, n, st)) for n in plain},
+                          lambda alive: [formula(system, n, frame) for n in alive if n in plain],
+                          lambda: z3.SolverFor("QF_BV") if system.lay.width else z3.SolverFor("QF_LIA"))
+            for a, c in specs.items()}
 
 
 def _base(system: System, k: int, names: list[str]) -> dict[str, tuple]:
@@ -103,14 +161,53 @@ def _base(system: System, k: int, names: list[str]) -> dict[str, tuple]:
     return failed
 
 
+def _by_chain(by_chain: dict[int, MicroChain], q: _Query, n: str, alive: list[str]) -> bool:
+    """The action keeps conjunct n, shown micro-step by micro-step (False: not shown this way)."""
+    chain = by_chain.get(q.action)
+    return chain is not None and n not in NEEDS_SCHEDULE and chain.proves(q.goal[n], alive)
+
+
+def _round(model: Model, k: int, names: list[str], actions: list[int]) -> bool:
+    """Does no action in `actions` break any conjunct, all assumed? (A worker's share.)"""
+    system = System(model)
+    assume, queries, _ = k_induction(system, k, names)
+    by_chain = chains(system, k - 1, names)
+    hyps = [assume[x] for x in names]
+    for q in queries:
+        if q.action not in actions:
+            continue
+        for n in names:
+            if _by_chain(by_chain, q, n, names):
+                continue
+            if q.check(n, hyps) != z3.unsat:
+                return False
+    return True
+
+
+# The actions' shares of the work, largest first (measured on shared-k3), for
+# splitting the first round between processes.
+_COST_ORDER = (COMPLETE, SCHEDULE, ABORT, ARRIVE)
+
+
+def _parallel_round(model: Model, k: int, names: list[str], jobs: int) -> bool:
+    shares: list[list[int]] = [[] for _ in range(min(jobs, len(_COST_ORDER)))]
+    for i, a in enumerate(_COST_ORDER):
+        shares[i % len(shares)].append(a)
+    ctx = multiprocessing.get_context("spawn")      # Z3 contexts do not survive a fork
+    with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=ctx) as pool:
+        return all(pool.map(_round, *zip(*[(model, k, names, share) for share in shares])))
+
+
 def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | None = None,
-                       auxiliary: Iterable[str] | None = None, time_budget: float | None = None) -> EngineResult:
+                       auxiliary: Iterable[str] | None = None, time_budget: float | None = None,
+                       jobs: int = 1) -> EngineResult:
     """Prove `invariants` (default: all of the spec's) and the transition
     properties with the auxiliary invariants by k-induction.
 
     Returns one row per conjunct and transition property: proved, or unknown
     with a CTI (state before, action, state after) when the Houdini loop had to
-    drop it, or violated when it fails within k-1 steps of the initial state."""
+    drop it, or violated when it fails within k-1 steps of the initial state.
+    `jobs`: processes for the first round (see the module docstring)."""
     t0 = time.perf_counter()
     system = System(model)
     names = ["WF_encoding", *(INVARIANT_FORMULAS if invariants is None else invariants),
@@ -121,22 +218,30 @@ def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | Non
         rows[n] = PropertyResult(n, kind_of(n), "violated", method + " base", depth, time.perf_counter() - t0,
                                  states=[system.decode_or_dump(m, depth)],
                                  message="fails within k-1 steps of the initial state")
-    solver, assume, queries, tr = k_induction(system, k, names)
+    assume, queries, tr = k_induction(system, k, names)
     alive = [n for n in names if n not in rows]
+    by_chain = chains(system, k - 1, names)
 
     def left_ms() -> int | None:
         return None if time_budget is None else max(1, int((time_budget - (time.perf_counter() - t0)) * 1000))
 
-    changed = True
+    # Optimistic first round in parallel: if no action breaks any conjunct
+    # with every conjunct assumed, the conjunction is inductive as it stands
+    # and the Houdini loop has nothing to do.
+    changed = not (jobs > 1 and time_budget is None and len(alive) == len(names)
+                   and _parallel_round(model, k, names, jobs))
     while changed:
         changed = False
         for q in queries:
             for n in list(alive):
                 if n not in alive:
                     continue
+                if _by_chain(by_chain, q, n, alive):
+                    continue
+                solver = q.solver(n)
                 if left_ms() is not None:
                     solver.set("timeout", left_ms())
-                r = solver.check(*[assume[x] for x in alive], q.guard, z3.Not(q.goal[n]))
+                r = q.check(n, [assume[x] for x in alive])
                 if r == z3.unsat:
                     continue
                 cti, failing = None, [n]
@@ -144,7 +249,8 @@ def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | Non
                     m = solver.model()
                     cti = (system.decode_or_dump(m, k - 1), system.decode_action(m, _step_of(system, tr, q.action)),
                            _effect_state(system, m, tr, q.action))
-                    failing = [x for x in alive if not z3.is_true(m.eval(q.goal[x], model_completion=True))]
+                    failing = [x for x in alive if q.solver(x) is solver
+                               and not z3.is_true(m.eval(q.goal[x], model_completion=True))]
                 for x in failing:
                     rows[x] = PropertyResult(x, kind_of(x), "unknown", method, k, time.perf_counter() - t0, cti=cti,
                                              message=f"not inductive under {ACTIONS[q.action]}" if r == z3.sat
@@ -159,6 +265,7 @@ def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | Non
         status, cti = "proved", None
         for q in queries:
             st = _step_of(system, tr, q.action)
+            solver = q.solver("WF_encoding")
             if left_ms() is not None:
                 solver.set("timeout", left_ms())
             r = solver.check(*[assume[x] for x in alive], q.guard, z3.Not(system.build(fn, st)))

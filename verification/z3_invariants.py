@@ -134,28 +134,38 @@ def s8_spec_accounting(lay: Layout, s: SState, sch: SchedResult) -> Any:
     return conj(out)
 
 
-def s9_kv_ownership(lay: Layout, s: SState, sch: SchedResult) -> Any:
-    bs, pool, out = lay.cfg.block_size, s.pool, []
+def s9_parts(lay: Layout, s: SState) -> dict[str, Any]:
+    """S9 clause by clause, named (the micro-step proofs track each apart)."""
+    bs, pool, out = lay.cfg.block_size, s.pool, {}
     for r, q in enumerate(s.reqs):
         used = [lt(t, q.table_len) for t in range(lay.T)]
-        out.append(z3.Implies(lt(0, q.table_len), eq(q.status, RUNNING)))
-        out += [z3.Implies(conj(used[t], used[t2]), neg(eq(q.table[t], q.table[t2])))
-                for t in range(lay.T) for t2 in range(t + 1, lay.T)]
-        out.append(z3.Implies(eq(q.status, RUNNING), le(div_const(q.num_computed + (bs - 1), bs), q.table_len)))
+        out[f"r{r}.held_only_when_running"] = z3.Implies(lt(0, q.table_len), eq(q.status, RUNNING))
+        out[f"r{r}.distinct_blocks"] = conj([z3.Implies(conj(used[t], used[t2]), neg(eq(q.table[t], q.table[t2])))
+                                             for t in range(lay.T) for t2 in range(t + 1, lay.T)])
+        out[f"r{r}.covers_counter"] = z3.Implies(eq(q.status, RUNNING),
+                                                 le(div_const(q.num_computed + (bs - 1), bs), q.table_len))
         for t in range(lay.T):
             lab = pick(pool.label, q.table[t], V(lay.none_label))
-            out.append(z3.Implies(used[t], disj(eq(lab, lay.none_label), eq(lab, content_label(lay, q, r, t)))))
+            out[f"r{r}.t{t}.cached_content"] = z3.Implies(
+                used[t], disj(eq(lab, lay.none_label), eq(lab, content_label(lay, q, r, t))))
     for b in range(lay.B):
         holders = count(conj(lt(t, q.table_len), eq(q.table[t], b)) for q in s.reqs for t in range(lay.T))
-        out.append(eq(pool.ref[b], holders))
-        out.append(eq(pool.ref[b], 0) == member(b, pool.free, pool.free_len))
+        out[f"b{b}.ref_is_holders"] = eq(pool.ref[b], holders)
+        out[f"b{b}.free_iff_unheld"] = eq(pool.ref[b], 0) == member(b, pool.free, pool.free_len)
     for j in range(lay.B):
-        out.append(z3.Implies(lt(j, pool.free_len), conj(le(0, pool.free[j]), lt(pool.free[j], lay.B))))
-        out += [z3.Implies(conj(lt(j, pool.free_len), lt(j2, pool.free_len)), neg(eq(pool.free[j], pool.free[j2])))
-                for j2 in range(j + 1, lay.B)]
-    out += [z3.Implies(neg(eq(pool.label[b], lay.none_label)), neg(eq(pool.label[b], pool.label[b2])))
-            for b in range(lay.B) for b2 in range(b + 1, lay.B)]
-    return conj(out)
+        out[f"free[{j}].a_block"] = conj(
+            z3.Implies(lt(j, pool.free_len), conj(le(0, pool.free[j]), lt(pool.free[j], lay.B))),
+            *[z3.Implies(conj(lt(j, pool.free_len), lt(j2, pool.free_len)), neg(eq(pool.free[j], pool.free[j2])))
+              for j2 in range(j + 1, lay.B)])
+    for b in range(lay.B):
+        out[f"b{b}.label_unique"] = conj([z3.Implies(neg(eq(pool.label[b], lay.none_label)),
+                                                     neg(eq(pool.label[b], pool.label[b2])))
+                                          for b2 in range(b + 1, lay.B)])
+    return out
+
+
+def s9_kv_ownership(lay: Layout, s: SState, sch: SchedResult) -> Any:
+    return conj(list(s9_parts(lay, s).values()))
 
 
 def _queue_is(lay: Layout, xs: list, length: Any, members: list) -> Any:

@@ -20,7 +20,7 @@ at once; that keeps the in-flight FIFO out of every micro-step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import z3
@@ -62,6 +62,8 @@ class SchedResult:
     count: Any
     entries: list
     trail: list                # the batch under construction after each micro-step
+    micro: list = field(default_factory=list)   # MicroStep per micro-step, in order
+    launch_defs: list = field(default_factory=list)
 
     @property
     def result(self) -> Any:
@@ -83,19 +85,25 @@ def schedule(lay: Layout, bld: Builder, s: SState) -> SchedResult:
     acc = Acc(clone(s), V(cfg.max_num_batched_tokens), V(0), [pad_entry() for _ in range(lay.E)],
               [z3.BoolVal(False)] * lay.N, [z3.BoolVal(False)] * lay.N, [z3.BoolVal(False)] * lay.N,
               z3.BoolVal(False), V(0), z3.BoolVal(False))
-    trail = [acc]
+    trail, micro = [acc], []
+
+    def advance(acc: Acc, step, name: str) -> Acc:
+        after = bld.step(acc, step, name, micro)
+        trail.append(after)
+        return after
+
     for m in range(lay.N):
-        acc = bld.snap(_running_step(lay, bld, acc), f"run{m}")
-        trail.append(acc)
+        acc = advance(acc, lambda a: _running_step(lay, bld, a), f"run{m}")
     phase = z3.BoolVal(True) if cfg.is_mutant("admit_after_preemption") else neg(acc.any_pre)
     acc = Acc(acc.st, acc.budget, acc.count, acc.entries, acc.pre, acc.admpre, acc.adm, acc.any_pre,
               acc.i, z3.BoolVal(False))
     for m in range(lay.N):
-        acc = bld.snap(_waiting_step(lay, bld, acc, phase), f"wait{m}")
-        trail.append(acc)
+        acc = advance(acc, lambda a: _waiting_step(lay, bld, a, phase), f"wait{m}")
+    first = len(bld.defs)
     state = bld.snap(_launch(lay, acc), "launch")
     return SchedResult(state, is_enabled(lay, s), disj(lt(0, acc.count), acc.any_pre),
-                       acc.pre, acc.adm, acc.any_pre, acc.count, acc.entries, trail)
+                       acc.pre, acc.adm, acc.any_pre, acc.count, acc.entries, trail, micro,
+                       bld.defs[first:])
 
 
 def _clip(lay: Layout, budget: Any, num_computed: Any, num_new: Any, is_admission: bool) -> Any:

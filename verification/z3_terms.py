@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import z3
 
@@ -251,6 +252,26 @@ class Builder:
     def snap(self, x: Any, name: str) -> Any:
         """Name every non-trivial leaf of a symbolic structure."""
         return rebuild(x, (self.let(f"{name}.{p}", v) for p, v in leaves(x)))
+
+    def step(self, before: Any, fn: Callable[[Any], Any], name: str, record: list["MicroStep"]) -> Any:
+        """snap(fn(before)), recorded as a MicroStep with the definitions it added."""
+        first = len(self.defs)
+        after = self.snap(fn(before), name)
+        record.append(MicroStep(name, before, after, self.defs[first:]))
+        return after
+
+
+@dataclass
+class MicroStep:
+    """One unrolled loop iteration of an action: the structure it works on
+    before and after it (both named by `Builder.snap`), and the definitions
+    of the auxiliary variables it introduced, so that a proof can reason
+    about this one iteration alone (z3_microsteps)."""
+
+    name: str
+    before: Any
+    after: Any
+    defs: list
 
 
 # --- symbolic structures: dataclasses and lists of terms ---------------------------

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from rich.console import Console
+
+from flightcheck.verification.suite import VERIFY_DEPTH, VERIFY_MODEL
 
 from .common import bad, positive_int
 
 
 def add_parser(sub) -> None:
     verify = sub.add_parser("verify", help="model-check the spec and hunt every mutant")
-    verify.add_argument("--config", default="pressure-k2",
-                        help="model for the Z3 proofs and BMC (default pressure-k2; see --list-configs)")
-    verify.add_argument("--depth", type=positive_int, default=6, help="BMC depth (default 6)")
+    verify.add_argument("--config", default=VERIFY_MODEL.name,
+                        help=f"model for the Z3 proofs and BMC (default {VERIFY_MODEL.name}; see --list-configs)")
+    verify.add_argument("--depth", type=positive_int, default=VERIFY_DEPTH,
+                        help=f"BMC depth (default {VERIFY_DEPTH})")
+    verify.add_argument("--jobs", type=positive_int, default=min(2, os.cpu_count() or 1),
+                        help="processes for the k-induction proof (default: 2, or 1 on one core)")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--list-configs", action="store_true", help="print the model names and exit")
@@ -54,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         return 0 if result.killed else 1
 
     with console.status("verifying") as status:
-        suite = run_suite(MODELS[args.config], args.depth, use_z3=not args.no_z3,
+        suite = run_suite(MODELS[args.config], args.depth, use_z3=not args.no_z3, jobs=args.jobs,
                           progress=lambda msg: status.update(msg))
     if args.json:
         print(json.dumps(suite.to_json(), indent=1))
