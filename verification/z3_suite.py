@@ -19,10 +19,10 @@ def _row(p):
     return PropertyResult(p.name, kind_of(p.name), p.status, p.method, p.depth, p.seconds)
 
 
-def induction_rows(model: Model, k: int = 1, time_budget: float | None = None) -> list:
+def induction_rows(model: Model, k: int = 1, time_budget: float | None = None, jobs: int = 1) -> list:
     """Every spec invariant and transition property by k-induction (with the
     auxiliary invariants; their own rows are left out)."""
-    res = prove_by_induction(model, k, time_budget=time_budget)
+    res = prove_by_induction(model, k, time_budget=time_budget, jobs=jobs)
     return [_row(p) for p in res.properties if p.name in SPEC_PROPERTIES]
 
 
