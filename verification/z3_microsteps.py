@@ -42,7 +42,7 @@ from .z3_terms import V, conj, disj, div_const, eq, ite, le, leaves, lt, neg, su
 
 # Each chain query's time limit: a micro-step query that needs longer is not
 # worth it (the goal falls back to the whole-step query).
-QUERY_MS = 10_000
+QUERY_MS = 60_000
 
 StateFormula = Callable[[SState], Any]
 
