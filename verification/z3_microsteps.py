@@ -36,7 +36,7 @@ import z3
 
 from .z3_invariants import s9_parts
 from .z3_requests import at, num_tokens
-from .z3_schedule import Acc, SchedResult
+from .z3_schedule import Acc
 from .z3_state import LIVE, PAD, PREEMPTED, RUNNING, WAITING, Layout, SState
 from .z3_terms import V, conj, disj, div_const, eq, ite, le, leaves, lt, neg, sum_terms
 
@@ -49,6 +49,11 @@ StateFormula = Callable[[SState], Any]
 # Conjuncts tracked clause by clause along the chain: a micro-step breaks or
 # keeps each clause on its own, and small goals are quicker to prove.
 SPLIT = {"S9_kv_ownership": s9_parts}
+
+
+def unchanged(q: Any, was: Any) -> Any:
+    """Every field of a request equals its value in the frame."""
+    return conj([x == y for (_, x), (_, y) in zip(leaves(q), leaves(was))])
 
 
 def batch_facts(lay: Layout, acc: Acc, frame: SState) -> dict[str, Any]:
@@ -64,7 +69,7 @@ def batch_facts(lay: Layout, acc: Acc, frame: SState) -> dict[str, Any]:
     for r, q in enumerate(st.reqs):
         was = frame.reqs[r]
         scheduled = disj(*[conj(lt(j, acc.count), eq(e.req, r)) for j, e in enumerate(acc.entries)])
-        same = conj([x == y for (_, x), (_, y) in zip(leaves(q), leaves(was))])
+        same = unchanged(q, was)
         facts[f"request[{r}].untouched_unless_scheduled_or_preempted"] = z3.Implies(
             neg(disj(acc.pre[r], acc.adm[r], scheduled)), same)
         facts[f"request[{r}].running_scheduled_keeps_its_counter"] = z3.Implies(
@@ -140,7 +145,7 @@ def completion_facts(lay: Layout, st: SState, frame: SState, taken: int) -> dict
     b0, facts = frame.batches[0], {}
     for r, q in enumerate(st.reqs):
         named = disj(*[conj(lt(j, b0.length), eq(b0.entries[j].req, r)) for j in range(taken)])
-        same = conj([x == y for (_, x), (_, y) in zip(leaves(q), leaves(frame.reqs[r]))])
+        same = unchanged(q, frame.reqs[r])
         facts[f"request[{r}].untouched_until_applied"] = z3.Implies(neg(named), same)
     return facts
 
