@@ -41,7 +41,7 @@ from flightcheck.spec.schedule import is_schedule_enabled
 from .abstraction import Ledger, abstract, describe_difference, output_token, spec_config
 from .trace_check import check_events, read_events
 
-NUM_SLOTS = 12         # requests per run: enough to crowd a small pool, few enough to shrink
+NUM_SLOTS = 20         # requests per run: enough to crowd a small pool, few enough to shrink
 EOS = 1                # the stop token; prompts never contain it, every request stops on it
 
 
@@ -91,12 +91,22 @@ class Outcome:
         return f"Outcome({', '.join(parts)})"
 
 
+def outcome(code: int) -> Outcome:
+    """An outcome from one integer: cheaper to draw than four fields, and it
+    shrinks towards 0, the plain token. The low digits hold what should vary
+    most: the drafts proposed next, then how many were accepted (codes 5-7 of
+    that digit reject every draft, so rejections, which spec decode must undo,
+    are common); EOS is rare (1 in 16), so requests live long enough to be
+    preempted mid-decode."""
+    drafts, accepted = code % 5, (code // 5) % 8
+    eos, eos_draft = (code // 40) % 16 == 15, (code // 640) % 5
+    return Outcome(eos, accepted if accepted <= 4 else 0, drafts,
+                   None if eos_draft == 0 else eos_draft - 1)
+
+
 def outcomes() -> st.SearchStrategy[list[Outcome]]:
-    # x == 7 rather than a boolean: EOS is rare, and shrinking goes towards no EOS.
-    rare = st.integers(0, 7).map(lambda x: x == 7)
-    one = st.builds(Outcome, eos=rare, accepted=st.integers(0, 4), drafts=st.integers(0, 4),
-                    eos_draft=st.none() | st.integers(0, 3))
-    return st.lists(one, min_size=4, max_size=4)
+    """What the model returns for the (at most four) sampled entries of a batch."""
+    return st.lists(st.integers(0, 5 * 8 * 16 * 5 - 1).map(outcome), min_size=4, max_size=4)
 
 
 @st.composite
@@ -105,17 +115,19 @@ def configs(draw) -> SchedulerConfig:
     spec's liveness assumption, the reference's validation), with few blocks
     to spare so that preemption happens. A pipeline and a second sequence
     slot are the common case (most bugs need a batch in flight while another
-    request moves), so K = 1 and max_num_seqs = 1 come last (shrink away)."""
+    request moves), so K = 1 and max_num_seqs = 1 come last (shrink away) and
+    K = 2, two sequences, come twice; spec decode is on unless shrunk away,
+    the prefill threshold on one time in four."""
     block_size = draw(st.integers(1, 4))
-    max_model_len = draw(st.integers(2, 16))
+    max_model_len = draw(st.integers(8, 16) | st.integers(2, 16))
     budget = draw(st.integers(1, 16))
     return SchedulerConfig(
-        max_num_batched_tokens=budget, max_num_seqs=draw(st.sampled_from([2, 3, 4, 1])),
+        max_num_batched_tokens=budget, max_num_seqs=draw(st.sampled_from([2, 3, 2, 4, 1])),
         max_model_len=max_model_len, block_size=block_size,
         num_blocks=cdiv(max_model_len, block_size) + draw(st.integers(0, 2)),
-        num_pipeline_stages=draw(st.sampled_from([2, 3, 4, 1])),
-        long_prefill_token_threshold=draw(st.just(0) | st.integers(1, 8)),
-        num_spec_tokens=draw(st.integers(0, 3)),
+        num_pipeline_stages=draw(st.sampled_from([2, 3, 2, 4, 1])),
+        long_prefill_token_threshold=draw(st.integers(1, 8)) if draw(st.integers(0, 3)) == 3 else 0,
+        num_spec_tokens=draw(st.sampled_from([3, 2, 3, 1, 0])),
         enable_prefix_caching=draw(st.booleans()),
         continue_prefill=draw(st.integers(0, 2).map(lambda x: x != 2)))
 
@@ -181,22 +193,25 @@ class RefinementMachine(RuleBasedStateMachine):
         self.num_calls = 0
         self.num_aborts = 0
         self.num_completes = 0
+        self._schedule_memo: tuple[spec.State | None, bool] = (None, False)
         self.history: list[tuple[spec.Action, spec.State]] = []   # for the failure report
         if self.mutant is not None and currently_in_test_context():   # not in a replay by hand
             note(f"reference mutant: {self.mutant}")
 
     # -- rules: the spec's actions ---------------------------------------------
 
-    @precondition(lambda self: self.engine is not None and len(self.ledger.requests) < NUM_SLOTS)
-    @rule(prompt_len=st.integers(1, 15), family=st.integers(0, 1), tail=st.integers(0, 4),
-          max_tokens=st.integers(1, 12), reuse=st.integers(0, 3))
+    @precondition(lambda self: self.engine is not None and self._may_arrive())
+    @rule(prompt_len=st.integers(1, 4) | st.integers(1, 15), family=st.integers(0, 1),
+          tail=st.integers(0, 4), max_tokens=st.integers(6, 20), reuse=st.integers(0, 3))
     @_step
     def arrive(self, prompt_len: int, family: int, tail: int, max_tokens: int, reuse: int) -> None:
         """A request arrives: all but `tail` of its prompt tokens are its
-        `family`'s shared prefix; `reuse` > 0 takes the name of a finished one."""
+        `family`'s shared prefix; `reuse` > 0 takes the name of a finished one.
+        Prompts fill at most half the model length, so that requests decode
+        long enough (max_tokens 6..20, EOS rare) to be preempted mid-decode."""
         slot = len(self.ledger.requests)
         name = self._name(slot, reuse)
-        length = 1 + (prompt_len - 1) % (self.cfg.max_model_len - 1)
+        length = 1 + (prompt_len - 1) % max(1, self.cfg.max_model_len // 2)
         request = Request(name, prompt_tokens(slot, family, max(0, length - tail), length),
                           SamplingParams(max_tokens=max_tokens), eos_token_id=EOS)
         self.engine.add_request(request)
@@ -204,20 +219,23 @@ class RefinementMachine(RuleBasedStateMachine):
         self._check(spec.Arrive(slot, prompt))
 
     @precondition(lambda self: self.engine is not None and self.engine.can_schedule()
-                  and self.scheduler.has_unfinished_requests())
+                  and self._spec_schedules())
     @rule()
     @_step
     def schedule(self) -> None:
+        """Form a batch, offered when the spec would form one (a schedule the
+        spec refuses is still tried, by `engine_step`, whenever the queue has
+        room: that is where a reference that schedules too much is caught)."""
         self._schedule()
 
     @precondition(lambda self: self.engine is not None and self.engine.can_complete()
-                  and self.num_completes * 4 <= len(self.history))
+                  and self.num_completes * 8 <= len(self.history))
     @rule(returned=outcomes())
     @_step
     def complete(self, returned: list[Outcome]) -> None:
         """The oldest batch returns, whatever the engine would do; `returned[i]`
         is what the model gave the i-th entry it sampled for. At most one per
-        four steps: completing out of the engine's order keeps every request's
+        eight steps: completing out of the engine's order keeps every request's
         decodes in one batch (lockstep), and the engine's own order
         (`engine_step`), which staggers them, is where a request is preempted
         with its decode in flight."""
@@ -242,23 +260,40 @@ class RefinementMachine(RuleBasedStateMachine):
     @_step
     def abort(self, which: int) -> None:
         """Abort the request that arrived `which`-th (mod arrivals), whatever
-        it is doing; of a finished request, a no-op."""
-        requests = self.ledger.requests
+        it is doing. (Aborts of finished and unknown requests, no-ops, are
+        `abort`'s fallback when nothing else is enabled.)"""
+        requests = [r for r in self.ledger.requests if not r.is_finished()] or self.ledger.requests
         name = requests[which % len(requests)].request_id if requests else "nobody"
         slot = self.ledger.active_slot(name)
         self.num_aborts += 1
         self.engine.abort_request(name)
         self._check(spec.Abort(-1 if slot is None else slot))
 
+    def _may_arrive(self) -> bool:
+        """Arrivals while a slot is left, at most two requests wait, and a
+        batch is in flight (or nothing is left to do): a long waiting queue
+        refills every freed slot at once, and then the victim of every
+        preemption is a request still in its first prefill, never one with
+        decodes or drafts in flight."""
+        return (len(self.ledger.requests) < NUM_SLOTS and len(self.scheduler.waiting) <= 2
+                and (self.engine.can_complete() or not self.scheduler.has_unfinished_requests()))
+
     def _may_abort(self) -> bool:
         """Aborts are the environment's rare event: while a request runs or
-        work is in flight, and at most one per four steps. Unthrottled they
+        work is in flight, and at most one per 25 steps. Unthrottled they
         would be a quarter of all steps, and few requests would live long
         enough to be preempted with a batch in flight. (When nothing else is
         enabled, abort is, so that a program can always go on.)"""
         busy = bool(self.scheduler.running) or (bool(self.scheduler.waiting)
                                                 and self.engine.can_complete())
-        return busy and self.num_aborts * 4 <= len(self.history)
+        return busy and self.num_aborts * 25 <= len(self.history)
+
+    def _spec_schedules(self) -> bool:
+        """Whether the spec's schedule forms a batch from the current state
+        (memoised per state: preconditions are evaluated often)."""
+        if self._schedule_memo[0] is not self.state:
+            self._schedule_memo = (self.state, spec.schedule(self.state, self.spec_cfg) is not None)
+        return self._schedule_memo[1]
 
     def _can_progress(self) -> bool:
         return (len(self.ledger.requests) < NUM_SLOTS or self.engine.can_complete()
