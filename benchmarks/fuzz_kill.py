@@ -6,7 +6,9 @@ record the steps and seconds until the first failure (before shrinking, which
 is not part of finding the bug). Prints one row per mutant: kills out of
 seeds, median and worst steps and seconds to kill.
 
-    python benchmarks/fuzz_kill.py [--steps 20000] [--seeds 10] [--mutant NAME] [--json]
+    python benchmarks/fuzz_kill.py [--steps 20000] [--seeds 10] [--first-seed 0] [--mutant NAME] [--json]
+
+(--first-seed 10 measures ten seeds the strategies were not tuned on.)
 """
 
 from __future__ import annotations
@@ -40,12 +42,13 @@ def measure(mutant: str, seeds: list[int], steps: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=20_000)
-    parser.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1")
+    parser.add_argument("--seeds", type=int, default=10, help="how many seeds")
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds FIRST..FIRST+N-1")
     parser.add_argument("--mutant", action="append", help="only these mutants")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     mutants = args.mutant or list_mutants()
-    seeds = list(range(args.seeds))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     t0 = time.perf_counter()
     rows = []
     for mutant in mutants:
