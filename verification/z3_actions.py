@@ -100,6 +100,8 @@ def arrive(lay: Layout, s: SState, ch: Choices) -> SState:
     st = clone(s)
     st.waiting = put(s.waiting, s.waiting_len, ch.req)
     st.waiting_len = s.waiting_len + 1
+    if lay.cfg.is_mutant("arrival_counter_stale"):
+        return with_req(st, ch.req, status=V(WAITING), num_computed=V(1))
     return with_req(st, ch.req, status=V(WAITING))
 
 
@@ -111,6 +113,21 @@ def abort_guard(lay: Layout, s: SState, ch: Choices) -> Any:
 
 def abort(lay: Layout, s: SState, ch: Choices) -> SState:
     return finish(lay, s, ch.req, V(F_ABORTED), is_abort=True)
+
+
+def draft_cap(lay: Layout) -> int:
+    """The most drafts a Sample may propose: k (one more under the mutant)."""
+    return lay.cfg.num_spec_tokens + lay.cfg.is_mutant("draft_cap_ignored")
+
+
+def complete_guard(lay: Layout, s: SState) -> Any:
+    """A batch is in flight."""
+    guard = lt(0, s.num_batches)
+    if lay.cfg.is_mutant("complete_refuses_orphans"):
+        b0 = s.batches[0]
+        orphaned = disj(*[conj(lt(j, b0.length), eq(e.fate, ORPHANED)) for j, e in enumerate(b0.entries)])
+        guard = conj(guard, neg(orphaned))
+    return guard
 
 
 @dataclass
@@ -145,7 +162,7 @@ def complete_oldest(lay: Layout, bld: Builder, s: SState, ch: Choices) -> Comple
         acc, stop, nd = ch.accepted[j], ch.stop_at[j], ch.next_drafts[j]
         stop_ok = eq(stop, NO_STOP) if not lay.model.allow_stop else \
             disj(eq(stop, NO_STOP), conj(le(0, stop), le(stop, acc)))
-        good = conj(le(0, acc), le(acc, e.drafts), stop_ok, le(0, nd), le(nd, cfg.num_spec_tokens))
+        good = conj(le(0, acc), le(acc, e.drafts), stop_ok, le(0, nd), le(nd, draft_cap(lay)))
         canonical = conj(eq(acc, 0), eq(stop, NO_STOP), eq(nd, 0))
         oks.append(ite(conj(eq(ch.act, COMPLETE), here), good, canonical))
         live = conj(valid, eq(e.fate, LIVE))
@@ -179,7 +196,7 @@ def _apply_sample(lay: Layout, bld: Builder, st: SState, e, acc: Any, stop: Any,
                     conj(eq(e.fate, ORPHANED), cfg.is_mutant("rejections_subtracted_after_reset")))
     num_computed = ite(subtract, q.num_computed - (e.drafts - acc), q.num_computed)
     num_output, finished, status = q.num_output, z3.BoolVal(False), V(PAD)
-    for j in range(cfg.num_spec_tokens + 1):
+    for j in range(draft_cap(lay) + 1):
         going = conj(le(j, acc), neg(finished))
         num_output = ite(going, num_output + 1, num_output)
         length = disj(plen + num_output >= cfg.max_model_len,

@@ -159,6 +159,8 @@ def bmc(model: Model, max_depth: int, properties: Iterable[str] | None = None,
                     results[n] = PropertyResult(n, kind_of(n), "violated", "bmc", d,
                                                 time.perf_counter() - t0, actions, states)
                     open_props.remove(n)
+            if stop_at_first and any(n in spec_props for n in results):
+                break       # the shortest counterexample is found; the rest of this depth is not asked
         if timed_out:
             break
         for n in open_props:

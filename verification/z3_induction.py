@@ -41,7 +41,7 @@ import z3
 from flightcheck.spec import State
 
 from .models import Model
-from .z3_actions import ABORT, ARRIVE, COMPLETE, SCHEDULE
+from .z3_actions import ABORT, ARRIVE, COMPLETE, SCHEDULE, complete_guard
 from .z3_microsteps import SPLIT, Chain, MicroChain, batch_facts, completion_facts
 from .z3_invariants import INVARIANT_FORMULAS, NEEDS_SCHEDULE, TRANSITION_FORMULAS, well_formed
 from .z3_results import EngineResult, PropertyResult, kind_of
@@ -129,7 +129,7 @@ def chains(system: System, t: int, names: list[str]) -> dict[int, MicroChain]:
     plain = [n for n in names if n not in NEEDS_SCHEDULE]
     flag_defs = [d for d in tr.defs if any(d.arg(0).eq(f) for f in comp.samples_here if z3.is_const(f))]
     with arithmetic(system.lay.width):
-        given_complete = [lt(0, frame.num_batches), eq(tr.choices.act, COMPLETE)]
+        given_complete = [complete_guard(system.lay, frame), eq(tr.choices.act, COMPLETE)]
     specs = {
         SCHEDULE: Chain(sched.trail[0], sched.micro, lambda acc: acc.st,
                         lambda acc, _: system.build(batch_facts, acc, frame), [sched.enabled],

@@ -22,7 +22,7 @@ import z3
 
 from flightcheck.spec import CompleteOldest
 
-from .z3_actions import ARRIVE, COMPLETE, SCHEDULE, is_active
+from .z3_actions import ARRIVE, COMPLETE, SCHEDULE, complete_guard, is_active
 from .z3_requests import content_label, max_tokens, num_tokens, at
 from .z3_schedule import SchedResult
 from .z3_state import (F_ABORTED, F_LENGTH, F_STOPPED, FATE, LIVE, NEW, ORPHANED, PAD, PREEMPTED,
@@ -221,9 +221,11 @@ def l2_no_deadlock(lay: Layout, s: SState, sch: SchedResult) -> Any:
 
 
 def l3_drain(lay: Layout, s: SState, sch: SchedResult) -> Any:
-    """complete_oldest's only guard is a batch in flight, and the all-default
-    Sample is valid for every entry: the predicate holds in every state."""
-    return z3.BoolVal(True)
+    """With a batch in flight, complete_oldest is enabled. (The all-default
+    Sample is valid for every entry, so the guard is the whole question; in
+    the correct spec it is just "a batch in flight", and L3 is structurally
+    true: only a mutant that adds to the guard can break it.)"""
+    return z3.Implies(lt(0, s.num_batches), complete_guard(lay, s))
 
 
 INVARIANT_FORMULAS: dict[str, Formula] = {

@@ -74,6 +74,8 @@ class SchedResult:
 def is_enabled(lay: Layout, s: SState) -> Any:
     """Room in the pipeline, and (one-batch-per-request) vLLM 0.8.4's engine gate."""
     room = lt(s.num_batches, lay.K)
+    if lay.cfg.is_mutant("schedule_blocked_when_idle"):
+        room = conj(room, lt(0, s.num_batches))
     if lay.cfg.continue_prefill:
         return room
     return conj(room, s.waiting_len + s.running_len - count(s.scheduled) > 0)
@@ -134,14 +136,30 @@ def _cache(lay: Layout, st: SState, pool, r: Any, table: list, table_len: Any, t
     return zb.cache_labels(lay, pool, table, table_len, labels, num_full)
 
 
-def _entry(lay: Layout, q, r: Any, tokens: Any, num_computed: Any, num_new: Any, cached: Any):
-    """_add_entry's snapshot: (entry, drafts kept by the request)."""
+def _entry(lay: Layout, q, r: Any, tokens: Any, num_computed: Any, num_new: Any, cached: Any,
+           st: SState, budget: Any):
+    """_add_entry's snapshot: (entry, drafts kept by the request). `st` is the
+    state being scheduled (its batches are the ones in flight), `budget` the
+    token budget left before this entry."""
+    cfg = lay.cfg
     drafts = imin(q.num_drafts, imax(V(0), num_computed + num_new - tokens))
     start = num_computed
-    if lay.cfg.is_mutant("snapshot_omits_prefix_hit"):
+    if cfg.is_mutant("snapshot_omits_prefix_hit"):
         start = ite(lt(0, cached), V(0), num_computed)
     samples = start + num_new - drafts >= tokens
-    return SEntry(r, start, num_new, samples, drafts, V(LIVE)), drafts
+    recorded = drafts
+    if cfg.is_mutant("stale_drafts_on_prefill_chunk") and cfg.num_spec_tokens:
+        recorded = ite(samples, drafts, V(1))
+    entry = SEntry(r, start, num_new, samples, recorded, V(LIVE))
+    if cfg.is_mutant("overlapping_chunks"):
+        live_in_flight = disj(*[conj(lt(j, b.length), eq(e.req, r), eq(e.fate, LIVE))
+                                for b in st.batches for j, e in enumerate(b.entries)])
+        capped = z3.BoolVal(False) if cfg.long_prefill_token_threshold <= 0 else \
+            le(cfg.long_prefill_token_threshold, num_new)
+        overlap = conj(live_in_flight, lt(num_new, budget), lt(0, start), neg(capped))
+        entry = SEntry(r, ite(overlap, start - 1, start), ite(overlap, num_new + 1, num_new),
+                       samples, recorded, V(LIVE))
+    return entry, drafts
 
 
 def _add(lay: Layout, acc: Acc, entry: SEntry, when: Any) -> tuple[list, Any, Any]:
@@ -177,7 +195,7 @@ def _running_step(lay: Layout, bld: Builder, acc: Acc) -> Acc:
     pool, fresh = zb.pop_fresh(lay, st.pool, num_fresh, lay.T)
     table, table_len = zb.append_blocks(lay, q.table, q.table_len, fresh, num_fresh)
     pool = _cache(lay, st, pool, r, table, table_len, total, tokens)
-    entry, drafts = _entry(lay, q, r, tokens, q.num_computed, num_new, V(0))
+    entry, drafts = _entry(lay, q, r, tokens, q.num_computed, num_new, V(0), st, acc.budget)
     a = clone(st)
     a.pool = pool
     a = with_req(a, r, num_drafts=drafts, table_len=table_len, table=table)
@@ -243,7 +261,7 @@ def _waiting_step(lay: Layout, bld: Builder, acc: Acc, phase: Any) -> Acc:
     new_blocks = _concat(lay, hit, num_hit, fresh, num_fresh)
     table, table_len = zb.append_blocks(lay, q.table, q.table_len, new_blocks, num_hit + num_fresh)
     pool = _cache(lay, st, pool, r, table, table_len, total, tokens)
-    entry, drafts = _entry(lay, q, r, tokens, hit_tokens, num_new, hit_tokens)
+    entry, drafts = _entry(lay, q, r, tokens, hit_tokens, num_new, hit_tokens, st, acc.budget)
     a = clone(st)
     a.pool = pool
     a.waiting = st.waiting[1:] + [V(PAD)]
@@ -267,7 +285,11 @@ def _launch(lay: Layout, acc: Acc) -> SState:
     for k, q in enumerate(st.reqs):
         mine = [conj(valid[j], eq(e.req, k)) for j, e in enumerate(new)]
         if not cfg.is_mutant("advance_at_completion"):
-            added = sum_terms([ite(c, e.n, V(0)) for c, e in zip(mine, new)]) if new else 0
+            # An overlapping chunk (mutant) records one token more than it
+            # advances: its end, start + n, is where the counter goes.
+            advance = (lambda e: e.start + e.n - q.num_computed) if cfg.is_mutant("overlapping_chunks") \
+                else (lambda e: e.n)
+            added = sum_terms([ite(c, advance(e), V(0)) for c, e in zip(mine, new)]) if new else 0
             q.num_computed = q.num_computed + added
         if not cfg.continue_prefill:
             st.scheduled[k] = disj(st.scheduled[k], *mine)

@@ -23,7 +23,7 @@ from flightcheck.spec import Abort, Action, Arrive, CompleteOldest, Sample, Sche
 
 from .models import Model
 from .z3_actions import (ABORT, ARRIVE, COMPLETE, NO_STOP, SCHEDULE, Choices, Completion, abort,
-                         abort_guard, arrive, arrive_guard, choices, complete_oldest)
+                         abort_guard, arrive, arrive_guard, choices, complete_guard, complete_oldest)
 from .z3_schedule import SchedResult, schedule
 from .z3_state import (PREEMPTED, Layout, NotRepresentable, SState, constant_state, decode, dump, encode,
                        equal, frame, initial, leaves)
@@ -126,7 +126,7 @@ class System:
             ch = choices(lay, str(t0))
             comp = complete_oldest(lay, bld, s, ch)
             aborted = bld.snap(abort(lay, s, ch), "abort")
-            guards = [arrive_guard(lay, s, ch), sched.result, lt(0, s.num_batches), abort_guard(lay, s, ch)]
+            guards = [arrive_guard(lay, s, ch), sched.result, complete_guard(lay, s), abort_guard(lay, s, ch)]
             effects = [arrive(lay, s, ch), sched.state, comp.state, aborted]
             legal = [le(0, ch.act), le(ch.act, 3), comp.choice_ok,
                      z3.Implies(disj(eq(ch.act, SCHEDULE), eq(ch.act, COMPLETE)), eq(ch.req, 0))]
