@@ -81,10 +81,12 @@ class KVCacheManager:
 
         if not isinstance(req_blocks, list):
             req_blocks = self.req_to_blocks[request.request_id] = []
-        pool.touch(new_computed_blocks)
-        req_blocks.extend(new_computed_blocks)
+        if new_computed_blocks:
+            pool.touch(new_computed_blocks)
+            req_blocks.extend(new_computed_blocks)
         new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
-        req_blocks.extend(new_blocks)
+        if new_blocks:
+            req_blocks.extend(new_blocks)
         if self.enable_caching:
             # Drafts may be rejected: only known tokens are cached.
             num_known = min(num_computed_tokens + num_new_tokens - num_draft_tokens,

@@ -10,6 +10,7 @@ never to a request name alone (a name can be reused after an abort).
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 
@@ -47,13 +48,25 @@ class SamplingParams:
     seed: int | None = None                  # for the runtime; the scheduler ignores it
 
 
+@functools.lru_cache(maxsize=1024)
+def _stop_token_set(stop_token_ids: tuple[int, ...], eos_token_id: int | None) -> frozenset[int]:
+    """One shared set per distinct stop configuration (most requests share
+    one), so the per-token stop check does not touch a set of its own."""
+    stops = set(stop_token_ids)
+    if eos_token_id is not None:
+        stops.add(eos_token_id)
+    return frozenset(stops)
+
+
 class Request:
+    # The fields every engine step reads come first, next to the object
+    # header, so a step touches as few cache lines per request as it can.
     __slots__ = (
-        "request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
-        "status", "stop_reason", "_all_token_ids", "num_prompt_tokens", "max_tokens",
-        "stop_token_set", "spec_token_ids", "num_computed_tokens", "num_cached_tokens",
-        "block_hashes",
-        "incarnation", "first_incarnation", "orphaned_incarnation",
+        "status", "num_computed_tokens", "_all_token_ids", "spec_token_ids", "incarnation",
+        "request_id", "num_prompt_tokens", "max_tokens", "stop_token_set", "stop_reason",
+        "orphaned_incarnation",
+        "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
+        "num_cached_tokens", "block_hashes", "first_incarnation",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
@@ -73,10 +86,9 @@ class Request:
         self.max_tokens = self.sampling_params.max_tokens
         # Every token that may stop the request (EOS unless ignore_eos), so the
         # per-token check is one set lookup.
-        stops = set(self.sampling_params.stop_token_ids)
-        if eos_token_id is not None and not self.sampling_params.ignore_eos:
-            stops.add(eos_token_id)
-        self.stop_token_set = frozenset(stops)
+        self.stop_token_set = _stop_token_set(
+            tuple(self.sampling_params.stop_token_ids),
+            None if self.sampling_params.ignore_eos else eos_token_id)
         # Drafts proposed for the next step; a tuple, so "no drafts" is the one
         # shared () and entries can share it without copying.
         self.spec_token_ids: tuple[int, ...] = ()
@@ -121,7 +133,7 @@ class Request:
         return self.status > RequestStatus.PREEMPTED
 
     def get_finished_reason(self) -> str | None:
-        return RequestStatus.get_finished_reason(self.status)
+        return _FINISHED_REASONS.get(self.status)
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.status.name}, computed="

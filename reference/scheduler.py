@@ -5,57 +5,37 @@ the later fixes for requests preempted, aborted or finished while in flight).
   skipped when `num_new_tokens == 0` (its known tokens are all in flight, or
   it waits for its sampled token); the last running request is preempted when
   blocks run out; then, only if nothing was preempted, FCFS admission with
-  prefix-cache hits. `num_computed_tokens` is advanced once the batch is
-  formed, so the snapshot records pre-batch counts and the next prefill chunk
-  of a request can go into the very next batch.
+  prefix-cache hits. Each scheduled request's entry records its pre-batch
+  counts (batch.py); once the batch is formed every `num_computed_tokens` is
+  advanced, so the next prefill chunk of a request can go into the very next
+  batch.
 * `update_from_output()` walks the entries of the completed batch (not
   `running`) and binds each output to the incarnation it was scheduled for:
   live (appended, spec-decode rejections subtracted), orphaned (preempted
-  since, not rescheduled: appended, counter untouched) or superseded (dropped).
+  since, not rescheduled: appended, counter untouched) or superseded (dropped)
+  (completion.py).
 
 Deliberate deviations from vLLM are listed in reference/README.md.
 """
 
 from __future__ import annotations
 
-import enum
 import itertools
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from . import mutants as M
+from .batch import Batch, cached_request_data, new_request_data
 from .block_pool import KVCacheBlock
+from .completion import Fate, apply_sampled, entry_fate
 from .config import SchedulerConfig
 from .kv_cache_manager import KVCacheManager
-from .outputs import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
-                      RequestData, SchedulerOutput)
+from .outputs import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, RequestData,
+                      SchedulerOutput)
 from .request import Request, RequestStatus
 from .trace import TraceWriter
 
-
-class Fate(str, enum.Enum):
-    """What becomes of a batch entry's output (DESIGN.md)."""
-
-    LIVE = "live"              # the request is still the incarnation it was scheduled for
-    ORPHANED = "orphaned"      # preempted since, not rescheduled: tokens kept, counter untouched
-    SUPERSEDED = "superseded"  # rescheduled, aborted or finished since: tokens dropped
-
-
-class _Batch:
-    """The batch under construction, local to one schedule() call."""
-
-    __slots__ = ("token_budget", "entries", "requests", "preempted")
-
-    def __init__(self, token_budget: int) -> None:
-        self.token_budget = token_budget
-        self.entries: list[RequestData] = []
-        self.requests: list[Request] = []
-        self.preempted: list[str] = []
-
-    def add(self, request: Request, entry: RequestData) -> None:
-        self.requests.append(request)
-        self.entries.append(entry)
-        self.token_budget -= entry.num_new_tokens
+__all__ = ["Fate", "Scheduler"]
 
 
 class Scheduler:
@@ -71,7 +51,8 @@ class Scheduler:
         # Finished since the last batch was built; sent to the workers with it.
         self.finished_req_ids: set[str] = set()
         # shared_snapshot mutant only: the one CachedRequestData per request.
-        self._cached_reqs_data: dict[str, CachedRequestData] = {}
+        self._cached_reqs_data: dict[str, CachedRequestData] | None = \
+            {} if config.mutant == M.SHARED_SNAPSHOT else None
         self._incarnations = itertools.count()
         self._next_batch_id = 1
         self.num_steps = 0            # schedule() + update_from_output() calls
@@ -148,7 +129,8 @@ class Scheduler:
         req_id = request.request_id
         self.kv_cache_manager.free(request)
         self.scheduled_req_ids.discard(req_id)
-        self._cached_reqs_data.pop(req_id, None)
+        if self._cached_reqs_data is not None:
+            self._cached_reqs_data.pop(req_id, None)
         del self.requests[req_id]
         self.finished_req_ids.add(req_id)
 
@@ -168,7 +150,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         self.num_steps += 1
-        batch = _Batch(self.config.max_num_batched_tokens)
+        batch = Batch(self.config.max_num_batched_tokens)
         self._schedule_running(batch)
         if not batch.preempted:               # no admission in a step that preempted
             self._schedule_waiting(batch)
@@ -178,7 +160,7 @@ class Scheduler:
             self.trace.schedule(output, self.num_steps)
         return output
 
-    def _schedule_running(self, batch: _Batch) -> None:
+    def _schedule_running(self, batch: Batch) -> None:
         req_index = 0
         while req_index < len(self.running) and batch.token_budget > 0:
             request = self.running[req_index]
@@ -191,8 +173,8 @@ class Scheduler:
             new_blocks = self._allocate_or_preempt(request, num_new_tokens, num_drafts, batch)
             if new_blocks is None:
                 return                        # the request preempted itself
-            batch.add(request, self._make_running_entry(request, num_new_tokens, num_drafts,
-                                                        new_blocks))
+            self._add_to_batch(batch, request, self._make_running_entry(
+                request, num_new_tokens, num_drafts, new_blocks))
             req_index += 1
 
     def _num_new_tokens_running(self, request: Request, token_budget: int) -> int:
@@ -221,7 +203,7 @@ class Scheduler:
         return max(0, min(len(request.spec_token_ids), overshoot))
 
     def _allocate_or_preempt(self, request: Request, num_new_tokens: int, num_drafts: int,
-                             batch: _Batch) -> list[KVCacheBlock] | None:
+                             batch: Batch) -> list[KVCacheBlock] | None:
         """Blocks for the request, preempting the last running request until
         they fit; None if the request itself had to go."""
         while True:
@@ -248,7 +230,7 @@ class Scheduler:
         if self._mutant != M.INFLIGHT_SET_NOT_CLEARED_ON_PREEMPTION:
             self.scheduled_req_ids.discard(request.request_id)
 
-    def _schedule_waiting(self, batch: _Batch) -> None:
+    def _schedule_waiting(self, batch: Batch) -> None:
         """FCFS admission: the head of `waiting` blocks everything behind it."""
         kv = self.kv_cache_manager
         while self.waiting and batch.token_budget > 0:
@@ -264,7 +246,8 @@ class Scheduler:
             if new_blocks is None:
                 break
             self.waiting.popleft()
-            batch.add(request, self._admit(request, num_hit_tokens, num_new_tokens, new_blocks))
+            self._add_to_batch(batch, request,
+                               self._admit(request, num_hit_tokens, num_new_tokens, new_blocks))
 
     def _admit(self, request: Request, num_hit_tokens: int, num_new_tokens: int,
                new_blocks: list[KVCacheBlock]) -> RequestData:
@@ -278,21 +261,15 @@ class Scheduler:
         if num_hit_tokens and self._mutant == M.SNAPSHOT_OMITS_PREFIX_HIT:
             start = 0
         if was_preempted:
-            return self._make_cached_request_data(request, start, num_new_tokens, 0, new_blocks,
-                                                  num_hit_tokens, resumed=True)
-        return NewRequestData(
-            req_id=request.request_id, incarnation=request.incarnation,
-            prompt_token_ids=request.prompt_token_ids, sampling_params=request.sampling_params,
-            block_ids=tuple([b.block_id for b in new_blocks]), num_computed_tokens=start,
-            num_new_tokens=num_new_tokens, num_cached_tokens=num_hit_tokens,
-            new_token_ids=request.prompt_token_ids[num_hit_tokens:num_hit_tokens + num_new_tokens],
-            samples=start + num_new_tokens >= request.num_tokens)
+            return cached_request_data(request, start, num_new_tokens, 0, new_blocks,
+                                       num_hit_tokens, resumed=True, shared=self._cached_reqs_data)
+        return new_request_data(request, start, num_hit_tokens, num_new_tokens, new_blocks)
 
     def _make_running_entry(self, request: Request, num_new_tokens: int, num_drafts: int,
                             new_blocks: list[KVCacheBlock]) -> CachedRequestData:
-        entry = self._make_cached_request_data(request, request.num_computed_tokens,
-                                               num_new_tokens, num_drafts, new_blocks, 0,
-                                               resumed=False)
+        entry = cached_request_data(request, request.num_computed_tokens, num_new_tokens,
+                                    num_drafts, new_blocks, 0, resumed=False,
+                                    shared=self._cached_reqs_data)
         # Drafts the budget clipped are dropped (vLLM keeps them when none was
         # scheduled; the spec drops them always, so a clipped decode cannot
         # leave drafts behind to form a second sampling entry).
@@ -300,63 +277,28 @@ class Scheduler:
             request.spec_token_ids = request.spec_token_ids[:num_drafts]
         return entry
 
-    def _make_cached_request_data(self, request: Request, start: int, num_new_tokens: int,
-                                  num_drafts: int, new_blocks: list[KVCacheBlock],
-                                  num_cached_tokens: int, resumed: bool) -> CachedRequestData:
-        num_computed = request.num_computed_tokens
-        new_token_ids = request.all_token_ids[num_computed:num_computed + num_new_tokens - num_drafts]
-        spec_token_ids = request.spec_token_ids[:num_drafts] if num_drafts else ()
-        block_ids = tuple([b.block_id for b in new_blocks]) if new_blocks else ()
-        samples = start + num_new_tokens - num_drafts >= request.num_tokens
-        if self._mutant == M.SHARED_SNAPSHOT:
-            shared = self._cached_reqs_data.get(request.request_id)
-            if shared is not None:            # overwritten in place: earlier batches see this
-                shared.incarnation = request.incarnation
-                shared.resumed_from_preemption = resumed
-                shared.new_token_ids = new_token_ids
-                shared.new_block_ids = block_ids
-                shared.num_computed_tokens = start
-                shared.num_new_tokens = num_new_tokens
-                shared.num_cached_tokens = num_cached_tokens
-                shared.spec_token_ids = spec_token_ids
-                shared.samples = samples
-                return shared
-        entry = CachedRequestData(request.request_id, request.incarnation, resumed, new_token_ids,
-                                  block_ids, start, num_new_tokens, num_cached_tokens,
-                                  spec_token_ids, samples)
-        if self._mutant == M.SHARED_SNAPSHOT:
-            self._cached_reqs_data[request.request_id] = entry
-        return entry
+    def _add_to_batch(self, batch: Batch, request: Request, entry: RequestData) -> None:
+        batch.add(request, entry)
+        if self._one_batch_per_request:
+            self.scheduled_req_ids.add(request.request_id)
 
-    def _make_output(self, batch: _Batch) -> SchedulerOutput:
-        new_reqs: list[NewRequestData] = []
-        cached_reqs: list[CachedRequestData] = []
-        num_scheduled_tokens: dict[str, int] = {}
-        spec_decode_tokens: dict[str, tuple[int, ...]] = {}
-        for entry in batch.entries:
-            (new_reqs if type(entry) is NewRequestData else cached_reqs).append(entry)  # type: ignore[arg-type]
-            num_scheduled_tokens[entry.req_id] = entry.num_new_tokens
-            if entry.spec_token_ids:
-                spec_decode_tokens[entry.req_id] = entry.spec_token_ids
-        total = self.config.max_num_batched_tokens - batch.token_budget
+    def _make_output(self, batch: Batch) -> SchedulerOutput:
         batch_id = None
         finished_req_ids: set[str] = set()
-        if total:
+        if batch.total_num_scheduled_tokens:
             batch_id, self._next_batch_id = self._next_batch_id, self._next_batch_id + 1
             # Only a batch that reaches the workers carries the finished ids.
             finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
-        return SchedulerOutput(batch_id, batch.entries, new_reqs, cached_reqs,
-                               num_scheduled_tokens, total, spec_decode_tokens,
-                               batch.preempted, finished_req_ids)
+        return batch.to_output(batch_id, finished_req_ids)
 
-    def _update_after_schedule(self, batch: _Batch) -> None:
-        """Advance the counters after the output holds the pre-batch counts."""
-        advance = self._mutant != M.ADVANCE_AT_COMPLETION
+    def _update_after_schedule(self, batch: Batch) -> None:
+        """The PR's move: advance num_computed_tokens now, at schedule time,
+        once every entry holds its pre-batch counts, so the next prefill chunk
+        can go into the very next batch."""
+        if self._mutant == M.ADVANCE_AT_COMPLETION:
+            return                            # the bug: advanced in update_from_output instead
         for request, entry in zip(batch.requests, batch.entries):
-            if advance:
-                request.num_computed_tokens += entry.num_new_tokens
-            if self._one_batch_per_request:
-                self.scheduled_req_ids.add(request.request_id)
+            request.num_computed_tokens += entry.num_new_tokens
 
     # ------------------------------------------------------------------
     # update_from_output()
@@ -364,22 +306,7 @@ class Scheduler:
 
     def fate_of(self, entry: RequestData) -> Fate:
         """What becomes of this in-flight entry's output if it completed now."""
-        return self._fate(entry, self.requests.get(entry.req_id))
-
-    def _fate(self, entry: RequestData, request: Request | None) -> Fate:
-        if request is None:
-            return Fate.SUPERSEDED            # finished or aborted since
-        incarnation = entry.incarnation
-        if incarnation == request.incarnation:
-            return Fate.LIVE
-        if incarnation == request.orphaned_incarnation:
-            return Fate.ORPHANED
-        if self._mutant == M.OUTPUT_BOUND_BY_NAME and incarnation < request.first_incarnation:
-            return Fate.LIVE                  # an older request of the same name
-        if (self._mutant == M.STALE_OUTPUT_APPLIED_TO_RESUMED
-                and request.status == RequestStatus.RUNNING):
-            return Fate.LIVE
-        return Fate.SUPERSEDED
+        return entry_fate(entry, self.requests.get(entry.req_id), self._mutant)
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
@@ -402,7 +329,7 @@ class Scheduler:
             if request is not None and entry.incarnation == request.incarnation:
                 fate = Fate.LIVE              # the common case, without a call
             else:
-                fate = self._fate(entry, request)
+                fate = entry_fate(entry, request, self._mutant)
             if fate is Fate.SUPERSEDED:
                 if tracing:
                     taken[req_id] = list(generated)
@@ -422,7 +349,7 @@ class Scheduler:
                 continue
             drafts = proposed[row] if proposed is not None and row is not None else ()
             was_running = request.status == RequestStatus.RUNNING
-            outputs.append(self._apply_sampled(request, entry, generated, fate, drafts))
+            outputs.append(apply_sampled(request, entry, generated, fate, drafts, self.config))
             if request.is_finished():
                 if was_running:
                     finished_running = True   # leaves `running` in one pass below
@@ -443,47 +370,6 @@ class Scheduler:
             self.scheduled_req_ids.discard(request.request_id)
         if self._mutant == M.ADVANCE_AT_COMPLETION:
             request.num_computed_tokens += entry.num_new_tokens
-
-    def _apply_sampled(self, request: Request, entry: RequestData, generated: list[int],
-                       fate: Fate, proposed_drafts: Sequence[int]) -> EngineCoreOutput:
-        num_drafts = len(entry.spec_token_ids)
-        if len(generated) > num_drafts + 1:
-            raise ValueError(f"{len(generated)} tokens returned for request {request.request_id!r}, "
-                             f"which had {num_drafts} drafts scheduled (at most {num_drafts + 1})")
-        num_rejected = num_drafts + 1 - len(generated)
-        if num_rejected:
-            if fate is Fate.LIVE:
-                if self._mutant != M.REJECTIONS_NOT_SUBTRACTED:
-                    request.num_computed_tokens -= num_rejected
-            elif self._mutant == M.REJECTIONS_SUBTRACTED_AFTER_RESET:
-                request.num_computed_tokens -= num_rejected
-        # An orphaned entry leaves the counter alone: preemption reset it and the
-        # recompute after resumption includes the tokens appended here.
-        new_token_ids: list[int] = []
-        for token_id in generated:
-            request.append_output_token_id(token_id)
-            new_token_ids.append(token_id)
-            if self._check_stop(request, token_id):
-                break                         # tokens after the stop are trimmed
-        if fate is Fate.LIVE and not request.is_finished() and (proposed_drafts or request.spec_token_ids):
-            request.spec_token_ids = tuple(proposed_drafts[:self.config.num_spec_tokens])
-        return EngineCoreOutput(request.request_id, new_token_ids,
-                                request.get_finished_reason(), request.stop_reason)
-
-    def _check_stop(self, request: Request, token_id: int) -> bool:
-        """vLLM's check_stop after each appended token: length first, then EOS
-        (unless ignore_eos), then stop_token_ids."""
-        num_tokens = request.num_tokens
-        if (num_tokens >= self.config.max_model_len
-                or num_tokens - request.num_prompt_tokens >= request.max_tokens):
-            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            return True
-        if token_id in request.stop_token_set:
-            request.status = RequestStatus.FINISHED_STOPPED
-            if token_id != request.eos_token_id or request.sampling_params.ignore_eos:
-                request.stop_reason = token_id     # a stop token id, not EOS
-            return True
-        return False
 
     def _trace_complete(self, scheduler_output: SchedulerOutput, taken: dict[str, list[int]],
                         dropped: list[str], next_drafts: dict[str, int],

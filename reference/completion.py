@@ -1,0 +1,92 @@
+"""What a completed batch entry does to its request (the body of
+`update_from_output`, entry by entry).
+
+* `entry_fate`: the entry's output is bound to the incarnation it was scheduled
+  for: *live* (still that incarnation), *orphaned* (preempted since, not
+  rescheduled) or *superseded* (rescheduled, aborted or finished since).
+* `apply_sampled`: a live or orphaned entry's sampled tokens are appended
+  one by one with vLLM's stop check after each; a live entry also has its
+  spec-decode rejections subtracted and takes the drafts proposed for its
+  next step. An orphaned entry leaves the counter alone: preemption reset it,
+  and the recompute after resumption includes the tokens appended here.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+from . import mutants as M
+from .config import SchedulerConfig
+from .outputs import EngineCoreOutput, RequestData
+from .request import Request, RequestStatus
+
+
+class Fate(str, enum.Enum):
+    """What becomes of a batch entry's output (DESIGN.md)."""
+
+    LIVE = "live"              # the request is still the incarnation it was scheduled for
+    ORPHANED = "orphaned"      # preempted since, not rescheduled: tokens kept, counter untouched
+    SUPERSEDED = "superseded"  # rescheduled, aborted or finished since: tokens dropped
+
+
+def entry_fate(entry: RequestData, request: Request | None, mutant: str | None) -> Fate:
+    """`request` is the live request of the entry's name, None if there is none."""
+    if request is None:
+        return Fate.SUPERSEDED            # finished or aborted since
+    incarnation = entry.incarnation
+    if incarnation == request.incarnation:
+        return Fate.LIVE
+    if incarnation == request.orphaned_incarnation:
+        return Fate.ORPHANED
+    if mutant == M.OUTPUT_BOUND_BY_NAME and incarnation < request.first_incarnation:
+        return Fate.LIVE                  # an older request of the same name
+    if mutant == M.STALE_OUTPUT_APPLIED_TO_RESUMED and request.status == RequestStatus.RUNNING:
+        return Fate.LIVE
+    return Fate.SUPERSEDED
+
+
+def apply_sampled(request: Request, entry: RequestData, generated: list[int], fate: Fate,
+                  proposed_drafts: Sequence[int], config: SchedulerConfig) -> EngineCoreOutput:
+    """Append a live or orphaned entry's sampled tokens (accepted drafts, then
+    the bonus token) up to the first that stops the request."""
+    mutant = config.mutant
+    num_drafts = len(entry.spec_token_ids)
+    if len(generated) > num_drafts + 1:
+        raise ValueError(f"{len(generated)} tokens returned for request {request.request_id!r}, "
+                         f"which had {num_drafts} drafts scheduled (at most {num_drafts + 1})")
+    num_rejected = num_drafts + 1 - len(generated)
+    if num_rejected:
+        if fate is Fate.LIVE:
+            if mutant != M.REJECTIONS_NOT_SUBTRACTED:
+                request.num_computed_tokens -= num_rejected
+        elif mutant == M.REJECTIONS_SUBTRACTED_AFTER_RESET:
+            request.num_computed_tokens -= num_rejected
+    # The model's list is the output's unless a stop trims it (as vLLM).
+    new_token_ids = generated
+    for num_new, token_id in enumerate(generated, 1):
+        request.append_output_token_id(token_id)
+        if check_stop(request, token_id, config.max_model_len):
+            if num_new < len(generated):
+                new_token_ids = generated[:num_new]   # tokens after the stop are trimmed
+            break
+    if fate is Fate.LIVE and not request.is_finished() and (proposed_drafts or request.spec_token_ids):
+        request.spec_token_ids = tuple(proposed_drafts[:config.num_spec_tokens])
+    return EngineCoreOutput(request.request_id, new_token_ids,
+                            request.get_finished_reason(), request.stop_reason)
+
+
+def check_stop(request: Request, token_id: int, max_model_len: int) -> bool:
+    """vLLM's check_stop after each appended token: length first, then EOS
+    (unless ignore_eos), then stop_token_ids."""
+    num_tokens = request.num_tokens
+    if (num_tokens >= max_model_len
+            or num_tokens - request.num_prompt_tokens >= request.max_tokens):
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    if token_id in request.stop_token_set:
+        request.status = RequestStatus.FINISHED_STOPPED
+        if token_id != request.eos_token_id or request.sampling_params.ignore_eos:
+            request.stop_reason = token_id     # a stop token id, not EOS
+        return True
+    return False
