@@ -12,9 +12,10 @@ report.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis import seed as hypothesis_seed
@@ -63,6 +64,32 @@ class FuzzResult:
         return 1 if self.failed else 0
 
 
+@contextlib.contextmanager
+def _fixed_constant_pool() -> Iterator[None]:
+    """Hypothesis now and then draws a number from the constants it finds in
+    the source of every *local* module already imported (its "local
+    constants": hypothesis.internal.conjecture.providers). The pool then
+    depends on what else the process has imported — the runtime's modules in
+    a test session, say — and the same seed gives another run. Pin the pool
+    to empty for the run, so a seed names one run. (A private hook: if a
+    Hypothesis release drops it, runs stay valid but may again depend on the
+    process's imports.)"""
+    try:
+        from hypothesis.internal.conjecture import providers
+        original, empty = providers._get_local_constants, providers.Constants()
+        cache = providers.CONSTANTS_CACHE.cache        # drawable constants, computed from the pool
+    except (ImportError, AttributeError):
+        yield
+        return
+    providers._get_local_constants = lambda: empty
+    cache.clear()
+    try:
+        yield
+    finally:
+        providers._get_local_constants = original
+        cache.clear()
+
+
 def fuzz(steps: int, seed: int, mutant: str | None = None, *, shrink: bool = True,
          check_traces: bool = False, steps_per_program: int = STEPS_PER_PROGRAM) -> FuzzResult:
     """Run the refinement machine for `steps` rule steps from `seed`."""
@@ -81,7 +108,7 @@ def fuzz(steps: int, seed: int, mutant: str | None = None, *, shrink: bool = Tru
     t0 = time.perf_counter()
     failure: str | None = None
     try:
-        with with_reporter(report.append):
+        with with_reporter(report.append), _fixed_constant_pool():
             run_state_machine_as_test(factory, settings=run_settings)
     except BudgetSpent:
         pass

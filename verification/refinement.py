@@ -124,7 +124,7 @@ def configs(draw) -> SchedulerConfig:
     return SchedulerConfig(
         max_num_batched_tokens=budget, max_num_seqs=draw(st.sampled_from([2, 3, 2, 4, 1])),
         max_model_len=max_model_len, block_size=block_size,
-        num_blocks=cdiv(max_model_len, block_size) + draw(st.integers(0, 2)),
+        num_blocks=cdiv(max_model_len, block_size) + draw(st.integers(0, 1)),
         num_pipeline_stages=draw(st.sampled_from([2, 3, 2, 4, 1])),
         long_prefill_token_threshold=draw(st.integers(1, 8)) if draw(st.integers(0, 3)) == 3 else 0,
         num_spec_tokens=draw(st.sampled_from([3, 2, 3, 1, 0])),
