@@ -4,6 +4,11 @@ and Spacer with none; one line per engine and model with the time taken.
     python benchmarks/z3_proofs.py induction default
     python benchmarks/z3_proofs.py induction wide-8x8
     python benchmarks/z3_proofs.py spacer single-seq [--budget 1800]
+    python benchmarks/z3_proofs.py spacer-param shared-k3 [--budget 1800]
+
+spacer-param: Spacer on the parameterised model (pool and policy
+over-approximated) instantiated with the model's requests, configuration
+and prompts, no invariant given (verification/z3_param_spacer.py).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import time
 from flightcheck.spec import Config, Prompt
 from flightcheck.verification import models
 from flightcheck.verification.z3_induction import describe_cti, prove_by_induction
+from flightcheck.verification.z3_param_spacer import spacer_param
 from flightcheck.verification.z3_spacer import spacer
 
 # 8 requests, K = 8, every feature on (for the hand-written-invariant proof at scale).
@@ -28,13 +34,19 @@ MODELS = dict(models.MODELS, **{WIDE.name: WIDE})
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("engine", choices=["induction", "spacer"])
+    ap.add_argument("engine", choices=["induction", "spacer", "spacer-param"])
     ap.add_argument("model", choices=sorted(MODELS))
     ap.add_argument("--budget", type=float, default=None)
     ap.add_argument("--jobs", type=int, default=1, help="processes for k-induction's first round")
     args = ap.parse_args()
     model = MODELS[args.model]
     t0, cpu0 = time.perf_counter(), time.process_time()
+    if args.engine == "spacer-param":
+        r = spacer_param(model, time_budget=args.budget)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        print(f"spacer-param on {model.name} ({model.describe()}): {r.status}, {r.num_rules} rules, "
+              f"{wall:.1f} s wall, {cpu:.1f} s cpu; {r.message}")
+        return
     if args.engine == "induction":
         res = prove_by_induction(model, 1, time_budget=args.budget, jobs=args.jobs)
     else:

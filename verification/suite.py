@@ -6,6 +6,9 @@ Methods:
   visiting every reachable state proves an invariant for all depths;
 * k-induction (Z3): the invariants with strengthening invariants are
   inductive, so they hold for all depths of the default model;
+* parameterised k-induction (Z3): the accounting invariants for any number
+  of requests, with the KV pool and the policy over-approximated
+  (z3_param.py);
 * bmc (Z3): bounded model checking to a depth, shortest-first; for
   "sometimes" targets, the depth at which they are first reached.
 
@@ -152,6 +155,8 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
         from . import z3_suite
         say(f"k-induction on {model.name}")
         rows += z3_suite.induction_rows(model, jobs=jobs)
+        say(f"parameterised k-induction, K = {model.cfg.num_stages}, any number of requests")
+        rows += z3_suite.param_rows(model.cfg.num_stages)
         say(f"bounded model checking of {model.name} to depth {depth}")
         rows += z3_suite.bmc_rows(model, depth)
     results = []
