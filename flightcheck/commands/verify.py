@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 from rich.console import Console
 
@@ -42,7 +43,10 @@ def run(args: argparse.Namespace) -> int:
         return bad(f"unknown --config {args.config!r}; known: {', '.join(MODELS)}")
     if args.mutant is not None and args.mutant not in MUTANTS:
         return bad(f"unknown --mutant {args.mutant!r}; known: {', '.join(MUTANTS)}")
-    console = Console(stderr=args.json)
+    stream = sys.stderr if args.json else sys.stdout
+    # Piped or redirected, rich would assume 80 columns and cut names short;
+    # a log or a CI page has room for the whole table.
+    console = Console(stderr=args.json, width=None if stream.isatty() else 160)
 
     if args.mutant:
         result = hunt_mutant(args.mutant)
