@@ -9,7 +9,7 @@ import pytest
 from flightcheck.spec import SOMETIMES
 from flightcheck.verification import explicit
 from flightcheck.verification.models import (CROWDED, EXHAUSTIVE_MODELS, ONE_BATCH, PRESSURE_K2,
-                                             SHARED_K3, SINGLE_SEQ)
+                                             SHARED_K3, SINGLE_SEQ, TIGHT_K2)
 
 # (states, edges, max depth) — change only with a reviewed change of semantics.
 PINNED = {
@@ -18,12 +18,13 @@ PINNED = {
     ONE_BATCH.name: (646, 982, 15),
     SINGLE_SEQ.name: (98, 149, 10),
     CROWDED.name: (977, 1931, 17),
+    TIGHT_K2.name: (1321, 3010, 13),
 }
 
 
 @pytest.fixture(scope="module")
 def results():
-    return {m.name: explicit.search(m) for m in (*EXHAUSTIVE_MODELS, SINGLE_SEQ, CROWDED)}
+    return {m.name: explicit.search(m) for m in (*EXHAUSTIVE_MODELS, SINGLE_SEQ, CROWDED, TIGHT_K2)}
 
 
 @pytest.mark.parametrize("name", list(PINNED))
@@ -33,7 +34,7 @@ def test_reachable_state_count_is_pinned(results, name):
     assert (r.num_states, r.num_edges, r.max_depth) == PINNED[name]
 
 
-@pytest.mark.parametrize("name", [m.name for m in EXHAUSTIVE_MODELS] + [CROWDED.name])
+@pytest.mark.parametrize("name", [m.name for m in EXHAUSTIVE_MODELS] + [CROWDED.name, TIGHT_K2.name])
 def test_correct_spec_violates_nothing_and_reaches_every_target(results, name):
     r = results[name]
     assert r.ok, [(v.property, len(v.path)) for v in r.violations]
