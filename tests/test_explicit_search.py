@@ -84,3 +84,21 @@ def test_a_model_whose_labels_are_not_chained_hashes_is_refused():
         Model("bad", PRESSURE_K2.cfg, (Prompt(4, 2, (7, 7)),))
     with pytest.raises(ValueError, match="different prefixes"):
         Model("bad", PRESSURE_K2.cfg, (Prompt(4, 2, (5, 7)), Prompt(4, 2, (6, 7))))
+
+
+def test_a_model_with_a_request_that_cannot_arrive_or_cannot_fit_is_refused():
+    """A request whose prompt the spec's `arrive` refuses would never arrive
+    (the model would silently check less), and one that outgrows the whole
+    pool deadlocks the correct spec (vLLM refuses such a pool at start-up)."""
+    from dataclasses import replace
+
+    from flightcheck.spec import Prompt
+    from flightcheck.verification.models import Model
+    with pytest.raises(ValueError, match="full block"):
+        Model("bad", PRESSURE_K2.cfg, (Prompt(2, 2),))            # a full prompt block needs a label
+    with pytest.raises(ValueError, match="max_model_len"):
+        Model("bad", PRESSURE_K2.cfg, (Prompt(8, 2, (1, 2, 3, 4)),))
+    two_blocks = replace(PRESSURE_K2.cfg, num_blocks=2)
+    with pytest.raises(ValueError, match="more than 2 blocks"):
+        Model("bad", two_blocks, (Prompt(3, 3, (7,)),))           # 3 + 2 outputs + 1 draft = 6 tokens
+    Model("ok", two_blocks, (Prompt(3, 1, (7,)),))                # finishes at its first token: 3 tokens

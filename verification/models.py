@@ -25,7 +25,27 @@ class Model:
     def __post_init__(self) -> None:
         """Labels behave like vLLM's chained block hashes: distinct within a
         prompt, and two prompts share a label only with the whole prefix
-        before it (so a shared label is a shared prefix, at the same block)."""
+        before it (so a shared label is a shared prefix, at the same block).
+
+        A prompt the spec's `arrive` would refuse (a request that could never
+        arrive), or one whose request can outgrow the whole pool (which
+        deadlocks the correct spec, and which vLLM refuses at start-up), is
+        an error here rather than a model that silently checks less."""
+        cfg = self.cfg
+        for r, p in enumerate(self.prompts):
+            if not 1 <= p.prompt_len < cfg.max_model_len or p.max_tokens < 1:
+                raise ValueError(f"model {self.name}: request {r} needs 1 <= prompt_len < max_model_len "
+                                 f"({cfg.max_model_len}) and max_tokens >= 1, got {p.prompt_len}, {p.max_tokens}")
+            full_blocks = p.prompt_len // cfg.block_size
+            if cfg.prefix_caching and len(p.labels) != full_blocks:
+                raise ValueError(f"model {self.name}: request {r} has {p.prompt_len} prompt tokens, so "
+                                 f"{full_blocks} full block(s) of {cfg.block_size}, but labels {p.labels}")
+            # KV slots at the last decode: every token but the last output, plus its drafts
+            drafts = cfg.num_spec_tokens if p.max_tokens > 1 else 0
+            most_tokens = min(p.prompt_len + p.max_tokens - 1 + drafts, cfg.max_model_len)
+            if -(-most_tokens // cfg.block_size) > cfg.num_blocks:
+                raise ValueError(f"model {self.name}: request {r} can hold {most_tokens} tokens, more than "
+                                 f"{cfg.num_blocks} blocks of {cfg.block_size}")
         for p in self.prompts:
             if len(set(p.labels)) != len(p.labels):
                 raise ValueError(f"model {self.name}: repeated block label in {p.labels}")
@@ -112,6 +132,24 @@ TIGHT_K2 = Model(
     (_p(1, 3), _p(3, 2, (7,))),
 )
 
+CROWDED_CHUNKED = Model(
+    "crowded-chunked",   # crowded with the long-prefill threshold: the victim is preempted three steps sooner
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=3, block_size=2,
+           num_blocks=3, max_model_len=6, prefix_caching=True, long_prefill_token_threshold=2),
+    (_p(1, 3), _p(3, 2, (7,)), _p(1, 1)),
+    allow_abort=False,
+)
+
+PREEMPT_DRAFTS = Model(
+    "preempt-drafts",    # a request preempted with a draft-carrying decode in flight (four blocks,
+                         # nine steps); no prefix caching and no aborts, which it needs neither of
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2,
+           num_blocks=4, max_model_len=5, prefix_caching=False, num_spec_tokens=1,
+           long_prefill_token_threshold=2),
+    (_p(1, 3), _p(3, 3)),
+    allow_abort=False,
+)
+
 EXHAUSTIVE_MODELS: tuple[Model, ...] = (PRESSURE_K2, SHARED_K3, ONE_BATCH)
 
 # The default configuration of `flightcheck verify`: 3 requests, K = 3, prefix
@@ -135,21 +173,20 @@ ENGINE_TEST = Model(
 
 MODELS: dict[str, Model] = {m.name: m for m in
                             (DEFAULT, PRESSURE_K2, SHARED_K3, ONE_BATCH, SINGLE_SEQ, CROWDED, TIGHT_K2,
-                             ENGINE_TEST)}
+                             CROWDED_CHUNKED, PREEMPT_DRAFTS, ENGINE_TEST)}
 
 # Where each mutant is hunted: the smallest model whose behaviours include its
-# bug (tight-k2 unless named here). Smaller models give shorter counterexamples
-# and, for BMC, a smaller circuit per step: tight-k2's 3 blocks and 6 tokens
-# bring every mutant it holds under 25 s of BMC here, against 60-185 s on
-# pressure-k2 for those that need 7-9 steps there.
+# bug (tight-k2 unless named here), with only the features the bug needs.
+# Smaller models give shorter counterexamples and, for BMC, a smaller circuit
+# per step: every mutant's BMC counterexample comes within 60 s here
+# (benchmarks/bmc_mutants.py), against 70-121 s for the last three below when
+# they were hunted on crowded and pressure-k2.
 MUTANT_MODELS: dict[str, Model] = {
     "inflight_set_not_cleared_on_preemption": ONE_BATCH,
     "max_num_seqs_ignored": SINGLE_SEQ,
-    "admit_after_preemption": CROWDED,
-    # a request preempted with a draft-carrying decode in flight needs the
-    # fourth block and the longer model length
-    "rejections_subtracted_after_reset": PRESSURE_K2,
-    "preemption_clears_inflight_drafts": PRESSURE_K2,
+    "admit_after_preemption": CROWDED_CHUNKED,
+    "rejections_subtracted_after_reset": PREEMPT_DRAFTS,
+    "preemption_clears_inflight_drafts": PREEMPT_DRAFTS,
 }
 
 
