@@ -29,7 +29,14 @@ WIDE = models.Model(
            max_model_len=8, prefix_caching=True, num_spec_tokens=1, long_prefill_token_threshold=3),
     tuple(Prompt(3, 2, (5,)) if r % 2 else Prompt(2, 2, (5,)) for r in range(8)))
 
-MODELS = dict(models.MODELS, **{WIDE.name: WIDE})
+# The same with the smallest pool and budget that keep every feature: 3 blocks, budget 2.
+NARROW = models.Model(
+    "narrow-8x8",
+    Config(num_stages=8, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=5, prefix_caching=True, num_spec_tokens=1, long_prefill_token_threshold=1),
+    tuple(Prompt(2, 2, (5,)) if r % 2 else Prompt(1, 2) for r in range(8)))
+
+MODELS = dict(models.MODELS, **{WIDE.name: WIDE, NARROW.name: NARROW})
 
 
 def main() -> None:
