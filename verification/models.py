@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from flightcheck.spec import Config, Prompt
+from flightcheck.spec.blocks import cdiv
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,9 @@ class Model:
             # KV slots at the last decode: every token but the last output, plus its drafts
             drafts = cfg.num_spec_tokens if p.max_tokens > 1 else 0
             most_tokens = min(p.prompt_len + p.max_tokens - 1 + drafts, cfg.max_model_len)
-            if -(-most_tokens // cfg.block_size) > cfg.num_blocks:
+            if cdiv(most_tokens, cfg.block_size) > cfg.num_blocks:
                 raise ValueError(f"model {self.name}: request {r} can hold {most_tokens} tokens, more than "
                                  f"{cfg.num_blocks} blocks of {cfg.block_size}")
-        for p in self.prompts:
             if len(set(p.labels)) != len(p.labels):
                 raise ValueError(f"model {self.name}: repeated block label in {p.labels}")
         for p in self.prompts:

@@ -126,9 +126,8 @@ class _Instance:
         for s in x.slots[:self.kept_slots(d)]:
             for f in SLOT_FIELDS:
                 out += at(getattr(s, f))
-            out += [z3.simplify(z3.IntVal(s.tokens) if isinstance(s.tokens, int) else s.tokens), s.first]
-        return out + [z3.simplify(z3.IntVal(x.num_running) if isinstance(x.num_running, int)
-                                  else x.num_running)]
+            out += [_int_term(s.tokens), s.first]
+        return out + [_int_term(x.num_running)]
 
     def properties(self, x: PState) -> Any:
         """P(x): the spec's properties as z3_param_inv states them, without the aux.* strengthening."""
@@ -138,14 +137,18 @@ class _Instance:
         return z3.simplify(z3.And([f for n, f in conj.items() if not n.startswith("aux.")]))
 
 
+def _int_term(x: int | Any) -> Any:
+    """A count the steps leave as a Python int or as a term, as a simplified term."""
+    return z3.simplify(z3.IntVal(x) if isinstance(x, int) else x)
+
+
 def horn_clauses(model: Model) -> tuple[z3.Fixedpoint, Any, int]:
     """(fixedpoint, Bad, number of transition rules) for `model`."""
     inst = _Instance(model)
     K = inst.K
-    preds = {}
-    for d in range(K + 1):
-        sorts = [a.sort() for a in inst.args(inst.state(inst.pre(d), d), d)]
-        preds[d] = z3.Function(f"Inv{d}", *sorts, z3.BoolSort())
+    states = {d: inst.state(inst.pre(d), d) for d in range(K + 1)}       # Inv_d's state
+    preds = {d: z3.Function(f"Inv{d}", *[a.sort() for a in inst.args(x, d)], z3.BoolSort())
+             for d, x in states.items()}
     bad = z3.Function("Bad", z3.BoolSort())
     fp = z3.Fixedpoint()
     fp.set(engine="spacer")
@@ -156,7 +159,7 @@ def horn_clauses(model: Model) -> tuple[z3.Fixedpoint, Any, int]:
     num_rules = 0
     for kind in MICRO_STEPS:
         for d in kind.depths(K):
-            x = inst.state(inst.pre(d), d)
+            x = states[d]
             body_pre = preds[d](*inst.args(x, d))
             for r in (inst.dom if "r" in kind.params else [None]):
                 params = [r if p == "r" else z3.Int(f"param_{p}") for p in kind.params]
@@ -170,8 +173,7 @@ def horn_clauses(model: Model) -> tuple[z3.Fixedpoint, Any, int]:
                 after = {"launch": d + 1, "pop": d - 1}.get(kind.name, d)
                 fp.rule(preds[after](*inst.args(post, after)), [body_pre, z3.simplify(guard)])
                 num_rules += 1
-    for d in range(K + 1):
-        x = inst.state(inst.pre(d), d)
+    for d, x in states.items():
         fp.rule(bad(), [preds[d](*inst.args(x, d)), z3.Not(inst.properties(x))])
     return fp, bad, num_rules
 
