@@ -2,7 +2,8 @@
 and Spacer with none; one line per engine and model with the time taken.
 
     python benchmarks/z3_proofs.py induction default
-    python benchmarks/z3_proofs.py induction wide-8x8
+    python benchmarks/z3_proofs.py induction narrow-8x8 --jobs 2
+    python benchmarks/z3_proofs.py induction wide-8x8 --jobs 2
     python benchmarks/z3_proofs.py spacer single-seq [--budget 1800]
     python benchmarks/z3_proofs.py spacer-param shared-k3 [--budget 1800]
 
@@ -16,27 +17,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from flightcheck.spec import Config, Prompt
 from flightcheck.verification import models
 from flightcheck.verification.z3_induction import describe_cti, prove_by_induction
 from flightcheck.verification.z3_param_spacer import spacer_param
 from flightcheck.verification.z3_spacer import spacer
 
-# 8 requests, K = 8, every feature on (for the hand-written-invariant proof at scale).
-WIDE = models.Model(
-    "wide-8x8",
-    Config(num_stages=8, max_num_batched_tokens=6, max_num_seqs=4, block_size=2, num_blocks=10,
-           max_model_len=8, prefix_caching=True, num_spec_tokens=1, long_prefill_token_threshold=3),
-    tuple(Prompt(3, 2, (5,)) if r % 2 else Prompt(2, 2, (5,)) for r in range(8)))
-
-# The same with the smallest pool and budget that keep every feature: 3 blocks, budget 2.
-NARROW = models.Model(
-    "narrow-8x8",
-    Config(num_stages=8, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=3,
-           max_model_len=5, prefix_caching=True, num_spec_tokens=1, long_prefill_token_threshold=1),
-    tuple(Prompt(2, 2, (5,)) if r % 2 else Prompt(1, 2) for r in range(8)))
-
-MODELS = dict(models.MODELS, **{WIDE.name: WIDE, NARROW.name: NARROW})
+MODELS = dict(models.MODELS, **models.PROOF_MODELS)
 
 
 def main() -> None:

@@ -49,6 +49,13 @@ def test_k_induction_proves_every_invariant(model):
 
 
 @pytest.mark.slow
+def test_k_induction_proves_every_invariant_for_eight_requests_and_eight_stages():
+    # about 15 minutes on two cores (README); benchmarks/z3_proofs.py prints the same rows
+    res = prove_by_induction(models.NARROW_8X8, jobs=2)
+    assert [p.name for p in res.properties if p.status != "proved"] == []
+
+
+@pytest.mark.slow
 def test_without_strengthening_the_spec_invariants_are_not_inductive():
     res = prove_by_induction(models.SINGLE_SEQ, auxiliary=[])
     unknown = [p for p in res.properties if p.status == "unknown"]

@@ -171,6 +171,26 @@ ENGINE_TEST = Model(
     allow_abort=False, allow_stop=False,
 )
 
+# Eight requests, K = 8, every feature on, for the k-induction proof at scale
+# (too large to enumerate or to unroll far): the smallest pool and budget that
+# keep every feature (3 blocks, so preemption; budget 2, so chunked prefill).
+NARROW_8X8 = Model(
+    "narrow-8x8",
+    Config(num_stages=8, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=5, prefix_caching=True, num_spec_tokens=1, long_prefill_token_threshold=1),
+    tuple(_p(2, 2, (5,)) if r % 2 else _p(1, 2) for r in range(8)),
+)
+
+# The same with a roomier pool and budget (10 blocks, budget 6, four sequences).
+WIDE_8X8 = Model(
+    "wide-8x8",
+    Config(num_stages=8, max_num_batched_tokens=6, max_num_seqs=4, block_size=2, num_blocks=10,
+           max_model_len=8, prefix_caching=True, num_spec_tokens=1, long_prefill_token_threshold=3),
+    tuple(_p(3, 2, (5,)) if r % 2 else _p(2, 2, (5,)) for r in range(8)),
+)
+
+PROOF_MODELS: dict[str, Model] = {m.name: m for m in (NARROW_8X8, WIDE_8X8)}
+
 MODELS: dict[str, Model] = {m.name: m for m in
                             (DEFAULT, PRESSURE_K2, SHARED_K3, ONE_BATCH, SINGLE_SEQ, CROWDED, TIGHT_K2,
                              CROWDED_CHUNKED, PREEMPT_DRAFTS, ENGINE_TEST)}

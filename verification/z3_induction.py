@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import multiprocessing
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import z3
 
@@ -61,15 +62,34 @@ def formula(system: System, name: str, s, sched=None) -> z3.BoolRef:
     return system.build(AUXILIARY[name], s)
 
 
+# A lean query the incremental solver has not settled within this many
+# milliseconds is split into its top-level conjuncts (or, when it has none,
+# asked again of a fresh solver): with 8 requests, `complete_oldest` against
+# S3 as one query ran for over ten minutes; request by request it takes
+# under a second each.
+INCREMENTAL_MS = 30_000
+
+
 @dataclass
 class _Query:
-    """step(k) for one action: its solvers, and each conjunct on the action's effect."""
+    """step(k) for one action: its solvers, and each conjunct on the action's effect.
+
+    A conjunct is first asked of a lean solver: the same step without the
+    hypotheses that call `schedule` on the frame (L2) and, for the other
+    actions, without the schedule circuit itself. Fewer hypotheses only
+    admit more models, so its unsat is a proof; when it is not unsat, the
+    full solver decides (and gives the CTI). With 8 requests, assuming L2
+    makes even an `arrive` query reason through the whole schedule circuit:
+    such a query ran for minutes where the lean one takes a second."""
 
     action: int
     goal: dict          # conjunct name -> formula on effect_a(s_{k-1})
     guard: z3.BoolRef   # literal: the action is taken
-    solvers: dict       # conjunct name -> the solver that checks it
+    solvers: dict       # conjunct name -> the full solver that checks it
     parts: dict         # conjunct name -> its clauses, for the big ones (SPLIT)
+    new_lean: Callable[[], z3.Solver]   # a fresh lean solver
+    lean: z3.Solver | None = None        # the incremental lean solver, once made
+    timeout_ms: int | None = None
 
     def solver(self, name: str) -> z3.Solver:
         return self.solvers[name]
@@ -78,12 +98,38 @@ class _Query:
         """Can the action break conjunct `name`? Clause by clause for a split
         one (many small queries beat one big disjunction); sat or unknown on
         the first clause that is not refuted."""
-        solver = self.solvers[name]
         for clause in self.parts.get(name, [self.goal[name]]):
-            r = solver.check(*assumptions, self.guard, z3.Not(clause))
+            r = self.check_formula(name, assumptions, clause)
             if r != z3.unsat:
                 return r
         return z3.unsat
+
+    def check_formula(self, name: str, assumptions: list, claim: z3.BoolRef) -> z3.CheckSatResult:
+        """Can the action break `claim`? Lean first, then in full (which gives the CTI)."""
+        question = [*assumptions, self.guard, z3.Not(claim)]
+        if name not in NEEDS_SCHEDULE:
+            if self.lean is None:
+                self.lean = self.new_lean()
+            self.lean.set("timeout", min(INCREMENTAL_MS, self.timeout_ms or INCREMENTAL_MS))
+            r = self.lean.check(*question)
+            if r == z3.unsat:
+                return r
+            if r == z3.unknown:
+                if z3.is_and(claim):
+                    for part in claim.children():
+                        r = self.check_formula(name, assumptions, part)
+                        if r != z3.unsat:
+                            return r
+                    return z3.unsat
+                fresh = self.new_lean()
+                if self.timeout_ms is not None:
+                    fresh.set("timeout", self.timeout_ms)
+                if fresh.check(*question) == z3.unsat:
+                    return z3.unsat
+        full = self.solvers[name]
+        if self.timeout_ms is not None:
+            full.set("timeout", self.timeout_ms)
+        return full.check(*question)
 
 
 def k_induction(system: System, k: int, names: list[str]):
@@ -95,17 +141,23 @@ def k_induction(system: System, k: int, names: list[str]):
     keeps them fast."""
     tr = system.transitions(k - 1)
     assume = {n: z3.Bool(f"assume:{n}") for n in names}
-    hyps = [z3.Implies(assume[n], z3.And([formula(system, n, system.frame(t), system.sched(t)[0])
-                                          for t in range(k)])) for n in names]
+
+    def hypotheses(selected: list[str]) -> list[z3.BoolRef]:
+        return [z3.Implies(assume[n], z3.And([formula(system, n, system.frame(t), system.sched(t)[0])
+                                              for t in range(k)])) for n in selected]
+
+    hyps = hypotheses(names)
+    lean_hyps = hypotheses([n for n in names if n not in NEEDS_SCHEDULE])
     prefix = [c for t in range(k - 1) for c in system.step(t, t + 1).constraints]
     queries = []
     for a in ACTIONS:
         eff = tr.effects[a]
         g = z3.Bool(f"takes:{ACTIONS[a]}")
 
-        def new_solver() -> z3.Solver:
+        def new_solver(lean: bool = False, a: int = a, g: z3.BoolRef = g) -> z3.Solver:
             solver = z3.SolverFor("QF_BV") if system.lay.width else z3.SolverFor("QF_LIA")
-            solver.add(prefix + tr.sched_defs + tr.defs + tr.legal + hyps)
+            circuit = [] if lean and a != SCHEDULE else tr.sched_defs
+            solver.add(prefix + circuit + tr.defs + tr.legal + (lean_hyps if lean else hyps))
             solver.add(z3.Implies(g, z3.And(tr.guards[a], tr.choices.act == a)))
             return solver
 
@@ -117,7 +169,8 @@ def k_induction(system: System, k: int, names: list[str]):
         for n in names:
             solvers[n] = extra if n in NEEDS_SCHEDULE else main
         parts = {n: list(system.build(SPLIT[n], eff).values()) for n in names if n in SPLIT}
-        queries.append(_Query(a, {n: formula(system, n, eff, sched1) for n in names}, g, solvers, parts))
+        queries.append(_Query(a, {n: formula(system, n, eff, sched1) for n in names}, g, solvers, parts,
+                              functools.partial(new_solver, lean=True)))
     return assume, queries, tr
 
 
@@ -239,8 +292,7 @@ def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | Non
                 if _by_chain(by_chain, q, n, alive):
                     continue
                 solver = q.solver(n)
-                if left_ms() is not None:
-                    solver.set("timeout", left_ms())
+                q.timeout_ms = left_ms()
                 r = q.check(n, [assume[x] for x in alive])
                 if r == z3.unsat:
                     continue
@@ -266,9 +318,8 @@ def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | Non
         for q in queries:
             st = _step_of(system, tr, q.action)
             solver = q.solver("WF_encoding")
-            if left_ms() is not None:
-                solver.set("timeout", left_ms())
-            r = solver.check(*[assume[x] for x in alive], q.guard, z3.Not(system.build(fn, st)))
+            q.timeout_ms = left_ms()
+            r = q.check_formula("WF_encoding", [assume[x] for x in alive], system.build(fn, st))
             if r != z3.unsat:
                 status = "unknown"
                 if r == z3.sat:
