@@ -1,6 +1,6 @@
 """How deep Z3 BMC gets in a time budget, with every feature on.
 
-    python benchmarks/bmc_depth.py [--model default] [--budget 600] [--max-depth 30] [--lemmas]
+    python benchmarks/bmc_depth.py [--model default] [--budget 600] [--max-depth 30] [--lemmas] [--no-aborts]
 
 Prints one line per completed depth (seconds since the start) and the rows
 that are not merely "bounded" (violations, reached "sometimes" targets).
@@ -11,6 +11,7 @@ long-prefill threshold, aborts), 10 minutes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 from flightcheck.verification import models
@@ -24,8 +25,11 @@ def main() -> None:
     ap.add_argument("--max-depth", type=int, default=30)
     ap.add_argument("--lemmas", action="store_true", help="also check the auxiliary invariants, as lemmas")
     ap.add_argument("--no-sometimes", action="store_true")
+    ap.add_argument("--no-aborts", action="store_true", help="the model without the environment's aborts")
     args = ap.parse_args()
     model = models.MODELS[args.model]
+    if args.no_aborts:
+        model = dataclasses.replace(model, allow_abort=False)
     print(f"model {model.name}: {model.describe()}; budget {args.budget:.0f} s", flush=True)
     t0, cpu0 = time.perf_counter(), time.process_time()
     res = bmc(model, args.max_depth, time_budget=args.budget, lemmas=args.lemmas,
