@@ -96,10 +96,13 @@ class _Query:
 
     def check(self, name: str, assumptions: list) -> z3.CheckSatResult:
         """Can the action break conjunct `name`? Clause by clause for a split
-        one (many small queries beat one big disjunction); sat or unknown on
-        the first clause that is not refuted."""
-        for clause in self.parts.get(name, [self.goal[name]]):
-            r = self.check_formula(name, assumptions, clause)
+        one (many small queries beat one big disjunction)."""
+        return self._check_each(name, assumptions, self.parts.get(name, [self.goal[name]]))
+
+    def _check_each(self, name: str, assumptions: list, claims: list) -> z3.CheckSatResult:
+        """unsat when no claim can be broken; else sat or unknown for the first that is not refuted."""
+        for claim in claims:
+            r = self.check_formula(name, assumptions, claim)
             if r != z3.unsat:
                 return r
         return z3.unsat
@@ -110,26 +113,20 @@ class _Query:
         if name not in NEEDS_SCHEDULE:
             if self.lean is None:
                 self.lean = self.new_lean()
-            self.lean.set("timeout", min(INCREMENTAL_MS, self.timeout_ms or INCREMENTAL_MS))
-            r = self.lean.check(*question)
+            r = self._ask(self.lean, question, INCREMENTAL_MS)
+            if r == z3.unknown and z3.is_and(claim):
+                return self._check_each(name, assumptions, claim.children())
+            if r == z3.unknown:
+                r = self._ask(self.new_lean(), question)
             if r == z3.unsat:
                 return r
-            if r == z3.unknown:
-                if z3.is_and(claim):
-                    for part in claim.children():
-                        r = self.check_formula(name, assumptions, part)
-                        if r != z3.unsat:
-                            return r
-                    return z3.unsat
-                fresh = self.new_lean()
-                if self.timeout_ms is not None:
-                    fresh.set("timeout", self.timeout_ms)
-                if fresh.check(*question) == z3.unsat:
-                    return z3.unsat
-        full = self.solvers[name]
-        if self.timeout_ms is not None:
-            full.set("timeout", self.timeout_ms)
-        return full.check(*question)
+        return self._ask(self.solvers[name], question)
+
+    def _ask(self, solver: z3.Solver, question: list, cap_ms: int | None = None) -> z3.CheckSatResult:
+        limits = [ms for ms in (cap_ms, self.timeout_ms) if ms is not None]
+        if limits:
+            solver.set("timeout", min(limits))
+        return solver.check(*question)
 
 
 def k_induction(system: System, k: int, names: list[str]):
