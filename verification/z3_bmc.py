@@ -25,6 +25,7 @@ from flightcheck.spec import SOMETIMES
 from .models import Model
 from .z3_invariants import INVARIANT_FORMULAS, SOMETIMES_FORMULAS, TRANSITION_FORMULAS, well_formed
 from .z3_strengthening import AUXILIARY
+from .z3_reduction import check_reducible, peephole, twin_order
 from .z3_results import EngineResult, PropertyResult, ReplayMismatch, concrete_check, kind_of, replay
 from .z3_system import Step, System
 
@@ -55,7 +56,10 @@ class _Unrolling:
     (sound: a path violating an open P earlier would have refuted P at a
     smaller depth), and dropping a refuted P's literal releases it."""
 
-    def __init__(self, model: Model, seed: int = 0) -> None:
+    def __init__(self, model: Model, seed: int = 0, reduce: bool = False) -> None:
+        if reduce:
+            check_reducible(model)
+        self.reduce = reduce
         self.system = System(model)
         # Bit-vectors go to Z3's incremental SAT solver (bit-blasted once, then
         # CDCL with assumptions), far faster here than integer arithmetic.
@@ -74,6 +78,10 @@ class _Unrolling:
         self.steps.append(st)
         self.depth += 1
         self.solver.add(self.system.sched(self.depth)[1])
+        if self.reduce:
+            self.solver.add(twin_order(self.system, self.depth))
+            if self.depth >= 3:     # pair (d-3, d-2): never the last step (z3_reduction)
+                self.solver.add(peephole(self.system, self.steps[-3], self.steps[-2]))
 
     def holds(self, name: str, formula: z3.BoolRef) -> None:
         """Record that `name` holds at the current depth (as a lemma)."""
@@ -89,6 +97,13 @@ class _Unrolling:
             self.solver.set("timeout", max(1, timeout_ms))
         return self.solver.check(lit, *[self.held[n] for n in open_names if n in self.held])
 
+    def counts(self) -> dict[str, int]:
+        """The SAT solver's conflicts and propagations so far."""
+        st = self.solver.statistics()
+        value = {k: st.get_key_value(k) for k in st.keys()}
+        return {"conflicts": int(value.get("sat conflicts", 0)),
+                "propagations": int(value.get("sat propagations 2ary", 0) + value.get("sat propagations nary", 0))}
+
     def trace(self, m: z3.ModelRef):
         sysm = self.system
         actions = [sysm.decode_action(m, st) for st in self.steps]
@@ -98,8 +113,8 @@ class _Unrolling:
 
 def bmc(model: Model, max_depth: int, properties: Iterable[str] | None = None,
         sometimes: Iterable[str] | None = None, time_budget: float | None = None,
-        stop_at_first: bool = False, seed: int = 0, lemmas: bool = False,
-        progress: Callable[[int, float], None] | None = None) -> EngineResult:
+        stop_at_first: bool = False, seed: int = 0, lemmas: bool = False, reduce: bool = False,
+        progress: Callable[[int, float, dict[str, int]], None] | None = None) -> EngineResult:
     """BMC of `properties` (invariant and transition-property names; default:
     all of them) and cover queries for `sometimes` targets (default: every one
     applicable to the model) up to `max_depth` steps or `time_budget` seconds.
@@ -109,14 +124,16 @@ def bmc(model: Model, max_depth: int, properties: Iterable[str] | None = None,
     like every open property they then serve as lemmas on the prefix, and
     since together they are inductive, each depth's query is about one step.
     With stop_at_first, it returns at the first violation of a spec property
-    (mutant hunting). `progress(depth, seconds)` is called after each depth."""
+    (mutant hunting). `progress(depth, seconds, solver_counts)` is called
+    after each depth, with the SAT solver's conflicts and propagations so far.
+    With `reduce`, the unrolling keeps fewer paths (z3_reduction)."""
     t0 = time.perf_counter()
     props = list(default_properties() if properties is None else properties)
     spec_props = set(props)
     if lemmas:
         props += ["WF_encoding", *AUXILIARY]
     targets = list(applicable_sometimes(model) if sometimes is None else sometimes)
-    u = _Unrolling(model, seed)
+    u = _Unrolling(model, seed, reduce)
     results: dict[str, PropertyResult] = {}
     open_props, open_targets = list(props), list(targets)
     completed, timed_out = -1, False
@@ -188,7 +205,7 @@ def bmc(model: Model, max_depth: int, properties: Iterable[str] | None = None,
             break
         completed = d
         if progress is not None:
-            progress(d, time.perf_counter() - t0)
+            progress(d, time.perf_counter() - t0, u.counts())
         ms = remaining_ms()
         if ms is not None and ms <= 0:
             break
