@@ -102,3 +102,13 @@ def test_a_model_with_a_request_that_cannot_arrive_or_cannot_fit_is_refused():
     with pytest.raises(ValueError, match="more than 2 blocks"):
         Model("bad", two_blocks, (Prompt(3, 3, (7,)),))           # 3 + 2 outputs + 1 draft = 6 tokens
     Model("ok", two_blocks, (Prompt(3, 1, (7,)),))                # finishes at its first token: 3 tokens
+
+
+def test_a_two_stage_target_is_reached_at_the_length_of_its_shortest_witness(results):
+    """A preempted request that resumes and finishes needs 9 steps on shared-k3
+    (BMC agrees: tests/test_z3_reduction.py), although a state where a request
+    has finished normally is 3 steps away: the depth is that of a path that
+    passes the preemption, not that of the end state."""
+    r = results[SHARED_K3.name]
+    assert r.reached["request_can_finish"] == 3
+    assert r.reached["preempted_request_resumes_and_finishes"] == 9

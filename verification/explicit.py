@@ -94,11 +94,12 @@ class SearchResult:
 
 
 class _Graph:
-    """Parents for shortest paths; system edges for liveness."""
+    """Parents for shortest paths; every edge for two-stage targets; system edges for liveness."""
 
     def __init__(self, root: State) -> None:
         self.parent: dict[State, tuple[State, Action] | None] = {root: None}
         self.depth: dict[State, int] = {root: 0}
+        self.edges: dict[State, list[State]] = {}
         self.system_edges: dict[State, list[State]] = {}
         self.labelled_system_edges: dict[State, list[tuple[Action, State]]] = {}
 
@@ -121,9 +122,6 @@ def search(model: Model, *, max_states: int = 2_000_000, stop_at_first: bool = F
     result = SearchResult(model)
     broken: set[str] = set()
     pending = {sm.name: sm for sm in SOMETIMES if sm.is_applicable(cfg)}
-    # Two-stage targets: states where `after` held for r on the path so far.
-    primed: dict[str, set[tuple[State, int]]] = {sm.name: set() for sm in SOMETIMES if sm.after}
-
     def note_violation(name: str, s: State, message: str) -> None:
         if name not in broken:
             broken.add(name)
@@ -134,34 +132,26 @@ def search(model: Model, *, max_states: int = 2_000_000, stop_at_first: bool = F
             if not inv.holds(s, cfg):
                 note_violation(inv.name, s, inv.statement)
 
-    def check_sometimes(s: State, prev: State | None) -> None:
+    def check_sometimes(s: State) -> None:
+        """One-stage targets; the BFS depth of s is the length of a shortest path to them."""
         for name, sm in list(pending.items()):
-            for r in range(model.num_requests):
-                if sm.after is not None:
-                    carried = prev is not None and (prev, r) in primed[name]
-                    if carried or sm.after(s, cfg, r):
-                        primed[name].add((s, r))
-                    else:
-                        continue
-                    if not sm.target(s, cfg, r):
-                        continue
-                elif not sm.target(s, cfg, r):
-                    continue
+            if sm.after is None and any(sm.target(s, cfg, r) for r in range(model.num_requests)):
                 result.reached[name] = graph.depth[s]
                 del pending[name]
-                break
 
     check_state(root)
-    check_sometimes(root, None)
+    check_sometimes(root)
     frontier = deque([root])
     while frontier:
         if stop_at_first and result.violations:
             break
         s = frontier.popleft()
+        edges = graph.edges.setdefault(s, [])
         sys_edges = graph.system_edges.setdefault(s, [])
         labelled = graph.labelled_system_edges.setdefault(s, [])
         for action, nxt in successors(model, s):
             result.num_edges += 1
+            edges.append(nxt)
             if isinstance(action, (Schedule, CompleteOldest)):
                 sys_edges.append(nxt)
                 labelled.append((action, nxt))
@@ -181,18 +171,47 @@ def search(model: Model, *, max_states: int = 2_000_000, stop_at_first: bool = F
                                                            prop.statement))
             if fresh:
                 check_state(nxt)
+                check_sometimes(nxt)
                 frontier.append(nxt)
-            check_sometimes(nxt, s)
         if progress and len(graph.parent) % 20000 == 0:
             progress(len(graph.parent), graph.depth[s])
     result.num_states = len(graph.parent)
     result.max_depth = max(graph.depth.values())
+    for name, sm in list(pending.items()):
+        if sm.after is not None and (depth := _two_stage_depth(graph, root, model, sm)) is not None:
+            result.reached[name] = depth
+            del pending[name]
     for name in pending:
         result.violations.append(Violation(name, [], "sometimes target never reached"))
     if check_liveness and result.complete and not (stop_at_first and result.violations):
         _check_liveness(graph, result)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _two_stage_depth(graph: _Graph, root: State, model: Model, sm) -> int | None:
+    """The length of a shortest path on which, for some request r, `sm.after`
+    holds and then (there or later) `sm.target`: breadth-first over pairs
+    (state, whether the path has passed `after` for r). The BFS depth of the
+    target state alone can be shorter, when a shorter path reaches that state
+    without passing `after`."""
+    cfg, best = model.cfg, None
+    for r in range(model.num_requests):
+        start = (root, sm.after(root, cfg, r))
+        seen, frontier, depth = {start}, [start], 0
+        while frontier and (best is None or depth < best):
+            if any(passed and sm.target(s, cfg, r) for s, passed in frontier):
+                best = depth
+                break
+            nxt = []
+            for s, passed in frontier:
+                for t in graph.edges.get(s, ()):
+                    pair = (t, passed or sm.after(t, cfg, r))
+                    if pair not in seen:
+                        seen.add(pair)
+                        nxt.append(pair)
+            frontier, depth = nxt, depth + 1
+    return best
 
 
 def _is_quiescent(s: State) -> bool:
