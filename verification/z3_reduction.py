@@ -75,6 +75,7 @@ def twins(model: Model) -> list[tuple[int, int]]:
 
 
 def check_reducible(model: Model) -> None:
+    """The commutations were checked for the spec, not for its mutants: refuse those."""
     if model.cfg.mutant is not None:
         raise ValueError(f"the BMC reductions are checked for the spec, not for the mutant {model.cfg.mutant}")
 
@@ -93,6 +94,7 @@ def forbidden(lay: Layout, a_act, a_req, b_act, b_req, before: SState, middle: S
         return disj(*[conj(eq(r, k), eq(q.table_len, 0)) for k, q in enumerate(before.reqs)])
 
     oldest = before.batches[0]
+
     def samples(e) -> z3.BoolRef:
         return conj(neg(eq(e.fate, SUPERSEDED)), e.samples)
 
