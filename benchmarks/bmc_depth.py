@@ -1,7 +1,7 @@
 """How deep Z3 BMC gets in a time budget, with every feature on.
 
     python benchmarks/bmc_depth.py [--model default] [--budget 600] [--max-depth 30] [--lemmas] [--no-aborts]
-                                   [--no-sometimes] [--reduce]
+                                   [--no-sometimes] [--reduce] [--json FILE]
 
 Prints one line per completed depth (seconds since the start, the SAT
 solver's conflicts and propagations so far) and the rows
@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import os
+import platform
 import time
+from pathlib import Path
 
 from flightcheck.verification import models
 from flightcheck.verification.z3_bmc import bmc
@@ -30,21 +34,45 @@ def main() -> None:
     ap.add_argument("--no-aborts", action="store_true", help="the model without the environment's aborts")
     ap.add_argument("--reduce", action="store_true",
                     help="twin symmetry and peephole partial-order reduction (verification/z3_reduction.py)")
+    ap.add_argument("--json", type=Path, metavar="FILE", help="also write the per-depth figures and the rows here")
     args = ap.parse_args()
     model = models.MODELS[args.model]
     if args.no_aborts:
         model = dataclasses.replace(model, allow_abort=False)
     print(f"model {model.name}: {model.describe()}; budget {args.budget:.0f} s", flush=True)
     t0, cpu0 = time.perf_counter(), time.process_time()
+    depths: list[dict] = []
+
+    def progress(d: int, seconds: float, counts: dict[str, int]) -> None:
+        cpu = time.process_time() - cpu0
+        depths.append({"depth": d, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1), **counts})
+        print(f"depth {d:3d} done at {seconds:7.1f} s wall, {cpu:7.1f} s cpu, {counts['conflicts']:9,d} conflicts, "
+              f"{counts['propagations'] / 1e6:8.1f} M propagations so far", flush=True)
+
     res = bmc(model, args.max_depth, time_budget=args.budget, lemmas=args.lemmas,
-              sometimes=[] if args.no_sometimes else None, reduce=args.reduce,
-              progress=lambda d, s, n: print(f"depth {d:3d} done at {s:7.1f} s wall, "
-                                             f"{time.process_time() - cpu0:7.1f} s cpu, {n['conflicts']:9,d} conflicts, "
-                                             f"{n['propagations'] / 1e6:8.1f} M propagations so far", flush=True))
+              sometimes=[] if args.no_sometimes else None, reduce=args.reduce, progress=progress)
     print(f"deepest depth completed: {res.depth} in {time.perf_counter() - t0:.1f} s")
     for p in res.properties:
         if p.status != "bounded":
             print(f"  {p.name}: {p.status} at depth {p.depth} ({p.seconds:.1f} s)")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "model": model.name, "describe": model.describe(), "budget_seconds": args.budget,
+            "reduce": args.reduce, "sometimes": not args.no_sometimes, "lemmas": args.lemmas,
+            "machine": _machine(),
+            "deepest_depth": res.depth, "seconds": round(res.seconds, 1), "depths": depths,
+            "rows": [{"name": p.name, "kind": p.kind, "status": p.status, "depth": p.depth,
+                      "seconds": round(p.seconds, 1)} for p in res.properties],
+        }, indent=1) + "\n")
+
+
+def _machine() -> str:
+    """CPU model and count, and the Python version: what the seconds were measured on."""
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines()
+             if ln.startswith("model name")] if cpuinfo.exists() else []
+    cpu = names[0] if names else platform.processor() or platform.machine()
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 if __name__ == "__main__":
