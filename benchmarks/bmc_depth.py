@@ -36,6 +36,10 @@ def main() -> None:
                     help="twin symmetry and peephole partial-order reduction (verification/z3_reduction.py)")
     ap.add_argument("--json", type=Path, metavar="FILE", help="also write the per-depth figures and the rows here")
     args = ap.parse_args()
+    if args.budget <= 0 or args.max_depth < 0:
+        ap.error("--budget must be positive and --max-depth at least 0")
+    if args.json and not args.json.parent.is_dir():
+        ap.error(f"--json: no directory {args.json.parent} to write {args.json.name} in")   # before, not after, the run
     model = models.MODELS[args.model]
     if args.no_aborts:
         model = dataclasses.replace(model, allow_abort=False)

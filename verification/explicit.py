@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from flightcheck.spec import (INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES, Abort, Action, Arrive,
-                              CompleteOldest, Sample, Schedule, State, initial_state,
+                              CompleteOldest, Sample, Schedule, Sometimes, State, initial_state,
                               sampling_entries, step)
 
 from .models import Model
@@ -122,6 +122,7 @@ def search(model: Model, *, max_states: int = 2_000_000, stop_at_first: bool = F
     result = SearchResult(model)
     broken: set[str] = set()
     pending = {sm.name: sm for sm in SOMETIMES if sm.is_applicable(cfg)}
+
     def note_violation(name: str, s: State, message: str) -> None:
         if name not in broken:
             broken.add(name)
@@ -189,7 +190,7 @@ def search(model: Model, *, max_states: int = 2_000_000, stop_at_first: bool = F
     return result
 
 
-def _two_stage_depth(graph: _Graph, root: State, model: Model, sm) -> int | None:
+def _two_stage_depth(graph: _Graph, root: State, model: Model, sm: Sometimes) -> int | None:
     """The length of a shortest path on which, for some request r, `sm.after`
     holds and then (there or later) `sm.target`: breadth-first over pairs
     (state, whether the path has passed `after` for r). The BFS depth of the

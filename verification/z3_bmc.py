@@ -24,9 +24,9 @@ from flightcheck.spec import SOMETIMES
 
 from .models import Model
 from .z3_invariants import INVARIANT_FORMULAS, SOMETIMES_FORMULAS, TRANSITION_FORMULAS, well_formed
-from .z3_strengthening import AUXILIARY
 from .z3_reduction import check_reducible, peephole, twin_order
 from .z3_results import EngineResult, PropertyResult, ReplayMismatch, concrete_check, kind_of, replay
+from .z3_strengthening import AUXILIARY
 from .z3_system import Step, System
 
 

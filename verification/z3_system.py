@@ -187,10 +187,13 @@ class System:
         return CompleteOldest(tuple(samples))
 
 
+# The encoding's action code of each spec action class (`Choices.act`).
+ACTION_CODE: dict[type, int] = {Arrive: ARRIVE, Schedule: SCHEDULE, CompleteOldest: COMPLETE, Abort: ABORT}
+
+
 def action_is(st: Step, kind: type) -> Any:
     """The step's action is of this spec class."""
-    code = {Arrive: ARRIVE, Schedule: SCHEDULE, CompleteOldest: COMPLETE, Abort: ABORT}[kind]
-    return eq(st.choices.act, code)
+    return eq(st.choices.act, ACTION_CODE[kind])
 
 
-__all__ = ["System", "Step", "action_is", "conj"]
+__all__ = ["System", "Step", "ACTION_CODE", "action_is", "conj"]
