@@ -11,11 +11,19 @@ violated (or a target first reached) at the smallest depth, and every
 counterexample is a shortest one. Each trace is decoded into spec actions and
 replayed on the concrete spec, which must agree state for state and must
 itself find the property broken.
+
+`bmc_split` shares the paths among processes: each runs this BMC on the
+paths of one `Cube` (the label of one early step), and the parts' results
+merge into one (a property holds to the depth every part reached; a
+violation or target is reported at the smallest depth any part found it).
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import queue
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import z3
@@ -27,7 +35,9 @@ from .z3_invariants import INVARIANT_FORMULAS, SOMETIMES_FORMULAS, TRANSITION_FO
 from .z3_reduction import check_reducible, peephole, twin_order
 from .z3_results import EngineResult, PropertyResult, ReplayMismatch, concrete_check, kind_of, replay
 from .z3_strengthening import AUXILIARY
+from .z3_actions import ABORT, ARRIVE, COMPLETE, SCHEDULE
 from .z3_system import Step, System
+from .z3_terms import arithmetic, conj, disj, eq, neg
 
 
 def unrolling(system: System, k: int) -> list[z3.BoolRef]:
@@ -46,6 +56,41 @@ def applicable_sometimes(model: Model) -> list[str]:
     return [s.name for s in SOMETIMES if s.is_applicable(model.cfg)]
 
 
+@dataclass(frozen=True)
+class Cube:
+    """The paths whose step `at` carries one of `labels` ((action code,
+    request) pairs; request 0 for schedule and complete), or, with `negate`,
+    none of them. The set is prefix-closed, so a part's lemmas on the prefix
+    stay sound; paths of at most `at` steps belong to every part."""
+
+    at: int
+    labels: frozenset[tuple[int, int]]
+    negate: bool = False
+
+    def formula(self, st: Step) -> z3.BoolRef:
+        inside = disj(*[conj(eq(st.choices.act, a), eq(st.choices.req, r)) for a, r in sorted(self.labels)])
+        return neg(inside) if self.negate else inside
+
+
+def split(model: Model, parts: int) -> list[Cube | None]:
+    """`parts` cubes that together hold every path, on the label of the
+    second step (the first is an arrival). For two parts the cut is the one
+    measured to balance on shared-k3: a schedule against everything else
+    (114 s and 130 s to depth 8, `benchmarks/bmc_depth.py --jobs 2`); more
+    parts deal the other labels out in turn, the last taking whatever the
+    others do not name."""
+    if parts <= 1:
+        return [None]
+    n = model.num_requests
+    rest = [(ARRIVE, n - 1), *[(ARRIVE, r) for r in range(n - 1)], (COMPLETE, 0), *[(ABORT, r) for r in range(n)]]
+    if parts > 1 + len(rest):
+        raise ValueError(f"{model.name}: at most {1 + len(rest)} parts (one per label of the second step), "
+                         f"not {parts}")
+    named = [[(SCHEDULE, 0)], *[rest[i::parts - 1] for i in range(parts - 2)]]
+    covered = frozenset(x for group in named for x in group)
+    return [Cube(1, frozenset(group)) for group in named] + [Cube(1, covered, negate=True)]
+
+
 class _Unrolling:
     """The incremental solver: frames 0..depth, steps between them.
 
@@ -56,10 +101,11 @@ class _Unrolling:
     (sound: a path violating an open P earlier would have refuted P at a
     smaller depth), and dropping a refuted P's literal releases it."""
 
-    def __init__(self, model: Model, seed: int = 0, reduce: bool = False) -> None:
+    def __init__(self, model: Model, seed: int = 0, reduce: bool = False, cube: Cube | None = None) -> None:
         if reduce:
             check_reducible(model)
         self.reduce = reduce
+        self.cube = cube
         self.system = System(model)
         # Bit-vectors go to Z3's incremental SAT solver (bit-blasted once, then
         # CDCL with assumptions), far faster here than integer arithmetic.
@@ -82,6 +128,9 @@ class _Unrolling:
             self.solver.add(twin_order(self.system, self.depth))
             if self.depth >= 3:     # pair (d-3, d-2): never the last step (z3_reduction)
                 self.solver.add(peephole(self.system, self.steps[-3], self.steps[-2]))
+        if self.cube is not None and self.depth == self.cube.at + 1:
+            with arithmetic(self.system.lay.width):
+                self.solver.add(self.cube.formula(self.steps[self.cube.at]))
 
     def holds(self, name: str, formula: z3.BoolRef) -> None:
         """Record that `name` holds at the current depth (as a lemma)."""
@@ -114,7 +163,8 @@ class _Unrolling:
 def bmc(model: Model, max_depth: int, properties: Iterable[str] | None = None,
         sometimes: Iterable[str] | None = None, time_budget: float | None = None,
         stop_at_first: bool = False, seed: int = 0, lemmas: bool = False, reduce: bool = False,
-        progress: Callable[[int, float, dict[str, int]], None] | None = None) -> EngineResult:
+        progress: Callable[[int, float, dict[str, int]], None] | None = None,
+        cube: Cube | None = None) -> EngineResult:
     """BMC of `properties` (invariant and transition-property names; default:
     all of them) and cover queries for `sometimes` targets (default: every one
     applicable to the model) up to `max_depth` steps or `time_budget` seconds.
@@ -126,14 +176,15 @@ def bmc(model: Model, max_depth: int, properties: Iterable[str] | None = None,
     With stop_at_first, it returns at the first violation of a spec property
     (mutant hunting). `progress(depth, seconds, solver_counts)` is called
     after each depth, with the SAT solver's conflicts and propagations so far.
-    With `reduce`, the unrolling keeps fewer paths (z3_reduction)."""
+    With `reduce`, the unrolling keeps fewer paths (z3_reduction); with
+    `cube`, only the paths of that part (see `bmc_split`)."""
     t0 = time.perf_counter()
     props = list(default_properties() if properties is None else properties)
     spec_props = set(props)
     if lemmas:
         props += ["WF_encoding", *AUXILIARY]
     targets = list(applicable_sometimes(model) if sometimes is None else sometimes)
-    u = _Unrolling(model, seed, reduce)
+    u = _Unrolling(model, seed, reduce, cube)
     results: dict[str, PropertyResult] = {}
     open_props, open_targets = list(props), list(targets)
     completed, timed_out = -1, False
@@ -219,6 +270,88 @@ def bmc(model: Model, max_depth: int, properties: Iterable[str] | None = None,
     order = props + targets
     return EngineResult(model.name, "bmc", seconds, completed,
                         sorted(results.values(), key=lambda p: order.index(p.name)))
+
+
+def bmc_split(model: Model, max_depth: int, jobs: int = 2,
+              progress: Callable[[int, float, dict[str, int]], None] | None = None, **options) -> EngineResult:
+    """`bmc` with the paths shared among `jobs` processes (one `Cube` each),
+    merged: a property holds to the depth every part completed; a violation
+    or a reached target is the shallowest any part found. `progress` is called
+    once every part has completed a depth, with their solver counts summed."""
+    cubes = split(model, jobs)
+    if len(cubes) == 1:
+        return bmc(model, max_depth, progress=progress, **options)
+    t0 = time.perf_counter()
+    ctx = multiprocessing.get_context("spawn")      # Z3 contexts do not survive a fork
+    events = ctx.Queue()
+    workers = [ctx.Process(target=_part, args=(i, model, max_depth, cube, options, events), daemon=True)
+               for i, cube in enumerate(cubes)]
+    for w in workers:
+        w.start()
+    done: dict[int, dict[int, dict[str, int]]] = {i: {} for i in range(len(cubes))}
+    finished_at: dict[int, dict[int, float]] = {i: {} for i in range(len(cubes))}
+    results: dict[int, EngineResult] = {}
+    reported = -1
+    try:
+        while len(results) < len(cubes):
+            try:
+                kind, i, payload = events.get(timeout=5)
+            except queue.Empty:
+                dead = [j for j, w in enumerate(workers) if not w.is_alive() and j not in results]
+                if dead and events.empty():
+                    raise RuntimeError(f"BMC part {dead[0]} died (exit code {workers[dead[0]].exitcode})")
+                continue
+            if kind == "error":
+                raise RuntimeError(f"BMC part {i} failed:\n{payload}")
+            if kind == "result":
+                results[i] = payload
+                continue
+            done[i][payload[0]] = payload[1]
+            finished_at[i][payload[0]] = time.perf_counter() - t0
+            while progress is not None and all(reported + 1 in d for d in done.values()):
+                reported += 1
+                counts = [d[reported] for d in done.values()]
+                progress(reported, time.perf_counter() - t0,
+                         {k: sum(c[k] for c in counts) for k in counts[0]})
+    finally:
+        for w in workers:
+            if w.is_alive():
+                w.terminate()
+            w.join()
+    res = _merge(model, [results[i] for i in range(len(cubes))], time.perf_counter() - t0)
+    for i, cube in enumerate(cubes):
+        times = ", ".join(f"{d}: {s:.1f}" for d, s in sorted(finished_at[i].items()))
+        res.notes.append(f"part {i} ({cube}) completed depths at seconds {{{times}}}")
+    return res
+
+
+def _part(i: int, model: Model, max_depth: int, cube: Cube, options: dict, events) -> None:
+    """One process of `bmc_split`: its events are ("depth" | "result" | "error", part, payload)."""
+    import traceback
+    try:
+        res = bmc(model, max_depth, cube=cube,
+                  progress=lambda d, _s, counts: events.put(("depth", i, (d, counts))), **options)
+        events.put(("result", i, res))
+    except Exception:       # noqa: BLE001 - the parent re-raises it with the traceback
+        events.put(("error", i, traceback.format_exc()))
+
+
+def _merge(model: Model, parts: list[EngineResult], seconds: float) -> EngineResult:
+    completed = min(p.depth for p in parts)
+    rows = []
+    for first in parts[0].properties:
+        mine = [p.by_name()[first.name] for p in parts]
+        found = [r for r in mine if r.status in ("violated", "reached")]
+        if found:
+            row = min(found, key=lambda r: (r.depth, r.seconds))
+            if completed < row.depth - 1:
+                row.message = (f"found at depth {row.depth}; a part stopped at depth {completed}, "
+                               "so a shorter one may exist")
+        else:
+            row = min(mine, key=lambda r: (r.depth, r.status != "unknown"))
+        rows.append(row)
+    return EngineResult(model.name, "bmc", seconds, completed, rows,
+                        notes=[f"paths shared among {len(parts)} processes (z3_bmc.split)"])
 
 
 def _confirm_reached(model: Model, name: str, states) -> None:
