@@ -67,6 +67,11 @@ class Cube:
     labels: frozenset[tuple[int, int]]
     negate: bool = False
 
+    def __str__(self) -> str:
+        names = {ARRIVE: "arrive r{}", SCHEDULE: "schedule", COMPLETE: "complete", ABORT: "abort r{}"}
+        labels = ", ".join(names[a].format(r) for a, r in sorted(self.labels))
+        return f"step {self.at + 1} is {'none' if self.negate else 'one'} of {{{labels}}}"
+
     def formula(self, st: Step) -> z3.BoolRef:
         inside = disj(*[conj(eq(st.choices.act, a), eq(st.choices.req, r)) for a, r in sorted(self.labels)])
         return neg(inside) if self.negate else inside
@@ -321,7 +326,7 @@ def bmc_split(model: Model, max_depth: int, jobs: int = 2,
     res = _merge(model, [results[i] for i in range(len(cubes))], time.perf_counter() - t0)
     for i, cube in enumerate(cubes):
         times = ", ".join(f"{d}: {s:.1f}" for d, s in sorted(finished_at[i].items()))
-        res.notes.append(f"part {i} ({cube}) completed depths at seconds {{{times}}}")
+        res.notes.append(f"part {i} ({cube}) completed depths at seconds {{{times}}}")   # depth: seconds
     return res
 
 
