@@ -61,7 +61,7 @@ def test_split_bmc_finds_a_mutant_at_its_shortest_depth():
 
 
 def test_a_failing_part_is_reported_with_its_traceback():
-    with pytest.raises(RuntimeError, match="BMC part 0 failed:(.|\n)*no_such_property"):
+    with pytest.raises(RuntimeError, match=r"BMC part \d failed:(.|\n)*no_such_property"):
         bmc_split(models.SINGLE_SEQ, 2, jobs=2, properties=["no_such_property"])
 
 

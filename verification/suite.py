@@ -158,7 +158,7 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
         say(f"parameterised k-induction, K = {model.cfg.num_stages}, any number of requests")
         rows += z3_suite.param_rows(model.cfg.num_stages)
         say(f"bounded model checking of {model.name} to depth {depth}")
-        rows += z3_suite.bmc_rows(model, depth)
+        rows += z3_suite.bmc_rows(model, depth, jobs=jobs)
     results = []
     for name in (mutants if mutants is not None else list(MUTANTS)):
         say(f"hunting mutant {name}")

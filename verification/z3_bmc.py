@@ -88,12 +88,17 @@ def split(model: Model, parts: int) -> list[Cube | None]:
         return [None]
     n = model.num_requests
     rest = [(ARRIVE, n - 1), *[(ARRIVE, r) for r in range(n - 1)], (COMPLETE, 0), *[(ABORT, r) for r in range(n)]]
-    if parts > 1 + len(rest):
-        raise ValueError(f"{model.name}: at most {1 + len(rest)} parts (one per label of the second step), "
+    if parts > max_parts(model):
+        raise ValueError(f"{model.name}: at most {max_parts(model)} parts (one per label of the second step), "
                          f"not {parts}")
     named = [[(SCHEDULE, 0)], *[rest[i::parts - 1] for i in range(parts - 2)]]
     covered = frozenset(x for group in named for x in group)
     return [Cube(1, frozenset(group)) for group in named] + [Cube(1, covered, negate=True)]
+
+
+def max_parts(model: Model) -> int:
+    """One part per label a step can carry: schedule, complete, and an arrival and an abort per request."""
+    return 2 + 2 * model.num_requests
 
 
 class _Unrolling:

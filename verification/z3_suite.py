@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from .models import Model
-from .z3_bmc import bmc, first_counterexample
+from .z3_bmc import bmc_split, first_counterexample, max_parts
 from .z3_induction import prove_by_induction
 from .z3_invariants import INVARIANT_FORMULAS, TRANSITION_FORMULAS
 
@@ -45,11 +45,19 @@ def param_rows(K: int) -> list:
     return [PropertyResult(n, kind_of(n), status, method, None, proof.seconds) for n in PARAM_PROPERTIES]
 
 
-def bmc_rows(model: Model, depth: int, time_budget: float | None = None) -> list:
+def bmc_rows(model: Model, depth: int, time_budget: float | None = None, jobs: int = 1) -> list:
     """Every spec property bounded (or violated) to `depth`, every applicable
-    "sometimes" target reached (or not) within it."""
-    res = bmc(model, depth, time_budget=time_budget)
-    return [_row(p) for p in res.properties if p.kind != "auxiliary"]
+    "sometimes" target reached (or not) within it: BMC with the sound
+    reductions (the spec, not a mutant: z3_reduction), its paths shared among
+    `jobs` processes (z3_bmc.bmc_split)."""
+    reduce = model.cfg.mutant is None
+    jobs = min(jobs, max_parts(model))
+    res = bmc_split(model, depth, jobs=jobs, time_budget=time_budget, reduce=reduce)
+    method = "bmc" + (", reduced" if reduce else "") + (f", {jobs} processes" if jobs > 1 else "")
+    rows = [_row(p) for p in res.properties if p.kind != "auxiliary"]
+    for row in rows:
+        row.method = method
+    return rows
 
 
 def hunt_mutant_bmc(name: str, model: Model, max_depth: int = 12, time_budget: float = 60.0):

@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
     verify.add_argument("--depth", type=positive_int, default=VERIFY_DEPTH,
                         help=f"BMC depth (default {VERIFY_DEPTH})")
     verify.add_argument("--jobs", type=positive_int, default=min(2, os.cpu_count() or 1),
-                        help="processes for the k-induction proof (default: 2, or 1 on one core)")
+                        help="processes for the k-induction proof and for BMC (default: 2, or 1 on one core)")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--list-configs", action="store_true", help="print the model names and exit")
