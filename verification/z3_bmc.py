@@ -23,6 +23,7 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -31,11 +32,11 @@ import z3
 from flightcheck.spec import SOMETIMES
 
 from .models import Model
+from .z3_actions import ABORT, ARRIVE, COMPLETE, SCHEDULE
 from .z3_invariants import INVARIANT_FORMULAS, SOMETIMES_FORMULAS, TRANSITION_FORMULAS, well_formed
 from .z3_reduction import check_reducible, peephole, twin_order
 from .z3_results import EngineResult, PropertyResult, ReplayMismatch, concrete_check, kind_of, replay
 from .z3_strengthening import AUXILIARY
-from .z3_actions import ABORT, ARRIVE, COMPLETE, SCHEDULE
 from .z3_system import Step, System
 from .z3_terms import arithmetic, conj, disj, eq, neg
 
@@ -337,7 +338,6 @@ def bmc_split(model: Model, max_depth: int, jobs: int = 2,
 
 def _part(i: int, model: Model, max_depth: int, cube: Cube, options: dict, events) -> None:
     """One process of `bmc_split`: its events are ("depth" | "result" | "error", part, payload)."""
-    import traceback
     try:
         res = bmc(model, max_depth, cube=cube,
                   progress=lambda d, _s, counts: events.put(("depth", i, (d, counts))), **options)
@@ -347,6 +347,9 @@ def _part(i: int, model: Model, max_depth: int, cube: Cube, options: dict, event
 
 
 def _merge(model: Model, parts: list[EngineResult], seconds: float) -> EngineResult:
+    """One result from the parts': each row from the part that found it
+    shallowest, or else from the part that got least deep (an "unknown"
+    there outweighs a "bounded" elsewhere at the same depth)."""
     completed = min(p.depth for p in parts)
     rows = []
     for first in parts[0].properties:
