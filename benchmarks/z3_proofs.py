@@ -47,7 +47,7 @@ def main() -> None:
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     print(f"{args.engine} on {model.name} ({model.describe()}): {wall:.1f} s wall, {cpu:.1f} s cpu")
     for p in res.properties:
-        print(f"  {p.name:40s} {p.status:8s} {p.message}")
+        print(f"  {p.name:40s} {p.status:8s} {p.seconds:7.1f} s  {p.message}")
         if p.cti:
             print(describe_cti(p.cti))
     for note in res.notes:

@@ -2,7 +2,7 @@
 constrained Horn clauses.
 
     Inv(s)  <=  Init(s)
-    Inv(s') <=  Inv(s) AND T(s, s')
+    Inv(s') <=  Inv(s) AND T_a(s, s')          (one rule per action a)
     Bad     <=  Inv(s) AND NOT P(s)            (P: the conjunction of the properties)
 
 `Bad` unreachable (the query answers unsat) proves P for every reachable
@@ -11,7 +11,9 @@ state, with Inv synthesised by Spacer; sat means a counterexample exists
 the same transition relation as BMC's and k-induction's, over Ints (Spacer's
 arithmetic engines want them); the auxiliary variables of the schedule and
 the step's choices are universally quantified in the rules, which is the
-existential of the body.
+existential of the body. T_a is T with the step's action fixed to a and
+simplified, so each rule carries one action's effect, not all four: S11 on
+single-seq took 26 s with one rule for T and takes 6 s with four.
 """
 
 from __future__ import annotations
@@ -58,7 +60,9 @@ def horn_clauses(system: System, properties: list[str]):
     variables = _free_consts(init + trans + sdefs0 + [prop])
     fp.declare_var(*variables)
     fp.rule(inv(*x0), init)
-    fp.rule(inv(*x1), [inv(*x0)] + trans)
+    for a in range(4):          # ARRIVE, SCHEDULE, COMPLETE, ABORT
+        fixed = [z3.simplify(z3.substitute(c, (step.choices.act, z3.IntVal(a)))) for c in trans]
+        fp.rule(inv(*x1), [inv(*x0)] + [c for c in fixed if not z3.is_true(c)])
     fp.rule(bad(), [inv(*x0), z3.Not(prop)] + sdefs0)
     return fp, bad
 
