@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from flightcheck.verification import models
-from flightcheck.verification.z3_bmc import bmc_split
+from flightcheck.verification.z3_bmc import bmc_split, max_parts
 
 
 def main() -> None:
@@ -45,6 +45,8 @@ def main() -> None:
     model = models.MODELS[args.model]
     if args.no_aborts:
         model = dataclasses.replace(model, allow_abort=False)
+    if args.jobs > max_parts(model):
+        ap.error(f"--jobs: at most {max_parts(model)} for {model.name} (one part per label of a step)")
     print(f"model {model.name}: {model.describe()}; budget {args.budget:.0f} s", flush=True)
     t0, cpu0 = time.perf_counter(), time.process_time()
     depths: list[dict] = []

@@ -65,7 +65,7 @@ def test_without_strengthening_the_spec_invariants_are_not_inductive():
 @pytest.mark.slow
 @pytest.mark.parametrize("model", [models.SINGLE_SEQ, models.SHARED_K3], ids=lambda m: m.name)
 def test_spacer_proves_an_invariant_with_no_invariant_given(model):
-    # the full encoding, one Horn rule per action: 20 s on single-seq, 88 s on shared-k3 (3 requests, K = 3)
+    # the full encoding, one Horn rule per action: 6-20 s on single-seq, 88 s on shared-k3 (3 requests, K = 3)
     res = spacer(model, ["S11_pipeline_depth"], time_budget=600)
     assert res.properties[0].status == "proved"
 

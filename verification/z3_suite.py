@@ -14,9 +14,9 @@ from .z3_invariants import INVARIANT_FORMULAS, TRANSITION_FORMULAS
 SPEC_PROPERTIES = frozenset(INVARIANT_FORMULAS) | frozenset(TRANSITION_FORMULAS)
 
 
-def _row(p):
+def _row(p, method: str | None = None):
     from .suite import PropertyResult, kind_of
-    return PropertyResult(p.name, kind_of(p.name), p.status, p.method, p.depth, p.seconds)
+    return PropertyResult(p.name, kind_of(p.name), p.status, method or p.method, p.depth, p.seconds)
 
 
 def induction_rows(model: Model, k: int = 1, time_budget: float | None = None, jobs: int = 1) -> list:
@@ -54,10 +54,7 @@ def bmc_rows(model: Model, depth: int, time_budget: float | None = None, jobs: i
     jobs = min(jobs, max_parts(model))
     res = bmc_split(model, depth, jobs=jobs, time_budget=time_budget, reduce=reduce)
     method = "bmc" + (", reduced" if reduce else "") + (f", {jobs} processes" if jobs > 1 else "")
-    rows = [_row(p) for p in res.properties if p.kind != "auxiliary"]
-    for row in rows:
-        row.method = method
-    return rows
+    return [_row(p, method) for p in res.properties if p.kind != "auxiliary"]
 
 
 def hunt_mutant_bmc(name: str, model: Model, max_depth: int = 12, time_budget: float = 60.0):
