@@ -1,11 +1,15 @@
 """The Z3 engines: BMC finds shortest counterexamples that replay on the
 concrete spec and reaches the "sometimes" targets; k-induction with the
 strengthening invariants proves every invariant (and reports a CTI without
-them); Spacer proves invariants with no invariant given."""
+them); Spacer proves invariants with no invariant given, finds a mutant's
+violation and keeps to its budget."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import z3
 
 from flightcheck.spec import INVARIANTS, MUTANTS
 from flightcheck.verification import models
@@ -13,7 +17,7 @@ from flightcheck.verification.counterexample import broken_at, replay
 from flightcheck.verification.z3_bmc import bmc, first_counterexample
 from flightcheck.verification.z3_induction import prove_by_induction
 from flightcheck.verification.z3_results import replay as replay_checked
-from flightcheck.verification.z3_spacer import spacer
+from flightcheck.verification.z3_spacer import _with_definitions, spacer
 
 
 def test_bmc_kills_a_mutant_with_a_shortest_replayable_trace():
@@ -62,12 +66,47 @@ def test_without_strengthening_the_spec_invariants_are_not_inductive():
     assert unknown and all(p.cti is not None for p in unknown)
 
 
+# What Spacer proves on the full encoding with no invariant given (sliced
+# rules, one per action): about 4-7 s each on single-seq, 10-17 s on
+# shared-k3 (3 requests, K = 3), a process start included.
+SPACER_PROVES = ["S11_pipeline_depth", "L3_drain", "S4_snapshot_immutability", "S7_fates_only_age"]
+
+
+def test_spacer_proves_properties_with_no_invariant_given():
+    res = spacer(models.SINGLE_SEQ, SPACER_PROVES, time_budget=400)
+    assert [(p.name, p.status) for p in res.properties] == [(n, "proved") for n in SPACER_PROVES]
+
+
+def test_spacer_finds_a_mutants_violation():
+    # an arriving request keeps a stale counter: S1 breaks in one step
+    res = spacer(models.SINGLE_SEQ.with_mutant("arrival_counter_stale"), ["S1_counter_bounds"], time_budget=120)
+    assert res.properties[0].status == "violated"
+
+
+def test_spacer_stops_at_its_budget():
+    # S2 does not come within minutes on the full encoding: the query is stopped at its budget
+    t0 = time.perf_counter()
+    res = spacer(models.SINGLE_SEQ, ["S2_length_cap"], time_budget=5)
+    assert res.properties[0].status == "unknown" and "budget" in res.properties[0].message
+    assert time.perf_counter() - t0 < 30
+
+
+def test_spacer_refuses_an_unknown_property():
+    with pytest.raises(ValueError, match="S99"):
+        spacer(models.SINGLE_SEQ, ["S99"])
+
+
+def test_spacer_rules_keep_exactly_the_definitions_they_reach():
+    a, b, c, d, x = z3.Ints("a b c d x")
+    definitions = {v.get_id(): (v, t) for v, t in ((a, b + 1), (b, 2 * c), (d, x + 5))}
+    kept = _with_definitions([a > x], definitions, lambda t: t)
+    assert {str(k) for k in kept} == {"a > x", "a == b + 1", "b == 2*c"}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("model", [models.SINGLE_SEQ, models.SHARED_K3], ids=lambda m: m.name)
-def test_spacer_proves_an_invariant_with_no_invariant_given(model):
-    # the full encoding, one Horn rule per action: 6-20 s on single-seq, 88 s on shared-k3 (3 requests, K = 3)
-    res = spacer(model, ["S11_pipeline_depth"], time_budget=600)
-    assert res.properties[0].status == "proved"
+def test_spacer_proves_properties_at_three_requests_and_three_stages():
+    res = spacer(models.SHARED_K3, SPACER_PROVES, time_budget=600)
+    assert [(p.name, p.status) for p in res.properties] == [(n, "proved") for n in SPACER_PROVES]
 
 
 # Mutants whose shortest counterexample is at most 3 steps: BMC finds each in
