@@ -24,7 +24,8 @@ Two things keep each rule small, and both leave it equivalent to T_a:
   changes no solution of the rest. An arrival's rule then no longer carries
   the whole unrolled schedule.
 Measured on the 2-core machine: S11 on shared-k3 (3 requests, K = 3) in 88 s
-with action-fixed rules alone, about 4 s sliced.
+with action-fixed rules alone, about 4 s sliced (the query alone; 12 s
+with its process start).
 
 Z3's own `timeout` on a fixedpoint query is not always honoured on these
 rules (a 120 s budget has run for many minutes), so each query runs in its
@@ -124,7 +125,7 @@ def _query(model: Model, group: list[str], answers: "multiprocessing.Queue") -> 
     if r == z3.unsat:
         answers.put(("proved", f"synthesised invariant: {len(str(fp.get_answer()))} characters"))
     else:
-        answers.put(("violated", "") if r == z3.sat else ("unknown", f"Spacer gave up: {reason}"))
+        answers.put(("violated", "Bad is reachable: bmc finds the shortest trace") if r == z3.sat else ("unknown", f"Spacer gave up: {reason}"))
 
 
 def _answer(worker, answers, deadline: float | None) -> tuple[str, str]:
