@@ -32,6 +32,10 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=None)
     ap.add_argument("--jobs", type=int, default=1, help="processes for k-induction's first round")
     args = ap.parse_args()
+    if args.budget is not None and args.budget <= 0:
+        ap.error(f"--budget: seconds, more than 0 (got {args.budget:g})")
+    if args.jobs < 1:
+        ap.error(f"--jobs: at least 1 (got {args.jobs})")
     model = MODELS[args.model]
     t0, cpu0 = time.perf_counter(), time.process_time()
     if args.engine == "spacer-param":

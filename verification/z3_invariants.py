@@ -328,6 +328,9 @@ TRANSITION_FORMULAS: dict[str, Callable[[Layout, Any], Any]] = {
     "S12_status_monotonicity": s12_status_monotonicity,
 }
 
+# Every spec property the engines prove: the state invariants, then the transition properties.
+SPEC_PROPERTIES: tuple[str, ...] = (*INVARIANT_FORMULAS, *TRANSITION_FORMULAS)
+
 
 # --- "sometimes" targets ----------------------------------------------------------
 
@@ -351,5 +354,5 @@ SOMETIMES_FORMULAS: dict[str, Callable[[Layout, SState], Any]] = {
         lambda lay, s: disj(*[conj(s.was_preempted[r], _finished_normally(s, r)) for r in range(lay.N)]),
 }
 
-__all__ = ["INVARIANT_FORMULAS", "TRANSITION_FORMULAS", "SOMETIMES_FORMULAS", "NEEDS_SCHEDULE",
+__all__ = ["INVARIANT_FORMULAS", "TRANSITION_FORMULAS", "SPEC_PROPERTIES", "SOMETIMES_FORMULAS", "NEEDS_SCHEDULE",
            "well_formed", "positions", "has_live", "CompleteOldest"]

@@ -5,8 +5,9 @@ Spacer on the full encoding (z3_spacer.py) proves only the properties that
 rest on no accounting invariant (S11, L3, S4, S7); the others do not come
 even on the smallest model: the KV pool by identity, its LRU free queue, the
 in-flight entries addressed by request index and the unrolled schedule make
-every transition a large formula over integers. The parameterised model of z3_param.py drops exactly that part
-(the pool, and the policy's choices, over-approximated), so here Spacer gets
+every transition a large formula over integers. The parameterised model of
+z3_param.py drops exactly that part (the pool, and the policy's choices,
+over-approximated), so here Spacer gets
 its micro-steps over N explicit requests, with the model's configuration and
 prompts, and is asked for the spec properties the parameterised model states
 (`S1..S11`, `L1` conjuncts of z3_param_inv.py — never the `aux.*` ones, which

@@ -42,12 +42,10 @@ from typing import Any, Iterable
 import z3
 
 from .models import Model
-from .z3_invariants import INVARIANT_FORMULAS, TRANSITION_FORMULAS
+from .z3_invariants import INVARIANT_FORMULAS, SPEC_PROPERTIES, TRANSITION_FORMULAS
 from .z3_results import EngineResult, PropertyResult, kind_of
 from .z3_system import ACTION_CODE, System
 from .z3_terms import leaves
-
-SPACER_PROPERTIES = [*INVARIANT_FORMULAS, *TRANSITION_FORMULAS]
 
 
 def _free_consts(fs: list[z3.ExprRef]) -> list[z3.ExprRef]:
@@ -124,8 +122,10 @@ def _query(model: Model, group: list[str], answers: "multiprocessing.Queue") -> 
         r, reason = z3.unknown, str(e)
     if r == z3.unsat:
         answers.put(("proved", f"synthesised invariant: {len(str(fp.get_answer()))} characters"))
+    elif r == z3.sat:
+        answers.put(("violated", "Bad is reachable: bmc finds the shortest trace"))
     else:
-        answers.put(("violated", "Bad is reachable: bmc finds the shortest trace") if r == z3.sat else ("unknown", f"Spacer gave up: {reason}"))
+        answers.put(("unknown", f"Spacer gave up: {reason}"))
 
 
 def _answer(worker, answers, deadline: float | None) -> tuple[str, str]:
@@ -151,10 +151,12 @@ def spacer(model: Model, properties: Iterable[str] | None = None, time_budget: f
     split evenly), or all at once. A query still running at its share of the
     budget is stopped and reported unknown."""
     t0 = time.perf_counter()
-    names = list(SPACER_PROPERTIES if properties is None else properties)
-    unknown = [n for n in names if n not in SPACER_PROPERTIES]
+    names = list(SPEC_PROPERTIES if properties is None else properties)
+    unknown = [n for n in names if n not in SPEC_PROPERTIES]
     if unknown:
         raise ValueError(f"not a property Spacer can be asked for: {', '.join(unknown)}")
+    if time_budget is not None and time_budget <= 0:
+        raise ValueError(f"time_budget must be positive, not {time_budget}")
     groups = [[n] for n in names] if separately else [names]
     share = None if time_budget is None else time_budget / len(groups)
     ctx = multiprocessing.get_context("spawn")          # Z3 contexts do not survive a fork
@@ -165,10 +167,9 @@ def spacer(model: Model, properties: Iterable[str] | None = None, time_budget: f
         worker = ctx.Process(target=_query, args=(model, group, answers), daemon=True)
         worker.start()
         status, message = _answer(worker, answers, None if share is None else start + share)
-        worker.join(timeout=5)
-        if worker.is_alive():
+        if worker.is_alive():               # answered and exiting, or past its budget
             worker.kill()
-            worker.join()
+        worker.join()
         seconds = time.perf_counter() - start
         res.properties += [PropertyResult(n, kind_of(n), status, "spacer", None, seconds, message=message)
                            for n in group]

@@ -9,9 +9,7 @@ import time
 from .models import Model
 from .z3_bmc import bmc_split, first_counterexample, max_parts
 from .z3_induction import prove_by_induction
-from .z3_invariants import INVARIANT_FORMULAS, TRANSITION_FORMULAS
-
-SPEC_PROPERTIES = frozenset(INVARIANT_FORMULAS) | frozenset(TRANSITION_FORMULAS)
+from .z3_invariants import SPEC_PROPERTIES
 
 
 def _row(p, method: str | None = None):
