@@ -23,7 +23,7 @@ from flightcheck.bench.plots.timeline import draw_timeline
 from flightcheck.bench.plots.trace_reader import read_timeline
 from flightcheck.bench.simulation import SimConfig, simulate
 from flightcheck.bench.workload import RequestSpec, Workload
-from flightcheck.spec import (Arrive, CompleteOldest, Sample, Schedule, describe, initial_state,
+from flightcheck.spec import (Arrive, CompleteOldest, Sample, describe, initial_state,
                               sampling_entries, schedule, step)
 from flightcheck.verification.models import ENGINE_TEST
 

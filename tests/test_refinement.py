@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from flightcheck import spec
-from flightcheck.reference import (Engine, Request, RequestStatus, SamplingParams, Scheduler,
+from flightcheck.reference import (Engine, Request, SamplingParams, Scheduler,
                                    SchedulerConfig, ScriptedExecutor)
 from flightcheck.verification.abstraction import Ledger, abstract, spec_config
 from flightcheck.verification.fuzz import PROFILES, fuzz

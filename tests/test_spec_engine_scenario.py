@@ -4,7 +4,7 @@ room, otherwise (or when nothing is schedulable) complete the oldest batch."""
 
 from __future__ import annotations
 
-from flightcheck.spec import (Arrive, CompleteOldest, Sample, Schedule, initial_state,
+from flightcheck.spec import (Arrive, CompleteOldest, Sample, initial_state,
                               sampling_entries, schedule, step, violated)
 from flightcheck.verification.models import ENGINE_TEST
 

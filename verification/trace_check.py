@@ -22,12 +22,12 @@ would go on (L2), or the spec itself cannot move it (L1).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from flightcheck.spec import (INVARIANTS, TRANSITION_PROPERTIES, Abort, Action, Arrive,
-                              CompleteOldest, Config, Prompt, Request, Sample, Schedule, State,
+                              CompleteOldest, Config, Prompt, Sample, Schedule, State,
                               Status, describe, initial_state, sampling_entries, schedule, step)
 from flightcheck.spec.actions import complete_oldest
 

@@ -18,10 +18,10 @@ from typing import Any
 import z3
 
 from . import z3_blocks as zb
-from .z3_requests import at, empty_table, prompt_len, put_flag, req_at, tokens_at, with_req, max_tokens
+from .z3_requests import at, empty_table, prompt_len, put_flag, req_at, with_req, max_tokens
 from .z3_state import (F_ABORTED, F_LENGTH, F_STOPPED, LIVE, NEW, ORPHANED, PAD, PREEMPTED, RUNNING,
-                       SUPERSEDED, WAITING, Layout, SBatch, SReq, SState, clone, pad_entry)
-from .z3_terms import V, Builder, conj, disj, eq, ite, le, lt, merge, neg, pick, put, var
+                       SUPERSEDED, WAITING, Layout, SBatch, SState, pad_entry)
+from .z3_terms import V, Builder, clone, conj, disj, eq, ite, le, lt, merge, neg, pick, put, var
 
 ARRIVE, SCHEDULE, COMPLETE, ABORT = range(4)
 NO_STOP = -1
@@ -149,7 +149,6 @@ def entry_samples(lay: Layout, s: SState, e) -> Any:
 
 def complete_oldest(lay: Layout, bld: Builder, s: SState, ch: Choices) -> Completion:
     """The oldest in-flight batch returns; its entries' outputs are applied in order."""
-    cfg = lay.cfg
     b0 = s.batches[0]
     st = clone(s)
     st.batches = [clone(b) for b in s.batches[1:]] + [SBatch(V(0), [pad_entry() for _ in range(lay.E)])]

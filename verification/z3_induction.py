@@ -48,7 +48,7 @@ from .z3_invariants import INVARIANT_FORMULAS, NEEDS_SCHEDULE, TRANSITION_FORMUL
 from .z3_results import EngineResult, PropertyResult, kind_of
 from .z3_strengthening import AUXILIARY
 from .z3_system import Step, System
-from .z3_terms import V, arithmetic, eq, lt
+from .z3_terms import V, arithmetic, eq
 
 ACTIONS = {ARRIVE: "arrive", SCHEDULE: "schedule", COMPLETE: "complete_oldest", ABORT: "abort"}
 

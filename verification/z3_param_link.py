@@ -62,7 +62,7 @@ class NotRepresentable(ValueError):
 
 def abstract_state(s: State, cfg: Config) -> PState:
     """map(s): the parameterised interpretation of a concrete state."""
-    ops, num = Concrete(len(s.requests)), len(s.requests)
+    num = len(s.requests)
     slots = []
     for i in range(cfg.num_stages):
         batch = s.in_flight[i] if i < len(s.in_flight) else ()

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import z3
 
 from .z3_state import NEW, PAD, Layout, SReq, SState
-from .z3_terms import V, Builder, eq, ite, merge, pick
+from .z3_terms import V, Builder, eq, ite, pick
 
 
 def prompt_len(lay: Layout, q: SReq, k: int) -> Any:

@@ -28,8 +28,8 @@ import z3
 from . import z3_blocks as zb
 from .z3_requests import empty_table, label_at, put_flag, req_at, tokens_at, with_req
 from .z3_state import (LIVE, ORPHANED, PAD, PREEMPTED, RUNNING, SUPERSEDED, Layout, SBatch, SEntry,
-                       SState, clone, pad_entry)
-from .z3_terms import (V, Builder, conj, count, disj, div_const, eq, imax, imin, ite, le, lt, merge, neg,
+                       SState, pad_entry)
+from .z3_terms import (V, Builder, clone, conj, count, disj, div_const, eq, imax, imin, ite, le, lt, merge, neg,
                        pick, put, sum_terms)
 
 

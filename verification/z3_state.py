@@ -20,7 +20,7 @@ outside every label the model can produce.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import z3
 
@@ -28,7 +28,7 @@ from flightcheck.spec import BlockPool, Config, Entry, Fate, Request, State, Sta
 from flightcheck.spec.blocks import cdiv
 
 from .models import Model
-from .z3_terms import V, clone, leaves, rebuild, value_of, var
+from .z3_terms import V, leaves, value_of, var
 
 STATUS: tuple[Status, ...] = (Status.NEW, Status.WAITING, Status.RUNNING, Status.PREEMPTED,
                               Status.FINISHED_STOPPED, Status.FINISHED_LENGTH,

@@ -27,7 +27,7 @@ from .z3_actions import (ABORT, ARRIVE, COMPLETE, NO_STOP, SCHEDULE, Choices, Co
 from .z3_schedule import SchedResult, schedule
 from .z3_state import (PREEMPTED, Layout, NotRepresentable, SState, constant_state, decode, dump, encode,
                        equal, frame, initial, leaves)
-from .z3_terms import Builder, arithmetic, conj, disj, eq, le, lt, pick, value_of
+from .z3_terms import Builder, arithmetic, conj, disj, eq, le, pick, value_of
 
 
 @dataclass
