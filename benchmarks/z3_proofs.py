@@ -1,7 +1,9 @@
 """Unbounded proofs with Z3: k-induction with the strengthening invariants,
-and Spacer with none; one line per engine and model with the time taken.
+with an inferred invariant instead, and Spacer with none; one line per
+engine and model with the time taken.
 
     python benchmarks/z3_proofs.py induction default
+    python benchmarks/z3_proofs.py inferred shared-k3
     python benchmarks/z3_proofs.py induction narrow-8x8 --jobs 2
     python benchmarks/z3_proofs.py induction wide-8x8 --jobs 2
     python benchmarks/z3_proofs.py spacer single-seq [--budget 1800]
@@ -10,6 +12,10 @@ and Spacer with none; one line per engine and model with the time taken.
 spacer-param: Spacer on the parameterised model (pool and policy
 over-approximated) instantiated with the model's requests, configuration
 and prompts, no invariant given (verification/z3_param_spacer.py).
+inferred: 1-induction strengthened by the candidates of a grammar that
+random walks do not refute and Houdini keeps (verification/z3_infer.py);
+it prints each drop as it happens, then the properties and the kept
+candidates (the inferred invariant).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import time
 
 from flightcheck.verification import models
 from flightcheck.verification.z3_induction import describe_cti, prove_by_induction
+from flightcheck.verification.z3_infer import is_candidate, prove_inferred
 from flightcheck.verification.z3_param_spacer import spacer_param
 from flightcheck.verification.z3_spacer import spacer
 
@@ -27,7 +34,7 @@ MODELS = dict(models.MODELS, **models.PROOF_MODELS)
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("engine", choices=["induction", "spacer", "spacer-param"])
+    ap.add_argument("engine", choices=["induction", "inferred", "spacer", "spacer-param"])
     ap.add_argument("model", choices=sorted(MODELS))
     ap.add_argument("--budget", type=float, default=None)
     ap.add_argument("--jobs", type=int, default=1, help="processes for k-induction's first round")
@@ -46,16 +53,25 @@ def main() -> None:
         return
     if args.engine == "induction":
         res = prove_by_induction(model, 1, time_budget=args.budget, jobs=args.jobs)
+    elif args.engine == "inferred":
+        res = prove_inferred(model, time_budget=args.budget, progress=lambda line: print("  " + line, flush=True))
     else:
         res = spacer(model, time_budget=args.budget)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     print(f"{args.engine} on {model.name} ({model.describe()}): {wall:.1f} s wall, {cpu:.1f} s cpu")
     for p in res.properties:
+        if is_candidate(p.name):
+            continue
         print(f"  {p.name:40s} {p.status:8s} {p.seconds:7.1f} s  {p.message}")
         if p.cti:
             print(describe_cti(p.cti))
     for note in res.notes:
         print("  " + note)
+    kept = [p.name for p in res.properties if is_candidate(p.name) and p.status == "proved"]
+    if kept:
+        print("  the inferred invariant (every candidate kept):")
+        for name in kept:
+            print("    " + name)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,9 @@ from flightcheck.spec import State
 
 from .models import Model
 from .z3_actions import ABORT, ARRIVE, COMPLETE, SCHEDULE, complete_guard
-from .z3_microsteps import SPLIT, Chain, MicroChain, batch_facts, completion_facts
+from .z3_infer import is_candidate, predicate
 from .z3_invariants import INVARIANT_FORMULAS, NEEDS_SCHEDULE, TRANSITION_FORMULAS, well_formed
+from .z3_microsteps import SPLIT, Chain, MicroChain, batch_facts, completion_facts
 from .z3_results import EngineResult, PropertyResult, kind_of
 from .z3_strengthening import AUXILIARY
 from .z3_system import Step, System
@@ -59,6 +60,8 @@ def formula(system: System, name: str, s, sched=None) -> z3.BoolRef:
         return system.build(well_formed, s)
     if name in INVARIANT_FORMULAS:
         return system.build(INVARIANT_FORMULAS[name], s, sched)
+    if is_candidate(name):
+        return system.build(predicate(name), s)
     return system.build(AUXILIARY[name], s)
 
 
@@ -250,14 +253,15 @@ def _parallel_round(model: Model, k: int, names: list[str], jobs: int) -> bool:
 
 def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | None = None,
                        auxiliary: Iterable[str] | None = None, time_budget: float | None = None,
-                       jobs: int = 1) -> EngineResult:
+                       jobs: int = 1, progress: Callable[[str], None] | None = None) -> EngineResult:
     """Prove `invariants` (default: all of the spec's) and the transition
     properties with the auxiliary invariants by k-induction.
 
     Returns one row per conjunct and transition property: proved, or unknown
     with a CTI (state before, action, state after) when the Houdini loop had to
     drop it, or violated when it fails within k-1 steps of the initial state.
-    `jobs`: processes for the first round (see the module docstring)."""
+    `jobs`: processes for the first round (see the module docstring);
+    `progress`: told of every conjunct the Houdini loop drops."""
     t0 = time.perf_counter()
     system = System(model)
     names = ["WF_encoding", *(INVARIANT_FORMULAS if invariants is None else invariants),
@@ -268,6 +272,9 @@ def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | Non
         rows[n] = PropertyResult(n, kind_of(n), "violated", method + " base", depth, time.perf_counter() - t0,
                                  states=[system.decode_or_dump(m, depth)],
                                  message="fails within k-1 steps of the initial state")
+    tell = progress or (lambda _: None)
+    if rows:
+        tell(f"{len(rows)} fail within k-1 steps of the initial state; {len(names) - len(rows)} left")
     assume, queries, tr = k_induction(system, k, names)
     alive = [n for n in names if n not in rows]
     by_chain = chains(system, k - 1, names)
@@ -305,6 +312,8 @@ def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | Non
                                              message=f"not inductive under {ACTIONS[q.action]}" if r == z3.sat
                                              else "solver gave up")
                     alive.remove(x)
+                shown = ", ".join(failing[:3]) + (f" and {len(failing) - 3} more" if len(failing) > 3 else "")
+                tell(f"{time.perf_counter() - t0:6.1f} s  {ACTIONS[q.action]} breaks {shown}; {len(alive)} left")
                 changed = True
     seconds = time.perf_counter() - t0
     for n in alive:

@@ -1,0 +1,247 @@
+"""Unbounded proofs with no hand-written invariant: candidate facts from a
+grammar, and Houdini keeps the inductive ones.
+
+The grammar knows the shape of the state (requests, in-flight entries, the
+block pool) and nothing about why the spec is correct. Every candidate is
+stated for every request, every entry slot or every block at once (a fact
+"for all r", like the parameterised proof's), so the same candidates serve
+any number of requests and stages:
+
+    req[G]: A      for every request r with guard G(r), atom A(r)
+        G: any | status=S (each of the 7 statuses) | in_flight (an entry of r
+           is in flight) | live (a live entry of r is in flight)
+        A: f=0 | f>=0 | f>=1 (f: num_output, num_computed, num_drafts,
+           table_len) | idle (no entry of r in flight) | no_live |
+           f=last.g (f equals r's last live entry's g: start, n, drafts) |
+           live<=1 | entries<=1 (entries of r in flight)
+    entry: g>=c | g<=c | g<h | g<=h   for every entry in flight (g, h: start,
+           n, drafts; c: 0, 1, k)
+    block[unlabelled]: ref<=1 | ref=0     block[any]: ref>=0
+    held: not_free | ref>=1     (a block in some request's table)
+    free: ref=0                  (a block in the free queue)
+
+That is 208 candidates (the number depends only on the statuses and
+fields, not on the model's size). `prove_inferred` first drops every
+candidate that is false on a state seen on seeded random walks of the
+concrete spec (microseconds a candidate and state; Daikon's filter), then
+hands the rest, with the spec's invariants, to the k-induction engine's
+Houdini loop (`z3_induction.prove_by_induction`): a candidate false in the
+initial state is dropped, every counterexample to induction drops every
+conjunct it breaks, and what is left is inductive. A spec invariant that
+survives is proved for every reachable state with an invariant nobody
+wrote; one that is dropped is reported unknown with its counterexample to
+induction.
+
+Soundness does not depend on the grammar: Houdini's result is an inductive
+conjunction that holds initially, whatever the candidates were. Only
+completeness does: had the grammar lacked a fact the proof needs, the
+invariants resting on it would have been dropped, and said so.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from typing import Any, Callable, Iterable
+
+import z3
+
+from flightcheck.spec import State, describe
+
+from . import explicit
+from .models import Model
+from .z3_invariants import INVARIANT_FORMULAS, has_live, positions
+from .z3_results import EngineResult, PropertyResult
+from .z3_state import (F_ABORTED, F_LENGTH, F_STOPPED, LIVE, NEW, PREEMPTED, RUNNING, WAITING, Layout,
+                       SState)
+from .z3_system import System
+from .z3_terms import V, conj, count, disj, eq, ite, le, lt, neg
+
+Aux = Callable[[Layout, SState], Any]
+
+STATUSES = {"NEW": NEW, "WAITING": WAITING, "RUNNING": RUNNING, "PREEMPTED": PREEMPTED,
+            "FINISHED_STOPPED": F_STOPPED, "FINISHED_LENGTH": F_LENGTH, "FINISHED_ABORTED": F_ABORTED}
+REQUEST_FIELDS = ("num_output", "num_computed", "num_drafts", "table_len")
+ENTRY_FIELDS = ("start", "n", "drafts")
+PREFIX = "inferred "     # every candidate's name starts with it (the engines tell them from the spec's)
+
+
+def _request_atoms() -> list[str]:
+    atoms = [f"{f}{op}" for f in REQUEST_FIELDS for op in ("=0", ">=0", ">=1")]
+    return atoms + ["idle", "no_live", "live<=1", "entries<=1"]
+
+
+def candidates() -> list[str]:
+    """Every candidate's name, in a fixed order (the name is the fact: see `predicate`)."""
+    guards = ["any", *(f"status={s}" for s in STATUSES), "in_flight", "live"]
+    out = [f"req[{g}]: {a}" for g in guards for a in _request_atoms()]
+    out += [f"req[live]: {f}=last.{g}" for f in REQUEST_FIELDS for g in ENTRY_FIELDS]
+    out += [f"entry: {g}{op}{c}" for g in ENTRY_FIELDS for op in (">=", "<=") for c in ("0", "1", "k")]
+    out += [f"entry: {g}{op}{h}" for g in ENTRY_FIELDS for h in ENTRY_FIELDS if g != h for op in ("<", "<=")]
+    out += ["block[unlabelled]: ref<=1", "block[unlabelled]: ref=0", "block[any]: ref>=0",
+            "held: not_free", "held: ref>=1", "free: ref=0"]
+    return [PREFIX + c for c in out]
+
+
+def is_candidate(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+# -- the meaning of a name ----------------------------------------------------
+
+def _mine(lay: Layout, s: SState, r: int, only_live: bool) -> list[Any]:
+    return [conj(u, eq(e.req, r), eq(e.fate, LIVE)) if only_live else conj(u, eq(e.req, r))
+            for e, u in positions(lay, s)]
+
+
+def _last_live(lay: Layout, s: SState, r: int, field: str) -> Any:
+    last = V(0)
+    for e, u in positions(lay, s):
+        last = ite(conj(u, eq(e.req, r), eq(e.fate, LIVE)), getattr(e, field), last)
+    return last
+
+
+def _compare(x: Any, op: str, y: Any) -> Any:
+    return {"=": lambda: eq(x, y), ">=": lambda: le(y, x), "<=": lambda: le(x, y), "<": lambda: lt(x, y)}[op]()
+
+
+def _request_guard(lay: Layout, s: SState, r: int, guard: str) -> Any:
+    if guard == "any":
+        return z3.BoolVal(True)
+    if guard == "in_flight":
+        return disj(*_mine(lay, s, r, False))
+    if guard == "live":
+        return has_live(lay, s, r)
+    return eq(s.reqs[r].status, STATUSES[guard.removeprefix("status=")])
+
+
+def _request_atom(lay: Layout, s: SState, r: int, atom: str) -> Any:
+    q = s.reqs[r]
+    if atom == "idle":
+        return neg(disj(*_mine(lay, s, r, False)))
+    if atom == "no_live":
+        return neg(has_live(lay, s, r))
+    if atom in ("live<=1", "entries<=1"):
+        return le(count(_mine(lay, s, r, atom == "live<=1")), 1)
+    f, op, rhs = re.fullmatch(r"(\w+)(=|>=)(.+)", atom).groups()
+    other = _last_live(lay, s, r, rhs.removeprefix("last.")) if rhs.startswith("last.") else V(int(rhs))
+    return _compare(getattr(q, f), op, other)
+
+
+def _entry_fact(lay: Layout, s: SState, fact: str) -> Any:
+    g, op, h = re.fullmatch(r"(\w+)(>=|<=|<)(\w+)", fact).groups()
+    k = lay.cfg.num_spec_tokens
+    out = []
+    for e, u in positions(lay, s):
+        rhs = V(k) if h == "k" else V(int(h)) if h.isdigit() else getattr(e, h)
+        out.append(z3.Implies(u, _compare(getattr(e, g), op, rhs)))
+    return conj(out)
+
+
+def _held(s: SState, block: int) -> Any:
+    return disj(*[conj(lt(t, q.table_len), eq(b, block)) for q in s.reqs for t, b in enumerate(q.table)])
+
+
+def _in_free_queue(s: SState, block: int) -> Any:
+    return disj(*[conj(lt(j, s.pool.free_len), eq(f, block)) for j, f in enumerate(s.pool.free)])
+
+
+def _pool_fact(lay: Layout, s: SState, scope: str, fact: str) -> Any:
+    out = []
+    for b, (ref, label) in enumerate(zip(s.pool.ref, s.pool.label)):
+        where = {"block[unlabelled]": eq(label, lay.none_label), "block[any]": z3.BoolVal(True),
+                 "held": _held(s, b), "free": _in_free_queue(s, b)}[scope]
+        what = {"ref<=1": le(ref, 1), "ref=0": eq(ref, 0), "ref>=0": le(0, ref), "ref>=1": le(1, ref),
+                "not_free": neg(_in_free_queue(s, b))}[fact]
+        out.append(z3.Implies(where, what))
+    return conj(out)
+
+
+def predicate(name: str) -> Aux:
+    """The candidate a name states, as a predicate over one frame."""
+    scope, fact = name.removeprefix(PREFIX).split(": ")
+    if scope.startswith("req["):
+        guard = scope[4:-1]
+        return lambda lay, s: conj([z3.Implies(_request_guard(lay, s, r, guard), _request_atom(lay, s, r, fact))
+                                    for r in range(lay.N)])
+    if scope == "entry":
+        return lambda lay, s: _entry_fact(lay, s, fact)
+    return lambda lay, s: _pool_fact(lay, s, scope, fact)
+
+
+# -- the proof ------------------------------------------------------------------
+
+def sample_states(model: Model, walks: int, length: int, seed: int = 0) -> list[State]:
+    """Distinct states seen on seeded random walks of the concrete spec from
+    its initial state (each step a uniformly chosen enabled action)."""
+    rng = random.Random(seed)
+    seen: dict[State, None] = {}
+    for _ in range(walks):
+        state = explicit.initial(model)
+        for _ in range(length):
+            nexts = [nxt for _, nxt in explicit.successors(model, state)]
+            if not nexts:
+                break
+            state = rng.choice(nexts)
+            seen.setdefault(state, None)
+    return list(seen)
+
+
+def refuted(system: System, names: Iterable[str], states: Iterable[State]) -> dict[str, State]:
+    """The candidates false on some of `states` (all reachable, so none of
+    these can be an invariant), each with a state it fails on."""
+    frame = system.frame("sample")
+    formulas = {n: system.build(predicate(n), frame) for n in names}
+    out: dict[str, State] = {}
+    solver = z3.Solver()
+    for state in states:
+        solver.push()
+        solver.add(system.encode(state, "sample"))
+        if solver.check() != z3.sat:
+            raise AssertionError(f"a reachable state the encoding cannot represent: {state}")
+        values = solver.model()
+        solver.pop()
+        for n, f in formulas.items():
+            if n not in out and z3.is_false(values.eval(f, model_completion=True)):
+                out[n] = state
+    return out
+
+
+def prove_inferred(model: Model, invariants: Iterable[str] | None = None, walks: int = 300, length: int = 60,
+                   time_budget: float | None = None, progress: Callable[[str], None] | None = None) -> EngineResult:
+    """The spec's invariants (default: all) and transition properties by
+    1-induction, strengthened by the grammar's candidates that Houdini keeps.
+
+    The candidates false on a state seen on `walks` random walks of `length`
+    steps are dropped first (a cheap filter: evaluating a candidate on a
+    state takes microseconds, a counterexample to induction seconds); the rest
+    go to the Houdini loop. Rows: the spec's properties, then every
+    candidate: kept ("proved": an inferred invariant), dropped by Houdini
+    ("unknown", with its counterexample to induction) or by a walk
+    ("violated", with the state it fails on in the message)."""
+    from .z3_induction import prove_by_induction
+    t0 = time.perf_counter()
+    tell = progress or (lambda _: None)
+    states = sample_states(model, walks, length)
+    names = candidates()
+    false_on = refuted(System(model), names, states)
+    tell(f"{time.perf_counter() - t0:6.1f} s  {len(false_on)} of {len(names)} candidates false on the "
+         f"{len(states)} states of {walks} random walks")
+    left = [n for n in names if n not in false_on]
+    budget = None if time_budget is None else max(1.0, time_budget - (time.perf_counter() - t0))
+    result = prove_by_induction(model, 1, INVARIANT_FORMULAS if invariants is None else invariants,
+                                auxiliary=left, time_budget=budget, progress=progress)
+    rows = result.by_name()
+    walked = [PropertyResult(n, "auxiliary", "violated", "random walks", None, 0.0,
+                             message=f"false on {describe(st)}") for n, st in false_on.items()]
+    spec = [p for p in result.properties if not is_candidate(p.name)]
+    kept = [rows[n] for n in left]
+    return EngineResult(result.model, "inferred invariant + " + result.method, time.perf_counter() - t0,
+                        result.depth, spec + kept + walked,
+                        notes=[f"{len(names)} candidates: {len(false_on)} false on {len(states)} sampled states, "
+                               f"{sum(p.status != 'proved' for p in kept)} dropped by Houdini, "
+                               f"{sum(p.status == 'proved' for p in kept)} kept"])
+
+
+__all__ = ["candidates", "is_candidate", "predicate", "prove_inferred", "refuted", "sample_states"]
