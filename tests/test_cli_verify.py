@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from flightcheck.cli import main
+from flightcheck.verification.z3_invariants import SPEC_PROPERTIES
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -21,6 +22,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     (["verify", "--mutant", "nope"], "unknown --mutant"),
     (["verify", "--depth", "0"], "must be at least 1"),
     (["verify", "--depth", "x"], "not an integer"),
+    (["verify", "--inferred", "--no-z3"], "cannot go with --no-z3"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, fragment):
@@ -52,3 +54,12 @@ def test_suite_json_has_the_documented_shape_without_z3(capsys):
         assert p["kind"] in ("invariant", "sometimes", "liveness")
         assert p["status"] in ("proved", "bounded", "reached", "violated", "unknown")
     assert all(m["killed"] and m["trace_length"] for m in data["mutants"])
+
+
+@pytest.mark.slow
+def test_suite_proves_every_invariant_with_an_inferred_invariant(capsys):
+    code = main(["verify", "--config", "single-seq", "--depth", "2", "--inferred", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    rows = [p for p in data["properties"] if p["method"].startswith("1-induction, invariant inferred")]
+    assert code == 0 and {p["name"] for p in rows} == set(SPEC_PROPERTIES)
+    assert all(p["status"] == "proved" for p in rows)

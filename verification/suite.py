@@ -6,6 +6,8 @@ Methods:
   visiting every reachable state proves an invariant for all depths;
 * k-induction (Z3): the invariants with strengthening invariants are
   inductive, so they hold for all depths of the default model;
+* 1-induction with an inferred invariant (Z3, `inferred=True` only: some
+  minutes): the same, with no hand-written strengthening (z3_infer.py);
 * parameterised k-induction (Z3): the accounting invariants for any number
   of requests, with the KV pool and the policy over-approximated
   (z3_param.py);
@@ -141,7 +143,7 @@ def hunt_mutant(name: str, model: Model | None = None) -> MutantResult:
 
 
 def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3: bool = True,
-              mutants: list[str] | None = None, jobs: int = 1,
+              mutants: list[str] | None = None, jobs: int = 1, inferred: bool = False,
               progress: Callable[[str], None] | None = None) -> SuiteResult:
     """The default suite: exhaustive search of the small models, Z3 proofs and
     BMC on `model`, and every mutant hunted."""
@@ -155,6 +157,9 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
         from . import z3_suite
         say(f"k-induction on {model.name}")
         rows += z3_suite.induction_rows(model, jobs=jobs)
+        if inferred:
+            say(f"1-induction on {model.name} with an inferred invariant")
+            rows += z3_suite.inferred_rows(model)
         say(f"parameterised k-induction, K = {model.cfg.num_stages}, any number of requests")
         rows += z3_suite.param_rows(model.cfg.num_stages)
         say(f"bounded model checking of {model.name} to depth {depth}")

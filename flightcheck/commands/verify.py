@@ -24,6 +24,9 @@ def add_parser(sub) -> None:
                         help="processes for the k-induction proof and for BMC (default: 2, or 1 on one core)")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
+    verify.add_argument("--inferred", action="store_true",
+                        help="also prove every invariant with an inferred invariant, none hand-written "
+                             "(about 4 minutes on the default model)")
     verify.add_argument("--list-configs", action="store_true", help="print the model names and exit")
     verify.add_argument("--json", action="store_true", help="print machine-readable results")
     verify.set_defaults(func=run)
@@ -41,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.config not in MODELS:
         return bad(f"unknown --config {args.config!r}; known: {', '.join(MODELS)}")
+    if args.inferred and args.no_z3:
+        return bad("--inferred is a Z3 proof; it cannot go with --no-z3")
     if args.mutant is not None and args.mutant not in MUTANTS:
         return bad(f"unknown --mutant {args.mutant!r}; known: {', '.join(MUTANTS)}")
     stream = sys.stderr if args.json else sys.stdout
@@ -65,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     with console.status("verifying") as status:
         suite = run_suite(MODELS[args.config], args.depth, use_z3=not args.no_z3, jobs=args.jobs,
-                          progress=lambda msg: status.update(msg))
+                          inferred=args.inferred, progress=lambda msg: status.update(msg))
     if args.json:
         print(json.dumps(suite.to_json(), indent=1))
     else:
