@@ -3,7 +3,7 @@ with an inferred invariant instead, and Spacer with none; one line per
 engine and model with the time taken.
 
     python benchmarks/z3_proofs.py induction default
-    python benchmarks/z3_proofs.py inferred shared-k3
+    python benchmarks/z3_proofs.py inferred shared-k3 --jobs 2
     python benchmarks/z3_proofs.py induction narrow-8x8 --jobs 2
     python benchmarks/z3_proofs.py induction wide-8x8 --jobs 2
     python benchmarks/z3_proofs.py spacer single-seq [--budget 1800]
@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("engine", choices=["induction", "inferred", "spacer", "spacer-param"])
     ap.add_argument("model", choices=sorted(MODELS))
     ap.add_argument("--budget", type=float, default=None)
-    ap.add_argument("--jobs", type=int, default=1, help="processes for k-induction's first round")
+    ap.add_argument("--jobs", type=int, default=1, help="processes for the Houdini rounds of induction and inferred")
     args = ap.parse_args()
     if args.budget is not None and args.budget <= 0:
         ap.error(f"--budget: seconds, more than 0 (got {args.budget:g})")
@@ -54,7 +54,7 @@ def main() -> None:
     if args.engine == "induction":
         res = prove_by_induction(model, 1, time_budget=args.budget, jobs=args.jobs)
     elif args.engine == "inferred":
-        res = prove_inferred(model, time_budget=args.budget, progress=lambda line: print("  " + line, flush=True))
+        res = prove_inferred(model, time_budget=args.budget, jobs=args.jobs, progress=lambda line: print("  " + line, flush=True))
     else:
         res = spacer(model, time_budget=args.budget)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0

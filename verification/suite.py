@@ -159,7 +159,7 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
         rows += z3_suite.induction_rows(model, jobs=jobs)
         if inferred:
             say(f"1-induction on {model.name} with an inferred invariant")
-            rows += z3_suite.inferred_rows(model)
+            rows += z3_suite.inferred_rows(model, jobs=jobs)
         say(f"parameterised k-induction, K = {model.cfg.num_stages}, any number of requests")
         rows += z3_suite.param_rows(model.cfg.num_stages)
         say(f"bounded model checking of {model.name} to depth {depth}")

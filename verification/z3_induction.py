@@ -22,9 +22,11 @@ I(s) AND T(s,s') => Q(s,s').
 tried micro-step by micro-step (z3_microsteps), which is what makes the
 3-request, K = 3 proof take seconds per conjunct instead of minutes, and
 only what that leaves unproved goes to the one-query form. With `jobs` > 1
-the first Houdini round (every conjunct assumed, every action) is split
-between processes by action; when it finds nothing to drop, the
-conjunction is inductive and the proof is done.
+(and no time budget) the Houdini loop goes round by round with the actions
+shared between processes: each runs the loop over its actions, the union
+of their drops leaves, and a round that drops nothing ends it. When the
+conjunction is inductive as given (the strengthening invariants), that is
+a single round.
 """
 
 from __future__ import annotations
@@ -220,76 +222,20 @@ def _by_chain(by_chain: dict[int, MicroChain], q: _Query, n: str, alive: list[st
     return chain is not None and n not in NEEDS_SCHEDULE and chain.proves(q.goal[n], alive)
 
 
-def _round(model: Model, k: int, names: list[str], actions: list[int]) -> bool:
-    """Does no action in `actions` break any conjunct, all assumed? (A worker's share.)"""
-    system = System(model)
-    assume, queries, _ = k_induction(system, k, names)
-    by_chain = chains(system, k - 1, names)
-    hyps = [assume[x] for x in names]
-    for q in queries:
-        if q.action not in actions:
-            continue
-        for n in names:
-            if _by_chain(by_chain, q, n, names):
-                continue
-            if q.check(n, hyps) != z3.unsat:
-                return False
-    return True
-
-
-# The actions' shares of the work, largest first (measured on shared-k3), for
-# splitting the first round between processes.
-_COST_ORDER = (COMPLETE, SCHEDULE, ABORT, ARRIVE)
-
-
-def _parallel_round(model: Model, k: int, names: list[str], jobs: int) -> bool:
-    shares: list[list[int]] = [[] for _ in range(min(jobs, len(_COST_ORDER)))]
-    for i, a in enumerate(_COST_ORDER):
-        shares[i % len(shares)].append(a)
-    ctx = multiprocessing.get_context("spawn")      # Z3 contexts do not survive a fork
-    with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=ctx) as pool:
-        return all(pool.map(_round, *zip(*[(model, k, names, share) for share in shares])))
-
-
-def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | None = None,
-                       auxiliary: Iterable[str] | None = None, time_budget: float | None = None,
-                       jobs: int = 1, progress: Callable[[str], None] | None = None) -> EngineResult:
-    """Prove `invariants` (default: all of the spec's) and the transition
-    properties with the auxiliary invariants by k-induction.
-
-    Returns one row per conjunct and transition property: proved, or unknown
-    with a CTI (state before, action, state after) when the Houdini loop had to
-    drop it, or violated when it fails within k-1 steps of the initial state.
-    `jobs`: processes for the first round (see the module docstring);
-    `progress`: told of every conjunct the Houdini loop drops."""
-    t0 = time.perf_counter()
-    system = System(model)
-    names = ["WF_encoding", *(INVARIANT_FORMULAS if invariants is None else invariants),
-             *(AUXILIARY if auxiliary is None else auxiliary)]
-    rows: dict[str, PropertyResult] = {}
+def _houdini(system: System, k: int, queries: list[_Query], assume: dict, tr, alive: list[str],
+            rows: dict[str, PropertyResult], actions: Iterable[int], left_ms: Callable[[], int | None],
+            tell: Callable[[str], None], t0: float) -> None:
+    """The Houdini loop over `actions`: every conjunct a counterexample to
+    induction breaks leaves `alive` (its row goes to `rows`), until no action
+    breaks any conjunct still alive."""
     method = f"k-induction (k={k})"
-    for n, (depth, m) in _base(system, k, names).items():
-        rows[n] = PropertyResult(n, kind_of(n), "violated", method + " base", depth, time.perf_counter() - t0,
-                                 states=[system.decode_or_dump(m, depth)],
-                                 message="fails within k-1 steps of the initial state")
-    tell = progress or (lambda _: None)
-    if rows:
-        tell(f"{len(rows)} fail within k-1 steps of the initial state; {len(names) - len(rows)} left")
-    assume, queries, tr = k_induction(system, k, names)
-    alive = [n for n in names if n not in rows]
-    by_chain = chains(system, k - 1, names)
-
-    def left_ms() -> int | None:
-        return None if time_budget is None else max(1, int((time_budget - (time.perf_counter() - t0)) * 1000))
-
-    # Optimistic first round in parallel: if no action breaks any conjunct
-    # with every conjunct assumed, the conjunction is inductive as it stands
-    # and the Houdini loop has nothing to do.
-    changed = not (jobs > 1 and time_budget is None and len(alive) == len(names)
-                   and _parallel_round(model, k, names, jobs))
+    by_chain = chains(system, k - 1, alive)
+    changed = True
     while changed:
         changed = False
         for q in queries:
+            if q.action not in actions:
+                continue
             for n in list(alive):
                 if n not in alive:
                     continue
@@ -312,9 +258,93 @@ def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | Non
                                              message=f"not inductive under {ACTIONS[q.action]}" if r == z3.sat
                                              else "solver gave up")
                     alive.remove(x)
-                shown = ", ".join(failing[:3]) + (f" and {len(failing) - 3} more" if len(failing) > 3 else "")
-                tell(f"{time.perf_counter() - t0:6.1f} s  {ACTIONS[q.action]} breaks {shown}; {len(alive)} left")
+                tell(f"{time.perf_counter() - t0:6.1f} s  {ACTIONS[q.action]} breaks {_some(failing)}; "
+                     f"{len(alive)} left")
                 changed = True
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _houdini_share(model: Model, k: int, names: list[str], actions: list[int]) -> dict[str, PropertyResult]:
+    """One process's share of a parallel Houdini round: the loop over `actions`
+    alone, from `names` all alive; the rows of the conjuncts it dropped."""
+    system = System(model)
+    assume, queries, tr = k_induction(system, k, names)
+    rows: dict[str, PropertyResult] = {}
+    _houdini(system, k, queries, assume, tr, list(names), rows, actions, lambda: None, lambda _: None,
+             time.perf_counter())
+    return rows
+
+
+# The actions' shares of the work, largest first (measured on shared-k3), for
+# splitting the Houdini rounds between processes.
+_COST_ORDER = (COMPLETE, SCHEDULE, ABORT, ARRIVE)
+
+
+def _parallel_houdini(model: Model, k: int, alive: list[str], rows: dict[str, PropertyResult], jobs: int,
+                      tell: Callable[[str], None], t0: float) -> None:
+    """The Houdini loop with the actions shared between processes, round by
+    round: each process runs the loop over its actions from what is alive, and
+    every conjunct any of them dropped leaves, until a round drops none (then
+    every action keeps every conjunct left, all assumed: it is inductive). A
+    drop is sound whatever the other processes drop meanwhile: a CTI that
+    satisfies a superset of the inductive core still shows its conjunct is
+    not in it."""
+    shares: list[list[int]] = [[] for _ in range(min(jobs, len(_COST_ORDER)))]
+    for i, a in enumerate(_COST_ORDER):
+        shares[i % len(shares)].append(a)
+    ctx = multiprocessing.get_context("spawn")      # Z3 contexts do not survive a fork
+    with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=ctx) as pool:
+        while True:
+            dropped: dict[str, PropertyResult] = {}
+            for share_rows in pool.map(_houdini_share, *zip(*[(model, k, list(alive), s) for s in shares])):
+                for n, row in share_rows.items():
+                    dropped.setdefault(n, row)
+            if not dropped:
+                return
+            for n, row in dropped.items():
+                alive.remove(n)
+                rows[n] = dataclasses.replace(row, seconds=time.perf_counter() - t0)
+            tell(f"{time.perf_counter() - t0:6.1f} s  a round in {len(shares)} processes drops "
+                 f"{_some(list(dropped))}; {len(alive)} left")
+
+
+def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | None = None,
+                       auxiliary: Iterable[str] | None = None, time_budget: float | None = None,
+                       jobs: int = 1, progress: Callable[[str], None] | None = None) -> EngineResult:
+    """Prove `invariants` (default: all of the spec's) and the transition
+    properties with the auxiliary invariants by k-induction.
+
+    Returns one row per conjunct and transition property: proved, or unknown
+    with a CTI (state before, action, state after) when the Houdini loop had to
+    drop it, or violated when it fails within k-1 steps of the initial state.
+    `jobs`: processes for the Houdini rounds (see the module docstring);
+    `progress`: told of every conjunct the Houdini loop drops."""
+    t0 = time.perf_counter()
+    system = System(model)
+    names = ["WF_encoding", *(INVARIANT_FORMULAS if invariants is None else invariants),
+             *(AUXILIARY if auxiliary is None else auxiliary)]
+    rows: dict[str, PropertyResult] = {}
+    method = f"k-induction (k={k})"
+    for n, (depth, m) in _base(system, k, names).items():
+        rows[n] = PropertyResult(n, kind_of(n), "violated", method + " base", depth, time.perf_counter() - t0,
+                                 states=[system.decode_or_dump(m, depth)],
+                                 message="fails within k-1 steps of the initial state")
+    tell = progress or (lambda _: None)
+    if rows:
+        tell(f"{len(rows)} fail within k-1 steps of the initial state; {len(names) - len(rows)} left")
+    assume, queries, tr = k_induction(system, k, names)
+    alive = [n for n in names if n not in rows]
+
+    def left_ms() -> int | None:
+        return None if time_budget is None else max(1, int((time_budget - (time.perf_counter() - t0)) * 1000))
+
+    if jobs > 1 and time_budget is None:
+        _parallel_houdini(model, k, alive, rows, jobs, tell, t0)
+    else:
+        _houdini(system, k, queries, assume, tr, alive, rows, ACTIONS, left_ms, tell, t0)
     seconds = time.perf_counter() - t0
     for n in alive:
         rows[n] = PropertyResult(n, kind_of(n), "proved", method, k, seconds)

@@ -174,7 +174,7 @@ def predicate(name: str) -> Aux:
 
 def sample_states(model: Model, walks: int, length: int, seed: int = 0) -> list[State]:
     """Distinct states seen on seeded random walks of the concrete spec from
-    its initial state (each step a uniformly chosen enabled action)."""
+    its initial state (each step to a successor chosen uniformly)."""
     rng = random.Random(seed)
     seen: dict[State, None] = {}
     for _ in range(walks):
@@ -209,7 +209,7 @@ def refuted(system: System, names: Iterable[str], states: Iterable[State]) -> di
 
 
 def prove_inferred(model: Model, invariants: Iterable[str] | None = None, walks: int = 300, length: int = 60,
-                   time_budget: float | None = None, progress: Callable[[str], None] | None = None) -> EngineResult:
+                   time_budget: float | None = None, jobs: int = 1, progress: Callable[[str], None] | None = None) -> EngineResult:
     """The spec's invariants (default: all) and transition properties by
     1-induction, strengthened by the grammar's candidates that Houdini keeps.
 
@@ -219,7 +219,8 @@ def prove_inferred(model: Model, invariants: Iterable[str] | None = None, walks:
     go to the Houdini loop. Rows: the spec's properties, then every
     candidate: kept ("proved": an inferred invariant), dropped by Houdini
     ("unknown", with its counterexample to induction) or by a walk
-    ("violated", with the state it fails on in the message)."""
+    ("violated", with the state it fails on in the message). `jobs`:
+    processes for the Houdini rounds (z3_induction)."""
     from .z3_induction import prove_by_induction
     t0 = time.perf_counter()
     tell = progress or (lambda _: None)
@@ -231,7 +232,8 @@ def prove_inferred(model: Model, invariants: Iterable[str] | None = None, walks:
     left = [n for n in names if n not in false_on]
     budget = None if time_budget is None else max(1.0, time_budget - (time.perf_counter() - t0))
     result = prove_by_induction(model, 1, INVARIANT_FORMULAS if invariants is None else invariants,
-                                auxiliary=left, time_budget=budget, progress=progress)
+                                auxiliary=left, time_budget=budget, jobs=jobs,
+                                progress=progress)
     rows = result.by_name()
     walked = [PropertyResult(n, "auxiliary", "violated", "random walks", None, 0.0,
                              message=f"false on {describe(st)}") for n, st in false_on.items()]

@@ -24,12 +24,12 @@ def induction_rows(model: Model, k: int = 1, time_budget: float | None = None, j
     return [_row(p) for p in res.properties if p.name in SPEC_PROPERTIES]
 
 
-def inferred_rows(model: Model, time_budget: float | None = None) -> list:
+def inferred_rows(model: Model, time_budget: float | None = None, jobs: int = 1) -> list:
     """Every spec invariant and transition property by 1-induction with an
     inferred invariant, none hand-written (z3_infer; the candidates' own rows
     are left out)."""
     from .z3_infer import prove_inferred
-    res = prove_inferred(model, time_budget=time_budget)
+    res = prove_inferred(model, time_budget=time_budget, jobs=jobs)
     method = "1-induction, invariant inferred (grammar + Houdini)"
     return [_row(p, method) for p in res.properties if p.name in SPEC_PROPERTIES]
 
