@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--inferred", action="store_true",
                         help="also prove every invariant with an inferred invariant, none hand-written "
-                             "(about 4 minutes on the default model)")
+                             "(about 2 more minutes on the default model, 2 processes)")
     verify.add_argument("--list-configs", action="store_true", help="print the model names and exit")
     verify.add_argument("--json", action="store_true", help="print machine-readable results")
     verify.set_defaults(func=run)
