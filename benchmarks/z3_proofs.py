@@ -67,6 +67,11 @@ def main() -> None:
             print(describe_cti(p.cti))
     for note in res.notes:
         print("  " + note)
+    houdini = [p for p in res.properties if is_candidate(p.name) and p.status == "unknown"]
+    if houdini:
+        print("  true on every sampled state, dropped by Houdini:")
+        for p in houdini:
+            print(f"    {p.name}  ({p.message})")
     kept = [p.name for p in res.properties if is_candidate(p.name) and p.status == "proved"]
     if kept:
         print("  the inferred invariant (every candidate kept):")
