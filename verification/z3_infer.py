@@ -40,6 +40,7 @@ invariants resting on it would have been dropped, and said so.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import time
@@ -51,14 +52,13 @@ from flightcheck.spec import State, describe
 
 from . import explicit
 from .models import Model
-from .z3_invariants import INVARIANT_FORMULAS, has_live, positions
+from .z3_invariants import INVARIANT_FORMULAS, has_live, last_live, live, positions
 from .z3_results import EngineResult, PropertyResult
-from .z3_state import (F_ABORTED, F_LENGTH, F_STOPPED, LIVE, NEW, PREEMPTED, RUNNING, WAITING, Layout,
+from .z3_state import (F_ABORTED, F_LENGTH, F_STOPPED, NEW, PREEMPTED, RUNNING, WAITING, Layout,
                        SState)
+from .z3_strengthening import Aux
 from .z3_system import System
-from .z3_terms import V, conj, count, disj, eq, ite, le, lt, neg
-
-Aux = Callable[[Layout, SState], Any]
+from .z3_terms import V, conj, count, disj, eq, le, lt, neg
 
 STATUSES = {"NEW": NEW, "WAITING": WAITING, "RUNNING": RUNNING, "PREEMPTED": PREEMPTED,
             "FINISHED_STOPPED": F_STOPPED, "FINISHED_LENGTH": F_LENGTH, "FINISHED_ABORTED": F_ABORTED}
@@ -84,22 +84,20 @@ def candidates() -> list[str]:
     return [PREFIX + c for c in out]
 
 
+@functools.cache
+def _known() -> frozenset[str]:
+    return frozenset(candidates())
+
+
 def is_candidate(name: str) -> bool:
     return name.startswith(PREFIX)
 
 
 # -- the meaning of a name ----------------------------------------------------
 
-def _mine(lay: Layout, s: SState, r: int, only_live: bool) -> list[Any]:
-    return [conj(u, eq(e.req, r), eq(e.fate, LIVE)) if only_live else conj(u, eq(e.req, r))
-            for e, u in positions(lay, s)]
-
-
-def _last_live(lay: Layout, s: SState, r: int, field: str) -> Any:
-    last = V(0)
-    for e, u in positions(lay, s):
-        last = ite(conj(u, eq(e.req, r), eq(e.fate, LIVE)), getattr(e, field), last)
-    return last
+def _entries_of(lay: Layout, s: SState, r: int, live_only: bool) -> list[Any]:
+    """For each entry slot: it holds one of r's entries (a live one, if `live_only`)."""
+    return [live(e, u, r) if live_only else conj(u, eq(e.req, r)) for e, u in positions(lay, s)]
 
 
 def _compare(x: Any, op: str, y: Any) -> Any:
@@ -110,7 +108,7 @@ def _request_guard(lay: Layout, s: SState, r: int, guard: str) -> Any:
     if guard == "any":
         return z3.BoolVal(True)
     if guard == "in_flight":
-        return disj(*_mine(lay, s, r, False))
+        return disj(*_entries_of(lay, s, r, False))
     if guard == "live":
         return has_live(lay, s, r)
     return eq(s.reqs[r].status, STATUSES[guard.removeprefix("status=")])
@@ -119,13 +117,13 @@ def _request_guard(lay: Layout, s: SState, r: int, guard: str) -> Any:
 def _request_atom(lay: Layout, s: SState, r: int, atom: str) -> Any:
     q = s.reqs[r]
     if atom == "idle":
-        return neg(disj(*_mine(lay, s, r, False)))
+        return neg(disj(*_entries_of(lay, s, r, False)))
     if atom == "no_live":
         return neg(has_live(lay, s, r))
     if atom in ("live<=1", "entries<=1"):
-        return le(count(_mine(lay, s, r, atom == "live<=1")), 1)
+        return le(count(_entries_of(lay, s, r, atom == "live<=1")), 1)
     f, op, rhs = re.fullmatch(r"(\w+)(=|>=)(.+)", atom).groups()
-    other = _last_live(lay, s, r, rhs.removeprefix("last.")) if rhs.startswith("last.") else V(int(rhs))
+    other = last_live(lay, s, r, rhs.removeprefix("last."), V(0)) if rhs.startswith("last.") else V(int(rhs))
     return _compare(getattr(q, f), op, other)
 
 
@@ -160,6 +158,8 @@ def _pool_fact(lay: Layout, s: SState, scope: str, fact: str) -> Any:
 
 def predicate(name: str) -> Aux:
     """The candidate a name states, as a predicate over one frame."""
+    if name not in _known():
+        raise ValueError(f"not a candidate of the grammar: {name!r}")
     scope, fact = name.removeprefix(PREFIX).split(": ")
     if scope.startswith("req["):
         guard = scope[4:-1]

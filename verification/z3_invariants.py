@@ -46,12 +46,17 @@ def has_live(lay: Layout, s: SState, r: int) -> Any:
     return disj(*[live(e, u, r) for e, u in positions(lay, s)])
 
 
+def last_live(lay: Layout, s: SState, r: int, field: str, default: Any) -> Any:
+    """A field of r's last live entry in flight (`default` without one)."""
+    out = default
+    for e, u in positions(lay, s):
+        out = ite(live(e, u, r), getattr(e, field), out)
+    return out
+
+
 def last_live_samples(lay: Layout, s: SState, r: int) -> Any:
     """r's last live entry samples (False without one)."""
-    out = z3.BoolVal(False)
-    for e, u in positions(lay, s):
-        out = ite(live(e, u, r), e.samples, out)
-    return out
+    return last_live(lay, s, r, "samples", z3.BoolVal(False))
 
 
 def _active(s: SState, r: int) -> Any:

@@ -15,10 +15,10 @@ from typing import Any, Callable
 
 import z3
 
-from .z3_invariants import has_live, positions
+from .z3_invariants import has_live, last_live, positions
 from .z3_state import (F_ABORTED, F_LENGTH, F_STOPPED, LIVE, NEW, PREEMPTED, RUNNING, WAITING, Layout,
                        SState)
-from .z3_terms import V, conj, count, disj, eq, ite, le, lt, neg
+from .z3_terms import V, conj, count, disj, eq, le, lt, neg
 
 Aux = Callable[[Layout, SState], Any]
 
@@ -68,13 +68,8 @@ def a5_snapshots_well_formed(lay: Layout, s: SState) -> Any:
 
 def a6_drafts_ride_on_last_live_entry(lay: Layout, s: SState) -> Any:
     """A request with live entries in flight proposes exactly the drafts its last live entry carries."""
-    out = []
-    for r, q in enumerate(s.reqs):
-        last = V(0)
-        for e, u in positions(lay, s):
-            last = ite(conj(u, eq(e.req, r), eq(e.fate, LIVE)), e.drafts, last)
-        out.append(z3.Implies(has_live(lay, s, r), eq(q.num_drafts, last)))
-    return conj(out)
+    return conj([z3.Implies(has_live(lay, s, r), eq(q.num_drafts, last_live(lay, s, r, "drafts", V(0))))
+                 for r, q in enumerate(s.reqs)])
 
 
 def a7_unlabelled_blocks_are_private(lay: Layout, s: SState) -> Any:
