@@ -40,7 +40,7 @@ def test_the_walk_filter_drops_only_candidates_false_on_a_state_it_reached():
     false_on = refuted(system, candidates(), states)
     # true in every reachable state, so never dropped: a request that has not arrived is pristine
     assert "inferred req[status=NEW]: num_output=0" not in false_on
-    # false in the first state after an arrival
+    # false once a schedule gives a request its first block
     assert "inferred req[any]: table_len=0" in false_on
     for n, state in false_on.items():
         assert state in states
