@@ -23,6 +23,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     (["verify", "--depth", "0"], "must be at least 1"),
     (["verify", "--depth", "x"], "not an integer"),
     (["verify", "--inferred", "--no-z3"], "cannot go with --no-z3"),
+    (["verify", "--inferred", "--mutant", "shared_snapshot"], "cannot go with --mutant"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, fragment):

@@ -31,6 +31,8 @@ def test_the_grammar_names_each_candidate_once_and_each_is_a_predicate_over_a_fr
     assert not any(is_candidate(n) for n in SPEC)
     with pytest.raises(ValueError, match="not a candidate of the grammar"):
         predicate("inferred req[any]: num_output=7")
+    with pytest.raises(ValueError, match="not an invariant of the spec: S99"):
+        prove_inferred(models.SINGLE_SEQ, invariants=["S99"])
 
 
 def test_the_walk_filter_drops_only_candidates_false_on_a_state_it_reached():

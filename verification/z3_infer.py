@@ -58,7 +58,7 @@ from .z3_state import (F_ABORTED, F_LENGTH, F_STOPPED, NEW, PREEMPTED, RUNNING, 
                        SState)
 from .z3_strengthening import Aux
 from .z3_system import System
-from .z3_terms import V, conj, count, disj, eq, le, lt, neg
+from .z3_terms import V, conj, count, disj, eq, le, lt, member, neg
 
 STATUSES = {"NEW": NEW, "WAITING": WAITING, "RUNNING": RUNNING, "PREEMPTED": PREEMPTED,
             "FINISHED_STOPPED": F_STOPPED, "FINISHED_LENGTH": F_LENGTH, "FINISHED_ABORTED": F_ABORTED}
@@ -100,8 +100,11 @@ def _entries_of(lay: Layout, s: SState, r: int, live_only: bool) -> list[Any]:
     return [live(e, u, r) if live_only else conj(u, eq(e.req, r)) for e, u in positions(lay, s)]
 
 
+_COMPARE = {"=": eq, ">=": lambda x, y: le(y, x), "<=": le, "<": lt}
+
+
 def _compare(x: Any, op: str, y: Any) -> Any:
-    return {"=": lambda: eq(x, y), ">=": lambda: le(y, x), "<=": lambda: le(x, y), "<": lambda: lt(x, y)}[op]()
+    return _COMPARE[op](x, y)
 
 
 def _request_guard(lay: Layout, s: SState, r: int, guard: str) -> Any:
@@ -137,23 +140,16 @@ def _entry_fact(lay: Layout, s: SState, fact: str) -> Any:
     return conj(out)
 
 
-def _held(s: SState, block: int) -> Any:
-    return disj(*[conj(lt(t, q.table_len), eq(b, block)) for q in s.reqs for t, b in enumerate(q.table)])
-
-
-def _in_free_queue(s: SState, block: int) -> Any:
-    return disj(*[conj(lt(j, s.pool.free_len), eq(f, block)) for j, f in enumerate(s.pool.free)])
-
-
 def _pool_fact(lay: Layout, s: SState, scope: str, fact: str) -> Any:
-    out = []
-    for b, (ref, label) in enumerate(zip(s.pool.ref, s.pool.label)):
-        where = {"block[unlabelled]": eq(label, lay.none_label), "block[any]": z3.BoolVal(True),
-                 "held": _held(s, b), "free": _in_free_queue(s, b)}[scope]
-        what = {"ref<=1": le(ref, 1), "ref=0": eq(ref, 0), "ref>=0": le(0, ref), "ref>=1": le(1, ref),
-                "not_free": neg(_in_free_queue(s, b))}[fact]
-        out.append(z3.Implies(where, what))
-    return conj(out)
+    pool = s.pool
+    where = {"block[unlabelled]": lambda b: eq(pool.label[b], lay.none_label),
+             "block[any]": lambda b: z3.BoolVal(True),
+             "held": lambda b: disj(*[member(b, q.table, q.table_len) for q in s.reqs]),
+             "free": lambda b: member(b, pool.free, pool.free_len)}[scope]
+    what = {"ref<=1": lambda b: le(pool.ref[b], 1), "ref=0": lambda b: eq(pool.ref[b], 0),
+            "ref>=0": lambda b: le(0, pool.ref[b]), "ref>=1": lambda b: le(1, pool.ref[b]),
+            "not_free": lambda b: neg(member(b, pool.free, pool.free_len))}[fact]
+    return conj([z3.Implies(where(b), what(b)) for b in range(lay.B)])
 
 
 def predicate(name: str) -> Aux:
@@ -222,6 +218,10 @@ def prove_inferred(model: Model, invariants: Iterable[str] | None = None, walks:
     ("violated", with the state it fails on in the message). `jobs`:
     processes for the Houdini rounds (z3_induction)."""
     from .z3_induction import prove_by_induction
+    invariants = list(INVARIANT_FORMULAS if invariants is None else invariants)
+    unknown = [n for n in invariants if n not in INVARIANT_FORMULAS]
+    if unknown:
+        raise ValueError(f"not an invariant of the spec: {', '.join(unknown)}")
     t0 = time.perf_counter()
     tell = progress or (lambda _: None)
     states = sample_states(model, walks, length)
@@ -231,7 +231,7 @@ def prove_inferred(model: Model, invariants: Iterable[str] | None = None, walks:
          f"{len(states)} states of {walks} random walks")
     left = [n for n in names if n not in false_on]
     budget = None if time_budget is None else max(1.0, time_budget - (time.perf_counter() - t0))
-    result = prove_by_induction(model, 1, INVARIANT_FORMULAS if invariants is None else invariants,
+    result = prove_by_induction(model, 1, invariants,
                                 auxiliary=left, time_budget=budget, jobs=jobs,
                                 progress=progress)
     rows = result.by_name()

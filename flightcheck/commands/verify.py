@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         return bad(f"unknown --config {args.config!r}; known: {', '.join(MODELS)}")
     if args.inferred and args.no_z3:
         return bad("--inferred is a Z3 proof; it cannot go with --no-z3")
+    if args.inferred and args.mutant:
+        return bad("--inferred proves the spec; it cannot go with --mutant")
     if args.mutant is not None and args.mutant not in MUTANTS:
         return bad(f"unknown --mutant {args.mutant!r}; known: {', '.join(MUTANTS)}")
     stream = sys.stderr if args.json else sys.stdout
