@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from flightcheck.verification import models
-from flightcheck.verification.z3_bmc import bmc_split, max_parts
+from flightcheck.verification.z3.bmc.engine import bmc_split, max_parts
 
 
 def main() -> None:
@@ -33,9 +33,9 @@ def main() -> None:
     ap.add_argument("--no-sometimes", action="store_true")
     ap.add_argument("--no-aborts", action="store_true", help="the model without the environment's aborts")
     ap.add_argument("--reduce", action="store_true",
-                    help="twin symmetry and peephole partial-order reduction (verification/z3_reduction.py)")
+                    help="twin symmetry and peephole partial-order reduction (verification/z3/bmc/reduction.py)")
     ap.add_argument("--jobs", type=int, default=1,
-                    help="processes sharing the paths (z3_bmc.bmc_split); the seconds are wall-clock")
+                    help="processes sharing the paths (z3.bmc.engine.bmc_split); the seconds are wall-clock")
     ap.add_argument("--json", type=Path, metavar="FILE", help="also write the per-depth figures and the rows here")
     args = ap.parse_args()
     if args.budget <= 0 or args.max_depth < 0 or args.jobs < 1:

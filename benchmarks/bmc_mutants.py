@@ -22,8 +22,9 @@ import time
 
 from flightcheck.spec import SOMETIMES
 from flightcheck.spec.config import MUTANTS
-from flightcheck.verification import explicit, models
-from flightcheck.verification.z3_bmc import first_counterexample
+from flightcheck.verification.explicit import search as explicit
+from flightcheck.verification import models
+from flightcheck.verification.z3.bmc.engine import first_counterexample
 
 
 def measure(name: str, budget: float, max_depth: int) -> dict:

@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from flightcheck.verification.fuzz import fuzz, list_mutants
+from flightcheck.verification.refinement.fuzz import fuzz, list_mutants
 
 
 def measure(mutant: str, seeds: list[int], steps: int) -> dict:

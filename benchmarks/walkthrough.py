@@ -75,8 +75,8 @@ def engine_test_timeline(policy: str) -> Path:
 
 def hang_trace() -> str:
     """The run to the hang itself: the liveness check's trace for the mutant."""
-    from flightcheck.verification import explicit
-    from flightcheck.verification.counterexample import from_actions, render
+    from flightcheck.verification.explicit import search as explicit
+    from flightcheck.verification.traces.counterexample import from_actions, render
     from flightcheck.verification.models import mutant_model
     model = mutant_model("snapshot_omits_prefix_hit")
     result = explicit.search(model)

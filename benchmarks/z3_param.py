@@ -2,8 +2,8 @@
 one line per K with the seconds taken; with --link, the soundness link's
 figures on the exhaustive small models too.
 
-    python benchmarks/z3_param.py                 # K = 2 3 4 8
-    python benchmarks/z3_param.py --K 2 16 --link
+    python benchmarks/verification/z3/param/model.py                 # K = 2 3 4 8
+    python benchmarks/verification/z3/param/model.py --K 2 16 --link
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import argparse
 import time
 
 from flightcheck.verification import models
-from flightcheck.verification.z3_param_link import check_link
-from flightcheck.verification.z3_param_proof import prove
+from flightcheck.verification.z3.param.link import check_link
+from flightcheck.verification.z3.param.proof import prove
 
 LINK_MODELS = (models.PRESSURE_K2, models.SHARED_K3, models.ONE_BATCH, models.SINGLE_SEQ, models.CROWDED)
 

@@ -11,9 +11,9 @@ engine and model with the time taken.
 
 spacer-param: Spacer on the parameterised model (pool and policy
 over-approximated) instantiated with the model's requests, configuration
-and prompts, no invariant given (verification/z3_param_spacer.py).
+and prompts, no invariant given (verification/z3/param/spacer.py).
 inferred: 1-induction strengthened by the candidates of a grammar that
-random walks do not refute and Houdini keeps (verification/z3_infer.py);
+random walks do not refute and Houdini keeps (verification/z3/induction/inferred.py);
 it prints each drop as it happens, then the properties and the kept
 candidates (the inferred invariant).
 """
@@ -24,10 +24,10 @@ import argparse
 import time
 
 from flightcheck.verification import models
-from flightcheck.verification.z3_induction import describe_cti, prove_by_induction
-from flightcheck.verification.z3_infer import is_candidate, prove_inferred
-from flightcheck.verification.z3_param_spacer import spacer_param
-from flightcheck.verification.z3_spacer import spacer
+from flightcheck.verification.z3.induction.kinduction import describe_cti, prove_by_induction
+from flightcheck.verification.z3.induction.inferred import is_candidate, prove_inferred
+from flightcheck.verification.z3.param.spacer import spacer_param
+from flightcheck.verification.z3.induction.spacer import spacer
 
 MODELS = dict(models.MODELS, **models.PROOF_MODELS)
 

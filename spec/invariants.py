@@ -7,7 +7,7 @@ Each invariant is a predicate `(state, cfg) -> bool`; its docstring is its
 one-line English statement. Transition properties take `(before, after, step)`
 where `step` names the action. Liveness proper (every run ends with every
 request finished) needs the whole state graph and lives in
-`verification/explicit.py`; here it appears as the local facts it rests on.
+`verification/explicit/search.py`; here it appears as the local facts it rests on.
 """
 
 from __future__ import annotations

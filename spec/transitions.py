@@ -91,7 +91,7 @@ def s4_snapshot_immutability(before: State, after: State, action: Action, cfg: C
 _FATE_ORDER = {Fate.LIVE: 0, Fate.ORPHANED: 1, Fate.SUPERSEDED: 2}
 
 
-def s7_fates_only_age(before: State, after: State, action: Action, cfg: Config) -> bool:
+def s13_fates_only_age(before: State, after: State, action: Action, cfg: Config) -> bool:
     """An entry's fate only moves LIVE -> ORPHANED -> SUPERSEDED: an output is never rebound to a newer incarnation."""
     kept = before.in_flight[1:] if isinstance(action, CompleteOldest) else before.in_flight
     return all(_FATE_ORDER[a.fate] <= _FATE_ORDER[b.fate]
@@ -133,6 +133,6 @@ class TransitionProperty:
 
 TRANSITION_PROPERTIES: tuple[TransitionProperty, ...] = (
     TransitionProperty("S4_snapshot_immutability", s4_snapshot_immutability),
-    TransitionProperty("S7_fates_only_age", s7_fates_only_age),
+    TransitionProperty("S13_fates_only_age", s13_fates_only_age),
     TransitionProperty("S12_status_monotonicity", s12_status_monotonicity),
 )

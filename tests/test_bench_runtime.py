@@ -34,7 +34,7 @@ def test_bench_runs_the_runtime_in_process_with_vllm_metrics(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["continue-prefill", "one-batch-per-request"])
 def test_bench_drives_two_stage_processes_and_the_trace_is_legal(tmp_path, policy):
-    from flightcheck.verification.trace_check import check_trace
+    from flightcheck.verification.traces.check import check_trace
 
     trace = tmp_path / "b.jsonl"
     p = cli(*SMALL, "--pp", "2", "--policy", policy, "--trace", str(trace))

@@ -103,7 +103,7 @@ def test_every_request_gets_exactly_its_output_tokens():
 
 
 def test_simulated_trace_is_legal_for_the_checker(tmp_path):
-    from flightcheck.verification.trace_check import check_trace
+    from flightcheck.verification.traces.check import check_trace
 
     path = tmp_path / "sim.jsonl"
     for policy in ("continue-prefill", "one-batch-per-request"):

@@ -17,8 +17,8 @@ from flightcheck.reference import (Engine, ModelRunnerOutput, Request, RequestSt
                                    SamplingParams, Scheduler, SchedulerConfig, ScriptedExecutor,
                                    TraceWriter)
 from flightcheck.reference import mutants as M
-from flightcheck.verification.fuzz import fuzz
-from flightcheck.verification.trace_check import (MalformedTrace, check_events, check_trace,
+from flightcheck.verification.refinement.fuzz import fuzz
+from flightcheck.verification.traces.check import (MalformedTrace, check_events, check_trace,
                                                   read_events)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from flightcheck.spec import SOMETIMES
-from flightcheck.verification import explicit
+from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.models import (CROWDED, EXHAUSTIVE_MODELS, ONE_BATCH, PRESSURE_K2,
                                              SHARED_K3, SINGLE_SEQ, TIGHT_K2)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from flightcheck.reference.mutants import MUTANTS
-from flightcheck.verification.fuzz import PROFILES, FuzzResult, fuzz, list_mutants, run_fuzz
+from flightcheck.verification.refinement.fuzz import PROFILES, FuzzResult, fuzz, list_mutants, run_fuzz
 
 # The default suite catches every mutant within the CI profile's steps from
 # one seed; the acceptance matrix (10 seeds, 20,000 steps each) is the slow

@@ -9,9 +9,9 @@ import pytest
 from flightcheck import spec
 from flightcheck.reference import (Engine, Request, SamplingParams, Scheduler,
                                    SchedulerConfig, ScriptedExecutor)
-from flightcheck.verification.abstraction import Ledger, abstract, spec_config
-from flightcheck.verification.fuzz import PROFILES, fuzz
-from flightcheck.verification.refinement import Outcome, RefinementMachine
+from flightcheck.verification.refinement.abstraction import Ledger, abstract, spec_config
+from flightcheck.verification.refinement.fuzz import PROFILES, fuzz
+from flightcheck.verification.refinement.machine import Outcome, RefinementMachine
 
 
 def engine_and_ledger(cfg: SchedulerConfig, num_slots: int = 4) -> tuple[Engine, Ledger]:

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from flightcheck.cli import main
 from flightcheck.runtime import ModelConfig, WeightSource, build_model, save_hf_checkpoint
-from flightcheck.verification.trace_check import check_trace
+from flightcheck.verification.traces.check import check_trace
 
 torch.set_num_threads(1)
 SMALL = ["--max-model-len", "96", "--block-size", "4", "--num-blocks", "40",

@@ -24,7 +24,7 @@ from flightcheck.runtime import (LocalExecutor, PipelineExecutor, RuntimeTraceWr
                                  WeightSource, build_model, generate)
 from flightcheck.runtime.dense import dense_greedy
 from flightcheck.runtime.workload import mixed_workload
-from flightcheck.verification.trace_check import check_trace
+from flightcheck.verification.traces.check import check_trace
 
 torch.set_num_threads(1)
 

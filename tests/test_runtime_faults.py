@@ -14,7 +14,7 @@ from flightcheck.reference import SchedulerConfig
 from flightcheck.runtime import (PipelineExecutor, RunFailed, RuntimeTraceWriter, StageSpec,
                                  WeightSource, generate)
 from flightcheck.runtime.workload import mixed_workload
-from flightcheck.verification.trace_check import check_trace
+from flightcheck.verification.traces.check import check_trace
 
 torch.set_num_threads(1)
 

@@ -12,11 +12,11 @@ import z3
 
 from flightcheck.spec import MUTANTS, Config, Fate, Prompt, Schedule, State, step
 from flightcheck.verification import models
-from flightcheck.verification.z3_crosscheck import (CrossChecker, CrossReport, random_walk_states,
+from flightcheck.verification.z3.encoding.crosscheck import (CrossChecker, CrossReport, random_walk_states,
                                                    reachable)
-from flightcheck.verification.z3_state import Layout, NotRepresentable, constant_state, decode, initial
-from flightcheck.verification.z3_system import System
-from flightcheck.verification.z3_terms import arithmetic
+from flightcheck.verification.z3.encoding.state import Layout, NotRepresentable, constant_state, decode, initial
+from flightcheck.verification.z3.encoding.system import System
+from flightcheck.verification.z3.encoding.terms import arithmetic
 
 
 # K = 3, spec decode and a shared prefix label, small enough to enumerate in seconds.

@@ -1,4 +1,4 @@
-"""Proofs with an inferred invariant (verification/z3_infer.py): the grammar's
+"""Proofs with an inferred invariant (verification/z3/induction/inferred.py): the grammar's
 candidates are well formed, the random-walk filter drops only candidates
 that are false on a reachable state, Houdini keeps an inductive set that
 proves every spec property of a small model, holds on every state the
@@ -12,11 +12,11 @@ import z3
 
 from flightcheck.spec import INVARIANTS, TRANSITION_PROPERTIES, describe
 from flightcheck.verification import models
-from flightcheck.verification.z3_infer import (candidates, is_candidate, predicate, prove_inferred, refuted,
+from flightcheck.verification.z3.induction.inferred import (candidates, is_candidate, predicate, prove_inferred, refuted,
                                                sample_states)
-from flightcheck.verification.z3_invariants import well_formed
-from flightcheck.verification.z3_strengthening import AUXILIARY
-from flightcheck.verification.z3_system import System
+from flightcheck.verification.z3.encoding.invariants import well_formed
+from flightcheck.verification.z3.induction.strengthening import AUXILIARY
+from flightcheck.verification.z3.encoding.system import System
 
 SPEC = {p.name for p in INVARIANTS} | {p.name for p in TRANSITION_PROPERTIES}
 

@@ -13,13 +13,14 @@ import z3
 
 from flightcheck.spec import (INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES, Abort, Arrive, CompleteOldest,
                               Fate, Schedule, State)
-from flightcheck.verification import explicit, models
-from flightcheck.verification.z3_actions import ABORT, ARRIVE, COMPLETE, SCHEDULE
-from flightcheck.verification.z3_crosscheck import random_walk_states, reachable
-from flightcheck.verification.z3_invariants import (INVARIANT_FORMULAS, SOMETIMES_FORMULAS,
+from flightcheck.verification.explicit import search as explicit
+from flightcheck.verification import models
+from flightcheck.verification.z3.encoding.actions import ABORT, ARRIVE, COMPLETE, SCHEDULE
+from flightcheck.verification.z3.encoding.crosscheck import random_walk_states, reachable
+from flightcheck.verification.z3.encoding.invariants import (INVARIANT_FORMULAS, SOMETIMES_FORMULAS,
                                                     TRANSITION_FORMULAS, well_formed)
-from flightcheck.verification.z3_strengthening import AUXILIARY
-from flightcheck.verification.z3_system import System
+from flightcheck.verification.z3.induction.strengthening import AUXILIARY
+from flightcheck.verification.z3.encoding.system import System
 
 SLOW = pytest.mark.slow
 CODE = {Arrive: ARRIVE, Schedule: SCHEDULE, CompleteOldest: COMPLETE, Abort: ABORT}

@@ -1,4 +1,4 @@
-"""The micro-step chains of `schedule` and `complete_oldest` (z3_microsteps):
+"""The micro-step chains of `schedule` and `complete_oldest` (z3.induction.microsteps):
 they prove what the one-query step proves, much faster, and never more. A
 chain that claimed a conjunct the one-query method refutes would be an
 unsound proof, so every claim is cross-checked against it here, on the
@@ -12,11 +12,11 @@ import pytest
 import z3
 
 from flightcheck.verification import models
-from flightcheck.verification.z3_actions import COMPLETE, SCHEDULE
-from flightcheck.verification.z3_induction import chains, k_induction, prove_by_induction
-from flightcheck.verification.z3_invariants import INVARIANT_FORMULAS, NEEDS_SCHEDULE
-from flightcheck.verification.z3_strengthening import AUXILIARY
-from flightcheck.verification.z3_system import System
+from flightcheck.verification.z3.encoding.actions import COMPLETE, SCHEDULE
+from flightcheck.verification.z3.induction.kinduction import chains, k_induction, prove_by_induction
+from flightcheck.verification.z3.encoding.invariants import INVARIANT_FORMULAS, NEEDS_SCHEDULE
+from flightcheck.verification.z3.induction.strengthening import AUXILIARY
+from flightcheck.verification.z3.encoding.system import System
 
 NAMES = ["WF_encoding", *INVARIANT_FORMULAS, *AUXILIARY]
 

@@ -1,4 +1,4 @@
-"""The parameterised proof (verification/z3_param*.py): the accounting
+"""The parameterised proof (verification/z3.param.model*.py): the accounting
 invariants hold for any number of requests, by 1-induction over one-request
 micro-steps, and the parameterised model is linked to the concrete spec (every
 reachable state satisfies Inv, every concrete edge is a sequence of
@@ -14,14 +14,15 @@ import random
 import pytest
 
 from flightcheck.spec import MUTANTS
-from flightcheck.verification import explicit, models
-from flightcheck.verification.z3_crosscheck import reachable
-from flightcheck.verification.z3_param import PARAM_MUTANTS
-from flightcheck.verification.z3_param_link import (RESTATED, check_link, edge_exists_in_z3,
+from flightcheck.verification.explicit import search as explicit
+from flightcheck.verification import models
+from flightcheck.verification.z3.encoding.crosscheck import reachable
+from flightcheck.verification.z3.param.model import PARAM_MUTANTS
+from flightcheck.verification.z3.param.link import (RESTATED, check_link, edge_exists_in_z3,
                                                     invariant_in_z3, rejected_edges,
                                                     restatement_report)
-from flightcheck.verification.z3_param_proof import hypothesis_has_a_finite_model, prove
-from flightcheck.verification.z3_param_steps import MICRO_STEPS
+from flightcheck.verification.z3.param.proof import hypothesis_has_a_finite_model, prove
+from flightcheck.verification.z3.param.steps import MICRO_STEPS
 
 # The spec property each switch-encoded mutant is there to break.
 MUTANT_BREAKS = {

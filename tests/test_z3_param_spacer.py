@@ -1,5 +1,5 @@
 """Spacer proves the parameterised model's spec properties with no invariant
-given (z3_param_spacer.py), and finds the bug of a mutant instead."""
+given (verification/z3/param/spacer.py), and finds the bug of a mutant instead."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from flightcheck.spec import Config, Prompt
 from flightcheck.verification import models
-from flightcheck.verification.z3_param_spacer import spacer_param
+from flightcheck.verification.z3.param.spacer import spacer_param
 
 # One request, K = 2, spec decode and the long-prefill threshold: small
 # enough for the default suite (seconds), large enough that a request has

@@ -1,4 +1,4 @@
-"""The BMC reductions of verification/z3_reduction.py are sound on the models
+"""The BMC reductions of verification/z3/bmc/reduction.py are sound on the models
 they are used on: every order the peephole rules drop commutes (the kept order
 is enabled and ends in the same state) at every reachable state, the rules do
 drop something, twins are interchangeable, and reduced BMC agrees with plain
@@ -14,12 +14,12 @@ import z3
 
 from flightcheck.spec import State, step
 from flightcheck.verification import models
-from flightcheck.verification.explicit import search, successors
-from flightcheck.verification.z3_bmc import bmc, default_properties
-from flightcheck.verification.z3_crosscheck import reachable
-from flightcheck.verification.z3_reduction import forbidden, twins
-from flightcheck.verification.z3_system import ACTION_CODE, System
-from flightcheck.verification.z3_terms import V
+from flightcheck.verification.explicit.search import search, successors
+from flightcheck.verification.z3.bmc.engine import bmc, default_properties
+from flightcheck.verification.z3.encoding.crosscheck import reachable
+from flightcheck.verification.z3.bmc.reduction import forbidden, twins
+from flightcheck.verification.z3.encoding.system import ACTION_CODE, System
+from flightcheck.verification.z3.encoding.terms import V
 
 
 def _code(action) -> tuple[int, int]:

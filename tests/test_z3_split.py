@@ -1,4 +1,4 @@
-"""Sharing BMC's paths among processes (`z3_bmc.bmc_split`) changes the wall
+"""Sharing BMC's paths among processes (`z3.bmc.engine.bmc_split`) changes the wall
 time and nothing else: the cubes hold every step label exactly once, and the
 merged result has the rows, depths and shortest counterexamples of one BMC."""
 
@@ -10,11 +10,11 @@ import pytest
 import z3
 
 from flightcheck.verification import models
-from flightcheck.verification.z3_actions import ABORT, ARRIVE, COMPLETE, SCHEDULE
-from flightcheck.verification.z3_bmc import applicable_sometimes, bmc, bmc_split, default_properties, split
-from flightcheck.verification.z3_results import replay
-from flightcheck.verification.z3_system import System
-from flightcheck.verification.z3_terms import V, arithmetic
+from flightcheck.verification.z3.encoding.actions import ABORT, ARRIVE, COMPLETE, SCHEDULE
+from flightcheck.verification.z3.bmc.engine import applicable_sometimes, bmc, bmc_split, default_properties, split
+from flightcheck.verification.z3.results import replay
+from flightcheck.verification.z3.encoding.system import System
+from flightcheck.verification.z3.encoding.terms import V, arithmetic
 
 
 @pytest.mark.parametrize("parts", [2, 3, 5, 8])

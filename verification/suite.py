@@ -7,10 +7,10 @@ Methods:
 * k-induction (Z3): the invariants with strengthening invariants are
   inductive, so they hold for all depths of the default model;
 * 1-induction with an inferred invariant (Z3, `inferred=True` only: some
-  minutes): the same, with no hand-written strengthening (z3_infer.py);
+  minutes): the same, with no hand-written strengthening (verification/z3/induction/inferred.py);
 * parameterised k-induction (Z3): the accounting invariants for any number
   of requests, with the KV pool and the policy over-approximated
-  (z3_param.py);
+  (verification/z3/param/model.py);
 * bmc (Z3): bounded model checking to a depth, shortest-first; for
   "sometimes" targets, the depth at which they are first reached.
 
@@ -26,28 +26,25 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from flightcheck.spec import INVARIANTS, MUTANTS, SOMETIMES, TRANSITION_PROPERTIES
-
-from . import explicit
-from .counterexample import Counterexample, from_actions
-from .models import EXHAUSTIVE_MODELS, SHARED_K3, Model, mutant_model
+from flightcheck.verification.explicit import search as explicit
+from flightcheck.verification.models import (
+    EXHAUSTIVE_MODELS,
+    SHARED_K3,
+    Model,
+    mutant_model,
+)
+from flightcheck.verification.results import (
+    LIVENESS_GRAPH,
+    SOMETIMES_NAMES,
+    PropertyResult,
+    kind_of,
+)
+from flightcheck.verification.traces.counterexample import Counterexample, from_actions
 
 # `flightcheck verify`'s Z3 model: 3 requests, K = 3, prefix caching, spec
 # decode, long-prefill threshold, aborts and stop tokens; BMC's default depth.
 VERIFY_MODEL = SHARED_K3
 VERIFY_DEPTH = 4
-
-SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES)
-LIVENESS_GRAPH = ("L1_L3_every_request_can_finish", "L2_every_run_terminates")
-
-
-@dataclass
-class PropertyResult:
-    name: str
-    kind: str            # invariant | sometimes | liveness
-    status: str          # proved | bounded | reached | violated | unknown
-    method: str
-    depth: int | None
-    seconds: float
 
 
 @dataclass
@@ -90,14 +87,6 @@ class SuiteResult:
                          "seconds": round(m.seconds, 3), "property": m.property, "model": m.model,
                          "method": m.method} for m in self.mutants],
         }
-
-
-def kind_of(name: str) -> str:
-    if name in SOMETIMES_NAMES:
-        return "sometimes"
-    if name.startswith("L"):
-        return "liveness"
-    return "invariant"
 
 
 def all_property_names() -> list[str]:
@@ -154,7 +143,7 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
         say(f"exhaustive search of {small.name}")
         rows += exhaustive_rows(small)
     if use_z3:
-        from . import z3_suite
+        from flightcheck.verification.z3 import suite as z3_suite
         say(f"k-induction on {model.name}")
         rows += z3_suite.induction_rows(model, jobs=jobs)
         if inferred:

@@ -13,10 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flightcheck.spec import MUTANTS
-
-from . import explicit
-from .models import mutant_model
-from .suite import LIVENESS_GRAPH, SOMETIMES_NAMES, all_property_names
+from flightcheck.verification.explicit import search as explicit
+from flightcheck.verification.models import mutant_model
+from flightcheck.verification.suite import (
+    LIVENESS_GRAPH,
+    SOMETIMES_NAMES,
+    all_property_names,
+)
 
 
 @dataclass

@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flightcheck.verification.trace_check import MalformedTrace, check_trace
+    from flightcheck.verification.traces.check import MalformedTrace, check_trace
 
     try:
         result = check_trace(args.file)

@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flightcheck.verification.fuzz import list_mutants, run_fuzz
+    from flightcheck.verification.refinement.fuzz import list_mutants, run_fuzz
 
     if args.list_mutants:
         print("\n".join(list_mutants()))

@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from flightcheck.spec import MUTANTS
-    from flightcheck.verification.counterexample import render
+    from flightcheck.verification.traces.counterexample import render
     from flightcheck.verification.models import MODELS
     from flightcheck.verification.suite import hunt_mutant, run_suite
 
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.mutant:
         result = hunt_mutant(args.mutant)
         if args.json:
-            from flightcheck.verification.counterexample import to_json
+            from flightcheck.verification.traces.counterexample import to_json
             out = {"name": result.name, "killed": result.killed, "trace_length": result.trace_length,
                    "seconds": round(result.seconds, 3), "property": result.property,
                    "model": result.model,

@@ -1,0 +1,299 @@
+"""Explicit-state exhaustive search over a finite `Model`, in the manner of
+TLC and stateright: breadth-first from the initial state, every environment
+choice expanded, every invariant checked on every state and every transition
+property on every edge. Breadth-first order makes each counterexample a
+shortest one.
+
+Liveness needs the whole graph: once the search is complete it checks that
+from every reachable state the scheduler alone (schedule and complete steps,
+no arrivals, no aborts) can bring every request to a finished state with
+nothing in flight, and that the scheduler's own steps contain no cycle, so no
+run can go on forever without finishing its requests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from flightcheck.spec import (
+    INVARIANTS,
+    SOMETIMES,
+    TRANSITION_PROPERTIES,
+    Abort,
+    Action,
+    Arrive,
+    CompleteOldest,
+    Sample,
+    Schedule,
+    Sometimes,
+    State,
+    initial_state,
+    sampling_entries,
+    step,
+)
+from flightcheck.verification.models import Model
+
+
+def sample_choices(model: Model, state: State) -> Iterator[tuple[Sample, ...]]:
+    """Every environment choice for the oldest batch's sampling entries."""
+    cfg = model.cfg
+    per_entry: list[list[Sample]] = []
+    for e in sampling_entries(state, cfg):
+        options = []
+        live = e.fate.value == "live"
+        for accepted in range(e.drafts + 1):
+            stops = [None] + (list(range(accepted + 1)) if model.allow_stop else [])
+            for stop_at in stops:
+                max_drafts = cfg.num_spec_tokens + cfg.is_mutant("draft_cap_ignored")
+                drafts = range(max_drafts + 1) if live and stop_at is None else [0]
+                options.extend(Sample(accepted, stop_at, d) for d in drafts)
+        per_entry.append(options)
+    return itertools.product(*per_entry)
+
+
+def actions(model: Model, state: State) -> Iterator[Action]:
+    """Every labelled action to try from `state` (disabled ones yield None in `step`)."""
+    for r, q in enumerate(state.requests):
+        if q.status.value == "NEW":
+            yield Arrive(r, model.prompts[r])
+    yield Schedule()
+    if state.in_flight:
+        for samples in sample_choices(model, state):
+            yield CompleteOldest(samples)
+    if model.allow_abort:
+        for r, q in enumerate(state.requests):
+            if q.status.is_active:
+                yield Abort(r)
+
+
+def successors(model: Model, state: State) -> Iterator[tuple[Action, State]]:
+    for action in actions(model, state):
+        nxt = step(state, model.cfg, action)
+        if nxt is not None:
+            yield action, nxt
+
+
+def initial(model: Model) -> State:
+    return initial_state(model.num_requests, model.cfg.num_blocks)
+
+
+@dataclass
+class Violation:
+    property: str
+    path: list[tuple[Action, State]]      # from the initial state, last step broke it
+    message: str
+
+
+@dataclass
+class SearchResult:
+    model: Model
+    num_states: int = 0
+    num_edges: int = 0
+    max_depth: int = 0
+    complete: bool = True
+    seconds: float = 0.0
+    violations: list[Violation] = field(default_factory=list)
+    reached: dict[str, int] = field(default_factory=dict)       # sometimes target -> depth
+    liveness: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+class _Graph:
+    """Parents for shortest paths; every edge for two-stage targets; system edges for liveness."""
+
+    def __init__(self, root: State) -> None:
+        self.parent: dict[State, tuple[State, Action] | None] = {root: None}
+        self.depth: dict[State, int] = {root: 0}
+        self.edges: dict[State, list[State]] = {}
+        self.system_edges: dict[State, list[State]] = {}
+        self.labelled_system_edges: dict[State, list[tuple[Action, State]]] = {}
+
+    def path_to(self, s: State) -> list[tuple[Action, State]]:
+        path = []
+        while (p := self.parent[s]) is not None:
+            path.append((p[1], s))
+            s = p[0]
+        return path[::-1]
+
+
+def search(model: Model, *, max_states: int = 2_000_000, stop_at_first: bool = False,
+           check_liveness: bool = True, progress: Callable[[int, int], None] | None = None) -> SearchResult:
+    """Breadth-first exhaustive search; stops early only at `max_states` (then
+    `complete` is False) or, with `stop_at_first`, at the first violation."""
+    t0 = time.perf_counter()
+    cfg = model.cfg
+    root = initial(model)
+    graph = _Graph(root)
+    result = SearchResult(model)
+    broken: set[str] = set()
+    pending = {sm.name: sm for sm in SOMETIMES if sm.is_applicable(cfg)}
+
+    def note_violation(name: str, s: State, message: str) -> None:
+        if name not in broken:
+            broken.add(name)
+            result.violations.append(Violation(name, graph.path_to(s), message))
+
+    def check_state(s: State) -> None:
+        for inv in INVARIANTS:
+            if not inv.holds(s, cfg):
+                note_violation(inv.name, s, inv.statement)
+
+    def check_sometimes(s: State) -> None:
+        """One-stage targets; the BFS depth of s is the length of a shortest path to them."""
+        for name, sm in list(pending.items()):
+            if sm.after is None and any(sm.target(s, cfg, r) for r in range(model.num_requests)):
+                result.reached[name] = graph.depth[s]
+                del pending[name]
+
+    check_state(root)
+    check_sometimes(root)
+    frontier = deque([root])
+    while frontier:
+        if stop_at_first and result.violations:
+            break
+        s = frontier.popleft()
+        edges = graph.edges.setdefault(s, [])
+        sys_edges = graph.system_edges.setdefault(s, [])
+        labelled = graph.labelled_system_edges.setdefault(s, [])
+        for action, nxt in successors(model, s):
+            result.num_edges += 1
+            edges.append(nxt)
+            if isinstance(action, (Schedule, CompleteOldest)):
+                sys_edges.append(nxt)
+                labelled.append((action, nxt))
+            fresh = nxt not in graph.parent
+            if fresh:
+                if len(graph.parent) >= max_states:
+                    result.complete = False
+                    continue
+                graph.parent[nxt] = (s, action)
+                graph.depth[nxt] = graph.depth[s] + 1
+            for prop in TRANSITION_PROPERTIES:
+                if not prop.holds(s, nxt, action, cfg):
+                    # report the path through this very edge
+                    if prop.name not in broken:
+                        broken.add(prop.name)
+                        result.violations.append(Violation(prop.name, graph.path_to(s) + [(action, nxt)],
+                                                           prop.statement))
+            if fresh:
+                check_state(nxt)
+                check_sometimes(nxt)
+                frontier.append(nxt)
+        if progress and len(graph.parent) % 20000 == 0:
+            progress(len(graph.parent), graph.depth[s])
+    result.num_states = len(graph.parent)
+    result.max_depth = max(graph.depth.values())
+    for name, sm in list(pending.items()):
+        if sm.after is not None and (depth := _two_stage_depth(graph, root, model, sm)) is not None:
+            result.reached[name] = depth
+            del pending[name]
+    for name in pending:
+        result.violations.append(Violation(name, [], "sometimes target never reached"))
+    if check_liveness and result.complete and not (stop_at_first and result.violations):
+        _check_liveness(graph, result)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _two_stage_depth(graph: _Graph, root: State, model: Model, sm: Sometimes) -> int | None:
+    """The length of a shortest path on which, for some request r, `sm.after`
+    holds and then (there or later) `sm.target`: breadth-first over pairs
+    (state, whether the path has passed `after` for r). The BFS depth of the
+    target state alone can be shorter, when a shorter path reaches that state
+    without passing `after`."""
+    cfg, best = model.cfg, None
+    for r in range(model.num_requests):
+        start = (root, sm.after(root, cfg, r))
+        seen, frontier, depth = {start}, [start], 0
+        while frontier and (best is None or depth < best):
+            if any(passed and sm.target(s, cfg, r) for s, passed in frontier):
+                best = depth
+                break
+            nxt = []
+            for s, passed in frontier:
+                for t in graph.edges.get(s, ()):
+                    pair = (t, passed or sm.after(t, cfg, r))
+                    if pair not in seen:
+                        seen.add(pair)
+                        nxt.append(pair)
+            frontier, depth = nxt, depth + 1
+    return best
+
+
+def _is_quiescent(s: State) -> bool:
+    return not s.in_flight and not any(q.status.is_active for q in s.requests)
+
+
+def _path_to_dead_end(graph: _Graph, start: State) -> list[tuple[Action, State]]:
+    """A shortest run of scheduler steps from `start` to a state where the
+    scheduler can do nothing more (or back to a state already on the run)."""
+    came: dict[State, tuple[State, Action] | None] = {start: None}
+    frontier = deque([start])
+    while frontier:
+        s = frontier.popleft()
+        outs = [(a, t) for a, t in graph.labelled_system_edges.get(s, [])]
+        if not outs:
+            break
+        for a, t in outs:
+            if t not in came:
+                came[t] = (s, a)
+                frontier.append(t)
+    else:
+        return []
+    path = []
+    while (p := came[s]) is not None:
+        path.append((p[1], s))
+        s = p[0]
+    return path[::-1]
+
+
+def _check_liveness(graph: _Graph, result: SearchResult) -> None:
+    """AG EF quiescent over scheduler steps, and no cycle of scheduler steps."""
+    reverse: dict[State, list[State]] = {}
+    for s, outs in graph.system_edges.items():
+        for t in outs:
+            reverse.setdefault(t, []).append(s)
+    good = {s for s in graph.parent if _is_quiescent(s)}
+    frontier = deque(good)
+    while frontier:
+        t = frontier.popleft()
+        for s in reverse.get(t, ()):
+            if s not in good:
+                good.add(s)
+                frontier.append(s)
+    stuck = [s for s in graph.parent if s not in good]
+    result.liveness["L1_L3_every_request_can_finish"] = not stuck
+    if stuck:
+        worst = min(stuck, key=lambda s: graph.depth[s])
+        path = graph.path_to(worst) + _path_to_dead_end(graph, worst)
+        result.violations.append(Violation(
+            "L1_L3_every_request_can_finish", path,
+            f"after step {graph.depth[worst]} no run of the scheduler finishes every request; "
+            "the trace goes on to where it gets stuck"))
+    # Kahn's algorithm on the scheduler-step subgraph: a leftover node lies on a cycle.
+    indegree = {s: 0 for s in graph.parent}
+    for outs in graph.system_edges.values():
+        for t in outs:
+            indegree[t] += 1
+    queue = deque(s for s, d in indegree.items() if d == 0)
+    seen = 0
+    while queue:
+        s = queue.popleft()
+        seen += 1
+        for t in graph.system_edges.get(s, ()):
+            indegree[t] -= 1
+            if indegree[t] == 0:
+                queue.append(t)
+    acyclic = seen == len(indegree)
+    result.liveness["L4_every_run_terminates"] = acyclic
+    if not acyclic:
+        on_cycle = min((s for s, d in indegree.items() if d > 0), key=lambda s: graph.depth[s])
+        result.violations.append(Violation("L4_every_run_terminates", graph.path_to(on_cycle),
+                                           "the scheduler can cycle forever from here"))

@@ -1,0 +1,434 @@
+"""Refinement: the reference scheduler, driven through its engine with
+arbitrary interleavings, takes exactly the steps the spec takes.
+
+A Hypothesis `RuleBasedStateMachine` whose rules are the spec's actions
+(arrive, schedule, complete the oldest batch, abort) and whose preconditions
+are the engine's guards. The environment's choices are rule arguments: the
+configuration (drawn once, in `setup`), each arrival's prompt (lengths and
+shared prefixes, so prefix hits happen; small pools, so preemption happens),
+whether a name is reused after an abort, and for each completed batch what
+the model returned (EOS or not, accepted drafts, drafts proposed next), fed
+to the reference through the `ScriptedExecutor` callback. After every rule:
+
+    abstract(after) == spec.step(abstract(before), cfg, action)
+
+with the same environment choices, every spec invariant holds on the
+abstracted state, every transition property on the step, and the engine's
+guards agree with the spec's. A failure prints as a short replayable
+program (Hypothesis shrinks it); the state it broke is in the message.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from flightcheck.reference import (
+    Engine,
+    Request,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    ScriptedExecutor,
+    TraceWriter,
+)
+from flightcheck.reference import Sample as RefSample
+from flightcheck.reference.config import cdiv
+from flightcheck.spec.schedule import is_schedule_enabled
+from flightcheck.verification.refinement.abstraction import (
+    Ledger,
+    abstract,
+    describe_difference,
+    output_token,
+    spec_config,
+)
+from flightcheck.verification.traces.check import check_events, read_events
+from hypothesis import currently_in_test_context, note
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from flightcheck import spec
+
+NUM_SLOTS = 20         # requests per run: enough to crowd a small pool, few enough to shrink
+EOS = 1                # the stop token; prompts never contain it, every request stops on it
+
+
+class BudgetSpent(BaseException):
+    """The run's step budget is used up with no failure. A BaseException, so
+    Hypothesis does not take it for a failing test and stops at once."""
+
+
+class Budget:
+    """Rule steps left to a fuzz run. Once a failure is seen the budget stops
+    gating, so Hypothesis can replay and shrink the failing program."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps, self.used = steps, 0
+        self.failure_seen = False
+        self.steps_to_failure: int | None = None
+        self.seconds_to_failure: float | None = None
+        self._t0 = time.perf_counter()
+
+    def tick(self) -> None:
+        if self.failure_seen:
+            return
+        if self.used >= self.steps:
+            raise BudgetSpent()
+        self.used += 1
+
+    def fail(self) -> None:
+        if not self.failure_seen:
+            self.failure_seen, self.steps_to_failure = True, self.used
+            self.seconds_to_failure = time.perf_counter() - self._t0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the model returns for one sampled entry: EOS or an ordinary token,
+    how many of the scheduled drafts were accepted, how many drafts it
+    proposes next and which of them (if any) is EOS."""
+
+    eos: bool = False
+    accepted: int = 0
+    drafts: int = 0
+    eos_draft: int | None = None
+
+    def __repr__(self) -> str:
+        parts = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                 if getattr(self, f.name) != f.default]
+        return f"Outcome({', '.join(parts)})"
+
+
+def outcome(code: int) -> Outcome:
+    """An outcome from one integer: cheaper to draw than four fields, and it
+    shrinks towards 0, the plain token. The low digits hold what should vary
+    most: the drafts proposed next, then how many were accepted (codes 5-7 of
+    that digit reject every draft, so rejections, which spec decode must undo,
+    are common); EOS is rare (1 in 16), so requests live long enough to be
+    preempted mid-decode."""
+    drafts, accepted = code % 5, (code // 5) % 8
+    eos, eos_draft = (code // 40) % 16 == 15, (code // 640) % 5
+    return Outcome(eos, accepted if accepted <= 4 else 0, drafts,
+                   None if eos_draft == 0 else eos_draft - 1)
+
+
+def outcomes() -> st.SearchStrategy[list[Outcome]]:
+    """What the model returns for the (at most four) sampled entries of a batch."""
+    return st.lists(st.integers(0, 5 * 8 * 16 * 5 - 1).map(outcome), min_size=4, max_size=4)
+
+
+@st.composite
+def configs(draw) -> SchedulerConfig:
+    """Small, valid configurations: every request fits in the pool alone (the
+    spec's liveness assumption, the reference's validation), with few blocks
+    to spare so that preemption happens. A pipeline and a second sequence
+    slot are the common case (most bugs need a batch in flight while another
+    request moves), so K = 1 and max_num_seqs = 1 come last (shrink away) and
+    K = 2, two sequences, come twice; spec decode is on unless shrunk away,
+    the prefill threshold on one time in four."""
+    block_size = draw(st.integers(1, 4))
+    max_model_len = draw(st.integers(8, 16) | st.integers(2, 16))
+    budget = draw(st.integers(1, 16))
+    return SchedulerConfig(
+        max_num_batched_tokens=budget, max_num_seqs=draw(st.sampled_from([2, 3, 2, 4, 1])),
+        max_model_len=max_model_len, block_size=block_size,
+        num_blocks=cdiv(max_model_len, block_size) + draw(st.integers(0, 1)),
+        num_pipeline_stages=draw(st.sampled_from([2, 3, 2, 4, 1])),
+        long_prefill_token_threshold=draw(st.integers(1, 8)) if draw(st.integers(0, 3)) == 3 else 0,
+        num_spec_tokens=draw(st.sampled_from([3, 2, 3, 1, 0])),
+        enable_prefix_caching=draw(st.booleans()),
+        continue_prefill=draw(st.integers(0, 2).map(lambda x: x != 2)))
+
+
+def prompt_tokens(slot: int, family: int, shared: int, length: int) -> list[int]:
+    """`shared` leading tokens common to every prompt of `family` (prefix
+    hits), the rest unique to the slot; never EOS, always below output tokens."""
+    return [100 + family * 1000 + p if p < shared else 10_000 + slot * 1000 + p
+            for p in range(length)]
+
+
+def _step(fn, counts: bool = True):
+    """A rule body: counts against the budget, and any exception in it marks
+    the run as failed (so the budget no longer cuts replays short)."""
+    @functools.wraps(fn)
+    def run(self, **kwargs):
+        if counts and self.budget is not None:
+            self.budget.tick()
+        try:
+            return fn(self, **kwargs)
+        except Exception:
+            self.broken = True
+            if self.budget is not None:
+                self.budget.fail()
+            raise
+    return run
+
+
+def _guard(fn):
+    """setup and teardown: not steps, but their exceptions are failures too."""
+    return _step(fn, counts=False)
+
+
+class RefinementMachine(RuleBasedStateMachine):
+    """The reference (optionally one of its mutants) against the correct spec."""
+
+    def __init__(self, mutant: str | None = None, budget: Budget | None = None,
+                 check_traces: bool = False) -> None:
+        super().__init__()
+        self.mutant, self.budget, self.check_traces = mutant, budget, check_traces
+        self.engine: Engine | None = None
+        self.broken = False           # this program failed: teardown checks nothing more
+
+    # -- configuration --------------------------------------------------------
+
+    @initialize(cfg=configs(), sample_every_chunk=st.booleans())
+    @_guard
+    def setup(self, cfg: SchedulerConfig, sample_every_chunk: bool) -> None:
+        if self.mutant is not None:
+            cfg = SchedulerConfig(**{**cfg.__dict__, "mutant": self.mutant})
+        self.cfg, self.spec_cfg = cfg, spec_config(cfg)
+        self.sink = io.StringIO() if self.check_traces else None
+        trace = TraceWriter(self.sink, eos_token_id=EOS) if self.sink is not None else None
+        self.scheduler = Scheduler(cfg, trace=trace)
+        # sample_every_chunk: a worker that returns a token for every chunk
+        # (vLLM <= 0.8.2) leaves the scheduler to discard partial chunks' tokens.
+        self.executor = ScriptedExecutor(self._sample, sample_every_chunk=sample_every_chunk)
+        self.engine = Engine(self.scheduler, self.executor)
+        self.ledger = Ledger(NUM_SLOTS, cfg.block_size, cfg.enable_prefix_caching)
+        self.state = spec.initial_state(NUM_SLOTS, cfg.num_blocks)
+        self.outcomes: list[Outcome] = []
+        self.calls: dict[str, spec.Sample] = {}      # req id -> what its entry sampled
+        self.num_calls = 0
+        self.num_aborts = 0
+        self.num_completes = 0
+        self._schedule_memo: tuple[spec.State | None, bool] = (None, False)
+        self.history: list[tuple[spec.Action, spec.State]] = []   # for the failure report
+        if self.mutant is not None and currently_in_test_context():   # not in a replay by hand
+            note(f"reference mutant: {self.mutant}")
+
+    # -- rules: the spec's actions ---------------------------------------------
+
+    @precondition(lambda self: self.engine is not None and self._may_arrive())
+    @rule(prompt_len=st.integers(1, 4) | st.integers(1, 15), family=st.integers(0, 1),
+          tail=st.integers(0, 4), max_tokens=st.integers(6, 20), reuse=st.integers(0, 3))
+    @_step
+    def arrive(self, prompt_len: int, family: int, tail: int, max_tokens: int, reuse: int) -> None:
+        """A request arrives: all but `tail` of its prompt tokens are its
+        `family`'s shared prefix; `reuse` > 0 takes the name of a finished one.
+        Prompts fill at most half the model length, so that requests decode
+        long enough (max_tokens 6..20, EOS rare) to be preempted mid-decode."""
+        slot = len(self.ledger.requests)
+        name = self._name(slot, reuse)
+        length = 1 + (prompt_len - 1) % max(1, self.cfg.max_model_len // 2)
+        request = Request(name, prompt_tokens(slot, family, max(0, length - tail), length),
+                          SamplingParams(max_tokens=max_tokens), eos_token_id=EOS)
+        self.engine.add_request(request)
+        _, prompt = self.ledger.arrive(request)
+        self._check(spec.Arrive(slot, prompt))
+
+    @precondition(lambda self: self.engine is not None and self.engine.can_schedule()
+                  and self._spec_schedules())
+    @rule()
+    @_step
+    def schedule(self) -> None:
+        """Form a batch, offered when the spec would form one (a schedule the
+        spec refuses is still tried, by `engine_step`, whenever the queue has
+        room: that is where a reference that schedules too much is caught)."""
+        self._schedule()
+
+    @precondition(lambda self: self.engine is not None and self.engine.can_complete()
+                  and self.num_completes * 8 <= len(self.history))
+    @rule(returned=outcomes())
+    @_step
+    def complete(self, returned: list[Outcome]) -> None:
+        """The oldest batch returns, whatever the engine would do; `returned[i]`
+        is what the model gave the i-th entry it sampled for. At most one per
+        eight steps: completing out of the engine's order keeps every request's
+        decodes in one batch (lockstep), and the engine's own order
+        (`engine_step`), which staggers them, is where a request is preempted
+        with its decode in flight."""
+        self.num_completes += 1
+        self._complete(returned)
+
+    @precondition(lambda self: self.engine is not None and (
+        self.engine.can_complete() or self.scheduler.has_unfinished_requests()))
+    @rule(returned=outcomes())
+    @_step
+    def engine_step(self, returned: list[Outcome]) -> None:
+        """The engine's own choice (`Engine.step`): schedule while the queue
+        has room and something is scheduled, else complete the oldest batch."""
+        if self.engine.can_schedule() and self._schedule():
+            return
+        if self.engine.can_complete():
+            self._complete(returned)
+
+    @precondition(lambda self: self.engine is not None and (
+        self._may_abort() or not self._can_progress()))
+    @rule(which=st.integers(0, NUM_SLOTS - 1))
+    @_step
+    def abort(self, which: int) -> None:
+        """Abort the request that arrived `which`-th (mod arrivals), whatever
+        it is doing. (Aborts of finished and unknown requests, no-ops, are
+        `abort`'s fallback when nothing else is enabled.)"""
+        requests = [r for r in self.ledger.requests if not r.is_finished()] or self.ledger.requests
+        name = requests[which % len(requests)].request_id if requests else "nobody"
+        slot = self.ledger.active_slot(name)
+        self.num_aborts += 1
+        self.engine.abort_request(name)
+        self._check(spec.Abort(-1 if slot is None else slot))
+
+    def _may_arrive(self) -> bool:
+        """Arrivals while a slot is left, at most two requests wait, and a
+        batch is in flight (or nothing is left to do): a long waiting queue
+        refills every freed slot at once, and then the victim of every
+        preemption is a request still in its first prefill, never one with
+        decodes or drafts in flight."""
+        return (len(self.ledger.requests) < NUM_SLOTS and len(self.scheduler.waiting) <= 2
+                and (self.engine.can_complete() or not self.scheduler.has_unfinished_requests()))
+
+    def _may_abort(self) -> bool:
+        """Aborts are the environment's rare event: while a request runs or
+        work is in flight, and at most one per 25 steps. Unthrottled they
+        would be a quarter of all steps, and few requests would live long
+        enough to be preempted with a batch in flight. (When nothing else is
+        enabled, abort is, so that a program can always go on.)"""
+        busy = bool(self.scheduler.running) or (bool(self.scheduler.waiting)
+                                                and self.engine.can_complete())
+        return busy and self.num_aborts * 25 <= len(self.history)
+
+    def _spec_schedules(self) -> bool:
+        """Whether the spec's schedule forms a batch from the current state
+        (memoised per state: preconditions are evaluated often)."""
+        if self._schedule_memo[0] is not self.state:
+            self._schedule_memo = (self.state, spec.schedule(self.state, self.spec_cfg) is not None)
+        return self._schedule_memo[1]
+
+    def _can_progress(self) -> bool:
+        return (len(self.ledger.requests) < NUM_SLOTS or self.engine.can_complete()
+                or self.scheduler.has_unfinished_requests())
+
+    def _schedule(self) -> bool:
+        """One schedule call, checked; whether a batch was submitted."""
+        before = self.state
+        output = self.engine.schedule_step()
+        scheduled = spec.schedule(before, self.spec_cfg)
+        if output is not None:
+            self.ledger.record_batch(self.scheduler, output)
+            if scheduled is None:
+                self._fail(f"the reference scheduled a batch, the spec schedules nothing\n"
+                           f"  before: {spec.describe(before)}")
+        self._check(spec.Schedule(), expected=before if scheduled is None else scheduled.state)
+        return output is not None
+
+    def _complete(self, returned: list[Outcome]) -> None:
+        self.outcomes, self.calls, self.num_calls = list(returned), {}, 0
+        sampling = spec.sampling_entries(self.state, self.spec_cfg)
+        self.engine.complete_oldest_step()
+        names = [self.ledger.requests[e.req].request_id for e in sampling]
+        samples = tuple(self.calls.get(name, spec.Sample()) for name in names)
+        self._check(spec.CompleteOldest(samples))
+
+    @_guard
+    def teardown(self) -> None:
+        if self.check_traces and self.engine is not None and not self.broken:
+            self._check_trace()
+
+    # -- the model's answers (ScriptedExecutor callback) -----------------------
+
+    def _sample(self, req_id: str, position: int, drafts: list[int]) -> RefSample:
+        """Tokens are unique to (slot, position), so no two requests share an
+        output-containing block; EOS and drafts come from the rule's outcomes."""
+        index = self.num_calls
+        self.num_calls += 1
+        outcome = self.outcomes[index] if index < len(self.outcomes) else Outcome()
+        slot = self.ledger.active_slot(req_id)
+        slot = len(self.ledger.requests) if slot is None else slot   # stale: any unused range
+        accepted = min(outcome.accepted, len(drafts))
+        bonus = position + accepted
+        token = EOS if outcome.eos else output_token(slot, bonus)
+        proposed = tuple(EOS if j == outcome.eos_draft else output_token(slot, bonus + 1 + j)
+                         for j in range(outcome.drafts))
+        generated = [*drafts[:accepted], token]
+        stop_at = next((i for i, t in enumerate(generated) if t == EOS), None)
+        self.calls[req_id] = spec.Sample(accepted, stop_at,
+                                         min(len(proposed), self.cfg.num_spec_tokens))
+        return RefSample(token, accepted, proposed)
+
+    # -- checking ---------------------------------------------------------------
+
+    def _check(self, action: spec.Action, expected: spec.State | None = None) -> None:
+        before = self.state
+        if not isinstance(action, spec.Schedule):
+            expected = spec.step(before, self.spec_cfg, action)
+            if expected is None:            # disabled in the spec: the reference must not move
+                expected = before
+        after = abstract(self.scheduler, self.engine, self.ledger)
+        self.history.append((action, after))
+        if after != expected:
+            self._fail(f"refinement: after `{action}` the reference is not where the spec goes\n"
+                       f"  before:    {spec.describe(before)}\n"
+                       f"  spec:      {spec.describe(expected)}\n"
+                       f"  reference: {spec.describe(after)}\n"
+                       f"  {describe_difference(expected, after)}")
+        cfg = self.spec_cfg
+        broken = [inv.name for inv in spec.INVARIANTS if not inv.holds(after, cfg)]
+        broken += [p.name for p in spec.TRANSITION_PROPERTIES
+                   if not p.holds(before, after, action, cfg)]
+        if broken:
+            self._fail(f"{', '.join(broken)} broken after `{action}`\n"
+                       f"  state: {spec.describe(after)}")
+        if self.engine.can_schedule() != is_schedule_enabled(after, cfg):
+            self._fail(f"the engine {'can' if self.engine.can_schedule() else 'cannot'} schedule, "
+                       f"the spec disagrees, in {spec.describe(after)}")
+        self.state = after
+
+    def _check_trace(self) -> None:
+        """Finish the run with the engine's own loop, then the trace the
+        reference wrote must replay on the spec, with and without block ids."""
+        self.outcomes, self.calls = [], {}
+        self.engine.run(max_steps=10_000)
+        self.scheduler.trace.end()
+        text = self.sink.getvalue().splitlines()
+        result = check_events(read_events(text))
+        if not result.ok:
+            self._fail(f"check_trace rejects the reference's trace: {result.to_json()}\n"
+                       + "\n".join(text))
+        stripped = [json.dumps({k: v for k, v in e.items() if k != "block_ids"} if e["ev"] != "schedule"
+                               else {**e, "entries": [{k: v for k, v in x.items() if k != "block_ids"}
+                                                      for x in e["entries"]]})
+                    for e in read_events(text)]
+        result = check_events(read_events(stripped))
+        scheduled = any(e["ev"] == "schedule" and e["entries"] for e in read_events(text))
+        if not result.ok or (scheduled and not any("block identity" in u for u in result.unchecked)):
+            self._fail(f"check_trace on the trace without block_ids: {result.to_json()}")
+
+    # -- bookkeeping ------------------------------------------------------------
+
+    def _name(self, slot: int, reuse: int) -> str:
+        """A fresh name, or (reuse > 0) the name of a finished request that no
+        active request holds."""
+        if reuse:
+            taken = {r.request_id for r in self.ledger.requests if not r.is_finished()}
+            free = sorted({r.request_id for r in self.ledger.requests} - taken)
+            if free:
+                return free[(reuse - 1) % len(free)]
+        return f"r{slot}"
+
+    def _fail(self, message: str) -> None:
+        self.broken = True
+        if self.budget is not None:
+            self.budget.fail()
+        steps = "\n".join(f"  {i:3} {str(a):<40} -> {spec.describe(s)}"
+                          for i, (a, s) in enumerate(self.history, start=1))
+        raise AssertionError(f"{message}\nspec actions and abstract states:\n{steps}")
+
+
+def machine_factory(mutant: str | None = None, budget: Budget | None = None,
+                    check_traces: bool = False) -> Callable[[], RefinementMachine]:
+    def make() -> RefinementMachine:
+        return RefinementMachine(mutant, budget, check_traces)
+    return make

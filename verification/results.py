@@ -1,0 +1,39 @@
+"""What `flightcheck verify` reports: one row per property and method
+(`PropertyResult`), and the kind of each property by name (`kind_of`).
+Every engine, explicit or Z3, reports in these terms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flightcheck.spec import INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES
+
+SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES)
+# Liveness proper, decided on the whole state graph by explicit search.
+LIVENESS_GRAPH = ("L1_L3_every_request_can_finish", "L4_every_run_terminates")
+
+
+@dataclass
+class PropertyResult:
+    name: str
+    kind: str            # invariant | liveness | sometimes | auxiliary
+    status: str          # proved | bounded | reached | violated | unknown
+    method: str
+    depth: int | None
+    seconds: float
+
+
+def kind_of(name: str) -> str:
+    """invariant (transition properties included), liveness (an invariant's
+    safety form, or a property of the state graph), sometimes, or auxiliary
+    (a strengthening or inferred fact, not a spec property)."""
+    if name in SOMETIMES_NAMES:
+        return "sometimes"
+    if name in LIVENESS_GRAPH:
+        return "liveness"
+    for inv in INVARIANTS:
+        if inv.name == name:
+            return inv.kind
+    if any(p.name == name for p in TRANSITION_PROPERTIES):
+        return "invariant"
+    return "auxiliary"

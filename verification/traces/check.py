@@ -1,0 +1,420 @@
+"""Trace validation: replay a JSON Lines trace (DESIGN.md's format) against
+the concrete spec and report the first event that is not a legal spec
+transition or that breaks a property, with the state before it.
+
+What the checker takes from the trace, as the environment's choices:
+arrivals (prompt length, max_tokens, prompt content when given), aborts, the
+tokens each batch returned (how many drafts were accepted, whether a stop
+token was sampled), and the drafts proposed for each request's next step.
+What it checks, as the scheduler's decisions: every batch (which requests,
+start, n, cached, drafts, samples, in order), every preemption, FIFO
+completion, which outputs were applied or dropped, every finish and its
+reason, and every invariant after every event. With `block_ids` it also
+checks block identity (up to a consistent renaming of block ids), so KV
+ownership and every allocation decision are checked; without them it says so.
+
+After an `end` event (the writer's run is over and no input is left): no
+batch may be left in flight and every request must have finished. One left
+unfinished is stuck: either the writer's scheduler stalled where the spec
+would go on (L2), or the spec itself cannot move it (L1).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from flightcheck.spec import (
+    INVARIANTS,
+    TRANSITION_PROPERTIES,
+    Abort,
+    Action,
+    Arrive,
+    CompleteOldest,
+    Config,
+    Prompt,
+    Sample,
+    Schedule,
+    State,
+    Status,
+    describe,
+    initial_state,
+    sampling_entries,
+    schedule,
+    step,
+)
+from flightcheck.spec.actions import complete_oldest
+
+EVENT_KINDS = {"config", "arrive", "schedule", "stage", "complete", "finish", "abort", "end"}
+REASONS = {"stop": Status.FINISHED_STOPPED, "length": Status.FINISHED_LENGTH,
+           "abort": Status.FINISHED_ABORTED}
+
+
+class MalformedTrace(ValueError):
+    """The file is not a trace in the format (exit code 2)."""
+
+
+@dataclass
+class CheckResult:
+    ok: bool
+    events: int
+    event_index: int | None = None       # 0-based line of the first illegal event
+    property: str | None = None
+    message: str | None = None
+    state_before: str | None = None
+    unchecked: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "events": self.events, "event_index": self.event_index,
+                "property": self.property, "message": self.message,
+                "state_before": self.state_before, "unchecked": self.unchecked}
+
+
+class _Violation(Exception):
+    def __init__(self, prop: str, message: str) -> None:
+        super().__init__(message)
+        self.prop, self.message = prop, message
+
+
+def read_events(lines: Iterable[str]) -> list[dict[str, Any]]:
+    events = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise MalformedTrace(f"line {number}: not JSON ({err.msg})") from None
+        if not isinstance(event, dict) or event.get("ev") not in EVENT_KINDS:
+            raise MalformedTrace(f"line {number}: not an event (need 'ev' in {sorted(EVENT_KINDS)})")
+        events.append(event)
+    if not events or events[0]["ev"] != "config":
+        raise MalformedTrace("the first event must be 'config'")
+    return events
+
+
+def _field(event: dict, name: str, kind: type | tuple = int) -> Any:
+    if name not in event or not isinstance(event[name], kind) or isinstance(event[name], bool) != (kind is bool):
+        raise MalformedTrace(f"{event.get('ev')} event lacks a valid {name!r}: {event}")
+    return event[name]
+
+
+def config_from_event(event: dict) -> Config:
+    policy = event.get("policy", "continue-prefill")
+    if policy not in ("continue-prefill", "one-batch-per-request"):
+        raise MalformedTrace(f"unknown policy {policy!r}")
+    if event.get("num_preallocate_tokens", 0):
+        raise MalformedTrace("num_preallocate_tokens > 0 is not modelled by the spec")
+    try:
+        return Config(
+            num_stages=_field(event, "num_stages"),
+            max_num_batched_tokens=_field(event, "max_num_batched_tokens"),
+            max_num_seqs=event.get("max_num_seqs", 256), block_size=_field(event, "block_size"),
+            num_blocks=event.get("usable_blocks", _field(event, "num_blocks")),
+            max_model_len=_field(event, "max_model_len"),
+            long_prefill_token_threshold=event.get("long_prefill_token_threshold", 0),
+            num_spec_tokens=event.get("num_spec_tokens", 0),
+            prefix_caching=bool(event.get("prefix_caching", False)),
+            continue_prefill=policy == "continue-prefill")
+    except (ValueError, TypeError) as err:
+        raise MalformedTrace(f"config: {err}") from None
+
+
+class TraceChecker:
+    """Replays events one by one on the spec; `feed` raises _Violation."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.cfg = config_from_event(events[0])
+        self.eos = events[0].get("eos_token_id")
+        num_arrivals = sum(1 for e in events if e["ev"] == "arrive")
+        self.state: State = initial_state(num_arrivals, self.cfg.num_blocks)
+        self.slot: dict[str, int] = {}            # request name -> its current incarnation's slot
+        self.names: list[str] = []
+        self.stops: dict[int, tuple[set[int], bool]] = {}   # slot -> (stop ids, ignore_eos)
+        self.batch_ids: list[Any] = []            # trace batch id of each in-flight batch
+        self.block_map: dict[int, int] = {}       # trace block id -> spec block id
+        self.labels: dict[tuple, int] = {}
+        self.unchecked: set[str] = set()
+        self.finished_now: dict[int, Status] = {}  # finishes the spec made, awaiting their event
+        self.ended = False
+
+    # -- helpers ------------------------------------------------------------
+
+    def _name(self, r: int) -> str:
+        return self.names[r]
+
+    def _req(self, event: dict) -> int:
+        name = _field(event, "req", str)
+        if name not in self.slot:
+            raise _Violation("unknown_request", f"{event['ev']} of request {name!r} that never arrived")
+        return self.slot[name]
+
+    def _labels(self, event: dict) -> tuple[int, ...]:
+        bs = self.cfg.block_size
+        if "prompt_block_labels" in event:
+            return tuple(int(x) for x in event["prompt_block_labels"])
+        tokens = event.get("prompt_token_ids")
+        if tokens is None:
+            if self.cfg.prefix_caching:
+                self.unchecked.add("prefix-cache hits across requests (arrivals carry no prompt content)")
+            return tuple(self._fresh_label() for _ in range(event["prompt_len"] // bs))
+        labels, parent = [], None
+        for i in range(len(tokens) // bs):
+            key = (parent, tuple(tokens[i * bs:(i + 1) * bs]))
+            parent = self.labels.setdefault(key, len(self.labels) + 1)
+            labels.append(parent)
+        return tuple(labels)
+
+    def _fresh_label(self) -> int:
+        self.labels[("fresh", len(self.labels))] = label = len(self.labels) + 1
+        return label
+
+    def _check_properties(self, before: State, after: State, action: Action) -> None:
+        for inv in INVARIANTS:
+            if not inv.holds(after, self.cfg):
+                raise _Violation(inv.name, inv.statement)
+        for prop in TRANSITION_PROPERTIES:
+            if not prop.holds(before, after, action, self.cfg):
+                raise _Violation(prop.name, prop.statement)
+
+    def _apply(self, action: Action, new_state: State | None, what: str) -> None:
+        if new_state is None:
+            raise _Violation("illegal_transition", f"{what}: not enabled in the spec")
+        before, self.state = self.state, new_state
+        self._check_properties(before, new_state, action)
+
+    # -- events -------------------------------------------------------------
+
+    def feed(self, event: dict[str, Any]) -> None:
+        if self.ended:
+            raise _Violation("event_after_end", f"{event['ev']} after the end event")
+        if self.finished_now and event["ev"] != "finish":
+            r, status = next(iter(self.finished_now.items()))
+            raise _Violation("missing_finish", f"{self._name(r)} finished ({status.value}) in the spec "
+                             "but the trace wrote no finish event for it")
+        getattr(self, f"_on_{event['ev']}")(event)
+
+    def _on_config(self, event: dict) -> None:
+        raise MalformedTrace("a second config event")
+
+    def _on_stage(self, event: dict) -> None:
+        self.unchecked.add("stage timing (stage events are not checked against the spec)")
+
+    def _on_arrive(self, event: dict) -> None:
+        name = _field(event, "req", str)
+        if name in self.slot and self.state.requests[self.slot[name]].status.is_active:
+            raise _Violation("request_id_reused", f"{name!r} arrives again while still active")
+        r = len(self.names)                        # a new incarnation gets a new slot
+        self.names.append(name)
+        self.slot[name] = r
+        prompt = Prompt(_field(event, "prompt_len"), _field(event, "max_tokens"), self._labels(event))
+        stop_ids = set(event.get("stop_token_ids") or ())
+        eos = event.get("eos_token_id", self.eos)
+        if not event.get("ignore_eos", False) and eos is not None:
+            stop_ids.add(eos)
+        self.stops[r] = (stop_ids, eos is not None or bool(stop_ids))
+        self._apply(Arrive(r, prompt), step(self.state, self.cfg, Arrive(r, prompt)), "arrive")
+
+    def _on_schedule(self, event: dict) -> None:
+        entries = event.get("entries")
+        if not isinstance(entries, list):
+            raise MalformedTrace(f"schedule event without entries: {event}")
+        self._backfill_drafts(entries)
+        scheduled = schedule(self.state, self.cfg)
+        if scheduled is None:
+            why = ("the pipeline is full" if len(self.state.in_flight) >= self.cfg.num_stages
+                   else "the spec schedules nothing here")
+            raise _Violation("illegal_schedule", f"a batch was scheduled but {why}")
+        want = [(self._name(e.req), e.start, e.n, e.cached, e.drafts, e.samples) for e in scheduled.entries]
+        got = []
+        for i, x in enumerate(entries):
+            samples = x.get("samples")
+            if samples is None:                    # optional: a writer may leave it to the spec
+                samples = want[i][5] if i < len(want) else False
+            got.append((_field(x, "req", str), _field(x, "start"), _field(x, "n"), x.get("cached", 0),
+                        x.get("drafts", 0), bool(samples)))
+        if got != want:
+            raise _Violation("schedule_decision", f"the spec schedules {self._fmt(want)}, the trace {self._fmt(got)}")
+        want_pre = [self._name(r) for r in scheduled.preempted]
+        if list(event.get("preempted", [])) != want_pre:
+            raise _Violation("preemption_decision",
+                             f"the spec preempts {want_pre}, the trace {event.get('preempted', [])}")
+        self._check_block_ids(scheduled.entries, entries)
+        self._apply(Schedule(), scheduled.state, "schedule")
+        if scheduled.entries:
+            self.batch_ids.append(event.get("batch"))
+
+    @staticmethod
+    def _fmt(entries) -> str:
+        return "[" + ", ".join(f"{e[0]}@{e[1]}+{e[2]}" + (f" cached={e[3]}" if e[3] else "")
+                               + (f" drafts={e[4]}" if e[4] else "") for e in entries) + "]"
+
+    def _backfill_drafts(self, entries: list[dict]) -> None:
+        """Drafts are proposed at completion; writers that do not say how many
+        (no `next_drafts`) show them here, in the batch that schedules them."""
+        for x in entries:
+            name, drafts = x.get("req"), x.get("drafts", 0)
+            r = self.slot.get(name)
+            if r is None or not drafts:
+                continue
+            q = self.state.requests[r]
+            if q.status is Status.RUNNING and q.num_drafts == 0 and not self.state.entries_of(r):
+                if drafts > self.cfg.num_spec_tokens:
+                    raise _Violation("S8_spec_accounting", f"{name} schedules {drafts} drafts, k = "
+                                     f"{self.cfg.num_spec_tokens}")
+                self.state = self.state.with_request(r, num_drafts=drafts)
+
+    def _check_block_ids(self, spec_entries, trace_entries: list[dict]) -> None:
+        if any("block_ids" not in x for x in trace_entries):
+            self.unchecked.add("block identity (schedule entries carry no block_ids)")
+            return
+        for e, x in zip(spec_entries, trace_entries):
+            theirs = list(x["block_ids"])
+            if len(theirs) != len(e.block_ids):
+                raise _Violation("S9_kv_ownership", f"{x['req']} gets {len(theirs)} blocks in the trace, "
+                                 f"{len(e.block_ids)} in the spec")
+            for t, b in zip(theirs, e.block_ids):
+                if self.block_map.setdefault(t, b) != b:
+                    raise _Violation("S9_kv_ownership", f"{x['req']} gets block {t} in the trace; the spec "
+                                     f"allocates the block the trace calls {self._trace_id(b)}")
+
+    def _trace_id(self, spec_block: int) -> Any:
+        return next((t for t, b in self.block_map.items() if b == spec_block), f"spec#{spec_block}")
+
+    def _on_complete(self, event: dict) -> None:
+        if not self.state.in_flight:
+            raise _Violation("L3_drain", "a batch completed while none is in flight")
+        oldest = self.batch_ids[0]
+        if event.get("batch") is not None and oldest is not None and event["batch"] != oldest:
+            raise _Violation("S7_fifo_completion", f"batch {event['batch']} completed before the oldest, {oldest}")
+        tokens = event.get("tokens", {})
+        if not isinstance(tokens, dict):
+            raise MalformedTrace(f"complete event with tokens that are not an object: {event}")
+        dropped = set(event.get("dropped", []))
+        next_drafts = event.get("next_drafts", {})
+        batch = self.state.in_flight[0]
+        sampling = {e.req for e in sampling_entries(self.state, self.cfg)}
+        samples, dropped_orphans = [], set()
+        for e in batch:
+            name, returned = self._name(e.req), tokens.get(self._name(e.req), [])
+            if e.req in sampling:
+                if name in dropped:
+                    if e.fate.value != "orphaned":
+                        raise _Violation("S5_one_sample_per_prefill", f"{name}'s sampled token was dropped")
+                    dropped_orphans.add(e.req)          # 0.8.5 drops these: wasteful but safe
+                if not returned:
+                    raise _Violation("S5_one_sample_per_prefill",
+                                     f"{name}'s batch reaches its known tokens but returned no token")
+                samples.append(self._sample(e, returned, next_drafts.get(name, 0)))
+            elif returned and name not in dropped:
+                what = "a partial prefill chunk" if e.fate.value == "live" else "a superseded entry"
+                raise _Violation("S5_one_sample_per_prefill" if e.fate.value == "live" else "S7_output_binding",
+                                 f"tokens of {what} of {name} were applied")
+        before = self.state
+        after = complete_oldest(self.state, self.cfg, tuple(samples), dropped=frozenset(dropped_orphans))
+        if after is None:
+            raise _Violation("illegal_transition", f"complete: the returned tokens are not a legal outcome "
+                             f"({tokens})")
+        self.batch_ids.pop(0)
+        self._apply(CompleteOldest(tuple(samples)), after, "complete")
+        for r, (b, a) in enumerate(zip(before.requests, after.requests)):
+            if a.status.is_finished and not b.status.is_finished:
+                self.finished_now[r] = a.status
+
+    def _sample(self, e, returned: list[int], next_drafts: int) -> Sample:
+        accepted = len(returned) - 1
+        if accepted > e.drafts:
+            raise _Violation("S8_spec_accounting", f"{self._name(e.req)} returned {len(returned)} tokens "
+                             f"for {e.drafts} drafts")
+        stop_ids, known = self.stops[e.req]
+        stop_at = next((i for i, t in enumerate(returned) if t in stop_ids), None)
+        if not known:
+            self.unchecked.add("stop tokens (no eos_token_id or stop_token_ids in the trace)")
+            stop_at = self._stop_from_finish(e.req, len(returned))
+        return Sample(accepted, stop_at, min(next_drafts, self.cfg.num_spec_tokens))
+
+    def _stop_from_finish(self, r: int, n: int) -> int | None:
+        upcoming = getattr(self, "upcoming_finish", {})
+        return n - 1 if upcoming.get(self._name(r)) == "stop" else None
+
+    def _on_finish(self, event: dict) -> None:
+        r = self._req(event)
+        reason = event.get("reason")
+        if reason not in REASONS:
+            raise MalformedTrace(f"finish with unknown reason {reason!r}")
+        status = self.finished_now.pop(r, None)
+        if status is None:
+            actual = self.state.requests[r].status
+            raise _Violation("finish_decision", f"{event['req']} finishes ({reason}) in the trace, but is "
+                             f"{actual.value} in the spec")
+        if status is not REASONS[reason]:
+            raise _Violation("finish_decision", f"{event['req']} finishes by {reason} in the trace, "
+                             f"{status.value} in the spec")
+
+    def _on_abort(self, event: dict) -> None:
+        name = _field(event, "req", str)
+        r = self.slot.get(name)
+        if r is None or not self.state.requests[r].status.is_active:
+            return                                   # unknown or finished: a no-op, as in vLLM
+        self._apply(Abort(r), step(self.state, self.cfg, Abort(r)), "abort")
+
+    def _on_end(self, event: dict) -> None:
+        self.ended = True
+        if self.state.in_flight:
+            raise _Violation("L3_drain", f"{len(self.state.in_flight)} batches still in flight at the end")
+        active = [r for r, q in enumerate(self.state.requests) if q.status.is_active]
+        if not active:
+            return
+        names = ", ".join(self._name(r) for r in active)
+        nxt = schedule(self.state, self.cfg)
+        if nxt is None:
+            raise _Violation("L1_running_request_unblocked", f"{names} can never make progress")
+        would = self._fmt([(self._name(e.req), e.start, e.n, e.cached, e.drafts) for e in nxt.entries])
+        raise _Violation("L2_no_deadlock", f"the run ended with {names} unfinished, but the spec "
+                         f"would schedule {would if nxt.entries else 'a preemption'}: "
+                         "the scheduler stalled")
+
+
+def check_events(events: list[dict[str, Any]]) -> CheckResult:
+    checker = TraceChecker(events)
+    _annotate_finishes(events)
+    for index, event in enumerate(events[1:], start=1):
+        before = describe(checker.state)
+        checker.upcoming_finish = event.get("_finishes", {})
+        try:
+            checker.feed(event)
+        except _Violation as v:
+            return CheckResult(False, len(events), index, v.prop, v.message, before, sorted(checker.unchecked))
+    if checker.finished_now:
+        r, status = next(iter(checker.finished_now.items()))
+        return CheckResult(False, len(events), len(events) - 1, "missing_finish",
+                           f"{checker._name(r)} finished ({status.value}) but the trace has no finish event",
+                           describe(checker.state), sorted(checker.unchecked))
+    if not checker.ended:
+        checker.unchecked.add("liveness at the end (the trace has no end event)")
+    return CheckResult(True, len(events), unchecked=sorted(checker.unchecked))
+
+
+def _annotate_finishes(events: list[dict[str, Any]]) -> None:
+    """Give each complete event the finish reasons that follow it, for writers
+    that name no stop tokens."""
+    for i, event in enumerate(events):
+        if event["ev"] != "complete":
+            continue
+        finishes = {}
+        for later in events[i + 1:]:
+            if later["ev"] != "finish":
+                break
+            finishes[later.get("req")] = later.get("reason")
+        event["_finishes"] = finishes
+
+
+def check_trace(path: str | Path) -> CheckResult:
+    """Check a trace file. Raises MalformedTrace for a file not in the format."""
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise MalformedTrace(f"cannot read {path}: {err.strerror}") from None
+    return check_events(read_events(text.splitlines()))

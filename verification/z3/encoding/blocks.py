@@ -1,0 +1,169 @@
+"""spec/blocks.py in Z3: the KV block pool's operations on a symbolic `SPool`.
+
+Each function mirrors the concrete one of the same name, loop for loop, with
+the loops unrolled over the layout's static bounds and guarded by the
+symbolic lengths. The free queue keeps its order exactly (LRU eviction from
+the head, freed blocks to the tail, hit blocks taken out wherever they are),
+so allocation succeeds or fails here exactly when it does in the spec.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import z3
+from flightcheck.verification.z3.encoding.state import PAD, Layout, SPool
+from flightcheck.verification.z3.encoding.terms import (
+    Builder,
+    V,
+    conj,
+    count,
+    disj,
+    eq,
+    ite,
+    le,
+    lt,
+    member,
+    neg,
+    pick,
+    put,
+)
+
+
+def cached_block(lay: Layout, pool: SPool, label: Any) -> tuple[Any, Any]:
+    """(some block caches `label`, the first block that does): `labels.index`."""
+    found = disj(*[eq(lab, label) for lab in pool.label])
+    block = V(PAD)
+    for b in range(lay.B - 1, -1, -1):
+        block = ite(eq(pool.label[b], label), V(b), block)
+    return found, block
+
+
+def lookup_hit(lay: Layout, bld: Builder, pool: SPool, labels: list, num_labels: Any,
+               max_blocks: Any) -> tuple[Any, list]:
+    """The longest cached prefix of labels[:num_labels], at most max_blocks long:
+    (its length, its blocks slot by slot, PAD past the length)."""
+    going, hits = z3.BoolVal(True), []
+    for t, label in enumerate(labels):
+        found, block = cached_block(lay, pool, label)
+        going = bld.let(f"hit{t}", conj(going, lt(t, num_labels), lt(t, max_blocks), found))
+        hits.append((going, bld.let(f"hitb{t}", ite(going, block, V(PAD)))))
+    return count(g for g, _ in hits), [b for _, b in hits]
+
+
+def num_evictable(pool: SPool, hit: list, num_hit: Any) -> Any:
+    """Hit blocks that sit in the free queue (reference count 0), with multiplicity."""
+    return count(conj(lt(t, num_hit), eq(pick(pool.ref, b, V(-1)), 0)) for t, b in enumerate(hit))
+
+
+def can_allocate(pool: SPool, num_new_blocks: Any, hit: list, num_hit: Any) -> Any:
+    """vLLM: fail when the new blocks exceed the free ones not being hit."""
+    return le(num_new_blocks, pool.free_len - num_evictable(pool, hit, num_hit))
+
+
+def touch(lay: Layout, bld: Builder, pool: SPool, hit: list, num_hit: Any) -> SPool:
+    """Take hold of hit blocks: out of the free queue, reference count + 1."""
+    ref = [r + count(conj(lt(t, num_hit), eq(x, b)) for t, x in enumerate(hit))
+           for b, r in enumerate(pool.ref)]
+    # Compaction: slot j survives if it is in the queue and not hit; it moves
+    # to the number of survivors before it.
+    keep = [bld.let(f"keep{j}", conj(lt(j, pool.free_len),
+                                     neg(disj(*[conj(lt(t, num_hit), eq(x, f)) for t, x in enumerate(hit)]))))
+            for j, f in enumerate(pool.free)]
+    pos = [bld.let(f"pos{j}", count(keep[:j])) for j in range(lay.B)]
+    free = []
+    for slot in range(lay.B):
+        v = V(PAD)
+        for j in range(slot, lay.B):
+            v = ite(conj(keep[j], eq(pos[j], slot)), pool.free[j], v)
+        free.append(v)
+    return SPool(ref, list(pool.label), free, count(keep))
+
+
+def pop_fresh(lay: Layout, pool: SPool, num: Any, max_num: int) -> tuple[SPool, list]:
+    """Pop `num` (<= max_num) blocks from the head of the free queue, evicting
+    their labels: (the pool, the popped blocks slot by slot)."""
+    taken = [ite(lt(t, num), pool.free[t], V(PAD)) if t < lay.B else V(PAD)
+             for t in range(max_num)]
+    popped = [disj(*[conj(lt(t, num), eq(pool.free[t], b)) for t in range(min(max_num, lay.B))])
+              for b in range(lay.B)]
+    ref = [ite(popped[b], V(1), pool.ref[b]) for b in range(lay.B)]
+    label = [ite(popped[b], V(lay.none_label), pool.label[b]) for b in range(lay.B)]
+    new_len = pool.free_len - num
+    free = []
+    for slot in range(lay.B):
+        v = V(PAD)
+        for d in range(min(max_num, lay.B - slot), -1, -1):
+            if slot + d < lay.B:
+                v = ite(eq(num, d), pool.free[slot + d], v)
+        free.append(ite(lt(slot, new_len), v, V(PAD)))
+    return SPool(ref, label, free, new_len), taken
+
+
+def cache_labels(lay: Layout, pool: SPool, table: list, table_len: Any, labels: list,
+                 num_labels: Any) -> SPool:
+    """Label the first num_labels blocks of `table` with their content, skipping
+    blocks already labelled and labels another block already caches.
+
+    The concrete loop is sequential, but when a request's content labels are
+    distinct (`Layout.distinct_labels`: no prompt repeats a label) and its
+    table holds no block twice (S9), no iteration can see another's write, so
+    every slot is decided against the labels as they were: a flat circuit
+    instead of a chain of T dependent updates."""
+    if not lay.distinct_labels:
+        return _cache_labels_sequential(lay, pool, table, table_len, labels, num_labels)
+    new = list(pool.label)
+    for t, (block, label) in enumerate(zip(table, labels)):
+        cond = conj(lt(t, table_len), lt(t, num_labels),
+                    eq(pick(pool.label, block, V(lay.none_label - 1)), lay.none_label),
+                    neg(disj(*[eq(x, label) for x in pool.label])))
+        new = put(new, block, label, cond)
+    return SPool(list(pool.ref), new, list(pool.free), pool.free_len)
+
+
+def _cache_labels_sequential(lay: Layout, pool: SPool, table: list, table_len: Any, labels: list,
+                             num_labels: Any) -> SPool:
+    new = list(pool.label)
+    for t, (block, label) in enumerate(zip(table, labels)):
+        cond = conj(lt(t, table_len), lt(t, num_labels),
+                    eq(pick(new, block, V(lay.none_label - 1)), lay.none_label),
+                    neg(disj(*[eq(x, label) for x in new])))
+        new = put(new, block, label, cond)
+    return SPool(list(pool.ref), new, list(pool.free), pool.free_len)
+
+
+def free_table(lay: Layout, pool: SPool, table: list, table_len: Any, when: Any = True) -> SPool:
+    """Release a block table, last block first: a block whose count reaches 0
+    joins the tail of the free queue.
+
+    Written without the loop's chain of updates, and exactly equal to it:
+    slot t (visited after every slot above it) brings its block b to 0 when
+    ref[b] equals the number of b's occurrences in slots >= t, and then b goes
+    to the tail after the blocks freed by the slots above t."""
+    used = [conj(when, lt(t, table_len)) for t in range(len(table))]
+    ref = [r - count(conj(used[t], eq(x, b)) for t, x in enumerate(table)) for b, r in enumerate(pool.ref)]
+    zero = []
+    for t, b in enumerate(table):
+        seen = count(conj(used[t2], eq(table[t2], b)) for t2 in range(t, len(table)))
+        zero.append(conj(used[t], eq(pick(pool.ref, b, V(-1)), seen)))
+    free = list(pool.free)
+    for t, b in enumerate(table):
+        pos = pool.free_len + count(zero[t + 1:])
+        free = put(free, pos, b, zero[t])
+    return SPool(ref, list(pool.label), free, pool.free_len + count(zero))
+
+
+def append_blocks(lay: Layout, table: list, table_len: Any, new: list, num_new: Any) -> tuple[list, Any]:
+    """table + new[:num_new], PAD past the new length."""
+    out = []
+    for s in range(lay.T):
+        v = V(PAD)
+        for base in range(s, -1, -1):
+            if s - base < len(new):
+                v = ite(eq(table_len, base), ite(lt(s - base, num_new), new[s - base], V(PAD)), v)
+        out.append(ite(lt(s, table_len), table[s], v))
+    return out, table_len + num_new
+
+
+def member_of_table(b: Any, table: list, table_len: Any) -> Any:
+    return member(b, table, table_len)

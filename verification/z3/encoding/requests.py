@@ -1,0 +1,87 @@
+"""Reading and writing one request of a symbolic state whose index is itself
+a term (the request at running[i], at the head of waiting, of a batch entry),
+and the derived quantities of spec/state.py (`num_tokens`, `content_label`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flightcheck.verification.z3.encoding.state import NEW, PAD, Layout, SReq, SState
+from flightcheck.verification.z3.encoding.terms import Builder, V, eq, ite, pick
+
+
+def prompt_len(lay: Layout, q: SReq, k: int) -> Any:
+    """Request k's prompt length: the model's once it has arrived, 0 before."""
+    return ite(eq(q.status, NEW), V(0), V(lay.prompt_len(k)))
+
+
+def max_tokens(lay: Layout, q: SReq, k: int) -> Any:
+    return ite(eq(q.status, NEW), V(0), V(lay.max_tokens(k)))
+
+
+def num_tokens(lay: Layout, q: SReq, k: int) -> Any:
+    """Known tokens of request k: prompt plus sampled outputs."""
+    return prompt_len(lay, q, k) + q.num_output
+
+
+def content_label(lay: Layout, q: SReq, k: int, i: int) -> Any:
+    """spec.state.content_label(k, i): its prompt label if block i is all prompt."""
+    unique = -(1 + k + lay.N * i)
+    return ite(eq(q.status, NEW), V(unique), V(lay.content[k][i]))
+
+
+def req_at(s: SState, r: Any) -> SReq:
+    """The fields of request r (a term)."""
+    qs = s.reqs
+    return SReq(pick([q.status for q in qs], r), pick([q.num_output for q in qs], r),
+                pick([q.num_computed for q in qs], r), pick([q.num_drafts for q in qs], r),
+                pick([q.table_len for q in qs], r),
+                [pick([q.table[t] for q in qs], r) for t in range(len(qs[0].table))])
+
+
+def at(lay: Layout, s: SState, r: Any, fn) -> Any:
+    """fn(request k, k) for the request r (a term)."""
+    return pick([fn(q, k) for k, q in enumerate(s.reqs)], r)
+
+
+def tokens_at(lay: Layout, s: SState, r: Any) -> Any:
+    return at(lay, s, r, lambda q, k: num_tokens(lay, q, k))
+
+
+def label_at(lay: Layout, s: SState, r: Any, i: int) -> Any:
+    return at(lay, s, r, lambda q, k: content_label(lay, q, k, i))
+
+
+def with_req(s: SState, r: Any, when: Any = True, **fields: Any) -> SState:
+    """s with the given fields of request r (a term) set, if `when`. Only
+    those fields get new terms: the others stay the very same terms, so the
+    solver sees at once that an action leaves them alone."""
+    from flightcheck.verification.z3.encoding.terms import conj
+    out = SState(**{f: getattr(s, f) for f in s.__dataclass_fields__})
+    reqs = []
+    for k, q in enumerate(s.reqs):
+        c = conj(when, eq(r, k))
+        new = SReq(q.status, q.num_output, q.num_computed, q.num_drafts, q.table_len, list(q.table))
+        for name, value in fields.items():
+            old = getattr(q, name)
+            if isinstance(old, list):
+                setattr(new, name, [ite(c, v, o) for v, o in zip(value, old)])
+            else:
+                setattr(new, name, ite(c, value, old))
+        reqs.append(new)
+    out.reqs = reqs
+    return out
+
+
+def put_flag(flags: list, r: Any, value: Any, when: Any = True) -> list:
+    from flightcheck.verification.z3.encoding.terms import conj
+    return [ite(conj(when, eq(r, k)), value, f) for k, f in enumerate(flags)]
+
+
+def snap_req(bld: Builder, s: SState, r: Any, name: str) -> SReq:
+    return bld.snap(req_at(s, r), name)
+
+
+def empty_table(lay: Layout) -> list:
+    return [V(PAD)] * lay.T

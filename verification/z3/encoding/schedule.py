@@ -1,0 +1,353 @@
+"""spec/schedule.py in Z3: `schedule` as a deterministic function of a frame.
+
+The concrete loops are unrolled into micro-steps, each a small function of
+the previous one's auxiliary variables (`Builder.snap` names them):
+
+* the running loop takes at most N micro-steps. Each one either skips
+  running[i] (nothing to schedule), allocates for it (i += 1) or preempts the
+  last running request (i stays). Both i and the number of preemptions only
+  grow and i + preemptions < the initial len(running) while the loop runs,
+  so N micro-steps always reach the loop's end;
+* the waiting loop admits at most one request per micro-step and stops at the
+  first that does not fit (FCFS), so N micro-steps suffice again;
+* `_launch` then advances the counters and appends the batch.
+
+Fates of in-flight entries change only for requests preempted or admitted in
+this step, and nothing reads them before `_launch`, so the micro-steps record
+per-request flags (`pre`, `admpre`) and `_launch` applies the fate changes
+at once; that keeps the in-flight FIFO out of every micro-step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+from flightcheck.verification.z3.encoding import blocks as zb
+from flightcheck.verification.z3.encoding.requests import (
+    empty_table,
+    label_at,
+    put_flag,
+    req_at,
+    tokens_at,
+    with_req,
+)
+from flightcheck.verification.z3.encoding.state import (
+    LIVE,
+    ORPHANED,
+    PAD,
+    PREEMPTED,
+    RUNNING,
+    SUPERSEDED,
+    Layout,
+    SBatch,
+    SEntry,
+    SState,
+    pad_entry,
+)
+from flightcheck.verification.z3.encoding.terms import (
+    Builder,
+    V,
+    clone,
+    conj,
+    count,
+    disj,
+    div_const,
+    eq,
+    imax,
+    imin,
+    ite,
+    le,
+    lt,
+    merge,
+    neg,
+    pick,
+    put,
+    sum_terms,
+)
+
+
+@dataclass
+class Acc:
+    """The batch under construction: spec.schedule._Step, plus loop control."""
+
+    st: SState
+    budget: Any
+    count: Any                 # entries so far
+    entries: list              # E slots of SEntry
+    pre: list                  # Bool per request: preempted in this step
+    admpre: list               # Bool per request: admitted while PREEMPTED
+    adm: list                  # Bool per request: admitted in this step
+    any_pre: Any
+    i: Any                     # the running loop's position
+    done: Any                  # the running loop returned / the waiting loop broke
+
+
+@dataclass
+class SchedResult:
+    """What one `schedule` call does from a frame (spec.schedule.Scheduled)."""
+
+    state: SState              # the state after launch
+    enabled: Any               # is_schedule_enabled
+    nonempty: Any              # it scheduled or preempted something (else None)
+    pre: list
+    adm: list
+    any_pre: Any
+    count: Any
+    entries: list
+    trail: list                # the batch under construction after each micro-step
+    micro: list = field(default_factory=list)   # MicroStep per micro-step, in order
+    launch_defs: list = field(default_factory=list)
+
+    @property
+    def result(self) -> Any:
+        """spec.schedule returns a Scheduled (not None)."""
+        return conj(self.enabled, self.nonempty)
+
+
+def is_enabled(lay: Layout, s: SState) -> Any:
+    """Room in the pipeline, and (one-batch-per-request) vLLM 0.8.4's engine gate."""
+    room = lt(s.num_batches, lay.K)
+    if lay.cfg.is_mutant("schedule_blocked_when_idle"):
+        room = conj(room, lt(0, s.num_batches))
+    if lay.cfg.continue_prefill:
+        return room
+    return conj(room, s.waiting_len + s.running_len - count(s.scheduled) > 0)
+
+
+def schedule(lay: Layout, bld: Builder, s: SState) -> SchedResult:
+    """Form the next batch from s (spec.schedule.schedule)."""
+    cfg = lay.cfg
+    acc = Acc(clone(s), V(cfg.max_num_batched_tokens), V(0), [pad_entry() for _ in range(lay.E)],
+              [z3.BoolVal(False)] * lay.N, [z3.BoolVal(False)] * lay.N, [z3.BoolVal(False)] * lay.N,
+              z3.BoolVal(False), V(0), z3.BoolVal(False))
+    trail, micro = [acc], []
+
+    def advance(acc: Acc, step, name: str) -> Acc:
+        after = bld.step(acc, step, name, micro)
+        trail.append(after)
+        return after
+
+    for m in range(lay.N):
+        acc = advance(acc, lambda a: _running_step(lay, bld, a), f"run{m}")
+    phase = z3.BoolVal(True) if cfg.is_mutant("admit_after_preemption") else neg(acc.any_pre)
+    acc = Acc(acc.st, acc.budget, acc.count, acc.entries, acc.pre, acc.admpre, acc.adm, acc.any_pre,
+              acc.i, z3.BoolVal(False))
+    for m in range(lay.N):
+        acc = advance(acc, lambda a: _waiting_step(lay, bld, a, phase), f"wait{m}")
+    first = len(bld.defs)
+    state = bld.snap(_launch(lay, acc), "launch")
+    return SchedResult(state, is_enabled(lay, s), disj(lt(0, acc.count), acc.any_pre),
+                       acc.pre, acc.adm, acc.any_pre, acc.count, acc.entries, trail, micro,
+                       bld.defs[first:])
+
+
+def _clip(lay: Layout, budget: Any, num_computed: Any, num_new: Any, is_admission: bool) -> Any:
+    cfg = lay.cfg
+    threshold = cfg.long_prefill_token_threshold
+    if threshold > 0 and not (is_admission and cfg.is_mutant("threshold_ignored_on_admission")):
+        num_new = ite(lt(threshold, num_new), V(threshold), num_new)
+    if not (cfg.is_mutant("budget_ignored") and not is_admission):
+        num_new = imin(num_new, budget)
+    return imax(V(0), imin(num_new, cfg.max_model_len - num_computed))
+
+
+def _blocks_for(lay: Layout, total: Any) -> Any:
+    bs = lay.cfg.block_size
+    if lay.cfg.is_mutant("no_block_for_last_token"):
+        return div_const(total, bs)
+    return div_const(total + (bs - 1), bs)
+
+
+def _cache(lay: Layout, st: SState, pool, r: Any, table: list, table_len: Any, total: Any,
+           tokens: Any):
+    """_allocate's label caching: the full blocks of known tokens (drafts left out)."""
+    if not lay.cfg.prefix_caching:
+        return pool
+    drafts = imax(V(0), total - tokens)
+    num_full = div_const(total - drafts, lay.cfg.block_size)
+    labels = [label_at(lay, st, r, i) for i in range(lay.T)]
+    return zb.cache_labels(lay, pool, table, table_len, labels, num_full)
+
+
+def _entry(lay: Layout, q, r: Any, tokens: Any, num_computed: Any, num_new: Any, cached: Any,
+           st: SState, budget: Any):
+    """_add_entry's snapshot: (entry, drafts kept by the request). `st` is the
+    state being scheduled (its batches are the ones in flight), `budget` the
+    token budget left before this entry."""
+    cfg = lay.cfg
+    drafts = imin(q.num_drafts, imax(V(0), num_computed + num_new - tokens))
+    start = num_computed
+    if cfg.is_mutant("snapshot_omits_prefix_hit"):
+        start = ite(lt(0, cached), V(0), num_computed)
+    samples = start + num_new - drafts >= tokens
+    recorded = drafts
+    if cfg.is_mutant("stale_drafts_on_prefill_chunk") and cfg.num_spec_tokens:
+        recorded = ite(samples, drafts, V(1))
+    entry = SEntry(r, start, num_new, samples, recorded, V(LIVE))
+    if cfg.is_mutant("overlapping_chunks"):
+        live_in_flight = disj(*[conj(lt(j, b.length), eq(e.req, r), eq(e.fate, LIVE))
+                                for b in st.batches for j, e in enumerate(b.entries)])
+        capped = z3.BoolVal(False) if cfg.long_prefill_token_threshold <= 0 else \
+            le(cfg.long_prefill_token_threshold, num_new)
+        overlap = conj(live_in_flight, lt(num_new, budget), lt(0, start), neg(capped))
+        entry = SEntry(r, ite(overlap, start - 1, start), ite(overlap, num_new + 1, num_new),
+                       samples, recorded, V(LIVE))
+    return entry, drafts
+
+
+def _add(lay: Layout, acc: Acc, entry: SEntry, when: Any) -> tuple[list, Any, Any]:
+    entries = [merge(conj(when, eq(acc.count, j)), entry, e) for j, e in enumerate(acc.entries)]
+    budget = acc.budget if lay.cfg.is_mutant("budget_ignored") else ite(when, acc.budget - entry.n, acc.budget)
+    return entries, ite(when, acc.count + 1, acc.count), budget
+
+
+def _running_step(lay: Layout, bld: Builder, acc: Acc) -> Acc:
+    """One iteration of _schedule_running's loops (skip, allocate or preempt)."""
+    cfg, st = lay.cfg, acc.st
+    active = bld.let("active", conj(neg(acc.done), lt(acc.i, st.running_len), lt(0, acc.budget)))
+    r = bld.let("r", pick(st.running, acc.i, V(PAD)))
+    q = bld.snap(req_at(st, r), "q")
+    tokens = bld.let("tokens", tokens_at(lay, st, r))
+    skip_sid = z3.BoolVal(False) if cfg.continue_prefill else pick(st.scheduled, r, z3.BoolVal(False))
+    num_new0 = bld.let("num_new0", _clip(lay, acc.budget, q.num_computed,
+                                         tokens + q.num_drafts - q.num_computed, False))
+    zero = eq(num_new0, 0)
+    anyway = z3.BoolVal(False)
+    if cfg.is_mutant("decode_while_token_in_flight"):
+        anyway = conj(q.num_computed >= tokens, q.num_computed < cfg.max_model_len)
+    skip = disj(skip_sid, conj(zero, neg(anyway)))
+    num_new = bld.let("num_new", ite(zero, V(1), num_new0))
+    total = q.num_computed + num_new
+    num_fresh = bld.let("num_fresh", imax(V(0), _blocks_for(lay, total) - q.table_len))
+    fits = le(num_fresh, st.pool.free_len)
+    do_skip = bld.let("skip", conj(active, skip))
+    do_alloc = bld.let("alloc", conj(active, neg(skip), fits))
+    do_pre = bld.let("preempt", conj(active, neg(skip), neg(fits)))
+
+    # allocate: fresh blocks from the free queue's head, labels cached, entry added
+    pool, fresh = zb.pop_fresh(lay, st.pool, num_fresh, lay.T)
+    table, table_len = zb.append_blocks(lay, q.table, q.table_len, fresh, num_fresh)
+    pool = _cache(lay, st, pool, r, table, table_len, total, tokens)
+    entry, drafts = _entry(lay, q, r, tokens, q.num_computed, num_new, V(0), st, acc.budget)
+    a = clone(st)
+    a.pool = pool
+    a = with_req(a, r, num_drafts=drafts, table_len=table_len, table=table)
+    entries, cnt, budget = _add(lay, acc, entry, do_alloc)
+
+    # preempt the last running request
+    victim = bld.let("victim", pick(st.running, st.running_len - 1, V(PAD)))
+    v = bld.snap(req_at(st, victim), "v")
+    p = clone(st)
+    p.pool = zb.free_table(lay, st.pool, v.table, v.table_len)
+    p.running = put(st.running, st.running_len - 1, V(PAD))
+    p.running_len = st.running_len - 1
+    p.waiting = [victim] + st.waiting[:-1]
+    p.waiting_len = st.waiting_len + 1
+    if not cfg.is_mutant("inflight_set_not_cleared_on_preemption"):
+        p.scheduled = put_flag(st.scheduled, victim, z3.BoolVal(False))
+    keep = v.num_computed if cfg.is_mutant("preempt_keeps_counter") else V(0)
+    p = with_req(p, victim, status=V(PREEMPTED), num_computed=keep, num_drafts=V(0), table_len=V(0),
+                 table=empty_table(lay))
+
+    out = Acc(merge(do_alloc, a, merge(do_pre, p, st)), budget, cnt, entries,
+              put_flag(acc.pre, victim, z3.BoolVal(True), do_pre), acc.admpre, acc.adm,
+              disj(acc.any_pre, do_pre), ite(disj(do_skip, do_alloc), acc.i + 1, acc.i),
+              disj(acc.done, conj(do_pre, eq(victim, r))))
+    return out
+
+
+def _concat(lay: Layout, xs: list, nx: Any, ys: list, ny: Any) -> list:
+    """xs[:nx] + ys[:ny], PAD-padded to T slots."""
+    out = []
+    for s in range(lay.T):
+        v = V(PAD)
+        for base in range(min(s, len(xs)), -1, -1):
+            if s - base < len(ys):
+                v = ite(eq(nx, base), ite(lt(s - base, ny), ys[s - base], V(PAD)), v)
+        out.append(ite(lt(s, nx), xs[s], v) if s < len(xs) else v)
+    return out
+
+
+def _waiting_step(lay: Layout, bld: Builder, acc: Acc, phase: Any) -> Acc:
+    """One iteration of _schedule_waiting (admit the head of waiting, or break)."""
+    cfg, st, bs = lay.cfg, acc.st, lay.cfg.block_size
+    seats = z3.BoolVal(True) if cfg.is_mutant("max_num_seqs_ignored") else lt(st.running_len, cfg.max_num_seqs)
+    active = bld.let("active", conj(phase, neg(acc.done), lt(0, st.waiting_len), lt(0, acc.budget), seats))
+    r = bld.let("r", st.waiting[0])
+    q = bld.snap(req_at(st, r), "q")
+    tokens = bld.let("tokens", tokens_at(lay, st, r))
+    if cfg.prefix_caching:
+        labels = [label_at(lay, st, r, i) for i in range(lay.T)]
+        num_hit, hit = zb.lookup_hit(lay, bld, st.pool, labels, div_const(tokens, bs), div_const(tokens - 1, bs))
+        num_hit = bld.let("num_hit", num_hit)
+    else:
+        num_hit, hit = V(0), []
+    hit_tokens = num_hit * bs
+    num_new = bld.let("num_new", _clip(lay, acc.budget, q.num_computed, tokens - hit_tokens, True))
+    total = q.num_computed + hit_tokens + num_new
+    num_fresh = bld.let("num_fresh", imax(V(0), _blocks_for(lay, total) - q.table_len - num_hit))
+    fits = zb.can_allocate(st.pool, num_fresh, hit, num_hit)
+    ok = bld.let("admit", conj(active, neg(eq(num_new, 0)), fits))
+
+    pool = zb.touch(lay, bld, st.pool, hit, num_hit) if hit else st.pool
+    pool, fresh = zb.pop_fresh(lay, pool, num_fresh, lay.T)
+    new_blocks = _concat(lay, hit, num_hit, fresh, num_fresh)
+    table, table_len = zb.append_blocks(lay, q.table, q.table_len, new_blocks, num_hit + num_fresh)
+    pool = _cache(lay, st, pool, r, table, table_len, total, tokens)
+    entry, drafts = _entry(lay, q, r, tokens, hit_tokens, num_new, hit_tokens, st, acc.budget)
+    a = clone(st)
+    a.pool = pool
+    a.waiting = st.waiting[1:] + [V(PAD)]
+    a.waiting_len = st.waiting_len - 1
+    a.running = put(st.running, st.running_len, r)
+    a.running_len = st.running_len + 1
+    a = with_req(a, r, status=V(RUNNING), num_computed=hit_tokens, num_drafts=drafts, table_len=table_len,
+                 table=table)
+    entries, cnt, budget = _add(lay, acc, entry, ok)
+    return Acc(merge(ok, a, st), budget, cnt, entries, acc.pre,
+               put_flag(acc.admpre, r, eq(q.status, PREEMPTED), ok),
+               put_flag(acc.adm, r, z3.BoolVal(True), ok), acc.any_pre, acc.i,
+               disj(acc.done, conj(active, neg(ok))))
+
+
+def _launch(lay: Layout, acc: Acc) -> SState:
+    """Advance every scheduled request's counter, settle fates, put the batch in flight."""
+    cfg, st = lay.cfg, clone(acc.st)
+    new = acc.entries
+    valid = [lt(j, acc.count) for j in range(lay.E)]
+    for k, q in enumerate(st.reqs):
+        mine = [conj(valid[j], eq(e.req, k)) for j, e in enumerate(new)]
+        if not cfg.is_mutant("advance_at_completion"):
+            # An overlapping chunk (mutant) records one token more than it
+            # advances: its end, start + n, is where the counter goes.
+            advance = (lambda e: e.start + e.n - q.num_computed) if cfg.is_mutant("overlapping_chunks") \
+                else (lambda e: e.n)
+            added = sum_terms([ite(c, advance(e), V(0)) for c, e in zip(mine, new)]) if new else 0
+            q.num_computed = q.num_computed + added
+        if not cfg.continue_prefill:
+            st.scheduled[k] = disj(st.scheduled[k], *mine)
+    stale_to = LIVE if cfg.is_mutant("stale_output_applied_to_resumed") else SUPERSEDED
+    for b in st.batches:
+        for e in b.entries:
+            pre = pick(acc.pre, e.req, z3.BoolVal(False))
+            fate = ite(conj(eq(e.fate, LIVE), pre), V(ORPHANED), e.fate)
+            if not cfg.is_mutant("orphan_kept_after_reschedule"):
+                admpre = pick(acc.admpre, e.req, z3.BoolVal(False))
+                fate = ite(conj(eq(fate, ORPHANED), admpre), V(stale_to), fate)
+            e.fate = fate
+            if cfg.is_mutant("preemption_clears_inflight_drafts"):
+                e.drafts = ite(pre, V(0), e.drafts)
+            if cfg.is_mutant("shared_snapshot"):
+                for j, n in enumerate(new):
+                    alias = conj(valid[j], eq(n.req, e.req), eq(e.fate, LIVE))
+                    e.start, e.n = ite(alias, n.start, e.start), ite(alias, n.n, e.n)
+                    e.samples, e.drafts = ite(alias, n.samples, e.samples), ite(alias, n.drafts, e.drafts)
+    put_batch = lt(0, acc.count)
+    if cfg.is_mutant("empty_batch_submitted"):
+        put_batch = z3.BoolVal(True)       # only reached when something was scheduled or preempted
+    batch = SBatch(acc.count, [SEntry(e.req, e.start, e.n, e.samples, e.drafts, e.fate) for e in new])
+    st.batches = [merge(conj(put_batch, eq(st.num_batches, k)), batch, b) for k, b in enumerate(st.batches)]
+    st.num_batches = ite(put_batch, st.num_batches + 1, st.num_batches)
+    return st

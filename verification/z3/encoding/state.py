@@ -1,0 +1,288 @@
+"""The spec's state as Z3 terms: one frame of variables per step, and the
+bridges `encode` (a concrete `spec.State` as equalities on a frame) and
+`decode` (a Z3 model's frame back to a concrete `spec.State`).
+
+A `Model` fixes the prompts, so a request's prompt length, max_tokens and
+labels are constants: only what the scheduler changes is a variable. Every
+sequence of the spec (waiting, running, the in-flight FIFO, a batch, a block
+table, the free queue) is a fixed array of slots plus a length. Slots past the
+length hold a padding value, and every action writes them canonically, so a
+concrete state has exactly one representation: that is what lets successor
+enumeration block a decoded state, and what makes `decode` a bijection on the
+states the transition relation reaches.
+
+Codes: statuses and fates are small integers in the order of `STATUS` and
+`FATE`; the fate order is the ageing order (LIVE < ORPHANED < SUPERSEDED), so
+"fates only age" is `<=`. A missing label is `Layout.none_label`, chosen
+outside every label the model can produce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import z3
+from flightcheck.spec import BlockPool, Config, Entry, Fate, Request, State, Status
+from flightcheck.spec.blocks import cdiv
+from flightcheck.verification.models import Model
+from flightcheck.verification.z3.encoding.terms import V, leaves, value_of, var
+
+STATUS: tuple[Status, ...] = (Status.NEW, Status.WAITING, Status.RUNNING, Status.PREEMPTED,
+                              Status.FINISHED_STOPPED, Status.FINISHED_LENGTH,
+                              Status.FINISHED_ABORTED)
+NEW, WAITING, RUNNING, PREEMPTED, F_STOPPED, F_LENGTH, F_ABORTED = range(7)
+FATE: tuple[Fate, ...] = (Fate.LIVE, Fate.ORPHANED, Fate.SUPERSEDED)
+LIVE, ORPHANED, SUPERSEDED = range(3)
+PAD = -1          # unused slot of a block, request or queue array
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The sizes of every array, derived from a `Model`."""
+
+    model: Model
+    N: int            # requests
+    K: int            # in-flight batch slots (pipeline stages)
+    E: int            # entries per batch
+    B: int            # blocks in the pool
+    T: int            # block-table slots per request
+    none_label: int
+    content: tuple[tuple[int, ...], ...]   # content label of (r, block i) once r has arrived
+    width: int | None                      # bits of the signed bit-vectors; None: Int
+    distinct_labels: bool                  # no prompt repeats a block label
+
+    @property
+    def cfg(self) -> Config:
+        return self.model.cfg
+
+    @staticmethod
+    def of(model: Model, bitvectors: bool = True) -> "Layout":
+        cfg, n = model.cfg, model.num_requests
+        # Every entry schedules >= 1 token, charged to the budget, and a batch
+        # holds a request once: min(N, budget) entries, unless the budget mutant.
+        e = n if cfg.is_mutant("budget_ignored") else min(n, cfg.max_num_batched_tokens)
+        t = cdiv(cfg.max_model_len, cfg.block_size)   # a table covers < max_model_len tokens
+        content = tuple(tuple(_content_label(model, r, i) for i in range(t)) for r in range(n))
+        used = {lab for row in content for lab in row} | {lab for p in model.prompts for lab in p.labels}
+        none = min(used | {0}) - 1
+        # Every quantity of a reachable state is bounded by these (a batch's
+        # token sum by E * max_model_len); four times the bound leaves room for
+        # the intermediate sums and differences the actions form.
+        bound = max(cfg.max_model_len + cfg.num_spec_tokens, e * cfg.max_model_len, cfg.num_blocks, n, t,
+                    cfg.max_num_batched_tokens, -none, *(abs(x) for x in used),
+                    *(p.max_tokens for p in model.prompts))
+        width = max(8, (4 * bound).bit_length() + 1) if bitvectors else None
+        distinct = all(len(set(p.labels)) == len(p.labels) for p in model.prompts)
+        return Layout(model, n, cfg.num_stages, e, cfg.num_blocks, t, none, content, width, distinct)
+
+    def prompt_len(self, r: int) -> int:
+        return self.model.prompts[r].prompt_len
+
+    def max_tokens(self, r: int) -> int:
+        return self.model.prompts[r].max_tokens
+
+
+def _content_label(model: Model, r: int, i: int) -> int:
+    """spec.state.content_label for request r after its arrival."""
+    p, bs = model.prompts[r], model.cfg.block_size
+    if (i + 1) * bs <= p.prompt_len and model.cfg.prefix_caching:
+        return p.labels[i]
+    return -(1 + r + model.num_requests * i)
+
+
+# --- the symbolic state ------------------------------------------------------------
+
+@dataclass
+class SReq:
+    status: Any
+    num_output: Any
+    num_computed: Any
+    num_drafts: Any
+    table_len: Any
+    table: list
+
+
+@dataclass
+class SEntry:
+    req: Any
+    start: Any
+    n: Any
+    samples: Any          # Bool
+    drafts: Any
+    fate: Any
+
+
+@dataclass
+class SBatch:
+    length: Any
+    entries: list
+
+
+@dataclass
+class SPool:
+    ref: list
+    label: list
+    free: list
+    free_len: Any
+
+
+@dataclass
+class SState:
+    reqs: list
+    waiting: list
+    waiting_len: Any
+    running: list
+    running_len: Any
+    num_batches: Any
+    batches: list
+    pool: SPool
+    scheduled: list           # Bool per request: one-batch-per-request's in-flight set
+    was_preempted: list       # ghost Bool per request: PREEMPTED at some point (sometimes targets)
+
+
+def frame(lay: Layout, tag: str) -> SState:
+    """A fresh frame of named variables `field@tag`."""
+    I, Bo = var, z3.Bool
+
+    def ints(name: str, n: int) -> list:
+        return [I(f"{name}[{i}]@{tag}") for i in range(n)]
+
+    reqs = [SReq(I(f"status[{r}]@{tag}"), I(f"num_output[{r}]@{tag}"),
+                 I(f"num_computed[{r}]@{tag}"), I(f"num_drafts[{r}]@{tag}"),
+                 I(f"table_len[{r}]@{tag}"), ints(f"table[{r}]", lay.T)) for r in range(lay.N)]
+    batches = []
+    for k in range(lay.K):
+        entries = [SEntry(*(I(f"b{k}.e{j}.{f}@{tag}") for f in ("req", "start", "n")),
+                          Bo(f"b{k}.e{j}.samples@{tag}"),
+                          *(I(f"b{k}.e{j}.{f}@{tag}") for f in ("drafts", "fate")))
+                   for j in range(lay.E)]
+        batches.append(SBatch(I(f"b{k}.len@{tag}"), entries))
+    pool = SPool(ints("ref", lay.B), ints("label", lay.B), ints("free", lay.B), I(f"free_len@{tag}"))
+    return SState(reqs, ints("waiting", lay.N), I(f"waiting_len@{tag}"),
+                  ints("running", lay.N), I(f"running_len@{tag}"), I(f"num_batches@{tag}"),
+                  batches, pool, [Bo(f"scheduled[{r}]@{tag}") for r in range(lay.N)],
+                  [Bo(f"was_preempted[{r}]@{tag}") for r in range(lay.N)])
+
+
+def variables(s: SState, ghost: bool = True) -> list[z3.ExprRef]:
+    return [v for name, v in leaves(s) if ghost or not name.startswith("was_preempted")]
+
+
+# --- concrete <-> symbolic ----------------------------------------------------------
+
+class NotRepresentable(ValueError):
+    """A concrete state this model's encoding cannot hold (other prompts, too long a queue)."""
+
+
+def constant_state(lay: Layout, state: State, was_preempted: tuple[bool, ...] | None = None) -> SState:
+    """The concrete `state` as a symbolic state of literals."""
+    cfg = lay.cfg
+
+    def padded(xs: tuple, n: int, what: str) -> list:
+        if len(xs) > n:
+            raise NotRepresentable(f"{what} holds {len(xs)} > {n}")
+        return [V(x) for x in xs] + [V(PAD)] * (n - len(xs))
+
+    if len(state.requests) != lay.N or len(state.pool.ref_counts) != lay.B:
+        raise NotRepresentable("another number of requests or blocks")
+    reqs = []
+    for r, q in enumerate(state.requests):
+        p = lay.model.prompts[r]
+        want = (0, 0, ()) if q.status is Status.NEW else \
+            (p.prompt_len, p.max_tokens, p.labels if cfg.prefix_caching else ())
+        if (q.prompt_len, q.max_tokens, q.prompt_labels) != want:
+            raise NotRepresentable(f"request {r} has a prompt other than the model's")
+        reqs.append(SReq(V(STATUS.index(q.status)), V(q.num_output), V(q.num_computed),
+                         V(q.num_drafts), V(len(q.block_table)),
+                         padded(q.block_table, lay.T, f"r{r}'s block table")))
+    if len(state.in_flight) > lay.K:
+        raise NotRepresentable("too many batches in flight")
+    batches = []
+    for k in range(lay.K):
+        batch = state.in_flight[k] if k < len(state.in_flight) else ()
+        if len(batch) > lay.E:
+            raise NotRepresentable("too many entries in a batch")
+        entries = [SEntry(V(e.req), V(e.start), V(e.n), z3.BoolVal(e.samples), V(e.drafts),
+                          V(FATE.index(e.fate))) for e in batch]
+        entries += [pad_entry() for _ in range(lay.E - len(batch))]
+        batches.append(SBatch(V(len(batch)), entries))
+    pool = state.pool
+    labels = [V(lay.none_label if lab is None else lab) for lab in pool.labels]
+    spool = SPool([V(c) for c in pool.ref_counts], labels, padded(pool.free_queue, lay.B, "free queue"),
+                  V(len(pool.free_queue)))
+    ghost = was_preempted if was_preempted is not None else (False,) * lay.N
+    return SState(reqs, padded(state.waiting, lay.N, "waiting"), V(len(state.waiting)),
+                  padded(state.running, lay.N, "running"), V(len(state.running)),
+                  V(len(state.in_flight)), batches, spool,
+                  [z3.BoolVal(r in state.scheduled_ids) for r in range(lay.N)],
+                  [z3.BoolVal(g) for g in ghost])
+
+
+def pad_entry() -> SEntry:
+    return SEntry(V(PAD), V(0), V(0), z3.BoolVal(False), V(0), V(0))
+
+
+def equal(a: SState, b: SState, ghost: bool = True) -> list[z3.BoolRef]:
+    """Leafwise equalities (the ghost left out unless asked for)."""
+    return [x == y for (name, x), (_, y) in zip(leaves(a), leaves(b))
+            if ghost or not name.startswith("was_preempted")]
+
+
+def encode(lay: Layout, state: State, f: SState,
+           was_preempted: tuple[bool, ...] | None = None) -> list[z3.BoolRef]:
+    """`state` as equalities on frame `f`; the ghost flags only if given."""
+    return equal(f, constant_state(lay, state, was_preempted), ghost=was_preempted is not None)
+
+
+def initial(lay: Layout) -> SState:
+    """The initial state: nothing arrived, the whole pool free, no ghost flag."""
+    from flightcheck.spec import initial_state
+    return constant_state(lay, initial_state(lay.N, lay.B))
+
+
+def decode(lay: Layout, m: z3.ModelRef, f: SState) -> State:
+    """The concrete state frame `f` holds in model `m`."""
+    def iv(x) -> int:
+        return value_of(m.eval(x, model_completion=True))
+
+    def bv(x) -> bool:
+        return z3.is_true(m.eval(x, model_completion=True))
+
+    def code(x, names: tuple, what: str):
+        v = iv(x)
+        if not 0 <= v < len(names):
+            raise NotRepresentable(f"{what} code {v} out of range")
+        return names[v]
+
+    cfg = lay.cfg
+    reqs = []
+    for r, q in enumerate(f.reqs):
+        status = code(q.status, STATUS, f"r{r} status")
+        p = lay.model.prompts[r]
+        fixed = dict(prompt_len=0, max_tokens=0, prompt_labels=()) if status is Status.NEW else \
+            dict(prompt_len=p.prompt_len, max_tokens=p.max_tokens,
+                 prompt_labels=p.labels if cfg.prefix_caching else ())
+        table = tuple(iv(b) for b in q.table[:iv(q.table_len)])
+        reqs.append(Request(status=status, num_output=iv(q.num_output), num_computed=iv(q.num_computed),
+                            num_drafts=iv(q.num_drafts), block_table=table, **fixed))
+    in_flight = []
+    for b in f.batches[:iv(f.num_batches)]:
+        in_flight.append(tuple(Entry(iv(e.req), iv(e.start), iv(e.n), bv(e.samples), iv(e.drafts),
+                                     code(e.fate, FATE, "fate")) for e in b.entries[:iv(b.length)]))
+    labels = tuple(None if iv(x) == lay.none_label else iv(x) for x in f.pool.label)
+    pool = BlockPool(tuple(iv(c) for c in f.pool.ref), labels,
+                     tuple(iv(b) for b in f.pool.free[:iv(f.pool.free_len)]))
+    return State(requests=tuple(reqs), waiting=tuple(iv(x) for x in f.waiting[:iv(f.waiting_len)]),
+                 running=tuple(iv(x) for x in f.running[:iv(f.running_len)]),
+                 in_flight=tuple(in_flight), pool=pool,
+                 scheduled_ids=frozenset(r for r in range(lay.N) if bv(f.scheduled[r])))
+
+
+def decode_ghost(lay: Layout, m: z3.ModelRef, f: SState) -> tuple[bool, ...]:
+    return tuple(z3.is_true(m.eval(g, model_completion=True)) for g in f.was_preempted)
+
+
+def dump(m: z3.ModelRef, f: SState) -> str:
+    """Every variable of a frame with its value (for frames `decode` rejects)."""
+    return ", ".join(f"{name}={m.eval(v, model_completion=True)}" for name, v in leaves(f))

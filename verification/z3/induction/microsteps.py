@@ -1,0 +1,241 @@
+"""`schedule`'s inductive step proved one micro-step at a time.
+
+The k-induction step for `schedule` asks: from any state satisfying the
+invariants, does the state `schedule` produces satisfy them too? Asked in one
+query, the solver must reason through the whole unrolled circuit at once (N
+iterations of the running loop, N of the waiting loop, then the launch: for 3
+requests and 6 KV blocks, S9 alone takes minutes). But `schedule` is a chain
+of micro-steps (z3.encoding.schedule.MicroStep), each a small function of the batch
+under construction before it, so the question splits the way a proof by hand
+would split it:
+
+    I(s)                 =>  J_0(acc_0)              (acc_0.st is s itself)
+    J_m(acc_m)  AND  defs of micro-step m  =>  J_{m+1}(acc_{m+1})
+    J_2N(acc_2N) AND defs of the launch    =>  goal(launch state)
+
+Each J_m is found forward, the Houdini way: the candidates are every
+conjunct of the invariant applied to the intermediate state `acc.st`, plus
+facts about the batch under construction (`batch_facts`); a candidate that
+a micro-step does not preserve is dropped from there on. Intermediate states
+are not spec states (a victim is PREEMPTED while its entries in flight are
+still LIVE until the launch settles their fates), so some conjuncts drop out
+on the way; the goals they leave unproved go back to the one-query method.
+
+Each query holds only one micro-step's definitions (the others are left
+out, which only admits more models, so unsat still proves the step for the
+real ones): soundness is the chain's induction over the micro-steps, and
+the goal is only reported proved when the final query is unsatisfiable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import z3
+from flightcheck.verification.z3.encoding.invariants import s9_parts
+from flightcheck.verification.z3.encoding.requests import at, num_tokens
+from flightcheck.verification.z3.encoding.schedule import Acc
+from flightcheck.verification.z3.encoding.state import (
+    LIVE,
+    PAD,
+    PREEMPTED,
+    RUNNING,
+    WAITING,
+    Layout,
+    SState,
+)
+from flightcheck.verification.z3.encoding.terms import (
+    V,
+    conj,
+    disj,
+    div_const,
+    eq,
+    ite,
+    le,
+    leaves,
+    lt,
+    neg,
+    sum_terms,
+)
+
+# Each chain query's time limit: a micro-step query that needs longer is not
+# worth it (the goal falls back to the whole-step query).
+QUERY_MS = 60_000
+
+StateFormula = Callable[[SState], Any]
+
+# Conjuncts tracked clause by clause along the chain: a micro-step breaks or
+# keeps each clause on its own, and small goals are quicker to prove.
+SPLIT = {"S9_kv_ownership": s9_parts}
+
+
+def unchanged(q: Any, was: Any) -> Any:
+    """Every field of a request equals its value in the frame."""
+    return conj([x == y for (_, x), (_, y) in zip(leaves(q), leaves(was))])
+
+
+def batch_facts(lay: Layout, acc: Acc, frame: SState) -> dict[str, Any]:
+    """Facts about the batch under construction that the launch relies on:
+    each entry is for a distinct RUNNING request, starts at its counter
+    (which only the launch advances), holds blocks for its tokens, and
+    carries the request's drafts; unused slots are padding. And, per request,
+    that the loops have not touched it yet: a conjunct of the invariant that
+    a visited request breaks on the way still holds, on the frame, for the
+    requests not yet visited."""
+    cfg, st, bs = lay.cfg, acc.st, lay.cfg.block_size
+    facts: dict[str, Any] = {}
+    for r, q in enumerate(st.reqs):
+        was = frame.reqs[r]
+        scheduled = disj(*[conj(lt(j, acc.count), eq(e.req, r)) for j, e in enumerate(acc.entries)])
+        same = unchanged(q, was)
+        facts[f"request[{r}].untouched_unless_scheduled_or_preempted"] = z3.Implies(
+            neg(disj(acc.pre[r], acc.adm[r], scheduled)), same)
+        facts[f"request[{r}].running_scheduled_keeps_its_counter"] = z3.Implies(
+            conj(scheduled, neg(acc.adm[r])),
+            conj(eq(q.status, was.status), eq(q.num_computed, was.num_computed), eq(q.num_output, was.num_output),
+                 eq(was.status, RUNNING), lt(was.num_computed, num_tokens(lay, was, r) + was.num_drafts)))
+        facts[f"request[{r}].admitted_from_the_queue"] = z3.Implies(acc.adm[r], conj(
+            neg(acc.pre[r]), scheduled, disj(eq(was.status, WAITING), eq(was.status, PREEMPTED)),
+            acc.admpre[r] == eq(was.status, PREEMPTED), eq(q.num_output, was.num_output)))
+        facts[f"request[{r}].no_admission_after_preemption"] = z3.Implies(acc.any_pre, neg(acc.adm[r]))
+    facts |= {
+        "batch.count_in_range": conj(le(0, acc.count), le(acc.count, lay.E)),
+        "batch.budget_is_what_is_left": eq(acc.budget, cfg.max_num_batched_tokens - sum_terms(
+            [ite(lt(j, acc.count), e.n, V(0)) for j, e in enumerate(acc.entries)])),
+        "batch.position_in_range": conj(le(0, acc.i), le(acc.i, st.running_len)),
+        "batch.budget_in_range": conj(le(0, acc.budget), le(acc.budget, cfg.max_num_batched_tokens)),
+        "batch.any_preemption_is_one": acc.any_pre == disj(*acc.pre),
+    }
+    for r, q in enumerate(st.reqs):
+        facts[f"request[{r}].preempted_here"] = z3.Implies(acc.pre[r], conj(
+            eq(q.status, PREEMPTED), eq(q.num_computed, 0), eq(q.table_len, 0)))
+        facts[f"request[{r}].admitted_here"] = z3.Implies(acc.adm[r], eq(q.status, RUNNING))
+        facts[f"request[{r}].resumed_here"] = z3.Implies(acc.admpre[r], acc.adm[r])
+    for j, e in enumerate(acc.entries):
+        used = lt(j, acc.count)
+
+        def field(fn) -> Any:
+            return at(lay, st, e.req, lambda q, k: fn(q, k))
+
+        pad = conj(eq(e.req, PAD), eq(e.start, 0), eq(e.n, 0), neg(e.samples), eq(e.drafts, 0), eq(e.fate, 0))
+        facts[f"batch[{j}].padded_when_unused"] = z3.Implies(neg(used), pad)
+        facts[f"batch[{j}].running_request"] = z3.Implies(used, conj(
+            le(0, e.req), lt(e.req, lay.N), eq(field(lambda q, k: q.status), RUNNING), eq(e.fate, LIVE)))
+        facts[f"batch[{j}].starts_at_counter"] = z3.Implies(
+            used, eq(e.start, field(lambda q, k: q.num_computed)))
+        facts[f"batch[{j}].blocks_cover_it"] = z3.Implies(used, le(
+            div_const(e.start + e.n + (bs - 1), bs), field(lambda q, k: q.table_len)))
+        facts[f"batch[{j}].shape"] = z3.Implies(used, conj(
+            le(1, e.n), le(0, e.drafts), lt(e.drafts, e.n), le(e.drafts, cfg.num_spec_tokens),
+            le(e.start + e.n, cfg.max_model_len),
+            le(e.n, cfg.long_prefill_token_threshold) if cfg.long_prefill_token_threshold else True))
+        facts[f"batch[{j}].drafts_are_the_requests"] = z3.Implies(
+            used, eq(e.drafts, field(lambda q, k: q.num_drafts)))
+        facts[f"batch[{j}].samples_iff_reaches_the_end"] = z3.Implies(
+            used, e.samples == (e.start + e.n - e.drafts >= field(lambda q, k: num_tokens(lay, q, k))))
+        facts[f"batch[{j}].drafts_ride_on_the_sample"] = z3.Implies(conj(used, lt(0, e.drafts)), e.samples)
+        facts[f"batch[{j}].within_known_tokens"] = z3.Implies(used, le(
+            e.start + e.n, field(lambda q, k: num_tokens(lay, q, k)) + e.drafts))
+        facts[f"batch[{j}].already_passed_in_running"] = z3.Implies(used, disj(
+            *[conj(lt(p, acc.i), eq(st.running[p], e.req)) for p in range(lay.N)]))
+        for j2 in range(j + 1, lay.E):
+            facts[f"batch[{j},{j2}].distinct_requests"] = z3.Implies(
+                conj(used, lt(j2, acc.count)), neg(eq(e.req, acc.entries[j2].req)))
+    return facts
+
+
+@dataclass
+class Chain:
+    """An action unrolled into micro-steps, as a proof sees it."""
+
+    start: Any                  # the structure before the first micro-step
+    micro: list                 # z3.encoding.terms.MicroStep, in order
+    state_of: Callable          # structure -> the SState it holds
+    facts: Callable             # (structure, micro-steps taken) -> {name: formula}: extra candidates
+    given: list                 # constraints true of every real step (guard, legal choices, ...)
+    final_defs: list            # definitions of the effect from the last structure
+    name: str = ""
+
+
+def completion_facts(lay: Layout, st: SState, frame: SState, taken: int) -> dict[str, Any]:
+    """While complete_oldest applies the oldest batch's entries in order: a
+    request no entry applied so far names is as it was in the frame."""
+    b0, facts = frame.batches[0], {}
+    for r, q in enumerate(st.reqs):
+        named = disj(*[conj(lt(j, b0.length), eq(b0.entries[j].req, r)) for j in range(taken)])
+        same = unchanged(q, frame.reqs[r])
+        facts[f"request[{r}].untouched_until_applied"] = z3.Implies(neg(named), same)
+    return facts
+
+
+class MicroChain:
+    """The forward Houdini chain over one action's micro-steps."""
+
+    def __init__(self, build: Callable, chain: Chain, state_conjuncts: dict[str, StateFormula],
+                 frame_hyps: Callable[[list[str]], list[Any]], new_solver: Callable[[], z3.Solver]) -> None:
+        self.build, self.chain = build, chain       # build(fn, *args): fn(layout, *args) in the system's arithmetic
+        self.state_conjuncts = state_conjuncts     # name -> formula of an SState
+        self.frame_hyps = frame_hyps                # alive names -> hypotheses on the frame
+        self.new_solver = new_solver
+        self._final: dict[tuple[str, ...], tuple[z3.Solver, list[str]]] = {}
+        self.queries = 0
+        self.dropped: dict[str, str] = {}         # candidate -> the micro-step that broke it
+
+    def _candidates(self, x: Any, alive: list[str], taken: int) -> dict[str, Any]:
+        st, out = self.chain.state_of(x), {}
+        for n in alive:
+            if n in SPLIT:                      # a big conjunct, clause by clause
+                out.update((f"state.{n}.{p}", f) for p, f in self.build(SPLIT[n], st).items())
+            elif n in self.state_conjuncts:
+                out[f"state.{n}"] = self.state_conjuncts[n](st)
+        out.update(self.chain.facts(x, taken))
+        return out
+
+    def _holds(self, solver: z3.Solver, goal: Any) -> bool:
+        self.queries += 1
+        solver.set("timeout", QUERY_MS)
+        return solver.check(z3.Not(goal)) == z3.unsat
+
+    def _filter(self, solver: z3.Solver, keep: list[str], cands: dict[str, Any]) -> list[str]:
+        """The candidates the solver's assertions imply, one query each (one
+        query for the conjunction, Houdini-style, measured slower here)."""
+        return [n for n in keep if self._holds(solver, cands[n])]
+
+    def _survivors(self, alive: list[str]) -> tuple[z3.Solver, list[str]]:
+        """J at the end of the chain, and a solver holding it with the effect's definitions."""
+        key = tuple(sorted(alive))
+        if key in self._final:
+            return self._final[key]
+        chain = self.chain
+        hyps = self.frame_hyps(alive) + chain.given
+        cands = self._candidates(chain.start, alive, 0)
+        base = self.new_solver()
+        base.add(hyps)
+        keep = self._filter(base, list(cands), cands)
+        prev_after, prev = chain.start, cands
+        for i, ms in enumerate(chain.micro):
+            if ms.before is not prev_after:         # a seam between loops: re-check on the rewrapped structure
+                seam = self.new_solver()
+                seam.add(hyps + [prev[n] for n in keep])
+                now = self._candidates(ms.before, alive, i)
+                keep = self._filter(seam, keep, now)
+                prev = now
+            solver = self.new_solver()
+            solver.add(hyps + ms.defs + [prev[n] for n in keep])
+            after = self._candidates(ms.after, alive, i + 1)
+            kept = self._filter(solver, keep, after)
+            self.dropped.update((n, ms.name) for n in keep if n not in kept)
+            keep, prev_after, prev = kept, ms.after, after
+        final = self.new_solver()
+        final.add(hyps + chain.final_defs + [prev[n] for n in keep])
+        self._final[key] = (final, keep)
+        return final, keep
+
+    def proves(self, goal: Any, alive: list[str]) -> bool:
+        """goal (a formula of the action's effect) follows along the chain."""
+        final, _ = self._survivors(alive)
+        return self._holds(final, goal)
+
+    def kept(self, alive: list[str]) -> list[str]:
+        return self._survivors(alive)[1]

@@ -1,0 +1,76 @@
+"""The Z3 engines' rows for `flightcheck verify` (verification/suite.py): one
+row per spec property, in the suite's `PropertyResult` shape, plus mutant
+hunting by BMC."""
+
+from __future__ import annotations
+
+import time
+
+from flightcheck.verification.models import Model
+from flightcheck.verification.results import PropertyResult, kind_of
+from flightcheck.verification.z3.bmc.engine import (
+    bmc_split,
+    first_counterexample,
+    max_parts,
+)
+from flightcheck.verification.z3.encoding.invariants import SPEC_PROPERTIES
+from flightcheck.verification.z3.induction.kinduction import prove_by_induction
+
+
+def _row(p, method: str | None = None):
+    return PropertyResult(p.name, kind_of(p.name), p.status, method or p.method, p.depth, p.seconds)
+
+
+def induction_rows(model: Model, k: int = 1, time_budget: float | None = None, jobs: int = 1) -> list:
+    """Every spec invariant and transition property by k-induction (with the
+    auxiliary invariants; their own rows are left out)."""
+    res = prove_by_induction(model, k, time_budget=time_budget, jobs=jobs)
+    return [_row(p) for p in res.properties if p.name in SPEC_PROPERTIES]
+
+
+def inferred_rows(model: Model, time_budget: float | None = None, jobs: int = 1) -> list:
+    """Every spec invariant and transition property by 1-induction with an
+    inferred invariant, none hand-written (z3.induction.inferred; the candidates' own rows
+    are left out)."""
+    from flightcheck.verification.z3.induction.inferred import prove_inferred
+    res = prove_inferred(model, time_budget=time_budget, jobs=jobs)
+    method = "1-induction, invariant inferred (grammar + Houdini)"
+    return [_row(p, method) for p in res.properties if p.name in SPEC_PROPERTIES]
+
+
+# The spec properties the parameterised proof covers in full (verification/z3/param/model.py:
+# S10 only in part, S9/L2/L3 and the transition properties not at all).
+PARAM_PROPERTIES = ("S1_counter_bounds", "S2_length_cap", "S3_contiguous_coverage",
+                    "S5_one_sample_per_prefill", "S6_decode_gating", "S7_output_binding",
+                    "S8_spec_accounting", "S11_pipeline_depth", "L1_running_request_unblocked")
+
+
+def param_rows(K: int) -> list:
+    """The properties the parameterised proof covers, proved for any number of
+    requests and any configuration with K stages (the KV pool and the policy
+    over-approximated), or not, as one row each."""
+    from flightcheck.verification.z3.param.proof import prove
+    proof = prove(K)
+    status = "proved" if proof.ok else "unknown"
+    method = f"k-induction, any number of requests (K={K}, pool abstracted)"
+    return [PropertyResult(n, kind_of(n), status, method, None, proof.seconds) for n in PARAM_PROPERTIES]
+
+
+def bmc_rows(model: Model, depth: int, time_budget: float | None = None, jobs: int = 1) -> list:
+    """Every spec property bounded (or violated) to `depth`, every applicable
+    "sometimes" target reached (or not) within it: BMC with the sound
+    reductions (the spec, not a mutant: z3.bmc.reduction), its paths shared among
+    `jobs` processes (z3.bmc.engine.bmc_split)."""
+    reduce = model.cfg.mutant is None
+    jobs = min(jobs, max_parts(model))
+    res = bmc_split(model, depth, jobs=jobs, time_budget=time_budget, reduce=reduce)
+    method = "bmc" + (", reduced" if reduce else "") + (f", {jobs} processes" if jobs > 1 else "")
+    return [_row(p, method) for p in res.properties if p.kind != "auxiliary"]
+
+
+def hunt_mutant_bmc(name: str, model: Model, max_depth: int = 12, time_budget: float = 60.0):
+    """A mutant's shortest counterexample by BMC: (killed, property, trace, seconds)."""
+    t0 = time.perf_counter()
+    p = first_counterexample(model.with_mutant(name), max_depth, time_budget)
+    return (p is not None, None if p is None else p.name, None if p is None else p.trace,
+            time.perf_counter() - t0)
