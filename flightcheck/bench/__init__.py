@@ -14,7 +14,7 @@ from .cost_model import CALIBRATED, CostParams, StageCostModel
 from .gpus import GPUS, GpuSpec, get_gpu
 from .live import LiveRun, run_live
 from .metrics import BenchmarkMetrics, RequestRecord, compute_metrics, percentile
-from flightcheck.verification.models import MODELS, ModelSpec, get_model
+from .models import MODELS, ModelSpec, get_model
 from .multiseed import aggregate, gain_points
 from .report import format_report, parse_report, result_json, side_by_side
 from .serving import ServingRun, serve

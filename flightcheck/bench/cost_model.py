@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from .gpus import GpuSpec
-from flightcheck.verification.models import BYTES_PER_PARAM, ModelSpec, layers_per_stage
+from .models import BYTES_PER_PARAM, ModelSpec, layers_per_stage
 
 
 @dataclass(frozen=True)

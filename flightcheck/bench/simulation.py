@@ -15,7 +15,7 @@ from .clock import VirtualClock
 from .cost_model import CALIBRATED, CostParams, StageCostModel
 from .gpus import get_gpu
 from .metrics import DEFAULT_PERCENTILES, BenchmarkMetrics, compute_metrics
-from flightcheck.verification.models import get_model
+from .models import get_model
 from .serving import serve
 from .sim_executor import SimulatedExecutor, StageSpan
 from .timed_trace import TimedTraceWriter
