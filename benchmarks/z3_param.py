@@ -2,8 +2,8 @@
 one line per K with the seconds taken; with --link, the soundness link's
 figures on the exhaustive small models too.
 
-    python benchmarks/verification/z3/param/model.py                 # K = 2 3 4 8
-    python benchmarks/verification/z3/param/model.py --K 2 16 --link
+    python benchmarks/z3_param.py                 # K = 2 3 4 8
+    python benchmarks/z3_param.py --K 2 16 --link
 """
 
 from __future__ import annotations

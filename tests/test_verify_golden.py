@@ -1,0 +1,58 @@
+"""`flightcheck verify --json` after the layout move (issue 18) gives the rows
+and mutant kills it gave before: the same properties, statuses, methods and
+depths, the same mutants killed by the same property with counterexamples of
+the same length. Seconds aside; properties renamed by the move are compared
+through the rename map (docs/renames.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flightcheck.cli import main
+
+GOLDEN = Path(__file__).parent / "golden" / "verify-before-layout-move.json"
+RENAMED = {"S7_fates_only_age": "S13_fates_only_age",
+           "L2_every_run_terminates": "L4_every_run_terminates"}
+
+
+def comparable(report: dict) -> tuple[list[dict], list[dict]]:
+    def rename(name):
+        return RENAMED.get(name, name)
+    rows = [{**{k: v for k, v in p.items() if k != "seconds"}, "name": rename(p["name"])}
+            for p in report["properties"]]
+    kills = [{**{k: v for k, v in m.items() if k != "seconds"}, "property": rename(m["property"])}
+             for m in report["mutants"]]
+    return rows, kills
+
+
+def verify_json(capsys, *args: str) -> dict:
+    capsys.readouterr()
+    assert main(["verify", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_explicit_rows_and_mutant_kills_equal_the_golden_file(capsys):
+    want_rows, want_kills = comparable(json.loads(GOLDEN.read_text()))
+    got_rows, got_kills = comparable(verify_json(capsys, "--no-z3"))
+    assert got_rows == [r for r in want_rows if r["method"].startswith("exhaustive")]
+    assert got_kills == want_kills
+
+
+def test_the_default_run_equals_the_golden_file_in_under_two_minutes(capsys):
+    want = comparable(json.loads(GOLDEN.read_text()))
+    report = verify_json(capsys)
+    assert comparable(report) == want
+    assert report["ok"]
+    # The 2-minute figure is measured on an idle 2-core machine (README); this
+    # bound only catches a regression of several times, not load from a busy host.
+    assert report["seconds"] < 300, f"flightcheck verify took {report['seconds']:.0f} s"
+
+
+@pytest.mark.parametrize("old,new", sorted(RENAMED.items()))
+def test_renamed_properties_exist_under_their_new_name_only(old, new):
+    from flightcheck.verification.suite import all_property_names
+    names = all_property_names()
+    assert new in names and old not in names
