@@ -78,7 +78,7 @@ def generate(executor: Executor, config: SchedulerConfig, requests: Sequence[Gen
              max_steps: int = 1_000_000) -> RunResult:
     """Run `requests` to completion through `executor` (its KV pool must be
     `config.num_blocks` blocks of `config.block_size`). `progress(finished,
-    total, output tokens)` is called after every batch that completes."""
+    total, output tokens)` is called after every step that returned outputs."""
     engine = build_engine(executor, config, trace)
     run = GenerationRun(requests, eos_token_id, progress)
     started = time.time()
