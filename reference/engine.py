@@ -1,15 +1,16 @@
-"""The engine core's loop with a batch queue (vLLM 0.8.5
+"""The engine core's step with a batch queue (vLLM 0.8.5
 `EngineCore.step_with_batch_queue`, notes §2.6).
 
 The queue holds up to `num_pipeline_stages` batches in flight. One `step()`:
-* if the queue has room (and, one-batch-per-request, some request is not in
-  flight: vLLM <= 0.8.4's `get_num_unscheduled_requests() > 0` gate), form a
+* if the engine loop lets it schedule (drive.py's `EngineLoop`: the queue
+  has room and, in vLLM 0.8.4's loop, some request is not in flight), form a
   batch; if it has tokens, submit it and return None;
 * otherwise, or when nothing could be scheduled, block on the OLDEST batch
   and apply its output (batches complete FIFO: every stage runs them in order).
 
 `schedule_step()` and `complete_oldest_step()` are the two halves, for a
-harness that chooses the interleaving itself.
+harness that chooses the interleaving itself; `run()` steps until nothing
+can move (drive.py's `drive`, the loop the runtime and the simulator share).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Protocol
 
+from .drive import EngineLoop, drive, loop_for_policy
 from .outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from .request import Request, RequestStatus
 from .scheduler import Scheduler
@@ -37,11 +39,16 @@ class Executor(Protocol):
 
 
 class Engine:
-    def __init__(self, scheduler: Scheduler, executor: Executor) -> None:
+    def __init__(self, scheduler: Scheduler, executor: Executor,
+                 loop: EngineLoop | None = None) -> None:
+        """`loop`: the vLLM version's engine loop; by default the one the
+        scheduler's policy shipped with (`loop_for_policy`)."""
         self.scheduler = scheduler
         self.executor = executor
-        self.max_concurrent_batches = scheduler.config.num_pipeline_stages
+        self.loop = loop if loop is not None else loop_for_policy(scheduler.config.continue_prefill)
+        self.max_concurrent_batches = self.loop.queue_depth(scheduler.config.num_pipeline_stages)
         self.batch_queue: deque[tuple[SchedulerOutput, Future]] = deque()
+        self.num_submitted_batches = 0
 
     # -- requests -----------------------------------------------------------
 
@@ -62,11 +69,8 @@ class Engine:
     # -- the loop -------------------------------------------------------------
 
     def can_schedule(self) -> bool:
-        if len(self.batch_queue) >= self.max_concurrent_batches:
-            return False
-        if not self.scheduler.config.continue_prefill:
-            return self.scheduler.get_num_unscheduled_requests() > 0
-        return True
+        return self.loop.can_schedule(len(self.batch_queue), self.max_concurrent_batches,
+                                      self.scheduler)
 
     def can_complete(self) -> bool:
         return bool(self.batch_queue)
@@ -90,6 +94,7 @@ class Engine:
         if scheduler_output.total_num_scheduled_tokens == 0:
             return None
         self.batch_queue.append((scheduler_output, self.executor.submit(scheduler_output)))
+        self.num_submitted_batches += 1
         return scheduler_output
 
     def complete_oldest_step(self) -> list[EngineCoreOutput]:
@@ -101,21 +106,9 @@ class Engine:
         return self.scheduler.update_from_output(scheduler_output, model_runner_output)
 
     def run(self, max_steps: int = 1_000_000) -> list[EngineCoreOutput]:
-        """Step until every request has finished and no batch is in flight.
-        Raises RuntimeError when stuck (nothing to do but requests unfinished)
-        or after `max_steps`."""
+        """Step until every request has finished and no batch is in flight;
+        return every output. Raises RuntimeError when stuck (nothing to do but
+        requests unfinished) or when more than `max_steps` steps would be needed."""
         outputs: list[EngineCoreOutput] = []
-        idle_steps = 0
-        for _ in range(max_steps):
-            if not self.has_unfinished_requests() and not self.batch_queue:
-                return outputs
-            result = self.step()
-            if result is not None:
-                outputs.extend(result)
-            # Idle: nothing submitted, nothing completed. One idle step can be a
-            # preemption that frees room for the next; two in a row are a hang.
-            idle_steps = idle_steps + 1 if result is None and not self.batch_queue else 0
-            if idle_steps >= 2:
-                raise RuntimeError("engine stuck: unfinished requests, nothing schedulable, "
-                                   "nothing in flight")
-        raise RuntimeError(f"engine did not finish within {max_steps} steps")
+        drive(self, on_outputs=outputs.extend, max_steps=max_steps)
+        return outputs

@@ -1,5 +1,6 @@
-"""The driver loop: the reference `Engine` (batch queue of depth K) over an
-executor, with arrivals, aborts and a trace.
+"""Generation: the reference `Engine` (batch queue of depth K) over an
+executor, driven by the reference's one drive loop (reference/drive.py), with
+arrivals by engine step, aborts and a trace.
 
 An abort fires once its request has `abort_after` output tokens *and* a
 batch of it is in flight, so the abort lands while the pipeline holds its
@@ -14,7 +15,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from flightcheck.reference import (Engine, Request, SamplingParams, Scheduler, SchedulerConfig)
+from flightcheck.reference import (Engine, EngineCoreOutput, Executor, Request, SamplingParams,
+                                   Scheduler, SchedulerConfig)
+from flightcheck.reference.drive import ArrivalsByStep, drive
 
 from .pipeline import PipelineError
 from .trace import RuntimeTraceWriter
@@ -69,90 +72,113 @@ class RunFailed(RuntimeError):
         self.result = result
 
 
-def generate(executor, config: SchedulerConfig, requests: Sequence[GenerationRequest], *,
-             eos_token_id: int | None = None, trace: RuntimeTraceWriter | None = None,
+def generate(executor: Executor, config: SchedulerConfig, requests: Sequence[GenerationRequest],
+             *, eos_token_id: int | None = None, trace: RuntimeTraceWriter | None = None,
              progress: Callable[[int, int, int], None] | None = None,
              max_steps: int = 1_000_000) -> RunResult:
     """Run `requests` to completion through `executor` (its KV pool must be
-    `config.num_blocks` blocks of `config.block_size`)."""
+    `config.num_blocks` blocks of `config.block_size`). `progress(finished,
+    total, output tokens)` is called after every step that returned outputs."""
+    engine = build_engine(executor, config, trace)
+    run = GenerationRun(requests, eos_token_id, progress)
+    started = time.time()
+    error = run_to_completion(engine, run, max_steps)
+    result = run.result(time.time() - started, engine.num_submitted_batches, error)
+    if error is not None:
+        raise RunFailed(f"pipeline failed: {error}", result)
+    if trace is not None:
+        trace.end()
+    return result
+
+
+def build_engine(executor: Executor, config: SchedulerConfig,
+                 trace: RuntimeTraceWriter | None) -> Engine:
+    """The reference scheduler over `executor`; the stages' times go to the trace."""
     if trace is not None and hasattr(executor, "on_stage_times"):
         executor.on_stage_times = trace.stages
-    scheduler = Scheduler(config, trace=trace)
-    engine = Engine(scheduler, executor)
-    pending = sorted(requests, key=lambda r: r.arrival_step)
-    by_id: dict[str, Request] = {}
-    aborts_due: set[str] = set()
-    abort_at = {r.req_id: r.abort_after for r in requests if r.abort_after is not None}
-    num_batches = 0
-    t_start = time.time()
-    step = 0
-    idle = 0
-    error = None
+    return Engine(Scheduler(config, trace=trace), executor)
+
+
+def run_to_completion(engine: Engine, run: GenerationRun, max_steps: int) -> str | None:
+    """Drive the engine until every request has finished; a pipeline failure
+    aborts every unfinished request and is returned as the error."""
     try:
-        while pending or engine.has_unfinished_requests() or engine.batch_queue:
-            while pending and pending[0].arrival_step <= step:
-                g = pending.pop(0)
-                by_id[g.req_id] = _add(engine, g, eos_token_id)
-            if step >= max_steps:
-                raise RuntimeError(f"run did not finish within {max_steps} engine steps")
-            in_flight_before = len(engine.batch_queue)
-            outputs = engine.step()
-            step += 1
-            submitted = len(engine.batch_queue) > in_flight_before
-            num_batches += submitted
-            if outputs:
-                for out in outputs:
-                    limit = abort_at.get(out.request_id)
-                    request = by_id[out.request_id]
-                    if limit is not None and request.num_output_tokens >= limit and not out.finished:
-                        aborts_due.add(out.request_id)
-                if progress is not None:
-                    progress(sum(r.is_finished() for r in by_id.values()), len(requests),
-                             sum(r.num_output_tokens for r in by_id.values()))
-            _fire_aborts(engine, aborts_due)
-            idle = idle + 1 if outputs is None and not submitted and not engine.batch_queue else 0
-            if idle >= 2 and not pending:
-                raise RuntimeError("engine stuck: unfinished requests, nothing schedulable, "
-                                   "nothing in flight")
+        drive(engine, arrivals=run.arrivals, on_outputs=run.on_outputs,
+              after_step=lambda: run.fire_due_aborts(engine), max_steps=max_steps)
     except PipelineError as err:
-        error = str(err)
-        for req_id, request in by_id.items():
+        run.abort_unfinished(engine)
+        return str(err)
+    return None
+
+
+class GenerationRun:
+    """One `generate` call's requests: their arrivals (by engine step), the
+    aborts due, and the progress report."""
+
+    def __init__(self, requests: Sequence[GenerationRequest], eos_token_id: int | None,
+                 progress: Callable[[int, int, int], None] | None) -> None:
+        self.requests = requests
+        self.arrivals = ArrivalsByStep((g.arrival_step, make_request(g, eos_token_id))
+                                       for g in requests)
+        self.progress = progress
+        self.abort_after = {g.req_id: g.abort_after for g in requests
+                            if g.abort_after is not None}
+        self.aborts_due: set[str] = set()
+
+    def on_outputs(self, outputs: list[EngineCoreOutput]) -> None:
+        """A batch completed: note the aborts now due and report progress."""
+        self.note_aborts_due(outputs)
+        self.report_progress()
+
+    def note_aborts_due(self, outputs: list[EngineCoreOutput]) -> None:
+        admitted = self.arrivals.admitted
+        for out in outputs:
+            limit = self.abort_after.get(out.request_id)
+            if (limit is not None and admitted[out.request_id].num_output_tokens >= limit
+                    and not out.finished):
+                self.aborts_due.add(out.request_id)
+
+    def report_progress(self) -> None:
+        if self.progress is None:
+            return
+        admitted = self.arrivals.admitted.values()
+        self.progress(sum(r.is_finished() for r in admitted), len(self.requests),
+                      sum(r.num_output_tokens for r in admitted))
+
+    def fire_due_aborts(self, engine: Engine) -> None:
+        """Abort each due request as soon as a batch of it is in flight, so the
+        abort lands while the pipeline holds its work."""
+        if not self.aborts_due:
+            return
+        in_flight = {e.req_id for out, _ in engine.batch_queue for e in out.entries}
+        for req_id in sorted(self.aborts_due & in_flight):
+            engine.abort_request(req_id)
+            self.aborts_due.discard(req_id)
+        for req_id in list(self.aborts_due):         # finished meanwhile: nothing to abort
+            if req_id not in engine.scheduler.requests:
+                self.aborts_due.discard(req_id)
+
+    def abort_unfinished(self, engine: Engine) -> None:
+        """The pipeline failed: abort what is left; no batch will come back."""
+        for req_id, request in self.arrivals.admitted.items():
             if not request.is_finished():
                 engine.abort_request(req_id)
         engine.batch_queue.clear()
-    seconds = time.time() - t_start
-    results = [_result(by_id[r.req_id]) if r.req_id in by_id      # else: never arrived
-               else RequestResult(r.req_id, len(r.prompt_token_ids), (), "abort")
-               for r in requests]
-    run = RunResult(results, seconds, num_batches, error)
-    if error is not None:
-        raise RunFailed(f"pipeline failed: {error}", run)
-    if trace is not None:
-        trace.end()
-    return run
+
+    def result(self, seconds: float, num_batches: int, error: str | None) -> RunResult:
+        admitted = self.arrivals.admitted
+        results = [request_result(admitted[g.req_id]) if g.req_id in admitted
+                   else RequestResult(g.req_id, len(g.prompt_token_ids), (), "abort")  # never arrived
+                   for g in self.requests]
+        return RunResult(results, seconds, num_batches, error)
 
 
-def _add(engine: Engine, g: GenerationRequest, eos_token_id: int | None) -> Request:
+def make_request(g: GenerationRequest, eos_token_id: int | None) -> Request:
     params = SamplingParams(max_tokens=g.max_tokens, ignore_eos=g.ignore_eos,
                             temperature=g.temperature, seed=g.seed)
-    request = Request(g.req_id, list(g.prompt_token_ids), params, eos_token_id=eos_token_id)
-    engine.add_request(request)
-    return request
+    return Request(g.req_id, list(g.prompt_token_ids), params, eos_token_id=eos_token_id)
 
 
-def _fire_aborts(engine: Engine, due: set[str]) -> None:
-    """Abort each due request as soon as a batch of it is in flight."""
-    if not due:
-        return
-    in_flight = {e.req_id for out, _ in engine.batch_queue for e in out.entries}
-    for req_id in sorted(due & in_flight):
-        engine.abort_request(req_id)
-        due.discard(req_id)
-    for req_id in list(due):                         # finished meanwhile: nothing to abort
-        if req_id not in engine.scheduler.requests:
-            due.discard(req_id)
-
-
-def _result(request: Request) -> RequestResult:
+def request_result(request: Request) -> RequestResult:
     return RequestResult(request.request_id, request.num_prompt_tokens,
                          tuple(request.output_token_ids), request.get_finished_reason())

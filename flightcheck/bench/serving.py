@@ -1,6 +1,7 @@
-"""The open-loop serving loop shared by the simulator and the runtime
-benchmark: requests enter at their send times, the reference `Engine` steps,
-and every output becomes a streamed chunk on the client's clock.
+"""Open-loop serving, shared by the simulator and the live benchmark:
+requests enter at their send times, the reference `Engine` steps (the
+reference's one drive loop, reference/drive.py), and every output becomes a
+streamed chunk on the client's clock.
 
 Like vLLM's engine core, new requests are taken in between steps only: a
 request that arrives while the engine blocks on a batch waits for the step
@@ -13,7 +14,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flightcheck.reference import Engine, Request, SamplingParams
+from flightcheck.reference import Engine, EngineCoreOutput, Request, SamplingParams
+from flightcheck.reference.drive import DrivenEngine, drive
 
 from .clock import Clock
 from .metrics import RequestRecord
@@ -48,39 +50,66 @@ def serve(engine: Engine, clock: Clock, workload: Workload, *, client_in_s: floa
           max_steps: int = 50_000_000) -> ServingRun:
     """Run the workload to completion. `client_in_s`: send -> the engine has
     the request; `client_out_s`: engine output -> the client has the chunk."""
-    order = sorted(range(len(workload.requests)), key=lambda i: workload.requests[i].send_time)
-    pending = deque(order)
-    specs = workload.requests
-    records = {s.req_id: RequestRecord(s.req_id, s.prompt_len, s.send_time) for s in specs}
-    steps = 0
-    while steps < max_steps:
-        now = clock.now()
-        while pending and specs[pending[0]].send_time + client_in_s <= now:
-            i = pending.popleft()
-            engine.add_request(build(specs[i], i, now))
-        busy = engine.has_unfinished_requests() or engine.num_in_flight_batches > 0
-        if not busy:
-            if not pending:
-                break
-            clock.wait_until(specs[pending[0]].send_time + client_in_s)
-            continue
-        outputs = engine.step()
-        steps += 1
-        if outputs:
-            t = clock.now() + client_out_s
-            for out in outputs:
-                if out.new_token_ids:
-                    record = records[out.request_id]
-                    record.chunk_times.append(t)
-                    record.output_len += len(out.new_token_ids)
-        elif outputs is None and engine.num_in_flight_batches == 0:
-            # Nothing submitted, nothing in flight: only an arrival can help.
-            if not pending:
-                raise RuntimeError("engine stuck: unfinished requests, nothing schedulable, "
-                                   "nothing in flight, no arrival left")
-            clock.wait_until(specs[pending[0]].send_time + client_in_s)
-    else:
-        raise RuntimeError(f"serving loop did not finish within {max_steps} steps")
-    ends = [r.chunk_times[-1] for r in records.values() if r.chunk_times]
-    start = min((s.send_time for s in specs), default=0.0)
-    return ServingRun(list(records.values()), (max(ends) - start) if ends else 0.0, steps)
+    arrivals = ClientArrivals(workload, clock, client_in_s, build)
+    client = StreamingClient(workload, clock, client_out_s)
+    run = drive(engine, arrivals=arrivals, on_outputs=client.receive, max_steps=max_steps)
+    return ServingRun(client.records(), client.duration(), run.num_steps)
+
+
+class ClientArrivals:
+    """Requests in send-time order; each reaches the engine `client_in_s`
+    after it is sent, on `clock` (which idles until the next one when the
+    engine has nothing to do)."""
+
+    def __init__(self, workload: Workload, clock: Clock, client_in_s: float,
+                 build: Callable[[RequestSpec, int, float], Request]) -> None:
+        self.specs = workload.requests
+        self.pending = deque(sorted(range(len(self.specs)), key=lambda i: self.specs[i].send_time))
+        self.clock = clock
+        self.client_in_s = client_in_s
+        self.build = build
+
+    def admit_due(self, engine: DrivenEngine, num_steps: int) -> None:
+        now = self.clock.now()
+        while self.pending and self._next_due() <= now:
+            index = self.pending.popleft()
+            engine.add_request(self.build(self.specs[index], index, now))
+
+    def has_pending(self) -> bool:
+        return bool(self.pending)
+
+    def wait_for_next(self) -> bool:
+        self.clock.wait_until(self._next_due())
+        return True
+
+    def _next_due(self) -> float:
+        return self.specs[self.pending[0]].send_time + self.client_in_s
+
+
+class StreamingClient:
+    """The client's side: every output with new tokens is a chunk, received
+    `client_out_s` after the engine produced it."""
+
+    def __init__(self, workload: Workload, clock: Clock, client_out_s: float) -> None:
+        self.specs = workload.requests
+        self.clock = clock
+        self.client_out_s = client_out_s
+        self._records = {s.req_id: RequestRecord(s.req_id, s.prompt_len, s.send_time)
+                         for s in self.specs}
+
+    def receive(self, outputs: list[EngineCoreOutput]) -> None:
+        t = self.clock.now() + self.client_out_s
+        for out in outputs:
+            if out.new_token_ids:
+                record = self._records[out.request_id]
+                record.chunk_times.append(t)
+                record.output_len += len(out.new_token_ids)
+
+    def records(self) -> list[RequestRecord]:
+        return list(self._records.values())
+
+    def duration(self) -> float:
+        """First send to the last chunk, seconds."""
+        ends = [r.chunk_times[-1] for r in self._records.values() if r.chunk_times]
+        start = min((s.send_time for s in self.specs), default=0.0)
+        return (max(ends) - start) if ends else 0.0
