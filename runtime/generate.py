@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from flightcheck.reference import (Engine, Request, SamplingParams, Scheduler, SchedulerConfig)
+from flightcheck.reference import (Engine, Request, SamplingParams, SchedulerConfig, make_scheduler)
 
 from .pipeline import PipelineError
 from .trace import RuntimeTraceWriter
@@ -77,7 +77,7 @@ def generate(executor, config: SchedulerConfig, requests: Sequence[GenerationReq
     `config.num_blocks` blocks of `config.block_size`)."""
     if trace is not None and hasattr(executor, "on_stage_times"):
         executor.on_stage_times = trace.stages
-    scheduler = Scheduler(config, trace=trace)
+    scheduler = make_scheduler(config, trace)
     engine = Engine(scheduler, executor)
     pending = sorted(requests, key=lambda r: r.arrival_step)
     by_id: dict[str, Request] = {}
