@@ -18,8 +18,9 @@ import random
 import zlib
 from collections.abc import Sequence
 
-from flightcheck.reference import (MUTANTS, Engine, Request, RequestStatus, Sample, SamplingParams,
-                                   SchedulerConfig, ScriptedExecutor, TraceWriter, make_scheduler)
+from flightcheck.reference import (MUTANTS, Engine, EngineCoreOutput, Request, RequestStatus, Sample,
+                                   SamplingParams, SchedulerConfig, ScriptedExecutor, TraceWriter,
+                                   make_scheduler)
 
 EOS = 2
 STOP = 3
@@ -60,12 +61,21 @@ def _sample(req_id: str, position: int, drafts: Sequence[int]) -> Sample:
 
 def traced_run(mutant: str | None, continue_prefill: bool, seed: int) -> str:
     """The trace text of one run, then `# raised ...` or `# stuck` if it ended early."""
-    rng = random.Random(seed)
     sink = io.StringIO()
+    _, ending = drive(mutant, continue_prefill, seed, TraceWriter(sink, eos_token_id=EOS))
+    return sink.getvalue() + ending
+
+
+def drive(mutant: str | None, continue_prefill: bool, seed: int,
+          trace: TraceWriter | None) -> tuple[list[EngineCoreOutput], str]:
+    """One run: every output the engine returned, and how it ended ("" when
+    every request finished; the trace, if any, then has its `end`)."""
+    rng = random.Random(seed)
     config = config_for(mutant, continue_prefill, seed)
-    scheduler = make_scheduler(config, TraceWriter(sink, eos_token_id=EOS))
+    scheduler = make_scheduler(config, trace)
     engine = Engine(scheduler, ScriptedExecutor(_sample, sample_every_chunk=seed % 2 == 1))
     names: list[str] = []
+    outputs: list[EngineCoreOutput] = []
     ending = ""
     try:
         for action in range(NUM_ACTIONS):
@@ -80,20 +90,21 @@ def traced_run(mutant: str | None, continue_prefill: bool, seed: int) -> str:
             elif roll < 0.45 and names:
                 name = rng.choice(names)        # a name reused once its request is gone
                 if name not in scheduler.requests:
-                    engine.add_request(Request(name, [*PREFIXES[0][:4], action], SamplingParams(max_tokens=3),
-                                               eos_token_id=EOS))
+                    engine.add_request(Request(name, [*PREFIXES[0][:4], action],
+                                               SamplingParams(max_tokens=3), eos_token_id=EOS))
             elif engine.can_schedule() and (rng.random() < 0.7 or not engine.batch_queue):
                 engine.schedule_step()
             elif engine.batch_queue:
-                engine.complete_oldest_step()
-        engine.run(max_steps=400)
-        scheduler.trace.end()
+                outputs.extend(engine.complete_oldest_step())
+        outputs.extend(engine.run(max_steps=400))
+        if trace is not None:
+            trace.end()
     except RuntimeError as error:
         ending = f"# stuck: {error}\n" if "stuck" in str(error) or "within" in str(error) \
             else f"# raised RuntimeError: {error}\n"
     except Exception as error:  # noqa: BLE001 -- a mutant's crash is part of its behaviour
         ending = f"# raised {type(error).__name__}: {error}\n"
-    return sink.getvalue() + ending
+    return outputs, ending
 
 
 def _arrive(engine: Engine, rng: random.Random, names: list[str]) -> None:

@@ -6,12 +6,14 @@ what the reference writes, or to what it or a mutant does, shows here."""
 from __future__ import annotations
 
 import difflib
+import io
 import json
 from pathlib import Path
 
 import pytest
 
-from flightcheck.tests.reference_trace_runs import digest, run_cases, traced_run
+from flightcheck.reference import TraceWriter
+from flightcheck.tests.reference_trace_runs import digest, drive, run_cases, traced_run
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "reference_traces.json").read_text())
 
@@ -40,10 +42,18 @@ def test_the_runs_exercise_every_event_kind_and_most_mutants_damage():
                    '"preempted":["', '"reason":"stop"', '"reason":"length"', '"cached":4'):
         assert marker in text, marker
 
-    def without_config(run: str) -> list[str]:
-        return [line for line in run.splitlines() if not line.startswith('{"ev":"config"')]
-    correct = {(cp, seed): without_config(traced_run(None, cp, seed))
-               for _, mutant, cp, seed in run_cases() if mutant is None}
-    damaging = {mutant for _, mutant, cp, seed in run_cases()
-                if mutant is not None and without_config(traced_run(mutant, cp, seed)) != correct[cp, seed]}
+    without_config = GOLDEN["sha256_without_config"]
+    correct = {(cp, seed): without_config[name]
+               for name, mutant, cp, seed in run_cases() if mutant is None}
+    damaging = {mutant for name, mutant, cp, seed in run_cases()
+                if mutant is not None and without_config[name] != correct[cp, seed]}
     assert len(damaging) >= 8, damaging
+
+
+@pytest.mark.parametrize("mutant", [None, "shared_snapshot", "rejections_not_subtracted"])
+def test_tracing_changes_nothing_the_scheduler_does(mutant):
+    for continue_prefill in (True, False):
+        for seed in (0, 5):
+            traced = drive(mutant, continue_prefill, seed, TraceWriter(io.StringIO()))
+            assert traced[0]
+            assert drive(mutant, continue_prefill, seed, None) == traced
