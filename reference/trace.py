@@ -117,9 +117,12 @@ class TraceWriter:
 class TracingScheduler(Scheduler):
     """A `Scheduler` whose public calls are written to `trace`. Each override
     calls the policy unchanged, then writes what happened, read from the
-    call's result and the scheduler's state (for `update_from_output`, the
+    call's result and the scheduler's state. For `update_from_output` the
     entries' fates and tokens are read just before the call, with the
-    scheduler's own steps, since applying the batch changes them)."""
+    scheduler's own steps (`_fate`, `_tokens_taken`), since applying the batch
+    changes them; a batch holds one entry per request, so applying one entry
+    changes no other entry's fate or tokens, and reading them all first gives
+    what the call itself finds entry by entry."""
 
     def __init__(self, config: SchedulerConfig, trace: TraceWriter) -> None:
         super().__init__(config)
