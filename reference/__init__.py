@@ -1,6 +1,7 @@
 """A vLLM-V1-style scheduler, KV block manager and engine batch queue that
 obeys flightcheck's spec (no torch; standard library only). See README.md."""
 
+from . import mutant_steps  # noqa: F401 -- registers every mutant's steps on Scheduler
 from .config import SchedulerConfig
 from .engine import Engine, Executor, Future
 from .kv_cache_manager import KVCacheManager
@@ -10,11 +11,11 @@ from .outputs import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, Ne
 from .request import Request, RequestStatus, SamplingParams
 from .scheduler import Fate, Scheduler
 from .scripted_executor import Sample, ScriptedExecutor
-from .trace import TraceWriter
+from .trace import TraceWriter, TracingScheduler, make_scheduler
 
 __all__ = [
     "CachedRequestData", "Engine", "EngineCoreOutput", "Executor", "Fate", "Future",
     "KVCacheManager", "ModelRunnerOutput", "MUTANTS", "NewRequestData", "Request",
     "RequestStatus", "Sample", "SamplingParams", "Scheduler", "SchedulerConfig",
-    "SchedulerOutput", "ScriptedExecutor", "TraceWriter",
+    "SchedulerOutput", "ScriptedExecutor", "TraceWriter", "TracingScheduler", "make_scheduler",
 ]

@@ -7,10 +7,6 @@ admission, `CachedRequestData` when it runs on or resumes after preemption.
 `Batch` fills the `SchedulerOutput`'s fields as entries are added (one pass
 over the scheduled requests, not one more per field), and `to_output` wraps
 them.
-
-The `shared_snapshot` mutant (vLLM <= 0.8.4's object reuse) keeps one
-`CachedRequestData` per request and overwrites it, so a batch still in
-flight sees the next batch's values.
 """
 
 from __future__ import annotations
@@ -79,32 +75,13 @@ def new_request_data(request: Request, start: int, num_hit_tokens: int, num_new_
 
 def cached_request_data(request: Request, start: int, num_new_tokens: int, num_drafts: int,
                         new_blocks: Sequence[KVCacheBlock], num_cached_tokens: int,
-                        resumed: bool,
-                        shared: dict[str, CachedRequestData] | None = None) -> CachedRequestData:
+                        resumed: bool) -> CachedRequestData:
     """A running or resumed request: the known tokens it computes, its first
-    `num_drafts` drafts, the blocks new to its table. `shared` is the
-    shared_snapshot mutant's store (None in the correct scheduler)."""
+    `num_drafts` drafts, the blocks new to its table."""
     num_computed = request.num_computed_tokens
     new_token_ids = request.all_token_ids[num_computed:num_computed + num_new_tokens - num_drafts]
     spec_token_ids = request.spec_token_ids[:num_drafts] if num_drafts else ()
-    block_ids = _block_ids(new_blocks)
     samples = start + num_new_tokens - num_drafts >= request.num_tokens
-    if shared is not None:
-        entry = shared.get(request.request_id)
-        if entry is not None:             # overwritten in place: earlier batches see this
-            entry.incarnation = request.incarnation
-            entry.resumed_from_preemption = resumed
-            entry.new_token_ids = new_token_ids
-            entry.new_block_ids = block_ids
-            entry.num_computed_tokens = start
-            entry.num_new_tokens = num_new_tokens
-            entry.num_cached_tokens = num_cached_tokens
-            entry.spec_token_ids = spec_token_ids
-            entry.samples = samples
-            return entry
-    entry = CachedRequestData(request.request_id, request.incarnation, resumed, new_token_ids,
-                              block_ids, start, num_new_tokens, num_cached_tokens,
-                              spec_token_ids, samples)
-    if shared is not None:
-        shared[request.request_id] = entry
-    return entry
+    return CachedRequestData(request.request_id, request.incarnation, resumed, new_token_ids,
+                             _block_ids(new_blocks), start, num_new_tokens, num_cached_tokens,
+                             spec_token_ids, samples)

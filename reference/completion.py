@@ -4,11 +4,14 @@
 * `entry_fate`: the entry's output is bound to the incarnation it was scheduled
   for: *live* (still that incarnation), *orphaned* (preempted since, not
   rescheduled) or *superseded* (rescheduled, aborted or finished since).
-* `apply_sampled`: a live or orphaned entry's sampled tokens are appended
-  one by one with vLLM's stop check after each; a live entry also has its
-  spec-decode rejections subtracted and takes the drafts proposed for its
-  next step. An orphaned entry leaves the counter alone: preemption reset it,
-  and the recompute after resumption includes the tokens appended here.
+* `count_rejected`: how many of the entry's scheduled drafts the model
+  rejected (the scheduler's `_subtract_rejections` takes them back from a
+  live entry's counter; an orphaned entry leaves the counter alone:
+  preemption reset it, and the recompute after resumption includes the
+  tokens appended here).
+* `append_sampled`: a live or orphaned entry's sampled tokens are appended
+  one by one with vLLM's stop check after each; a live entry also takes the
+  drafts proposed for its next step.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
-from . import mutants as M
 from .config import SchedulerConfig
 from .outputs import EngineCoreOutput, RequestData
 from .request import Request, RequestStatus
@@ -30,7 +32,7 @@ class Fate(str, enum.Enum):
     SUPERSEDED = "superseded"  # rescheduled, aborted or finished since: tokens dropped
 
 
-def entry_fate(entry: RequestData, request: Request | None, mutant: str | None) -> Fate:
+def entry_fate(entry: RequestData, request: Request | None) -> Fate:
     """`request` is the live request of the entry's name, None if there is none."""
     if request is None:
         return Fate.SUPERSEDED            # finished or aborted since
@@ -39,29 +41,23 @@ def entry_fate(entry: RequestData, request: Request | None, mutant: str | None) 
         return Fate.LIVE
     if incarnation == request.orphaned_incarnation:
         return Fate.ORPHANED
-    if mutant == M.OUTPUT_BOUND_BY_NAME and incarnation < request.first_incarnation:
-        return Fate.LIVE                  # an older request of the same name
-    if mutant == M.STALE_OUTPUT_APPLIED_TO_RESUMED and request.status == RequestStatus.RUNNING:
-        return Fate.LIVE
-    return Fate.SUPERSEDED
+    return Fate.SUPERSEDED                # rescheduled since, or an older request of its name
 
 
-def apply_sampled(request: Request, entry: RequestData, generated: list[int], fate: Fate,
-                  proposed_drafts: Sequence[int], config: SchedulerConfig) -> EngineCoreOutput:
-    """Append a live or orphaned entry's sampled tokens (accepted drafts, then
-    the bonus token) up to the first that stops the request."""
-    mutant = config.mutant
+def count_rejected(request: Request, entry: RequestData, generated: list[int]) -> int:
+    """Drafts of the entry the model rejected: it returns the accepted drafts
+    then one bonus token, so at most drafts + 1 tokens."""
     num_drafts = len(entry.spec_token_ids)
     if len(generated) > num_drafts + 1:
         raise ValueError(f"{len(generated)} tokens returned for request {request.request_id!r}, "
                          f"which had {num_drafts} drafts scheduled (at most {num_drafts + 1})")
-    num_rejected = num_drafts + 1 - len(generated)
-    if num_rejected:
-        if fate is Fate.LIVE:
-            if mutant != M.REJECTIONS_NOT_SUBTRACTED:
-                request.num_computed_tokens -= num_rejected
-        elif mutant == M.REJECTIONS_SUBTRACTED_AFTER_RESET:
-            request.num_computed_tokens -= num_rejected
+    return num_drafts + 1 - len(generated)
+
+
+def append_sampled(request: Request, generated: list[int], fate: Fate,
+                   proposed_drafts: Sequence[int], config: SchedulerConfig) -> EngineCoreOutput:
+    """Append a live or orphaned entry's sampled tokens (accepted drafts, then
+    the bonus token) up to the first that stops the request."""
     # The model's list is the output's unless a stop trims it (as vLLM).
     new_token_ids = generated
     for num_new, token_id in enumerate(generated, 1):

@@ -56,6 +56,3 @@ class SchedulerConfig:
     def policy(self) -> str:
         """The trace format's name for the scheduling policy."""
         return "continue-prefill" if self.continue_prefill else "one-batch-per-request"
-
-    def is_mutant(self, name: str) -> bool:
-        return self.mutant == name

@@ -76,7 +76,8 @@ def leak_errors(scheduler: Scheduler) -> list[str]:
     leftovers = {
         "requests": scheduler.requests, "waiting": scheduler.waiting,
         "running": scheduler.running, "scheduled_req_ids": scheduler.scheduled_req_ids,
-        "cached request data": scheduler._cached_reqs_data,
+        # the shared_snapshot mutant's store of snapshots (mutant_steps.py)
+        "shared snapshots": getattr(scheduler, "shared_snapshots", {}),
         "block tables": kv.req_to_blocks, "cached-block counts": kv.num_cached_block,
         "uncached-block lists": kv.req_to_uncached_blocks,
     }

@@ -1,8 +1,10 @@
-"""Names of the reference scheduler's mutant switches.
+"""The reference scheduler's mutants: their names and histories.
 
 Each mutant re-introduces one historical bug (or, where noted, a bug that was
-only ever a design hazard) by changing the few lines it needs, guarded by
-`config.mutant == NAME`. `None` is the correct scheduler. The verification
+only ever a design hazard). `SchedulerConfig(mutant=NAME)` selects one (`None`
+is the correct scheduler); the scheduler built for it swaps in the mutant's
+versions of the one or two steps it changes, which mutant_steps.py holds,
+each with a fingerprint of the correct step it replaces. The verification
 suite must find a counterexample for every name here; the tests in
 `tests/test_reference_mutants.py` show each one's damage on a small scenario.
 """

@@ -24,6 +24,7 @@ Every entry records:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -113,6 +114,16 @@ class ModelRunnerOutput:
         spec = None if drafts is None else [list(drafts.get(r, ())) for r in req_ids]
         return cls(req_ids, {r: i for i, r in enumerate(req_ids)},
                    [list(tokens[r]) for r in req_ids], spec)
+
+    def tokens_of(self, req_id: str) -> list[int]:
+        """The tokens returned for `req_id` (`[]` if it has no row)."""
+        row = self.req_id_to_index.get(req_id)
+        return self.sampled_token_ids[row] if row is not None else []
+
+    def drafts_of(self, req_id: str) -> Sequence[int]:
+        """The drafts proposed for `req_id`'s next step (`()` if none)."""
+        row = self.req_id_to_index.get(req_id)
+        return self.spec_token_ids[row] if self.spec_token_ids is not None and row is not None else ()
 
 
 class EngineCoreOutput(NamedTuple):

@@ -15,6 +15,11 @@ the later fixes for requests preempted, aborted or finished while in flight).
   since, not rescheduled: appended, counter untouched) or superseded (dropped)
   (completion.py).
 
+The policy is written as small named steps, and nothing else: it writes no
+trace (`TracingScheduler` in trace.py observes the public calls) and never
+asks whether a mutant is on (a mutant, mutant_steps.py, replaces one or two
+named steps on the one scheduler built for it).
+
 Deliberate deviations from vLLM are listed in reference/README.md.
 """
 
@@ -22,24 +27,28 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from types import MethodType
+from typing import Any, ClassVar
 
-from . import mutants as M
 from .batch import Batch, cached_request_data, new_request_data
 from .block_pool import KVCacheBlock
-from .completion import Fate, apply_sampled, entry_fate
+from .completion import Fate, append_sampled, count_rejected, entry_fate
 from .config import SchedulerConfig
 from .kv_cache_manager import KVCacheManager
 from .outputs import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, RequestData,
                       SchedulerOutput)
 from .request import Request, RequestStatus
-from .trace import TraceWriter
 
 __all__ = ["Fate", "Scheduler"]
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, trace: TraceWriter | None = None) -> None:
+    # mutant name -> {step name: the mutant's version of that step}, filled in
+    # by mutant_steps.py (the package imports it before any scheduler is built).
+    mutant_steps: ClassVar[dict[str, dict[str, Callable[..., Any]]]] = {}
+
+    def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv_cache_manager = KVCacheManager(config.num_blocks, config.block_size,
                                                config.enable_prefix_caching)
@@ -50,21 +59,22 @@ class Scheduler:
         self.scheduled_req_ids: set[str] = set()
         # Finished since the last batch was built; sent to the workers with it.
         self.finished_req_ids: set[str] = set()
-        # shared_snapshot mutant only: the one CachedRequestData per request.
-        self._cached_reqs_data: dict[str, CachedRequestData] | None = \
-            {} if config.mutant == M.SHARED_SNAPSHOT else None
         self._incarnations = itertools.count()
         self._next_batch_id = 1
         self.num_steps = 0            # schedule() + update_from_output() calls
-        self._mutant = config.mutant
         self._one_batch_per_request = not config.continue_prefill
-        # Whether a live entry needs bookkeeping at completion (it does not in
-        # the correct continue-prefill scheduler: the counter moved at schedule time).
-        self._settles_live = (self._one_batch_per_request
-                              or config.mutant == M.ADVANCE_AT_COMPLETION)
-        self.trace = trace
-        if trace is not None:
-            trace.config(config)
+        if config.mutant is not None:
+            self._swap_in_mutant(config.mutant)
+
+    def _swap_in_mutant(self, name: str) -> None:
+        """The mutant's versions of the steps it changes replace the correct
+        ones on this scheduler only; the steps below never ask which is on."""
+        steps = self.mutant_steps.get(name)
+        if not steps:
+            raise ValueError(f"mutant {name!r} has no steps registered "
+                             "(flightcheck.reference.mutant_steps was not imported)")
+        for step_name, step in steps.items():
+            setattr(self, step_name, MethodType(step, self))
 
     # ------------------------------------------------------------------
     # Requests in and out
@@ -76,8 +86,6 @@ class Scheduler:
         request.incarnation = request.first_incarnation = next(self._incarnations)
         self.requests[request.request_id] = request
         self.waiting.append(request)
-        if self.trace is not None:
-            self.trace.arrive(request, self.num_steps)
 
     def _validate_new_request(self, request: Request) -> None:
         if not isinstance(request, Request):
@@ -119,18 +127,11 @@ class Scheduler:
             request.incarnation = next(self._incarnations)
             request.orphaned_incarnation = None
             self._free_request(request)
-            if self.trace is not None:
-                if finished_status == RequestStatus.FINISHED_ABORTED:
-                    self.trace.abort(req_id, self.num_steps)
-                else:
-                    self.trace.finish(req_id, request.get_finished_reason(), self.num_steps)
 
     def _free_request(self, request: Request) -> None:
         req_id = request.request_id
         self.kv_cache_manager.free(request)
         self.scheduled_req_ids.discard(req_id)
-        if self._cached_reqs_data is not None:
-            self._cached_reqs_data.pop(req_id, None)
         del self.requests[req_id]
         self.finished_req_ids.add(req_id)
 
@@ -156,8 +157,6 @@ class Scheduler:
             self._schedule_waiting(batch)
         output = self._make_output(batch)
         self._update_after_schedule(batch)
-        if self.trace is not None and (batch.entries or batch.preempted):
-            self.trace.schedule(output, self.num_steps)
         return output
 
     def _schedule_running(self, batch: Batch) -> None:
@@ -184,10 +183,7 @@ class Scheduler:
         num_new_tokens = request.num_tokens_with_spec - num_computed
         if num_new_tokens > 0:
             return self._clip(num_new_tokens, num_computed, token_budget)
-        if (self._mutant == M.DECODE_WHILE_TOKEN_IN_FLIGHT
-                and request.num_tokens <= num_computed < self.config.max_model_len):
-            return 1
-        return 0
+        return 0                              # its tokens are in flight, or it waits for one
 
     def _clip(self, num_new_tokens: int, num_computed: int, token_budget: int) -> int:
         threshold = self.config.long_prefill_token_threshold
@@ -227,8 +223,7 @@ class Scheduler:
         request.orphaned_incarnation = request.incarnation
         request.incarnation = next(self._incarnations)
         self.waiting.appendleft(request)
-        if self._mutant != M.INFLIGHT_SET_NOT_CLEARED_ON_PREEMPTION:
-            self.scheduled_req_ids.discard(request.request_id)
+        self.scheduled_req_ids.discard(request.request_id)
 
     def _schedule_waiting(self, batch: Batch) -> None:
         """FCFS admission: the head of `waiting` blocks everything behind it."""
@@ -257,25 +252,29 @@ class Scheduler:
         request.num_computed_tokens = num_hit_tokens
         request.num_cached_tokens = num_hit_tokens
         request.orphaned_incarnation = None   # rescheduled: old entries are superseded
-        start = num_hit_tokens
-        if num_hit_tokens and self._mutant == M.SNAPSHOT_OMITS_PREFIX_HIT:
-            start = 0
         if was_preempted:
-            return cached_request_data(request, start, num_new_tokens, 0, new_blocks,
-                                       num_hit_tokens, resumed=True, shared=self._cached_reqs_data)
-        return new_request_data(request, start, num_hit_tokens, num_new_tokens, new_blocks)
+            return self._cached_entry(request, num_hit_tokens, num_new_tokens, 0, new_blocks,
+                                      num_hit_tokens, resumed=True)
+        return new_request_data(request, num_hit_tokens, num_hit_tokens, num_new_tokens,
+                                new_blocks)
 
     def _make_running_entry(self, request: Request, num_new_tokens: int, num_drafts: int,
                             new_blocks: list[KVCacheBlock]) -> CachedRequestData:
-        entry = cached_request_data(request, request.num_computed_tokens, num_new_tokens,
-                                    num_drafts, new_blocks, 0, resumed=False,
-                                    shared=self._cached_reqs_data)
+        entry = self._cached_entry(request, request.num_computed_tokens, num_new_tokens,
+                                   num_drafts, new_blocks, 0, resumed=False)
         # Drafts the budget clipped are dropped (vLLM keeps them when none was
         # scheduled; the spec drops them always, so a clipped decode cannot
         # leave drafts behind to form a second sampling entry).
         if len(request.spec_token_ids) != num_drafts:
             request.spec_token_ids = request.spec_token_ids[:num_drafts]
         return entry
+
+    def _cached_entry(self, request: Request, start: int, num_new_tokens: int, num_drafts: int,
+                      new_blocks: list[KVCacheBlock], num_cached_tokens: int,
+                      resumed: bool) -> CachedRequestData:
+        """A fresh snapshot of a running or resumed request (batch.py)."""
+        return cached_request_data(request, start, num_new_tokens, num_drafts, new_blocks,
+                                   num_cached_tokens, resumed)
 
     def _add_to_batch(self, batch: Batch, request: Request, entry: RequestData) -> None:
         batch.add(request, entry)
@@ -295,8 +294,6 @@ class Scheduler:
         """The PR's move: advance num_computed_tokens now, at schedule time,
         once every entry holds its pre-batch counts, so the next prefill chunk
         can go into the very next batch."""
-        if self._mutant == M.ADVANCE_AT_COMPLETION:
-            return                            # the bug: advanced in update_from_output instead
         for request, entry in zip(batch.requests, batch.entries):
             request.num_computed_tokens += entry.num_new_tokens
 
@@ -306,76 +303,72 @@ class Scheduler:
 
     def fate_of(self, entry: RequestData) -> Fate:
         """What becomes of this in-flight entry's output if it completed now."""
-        return entry_fate(entry, self.requests.get(entry.req_id), self._mutant)
+        return self._fate(entry, self.requests.get(entry.req_id))
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Apply a completed batch's outputs, entry by entry, in placement order."""
         self.num_steps += 1
-        tracing = self.trace is not None
-        taken: dict[str, list[int]] = {}
-        dropped: list[str] = []
-        next_drafts: dict[str, int] = {}
         outputs: list[EngineCoreOutput] = []
         finished_running = False
-        index = model_runner_output.req_id_to_index
-        sampled = model_runner_output.sampled_token_ids
-        proposed = model_runner_output.spec_token_ids
         for entry in scheduler_output.entries:
-            req_id = entry.req_id
-            row = index.get(req_id)
-            generated = sampled[row] if row is not None else []
-            request = self.requests.get(req_id)
-            if request is not None and entry.incarnation == request.incarnation:
-                fate = Fate.LIVE              # the common case, without a call
-            else:
-                fate = entry_fate(entry, request, self._mutant)
+            request = self.requests.get(entry.req_id)
+            fate = self._fate(entry, request)
             if fate is Fate.SUPERSEDED:
-                if tracing:
-                    taken[req_id] = list(generated)
-                    dropped.append(req_id)
-                continue
+                continue                      # rescheduled, aborted or finished since: dropped
             assert request is not None
-            samples = entry.samples
-            if self._mutant == M.FINAL_CHUNK_FROM_LIVE_COUNTER and fate is Fate.LIVE:
-                samples = request.num_computed_tokens >= request.num_tokens
-            if not samples:
-                generated = []                # a non-final chunk: nothing was sampled
-            if fate is Fate.LIVE and self._settles_live:
+            token_ids = self._tokens_taken(entry, request, fate, model_runner_output)
+            if fate is Fate.LIVE:
                 self._settle_live(request, entry)
-            if tracing:
-                taken[req_id] = list(generated)
-            if not generated:
+            if not token_ids:
                 continue
-            drafts = proposed[row] if proposed is not None and row is not None else ()
             was_running = request.status == RequestStatus.RUNNING
-            outputs.append(apply_sampled(request, entry, generated, fate, drafts, self.config))
+            outputs.append(self._apply_sampled(request, entry, token_ids, fate,
+                                               model_runner_output.drafts_of(entry.req_id)))
             if request.is_finished():
                 if was_running:
                     finished_running = True   # leaves `running` in one pass below
                 else:
                     self.waiting.remove(request)  # orphaned: finished while PREEMPTED
                 self._free_request(request)
-            elif fate is Fate.LIVE and request.spec_token_ids:
-                next_drafts[req_id] = len(request.spec_token_ids)
         if finished_running:                  # one O(n) pass, not a remove per request
             self.running = [r for r in self.running if not r.is_finished()]
-        if tracing:
-            self._trace_complete(scheduler_output, taken, dropped, next_drafts, outputs)
         return outputs
 
+    def _fate(self, entry: RequestData, request: Request | None) -> Fate:
+        """`request` is the live request of the entry's name, None if there is none."""
+        return entry_fate(entry, request)
+
+    def _tokens_taken(self, entry: RequestData, request: Request, fate: Fate,
+                      model_runner_output: ModelRunnerOutput) -> list[int]:
+        """The entry's sampled tokens; none for a chunk that did not sample
+        (a worker that samples every chunk returns a token for it anyway)."""
+        if not self._samples(entry, request, fate):
+            return []
+        return model_runner_output.tokens_of(entry.req_id)
+
+    def _samples(self, entry: RequestData, request: Request, fate: Fate) -> bool:
+        """Whether the entry sampled: its snapshot says (it reached the
+        request's known tokens when it was scheduled)."""
+        return entry.samples
+
     def _settle_live(self, request: Request, entry: RequestData) -> None:
-        """Bookkeeping every live entry gets, whether or not it sampled."""
+        """Bookkeeping every live entry gets, whether or not it sampled: none
+        with continue-prefill (the counter moved at schedule time); one batch
+        per request frees the request for its next batch."""
         if self._one_batch_per_request:
             self.scheduled_req_ids.discard(request.request_id)
-        if self._mutant == M.ADVANCE_AT_COMPLETION:
-            request.num_computed_tokens += entry.num_new_tokens
 
-    def _trace_complete(self, scheduler_output: SchedulerOutput, taken: dict[str, list[int]],
-                        dropped: list[str], next_drafts: dict[str, int],
-                        outputs: list[EngineCoreOutput]) -> None:
-        assert self.trace is not None
-        self.trace.complete(scheduler_output.batch_id, self.num_steps, taken, dropped, next_drafts)
-        for out in outputs:
-            if out.finish_reason is not None:
-                self.trace.finish(out.request_id, out.finish_reason, self.num_steps)
+    def _apply_sampled(self, request: Request, entry: RequestData, token_ids: list[int],
+                       fate: Fate, proposed_drafts: Sequence[int]) -> EngineCoreOutput:
+        """Subtract the rejected drafts, then append the tokens (completion.py)."""
+        num_rejected = count_rejected(request, entry, token_ids)
+        if num_rejected:
+            self._subtract_rejections(request, fate, num_rejected)
+        return append_sampled(request, token_ids, fate, proposed_drafts, self.config)
+
+    def _subtract_rejections(self, request: Request, fate: Fate, num_rejected: int) -> None:
+        """Rejected drafts were counted as computed at schedule time; only a
+        live entry's count still stands (preemption reset an orphan's)."""
+        if fate is Fate.LIVE:
+            request.num_computed_tokens -= num_rejected

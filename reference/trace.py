@@ -1,8 +1,11 @@
 """Trace writing in the format of DESIGN.md (JSON Lines, one event per line).
 
-Off by default: the scheduler holds `trace = None` and pays one `is None`
-test per event site. When on, each event is one `json.dumps` of a small dict
-written to a buffered text stream.
+The scheduler writes nothing itself. `TracingScheduler` is a `Scheduler`
+whose public calls are observed: after each one it reads what the trace
+needs from the call's result and the scheduler's state, and hands it to a
+`TraceWriter`, which writes each event as one `json.dumps` of a small dict
+to a buffered text stream. `make_scheduler(config, trace)` builds one or
+the other, so a plain run pays nothing for tracing.
 
 Events this writer produces (every one carries `"step"`, the number of
 `schedule()` + `update_from_output()` calls made so far):
@@ -27,12 +30,14 @@ Events this writer produces (every one carries `"step"`, the number of
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, TextIO
+from collections.abc import Iterable
+from typing import Any, TextIO
 
-if TYPE_CHECKING:
-    from .config import SchedulerConfig
-    from .outputs import SchedulerOutput
-    from .request import Request
+from .completion import Fate
+from .config import SchedulerConfig
+from .outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
+from .request import Request, RequestStatus
+from .scheduler import Scheduler
 
 
 class TraceWriter:
@@ -49,7 +54,7 @@ class TraceWriter:
         self._sink.write(self._dumps(event))
         self._sink.write("\n")
 
-    def config(self, cfg: "SchedulerConfig") -> None:
+    def config(self, cfg: SchedulerConfig) -> None:
         event: dict[str, Any] = {
             "ev": "config", "num_stages": cfg.num_pipeline_stages,
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
@@ -66,7 +71,7 @@ class TraceWriter:
             event["mutant"] = cfg.mutant
         self._write(event)
 
-    def arrive(self, request: "Request", step: int) -> None:
+    def arrive(self, request: Request, step: int) -> None:
         params = request.sampling_params
         self._write({
             "ev": "arrive", "req": request.request_id, "step": step,
@@ -76,7 +81,7 @@ class TraceWriter:
             "stop_token_ids": list(params.stop_token_ids),
         })
 
-    def schedule(self, output: "SchedulerOutput", step: int) -> None:
+    def schedule(self, output: SchedulerOutput, step: int) -> None:
         entries = [{
             "req": e.req_id, "start": e.num_computed_tokens, "n": e.num_new_tokens,
             "cached": e.num_cached_tokens, "drafts": len(e.spec_token_ids),
@@ -107,3 +112,77 @@ class TraceWriter:
 
     def close(self) -> None:
         self._sink.close()
+
+
+class TracingScheduler(Scheduler):
+    """A `Scheduler` whose public calls are written to `trace`. Each override
+    calls the policy unchanged, then writes what happened, read from the
+    call's result and the scheduler's state. For `update_from_output` the
+    entries' fates and tokens are read just before the call, with the
+    scheduler's own steps (`_fate`, `_tokens_taken`), since applying the batch
+    changes them; a batch holds one entry per request, so applying one entry
+    changes no other entry's fate or tokens, and reading them all first gives
+    what the call itself finds entry by entry."""
+
+    def __init__(self, config: SchedulerConfig, trace: TraceWriter) -> None:
+        super().__init__(config)
+        self.trace = trace
+        trace.config(config)
+
+    def add_request(self, request: Request) -> None:
+        super().add_request(request)
+        self.trace.arrive(request, self.num_steps)
+
+    def finish_requests(self, request_ids: str | Iterable[str],
+                        finished_status: RequestStatus) -> None:
+        request_ids = (request_ids,) if isinstance(request_ids, str) else tuple(request_ids)
+        # The requests this call finishes: known ids, each once, in order.
+        finishing = [self.requests[req_id] for req_id in dict.fromkeys(request_ids)
+                     if req_id in self.requests]
+        super().finish_requests(request_ids, finished_status)
+        for request in finishing:
+            if finished_status == RequestStatus.FINISHED_ABORTED:
+                self.trace.abort(request.request_id, self.num_steps)
+            else:
+                self.trace.finish(request.request_id, request.get_finished_reason(),
+                                  self.num_steps)
+
+    def schedule(self) -> SchedulerOutput:
+        output = super().schedule()
+        if output.entries or output.preempted_req_ids:
+            self.trace.schedule(output, self.num_steps)
+        return output
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        taken: dict[str, list[int]] = {}
+        dropped: list[str] = []
+        live: list[Request] = []
+        for entry in scheduler_output.entries:
+            request = self.requests.get(entry.req_id)
+            fate = self._fate(entry, request)
+            if fate is Fate.SUPERSEDED:
+                taken[entry.req_id] = list(model_runner_output.tokens_of(entry.req_id))
+                dropped.append(entry.req_id)
+                continue
+            assert request is not None
+            taken[entry.req_id] = list(self._tokens_taken(entry, request, fate,
+                                                          model_runner_output))
+            if fate is Fate.LIVE and taken[entry.req_id]:
+                live.append(request)
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        # Drafts proposed to live requests that sampled and go on.
+        next_drafts = {request.request_id: len(request.spec_token_ids) for request in live
+                       if not request.is_finished() and request.spec_token_ids}
+        self.trace.complete(scheduler_output.batch_id, self.num_steps, taken, dropped,
+                            next_drafts)
+        for output in outputs:
+            if output.finish_reason is not None:
+                self.trace.finish(output.request_id, output.finish_reason, self.num_steps)
+        return outputs
+
+
+def make_scheduler(config: SchedulerConfig, trace: TraceWriter | None = None) -> Scheduler:
+    """The scheduler for `config` (its mutant, if it names one), traced to
+    `trace` when one is given."""
+    return Scheduler(config) if trace is None else TracingScheduler(config, trace)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from flightcheck.reference import (Engine, EngineCoreOutput, Executor, Request, SamplingParams,
-                                   Scheduler, SchedulerConfig)
+                                   SchedulerConfig, make_scheduler)
 from flightcheck.reference.drive import ArrivalsByStep, drive
 
 from .pipeline import PipelineError
@@ -96,7 +96,7 @@ def build_engine(executor: Executor, config: SchedulerConfig,
     """The reference scheduler over `executor`; the stages' times go to the trace."""
     if trace is not None and hasattr(executor, "on_stage_times"):
         executor.on_stage_times = trace.stages
-    return Engine(Scheduler(config, trace=trace), executor)
+    return Engine(make_scheduler(config, trace), executor)
 
 
 def run_to_completion(engine: Engine, run: GenerationRun, max_steps: int) -> str | None:

@@ -15,7 +15,7 @@ import pytest
 
 from flightcheck.reference import (Engine, ModelRunnerOutput, Request, RequestStatus, Sample,
                                    SamplingParams, Scheduler, SchedulerConfig, ScriptedExecutor,
-                                   TraceWriter)
+                                   TraceWriter, make_scheduler)
 from flightcheck.reference import mutants as M
 from flightcheck.verification.refinement.fuzz import fuzz
 from flightcheck.verification.traces.check import (MalformedTrace, check_events, check_trace,
@@ -28,7 +28,7 @@ def prompt(n: int, base: int = 0) -> list[int]:
 
 def traced(cfg: SchedulerConfig) -> tuple[Scheduler, io.StringIO]:
     sink = io.StringIO()
-    return Scheduler(cfg, trace=TraceWriter(sink)), sink
+    return make_scheduler(cfg, TraceWriter(sink)), sink
 
 
 def finish_run(engine: Engine) -> None:

@@ -6,12 +6,12 @@ import io
 import json
 
 from flightcheck.reference import (Engine, Request, SamplingParams, Scheduler, SchedulerConfig,
-                                   ScriptedExecutor, TraceWriter)
+                                   ScriptedExecutor, TraceWriter, make_scheduler)
 
 
 def traced_engine(cfg: SchedulerConfig) -> tuple[Engine, io.StringIO]:
     sink = io.StringIO()
-    return Engine(Scheduler(cfg, trace=TraceWriter(sink)), ScriptedExecutor()), sink
+    return Engine(make_scheduler(cfg, TraceWriter(sink)), ScriptedExecutor()), sink
 
 
 def events(sink: io.StringIO) -> list[dict]:
@@ -19,7 +19,8 @@ def events(sink: io.StringIO) -> list[dict]:
 
 
 def test_trace_is_off_by_default():
-    assert Scheduler(SchedulerConfig()).trace is None
+    scheduler = make_scheduler(SchedulerConfig())
+    assert type(scheduler) is Scheduler and not hasattr(scheduler, "trace")
 
 
 def test_concurrent_batches_trace_records_every_event_in_order():
@@ -100,7 +101,7 @@ def test_trace_of_drafts_records_scheduled_and_proposed_drafts():
     cfg = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2, max_model_len=64,
                           block_size=4, num_blocks=16, num_spec_tokens=2)
     sink = io.StringIO()
-    engine = Engine(Scheduler(cfg, trace=TraceWriter(sink)),
+    engine = Engine(make_scheduler(cfg, TraceWriter(sink)),
                     ScriptedExecutor(lambda r, n, d: Sample(7, len(d), (8, 9))))
     engine.add_request(Request("a", list(range(5)), SamplingParams(max_tokens=4)))
     engine.run()

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from flightcheck.reference import Engine, Executor, Request, Scheduler, SchedulerConfig
+from flightcheck.reference import Engine, Executor, Request, SchedulerConfig, make_scheduler
 
 from .clock import WallClock
 from .metrics import DEFAULT_PERCENTILES, BenchmarkMetrics, compute_metrics
@@ -58,7 +58,7 @@ def run_live(workload: Workload, sched_config: SchedulerConfig, make_executor: E
     try:
         executor = make_executor(clock, trace)
         clock.restart()
-        engine = Engine(Scheduler(sched_config, trace=trace), executor)
+        engine = Engine(make_scheduler(sched_config, trace), executor)
         run = serve(engine, clock, workload, build=build)
         if trace is not None:
             trace.end()

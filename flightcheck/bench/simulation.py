@@ -8,7 +8,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from flightcheck.reference import Engine, Scheduler, SchedulerConfig
+from flightcheck.reference import Engine, SchedulerConfig, make_scheduler
 
 from .charged_scheduler import ChargedScheduler
 from .clock import VirtualClock
@@ -98,7 +98,7 @@ def simulate(workload: Workload, config: SimConfig, trace_path: str | None = Non
     clock = VirtualClock()
     trace = TimedTraceWriter.to_path(trace_path, clock.now) if trace_path else None
     try:
-        scheduler = ChargedScheduler(Scheduler(sched_config, trace=trace), clock, config.params)
+        scheduler = ChargedScheduler(make_scheduler(sched_config, trace), clock, config.params)
         executor = SimulatedExecutor(cost, clock, trace=trace, record_spans=record_spans)
         engine = Engine(scheduler, executor)       # type: ignore[arg-type]  # a forwarding proxy
         run = serve(engine, clock, workload, client_in_s=config.params.client_in_s,

@@ -31,10 +31,10 @@ from flightcheck.reference import (
     Engine,
     Request,
     SamplingParams,
-    Scheduler,
     SchedulerConfig,
     ScriptedExecutor,
     TraceWriter,
+    make_scheduler,
 )
 from flightcheck.reference import Sample as RefSample
 from flightcheck.reference.config import cdiv
@@ -193,7 +193,7 @@ class RefinementMachine(RuleBasedStateMachine):
         self.cfg, self.spec_cfg = cfg, spec_config(cfg)
         self.sink = io.StringIO() if self.check_traces else None
         trace = TraceWriter(self.sink, eos_token_id=EOS) if self.sink is not None else None
-        self.scheduler = Scheduler(cfg, trace=trace)
+        self.scheduler = make_scheduler(cfg, trace)
         # sample_every_chunk: a worker that returns a token for every chunk
         # (vLLM <= 0.8.2) leaves the scheduler to discard partial chunks' tokens.
         self.executor = ScriptedExecutor(self._sample, sample_every_chunk=sample_every_chunk)

@@ -1,0 +1,221 @@
+"""The reference mutants' code: each replaces one or two named steps of
+`Scheduler` (scheduler.py) with the buggy version, on the one scheduler
+built for it (`Scheduler(SchedulerConfig(mutant=NAME))`); the correct
+policy never asks whether a mutant is on. mutants.py names each mutant and
+gives its history.
+
+Every replacement records a fingerprint of the correct step as it was when
+the mutant was written (`@replaces(mutant, step, fingerprint)`). When the
+step changes, `drifted_steps()` names the mutant and the step, and
+tests/test_reference_mutant_steps.py fails: the mutant may no longer
+re-introduce its bug, or may bring back an old version of the step, and must
+be re-read against the new step (then its fingerprint updated).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import textwrap
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any, TypeVar
+
+from . import mutants as M
+from .batch import Batch, cached_request_data, new_request_data
+from .block_pool import KVCacheBlock
+from .completion import Fate, entry_fate
+from .outputs import CachedRequestData, RequestData
+from .request import Request, RequestStatus
+from .scheduler import Scheduler
+
+Step = TypeVar("Step", bound=Callable[..., Any])
+
+# (mutant, step name) -> fingerprint of the correct step the mutant was written against
+FINGERPRINTS: dict[tuple[str, str], str] = {}
+
+
+def replaces(mutant: str, step: str, fingerprint: str) -> Callable[[Step], Step]:
+    """Register the decorated function as `mutant`'s version of `Scheduler.<step>`."""
+    if mutant not in M.MUTANTS:
+        raise ValueError(f"unknown mutant {mutant!r}")
+
+    def register(function: Step) -> Step:
+        Scheduler.mutant_steps.setdefault(mutant, {})[step] = function
+        FINGERPRINTS[(mutant, step)] = fingerprint
+        return function
+    return register
+
+
+def fingerprint_of(step: str) -> str:
+    """A hash of the code of `Scheduler.<step>`: its syntax tree without the
+    docstring, so a comment or docstring edit does not count as a change."""
+    source = textwrap.dedent(inspect.getsource(getattr(Scheduler, step)))
+    function = ast.parse(source).body[0]
+    assert isinstance(function, ast.FunctionDef)
+    body = function.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        function.body = body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(function).encode()).hexdigest()[:12]
+
+
+def drifted_steps() -> list[str]:
+    """One line per replaced step whose correct version changed since its mutant was written."""
+    return [f"mutant {mutant} no longer applies: Scheduler.{step} changed "
+            f"(fingerprint {fingerprint_of(step)}, the mutant was written against {expected}); "
+            f"re-read reference/mutant_steps.py against the new step, then update the fingerprint"
+            for (mutant, step), expected in FINGERPRINTS.items() if fingerprint_of(step) != expected]
+
+
+# -- advance_at_completion ----------------------------------------------------
+
+@replaces(M.ADVANCE_AT_COMPLETION, "_update_after_schedule", "8068716a6e94")
+def _update_after_schedule_not_at_all(scheduler: Scheduler, batch: Batch) -> None:
+    """The bug, half one: nothing advances at schedule time, so the next
+    batch schedules the same prefill tokens again."""
+
+
+@replaces(M.ADVANCE_AT_COMPLETION, "_settle_live", "fa7249e644dc")
+def _settle_live_advancing_the_counter(scheduler: Scheduler, request: Request,
+                                       entry: RequestData) -> None:
+    """The bug, half two: the counter advances when the batch completes."""
+    Scheduler._settle_live(scheduler, request, entry)
+    request.num_computed_tokens += entry.num_new_tokens
+
+
+# -- shared_snapshot ------------------------------------------------------------
+
+def _shared_snapshots(scheduler: Scheduler) -> dict[str, CachedRequestData]:
+    """The one CachedRequestData per request this mutant keeps (made on first use)."""
+    return scheduler.__dict__.setdefault("shared_snapshots", {})
+
+
+@replaces(M.SHARED_SNAPSHOT, "_cached_entry", "deac67d6130c")
+def _cached_entry_overwritten_in_place(scheduler: Scheduler, request: Request, start: int,
+                                       num_new_tokens: int, num_drafts: int,
+                                       new_blocks: list[KVCacheBlock], num_cached_tokens: int,
+                                       resumed: bool) -> CachedRequestData:
+    """The bug: the request's earlier snapshot is overwritten with this
+    batch's values, so a batch still in flight sees them."""
+    fresh = cached_request_data(request, start, num_new_tokens, num_drafts, new_blocks,
+                                num_cached_tokens, resumed)
+    store = _shared_snapshots(scheduler)
+    entry = store.get(request.request_id)
+    if entry is None:
+        store[request.request_id] = fresh
+        return fresh
+    for field in fields(CachedRequestData):
+        setattr(entry, field.name, getattr(fresh, field.name))
+    return entry
+
+
+@replaces(M.SHARED_SNAPSHOT, "_free_request", "82631fa6c2d0")
+def _free_request_and_its_shared_snapshot(scheduler: Scheduler, request: Request) -> None:
+    Scheduler._free_request(scheduler, request)
+    _shared_snapshots(scheduler).pop(request.request_id, None)
+
+
+# -- final_chunk_from_live_counter ------------------------------------------------
+
+@replaces(M.FINAL_CHUNK_FROM_LIVE_COUNTER, "_samples", "7fdb0f7ef7bc")
+def _samples_read_from_the_live_counter(scheduler: Scheduler, entry: RequestData,
+                                        request: Request, fate: Fate) -> bool:
+    """The bug: a live entry's sampling is decided from the request's counter
+    now, which later chunks have already advanced, not from its snapshot."""
+    if fate is Fate.LIVE:
+        return request.num_computed_tokens >= request.num_tokens
+    return entry.samples
+
+
+# -- snapshot_omits_prefix_hit ------------------------------------------------------
+
+@replaces(M.SNAPSHOT_OMITS_PREFIX_HIT, "_admit", "733fce676b61")
+def _admit_with_a_snapshot_from_zero(scheduler: Scheduler, request: Request, num_hit_tokens: int,
+                                     num_new_tokens: int,
+                                     new_blocks: list[KVCacheBlock]) -> RequestData:
+    """The correct `_admit`, but the snapshot starts at 0 instead of after
+    the prefix-cache hit: the final chunk looks partial."""
+    was_preempted = request.status == RequestStatus.PREEMPTED
+    scheduler.running.append(request)
+    request.status = RequestStatus.RUNNING
+    request.num_computed_tokens = num_hit_tokens
+    request.num_cached_tokens = num_hit_tokens
+    request.orphaned_incarnation = None
+    start = 0                                 # the bug: num_hit_tokens left out
+    if was_preempted:
+        return scheduler._cached_entry(request, start, num_new_tokens, 0, new_blocks,
+                                       num_hit_tokens, resumed=True)
+    return new_request_data(request, start, num_hit_tokens, num_new_tokens, new_blocks)
+
+
+# -- rejections_not_subtracted / rejections_subtracted_after_reset ---------------------
+
+@replaces(M.REJECTIONS_NOT_SUBTRACTED, "_subtract_rejections", "555ba2d7cc81")
+def _subtract_no_rejections(scheduler: Scheduler, request: Request, fate: Fate,
+                            num_rejected: int) -> None:
+    """The bug: rejected drafts stay counted as computed."""
+
+
+@replaces(M.REJECTIONS_SUBTRACTED_AFTER_RESET, "_subtract_rejections", "555ba2d7cc81")
+def _subtract_rejections_of_orphans_too(scheduler: Scheduler, request: Request, fate: Fate,
+                                        num_rejected: int) -> None:
+    """The bug: an orphaned entry's rejections are subtracted from the
+    counter that preemption reset to 0."""
+    request.num_computed_tokens -= num_rejected
+
+
+# -- decode_while_token_in_flight ------------------------------------------------------
+
+@replaces(M.DECODE_WHILE_TOKEN_IN_FLIGHT, "_num_new_tokens_running", "0e5bc3703669")
+def _num_new_tokens_running_without_the_skip(scheduler: Scheduler, request: Request,
+                                             token_budget: int) -> int:
+    """The correct step without the `num_new_tokens == 0` skip for decodes."""
+    if scheduler._one_batch_per_request and request.request_id in scheduler.scheduled_req_ids:
+        return 0
+    num_computed = request.num_computed_tokens
+    num_new_tokens = request.num_tokens_with_spec - num_computed
+    if num_new_tokens > 0:
+        return scheduler._clip(num_new_tokens, num_computed, token_budget)
+    if request.num_tokens <= num_computed < scheduler.config.max_model_len:
+        return 1                              # the bug: its sampled token is still in flight
+    return 0
+
+
+# -- stale_output_applied_to_resumed / output_bound_by_name ------------------------------
+
+@replaces(M.STALE_OUTPUT_APPLIED_TO_RESUMED, "_fate", "6063af00c053")
+def _fate_live_for_any_running_request(scheduler: Scheduler, entry: RequestData,
+                                       request: Request | None) -> Fate:
+    """The bug: an old incarnation's output is applied to the request of its
+    name whenever that request is running again."""
+    fate = entry_fate(entry, request)
+    if fate is Fate.SUPERSEDED and request is not None and request.status == RequestStatus.RUNNING:
+        return Fate.LIVE
+    return fate
+
+
+@replaces(M.OUTPUT_BOUND_BY_NAME, "_fate", "6063af00c053")
+def _fate_bound_by_name(scheduler: Scheduler, entry: RequestData,
+                        request: Request | None) -> Fate:
+    """The bug: an output of an older request of the same name (aborted,
+    the name re-added) is applied to the new one."""
+    fate = entry_fate(entry, request)
+    if (fate is Fate.SUPERSEDED and request is not None
+            and entry.incarnation < request.first_incarnation):
+        return Fate.LIVE
+    return fate
+
+
+# -- inflight_set_not_cleared_on_preemption -----------------------------------------------
+
+@replaces(M.INFLIGHT_SET_NOT_CLEARED_ON_PREEMPTION, "_preempt", "0aac26bfb3ab")
+def _preempt_keeping_the_inflight_mark(scheduler: Scheduler, request: Request) -> None:
+    """The correct `_preempt`, but the request stays in `scheduled_req_ids`."""
+    scheduler.kv_cache_manager.free(request)
+    request.status = RequestStatus.PREEMPTED
+    request.num_computed_tokens = 0
+    request.spec_token_ids = ()
+    request.orphaned_incarnation = request.incarnation
+    request.incarnation = next(scheduler._incarnations)
+    scheduler.waiting.appendleft(request)
