@@ -198,4 +198,4 @@ def _wait_or_give_up(arrivals: Arrivals, num_idle_steps: int) -> None:
         arrivals.wait_for_next()
     elif num_idle_steps >= MAX_IDLE_STEPS:
         raise EngineStuck("engine stuck: unfinished requests, nothing schedulable, "
-                          "nothing in flight, no arrival pending")
+                          "nothing in flight")
