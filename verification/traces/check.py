@@ -105,8 +105,8 @@ def validate_events(events: list[Any], line_numbers: list[int] | None = None) ->
         except SchemaError as err:
             where = f"line {line_numbers[index]}" if line_numbers else f"event {index}"
             kind = event.get("ev") if isinstance(event, dict) and isinstance(event.get("ev"), str) else None
-            what = f" ({kind} event)" if kind in EVENT_KINDS else ""
-            raise MalformedTrace(f"{where}{what}: {err.message}") from None
+            what = f" {kind} event:" if kind in EVENT_KINDS else ""
+            raise MalformedTrace(f"{where}:{what} {err.message}") from None
         if index == 0:
             config = event
 
@@ -157,7 +157,7 @@ def modelled_pool(cfg: Config, events: list[dict[str, Any]]) -> Config:
                    for e in events if e["ev"] == "arrive")
     num_blocks = min(cfg.num_blocks, most)
     if num_blocks > MAX_POOL_BLOCKS:
-        raise MalformedTrace(f"line 1 (config event): num_blocks: this trace's arrivals can take up to "
+        raise MalformedTrace(f"line 1: config event: num_blocks: this trace's arrivals can take up to "
                              f"{num_blocks} blocks of the pool; the checker models pools of at most "
                              f"{MAX_POOL_BLOCKS} blocks")
     return replace(cfg, num_blocks=num_blocks)
