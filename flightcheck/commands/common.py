@@ -31,8 +31,10 @@ def int_in(low: int, high: int) -> Callable[[str], int]:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {_short(text)}")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {_short(text)}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {_short(text)}")
         return value
     return parse
 
