@@ -399,3 +399,11 @@ def test_read_events_and_check_events_refuse_malformed_events_directly():
         read_events([json.dumps({**VALID[0][0], "num_stages": "2"})])
     with pytest.raises(MalformedTrace, match="event 1: .*req"):
         check_events([VALID[0][0], {"ev": "abort", "req": 3}])
+
+
+def test_a_well_formed_prompt_the_spec_refuses_is_a_violation_not_malformed(tmp_path):
+    config = {"ev": "config", "num_stages": 1, "max_num_batched_tokens": 8, "block_size": 2,
+              "num_blocks": 8, "max_model_len": 16}
+    arrive = {"ev": "arrive", "req": "a", "prompt_len": 16, "max_tokens": 1}    # = max_model_len
+    code, out, err = run_check_trace(write_lines(tmp_path, [json.dumps(config), json.dumps(arrive)]))
+    assert code == 1 and "event 1 violates" in out, (code, out, err)

@@ -196,6 +196,8 @@ class TraceChecker:
         bs = self.cfg.block_size
         if "prompt_block_labels" in event:
             return tuple(int(x) for x in event["prompt_block_labels"])
+        if event["prompt_len"] >= self.cfg.max_model_len:
+            return ()                      # the spec refuses this arrival whatever its labels
         tokens = event.get("prompt_token_ids")
         if tokens is None:
             if self.cfg.prefix_caching:
