@@ -8,7 +8,7 @@
 
 Each subcommand lives in `flightcheck/commands/`, with `add_parser(sub)` and
 `run(args) -> exit code`. Exit codes: 0 success, 1 a check failed, 2 bad
-arguments or input.
+arguments or input, 3 an internal error (a bug in flightcheck; the traceback is saved).
 """
 
 from __future__ import annotations
@@ -29,7 +29,17 @@ def build_parser() -> Parser:
     return parser
 
 
+def _escape_unprintable_output() -> None:
+    """Print what the terminal cannot encode (a lone surrogate in a file name
+    given on the command line, say) as escapes instead of crashing."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
 def main(argv: list[str] | None = None) -> int:
+    _escape_unprintable_output()
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -19,7 +19,10 @@ to be changed to improve a fit:
   rough estimate; it implies ~5.6 % of prompts above 2048 tokens (the chunks
   that make PP's P99 TTFT) and ~1 % above 4096.
 * A draw whose prompt + output exceeds `max_model_len` is redrawn (the
-  server would refuse it; the PR's run had no failed request).
+  server would refuse it; the PR's run had no failed request). Below
+  MIN_MAX_MODEL_LEN (256) fewer than ~2 % of draws fit: the workload would no
+  longer be BurstGPT-like (and below ~100 the redrawing would not end), so a
+  smaller `max_model_len` is refused, naming the limit.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ from __future__ import annotations
 import math
 import random
 
-from .workload import RequestSpec, Workload
+from .workload import RequestSpec, Workload, WorkloadError
 
 PROMPT_MEAN_TOKENS = 106_025 / 150
 OUTPUT_MEAN_TOKENS = 42_550 / 150
 PROMPT_LOG_SIGMA = 0.96
 OUTPUT_LOG_SIGMA = 0.50
+MIN_MAX_MODEL_LEN = 256          # ~2 % of draws fit in 256 tokens, ~1 % in 214
+MAX_DRAWS_PER_REQUEST = 1_000    # a bound on redrawing, far above the ~50 draws at the minimum
 
 
 def _lognormal_mu(mean: float, sigma: float) -> float:
@@ -41,13 +46,22 @@ def _lognormal_mu(mean: float, sigma: float) -> float:
 
 
 def synthetic_burstgpt(num_prompts: int, seed: int, max_model_len: int = 16384) -> Workload:
+    if max_model_len < MIN_MAX_MODEL_LEN:
+        raise WorkloadError(f"--max-model-len {max_model_len} is too small for the synthetic BurstGPT "
+                            f"workload: it needs at least {MIN_MAX_MODEL_LEN} (prompt + output of most "
+                            "requests); use --dataset random for shorter requests")
     rng = random.Random(seed)
     mu_in = _lognormal_mu(PROMPT_MEAN_TOKENS, PROMPT_LOG_SIGMA)
     mu_out = _lognormal_mu(OUTPUT_MEAN_TOKENS, OUTPUT_LOG_SIGMA)
     requests: list[RequestSpec] = []
-    while len(requests) < num_prompts:
+    for _ in range(MAX_DRAWS_PER_REQUEST * num_prompts):
+        if len(requests) == num_prompts:
+            break
         prompt = max(1, round(rng.lognormvariate(mu_in, PROMPT_LOG_SIGMA)))
         output = max(1, round(rng.lognormvariate(mu_out, OUTPUT_LOG_SIGMA)))
         if prompt + output <= max_model_len:
             requests.append(RequestSpec(f"r{len(requests)}", prompt, output))
+    if len(requests) < num_prompts:
+        raise WorkloadError(f"--max-model-len {max_model_len}: only {len(requests)} of {num_prompts} "
+                            f"synthetic BurstGPT requests fit after {MAX_DRAWS_PER_REQUEST} draws each")
     return Workload("burstgpt-synthetic", tuple(requests))

@@ -9,8 +9,8 @@ import functools
 import os
 import sys
 
-from .common import bad, positive_int
-from .simulate import add_workload_arguments, print_result, workload_args
+from .common import bad, cuda_problem, local_pp_problem, positive_int
+from .simulate import add_workload_arguments, print_result, workload_args, workload_problem
 
 
 def add_parser(sub) -> None:
@@ -29,17 +29,29 @@ def add_parser(sub) -> None:
     p.add_argument("--policy", default="continue-prefill",
                    choices=("continue-prefill", "one-batch-per-request"))
     p.add_argument("--trace", metavar="FILE", help="write the trace (with stage events)")
+    p.add_argument("--force", action="store_true",
+                   help="allow more than 4 local stage processes per core")
     add_workload_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = (local_pp_problem(args.pp, args.force) or cuda_problem(args.device)
+               or workload_problem(args, ("--trace", "--save-result")))
+    if problem:
+        return bad(problem)
     from flightcheck.bench.live import epoch_stage_recorder, run_live
     from flightcheck.bench.serving import make_request
     from flightcheck.bench.workload import WorkloadError
     from flightcheck.bench.workload_args import build_workload
     from flightcheck.reference import SchedulerConfig
 
+    try:                              # the workload first: refused in a second, before torch loads
+        wargs = workload_args(args)
+        seeds = list(range(args.seed, args.seed + args.seeds))
+        workloads = [build_workload(wargs, s).fit_model_len(args.max_model_len) for s in seeds]
+    except (WorkloadError, ValueError) as err:
+        return bad(str(err).splitlines()[0])
     try:
         from flightcheck.runtime import launch
         from flightcheck.runtime.weights import WeightSource
@@ -57,9 +69,6 @@ def run(args: argparse.Namespace) -> int:
             num_blocks=args.num_blocks, num_pipeline_stages=args.pp,
             enable_prefix_caching=args.enable_prefix_caching,
             continue_prefill=args.policy == "continue-prefill")
-        wargs = workload_args(args)
-        seeds = list(range(args.seed, args.seed + args.seeds))
-        workloads = [build_workload(wargs, s) for s in seeds]
         # Prompt ids must lie in the model's vocabulary (a seeded model's may be 512).
         build = functools.partial(make_request, vocab_size=min(model_cfg.vocab_size, 32000))
     except (WorkloadError, ValueError) as err:

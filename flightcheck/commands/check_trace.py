@@ -1,21 +1,37 @@
-"""`flightcheck check-trace FILE`: replay a trace against the spec."""
+"""`flightcheck check-trace FILE`: replay a trace against the spec.
+
+Exit codes: 0 legal, 1 a violation (the scheduler broke a property), 2 the
+file is malformed (one line naming the line, the field and what was expected),
+3 an unexpected exception inside flightcheck: a bug of ours, never a verdict
+on the trace, reported in one line with the path of the saved traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from .common import bad
+from .common import bad, internal_error
 
 
 def add_parser(sub) -> None:
     check = sub.add_parser("check-trace", help="replay a trace file against the spec")
-    check.add_argument("file", help="a JSON Lines trace (DESIGN.md format)")
+    check.add_argument("file", help="a JSON Lines trace (docs/trace-format.md)")
     check.add_argument("--json", action="store_true", help="print machine-readable results")
     check.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _check(args)
+    except Exception as err:                  # not a verdict: say it is ours and where to look
+        message, code = internal_error(err, "check-trace")
+        if args.json:
+            print(json.dumps({"ok": False, "internal_error": message}))
+        return code
+
+
+def _check(args: argparse.Namespace) -> int:
     from flightcheck.verification.traces.check import MalformedTrace, check_trace
 
     try:
@@ -35,5 +51,3 @@ def run(args: argparse.Namespace) -> int:
         for item in result.unchecked:
             print(f"not checked: {item}")
     return 0 if result.ok else 1
-
-

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+from pathlib import Path
+from typing import Callable
 
 
 class Parser(argparse.ArgumentParser):
@@ -14,17 +18,159 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+MAX_INT = 2**31 - 1              # counts and sizes: vLLM holds them in int32
+MAX_SEED = 2**32 - 1             # torch, numpy and Python all take seeds this large
+MAX_PROMPTS = 10**7
+PP_PER_CORE = 4                  # local stage processes per core before --force is needed
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high], refused in one line otherwise."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {_short(text)}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {_short(text)}")
+        return value
+    return parse
+
+
 def positive_int(text: str) -> int:
+    """An integer from 1 to 2**31 - 1."""
+    return int_in(1, MAX_INT)(text)
+
+
+def count_int(text: str) -> int:
+    """An integer from 0 to 2**31 - 1."""
+    return int_in(0, MAX_INT)(text)
+
+
+def seed_int(text: str) -> int:
+    """A seed every generator takes: an integer from 0 to 2**32 - 1."""
+    return int_in(0, MAX_SEED)(text)
+
+
+def real(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+         high_open: bool = False, allow_inf: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number (or +inf where `allow_inf`) in the
+    given interval; NaN is never accepted."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {_short(text)}") from None
+        if math.isnan(value) or (math.isinf(value) and not (allow_inf and value > 0)):
+            raise argparse.ArgumentTypeError(f"must be a finite number{' or inf' if allow_inf else ''}, "
+                                             f"got {_short(text)}")
+        too_low = low is not None and (value <= low if low_open else value < low)
+        too_high = high is not None and (value >= high if high_open else value > high)
+        if (too_low or too_high) and low == 0 and low_open and high is None:
+            raise argparse.ArgumentTypeError(f"must be positive{' (or inf)' if allow_inf else ''}, "
+                                             f"got {_short(text)}")
+        if too_low or too_high:
+            left = "(" if low_open else "["
+            right = ")" if high_open else "]"
+            interval = f"{left}{'-inf' if low is None else low:g}, {'inf' if high is None else high:g}{right}"
+            raise argparse.ArgumentTypeError(f"must be in {interval}, got {_short(text)}")
+        return value
+    return parse
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 24 else repr(text[:20] + "...")
+
+
+def check_writable(path: str | None, flag: str) -> str | None:
+    """Why `path` cannot be written (None if it can): checked before a run,
+    so an unwritable output fails in a second, not after the whole run. A
+    file that did not exist is created to prove it and removed again."""
+    if path is None:
+        return None
+    target = Path(path)
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+        if target.is_dir():
+            return f"{flag} {path}: is a directory"
+        existed = target.exists()
+        with open(target, "ab"):
+            pass
+        if not existed:
+            target.unlink()
+    except OSError as err:
+        return f"{flag} {path}: cannot write it ({err.strerror or err})"
+    return None
+
+
+def first_unwritable(args: argparse.Namespace, flags: tuple[str, ...]) -> str | None:
+    """The first output path among `flags` (e.g. "--trace") that cannot be written."""
+    for flag in flags:
+        problem = check_writable(getattr(args, flag.lstrip("-").replace("-", "_"), None), flag)
+        if problem:
+            return problem
+    return None
+
+
+def local_pp_problem(pp: int, force: bool) -> str | None:
+    """Refuse more local stage processes than the machine can run, unless forced."""
+    cores = os.cpu_count() or 1
+    if pp > PP_PER_CORE * cores and not force:
+        return (f"--pp {pp} would start {pp} stage processes on {cores} cores; at most "
+                f"{PP_PER_CORE * cores} ({PP_PER_CORE} per core) without --force")
+    return None
+
+
+NO_CUDA = "--device cuda: no CUDA device on this machine (use --device cpu)"
+
+
+def cuda_problem(device: str) -> str | None:
+    """Refuse --device cuda on a machine without a CUDA device. Without a GPU
+    driver (or with every device hidden) that is known at once; otherwise ask
+    torch, through the runtime that owns it (the import rules keep it there),
+    which takes the second or more that loading torch does."""
+    if device != "cuda":
+        return None
+    if not _gpu_driver_present() or os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return NO_CUDA
+    from flightcheck.runtime import launch
+
+    return None if launch.torch.cuda.is_available() else NO_CUDA
+
+
+def _gpu_driver_present() -> bool:
+    """An NVIDIA driver's device nodes, or ROCm's (whose torch answers to "cuda" too)."""
+    return (any(Path("/dev").glob("nvidia[0-9]*")) or Path("/proc/driver/nvidia").exists()
+            or Path("/dev/kfd").exists())
 
 
 def bad(message: str) -> int:
     """Report a bad argument found after parsing; exit code 2."""
     sys.stderr.write(f"flightcheck: error: {message}\n")
     return 2
+
+
+INTERNAL_ERROR = 3
+
+
+def internal_error(err: BaseException, command: str) -> tuple[str, int]:
+    """Report an exception flightcheck did not expect: a bug of ours, not a
+    verdict and not bad input. The traceback goes to a temporary file so the
+    terminal gets one line; returns (that line, exit code 3)."""
+    import tempfile
+    import traceback
+
+    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    try:
+        with tempfile.NamedTemporaryFile("w", prefix=f"flightcheck-{command}-", suffix=".txt",
+                                         delete=False, encoding="utf-8", errors="backslashreplace") as out:
+            out.write(text)
+        where = f"traceback saved to {out.name}"
+    except OSError as save_error:
+        where = f"and the traceback could not be saved ({save_error.strerror})"
+    summary = ascii(str(err))[1:-1][:200]
+    message = (f"internal error in flightcheck {command} (a bug in flightcheck, not a verdict on the "
+               f"input): {type(err).__name__}: {summary}; {where}")
+    sys.stderr.write(f"flightcheck: {message}\n")
+    return message, INTERNAL_ERROR

@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from .common import bad, positive_int
+from .common import bad, positive_int, seed_int
 
 
 def add_parser(sub) -> None:
     fuzz = sub.add_parser("fuzz", help="drive the reference scheduler against the spec (Hypothesis)")
     fuzz.add_argument("--steps", type=positive_int, default=2000, help="rule steps in all (default 2000)")
-    fuzz.add_argument("--seed", type=int, default=0, help="the run's seed (default 0)")
+    fuzz.add_argument("--seed", type=seed_int, default=0, help="the run's seed (default 0)")
     fuzz.add_argument("--mutant", help="switch on a reference mutant (see --list-mutants)")
     fuzz.add_argument("--list-mutants", action="store_true", help="print the reference mutants and exit")
     fuzz.add_argument("--json", action="store_true", help="print machine-readable results")

@@ -17,9 +17,11 @@ import os
 import sys
 import tempfile
 
-from .common import bad, positive_int
+from .common import (MAX_PROMPTS, bad, count_int, cuda_problem, first_unwritable, int_in,
+                     local_pp_problem, positive_int, real, seed_int)
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+MIN_SYNTHETIC_PROMPT = 4          # --num-prompts draws prompts of 4 to 200 tokens
 
 
 def add_parser(sub) -> None:
@@ -27,7 +29,7 @@ def add_parser(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompts", metavar="FILE",
                      help="JSON list or JSON Lines: text, token-id lists, or objects")
-    src.add_argument("--num-prompts", type=positive_int, metavar="N",
+    src.add_argument("--num-prompts", type=int_in(1, MAX_PROMPTS), metavar="N",
                      help="N seeded synthetic prompts (varied lengths, shared prefixes)")
     p.add_argument("--pp", type=positive_int, default=1, help="pipeline stages (default 1)")
     p.add_argument("--checkpoint", metavar="DIR", help="local HF Llama checkpoint "
@@ -35,28 +37,40 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default="tiny", help="seeded model preset (default tiny)")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--seed", type=int, default=0, help="weights, workload and sampling seed")
+    p.add_argument("--seed", type=seed_int, default=0, help="weights, workload and sampling seed")
     p.add_argument("--max-tokens", type=positive_int, default=16)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=real(0.0), default=0.0)
+    p.add_argument("--top-p", type=real(0.0, 1.0, low_open=True), default=1.0)
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=256)
     p.add_argument("--max-num-seqs", type=positive_int, default=32)
     p.add_argument("--max-model-len", type=positive_int, default=1024)
     p.add_argument("--block-size", type=positive_int, default=16)
     p.add_argument("--num-blocks", type=positive_int, default=512, help="KV pool size per stage")
-    p.add_argument("--long-prefill-token-threshold", type=int, default=0)
-    p.add_argument("--num-spec-tokens", type=int, default=0,
+    p.add_argument("--long-prefill-token-threshold", type=count_int, default=0)
+    p.add_argument("--num-spec-tokens", type=count_int, default=0,
                    help="prompt-lookup drafts per step (0: no spec decode)")
     p.add_argument("--one-batch-per-request", action="store_true",
                    help="the policy before continue-prefill (vLLM <= 0.8.4)")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--trace", metavar="FILE", help="write the JSON Lines trace here")
     p.add_argument("--chrome-trace", metavar="FILE", help="also write Chrome/Perfetto trace JSON")
+    p.add_argument("--force", action="store_true",
+                   help="allow more than 4 local stage processes per core")
     p.add_argument("--json", action="store_true", help="print machine-readable results")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    # Mirrors launch.torchrun_rank without importing torch, so that bad
+    # arguments are refused before the second it takes to load it.
+    under_torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+    if not under_torchrun or os.environ["RANK"] == "0":   # only the driver checks its outputs
+        problem = (None if under_torchrun else local_pp_problem(args.pp, args.force)) \
+            or _model_len_problem(args) or first_unwritable(args, ("--trace", "--chrome-trace")) \
+            or cuda_problem(args.device)
+        if problem:
+            return bad(problem)
+
     from flightcheck.runtime import launch
 
     rank = launch.torchrun_rank()
@@ -69,6 +83,16 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:                         # ConfigError, PromptFileError, ...
         return bad(str(err).splitlines()[0])
     return _execute(args, *prepared)
+
+
+def _model_len_problem(args: argparse.Namespace) -> str | None:
+    """The synthetic prompts need room for at least one prompt token more than
+    their shortest length (a prompt must be shorter than --max-model-len)."""
+    if args.num_prompts and args.max_model_len <= MIN_SYNTHETIC_PROMPT:
+        return (f"--max-model-len {args.max_model_len} is too small for --num-prompts: the synthetic "
+                f"prompts have {MIN_SYNTHETIC_PROMPT} tokens or more, so it needs at least "
+                f"{MIN_SYNTHETIC_PROMPT + 1}")
+    return None
 
 
 def _prepare(args: argparse.Namespace):

@@ -9,17 +9,14 @@ import math
 import sys
 from typing import Any
 
-from .common import bad, positive_int
+from .common import (MAX_PROMPTS, MAX_SEED, bad, first_unwritable, int_in, positive_int, real,
+                     seed_int)
 
+MAX_SIMULATED_STAGES = 1024
+MAX_SEEDS = 10_000
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive (or inf), got {text}")
-    return value
+positive_float = real(0.0, low_open=True)                     # finite and > 0
+rate = real(0.0, low_open=True, allow_inf=True)              # > 0, or inf: all at once
 
 
 def percentile_list(text: str) -> tuple[float, ...]:
@@ -37,17 +34,17 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="burstgpt", choices=("burstgpt", "sharegpt", "random"))
     parser.add_argument("--dataset-path", help="BurstGPT CSV or ShareGPT JSON; without it "
                         "--dataset burstgpt uses the synthetic BurstGPT-like generator")
-    parser.add_argument("--num-prompts", type=positive_int, default=150)
-    parser.add_argument("--request-rate", type=positive_float, default=2.0,
+    parser.add_argument("--num-prompts", type=int_in(1, MAX_PROMPTS), default=150)
+    parser.add_argument("--request-rate", type=rate, default=2.0,
                         help="requests per second, or inf (default 2)")
     parser.add_argument("--burstiness", type=positive_float, default=1.0,
                         help="gamma shape of the gaps: 1 = Poisson (default)")
     parser.add_argument("--random-input-len", type=positive_int, default=1024)
     parser.add_argument("--random-output-len", type=positive_int, default=128)
-    parser.add_argument("--random-range-ratio", type=float, default=0.0)
+    parser.add_argument("--random-range-ratio", type=real(0.0, 1.0, high_open=True), default=0.0)
     parser.add_argument("--sharegpt-output-len", type=positive_int)
-    parser.add_argument("--seed", type=int, default=0, help="first workload seed (default 0)")
-    parser.add_argument("--seeds", type=positive_int, default=1,
+    parser.add_argument("--seed", type=seed_int, default=0, help="first workload seed (default 0)")
+    parser.add_argument("--seeds", type=int_in(1, MAX_SEEDS), default=1,
                         help="run seeds SEED..SEED+N-1 and report each metric's median and spread")
     parser.add_argument("--metric-percentiles", type=percentile_list, default=(99.0,),
                         help="comma-separated, default 99")
@@ -59,7 +56,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("simulate", help="simulate a serving benchmark on a pipelined model")
     p.add_argument("--model", default="llama-3.1-8b")
     p.add_argument("--gpu", default="L4")
-    p.add_argument("--pp", type=positive_int, default=2, help="pipeline stages (default 2)")
+    p.add_argument("--pp", type=int_in(1, MAX_SIMULATED_STAGES), default=2,
+                   help="pipeline stages (default 2)")
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=2048)
     p.add_argument("--max-model-len", type=positive_int, default=16384)
     p.add_argument("--max-num-seqs", type=positive_int, default=256)
@@ -77,6 +75,14 @@ def add_parser(sub) -> None:
                    "stage events; `flightcheck plot FILE` draws it")
     add_workload_arguments(p)
     p.set_defaults(func=run)
+
+
+def workload_problem(args: argparse.Namespace, outputs: tuple[str, ...]) -> str | None:
+    """What is wrong with the arguments `simulate` and `bench` share, found
+    before any work starts (None if nothing)."""
+    if args.seed + args.seeds - 1 > MAX_SEED:
+        return f"--seed {args.seed} with --seeds {args.seeds} goes past the largest seed, {MAX_SEED}"
+    return first_unwritable(args, outputs)
 
 
 def workload_args(args: argparse.Namespace):
@@ -131,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
     from flightcheck.bench.workload import WorkloadError
     from flightcheck.bench.workload_args import build_workload
 
+    problem = workload_problem(args, ("--trace", "--save-result"))
+    if problem:
+        return bad(problem)
     try:
         config = SimConfig(
             model=args.model, gpu=args.gpu, pp=args.pp,

@@ -11,16 +11,19 @@ from rich.console import Console
 
 from flightcheck.verification.suite import VERIFY_DEPTH, VERIFY_MODEL
 
-from .common import bad, positive_int
+from .common import PP_PER_CORE, bad, int_in
+
+MAX_DEPTH = 64                   # BMC cost grows steeply with depth; the default is 4
 
 
 def add_parser(sub) -> None:
     verify = sub.add_parser("verify", help="model-check the spec and hunt every mutant")
     verify.add_argument("--config", default=VERIFY_MODEL.name,
                         help=f"model for the Z3 proofs and BMC (default {VERIFY_MODEL.name}; see --list-configs)")
-    verify.add_argument("--depth", type=positive_int, default=VERIFY_DEPTH,
+    verify.add_argument("--depth", type=int_in(1, MAX_DEPTH), default=VERIFY_DEPTH,
                         help=f"BMC depth (default {VERIFY_DEPTH})")
-    verify.add_argument("--jobs", type=positive_int, default=min(2, os.cpu_count() or 1),
+    verify.add_argument("--jobs", type=int_in(1, PP_PER_CORE * (os.cpu_count() or 1)),
+                        default=min(2, os.cpu_count() or 1),
                         help="processes for the k-induction proof and for BMC (default: 2, or 1 on one core)")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")

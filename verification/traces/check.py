@@ -22,7 +22,7 @@ would go on (L2), or the spec itself cannot move it (L1).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -46,8 +46,11 @@ from flightcheck.spec import (
     step,
 )
 from flightcheck.spec.actions import complete_oldest
+from flightcheck.spec.blocks import cdiv
 
-EVENT_KINDS = {"config", "arrive", "schedule", "stage", "complete", "finish", "abort", "end"}
+from .schema import EVENTS, MAX_POOL_BLOCKS, SchemaError, validate_event
+
+EVENT_KINDS = set(EVENTS)
 REASONS = {"stop": Status.FINISHED_STOPPED, "length": Status.FINISHED_LENGTH,
            "abort": Status.FINISHED_ABORTED}
 
@@ -78,55 +81,93 @@ class _Violation(Exception):
         self.prop, self.message = prop, message
 
 
+def parse_line(line: str, number: int) -> Any:
+    """One line's JSON value; MalformedTrace naming the line if it is not JSON."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        raise MalformedTrace(f"line {number}: not JSON ({err.msg} at column {err.colno})") from None
+    except RecursionError:
+        raise MalformedTrace(f"line {number}: not JSON this checker reads (nested too deeply)") from None
+    except ValueError as err:                 # e.g. an integer of more digits than Python converts
+        raise MalformedTrace(f"line {number}: not JSON this checker reads ({err})") from None
+
+
+def validate_events(events: list[Any], line_numbers: list[int] | None = None) -> None:
+    """Check every event against the schema (schema.py) before the spec sees
+    any; MalformedTrace names the line, the field and what was expected."""
+    if not events:
+        raise MalformedTrace("the trace is empty (the first event must be 'config')")
+    config: dict[str, Any] | None = None
+    for index, event in enumerate(events):
+        try:
+            validate_event(event, config)
+        except SchemaError as err:
+            where = f"line {line_numbers[index]}" if line_numbers else f"event {index}"
+            kind = event.get("ev") if isinstance(event, dict) and isinstance(event.get("ev"), str) else None
+            what = f" {kind} event:" if kind in EVENT_KINDS else ""
+            raise MalformedTrace(f"{where}:{what} {err.message}") from None
+        if index == 0:
+            config = event
+
+
 def read_events(lines: Iterable[str]) -> list[dict[str, Any]]:
-    events = []
+    """Parse and validate JSON Lines; blank lines are skipped."""
+    events, line_numbers = [], []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise MalformedTrace(f"line {number}: not JSON ({err.msg})") from None
-        if not isinstance(event, dict) or event.get("ev") not in EVENT_KINDS:
-            raise MalformedTrace(f"line {number}: not an event (need 'ev' in {sorted(EVENT_KINDS)})")
-        events.append(event)
-    if not events or events[0]["ev"] != "config":
-        raise MalformedTrace("the first event must be 'config'")
+        events.append(parse_line(line, number))
+        line_numbers.append(number)
+    validate_events(events, line_numbers)
     return events
 
 
-def _field(event: dict, name: str, kind: type | tuple = int) -> Any:
-    if name not in event or not isinstance(event[name], kind) or isinstance(event[name], bool) != (kind is bool):
-        raise MalformedTrace(f"{event.get('ev')} event lacks a valid {name!r}: {event}")
-    return event[name]
-
-
 def config_from_event(event: dict) -> Config:
-    policy = event.get("policy", "continue-prefill")
-    if policy not in ("continue-prefill", "one-batch-per-request"):
-        raise MalformedTrace(f"unknown policy {policy!r}")
-    if event.get("num_preallocate_tokens", 0):
-        raise MalformedTrace("num_preallocate_tokens > 0 is not modelled by the spec")
-    try:
-        return Config(
-            num_stages=_field(event, "num_stages"),
-            max_num_batched_tokens=_field(event, "max_num_batched_tokens"),
-            max_num_seqs=event.get("max_num_seqs", 256), block_size=_field(event, "block_size"),
-            num_blocks=event.get("usable_blocks", _field(event, "num_blocks")),
-            max_model_len=_field(event, "max_model_len"),
-            long_prefill_token_threshold=event.get("long_prefill_token_threshold", 0),
-            num_spec_tokens=event.get("num_spec_tokens", 0),
-            prefix_caching=bool(event.get("prefix_caching", False)),
-            continue_prefill=policy == "continue-prefill")
-    except (ValueError, TypeError) as err:
-        raise MalformedTrace(f"config: {err}") from None
+    """The spec's Config from a validated config event."""
+    return Config(
+        num_stages=event["num_stages"],
+        max_num_batched_tokens=event["max_num_batched_tokens"],
+        max_num_seqs=event.get("max_num_seqs", 256), block_size=event["block_size"],
+        num_blocks=event.get("usable_blocks", event["num_blocks"]),
+        max_model_len=event["max_model_len"],
+        long_prefill_token_threshold=event.get("long_prefill_token_threshold", 0),
+        num_spec_tokens=event.get("num_spec_tokens", 0),
+        prefix_caching=event.get("prefix_caching", False),
+        continue_prefill=event.get("policy", "continue-prefill") == "continue-prefill")
+
+
+def modelled_pool(cfg: Config, events: list[dict[str, Any]]) -> Config:
+    """The config with the pool cut to the blocks this trace can ever take.
+
+    The spec's pool is materialised (one entry per block, copied on every
+    change), so a 10**7-block pool would cost seconds per event. The cut is
+    exact: fresh blocks are popped from the head of the free queue, which
+    starts as 0, 1, 2, ... and to whose tail freed blocks return; while no
+    more blocks are popped over the whole run than the cut pool holds, no
+    allocation fails in either pool (so neither preempts), the same blocks
+    are popped in the same order, and no freed block is popped again (so the
+    same prefix-cache labels survive). A request pops at most the blocks of
+    the tokens it can ever hold: its prompt, max_tokens outputs and, in
+    flight, up to num_spec_tokens drafts beyond them (twice, for margin), and
+    never more than max_model_len tokens. Only `state_before` differs: it
+    lists the cut pool's free queue."""
+    k, bs = cfg.num_spec_tokens, cfg.block_size
+    most = 1 + sum(cdiv(min(cfg.max_model_len, e["prompt_len"] + e["max_tokens"] + 2 * k + 1), bs) + 1
+                   for e in events if e["ev"] == "arrive")
+    num_blocks = min(cfg.num_blocks, most)
+    if num_blocks > MAX_POOL_BLOCKS:
+        raise MalformedTrace(f"line 1: config event: num_blocks: this trace's arrivals can take up to "
+                             f"{num_blocks} blocks of the pool; the checker models pools of at most "
+                             f"{MAX_POOL_BLOCKS} blocks")
+    return replace(cfg, num_blocks=num_blocks)
 
 
 class TraceChecker:
     """Replays events one by one on the spec; `feed` raises _Violation."""
 
     def __init__(self, events: list[dict[str, Any]]) -> None:
-        self.cfg = config_from_event(events[0])
+        self.cfg = modelled_pool(config_from_event(events[0]), events)
         self.eos = events[0].get("eos_token_id")
         num_arrivals = sum(1 for e in events if e["ev"] == "arrive")
         self.state: State = initial_state(num_arrivals, self.cfg.num_blocks)
@@ -146,7 +187,7 @@ class TraceChecker:
         return self.names[r]
 
     def _req(self, event: dict) -> int:
-        name = _field(event, "req", str)
+        name = event["req"]
         if name not in self.slot:
             raise _Violation("unknown_request", f"{event['ev']} of request {name!r} that never arrived")
         return self.slot[name]
@@ -155,6 +196,8 @@ class TraceChecker:
         bs = self.cfg.block_size
         if "prompt_block_labels" in event:
             return tuple(int(x) for x in event["prompt_block_labels"])
+        if event["prompt_len"] >= self.cfg.max_model_len:
+            return ()                      # the spec refuses this arrival whatever its labels
         tokens = event.get("prompt_token_ids")
         if tokens is None:
             if self.cfg.prefix_caching:
@@ -203,13 +246,13 @@ class TraceChecker:
         self.unchecked.add("stage timing (stage events are not checked against the spec)")
 
     def _on_arrive(self, event: dict) -> None:
-        name = _field(event, "req", str)
+        name = event["req"]
         if name in self.slot and self.state.requests[self.slot[name]].status.is_active:
             raise _Violation("request_id_reused", f"{name!r} arrives again while still active")
         r = len(self.names)                        # a new incarnation gets a new slot
         self.names.append(name)
         self.slot[name] = r
-        prompt = Prompt(_field(event, "prompt_len"), _field(event, "max_tokens"), self._labels(event))
+        prompt = Prompt(event["prompt_len"], event["max_tokens"], self._labels(event))
         stop_ids = set(event.get("stop_token_ids") or ())
         eos = event.get("eos_token_id", self.eos)
         if not event.get("ignore_eos", False) and eos is not None:
@@ -218,9 +261,7 @@ class TraceChecker:
         self._apply(Arrive(r, prompt), step(self.state, self.cfg, Arrive(r, prompt)), "arrive")
 
     def _on_schedule(self, event: dict) -> None:
-        entries = event.get("entries")
-        if not isinstance(entries, list):
-            raise MalformedTrace(f"schedule event without entries: {event}")
+        entries = event["entries"]
         self._backfill_drafts(entries)
         scheduled = schedule(self.state, self.cfg)
         if scheduled is None:
@@ -233,7 +274,7 @@ class TraceChecker:
             samples = x.get("samples")
             if samples is None:                    # optional: a writer may leave it to the spec
                 samples = want[i][5] if i < len(want) else False
-            got.append((_field(x, "req", str), _field(x, "start"), _field(x, "n"), x.get("cached", 0),
+            got.append((x["req"], x["start"], x["n"], x.get("cached", 0),
                         x.get("drafts", 0), bool(samples)))
         if got != want:
             raise _Violation("schedule_decision", f"the spec schedules {self._fmt(want)}, the trace {self._fmt(got)}")
@@ -290,8 +331,6 @@ class TraceChecker:
         if event.get("batch") is not None and oldest is not None and event["batch"] != oldest:
             raise _Violation("S7_fifo_completion", f"batch {event['batch']} completed before the oldest, {oldest}")
         tokens = event.get("tokens", {})
-        if not isinstance(tokens, dict):
-            raise MalformedTrace(f"complete event with tokens that are not an object: {event}")
         dropped = set(event.get("dropped", []))
         next_drafts = event.get("next_drafts", {})
         batch = self.state.in_flight[0]
@@ -341,9 +380,7 @@ class TraceChecker:
 
     def _on_finish(self, event: dict) -> None:
         r = self._req(event)
-        reason = event.get("reason")
-        if reason not in REASONS:
-            raise MalformedTrace(f"finish with unknown reason {reason!r}")
+        reason = event["reason"]
         status = self.finished_now.pop(r, None)
         if status is None:
             actual = self.state.requests[r].status
@@ -354,7 +391,7 @@ class TraceChecker:
                              f"{status.value} in the spec")
 
     def _on_abort(self, event: dict) -> None:
-        name = _field(event, "req", str)
+        name = event["req"]
         r = self.slot.get(name)
         if r is None or not self.state.requests[r].status.is_active:
             return                                   # unknown or finished: a no-op, as in vLLM
@@ -378,15 +415,18 @@ class TraceChecker:
 
 
 def check_events(events: list[dict[str, Any]]) -> CheckResult:
+    """Validate the events (MalformedTrace), then replay them on the spec."""
+    validate_events(events)
     checker = TraceChecker(events)
     _annotate_finishes(events)
     for index, event in enumerate(events[1:], start=1):
-        before = describe(checker.state)
+        before = checker.state             # states are immutable: describe it only if needed
         checker.upcoming_finish = event.get("_finishes", {})
         try:
             checker.feed(event)
         except _Violation as v:
-            return CheckResult(False, len(events), index, v.prop, v.message, before, sorted(checker.unchecked))
+            return CheckResult(False, len(events), index, v.prop, v.message, describe(before),
+                               sorted(checker.unchecked))
     if checker.finished_now:
         r, status = next(iter(checker.finished_now.items()))
         return CheckResult(False, len(events), len(events) - 1, "missing_finish",
@@ -414,7 +454,14 @@ def _annotate_finishes(events: list[dict[str, Any]]) -> None:
 def check_trace(path: str | Path) -> CheckResult:
     """Check a trace file. Raises MalformedTrace for a file not in the format."""
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as err:
-        raise MalformedTrace(f"cannot read {path}: {err.strerror}") from None
-    return check_events(read_events(text.splitlines()))
+        raise MalformedTrace(f"cannot read it: {err.strerror or err}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise MalformedTrace(f"line {line}: not UTF-8 text (byte {err.start}: {err.reason})") from None
+    # split on newlines only: str.splitlines would also split inside strings at
+    # U+2028 and other separators a writer need not escape
+    return check_events(read_events(text.split("\n")))

@@ -1,0 +1,321 @@
+"""The trace format as data: every event kind, every field, its type and range.
+
+check-trace validates a whole trace against this schema before the spec sees
+any of it, so a malformed file is reported as malformed (exit 2) with the line,
+the field and what was expected, and never reaches the spec as a value of the
+wrong type (where it would surface as a traceback or, worse, be coerced and
+accepted). docs/trace-format.md is the same schema written for users; keep the
+two in step.
+
+Ranges are the format's, not the spec's: a prompt longer than `max_model_len`
+is well formed and an illegal arrival (a violation, exit 1); a prompt length of
+10**30 or -1 is malformed. The bounds keep every value the checker builds from
+a trace (label tuples, block pools) of a size it can afford.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+MAX_COUNT = 2**31 - 1          # token counts, ids and budgets: vLLM holds them in int32
+MAX_STAGES = 1024              # pipeline stages
+MAX_MODEL_LEN = 2**24          # tokens per request (16 Mi): bounds the labels built per prompt
+MAX_POOL_BLOCKS = 2**18        # blocks the checker models: its pool is materialised, O(pool) per event
+MAX_LABEL = 2**63 - 1          # prompt block labels (stand-ins for block hashes)
+
+
+class SchemaError(ValueError):
+    """A value that does not fit the schema, at `path` inside the event."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(message)
+        self.path, self.message = path, message
+
+
+def show(value: Any) -> str:
+    """A short, ASCII-only rendering of a JSON value for one-line messages
+    (ASCII so that a lone surrogate or a control character cannot break the
+    printing of the message itself)."""
+    if isinstance(value, dict):
+        return f"an object with {len(value)} keys"
+    if isinstance(value, list):
+        return f"a list of {len(value)} items"
+    if isinstance(value, str):
+        text = json.dumps(value[:40], ensure_ascii=True)
+        return text if len(value) <= 40 else text[:-1] + '..."'
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)            # nan, inf, -inf: as JSON parsers spell them, near enough
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**15:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return json.dumps(value)
+
+
+class Kind:
+    """What a field may hold; `check` raises SchemaError naming `path`."""
+
+    expected: str = "a value"
+
+    def check(self, value: Any, path: str) -> None:
+        if not self.accepts(value):
+            raise SchemaError(path, f"{path}: expected {self.expected}, got {show(value)}")
+
+    def accepts(self, value: Any) -> bool:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Integer(Kind):
+    low: int
+    high: int
+    what: str = "an integer"
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return f"{self.what} from {self.low} to {self.high}"
+
+    def accepts(self, value: Any) -> bool:
+        # bool is an int in Python but `true` is not a count in the format
+        return isinstance(value, int) and not isinstance(value, bool) and self.low <= value <= self.high
+
+
+@dataclass(frozen=True)
+class Number(Kind):
+    expected: str = "a finite number"
+
+    def accepts(self, value: Any) -> bool:
+        return (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and math.isfinite(value))
+
+
+@dataclass(frozen=True)
+class Text(Kind):
+    expected: str = "a string of valid Unicode"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, str) and is_valid_unicode(value)
+
+
+@dataclass(frozen=True)
+class Flag(Kind):
+    expected: str = "true or false"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Choice(Kind):
+    values: tuple[str, ...]
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return "one of " + ", ".join(json.dumps(v) for v in self.values)
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, str) and value in self.values
+
+
+@dataclass(frozen=True)
+class Nullable(Kind):
+    inner: Kind
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return f"{self.inner.expected} or null"
+
+    def check(self, value: Any, path: str) -> None:
+        if value is None:
+            return
+        try:
+            self.inner.check(value, path)
+        except SchemaError as err:
+            if err.path != path:            # deeper inside: that message is the precise one
+                raise
+            raise SchemaError(path, f"{path}: expected {self.expected}, got {show(value)}") from None
+
+
+@dataclass(frozen=True)
+class ListOf(Kind):
+    item: Kind
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return f"a list of {self.item.expected}"
+
+    def check(self, value: Any, path: str) -> None:
+        if not isinstance(value, list):
+            raise SchemaError(path, f"{path}: expected {self.expected}, got {show(value)}")
+        for i, item in enumerate(value):
+            self.item.check(item, f"{path}[{i}]")
+
+
+@dataclass(frozen=True)
+class MapOf(Kind):
+    """A JSON object from request ids to `value`s."""
+
+    value: Kind
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return f"an object from request ids to {self.value.expected}"
+
+    def check(self, value: Any, path: str) -> None:
+        if not isinstance(value, dict):
+            raise SchemaError(path, f"{path}: expected {self.expected}, got {show(value)}")
+        for key, item in value.items():
+            where = f"{path}[{show(key)}]"
+            if not is_valid_unicode(key):
+                raise SchemaError(where, f"{where}: expected a request id of valid Unicode")
+            self.value.check(item, where)
+
+
+@dataclass(frozen=True)
+class Record(Kind):
+    """A JSON object with named fields: (kind, required). Unknown keys are
+    ignored, as the format says, so writers may add their own."""
+
+    fields: Mapping[str, tuple[Kind, bool]]
+    expected: str = "an object"
+
+    def check(self, value: Any, path: str) -> None:
+        if not isinstance(value, dict):
+            raise SchemaError(path, f"{path}: expected {self.expected}, got {show(value)}")
+        for name, (kind, required) in self.fields.items():
+            where = f"{path}.{name}" if path else name
+            if name in value:
+                kind.check(value[name], where)
+            elif required:
+                raise SchemaError(where, f"{where}: missing (expected {kind.expected})")
+
+
+def is_valid_unicode(text: str) -> bool:
+    """False for a string holding a lone surrogate (JSON's "\\ud800" escape
+    decodes to one): it is not text and cannot be printed."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# -- the fields ------------------------------------------------------------------
+
+COUNT = Integer(0, MAX_COUNT)
+POSITIVE = Integer(1, MAX_COUNT)
+TOKEN_ID = Integer(0, MAX_COUNT, "a token id: an integer")
+TOKEN_IDS = ListOf(TOKEN_ID)
+REQUEST_ID = Text(expected="a request id: a string of valid Unicode")
+BATCH_ID = Nullable(Integer(0, MAX_COUNT, "a batch id: an integer"))
+TIME = Number(expected="a finite number of seconds")
+
+# Fields every event may carry.
+COMMON: dict[str, tuple[Kind, bool]] = {"t": (TIME, False), "step": (COUNT, False)}
+
+CONFIG = Record({
+    **COMMON,
+    "num_stages": (Integer(1, MAX_STAGES), True),
+    "max_num_batched_tokens": (POSITIVE, True),
+    "max_num_seqs": (POSITIVE, False),
+    "block_size": (Integer(1, MAX_MODEL_LEN), True),
+    "num_blocks": (POSITIVE, True),
+    "usable_blocks": (POSITIVE, False),
+    "max_model_len": (Integer(1, MAX_MODEL_LEN), True),
+    "long_prefill_token_threshold": (COUNT, False),
+    "num_spec_tokens": (COUNT, False),
+    "prefix_caching": (Flag(), False),
+    "policy": (Choice(("continue-prefill", "one-batch-per-request")), False),
+    "num_preallocate_tokens": (COUNT, False),
+    "eos_token_id": (Nullable(TOKEN_ID), False),
+    "vllm_version": (Text(), False),
+})
+
+ARRIVE = Record({
+    **COMMON,
+    "req": (REQUEST_ID, True),
+    "prompt_len": (Integer(0, MAX_MODEL_LEN), True),
+    "max_tokens": (COUNT, True),
+    "prompt_token_ids": (TOKEN_IDS, False),
+    "prompt_block_labels": (ListOf(Integer(0, MAX_LABEL, "a block label: an integer")), False),
+    "eos_token_id": (Nullable(TOKEN_ID), False),
+    "ignore_eos": (Flag(), False),
+    "stop_token_ids": (Nullable(TOKEN_IDS), False),
+})
+
+ENTRY = Record({
+    "req": (REQUEST_ID, True),
+    "start": (COUNT, True),
+    "n": (COUNT, True),
+    "cached": (COUNT, False),
+    "drafts": (COUNT, False),
+    "samples": (Nullable(Flag()), False),
+    "block_ids": (ListOf(Integer(0, MAX_COUNT, "a block id: an integer")), False),
+}, expected="an object (a schedule entry)")
+
+SCHEDULE = Record({
+    **COMMON,
+    "batch": (BATCH_ID, False),
+    "entries": (ListOf(ENTRY), True),
+    "preempted": (ListOf(REQUEST_ID), False),
+})
+
+STAGE = Record({
+    **COMMON,
+    "batch": (BATCH_ID, True),
+    "stage": (Integer(0, MAX_STAGES - 1), True),
+    "t0": (TIME, True),
+    "t1": (TIME, True),
+    "recv": (TIME, False),
+})
+
+COMPLETE = Record({
+    **COMMON,
+    "batch": (BATCH_ID, False),
+    "tokens": (MapOf(TOKEN_IDS), False),
+    "dropped": (ListOf(REQUEST_ID), False),
+    "next_drafts": (MapOf(COUNT), False),
+})
+
+FINISH = Record({
+    **COMMON,
+    "req": (REQUEST_ID, True),
+    "reason": (Choice(("stop", "length", "abort")), True),
+})
+
+ABORT = Record({**COMMON, "req": (REQUEST_ID, True)})
+END = Record(dict(COMMON))
+
+EVENTS: dict[str, Record] = {"config": CONFIG, "arrive": ARRIVE, "schedule": SCHEDULE, "stage": STAGE,
+                             "complete": COMPLETE, "finish": FINISH, "abort": ABORT, "end": END}
+EVENT_KIND = Choice(tuple(EVENTS))
+
+
+def validate_event(event: Any, config: dict[str, Any] | None) -> None:
+    """Raise SchemaError unless `event` is a well-formed event. `config` is the
+    trace's config event (None while validating the config itself), for the
+    checks that relate fields across events."""
+    if not isinstance(event, dict):
+        raise SchemaError("", f"expected an event (a JSON object), got {show(event)}")
+    if "ev" not in event:
+        raise SchemaError("ev", f"ev: missing (expected {EVENT_KIND.expected})")
+    EVENT_KIND.check(event["ev"], "ev")
+    kind = event["ev"]
+    EVENTS[kind].check(event, "")
+    if kind == "config":
+        if config is not None:
+            raise SchemaError("ev", "ev: a second config event (expected one, on the first line)")
+        if event.get("num_preallocate_tokens", 0) > 0:
+            raise SchemaError("num_preallocate_tokens", "num_preallocate_tokens: expected 0 (allocating "
+                              "blocks ahead of need is not modelled by the spec), got "
+                              f"{event['num_preallocate_tokens']}")
+        if "usable_blocks" in event and event["usable_blocks"] > event["num_blocks"]:
+            raise SchemaError("usable_blocks", f"usable_blocks: expected at most num_blocks "
+                              f"({event['num_blocks']}), got {show(event['usable_blocks'])}")
+    elif config is None:
+        raise SchemaError("ev", f"ev: expected \"config\" on the first line, got {show(kind)}")
+    elif kind == "arrive" and "prompt_token_ids" in event:
+        if len(event["prompt_token_ids"]) != event["prompt_len"]:
+            raise SchemaError("prompt_token_ids", f"prompt_token_ids: expected prompt_len "
+                              f"({event['prompt_len']}) token ids, got {len(event['prompt_token_ids'])}")
