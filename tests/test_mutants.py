@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flightcheck.spec import MUTANTS
+from flightcheck.verification.mutants import MUTANTS
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.traces.counterexample import broken_at, replay
 from flightcheck.verification.models import mutant_model

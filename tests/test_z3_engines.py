@@ -11,8 +11,9 @@ import time
 import pytest
 import z3
 
-from flightcheck.spec import INVARIANTS, MUTANTS
+from flightcheck.spec import INVARIANTS
 from flightcheck.verification import models
+from flightcheck.verification.mutants import MUTANTS
 from flightcheck.verification.traces.counterexample import broken_at, replay
 from flightcheck.verification.z3.bmc.engine import bmc, first_counterexample
 from flightcheck.verification.z3.induction.kinduction import prove_by_induction

@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from flightcheck.spec import MUTANTS
+from flightcheck.verification.mutants import MUTANTS
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification import models
 from flightcheck.verification.z3.encoding.crosscheck import reachable
