@@ -203,6 +203,8 @@ def _supersede_orphans(state: State, r: int) -> State:
 
 
 def _add_entry(step: _Step, r: int, num_new: int, cached: int) -> None:
+    """The batch records r's snapshot from num_computed on, charged to the budget;
+    drafts ride only on the entry that reaches the known tokens (it samples)."""
     req = step.state.requests[r]
     drafts = min(req.num_drafts, max(0, req.num_computed + num_new - req.num_tokens))
     samples = req.num_computed + num_new - drafts >= req.num_tokens

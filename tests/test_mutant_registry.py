@@ -130,3 +130,10 @@ def test_every_z3_switch_is_a_registered_mutant():
     assert len(names) >= 20                    # the scan does find the encodings' switches
     assert names <= set(MUTANTS), sorted(names - set(MUTANTS))
     assert set(PARAM_MUTANTS) <= set(MUTANTS)
+
+
+def test_the_readme_lists_every_mutant_as_the_registry_records_it():
+    text = (ROOT / "verification" / "mutants" / "README.md").read_text()
+    for m in MUTANTS.values():
+        replaces = ", ".join(f"`{target}`" for target in m.replaces)
+        assert f"| `{m.name}` | {m.kind} | {replaces} | {m.killed_by} | {m.shortest} |" in text, m.name

@@ -18,9 +18,11 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from types import FunctionType, ModuleType
 
-from flightcheck.verification.mutants.registry import ORIGINALS, Mutant, mutant, stale_fingerprints
+from flightcheck.verification.mutants.registry import ORIGINALS, Mutant, fingerprint, mutant, stale_fingerprints
 
 _active: str | None = None         # the mutant swapped in now, if any
+# (mutant, its fingerprints) found to match the spec's source: checked once per process
+_still_apply: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
 
 
 class MutantNoLongerApplies(RuntimeError):
@@ -29,7 +31,8 @@ class MutantNoLongerApplies(RuntimeError):
 
 def no_longer_applies_message(m: Mutant, stale: list[str]) -> str:
     return "; ".join(f"mutant {m.name} no longer applies: spec.{target} changed; re-derive the "
-                     f"mutant and update its fingerprint" for target in stale)
+                     f"mutant and update its fingerprint (now {fingerprint(ORIGINALS[target])})"
+                     for target in stale)
 
 
 def active() -> str | None:
@@ -55,9 +58,12 @@ def _swapped(m: Mutant) -> Iterator[None]:
     global _active
     if _active is not None:
         raise RuntimeError(f"mutant {_active} is applied; mutant {m.name} cannot go on top of it")
-    stale = stale_fingerprints(m)
-    if stale:
-        raise MutantNoLongerApplies(no_longer_applies_message(m, stale))
+    checked = (m.name, tuple(sorted(m.fingerprints.items())))
+    if checked not in _still_apply:
+        stale = stale_fingerprints(m)
+        if stale:
+            raise MutantNoLongerApplies(no_longer_applies_message(m, stale))
+        _still_apply.add(checked)
     swapped: list[tuple[ModuleType, str, FunctionType]] = []
     _active = m.name
     try:
