@@ -1,6 +1,6 @@
 """Each spec mutant's counterexample by BMC (Z3), against the breadth-first one.
 
-For every mutant of spec/config.py: incremental, shortest-first BMC on the
+For every mutant of the spec (verification/mutants): incremental, shortest-first BMC on the
 model the mutant is hunted in (`models.mutant_model`), stopping at the first
 violated property, with a per-mutant time limit; then breadth-first search
 on the same model for the shortest counterexample's length. Both traces are
@@ -21,7 +21,7 @@ import sys
 import time
 
 from flightcheck.spec import SOMETIMES
-from flightcheck.spec.config import MUTANTS
+from flightcheck.verification.mutants import MUTANTS
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification import models
 from flightcheck.verification.z3.bmc.engine import first_counterexample

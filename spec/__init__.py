@@ -5,7 +5,7 @@ Standard library only. Read `README.md` beside this file for the prose.
 """
 
 from .actions import Prompt, Sample, abort, arrive, complete_oldest, sampling_entries
-from .config import MUTANTS, Config
+from .config import Config
 from .invariants import INVARIANTS, Invariant, violated
 from .schedule import Scheduled, ScheduledEntry, schedule
 from .sometimes import SOMETIMES, Sometimes
@@ -15,7 +15,7 @@ from .transitions import (TRANSITION_PROPERTIES, Abort, Action, Arrive, Complete
 
 __all__ = [
     "Abort", "Action", "Arrive", "BlockPool", "CompleteOldest", "Config", "Entry", "Fate",
-    "INVARIANTS", "Invariant", "MUTANTS", "Prompt", "Request", "Sample", "SOMETIMES",
+    "INVARIANTS", "Invariant", "Prompt", "Request", "Sample", "SOMETIMES",
     "Schedule", "Scheduled", "ScheduledEntry", "Sometimes", "State", "Status",
     "TRANSITION_PROPERTIES", "abort", "arrive", "complete_oldest", "describe",
     "initial_state", "sampling_entries", "schedule", "step", "violated",

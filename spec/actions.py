@@ -58,9 +58,8 @@ def arrive(state: State, cfg: Config, r: int, prompt: Prompt) -> State | None:
     if len(set(labels)) != len(labels):
         return None      # chained block hashes never repeat within a prompt (a repeat would break S9)
     state = replace(state, waiting=state.waiting + (r,))
-    stale = 1 if cfg.is_mutant("arrival_counter_stale") else 0
     return state.with_request(r, status=Status.WAITING, prompt_len=prompt.prompt_len,
-                              max_tokens=prompt.max_tokens, prompt_labels=labels, num_computed=stale)
+                              max_tokens=prompt.max_tokens, prompt_labels=labels, num_computed=0)
 
 
 def abort(state: State, cfg: Config, r: int) -> State | None:
@@ -72,9 +71,6 @@ def abort(state: State, cfg: Config, r: int) -> State | None:
 
 def entry_samples(state: State, cfg: Config, e: Entry) -> bool:
     """Whether the model returns tokens for e: decided by the snapshot."""
-    if cfg.is_mutant("final_chunk_from_live_counter") and e.fate is Fate.LIVE:
-        req = state.requests[e.req]
-        return req.num_computed >= req.num_tokens
     return e.samples
 
 
@@ -87,10 +83,20 @@ def sampling_entries(state: State, cfg: Config) -> list[Entry]:
             if e.fate is not Fate.SUPERSEDED and entry_samples(state, cfg, e)]
 
 
+def max_next_drafts(cfg: Config) -> int:
+    """The most drafts the drafter proposes for a request's next step: k."""
+    return cfg.num_spec_tokens
+
+
 def is_valid_sample(cfg: Config, e: Entry, s: Sample) -> bool:
     return (0 <= s.num_accepted <= e.drafts
             and (s.stop_at is None or 0 <= s.stop_at <= s.num_accepted)
-            and 0 <= s.next_drafts <= cfg.num_spec_tokens + cfg.is_mutant("draft_cap_ignored"))
+            and 0 <= s.next_drafts <= max_next_drafts(cfg))
+
+
+def is_complete_enabled(state: State) -> bool:
+    """A batch is in flight: the oldest one can return, whatever its entries' fates."""
+    return bool(state.in_flight)
 
 
 def complete_oldest(state: State, cfg: Config, samples: tuple[Sample, ...],
@@ -100,9 +106,7 @@ def complete_oldest(state: State, cfg: Config, samples: tuple[Sample, ...],
     `dropped`: requests whose ORPHANED entries the scheduler drops instead of
     applying (vLLM 0.8.5 does; wasteful but safe). Only trace validation uses
     it; the model checkers explore the rule that applies them."""
-    if not state.in_flight:
-        return None
-    if cfg.is_mutant("complete_refuses_orphans") and any(e.fate is Fate.ORPHANED for e in state.in_flight[0]):
+    if not is_complete_enabled(state):
         return None
     sampling = sampling_entries(state, cfg)
     if len(samples) != len(sampling) or not all(is_valid_sample(cfg, e, s) for e, s in zip(sampling, samples)):
@@ -127,20 +131,14 @@ def _settle_live(state: State, cfg: Config, e: Entry) -> State:
     """Bookkeeping every live entry gets, whether or not it sampled."""
     if not cfg.continue_prefill:
         state = replace(state, scheduled_ids=state.scheduled_ids - {e.req})
-    if cfg.is_mutant("advance_at_completion"):
-        req = state.requests[e.req]
-        state = state.with_request(e.req, num_computed=req.num_computed + e.n)
     return state
 
 
 def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate) -> State:
     r = e.req
     req = state.requests[r]
-    rejected = e.drafts - s.num_accepted
-    subtract = (fate is Fate.LIVE and not cfg.is_mutant("rejections_not_subtracted")) or \
-               (fate is Fate.ORPHANED and cfg.is_mutant("rejections_subtracted_after_reset"))
-    if subtract:
-        req = replace(req, num_computed=req.num_computed - rejected)
+    if _subtracts_rejections(fate):
+        req = replace(req, num_computed=req.num_computed - (e.drafts - s.num_accepted))
     finish: Status | None = None
     for j in range(s.num_accepted + 1):
         req = replace(req, num_output=req.num_output + 1)
@@ -155,11 +153,18 @@ def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate) ->
     return state
 
 
+def _subtracts_rejections(fate: Fate) -> bool:
+    """Rejected drafts were counted in num_computed at schedule time: a live
+    entry takes them back. An orphan's request was reset to 0 by preemption,
+    so it has nothing to take back."""
+    return fate is Fate.LIVE
+
+
 def _stop_reason(cfg: Config, req, j: int, s: Sample) -> Status | None:
     """vLLM's check_stop, after each appended token: length first, then stop tokens."""
     if req.num_tokens >= cfg.max_model_len:
         return Status.FINISHED_LENGTH
-    if req.num_output >= req.max_tokens and not cfg.is_mutant("no_length_cap"):
+    if req.num_output >= req.max_tokens:
         return Status.FINISHED_LENGTH
     if s.stop_at == j:
         return Status.FINISHED_STOPPED
@@ -169,12 +174,9 @@ def _stop_reason(cfg: Config, req, j: int, s: Sample) -> Status | None:
 def _finish(state: State, cfg: Config, r: int, status: Status) -> State:
     """Finish or abort r: out of every queue, blocks freed, in-flight work superseded."""
     req = state.requests[r]
-    keep_blocks = status is Status.FINISHED_ABORTED and cfg.is_mutant("blocks_not_freed_on_abort")
-    pool = state.pool if keep_blocks else blocks.free_table(state.pool, req.block_table)
-    state = replace(state, pool=pool,
+    state = replace(state, pool=blocks.free_table(state.pool, req.block_table),
                     waiting=tuple(x for x in state.waiting if x != r),
                     running=tuple(x for x in state.running if x != r),
                     scheduled_ids=state.scheduled_ids - {r})
     state = retire_entries(state, r, frozenset({Fate.LIVE, Fate.ORPHANED}), Fate.SUPERSEDED)
-    return state.with_request(r, status=status, num_computed=0, num_drafts=0,
-                              block_table=req.block_table if keep_blocks else ())
+    return state.with_request(r, status=status, num_computed=0, num_drafts=0, block_table=())

@@ -56,14 +56,11 @@ class _Step:
         self.entries: list[ScheduledEntry] = []
         self.preempted: list[int] = []
         self.new_blocks: tuple[int, ...] = ()   # set by the last successful _allocate
-        self.advance: dict[int, int] = {}       # tokens each scheduled request computes
 
 
 def is_schedule_enabled(state: State, cfg: Config) -> bool:
     """Room in the pipeline, and (one-batch-per-request) vLLM 0.8.4's engine gate."""
     if len(state.in_flight) >= cfg.num_stages:
-        return False
-    if cfg.is_mutant("schedule_blocked_when_idle") and not state.in_flight:
         return False
     if not cfg.continue_prefill:
         unscheduled = len(state.waiting) + len(state.running) - len(state.scheduled_ids)
@@ -77,20 +74,20 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
         return None
     step = _Step(state, cfg)
     _schedule_running(step)
-    if not step.preempted or cfg.is_mutant("admit_after_preemption"):
+    if not step.preempted:
         _schedule_waiting(step)
     if not step.entries and not step.preempted:
         return None
     return Scheduled(_launch(step), tuple(step.entries), tuple(step.preempted))
 
 
-def _clip(step: _Step, r: int, num_new: int, is_admission: bool) -> int:
+def _clip(step: _Step, r: int, num_new: int) -> int:
+    """The long-prefill threshold, the token budget, and room below max_model_len."""
     cfg, req = step.cfg, step.state.requests[r]
     threshold = cfg.long_prefill_token_threshold
-    if 0 < threshold < num_new and not (is_admission and cfg.is_mutant("threshold_ignored_on_admission")):
+    if 0 < threshold < num_new:
         num_new = threshold
-    if not (cfg.is_mutant("budget_ignored") and not is_admission):
-        num_new = min(num_new, step.budget)
+    num_new = min(num_new, step.budget)
     return max(0, min(num_new, cfg.max_model_len - req.num_computed))
 
 
@@ -101,12 +98,10 @@ def _schedule_running(step: _Step) -> None:
         if not step.cfg.continue_prefill and r in step.state.scheduled_ids:
             i += 1
             continue
-        num_new = _clip(step, r, step.state.num_new_tokens(r), is_admission=False)
+        num_new = _num_new_running(step, r)
         if num_new == 0:
-            if not _decodes_anyway(step, r):
-                i += 1          # all known tokens in flight, or waiting for its token
-                continue
-            num_new = 1
+            i += 1          # all known tokens in flight, or waiting for its token
+            continue
         while not _allocate(step, r, num_new, hit=()):
             victim = step.state.running[-1]
             _preempt(step, victim)
@@ -116,26 +111,31 @@ def _schedule_running(step: _Step) -> None:
         i += 1
 
 
-def _decodes_anyway(step: _Step, r: int) -> bool:
-    """Mutant: the gate removed, a decode goes in while its token is in flight."""
-    req = step.state.requests[r]
-    return (step.cfg.is_mutant("decode_while_token_in_flight")
-            and req.num_computed >= req.num_tokens
-            and req.num_computed < step.cfg.max_model_len)
+def _num_new_running(step: _Step, r: int) -> int:
+    """What running request r can be scheduled: its unscheduled known tokens
+    and drafts, clipped; 0 while its sampled token is still in flight."""
+    return _clip(step, r, step.state.num_new_tokens(r))
 
 
 def _schedule_waiting(step: _Step) -> None:
     cfg = step.cfg
-    while step.state.waiting and step.budget > 0:
-        if len(step.state.running) >= cfg.max_num_seqs and not cfg.is_mutant("max_num_seqs_ignored"):
-            break
+    while step.state.waiting and step.budget > 0 and _has_free_seat(step):
         r = step.state.waiting[0]
         hit = _prefix_hit(step.state, cfg, r)
-        num_new = _clip(step, r, step.state.requests[r].num_tokens - len(hit) * cfg.block_size,
-                        is_admission=True)
+        num_new = _num_new_waiting(step, r, hit)
         if num_new == 0 or not _allocate(step, r, num_new, hit):
             break                                       # FCFS: head-of-line blocks
         _admit(step, r, len(hit) * cfg.block_size, num_new)
+
+
+def _num_new_waiting(step: _Step, r: int, hit: tuple[int, ...]) -> int:
+    """What waiting request r can be admitted with: its known tokens past the hit, clipped."""
+    return _clip(step, r, step.state.requests[r].num_tokens - len(hit) * step.cfg.block_size)
+
+
+def _has_free_seat(step: _Step) -> bool:
+    """Fewer than max_num_seqs requests running."""
+    return len(step.state.running) < step.cfg.max_num_seqs
 
 
 def _prefix_hit(state: State, cfg: Config, r: int) -> tuple[int, ...]:
@@ -147,15 +147,18 @@ def _prefix_hit(state: State, cfg: Config, r: int) -> tuple[int, ...]:
     return blocks.lookup_hit(state.pool, labels, (req.num_tokens - 1) // cfg.block_size)
 
 
+def _num_required_blocks(cfg: Config, num_tokens: int) -> int:
+    """Blocks to hold num_tokens: the last, partly filled block included."""
+    return blocks.cdiv(num_tokens, cfg.block_size)
+
+
 def _allocate(step: _Step, r: int, num_new: int, hit: tuple[int, ...]) -> bool:
     """vLLM's allocate_slots: room for num_computed (+ hit) + num_new tokens."""
     state, cfg = step.state, step.cfg
     req = state.requests[r]
     computed = req.num_computed + len(hit) * cfg.block_size
     total = computed + num_new
-    required = total // cfg.block_size if cfg.is_mutant("no_block_for_last_token") \
-        else blocks.cdiv(total, cfg.block_size)
-    num_fresh = max(0, required - len(req.block_table) - len(hit))
+    num_fresh = max(0, _num_required_blocks(cfg, total) - len(req.block_table) - len(hit))
     if not blocks.can_allocate(state.pool, num_fresh, hit):
         return False
     pool, fresh = blocks.pop_fresh(blocks.touch(state.pool, hit), num_fresh)
@@ -175,14 +178,10 @@ def _preempt(step: _Step, victim: int) -> None:
     state = step.state
     req = state.requests[victim]
     state = replace(state, pool=blocks.free_table(state.pool, req.block_table),
-                    running=state.running[:-1], waiting=(victim,) + state.waiting)
-    if not step.cfg.is_mutant("inflight_set_not_cleared_on_preemption"):
-        state = replace(state, scheduled_ids=state.scheduled_ids - {victim})
+                    running=state.running[:-1], waiting=(victim,) + state.waiting,
+                    scheduled_ids=state.scheduled_ids - {victim})
     state = retire_entries(state, victim, frozenset({Fate.LIVE}), Fate.ORPHANED)
-    if step.cfg.is_mutant("preemption_clears_inflight_drafts"):
-        state = _clear_inflight_drafts(state, victim)
-    keep = req.num_computed if step.cfg.is_mutant("preempt_keeps_counter") else 0
-    step.state = state.with_request(victim, status=Status.PREEMPTED, num_computed=keep,
+    step.state = state.with_request(victim, status=Status.PREEMPTED, num_computed=0,
                                     num_drafts=0, block_table=())
     step.preempted.append(victim)
 
@@ -191,62 +190,44 @@ def _admit(step: _Step, r: int, hit_tokens: int, num_new: int) -> None:
     state = step.state
     was_preempted = state.requests[r].status is Status.PREEMPTED
     state = replace(state, waiting=state.waiting[1:], running=state.running + (r,))
-    if was_preempted and not step.cfg.is_mutant("orphan_kept_after_reschedule"):
-        stale_to = Fate.LIVE if step.cfg.is_mutant("stale_output_applied_to_resumed") else Fate.SUPERSEDED
-        state = retire_entries(state, r, frozenset({Fate.ORPHANED}), stale_to)
+    if was_preempted:
+        state = _supersede_orphans(state, r)
     step.state = state.with_request(r, status=Status.RUNNING, num_computed=hit_tokens)
     _add_entry(step, r, num_new, cached=hit_tokens)
 
 
+def _supersede_orphans(state: State, r: int) -> State:
+    """A resumed request recomputes what its orphaned entries were computing:
+    their outputs must never be applied to the new incarnation."""
+    return retire_entries(state, r, frozenset({Fate.ORPHANED}), Fate.SUPERSEDED)
+
+
 def _add_entry(step: _Step, r: int, num_new: int, cached: int) -> None:
+    """The batch records r's snapshot from num_computed on, charged to the budget;
+    drafts ride only on the entry that reaches the known tokens (it samples)."""
     req = step.state.requests[r]
     drafts = min(req.num_drafts, max(0, req.num_computed + num_new - req.num_tokens))
-    cfg = step.cfg
-    start = 0 if cached and cfg.is_mutant("snapshot_omits_prefix_hit") else req.num_computed
-    samples = start + num_new - drafts >= req.num_tokens
-    if cfg.is_mutant("stale_drafts_on_prefill_chunk") and not samples and cfg.num_spec_tokens:
-        drafts = 1
-    charged, recorded_start, recorded_n = num_new, start, num_new
-    if (cfg.is_mutant("overlapping_chunks") and step.state.entries_of(r)
-            and step.budget > num_new and start > 0
-            and not 0 < cfg.long_prefill_token_threshold <= num_new):
-        recorded_start, recorded_n, charged = start - 1, num_new + 1, num_new + 1
-    step.entries.append(ScheduledEntry(r, recorded_start, recorded_n, cached, drafts, samples,
+    samples = req.num_computed + num_new - drafts >= req.num_tokens
+    step.entries.append(ScheduledEntry(r, req.num_computed, num_new, cached, drafts, samples,
                                        step.new_blocks))
     step.state = step.state.with_request(r, num_drafts=drafts if samples else 0)  # unscheduled drafts dropped
-    step.advance[r] = num_new
-    if not cfg.is_mutant("budget_ignored"):
-        step.budget -= charged
+    step.budget -= num_new
 
 
 def _launch(step: _Step) -> State:
     """Advance every scheduled request's counter and put the batch in flight."""
-    state, cfg = step.state, step.cfg
-    batch: Batch = tuple(Entry(e.req, e.start, e.n, e.samples, e.drafts) for e in step.entries)
+    state = step.state
     for e in step.entries:
-        req = state.requests[e.req]
-        if not cfg.is_mutant("advance_at_completion"):
-            state = state.with_request(e.req, num_computed=req.num_computed + step.advance[e.req])
-        if not cfg.continue_prefill:
+        state = _advance_counter(state, e)
+        if not step.cfg.continue_prefill:
             state = replace(state, scheduled_ids=state.scheduled_ids | {e.req})
-        if cfg.is_mutant("shared_snapshot"):
-            state = _overwrite_live_snapshots(state, e)
-    if not batch and not cfg.is_mutant("empty_batch_submitted"):
-        return state
+    if not step.entries:
+        return state                    # the step only preempted: nothing to run
+    batch: Batch = tuple(Entry(e.req, e.start, e.n, e.samples, e.drafts) for e in step.entries)
     return replace(state, in_flight=state.in_flight + (batch,))
 
 
-def _clear_inflight_drafts(state: State, r: int) -> State:
-    """Mutant: r's in-flight entries share its draft list, cleared by preemption."""
-    def clear(e: Entry) -> Entry:
-        return replace(e, drafts=0) if e.req == r else e
-    return replace(state, in_flight=tuple(tuple(clear(e) for e in b) for b in state.in_flight))
-
-
-def _overwrite_live_snapshots(state: State, new: ScheduledEntry) -> State:
-    """Mutant: earlier in-flight entries of the request alias the new snapshot."""
-    def alias(e: Entry) -> Entry:
-        if e.req == new.req and e.fate is Fate.LIVE:
-            return replace(e, start=new.start, n=new.n, samples=new.samples, drafts=new.drafts)
-        return e
-    return replace(state, in_flight=tuple(tuple(alias(e) for e in b) for b in state.in_flight))
+def _advance_counter(state: State, e: ScheduledEntry) -> State:
+    """num_computed moves past the entry when it is scheduled, not when its
+    output returns: the next batch continues where this one ends."""
+    return state.with_request(e.req, num_computed=state.requests[e.req].num_computed + e.n)

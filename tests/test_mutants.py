@@ -1,11 +1,12 @@
 """Every mutant of the spec is killed with a counterexample that replays on the
-concrete (mutant) spec, and the correct spec passes where each mutant fails."""
+concrete (mutant) spec, by the property and at the length its registry entry
+records, and the correct spec passes where each mutant fails."""
 
 from __future__ import annotations
 
 import pytest
 
-from flightcheck.spec import MUTANTS
+from flightcheck.verification.mutants import MUTANTS
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.traces.counterexample import broken_at, replay
 from flightcheck.verification.models import mutant_model
@@ -21,12 +22,14 @@ HISTORICAL = [
 
 def test_every_historical_bug_of_the_issue_is_a_mutant():
     assert set(HISTORICAL) <= set(MUTANTS)
+    assert {m.name for m in MUTANTS.values() if m.kind == "historical"} == set(HISTORICAL)
 
 
 @pytest.mark.parametrize("name", list(MUTANTS))
 def test_mutant_is_killed_by_a_replayable_counterexample(name):
     result = hunt_mutant(name)
     assert result.killed, f"{name} survived on {result.model}"
+    assert (result.property, result.trace_length) == (MUTANTS[name].killed_by, MUTANTS[name].shortest)
     cx = result.counterexample
     states = replay(cx.model, cx.actions)
     assert states == cx.states

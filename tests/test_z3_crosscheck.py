@@ -10,8 +10,9 @@ import dataclasses
 import pytest
 import z3
 
-from flightcheck.spec import MUTANTS, Config, Fate, Prompt, Schedule, State, step
+from flightcheck.spec import Config, Fate, Prompt, Schedule, State, step
 from flightcheck.verification import models
+from flightcheck.verification.mutants import MUTANTS
 from flightcheck.verification.z3.encoding.crosscheck import (CrossChecker, CrossReport, random_walk_states,
                                                    reachable)
 from flightcheck.verification.z3.encoding.state import Layout, NotRepresentable, constant_state, decode, initial

@@ -11,8 +11,9 @@ import time
 import pytest
 import z3
 
-from flightcheck.spec import INVARIANTS, MUTANTS
+from flightcheck.spec import INVARIANTS
 from flightcheck.verification import models
+from flightcheck.verification.mutants import MUTANTS
 from flightcheck.verification.traces.counterexample import broken_at, replay
 from flightcheck.verification.z3.bmc.engine import bmc, first_counterexample
 from flightcheck.verification.z3.induction.kinduction import prove_by_induction
@@ -117,6 +118,10 @@ SHALLOW = {"advance_at_completion": 2, "arrival_counter_stale": 1, "overlapping_
            "draft_cap_ignored": 3, "decode_while_token_in_flight": 3, "blocks_not_freed_on_abort": 3}
 
 
+def test_shallow_depths_are_the_registrys_shortest_counterexamples():
+    assert all(SHALLOW[name] == MUTANTS[name].shortest for name in SHALLOW)
+
+
 @pytest.mark.parametrize("name", sorted(SHALLOW))
 def test_bmc_kills_shallow_mutant_at_its_shortest_depth(name):
     model = models.mutant_model(name)
@@ -132,4 +137,5 @@ def test_bmc_kills_mutant(name):
     model = models.mutant_model(name)
     p = first_counterexample(model, max_depth=12, time_budget=300)
     assert p is not None
+    assert p.depth == MUTANTS[name].shortest        # shortest-first, like the breadth-first hunt
     replay_checked(model, p.trace, p.states)

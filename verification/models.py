@@ -3,8 +3,9 @@ files apart from the module): which requests exist, what they ask for, and
 which environment choices the checkers explore.
 
 A `Model` fixes everything a checker needs: the scheduler configuration, one
-prompt per request slot (prefix sharing is written as shared labels), and
-whether the environment may abort requests or sample stop tokens.
+prompt per request slot (prefix sharing is written as shared labels),
+whether the environment may abort requests or sample stop tokens, and which
+mutant of the spec (verification/mutants/) it checks, None for the correct one.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from flightcheck.spec import Config, Prompt
 from flightcheck.spec.blocks import cdiv
+from flightcheck.verification.mutants import mutant as registered_mutant
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class Model:
     prompts: tuple[Prompt, ...]
     allow_abort: bool = True
     allow_stop: bool = True
+    mutant: str | None = None      # a name in verification/mutants; None is the correct spec
 
     def __post_init__(self) -> None:
         """Labels behave like vLLM's chained block hashes: distinct within a
@@ -32,6 +35,8 @@ class Model:
         arrive), or one whose request can outgrow the whole pool (which
         deadlocks the correct spec, and which vLLM refuses at start-up), is
         an error here rather than a model that silently checks less."""
+        if self.mutant is not None:
+            registered_mutant(self.mutant)          # ValueError for a name not in the registry
         cfg = self.cfg
         for r, p in enumerate(self.prompts):
             if not 1 <= p.prompt_len < cfg.max_model_len or p.max_tokens < 1:
@@ -61,7 +66,7 @@ class Model:
         return len(self.prompts)
 
     def with_mutant(self, mutant: str | None) -> "Model":
-        return replace(self, cfg=replace(self.cfg, mutant=mutant))
+        return replace(self, mutant=mutant)
 
     def describe(self) -> str:
         c = self.cfg

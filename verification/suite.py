@@ -14,9 +14,11 @@ Methods:
 * bmc (Z3): bounded model checking to a depth, shortest-first; for
   "sometimes" targets, the depth at which they are first reached.
 
-A mutant is killed when some safety or liveness property is violated on the
-model it is hunted in; "sometimes" targets that go unreached do not count as
-kills, since a mutant that only makes the spec do less proves nothing.
+A mutant (verification/mutants: spec functions swapped for ones with a bug)
+is killed when some safety or liveness property is violated on the model it
+is hunted in, searched with the mutant applied; "sometimes" targets that go
+unreached do not count as kills, since a mutant that only makes the spec do
+less proves nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from flightcheck.spec import INVARIANTS, MUTANTS, SOMETIMES, TRANSITION_PROPERTIES
+from flightcheck.spec import INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.models import (
     EXHAUSTIVE_MODELS,
@@ -33,6 +35,7 @@ from flightcheck.verification.models import (
     Model,
     mutant_model,
 )
+from flightcheck.verification.mutants import MUTANTS
 from flightcheck.verification.results import (
     LIVENESS_GRAPH,
     SOMETIMES_NAMES,

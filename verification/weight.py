@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flightcheck.spec import MUTANTS
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.models import mutant_model
+from flightcheck.verification.mutants import MUTANTS
 from flightcheck.verification.suite import (
     LIVENESS_GRAPH,
     SOMETIMES_NAMES,

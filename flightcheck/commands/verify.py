@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flightcheck.spec import MUTANTS
+    from flightcheck.verification.mutants import MUTANTS
     from flightcheck.verification.traces.counterexample import render
     from flightcheck.verification.models import MODELS
     from flightcheck.verification.suite import hunt_mutant, run_suite

@@ -9,6 +9,10 @@ from every reachable state the scheduler alone (schedule and complete steps,
 no arrivals, no aborts) can bring every request to a finished state with
 nothing in flight, and that the scheduler's own steps contain no cycle, so no
 run can go on forever without finishing its requests.
+
+A model that names a mutant is searched with the mutant applied
+(verification/mutants): every call into the concrete spec runs inside
+`applied(model.mutant)`.
 """
 
 from __future__ import annotations
@@ -35,23 +39,25 @@ from flightcheck.spec import (
     sampling_entries,
     step,
 )
+from flightcheck.spec.actions import max_next_drafts
 from flightcheck.verification.models import Model
+from flightcheck.verification.mutants import applied
 
 
 def sample_choices(model: Model, state: State) -> Iterator[tuple[Sample, ...]]:
     """Every environment choice for the oldest batch's sampling entries."""
     cfg = model.cfg
     per_entry: list[list[Sample]] = []
-    for e in sampling_entries(state, cfg):
-        options = []
-        live = e.fate.value == "live"
-        for accepted in range(e.drafts + 1):
-            stops = [None] + (list(range(accepted + 1)) if model.allow_stop else [])
-            for stop_at in stops:
-                max_drafts = cfg.num_spec_tokens + cfg.is_mutant("draft_cap_ignored")
-                drafts = range(max_drafts + 1) if live and stop_at is None else [0]
-                options.extend(Sample(accepted, stop_at, d) for d in drafts)
-        per_entry.append(options)
+    with applied(model.mutant):
+        for e in sampling_entries(state, cfg):
+            options = []
+            live = e.fate.value == "live"
+            for accepted in range(e.drafts + 1):
+                stops = [None] + (list(range(accepted + 1)) if model.allow_stop else [])
+                for stop_at in stops:
+                    drafts = range(max_next_drafts(cfg) + 1) if live and stop_at is None else [0]
+                    options.extend(Sample(accepted, stop_at, d) for d in drafts)
+            per_entry.append(options)
     return itertools.product(*per_entry)
 
 
@@ -71,10 +77,12 @@ def actions(model: Model, state: State) -> Iterator[Action]:
 
 
 def successors(model: Model, state: State) -> Iterator[tuple[Action, State]]:
-    for action in actions(model, state):
-        nxt = step(state, model.cfg, action)
-        if nxt is not None:
-            yield action, nxt
+    """Every enabled action from `state` with the state it leads to (computed
+    at once, so that the mutant is applied while the spec runs)."""
+    with applied(model.mutant):
+        found = [(action, nxt) for action in actions(model, state)
+                 if (nxt := step(state, model.cfg, action)) is not None]
+    return iter(found)
 
 
 def initial(model: Model) -> State:
@@ -127,6 +135,12 @@ def search(model: Model, *, max_states: int = 2_000_000, stop_at_first: bool = F
            check_liveness: bool = True, progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """Breadth-first exhaustive search; stops early only at `max_states` (then
     `complete` is False) or, with `stop_at_first`, at the first violation."""
+    with applied(model.mutant):     # the invariants L2 and L3 run the spec's actions too
+        return _search(model, max_states, stop_at_first, check_liveness, progress)
+
+
+def _search(model: Model, max_states: int, stop_at_first: bool, check_liveness: bool,
+            progress: Callable[[int, int], None] | None) -> SearchResult:
     t0 = time.perf_counter()
     cfg = model.cfg
     root = initial(model)

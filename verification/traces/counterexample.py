@@ -5,7 +5,8 @@ JSON (in the spirit of the ITF traces Apalache and Quint emit).
 Whatever engine found a counterexample (explicit search, Z3 BMC), it is a
 list of labelled actions from the initial state; `replay` re-executes it on
 the concrete spec, so a counterexample is only reported if the spec itself
-agrees that the last step breaks the property.
+agrees that the last step breaks the property. A mutant model's trace is
+replayed, and its properties evaluated, with the mutant applied.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from flightcheck.spec import (
 )
 from flightcheck.verification.explicit.search import initial
 from flightcheck.verification.models import Model
+from flightcheck.verification.mutants import applied
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -49,20 +51,22 @@ class ReplayError(AssertionError):
 def replay(model: Model, actions: list[Action]) -> list[State]:
     """Run `actions` on the concrete spec from the initial state."""
     states = [initial(model)]
-    for i, action in enumerate(actions):
-        nxt = step(states[-1], model.cfg, action)
-        if nxt is None:
-            raise ReplayError(f"step {i + 1} ({action}) is not enabled in the concrete spec")
-        states.append(nxt)
+    with applied(model.mutant):
+        for i, action in enumerate(actions):
+            nxt = step(states[-1], model.cfg, action)
+            if nxt is None:
+                raise ReplayError(f"step {i + 1} ({action}) is not enabled in the concrete spec")
+            states.append(nxt)
     return states
 
 
 def broken_at(model: Model, states: list[State], actions: list[Action], i: int) -> list[str]:
     """Names of the properties step i (1-based, into states[i]) breaks."""
     cfg, s = model.cfg, states[i]
-    names = [inv.name for inv in INVARIANTS if not inv.holds(s, cfg)]
-    names += [p.name for p in TRANSITION_PROPERTIES
-              if not p.holds(states[i - 1], s, actions[i - 1], cfg)]
+    with applied(model.mutant):     # L2 and L3 run the spec's actions
+        names = [inv.name for inv in INVARIANTS if not inv.holds(s, cfg)]
+        names += [p.name for p in TRANSITION_PROPERTIES
+                  if not p.holds(states[i - 1], s, actions[i - 1], cfg)]
     return names
 
 
@@ -75,7 +79,7 @@ def render(cx: Counterexample, console: Console | None = None) -> None:
     """Print the step table."""
     console = console or Console()
     table = Table(title=f"{cx.property} violated after {cx.length} steps on model {cx.model.name}"
-                        + (f" (mutant {cx.model.cfg.mutant})" if cx.model.cfg.mutant else ""),
+                        + (f" (mutant {cx.model.mutant})" if cx.model.mutant else ""),
                   show_lines=True)
     table.add_column("step", justify="right")
     table.add_column("state before")
@@ -108,7 +112,7 @@ def to_json(cx: Counterexample) -> dict:
     """A self-describing trace: model, property, actions and the states they pass through."""
     return {
         "#meta": {"format": "flightcheck-counterexample", "version": 1},
-        "model": cx.model.name, "mutant": cx.model.cfg.mutant, "property": cx.property,
+        "model": cx.model.name, "mutant": cx.model.mutant, "property": cx.property,
         "message": cx.message,
         "actions": [{"action": str(a), **_plain(a)} for a in cx.actions],
         "states": [_plain(s) for s in cx.states],

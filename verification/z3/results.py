@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from flightcheck.spec import INVARIANTS, TRANSITION_PROPERTIES, Action, State, step
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.models import Model
+from flightcheck.verification.mutants import applied
 
 STATUSES = ("proved", "bounded", "reached", "violated", "unknown")
 
@@ -54,7 +55,8 @@ def replay(model: Model, actions: list[Action], states: list[State] | None = Non
     the solver), every one must be what the spec computes."""
     got = [explicit.initial(model)]
     for i, a in enumerate(actions):
-        nxt = step(got[-1], model.cfg, a)
+        with applied(model.mutant):
+            nxt = step(got[-1], model.cfg, a)
         if nxt is None:
             raise ReplayMismatch(f"step {i + 1} ({a}) is disabled in the concrete spec")
         got.append(nxt)
@@ -67,10 +69,11 @@ def replay(model: Model, actions: list[Action], states: list[State] | None = Non
 def concrete_check(model: Model, name: str, states: list[State], actions: list[Action]) -> bool:
     """The spec's own predicate `name` fails at the end of the trace."""
     cfg = model.cfg
-    for inv in INVARIANTS:
-        if inv.name == name:
-            return not inv.holds(states[-1], cfg)
-    for p in TRANSITION_PROPERTIES:
-        if p.name == name:
-            return not p.holds(states[-2], states[-1], actions[-1], cfg)
+    with applied(model.mutant):     # L2 and L3 run the spec's actions
+        for inv in INVARIANTS:
+            if inv.name == name:
+                return not inv.holds(states[-1], cfg)
+        for p in TRANSITION_PROPERTIES:
+            if p.name == name:
+                return not p.holds(states[-2], states[-1], actions[-1], cfg)
     raise KeyError(name)

@@ -61,7 +61,7 @@ def bmc_rows(model: Model, depth: int, time_budget: float | None = None, jobs: i
     "sometimes" target reached (or not) within it: BMC with the sound
     reductions (the spec, not a mutant: z3.bmc.reduction), its paths shared among
     `jobs` processes (z3.bmc.engine.bmc_split)."""
-    reduce = model.cfg.mutant is None
+    reduce = model.mutant is None
     jobs = min(jobs, max_parts(model))
     res = bmc_split(model, depth, jobs=jobs, time_budget=time_budget, reduce=reduce)
     method = "bmc" + (", reduced" if reduce else "") + (f", {jobs} processes" if jobs > 1 else "")

@@ -88,8 +88,8 @@ def twins(model: Model) -> list[tuple[int, int]]:
 
 def check_reducible(model: Model) -> None:
     """The commutations were checked for the spec, not for its mutants: refuse those."""
-    if model.cfg.mutant is not None:
-        raise ValueError(f"the BMC reductions are checked for the spec, not for the mutant {model.cfg.mutant}")
+    if model.mutant is not None:
+        raise ValueError(f"the BMC reductions are checked for the spec, not for the mutant {model.mutant}")
 
 
 def twin_order(system: System, t: int) -> list[z3.BoolRef]:

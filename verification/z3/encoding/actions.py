@@ -99,7 +99,7 @@ def remove(xs: list, length: Any, r: Any) -> tuple[list, Any]:
 
 def finish(lay: Layout, s: SState, r: Any, status: Any, when: Any = True, is_abort: bool = False) -> SState:
     """_finish: out of every queue, blocks freed, in-flight work superseded."""
-    keep = is_abort and lay.cfg.is_mutant("blocks_not_freed_on_abort")
+    keep = is_abort and lay.is_mutant("blocks_not_freed_on_abort")
     q = req_at(s, r)
     st = clone(s)
     if not keep:
@@ -137,7 +137,7 @@ def arrive(lay: Layout, s: SState, ch: Choices) -> SState:
     st = clone(s)
     st.waiting = put(s.waiting, s.waiting_len, ch.req)
     st.waiting_len = s.waiting_len + 1
-    if lay.cfg.is_mutant("arrival_counter_stale"):
+    if lay.is_mutant("arrival_counter_stale"):
         return with_req(st, ch.req, status=V(WAITING), num_computed=V(1))
     return with_req(st, ch.req, status=V(WAITING))
 
@@ -154,13 +154,13 @@ def abort(lay: Layout, s: SState, ch: Choices) -> SState:
 
 def draft_cap(lay: Layout) -> int:
     """The most drafts a Sample may propose: k (one more under the mutant)."""
-    return lay.cfg.num_spec_tokens + lay.cfg.is_mutant("draft_cap_ignored")
+    return lay.cfg.num_spec_tokens + lay.is_mutant("draft_cap_ignored")
 
 
 def complete_guard(lay: Layout, s: SState) -> Any:
     """A batch is in flight."""
     guard = lt(0, s.num_batches)
-    if lay.cfg.is_mutant("complete_refuses_orphans"):
+    if lay.is_mutant("complete_refuses_orphans"):
         b0 = s.batches[0]
         orphaned = disj(*[conj(lt(j, b0.length), eq(e.fate, ORPHANED)) for j, e in enumerate(b0.entries)])
         guard = conj(guard, neg(orphaned))
@@ -178,7 +178,7 @@ class Completion:
 
 def entry_samples(lay: Layout, s: SState, e) -> Any:
     """Whether the model returns tokens for e: decided by the snapshot."""
-    if lay.cfg.is_mutant("final_chunk_from_live_counter"):
+    if lay.is_mutant("final_chunk_from_live_counter"):
         live_view = at(lay, s, e.req, lambda q, k: q.num_computed >= prompt_len(lay, q, k) + q.num_output)
         return ite(eq(e.fate, LIVE), live_view, e.samples)
     return e.samples
@@ -216,7 +216,7 @@ def _settle_live(lay: Layout, st: SState, e, live: Any) -> SState:
     if not cfg.continue_prefill:
         st = clone(st)
         st.scheduled = put_flag(st.scheduled, e.req, z3.BoolVal(False), live)
-    if cfg.is_mutant("advance_at_completion"):
+    if lay.is_mutant("advance_at_completion"):
         q = req_at(st, e.req)
         st = with_req(st, e.req, live, num_computed=q.num_computed + e.n)
     return st
@@ -228,15 +228,15 @@ def _apply_sample(lay: Layout, bld: Builder, st: SState, e, acc: Any, stop: Any,
     q = bld.snap(req_at(st, r), "q")
     plen = bld.let("plen", at(lay, st, r, lambda q_, k: prompt_len(lay, q_, k)))
     cap = bld.let("max_tokens", at(lay, st, r, lambda q_, k: max_tokens(lay, q_, k)))
-    subtract = disj(conj(eq(e.fate, LIVE), not cfg.is_mutant("rejections_not_subtracted")),
-                    conj(eq(e.fate, ORPHANED), cfg.is_mutant("rejections_subtracted_after_reset")))
+    subtract = disj(conj(eq(e.fate, LIVE), not lay.is_mutant("rejections_not_subtracted")),
+                    conj(eq(e.fate, ORPHANED), lay.is_mutant("rejections_subtracted_after_reset")))
     num_computed = ite(subtract, q.num_computed - (e.drafts - acc), q.num_computed)
     num_output, finished, status = q.num_output, z3.BoolVal(False), V(PAD)
     for j in range(draft_cap(lay) + 1):
         going = conj(le(j, acc), neg(finished))
         num_output = ite(going, num_output + 1, num_output)
         length = disj(plen + num_output >= cfg.max_model_len,
-                      conj(num_output >= cap, not cfg.is_mutant("no_length_cap")))
+                      conj(num_output >= cap, not lay.is_mutant("no_length_cap")))
         reason = conj(going, disj(length, eq(stop, j)))
         status = ite(reason, ite(length, V(F_LENGTH), V(F_STOPPED)), status)
         finished = bld.let(f"finished{j}", disj(finished, reason))

@@ -24,6 +24,7 @@ import z3
 from flightcheck.spec import State, step
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.models import Model
+from flightcheck.verification.mutants import applied
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.encoding.terms import leaves
 
@@ -66,7 +67,6 @@ class CrossChecker:
 
     def check(self, s: State, report: CrossReport) -> set[State]:
         """Compare both successor relations at s; returns the concrete successors."""
-        cfg = self.model.cfg
         concrete: dict[State, object] = {}
         for action, nxt in explicit.successors(self.model, s):
             concrete.setdefault(nxt, action)
@@ -75,13 +75,19 @@ class CrossChecker:
             found.add(nxt)
             if nxt not in concrete:
                 report.problems.append(f"Z3 successor not in the spec: {action} from {s} gives {nxt}")
-            elif step(s, cfg, action) != nxt:
+            elif _step_with_mutant(self.model, s, action) != nxt:
                 report.problems.append(f"Z3 action {action} does not replay from {s}")
         for nxt in set(concrete) - found:
             report.problems.append(f"spec successor missing in Z3: {concrete[nxt]} from {s} gives {nxt}")
         report.states += 1
         report.edges += len(concrete)
         return set(concrete)
+
+
+def _step_with_mutant(model: Model, s: State, action: object) -> State | None:
+    """The concrete spec's step, with the model's mutant applied."""
+    with applied(model.mutant):
+        return step(s, model.cfg, action)
 
 
 def reachable(model: Model, limit: int | None = None) -> Iterator[State]:

@@ -109,7 +109,7 @@ class SchedResult:
 def is_enabled(lay: Layout, s: SState) -> Any:
     """Room in the pipeline, and (one-batch-per-request) vLLM 0.8.4's engine gate."""
     room = lt(s.num_batches, lay.K)
-    if lay.cfg.is_mutant("schedule_blocked_when_idle"):
+    if lay.is_mutant("schedule_blocked_when_idle"):
         room = conj(room, lt(0, s.num_batches))
     if lay.cfg.continue_prefill:
         return room
@@ -131,7 +131,7 @@ def schedule(lay: Layout, bld: Builder, s: SState) -> SchedResult:
 
     for m in range(lay.N):
         acc = advance(acc, lambda a: _running_step(lay, bld, a), f"run{m}")
-    phase = z3.BoolVal(True) if cfg.is_mutant("admit_after_preemption") else neg(acc.any_pre)
+    phase = z3.BoolVal(True) if lay.is_mutant("admit_after_preemption") else neg(acc.any_pre)
     acc = Acc(acc.st, acc.budget, acc.count, acc.entries, acc.pre, acc.admpre, acc.adm, acc.any_pre,
               acc.i, z3.BoolVal(False))
     for m in range(lay.N):
@@ -146,16 +146,16 @@ def schedule(lay: Layout, bld: Builder, s: SState) -> SchedResult:
 def _clip(lay: Layout, budget: Any, num_computed: Any, num_new: Any, is_admission: bool) -> Any:
     cfg = lay.cfg
     threshold = cfg.long_prefill_token_threshold
-    if threshold > 0 and not (is_admission and cfg.is_mutant("threshold_ignored_on_admission")):
+    if threshold > 0 and not (is_admission and lay.is_mutant("threshold_ignored_on_admission")):
         num_new = ite(lt(threshold, num_new), V(threshold), num_new)
-    if not (cfg.is_mutant("budget_ignored") and not is_admission):
+    if not (lay.is_mutant("budget_ignored") and not is_admission):
         num_new = imin(num_new, budget)
     return imax(V(0), imin(num_new, cfg.max_model_len - num_computed))
 
 
 def _blocks_for(lay: Layout, total: Any) -> Any:
     bs = lay.cfg.block_size
-    if lay.cfg.is_mutant("no_block_for_last_token"):
+    if lay.is_mutant("no_block_for_last_token"):
         return div_const(total, bs)
     return div_const(total + (bs - 1), bs)
 
@@ -179,14 +179,14 @@ def _entry(lay: Layout, q, r: Any, tokens: Any, num_computed: Any, num_new: Any,
     cfg = lay.cfg
     drafts = imin(q.num_drafts, imax(V(0), num_computed + num_new - tokens))
     start = num_computed
-    if cfg.is_mutant("snapshot_omits_prefix_hit"):
+    if lay.is_mutant("snapshot_omits_prefix_hit"):
         start = ite(lt(0, cached), V(0), num_computed)
     samples = start + num_new - drafts >= tokens
     recorded = drafts
-    if cfg.is_mutant("stale_drafts_on_prefill_chunk") and cfg.num_spec_tokens:
+    if lay.is_mutant("stale_drafts_on_prefill_chunk") and cfg.num_spec_tokens:
         recorded = ite(samples, drafts, V(1))
     entry = SEntry(r, start, num_new, samples, recorded, V(LIVE))
-    if cfg.is_mutant("overlapping_chunks"):
+    if lay.is_mutant("overlapping_chunks"):
         live_in_flight = disj(*[conj(lt(j, b.length), eq(e.req, r), eq(e.fate, LIVE))
                                 for b in st.batches for j, e in enumerate(b.entries)])
         capped = z3.BoolVal(False) if cfg.long_prefill_token_threshold <= 0 else \
@@ -199,7 +199,7 @@ def _entry(lay: Layout, q, r: Any, tokens: Any, num_computed: Any, num_new: Any,
 
 def _add(lay: Layout, acc: Acc, entry: SEntry, when: Any) -> tuple[list, Any, Any]:
     entries = [merge(conj(when, eq(acc.count, j)), entry, e) for j, e in enumerate(acc.entries)]
-    budget = acc.budget if lay.cfg.is_mutant("budget_ignored") else ite(when, acc.budget - entry.n, acc.budget)
+    budget = acc.budget if lay.is_mutant("budget_ignored") else ite(when, acc.budget - entry.n, acc.budget)
     return entries, ite(when, acc.count + 1, acc.count), budget
 
 
@@ -215,7 +215,7 @@ def _running_step(lay: Layout, bld: Builder, acc: Acc) -> Acc:
                                          tokens + q.num_drafts - q.num_computed, False))
     zero = eq(num_new0, 0)
     anyway = z3.BoolVal(False)
-    if cfg.is_mutant("decode_while_token_in_flight"):
+    if lay.is_mutant("decode_while_token_in_flight"):
         anyway = conj(q.num_computed >= tokens, q.num_computed < cfg.max_model_len)
     skip = disj(skip_sid, conj(zero, neg(anyway)))
     num_new = bld.let("num_new", ite(zero, V(1), num_new0))
@@ -245,9 +245,9 @@ def _running_step(lay: Layout, bld: Builder, acc: Acc) -> Acc:
     p.running_len = st.running_len - 1
     p.waiting = [victim] + st.waiting[:-1]
     p.waiting_len = st.waiting_len + 1
-    if not cfg.is_mutant("inflight_set_not_cleared_on_preemption"):
+    if not lay.is_mutant("inflight_set_not_cleared_on_preemption"):
         p.scheduled = put_flag(st.scheduled, victim, z3.BoolVal(False))
-    keep = v.num_computed if cfg.is_mutant("preempt_keeps_counter") else V(0)
+    keep = v.num_computed if lay.is_mutant("preempt_keeps_counter") else V(0)
     p = with_req(p, victim, status=V(PREEMPTED), num_computed=keep, num_drafts=V(0), table_len=V(0),
                  table=empty_table(lay))
 
@@ -273,7 +273,7 @@ def _concat(lay: Layout, xs: list, nx: Any, ys: list, ny: Any) -> list:
 def _waiting_step(lay: Layout, bld: Builder, acc: Acc, phase: Any) -> Acc:
     """One iteration of _schedule_waiting (admit the head of waiting, or break)."""
     cfg, st, bs = lay.cfg, acc.st, lay.cfg.block_size
-    seats = z3.BoolVal(True) if cfg.is_mutant("max_num_seqs_ignored") else lt(st.running_len, cfg.max_num_seqs)
+    seats = z3.BoolVal(True) if lay.is_mutant("max_num_seqs_ignored") else lt(st.running_len, cfg.max_num_seqs)
     active = bld.let("active", conj(phase, neg(acc.done), lt(0, st.waiting_len), lt(0, acc.budget), seats))
     r = bld.let("r", st.waiting[0])
     q = bld.snap(req_at(st, r), "q")
@@ -319,33 +319,33 @@ def _launch(lay: Layout, acc: Acc) -> SState:
     valid = [lt(j, acc.count) for j in range(lay.E)]
     for k, q in enumerate(st.reqs):
         mine = [conj(valid[j], eq(e.req, k)) for j, e in enumerate(new)]
-        if not cfg.is_mutant("advance_at_completion"):
+        if not lay.is_mutant("advance_at_completion"):
             # An overlapping chunk (mutant) records one token more than it
             # advances: its end, start + n, is where the counter goes.
-            advance = (lambda e: e.start + e.n - q.num_computed) if cfg.is_mutant("overlapping_chunks") \
+            advance = (lambda e: e.start + e.n - q.num_computed) if lay.is_mutant("overlapping_chunks") \
                 else (lambda e: e.n)
             added = sum_terms([ite(c, advance(e), V(0)) for c, e in zip(mine, new)]) if new else 0
             q.num_computed = q.num_computed + added
         if not cfg.continue_prefill:
             st.scheduled[k] = disj(st.scheduled[k], *mine)
-    stale_to = LIVE if cfg.is_mutant("stale_output_applied_to_resumed") else SUPERSEDED
+    stale_to = LIVE if lay.is_mutant("stale_output_applied_to_resumed") else SUPERSEDED
     for b in st.batches:
         for e in b.entries:
             pre = pick(acc.pre, e.req, z3.BoolVal(False))
             fate = ite(conj(eq(e.fate, LIVE), pre), V(ORPHANED), e.fate)
-            if not cfg.is_mutant("orphan_kept_after_reschedule"):
+            if not lay.is_mutant("orphan_kept_after_reschedule"):
                 admpre = pick(acc.admpre, e.req, z3.BoolVal(False))
                 fate = ite(conj(eq(fate, ORPHANED), admpre), V(stale_to), fate)
             e.fate = fate
-            if cfg.is_mutant("preemption_clears_inflight_drafts"):
+            if lay.is_mutant("preemption_clears_inflight_drafts"):
                 e.drafts = ite(pre, V(0), e.drafts)
-            if cfg.is_mutant("shared_snapshot"):
+            if lay.is_mutant("shared_snapshot"):
                 for j, n in enumerate(new):
                     alias = conj(valid[j], eq(n.req, e.req), eq(e.fate, LIVE))
                     e.start, e.n = ite(alias, n.start, e.start), ite(alias, n.n, e.n)
                     e.samples, e.drafts = ite(alias, n.samples, e.samples), ite(alias, n.drafts, e.drafts)
     put_batch = lt(0, acc.count)
-    if cfg.is_mutant("empty_batch_submitted"):
+    if lay.is_mutant("empty_batch_submitted"):
         put_batch = z3.BoolVal(True)       # only reached when something was scheduled or preempted
     batch = SBatch(acc.count, [SEntry(e.req, e.start, e.n, e.samples, e.drafts, e.fate) for e in new])
     st.batches = [merge(conj(put_batch, eq(st.num_batches, k)), batch, b) for k, b in enumerate(st.batches)]

@@ -26,6 +26,7 @@ import z3
 from flightcheck.spec import BlockPool, Config, Entry, Fate, Request, State, Status
 from flightcheck.spec.blocks import cdiv
 from flightcheck.verification.models import Model
+from flightcheck.verification.mutants import mutant as registered_mutant
 from flightcheck.verification.z3.encoding.terms import V, leaves, value_of, var
 
 STATUS: tuple[Status, ...] = (Status.NEW, Status.WAITING, Status.RUNNING, Status.PREEMPTED,
@@ -56,12 +57,16 @@ class Layout:
     def cfg(self) -> Config:
         return self.model.cfg
 
+    def is_mutant(self, name: str) -> bool:
+        """Whether the model checks mutant `name` (a name in verification/mutants)."""
+        return registered_mutant(name).name == self.model.mutant
+
     @staticmethod
     def of(model: Model, bitvectors: bool = True) -> "Layout":
         cfg, n = model.cfg, model.num_requests
         # Every entry schedules >= 1 token, charged to the budget, and a batch
         # holds a request once: min(N, budget) entries, unless the budget mutant.
-        e = n if cfg.is_mutant("budget_ignored") else min(n, cfg.max_num_batched_tokens)
+        e = n if model.mutant == "budget_ignored" else min(n, cfg.max_num_batched_tokens)
         t = cdiv(cfg.max_model_len, cfg.block_size)   # a table covers < max_model_len tokens
         content = tuple(tuple(_content_label(model, r, i) for i in range(t)) for r in range(n))
         used = {lab for row in content for lab in row} | {lab for p in model.prompts for lab in p.labels}

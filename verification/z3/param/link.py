@@ -52,6 +52,7 @@ from flightcheck.spec import (
 )
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.models import Model
+from flightcheck.verification.mutants import applied
 from flightcheck.verification.z3.param.invariant import (
     broken_conjuncts,
     invariant,
@@ -191,7 +192,8 @@ def check_link(model: Model, max_states: int | None = None, stop_at_first: bool 
         _note_enabled(ops, x, pcfg, report)
         for action, nxt in explicit.successors(model, s):
             report.edges += 1
-            why = replay(s, cfg, action, nxt, report)
+            with applied(model.mutant):     # replay re-runs the spec's schedule
+                why = replay(s, cfg, action, nxt, report)
             if why is not None:
                 report.problems.append(f"{action}: {why}")
             if nxt not in seen and (max_states is None or len(seen) < max_states):
@@ -214,7 +216,8 @@ def rejected_edges(model: Model, max_states: int = 20_000) -> Iterator[tuple[Sta
     for s in _reachable(model, max_states):
         for action, nxt in explicit.successors(model, s):
             try:
-                why = replay(s, model.cfg, action, nxt)
+                with applied(model.mutant):     # replay re-runs the spec's schedule
+                    why = replay(s, model.cfg, action, nxt)
             except OutsideParamModel as err:
                 why = str(err)
             if why is not None:
@@ -310,8 +313,9 @@ def restatement_report(model: Model, max_states: int = 5_000) -> tuple[Counter, 
         except OutsideParamModel:
             continue
         for p in RESTATED:
-            if spec_pred[p].holds(s, cfg):
-                continue
+            with applied(model.mutant):
+                if spec_pred[p].holds(s, cfg):
+                    continue
             violations[p] += 1
             if property_holds(ops, x, pcfg, p):
                 weaker.append(f"{p} holds on map(s) but not on s: {s}")

@@ -94,7 +94,7 @@ ACTIVE = ("WAITING", "RUNNING", "PREEMPTED")
 FATES = ("absent", "live", "orphaned", "superseded")
 CONTINUE, LENGTH, STOPPED = 0, 1, 2          # complete_entry's outcome parameter
 
-# The mutants of spec/config.py that have a switch here (negative controls).
+# The mutants (verification/mutants) that have a switch here (negative controls).
 PARAM_MUTANTS = ("advance_at_completion", "decode_while_token_in_flight", "rejections_not_subtracted",
                  "preempt_keeps_counter", "orphan_kept_after_reschedule")
 

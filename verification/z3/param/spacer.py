@@ -84,7 +84,7 @@ class _Instance:
         self.sort, self.dom = finite_req_sort(self.N)
         self.ops = Symbolic(self.sort, self.dom)
         self.cfg = PConfig(self.K, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len,
-                           cfg.num_spec_tokens, cfg.long_prefill_token_threshold, self.dom[0], cfg.mutant)
+                           cfg.num_spec_tokens, cfg.long_prefill_token_threshold, self.dom[0], model.mutant)
         self.prompts = model.prompts
         self.vars = self._scalars()
 

@@ -1,0 +1,226 @@
+"""The registry of the spec's mutants: for each, where the bug comes from,
+which spec functions it replaces (and a fingerprint of each original, so that
+a change to one fails a test instead of leaving the mutant silently stale),
+and what kills it: the property and the length of the shortest
+counterexample `flightcheck verify --json` reports.
+
+A historical mutant is a bug some vLLM version had; a synthetic one exists
+to show that one property carries weight (tests/test_property_weight.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+from dataclasses import dataclass
+from types import FunctionType
+from typing import Literal
+
+from flightcheck.verification.mutants import spec as mutated
+
+# The spec modules a mutant may replace functions of, by the short name a
+# target is written with ("schedule._add_entry").
+SPEC_MODULES: dict[str, str] = {
+    "schedule": "flightcheck.spec.schedule",
+    "actions": "flightcheck.spec.actions",
+}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    kind: Literal["historical", "synthetic"]
+    history: str                                  # where the bug comes from and what broke
+    replaces: dict[str, FunctionType]             # "module.function" of the spec -> its replacement
+    fingerprints: dict[str, str]                  # "module.function" -> fingerprint of the original
+    killed_by: str                                # the property its shortest counterexample breaks
+    shortest: int                                 # that counterexample's length, in steps
+
+
+def spec_function(target: str) -> FunctionType:
+    """The spec function named "module.function", as the module holds it now."""
+    module_name, function_name = target.split(".")
+    return getattr(importlib.import_module(SPEC_MODULES[module_name]), function_name)
+
+
+def fingerprint(function: FunctionType) -> str:
+    """A short hash of a function's source: it changes whenever the function is edited."""
+    return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+
+
+def _mutant(name: str, kind: Literal["historical", "synthetic"], history: str,
+            replaces: dict[str, FunctionType], fingerprints: dict[str, str],
+            killed_by: str, shortest: int) -> Mutant:
+    if set(replaces) != set(fingerprints):
+        raise ValueError(f"mutant {name}: a fingerprint for each replaced function, no more")
+    return Mutant(name, kind, history, replaces, fingerprints, killed_by, shortest)
+
+
+_REGISTRY: tuple[Mutant, ...] = (
+    # --- historical: bugs vLLM had ---------------------------------------------------
+    _mutant("advance_at_completion", "historical",
+            "num_computed advanced when the output returns while prefill continues: "
+            "double scheduling, what scheduled_req_ids prevented (#15307)",
+            {"schedule._advance_counter": mutated.advance_counter_not_at_schedule,
+             "actions._settle_live": mutated.settle_live_and_advance},
+            {"schedule._advance_counter": "b9f3da3a2df22bc7", "actions._settle_live": "e42da0b879814409"},
+            "S3_contiguous_coverage", 2),
+    _mutant("shared_snapshot", "historical",
+            "one snapshot object per request, overwritten by the next batch while the previous "
+            "one is in flight (CachedRequestData reused before vLLM 0.8.5)",
+            {"schedule._launch": mutated.launch_with_shared_snapshot},
+            {"schedule._launch": "55ab61ea41752d7a"},
+            "S4_snapshot_immutability", 3),
+    _mutant("final_chunk_from_live_counter", "historical",
+            "whether a batch samples is decided at completion from the live counter, not from "
+            "the batch's snapshot (#13637 design note)",
+            {"actions.entry_samples": mutated.entry_samples_from_live_counter},
+            {"actions.entry_samples": "0727ec0ac427884d"},
+            "S5_one_sample_per_prefill", 4),
+    _mutant("snapshot_omits_prefix_hit", "historical",
+            "the snapshot's start leaves out the prefix-cache hit, so the final chunk looks "
+            "partial and its token is dropped: the request hangs (#13637)",
+            {"schedule._add_entry": mutated.add_entry_without_prefix_hit},
+            {"schedule._add_entry": "343c08d9df7da216"},
+            "S3_contiguous_coverage", 7),
+    _mutant("rejections_not_subtracted", "historical",
+            "spec-decode rejections not subtracted from num_computed",
+            {"actions._subtracts_rejections": mutated.never_subtracts_rejections},
+            {"actions._subtracts_rejections": "3b6f4615dca8edba"},
+            "S8_spec_accounting", 5),
+    _mutant("decode_while_token_in_flight", "historical",
+            "the num_new_tokens == 0 gate removed: a decode is scheduled while the previous "
+            "token is still in flight",
+            {"schedule._num_new_running": mutated.num_new_running_decodes_in_flight},
+            {"schedule._num_new_running": "5f10b0554c99db7a"},
+            "S1_counter_bounds", 3),
+    _mutant("stale_output_applied_to_resumed", "historical",
+            "the output of a batch scheduled before a preemption is applied by name to the "
+            "resumed request (vLLM 0.8.5, PP >= 3)",
+            {"schedule._supersede_orphans": mutated.resumed_request_takes_orphans_live},
+            {"schedule._supersede_orphans": "08295d2a98f71cbd"},
+            "S13_fates_only_age", 7),
+    _mutant("inflight_set_not_cleared_on_preemption", "historical",
+            "one-batch-per-request: scheduled_req_ids keeps a preempted request, the "
+            "unscheduled count drifts and the engine stops scheduling (vLLM 0.8.1-0.8.4)",
+            {"schedule._preempt": mutated.preempt_keeping_inflight_set},
+            {"schedule._preempt": "4fe2399555518f54"},
+            "S11_pipeline_depth", 8),
+    _mutant("rejections_subtracted_after_reset", "historical",
+            "spec-decode rejections of a stale batch subtracted from the counter that "
+            "preemption reset (the guard vLLM 0.12.0 added)",
+            {"actions._subtracts_rejections": mutated.subtracts_rejections_after_reset},
+            {"actions._subtracts_rejections": "3b6f4615dca8edba"},
+            "S1_counter_bounds", 9),
+    # --- synthetic: each shows one property carries weight ------------------------------
+    _mutant("budget_ignored", "synthetic",
+            "the token budget is not charged for running requests",
+            {"schedule._num_new_running": mutated.num_new_running_over_budget,
+             "schedule._add_entry": mutated.add_entry_uncharged},
+            {"schedule._num_new_running": "5f10b0554c99db7a", "schedule._add_entry": "343c08d9df7da216"},
+            "S10_queues_and_budgets", 5),
+    _mutant("max_num_seqs_ignored", "synthetic",
+            "admission does not check max_num_seqs",
+            {"schedule._has_free_seat": mutated.always_a_free_seat},
+            {"schedule._has_free_seat": "81c1cf6ce132c8b1"},
+            "S10_queues_and_budgets", 3),
+    _mutant("threshold_ignored_on_admission", "synthetic",
+            "long_prefill_token_threshold is not applied to admissions",
+            {"schedule._num_new_waiting": mutated.num_new_waiting_over_threshold},
+            {"schedule._num_new_waiting": "42adb0beabed8ae2"},
+            "S10_queues_and_budgets", 2),
+    _mutant("no_length_cap", "synthetic",
+            "max_tokens is not checked after an appended token",
+            {"actions._stop_reason": mutated.stop_reason_without_length_cap},
+            {"actions._stop_reason": "2a95ae17d44981a0"},
+            "S2_length_cap", 5),
+    _mutant("blocks_not_freed_on_abort", "synthetic",
+            "an aborted request keeps its blocks",
+            {"actions._finish": mutated.finish_keeping_blocks_on_abort},
+            {"actions._finish": "c000a26d6896229f"},
+            "S9_kv_ownership", 3),
+    _mutant("admit_after_preemption", "synthetic",
+            "admission runs in a step that preempted",
+            {"schedule.schedule": mutated.schedule_admitting_after_preemption},
+            {"schedule.schedule": "49d9a422df838676"},
+            "S12_status_monotonicity", 5),
+    _mutant("orphan_kept_after_reschedule", "synthetic",
+            "a rescheduled request's orphaned entries stay orphaned",
+            {"schedule._supersede_orphans": mutated.orphans_kept_on_resume},
+            {"schedule._supersede_orphans": "08295d2a98f71cbd"},
+            "S7_output_binding", 7),
+    _mutant("preempt_keeps_counter", "synthetic",
+            "preemption does not reset num_computed",
+            {"schedule._preempt": mutated.preempt_keeping_counter},
+            {"schedule._preempt": "4fe2399555518f54"},
+            "S1_counter_bounds", 5),
+    _mutant("preemption_clears_inflight_drafts", "synthetic",
+            "in-flight batches alias the request's draft list, which preemption clears",
+            {"schedule._preempt": mutated.preempt_clearing_inflight_drafts},
+            {"schedule._preempt": "4fe2399555518f54"},
+            "S4_snapshot_immutability", 8),
+    _mutant("empty_batch_submitted", "synthetic",
+            "a schedule call that only preempted still enqueues an empty batch",
+            {"schedule._launch": mutated.launch_even_when_empty},
+            {"schedule._launch": "55ab61ea41752d7a"},
+            "S11_pipeline_depth", 6),
+    _mutant("arrival_counter_stale", "synthetic",
+            "an arriving request keeps a stale num_computed until admitted",
+            {"actions.arrive": mutated.arrive_with_stale_counter},
+            {"actions.arrive": "fd35b5f23bc0f6d9"},
+            "S1_counter_bounds", 1),
+    _mutant("overlapping_chunks", "synthetic",
+            "a continuing prefill chunk restarts one token early, recomputing a token already "
+            "in flight",
+            {"schedule._add_entry": mutated.add_entry_overlapping,
+             "schedule._advance_counter": mutated.advance_counter_to_entry_end},
+            {"schedule._add_entry": "343c08d9df7da216", "schedule._advance_counter": "b9f3da3a2df22bc7"},
+            "S3_contiguous_coverage", 3),
+    _mutant("stale_drafts_on_prefill_chunk", "synthetic",
+            "a prefill chunk's snapshot records a draft, as if the request's old proposal were "
+            "still scheduled",
+            {"schedule._add_entry": mutated.add_entry_with_stale_draft},
+            {"schedule._add_entry": "343c08d9df7da216"},
+            "S5_one_sample_per_prefill", 2),
+    _mutant("draft_cap_ignored", "synthetic",
+            "the drafter may propose k + 1 drafts",
+            {"actions.max_next_drafts": mutated.max_next_drafts_plus_one},
+            {"actions.max_next_drafts": "76398d304876b9fc"},
+            "S8_spec_accounting", 3),
+    _mutant("complete_refuses_orphans", "synthetic",
+            "a batch holding an orphaned entry can never be consumed",
+            {"actions.is_complete_enabled": mutated.complete_enabled_without_orphans},
+            {"actions.is_complete_enabled": "bf6162c2d47954c4"},
+            "L3_drain", 6),
+    _mutant("schedule_blocked_when_idle", "synthetic",
+            "the engine will not schedule while nothing is in flight",
+            {"schedule.is_schedule_enabled": mutated.schedule_enabled_only_while_busy},
+            {"schedule.is_schedule_enabled": "ddc130e896bef8c0"},
+            "L2_no_deadlock", 1),
+    _mutant("no_block_for_last_token", "synthetic",
+            "allocation rounds down, the last partial block is missing",
+            {"schedule._num_required_blocks": mutated.num_required_blocks_rounded_down},
+            {"schedule._num_required_blocks": "d1a170ddc52263a1"},
+            "S9_kv_ownership", 2),
+)
+
+MUTANTS: dict[str, Mutant] = {m.name: m for m in _REGISTRY}
+
+# The originals, taken when this module is first imported: nothing has been
+# swapped yet then, since only `applied` swaps, and it needs this module.
+ORIGINALS: dict[str, FunctionType] = {target: spec_function(target)
+                                      for m in _REGISTRY for target in m.replaces}
+
+
+def mutant(name: str) -> Mutant:
+    """The mutant called `name`; ValueError naming the known ones otherwise."""
+    if name not in MUTANTS:
+        raise ValueError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
+    return MUTANTS[name]
+
+
+def stale_fingerprints(m: Mutant) -> list[str]:
+    """The spec functions m replaces that changed since m was derived from them."""
+    return [target for target, stored in m.fingerprints.items()
+            if fingerprint(ORIGINALS[target]) != stored]
