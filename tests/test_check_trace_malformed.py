@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from flightcheck.cli import main
 from flightcheck.verification.traces import check as check_module
-from flightcheck.verification.traces.check import MalformedTrace, check_events, check_trace, read_events
+from flightcheck.verification.traces.check import MalformedTrace, check_events, read_events
 from flightcheck.verification.traces.schema import MAX_POOL_BLOCKS
 from tests.test_check_trace import SCENARIOS, events_of
 
