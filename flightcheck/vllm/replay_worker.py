@@ -14,9 +14,12 @@ The scheduler is built as vLLM's own tests build one (0.8.5
 `ModelConfig` (from a config-only Llama directory, no tokenizer, no hub),
 `SchedulerConfig` (chunked prefill), `CacheConfig`, `ParallelConfig`, and a
 `KVCacheConfig` with exactly the workload's number of blocks. The scheduler
-class is the recorder itself (`recorder.RecordingScheduler`, the class a
-deployment names in `--scheduler-cls`), or vLLM's plain `Scheduler` for a
-run without it (`"recorder": false`), to show that recording changes nothing.
+class is resolved from its qualified name with vLLM's own
+`resolve_obj_by_qualname`, as `EngineCore.__init__` resolves
+`scheduler_cls`: the recorder (`flightcheck.vllm.recorder.RecordingScheduler`,
+the class a deployment names in `--scheduler-cls`), or vLLM's plain
+`Scheduler` for a run without it (`"recorder": false`), to show that
+recording changes nothing.
 """
 
 from __future__ import annotations
@@ -41,13 +44,16 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.utils import resolve_obj_by_qualname  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
+from . import RECORDER  # noqa: E402
 from .engine import ENGINE_GATES, BatchQueueEngine, FabricatedModel, run_busy_loop  # noqa: E402
-from .recorder import RecordingScheduler  # noqa: E402
-from .recording import STAGES_ENV  # noqa: E402
+from .recording import STAGES_ENV, RecordingMixin  # noqa: E402
 from .trace import TRACE_ENV  # noqa: E402
 from .workload import VOCAB_SIZE, ReplayConfig, RequestSpec, Workload, workload_from_json  # noqa: E402
+
+PLAIN_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
 
 # A tiny Llama: the scheduler reads only the architecture, lengths and EOS.
 LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
@@ -123,7 +129,11 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     if trace_path:
         os.environ[TRACE_ENV] = trace_path
     os.environ[STAGES_ENV] = str(workload.config.num_stages)
-    scheduler = factory.build(RecordingScheduler if recording else Scheduler, workload.config)
+    qualified_name = RECORDER if recording else PLAIN_SCHEDULER
+    scheduler_class = resolve_obj_by_qualname(qualified_name)
+    if recording and not issubclass(scheduler_class, RecordingMixin):
+        raise TypeError(f"{qualified_name} resolves to {scheduler_class}, not a recorder")
+    scheduler = factory.build(scheduler_class, workload.config)
     if recording and scheduler._fc_trace is not None:
         scheduler._fc_trace.record_time = False          # replays are deterministic, times are not
     model = FabricatedModel(workload, ModelRunnerOutput)
@@ -141,6 +151,8 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     observations = scheduler.flightcheck_observations.to_json() if recording else None
     return {
         "name": workload.name, "vllm_version": vllm.__version__, "recorder": recording,
+        "scheduler_cls": f"{type(scheduler).__module__}.{type(scheduler).__qualname__}",
+        "scheduler_is_vllm_scheduler": isinstance(scheduler, Scheduler),
         "ending": outcome.ending, "steps": outcome.steps, "batches_in_flight": outcome.batches_in_flight,
         "exception": outcome.exception, "unfinished": outcome.unfinished,
         "ground_truth": observations, "batches": engine.batches,
