@@ -157,3 +157,15 @@ def test_0_8_4_livelocks_on_a_preempted_request_left_in_scheduled_req_ids(replay
 def test_0_8_4_drift_that_heals_is_still_reported(replay_084: ReplayWorker):
     result = replay_084.replay(WORKLOADS["counter-drift-heals"])
     assert result["ending"] == "done" and result["ground_truth"]["in_flight_set_mismatches"]
+
+
+def test_0_8_4_crashes_after_a_stale_completion_clears_scheduled_req_ids(replay_084: ReplayWorker, tmp_path: Path):
+    trace = tmp_path / "t.jsonl"
+    result = replay_084.replay(WORKLOADS["stale-completion-crash"], trace=str(trace))
+    assert result["ending"] == "exception"
+    assert "in schedule: assert num_new_tokens > 0" in result["exception"]
+    assert {"extra": [], "missing": ["r4"]}.items() <= result["ground_truth"]["in_flight_set_mismatches"][0].items()
+    written = events(trace)
+    assert written[-1]["ev"] != "end"         # cut short where vLLM died: no claim that the run is over
+    r4_entries = [e["batch"] for e in written if e["ev"] == "schedule" and any(x["req"] == "r4" for x in e["entries"])]
+    assert len(r4_entries) >= 2

@@ -29,6 +29,7 @@ position (workload.sampled_token). Standard library only.
 
 from __future__ import annotations
 
+import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -163,8 +164,20 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
             if step >= workload.max_steps:
                 return RunOutcome("step_limit", step, len(engine.batch_queue), unfinished=_unfinished(scheduler))
     except Exception as err:  # an exception inside vLLM ends the run, as it kills an engine core
-        return RunOutcome("exception", step, len(engine.batch_queue),
-                          exception=f"{type(err).__name__}: {err}", unfinished=_unfinished(scheduler))
+        return RunOutcome("exception", step, len(engine.batch_queue), exception=_where(err),
+                          unfinished=_unfinished(scheduler))
+
+
+def _where(err: Exception) -> str:
+    """The exception and the innermost line that raised it (an assert's
+    message is often empty: the line says which one failed)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    text = f"{type(err).__name__}: {err}".rstrip(": ")
+    if not frames:
+        return text
+    last = frames[-1]
+    path = last.filename.split("site-packages/")[-1]
+    return f"{text} at {path}:{last.lineno} in {last.name}: {(last.line or '').strip()}"
 
 
 def _unfinished(scheduler: Any) -> list[str]:

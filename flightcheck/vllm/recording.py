@@ -219,11 +219,13 @@ class RecordingMixin:
         unfinished = {e.req_id: e.request for e in entries if not e.request.is_finished()}
         result = super().update_from_output(scheduler_output, model_runner_output)
         self.flightcheck_step += 1
-        event: dict[str, Any] = {"ev": "complete", "batch": record.batch_id if record else None,
-                                 "tokens": returned}
-        if dropped:
-            event["dropped"] = dropped
-        self._fc_write(event)
+        if record is not None:
+            # Without a batch queue (PP = 1) the engine's step() also hands an
+            # empty SchedulerOutput back; no batch was in flight, so no event.
+            event: dict[str, Any] = {"ev": "complete", "batch": record.batch_id, "tokens": returned}
+            if dropped:
+                event["dropped"] = dropped
+            self._fc_write(event)
         for req_id, request in unfinished.items():
             if request.is_finished():
                 self._fc_forget(request)
