@@ -169,3 +169,19 @@ def test_0_8_4_crashes_after_a_stale_completion_clears_scheduled_req_ids(replay_
     assert written[-1]["ev"] != "end"         # cut short where vLLM died: no claim that the run is over
     r4_entries = [e["batch"] for e in written if e["ev"] == "schedule" and any(x["req"] == "r4" for x in e["entries"])]
     assert len(r4_entries) >= 2
+
+
+def test_0_8_5_appends_a_token_sampled_for_a_chunk_it_scheduled_as_partial(replay_085: ReplayWorker, tmp_path: Path):
+    trace = tmp_path / "t.jsonl"
+    result = replay_085.replay(WORKLOADS["token-for-a-partial-chunk"], trace=str(trace))
+    (partial,) = result["ground_truth"]["partial_chunk_tokens"]
+    assert (partial["batch"], partial["req"]) == (24, "r4") and not result["ground_truth"]["stale_tokens"]
+    written = events(trace)
+    scheduled = next(x for e in written if e["ev"] == "schedule" and e["batch"] == 24 for x in e["entries"]
+                     if x["req"] == "r4")
+    assert scheduled["samples"] is False
+    applied = next(i for i, e in enumerate(written) if e["ev"] == "complete" and e["batch"] == 24)
+    assert written[applied]["tokens"]["r4"] and "r4" not in written[applied].get("dropped", [])
+    # check-trace, independently, rejects the trace at that very event.
+    verdict = check_trace(trace)
+    assert (verdict.ok, verdict.event_index, verdict.property) == (False, applied, "S5_one_sample_per_prefill")

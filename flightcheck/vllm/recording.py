@@ -26,8 +26,10 @@ A completion is matched to its batch by the `SchedulerOutput` object that
 `update_from_output` receives (the engine keeps that object in its batch
 queue), not by counting. The mixin also keeps, for the replay, what vLLM's own
 state shows about conformance (`observations`): a token appended to a
-request whose incarnation changed since its batch was scheduled, and (0.8.4)
-`scheduled_req_ids` disagreeing with the batches actually in flight.
+request whose incarnation changed since its batch was scheduled; a token
+appended for a chunk that did not reach the request's known tokens when it
+was scheduled; and (0.8.4) `scheduled_req_ids` disagreeing with the batches
+actually in flight.
 
 Standard library only: this module never imports vLLM.
 """
@@ -67,10 +69,11 @@ class BatchRecord:
 class Observations:
     """Ground truth read from vLLM's state, independent of any checker."""
     stale_tokens: list[dict[str, Any]] = field(default_factory=list)
+    partial_chunk_tokens: list[dict[str, Any]] = field(default_factory=list)
     in_flight_set_mismatches: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"stale_tokens": self.stale_tokens,
+        return {"stale_tokens": self.stale_tokens, "partial_chunk_tokens": self.partial_chunk_tokens,
                 "in_flight_set_mismatches": self.in_flight_set_mismatches}
 
 
@@ -216,6 +219,13 @@ class RecordingMixin:
                 self.flightcheck_observations.stale_tokens.append({
                     "step": self.flightcheck_step + 1, "batch": record.batch_id, "req": entry.req_id,
                     "why": "aborted and re-added" if current is not entry.request else "preempted and resumed"})
+            elif tokens and not entry.samples:
+                # The model sampled for a chunk that, when it was scheduled, did
+                # not reach the request's known tokens: the worker's view of the
+                # request's length differed from the scheduler's.
+                self.flightcheck_observations.partial_chunk_tokens.append({
+                    "step": self.flightcheck_step + 1, "batch": record.batch_id, "req": entry.req_id,
+                    "end": entry.start + entry.n})
         unfinished = {e.req_id: e.request for e in entries if not e.request.is_finished()}
         result = super().update_from_output(scheduler_output, model_runner_output)
         self.flightcheck_step += 1

@@ -122,6 +122,9 @@ def findings(result: dict[str, Any]) -> list[str]:
     for stale in truth.get("stale_tokens", []):
         found.append(f"batch {stale['batch']}'s token was appended to {stale['req']} after it was "
                      f"{stale['why']} (step {stale['step']})")
+    for partial in truth.get("partial_chunk_tokens", []):
+        found.append(f"batch {partial['batch']}'s token was appended to {partial['req']} for a chunk ending at "
+                     f"{partial['end']}, short of its known tokens when scheduled (step {partial['step']})")
     for mismatch in truth.get("in_flight_set_mismatches", []):
         found.append(f"scheduled_req_ids disagrees with the batches in flight at step {mismatch['step']}: "
                      f"extra {mismatch['extra']}, missing {mismatch['missing']}")
