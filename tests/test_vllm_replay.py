@@ -77,8 +77,6 @@ def test_the_recorder_changes_no_decision_of_vllm(replay: ReplayWorker, tmp_path
     # The comparison means something only if the workloads make vLLM do these.
     required = {"preemption", "abort", "prefix hit"} | ({"two chunks in flight"} if replay.version == "0.8.5" else set())
     assert required <= {what for what, seen in covered.items() if seen}, covered
-    if replay.version == "0.8.4":          # scheduled_req_ids: one batch per request
-        assert not covered["two chunks in flight"]
 
 
 def test_the_replay_builds_the_recorder_from_its_qualified_name_as_vllm_does(replay: ReplayWorker):
