@@ -36,7 +36,8 @@ esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 pins="$root/flightcheck/vllm/pins/$pins_name"
 [ -f "$pins" ] || { echo "missing pins file $pins" >&2; exit 1; }
-cache=${FLIGHTCHECK_VLLM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flightcheck}
+home=${HOME:-$(cd ~ && pwd)}     # as Python's expanduser does when HOME is unset
+cache=${FLIGHTCHECK_VLLM_CACHE:-${XDG_CACHE_HOME:-$home/.cache}/flightcheck}
 dir=${2:-$cache/vllm-$version}
 builder=${FLIGHTCHECK_VLLM_PYTHON:-python3}
 torch_version=2.13.0

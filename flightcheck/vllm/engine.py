@@ -140,7 +140,10 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
         while True:
             while pending and pending[0][0] <= step:       # _process_input_queue
                 _, kind, req_id, spec = pending.popleft()
-                add_request(spec) if kind == 0 else abort_request(req_id)
+                if kind == 0:
+                    add_request(spec)
+                else:
+                    abort_request(req_id)
             if not scheduler.has_requests():               # blocks on the input queue
                 if pending:
                     step = pending[0][0]
