@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import sys
 
-from .commands import bench, check_trace, fuzz, plot, run, simulate, verify
+from .commands import bench, check_trace, fuzz, plot, run, simulate, verify, vllm
 from .commands.common import Parser
 
-COMMANDS = (verify, fuzz, check_trace, run, simulate, bench, plot)
+COMMANDS = (verify, fuzz, check_trace, run, simulate, bench, plot, vllm)
 
 
 def build_parser() -> Parser:

@@ -60,6 +60,23 @@ def test_only_runtime_imports_torch(layer):
         assert not {n for n in names if top(n) == "torch"}, f"{path} imports torch"
 
 
+@pytest.mark.parametrize("layer", ["spec", "reference", "runtime", "verification", "flightcheck"])
+def test_only_flightcheck_vllm_imports_vllm(layer):
+    for path, names in layer_imports(layer).items():
+        if (ROOT / "flightcheck" / "vllm") in path.parents:
+            continue
+        assert not {n for n in names if top(n) == "vllm"}, f"{path} imports vllm"
+
+
+def test_flightcheck_vllm_imports_vllm_only_where_it_runs_in_a_vllm_venv():
+    """The recorder (loaded by vLLM) and the replay worker (started in a vLLM
+    venv) import vLLM; every other module of the package imports without it."""
+    for path, names in layer_imports("flightcheck/vllm").items():
+        if path.name in ("recorder.py", "replay_worker.py"):
+            continue
+        assert not {n for n in names if top(n) == "vllm"}, f"{path} imports vllm"
+
+
 def test_spec_and_reference_share_no_code():
     for path, names in layer_imports("spec").items():
         assert not {n for n in names if "reference" in n}, f"{path} imports the reference"

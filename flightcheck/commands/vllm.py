@@ -1,0 +1,117 @@
+"""`flightcheck vllm replay WORKLOAD.json`: drive vLLM's real scheduler.
+
+    flightcheck vllm replay workload.json --trace run.jsonl --check
+    flightcheck vllm replay campaign.jsonl --vllm-version 0.8.4 --trace traces/ --json
+
+Every workload in the file (one object, a list, or JSON Lines) is replayed
+through vLLM's own V1 scheduler, in the vLLM venv of that version (built by
+`scripts/build-vllm-venv.sh VERSION`), driven by our copy of the engine's
+batch-queue loop and a fabricated model; the scheduler is the recorder a
+deployment installs, so each run writes a trace. `--check` runs check-trace
+on each trace. Exit codes: 0 every run ended cleanly with nothing wrong in
+vLLM's own state (and, with --check, every trace legal); 1 a finding; 2 bad
+arguments or input, or no venv for the version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .common import Parser, bad
+
+
+def add_parser(sub) -> None:
+    from flightcheck.vllm import DEFAULT_VERSION, SUPPORTED_VERSIONS
+
+    vllm = sub.add_parser("vllm", help="record and replay vLLM's real scheduler (needs a vLLM venv)")
+    actions = vllm.add_subparsers(dest="vllm_command", required=True, parser_class=Parser)
+    replay = actions.add_parser("replay", help="replay workloads through vLLM's real V1 scheduler")
+    replay.add_argument("workload", help="a workload JSON file (one object, a list, or JSON Lines)")
+    replay.add_argument("--vllm-version", default=DEFAULT_VERSION, choices=SUPPORTED_VERSIONS,
+                        help=f"the vLLM whose scheduler runs (default {DEFAULT_VERSION})")
+    replay.add_argument("--trace", metavar="OUT", help="write the trace here (a directory when the file "
+                        "holds several workloads: OUT/NAME.jsonl)")
+    replay.add_argument("--check", action="store_true", help="also run check-trace on every trace")
+    replay.add_argument("--json", action="store_true", help="print machine-readable results")
+    replay.set_defaults(func=run)
+
+
+def _trace_paths(args: argparse.Namespace, raws: list[dict[str, Any]], scratch: str) -> list[str | None]:
+    """One trace path per workload; a scratch file when only --check wants it."""
+    names = [str(raw.get("name", f"{Path(args.workload).stem}-{i}")) for i, raw in enumerate(raws)]
+    if args.trace is None:
+        return [str(Path(scratch) / f"{i}.jsonl") if args.check else None for i in range(len(raws))]
+    if len(raws) == 1 and not Path(args.trace).is_dir():
+        return [args.trace]
+    directory = Path(args.trace)
+    directory.mkdir(parents=True, exist_ok=True)
+    if len(set(names)) != len(names):
+        names = [f"{i:04d}-{name}" for i, name in enumerate(names)]
+    return [str(directory / f"{name}.jsonl") for name in names]
+
+
+def _check(path: str) -> dict[str, Any]:
+    from flightcheck.verification.traces.check import MalformedTrace, check_trace
+
+    try:
+        return check_trace(path).to_json()
+    except MalformedTrace as err:
+        return {"ok": False, "malformed": str(err)}
+
+
+def _describe_check(check: dict[str, Any]) -> str:
+    if "malformed" in check:
+        return f"check-trace: malformed ({check['malformed']})"
+    if check["ok"]:
+        return f"check-trace: legal ({check['events']} events)"
+    return f"check-trace: event {check['event_index']} violates {check['property']}: {check['message']}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from flightcheck.vllm.replay import ReplayError, ReplayWorker, findings
+    from flightcheck.vllm.workload import WorkloadError, read_workloads
+
+    try:
+        raws = read_workloads(args.workload)
+    except WorkloadError as err:
+        return bad(str(err))
+    failed = False
+    reports = []
+    with tempfile.TemporaryDirectory(prefix="flightcheck-vllm-") as scratch:
+        traces = _trace_paths(args, raws, scratch)
+        try:
+            with ReplayWorker(args.vllm_version) as worker:
+                for raw, trace in zip(raws, traces):
+                    result = worker.replay(raw, trace=trace)
+                    result["findings"] = findings(result)
+                    if args.check and trace is not None:
+                        result["check"] = _check(trace)
+                        failed |= not result["check"]["ok"]
+                    if args.trace is None:
+                        result["trace"] = None          # the scratch file is gone after this run
+                    failed |= bool(result["findings"])
+                    reports.append(result)
+                    if not args.json:
+                        _print(result)
+        except ReplayError as err:
+            return bad(str(err))
+    if args.json:
+        print(json.dumps({"vllm_version": args.vllm_version, "workloads": reports}, indent=1))
+    return 1 if failed else 0
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(f"{result['name']}: vLLM {result['vllm_version']}, {len(result['batches'])} batches, "
+          f"{result['steps']} engine steps, ended {result['ending']}")
+    for finding in result["findings"]:
+        print(f"  vLLM: {finding}")
+    if "check" in result:
+        print(f"  {_describe_check(result['check'])}")
+    if result.get("trace"):
+        print(f"  trace: {result['trace']}")
+    sys.stdout.flush()

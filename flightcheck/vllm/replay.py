@@ -1,0 +1,131 @@
+"""The main environment's side of a replay: find the vLLM venv of a version,
+start the replay worker in it, send it workloads, read results.
+
+The main environment has no vLLM (vLLM's pins want a CUDA torch), so the
+worker runs with the venv's interpreter (`scripts/build-vllm-venv.sh` builds
+it). It sees only the `flightcheck` package, through a private directory on
+its PYTHONPATH holding a link to it: never the main environment's
+site-packages, whose z3, hypothesis or numpy must not leak into vLLM's.
+Importing vLLM costs 10-20 s, so one worker replays many workloads.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import flightcheck
+
+CACHE_ENV = "FLIGHTCHECK_VLLM_CACHE"
+PYTHON_ENV = "FLIGHTCHECK_VLLM_PYTHON_{}"   # e.g. FLIGHTCHECK_VLLM_PYTHON_0_8_5: an explicit interpreter
+
+
+class ReplayError(RuntimeError):
+    """The worker could not be started or died."""
+
+
+def venv_python(version: str) -> Path:
+    """Where `scripts/build-vllm-venv.sh VERSION` puts the venv's python."""
+    explicit = os.environ.get(PYTHON_ENV.format(version.replace(".", "_")))
+    if explicit:
+        return Path(explicit)
+    cache = os.environ.get(CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "flightcheck")
+    return Path(cache) / f"vllm-{version}" / "bin" / "python"
+
+
+def missing_venv_message(version: str) -> str:
+    return (f"no vLLM {version} venv at {venv_python(version).parent.parent}: build it with "
+            f"`scripts/build-vllm-venv.sh {version}` (about 2 minutes)")
+
+
+class ReplayWorker:
+    """A running `python -m flightcheck.vllm.replay_worker` in a vLLM venv."""
+
+    def __init__(self, version: str, python: Path | None = None) -> None:
+        self.version = version
+        python = python or venv_python(version)
+        if not python.exists():
+            raise ReplayError(missing_venv_message(version))
+        self._scratch = tempfile.TemporaryDirectory(prefix="flightcheck-replay-")
+        package_link = Path(self._scratch.name) / "flightcheck"
+        package_link.symlink_to(Path(flightcheck.__file__).resolve().parent, target_is_directory=True)
+        self._stderr_path = Path(self._scratch.name) / "worker-stderr.txt"
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        env["PYTHONPATH"] = self._scratch.name
+        self._stderr = open(self._stderr_path, "w")
+        self._process = subprocess.Popen(
+            [str(python), "-m", "flightcheck.vllm.replay_worker"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True, bufsize=1)
+        ready = self._read()
+        if ready.get("ready") != version:
+            self.close()
+            raise ReplayError(f"the worker runs vLLM {ready.get('ready')}, not {version}: {ready}")
+
+    def _read(self) -> dict[str, Any]:
+        assert self._process.stdout is not None
+        line = self._process.stdout.readline()
+        if not line:
+            self._process.wait()
+            raise ReplayError(f"the vLLM {self.version} replay worker exited ({self._process.returncode}); "
+                              f"its last output:\n{self.stderr_tail()}")
+        return json.loads(line)
+
+    def stderr_tail(self, lines: int = 20) -> str:
+        self._stderr.flush()
+        return "\n".join(self._stderr_path.read_text().splitlines()[-lines:])
+
+    def replay(self, workload: dict[str, Any], trace: str | None = None, recorder: bool = True) -> dict[str, Any]:
+        """Replay one workload (raw JSON, as workload.read_workloads returns it)."""
+        assert self._process.stdin is not None
+        job = {"workload": workload, "trace": None if trace is None else str(Path(trace).resolve()),
+               "recorder": recorder}
+        self._process.stdin.write(json.dumps(job) + "\n")
+        self._process.stdin.flush()
+        result = self._read()
+        if "error" in result:
+            raise ReplayError(f"replay of {workload.get('name', '?')} failed in the worker: {result['error']}")
+        return result
+
+    def close(self) -> None:
+        if self._process.stdin is not None and not self._process.stdin.closed:
+            self._process.stdin.close()
+        try:
+            self._process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._stderr.close()
+        self._scratch.cleanup()
+
+    def __enter__(self) -> "ReplayWorker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def findings(result: dict[str, Any]) -> list[str]:
+    """What vLLM's own state showed to be wrong in a run (empty: nothing)."""
+    found = []
+    if result["ending"] != "done":
+        detail = result.get("exception") or ", ".join(result.get("unfinished") or [])
+        found.append(f"the run ended {result['ending']}"
+                     + (f" with {result['batches_in_flight']} batches in flight" if result["batches_in_flight"] else "")
+                     + (f" ({detail})" if detail else ""))
+    truth = result.get("ground_truth") or {}
+    for stale in truth.get("stale_tokens", []):
+        found.append(f"batch {stale['batch']}'s token was appended to {stale['req']} after it was "
+                     f"{stale['why']} (step {stale['step']})")
+    for partial in truth.get("partial_chunk_tokens", []):
+        found.append(f"batch {partial['batch']}'s token was appended to {partial['req']} for a chunk ending at "
+                     f"{partial['end']}, short of its known tokens when scheduled (step {partial['step']})")
+    for mismatch in truth.get("in_flight_set_mismatches", []):
+        found.append(f"scheduled_req_ids disagrees with the batches in flight at step {mismatch['step']}: "
+                     f"extra {mismatch['extra']}, missing {mismatch['missing']}")
+    return found

@@ -1,0 +1,184 @@
+"""The replay worker: runs inside a vLLM venv, imports vLLM once, and replays
+every workload it is sent through vLLM's real V1 scheduler.
+
+    python -m flightcheck.vllm.replay_worker < jobs.jsonl > results.jsonl
+
+One job per input line: `{"workload": {...}, "trace": PATH or null,
+"recorder": true}`; one result per output line (see `replay_one`). The main
+CLI (`flightcheck vllm replay`) starts it with the venv's interpreter; it
+imports neither z3, hypothesis nor flightcheck's own torch runtime (vLLM
+imports torch itself).
+
+The scheduler is built as vLLM's own tests build one (0.8.5
+`tests/v1/core/test_scheduler.py`, `create_scheduler`): real
+`ModelConfig` (from a config-only Llama directory, no tokenizer, no hub),
+`SchedulerConfig` (chunked prefill), `CacheConfig`, `ParallelConfig`, and a
+`KVCacheConfig` with exactly the workload's number of blocks. The scheduler
+class is resolved from its qualified name with vLLM's own
+`resolve_obj_by_qualname`, as `EngineCore.__init__` resolves
+`scheduler_cls`: the recorder (`flightcheck.vllm.recorder.RecordingScheduler`,
+the class a deployment names in `--scheduler-cls`), or vLLM's plain
+`Scheduler` for a run without it (`"recorder": false`), to show that
+recording changes nothing.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+# vLLM reads these at import: V1, no logging setup of its own, no hub access.
+os.environ.setdefault("VLLM_USE_V1", "1")
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import vllm  # noqa: E402
+from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.utils import resolve_obj_by_qualname  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from . import RECORDER  # noqa: E402
+from .engine import ENGINE_GATES, BatchQueueEngine, FabricatedModel, run_busy_loop  # noqa: E402
+from .recording import STAGES_ENV, RecordingMixin  # noqa: E402
+from .trace import TRACE_ENV  # noqa: E402
+from .workload import VOCAB_SIZE, ReplayConfig, RequestSpec, Workload, workload_from_json  # noqa: E402
+
+PLAIN_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
+
+# A tiny Llama: the scheduler reads only the architecture, lengths and EOS.
+LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+                "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
+                "num_hidden_layers": 4, "vocab_size": VOCAB_SIZE, "max_position_embeddings": 1 << 17,
+                "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"}
+
+
+class SchedulerFactory:
+    """Builds schedulers; ModelConfig is costly (a registry probe), so one is
+    kept per max_model_len."""
+
+    def __init__(self) -> None:
+        self._directory = tempfile.mkdtemp(prefix="flightcheck-llama-")
+        with open(os.path.join(self._directory, "config.json"), "w") as f:
+            json.dump(LLAMA_CONFIG, f)
+        self._model_configs: dict[int, ModelConfig] = {}
+
+    def model_config(self, max_model_len: int) -> ModelConfig:
+        if max_model_len not in self._model_configs:
+            self._model_configs[max_model_len] = ModelConfig(
+                model=self._directory, task="generate", tokenizer=self._directory, tokenizer_mode="auto",
+                trust_remote_code=False, dtype="float32", seed=0, max_model_len=max_model_len,
+                skip_tokenizer_init=True)
+        return self._model_configs[max_model_len]
+
+    def build(self, scheduler_class: type, config: ReplayConfig) -> Any:
+        model_config = self.model_config(config.max_model_len)
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=config.max_model_len, enable_chunked_prefill=True,
+            long_prefill_token_threshold=config.long_prefill_token_threshold)
+        cache_config = CacheConfig(block_size=config.block_size, gpu_memory_utilization=0.9, swap_space=0,
+                                   cache_dtype="auto", enable_prefix_caching=config.prefix_caching)
+        cache_config.num_gpu_blocks = config.num_blocks
+        parallel_config = ParallelConfig(pipeline_parallel_size=config.num_stages)
+        vllm_config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config,
+                                 cache_config=cache_config, parallel_config=parallel_config)
+        # The KV cache's dtype is the model's, as vLLM's "auto" cache dtype.
+        kv_cache_config = KVCacheConfig(
+            num_blocks=config.num_blocks, tensors={},
+            kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
+                config.block_size, 1, 1, model_config.dtype, False))])
+        arguments: dict[str, Any] = {
+            "kv_cache_config": kv_cache_config,
+            "structured_output_manager": StructuredOutputManager(vllm_config), "log_stats": False}
+        if "vllm_config" in inspect.signature(Scheduler.__init__).parameters:       # 0.8.5
+            arguments["vllm_config"] = vllm_config
+        else:                                                                        # 0.8.4
+            arguments.update(scheduler_config=scheduler_config, model_config=model_config,
+                             cache_config=cache_config, lora_config=None, speculative_config=None)
+        return scheduler_class(**arguments)
+
+
+def make_request(spec: RequestSpec, workload: Workload) -> Request:
+    """A vLLM Request as `EngineCore.add_request` makes one."""
+    params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
+    arguments: dict[str, Any] = dict(
+        request_id=spec.req_id, prompt_token_ids=list(spec.prompt_token_ids), multi_modal_inputs=None,
+        multi_modal_hashes=None, multi_modal_placeholders=None, sampling_params=params,
+        eos_token_id=workload.eos_token_id, arrival_time=0.0, lora_request=None)
+    if "prompt" in inspect.signature(Request.__init__).parameters:                  # 0.8.4
+        arguments["prompt"] = None
+    return Request(**arguments)
+
+
+def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]:
+    workload = workload_from_json(job["workload"])
+    recording = job.get("recorder", True)
+    trace_path = job.get("trace") if recording else None
+    # The recorder reads its settings the way a deployment sets them.
+    os.environ.pop(TRACE_ENV, None)
+    if trace_path:
+        os.environ[TRACE_ENV] = trace_path
+    os.environ[STAGES_ENV] = str(workload.config.num_stages)
+    qualified_name = RECORDER if recording else PLAIN_SCHEDULER
+    scheduler_class = resolve_obj_by_qualname(qualified_name)
+    if recording and not issubclass(scheduler_class, RecordingMixin):
+        raise TypeError(f"{qualified_name} resolves to {scheduler_class}, not a recorder")
+    scheduler = factory.build(scheduler_class, workload.config)
+    if recording and scheduler._fc_trace is not None:
+        scheduler._fc_trace.record_time = False          # replays are deterministic, times are not
+    model = FabricatedModel(workload, ModelRunnerOutput)
+    engine = BatchQueueEngine(scheduler, model, workload.config.num_stages,
+                              schedules_only_unscheduled=ENGINE_GATES[vllm.__version__])
+
+    def abort(req_id: str) -> None:
+        scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)
+
+    outcome = run_busy_loop(engine, workload, lambda spec: scheduler.add_request(make_request(spec, workload)),
+                            abort)
+    if recording:
+        # A run cut short by an exception has no end: the trace stops where vLLM did.
+        scheduler.flightcheck_end(complete=outcome.ending != "exception" and outcome.ending != "step_limit")
+    observations = scheduler.flightcheck_observations.to_json() if recording else None
+    return {
+        "name": workload.name, "vllm_version": vllm.__version__, "recorder": recording,
+        "scheduler_cls": f"{type(scheduler).__module__}.{type(scheduler).__qualname__}",
+        "scheduler_is_vllm_scheduler": isinstance(scheduler, Scheduler),
+        "ending": outcome.ending, "steps": outcome.steps, "batches_in_flight": outcome.batches_in_flight,
+        "exception": outcome.exception, "unfinished": outcome.unfinished,
+        "ground_truth": observations, "batches": engine.batches,
+        "outputs": [list(x) for x in engine.outputs], "trace": trace_path,
+    }
+
+
+def main() -> int:
+    # vLLM and triton may print to stdout; results go to the original stdout only.
+    results = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    if ENGINE_GATES.get(vllm.__version__) is None:
+        results.write(json.dumps({"error": f"no engine loop for vLLM {vllm.__version__}"}) + "\n")
+        return 2
+    factory = SchedulerFactory()
+    results.write(json.dumps({"ready": vllm.__version__}) + "\n")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            result = replay_one(factory, json.loads(line))
+        except Exception as err:  # a bad job must not take the other workloads down
+            result = {"error": f"{type(err).__name__}: {err}"}
+        results.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""A replay workload: vLLM's configuration and the requests, as JSON.
+
+    {"name": "two-prompts", "seed": 0,
+     "config": {"num_stages": 2, "max_num_batched_tokens": 10, "max_num_seqs": 2,
+                "block_size": 16, "num_blocks": 1000, "max_model_len": 2048,
+                "long_prefill_token_threshold": 0, "prefix_caching": false},
+     "prefixes": {"system": 32},
+     "requests": [
+        {"id": "0", "prompt_token_ids": [1, 15043, ...], "max_tokens": 5},
+        {"id": "1", "prompt_len": 40, "prefix": "system", "max_tokens": 8,
+         "arrival_step": 3, "abort_step": 9, "eos_probability": 0.1}]}
+
+* `config.num_blocks` is vLLM's `KVCacheConfig.num_blocks`: the pool,
+  including the null block vLLM keeps back (usable blocks: num_blocks - 1).
+* A prompt is given by its token ids, or by `prompt_len` with an optional
+  named shared `prefix` (`prefixes` gives each name a length): the prefix's
+  tokens are the same for every request naming it, the rest is drawn from
+  the workload's seed and the request id, so prefix-cache hits follow from
+  the workload.
+* `arrival_step` / `abort_step`: the engine step at which the request is
+  added / aborted (input arrives between engine steps, as in vLLM's busy
+  loop). `eos_probability`: the chance that each token the fabricated model
+  samples for this request is the EOS token.
+
+Standard library only; both the CLI (to refuse bad input with exit 2) and
+the replay worker (inside the vLLM venv) read workloads with it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+EOS_TOKEN_ID = 2
+VOCAB_SIZE = 32000
+FIRST_ORDINARY_TOKEN = 3          # 0..2 are special in Llama's vocabulary
+
+
+class WorkloadError(ValueError):
+    """The workload file is not a workload (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    num_stages: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    block_size: int
+    num_blocks: int
+    max_model_len: int
+    long_prefill_token_threshold: int
+    prefix_caching: bool
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    req_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    arrival_step: int
+    abort_step: int | None
+    eos_probability: float
+    ignore_eos: bool
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    seed: int
+    config: ReplayConfig
+    requests: tuple[RequestSpec, ...]
+    eos_token_id: int
+    max_steps: int
+
+
+CONFIG_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "block_size": 16, "max_model_len": 2048,
+                                   "long_prefill_token_threshold": 0, "prefix_caching": True}
+
+
+def _int(where: str, value: Any, minimum: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise WorkloadError(f"{where} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _config(raw: Any) -> ReplayConfig:
+    if not isinstance(raw, dict):
+        raise WorkloadError("'config' must be an object")
+    merged = {**CONFIG_DEFAULTS, **raw}
+    unknown = set(merged) - set(ReplayConfig.__dataclass_fields__)
+    if unknown:
+        raise WorkloadError(f"config has unknown keys {sorted(unknown)}")
+    missing = set(ReplayConfig.__dataclass_fields__) - set(merged)
+    if missing:
+        raise WorkloadError(f"config lacks {sorted(missing)}")
+    if not isinstance(merged["prefix_caching"], bool):
+        raise WorkloadError("config.prefix_caching must be true or false")
+    minimum = {"num_stages": 1, "max_num_batched_tokens": 1, "max_num_seqs": 1, "block_size": 1,
+               "num_blocks": 2, "max_model_len": 1, "long_prefill_token_threshold": 0}
+    values = {key: _int(f"config.{key}", merged[key], low) for key, low in minimum.items()}
+    return ReplayConfig(prefix_caching=merged["prefix_caching"], **values)
+
+
+def _seeded_tokens(seed: int, label: str, count: int) -> list[int]:
+    rng = random.Random(f"{seed}/{label}")
+    return [rng.randrange(FIRST_ORDINARY_TOKEN, VOCAB_SIZE) for _ in range(count)]
+
+
+def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int]) -> RequestSpec:
+    where = f"requests[{index}]"
+    if not isinstance(raw, dict):
+        raise WorkloadError(f"{where} must be an object")
+    req_id = str(raw.get("id", index))
+    if "prompt_token_ids" in raw:
+        tokens = raw["prompt_token_ids"]
+        if not isinstance(tokens, list) or not tokens or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < VOCAB_SIZE for t in tokens):
+            raise WorkloadError(f"{where}.prompt_token_ids must be a non-empty list of token ids")
+        prompt = list(tokens)
+    else:
+        length = _int(f"{where}.prompt_len", raw.get("prompt_len"), 1)
+        prefix = raw.get("prefix")
+        shared: list[int] = []
+        if prefix is not None:
+            if prefix not in prefixes:
+                raise WorkloadError(f"{where} names prefix {prefix!r}, not in 'prefixes'")
+            shared = _seeded_tokens(seed, f"prefix/{prefix}", min(prefixes[prefix], length))
+        prompt = shared + _seeded_tokens(seed, f"request/{req_id}", length - len(shared))
+    abort = raw.get("abort_step")
+    eos_probability = raw.get("eos_probability", 0.0)
+    if not isinstance(eos_probability, (int, float)) or not 0.0 <= eos_probability <= 1.0:
+        raise WorkloadError(f"{where}.eos_probability must be in [0, 1]")
+    return RequestSpec(
+        req_id=req_id, prompt_token_ids=tuple(prompt),
+        max_tokens=_int(f"{where}.max_tokens", raw.get("max_tokens", 16), 1),
+        arrival_step=_int(f"{where}.arrival_step", raw.get("arrival_step", 0)),
+        abort_step=None if abort is None else _int(f"{where}.abort_step", abort),
+        eos_probability=float(eos_probability), ignore_eos=bool(raw.get("ignore_eos", False)))
+
+
+def workload_from_json(raw: Any, default_name: str = "workload") -> Workload:
+    if not isinstance(raw, dict):
+        raise WorkloadError("a workload is a JSON object")
+    seed = _int("seed", raw.get("seed", 0))
+    prefixes = raw.get("prefixes", {})
+    if not isinstance(prefixes, dict):
+        raise WorkloadError("'prefixes' must map names to lengths")
+    prefixes = {str(k): _int(f"prefixes.{k}", v, 1) for k, v in prefixes.items()}
+    requests = raw.get("requests")
+    if not isinstance(requests, list) or not requests:
+        raise WorkloadError("'requests' must be a non-empty list")
+    specs = tuple(_request(r, i, seed, prefixes) for i, r in enumerate(requests))
+    arrivals: dict[str, int] = {}
+    for spec in specs:
+        if spec.req_id in arrivals:
+            raise WorkloadError(f"request id {spec.req_id!r} appears twice")
+        arrivals[spec.req_id] = spec.arrival_step
+    return Workload(name=str(raw.get("name", default_name)), seed=seed, config=_config(raw.get("config", {})),
+                    requests=specs, eos_token_id=_int("eos_token_id", raw.get("eos_token_id", EOS_TOKEN_ID)),
+                    max_steps=_int("max_steps", raw.get("max_steps", 100_000), 1))
+
+
+def read_workloads(path: str | Path) -> list[Any]:
+    """The raw workloads in a file: one JSON object, a JSON list of them, or
+    JSON Lines. Each is validated (WorkloadError) and returned as parsed JSON."""
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise WorkloadError(f"cannot read {path}: {err.strerror}") from None
+    try:
+        parsed = json.loads(text)
+        raws = parsed if isinstance(parsed, list) else [parsed]
+    except json.JSONDecodeError:
+        try:
+            raws = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as err:
+            raise WorkloadError(f"{path}: not JSON ({err.msg})") from None
+    if not raws:
+        raise WorkloadError(f"{path}: no workload in the file")
+    for i, raw in enumerate(raws):
+        workload_from_json(raw, f"{Path(path).stem}-{i}")
+    return raws
+
+
+def sampled_token(workload: Workload, spec: RequestSpec, position: int) -> int:
+    """The token the fabricated model samples for a request at a position:
+    a function of the seed, the request and the position only, so a
+    recomputation after preemption samples the same token."""
+    rng = random.Random(f"{workload.seed}/sample/{spec.req_id}/{position}")
+    if rng.random() < spec.eos_probability:
+        return workload.eos_token_id
+    token = rng.randrange(FIRST_ORDINARY_TOKEN, VOCAB_SIZE)
+    return token if token != workload.eos_token_id else token + 1

@@ -1,0 +1,57 @@
+"""What the vLLM tests share: finding the vLLM venvs, and failing (not
+skipping) without them unless FLIGHTCHECK_SKIP_VLLM=1 says so.
+
+The venvs are built by `scripts/build-vllm-venv.sh VERSION` (`.ci/run` does
+it before pytest); they live outside the clone, so a test run cannot assume
+them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from flightcheck.vllm.replay import ReplayWorker, missing_venv_message, venv_python
+
+SKIP_ENV = "FLIGHTCHECK_SKIP_VLLM"
+DATA = Path(__file__).resolve().parent / "data" / "vllm"
+
+
+def require_venv(version: str) -> None:
+    """Skip with the reason when FLIGHTCHECK_SKIP_VLLM=1, else fail: a test
+    that needs vLLM never passes silently without it."""
+    if venv_python(version).exists():
+        return
+    if os.environ.get(SKIP_ENV) == "1":
+        pytest.skip(f"no vLLM {version} venv, and {SKIP_ENV}=1 asks to skip the vLLM tests")
+    pytest.fail(f"{missing_venv_message(version)}; or set {SKIP_ENV}=1 to skip the vLLM tests")
+
+
+class Workers:
+    """One replay worker per vLLM version, started on first use and shared by
+    a module's tests (starting one imports vLLM: 10-40 s)."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, ReplayWorker] = {}
+
+    def __getitem__(self, version: str) -> ReplayWorker:
+        if version not in self._running:
+            require_venv(version)
+            self._running[version] = ReplayWorker(version)
+        return self._running[version]
+
+    def close(self) -> None:
+        for running in self._running.values():
+            running.close()
+
+
+def workers() -> Iterator[Workers]:
+    """The body of a module-scoped fixture."""
+    shared = Workers()
+    try:
+        yield shared
+    finally:
+        shared.close()
