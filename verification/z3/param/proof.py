@@ -117,7 +117,7 @@ def consecution(K: int, kind: StepKind, d: int, mutant: str | None = None) -> Qu
     ops, cfg = Symbolic(), symbolic_config(K, mutant)
     x = symbolic_state(K, "pre")
     params = [z3.Const("r1", REQ) if p == "r" else z3.Int(p) for p in kind.params]
-    guard, post = kind.fn(ops, x, cfg, d, *params)
+    guard, post = kind.update(ops, x, cfg, d, *params)
     r0 = z3.Const("r0", REQ)
     hyps = [*cfg.assumptions(), x.depth == d, invariant(ops, x, cfg), guard]
     show = [("r0", r0)] + ([("r1", params[0])] if "r" in kind.params else [])
@@ -134,7 +134,7 @@ def hypothesis_has_a_finite_model(K: int, kind: StepKind, d: int, num_requests: 
     ops, cfg = Symbolic(sort, domain), symbolic_config(K, req_sort=sort)
     x = symbolic_state(K, "pre", sort)
     params = [z3.Const("r1", sort) if p == "r" else z3.Int(p) for p in kind.params]
-    guard, _ = kind.fn(ops, x, cfg, d, *params)
+    guard, _ = kind.update(ops, x, cfg, d, *params)
     solver = z3.Solver()
     solver.set("timeout", QUERY_TIMEOUT_MS)
     solver.add(*cfg.assumptions(), x.depth == d, invariant(ops, x, cfg), guard)
