@@ -244,7 +244,7 @@ def lift(ops: Symbolic, x: ParamState) -> ParamState:
     ints, bools = z3.IntVal, z3.BoolVal
     slots = tuple(Slot(arr(s.fate, ops.fate), arr(s.start, ints), arr(s.n, ints), arr(s.drafts, ints),
                        arr(s.samples, bools), ints(s.tokens), ops.domain[s.first]) for s in x.slots)
-    return ParamState(arr(x.status, ops.st), arr(x.prompt_len, ints), arr(x.max_tokens, ints),
+    return ParamState(arr(x.status, ops.status), arr(x.prompt_len, ints), arr(x.max_tokens, ints),
                   arr(x.num_output, ints), arr(x.num_computed, ints), arr(x.num_drafts, ints),
                   slots, ints(x.depth), ints(x.num_running))
 

@@ -289,7 +289,7 @@ def with_slot(x: ParamState, i: int, slot: Slot) -> ParamState:
 
 
 def is_one_of(ops: Ops, value: Any, names: tuple[str, ...], kind: str = "status") -> Formula:
-    make = ops.st if kind == "status" else ops.fate
+    make = ops.status if kind == "status" else ops.fate
     return ops.or_(*[value == make(n) for n in names])
 
 
