@@ -235,17 +235,18 @@ def _reachable(model: Model, max_states: int) -> Iterator[State]:
 
 def lift(ops: Symbolic, x: ParamState) -> ParamState:
     """A concrete interpretation as Z3 terms over the finite Req sort."""
-    def arr(values: tuple, conv: Any) -> Any:
-        a = z3.K(ops.req_sort, conv(values[0]))
+    def array_of(values: tuple, convert: Any) -> Any:
+        a = z3.K(ops.req_sort, convert(values[0]))
         for i, v in enumerate(values):
-            a = z3.Store(a, ops.domain[i], conv(v))
+            a = z3.Store(a, ops.domain[i], convert(v))
         return a
 
     ints, bools = z3.IntVal, z3.BoolVal
-    slots = tuple(Slot(arr(s.fate, ops.fate), arr(s.start, ints), arr(s.n, ints), arr(s.drafts, ints),
-                       arr(s.samples, bools), ints(s.tokens), ops.domain[s.first]) for s in x.slots)
-    return ParamState(arr(x.status, ops.status), arr(x.prompt_len, ints), arr(x.max_tokens, ints),
-                  arr(x.num_output, ints), arr(x.num_computed, ints), arr(x.num_drafts, ints),
+    slots = tuple(Slot(array_of(s.fate, ops.fate), array_of(s.start, ints), array_of(s.n, ints),
+                       array_of(s.drafts, ints), array_of(s.samples, bools), ints(s.tokens), ops.domain[s.first])
+                  for s in x.slots)
+    return ParamState(array_of(x.status, ops.status), array_of(x.prompt_len, ints), array_of(x.max_tokens, ints),
+                  array_of(x.num_output, ints), array_of(x.num_computed, ints), array_of(x.num_drafts, ints),
                   slots, ints(x.depth), ints(x.num_running))
 
 

@@ -145,8 +145,8 @@ class Symbolic:
     def ite(self, c: Formula, a: Any, b: Any) -> Any:
         return z3.If(c, a, b)
 
-    def store(self, arr: Any, r: Any, v: Any) -> Any:
-        return z3.Store(arr, r, v)
+    def store(self, array: Any, r: Any, v: Any) -> Any:
+        return z3.Store(array, r, v)
 
     def const_array(self, value: Any) -> Any:
         return z3.K(self.req_sort, value)
@@ -186,8 +186,8 @@ class Concrete:
     def ite(self, c: bool, a: Any, b: Any) -> Any:
         return a if c else b
 
-    def store(self, arr: tuple, r: int, v: Any) -> tuple:
-        return arr[:r] + (v,) + arr[r + 1:]
+    def store(self, array: tuple, r: int, v: Any) -> tuple:
+        return array[:r] + (v,) + array[r + 1:]
 
     def const_array(self, value: Any) -> tuple:
         return (value,) * self.num_requests
@@ -255,16 +255,16 @@ def symbolic_config(K: int, mutant: str | None = None, req_sort: z3.SortRef = RE
 
 
 def symbolic_state(K: int, tag: str, req_sort: z3.SortRef = REQ) -> ParamState:
-    def arr(name: str, sort: z3.SortRef) -> Any:
+    def array(name: str, sort: z3.SortRef) -> Any:
         return z3.Array(f"{name}@{tag}", req_sort, sort)
 
-    ints = {f: arr(f, z3.IntSort()) for f in
+    ints = {f: array(f, z3.IntSort()) for f in
             ("prompt_len", "max_tokens", "num_output", "num_computed", "num_drafts")}
-    slots = tuple(Slot(arr(f"fate{i}", FATE_SORT), arr(f"start{i}", z3.IntSort()), arr(f"n{i}", z3.IntSort()),
-                       arr(f"drafts{i}", z3.IntSort()), arr(f"samples{i}", z3.BoolSort()),
+    slots = tuple(Slot(array(f"fate{i}", FATE_SORT), array(f"start{i}", z3.IntSort()), array(f"n{i}", z3.IntSort()),
+                       array(f"drafts{i}", z3.IntSort()), array(f"samples{i}", z3.BoolSort()),
                        z3.Int(f"tokens{i}@{tag}"), z3.Const(f"first{i}@{tag}", req_sort))
                   for i in range(K))
-    return ParamState(arr("status", STATUS_SORT), slots=slots, depth=z3.Int(f"depth@{tag}"),
+    return ParamState(array("status", STATUS_SORT), slots=slots, depth=z3.Int(f"depth@{tag}"),
                   num_running=z3.Int(f"num_running@{tag}"), **ints)
 
 

@@ -86,21 +86,21 @@ class _Instance:
         self.cfg = ParamConfig(self.K, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len,
                            cfg.num_spec_tokens, cfg.long_prefill_token_threshold, self.domain[0], cfg.mutant)
         self.prompts = model.prompts
-        self.vars = self._scalars()
+        self.variables = self._scalars()
 
     def _scalars(self) -> dict[str, Any]:
         N, K = self.N, self.K
-        v: dict[str, Any] = {f: [z3.Int(f"{f}{i}") for i in range(N)] for f in REQUEST_FIELDS}
-        v["status"] = [z3.Const(f"status{i}", STATUS_SORT) for i in range(N)]
+        variables: dict[str, Any] = {f: [z3.Int(f"{f}{i}") for i in range(N)] for f in REQUEST_FIELDS}
+        variables["status"] = [z3.Const(f"status{i}", STATUS_SORT) for i in range(N)]
         for j in range(K):
-            v[f"fate{j}"] = [z3.Const(f"fate{j}_{i}", FATE_SORT) for i in range(N)]
+            variables[f"fate{j}"] = [z3.Const(f"fate{j}_{i}", FATE_SORT) for i in range(N)]
             for f in ("start", "n", "drafts"):
-                v[f"{f}{j}"] = [z3.Int(f"{f}{j}_{i}") for i in range(N)]
-            v[f"samples{j}"] = [z3.Bool(f"samples{j}_{i}") for i in range(N)]
-            v[f"tokens{j}"] = z3.Int(f"tokens{j}")
-            v[f"first{j}"] = z3.Const(f"first{j}", self.sort)
-        v["num_running"] = z3.Int("num_running")
-        return v
+                variables[f"{f}{j}"] = [z3.Int(f"{f}{j}_{i}") for i in range(N)]
+            variables[f"samples{j}"] = [z3.Bool(f"samples{j}_{i}") for i in range(N)]
+            variables[f"tokens{j}"] = z3.Int(f"tokens{j}")
+            variables[f"first{j}"] = z3.Const(f"first{j}", self.sort)
+        variables["num_running"] = z3.Int("num_running")
+        return variables
 
     def kept_slots(self, d: int) -> int:
         """Inv_d's slots: the d launched batches and the open one (K at full depth)."""
@@ -108,14 +108,14 @@ class _Instance:
 
     def pre(self, d: int) -> dict[str, Any]:
         """The variables of Inv_d, the slots past the kept ones empty."""
-        v = dict(self.vars)
+        variables = dict(self.variables)
         for j in range(self.kept_slots(d), self.K):
-            v[f"fate{j}"] = [self.ops.fate("absent")] * self.N
+            variables[f"fate{j}"] = [self.ops.fate("absent")] * self.N
             for f in ("start", "n", "drafts"):
-                v[f"{f}{j}"] = [z3.IntVal(0)] * self.N
-            v[f"samples{j}"] = [z3.BoolVal(False)] * self.N
-            v[f"tokens{j}"], v[f"first{j}"] = z3.IntVal(0), self.cfg.nobody
-        return v
+                variables[f"{f}{j}"] = [z3.IntVal(0)] * self.N
+            variables[f"samples{j}"] = [z3.BoolVal(False)] * self.N
+            variables[f"tokens{j}"], variables[f"first{j}"] = z3.IntVal(0), self.cfg.nobody
+        return variables
 
     def _array(self, xs: list[Any]) -> Any:
         q = z3.Const("q", self.sort)
@@ -124,16 +124,17 @@ class _Instance:
             body = z3.If(q == self.domain[i], xs[i], body)
         return z3.Lambda([q], body)
 
-    def state(self, v: dict[str, Any], d: int) -> ParamState:
-        slots = tuple(Slot(*[self._array(v[f"{f}{j}"]) for f in SLOT_FIELDS], v[f"tokens{j}"], v[f"first{j}"])
+    def state(self, variables: dict[str, Any], d: int) -> ParamState:
+        slots = tuple(Slot(*[self._array(variables[f"{f}{j}"]) for f in SLOT_FIELDS],
+                           variables[f"tokens{j}"], variables[f"first{j}"])
                       for j in range(self.K))
-        return ParamState(self._array(v["status"]), *[self._array(v[f]) for f in REQUEST_FIELDS],
-                      slots=slots, depth=z3.IntVal(d), num_running=v["num_running"])
+        return ParamState(self._array(variables["status"]), *[self._array(variables[f]) for f in REQUEST_FIELDS],
+                      slots=slots, depth=z3.IntVal(d), num_running=variables["num_running"])
 
     def args(self, x: ParamState, d: int) -> list[Any]:
         """Inv_d's arguments from a state's terms (slot fields simplified to scalars)."""
-        def at(arr: Any) -> list[Any]:
-            return [z3.simplify(arr[c]) for c in self.domain]
+        def at(array: Any) -> list[Any]:
+            return [z3.simplify(array[c]) for c in self.domain]
 
         out = [t for f in ("status", *REQUEST_FIELDS) for t in at(getattr(x, f))]
         for s in x.slots[:self.kept_slots(d)]:
@@ -166,7 +167,7 @@ def horn_clauses(model: Model) -> tuple[z3.Fixedpoint, Any, int]:
     fixedpoint = z3.Fixedpoint()
     fixedpoint.set(engine="spacer")
     fixedpoint.register_relation(bad, *predicates.values())
-    scalars = [t for xs in instance.vars.values() for t in (xs if isinstance(xs, list) else [xs])]
+    scalars = [t for xs in instance.variables.values() for t in (xs if isinstance(xs, list) else [xs])]
     fixedpoint.declare_var(*scalars)
     fixedpoint.rule(predicates[0](*instance.args(initial(instance.ops, instance.cfg), 0)))
     num_rules = 0
