@@ -10,7 +10,10 @@ each query is asked under a fresh assumption literal, so a property is first
 violated (or a target first reached) at the smallest depth, and every
 counterexample is a shortest one. Each trace is decoded into spec actions and
 replayed on the concrete spec, which must agree state for state and must
-itself find the property broken.
+itself find the property broken. What a run checks, and how, is a
+`BmcOptions`; each step of the loop over the depths (check the properties,
+record a violation, assume what held, check the targets, record a reach,
+finish the rows) is a method of `_BmcRun`, its formula in its docstring.
 
 `bmc_split` shares the paths among processes: each runs this BMC on the
 paths of one `Cube` (the label of one early step), and the parts' results
