@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from flightcheck.verification import models
-from flightcheck.verification.z3.bmc.engine import bmc_split, max_parts
+from flightcheck.verification.z3.bmc.engine import BmcOptions, bmc_split, max_parts
 
 
 def main() -> None:
@@ -61,8 +61,9 @@ def main() -> None:
         print(f"depth {d:3d} done at {seconds:7.1f} s wall{cpu}, {counts['conflicts']:9,d} conflicts, "
               f"{counts['propagations'] / 1e6:8.1f} M propagations so far", flush=True)
 
-    res = bmc_split(model, args.max_depth, jobs=args.jobs, time_budget=args.budget, lemmas=args.lemmas,
-                    sometimes=[] if args.no_sometimes else None, reduce=args.reduce, progress=progress)
+    options = BmcOptions(sometimes=() if args.no_sometimes else None, time_budget=args.budget,
+                         lemmas=args.lemmas, reduce=args.reduce)
+    res = bmc_split(model, args.max_depth, options, jobs=args.jobs, progress=progress)
     print(f"deepest depth completed: {res.depth} in {time.perf_counter() - t0:.1f} s")
     for note in res.notes:
         print(f"  {note}")

@@ -15,7 +15,7 @@ from flightcheck.spec import INVARIANTS
 from flightcheck.verification import models
 from flightcheck.verification.mutants import MUTANTS
 from flightcheck.verification.traces.counterexample import broken_at, replay
-from flightcheck.verification.z3.bmc.engine import bmc, first_counterexample
+from flightcheck.verification.z3.bmc.engine import BmcOptions, bmc, first_counterexample
 from flightcheck.verification.z3.induction.kinduction import prove_by_induction
 from flightcheck.verification.z3.results import replay as replay_checked
 from flightcheck.verification.z3.induction.spacer import _with_definitions, spacer
@@ -31,7 +31,7 @@ def test_bmc_kills_a_mutant_with_a_shortest_replayable_trace():
 
 
 def test_bmc_bounds_the_correct_spec_and_reaches_sometimes_targets():
-    res = bmc(models.SINGLE_SEQ, 3, sometimes=["request_can_finish"])
+    res = bmc(models.SINGLE_SEQ, 3, BmcOptions(sometimes=["request_can_finish"]))
     rows = res.by_name()
     assert res.depth == 3
     assert all(rows[inv.name].status == "bounded" for inv in INVARIANTS)

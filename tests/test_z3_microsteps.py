@@ -24,7 +24,8 @@ NAMES = ["WF_encoding", *INVARIANT_FORMULAS, *AUXILIARY]
 def claims(model: models.Model) -> tuple[dict, dict, list]:
     """Per chained action, the conjuncts its chain proves and those it does not."""
     system = System(model)
-    assume, queries, _ = k_induction(system, 1, NAMES)
+    step = k_induction(system, 1, NAMES)
+    assume, queries = step.assume, step.queries
     by_chain = chains(system, 0, NAMES)
     proved, not_proved = {}, {}
     for a, chain in by_chain.items():

@@ -15,7 +15,7 @@ import z3
 from flightcheck.spec import State, step
 from flightcheck.verification import models
 from flightcheck.verification.explicit.search import search, successors
-from flightcheck.verification.z3.bmc.engine import bmc, default_properties
+from flightcheck.verification.z3.bmc.engine import BmcOptions, bmc, default_properties
 from flightcheck.verification.z3.encoding.crosscheck import reachable
 from flightcheck.verification.z3.bmc.reduction import forbidden, twins
 from flightcheck.verification.z3.encoding.system import ACTION_CODE, System
@@ -114,7 +114,7 @@ def test_reduced_bmc_reaches_every_target_at_its_breadth_first_depth():
     (the preempted request that resumes and finishes at 9 steps)."""
     model = models.SHARED_K3
     shortest = search(model).reached
-    res = bmc(model, max(shortest.values()), properties=[], reduce=True)
+    res = bmc(model, max(shortest.values()), BmcOptions(properties=[], reduce=True))
     assert {p.name: p.depth for p in res.properties if p.status == "reached"} == shortest
 
 
@@ -122,11 +122,11 @@ def test_reduced_bmc_reaches_every_target_at_its_breadth_first_depth():
 def test_reduced_bmc_reaches_depth_eight_with_every_feature_on():
     """Every property bounded to depth 8 on shared-k3 within 10 minutes (270 s
     on 2026-12-03; benchmarks/bmc_depth.py --reduce reached depth 9 in 567 s)."""
-    res = bmc(models.SHARED_K3, 8, sometimes=[], reduce=True, time_budget=600)
+    res = bmc(models.SHARED_K3, 8, BmcOptions(sometimes=[], time_budget=600, reduce=True))
     assert res.depth == 8
     assert [p.status for p in res.properties] == ["bounded"] * len(default_properties()), res.properties
 
 
 def test_reduction_is_refused_for_a_mutant():
     with pytest.raises(ValueError, match="mutant"):
-        bmc(models.mutant_model("shared_snapshot"), 2, reduce=True)
+        bmc(models.mutant_model("shared_snapshot"), 2, BmcOptions(reduce=True))

@@ -11,7 +11,14 @@ import z3
 
 from flightcheck.verification import models
 from flightcheck.verification.z3.encoding.actions import ABORT, ARRIVE, COMPLETE, SCHEDULE
-from flightcheck.verification.z3.bmc.engine import applicable_sometimes, bmc, bmc_split, default_properties, split
+from flightcheck.verification.z3.bmc.engine import (
+    BmcOptions,
+    applicable_sometimes,
+    bmc,
+    bmc_split,
+    default_properties,
+    split,
+)
 from flightcheck.verification.z3.results import replay
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.encoding.terms import V, arithmetic
@@ -53,7 +60,7 @@ def test_split_bmc_has_the_rows_of_one_bmc():
 
 def test_split_bmc_finds_a_mutant_at_its_shortest_depth():
     model = models.mutant_model("preempt_keeps_counter")      # killed at 5 steps, breadth-first too
-    res = bmc_split(model, 6, jobs=2, sometimes=[], stop_at_first=True)
+    res = bmc_split(model, 6, BmcOptions(sometimes=[], stop_at_first=True), jobs=2)
     bad = [p for p in res.properties if p.status == "violated"]
     assert bad and min(p.depth for p in bad) == 5
     for p in bad:
@@ -62,7 +69,7 @@ def test_split_bmc_finds_a_mutant_at_its_shortest_depth():
 
 def test_a_failing_part_is_reported_with_its_traceback():
     with pytest.raises(RuntimeError, match=r"BMC part \d failed:(.|\n)*no_such_property"):
-        bmc_split(models.SINGLE_SEQ, 2, jobs=2, properties=["no_such_property"])
+        bmc_split(models.SINGLE_SEQ, 2, BmcOptions(properties=["no_such_property"]), jobs=2)
 
 
 @pytest.mark.slow
@@ -70,7 +77,7 @@ def test_reduced_bmc_in_two_processes_reaches_depth_ten_within_ten_minutes():
     """The acceptance bar: every feature on, 3 requests, K = 3, depth 10 in
     10 minutes (435 s on the 2-core machine, benchmarks/bmc_depth.py --jobs 2)."""
     model = models.SHARED_K3
-    res = bmc_split(model, 10, jobs=2, reduce=True, time_budget=600)
+    res = bmc_split(model, 10, BmcOptions(time_budget=600, reduce=True), jobs=2)
     assert res.depth == 10
     rows = res.by_name()
     assert all(rows[n].status == "bounded" for n in default_properties())

@@ -9,6 +9,7 @@ import time
 from flightcheck.verification.models import Model
 from flightcheck.verification.results import PropertyResult, kind_of
 from flightcheck.verification.z3.bmc.engine import (
+    BmcOptions,
     bmc_split,
     first_counterexample,
     max_parts,
@@ -63,7 +64,7 @@ def bmc_rows(model: Model, depth: int, time_budget: float | None = None, jobs: i
     `jobs` processes (z3.bmc.engine.bmc_split)."""
     reduce = model.mutant is None
     jobs = min(jobs, max_parts(model))
-    res = bmc_split(model, depth, jobs=jobs, time_budget=time_budget, reduce=reduce)
+    res = bmc_split(model, depth, BmcOptions(time_budget=time_budget, reduce=reduce), jobs=jobs)
     method = "bmc" + (", reduced" if reduce else "") + (f", {jobs} processes" if jobs > 1 else "")
     return [_row(p, method) for p in res.properties if p.kind != "auxiliary"]
 

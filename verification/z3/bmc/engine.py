@@ -10,7 +10,10 @@ each query is asked under a fresh assumption literal, so a property is first
 violated (or a target first reached) at the smallest depth, and every
 counterexample is a shortest one. Each trace is decoded into spec actions and
 replayed on the concrete spec, which must agree state for state and must
-itself find the property broken.
+itself find the property broken. What a run checks, and how, is a
+`BmcOptions`; each step of the loop over the depths (check the properties,
+record a violation, assume what held, check the targets, record a reach,
+finish the rows) is a method of `_BmcRun`, its formula in its docstring.
 
 `bmc_split` shares the paths among processes: each runs this BMC on the
 paths of one `Cube` (the label of one early step), and the parts' results
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import z3
-from flightcheck.spec import SOMETIMES
+from flightcheck.spec import SOMETIMES, Action, State
 from flightcheck.verification.models import Model
 from flightcheck.verification.results import kind_of
 from flightcheck.verification.z3.bmc.reduction import (
@@ -62,18 +65,20 @@ from flightcheck.verification.z3.results import (
 
 def unrolling(system: System, k: int) -> list[z3.BoolRef]:
     """Init(s0) AND T(s0,s1) AND ... AND T(s_{k-1},s_k) (with schedule's definitions of s_k)."""
-    out = system.init(0)
+    constraints = system.init(0)
     for t in range(k):
-        out += system.step(t, t + 1).constraints
-    return out + system.sched(k)[1]
+        constraints += system.step(t, t + 1).constraints
+    return constraints + system.sched(k)[1]
 
 
 def default_properties() -> list[str]:
+    """Every state invariant and every transition property of the spec."""
     return list(INVARIANT_FORMULAS) + list(TRANSITION_FORMULAS)
 
 
 def applicable_sometimes(model: Model) -> list[str]:
-    return [s.name for s in SOMETIMES if s.is_applicable(model.cfg)]
+    """The "sometimes" targets that make sense for the model's configuration."""
+    return [target.name for target in SOMETIMES if target.is_applicable(model.cfg)]
 
 
 @dataclass(frozen=True)
@@ -92,8 +97,10 @@ class Cube:
         labels = ", ".join(names[a].format(r) for a, r in sorted(self.labels))
         return f"step {self.at + 1} is {'none' if self.negate else 'one'} of {{{labels}}}"
 
-    def formula(self, st: Step) -> z3.BoolRef:
-        inside = disj(*[conj(eq(st.choices.act, a), eq(st.choices.req, r)) for a, r in sorted(self.labels)])
+    def formula(self, step: Step) -> z3.BoolRef:
+        """The step carries one of the labels (none of them, with `negate`)."""
+        inside = disj(*[conj(eq(step.choices.act, action), eq(step.choices.req, request))
+                        for action, request in sorted(self.labels)])
         return neg(inside) if self.negate else inside
 
 
@@ -106,12 +113,13 @@ def split(model: Model, parts: int) -> list[Cube | None]:
     others do not name."""
     if parts <= 1:
         return [None]
-    n = model.num_requests
-    rest = [(ARRIVE, n - 1), *[(ARRIVE, r) for r in range(n - 1)], (COMPLETE, 0), *[(ABORT, r) for r in range(n)]]
+    num_requests = model.num_requests
+    others = [(ARRIVE, num_requests - 1), *[(ARRIVE, r) for r in range(num_requests - 1)], (COMPLETE, 0),
+              *[(ABORT, r) for r in range(num_requests)]]
     if parts > max_parts(model):
         raise ValueError(f"{model.name}: at most {max_parts(model)} parts (one per label of the second step), "
                          f"not {parts}")
-    named = [[(SCHEDULE, 0)], *[rest[i::parts - 1] for i in range(parts - 2)]]
+    named = [[(SCHEDULE, 0)], *[others[i::parts - 1] for i in range(parts - 2)]]
     covered = frozenset(x for group in named for x in group)
     return [Cube(1, frozenset(group)) for group in named] + [Cube(1, covered, negate=True)]
 
@@ -144,14 +152,15 @@ class _Unrolling:
         self.steps: list[Step] = []
         self.depth = 0
         self.held: dict[str, z3.BoolRef] = {}
-        self._lits = 0
+        self._num_queries = 0
         self.solver.add(self.system.init(0))
         self.solver.add(self.system.sched(0)[1])
 
     def extend(self) -> None:
-        st = self.system.step(self.depth, self.depth + 1, with_sched_defs=False)
-        self.solver.add(st.constraints)
-        self.steps.append(st)
+        """One more step: T(s_d, s_{d+1}), with the reductions' and the cube's constraints."""
+        step = self.system.step(self.depth, self.depth + 1, with_sched_defs=False)
+        self.solver.add(step.constraints)
+        self.steps.append(step)
         self.depth += 1
         self.solver.add(self.system.sched(self.depth)[1])
         if self.reduce:
@@ -164,236 +173,343 @@ class _Unrolling:
 
     def holds(self, name: str, formula: z3.BoolRef) -> None:
         """Record that `name` holds at the current depth (as a lemma)."""
-        lit = self.held.setdefault(name, z3.Bool(f"held:{name}"))
-        self.solver.add(z3.Implies(lit, formula))
+        literal = self.held.setdefault(name, z3.Bool(f"held:{name}"))
+        self.solver.add(z3.Implies(literal, formula))
 
-    def query(self, goal: z3.BoolRef, timeout_ms: int | None, open_names) -> z3.CheckSatResult:
+    def query(self, goal: z3.BoolRef, timeout_ms: int | None, open_names: list[str]) -> z3.CheckSatResult:
         """Is `goal` satisfiable at the current depth, with the open properties as lemmas?"""
-        self._lits += 1
-        lit = z3.Bool(f"query#{self._lits}")
-        self.solver.add(z3.Implies(lit, goal))
+        self._num_queries += 1
+        literal = z3.Bool(f"query#{self._num_queries}")
+        self.solver.add(z3.Implies(literal, goal))
         if timeout_ms is not None:
             self.solver.set("timeout", max(1, timeout_ms))
-        return self.solver.check(lit, *[self.held[n] for n in open_names if n in self.held])
+        return self.solver.check(literal, *[self.held[name] for name in open_names if name in self.held])
 
     def counts(self) -> dict[str, int]:
         """The SAT solver's conflicts and propagations so far."""
-        st = self.solver.statistics()
-        value = {k: st.get_key_value(k) for k in st.keys()}
+        statistics = self.solver.statistics()
+        value = {key: statistics.get_key_value(key) for key in statistics.keys()}
         return {"conflicts": int(value.get("sat conflicts", 0)),
                 "propagations": int(value.get("sat propagations 2ary", 0) + value.get("sat propagations nary", 0))}
 
-    def trace(self, m: z3.ModelRef):
-        sysm = self.system
-        actions = [sysm.decode_action(m, st) for st in self.steps]
-        states = [sysm.decode(m, t) for t in range(self.depth + 1)]
+    def trace(self, witness: z3.ModelRef) -> tuple[list[Action], list[State]]:
+        """The solver's path as spec actions and the states between them."""
+        actions = [self.system.decode_action(witness, step) for step in self.steps]
+        states = [self.system.decode(witness, t) for t in range(self.depth + 1)]
         return actions, states
 
 
-def bmc(model: Model, max_depth: int, properties: Iterable[str] | None = None,
-        sometimes: Iterable[str] | None = None, time_budget: float | None = None,
-        stop_at_first: bool = False, seed: int = 0, lemmas: bool = False, reduce: bool = False,
-        progress: Callable[[int, float, dict[str, int]], None] | None = None,
-        cube: Cube | None = None) -> EngineResult:
-    """BMC of `properties` (invariant and transition-property names; default:
-    all of them) and cover queries for `sometimes` targets (default: every one
-    applicable to the model) up to `max_depth` steps or `time_budget` seconds.
+@dataclass(frozen=True)
+class BmcOptions:
+    """What one BMC run checks, and how (the knobs of `bmc` and `bmc_split`).
 
-    With `lemmas`, the auxiliary invariants of z3.induction.strengthening and the
-    encoding's well-formedness are checked too (rows of kind "auxiliary"):
-    like every open property they then serve as lemmas on the prefix, and
-    since together they are inductive, each depth's query is about one step.
-    With stop_at_first, it returns at the first violation of a spec property
-    (mutant hunting). `progress(depth, seconds, solver_counts)` is called
-    after each depth, with the SAT solver's conflicts and propagations so far.
-    With `reduce`, the unrolling keeps fewer paths (z3.bmc.reduction); with
-    `cube`, only the paths of that part (see `bmc_split`)."""
-    t0 = time.perf_counter()
-    props = list(default_properties() if properties is None else properties)
-    spec_props = set(props)
-    if lemmas:
-        props += ["WF_encoding", *AUXILIARY]
-    targets = list(applicable_sometimes(model) if sometimes is None else sometimes)
-    u = _Unrolling(model, seed, reduce, cube)
-    results: dict[str, EngineVerdict] = {}
-    open_props, open_targets = list(props), list(targets)
-    completed, timed_out = -1, False
+    `properties`: invariant and transition-property names (None: all of them);
+    `sometimes`: "sometimes" targets for cover queries (None: every one
+    applicable to the model); `time_budget`: seconds for the whole run (None:
+    no limit); `stop_at_first`: return at the first violation of a spec
+    property (mutant hunting); `seed`: the SAT solver's random seed;
+    `lemmas`: also check the auxiliary invariants of z3.induction.strengthening
+    and the encoding's well-formedness (rows of kind "auxiliary"), which then
+    serve as lemmas on the prefix like every open property, and, since
+    together they are inductive, make each depth's query about one step;
+    `reduce`: keep fewer paths (z3.bmc.reduction)."""
 
-    def remaining_ms() -> int | None:
-        if time_budget is None:
+    properties: tuple[str, ...] | None = None
+    sometimes: tuple[str, ...] | None = None
+    time_budget: float | None = None
+    stop_at_first: bool = False
+    seed: int = 0
+    lemmas: bool = False
+    reduce: bool = False
+
+    def __post_init__(self) -> None:
+        # Any iterable of names is accepted; a tuple keeps the options hashable and picklable.
+        for name in ("properties", "sometimes"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(value))
+
+
+Progress = Callable[[int, float, dict[str, int]], None]     # (depth, seconds, solver counts)
+
+
+class _BmcRun:
+    """One run of `bmc`: the unrolling, the verdicts found so far and what is
+    still open. Each method is one step of the loop over the depths d:
+
+        check_properties(d):  bmc(d)   = unrolling(d) AND OR_{P open} not P(s_d)
+        assume_held(d):       held[P] -> P(s_d) for every P still open
+        check_targets(d):     cover(d) = unrolling(d) AND OR_{S open} target_S(s_d)
+    """
+
+    def __init__(self, model: Model, options: BmcOptions, cube: Cube | None) -> None:
+        self.started = time.perf_counter()
+        self.model, self.options = model, options
+        self.properties = list(default_properties() if options.properties is None else options.properties)
+        self.spec_properties = set(self.properties)
+        if options.lemmas:
+            self.properties += ["WF_encoding", *AUXILIARY]
+        self.targets = list(applicable_sometimes(model) if options.sometimes is None else options.sometimes)
+        self.unrolling = _Unrolling(model, options.seed, options.reduce, cube)
+        self.verdicts: dict[str, EngineVerdict] = {}
+        self.open_properties, self.open_targets = list(self.properties), list(self.targets)
+        self.completed = -1         # the deepest depth every query was answered at
+        self.timed_out = False      # a query came back unknown (its time limit)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def remaining_ms(self) -> int | None:
+        """The budget left, in milliseconds (None: no budget)."""
+        if self.options.time_budget is None:
             return None
-        return int((time_budget - (time.perf_counter() - t0)) * 1000)
+        return int((self.options.time_budget - self.elapsed()) * 1000)
 
-    for d in range(max_depth + 1):
-        if d > 0:
-            u.extend()
-        frame, sched = u.system.frame(d), u.system.sched(d)[0]
+    def property_formulas(self, depth: int) -> dict[str, z3.BoolRef]:
+        """P(s_d) for every open state property P, and Q(s_{d-1}, s_d) for every
+        open transition property Q (none at depth 0: no step yet)."""
+        system = self.unrolling.system
+        frame, schedule = system.frame(depth), system.sched(depth)[0]
         formulas = {}
-        for n in open_props:
-            if n in TRANSITION_FORMULAS:
-                if d > 0:
-                    formulas[n] = u.system.build(TRANSITION_FORMULAS[n], u.steps[-1])
-            elif n == "WF_encoding":
-                formulas[n] = u.system.build(well_formed, frame)
-            elif n in AUXILIARY:
-                formulas[n] = u.system.build(AUXILIARY[n], frame)
+        for name in self.open_properties:
+            if name in TRANSITION_FORMULAS:
+                if depth > 0:
+                    formulas[name] = system.build(TRANSITION_FORMULAS[name], self.unrolling.steps[-1])
+            elif name == "WF_encoding":
+                formulas[name] = system.build(well_formed, frame)
+            elif name in AUXILIARY:
+                formulas[name] = system.build(AUXILIARY[name], frame)
             else:
-                formulas[n] = u.system.build(INVARIANT_FORMULAS[n], frame, sched)
-        while not timed_out:
-            bad = {n: z3.Not(f) for n, f in formulas.items() if n in open_props}
-            if not bad:
-                break
-            r = u.query(z3.Or(list(bad.values())), remaining_ms(), open_props)
-            if r != z3.sat:
-                timed_out = r == z3.unknown
-                break
-            m = u.solver.model()
-            actions, states = u.trace(m)
-            replay(model, actions, states)
-            for n, f in bad.items():
-                if z3.is_true(m.eval(f, model_completion=True)):
-                    if n in spec_props and not concrete_check(model, n, states, actions):
-                        raise ReplayMismatch(f"{n}: Z3 says violated at depth {d}, the spec's predicate holds")
-                    results[n] = EngineVerdict(n, kind_of(n), "violated", "bmc", d,
-                                                time.perf_counter() - t0, actions, states)
-                    open_props.remove(n)
-            if stop_at_first and any(n in spec_props for n in results):
-                break       # the shortest counterexample is found; the rest of this depth is not asked
-        if timed_out:
+                formulas[name] = system.build(INVARIANT_FORMULAS[name], frame, schedule)
+        return formulas
+
+    def check_properties(self, depth: int, formulas: dict[str, z3.BoolRef]) -> None:
+        """bmc(d) = unrolling(d) AND OR_{P open} not P(s_d), asked until unsat:
+        each model violates some properties, which are recorded and closed.
+        With stop_at_first, the first violation of a spec property ends it
+        (the shortest counterexample is found; the rest of this depth is not asked)."""
+        while not self.timed_out:
+            violations = {name: z3.Not(formula) for name, formula in formulas.items()
+                          if name in self.open_properties}
+            if not violations:
+                return
+            answer = self.unrolling.query(z3.Or(list(violations.values())), self.remaining_ms(),
+                                          self.open_properties)
+            if answer != z3.sat:
+                self.timed_out = answer == z3.unknown
+                return
+            witness = self.unrolling.solver.model()
+            actions, states = self.unrolling.trace(witness)
+            replay(self.model, actions, states)
+            for name, violation in violations.items():
+                if z3.is_true(witness.eval(violation, model_completion=True)):
+                    self.record_violation(name, depth, actions, states)
+            if self.options.stop_at_first and self.found_spec_violation():
+                return
+
+    def record_violation(self, name: str, depth: int, actions: list[Action], states: list[State]) -> None:
+        """`name` is violated at the end of the trace: the spec's own predicate
+        must agree (for a spec property); its row is closed at this depth."""
+        if name in self.spec_properties and not concrete_check(self.model, name, states, actions):
+            raise ReplayMismatch(f"{name}: Z3 says violated at depth {depth}, the spec's predicate holds")
+        self.verdicts[name] = EngineVerdict(name, kind_of(name), "violated", "bmc", depth, self.elapsed(),
+                                            actions, states)
+        self.open_properties.remove(name)
+
+    def found_spec_violation(self) -> bool:
+        return any(verdict.status == "violated" and name in self.spec_properties
+                   for name, verdict in self.verdicts.items())
+
+    def assume_held(self, formulas: dict[str, z3.BoolRef]) -> None:
+        """held[P] -> P(s_d) for every property still open: it holds at depth d,
+        and serves the deeper queries as a lemma."""
+        for name in self.open_properties:
+            if name in formulas:
+                self.unrolling.holds(name, formulas[name])
+
+    def check_targets(self, depth: int) -> None:
+        """cover(d) = unrolling(d) AND OR_{S open} target_S(s_d), asked until
+        unsat: each model reaches some targets, which are recorded and closed."""
+        system = self.unrolling.system
+        frame = system.frame(depth)
+        while self.open_targets and not self.timed_out:
+            goals = {name: system.build(SOMETIMES_FORMULAS[name], frame) for name in self.open_targets}
+            answer = self.unrolling.query(z3.Or(list(goals.values())), self.remaining_ms(),
+                                          self.open_properties)
+            if answer != z3.sat:
+                self.timed_out = answer == z3.unknown
+                return
+            witness = self.unrolling.solver.model()
+            actions, states = self.unrolling.trace(witness)
+            replay(self.model, actions, states)
+            for name, goal in goals.items():
+                if z3.is_true(witness.eval(goal, model_completion=True)):
+                    self.record_reach(name, depth, actions, states)
+
+    def record_reach(self, name: str, depth: int, actions: list[Action], states: list[State]) -> None:
+        """Target `name` is reached at the end of the trace: the spec's own
+        predicate must agree; its row is closed at this depth."""
+        _confirm_reached(self.model, name, states)
+        self.verdicts[name] = EngineVerdict(name, "sometimes", "reached", "bmc", depth, self.elapsed(),
+                                            actions, states)
+        self.open_targets.remove(name)
+
+    def finish(self) -> EngineResult:
+        """The rows, in the order asked: a property still open is bounded to the
+        deepest completed depth (unknown if none was); a target still open is unknown."""
+        seconds = self.elapsed()
+        depth = max(self.completed, 0)
+        for name in self.open_properties:
+            self.verdicts[name] = EngineVerdict(name, kind_of(name), "bounded" if self.completed >= 0 else "unknown",
+                                                "bmc", depth, seconds)
+        for name in self.open_targets:
+            self.verdicts[name] = EngineVerdict(name, "sometimes", "unknown", "bmc", depth, seconds,
+                                                message=f"not reached within depth {self.completed}")
+        order = self.properties + self.targets
+        return EngineResult(self.model.name, "bmc", seconds, self.completed,
+                            sorted(self.verdicts.values(), key=lambda verdict: order.index(verdict.name)))
+
+
+def bmc(model: Model, max_depth: int, options: BmcOptions = BmcOptions(), progress: Progress | None = None,
+        cube: Cube | None = None) -> EngineResult:
+    """BMC of `options.properties` and cover queries for `options.sometimes`
+    up to `max_depth` steps or `options.time_budget` seconds; at each depth d,
+    after the unrolling gains its step d:
+
+        bmc(d)   = unrolling(d) AND OR_P not P(s_d)      (until unsat; P then held at d)
+        cover(d) = unrolling(d) AND OR_S target_S(s_d)   (until unsat)
+
+    `progress(depth, seconds, solver_counts)` is called after each depth, with
+    the SAT solver's conflicts and propagations so far. With `cube`, only the
+    paths of that part (see `bmc_split`)."""
+    run = _BmcRun(model, options, cube)
+    for depth in range(max_depth + 1):
+        if depth > 0:
+            run.unrolling.extend()
+        formulas = run.property_formulas(depth)
+        run.check_properties(depth, formulas)
+        if run.timed_out:
             break
-        for n in open_props:
-            if n in formulas:
-                u.holds(n, formulas[n])
-        if stop_at_first and any(p.status == "violated" and p.name in spec_props for p in results.values()):
-            completed = d
+        run.assume_held(formulas)
+        if options.stop_at_first and run.found_spec_violation():
+            run.completed = depth
             break
-        while open_targets and not timed_out:
-            goals = {n: u.system.build(SOMETIMES_FORMULAS[n], frame) for n in open_targets}
-            r = u.query(z3.Or(list(goals.values())), remaining_ms(), open_props)
-            if r != z3.sat:
-                timed_out = r == z3.unknown
-                break
-            m = u.solver.model()
-            actions, states = u.trace(m)
-            replay(model, actions, states)
-            for n, g in goals.items():
-                if z3.is_true(m.eval(g, model_completion=True)):
-                    _confirm_reached(model, n, states)
-                    results[n] = EngineVerdict(n, "sometimes", "reached", "bmc", d,
-                                                time.perf_counter() - t0, actions, states)
-                    open_targets.remove(n)
-        if timed_out:
+        run.check_targets(depth)
+        if run.timed_out:
             break
-        completed = d
+        run.completed = depth
         if progress is not None:
-            progress(d, time.perf_counter() - t0, u.counts())
-        ms = remaining_ms()
-        if ms is not None and ms <= 0:
+            progress(depth, run.elapsed(), run.unrolling.counts())
+        remaining = run.remaining_ms()
+        if remaining is not None and remaining <= 0:
             break
-    seconds = time.perf_counter() - t0
-    for n in open_props:
-        results[n] = EngineVerdict(n, kind_of(n), "bounded" if completed >= 0 else "unknown", "bmc",
-                                    max(completed, 0), seconds)
-    for n in open_targets:
-        results[n] = EngineVerdict(n, "sometimes", "unknown", "bmc", max(completed, 0), seconds,
-                                    message=f"not reached within depth {completed}")
-    order = props + targets
-    return EngineResult(model.name, "bmc", seconds, completed,
-                        sorted(results.values(), key=lambda p: order.index(p.name)))
+    return run.finish()
 
 
-def bmc_split(model: Model, max_depth: int, jobs: int = 2,
-              progress: Callable[[int, float, dict[str, int]], None] | None = None, **options) -> EngineResult:
+def bmc_split(model: Model, max_depth: int, options: BmcOptions = BmcOptions(), jobs: int = 2,
+              progress: Progress | None = None) -> EngineResult:
     """`bmc` with the paths shared among `jobs` processes (one `Cube` each),
     merged: a property holds to the depth every part completed; a violation
     or a reached target is the shallowest any part found. `progress` is called
     once every part has completed a depth, with their solver counts summed."""
     cubes = split(model, jobs)
     if len(cubes) == 1:
-        return bmc(model, max_depth, progress=progress, **options)
-    t0 = time.perf_counter()
-    ctx = multiprocessing.get_context("spawn")      # Z3 contexts do not survive a fork
-    events = ctx.Queue()
-    workers = [ctx.Process(target=_part, args=(i, model, max_depth, cube, options, events), daemon=True)
-               for i, cube in enumerate(cubes)]
-    for w in workers:
-        w.start()
-    done: dict[int, dict[int, dict[str, int]]] = {i: {} for i in range(len(cubes))}
-    finished_at: dict[int, dict[int, float]] = {i: {} for i in range(len(cubes))}
+        return bmc(model, max_depth, options, progress=progress)
+    started = time.perf_counter()
+    context = multiprocessing.get_context("spawn")      # Z3 contexts do not survive a fork
+    events = context.Queue()
+    workers = [context.Process(target=_part, args=(part, model, max_depth, cube, options, events), daemon=True)
+               for part, cube in enumerate(cubes)]
+    for worker in workers:
+        worker.start()
+    try:
+        results, finished_at = _collect(workers, events, started, progress)
+    finally:
+        for worker in workers:
+            if worker.is_alive():
+                worker.terminate()
+            worker.join()
+    result = _merge(model, [results[part] for part in range(len(cubes))], time.perf_counter() - started)
+    for part, cube in enumerate(cubes):
+        times = ", ".join(f"{depth}: {seconds:.1f}" for depth, seconds in sorted(finished_at[part].items()))
+        result.notes.append(f"part {part} ({cube}) completed depths at seconds {{{times}}}")   # depth: seconds
+    return result
+
+
+def _collect(workers: list, events, started: float,
+             progress: Progress | None) -> tuple[dict[int, EngineResult], dict[int, dict[int, float]]]:
+    """The parts' results, as their events arrive: each part's result, and
+    the second at which it completed each depth. A part's failure is raised
+    here with its traceback; `progress` is told of each depth once every part
+    has completed it."""
+    num_parts = len(workers)
+    counts_at: dict[int, dict[int, dict[str, int]]] = {part: {} for part in range(num_parts)}
+    finished_at: dict[int, dict[int, float]] = {part: {} for part in range(num_parts)}
     results: dict[int, EngineResult] = {}
     reported = -1
-    try:
-        while len(results) < len(cubes):
-            try:
-                kind, i, payload = events.get(timeout=5)
-            except queue.Empty:
-                dead = [j for j, w in enumerate(workers) if not w.is_alive() and j not in results]
-                if dead and events.empty():
-                    raise RuntimeError(f"BMC part {dead[0]} died (exit code {workers[dead[0]].exitcode})")
-                continue
-            if kind == "error":
-                raise RuntimeError(f"BMC part {i} failed:\n{payload}")
-            if kind == "result":
-                results[i] = payload
-                continue
-            done[i][payload[0]] = payload[1]
-            finished_at[i][payload[0]] = time.perf_counter() - t0
-            while progress is not None and all(reported + 1 in d for d in done.values()):
-                reported += 1
-                counts = [d[reported] for d in done.values()]
-                progress(reported, time.perf_counter() - t0,
-                         {k: sum(c[k] for c in counts) for k in counts[0]})
-    finally:
-        for w in workers:
-            if w.is_alive():
-                w.terminate()
-            w.join()
-    res = _merge(model, [results[i] for i in range(len(cubes))], time.perf_counter() - t0)
-    for i, cube in enumerate(cubes):
-        times = ", ".join(f"{d}: {s:.1f}" for d, s in sorted(finished_at[i].items()))
-        res.notes.append(f"part {i} ({cube}) completed depths at seconds {{{times}}}")   # depth: seconds
-    return res
+    while len(results) < num_parts:
+        try:
+            kind, part, payload = events.get(timeout=5)
+        except queue.Empty:
+            dead = [j for j, worker in enumerate(workers) if not worker.is_alive() and j not in results]
+            if dead and events.empty():
+                raise RuntimeError(f"BMC part {dead[0]} died (exit code {workers[dead[0]].exitcode})")
+            continue
+        if kind == "error":
+            raise RuntimeError(f"BMC part {part} failed:\n{payload}")
+        if kind == "result":
+            results[part] = payload
+            continue
+        depth, counts = payload
+        counts_at[part][depth] = counts
+        finished_at[part][depth] = time.perf_counter() - started
+        while progress is not None and all(reported + 1 in by_depth for by_depth in counts_at.values()):
+            reported += 1
+            at_depth = [by_depth[reported] for by_depth in counts_at.values()]
+            progress(reported, time.perf_counter() - started,
+                     {key: sum(counts[key] for counts in at_depth) for key in at_depth[0]})
+    return results, finished_at
 
 
-def _part(i: int, model: Model, max_depth: int, cube: Cube, options: dict, events) -> None:
+def _part(part: int, model: Model, max_depth: int, cube: Cube, options: BmcOptions, events) -> None:
     """One process of `bmc_split`: its events are ("depth" | "result" | "error", part, payload)."""
     try:
-        res = bmc(model, max_depth, cube=cube,
-                  progress=lambda d, _s, counts: events.put(("depth", i, (d, counts))), **options)
-        events.put(("result", i, res))
+        result = bmc(model, max_depth, options, cube=cube,
+                     progress=lambda depth, _seconds, counts: events.put(("depth", part, (depth, counts))))
+        events.put(("result", part, result))
     except Exception:       # noqa: BLE001 - the parent re-raises it with the traceback
-        events.put(("error", i, traceback.format_exc()))
+        events.put(("error", part, traceback.format_exc()))
 
 
 def _merge(model: Model, parts: list[EngineResult], seconds: float) -> EngineResult:
     """One result from the parts': each row from the part that found it
     shallowest, or else from the part that got least deep (an "unknown"
     there outweighs a "bounded" elsewhere at the same depth)."""
-    completed = min(p.depth for p in parts)
+    completed = min(part.depth for part in parts)
     rows = []
     for first in parts[0].properties:
-        mine = [p.by_name()[first.name] for p in parts]
-        found = [r for r in mine if r.status in ("violated", "reached")]
+        mine = [part.by_name()[first.name] for part in parts]
+        found = [row for row in mine if row.status in ("violated", "reached")]
         if found:
-            row = min(found, key=lambda r: (r.depth, r.seconds))
+            row = min(found, key=lambda row: (row.depth, row.seconds))
             if completed < row.depth - 1:
                 row.message = (f"found at depth {row.depth}; a part stopped at depth {completed}, "
                                "so a shorter one may exist")
         else:
-            row = min(mine, key=lambda r: (r.depth, r.status != "unknown"))
+            row = min(mine, key=lambda row: (row.depth, row.status != "unknown"))
         rows.append(row)
     return EngineResult(model.name, "bmc", seconds, completed, rows,
                         notes=[f"paths shared among {len(parts)} processes (z3.bmc.engine.split)"])
 
 
-def _confirm_reached(model: Model, name: str, states) -> None:
+def _confirm_reached(model: Model, name: str, states: list[State]) -> None:
     """The spec's own predicate says the target is reached at the trace's end."""
-    sm = next(s for s in SOMETIMES if s.name == name)
-    cfg, n = model.cfg, model.num_requests
-    for r in range(n):
-        if not sm.target(states[-1], cfg, r):
+    target = next(candidate for candidate in SOMETIMES if candidate.name == name)
+    cfg = model.cfg
+    for request in range(model.num_requests):
+        if not target.target(states[-1], cfg, request):
             continue
-        if sm.after is None or any(sm.after(s, cfg, r) for s in states):
+        if target.after is None or any(target.after(state, cfg, request) for state in states):
             return
     raise ReplayMismatch(f"{name}: Z3 says reached, the spec's predicate disagrees")
 
@@ -401,6 +517,7 @@ def _confirm_reached(model: Model, name: str, states) -> None:
 def first_counterexample(model: Model, max_depth: int = 12, time_budget: float | None = 60.0,
                          properties: Iterable[str] | None = None) -> EngineVerdict | None:
     """The shortest violation of any property (for mutant hunting), or None."""
-    res = bmc(model, max_depth, properties, sometimes=[], time_budget=time_budget, stop_at_first=True)
-    bad = [p for p in res.properties if p.status == "violated" and p.kind != "auxiliary"]
-    return min(bad, key=lambda p: p.depth) if bad else None
+    options = BmcOptions(properties=properties, sometimes=(), time_budget=time_budget, stop_at_first=True)
+    result = bmc(model, max_depth, options)
+    violated = [row for row in result.properties if row.status == "violated" and row.kind != "auxiliary"]
+    return min(violated, key=lambda row: row.depth) if violated else None

@@ -79,10 +79,10 @@ from flightcheck.verification.z3.encoding.terms import (
 def twins(model: Model) -> list[tuple[int, int]]:
     """Pairs r < r' of requests with identical prompts, each r' with its nearest lower twin."""
     out = []
-    for r2, p in enumerate(model.prompts):
-        lower = [r for r in range(r2) if model.prompts[r] == p]
+    for request, prompt in enumerate(model.prompts):
+        lower = [r for r in range(request) if model.prompts[r] == prompt]
         if lower:
-            out.append((lower[-1], r2))
+            out.append((lower[-1], request))
     return out
 
 
@@ -94,40 +94,42 @@ def check_reducible(model: Model) -> None:
 
 def twin_order(system: System, t: int) -> list[z3.BoolRef]:
     """A twin has arrived at frame t only if its lower twin has."""
-    f = system.frame(t)
-    return system.build(lambda lay: [z3.Implies(neg(eq(f.reqs[hi].status, NEW)), neg(eq(f.reqs[lo].status, NEW)))
-                                     for lo, hi in twins(system.model)])
+    frame = system.frame(t)
+    return system.build(lambda layout: [z3.Implies(neg(eq(frame.reqs[higher].status, NEW)),
+                                                   neg(eq(frame.reqs[lower].status, NEW)))
+                                        for lower, higher in twins(system.model)])
 
 
-def forbidden(lay: Layout, a_act, a_req, b_act, b_req, before: SState, middle: SState,
-              after: SState) -> z3.BoolRef:
-    """Steps a: before -> middle and b: middle -> after are in an order the rules drop."""
-    def holds_no_block(r) -> z3.BoolRef:
-        return disj(*[conj(eq(r, k), eq(q.table_len, 0)) for k, q in enumerate(before.reqs)])
+def forbidden(layout: Layout, first_action: z3.ExprRef, first_request: z3.ExprRef, second_action: z3.ExprRef,
+              second_request: z3.ExprRef, before: SState, middle: SState, after: SState) -> z3.BoolRef:
+    """Steps first: before -> middle and second: middle -> after are in an order the rules drop."""
+    def holds_no_block(request: z3.ExprRef) -> z3.BoolRef:
+        return disj(*[conj(eq(request, k), eq(q.table_len, 0)) for k, q in enumerate(before.reqs)])
 
     oldest = before.batches[0]
 
     def samples(e) -> z3.BoolRef:
         return conj(neg(eq(e.fate, SUPERSEDED)), e.samples)
 
-    samples_of_aborted = disj(*[conj(lt(j, oldest.length), eq(e.req, a_req), samples(e))
+    samples_of_aborted = disj(*[conj(lt(j, oldest.length), eq(e.req, first_request), samples(e))
                                 for j, e in enumerate(oldest.entries)])
     oldest_samples = disj(*[conj(lt(j, oldest.length), samples(e)) for j, e in enumerate(oldest.entries)])
     pool_kept = conj(*[x == y for (_, x), (_, y) in zip(leaves(middle.pool), leaves(after.pool))])
     return disj(
-        conj(eq(a_act, ABORT), eq(b_act, ARRIVE)),
-        conj(eq(a_act, COMPLETE), eq(b_act, ARRIVE)),
-        conj(eq(a_act, ABORT), eq(b_act, ABORT), lt(b_req, a_req),
-             disj(holds_no_block(a_req), holds_no_block(b_req))),
-        conj(eq(a_act, ABORT), eq(b_act, COMPLETE), neg(samples_of_aborted), pool_kept),
-        conj(eq(a_act, SCHEDULE), eq(b_act, ARRIVE),
-             disj(lt(0, middle.waiting_len), le(lay.cfg.max_num_seqs, middle.running_len))),
-        conj(eq(a_act, COMPLETE), eq(b_act, SCHEDULE), lay.cfg.continue_prefill,
-             lt(before.num_batches, lay.K), neg(oldest_samples)))
+        conj(eq(first_action, ABORT), eq(second_action, ARRIVE)),
+        conj(eq(first_action, COMPLETE), eq(second_action, ARRIVE)),
+        conj(eq(first_action, ABORT), eq(second_action, ABORT), lt(second_request, first_request),
+             disj(holds_no_block(first_request), holds_no_block(second_request))),
+        conj(eq(first_action, ABORT), eq(second_action, COMPLETE), neg(samples_of_aborted), pool_kept),
+        conj(eq(first_action, SCHEDULE), eq(second_action, ARRIVE),
+             disj(lt(0, middle.waiting_len), le(layout.cfg.max_num_seqs, middle.running_len))),
+        conj(eq(first_action, COMPLETE), eq(second_action, SCHEDULE), layout.cfg.continue_prefill,
+             lt(before.num_batches, layout.K), neg(oldest_samples)))
 
 
 def peephole(system: System, first: Step, second: Step) -> z3.BoolRef:
     """Steps i, i+1 are not in an order the rules drop."""
-    a, b = first.choices, second.choices
-    return system.build(lambda lay: neg(forbidden(lay, a.act, a.req, b.act, b.req,
-                                                  first.before, first.after, second.after)))
+    chosen_first, chosen_second = first.choices, second.choices
+    return system.build(lambda layout: neg(forbidden(layout, chosen_first.act, chosen_first.req,
+                                                     chosen_second.act, chosen_second.req,
+                                                     first.before, first.after, second.after)))

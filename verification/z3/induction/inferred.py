@@ -63,15 +63,15 @@ from flightcheck.verification.z3.results import EngineResult, EngineVerdict
 def sample_states(model: Model, walks: int, length: int, seed: int = 0) -> list[State]:
     """Distinct states seen on seeded random walks of the concrete spec from
     its initial state (each step to a successor chosen uniformly)."""
-    rng = random.Random(seed)
+    generator = random.Random(seed)
     seen: dict[State, None] = {}
     for _ in range(walks):
         state = explicit.initial(model)
         for _ in range(length):
-            nexts = [nxt for _, nxt in explicit.successors(model, state)]
-            if not nexts:
+            successors = [nxt for _, nxt in explicit.successors(model, state)]
+            if not successors:
                 break
-            state = rng.choice(nexts)
+            state = generator.choice(successors)
             seen.setdefault(state, None)
     return list(seen)
 
@@ -97,7 +97,8 @@ def refuted(system: System, names: Iterable[str], states: Iterable[State]) -> di
 
 
 def prove_inferred(model: Model, invariants: Iterable[str] | None = None, walks: int = 300, length: int = 60,
-                   time_budget: float | None = None, jobs: int = 1, progress: Callable[[str], None] | None = None) -> EngineResult:
+                   time_budget: float | None = None, jobs: int = 1,
+                   progress: Callable[[str], None] | None = None) -> EngineResult:
     """The spec's invariants (default: all) and transition properties by
     1-induction, strengthened by the grammar's candidates that Houdini keeps.
 
@@ -127,7 +128,7 @@ def prove_inferred(model: Model, invariants: Iterable[str] | None = None, walks:
                                 progress=progress)
     rows = result.by_name()
     walked = [EngineVerdict(n, "auxiliary", "violated", "random walks", None, 0.0,
-                             message=f"false on {describe(st)}") for n, st in false_on.items()]
+                             message=f"false on {describe(state)}") for n, state in false_on.items()]
     spec = [p for p in result.properties if not is_candidate(p.name)]
     kept = [rows[n] for n in left]
     return EngineResult(result.model, "inferred invariant + " + result.method, time.perf_counter() - t0,

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import z3
-from flightcheck.spec import State
+from flightcheck.spec import Action, State
 from flightcheck.verification.models import Model
 from flightcheck.verification.results import kind_of
 from flightcheck.verification.z3.encoding.actions import (
@@ -56,7 +56,9 @@ from flightcheck.verification.z3.encoding.invariants import (
     TRANSITION_FORMULAS,
     well_formed,
 )
-from flightcheck.verification.z3.encoding.system import Step, System
+from flightcheck.verification.z3.encoding.schedule import SchedResult
+from flightcheck.verification.z3.encoding.state import SState
+from flightcheck.verification.z3.encoding.system import Step, System, Transitions
 from flightcheck.verification.z3.encoding.terms import V, arithmetic, eq
 from flightcheck.verification.z3.induction.grammar import is_candidate, predicate
 from flightcheck.verification.z3.induction.microsteps import (
@@ -71,16 +73,25 @@ from flightcheck.verification.z3.results import EngineResult, EngineVerdict
 
 ACTIONS = {ARRIVE: "arrive", SCHEDULE: "schedule", COMPLETE: "complete_oldest", ABORT: "abort"}
 
+# A counterexample to induction: the state before, the action, the state after
+# (a string where the solver's state is not a spec state).
+Cti = tuple[State | str, Action, State | str]
 
-def formula(system: System, name: str, s, sched=None) -> z3.BoolRef:
+
+def formula(system: System, name: str, state: SState, schedule: SchedResult | None = None) -> z3.BoolRef:
     """Conjunct `name` on a symbolic state (a frame or an action's effect)."""
     if name == "WF_encoding":
-        return system.build(well_formed, s)
+        return system.build(well_formed, state)
     if name in INVARIANT_FORMULAS:
-        return system.build(INVARIANT_FORMULAS[name], s, sched)
+        return system.build(INVARIANT_FORMULAS[name], state, schedule)
     if is_candidate(name):
-        return system.build(predicate(name), s)
-    return system.build(AUXILIARY[name], s)
+        return system.build(predicate(name), state)
+    return system.build(AUXILIARY[name], state)
+
+
+def _new_solver(system: System) -> z3.Solver:
+    """A solver for the system's arithmetic: bit-vectors or integers."""
+    return z3.SolverFor("QF_BV") if system.lay.width else z3.SolverFor("QF_LIA")
 
 
 # A lean query the incremental solver has not settled within this many
@@ -104,179 +115,230 @@ class _Query:
     such a query ran for minutes where the lean one takes a second."""
 
     action: int
-    goal: dict          # conjunct name -> formula on effect_a(s_{k-1})
-    guard: z3.BoolRef   # literal: the action is taken
-    solvers: dict       # conjunct name -> the full solver that checks it
-    parts: dict         # conjunct name -> its clauses, for the big ones (SPLIT)
-    new_lean: Callable[[], z3.Solver]   # a fresh lean solver
-    lean: z3.Solver | None = None        # the incremental lean solver, once made
+    goal: dict[str, z3.BoolRef]         # conjunct name -> formula on effect_a(s_{k-1})
+    guard: z3.BoolRef                   # literal: the action is taken
+    solvers: dict[str, z3.Solver]       # conjunct name -> the full solver that checks it
+    parts: dict[str, list[z3.BoolRef]]  # conjunct name -> its clauses, for the big ones (SPLIT)
+    new_lean_solver: Callable[[], z3.Solver]
+    lean_solver: z3.Solver | None = None    # the incremental lean solver, once made
     timeout_ms: int | None = None
 
     def solver(self, name: str) -> z3.Solver:
         return self.solvers[name]
 
-    def check(self, name: str, assumptions: list) -> z3.CheckSatResult:
+    def check(self, name: str, assumptions: list[z3.BoolRef]) -> z3.CheckSatResult:
         """Can the action break conjunct `name`? Clause by clause for a split
         one (many small queries beat one big disjunction)."""
         return self._check_each(name, assumptions, self.parts.get(name, [self.goal[name]]))
 
-    def _check_each(self, name: str, assumptions: list, claims: list) -> z3.CheckSatResult:
+    def _check_each(self, name: str, assumptions: list[z3.BoolRef], claims: list[z3.BoolRef]) -> z3.CheckSatResult:
         """unsat when no claim can be broken; else sat or unknown for the first that is not refuted."""
         for claim in claims:
-            r = self.check_formula(name, assumptions, claim)
-            if r != z3.unsat:
-                return r
+            answer = self.check_formula(name, assumptions, claim)
+            if answer != z3.unsat:
+                return answer
         return z3.unsat
 
-    def check_formula(self, name: str, assumptions: list, claim: z3.BoolRef) -> z3.CheckSatResult:
+    def check_formula(self, name: str, assumptions: list[z3.BoolRef], claim: z3.BoolRef) -> z3.CheckSatResult:
         """Can the action break `claim`? Lean first, then in full (which gives the CTI)."""
         question = [*assumptions, self.guard, z3.Not(claim)]
         if name not in NEEDS_SCHEDULE:
-            if self.lean is None:
-                self.lean = self.new_lean()
-            r = self._ask(self.lean, question, INCREMENTAL_MS)
-            if r == z3.unknown and z3.is_and(claim):
+            if self.lean_solver is None:
+                self.lean_solver = self.new_lean_solver()
+            answer = self._ask(self.lean_solver, question, INCREMENTAL_MS)
+            if answer == z3.unknown and z3.is_and(claim):
                 return self._check_each(name, assumptions, claim.children())
-            if r == z3.unknown:
-                r = self._ask(self.new_lean(), question)
-            if r == z3.unsat:
-                return r
+            if answer == z3.unknown:
+                answer = self._ask(self.new_lean_solver(), question)
+            if answer == z3.unsat:
+                return answer
         return self._ask(self.solvers[name], question)
 
-    def _ask(self, solver: z3.Solver, question: list, cap_ms: int | None = None) -> z3.CheckSatResult:
+    def _ask(self, solver: z3.Solver, question: list[z3.BoolRef], cap_ms: int | None = None) -> z3.CheckSatResult:
         limits = [ms for ms in (cap_ms, self.timeout_ms) if ms is not None]
         if limits:
             solver.set("timeout", min(limits))
         return solver.check(*question)
 
 
-def k_induction(system: System, k: int, names: list[str]):
+@dataclass(frozen=True)
+class InductionStep:
+    """step(k), as `k_induction` builds it: a literal per conjunct that assumes
+    it on frames 0..k-1, one `_Query` per action (in `ACTIONS` order), and
+    the last step's transitions (each action's guard and effect)."""
+
+    assume: dict[str, z3.BoolRef]
+    queries: list[_Query]
+    transitions: Transitions
+
+    def assumptions(self, names: Iterable[str]) -> list[z3.BoolRef]:
+        """The literals that assume `names` on the frames."""
+        return [self.assume[name] for name in names]
+
+
+def k_induction(system: System, k: int, names: list[str]) -> InductionStep:
     """step(k) as one small solver per action (and one more per action for
     the conjuncts that call `schedule` on the next state): frames 0..k-1 with
     T between them, every conjunct assumed on them under a literal each, and
     the action's guard under a literal. Keeping each action's circuit (and
     the next state's schedule circuit) out of the other queries is what
     keeps them fast."""
-    tr = system.transitions(k - 1)
-    assume = {n: z3.Bool(f"assume:{n}") for n in names}
+    transitions = system.transitions(k - 1)
+    assume = {name: z3.Bool(f"assume:{name}") for name in names}
 
-    def hypotheses(selected: list[str]) -> list[z3.BoolRef]:
-        return [z3.Implies(assume[n], z3.And([formula(system, n, system.frame(t), system.sched(t)[0])
-                                              for t in range(k)])) for n in selected]
+    def assumed_on_frames(selected: list[str]) -> list[z3.BoolRef]:
+        """assume[n] -> n(s_0) AND ... AND n(s_{k-1}), for each selected n."""
+        return [z3.Implies(assume[name], z3.And([formula(system, name, system.frame(t), system.sched(t)[0])
+                                                 for t in range(k)])) for name in selected]
 
-    hyps = hypotheses(names)
-    lean_hyps = hypotheses([n for n in names if n not in NEEDS_SCHEDULE])
+    hypotheses = assumed_on_frames(names)
+    lean_hypotheses = assumed_on_frames([name for name in names if name not in NEEDS_SCHEDULE])
     prefix = [c for t in range(k - 1) for c in system.step(t, t + 1).constraints]
     queries = []
-    for a in ACTIONS:
-        eff = tr.effects[a]
-        g = z3.Bool(f"takes:{ACTIONS[a]}")
+    for action in ACTIONS:
+        effect = transitions.effects[action]
+        takes = z3.Bool(f"takes:{ACTIONS[action]}")
 
-        def new_solver(lean: bool = False, a: int = a, g: z3.BoolRef = g) -> z3.Solver:
-            solver = z3.SolverFor("QF_BV") if system.lay.width else z3.SolverFor("QF_LIA")
-            circuit = [] if lean and a != SCHEDULE else tr.sched_defs
-            solver.add(prefix + circuit + tr.defs + tr.legal + (lean_hyps if lean else hyps))
-            solver.add(z3.Implies(g, z3.And(tr.guards[a], tr.choices.act == a)))
+        def new_solver(lean: bool = False, action: int = action, takes: z3.BoolRef = takes) -> z3.Solver:
+            solver = _new_solver(system)
+            circuit = [] if lean and action != SCHEDULE else transitions.sched_defs
+            solver.add(prefix + circuit + transitions.defs + transitions.legal
+                       + (lean_hypotheses if lean else hypotheses))
+            solver.add(z3.Implies(takes, z3.And(transitions.guards[action], transitions.choices.act == action)))
             return solver
 
-        main, sched1, solvers = new_solver(), None, {}
-        if any(n in NEEDS_SCHEDULE for n in names):
-            sched1, defs = system.schedule_of(eff, f"effect{a}@{k}")
-            extra = new_solver()
-            extra.add(defs)
-        for n in names:
-            solvers[n] = extra if n in NEEDS_SCHEDULE else main
-        parts = {n: list(system.build(SPLIT[n], eff).values()) for n in names if n in SPLIT}
-        queries.append(_Query(a, {n: formula(system, n, eff, sched1) for n in names}, g, solvers, parts,
-                              functools.partial(new_solver, lean=True)))
-    return assume, queries, tr
+        main_solver, next_schedule, solvers = new_solver(), None, {}
+        if any(name in NEEDS_SCHEDULE for name in names):
+            next_schedule, schedule_definitions = system.schedule_of(effect, f"effect{action}@{k}")
+            with_next_schedule = new_solver()
+            with_next_schedule.add(schedule_definitions)
+        for name in names:
+            solvers[name] = with_next_schedule if name in NEEDS_SCHEDULE else main_solver
+        parts = {name: list(system.build(SPLIT[name], effect).values()) for name in names if name in SPLIT}
+        goal = {name: formula(system, name, effect, next_schedule) for name in names}
+        queries.append(_Query(action, goal, takes, solvers, parts, functools.partial(new_solver, lean=True)))
+    return InductionStep(assume, queries, transitions)
 
 
 def chains(system: System, t: int, names: list[str]) -> dict[int, MicroChain]:
     """schedule's and complete_oldest's steps from frame t, micro-step by
     micro-step (z3.induction.microsteps)."""
-    frame, tr = system.frame(t), system.transitions(t)
-    sched, comp = tr.sched, tr.completion
-    plain = [n for n in names if n not in NEEDS_SCHEDULE]
-    flag_defs = [d for d in tr.defs if any(d.arg(0).eq(f) for f in comp.samples_here if z3.is_const(f))]
+    frame, transitions = system.frame(t), system.transitions(t)
+    schedule, completion = transitions.sched, transitions.completion
+    plain = [name for name in names if name not in NEEDS_SCHEDULE]
+    flag_definitions = [d for d in transitions.defs
+                        if any(d.arg(0).eq(flag) for flag in completion.samples_here if z3.is_const(flag))]
     with arithmetic(system.lay.width):
-        given_complete = [complete_guard(system.lay, frame), eq(tr.choices.act, COMPLETE)]
-    specs = {
-        SCHEDULE: Chain(sched.trail[0], sched.micro, lambda acc: acc.st,
-                        lambda acc, _: system.build(batch_facts, acc, frame), [sched.enabled],
-                        sched.launch_defs + [sched.result], "schedule"),
-        COMPLETE: Chain(comp.start, comp.micro, lambda st: st,
-                        lambda st, i: system.build(completion_facts, st, frame, i),
-                        [*given_complete, *tr.legal, *flag_defs], [],
+        given_complete = [complete_guard(system.lay, frame), eq(transitions.choices.act, COMPLETE)]
+    chain_of = {
+        SCHEDULE: Chain(schedule.trail[0], schedule.micro, lambda acc: acc.st,
+                        lambda acc, _: system.build(batch_facts, acc, frame), [schedule.enabled],
+                        schedule.launch_defs + [schedule.result], "schedule"),
+        COMPLETE: Chain(completion.start, completion.micro, lambda state: state,
+                        lambda state, taken: system.build(completion_facts, state, frame, taken),
+                        [*given_complete, *transitions.legal, *flag_definitions], [],
                         "complete_oldest"),
     }
-    return {a: MicroChain(system.build, c, {n: (lambda st, n=n: formula(system, n, st)) for n in plain},
-                          lambda alive: [formula(system, n, frame) for n in alive if n in plain],
-                          lambda: z3.SolverFor("QF_BV") if system.lay.width else z3.SolverFor("QF_LIA"))
-            for a, c in specs.items()}
+    state_conjuncts = {name: (lambda state, name=name: formula(system, name, state)) for name in plain}
+    return {action: MicroChain(system.build, chain, state_conjuncts,
+                               lambda alive: [formula(system, name, frame) for name in alive if name in plain],
+                               lambda: _new_solver(system))
+            for action, chain in chain_of.items()}
 
 
-def _base(system: System, k: int, names: list[str]) -> dict[str, tuple]:
+def _base(system: System, k: int, names: list[str]) -> dict[str, tuple[int, z3.ModelRef]]:
     """Conjuncts that fail within k-1 steps of the initial state: name -> (depth, model)."""
-    failed = {}
-    solver = z3.SolverFor("QF_BV") if system.lay.width else z3.SolverFor("QF_LIA")
+    failed: dict[str, tuple[int, z3.ModelRef]] = {}
+    solver = _new_solver(system)
     solver.add(system.init(0))
     for t in range(k):
         if t > 0:
             solver.add(system.step(t - 1, t).constraints)
         solver.add(system.sched(t)[1])
-        for n in names:
-            f = formula(system, n, system.frame(t), system.sched(t)[0])
-            if n not in failed and solver.check(z3.Not(f)) == z3.sat:
-                failed[n] = (t, solver.model())
+        for name in names:
+            conjunct = formula(system, name, system.frame(t), system.sched(t)[0])
+            if name not in failed and solver.check(z3.Not(conjunct)) == z3.sat:
+                failed[name] = (t, solver.model())
     return failed
 
 
-def _by_chain(by_chain: dict[int, MicroChain], q: _Query, n: str, alive: list[str]) -> bool:
-    """The action keeps conjunct n, shown micro-step by micro-step (False: not shown this way)."""
-    chain = by_chain.get(q.action)
-    return chain is not None and n not in NEEDS_SCHEDULE and chain.proves(q.goal[n], alive)
+def _by_chain(by_chain: dict[int, MicroChain], query: _Query, name: str, alive: list[str]) -> bool:
+    """The action keeps conjunct `name`, shown micro-step by micro-step (False: not shown this way)."""
+    chain = by_chain.get(query.action)
+    return chain is not None and name not in NEEDS_SCHEDULE and chain.proves(query.goal[name], alive)
 
 
-def _houdini(system: System, k: int, queries: list[_Query], assume: dict, tr, alive: list[str],
-            rows: dict[str, EngineVerdict], actions: Iterable[int], left_ms: Callable[[], int | None],
-            tell: Callable[[str], None], t0: float) -> None:
-    """The Houdini loop over `actions`: every conjunct a counterexample to
-    induction breaks leaves `alive` (its row goes to `rows`), until no action
-    breaks any conjunct still alive."""
-    method = f"k-induction (k={k})"
-    by_chain = chains(system, k - 1, alive)
-    changed = True
-    while changed:
-        changed = False
-        for q in queries:
-            if q.action not in actions:
+def _cti(system: System, witness: z3.ModelRef, transitions: Transitions, action: int, k: int) -> Cti:
+    """The counterexample to induction in a model of step(k) under `action`."""
+    return (system.decode_or_dump(witness, k - 1), system.decode_action(witness, _step_of(system, transitions, action)),
+            _effect_state(system, witness, transitions, action))
+
+
+@dataclass
+class _Houdini:
+    """The Houdini loop's context: step(k), the conjuncts still `alive`, the
+    `rows` of those dropped, the time left to each query, and who is told of
+    each drop. One round asks every action of `actions` whether it keeps
+    every alive conjunct, all of them assumed:
+
+        round:  for each action a, each alive n:  unsat? step_a(k) AND not n(effect_a(s_{k-1}))
+
+    and a CTI drops every alive conjunct it breaks; the loop ends after a
+    round that drops nothing (what is alive is then inductive)."""
+
+    system: System
+    k: int
+    step: InductionStep
+    alive: list[str]
+    rows: dict[str, EngineVerdict]
+    remaining_ms: Callable[[], int | None]
+    tell: Callable[[str], None]
+    started: float
+
+    @property
+    def method(self) -> str:
+        return f"k-induction (k={self.k})"
+
+    def run(self, actions: Iterable[int]) -> None:
+        """Rounds over `actions` until one drops nothing."""
+        by_chain = chains(self.system, self.k - 1, self.alive)
+        while self.round(actions, by_chain):
+            pass
+
+    def round(self, actions: Iterable[int], by_chain: dict[int, MicroChain]) -> bool:
+        """One round: True when some conjunct was dropped."""
+        dropped = False
+        for query in self.step.queries:
+            if query.action not in actions:
                 continue
-            for n in list(alive):
-                if n not in alive:
+            for name in list(self.alive):
+                if name not in self.alive or _by_chain(by_chain, query, name, self.alive):
                     continue
-                if _by_chain(by_chain, q, n, alive):
-                    continue
-                solver = q.solver(n)
-                q.timeout_ms = left_ms()
-                r = q.check(n, [assume[x] for x in alive])
-                if r == z3.unsat:
-                    continue
-                cti, failing = None, [n]
-                if r == z3.sat:
-                    m = solver.model()
-                    cti = (system.decode_or_dump(m, k - 1), system.decode_action(m, _step_of(system, tr, q.action)),
-                           _effect_state(system, m, tr, q.action))
-                    failing = [x for x in alive if q.solver(x) is solver
-                               and not z3.is_true(m.eval(q.goal[x], model_completion=True))]
-                for x in failing:
-                    rows[x] = EngineVerdict(x, kind_of(x), "unknown", method, k, time.perf_counter() - t0, cti=cti,
-                                             message=f"not inductive under {ACTIONS[q.action]}" if r == z3.sat
-                                             else "solver gave up")
-                    alive.remove(x)
-                tell(f"{time.perf_counter() - t0:6.1f} s  {ACTIONS[q.action]} breaks {_some(failing)}; "
-                     f"{len(alive)} left")
-                changed = True
+                query.timeout_ms = self.remaining_ms()
+                answer = query.check(name, self.step.assumptions(self.alive))
+                if answer != z3.unsat:
+                    self.drop(query, name, answer)
+                    dropped = True
+        return dropped
+
+    def drop(self, query: _Query, name: str, answer: z3.CheckSatResult) -> None:
+        """The action may break `name`: with a CTI (sat), every alive conjunct
+        that the same solver checks and the CTI breaks leaves; with no answer
+        (the solver gave up), `name` alone."""
+        solver = query.solver(name)
+        cti, failing = None, [name]
+        if answer == z3.sat:
+            witness = solver.model()
+            cti = _cti(self.system, witness, self.step.transitions, query.action, self.k)
+            failing = [other for other in self.alive if query.solver(other) is solver
+                       and not z3.is_true(witness.eval(query.goal[other], model_completion=True))]
+        message = f"not inductive under {ACTIONS[query.action]}" if answer == z3.sat else "solver gave up"
+        for other in failing:
+            self.rows[other] = EngineVerdict(other, kind_of(other), "unknown", self.method, self.k,
+                                             time.perf_counter() - self.started, cti=cti, message=message)
+            self.alive.remove(other)
+        self.tell(f"{time.perf_counter() - self.started:6.1f} s  {ACTIONS[query.action]} breaks "
+                  f"{_some(failing)}; {len(self.alive)} left")
 
 
 def _some(names: list[str]) -> str:
@@ -287,11 +349,10 @@ def _houdini_share(model: Model, k: int, names: list[str], actions: list[int]) -
     """One process's share of a parallel Houdini round: the loop over `actions`
     alone, from `names` all alive; the rows of the conjuncts it dropped."""
     system = System(model)
-    assume, queries, tr = k_induction(system, k, names)
-    rows: dict[str, EngineVerdict] = {}
-    _houdini(system, k, queries, assume, tr, list(names), rows, actions, lambda: None, lambda _: None,
-             time.perf_counter())
-    return rows
+    houdini = _Houdini(system, k, k_induction(system, k, names), list(names), {},
+                       remaining_ms=lambda: None, tell=lambda _: None, started=time.perf_counter())
+    houdini.run(actions)
+    return houdini.rows
 
 
 # The actions' shares of the work, largest first (measured on shared-k3), for
@@ -300,7 +361,7 @@ _COST_ORDER = (COMPLETE, SCHEDULE, ABORT, ARRIVE)
 
 
 def _parallel_houdini(model: Model, k: int, alive: list[str], rows: dict[str, EngineVerdict], jobs: int,
-                      tell: Callable[[str], None], t0: float) -> None:
+                      tell: Callable[[str], None], started: float) -> None:
     """The Houdini loop with the actions shared between processes, round by
     round: each process runs the loop over its actions from what is alive, and
     every conjunct any of them dropped leaves, until a round drops none (then
@@ -309,21 +370,22 @@ def _parallel_houdini(model: Model, k: int, alive: list[str], rows: dict[str, En
     satisfies a superset of the inductive core still shows its conjunct is
     not in it."""
     shares: list[list[int]] = [[] for _ in range(min(jobs, len(_COST_ORDER)))]
-    for i, a in enumerate(_COST_ORDER):
-        shares[i % len(shares)].append(a)
-    ctx = multiprocessing.get_context("spawn")      # Z3 contexts do not survive a fork
-    with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=ctx) as pool:
+    for i, action in enumerate(_COST_ORDER):
+        shares[i % len(shares)].append(action)
+    context = multiprocessing.get_context("spawn")      # Z3 contexts do not survive a fork
+    with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=context) as pool:
         while True:
             dropped: dict[str, EngineVerdict] = {}
-            for share_rows in pool.map(_houdini_share, *zip(*[(model, k, list(alive), s) for s in shares])):
-                for n, row in share_rows.items():
-                    dropped.setdefault(n, row)
+            arguments = [(model, k, list(alive), share) for share in shares]
+            for share_rows in pool.map(_houdini_share, *zip(*arguments)):
+                for name, row in share_rows.items():
+                    dropped.setdefault(name, row)
             if not dropped:
                 return
-            for n, row in dropped.items():
-                alive.remove(n)
-                rows[n] = dataclasses.replace(row, seconds=time.perf_counter() - t0)
-            tell(f"{time.perf_counter() - t0:6.1f} s  a round in {len(shares)} processes drops "
+            for name, row in dropped.items():
+                alive.remove(name)
+                rows[name] = dataclasses.replace(row, seconds=time.perf_counter() - started)
+            tell(f"{time.perf_counter() - started:6.1f} s  a round in {len(shares)} processes drops "
                  f"{_some(list(dropped))}; {len(alive)} left")
 
 
@@ -331,75 +393,99 @@ def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | Non
                        auxiliary: Iterable[str] | None = None, time_budget: float | None = None,
                        jobs: int = 1, progress: Callable[[str], None] | None = None) -> EngineResult:
     """Prove `invariants` (default: all of the spec's) and the transition
-    properties with the auxiliary invariants by k-induction.
+    properties with the auxiliary invariants by k-induction:
+
+        base(k) unsat for each conjunct, then Houdini on step(k), then
+        I(s) AND T(s,s') => Q(s,s') for each transition property Q.
 
     Returns one row per conjunct and transition property: proved, or unknown
     with a CTI (state before, action, state after) when the Houdini loop had to
     drop it, or violated when it fails within k-1 steps of the initial state.
     `jobs`: processes for the Houdini rounds (see the module docstring);
     `progress`: told of every conjunct the Houdini loop drops."""
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     system = System(model)
     names = ["WF_encoding", *(INVARIANT_FORMULAS if invariants is None else invariants),
              *(AUXILIARY if auxiliary is None else auxiliary)]
-    rows: dict[str, EngineVerdict] = {}
     method = f"k-induction (k={k})"
-    for n, (depth, m) in _base(system, k, names).items():
-        rows[n] = EngineVerdict(n, kind_of(n), "violated", method + " base", depth, time.perf_counter() - t0,
-                                 states=[system.decode_or_dump(m, depth)],
-                                 message="fails within k-1 steps of the initial state")
     tell = progress or (lambda _: None)
+    rows = _base_rows(system, k, names, started)
     if rows:
         tell(f"{len(rows)} fail within k-1 steps of the initial state; {len(names) - len(rows)} left")
-    assume, queries, tr = k_induction(system, k, names)
-    alive = [n for n in names if n not in rows]
+    step = k_induction(system, k, names)
+    alive = [name for name in names if name not in rows]
 
-    def left_ms() -> int | None:
-        return None if time_budget is None else max(1, int((time_budget - (time.perf_counter() - t0)) * 1000))
+    def remaining_ms() -> int | None:
+        if time_budget is None:
+            return None
+        return max(1, int((time_budget - (time.perf_counter() - started)) * 1000))
 
     if jobs > 1 and time_budget is None:
-        _parallel_houdini(model, k, alive, rows, jobs, tell, t0)
+        _parallel_houdini(model, k, alive, rows, jobs, tell, started)
     else:
-        _houdini(system, k, queries, assume, tr, alive, rows, ACTIONS, left_ms, tell, t0)
-    seconds = time.perf_counter() - t0
-    for n in alive:
-        rows[n] = EngineVerdict(n, kind_of(n), "proved", method, k, seconds)
-    out = [rows[n] for n in names]
-    for name, fn in TRANSITION_FORMULAS.items():
+        _Houdini(system, k, step, alive, rows, remaining_ms, tell, started).run(ACTIONS)
+    seconds = time.perf_counter() - started
+    for name in alive:
+        rows[name] = EngineVerdict(name, kind_of(name), "proved", method, k, seconds)
+    verdicts = [rows[name] for name in names]
+    verdicts += _transition_rows(system, k, step, alive, remaining_ms, started)
+    return EngineResult(model.name, method, time.perf_counter() - started, k, verdicts)
+
+
+def _base_rows(system: System, k: int, names: list[str], started: float) -> dict[str, EngineVerdict]:
+    """base(k): a violated row for each conjunct that fails within k-1 steps of the initial state."""
+    method = f"k-induction (k={k}) base"
+    rows: dict[str, EngineVerdict] = {}
+    for name, (depth, witness) in _base(system, k, names).items():
+        rows[name] = EngineVerdict(name, kind_of(name), "violated", method, depth, time.perf_counter() - started,
+                                   states=[system.decode_or_dump(witness, depth)],
+                                   message="fails within k-1 steps of the initial state")
+    return rows
+
+
+def _transition_rows(system: System, k: int, step: InductionStep, alive: list[str],
+                     remaining_ms: Callable[[], int | None], started: float) -> list[EngineVerdict]:
+    """Each transition property Q, proved as I(s) AND T_a(s,s') => Q(s,s') for
+    every action a, with I the conjuncts left `alive` (assumed on the frames);
+    unknown, with a CTI where available, at the first action that may break it."""
+    method = f"k-induction (k={k})"
+    rows = []
+    for name, property_formula in TRANSITION_FORMULAS.items():
         status, cti = "proved", None
-        for q in queries:
-            st = _step_of(system, tr, q.action)
-            solver = q.solver("WF_encoding")
-            q.timeout_ms = left_ms()
-            r = q.check_formula("WF_encoding", [assume[x] for x in alive], system.build(fn, st))
-            if r != z3.unsat:
+        for query in step.queries:
+            last_step = _step_of(system, step.transitions, query.action)
+            solver = query.solver("WF_encoding")
+            query.timeout_ms = remaining_ms()
+            answer = query.check_formula("WF_encoding", step.assumptions(alive),
+                                         system.build(property_formula, last_step))
+            if answer != z3.unsat:
                 status = "unknown"
-                if r == z3.sat:
-                    m = solver.model()
-                    cti = (system.decode_or_dump(m, k - 1), system.decode_action(m, st),
-                           _effect_state(system, m, tr, q.action))
+                if answer == z3.sat:
+                    cti = _cti(system, solver.model(), step.transitions, query.action, k)
                 break
-        out.append(EngineVerdict(name, "invariant", status, method, k, time.perf_counter() - t0, cti=cti))
-    return EngineResult(model.name, method, time.perf_counter() - t0, k, out)
+        rows.append(EngineVerdict(name, "invariant", status, method, k, time.perf_counter() - started, cti=cti))
+    return rows
 
 
-def _step_of(system: System, tr, action: int) -> Step:
+def _step_of(system: System, transitions: Transitions, action: int) -> Step:
     """The last step under `action`, with its effect as the next state."""
     with arithmetic(system.lay.width):
-        ch = dataclasses.replace(tr.choices, act=V(action))
-    return Step(tr.before, tr.effects[action], ch, tr.sched, tr.completion, [])
+        choices = dataclasses.replace(transitions.choices, act=V(action))
+    return Step(transitions.before, transitions.effects[action], choices, transitions.sched,
+                transitions.completion, [])
 
 
-def _effect_state(system: System, m: z3.ModelRef, tr, action: int) -> State | str:
+def _effect_state(system: System, witness: z3.ModelRef, transitions: Transitions, action: int) -> State | str:
+    """The action's effect in the model, as a spec state if it is one."""
     from flightcheck.verification.z3.encoding.state import NotRepresentable, decode
     try:
-        return decode(system.lay, m, tr.effects[action])
-    except (NotRepresentable, IndexError) as e:
-        return f"<not a spec state: {e}>"
+        return decode(system.lay, witness, transitions.effects[action])
+    except (NotRepresentable, IndexError) as error:
+        return f"<not a spec state: {error}>"
 
 
-def describe_cti(cti: tuple) -> str:
+def describe_cti(cti: Cti) -> str:
     from flightcheck.spec import describe
     before, action, after = cti
-    show = [x if isinstance(x, str) else describe(x) for x in (before, after)]
-    return f"  before: {show[0]}\n  action: {action}\n  after:  {show[1]}"
+    shown = [x if isinstance(x, str) else describe(x) for x in (before, after)]
+    return f"  before: {shown[0]}\n  action: {action}\n  after:  {shown[1]}"

@@ -75,7 +75,7 @@ def unchanged(q: Any, was: Any) -> Any:
     return conj([x == y for (_, x), (_, y) in zip(leaves(q), leaves(was))])
 
 
-def batch_facts(lay: Layout, acc: Acc, frame: SState) -> dict[str, Any]:
+def batch_facts(layout: Layout, acc: Acc, frame: SState) -> dict[str, Any]:
     """Facts about the batch under construction that the launch relies on:
     each entry is for a distinct RUNNING request, starts at its counter
     (which only the launch advances), holds blocks for its tokens, and
@@ -83,7 +83,7 @@ def batch_facts(lay: Layout, acc: Acc, frame: SState) -> dict[str, Any]:
     that the loops have not touched it yet: a conjunct of the invariant that
     a visited request breaks on the way still holds, on the frame, for the
     requests not yet visited."""
-    cfg, st, bs = lay.cfg, acc.st, lay.cfg.block_size
+    cfg, st, block_size = layout.cfg, acc.st, layout.cfg.block_size
     facts: dict[str, Any] = {}
     for r, q in enumerate(st.reqs):
         was = frame.reqs[r]
@@ -94,13 +94,13 @@ def batch_facts(lay: Layout, acc: Acc, frame: SState) -> dict[str, Any]:
         facts[f"request[{r}].running_scheduled_keeps_its_counter"] = z3.Implies(
             conj(scheduled, neg(acc.adm[r])),
             conj(eq(q.status, was.status), eq(q.num_computed, was.num_computed), eq(q.num_output, was.num_output),
-                 eq(was.status, RUNNING), lt(was.num_computed, num_tokens(lay, was, r) + was.num_drafts)))
+                 eq(was.status, RUNNING), lt(was.num_computed, num_tokens(layout, was, r) + was.num_drafts)))
         facts[f"request[{r}].admitted_from_the_queue"] = z3.Implies(acc.adm[r], conj(
             neg(acc.pre[r]), scheduled, disj(eq(was.status, WAITING), eq(was.status, PREEMPTED)),
             acc.admpre[r] == eq(was.status, PREEMPTED), eq(q.num_output, was.num_output)))
         facts[f"request[{r}].no_admission_after_preemption"] = z3.Implies(acc.any_pre, neg(acc.adm[r]))
     facts |= {
-        "batch.count_in_range": conj(le(0, acc.count), le(acc.count, lay.E)),
+        "batch.count_in_range": conj(le(0, acc.count), le(acc.count, layout.E)),
         "batch.budget_is_what_is_left": eq(acc.budget, cfg.max_num_batched_tokens - sum_terms(
             [ite(lt(j, acc.count), e.n, V(0)) for j, e in enumerate(acc.entries)])),
         "batch.position_in_range": conj(le(0, acc.i), le(acc.i, st.running_len)),
@@ -116,16 +116,16 @@ def batch_facts(lay: Layout, acc: Acc, frame: SState) -> dict[str, Any]:
         used = lt(j, acc.count)
 
         def field(fn) -> Any:
-            return at(lay, st, e.req, lambda q, k: fn(q, k))
+            return at(layout, st, e.req, lambda q, k: fn(q, k))
 
         pad = conj(eq(e.req, PAD), eq(e.start, 0), eq(e.n, 0), neg(e.samples), eq(e.drafts, 0), eq(e.fate, 0))
         facts[f"batch[{j}].padded_when_unused"] = z3.Implies(neg(used), pad)
         facts[f"batch[{j}].running_request"] = z3.Implies(used, conj(
-            le(0, e.req), lt(e.req, lay.N), eq(field(lambda q, k: q.status), RUNNING), eq(e.fate, LIVE)))
+            le(0, e.req), lt(e.req, layout.N), eq(field(lambda q, k: q.status), RUNNING), eq(e.fate, LIVE)))
         facts[f"batch[{j}].starts_at_counter"] = z3.Implies(
             used, eq(e.start, field(lambda q, k: q.num_computed)))
         facts[f"batch[{j}].blocks_cover_it"] = z3.Implies(used, le(
-            div_const(e.start + e.n + (bs - 1), bs), field(lambda q, k: q.table_len)))
+            div_const(e.start + e.n + (block_size - 1), block_size), field(lambda q, k: q.table_len)))
         facts[f"batch[{j}].shape"] = z3.Implies(used, conj(
             le(1, e.n), le(0, e.drafts), lt(e.drafts, e.n), le(e.drafts, cfg.num_spec_tokens),
             le(e.start + e.n, cfg.max_model_len),
@@ -133,13 +133,13 @@ def batch_facts(lay: Layout, acc: Acc, frame: SState) -> dict[str, Any]:
         facts[f"batch[{j}].drafts_are_the_requests"] = z3.Implies(
             used, eq(e.drafts, field(lambda q, k: q.num_drafts)))
         facts[f"batch[{j}].samples_iff_reaches_the_end"] = z3.Implies(
-            used, e.samples == (e.start + e.n - e.drafts >= field(lambda q, k: num_tokens(lay, q, k))))
+            used, e.samples == (e.start + e.n - e.drafts >= field(lambda q, k: num_tokens(layout, q, k))))
         facts[f"batch[{j}].drafts_ride_on_the_sample"] = z3.Implies(conj(used, lt(0, e.drafts)), e.samples)
         facts[f"batch[{j}].within_known_tokens"] = z3.Implies(used, le(
-            e.start + e.n, field(lambda q, k: num_tokens(lay, q, k)) + e.drafts))
+            e.start + e.n, field(lambda q, k: num_tokens(layout, q, k)) + e.drafts))
         facts[f"batch[{j}].already_passed_in_running"] = z3.Implies(used, disj(
-            *[conj(lt(p, acc.i), eq(st.running[p], e.req)) for p in range(lay.N)]))
-        for j2 in range(j + 1, lay.E):
+            *[conj(lt(p, acc.i), eq(st.running[p], e.req)) for p in range(layout.N)]))
+        for j2 in range(j + 1, layout.E):
             facts[f"batch[{j},{j2}].distinct_requests"] = z3.Implies(
                 conj(used, lt(j2, acc.count)), neg(eq(e.req, acc.entries[j2].req)))
     return facts
@@ -158,12 +158,12 @@ class Chain:
     name: str = ""
 
 
-def completion_facts(lay: Layout, st: SState, frame: SState, taken: int) -> dict[str, Any]:
+def completion_facts(layout: Layout, st: SState, frame: SState, taken: int) -> dict[str, Any]:
     """While complete_oldest applies the oldest batch's entries in order: a
     request no entry applied so far names is as it was in the frame."""
-    b0, facts = frame.batches[0], {}
+    oldest, facts = frame.batches[0], {}
     for r, q in enumerate(st.reqs):
-        named = disj(*[conj(lt(j, b0.length), eq(b0.entries[j].req, r)) for j in range(taken)])
+        named = disj(*[conj(lt(j, oldest.length), eq(oldest.entries[j].req, r)) for j in range(taken)])
         same = unchanged(q, frame.reqs[r])
         facts[f"request[{r}].untouched_until_applied"] = z3.Implies(neg(named), same)
     return facts
@@ -173,10 +173,10 @@ class MicroChain:
     """The forward Houdini chain over one action's micro-steps."""
 
     def __init__(self, build: Callable, chain: Chain, state_conjuncts: dict[str, StateFormula],
-                 frame_hyps: Callable[[list[str]], list[Any]], new_solver: Callable[[], z3.Solver]) -> None:
+                 frame_hypotheses: Callable[[list[str]], list[Any]], new_solver: Callable[[], z3.Solver]) -> None:
         self.build, self.chain = build, chain       # build(fn, *args): fn(layout, *args) in the system's arithmetic
         self.state_conjuncts = state_conjuncts     # name -> formula of an SState
-        self.frame_hyps = frame_hyps                # alive names -> hypotheses on the frame
+        self.frame_hypotheses = frame_hypotheses                # alive names -> hypotheses on the frame
         self.new_solver = new_solver
         self._final: dict[tuple[str, ...], tuple[z3.Solver, list[str]]] = {}
         self.queries = 0
@@ -197,10 +197,10 @@ class MicroChain:
         solver.set("timeout", QUERY_MS)
         return solver.check(z3.Not(goal)) == z3.unsat
 
-    def _filter(self, solver: z3.Solver, keep: list[str], cands: dict[str, Any]) -> list[str]:
+    def _filter(self, solver: z3.Solver, keep: list[str], candidates: dict[str, Any]) -> list[str]:
         """The candidates the solver's assertions imply, one query each (one
         query for the conjunction, Houdini-style, measured slower here)."""
-        return [n for n in keep if self._holds(solver, cands[n])]
+        return [n for n in keep if self._holds(solver, candidates[n])]
 
     def _survivors(self, alive: list[str]) -> tuple[z3.Solver, list[str]]:
         """J at the end of the chain, and a solver holding it with the effect's definitions."""
@@ -208,27 +208,27 @@ class MicroChain:
         if key in self._final:
             return self._final[key]
         chain = self.chain
-        hyps = self.frame_hyps(alive) + chain.given
-        cands = self._candidates(chain.start, alive, 0)
+        hypotheses = self.frame_hypotheses(alive) + chain.given
+        candidates = self._candidates(chain.start, alive, 0)
         base = self.new_solver()
-        base.add(hyps)
-        keep = self._filter(base, list(cands), cands)
-        prev_after, prev = chain.start, cands
-        for i, ms in enumerate(chain.micro):
-            if ms.before is not prev_after:         # a seam between loops: re-check on the rewrapped structure
+        base.add(hypotheses)
+        keep = self._filter(base, list(candidates), candidates)
+        prev_after, prev = chain.start, candidates
+        for i, micro_step in enumerate(chain.micro):
+            if micro_step.before is not prev_after:         # a seam between loops: re-check on the rewrapped structure
                 seam = self.new_solver()
-                seam.add(hyps + [prev[n] for n in keep])
-                now = self._candidates(ms.before, alive, i)
+                seam.add(hypotheses + [prev[n] for n in keep])
+                now = self._candidates(micro_step.before, alive, i)
                 keep = self._filter(seam, keep, now)
                 prev = now
             solver = self.new_solver()
-            solver.add(hyps + ms.defs + [prev[n] for n in keep])
-            after = self._candidates(ms.after, alive, i + 1)
+            solver.add(hypotheses + micro_step.defs + [prev[n] for n in keep])
+            after = self._candidates(micro_step.after, alive, i + 1)
             kept = self._filter(solver, keep, after)
-            self.dropped.update((n, ms.name) for n in keep if n not in kept)
-            keep, prev_after, prev = kept, ms.after, after
+            self.dropped.update((n, micro_step.name) for n in keep if n not in kept)
+            keep, prev_after, prev = kept, micro_step.after, after
         final = self.new_solver()
-        final.add(hyps + chain.final_defs + [prev[n] for n in keep])
+        final.add(hypotheses + chain.final_defs + [prev[n] for n in keep])
         self._final[key] = (final, keep)
         return final, keep
 

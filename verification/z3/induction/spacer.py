@@ -52,9 +52,9 @@ from flightcheck.verification.z3.encoding.terms import leaves
 from flightcheck.verification.z3.results import EngineResult, EngineVerdict
 
 
-def _free_consts(fs: list[z3.ExprRef]) -> list[z3.ExprRef]:
+def _free_consts(formulas: list[z3.ExprRef]) -> list[z3.ExprRef]:
     seen: dict[int, z3.ExprRef] = {}
-    todo = list(fs)
+    todo = list(formulas)
     while todo:
         e = todo.pop()
         if z3.is_const(e) and e.decl().kind() == z3.Z3_OP_UNINTERPRETED:
@@ -88,45 +88,46 @@ def horn_clauses(system: System, properties: list[str]):
     x1 = [v for n, v in leaves(s1) if not n.startswith("was_preempted")]
     inv = z3.Function("Inv", *[v.sort() for v in x0], z3.BoolSort())
     bad = z3.Function("Bad", z3.BoolSort())
-    fp = z3.Fixedpoint()
-    fp.set(engine="spacer")
-    fp.register_relation(inv, bad)
+    fixedpoint = z3.Fixedpoint()
+    fixedpoint.set(engine="spacer")
+    fixedpoint.register_relation(inv, bad)
     init = [c for c in system.init(0) if "was_preempted" not in str(c)]
     step = system.step(0, 1)
-    sched0, sdefs0 = system.sched(0)
-    tr = system.transitions(0)
-    definitions = {d.arg(0).get_id(): (d.arg(0), d.arg(1)) for d in sdefs0 + tr.defs}
-    def_ids = {id(d) for d in sdefs0 + tr.defs}
-    core = [c for c in step.constraints if id(c) not in def_ids and "was_preempted" not in str(c)]
-    state_props = [n for n in properties if n in INVARIANT_FORMULAS]
-    step_props = [n for n in properties if n in TRANSITION_FORMULAS]
-    prop = z3.And([system.build(INVARIANT_FORMULAS[n], s0, sched0) for n in state_props])
-    step_prop = z3.And([system.build(TRANSITION_FORMULAS[n], step) for n in step_props])
-    fp.declare_var(*_free_consts(init + step.constraints + [prop, step_prop]))
-    fp.rule(inv(*x0), init)
+    schedule, schedule_definitions = system.sched(0)
+    transitions = system.transitions(0)
+    definitions = {d.arg(0).get_id(): (d.arg(0), d.arg(1)) for d in schedule_definitions + transitions.defs}
+    definition_ids = {id(d) for d in schedule_definitions + transitions.defs}
+    core = [c for c in step.constraints if id(c) not in definition_ids and "was_preempted" not in str(c)]
+    state_properties = [n for n in properties if n in INVARIANT_FORMULAS]
+    transition_properties = [n for n in properties if n in TRANSITION_FORMULAS]
+    state_property = z3.And([system.build(INVARIANT_FORMULAS[n], s0, schedule) for n in state_properties])
+    transition_property = z3.And([system.build(TRANSITION_FORMULAS[n], step) for n in transition_properties])
+    fixedpoint.declare_var(*_free_consts(init + step.constraints + [state_property, transition_property]))
+    fixedpoint.rule(inv(*x0), init)
     for a in ACTION_CODE.values():
         def fix(t: Any, a: int = a) -> Any:
             return z3.simplify(z3.substitute(t, (step.choices.act, z3.IntVal(a))))
         fixed = [c for c in map(fix, core) if not z3.is_true(c)]
-        fp.rule(inv(*x1), [inv(*x0)] + _with_definitions(fixed, definitions, fix))
-        if step_props:
-            fp.rule(bad(), [inv(*x0)] + _with_definitions(fixed + [fix(z3.Not(step_prop))], definitions, fix))
-    if state_props:
-        fp.rule(bad(), [inv(*x0)] + _with_definitions([z3.Not(prop)], definitions, lambda t: t))
-    return fp, bad
+        fixedpoint.rule(inv(*x1), [inv(*x0)] + _with_definitions(fixed, definitions, fix))
+        if transition_properties:
+            violation = fix(z3.Not(transition_property))
+            fixedpoint.rule(bad(), [inv(*x0)] + _with_definitions(fixed + [violation], definitions, fix))
+    if state_properties:
+        fixedpoint.rule(bad(), [inv(*x0)] + _with_definitions([z3.Not(state_property)], definitions, lambda t: t))
+    return fixedpoint, bad
 
 
 def _query(model: Model, group: list[str], answers: "multiprocessing.Queue") -> None:
     """One Spacer query, in its own process: ('proved'|'violated'|'unknown', message)."""
-    fp, bad = horn_clauses(System(model, bitvectors=False), group)
+    fixedpoint, bad = horn_clauses(System(model, bitvectors=False), group)
     try:
-        r = fp.query(bad())
-        reason = "" if r != z3.unknown else fp.reason_unknown()
-    except z3.Z3Exception as e:
-        r, reason = z3.unknown, str(e)
-    if r == z3.unsat:
-        answers.put(("proved", f"synthesised invariant: {len(str(fp.get_answer()))} characters"))
-    elif r == z3.sat:
+        answer = fixedpoint.query(bad())
+        reason = "" if answer != z3.unknown else fixedpoint.reason_unknown()
+    except z3.Z3Exception as error:
+        answer, reason = z3.unknown, str(error)
+    if answer == z3.unsat:
+        answers.put(("proved", f"synthesised invariant: {len(str(fixedpoint.get_answer()))} characters"))
+    elif answer == z3.sat:
         answers.put(("violated", "Bad is reachable: bmc finds the shortest trace"))
     else:
         answers.put(("unknown", f"Spacer gave up: {reason}"))
@@ -163,19 +164,19 @@ def spacer(model: Model, properties: Iterable[str] | None = None, time_budget: f
         raise ValueError(f"time_budget must be positive, not {time_budget}")
     groups = [[n] for n in names] if separately else [names]
     share = None if time_budget is None else time_budget / len(groups)
-    ctx = multiprocessing.get_context("spawn")          # Z3 contexts do not survive a fork
-    res = EngineResult(model.name, "spacer", 0.0, 0)
+    context = multiprocessing.get_context("spawn")          # Z3 contexts do not survive a fork
+    result = EngineResult(model.name, "spacer", 0.0, 0)
     for group in groups:
         start = time.perf_counter()
-        answers = ctx.Queue()
-        worker = ctx.Process(target=_query, args=(model, group, answers), daemon=True)
+        answers = context.Queue()
+        worker = context.Process(target=_query, args=(model, group, answers), daemon=True)
         worker.start()
         status, message = _answer(worker, answers, None if share is None else start + share)
         if worker.is_alive():               # answered and exiting, or past its budget
             worker.kill()
         worker.join()
         seconds = time.perf_counter() - start
-        res.properties += [EngineVerdict(n, kind_of(n), status, "spacer", None, seconds, message=message)
+        result.properties += [EngineVerdict(n, kind_of(n), status, "spacer", None, seconds, message=message)
                            for n in group]
-    res.seconds = time.perf_counter() - t0
-    return res
+    result.seconds = time.perf_counter() - t0
+    return result

@@ -42,74 +42,74 @@ from flightcheck.verification.z3.encoding.terms import (
     neg,
 )
 
-Aux = Callable[[Layout, SState], Any]
+AuxiliaryInvariant = Callable[[Layout, SState], Any]
 
 
-def a1_new_is_pristine(lay: Layout, s: SState) -> Any:
+def a1_new_is_pristine(layout: Layout, s: SState) -> Any:
     """A request that has not arrived has no output, no counters, no blocks and nothing in flight."""
     out = []
     for r, q in enumerate(s.reqs):
-        mine = disj(*[conj(u, eq(e.req, r)) for e, u in positions(lay, s)])
+        mine = disj(*[conj(u, eq(e.req, r)) for e, u in positions(layout, s)])
         out.append(z3.Implies(eq(q.status, NEW), conj(eq(q.num_output, 0), eq(q.num_computed, 0),
                                                       eq(q.num_drafts, 0), eq(q.table_len, 0), neg(mine))))
     return conj(out)
 
 
-def a2_waiting_never_ran(lay: Layout, s: SState) -> Any:
+def a2_waiting_never_ran(layout: Layout, s: SState) -> Any:
     """A WAITING request has no output and nothing in flight; WAITING and PREEMPTED ones propose no drafts."""
     out = []
     for r, q in enumerate(s.reqs):
-        mine = disj(*[conj(u, eq(e.req, r)) for e, u in positions(lay, s)])
+        mine = disj(*[conj(u, eq(e.req, r)) for e, u in positions(layout, s)])
         out.append(z3.Implies(eq(q.status, WAITING), conj(eq(q.num_output, 0), neg(mine))))
         out.append(z3.Implies(disj(eq(q.status, WAITING), eq(q.status, PREEMPTED)), eq(q.num_drafts, 0)))
     return conj(out)
 
 
-def a3_finished_is_released(lay: Layout, s: SState) -> Any:
+def a3_finished_is_released(layout: Layout, s: SState) -> Any:
     """A finished request has its counters reset."""
     out = []
     for q in s.reqs:
-        fin = disj(eq(q.status, F_STOPPED), eq(q.status, F_LENGTH), eq(q.status, F_ABORTED))
-        out.append(z3.Implies(fin, conj(eq(q.num_computed, 0), eq(q.num_drafts, 0))))
+        finished = disj(eq(q.status, F_STOPPED), eq(q.status, F_LENGTH), eq(q.status, F_ABORTED))
+        out.append(z3.Implies(finished, conj(eq(q.num_computed, 0), eq(q.num_drafts, 0))))
     return conj(out)
 
 
-def a4_counts_nonnegative(lay: Layout, s: SState) -> Any:
+def a4_counts_nonnegative(layout: Layout, s: SState) -> Any:
     """Output counts and proposed drafts are never negative."""
     return conj([conj(le(0, q.num_output), le(0, q.num_drafts)) for q in s.reqs])
 
 
-def a5_snapshots_well_formed(lay: Layout, s: SState) -> Any:
+def a5_snapshots_well_formed(layout: Layout, s: SState) -> Any:
     """Every in-flight snapshot, whatever its fate, starts at >= 0, holds >= 1 token and
     0 <= drafts < tokens (and at most k)."""
-    k = lay.cfg.num_spec_tokens
+    k = layout.cfg.num_spec_tokens
     return conj([z3.Implies(u, conj(le(0, e.start), le(1, e.n), le(0, e.drafts), lt(e.drafts, e.n),
                                     le(e.drafts, k)))
-                 for e, u in positions(lay, s)])
+                 for e, u in positions(layout, s)])
 
 
-def a6_drafts_ride_on_last_live_entry(lay: Layout, s: SState) -> Any:
+def a6_drafts_ride_on_last_live_entry(layout: Layout, s: SState) -> Any:
     """A request with live entries in flight proposes exactly the drafts its last live entry carries."""
-    return conj([z3.Implies(has_live(lay, s, r), eq(q.num_drafts, last_live(lay, s, r, "drafts", V(0))))
+    return conj([z3.Implies(has_live(layout, s, r), eq(q.num_drafts, last_live(layout, s, r, "drafts", V(0))))
                  for r, q in enumerate(s.reqs)])
 
 
-def a7_unlabelled_blocks_are_private(lay: Layout, s: SState) -> Any:
+def a7_unlabelled_blocks_are_private(layout: Layout, s: SState) -> Any:
     """A block that caches no label is held by at most one table (only prefix hits share blocks)."""
-    return conj([z3.Implies(eq(lab, lay.none_label), le(ref, 1)) for ref, lab in zip(s.pool.ref, s.pool.label)])
+    return conj([z3.Implies(eq(label, layout.none_label), le(ref, 1)) for ref, label in zip(s.pool.ref, s.pool.label)])
 
 
-def a8_one_live_entry_per_request(lay: Layout, s: SState) -> Any:
+def a8_one_live_entry_per_request(layout: Layout, s: SState) -> Any:
     """One batch per request: a request has at most one live entry in flight."""
-    if lay.cfg.continue_prefill:
+    if layout.cfg.continue_prefill:
         return z3.BoolVal(True)
     out = []
-    for r in range(lay.N):
-        out.append(le(count(conj(u, eq(e.req, r), eq(e.fate, LIVE)) for e, u in positions(lay, s)), 1))
+    for r in range(layout.N):
+        out.append(le(count(conj(u, eq(e.req, r), eq(e.fate, LIVE)) for e, u in positions(layout, s)), 1))
     return conj(out)
 
 
-def a9_held_blocks_are_not_free(lay: Layout, s: SState) -> Any:
+def a9_held_blocks_are_not_free(layout: Layout, s: SState) -> Any:
     """A block in some table is not in the free queue and has a positive count (the partition of S9, without counting)."""
     out = []
     for q in s.reqs:
@@ -120,7 +120,7 @@ def a9_held_blocks_are_not_free(lay: Layout, s: SState) -> Any:
     return conj(out)
 
 
-AUXILIARY: dict[str, Aux] = {
+AUXILIARY: dict[str, AuxiliaryInvariant] = {
     "A1_new_is_pristine": a1_new_is_pristine,
     "A2_waiting_never_ran": a2_waiting_never_ran,
     "A3_finished_is_released": a3_finished_is_released,

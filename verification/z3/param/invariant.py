@@ -33,15 +33,15 @@ from flightcheck.verification.z3.param.model import (
     ACTIVE,
     Formula,
     Ops,
-    PConfig,
-    PState,
+    ParamConfig,
+    ParamState,
     is_one_of,
 )
 
 PROPERTIES = ("S1", "S2", "S3", "S5", "S6", "S7", "S8", "S10", "S11", "L1")
 
 
-def local_conjuncts(ops: Ops, x: PState, cfg: PConfig, r: Any) -> dict[str, Formula]:
+def local_conjuncts(ops: Ops, x: ParamState, cfg: ParamConfig, r: Any) -> dict[str, Formula]:
     """Local(x, r), conjunct by conjunct."""
     K, L, k = cfg.K, cfg.max_model_len, cfg.num_spec_tokens
     st, t = x.status[r], x.num_tokens(r)
@@ -59,7 +59,7 @@ def local_conjuncts(ops: Ops, x: PState, cfg: PConfig, r: Any) -> dict[str, Form
     def later_live(i: int) -> Formula:
         return ops.or_(*live[i + 1:])
 
-    active, running = is_one_of(ops, st, ACTIVE), st == ops.st("RUNNING")
+    active, running = is_one_of(ops, st, ACTIVE), st == ops.status("RUNNING")
     any_live = ops.or_(*live)
     live_sampling = ops.or_(*[ops.and_(live[i], samples[i]) for i in range(K)])
     last_live_samples = ops.or_(*[ops.and_(live[i], samples[i], ops.not_(later_live(i))) for i in range(K)])
@@ -71,7 +71,7 @@ def local_conjuncts(ops: Ops, x: PState, cfg: PConfig, r: Any) -> dict[str, Form
         "S8.request_drafts_within_k": ops.implies(active, dr <= k),
         "S8.rejections_subtracted": ops.implies(ops.and_(running, ops.not_(any_live)), c < t),
         "L1.running_request_unblocked": ops.implies(ops.and_(running, t + dr - c <= 0), last_live_samples),
-        "aux.new_is_blank": ops.implies(st == ops.st("NEW"), ops.and_(
+        "aux.new_is_blank": ops.implies(st == ops.status("NEW"), ops.and_(
             p == 0, o == 0, c == 0, dr == 0, *[ops.not_(q) for q in present])),
         "aux.counts_nonnegative": ops.and_(p >= 0, o >= 0, ops.implies(active, dr >= 0)),
         "aux.no_drafts_unless_running": ops.implies(ops.and_(active, ops.not_(running)), dr == 0),
@@ -92,7 +92,7 @@ def local_conjuncts(ops: Ops, x: PState, cfg: PConfig, r: Any) -> dict[str, Form
                                                              ops.not_(later_live(i)))
         out[f"S7.live_entry_of_running[{i}]"] = ops.implies(live[i], running)
         out[f"S7.orphan_of_preempted_without_live[{i}]"] = ops.implies(
-            orphaned[i], ops.and_(st == ops.st("PREEMPTED"), ops.not_(any_live)))
+            orphaned[i], ops.and_(st == ops.status("PREEMPTED"), ops.not_(any_live)))
         out[f"S8.entry_drafts_within_k[{i}]"] = ops.implies(present[i], drafts[i] <= k)
         out[f"S10.threshold[{i}]"] = ops.implies(ops.and_(present[i], cfg.threshold > 0), n[i] <= cfg.threshold)
         out[f"aux.entry_drafts_nonnegative[{i}]"] = ops.implies(present[i], drafts[i] >= 0)
@@ -102,7 +102,7 @@ def local_conjuncts(ops: Ops, x: PState, cfg: PConfig, r: Any) -> dict[str, Form
     return out
 
 
-def global_conjuncts(ops: Ops, x: PState, cfg: PConfig) -> dict[str, Formula]:
+def global_conjuncts(ops: Ops, x: ParamState, cfg: ParamConfig) -> dict[str, Formula]:
     """Global(x): the facts about the FIFO and the ghosts."""
     out: dict[str, Formula] = {
         "S11.depth_at_most_K": ops.and_(0 <= x.depth, x.depth <= cfg.K),
@@ -116,17 +116,17 @@ def global_conjuncts(ops: Ops, x: PState, cfg: PConfig) -> dict[str, Formula]:
     return out
 
 
-def local(ops: Ops, x: PState, cfg: PConfig, r: Any) -> Formula:
+def local(ops: Ops, x: ParamState, cfg: ParamConfig, r: Any) -> Formula:
     return ops.and_(*local_conjuncts(ops, x, cfg, r).values())
 
 
-def invariant(ops: Ops, x: PState, cfg: PConfig) -> Formula:
+def invariant(ops: Ops, x: ParamState, cfg: ParamConfig) -> Formula:
     """Inv(x) = Global(x) ∧ ∀r. Local(x, r)."""
     return ops.and_(*global_conjuncts(ops, x, cfg).values(),
                     ops.forall_req(lambda r: local(ops, x, cfg, r)))
 
 
-def broken_conjuncts(ops: Ops, x: PState, cfg: PConfig) -> list[str]:
+def broken_conjuncts(ops: Ops, x: ParamState, cfg: ParamConfig) -> list[str]:
     """The names of the conjuncts a concrete state breaks (for reports)."""
     names = [n for n, f in global_conjuncts(ops, x, cfg).items() if not f]
     for r in range(ops.num_requests):
@@ -134,7 +134,7 @@ def broken_conjuncts(ops: Ops, x: PState, cfg: PConfig) -> list[str]:
     return names
 
 
-def property_holds(ops: Ops, x: PState, cfg: PConfig, prop: str) -> bool:
+def property_holds(ops: Ops, x: ParamState, cfg: ParamConfig, prop: str) -> bool:
     """One property (e.g. "S3") on a concrete state: its conjuncts only."""
     prefix = prop + "."
     ok = all(f for n, f in global_conjuncts(ops, x, cfg).items() if n.startswith(prefix))

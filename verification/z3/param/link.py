@@ -63,8 +63,8 @@ from flightcheck.verification.z3.param.model import (
     LENGTH,
     STOPPED,
     Concrete,
-    PConfig,
-    PState,
+    ParamConfig,
+    ParamState,
     Slot,
     Symbolic,
     finite_req_sort,
@@ -75,8 +75,8 @@ from flightcheck.verification.z3.param.steps import STEPS_BY_NAME
 Call = tuple[str, tuple]          # (micro-step name, its arguments: a request number first, if any)
 
 
-def abstract_config(cfg: Config, nobody: Any = 0) -> PConfig:
-    return PConfig(cfg.num_stages, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len,
+def abstract_config(cfg: Config, nobody: Any = 0) -> ParamConfig:
+    return ParamConfig(cfg.num_stages, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len,
                    cfg.num_spec_tokens, cfg.long_prefill_token_threshold, nobody)
 
 
@@ -84,7 +84,7 @@ class OutsideParamModel(ValueError):
     """A concrete state outside the vocabulary (a batch holding a request twice)."""
 
 
-def abstract_state(s: State, cfg: Config) -> PState:
+def abstract_state(s: State, cfg: Config) -> ParamState:
     """map(s): the parameterised interpretation of a concrete state."""
     num = len(s.requests)
     slots = []
@@ -99,7 +99,7 @@ def abstract_state(s: State, cfg: Config) -> PState:
         slots.append(Slot(tuple(fate), tuple(start), tuple(n), tuple(drafts), tuple(samples),
                           sum(e.n for e in batch), batch[0].req if batch else 0))
     reqs = s.requests
-    return PState(tuple(q.status.name for q in reqs), tuple(q.prompt_len for q in reqs),
+    return ParamState(tuple(q.status.name for q in reqs), tuple(q.prompt_len for q in reqs),
                   tuple(q.max_tokens for q in reqs), tuple(q.num_output for q in reqs),
                   tuple(q.num_computed for q in reqs), tuple(q.num_drafts for q in reqs),
                   tuple(slots), len(s.in_flight), sum(q.status is Status.RUNNING for q in reqs))
@@ -158,15 +158,15 @@ class LinkReport:
 
 def replay(s: State, cfg: Config, action: Action, after: State, report: LinkReport | None = None) -> str | None:
     """None if map(s) reaches map(after) by the action's micro-steps; else why not."""
-    ops, pcfg = Concrete(len(s.requests)), abstract_config(cfg)
+    ops, param_config = Concrete(len(s.requests)), abstract_config(cfg)
     x = abstract_state(s, cfg)
     for name, args in micro_calls(s, cfg, action, after):
         depth = x.depth
-        guard, x = STEPS_BY_NAME[name].fn(ops, x, pcfg, depth, *args)
+        guard, x = STEPS_BY_NAME[name].update(ops, x, param_config, depth, *args)
         if not guard:
             return f"{name}{args} is disabled"
-        if not invariant(ops, x, pcfg):
-            return f"Inv broken after {name}{args}: {broken_conjuncts(ops, x, pcfg)[:4]}"
+        if not invariant(ops, x, param_config):
+            return f"Inv broken after {name}{args}: {broken_conjuncts(ops, x, param_config)[:4]}"
         if report is not None:
             report.fired[(name, depth)] += 1
             report.micro_steps += 1
@@ -179,17 +179,17 @@ def check_link(model: Model, max_states: int | None = None, stop_at_first: bool 
     """Every reachable state and edge of `model` (the first `max_states` states, if given)."""
     cfg, report = model.cfg, LinkReport(model.name)
     root = explicit.initial(model)
-    ops, pcfg = Concrete(model.num_requests), abstract_config(cfg)
-    if abstract_state(root, cfg) != initial(ops, pcfg):
+    ops, param_config = Concrete(model.num_requests), abstract_config(cfg)
+    if abstract_state(root, cfg) != initial(ops, param_config):
         report.problems.append("map(initial state) is not Init")
     seen, frontier = {root}, deque([root])
     while frontier and not (stop_at_first and report.problems):
         s = frontier.popleft()
         report.states += 1
         x = abstract_state(s, cfg)
-        if not invariant(ops, x, pcfg):
-            report.problems.append(f"Inv fails on map(s): {broken_conjuncts(ops, x, pcfg)[:4]}")
-        _note_enabled(ops, x, pcfg, report)
+        if not invariant(ops, x, param_config):
+            report.problems.append(f"Inv fails on map(s): {broken_conjuncts(ops, x, param_config)[:4]}")
+        _note_enabled(ops, x, param_config, report)
         for action, nxt in explicit.successors(model, s):
             report.edges += 1
             with applied(model.mutant):     # replay re-runs the spec's schedule
@@ -202,12 +202,12 @@ def check_link(model: Model, max_states: int | None = None, stop_at_first: bool 
     return report
 
 
-def _note_enabled(ops: Concrete, x: PState, pcfg: PConfig, report: LinkReport) -> None:
+def _note_enabled(ops: Concrete, x: ParamState, param_config: ParamConfig, report: LinkReport) -> None:
     """Single-request micro-steps the spec never takes at some depth (a
     preemption with the pipeline full) still have concrete models of their
     hypothesis: any reachable state where the guard holds."""
     for name in ("abort", "preempt"):
-        if any(STEPS_BY_NAME[name].fn(ops, x, pcfg, x.depth, r)[0] for r in range(ops.num_requests)):
+        if any(STEPS_BY_NAME[name].update(ops, x, param_config, x.depth, r)[0] for r in range(ops.num_requests)):
             report.enabled.add((name, x.depth))
 
 
@@ -236,23 +236,24 @@ def _reachable(model: Model, max_states: int) -> Iterator[State]:
                 frontier.append(nxt)
 
 
-def lift(ops: Symbolic, x: PState) -> PState:
+def lift(ops: Symbolic, x: ParamState) -> ParamState:
     """A concrete interpretation as Z3 terms over the finite Req sort."""
-    def arr(values: tuple, conv: Any) -> Any:
-        a = z3.K(ops.req_sort, conv(values[0]))
+    def array_of(values: tuple, convert: Any) -> Any:
+        a = z3.K(ops.req_sort, convert(values[0]))
         for i, v in enumerate(values):
-            a = z3.Store(a, ops.domain[i], conv(v))
+            a = z3.Store(a, ops.domain[i], convert(v))
         return a
 
     ints, bools = z3.IntVal, z3.BoolVal
-    slots = tuple(Slot(arr(s.fate, ops.fate), arr(s.start, ints), arr(s.n, ints), arr(s.drafts, ints),
-                       arr(s.samples, bools), ints(s.tokens), ops.domain[s.first]) for s in x.slots)
-    return PState(arr(x.status, ops.st), arr(x.prompt_len, ints), arr(x.max_tokens, ints),
-                  arr(x.num_output, ints), arr(x.num_computed, ints), arr(x.num_drafts, ints),
+    slots = tuple(Slot(array_of(s.fate, ops.fate), array_of(s.start, ints), array_of(s.n, ints),
+                       array_of(s.drafts, ints), array_of(s.samples, bools), ints(s.tokens), ops.domain[s.first])
+                  for s in x.slots)
+    return ParamState(array_of(x.status, ops.status), array_of(x.prompt_len, ints), array_of(x.max_tokens, ints),
+                  array_of(x.num_output, ints), array_of(x.num_computed, ints), array_of(x.num_drafts, ints),
                   slots, ints(x.depth), ints(x.num_running))
 
 
-def _same(ops: Symbolic, a: PState, b: PState) -> list[Any]:
+def _same(ops: Symbolic, a: ParamState, b: ParamState) -> list[Any]:
     """a = b on the finite domain, field by field."""
     eqs = [a.depth == b.depth, a.num_running == b.num_running]
     pairs = [(getattr(a, f), getattr(b, f)) for f in
@@ -270,13 +271,13 @@ def edge_exists_in_z3(s: State, cfg: Config, action: Action, after: State) -> z3
     in Z3 over the enumerated Req sort of size N."""
     sort, domain = finite_req_sort(len(s.requests))
     ops = Symbolic(sort, domain)
-    pcfg = abstract_config(cfg, nobody=domain[0])
+    param_config = abstract_config(cfg, nobody=domain[0])
     x = lift(ops, abstract_state(s, cfg))
     solver, depth = z3.Solver(), len(s.in_flight)
     for j, (name, args) in enumerate(micro_calls(s, cfg, action, after)):
         kind = STEPS_BY_NAME[name]
         free = [domain[args[0]] if p == "r" else z3.Int(f"{p}#{j}") for p, _ in zip(kind.params, args)]
-        guard, x = kind.fn(ops, x, pcfg, depth, *free)
+        guard, x = kind.update(ops, x, param_config, depth, *free)
         solver.add(guard)
         depth += {"launch": 1, "pop": -1}.get(name, 0)
     solver.add(*_same(ops, x, lift(ops, abstract_state(after, cfg))))
@@ -304,7 +305,7 @@ def restatement_report(model: Model, max_states: int = 5_000) -> tuple[Counter, 
     how often each spec property fails, and every state where the spec's
     predicate fails while the parameterised restatement holds (must be none)."""
     spec_pred = {p: next(inv for inv in INVARIANTS if inv.name.startswith(p + "_")) for p in RESTATED}
-    cfg, pcfg = model.cfg, abstract_config(model.cfg)
+    cfg, param_config = model.cfg, abstract_config(model.cfg)
     ops = Concrete(model.num_requests)
     violations, weaker = Counter(), []
     for s in _reachable(model, max_states):
@@ -317,6 +318,6 @@ def restatement_report(model: Model, max_states: int = 5_000) -> tuple[Counter, 
                 if spec_pred[p].holds(s, cfg):
                     continue
             violations[p] += 1
-            if property_holds(ops, x, pcfg, p):
+            if property_holds(ops, x, param_config, p):
                 weaker.append(f"{p} holds on map(s) but not on s: {s}")
     return violations, weaker

@@ -124,7 +124,7 @@ class Symbolic:
         self._status = dict(zip(STATUSES, _STATUS_CONSTS))
         self._fate = dict(zip(FATES, _FATE_CONSTS))
 
-    def st(self, name: str) -> Any:
+    def status(self, name: str) -> Any:
         return self._status[name]
 
     def fate(self, name: str) -> Any:
@@ -145,8 +145,8 @@ class Symbolic:
     def ite(self, c: Formula, a: Any, b: Any) -> Any:
         return z3.If(c, a, b)
 
-    def store(self, arr: Any, r: Any, v: Any) -> Any:
-        return z3.Store(arr, r, v)
+    def store(self, array: Any, r: Any, v: Any) -> Any:
+        return z3.Store(array, r, v)
 
     def const_array(self, value: Any) -> Any:
         return z3.K(self.req_sort, value)
@@ -165,7 +165,7 @@ class Concrete:
     def __init__(self, num_requests: int) -> None:
         self.num_requests = num_requests
 
-    def st(self, name: str) -> str:
+    def status(self, name: str) -> str:
         return name
 
     def fate(self, name: str) -> str:
@@ -186,8 +186,8 @@ class Concrete:
     def ite(self, c: bool, a: Any, b: Any) -> Any:
         return a if c else b
 
-    def store(self, arr: tuple, r: int, v: Any) -> tuple:
-        return arr[:r] + (v,) + arr[r + 1:]
+    def store(self, array: tuple, r: int, v: Any) -> tuple:
+        return array[:r] + (v,) + array[r + 1:]
 
     def const_array(self, value: Any) -> tuple:
         return (value,) * self.num_requests
@@ -200,7 +200,7 @@ Ops = Symbolic | Concrete
 
 
 @dataclass(frozen=True)
-class PConfig:
+class ParamConfig:
     """The constants: K is fixed (the number of slots), the rest may be symbolic."""
 
     K: int
@@ -230,7 +230,7 @@ class Slot:
 
 
 @dataclass(frozen=True)
-class PState:
+class ParamState:
     status: Any
     prompt_len: Any
     max_tokens: Any
@@ -249,51 +249,51 @@ def replace(x: Any, **changes: Any) -> Any:
     return dataclasses.replace(x, **changes)
 
 
-def symbolic_config(K: int, mutant: str | None = None, req_sort: z3.SortRef = REQ) -> PConfig:
-    return PConfig(K, z3.Int("budget"), z3.Int("max_num_seqs"), z3.Int("max_model_len"),
+def symbolic_config(K: int, mutant: str | None = None, req_sort: z3.SortRef = REQ) -> ParamConfig:
+    return ParamConfig(K, z3.Int("budget"), z3.Int("max_num_seqs"), z3.Int("max_model_len"),
                    z3.Int("k"), z3.Int("threshold"), z3.Const("nobody", req_sort), mutant)
 
 
-def symbolic_state(K: int, tag: str, req_sort: z3.SortRef = REQ) -> PState:
-    def arr(name: str, sort: z3.SortRef) -> Any:
+def symbolic_state(K: int, tag: str, req_sort: z3.SortRef = REQ) -> ParamState:
+    def array(name: str, sort: z3.SortRef) -> Any:
         return z3.Array(f"{name}@{tag}", req_sort, sort)
 
-    ints = {f: arr(f, z3.IntSort()) for f in
+    ints = {f: array(f, z3.IntSort()) for f in
             ("prompt_len", "max_tokens", "num_output", "num_computed", "num_drafts")}
-    slots = tuple(Slot(arr(f"fate{i}", FATE_SORT), arr(f"start{i}", z3.IntSort()), arr(f"n{i}", z3.IntSort()),
-                       arr(f"drafts{i}", z3.IntSort()), arr(f"samples{i}", z3.BoolSort()),
+    slots = tuple(Slot(array(f"fate{i}", FATE_SORT), array(f"start{i}", z3.IntSort()), array(f"n{i}", z3.IntSort()),
+                       array(f"drafts{i}", z3.IntSort()), array(f"samples{i}", z3.BoolSort()),
                        z3.Int(f"tokens{i}@{tag}"), z3.Const(f"first{i}@{tag}", req_sort))
                   for i in range(K))
-    return PState(arr("status", STATUS_SORT), slots=slots, depth=z3.Int(f"depth@{tag}"),
+    return ParamState(array("status", STATUS_SORT), slots=slots, depth=z3.Int(f"depth@{tag}"),
                   num_running=z3.Int(f"num_running@{tag}"), **ints)
 
 
-def empty_slot(ops: Ops, cfg: PConfig) -> Slot:
+def empty_slot(ops: Ops, cfg: ParamConfig) -> Slot:
     return Slot(ops.const_array(ops.fate("absent")), ops.const_array(0), ops.const_array(0),
                 ops.const_array(0), ops.const_array(False), 0, cfg.nobody)
 
 
-def initial(ops: Ops, cfg: PConfig) -> PState:
+def initial(ops: Ops, cfg: ParamConfig) -> ParamState:
     """Init: every request NEW with zero fields (spec's Request()), nothing in flight."""
     zero = ops.const_array(0)
-    return PState(ops.const_array(ops.st("NEW")), zero, zero, zero, zero, zero,
+    return ParamState(ops.const_array(ops.status("NEW")), zero, zero, zero, zero, zero,
                   tuple(empty_slot(ops, cfg) for _ in range(cfg.K)), 0, 0)
 
 
-def with_request(ops: Ops, x: PState, r: Any, **fields: Any) -> PState:
+def with_request(ops: Ops, x: ParamState, r: Any, **fields: Any) -> ParamState:
     return replace(x, **{f: ops.store(getattr(x, f), r, v) for f, v in fields.items()})
 
 
-def with_slot(x: PState, i: int, slot: Slot) -> PState:
+def with_slot(x: ParamState, i: int, slot: Slot) -> ParamState:
     return replace(x, slots=x.slots[:i] + (slot,) + x.slots[i + 1:])
 
 
 def is_one_of(ops: Ops, value: Any, names: tuple[str, ...], kind: str = "status") -> Formula:
-    make = ops.st if kind == "status" else ops.fate
+    make = ops.status if kind == "status" else ops.fate
     return ops.or_(*[value == make(n) for n in names])
 
 
-def retire(ops: Ops, x: PState, r: Any, when: Formula, from_fates: tuple[str, ...], to: str) -> PState:
+def retire(ops: Ops, x: ParamState, r: Any, when: Formula, from_fates: tuple[str, ...], to: str) -> ParamState:
     """If `when`: r's entries in every slot whose fate is in `from_fates` become `to`."""
     slots = []
     for s in x.slots:
@@ -303,9 +303,9 @@ def retire(ops: Ops, x: PState, r: Any, when: Formula, from_fates: tuple[str, ..
     return replace(x, slots=tuple(slots))
 
 
-def finish_if(ops: Ops, x: PState, r: Any, when: Formula, status: Any) -> PState:
+def finish_if(ops: Ops, x: ParamState, r: Any, when: Formula, status: Any) -> ParamState:
     """spec actions._finish, if `when`: finished, counters reset, in-flight work superseded."""
-    was_running = x.status[r] == ops.st("RUNNING")
+    was_running = x.status[r] == ops.status("RUNNING")
     x = retire(ops, x, r, when, ("live", "orphaned"), "superseded")
     x = replace(x, num_running=x.num_running - ops.ite(ops.and_(when, was_running), 1, 0))
     return with_request(ops, x, r, status=ops.ite(when, status, x.status[r]),
@@ -313,4 +313,4 @@ def finish_if(ops: Ops, x: PState, r: Any, when: Formula, status: Any) -> PState
                         num_drafts=ops.ite(when, 0, x.num_drafts[r]))
 
 
-GuardedUpdate = tuple[Formula, PState]      # (guard, post-state)
+GuardedUpdate = tuple[Formula, ParamState]      # (guard, post-state)

@@ -70,12 +70,12 @@ def _goal(ops: Symbolic, x: Any, cfg: Any, r0: Any) -> dict[str, Any]:
     return {**global_conjuncts(ops, x, cfg), **local_conjuncts(ops, x, cfg, r0)}
 
 
-def _solve(name: str, hyps: list[Any], goal: dict[str, Any], show: list[tuple[str, Any]],
+def _solve(name: str, hypotheses: list[Any], goal: dict[str, Any], show: list[tuple[str, Any]],
            ops: Symbolic, cfg: Any, states: list[tuple[str, Any]]) -> QueryResult:
     t0 = time.perf_counter()
     solver = z3.Solver()
     solver.set("timeout", QUERY_TIMEOUT_MS)
-    solver.add(*hyps)
+    solver.add(*hypotheses)
     solver.add(z3.Not(z3.And(*goal.values())))
     answer = solver.check()
     seconds = time.perf_counter() - t0
@@ -83,24 +83,25 @@ def _solve(name: str, hyps: list[Any], goal: dict[str, Any], show: list[tuple[st
         return QueryResult(name, "proved", seconds)
     if answer == z3.unknown:
         return QueryResult(name, "unknown", seconds, cti=solver.reason_unknown())
-    m = solver.model()
-    broken = [n for n, f in goal.items() if z3.is_false(m.eval(f, model_completion=True))]
-    lines = [f"{label} {tag}: {_render(m, ops, x, cfg, r)}" for tag, x in states for label, r in show]
+    witness = solver.model()
+    broken = [n for n, f in goal.items() if z3.is_false(witness.eval(f, model_completion=True))]
+    lines = [f"{label} {tag}: {_render(witness, ops, x, cfg, r)}" for tag, x in states for label, r in show]
     return QueryResult(name, "cti", seconds, broken, "\n".join(lines))
 
 
-def _render(m: z3.ModelRef, ops: Symbolic, x: Any, cfg: Any, r: Any) -> str:
-    def v(t: Any) -> str:
-        return str(m.eval(t, model_completion=True))
+def _render(witness: z3.ModelRef, ops: Symbolic, x: Any, cfg: Any, r: Any) -> str:
+    def value(t: Any) -> str:
+        return str(witness.eval(t, model_completion=True))
 
     entries = []
     for i, s in enumerate(x.slots):
-        f = v(s.fate[r])
+        f = value(s.fate[r])
         if f != "absent":
-            entries.append(f"[{i}] {f} {v(s.start[r])}+{v(s.n[r])}"
-                           f"{'*' if v(s.samples[r]) == 'True' else ''} d={v(s.drafts[r])}")
-    return (f"{v(x.status[r])} T={v(x.num_tokens(r))} C={v(x.num_computed[r])} D={v(x.num_drafts[r])}"
-            f" O={v(x.num_output[r])}/{v(x.max_tokens[r])} depth={v(x.depth)} | " + (" ".join(entries) or "-"))
+            entries.append(f"[{i}] {f} {value(s.start[r])}+{value(s.n[r])}"
+                           f"{'*' if value(s.samples[r]) == 'True' else ''} d={value(s.drafts[r])}")
+    return (f"{value(x.status[r])} T={value(x.num_tokens(r))} C={value(x.num_computed[r])}"
+            f" D={value(x.num_drafts[r])} O={value(x.num_output[r])}/{value(x.max_tokens[r])}"
+            f" depth={value(x.depth)} | " + (" ".join(entries) or "-"))
 
 
 def initiation(K: int, mutant: str | None = None) -> QueryResult:
@@ -117,11 +118,11 @@ def consecution(K: int, kind: StepKind, d: int, mutant: str | None = None) -> Qu
     ops, cfg = Symbolic(), symbolic_config(K, mutant)
     x = symbolic_state(K, "pre")
     params = [z3.Const("r1", REQ) if p == "r" else z3.Int(p) for p in kind.params]
-    guard, post = kind.fn(ops, x, cfg, d, *params)
+    guard, post = kind.update(ops, x, cfg, d, *params)
     r0 = z3.Const("r0", REQ)
-    hyps = [*cfg.assumptions(), x.depth == d, invariant(ops, x, cfg), guard]
+    hypotheses = [*cfg.assumptions(), x.depth == d, invariant(ops, x, cfg), guard]
     show = [("r0", r0)] + ([("r1", params[0])] if "r" in kind.params else [])
-    return _solve(f"{kind.name}@depth={d}", hyps, _goal(ops, post, cfg, r0), show, ops, cfg,
+    return _solve(f"{kind.name}@depth={d}", hypotheses, _goal(ops, post, cfg, r0), show, ops, cfg,
                   [("before", x), ("after", post)])
 
 
@@ -134,7 +135,7 @@ def hypothesis_has_a_finite_model(K: int, kind: StepKind, d: int, num_requests: 
     ops, cfg = Symbolic(sort, domain), symbolic_config(K, req_sort=sort)
     x = symbolic_state(K, "pre", sort)
     params = [z3.Const("r1", sort) if p == "r" else z3.Int(p) for p in kind.params]
-    guard, _ = kind.fn(ops, x, cfg, d, *params)
+    guard, _ = kind.update(ops, x, cfg, d, *params)
     solver = z3.Solver()
     solver.set("timeout", QUERY_TIMEOUT_MS)
     solver.add(*cfg.assumptions(), x.depth == d, invariant(ops, x, cfg), guard)

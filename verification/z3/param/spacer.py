@@ -49,8 +49,8 @@ from flightcheck.verification.z3.param.invariant import (
 from flightcheck.verification.z3.param.model import (
     FATE_SORT,
     STATUS_SORT,
-    PConfig,
-    PState,
+    ParamConfig,
+    ParamState,
     Slot,
     Symbolic,
     finite_req_sort,
@@ -81,26 +81,27 @@ class _Instance:
     def __init__(self, model: Model) -> None:
         cfg = model.cfg
         self.N, self.K = model.num_requests, cfg.num_stages
-        self.sort, self.dom = finite_req_sort(self.N)
-        self.ops = Symbolic(self.sort, self.dom)
-        self.cfg = PConfig(self.K, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len,
-                           cfg.num_spec_tokens, cfg.long_prefill_token_threshold, self.dom[0], model.mutant)
+        self.sort, self.domain = finite_req_sort(self.N)
+        self.ops = Symbolic(self.sort, self.domain)
+        self.cfg = ParamConfig(self.K, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len,
+                               cfg.num_spec_tokens, cfg.long_prefill_token_threshold, self.domain[0],
+                               model.mutant)
         self.prompts = model.prompts
-        self.vars = self._scalars()
+        self.variables = self._scalars()
 
     def _scalars(self) -> dict[str, Any]:
         N, K = self.N, self.K
-        v: dict[str, Any] = {f: [z3.Int(f"{f}{i}") for i in range(N)] for f in REQUEST_FIELDS}
-        v["status"] = [z3.Const(f"status{i}", STATUS_SORT) for i in range(N)]
+        variables: dict[str, Any] = {f: [z3.Int(f"{f}{i}") for i in range(N)] for f in REQUEST_FIELDS}
+        variables["status"] = [z3.Const(f"status{i}", STATUS_SORT) for i in range(N)]
         for j in range(K):
-            v[f"fate{j}"] = [z3.Const(f"fate{j}_{i}", FATE_SORT) for i in range(N)]
+            variables[f"fate{j}"] = [z3.Const(f"fate{j}_{i}", FATE_SORT) for i in range(N)]
             for f in ("start", "n", "drafts"):
-                v[f"{f}{j}"] = [z3.Int(f"{f}{j}_{i}") for i in range(N)]
-            v[f"samples{j}"] = [z3.Bool(f"samples{j}_{i}") for i in range(N)]
-            v[f"tokens{j}"] = z3.Int(f"tokens{j}")
-            v[f"first{j}"] = z3.Const(f"first{j}", self.sort)
-        v["num_running"] = z3.Int("num_running")
-        return v
+                variables[f"{f}{j}"] = [z3.Int(f"{f}{j}_{i}") for i in range(N)]
+            variables[f"samples{j}"] = [z3.Bool(f"samples{j}_{i}") for i in range(N)]
+            variables[f"tokens{j}"] = z3.Int(f"tokens{j}")
+            variables[f"first{j}"] = z3.Const(f"first{j}", self.sort)
+        variables["num_running"] = z3.Int("num_running")
+        return variables
 
     def kept_slots(self, d: int) -> int:
         """Inv_d's slots: the d launched batches and the open one (K at full depth)."""
@@ -108,32 +109,33 @@ class _Instance:
 
     def pre(self, d: int) -> dict[str, Any]:
         """The variables of Inv_d, the slots past the kept ones empty."""
-        v = dict(self.vars)
+        variables = dict(self.variables)
         for j in range(self.kept_slots(d), self.K):
-            v[f"fate{j}"] = [self.ops.fate("absent")] * self.N
+            variables[f"fate{j}"] = [self.ops.fate("absent")] * self.N
             for f in ("start", "n", "drafts"):
-                v[f"{f}{j}"] = [z3.IntVal(0)] * self.N
-            v[f"samples{j}"] = [z3.BoolVal(False)] * self.N
-            v[f"tokens{j}"], v[f"first{j}"] = z3.IntVal(0), self.cfg.nobody
-        return v
+                variables[f"{f}{j}"] = [z3.IntVal(0)] * self.N
+            variables[f"samples{j}"] = [z3.BoolVal(False)] * self.N
+            variables[f"tokens{j}"], variables[f"first{j}"] = z3.IntVal(0), self.cfg.nobody
+        return variables
 
     def _array(self, xs: list[Any]) -> Any:
         q = z3.Const("q", self.sort)
         body = xs[-1]
         for i in range(self.N - 2, -1, -1):
-            body = z3.If(q == self.dom[i], xs[i], body)
+            body = z3.If(q == self.domain[i], xs[i], body)
         return z3.Lambda([q], body)
 
-    def state(self, v: dict[str, Any], d: int) -> PState:
-        slots = tuple(Slot(*[self._array(v[f"{f}{j}"]) for f in SLOT_FIELDS], v[f"tokens{j}"], v[f"first{j}"])
+    def state(self, variables: dict[str, Any], d: int) -> ParamState:
+        slots = tuple(Slot(*[self._array(variables[f"{f}{j}"]) for f in SLOT_FIELDS],
+                           variables[f"tokens{j}"], variables[f"first{j}"])
                       for j in range(self.K))
-        return PState(self._array(v["status"]), *[self._array(v[f]) for f in REQUEST_FIELDS],
-                      slots=slots, depth=z3.IntVal(d), num_running=v["num_running"])
+        return ParamState(self._array(variables["status"]), *[self._array(variables[f]) for f in REQUEST_FIELDS],
+                      slots=slots, depth=z3.IntVal(d), num_running=variables["num_running"])
 
-    def args(self, x: PState, d: int) -> list[Any]:
+    def args(self, x: ParamState, d: int) -> list[Any]:
         """Inv_d's arguments from a state's terms (slot fields simplified to scalars)."""
-        def at(arr: Any) -> list[Any]:
-            return [z3.simplify(arr[c]) for c in self.dom]
+        def at(array: Any) -> list[Any]:
+            return [z3.simplify(array[c]) for c in self.domain]
 
         out = [t for f in ("status", *REQUEST_FIELDS) for t in at(getattr(x, f))]
         for s in x.slots[:self.kept_slots(d)]:
@@ -142,10 +144,10 @@ class _Instance:
             out += [_int_term(s.tokens), s.first]
         return out + [_int_term(x.num_running)]
 
-    def properties(self, x: PState) -> Any:
+    def properties(self, x: ParamState) -> Any:
         """P(x): the spec's properties as z3.param.invariant states them, without the aux.* strengthening."""
         conj = {**global_conjuncts(self.ops, x, self.cfg)}
-        for r in self.dom:
+        for r in self.domain:
             conj.update({f"{n}@{r}": f for n, f in local_conjuncts(self.ops, x, self.cfg, r).items()})
         return z3.simplify(z3.And([f for n, f in conj.items() if not n.startswith("aux.")]))
 
@@ -157,56 +159,56 @@ def _int_term(x: int | Any) -> Any:
 
 def horn_clauses(model: Model) -> tuple[z3.Fixedpoint, Any, int]:
     """(fixedpoint, Bad, number of transition rules) for `model`."""
-    inst = _Instance(model)
-    K = inst.K
-    states = {d: inst.state(inst.pre(d), d) for d in range(K + 1)}       # Inv_d's state
-    preds = {d: z3.Function(f"Inv{d}", *[a.sort() for a in inst.args(x, d)], z3.BoolSort())
+    instance = _Instance(model)
+    K = instance.K
+    states = {d: instance.state(instance.pre(d), d) for d in range(K + 1)}       # Inv_d's state
+    predicates = {d: z3.Function(f"Inv{d}", *[a.sort() for a in instance.args(x, d)], z3.BoolSort())
              for d, x in states.items()}
     bad = z3.Function("Bad", z3.BoolSort())
-    fp = z3.Fixedpoint()
-    fp.set(engine="spacer")
-    fp.register_relation(bad, *preds.values())
-    scalars = [t for xs in inst.vars.values() for t in (xs if isinstance(xs, list) else [xs])]
-    fp.declare_var(*scalars)
-    fp.rule(preds[0](*inst.args(initial(inst.ops, inst.cfg), 0)))
+    fixedpoint = z3.Fixedpoint()
+    fixedpoint.set(engine="spacer")
+    fixedpoint.register_relation(bad, *predicates.values())
+    scalars = [t for xs in instance.variables.values() for t in (xs if isinstance(xs, list) else [xs])]
+    fixedpoint.declare_var(*scalars)
+    fixedpoint.rule(predicates[0](*instance.args(initial(instance.ops, instance.cfg), 0)))
     num_rules = 0
     for kind in MICRO_STEPS:
         for d in kind.depths(K):
             x = states[d]
-            body_pre = preds[d](*inst.args(x, d))
-            for r in (inst.dom if "r" in kind.params else [None]):
+            body_pre = predicates[d](*instance.args(x, d))
+            for r in (instance.domain if "r" in kind.params else [None]):
                 params = [r if p == "r" else z3.Int(f"param_{p}") for p in kind.params]
                 free = [p for p in params if p is not r]
                 if free:
-                    fp.declare_var(*free)
-                guard, post = kind.fn(inst.ops, x, inst.cfg, d, *params)
+                    fixedpoint.declare_var(*free)
+                guard, post = kind.update(instance.ops, x, instance.cfg, d, *params)
                 if kind.name == "arrive":          # the model's prompt for this request slot
-                    prompt = inst.prompts[inst.dom.index(r)]
+                    prompt = instance.prompts[instance.domain.index(r)]
                     guard = z3.And(guard, params[1] == prompt.prompt_len, params[2] == prompt.max_tokens)
                 after = {"launch": d + 1, "pop": d - 1}.get(kind.name, d)
-                fp.rule(preds[after](*inst.args(post, after)), [body_pre, z3.simplify(guard)])
+                fixedpoint.rule(predicates[after](*instance.args(post, after)), [body_pre, z3.simplify(guard)])
                 num_rules += 1
     for d, x in states.items():
-        fp.rule(bad(), [preds[d](*inst.args(x, d)), z3.Not(inst.properties(x))])
-    return fp, bad, num_rules
+        fixedpoint.rule(bad(), [predicates[d](*instance.args(x, d)), z3.Not(instance.properties(x))])
+    return fixedpoint, bad, num_rules
 
 
 def spacer_param(model: Model, time_budget: float | None = None) -> SpacerParamResult:
     """Prove the parameterised model's spec properties for `model`'s requests,
     configuration and prompts with Spacer, no invariant given."""
     t0 = time.perf_counter()
-    fp, bad, num_rules = horn_clauses(model)
+    fixedpoint, bad, num_rules = horn_clauses(model)
     if time_budget is not None:
-        fp.set("timeout", max(1, int(time_budget * 1000)))
+        fixedpoint.set("timeout", max(1, int(time_budget * 1000)))
     try:
-        answer = fp.query(bad())
-        reason = fp.reason_unknown() if answer == z3.unknown else ""
+        answer = fixedpoint.query(bad())
+        reason = fixedpoint.reason_unknown() if answer == z3.unknown else ""
     except z3.Z3Exception as e:              # a timeout surfaces as "canceled"
         answer, reason = z3.unknown, str(e)
     seconds = time.perf_counter() - t0
     status = "proved" if answer == z3.unsat else "violated" if answer == z3.sat else "unknown"
     message = f"Spacer gave up: {reason}" if status == "unknown" else ""
     if status == "proved":
-        message = f"synthesised invariant: {len(str(fp.get_answer()))} characters"
+        message = f"synthesised invariant: {len(str(fixedpoint.get_answer()))} characters"
     return SpacerParamResult(model.name, model.num_requests, model.cfg.num_stages, status, seconds,
                              num_rules, message)

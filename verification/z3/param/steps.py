@@ -22,8 +22,8 @@ from flightcheck.verification.z3.param.model import (
     Formula,
     GuardedUpdate,
     Ops,
-    PConfig,
-    PState,
+    ParamConfig,
+    ParamState,
     empty_slot,
     finish_if,
     is_one_of,
@@ -34,37 +34,38 @@ from flightcheck.verification.z3.param.model import (
 )
 
 
-def arrive(ops: Ops, x: PState, cfg: PConfig, d: int, r: Any, prompt_len: Any, max_tokens: Any) -> GuardedUpdate:
+def arrive(ops: Ops, x: ParamState, cfg: ParamConfig, d: int, r: Any, prompt_len: Any,
+           max_tokens: Any) -> GuardedUpdate:
     """depth = d ∧ status[r] = NEW ∧ 1 ≤ p < L ∧ m ≥ 1
     ⟹ status' = status[r ↦ WAITING], prompt_len' = prompt_len[r ↦ p],
        max_tokens' = max_tokens[r ↦ m], C' = C[r ↦ 0]"""
-    guard = ops.and_(x.depth == d, x.status[r] == ops.st("NEW"), 1 <= prompt_len,
+    guard = ops.and_(x.depth == d, x.status[r] == ops.status("NEW"), 1 <= prompt_len,
                      prompt_len < cfg.max_model_len, max_tokens >= 1)
-    return guard, with_request(ops, x, r, status=ops.st("WAITING"), prompt_len=prompt_len,
+    return guard, with_request(ops, x, r, status=ops.status("WAITING"), prompt_len=prompt_len,
                                max_tokens=max_tokens, num_computed=0)
 
 
-def abort(ops: Ops, x: PState, cfg: PConfig, d: int, r: Any) -> GuardedUpdate:
+def abort(ops: Ops, x: ParamState, cfg: ParamConfig, d: int, r: Any) -> GuardedUpdate:
     """depth = d ∧ status[r] ∈ {WAITING, RUNNING, PREEMPTED} ⟹ finish(r, FINISHED_ABORTED):
     status' = status[r ↦ ABORTED], C' = C[r ↦ 0], D' = D[r ↦ 0], every slot's
     live/orphaned entry of r superseded, num_running' = num_running − [status[r] = RUNNING]"""
     guard = ops.and_(x.depth == d, is_one_of(ops, x.status[r], ("WAITING", "RUNNING", "PREEMPTED")))
-    return guard, finish_if(ops, x, r, True, ops.st("FINISHED_ABORTED"))
+    return guard, finish_if(ops, x, r, True, ops.status("FINISHED_ABORTED"))
 
 
-def preempt(ops: Ops, x: PState, cfg: PConfig, d: int, r: Any) -> GuardedUpdate:
+def preempt(ops: Ops, x: ParamState, cfg: ParamConfig, d: int, r: Any) -> GuardedUpdate:
     """depth = d ∧ status[r] = RUNNING (any running request, at any time: the pool is abstracted)
     ⟹ status' = status[r ↦ PREEMPTED], C' = C[r ↦ 0], D' = D[r ↦ 0],
        every slot's live entry of r orphaned, num_running' = num_running − 1"""
-    guard = ops.and_(x.depth == d, x.status[r] == ops.st("RUNNING"))
+    guard = ops.and_(x.depth == d, x.status[r] == ops.status("RUNNING"))
     keep = cfg.mutant == "preempt_keeps_counter"
     x = retire(ops, x, r, True, ("live",), "orphaned")
     x = replace(x, num_running=x.num_running - 1)
-    return guard, with_request(ops, x, r, status=ops.st("PREEMPTED"), num_drafts=0,
+    return guard, with_request(ops, x, r, status=ops.status("PREEMPTED"), num_drafts=0,
                                num_computed=x.num_computed[r] if keep else 0)
 
 
-def _joins_open_batch(ops: Ops, x: PState, cfg: PConfig, d: int, r: Any, n: Any) -> Formula:
+def _joins_open_batch(ops: Ops, x: ParamState, cfg: ParamConfig, d: int, r: Any, n: Any) -> Formula:
     """The guards every add shares: room in the pipeline, r not yet in the
     open batch, n ≥ 1, the budget, the threshold, max_model_len (_clip)."""
     assert d < cfg.K, "no open batch at full depth"
@@ -75,14 +76,14 @@ def _joins_open_batch(ops: Ops, x: PState, cfg: PConfig, d: int, r: Any, n: Any)
                     n <= cfg.max_model_len - x.num_computed[r])
 
 
-def _add_entry(ops: Ops, x: PState, cfg: PConfig, d: int, r: Any, n: Any) -> PState:
+def _add_entry(ops: Ops, x: ParamState, cfg: ParamConfig, d: int, r: Any, n: Any) -> ParamState:
     """spec schedule._add_entry then _launch's advance, for one request:
     drafts = min(D, max(0, C + n − T)); samples = C + n − drafts ≥ T;
     slot d gets (live, C, n, drafts, samples); D' = samples ? drafts : 0; C' = C + n."""
     open_ = x.slots[d]
-    c, t, dr = x.num_computed[r], x.num_tokens(r), x.num_drafts[r]
+    c, t, proposed = x.num_computed[r], x.num_tokens(r), x.num_drafts[r]
     over = c + n - t
-    drafts = ops.ite(dr <= over, dr, ops.ite(over >= 0, over, 0))
+    drafts = ops.ite(proposed <= over, proposed, ops.ite(over >= 0, over, 0))
     samples = c + n - drafts >= t
     slot = replace(open_, fate=ops.store(open_.fate, r, ops.fate("live")), start=ops.store(open_.start, r, c),
                    n=ops.store(open_.n, r, n), drafts=ops.store(open_.drafts, r, drafts),
@@ -93,7 +94,7 @@ def _add_entry(ops: Ops, x: PState, cfg: PConfig, d: int, r: Any, n: Any) -> PSt
     return with_slot(x, d, slot)
 
 
-def schedule_running(ops: Ops, x: PState, cfg: PConfig, d: int, r: Any, n: Any) -> GuardedUpdate:
+def schedule_running(ops: Ops, x: ParamState, cfg: ParamConfig, d: int, r: Any, n: Any) -> GuardedUpdate:
     """depth = d < K ∧ status[r] = RUNNING ∧ fate_d[r] = absent ∧ 1 ≤ n ≤ T + D − C
     ∧ tokens_d + n ≤ B ∧ (θ > 0 ⇒ n ≤ θ) ∧ n ≤ L − C  ⟹  add_entry(r, n)
     (n ≤ num_new_tokens is the decode gate: nothing is scheduled for a
@@ -102,11 +103,11 @@ def schedule_running(ops: Ops, x: PState, cfg: PConfig, d: int, r: Any, n: Any) 
     gate = n <= t + x.num_drafts[r] - c
     if cfg.mutant == "decode_while_token_in_flight":
         gate = ops.or_(gate, ops.and_(n == 1, c >= t, c < cfg.max_model_len))
-    guard = ops.and_(_joins_open_batch(ops, x, cfg, d, r, n), x.status[r] == ops.st("RUNNING"), gate)
+    guard = ops.and_(_joins_open_batch(ops, x, cfg, d, r, n), x.status[r] == ops.status("RUNNING"), gate)
     return guard, _add_entry(ops, x, cfg, d, r, n)
 
 
-def admit(ops: Ops, x: PState, cfg: PConfig, d: int, r: Any, hit: Any, n: Any) -> GuardedUpdate:
+def admit(ops: Ops, x: ParamState, cfg: ParamConfig, d: int, r: Any, hit: Any, n: Any) -> GuardedUpdate:
     """depth = d < K ∧ status[r] ∈ {WAITING, PREEMPTED} ∧ num_running < S ∧ fate_d[r] = absent
     ∧ 0 ≤ h ≤ T − 1 ∧ 1 ≤ n ≤ T − h ∧ tokens_d + n ≤ B ∧ (θ > 0 ⇒ n ≤ θ) ∧ n ≤ L − C
     ⟹ (status[r] = PREEMPTED ⇒ r's orphaned entries superseded); status[r] ↦ RUNNING;
@@ -117,13 +118,13 @@ def admit(ops: Ops, x: PState, cfg: PConfig, d: int, r: Any, hit: Any, n: Any) -
                      is_one_of(ops, x.status[r], ("WAITING", "PREEMPTED")),
                      x.num_running < cfg.max_num_seqs, 0 <= hit, hit <= t - 1, n <= t - hit)
     if cfg.mutant != "orphan_kept_after_reschedule":
-        x = retire(ops, x, r, x.status[r] == ops.st("PREEMPTED"), ("orphaned",), "superseded")
+        x = retire(ops, x, r, x.status[r] == ops.status("PREEMPTED"), ("orphaned",), "superseded")
     x = replace(x, num_running=x.num_running + 1)
-    x = with_request(ops, x, r, status=ops.st("RUNNING"), num_computed=hit)
+    x = with_request(ops, x, r, status=ops.status("RUNNING"), num_computed=hit)
     return guard, _add_entry(ops, x, cfg, d, r, n)
 
 
-def launch(ops: Ops, x: PState, cfg: PConfig, d: int) -> GuardedUpdate:
+def launch(ops: Ops, x: ParamState, cfg: ParamConfig, d: int) -> GuardedUpdate:
     """depth = d < K ∧ fate_d[first_d] ≠ absent (the open batch is not empty) ⟹ depth' = d + 1"""
     assert d < cfg.K
     open_ = x.slots[d]
@@ -131,28 +132,28 @@ def launch(ops: Ops, x: PState, cfg: PConfig, d: int) -> GuardedUpdate:
     return guard, replace(x, depth=d + 1)
 
 
-def _sample_is_legal(ops: Ops, x: PState, cfg: PConfig, r: Any, acc: Any, m: Any, outcome: Any,
+def _sample_is_legal(ops: Ops, x: ParamState, cfg: ParamConfig, r: Any, accepted: Any, m: Any, outcome: Any,
                      next_drafts: Any) -> Formula:
-    """The environment's choices for a sampling entry: acc drafts accepted,
+    """The environment's choices for a sampling entry: `accepted` drafts accepted,
     m tokens appended (check_stop after each: length first, then a stop token),
     how it ends, next_drafts proposed."""
     o, t, M, L = x.num_output[r], x.num_tokens(r), x.max_tokens[r], cfg.max_model_len
     below_caps = ops.and_(o + m < M, t + m < L)
     length_first_hit = ops.and_(ops.or_(o + m >= M, t + m >= L),
                                 ops.or_(m == 1, ops.and_(o + m - 1 < M, t + m - 1 < L)))
-    ends = ops.or_(ops.and_(outcome == CONTINUE, m == acc + 1, below_caps),
+    ends = ops.or_(ops.and_(outcome == CONTINUE, m == accepted + 1, below_caps),
                    ops.and_(outcome == LENGTH, length_first_hit),
                    ops.and_(outcome == STOPPED, below_caps))
     cap = cfg.num_spec_tokens
-    return ops.and_(0 <= acc, acc <= x.slots[0].drafts[r], 1 <= m, m <= acc + 1, ends,
+    return ops.and_(0 <= accepted, accepted <= x.slots[0].drafts[r], 1 <= m, m <= accepted + 1, ends,
                     0 <= next_drafts, next_drafts <= cap)
 
 
-def complete_entry(ops: Ops, x: PState, cfg: PConfig, d: int, r: Any, acc: Any, m: Any, outcome: Any,
+def complete_entry(ops: Ops, x: ParamState, cfg: ParamConfig, d: int, r: Any, accepted: Any, m: Any, outcome: Any,
                    next_drafts: Any) -> GuardedUpdate:
-    """depth = d ≥ 1 ∧ fate_0[r] ∈ {live, orphaned} ∧ (samples_0[r] ⇒ legal(acc, m, outcome, nd))
+    """depth = d ≥ 1 ∧ fate_0[r] ∈ {live, orphaned} ∧ (samples_0[r] ⇒ legal(accepted, m, outcome, nd))
     ⟹ fate_0[r] ↦ superseded (consumed); if samples_0[r]:
-         O[r] ↦ O + m; C[r] ↦ C − (fate_0[r] = live ? drafts_0[r] − acc : 0);
+         O[r] ↦ O + m; C[r] ↦ C − (fate_0[r] = live ? drafts_0[r] − accepted : 0);
          D[r] ↦ (fate_0[r] = live ? nd : D); and if outcome ≠ CONTINUE, finish(r,
          LENGTH or STOPPED) — spec actions._apply_sample for live and orphaned entries"""
     assert d >= 1
@@ -160,22 +161,22 @@ def complete_entry(ops: Ops, x: PState, cfg: PConfig, d: int, r: Any, acc: Any, 
     fate = head.fate[r]
     is_live, sampled = fate == ops.fate("live"), head.samples[r]
     guard = ops.and_(x.depth == d, is_one_of(ops, fate, ("live", "orphaned"), "fate"),
-                     ops.implies(sampled, _sample_is_legal(ops, x, cfg, r, acc, m, outcome, next_drafts)))
+                     ops.implies(sampled, _sample_is_legal(ops, x, cfg, r, accepted, m, outcome, next_drafts)))
     x = with_slot(x, 0, replace(head, fate=ops.store(head.fate, r, ops.fate("superseded"))))
     c = x.num_computed[r]
     if cfg.mutant == "advance_at_completion":
         c = c + ops.ite(is_live, head.n[r], 0)
     subtract = False if cfg.mutant == "rejections_not_subtracted" else is_live
     x = with_request(ops, x, r,
-                     num_computed=c - ops.ite(ops.and_(sampled, subtract), head.drafts[r] - acc, 0),
+                     num_computed=c - ops.ite(ops.and_(sampled, subtract), head.drafts[r] - accepted, 0),
                      num_output=x.num_output[r] + ops.ite(sampled, m, 0),
                      num_drafts=ops.ite(ops.and_(sampled, is_live), next_drafts, x.num_drafts[r]))
     ends_here = ops.and_(sampled, ops.not_(outcome == CONTINUE))
-    reason = ops.ite(outcome == LENGTH, ops.st("FINISHED_LENGTH"), ops.st("FINISHED_STOPPED"))
+    reason = ops.ite(outcome == LENGTH, ops.status("FINISHED_LENGTH"), ops.status("FINISHED_STOPPED"))
     return guard, finish_if(ops, x, r, ends_here, reason)
 
 
-def pop(ops: Ops, x: PState, cfg: PConfig, d: int) -> GuardedUpdate:
+def pop(ops: Ops, x: ParamState, cfg: ParamConfig, d: int) -> GuardedUpdate:
     """depth = d ≥ 1 ∧ ∀r. fate_0[r] ∈ {absent, superseded} (every entry applied)
     ⟹ slot_i' = slot_{i+1} (i < K − 1), slot_{K−1}' = empty, depth' = d − 1"""
     assert d >= 1
@@ -188,7 +189,7 @@ def pop(ops: Ops, x: PState, cfg: PConfig, d: int) -> GuardedUpdate:
 @dataclass(frozen=True)
 class StepKind:
     name: str
-    fn: Callable[..., GuardedUpdate]
+    update: Callable[..., GuardedUpdate]
     params: tuple[str, ...]          # "r" is a Req, the others Ints
     needs: str = "any"               # "open": depth < K; "launched": depth ≥ 1
 
@@ -203,7 +204,7 @@ MICRO_STEPS: tuple[StepKind, ...] = (
     StepKind("schedule_running", schedule_running, ("r", "n"), "open"),
     StepKind("admit", admit, ("r", "hit", "n"), "open"),
     StepKind("launch", launch, (), "open"),
-    StepKind("complete_entry", complete_entry, ("r", "acc", "m", "outcome", "next_drafts"), "launched"),
+    StepKind("complete_entry", complete_entry, ("r", "accepted", "m", "outcome", "next_drafts"), "launched"),
     StepKind("pop", pop, (), "launched"),
 )
 STEPS_BY_NAME = {k.name: k for k in MICRO_STEPS}
