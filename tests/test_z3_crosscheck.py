@@ -80,22 +80,22 @@ def test_relation_rejects_a_perturbed_successor():
 
 def test_encode_then_decode_is_the_identity():
     model = models.DEFAULT
-    lay = Layout.of(model)
+    layout = Layout.of(model)
     for s in random_walk_states(model, 20, seed=3):
         solver = z3.Solver()
         system = System(model)
         solver.add(system.encode(s, "x"))
         assert solver.check() == z3.sat
-        assert decode(lay, solver.model(), system.frame("x")) == s
+        assert decode(layout, solver.model(), system.frame("x")) == s
 
 
 def test_a_state_of_another_model_is_not_representable():
-    lay = Layout.of(models.DEFAULT)
+    layout = Layout.of(models.DEFAULT)
     other = random_walk_states(models.SHARED_K3, 1, seed=0)[0]
-    with arithmetic(lay.width), pytest.raises(NotRepresentable):
-        constant_state(lay, State(requests=other.requests, pool=other.pool))
-    with arithmetic(lay.width):
-        initial(lay)
+    with arithmetic(layout.width), pytest.raises(NotRepresentable):
+        constant_state(layout, State(requests=other.requests, pool=other.pool))
+    with arithmetic(layout.width):
+        initial(layout)
 
 
 @pytest.mark.slow

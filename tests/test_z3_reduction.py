@@ -60,7 +60,7 @@ def test_every_dropped_order_commutes_at_every_reachable_state(model):
                 if kinds not in RULE_KINDS:
                     continue
                 (aa, ar), (ba, br) = _code(a), _code(b)
-                rule = system.build(lambda lay: forbidden(lay, V(aa), V(ar), V(ba), V(br),
+                rule = system.build(lambda layout: forbidden(layout, V(aa), V(ar), V(ba), V(br),
                                                           const(s), const(t), const(u)))
                 verdict = z3.simplify(rule)
                 assert z3.is_true(verdict) or z3.is_false(verdict), verdict

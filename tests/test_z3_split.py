@@ -29,7 +29,7 @@ def test_every_label_of_the_cut_step_is_in_exactly_one_part(parts):
     model = models.SHARED_K3
     cubes = split(model, parts)
     assert len(cubes) == parts and len({c.at for c in cubes}) == 1
-    width = System(model).lay.width
+    width = System(model).layout.width
     with arithmetic(width):
         for act in (ARRIVE, SCHEDULE, COMPLETE, ABORT):
             for req in range(model.num_requests + 1):       # one past the last request too

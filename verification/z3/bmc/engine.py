@@ -168,7 +168,7 @@ class _Unrolling:
             if self.depth >= 3:     # pair (d-3, d-2): never the last step (z3.bmc.reduction)
                 self.solver.add(peephole(self.system, self.steps[-3], self.steps[-2]))
         if self.cube is not None and self.depth == self.cube.at + 1:
-            with arithmetic(self.system.lay.width):
+            with arithmetic(self.system.layout.width):
                 self.solver.add(self.cube.formula(self.steps[self.cube.at]))
 
     def holds(self, name: str, formula: z3.BoolRef) -> None:

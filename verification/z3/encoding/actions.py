@@ -75,12 +75,12 @@ class Choices:
     next_drafts: list
 
 
-def choices(lay: Layout, tag: str) -> Choices:
+def choices(layout: Layout, tag: str) -> Choices:
     I = var
     return Choices(I(f"act@{tag}"), I(f"req@{tag}"),
-                   [I(f"accepted[{j}]@{tag}") for j in range(lay.E)],
-                   [I(f"stop_at[{j}]@{tag}") for j in range(lay.E)],
-                   [I(f"next_drafts[{j}]@{tag}") for j in range(lay.E)])
+                   [I(f"accepted[{j}]@{tag}") for j in range(layout.E)],
+                   [I(f"stop_at[{j}]@{tag}") for j in range(layout.E)],
+                   [I(f"next_drafts[{j}]@{tag}") for j in range(layout.E)])
 
 
 def is_active(status: Any) -> Any:
@@ -97,13 +97,13 @@ def remove(xs: list, length: Any, r: Any) -> tuple[list, Any]:
     return out, ite(seen, length - 1, length)
 
 
-def finish(lay: Layout, s: SState, r: Any, status: Any, when: Any = True, is_abort: bool = False) -> SState:
+def finish(layout: Layout, s: SState, r: Any, status: Any, when: Any = True, is_abort: bool = False) -> SState:
     """_finish: out of every queue, blocks freed, in-flight work superseded."""
-    keep = is_abort and lay.is_mutant("blocks_not_freed_on_abort")
+    keep = is_abort and layout.is_mutant("blocks_not_freed_on_abort")
     q = req_at(s, r)
     st = clone(s)
     if not keep:
-        st.pool = zb.free_table(lay, s.pool, q.table, q.table_len)
+        st.pool = zb.free_table(layout, s.pool, q.table, q.table_len)
     st.waiting, st.waiting_len = remove(s.waiting, s.waiting_len, r)
     st.running, st.running_len = remove(s.running, s.running_len, r)
     st.scheduled = put_flag(s.scheduled, r, z3.BoolVal(False))
@@ -115,52 +115,52 @@ def finish(lay: Layout, s: SState, r: Any, status: Any, when: Any = True, is_abo
         st = with_req(st, r, status=status, num_computed=V(0), num_drafts=V(0))
     else:
         st = with_req(st, r, status=status, num_computed=V(0), num_drafts=V(0), table_len=V(0),
-                      table=empty_table(lay))
+                      table=empty_table(layout))
     return merge(when, st, s)
 
 
-def arrive_guard(lay: Layout, s: SState, ch: Choices) -> Any:
+def arrive_guard(layout: Layout, s: SState, ch: Choices) -> Any:
     """r is NEW and the model's prompt for r is one `arrive` accepts."""
-    cfg = lay.cfg
+    cfg = layout.cfg
 
     def valid(k: int) -> bool:
-        p = lay.model.prompts[k]
+        p = layout.model.prompts[k]
         ok = 1 <= p.prompt_len < cfg.max_model_len and p.max_tokens >= 1
         return ok and (not cfg.prefix_caching or len(p.labels) == p.prompt_len // cfg.block_size)
 
-    return conj(le(0, ch.req), lt(ch.req, lay.N), at(lay, s, ch.req, lambda q, k: eq(q.status, NEW)),
-                pick([z3.BoolVal(valid(k)) for k in range(lay.N)], ch.req))
+    return conj(le(0, ch.req), lt(ch.req, layout.N), at(layout, s, ch.req, lambda q, k: eq(q.status, NEW)),
+                pick([z3.BoolVal(valid(k)) for k in range(layout.N)], ch.req))
 
 
-def arrive(lay: Layout, s: SState, ch: Choices) -> SState:
+def arrive(layout: Layout, s: SState, ch: Choices) -> SState:
     """Request r joins the tail of `waiting`."""
     st = clone(s)
     st.waiting = put(s.waiting, s.waiting_len, ch.req)
     st.waiting_len = s.waiting_len + 1
-    if lay.is_mutant("arrival_counter_stale"):
+    if layout.is_mutant("arrival_counter_stale"):
         return with_req(st, ch.req, status=V(WAITING), num_computed=V(1))
     return with_req(st, ch.req, status=V(WAITING))
 
 
-def abort_guard(lay: Layout, s: SState, ch: Choices) -> Any:
-    if not lay.model.allow_abort:
+def abort_guard(layout: Layout, s: SState, ch: Choices) -> Any:
+    if not layout.model.allow_abort:
         return z3.BoolVal(False)
-    return conj(le(0, ch.req), lt(ch.req, lay.N), at(lay, s, ch.req, lambda q, k: is_active(q.status)))
+    return conj(le(0, ch.req), lt(ch.req, layout.N), at(layout, s, ch.req, lambda q, k: is_active(q.status)))
 
 
-def abort(lay: Layout, s: SState, ch: Choices) -> SState:
-    return finish(lay, s, ch.req, V(F_ABORTED), is_abort=True)
+def abort(layout: Layout, s: SState, ch: Choices) -> SState:
+    return finish(layout, s, ch.req, V(F_ABORTED), is_abort=True)
 
 
-def draft_cap(lay: Layout) -> int:
+def draft_cap(layout: Layout) -> int:
     """The most drafts a Sample may propose: k (one more under the mutant)."""
-    return lay.cfg.num_spec_tokens + lay.is_mutant("draft_cap_ignored")
+    return layout.cfg.num_spec_tokens + layout.is_mutant("draft_cap_ignored")
 
 
-def complete_guard(lay: Layout, s: SState) -> Any:
+def complete_guard(layout: Layout, s: SState) -> Any:
     """A batch is in flight."""
     guard = lt(0, s.num_batches)
-    if lay.is_mutant("complete_refuses_orphans"):
+    if layout.is_mutant("complete_refuses_orphans"):
         b0 = s.batches[0]
         orphaned = disj(*[conj(lt(j, b0.length), eq(e.fate, ORPHANED)) for j, e in enumerate(b0.entries)])
         guard = conj(guard, neg(orphaned))
@@ -176,71 +176,71 @@ class Completion:
     micro: list = field(default_factory=list)   # MicroStep per entry
 
 
-def entry_samples(lay: Layout, s: SState, e) -> Any:
+def entry_samples(layout: Layout, s: SState, e) -> Any:
     """Whether the model returns tokens for e: decided by the snapshot."""
-    if lay.is_mutant("final_chunk_from_live_counter"):
-        live_view = at(lay, s, e.req, lambda q, k: q.num_computed >= prompt_len(lay, q, k) + q.num_output)
+    if layout.is_mutant("final_chunk_from_live_counter"):
+        live_view = at(layout, s, e.req, lambda q, k: q.num_computed >= prompt_len(layout, q, k) + q.num_output)
         return ite(eq(e.fate, LIVE), live_view, e.samples)
     return e.samples
 
 
-def complete_oldest(lay: Layout, bld: Builder, s: SState, ch: Choices) -> Completion:
+def complete_oldest(layout: Layout, builder: Builder, s: SState, ch: Choices) -> Completion:
     """The oldest in-flight batch returns; its entries' outputs are applied in order."""
     b0 = s.batches[0]
     st = clone(s)
-    st.batches = [clone(b) for b in s.batches[1:]] + [SBatch(V(0), [pad_entry() for _ in range(lay.E)])]
+    st.batches = [clone(b) for b in s.batches[1:]] + [SBatch(V(0), [pad_entry() for _ in range(layout.E)])]
     st.num_batches = s.num_batches - 1
     flags, oks, micro, start = [], [], [], st
     for j, e in enumerate(b0.entries):
         valid = lt(j, b0.length)
-        here = bld.let(f"samples{j}", conj(valid, neg(eq(e.fate, SUPERSEDED)), entry_samples(lay, s, e)))
+        here = builder.let(f"samples{j}", conj(valid, neg(eq(e.fate, SUPERSEDED)), entry_samples(layout, s, e)))
         flags.append(here)
         acc, stop, nd = ch.accepted[j], ch.stop_at[j], ch.next_drafts[j]
-        stop_ok = eq(stop, NO_STOP) if not lay.model.allow_stop else \
+        stop_ok = eq(stop, NO_STOP) if not layout.model.allow_stop else \
             disj(eq(stop, NO_STOP), conj(le(0, stop), le(stop, acc)))
-        good = conj(le(0, acc), le(acc, e.drafts), stop_ok, le(0, nd), le(nd, draft_cap(lay)))
+        good = conj(le(0, acc), le(acc, e.drafts), stop_ok, le(0, nd), le(nd, draft_cap(layout)))
         canonical = conj(eq(acc, 0), eq(stop, NO_STOP), eq(nd, 0))
         oks.append(ite(conj(eq(ch.act, COMPLETE), here), good, canonical))
         live = conj(valid, eq(e.fate, LIVE))
 
         def apply(st: SState, e=e, live=live, here=here, acc=acc, stop=stop, nd=nd) -> SState:
-            return _apply_sample(lay, bld, _settle_live(lay, st, e, live), e, acc, stop, nd, here)
+            return _apply_sample(layout, builder, _settle_live(layout, st, e, live), e, acc, stop, nd, here)
 
-        st = bld.step(st, apply, f"entry{j}", micro)
+        st = builder.step(st, apply, f"entry{j}", micro)
     return Completion(st, flags, conj(*oks), start, micro)
 
 
-def _settle_live(lay: Layout, st: SState, e, live: Any) -> SState:
+def _settle_live(layout: Layout, st: SState, e, live: Any) -> SState:
     """Bookkeeping every live entry gets, whether or not it sampled."""
-    cfg = lay.cfg
+    cfg = layout.cfg
     if not cfg.continue_prefill:
         st = clone(st)
         st.scheduled = put_flag(st.scheduled, e.req, z3.BoolVal(False), live)
-    if lay.is_mutant("advance_at_completion"):
+    if layout.is_mutant("advance_at_completion"):
         q = req_at(st, e.req)
         st = with_req(st, e.req, live, num_computed=q.num_computed + e.n)
     return st
 
 
-def _apply_sample(lay: Layout, bld: Builder, st: SState, e, acc: Any, stop: Any, nd: Any, here: Any) -> SState:
-    cfg = lay.cfg
+def _apply_sample(layout: Layout, builder: Builder, st: SState, e, acc: Any, stop: Any, nd: Any, here: Any) -> SState:
+    cfg = layout.cfg
     r = e.req
-    q = bld.snap(req_at(st, r), "q")
-    plen = bld.let("plen", at(lay, st, r, lambda q_, k: prompt_len(lay, q_, k)))
-    cap = bld.let("max_tokens", at(lay, st, r, lambda q_, k: max_tokens(lay, q_, k)))
-    subtract = disj(conj(eq(e.fate, LIVE), not lay.is_mutant("rejections_not_subtracted")),
-                    conj(eq(e.fate, ORPHANED), lay.is_mutant("rejections_subtracted_after_reset")))
+    q = builder.snap(req_at(st, r), "q")
+    plen = builder.let("plen", at(layout, st, r, lambda q_, k: prompt_len(layout, q_, k)))
+    cap = builder.let("max_tokens", at(layout, st, r, lambda q_, k: max_tokens(layout, q_, k)))
+    subtract = disj(conj(eq(e.fate, LIVE), not layout.is_mutant("rejections_not_subtracted")),
+                    conj(eq(e.fate, ORPHANED), layout.is_mutant("rejections_subtracted_after_reset")))
     num_computed = ite(subtract, q.num_computed - (e.drafts - acc), q.num_computed)
     num_output, finished, status = q.num_output, z3.BoolVal(False), V(PAD)
-    for j in range(draft_cap(lay) + 1):
+    for j in range(draft_cap(layout) + 1):
         going = conj(le(j, acc), neg(finished))
         num_output = ite(going, num_output + 1, num_output)
         length = disj(plen + num_output >= cfg.max_model_len,
-                      conj(num_output >= cap, not lay.is_mutant("no_length_cap")))
+                      conj(num_output >= cap, not layout.is_mutant("no_length_cap")))
         reason = conj(going, disj(length, eq(stop, j)))
         status = ite(reason, ite(length, V(F_LENGTH), V(F_STOPPED)), status)
-        finished = bld.let(f"finished{j}", disj(finished, reason))
+        finished = builder.let(f"finished{j}", disj(finished, reason))
     drafts = ite(eq(e.fate, LIVE), nd, q.num_drafts)
     applied = with_req(st, r, num_output=num_output, num_computed=num_computed, num_drafts=drafts)
-    done = finish(lay, applied, r, status)
+    done = finish(layout, applied, r, status)
     return merge(here, merge(finished, done, applied), st)

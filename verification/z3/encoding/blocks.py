@@ -30,24 +30,24 @@ from flightcheck.verification.z3.encoding.terms import (
 )
 
 
-def cached_block(lay: Layout, pool: SPool, label: Any) -> tuple[Any, Any]:
+def cached_block(layout: Layout, pool: SPool, label: Any) -> tuple[Any, Any]:
     """(some block caches `label`, the first block that does): `labels.index`."""
     found = disj(*[eq(lab, label) for lab in pool.label])
     block = V(PAD)
-    for b in range(lay.B - 1, -1, -1):
+    for b in range(layout.B - 1, -1, -1):
         block = ite(eq(pool.label[b], label), V(b), block)
     return found, block
 
 
-def lookup_hit(lay: Layout, bld: Builder, pool: SPool, labels: list, num_labels: Any,
+def lookup_hit(layout: Layout, builder: Builder, pool: SPool, labels: list, num_labels: Any,
                max_blocks: Any) -> tuple[Any, list]:
     """The longest cached prefix of labels[:num_labels], at most max_blocks long:
     (its length, its blocks slot by slot, PAD past the length)."""
     going, hits = z3.BoolVal(True), []
     for t, label in enumerate(labels):
-        found, block = cached_block(lay, pool, label)
-        going = bld.let(f"hit{t}", conj(going, lt(t, num_labels), lt(t, max_blocks), found))
-        hits.append((going, bld.let(f"hitb{t}", ite(going, block, V(PAD)))))
+        found, block = cached_block(layout, pool, label)
+        going = builder.let(f"hit{t}", conj(going, lt(t, num_labels), lt(t, max_blocks), found))
+        hits.append((going, builder.let(f"hitb{t}", ite(going, block, V(PAD)))))
     return count(g for g, _ in hits), [b for _, b in hits]
 
 
@@ -61,46 +61,46 @@ def can_allocate(pool: SPool, num_new_blocks: Any, hit: list, num_hit: Any) -> A
     return le(num_new_blocks, pool.free_len - num_evictable(pool, hit, num_hit))
 
 
-def touch(lay: Layout, bld: Builder, pool: SPool, hit: list, num_hit: Any) -> SPool:
+def touch(layout: Layout, builder: Builder, pool: SPool, hit: list, num_hit: Any) -> SPool:
     """Take hold of hit blocks: out of the free queue, reference count + 1."""
     ref = [r + count(conj(lt(t, num_hit), eq(x, b)) for t, x in enumerate(hit))
            for b, r in enumerate(pool.ref)]
     # Compaction: slot j survives if it is in the queue and not hit; it moves
     # to the number of survivors before it.
-    keep = [bld.let(f"keep{j}", conj(lt(j, pool.free_len),
+    keep = [builder.let(f"keep{j}", conj(lt(j, pool.free_len),
                                      neg(disj(*[conj(lt(t, num_hit), eq(x, f)) for t, x in enumerate(hit)]))))
             for j, f in enumerate(pool.free)]
-    pos = [bld.let(f"pos{j}", count(keep[:j])) for j in range(lay.B)]
+    pos = [builder.let(f"pos{j}", count(keep[:j])) for j in range(layout.B)]
     free = []
-    for slot in range(lay.B):
+    for slot in range(layout.B):
         v = V(PAD)
-        for j in range(slot, lay.B):
+        for j in range(slot, layout.B):
             v = ite(conj(keep[j], eq(pos[j], slot)), pool.free[j], v)
         free.append(v)
     return SPool(ref, list(pool.label), free, count(keep))
 
 
-def pop_fresh(lay: Layout, pool: SPool, num: Any, max_num: int) -> tuple[SPool, list]:
+def pop_fresh(layout: Layout, pool: SPool, num: Any, max_num: int) -> tuple[SPool, list]:
     """Pop `num` (<= max_num) blocks from the head of the free queue, evicting
     their labels: (the pool, the popped blocks slot by slot)."""
-    taken = [ite(lt(t, num), pool.free[t], V(PAD)) if t < lay.B else V(PAD)
+    taken = [ite(lt(t, num), pool.free[t], V(PAD)) if t < layout.B else V(PAD)
              for t in range(max_num)]
-    popped = [disj(*[conj(lt(t, num), eq(pool.free[t], b)) for t in range(min(max_num, lay.B))])
-              for b in range(lay.B)]
-    ref = [ite(popped[b], V(1), pool.ref[b]) for b in range(lay.B)]
-    label = [ite(popped[b], V(lay.none_label), pool.label[b]) for b in range(lay.B)]
+    popped = [disj(*[conj(lt(t, num), eq(pool.free[t], b)) for t in range(min(max_num, layout.B))])
+              for b in range(layout.B)]
+    ref = [ite(popped[b], V(1), pool.ref[b]) for b in range(layout.B)]
+    label = [ite(popped[b], V(layout.none_label), pool.label[b]) for b in range(layout.B)]
     new_len = pool.free_len - num
     free = []
-    for slot in range(lay.B):
+    for slot in range(layout.B):
         v = V(PAD)
-        for d in range(min(max_num, lay.B - slot), -1, -1):
-            if slot + d < lay.B:
+        for d in range(min(max_num, layout.B - slot), -1, -1):
+            if slot + d < layout.B:
                 v = ite(eq(num, d), pool.free[slot + d], v)
         free.append(ite(lt(slot, new_len), v, V(PAD)))
     return SPool(ref, label, free, new_len), taken
 
 
-def cache_labels(lay: Layout, pool: SPool, table: list, table_len: Any, labels: list,
+def cache_labels(layout: Layout, pool: SPool, table: list, table_len: Any, labels: list,
                  num_labels: Any) -> SPool:
     """Label the first num_labels blocks of `table` with their content, skipping
     blocks already labelled and labels another block already caches.
@@ -110,29 +110,29 @@ def cache_labels(lay: Layout, pool: SPool, table: list, table_len: Any, labels: 
     table holds no block twice (S9), no iteration can see another's write, so
     every slot is decided against the labels as they were: a flat circuit
     instead of a chain of T dependent updates."""
-    if not lay.distinct_labels:
-        return _cache_labels_sequential(lay, pool, table, table_len, labels, num_labels)
+    if not layout.distinct_labels:
+        return _cache_labels_sequential(layout, pool, table, table_len, labels, num_labels)
     new = list(pool.label)
     for t, (block, label) in enumerate(zip(table, labels)):
         cond = conj(lt(t, table_len), lt(t, num_labels),
-                    eq(pick(pool.label, block, V(lay.none_label - 1)), lay.none_label),
+                    eq(pick(pool.label, block, V(layout.none_label - 1)), layout.none_label),
                     neg(disj(*[eq(x, label) for x in pool.label])))
         new = put(new, block, label, cond)
     return SPool(list(pool.ref), new, list(pool.free), pool.free_len)
 
 
-def _cache_labels_sequential(lay: Layout, pool: SPool, table: list, table_len: Any, labels: list,
+def _cache_labels_sequential(layout: Layout, pool: SPool, table: list, table_len: Any, labels: list,
                              num_labels: Any) -> SPool:
     new = list(pool.label)
     for t, (block, label) in enumerate(zip(table, labels)):
         cond = conj(lt(t, table_len), lt(t, num_labels),
-                    eq(pick(new, block, V(lay.none_label - 1)), lay.none_label),
+                    eq(pick(new, block, V(layout.none_label - 1)), layout.none_label),
                     neg(disj(*[eq(x, label) for x in new])))
         new = put(new, block, label, cond)
     return SPool(list(pool.ref), new, list(pool.free), pool.free_len)
 
 
-def free_table(lay: Layout, pool: SPool, table: list, table_len: Any, when: Any = True) -> SPool:
+def free_table(layout: Layout, pool: SPool, table: list, table_len: Any, when: Any = True) -> SPool:
     """Release a block table, last block first: a block whose count reaches 0
     joins the tail of the free queue.
 
@@ -153,10 +153,10 @@ def free_table(lay: Layout, pool: SPool, table: list, table_len: Any, when: Any 
     return SPool(ref, list(pool.label), free, pool.free_len + count(zero))
 
 
-def append_blocks(lay: Layout, table: list, table_len: Any, new: list, num_new: Any) -> tuple[list, Any]:
+def append_blocks(layout: Layout, table: list, table_len: Any, new: list, num_new: Any) -> tuple[list, Any]:
     """table + new[:num_new], PAD past the new length."""
     out = []
-    for s in range(lay.T):
+    for s in range(layout.T):
         v = V(PAD)
         for base in range(s, -1, -1):
             if s - base < len(new):

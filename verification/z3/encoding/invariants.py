@@ -70,7 +70,7 @@ from flightcheck.verification.z3.encoding.terms import (
 Formula = Callable[[Layout, SState, SchedResult], Any]
 
 
-def positions(lay: Layout, s: SState) -> list[tuple[Any, Any]]:
+def positions(layout: Layout, s: SState) -> list[tuple[Any, Any]]:
     """Every in-flight entry slot in FIFO order: (entry, slot in use)."""
     return [(e, conj(lt(k, s.num_batches), lt(j, b.length)))
             for k, b in enumerate(s.batches) for j, e in enumerate(b.entries)]
@@ -80,51 +80,51 @@ def live(e, used: Any, r: int) -> Any:
     return conj(used, eq(e.req, r), eq(e.fate, LIVE))
 
 
-def has_live(lay: Layout, s: SState, r: int) -> Any:
-    return disj(*[live(e, u, r) for e, u in positions(lay, s)])
+def has_live(layout: Layout, s: SState, r: int) -> Any:
+    return disj(*[live(e, u, r) for e, u in positions(layout, s)])
 
 
-def last_live(lay: Layout, s: SState, r: int, field: str, default: Any) -> Any:
+def last_live(layout: Layout, s: SState, r: int, field: str, default: Any) -> Any:
     """A field of r's last live entry in flight (`default` without one)."""
     out = default
-    for e, u in positions(lay, s):
+    for e, u in positions(layout, s):
         out = ite(live(e, u, r), getattr(e, field), out)
     return out
 
 
-def last_live_samples(lay: Layout, s: SState, r: int) -> Any:
+def last_live_samples(layout: Layout, s: SState, r: int) -> Any:
     """r's last live entry samples (False without one)."""
-    return last_live(lay, s, r, "samples", z3.BoolVal(False))
+    return last_live(layout, s, r, "samples", z3.BoolVal(False))
 
 
 def _active(s: SState, r: int) -> Any:
     return is_active(s.reqs[r].status)
 
 
-def s1_counter_bounds(lay: Layout, s: SState, sch: SchedResult) -> Any:
+def s1_counter_bounds(layout: Layout, s: SState, sch: SchedResult) -> Any:
     out = []
     for r, q in enumerate(s.reqs):
-        ok = conj(le(0, q.num_computed), le(q.num_computed, num_tokens(lay, q, r) + q.num_drafts),
+        ok = conj(le(0, q.num_computed), le(q.num_computed, num_tokens(layout, q, r) + q.num_drafts),
                   disj(eq(q.status, RUNNING), eq(q.num_computed, 0)))
         out.append(z3.Implies(_active(s, r), ok))
     return conj(out)
 
 
-def s2_length_cap(lay: Layout, s: SState, sch: SchedResult) -> Any:
-    L, out = lay.cfg.max_model_len, []
+def s2_length_cap(layout: Layout, s: SState, sch: SchedResult) -> Any:
+    L, out = layout.cfg.max_model_len, []
     for r, q in enumerate(s.reqs):
-        cap, tokens = max_tokens(lay, q, r), num_tokens(lay, q, r)
+        cap, tokens = max_tokens(layout, q, r), num_tokens(layout, q, r)
         out.append(conj(le(q.num_output, imax(cap, V(0))), le(tokens, L)))
         out.append(z3.Implies(_active(s, r), conj(lt(q.num_output, cap), lt(tokens, L))))
-    out += [z3.Implies(u, le(e.start + e.n, L)) for e, u in positions(lay, s)]
+    out += [z3.Implies(u, le(e.start + e.n, L)) for e, u in positions(layout, s)]
     return conj(out)
 
 
-def s3_contiguous_coverage(lay: Layout, s: SState, sch: SchedResult) -> Any:
+def s3_contiguous_coverage(layout: Layout, s: SState, sch: SchedResult) -> Any:
     out = []
     for r, q in enumerate(s.reqs):
         seen, end, ok = z3.BoolVal(False), V(0), []
-        for e, u in positions(lay, s):
+        for e, u in positions(layout, s):
             here = live(e, u, r)
             ok += [z3.Implies(here, le(1, e.n)), z3.Implies(conj(here, seen), eq(e.start, end))]
             end, seen = ite(here, e.start + e.n, end), disj(seen, here)
@@ -133,102 +133,102 @@ def s3_contiguous_coverage(lay: Layout, s: SState, sch: SchedResult) -> Any:
     return conj(out)
 
 
-def s5_one_sample_per_prefill(lay: Layout, s: SState, sch: SchedResult) -> Any:
+def s5_one_sample_per_prefill(layout: Layout, s: SState, sch: SchedResult) -> Any:
     out = []
-    for e, u in positions(lay, s):
+    for e, u in positions(layout, s):
         reach = e.start + e.n - e.drafts
-        tokens = at(lay, s, e.req, lambda q, k: num_tokens(lay, q, k))
+        tokens = at(layout, s, e.req, lambda q, k: num_tokens(layout, q, k))
         ok = conj(le(reach, tokens), lt(e.drafts, e.n), e.samples == (reach == tokens),
                   z3.Implies(lt(0, e.drafts), e.samples))
         out.append(z3.Implies(conj(u, eq(e.fate, LIVE)), ok))
     return conj(out)
 
 
-def s6_decode_gating(lay: Layout, s: SState, sch: SchedResult) -> Any:
-    out, pos = [], positions(lay, s)
-    for r in range(lay.N):
+def s6_decode_gating(layout: Layout, s: SState, sch: SchedResult) -> Any:
+    out, pos = [], positions(layout, s)
+    for r in range(layout.N):
         for i, (e, u) in enumerate(pos):
             later = disj(*[live(f, v, r) for f, v in pos[i + 1:]])
             out.append(z3.Implies(conj(_active(s, r), live(e, u, r), e.samples), neg(later)))
     return conj(out)
 
 
-def s7_output_binding(lay: Layout, s: SState, sch: SchedResult) -> Any:
+def s7_output_binding(layout: Layout, s: SState, sch: SchedResult) -> Any:
     out = []
-    lives = [has_live(lay, s, r) for r in range(lay.N)]
+    lives = [has_live(layout, s, r) for r in range(layout.N)]
     for k, b in enumerate(s.batches):
         for j, e in enumerate(b.entries):
             u = conj(lt(k, s.num_batches), lt(j, b.length))
-            for j2 in range(j + 1, lay.E):
+            for j2 in range(j + 1, layout.E):
                 out.append(z3.Implies(conj(u, lt(j2, b.length)), neg(eq(e.req, b.entries[j2].req))))
-            status = at(lay, s, e.req, lambda q, _k: q.status)
+            status = at(layout, s, e.req, lambda q, _k: q.status)
             out.append(z3.Implies(conj(u, eq(e.fate, LIVE)), eq(status, RUNNING)))
             out.append(z3.Implies(conj(u, eq(e.fate, ORPHANED)),
                                   conj(eq(status, PREEMPTED), neg(pick(lives, e.req, z3.BoolVal(False))))))
     return conj(out)
 
 
-def s8_spec_accounting(lay: Layout, s: SState, sch: SchedResult) -> Any:
-    k = lay.cfg.num_spec_tokens
-    out = [z3.Implies(u, le(e.drafts, k)) for e, u in positions(lay, s)]
+def s8_spec_accounting(layout: Layout, s: SState, sch: SchedResult) -> Any:
+    k = layout.cfg.num_spec_tokens
+    out = [z3.Implies(u, le(e.drafts, k)) for e, u in positions(layout, s)]
     for r, q in enumerate(s.reqs):
-        stuck = conj(eq(q.status, RUNNING), neg(has_live(lay, s, r)), q.num_computed >= num_tokens(lay, q, r))
+        stuck = conj(eq(q.status, RUNNING), neg(has_live(layout, s, r)), q.num_computed >= num_tokens(layout, q, r))
         out.append(z3.Implies(_active(s, r), conj(le(q.num_drafts, k), neg(stuck))))
     return conj(out)
 
 
-def s9_parts(lay: Layout, s: SState) -> dict[str, Any]:
+def s9_parts(layout: Layout, s: SState) -> dict[str, Any]:
     """S9 clause by clause, named (the micro-step proofs track each apart)."""
-    bs, pool, out = lay.cfg.block_size, s.pool, {}
+    bs, pool, out = layout.cfg.block_size, s.pool, {}
     for r, q in enumerate(s.reqs):
-        used = [lt(t, q.table_len) for t in range(lay.T)]
+        used = [lt(t, q.table_len) for t in range(layout.T)]
         out[f"r{r}.held_only_when_running"] = z3.Implies(lt(0, q.table_len), eq(q.status, RUNNING))
         out[f"r{r}.distinct_blocks"] = conj([z3.Implies(conj(used[t], used[t2]), neg(eq(q.table[t], q.table[t2])))
-                                             for t in range(lay.T) for t2 in range(t + 1, lay.T)])
+                                             for t in range(layout.T) for t2 in range(t + 1, layout.T)])
         out[f"r{r}.covers_counter"] = z3.Implies(eq(q.status, RUNNING),
                                                  le(div_const(q.num_computed + (bs - 1), bs), q.table_len))
-        for t in range(lay.T):
-            lab = pick(pool.label, q.table[t], V(lay.none_label))
+        for t in range(layout.T):
+            lab = pick(pool.label, q.table[t], V(layout.none_label))
             out[f"r{r}.t{t}.cached_content"] = z3.Implies(
-                used[t], disj(eq(lab, lay.none_label), eq(lab, content_label(lay, q, r, t))))
-    for b in range(lay.B):
-        holders = count(conj(lt(t, q.table_len), eq(q.table[t], b)) for q in s.reqs for t in range(lay.T))
+                used[t], disj(eq(lab, layout.none_label), eq(lab, content_label(layout, q, r, t))))
+    for b in range(layout.B):
+        holders = count(conj(lt(t, q.table_len), eq(q.table[t], b)) for q in s.reqs for t in range(layout.T))
         out[f"b{b}.ref_is_holders"] = eq(pool.ref[b], holders)
         out[f"b{b}.free_iff_unheld"] = eq(pool.ref[b], 0) == member(b, pool.free, pool.free_len)
-    for j in range(lay.B):
+    for j in range(layout.B):
         out[f"free[{j}].a_block"] = conj(
-            z3.Implies(lt(j, pool.free_len), conj(le(0, pool.free[j]), lt(pool.free[j], lay.B))),
+            z3.Implies(lt(j, pool.free_len), conj(le(0, pool.free[j]), lt(pool.free[j], layout.B))),
             *[z3.Implies(conj(lt(j, pool.free_len), lt(j2, pool.free_len)), neg(eq(pool.free[j], pool.free[j2])))
-              for j2 in range(j + 1, lay.B)])
-    for b in range(lay.B):
-        out[f"b{b}.label_unique"] = conj([z3.Implies(neg(eq(pool.label[b], lay.none_label)),
+              for j2 in range(j + 1, layout.B)])
+    for b in range(layout.B):
+        out[f"b{b}.label_unique"] = conj([z3.Implies(neg(eq(pool.label[b], layout.none_label)),
                                                      neg(eq(pool.label[b], pool.label[b2])))
-                                          for b2 in range(b + 1, lay.B)])
+                                          for b2 in range(b + 1, layout.B)])
     return out
 
 
-def s9_kv_ownership(lay: Layout, s: SState, sch: SchedResult) -> Any:
-    return conj(list(s9_parts(lay, s).values()))
+def s9_kv_ownership(layout: Layout, s: SState, sch: SchedResult) -> Any:
+    return conj(list(s9_parts(layout, s).values()))
 
 
-def _queue_is(lay: Layout, xs: list, length: Any, members: list) -> Any:
+def _queue_is(layout: Layout, xs: list, length: Any, members: list) -> Any:
     out = []
-    for j in range(lay.N):
-        out.append(z3.Implies(lt(j, length), conj(le(0, xs[j]), lt(xs[j], lay.N))))
+    for j in range(layout.N):
+        out.append(z3.Implies(lt(j, length), conj(le(0, xs[j]), lt(xs[j], layout.N))))
         out += [z3.Implies(conj(lt(j, length), lt(j2, length)), neg(eq(xs[j], xs[j2])))
-                for j2 in range(j + 1, lay.N)]
+                for j2 in range(j + 1, layout.N)]
     out += [m == member(r, xs, length) for r, m in enumerate(members)]
     return conj(out)
 
 
-def s10_queues_and_budgets(lay: Layout, s: SState, sch: SchedResult) -> Any:
-    cfg = lay.cfg
-    out = [_queue_is(lay, s.running, s.running_len, [eq(q.status, RUNNING) for q in s.reqs]),
-           _queue_is(lay, s.waiting, s.waiting_len,
+def s10_queues_and_budgets(layout: Layout, s: SState, sch: SchedResult) -> Any:
+    cfg = layout.cfg
+    out = [_queue_is(layout, s.running, s.running_len, [eq(q.status, RUNNING) for q in s.reqs]),
+           _queue_is(layout, s.waiting, s.waiting_len,
                      [disj(eq(q.status, WAITING), eq(q.status, PREEMPTED)) for q in s.reqs]),
            le(s.running_len, cfg.max_num_seqs)]
     for k, b in enumerate(s.batches):
-        used = [lt(j, b.length) for j in range(lay.E)]
+        used = [lt(j, b.length) for j in range(layout.E)]
         total = sum_terms([ite(u, e.n, V(0)) for u, e in zip(used, b.entries)])
         ok = [le(total, cfg.max_num_batched_tokens)]
         if cfg.long_prefill_token_threshold > 0:
@@ -237,38 +237,38 @@ def s10_queues_and_budgets(lay: Layout, s: SState, sch: SchedResult) -> Any:
     return conj(out)
 
 
-def s11_pipeline_depth(lay: Layout, s: SState, sch: SchedResult) -> Any:
-    out = [le(s.num_batches, lay.K)]
+def s11_pipeline_depth(layout: Layout, s: SState, sch: SchedResult) -> Any:
+    out = [le(s.num_batches, layout.K)]
     out += [z3.Implies(lt(k, s.num_batches), le(1, b.length)) for k, b in enumerate(s.batches)]
-    if lay.cfg.continue_prefill:
+    if layout.cfg.continue_prefill:
         out += [neg(x) for x in s.scheduled]
     else:
-        out += [x == has_live(lay, s, r) for r, x in enumerate(s.scheduled)]
+        out += [x == has_live(layout, s, r) for r, x in enumerate(s.scheduled)]
     return conj(out)
 
 
-def l1_running_request_unblocked(lay: Layout, s: SState, sch: SchedResult) -> Any:
+def l1_running_request_unblocked(layout: Layout, s: SState, sch: SchedResult) -> Any:
     out = []
     for r, q in enumerate(s.reqs):
-        lv = has_live(lay, s, r)
-        nnt = num_tokens(lay, q, r) + q.num_drafts - q.num_computed
-        normal = z3.Implies(le(nnt, 0), conj(lv, last_live_samples(lay, s, r)))
-        ok = normal if lay.cfg.continue_prefill else ite(s.scheduled[r], lv, normal)
+        lv = has_live(layout, s, r)
+        nnt = num_tokens(layout, q, r) + q.num_drafts - q.num_computed
+        normal = z3.Implies(le(nnt, 0), conj(lv, last_live_samples(layout, s, r)))
+        ok = normal if layout.cfg.continue_prefill else ite(s.scheduled[r], lv, normal)
         out.append(z3.Implies(eq(q.status, RUNNING), ok))
     return conj(out)
 
 
-def l2_no_deadlock(lay: Layout, s: SState, sch: SchedResult) -> Any:
-    quiet = conj(eq(s.num_batches, 0), disj(*[_active(s, r) for r in range(lay.N)]))
+def l2_no_deadlock(layout: Layout, s: SState, sch: SchedResult) -> Any:
+    quiet = conj(eq(s.num_batches, 0), disj(*[_active(s, r) for r in range(layout.N)]))
     return z3.Implies(quiet, sch.result)
 
 
-def l3_drain(lay: Layout, s: SState, sch: SchedResult) -> Any:
+def l3_drain(layout: Layout, s: SState, sch: SchedResult) -> Any:
     """With a batch in flight, complete_oldest is enabled. (The all-default
     Sample is valid for every entry, so the guard is the whole question; in
     the correct spec it is just "a batch in flight", and L3 is structurally
     true: only a mutant that adds to the guard can break it.)"""
-    return z3.Implies(lt(0, s.num_batches), complete_guard(lay, s))
+    return z3.Implies(lt(0, s.num_batches), complete_guard(layout, s))
 
 
 INVARIANT_FORMULAS: dict[str, Formula] = {
@@ -292,23 +292,23 @@ NEEDS_SCHEDULE = frozenset({"L2_no_deadlock"})
 
 # --- well-formedness: what makes a frame a concrete State -----------------------
 
-def well_formed(lay: Layout, s: SState) -> Any:
+def well_formed(layout: Layout, s: SState) -> Any:
     """Every code, index and length in range and every unused slot padded."""
     P = V(PAD)
-    out = [le(0, s.num_batches), le(s.num_batches, lay.K)]
+    out = [le(0, s.num_batches), le(s.num_batches, layout.K)]
     for q in s.reqs:
-        out += [le(0, q.status), lt(q.status, len(STATUS)), le(0, q.table_len), le(q.table_len, lay.T)]
-        out += [ite(lt(t, q.table_len), conj(le(0, x), lt(x, lay.B)), eq(x, P)) for t, x in enumerate(q.table)]
+        out += [le(0, q.status), lt(q.status, len(STATUS)), le(0, q.table_len), le(q.table_len, layout.T)]
+        out += [ite(lt(t, q.table_len), conj(le(0, x), lt(x, layout.B)), eq(x, P)) for t, x in enumerate(q.table)]
     for xs, n in ((s.waiting, s.waiting_len), (s.running, s.running_len)):
-        out += [le(0, n), le(n, lay.N)]
-        out += [ite(lt(j, n), conj(le(0, x), lt(x, lay.N)), eq(x, P)) for j, x in enumerate(xs)]
+        out += [le(0, n), le(n, layout.N)]
+        out += [ite(lt(j, n), conj(le(0, x), lt(x, layout.N)), eq(x, P)) for j, x in enumerate(xs)]
     pool = s.pool
-    out += [le(0, pool.free_len), le(pool.free_len, lay.B)]
-    out += [ite(lt(j, pool.free_len), conj(le(0, x), lt(x, lay.B)), eq(x, P)) for j, x in enumerate(pool.free)]
+    out += [le(0, pool.free_len), le(pool.free_len, layout.B)]
+    out += [ite(lt(j, pool.free_len), conj(le(0, x), lt(x, layout.B)), eq(x, P)) for j, x in enumerate(pool.free)]
     for k, b in enumerate(s.batches):
-        out += [le(0, b.length), le(b.length, lay.E), z3.Implies(le(s.num_batches, k), eq(b.length, 0))]
+        out += [le(0, b.length), le(b.length, layout.E), z3.Implies(le(s.num_batches, k), eq(b.length, 0))]
         for j, e in enumerate(b.entries):
-            used = conj(le(0, e.req), lt(e.req, lay.N), le(0, e.fate), lt(e.fate, len(FATE)))
+            used = conj(le(0, e.req), lt(e.req, layout.N), le(0, e.fate), lt(e.fate, len(FATE)))
             pad = conj(eq(e.req, P), eq(e.start, 0), eq(e.n, 0), neg(e.samples), eq(e.drafts, 0), eq(e.fate, 0))
             out.append(ite(lt(j, b.length), used, pad))
     return conj(out)
@@ -320,7 +320,7 @@ def _kept(st, shift: int):
     return st.before.batches[shift:], st.before.num_batches - shift
 
 
-def s4_snapshot_immutability(lay: Layout, st) -> Any:
+def s4_snapshot_immutability(layout: Layout, st) -> Any:
     def holds(shift: int) -> Any:
         kept, n = _kept(st, shift)
         after = st.after
@@ -337,7 +337,7 @@ def s4_snapshot_immutability(lay: Layout, st) -> Any:
     return ite(eq(st.choices.act, COMPLETE), holds(1), holds(0))
 
 
-def s13_fates_only_age(lay: Layout, st) -> Any:
+def s13_fates_only_age(layout: Layout, st) -> Any:
     def holds(shift: int) -> Any:
         kept, n = _kept(st, shift)
         after, out = st.after, []
@@ -349,7 +349,7 @@ def s13_fates_only_age(lay: Layout, st) -> Any:
     return ite(eq(st.choices.act, COMPLETE), holds(1), holds(0))
 
 
-def s12_status_monotonicity(lay: Layout, st) -> Any:
+def s12_status_monotonicity(layout: Layout, st) -> Any:
     before, after, act, sch = st.before, st.after, st.choices.act, st.sched
     out = []
     for b, a in zip(before.reqs, after.reqs):
@@ -358,10 +358,10 @@ def s12_status_monotonicity(lay: Layout, st) -> Any:
         out.append(z3.Implies(conj(eq(b.status, NEW), neg(eq(a.status, NEW))), eq(act, ARRIVE)))
         out.append(z3.Implies(conj(eq(a.status, RUNNING), neg(eq(b.status, RUNNING))), eq(act, SCHEDULE)))
     admitted = [conj(lt(j, sch.count),
-                     disj(neg(eq(at(lay, before, e.req, lambda q, k: q.status), RUNNING)),
-                          pick(sch.pre, e.req, z3.BoolVal(False))))
+                     disj(neg(eq(at(layout, before, e.req, lambda q, k: q.status), RUNNING)),
+                          pick(sch.preempted, e.req, z3.BoolVal(False))))
                 for j, e in enumerate(sch.entries)]
-    out.append(z3.Implies(conj(eq(act, SCHEDULE), sch.result, sch.any_pre), neg(disj(*admitted))))
+    out.append(z3.Implies(conj(eq(act, SCHEDULE), sch.result, sch.any_preempted), neg(disj(*admitted))))
     return conj(out)
 
 
@@ -381,8 +381,8 @@ def _finished_normally(s: SState, r: int) -> Any:
     return disj(eq(s.reqs[r].status, F_STOPPED), eq(s.reqs[r].status, F_LENGTH))
 
 
-def _two_prefill_chunks(lay: Layout, s: SState, r: int) -> Any:
-    lives = [(live(e, u, r), e.samples) for e, u in positions(lay, s)]
+def _two_prefill_chunks(layout: Layout, s: SState, r: int) -> Any:
+    lives = [(live(e, u, r), e.samples) for e, u in positions(layout, s)]
     first_samples = z3.BoolVal(False)
     for here, samples in reversed(lives):
         first_samples = ite(here, samples, first_samples)
@@ -390,11 +390,11 @@ def _two_prefill_chunks(lay: Layout, s: SState, r: int) -> Any:
 
 
 SOMETIMES_FORMULAS: dict[str, Callable[[Layout, SState], Any]] = {
-    "request_can_finish": lambda lay, s: disj(*[_finished_normally(s, r) for r in range(lay.N)]),
-    "pipeline_can_be_full": lambda lay, s: eq(s.num_batches, lay.K),
-    "two_prefill_chunks_in_flight": lambda lay, s: disj(*[_two_prefill_chunks(lay, s, r) for r in range(lay.N)]),
+    "request_can_finish": lambda layout, s: disj(*[_finished_normally(s, r) for r in range(layout.N)]),
+    "pipeline_can_be_full": lambda layout, s: eq(s.num_batches, layout.K),
+    "two_prefill_chunks_in_flight": lambda layout, s: disj(*[_two_prefill_chunks(layout, s, r) for r in range(layout.N)]),
     "preempted_request_resumes_and_finishes":
-        lambda lay, s: disj(*[conj(s.was_preempted[r], _finished_normally(s, r)) for r in range(lay.N)]),
+        lambda layout, s: disj(*[conj(s.was_preempted[r], _finished_normally(s, r)) for r in range(layout.N)]),
 }
 
 __all__ = ["INVARIANT_FORMULAS", "TRANSITION_FORMULAS", "SPEC_PROPERTIES", "SOMETIMES_FORMULAS", "NEEDS_SCHEDULE",

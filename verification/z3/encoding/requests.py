@@ -11,24 +11,24 @@ from flightcheck.verification.z3.encoding.state import NEW, PAD, Layout, SReq, S
 from flightcheck.verification.z3.encoding.terms import Builder, V, eq, ite, pick
 
 
-def prompt_len(lay: Layout, q: SReq, k: int) -> Any:
+def prompt_len(layout: Layout, q: SReq, k: int) -> Any:
     """Request k's prompt length: the model's once it has arrived, 0 before."""
-    return ite(eq(q.status, NEW), V(0), V(lay.prompt_len(k)))
+    return ite(eq(q.status, NEW), V(0), V(layout.prompt_len(k)))
 
 
-def max_tokens(lay: Layout, q: SReq, k: int) -> Any:
-    return ite(eq(q.status, NEW), V(0), V(lay.max_tokens(k)))
+def max_tokens(layout: Layout, q: SReq, k: int) -> Any:
+    return ite(eq(q.status, NEW), V(0), V(layout.max_tokens(k)))
 
 
-def num_tokens(lay: Layout, q: SReq, k: int) -> Any:
+def num_tokens(layout: Layout, q: SReq, k: int) -> Any:
     """Known tokens of request k: prompt plus sampled outputs."""
-    return prompt_len(lay, q, k) + q.num_output
+    return prompt_len(layout, q, k) + q.num_output
 
 
-def content_label(lay: Layout, q: SReq, k: int, i: int) -> Any:
+def content_label(layout: Layout, q: SReq, k: int, i: int) -> Any:
     """spec.state.content_label(k, i): its prompt label if block i is all prompt."""
-    unique = -(1 + k + lay.N * i)
-    return ite(eq(q.status, NEW), V(unique), V(lay.content[k][i]))
+    unique = -(1 + k + layout.N * i)
+    return ite(eq(q.status, NEW), V(unique), V(layout.content[k][i]))
 
 
 def req_at(s: SState, r: Any) -> SReq:
@@ -40,17 +40,17 @@ def req_at(s: SState, r: Any) -> SReq:
                 [pick([q.table[t] for q in qs], r) for t in range(len(qs[0].table))])
 
 
-def at(lay: Layout, s: SState, r: Any, fn) -> Any:
+def at(layout: Layout, s: SState, r: Any, fn) -> Any:
     """fn(request k, k) for the request r (a term)."""
     return pick([fn(q, k) for k, q in enumerate(s.reqs)], r)
 
 
-def tokens_at(lay: Layout, s: SState, r: Any) -> Any:
-    return at(lay, s, r, lambda q, k: num_tokens(lay, q, k))
+def tokens_at(layout: Layout, s: SState, r: Any) -> Any:
+    return at(layout, s, r, lambda q, k: num_tokens(layout, q, k))
 
 
-def label_at(lay: Layout, s: SState, r: Any, i: int) -> Any:
-    return at(lay, s, r, lambda q, k: content_label(lay, q, k, i))
+def label_at(layout: Layout, s: SState, r: Any, i: int) -> Any:
+    return at(layout, s, r, lambda q, k: content_label(layout, q, k, i))
 
 
 def with_req(s: SState, r: Any, when: Any = True, **fields: Any) -> SState:
@@ -79,9 +79,9 @@ def put_flag(flags: list, r: Any, value: Any, when: Any = True) -> list:
     return [ite(conj(when, eq(r, k)), value, f) for k, f in enumerate(flags)]
 
 
-def snap_req(bld: Builder, s: SState, r: Any, name: str) -> SReq:
-    return bld.snap(req_at(s, r), name)
+def snap_req(builder: Builder, s: SState, r: Any, name: str) -> SReq:
+    return builder.snap(req_at(s, r), name)
 
 
-def empty_table(lay: Layout) -> list:
-    return [V(PAD)] * lay.T
+def empty_table(layout: Layout) -> list:
+    return [V(PAD)] * layout.T

@@ -69,19 +69,19 @@ from flightcheck.verification.z3.encoding.terms import (
 
 
 @dataclass
-class Acc:
+class BatchInProgress:
     """The batch under construction: spec.schedule._Step, plus loop control."""
 
-    st: SState
+    state: SState
     budget: Any
-    count: Any                 # entries so far
-    entries: list              # E slots of SEntry
-    pre: list                  # Bool per request: preempted in this step
-    admpre: list               # Bool per request: admitted while PREEMPTED
-    adm: list                  # Bool per request: admitted in this step
-    any_pre: Any
-    i: Any                     # the running loop's position
-    done: Any                  # the running loop returned / the waiting loop broke
+    count: Any                      # entries so far
+    entries: list                   # E slots of SEntry
+    preempted: list                 # Bool per request: preempted in this step
+    admitted_from_preempted: list   # Bool per request: admitted while PREEMPTED
+    admitted: list                  # Bool per request: admitted in this step
+    any_preempted: Any
+    position: Any                   # the running loop's position
+    done: Any                       # the running loop returned / the waiting loop broke
 
 
 @dataclass
@@ -91,9 +91,9 @@ class SchedResult:
     state: SState              # the state after launch
     enabled: Any               # is_schedule_enabled
     nonempty: Any              # it scheduled or preempted something (else None)
-    pre: list
-    adm: list
-    any_pre: Any
+    preempted: list
+    admitted: list
+    any_preempted: Any
     count: Any
     entries: list
     trail: list                # the batch under construction after each micro-step
@@ -106,87 +106,87 @@ class SchedResult:
         return conj(self.enabled, self.nonempty)
 
 
-def is_enabled(lay: Layout, s: SState) -> Any:
+def is_enabled(layout: Layout, s: SState) -> Any:
     """Room in the pipeline, and (one-batch-per-request) vLLM 0.8.4's engine gate."""
-    room = lt(s.num_batches, lay.K)
-    if lay.is_mutant("schedule_blocked_when_idle"):
+    room = lt(s.num_batches, layout.K)
+    if layout.is_mutant("schedule_blocked_when_idle"):
         room = conj(room, lt(0, s.num_batches))
-    if lay.cfg.continue_prefill:
+    if layout.cfg.continue_prefill:
         return room
     return conj(room, s.waiting_len + s.running_len - count(s.scheduled) > 0)
 
 
-def schedule(lay: Layout, bld: Builder, s: SState) -> SchedResult:
+def schedule(layout: Layout, builder: Builder, s: SState) -> SchedResult:
     """Form the next batch from s (spec.schedule.schedule)."""
-    cfg = lay.cfg
-    acc = Acc(clone(s), V(cfg.max_num_batched_tokens), V(0), [pad_entry() for _ in range(lay.E)],
-              [z3.BoolVal(False)] * lay.N, [z3.BoolVal(False)] * lay.N, [z3.BoolVal(False)] * lay.N,
+    cfg = layout.cfg
+    acc = BatchInProgress(clone(s), V(cfg.max_num_batched_tokens), V(0), [pad_entry() for _ in range(layout.E)],
+              [z3.BoolVal(False)] * layout.N, [z3.BoolVal(False)] * layout.N, [z3.BoolVal(False)] * layout.N,
               z3.BoolVal(False), V(0), z3.BoolVal(False))
     trail, micro = [acc], []
 
-    def advance(acc: Acc, step, name: str) -> Acc:
-        after = bld.step(acc, step, name, micro)
+    def advance(acc: BatchInProgress, step, name: str) -> BatchInProgress:
+        after = builder.step(acc, step, name, micro)
         trail.append(after)
         return after
 
-    for m in range(lay.N):
-        acc = advance(acc, lambda a: _running_step(lay, bld, a), f"run{m}")
-    phase = z3.BoolVal(True) if lay.is_mutant("admit_after_preemption") else neg(acc.any_pre)
-    acc = Acc(acc.st, acc.budget, acc.count, acc.entries, acc.pre, acc.admpre, acc.adm, acc.any_pre,
-              acc.i, z3.BoolVal(False))
-    for m in range(lay.N):
-        acc = advance(acc, lambda a: _waiting_step(lay, bld, a, phase), f"wait{m}")
-    first = len(bld.defs)
-    state = bld.snap(_launch(lay, acc), "launch")
-    return SchedResult(state, is_enabled(lay, s), disj(lt(0, acc.count), acc.any_pre),
-                       acc.pre, acc.adm, acc.any_pre, acc.count, acc.entries, trail, micro,
-                       bld.defs[first:])
+    for m in range(layout.N):
+        acc = advance(acc, lambda a: _running_step(layout, builder, a), f"run{m}")
+    phase = z3.BoolVal(True) if layout.is_mutant("admit_after_preemption") else neg(acc.any_preempted)
+    acc = BatchInProgress(acc.state, acc.budget, acc.count, acc.entries, acc.preempted, acc.admitted_from_preempted, acc.admitted, acc.any_preempted,
+              acc.position, z3.BoolVal(False))
+    for m in range(layout.N):
+        acc = advance(acc, lambda a: _waiting_step(layout, builder, a, phase), f"wait{m}")
+    first = len(builder.defs)
+    state = builder.snap(_launch(layout, acc), "launch")
+    return SchedResult(state, is_enabled(layout, s), disj(lt(0, acc.count), acc.any_preempted),
+                       acc.preempted, acc.admitted, acc.any_preempted, acc.count, acc.entries, trail, micro,
+                       builder.defs[first:])
 
 
-def _clip(lay: Layout, budget: Any, num_computed: Any, num_new: Any, is_admission: bool) -> Any:
-    cfg = lay.cfg
+def _clip(layout: Layout, budget: Any, num_computed: Any, num_new: Any, is_admission: bool) -> Any:
+    cfg = layout.cfg
     threshold = cfg.long_prefill_token_threshold
-    if threshold > 0 and not (is_admission and lay.is_mutant("threshold_ignored_on_admission")):
+    if threshold > 0 and not (is_admission and layout.is_mutant("threshold_ignored_on_admission")):
         num_new = ite(lt(threshold, num_new), V(threshold), num_new)
-    if not (lay.is_mutant("budget_ignored") and not is_admission):
+    if not (layout.is_mutant("budget_ignored") and not is_admission):
         num_new = imin(num_new, budget)
     return imax(V(0), imin(num_new, cfg.max_model_len - num_computed))
 
 
-def _blocks_for(lay: Layout, total: Any) -> Any:
-    bs = lay.cfg.block_size
-    if lay.is_mutant("no_block_for_last_token"):
+def _blocks_for(layout: Layout, total: Any) -> Any:
+    bs = layout.cfg.block_size
+    if layout.is_mutant("no_block_for_last_token"):
         return div_const(total, bs)
     return div_const(total + (bs - 1), bs)
 
 
-def _cache(lay: Layout, st: SState, pool, r: Any, table: list, table_len: Any, total: Any,
+def _cache(layout: Layout, st: SState, pool, r: Any, table: list, table_len: Any, total: Any,
            tokens: Any):
     """_allocate's label caching: the full blocks of known tokens (drafts left out)."""
-    if not lay.cfg.prefix_caching:
+    if not layout.cfg.prefix_caching:
         return pool
     drafts = imax(V(0), total - tokens)
-    num_full = div_const(total - drafts, lay.cfg.block_size)
-    labels = [label_at(lay, st, r, i) for i in range(lay.T)]
-    return zb.cache_labels(lay, pool, table, table_len, labels, num_full)
+    num_full = div_const(total - drafts, layout.cfg.block_size)
+    labels = [label_at(layout, st, r, i) for i in range(layout.T)]
+    return zb.cache_labels(layout, pool, table, table_len, labels, num_full)
 
 
-def _entry(lay: Layout, q, r: Any, tokens: Any, num_computed: Any, num_new: Any, cached: Any,
+def _entry(layout: Layout, q, r: Any, tokens: Any, num_computed: Any, num_new: Any, cached: Any,
            st: SState, budget: Any):
     """_add_entry's snapshot: (entry, drafts kept by the request). `st` is the
     state being scheduled (its batches are the ones in flight), `budget` the
     token budget left before this entry."""
-    cfg = lay.cfg
+    cfg = layout.cfg
     drafts = imin(q.num_drafts, imax(V(0), num_computed + num_new - tokens))
     start = num_computed
-    if lay.is_mutant("snapshot_omits_prefix_hit"):
+    if layout.is_mutant("snapshot_omits_prefix_hit"):
         start = ite(lt(0, cached), V(0), num_computed)
     samples = start + num_new - drafts >= tokens
     recorded = drafts
-    if lay.is_mutant("stale_drafts_on_prefill_chunk") and cfg.num_spec_tokens:
+    if layout.is_mutant("stale_drafts_on_prefill_chunk") and cfg.num_spec_tokens:
         recorded = ite(samples, drafts, V(1))
     entry = SEntry(r, start, num_new, samples, recorded, V(LIVE))
-    if lay.is_mutant("overlapping_chunks"):
+    if layout.is_mutant("overlapping_chunks"):
         live_in_flight = disj(*[conj(lt(j, b.length), eq(e.req, r), eq(e.fate, LIVE))
                                 for b in st.batches for j, e in enumerate(b.entries)])
         capped = z3.BoolVal(False) if cfg.long_prefill_token_threshold <= 0 else \
@@ -197,71 +197,71 @@ def _entry(lay: Layout, q, r: Any, tokens: Any, num_computed: Any, num_new: Any,
     return entry, drafts
 
 
-def _add(lay: Layout, acc: Acc, entry: SEntry, when: Any) -> tuple[list, Any, Any]:
+def _add(layout: Layout, acc: BatchInProgress, entry: SEntry, when: Any) -> tuple[list, Any, Any]:
     entries = [merge(conj(when, eq(acc.count, j)), entry, e) for j, e in enumerate(acc.entries)]
-    budget = acc.budget if lay.is_mutant("budget_ignored") else ite(when, acc.budget - entry.n, acc.budget)
+    budget = acc.budget if layout.is_mutant("budget_ignored") else ite(when, acc.budget - entry.n, acc.budget)
     return entries, ite(when, acc.count + 1, acc.count), budget
 
 
-def _running_step(lay: Layout, bld: Builder, acc: Acc) -> Acc:
+def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress) -> BatchInProgress:
     """One iteration of _schedule_running's loops (skip, allocate or preempt)."""
-    cfg, st = lay.cfg, acc.st
-    active = bld.let("active", conj(neg(acc.done), lt(acc.i, st.running_len), lt(0, acc.budget)))
-    r = bld.let("r", pick(st.running, acc.i, V(PAD)))
-    q = bld.snap(req_at(st, r), "q")
-    tokens = bld.let("tokens", tokens_at(lay, st, r))
+    cfg, st = layout.cfg, acc.state
+    active = builder.let("active", conj(neg(acc.done), lt(acc.position, st.running_len), lt(0, acc.budget)))
+    r = builder.let("r", pick(st.running, acc.position, V(PAD)))
+    q = builder.snap(req_at(st, r), "q")
+    tokens = builder.let("tokens", tokens_at(layout, st, r))
     skip_sid = z3.BoolVal(False) if cfg.continue_prefill else pick(st.scheduled, r, z3.BoolVal(False))
-    num_new0 = bld.let("num_new0", _clip(lay, acc.budget, q.num_computed,
+    num_new0 = builder.let("num_new0", _clip(layout, acc.budget, q.num_computed,
                                          tokens + q.num_drafts - q.num_computed, False))
     zero = eq(num_new0, 0)
     anyway = z3.BoolVal(False)
-    if lay.is_mutant("decode_while_token_in_flight"):
+    if layout.is_mutant("decode_while_token_in_flight"):
         anyway = conj(q.num_computed >= tokens, q.num_computed < cfg.max_model_len)
     skip = disj(skip_sid, conj(zero, neg(anyway)))
-    num_new = bld.let("num_new", ite(zero, V(1), num_new0))
+    num_new = builder.let("num_new", ite(zero, V(1), num_new0))
     total = q.num_computed + num_new
-    num_fresh = bld.let("num_fresh", imax(V(0), _blocks_for(lay, total) - q.table_len))
+    num_fresh = builder.let("num_fresh", imax(V(0), _blocks_for(layout, total) - q.table_len))
     fits = le(num_fresh, st.pool.free_len)
-    do_skip = bld.let("skip", conj(active, skip))
-    do_alloc = bld.let("alloc", conj(active, neg(skip), fits))
-    do_pre = bld.let("preempt", conj(active, neg(skip), neg(fits)))
+    do_skip = builder.let("skip", conj(active, skip))
+    do_alloc = builder.let("alloc", conj(active, neg(skip), fits))
+    do_pre = builder.let("preempt", conj(active, neg(skip), neg(fits)))
 
     # allocate: fresh blocks from the free queue's head, labels cached, entry added
-    pool, fresh = zb.pop_fresh(lay, st.pool, num_fresh, lay.T)
-    table, table_len = zb.append_blocks(lay, q.table, q.table_len, fresh, num_fresh)
-    pool = _cache(lay, st, pool, r, table, table_len, total, tokens)
-    entry, drafts = _entry(lay, q, r, tokens, q.num_computed, num_new, V(0), st, acc.budget)
+    pool, fresh = zb.pop_fresh(layout, st.pool, num_fresh, layout.T)
+    table, table_len = zb.append_blocks(layout, q.table, q.table_len, fresh, num_fresh)
+    pool = _cache(layout, st, pool, r, table, table_len, total, tokens)
+    entry, drafts = _entry(layout, q, r, tokens, q.num_computed, num_new, V(0), st, acc.budget)
     a = clone(st)
     a.pool = pool
     a = with_req(a, r, num_drafts=drafts, table_len=table_len, table=table)
-    entries, cnt, budget = _add(lay, acc, entry, do_alloc)
+    entries, cnt, budget = _add(layout, acc, entry, do_alloc)
 
     # preempt the last running request
-    victim = bld.let("victim", pick(st.running, st.running_len - 1, V(PAD)))
-    v = bld.snap(req_at(st, victim), "v")
+    victim = builder.let("victim", pick(st.running, st.running_len - 1, V(PAD)))
+    v = builder.snap(req_at(st, victim), "v")
     p = clone(st)
-    p.pool = zb.free_table(lay, st.pool, v.table, v.table_len)
+    p.pool = zb.free_table(layout, st.pool, v.table, v.table_len)
     p.running = put(st.running, st.running_len - 1, V(PAD))
     p.running_len = st.running_len - 1
     p.waiting = [victim] + st.waiting[:-1]
     p.waiting_len = st.waiting_len + 1
-    if not lay.is_mutant("inflight_set_not_cleared_on_preemption"):
+    if not layout.is_mutant("inflight_set_not_cleared_on_preemption"):
         p.scheduled = put_flag(st.scheduled, victim, z3.BoolVal(False))
-    keep = v.num_computed if lay.is_mutant("preempt_keeps_counter") else V(0)
+    keep = v.num_computed if layout.is_mutant("preempt_keeps_counter") else V(0)
     p = with_req(p, victim, status=V(PREEMPTED), num_computed=keep, num_drafts=V(0), table_len=V(0),
-                 table=empty_table(lay))
+                 table=empty_table(layout))
 
-    out = Acc(merge(do_alloc, a, merge(do_pre, p, st)), budget, cnt, entries,
-              put_flag(acc.pre, victim, z3.BoolVal(True), do_pre), acc.admpre, acc.adm,
-              disj(acc.any_pre, do_pre), ite(disj(do_skip, do_alloc), acc.i + 1, acc.i),
+    out = BatchInProgress(merge(do_alloc, a, merge(do_pre, p, st)), budget, cnt, entries,
+              put_flag(acc.preempted, victim, z3.BoolVal(True), do_pre), acc.admitted_from_preempted, acc.admitted,
+              disj(acc.any_preempted, do_pre), ite(disj(do_skip, do_alloc), acc.position + 1, acc.position),
               disj(acc.done, conj(do_pre, eq(victim, r))))
     return out
 
 
-def _concat(lay: Layout, xs: list, nx: Any, ys: list, ny: Any) -> list:
+def _concat(layout: Layout, xs: list, nx: Any, ys: list, ny: Any) -> list:
     """xs[:nx] + ys[:ny], PAD-padded to T slots."""
     out = []
-    for s in range(lay.T):
+    for s in range(layout.T):
         v = V(PAD)
         for base in range(min(s, len(xs)), -1, -1):
             if s - base < len(ys):
@@ -270,33 +270,33 @@ def _concat(lay: Layout, xs: list, nx: Any, ys: list, ny: Any) -> list:
     return out
 
 
-def _waiting_step(lay: Layout, bld: Builder, acc: Acc, phase: Any) -> Acc:
+def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase: Any) -> BatchInProgress:
     """One iteration of _schedule_waiting (admit the head of waiting, or break)."""
-    cfg, st, bs = lay.cfg, acc.st, lay.cfg.block_size
-    seats = z3.BoolVal(True) if lay.is_mutant("max_num_seqs_ignored") else lt(st.running_len, cfg.max_num_seqs)
-    active = bld.let("active", conj(phase, neg(acc.done), lt(0, st.waiting_len), lt(0, acc.budget), seats))
-    r = bld.let("r", st.waiting[0])
-    q = bld.snap(req_at(st, r), "q")
-    tokens = bld.let("tokens", tokens_at(lay, st, r))
+    cfg, st, bs = layout.cfg, acc.state, layout.cfg.block_size
+    seats = z3.BoolVal(True) if layout.is_mutant("max_num_seqs_ignored") else lt(st.running_len, cfg.max_num_seqs)
+    active = builder.let("active", conj(phase, neg(acc.done), lt(0, st.waiting_len), lt(0, acc.budget), seats))
+    r = builder.let("r", st.waiting[0])
+    q = builder.snap(req_at(st, r), "q")
+    tokens = builder.let("tokens", tokens_at(layout, st, r))
     if cfg.prefix_caching:
-        labels = [label_at(lay, st, r, i) for i in range(lay.T)]
-        num_hit, hit = zb.lookup_hit(lay, bld, st.pool, labels, div_const(tokens, bs), div_const(tokens - 1, bs))
-        num_hit = bld.let("num_hit", num_hit)
+        labels = [label_at(layout, st, r, i) for i in range(layout.T)]
+        num_hit, hit = zb.lookup_hit(layout, builder, st.pool, labels, div_const(tokens, bs), div_const(tokens - 1, bs))
+        num_hit = builder.let("num_hit", num_hit)
     else:
         num_hit, hit = V(0), []
     hit_tokens = num_hit * bs
-    num_new = bld.let("num_new", _clip(lay, acc.budget, q.num_computed, tokens - hit_tokens, True))
+    num_new = builder.let("num_new", _clip(layout, acc.budget, q.num_computed, tokens - hit_tokens, True))
     total = q.num_computed + hit_tokens + num_new
-    num_fresh = bld.let("num_fresh", imax(V(0), _blocks_for(lay, total) - q.table_len - num_hit))
+    num_fresh = builder.let("num_fresh", imax(V(0), _blocks_for(layout, total) - q.table_len - num_hit))
     fits = zb.can_allocate(st.pool, num_fresh, hit, num_hit)
-    ok = bld.let("admit", conj(active, neg(eq(num_new, 0)), fits))
+    ok = builder.let("admit", conj(active, neg(eq(num_new, 0)), fits))
 
-    pool = zb.touch(lay, bld, st.pool, hit, num_hit) if hit else st.pool
-    pool, fresh = zb.pop_fresh(lay, pool, num_fresh, lay.T)
-    new_blocks = _concat(lay, hit, num_hit, fresh, num_fresh)
-    table, table_len = zb.append_blocks(lay, q.table, q.table_len, new_blocks, num_hit + num_fresh)
-    pool = _cache(lay, st, pool, r, table, table_len, total, tokens)
-    entry, drafts = _entry(lay, q, r, tokens, hit_tokens, num_new, hit_tokens, st, acc.budget)
+    pool = zb.touch(layout, builder, st.pool, hit, num_hit) if hit else st.pool
+    pool, fresh = zb.pop_fresh(layout, pool, num_fresh, layout.T)
+    new_blocks = _concat(layout, hit, num_hit, fresh, num_fresh)
+    table, table_len = zb.append_blocks(layout, q.table, q.table_len, new_blocks, num_hit + num_fresh)
+    pool = _cache(layout, st, pool, r, table, table_len, total, tokens)
+    entry, drafts = _entry(layout, q, r, tokens, hit_tokens, num_new, hit_tokens, st, acc.budget)
     a = clone(st)
     a.pool = pool
     a.waiting = st.waiting[1:] + [V(PAD)]
@@ -305,47 +305,47 @@ def _waiting_step(lay: Layout, bld: Builder, acc: Acc, phase: Any) -> Acc:
     a.running_len = st.running_len + 1
     a = with_req(a, r, status=V(RUNNING), num_computed=hit_tokens, num_drafts=drafts, table_len=table_len,
                  table=table)
-    entries, cnt, budget = _add(lay, acc, entry, ok)
-    return Acc(merge(ok, a, st), budget, cnt, entries, acc.pre,
-               put_flag(acc.admpre, r, eq(q.status, PREEMPTED), ok),
-               put_flag(acc.adm, r, z3.BoolVal(True), ok), acc.any_pre, acc.i,
+    entries, cnt, budget = _add(layout, acc, entry, ok)
+    return BatchInProgress(merge(ok, a, st), budget, cnt, entries, acc.preempted,
+               put_flag(acc.admitted_from_preempted, r, eq(q.status, PREEMPTED), ok),
+               put_flag(acc.admitted, r, z3.BoolVal(True), ok), acc.any_preempted, acc.position,
                disj(acc.done, conj(active, neg(ok))))
 
 
-def _launch(lay: Layout, acc: Acc) -> SState:
+def _launch(layout: Layout, acc: BatchInProgress) -> SState:
     """Advance every scheduled request's counter, settle fates, put the batch in flight."""
-    cfg, st = lay.cfg, clone(acc.st)
+    cfg, st = layout.cfg, clone(acc.state)
     new = acc.entries
-    valid = [lt(j, acc.count) for j in range(lay.E)]
+    valid = [lt(j, acc.count) for j in range(layout.E)]
     for k, q in enumerate(st.reqs):
         mine = [conj(valid[j], eq(e.req, k)) for j, e in enumerate(new)]
-        if not lay.is_mutant("advance_at_completion"):
+        if not layout.is_mutant("advance_at_completion"):
             # An overlapping chunk (mutant) records one token more than it
             # advances: its end, start + n, is where the counter goes.
-            advance = (lambda e: e.start + e.n - q.num_computed) if lay.is_mutant("overlapping_chunks") \
+            advance = (lambda e: e.start + e.n - q.num_computed) if layout.is_mutant("overlapping_chunks") \
                 else (lambda e: e.n)
             added = sum_terms([ite(c, advance(e), V(0)) for c, e in zip(mine, new)]) if new else 0
             q.num_computed = q.num_computed + added
         if not cfg.continue_prefill:
             st.scheduled[k] = disj(st.scheduled[k], *mine)
-    stale_to = LIVE if lay.is_mutant("stale_output_applied_to_resumed") else SUPERSEDED
+    stale_to = LIVE if layout.is_mutant("stale_output_applied_to_resumed") else SUPERSEDED
     for b in st.batches:
         for e in b.entries:
-            pre = pick(acc.pre, e.req, z3.BoolVal(False))
+            pre = pick(acc.preempted, e.req, z3.BoolVal(False))
             fate = ite(conj(eq(e.fate, LIVE), pre), V(ORPHANED), e.fate)
-            if not lay.is_mutant("orphan_kept_after_reschedule"):
-                admpre = pick(acc.admpre, e.req, z3.BoolVal(False))
+            if not layout.is_mutant("orphan_kept_after_reschedule"):
+                admpre = pick(acc.admitted_from_preempted, e.req, z3.BoolVal(False))
                 fate = ite(conj(eq(fate, ORPHANED), admpre), V(stale_to), fate)
             e.fate = fate
-            if lay.is_mutant("preemption_clears_inflight_drafts"):
+            if layout.is_mutant("preemption_clears_inflight_drafts"):
                 e.drafts = ite(pre, V(0), e.drafts)
-            if lay.is_mutant("shared_snapshot"):
+            if layout.is_mutant("shared_snapshot"):
                 for j, n in enumerate(new):
                     alias = conj(valid[j], eq(n.req, e.req), eq(e.fate, LIVE))
                     e.start, e.n = ite(alias, n.start, e.start), ite(alias, n.n, e.n)
                     e.samples, e.drafts = ite(alias, n.samples, e.samples), ite(alias, n.drafts, e.drafts)
     put_batch = lt(0, acc.count)
-    if lay.is_mutant("empty_batch_submitted"):
+    if layout.is_mutant("empty_batch_submitted"):
         put_batch = z3.BoolVal(True)       # only reached when something was scheduled or preempted
     batch = SBatch(acc.count, [SEntry(e.req, e.start, e.n, e.samples, e.drafts, e.fate) for e in new])
     st.batches = [merge(conj(put_batch, eq(st.num_batches, k)), batch, b) for k, b in enumerate(st.batches)]

@@ -146,7 +146,7 @@ class SState:
     was_preempted: list       # ghost Bool per request: PREEMPTED at some point (sometimes targets)
 
 
-def frame(lay: Layout, tag: str) -> SState:
+def frame(layout: Layout, tag: str) -> SState:
     """A fresh frame of named variables `field@tag`."""
     I, Bo = var, z3.Bool
 
@@ -155,19 +155,19 @@ def frame(lay: Layout, tag: str) -> SState:
 
     reqs = [SReq(I(f"status[{r}]@{tag}"), I(f"num_output[{r}]@{tag}"),
                  I(f"num_computed[{r}]@{tag}"), I(f"num_drafts[{r}]@{tag}"),
-                 I(f"table_len[{r}]@{tag}"), ints(f"table[{r}]", lay.T)) for r in range(lay.N)]
+                 I(f"table_len[{r}]@{tag}"), ints(f"table[{r}]", layout.T)) for r in range(layout.N)]
     batches = []
-    for k in range(lay.K):
+    for k in range(layout.K):
         entries = [SEntry(*(I(f"b{k}.e{j}.{f}@{tag}") for f in ("req", "start", "n")),
                           Bo(f"b{k}.e{j}.samples@{tag}"),
                           *(I(f"b{k}.e{j}.{f}@{tag}") for f in ("drafts", "fate")))
-                   for j in range(lay.E)]
+                   for j in range(layout.E)]
         batches.append(SBatch(I(f"b{k}.len@{tag}"), entries))
-    pool = SPool(ints("ref", lay.B), ints("label", lay.B), ints("free", lay.B), I(f"free_len@{tag}"))
-    return SState(reqs, ints("waiting", lay.N), I(f"waiting_len@{tag}"),
-                  ints("running", lay.N), I(f"running_len@{tag}"), I(f"num_batches@{tag}"),
-                  batches, pool, [Bo(f"scheduled[{r}]@{tag}") for r in range(lay.N)],
-                  [Bo(f"was_preempted[{r}]@{tag}") for r in range(lay.N)])
+    pool = SPool(ints("ref", layout.B), ints("label", layout.B), ints("free", layout.B), I(f"free_len@{tag}"))
+    return SState(reqs, ints("waiting", layout.N), I(f"waiting_len@{tag}"),
+                  ints("running", layout.N), I(f"running_len@{tag}"), I(f"num_batches@{tag}"),
+                  batches, pool, [Bo(f"scheduled[{r}]@{tag}") for r in range(layout.N)],
+                  [Bo(f"was_preempted[{r}]@{tag}") for r in range(layout.N)])
 
 
 def variables(s: SState, ghost: bool = True) -> list[z3.ExprRef]:
@@ -180,47 +180,47 @@ class NotRepresentable(ValueError):
     """A concrete state this model's encoding cannot hold (other prompts, too long a queue)."""
 
 
-def constant_state(lay: Layout, state: State, was_preempted: tuple[bool, ...] | None = None) -> SState:
+def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...] | None = None) -> SState:
     """The concrete `state` as a symbolic state of literals."""
-    cfg = lay.cfg
+    cfg = layout.cfg
 
     def padded(xs: tuple, n: int, what: str) -> list:
         if len(xs) > n:
             raise NotRepresentable(f"{what} holds {len(xs)} > {n}")
         return [V(x) for x in xs] + [V(PAD)] * (n - len(xs))
 
-    if len(state.requests) != lay.N or len(state.pool.ref_counts) != lay.B:
+    if len(state.requests) != layout.N or len(state.pool.ref_counts) != layout.B:
         raise NotRepresentable("another number of requests or blocks")
     reqs = []
     for r, q in enumerate(state.requests):
-        p = lay.model.prompts[r]
+        p = layout.model.prompts[r]
         want = (0, 0, ()) if q.status is Status.NEW else \
             (p.prompt_len, p.max_tokens, p.labels if cfg.prefix_caching else ())
         if (q.prompt_len, q.max_tokens, q.prompt_labels) != want:
             raise NotRepresentable(f"request {r} has a prompt other than the model's")
         reqs.append(SReq(V(STATUS.index(q.status)), V(q.num_output), V(q.num_computed),
                          V(q.num_drafts), V(len(q.block_table)),
-                         padded(q.block_table, lay.T, f"r{r}'s block table")))
-    if len(state.in_flight) > lay.K:
+                         padded(q.block_table, layout.T, f"r{r}'s block table")))
+    if len(state.in_flight) > layout.K:
         raise NotRepresentable("too many batches in flight")
     batches = []
-    for k in range(lay.K):
+    for k in range(layout.K):
         batch = state.in_flight[k] if k < len(state.in_flight) else ()
-        if len(batch) > lay.E:
+        if len(batch) > layout.E:
             raise NotRepresentable("too many entries in a batch")
         entries = [SEntry(V(e.req), V(e.start), V(e.n), z3.BoolVal(e.samples), V(e.drafts),
                           V(FATE.index(e.fate))) for e in batch]
-        entries += [pad_entry() for _ in range(lay.E - len(batch))]
+        entries += [pad_entry() for _ in range(layout.E - len(batch))]
         batches.append(SBatch(V(len(batch)), entries))
     pool = state.pool
-    labels = [V(lay.none_label if lab is None else lab) for lab in pool.labels]
-    spool = SPool([V(c) for c in pool.ref_counts], labels, padded(pool.free_queue, lay.B, "free queue"),
+    labels = [V(layout.none_label if lab is None else lab) for lab in pool.labels]
+    spool = SPool([V(c) for c in pool.ref_counts], labels, padded(pool.free_queue, layout.B, "free queue"),
                   V(len(pool.free_queue)))
-    ghost = was_preempted if was_preempted is not None else (False,) * lay.N
-    return SState(reqs, padded(state.waiting, lay.N, "waiting"), V(len(state.waiting)),
-                  padded(state.running, lay.N, "running"), V(len(state.running)),
+    ghost = was_preempted if was_preempted is not None else (False,) * layout.N
+    return SState(reqs, padded(state.waiting, layout.N, "waiting"), V(len(state.waiting)),
+                  padded(state.running, layout.N, "running"), V(len(state.running)),
                   V(len(state.in_flight)), batches, spool,
-                  [z3.BoolVal(r in state.scheduled_ids) for r in range(lay.N)],
+                  [z3.BoolVal(r in state.scheduled_ids) for r in range(layout.N)],
                   [z3.BoolVal(g) for g in ghost])
 
 
@@ -234,19 +234,19 @@ def equal(a: SState, b: SState, ghost: bool = True) -> list[z3.BoolRef]:
             if ghost or not name.startswith("was_preempted")]
 
 
-def encode(lay: Layout, state: State, f: SState,
+def encode(layout: Layout, state: State, f: SState,
            was_preempted: tuple[bool, ...] | None = None) -> list[z3.BoolRef]:
     """`state` as equalities on frame `f`; the ghost flags only if given."""
-    return equal(f, constant_state(lay, state, was_preempted), ghost=was_preempted is not None)
+    return equal(f, constant_state(layout, state, was_preempted), ghost=was_preempted is not None)
 
 
-def initial(lay: Layout) -> SState:
+def initial(layout: Layout) -> SState:
     """The initial state: nothing arrived, the whole pool free, no ghost flag."""
     from flightcheck.spec import initial_state
-    return constant_state(lay, initial_state(lay.N, lay.B))
+    return constant_state(layout, initial_state(layout.N, layout.B))
 
 
-def decode(lay: Layout, m: z3.ModelRef, f: SState) -> State:
+def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
     """The concrete state frame `f` holds in model `m`."""
     def iv(x) -> int:
         return value_of(m.eval(x, model_completion=True))
@@ -260,11 +260,11 @@ def decode(lay: Layout, m: z3.ModelRef, f: SState) -> State:
             raise NotRepresentable(f"{what} code {v} out of range")
         return names[v]
 
-    cfg = lay.cfg
+    cfg = layout.cfg
     reqs = []
     for r, q in enumerate(f.reqs):
         status = code(q.status, STATUS, f"r{r} status")
-        p = lay.model.prompts[r]
+        p = layout.model.prompts[r]
         fixed = dict(prompt_len=0, max_tokens=0, prompt_labels=()) if status is Status.NEW else \
             dict(prompt_len=p.prompt_len, max_tokens=p.max_tokens,
                  prompt_labels=p.labels if cfg.prefix_caching else ())
@@ -275,16 +275,16 @@ def decode(lay: Layout, m: z3.ModelRef, f: SState) -> State:
     for b in f.batches[:iv(f.num_batches)]:
         in_flight.append(tuple(Entry(iv(e.req), iv(e.start), iv(e.n), bv(e.samples), iv(e.drafts),
                                      code(e.fate, FATE, "fate")) for e in b.entries[:iv(b.length)]))
-    labels = tuple(None if iv(x) == lay.none_label else iv(x) for x in f.pool.label)
+    labels = tuple(None if iv(x) == layout.none_label else iv(x) for x in f.pool.label)
     pool = BlockPool(tuple(iv(c) for c in f.pool.ref), labels,
                      tuple(iv(b) for b in f.pool.free[:iv(f.pool.free_len)]))
     return State(requests=tuple(reqs), waiting=tuple(iv(x) for x in f.waiting[:iv(f.waiting_len)]),
                  running=tuple(iv(x) for x in f.running[:iv(f.running_len)]),
                  in_flight=tuple(in_flight), pool=pool,
-                 scheduled_ids=frozenset(r for r in range(lay.N) if bv(f.scheduled[r])))
+                 scheduled_ids=frozenset(r for r in range(layout.N) if bv(f.scheduled[r])))
 
 
-def decode_ghost(lay: Layout, m: z3.ModelRef, f: SState) -> tuple[bool, ...]:
+def decode_ghost(layout: Layout, m: z3.ModelRef, f: SState) -> tuple[bool, ...]:
     return tuple(z3.is_true(m.eval(g, model_completion=True)) for g in f.was_preempted)
 
 

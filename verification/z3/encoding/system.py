@@ -103,7 +103,7 @@ class System:
 
     def __init__(self, model: Model, bitvectors: bool = True) -> None:
         self.model = model
-        self.lay = Layout.of(model, bitvectors)
+        self.layout = Layout.of(model, bitvectors)
         self._frames: dict[str, SState] = {}
         self._sched: dict[str, tuple[SchedResult, list[z3.BoolRef]]] = {}
         self._trans: dict[str, Transitions] = {}
@@ -111,47 +111,47 @@ class System:
     def frame(self, tag: Any) -> SState:
         tag = str(tag)
         if tag not in self._frames:
-            with arithmetic(self.lay.width):
-                self._frames[tag] = frame(self.lay, tag)
+            with arithmetic(self.layout.width):
+                self._frames[tag] = frame(self.layout, tag)
         return self._frames[tag]
 
     def sched(self, tag: Any) -> tuple[SchedResult, list[z3.BoolRef]]:
         """schedule(frame(tag)) and the definitions of its auxiliary variables."""
         tag = str(tag)
         if tag not in self._sched:
-            bld = Builder(f"sched@{tag}")
+            builder = Builder(f"sched@{tag}")
             f = self.frame(tag)
-            with arithmetic(self.lay.width):
-                self._sched[tag] = (schedule(self.lay, bld, f), bld.defs)
+            with arithmetic(self.layout.width):
+                self._sched[tag] = (schedule(self.layout, builder, f), builder.defs)
         return self._sched[tag]
 
     def init(self, tag: Any = 0) -> list[z3.BoolRef]:
         """Init(s): nothing arrived, the whole pool free, no ghost flag."""
         f = self.frame(tag)
-        with arithmetic(self.lay.width):
-            return equal(f, initial(self.lay))
+        with arithmetic(self.layout.width):
+            return equal(f, initial(self.layout))
 
     def encode(self, state: State, tag: Any, was_preempted: tuple[bool, ...] | None = None) -> list[z3.BoolRef]:
         """A concrete state as equalities on frame `tag`."""
         f = self.frame(tag)
-        with arithmetic(self.lay.width):
-            return encode(self.lay, state, f, was_preempted)
+        with arithmetic(self.layout.width):
+            return encode(self.layout, state, f, was_preempted)
 
     def constant(self, state: State) -> SState:
-        with arithmetic(self.lay.width):
-            return constant_state(self.lay, state)
+        with arithmetic(self.layout.width):
+            return constant_state(self.layout, state)
 
     def build(self, fn, *args):
         """fn(layout, *args), with terms in this system's arithmetic."""
-        with arithmetic(self.lay.width):
-            return fn(self.lay, *args)
+        with arithmetic(self.layout.width):
+            return fn(self.layout, *args)
 
     def step(self, t0: Any, t1: Any, with_sched_defs: bool = True) -> Step:
         """T(s@t0, s@t1) with the choices of step t0 (schedule's definitions included if asked)."""
         s, s1 = self.frame(t0), self.frame(t1)
-        sched, sdefs = self.sched(t0)
-        with arithmetic(self.lay.width):
-            return self._step(t0, s, s1, sched, sdefs, with_sched_defs)
+        sched, schedule_definitions = self.sched(t0)
+        with arithmetic(self.layout.width):
+            return self._step(t0, s, s1, sched, schedule_definitions, with_sched_defs)
 
     def transitions(self, t0: Any) -> "Transitions":
         """Every action's guard and effect from frame t0, as terms over it and
@@ -160,45 +160,45 @@ class System:
         if t0 in self._trans:
             return self._trans[t0]
         s = self.frame(t0)
-        sched, sdefs = self.sched(t0)
-        with arithmetic(self.lay.width):
-            lay = self.lay
-            bld = Builder(f"step@{t0}")
-            ch = choices(lay, str(t0))
-            comp = complete_oldest(lay, bld, s, ch)
-            aborted = bld.snap(abort(lay, s, ch), "abort")
-            guards = [arrive_guard(lay, s, ch), sched.result, complete_guard(lay, s), abort_guard(lay, s, ch)]
-            effects = [arrive(lay, s, ch), sched.state, comp.state, aborted]
+        sched, schedule_definitions = self.sched(t0)
+        with arithmetic(self.layout.width):
+            layout = self.layout
+            builder = Builder(f"step@{t0}")
+            ch = choices(layout, str(t0))
+            comp = complete_oldest(layout, builder, s, ch)
+            aborted = builder.snap(abort(layout, s, ch), "abort")
+            guards = [arrive_guard(layout, s, ch), sched.result, complete_guard(layout, s), abort_guard(layout, s, ch)]
+            effects = [arrive(layout, s, ch), sched.state, comp.state, aborted]
             legal = [le(0, ch.act), le(ch.act, 3), comp.choice_ok,
                      z3.Implies(disj(eq(ch.act, SCHEDULE), eq(ch.act, COMPLETE)), eq(ch.req, 0))]
-        self._trans[t0] = Transitions(s, ch, sched, comp, guards, effects, list(sdefs), bld.defs, legal)
+        self._trans[t0] = Transitions(s, ch, sched, comp, guards, effects, list(schedule_definitions), builder.defs, legal)
         return self._trans[t0]
 
     def schedule_of(self, s: SState, name: str) -> tuple[SchedResult, list[z3.BoolRef]]:
         """schedule() of a symbolic state that is not a frame (an action's effect)."""
-        bld = Builder(f"sched@{name}")
-        with arithmetic(self.lay.width):
-            return schedule(self.lay, bld, s), bld.defs
+        builder = Builder(f"sched@{name}")
+        with arithmetic(self.layout.width):
+            return schedule(self.layout, builder, s), builder.defs
 
-    def _step(self, t0, s: SState, s1: SState, sched: SchedResult, sdefs, with_sched_defs: bool) -> Step:
-        lay = self.lay
+    def _step(self, t0, s: SState, s1: SState, sched: SchedResult, schedule_definitions, with_sched_defs: bool) -> Step:
+        layout = self.layout
         tr = self.transitions(t0)
         ch, comp, guards, effects = tr.choices, tr.completion, tr.guards, tr.effects
-        cs = list(sdefs) if with_sched_defs else []
+        cs = list(schedule_definitions) if with_sched_defs else []
         cs += tr.defs + tr.legal + [pick(guards, ch.act)]
         effect_leaves = [list(leaves(e)) for e in effects]
         for i, (name, v1) in enumerate(leaves(s1)):
             if name.startswith("was_preempted"):
                 continue
             cs.append(v1 == pick([el[i][1] for el in effect_leaves], ch.act))
-        for r in range(lay.N):
+        for r in range(layout.N):
             cs.append(s1.was_preempted[r] == z3.Or(s.was_preempted[r], s1.reqs[r].status == PREEMPTED))
         return Step(s, s1, ch, sched, comp, cs)
 
     # --- decoding ---------------------------------------------------------------
 
     def decode(self, m: z3.ModelRef, tag: Any) -> State:
-        return decode(self.lay, m, self.frame(tag))
+        return decode(self.layout, m, self.frame(tag))
 
     def decode_or_dump(self, m: z3.ModelRef, tag: Any) -> State | str:
         """The frame as a spec State, or as raw values if it is not one."""

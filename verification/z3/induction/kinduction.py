@@ -91,7 +91,7 @@ def formula(system: System, name: str, state: SState, schedule: SchedResult | No
 
 def _new_solver(system: System) -> z3.Solver:
     """A solver for the system's arithmetic: bit-vectors or integers."""
-    return z3.SolverFor("QF_BV") if system.lay.width else z3.SolverFor("QF_LIA")
+    return z3.SolverFor("QF_BV") if system.layout.width else z3.SolverFor("QF_LIA")
 
 
 # A lean query the incremental solver has not settled within this many
@@ -228,10 +228,10 @@ def chains(system: System, t: int, names: list[str]) -> dict[int, MicroChain]:
     plain = [name for name in names if name not in NEEDS_SCHEDULE]
     flag_definitions = [d for d in transitions.defs
                         if any(d.arg(0).eq(flag) for flag in completion.samples_here if z3.is_const(flag))]
-    with arithmetic(system.lay.width):
-        given_complete = [complete_guard(system.lay, frame), eq(transitions.choices.act, COMPLETE)]
+    with arithmetic(system.layout.width):
+        given_complete = [complete_guard(system.layout, frame), eq(transitions.choices.act, COMPLETE)]
     chain_of = {
-        SCHEDULE: Chain(schedule.trail[0], schedule.micro, lambda acc: acc.st,
+        SCHEDULE: Chain(schedule.trail[0], schedule.micro, lambda acc: acc.state,
                         lambda acc, _: system.build(batch_facts, acc, frame), [schedule.enabled],
                         schedule.launch_defs + [schedule.result], "schedule"),
         COMPLETE: Chain(completion.start, completion.micro, lambda state: state,
@@ -469,7 +469,7 @@ def _transition_rows(system: System, k: int, step: InductionStep, alive: list[st
 
 def _step_of(system: System, transitions: Transitions, action: int) -> Step:
     """The last step under `action`, with its effect as the next state."""
-    with arithmetic(system.lay.width):
+    with arithmetic(system.layout.width):
         choices = dataclasses.replace(transitions.choices, act=V(action))
     return Step(transitions.before, transitions.effects[action], choices, transitions.sched,
                 transitions.completion, [])
@@ -479,7 +479,7 @@ def _effect_state(system: System, witness: z3.ModelRef, transitions: Transitions
     """The action's effect in the model, as a spec state if it is one."""
     from flightcheck.verification.z3.encoding.state import NotRepresentable, decode
     try:
-        return decode(system.lay, witness, transitions.effects[action])
+        return decode(system.layout, witness, transitions.effects[action])
     except (NotRepresentable, IndexError) as error:
         return f"<not a spec state: {error}>"
 

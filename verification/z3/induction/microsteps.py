@@ -9,12 +9,12 @@ of micro-steps (z3.encoding.schedule.MicroStep), each a small function of the ba
 under construction before it, so the question splits the way a proof by hand
 would split it:
 
-    I(s)                 =>  J_0(acc_0)              (acc_0.st is s itself)
+    I(s)                 =>  J_0(acc_0)              (acc_0.state is s itself)
     J_m(acc_m)  AND  defs of micro-step m  =>  J_{m+1}(acc_{m+1})
     J_2N(acc_2N) AND defs of the launch    =>  goal(launch state)
 
 Each J_m is found forward, the Houdini way: the candidates are every
-conjunct of the invariant applied to the intermediate state `acc.st`, plus
+conjunct of the invariant applied to the intermediate state `acc.state`, plus
 facts about the batch under construction (`batch_facts`); a candidate that
 a micro-step does not preserve is dropped from there on. Intermediate states
 are not spec states (a victim is PREEMPTED while its entries in flight are
@@ -35,7 +35,7 @@ from typing import Any, Callable
 import z3
 from flightcheck.verification.z3.encoding.invariants import s9_parts
 from flightcheck.verification.z3.encoding.requests import at, num_tokens
-from flightcheck.verification.z3.encoding.schedule import Acc
+from flightcheck.verification.z3.encoding.schedule import BatchInProgress
 from flightcheck.verification.z3.encoding.state import (
     LIVE,
     PAD,
@@ -75,7 +75,7 @@ def unchanged(q: Any, was: Any) -> Any:
     return conj([x == y for (_, x), (_, y) in zip(leaves(q), leaves(was))])
 
 
-def batch_facts(layout: Layout, acc: Acc, frame: SState) -> dict[str, Any]:
+def batch_facts(layout: Layout, acc: BatchInProgress, frame: SState) -> dict[str, Any]:
     """Facts about the batch under construction that the launch relies on:
     each entry is for a distinct RUNNING request, starts at its counter
     (which only the launch advances), holds blocks for its tokens, and
@@ -83,35 +83,35 @@ def batch_facts(layout: Layout, acc: Acc, frame: SState) -> dict[str, Any]:
     that the loops have not touched it yet: a conjunct of the invariant that
     a visited request breaks on the way still holds, on the frame, for the
     requests not yet visited."""
-    cfg, st, block_size = layout.cfg, acc.st, layout.cfg.block_size
+    cfg, st, block_size = layout.cfg, acc.state, layout.cfg.block_size
     facts: dict[str, Any] = {}
     for r, q in enumerate(st.reqs):
         was = frame.reqs[r]
         scheduled = disj(*[conj(lt(j, acc.count), eq(e.req, r)) for j, e in enumerate(acc.entries)])
         same = unchanged(q, was)
         facts[f"request[{r}].untouched_unless_scheduled_or_preempted"] = z3.Implies(
-            neg(disj(acc.pre[r], acc.adm[r], scheduled)), same)
+            neg(disj(acc.preempted[r], acc.admitted[r], scheduled)), same)
         facts[f"request[{r}].running_scheduled_keeps_its_counter"] = z3.Implies(
-            conj(scheduled, neg(acc.adm[r])),
+            conj(scheduled, neg(acc.admitted[r])),
             conj(eq(q.status, was.status), eq(q.num_computed, was.num_computed), eq(q.num_output, was.num_output),
                  eq(was.status, RUNNING), lt(was.num_computed, num_tokens(layout, was, r) + was.num_drafts)))
-        facts[f"request[{r}].admitted_from_the_queue"] = z3.Implies(acc.adm[r], conj(
-            neg(acc.pre[r]), scheduled, disj(eq(was.status, WAITING), eq(was.status, PREEMPTED)),
-            acc.admpre[r] == eq(was.status, PREEMPTED), eq(q.num_output, was.num_output)))
-        facts[f"request[{r}].no_admission_after_preemption"] = z3.Implies(acc.any_pre, neg(acc.adm[r]))
+        facts[f"request[{r}].admitted_from_the_queue"] = z3.Implies(acc.admitted[r], conj(
+            neg(acc.preempted[r]), scheduled, disj(eq(was.status, WAITING), eq(was.status, PREEMPTED)),
+            acc.admitted_from_preempted[r] == eq(was.status, PREEMPTED), eq(q.num_output, was.num_output)))
+        facts[f"request[{r}].no_admission_after_preemption"] = z3.Implies(acc.any_preempted, neg(acc.admitted[r]))
     facts |= {
         "batch.count_in_range": conj(le(0, acc.count), le(acc.count, layout.E)),
         "batch.budget_is_what_is_left": eq(acc.budget, cfg.max_num_batched_tokens - sum_terms(
             [ite(lt(j, acc.count), e.n, V(0)) for j, e in enumerate(acc.entries)])),
-        "batch.position_in_range": conj(le(0, acc.i), le(acc.i, st.running_len)),
+        "batch.position_in_range": conj(le(0, acc.position), le(acc.position, st.running_len)),
         "batch.budget_in_range": conj(le(0, acc.budget), le(acc.budget, cfg.max_num_batched_tokens)),
-        "batch.any_preemption_is_one": acc.any_pre == disj(*acc.pre),
+        "batch.any_preemption_is_one": acc.any_preempted == disj(*acc.preempted),
     }
     for r, q in enumerate(st.reqs):
-        facts[f"request[{r}].preempted_here"] = z3.Implies(acc.pre[r], conj(
+        facts[f"request[{r}].preempted_here"] = z3.Implies(acc.preempted[r], conj(
             eq(q.status, PREEMPTED), eq(q.num_computed, 0), eq(q.table_len, 0)))
-        facts[f"request[{r}].admitted_here"] = z3.Implies(acc.adm[r], eq(q.status, RUNNING))
-        facts[f"request[{r}].resumed_here"] = z3.Implies(acc.admpre[r], acc.adm[r])
+        facts[f"request[{r}].admitted_here"] = z3.Implies(acc.admitted[r], eq(q.status, RUNNING))
+        facts[f"request[{r}].resumed_here"] = z3.Implies(acc.admitted_from_preempted[r], acc.admitted[r])
     for j, e in enumerate(acc.entries):
         used = lt(j, acc.count)
 
@@ -138,7 +138,7 @@ def batch_facts(layout: Layout, acc: Acc, frame: SState) -> dict[str, Any]:
         facts[f"batch[{j}].within_known_tokens"] = z3.Implies(used, le(
             e.start + e.n, field(lambda q, k: num_tokens(layout, q, k)) + e.drafts))
         facts[f"batch[{j}].already_passed_in_running"] = z3.Implies(used, disj(
-            *[conj(lt(p, acc.i), eq(st.running[p], e.req)) for p in range(layout.N)]))
+            *[conj(lt(p, acc.position), eq(st.running[p], e.req)) for p in range(layout.N)]))
         for j2 in range(j + 1, layout.E):
             facts[f"batch[{j},{j2}].distinct_requests"] = z3.Implies(
                 conj(used, lt(j2, acc.count)), neg(eq(e.req, acc.entries[j2].req)))
