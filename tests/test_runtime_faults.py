@@ -60,6 +60,7 @@ def test_killing_a_stage_mid_run_raises_reaps_and_aborts_every_unfinished_reques
     assert sum(len(r.output_token_ids) for r in result.requests) >= 20
     check = check_trace(path)                         # the aborts are legal; no `end` written
     assert check.ok, check
+    Path(executor.log_path).unlink()                  # kept after a failure, for the user
 
 
 def test_a_stage_killed_while_starting_is_named_within_seconds_and_everything_is_reaped(
@@ -83,7 +84,9 @@ def test_a_stage_killed_while_starting_is_named_within_seconds_and_everything_is
     message = str(info.value)
     assert f"stage 1 (pid {started[1].pid}) was killed by SIGKILL while starting" in message
     assert all(p.exitcode is not None for p in started)            # every process reaped
-    assert Path(_log_named(message)).exists()
+    log = Path(_log_named(message))
+    assert log.exists()                                # kept after a failure, for the user
+    log.unlink()
 
 
 def _log_named(message: str) -> str:
@@ -157,7 +160,9 @@ def test_run_names_the_killed_stage_and_keeps_the_survivors_tracebacks_out_of_st
     stderr = "".join(lines)
     assert f"stage 0 (pid {stage_0}) was killed by SIGKILL" in stderr, stderr
     assert "Traceback" not in stderr, stderr
-    assert Path(_log_named(stderr)).exists()
+    log = Path(_log_named(stderr))
+    assert log.exists()
+    log.unlink()
     _assert_valid_jsonl(tmp_path / "t.jsonl")
 
 
