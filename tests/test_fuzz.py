@@ -163,19 +163,21 @@ def _resident_bytes() -> int:
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads /proc")
 def test_memory_stays_flat_over_twenty_thousand_steps(monkeypatch):
-    """Resident memory from step 2,000 to step 20,000 grows by less than 25 MB
-    (before the bound: ~80 MB, ~4.7 KB a step, with no end)."""
+    """Resident memory from step 10,000 to step 20,000 grows by less than
+    20 MB (before the bound: ~47 MB, ~4.7 KB a step, with no end; with it
+    ~0.5 KB a step remains: Hypothesis's tree of the choice sequences tried,
+    which steers generation and so stays)."""
     from flightcheck.verification.refinement import machine
     resident: dict[int, int] = {}
     original_tick = machine.Budget.tick
 
     def tick(self) -> None:
         original_tick(self)
-        if self.used in (2_000, 20_000) and self.used not in resident:
+        if self.used in (10_000, 20_000) and self.used not in resident:
             gc.collect()
             resident[self.used] = _resident_bytes()
 
     monkeypatch.setattr(machine.Budget, "tick", tick)
     assert not fuzz(20_000, 1).failed
-    growth = resident[20_000] - resident[2_000]
-    assert growth < 25 * 2**20, f"{growth / 2**20:.1f} MB"
+    growth = resident[20_000] - resident[10_000]
+    assert growth < 20 * 2**20, f"{growth / 2**20:.1f} MB"

@@ -96,9 +96,11 @@ def _fixed_constant_pool() -> Iterator[None]:
 # spans and events: ~100 KB for one of our 50-step programs) in a cache of
 # 10,000 entries, so that a choice sequence asked for again is not re-run.
 # Over a long fuzz run that cache was what grew, ~4.7 KB per rule step (509 MB
-# at 100,000 steps). Generation does not repeat sequences (its tree of tried
-# prefixes steers it away from them), so a small cache changes no run;
-# shrinking asks again for recent sequences, which a small cache still holds.
+# at 100,000 steps). Generation seldom asks again for a sequence (its tree of
+# tried prefixes steers it away), so a small cache keeps every verdict; where
+# it does (a mutation that rebuilds a program already run) the program now
+# runs again, which can move a run onto another path: the kill matrix's
+# spot-check found one of 20 runs catching its mutant at another step.
 EXAMPLE_CACHE_SIZE = 100
 
 
