@@ -49,6 +49,11 @@ class PipelineError(RuntimeError):
     """A stage failed, died or stopped answering."""
 
 
+class StageDied(PipelineError):
+    """A stage process ended without reporting an error of its own (killed by
+    a signal, or gone without a word): a fault of the run, not of its input."""
+
+
 # How long to let the other stages' processes settle after a failure is
 # noticed, so that the stage that failed first (not one that merely lost its
 # peer) is named; a killed stage's neighbours notice within milliseconds.
@@ -88,6 +93,7 @@ class PipelineExecutor:
         self.error_detail: str | None = None
         self.log_path = log_path                     # the stage processes' stdout and stderr
         self._stage_errors: dict[int, tuple[str, bool]] = {}   # stage -> (traceback, lost peer)
+        self._stage_died = False                     # the failure is a stage process's death
         self._outbox = Outbox()
         self._pending: deque[PipelineFuture] = deque()
         self._lock = threading.Lock()
@@ -236,16 +242,18 @@ class PipelineExecutor:
                    and not any(p.exitcode is not None and p.exitcode < 0 for p in self.processes)):
                 time.sleep(0.05)
         message = _describe_dead(self.processes, self._stage_errors) or noticed
+        self._stage_died = any(p.exitcode is not None for p in self.processes) and not any(
+            not lost_peer for _, lost_peer in self._stage_errors.values())
         if self.log_path is not None:
             message += f" (the stages' output: {self.log_path})"
         return message
 
     def _check(self) -> None:
-        if self._error is not None:
-            raise PipelineError(self._error)
-        if not self._closed and any(p.exitcode is not None for p in self.processes):
+        if self._error is None and not self._closed and any(
+                p.exitcode is not None for p in self.processes):
             self._fail(self._first_failure("a stage exited"))
-            raise PipelineError(self._error)
+        if self._error is not None:
+            raise (StageDied if self._stage_died else PipelineError)(self._error)
 
     def _wait_until(self, predicate, what: str, timeout: float | None = None) -> None:
         limit = self.stall_timeout if timeout is None else timeout
@@ -328,7 +336,7 @@ def _wait_for_checkins(store, procs: list, timeout_s: float, log_path: str) -> N
     while not store.check(keys):
         dead = _describe_dead(procs, {})
         if dead is not None:
-            raise PipelineError(f"{dead} while starting (the stages' output: {log_path})")
+            raise StageDied(f"{dead} while starting (the stages' output: {log_path})")
         if time.monotonic() > deadline:
             late = [i for i, key in enumerate(keys) if not store.check([key])]
             raise PipelineError(f"stage {late[0]} did not start within {timeout_s:.0f} s "

@@ -182,11 +182,15 @@ def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
           f"{'checkpoint ' + args.checkpoint if args.checkpoint else 'seeded ' + args.model} "
           f"model, {args.dtype}", file=log)
     from flightcheck.runtime import ConfigError, PipelineError
+    from flightcheck.runtime.pipeline import StageDied
     try:
         executor = launch.make_executor(source, args.pp, sched_cfg.num_blocks,
                                         sched_cfg.block_size, dtype=args.dtype,
                                         device=args.device, num_spec_tokens=args.num_spec_tokens,
                                         top_p=args.top_p)
+    except StageDied as err:                          # a fault of the run, not of its input
+        print(f"flightcheck: error: {str(err).splitlines()[0]}", file=log)
+        return 1
     except (ConfigError, PipelineError) as err:      # e.g. weights that do not fit config.json
         return bad(str(err).splitlines()[0])
     trace = RuntimeTraceWriter.to_path(trace_path, eos_token_id=eos) if trace_path else None
