@@ -103,7 +103,7 @@ def exhaustive_rows(model: Model) -> list[PropertyResult]:
     method = f"exhaustive {model.name} ({r.num_states} states, depth {r.max_depth})"
     broken = {v.property for v in r.violations}
     rows = []
-    applicable = {s.name for s in SOMETIMES if s.is_applicable(model.cfg)}
+    applicable = {s.name for s in SOMETIMES if s.is_applicable(model.cfg, model.shares_prefix)}
     for name in all_property_names():
         if name in SOMETIMES_NAMES:
             if name not in applicable:
