@@ -16,7 +16,8 @@ independently of the checker:
 (with several, at the first of them);
 * a run that ends stuck (0.8.4's counter drift) or blocked with batches in
   flight: at the `end` event;
-* an exception inside vLLM: at or before the trace's last event;
+* an exception inside vLLM with none of the above before it: at or before
+  the trace's last event;
 * none of these: the trace is legal.
 It prints one line per disagreement and a summary; exit 0 when every verdict
 agrees with the ground truth.
@@ -54,10 +55,10 @@ def expected_verdict(result: dict[str, Any], events: list[dict[str, Any]]) -> tu
         if again:
             exact.append(again[0])
     last = len(events) - 1
-    if result["ending"] == "exception":
-        return "exception", None, min(exact + [last])
     if exact:
         return "bug", min(exact), min(exact)    # at the event of the first bug, not before it
+    if result["ending"] == "exception":
+        return "exception", None, last          # the trace stops where vLLM raised
     if result["ending"] in ("stuck", "blocked_in_flight") and events[-1]["ev"] == "end":
         return result["ending"], last, last
     return "legal", None, None

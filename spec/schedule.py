@@ -177,8 +177,9 @@ def _allocate(step: _Step, r: int, num_new: int, hit: tuple[int, ...]) -> bool:
 
 
 def _num_preallocated(cfg: Config, pool: BlockPool, num_fresh: int, table_len: int) -> int:
-    """vLLM 0.8.4's blocks ahead of need, taken only when new blocks are needed
-    (no lookahead tokens here: drafts are scheduled tokens, not lookahead)."""
+    """vLLM 0.8.4's blocks ahead of need, taken only when new blocks are needed.
+    No lookahead tokens: vLLM passes them only for EAGLE drafters, whose KV the
+    spec does not model; the spec's drafts (as ngram's) are scheduled tokens."""
     if cfg.num_preallocate_tokens == 0:
         return 0
     extra = num_preallocate_blocks(cfg.num_preallocate_tokens, cfg.block_size)

@@ -261,5 +261,37 @@ MUTANT_MODELS: dict[str, Model] = {
 }
 
 
-def mutant_model(mutant: str) -> Model:
-    return MUTANT_MODELS.get(mutant, TIGHT_K2).with_mutant(mutant)
+# Under vLLM 0.8.4's preallocation the first request takes every block its
+# max_model_len allows, so the models above, sized to the block, never preempt
+# there: a mutant is hunted under 0.8.4 on its model with room for one more
+# block (so a preallocation capped by the free blocks can run out), or on the
+# model named here.
+PROFILE_MUTANT_EXTRA_BLOCKS: dict[str, int] = {"vllm-0.8.5": 0, "vllm-0.8.4": 1}
+PROFILE_MUTANT_MODELS: dict[str, dict[str, Model]] = {
+    "vllm-0.8.5": {},
+    "vllm-0.8.4": {
+        # 0.8.4's own counter drift: a third request and two more blocks, so a
+        # request whose preallocation was capped is preempted with a batch in flight
+        "inflight_set_not_cleared_on_preemption": replace(
+            ONE_BATCH.under_profile("vllm-0.8.4"), name="one-batch-084",
+            cfg=replace(ONE_BATCH.under_profile("vllm-0.8.4").cfg, num_blocks=ONE_BATCH.cfg.num_blocks + 2),
+            prompts=ONE_BATCH.prompts + (_p(1, 2),)),
+        # a second request must be admitted past the first's preallocation
+        "max_num_seqs_ignored": replace(
+            SINGLE_SEQ.under_profile("vllm-0.8.4"), name="single-seq-084",
+            cfg=replace(SINGLE_SEQ.under_profile("vllm-0.8.4").cfg, num_blocks=SINGLE_SEQ.cfg.num_blocks + 2)),
+    },
+}
+
+
+def mutant_model(mutant: str, profile: str = "vllm-0.8.5") -> Model:
+    """The model `mutant` is hunted on under `profile`."""
+    model = PROFILE_MUTANT_MODELS[profile].get(mutant)
+    if model is None:
+        base = MUTANT_MODELS.get(mutant, TIGHT_K2)
+        model = base if base.cfg.profile == profile else base.under_profile(profile)
+        extra = PROFILE_MUTANT_EXTRA_BLOCKS[profile]
+        if extra:
+            model = replace(model, name=f"{model.name}+{extra}-block",
+                            cfg=replace(model.cfg, num_blocks=model.cfg.num_blocks + extra))
+    return model.with_mutant(mutant)
