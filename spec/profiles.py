@@ -3,8 +3,8 @@ each difference is a named constant of a `Profile`, documented with the vLLM
 function it is read from.
 
 A profile models a version's *intended* behaviour. Its bugs (0.8.4's counter
-drift and stale completions, 0.8.5's stale token) stay mutants in
-`verification/mutants/` or counterexamples; they are never part of a profile.
+drift and stale completions, 0.8.5's stale token) are never part of a
+profile: they live with the verification, as counterexamples of this spec.
 
 Abstracted away: every knob that is the same in all profiles (those are plain
 `Config` fields), and everything `config.py` already abstracts.

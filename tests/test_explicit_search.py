@@ -44,7 +44,7 @@ def test_reachable_state_count_is_pinned(results, name):
 def test_correct_spec_violates_nothing_and_reaches_every_target(results, name):
     r = results[name]
     assert r.ok, [(v.property, len(v.path)) for v in r.violations]
-    applicable = {s.name for s in SOMETIMES if s.is_applicable(r.model.cfg)}
+    applicable = {s.name for s in SOMETIMES if s.is_applicable(r.model.cfg, r.model.shares_prefix)}
     assert set(r.reached) == applicable
     assert all(r.liveness.values()) and len(r.liveness) == 2
 
