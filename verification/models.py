@@ -267,6 +267,13 @@ MUTANT_MODELS: dict[str, Model] = {
 # block (so a preallocation capped by the free blocks can run out), or on the
 # model named here.
 PROFILE_MUTANT_EXTRA_BLOCKS: dict[str, int] = {"vllm-0.8.5": 0, "vllm-0.8.4": 1}
+# A request preempted with a draft-carrying decode in flight under 0.8.4: a
+# third request is admitted once the first finishes, and the second, whose
+# preallocation the pool capped, preempts it for its third block.
+PREEMPT_DRAFTS_084 = replace(
+    PREEMPT_DRAFTS.under_profile("vllm-0.8.4"), name="preempt-drafts-084",
+    cfg=replace(PREEMPT_DRAFTS.under_profile("vllm-0.8.4").cfg, num_blocks=PREEMPT_DRAFTS.cfg.num_blocks + 1),
+    prompts=(_p(1, 3), _p(2, 3), _p(1, 3)))
 PROFILE_MUTANT_MODELS: dict[str, dict[str, Model]] = {
     "vllm-0.8.5": {},
     "vllm-0.8.4": {
@@ -276,6 +283,8 @@ PROFILE_MUTANT_MODELS: dict[str, dict[str, Model]] = {
             ONE_BATCH.under_profile("vllm-0.8.4"), name="one-batch-084",
             cfg=replace(ONE_BATCH.under_profile("vllm-0.8.4").cfg, num_blocks=ONE_BATCH.cfg.num_blocks + 2),
             prompts=ONE_BATCH.prompts + (_p(1, 2),)),
+        "rejections_subtracted_after_reset": PREEMPT_DRAFTS_084,
+        "preemption_clears_inflight_drafts": PREEMPT_DRAFTS_084,
         # a second request must be admitted past the first's preallocation
         "max_num_seqs_ignored": replace(
             SINGLE_SEQ.under_profile("vllm-0.8.4"), name="single-seq-084",
