@@ -9,6 +9,9 @@ Where vLLM versions differ, `profile` names the version (`profiles.py`) and the
 fields left at None take that profile's value: the policy (`continue_prefill`),
 the release order of a freed table, preallocation, duplicate cached blocks.
 A field given explicitly overrides the profile (a trace's explicit keys do).
+The profile's values are resolved at construction, so `dataclasses.replace`
+keeps them: to re-derive one (say, after changing `profile` or
+`prefix_caching`), pass None for it.
 """
 
 from __future__ import annotations
