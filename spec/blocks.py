@@ -91,7 +91,7 @@ def pop_fresh(pool: BlockPool, num_blocks: int) -> tuple[BlockPool, tuple[int, .
     for b in taken:
         refs[b] = 1
         labels[b] = None
-    duplicates = _regroup([b for b in pool.duplicates if labels[b] is not None], labels)
+    duplicates = group_duplicates([b for b in pool.duplicates if labels[b] is not None], labels)
     return BlockPool(tuple(refs), tuple(labels), pool.free_queue[num_blocks:], duplicates), taken
 
 
@@ -111,12 +111,15 @@ def cache_labels(pool: BlockPool, table: tuple[int, ...], labels: list[int],
             order += [b for b, lab in enumerate(new) if lab == label and b not in order]
             order.append(block)
         new[block] = label
-    return replace(pool, labels=tuple(new), duplicates=_regroup(order, new))
+    return replace(pool, labels=tuple(new), duplicates=group_duplicates(order, new))
 
 
-def _regroup(order: list[int], labels: list[int | None]) -> tuple[int, ...]:
-    """The canonical duplicates list: caching order within a label, grouped by
-    label, and only labels still cached by two blocks or more."""
+def group_duplicates(order: list[int], labels: list[int | None]) -> tuple[int, ...]:
+    """The canonical `BlockPool.duplicates` from blocks in caching order (any
+    superset of the duplicated ones): caching order within a label, grouped
+    by label, and only labels still cached by two blocks or more. An
+    abstraction of a pool that keeps vLLM's `cached_block_hash_to_block`
+    builds it from each hash's block ids in that dict's order."""
     counts: dict[int, int] = {}
     for b in order:
         counts[labels[b]] = counts.get(labels[b], 0) + 1  # type: ignore[index]
