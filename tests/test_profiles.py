@@ -161,3 +161,25 @@ def test_verify_hunts_a_mutant_under_a_profile(capsys):
 def test_verify_refuses_an_unknown_profile_and_all_profiles_with_one(capsys):
     assert _run(capsys, "verify", "--profile", "vllm-7")[0] == 2
     assert _run(capsys, "verify", "--all-profiles", "--profile", "vllm-0.8.4")[0] == 2
+
+
+def test_a_verify_report_names_its_profile():
+    from rich.console import Console
+
+    from flightcheck.commands.verify import _print_suite
+    from flightcheck.verification.suite import SuiteResult
+
+    suite = SuiteResult(0.0, [], [], "vllm-0.8.4")
+    assert suite.to_json()["profile"] == "vllm-0.8.4"
+    console = Console(record=True, width=160)
+    _print_suite(console, suite)
+    text = console.export_text()
+    assert "profile vllm-0.8.4" in text and "OK (profile vllm-0.8.4)" in text
+
+
+def test_each_profile_has_a_model_of_three_requests_and_k_3():
+    from flightcheck.verification.models import PROFILE_MODELS
+    assert set(PROFILE_MODELS) == set(PROFILES)
+    for name, models in PROFILE_MODELS.items():
+        assert all(m.cfg.profile == name for m in models)
+        assert any(m.num_requests >= 3 and m.cfg.num_stages == 3 and m.cfg.profile == name for m in models), name
