@@ -7,6 +7,7 @@ Standard library only. Read `README.md` beside this file for the prose.
 from .actions import Prompt, Sample, abort, arrive, complete_oldest, sampling_entries
 from .config import Config
 from .invariants import INVARIANTS, Invariant, violated
+from .profiles import DEFAULT_PROFILE, PROFILES, Profile
 from .schedule import Scheduled, ScheduledEntry, schedule
 from .sometimes import SOMETIMES, Sometimes
 from .state import BlockPool, Entry, Fate, Request, State, Status, describe, initial_state
@@ -14,8 +15,8 @@ from .transitions import (TRANSITION_PROPERTIES, Abort, Action, Arrive, Complete
                           Schedule, step)
 
 __all__ = [
-    "Abort", "Action", "Arrive", "BlockPool", "CompleteOldest", "Config", "Entry", "Fate",
-    "INVARIANTS", "Invariant", "Prompt", "Request", "Sample", "SOMETIMES",
+    "Abort", "Action", "Arrive", "BlockPool", "CompleteOldest", "Config", "DEFAULT_PROFILE", "Entry", "Fate",
+    "INVARIANTS", "Invariant", "PROFILES", "Profile", "Prompt", "Request", "Sample", "SOMETIMES",
     "Schedule", "Scheduled", "ScheduledEntry", "Sometimes", "State", "Status",
     "TRANSITION_PROPERTIES", "abort", "arrive", "complete_oldest", "describe",
     "initial_state", "sampling_entries", "schedule", "step", "violated",

@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 
 from . import blocks
 from .config import Config
-from .state import Batch, Entry, Fate, State, Status, content_label, retire_entries
+from .profiles import num_preallocate_blocks
+from .state import Batch, BlockPool, Entry, Fate, State, Status, content_label, retire_entries
 
 
 @dataclass(frozen=True)
@@ -161,23 +162,35 @@ def _allocate(step: _Step, r: int, num_new: int, hit: tuple[int, ...]) -> bool:
     num_fresh = max(0, _num_required_blocks(cfg, total) - len(req.block_table) - len(hit))
     if not blocks.can_allocate(state.pool, num_fresh, hit):
         return False
-    pool, fresh = blocks.pop_fresh(blocks.touch(state.pool, hit), num_fresh)
+    pool = blocks.touch(state.pool, hit)
+    num_fresh += _num_preallocated(cfg, pool, num_fresh, len(req.block_table) + len(hit))
+    pool, fresh = blocks.pop_fresh(pool, num_fresh)
     table = req.block_table + hit + fresh
     if cfg.prefix_caching:
         drafts = max(0, total - req.num_tokens)
         num_full = (total - drafts) // cfg.block_size
         labels = [content_label(state, r, i, cfg.block_size) for i in range(num_full)]
-        pool = blocks.cache_labels(pool, table, labels)
+        pool = blocks.cache_labels(pool, table, labels, cfg.cache_duplicate_blocks)
     step.state = replace(state, pool=pool).with_request(r, block_table=table)
     step.new_blocks = hit + fresh
     return True
+
+
+def _num_preallocated(cfg: Config, pool: BlockPool, num_fresh: int, table_len: int) -> int:
+    """vLLM 0.8.4's blocks ahead of need, taken only when new blocks are needed.
+    No lookahead tokens: vLLM passes them only for EAGLE drafters, whose KV the
+    spec does not model; the spec's drafts (as ngram's) are scheduled tokens."""
+    if cfg.num_preallocate_tokens == 0:
+        return 0
+    extra = num_preallocate_blocks(cfg.num_preallocate_tokens, cfg.block_size)
+    return blocks.num_preallocated(pool, num_fresh, table_len, extra, cfg.max_blocks_per_request)
 
 
 def _preempt(step: _Step, victim: int) -> None:
     """Recompute preemption: free everything, back to the head of `waiting`."""
     state = step.state
     req = state.requests[victim]
-    state = replace(state, pool=blocks.free_table(state.pool, req.block_table),
+    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order),
                     running=state.running[:-1], waiting=(victim,) + state.waiting,
                     scheduled_ids=state.scheduled_ids - {victim})
     state = retire_entries(state, victim, frozenset({Fate.LIVE}), Fate.ORPHANED)

@@ -278,7 +278,7 @@ def test_cli_exit_codes_legal_violation_malformed(tmp_path):
     code, out = run_cli(legal)
     assert code == 0 and out["ok"] is True and out["event_index"] is None
     assert set(out) == {"ok", "events", "event_index", "property", "message", "state_before",
-                        "unchecked"}
+                        "unchecked", "profile"}
 
     code, out = run_cli(bad)
     damaged = events_of(_concurrent(M.ADVANCE_AT_COMPLETION))

@@ -89,6 +89,7 @@ BAD: dict[str, list[Any]] = {
     "batch": [-1, 1.5, "1", True, [], {}, 10**30, *NON_FINITE],
     "entries": [None, {}, 3, "x", [3], [None], [[]], ["x"], [{}]],
     "policy": ["round-robin", 0, None, True, [], ""],
+    "release_order": ["backwards", "", 0, None, True, []],
     "reason": ["done", "", 0, None, [], True],
     "stage": [-1, 1.5, "0", True, None, 10**30, *NON_FINITE],
 }
@@ -98,7 +99,8 @@ FIELDS: dict[str, dict[str, str]] = {
                "usable_blocks": "positive", "max_model_len": "positive",
                "long_prefill_token_threshold": "count", "num_spec_tokens": "count",
                "prefix_caching": "flag", "policy": "policy", "eos_token_id": "token_or_null",
-               "num_preallocate_tokens": "count", "step": "count", "t": "time"},
+               "num_preallocate_tokens": "count", "release_order": "release_order",
+               "cache_duplicate_blocks": "flag", "step": "count", "t": "time"},
     "arrive": {"req": "request_id", "prompt_len": "count", "max_tokens": "count",
                "prompt_token_ids": "token_list", "eos_token_id": "token_or_null",
                "ignore_eos": "flag", "stop_token_ids": "token_list_or_null",
@@ -235,7 +237,8 @@ def test_a_prompt_len_of_the_wrong_type_or_range_is_malformed(tmp_path, value, r
                                         ("max_model_len", 0), ("block_size", "16"),
                                         ("num_blocks", 10**30), ("max_num_seqs", 2.5),
                                         ("max_num_batched_tokens", True), ("num_spec_tokens", 0.5),
-                                        ("prefix_caching", "yes"), ("num_preallocate_tokens", 64)])
+                                        ("prefix_caching", "yes"), ("num_preallocate_tokens", -1),
+                                        ("release_order", "sideways"), ("cache_duplicate_blocks", 1)])
 def test_a_config_value_out_of_range_or_of_the_wrong_type_is_malformed(tmp_path, name, value):
     assert_malformed(write_lines(tmp_path, with_field(valid_lines(), 0, name, value)), "line 1:", name)
 
@@ -373,7 +376,7 @@ def test_the_cut_pool_gives_the_full_pools_verdict(name, monkeypatch):
 # -- our own bugs: exit 3, never a verdict -----------------------------------------------
 
 def test_an_unexpected_exception_exits_3_with_the_traceback_saved(tmp_path, monkeypatch):
-    def broken(path: Any) -> None:
+    def broken(path: Any, profile: Any = None) -> None:
         raise KeyError("a bug of ours")
 
     monkeypatch.setattr(check_module, "check_trace", broken)
@@ -388,7 +391,7 @@ def test_an_unexpected_exception_exits_3_with_the_traceback_saved(tmp_path, monk
 
 
 def test_an_unexpected_exception_with_json_prints_one_object(tmp_path, monkeypatch):
-    monkeypatch.setattr(check_module, "check_trace", lambda path: 1 / 0)
+    monkeypatch.setattr(check_module, "check_trace", lambda path, profile=None: 1 / 0)
     code, out, err = run_check_trace(write_lines(tmp_path, valid_lines()), "--json")
     assert code == 3 and json.loads(out)["ok"] is False and "internal_error" in json.loads(out)
     Path(err.rsplit("traceback saved to ", 1)[1].strip()).unlink()

@@ -65,6 +65,25 @@ class Model:
     def num_requests(self) -> int:
         return len(self.prompts)
 
+    @property
+    def shares_prefix(self) -> bool:
+        """Two prompts share a block label (so two blocks may compute one content)."""
+        seen: set[int] = set()
+        for p in self.prompts:
+            if seen & set(p.labels):
+                return True
+            seen |= set(p.labels)
+        return False
+
+    def under_profile(self, profile: str) -> "Model":
+        """This model under another version profile: the profile's block
+        constants (release order, preallocation, duplicate caching); the
+        policy stays the model's own, since a model is sized for the policy
+        its behaviours need."""
+        cfg = replace(self.cfg, profile=profile, release_order=None, num_preallocate_tokens=None,
+                      cache_duplicate_blocks=None)
+        return replace(self, cfg=cfg)
+
     def with_mutant(self, mutant: str | None) -> "Model":
         return replace(self, mutant=mutant)
 
@@ -80,6 +99,11 @@ class Model:
         if c.long_prefill_token_threshold:
             feats.append(f"threshold={c.long_prefill_token_threshold}")
         feats.append("continue-prefill" if c.continue_prefill else "one-batch-per-request")
+        feats.append(f"profile={c.profile}")
+        if c.release_order != "reverse":
+            feats.append(f"release={c.release_order}")
+        if c.num_preallocate_tokens:
+            feats.append(f"preallocate={c.num_preallocate_tokens}")
         if self.allow_abort:
             feats.append("aborts")
         return " ".join(feats)
@@ -155,7 +179,29 @@ PREEMPT_DRAFTS = Model(
     allow_abort=False,
 )
 
-EXHAUSTIVE_MODELS: tuple[Model, ...] = (PRESSURE_K2, SHARED_K3, ONE_BATCH)
+# The profiles' own models: 3 requests, K = 3 each, so every invariant of a
+# profile's table is proved where pipelining, preemption and the profile's
+# block rules meet.
+FORWARD_K3 = Model(
+    "forward-k3",    # vLLM 0.8.5 without prefix caching: freed tables join the free queue in table order
+    Config(num_stages=3, max_num_batched_tokens=3, max_num_seqs=3, block_size=2,
+           num_blocks=3, max_model_len=6, prefix_caching=False),
+    (_p(3, 2), _p(1, 2), _p(2, 1)),
+)
+
+PREALLOCATE_K3 = Model(
+    "preallocate-k3",  # vLLM 0.8.4: one batch per request, 64 tokens preallocated, a shared prefix
+    Config(num_stages=3, max_num_batched_tokens=3, max_num_seqs=2, block_size=2,
+           num_blocks=4, max_model_len=6, prefix_caching=True, profile="vllm-0.8.4"),
+    (_p(3, 2, (7,)), _p(2, 2, (7,)), _p(1, 3)),
+)
+
+# Each profile's exhaustive models; the default profile's are the default run's.
+PROFILE_MODELS: dict[str, tuple[Model, ...]] = {
+    "vllm-0.8.5": (PRESSURE_K2, SHARED_K3, ONE_BATCH, FORWARD_K3),
+    "vllm-0.8.4": (PREALLOCATE_K3,),
+}
+EXHAUSTIVE_MODELS: tuple[Model, ...] = PROFILE_MODELS["vllm-0.8.5"]
 
 # The default configuration of `flightcheck verify`: 3 requests, K = 3, prefix
 # caching and spec decode on (proved by k-induction; too large to enumerate).
@@ -198,7 +244,7 @@ PROOF_MODELS: dict[str, Model] = {m.name: m for m in (NARROW_8X8, WIDE_8X8)}
 
 MODELS: dict[str, Model] = {m.name: m for m in
                             (DEFAULT, PRESSURE_K2, SHARED_K3, ONE_BATCH, SINGLE_SEQ, CROWDED, TIGHT_K2,
-                             CROWDED_CHUNKED, PREEMPT_DRAFTS, ENGINE_TEST)}
+                             CROWDED_CHUNKED, PREEMPT_DRAFTS, ENGINE_TEST, FORWARD_K3, PREALLOCATE_K3)}
 
 # Where each mutant is hunted: the smallest model whose behaviours include its
 # bug (tight-k2 unless named here), with only the features the bug needs.
@@ -215,5 +261,46 @@ MUTANT_MODELS: dict[str, Model] = {
 }
 
 
-def mutant_model(mutant: str) -> Model:
-    return MUTANT_MODELS.get(mutant, TIGHT_K2).with_mutant(mutant)
+# Under vLLM 0.8.4's preallocation the first request takes every block its
+# max_model_len allows, so the models above, sized to the block, never preempt
+# there: a mutant is hunted under 0.8.4 on its model with room for one more
+# block (so a preallocation capped by the free blocks can run out), or on the
+# model named here.
+PROFILE_MUTANT_EXTRA_BLOCKS: dict[str, int] = {"vllm-0.8.5": 0, "vllm-0.8.4": 1}
+# A request preempted with a draft-carrying decode in flight under 0.8.4: a
+# third request is admitted once the first finishes, and the second, whose
+# preallocation the pool capped, preempts it for its third block.
+PREEMPT_DRAFTS_084 = replace(
+    PREEMPT_DRAFTS.under_profile("vllm-0.8.4"), name="preempt-drafts-084",
+    cfg=replace(PREEMPT_DRAFTS.under_profile("vllm-0.8.4").cfg, num_blocks=PREEMPT_DRAFTS.cfg.num_blocks + 1),
+    prompts=(_p(1, 3), _p(2, 3), _p(1, 3)))
+PROFILE_MUTANT_MODELS: dict[str, dict[str, Model]] = {
+    "vllm-0.8.5": {},
+    "vllm-0.8.4": {
+        # 0.8.4's own counter drift: a third request and two more blocks, so a
+        # request whose preallocation was capped is preempted with a batch in flight
+        "inflight_set_not_cleared_on_preemption": replace(
+            ONE_BATCH.under_profile("vllm-0.8.4"), name="one-batch-084",
+            cfg=replace(ONE_BATCH.under_profile("vllm-0.8.4").cfg, num_blocks=ONE_BATCH.cfg.num_blocks + 2),
+            prompts=ONE_BATCH.prompts + (_p(1, 2),)),
+        "rejections_subtracted_after_reset": PREEMPT_DRAFTS_084,
+        "preemption_clears_inflight_drafts": PREEMPT_DRAFTS_084,
+        # a second request must be admitted past the first's preallocation
+        "max_num_seqs_ignored": replace(
+            SINGLE_SEQ.under_profile("vllm-0.8.4"), name="single-seq-084",
+            cfg=replace(SINGLE_SEQ.under_profile("vllm-0.8.4").cfg, num_blocks=SINGLE_SEQ.cfg.num_blocks + 2)),
+    },
+}
+
+
+def mutant_model(mutant: str, profile: str = "vllm-0.8.5") -> Model:
+    """The model `mutant` is hunted on under `profile`."""
+    model = PROFILE_MUTANT_MODELS[profile].get(mutant)
+    if model is None:
+        base = MUTANT_MODELS.get(mutant, TIGHT_K2)
+        model = base if base.cfg.profile == profile else base.under_profile(profile)
+        extra = PROFILE_MUTANT_EXTRA_BLOCKS[profile]
+        if extra:
+            model = replace(model, name=f"{model.name}+{extra}-block",
+                            cfg=replace(model.cfg, num_blocks=model.cfg.num_blocks + extra))
+    return model.with_mutant(mutant)

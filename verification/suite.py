@@ -14,6 +14,11 @@ Methods:
 * bmc (Z3): bounded model checking to a depth, shortest-first; for
   "sometimes" targets, the depth at which they are first reached.
 
+Each run is under one version profile (spec/profiles.py): its exhaustive
+models are the profile's (`PROFILE_MODELS`), and every mutant is hunted with
+the profile's block constants (`mutant_model(name, profile)`). The Z3 rows
+come from the encoding of the profiles it covers (`Z3_PROFILES`).
+
 A mutant (verification/mutants: spec functions swapped for ones with a bug)
 is killed when some safety or liveness property is violated on the model it
 is hunted in, searched with the mutant applied; "sometimes" targets that go
@@ -28,9 +33,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from flightcheck.spec import INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES
+from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.models import (
-    EXHAUSTIVE_MODELS,
+    PROFILE_MODELS,
     SHARED_K3,
     Model,
     mutant_model,
@@ -48,6 +54,9 @@ from flightcheck.verification.traces.counterexample import Counterexample, from_
 # decode, long-prefill threshold, aborts and stop tokens; BMC's default depth.
 VERIFY_MODEL = SHARED_K3
 VERIFY_DEPTH = 4
+# The profiles the Z3 encoding models; under another profile the Z3 engines
+# would prove the default profile's rules, so they are not run there.
+Z3_PROFILES: frozenset[str] = frozenset({DEFAULT_PROFILE})
 
 
 @dataclass
@@ -67,6 +76,7 @@ class SuiteResult:
     seconds: float
     properties: list[PropertyResult]
     mutants: list[MutantResult]
+    profile: str = DEFAULT_PROFILE
 
     @property
     def ok(self) -> bool:
@@ -83,6 +93,7 @@ class SuiteResult:
 
     def to_json(self) -> dict:
         return {
+            "profile": self.profile,
             "seconds": round(self.seconds, 3),
             "ok": self.ok,
             "properties": [asdict(p) | {"seconds": round(p.seconds, 3)} for p in self.properties],
@@ -103,7 +114,7 @@ def exhaustive_rows(model: Model) -> list[PropertyResult]:
     method = f"exhaustive {model.name} ({r.num_states} states, depth {r.max_depth})"
     broken = {v.property for v in r.violations}
     rows = []
-    applicable = {s.name for s in SOMETIMES if s.is_applicable(model.cfg)}
+    applicable = {s.name for s in SOMETIMES if s.is_applicable(model.cfg, model.shares_prefix)}
     for name in all_property_names():
         if name in SOMETIMES_NAMES:
             if name not in applicable:
@@ -117,9 +128,10 @@ def exhaustive_rows(model: Model) -> list[PropertyResult]:
     return rows
 
 
-def hunt_mutant(name: str, model: Model | None = None) -> MutantResult:
-    """Shortest counterexample for a mutant by breadth-first search."""
-    model = (model.with_mutant(name) if model else mutant_model(name))
+def hunt_mutant(name: str, model: Model | None = None, profile: str = DEFAULT_PROFILE) -> MutantResult:
+    """Shortest counterexample for a mutant by breadth-first search, on `model`
+    or, by default, on the mutant's own model under `profile`."""
+    model = (model.with_mutant(name) if model else mutant_model(name, profile))
     t0 = time.perf_counter()
     r = explicit.search(model, stop_at_first=True, check_liveness=False)
     kills = [v for v in r.violations if v.property not in SOMETIMES_NAMES]
@@ -136,16 +148,20 @@ def hunt_mutant(name: str, model: Model | None = None) -> MutantResult:
 
 def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3: bool = True,
               mutants: list[str] | None = None, jobs: int = 1, inferred: bool = False,
-              progress: Callable[[str], None] | None = None) -> SuiteResult:
-    """The default suite: exhaustive search of the small models, Z3 proofs and
-    BMC on `model`, and every mutant hunted."""
+              progress: Callable[[str], None] | None = None,
+              profile: str = DEFAULT_PROFILE) -> SuiteResult:
+    """The suite under `profile`: exhaustive search of the profile's small
+    models, Z3 proofs and BMC on `model` (profiles the encoding covers), and
+    every mutant hunted."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
     rows: list[PropertyResult] = []
-    for small in EXHAUSTIVE_MODELS:
-        say(f"exhaustive search of {small.name}")
+    for small in PROFILE_MODELS[profile]:
+        say(f"exhaustive search of {small.name} ({profile})")
         rows += exhaustive_rows(small)
-    if use_z3:
+    if use_z3 and profile in Z3_PROFILES:
         from flightcheck.verification.z3 import suite as z3_suite
         say(f"k-induction on {model.name}")
         rows += z3_suite.induction_rows(model, jobs=jobs)
@@ -158,6 +174,6 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
         rows += z3_suite.bmc_rows(model, depth, jobs=jobs)
     results = []
     for name in (mutants if mutants is not None else list(MUTANTS)):
-        say(f"hunting mutant {name}")
-        results.append(hunt_mutant(name))
-    return SuiteResult(time.perf_counter() - t0, rows, results)
+        say(f"hunting mutant {name} ({profile})")
+        results.append(hunt_mutant(name, profile=profile))
+    return SuiteResult(time.perf_counter() - t0, rows, results, profile)

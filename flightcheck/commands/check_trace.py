@@ -1,7 +1,11 @@
 """`flightcheck check-trace FILE`: replay a trace against the spec.
 
+The trace is checked under the spec's version profile its config event
+selects (`vllm_version`; explicit keys override), or under `--profile NAME`.
+
 Exit codes: 0 legal, 1 a violation (the scheduler broke a property), 2 the
 file is malformed (one line naming the line, the field and what was expected),
+or names a vLLM version no profile covers and no `--profile` was given,
 3 an unexpected exception inside flightcheck: a bug of ours, never a verdict
 on the trace, reported in one line with the path of the saved traceback.
 """
@@ -11,12 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 
+from flightcheck.spec.profiles import PROFILES
+
 from .common import bad, internal_error
 
 
 def add_parser(sub) -> None:
     check = sub.add_parser("check-trace", help="replay a trace file against the spec")
     check.add_argument("file", help="a JSON Lines trace (docs/trace-format.md)")
+    check.add_argument("--profile", metavar="NAME",
+                       help="check under this version profile (default: the one the trace's vllm_version "
+                            f"selects; {', '.join(PROFILES)})")
     check.add_argument("--json", action="store_true", help="print machine-readable results")
     check.set_defaults(func=run)
 
@@ -34,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from flightcheck.verification.traces.check import MalformedTrace, check_trace
 
+    if args.profile is not None and args.profile not in PROFILES:
+        return bad(f"unknown --profile {args.profile!r}; known: {', '.join(PROFILES)}")
     try:
-        result = check_trace(args.file)
+        result = check_trace(args.file, args.profile)
     except MalformedTrace as err:
         if args.json:
             print(json.dumps({"ok": False, "malformed": str(err)}))
@@ -43,10 +54,11 @@ def _check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
     elif result.ok:
-        print(f"{args.file}: legal ({result.events} events)")
+        print(f"{args.file}: legal ({result.events} events, profile {result.profile})")
     else:
         print(f"{args.file}: event {result.event_index} violates {result.property}: {result.message}")
         print(f"state before: {result.state_before}")
+        print(f"profile: {result.profile}")
     if not args.json:
         for item in result.unchecked:
             print(f"not checked: {item}")

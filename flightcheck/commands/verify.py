@@ -1,4 +1,6 @@
-"""`flightcheck verify`: model-check the spec and hunt every mutant."""
+"""`flightcheck verify`: model-check the spec and hunt every mutant, under one
+version profile (`--profile`, default the default profile) or all of them
+(`--all-profiles`, which states its time)."""
 
 from __future__ import annotations
 
@@ -6,8 +8,11 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from rich.console import Console
+
+from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES
 
 from flightcheck.verification.suite import VERIFY_DEPTH, VERIFY_MODEL
 
@@ -25,6 +30,11 @@ def add_parser(sub) -> None:
     verify.add_argument("--jobs", type=int_in(1, PP_PER_CORE * (os.cpu_count() or 1)),
                         default=min(2, os.cpu_count() or 1),
                         help="processes for the k-induction proof and for BMC (default: 2, or 1 on one core)")
+    verify.add_argument("--profile", default=DEFAULT_PROFILE, metavar="NAME",
+                        help=f"the vLLM version profile to verify (default {DEFAULT_PROFILE}; "
+                             f"{', '.join(PROFILES)})")
+    verify.add_argument("--all-profiles", action="store_true",
+                        help="verify every profile in turn and state the time it took")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--inferred", action="store_true",
@@ -53,18 +63,22 @@ def run(args: argparse.Namespace) -> int:
         return bad("--inferred proves the spec; it cannot go with --mutant")
     if args.mutant is not None and args.mutant not in MUTANTS:
         return bad(f"unknown --mutant {args.mutant!r}; known: {', '.join(MUTANTS)}")
+    if args.profile not in PROFILES:
+        return bad(f"unknown --profile {args.profile!r}; known: {', '.join(PROFILES)}")
+    if args.all_profiles and (args.mutant or args.profile != DEFAULT_PROFILE):
+        return bad("--all-profiles runs every profile; it cannot go with --mutant or --profile")
     stream = sys.stderr if args.json else sys.stdout
     # Piped or redirected, rich would assume 80 columns and cut names short;
     # a log or a CI page has room for the whole table.
     console = Console(stderr=args.json, width=None if stream.isatty() else 160)
 
     if args.mutant:
-        result = hunt_mutant(args.mutant)
+        result = hunt_mutant(args.mutant, profile=args.profile)
         if args.json:
             from flightcheck.verification.traces.counterexample import to_json
             out = {"name": result.name, "killed": result.killed, "trace_length": result.trace_length,
                    "seconds": round(result.seconds, 3), "property": result.property,
-                   "model": result.model,
+                   "model": result.model, "profile": args.profile,
                    "counterexample": to_json(result.counterexample) if result.counterexample else None}
             print(json.dumps(out, indent=1))
         elif result.counterexample:
@@ -73,14 +87,28 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"mutant {args.mutant} SURVIVED on model {result.model}")
         return 0 if result.killed else 1
 
-    with console.status("verifying") as status:
-        suite = run_suite(MODELS[args.config], args.depth, use_z3=not args.no_z3, jobs=args.jobs,
-                          inferred=args.inferred, progress=lambda msg: status.update(msg))
+    profiles = list(PROFILES) if args.all_profiles else [args.profile]
+    started = time.perf_counter()
+    suites = []
+    for profile in profiles:
+        with console.status(f"verifying ({profile})") as status:
+            suites.append(run_suite(MODELS[args.config], args.depth, use_z3=not args.no_z3, jobs=args.jobs,
+                                    inferred=args.inferred, progress=lambda msg: status.update(msg),
+                                    profile=profile))
+        if not args.json:
+            _print_suite(console, suites[-1])
+    seconds = time.perf_counter() - started
+    ok = all(suite.ok for suite in suites)
     if args.json:
-        print(json.dumps(suite.to_json(), indent=1))
-    else:
-        _print_suite(console, suite)
-    return 0 if suite.ok else 1
+        if args.all_profiles:
+            print(json.dumps({"ok": ok, "seconds": round(seconds, 3),
+                              "profiles": [suite.to_json() for suite in suites]}, indent=1))
+        else:
+            print(json.dumps(suites[0].to_json(), indent=1))
+    elif args.all_profiles:
+        console.print(f"{'OK' if ok else 'FAILED'}: {len(suites)} profiles "
+                      f"({', '.join(profiles)}) in {seconds:.1f} s")
+    return 0 if ok else 1
 
 
 def _print_suite(console: Console, suite) -> None:
@@ -100,7 +128,7 @@ def _print_suite(console: Console, suite) -> None:
         cells[(p.name, p.method)] = p
     colour = {"proved": "green", "reached": "green", "bounded": "yellow",
               "violated": "bold red", "unknown": "red"}
-    table = Table(title="Properties by method", show_lines=False)
+    table = Table(title=f"Properties by method, profile {suite.profile}", show_lines=False)
     table.add_column("property")
     table.add_column("kind")
     for i, m in enumerate(methods):
@@ -125,7 +153,7 @@ def _print_suite(console: Console, suite) -> None:
         muts.add_row(m.name, Text("yes" if m.killed else "NO", style="green" if m.killed else "bold red"),
                      m.property or "", m.model, str(m.trace_length or ""), f"{m.seconds:.2f}")
     console.print(muts)
-    console.print(f"{'OK' if suite.ok else 'FAILED'} in {suite.seconds:.1f} s")
+    console.print(f"{'OK' if suite.ok else 'FAILED'} (profile {suite.profile}) in {suite.seconds:.1f} s")
 
 
 

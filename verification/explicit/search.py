@@ -147,7 +147,7 @@ def _search(model: Model, max_states: int, stop_at_first: bool, check_liveness: 
     graph = _Graph(root)
     result = SearchResult(model)
     broken: set[str] = set()
-    pending = {sm.name: sm for sm in SOMETIMES if sm.is_applicable(cfg)}
+    pending = {sm.name: sm for sm in SOMETIMES if sm.is_applicable(cfg, model.shares_prefix)}
 
     def note_violation(name: str, s: State, message: str) -> None:
         if name not in broken:

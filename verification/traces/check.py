@@ -13,6 +13,13 @@ reason, and every invariant after every event. With `block_ids` it also
 checks block identity (up to a consistent renaming of block ids), so KV
 ownership and every allocation decision are checked; without them it says so.
 
+The trace picks the spec's version profile (spec/profiles.py) from its
+config event: `vllm_version` selects that version's profile, explicit keys
+(`policy`, `num_preallocate_tokens`, `release_order`, `cache_duplicate_blocks`)
+override its constants, no version means the default profile; a version no
+profile covers is refused (MalformedTrace, exit 2) unless the caller names
+the profile (`--profile`). docs/trace-format.md, "How a trace picks its profile".
+
 After an `end` event (the writer's run is over and no input is left): no
 batch may be left in flight and every request must have finished. One left
 unfinished is stuck: either the writer's scheduler stalled where the spec
@@ -47,6 +54,7 @@ from flightcheck.spec import (
 )
 from flightcheck.spec.actions import complete_oldest
 from flightcheck.spec.blocks import cdiv
+from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES, profile_for_version
 
 from .schema import EVENTS, MAX_POOL_BLOCKS, SchemaError, validate_event
 
@@ -59,6 +67,11 @@ class MalformedTrace(ValueError):
     """The file is not a trace in the format (exit code 2)."""
 
 
+class UnknownVersion(MalformedTrace):
+    """The trace names a vLLM version no profile covers, and no profile was
+    given (exit code 2, like a malformed file: no verdict is possible)."""
+
+
 @dataclass
 class CheckResult:
     ok: bool
@@ -68,11 +81,13 @@ class CheckResult:
     message: str | None = None
     state_before: str | None = None
     unchecked: list[str] = field(default_factory=list)
+    profile: str = DEFAULT_PROFILE       # the spec's version profile the trace was checked under
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "events": self.events, "event_index": self.event_index,
                 "property": self.property, "message": self.message,
-                "state_before": self.state_before, "unchecked": self.unchecked}
+                "state_before": self.state_before, "unchecked": self.unchecked,
+                "profile": self.profile}
 
 
 class _Violation(Exception):
@@ -123,9 +138,40 @@ def read_events(lines: Iterable[str]) -> list[dict[str, Any]]:
     return events
 
 
-def config_from_event(event: dict) -> Config:
-    """The spec's Config from a validated config event."""
+def select_profile(event: dict, override: str | None = None) -> str:
+    """The profile a config event asks for: `override` (the caller's
+    `--profile`) if given, else its `vllm_version`'s, else the default.
+    UnknownVersion for a version no profile covers; ValueError for an
+    unknown `override`."""
+    if override is not None:
+        if override not in PROFILES:
+            raise ValueError(f"unknown profile {override!r}; known: {', '.join(PROFILES)}")
+        return override
+    version = event.get("vllm_version")
+    if version is None:
+        return DEFAULT_PROFILE
+    chosen = profile_for_version(version)
+    if chosen is None:
+        raise UnknownVersion(f"line 1: config event: vllm_version: no profile covers vLLM {version!r} "
+                             f"(profiles: {', '.join(PROFILES)}); name one with --profile")
+    return chosen.name
+
+
+# Config keys a trace may give to override its profile's constants.
+_POLICIES = {"continue-prefill": True, "one-batch-per-request": False}
+
+
+def config_from_event(event: dict, profile: str | None = None) -> Config:
+    """The spec's Config from a validated config event, under `profile` (by
+    default the one the event selects); explicit keys override the profile."""
+    overrides: dict[str, Any] = {}
+    if "policy" in event:
+        overrides["continue_prefill"] = _POLICIES[event["policy"]]
+    for key in ("num_preallocate_tokens", "release_order", "cache_duplicate_blocks"):
+        if key in event:
+            overrides[key] = event[key]
     return Config(
+        profile=select_profile(event, profile), **overrides,
         num_stages=event["num_stages"],
         max_num_batched_tokens=event["max_num_batched_tokens"],
         max_num_seqs=event.get("max_num_seqs", 256), block_size=event["block_size"],
@@ -133,8 +179,7 @@ def config_from_event(event: dict) -> Config:
         max_model_len=event["max_model_len"],
         long_prefill_token_threshold=event.get("long_prefill_token_threshold", 0),
         num_spec_tokens=event.get("num_spec_tokens", 0),
-        prefix_caching=event.get("prefix_caching", False),
-        continue_prefill=event.get("policy", "continue-prefill") == "continue-prefill")
+        prefix_caching=event.get("prefix_caching", False))
 
 
 def modelled_pool(cfg: Config, events: list[dict[str, Any]]) -> Config:
@@ -150,10 +195,15 @@ def modelled_pool(cfg: Config, events: list[dict[str, Any]]) -> Config:
     same prefix-cache labels survive). A request pops at most the blocks of
     the tokens it can ever hold: its prompt, max_tokens outputs and, in
     flight, up to num_spec_tokens drafts beyond them (twice, for margin), and
-    never more than max_model_len tokens. Only `state_before` differs: it
-    lists the cut pool's free queue."""
+    never more than max_model_len tokens. With preallocation (vLLM 0.8.4) a
+    request may also take blocks ahead of need, up to max_model_len's blocks
+    per request: the bound counts those too, so the cap "no more than the free
+    blocks" never binds in the cut pool unless it binds in the whole one.
+    Only `state_before` differs: it lists the cut pool's free queue."""
     k, bs = cfg.num_spec_tokens, cfg.block_size
-    most = 1 + sum(cdiv(min(cfg.max_model_len, e["prompt_len"] + e["max_tokens"] + 2 * k + 1), bs) + 1
+    ahead = cfg.max_blocks_per_request if cfg.num_preallocate_tokens > 0 else 0
+    most = 1 + sum(max(cdiv(min(cfg.max_model_len, e["prompt_len"] + e["max_tokens"] + 2 * k + 1), bs),
+                       ahead) + 1
                    for e in events if e["ev"] == "arrive")
     num_blocks = min(cfg.num_blocks, most)
     if num_blocks > MAX_POOL_BLOCKS:
@@ -166,8 +216,8 @@ def modelled_pool(cfg: Config, events: list[dict[str, Any]]) -> Config:
 class TraceChecker:
     """Replays events one by one on the spec; `feed` raises _Violation."""
 
-    def __init__(self, events: list[dict[str, Any]]) -> None:
-        self.cfg = modelled_pool(config_from_event(events[0]), events)
+    def __init__(self, events: list[dict[str, Any]], profile: str | None = None) -> None:
+        self.cfg = modelled_pool(config_from_event(events[0], profile), events)
         self.eos = events[0].get("eos_token_id")
         num_arrivals = sum(1 for e in events if e["ev"] == "arrive")
         self.state: State = initial_state(num_arrivals, self.cfg.num_blocks)
@@ -179,6 +229,7 @@ class TraceChecker:
         self.labels: dict[tuple, int] = {}
         self.unchecked: set[str] = set()
         self.finished_now: dict[int, Status] = {}  # finishes the spec made, awaiting their event
+        self.just_aborted: int | None = None      # the slot the previous event aborted
         self.ended = False
 
     # -- helpers ------------------------------------------------------------
@@ -237,7 +288,17 @@ class TraceChecker:
             r, status = next(iter(self.finished_now.items()))
             raise _Violation("missing_finish", f"{self._name(r)} finished ({status.value}) in the spec "
                              "but the trace wrote no finish event for it")
+        just_aborted, self.just_aborted = self.just_aborted, None
+        if just_aborted is not None and self._reports_abort(event, just_aborted):
+            return
         getattr(self, f"_on_{event['ev']}")(event)
+
+    def _reports_abort(self, event: dict, r: int) -> bool:
+        """vLLM reports an aborted request as finished with reason abort
+        (`finish_requests`), right after the abort: that event restates the
+        abort and changes nothing."""
+        return (event["ev"] == "finish" and event["reason"] == "abort"
+                and self.slot.get(event["req"]) == r)
 
     def _on_config(self, event: dict) -> None:
         raise MalformedTrace("a second config event")
@@ -396,6 +457,7 @@ class TraceChecker:
         if r is None or not self.state.requests[r].status.is_active:
             return                                   # unknown or finished: a no-op, as in vLLM
         self._apply(Abort(r), step(self.state, self.cfg, Abort(r)), "abort")
+        self.just_aborted = r
 
     def _on_end(self, event: dict) -> None:
         self.ended = True
@@ -414,10 +476,12 @@ class TraceChecker:
                          "the scheduler stalled")
 
 
-def check_events(events: list[dict[str, Any]]) -> CheckResult:
-    """Validate the events (MalformedTrace), then replay them on the spec."""
+def check_events(events: list[dict[str, Any]], profile: str | None = None) -> CheckResult:
+    """Validate the events (MalformedTrace), then replay them on the spec under
+    `profile` (None: the one the trace selects)."""
     validate_events(events)
-    checker = TraceChecker(events)
+    checker = TraceChecker(events, profile)
+    name = checker.cfg.profile
     _annotate_finishes(events)
     for index, event in enumerate(events[1:], start=1):
         before = checker.state             # states are immutable: describe it only if needed
@@ -426,15 +490,15 @@ def check_events(events: list[dict[str, Any]]) -> CheckResult:
             checker.feed(event)
         except _Violation as v:
             return CheckResult(False, len(events), index, v.prop, v.message, describe(before),
-                               sorted(checker.unchecked))
+                               sorted(checker.unchecked), name)
     if checker.finished_now:
         r, status = next(iter(checker.finished_now.items()))
         return CheckResult(False, len(events), len(events) - 1, "missing_finish",
                            f"{checker._name(r)} finished ({status.value}) but the trace has no finish event",
-                           describe(checker.state), sorted(checker.unchecked))
+                           describe(checker.state), sorted(checker.unchecked), name)
     if not checker.ended:
         checker.unchecked.add("liveness at the end (the trace has no end event)")
-    return CheckResult(True, len(events), unchecked=sorted(checker.unchecked))
+    return CheckResult(True, len(events), unchecked=sorted(checker.unchecked), profile=name)
 
 
 def _annotate_finishes(events: list[dict[str, Any]]) -> None:
@@ -451,8 +515,10 @@ def _annotate_finishes(events: list[dict[str, Any]]) -> None:
         event["_finishes"] = finishes
 
 
-def check_trace(path: str | Path) -> CheckResult:
-    """Check a trace file. Raises MalformedTrace for a file not in the format."""
+def check_trace(path: str | Path, profile: str | None = None) -> CheckResult:
+    """Check a trace file under `profile` (None: the one its config event
+    selects). Raises MalformedTrace for a file not in the format, or naming a
+    vLLM version no profile covers when `profile` is None."""
     try:
         data = Path(path).read_bytes()
     except OSError as err:
@@ -464,4 +530,4 @@ def check_trace(path: str | Path) -> CheckResult:
         raise MalformedTrace(f"line {line}: not UTF-8 text (byte {err.start}: {err.reason})") from None
     # split on newlines only: str.splitlines would also split inside strings at
     # U+2028 and other separators a writer need not escape
-    return check_events(read_events(text.split("\n")))
+    return check_events(read_events(text.split("\n")), profile)

@@ -228,6 +228,8 @@ CONFIG = Record({
     "prefix_caching": (Flag(), False),
     "policy": (Choice(("continue-prefill", "one-batch-per-request")), False),
     "num_preallocate_tokens": (COUNT, False),
+    "release_order": (Choice(("reverse", "forward")), False),
+    "cache_duplicate_blocks": (Flag(), False),
     "eos_token_id": (Nullable(TOKEN_ID), False),
     "vllm_version": (Text(), False),
 })
@@ -306,10 +308,6 @@ def validate_event(event: Any, config: dict[str, Any] | None) -> None:
     if kind == "config":
         if config is not None:
             raise SchemaError("ev", "ev: a second config event (expected one, on the first line)")
-        if event.get("num_preallocate_tokens", 0) > 0:
-            raise SchemaError("num_preallocate_tokens", "num_preallocate_tokens: expected 0 (allocating "
-                              "blocks ahead of need is not modelled by the spec), got "
-                              f"{event['num_preallocate_tokens']}")
         if "usable_blocks" in event and event["usable_blocks"] > event["num_blocks"]:
             raise SchemaError("usable_blocks", f"usable_blocks: expected at most num_blocks "
                               f"({event['num_blocks']}), got {show(event['usable_blocks'])}")

@@ -1,0 +1,68 @@
+"""What a correct check-trace verdict is on a replayed vLLM trace, decided by
+vLLM's own ground truth (flightcheck/vllm/README.md, "Ground truth from
+vLLM's own state"), independently of the checker.
+
+* a stale token or a token sampled for a partial chunk: rejected at the
+  `complete` event of the batch that applies it;
+* a request missing from 0.8.4's in-flight set while its batch is in flight
+  (a stale completion cleared it): rejected at the first `schedule` that
+  schedules it again, the schedule the missing id allows; an extra id
+  (0.8.4's counter drift) holds the engine back and shows at `end` only if
+  the run sticks;
+* with several of these, at the first of them, not before;
+* a run that ends stuck (the counter drift) or blocked with batches in
+  flight, with an `end` event: rejected at `end`;
+* an exception inside vLLM with none of the above before it: rejected at or
+  before the trace's last event (the trace stops where vLLM raised);
+* none of these: legal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .check import CheckResult
+
+
+@dataclass(frozen=True)
+class Expected:
+    kind: str                 # legal | bug | stuck | blocked_in_flight | exception
+    earliest: int | None      # the first event index a rejection may name
+    latest: int | None        # the last
+
+    def agrees(self, verdict: CheckResult) -> bool:
+        if self.kind == "legal":
+            return verdict.ok
+        got = verdict.event_index
+        return (not verdict.ok and got is not None and (self.earliest is None or got >= self.earliest)
+                and self.latest is not None and got <= self.latest)
+
+
+def expected_verdict(result: dict[str, Any], events: list[dict[str, Any]]) -> Expected:
+    """Where the checker must reject the trace of `result` (a replay result), if at all."""
+    truth = result["ground_truth"]
+    completes = {e.get("batch"): i for i, e in enumerate(events) if e["ev"] == "complete"}
+    exact: list[int] = []
+    for record in truth["stale_tokens"] + truth["partial_chunk_tokens"]:
+        if record.get("batch") in completes:
+            exact.append(completes[record["batch"]])
+    for record in truth["in_flight_set_mismatches"]:
+        # Only a request missing from the set while its batch is in flight (a
+        # stale completion cleared it) lets the scheduler misbehave: at the
+        # first schedule that schedules it again. An extra id (the counter
+        # drift) only holds the engine back, which shows at `end` if it sticks.
+        missing = set(record.get("missing", []))
+        step = record.get("step", 0)
+        again = [i for i, e in enumerate(events) if e["ev"] == "schedule" and e.get("step", -1) >= step
+                 and missing & {x["req"] for x in e["entries"]}]
+        if again:
+            exact.append(again[0])
+    last = len(events) - 1
+    if exact:
+        return Expected("bug", min(exact), min(exact))    # at the event of the first bug, not before it
+    if result["ending"] == "exception":
+        return Expected("exception", None, last)          # the trace stops where vLLM raised
+    if result["ending"] in ("stuck", "blocked_in_flight") and events[-1]["ev"] == "end":
+        return Expected(result["ending"], last, last)
+    return Expected("legal", None, None)
