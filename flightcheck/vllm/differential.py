@@ -180,7 +180,8 @@ def run_reference(raw_workload: dict[str, Any], profile: str, mutant: str | None
 
 def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple[Any, ...]]:
     """A trace's decisions in order, in a form both writers agree on:
-    arrivals, configuration, times and steps left out; vLLM's `finish` with
+    arrivals, configuration, times and steps left out; completions as the
+    tokens applied and the tokens dropped, per request; vLLM's `finish` with
     reason `abort` after an `abort` left out (the reference writes the abort
     only); the finishes one completion causes in sorted order (vLLM reports
     them in `running` order, the reference in placement order)."""
@@ -206,10 +207,14 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
                             for e in event.get("entries", ()))
             out.append(("schedule", entries, tuple(event.get("preempted", ()))))
         elif kind == "complete":
-            dropped = set(event.get("dropped", ()))
-            applied = tuple(sorted((req, tuple(tokens)) for req, tokens in event["tokens"].items()
-                                   if req not in dropped and tokens))
-            out.append(("complete", applied, tuple(sorted(dropped))))
+            # Only an entry with tokens has something to apply or drop (an
+            # entry without any is "dropped" for vLLM's recorder when its
+            # request is not running, never for the reference's writer).
+            with_tokens = {req: tuple(tokens) for req, tokens in event["tokens"].items() if tokens}
+            dropped = tuple(sorted(set(event.get("dropped", ())) & set(with_tokens)))
+            applied = tuple(sorted((req, tokens) for req, tokens in with_tokens.items()
+                                   if req not in dropped))
+            out.append(("complete", applied, dropped))
         elif kind == "abort":
             out.append(("abort", event["req"]))
     flush()
