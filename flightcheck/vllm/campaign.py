@@ -34,18 +34,23 @@ from typing import Any, Callable
 
 from flightcheck.reference import MUTANTS
 
-from .differential import (Comparison, ReferenceRun, compare, decisions, profile_for, read_trace,
-                           run_reference)
+from .differential import (Comparison, ReferenceRun, compare, decisions, first_difference, profile_for,
+                           read_trace, run_reference)
 from .generate import campaign_workloads
 from .replay import ReplayError, ReplayWorker, findings
 
 # Mutants that need what the replay never produces: draft tokens (no
-# speculative decoding in the fabricated model) or a worker that samples
-# every chunk (vLLM's runner never does).
+# speculative decoding in the fabricated model), a worker that samples every
+# chunk (vLLM's runner never does), or a worker that reads a batch after the
+# next schedule() overwrote a shared snapshot (the replay's model reads each
+# batch when it is submitted, as vLLM's executor does), or a request id
+# re-added after an abort (a workload names each request once).
 NEEDS_WHAT_VLLM_REPLAY_LACKS = {
     "rejections_not_subtracted": "spec-decode drafts",
     "rejections_subtracted_after_reset": "spec-decode drafts",
     "final_chunk_from_live_counter": "a worker that samples every chunk",
+    "shared_snapshot": "a worker that reads a batch after the next schedule()",
+    "output_bound_by_name": "a request id re-added after an abort",
 }
 
 
@@ -111,19 +116,19 @@ def run_version(version: str, workloads: list[dict[str, Any]], seed: int, mutant
                 say: Callable[[str], None]) -> VersionReport:
     report = VersionReport(version)
     profile = profile_for(version)
-    conforming_pairs: list[tuple[dict[str, Any], list[tuple[Any, ...]]]] = []
+    compared: list[Compared] = []
     with ReplayWorker(version) as worker, tempfile.TemporaryDirectory() as scratch:
         for index, raw in enumerate(workloads):
             trace = Path(scratch) / f"{index}.jsonl"
             result = worker.replay(raw, trace=str(trace))
             events = read_trace(trace)
-            comparison = _compare(raw, result, events, profile)
+            comparison, reference = compare_workload(raw, result, events, profile)
+            compared.append(Compared(raw, decisions(events), reference))
             report.workloads += 1
             report.endings[result["ending"]] += 1
             report.coverage.update(k for k, v in comparison.coverage.items() if v)
             if comparison.equal:
                 report.identical += 1
-                conforming_pairs.append((raw, decisions(events)))
             elif comparison.explained:
                 report.deviations[comparison.deviation or "?"] += 1
             else:
@@ -134,35 +139,55 @@ def run_version(version: str, workloads: list[dict[str, Any]], seed: int, mutant
             report.verdicts[category] += 1
             report.verdict_details[detail] += 1
     if mutants:
-        report.mutants_flagged = flag_mutants(profile, conforming_pairs)
+        report.mutants_flagged = flag_mutants(profile, compared)
     return report
 
 
-def _compare(raw: dict[str, Any], result: dict[str, Any], events: list[dict[str, Any]],
-             profile: str) -> Comparison:
+def compare_workload(raw: dict[str, Any], result: dict[str, Any], events: list[dict[str, Any]],
+                     profile: str) -> tuple[Comparison, list[tuple[Any, ...]]]:
+    """The comparison of one replayed workload, and the reference's decisions."""
     reference = run_reference(raw, profile)
+    ours = decisions(reference.events, block_offset=1)
     conforming: ReferenceRun | None = None
-    if decisions(reference.events, block_offset=1) != decisions(events):
+    if ours != decisions(events):
         conforming = run_reference(raw, profile, vllm_outputs=True)
-    return compare(raw["name"], result, events, reference, conforming)
+    return compare(raw["name"], result, events, reference, conforming), ours
 
 
-def flag_mutants(profile: str, pairs: list[tuple[dict[str, Any], list[tuple[Any, ...]]]]) -> dict[str, str]:
-    """For each mutant, the first workload (where the correct reference equals
-    vLLM) on which the mutant's reference does not."""
+@dataclass(frozen=True)
+class Compared:
+    """One workload's decisions on both sides, kept for the mutants."""
+    raw: dict[str, Any]
+    vllm: list[tuple[Any, ...]]
+    reference: list[tuple[Any, ...]]
+
+
+def flag_mutants(profile: str, compared: list[Compared]) -> dict[str, str]:
+    """For each mutant, the first workload that tells it from the correct
+    reference by vLLM: the mutant diverges from vLLM where the correct
+    reference agrees, or, where the correct reference deviates from vLLM
+    (a named deviation: vLLM's own bug), the mutant follows vLLM further
+    (it reproduces that bug)."""
     flagged: dict[str, str] = {}
     for mutant in MUTANTS:
         flagged[mutant] = "not flagged" + (f" (needs {NEEDS_WHAT_VLLM_REPLAY_LACKS[mutant]})"
                                            if mutant in NEEDS_WHAT_VLLM_REPLAY_LACKS else "")
-        for raw, vllm_decisions in pairs:
+        for item in compared:
+            name = item.raw["name"]
             try:
-                run = run_reference(raw, profile, mutant=mutant)
-                ours = decisions(run.events, block_offset=1)
-            except Exception as err:              # a mutant may break the reference's own checks
-                flagged[mutant] = f"flagged on {raw['name']}: the mutant raised {type(err).__name__}"
+                ours = decisions(run_reference(item.raw, profile, mutant=mutant).events, block_offset=1)
+            except Exception as err:              # a mutant may trip the reference's own checks
+                flagged[mutant] = f"flagged on {name}: the mutant raised {type(err).__name__}"
                 break
-            if ours != vllm_decisions or run.ending != "done":
-                flagged[mutant] = f"flagged on {raw['name']}"
+            correct_gap = first_difference(item.vllm, item.reference)
+            mutant_gap = first_difference(item.vllm, ours)
+            if correct_gap is None and mutant_gap is not None:
+                flagged[mutant] = f"flagged on {name}: diverges from vLLM at event {mutant_gap}"
+                break
+            if correct_gap is not None and (mutant_gap is None or mutant_gap > correct_gap):
+                flagged[mutant] = (f"flagged on {name}: reproduces vLLM's own bug (the correct reference "
+                                   f"deviates at event {correct_gap}, the mutant "
+                                   f"{'never' if mutant_gap is None else f'at {mutant_gap}'})")
                 break
     return flagged
 

@@ -130,12 +130,28 @@ def _model_output(req_ids: list[str], req_id_to_index: dict[str, int],
 
 def reference_config(workload: Workload, profile: str, mutant: str | None = None) -> SchedulerConfig:
     """The reference's configuration for a replay workload: vLLM keeps one
-    null block back, so the reference gets one block fewer."""
+    null block back, so the reference gets one block fewer.
+
+    The reference refuses a pool that cannot hold one request of
+    max_model_len tokens; vLLM does not. When the workload's pool is smaller,
+    max_model_len becomes the pool's tokens, which changes no decision as long
+    as every request's prompt and outputs fit in it (then no length limit or
+    clip reaches it, and 0.8.4's per-request preallocation cap, the pool's
+    blocks less the table, never binds below the free blocks); otherwise the
+    workload does not suit the reference (ValueError)."""
     config = workload.config
+    usable = config.num_blocks - 1
+    max_model_len = config.max_model_len
+    if -(-max_model_len // config.block_size) > usable:
+        max_model_len = usable * config.block_size
+        longest = max(len(spec.prompt_token_ids) + spec.max_tokens for spec in workload.requests)
+        if longest > max_model_len:
+            raise ValueError(f"{workload.name}: a request of {longest} tokens does not fit the "
+                             f"{usable}-block pool the reference needs for it")
     return SchedulerConfig(
         max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
-        max_model_len=config.max_model_len, block_size=config.block_size,
-        num_blocks=config.num_blocks - 1, num_pipeline_stages=config.num_stages,
+        max_model_len=max_model_len, block_size=config.block_size,
+        num_blocks=usable, num_pipeline_stages=config.num_stages,
         long_prefill_token_threshold=config.long_prefill_token_threshold,
         enable_prefix_caching=config.prefix_caching, profile=profile, mutant=mutant)
 
