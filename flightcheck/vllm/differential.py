@@ -63,8 +63,8 @@ DEVIATIONS: dict[str, str] = {
     "engine_blocked_in_flight":
         "vLLM's engine waits for input when has_requests() turns false with batches of "
         "aborted requests still in flight (0.8.x clears finished_req_ids in every "
-        "schedule()); the reference keeps the finished ids until a batch carries them, so "
-        "it completes those batches",
+        "schedule()), until the next request arrives; the reference keeps the finished ids "
+        "until a batch carries them, so it completes those batches first",
 }
 
 
@@ -73,11 +73,13 @@ DEVIATIONS: dict[str, str] = {
 # ---------------------------------------------------------------------------
 
 class Vllm08OutputScheduler(TracingScheduler):
-    """The reference with its output deviations switched to vLLM 0.8.x's
-    behaviour: an output is applied by name to a RUNNING request of that
-    name, whatever its incarnation, and dropped otherwise
-    (`update_from_output` walks `self.running`); the tokens taken are those
-    the model runner returned (it, not the snapshot, decides what sampled)."""
+    """The reference with its deviations switched to vLLM 0.8.x's behaviour:
+    an output is applied by name to a RUNNING request of that name, whatever
+    its incarnation, and dropped otherwise (`update_from_output` walks
+    `self.running`); the tokens taken are those the model runner returned
+    (it, not the snapshot, decides what sampled); finished ids are cleared by
+    every schedule(), even one that forms no batch (so `has_requests()` turns
+    false as vLLM's does)."""
 
     def _fate(self, entry: RequestData, request: Request | None) -> Fate:
         if request is None or request.status != RequestStatus.RUNNING:
@@ -86,6 +88,12 @@ class Vllm08OutputScheduler(TracingScheduler):
 
     def _samples(self, entry: RequestData, request: Request, fate: Fate) -> bool:
         return True
+
+    def _make_output(self, batch: Any) -> Any:
+        output = super()._make_output(batch)
+        if not batch.total_num_scheduled_tokens:
+            self.finished_req_ids = set()     # vLLM 0.8.x clears them in every schedule()
+        return output
 
 
 class _ReferenceSide:
@@ -271,9 +279,10 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     truth = vllm_result.get("ground_truth") or {}
     theirs = vllm[index] if index < len(vllm) else None
     ours = reference[index] if index < len(reference) else None
-    if theirs is None and vllm_result.get("ending") == "blocked_in_flight":
-        if ours is not None and all(event[0] == "complete" and not event[1] for event in reference[index:]):
-            return "engine_blocked_in_flight"
+    if ours is not None and ours[0] == "complete" and not ours[1] and (theirs is None or theirs[0] != "complete"):
+        # The reference completes a batch that applies nothing (its requests
+        # were aborted) where vLLM's engine waits for input instead.
+        return "engine_blocked_in_flight"
     if theirs is None or ours is None or theirs[0] != "complete" or ours[0] != "complete":
         return None
     theirs_applied, ours_applied = dict(theirs[1]), dict(ours[1])
@@ -310,7 +319,7 @@ def compare(name: str, vllm_result: dict[str, Any], vllm_events: list[dict[str, 
     if deviation is None and index == len(theirs) == len(ours):
         where = f"the runs ended {vllm_result['ending']} (vLLM) and {reference_run.ending} (reference)"
     explained = deviation is not None
-    if explained and conforming_run is not None and deviation != "engine_blocked_in_flight":
+    if explained and conforming_run is not None:
         conforming = decisions(conforming_run.events, block_offset=1)
         rest = first_difference(theirs, conforming)
         if rest is not None:
