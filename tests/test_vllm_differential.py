@@ -107,7 +107,7 @@ def test_the_differential_flags_every_mutant_the_replay_can_exercise(running: Wo
         compared = []
         for raw in [*committed, *campaign_workloads(7, 30)]:
             trace = tmp_path / f"{raw['name']}-{version}.jsonl"
-            result = running[version].replay(raw, trace=str(trace))
+            running[version].replay(raw, trace=str(trace))
             events = read_trace(trace)
             compared.append(Compared(raw, decisions(events), decisions(
                 run_reference(raw, profile_for(version)).events, block_offset=1)))
