@@ -310,6 +310,9 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     if drift and ours is not None and ours[0] == "schedule" and (theirs is None or theirs[0] != "schedule"
                                                                or theirs[1] != ours[1]):
         return "inflight_mark_cleared_on_preemption"
+    if theirs is None and vllm_result.get("ending") == "exception" and truth.get("in_flight_set_mismatches"):
+        # vLLM 0.8.4 crashed on the mark a stale completion cleared; the reference runs on.
+        return "inflight_mark_cleared_on_preemption"
     if theirs is None or ours is None or theirs[0] != "complete" or ours[0] != "complete":
         return None
     theirs_applied, ours_applied = dict(theirs[1]), dict(ours[1])
