@@ -6,12 +6,13 @@
   Fresh blocks come from the head; a popped block that still caches a hash
   loses it (eviction). Freed blocks join the tail with their hash, so they can
   still be hit until evicted (LRU).
-* Prefix caching by identity: `cached_block_hash_to_block` maps a full block's
-  chained hash to THE block caching it. Deliberate deviation from vLLM, which
-  keeps every block of a hash: at most one block caches a hash, a second full
-  block with the same content stays uncached. A lookup finds the same block
-  either way while the first stays cached, and the pool's state stays a
-  function of fewer choices (the spec models it the same way).
+* Prefix caching by identity, duplicates kept as vLLM 0.8.x keeps them
+  (`BlockPool.cache_full_blocks`, `get_cached_block`,
+  `_maybe_evict_cached_block`): `cached_block_hash_to_block[hash]` maps block
+  id -> block for every block caching that hash, in the order they were
+  cached; a second full block with the same content is cached too; a hit is
+  served from the first block still cached; evicting one copy removes only
+  that block id.
 
 The free queue is an OrderedDict: O(1) pop from the head, append at the tail
 and removal from the middle (a hit on a free block), like vLLM's doubly
@@ -54,7 +55,8 @@ class BlockPool:
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_block_queue: OrderedDict[int, KVCacheBlock] = OrderedDict(
             (b.block_id, b) for b in self.blocks)
-        self.cached_block_hash_to_block: dict[int, KVCacheBlock] = {}
+        # hash -> {block id: block}, oldest first (dicts keep insertion order).
+        self.cached_block_hash_to_block: dict[int, dict[int, KVCacheBlock]] = {}
 
     def get_num_free_blocks(self) -> int:
         return len(self.free_block_queue)
@@ -64,7 +66,10 @@ class BlockPool:
         return list(self.free_block_queue)
 
     def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
-        return self.cached_block_hash_to_block.get(block_hash)
+        """The first block still caching `block_hash` (vLLM's `get_cached_block`
+        takes the first entry of the hash's dict), or None."""
+        copies = self.cached_block_hash_to_block.get(block_hash)
+        return next(iter(copies.values())) if copies else None
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop `num_blocks` from the head of the free queue, evicting their hashes."""
@@ -80,8 +85,12 @@ class BlockPool:
         return new_blocks
 
     def _evict(self, block: KVCacheBlock) -> None:
+        """Drop this block, and only this one, from its hash's copies."""
         if block.block_hash is not None:
-            del self.cached_block_hash_to_block[block.block_hash]
+            copies = self.cached_block_hash_to_block[block.block_hash]
+            del copies[block.block_id]
+            if not copies:
+                del self.cached_block_hash_to_block[block.block_hash]
             block.block_hash = None
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -92,14 +101,11 @@ class BlockPool:
                 del self.free_block_queue[block.block_id]
             block.ref_cnt += 1
 
-    def cache_block(self, block: KVCacheBlock, block_hash: int) -> bool:
-        """Cache a full block under its hash, unless another block already
-        caches that hash (one block per hash). Returns whether it was cached."""
-        if block_hash in self.cached_block_hash_to_block:
-            return False
+    def cache_block(self, block: KVCacheBlock, block_hash: int) -> None:
+        """Cache a full block under its hash, after any other block already
+        caching it (vLLM 0.8.x `cache_full_blocks` keeps duplicates)."""
         block.block_hash = block_hash
-        self.cached_block_hash_to_block[block_hash] = block
-        return True
+        self.cached_block_hash_to_block.setdefault(block_hash, {})[block.block_id] = block
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Release one hold on each block; blocks nobody holds join the tail of

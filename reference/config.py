@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .mutants import check_mutant
+from .profiles import DEFAULT_PROFILE, Profile, get_profile
 
 
 def cdiv(a: int, b: int) -> int:
@@ -25,7 +26,12 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0  # 0: off; else cap of one request's chunk
     num_spec_tokens: int = 0               # k: drafts per request per step at most
     enable_prefix_caching: bool = True
-    continue_prefill: bool = True          # False: one batch per request (vLLM <= 0.8.4)
+    profile: str = DEFAULT_PROFILE         # the vLLM version modelled (profiles.py)
+    # None: the profile's. False: one batch per request (vLLM <= 0.8.4).
+    continue_prefill: bool | None = None   # type: ignore[assignment]  # a bool once built
+    # None: the profile's (0.8.4: 64). Extra tokens' worth of blocks taken on
+    # each allocation that needs new blocks (kv_cache_manager.py).
+    num_preallocate_tokens: int | None = None  # type: ignore[assignment]  # an int once built
     mutant: str | None = None              # see mutants.py; None is correct
 
     def __post_init__(self) -> None:
@@ -51,6 +57,28 @@ class SchedulerConfig:
                 f"num_blocks={self.num_blocks} is fewer than one request of max_model_len="
                 f"{self.max_model_len} needs ({needed} blocks of {self.block_size} tokens)")
         check_mutant(self.mutant)
+        profile = get_profile(self.profile)
+        # Unset knobs take the profile's value, so every reader sees a plain value.
+        if self.continue_prefill is None:
+            object.__setattr__(self, "continue_prefill", profile.continue_prefill)
+        if self.num_preallocate_tokens is None:
+            object.__setattr__(self, "num_preallocate_tokens", profile.num_preallocate_tokens)
+        if not isinstance(self.num_preallocate_tokens, int) or self.num_preallocate_tokens < 0:
+            raise ValueError("num_preallocate_tokens must be >= 0, "
+                             f"got {self.num_preallocate_tokens!r}")
+
+    @property
+    def version_profile(self) -> Profile:
+        return get_profile(self.profile)
+
+    @property
+    def release_order(self) -> str:
+        """"reverse" or "forward" (profiles.py, vLLM's `KVCacheManager.free`)."""
+        return self.version_profile.release_order(self.enable_prefix_caching)
+
+    @property
+    def cache_duplicate_blocks(self) -> bool:
+        return self.version_profile.cache_duplicate_blocks
 
     @property
     def policy(self) -> str:

@@ -58,11 +58,15 @@ def consistency_errors(scheduler: Scheduler) -> list[str]:
         if (block.ref_cnt == 0) != (block.block_id in free):
             errors.append(f"block {block.block_id}: ref_cnt {block.ref_cnt}, "
                           f"{'in' if block.block_id in free else 'not in'} the free queue")
-        if block.block_hash is not None and pool.cached_block_hash_to_block.get(block.block_hash) is not block:
+        if block.block_hash is not None and pool.cached_block_hash_to_block.get(
+                block.block_hash, {}).get(block.block_id) is not block:
             errors.append(f"block {block.block_id} has a hash the cache does not map to it")
-    for h, block in pool.cached_block_hash_to_block.items():
-        if block.block_hash != h:
-            errors.append(f"hash map entry for block {block.block_id} disagrees with the block")
+    for h, copies in pool.cached_block_hash_to_block.items():
+        if not copies:
+            errors.append(f"hash {h} maps to no block")
+        for block in copies.values():
+            if block.block_hash != h:
+                errors.append(f"hash map entry for block {block.block_id} disagrees with the block")
     for req_id, blocks in kv.req_to_blocks.items():
         if len({b.block_id for b in blocks}) != len(blocks):
             errors.append(f"{req_id} holds a block twice")
@@ -79,7 +83,6 @@ def leak_errors(scheduler: Scheduler) -> list[str]:
         # the shared_snapshot mutant's store of snapshots (mutant_steps.py)
         "shared snapshots": getattr(scheduler, "shared_snapshots", {}),
         "block tables": kv.req_to_blocks, "cached-block counts": kv.num_cached_block,
-        "uncached-block lists": kv.req_to_uncached_blocks,
     }
     errors = [f"{name} not empty: {list(value)[:5]}" for name, value in leftovers.items() if value]
     held = [b.block_id for b in pool.blocks if b.ref_cnt != 0]

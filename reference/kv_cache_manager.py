@@ -7,11 +7,17 @@ The rules the spec checks step for step:
   batch samples (a full hit drops its last block).
 * `allocate_slots`: room for num_computed (+ hit) + num_new tokens, all or
   nothing; it fails when the fresh blocks needed exceed the free blocks that
-  are not themselves being hit. No preallocation (num_preallocate_tokens = 0).
-  On success every full block of known, scheduled tokens that has no hash yet
-  is cached (one block per hash), at schedule time, before its KV exists: a
-  later batch that hits it runs after this one at every pipeline stage.
-* `free`: the table is released last block first, so its tail is evicted first.
+  are not themselves being hit. When it needs fresh blocks it also
+  preallocates the profile's `num_preallocate_tokens` worth (vLLM 0.8.4
+  `allocate_slots`: `ceil(num_preallocate_tokens / block_size)` more, capped
+  by the free blocks left after the hit and by max_model_len's blocks per
+  request); they join the table. On success every full block of known,
+  scheduled tokens not yet cached is cached (duplicates too, as vLLM 0.8.x
+  does), at schedule time, before its KV exists: a later batch that hits it
+  runs after this one at every pipeline stage.
+* `free`: the table joins the free queue in the profile's release order
+  (vLLM `KVCacheManager.free`: last block first with prefix caching, so its
+  tail is evicted first; first block first without).
 """
 
 from __future__ import annotations
@@ -24,17 +30,25 @@ from .request import Request
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool, *,
+                 release_order: str | None = None, num_preallocate_tokens: int = 0,
+                 max_model_len: int | None = None) -> None:
+        """`release_order` None: vLLM's (reverse with caching, forward without)."""
         self.block_size = block_size
         self.enable_caching = enable_caching
+        if release_order is None:
+            release_order = "reverse" if enable_caching else "forward"
+        if release_order not in ("reverse", "forward"):
+            raise ValueError(f"release_order must be 'reverse' or 'forward', got {release_order!r}")
+        self.release_reversed = release_order == "reverse"
+        self.num_preallocate_blocks = cdiv(num_preallocate_tokens, block_size)
+        # A table never grows past max_model_len's blocks (caps preallocation).
+        self.max_num_blocks_per_req = (num_blocks if max_model_len is None
+                                       else cdiv(max_model_len, block_size))
         self.block_pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        # Leading table blocks already offered to the cache, per request.
+        # Leading table blocks already cached, per request.
         self.num_cached_block: dict[str, int] = {}
-        # Indices of full blocks left uncached because another block cached
-        # their hash; offered again on every allocation, in case that block
-        # has been evicted meanwhile.
-        self.req_to_uncached_blocks: dict[str, list[int]] = {}
 
     # -- queries ------------------------------------------------------------
 
@@ -84,6 +98,8 @@ class KVCacheManager:
         if new_computed_blocks:
             pool.touch(new_computed_blocks)
             req_blocks.extend(new_computed_blocks)
+        if num_new_blocks:
+            num_new_blocks = self._with_preallocation(num_new_blocks, len(req_blocks))
         new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
         if new_blocks:
             req_blocks.extend(new_blocks)
@@ -96,14 +112,24 @@ class KVCacheManager:
             return [*new_computed_blocks, *new_blocks]
         return new_blocks
 
+    def _with_preallocation(self, num_new_blocks: int, num_table_blocks: int) -> int:
+        """vLLM 0.8.4 `allocate_slots`: an allocation that needs fresh blocks
+        takes the preallocation too, capped by the free blocks (after the hit
+        was taken out of the free queue) and by the blocks one request may
+        hold. The fit check before it counted only the blocks needed."""
+        if not self.num_preallocate_blocks:
+            return num_new_blocks
+        return min(num_new_blocks + self.num_preallocate_blocks,
+                   self.block_pool.get_num_free_blocks(),
+                   self.max_num_blocks_per_req - num_table_blocks)
+
     def free(self, request: Request) -> None:
-        """Release the request's table, last block first."""
+        """Release the request's table in the release order."""
         req_id = request.request_id
         blocks = self.req_to_blocks.pop(req_id, None)
         if blocks:
-            self.block_pool.free_blocks(reversed(blocks))
+            self.block_pool.free_blocks(reversed(blocks) if self.release_reversed else blocks)
         self.num_cached_block.pop(req_id, None)
-        self.req_to_uncached_blocks.pop(req_id, None)
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
@@ -123,26 +149,16 @@ class KVCacheManager:
 
     def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock],
                            num_full_blocks: int) -> None:
-        """Cache every one of the first `num_full_blocks` table blocks that has
-        no hash yet, in table order, one block per hash."""
+        """Cache table blocks from the first not yet cached up to `num_full_blocks`,
+        in table order (vLLM `BlockPool.cache_full_blocks`; a hit block is
+        cached already, so it is skipped)."""
         req_id = request.request_id
-        pool = self.block_pool
         start = self.num_cached_block.get(req_id, 0)
-        retry = self.req_to_uncached_blocks.get(req_id)
-        if not retry and num_full_blocks <= start:
+        if num_full_blocks <= start:
             return                                    # the common decode step
         hashes = self._block_hashes(request, num_full_blocks)
-        still_uncached = []
-        for i in retry or ():
-            # A block past this allocation's known tokens is not offered now.
-            if i >= num_full_blocks or not pool.cache_block(req_blocks[i], hashes[i]):
-                still_uncached.append(i)
         for i in range(start, num_full_blocks):
             block = req_blocks[i]
-            if block.block_hash is None and not pool.cache_block(block, hashes[i]):
-                still_uncached.append(i)
-        self.num_cached_block[req_id] = max(start, num_full_blocks)
-        if still_uncached:
-            self.req_to_uncached_blocks[req_id] = still_uncached
-        else:
-            self.req_to_uncached_blocks.pop(req_id, None)
+            if block.block_hash is None:
+                self.block_pool.cache_block(block, hashes[i])
+        self.num_cached_block[req_id] = num_full_blocks

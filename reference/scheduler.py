@@ -50,8 +50,11 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.kv_cache_manager = KVCacheManager(config.num_blocks, config.block_size,
-                                               config.enable_prefix_caching)
+        self.kv_cache_manager = KVCacheManager(
+            config.num_blocks, config.block_size, config.enable_prefix_caching,
+            release_order=config.release_order,
+            num_preallocate_tokens=config.num_preallocate_tokens,
+            max_model_len=config.max_model_len)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []

@@ -9,8 +9,9 @@ the other, so a plain run pays nothing for tracing.
 
 Events this writer produces (every one carries `"step"`, the number of
 `schedule()` + `update_from_output()` calls made so far):
-* `config` once, with the scheduler's knobs (`num_preallocate_tokens` 0, no
-  reserved blocks, `mutant` when one is switched on);
+* `config` once, with the scheduler's knobs (its `profile`, and the profile's
+  constants a reader may override with: `policy`, `num_preallocate_tokens`,
+  `release_order`; no reserved blocks; `mutant` when one is switched on);
 * `arrive` per added request, with `prompt_token_ids`, `eos_token_id`,
   `ignore_eos` and `stop_token_ids`;
 * `schedule` per schedule() call that scheduled or preempted anything
@@ -63,7 +64,8 @@ class TraceWriter:
             "long_prefill_token_threshold": cfg.long_prefill_token_threshold,
             "num_spec_tokens": cfg.num_spec_tokens,
             "prefix_caching": cfg.enable_prefix_caching, "policy": cfg.policy,
-            "num_preallocate_tokens": 0, "writer": "flightcheck.reference",
+            "profile": cfg.profile, "num_preallocate_tokens": cfg.num_preallocate_tokens,
+            "release_order": cfg.release_order, "writer": "flightcheck.reference",
         }
         if self._eos_token_id is not None:
             event["eos_token_id"] = self._eos_token_id

@@ -12,7 +12,9 @@ them); workload i of a family is a function of i alone:
 * `preallocating`: K 3-4, block size 8 or 16, prompts and outputs up to 40,
   pools from the largest request to all of them: room for 0.8.4's 64-token
   preallocation to run out and preempt.
-This is a plain generator, not the Hypothesis campaign of issue 19 point 3.
+The differential against our reference (issue 19 point 3) has its own
+generator, flightcheck/vllm/generate.py, and command,
+`python -m flightcheck.vllm.campaign --workloads N`.
 """
 
 from __future__ import annotations

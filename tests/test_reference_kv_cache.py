@@ -32,13 +32,31 @@ def test_fresh_blocks_come_from_the_head_of_the_free_queue_in_id_order():
     assert kv.block_pool.free_block_ids() == [3, 4, 5, 6, 7]
 
 
-def test_freed_table_joins_the_tail_last_block_first():
-    kv = KVCacheManager(8, BS, enable_caching=False)
+def test_freed_table_joins_the_tail_last_block_first_with_prefix_caching():
+    kv = KVCacheManager(8, BS, enable_caching=True)
     a = req("a", list(range(10)))
     admit(kv, a)
     kv.free(a)
     assert kv.block_pool.free_block_ids() == [3, 4, 5, 6, 7, 2, 1, 0]
     assert all(b.ref_cnt == 0 for b in kv.block_pool.blocks)
+
+
+def test_freed_table_joins_the_tail_first_block_first_without_prefix_caching():
+    # vLLM 0.8.x KVCacheManager.free reverses the table only when caching is on.
+    kv = KVCacheManager(8, BS, enable_caching=False)
+    a = req("a", list(range(10)))
+    admit(kv, a)
+    kv.free(a)
+    assert kv.block_pool.free_block_ids() == [3, 4, 5, 6, 7, 0, 1, 2]
+    assert all(b.ref_cnt == 0 for b in kv.block_pool.blocks)
+
+
+def test_the_release_order_can_be_named_explicitly():
+    kv = KVCacheManager(8, BS, enable_caching=False, release_order="reverse")
+    a = req("a", list(range(10)))
+    admit(kv, a)
+    kv.free(a)
+    assert kv.block_pool.free_block_ids() == [3, 4, 5, 6, 7, 2, 1, 0]
 
 
 def test_only_full_blocks_of_known_tokens_are_cached_at_schedule_time():
@@ -104,7 +122,7 @@ def test_allocation_fails_without_change_when_hits_would_be_counted_twice():
     assert kv.allocate_slots(b, 8, hits) is not None       # 2 needed <= 2
 
 
-def test_one_block_per_hash_and_the_duplicate_is_cached_once_the_original_is_evicted():
+def test_a_duplicate_block_is_cached_too_and_hits_come_from_the_first_copy_still_cached():
     kv = KVCacheManager(7, BS, enable_caching=True)
     pool = kv.block_pool
     a = req("a", list(range(8)))
@@ -112,20 +130,52 @@ def test_one_block_per_hash_and_the_duplicate_is_cached_once_the_original_is_evi
     b = req("b", list(range(8)))
     _, num_hit = admit(kv, b)                     # hit block 0; block 1's content recomputed
     assert num_hit == 4 and [x.block_id for x in kv.req_to_blocks["b"]] == [0, 2]
-    dup = pool.blocks[2]
-    assert dup.block_hash is None                 # a's block 1 already caches that hash
-    assert len(pool.cached_block_hash_to_block) == 2
+    original, dup = pool.blocks[1], pool.blocks[2]
+    shared_hash = original.block_hash
+    assert dup.block_hash == shared_hash          # vLLM 0.8.x keeps both copies
+    assert list(pool.cached_block_hash_to_block[shared_hash]) == [1, 2]
+    assert pool.get_cached_block(shared_hash) is original     # the first copy serves hits
     kv.free(a)                                    # a's block 1: free, still cached
     assert pool.free_block_ids() == [3, 4, 5, 6, 1]
-    shared_hash = pool.blocks[1].block_hash
     c = req("c", list(range(300, 320)))
-    admit(kv, c, num_new=20)                      # pops 3, 4, 5, 6, 1
-    assert shared_hash not in pool.cached_block_hash_to_block   # evicted (block 1 is c's now)
-    kv.free(c)
-    b.append_output_token_id(99)
-    assert kv.allocate_slots(b, 1) is not None    # b's next step offers the duplicate again
-    assert dup.block_hash == shared_hash
-    assert pool.cached_block_hash_to_block[shared_hash] is dup
+    admit(kv, c, num_new=20)                      # pops 3, 4, 5, 6, 1: evicts copy 1 only
+    assert original.block_hash != shared_hash                 # now caches c's content
+    assert list(pool.cached_block_hash_to_block[shared_hash]) == [2]
+    assert pool.get_cached_block(shared_hash) is dup          # the copy still cached
+    assert consistency_errors_of(kv) == []
+
+
+def consistency_errors_of(kv: KVCacheManager) -> list[str]:
+    """Every cached block is listed under its hash, and only those."""
+    pool = kv.block_pool
+    listed = {(h, i) for h, copies in pool.cached_block_hash_to_block.items() for i in copies}
+    cached = {(b.block_hash, b.block_id) for b in pool.blocks if b.block_hash is not None}
+    return [] if listed == cached else [f"listed {listed - cached}, cached {cached - listed}"]
+
+
+def test_preallocation_takes_the_profiles_extra_blocks_into_the_table():
+    # vLLM 0.8.4 allocate_slots: ceil(64 / 4) = 16 extra blocks, capped by the
+    # free blocks and by max_model_len's blocks per request (40 / 4 = 10).
+    kv = KVCacheManager(30, BS, enable_caching=False, num_preallocate_tokens=64, max_model_len=40)
+    a = req("a", list(range(6)))
+    blocks, _ = admit(kv, a)
+    assert [x.block_id for x in blocks] == list(range(10))    # 2 needed + 8 up to the cap
+    a.append_output_token_id(6)
+    assert kv.allocate_slots(a, 1) == []                      # a preallocated block serves it
+    b = req("b", list(range(100, 105)))
+    blocks, _ = admit(kv, b)
+    assert len(blocks) == 10
+    c = req("c", list(range(200, 205)))
+    blocks, _ = admit(kv, c)
+    assert len(blocks) == 10                                  # the 10 blocks left
+    d = req("d", list(range(300, 305)))
+    assert admit(kv, d)[0] is None                            # the fit check counts only the 2 needed
+
+
+def test_preallocation_is_capped_by_the_free_blocks():
+    kv = KVCacheManager(5, BS, enable_caching=False, num_preallocate_tokens=64, max_model_len=20)
+    blocks, _ = admit(kv, req("a", list(range(6))))
+    assert len(blocks) == 5
 
 
 def test_drafts_are_not_cached():

@@ -37,7 +37,7 @@ def test_concurrent_batches_trace_records_every_event_in_order():
         "ev": "config", "num_stages": 2, "max_num_batched_tokens": 10, "max_num_seqs": 2,
         "block_size": 16, "num_blocks": 16, "max_model_len": 64,
         "long_prefill_token_threshold": 0, "num_spec_tokens": 0, "prefix_caching": False,
-        "policy": "continue-prefill", "num_preallocate_tokens": 0,
+        "policy": "continue-prefill", "profile": "vllm-0.8.5", "num_preallocate_tokens": 0, "release_order": "forward",
         "writer": "flightcheck.reference"}
     assert evs[1]["ev"] == "arrive" and evs[1]["prompt_len"] == 12 and evs[1]["max_tokens"] == 2
     assert evs[1]["prompt_token_ids"] == list(range(12))

@@ -1,0 +1,222 @@
+"""The long differential campaign against vLLM (issue 19 point 3):
+
+    python -m flightcheck.vllm.campaign --workloads 300 --seed 1
+    python -m flightcheck.vllm.campaign --workloads 300 --versions 0.8.4 --json results.json
+
+For each vLLM version (one replay worker each) and each generated workload
+(generate.py; workload i of seed S is a function of S and i alone):
+
+1. the replay runs it through vLLM's real scheduler and records the trace
+   and the ground truth from vLLM's own state (replay.py);
+2. the reference runs it under that version's profile, and the two traces
+   are compared batch by batch (differential.py): identical, a named
+   deviation and nothing else, or an unexplained divergence (a failure);
+3. check-trace's verdict on vLLM's trace (the function `flightcheck
+   check-trace` runs) is compared with the ground truth: accepted where vLLM
+   did nothing wrong, rejected where it did;
+4. every reference mutant runs on the workloads where the correct reference
+   equals vLLM, until one diverges from vLLM (the mutant is flagged).
+
+Every failure prints its seed and index. Exit 0 when no comparison is
+unexplained, 1 otherwise, 2 without a venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from flightcheck.reference import MUTANTS
+
+from .differential import (Comparison, ReferenceRun, compare, decisions, first_difference, profile_for,
+                           read_trace, run_reference)
+from .generate import campaign_workloads
+from .replay import ReplayError, ReplayWorker, findings
+
+# Mutants that need what the replay never produces: draft tokens (no
+# speculative decoding in the fabricated model), a worker that samples every
+# chunk (vLLM's runner never does), or a worker that reads a batch after the
+# next schedule() overwrote a shared snapshot (the replay's model reads each
+# batch when it is submitted, as vLLM's executor does), or a request id
+# re-added after an abort (a workload names each request once).
+NEEDS_WHAT_VLLM_REPLAY_LACKS = {
+    "rejections_not_subtracted": "spec-decode drafts",
+    "rejections_subtracted_after_reset": "spec-decode drafts",
+    "final_chunk_from_live_counter": "a worker that samples every chunk",
+    "shared_snapshot": "a worker that reads a batch after the next schedule()",
+    "output_bound_by_name": "a request id re-added after an abort",
+}
+
+
+@dataclass
+class VersionReport:
+    version: str
+    workloads: int = 0
+    identical: int = 0
+    deviations: Counter[str] = field(default_factory=Counter)
+    unexplained: list[str] = field(default_factory=list)
+    coverage: Counter[str] = field(default_factory=Counter)
+    endings: Counter[str] = field(default_factory=Counter)
+    verdicts: Counter[str] = field(default_factory=Counter)
+    verdict_details: Counter[str] = field(default_factory=Counter)
+    mutants_flagged: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "workloads": self.workloads, "identical": self.identical,
+                "deviations": dict(self.deviations), "unexplained": self.unexplained,
+                "coverage": dict(self.coverage), "endings": dict(self.endings),
+                "check_trace_vs_ground_truth": dict(self.verdicts),
+                "check_trace_details": dict(self.verdict_details),
+                "mutants_flagged": self.mutants_flagged}
+
+    def lines(self) -> list[str]:
+        out = [f"vLLM {self.version}: {self.workloads} workloads; reference identical on "
+               f"{self.identical}; named deviations {dict(self.deviations)}; unexplained "
+               f"{len(self.unexplained)}",
+               f"  endings {dict(self.endings)}; coverage {dict(self.coverage)}",
+               f"  check-trace vs ground truth: {dict(self.verdicts)}"]
+        for detail, count in self.verdict_details.most_common():
+            out.append(f"    {count:4d}  {detail}")
+        for mutant, where in sorted(self.mutants_flagged.items()):
+            out.append(f"  mutant {mutant}: {where}")
+        out.extend(f"  UNEXPLAINED {item}" for item in self.unexplained)
+        return out
+
+
+def verdict(result: dict[str, Any], check: dict[str, Any]) -> tuple[str, str]:
+    """check-trace's verdict against vLLM's ground truth: (category, detail)."""
+    bugs = findings(result)
+    if "malformed" in check:
+        return "malformed", f"malformed: {check['malformed'][:90]}"
+    if check["ok"]:
+        return ("accepted, correct run", "accepted") if not bugs else \
+            ("accepted, MISSED bug", f"missed: {bugs[0][:90]}")
+    said = f"{check['property']} at event {check['event_index']}"
+    if bugs:
+        return "rejected, real bug", f"bug ({bugs[0].split(' (step')[0][:60]}): rejected, {check['property']}"
+    return "rejected, FALSE", f"false rejection: {said.split(' at event')[0]}"
+
+
+def check_verdict(trace: Path) -> dict[str, Any]:
+    """What `flightcheck check-trace --json` says of a trace."""
+    from flightcheck.verification.traces.check import MalformedTrace, check_trace
+    try:
+        return check_trace(trace).to_json()
+    except MalformedTrace as err:
+        return {"ok": False, "malformed": str(err)}
+
+
+def run_version(version: str, workloads: list[dict[str, Any]], seed: int, mutants: bool,
+                say: Callable[[str], None]) -> VersionReport:
+    report = VersionReport(version)
+    profile = profile_for(version)
+    compared: list[Compared] = []
+    with ReplayWorker(version) as worker, tempfile.TemporaryDirectory() as scratch:
+        for index, raw in enumerate(workloads):
+            trace = Path(scratch) / f"{index}.jsonl"
+            result = worker.replay(raw, trace=str(trace))
+            events = read_trace(trace)
+            comparison, reference = compare_workload(raw, result, events, profile)
+            compared.append(Compared(raw, decisions(events), reference))
+            report.workloads += 1
+            report.endings[result["ending"]] += 1
+            report.coverage.update(k for k, v in comparison.coverage.items() if v)
+            if comparison.equal:
+                report.identical += 1
+            elif comparison.explained:
+                report.deviations[comparison.deviation or "?"] += 1
+            else:
+                failure = f"seed {seed} index {index} ({raw['name']}): {comparison.describe()}"
+                report.unexplained.append(failure)
+                say(f"FAIL vLLM {version} {failure}")
+            category, detail = verdict(result, check_verdict(trace))
+            report.verdicts[category] += 1
+            report.verdict_details[detail] += 1
+    if mutants:
+        report.mutants_flagged = flag_mutants(profile, compared)
+    return report
+
+
+def compare_workload(raw: dict[str, Any], result: dict[str, Any], events: list[dict[str, Any]],
+                     profile: str) -> tuple[Comparison, list[tuple[Any, ...]]]:
+    """The comparison of one replayed workload, and the reference's decisions."""
+    reference = run_reference(raw, profile)
+    ours = decisions(reference.events, block_offset=1)
+    conforming: ReferenceRun | None = None
+    if ours != decisions(events):
+        conforming = run_reference(raw, profile, vllm_outputs=True)
+    return compare(raw["name"], result, events, reference, conforming), ours
+
+
+@dataclass(frozen=True)
+class Compared:
+    """One workload's decisions on both sides, kept for the mutants."""
+    raw: dict[str, Any]
+    vllm: list[tuple[Any, ...]]
+    reference: list[tuple[Any, ...]]
+
+
+def flag_mutants(profile: str, compared: list[Compared]) -> dict[str, str]:
+    """For each mutant, the first workload that tells it from the correct
+    reference by vLLM: the mutant diverges from vLLM where the correct
+    reference agrees, or, where the correct reference deviates from vLLM
+    (a named deviation: vLLM's own bug), the mutant follows vLLM further
+    (it reproduces that bug)."""
+    flagged: dict[str, str] = {}
+    for mutant in MUTANTS:
+        flagged[mutant] = "not flagged" + (f" (needs {NEEDS_WHAT_VLLM_REPLAY_LACKS[mutant]})"
+                                           if mutant in NEEDS_WHAT_VLLM_REPLAY_LACKS else "")
+        for item in compared:
+            name = item.raw["name"]
+            try:
+                ours = decisions(run_reference(item.raw, profile, mutant=mutant).events, block_offset=1)
+            except Exception as err:              # a mutant may trip the reference's own checks
+                flagged[mutant] = f"flagged on {name}: the mutant raised {type(err).__name__}"
+                break
+            correct_gap = first_difference(item.vllm, item.reference)
+            mutant_gap = first_difference(item.vllm, ours)
+            if correct_gap is None and mutant_gap is not None:
+                flagged[mutant] = f"flagged on {name}: diverges from vLLM at event {mutant_gap}"
+                break
+            if correct_gap is not None and (mutant_gap is None or mutant_gap > correct_gap):
+                flagged[mutant] = (f"flagged on {name}: reproduces vLLM's own bug (the correct reference "
+                                   f"deviates at event {correct_gap}, the mutant "
+                                   f"{'never' if mutant_gap is None else f'at {mutant_gap}'})")
+                break
+    return flagged
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flightcheck.vllm.campaign",
+                                     description="the differential campaign against vLLM")
+    parser.add_argument("--workloads", type=int, default=100, help="workloads per version")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--versions", default="0.8.5,0.8.4")
+    parser.add_argument("--no-mutants", action="store_true")
+    parser.add_argument("--json", help="write the report here")
+    args = parser.parse_args(argv)
+    workloads = campaign_workloads(args.seed, args.workloads)
+    reports = []
+    try:
+        for version in args.versions.split(","):
+            report = run_version(version, workloads, args.seed, not args.no_mutants,
+                                 lambda line: print(line, flush=True))
+            reports.append(report)
+            print("\n".join(report.lines()), flush=True)
+    except ReplayError as err:
+        print(err, file=sys.stderr)
+        return 2
+    if args.json:
+        Path(args.json).write_text(json.dumps({"seed": args.seed, "reports": [r.to_json() for r in reports]},
+                                              indent=1))
+    return 1 if any(r.unexplained for r in reports) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,401 @@
+"""The differential against vLLM: the same workload through vLLM's real
+scheduler (the replay, in the vLLM venv) and through our reference scheduler
+under the same version profile, compared batch by batch.
+
+Both sides run the same engine loop and the same fabricated model
+(engine.py: `BatchQueueEngine`, `run_busy_loop`, `FabricatedModel`; they are
+standard library and duck-typed, so the reference drives through them with a
+thin adapter, `_ReferenceSide`). Both write the trace format, so the
+comparison reads the two traces:
+
+* `schedule`: each entry's request, start, n, samples, cached and block ids
+  (the reference's pool has no null block: its ids are vLLM's minus one),
+  and the preempted requests;
+* `complete`: which tokens were applied to which request, and which entries
+  were dropped;
+* `finish` (stop, length) and `abort`.
+
+Every difference is either a bug of the reference (fixed there) or one of
+the deliberate deviations in `DEVIATIONS` (reference/README.md lists them):
+`compare` finds the first difference and names the deviation that explains
+it, and checks that it is the only one by a second reference run with those
+deviations switched to vLLM's behaviour (`vllm_outputs=True`), which must
+then equal vLLM event for event.
+
+Standard library and flightcheck.reference only: the vLLM side's results
+come from the replay worker (replay.py).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from flightcheck.reference import (ModelRunnerOutput, Request, RequestStatus, SamplingParams,
+                                   SchedulerConfig, TraceWriter, TracingScheduler)
+from flightcheck.reference.completion import Fate
+from flightcheck.reference.outputs import RequestData
+from flightcheck.reference.profiles import PROFILES
+
+from .engine import BatchQueueEngine, FabricatedModel, RunOutcome, run_busy_loop
+from .workload import Workload, workload_from_json
+
+# The reference's deliberate deviations from vLLM 0.8.x, by name
+# (reference/README.md, "Deliberate deviations"); only these may differ.
+DEVIATIONS: dict[str, str] = {
+    "orphaned_token_kept":
+        "a token of a batch whose request was preempted since (and not rescheduled) is "
+        "appended by the reference (the later fix #20739); vLLM 0.8.x's update_from_output "
+        "walks `running` and drops it",
+    "stale_token_dropped":
+        "a token of a batch scheduled before its request was preempted and resumed (or "
+        "aborted and re-added) is dropped by the reference; vLLM 0.8.x applies it by name "
+        "(the ground truth's stale token)",
+    "partial_chunk_token_dropped":
+        "vLLM's model runner samples a chunk its scheduler scheduled as partial (its own "
+        "view of the request is one token short after a preemption, "
+        "GPUModelRunner._update_states); the reference takes a token only where the "
+        "batch's snapshot says the entry samples",
+    "inflight_mark_cleared_on_preemption":
+        "one batch per request (0.8.4): the reference removes a preempted request from "
+        "scheduled_req_ids (and an aborted waiting one); vLLM 0.8.4 keeps the mark until "
+        "a completion of that request while RUNNING removes it, so "
+        "get_num_unscheduled_requests drifts, the engine's gate stops scheduling (the "
+        "counter-drift livelock) and a stale completion can clear a newer batch's mark",
+    "engine_blocked_in_flight":
+        "vLLM's engine waits for input when has_requests() turns false with batches of "
+        "aborted requests still in flight (0.8.x clears finished_req_ids in every "
+        "schedule()), until the next request arrives; the reference keeps the finished ids "
+        "until a batch carries them, so it completes those batches first",
+}
+
+
+# ---------------------------------------------------------------------------
+# The reference side
+# ---------------------------------------------------------------------------
+
+class Vllm08OutputScheduler(TracingScheduler):
+    """The reference with its deviations switched to vLLM 0.8.x's behaviour:
+    an output is applied by name to a RUNNING request of that name, whatever
+    its incarnation, and dropped otherwise (`update_from_output` walks
+    `self.running`); the tokens taken are those the model runner returned
+    (it, not the snapshot, decides what sampled); finished ids are cleared by
+    every schedule(), even one that forms no batch (so `has_requests()` turns
+    false as vLLM's does); under one batch per request (0.8.4), a request
+    preempted or aborted while not running keeps its `scheduled_req_ids`
+    mark (0.8.4's `schedule()` preemption and `finish_requests` never
+    discard it)."""
+
+    def _fate(self, entry: RequestData, request: Request | None) -> Fate:
+        if request is None or request.status != RequestStatus.RUNNING:
+            return Fate.SUPERSEDED
+        return Fate.LIVE
+
+    def _samples(self, entry: RequestData, request: Request, fate: Fate) -> bool:
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        marked = request.request_id in self.scheduled_req_ids
+        super()._preempt(request)
+        if marked:                            # vLLM 0.8.4's preemption keeps the in-flight mark
+            self.scheduled_req_ids.add(request.request_id)
+
+    def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> None:
+        ids = (request_ids,) if isinstance(request_ids, str) else tuple(request_ids)
+        # vLLM 0.8.4 discards the mark only of an aborted RUNNING request.
+        kept = {req_id for req_id in ids if req_id in self.scheduled_req_ids
+                and self.requests[req_id].status != RequestStatus.RUNNING}
+        super().finish_requests(ids, finished_status)
+        self.scheduled_req_ids |= kept
+
+    def _make_output(self, batch: Any) -> Any:
+        output = super()._make_output(batch)
+        if not batch.total_num_scheduled_tokens:
+            self.finished_req_ids = set()     # vLLM 0.8.x clears them in every schedule()
+        return output
+
+
+class _ReferenceSide:
+    """The reference scheduler as engine.py's loop sees vLLM's: vLLM's
+    `has_requests`, an `update_from_output` whose result has `.outputs`."""
+
+    def __init__(self, scheduler: TracingScheduler) -> None:
+        self.scheduler = scheduler
+        self.saw_duplicate_cached_block = False
+
+    @property
+    def waiting(self) -> Any:
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> Any:
+        return self.scheduler.running
+
+    def has_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or bool(self.scheduler.finished_req_ids)
+
+    def get_num_unscheduled_requests(self) -> int:
+        return self.scheduler.get_num_unscheduled_requests()
+
+    def schedule(self) -> Any:
+        output = self.scheduler.schedule()
+        if not self.saw_duplicate_cached_block:
+            cached = self.scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
+            self.saw_duplicate_cached_block = any(len(copies) > 1 for copies in cached.values())
+        return output
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        return SimpleNamespace(outputs=self.scheduler.update_from_output(scheduler_output,
+                                                                         model_runner_output))
+
+
+def _model_output(req_ids: list[str], req_id_to_index: dict[str, int],
+                  sampled_token_ids: list[list[int]], **_: Any) -> ModelRunnerOutput:
+    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index=req_id_to_index,
+                             sampled_token_ids=sampled_token_ids)
+
+
+def reference_config(workload: Workload, profile: str, mutant: str | None = None) -> SchedulerConfig:
+    """The reference's configuration for a replay workload: vLLM keeps one
+    null block back, so the reference gets one block fewer.
+
+    The reference refuses a pool that cannot hold one request of
+    max_model_len tokens; vLLM does not. When the workload's pool is smaller,
+    max_model_len becomes the pool's tokens, which changes no decision as long
+    as every request's prompt and outputs fit in it (then no length limit or
+    clip reaches it, and 0.8.4's per-request preallocation cap, the pool's
+    blocks less the table, never binds below the free blocks); otherwise the
+    workload does not suit the reference (ValueError)."""
+    config = workload.config
+    usable = config.num_blocks - 1
+    max_model_len = config.max_model_len
+    if -(-max_model_len // config.block_size) > usable:
+        max_model_len = usable * config.block_size
+        longest = max(len(spec.prompt_token_ids) + spec.max_tokens for spec in workload.requests)
+        if longest > max_model_len:
+            raise ValueError(f"{workload.name}: a request of {longest} tokens does not fit the "
+                             f"{usable}-block pool the reference needs for it")
+    return SchedulerConfig(
+        max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
+        max_model_len=max_model_len, block_size=config.block_size,
+        num_blocks=usable, num_pipeline_stages=config.num_stages,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        enable_prefix_caching=config.prefix_caching, profile=profile, mutant=mutant)
+
+
+@dataclass
+class ReferenceRun:
+    events: list[dict[str, Any]]
+    ending: str
+    exception: str | None = None
+    duplicate_cached_block: bool = False        # two blocks cached one hash at some point
+
+
+def run_reference(raw_workload: dict[str, Any], profile: str, mutant: str | None = None,
+                  vllm_outputs: bool = False) -> ReferenceRun:
+    """One workload through the reference under `profile`, driven by the
+    replay's own engine loop and fabricated model."""
+    workload = workload_from_json(raw_workload)
+    sink = io.StringIO()
+    trace = TraceWriter(sink, eos_token_id=workload.eos_token_id)
+    scheduler_class = Vllm08OutputScheduler if vllm_outputs else TracingScheduler
+    scheduler = scheduler_class(reference_config(workload, profile, mutant), trace)
+    side = _ReferenceSide(scheduler)
+    engine = BatchQueueEngine(side, FabricatedModel(workload, _model_output), workload.config.num_stages,
+                              schedules_only_unscheduled=not scheduler.config.continue_prefill)
+
+    def add(spec: Any) -> None:
+        params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
+        scheduler.add_request(Request(spec.req_id, list(spec.prompt_token_ids), params,
+                                      eos_token_id=workload.eos_token_id))
+
+    def abort(req_id: str) -> None:
+        scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
+
+    outcome: RunOutcome = run_busy_loop(engine, workload, add, abort)
+    events = [json.loads(line) for line in sink.getvalue().splitlines() if line.strip()]
+    return ReferenceRun(events, outcome.ending, outcome.exception, side.saw_duplicate_cached_block)
+
+
+# ---------------------------------------------------------------------------
+# The comparison
+# ---------------------------------------------------------------------------
+
+def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple[Any, ...]]:
+    """A trace's decisions in order, in a form both writers agree on:
+    arrivals, configuration, times and steps left out; completions as the
+    tokens applied and the tokens dropped, per request; vLLM's `finish` with
+    reason `abort` after an `abort` left out (the reference writes the abort
+    only); the finishes one completion causes in sorted order (vLLM reports
+    them in `running` order, the reference in placement order)."""
+    out: list[tuple[Any, ...]] = []
+    finishes: list[tuple[Any, ...]] = []
+
+    def flush() -> None:
+        out.extend(sorted(finishes))
+        finishes.clear()
+
+    for event in events:
+        kind = event.get("ev")
+        if kind == "finish":
+            if event["reason"] != "abort":
+                finishes.append(("finish", event["req"], event["reason"]))
+            continue
+        flush()
+        if kind == "schedule":
+            if not event.get("entries") and not event.get("preempted"):
+                continue
+            entries = tuple((e["req"], e["start"], e["n"], e.get("samples"), e.get("cached", 0),
+                             tuple(b + block_offset for b in e.get("block_ids", ())))
+                            for e in event.get("entries", ()))
+            out.append(("schedule", entries, tuple(event.get("preempted", ()))))
+        elif kind == "complete":
+            # Only an entry with tokens has something to apply or drop (an
+            # entry without any is "dropped" for vLLM's recorder when its
+            # request is not running, never for the reference's writer).
+            with_tokens = {req: tuple(tokens) for req, tokens in event["tokens"].items() if tokens}
+            dropped = tuple(sorted(set(event.get("dropped", ())) & set(with_tokens)))
+            applied = tuple(sorted((req, tokens) for req, tokens in with_tokens.items()
+                                   if req not in dropped))
+            out.append(("complete", applied, dropped))
+        elif kind == "abort":
+            out.append(("abort", event["req"]))
+    flush()
+    return out
+
+
+@dataclass
+class Comparison:
+    """How the reference compared with vLLM on one workload."""
+    name: str
+    equal: bool                                  # identical, event for event
+    deviation: str | None = None                 # the named deviation behind the first difference
+    first_difference: str | None = None          # what differed first (None when equal)
+    explained: bool = True                       # equal, or a named deviation and nothing else
+    coverage: dict[str, bool] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if self.equal:
+            return f"{self.name}: identical"
+        what = f"deviation {self.deviation}" if self.deviation else "UNEXPLAINED"
+        return f"{self.name}: {what}: {self.first_difference}"
+
+
+def first_difference(vllm: list[tuple[Any, ...]], reference: list[tuple[Any, ...]]) -> int | None:
+    for index, (theirs, ours) in enumerate(zip(vllm, reference)):
+        if theirs != ours:
+            return index
+    return None if len(vllm) == len(reference) else min(len(vllm), len(reference))
+
+
+def _at(events: list[tuple[Any, ...]], index: int) -> str:
+    return repr(events[index]) if index < len(events) else "(nothing: the run ended)"
+
+
+def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
+             reference: list[tuple[Any, ...]], index: int) -> str | None:
+    """The named deviation that explains the first difference, at `index`, or None."""
+    truth = vllm_result.get("ground_truth") or {}
+    theirs = vllm[index] if index < len(vllm) else None
+    ours = reference[index] if index < len(reference) else None
+    if ours is not None and ours[0] == "complete" and not ours[1] and (theirs is None or theirs[0] != "complete"):
+        # The reference completes a batch that applies nothing (its requests
+        # were aborted) where vLLM's engine waits for input instead.
+        return "engine_blocked_in_flight"
+    drift = truth.get("in_flight_set_mismatches") or vllm_result.get("ending") in ("stuck", "exception")
+    if drift and ours is not None and ours[0] == "schedule" and (theirs is None or theirs[0] != "schedule"
+                                                               or theirs[1] != ours[1]):
+        return "inflight_mark_cleared_on_preemption"
+    if theirs is None and vllm_result.get("ending") == "exception" and truth.get("in_flight_set_mismatches"):
+        # vLLM 0.8.4 crashed on the mark a stale completion cleared; the reference runs on.
+        return "inflight_mark_cleared_on_preemption"
+    if theirs is None or ours is None or theirs[0] != "complete" or ours[0] != "complete":
+        return None
+    theirs_applied, ours_applied = dict(theirs[1]), dict(ours[1])
+    differing = {req for req in set(theirs_applied) | set(ours_applied)
+                 if theirs_applied.get(req) != ours_applied.get(req)}
+    stale = {item["req"] for item in truth.get("stale_tokens", ())}
+    partial = {item["req"] for item in truth.get("partial_chunk_tokens", ())}
+    if differing and differing <= stale and all(req in theirs_applied for req in differing):
+        return "stale_token_dropped"
+    if differing and differing <= partial and all(req not in ours_applied for req in differing):
+        return "partial_chunk_token_dropped"
+    if differing and all(req in ours_applied and req in theirs[2] for req in differing):
+        return "orphaned_token_kept"
+    return None
+
+
+def compare(name: str, vllm_result: dict[str, Any], vllm_events: list[dict[str, Any]],
+            reference_run: ReferenceRun, conforming_run: ReferenceRun | None = None) -> Comparison:
+    """Compare vLLM's trace with the reference's. `conforming_run` is the
+    reference with the deviations switched to vLLM's behaviour: when the
+    first difference is a named deviation it must equal vLLM exactly."""
+    theirs = decisions(vllm_events)
+    ours = decisions(reference_run.events, block_offset=1)
+    index = first_difference(theirs, ours)
+    coverage = coverage_of(vllm_events)
+    # The reference's pool is vLLM's (block ids included) up to the first difference.
+    coverage["duplicate_cached_block"] = reference_run.duplicate_cached_block
+    if index is None and reference_run.ending == vllm_result["ending"]:
+        return Comparison(name, True, coverage=coverage)
+    if index is None:
+        index = len(theirs)
+    deviation = classify(vllm_result, theirs, ours, index)
+    where = f"event {index}: vLLM {_at(theirs, index)}, reference {_at(ours, index)}"
+    if deviation is None and index == len(theirs) == len(ours):
+        where = f"the runs ended {vllm_result['ending']} (vLLM) and {reference_run.ending} (reference)"
+    explained = deviation is not None
+    if explained and conforming_run is not None:
+        conforming = decisions(conforming_run.events, block_offset=1)
+        if vllm_result["ending"] == "exception":
+            # vLLM's run stops at its crash (0.8.4's `assert num_new_tokens >
+            # 0` after a stale completion cleared a newer batch's mark); the
+            # reference has no such assert: it must agree up to the crash.
+            conforming = conforming[:len(theirs)]
+        rest = first_difference(theirs, conforming)
+        if rest is not None:
+            explained = False
+            where += (f"; with the deviations switched to vLLM's behaviour it still differs at event "
+                      f"{rest}: vLLM {_at(theirs, rest)}, reference {_at(conforming, rest)}")
+    return Comparison(name, False, deviation, where, explained, coverage)
+
+
+def coverage_of(events: list[dict[str, Any]]) -> dict[str, bool]:
+    """What a vLLM run exercised, read from its trace: a preemption or an
+    abort while the request had a batch in flight, a prefix hit, a duplicate
+    cached block (a full block whose content another block of the pool already
+    holds), two chunks of one request in flight."""
+    in_flight: dict[int, set[str]] = {}
+    seen = {"preemption_in_flight": False, "abort_in_flight": False, "prefix_hit": False,
+            "two_chunks_in_flight": False}
+    for event in events:
+        kind = event.get("ev")
+        if kind == "schedule" and event.get("entries") is not None:
+            requests_in_flight = set().union(*in_flight.values()) if in_flight else set()
+            for req in event.get("preempted", ()):
+                seen["preemption_in_flight"] |= req in requests_in_flight
+            for entry in event.get("entries", ()):
+                seen["prefix_hit"] |= entry.get("cached", 0) > 0
+                seen["two_chunks_in_flight"] |= entry["req"] in requests_in_flight
+            if event.get("batch") is not None:
+                in_flight[event["batch"]] = {entry["req"] for entry in event.get("entries", ())}
+        elif kind == "complete":
+            in_flight.pop(event.get("batch"), None)
+        elif kind == "abort":
+            seen["abort_in_flight"] |= any(event["req"] in reqs for reqs in in_flight.values())
+    return seen
+
+
+def read_trace(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def profile_for(vllm_version: str) -> str:
+    name = f"vllm-{vllm_version}"
+    if name not in PROFILES:
+        raise ValueError(f"no reference profile for vLLM {vllm_version}")
+    return name

@@ -1,0 +1,95 @@
+"""Workloads for the differential against vLLM, from one generator with two
+sources of choices: a seeded `random.Random` (the campaign command, where
+workload i of a seed is a function of the two alone) and Hypothesis
+(tests/test_vllm_differential.py, which shrinks a failure to a small
+workload). The generator asks a `Picker` for every choice.
+
+What it covers: K 2-4; block sizes 2-8; tight pools (one request's worth
+and a few blocks) and roomy ones; a shared prefix; long-prefill thresholds;
+aborts at any step, so often while a batch of the request is in flight;
+EOS. Every workload also suits the reference: the pool holds one request of
+max_model_len tokens besides vLLM's null block, and every prompt leaves room
+for its outputs. Standard library only.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Protocol, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+class Picker(Protocol):
+    def integer(self, low: int, high: int) -> int:
+        """An integer in [low, high]."""
+
+    def choice(self, options: Sequence[T]) -> T:
+        """One of `options` (the first is the simplest, for shrinking)."""
+
+
+class RandomPicker:
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+
+    def integer(self, low: int, high: int) -> int:
+        return self._rng.randint(low, high)
+
+    def choice(self, options: Sequence[T]) -> T:
+        return self._rng.choice(list(options))
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def generate_workload(pick: Picker, name: str, seed: int) -> dict[str, Any]:
+    """One workload (the JSON `workload.py` reads)."""
+    num_stages = pick.integer(2, 4)
+    block_size = pick.choice([4, 2, 8])
+    prefix_len = pick.choice([0, block_size, 2 * block_size, block_size + 1])
+    requests: list[dict[str, Any]] = []
+    for index in range(pick.integer(2, 5)):
+        arrival = pick.choice([0, pick.integer(0, 12)])
+        request: dict[str, Any] = {"id": f"r{index}", "prompt_len": pick.integer(1, 24),
+                                   "max_tokens": pick.integer(1, 12), "arrival_step": arrival}
+        if prefix_len and pick.choice([False, True]):
+            request["prefix"] = "p"
+        abort_after = pick.choice([None, None, pick.integer(0, 12)])
+        if abort_after is not None:
+            request["abort_step"] = arrival + abort_after
+        eos_probability = pick.choice([0.0, 0.2])
+        if eos_probability:
+            request["eos_probability"] = eos_probability
+        requests.append(request)
+    longest = max(r["prompt_len"] + r["max_tokens"] for r in requests)
+    max_model_len = longest + pick.integer(0, 6)
+    one_request = cdiv(max_model_len, block_size)
+    if pick.choice(["tight", "roomy"]) == "tight":
+        usable = one_request + pick.integer(0, 3)
+    else:
+        usable = sum(cdiv(r["prompt_len"] + r["max_tokens"], block_size) for r in requests) + 4
+        usable = max(usable, one_request)
+    config = {"num_stages": num_stages, "max_num_batched_tokens": pick.choice([8, 4, 16, 32]),
+              "max_num_seqs": pick.integer(1, 4), "block_size": block_size,
+              "num_blocks": usable + 1,                  # + vLLM's null block
+              "max_model_len": max_model_len,
+              "long_prefill_token_threshold": pick.choice([0, 3, 6]),
+              "prefix_caching": pick.choice([True, False])}
+    workload: dict[str, Any] = {"name": name, "seed": seed, "config": config, "requests": requests,
+                                "max_steps": 3000}
+    if prefix_len:
+        workload["prefixes"] = {"p": prefix_len}
+    return workload
+
+
+def campaign_workloads(seed: int, count: int) -> list[dict[str, Any]]:
+    """Workloads seed-0 .. seed-(count-1) of a campaign; each is a function
+    of (seed, index) alone, so a failure is replayed from its name."""
+    return [generate_workload(RandomPicker(hash_seed(seed, index)), f"diff-{seed}-{index}",
+                              hash_seed(seed, index)) for index in range(count)]
+
+
+def hash_seed(seed: int, index: int) -> int:
+    """A stable seed for workload `index` of campaign `seed`."""
+    return seed * 1_000_003 + index
