@@ -36,6 +36,7 @@ from flightcheck.reference.block_pool import hash_block_tokens
 from flightcheck.reference.outputs import SchedulerOutput
 from flightcheck.spec import BlockPool, Config, Entry, Fate, Prompt, State, Status
 from flightcheck.spec import Request as SpecRequest
+from flightcheck.spec.blocks import group_duplicates
 from flightcheck.spec.state import content_label
 
 STATUS: dict[RequestStatus, Status] = {
@@ -217,8 +218,12 @@ def _pool(scheduler: Scheduler, ledger: Ledger, state: State) -> BlockPool:
         ledger.refresh_output_labels(state)
     labels: Sequence[int | None] = tuple(
         None if b.block_hash is None else ledger.label_of_hash(b.block_hash) for b in pool.blocks)
+    # vLLM's hash -> {block id: block} keeps the caching order of each hash's
+    # copies; the spec's `duplicates` is that order, grouped by label.
+    caching_order = [block_id for copies in pool.cached_block_hash_to_block.values() for block_id in copies]
     return BlockPool(ref_counts=tuple(b.ref_cnt for b in pool.blocks), labels=labels,
-                     free_queue=tuple(pool.free_block_ids()))
+                     free_queue=tuple(pool.free_block_ids()),
+                     duplicates=group_duplicates(caching_order, list(labels)))
 
 
 def describe_difference(expected: State, actual: State) -> str:
