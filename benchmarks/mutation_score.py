@@ -1,7 +1,8 @@
 """Mutation score of the reference against the refinement fuzzer.
 
 Every machine-made mutant of reference/scheduler.py and
-reference/kv_cache_manager.py (verification/refinement/mutation.py: one
+reference/kv_cache_manager.py (or of the files given with --file;
+reference/completion.py may be added) (verification/refinement/mutation.py: one
 token of one function changed) is run against `flightcheck fuzz` at a fixed
 step budget and seed list, stopping at the first seed that kills it.
 Mutants triaged as equivalent, and functions outside the fuzzer's
@@ -26,6 +27,7 @@ import time
 
 from flightcheck.verification.refinement.fuzz import PROFILES
 from flightcheck.verification.refinement.mutation import (
+    MODULES,
     TARGETS,
     MutantResult,
     mutants_of,
@@ -41,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=PROFILES["ci"])
     parser.add_argument("--seeds", default=DEFAULT_SEEDS, help="comma-separated seeds")
-    parser.add_argument("--file", action="append", choices=list(TARGETS),
-                        help="only these files (default: both)")
+    parser.add_argument("--file", action="append", choices=list(MODULES),
+                        help="these files (default: scheduler.py and kv_cache_manager.py)")
     parser.add_argument("--function", action="append",
                         help="only mutants of functions whose qualified name contains this")
     parser.add_argument("--time-limit", type=float, default=30.0,
@@ -52,10 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s]
     triage = read_triage()
-    everything = [m for path in TARGETS for m in mutants_of(path)]
+    everything = [m for path in MODULES for m in mutants_of(path)]
     stale = sorted(set(triage.equivalent) - {m.key for m in everything})
     stale += sorted(set(triage.out_of_scope) - {m.function for m in everything})
-    mutants = [m for m in everything if not args.file or m.path in args.file]
+    mutants = [m for m in everything if m.path in (args.file or TARGETS)]
     if args.function:
         mutants = [m for m in mutants if any(f in m.function for f in args.function)]
 

@@ -46,6 +46,11 @@ TARGETS: dict[str, str] = {
     "reference/scheduler.py": "flightcheck.reference.scheduler",
     "reference/kv_cache_manager.py": "flightcheck.reference.kv_cache_manager",
 }
+# Files that may be mutated on request (--file), outside the figure.
+OPTIONAL_TARGETS: dict[str, str] = {
+    "reference/completion.py": "flightcheck.reference.completion",
+}
+MODULES: dict[str, str] = {**TARGETS, **OPTIONAL_TARGETS}
 
 _COMPARISON: dict[type, tuple[type, ...]] = {
     ast.Lt: (ast.LtE, ast.Gt), ast.LtE: (ast.Lt, ast.GtE), ast.Gt: (ast.GtE, ast.Lt),
@@ -233,7 +238,7 @@ def _function_object(module: types.ModuleType, qualname: str) -> types.FunctionT
 @contextlib.contextmanager
 def applied(mutant: Mutant) -> Iterator[None]:
     """The mutant in force in this process for the duration of the block."""
-    module = importlib.import_module(TARGETS[mutant.path])
+    module = importlib.import_module(MODULES[mutant.path])
     function = _function_object(module, mutant.function)
     original = function.__code__
     function.__code__ = _compile_mutant(mutant)
