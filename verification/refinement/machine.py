@@ -145,8 +145,10 @@ def configs(draw) -> SchedulerConfig:
     slot are the common case (most bugs need a batch in flight while another
     request moves), so K = 1 and max_num_seqs = 1 come last (shrink away) and
     K = 2, two sequences, come twice; spec decode is on unless shrunk away,
-    the prefill threshold on one time in four, and then 1 twice as often as
-    any other value (a threshold of 1 clips a decode with drafts to its
+    the prefill threshold on one time in two (chunked prefills put entries
+    that sample nothing before entries that sample, where a walk over a
+    batch's outputs must go on past the former), and then 1 twice as often
+    as any other value (a threshold of 1 clips a decode with drafts to its
     known token: the boundary where no draft is scheduled)."""
     block_size = draw(st.integers(1, 4))
     max_model_len = draw(st.integers(8, 16) | st.integers(2, 16))
@@ -157,7 +159,7 @@ def configs(draw) -> SchedulerConfig:
         num_blocks=cdiv(max_model_len, block_size) + draw(st.integers(0, 1)),
         num_pipeline_stages=draw(st.sampled_from([2, 3, 2, 4, 1])),
         long_prefill_token_threshold=(draw(st.integers(0, 8).map(lambda t: max(1, t)))
-                                      if draw(st.integers(0, 3)) == 3 else 0),
+                                      if draw(st.integers(0, 3)) >= 2 else 0),
         num_spec_tokens=draw(st.sampled_from([3, 2, 3, 1, 0])),
         enable_prefix_caching=draw(st.booleans()),
         continue_prefill=draw(st.integers(0, 2).map(lambda x: x != 2)))
