@@ -318,8 +318,9 @@ class RefinementMachine(RuleBasedStateMachine):
         self.scheduler.finish_requests(names, RequestStatus.FINISHED_ABORTED)
         expected = self.state
         for slot in slots:
-            expected = spec.step(expected, self.spec_cfg, spec.Abort(-1 if slot is None else slot)) \
-                or expected
+            after_abort = spec.step(expected, self.spec_cfg, spec.Abort(-1 if slot is None else slot))
+            if after_abort is not None:             # None: a no-op in the spec
+                expected = after_abort
         self._check(AbortMany(tuple(-1 if s is None else s for s in slots)), expected=expected)
 
     def _may_arrive(self) -> bool:
@@ -376,7 +377,8 @@ class RefinementMachine(RuleBasedStateMachine):
         prompt and whole table), a preempted one resumes with cached data
         marked resumed (its whole table again: preemption freed it), a running
         one cached data with only the blocks new to its table; every entry
-        carries exactly the known tokens it computes."""
+        carries exactly the known tokens it computes, and an admitted one its
+        prefix hit (where its computation starts) as cached tokens."""
         for entry in output.entries:
             slot = self.ledger.entry_slot(entry.req_id, entry.incarnation)
             status, request = before.requests[slot].status, self.ledger.requests[slot]
@@ -398,6 +400,9 @@ class RefinementMachine(RuleBasedStateMachine):
                 problem = f"block ids {tuple(entry.new_block_ids)}, table grew by {table[len(old_table):]}"
             elif list(entry.new_token_ids) != known:
                 problem = f"token ids {list(entry.new_token_ids)}, the known tokens are {known}"
+            elif entry.num_cached_tokens != (0 if status is spec.Status.RUNNING else start):
+                problem = f"num_cached_tokens {entry.num_cached_tokens}, the prefix hit is " \
+                          f"{0 if status is spec.Status.RUNNING else start}"
             if problem is not None:
                 self._fail(f"batch {output.batch_id}, entry of r{slot} ({entry.req_id}): {problem}")
 
