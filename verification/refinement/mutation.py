@@ -31,12 +31,13 @@ import contextlib
 import copy
 import importlib
 import signal
-import tomllib
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EQUIVALENTS_FILE = REPO_ROOT / "docs" / "mutation-equivalents.toml"
