@@ -409,11 +409,21 @@ class RefinementMachine(RuleBasedStateMachine):
     def _complete(self, returned: list[Outcome]) -> None:
         self.outcomes, self.calls, self.num_calls = list(returned), {}, 0
         sampling = spec.sampling_entries(self.state, self.spec_cfg)
-        oldest = self.engine.batch_queue[0][0].batch_id
-        self.engine.complete_oldest_step()
-        if self.engine.batch_queue and self.engine.batch_queue[0][0].batch_id != oldest + 1:
-            self._fail(f"batch {oldest} completed, then batch "
+        completed = self.engine.batch_queue[0][0]
+        slot_of = {e.req_id: self.ledger.entry_slot(e.req_id, e.incarnation) for e in completed.entries}
+        num_output = {slot: self.state.requests[slot].num_output for slot in slot_of.values()}
+        outputs = self.engine.complete_oldest_step()
+        if self.engine.batch_queue and self.engine.batch_queue[0][0].batch_id != completed.batch_id + 1:
+            self._fail(f"batch {completed.batch_id} completed, then batch "
                        f"{self.engine.batch_queue[0][0].batch_id} is the oldest in flight")
+        for output in outputs:
+            # What the engine streams to the client: exactly the tokens this
+            # batch appended to the request (none past the one that stopped it).
+            slot = slot_of[output.request_id]
+            appended = list(self.ledger.requests[slot].output_token_ids[num_output[slot]:])
+            if list(output.new_token_ids) != appended:
+                self._fail(f"batch {completed.batch_id} returns {list(output.new_token_ids)} for "
+                           f"r{slot}, which it appended {appended}")
         names = [self.ledger.requests[e.req].request_id for e in sampling]
         samples = tuple(self.calls.get(name, spec.Sample()) for name in names)
         self._check(spec.CompleteOldest(samples))
