@@ -174,7 +174,7 @@ def _stop_reason(cfg: Config, req, j: int, s: Sample) -> Status | None:
 def _finish(state: State, cfg: Config, r: int, status: Status) -> State:
     """Finish or abort r: out of every queue, blocks freed, in-flight work superseded."""
     req = state.requests[r]
-    state = replace(state, pool=blocks.free_table(state.pool, req.block_table),
+    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, cfg.release_order),
                     waiting=tuple(x for x in state.waiting if x != r),
                     running=tuple(x for x in state.running if x != r),
                     scheduled_ids=state.scheduled_ids - {r})

@@ -82,10 +82,11 @@ def cache_labels(pool: BlockPool, table: tuple[int, ...], labels: list[int]) -> 
     return replace(pool, labels=tuple(new))
 
 
-def free_table(pool: BlockPool, table: tuple[int, ...]) -> BlockPool:
-    """Release a block table, last block first."""
+def free_table(pool: BlockPool, table: tuple[int, ...], order: str = "reverse") -> BlockPool:
+    """Release a block table, last block first ("reverse": vLLM's
+    KVCacheManager.free with prefix caching) or first block first ("forward")."""
     refs, free = list(pool.ref_counts), list(pool.free_queue)
-    for b in reversed(table):
+    for b in (reversed(table) if order == "reverse" else table):
         refs[b] -= 1
         if refs[b] == 0:
             free.append(b)

@@ -26,6 +26,13 @@ class Config:
     num_spec_tokens: int = 0                 # k: drafts proposed per step at most
     prefix_caching: bool = True
     continue_prefill: bool = True            # the PR; False = one batch per request
+    # PLACEHOLDER (issue 19, helper z3prof) until the spec's profiles land: the
+    # version-profile constants the Z3 encoding reads, with today's behaviour as
+    # defaults. The spec's own Config (spec/profiles.py) replaces these.
+    profile: str = "vllm-0.8.5"
+    release_order: str = "reverse"           # "reverse" | "forward": KVCacheManager.free
+    num_preallocate_tokens: int = 0          # 0.8.4: 64 (KVCacheManager.allocate_slots)
+    cache_duplicate_blocks: bool = False     # vLLM 0.8.x: True (BlockPool.cache_full_blocks)
 
     def __post_init__(self) -> None:
         positive = ("num_stages", "max_num_batched_tokens", "max_num_seqs",
@@ -37,3 +44,13 @@ class Config:
             raise ValueError("long_prefill_token_threshold must be >= 0")
         if self.num_spec_tokens < 0:
             raise ValueError("num_spec_tokens must be >= 0")
+        if self.release_order not in ("reverse", "forward"):
+            raise ValueError(f"release_order must be 'reverse' or 'forward', got {self.release_order!r}")
+        if self.num_preallocate_tokens < 0:
+            raise ValueError("num_preallocate_tokens must be >= 0")
+
+    @property
+    def num_preallocate_blocks(self) -> int:
+        """KVCacheManager: cdiv(num_preallocate_tokens, block_size) extra blocks
+        on an allocation that needs new ones (no lookahead tokens: no EAGLE)."""
+        return -(-self.num_preallocate_tokens // self.block_size)

@@ -161,7 +161,14 @@ def _allocate(step: _Step, r: int, num_new: int, hit: tuple[int, ...]) -> bool:
     num_fresh = max(0, _num_required_blocks(cfg, total) - len(req.block_table) - len(hit))
     if not blocks.can_allocate(state.pool, num_fresh, hit):
         return False
-    pool, fresh = blocks.pop_fresh(blocks.touch(state.pool, hit), num_fresh)
+    touched = blocks.touch(state.pool, hit)
+    if num_fresh > 0 and cfg.num_preallocate_blocks > 0:
+        # vLLM 0.8.4 allocate_slots: extra blocks ahead of need, capped by the
+        # free blocks and by max_model_len's blocks per request
+        max_per_request = blocks.cdiv(cfg.max_model_len, cfg.block_size)
+        num_fresh = min(num_fresh + cfg.num_preallocate_blocks, len(touched.free_queue),
+                        max_per_request - len(req.block_table) - len(hit))
+    pool, fresh = blocks.pop_fresh(touched, num_fresh)
     table = req.block_table + hit + fresh
     if cfg.prefix_caching:
         drafts = max(0, total - req.num_tokens)
@@ -177,7 +184,7 @@ def _preempt(step: _Step, victim: int) -> None:
     """Recompute preemption: free everything, back to the head of `waiting`."""
     state = step.state
     req = state.requests[victim]
-    state = replace(state, pool=blocks.free_table(state.pool, req.block_table),
+    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order),
                     running=state.running[:-1], waiting=(victim,) + state.waiting,
                     scheduled_ids=state.scheduled_ids - {victim})
     state = retire_entries(state, victim, frozenset({Fate.LIVE}), Fate.ORPHANED)

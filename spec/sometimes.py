@@ -40,6 +40,13 @@ def running_after_preemption_then_finished(s: State, cfg: Config, r: int) -> boo
     return finished_normally(s, cfg, r)
 
 
+def holds_preallocated_block(s: State, cfg: Config, r: int) -> bool:
+    """Request r holds a preallocated block: more blocks than its computed tokens and k drafts need."""
+    q = s.requests[r]
+    return q.status is Status.RUNNING and \
+        len(q.block_table) > -(-(q.num_computed + cfg.num_spec_tokens) // cfg.block_size)
+
+
 @dataclass(frozen=True)
 class Sometimes:
     """Some reachable state satisfies `target` for some request; if `after` is
@@ -61,6 +68,8 @@ class Sometimes:
             return cfg.num_stages >= 2
         if self.needs == "continue_prefill":
             return cfg.num_stages >= 2 and cfg.continue_prefill
+        if self.needs == "preallocation":     # PLACEHOLDER (z3prof) until the spec's profiles land
+            return cfg.num_preallocate_blocks > 0
         return True
 
 
@@ -69,4 +78,5 @@ SOMETIMES: tuple[Sometimes, ...] = (
     Sometimes("pipeline_can_be_full", pipeline_full, needs="pipeline"),
     Sometimes("two_prefill_chunks_in_flight", two_prefill_chunks_in_flight, needs="continue_prefill"),
     Sometimes("preempted_request_resumes_and_finishes", finished_normally, after=preempted),
+    Sometimes("preallocated_block_held", holds_preallocated_block, needs="preallocation"),
 )
