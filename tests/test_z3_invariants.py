@@ -22,6 +22,7 @@ from flightcheck.verification.z3.encoding.invariants import (INVARIANT_FORMULAS,
                                                     TRANSITION_FORMULAS, well_formed)
 from flightcheck.verification.z3.induction.strengthening import AUXILIARY
 from flightcheck.verification.z3.encoding.system import System
+from flightcheck.verification.z3.profiles import profile_model
 
 SLOW = pytest.mark.slow
 CODE = {Arrive: ARRIVE, Schedule: SCHEDULE, CompleteOldest: COMPLETE, Abort: ABORT}
@@ -133,6 +134,15 @@ def _compare_states(model, states, check_aux: bool) -> list[str]:
 @pytest.mark.parametrize("model", [models.PRESSURE_K2, pytest.param(models.ONE_BATCH, marks=SLOW)],
                          ids=lambda m: m.name)
 def test_invariant_formulas_agree_on_reachable_states(model):
+    assert _compare_states(model, list(reachable(model, limit=100)), check_aux=True) == []
+
+
+@pytest.mark.parametrize("profile", ["vllm-0.8.4"])
+def test_invariant_formulas_agree_on_reachable_states_under_a_profile(profile):
+    """0.8.4 preallocates blocks and schedules one batch per request: the
+    formulas (the preallocated-block target included) and the auxiliary
+    invariants still agree with the spec on its reachable states."""
+    model = profile_model(models.PRESSURE_K2, profile)
     assert _compare_states(model, list(reachable(model, limit=100)), check_aux=True) == []
 
 

@@ -133,23 +133,30 @@ def _cache_labels_sequential(layout: Layout, pool: SPool, table: list, table_len
 
 
 def free_table(layout: Layout, pool: SPool, table: list, table_len: Any, when: Any = True) -> SPool:
-    """Release a block table, last block first: a block whose count reaches 0
-    joins the tail of the free queue.
+    """Release a block table in the configuration's release order (last block
+    first, "reverse", or first block first, "forward"): a block whose count
+    reaches 0 joins the tail of the free queue.
 
     Written without the loop's chain of updates, and exactly equal to it:
-    slot t (visited after every slot above it) brings its block b to 0 when
-    ref[b] equals the number of b's occurrences in slots >= t, and then b goes
-    to the tail after the blocks freed by the slots above t."""
+    slot t brings its block b to 0 when ref[b] equals the number of b's
+    occurrences in slot t and the slots the loop visits before it, and then b
+    goes to the tail after the blocks freed by the slots visited before t."""
+    forward = layout.cfg.release_order == "forward"
     used = [conj(when, lt(t, table_len)) for t in range(len(table))]
     ref = [r - count(conj(used[t], eq(x, b)) for t, x in enumerate(table)) for b, r in enumerate(pool.ref)]
+
+    def visited_by(t: int) -> range:
+        """Slot t and the slots the loop visits before it."""
+        return range(0, t + 1) if forward else range(t, len(table))
+
     zero = []
     for t, b in enumerate(table):
-        seen = count(conj(used[t2], eq(table[t2], b)) for t2 in range(t, len(table)))
+        seen = count(conj(used[t2], eq(table[t2], b)) for t2 in visited_by(t))
         zero.append(conj(used[t], eq(pick(pool.ref, b, V(-1)), seen)))
     free = list(pool.free)
     for t, b in enumerate(table):
-        pos = pool.free_len + count(zero[t + 1:])
-        free = put(free, pos, b, zero[t])
+        before = zero[:t] if forward else zero[t + 1:]
+        free = put(free, pool.free_len + count(before), b, zero[t])
     return SPool(ref, list(pool.label), free, pool.free_len + count(zero))
 
 

@@ -389,12 +389,22 @@ def _two_prefill_chunks(layout: Layout, s: SState, r: int) -> Any:
     return conj(le(2, count(h for h, _ in lives)), neg(first_samples))
 
 
+def _holds_preallocated_block(layout: Layout, s: SState, r: int) -> Any:
+    """spec.sometimes.holds_preallocated_block: a RUNNING request with more
+    blocks than cdiv(num_computed + k, block_size)."""
+    q, bs = s.reqs[r], layout.cfg.block_size
+    need = div_const(q.num_computed + (layout.cfg.num_spec_tokens + bs - 1), bs)
+    return conj(eq(q.status, RUNNING), lt(need, q.table_len))
+
+
 SOMETIMES_FORMULAS: dict[str, Callable[[Layout, SState], Any]] = {
     "request_can_finish": lambda layout, s: disj(*[_finished_normally(s, r) for r in range(layout.N)]),
     "pipeline_can_be_full": lambda layout, s: eq(s.num_batches, layout.K),
     "two_prefill_chunks_in_flight": lambda layout, s: disj(*[_two_prefill_chunks(layout, s, r) for r in range(layout.N)]),
     "preempted_request_resumes_and_finishes":
         lambda layout, s: disj(*[conj(s.was_preempted[r], _finished_normally(s, r)) for r in range(layout.N)]),
+    "preallocated_block_held":
+        lambda layout, s: disj(*[_holds_preallocated_block(layout, s, r) for r in range(layout.N)]),
 }
 
 __all__ = ["INVARIANT_FORMULAS", "TRANSITION_FORMULAS", "SPEC_PROPERTIES", "SOMETIMES_FORMULAS", "NEEDS_SCHEDULE",
