@@ -1,20 +1,26 @@
 """The KV block pool's operations, as pure functions on `BlockPool`.
 
 These mirror vLLM's BlockPool/KVCacheManager closely enough that allocation
-succeeds or fails here exactly when it does there:
+succeeds or fails here exactly when it does there, with the same block ids:
 * fresh blocks are popped from the head of the free queue, evicting any label
   the popped block still caches;
 * a prefix hit walks the request's block labels and stops at the first miss;
   hit blocks with no holder are taken out of the free queue wherever they are;
-* at most one block caches a label: a full block whose label another block
-  already caches stays unlabelled (vLLM keeps duplicates; the lookup answer is
-  the same as long as the first stays cached);
-* a freed table is released in reverse order, so its tail is evicted first;
-  blocks that reach reference count 0 join the tail of the free queue with
-  their labels, so they can still be hit until evicted.
+* a full block is cached under its label even when another block already
+  caches that label (`Config.cache_duplicate_blocks`, vLLM 0.8.x
+  `cached_block_hash_to_block[hash][block_id]`); a hit is served from the
+  copy cached first among those still cached (`get_cached_block`), and
+  evicting one copy leaves the others cached. With the flag off, a label is
+  cached once (a later block with it stays unlabelled);
+* a freed table joins the tail of the free queue last block first or in
+  table order (`Config.release_order`: vLLM's `KVCacheManager.free` reverses
+  it only with prefix caching on); blocks that reach reference count 0 keep
+  their labels, so they can still be hit until evicted;
+* preallocation (`Config.num_preallocate_tokens`, vLLM 0.8.4) is decided by
+  `num_preallocated`: the caller pops those blocks with the ones it needs.
 
-Abstracted away: the hash function (labels stand for chained hashes), the
-null block vLLM reserves from 0.9, and preallocation of blocks ahead of need.
+Abstracted away: the hash function (labels stand for chained hashes) and the
+null block vLLM reserves from 0.9.
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ def cdiv(a: int, b: int) -> int:
 
 
 def cached_block(pool: BlockPool, label: int) -> int | None:
-    """The block caching `label`, if any."""
+    """The block a hit on `label` is served from, if any: the first copy cached."""
+    for block in pool.duplicates:
+        if pool.labels[block] == label:
+            return block
     try:
         return pool.labels.index(label)
     except ValueError:
@@ -53,6 +62,19 @@ def can_allocate(pool: BlockPool, num_new_blocks: int, hit: tuple[int, ...]) -> 
     return num_new_blocks <= len(pool.free_queue) - num_evictable_hit
 
 
+def num_preallocated(pool_after_touch: BlockPool, num_new_blocks: int, table_len: int,
+                     num_preallocate_blocks: int, max_blocks_per_request: int) -> int:
+    """vLLM 0.8.4 `allocate_slots`: when new blocks are needed, the extra blocks
+    taken with them: the preallocation, capped (together with the needed ones)
+    by the free blocks and by the request's room below max_model_len.
+    `table_len` counts the hit blocks already appended."""
+    if num_new_blocks <= 0:
+        return 0
+    total = min(num_new_blocks + num_preallocate_blocks, len(pool_after_touch.free_queue),
+                max_blocks_per_request - table_len)
+    return max(0, total - num_new_blocks)
+
+
 def touch(pool: BlockPool, hit: tuple[int, ...]) -> BlockPool:
     """Take hold of hit blocks: out of the free queue, reference count + 1."""
     refs = list(pool.ref_counts)
@@ -69,22 +91,41 @@ def pop_fresh(pool: BlockPool, num_blocks: int) -> tuple[BlockPool, tuple[int, .
     for b in taken:
         refs[b] = 1
         labels[b] = None
-    return BlockPool(tuple(refs), tuple(labels), pool.free_queue[num_blocks:]), taken
+    duplicates = _regroup([b for b in pool.duplicates if labels[b] is not None], labels)
+    return BlockPool(tuple(refs), tuple(labels), pool.free_queue[num_blocks:], duplicates), taken
 
 
-def cache_labels(pool: BlockPool, table: tuple[int, ...], labels: list[int]) -> BlockPool:
+def cache_labels(pool: BlockPool, table: tuple[int, ...], labels: list[int],
+                 keep_duplicates: bool = True) -> BlockPool:
     """Label the first len(labels) blocks of `table` with their content, skipping
-    blocks already labelled and labels another block already caches."""
+    blocks already labelled; a label another block already caches is cached
+    again (a duplicate) if `keep_duplicates`, else skipped."""
     new = list(pool.labels)
+    order = list(pool.duplicates)
     for block, label in zip(table, labels):
-        if new[block] is None and label not in new:
-            new[block] = label
-    return replace(pool, labels=tuple(new))
+        if new[block] is not None:
+            continue
+        if label in new:
+            if not keep_duplicates:
+                continue
+            order += [b for b, lab in enumerate(new) if lab == label and b not in order]
+            order.append(block)
+        new[block] = label
+    return replace(pool, labels=tuple(new), duplicates=_regroup(order, new))
 
 
-def free_table(pool: BlockPool, table: tuple[int, ...], order: str = "reverse") -> BlockPool:
-    """Release a block table, last block first ("reverse": vLLM's
-    KVCacheManager.free with prefix caching) or first block first ("forward")."""
+def _regroup(order: list[int], labels: list[int | None]) -> tuple[int, ...]:
+    """The canonical duplicates list: caching order within a label, grouped by
+    label, and only labels still cached by two blocks or more."""
+    counts: dict[int, int] = {}
+    for b in order:
+        counts[labels[b]] = counts.get(labels[b], 0) + 1  # type: ignore[index]
+    kept = [b for b in order if counts[labels[b]] >= 2]  # type: ignore[index]
+    return tuple(sorted(kept, key=lambda b: labels[b]))  # type: ignore[arg-type, return-value]
+
+
+def free_table(pool: BlockPool, table: tuple[int, ...], order: str) -> BlockPool:
+    """Release a block table: last block first ("reverse") or in table order ("forward")."""
     refs, free = list(pool.ref_counts), list(pool.free_queue)
     for b in (reversed(table) if order == "reverse" else table):
         refs[b] -= 1

@@ -3,13 +3,19 @@
 Abstracted away: everything about the model (layers, weights, dtypes), the
 encoder budgets, LoRA, structured output, priorities, async scheduling and KV
 connectors. None of them changes how many tokens are in flight for whom, which
-is all this spec is about. Preallocation of blocks ahead of need
-(`num_preallocate_tokens`) is fixed at 0, as in vLLM from 0.9.
+is all this spec is about.
+
+Where vLLM versions differ, `profile` names the version (`profiles.py`) and the
+fields left at None take that profile's value: the policy (`continue_prefill`),
+the release order of a freed table, preallocation, duplicate cached blocks.
+A field given explicitly overrides the profile (a trace's explicit keys do).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .profiles import DEFAULT_PROFILE, ReleaseOrder, profile as profile_named
 
 
 @dataclass(frozen=True)
@@ -25,16 +31,15 @@ class Config:
     long_prefill_token_threshold: int = 0    # 0 = off; else one request's chunk cap
     num_spec_tokens: int = 0                 # k: drafts proposed per step at most
     prefix_caching: bool = True
-    continue_prefill: bool = True            # the PR; False = one batch per request
-    # PLACEHOLDER (issue 19, helper z3prof) until the spec's profiles land: the
-    # version-profile constants the Z3 encoding reads, with today's behaviour as
-    # defaults. The spec's own Config (spec/profiles.py) replaces these.
-    profile: str = "vllm-0.8.5"
-    release_order: str = "reverse"           # "reverse" | "forward": KVCacheManager.free
-    num_preallocate_tokens: int = 0          # 0.8.4: 64 (KVCacheManager.allocate_slots)
-    cache_duplicate_blocks: bool = False     # vLLM 0.8.x: True (BlockPool.cache_full_blocks)
+    profile: str = DEFAULT_PROFILE           # the vLLM version modelled (profiles.py)
+    # None: the profile's value (resolved in __post_init__, so always set after it)
+    continue_prefill: bool = None            # type: ignore[assignment]  # the PR; False = one batch per request
+    release_order: ReleaseOrder = None       # type: ignore[assignment]  # how a freed table joins the free queue
+    num_preallocate_tokens: int = None       # type: ignore[assignment]  # 0.8.4's blocks ahead of need
+    cache_duplicate_blocks: bool = None      # type: ignore[assignment]  # a hash may be cached by two blocks
 
     def __post_init__(self) -> None:
+        self._resolve_profile()
         positive = ("num_stages", "max_num_batched_tokens", "max_num_seqs",
                     "block_size", "num_blocks", "max_model_len")
         for name in positive:
@@ -49,8 +54,18 @@ class Config:
         if self.num_preallocate_tokens < 0:
             raise ValueError("num_preallocate_tokens must be >= 0")
 
+    def _resolve_profile(self) -> None:
+        """Fill every field left at None from the profile (frozen: set through object)."""
+        chosen = profile_named(self.profile)
+        defaults = {"continue_prefill": chosen.policy == "continue-prefill",
+                    "release_order": chosen.release_order(self.prefix_caching),
+                    "num_preallocate_tokens": chosen.num_preallocate_tokens,
+                    "cache_duplicate_blocks": chosen.cache_duplicate_blocks}
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+
     @property
-    def num_preallocate_blocks(self) -> int:
-        """KVCacheManager: cdiv(num_preallocate_tokens, block_size) extra blocks
-        on an allocation that needs new ones (no lookahead tokens: no EAGLE)."""
-        return -(-self.num_preallocate_tokens // self.block_size)
+    def max_blocks_per_request(self) -> int:
+        """vLLM's `max_num_blocks_per_req`: the blocks max_model_len tokens fill."""
+        return -(-self.max_model_len // self.block_size)

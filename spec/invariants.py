@@ -108,7 +108,7 @@ def s8_spec_accounting(s: State, cfg: Config) -> bool:
 
 
 def s9_kv_ownership(s: State, cfg: Config) -> bool:
-    """Reference counts equal the tables holding a block; free queue and held blocks partition the pool; only RUNNING requests hold blocks, enough for num_computed, with correct cached content."""
+    """Reference counts equal the tables holding a block; free queue and held blocks partition the pool; only RUNNING requests hold blocks, enough for num_computed, with correct cached content; a label is cached once, or (duplicate caching) its copies are recorded in caching order."""
     pool, bs = s.pool, cfg.block_size
     holders: Counter[int] = Counter()
     for r, q in enumerate(s.requests):
@@ -127,8 +127,21 @@ def s9_kv_ownership(s: State, cfg: Config) -> bool:
     free = pool.free_queue
     if len(set(free)) != len(free) or set(free) != {b for b, c in enumerate(pool.ref_counts) if c == 0}:
         return False
-    cached = [lab for lab in pool.labels if lab is not None]
-    return len(set(cached)) == len(cached)
+    return _cached_copies_recorded(pool, cfg)
+
+
+def _cached_copies_recorded(pool, cfg: Config) -> bool:
+    """S9's caching clause. Without duplicate caching a label is cached once;
+    with it (vLLM 0.8.x) a label may be cached by several blocks, and
+    `duplicates` lists exactly those blocks, each once, grouped by label, so
+    a hit knows which copy to serve."""
+    copies = Counter(lab for lab in pool.labels if lab is not None)
+    if not cfg.cache_duplicate_blocks:
+        return all(c == 1 for c in copies.values()) and not pool.duplicates
+    expected = {b for b, lab in enumerate(pool.labels) if lab is not None and copies[lab] >= 2}
+    order = [pool.labels[b] for b in pool.duplicates]
+    return (len(set(pool.duplicates)) == len(pool.duplicates) == len(expected)
+            and set(pool.duplicates) == expected and order == sorted(order))  # type: ignore[type-var]
 
 
 def s10_queues_and_budgets(s: State, cfg: Config) -> bool:

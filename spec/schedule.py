@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 
 from . import blocks
 from .config import Config
-from .state import Batch, Entry, Fate, State, Status, content_label, retire_entries
+from .profiles import num_preallocate_blocks
+from .state import Batch, BlockPool, Entry, Fate, State, Status, content_label, retire_entries
 
 
 @dataclass(frozen=True)
@@ -161,23 +162,27 @@ def _allocate(step: _Step, r: int, num_new: int, hit: tuple[int, ...]) -> bool:
     num_fresh = max(0, _num_required_blocks(cfg, total) - len(req.block_table) - len(hit))
     if not blocks.can_allocate(state.pool, num_fresh, hit):
         return False
-    touched = blocks.touch(state.pool, hit)
-    if num_fresh > 0 and cfg.num_preallocate_blocks > 0:
-        # vLLM 0.8.4 allocate_slots: extra blocks ahead of need, capped by the
-        # free blocks and by max_model_len's blocks per request
-        max_per_request = blocks.cdiv(cfg.max_model_len, cfg.block_size)
-        num_fresh = min(num_fresh + cfg.num_preallocate_blocks, len(touched.free_queue),
-                        max_per_request - len(req.block_table) - len(hit))
-    pool, fresh = blocks.pop_fresh(touched, num_fresh)
+    pool = blocks.touch(state.pool, hit)
+    num_fresh += _num_preallocated(cfg, pool, num_fresh, len(req.block_table) + len(hit))
+    pool, fresh = blocks.pop_fresh(pool, num_fresh)
     table = req.block_table + hit + fresh
     if cfg.prefix_caching:
         drafts = max(0, total - req.num_tokens)
         num_full = (total - drafts) // cfg.block_size
         labels = [content_label(state, r, i, cfg.block_size) for i in range(num_full)]
-        pool = blocks.cache_labels(pool, table, labels)
+        pool = blocks.cache_labels(pool, table, labels, cfg.cache_duplicate_blocks)
     step.state = replace(state, pool=pool).with_request(r, block_table=table)
     step.new_blocks = hit + fresh
     return True
+
+
+def _num_preallocated(cfg: Config, pool: BlockPool, num_fresh: int, table_len: int) -> int:
+    """vLLM 0.8.4's blocks ahead of need, taken only when new blocks are needed
+    (no lookahead tokens here: drafts are scheduled tokens, not lookahead)."""
+    if cfg.num_preallocate_tokens == 0:
+        return 0
+    extra = num_preallocate_blocks(cfg.num_preallocate_tokens, cfg.block_size)
+    return blocks.num_preallocated(pool, num_fresh, table_len, extra, cfg.max_blocks_per_request)
 
 
 def _preempt(step: _Step, victim: int) -> None:

@@ -47,6 +47,11 @@ def holds_preallocated_block(s: State, cfg: Config, r: int) -> bool:
         len(q.block_table) > -(-(q.num_computed + cfg.num_spec_tokens) // cfg.block_size)
 
 
+def duplicate_cached_block(s: State, cfg: Config, r: int) -> bool:
+    """Some label is cached by two blocks at once (vLLM 0.8.x keeps both copies)."""
+    return bool(s.pool.duplicates)
+
+
 @dataclass(frozen=True)
 class Sometimes:
     """Some reachable state satisfies `target` for some request; if `after` is
@@ -68,8 +73,10 @@ class Sometimes:
             return cfg.num_stages >= 2
         if self.needs == "continue_prefill":
             return cfg.num_stages >= 2 and cfg.continue_prefill
-        if self.needs == "preallocation":     # PLACEHOLDER (z3prof) until the spec's profiles land
-            return cfg.num_preallocate_blocks > 0
+        if self.needs == "preallocation":
+            return cfg.num_preallocate_tokens > 0
+        if self.needs == "duplicate_caching":
+            return cfg.prefix_caching and cfg.cache_duplicate_blocks
         return True
 
 
@@ -79,4 +86,5 @@ SOMETIMES: tuple[Sometimes, ...] = (
     Sometimes("two_prefill_chunks_in_flight", two_prefill_chunks_in_flight, needs="continue_prefill"),
     Sometimes("preempted_request_resumes_and_finishes", finished_normally, after=preempted),
     Sometimes("preallocated_block_held", holds_preallocated_block, needs="preallocation"),
+    Sometimes("duplicate_cached_block", duplicate_cached_block, needs="duplicate_caching"),
 )

@@ -99,6 +99,11 @@ class BlockPool:
     ref_counts: tuple[int, ...]
     labels: tuple[int | None, ...]
     free_queue: tuple[int, ...]
+    # The blocks whose label another block caches too (vLLM 0.8.x keeps both
+    # copies), in the order they were cached, grouped by label (a stable sort
+    # by label, so the order between different labels carries no information
+    # and a pool without duplicates has ()): a hit is served from the first.
+    duplicates: tuple[int, ...] = ()
 
     @staticmethod
     def empty(num_blocks: int) -> "BlockPool":

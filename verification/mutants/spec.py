@@ -133,7 +133,7 @@ def preempt_keeping_inflight_set(step: "scheduling._Step", victim: int) -> None:
     scheduling (vLLM 0.8.1-0.8.4)."""
     state = step.state
     req = state.requests[victim]
-    state = replace(state, pool=blocks.free_table(state.pool, req.block_table),
+    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order),
                     running=state.running[:-1], waiting=(victim,) + state.waiting)
     state = retire_entries(state, victim, frozenset({Fate.LIVE}), Fate.ORPHANED)
     step.state = state.with_request(victim, status=Status.PREEMPTED, num_computed=0,
@@ -202,7 +202,7 @@ def finish_keeping_blocks_on_abort(state: State, cfg: Config, r: int, status: St
     keeps its block table, so its blocks are never returned to the pool (S9)."""
     req = state.requests[r]
     keep_blocks = status is Status.FINISHED_ABORTED
-    pool = state.pool if keep_blocks else blocks.free_table(state.pool, req.block_table)
+    pool = state.pool if keep_blocks else blocks.free_table(state.pool, req.block_table, cfg.release_order)
     state = replace(state, pool=pool,
                     waiting=tuple(x for x in state.waiting if x != r),
                     running=tuple(x for x in state.running if x != r),
@@ -238,7 +238,7 @@ def preempt_keeping_counter(step: "scheduling._Step", victim: int) -> None:
     reset num_computed, though the KV it counted is freed (S1)."""
     state = step.state
     req = state.requests[victim]
-    state = replace(state, pool=blocks.free_table(state.pool, req.block_table),
+    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order),
                     running=state.running[:-1], waiting=(victim,) + state.waiting,
                     scheduled_ids=state.scheduled_ids - {victim})
     state = retire_entries(state, victim, frozenset({Fate.LIVE}), Fate.ORPHANED)
@@ -253,7 +253,7 @@ def preempt_clearing_inflight_drafts(step: "scheduling._Step", victim: int) -> N
     clears, so a running batch's snapshot changes (S4)."""
     state = step.state
     req = state.requests[victim]
-    state = replace(state, pool=blocks.free_table(state.pool, req.block_table),
+    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order),
                     running=state.running[:-1], waiting=(victim,) + state.waiting,
                     scheduled_ids=state.scheduled_ids - {victim})
     state = retire_entries(state, victim, frozenset({Fate.LIVE}), Fate.ORPHANED)
