@@ -18,7 +18,7 @@ from flightcheck.verification.z3.encoding.crosscheck import (CrossChecker, Cross
 from flightcheck.verification.z3.encoding.state import Layout, NotRepresentable, constant_state, decode, initial
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.encoding.terms import arithmetic
-from flightcheck.verification.z3.profiles import PROFILE_SETTINGS, profile_model
+from flightcheck.verification.z3.profiles import PROFILES, profile_model
 
 
 # K = 3, spec decode and a shared prefix label, small enough to enumerate in seconds.
@@ -44,7 +44,7 @@ TINY_NO_CACHE = models.Model(
 
 # Every profile on a model with prefix caching (0.8.4: preallocation and one
 # batch per request) and on one without (forward release order).
-PROFILE_MODELS = [profile_model(model, profile) for profile in PROFILE_SETTINGS
+PROFILE_MODELS = [profile_model(model, profile) for profile in PROFILES
                   for model in (TINY_K3, TINY_NO_CACHE)]
 
 
@@ -83,10 +83,13 @@ def test_the_profile_models_exercise_what_the_profiles_change():
     reverse = dataclasses.replace(forward, cfg=dataclasses.replace(forward.cfg, release_order="reverse"))
     assert _reachable_pools(forward) != _reachable_pools(reverse)
     preallocating = profile_model(TINY_K3, "vllm-0.8.4")
-    assert preallocating.cfg.num_preallocate_blocks > 0
+    assert preallocating.cfg.num_preallocate_tokens > 0
     bs = preallocating.cfg.block_size
     assert any(len(q.block_table) > -(-(q.num_computed + 1) // bs)
                for s in reachable(preallocating) for q in s.requests)
+    duplicating = profile_model(TINY_K3, "vllm-0.8.5")
+    assert duplicating.cfg.cache_duplicate_blocks
+    assert any(s.pool.duplicates for s in reachable(duplicating))
 
 
 def test_relation_equals_spec_on_random_states_of_the_default_model():

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import z3
+from flightcheck.spec.profiles import num_preallocate_blocks
 from flightcheck.verification.z3.encoding import blocks as zb
 from flightcheck.verification.z3.encoding.requests import (
     empty_table,
@@ -166,7 +167,8 @@ def _with_preallocation(layout: Layout, num_fresh: Any, free_len: Any, held: Any
     capped by the free blocks and by the table's room below max_model_len
     (T slots). Preallocating more than T is the same as T, which keeps the
     sum inside the bit-vectors' range."""
-    extra = min(layout.cfg.num_preallocate_blocks, layout.T)
+    cfg = layout.cfg
+    extra = min(num_preallocate_blocks(cfg.num_preallocate_tokens, cfg.block_size), layout.T)
     if extra == 0:
         return num_fresh
     return ite(lt(0, num_fresh), imin(num_fresh + extra, imin(free_len, layout.T - held)), num_fresh)
