@@ -54,6 +54,15 @@ def test_bmc_reaches_the_new_sometimes_target_of_a_profile(profile, target, dept
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("profile", ["vllm-0.8.5", "vllm-0.8.4"])
+def test_k_induction_proves_every_invariant_of_the_verify_model_under_each_profile(profile):
+    """3 requests, K = 3, prefix caching: duplicate cached blocks under both
+    profiles, preallocation and one batch per request under 0.8.4."""
+    res = prove_by_induction(profile_model(models.SHARED_K3, profile), jobs=2)
+    assert [p.name for p in res.properties if p.status != "proved"] == []
+
+
+@pytest.mark.slow
 def test_k_induction_proves_every_invariant_of_the_default_model():
     res = prove_by_induction(models.DEFAULT)
     assert [p.name for p in res.properties if p.status != "proved"] == []
