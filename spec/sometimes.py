@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from .blocks import cdiv
 from .config import Config
 from .state import State, Status
 
@@ -40,16 +41,15 @@ def running_after_preemption_then_finished(s: State, cfg: Config, r: int) -> boo
     return finished_normally(s, cfg, r)
 
 
-def holds_preallocated_block(s: State, cfg: Config, r: int) -> bool:
-    """Request r holds a preallocated block: more blocks than its computed tokens and k drafts need."""
-    q = s.requests[r]
-    return q.status is Status.RUNNING and \
-        len(q.block_table) > -(-(q.num_computed + cfg.num_spec_tokens) // cfg.block_size)
-
-
 def duplicate_cached_block(s: State, cfg: Config, r: int) -> bool:
-    """Some label is cached by two blocks at once (vLLM 0.8.x keeps both copies)."""
+    """Two blocks cache the same label (vLLM 0.8.x keeps both copies)."""
     return bool(s.pool.duplicates)
+
+
+def preallocated_block(s: State, cfg: Config, r: int) -> bool:
+    """Request r holds a block beyond any its known tokens and drafts can fill (taken ahead of need)."""
+    q = s.requests[r]
+    return len(q.block_table) > cdiv(q.num_tokens + cfg.num_spec_tokens, cfg.block_size)
 
 
 @dataclass(frozen=True)
@@ -68,15 +68,19 @@ class Sometimes:
         first = f"{(self.after.__doc__ or '').strip()} and later: " if self.after else ""
         return first + (self.target.__doc__ or "").strip()
 
-    def is_applicable(self, cfg: Config) -> bool:
+    def is_applicable(self, cfg: Config, shares_prefix: bool = False) -> bool:
+        """Whether the target is meaningful for `cfg`; `shares_prefix`: the
+        model's prompts share a prefix label (a duplicate needs two requests
+        computing one content; callers that do not know the prompts leave it
+        False and skip that target)."""
         if self.needs == "pipeline":
             return cfg.num_stages >= 2
         if self.needs == "continue_prefill":
             return cfg.num_stages >= 2 and cfg.continue_prefill
+        if self.needs == "duplicate_caching":
+            return cfg.prefix_caching and cfg.cache_duplicate_blocks and shares_prefix
         if self.needs == "preallocation":
             return cfg.num_preallocate_tokens > 0
-        if self.needs == "duplicate_caching":
-            return cfg.prefix_caching and cfg.cache_duplicate_blocks
         return True
 
 
@@ -85,6 +89,6 @@ SOMETIMES: tuple[Sometimes, ...] = (
     Sometimes("pipeline_can_be_full", pipeline_full, needs="pipeline"),
     Sometimes("two_prefill_chunks_in_flight", two_prefill_chunks_in_flight, needs="continue_prefill"),
     Sometimes("preempted_request_resumes_and_finishes", finished_normally, after=preempted),
-    Sometimes("preallocated_block_held", holds_preallocated_block, needs="preallocation"),
     Sometimes("duplicate_cached_block", duplicate_cached_block, needs="duplicate_caching"),
+    Sometimes("preallocated_block", preallocated_block, needs="preallocation"),
 )

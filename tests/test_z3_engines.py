@@ -40,7 +40,7 @@ def test_bmc_bounds_the_correct_spec_and_reaches_sometimes_targets():
     replay_checked(models.SINGLE_SEQ, rows["request_can_finish"].trace, rows["request_can_finish"].states)
 
 
-@pytest.mark.parametrize("profile, target, depth", [("vllm-0.8.4", "preallocated_block_held", 2),
+@pytest.mark.parametrize("profile, target, depth", [("vllm-0.8.4", "preallocated_block", 2),
                                                     ("vllm-0.8.5", "duplicate_cached_block", 4)])
 def test_bmc_reaches_the_new_sometimes_target_of_a_profile(profile, target, depth):
     """The verify model under each profile reaches the profile's new target

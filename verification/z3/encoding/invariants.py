@@ -414,11 +414,11 @@ def _two_prefill_chunks(layout: Layout, s: SState, r: int) -> Any:
 
 
 def _holds_preallocated_block(layout: Layout, s: SState, r: int) -> Any:
-    """spec.sometimes.holds_preallocated_block: a RUNNING request with more
-    blocks than cdiv(num_computed + k, block_size)."""
+    """spec.sometimes.preallocated_block: more blocks than
+    cdiv(num_tokens + k, block_size), taken ahead of need."""
     q, bs = s.reqs[r], layout.cfg.block_size
-    need = div_const(q.num_computed + (layout.cfg.num_spec_tokens + bs - 1), bs)
-    return conj(eq(q.status, RUNNING), lt(need, q.table_len))
+    need = div_const(num_tokens(layout, q, r) + (layout.cfg.num_spec_tokens + bs - 1), bs)
+    return lt(need, q.table_len)
 
 
 SOMETIMES_FORMULAS: dict[str, Callable[[Layout, SState], Any]] = {
@@ -427,7 +427,7 @@ SOMETIMES_FORMULAS: dict[str, Callable[[Layout, SState], Any]] = {
     "two_prefill_chunks_in_flight": lambda layout, s: disj(*[_two_prefill_chunks(layout, s, r) for r in range(layout.N)]),
     "preempted_request_resumes_and_finishes":
         lambda layout, s: disj(*[conj(s.was_preempted[r], _finished_normally(s, r)) for r in range(layout.N)]),
-    "preallocated_block_held":
+    "preallocated_block":
         lambda layout, s: disj(*[_holds_preallocated_block(layout, s, r) for r in range(layout.N)]),
     "duplicate_cached_block": lambda layout, s: lt(0, s.pool.duplicates_len),
 }
