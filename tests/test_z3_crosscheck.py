@@ -18,6 +18,7 @@ from flightcheck.verification.z3.encoding.crosscheck import (CrossChecker, Cross
 from flightcheck.verification.z3.encoding.state import Layout, NotRepresentable, constant_state, decode, initial
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.encoding.terms import arithmetic
+from flightcheck.verification.z3.profiles import PROFILES, profile_model
 
 
 # K = 3, spec decode and a shared prefix label, small enough to enumerate in seconds.
@@ -34,6 +35,19 @@ TINY_PREEMPT = models.Model(
     (Prompt(1, 2), Prompt(3, 1, (7,))))
 
 
+# No prefix caching: blocks are released first block first (KVCacheManager.free),
+# and one-token blocks give tables of several blocks to release in either order.
+TINY_NO_CACHE = models.Model(
+    "tiny-no-cache", Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=1, num_blocks=4,
+                            max_model_len=5, prefix_caching=False),
+    (Prompt(2, 2), Prompt(2, 1)))
+
+# Every profile on a model with prefix caching (0.8.4: preallocation and one
+# batch per request) and on one without (forward release order).
+PROFILE_MODELS = [profile_model(model, profile) for profile in PROFILES
+                  for model in (TINY_K3, TINY_NO_CACHE)]
+
+
 def _check_all(model, states) -> CrossReport:
     checker, report = CrossChecker(model), CrossReport()
     for s in states:
@@ -47,6 +61,35 @@ def test_relation_equals_spec_on_every_reachable_state(model):
     report = _check_all(model, states)
     assert report.problems == []
     assert report.states == len(states) and report.edges > report.states
+
+
+@pytest.mark.parametrize("model", PROFILE_MODELS, ids=lambda m: m.name)
+def test_relation_equals_spec_on_every_reachable_state_under_each_profile(model):
+    states = list(reachable(model))
+    report = _check_all(model, states)
+    assert report.problems == []
+    assert report.states == len(states) and report.edges > report.states
+
+
+def _reachable_pools(model) -> set:
+    return {s.pool for s in reachable(model)}
+
+
+def test_the_profile_models_exercise_what_the_profiles_change():
+    """Control for the test above: each profile constant changes the reachable
+    states of its model, so the cross-check compared the new behaviour."""
+    forward = profile_model(TINY_NO_CACHE, "vllm-0.8.5")
+    assert forward.cfg.release_order == "forward"
+    reverse = dataclasses.replace(forward, cfg=dataclasses.replace(forward.cfg, release_order="reverse"))
+    assert _reachable_pools(forward) != _reachable_pools(reverse)
+    preallocating = profile_model(TINY_K3, "vllm-0.8.4")
+    assert preallocating.cfg.num_preallocate_tokens > 0
+    bs = preallocating.cfg.block_size
+    assert any(len(q.block_table) > -(-(q.num_computed + 1) // bs)
+               for s in reachable(preallocating) for q in s.requests)
+    duplicating = profile_model(TINY_K3, "vllm-0.8.5")
+    assert duplicating.cfg.cache_duplicate_blocks
+    assert any(s.pool.duplicates for s in reachable(duplicating))
 
 
 def test_relation_equals_spec_on_random_states_of_the_default_model():

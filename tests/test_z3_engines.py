@@ -19,6 +19,7 @@ from flightcheck.verification.z3.bmc.engine import BmcOptions, bmc, first_counte
 from flightcheck.verification.z3.induction.kinduction import prove_by_induction
 from flightcheck.verification.z3.results import replay as replay_checked
 from flightcheck.verification.z3.induction.spacer import _with_definitions, spacer
+from flightcheck.verification.z3.profiles import profile_model
 
 
 def test_bmc_kills_a_mutant_with_a_shortest_replayable_trace():
@@ -37,6 +38,28 @@ def test_bmc_bounds_the_correct_spec_and_reaches_sometimes_targets():
     assert all(rows[inv.name].status == "bounded" for inv in INVARIANTS)
     assert rows["request_can_finish"].status == "reached" and rows["request_can_finish"].depth == 3
     replay_checked(models.SINGLE_SEQ, rows["request_can_finish"].trace, rows["request_can_finish"].states)
+
+
+@pytest.mark.parametrize("profile, target, depth", [("vllm-0.8.4", "preallocated_block", 2),
+                                                    ("vllm-0.8.5", "duplicate_cached_block", 4)])
+def test_bmc_reaches_the_new_sometimes_target_of_a_profile(profile, target, depth):
+    """The verify model under each profile reaches the profile's new target
+    (a preallocated block; a label cached twice) at its shortest depth (the
+    explicit search's), on a trace that replays on the concrete spec."""
+    model = profile_model(models.SHARED_K3, profile)
+    res = bmc(model, depth, BmcOptions(properties=(), sometimes=(target,)))
+    row = res.by_name()[target]
+    assert row.status == "reached" and row.depth == depth
+    replay_checked(model, row.trace, row.states)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["vllm-0.8.5", "vllm-0.8.4"])
+def test_k_induction_proves_every_invariant_of_the_verify_model_under_each_profile(profile):
+    """3 requests, K = 3, prefix caching: duplicate cached blocks under both
+    profiles, preallocation and one batch per request under 0.8.4."""
+    res = prove_by_induction(profile_model(models.SHARED_K3, profile), jobs=2)
+    assert [p.name for p in res.properties if p.status != "proved"] == []
 
 
 @pytest.mark.slow

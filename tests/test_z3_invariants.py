@@ -12,7 +12,7 @@ import pytest
 import z3
 
 from flightcheck.spec import (INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES, Abort, Arrive, CompleteOldest,
-                              Fate, Schedule, State)
+                              Config, Fate, Prompt, Schedule, State)
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification import models
 from flightcheck.verification.mutants import applied
@@ -22,6 +22,7 @@ from flightcheck.verification.z3.encoding.invariants import (INVARIANT_FORMULAS,
                                                     TRANSITION_FORMULAS, well_formed)
 from flightcheck.verification.z3.induction.strengthening import AUXILIARY
 from flightcheck.verification.z3.encoding.system import System
+from flightcheck.verification.z3.profiles import profile_model
 
 SLOW = pytest.mark.slow
 CODE = {Arrive: ARRIVE, Schedule: SCHEDULE, CompleteOldest: COMPLETE, Abort: ABORT}
@@ -134,6 +135,23 @@ def _compare_states(model, states, check_aux: bool) -> list[str]:
                          ids=lambda m: m.name)
 def test_invariant_formulas_agree_on_reachable_states(model):
     assert _compare_states(model, list(reachable(model, limit=100)), check_aux=True) == []
+
+
+# Two requests sharing a label, admitted close enough together to cache it twice.
+DUPLICATING = models.Model(
+    "tiny-k3", Config(num_stages=3, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=3,
+                      max_model_len=6, prefix_caching=True, num_spec_tokens=1),
+    (Prompt(2, 1, (7,)), Prompt(3, 1, (7,))))
+
+
+@pytest.mark.parametrize("model", [profile_model(models.PRESSURE_K2, "vllm-0.8.4"),
+                                   profile_model(DUPLICATING, "vllm-0.8.5")], ids=lambda m: m.name)
+def test_invariant_formulas_agree_on_reachable_states_under_a_profile(model):
+    """0.8.4 preallocates blocks and schedules one batch per request; 0.8.5
+    caches a label twice: the formulas (the new targets and S9's caching
+    clause included) and the auxiliary invariants still agree with the spec
+    on the reachable states."""
+    assert _compare_states(model, list(reachable(model, limit=150)), check_aux=True) == []
 
 
 def test_invariant_formulas_agree_on_default_states():

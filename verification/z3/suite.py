@@ -16,6 +16,7 @@ from flightcheck.verification.z3.bmc.engine import (
 )
 from flightcheck.verification.z3.encoding.invariants import SPEC_PROPERTIES
 from flightcheck.verification.z3.induction.kinduction import prove_by_induction
+from flightcheck.verification.z3.profiles import profile_model
 
 
 def _row(p, method: str | None = None):
@@ -75,3 +76,15 @@ def hunt_mutant_bmc(name: str, model: Model, max_depth: int = 12, time_budget: f
     p = first_counterexample(model.with_mutant(name), max_depth, time_budget)
     return (p is not None, None if p is None else p.name, None if p is None else p.trace,
             time.perf_counter() - t0)
+
+
+def profile_rows(model: Model, profile: str, depth: int, time_budget: float | None = None,
+                 jobs: int = 1) -> list:
+    """The Z3 rows of `model` under a version profile (spec/profiles.py):
+    every spec property by k-induction, then BMC to `depth` with the
+    profile's sometimes targets (a preallocated block, a duplicate cached
+    block, where the profile has them). The method names the profile."""
+    chosen = profile_model(model, profile)
+    rows = induction_rows(chosen, time_budget=time_budget, jobs=jobs) + \
+        bmc_rows(chosen, depth, time_budget=time_budget, jobs=jobs)
+    return [PropertyResult(r.name, r.kind, r.status, f"{r.method} [{profile}]", r.depth, r.seconds) for r in rows]

@@ -78,7 +78,9 @@ def default_properties() -> list[str]:
 
 def applicable_sometimes(model: Model) -> list[str]:
     """The "sometimes" targets that make sense for the model's configuration."""
-    return [target.name for target in SOMETIMES if target.is_applicable(model.cfg)]
+    labels = [label for prompt in model.prompts for label in set(prompt.labels)]
+    shares_prefix = len(labels) != len(set(labels))     # a duplicate needs two prompts with one label
+    return [target.name for target in SOMETIMES if target.is_applicable(model.cfg, shares_prefix)]
 
 
 @dataclass(frozen=True)

@@ -31,12 +31,34 @@ from flightcheck.verification.z3.encoding.terms import (
 
 
 def cached_block(layout: Layout, pool: SPool, label: Any) -> tuple[Any, Any]:
-    """(some block caches `label`, the first block that does): `labels.index`."""
+    """(some block caches `label`, the block a hit is served from): the first
+    copy in `duplicates` when the label is cached twice, else `labels.index`."""
     found = disj(*[eq(lab, label) for lab in pool.label])
     block = V(PAD)
     for b in range(layout.B - 1, -1, -1):
         block = ite(eq(pool.label[b], label), V(b), block)
+    if layout.cfg.cache_duplicate_blocks:
+        for j in range(layout.B - 1, -1, -1):
+            copy = pool.duplicates[j]
+            block = ite(conj(lt(j, pool.duplicates_len), eq(_label_of(layout, pool.label, copy), label)), copy, block)
     return found, block
+
+
+def _label_of(layout: Layout, labels: list, block: Any) -> Any:
+    """labels[block], for a symbolic block (a value no label takes if out of range)."""
+    return pick(labels, block, V(layout.none_label - 1))
+
+
+def _compact(layout: Layout, xs: list, keep: list) -> tuple[list, Any]:
+    """The slots of xs whose `keep` holds, in order, PAD-padded: (list, length)."""
+    pos = [count(keep[:j]) for j in range(len(xs))]
+    out = []
+    for slot in range(len(xs)):
+        v = V(PAD)
+        for j in range(slot, len(xs)):
+            v = ite(conj(keep[j], eq(pos[j], slot)), xs[j], v)
+        out.append(v)
+    return out, count(keep)
 
 
 def lookup_hit(layout: Layout, builder: Builder, pool: SPool, labels: list, num_labels: Any,
@@ -77,7 +99,7 @@ def touch(layout: Layout, builder: Builder, pool: SPool, hit: list, num_hit: Any
         for j in range(slot, layout.B):
             v = ite(conj(keep[j], eq(pos[j], slot)), pool.free[j], v)
         free.append(v)
-    return SPool(ref, list(pool.label), free, count(keep))
+    return SPool(ref, list(pool.label), free, count(keep), list(pool.duplicates), pool.duplicates_len)
 
 
 def pop_fresh(layout: Layout, pool: SPool, num: Any, max_num: int) -> tuple[SPool, list]:
@@ -97,7 +119,16 @@ def pop_fresh(layout: Layout, pool: SPool, num: Any, max_num: int) -> tuple[SPoo
             if slot + d < layout.B:
                 v = ite(eq(num, d), pool.free[slot + d], v)
         free.append(ite(lt(slot, new_len), v, V(PAD)))
-    return SPool(ref, label, free, new_len), taken
+    duplicates, duplicates_len = list(pool.duplicates), pool.duplicates_len
+    if layout.cfg.cache_duplicate_blocks:
+        # an evicted copy leaves `duplicates`, and so does the last copy left of its label
+        keep = []
+        for j, copy in enumerate(pool.duplicates):
+            lab = _label_of(layout, label, copy)
+            copies = count(eq(x, lab) for x in label)
+            keep.append(conj(lt(j, pool.duplicates_len), neg(eq(lab, layout.none_label)), le(2, copies)))
+        duplicates, duplicates_len = _compact(layout, pool.duplicates, keep)
+    return SPool(ref, label, free, new_len, duplicates, duplicates_len), taken
 
 
 def cache_labels(layout: Layout, pool: SPool, table: list, table_len: Any, labels: list,
@@ -110,6 +141,8 @@ def cache_labels(layout: Layout, pool: SPool, table: list, table_len: Any, label
     table holds no block twice (S9), no iteration can see another's write, so
     every slot is decided against the labels as they were: a flat circuit
     instead of a chain of T dependent updates."""
+    if layout.cfg.cache_duplicate_blocks:
+        return _cache_labels_keeping_duplicates(layout, pool, table, table_len, labels, num_labels)
     if not layout.distinct_labels:
         return _cache_labels_sequential(layout, pool, table, table_len, labels, num_labels)
     new = list(pool.label)
@@ -118,7 +151,7 @@ def cache_labels(layout: Layout, pool: SPool, table: list, table_len: Any, label
                     eq(pick(pool.label, block, V(layout.none_label - 1)), layout.none_label),
                     neg(disj(*[eq(x, label) for x in pool.label])))
         new = put(new, block, label, cond)
-    return SPool(list(pool.ref), new, list(pool.free), pool.free_len)
+    return SPool(list(pool.ref), new, list(pool.free), pool.free_len, list(pool.duplicates), pool.duplicates_len)
 
 
 def _cache_labels_sequential(layout: Layout, pool: SPool, table: list, table_len: Any, labels: list,
@@ -129,28 +162,75 @@ def _cache_labels_sequential(layout: Layout, pool: SPool, table: list, table_len
                     eq(pick(new, block, V(layout.none_label - 1)), layout.none_label),
                     neg(disj(*[eq(x, label) for x in new])))
         new = put(new, block, label, cond)
-    return SPool(list(pool.ref), new, list(pool.free), pool.free_len)
+    return SPool(list(pool.ref), new, list(pool.free), pool.free_len, list(pool.duplicates), pool.duplicates_len)
+
+
+def _cache_labels_keeping_duplicates(layout: Layout, pool: SPool, table: list, table_len: Any, labels: list,
+                                     num_labels: Any) -> SPool:
+    """cache_labels with duplicate caching (vLLM 0.8.x): every unlabelled block
+    of the first num_labels slots takes its label, even one another block
+    caches. A label's second copy enters `duplicates` with the first (the
+    group is inserted where its label sorts); a later copy joins the end of
+    its label's group, so within a group the order is the caching order.
+
+    `duplicates` is assumed to list exactly the labels cached twice (S9's
+    caching clause), as on every reachable state."""
+    new, dups, dups_len = list(pool.label), list(pool.duplicates), pool.duplicates_len
+    for t, (block, label) in enumerate(zip(table, labels)):
+        cond = conj(lt(t, table_len), lt(t, num_labels), eq(_label_of(layout, new, block), layout.none_label))
+        already = disj(*[eq(x, label) for x in new])
+        grouped_labels = [_label_of(layout, new, d) for d in dups]
+        in_group = [lt(j, dups_len) for j in range(layout.B)]
+        grouped = disj(*[conj(in_group[j], eq(lab, label)) for j, lab in enumerate(grouped_labels)])
+        first = V(PAD)
+        for b in range(layout.B - 1, -1, -1):
+            first = ite(eq(new[b], label), V(b), first)
+        # the group of `label` goes after every group of a smaller label (and
+        # after its own earlier copies): position p; one or two blocks go in
+        at = count(conj(in_group[j], le(lab, label)) for j, lab in enumerate(grouped_labels))
+        num_in = ite(grouped, V(1), V(2))
+        inserted = [ite(grouped, block, first), block]
+        grow = conj(cond, already)
+        shifted = []
+        for slot in range(layout.B):
+            moved = ite(eq(num_in, 1), dups[slot - 1] if slot >= 1 else V(PAD),
+                        dups[slot - 2] if slot >= 2 else V(PAD))
+            v = ite(lt(slot, at), dups[slot],
+                    ite(eq(slot, at), inserted[0],
+                        ite(conj(eq(slot, at + 1), eq(num_in, 2)), inserted[1], moved)))
+            shifted.append(ite(grow, v, dups[slot]))
+        dups, dups_len = shifted, ite(grow, dups_len + num_in, dups_len)
+        new = put(new, block, label, cond)
+    return SPool(list(pool.ref), new, list(pool.free), pool.free_len, dups, dups_len)
 
 
 def free_table(layout: Layout, pool: SPool, table: list, table_len: Any, when: Any = True) -> SPool:
-    """Release a block table, last block first: a block whose count reaches 0
-    joins the tail of the free queue.
+    """Release a block table in the configuration's release order (last block
+    first, "reverse", or first block first, "forward"): a block whose count
+    reaches 0 joins the tail of the free queue.
 
     Written without the loop's chain of updates, and exactly equal to it:
-    slot t (visited after every slot above it) brings its block b to 0 when
-    ref[b] equals the number of b's occurrences in slots >= t, and then b goes
-    to the tail after the blocks freed by the slots above t."""
+    slot t brings its block b to 0 when ref[b] equals the number of b's
+    occurrences in slot t and the slots the loop visits before it, and then b
+    goes to the tail after the blocks freed by the slots visited before t."""
+    forward = layout.cfg.release_order == "forward"
     used = [conj(when, lt(t, table_len)) for t in range(len(table))]
     ref = [r - count(conj(used[t], eq(x, b)) for t, x in enumerate(table)) for b, r in enumerate(pool.ref)]
+
+    def visited_by(t: int) -> range:
+        """Slot t and the slots the loop visits before it."""
+        return range(0, t + 1) if forward else range(t, len(table))
+
     zero = []
     for t, b in enumerate(table):
-        seen = count(conj(used[t2], eq(table[t2], b)) for t2 in range(t, len(table)))
+        seen = count(conj(used[t2], eq(table[t2], b)) for t2 in visited_by(t))
         zero.append(conj(used[t], eq(pick(pool.ref, b, V(-1)), seen)))
     free = list(pool.free)
     for t, b in enumerate(table):
-        pos = pool.free_len + count(zero[t + 1:])
-        free = put(free, pos, b, zero[t])
-    return SPool(ref, list(pool.label), free, pool.free_len + count(zero))
+        before = zero[:t] if forward else zero[t + 1:]
+        free = put(free, pool.free_len + count(before), b, zero[t])
+    return SPool(ref, list(pool.label), free, pool.free_len + count(zero), list(pool.duplicates),
+                 pool.duplicates_len)
 
 
 def append_blocks(layout: Layout, table: list, table_len: Any, new: list, num_new: Any) -> tuple[list, Any]:

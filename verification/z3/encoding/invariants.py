@@ -200,10 +200,31 @@ def s9_parts(layout: Layout, s: SState) -> dict[str, Any]:
             z3.Implies(lt(j, pool.free_len), conj(le(0, pool.free[j]), lt(pool.free[j], layout.B))),
             *[z3.Implies(conj(lt(j, pool.free_len), lt(j2, pool.free_len)), neg(eq(pool.free[j], pool.free[j2])))
               for j2 in range(j + 1, layout.B)])
+    if not layout.cfg.cache_duplicate_blocks:
+        for b in range(layout.B):
+            out[f"b{b}.label_unique"] = conj([z3.Implies(neg(eq(pool.label[b], layout.none_label)),
+                                                         neg(eq(pool.label[b], pool.label[b2])))
+                                              for b2 in range(b + 1, layout.B)])
+        out["duplicates_empty"] = eq(pool.duplicates_len, 0)
+        return out
+    # duplicate caching: `duplicates` lists exactly the blocks whose label
+    # another block caches too, each once, grouped by ascending label
+    dups, dups_len = pool.duplicates, pool.duplicates_len
+    listed = [lt(j, dups_len) for j in range(layout.B)]
     for b in range(layout.B):
-        out[f"b{b}.label_unique"] = conj([z3.Implies(neg(eq(pool.label[b], layout.none_label)),
-                                                     neg(eq(pool.label[b], pool.label[b2])))
-                                          for b2 in range(b + 1, layout.B)])
+        lab = pool.label[b]
+        shared = conj(neg(eq(lab, layout.none_label)),
+                      disj(*[eq(lab, pool.label[b2]) for b2 in range(layout.B) if b2 != b]))
+        out[f"b{b}.copies_listed"] = shared == disj(*[conj(listed[j], eq(d, b)) for j, d in enumerate(dups)])
+    for j in range(layout.B):
+        later = [z3.Implies(listed[j2], neg(eq(dups[j], dups[j2]))) for j2 in range(j + 1, layout.B)]
+        ordered = conj(listed[j + 1], le(pick(pool.label, dups[j], V(layout.none_label)),
+                                         pick(pool.label, dups[j + 1], V(layout.none_label)))) \
+            if j + 1 < layout.B else z3.BoolVal(True)
+        out[f"duplicates[{j}].a_block_once_in_order"] = z3.Implies(listed[j], conj(
+            le(0, dups[j]), lt(dups[j], layout.B), *later, z3.Implies(listed[j + 1] if j + 1 < layout.B else False,
+                                                                  ordered)))
+    out["duplicates_len"] = conj(le(0, dups_len), le(dups_len, layout.B))
     return out
 
 
@@ -305,6 +326,9 @@ def well_formed(layout: Layout, s: SState) -> Any:
     pool = s.pool
     out += [le(0, pool.free_len), le(pool.free_len, layout.B)]
     out += [ite(lt(j, pool.free_len), conj(le(0, x), lt(x, layout.B)), eq(x, P)) for j, x in enumerate(pool.free)]
+    out += [le(0, pool.duplicates_len), le(pool.duplicates_len, layout.B)]
+    out += [ite(lt(j, pool.duplicates_len), conj(le(0, x), lt(x, layout.B)), eq(x, P))
+            for j, x in enumerate(pool.duplicates)]
     for k, b in enumerate(s.batches):
         out += [le(0, b.length), le(b.length, layout.E), z3.Implies(le(s.num_batches, k), eq(b.length, 0))]
         for j, e in enumerate(b.entries):
@@ -389,12 +413,23 @@ def _two_prefill_chunks(layout: Layout, s: SState, r: int) -> Any:
     return conj(le(2, count(h for h, _ in lives)), neg(first_samples))
 
 
+def _holds_preallocated_block(layout: Layout, s: SState, r: int) -> Any:
+    """spec.sometimes.preallocated_block: more blocks than
+    cdiv(num_tokens + k, block_size), taken ahead of need."""
+    q, bs = s.reqs[r], layout.cfg.block_size
+    need = div_const(num_tokens(layout, q, r) + (layout.cfg.num_spec_tokens + bs - 1), bs)
+    return lt(need, q.table_len)
+
+
 SOMETIMES_FORMULAS: dict[str, Callable[[Layout, SState], Any]] = {
     "request_can_finish": lambda layout, s: disj(*[_finished_normally(s, r) for r in range(layout.N)]),
     "pipeline_can_be_full": lambda layout, s: eq(s.num_batches, layout.K),
     "two_prefill_chunks_in_flight": lambda layout, s: disj(*[_two_prefill_chunks(layout, s, r) for r in range(layout.N)]),
     "preempted_request_resumes_and_finishes":
         lambda layout, s: disj(*[conj(s.was_preempted[r], _finished_normally(s, r)) for r in range(layout.N)]),
+    "preallocated_block":
+        lambda layout, s: disj(*[_holds_preallocated_block(layout, s, r) for r in range(layout.N)]),
+    "duplicate_cached_block": lambda layout, s: lt(0, s.pool.duplicates_len),
 }
 
 __all__ = ["INVARIANT_FORMULAS", "TRANSITION_FORMULAS", "SPEC_PROPERTIES", "SOMETIMES_FORMULAS", "NEEDS_SCHEDULE",

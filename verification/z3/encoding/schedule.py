@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import z3
+from flightcheck.spec.profiles import num_preallocate_blocks
 from flightcheck.verification.z3.encoding import blocks as zb
 from flightcheck.verification.z3.encoding.requests import (
     empty_table,
@@ -160,6 +161,19 @@ def _blocks_for(layout: Layout, total: Any) -> Any:
     return div_const(total + (bs - 1), bs)
 
 
+def _with_preallocation(layout: Layout, num_fresh: Any, free_len: Any, held: Any) -> Any:
+    """The blocks an allocation pops: spec.schedule._allocate's preallocation
+    (vLLM 0.8.4), num_preallocate_blocks more when any are needed at all,
+    capped by the free blocks and by the table's room below max_model_len
+    (T slots). Preallocating more than T is the same as T, which keeps the
+    sum inside the bit-vectors' range."""
+    cfg = layout.cfg
+    extra = min(num_preallocate_blocks(cfg.num_preallocate_tokens, cfg.block_size), layout.T)
+    if extra == 0:
+        return num_fresh
+    return ite(lt(0, num_fresh), imin(num_fresh + extra, imin(free_len, layout.T - held)), num_fresh)
+
+
 def _cache(layout: Layout, st: SState, pool, r: Any, table: list, table_len: Any, total: Any,
            tokens: Any):
     """_allocate's label caching: the full blocks of known tokens (drafts left out)."""
@@ -227,8 +241,9 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress) -> Bat
     do_pre = builder.let("preempt", conj(active, neg(skip), neg(fits)))
 
     # allocate: fresh blocks from the free queue's head, labels cached, entry added
-    pool, fresh = zb.pop_fresh(layout, st.pool, num_fresh, layout.T)
-    table, table_len = zb.append_blocks(layout, q.table, q.table_len, fresh, num_fresh)
+    num_popped = builder.let("num_popped", _with_preallocation(layout, num_fresh, st.pool.free_len, q.table_len))
+    pool, fresh = zb.pop_fresh(layout, st.pool, num_popped, layout.T)
+    table, table_len = zb.append_blocks(layout, q.table, q.table_len, fresh, num_popped)
     pool = _cache(layout, st, pool, r, table, table_len, total, tokens)
     entry, drafts = _entry(layout, q, r, tokens, q.num_computed, num_new, V(0), st, acc.budget)
     a = clone(st)
@@ -292,9 +307,11 @@ def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase:
     ok = builder.let("admit", conj(active, neg(eq(num_new, 0)), fits))
 
     pool = zb.touch(layout, builder, st.pool, hit, num_hit) if hit else st.pool
-    pool, fresh = zb.pop_fresh(layout, pool, num_fresh, layout.T)
-    new_blocks = _concat(layout, hit, num_hit, fresh, num_fresh)
-    table, table_len = zb.append_blocks(layout, q.table, q.table_len, new_blocks, num_hit + num_fresh)
+    num_popped = builder.let("num_popped", _with_preallocation(layout, num_fresh, pool.free_len,
+                                                               q.table_len + num_hit))
+    pool, fresh = zb.pop_fresh(layout, pool, num_popped, layout.T)
+    new_blocks = _concat(layout, hit, num_hit, fresh, num_popped)
+    table, table_len = zb.append_blocks(layout, q.table, q.table_len, new_blocks, num_hit + num_popped)
     pool = _cache(layout, st, pool, r, table, table_len, total, tokens)
     entry, drafts = _entry(layout, q, r, tokens, hit_tokens, num_new, hit_tokens, st, acc.budget)
     a = clone(st)

@@ -130,6 +130,10 @@ class SPool:
     label: list
     free: list
     free_len: Any
+    # BlockPool.duplicates: the blocks whose label another block caches too,
+    # grouped by label in ascending order, caching order within a label
+    duplicates: list
+    duplicates_len: Any
 
 
 @dataclass
@@ -163,7 +167,8 @@ def frame(layout: Layout, tag: str) -> SState:
                           *(I(f"b{k}.e{j}.{f}@{tag}") for f in ("drafts", "fate")))
                    for j in range(layout.E)]
         batches.append(SBatch(I(f"b{k}.len@{tag}"), entries))
-    pool = SPool(ints("ref", layout.B), ints("label", layout.B), ints("free", layout.B), I(f"free_len@{tag}"))
+    pool = SPool(ints("ref", layout.B), ints("label", layout.B), ints("free", layout.B), I(f"free_len@{tag}"),
+                 ints("duplicates", layout.B), I(f"duplicates_len@{tag}"))
     return SState(reqs, ints("waiting", layout.N), I(f"waiting_len@{tag}"),
                   ints("running", layout.N), I(f"running_len@{tag}"), I(f"num_batches@{tag}"),
                   batches, pool, [Bo(f"scheduled[{r}]@{tag}") for r in range(layout.N)],
@@ -215,7 +220,8 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
     pool = state.pool
     labels = [V(layout.none_label if lab is None else lab) for lab in pool.labels]
     spool = SPool([V(c) for c in pool.ref_counts], labels, padded(pool.free_queue, layout.B, "free queue"),
-                  V(len(pool.free_queue)))
+                  V(len(pool.free_queue)), padded(pool.duplicates, layout.B, "duplicates"),
+                  V(len(pool.duplicates)))
     ghost = was_preempted if was_preempted is not None else (False,) * layout.N
     return SState(reqs, padded(state.waiting, layout.N, "waiting"), V(len(state.waiting)),
                   padded(state.running, layout.N, "running"), V(len(state.running)),
@@ -277,7 +283,8 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
                                      code(e.fate, FATE, "fate")) for e in b.entries[:iv(b.length)]))
     labels = tuple(None if iv(x) == layout.none_label else iv(x) for x in f.pool.label)
     pool = BlockPool(tuple(iv(c) for c in f.pool.ref), labels,
-                     tuple(iv(b) for b in f.pool.free[:iv(f.pool.free_len)]))
+                     tuple(iv(b) for b in f.pool.free[:iv(f.pool.free_len)]),
+                     tuple(iv(b) for b in f.pool.duplicates[:iv(f.pool.duplicates_len)]))
     return State(requests=tuple(reqs), waiting=tuple(iv(x) for x in f.waiting[:iv(f.waiting_len)]),
                  running=tuple(iv(x) for x in f.running[:iv(f.running_len)]),
                  in_flight=tuple(in_flight), pool=pool,
