@@ -293,19 +293,28 @@ class _BmcRun:
                           if name in self.open_properties}
             if not violations:
                 return
-            answer = self.unrolling.query(z3.Or(list(violations.values())), self.remaining_ms(),
-                                          self.open_properties)
-            if answer != z3.sat:
-                self.timed_out = answer == z3.unknown
+            found = self.satisfy(violations)
+            if found is None:
                 return
-            witness = self.unrolling.solver.model()
-            actions, states = self.unrolling.trace(witness)
-            replay(self.model, actions, states)
+            witness, actions, states = found
             for name, violation in violations.items():
                 if z3.is_true(witness.eval(violation, model_completion=True)):
                     self.record_violation(name, depth, actions, states)
             if self.options.stop_at_first and self.found_spec_violation():
                 return
+
+    def satisfy(self, goals: dict[str, z3.BoolRef]) -> tuple[z3.ModelRef, list[Action], list[State]] | None:
+        """unrolling(d) AND OR goals: a witness, its trace and the states the
+        concrete spec computes for it (replayed: an encoding bug raises), or
+        None when unsat or out of time (then `timed_out` says which)."""
+        answer = self.unrolling.query(z3.Or(list(goals.values())), self.remaining_ms(), self.open_properties)
+        if answer != z3.sat:
+            self.timed_out = answer == z3.unknown
+            return None
+        witness = self.unrolling.solver.model()
+        actions, states = self.unrolling.trace(witness)
+        replay(self.model, actions, states)
+        return witness, actions, states
 
     def record_violation(self, name: str, depth: int, actions: list[Action], states: list[State]) -> None:
         """`name` is violated at the end of the trace: the spec's own predicate
@@ -334,14 +343,10 @@ class _BmcRun:
         frame = system.frame(depth)
         while self.open_targets and not self.timed_out:
             goals = {name: system.build(SOMETIMES_FORMULAS[name], frame) for name in self.open_targets}
-            answer = self.unrolling.query(z3.Or(list(goals.values())), self.remaining_ms(),
-                                          self.open_properties)
-            if answer != z3.sat:
-                self.timed_out = answer == z3.unknown
+            found = self.satisfy(goals)
+            if found is None:
                 return
-            witness = self.unrolling.solver.model()
-            actions, states = self.unrolling.trace(witness)
-            replay(self.model, actions, states)
+            witness, actions, states = found
             for name, goal in goals.items():
                 if z3.is_true(witness.eval(goal, model_completion=True)):
                     self.record_reach(name, depth, actions, states)
