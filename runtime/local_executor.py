@@ -67,8 +67,8 @@ class LocalExecutor:
         for w in self.workers:
             w.reset()
 
-    def close(self) -> None:
-        pass
+    def close(self, *, graceful: bool = True) -> None:
+        """Nothing to stop: the stages run in this process."""
 
     def __enter__(self) -> "LocalExecutor":
         return self

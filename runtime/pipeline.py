@@ -8,6 +8,16 @@ order. `result()` waits in short slices and checks, between them, that every
 stage process is alive, so a dead stage becomes a `PipelineError` within
 about a second, never a hang.
 
+Faults are reported by the stage that failed first, not the one that
+noticed: a stage killed by a signal, else a stage that raised an error of its
+own, else a stage that vanished without a word (`_first_failure`). From
+start-up on the driver watches the stage processes: each checks in at the
+driver's store before the collective start, so one that dies while loading
+is named within a fraction of a second instead of after the store's timeout.
+The stages ignore SIGINT (the driver stops them) and write their output to a
+log file that a failure message names, so their tracebacks stay out of the
+driver's stderr.
+
 Launch: `PipelineExecutor.spawn(...)` starts K processes with
 torch.multiprocessing (the caller becomes rank 0);
 `PipelineExecutor.attach(...)` is for rank 0 under torchrun, where the other
@@ -17,7 +27,8 @@ ranks run `stage_main.serve_stage`.
 from __future__ import annotations
 
 import os
-import socket
+import signal
+import tempfile
 import threading
 import time
 from collections import deque
@@ -30,12 +41,23 @@ from flightcheck.reference import ModelRunnerOutput, SchedulerOutput
 
 from .local_executor import to_model_runner_output
 from .plan import BatchPlan, BatchResult, plan_from_scheduler_output
-from .stage_main import StageSpec, stage_entry
+from .stage_main import StageSpec, checkin_key, stage_entry
 from .transport import Groups, Outbox, make_groups, recv_object
 
 
 class PipelineError(RuntimeError):
     """A stage failed, died or stopped answering."""
+
+
+class StageDied(PipelineError):
+    """A stage process ended without reporting an error of its own (killed by
+    a signal, or gone without a word): a fault of the run, not of its input."""
+
+
+# How long to let the other stages' processes settle after a failure is
+# noticed, so that the stage that failed first (not one that merely lost its
+# peer) is named; a killed stage's neighbours notice within milliseconds.
+SETTLE_S = 1.0
 
 
 class PipelineFuture:
@@ -60,7 +82,8 @@ class PipelineFuture:
 class PipelineExecutor:
     def __init__(self, groups: Groups, num_stages: int, spec: StageSpec, *,
                  processes: list | None = None, num_spec_tokens: int = 0,
-                 stall_timeout: float = 120.0, on_stage_times=None) -> None:
+                 stall_timeout: float = 120.0, on_stage_times=None,
+                 log_path: str | None = None) -> None:
         self.groups, self.num_stages, self.spec = groups, num_stages, spec
         self.processes = processes or []
         self.num_spec_tokens = num_spec_tokens
@@ -68,6 +91,9 @@ class PipelineExecutor:
         self.on_stage_times = on_stage_times          # callback(batch_id, [(t0, t1, recv)])
         self.stage_info: dict[int, dict] = {}
         self.error_detail: str | None = None
+        self.log_path = log_path                     # the stage processes' stdout and stderr
+        self._stage_errors: dict[int, tuple[str, bool]] = {}   # stage -> (traceback, lost peer)
+        self._stage_died = False                     # the failure is a stage process's death
         self._outbox = Outbox()
         self._pending: deque[PipelineFuture] = deque()
         self._lock = threading.Lock()
@@ -90,30 +116,41 @@ class PipelineExecutor:
         if dist.is_initialized():
             raise PipelineError("torch.distributed is already initialised in this process")
         K = spec.num_stages
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        timeout = timedelta(seconds=init_timeout)
+        # The driver holds the store, so it can see which stages have reached
+        # it while it watches their processes (wait_for_workers=False: the
+        # constructor returns at once).
+        store = dist.TCPStore("127.0.0.1", 0, K + 1, is_master=True, timeout=timeout,
+                              wait_for_workers=False)
+        log_fd, log_path = tempfile.mkstemp(prefix="flightcheck-stages-", suffix=".log")
+        os.close(log_fd)
         ctx = mp.get_context("spawn")
         old = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = "1"
+        procs: list = []
         try:
-            procs = [ctx.Process(target=stage_entry, daemon=True, name=f"stage-{r - 1}",
-                                 args=(r, K + 1, init_method, act_backend, init_timeout))
-                     for r in range(1, K + 1)]
-            for p in procs:
-                p.start()
-        finally:
-            if old is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
-            else:
-                os.environ["OMP_NUM_THREADS"] = old
-        try:
-            dist.init_process_group("gloo", init_method=init_method, rank=0, world_size=K + 1,
-                                    timeout=timedelta(seconds=init_timeout))
+            try:
+                for r in range(1, K + 1):
+                    procs.append(ctx.Process(target=stage_entry, daemon=True, name=f"stage-{r - 1}",
+                                             args=(r, K + 1, "127.0.0.1", store.port, act_backend,
+                                                   init_timeout, log_path)))
+                    procs[-1].start()
+            finally:
+                if old is None:
+                    os.environ.pop("OMP_NUM_THREADS", None)
+                else:
+                    os.environ["OMP_NUM_THREADS"] = old
+            _wait_for_checkins(store, procs, init_timeout, log_path)
+            dist.init_process_group("gloo", store=dist.PrefixStore("default_pg", store), rank=0,
+                                    world_size=K + 1, timeout=timeout)
             groups = make_groups(act_backend)
-            return cls(groups, K, spec, processes=procs, **kwargs)
-        except BaseException:
+            return cls(groups, K, spec, processes=procs, log_path=log_path, **kwargs)
+        except BaseException as err:
             _reap(procs)
             if dist.is_initialized():
                 dist.destroy_process_group()
+            if not isinstance(err, PipelineError):
+                _remove(log_path)
             raise
 
     @classmethod
@@ -164,14 +201,18 @@ class PipelineExecutor:
                 elif kind == "result":
                     self._deliver(payload)
                 elif kind == "error":
-                    self.error_detail = payload                 # the stage's traceback
-                    self._fail(f"stage {stage} failed: {payload.strip().splitlines()[-1]}")
+                    detail, lost_peer = payload
+                    self._stage_errors[stage] = (detail, lost_peer)
+                    self.error_detail = detail                  # the stage's traceback
+                    self._fail(self._first_failure(
+                        f"stage {stage} failed: {detail.strip().splitlines()[-1]}"))
                     return
                 elif kind == "bye":
                     byes += 1
         except Exception as err:                       # a peer died: gloo reports a closed pair
             if not self._closed:
-                self._fail(f"lost contact with the stages ({type(err).__name__}: {err})")
+                self._fail(self._first_failure(
+                    f"lost contact with the stages ({type(err).__name__}: {err})"))
 
     def _deliver(self, result: BatchResult) -> None:
         with self._lock:
@@ -191,13 +232,28 @@ class PipelineExecutor:
             f._event.set()
         self._ready.set()
 
+    def _first_failure(self, noticed: str) -> str:
+        """The failure to report, given what was noticed first: the stage
+        killed by a signal, else the stage whose own code raised, else a stage
+        that exited without a word; else `noticed`. The log is named."""
+        if self.processes:
+            deadline = time.monotonic() + SETTLE_S
+            while (time.monotonic() < deadline
+                   and not any(p.exitcode is not None and p.exitcode < 0 for p in self.processes)):
+                time.sleep(0.05)
+        message = _describe_dead(self.processes, self._stage_errors) or noticed
+        self._stage_died = any(p.exitcode is not None for p in self.processes) and not any(
+            not lost_peer for _, lost_peer in self._stage_errors.values())
+        if self.log_path is not None:
+            message += f" (the stages' output: {self.log_path})"
+        return message
+
     def _check(self) -> None:
+        if self._error is None and not self._closed and any(
+                p.exitcode is not None for p in self.processes):
+            self._fail(self._first_failure("a stage exited"))
         if self._error is not None:
-            raise PipelineError(self._error)
-        for i, p in enumerate(self.processes):
-            if p.exitcode is not None and not self._closed:
-                self._fail(f"stage {i} (pid {p.pid}) exited with code {p.exitcode}")
-                raise PipelineError(self._error)
+            raise (StageDied if self._stage_died else PipelineError)(self._error)
 
     def _wait_until(self, predicate, what: str, timeout: float | None = None) -> None:
         limit = self.stall_timeout if timeout is None else timeout
@@ -235,11 +291,14 @@ class PipelineExecutor:
 
     # -- shutdown ------------------------------------------------------------------
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Stop the stages (cleanly if they are healthy) and reap every process."""
+    def close(self, timeout: float = 10.0, *, graceful: bool = True) -> None:
+        """Stop the stages (cleanly if they are healthy and `graceful`; at once
+        after Ctrl-C) and reap every process. The stages' log is removed after
+        a clean run and kept after a failure, whose message names it."""
         if self._closed:
             return
-        healthy = self._error is None and all(p.exitcode is None for p in self.processes)
+        healthy = (graceful and self._error is None
+                   and all(p.exitcode is None for p in self.processes))
         try:
             if healthy:
                 self._broadcast(BatchPlan(0, (), (), kind="stop"))
@@ -251,12 +310,16 @@ class PipelineExecutor:
         finally:
             self._closed = True
             _reap(self.processes)
-            self._receiver.join(1.0)
+            # After a clean stop the receiver has seen every `bye`; otherwise it
+            # may sit in a receive that its dead peers never end (it is a daemon).
+            self._receiver.join(1.0 if healthy else 0.1)
             if dist.is_initialized():
                 try:
                     dist.destroy_process_group()
                 except Exception:
                     pass
+            if self.log_path is not None and self._error is None:
+                _remove(self.log_path)
 
     def __enter__(self) -> "PipelineExecutor":
         return self
@@ -265,10 +328,39 @@ class PipelineExecutor:
         self.close()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _wait_for_checkins(store, procs: list, timeout_s: float, log_path: str) -> None:
+    """Wait until every stage has reached the store, watching their
+    processes: a stage that dies while starting is named at once."""
+    keys = [checkin_key(rank) for rank in range(1, len(procs) + 1)]
+    deadline = time.monotonic() + timeout_s
+    while not store.check(keys):
+        dead = _describe_dead(procs, {})
+        if dead is not None:
+            raise StageDied(f"{dead} while starting (the stages' output: {log_path})")
+        if time.monotonic() > deadline:
+            late = [i for i, key in enumerate(keys) if not store.check([key])]
+            raise PipelineError(f"stage {late[0]} did not start within {timeout_s:.0f} s "
+                                f"(the stages' output: {log_path})")
+        time.sleep(0.05)
+
+
+def _describe_dead(procs: list, stage_errors: dict[int, tuple[str, bool]]) -> str | None:
+    """The stage that failed first among those that stopped, in words; None
+    when every stage process is alive and none reported an error."""
+    for i, p in enumerate(procs):
+        if p.exitcode is not None and p.exitcode < 0:
+            try:
+                name = signal.Signals(-p.exitcode).name
+            except ValueError:
+                name = f"signal {-p.exitcode}"
+            return f"stage {i} (pid {p.pid}) was killed by {name}"
+    for i, (detail, lost_peer) in sorted(stage_errors.items()):
+        if not lost_peer:
+            return f"stage {i} failed: {detail.strip().splitlines()[-1]}"
+    for i, p in enumerate(procs):
+        if p.exitcode is not None and i not in stage_errors:
+            return f"stage {i} (pid {p.pid}) exited with code {p.exitcode}"
+    return None
 
 
 def _reap(procs: list) -> None:
@@ -277,3 +369,11 @@ def _reap(procs: list) -> None:
             p.kill()
     for p in procs:
         p.join(5.0)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+

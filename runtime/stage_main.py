@@ -11,6 +11,7 @@ the driver).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -50,12 +51,31 @@ def stage_device(spec: StageSpec, index: int) -> torch.device:
     return torch.device(spec.device)
 
 
-def stage_entry(rank: int, world_size: int, init_method: str, act_backend: str,
-                timeout_s: float) -> None:
-    """Target of a spawned stage process (local launch)."""
+def checkin_key(rank: int) -> str:
+    """The store key a stage sets once it has reached the driver's store, so
+    the driver can wait for every stage while watching their processes."""
+    return f"flightcheck/up/{rank}"
+
+
+def stage_entry(rank: int, world_size: int, host: str, port: int, act_backend: str,
+                timeout_s: float, log_path: str) -> None:
+    """Target of a spawned stage process (local launch).
+
+    The driver alone answers Ctrl-C (it stops the stages), so a stage ignores
+    SIGINT; and a stage's own output (a traceback when a peer dies, gloo's
+    warnings) goes to `log_path`, which the driver names when a run fails,
+    instead of into the driver's terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    store.set(checkin_key(rank), str(os.getpid()))
+    dist.init_process_group("gloo", store=dist.PrefixStore("default_pg", store), rank=rank,
+                            world_size=world_size, timeout=timeout)
     serve_stage(make_groups(act_backend))
     # A clean stop: skip the interpreter's teardown of torch (seconds on a
     # loaded 2-core machine); everything is flushed and the group destroyed.
@@ -83,14 +103,24 @@ def serve_stage(groups: Groups) -> None:
         _loop(worker, groups, outbox, index, num_stages, cfg.dim, DTYPES[spec.dtype], device)
         outbox.send_object(("bye", index, None), 0, groups.result)
         outbox.wait_oldest(0)
-    except Exception:
+    except Exception as err:
         try:
-            outbox.send_object(("error", index, traceback.format_exc()), 0, groups.result)
+            # Whether this stage broke or only saw a peer break: the driver
+            # names the stage that failed first, not the one that noticed.
+            outbox.send_object(("error", index, (traceback.format_exc(), is_lost_peer(err))),
+                               0, groups.result)
             outbox.wait_oldest(0)
         finally:
             raise
     finally:
         dist.destroy_process_group()
+
+
+def is_lost_peer(err: BaseException) -> bool:
+    """A communication error: a peer process died or closed its connection."""
+    text = str(err).lower()
+    return (isinstance(err, getattr(dist, "DistError", ())) or "gloo" in text
+            or "connection" in text or "peer" in text)
 
 
 def _loop(worker: StageWorker, groups: Groups, outbox: Outbox, index: int, num_stages: int,

@@ -5,6 +5,9 @@ replayable programs."""
 
 from __future__ import annotations
 
+import gc
+import os
+
 import pytest
 
 from flightcheck.reference.mutants import MUTANTS
@@ -113,3 +116,68 @@ def test_a_run_does_not_depend_on_what_the_process_imported(tmp_path, monkeypatc
     import constants_galore  # noqa: F401  (imported for its constants)
     after = fuzz(3_000, 1, "output_bound_by_name", shrink=False)
     assert (before.failed, before.steps_run) == (after.failed, after.steps_run)
+
+
+# -- memory: a long run does not keep what it ran -----------------------------------
+
+def _runners_built_during(monkeypatch) -> list:
+    """Every Hypothesis engine built from now on, so a test can look inside."""
+    from hypothesis.internal.conjecture import engine
+    runners: list = []
+    original_init = engine.ConjectureRunner.__init__
+
+    def init(self, *args, **kwargs) -> None:
+        original_init(self, *args, **kwargs)
+        runners.append(self)
+
+    monkeypatch.setattr(engine.ConjectureRunner, "__init__", init)
+    return runners
+
+
+def test_a_run_keeps_at_most_the_bounded_number_of_test_case_results(monkeypatch):
+    """Hypothesis's cache of test-case results held every program a run tried
+    (~100 KB each: 509 MB at 100,000 steps); fuzz bounds it. Fails if a
+    Hypothesis release stops reading the bound, instead of growing silently."""
+    from flightcheck.verification.refinement import fuzz as fuzz_module
+    monkeypatch.setattr(fuzz_module, "EXAMPLE_CACHE_SIZE", 3)
+    runners = _runners_built_during(monkeypatch)
+    result = fuzz(600, 0)
+    assert not result.failed and result.steps_run == 600
+    assert runners and runners[-1].call_count > 3           # more programs ran than are kept
+    cache = runners[-1]._ConjectureRunner__data_cache
+    assert 0 < len(cache) <= 3
+
+
+def test_the_bound_is_lifted_after_the_run():
+    from hypothesis.internal.conjecture import engine
+    before = engine.CACHE_SIZE
+    fuzz(50, 0)
+    assert engine.CACHE_SIZE == before
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads /proc")
+def test_memory_stays_flat_over_twenty_thousand_steps(monkeypatch):
+    """Resident memory from step 10,000 to step 20,000 grows by less than
+    20 MB (before the bound: ~47 MB, ~4.7 KB a step, with no end; with it
+    ~0.5 KB a step remains: Hypothesis's tree of the choice sequences tried,
+    which steers generation and so stays)."""
+    from flightcheck.verification.refinement import machine
+    resident: dict[int, int] = {}
+    original_tick = machine.Budget.tick
+
+    def tick(self) -> None:
+        original_tick(self)
+        if self.used in (10_000, 20_000) and self.used not in resident:
+            gc.collect()
+            resident[self.used] = _resident_bytes()
+
+    monkeypatch.setattr(machine.Budget, "tick", tick)
+    assert not fuzz(20_000, 1).failed
+    growth = resident[20_000] - resident[10_000]
+    assert growth < 20 * 2**20, f"{growth / 2**20:.1f} MB"

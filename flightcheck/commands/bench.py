@@ -74,10 +74,15 @@ def run(args: argparse.Namespace) -> int:
     except (WorkloadError, ValueError) as err:
         return bad(str(err).splitlines()[0])
 
+    from flightcheck.runtime import PipelineError
+
+    from .run import interrupted
+
     launch.set_threads(1)
     runs = []
     for i, workload in enumerate(workloads):
         holder = {}
+        graceful = True
 
         def make_executor(clock, trace):
             executor = launch.make_executor(source, args.pp, args.num_blocks, args.block_size,
@@ -91,9 +96,16 @@ def run(args: argparse.Namespace) -> int:
             runs.append(run_live(workload, sched_cfg, make_executor,
                                  trace_path=args.trace if i == 0 else None,
                                  percentiles=args.metric_percentiles, build=build))
+        except PipelineError as err:          # a stage died or failed: the runtime names it
+            print(f"flightcheck: error: {str(err).splitlines()[0]}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            graceful = False                  # stop the stages at once, then one line
         finally:
             if "executor" in holder and hasattr(holder["executor"], "close"):
-                holder["executor"].close()
+                holder["executor"].close(graceful=graceful)
+        if not graceful:
+            return interrupted()
     extra = {"simulator": False, "policy": args.policy, "runtime_model": args.model,
              "pp": args.pp, "dataset": args.dataset, "request_rate": str(args.request_rate),
              "num_prompts": args.num_prompts, "device": args.device, "cpu_count": os.cpu_count()}

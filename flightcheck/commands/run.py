@@ -71,6 +71,31 @@ def run(args: argparse.Namespace) -> int:
         if problem:
             return bad(problem)
 
+    try:
+        return _run(args)
+    except KeyboardInterrupt:       # the stages are already stopped and reaped (see _execute)
+        return interrupted()
+
+
+def interrupted() -> int:
+    """Ctrl-C: one line, and the shell's code for a run ended by SIGINT.
+
+    By now every stage process is reaped and the trace is closed. The
+    process then ends at once: the interpreter's teardown of torch alone takes
+    over 2 s on a loaded machine, and Ctrl-C should end a run within 2 s."""
+    sys.stderr.write("\nflightcheck: interrupted\n")
+    if "torch" in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(INTERRUPTED)
+    return INTERRUPTED
+
+
+# 128 + SIGINT, what a shell reports for a process that SIGINT ended.
+INTERRUPTED = 130
+
+
+def _run(args: argparse.Namespace) -> int:
     from flightcheck.runtime import launch
 
     rank = launch.torchrun_rank()
@@ -157,15 +182,20 @@ def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
           f"{'checkpoint ' + args.checkpoint if args.checkpoint else 'seeded ' + args.model} "
           f"model, {args.dtype}", file=log)
     from flightcheck.runtime import ConfigError, PipelineError
+    from flightcheck.runtime.pipeline import StageDied
     try:
         executor = launch.make_executor(source, args.pp, sched_cfg.num_blocks,
                                         sched_cfg.block_size, dtype=args.dtype,
                                         device=args.device, num_spec_tokens=args.num_spec_tokens,
                                         top_p=args.top_p)
+    except StageDied as err:                          # a fault of the run, not of its input
+        print(f"flightcheck: error: {str(err).splitlines()[0]}", file=log)
+        return 1
     except (ConfigError, PipelineError) as err:      # e.g. weights that do not fit config.json
         return bad(str(err).splitlines()[0])
     trace = RuntimeTraceWriter.to_path(trace_path, eos_token_id=eos) if trace_path else None
     status = 0
+    graceful = True
     try:
         shown = [-1]
 
@@ -181,10 +211,13 @@ def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
         except RunFailed as err:
             result, status = err.result, 1
             print(f"\nflightcheck: error: {str(err).splitlines()[0]}", file=log)
+        except KeyboardInterrupt:
+            graceful = False          # stop the stages at once, not after their batches
+            raise
         if log.isatty():
             print(file=log)
     finally:
-        executor.close()
+        executor.close(graceful=graceful)
         if trace is not None:
             trace.close()
     if args.chrome_trace and trace_path:

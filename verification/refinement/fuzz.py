@@ -92,6 +92,36 @@ def _fixed_constant_pool() -> Iterator[None]:
         cache.clear()
 
 
+# Hypothesis keeps the result of every test case it has run (its choices,
+# spans and events: ~100 KB for one of our 50-step programs) in a cache of
+# 10,000 entries, so that a choice sequence asked for again is not re-run.
+# Over a long fuzz run that cache was what grew, ~4.7 KB per rule step (509 MB
+# at 100,000 steps). Generation seldom asks again for a sequence (its tree of
+# tried prefixes steers it away), so a small cache keeps every verdict; where
+# it does (a mutation that rebuilds a program already run) the program now
+# runs again, which can move a run onto another path: the kill matrix's
+# spot-check found one of 20 runs catching its mutant at another step.
+EXAMPLE_CACHE_SIZE = 100
+
+
+@contextlib.contextmanager
+def _bounded_example_cache(size: int | None = None) -> Iterator[None]:
+    """Bound Hypothesis's cache of test-case results for the run (read when
+    its engine is built). A private constant: if a Hypothesis release drops
+    it, runs stay valid but their memory again grows with their length."""
+    try:
+        from hypothesis.internal.conjecture import engine
+        original = engine.CACHE_SIZE
+    except (ImportError, AttributeError):
+        yield
+        return
+    engine.CACHE_SIZE = EXAMPLE_CACHE_SIZE if size is None else size
+    try:
+        yield
+    finally:
+        engine.CACHE_SIZE = original
+
+
 def fuzz(steps: int, seed: int, mutant: str | None = None, *, shrink: bool = True,
          check_traces: bool = False, steps_per_program: int = STEPS_PER_PROGRAM) -> FuzzResult:
     """Run the refinement machine for `steps` rule steps from `seed`."""
@@ -110,7 +140,7 @@ def fuzz(steps: int, seed: int, mutant: str | None = None, *, shrink: bool = Tru
     t0 = time.perf_counter()
     failure: str | None = None
     try:
-        with with_reporter(report.append), _fixed_constant_pool():
+        with with_reporter(report.append), _fixed_constant_pool(), _bounded_example_cache():
             run_state_machine_as_test(factory, settings=run_settings)
     except BudgetSpent:
         pass
