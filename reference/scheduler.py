@@ -135,9 +135,6 @@ class Scheduler:
         del self.requests[req_id]
         self.finished_req_ids.add(req_id)
 
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.waiting) + len(self.running)
-
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 

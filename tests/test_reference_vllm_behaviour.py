@@ -50,7 +50,7 @@ def test_engine_pipelines_prefill_chunks_and_alternates_decodes_with_two_batches
     assert newest().num_scheduled_tokens == {"0": 2, "1": 8}
     assert sched.requests["0"].num_computed_tokens == 12
     assert sched.requests["1"].num_computed_tokens == 8
-    assert sched.get_num_unfinished_requests() == 2
+    assert len(sched.waiting) + len(sched.running) == 2
 
     # 3. The queue is full: the step completes batch 1 (a partial chunk: no token).
     assert engine.step() == []
@@ -82,7 +82,7 @@ def test_engine_pipelines_prefill_chunks_and_alternates_decodes_with_two_batches
     #    more token each time) and odd steps schedule.
     expected = [sched.requests["0"].num_tokens + 1, sched.requests["1"].num_tokens + 1]
     step, req = 0, 0
-    while sched.get_num_unfinished_requests() == 2:
+    while len(sched.waiting) + len(sched.running) == 2:
         outputs = engine.step()
         if step % 2 == 0:
             assert outputs is not None and len(outputs) == 1

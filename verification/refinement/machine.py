@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields
 from flightcheck.reference import (
     Engine,
     Request,
+    RequestStatus,
     SamplingParams,
     SchedulerConfig,
     ScriptedExecutor,
@@ -38,6 +39,7 @@ from flightcheck.reference import (
 )
 from flightcheck.reference import Sample as RefSample
 from flightcheck.reference.config import cdiv
+from flightcheck.reference.outputs import NewRequestData, SchedulerOutput
 from flightcheck.spec.schedule import is_schedule_enabled
 from flightcheck.verification.refinement.abstraction import (
     Ledger,
@@ -55,6 +57,8 @@ from flightcheck import spec
 
 NUM_SLOTS = 20         # requests per run: enough to crowd a small pool, few enough to shrink
 EOS = 1                # the stop token; prompts never contain it, every request stops on it
+NEAR_CAP = 4           # arrival lengths drawn past 15 mean max_model_len - 1 - (0..3)
+UNKNOWN = -1           # an abort of an id no request ever had
 
 
 class BudgetSpent(BaseException):
@@ -103,6 +107,18 @@ class Outcome:
         return f"Outcome({', '.join(parts)})"
 
 
+@dataclass(frozen=True)
+class AbortMany:
+    """Several aborts in one `finish_requests` call: checked against the
+    spec's aborts one after another (no spec action of its own, so the
+    transition properties, which are about one action, are not checked on it)."""
+
+    reqs: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"abort {', '.join(f'r{r}' for r in self.reqs)}"
+
+
 def outcome(code: int) -> Outcome:
     """An outcome from one integer: cheaper to draw than four fields, and it
     shrinks towards 0, the plain token. The low digits hold what should vary
@@ -129,7 +145,11 @@ def configs(draw) -> SchedulerConfig:
     slot are the common case (most bugs need a batch in flight while another
     request moves), so K = 1 and max_num_seqs = 1 come last (shrink away) and
     K = 2, two sequences, come twice; spec decode is on unless shrunk away,
-    the prefill threshold on one time in four."""
+    the prefill threshold on one time in two (chunked prefills put entries
+    that sample nothing before entries that sample, where a walk over a
+    batch's outputs must go on past the former), and then 1 twice as often
+    as any other value (a threshold of 1 clips a decode with drafts to its
+    known token: the boundary where no draft is scheduled)."""
     block_size = draw(st.integers(1, 4))
     max_model_len = draw(st.integers(8, 16) | st.integers(2, 16))
     budget = draw(st.integers(1, 16))
@@ -138,7 +158,8 @@ def configs(draw) -> SchedulerConfig:
         max_model_len=max_model_len, block_size=block_size,
         num_blocks=cdiv(max_model_len, block_size) + draw(st.integers(0, 1)),
         num_pipeline_stages=draw(st.sampled_from([2, 3, 2, 4, 1])),
-        long_prefill_token_threshold=draw(st.integers(1, 8)) if draw(st.integers(0, 3)) == 3 else 0,
+        long_prefill_token_threshold=(draw(st.integers(0, 8).map(lambda t: max(1, t)))
+                                      if draw(st.integers(0, 3)) >= 2 else 0),
         num_spec_tokens=draw(st.sampled_from([3, 2, 3, 1, 0])),
         enable_prefix_caching=draw(st.booleans()),
         continue_prefill=draw(st.integers(0, 2).map(lambda x: x != 2)))
@@ -205,6 +226,7 @@ class RefinementMachine(RuleBasedStateMachine):
         self.num_calls = 0
         self.num_aborts = 0
         self.num_completes = 0
+        self.num_batches = 0                          # batches submitted: the last batch id
         self._schedule_memo: tuple[spec.State | None, bool] = (None, False)
         self.history: list[tuple[spec.Action, spec.State]] = []   # for the failure report
         if self.mutant is not None and currently_in_test_context():   # not in a replay by hand
@@ -213,17 +235,23 @@ class RefinementMachine(RuleBasedStateMachine):
     # -- rules: the spec's actions ---------------------------------------------
 
     @precondition(lambda self: self.engine is not None and self._may_arrive())
-    @rule(prompt_len=st.integers(1, 4) | st.integers(1, 15), family=st.integers(0, 1),
+    @rule(prompt_len=st.integers(1, 4) | st.integers(1, 15 + NEAR_CAP), family=st.integers(0, 1),
           tail=st.integers(0, 4), max_tokens=st.integers(6, 20), reuse=st.integers(0, 3))
     @_step
     def arrive(self, prompt_len: int, family: int, tail: int, max_tokens: int, reuse: int) -> None:
         """A request arrives: all but `tail` of its prompt tokens are its
         `family`'s shared prefix; `reuse` > 0 takes the name of a finished one.
         Prompts fill at most half the model length, so that requests decode
-        long enough (max_tokens 6..20, EOS rare) to be preempted mid-decode."""
+        long enough (max_tokens 6..20, EOS rare) to be preempted mid-decode;
+        `prompt_len` past 15 (one arrival in ten) is a prompt a few tokens
+        short of max_model_len instead, so that a request runs into the
+        length cap with drafts proposed past it (where `_clip` binds)."""
         slot = len(self.ledger.requests)
         name = self._name(slot, reuse)
-        length = 1 + (prompt_len - 1) % max(1, self.cfg.max_model_len // 2)
+        if prompt_len > 15:
+            length = max(1, self.cfg.max_model_len - 1 - (prompt_len - 16))
+        else:
+            length = 1 + (prompt_len - 1) % max(1, self.cfg.max_model_len // 2)
         request = Request(name, prompt_tokens(slot, family, max(0, length - tail), length),
                           SamplingParams(max_tokens=max_tokens), eos_token_id=EOS)
         self.engine.add_request(request)
@@ -268,18 +296,32 @@ class RefinementMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.engine is not None and (
         self._may_abort() or not self._can_progress()))
-    @rule(which=st.integers(0, NUM_SLOTS - 1))
+    @rule(which=st.lists(st.integers(UNKNOWN, NUM_SLOTS - 1), min_size=1, max_size=3))
     @_step
-    def abort(self, which: int) -> None:
-        """Abort the request that arrived `which`-th (mod arrivals), whatever
-        it is doing. (Aborts of finished and unknown requests, no-ops, are
-        `abort`'s fallback when nothing else is enabled.)"""
+    def abort(self, which: list[int]) -> None:
+        """Abort, in one call, the requests that arrived `which[i]`-th (mod
+        arrivals), whatever they are doing; UNKNOWN is an id no request ever
+        had, and a repeated one is finished by the time its turn comes, so a
+        call mixes live, finished and unknown ids in any order (vLLM's engine
+        aborts a list). One id goes through the engine's `abort_request`.
+        (Aborts of finished and unknown requests, no-ops, are `abort`'s
+        fallback when nothing else is enabled.)"""
         requests = [r for r in self.ledger.requests if not r.is_finished()] or self.ledger.requests
-        name = requests[which % len(requests)].request_id if requests else "nobody"
-        slot = self.ledger.active_slot(name)
+        names = [requests[w % len(requests)].request_id if requests and w != UNKNOWN else "nobody"
+                 for w in which]
+        slots = [self.ledger.active_slot(name) for name in names]
         self.num_aborts += 1
-        self.engine.abort_request(name)
-        self._check(spec.Abort(-1 if slot is None else slot))
+        if len(names) == 1:
+            self.engine.abort_request(names[0])
+            self._check(spec.Abort(-1 if slots[0] is None else slots[0]))
+            return
+        self.scheduler.finish_requests(names, RequestStatus.FINISHED_ABORTED)
+        expected = self.state
+        for slot in slots:
+            after_abort = spec.step(expected, self.spec_cfg, spec.Abort(-1 if slot is None else slot))
+            if after_abort is not None:             # None: a no-op in the spec
+                expected = after_abort
+        self._check(AbortMany(tuple(-1 if s is None else s for s in slots)), expected=expected)
 
     def _may_arrive(self) -> bool:
         """Arrivals while a slot is left, at most two requests wait, and a
@@ -321,13 +363,67 @@ class RefinementMachine(RuleBasedStateMachine):
             if scheduled is None:
                 self._fail(f"the reference scheduled a batch, the spec schedules nothing\n"
                            f"  before: {spec.describe(before)}")
+            self.num_batches += 1
+            if output.batch_id != self.num_batches:
+                self._fail(f"batch {self.num_batches} was submitted with batch id {output.batch_id}")
         self._check(spec.Schedule(), expected=before if scheduled is None else scheduled.state)
+        if output is not None:
+            self._check_request_data(before, output)
         return output is not None
+
+    def _check_request_data(self, before: spec.State, output: SchedulerOutput) -> None:
+        """What the workers receive for each entry, against the spec's states
+        around the schedule: a request never run gets new-request data (its
+        prompt and whole table), a preempted one resumes with cached data
+        marked resumed (its whole table again: preemption freed it), a running
+        one cached data with only the blocks new to its table; every entry
+        carries exactly the known tokens it computes, and an admitted one its
+        prefix hit (where its computation starts) as cached tokens."""
+        for entry in output.entries:
+            slot = self.ledger.entry_slot(entry.req_id, entry.incarnation)
+            status, request = before.requests[slot].status, self.ledger.requests[slot]
+            if self.state.requests[slot].status is not spec.Status.RUNNING:
+                continue
+            old_table = before.requests[slot].block_table
+            table = self.state.requests[slot].block_table
+            start, n = entry.num_computed_tokens, entry.num_new_tokens
+            known = list(request.all_token_ids[start:start + n - len(entry.spec_token_ids)])
+            problem = None
+            if (status is spec.Status.WAITING) != (type(entry) is NewRequestData):
+                problem = f"{type(entry).__name__} for a request that was {status.name}"
+            elif (status is spec.Status.PREEMPTED) != entry.resumed_from_preemption:
+                problem = f"resumed_from_preemption={entry.resumed_from_preemption} for {status.name}"
+            elif type(entry) is NewRequestData and list(entry.prompt_token_ids) != list(
+                    request.prompt_token_ids):
+                problem = "new-request data with another prompt"
+            elif tuple(entry.new_block_ids) != table[len(old_table):]:
+                problem = f"block ids {tuple(entry.new_block_ids)}, table grew by {table[len(old_table):]}"
+            elif list(entry.new_token_ids) != known:
+                problem = f"token ids {list(entry.new_token_ids)}, the known tokens are {known}"
+            elif entry.num_cached_tokens != (0 if status is spec.Status.RUNNING else start):
+                problem = f"num_cached_tokens {entry.num_cached_tokens}, the prefix hit is " \
+                          f"{0 if status is spec.Status.RUNNING else start}"
+            if problem is not None:
+                self._fail(f"batch {output.batch_id}, entry of r{slot} ({entry.req_id}): {problem}")
 
     def _complete(self, returned: list[Outcome]) -> None:
         self.outcomes, self.calls, self.num_calls = list(returned), {}, 0
         sampling = spec.sampling_entries(self.state, self.spec_cfg)
-        self.engine.complete_oldest_step()
+        completed = self.engine.batch_queue[0][0]
+        slot_of = {e.req_id: self.ledger.entry_slot(e.req_id, e.incarnation) for e in completed.entries}
+        num_output = {slot: self.state.requests[slot].num_output for slot in slot_of.values()}
+        outputs = self.engine.complete_oldest_step()
+        if self.engine.batch_queue and self.engine.batch_queue[0][0].batch_id != completed.batch_id + 1:
+            self._fail(f"batch {completed.batch_id} completed, then batch "
+                       f"{self.engine.batch_queue[0][0].batch_id} is the oldest in flight")
+        for output in outputs:
+            # What the engine streams to the client: exactly the tokens this
+            # batch appended to the request (none past the one that stopped it).
+            slot = slot_of[output.request_id]
+            appended = list(self.ledger.requests[slot].output_token_ids[num_output[slot]:])
+            if list(output.new_token_ids) != appended:
+                self._fail(f"batch {completed.batch_id} returns {list(output.new_token_ids)} for "
+                           f"r{slot}, which it appended {appended}")
         names = [self.ledger.requests[e.req].request_id for e in sampling]
         samples = tuple(self.calls.get(name, spec.Sample()) for name in names)
         self._check(spec.CompleteOldest(samples))
@@ -360,9 +456,9 @@ class RefinementMachine(RuleBasedStateMachine):
 
     # -- checking ---------------------------------------------------------------
 
-    def _check(self, action: spec.Action, expected: spec.State | None = None) -> None:
+    def _check(self, action: spec.Action | AbortMany, expected: spec.State | None = None) -> None:
         before = self.state
-        if not isinstance(action, spec.Schedule):
+        if expected is None and not isinstance(action, spec.Schedule):
             expected = spec.step(before, self.spec_cfg, action)
             if expected is None:            # disabled in the spec: the reference must not move
                 expected = before
@@ -376,15 +472,34 @@ class RefinementMachine(RuleBasedStateMachine):
                        f"  {describe_difference(expected, after)}")
         cfg = self.spec_cfg
         broken = [inv.name for inv in spec.INVARIANTS if not inv.holds(after, cfg)]
-        broken += [p.name for p in spec.TRANSITION_PROPERTIES
-                   if not p.holds(before, after, action, cfg)]
+        if not isinstance(action, AbortMany):
+            broken += [p.name for p in spec.TRANSITION_PROPERTIES
+                       if not p.holds(before, after, action, cfg)]
         if broken:
             self._fail(f"{', '.join(broken)} broken after `{action}`\n"
                        f"  state: {spec.describe(after)}")
+        self._check_engine_counts(after)
         if self.engine.can_schedule() != is_schedule_enabled(after, cfg):
             self._fail(f"the engine {'can' if self.engine.can_schedule() else 'cannot'} schedule, "
                        f"the spec disagrees, in {spec.describe(after)}")
         self.state = after
+
+    def _check_engine_counts(self, after: spec.State) -> None:
+        """The counts the engine loops gate on (drive.py's EngineLoop), from
+        the spec's state: whether any request is unfinished, how many are not
+        in flight (vLLM 0.8.4's gate), and the batches in flight numbered
+        consecutively up to the last one submitted."""
+        unfinished = bool(after.waiting or after.running)
+        if self.scheduler.has_unfinished_requests() != unfinished:
+            self._fail(f"has_unfinished_requests() is {not unfinished} in {spec.describe(after)}")
+        unscheduled = len(after.waiting) + len(after.running) - len(after.scheduled_ids)
+        if self.scheduler.get_num_unscheduled_requests() != unscheduled:
+            self._fail(f"get_num_unscheduled_requests() is "
+                       f"{self.scheduler.get_num_unscheduled_requests()}, the spec has "
+                       f"{unscheduled} in {spec.describe(after)}")
+        ids = [out.batch_id for out, _ in self.engine.batch_queue]
+        if ids != list(range(self.num_batches - len(ids) + 1, self.num_batches + 1)):
+            self._fail(f"batch ids in flight {ids}, {self.num_batches} batches submitted")
 
     def _check_trace(self) -> None:
         """Finish the run with the engine's own loop, then the trace the

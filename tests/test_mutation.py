@@ -1,0 +1,64 @@
+"""Machine-made mutants (verification/refinement/mutation.py): generated
+with stable keys, applied in-process and undone, killed by the fuzzer when
+they change behaviour; the triage file names only mutants that exist."""
+
+from __future__ import annotations
+
+from flightcheck.reference.scheduler import Scheduler
+from flightcheck.verification.refinement.mutation import (
+    MODULES,
+    TARGETS,
+    MutantResult,
+    applied,
+    mutants_of,
+    read_triage,
+    run_mutant,
+    score,
+)
+
+
+def _mutant(key: str):
+    path = next(p for p in MODULES if p.endswith(key.split("::")[0]))
+    return next(m for m in mutants_of(path) if m.key == key)
+
+
+def test_every_target_file_yields_mutants_with_unique_keys():
+    for path in TARGETS:
+        keys = [m.key for m in mutants_of(path)]
+        assert keys and len(keys) == len(set(keys))
+
+
+def test_a_mutant_is_in_force_only_inside_its_block():
+    mutant = _mutant("scheduler.py::Scheduler._clip::Sub->Add#1")
+    original = Scheduler._clip.__code__
+    with applied(mutant):
+        assert Scheduler._clip.__code__ is not original
+    assert Scheduler._clip.__code__ is original
+    assert "-" in mutant.diff and "+" in mutant.diff and "max_model_len +" in mutant.diff
+
+
+def test_the_issues_survivors_are_killed_at_the_ci_budget():
+    """Issue 23's survivors that change behaviour: the length clip, a
+    `continue` turned `break` in finish_requests (several aborts at once, an
+    unknown id first) and after an entry that sampled nothing."""
+    for key in ("scheduler.py::Scheduler._clip::Sub->BitXor#1",
+                "scheduler.py::Scheduler.finish_requests::continue->break#1",
+                "scheduler.py::Scheduler.update_from_output::continue->break#2",
+                "completion.py::append_sampled::Is->IsNot#1"):
+        result = run_mutant(_mutant(key), 2_000, [0, 1])
+        assert result.status == "killed", key
+
+
+def test_the_triage_names_only_existing_mutants_and_functions():
+    triage = read_triage()
+    mutants = [m for path in MODULES for m in mutants_of(path)]
+    assert set(triage.equivalent) <= {m.key for m in mutants}
+    assert set(triage.out_of_scope) <= {m.function for m in mutants}
+    assert all(reason.strip() for reason in [*triage.equivalent.values(),
+                                             *triage.out_of_scope.values()])
+
+
+def test_score_counts_timeouts_as_kills_and_leaves_triaged_mutants_out():
+    mutant = _mutant("scheduler.py::Scheduler._clip::Sub->Add#1")
+    results = [MutantResult(mutant, s) for s in ("killed", "timeout", "survived", "equivalent")]
+    assert score(results)["score"] == round(2 / 3, 4)
