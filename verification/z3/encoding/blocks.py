@@ -31,34 +31,21 @@ from flightcheck.verification.z3.encoding.terms import (
 
 
 def cached_block(layout: Layout, pool: SPool, label: Any) -> tuple[Any, Any]:
-    """(some block caches `label`, the block a hit is served from): the first
-    copy in `duplicates` when the label is cached twice, else `labels.index`."""
+    """(some block caches `label`, the block a hit is served from): the copy of
+    rank 0 (`get_cached_block`'s first copy still cached), which is
+    `labels.index` when a label is cached once."""
     found = disj(*[eq(lab, label) for lab in pool.label])
+    served_copy = layout.cfg.cache_duplicate_blocks
     block = V(PAD)
     for b in range(layout.B - 1, -1, -1):
-        block = ite(eq(pool.label[b], label), V(b), block)
-    if layout.cfg.cache_duplicate_blocks:
-        for j in range(layout.B - 1, -1, -1):
-            copy = pool.duplicates[j]
-            block = ite(conj(lt(j, pool.duplicates_len), eq(_label_of(layout, pool.label, copy), label)), copy, block)
+        served = conj(eq(pool.label[b], label), eq(pool.copy_rank[b], 0)) if served_copy else eq(pool.label[b], label)
+        block = ite(served, V(b), block)
     return found, block
 
 
 def _label_of(layout: Layout, labels: list, block: Any) -> Any:
     """labels[block], for a symbolic block (a value no label takes if out of range)."""
     return pick(labels, block, V(layout.none_label - 1))
-
-
-def _compact(layout: Layout, xs: list, keep: list) -> tuple[list, Any]:
-    """The slots of xs whose `keep` holds, in order, PAD-padded: (list, length)."""
-    pos = [count(keep[:j]) for j in range(len(xs))]
-    out = []
-    for slot in range(len(xs)):
-        v = V(PAD)
-        for j in range(slot, len(xs)):
-            v = ite(conj(keep[j], eq(pos[j], slot)), xs[j], v)
-        out.append(v)
-    return out, count(keep)
 
 
 def lookup_hit(layout: Layout, builder: Builder, pool: SPool, labels: list, num_labels: Any,
@@ -99,7 +86,7 @@ def touch(layout: Layout, builder: Builder, pool: SPool, hit: list, num_hit: Any
         for j in range(slot, layout.B):
             v = ite(conj(keep[j], eq(pos[j], slot)), pool.free[j], v)
         free.append(v)
-    return SPool(ref, list(pool.label), free, count(keep), list(pool.duplicates), pool.duplicates_len)
+    return SPool(ref, list(pool.label), free, count(keep), list(pool.copy_rank))
 
 
 def pop_fresh(layout: Layout, pool: SPool, num: Any, max_num: int) -> tuple[SPool, list]:
@@ -119,16 +106,14 @@ def pop_fresh(layout: Layout, pool: SPool, num: Any, max_num: int) -> tuple[SPoo
             if slot + d < layout.B:
                 v = ite(eq(num, d), pool.free[slot + d], v)
         free.append(ite(lt(slot, new_len), v, V(PAD)))
-    duplicates, duplicates_len = list(pool.duplicates), pool.duplicates_len
+    rank = [ite(popped[b], V(0), pool.copy_rank[b]) for b in range(layout.B)]
     if layout.cfg.cache_duplicate_blocks:
-        # an evicted copy leaves `duplicates`, and so does the last copy left of its label
-        keep = []
-        for j, copy in enumerate(pool.duplicates):
-            lab = _label_of(layout, label, copy)
-            copies = count(eq(x, lab) for x in label)
-            keep.append(conj(lt(j, pool.duplicates_len), neg(eq(lab, layout.none_label)), le(2, copies)))
-        duplicates, duplicates_len = _compact(layout, pool.duplicates, keep)
-    return SPool(ref, label, free, new_len, duplicates, duplicates_len), taken
+        # an evicted copy leaves its label's ranks: every later copy moves up one
+        rank = [ite(popped[b], V(0), pool.copy_rank[b] - count(
+                    conj(popped[b2], eq(pool.label[b2], pool.label[b]), lt(pool.copy_rank[b2], pool.copy_rank[b]))
+                    for b2 in range(layout.B) if b2 != b))
+                for b in range(layout.B)]
+    return SPool(ref, label, free, new_len, rank), taken
 
 
 def cache_labels(layout: Layout, pool: SPool, table: list, table_len: Any, labels: list,
@@ -151,7 +136,7 @@ def cache_labels(layout: Layout, pool: SPool, table: list, table_len: Any, label
                     eq(pick(pool.label, block, V(layout.none_label - 1)), layout.none_label),
                     neg(disj(*[eq(x, label) for x in pool.label])))
         new = put(new, block, label, cond)
-    return SPool(list(pool.ref), new, list(pool.free), pool.free_len, list(pool.duplicates), pool.duplicates_len)
+    return SPool(list(pool.ref), new, list(pool.free), pool.free_len, list(pool.copy_rank))
 
 
 def _cache_labels_sequential(layout: Layout, pool: SPool, table: list, table_len: Any, labels: list,
@@ -162,46 +147,21 @@ def _cache_labels_sequential(layout: Layout, pool: SPool, table: list, table_len
                     eq(pick(new, block, V(layout.none_label - 1)), layout.none_label),
                     neg(disj(*[eq(x, label) for x in new])))
         new = put(new, block, label, cond)
-    return SPool(list(pool.ref), new, list(pool.free), pool.free_len, list(pool.duplicates), pool.duplicates_len)
+    return SPool(list(pool.ref), new, list(pool.free), pool.free_len, list(pool.copy_rank))
 
 
 def _cache_labels_keeping_duplicates(layout: Layout, pool: SPool, table: list, table_len: Any, labels: list,
                                      num_labels: Any) -> SPool:
     """cache_labels with duplicate caching (vLLM 0.8.x): every unlabelled block
     of the first num_labels slots takes its label, even one another block
-    caches. A label's second copy enters `duplicates` with the first (the
-    group is inserted where its label sorts); a later copy joins the end of
-    its label's group, so within a group the order is the caching order.
-
-    `duplicates` is assumed to list exactly the labels cached twice (S9's
-    caching clause), as on every reachable state."""
-    new, dups, dups_len = list(pool.label), list(pool.duplicates), pool.duplicates_len
+    caches; its copy rank is the number of copies cached before it. Slots are
+    visited in order, since a slot's rank counts the copies earlier slots made."""
+    new, rank = list(pool.label), list(pool.copy_rank)
     for t, (block, label) in enumerate(zip(table, labels)):
         cond = conj(lt(t, table_len), lt(t, num_labels), eq(_label_of(layout, new, block), layout.none_label))
-        already = disj(*[eq(x, label) for x in new])
-        grouped_labels = [_label_of(layout, new, d) for d in dups]
-        in_group = [lt(j, dups_len) for j in range(layout.B)]
-        grouped = disj(*[conj(in_group[j], eq(lab, label)) for j, lab in enumerate(grouped_labels)])
-        first = V(PAD)
-        for b in range(layout.B - 1, -1, -1):
-            first = ite(eq(new[b], label), V(b), first)
-        # the group of `label` goes after every group of a smaller label (and
-        # after its own earlier copies): position p; one or two blocks go in
-        at = count(conj(in_group[j], le(lab, label)) for j, lab in enumerate(grouped_labels))
-        num_in = ite(grouped, V(1), V(2))
-        inserted = [ite(grouped, block, first), block]
-        grow = conj(cond, already)
-        shifted = []
-        for slot in range(layout.B):
-            moved = ite(eq(num_in, 1), dups[slot - 1] if slot >= 1 else V(PAD),
-                        dups[slot - 2] if slot >= 2 else V(PAD))
-            v = ite(lt(slot, at), dups[slot],
-                    ite(eq(slot, at), inserted[0],
-                        ite(conj(eq(slot, at + 1), eq(num_in, 2)), inserted[1], moved)))
-            shifted.append(ite(grow, v, dups[slot]))
-        dups, dups_len = shifted, ite(grow, dups_len + num_in, dups_len)
+        rank = put(rank, block, count(eq(x, label) for x in new), cond)
         new = put(new, block, label, cond)
-    return SPool(list(pool.ref), new, list(pool.free), pool.free_len, dups, dups_len)
+    return SPool(list(pool.ref), new, list(pool.free), pool.free_len, rank)
 
 
 def free_table(layout: Layout, pool: SPool, table: list, table_len: Any, when: Any = True) -> SPool:
@@ -229,8 +189,7 @@ def free_table(layout: Layout, pool: SPool, table: list, table_len: Any, when: A
     for t, b in enumerate(table):
         before = zero[:t] if forward else zero[t + 1:]
         free = put(free, pool.free_len + count(before), b, zero[t])
-    return SPool(ref, list(pool.label), free, pool.free_len + count(zero), list(pool.duplicates),
-                 pool.duplicates_len)
+    return SPool(ref, list(pool.label), free, pool.free_len + count(zero), list(pool.copy_rank))
 
 
 def append_blocks(layout: Layout, table: list, table_len: Any, new: list, num_new: Any) -> tuple[list, Any]:

@@ -205,26 +205,18 @@ def s9_parts(layout: Layout, s: SState) -> dict[str, Any]:
             out[f"b{b}.label_unique"] = conj([z3.Implies(neg(eq(pool.label[b], layout.none_label)),
                                                          neg(eq(pool.label[b], pool.label[b2])))
                                               for b2 in range(b + 1, layout.B)])
-        out["duplicates_empty"] = eq(pool.duplicates_len, 0)
+        out["copy_ranks_zero"] = conj([eq(x, 0) for x in pool.copy_rank])
         return out
-    # duplicate caching: `duplicates` lists exactly the blocks whose label
-    # another block caches too, each once, grouped by ascending label
-    dups, dups_len = pool.duplicates, pool.duplicates_len
-    listed = [lt(j, dups_len) for j in range(layout.B)]
+    # duplicate caching: the copies of a label carry the ranks 0 .. copies - 1,
+    # each once (so exactly one copy, of rank 0, serves hits); an unlabelled
+    # block has rank 0
     for b in range(layout.B):
-        lab = pool.label[b]
-        shared = conj(neg(eq(lab, layout.none_label)),
-                      disj(*[eq(lab, pool.label[b2]) for b2 in range(layout.B) if b2 != b]))
-        out[f"b{b}.copies_listed"] = shared == disj(*[conj(listed[j], eq(d, b)) for j, d in enumerate(dups)])
-    for j in range(layout.B):
-        later = [z3.Implies(listed[j2], neg(eq(dups[j], dups[j2]))) for j2 in range(j + 1, layout.B)]
-        ordered = conj(listed[j + 1], le(pick(pool.label, dups[j], V(layout.none_label)),
-                                         pick(pool.label, dups[j + 1], V(layout.none_label)))) \
-            if j + 1 < layout.B else z3.BoolVal(True)
-        out[f"duplicates[{j}].a_block_once_in_order"] = z3.Implies(listed[j], conj(
-            le(0, dups[j]), lt(dups[j], layout.B), *later, z3.Implies(listed[j + 1] if j + 1 < layout.B else False,
-                                                                  ordered)))
-    out["duplicates_len"] = conj(le(0, dups_len), le(dups_len, layout.B))
+        lab, rank = pool.label[b], pool.copy_rank[b]
+        copies = count(eq(lab, other) for other in pool.label)
+        distinct = [z3.Implies(eq(lab, pool.label[b2]), neg(eq(rank, pool.copy_rank[b2])))
+                    for b2 in range(b + 1, layout.B)]
+        out[f"b{b}.copy_rank"] = ite(eq(lab, layout.none_label), eq(rank, 0),
+                                     conj(le(0, rank), lt(rank, copies), *distinct))
     return out
 
 
@@ -326,9 +318,7 @@ def well_formed(layout: Layout, s: SState) -> Any:
     pool = s.pool
     out += [le(0, pool.free_len), le(pool.free_len, layout.B)]
     out += [ite(lt(j, pool.free_len), conj(le(0, x), lt(x, layout.B)), eq(x, P)) for j, x in enumerate(pool.free)]
-    out += [le(0, pool.duplicates_len), le(pool.duplicates_len, layout.B)]
-    out += [ite(lt(j, pool.duplicates_len), conj(le(0, x), lt(x, layout.B)), eq(x, P))
-            for j, x in enumerate(pool.duplicates)]
+    out += [conj(le(0, x), lt(x, layout.B)) for x in pool.copy_rank]
     for k, b in enumerate(s.batches):
         out += [le(0, b.length), le(b.length, layout.E), z3.Implies(le(s.num_batches, k), eq(b.length, 0))]
         for j, e in enumerate(b.entries):
@@ -429,7 +419,7 @@ SOMETIMES_FORMULAS: dict[str, Callable[[Layout, SState], Any]] = {
         lambda layout, s: disj(*[conj(s.was_preempted[r], _finished_normally(s, r)) for r in range(layout.N)]),
     "preallocated_block":
         lambda layout, s: disj(*[_holds_preallocated_block(layout, s, r) for r in range(layout.N)]),
-    "duplicate_cached_block": lambda layout, s: lt(0, s.pool.duplicates_len),
+    "duplicate_cached_block": lambda layout, s: disj(*[lt(0, x) for x in s.pool.copy_rank]),
 }
 
 __all__ = ["INVARIANT_FORMULAS", "TRANSITION_FORMULAS", "SPEC_PROPERTIES", "SOMETIMES_FORMULAS", "NEEDS_SCHEDULE",

@@ -130,10 +130,11 @@ class SPool:
     label: list
     free: list
     free_len: Any
-    # BlockPool.duplicates: the blocks whose label another block caches too,
-    # grouped by label in ascending order, caching order within a label
-    duplicates: list
-    duplicates_len: Any
+    # BlockPool.duplicates, as one rank per block: how many of the blocks
+    # caching its label were cached before it (0: the copy a hit is served
+    # from; 0 too for an unlabelled block). A rank per block instead of the
+    # spec's list keeps eviction and caching local updates, not list shifts.
+    copy_rank: list
 
 
 @dataclass
@@ -168,7 +169,7 @@ def frame(layout: Layout, tag: str) -> SState:
                    for j in range(layout.E)]
         batches.append(SBatch(I(f"b{k}.len@{tag}"), entries))
     pool = SPool(ints("ref", layout.B), ints("label", layout.B), ints("free", layout.B), I(f"free_len@{tag}"),
-                 ints("duplicates", layout.B), I(f"duplicates_len@{tag}"))
+                 ints("copy_rank", layout.B))
     return SState(reqs, ints("waiting", layout.N), I(f"waiting_len@{tag}"),
                   ints("running", layout.N), I(f"running_len@{tag}"), I(f"num_batches@{tag}"),
                   batches, pool, [Bo(f"scheduled[{r}]@{tag}") for r in range(layout.N)],
@@ -220,14 +221,32 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
     pool = state.pool
     labels = [V(layout.none_label if lab is None else lab) for lab in pool.labels]
     spool = SPool([V(c) for c in pool.ref_counts], labels, padded(pool.free_queue, layout.B, "free queue"),
-                  V(len(pool.free_queue)), padded(pool.duplicates, layout.B, "duplicates"),
-                  V(len(pool.duplicates)))
+                  V(len(pool.free_queue)), [V(x) for x in copy_ranks(pool)])
     ghost = was_preempted if was_preempted is not None else (False,) * layout.N
     return SState(reqs, padded(state.waiting, layout.N, "waiting"), V(len(state.waiting)),
                   padded(state.running, layout.N, "running"), V(len(state.running)),
                   V(len(state.in_flight)), batches, spool,
                   [z3.BoolVal(r in state.scheduled_ids) for r in range(layout.N)],
                   [z3.BoolVal(g) for g in ghost])
+
+
+def copy_ranks(pool: BlockPool) -> list[int]:
+    """Each block's copy rank: its place among the copies of its label in
+    `pool.duplicates` (which lists them in caching order), else 0."""
+    ranks, copies_seen = [0] * len(pool.labels), {}
+    for b in pool.duplicates:
+        label = pool.labels[b]
+        ranks[b] = copies_seen.get(label, 0)
+        copies_seen[label] = ranks[b] + 1
+    return ranks
+
+
+def duplicates_of(labels: tuple[int | None, ...], ranks: list[int]) -> tuple[int, ...]:
+    """`BlockPool.duplicates` from copy ranks: the blocks of every label cached
+    twice or more, grouped by ascending label, by rank within a label."""
+    copies = {lab: labels.count(lab) for lab in labels if lab is not None}
+    listed = [b for b, lab in enumerate(labels) if lab is not None and copies[lab] >= 2]
+    return tuple(sorted(listed, key=lambda b: (labels[b], ranks[b])))
 
 
 def pad_entry() -> SEntry:
@@ -284,7 +303,7 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
     labels = tuple(None if iv(x) == layout.none_label else iv(x) for x in f.pool.label)
     pool = BlockPool(tuple(iv(c) for c in f.pool.ref), labels,
                      tuple(iv(b) for b in f.pool.free[:iv(f.pool.free_len)]),
-                     tuple(iv(b) for b in f.pool.duplicates[:iv(f.pool.duplicates_len)]))
+                     duplicates_of(labels, [iv(x) for x in f.pool.copy_rank]))
     return State(requests=tuple(reqs), waiting=tuple(iv(x) for x in f.waiting[:iv(f.waiting_len)]),
                  running=tuple(iv(x) for x in f.running[:iv(f.running_len)]),
                  in_flight=tuple(in_flight), pool=pool,
