@@ -205,3 +205,22 @@ def test_transition_property_formulas_agree_on_edges(mutant):
                 if holds != _truth(m, ev.transition[p.name]):
                     bad.append(f"{p.name} disagrees on {s} --{action}--> {t}")
     assert edges > 40 and bad == []
+
+
+def test_copy_ranks_hold_exactly_the_duplicates_list_of_every_reachable_state():
+    """The encoding keeps BlockPool.duplicates as one rank per block: on every
+    reachable state of a model where labels are cached twice, the ranks give
+    back the list, and a list ranks cannot hold is refused, not misread."""
+    from flightcheck.verification.z3.encoding.state import NotRepresentable, Layout, constant_state, copy_ranks, \
+        duplicates_of
+    model = profile_model(DUPLICATING, "vllm-0.8.5")
+    states = list(reachable(model))
+    with_copies = [s for s in states if s.pool.duplicates]
+    assert with_copies, "the model must reach a label cached twice"
+    for s in states:
+        assert duplicates_of(s.pool.labels, copy_ranks(s.pool)) == s.pool.duplicates
+    state = with_copies[0]
+    repeated = dataclasses.replace(state, pool=dataclasses.replace(state.pool,
+                                                                   duplicates=state.pool.duplicates * 2))
+    with pytest.raises(NotRepresentable, match="copy ranks cannot hold them"):
+        constant_state(Layout.of(model), repeated)

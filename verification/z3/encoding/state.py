@@ -219,6 +219,7 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
         entries += [pad_entry() for _ in range(layout.E - len(batch))]
         batches.append(SBatch(V(len(batch)), entries))
     pool = state.pool
+    _check_ranks_can_hold(pool)
     labels = [V(layout.none_label if lab is None else lab) for lab in pool.labels]
     spool = SPool([V(c) for c in pool.ref_counts], labels, padded(pool.free_queue, layout.B, "free queue"),
                   V(len(pool.free_queue)), [V(x) for x in copy_ranks(pool)])
@@ -228,6 +229,20 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
                   V(len(state.in_flight)), batches, spool,
                   [z3.BoolVal(r in state.scheduled_ids) for r in range(layout.N)],
                   [z3.BoolVal(g) for g in ghost])
+
+
+def _check_ranks_can_hold(pool: BlockPool) -> None:
+    """Copy ranks hold a `duplicates` list that repeats no block, lists only
+    labels cached twice or more, in ascending label order. Such a list may
+    still miss copies (S9 fails): the missing ones get rank 0 beside the
+    first listed copy, so S9's caching clause fails on the ranks too. Any
+    other list would be misread, and is refused."""
+    dups, labels = pool.duplicates, pool.labels
+    listed_labels = [labels[b] for b in dups]
+    if (len(set(dups)) != len(dups) or any(lab is None or labels.count(lab) < 2 for lab in listed_labels)
+            or listed_labels != sorted(listed_labels)):  # type: ignore[type-var]
+        raise NotRepresentable(f"duplicates {dups} repeat a block, list a label cached once or are out of "
+                               "label order: copy ranks cannot hold them")
 
 
 def copy_ranks(pool: BlockPool) -> list[int]:
