@@ -2,7 +2,11 @@
 and mutant kills it gave before: the same properties, statuses, methods and
 depths, the same mutants killed by the same property with counterexamples of
 the same length. Seconds aside; properties renamed by the move are compared
-through the rename map (docs/renames.md)."""
+through the rename map (docs/renames.md).
+
+Deliberate updates since (issue 19, version profiles): shared-k3 has 10014
+states (duplicate cached blocks), the model forward-k3 adds its rows, and BMC
+reaches the new target duplicate_cached_block at depth 4 on shared-k3."""
 
 from __future__ import annotations
 
