@@ -53,8 +53,17 @@ class FabricatedModel:
     """Returns, per batch, what vLLM's model runner would return: the
     sampled tokens of the entries that reach their known tokens."""
 
-    def __init__(self, workload: Workload, make_output: Callable[..., Any]) -> None:
+    def __init__(self, workload: Workload, make_output: Callable[..., Any],
+                 caches_sampled_tokens: bool = False) -> None:
         self._workload = workload
+        # vLLM 0.33's V1 runner on the last rank (the one that samples) appends
+        # each token it samples to its own request state at once
+        # (GPUModelRunner._bookkeeping_sync, "Cache the sampled tokens in the
+        # model runner"), learns nothing from new_token_ids there, and cuts its
+        # outputs back to the scheduler's num_output_tokens when those are fewer
+        # (_update_states, the is_last_rank branch). 0.8.x: see the module doc.
+        self._caches_sampled_tokens = caches_sampled_tokens
+        self._prompt_lengths: dict[str, int] = {}
         # vLLM id -> the request now under that id: a request that reuses an
         # id takes it over when it is added (bind), so each batch samples the
         # tokens of the request it was scheduled for (execute runs at schedule time).
@@ -75,6 +84,7 @@ class FabricatedModel:
             # all their tokens in prefill_token_ids; otherwise the prompt.
             prefill = getattr(data, "prefill_token_ids", None)
             self._known_tokens[data.req_id] = len(prefill if prefill is not None else data.prompt_token_ids)
+            self._prompt_lengths[data.req_id] = len(data.prompt_token_ids)
             starts[data.req_id] = data.num_computed_tokens
         cached = scheduler_output.scheduled_cached_reqs
         if isinstance(cached, list):            # vLLM <= 0.9.1: one CachedRequestData per request
@@ -83,18 +93,24 @@ class FabricatedModel:
             rows = [(req_id, cached.num_computed_tokens[i],
                      cached.new_token_ids[i] if cached.new_token_ids else [])
                     for i, req_id in enumerate(cached.req_ids)]
-        for req_id, num_computed_tokens, new_token_ids in rows:
-            # GPUModelRunner._update_states (0.8.5 and 0.33 alike): the runner
-            # learns the tokens the scheduler sends and never forgets one.
+        for i, (req_id, num_computed_tokens, new_token_ids) in enumerate(rows):
+            starts[req_id] = num_computed_tokens
+            if self._caches_sampled_tokens:
+                outputs = self._prompt_lengths[req_id] + cached.num_output_tokens[i]
+                self._known_tokens[req_id] = min(self._known_tokens[req_id], outputs)
+                continue
+            # GPUModelRunner._update_states (0.8.5): the runner learns the
+            # tokens the scheduler sends and never forgets one.
             told = num_computed_tokens + len(new_token_ids)
             self._known_tokens[req_id] = max(self._known_tokens.get(req_id, 0), told)
-            starts[req_id] = num_computed_tokens
         req_ids = list(scheduler_output.num_scheduled_tokens)
         sampled: list[list[int]] = []
         for req_id in req_ids:
             end = starts[req_id] + scheduler_output.num_scheduled_tokens[req_id]
             if end >= self._known_tokens[req_id]:
                 sampled.append([sampled_token(self._workload, self._specs[req_id], end)])
+                if self._caches_sampled_tokens:
+                    self._known_tokens[req_id] += 1
             else:
                 sampled.append([])              # a partial prefill: nothing sampled
         return self._make_output(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},

@@ -133,7 +133,9 @@ class SchedulerFactory:
             max_model_len=config.max_model_len, enable_chunked_prefill=True,
             long_prefill_token_threshold=config.long_prefill_token_threshold)
         if _accepts(SchedulerConfig, "async_scheduling"):                           # 0.33
-            scheduler_arguments["async_scheduling"] = False
+            scheduler_arguments["async_scheduling"] = config.async_scheduling
+        elif config.async_scheduling:
+            raise ValueError(f"vLLM {vllm.__version__} has no async scheduling")
         if _accepts(SchedulerConfig, "is_encoder_decoder"):                         # 0.33: required
             scheduler_arguments["is_encoder_decoder"] = model_config.is_encoder_decoder
         scheduler_config = SchedulerConfig(**scheduler_arguments)
@@ -229,7 +231,8 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     scheduler = factory.build(scheduler_class, workload.config)
     if recording and scheduler._fc_trace is not None:
         scheduler._fc_trace.record_time = False          # replays are deterministic, times are not
-    model = FabricatedModel(workload, _model_runner_output)
+    model = FabricatedModel(workload, _model_runner_output,
+                            caches_sampled_tokens=ENGINE_LOOPS[vllm.__version__] == "0.33")
 
     def abort(req_id: str) -> None:
         scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)

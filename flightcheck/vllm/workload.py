@@ -12,6 +12,9 @@
 
 * `config.num_blocks` is vLLM's `KVCacheConfig.num_blocks`: the pool,
   including the null block vLLM keeps back (usable blocks: num_blocks - 1).
+* `config.async_scheduling` (vLLM 0.33 only, default false): build the engine
+  with async scheduling; the synchronous recorder refuses to stand in for
+  its `AsyncScheduler`, so such a replay stops with that error.
 * A prompt is given by its token ids, or by `prompt_len` with an optional
   named shared `prefix` (`prefixes` gives each name a length): the prefix's
   tokens are the same for every request naming it, the rest is drawn from
@@ -70,6 +73,9 @@ class ReplayConfig:
     max_model_len: int
     long_prefill_token_threshold: int
     prefix_caching: bool
+    # vLLM 0.33: build the engine with async scheduling; the sync recorder
+    # refuses to stand in for AsyncScheduler, so a replay then stops there.
+    async_scheduling: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,8 @@ class Workload:
 
 
 CONFIG_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "block_size": 16, "max_model_len": 2048,
-                                   "long_prefill_token_threshold": 0, "prefix_caching": True}
+                                   "long_prefill_token_threshold": 0, "prefix_caching": True,
+                                   "async_scheduling": False}
 
 
 def _int(where: str, value: Any, minimum: int = 0) -> int:
@@ -125,12 +132,14 @@ def _config(raw: Any) -> ReplayConfig:
     missing = set(ReplayConfig.__dataclass_fields__) - set(merged)
     if missing:
         raise WorkloadError(f"config lacks {sorted(missing)}")
-    if not isinstance(merged["prefix_caching"], bool):
-        raise WorkloadError("config.prefix_caching must be true or false")
+    for flag in ("prefix_caching", "async_scheduling"):
+        if not isinstance(merged[flag], bool):
+            raise WorkloadError(f"config.{flag} must be true or false")
     minimum = {"num_stages": 1, "max_num_batched_tokens": 1, "max_num_seqs": 1, "block_size": 1,
                "num_blocks": 2, "max_model_len": 1, "long_prefill_token_threshold": 0}
     values = {key: _int(f"config.{key}", merged[key], low) for key, low in minimum.items()}
-    return ReplayConfig(prefix_caching=merged["prefix_caching"], **values)
+    return ReplayConfig(prefix_caching=merged["prefix_caching"], async_scheduling=merged["async_scheduling"],
+                        **values)
 
 
 def _seeded_tokens(seed: int, label: str, count: int) -> list[int]:
