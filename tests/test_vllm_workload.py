@@ -136,3 +136,13 @@ def test_the_0_33_runner_knows_the_tokens_it_sampled_and_follows_the_scheduler_s
     assert model.execute(_batch([], cached(0, 2), {"r": 9})).sampled_token_ids == [[]]
     # A scheduler that dropped an output (count 1): the runner follows it.
     assert model.execute(_batch([], cached(0, 1), {"r": 9})).sampled_token_ids[0]
+
+
+def test_replay_on_0_33_without_its_venv_exits_2_and_names_the_build_script(tmp_path: Path, monkeypatch,
+                                                                             capsys: pytest.CaptureFixture[str]):
+    monkeypatch.setenv("FLIGHTCHECK_VLLM_CACHE", str(tmp_path / "no-venvs"))
+    monkeypatch.delenv("FLIGHTCHECK_VLLM_PYTHON_0_33_0", raising=False)
+    workload = tmp_path / "w.json"
+    workload.write_text(json.dumps({**BASE, "requests": [{"prompt_len": 4}]}))
+    assert main(["vllm", "replay", str(workload), "--vllm-version", "0.33.0"]) == 2
+    assert "scripts/build-vllm-venv.sh 0.33.0" in capsys.readouterr().err
