@@ -24,7 +24,8 @@ from flightcheck.verification.traces.check import MalformedTrace, check_trace
 from flightcheck.vllm import RECORDER
 from flightcheck.vllm.replay import ReplayError, ReplayWorker, findings
 
-from .test_vllm_engine_scenario import EXPECTED_STEPS, WORKLOAD as ENGINE_WORKLOAD, replayed_steps
+from .test_vllm_engine_scenario import EXPECTED_STEPS, replayed_steps
+from .test_vllm_engine_scenario import WORKLOAD as ENGINE_WORKLOAD
 from .vllm_support import DATA, Workers, require_venv, workers
 
 pytestmark = pytest.mark.vllm
