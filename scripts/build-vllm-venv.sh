@@ -6,12 +6,13 @@
 # vLLM's own requirements pin a CUDA build of torch (and xformers, ...), which
 # cannot be installed on a CPU-only machine, so vLLM cannot be a pip extra of
 # flightcheck. Instead this script installs, into DIR:
-#   1. torch 2.13.0 (the CPU wheel; vLLM 0.8.x pins 2.6.0, but the scheduler
-#      only needs torch to import),
+#   1. torch 2.13.0 (the CPU wheel; vLLM 0.8.x pins 2.6.0 and 0.33.0 pins
+#      2.14.0, but the scheduler only needs torch to import),
 #   2. vllm==VERSION and triton 3.9.0 without their dependencies (the real
 #      triton is needed: without it torch.compile fails while vLLM imports),
 #   3. the pure-Python import chain pinned in flightcheck/vllm/pins/
-#      (vllm-0.8-cpu.txt for 0.8.x), also without dependencies,
+#      (vllm-0.8-cpu.txt for 0.8.x, vllm-0.33-cpu.txt for 0.33.0: 91 pins, numpy
+#      below 2.4 for mistral_common), also without dependencies,
 # then checks that vLLM's V1 scheduler imports and reports VERSION.
 #
 # DIR defaults to $FLIGHTCHECK_VLLM_CACHE/vllm-VERSION, where
@@ -30,7 +31,8 @@ usage() { echo "usage: $0 VERSION [DIR]" >&2; exit 2; }
 version=$1
 case "$version" in
   0.8.4|0.8.5) pins_name=vllm-0.8-cpu.txt ;;
-  *) echo "no pins for vLLM $version in flightcheck/vllm/pins/ (known: 0.8.4, 0.8.5)" >&2; exit 2 ;;
+  0.33.0) pins_name=vllm-0.33-cpu.txt ;;
+  *) echo "no pins for vLLM $version in flightcheck/vllm/pins/ (known: 0.8.4, 0.8.5, 0.33.0)" >&2; exit 2 ;;
 esac
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -56,6 +58,11 @@ import sys
 import vllm
 import vllm.v1.core.sched.scheduler  # noqa: F401  the class the recorder subclasses
 import vllm.v1.core.kv_cache_utils  # noqa: F401
+if sys.argv[1].split(".")[:2] != ["0", "8"]:
+    # 0.33 and later: the async recorder's base class and the engine core whose
+    # step_with_batch_queue the replay copies must import too.
+    import vllm.v1.core.sched.async_scheduler  # noqa: F401
+    import vllm.v1.engine.core  # noqa: F401
 if vllm.__version__ != sys.argv[1]:
     sys.exit(f"vllm reports {vllm.__version__}, expected {sys.argv[1]}")
 EOF

@@ -4,7 +4,7 @@
     scripts/vllm-workloads.py mixed 0 150 > mixed.jsonl
     flightcheck vllm replay mixed.jsonl --trace traces/ --check --json > results.json
 
-Three families (the figures in flightcheck/vllm/README.md were measured on
+Five families (the figures in flightcheck/vllm/README.md were measured on
 them); workload i of a family is a function of i alone:
 * `mixed`: K 2-4, block size 2 or 4, 2-5 requests, tight (60%) or roomy
   pools, a shared prefix (50%), thresholds, aborts (25% of requests), EOS;
@@ -12,6 +12,10 @@ them); workload i of a family is a function of i alone:
 * `preallocating`: K 3-4, block size 8 or 16, prompts and outputs up to 40,
   pools from the largest request to all of them: room for 0.8.4's 64-token
   preallocation to run out and preempt.
+* `id-reuse` / `id-fresh` (vLLM 0.33): the 135-point grid of the request-id
+  reuse bug, old `r0` aborted at step 1 with its batch in flight and a new
+  request added at once under `r0` (`id-reuse`) or under a fresh id
+  (`id-fresh`), one other request; point i of both is the same workload.
 The differential against our reference (issue 19 point 3) has its own
 generator, flightcheck/vllm/generate.py, and command,
 `python -m flightcheck.vllm.campaign --workloads N`.
@@ -19,6 +23,7 @@ generator, flightcheck/vllm/generate.py, and command,
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import sys
@@ -90,7 +95,27 @@ def preallocating(seed: int) -> dict[str, Any]:
             "max_steps": 3000}
 
 
-FAMILIES = {"mixed": mixed, "small-blocks": small_blocks, "preallocating": preallocating}
+# The id-reuse grid (vLLM 0.33, flightcheck/vllm/README.md): pool, the old
+# request's prompt, the prompt of the request that reuses its id, the other
+# request's prompt; 135 points, workload i is point i (i >= 135 wraps).
+REUSE_GRID = list(itertools.product([6, 8, 10, 12, 16], [8, 12, 16], [4, 8, 24], [4, 16, 32]))
+
+
+def _reuse(seed: int, reuse: bool) -> dict[str, Any]:
+    blocks, old, new, other = REUSE_GRID[seed % len(REUSE_GRID)]
+    again: dict[str, Any] = {"id": "r0-again", "prompt_len": new, "max_tokens": 20, "arrival_step": 1}
+    if reuse:
+        again["reuse_id"] = "r0"      # sent to vLLM as r0, right after old r0's abort
+    config = {"num_stages": 3, "max_num_batched_tokens": 16, "max_num_seqs": 4, "block_size": 4,
+              "num_blocks": blocks, "max_model_len": 256, "prefix_caching": False}
+    name = f"{'id-reuse' if reuse else 'id-fresh'}-{seed}-nb{blocks}-old{old}-new{new}-r1{other}"
+    return {"name": name, "seed": 1, "config": config,
+            "requests": [{"id": "r0", "prompt_len": old, "max_tokens": 20, "abort_step": 1},
+                         {"id": "r1", "prompt_len": other, "max_tokens": 20}, again]}
+
+
+FAMILIES = {"mixed": mixed, "small-blocks": small_blocks, "preallocating": preallocating,
+            "id-reuse": lambda seed: _reuse(seed, True), "id-fresh": lambda seed: _reuse(seed, False)}
 
 
 def main(argv: list[str]) -> int:

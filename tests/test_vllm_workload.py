@@ -36,6 +36,12 @@ def test_requests_naming_a_prefix_share_its_tokens_and_differ_after_it():
     ({"config": {"num_stages": 2, "max_num_batched_tokens": 8, "num_blocks": 9, "pool": 3},
       "requests": [{"prompt_len": 4}]}, "unknown keys"),
     ({"requests": [{"prompt_token_ids": [1, "x"]}]}, "token ids"),
+    ({"requests": [{"id": "a", "prompt_len": 4}, {"id": "b", "reuse_id": "z", "prompt_len": 4}]},
+     "not an earlier request's id"),
+    ({"requests": [{"id": "a", "prompt_len": 4, "arrival_step": 5},
+                   {"id": "b", "reuse_id": "a", "prompt_len": 4, "arrival_step": 2}]}, "before that request arrives"),
+    ({"requests": [{"id": "a", "prompt_len": 4, "abort_step": 1, "abort_via": "later"}]}, "abort_via"),
+    ({"config": {**BASE["config"], "async_scheduling": 1}, "requests": [{"prompt_len": 4}]}, "async_scheduling"),
 ])
 def test_malformed_workloads_are_refused_with_the_reason(bad: dict, why: str):
     with pytest.raises(WorkloadError, match=why):
@@ -98,3 +104,45 @@ def test_replay_of_a_malformed_workload_exits_2(tmp_path: Path, capsys: pytest.C
     workload.write_text(json.dumps({**BASE, "requests": [{"prompt_len": 0}]}))
     assert main(["vllm", "replay", str(workload)]) == 2
     assert "prompt_len" in capsys.readouterr().err
+
+
+def test_a_request_reusing_an_id_keeps_its_own_name_prompt_and_tokens():
+    workload = workload_from_json({**BASE, "requests": [
+        {"id": "r0", "prompt_len": 6, "abort_step": 1},
+        {"id": "r0-again", "reuse_id": "r0", "prompt_len": 6, "arrival_step": 1, "abort_step": 4,
+         "abort_via": "aborts_queue"}]})
+    old, new = workload.requests
+    assert (old.req_id, old.key, old.reuses_id) == ("r0", "r0", False)
+    assert (new.req_id, new.key, new.reuses_id, new.abort_via_aborts_queue) == ("r0", "r0-again", True, True)
+    assert old.prompt_token_ids != new.prompt_token_ids
+
+
+def test_the_0_33_runner_knows_the_tokens_it_sampled_and_follows_the_scheduler_s_count():
+    """vLLM 0.33's last-rank runner appends what it samples at once and cuts
+    its outputs back to the scheduler's num_output_tokens."""
+    workload = workload_from_json({**BASE, "requests": [{"id": "r", "prompt_len": 8}]})
+    model = FabricatedModel(workload, SimpleNamespace, caches_sampled_tokens=True)
+
+    def cached(start: int, outputs: int) -> SimpleNamespace:
+        return SimpleNamespace(req_ids=["r"], num_computed_tokens=[start], new_token_ids=[],
+                               num_output_tokens=[outputs])
+
+    empty = SimpleNamespace(req_ids=[], num_computed_tokens=[], new_token_ids=[], num_output_tokens=[])
+    assert model.execute(_batch([_new("r", 8, 0)], empty, {"r": 8})).sampled_token_ids[0]
+    # Known: 8 prompt + 1 sampled. A decode at 8 (scheduler: 1 output) samples.
+    assert model.execute(_batch([], cached(8, 1), {"r": 1})).sampled_token_ids[0]
+    # The runner now knows 10 tokens; were the scheduler to count 2 outputs but
+    # schedule a chunk ending at 9 (a recomputation), the runner does not sample.
+    assert model.execute(_batch([], cached(0, 2), {"r": 9})).sampled_token_ids == [[]]
+    # A scheduler that dropped an output (count 1): the runner follows it.
+    assert model.execute(_batch([], cached(0, 1), {"r": 9})).sampled_token_ids[0]
+
+
+def test_replay_on_0_33_without_its_venv_exits_2_and_names_the_build_script(tmp_path: Path, monkeypatch,
+                                                                             capsys: pytest.CaptureFixture[str]):
+    monkeypatch.setenv("FLIGHTCHECK_VLLM_CACHE", str(tmp_path / "no-venvs"))
+    monkeypatch.delenv("FLIGHTCHECK_VLLM_PYTHON_0_33_0", raising=False)
+    workload = tmp_path / "w.json"
+    workload.write_text(json.dumps({**BASE, "requests": [{"prompt_len": 4}]}))
+    assert main(["vllm", "replay", str(workload), "--vllm-version", "0.33.0"]) == 2
+    assert "scripts/build-vllm-venv.sh 0.33.0" in capsys.readouterr().err

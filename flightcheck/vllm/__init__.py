@@ -10,5 +10,5 @@ lazily: importing `flightcheck.vllm` imports no vLLM; `recorder` and
 """
 
 RECORDER = "flightcheck.vllm.recorder.RecordingScheduler"
-SUPPORTED_VERSIONS = ("0.8.5", "0.8.4")
+SUPPORTED_VERSIONS = ("0.8.5", "0.8.4", "0.33.0")
 DEFAULT_VERSION = "0.8.5"

@@ -16,6 +16,18 @@ code, written from the behaviour of:
 * both `EngineCoreProc.run_busy_loop` / `_process_input_queue`: input (adds,
   aborts) is handled between steps; while `scheduler.has_requests()` is false
   the engine blocks on its input queue, whatever is still in the batch queue.
+* 0.33.0 `EngineCore.step_with_batch_queue` (`vllm/v1/engine/core.py`,
+  `BatchQueueEngineV033` below): `schedule()` whenever the scheduler
+  `has_requests()`, and the output is queued **even with 0 tokens** (an empty
+  batch takes a slot: it carries `finished_req_ids` to the workers); the step
+  returns without blocking iff the queue still has room and it ran the model
+  or requests are left; otherwise it pops the **oldest** batch, applies the
+  aborts that arrived meanwhile (`EngineCore._process_aborts_queue`) and
+  calls `update_from_output`, empty batches included. Its busy loop keeps
+  stepping while batches are in flight (`EngineCoreProc.has_work`:
+  `scheduler.has_requests() or bool(batch_queue)`), so 0.8.5's "blocked with
+  a batch in flight" cannot happen; a request that can never be scheduled
+  again makes it spin on empty batches (the run ends `stuck`).
 
 The model is fabricated, like vLLM's model runner as far as the scheduler can
 tell (`GPUModelRunner._update_states` and `execute_model`, 0.8.5): it keeps
@@ -41,29 +53,64 @@ class FabricatedModel:
     """Returns, per batch, what vLLM's model runner would return: the
     sampled tokens of the entries that reach their known tokens."""
 
-    def __init__(self, workload: Workload, make_output: Callable[..., Any]) -> None:
+    def __init__(self, workload: Workload, make_output: Callable[..., Any],
+                 caches_sampled_tokens: bool = False) -> None:
         self._workload = workload
-        self._specs = {spec.req_id: spec for spec in workload.requests}
+        # vLLM 0.33's V1 runner on the last rank (the one that samples) appends
+        # each token it samples to its own request state at once
+        # (GPUModelRunner._bookkeeping_sync, "Cache the sampled tokens in the
+        # model runner"), learns nothing from new_token_ids there, and cuts its
+        # outputs back to the scheduler's num_output_tokens when those are fewer
+        # (_update_states, the is_last_rank branch). 0.8.x: see the module doc.
+        self._caches_sampled_tokens = caches_sampled_tokens
+        self._prompt_lengths: dict[str, int] = {}
+        # vLLM id -> the request now under that id: a request that reuses an
+        # id takes it over when it is added (bind), so each batch samples the
+        # tokens of the request it was scheduled for (execute runs at schedule time).
+        self._specs = {spec.req_id: spec for spec in workload.requests if not spec.reuses_id}
         self._make_output = make_output
         self._known_tokens: dict[str, int] = {}
+
+    def bind(self, spec: RequestSpec) -> None:
+        """The request about to be added under `spec.req_id`."""
+        self._specs[spec.req_id] = spec
 
     def execute(self, scheduler_output: Any) -> Any:
         for req_id in scheduler_output.finished_req_ids:
             self._known_tokens.pop(req_id, None)
         starts: dict[str, int] = {}
         for data in scheduler_output.scheduled_new_reqs:
-            self._known_tokens[data.req_id] = len(data.prompt_token_ids)
+            # 0.33 with the V2 runner sends resumed requests as new ones, with
+            # all their tokens in prefill_token_ids; otherwise the prompt.
+            prefill = getattr(data, "prefill_token_ids", None)
+            self._known_tokens[data.req_id] = len(prefill if prefill is not None else data.prompt_token_ids)
+            self._prompt_lengths[data.req_id] = len(data.prompt_token_ids)
             starts[data.req_id] = data.num_computed_tokens
-        for data in scheduler_output.scheduled_cached_reqs:
-            told = data.num_computed_tokens + len(data.new_token_ids)
-            self._known_tokens[data.req_id] = max(self._known_tokens.get(data.req_id, 0), told)
-            starts[data.req_id] = data.num_computed_tokens
+        cached = scheduler_output.scheduled_cached_reqs
+        if isinstance(cached, list):            # vLLM <= 0.9.1: one CachedRequestData per request
+            rows = [(d.req_id, d.num_computed_tokens, d.new_token_ids) for d in cached]
+        else:                                   # later: one per batch, parallel lists (new_token_ids with PP)
+            rows = [(req_id, cached.num_computed_tokens[i],
+                     cached.new_token_ids[i] if cached.new_token_ids else [])
+                    for i, req_id in enumerate(cached.req_ids)]
+        for i, (req_id, num_computed_tokens, new_token_ids) in enumerate(rows):
+            starts[req_id] = num_computed_tokens
+            if self._caches_sampled_tokens:
+                outputs = self._prompt_lengths[req_id] + cached.num_output_tokens[i]
+                self._known_tokens[req_id] = min(self._known_tokens[req_id], outputs)
+                continue
+            # GPUModelRunner._update_states (0.8.5): the runner learns the
+            # tokens the scheduler sends and never forgets one.
+            told = num_computed_tokens + len(new_token_ids)
+            self._known_tokens[req_id] = max(self._known_tokens.get(req_id, 0), told)
         req_ids = list(scheduler_output.num_scheduled_tokens)
         sampled: list[list[int]] = []
         for req_id in req_ids:
             end = starts[req_id] + scheduler_output.num_scheduled_tokens[req_id]
             if end >= self._known_tokens[req_id]:
                 sampled.append([sampled_token(self._workload, self._specs[req_id], end)])
+                if self._caches_sampled_tokens:
+                    self._known_tokens[req_id] += 1
             else:
                 sampled.append([])              # a partial prefill: nothing sampled
         return self._make_output(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -103,15 +150,91 @@ class BatchQueueEngine:
         if scheduled or not self.batch_queue:
             return scheduled
         scheduler_output, result = self.batch_queue.popleft()
-        engine_outputs = self.scheduler.update_from_output(scheduler_output, result)
-        for out in engine_outputs.outputs:
-            reason = out.finish_reason
-            self.outputs.append((out.request_id, tuple(out.new_token_ids),
-                                 None if reason is None else str(reason)))
+        self._record_outputs(self.scheduler.update_from_output(scheduler_output, result))
         return True
+
+    # 0.8.x: the engine waits for input while has_requests() is false,
+    # whatever is in its queue; every queued batch has tokens.
+    busy_while_in_flight = False
+
+    def batches_in_flight(self) -> int:
+        """Batches with tokens in the queue."""
+        return len(self.batch_queue)
+
+    def _record_outputs(self, engine_outputs: Any) -> None:
+        # 0.8.x returns one EngineCoreOutputs; 0.33 a dict client index -> EngineCoreOutputs.
+        groups = engine_outputs.values() if isinstance(engine_outputs, dict) else [engine_outputs]
+        for group in groups:
+            for out in group.outputs:
+                reason = out.finish_reason
+                self.outputs.append((out.request_id, tuple(out.new_token_ids),
+                                     None if reason is None else str(reason)))
+
+
+class BatchQueueEngineV033(BatchQueueEngine):
+    """vLLM 0.33.0's engine core with a batch queue of `depth`
+    (`VllmConfig.max_concurrent_batches`: the pipeline size when scheduling
+    is synchronous). Our copy of `EngineCore.step_with_batch_queue`: the
+    queue is appended on the left and popped on the right (oldest first), as
+    there; structured-output sampling deferral and pooling are not modelled
+    (a replay has neither)."""
+
+    busy_while_in_flight = True      # EngineCoreProc.has_work counts the batch queue
+
+    def __init__(self, scheduler: Any, model: FabricatedModel, depth: int,
+                 abort: Callable[[list[str]], None]) -> None:
+        super().__init__(scheduler, model, depth, schedules_only_unscheduled=False)
+        self._abort = abort
+        # Aborts that arrived while the current step runs the model
+        # (EngineCore.aborts_queue); drained right before update_from_output.
+        self.aborts_queue: list[str] = []
+        # Per call: what it scheduled (None: nothing; {}: an empty batch),
+        # whether it completed a batch, and the queue's length after it.
+        self.steps: list[dict[str, Any]] = []
+
+    def batches_in_flight(self) -> int:
+        return sum(1 for output, _ in self.batch_queue if output.total_num_scheduled_tokens > 0)
+
+    def step_with_batch_queue(self) -> bool:
+        """One call; True when it scheduled or completed a batch with tokens
+        (a step that only moves empty batches makes no progress)."""
+        record: dict[str, Any] = {"scheduled": None, "completed": None}
+        self.steps.append(record)
+        model_executed = False
+        assert len(self.batch_queue) < self.depth
+        if self.scheduler.has_requests():
+            scheduler_output = self.scheduler.schedule()
+            # The model reads the batch when it is submitted (execute_model
+            # with non_block=True): it must not see later schedule() calls.
+            result = self.model.execute(scheduler_output)
+            model_executed = scheduler_output.total_num_scheduled_tokens > 0
+            record["scheduled"] = dict(scheduler_output.num_scheduled_tokens)
+            if model_executed:
+                self.batches.append(dict(scheduler_output.num_scheduled_tokens))
+            self.batch_queue.appendleft((scheduler_output, result))      # empty or not
+            if len(self.batch_queue) < self.depth and (model_executed or self.scheduler.has_requests()):
+                record["queue"] = len(self.batch_queue)
+                return model_executed
+        elif not self.batch_queue:
+            record["queue"] = 0
+            return False
+        scheduler_output, result = self.batch_queue.pop()                 # the oldest
+        self.process_aborts_queue()
+        completed = dict(scheduler_output.num_scheduled_tokens)
+        self._record_outputs(self.scheduler.update_from_output(scheduler_output, result))
+        record["completed"] = completed
+        record["queue"] = len(self.batch_queue)
+        return model_executed or bool(completed)
+
+    def process_aborts_queue(self) -> None:
+        """EngineCore._process_aborts_queue: all pending aborts at once."""
+        if self.aborts_queue:
+            pending, self.aborts_queue = self.aborts_queue, []
+            self._abort(pending)
 
 
 ENGINE_GATES = {"0.8.5": False, "0.8.4": True}   # does the version gate schedule() on unscheduled requests?
+ENGINE_LOOPS = {"0.8.5": "0.8", "0.8.4": "0.8", "0.33.0": "0.33"}   # whose step_with_batch_queue a version runs
 
 
 @dataclass
@@ -129,45 +252,68 @@ IDLE_STEPS_FOR_STUCK = 4              # steps that neither schedule nor complete
 
 def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
                   add_request: Callable[[RequestSpec], None], abort_request: Callable[[str], None]) -> RunOutcome:
-    """vLLM's busy loop, with input delivered at the workload's steps."""
-    inputs = sorted([(spec.arrival_step, 0, spec.req_id, spec) for spec in workload.requests]
+    """vLLM's busy loop, with input delivered at the workload's steps.
+
+    At one step, arrivals come before aborts, and an arrival that reuses an
+    id after them (an abort, then a new request under the same id). An abort
+    `abort_via` the aborts queue (0.33) is handed to the engine while that
+    step runs (`BatchQueueEngineV033.aborts_queue`); one the step did not
+    apply is applied from the input queue before the next step."""
+    inputs = sorted([(spec.arrival_step, 2 if spec.reuses_id else 0, spec.req_id, spec)
+                     for spec in workload.requests]
                     + [(spec.abort_step, 1, spec.req_id, spec) for spec in workload.requests
                        if spec.abort_step is not None], key=lambda x: (x[0], x[1]))
     pending = deque(inputs)
     step, idle = 0, 0
     scheduler = engine.scheduler
+    bind = getattr(engine.model, "bind", None)
+    during_step: list[str] = []
     try:
         while True:
+            for req_id in during_step:                     # the input queue's copy of those aborts
+                abort_request(req_id)
+            during_step = []
             while pending and pending[0][0] <= step:       # _process_input_queue
                 _, kind, req_id, spec = pending.popleft()
-                if kind == 0:
-                    add_request(spec)
-                else:
+                if kind == 1 and spec.abort_via_aborts_queue:
+                    during_step.append(req_id)
+                elif kind == 1:
                     abort_request(req_id)
-            if not scheduler.has_requests():               # blocks on the input queue
-                if pending:
+                else:
+                    if bind is not None:
+                        bind(spec)
+                    add_request(spec)
+            in_flight = engine.busy_while_in_flight and bool(engine.batch_queue)
+            if not scheduler.has_requests() and not in_flight and not during_step:
+                if pending:                                # blocks on the input queue
                     step = pending[0][0]
                     continue
                 ending = "blocked_in_flight" if engine.batch_queue else "done"
-                return RunOutcome(ending, step, len(engine.batch_queue))
+                return RunOutcome(ending, step, engine.batches_in_flight())
+            if during_step:
+                engine.aborts_queue.extend(during_step)    # type: ignore[attr-defined]
             progressed = engine.step_with_batch_queue()
+            if during_step:
+                # Those the step applied are gone; applying them again is a no-op in vLLM.
+                during_step = list(engine.aborts_queue)    # type: ignore[attr-defined]
+                engine.aborts_queue.clear()                # type: ignore[attr-defined]
             step += 1
             idle = 0 if progressed else idle + 1
-            if idle >= IDLE_STEPS_FOR_STUCK:
-                if pending:                                # it spins until the input arrives
-                    step, idle = max(step, pending[0][0]), 0
+            if idle >= IDLE_STEPS_FOR_STUCK and engine.batches_in_flight() == 0:
+                if pending or during_step:                 # it spins until the input arrives
+                    step, idle = max(step, pending[0][0] if pending else step), 0
                     continue
                 unfinished = _unfinished(scheduler)
-                if not unfinished and not engine.batch_queue:
+                if not unfinished and engine.batches_in_flight() == 0:
                     # 0.8.4 flushes finished ids only in schedule(), which its
                     # gate no longer calls: has_requests() stays true and the
                     # engine spins idle until the next input. Nothing is left.
                     return RunOutcome("done", step, 0)
-                return RunOutcome("stuck", step, len(engine.batch_queue), unfinished=unfinished)
+                return RunOutcome("stuck", step, engine.batches_in_flight(), unfinished=unfinished)
             if step >= workload.max_steps:
-                return RunOutcome("step_limit", step, len(engine.batch_queue), unfinished=_unfinished(scheduler))
+                return RunOutcome("step_limit", step, engine.batches_in_flight(), unfinished=_unfinished(scheduler))
     except Exception as err:  # an exception inside vLLM ends the run, as it kills an engine core
-        return RunOutcome("exception", step, len(engine.batch_queue), exception=_where(err),
+        return RunOutcome("exception", step, engine.batches_in_flight(), exception=_where(err),
                           unfinished=_unfinished(scheduler))
 
 

@@ -9,9 +9,15 @@ changes no decision).
 vLLM's engine core resolves `scheduler_cls` by its qualified name
 (`EngineCore.__init__`, `resolve_obj_by_qualname`), so nothing in vLLM is
 patched. This module imports vLLM: only vLLM's process (or the replay worker,
-which runs in a vLLM venv) imports it. A later vLLM with another scheduler
-class (0.33's `AsyncScheduler`) gets its recorder here as one more class
-with the same mixin.
+which runs in a vLLM venv) imports it.
+
+vLLM 0.33: `RecordingScheduler` records the synchronous `Scheduler` and
+refuses to start when the engine runs async scheduling (`RecordingMixin.
+__init__`: a `--scheduler-cls` replaces the `AsyncScheduler` that
+`get_scheduler_cls` would pick). An async recorder is one more class here,
+`class RecordingAsyncScheduler(RecordingMixin, AsyncScheduler)` with
+`records_async_scheduling = True`, once the trace format says how output
+placeholders are written (the issue on async scheduling).
 """
 
 from __future__ import annotations
@@ -24,7 +30,16 @@ from .recording import RecordingMixin
 QUALIFIED_NAME = "flightcheck.vllm.recorder.RecordingScheduler"
 
 
+def _release(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
 class RecordingScheduler(RecordingMixin, Scheduler):
     """vLLM's synchronous V1 scheduler, recording every call to a trace."""
 
     vllm_version = vllm.__version__
+    # Whose engine queues 0-token batches (EngineCore.step_with_batch_queue):
+    # read in 0.8.4 and 0.8.5 (no: an empty output is dropped) and in 0.33.0
+    # (yes: it takes a queue slot and reaches update_from_output).
+    queues_empty_batches = _release(vllm.__version__) >= (0, 33)

@@ -22,14 +22,39 @@ Everything is read from vLLM's own objects, not from a table of versions:
   where the scheduler is given the config (0.8.5); 0.8.4's scheduler is not,
   and a deployment names it in FLIGHTCHECK_NUM_STAGES.
 
+* vLLM 0.33 (read from `Scheduler.update_from_output` and `Request`): a
+  batch's output is looked up in `self.requests` by id, whatever the
+  request's status (a preempted request receives its stale output in
+  deliver mode), where 0.8.x walks `running`; a request that has
+  `num_in_flight_tokens` is one of those. Its `SchedulerOutput.
+  scheduled_cached_reqs` is one batch-level `CachedRequestData` (parallel
+  lists, `resumed_req_ids`) rather than a list per request, and block ids
+  come per KV cache group (`tuple[list[int], ...]`; the recorder supports one
+  full-attention group, as the trace format does).
+* Empty batches (0.33's engine queues 0-token outputs and hands them to
+  `update_from_output` too: `EngineCore.step_with_batch_queue`): whether the
+  engine does is `queues_empty_batches`, set by the concrete class. They are
+  written only as optional fields (docs/trace-format.md): `empty_batch` on a
+  `schedule` event that preempted and scheduled nothing, and
+  `empty_batches_before` on the next event written for the others, so a
+  checker that does not model them reads the trace as before.
+* A recorder stands in only for the scheduler class it subclasses: vLLM
+  0.33's `scheduler_cls` replaces the class `get_scheduler_cls` would pick,
+  `AsyncScheduler` included, so a recorder of the synchronous `Scheduler`
+  refuses to start when `scheduler_config.async_scheduling` is on (its
+  accounting has no output placeholders); an `AsyncScheduler` recorder sets
+  `records_async_scheduling`.
+
 A completion is matched to its batch by the `SchedulerOutput` object that
 `update_from_output` receives (the engine keeps that object in its batch
 queue), not by counting. The mixin also keeps, for the replay, what vLLM's own
 state shows about conformance (`observations`): a token appended to a
 request whose incarnation changed since its batch was scheduled; a token
 appended for a chunk that did not reach the request's known tokens when it
-was scheduled; and (0.8.4) `scheduled_req_ids` disagreeing with the batches
-actually in flight.
+was scheduled; (0.8.4) `scheduled_req_ids` disagreeing with the batches
+actually in flight; (0.33) a negative `num_in_flight_tokens` or
+`num_stale_output_tokens`, and `num_in_flight_tokens` disagreeing with the
+tokens of that request's batches actually in flight.
 
 Standard library only: this module never imports vLLM.
 """
@@ -71,10 +96,36 @@ class Observations:
     stale_tokens: list[dict[str, Any]] = field(default_factory=list)
     partial_chunk_tokens: list[dict[str, Any]] = field(default_factory=list)
     in_flight_set_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    # vLLM >= 0.33 (requests with num_in_flight_tokens): its per-request counters.
+    counts_in_flight: bool = False
+    negative_counters: list[dict[str, Any]] = field(default_factory=list)
+    in_flight_counter_mismatches: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"stale_tokens": self.stale_tokens, "partial_chunk_tokens": self.partial_chunk_tokens,
-                "in_flight_set_mismatches": self.in_flight_set_mismatches}
+        found: dict[str, Any] = {
+            "stale_tokens": self.stale_tokens, "partial_chunk_tokens": self.partial_chunk_tokens,
+            "in_flight_set_mismatches": self.in_flight_set_mismatches}
+        if self.counts_in_flight:
+            found.update(negative_counters=self.negative_counters,
+                         in_flight_counter_mismatches=self.in_flight_counter_mismatches)
+        return found
+
+
+# vLLM 0.33's per-request counters (`Request.__init__`), checked for sign.
+COUNTERS = ("num_in_flight_tokens", "num_stale_output_tokens")
+
+
+def _block_ids(value: Any) -> list[int]:
+    """Block ids as the trace has them: vLLM <= 0.8 gives a list; later
+    versions a tuple with one list per KV cache group (None: no new blocks)."""
+    if value is None:
+        return []
+    value = list(value)
+    if value and isinstance(value[0], (list, tuple)):
+        if len(value) != 1:
+            raise RuntimeError(f"flightcheck recorder: {len(value)} KV cache groups; the trace format has one")
+        return list(value[0])
+    return value
 
 
 def _status(request: Any) -> str:
@@ -84,13 +135,29 @@ def _status(request: Any) -> str:
 class RecordingMixin:
     """Put in front of a vLLM scheduler class: `class R(RecordingMixin, Scheduler)`."""
 
-    # Set by the concrete class (recorder.py): the vLLM version it runs under.
+    # Set by the concrete class (recorder.py): the vLLM version it runs under,
+    # whether that version's engine queues empty batches, and whether the
+    # class records the asynchronous scheduler (an AsyncScheduler subclass).
     vllm_version: str = "unknown"
+    queues_empty_batches: bool = False
+    records_async_scheduling: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if getattr(self.scheduler_config, "async_scheduling", False) and not self.records_async_scheduling:
+            raise RuntimeError(
+                f"{type(self).__qualname__} records vLLM's synchronous Scheduler, but this engine runs with "
+                f"async scheduling (scheduler_config.async_scheduling), whose AsyncScheduler it would replace "
+                f"(a --scheduler-cls is used as given): run with --no-async-scheduling, or use a recorder "
+                f"of AsyncScheduler")
         self.flightcheck_step = 0                      # schedule() + update_from_output() calls
         self.flightcheck_observations = Observations()
+        self._fc_next_empty = 1
+        # Empty batches scheduled and completed since the last event written.
+        self._fc_empty_log: list[dict[str, Any]] = []
+        self._fc_empty_in_flight: dict[int, tuple[int, Any]] = {}   # id(SchedulerOutput) -> (number, it)
+        self._fc_negative_seen: set[tuple[int, str]] = set()
+        self._fc_mismatch_seen: dict[int, int] = {}
         self._fc_next_batch = 1
         self._fc_in_flight: dict[int, BatchRecord] = {}   # id(SchedulerOutput) -> its batch
         # request id -> (the Request object now under that id, times it was admitted)
@@ -133,36 +200,55 @@ class RecordingMixin:
 
     def _fc_write(self, event: dict[str, Any], with_step: bool = True) -> None:
         if self._fc_trace is not None:
+            if self._fc_empty_log:
+                event["empty_batches_before"] = self._fc_empty_log
+                self._fc_empty_log = []
             self._fc_trace.write(event, self.flightcheck_step if with_step else None)
 
     # -- the four calls ------------------------------------------------------------
 
     def add_request(self, request: Any) -> None:
         super().add_request(request)
+        self.flightcheck_observations.counts_in_flight |= hasattr(request, "num_in_flight_tokens")
         params = request.sampling_params
+        # 0.8.x keeps EOS on the request; 0.33 only in the sampling params
+        # (check_stop reads sampling_params.eos_token_id).
+        eos = request.eos_token_id if hasattr(request, "eos_token_id") else params.eos_token_id
         self._fc_write({
             "ev": "arrive", "req": request.request_id, "prompt_len": request.num_prompt_tokens,
             "max_tokens": request.max_tokens, "prompt_token_ids": list(request.prompt_token_ids),
-            "eos_token_id": request.eos_token_id, "ignore_eos": bool(params.ignore_eos),
+            "eos_token_id": eos, "ignore_eos": bool(params.ignore_eos),
             "stop_token_ids": list(params.stop_token_ids or ()),
         })
 
-    def schedule(self) -> Any:
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        # 0.33's schedule(throttle_prefills=False) is passed through as given.
         running_before = list(self.running)
-        output = super().schedule()
+        output = super().schedule(*args, **kwargs)
         self.flightcheck_step += 1
         # vLLM preempts from the tail of `running` (Scheduler.schedule, running loop).
         preempted = [r.request_id for r in reversed(running_before) if _status(r) == "PREEMPTED"]
         entries = self._fc_entries(output)
         batch_id = None
+        empty: int | None = None
         if output.total_num_scheduled_tokens > 0:
             batch_id = self._fc_next_batch
             self._fc_next_batch += 1
             self._fc_in_flight[id(output)] = BatchRecord(batch_id, output, [e for e, _ in entries])
+        elif self.queues_empty_batches:
+            empty = self._fc_next_empty
+            self._fc_next_empty += 1
+            self._fc_empty_in_flight[id(output)] = (empty, output)
         if entries or preempted:
-            self._fc_write({"ev": "schedule", "batch": batch_id,
-                            "entries": [event for _, event in entries], "preempted": preempted})
+            event: dict[str, Any] = {"ev": "schedule", "batch": batch_id,
+                                     "entries": [event for _, event in entries], "preempted": preempted}
+            if empty is not None:
+                event["empty_batch"] = empty
+            self._fc_write(event)
+        elif empty is not None:
+            self._fc_empty_log.append({"ev": "schedule", "empty_batch": empty, "step": self.flightcheck_step})
         self._fc_check_in_flight_set()
+        self._fc_check_counters()
         return output
 
     def _fc_entries(self, output: Any) -> list[tuple[EntrySnapshot, dict[str, Any]]]:
@@ -170,10 +256,16 @@ class RecordingMixin:
         filled running requests first, then admissions (Scheduler.schedule)."""
         snapshot: dict[str, tuple[int, list[int], bool]] = {}
         for data in output.scheduled_new_reqs:
-            snapshot[data.req_id] = (data.num_computed_tokens, list(data.block_ids), True)
-        for data in output.scheduled_cached_reqs:
-            snapshot[data.req_id] = (data.num_computed_tokens, list(data.new_block_ids),
-                                     bool(data.resumed_from_preemption))
+            snapshot[data.req_id] = (data.num_computed_tokens, _block_ids(data.block_ids), True)
+        cached = output.scheduled_cached_reqs
+        if isinstance(cached, list):            # vLLM <= 0.9.1: one CachedRequestData per request
+            for data in cached:
+                snapshot[data.req_id] = (data.num_computed_tokens, _block_ids(data.new_block_ids),
+                                         bool(data.resumed_from_preemption))
+        else:                                   # later: one per batch, parallel lists
+            for i, req_id in enumerate(cached.req_ids):
+                snapshot[req_id] = (cached.num_computed_tokens[i], _block_ids(cached.new_block_ids[i]),
+                                    req_id in cached.resumed_req_ids)
         drafts = output.scheduled_spec_decode_tokens
         result = []
         for req_id, n in output.num_scheduled_tokens.items():
@@ -199,49 +291,72 @@ class RecordingMixin:
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         record = self._fc_in_flight.pop(id(scheduler_output), None)
+        empty = self._fc_empty_in_flight.pop(id(scheduler_output), None)
         index = model_runner_output.req_id_to_index
         sampled = model_runner_output.sampled_token_ids
-        # vLLM applies a batch's tokens to whatever request of that id is
-        # RUNNING now (Scheduler.update_from_output walks self.running).
-        running = {r.request_id: r for r in self.running}
-        returned: dict[str, list[int]] = {}
-        dropped: list[str] = []
         entries = record.entries if record is not None else []
+        # Where vLLM applies each entry's tokens: 0.8.x to the RUNNING request
+        # of that id (Scheduler.update_from_output walks self.running); 0.33 to
+        # self.requests[id] whatever its status (a request with
+        # num_in_flight_tokens), skipping finished ones and drop-mode stale output.
+        running = {r.request_id: r for r in self.running}
+        targets: dict[str, Any] = {}
         for entry in entries:
-            row = index.get(entry.req_id)
-            tokens = list(sampled[row]) if row is not None else []
-            returned[entry.req_id] = tokens
-            current = running.get(entry.req_id)
-            if current is None:
+            known = self.requests.get(entry.req_id)
+            by_id = known is not None and hasattr(known, "num_in_flight_tokens")
+            targets[entry.req_id] = known if by_id else running.get(entry.req_id)
+        before = {req_id: (t.num_output_tokens, t.is_finished(), getattr(t, "num_stale_output_tokens", 0))
+                  for req_id, t in targets.items() if t is not None}
+        # Requests whose finish this output may cause: those its batch was
+        # scheduled for, and those vLLM will apply it to (another incarnation
+        # under a reused id).
+        watched = {id(e.request): (e.req_id, e.request) for e in entries if not e.request.is_finished()}
+        watched.update({id(t): (req_id, t) for req_id, t in targets.items() if t is not None and not t.is_finished()})
+        returned = {e.req_id: (list(sampled[index[e.req_id]]) if e.req_id in index else []) for e in entries}
+        result = super().update_from_output(scheduler_output, model_runner_output)
+        self.flightcheck_step += 1
+        dropped: list[str] = []
+        stale: list[str] = []
+        for entry in entries:
+            tokens, target = returned[entry.req_id], targets[entry.req_id]
+            if target is None:
                 dropped.append(entry.req_id)
-            elif tokens and (current is not entry.request
-                             or self._fc_admitted(current) != entry.incarnation):
+                continue
+            outputs_before, finished_before, stale_before = before[entry.req_id]
+            if stale_before > 0:
+                stale.append(entry.req_id)     # vLLM counted it against the preempted share
+            applied = bool(tokens) and target.num_output_tokens > outputs_before
+            if finished_before or (tokens and not applied):
+                dropped.append(entry.req_id)
+            elif applied and (target is not entry.request or self._fc_admitted(target) != entry.incarnation):
                 self.flightcheck_observations.stale_tokens.append({
-                    "step": self.flightcheck_step + 1, "batch": record.batch_id, "req": entry.req_id,
-                    "why": "aborted and re-added" if current is not entry.request else "preempted and resumed"})
-            elif tokens and not entry.samples:
+                    "step": self.flightcheck_step, "batch": record.batch_id, "req": entry.req_id,
+                    "why": "aborted and re-added" if target is not entry.request else "preempted and resumed"})
+            elif applied and not entry.samples:
                 # The model sampled for a chunk that, when it was scheduled, did
                 # not reach the request's known tokens: the worker's view of the
                 # request's length differed from the scheduler's.
                 self.flightcheck_observations.partial_chunk_tokens.append({
-                    "step": self.flightcheck_step + 1, "batch": record.batch_id, "req": entry.req_id,
+                    "step": self.flightcheck_step, "batch": record.batch_id, "req": entry.req_id,
                     "end": entry.start + entry.n})
-        unfinished = {e.req_id: e.request for e in entries if not e.request.is_finished()}
-        result = super().update_from_output(scheduler_output, model_runner_output)
-        self.flightcheck_step += 1
         if record is not None:
-            # Without a batch queue (PP = 1) the engine's step() also hands an
-            # empty SchedulerOutput back; no batch was in flight, so no event.
             event: dict[str, Any] = {"ev": "complete", "batch": record.batch_id, "tokens": returned}
             if dropped:
                 event["dropped"] = dropped
+            if stale:
+                event["stale"] = stale
             self._fc_write(event)
-        for req_id, request in unfinished.items():
+        elif empty is not None:
+            self._fc_empty_log.append({"ev": "complete", "empty_batch": empty[0], "step": self.flightcheck_step})
+        # Without a batch queue (PP = 1) the engine's step() also hands an
+        # empty SchedulerOutput back; no batch was in flight, so no event.
+        for req_id, request in watched.values():
             if request.is_finished():
                 self._fc_forget(request)
                 self._fc_write({"ev": "finish", "req": req_id,
                                 "reason": FINISH_REASONS.get(_status(request), _status(request))})
         self._fc_check_in_flight_set()
+        self._fc_check_counters()
         return result
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> None:
@@ -281,6 +396,35 @@ class RecordingMixin:
                 mismatches.append({"step": self.flightcheck_step,
                                    "extra": sorted(set(recorded) - truth),
                                    "missing": sorted(truth - set(recorded))})
+
+    def _fc_check_counters(self) -> None:
+        """vLLM 0.33 keeps, per request, `num_in_flight_tokens` (the tokens of
+        its batches scheduled and not yet processed; += in
+        `Scheduler._update_after_schedule`, -= in `update_from_output`, looked
+        up by id) and `num_stale_output_tokens` (`_preempt_request`). Record
+        each counter that goes negative, and the in-flight counter disagreeing
+        with the tokens of this very Request object's batches in flight (it
+        fails when an id is reused while the old request's batch is in flight)."""
+        observations = self.flightcheck_observations
+        for request in self.requests.values():
+            if not hasattr(request, "num_in_flight_tokens"):
+                return
+            observations.counts_in_flight = True
+            for name in COUNTERS:
+                value = getattr(request, name, 0)
+                if value < 0 and (id(request), name) not in self._fc_negative_seen:
+                    self._fc_negative_seen.add((id(request), name))
+                    observations.negative_counters.append({
+                        "step": self.flightcheck_step, "req": request.request_id, "counter": name, "value": value})
+            if request.is_finished():
+                continue
+            truth = sum(e.n for batch in self._fc_in_flight.values() for e in batch.entries
+                        if e.request is request)
+            if request.num_in_flight_tokens != truth and id(request) not in self._fc_mismatch_seen:
+                self._fc_mismatch_seen[id(request)] = self.flightcheck_step
+                observations.in_flight_counter_mismatches.append({
+                    "step": self.flightcheck_step, "req": request.request_id,
+                    "num_in_flight_tokens": request.num_in_flight_tokens, "in_flight": truth})
 
     @property
     def flightcheck_batches_in_flight(self) -> int:

@@ -125,6 +125,12 @@ def findings(result: dict[str, Any]) -> list[str]:
     for partial in truth.get("partial_chunk_tokens", []):
         found.append(f"batch {partial['batch']}'s token was appended to {partial['req']} for a chunk ending at "
                      f"{partial['end']}, short of its known tokens when scheduled (step {partial['step']})")
+    for negative in truth.get("negative_counters", []):
+        found.append(f"{negative['req']}'s {negative['counter']} went negative ({negative['value']}) at step "
+                     f"{negative['step']}")
+    for drift in truth.get("in_flight_counter_mismatches", []):
+        found.append(f"{drift['req']}'s num_in_flight_tokens ({drift['num_in_flight_tokens']}) disagrees with the "
+                     f"tokens of its batches in flight ({drift['in_flight']}) at step {drift['step']}")
     for mismatch in truth.get("in_flight_set_mismatches", []):
         found.append(f"scheduled_req_ids disagrees with the batches in flight at step {mismatch['step']}: "
                      f"extra {mismatch['extra']}, missing {mismatch['missing']}")

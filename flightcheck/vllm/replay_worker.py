@@ -20,6 +20,20 @@ class is resolved from its qualified name with vLLM's own
 the class a deployment names in `--scheduler-cls`), or vLLM's plain
 `Scheduler` for a run without it (`"recorder": false`), to show that
 recording changes nothing.
+
+vLLM 0.33.0 (read in `tests/v1/core/utils.py`-style construction and in the
+0.33 sources: `EngineCore.__init__`, `Request.from_engine_core_request`):
+`DeviceConfig(device="cpu")` (its "auto" cannot infer a device here), sync
+scheduling stated (`SchedulerConfig.async_scheduling=False`: with pipeline
+parallelism the V1 model runner refuses async scheduling, so sync PP is what
+0.33 runs there) and the V1 model runner (`VLLM_USE_V2_MODEL_RUNNER=0`,
+which is what runs sync PP; with it resumed requests travel in
+`CachedRequestData`); `Scheduler(block_size=...)`; `Request` without an EOS
+argument (it lives in `SamplingParams`, set as the engine's input processor
+does with `update_from_generation_config`) and, with prefix caching, with
+the block hasher the engine core builds (`get_request_block_hasher` over
+`prefix_caching_hash_algo`, after `init_none_hash`); `ModelRunnerOutput`
+without `spec_token_ids`. The engine is `BatchQueueEngineV033`.
 """
 
 from __future__ import annotations
@@ -36,30 +50,59 @@ os.environ.setdefault("VLLM_USE_V1", "1")
 os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# vLLM 0.33: the V1 model runner, the one that runs synchronous pipeline parallelism.
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
 import vllm  # noqa: E402
 from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+
+try:
+    from vllm.config import DeviceConfig  # noqa: E402
+except ImportError:  # pragma: no cover - every version read has it
+    DeviceConfig = None  # type: ignore[assignment,misc]
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
-from vllm.utils import resolve_obj_by_qualname  # noqa: E402
+try:
+    from vllm.utils import resolve_obj_by_qualname  # noqa: E402  (0.8.x)
+except ImportError:
+    from vllm.utils.import_utils import resolve_obj_by_qualname  # noqa: E402  (0.33)
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from . import RECORDER  # noqa: E402
-from .engine import ENGINE_GATES, BatchQueueEngine, FabricatedModel, run_busy_loop  # noqa: E402
+from .engine import (ENGINE_GATES, ENGINE_LOOPS, BatchQueueEngine, BatchQueueEngineV033,  # noqa: E402
+                     FabricatedModel, run_busy_loop)
 from .recording import STAGES_ENV, RecordingMixin  # noqa: E402
 from .trace import TRACE_ENV  # noqa: E402
 from .workload import VOCAB_SIZE, ReplayConfig, RequestSpec, Workload, workload_from_json  # noqa: E402
 
 PLAIN_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
+# 0.33's DeviceConfig(device="auto") raises "Failed to infer device type" on a
+# machine without an accelerator; 0.8.x infers the CPU itself.
+NEEDS_CPU_DEVICE = not vllm.__version__.startswith("0.8.")
 
 # A tiny Llama: the scheduler reads only the architecture, lengths and EOS.
 LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
                 "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
                 "num_hidden_layers": 4, "vocab_size": VOCAB_SIZE, "max_position_embeddings": 1 << 17,
                 "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"}
+
+
+def _accepts(cls: Any, name: str) -> bool:
+    """Whether a vLLM config class or constructor takes `name` (dataclass
+    fields where it is one, else its signature): versions differ."""
+    fields = getattr(cls, "__dataclass_fields__", None)
+    if fields is not None:
+        return name in fields
+    return name in inspect.signature(cls.__init__).parameters
+
+
+def _model_runner_output(**arguments: Any) -> ModelRunnerOutput:
+    """A ModelRunnerOutput from the arguments this version knows (0.33 has no
+    `spec_token_ids`)."""
+    return ModelRunnerOutput(**{k: v for k, v in arguments.items() if _accepts(ModelRunnerOutput, k)})
 
 
 class SchedulerFactory:
@@ -74,33 +117,58 @@ class SchedulerFactory:
 
     def model_config(self, max_model_len: int) -> ModelConfig:
         if max_model_len not in self._model_configs:
-            self._model_configs[max_model_len] = ModelConfig(
-                model=self._directory, task="generate", tokenizer=self._directory, tokenizer_mode="auto",
+            arguments: dict[str, Any] = dict(
+                model=self._directory, tokenizer=self._directory, tokenizer_mode="auto",
                 trust_remote_code=False, dtype="float32", seed=0, max_model_len=max_model_len,
                 skip_tokenizer_init=True)
+            if _accepts(ModelConfig, "task"):                                       # 0.8.x
+                arguments["task"] = "generate"
+            self._model_configs[max_model_len] = ModelConfig(**arguments)
         return self._model_configs[max_model_len]
 
     def build(self, scheduler_class: type, config: ReplayConfig) -> Any:
         model_config = self.model_config(config.max_model_len)
-        scheduler_config = SchedulerConfig(
+        scheduler_arguments: dict[str, Any] = dict(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.max_model_len, enable_chunked_prefill=True,
             long_prefill_token_threshold=config.long_prefill_token_threshold)
-        cache_config = CacheConfig(block_size=config.block_size, gpu_memory_utilization=0.9, swap_space=0,
-                                   cache_dtype="auto", enable_prefix_caching=config.prefix_caching)
+        if _accepts(SchedulerConfig, "async_scheduling"):                           # 0.33
+            scheduler_arguments["async_scheduling"] = config.async_scheduling
+        elif config.async_scheduling:
+            raise ValueError(f"vLLM {vllm.__version__} has no async scheduling")
+        if _accepts(SchedulerConfig, "is_encoder_decoder"):                         # 0.33: required
+            scheduler_arguments["is_encoder_decoder"] = model_config.is_encoder_decoder
+        scheduler_config = SchedulerConfig(**scheduler_arguments)
+        cache_arguments: dict[str, Any] = dict(
+            block_size=config.block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
+            enable_prefix_caching=config.prefix_caching)
+        if _accepts(CacheConfig, "swap_space"):                                     # 0.8.x
+            cache_arguments["swap_space"] = 0
+        cache_config = CacheConfig(**cache_arguments)
         cache_config.num_gpu_blocks = config.num_blocks
         parallel_config = ParallelConfig(pipeline_parallel_size=config.num_stages)
-        vllm_config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config,
-                                 cache_config=cache_config, parallel_config=parallel_config)
+        vllm_arguments: dict[str, Any] = dict(model_config=model_config, scheduler_config=scheduler_config,
+                                              cache_config=cache_config, parallel_config=parallel_config)
+        if NEEDS_CPU_DEVICE:
+            vllm_arguments["device_config"] = DeviceConfig(device="cpu")
+        vllm_config = VllmConfig(**vllm_arguments)
         # The KV cache's dtype is the model's, as vLLM's "auto" cache dtype.
-        kv_cache_config = KVCacheConfig(
-            num_blocks=config.num_blocks, tensors={},
-            kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
-                config.block_size, 1, 1, model_config.dtype, False))])
+        if _accepts(KVCacheConfig, "kv_cache_tensors"):                             # 0.33
+            spec = FullAttentionSpec(block_size=config.block_size, num_kv_heads=1, head_size=1,
+                                     dtype=model_config.dtype)
+            kv_cache_config = KVCacheConfig(num_blocks=config.num_blocks, kv_cache_tensors=[],
+                                            kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+        else:
+            kv_cache_config = KVCacheConfig(
+                num_blocks=config.num_blocks, tensors={},
+                kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
+                    config.block_size, 1, 1, model_config.dtype, False))])
         arguments: dict[str, Any] = {
             "kv_cache_config": kv_cache_config,
             "structured_output_manager": StructuredOutputManager(vllm_config), "log_stats": False}
-        if "vllm_config" in inspect.signature(Scheduler.__init__).parameters:       # 0.8.5
+        if "block_size" in inspect.signature(Scheduler.__init__).parameters:        # 0.33
+            arguments["block_size"] = config.block_size
+        if "vllm_config" in inspect.signature(Scheduler.__init__).parameters:       # 0.8.5, 0.33
             arguments["vllm_config"] = vllm_config
         else:                                                                        # 0.8.4
             arguments.update(scheduler_config=scheduler_config, model_config=model_config,
@@ -111,6 +179,15 @@ class SchedulerFactory:
 def make_request(spec: RequestSpec, workload: Workload) -> Request:
     """A vLLM Request as `EngineCore.add_request` makes one."""
     params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
+    if "eos_token_id" not in inspect.signature(Request.__init__).parameters:       # 0.33
+        # The input processor sets EOS in the sampling params
+        # (SamplingParams.update_from_generation_config); the engine core adds
+        # the block hasher it built (Request.from_engine_core_request).
+        params.update_from_generation_config({}, workload.eos_token_id)
+        return Request(request_id=spec.req_id, prompt_token_ids=list(spec.prompt_token_ids),
+                       sampling_params=params, pooling_params=None, arrival_time=0.0,
+                       block_hasher=_block_hasher(workload.config.block_size) if workload.config.prefix_caching
+                       else None)
     arguments: dict[str, Any] = dict(
         request_id=spec.req_id, prompt_token_ids=list(spec.prompt_token_ids), multi_modal_inputs=None,
         multi_modal_hashes=None, multi_modal_placeholders=None, sampling_params=params,
@@ -120,8 +197,26 @@ def make_request(spec: RequestSpec, workload: Workload) -> Request:
     return Request(**arguments)
 
 
+_BLOCK_HASHERS: dict[int, Any] = {}
+
+
+def _block_hasher(block_size: int) -> Any:
+    """vLLM 0.33's request block hasher, built as `EngineCore.__init__` builds
+    it (the hash function named by `CacheConfig.prefix_caching_hash_algo`)."""
+    if block_size not in _BLOCK_HASHERS:
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+        hash_function = get_hash_fn_by_name(CacheConfig.__dataclass_fields__["prefix_caching_hash_algo"].default)
+        init_none_hash(hash_function)
+        _BLOCK_HASHERS[block_size] = get_request_block_hasher(block_size, hash_function)
+    return _BLOCK_HASHERS[block_size]
+
+
 def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]:
     workload = workload_from_json(job["workload"])
+    if ENGINE_LOOPS[vllm.__version__] != "0.33" and any(s.abort_via_aborts_queue for s in workload.requests):
+        raise ValueError(f"abort_via 'aborts_queue': vLLM {vllm.__version__}'s engine has no aborts queue")
     recording = job.get("recorder", True)
     trace_path = job.get("trace") if recording else None
     # The recorder reads its settings the way a deployment sets them.
@@ -136,12 +231,21 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     scheduler = factory.build(scheduler_class, workload.config)
     if recording and scheduler._fc_trace is not None:
         scheduler._fc_trace.record_time = False          # replays are deterministic, times are not
-    model = FabricatedModel(workload, ModelRunnerOutput)
-    engine = BatchQueueEngine(scheduler, model, workload.config.num_stages,
-                              schedules_only_unscheduled=ENGINE_GATES[vllm.__version__])
+    model = FabricatedModel(workload, _model_runner_output,
+                            caches_sampled_tokens=ENGINE_LOOPS[vllm.__version__] == "0.33")
 
     def abort(req_id: str) -> None:
         scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)
+
+    def abort_all(req_ids: list[str]) -> None:          # EngineCore.abort_requests
+        scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED)
+
+    engine: BatchQueueEngine
+    if ENGINE_LOOPS[vllm.__version__] == "0.33":
+        engine = BatchQueueEngineV033(scheduler, model, workload.config.num_stages, abort_all)
+    else:
+        engine = BatchQueueEngine(scheduler, model, workload.config.num_stages,
+                                  schedules_only_unscheduled=ENGINE_GATES[vllm.__version__])
 
     outcome = run_busy_loop(engine, workload, lambda spec: scheduler.add_request(make_request(spec, workload)),
                             abort)
@@ -157,6 +261,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         "exception": outcome.exception, "unfinished": outcome.unfinished,
         "ground_truth": observations, "batches": engine.batches,
         "outputs": [list(x) for x in engine.outputs], "trace": trace_path,
+        **({"engine_steps": engine.steps} if isinstance(engine, BatchQueueEngineV033) else {}),
     }
 
 
@@ -164,7 +269,7 @@ def main() -> int:
     # vLLM and triton may print to stdout; results go to the original stdout only.
     results = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    if ENGINE_GATES.get(vllm.__version__) is None:
+    if ENGINE_LOOPS.get(vllm.__version__) is None:
         results.write(json.dumps({"error": f"no engine loop for vLLM {vllm.__version__}"}) + "\n")
         return 2
     factory = SchedulerFactory()

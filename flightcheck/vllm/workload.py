@@ -12,6 +12,9 @@
 
 * `config.num_blocks` is vLLM's `KVCacheConfig.num_blocks`: the pool,
   including the null block vLLM keeps back (usable blocks: num_blocks - 1).
+* `config.async_scheduling` (vLLM 0.33 only, default false): build the engine
+  with async scheduling; the synchronous recorder refuses to stand in for
+  its `AsyncScheduler`, so such a replay stops with that error.
 * A prompt is given by its token ids, or by `prompt_len` with an optional
   named shared `prefix` (`prefixes` gives each name a length): the prefix's
   tokens are the same for every request naming it, the rest is drawn from
@@ -21,6 +24,23 @@
   added / aborted (input arrives between engine steps, as in vLLM's busy
   loop). `eos_probability`: the chance that each token the fabricated model
   samples for this request is the EOS token.
+* `abort_via` (vLLM 0.33 only): `"input"` (the default) delivers the abort
+  through the input queue, before the engine step `abort_step`;
+  `"aborts_queue"` makes it arrive while step `abort_step` runs the model:
+  0.33's engine then applies it right before that step's
+  `update_from_output` (`EngineCore._process_aborts_queue`), or, if the step
+  completes no batch, from the input queue before the next step (vLLM puts
+  every client abort in both queues; aborting twice is a no-op).
+* `reuse_id`: send this request to vLLM under the id of an earlier request
+  (its `id`), as a front end does with request-id randomization off
+  (`VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1`, or a caller of `EngineCore`
+  directly). `id` stays the workload's own unique name for the request (its
+  prompt and sampled tokens are drawn from it); the earlier request should
+  have finished or been aborted by `arrival_step` (vLLM's `add_request`
+  asserts on a live duplicate: the run then ends `exception`). At one step,
+  a reusing arrival comes after that step's aborts (an abort followed by a
+  new request under the same id); other arrivals come before them, as
+  always.
 
 Standard library only; both the CLI (to refuse bad input with exit 2) and
 the replay worker (inside the vLLM venv) read workloads with it.
@@ -53,17 +73,32 @@ class ReplayConfig:
     max_model_len: int
     long_prefill_token_threshold: int
     prefix_caching: bool
+    # vLLM 0.33: build the engine with async scheduling; the sync recorder
+    # refuses to stand in for AsyncScheduler, so a replay then stops there.
+    async_scheduling: bool = False
 
 
 @dataclass(frozen=True)
 class RequestSpec:
-    req_id: str
+    req_id: str                       # the id vLLM sees (reuse_id's, when it reuses one)
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     arrival_step: int
     abort_step: int | None
     eos_probability: float
     ignore_eos: bool
+    name: str = ""                    # the workload's unique name for it ("" = req_id)
+    abort_via_aborts_queue: bool = False
+
+    @property
+    def key(self) -> str:
+        """The request's unique name in the workload: its id, unless it
+        reuses another's (then its own `id`)."""
+        return self.name or self.req_id
+
+    @property
+    def reuses_id(self) -> bool:
+        return bool(self.name) and self.name != self.req_id
 
 
 @dataclass(frozen=True)
@@ -77,7 +112,8 @@ class Workload:
 
 
 CONFIG_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "block_size": 16, "max_model_len": 2048,
-                                   "long_prefill_token_threshold": 0, "prefix_caching": True}
+                                   "long_prefill_token_threshold": 0, "prefix_caching": True,
+                                   "async_scheduling": False}
 
 
 def _int(where: str, value: Any, minimum: int = 0) -> int:
@@ -96,12 +132,14 @@ def _config(raw: Any) -> ReplayConfig:
     missing = set(ReplayConfig.__dataclass_fields__) - set(merged)
     if missing:
         raise WorkloadError(f"config lacks {sorted(missing)}")
-    if not isinstance(merged["prefix_caching"], bool):
-        raise WorkloadError("config.prefix_caching must be true or false")
+    for flag in ("prefix_caching", "async_scheduling"):
+        if not isinstance(merged[flag], bool):
+            raise WorkloadError(f"config.{flag} must be true or false")
     minimum = {"num_stages": 1, "max_num_batched_tokens": 1, "max_num_seqs": 1, "block_size": 1,
                "num_blocks": 2, "max_model_len": 1, "long_prefill_token_threshold": 0}
     values = {key: _int(f"config.{key}", merged[key], low) for key, low in minimum.items()}
-    return ReplayConfig(prefix_caching=merged["prefix_caching"], **values)
+    return ReplayConfig(prefix_caching=merged["prefix_caching"], async_scheduling=merged["async_scheduling"],
+                        **values)
 
 
 def _seeded_tokens(seed: int, label: str, count: int) -> list[int]:
@@ -114,6 +152,12 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int]) -> Reque
     if not isinstance(raw, dict):
         raise WorkloadError(f"{where} must be an object")
     req_id = str(raw.get("id", index))
+    reuse = raw.get("reuse_id")
+    if reuse is not None and not isinstance(reuse, str):
+        raise WorkloadError(f"{where}.reuse_id must be the id of an earlier request")
+    abort_via = raw.get("abort_via", "input")
+    if abort_via not in ("input", "aborts_queue"):
+        raise WorkloadError(f"{where}.abort_via must be 'input' or 'aborts_queue', got {abort_via!r}")
     if "prompt_token_ids" in raw:
         tokens = raw["prompt_token_ids"]
         if not isinstance(tokens, list) or not tokens or not all(
@@ -134,7 +178,8 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int]) -> Reque
     if not isinstance(eos_probability, (int, float)) or not 0.0 <= eos_probability <= 1.0:
         raise WorkloadError(f"{where}.eos_probability must be in [0, 1]")
     return RequestSpec(
-        req_id=req_id, prompt_token_ids=tuple(prompt),
+        req_id=req_id if reuse is None else reuse, name="" if reuse is None else req_id,
+        abort_via_aborts_queue=abort_via == "aborts_queue", prompt_token_ids=tuple(prompt),
         max_tokens=_int(f"{where}.max_tokens", raw.get("max_tokens", 16), 1),
         arrival_step=_int(f"{where}.arrival_step", raw.get("arrival_step", 0)),
         abort_step=None if abort is None else _int(f"{where}.abort_step", abort),
@@ -154,10 +199,15 @@ def workload_from_json(raw: Any, default_name: str = "workload") -> Workload:
         raise WorkloadError("'requests' must be a non-empty list")
     specs = tuple(_request(r, i, seed, prefixes) for i, r in enumerate(requests))
     arrivals: dict[str, int] = {}
-    for spec in specs:
-        if spec.req_id in arrivals:
-            raise WorkloadError(f"request id {spec.req_id!r} appears twice")
-        arrivals[spec.req_id] = spec.arrival_step
+    for index, spec in enumerate(specs):
+        if spec.key in arrivals:
+            raise WorkloadError(f"request id {spec.key!r} appears twice")
+        if spec.reuses_id:
+            if spec.req_id not in arrivals:
+                raise WorkloadError(f"requests[{index}].reuse_id names {spec.req_id!r}, not an earlier request's id")
+            if arrivals[spec.req_id] > spec.arrival_step:
+                raise WorkloadError(f"requests[{index}] reuses {spec.req_id!r} before that request arrives")
+        arrivals[spec.key] = spec.arrival_step
     return Workload(name=str(raw.get("name", default_name)), seed=seed, config=_config(raw.get("config", {})),
                     requests=specs, eos_token_id=_int("eos_token_id", raw.get("eos_token_id", EOS_TOKEN_ID)),
                     max_steps=_int("max_steps", raw.get("max_steps", 100_000), 1))
@@ -189,7 +239,7 @@ def sampled_token(workload: Workload, spec: RequestSpec, position: int) -> int:
     """The token the fabricated model samples for a request at a position:
     a function of the seed, the request and the position only, so a
     recomputation after preemption samples the same token."""
-    rng = random.Random(f"{workload.seed}/sample/{spec.req_id}/{position}")
+    rng = random.Random(f"{workload.seed}/sample/{spec.key}/{position}")
     if rng.random() < spec.eos_probability:
         return workload.eos_token_id
     token = rng.randrange(FIRST_ORDINARY_TOKEN, VOCAB_SIZE)
