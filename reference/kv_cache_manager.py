@@ -86,23 +86,22 @@ class KVCacheManager:
         num_computed_tokens = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         num_required = cdiv(num_computed_tokens + num_new_tokens, self.block_size)
         num_new_blocks = max(0, num_required - len(req_blocks) - len(new_computed_blocks))
-        # Hit blocks that nobody holds sit in the free queue: taking them
-        # removes them from it, so they cannot also serve as fresh blocks.
-        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0) \
-            if new_computed_blocks else 0
-        if num_new_blocks > pool.get_num_free_blocks() - num_evictable_hits:
-            return None
-
-        if not isinstance(req_blocks, list):
-            req_blocks = self.req_to_blocks[request.request_id] = []
-        if new_computed_blocks:
-            pool.touch(new_computed_blocks)
-            req_blocks.extend(new_computed_blocks)
-        if num_new_blocks:
-            num_new_blocks = self._with_preallocation(num_new_blocks, len(req_blocks))
-        new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
-        if new_blocks:
-            req_blocks.extend(new_blocks)
+        new_blocks: list[KVCacheBlock] = []
+        if num_new_blocks or new_computed_blocks:    # most decode steps need neither
+            # Hit blocks that nobody holds sit in the free queue: taking them
+            # removes them from it, so they cannot also serve as fresh blocks.
+            num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+            if num_new_blocks > pool.get_num_free_blocks() - num_evictable_hits:
+                return None
+            if not isinstance(req_blocks, list):
+                req_blocks = self.req_to_blocks[request.request_id] = []
+            if new_computed_blocks:
+                pool.touch(new_computed_blocks)
+                req_blocks.extend(new_computed_blocks)
+            if num_new_blocks:
+                num_new_blocks = self._with_preallocation(num_new_blocks, len(req_blocks))
+                new_blocks = pool.get_new_blocks(num_new_blocks)
+                req_blocks.extend(new_blocks)
         if self.enable_caching:
             # Drafts may be rejected: only known tokens are cached.
             num_known = min(num_computed_tokens + num_new_tokens - num_draft_tokens,
