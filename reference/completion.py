@@ -61,7 +61,8 @@ def append_sampled(request: Request, generated: list[int], fate: Fate,
             if num_new < len(generated):
                 new_token_ids = generated[:num_new]   # tokens after the stop are trimmed
             break
-    if fate is LIVE and not request.is_finished() and (proposed_drafts or request.spec_token_ids):
+    # Cheapest test first: most entries have no drafts either way.
+    if (proposed_drafts or request.spec_token_ids) and fate is LIVE and not request.is_finished():
         request.spec_token_ids = tuple(proposed_drafts[:config.num_spec_tokens])
     return EngineCoreOutput(request.request_id, new_token_ids,
                             request.get_finished_reason(), request.stop_reason)
