@@ -21,7 +21,7 @@ from .vllm_support import require_venv
 
 BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "scheduler_cost.py"
 SIDE_KEYS = {"batches", "running", "requests_per_batch", "tokens_per_batch", "schedule_p50_us",
-             "update_p50_us", "per_batch_p50_us", "per_batch_p99_us"}
+             "update_p50_us", "per_batch_p50_us", "per_batch_p99_us", "per_pair_p50_us"}
 
 
 def load_benchmark() -> ModuleType:
@@ -49,7 +49,7 @@ def test_reference_side_alone_reports_every_case_in_rounds(capsys: pytest.Captur
     for case in report["cases"]:
         assert set(case["reference"]) == SIDE_KEYS
         assert case["reference"]["batches"] == 2 * 3
-        assert case["vllm"] is None and case["ratio"] is None
+        assert case["vllm"] is None and case["ratio"] is None and case["pair_ratio"] is None
         assert case["reference"]["per_batch_p50_us"] > 0
     # decode-16: 16 running, each scheduled request a one-token decode.
     assert decode["reference"]["running"] == 16
@@ -85,3 +85,4 @@ def test_both_sides_run_the_same_workload_and_the_ratio_is_theirs(
         assert ours[key] == theirs[key], key
     assert theirs["per_batch_p50_us"] > 0
     assert case["ratio"] == pytest.approx(ours["per_batch_p50_us"] / theirs["per_batch_p50_us"])
+    assert case["pair_ratio"] == pytest.approx(ours["per_pair_p50_us"] / theirs["per_pair_p50_us"])
