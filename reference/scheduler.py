@@ -179,7 +179,7 @@ class Scheduler:
             # Drafts the budget clipped are dropped (vLLM keeps them when none was
             # scheduled; the spec drops them always, so a clipped decode cannot
             # leave drafts behind to form a second sampling entry).
-            if request.spec_token_ids and len(request.spec_token_ids) != num_drafts:
+            if len(request.spec_token_ids) != num_drafts:
                 request.spec_token_ids = request.spec_token_ids[:num_drafts]
             self._add_to_batch(batch, request, entry)
             req_index += 1
@@ -380,11 +380,9 @@ class Scheduler:
     def _apply_sampled(self, request: Request, entry: RequestData, token_ids: list[int],
                        fate: Fate, proposed_drafts: Sequence[int]) -> EngineCoreOutput:
         """Subtract the rejected drafts, then append the tokens (completion.py)."""
-        # Without drafts a single token rejects nothing: count only otherwise.
-        if entry.spec_token_ids or len(token_ids) != 1:
-            num_rejected = count_rejected(request, entry, token_ids)
-            if num_rejected:
-                self._subtract_rejections(request, fate, num_rejected)
+        num_rejected = count_rejected(request, entry, token_ids)
+        if num_rejected:
+            self._subtract_rejections(request, fate, num_rejected)
         return append_sampled(request, token_ids, fate, proposed_drafts, self.config)
 
     def _subtract_rejections(self, request: Request, fate: Fate, num_rejected: int) -> None:
