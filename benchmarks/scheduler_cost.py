@@ -49,6 +49,7 @@ import platform
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,9 @@ try:
     from flightcheck.reference import (ModelRunnerOutput, Request, SamplingParams, Scheduler,
                                        SchedulerConfig)
 except ImportError:  # run from a checkout without installing (e.g. `python -S` under valgrind)
+    # An empty parent package, so that the reference's relative imports resolve.
+    parent = sys.modules.setdefault("flightcheck", types.ModuleType("flightcheck"))
+    parent.__path__ = []
     import_reference(ROOT / "reference")
     from flightcheck.reference import (ModelRunnerOutput, Request, SamplingParams, Scheduler,
                                        SchedulerConfig)
