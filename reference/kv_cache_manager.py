@@ -84,7 +84,7 @@ class KVCacheManager:
         pool = self.block_pool
         req_blocks = self.req_to_blocks.get(request.request_id, ())
         num_computed_tokens = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        num_required = cdiv(num_computed_tokens + num_new_tokens, self.block_size)
+        num_required = -(-(num_computed_tokens + num_new_tokens) // self.block_size)  # cdiv, inline
         # (Negative when the table holds more than needed. Comparisons here,
         # not min()/max(): those parse their arguments slowly on CPython 3.11.)
         num_new_blocks = num_required - len(req_blocks) - len(new_computed_blocks)

@@ -91,7 +91,7 @@ def _shared_snapshots(scheduler: Scheduler) -> dict[str, CachedRequestData]:
     return scheduler.__dict__.setdefault("shared_snapshots", {})
 
 
-@replaces(M.SHARED_SNAPSHOT, "_cached_entry", "f134db1d1bab")
+@replaces(M.SHARED_SNAPSHOT, "_cached_entry", "49b09840c8af")
 def _cached_entry_overwritten_in_place(scheduler: Scheduler, request: Request, start: int,
                                        num_new_tokens: int, num_drafts: int,
                                        new_blocks: list[KVCacheBlock], num_cached_tokens: int,

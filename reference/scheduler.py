@@ -287,7 +287,7 @@ class Scheduler:
             tuple([b.block_id for b in new_blocks]) if new_blocks else (),
             start, num_new_tokens, num_cached_tokens,
             request.spec_token_ids[:num_drafts] if num_drafts else (),
-            start + num_known >= request.num_tokens)
+            start + num_known >= len(request.all_token_ids))
 
     def _add_to_batch(self, batch: Batch, request: Request, entry: RequestData) -> None:
         batch.add(request, entry)
