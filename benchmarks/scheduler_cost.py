@@ -464,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference-only", action="store_true",
                         help="side by side without the vLLM side (no venv needed)")
     parser.add_argument("--quick", action="store_true", help="4 rounds x 15 batches (--runs: 1 x 60)")
-    parser.add_argument("--runs", type=int, help="reference only: R runs x --batches per --kinds/--sizes case")
+    parser.add_argument("--runs", type=int,
+                        help="reference only: R runs x --batches per --kinds/--sizes case")
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--kinds", nargs="+", choices=["decode", "prefill"],
                         default=["decode", "prefill"])

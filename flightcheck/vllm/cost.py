@@ -153,13 +153,14 @@ class EngineLoop:
         for _ in range(40):
             self.one_step(None)
 
-    def next_batch(self, record: list, before_timed: Callable[[], None] | None = None) -> None:
+    def next_batch(self, record: list[Record], before_timed: Callable[[], None] | None = None) -> None:
         """Run until one more batch has been scheduled and completed (timed)."""
         num_records = len(record)
         while len(record) == num_records:
             self.one_step(record, before_timed)
 
-    def one_step(self, record: list | None, before_timed: Callable[[], None] | None = None) -> None:
+    def one_step(self, record: list[Record] | None,
+                 before_timed: Callable[[], None] | None = None) -> None:
         sched, workload, queue = self.sched, self.workload, self.queue
         self.step += 1
         if len(queue) < K:
