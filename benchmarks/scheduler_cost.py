@@ -1,32 +1,38 @@
-"""What the reference scheduler costs per engine step.
+"""What the reference scheduler costs per batch, side by side with vLLM 0.8.5's.
 
-Each batch is timed as the `schedule()` that built it plus the
-`update_from_output()` that consumed it, with two batches in flight (K = 2,
-the engine's batch queue), prefix caching on, the heap frozen after setup
-(`gc.freeze()`), steady state, median over runs. The model is a stand-in
-that returns a token for exactly the entries that sample (not timed).
+By default, every case runs our reference scheduler (in this process) and
+vLLM 0.8.5's real `Scheduler` (in a worker process inside the vLLM venv,
+`flightcheck/vllm/cost_worker.py`) alternately, in rounds (reference, vLLM,
+then vLLM, reference, ...), so that the machine's drifts hit both; both
+sides run the same workloads and the same engine loop
+(`flightcheck/vllm/cost.py`): a batch queue of depth K = 2, prefix caching
+on, the heap frozen (`gc.freeze()`) after the warm-up, collector on. Each
+batch is timed as the `schedule()` that built it plus the
+`update_from_output()` that consumed it; the stand-in model (a token for
+exactly the entries that sample) is not timed. Per case: each side's p50 per
+batch and the ratio reference / vLLM.
 
-Workloads (anchor: /work/shared/notes/vllm-scheduler-cost.md, vLLM 0.8.5):
-* decode-N: N running requests, all decoding; with K = 2 half of them have
-  their token in flight, so each batch holds N/2 decodes while schedule()
-  walks all N.
-* prefill-N: N running requests with 1-3k-token contexts, decoding, plus a
-  stream of arrivals with 1-3k-token prompts (1-8 output tokens; 8 always
-  waiting) that fills every batch to the 8192-token budget with
-  prefill chunks; half of all prompts start with one of 8 shared 1k-token
-  prefixes. Each batch: N/2 decodes plus the prefill chunks.
+Cases: decode-256, decode-1024, decode-4096 (N running requests all
+decoding, N/2 per batch) and prefill-mix (about 100 running plus a stream of
+1-3k-token prompts filling the 8192-token budget; cost.py describes them).
 
-Usage: python benchmarks/scheduler_cost.py [--quick] [--runs R] [--batches B]
-           [--sizes N ...] [--cases decode prefill]
+Usage: python benchmarks/scheduler_cost.py [--rounds R] [--batches B]
+           [--cases CASE ...] [--json] [--reference-only]
 
-Experiments on why the cost per request changes with N (reference/PERF.md):
+The vLLM venv is built by `scripts/build-vllm-venv.sh 0.8.5` (found where
+`flightcheck vllm replay` finds it); without it the benchmark exits 2 and
+says so, unless --reference-only.
+
+Reference only, and the experiments on why the cost per request changes
+with N (reference/PERF.md), with --sizes N ... and --kinds decode prefill:
+  --runs R                   R runs x --batches per case, reference only
   --gc-stats                 collections per batch, by generation, and time in
                              the collector
   --experiment working-set   decode at the smallest size alone, with every cache
                              flushed before each timed call, as many schedulers
                              of that size in rotation as make the largest size,
                              and the largest size alone, taking turns
-  --experiment gc            decode with the collector on and off, taking turns
+  --experiment gc            decode with the collector on and off, alternating
   --batches 0                warm up only (the baseline a cachegrind run subtracts)
   --compare DIR              also run every case with the reference/ package in
                              DIR (e.g. `git archive`d from an older commit),
@@ -38,14 +44,16 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
+import json
 import platform
-import random
 import statistics
 import sys
 import time
-from collections import deque
+import types
 from pathlib import Path
+from typing import Any
 
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def import_reference(directory: Path, name: str = "flightcheck.reference"):
@@ -59,13 +67,34 @@ def import_reference(directory: Path, name: str = "flightcheck.reference"):
     return module
 
 
+def import_file(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 try:
     from flightcheck.reference import (ModelRunnerOutput, Request, SamplingParams, Scheduler,
                                        SchedulerConfig)
-except ImportError:  # run from a checkout without installing
-    import_reference(Path(__file__).resolve().parent.parent / "reference")
+except ImportError:  # run from a checkout without installing (e.g. `python -S` under valgrind)
+    # An empty parent package, so that the reference's relative imports resolve.
+    parent = sys.modules.setdefault("flightcheck", types.ModuleType("flightcheck"))
+    parent.__path__ = []
+    import_reference(ROOT / "reference")
     from flightcheck.reference import (ModelRunnerOutput, Request, SamplingParams, Scheduler,
                                        SchedulerConfig)
+try:
+    from flightcheck.vllm import cost
+except ImportError:
+    cost = import_file(ROOT / "flightcheck" / "vllm" / "cost.py", "flightcheck_vllm_cost")
+
+K, BUDGET, BLOCK_SIZE = cost.K, cost.BUDGET, cost.BLOCK_SIZE
+CASES = cost.CASES
+Workload = cost.Workload
+VLLM_VERSION = "0.8.5"
 
 
 def benchmark_with_reference(directory: Path):
@@ -83,125 +112,22 @@ def benchmark_with_reference(directory: Path):
     return module
 
 
-K = 2
-BUDGET = 8192
-BLOCK_SIZE = 16
+def make_reference_request(spec) -> Request:
+    return Request(spec.req_id, spec.prompt_token_ids, SamplingParams(max_tokens=spec.max_tokens))
 
 
-class Workload:
-    """Builds the requests of one case.
-
-    decode: N short-prompt requests that decode for the whole run.
-    prefill: N long-context requests (1-3k-token prompts) that decode for the
-    whole run, plus a stream of short-lived arrivals with 1-3k-token prompts
-    (1-8 output tokens, 8 of them always waiting) that keeps every
-    batch filled to the token budget with prefill chunks. Half of all
-    prompts start with one of 8 shared 1k-token prefixes.
-    """
-
-    STREAM_WAITING = 8          # prefill arrivals kept queued at all times
-    STREAM_RUNNING = 128        # room for the stream's requests while they decode
-
-    def __init__(self, name: str, num_requests: int, seed: int) -> None:
-        self.name, self.num_requests = name, num_requests
-        self.rng = random.Random(seed)
-        self.vocab = [self.rng.randrange(1, 32_000) for _ in range(4096)]  # shared int objects
-        self.prefixes = [[self.rng.choice(self.vocab) for _ in range(1024)] for _ in range(8)]
-        self.counter = 0
-        self.is_decode = name == "decode"
-
-    def _long_prompt(self) -> list[int]:
-        rng = self.rng
-        n = rng.randint(1024, 3072)
-        prompt = self.prefixes[rng.randrange(8)][:] if rng.random() < 0.5 else []
-        return prompt + rng.choices(self.vocab, k=n - len(prompt))
-
-    def long_lived_request(self) -> Request:
-        self.counter += 1
-        if self.is_decode:
-            prompt = self.rng.choices(self.vocab, k=self.rng.randint(64, 128))
-        else:
-            prompt = self._long_prompt()
-        return Request(f"r{self.counter}", prompt, SamplingParams(max_tokens=100_000))
-
-    def stream_request(self) -> Request:
-        self.counter += 1
-        return Request(f"s{self.counter}", self._long_prompt(),
-                       SamplingParams(max_tokens=self.rng.randint(1, 8)))
-
-    def config(self) -> SchedulerConfig:
-        max_len = 4096 if self.is_decode else 6144
-        stream = 0 if self.is_decode else self.STREAM_RUNNING + self.STREAM_WAITING
-        # Room for every request at its longest: no preemption in the steady state.
-        per_request = -(-max_len // BLOCK_SIZE)
-        return SchedulerConfig(max_num_batched_tokens=BUDGET,
-                               max_num_seqs=self.num_requests + stream,
-                               max_model_len=max_len, block_size=BLOCK_SIZE,
-                               num_blocks=per_request * (self.num_requests + stream),
-                               num_pipeline_stages=K, enable_prefix_caching=True)
-
-
-def fake_model(scheduler_output, step: int) -> ModelRunnerOutput:
+def reference_model(scheduler: Scheduler, scheduler_output, step: int) -> tuple[ModelRunnerOutput, int]:
     """A token for every entry that samples; never a stop token."""
-    tokens = {e.req_id: ([1 + (step + i) % 30_000] if e.samples else [])
-              for i, e in enumerate(scheduler_output.entries)}
-    return ModelRunnerOutput.from_tokens(tokens)
+    entries = scheduler_output.entries
+    tokens = {e.req_id: ([cost.stand_in_token(step, i)] if e.samples else [])
+              for i, e in enumerate(entries)}
+    return ModelRunnerOutput.from_tokens(tokens), len(entries)
 
 
-class EngineLoop:
-    """One scheduler, driven as the engine's batch queue drives it: schedule
-    while fewer than K batches are in flight, else complete the oldest."""
-
-    def __init__(self, workload: Workload) -> None:
-        self.workload = workload
-        self.sched = Scheduler(workload.config())
-        for _ in range(workload.num_requests):
-            self.sched.add_request(workload.long_lived_request())
-        if not workload.is_decode:
-            for _ in range(workload.STREAM_WAITING):
-                self.sched.add_request(workload.stream_request())
-        self.queue: deque = deque()
-        self.step = 0
-
-    def warm_up(self) -> None:
-        """To the steady state: every long-lived request prefilled and
-        decoding, then some batches of turnover."""
-        long_lived = [f"r{i + 1}" for i in range(self.workload.num_requests)]
-        while any(self.sched.requests[r].num_output_tokens == 0 for r in long_lived):
-            self.one_step(None)
-        for _ in range(40):
-            self.one_step(None)
-
-    def next_batch(self, record: list, before_timed=None) -> None:
-        """Run until one more batch has been scheduled and completed (timed)."""
-        num_records = len(record)
-        while len(record) == num_records:
-            self.one_step(record, before_timed)
-
-    def one_step(self, record: list | None, before_timed=None) -> None:
-        sched, workload, queue = self.sched, self.workload, self.queue
-        self.step += 1
-        if len(queue) < K:
-            if before_timed is not None:
-                before_timed()
-            t0 = time.perf_counter_ns()
-            out = sched.schedule()
-            t1 = time.perf_counter_ns()
-            if not workload.is_decode:           # keep the stream's queue topped up
-                for _ in range(workload.STREAM_WAITING - len(sched.waiting)):
-                    sched.add_request(workload.stream_request())
-            if out.total_num_scheduled_tokens:
-                queue.append((out, fake_model(out, self.step), t1 - t0, len(sched.running)))
-                return
-        out, result, schedule_ns, num_running = queue.popleft()
-        if before_timed is not None:
-            before_timed()
-        t0 = time.perf_counter_ns()
-        sched.update_from_output(out, result)
-        t1 = time.perf_counter_ns()
-        if record is not None:
-            record.append((schedule_ns, t1 - t0, len(out.entries),
-                           out.total_num_scheduled_tokens, num_running))
+def reference_loop(workload: "cost.Workload") -> "cost.EngineLoop":
+    """The shared engine loop around a reference scheduler for `workload`."""
+    return cost.EngineLoop(workload, Scheduler(SchedulerConfig(**workload.settings())),
+                           make_reference_request, reference_model)
 
 
 class CacheFlusher:
@@ -254,7 +180,7 @@ def summarize(label: str, records: list, stats: GcStats | None = None) -> dict:
 
 
 def run_case(name: str, num_requests: int, num_batches: int, seed: int) -> dict | None:
-    loop = EngineLoop(Workload(name, num_requests, seed))
+    loop = reference_loop(Workload(name, num_requests, seed))
     loop.warm_up()
     # vLLM freezes the heap after start-up (the anchor's loop does too).
     gc.collect()
@@ -289,9 +215,9 @@ def working_set_experiment(small: int, large: int, rounds: int) -> list[dict]:
     of `small` requests in rotation (the working set of `large` requests, every
     data structure the size of `small`'s); one scheduler of `large` requests.
     The collector is off, to separate the caches from garbage collection."""
-    alone = EngineLoop(Workload("decode", small, 1))
-    many = [EngineLoop(Workload("decode", small, 100 + i)) for i in range(large // small)]
-    one_large = EngineLoop(Workload("decode", large, 2))
+    alone = reference_loop(Workload("decode", small, 1))
+    many = [reference_loop(Workload("decode", small, 100 + i)) for i in range(large // small)]
+    one_large = reference_loop(Workload("decode", large, 2))
     for loop in (alone, *many, one_large):
         loop.warm_up()
     flush = CacheFlusher()
@@ -322,7 +248,7 @@ def gc_experiment(sizes: list[int], rounds: int) -> list[dict]:
     alternating blocks of 50 batches, with collections per batch."""
     rows = []
     for n in sizes:
-        loop = EngineLoop(Workload("decode", n, 0))
+        loop = reference_loop(Workload("decode", n, 0))
         loop.warm_up()
         stats = {"on": GcStats(), "off": GcStats()}
 
@@ -376,37 +302,212 @@ def format_gc_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+class VllmSide:
+    """vLLM's own scheduler, driven by the cost worker in the vLLM venv."""
+
+    def __init__(self) -> None:
+        from flightcheck.vllm.replay import ReplayWorker
+        self.worker = ReplayWorker(VLLM_VERSION, module="flightcheck.vllm.cost_worker")
+
+    def ask(self, command: dict[str, Any]) -> dict[str, Any]:
+        answer = self.worker.call(command)
+        if "error" in answer:
+            raise RuntimeError(f"the vLLM cost worker failed on {command}: {answer['error']}\n"
+                               f"{self.worker.stderr_tail()}")
+        return answer
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def side_summary(records: list) -> dict[str, Any]:
+    """One side's figures for a case, in µs. With K = 2 a decode case's
+    batches alternate between two groups of requests, often of unequal sizes
+    (their prefills were cut by the budget: 170 and 86 at decode-256), so
+    the per-batch median sits between the two groups' costs and moves with
+    a few slow batches; the median of pairs of consecutive batches (every
+    running request scheduled once) does not."""
+    per_batch = [(r[0] + r[1]) / 1000 for r in records]
+    total_us = sorted(per_batch)
+    pairs = [per_batch[i] + per_batch[i + 1] for i in range(0, len(per_batch) - 1, 2)]
+    return {
+        "batches": len(records),
+        "running": statistics.mean(r[4] for r in records),
+        "requests_per_batch": statistics.mean(r[2] for r in records),
+        "tokens_per_batch": statistics.mean(r[3] for r in records),
+        "schedule_p50_us": statistics.median(r[0] / 1000 for r in records),
+        "update_p50_us": statistics.median(r[1] / 1000 for r in records),
+        "per_batch_p50_us": statistics.median(total_us),
+        "per_batch_p99_us": total_us[int(0.99 * (len(total_us) - 1))],
+        "per_pair_p50_us": statistics.median(pairs) if pairs else None,
+    }
+
+
+def side_by_side(case: str, rounds: int, batches: int, vllm: VllmSide | None) -> dict[str, Any]:
+    """Both schedulers on `case` (the same requests: seed 0), warmed up, then
+    taking turns of `batches` batches for `rounds` rounds, the order flipped
+    every round. The ratio is reference / vLLM of the per-batch medians."""
+    loop = reference_loop(cost.workload_of_case(case, seed=0))
+    loop.warm_up()
+    if vllm is not None:
+        vllm.ask({"start": case, "seed": 0})
+    records: dict[str, list] = {"reference": [], "vllm": []}
+    # vLLM's engine core freezes the heap after start-up; both sides do here.
+    gc.collect()
+    gc.freeze()
+    try:
+        for round_index in range(rounds):
+            order = ("reference", "vllm") if round_index % 2 == 0 else ("vllm", "reference")
+            for side in order:
+                if side == "reference":
+                    target = len(records["reference"]) + batches
+                    while len(records["reference"]) < target:
+                        loop.next_batch(records["reference"])
+                elif vllm is not None:
+                    records["vllm"] += vllm.ask({"batches": batches})["records"]
+    finally:
+        gc.unfreeze()
+        if vllm is not None:
+            vllm.ask({"stop": True})
+    del loop
+    gc.collect()
+    reference = side_summary(records["reference"])
+    theirs = side_summary(records["vllm"]) if records["vllm"] else None
+    ratio = pair_ratio = None
+    if theirs is not None:
+        ratio = reference["per_batch_p50_us"] / theirs["per_batch_p50_us"]
+        if reference["per_pair_p50_us"] and theirs["per_pair_p50_us"]:
+            pair_ratio = reference["per_pair_p50_us"] / theirs["per_pair_p50_us"]
+    return {"case": case, "reference": reference, "vllm": theirs, "ratio": ratio,
+            "pair_ratio": pair_ratio}
+
+
+def format_side_by_side(rows: list[dict[str, Any]]) -> str:
+    lines = ["| case | running | requests/batch | tokens/batch | reference schedule() p50 µs | "
+             "reference update_from_output() p50 µs | reference per batch p50 µs | "
+             "vLLM schedule() p50 µs | vLLM update_from_output() p50 µs | vLLM per batch p50 µs | "
+             "reference / vLLM | the same, pairs of batches |", "|" + "---|" * 12]
+    for row in rows:
+        ours, theirs = row["reference"], row["vllm"]
+        running = f"{ours['running']:,.0f}"
+        if theirs is not None and round(theirs["running"]) != round(ours["running"]):
+            running += f" (vLLM {theirs['running']:,.0f})"
+        vllm_cells = ("— | — | —" if theirs is None else
+                      f"{theirs['schedule_p50_us']:,.0f} | {theirs['update_p50_us']:,.0f} | "
+                      f"{theirs['per_batch_p50_us']:,.0f}")
+        ratio = "—" if row["ratio"] is None else f"{row['ratio']:.2f}"
+        ratio += " | " + ("—" if row["pair_ratio"] is None else f"{row['pair_ratio']:.2f}")
+        lines.append(f"| {row['case']} | {running} | {ours['requests_per_batch']:,.0f} | "
+                     f"{ours['tokens_per_batch']:,.0f} | {ours['schedule_p50_us']:,.0f} | "
+                     f"{ours['update_p50_us']:,.0f} | {ours['per_batch_p50_us']:,.0f} | "
+                     f"{vllm_cells} | {ratio} |")
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    import os
+    return {"python": platform.python_version(), "machine": platform.machine(),
+            "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def run_side_by_side(args: argparse.Namespace) -> int:
+    cases = args.cases or list(CASES)
+    for case in cases:
+        try:
+            cost.workload_of_case(case, 0)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    rounds = args.rounds if args.rounds is not None else 10
+    batches = args.batches if args.batches is not None else 30
+    vllm = None
+    if not args.reference_only:
+        from flightcheck.vllm.replay import missing_venv_message, venv_python
+        if not venv_python(VLLM_VERSION).exists():
+            print(f"error: {missing_venv_message(VLLM_VERSION)}; or run with --reference-only",
+                  file=sys.stderr)
+            return 2
+        vllm = VllmSide()
+    rows = []
+    try:
+        for case in cases:
+            rows.append(side_by_side(case, rounds, batches, vllm))
+            print(f"  done {case}", file=sys.stderr, flush=True)
+    finally:
+        if vllm is not None:
+            vllm.close()
+    report = {"machine": machine(), "command": " ".join(["python", "benchmarks/scheduler_cost.py",
+                                                         *(args.argv or [])]),
+              "vllm_version": None if vllm is None else VLLM_VERSION, "batch_queue_depth": K,
+              "budget": BUDGET, "block_size": BLOCK_SIZE, "prefix_caching": True,
+              "rounds": rounds, "batches_per_round": batches, "cases": rows}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        m = report["machine"]
+        print(f"{m['date']}, python {m['python']}, {m['processor']}, {m['cpus']} CPUs; "
+              f"{rounds} rounds x {batches} batches per side, K={K}, budget {BUDGET}, "
+              f"block size {BLOCK_SIZE}, prefix caching on")
+        print(format_side_by_side(rows))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer batches, one run")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--batches", type=int, default=300)
+    parser.add_argument("--cases", nargs="+", metavar="CASE",
+                        help=f"side-by-side cases: {', '.join(CASES)} (default), or decode-N / prefill-N")
+    parser.add_argument("--rounds", type=int, help="turns per side (default 10; --experiment: 5)")
+    parser.add_argument("--batches", type=int,
+                        help="timed batches per turn (default 30); with --runs: per run (default 300)")
+    parser.add_argument("--json", action="store_true", help="print the side-by-side results as JSON")
+    parser.add_argument("--reference-only", action="store_true",
+                        help="side by side without the vLLM side (no venv needed)")
+    parser.add_argument("--quick", action="store_true", help="4 rounds x 15 batches (--runs: 1 x 60)")
+    parser.add_argument("--runs", type=int,
+                        help="reference only: R runs x --batches per --kinds/--sizes case")
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 4096])
-    parser.add_argument("--cases", nargs="+", choices=["decode", "prefill"],
+    parser.add_argument("--kinds", nargs="+", choices=["decode", "prefill"],
                         default=["decode", "prefill"])
     parser.add_argument("--gc-stats", action="store_true",
-                        help="also print collections per batch and time in the collector")
+                        help="also print collections per batch and time in the collector (--runs)")
     parser.add_argument("--compare", type=Path, metavar="DIR",
-                        help="a reference/ directory to run alternately with this checkout's")
+                        help="a reference/ directory to run alternately with this checkout's (--runs)")
     parser.add_argument("--experiment", choices=["working-set", "gc"],
                         help="an interleaved experiment on the cost per request (PERF.md)")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of an --experiment")
     args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    if args.quick and args.runs is None and args.compare is None:
+        args.rounds = args.rounds or 4
+        args.batches = args.batches or 15
     if args.experiment == "working-set":
-        print(format_table(working_set_experiment(min(args.sizes), max(args.sizes), args.rounds)))
+        rounds = args.rounds or 5
+        print(format_table(working_set_experiment(min(args.sizes), max(args.sizes), rounds)))
         return 0
     if args.experiment == "gc":
-        rows = gc_experiment(args.sizes, args.rounds)
+        rows = gc_experiment(args.sizes, args.rounds or 5)
         print(format_table(rows))
         print()
         print(format_gc_table(rows))
         return 0
-    runs, batches = (1, 60) if args.quick else (args.runs, args.batches)
+    if args.runs is None and args.compare is None and not args.gc_stats:
+        return run_side_by_side(args)
+    return reference_runs(args)
+
+
+def reference_runs(args: argparse.Namespace) -> int:
+    """Reference only: each --kinds x --sizes case, --runs seeds, median of
+    runs; with --compare, another reference/ alternating seed by seed."""
+    if args.quick:
+        runs, batches = 1, 60
+    else:
+        runs = args.runs if args.runs is not None else 3
+        batches = args.batches if args.batches is not None else 300
     versions = {"this checkout": sys.modules[__name__]}
     if args.compare:
         versions = {str(args.compare): benchmark_with_reference(args.compare.resolve()), **versions}
     rows: dict[str, list[dict]] = {label: [] for label in versions}
-    for name in args.cases:
+    for name in args.kinds:
         for n in args.sizes:
             results: dict[str, list] = {label: [] for label in versions}
             for seed in range(runs):

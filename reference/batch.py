@@ -71,17 +71,3 @@ def new_request_data(request: Request, start: int, num_hit_tokens: int, num_new_
         num_new_tokens=num_new_tokens, num_cached_tokens=num_hit_tokens,
         new_token_ids=request.prompt_token_ids[num_hit_tokens:num_hit_tokens + num_new_tokens],
         samples=start + num_new_tokens >= request.num_tokens)
-
-
-def cached_request_data(request: Request, start: int, num_new_tokens: int, num_drafts: int,
-                        new_blocks: Sequence[KVCacheBlock], num_cached_tokens: int,
-                        resumed: bool) -> CachedRequestData:
-    """A running or resumed request: the known tokens it computes, its first
-    `num_drafts` drafts, the blocks new to its table."""
-    num_computed = request.num_computed_tokens
-    new_token_ids = request.all_token_ids[num_computed:num_computed + num_new_tokens - num_drafts]
-    spec_token_ids = request.spec_token_ids[:num_drafts] if num_drafts else ()
-    samples = start + num_new_tokens - num_drafts >= request.num_tokens
-    return CachedRequestData(request.request_id, request.incarnation, resumed, new_token_ids,
-                             _block_ids(new_blocks), start, num_new_tokens, num_cached_tokens,
-                             spec_token_ids, samples)

@@ -84,29 +84,31 @@ class KVCacheManager:
         pool = self.block_pool
         req_blocks = self.req_to_blocks.get(request.request_id, ())
         num_computed_tokens = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        num_required = cdiv(num_computed_tokens + num_new_tokens, self.block_size)
-        num_new_blocks = max(0, num_required - len(req_blocks) - len(new_computed_blocks))
-        # Hit blocks that nobody holds sit in the free queue: taking them
-        # removes them from it, so they cannot also serve as fresh blocks.
-        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0) \
-            if new_computed_blocks else 0
-        if num_new_blocks > pool.get_num_free_blocks() - num_evictable_hits:
-            return None
-
-        if not isinstance(req_blocks, list):
-            req_blocks = self.req_to_blocks[request.request_id] = []
-        if new_computed_blocks:
-            pool.touch(new_computed_blocks)
-            req_blocks.extend(new_computed_blocks)
-        if num_new_blocks:
-            num_new_blocks = self._with_preallocation(num_new_blocks, len(req_blocks))
-        new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
-        if new_blocks:
-            req_blocks.extend(new_blocks)
+        num_required = -(-(num_computed_tokens + num_new_tokens) // self.block_size)  # cdiv, inline
+        # (Negative when the table holds more than needed. Comparisons here,
+        # not min()/max(): those parse their arguments slowly on CPython 3.11.)
+        num_new_blocks = num_required - len(req_blocks) - len(new_computed_blocks)
+        new_blocks: list[KVCacheBlock] = []
+        if num_new_blocks > 0 or new_computed_blocks:    # most decode steps need neither
+            # Hit blocks that nobody holds sit in the free queue: taking them
+            # removes them from it, so they cannot also serve as fresh blocks.
+            num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+            if num_new_blocks > pool.get_num_free_blocks() - num_evictable_hits:
+                return None
+            if not isinstance(req_blocks, list):
+                req_blocks = self.req_to_blocks[request.request_id] = []
+            if new_computed_blocks:
+                pool.touch(new_computed_blocks)
+                req_blocks.extend(new_computed_blocks)
+            if num_new_blocks > 0:
+                num_new_blocks = self._with_preallocation(num_new_blocks, len(req_blocks))
+                new_blocks = pool.get_new_blocks(num_new_blocks)
+                req_blocks.extend(new_blocks)
         if self.enable_caching:
             # Drafts may be rejected: only known tokens are cached.
-            num_known = min(num_computed_tokens + num_new_tokens - num_draft_tokens,
-                            request.num_tokens)
+            num_known = num_computed_tokens + num_new_tokens - num_draft_tokens
+            if num_known > len(request.all_token_ids):
+                num_known = len(request.all_token_ids)
             self._cache_full_blocks(request, req_blocks, num_known // self.block_size)
         if new_computed_blocks:
             return [*new_computed_blocks, *new_blocks]

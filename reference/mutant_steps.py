@@ -23,9 +23,9 @@ from dataclasses import fields
 from typing import Any, TypeVar
 
 from . import mutants as M
-from .batch import Batch, cached_request_data, new_request_data
+from .batch import Batch, new_request_data
 from .block_pool import KVCacheBlock
-from .completion import Fate, entry_fate
+from .completion import Fate
 from .outputs import CachedRequestData, RequestData
 from .request import Request, RequestStatus
 from .scheduler import Scheduler
@@ -91,15 +91,15 @@ def _shared_snapshots(scheduler: Scheduler) -> dict[str, CachedRequestData]:
     return scheduler.__dict__.setdefault("shared_snapshots", {})
 
 
-@replaces(M.SHARED_SNAPSHOT, "_cached_entry", "deac67d6130c")
+@replaces(M.SHARED_SNAPSHOT, "_cached_entry", "49b09840c8af")
 def _cached_entry_overwritten_in_place(scheduler: Scheduler, request: Request, start: int,
                                        num_new_tokens: int, num_drafts: int,
                                        new_blocks: list[KVCacheBlock], num_cached_tokens: int,
                                        resumed: bool) -> CachedRequestData:
     """The bug: the request's earlier snapshot is overwritten with this
     batch's values, so a batch still in flight sees them."""
-    fresh = cached_request_data(request, start, num_new_tokens, num_drafts, new_blocks,
-                                num_cached_tokens, resumed)
+    fresh = Scheduler._cached_entry(scheduler, request, start, num_new_tokens, num_drafts,
+                                    new_blocks, num_cached_tokens, resumed)
     store = _shared_snapshots(scheduler)
     entry = store.get(request.request_id)
     if entry is None:
@@ -167,7 +167,7 @@ def _subtract_rejections_of_orphans_too(scheduler: Scheduler, request: Request, 
 
 # -- decode_while_token_in_flight ------------------------------------------------------
 
-@replaces(M.DECODE_WHILE_TOKEN_IN_FLIGHT, "_num_new_tokens_running", "0e5bc3703669")
+@replaces(M.DECODE_WHILE_TOKEN_IN_FLIGHT, "_num_new_tokens_running", "df5a76cc3706")
 def _num_new_tokens_running_without_the_skip(scheduler: Scheduler, request: Request,
                                              token_budget: int) -> int:
     """The correct step without the `num_new_tokens == 0` skip for decodes."""
@@ -184,23 +184,23 @@ def _num_new_tokens_running_without_the_skip(scheduler: Scheduler, request: Requ
 
 # -- stale_output_applied_to_resumed / output_bound_by_name ------------------------------
 
-@replaces(M.STALE_OUTPUT_APPLIED_TO_RESUMED, "_fate", "6063af00c053")
+@replaces(M.STALE_OUTPUT_APPLIED_TO_RESUMED, "_fate", "395f43e65b72")
 def _fate_live_for_any_running_request(scheduler: Scheduler, entry: RequestData,
                                        request: Request | None) -> Fate:
     """The bug: an old incarnation's output is applied to the request of its
     name whenever that request is running again."""
-    fate = entry_fate(entry, request)
+    fate = Scheduler._fate(scheduler, entry, request)
     if fate is Fate.SUPERSEDED and request is not None and request.status == RequestStatus.RUNNING:
         return Fate.LIVE
     return fate
 
 
-@replaces(M.OUTPUT_BOUND_BY_NAME, "_fate", "6063af00c053")
+@replaces(M.OUTPUT_BOUND_BY_NAME, "_fate", "395f43e65b72")
 def _fate_bound_by_name(scheduler: Scheduler, entry: RequestData,
                         request: Request | None) -> Fate:
     """The bug: an output of an older request of the same name (aborted,
     the name re-added) is applied to the new one."""
-    fate = entry_fate(entry, request)
+    fate = Scheduler._fate(scheduler, entry, request)
     if (fate is Fate.SUPERSEDED and request is not None
             and entry.incarnation < request.first_incarnation):
         return Fate.LIVE

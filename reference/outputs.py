@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from .request import SamplingParams
 
@@ -126,9 +125,11 @@ class ModelRunnerOutput:
         return self.spec_token_ids[row] if self.spec_token_ids is not None and row is not None else ()
 
 
-class EngineCoreOutput(NamedTuple):
-    """One request's result of one completed batch (a NamedTuple: one is made
-    per sampled token, so it must be cheap)."""
+@dataclass(slots=True)
+class EngineCoreOutput:
+    """One request's result of one completed batch. One is made per sampled
+    token: a slotted dataclass builds in about 2/3 of a NamedTuple's time
+    (whose generated `__new__` packs a tuple first)."""
 
     request_id: str
     new_token_ids: list[int]

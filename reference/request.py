@@ -32,6 +32,10 @@ class RequestStatus(enum.IntEnum):
         return _FINISHED_REASONS.get(status)
 
 
+# Compared with on every step (the statuses' attributes of RequestStatus go
+# through EnumType.__getattr__'s slow path on Python 3.11).
+_RUNNING, _PREEMPTED = RequestStatus.RUNNING, RequestStatus.PREEMPTED
+
 _FINISHED_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
@@ -62,7 +66,7 @@ class Request:
     # The fields every engine step reads come first, next to the object
     # header, so a step touches as few cache lines per request as it can.
     __slots__ = (
-        "status", "num_computed_tokens", "_all_token_ids", "spec_token_ids", "incarnation",
+        "status", "num_computed_tokens", "all_token_ids", "spec_token_ids", "incarnation",
         "request_id", "num_prompt_tokens", "max_tokens", "stop_token_set", "stop_reason",
         "orphaned_incarnation",
         "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
@@ -81,7 +85,8 @@ class Request:
         self.stop_reason: int | None = None          # the stop token id, if one stopped it
         # Prompt + outputs in one list: appending a token touches one list, and
         # slices across the prompt/output boundary are cheap.
-        self._all_token_ids: list[int] = list(self.prompt_token_ids)
+        # A plain attribute, not a property: every step reads it.
+        self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.max_tokens = self.sampling_params.max_tokens
         # Every token that may stop the request (EOS unless ignore_eos), so the
@@ -106,31 +111,27 @@ class Request:
         self.orphaned_incarnation: int | None = None
 
     @property
-    def all_token_ids(self) -> list[int]:
-        return self._all_token_ids
-
-    @property
     def output_token_ids(self) -> list[int]:
-        return self._all_token_ids[self.num_prompt_tokens:]
+        return self.all_token_ids[self.num_prompt_tokens:]
 
     @property
     def num_tokens(self) -> int:
         """Known tokens: prompt plus sampled outputs."""
-        return len(self._all_token_ids)
+        return len(self.all_token_ids)
 
     @property
     def num_tokens_with_spec(self) -> int:
-        return len(self._all_token_ids) + len(self.spec_token_ids)
+        return len(self.all_token_ids) + len(self.spec_token_ids)
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self._all_token_ids) - self.num_prompt_tokens
+        return len(self.all_token_ids) - self.num_prompt_tokens
 
     def append_output_token_id(self, token_id: int) -> None:
-        self._all_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
 
     def is_finished(self) -> bool:
-        return self.status > RequestStatus.PREEMPTED
+        return self.status > _PREEMPTED
 
     def get_finished_reason(self) -> str | None:
         return _FINISHED_REASONS.get(self.status)

@@ -31,14 +31,16 @@ from collections.abc import Callable, Iterable, Sequence
 from types import MethodType
 from typing import Any, ClassVar
 
-from .batch import Batch, cached_request_data, new_request_data
+from .batch import Batch, new_request_data
 from .block_pool import KVCacheBlock
-from .completion import Fate, append_sampled, count_rejected, entry_fate
+from .completion import LIVE, ORPHANED, SUPERSEDED, Fate, append_sampled, count_rejected
 from .config import SchedulerConfig
 from .kv_cache_manager import KVCacheManager
 from .outputs import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, RequestData,
                       SchedulerOutput)
 from .request import Request, RequestStatus
+
+RUNNING = RequestStatus.RUNNING               # a global: see completion.LIVE
 
 __all__ = ["Fate", "Scheduler"]
 
@@ -172,15 +174,22 @@ class Scheduler:
             new_blocks = self._allocate_or_preempt(request, num_new_tokens, num_drafts, batch)
             if new_blocks is None:
                 return                        # the request preempted itself
-            self._add_to_batch(batch, request, self._make_running_entry(
-                request, num_new_tokens, num_drafts, new_blocks))
+            entry = self._cached_entry(request, request.num_computed_tokens, num_new_tokens,
+                                       num_drafts, new_blocks, 0, resumed=False)
+            # Drafts the budget clipped are dropped (vLLM keeps them when none was
+            # scheduled; the spec drops them always, so a clipped decode cannot
+            # leave drafts behind to form a second sampling entry).
+            if len(request.spec_token_ids) != num_drafts:
+                request.spec_token_ids = request.spec_token_ids[:num_drafts]
+            self._add_to_batch(batch, request, entry)
             req_index += 1
 
     def _num_new_tokens_running(self, request: Request, token_budget: int) -> int:
         if self._one_batch_per_request and request.request_id in self.scheduled_req_ids:
             return 0                          # one batch per request
         num_computed = request.num_computed_tokens
-        num_new_tokens = request.num_tokens_with_spec - num_computed
+        # num_tokens_with_spec, read directly: this runs for every running request.
+        num_new_tokens = len(request.all_token_ids) + len(request.spec_token_ids) - num_computed
         if num_new_tokens > 0:
             return self._clip(num_new_tokens, num_computed, token_budget)
         return 0                              # its tokens are in flight, or it waits for one
@@ -189,8 +198,14 @@ class Scheduler:
         threshold = self.config.long_prefill_token_threshold
         if 0 < threshold < num_new_tokens:
             num_new_tokens = threshold
-        return max(0, min(num_new_tokens, token_budget,
-                          self.config.max_model_len - num_computed))
+        # Comparisons, not min()/max(): on CPython 3.11 those builtins parse
+        # their arguments slowly (~100 ns a call), and this runs per entry.
+        if num_new_tokens > token_budget:
+            num_new_tokens = token_budget
+        room = self.config.max_model_len - num_computed
+        if num_new_tokens > room:
+            num_new_tokens = room
+        return num_new_tokens if num_new_tokens > 0 else 0
 
     @staticmethod
     def _num_scheduled_drafts(request: Request, num_new_tokens: int) -> int:
@@ -258,23 +273,21 @@ class Scheduler:
         return new_request_data(request, num_hit_tokens, num_hit_tokens, num_new_tokens,
                                 new_blocks)
 
-    def _make_running_entry(self, request: Request, num_new_tokens: int, num_drafts: int,
-                            new_blocks: list[KVCacheBlock]) -> CachedRequestData:
-        entry = self._cached_entry(request, request.num_computed_tokens, num_new_tokens,
-                                   num_drafts, new_blocks, 0, resumed=False)
-        # Drafts the budget clipped are dropped (vLLM keeps them when none was
-        # scheduled; the spec drops them always, so a clipped decode cannot
-        # leave drafts behind to form a second sampling entry).
-        if len(request.spec_token_ids) != num_drafts:
-            request.spec_token_ids = request.spec_token_ids[:num_drafts]
-        return entry
-
     def _cached_entry(self, request: Request, start: int, num_new_tokens: int, num_drafts: int,
                       new_blocks: list[KVCacheBlock], num_cached_tokens: int,
                       resumed: bool) -> CachedRequestData:
-        """A fresh snapshot of a running or resumed request (batch.py)."""
-        return cached_request_data(request, start, num_new_tokens, num_drafts, new_blocks,
-                                   num_cached_tokens, resumed)
+        """A fresh snapshot of a running or resumed request: the known tokens
+        it computes, its first `num_drafts` drafts, the blocks new to its
+        table (batch.py)."""
+        num_computed = request.num_computed_tokens
+        num_known = num_new_tokens - num_drafts
+        return CachedRequestData(
+            request.request_id, request.incarnation, resumed,
+            request.all_token_ids[num_computed:num_computed + num_known],
+            tuple([b.block_id for b in new_blocks]) if new_blocks else (),
+            start, num_new_tokens, num_cached_tokens,
+            request.spec_token_ids[:num_drafts] if num_drafts else (),
+            start + num_known >= len(request.all_token_ids))
 
     def _add_to_batch(self, batch: Batch, request: Request, entry: RequestData) -> None:
         batch.add(request, entry)
@@ -314,17 +327,19 @@ class Scheduler:
         for entry in scheduler_output.entries:
             request = self.requests.get(entry.req_id)
             fate = self._fate(entry, request)
-            if fate is Fate.SUPERSEDED:
+            if fate is SUPERSEDED:
                 continue                      # rescheduled, aborted or finished since: dropped
             assert request is not None
             token_ids = self._tokens_taken(entry, request, fate, model_runner_output)
-            if fate is Fate.LIVE:
+            if fate is LIVE:
                 self._settle_live(request, entry)
             if not token_ids:
                 continue
-            was_running = request.status == RequestStatus.RUNNING
-            outputs.append(self._apply_sampled(request, entry, token_ids, fate,
-                                               model_runner_output.drafts_of(entry.req_id)))
+            was_running = request.status == RUNNING
+            # Drafts proposed for the next step, looked up only when the model proposes any.
+            proposed_drafts = model_runner_output.drafts_of(entry.req_id) \
+                if model_runner_output.spec_token_ids is not None else ()
+            outputs.append(self._apply_sampled(request, entry, token_ids, fate, proposed_drafts))
             if request.is_finished():
                 if was_running:
                     finished_running = True   # leaves `running` in one pass below
@@ -336,8 +351,17 @@ class Scheduler:
         return outputs
 
     def _fate(self, entry: RequestData, request: Request | None) -> Fate:
-        """`request` is the live request of the entry's name, None if there is none."""
-        return entry_fate(entry, request)
+        """The entry's output is bound to the incarnation it was scheduled for
+        (completion.py: live, orphaned or superseded). `request` is the live
+        request of the entry's name, None if there is none."""
+        if request is None:
+            return SUPERSEDED                 # finished or aborted since
+        incarnation = entry.incarnation
+        if incarnation == request.incarnation:
+            return LIVE
+        if incarnation == request.orphaned_incarnation:
+            return ORPHANED
+        return SUPERSEDED                     # rescheduled since, or an older request of its name
 
     def _tokens_taken(self, entry: RequestData, request: Request, fate: Fate,
                       model_runner_output: ModelRunnerOutput) -> list[int]:

@@ -4,9 +4,9 @@ replay that drives vLLM's own scheduler on workloads (`flightcheck vllm
 replay`). See README.md beside this file.
 
 This package is the only code in flightcheck that imports vLLM, and it does so
-lazily: importing `flightcheck.vllm` imports no vLLM; `recorder` and
-`replay_worker` do, and they run inside a vLLM venv built by
-`scripts/build-vllm-venv.sh`.
+lazily: importing `flightcheck.vllm` imports no vLLM; `recorder`,
+`replay_worker` and `cost_worker` do, and they run inside a vLLM venv built
+by `scripts/build-vllm-venv.sh`.
 """
 
 RECORDER = "flightcheck.vllm.recorder.RecordingScheduler"

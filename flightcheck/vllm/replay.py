@@ -45,9 +45,13 @@ def missing_venv_message(version: str) -> str:
 
 
 class ReplayWorker:
-    """A running `python -m flightcheck.vllm.replay_worker` in a vLLM venv."""
+    """A running `python -m flightcheck.vllm.replay_worker` in a vLLM venv
+    (or another worker module of this package that speaks the same way: a
+    `{"ready": VERSION}` line, then one JSON answer per JSON command line,
+    such as `cost_worker`)."""
 
-    def __init__(self, version: str, python: Path | None = None) -> None:
+    def __init__(self, version: str, python: Path | None = None,
+                 module: str = "flightcheck.vllm.replay_worker") -> None:
         self.version = version
         python = python or venv_python(version)
         if not python.exists():
@@ -60,7 +64,7 @@ class ReplayWorker:
         env["PYTHONPATH"] = self._scratch.name
         self._stderr = open(self._stderr_path, "w")
         self._process = subprocess.Popen(
-            [str(python), "-m", "flightcheck.vllm.replay_worker"], stdin=subprocess.PIPE,
+            [str(python), "-m", module], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True, bufsize=1)
         ready = self._read()
         if ready.get("ready") != version:
@@ -82,15 +86,19 @@ class ReplayWorker:
 
     def replay(self, workload: dict[str, Any], trace: str | None = None, recorder: bool = True) -> dict[str, Any]:
         """Replay one workload (raw JSON, as workload.read_workloads returns it)."""
-        assert self._process.stdin is not None
         job = {"workload": workload, "trace": None if trace is None else str(Path(trace).resolve()),
                "recorder": recorder}
-        self._process.stdin.write(json.dumps(job) + "\n")
-        self._process.stdin.flush()
-        result = self._read()
+        result = self.call(job)
         if "error" in result:
             raise ReplayError(f"replay of {workload.get('name', '?')} failed in the worker: {result['error']}")
         return result
+
+    def call(self, command: dict[str, Any]) -> dict[str, Any]:
+        """Send one command line, read its answer line."""
+        assert self._process.stdin is not None
+        self._process.stdin.write(json.dumps(command) + "\n")
+        self._process.stdin.flush()
+        return self._read()
 
     def close(self) -> None:
         if self._process.stdin is not None and not self._process.stdin.closed:
