@@ -98,14 +98,19 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
     return Scheduled(_launch(step), tuple(step.entries), tuple(step.preempted))
 
 
-def _clip(step: _Step, r: int, num_new: int, sampled_slot: int = 0) -> int:
+def _clip(step: _Step, r: int, num_new: int) -> int:
     """The long-prefill threshold, the token budget, and room below
-    max_model_len, less `sampled_slot` tokens kept for the sampled one."""
+    max_model_len, less the sampled token's slot under vLLM 0.33
+    (`Profile.sampled_token_slot`). 0.33 clips only in the running loop; in
+    the waiting loop the clip never binds (an unfinished request has fewer
+    than max_model_len tokens, and its counter is its hit), so one clip
+    serves both."""
     cfg, req = step.cfg, step.state.requests[r]
     if 0 < step.threshold < num_new:
         num_new = step.threshold
     num_new = min(num_new, step.budget)
-    return max(0, min(num_new, cfg.max_model_len - req.num_computed - sampled_slot))
+    room = cfg.max_model_len - req.num_computed - cfg.rules.sampled_token_slot
+    return max(0, min(num_new, room))
 
 
 def _schedule_running(step: _Step) -> None:
@@ -131,7 +136,7 @@ def _schedule_running(step: _Step) -> None:
 def _num_new_running(step: _Step, r: int) -> int:
     """What running request r can be scheduled: its unscheduled known tokens
     and drafts, clipped; 0 while its sampled token is still in flight."""
-    return _clip(step, r, step.state.num_new_tokens(r), step.cfg.rules.sampled_token_slot)
+    return _clip(step, r, step.state.num_new_tokens(r))
 
 
 def _schedule_waiting(step: _Step) -> None:
