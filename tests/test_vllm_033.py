@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from flightcheck.cli import main
-from flightcheck.verification.traces.check import MalformedTrace, check_trace
+from flightcheck.verification.traces.check import check_trace
 from flightcheck.vllm import RECORDER
 from flightcheck.vllm.replay import ReplayError, ReplayWorker, findings
 
@@ -82,10 +82,10 @@ def test_vllm_engine_test_scenario_replays_on_0_33_as_on_0_8_5(tmp_path: Path, c
     # The closing loop: every call consumes one output until request 0 finishes.
     assert all(c[1] for c in calls[1:len(steps) // 2])
     assert written[0]["vllm_version"] == VERSION and written[-1]["ev"] == "end"
-    # No profile covers 0.33 yet: check-trace refuses to judge it (exit 2) ...
-    with pytest.raises(MalformedTrace, match="no profile covers vLLM '0.33.0'"):
-        check_trace(trace)
-    # ... and under 0.8.5's rules, forced, this trace is legal.
+    # Its vllm_version selects the vllm-0.33 profile, which accepts it ...
+    verdict = check_trace(trace)
+    assert verdict.ok and verdict.profile == "vllm-0.33", verdict
+    # ... and under 0.8.5's rules, forced, this trace is legal too.
     assert check_trace(trace, profile="vllm-0.8.5").ok
 
 
