@@ -161,7 +161,11 @@ def _subtracts_rejections(fate: Fate) -> bool:
 
 
 def _stop_reason(cfg: Config, req, j: int, s: Sample) -> Status | None:
-    """vLLM's check_stop, after each appended token: length first, then stop tokens."""
+    """vLLM's check_stop, after each appended token: 0.8.x tests the length
+    cap first, then stop tokens; 0.33 (`Profile.stop_tokens_before_length`)
+    tests EOS and the stop ids first."""
+    if cfg.rules.stop_tokens_before_length and s.stop_at == j:
+        return Status.FINISHED_STOPPED
     if req.num_tokens >= cfg.max_model_len:
         return Status.FINISHED_LENGTH
     if req.num_output >= req.max_tokens:
@@ -174,7 +178,8 @@ def _stop_reason(cfg: Config, req, j: int, s: Sample) -> Status | None:
 def _finish(state: State, cfg: Config, r: int, status: Status) -> State:
     """Finish or abort r: out of every queue, blocks freed, in-flight work superseded."""
     req = state.requests[r]
-    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, cfg.release_order),
+    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, cfg.release_order,
+                                                  cfg.rules.unhashed_blocks_to_head),
                     waiting=tuple(x for x in state.waiting if x != r),
                     running=tuple(x for x in state.running if x != r),
                     scheduled_ids=state.scheduled_ids - {r})

@@ -13,9 +13,11 @@ succeeds or fails here exactly when it does there, with the same block ids:
   evicting one copy leaves the others cached. With the flag off, a label is
   cached once (a later block with it stays unlabelled);
 * a freed table joins the tail of the free queue last block first or in
-  table order (`Config.release_order`: vLLM's `KVCacheManager.free` reverses
-  it only with prefix caching on); blocks that reach reference count 0 keep
-  their labels, so they can still be hit until evicted;
+  table order (`Config.release_order`: vLLM 0.8.x's `KVCacheManager.free`
+  reverses it only with prefix caching on, 0.33's always); under vLLM 0.33
+  (`Profile.unhashed_blocks_to_head`) its unlabelled blocks join the head
+  instead; blocks that reach reference count 0 keep their labels, so they
+  can still be hit until evicted;
 * preallocation (`Config.num_preallocate_tokens`, vLLM 0.8.4) is decided by
   `num_preallocated`: the caller pops those blocks with the ones it needs.
 
@@ -127,11 +129,19 @@ def group_duplicates(order: list[int], labels: list[int | None]) -> tuple[int, .
     return tuple(sorted(kept, key=lambda b: labels[b]))  # type: ignore[arg-type, return-value]
 
 
-def free_table(pool: BlockPool, table: tuple[int, ...], order: str) -> BlockPool:
-    """Release a block table: last block first ("reverse") or in table order ("forward")."""
-    refs, free = list(pool.ref_counts), list(pool.free_queue)
+def free_table(pool: BlockPool, table: tuple[int, ...], order: str,
+               unhashed_to_head: bool = False) -> BlockPool:
+    """Release a block table: last block first ("reverse") or in table order
+    ("forward"). The blocks it brings to reference count 0 join the tail of
+    the free queue, or, with `unhashed_to_head` (vLLM 0.33
+    `BlockPool.free_blocks`), those without a label join its head, in the
+    order visited, and only the labelled ones its tail."""
+    refs = list(pool.ref_counts)
+    to_head: list[int] = []
+    to_tail: list[int] = []
     for b in (reversed(table) if order == "reverse" else table):
         refs[b] -= 1
         if refs[b] == 0:
-            free.append(b)
-    return replace(pool, ref_counts=tuple(refs), free_queue=tuple(free))
+            (to_head if unhashed_to_head and pool.labels[b] is None else to_tail).append(b)
+    free = tuple(to_head) + pool.free_queue + tuple(to_tail)
+    return replace(pool, ref_counts=tuple(refs), free_queue=free)

@@ -9,6 +9,8 @@ Where vLLM versions differ, `profile` names the version (`profiles.py`) and the
 fields left at None take that profile's value: the policy (`continue_prefill`),
 the release order of a freed table, preallocation, duplicate cached blocks.
 A field given explicitly overrides the profile (a trace's explicit keys do).
+The profile's other constants (vLLM 0.33's rules) have no field: the actions
+read them from `Config.rules`.
 The profile's values are resolved at construction, so `dataclasses.replace`
 keeps them: to re-derive one (say, after changing `profile` or
 `prefix_caching`), pass None for it.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .profiles import DEFAULT_PROFILE, ReleaseOrder, profile as profile_named
+from .profiles import DEFAULT_PROFILE, Profile, ReleaseOrder, profile as profile_named
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,13 @@ class Config:
         for name, value in defaults.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
+
+    @property
+    def rules(self) -> Profile:
+        """The profile's constants that no field overrides (vLLM 0.33's rules:
+        free-queue head, threshold, clip, admission gate, deferred resumption,
+        stop order); read where they apply, never copied into a field."""
+        return profile_named(self.profile)
 
     @property
     def max_blocks_per_request(self) -> int:

@@ -159,9 +159,18 @@ def s10_queues_and_budgets(s: State, cfg: Config) -> bool:
     for b in s.in_flight:
         if sum(e.n for e in b) > cfg.max_num_batched_tokens:
             return False
-        if threshold > 0 and any(e.n > threshold for e in b):
+        if threshold > 0 and any(e.n > threshold for e in b) and _threshold_binds(b, cfg):
             return False
     return True
+
+
+def _threshold_binds(batch, cfg: Config) -> bool:
+    """Whether the long-prefill threshold held when `batch` was scheduled, as
+    far as the batch shows: always in 0.8.x; in 0.33 only with more than one
+    request eligible (`Profile.threshold_needs_company`), which a batch of two
+    entries proves and a batch of one cannot tell (check-trace compares that
+    decision with the spec's schedule instead)."""
+    return not cfg.rules.threshold_needs_company or len(batch) > 1
 
 
 def s11_pipeline_depth(s: State, cfg: Config) -> bool:

@@ -47,6 +47,39 @@ class Profile:
     # serves a hit from the first copy in that dict (the oldest still cached);
     # `_maybe_evict_cached_block` removes only the evicted block's copy.
     cache_duplicate_blocks: bool
+    # `BlockPool.free_blocks` (0.33): of the blocks a freed table brings to
+    # reference count 0 (visited in the order `KVCacheManager.free` gives,
+    # last block first), those with no block hash (or all, with prefix
+    # caching off) go to the HEAD of the free queue, in that order
+    # (`FreeKVCacheBlockQueue.prepend_n`: reused first); hashed ones to the
+    # tail (`append_n`: LRU). 0.8.x: every freed block to the tail.
+    unhashed_blocks_to_head: bool = False
+    # `Scheduler.schedule` (0.33): the long-prefill threshold is in force only
+    # when `get_request_counts()` gives more than one request (running +
+    # waiting), counted once at the start of the call. 0.8.x: always.
+    threshold_needs_company: bool = False
+    # `Scheduler.schedule`, running loop (0.33): a running request's tokens
+    # are clipped to `max_model_len - num_computed_tokens -
+    # num_sampled_tokens_per_step` (1 for generation). 0.8.x: no "- 1".
+    # The waiting loop has no such clip in either version.
+    sampled_token_slot: int = 0
+    # `KVCacheManager.allocate_slots(full_sequence_must_fit=
+    # scheduler_reserve_full_isl)` (0.33, on by default): a waiting or
+    # preempted request is admitted only if blocks for its whole current
+    # sequence (`min(num_tokens, max_model_len)`, less its prefix hit) fit
+    # in the free queue, not just its first chunk's. 0.8.x: the chunk's.
+    full_sequence_admission: bool = False
+    # `Scheduler.schedule`, waiting loop (0.33): a preempted request whose
+    # stale output is still in flight (`num_stale_output_tokens and not
+    # drop_stale_output`, deliver mode) is skipped (`skip_request`), not a
+    # stop: requests behind it may be admitted past it, and it keeps its
+    # place. The spec sees that reason as the request's ORPHANED entries in
+    # flight. 0.8.x: resumes it at once (its orphans superseded).
+    defer_resume_while_stale: bool = False
+    # `check_stop` (v1/core/sched/utils.py, 0.33): EOS, then the stop ids,
+    # then the length cap (`max_model_len`, `max_tokens`). 0.8.x: the
+    # length cap first.
+    stop_tokens_before_length: bool = False
 
     def release_order(self, prefix_caching: bool) -> ReleaseOrder:
         return (self.release_order_with_prefix_caching if prefix_caching
@@ -63,13 +96,30 @@ VLLM_0_8_4 = Profile(name="vllm-0.8.4", policy="one-batch-per-request",
                      release_order_without_prefix_caching="forward",
                      num_preallocate_tokens=64, cache_duplicate_blocks=True)
 
+# vLLM 0.33.0 with synchronous scheduling (the V1 model runner under
+# pipeline parallelism, deliver mode, no KV connector). `KVCacheManager.free`
+# still reverses the table with prefix caching on or off
+# (`SingleTypeKVCacheManager.free`), and `BlockPool._insert_block_hash` still
+# caches a hash a second time under another block id
+# (`BlockHashToBlockMap.insert` turns the entry into a dict of block ids;
+# `get_one_block` serves the first). Not modelled yet: the stale-output
+# counters kept apart from the batches, request names reused as new
+# incarnations, empty batches in the queue, drop mode, async scheduling.
+VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
+                    release_order_with_prefix_caching="reverse",
+                    release_order_without_prefix_caching="reverse",
+                    num_preallocate_tokens=0, cache_duplicate_blocks=True,
+                    unhashed_blocks_to_head=True, threshold_needs_company=True,
+                    sampled_token_slot=1, full_sequence_admission=True,
+                    defer_resume_while_stale=True, stop_tokens_before_length=True)
+
 DEFAULT_PROFILE = VLLM_0_8_5.name
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (VLLM_0_8_5, VLLM_0_8_4)}
+PROFILES: dict[str, Profile] = {p.name: p for p in (VLLM_0_8_5, VLLM_0_8_4, VLLM_0_33)}
 
 # `vllm.__version__` -> the profile that models it.
 VERSION_PROFILES: dict[str, str] = {"0.8.5": VLLM_0_8_5.name, "0.8.5.post1": VLLM_0_8_5.name,
-                                    "0.8.4": VLLM_0_8_4.name}
+                                    "0.8.4": VLLM_0_8_4.name, "0.33.0": VLLM_0_33.name}
 
 
 def profile(name: str) -> Profile:

@@ -8,6 +8,12 @@ preempted, FCFS admission from the head of `waiting` with prefix-cache hits.
 `num_computed` is advanced once the batch is formed, so the snapshot records
 the pre-batch counts.
 
+Under vLLM 0.33 (`Config.rules`): the long-prefill threshold only with more
+than one request, a running request's tokens clipped one short of
+max_model_len, admission only when the whole sequence fits, and a preempted
+request with orphaned entries in flight skipped (not a stop: the waiting
+requests behind it may be admitted; its resumption is deferred).
+
 The action is deterministic: given the state, the batch is fixed. The
 environment has no choice here.
 
@@ -57,6 +63,16 @@ class _Step:
         self.entries: list[ScheduledEntry] = []
         self.preempted: list[int] = []
         self.new_blocks: tuple[int, ...] = ()   # set by the last successful _allocate
+        self.threshold = _threshold_in_force(state, cfg)
+
+
+def _threshold_in_force(state: State, cfg: Config) -> int:
+    """The long-prefill threshold for this call (0 = none). vLLM 0.33
+    `Scheduler.schedule` counts running + waiting once, before either loop,
+    and drops the threshold for a lone request (`Profile.threshold_needs_company`)."""
+    if cfg.rules.threshold_needs_company and len(state.running) + len(state.waiting) <= 1:
+        return 0
+    return cfg.long_prefill_token_threshold
 
 
 def is_schedule_enabled(state: State, cfg: Config) -> bool:
@@ -83,13 +99,18 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
 
 
 def _clip(step: _Step, r: int, num_new: int) -> int:
-    """The long-prefill threshold, the token budget, and room below max_model_len."""
+    """The long-prefill threshold, the token budget, and room below
+    max_model_len, less the sampled token's slot under vLLM 0.33
+    (`Profile.sampled_token_slot`). 0.33 clips only in the running loop; in
+    the waiting loop the clip never binds (an unfinished request has fewer
+    than max_model_len tokens, and its counter is its hit), so one clip
+    serves both."""
     cfg, req = step.cfg, step.state.requests[r]
-    threshold = cfg.long_prefill_token_threshold
-    if 0 < threshold < num_new:
-        num_new = threshold
+    if 0 < step.threshold < num_new:
+        num_new = step.threshold
     num_new = min(num_new, step.budget)
-    return max(0, min(num_new, cfg.max_model_len - req.num_computed))
+    room = cfg.max_model_len - req.num_computed - cfg.rules.sampled_token_slot
+    return max(0, min(num_new, room))
 
 
 def _schedule_running(step: _Step) -> None:
@@ -120,13 +141,38 @@ def _num_new_running(step: _Step, r: int) -> int:
 
 def _schedule_waiting(step: _Step) -> None:
     cfg = step.cfg
-    while step.state.waiting and step.budget > 0 and _has_free_seat(step):
-        r = step.state.waiting[0]
+    i = 0                                   # requests before i were skipped: they keep their place
+    while i < len(step.state.waiting) and step.budget > 0 and _has_free_seat(step):
+        r = step.state.waiting[i]
+        if _is_resumption_deferred(step.state, cfg, r):
+            i += 1
+            continue
         hit = _prefix_hit(step.state, cfg, r)
         num_new = _num_new_waiting(step, r, hit)
-        if num_new == 0 or not _allocate(step, r, num_new, hit):
+        if num_new == 0 or not _fits_whole(step, r, hit) or not _allocate(step, r, num_new, hit):
             break                                       # FCFS: head-of-line blocks
         _admit(step, r, len(hit) * cfg.block_size, num_new)
+
+
+def _is_resumption_deferred(state: State, cfg: Config, r: int) -> bool:
+    """vLLM 0.33's waiting loop skips (`skip_request`) a preempted request whose
+    deliver-mode stale output is still in flight (`num_stale_output_tokens`):
+    here, its ORPHANED entries. 0.8.x resumes it and supersedes them."""
+    if not cfg.rules.defer_resume_while_stale:
+        return False
+    return state.requests[r].status is Status.PREEMPTED and any(
+        e.req == r and e.fate is Fate.ORPHANED for batch in state.in_flight for e in batch)
+
+
+def _fits_whole(step: _Step, r: int, hit: tuple[int, ...]) -> bool:
+    """vLLM 0.33's admission gate (`allocate_slots(full_sequence_must_fit=True)`,
+    `scheduler_reserve_full_isl`): blocks for r's whole current sequence,
+    less its hit, fit among the free blocks not being hit. Off in 0.8.x."""
+    if not step.cfg.rules.full_sequence_admission:
+        return True
+    cfg, req = step.cfg, step.state.requests[r]
+    whole = _num_required_blocks(cfg, min(req.num_tokens, cfg.max_model_len))
+    return blocks.can_allocate(step.state.pool, max(0, whole - len(hit)), hit)
 
 
 def _num_new_waiting(step: _Step, r: int, hit: tuple[int, ...]) -> int:
@@ -190,7 +236,8 @@ def _preempt(step: _Step, victim: int) -> None:
     """Recompute preemption: free everything, back to the head of `waiting`."""
     state = step.state
     req = state.requests[victim]
-    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order),
+    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order,
+                                                  step.cfg.rules.unhashed_blocks_to_head),
                     running=state.running[:-1], waiting=(victim,) + state.waiting,
                     scheduled_ids=state.scheduled_ids - {victim})
     state = retire_entries(state, victim, frozenset({Fate.LIVE}), Fate.ORPHANED)
@@ -202,7 +249,7 @@ def _preempt(step: _Step, victim: int) -> None:
 def _admit(step: _Step, r: int, hit_tokens: int, num_new: int) -> None:
     state = step.state
     was_preempted = state.requests[r].status is Status.PREEMPTED
-    state = replace(state, waiting=state.waiting[1:], running=state.running + (r,))
+    state = replace(state, waiting=tuple(x for x in state.waiting if x != r), running=state.running + (r,))
     if was_preempted:
         state = _supersede_orphans(state, r)
     step.state = state.with_request(r, status=Status.RUNNING, num_computed=hit_tokens)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from flightcheck.cli import main
-from flightcheck.verification.traces.check import MalformedTrace, check_trace
+from flightcheck.verification.traces.check import check_trace
 from flightcheck.vllm import RECORDER
 from flightcheck.vllm.replay import ReplayError, ReplayWorker, findings
 
@@ -82,10 +82,10 @@ def test_vllm_engine_test_scenario_replays_on_0_33_as_on_0_8_5(tmp_path: Path, c
     # The closing loop: every call consumes one output until request 0 finishes.
     assert all(c[1] for c in calls[1:len(steps) // 2])
     assert written[0]["vllm_version"] == VERSION and written[-1]["ev"] == "end"
-    # No profile covers 0.33 yet: check-trace refuses to judge it (exit 2) ...
-    with pytest.raises(MalformedTrace, match="no profile covers vLLM '0.33.0'"):
-        check_trace(trace)
-    # ... and under 0.8.5's rules, forced, this trace is legal.
+    # Its vllm_version selects the vllm-0.33 profile, which accepts it ...
+    verdict = check_trace(trace)
+    assert verdict.ok and verdict.profile == "vllm-0.33", verdict
+    # ... and under 0.8.5's rules, forced, this trace is legal too.
     assert check_trace(trace, profile="vllm-0.8.5").ok
 
 
@@ -214,3 +214,37 @@ def test_the_sync_recorder_refuses_to_stand_in_for_the_async_scheduler(replay: R
     workload["config"].update(num_stages=1, async_scheduling=True)
     with pytest.raises(ReplayError, match="records vLLM's synchronous Scheduler, but this engine runs with async"):
         replay.replay(workload)
+
+
+def _mixed_workloads(first: int, count: int) -> list[dict[str, Any]]:
+    """`scripts/vllm-workloads.py mixed FIRST FIRST+COUNT` (the README's figures' family)."""
+    import importlib.util
+    path = Path(__file__).resolve().parents[1] / "scripts" / "vllm-workloads.py"
+    spec = importlib.util.spec_from_file_location("vllm_workloads", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [module.mixed(seed) for seed in range(first, first + count)]
+
+
+def test_check_trace_accepts_every_correct_0_33_run_under_the_0_33_profile(replay: ReplayWorker, tmp_path: Path):
+    """Generated workloads (the first 12 of `mixed`: the threshold with a lone
+    request, the free queue's head, the full-sequence gate, EOS before the
+    length cap among them), the 0.8.x named workloads and the fresh-id twins:
+    vLLM's ground truth finds nothing wrong, and check-trace, picking the
+    profile from the trace's vllm_version, accepts each. The id-reuse runs
+    are rejected where the old batch's token is applied to the new request."""
+    from flightcheck.verification.traces.ground_truth import expected_verdict
+    chosen = _mixed_workloads(0, 12) + list(WORKLOADS_08.values()) + list(WORKLOADS.values())
+    for workload in chosen:
+        trace = tmp_path / f"{workload['name']}.jsonl"
+        result = replay.replay(workload, trace=str(trace))
+        expected = expected_verdict(result, events(trace))
+        verdict = check_trace(trace)
+        assert verdict.profile == "vllm-0.33"
+        if workload["name"] in REUSE:
+            assert expected.kind == "bug" and not verdict.ok, workload["name"]
+            assert verdict.event_index == expected.latest and verdict.property == "S7_output_binding"
+            continue
+        assert expected.kind == "legal", (workload["name"], expected)
+        assert verdict.ok, (workload["name"], verdict)

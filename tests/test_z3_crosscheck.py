@@ -18,7 +18,7 @@ from flightcheck.verification.z3.encoding.crosscheck import (CrossChecker, Cross
 from flightcheck.verification.z3.encoding.state import Layout, NotRepresentable, constant_state, decode, initial
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.encoding.terms import arithmetic
-from flightcheck.verification.z3.profiles import PROFILES, profile_model
+from flightcheck.verification.z3.profiles import ENCODED_PROFILES, profile_model
 
 
 # K = 3, spec decode and a shared prefix label, small enough to enumerate in seconds.
@@ -42,9 +42,9 @@ TINY_NO_CACHE = models.Model(
                             max_model_len=5, prefix_caching=False),
     (Prompt(2, 2), Prompt(2, 1)))
 
-# Every profile on a model with prefix caching (0.8.4: preallocation and one
+# Every profile the encoding models on a model with prefix caching (0.8.4: preallocation and one
 # batch per request) and on one without (forward release order).
-PROFILE_MODELS = [profile_model(model, profile) for profile in PROFILES
+PROFILE_MODELS = [profile_model(model, profile) for profile in ENCODED_PROFILES
                   for model in (TINY_K3, TINY_NO_CACHE)]
 
 

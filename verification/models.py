@@ -196,10 +196,20 @@ PREALLOCATE_K3 = Model(
     (_p(3, 2, (7,)), _p(2, 2, (7,)), _p(1, 3)),
 )
 
+DEFERRED_K3 = Model(
+    "deferred-k3",   # vLLM 0.33 (sync): a shared prefix, the long-prefill threshold, a pool of 4 blocks:
+                     # preemption with batches in flight, a deferred resumption, unhashed blocks reused first
+    Config(num_stages=3, max_num_batched_tokens=3, max_num_seqs=3, block_size=2,
+           num_blocks=4, max_model_len=6, prefix_caching=True, long_prefill_token_threshold=2,
+           profile="vllm-0.33"),
+    (_p(3, 2, (7,)), _p(2, 2, (7,)), _p(1, 2)),
+)
+
 # Each profile's exhaustive models; the default profile's are the default run's.
 PROFILE_MODELS: dict[str, tuple[Model, ...]] = {
     "vllm-0.8.5": (PRESSURE_K2, SHARED_K3, ONE_BATCH, FORWARD_K3),
     "vllm-0.8.4": (PREALLOCATE_K3,),
+    "vllm-0.33": (DEFERRED_K3,),
 }
 EXHAUSTIVE_MODELS: tuple[Model, ...] = PROFILE_MODELS["vllm-0.8.5"]
 
@@ -266,7 +276,7 @@ MUTANT_MODELS: dict[str, Model] = {
 # there: a mutant is hunted under 0.8.4 on its model with room for one more
 # block (so a preallocation capped by the free blocks can run out), or on the
 # model named here.
-PROFILE_MUTANT_EXTRA_BLOCKS: dict[str, int] = {"vllm-0.8.5": 0, "vllm-0.8.4": 1}
+PROFILE_MUTANT_EXTRA_BLOCKS: dict[str, int] = {"vllm-0.8.5": 0, "vllm-0.8.4": 1, "vllm-0.33": 0}
 # A request preempted with a draft-carrying decode in flight under 0.8.4: a
 # third request is admitted once the first finishes, and the second, whose
 # preallocation the pool capped, preempts it for its third block.
@@ -276,6 +286,22 @@ PREEMPT_DRAFTS_084 = replace(
     prompts=(_p(1, 3), _p(2, 3), _p(1, 3)))
 PROFILE_MUTANT_MODELS: dict[str, dict[str, Model]] = {
     "vllm-0.8.5": {},
+    "vllm-0.33": {
+        # 0.33 clips a running request one token short of max_model_len (the
+        # sampled token's slot): one more token of length, so a draft-carrying
+        # decode is still in flight when its request is preempted
+        **{name: replace(PREEMPT_DRAFTS.under_profile("vllm-0.33"), name="preempt-drafts-033",
+                         cfg=replace(PREEMPT_DRAFTS.under_profile("vllm-0.33").cfg, max_model_len=6))
+           for name in ("rejections_subtracted_after_reset", "preemption_clears_inflight_drafts")},
+        # 0.33's full-sequence admission: one more block, so both requests run at once
+        "budget_ignored": replace(TIGHT_K2.under_profile("vllm-0.33"), name="tight-k2-033+1-block",
+                                  cfg=replace(TIGHT_K2.under_profile("vllm-0.33").cfg, num_blocks=4)),
+        # 0.33 applies the threshold only with company, and S10 sees it only in a
+        # batch of two entries: a budget of 4 leaves room for a second one
+        "threshold_ignored_on_admission": replace(
+            CROWDED_CHUNKED.under_profile("vllm-0.33"), name="crowded-chunked-033",
+            cfg=replace(CROWDED_CHUNKED.under_profile("vllm-0.33").cfg, max_num_batched_tokens=4)),
+    },
     "vllm-0.8.4": {
         # 0.8.4's own counter drift: a third request and two more blocks, so a
         # request whose preallocation was capped is preempted with a batch in flight

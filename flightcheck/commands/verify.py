@@ -153,6 +153,8 @@ def _print_suite(console: Console, suite) -> None:
         muts.add_row(m.name, Text("yes" if m.killed else "NO", style="green" if m.killed else "bold red"),
                      m.property or "", m.model, str(m.trace_length or ""), f"{m.seconds:.2f}")
     console.print(muts)
+    for name, why in suite.moot.items():
+        console.print(Text(f"  not hunted under {suite.profile}: {name}: {why}"))
     console.print(f"{'OK' if suite.ok else 'FAILED'} (profile {suite.profile}) in {suite.seconds:.1f} s")
 
 

@@ -133,7 +133,8 @@ def preempt_keeping_inflight_set(step: "scheduling._Step", victim: int) -> None:
     scheduling (vLLM 0.8.1-0.8.4)."""
     state = step.state
     req = state.requests[victim]
-    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order),
+    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order,
+                                                  step.cfg.rules.unhashed_blocks_to_head),
                     running=state.running[:-1], waiting=(victim,) + state.waiting)
     state = retire_entries(state, victim, frozenset({Fate.LIVE}), Fate.ORPHANED)
     step.state = state.with_request(victim, status=Status.PREEMPTED, num_computed=0,
@@ -190,6 +191,8 @@ def num_new_waiting_over_threshold(step: "scheduling._Step", r: int, hit: tuple[
 def stop_reason_without_length_cap(cfg: Config, req, j: int, s: "actions.Sample") -> Status | None:
     """no_length_cap (replaces actions._stop_reason): max_tokens is not
     checked after an appended token (S2)."""
+    if cfg.rules.stop_tokens_before_length and s.stop_at == j:
+        return Status.FINISHED_STOPPED
     if req.num_tokens >= cfg.max_model_len:
         return Status.FINISHED_LENGTH
     if s.stop_at == j:
@@ -202,7 +205,8 @@ def finish_keeping_blocks_on_abort(state: State, cfg: Config, r: int, status: St
     keeps its block table, so its blocks are never returned to the pool (S9)."""
     req = state.requests[r]
     keep_blocks = status is Status.FINISHED_ABORTED
-    pool = state.pool if keep_blocks else blocks.free_table(state.pool, req.block_table, cfg.release_order)
+    pool = state.pool if keep_blocks else blocks.free_table(state.pool, req.block_table, cfg.release_order,
+                                                            cfg.rules.unhashed_blocks_to_head)
     state = replace(state, pool=pool,
                     waiting=tuple(x for x in state.waiting if x != r),
                     running=tuple(x for x in state.running if x != r),
@@ -238,7 +242,8 @@ def preempt_keeping_counter(step: "scheduling._Step", victim: int) -> None:
     reset num_computed, though the KV it counted is freed (S1)."""
     state = step.state
     req = state.requests[victim]
-    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order),
+    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order,
+                                                  step.cfg.rules.unhashed_blocks_to_head),
                     running=state.running[:-1], waiting=(victim,) + state.waiting,
                     scheduled_ids=state.scheduled_ids - {victim})
     state = retire_entries(state, victim, frozenset({Fate.LIVE}), Fate.ORPHANED)
@@ -253,7 +258,8 @@ def preempt_clearing_inflight_drafts(step: "scheduling._Step", victim: int) -> N
     clears, so a running batch's snapshot changes (S4)."""
     state = step.state
     req = state.requests[victim]
-    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order),
+    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order,
+                                                  step.cfg.rules.unhashed_blocks_to_head),
                     running=state.running[:-1], waiting=(victim,) + state.waiting,
                     scheduled_ids=state.scheduled_ids - {victim})
     state = retire_entries(state, victim, frozenset({Fate.LIVE}), Fate.ORPHANED)

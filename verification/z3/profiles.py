@@ -14,12 +14,21 @@ from flightcheck.spec import Config
 from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES, profile as profile_named
 from flightcheck.verification.models import Model
 
-__all__ = ["DEFAULT_PROFILE", "PROFILES", "profile_config", "profile_model"]
+__all__ = ["DEFAULT_PROFILE", "ENCODED_PROFILES", "PROFILES", "profile_config", "profile_model"]
+
+# The profiles whose constants the encoding reads. vLLM 0.33's rules
+# (`Config.rules`: free-queue head, threshold with company, sampled-token
+# slot, full-sequence admission, deferred resumption, stop order) are not
+# encoded yet: a Z3 model under it would prove 0.8.5's rules instead.
+ENCODED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4")
 
 
 def profile_config(cfg: Config, profile: str) -> Config:
     """`cfg` under `profile`: every profile constant re-derived from it."""
     profile_named(profile)                  # ValueError naming the known profiles
+    if profile not in ENCODED_PROFILES:
+        raise ValueError(f"the Z3 encoding does not model profile {profile!r} "
+                         f"(encoded: {', '.join(ENCODED_PROFILES)})")
     return replace(cfg, profile=profile, continue_prefill=None, release_order=None,
                    num_preallocate_tokens=None, cache_duplicate_blocks=None)
 
