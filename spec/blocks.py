@@ -55,11 +55,16 @@ def can_allocate(pool: BlockPool, num_new_blocks: int, hit: tuple[int, ...]) -> 
 
 def touch(pool: BlockPool, hit: tuple[int, ...]) -> BlockPool:
     """Take hold of hit blocks: out of the free queue, reference count + 1."""
+    if not hit:
+        return pool                   # the common case (no prefix hit): nothing to take
     refs = list(pool.ref_counts)
     for b in hit:
         refs[b] += 1
-    free = tuple(b for b in pool.free_queue if b not in hit)
-    return replace(pool, ref_counts=tuple(refs), free_queue=free)
+    free = list(pool.free_queue)
+    for b in set(hit):
+        while b in free:              # list scans run in C: a hit costs no Python pass over the queue
+            free.remove(b)
+    return replace(pool, ref_counts=tuple(refs), free_queue=tuple(free))
 
 
 def pop_fresh(pool: BlockPool, num_blocks: int) -> tuple[BlockPool, tuple[int, ...]]:

@@ -13,3 +13,43 @@ from hypothesis import HealthCheck, settings
 
 settings.register_profile("thorough", max_examples=2_000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
+
+
+# -- every trace a test checks is checked twice --------------------------------
+# check-trace's default checker is incremental (verification/traces/incremental.py);
+# its claim is the full replay's verdict, property, event and message on every
+# trace. So wherever a test checks a trace (reference, runtime, simulator,
+# mutants, generated), the full replay runs too and the two must agree.
+
+import sys  # noqa: E402
+from types import ModuleType  # noqa: E402
+
+import pytest  # noqa: E402
+
+from flightcheck.verification.traces import check as _check  # noqa: E402
+
+_original_check_events = _check.check_events
+
+
+def _outcome(events: list, full: bool) -> tuple:
+    try:
+        result = _original_check_events([dict(e) for e in events], full=full)
+    except _check.MalformedTrace as err:
+        return ("malformed", str(err))
+    return ("checked", result.ok, result.events, result.event_index, result.property, result.message,
+            tuple(result.unchecked))
+
+
+def differential_check_events(events: list, full: bool = False) -> _check.CheckResult:
+    """check_events, after asserting that the incremental checker and the full
+    replay agree on these events."""
+    incremental, whole = _outcome(events, full=False), _outcome(events, full=True)
+    assert incremental == whole, f"incremental checker {incremental} != full replay {whole}"
+    return _original_check_events(events, full=full)
+
+
+@pytest.fixture(autouse=True)
+def every_trace_checked_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in list(sys.modules.values()):
+        if isinstance(module, ModuleType) and vars(module).get("check_events") is _original_check_events:
+            monkeypatch.setattr(module, "check_events", differential_check_events)

@@ -18,6 +18,10 @@ def add_parser(sub) -> None:
     check = sub.add_parser("check-trace", help="replay a trace file against the spec")
     check.add_argument("file", help="a JSON Lines trace (docs/trace-format.md)")
     check.add_argument("--json", action="store_true", help="print machine-readable results")
+    check.add_argument("--full", action="store_true",
+                       help="re-check every property of the whole state after every event (slow on "
+                            "long traces; the same verdict as the default, which checks what each "
+                            "event touches)")
     check.set_defaults(func=run)
 
 
@@ -35,7 +39,7 @@ def _check(args: argparse.Namespace) -> int:
     from flightcheck.verification.traces.check import MalformedTrace, check_trace
 
     try:
-        result = check_trace(args.file)
+        result = check_trace(args.file, full=args.full)
     except MalformedTrace as err:
         if args.json:
             print(json.dumps({"ok": False, "malformed": str(err)}))

@@ -1,0 +1,243 @@
+"""The incremental trace checker: the verdict of the full replay (check.py),
+at a cost per event that depends on what the event touches, not on the
+history.
+
+The full replay checks every property of the whole state after every event,
+and its state has one request slot per arrival ever made, so both the spec's
+own transitions (which copy the request tuple) and the checks grow with the
+history. This checker differs in two ways, and in nothing else:
+
+* **Only the touched parts are checked.** Every invariant is the conjunction
+  of a part per request, a part per in-flight batch and a state part
+  (spec/invariants.py). An event replaces the records of the requests it
+  touches (an arrival or abort: that request; a schedule step: the requests
+  it scheduled or preempted; a completion: the requests of the completed
+  batch) and adds at most one batch; every other request's part reads only
+  what did not change (its record, its own entries, its own membership of
+  the queues and of the one-batch-per-request set, the labels of its own
+  blocks), and a batch's part reads only its snapshot, which S4 keeps fixed.
+  So after each event this checker evaluates the request parts of the
+  touched requests, the batch part of a new batch, and the state parts; the
+  pool's state part (S9's reference counts, free queue and labels) it
+  evaluates on the blocks the touched requests' tables held or hold (the
+  only blocks an event can change), with the holders of each block kept up
+  to date from those tables. S12 is checked per touched request, with the
+  schedule step's own record instead of a second `schedule`.
+
+* **Finished requests' slots are reused.** A slot whose request has
+  finished and has nothing left in flight is given to a later arrival, so
+  the state holds as many slots as requests are ever alive at once (plus
+  the finished ones still in flight), not one per arrival. Before reuse the
+  slot is reset to a request that has not arrived, and the labels its old
+  incarnation's output blocks cached are evicted from the pool: those
+  labels are unique to the slot, so in the full replay nothing could ever
+  hit them again; left in place, they would be hit by the new incarnation.
+
+The full replay stays available (`check-trace --full`); a differential test
+(tests/test_check_trace_incremental.py) runs both on every trace the test
+suite has and on long generated ones and requires the same verdict,
+property, event and message. `state_before` may differ: it lists slots.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+from flightcheck.spec import (INVARIANTS, TRANSITION_PROPERTIES, Abort, Action, Arrive,
+                              CompleteOldest, Request, Schedule, State)
+from flightcheck.spec.invariants import pool_matches_holders
+from flightcheck.spec.transitions import s12_no_admission_after_preemption, s12_request
+
+from .check import TraceChecker, _Violation
+
+S12 = "S12_status_monotonicity"
+
+
+class IncrementalChecker(TraceChecker):
+    """TraceChecker that checks only what each event touches and reuses the
+    slots of finished requests (see the module docstring)."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        super().__init__(events)
+        self.holders: Counter[int] = Counter()          # block -> tables holding it
+        self.arrival_number: dict[int, int] = {}        # slot -> arrival count when it arrived
+        self.output_labels: dict[int, dict[int, int]] = {}   # slot -> output label -> block caching it
+        self.retired: dict[str, Any] = {}               # name whose slot was reused -> its final status
+        self.finished_slots: dict[int, None] = {}       # slots of finished requests, oldest finish first
+        self.next_unused = 0
+        self.num_arrivals = 0
+
+    # -- slots --------------------------------------------------------------
+
+    def _num_slots(self, events: list[dict[str, Any]]) -> int:
+        """The most requests alive at once (by the trace's own arrive, finish
+        and abort events), plus the most finished ones that can still have
+        entries in flight (K batches of at most max_num_seqs entries)."""
+        alive: set[Any] = set()
+        most = 0
+        for e in events:
+            if e["ev"] == "arrive":
+                alive.add(e["req"])
+                most = max(most, len(alive))
+            elif e["ev"] in ("finish", "abort"):
+                alive.discard(e["req"])
+        return most + self.cfg.num_stages * self.cfg.max_num_seqs + 1
+
+    def _new_slot(self) -> int:
+        r = self._reusable_slot()
+        self.arrival_number[r] = self.num_arrivals
+        self.num_arrivals += 1
+        return r
+
+    def _reusable_slot(self) -> int:
+        if self.next_unused < len(self.state.requests):
+            self.next_unused += 1
+            self.names.append("")                      # filled in by _on_arrive
+            return self.next_unused - 1
+        for r in self.finished_slots:
+            if not self.state.entries_of(r, fate=None):   # nothing of it left in flight
+                del self.finished_slots[r]
+                self._reset_slot(r)
+                return r
+        raise RuntimeError("incremental checker: no request slot is free (the count of "
+                           "requests alive at once was wrong)")
+
+    def _reset_slot(self, r: int) -> None:
+        old_name = self.names[r]
+        if self.slot.get(old_name) == r:
+            del self.slot[old_name]
+            self.retired[old_name] = self.state.requests[r].status
+        labels = list(self.state.pool.labels)
+        for label, block in self.output_labels.pop(r, {}).items():
+            if labels[block] == label:                 # not evicted by a pop since
+                labels[block] = None
+        pool = replace(self.state.pool, labels=tuple(labels))
+        self.state = replace(self.state, pool=pool).with_request(r, **_fresh_request_fields())
+
+    # -- checking -------------------------------------------------------------
+
+    def _touched(self, before: State, action: Action) -> list[int]:
+        if isinstance(action, (Arrive, Abort)):
+            return [action.req]
+        if isinstance(action, Schedule):
+            assert self.scheduled is not None
+            return list(dict.fromkeys([e.req for e in self.scheduled.entries] + list(self.scheduled.preempted)))
+        if isinstance(action, CompleteOldest):
+            return list(dict.fromkeys(e.req for e in before.in_flight[0]))
+        raise TypeError(f"not an action: {action!r}")
+
+    def _check_properties(self, before: State, after: State, action: Action) -> None:
+        touched = self._touched(before, action)
+        new_batch = after.in_flight[-1] if isinstance(action, Schedule) and self.scheduled.entries else None
+        blocks = self._update_holders(before, after, touched)
+        self._note_output_labels(after, touched)
+        for r in touched:
+            if after.requests[r].status.is_finished and not before.requests[r].status.is_finished:
+                self.finished_slots[r] = None
+        for inv in INVARIANTS:
+            if not self._holds(inv, after, touched, new_batch, blocks, before):
+                raise _Violation(inv.name, inv.statement)
+        for prop in TRANSITION_PROPERTIES:
+            if prop.name == S12:
+                ok = all(s12_request(before.requests[r], after.requests[r], action) for r in touched) and \
+                    (not isinstance(action, Schedule) or s12_no_admission_after_preemption(before, self.scheduled))
+            else:
+                ok = prop.holds(before, after, action, self.cfg)
+            if not ok:
+                raise _Violation(prop.name, prop.statement)
+        self.scheduled = None
+
+    def _holds(self, inv, s: State, touched: list[int], new_batch, blocks: set[int], before: State) -> bool:
+        cfg = self.cfg
+        if inv.of_state is not None:
+            if inv.name == "S9_kv_ownership":
+                if not self._pool_holds(before, s, blocks):
+                    return False
+            elif inv.name == "L3_drain" and _same_head(before, s):
+                pass                   # it held of `before`, and reads only the oldest batch
+            elif not inv.of_state(s, cfg):
+                return False
+        if inv.of_request is not None and not all(inv.of_request(s, cfg, r) for r in touched):
+            return False
+        return inv.of_batch is None or new_batch is None or inv.of_batch(s, cfg, new_batch)
+
+    def _update_holders(self, before: State, after: State, touched: list[int]) -> set[int]:
+        """Bring the holders count up to date; the blocks whose holders,
+        reference count, free-queue place or label the event can change."""
+        blocks: set[int] = set()
+        for r in touched:
+            old, new = before.requests[r].block_table, after.requests[r].block_table
+            if old is new:
+                continue
+            self.holders.subtract(old)
+            self.holders.update(new)
+            blocks.update(old)
+            blocks.update(new)
+        return blocks
+
+    def _pool_holds(self, before: State, s: State, blocks: set[int]) -> bool:
+        """S9's pool part on the blocks the event could change (the rest of
+        the pool is as it was, and it held then)."""
+        pool = s.pool
+        if pool is before.pool and not blocks:
+            return True
+        if any(pool.ref_counts[b] != self.holders[b] for b in blocks):
+            return False
+        free = pool.free_queue
+        if free is not before.pool.free_queue:
+            free_set = set(free)
+            if len(free_set) != len(free):
+                return False
+            if any((pool.ref_counts[b] == 0) != (b in free_set) for b in blocks):
+                return False
+        if pool.labels is not before.pool.labels:
+            relabelled = [b for b in blocks if pool.labels[b] is not None
+                          and pool.labels[b] != before.pool.labels[b]]
+            if any(pool.labels.count(pool.labels[b]) != 1 for b in relabelled):
+                return False
+        return True
+
+    def _note_output_labels(self, s: State, touched: list[int]) -> None:
+        """Remember which block caches each output label of a touched request
+        (negative labels are output labels: content_label)."""
+        labels = s.pool.labels
+        for r in touched:
+            for b in s.requests[r].block_table:
+                label = labels[b]
+                if label is not None and label < 0:
+                    self.output_labels.setdefault(r, {})[label] = b
+
+    # -- what the full replay finds by a pass over every slot -------------------
+
+    def _newly_finished(self, before: State, after: State) -> list[int]:
+        batch = before.in_flight[0]
+        finished = {e.req for e in batch if after.requests[e.req].status.is_finished
+                    and not before.requests[e.req].status.is_finished}
+        return sorted(finished, key=self.arrival_number.__getitem__)
+
+    def _active_slots(self) -> list[int]:
+        active = [r for r, q in enumerate(self.state.requests) if q.status.is_active]
+        return sorted(active, key=self.arrival_number.__getitem__)
+
+    def _on_finish(self, event: dict) -> None:
+        name = event["req"]
+        if name not in self.slot and name in self.retired:
+            raise _Violation("finish_decision", f"{name} finishes ({event['reason']}) in the trace, but is "
+                             f"{self.retired[name].value} in the spec")
+        super()._on_finish(event)
+
+
+def _same_head(before: State, after: State) -> bool:
+    """The oldest in-flight batch is the same object (fates included) in both:
+    L3 (can the oldest batch be consumed?) reads nothing else but its entries'
+    requests, and `complete_oldest`'s only failure is a sample the batch's
+    entries cannot take."""
+    return bool(before.in_flight) and bool(after.in_flight) and before.in_flight[0] is after.in_flight[0]
+
+
+def _fresh_request_fields() -> dict[str, Any]:
+    """Every field of a request that has not arrived."""
+    fresh = Request()
+    return {name: getattr(fresh, name) for name in Request.__dataclass_fields__}
