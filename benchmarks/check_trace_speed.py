@@ -55,7 +55,7 @@ parsed = time.perf_counter()
 if mode == "full" or "full" not in check.check_events.__code__.co_varnames:
     checker = check.TraceChecker(events)
 else:
-    from flightcheck.verification.traces.incremental import IncrementalChecker
+    from flightcheck.verification.traces.check import IncrementalChecker
     checker = IncrementalChecker(events)
 check._annotate_finishes(events)
 verdict = "legal"

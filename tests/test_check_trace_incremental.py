@@ -18,7 +18,7 @@ import pytest
 from flightcheck.cli import main
 from flightcheck.verification.traces import check as check_module
 from flightcheck.verification.traces.check import MalformedTrace, check_events, read_events
-from flightcheck.verification.traces.incremental import IncrementalChecker
+from flightcheck.verification.traces.check import IncrementalChecker
 
 from .conftest import differential_check_events
 from .reference_trace_runs import run_cases, traced_run

@@ -39,7 +39,7 @@ def _check(args: argparse.Namespace) -> int:
     from flightcheck.verification.traces.check import MalformedTrace, check_trace
 
     try:
-        result = check_trace(args.file, full=args.full)
+        result = check_trace(args.file, full=True) if args.full else check_trace(args.file)
     except MalformedTrace as err:
         if args.json:
             print(json.dumps({"ok": False, "malformed": str(err)}))

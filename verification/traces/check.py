@@ -49,6 +49,7 @@ from flightcheck.spec.actions import complete_oldest
 from flightcheck.spec.schedule import Scheduled
 from flightcheck.spec.blocks import cdiv
 
+from .incremental import Incremental
 from .schema import EVENTS, MAX_POOL_BLOCKS, SchemaError, validate_event
 
 EVENT_KINDS = set(EVENTS)
@@ -191,6 +192,10 @@ class TraceChecker:
         return len(self.names)
 
     # -- helpers ------------------------------------------------------------
+
+    @staticmethod
+    def _violation(prop: str, message: str) -> Exception:
+        return _Violation(prop, message)
 
     def _name(self, r: int) -> str:
         return self.names[r]
@@ -435,6 +440,11 @@ class TraceChecker:
                          "the scheduler stalled")
 
 
+class IncrementalChecker(Incremental, TraceChecker):
+    """The default checker: the full replay's verdict, checking only what each
+    event touches (incremental.py)."""
+
+
 def check_events(events: list[dict[str, Any]], full: bool = False) -> CheckResult:
     """Validate the events (MalformedTrace), then replay them on the spec.
 
@@ -442,11 +452,7 @@ def check_events(events: list[dict[str, Any]], full: bool = False) -> CheckResul
     with the same verdict; `full` re-checks every property of the whole state
     after every event, the definition the incremental checker is tested against."""
     validate_events(events)
-    if full:
-        checker = TraceChecker(events)
-    else:
-        from .incremental import IncrementalChecker
-        checker = IncrementalChecker(events)
+    checker = TraceChecker(events) if full else IncrementalChecker(events)
     _annotate_finishes(events)
     for index, event in enumerate(events[1:], start=1):
         before = checker.state             # states are immutable: describe it only if needed

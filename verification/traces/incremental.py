@@ -50,17 +50,18 @@ from flightcheck.spec import (INVARIANTS, TRANSITION_PROPERTIES, Abort, Action, 
 from flightcheck.spec.invariants import pool_matches_holders
 from flightcheck.spec.transitions import s12_no_admission_after_preemption, s12_request
 
-from .check import TraceChecker, _Violation
-
 S12 = "S12_status_monotonicity"
 
 
-class IncrementalChecker(TraceChecker):
-    """TraceChecker that checks only what each event touches and reuses the
-    slots of finished requests (see the module docstring)."""
+class Incremental:
+    """What turns check.py's TraceChecker into the incremental checker
+    (check.IncrementalChecker): check only what each event touches, reuse the
+    slots of finished requests (see the module docstring). A mixin, so that
+    this module needs nothing of check.py: it raises the checker's violations
+    through `self._violation`."""
 
     def __init__(self, events: list[dict[str, Any]]) -> None:
-        super().__init__(events)
+        super().__init__(events)  # type: ignore[call-arg]
         self.holders: Counter[int] = Counter()          # block -> tables holding it
         self.arrival_number: dict[int, int] = {}        # slot -> arrival count when it arrived
         self.output_labels: dict[int, dict[int, int]] = {}   # slot -> output label -> block caching it
@@ -72,18 +73,41 @@ class IncrementalChecker(TraceChecker):
     # -- slots --------------------------------------------------------------
 
     def _num_slots(self, events: list[dict[str, Any]]) -> int:
-        """The most requests alive at once (by the trace's own arrive, finish
-        and abort events), plus the most finished ones that can still have
-        entries in flight (K batches of at most max_num_seqs entries)."""
-        alive: set[Any] = set()
-        most = 0
+        """The most requests the trace has alive or in flight at once (by its
+        own arrive, finish, abort, schedule and complete events), plus one: a
+        finished request keeps its slot while an entry of it is in flight.
+        Until the first violation the spec's requests and batches are the
+        trace's, so this many slots suffice."""
+        incarnation: dict[Any, tuple[Any, int]] = {}   # name -> its latest incarnation
+        alive: set[tuple[Any, int]] = set()
+        in_flight: list[list[tuple[Any, int]]] = []     # each in-flight batch's incarnations, oldest first
+        flying: Counter[tuple[Any, int]] = Counter()    # incarnation -> in-flight batches holding it
+        num_finished_flying = 0                          # incarnations finished but still in flight
+        num_arrivals = most = 0
         for e in events:
-            if e["ev"] == "arrive":
-                alive.add(e["req"])
-                most = max(most, len(alive))
-            elif e["ev"] in ("finish", "abort"):
-                alive.discard(e["req"])
-        return most + self.cfg.num_stages * self.cfg.max_num_seqs + 1
+            kind = e["ev"]
+            if kind == "arrive":
+                num_arrivals += 1
+                incarnation[e["req"]] = key = (e["req"], num_arrivals)
+                alive.add(key)
+            elif kind in ("finish", "abort") and incarnation.get(e["req"]) in alive:
+                key = incarnation[e["req"]]
+                alive.discard(key)
+                num_finished_flying += flying[key] > 0
+            elif kind == "schedule" and e["entries"]:
+                keys = [incarnation.get(x["req"], (x["req"], -1)) for x in e["entries"]]
+                in_flight.append(keys)
+                for key in keys:
+                    num_finished_flying += flying[key] == 0 and key not in alive
+                    flying[key] += 1
+            elif kind == "complete" and in_flight:
+                for key in in_flight.pop(0):
+                    flying[key] -= 1
+                    if flying[key] == 0:
+                        del flying[key]
+                        num_finished_flying -= key not in alive
+            most = max(most, len(alive) + num_finished_flying)
+        return most + 1
 
     def _new_slot(self) -> int:
         r = self._reusable_slot()
@@ -138,7 +162,7 @@ class IncrementalChecker(TraceChecker):
                 self.finished_slots[r] = None
         for inv in INVARIANTS:
             if not self._holds(inv, after, touched, new_batch, blocks, before):
-                raise _Violation(inv.name, inv.statement)
+                raise self._violation(inv.name, inv.statement)
         for prop in TRANSITION_PROPERTIES:
             if prop.name == S12:
                 ok = all(s12_request(before.requests[r], after.requests[r], action) for r in touched) and \
@@ -146,7 +170,7 @@ class IncrementalChecker(TraceChecker):
             else:
                 ok = prop.holds(before, after, action, self.cfg)
             if not ok:
-                raise _Violation(prop.name, prop.statement)
+                raise self._violation(prop.name, prop.statement)
         self.scheduled = None
 
     def _holds(self, inv, s: State, touched: list[int], new_batch, blocks: set[int], before: State) -> bool:
@@ -224,7 +248,7 @@ class IncrementalChecker(TraceChecker):
     def _on_finish(self, event: dict) -> None:
         name = event["req"]
         if name not in self.slot and name in self.retired:
-            raise _Violation("finish_decision", f"{name} finishes ({event['reason']}) in the trace, but is "
+            raise self._violation("finish_decision", f"{name} finishes ({event['reason']}) in the trace, but is "
                              f"{self.retired[name].value} in the spec")
         super()._on_finish(event)
 
