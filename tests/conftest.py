@@ -40,12 +40,12 @@ def _outcome(events: list, full: bool) -> tuple:
             tuple(result.unchecked))
 
 
-def differential_check_events(events: list, full: bool = False) -> _check.CheckResult:
+def differential_check_events(events: list, full: bool = False, progress=None) -> _check.CheckResult:
     """check_events, after asserting that the incremental checker and the full
     replay agree on these events."""
     incremental, whole = _outcome(events, full=False), _outcome(events, full=True)
     assert incremental == whole, f"incremental checker {incremental} != full replay {whole}"
-    return _original_check_events(events, full=full)
+    return _original_check_events(events, full=full, progress=progress)
 
 
 @pytest.fixture(autouse=True)

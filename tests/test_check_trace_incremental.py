@@ -128,3 +128,10 @@ def test_full_flag_gives_the_same_report(tmp_path):
         reports.append((code, json.loads(out.getvalue())))
     assert reports[0] == reports[1]
     assert reports[0][0] == 0 and reports[0][1]["ok"] is True
+
+
+def test_progress_is_reported_every_thousand_events():
+    events = long_events(6, 2500, seed=2)
+    calls: list[tuple[int, int]] = []
+    check_events(events, progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(n, len(events)) for n in range(1000, len(events), 1000)]

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from .common import bad, internal_error
 
@@ -38,8 +41,13 @@ def run(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from flightcheck.verification.traces.check import MalformedTrace, check_trace
 
+    options = {"full": True} if args.full else {}
     try:
-        result = check_trace(args.file, full=True) if args.full else check_trace(args.file)
+        if sys.stderr.isatty():                    # a person is watching: show how far it got
+            with _progress_bar() as progress:
+                result = check_trace(args.file, progress=progress, **options)
+        else:
+            result = check_trace(args.file, **options)
     except MalformedTrace as err:
         if args.json:
             print(json.dumps({"ok": False, "malformed": str(err)}))
@@ -55,3 +63,19 @@ def _check(args: argparse.Namespace) -> int:
         for item in result.unchecked:
             print(f"not checked: {item}")
     return 0 if result.ok else 1
+
+
+@contextmanager
+def _progress_bar() -> Iterator[Callable[[int, int], None]]:
+    """A rich progress bar on stderr, fed `(events done, events in all)`."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("checking"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("check", total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from flightcheck.spec import (
     INVARIANTS,
@@ -445,18 +445,25 @@ class IncrementalChecker(Incremental, TraceChecker):
     event touches (incremental.py)."""
 
 
-def check_events(events: list[dict[str, Any]], full: bool = False) -> CheckResult:
+PROGRESS_EVERY = 1000
+
+
+def check_events(events: list[dict[str, Any]], full: bool = False,
+                 progress: Callable[[int, int], None] | None = None) -> CheckResult:
     """Validate the events (MalformedTrace), then replay them on the spec.
 
     By default only what each event touches is checked (incremental.py),
     with the same verdict; `full` re-checks every property of the whole state
-    after every event, the definition the incremental checker is tested against."""
+    after every event, the definition the incremental checker is tested against.
+    `progress(done, total)` is called every PROGRESS_EVERY events."""
     validate_events(events)
     checker = TraceChecker(events) if full else IncrementalChecker(events)
     _annotate_finishes(events)
     for index, event in enumerate(events[1:], start=1):
         before = checker.state             # states are immutable: describe it only if needed
         checker.upcoming_finish = event.get("_finishes", {})
+        if progress is not None and index % PROGRESS_EVERY == 0:
+            progress(index, len(events))
         try:
             checker.feed(event)
         except _Violation as v:
@@ -486,7 +493,8 @@ def _annotate_finishes(events: list[dict[str, Any]]) -> None:
         event["_finishes"] = finishes
 
 
-def check_trace(path: str | Path, full: bool = False) -> CheckResult:
+def check_trace(path: str | Path, full: bool = False,
+                progress: Callable[[int, int], None] | None = None) -> CheckResult:
     """Check a trace file. Raises MalformedTrace for a file not in the format."""
     try:
         data = Path(path).read_bytes()
@@ -499,4 +507,4 @@ def check_trace(path: str | Path, full: bool = False) -> CheckResult:
         raise MalformedTrace(f"line {line}: not UTF-8 text (byte {err.start}: {err.reason})") from None
     # split on newlines only: str.splitlines would also split inside strings at
     # U+2028 and other separators a writer need not escape
-    return check_events(read_events(text.split("\n")), full=full)
+    return check_events(read_events(text.split("\n")), full=full, progress=progress)
