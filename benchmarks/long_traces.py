@@ -19,8 +19,16 @@ import zlib
 from dataclasses import dataclass
 from typing import TextIO
 
-from flightcheck.reference import (Engine, Request, Sample, SamplingParams, SchedulerConfig,
-                                   ScriptedExecutor, TraceWriter, make_scheduler)
+from flightcheck.reference import (
+    Engine,
+    Request,
+    Sample,
+    SamplingParams,
+    SchedulerConfig,
+    ScriptedExecutor,
+    TraceWriter,
+    make_scheduler,
+)
 
 EOS = 2
 

@@ -19,7 +19,7 @@ from typing import Callable
 
 from .blocks import cdiv
 from .config import Config
-from .state import Batch, BlockPool, Fate, State, Status, content_label
+from .state import Batch, Fate, State, Status, content_label
 
 
 # Each invariant is written in parts, so that a checker that knows what one
@@ -128,12 +128,6 @@ def s9_pool(s: State, cfg: Config) -> bool:
     holders: Counter[int] = Counter()
     for q in s.requests:
         holders.update(q.block_table)
-    return pool_matches_holders(pool, holders)
-
-
-def pool_matches_holders(pool: BlockPool, holders: Counter[int]) -> bool:
-    """s9_pool given the number of tables holding each block (a checker that
-    keeps that count up to date calls this directly)."""
     if any(pool.ref_counts[b] != holders[b] for b in range(len(pool.ref_counts))):
         return False
     free = pool.free_queue

@@ -9,7 +9,13 @@ The default profile is Hypothesis's own; tests that need fewer examples by
 default say so with their own settings.
 """
 
+import sys
+from types import ModuleType
+
+import pytest
 from hypothesis import HealthCheck, settings
+
+from flightcheck.verification.traces import check as _check
 
 settings.register_profile("thorough", max_examples=2_000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -20,13 +26,6 @@ settings.register_profile("thorough", max_examples=2_000, deadline=None,
 # its claim is the full replay's verdict, property, event and message on every
 # trace. So wherever a test checks a trace (reference, runtime, simulator,
 # mutants, generated), the full replay runs too and the two must agree.
-
-import sys  # noqa: E402
-from types import ModuleType  # noqa: E402
-
-import pytest  # noqa: E402
-
-from flightcheck.verification.traces import check as _check  # noqa: E402
 
 _original_check_events = _check.check_events
 

@@ -14,17 +14,21 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
+from flightcheck.verification.traces import check as check_module
+from flightcheck.verification.traces.check import (
+    IncrementalChecker,
+    MalformedTrace,
+    check_events,
+    read_events,
+)
 
 from flightcheck.cli import main
-from flightcheck.verification.traces import check as check_module
-from flightcheck.verification.traces.check import MalformedTrace, check_events, read_events
-from flightcheck.verification.traces.check import IncrementalChecker
 
 from .conftest import differential_check_events
 from .reference_trace_runs import run_cases, traced_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from long_traces import write_long_trace  # noqa: E402
+from long_traces import write_long_trace
 
 
 def outcome(events: list[dict], full: bool) -> tuple:

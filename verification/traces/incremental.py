@@ -45,9 +45,17 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
-from flightcheck.spec import (INVARIANTS, TRANSITION_PROPERTIES, Abort, Action, Arrive,
-                              CompleteOldest, Request, Schedule, State)
-from flightcheck.spec.invariants import pool_matches_holders
+from flightcheck.spec import (
+    INVARIANTS,
+    TRANSITION_PROPERTIES,
+    Abort,
+    Action,
+    Arrive,
+    CompleteOldest,
+    Request,
+    Schedule,
+    State,
+)
 from flightcheck.spec.transitions import s12_no_admission_after_preemption, s12_request
 
 S12 = "S12_status_monotonicity"
