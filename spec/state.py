@@ -121,9 +121,8 @@ class State:
     scheduled_ids: frozenset[int] = frozenset()  # one-batch-per-request's in-flight set
 
     def with_request(self, r: int, **changes) -> "State":
-        reqs = list(self.requests)
-        reqs[r] = replace(reqs[r], **changes)
-        return replace(self, requests=tuple(reqs))
+        request = replace(self.requests[r], **changes)
+        return replace(self, requests=self.requests[:r] + (request,) + self.requests[r + 1:])
 
     def entries_of(self, r: int, fate: Fate | None = Fate.LIVE) -> list[Entry]:
         """r's entries in FIFO order (only those of `fate`, unless None)."""
