@@ -121,6 +121,8 @@ class State:
     scheduled_ids: frozenset[int] = frozenset()  # one-batch-per-request's in-flight set
 
     def with_request(self, r: int, **changes) -> "State":
+        if all(getattr(self.requests[r], name) == value for name, value in changes.items()):
+            return self                   # nothing changes (a decode's drafts stay 0, its table as it was)
         request = replace(self.requests[r], **changes)
         return replace(self, requests=self.requests[:r] + (request,) + self.requests[r + 1:])
 
