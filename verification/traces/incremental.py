@@ -21,22 +21,34 @@ history. This checker differs in two ways, and in nothing else:
   pool's state part (S9's reference counts, free queue and labels) it
   evaluates on the blocks the touched requests' tables held or hold (the
   only blocks an event can change), with the holders of each block kept up
-  to date from those tables. S12 is checked per touched request, with the
-  schedule step's own record instead of a second `schedule`.
+  to date from those tables; S9's caching clause (a label cached once, or,
+  with the profile's duplicate caching, every copy listed in
+  `BlockPool.duplicates`) per label whose copies changed. S12 is checked
+  per touched request, with the schedule step's own record instead of a
+  second `schedule`. Two state parts are implied by their value before the
+  event: L3 when the oldest batch is the same, L2 after an arrival onto an
+  idle engine that had a batch to form (`_arrival_behind_a_schedulable_queue`).
 
 * **Finished requests' slots are reused.** A slot whose request has
   finished and has nothing left in flight is given to a later arrival, so
   the state holds as many slots as requests are ever alive at once (plus
   the finished ones still in flight), not one per arrival. Before reuse the
   slot is reset to a request that has not arrived, and the labels its old
-  incarnation's output blocks cached are evicted from the pool: those
-  labels are unique to the slot, so in the full replay nothing could ever
-  hit them again; left in place, they would be hit by the new incarnation.
+  incarnation's output blocks cached are evicted from the pool, every copy
+  of each (a resumed request recomputes its last full block, so its label
+  can be cached twice): those labels are unique to the slot, so in the full
+  replay nothing could ever hit them again; left in place, they would be
+  hit by the new incarnation.
+
+Every version profile (spec/profiles.py) is checked the same way: release
+order, preallocation and duplicate caching live in the spec's transitions,
+which both checkers run unchanged.
 
 The full replay stays available (`check-trace --full`); a differential test
 (tests/test_check_trace_incremental.py) runs both on every trace the test
-suite has and on long generated ones and requires the same verdict,
-property, event and message. `state_before` may differ: it lists slots.
+suite has, on long generated ones of every profile and on vLLM's own
+traces, and requires the same verdict, property, event, message and
+profile. `state_before` may differ: it lists slots.
 """
 
 from __future__ import annotations
@@ -311,7 +323,9 @@ def _copies(labels: tuple[int | None, ...], label: int) -> list[int]:
 
 
 def _arrival_behind_a_schedulable_queue(before: State, action: Action) -> bool:
-    """L2 after an arrival, from L2 before it. L2 held of `before`; if
+    """L2 after an arrival, from L2 before it. L2 held of `before` (a slot
+    reset for the arrival changes nothing `schedule` reads: the evicted
+    labels are the old incarnation's own, which no other request looks up); if
     `before` had nothing in flight and a request unfinished (all of them are
     in `waiting` or `running`, by S10), that says `schedule(before)` forms a
     batch or preempts. An arrival only appends its request to the tail of
