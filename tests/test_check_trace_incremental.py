@@ -168,11 +168,7 @@ class _RecordingChecker(IncrementalChecker):
 
     def _apply(self, action, new_state, what) -> None:
         if new_state is not None:
-            pool, before = new_state.pool, self.state.pool
-            self.seen["duplicate_states"] = self.seen.get("duplicate_states", 0) + bool(pool.duplicates)
-            freed = [b for b in pool.free_queue[len(before.free_queue):] if b not in before.free_queue]
-            self.seen["forward_releases"] = self.seen.get("forward_releases", 0) + (
-                len(freed) > 1 and freed == sorted(freed))
+            self.seen["duplicate_states"] = self.seen.get("duplicate_states", 0) + bool(new_state.pool.duplicates)
         super()._apply(action, new_state, what)
 
 
