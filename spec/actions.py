@@ -106,10 +106,7 @@ def complete_oldest(state: State, cfg: Config, samples: tuple[Sample, ...],
     `dropped`: requests whose ORPHANED entries the scheduler drops instead of
     applying (vLLM 0.8.5 does; wasteful but safe). Only trace validation uses
     it; the model checkers explore the rule that applies them."""
-    if not is_complete_enabled(state):
-        return None
-    sampling = sampling_entries(state, cfg)
-    if len(samples) != len(sampling) or not all(is_valid_sample(cfg, e, s) for e, s in zip(sampling, samples)):
+    if not can_complete_oldest(state, cfg, samples):
         return None
     batch = state.in_flight[0]
     flags = [e.fate is not Fate.SUPERSEDED and entry_samples(state, cfg, e) for e in batch]
@@ -125,6 +122,15 @@ def complete_oldest(state: State, cfg: Config, samples: tuple[Sample, ...],
             if not (e.fate is Fate.ORPHANED and e.req in dropped):
                 state = _apply_sample(state, cfg, e, sample, e.fate)
     return state
+
+
+def can_complete_oldest(state: State, cfg: Config, samples: tuple[Sample, ...]) -> bool:
+    """complete_oldest's guard (the rest of it always succeeds): a batch is in
+    flight, and `samples` holds one valid sample per entry that samples."""
+    if not is_complete_enabled(state):
+        return False
+    sampling = sampling_entries(state, cfg)
+    return len(samples) == len(sampling) and all(is_valid_sample(cfg, e, s) for e, s in zip(sampling, samples))
 
 
 def _settle_live(state: State, cfg: Config, e: Entry) -> State:
@@ -145,12 +151,13 @@ def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate) ->
         finish = _stop_reason(cfg, req, j, s)
         if finish is not None:
             break
-    state = state.with_request(r, num_output=req.num_output, num_computed=req.num_computed)
     if finish is not None:
+        state = state.with_request(r, num_output=req.num_output, num_computed=req.num_computed)
         return _finish(state, cfg, r, finish)
     if fate is Fate.LIVE:
-        state = state.with_request(r, num_drafts=s.next_drafts)
-    return state
+        req = replace(req, num_drafts=s.next_drafts)       # the drafts proposed for its next step
+    return state.with_request(r, num_output=req.num_output, num_computed=req.num_computed,
+                              num_drafts=req.num_drafts)
 
 
 def _subtracts_rejections(fate: Fate) -> bool:

@@ -79,15 +79,22 @@ def num_preallocated(pool_after_touch: BlockPool, num_new_blocks: int, table_len
 
 def touch(pool: BlockPool, hit: tuple[int, ...]) -> BlockPool:
     """Take hold of hit blocks: out of the free queue, reference count + 1."""
+    if not hit:
+        return pool                   # the common case (no prefix hit): nothing to take
     refs = list(pool.ref_counts)
     for b in hit:
         refs[b] += 1
-    free = tuple(b for b in pool.free_queue if b not in hit)
-    return replace(pool, ref_counts=tuple(refs), free_queue=free)
+    free = list(pool.free_queue)
+    for b in set(hit):
+        while b in free:              # list scans run in C: a hit costs no Python pass over the queue
+            free.remove(b)
+    return replace(pool, ref_counts=tuple(refs), free_queue=tuple(free))
 
 
 def pop_fresh(pool: BlockPool, num_blocks: int) -> tuple[BlockPool, tuple[int, ...]]:
     """Pop `num_blocks` from the head of the free queue, evicting their labels."""
+    if num_blocks == 0:
+        return pool, ()                   # the common case (a decode within its last block)
     taken = pool.free_queue[:num_blocks]
     refs, labels = list(pool.ref_counts), list(pool.labels)
     for b in taken:
@@ -102,9 +109,12 @@ def cache_labels(pool: BlockPool, table: tuple[int, ...], labels: list[int],
     """Label the first len(labels) blocks of `table` with their content, skipping
     blocks already labelled; a label another block already caches is cached
     again (a duplicate) if `keep_duplicates`, else skipped."""
+    unlabelled = [(block, label) for block, label in zip(table, labels) if pool.labels[block] is None]
+    if not unlabelled:
+        return pool                       # the common case: every full block already cached
     new = list(pool.labels)
     order = list(pool.duplicates)
-    for block, label in zip(table, labels):
+    for block, label in unlabelled:
         if new[block] is not None:
             continue
         if label in new:

@@ -3,8 +3,9 @@ restated in DESIGN.md), the liveness properties L1-L3 in a safety form a
 solver can prove, deadlock freedom, transition properties, and "sometimes"
 targets that make a spec that can do nothing fail loudly.
 
-Each invariant is a predicate `(state, cfg) -> bool`; its docstring is its
-one-line English statement. Transition properties take `(before, after, step)`
+Each invariant holds of a state, `Invariant.holds(state, cfg)`, and states
+itself in one English line; it is the conjunction of parts, one per request,
+one per in-flight batch and one for the rest (see below). Transition properties take `(before, after, step)`
 where `step` names the action. Liveness proper (every run ends with every
 request finished) needs the whole state graph and lives in
 `verification/explicit/search.py`; here it appears as the local facts it rests on.
@@ -18,153 +19,162 @@ from typing import Callable
 
 from .blocks import cdiv
 from .config import Config
-from .state import Fate, State, Status, content_label
+from .state import Batch, BlockPool, Fate, State, Status, content_label
 
 
-def _active(s: State):
-    return [(r, q) for r, q in enumerate(s.requests) if q.status.is_active]
+# Each invariant is written in parts, so that a checker that knows what one
+# transition touched can check only that (verification/traces/incremental.py):
+# * a request part `(state, cfg, r) -> bool`, about request r and its in-flight
+#   entries; it reads nothing another request's transition changes;
+# * a batch part `(state, cfg, batch) -> bool`, about one in-flight batch's
+#   snapshot, which never changes while it is in flight (S4);
+# * a state part `(state, cfg) -> bool`: the rest (queues, the pool, the FIFO).
+# The invariant itself is their conjunction over every request and every
+# batch (`Invariant.holds`): the one definition every checker uses.
 
 
-def s1_counter_bounds(s: State, cfg: Config) -> bool:
-    """0 <= num_computed <= known tokens + drafts, and 0 outside RUNNING."""
-    for r, q in _active(s):
-        if not 0 <= q.num_computed <= q.num_tokens + q.num_drafts:
-            return False
-        if q.status is not Status.RUNNING and q.num_computed != 0:
-            return False
-    return True
+def s1_request(s: State, cfg: Config, r: int) -> bool:
+    q = s.requests[r]
+    if not q.status.is_active:
+        return True
+    if not 0 <= q.num_computed <= q.num_tokens + q.num_drafts:
+        return False
+    return q.status is Status.RUNNING or q.num_computed == 0
 
 
-def s2_length_cap(s: State, cfg: Config) -> bool:
-    """No request exceeds max_tokens or max_model_len; an unfinished one is below both; no batch reaches past max_model_len."""
-    for q in s.requests:
-        if q.num_output > max(q.max_tokens, 0) or q.num_tokens > cfg.max_model_len:
-            return False
-        if q.status.is_active and (q.num_output >= q.max_tokens or q.num_tokens >= cfg.max_model_len):
-            return False
-    return all(e.end <= cfg.max_model_len for b in s.in_flight for e in b)
+def s2_request(s: State, cfg: Config, r: int) -> bool:
+    q = s.requests[r]
+    if q.num_output > max(q.max_tokens, 0) or q.num_tokens > cfg.max_model_len:
+        return False
+    return not (q.status.is_active and (q.num_output >= q.max_tokens or q.num_tokens >= cfg.max_model_len))
 
 
-def s3_contiguous_coverage(s: State, cfg: Config) -> bool:
-    """A running request's live in-flight ranges, in FIFO order, are contiguous, non-empty and end at num_computed."""
-    for r, q in _active(s):
-        live = s.entries_of(r)
-        if not live:
-            continue
-        if any(e.n < 1 for e in live) or any(a.end != b.start for a, b in zip(live, live[1:])):
-            return False
-        if live[-1].end != q.num_computed:
-            return False
-    return True
+def s2_batch(s: State, cfg: Config, batch: Batch) -> bool:
+    return all(e.end <= cfg.max_model_len for e in batch)
 
 
-def s5_one_sample_per_prefill(s: State, cfg: Config) -> bool:
-    """A live entry samples exactly when it reaches the request's known tokens, never past them; it holds more tokens than drafts, and drafts only ride on a sampling entry."""
-    for b in s.in_flight:
-        for e in b:
-            if e.fate is not Fate.LIVE:
-                continue
-            reach = e.end - e.drafts
-            T = s.requests[e.req].num_tokens
-            if reach > T or e.n <= e.drafts or e.samples != (reach == T) or (e.drafts > 0 and not e.samples):
-                return False
-    return True
+def s3_request(s: State, cfg: Config, r: int) -> bool:
+    q = s.requests[r]
+    if not q.status.is_active:
+        return True
+    live = s.entries_of(r)
+    if not live:
+        return True
+    if any(e.n < 1 for e in live) or any(a.end != b.start for a, b in zip(live, live[1:])):
+        return False
+    return live[-1].end == q.num_computed
 
 
-def s6_decode_gating(s: State, cfg: Config) -> bool:
-    """A request has at most one live sampling entry in flight, and it is its last live entry."""
-    for r, _ in _active(s):
-        live = s.entries_of(r)
-        if any(e.samples for e in live[:-1]):
+def s5_request(s: State, cfg: Config, r: int) -> bool:
+    num_tokens = s.requests[r].num_tokens
+    for e in s.entries_of(r):
+        reach = e.end - e.drafts
+        if reach > num_tokens or e.n <= e.drafts or e.samples != (reach == num_tokens) \
+                or (e.drafts > 0 and not e.samples):
             return False
     return True
 
 
-def s7_output_binding(s: State, cfg: Config) -> bool:
-    """Live entries belong to RUNNING requests, orphaned ones to PREEMPTED requests with no live entry; a batch holds a request once."""
-    for b in s.in_flight:
-        if len({e.req for e in b}) != len(b):
-            return False
-        for e in b:
-            status = s.requests[e.req].status
-            if e.fate is Fate.LIVE and status is not Status.RUNNING:
-                return False
-            if e.fate is Fate.ORPHANED and (status is not Status.PREEMPTED or s.entries_of(e.req)):
-                return False
-    return True
+def s6_request(s: State, cfg: Config, r: int) -> bool:
+    if not s.requests[r].status.is_active:
+        return True
+    live = s.entries_of(r)
+    return not any(e.samples for e in live[:-1])
 
 
-def s8_spec_accounting(s: State, cfg: Config) -> bool:
-    """Drafts never exceed k, and once a running request has nothing in flight its rejected drafts are subtracted (num_computed < known tokens)."""
-    for b in s.in_flight:
-        if any(e.drafts > cfg.num_spec_tokens for e in b):
+def s7_request(s: State, cfg: Config, r: int) -> bool:
+    status = s.requests[r].status
+    for e in s.entries_of(r, fate=None):
+        if e.fate is Fate.LIVE and status is not Status.RUNNING:
             return False
-    for r, q in _active(s):
-        if q.num_drafts > cfg.num_spec_tokens:
-            return False
-        if q.status is Status.RUNNING and not s.entries_of(r) and q.num_computed >= q.num_tokens:
+        if e.fate is Fate.ORPHANED and (status is not Status.PREEMPTED or s.entries_of(r)):
             return False
     return True
 
 
-def s9_kv_ownership(s: State, cfg: Config) -> bool:
-    """Reference counts equal the tables holding a block; free queue and held blocks partition the pool; only RUNNING requests hold blocks, enough for num_computed, with correct cached content; a label is cached once, or (duplicate caching) its copies are recorded in caching order."""
-    pool, bs = s.pool, cfg.block_size
+def s7_batch(s: State, cfg: Config, batch: Batch) -> bool:
+    return len({e.req for e in batch}) == len(batch)
+
+
+def s8_request(s: State, cfg: Config, r: int) -> bool:
+    q = s.requests[r]
+    if not q.status.is_active:
+        return True
+    if q.num_drafts > cfg.num_spec_tokens:
+        return False
+    return not (q.status is Status.RUNNING and not s.entries_of(r) and q.num_computed >= q.num_tokens)
+
+
+def s8_batch(s: State, cfg: Config, batch: Batch) -> bool:
+    return all(e.drafts <= cfg.num_spec_tokens for e in batch)
+
+
+def s9_request(s: State, cfg: Config, r: int) -> bool:
+    q, pool, bs = s.requests[r], s.pool, cfg.block_size
+    if q.block_table and q.status is not Status.RUNNING:
+        return False
+    if len(set(q.block_table)) != len(q.block_table):
+        return False
+    if q.status is Status.RUNNING and len(q.block_table) < cdiv(q.num_computed, bs):
+        return False
+    return all(pool.labels[b] is None or pool.labels[b] == content_label(s, r, i, bs)
+               for i, b in enumerate(q.block_table))
+
+
+def s9_pool(s: State, cfg: Config) -> bool:
+    """Reference counts equal the tables holding a block, the free queue holds
+    exactly the blocks nobody holds, once each, and the cached copies of every
+    label are as the profile allows (s9_cached_copies)."""
+    pool = s.pool
     holders: Counter[int] = Counter()
-    for r, q in enumerate(s.requests):
-        if q.block_table and q.status is not Status.RUNNING:
-            return False
-        if len(set(q.block_table)) != len(q.block_table):
-            return False
+    for q in s.requests:
         holders.update(q.block_table)
-        if q.status is Status.RUNNING and len(q.block_table) < cdiv(q.num_computed, bs):
-            return False
-        for i, b in enumerate(q.block_table):
-            if pool.labels[b] is not None and pool.labels[b] != content_label(s, r, i, bs):
-                return False
     if any(pool.ref_counts[b] != holders[b] for b in range(len(pool.ref_counts))):
         return False
     free = pool.free_queue
     if len(set(free)) != len(free) or set(free) != {b for b, c in enumerate(pool.ref_counts) if c == 0}:
         return False
-    return _cached_copies_recorded(pool, cfg)
+    return s9_cached_copies(pool, cfg)
 
 
-def _cached_copies_recorded(pool, cfg: Config) -> bool:
+def s9_cached_copies(pool: BlockPool, cfg: Config) -> bool:
     """S9's caching clause. Without duplicate caching a label is cached once;
     with it (vLLM 0.8.x) a label may be cached by several blocks, and
     `duplicates` lists exactly those blocks, each once, grouped by label, so
     a hit knows which copy to serve."""
-    copies = Counter(lab for lab in pool.labels if lab is not None)
+    copies = Counter(label for label in pool.labels if label is not None)
     if not cfg.cache_duplicate_blocks:
         return all(c == 1 for c in copies.values()) and not pool.duplicates
-    expected = {b for b, lab in enumerate(pool.labels) if lab is not None and copies[lab] >= 2}
+    expected = {b for b, label in enumerate(pool.labels) if label is not None and copies[label] >= 2}
     order = [pool.labels[b] for b in pool.duplicates]
     return (len(set(pool.duplicates)) == len(pool.duplicates) == len(expected)
             and set(pool.duplicates) == expected and order == sorted(order))  # type: ignore[type-var]
 
 
-def s10_queues_and_budgets(s: State, cfg: Config) -> bool:
-    """running = the RUNNING requests and waiting = the WAITING/PREEMPTED ones, without repeats; max_num_seqs, the token budget and the long-prefill threshold hold for every batch."""
-    if len(set(s.running)) != len(s.running) or len(set(s.waiting)) != len(s.waiting):
+def s10_request(s: State, cfg: Config, r: int) -> bool:
+    status = s.requests[r].status
+    return ((status is Status.RUNNING) == (r in s.running_set)
+            and (status in (Status.WAITING, Status.PREEMPTED)) == (r in s.waiting_set))
+
+
+def s10_queues(s: State, cfg: Config) -> bool:
+    """The queues hold no repeats and no slot outside the state; max_num_seqs holds."""
+    if len(s.running_set) != len(s.running) or len(s.waiting_set) != len(s.waiting):
         return False
-    if set(s.running) != {r for r, q in enumerate(s.requests) if q.status is Status.RUNNING}:
+    num_requests = len(s.requests)
+    if any(not 0 <= r < num_requests for r in s.running_set | s.waiting_set):
         return False
-    if set(s.waiting) != {r for r, q in enumerate(s.requests)
-                          if q.status in (Status.WAITING, Status.PREEMPTED)}:
-        return False
-    if len(s.running) > cfg.max_num_seqs:
-        return False
+    return len(s.running) <= cfg.max_num_seqs
+
+
+def s10_batch(s: State, cfg: Config, batch: Batch) -> bool:
     threshold = cfg.long_prefill_token_threshold
-    for b in s.in_flight:
-        if sum(e.n for e in b) > cfg.max_num_batched_tokens:
-            return False
-        if threshold > 0 and any(e.n > threshold for e in b) and _threshold_binds(b, cfg):
-            return False
-    return True
+    if sum(e.n for e in batch) > cfg.max_num_batched_tokens:
+        return False
+    return not (threshold > 0 and any(e.n > threshold for e in batch) and _threshold_binds(batch, cfg))
 
 
-def _threshold_binds(batch, cfg: Config) -> bool:
+def _threshold_binds(batch: Batch, cfg: Config) -> bool:
     """Whether the long-prefill threshold held when `batch` was scheduled, as
     far as the batch shows: always in 0.8.x; in 0.33 only with more than one
     request eligible (`Profile.threshold_needs_company`), which a batch of two
@@ -173,75 +183,101 @@ def _threshold_binds(batch, cfg: Config) -> bool:
     return not cfg.rules.threshold_needs_company or len(batch) > 1
 
 
-def s11_pipeline_depth(s: State, cfg: Config) -> bool:
-    """At most K batches in flight, none empty; the in-flight set (one batch per request) is exactly the requests with a live entry."""
-    if len(s.in_flight) > cfg.num_stages or any(len(b) == 0 for b in s.in_flight):
+def s11_fifo(s: State, cfg: Config) -> bool:
+    if len(s.in_flight) > cfg.num_stages:
         return False
-    with_live = {e.req for b in s.in_flight for e in b if e.fate is Fate.LIVE}
     if cfg.continue_prefill:
         return not s.scheduled_ids
-    return s.scheduled_ids == with_live
+    return s.scheduled_ids == {e.req for b in s.in_flight for e in b if e.fate is Fate.LIVE}
 
 
-def l1_running_request_unblocked(s: State, cfg: Config) -> bool:
-    """L1 as safety: a RUNNING request with nothing to schedule has a live entry in flight whose output unblocks it."""
-    for r, q in _active(s):
-        if q.status is not Status.RUNNING:
-            continue
-        live = s.entries_of(r)
-        if not cfg.continue_prefill and r in s.scheduled_ids:
-            if not live:
-                return False
-        elif s.num_new_tokens(r) <= 0 and not (live and live[-1].samples):
-            return False
-    return True
+def s11_batch(s: State, cfg: Config, batch: Batch) -> bool:
+    return len(batch) > 0
+
+
+def l1_request(s: State, cfg: Config, r: int) -> bool:
+    if s.requests[r].status is not Status.RUNNING:
+        return True
+    live = s.entries_of(r)
+    if not cfg.continue_prefill and r in s.scheduled_ids:
+        return bool(live)
+    return s.num_new_tokens(r) > 0 or bool(live and live[-1].samples)
 
 
 def l2_no_deadlock(s: State, cfg: Config) -> bool:
     """L2 as safety: with nothing in flight and a request unfinished, schedule is enabled and forms a batch or preempts."""
     from .schedule import schedule
-    if s.in_flight or not _active(s):
+    if s.in_flight or not any(q.status.is_active for q in s.requests):
         return True
     return schedule(s, cfg) is not None
 
 
 def l3_drain(s: State, cfg: Config) -> bool:
     """L3 as safety: the oldest in-flight batch can always be consumed (complete_oldest is enabled)."""
-    from .actions import Sample, complete_oldest, sampling_entries
+    from .actions import Sample, can_complete_oldest, sampling_entries
     if not s.in_flight:
         return True
     samples = tuple(Sample() for _ in sampling_entries(s, cfg))
-    return complete_oldest(s, cfg, samples) is not None
+    return can_complete_oldest(s, cfg, samples)   # complete_oldest's guard: is it enabled?
+
+
+RequestPart = Callable[[State, Config, int], bool]
+BatchPart = Callable[[State, Config, Batch], bool]
+StatePart = Callable[[State, Config], bool]
 
 
 @dataclass(frozen=True)
 class Invariant:
     name: str
-    predicate: Callable[[State, Config], bool]
-    kind: str = "invariant"          # invariant | liveness (its safety form)
-
-    @property
-    def statement(self) -> str:
-        return (self.predicate.__doc__ or "").strip()
+    statement: str                       # its one-line English statement
+    of_request: RequestPart | None = None
+    of_batch: BatchPart | None = None
+    of_state: StatePart | None = None
+    kind: str = "invariant"              # invariant | liveness (its safety form)
 
     def holds(self, s: State, cfg: Config) -> bool:
-        return self.predicate(s, cfg)
+        """The conjunction of its parts: the state part, the request part of
+        every request slot, the batch part of every in-flight batch."""
+        if self.of_state is not None and not self.of_state(s, cfg):
+            return False
+        if self.of_request is not None and not all(self.of_request(s, cfg, r) for r in range(len(s.requests))):
+            return False
+        return self.of_batch is None or all(self.of_batch(s, cfg, b) for b in s.in_flight)
 
 
 INVARIANTS: tuple[Invariant, ...] = (
-    Invariant("S1_counter_bounds", s1_counter_bounds),
-    Invariant("S2_length_cap", s2_length_cap),
-    Invariant("S3_contiguous_coverage", s3_contiguous_coverage),
-    Invariant("S5_one_sample_per_prefill", s5_one_sample_per_prefill),
-    Invariant("S6_decode_gating", s6_decode_gating),
-    Invariant("S7_output_binding", s7_output_binding),
-    Invariant("S8_spec_accounting", s8_spec_accounting),
-    Invariant("S9_kv_ownership", s9_kv_ownership),
-    Invariant("S10_queues_and_budgets", s10_queues_and_budgets),
-    Invariant("S11_pipeline_depth", s11_pipeline_depth),
-    Invariant("L1_running_request_unblocked", l1_running_request_unblocked, "liveness"),
-    Invariant("L2_no_deadlock", l2_no_deadlock, "liveness"),
-    Invariant("L3_drain", l3_drain, "liveness"),
+    Invariant("S1_counter_bounds", "0 <= num_computed <= known tokens + drafts, and 0 outside RUNNING.",
+              of_request=s1_request),
+    Invariant("S2_length_cap", "No request exceeds max_tokens or max_model_len; an unfinished one is below "
+              "both; no batch reaches past max_model_len.", of_request=s2_request, of_batch=s2_batch),
+    Invariant("S3_contiguous_coverage", "A running request's live in-flight ranges, in FIFO order, are "
+              "contiguous, non-empty and end at num_computed.", of_request=s3_request),
+    Invariant("S5_one_sample_per_prefill", "A live entry samples exactly when it reaches the request's known "
+              "tokens, never past them; it holds more tokens than drafts, and drafts only ride on a "
+              "sampling entry.", of_request=s5_request),
+    Invariant("S6_decode_gating", "A request has at most one live sampling entry in flight, and it is its "
+              "last live entry.", of_request=s6_request),
+    Invariant("S7_output_binding", "Live entries belong to RUNNING requests, orphaned ones to PREEMPTED "
+              "requests with no live entry; a batch holds a request once.",
+              of_request=s7_request, of_batch=s7_batch),
+    Invariant("S8_spec_accounting", "Drafts never exceed k, and once a running request has nothing in "
+              "flight its rejected drafts are subtracted (num_computed < known tokens).",
+              of_request=s8_request, of_batch=s8_batch),
+    Invariant("S9_kv_ownership", "Reference counts equal the tables holding a block; free queue and held "
+              "blocks partition the pool; only RUNNING requests hold blocks, enough for num_computed, "
+              "with correct cached content; a label is cached once, or (duplicate caching) its copies are "
+              "recorded in caching order.", of_request=s9_request, of_state=s9_pool),
+    Invariant("S10_queues_and_budgets", "running = the RUNNING requests and waiting = the WAITING/PREEMPTED "
+              "ones, without repeats; max_num_seqs, the token budget and the long-prefill threshold hold "
+              "for every batch.", of_request=s10_request, of_batch=s10_batch, of_state=s10_queues),
+    Invariant("S11_pipeline_depth", "At most K batches in flight, none empty; the in-flight set (one batch "
+              "per request) is exactly the requests with a live entry.", of_batch=s11_batch,
+              of_state=s11_fifo),
+    Invariant("L1_running_request_unblocked", "L1 as safety: a RUNNING request with nothing to schedule has "
+              "a live entry in flight whose output unblocks it.", of_request=l1_request, kind="liveness"),
+    Invariant("L2_no_deadlock", (l2_no_deadlock.__doc__ or "").strip(), of_state=l2_no_deadlock,
+              kind="liveness"),
+    Invariant("L3_drain", (l3_drain.__doc__ or "").strip(), of_state=l3_drain, kind="liveness"),
 )
 
 

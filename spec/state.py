@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 
 class Status(enum.Enum):
@@ -120,14 +121,33 @@ class State:
     scheduled_ids: frozenset[int] = frozenset()  # one-batch-per-request's in-flight set
 
     def with_request(self, r: int, **changes) -> "State":
-        reqs = list(self.requests)
-        reqs[r] = replace(reqs[r], **changes)
-        return replace(self, requests=tuple(reqs))
+        if all(getattr(self.requests[r], name) == value for name, value in changes.items()):
+            return self                   # nothing changes (a decode's drafts stay 0, its table as it was)
+        request = replace(self.requests[r], **changes)
+        return replace(self, requests=self.requests[:r] + (request,) + self.requests[r + 1:])
 
     def entries_of(self, r: int, fate: Fate | None = Fate.LIVE) -> list[Entry]:
         """r's entries in FIFO order (only those of `fate`, unless None)."""
-        return [e for batch in self.in_flight for e in batch
-                if e.req == r and (fate is None or e.fate == fate)]
+        return [e for e in self._entries_by_request.get(r, ()) if fate is None or e.fate == fate]
+
+    @cached_property
+    def running_set(self) -> frozenset[int]:
+        return frozenset(self.running)
+
+    @cached_property
+    def waiting_set(self) -> frozenset[int]:
+        return frozenset(self.waiting)
+
+    @cached_property
+    def _entries_by_request(self) -> dict[int, list[Entry]]:
+        """Every in-flight entry, grouped by request in FIFO order: built once
+        per state, so asking for each request's entries costs what they hold
+        rather than the whole FIFO (the trace checker asks for many)."""
+        index: dict[int, list[Entry]] = {}
+        for batch in self.in_flight:
+            for e in batch:
+                index.setdefault(e.req, []).append(e)
+        return index
 
     def num_new_tokens(self, r: int) -> int:
         req = self.requests[r]

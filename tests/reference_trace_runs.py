@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from flightcheck.reference import (MUTANTS, Engine, EngineCoreOutput, Request, RequestStatus, Sample,
                                    SamplingParams, SchedulerConfig, ScriptedExecutor, TraceWriter,
                                    make_scheduler)
+from flightcheck.reference.profiles import DEFAULT_PROFILE
 
 EOS = 2
 STOP = 3
@@ -40,12 +41,15 @@ def run_cases() -> list[tuple[str, str | None, bool, int]]:
     return cases
 
 
-def config_for(mutant: str | None, continue_prefill: bool, seed: int) -> SchedulerConfig:
+def config_for(mutant: str | None, continue_prefill: bool, seed: int, profile: str = DEFAULT_PROFILE,
+               prefix_caching: bool = True) -> SchedulerConfig:
+    """The golden runs' configuration; `profile` and `prefix_caching` vary it
+    for other tests (the golden itself uses the defaults)."""
     return SchedulerConfig(
         max_num_batched_tokens=12, max_num_seqs=4, max_model_len=40, block_size=4,
         num_blocks=10 + seed % 3, num_pipeline_stages=2 + seed % 3, long_prefill_token_threshold=seed * 5,
-        num_spec_tokens=2, enable_prefix_caching=True, continue_prefill=continue_prefill,
-        mutant=mutant)
+        num_spec_tokens=2, enable_prefix_caching=prefix_caching, continue_prefill=continue_prefill,
+        mutant=mutant, profile=profile)
 
 
 def _mix(*parts: object) -> int:
@@ -59,19 +63,21 @@ def _sample(req_id: str, position: int, drafts: Sequence[int]) -> Sample:
     return Sample(token, num_accepted=(h >> 5) % 3, next_draft_token_ids=(200 + h % 7, 201)[: (h >> 8) % 3])
 
 
-def traced_run(mutant: str | None, continue_prefill: bool, seed: int) -> str:
+def traced_run(mutant: str | None, continue_prefill: bool, seed: int, profile: str = DEFAULT_PROFILE,
+               prefix_caching: bool = True) -> str:
     """The trace text of one run, then `# raised ...` or `# stuck` if it ended early."""
     sink = io.StringIO()
-    _, ending = drive(mutant, continue_prefill, seed, TraceWriter(sink, eos_token_id=EOS))
+    _, ending = drive(mutant, continue_prefill, seed, TraceWriter(sink, eos_token_id=EOS), profile,
+                      prefix_caching)
     return sink.getvalue() + ending
 
 
-def drive(mutant: str | None, continue_prefill: bool, seed: int,
-          trace: TraceWriter | None) -> tuple[list[EngineCoreOutput], str]:
+def drive(mutant: str | None, continue_prefill: bool, seed: int, trace: TraceWriter | None,
+          profile: str = DEFAULT_PROFILE, prefix_caching: bool = True) -> tuple[list[EngineCoreOutput], str]:
     """One run: every output the engine returned, and how it ended ("" when
     every request finished; the trace, if any, then has its `end`)."""
     rng = random.Random(seed)
-    config = config_for(mutant, continue_prefill, seed)
+    config = config_for(mutant, continue_prefill, seed, profile, prefix_caching)
     scheduler = make_scheduler(config, trace)
     engine = Engine(scheduler, ScriptedExecutor(_sample, sample_every_chunk=seed % 2 == 1))
     names: list[str] = []

@@ -7,9 +7,6 @@ from __future__ import annotations
 import pytest
 
 from flightcheck.spec import INVARIANTS
-from flightcheck.spec.invariants import (l1_running_request_unblocked, s3_contiguous_coverage,
-                                         s5_one_sample_per_prefill, s6_decode_gating,
-                                         s8_spec_accounting, s11_pipeline_depth)
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.models import EXHAUSTIVE_MODELS
 from flightcheck.verification.weight import kill_sets, weights
@@ -35,6 +32,11 @@ def test_every_property_is_needed_alone_by_some_mutant_or_listed_as_implied(weig
             assert w.sole_killer_of, f"{name} is needed by no mutant alone (catches {w.catches})"
 
 
+def _holds(name: str, s, cfg) -> bool:
+    """The invariant called `name`, on the whole state (all its parts)."""
+    return next(i for i in INVARIANTS if i.name == name).holds(s, cfg)
+
+
 def _states_of(models):
     for model in models:
         seen = {explicit.initial(model)}
@@ -55,10 +57,10 @@ def test_implications_hold_on_every_state_reachable_by_the_correct_and_mutant_sp
                                          "decode_while_token_in_flight", "rejections_not_subtracted")]
     checked = 0
     for cfg, s in _states_of(models):
-        if s3_contiguous_coverage(s, cfg) and s5_one_sample_per_prefill(s, cfg):
-            assert s6_decode_gating(s, cfg)
-            if s8_spec_accounting(s, cfg) and s11_pipeline_depth(s, cfg):
-                assert l1_running_request_unblocked(s, cfg)
+        if _holds("S3_contiguous_coverage", s, cfg) and _holds("S5_one_sample_per_prefill", s, cfg):
+            assert _holds("S6_decode_gating", s, cfg)
+            if _holds("S8_spec_accounting", s, cfg) and _holds("S11_pipeline_depth", s, cfg):
+                assert _holds("L1_running_request_unblocked", s, cfg)
         checked += 1
     assert checked > 10_000
     assert {i.name for i in INVARIANTS} >= set(IMPLIED) - {"S13_fates_only_age"}

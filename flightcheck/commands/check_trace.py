@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from flightcheck.spec.profiles import PROFILES
 
@@ -27,6 +30,10 @@ def add_parser(sub) -> None:
                        help="check under this version profile (default: the one the trace's vllm_version "
                             f"selects; {', '.join(PROFILES)})")
     check.add_argument("--json", action="store_true", help="print machine-readable results")
+    check.add_argument("--full", action="store_true",
+                       help="re-check every property of the whole state after every event (slow on "
+                            "long traces; the same verdict as the default, which checks what each "
+                            "event touches)")
     check.set_defaults(func=run)
 
 
@@ -45,8 +52,13 @@ def _check(args: argparse.Namespace) -> int:
 
     if args.profile is not None and args.profile not in PROFILES:
         return bad(f"unknown --profile {args.profile!r}; known: {', '.join(PROFILES)}")
+    options = {"full": True} if args.full else {}
     try:
-        result = check_trace(args.file, args.profile)
+        if sys.stderr.isatty():                    # a person is watching: show how far it got
+            with _progress_bar() as progress:
+                result = check_trace(args.file, args.profile, progress=progress, **options)
+        else:
+            result = check_trace(args.file, args.profile, **options)
     except MalformedTrace as err:
         if args.json:
             print(json.dumps({"ok": False, "malformed": str(err)}))
@@ -63,3 +75,19 @@ def _check(args: argparse.Namespace) -> int:
         for item in result.unchecked:
             print(f"not checked: {item}")
     return 0 if result.ok else 1
+
+
+@contextmanager
+def _progress_bar() -> Iterator[Callable[[int, int], None]]:
+    """A rich progress bar on stderr, fed `(events done, events in all)`."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("checking"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("check", total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from flightcheck.spec import (
     INVARIANTS,
@@ -53,9 +53,11 @@ from flightcheck.spec import (
     step,
 )
 from flightcheck.spec.actions import complete_oldest
+from flightcheck.spec.schedule import Scheduled
 from flightcheck.spec.blocks import cdiv
 from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES, profile_for_version
 
+from .incremental import Incremental
 from .schema import EVENTS, MAX_POOL_BLOCKS, SchemaError, validate_event
 
 EVENT_KINDS = set(EVENTS)
@@ -219,8 +221,7 @@ class TraceChecker:
     def __init__(self, events: list[dict[str, Any]], profile: str | None = None) -> None:
         self.cfg = modelled_pool(config_from_event(events[0], profile), events)
         self.eos = events[0].get("eos_token_id")
-        num_arrivals = sum(1 for e in events if e["ev"] == "arrive")
-        self.state: State = initial_state(num_arrivals, self.cfg.num_blocks)
+        self.state: State = initial_state(self._num_slots(events), self.cfg.num_blocks)
         self.slot: dict[str, int] = {}            # request name -> its current incarnation's slot
         self.names: list[str] = []
         self.stops: dict[int, tuple[set[int], bool]] = {}   # slot -> (stop ids, ignore_eos)
@@ -231,8 +232,21 @@ class TraceChecker:
         self.finished_now: dict[int, Status] = {}  # finishes the spec made, awaiting their event
         self.just_aborted: int | None = None      # the slot the previous event aborted
         self.ended = False
+        self.scheduled: Scheduled | None = None   # the record of the schedule step being applied
+
+    def _num_slots(self, events: list[dict[str, Any]]) -> int:
+        """Request slots in the spec state: one per arrival, never reused."""
+        return sum(1 for e in events if e["ev"] == "arrive")
+
+    def _new_slot(self) -> int:
+        """The slot of the next arrival's incarnation."""
+        return len(self.names)
 
     # -- helpers ------------------------------------------------------------
+
+    @staticmethod
+    def _violation(prop: str, message: str) -> Exception:
+        return _Violation(prop, message)
 
     def _name(self, r: int) -> str:
         return self.names[r]
@@ -310,8 +324,11 @@ class TraceChecker:
         name = event["req"]
         if name in self.slot and self.state.requests[self.slot[name]].status.is_active:
             raise _Violation("request_id_reused", f"{name!r} arrives again while still active")
-        r = len(self.names)                        # a new incarnation gets a new slot
-        self.names.append(name)
+        r = self._new_slot()                       # a new incarnation gets a new slot
+        if r == len(self.names):
+            self.names.append(name)
+        else:
+            self.names[r] = name
         self.slot[name] = r
         prompt = Prompt(event["prompt_len"], event["max_tokens"], self._labels(event))
         stop_ids = set(event.get("stop_token_ids") or ())
@@ -344,6 +361,7 @@ class TraceChecker:
             raise _Violation("preemption_decision",
                              f"the spec preempts {want_pre}, the trace {event.get('preempted', [])}")
         self._check_block_ids(scheduled.entries, entries)
+        self.scheduled = scheduled
         self._apply(Schedule(), scheduled.state, "schedule")
         if scheduled.entries:
             self.batch_ids.append(event.get("batch"))
@@ -419,9 +437,17 @@ class TraceChecker:
                              f"({tokens})")
         self.batch_ids.pop(0)
         self._apply(CompleteOldest(tuple(samples)), after, "complete")
-        for r, (b, a) in enumerate(zip(before.requests, after.requests)):
-            if a.status.is_finished and not b.status.is_finished:
-                self.finished_now[r] = a.status
+        for r in self._newly_finished(before, after):
+            self.finished_now[r] = after.requests[r].status
+
+    def _newly_finished(self, before: State, after: State) -> list[int]:
+        """The requests a completion finished, in arrival order."""
+        return [r for r, (b, a) in enumerate(zip(before.requests, after.requests))
+                if a.status.is_finished and not b.status.is_finished]
+
+    def _active_slots(self) -> list[int]:
+        """The unfinished requests, in arrival order."""
+        return [r for r, q in enumerate(self.state.requests) if q.status.is_active]
 
     def _sample(self, e, returned: list[int], next_drafts: int) -> Sample:
         accepted = len(returned) - 1
@@ -463,7 +489,7 @@ class TraceChecker:
         self.ended = True
         if self.state.in_flight:
             raise _Violation("L3_drain", f"{len(self.state.in_flight)} batches still in flight at the end")
-        active = [r for r, q in enumerate(self.state.requests) if q.status.is_active]
+        active = self._active_slots()
         if not active:
             return
         names = ", ".join(self._name(r) for r in active)
@@ -476,16 +502,32 @@ class TraceChecker:
                          "the scheduler stalled")
 
 
-def check_events(events: list[dict[str, Any]], profile: str | None = None) -> CheckResult:
+class IncrementalChecker(Incremental, TraceChecker):
+    """The default checker: the full replay's verdict, checking only what each
+    event touches (incremental.py)."""
+
+
+PROGRESS_EVERY = 1000
+
+
+def check_events(events: list[dict[str, Any]], profile: str | None = None, full: bool = False,
+                 progress: Callable[[int, int], None] | None = None) -> CheckResult:
     """Validate the events (MalformedTrace), then replay them on the spec under
-    `profile` (None: the one the trace selects)."""
+    `profile` (None: the one the trace selects).
+
+    By default only what each event touches is checked (incremental.py),
+    with the same verdict; `full` re-checks every property of the whole state
+    after every event, the definition the incremental checker is tested against.
+    `progress(done, total)` is called every PROGRESS_EVERY events."""
     validate_events(events)
-    checker = TraceChecker(events, profile)
+    checker = TraceChecker(events, profile) if full else IncrementalChecker(events, profile)
     name = checker.cfg.profile
     _annotate_finishes(events)
     for index, event in enumerate(events[1:], start=1):
         before = checker.state             # states are immutable: describe it only if needed
         checker.upcoming_finish = event.get("_finishes", {})
+        if progress is not None and index % PROGRESS_EVERY == 0:
+            progress(index, len(events))
         try:
             checker.feed(event)
         except _Violation as v:
@@ -515,10 +557,12 @@ def _annotate_finishes(events: list[dict[str, Any]]) -> None:
         event["_finishes"] = finishes
 
 
-def check_trace(path: str | Path, profile: str | None = None) -> CheckResult:
+def check_trace(path: str | Path, profile: str | None = None, full: bool = False,
+                progress: Callable[[int, int], None] | None = None) -> CheckResult:
     """Check a trace file under `profile` (None: the one its config event
-    selects). Raises MalformedTrace for a file not in the format, or naming a
-    vLLM version no profile covers when `profile` is None."""
+    selects), incrementally unless `full` (check_events). Raises MalformedTrace
+    for a file not in the format, or naming a vLLM version no profile covers
+    when `profile` is None."""
     try:
         data = Path(path).read_bytes()
     except OSError as err:
@@ -530,4 +574,4 @@ def check_trace(path: str | Path, profile: str | None = None) -> CheckResult:
         raise MalformedTrace(f"line {line}: not UTF-8 text (byte {err.start}: {err.reason})") from None
     # split on newlines only: str.splitlines would also split inside strings at
     # U+2028 and other separators a writer need not escape
-    return check_events(read_events(text.split("\n")), profile)
+    return check_events(read_events(text.split("\n")), profile, full=full, progress=progress)

@@ -1,0 +1,353 @@
+"""The incremental trace checker: the verdict of the full replay (check.py),
+at a cost per event that depends on what the event touches, not on the
+history.
+
+The full replay checks every property of the whole state after every event,
+and its state has one request slot per arrival ever made, so both the spec's
+own transitions (which copy the request tuple) and the checks grow with the
+history. This checker differs in two ways, and in nothing else:
+
+* **Only the touched parts are checked.** Every invariant is the conjunction
+  of a part per request, a part per in-flight batch and a state part
+  (spec/invariants.py). An event replaces the records of the requests it
+  touches (an arrival or abort: that request; a schedule step: the requests
+  it scheduled or preempted; a completion: the requests of the completed
+  batch) and adds at most one batch; every other request's part reads only
+  what did not change (its record, its own entries, its own membership of
+  the queues and of the one-batch-per-request set, the labels of its own
+  blocks), and a batch's part reads only its snapshot, which S4 keeps fixed.
+  So after each event this checker evaluates the request parts of the
+  touched requests, the batch part of a new batch, and the state parts; the
+  pool's state part (S9's reference counts, free queue and labels) it
+  evaluates on the blocks the touched requests' tables held or hold (the
+  only blocks an event can change), with the holders of each block kept up
+  to date from those tables; S9's caching clause (a label cached once, or,
+  with the profile's duplicate caching, every copy listed in
+  `BlockPool.duplicates`) per label whose copies changed. S12 is checked
+  per touched request, with the schedule step's own record instead of a
+  second `schedule`. Two state parts are implied by their value before the
+  event: L3 when the oldest batch is the same, L2 after an arrival onto an
+  idle engine that had a batch to form (`_arrival_behind_a_schedulable_queue`).
+
+* **Finished requests' slots are reused.** A slot whose request has
+  finished and has nothing left in flight is given to a later arrival, so
+  the state holds as many slots as requests are ever alive at once (plus
+  the finished ones still in flight), not one per arrival. Before reuse the
+  slot is reset to a request that has not arrived, and the labels its old
+  incarnation's output blocks cached are evicted from the pool, every copy
+  of each (a resumed request recomputes its last full block, so its label
+  can be cached twice): those labels are unique to the slot, so in the full
+  replay nothing could ever hit them again; left in place, they would be
+  hit by the new incarnation.
+
+Every version profile (spec/profiles.py) is checked the same way: release
+order, preallocation and duplicate caching live in the spec's transitions,
+which both checkers run unchanged.
+
+The full replay stays available (`check-trace --full`); a differential test
+(tests/test_check_trace_incremental.py) runs both on every trace the test
+suite has, on long generated ones of every profile and on vLLM's own
+traces, and requires the same verdict, property, event, message and
+profile. `state_before` may differ: it lists slots.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+from flightcheck.spec import (
+    INVARIANTS,
+    TRANSITION_PROPERTIES,
+    Abort,
+    Action,
+    Arrive,
+    BlockPool,
+    CompleteOldest,
+    Request,
+    Schedule,
+    State,
+)
+from flightcheck.spec.blocks import group_duplicates
+from flightcheck.spec.transitions import s12_no_admission_after_preemption, s12_request
+
+S12 = "S12_status_monotonicity"
+
+
+class Incremental:
+    """What turns check.py's TraceChecker into the incremental checker
+    (check.IncrementalChecker): check only what each event touches, reuse the
+    slots of finished requests (see the module docstring). A mixin, so that
+    this module needs nothing of check.py: it raises the checker's violations
+    through `self._violation`."""
+
+    def __init__(self, events: list[dict[str, Any]], profile: str | None = None) -> None:
+        super().__init__(events, profile)  # type: ignore[call-arg]
+        self.holders: Counter[int] = Counter()          # block -> tables holding it
+        self.arrival_number: dict[int, int] = {}        # slot -> arrival count when it arrived
+        # slot -> block -> the output label it cached for that slot: every
+        # copy, since with duplicate caching a label can be cached twice
+        self.output_labels: dict[int, dict[int, int]] = {}
+        self.retired: dict[str, Any] = {}               # name whose slot was reused -> its final status
+        self.finished_slots: dict[int, None] = {}       # slots of finished requests, oldest finish first
+        self.next_unused = 0
+        self.num_arrivals = 0
+
+    # -- slots --------------------------------------------------------------
+
+    def _num_slots(self, events: list[dict[str, Any]]) -> int:
+        """The most requests the trace has alive or in flight at once (by its
+        own arrive, finish, abort, schedule and complete events), plus one: a
+        finished request keeps its slot while an entry of it is in flight.
+        Until the first violation the spec's requests and batches are the
+        trace's, so this many slots suffice."""
+        incarnation: dict[Any, tuple[Any, int]] = {}   # name -> its latest incarnation
+        alive: set[tuple[Any, int]] = set()
+        in_flight: list[list[tuple[Any, int]]] = []     # each in-flight batch's incarnations, oldest first
+        flying: Counter[tuple[Any, int]] = Counter()    # incarnation -> in-flight batches holding it
+        num_finished_flying = 0                          # incarnations finished but still in flight
+        num_arrivals = most = 0
+        for e in events:
+            kind = e["ev"]
+            if kind == "arrive":
+                num_arrivals += 1
+                incarnation[e["req"]] = key = (e["req"], num_arrivals)
+                alive.add(key)
+            elif kind in ("finish", "abort") and incarnation.get(e["req"]) in alive:
+                key = incarnation[e["req"]]
+                alive.discard(key)
+                num_finished_flying += flying[key] > 0
+            elif kind == "schedule" and e["entries"]:
+                keys = [incarnation.get(x["req"], (x["req"], -1)) for x in e["entries"]]
+                in_flight.append(keys)
+                for key in keys:
+                    num_finished_flying += flying[key] == 0 and key not in alive
+                    flying[key] += 1
+            elif kind == "complete" and in_flight:
+                for key in in_flight.pop(0):
+                    flying[key] -= 1
+                    if flying[key] == 0:
+                        del flying[key]
+                        num_finished_flying -= key not in alive
+            most = max(most, len(alive) + num_finished_flying)
+        return most + 1
+
+    def _new_slot(self) -> int:
+        r = self._reusable_slot()
+        self.arrival_number[r] = self.num_arrivals
+        self.num_arrivals += 1
+        return r
+
+    def _reusable_slot(self) -> int:
+        if self.next_unused < len(self.state.requests):
+            self.next_unused += 1
+            self.names.append("")                      # filled in by _on_arrive
+            return self.next_unused - 1
+        for r in self.finished_slots:
+            if not self.state.entries_of(r, fate=None):   # nothing of it left in flight
+                del self.finished_slots[r]
+                self._reset_slot(r)
+                return r
+        raise RuntimeError("incremental checker: no request slot is free (the count of "
+                           "requests alive at once was wrong)")
+
+    def _reset_slot(self, r: int) -> None:
+        old_name = self.names[r]
+        if self.slot.get(old_name) == r:
+            del self.slot[old_name]
+            self.retired[old_name] = self.state.requests[r].status
+        pool = self.state.pool
+        labels = list(pool.labels)
+        for block, label in self.output_labels.pop(r, {}).items():
+            if labels[block] == label:                 # not evicted by a pop since
+                labels[block] = None
+        # a copy evicted here leaves `duplicates` as a pop would (blocks.pop_fresh)
+        duplicates = group_duplicates([b for b in pool.duplicates if labels[b] is not None], labels)
+        pool = replace(pool, labels=tuple(labels), duplicates=duplicates)
+        self.state = replace(self.state, pool=pool).with_request(r, **_fresh_request_fields())
+
+    # -- checking -------------------------------------------------------------
+
+    def _touched(self, before: State, action: Action) -> list[int]:
+        if isinstance(action, (Arrive, Abort)):
+            return [action.req]
+        if isinstance(action, Schedule):
+            assert self.scheduled is not None
+            return list(dict.fromkeys([e.req for e in self.scheduled.entries] + list(self.scheduled.preempted)))
+        if isinstance(action, CompleteOldest):
+            return list(dict.fromkeys(e.req for e in before.in_flight[0]))
+        raise TypeError(f"not an action: {action!r}")
+
+    def _check_properties(self, before: State, after: State, action: Action) -> None:
+        touched = self._touched(before, action)
+        new_batch = after.in_flight[-1] if isinstance(action, Schedule) and self.scheduled.entries else None
+        blocks = self._update_holders(before, after, touched)
+        self._note_output_labels(after, touched)
+        for r in touched:
+            if after.requests[r].status.is_finished and not before.requests[r].status.is_finished:
+                self.finished_slots[r] = None
+        for inv in INVARIANTS:
+            if not self._holds(inv, after, touched, new_batch, blocks, before, action):
+                raise self._violation(inv.name, inv.statement)
+        for prop in TRANSITION_PROPERTIES:
+            if prop.name == S12:
+                ok = all(s12_request(before.requests[r], after.requests[r], action) for r in touched) and \
+                    (not isinstance(action, Schedule) or s12_no_admission_after_preemption(before, self.scheduled))
+            else:
+                ok = prop.holds(before, after, action, self.cfg)
+            if not ok:
+                raise self._violation(prop.name, prop.statement)
+        self.scheduled = None
+
+    def _holds(self, inv, s: State, touched: list[int], new_batch, blocks: set[int], before: State,
+               action: Action) -> bool:
+        cfg = self.cfg
+        if inv.of_state is not None:
+            if inv.name == "S9_kv_ownership":
+                if not self._pool_holds(before, s, blocks, touched):
+                    return False
+            elif inv.name == "L3_drain" and _same_head(before, s):
+                pass                   # it held of `before`, and reads only the oldest batch
+            elif inv.name == "L2_no_deadlock" and _arrival_behind_a_schedulable_queue(before, action):
+                pass                   # it held of `before` with a batch to form: see below
+            elif not inv.of_state(s, cfg):
+                return False
+        if inv.of_request is not None and not all(inv.of_request(s, cfg, r) for r in touched):
+            return False
+        return inv.of_batch is None or new_batch is None or inv.of_batch(s, cfg, new_batch)
+
+    def _update_holders(self, before: State, after: State, touched: list[int]) -> set[int]:
+        """Bring the holders count up to date; the blocks whose holders,
+        reference count, free-queue place or label the event can change."""
+        blocks: set[int] = set()
+        for r in touched:
+            old, new = before.requests[r].block_table, after.requests[r].block_table
+            if old is new:
+                continue
+            self.holders.subtract(old)
+            self.holders.update(new)
+            blocks.update(old)
+            blocks.update(new)
+        return blocks
+
+    def _pool_holds(self, before: State, s: State, blocks: set[int], touched: list[int]) -> bool:
+        """S9's pool part on the blocks the event could change (the rest of
+        the pool is as it was, and it held then)."""
+        pool = s.pool
+        if pool is before.pool and not blocks:
+            return True
+        if any(pool.ref_counts[b] != self.holders[b] for b in blocks):
+            return False
+        free = pool.free_queue
+        if free is not before.pool.free_queue:
+            free_set = set(free)
+            if len(free_set) != len(free):
+                return False
+            if any((pool.ref_counts[b] == 0) != (b in free_set) for b in blocks):
+                return False
+        if pool.labels is before.pool.labels and pool.duplicates is before.pool.duplicates:
+            return True
+        # the only blocks a transition relabels: a pop evicts the label of a
+        # block it puts in a table (in `blocks`), caching labels blocks of a
+        # scheduled request's table, new or old (a block fills up after it
+        # joined the table)
+        relabelled = blocks.union(*(s.requests[r].block_table for r in touched)) \
+            if pool.labels is not before.pool.labels else set()
+        return self._cached_copies_hold(before.pool, pool, relabelled)
+
+    def _cached_copies_hold(self, before: BlockPool, pool: BlockPool, relabelled: set[int]) -> bool:
+        """S9's caching clause (spec s9_cached_copies) on the labels the event
+        could change: the old and new labels of `relabelled`, the blocks
+        whose label it may have changed. The clause is a conjunction
+        per label (its copies: one, or all in `duplicates`) plus the form of
+        `duplicates` (no repeats, grouped by label); every other label's
+        copies, and their place in `duplicates`, are as they were, and held."""
+        labels, old_labels = pool.labels, before.labels
+        changed = {label for b in relabelled if labels[b] != old_labels[b]
+                   for label in (labels[b], old_labels[b]) if label is not None}
+        if not self.cfg.cache_duplicate_blocks:
+            return not pool.duplicates and all(labels.count(label) <= 1 for label in changed)
+        duplicates = pool.duplicates
+        order = [labels[b] for b in duplicates]
+        if len(set(duplicates)) != len(duplicates) or order != sorted(order):  # type: ignore[type-var]
+            return False
+        kept = {b for b in duplicates if labels[b] not in changed}
+        if kept != {b for b in before.duplicates if old_labels[b] not in changed}:
+            return False
+        listed = {b for b in duplicates if labels[b] in changed}
+        return listed == {b for label in changed for b in _copies(labels, label)}
+
+    def _note_output_labels(self, s: State, touched: list[int]) -> None:
+        """Remember which block caches each output label of a touched request
+        (negative labels are output labels: content_label)."""
+        labels = s.pool.labels
+        for r in touched:
+            for b in s.requests[r].block_table:
+                label = labels[b]
+                if label is not None and label < 0:
+                    self.output_labels.setdefault(r, {})[b] = label
+
+    # -- what the full replay finds by a pass over every slot -------------------
+
+    def _newly_finished(self, before: State, after: State) -> list[int]:
+        batch = before.in_flight[0]
+        finished = {e.req for e in batch if after.requests[e.req].status.is_finished
+                    and not before.requests[e.req].status.is_finished}
+        return sorted(finished, key=self.arrival_number.__getitem__)
+
+    def _active_slots(self) -> list[int]:
+        active = [r for r, q in enumerate(self.state.requests) if q.status.is_active]
+        return sorted(active, key=self.arrival_number.__getitem__)
+
+    def _on_finish(self, event: dict) -> None:
+        name = event["req"]
+        if name not in self.slot and name in self.retired:
+            raise self._violation("finish_decision", f"{name} finishes ({event['reason']}) in the trace, but is "
+                             f"{self.retired[name].value} in the spec")
+        super()._on_finish(event)
+
+
+def _copies(labels: tuple[int | None, ...], label: int) -> list[int]:
+    """The blocks caching `label` when two or more do, else none (the
+    duplicates S9 requires to be listed); found by C-level scans of the labels."""
+    if labels.count(label) < 2:
+        return []
+    found, start = [], 0
+    while True:
+        try:
+            start = labels.index(label, start) + 1
+        except ValueError:
+            return found
+        found.append(start - 1)
+
+
+def _arrival_behind_a_schedulable_queue(before: State, action: Action) -> bool:
+    """L2 after an arrival, from L2 before it. L2 held of `before` (a slot
+    reset for the arrival changes nothing `schedule` reads: the evicted
+    labels are the old incarnation's own, which no other request looks up); if
+    `before` had nothing in flight and a request unfinished (all of them are
+    in `waiting` or `running`, by S10), that says `schedule(before)` forms a
+    batch or preempts. An arrival only appends its request to the tail of
+    `waiting` (and, one batch per request, adds an unscheduled request to
+    vLLM 0.8.4's engine gate): `schedule` walks `running` and then `waiting`
+    in order with the same budget, seats and pool, so it schedules or
+    preempts everything it did before it reaches the newcomer, and is not
+    None either. Without this, each of the arrivals that fill an idle engine
+    would re-run `schedule` over the whole queue."""
+    return (isinstance(action, Arrive) and not before.in_flight
+            and bool(before.waiting or before.running))
+
+
+def _same_head(before: State, after: State) -> bool:
+    """The oldest in-flight batch is the same object (fates included) in both:
+    L3 (can the oldest batch be consumed?) reads nothing else but its entries'
+    requests, and `complete_oldest`'s only failure is a sample the batch's
+    entries cannot take."""
+    return bool(before.in_flight) and bool(after.in_flight) and before.in_flight[0] is after.in_flight[0]
+
+
+def _fresh_request_fields() -> dict[str, Any]:
+    """Every field of a request that has not arrived."""
+    fresh = Request()
+    return {name: getattr(fresh, name) for name in Request.__dataclass_fields__}
