@@ -183,3 +183,12 @@ def test_each_profile_has_a_model_of_three_requests_and_k_3():
     for name, models in PROFILE_MODELS.items():
         assert all(m.cfg.profile == name for m in models)
         assert any(m.num_requests >= 3 and m.cfg.num_stages == 3 and m.cfg.profile == name for m in models), name
+
+
+def test_verify_runs_z3_exactly_under_the_profiles_the_encoding_models():
+    """A profile verify runs Z3 under must be one the encoding reads (else the
+    engines would prove another profile's rules), and every encoded profile
+    gets its Z3 rows."""
+    from flightcheck.verification.suite import Z3_PROFILES
+    from flightcheck.verification.z3.profiles import ENCODED_PROFILES
+    assert Z3_PROFILES == frozenset(ENCODED_PROFILES)
