@@ -6,18 +6,18 @@ Standard library only. Read `README.md` beside this file for the prose.
 
 from .actions import Prompt, Sample, abort, arrive, complete_oldest, sampling_entries
 from .config import Config
-from .invariants import INVARIANTS, Invariant, violated
+from .invariants import COUNTER_INVARIANTS, INVARIANTS, Invariant, invariants_for, violated
 from .profiles import DEFAULT_PROFILE, PROFILES, Profile
 from .schedule import Scheduled, ScheduledEntry, schedule
 from .sometimes import SOMETIMES, Sometimes
 from .state import BlockPool, Entry, Fate, Request, State, Status, describe, initial_state
-from .transitions import (TRANSITION_PROPERTIES, Abort, Action, Arrive, CompleteOldest,
-                          Schedule, step)
+from .transitions import (TRANSITION_PROPERTIES, Abort, Action, Arrive, ArriveAs, CompleteOldest,
+                          Schedule, step, transition_properties_for)
 
 __all__ = [
-    "Abort", "Action", "Arrive", "BlockPool", "CompleteOldest", "Config", "DEFAULT_PROFILE", "Entry", "Fate",
+    "Abort", "Action", "Arrive", "ArriveAs", "BlockPool", "CompleteOldest", "Config", "DEFAULT_PROFILE", "Entry", "Fate",
     "INVARIANTS", "Invariant", "PROFILES", "Profile", "Prompt", "Request", "Sample", "SOMETIMES",
     "Schedule", "Scheduled", "ScheduledEntry", "Sometimes", "State", "Status",
-    "TRANSITION_PROPERTIES", "abort", "arrive", "complete_oldest", "describe",
+    "TRANSITION_PROPERTIES", "COUNTER_INVARIANTS", "invariants_for", "transition_properties_for", "abort", "arrive", "complete_oldest", "describe",
     "initial_state", "sampling_entries", "schedule", "step", "violated",
 ]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from . import blocks
 from .config import Config
 from .schedule import Scheduled, schedule  # noqa: F401  (re-exported: the fourth action)
-from .state import Entry, Fate, State, Status, retire_entries
+from .state import Entry, Fate, Request, State, Status, holder_of, name_of, retire_entries
 
 
 @dataclass(frozen=True)
@@ -62,11 +62,30 @@ def arrive(state: State, cfg: Config, r: int, prompt: Prompt) -> State | None:
                               max_tokens=prompt.max_tokens, prompt_labels=labels, num_computed=0)
 
 
+def arrive_as(state: State, cfg: Config, r: int, prompt: Prompt, name: int) -> State | None:
+    """Request r arrives under `name`, the name of a finished request whose
+    batches may still be in flight (`Config.allow_name_reuse`: a front end with
+    request-id randomization off). vLLM's `Scheduler.add_request` refuses a
+    name only while its holder is unfinished; a new slot is a new incarnation."""
+    if not cfg.allow_name_reuse or not (0 <= r < len(state.requests)) or holder_of(state, name) is not None:
+        return None
+    if not any(q.status.is_finished and name_of(state, x) == name for x, q in enumerate(state.requests)):
+        return None
+    state = arrive(state, cfg, r, prompt)
+    return None if state is None else state.with_request(r, name=name)
+
+
 def abort(state: State, cfg: Config, r: int) -> State | None:
     """Request r is aborted, whatever it is doing (in flight included)."""
     if not (0 <= r < len(state.requests)) or not state.requests[r].status.is_active:
         return None
-    return _finish(state, cfg, r, Status.FINISHED_ABORTED)
+    return _forget_counters(_finish(state, cfg, r, Status.FINISHED_ABORTED), r)
+
+
+def _forget_counters(state: State, r: int) -> State:
+    """A finished request leaves vLLM's `self.requests` (`_free_request`), and
+    its counters with it: a finished slot keeps none."""
+    return state.with_request(r, num_in_flight=0, num_stale=0, drop_stale=False)
 
 
 def entry_samples(state: State, cfg: Config, e: Entry) -> bool:
@@ -79,8 +98,22 @@ def sampling_entries(state: State, cfg: Config) -> list[Entry]:
     `complete_oldest` takes one `Sample` for each."""
     if not state.in_flight:
         return []
+    if cfg.rules.stale_output_counters:
+        return [e for e in state.in_flight[0] if _output_applied(state, cfg, e)]
     return [e for e in state.in_flight[0]
             if e.fate is not Fate.SUPERSEDED and entry_samples(state, cfg, e)]
+
+
+def _output_applied(state: State, cfg: Config, e: Entry) -> bool:
+    """vLLM 0.33 `update_from_output`: e's token is applied if e samples, its
+    name has a holder (`self.requests.get(req_id)`, unfinished), and the
+    output is not stale in drop mode. Decided on the state before the batch
+    is applied: no other entry of the batch shares e's name."""
+    holder = holder_of(state, e.lookup_name)
+    if holder is None or not entry_samples(state, cfg, e):
+        return False
+    req = state.requests[holder]
+    return not (_drains_stale(req) and req.drop_stale)
 
 
 def max_next_drafts(cfg: Config) -> int:
@@ -108,6 +141,8 @@ def complete_oldest(state: State, cfg: Config, samples: tuple[Sample, ...],
     it; the model checkers explore the rule that applies them."""
     if not can_complete_oldest(state, cfg, samples):
         return None
+    if cfg.rules.stale_output_counters:
+        return _complete_by_name(state, cfg, samples, dropped)
     batch = state.in_flight[0]
     flags = [e.fate is not Fate.SUPERSEDED and entry_samples(state, cfg, e) for e in batch]
     remaining = iter(samples)
@@ -122,6 +157,49 @@ def complete_oldest(state: State, cfg: Config, samples: tuple[Sample, ...],
             if not (e.fate is Fate.ORPHANED and e.req in dropped):
                 state = _apply_sample(state, cfg, e, sample, e.fate)
     return state
+
+
+def _complete_by_name(state: State, cfg: Config, samples: tuple[Sample, ...],
+                      dropped: frozenset[int]) -> State:
+    """vLLM 0.33 `Scheduler.update_from_output`, entry by entry: the output is
+    looked up by NAME; a name without an unfinished holder drops it; else the
+    holder's counters settle, and the output is stale while its stale counter
+    is > 0 -- discarded in drop mode, appended to the PREEMPTED request in
+    deliver mode (`num_computed` untouched), applied as a live output
+    otherwise. The entry's fate is not read: with unique names the counters
+    agree with it (IF1, IF2); with a reused name they need not."""
+    batch = state.in_flight[0]
+    applied = [_output_applied(state, cfg, e) for e in batch]
+    remaining = iter(samples)
+    state = replace(state, in_flight=state.in_flight[1:])
+    for e, has_output in zip(batch, applied):
+        holder = holder_of(state, e.lookup_name)
+        if holder is None:
+            continue                                   # finished or never arrived: dropped
+        stale = _drains_stale(state.requests[holder])
+        state = _settle_counters(state, holder, e, stale)
+        if not has_output:
+            continue
+        sample = next(remaining)
+        if stale and holder in dropped:
+            continue
+        state = _apply_sample(state, cfg, e, sample, Fate.ORPHANED if stale else Fate.LIVE, holder)
+    return state
+
+
+def _drains_stale(req: Request) -> bool:
+    """vLLM 0.33 `update_from_output`: an output is stale while the holder's
+    stale counter is positive (`num_stale_output_tokens > 0`)."""
+    return req.num_stale > 0
+
+
+def _settle_counters(state: State, r: int, e: Entry, stale: bool) -> State:
+    """vLLM 0.33 `update_from_output`: `num_in_flight_tokens -= n` for the
+    holder of e's name, and `num_stale_output_tokens -= n` when the output is
+    stale (vLLM then asserts the stale count is >= 0; IF2 states it)."""
+    req = state.requests[r]
+    return state.with_request(r, num_in_flight=req.num_in_flight - e.n,
+                              num_stale=req.num_stale - e.n if stale else req.num_stale)
 
 
 def can_complete_oldest(state: State, cfg: Config, samples: tuple[Sample, ...]) -> bool:
@@ -140,8 +218,11 @@ def _settle_live(state: State, cfg: Config, e: Entry) -> State:
     return state
 
 
-def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate) -> State:
-    r = e.req
+def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate,
+                  holder: int | None = None) -> State:
+    """e's tokens applied to its request, or to `holder` (vLLM 0.33: whoever
+    holds e's name now) with `fate` the rule that applies."""
+    r = e.req if holder is None else holder
     req = state.requests[r]
     if _subtracts_rejections(fate):
         req = replace(req, num_computed=req.num_computed - (e.drafts - s.num_accepted))
@@ -153,7 +234,7 @@ def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate) ->
             break
     if finish is not None:
         state = state.with_request(r, num_output=req.num_output, num_computed=req.num_computed)
-        return _finish(state, cfg, r, finish)
+        return _forget_counters(_finish(state, cfg, r, finish), r)
     if fate is Fate.LIVE:
         req = replace(req, num_drafts=s.next_drafts)       # the drafts proposed for its next step
     return state.with_request(r, num_output=req.num_output, num_computed=req.num_computed,

@@ -20,7 +20,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Literal
+
 from .profiles import DEFAULT_PROFILE, Profile, ReleaseOrder, profile as profile_named
+
+StaleMode = Literal["deliver", "drop"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,17 @@ class Config:
     num_spec_tokens: int = 0                 # k: drafts proposed per step at most
     prefix_caching: bool = True
     profile: str = DEFAULT_PROFILE           # the vLLM version modelled (profiles.py)
+    # What a preempted request's output still in flight becomes, under a
+    # profile with stale-output counters (vLLM 0.33 `_preempt_request`'s
+    # `drop_stale_output`): "deliver" (the default: appended while PREEMPTED,
+    # its resumption deferred until it drains) or "drop" (vLLM's mode for
+    # `reset_prefix_cache` and KV connectors that need delivery: resumed at
+    # once, its stale output discarded). Ignored by the 0.8.x profiles.
+    stale_mode: StaleMode = "deliver"
+    # The environment may bring a new request in under the name of a finished
+    # one whose batches are still in flight (front ends with request-id
+    # randomization off). Off by default: names are then unique.
+    allow_name_reuse: bool = False
     # None: the profile's value (resolved in __post_init__, so always set after it)
     continue_prefill: bool = None            # type: ignore[assignment]  # the PR; False = one batch per request
     release_order: ReleaseOrder = None       # type: ignore[assignment]  # how a freed table joins the free queue
@@ -58,6 +73,8 @@ class Config:
             raise ValueError(f"release_order must be 'reverse' or 'forward', got {self.release_order!r}")
         if self.num_preallocate_tokens < 0:
             raise ValueError("num_preallocate_tokens must be >= 0")
+        if self.stale_mode not in ("deliver", "drop"):
+            raise ValueError(f"stale_mode must be 'deliver' or 'drop', got {self.stale_mode!r}")
 
     def _resolve_profile(self) -> None:
         """Fill every field left at None from the profile (frozen: set through object)."""

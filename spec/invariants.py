@@ -14,7 +14,7 @@ request finished) needs the whole state graph and lives in
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .blocks import cdiv
@@ -192,7 +192,34 @@ def s11_fifo(s: State, cfg: Config) -> bool:
 
 
 def s11_batch(s: State, cfg: Config, batch: Batch) -> bool:
-    return len(batch) > 0
+    """S11': under vLLM 0.33 an empty batch takes a queue slot (`Profile.empty_batches`)."""
+    return len(batch) > 0 or cfg.rules.empty_batches
+
+
+def if1_request(s: State, cfg: Config, r: int) -> bool:
+    """IF1: an unfinished request's in-flight counter is the tokens of its own entries in flight."""
+    q = s.requests[r]
+    if not q.status.is_active:
+        return True
+    return q.num_in_flight == sum(e.n for e in s.entries_of(r, fate=None))
+
+
+def if2_request(s: State, cfg: Config, r: int) -> bool:
+    """IF2: 0 <= stale <= in flight, and stale is the tokens of its entries scheduled before its last preemption."""
+    q = s.requests[r]
+    if not q.status.is_active:
+        return True
+    if not 0 <= q.num_stale <= q.num_in_flight:
+        return False
+    # an unfinished request's entries that are not LIVE were in flight at its
+    # last preemption (orphaned, or superseded by a drop-mode resumption)
+    return q.num_stale == sum(e.n for e in s.entries_of(r, fate=None) if e.fate is not Fate.LIVE)
+
+
+def if3_request(s: State, cfg: Config, r: int) -> bool:
+    """IF3: a RUNNING request has no stale output in flight, unless it is dropped."""
+    q = s.requests[r]
+    return q.status is not Status.RUNNING or q.num_stale == 0 or q.drop_stale
 
 
 def l1_request(s: State, cfg: Config, r: int) -> bool:
@@ -206,10 +233,12 @@ def l1_request(s: State, cfg: Config, r: int) -> bool:
 
 def l2_no_deadlock(s: State, cfg: Config) -> bool:
     """L2 as safety: with nothing in flight and a request unfinished, schedule is enabled and forms a batch or preempts."""
-    from .schedule import schedule
-    if s.in_flight or not any(q.status.is_active for q in s.requests):
+    from .schedule import is_empty_step, schedule
+    if any(s.in_flight) or not any(q.status.is_active for q in s.requests):
         return True
-    return schedule(s, cfg) is not None
+    # vLLM 0.33's empty batches change nothing when they complete: the state
+    # they drain to must form a batch or preempt
+    return not is_empty_step(schedule(replace(s, in_flight=()), cfg))
 
 
 def l3_drain(s: State, cfg: Config) -> bool:
@@ -281,5 +310,20 @@ INVARIANTS: tuple[Invariant, ...] = (
 )
 
 
+# The invariants of the profiles with stale-output counters (vLLM 0.33): each
+# request's counters against the batches in flight (notes §5).
+COUNTER_INVARIANTS: tuple[Invariant, ...] = (
+    Invariant("IF1_in_flight_counter", (if1_request.__doc__ or "").strip(), of_request=if1_request),
+    Invariant("IF2_stale_counter", (if2_request.__doc__ or "").strip(), of_request=if2_request),
+    Invariant("IF3_no_stale_resumption", (if3_request.__doc__ or "").strip(), of_request=if3_request),
+)
+
+
+def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
+    """The invariants of cfg's profile: every profile's, and IF1-IF3 where
+    vLLM keeps stale-output counters."""
+    return INVARIANTS + (COUNTER_INVARIANTS if cfg.rules.stale_output_counters else ())
+
+
 def violated(s: State, cfg: Config) -> list[Invariant]:
-    return [inv for inv in INVARIANTS if not inv.holds(s, cfg)]
+    return [inv for inv in invariants_for(cfg) if not inv.holds(s, cfg)]

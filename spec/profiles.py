@@ -80,6 +80,25 @@ class Profile:
     # then the length cap (`max_model_len`, `max_tokens`). 0.8.x: the
     # length cap first.
     stop_tokens_before_length: bool = False
+    # `Request.num_in_flight_tokens` / `num_stale_output_tokens` /
+    # `drop_stale_output` (0.33): per-request counters kept apart from the
+    # batches. `Scheduler._update_after_schedule` adds each entry's n to the
+    # in-flight counter; `Scheduler._preempt_request` copies it into the stale
+    # counter (and sets the drop flag in drop mode); `update_from_output`
+    # looks the output up BY NAME (`self.requests.get(req_id)`), subtracts n
+    # from the in-flight counter and, while the stale counter is `> 0`, treats
+    # the output as stale (subtracting n from it too): delivered to the
+    # PREEMPTED request in deliver mode, discarded in drop mode. The waiting
+    # loop defers the resumption while the stale counter is truthy
+    # (`num_stale_output_tokens and not drop_stale_output`). 0.8.x: no
+    # counters; the entries' fates alone decide (the counters stay 0).
+    stale_output_counters: bool = False
+    # `EngineCore.step_with_batch_queue` (0.33): `schedule()` runs on every
+    # engine step while `Scheduler.has_requests()`, and its result joins the
+    # batch queue even with 0 tokens (it carries finished and preempted ids to
+    # the workers); popping it changes no request. 0.8.x: a step that
+    # schedules nothing queues nothing.
+    empty_batches: bool = False
 
     def release_order(self, prefix_caching: bool) -> ReleaseOrder:
         return (self.release_order_with_prefix_caching if prefix_caching
@@ -111,7 +130,8 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     num_preallocate_tokens=0, cache_duplicate_blocks=True,
                     unhashed_blocks_to_head=True, threshold_needs_company=True,
                     sampled_token_slot=1, full_sequence_admission=True,
-                    defer_resume_while_stale=True, stop_tokens_before_length=True)
+                    defer_resume_while_stale=True, stop_tokens_before_length=True,
+                    stale_output_counters=True, empty_batches=True)
 
 DEFAULT_PROFILE = VLLM_0_8_5.name
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from . import blocks
 from .config import Config
 from .profiles import num_preallocate_blocks
-from .state import Batch, BlockPool, Entry, Fate, State, Status, content_label, retire_entries
+from .state import Batch, BlockPool, Entry, Fate, Request, State, Status, content_label, retire_entries
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,27 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
     if not step.preempted:
         _schedule_waiting(step)
     if not step.entries and not step.preempted:
-        return None
+        return _idle(state, cfg)
     return Scheduled(_launch(step), tuple(step.entries), tuple(step.preempted))
+
+
+def _idle(state: State, cfg: Config) -> Scheduled | None:
+    """A step that forms nothing. vLLM 0.33 `EngineCore.step_with_batch_queue`
+    calls `schedule()` whenever `Scheduler.has_requests()` (an unfinished
+    request) and queues its result even with 0 tokens
+    (`Profile.empty_batches`): an empty batch takes a queue slot. The spec
+    lets `schedule` and `complete_oldest` interleave freely, so this one rule
+    covers every engine step that schedules nothing; it stays finite because
+    the queue holds at most K batches, empty ones included. 0.8.x: nothing."""
+    if not cfg.rules.empty_batches or not any(q.status.is_active for q in state.requests):
+        return None
+    return Scheduled(replace(state, in_flight=state.in_flight + ((),)), (), ())
+
+
+def is_empty_step(scheduled: Scheduled | None) -> bool:
+    """Whether a schedule step formed no entry and preempted nobody (None, or
+    vLLM 0.33's empty batch)."""
+    return scheduled is None or (not scheduled.entries and not scheduled.preempted)
 
 
 def _clip(step: _Step, r: int, num_new: int) -> int:
@@ -127,6 +146,7 @@ def _schedule_running(step: _Step) -> None:
         while not _allocate(step, r, num_new, hit=()):
             victim = step.state.running[-1]
             _preempt(step, victim)
+            _mark_stale_output(step, victim)
             if victim == r:
                 return
         _add_entry(step, r, num_new, cached=0)
@@ -160,8 +180,30 @@ def _is_resumption_deferred(state: State, cfg: Config, r: int) -> bool:
     here, its ORPHANED entries. 0.8.x resumes it and supersedes them."""
     if not cfg.rules.defer_resume_while_stale:
         return False
+    if cfg.rules.stale_output_counters:
+        return _has_stale_output(state.requests[r])
     return state.requests[r].status is Status.PREEMPTED and any(
         e.req == r and e.fate is Fate.ORPHANED for batch in state.in_flight for e in batch)
+
+
+def _has_stale_output(req: Request) -> bool:
+    """vLLM 0.33's test in the waiting loop, on its counter:
+    `num_stale_output_tokens and not drop_stale_output` -- truthiness, so a
+    counter driven below 0 defers the request too (IF2 says it never is)."""
+    return req.num_stale != 0 and not req.drop_stale
+
+
+def _mark_stale_output(step: _Step, victim: int) -> None:
+    """vLLM 0.33 `Scheduler._preempt_request`: the victim's tokens in flight
+    become its stale output (`num_stale_output_tokens = num_in_flight_tokens`),
+    and drop mode is set by the configuration, or kept while an earlier drop
+    share is undrained (`drop_stale_output or (drop_stale_output and stale > 0)`,
+    read before the stale count is overwritten). 0.8.x: no counters."""
+    if not step.cfg.rules.stale_output_counters:
+        return
+    req = step.state.requests[victim]
+    drop = step.cfg.stale_mode == "drop" or (req.drop_stale and req.num_stale > 0)
+    step.state = step.state.with_request(victim, num_stale=req.num_in_flight, drop_stale=drop)
 
 
 def _fits_whole(step: _Step, r: int, hit: tuple[int, ...]) -> bool:
@@ -279,12 +321,26 @@ def _launch(step: _Step) -> State:
     state = step.state
     for e in step.entries:
         state = _advance_counter(state, e)
+        state = _count_in_flight(state, step.cfg, e)
         if not step.cfg.continue_prefill:
             state = replace(state, scheduled_ids=state.scheduled_ids | {e.req})
-    if not step.entries:
-        return state                    # the step only preempted: nothing to run
-    batch: Batch = tuple(Entry(e.req, e.start, e.n, e.samples, e.drafts) for e in step.entries)
+    if not step.entries and not step.cfg.rules.empty_batches:
+        return state                    # the step only preempted: nothing to run (0.33 queues it empty)
+    batch: Batch = tuple(_snapshot(state, e) for e in step.entries)
     return replace(state, in_flight=state.in_flight + (batch,))
+
+
+def _snapshot(state: State, e: ScheduledEntry) -> Entry:
+    """The in-flight entry for e, with the name its output will be looked up by."""
+    return Entry(e.req, e.start, e.n, e.samples, e.drafts, name=state.requests[e.req].name)
+
+
+def _count_in_flight(state: State, cfg: Config, e: ScheduledEntry) -> State:
+    """vLLM 0.33 `Scheduler._update_after_schedule`: `num_in_flight_tokens += n`
+    for every scheduled request. 0.8.x: no counter."""
+    if not cfg.rules.stale_output_counters:
+        return state
+    return state.with_request(e.req, num_in_flight=state.requests[e.req].num_in_flight + e.n)
 
 
 def _advance_counter(state: State, e: ScheduledEntry) -> State:

@@ -13,6 +13,7 @@ from .config import Config
 from .state import State, Status
 
 RequestPredicate = Callable[[State, Config, int], bool]
+StepPredicate = Callable[[State, State, object, Config, int], bool]
 
 
 def finished_normally(s: State, cfg: Config, r: int) -> bool:
@@ -52,6 +53,36 @@ def preallocated_block(s: State, cfg: Config, r: int) -> bool:
     return len(q.block_table) > cdiv(q.num_tokens + cfg.num_spec_tokens, cfg.block_size)
 
 
+def resumption_deferred(s: State, cfg: Config, r: int) -> bool:
+    """Preempted request r waits with a free seat while its stale output is in flight: its resumption is deferred."""
+    from .schedule import _is_resumption_deferred
+    return (s.requests[r].status is Status.PREEMPTED and len(s.running) < cfg.max_num_seqs
+            and _is_resumption_deferred(s, cfg, r))
+
+
+def stale_output_delivered(before: State, after: State, action: object, cfg: Config, r: int) -> bool:
+    """A completion appends a stale output to request r while it is PREEMPTED."""
+    return (before.requests[r].status is Status.PREEMPTED
+            and after.requests[r].num_output > before.requests[r].num_output)
+
+
+def only_on_a_step(s: State, cfg: Config, r: int) -> bool:
+    """No state alone: the target is a transition (`Sometimes.on_step`)."""
+    return False
+
+
+def name_reused_in_flight(s: State, cfg: Config, r: int) -> bool:
+    """Request r holds a reused name while a batch of the name's earlier holder is in flight."""
+    name = s.requests[r].name
+    return (name is not None and s.requests[r].status.is_active
+            and any(e.lookup_name == name and e.req != r for b in s.in_flight for e in b))
+
+
+def empty_batch_in_queue(s: State, cfg: Config, r: int) -> bool:
+    """An empty batch takes a queue slot."""
+    return any(not b for b in s.in_flight)
+
+
 @dataclass(frozen=True)
 class Sometimes:
     """Some reachable state satisfies `target` for some request; if `after` is
@@ -62,11 +93,13 @@ class Sometimes:
     target: RequestPredicate
     after: RequestPredicate | None = None
     needs: str | None = None          # a config feature the target needs to be meaningful
+    # instead of `target`: reached on a transition (before, after, action, cfg, r)
+    on_step: StepPredicate | None = None
 
     @property
     def statement(self) -> str:
         first = f"{(self.after.__doc__ or '').strip()} and later: " if self.after else ""
-        return first + (self.target.__doc__ or "").strip()
+        return first + ((self.on_step or self.target).__doc__ or "").strip()
 
     def is_applicable(self, cfg: Config, shares_prefix: bool = False) -> bool:
         """Whether the target is meaningful for `cfg`; `shares_prefix`: the
@@ -81,6 +114,15 @@ class Sometimes:
             return cfg.prefix_caching and cfg.cache_duplicate_blocks and shares_prefix
         if self.needs == "preallocation":
             return cfg.num_preallocate_tokens > 0
+        if self.needs == "deferral":
+            return (cfg.num_stages >= 2 and cfg.rules.stale_output_counters
+                    and cfg.rules.defer_resume_while_stale and cfg.stale_mode == "deliver")
+        if self.needs == "stale_delivery":
+            return cfg.num_stages >= 2 and cfg.rules.stale_output_counters and cfg.stale_mode == "deliver"
+        if self.needs == "name_reuse":
+            return cfg.num_stages >= 2 and cfg.allow_name_reuse and cfg.rules.stale_output_counters
+        if self.needs == "empty_batches":
+            return cfg.rules.empty_batches
         return True
 
 
@@ -91,4 +133,9 @@ SOMETIMES: tuple[Sometimes, ...] = (
     Sometimes("preempted_request_resumes_and_finishes", finished_normally, after=preempted),
     Sometimes("duplicate_cached_block", duplicate_cached_block, needs="duplicate_caching"),
     Sometimes("preallocated_block", preallocated_block, needs="preallocation"),
+    Sometimes("resumption_deferred", resumption_deferred, needs="deferral"),
+    Sometimes("stale_output_delivered", only_on_a_step, needs="stale_delivery",
+              on_step=stale_output_delivered),
+    Sometimes("name_reused_in_flight", name_reused_in_flight, needs="name_reuse"),
+    Sometimes("empty_batch_in_queue", empty_batch_in_queue, needs="empty_batches"),
 )

@@ -7,8 +7,11 @@ Abstracted away:
   that share a prefix share labels). Blocks that hold output tokens get a label
   unique to their request and position (`content_label`), since two requests'
   sampled continuations are taken to differ.
-* request names. Requests are slots 0..N-1 that arrive at most once, so the
-  state is finite; name reuse is a trace-level concern.
+* request names, mostly. Requests are slots 0..N-1 that arrive at most once,
+  so the state is finite, and a slot is an incarnation. A slot's name is its
+  own index unless it arrived under a finished slot's name (`Request.name`,
+  only with `Config.allow_name_reuse`); an entry records the name its output
+  will be looked up by (`Entry.name`), as vLLM's batches record request ids.
 * incarnation numbers. A batch entry's `fate` (LIVE, ORPHANED, SUPERSEDED) is
   the finite stand-in for "the incarnation it was scheduled for".
 * time. Only the order of events matters.
@@ -62,6 +65,14 @@ class Request:
     num_computed: int = 0                # advanced at schedule time
     num_drafts: int = 0                  # draft tokens proposed for the next step
     block_table: tuple[int, ...] = ()
+    # vLLM 0.33's own counters (`Profile.stale_output_counters`; 0 under the
+    # 0.8.x profiles): tokens of this request's batches in flight, the share
+    # of them that was in flight at its last preemption (stale output), and
+    # whether that share is discarded (drop mode) rather than delivered.
+    num_in_flight: int = 0
+    num_stale: int = 0
+    drop_stale: bool = False
+    name: int | None = None              # None: the slot's own index; else the reused name
 
     @property
     def num_tokens(self) -> int:
@@ -83,6 +94,11 @@ class Entry:
     samples: bool       # start + n - drafts reaches the known tokens: a token comes back
     drafts: int         # draft tokens scheduled with it
     fate: Fate = Fate.LIVE
+    name: int | None = None   # the name its output is looked up by; None: the slot's own index
+
+    @property
+    def lookup_name(self) -> int:
+        return self.req if self.name is None else self.name
 
     @property
     def end(self) -> int:
@@ -154,6 +170,22 @@ class State:
         return req.num_tokens_with_spec - req.num_computed
 
 
+def name_of(state: State, r: int) -> int:
+    """The name slot r arrived under."""
+    name = state.requests[r].name
+    return r if name is None else name
+
+
+def holder_of(state: State, name: int) -> int | None:
+    """The slot that holds `name` now: the unfinished request arrived under it
+    (vLLM's `self.requests.get(req_id)`; a finished request is gone from
+    that dict), or None."""
+    for r, q in enumerate(state.requests):
+        if q.status.is_active and (r if q.name is None else q.name) == name:
+            return r
+    return None
+
+
 def initial_state(num_requests: int, num_blocks: int) -> State:
     return State(requests=(Request(),) * num_requests, pool=BlockPool.empty(num_blocks))
 
@@ -180,10 +212,14 @@ def describe(state: State) -> str:
     for i, q in enumerate(state.requests):
         if q.status is Status.NEW:
             continue
-        reqs.append(f"r{i}:{q.status.value[:4]} c={q.num_computed}/{q.num_tokens}"
+        reqs.append(f"r{i}{f'(as r{q.name})' if q.name is not None else ''}:{q.status.value[:4]}"
+                    f" c={q.num_computed}/{q.num_tokens}"
                     f"{f'+{q.num_drafts}d' if q.num_drafts else ''} o={q.num_output}"
-                    f" b={list(q.block_table)}")
-    batches = ["[" + " ".join(f"r{e.req}@{e.start}+{e.n}{'*' if e.samples else ''}"
+                    f" b={list(q.block_table)}"
+                    f"{f' if={q.num_in_flight}' if q.num_in_flight else ''}"
+                    f"{f' stale={q.num_stale}' if q.num_stale else ''}{' drop' if q.drop_stale else ''}")
+    batches = ["[" + " ".join(f"r{e.req}{'' if e.name is None else f'(as r{e.name})'}"
+                              f"@{e.start}+{e.n}{'*' if e.samples else ''}"
                               f"{'' if e.fate is Fate.LIVE else '~' + e.fate.value[0]}"
                               for e in b) + "]" for b in state.in_flight]
     return (f"{'; '.join(reqs) or '-'} | W={list(state.waiting)} R={list(state.running)}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from .actions import Prompt, Sample, abort, arrive, complete_oldest
+from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest
 from .config import Config
 from .schedule import Scheduled, schedule
 from .state import FINISHED, Entry, Fate, Request, State, Status
@@ -26,6 +26,17 @@ class Arrive:
         p = self.prompt
         return f"arrive r{self.req} (prompt {p.prompt_len}, max_tokens {p.max_tokens}" + \
             (f", labels {list(p.labels)})" if p.labels else ")")
+
+
+@dataclass(frozen=True)
+class ArriveAs(Arrive):
+    """An arrival under the name of a finished request (`actions.arrive_as`):
+    an Arrive, for every property that speaks of arrivals."""
+
+    name: int
+
+    def __str__(self) -> str:
+        return super().__str__().replace(f"arrive r{self.req} ", f"arrive r{self.req} as r{self.name} ", 1)
 
 
 @dataclass(frozen=True)
@@ -58,11 +69,13 @@ class Abort:
         return f"abort r{self.req}"
 
 
-Action = Union[Arrive, Schedule, CompleteOldest, Abort]
+Action = Union[Arrive, ArriveAs, Schedule, CompleteOldest, Abort]
 
 
 def step(state: State, cfg: Config, action: Action) -> State | None:
     """The successor of `state` under `action`, or None if it is disabled."""
+    if isinstance(action, ArriveAs):
+        return arrive_as(state, cfg, action.req, action.prompt, action.name)
     if isinstance(action, Arrive):
         return arrive(state, cfg, action.req, action.prompt)
     if isinstance(action, Schedule):
@@ -130,6 +143,15 @@ def s12_no_admission_after_preemption(before: State, scheduled: Scheduled | None
                    for e in scheduled.entries)
 
 
+def s7p_binding_by_incarnation(before: State, after: State, action: Action, cfg: Config) -> bool:
+    """S7': a completion appends tokens only to the incarnations its entries were scheduled for (by slot, not by name)."""
+    if not isinstance(action, CompleteOldest) or not before.in_flight:
+        return True
+    own = {e.req for e in before.in_flight[0]}
+    return all(r in own or a.num_output == b.num_output
+               for r, (b, a) in enumerate(zip(before.requests, after.requests)))
+
+
 @dataclass(frozen=True)
 class TransitionProperty:
     name: str
@@ -148,3 +170,15 @@ TRANSITION_PROPERTIES: tuple[TransitionProperty, ...] = (
     TransitionProperty("S13_fates_only_age", s13_fates_only_age),
     TransitionProperty("S12_status_monotonicity", s12_status_monotonicity),
 )
+
+# Properties of the profiles with stale-output counters and outputs looked up
+# by name (vLLM 0.33): S7' restates S7's binding for a name that may be reused.
+INCARNATION_PROPERTIES: tuple[TransitionProperty, ...] = (
+    TransitionProperty("S7p_binding_by_incarnation", s7p_binding_by_incarnation),
+)
+
+
+def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
+    """The transition properties of cfg's profile: every profile's, and S7'
+    where outputs are looked up by name."""
+    return TRANSITION_PROPERTIES + (INCARNATION_PROPERTIES if cfg.rules.stale_output_counters else ())

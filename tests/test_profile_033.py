@@ -214,7 +214,18 @@ def test_verify_under_the_0_33_profile_searches_its_model_and_hunts_the_mutants(
     assert {row["name"] for row in report["properties"] if row["status"] == "proved"} >= {
         "S7_output_binding", "S9_kv_ownership", "L2_no_deadlock"}
     assert all(m["killed"] for m in report["mutants"])
-    assert set(report["moot_mutants"]) == {"stale_output_applied_to_resumed", "orphan_kept_after_reschedule"}
+    # empty_batch_submitted queues an empty batch for a step that only preempted:
+    # vLLM 0.33's engine does that (issue 21, empty batches), so it is moot there
+    assert set(report["moot_mutants"]) == {"stale_output_applied_to_resumed", "orphan_kept_after_reschedule",
+                                           "empty_batch_submitted"}
+    # the counters, names and empty batches (issue 21): proved and reached on the profile's model
+    rows = {row["name"]: row["status"] for row in report["properties"]}
+    assert {rows[name] for name in ("IF1_in_flight_counter", "IF2_stale_counter", "IF3_no_stale_resumption",
+                                    "S7p_binding_by_incarnation", "L4_every_run_terminates")} == {"proved"}
+    assert {rows[name] for name in ("resumption_deferred", "stale_output_delivered",
+                                    "empty_batch_in_queue")} == {"reached"}
+    assert "name_reused_in_flight" not in rows          # only with --allow-name-reuse
+    assert report["seconds"] < 120
 
 
 def test_the_z3_encoding_does_not_claim_the_0_33_profile():

@@ -106,6 +106,10 @@ class Model:
             feats.append(f"preallocate={c.num_preallocate_tokens}")
         if self.allow_abort:
             feats.append("aborts")
+        if c.rules.stale_output_counters and c.stale_mode != "deliver":
+            feats.append(f"stale-mode={c.stale_mode}")
+        if c.allow_name_reuse:
+            feats.append("name-reuse")
         return " ".join(feats)
 
 
@@ -204,6 +208,26 @@ DEFERRED_K3 = Model(
            profile="vllm-0.33"),
     (_p(3, 2, (7,)), _p(2, 2, (7,)), _p(1, 2)),
 )
+
+# vLLM 0.33 with request names reused (`Config.allow_name_reuse`: a new
+# request may arrive under a finished one's name while its batches are in
+# flight, as with request-id randomization off): the smallest model found in
+# which the spec shows all three effects of notes §3.2 -- the old batch's
+# token bound to the new incarnation (S7'), its counter driven below 0 (IF1,
+# IF2), and the new incarnation, preempted with a negative stale count,
+# never resumed while the engine spins on empty batches (a lasso, L4). Three
+# requests, K = 2, 3 blocks; no prefix caching, spec decode or stop tokens,
+# which the bug needs none of. `flightcheck verify --profile vllm-0.33
+# --allow-name-reuse` searches it.
+REUSE_K2 = Model(
+    "reuse-k2",
+    Config(num_stages=2, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=6, prefix_caching=False, profile="vllm-0.33", allow_name_reuse=True),
+    (_p(2, 1), _p(1, 3), _p(2, 2)),
+    allow_stop=False,
+)
+# The models `--allow-name-reuse` searches instead of the profile's own.
+NAME_REUSE_MODELS: dict[str, tuple[Model, ...]] = {"vllm-0.33": (REUSE_K2,)}
 
 # Each profile's exhaustive models; the default profile's are the default run's.
 PROFILE_MODELS: dict[str, tuple[Model, ...]] = {

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flightcheck.spec import INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES
+from flightcheck.spec import COUNTER_INVARIANTS, INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES
+from flightcheck.spec.transitions import INCARNATION_PROPERTIES
 
 SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES)
 # Liveness proper, decided on the whole state graph by explicit search.
@@ -31,9 +32,9 @@ def kind_of(name: str) -> str:
         return "sometimes"
     if name in LIVENESS_GRAPH:
         return "liveness"
-    for inv in INVARIANTS:
+    for inv in INVARIANTS + COUNTER_INVARIANTS:
         if inv.name == name:
             return inv.kind
-    if any(p.name == name for p in TRANSITION_PROPERTIES):
+    if any(p.name == name for p in TRANSITION_PROPERTIES + INCARNATION_PROPERTIES):
         return "invariant"
     return "auxiliary"

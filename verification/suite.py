@@ -32,10 +32,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from flightcheck.spec import INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES
+from flightcheck.spec import (INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES, Config, invariants_for,
+                             transition_properties_for)
 from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.models import (
+    NAME_REUSE_MODELS,
     PROFILE_MODELS,
     SHARED_K3,
     Model,
@@ -48,7 +50,7 @@ from flightcheck.verification.results import (
     PropertyResult,
     kind_of,
 )
-from flightcheck.verification.traces.counterexample import Counterexample, from_actions
+from flightcheck.verification.traces.counterexample import Counterexample, from_actions, to_json
 
 # `flightcheck verify`'s Z3 model: 3 requests, K = 3, prefix caching, spec
 # decode, long-prefill threshold, aborts and stop tokens; BMC's default depth.
@@ -66,7 +68,9 @@ MOOT_MUTANTS: dict[str, dict[str, str]] = {
     "vllm-0.33": {
         name: ("replaces schedule._supersede_orphans, which vLLM 0.33's deferred resumption "
                "(Profile.defer_resume_while_stale) only ever calls on a request without orphans")
-        for name in ("stale_output_applied_to_resumed", "orphan_kept_after_reschedule")},
+        for name in ("stale_output_applied_to_resumed", "orphan_kept_after_reschedule")}
+    | {"empty_batch_submitted": ("replaces schedule._launch to queue an empty batch for a step that only "
+                                 "preempted, which is what vLLM 0.33's engine does (Profile.empty_batches)")},
 }
 
 
@@ -89,6 +93,9 @@ class SuiteResult:
     mutants: list[MutantResult]
     profile: str = DEFAULT_PROFILE
     moot: dict[str, str] = field(default_factory=dict)   # mutant -> why the profile makes it equivalent
+    # the shortest counterexample of each violated property (name reuse)
+    counterexamples: list[Counterexample] = field(default_factory=list)
+    allow_name_reuse: bool = False
 
     @property
     def ok(self) -> bool:
@@ -112,22 +119,34 @@ class SuiteResult:
             "mutants": [{"name": m.name, "killed": m.killed, "trace_length": m.trace_length,
                          "seconds": round(m.seconds, 3), "property": m.property, "model": m.model,
                          "method": m.method} for m in self.mutants],
-        } | ({"moot_mutants": dict(self.moot)} if self.moot else {})
+        } | ({"moot_mutants": dict(self.moot)} if self.moot else {}) | (
+            {"allow_name_reuse": True, "counterexamples": [to_json(cx) for cx in self.counterexamples]}
+            if self.allow_name_reuse else {})
 
 
-def all_property_names() -> list[str]:
-    return ([i.name for i in INVARIANTS] + [t.name for t in TRANSITION_PROPERTIES]
+def all_property_names(cfg: Config | None = None) -> list[str]:
+    """Every property's name; with `cfg`, those of its profile (IF1-IF3 and
+    S7' only where vLLM keeps stale-output counters)."""
+    invariants = INVARIANTS if cfg is None else invariants_for(cfg)
+    transitions = TRANSITION_PROPERTIES if cfg is None else transition_properties_for(cfg)
+    return ([i.name for i in invariants] + [t.name for t in transitions]
             + list(LIVENESS_GRAPH) + [s.name for s in SOMETIMES])
 
 
-def exhaustive_rows(model: Model) -> list[PropertyResult]:
-    """One row per property from an exhaustive search of `model`."""
+def exhaustive_rows(model: Model, counterexamples: list[Counterexample] | None = None) -> list[PropertyResult]:
+    """One row per property from an exhaustive search of `model`; with
+    `counterexamples`, the shortest counterexample of each violated safety or
+    liveness property is appended to it (a step table for the report)."""
     r = explicit.search(model)
+    if counterexamples is not None:
+        for v in sorted(r.violations, key=lambda v: len(v.path)):
+            if v.property not in SOMETIMES_NAMES and v.path:
+                counterexamples.append(from_actions(model, v.property, [a for a, _ in v.path], v.message))
     method = f"exhaustive {model.name} ({r.num_states} states, depth {r.max_depth})"
     broken = {v.property for v in r.violations}
     rows = []
     applicable = {s.name for s in SOMETIMES if s.is_applicable(model.cfg, model.shares_prefix)}
-    for name in all_property_names():
+    for name in all_property_names(model.cfg):
         if name in SOMETIMES_NAMES:
             if name not in applicable:
                 continue
@@ -161,15 +180,28 @@ def hunt_mutant(name: str, model: Model | None = None, profile: str = DEFAULT_PR
 def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3: bool = True,
               mutants: list[str] | None = None, jobs: int = 1, inferred: bool = False,
               progress: Callable[[str], None] | None = None,
-              profile: str = DEFAULT_PROFILE) -> SuiteResult:
+              profile: str = DEFAULT_PROFILE, allow_name_reuse: bool = False) -> SuiteResult:
     """The suite under `profile`: exhaustive search of the profile's small
     models, Z3 proofs and BMC on `model` (profiles the encoding covers), and
-    every mutant hunted."""
+    every mutant hunted. With `allow_name_reuse`: only the exhaustive search
+    of the profile's name-reuse models (`NAME_REUSE_MODELS`), with the
+    shortest counterexample of every property it violates; no Z3, and no
+    mutant hunt (the correct spec itself violates properties there)."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
     rows: list[PropertyResult] = []
+    if allow_name_reuse:
+        if profile not in NAME_REUSE_MODELS:
+            raise ValueError(f"profile {profile!r} has no name-reuse model; "
+                             f"known: {', '.join(NAME_REUSE_MODELS)}")
+        found: list[Counterexample] = []
+        for small in NAME_REUSE_MODELS[profile]:
+            say(f"exhaustive search of {small.name} ({profile}, names reused)")
+            rows += exhaustive_rows(small, found)
+        return SuiteResult(time.perf_counter() - t0, rows, [], profile, counterexamples=found,
+                           allow_name_reuse=True)
     for small in PROFILE_MODELS[profile]:
         say(f"exhaustive search of {small.name} ({profile})")
         rows += exhaustive_rows(small)

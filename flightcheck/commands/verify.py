@@ -35,6 +35,10 @@ def add_parser(sub) -> None:
                              f"{', '.join(PROFILES)})")
     verify.add_argument("--all-profiles", action="store_true",
                         help="verify every profile in turn and state the time it took")
+    verify.add_argument("--allow-name-reuse", action="store_true",
+                        help="search the profile's model in which a new request may arrive under a finished "
+                             "one's name while its batches are in flight (vllm-0.33), and print the shortest "
+                             "counterexample of every property that breaks; exits 1 when one does")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--inferred", action="store_true",
@@ -67,6 +71,14 @@ def run(args: argparse.Namespace) -> int:
         return bad(f"unknown --profile {args.profile!r}; known: {', '.join(PROFILES)}")
     if args.all_profiles and (args.mutant or args.profile != DEFAULT_PROFILE):
         return bad("--all-profiles runs every profile; it cannot go with --mutant or --profile")
+    if args.allow_name_reuse:
+        from flightcheck.verification.models import NAME_REUSE_MODELS
+        if args.profile not in NAME_REUSE_MODELS:
+            return bad(f"--allow-name-reuse needs a profile that looks outputs up by name: "
+                       f"{', '.join(NAME_REUSE_MODELS)}")
+        if args.all_profiles or args.mutant or args.inferred:
+            return bad("--allow-name-reuse searches one profile's name-reuse model; it cannot go with "
+                       "--all-profiles, --mutant or --inferred")
     stream = sys.stderr if args.json else sys.stdout
     # Piped or redirected, rich would assume 80 columns and cut names short;
     # a log or a CI page has room for the whole table.
@@ -94,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         with console.status(f"verifying ({profile})") as status:
             suites.append(run_suite(MODELS[args.config], args.depth, use_z3=not args.no_z3, jobs=args.jobs,
                                     inferred=args.inferred, progress=lambda msg: status.update(msg),
-                                    profile=profile))
+                                    profile=profile, allow_name_reuse=args.allow_name_reuse))
         if not args.json:
             _print_suite(console, suites[-1])
     seconds = time.perf_counter() - started
@@ -146,6 +158,9 @@ def _print_suite(console: Console, suite) -> None:
     console.print(table)
     for i, m in enumerate(methods):
         console.print(Text(f"  [{i + 1}] {m}: {seconds[m]:.2f} s"))
+    if suite.allow_name_reuse:
+        _print_counterexamples(console, suite)
+        return
     muts = Table(title="Mutants")
     for col in ("mutant", "killed", "by", "model", "steps", "seconds"):
         muts.add_column(col)
@@ -155,7 +170,18 @@ def _print_suite(console: Console, suite) -> None:
     console.print(muts)
     for name, why in suite.moot.items():
         console.print(Text(f"  not hunted under {suite.profile}: {name}: {why}"))
+
     console.print(f"{'OK' if suite.ok else 'FAILED'} (profile {suite.profile}) in {suite.seconds:.1f} s")
 
 
+def _print_counterexamples(console: Console, suite) -> None:
+    """Names reused: every violated property's shortest counterexample, as a step table."""
+    from rich.text import Text
 
+    from flightcheck.verification.traces.counterexample import render
+    console.print(Text(f"names reused: no mutant hunted; {len(suite.counterexamples)} properties violated, "
+                       "each with its shortest counterexample:"))
+    for cx in suite.counterexamples:
+        render(cx, console)
+    console.print(f"{'OK' if suite.ok else 'FAILED'} (profile {suite.profile}, names reused) "
+                  f"in {suite.seconds:.1f} s")

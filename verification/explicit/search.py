@@ -24,21 +24,23 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from flightcheck.spec import (
-    INVARIANTS,
     SOMETIMES,
-    TRANSITION_PROPERTIES,
     Abort,
     Action,
     Arrive,
+    ArriveAs,
     CompleteOldest,
     Sample,
     Schedule,
     Sometimes,
     State,
     initial_state,
+    invariants_for,
     sampling_entries,
     step,
+    transition_properties_for,
 )
+from flightcheck.spec.state import name_of
 from flightcheck.spec.actions import max_next_drafts
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
@@ -66,6 +68,11 @@ def actions(model: Model, state: State) -> Iterator[Action]:
     for r, q in enumerate(state.requests):
         if q.status.value == "NEW":
             yield Arrive(r, model.prompts[r])
+            if model.cfg.allow_name_reuse:
+                # under each finished request's name (arrive_as refuses a name still held)
+                for name in sorted({name_of(state, x) for x, other in enumerate(state.requests)
+                                    if other.status.is_finished}):
+                    yield ArriveAs(r, model.prompts[r], name)
     yield Schedule()
     if state.in_flight:
         for samples in sample_choices(model, state):
@@ -148,6 +155,7 @@ def _search(model: Model, max_states: int, stop_at_first: bool, check_liveness: 
     result = SearchResult(model)
     broken: set[str] = set()
     pending = {sm.name: sm for sm in SOMETIMES if sm.is_applicable(cfg, model.shares_prefix)}
+    invariants, transition_properties = invariants_for(cfg), transition_properties_for(cfg)
 
     def note_violation(name: str, s: State, message: str) -> None:
         if name not in broken:
@@ -155,14 +163,15 @@ def _search(model: Model, max_states: int, stop_at_first: bool, check_liveness: 
             result.violations.append(Violation(name, graph.path_to(s), message))
 
     def check_state(s: State) -> None:
-        for inv in INVARIANTS:
+        for inv in invariants:
             if not inv.holds(s, cfg):
                 note_violation(inv.name, s, inv.statement)
 
     def check_sometimes(s: State) -> None:
         """One-stage targets; the BFS depth of s is the length of a shortest path to them."""
         for name, sm in list(pending.items()):
-            if sm.after is None and any(sm.target(s, cfg, r) for r in range(model.num_requests)):
+            if sm.after is None and sm.on_step is None and any(sm.target(s, cfg, r)
+                                                               for r in range(model.num_requests)):
                 result.reached[name] = graph.depth[s]
                 del pending[name]
 
@@ -189,7 +198,12 @@ def _search(model: Model, max_states: int, stop_at_first: bool, check_liveness: 
                     continue
                 graph.parent[nxt] = (s, action)
                 graph.depth[nxt] = graph.depth[s] + 1
-            for prop in TRANSITION_PROPERTIES:
+            for name, sm in list(pending.items()):
+                if sm.on_step is not None and any(sm.on_step(s, nxt, action, cfg, r)
+                                                  for r in range(model.num_requests)):
+                    result.reached[name] = graph.depth[s] + 1      # breadth-first: a shortest such step
+                    del pending[name]
+            for prop in transition_properties:
                 if not prop.holds(s, nxt, action, cfg):
                     # report the path through this very edge
                     if prop.name not in broken:
@@ -308,6 +322,39 @@ def _check_liveness(graph: _Graph, result: SearchResult) -> None:
     acyclic = seen == len(indegree)
     result.liveness["L4_every_run_terminates"] = acyclic
     if not acyclic:
-        on_cycle = min((s for s, d in indegree.items() if d > 0), key=lambda s: graph.depth[s])
-        result.violations.append(Violation("L4_every_run_terminates", graph.path_to(on_cycle),
-                                           "the scheduler can cycle forever from here"))
+        left = {s for s, d in indegree.items() if d > 0}
+        on_cycle = min(left, key=lambda s: graph.depth[s])
+        entry, loop = _cycle_through(graph, reverse, left, on_cycle)
+        result.violations.append(Violation(
+            "L4_every_run_terminates", graph.path_to(entry) + loop,
+            f"a lasso: after step {graph.depth[entry]} the scheduler's last {len(loop)} steps "
+            "return to the state they started from, and can repeat forever"))
+
+
+def _cycle_through(graph: _Graph, reverse: dict[State, list[State]], left: set[State],
+                   start: State) -> tuple[State, list[tuple[Action, State]]]:
+    """A cycle of scheduler steps among `left` (the states Kahn's algorithm
+    could not order, each with a predecessor among them), found by walking
+    predecessors from `start` until one repeats: that state, and the shortest
+    loop of labelled steps from it back to itself."""
+    seen: set[State] = set()
+    s = start
+    while s not in seen:
+        seen.add(s)
+        s = next(p for p in reverse.get(s, ()) if p in left)
+    came: dict[State, tuple[State, Action]] = {}
+    frontier = deque([s])
+    while frontier:
+        u = frontier.popleft()
+        for a, t in graph.labelled_system_edges.get(u, []):
+            if t == s:
+                loop = [(a, t)]
+                while u != s:
+                    p, pa = came[u]
+                    loop.append((pa, u))
+                    u = p
+                return s, loop[::-1]
+            if t not in came and t in left:
+                came[t] = (u, a)
+                frontier.append(t)
+    return s, []

@@ -70,7 +70,7 @@ _REGISTRY: tuple[Mutant, ...] = (
             "one snapshot object per request, overwritten by the next batch while the previous "
             "one is in flight (CachedRequestData reused before vLLM 0.8.5)",
             {"schedule._launch": mutated.launch_with_shared_snapshot},
-            {"schedule._launch": "55ab61ea41752d7a"},
+            {"schedule._launch": "2f9519326ef44930"},
             "S4_snapshot_immutability", 3),
     _mutant("final_chunk_from_live_counter", "historical",
             "whether a batch samples is decided at completion from the live counter, not from "
@@ -143,7 +143,7 @@ _REGISTRY: tuple[Mutant, ...] = (
     _mutant("admit_after_preemption", "synthetic",
             "admission runs in a step that preempted",
             {"schedule.schedule": mutated.schedule_admitting_after_preemption},
-            {"schedule.schedule": "49d9a422df838676"},
+            {"schedule.schedule": "b55177aa84883358"},
             "S12_status_monotonicity", 5),
     _mutant("orphan_kept_after_reschedule", "synthetic",
             "a rescheduled request's orphaned entries stay orphaned",
@@ -163,7 +163,7 @@ _REGISTRY: tuple[Mutant, ...] = (
     _mutant("empty_batch_submitted", "synthetic",
             "a schedule call that only preempted still enqueues an empty batch",
             {"schedule._launch": mutated.launch_even_when_empty},
-            {"schedule._launch": "55ab61ea41752d7a"},
+            {"schedule._launch": "2f9519326ef44930"},
             "S11_pipeline_depth", 6),
     _mutant("arrival_counter_stale", "synthetic",
             "an arriving request keeps a stale num_computed until admitted",

@@ -55,12 +55,13 @@ def launch_with_shared_snapshot(step: "scheduling._Step") -> State:
     state = step.state
     for e in step.entries:
         state = scheduling._advance_counter(state, e)
+        state = scheduling._count_in_flight(state, step.cfg, e)
         if not step.cfg.continue_prefill:
             state = replace(state, scheduled_ids=state.scheduled_ids | {e.req})
         state = _alias_live_snapshots(state, e)
-    if not step.entries:
+    if not step.entries and not step.cfg.rules.empty_batches:
         return state
-    batch: Batch = tuple(Entry(e.req, e.start, e.n, e.samples, e.drafts) for e in step.entries)
+    batch: Batch = tuple(scheduling._snapshot(state, e) for e in step.entries)
     return replace(state, in_flight=state.in_flight + (batch,))
 
 
@@ -226,7 +227,7 @@ def schedule_admitting_after_preemption(state: State, cfg: Config) -> "schedulin
     scheduling._schedule_running(step)
     scheduling._schedule_waiting(step)
     if not step.entries and not step.preempted:
-        return None
+        return scheduling._idle(state, cfg)
     return scheduling.Scheduled(scheduling._launch(step), tuple(step.entries), tuple(step.preempted))
 
 
@@ -279,9 +280,10 @@ def launch_even_when_empty(step: "scheduling._Step") -> State:
     state = step.state
     for e in step.entries:
         state = scheduling._advance_counter(state, e)
+        state = scheduling._count_in_flight(state, step.cfg, e)
         if not step.cfg.continue_prefill:
             state = replace(state, scheduled_ids=state.scheduled_ids | {e.req})
-    batch: Batch = tuple(Entry(e.req, e.start, e.n, e.samples, e.drafts) for e in step.entries)
+    batch: Batch = tuple(scheduling._snapshot(state, e) for e in step.entries)
     return replace(state, in_flight=state.in_flight + (batch,))
 
 

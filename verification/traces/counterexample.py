@@ -16,12 +16,12 @@ from dataclasses import dataclass, fields, is_dataclass
 from enum import Enum
 
 from flightcheck.spec import (
-    INVARIANTS,
-    TRANSITION_PROPERTIES,
     Action,
     State,
     describe,
+    invariants_for,
     step,
+    transition_properties_for,
 )
 from flightcheck.verification.explicit.search import initial
 from flightcheck.verification.models import Model
@@ -64,8 +64,8 @@ def broken_at(model: Model, states: list[State], actions: list[Action], i: int) 
     """Names of the properties step i (1-based, into states[i]) breaks."""
     cfg, s = model.cfg, states[i]
     with applied(model.mutant):     # L2 and L3 run the spec's actions
-        names = [inv.name for inv in INVARIANTS if not inv.holds(s, cfg)]
-        names += [p.name for p in TRANSITION_PROPERTIES
+        names = [inv.name for inv in invariants_for(cfg) if not inv.holds(s, cfg)]
+        names += [p.name for p in transition_properties_for(cfg)
                   if not p.holds(states[i - 1], s, actions[i - 1], cfg)]
     return names
 

@@ -58,8 +58,8 @@ from dataclasses import replace
 from typing import Any
 
 from flightcheck.spec import (
-    INVARIANTS,
-    TRANSITION_PROPERTIES,
+    invariants_for,
+    transition_properties_for,
     Abort,
     Action,
     Arrive,
@@ -187,10 +187,10 @@ class Incremental:
         for r in touched:
             if after.requests[r].status.is_finished and not before.requests[r].status.is_finished:
                 self.finished_slots[r] = None
-        for inv in INVARIANTS:
+        for inv in invariants_for(self.cfg):
             if not self._holds(inv, after, touched, new_batch, blocks, before, action):
                 raise self._violation(inv.name, inv.statement)
-        for prop in TRANSITION_PROPERTIES:
+        for prop in transition_properties_for(self.cfg):
             if prop.name == S12:
                 ok = all(s12_request(before.requests[r], after.requests[r], action) for r in touched) and \
                     (not isinstance(action, Schedule) or s12_no_admission_after_preemption(before, self.scheduled))
