@@ -34,6 +34,7 @@ from flightcheck.spec import (
     Schedule,
     Sometimes,
     State,
+    describe,
     initial_state,
     invariants_for,
     sampling_entries,
@@ -323,38 +324,35 @@ def _check_liveness(graph: _Graph, result: SearchResult) -> None:
     result.liveness["L4_every_run_terminates"] = acyclic
     if not acyclic:
         left = {s for s, d in indegree.items() if d > 0}
-        on_cycle = min(left, key=lambda s: graph.depth[s])
-        entry, loop = _cycle_through(graph, reverse, left, on_cycle)
+        # the shallowest state on a cycle (ties broken by rendering, so the
+        # report is the same from run to run), and its shortest loop: a lasso
+        # whose stem is a shortest path
+        for entry in sorted(left, key=lambda s: (graph.depth[s], describe(s))):
+            loop = _loop_through(graph, left, entry)
+            if loop:
+                break
         result.violations.append(Violation(
             "L4_every_run_terminates", graph.path_to(entry) + loop,
             f"a lasso: after step {graph.depth[entry]} the scheduler's last {len(loop)} steps "
             "return to the state they started from, and can repeat forever"))
 
 
-def _cycle_through(graph: _Graph, reverse: dict[State, list[State]], left: set[State],
-                   start: State) -> tuple[State, list[tuple[Action, State]]]:
-    """A cycle of scheduler steps among `left` (the states Kahn's algorithm
-    could not order, each with a predecessor among them), found by walking
-    predecessors from `start` until one repeats: that state, and the shortest
-    loop of labelled steps from it back to itself."""
-    seen: set[State] = set()
-    s = start
-    while s not in seen:
-        seen.add(s)
-        s = next(p for p in reverse.get(s, ()) if p in left)
+def _loop_through(graph: _Graph, left: set[State], start: State) -> list[tuple[Action, State]]:
+    """The shortest run of scheduler steps among `left` (the states Kahn's
+    algorithm could not order) from `start` back to itself; [] if none."""
     came: dict[State, tuple[State, Action]] = {}
-    frontier = deque([s])
+    frontier = deque([start])
     while frontier:
         u = frontier.popleft()
         for a, t in graph.labelled_system_edges.get(u, []):
-            if t == s:
+            if t == start:
                 loop = [(a, t)]
-                while u != s:
+                while u != start:
                     p, pa = came[u]
                     loop.append((pa, u))
                     u = p
-                return s, loop[::-1]
+                return loop[::-1]
             if t not in came and t in left:
                 came[t] = (u, a)
                 frontier.append(t)
-    return s, []
+    return []
