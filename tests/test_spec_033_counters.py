@@ -249,3 +249,36 @@ def test_verify_allow_name_reuse_prints_each_counterexample_and_fails(capsys):
 def test_verify_allow_name_reuse_needs_a_profile_that_looks_outputs_up_by_name(capsys):
     assert main(["verify", "--allow-name-reuse"]) == 2
     assert "--allow-name-reuse needs a profile" in capsys.readouterr().err
+
+
+# --- 5. mutants of 0.33's counters --------------------------------------------------------------
+
+def test_the_profile_mutants_are_hunted_under_their_profile_only():
+    from flightcheck.verification.mutants import MUTANTS, PROFILE_MUTANTS, mutants_of
+    own = set(PROFILE_MUTANTS["vllm-0.33"])
+    assert own == {"resumption_not_deferred", "drop_leaves_counters", "stale_drained_by_wrong_batch",
+                   "in_flight_kept_without_output"}
+    assert own.isdisjoint(MUTANTS)                             # the default run's set (and golden file) keep theirs
+    assert own <= set(mutants_of("vllm-0.33")) and own.isdisjoint(mutants_of("vllm-0.8.5"))
+
+
+@pytest.mark.parametrize("name", ["resumption_not_deferred", "drop_leaves_counters",
+                                  "stale_drained_by_wrong_batch", "in_flight_kept_without_output"])
+def test_each_counter_mutant_is_killed_as_recorded_and_the_correct_spec_passes_its_model(name):
+    import inspect
+
+    from flightcheck.verification.models import mutant_model
+    from flightcheck.verification.mutants import mutant, stale_fingerprints
+    from flightcheck.verification.mutants.registry import ORIGINALS
+    from flightcheck.verification.suite import SOMETIMES_NAMES, hunt_mutant
+    m = mutant(name)
+    assert not stale_fingerprints(m)
+    for target, replacement in m.replaces.items():
+        assert list(inspect.signature(replacement).parameters) == list(inspect.signature(ORIGINALS[target]).parameters)
+        assert name in (replacement.__doc__ or "")
+    result = hunt_mutant(name, profile="vllm-0.33")
+    assert result.killed and (result.property, result.trace_length) == (m.killed_by, m.shortest)
+    cx = result.counterexample
+    assert replay(cx.model, cx.actions) == cx.states
+    clean = search(mutant_model(name, "vllm-0.33").with_mutant(None))
+    assert not [v.property for v in clean.violations if v.property not in SOMETIMES_NAMES]

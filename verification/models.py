@@ -229,6 +229,19 @@ REUSE_K2 = Model(
 # The models `--allow-name-reuse` searches instead of the profile's own.
 NAME_REUSE_MODELS: dict[str, tuple[Model, ...]] = {"vllm-0.33": (REUSE_K2,)}
 
+# vLLM 0.33's stale output, small: K = 3, so a request preempted with two
+# prefill chunks in flight (of 2 and 1 tokens) still has stale output in
+# flight when a seat frees up; where the counter mutants are hunted (the drop
+# mode one in drop mode).
+STALE_K3 = Model(
+    "stale-k3",
+    Config(num_stages=3, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=6, prefix_caching=False, profile="vllm-0.33"),
+    (_p(1, 3), _p(3, 2)),
+    allow_stop=False,
+)
+STALE_K3_DROP = replace(STALE_K3, name="stale-k3-drop", cfg=replace(STALE_K3.cfg, stale_mode="drop"))
+
 # Each profile's exhaustive models; the default profile's are the default run's.
 PROFILE_MODELS: dict[str, tuple[Model, ...]] = {
     "vllm-0.8.5": (PRESSURE_K2, SHARED_K3, ONE_BATCH, FORWARD_K3),
@@ -322,6 +335,11 @@ PROFILE_MUTANT_MODELS: dict[str, dict[str, Model]] = {
                                   cfg=replace(TIGHT_K2.under_profile("vllm-0.33").cfg, num_blocks=4)),
         # 0.33 applies the threshold only with company, and S10 sees it only in a
         # batch of two entries: a budget of 4 leaves room for a second one
+        # vLLM 0.33's counters (the profile's own mutants)
+        "resumption_not_deferred": STALE_K3,
+        "drop_leaves_counters": STALE_K3_DROP,
+        "stale_drained_by_wrong_batch": STALE_K3,
+        "in_flight_kept_without_output": STALE_K3,
         "threshold_ignored_on_admission": replace(
             CROWDED_CHUNKED.under_profile("vllm-0.33"), name="crowded-chunked-033",
             cfg=replace(CROWDED_CHUNKED.under_profile("vllm-0.33").cfg, max_num_batched_tokens=4)),

@@ -43,7 +43,7 @@ from flightcheck.verification.models import (
     Model,
     mutant_model,
 )
-from flightcheck.verification.mutants import MUTANTS
+from flightcheck.verification.mutants import MUTANTS, mutants_of
 from flightcheck.verification.results import (
     LIVENESS_GRAPH,
     SOMETIMES_NAMES,
@@ -222,7 +222,7 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
         rows += z3_suite.bmc_rows(model, depth, jobs=jobs)
     results = []
     moot = MOOT_MUTANTS.get(profile, {}) if mutants is None else {}
-    for name in (mutants if mutants is not None else [m for m in MUTANTS if m not in moot]):
+    for name in (mutants if mutants is not None else [m for m in mutants_of(profile) if m not in moot]):
         say(f"hunting mutant {name} ({profile})")
         results.append(hunt_mutant(name, profile=profile))
     return SuiteResult(time.perf_counter() - t0, rows, results, profile, moot)

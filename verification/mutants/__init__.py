@@ -5,7 +5,8 @@ shortest counterexample (`registry.py`), the mutated functions themselves
 check (`patching.py`)."""
 
 from flightcheck.verification.mutants.patching import MutantNoLongerApplies, active, applied
-from flightcheck.verification.mutants.registry import MUTANTS, Mutant, fingerprint, mutant, stale_fingerprints
+from flightcheck.verification.mutants.registry import (ALL_MUTANTS, MUTANTS, PROFILE_MUTANTS, Mutant, fingerprint,
+                                                       mutant, mutants_of, stale_fingerprints)
 
-__all__ = ["MUTANTS", "Mutant", "MutantNoLongerApplies", "active", "applied", "fingerprint", "mutant",
+__all__ = ["ALL_MUTANTS", "MUTANTS", "PROFILE_MUTANTS", "Mutant", "mutants_of", "MutantNoLongerApplies", "active", "applied", "fingerprint", "mutant",
            "stale_fingerprints"]

@@ -36,6 +36,7 @@ class Mutant:
     fingerprints: dict[str, str]                  # "module.function" -> fingerprint of the original
     killed_by: str                                # the property its shortest counterexample breaks
     shortest: int                                 # that counterexample's length, in steps
+    profile: str | None = None                    # the one profile it is hunted under; None: every profile
 
 
 def spec_function(target: str) -> FunctionType:
@@ -51,10 +52,10 @@ def fingerprint(function: FunctionType) -> str:
 
 def _mutant(name: str, kind: Literal["historical", "synthetic"], history: str,
             replaces: dict[str, FunctionType], fingerprints: dict[str, str],
-            killed_by: str, shortest: int) -> Mutant:
+            killed_by: str, shortest: int, profile: str | None = None) -> Mutant:
     if set(replaces) != set(fingerprints):
         raise ValueError(f"mutant {name}: a fingerprint for each replaced function, no more")
-    return Mutant(name, kind, history, replaces, fingerprints, killed_by, shortest)
+    return Mutant(name, kind, history, replaces, fingerprints, killed_by, shortest, profile)
 
 
 _REGISTRY: tuple[Mutant, ...] = (
@@ -205,19 +206,68 @@ _REGISTRY: tuple[Mutant, ...] = (
             "S9_kv_ownership", 2),
 )
 
+# Mutants of rules only one profile has (vLLM 0.33's stale-output counters):
+# every other profile never calls the functions they replace, so they are
+# hunted under that profile only (`flightcheck verify --profile vllm-0.33`),
+# on the model `models.mutant_model(name, profile)` names, and kept out of
+# MUTANTS (the every-profile set the default run and its golden file hold).
+_PROFILE_REGISTRY: tuple[Mutant, ...] = (
+    _mutant("resumption_not_deferred", "historical",
+            "vLLM 0.33's deferral of a preempted request with stale output in flight left out "
+            "(Scheduler.schedule's waiting loop, num_stale_output_tokens): 0.8.5's bug returns, "
+            "the request resumes while its old output is in flight and that output is applied "
+            "to the running request",
+            {"schedule._has_stale_output": mutated.has_stale_output_never},
+            {"schedule._has_stale_output": "9e20ed424c49d015"},
+            "IF3_no_stale_resumption", 10, profile="vllm-0.33"),
+    _mutant("drop_leaves_counters", "synthetic",
+            "drop mode discards a stale output without settling the request's counters "
+            "(Scheduler.update_from_output)",
+            {"actions._settle_counters": mutated.settle_counters_skipping_dropped},
+            {"actions._settle_counters": "4a4c66046d1ee7d5"},
+            "IF1_in_flight_counter", 9, profile="vllm-0.33"),
+    _mutant("stale_drained_by_wrong_batch", "synthetic",
+            "the stale count is drained by the size of another batch of the request than the one "
+            "that completed (Scheduler.update_from_output)",
+            {"actions._settle_counters": mutated.settle_counters_by_newest_batch},
+            {"actions._settle_counters": "4a4c66046d1ee7d5"},
+            "IF2_stale_counter", 10, profile="vllm-0.33"),
+    _mutant("in_flight_kept_without_output", "synthetic",
+            "the in-flight counter is not decremented for an entry whose output is empty (a partial "
+            "prefill chunk), as if the decrement sat behind update_from_output's skip of requests "
+            "without generated tokens",
+            {"actions._settle_counters": mutated.settle_counters_only_with_output},
+            {"actions._settle_counters": "4a4c66046d1ee7d5"},
+            "IF1_in_flight_counter", 3, profile="vllm-0.33"),
+)
+
 MUTANTS: dict[str, Mutant] = {m.name: m for m in _REGISTRY}
+# profile -> the mutants hunted under it only
+PROFILE_MUTANTS: dict[str, dict[str, Mutant]] = {}
+for _m in _PROFILE_REGISTRY:
+    PROFILE_MUTANTS.setdefault(_m.profile or "", {})[_m.name] = _m
+ALL_MUTANTS: dict[str, Mutant] = MUTANTS | {m.name: m for m in _PROFILE_REGISTRY}
 
 # The originals, taken when this module is first imported: nothing has been
 # swapped yet then, since only `applied` swaps, and it needs this module.
 ORIGINALS: dict[str, FunctionType] = {target: spec_function(target)
-                                      for m in _REGISTRY for target in m.replaces}
+                                      for m in _REGISTRY + _PROFILE_REGISTRY for target in m.replaces}
 
 
 def mutant(name: str) -> Mutant:
-    """The mutant called `name`; ValueError naming the known ones otherwise."""
-    if name not in MUTANTS:
-        raise ValueError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
-    return MUTANTS[name]
+    """The mutant called `name` (of every profile, or of one); ValueError
+    naming the known ones otherwise."""
+    if name in MUTANTS:
+        return MUTANTS[name]
+    for own in PROFILE_MUTANTS.values():
+        if name in own:
+            return own[name]
+    raise ValueError(f"unknown mutant {name!r}; known: {', '.join(ALL_MUTANTS)}")
+
+
+def mutants_of(profile: str) -> list[str]:
+    """The mutants hunted under `profile`: every profile's, then its own."""
+    return list(MUTANTS) + list(PROFILE_MUTANTS.get(profile, {}))
 
 
 def stale_fingerprints(m: Mutant) -> list[str]:

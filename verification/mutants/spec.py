@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from flightcheck.spec import blocks
 from flightcheck.spec.config import Config
-from flightcheck.spec.state import Batch, Entry, Fate, State, Status, retire_entries
+from flightcheck.spec.state import Batch, Entry, Fate, Request, State, Status, retire_entries
 
 # `flightcheck.spec.schedule` as an attribute is the function the package
 # re-exports, so the modules are looked up by their full names.
@@ -374,3 +374,47 @@ def num_required_blocks_rounded_down(cfg: Config, num_tokens: int) -> int:
     """no_block_for_last_token (replaces schedule._num_required_blocks):
     allocation rounds down, so the last, partly filled block is missing (S9)."""
     return num_tokens // cfg.block_size
+
+
+# --- vLLM 0.33's stale-output counters (hunted under the vllm-0.33 profile only) ------------
+
+def has_stale_output_never(req: Request) -> bool:
+    """resumption_not_deferred (replaces schedule._has_stale_output): the
+    waiting loop never sees stale output in flight, so a preempted request
+    resumes at once in deliver mode too: vLLM 0.8.5's bug returns, its stale
+    output later applied to the running request (IF3)."""
+    return False
+
+
+def settle_counters_skipping_dropped(state: State, r: int, e: Entry, stale: bool) -> State:
+    """drop_leaves_counters (replaces actions._settle_counters): a stale output
+    discarded in drop mode leaves both counters untouched, so the in-flight
+    count keeps the dropped batch's tokens (IF1)."""
+    req = state.requests[r]
+    if stale and req.drop_stale:
+        return state
+    return state.with_request(r, num_in_flight=req.num_in_flight - e.n,
+                              num_stale=req.num_stale - e.n if stale else req.num_stale)
+
+
+def settle_counters_by_newest_batch(state: State, r: int, e: Entry, stale: bool) -> State:
+    """stale_drained_by_wrong_batch (replaces actions._settle_counters): the
+    stale count is drained by the size of the request's newest entry still in
+    flight (the wrong batch) instead of the completed one's (IF2)."""
+    req = state.requests[r]
+    newest = [x for b in state.in_flight for x in b if x.req == r]
+    size = newest[-1].n if newest else e.n
+    return state.with_request(r, num_in_flight=req.num_in_flight - e.n,
+                              num_stale=req.num_stale - size if stale else req.num_stale)
+
+
+def settle_counters_only_with_output(state: State, r: int, e: Entry, stale: bool) -> State:
+    """in_flight_kept_without_output (replaces actions._settle_counters): an
+    entry that returns no token (a partial prefill chunk, an empty output)
+    leaves the counters as they were, as if the decrement sat behind the
+    "no generated tokens" skip (IF1)."""
+    if not e.samples:
+        return state
+    req = state.requests[r]
+    return state.with_request(r, num_in_flight=req.num_in_flight - e.n,
+                              num_stale=req.num_stale - e.n if stale else req.num_stale)
