@@ -12,8 +12,6 @@ import json
 from dataclasses import replace
 
 import pytest
-
-from flightcheck.cli import main
 from flightcheck.spec import (
     Abort,
     Arrive,
@@ -34,6 +32,8 @@ from flightcheck.spec import (
 from flightcheck.verification.explicit.search import search
 from flightcheck.verification.models import DEFERRED_K3, PRESSURE_K2, REUSE_K2, Model
 from flightcheck.verification.traces.counterexample import from_actions, replay
+
+from flightcheck.cli import main
 
 COUNTER_NAMES = {"IF1_in_flight_counter", "IF2_stale_counter", "IF3_no_stale_resumption"}
 

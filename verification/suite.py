@@ -43,7 +43,7 @@ from flightcheck.verification.models import (
     Model,
     mutant_model,
 )
-from flightcheck.verification.mutants import MUTANTS, mutants_of
+from flightcheck.verification.mutants import mutants_of
 from flightcheck.verification.results import (
     LIVENESS_GRAPH,
     SOMETIMES_NAMES,
