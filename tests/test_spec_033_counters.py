@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from flightcheck.spec import (
@@ -282,3 +283,35 @@ def test_each_counter_mutant_is_killed_as_recorded_and_the_correct_spec_passes_i
     assert replay(cx.model, cx.actions) == cx.states
     clean = search(mutant_model(name, "vllm-0.33").with_mutant(None))
     assert not [v.property for v in clean.violations if v.property not in SOMETIMES_NAMES]
+
+
+# --- check-trace on vLLM 0.33's real id-reuse runs (recorded, no vLLM needed) -------------------
+
+TRACES_033 = Path(__file__).parent / "data" / "vllm" / "traces-0.33"
+# where each run applies old r0's batch-1 token to the new r0 (tests/test_vllm_033.py records
+# them afresh from tests/data/vllm/workloads-0.33.json when vLLM 0.33's venv is there)
+REUSE_REJECTED_AT = {"id-reuse-wrong-binding": 7, "id-reuse-hang": 8, "id-reuse-assertion": 9}
+
+
+@pytest.mark.parametrize("name", sorted(REUSE_REJECTED_AT))
+@pytest.mark.parametrize("full", [False, True])
+def test_check_trace_rejects_a_real_id_reuse_run_where_the_old_output_is_applied(name, full):
+    from flightcheck.verification.traces.check import check_trace
+    trace = TRACES_033 / f"{name}.jsonl"
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    verdict = check_trace(trace, full=full)
+    assert verdict.profile == "vllm-0.33" and not verdict.ok
+    assert (verdict.event_index, verdict.property) == (REUSE_REJECTED_AT[name], "S7_output_binding")
+    applied = events[verdict.event_index]
+    assert applied["ev"] == "complete" and applied["batch"] == 1 and applied["tokens"]["r0"]
+    # the second arrive of r0, after the first one's abort, came before: a new incarnation
+    arrivals = [i for i, e in enumerate(events) if e["ev"] == "arrive" and e["req"] == "r0"]
+    assert len(arrivals) == 2 and arrivals[1] < verdict.event_index
+
+
+@pytest.mark.parametrize("name", sorted(REUSE_REJECTED_AT))
+@pytest.mark.parametrize("full", [False, True])
+def test_check_trace_accepts_the_same_run_with_a_fresh_id(name, full):
+    from flightcheck.verification.traces.check import check_trace
+    verdict = check_trace(TRACES_033 / f"{name}-fresh-id.jsonl", full=full)
+    assert verdict.profile == "vllm-0.33" and verdict.ok, verdict
