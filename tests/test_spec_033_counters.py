@@ -64,6 +64,9 @@ def test_the_0_8_profiles_keep_no_counters_and_state_only_what_they_did():
     and no empty batch, and the state count is the pinned one."""
     r = search(PRESSURE_K2, check_liveness=False)
     assert r.num_states == 4124 and r.ok
+    assert not _find_state(PRESSURE_K2, lambda s: any(b == () for b in s.in_flight) or any(
+        (q.num_in_flight, q.num_stale, q.drop_stale, q.name) != (0, 0, False, None) for q in s.requests)
+        or any(e.name is not None for b in s.in_flight for e in b))
     assert {inv.name for inv in invariants_for(PRESSURE_K2.cfg)}.isdisjoint(COUNTER_NAMES)
     assert [p.name for p in transition_properties_for(PRESSURE_K2.cfg)] == [
         "S4_snapshot_immutability", "S13_fates_only_age", "S12_status_monotonicity"]
