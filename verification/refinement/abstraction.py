@@ -75,7 +75,8 @@ def spec_config(cfg) -> Config:
                   long_prefill_token_threshold=cfg.long_prefill_token_threshold,
                   num_spec_tokens=cfg.num_spec_tokens,
                   prefix_caching=cfg.enable_prefix_caching,
-                  continue_prefill=cfg.continue_prefill)
+                  continue_prefill=cfg.continue_prefill, profile=cfg.profile,
+                  num_preallocate_tokens=cfg.num_preallocate_tokens)
 
 
 class Ledger:

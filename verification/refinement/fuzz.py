@@ -123,14 +123,16 @@ def _bounded_example_cache(size: int | None = None) -> Iterator[None]:
 
 
 def fuzz(steps: int, seed: int, mutant: str | None = None, *, shrink: bool = True,
-         check_traces: bool = False, steps_per_program: int = STEPS_PER_PROGRAM) -> FuzzResult:
-    """Run the refinement machine for `steps` rule steps from `seed`."""
+         check_traces: bool = False, steps_per_program: int = STEPS_PER_PROGRAM,
+         profile: str = "vllm-0.8.5") -> FuzzResult:
+    """Run the refinement machine for `steps` rule steps from `seed`, the
+    reference and the spec under the version `profile`."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     if mutant is not None and mutant not in MUTANTS:
         raise ValueError(f"unknown mutant {mutant!r}; known: {', '.join(MUTANTS)}")
     budget = Budget(steps)
-    factory = hypothesis_seed(seed)(machine_factory(mutant, budget, check_traces))
+    factory = hypothesis_seed(seed)(machine_factory(mutant, budget, check_traces, profile))
     phases = (Phase.generate, Phase.shrink) if shrink else (Phase.generate,)
     run_settings = settings(max_examples=10**9, stateful_step_count=steps_per_program,
                             database=None, deadline=None, derandomize=False, phases=phases,
@@ -165,7 +167,8 @@ def _failure_text(report: list[str], err: BaseException) -> str:
     return "\n".join([*report, *program, f"{type(err).__name__}: {err}"])
 
 
-def run_fuzz(steps: int, seed: int, mutant: str | None = None) -> dict[str, Any]:
+def run_fuzz(steps: int, seed: int, mutant: str | None = None,
+             profile: str = "vllm-0.8.5") -> dict[str, Any]:
     """`{"steps", "seed", "mutant", "failed", "failure", "seconds"}` for the
-    CLI's `flightcheck fuzz --steps N --seed S [--mutant NAME] [--json]`."""
-    return fuzz(steps, seed, mutant).to_json()
+    CLI's `flightcheck fuzz --steps N --seed S [--mutant NAME] [--profile P] [--json]`."""
+    return fuzz(steps, seed, mutant, profile=profile).to_json()

@@ -16,6 +16,14 @@ with the same environment choices, every spec invariant holds on the
 abstracted state, every transition property on the step, and the engine's
 guards agree with the spec's. A failure prints as a short replayable
 program (Hypothesis shrinks it); the state it broke is in the message.
+
+The version profile (`profile`, default vLLM 0.8.5) is the reference's and
+the spec's. Under `vllm-0.33` the reference runs 0.33's rules and counters
+and the spec its own reading of them; the engine is driven through the
+interleavings of 0.8.5's loop (every batch in flight has tokens), because the
+spec does not model 0.33's empty batches yet: the 0.33 loop itself is tested
+on the reference (tests/test_reference_033.py) and against vLLM
+(flightcheck/vllm/differential.py).
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from flightcheck.reference import (
 )
 from flightcheck.reference import Sample as RefSample
 from flightcheck.reference.config import cdiv
+from flightcheck.reference.drive import loop_for_policy
 from flightcheck.reference.outputs import NewRequestData, SchedulerOutput
 from flightcheck.spec.schedule import is_schedule_enabled
 from flightcheck.verification.refinement.abstraction import (
@@ -138,7 +147,7 @@ def outcomes() -> st.SearchStrategy[list[Outcome]]:
 
 
 @st.composite
-def configs(draw) -> SchedulerConfig:
+def configs(draw, profile: str = "vllm-0.8.5") -> SchedulerConfig:
     """Small, valid configurations: every request fits in the pool alone (the
     spec's liveness assumption, the reference's validation), with few blocks
     to spare so that preemption happens. A pipeline and a second sequence
@@ -149,7 +158,8 @@ def configs(draw) -> SchedulerConfig:
     that sample nothing before entries that sample, where a walk over a
     batch's outputs must go on past the former), and then 1 twice as often
     as any other value (a threshold of 1 clips a decode with drafts to its
-    known token: the boundary where no draft is scheduled)."""
+    known token: the boundary where no draft is scheduled). Under a profile
+    other than 0.8.5 the policy is the profile's."""
     block_size = draw(st.integers(1, 4))
     max_model_len = draw(st.integers(8, 16) | st.integers(2, 16))
     budget = draw(st.integers(1, 16))
@@ -162,7 +172,9 @@ def configs(draw) -> SchedulerConfig:
                                       if draw(st.integers(0, 3)) >= 2 else 0),
         num_spec_tokens=draw(st.sampled_from([3, 2, 3, 1, 0])),
         enable_prefix_caching=draw(st.booleans()),
-        continue_prefill=draw(st.integers(0, 2).map(lambda x: x != 2)))
+        continue_prefill=(draw(st.integers(0, 2).map(lambda x: x != 2))
+                          if profile == "vllm-0.8.5" else None),
+        profile=profile)
 
 
 def prompt_tokens(slot: int, family: int, shared: int, length: int) -> list[int]:
@@ -198,9 +210,10 @@ class RefinementMachine(RuleBasedStateMachine):
     """The reference (optionally one of its mutants) against the correct spec."""
 
     def __init__(self, mutant: str | None = None, budget: Budget | None = None,
-                 check_traces: bool = False) -> None:
+                 check_traces: bool = False, profile: str = "vllm-0.8.5") -> None:
         super().__init__()
         self.mutant, self.budget, self.check_traces = mutant, budget, check_traces
+        self.profile = profile
         self.engine: Engine | None = None
         self.broken = False           # this program failed: teardown checks nothing more
 
@@ -209,6 +222,10 @@ class RefinementMachine(RuleBasedStateMachine):
     @initialize(cfg=configs(), sample_every_chunk=st.booleans())
     @_guard
     def setup(self, cfg: SchedulerConfig, sample_every_chunk: bool) -> None:
+        if self.profile != cfg.profile:
+            # The same draws under this machine's profile (its policy the profile's).
+            cfg = SchedulerConfig(**{**cfg.__dict__, "profile": self.profile, "continue_prefill": None,
+                                     "num_preallocate_tokens": None})
         if self.mutant is not None:
             cfg = SchedulerConfig(**{**cfg.__dict__, "mutant": self.mutant})
         self.cfg, self.spec_cfg = cfg, spec_config(cfg)
@@ -218,7 +235,8 @@ class RefinementMachine(RuleBasedStateMachine):
         # sample_every_chunk: a worker that returns a token for every chunk
         # (vLLM <= 0.8.2) leaves the scheduler to discard partial chunks' tokens.
         self.executor = ScriptedExecutor(self._sample, sample_every_chunk=sample_every_chunk)
-        self.engine = Engine(self.scheduler, self.executor)
+        # 0.8.x: the loop of the config's policy; 0.33: see the module doc.
+        self.engine = Engine(self.scheduler, self.executor, loop_for_policy(cfg.continue_prefill))
         self.ledger = Ledger(NUM_SLOTS, cfg.block_size, cfg.enable_prefix_caching)
         self.state = spec.initial_state(NUM_SLOTS, cfg.num_blocks)
         self.outcomes: list[Outcome] = []
@@ -508,7 +526,7 @@ class RefinementMachine(RuleBasedStateMachine):
         self.engine.run(max_steps=10_000)
         self.scheduler.trace.end()
         text = self.sink.getvalue().splitlines()
-        result = check_events(read_events(text))
+        result = check_events(read_events(text), profile=self.profile)
         if not result.ok:
             self._fail(f"check_trace rejects the reference's trace: {result.to_json()}\n"
                        + "\n".join(text))
@@ -516,7 +534,7 @@ class RefinementMachine(RuleBasedStateMachine):
                                else {**e, "entries": [{k: v for k, v in x.items() if k != "block_ids"}
                                                       for x in e["entries"]]})
                     for e in read_events(text)]
-        result = check_events(read_events(stripped))
+        result = check_events(read_events(stripped), profile=self.profile)
         scheduled = any(e["ev"] == "schedule" and e["entries"] for e in read_events(text))
         if not result.ok or (scheduled and not any("block identity" in u for u in result.unchecked)):
             self._fail(f"check_trace on the trace without block_ids: {result.to_json()}")
@@ -543,7 +561,8 @@ class RefinementMachine(RuleBasedStateMachine):
 
 
 def machine_factory(mutant: str | None = None, budget: Budget | None = None,
-                    check_traces: bool = False) -> Callable[[], RefinementMachine]:
+                    check_traces: bool = False,
+                    profile: str = "vllm-0.8.5") -> Callable[[], RefinementMachine]:
     def make() -> RefinementMachine:
-        return RefinementMachine(mutant, budget, check_traces)
+        return RefinementMachine(mutant, budget, check_traces, profile)
     return make
