@@ -1,6 +1,6 @@
 """`flightcheck fuzz`: the Hypothesis refinement machine from a fixed seed.
 
-    flightcheck fuzz --steps N --seed S [--mutant NAME] [--json]
+    flightcheck fuzz --steps N --seed S [--mutant NAME] [--profile P] [--json]
     flightcheck fuzz --list-mutants
 
 Exit 0 when no step failed (with --mutant: exactly when the mutant was
@@ -20,6 +20,8 @@ def add_parser(sub) -> None:
     fuzz.add_argument("--steps", type=positive_int, default=2000, help="rule steps in all (default 2000)")
     fuzz.add_argument("--seed", type=seed_int, default=0, help="the run's seed (default 0)")
     fuzz.add_argument("--mutant", help="switch on a reference mutant (see --list-mutants)")
+    fuzz.add_argument("--profile", default="vllm-0.8.5",
+                      help="the vLLM version profile of the reference and the spec (default vllm-0.8.5)")
     fuzz.add_argument("--list-mutants", action="store_true", help="print the reference mutants and exit")
     fuzz.add_argument("--json", action="store_true", help="print machine-readable results")
     fuzz.set_defaults(func=run)
@@ -33,7 +35,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.mutant is not None and args.mutant not in list_mutants():
         return bad(f"unknown --mutant {args.mutant!r}; known: {', '.join(list_mutants())}")
-    result = run_fuzz(args.steps, args.seed, args.mutant)
+    from flightcheck.reference.profiles import PROFILES
+    from flightcheck.spec.profiles import PROFILES as SPEC_PROFILES
+    if args.profile not in PROFILES or args.profile not in SPEC_PROFILES:
+        known = sorted(set(PROFILES) & set(SPEC_PROFILES))
+        return bad(f"unknown --profile {args.profile!r}; known: {', '.join(known)}")
+    result = run_fuzz(args.steps, args.seed, args.mutant, args.profile)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
