@@ -55,10 +55,10 @@ def append_sampled(request: Request, generated: list[int], fate: Fate,
     the bonus token) up to the first that stops the request."""
     # The model's list is the output's unless a stop trims it (as vLLM).
     new_token_ids = generated
-    stop_tokens_first = config.version_profile.stop_tokens_before_length
+    stop = check_stop_tokens_first if config.version_profile.stop_tokens_before_length else check_stop
     for num_new, token_id in enumerate(generated, 1):
         request.all_token_ids.append(token_id)
-        if check_stop(request, token_id, config.max_model_len, stop_tokens_first):
+        if stop(request, token_id, config.max_model_len):
             if num_new < len(generated):
                 new_token_ids = generated[:num_new]   # tokens after the stop are trimmed
             break
@@ -69,27 +69,34 @@ def append_sampled(request: Request, generated: list[int], fate: Fate,
                             request.get_finished_reason(), request.stop_reason)
 
 
-def check_stop(request: Request, token_id: int, max_model_len: int,
-               stop_tokens_first: bool = False) -> bool:
-    """vLLM's check_stop after each appended token: 0.8.x: length first, then
-    EOS (unless ignore_eos), then stop_token_ids; 0.33 (`stop_tokens_first`,
-    `check_stop` in v1/core/sched/utils.py): EOS and stop_token_ids first, so
-    a stop token sampled as the last allowed token finishes as `stop`."""
-    if stop_tokens_first and _stopped_by_token(request, token_id):
-        return True
+def check_stop(request: Request, token_id: int, max_model_len: int) -> bool:
+    """vLLM's check_stop after each appended token: length first, then EOS
+    (unless ignore_eos), then stop_token_ids."""
     num_tokens = len(request.all_token_ids)
     if (num_tokens >= max_model_len
             or num_tokens - request.num_prompt_tokens >= request.max_tokens):
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
-    return _stopped_by_token(request, token_id)
-
-
-def _stopped_by_token(request: Request, token_id: int) -> bool:
-    """EOS (unless ignore_eos) or a stop token id: FINISHED_STOPPED."""
     if token_id in request.stop_token_set:
         request.status = RequestStatus.FINISHED_STOPPED
         if token_id != request.eos_token_id or request.sampling_params.ignore_eos:
             request.stop_reason = token_id     # a stop token id, not EOS
+        return True
+    return False
+
+
+def check_stop_tokens_first(request: Request, token_id: int, max_model_len: int) -> bool:
+    """vLLM 0.33's `check_stop` (v1/core/sched/utils.py): EOS (unless
+    ignore_eos) and stop_token_ids first, then the length cap, so a stop
+    token sampled as the last allowed token finishes as `stop`."""
+    if token_id in request.stop_token_set:
+        request.status = RequestStatus.FINISHED_STOPPED
+        if token_id != request.eos_token_id or request.sampling_params.ignore_eos:
+            request.stop_reason = token_id     # a stop token id, not EOS
+        return True
+    num_tokens = len(request.all_token_ids)
+    if (num_tokens >= max_model_len
+            or num_tokens - request.num_prompt_tokens >= request.max_tokens):
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False

@@ -66,6 +66,7 @@ class Scheduler:
         self._full_sequence_admission = profile.full_sequence_admission
         self._stale_output_counters = profile.stale_output_counters
         self._flush_finished_every_schedule = profile.flush_finished_every_schedule
+        self._waiting_loop_of_0_33 = profile.stale_output_counters or profile.full_sequence_admission
         # The long-prefill threshold in force for the current schedule() call.
         self._threshold = config.long_prefill_token_threshold
         self.requests: dict[str, Request] = {}
@@ -242,7 +243,9 @@ class Scheduler:
         # their arguments slowly (~100 ns a call), and this runs per entry.
         if num_new_tokens > token_budget:
             num_new_tokens = token_budget
-        room = self.config.max_model_len - num_computed - self._sampled_token_slot
+        room = self.config.max_model_len - num_computed
+        if self._sampled_token_slot:
+            room -= self._sampled_token_slot
         if num_new_tokens > room:
             num_new_tokens = room
         return num_new_tokens if num_new_tokens > 0 else 0
@@ -291,10 +294,34 @@ class Scheduler:
         request.num_stale_output_tokens = request.num_in_flight_tokens
 
     def _schedule_waiting(self, batch: Batch) -> None:
-        """FCFS admission: the first request not skipped blocks everything
-        behind it when it cannot be admitted. Only vLLM 0.33 skips (a
-        preempted request whose deliver-mode stale output is in flight): a
-        skipped request keeps its place, and those behind it may be admitted."""
+        """FCFS admission: the head of `waiting` blocks everything behind it."""
+        if self._waiting_loop_of_0_33:
+            self._schedule_waiting_skipping(batch)
+            return
+        kv = self.kv_cache_manager
+        while self.waiting and batch.token_budget > 0:
+            if len(self.running) >= self.config.max_num_seqs:
+                break
+            request = self.waiting[0]
+            computed_blocks, num_hit_tokens = kv.get_computed_blocks(request)
+            num_new_tokens = self._clip(request.num_tokens - num_hit_tokens,
+                                        request.num_computed_tokens, batch.token_budget)
+            if num_new_tokens == 0:
+                break
+            new_blocks = kv.allocate_slots(request, num_new_tokens, computed_blocks)
+            if new_blocks is None:
+                break
+            self.waiting.popleft()
+            self._add_to_batch(batch, request,
+                               self._admit(request, num_hit_tokens, num_new_tokens, new_blocks))
+
+    def _schedule_waiting_skipping(self, batch: Batch) -> None:
+        """vLLM 0.33's waiting loop (`Scheduler.schedule`): the first request
+        not skipped blocks everything behind it when it cannot be admitted. A
+        preempted request whose deliver-mode stale output is in flight is
+        skipped (`skip_request`): it keeps its place, and those behind it may
+        be admitted; admission needs room for the whole sequence
+        (`allocate_slots(full_sequence_must_fit=...)`) when the profile says so."""
         kv = self.kv_cache_manager
         index = 0                             # requests before it were skipped
         while index < len(self.waiting) and batch.token_budget > 0:
