@@ -1,7 +1,8 @@
 """The reference's `vllm-0.33` profile (reference/profiles.py), one rule per
 test on a tiny scenario, each beside what 0.8.5 does there; 0.33's engine
-loop (reference/drive.py `VLLM_0_33_LOOP`); check-trace on the reference's
-0.33 traces; the refinement fuzzer under the profile at the CI budget."""
+loop (reference/drive.py `VLLM_0_33_LOOP`); check-trace (function and
+command) on the reference's 0.33 traces. The refinement fuzzer under the
+profile is in tests/test_refinement.py."""
 
 from __future__ import annotations
 
@@ -310,11 +311,15 @@ def test_drop_mode_runs_finish_with_consistent_counters(seed):
     assert lines[-1] == '{"ev":"end"}'
 
 
-# -- the refinement fuzzer under 0.33 ---------------------------------------
+# -- the command line ---------------------------------------------------------
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_refinement_under_the_0_33_profile_at_the_ci_budget_finds_no_failure(seed):
-    from flightcheck.verification.refinement.fuzz import PROFILES, fuzz
-    result = fuzz(PROFILES["ci"], seed=seed, profile="vllm-0.33")
-    assert not result.failed, result.failure
-    assert result.steps_run == PROFILES["ci"]
+def test_flightcheck_check_trace_accepts_a_reference_0_33_trace_with_profile_vllm_0_33(tmp_path):
+    import json
+    import subprocess
+    import sys
+    path = tmp_path / "ref-033.jsonl"
+    path.write_text("\n".join(drive_0_33(2, True)) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "flightcheck.cli", "check-trace", str(path),
+                           "--profile", "vllm-0.33", "--json"], capture_output=True, text=True, timeout=120)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 0 and out["ok"] and out["profile"] == "vllm-0.33", proc.stdout + proc.stderr

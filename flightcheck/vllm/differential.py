@@ -469,7 +469,9 @@ def compare(name: str, vllm_result: dict[str, Any], vllm_events: list[dict[str, 
     where = f"event {index}: vLLM {_at(theirs, index)}, reference {_at(ours, index)}"
     if deviation is None and index == len(theirs) == len(ours):
         where = f"the runs ended {vllm_result['ending']} (vLLM) and {reference_run.ending} (reference)"
-    explained = deviation is not None
+    # A deviation of another version's (0.8.4's mark on a 0.33 run, say) explains nothing.
+    explained = deviation is not None and deviation in VERSION_DEVIATIONS.get(
+        str(vllm_result.get("vllm_version")), tuple(DEVIATIONS))
     if explained and conforming_run is not None:
         conforming = decisions(conforming_run.events, block_offset=1)
         if vllm_result["ending"] == "exception":
