@@ -15,6 +15,13 @@ the later fixes for requests preempted, aborted or finished while in flight).
   since, not rescheduled: appended, counter untouched) or superseded (dropped)
   (completion.py).
 
+Under the `vllm-0.33` profile (profiles.py) the steps read 0.33's rules
+from named constants (threshold only with company, the sampled token's slot
+in the clip, the full-sequence admission gate, a skipping waiting loop) and
+keep vLLM's own counters per request (`num_in_flight_tokens`,
+`num_stale_output_tokens`, `drop_stale_output`): `update_from_output` then
+looks each output up by id and judges it by them (`_fate_by_counters`).
+
 The policy is written as small named steps, and nothing else: it writes no
 trace (`TracingScheduler` in trace.py observes the public calls) and never
 asks whether a mutant is on (a mutant, mutant_steps.py, replaces one or two
