@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -260,10 +261,12 @@ def test_a_0_33_run_with_preemptions_and_aborts_ends_with_every_request_finished
 
 # -- check-trace on the reference's 0.33 traces --------------------------------
 
-def drive_0_33(seed: int, prefix_caching: bool, drop: bool = False) -> list[str]:
+def drive_0_33(seed: int, prefix_caching: bool, drop: bool = False,
+               after_action: Callable[[Engine], None] | None = None) -> list[str]:
     """A seeded run of the golden runs' shape under 0.33 (arrivals with shared
     prefixes, aborts, names reused after an abort, drafts, EOS and stop ids),
-    every step the 0.33 engine's own; no outside finish (the spec has none)."""
+    every step the 0.33 engine's own; no outside finish (the spec has none).
+    `after_action` sees the engine after every action."""
     rng = random.Random(seed)
     base = runs.config_for(None, True, seed, "vllm-0.33", prefix_caching)
     cfg = SchedulerConfig(**{**base.__dict__, "drop_stale_output": drop, "continue_prefill": None})
@@ -284,6 +287,8 @@ def drive_0_33(seed: int, prefix_caching: bool, drop: bool = False) -> list[str]
                                            SamplingParams(max_tokens=3), eos_token_id=runs.EOS))
         else:
             engine.step()
+        if after_action is not None:
+            after_action(engine)
     engine.run(max_steps=2000)
     scheduler.trace.end()
     return sink.getvalue().splitlines()
@@ -305,10 +310,42 @@ def test_the_same_traces_are_rejected_under_0_8_5_rules():
     assert rejected, "no 0.33 trace told apart from 0.8.5's rules"
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_drop_mode_runs_finish_with_consistent_counters(seed):
-    lines = drive_0_33(seed, seed % 2 == 0, drop=True)
+def counter_errors(engine: Engine) -> list[str]:
+    """The notes' invariants on vLLM 0.33's counters, against the batches in
+    flight: IF1 `num_in_flight_tokens` = the tokens of the request's entries
+    in flight (its own: not an older request's of the same id); IF2 the stale
+    share = those scheduled before its last preemption, 0 <= stale <=
+    in-flight; IF3 a RUNNING request has no deliver-mode stale share."""
+    errors = []
+    entries = [e for output, _ in engine.batch_queue for e in output.entries]
+    for request in engine.scheduler.requests.values():
+        own = [e for e in entries if e.req_id == request.request_id
+               and e.incarnation >= request.first_incarnation]
+        in_flight = sum(e.num_new_tokens for e in own)
+        stale = sum(e.num_new_tokens for e in own if e.incarnation < request.incarnation)
+        if request.num_in_flight_tokens != in_flight:
+            errors.append(f"{request.request_id}: num_in_flight_tokens {request.num_in_flight_tokens}, "
+                          f"entries in flight {in_flight}")
+        if request.num_stale_output_tokens != stale or not 0 <= stale <= in_flight:
+            errors.append(f"{request.request_id}: stale {request.num_stale_output_tokens}, "
+                          f"entries of earlier incarnations {stale}")
+        if request.status is RequestStatus.RUNNING and request.num_stale_output_tokens \
+                and not request.drop_stale_output:
+            errors.append(f"{request.request_id}: RUNNING with a deliver-mode stale share")
+    return errors
+
+
+@pytest.mark.parametrize("drop", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_counters_equal_the_batches_in_flight_after_every_action(seed, drop):
+    found: list[str] = []
+
+    def check(engine: Engine) -> None:
+        found.extend(counter_errors(engine))
+
+    lines = drive_0_33(seed, seed % 2 == 0, drop=drop, after_action=check)
     assert lines[-1] == '{"ev":"end"}'
+    assert not found, found[:5]
 
 
 # -- the command line ---------------------------------------------------------
