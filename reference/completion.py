@@ -50,12 +50,15 @@ def count_rejected(request: Request, entry: RequestData, generated: list[int]) -
 
 
 def append_sampled(request: Request, generated: list[int], fate: Fate,
-                   proposed_drafts: Sequence[int], config: SchedulerConfig) -> EngineCoreOutput:
+                   proposed_drafts: Sequence[int], config: SchedulerConfig,
+                   stop_tokens_first: bool = False) -> EngineCoreOutput:
     """Append a live or orphaned entry's sampled tokens (accepted drafts, then
-    the bonus token) up to the first that stops the request."""
+    the bonus token) up to the first that stops the request. `stop_tokens_first`:
+    vLLM 0.33's stop check (the profile's `stop_tokens_before_length`, read
+    once by the scheduler: this runs per sampled entry)."""
     # The model's list is the output's unless a stop trims it (as vLLM).
     new_token_ids = generated
-    stop = check_stop_tokens_first if config.version_profile.stop_tokens_before_length else check_stop
+    stop = check_stop_tokens_first if stop_tokens_first else check_stop
     for num_new, token_id in enumerate(generated, 1):
         request.all_token_ids.append(token_id)
         if stop(request, token_id, config.max_model_len):

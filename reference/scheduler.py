@@ -72,6 +72,7 @@ class Scheduler:
         self._sampled_token_slot = profile.sampled_token_slot
         self._full_sequence_admission = profile.full_sequence_admission
         self._stale_output_counters = profile.stale_output_counters
+        self._stop_tokens_first = profile.stop_tokens_before_length
         self._flush_finished_every_schedule = profile.flush_finished_every_schedule
         self._waiting_loop_of_0_33 = profile.stale_output_counters or profile.full_sequence_admission
         # The long-prefill threshold in force for the current schedule() call.
@@ -526,7 +527,8 @@ class Scheduler:
         num_rejected = count_rejected(request, entry, token_ids)
         if num_rejected:
             self._subtract_rejections(request, fate, num_rejected)
-        return append_sampled(request, token_ids, fate, proposed_drafts, self.config)
+        return append_sampled(request, token_ids, fate, proposed_drafts, self.config,
+                              self._stop_tokens_first)
 
     def _subtract_rejections(self, request: Request, fate: Fate, num_rejected: int) -> None:
         """Rejected drafts were counted as computed at schedule time; only a
