@@ -49,9 +49,13 @@ class KVCacheBlock:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool,
+                 unhashed_blocks_to_head: bool = False) -> None:
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
+        # vLLM 0.33 `BlockPool.free_blocks` (profiles.py): freed blocks without
+        # a hash are reused first; 0.8.x: every freed block joins the tail.
+        self.unhashed_blocks_to_head = unhashed_blocks_to_head
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_block_queue: OrderedDict[int, KVCacheBlock] = OrderedDict(
             (b.block_id, b) for b in self.blocks)
@@ -109,11 +113,31 @@ class BlockPool:
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Release one hold on each block; blocks nobody holds join the tail of
-        the free queue in the given order (so the first is evicted first)."""
+        the free queue in the given order (so the first is evicted first).
+        Under vLLM 0.33's rule those without a hash (every one with caching
+        off) go to the head instead, in the given order (the first is reused
+        first: `FreeKVCacheBlockQueue.prepend_n`), the hashed ones to the tail."""
+        if self.unhashed_blocks_to_head:
+            self._free_blocks_unhashed_first(ordered_blocks)
+            return
         for block in ordered_blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self.free_block_queue[block.block_id] = block
+
+    def _free_blocks_unhashed_first(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        to_head: list[KVCacheBlock] = []
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block.block_hash is None or not self.enable_caching:
+                    to_head.append(block)
+                else:
+                    self.free_block_queue[block.block_id] = block
+        # Each moved to the front, last first, so that to_head[0] heads the queue.
+        for block in reversed(to_head):
+            self.free_block_queue[block.block_id] = block
+            self.free_block_queue.move_to_end(block.block_id, last=False)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; only possible when no block is held."""

@@ -50,14 +50,18 @@ def count_rejected(request: Request, entry: RequestData, generated: list[int]) -
 
 
 def append_sampled(request: Request, generated: list[int], fate: Fate,
-                   proposed_drafts: Sequence[int], config: SchedulerConfig) -> EngineCoreOutput:
+                   proposed_drafts: Sequence[int], config: SchedulerConfig,
+                   stop_tokens_first: bool = False) -> EngineCoreOutput:
     """Append a live or orphaned entry's sampled tokens (accepted drafts, then
-    the bonus token) up to the first that stops the request."""
+    the bonus token) up to the first that stops the request. `stop_tokens_first`:
+    vLLM 0.33's stop check (the profile's `stop_tokens_before_length`, read
+    once by the scheduler: this runs per sampled entry)."""
     # The model's list is the output's unless a stop trims it (as vLLM).
     new_token_ids = generated
+    stop = check_stop_tokens_first if stop_tokens_first else check_stop
     for num_new, token_id in enumerate(generated, 1):
         request.all_token_ids.append(token_id)
-        if check_stop(request, token_id, config.max_model_len):
+        if stop(request, token_id, config.max_model_len):
             if num_new < len(generated):
                 new_token_ids = generated[:num_new]   # tokens after the stop are trimmed
             break
@@ -80,5 +84,22 @@ def check_stop(request: Request, token_id: int, max_model_len: int) -> bool:
         request.status = RequestStatus.FINISHED_STOPPED
         if token_id != request.eos_token_id or request.sampling_params.ignore_eos:
             request.stop_reason = token_id     # a stop token id, not EOS
+        return True
+    return False
+
+
+def check_stop_tokens_first(request: Request, token_id: int, max_model_len: int) -> bool:
+    """vLLM 0.33's `check_stop` (v1/core/sched/utils.py): EOS (unless
+    ignore_eos) and stop_token_ids first, then the length cap, so a stop
+    token sampled as the last allowed token finishes as `stop`."""
+    if token_id in request.stop_token_set:
+        request.status = RequestStatus.FINISHED_STOPPED
+        if token_id != request.eos_token_id or request.sampling_params.ignore_eos:
+            request.stop_reason = token_id     # a stop token id, not EOS
+        return True
+    num_tokens = len(request.all_token_ids)
+    if (num_tokens >= max_model_len
+            or num_tokens - request.num_prompt_tokens >= request.max_tokens):
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False

@@ -32,6 +32,12 @@ class SchedulerConfig:
     # None: the profile's (0.8.4: 64). Extra tokens' worth of blocks taken on
     # each allocation that needs new blocks (kv_cache_manager.py).
     num_preallocate_tokens: int | None = None  # type: ignore[assignment]  # an int once built
+    # vLLM 0.33 only: drop mode (`_preempt_request(drop_stale_output=True)`,
+    # which 0.33 uses for `reset_prefix_cache(reset_running_requests=True)` and
+    # KV connectors that need a KV hand-off): a preempted request resumes at
+    # once and the output of its batches in flight is discarded. False:
+    # deliver mode, 0.33's default (the resumption waits for that output).
+    drop_stale_output: bool = False
     mutant: str | None = None              # see mutants.py; None is correct
 
     def __post_init__(self) -> None:
@@ -63,6 +69,9 @@ class SchedulerConfig:
             object.__setattr__(self, "continue_prefill", profile.continue_prefill)
         if self.num_preallocate_tokens is None:
             object.__setattr__(self, "num_preallocate_tokens", profile.num_preallocate_tokens)
+        if self.drop_stale_output and not profile.stale_output_counters:
+            raise ValueError(f"drop_stale_output needs a profile with vLLM 0.33's stale-output "
+                             f"counters; {self.profile} has none")
         if not isinstance(self.num_preallocate_tokens, int) or self.num_preallocate_tokens < 0:
             raise ValueError("num_preallocate_tokens must be >= 0, "
                              f"got {self.num_preallocate_tokens!r}")

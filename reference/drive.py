@@ -10,11 +10,17 @@ when a step may form a new batch and how many batches may be in flight.
   the batch queue (depth = the number of pipeline stages) has room;
 * `VLLM_0_8_4_LOOP`: the same, gated on `get_num_unscheduled_requests() > 0`
   (schedule only while some request has no batch in flight), which goes with
-  the one-batch-per-request policy.
+  the one-batch-per-request policy;
+* `VLLM_0_33_LOOP`: 0.33.0's `EngineCore.step_with_batch_queue`
+  (`enqueues_empty_batches`, read by `Engine.step`): `schedule()` on every
+  call while the scheduler `has_requests()`, the output queued even with 0
+  tokens (an empty batch takes a slot and is completed like any other); the
+  call returns without completing iff the queue has room and it ran tokens or
+  requests are left; otherwise it completes the oldest batch. Its busy loop
+  (`EngineCoreProc.has_work`) keeps stepping while batches are in flight.
 
-Later variants are a field each: 0.33's loop, where an empty batch takes a
-queue slot, adds `enqueues_empty_batches` (read by `Engine.schedule_step`);
-the asynchronous loop, K + 1 batches deep, changes `queue_depth`.
+A later variant is a field: the asynchronous loop, K + 1 batches deep,
+changes `queue_depth`.
 
 What differs between the callers of the loop is passed in as hooks, never
 copied: where requests come from and on which clock (`Arrivals`: by engine
@@ -55,6 +61,9 @@ class EngineLoop:
     # vLLM <= 0.8.4: form a batch only while some request has no batch in
     # flight (its scheduler then skips the ones that have one).
     gates_on_unscheduled_requests: bool
+    # vLLM 0.33: schedule on every step while requests are left, queue empty
+    # batches too, complete the oldest when the queue is full or nothing ran.
+    enqueues_empty_batches: bool = False
 
     def queue_depth(self, num_pipeline_stages: int) -> int:
         """How many batches may be in flight: one per pipeline stage."""
@@ -72,6 +81,10 @@ class EngineLoop:
 
 VLLM_0_8_4_LOOP = EngineLoop("vllm-0.8.4", gates_on_unscheduled_requests=True)
 VLLM_0_8_5_LOOP = EngineLoop("vllm-0.8.5", gates_on_unscheduled_requests=False)
+VLLM_0_33_LOOP = EngineLoop("vllm-0.33", gates_on_unscheduled_requests=False,
+                            enqueues_empty_batches=True)
+LOOPS: dict[str, EngineLoop] = {loop.name: loop
+                                for loop in (VLLM_0_8_4_LOOP, VLLM_0_8_5_LOOP, VLLM_0_33_LOOP)}
 
 
 def loop_for_policy(continue_prefill: bool) -> EngineLoop:
@@ -188,8 +201,12 @@ def _has_work(engine: DrivenEngine) -> bool:
 
 def _was_idle(engine: DrivenEngine, outputs: list[EngineCoreOutput] | None) -> bool:
     """Nothing submitted (a submitted batch would be in flight), nothing
-    completed, nothing in flight."""
-    return outputs is None and engine.num_in_flight_batches == 0
+    completed, nothing in flight, requests unfinished. vLLM 0.33's loop moves
+    empty batches through its queue meanwhile: they do not count (a stuck
+    0.33 engine spins on them), and draining them once every request has
+    finished is the end of the run, not a stall."""
+    in_flight = getattr(engine, "num_token_batches_in_flight", engine.num_in_flight_batches)
+    return outputs is None and in_flight == 0 and engine.has_unfinished_requests()
 
 
 def _wait_or_give_up(arrivals: Arrivals, num_idle_steps: int) -> None:

@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Protocol
 
-from .drive import EngineLoop, drive, loop_for_policy
+from .config import SchedulerConfig
+from .drive import LOOPS, EngineLoop, drive, loop_for_policy
 from .outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from .request import Request, RequestStatus
 from .scheduler import Scheduler
@@ -38,14 +39,21 @@ class Executor(Protocol):
     def submit(self, scheduler_output: SchedulerOutput) -> Future: ...
 
 
+def loop_for_config(config: SchedulerConfig) -> EngineLoop:
+    """The engine loop of the config's vLLM version: 0.33's for the 0.33
+    profile; for 0.8.x the one the scheduling policy shipped with."""
+    loop = LOOPS[config.version_profile.engine_loop]
+    return loop if loop.enqueues_empty_batches else loop_for_policy(config.continue_prefill)
+
+
 class Engine:
     def __init__(self, scheduler: Scheduler, executor: Executor,
                  loop: EngineLoop | None = None) -> None:
-        """`loop`: the vLLM version's engine loop; by default the one the
-        scheduler's policy shipped with (`loop_for_policy`)."""
+        """`loop`: the vLLM version's engine loop; by default the config's
+        (`loop_for_config`)."""
         self.scheduler = scheduler
         self.executor = executor
-        self.loop = loop if loop is not None else loop_for_policy(scheduler.config.continue_prefill)
+        self.loop = loop if loop is not None else loop_for_config(scheduler.config)
         self.max_concurrent_batches = self.loop.queue_depth(scheduler.config.num_pipeline_stages)
         self.batch_queue: deque[tuple[SchedulerOutput, Future]] = deque()
         self.num_submitted_batches = 0
@@ -64,7 +72,12 @@ class Engine:
 
     @property
     def num_in_flight_batches(self) -> int:
+        """Batches in the queue (vLLM 0.33's empty ones included)."""
         return len(self.batch_queue)
+
+    @property
+    def num_token_batches_in_flight(self) -> int:
+        return sum(1 for output, _ in self.batch_queue if output.total_num_scheduled_tokens)
 
     # -- the loop -------------------------------------------------------------
 
@@ -77,12 +90,36 @@ class Engine:
 
     def step(self) -> list[EngineCoreOutput] | None:
         """None if a batch was submitted (or nothing could happen); else the
-        outputs of the oldest batch, which it waited for."""
+        outputs of the oldest batch, which it waited for (vLLM 0.33's loop: None
+        also when that batch was empty)."""
+        if self.loop.enqueues_empty_batches:
+            return self._step_queueing_empty_batches()
         if self.can_schedule() and self.schedule_step() is not None:
             return None
         if self.batch_queue:
             return self.complete_oldest_step()
         return None
+
+    def _step_queueing_empty_batches(self) -> list[EngineCoreOutput] | None:
+        """vLLM 0.33 `EngineCore.step_with_batch_queue`: schedule whenever the
+        scheduler `has_requests()` and queue the output even with 0 tokens;
+        return without completing iff the queue still has room and the call
+        ran tokens or requests are left; otherwise complete the oldest batch."""
+        if self.scheduler.has_requests():
+            if len(self.batch_queue) >= self.max_concurrent_batches:
+                raise RuntimeError("vLLM 0.33's step with a full batch queue")
+            scheduler_output = self.scheduler.schedule()
+            self.batch_queue.append((scheduler_output, self.executor.submit(scheduler_output)))
+            ran = scheduler_output.total_num_scheduled_tokens > 0
+            self.num_submitted_batches += ran
+            if len(self.batch_queue) < self.max_concurrent_batches and (
+                    ran or self.scheduler.has_requests()):
+                return None
+        elif not self.batch_queue:
+            return None
+        empty = self.batch_queue[0][0].total_num_scheduled_tokens == 0
+        outputs = self.complete_oldest_step()
+        return None if empty else outputs
 
     def schedule_step(self) -> SchedulerOutput | None:
         """Form a batch and submit it; None (and nothing submitted) if it is

@@ -32,7 +32,8 @@ from .request import Request
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool, *,
                  release_order: str | None = None, num_preallocate_tokens: int = 0,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None,
+                 unhashed_blocks_to_head: bool = False) -> None:
         """`release_order` None: vLLM's (reverse with caching, forward without)."""
         self.block_size = block_size
         self.enable_caching = enable_caching
@@ -45,7 +46,7 @@ class KVCacheManager:
         # A table never grows past max_model_len's blocks (caps preallocation).
         self.max_num_blocks_per_req = (num_blocks if max_model_len is None
                                        else cdiv(max_model_len, block_size))
-        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.block_pool = BlockPool(num_blocks, enable_caching, unhashed_blocks_to_head)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # Leading table blocks already cached, per request.
         self.num_cached_block: dict[str, int] = {}
@@ -113,6 +114,18 @@ class KVCacheManager:
         if new_computed_blocks:
             return [*new_computed_blocks, *new_blocks]
         return new_blocks
+
+    def fits_whole_sequence(self, request: Request, new_computed_blocks: Sequence[KVCacheBlock],
+                            max_model_len: int) -> bool:
+        """vLLM 0.33 `KVCacheManager.allocate_slots(full_sequence_must_fit=True)`
+        (`scheduler_reserve_full_isl`, on by default): blocks for the request's
+        whole current sequence, `min(num_tokens, max_model_len)` tokens, less
+        the hit, fit among the free blocks that are not themselves being hit.
+        Asked of a waiting or preempted request, whose table is empty."""
+        whole = -(-min(request.num_tokens, max_model_len) // self.block_size)
+        needed = whole - len(self.req_to_blocks.get(request.request_id, ())) - len(new_computed_blocks)
+        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        return max(0, needed) <= self.block_pool.get_num_free_blocks() - num_evictable_hits
 
     def _with_preallocation(self, num_new_blocks: int, num_table_blocks: int) -> int:
         """vLLM 0.8.4 `allocate_slots`: an allocation that needs fresh blocks

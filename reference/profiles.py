@@ -38,6 +38,48 @@ class Profile:
     # (`scheduled_req_ids`), with the engine's `get_num_unscheduled_requests`
     # gate (drive.py `VLLM_0_8_4_LOOP`).
     continue_prefill: bool
+    # vLLM 0.33.0's rules (all off in 0.8.x), each read from 0.33.0's source:
+    # `BlockPool.free_blocks`: of the blocks a freed table brings to reference
+    # count 0, those with no hash (all of them with prefix caching off) go to
+    # the HEAD of the free queue in the order given (`prepend_n`: reused
+    # first), hashed ones to the tail (`append_n`: LRU). 0.8.x: all to the tail.
+    unhashed_blocks_to_head: bool = False
+    # `Scheduler.schedule`: `long_prefill_token_threshold` is in force only when
+    # `get_request_counts()` gives more than one request (running + waiting),
+    # counted once at the start of the call. 0.8.x: always.
+    threshold_needs_company: bool = False
+    # `Scheduler.schedule`, running loop: a request's tokens are clipped to
+    # `max_model_len - num_computed_tokens - num_sampled_tokens_per_step` (1
+    # for generation). 0.8.x: `max_model_len - num_computed_tokens`.
+    sampled_token_slot: int = 0
+    # `KVCacheManager.allocate_slots(full_sequence_must_fit=
+    # scheduler_reserve_full_isl)` (on by default): a waiting or preempted
+    # request is admitted only if blocks for its whole current sequence
+    # (`min(num_tokens, max_model_len)`, less its prefix hit) fit among the
+    # free blocks. 0.8.x: only the first chunk's blocks.
+    full_sequence_admission: bool = False
+    # `check_stop` (v1/core/sched/utils.py): EOS, then `stop_token_ids`, then
+    # the length cap. 0.8.x: the length cap first.
+    stop_tokens_before_length: bool = False
+    # vLLM's own per-request counters (`Request.num_in_flight_tokens`,
+    # `num_stale_output_tokens`, `drop_stale_output`): `+= n` in
+    # `Scheduler._update_after_schedule`; `_preempt_request` sets the stale
+    # share to the in-flight count; `update_from_output` looks the request up
+    # by id, takes `n` off both (the stale share only while it is > 0) and
+    # decides from them: a stale output is delivered to the PREEMPTED request
+    # (deliver mode) or discarded (drop mode). The waiting loop skips a
+    # request whose deliver-mode stale share is non-zero (`skip_request`: it
+    # keeps its place, requests behind it may be admitted). 0.8.x: no
+    # counters (outputs bound by incarnation, resumption at once).
+    stale_output_counters: bool = False
+    # `Scheduler._update_after_schedule` resets `finished_req_ids` on every
+    # `schedule()` call, and 0.33's engine queues every output, empty ones
+    # too (`EngineCore.step_with_batch_queue`), so finished ids reach the
+    # workers with the next batch, empty or not. 0.8.x: the engine submits
+    # only batches with tokens (the reference keeps finished ids for those).
+    flush_finished_every_schedule: bool = False
+    # The engine-core loop the version ships (drive.py `EngineLoop` by name).
+    engine_loop: str = "vllm-0.8.5"
 
     def release_order(self, enable_prefix_caching: bool) -> str:
         """"reverse" or "forward": the order a released table joins the free queue."""
@@ -54,7 +96,21 @@ PROFILES: dict[str, Profile] = {
     "vllm-0.8.4": Profile("vllm-0.8.4", num_preallocate_tokens=64,
                           release_reversed_with_caching=True,
                           release_reversed_without_caching=False,
-                          cache_duplicate_blocks=True, continue_prefill=False),
+                          cache_duplicate_blocks=True, continue_prefill=False,
+                          engine_loop="vllm-0.8.4"),
+    # vLLM 0.33.0, synchronous scheduling (the V1 model runner under pipeline
+    # parallelism; deliver mode unless `SchedulerConfig.drop_stale_output`).
+    # `SingleTypeKVCacheManager.free` reverses the table with prefix caching
+    # on or off; `BlockHashToBlockMap.insert` still keeps a second block of
+    # one hash (`get_one_block` serves the first).
+    "vllm-0.33": Profile("vllm-0.33", num_preallocate_tokens=0,
+                         release_reversed_with_caching=True,
+                         release_reversed_without_caching=True,
+                         cache_duplicate_blocks=True, continue_prefill=True,
+                         unhashed_blocks_to_head=True, threshold_needs_company=True,
+                         sampled_token_slot=1, full_sequence_admission=True,
+                         stop_tokens_before_length=True, stale_output_counters=True,
+                         flush_finished_every_schedule=True, engine_loop="vllm-0.33"),
 }
 
 

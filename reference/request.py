@@ -71,6 +71,7 @@ class Request:
         "orphaned_incarnation",
         "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
         "num_cached_tokens", "block_hashes", "first_incarnation",
+        "num_in_flight_tokens", "num_stale_output_tokens", "drop_stale_output",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
@@ -109,6 +110,13 @@ class Request:
         # The incarnation a preemption ended, until the request is rescheduled:
         # entries of that incarnation are orphaned, not superseded.
         self.orphaned_incarnation: int | None = None
+        # vLLM 0.33's own counters (profiles.py `stale_output_counters`; kept
+        # only under that profile): tokens of this request's batches scheduled
+        # and not yet processed, the share of them scheduled before its last
+        # preemption (stale), and whether that share is discarded (drop mode).
+        self.num_in_flight_tokens = 0
+        self.num_stale_output_tokens = 0
+        self.drop_stale_output = False
 
     @property
     def output_token_ids(self) -> list[int]:

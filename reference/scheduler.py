@@ -15,6 +15,13 @@ the later fixes for requests preempted, aborted or finished while in flight).
   since, not rescheduled: appended, counter untouched) or superseded (dropped)
   (completion.py).
 
+Under the `vllm-0.33` profile (profiles.py) the steps read 0.33's rules
+from named constants (threshold only with company, the sampled token's slot
+in the clip, the full-sequence admission gate, a skipping waiting loop) and
+keep vLLM's own counters per request (`num_in_flight_tokens`,
+`num_stale_output_tokens`, `drop_stale_output`): `update_from_output` then
+looks each output up by id and judges it by them (`_fate_by_counters`).
+
 The policy is written as small named steps, and nothing else: it writes no
 trace (`TracingScheduler` in trace.py observes the public calls) and never
 asks whether a mutant is on (a mutant, mutant_steps.py, replaces one or two
@@ -56,7 +63,20 @@ class Scheduler:
             config.num_blocks, config.block_size, config.enable_prefix_caching,
             release_order=config.release_order,
             num_preallocate_tokens=config.num_preallocate_tokens,
-            max_model_len=config.max_model_len)
+            max_model_len=config.max_model_len,
+            unhashed_blocks_to_head=config.version_profile.unhashed_blocks_to_head)
+        # The version's rules (profiles.py), read once: the steps test these
+        # named constants, never the version.
+        profile = config.version_profile
+        self._threshold_needs_company = profile.threshold_needs_company
+        self._sampled_token_slot = profile.sampled_token_slot
+        self._full_sequence_admission = profile.full_sequence_admission
+        self._stale_output_counters = profile.stale_output_counters
+        self._stop_tokens_first = profile.stop_tokens_before_length
+        self._flush_finished_every_schedule = profile.flush_finished_every_schedule
+        self._waiting_loop_of_0_33 = profile.stale_output_counters or profile.full_sequence_admission
+        # The long-prefill threshold in force for the current schedule() call.
+        self._threshold = config.long_prefill_token_threshold
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -143,6 +163,12 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def has_requests(self) -> bool:
+        """vLLM's `SchedulerInterface.has_requests`: unfinished requests, or
+        finished ids no batch has carried to the workers yet (vLLM 0.33's
+        engine schedules while this holds)."""
+        return bool(self.waiting or self.running or self.finished_req_ids)
+
     def get_num_unscheduled_requests(self) -> int:
         """vLLM <= 0.8.4's engine gate for the one-batch-per-request policy."""
         return len(self.waiting) + len(self.running) - len(self.scheduled_req_ids)
@@ -154,12 +180,29 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         self.num_steps += 1
         batch = Batch(self.config.max_num_batched_tokens)
+        self._threshold = self._threshold_in_force()
         self._schedule_running(batch)
         if not batch.preempted:               # no admission in a step that preempted
             self._schedule_waiting(batch)
         output = self._make_output(batch)
         self._update_after_schedule(batch)
+        if self._stale_output_counters:
+            self._count_in_flight(batch)
         return output
+
+    def _threshold_in_force(self) -> int:
+        """The long-prefill threshold for this call (0: none). vLLM 0.33
+        `Scheduler.schedule` drops it when `get_request_counts()` (running +
+        waiting, counted once before either loop) gives a lone request."""
+        if self._threshold_needs_company and len(self.running) + len(self.waiting) <= 1:
+            return 0
+        return self.config.long_prefill_token_threshold
+
+    def _count_in_flight(self, batch: Batch) -> None:
+        """vLLM 0.33 `Scheduler._update_after_schedule`: `num_in_flight_tokens
+        += n` for every scheduled request, beside the counter advance."""
+        for request, entry in zip(batch.requests, batch.entries):
+            request.num_in_flight_tokens += entry.num_new_tokens
 
     def _schedule_running(self, batch: Batch) -> None:
         req_index = 0
@@ -195,7 +238,13 @@ class Scheduler:
         return 0                              # its tokens are in flight, or it waits for one
 
     def _clip(self, num_new_tokens: int, num_computed: int, token_budget: int) -> int:
-        threshold = self.config.long_prefill_token_threshold
+        """The threshold in force, the budget and the room below max_model_len,
+        less the sampled token's slot under vLLM 0.33 (`Scheduler.schedule`:
+        `max_model_len - num_computed_tokens - num_sampled_tokens_per_step`).
+        0.33 clips so only in the running loop; in the waiting loop the clip
+        never binds (an unfinished request has fewer than max_model_len
+        tokens and its counter is 0 there), so one clip serves both."""
+        threshold = self._threshold
         if 0 < threshold < num_new_tokens:
             num_new_tokens = threshold
         # Comparisons, not min()/max(): on CPython 3.11 those builtins parse
@@ -203,6 +252,8 @@ class Scheduler:
         if num_new_tokens > token_budget:
             num_new_tokens = token_budget
         room = self.config.max_model_len - num_computed
+        if self._sampled_token_slot:
+            room -= self._sampled_token_slot
         if num_new_tokens > room:
             num_new_tokens = room
         return num_new_tokens if num_new_tokens > 0 else 0
@@ -224,6 +275,8 @@ class Scheduler:
                 return new_blocks
             victim = self.running.pop()
             self._preempt(victim)
+            if self._stale_output_counters:
+                self._mark_stale(victim)
             batch.preempted.append(victim.request_id)
             if victim is request:
                 return None
@@ -240,8 +293,19 @@ class Scheduler:
         self.waiting.appendleft(request)
         self.scheduled_req_ids.discard(request.request_id)
 
+    def _mark_stale(self, request: Request) -> None:
+        """vLLM 0.33 `Scheduler._preempt_request`: the tokens in flight become
+        the stale share (assigned: the in-flight count already holds any
+        undrained share); an undrained drop-mode share stays dropped."""
+        request.drop_stale_output = self.config.drop_stale_output or (
+            request.drop_stale_output and request.num_stale_output_tokens > 0)
+        request.num_stale_output_tokens = request.num_in_flight_tokens
+
     def _schedule_waiting(self, batch: Batch) -> None:
         """FCFS admission: the head of `waiting` blocks everything behind it."""
+        if self._waiting_loop_of_0_33:
+            self._schedule_waiting_skipping(batch)
+            return
         kv = self.kv_cache_manager
         while self.waiting and batch.token_budget > 0:
             if len(self.running) >= self.config.max_num_seqs:
@@ -258,6 +322,44 @@ class Scheduler:
             self.waiting.popleft()
             self._add_to_batch(batch, request,
                                self._admit(request, num_hit_tokens, num_new_tokens, new_blocks))
+
+    def _schedule_waiting_skipping(self, batch: Batch) -> None:
+        """vLLM 0.33's waiting loop (`Scheduler.schedule`): the first request
+        not skipped blocks everything behind it when it cannot be admitted. A
+        preempted request whose deliver-mode stale output is in flight is
+        skipped (`skip_request`): it keeps its place, and those behind it may
+        be admitted; admission needs room for the whole sequence
+        (`allocate_slots(full_sequence_must_fit=...)`) when the profile says so."""
+        kv = self.kv_cache_manager
+        index = 0                             # requests before it were skipped
+        while index < len(self.waiting) and batch.token_budget > 0:
+            if len(self.running) >= self.config.max_num_seqs:
+                break
+            request = self.waiting[index]
+            if self._is_resumption_deferred(request):
+                index += 1
+                continue
+            computed_blocks, num_hit_tokens = kv.get_computed_blocks(request)
+            num_new_tokens = self._clip(request.num_tokens - num_hit_tokens,
+                                        request.num_computed_tokens, batch.token_budget)
+            if num_new_tokens == 0:
+                break
+            if self._full_sequence_admission and not kv.fits_whole_sequence(
+                    request, computed_blocks, self.config.max_model_len):
+                break
+            new_blocks = kv.allocate_slots(request, num_new_tokens, computed_blocks)
+            if new_blocks is None:
+                break
+            del self.waiting[index]
+            self._add_to_batch(batch, request,
+                               self._admit(request, num_hit_tokens, num_new_tokens, new_blocks))
+
+    def _is_resumption_deferred(self, request: Request) -> bool:
+        """vLLM 0.33's waiting loop (`Scheduler.schedule`): `if
+        request.num_stale_output_tokens and not request.drop_stale_output:
+        skip_request`: resuming now could resample a position that stale
+        output still to come delivers. 0.8.x has no such counter."""
+        return bool(request.num_stale_output_tokens) and not request.drop_stale_output
 
     def _admit(self, request: Request, num_hit_tokens: int, num_new_tokens: int,
                new_blocks: list[KVCacheBlock]) -> RequestData:
@@ -301,6 +403,9 @@ class Scheduler:
             batch_id, self._next_batch_id = self._next_batch_id, self._next_batch_id + 1
             # Only a batch that reaches the workers carries the finished ids.
             finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
+        elif self._flush_finished_every_schedule:
+            # vLLM 0.33: the empty batch is queued too and carries them.
+            finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
         return batch.to_output(batch_id, finished_req_ids)
 
     def _update_after_schedule(self, batch: Batch) -> None:
@@ -316,7 +421,20 @@ class Scheduler:
 
     def fate_of(self, entry: RequestData) -> Fate:
         """What becomes of this in-flight entry's output if it completed now."""
-        return self._fate(entry, self.requests.get(entry.req_id))
+        return self._predicted_fate(entry, self.requests.get(entry.req_id))
+
+    def _predicted_fate(self, entry: RequestData, request: Request | None) -> Fate:
+        """The fate `update_from_output` will give the entry, read without
+        changing anything: by incarnation (`_fate`); under vLLM 0.33's
+        counters an orphaned entry of a drop-mode request is discarded. (The
+        counters decide in `update_from_output`; in a correct run they agree
+        with this reading: a deliver-mode request is not resumed while its
+        stale share is in flight, so its stale entries are its orphans.)"""
+        fate = self._fate(entry, request)
+        if fate is ORPHANED and self._stale_output_counters and request is not None \
+                and request.drop_stale_output:
+            return SUPERSEDED
+        return fate
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
@@ -324,9 +442,10 @@ class Scheduler:
         self.num_steps += 1
         outputs: list[EngineCoreOutput] = []
         finished_running = False
+        counters = self._stale_output_counters
         for entry in scheduler_output.entries:
             request = self.requests.get(entry.req_id)
-            fate = self._fate(entry, request)
+            fate = self._fate_by_counters(entry, request) if counters else self._fate(entry, request)
             if fate is SUPERSEDED:
                 continue                      # rescheduled, aborted or finished since: dropped
             assert request is not None
@@ -363,6 +482,25 @@ class Scheduler:
             return ORPHANED
         return SUPERSEDED                     # rescheduled since, or an older request of its name
 
+    def _fate_by_counters(self, entry: RequestData, request: Request | None) -> Fate:
+        """vLLM 0.33 `Scheduler.update_from_output`: the output is looked up by
+        request id; the request's in-flight count drops by the entry's tokens,
+        and while its stale share is positive the output is stale and the
+        share drops too (`assert >= 0`). Stale output is delivered to the
+        PREEMPTED request (deliver mode: orphaned) or discarded (drop mode).
+        One guard vLLM lacks (reference/README.md, `reused_id_output_dropped`):
+        an entry scheduled for an older request of the same id is dropped and
+        touches nothing of the request now under that id."""
+        if request is None or entry.incarnation < request.first_incarnation:
+            return SUPERSEDED                 # finished, aborted, or an older request of the id
+        request.num_in_flight_tokens -= entry.num_new_tokens
+        if request.num_stale_output_tokens > 0:
+            request.num_stale_output_tokens -= entry.num_new_tokens
+            assert request.num_stale_output_tokens >= 0, (
+                f"{request.request_id}: stale share below 0 ({request.num_stale_output_tokens})")
+            return SUPERSEDED if request.drop_stale_output else ORPHANED
+        return LIVE
+
     def _tokens_taken(self, entry: RequestData, request: Request, fate: Fate,
                       model_runner_output: ModelRunnerOutput) -> list[int]:
         """The entry's sampled tokens; none for a chunk that did not sample
@@ -389,7 +527,8 @@ class Scheduler:
         num_rejected = count_rejected(request, entry, token_ids)
         if num_rejected:
             self._subtract_rejections(request, fate, num_rejected)
-        return append_sampled(request, token_ids, fate, proposed_drafts, self.config)
+        return append_sampled(request, token_ids, fate, proposed_drafts, self.config,
+                              self._stop_tokens_first)
 
     def _subtract_rejections(self, request: Request, fate: Fate, num_rejected: int) -> None:
         """Rejected drafts were counted as computed at schedule time; only a

@@ -162,7 +162,7 @@ class TracingScheduler(Scheduler):
         live: list[Request] = []
         for entry in scheduler_output.entries:
             request = self.requests.get(entry.req_id)
-            fate = self._fate(entry, request)
+            fate = self._predicted_fate(entry, request)
             if fate is Fate.SUPERSEDED:
                 taken[entry.req_id] = list(model_runner_output.tokens_of(entry.req_id))
                 dropped.append(entry.req_id)
@@ -173,6 +173,10 @@ class TracingScheduler(Scheduler):
             if fate is Fate.LIVE and taken[entry.req_id]:
                 live.append(request)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if not scheduler_output.entries:
+            # An empty batch (vLLM 0.33's engine queues them) applies nothing:
+            # no event, as vLLM's recorder writes none for it.
+            return outputs
         # Drafts proposed to live requests that sampled and go on.
         next_drafts = {request.request_id: len(request.spec_token_ids) for request in live
                        if not request.is_finished() and request.spec_token_ids}

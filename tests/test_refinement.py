@@ -97,6 +97,15 @@ def test_refinement_ci_profile_finds_no_failure():
     assert result.steps_run == PROFILES["ci"] >= 2_000
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_refinement_under_the_vllm_0_33_profile_at_the_ci_budget_finds_no_failure(seed):
+    """The reference's 0.33 rules and counters against the spec's reading of
+    them (docs/fuzzing.md, "Version profiles")."""
+    result = fuzz(PROFILES["ci"], seed=seed, profile="vllm-0.33")
+    assert not result.failed, result.failure
+    assert result.steps_run == PROFILES["ci"]
+
+
 @pytest.mark.slow
 def test_refinement_thorough_profile_finds_no_failure():
     result = fuzz(PROFILES["thorough"], seed=1)

@@ -5,7 +5,7 @@
 
 Each generated program runs the reference and the spec under one of the
 version profiles (vllm-0.8.5, vllm-0.8.4), drawn like the rest of the
-configuration; --profile pins one.
+configuration; --profile pins one (vllm-0.33 runs only when pinned).
 
 Exit 0 when no step failed (with --mutant: exactly when the mutant was
 caught), 1 otherwise, 2 on bad arguments.

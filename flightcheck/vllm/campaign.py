@@ -2,6 +2,7 @@
 
     python -m flightcheck.vllm.campaign --workloads 300 --seed 1
     python -m flightcheck.vllm.campaign --workloads 300 --versions 0.8.4 --json results.json
+    python -m flightcheck.vllm.campaign --workloads 200 --versions 0.33.0 --reuse-ids
 
 For each vLLM version (one replay worker each) and each generated workload
 (generate.py; workload i of seed S is a function of S and i alone):
@@ -66,6 +67,11 @@ class VersionReport:
     verdicts: Counter[str] = field(default_factory=Counter)
     verdict_details: Counter[str] = field(default_factory=Counter)
     mutants_flagged: dict[str, str] = field(default_factory=dict)
+    # The workloads behind each named deviation (names, for the record).
+    deviation_workloads: dict[str, list[str]] = field(default_factory=dict)
+    # Identical batch for batch, yet vLLM's own state shows a bug (0.33: a
+    # reused id's old batch drove a counter negative without applying a token).
+    identical_with_vllm_state_bug: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "workloads": self.workloads, "identical": self.identical,
@@ -73,13 +79,16 @@ class VersionReport:
                 "coverage": dict(self.coverage), "endings": dict(self.endings),
                 "check_trace_vs_ground_truth": dict(self.verdicts),
                 "check_trace_details": dict(self.verdict_details),
-                "mutants_flagged": self.mutants_flagged}
+                "mutants_flagged": self.mutants_flagged,
+                "deviation_workloads": self.deviation_workloads,
+                "identical_with_vllm_state_bug": self.identical_with_vllm_state_bug}
 
     def lines(self) -> list[str]:
         out = [f"vLLM {self.version}: {self.workloads} workloads; reference identical on "
                f"{self.identical}; named deviations {dict(self.deviations)}; unexplained "
                f"{len(self.unexplained)}",
                f"  endings {dict(self.endings)}; coverage {dict(self.coverage)}",
+               f"  identical but vLLM's own state shows a bug: {len(self.identical_with_vllm_state_bug)}",
                f"  check-trace vs ground truth: {dict(self.verdicts)}"]
         for detail, count in self.verdict_details.most_common():
             out.append(f"    {count:4d}  {detail}")
@@ -129,8 +138,11 @@ def run_version(version: str, workloads: list[dict[str, Any]], seed: int, mutant
             report.coverage.update(k for k, v in comparison.coverage.items() if v)
             if comparison.equal:
                 report.identical += 1
+                if findings(result):
+                    report.identical_with_vllm_state_bug.append(f"{raw['name']}: {findings(result)[0]}")
             elif comparison.explained:
                 report.deviations[comparison.deviation or "?"] += 1
+                report.deviation_workloads.setdefault(comparison.deviation or "?", []).append(raw["name"])
             else:
                 failure = f"seed {seed} index {index} ({raw['name']}): {comparison.describe()}"
                 report.unexplained.append(failure)
@@ -199,9 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--versions", default="0.8.5,0.8.4")
     parser.add_argument("--no-mutants", action="store_true")
+    parser.add_argument("--reuse-ids", action="store_true",
+                        help="one workload in two also sends a request under an aborted request's id "
+                             "(for vLLM 0.33: the id-reuse bug; off, a seed's workloads are unchanged)")
     parser.add_argument("--json", help="write the report here")
     args = parser.parse_args(argv)
-    workloads = campaign_workloads(args.seed, args.workloads)
+    workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids)
     reports = []
     try:
         for version in args.versions.split(","):

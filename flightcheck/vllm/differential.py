@@ -41,7 +41,7 @@ from flightcheck.reference.completion import Fate
 from flightcheck.reference.outputs import RequestData
 from flightcheck.reference.profiles import PROFILES
 
-from .engine import BatchQueueEngine, FabricatedModel, RunOutcome, run_busy_loop
+from .engine import BatchQueueEngine, BatchQueueEngineV033, FabricatedModel, RunOutcome, run_busy_loop
 from .workload import Workload, workload_from_json
 
 # The reference's deliberate deviations from vLLM 0.8.x, by name
@@ -71,6 +71,21 @@ DEVIATIONS: dict[str, str] = {
         "aborted requests still in flight (0.8.x clears finished_req_ids in every "
         "schedule()), until the next request arrives; the reference keeps the finished ids "
         "until a batch carries them, so it completes those batches first",
+    "reused_id_output_dropped":
+        "vLLM 0.33: a batch scheduled for a request whose id was since given to a new request "
+        "(an abort, then a request under the same id, request-id randomization off) is looked "
+        "up by id and applied to the new request, whose num_in_flight_tokens then goes "
+        "negative (the id-reuse bug: a wrong binding, then a hang or an assertion); the "
+        "reference drops it and leaves the new request's counters alone",
+}
+
+# The deviations each version's differential may name (the others cannot occur there).
+VERSION_DEVIATIONS: dict[str, tuple[str, ...]] = {
+    "0.8.5": ("orphaned_token_kept", "stale_token_dropped", "partial_chunk_token_dropped",
+              "engine_blocked_in_flight"),
+    "0.8.4": ("orphaned_token_kept", "stale_token_dropped", "partial_chunk_token_dropped",
+              "inflight_mark_cleared_on_preemption", "engine_blocked_in_flight"),
+    "0.33.0": ("reused_id_output_dropped",),
 }
 
 
@@ -119,13 +134,68 @@ class Vllm08OutputScheduler(TracingScheduler):
         return output
 
 
+class Vllm033OutputScheduler(TracingScheduler):
+    """The reference under the 0.33 profile with its one deviation switched
+    to vLLM 0.33's behaviour: an output is looked up by id alone, so a batch
+    of an older request of a reused id lands on the request now under that
+    id (its counters and tokens), as `Scheduler.update_from_output` does.
+    The trace reads each fate from the counters as vLLM's update does (one
+    entry per request per batch, so reading them first changes nothing), and
+    the tokens taken are those the model runner returned."""
+
+    def _fate_by_counters(self, entry: RequestData, request: Request | None) -> Fate:
+        if request is None:
+            return Fate.SUPERSEDED
+        request.num_in_flight_tokens -= entry.num_new_tokens
+        if request.num_stale_output_tokens > 0:
+            request.num_stale_output_tokens -= entry.num_new_tokens
+            assert request.num_stale_output_tokens >= 0   # vLLM's own assert
+            return Fate.SUPERSEDED if request.drop_stale_output else Fate.ORPHANED
+        return Fate.LIVE
+
+    def _samples(self, entry: RequestData, request: Request, fate: Fate) -> bool:
+        # The model runner, not the snapshot, decides: after a wrong binding
+        # the request holds a token its snapshot did not count.
+        return True
+
+    def _predicted_fate(self, entry: RequestData, request: Request | None) -> Fate:
+        if request is None:
+            return Fate.SUPERSEDED
+        if request.num_stale_output_tokens > 0:
+            return Fate.SUPERSEDED if request.drop_stale_output else Fate.ORPHANED
+        return Fate.LIVE
+
+
+class _BatchView:
+    """A reference batch as vLLM 0.33's model runner reads a `SchedulerOutput`:
+    one batch-level `CachedRequestData` with parallel lists (`req_ids`,
+    `num_computed_tokens`, `num_output_tokens`, no `new_token_ids` for the
+    V1 runner's last rank), read when the batch is formed. `output` is the
+    reference's own, handed back to its `update_from_output`."""
+
+    def __init__(self, output: Any, scheduler: TracingScheduler) -> None:
+        self.output = output
+        cached = output.scheduled_cached_reqs
+        self.scheduled_new_reqs = output.scheduled_new_reqs
+        self.scheduled_cached_reqs = SimpleNamespace(
+            req_ids=[entry.req_id for entry in cached],
+            num_computed_tokens=[entry.num_computed_tokens for entry in cached],
+            new_token_ids=[],
+            num_output_tokens=[scheduler.requests[entry.req_id].num_output_tokens for entry in cached])
+        self.num_scheduled_tokens = output.num_scheduled_tokens
+        self.total_num_scheduled_tokens = output.total_num_scheduled_tokens
+        self.finished_req_ids = output.finished_req_ids
+
+
 class _ReferenceSide:
     """The reference scheduler as engine.py's loop sees vLLM's: vLLM's
     `has_requests`, an `update_from_output` whose result has `.outputs`."""
 
-    def __init__(self, scheduler: TracingScheduler) -> None:
+    def __init__(self, scheduler: TracingScheduler, batch_level_cached_data: bool = False) -> None:
         self.scheduler = scheduler
         self.saw_duplicate_cached_block = False
+        # vLLM 0.33's runner reads one batch-level CachedRequestData (_BatchView).
+        self.batch_level_cached_data = batch_level_cached_data
 
     @property
     def waiting(self) -> Any:
@@ -146,9 +216,11 @@ class _ReferenceSide:
         if not self.saw_duplicate_cached_block:
             cached = self.scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
             self.saw_duplicate_cached_block = any(len(copies) > 1 for copies in cached.values())
-        return output
+        return _BatchView(output, self.scheduler) if self.batch_level_cached_data else output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        if isinstance(scheduler_output, _BatchView):
+            scheduler_output = scheduler_output.output
         return SimpleNamespace(outputs=self.scheduler.update_from_output(scheduler_output,
                                                                          model_runner_output))
 
@@ -202,11 +274,24 @@ def run_reference(raw_workload: dict[str, Any], profile: str, mutant: str | None
     workload = workload_from_json(raw_workload)
     sink = io.StringIO()
     trace = TraceWriter(sink, eos_token_id=workload.eos_token_id)
-    scheduler_class = Vllm08OutputScheduler if vllm_outputs else TracingScheduler
-    scheduler = scheduler_class(reference_config(workload, profile, mutant), trace)
-    side = _ReferenceSide(scheduler)
-    engine = BatchQueueEngine(side, FabricatedModel(workload, _model_output), workload.config.num_stages,
-                              schedules_only_unscheduled=not scheduler.config.continue_prefill)
+    config = reference_config(workload, profile, mutant)
+    # The version's engine: 0.33's loop queues empty batches (engine.py).
+    v033 = config.version_profile.engine_loop == "vllm-0.33"
+    scheduler_class: type[TracingScheduler] = TracingScheduler
+    if vllm_outputs:
+        scheduler_class = Vllm033OutputScheduler if v033 else Vllm08OutputScheduler
+    scheduler = scheduler_class(config, trace)
+    side = _ReferenceSide(scheduler, batch_level_cached_data=v033)
+    engine: BatchQueueEngine
+    if v033:
+        model = FabricatedModel(workload, _model_output, caches_sampled_tokens=True)
+        engine = BatchQueueEngineV033(side, model, workload.config.num_stages,
+                                      lambda req_ids: scheduler.finish_requests(
+                                          req_ids, RequestStatus.FINISHED_ABORTED))
+    else:
+        engine = BatchQueueEngine(side, FabricatedModel(workload, _model_output),
+                                  workload.config.num_stages,
+                                  schedules_only_unscheduled=not scheduler.config.continue_prefill)
 
     def add(spec: Any) -> None:
         params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
@@ -302,11 +387,20 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     truth = vllm_result.get("ground_truth") or {}
     theirs = vllm[index] if index < len(vllm) else None
     ours = reference[index] if index < len(reference) else None
+    if vllm_result.get("vllm_version") == "0.33.0" and _concerns(theirs, ours) & _drifted(truth):
+        # An older request's batch, looked up by a reused id, moved the new
+        # request's counters without (or before) applying a token: vLLM then
+        # defers its resumption on a negative stale count (the hang) or trips
+        # its assertion, where the reference, whose counters are intact, goes on.
+        return "reused_id_output_dropped"
     if ours is not None and ours[0] == "complete" and not ours[1] and (theirs is None or theirs[0] != "complete"):
         # The reference completes a batch that applies nothing (its requests
         # were aborted) where vLLM's engine waits for input instead.
         return "engine_blocked_in_flight"
-    drift = truth.get("in_flight_set_mismatches") or vllm_result.get("ending") in ("stuck", "exception")
+    # 0.8.4's mark drift ends a run stuck (the livelock) or crashed; 0.33 has
+    # no mark (its stuck and crashed runs are the id-reuse bug's).
+    drift = truth.get("in_flight_set_mismatches") or (
+        vllm_result.get("ending") in ("stuck", "exception") and vllm_result.get("vllm_version") != "0.33.0")
     if drift and ours is not None and ours[0] == "schedule" and (theirs is None or theirs[0] != "schedule"
                                                                or theirs[1] != ours[1]):
         return "inflight_mark_cleared_on_preemption"
@@ -321,12 +415,39 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     stale = {item["req"] for item in truth.get("stale_tokens", ())}
     partial = {item["req"] for item in truth.get("partial_chunk_tokens", ())}
     if differing and differing <= stale and all(req in theirs_applied for req in differing):
+        # vLLM 0.33 defers a preempted request's resumption while its stale
+        # output is in flight, so its only stale token is an older request's
+        # output bound by a reused id.
+        if vllm_result.get("vllm_version") == "0.33.0":
+            return "reused_id_output_dropped"
         return "stale_token_dropped"
     if differing and differing <= partial and all(req not in ours_applied for req in differing):
         return "partial_chunk_token_dropped"
     if differing and all(req in ours_applied and req in theirs[2] for req in differing):
         return "orphaned_token_kept"
     return None
+
+
+def _drifted(truth: dict[str, Any]) -> set[str]:
+    """Requests whose vLLM 0.33 counters went wrong (below 0, or apart from
+    the tokens of their batches in flight), by the ground truth."""
+    return ({item["req"] for item in truth.get("negative_counters", ())}
+            | {item["req"] for item in truth.get("in_flight_counter_mismatches", ())})
+
+
+def _concerns(*events: tuple[Any, ...] | None) -> set[str]:
+    """The requests a `decisions` item names (entries, preemptions, tokens)."""
+    names: set[str] = set()
+    for event in events:
+        if event is None:
+            continue
+        if event[0] == "schedule":
+            names |= {entry[0] for entry in event[1]} | set(event[2])
+        elif event[0] == "complete":
+            names |= {req for req, _ in event[1]} | set(event[2])
+        else:
+            names.add(event[1])
+    return names
 
 
 def compare(name: str, vllm_result: dict[str, Any], vllm_events: list[dict[str, Any]],
@@ -348,7 +469,9 @@ def compare(name: str, vllm_result: dict[str, Any], vllm_events: list[dict[str, 
     where = f"event {index}: vLLM {_at(theirs, index)}, reference {_at(ours, index)}"
     if deviation is None and index == len(theirs) == len(ours):
         where = f"the runs ended {vllm_result['ending']} (vLLM) and {reference_run.ending} (reference)"
-    explained = deviation is not None
+    # A deviation of another version's (0.8.4's mark on a 0.33 run, say) explains nothing.
+    explained = deviation is not None and deviation in VERSION_DEVIATIONS.get(
+        str(vllm_result.get("vllm_version")), tuple(DEVIATIONS))
     if explained and conforming_run is not None:
         conforming = decisions(conforming_run.events, block_offset=1)
         if vllm_result["ending"] == "exception":
@@ -394,8 +517,12 @@ def read_trace(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+# vLLM version -> the reference profile that models it.
+VERSION_PROFILES: dict[str, str] = {"0.8.5": "vllm-0.8.5", "0.8.4": "vllm-0.8.4", "0.33.0": "vllm-0.33"}
+
+
 def profile_for(vllm_version: str) -> str:
-    name = f"vllm-{vllm_version}"
+    name = VERSION_PROFILES.get(vllm_version, f"vllm-{vllm_version}")
     if name not in PROFILES:
         raise ValueError(f"no reference profile for vLLM {vllm_version}")
     return name

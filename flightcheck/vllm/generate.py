@@ -7,7 +7,10 @@ workload). The generator asks a `Picker` for every choice.
 What it covers: K 2-4; block sizes 2-8; tight pools (one request's worth
 and a few blocks) and roomy ones; a shared prefix; long-prefill thresholds;
 aborts at any step, so often while a batch of the request is in flight;
-EOS. Every workload also suits the reference: the pool holds one request of
+EOS; with `reuse_ids` (for vLLM 0.33, off by default so that the workloads
+of a seed stay what they were), one request in two sent under the id of an
+aborted one, at the abort's step or a little later, often while the aborted
+request's batch is still in flight. Every workload also suits the reference: the pool holds one request of
 max_model_len tokens besides vLLM's null block, and every prompt leaves room
 for its outputs. Standard library only.
 """
@@ -43,7 +46,7 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def generate_workload(pick: Picker, name: str, seed: int) -> dict[str, Any]:
+def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = False) -> dict[str, Any]:
     """One workload (the JSON `workload.py` reads)."""
     num_stages = pick.integer(2, 4)
     block_size = pick.choice([4, 2, 8])
@@ -62,6 +65,8 @@ def generate_workload(pick: Picker, name: str, seed: int) -> dict[str, Any]:
         if eos_probability:
             request["eos_probability"] = eos_probability
         requests.append(request)
+    if reuse_ids:
+        _maybe_reuse_an_id(pick, requests)
     longest = max(r["prompt_len"] + r["max_tokens"] for r in requests)
     max_model_len = longest + pick.integer(0, 6)
     one_request = cdiv(max_model_len, block_size)
@@ -74,7 +79,10 @@ def generate_workload(pick: Picker, name: str, seed: int) -> dict[str, Any]:
               "max_num_seqs": pick.integer(1, 4), "block_size": block_size,
               "num_blocks": usable + 1,                  # + vLLM's null block
               "max_model_len": max_model_len,
-              "long_prefill_token_threshold": pick.choice([0, 3, 6]),
+              # vLLM 0.33's SchedulerConfig refuses a threshold above
+              # max_model_len; there it never binds (no chunk is longer), so
+              # capping it changes no decision of any version.
+              "long_prefill_token_threshold": min(pick.choice([0, 3, 6]), max_model_len),
               "prefix_caching": pick.choice([True, False])}
     workload: dict[str, Any] = {"name": name, "seed": seed, "config": config, "requests": requests,
                                 "max_steps": 3000}
@@ -83,11 +91,24 @@ def generate_workload(pick: Picker, name: str, seed: int) -> dict[str, Any]:
     return workload
 
 
-def campaign_workloads(seed: int, count: int) -> list[dict[str, Any]]:
+def _maybe_reuse_an_id(pick: Picker, requests: list[dict[str, Any]]) -> None:
+    """One time in two, a new request under the id of an aborted one, sent
+    at the abort's step (after the abort, as workload.py orders them) or up
+    to 3 steps later: a front end with request-id randomization off."""
+    aborted = [r for r in requests if "abort_step" in r]
+    if not aborted or not pick.choice([False, True]):
+        return
+    old = pick.choice(aborted)
+    requests.append({"id": f"r{len(requests)}", "reuse_id": old["id"],
+                     "prompt_len": pick.integer(1, 24), "max_tokens": pick.integer(1, 12),
+                     "arrival_step": old["abort_step"] + pick.choice([0, pick.integer(0, 3)])})
+
+
+def campaign_workloads(seed: int, count: int, reuse_ids: bool = False) -> list[dict[str, Any]]:
     """Workloads seed-0 .. seed-(count-1) of a campaign; each is a function
     of (seed, index) alone, so a failure is replayed from its name."""
     return [generate_workload(RandomPicker(hash_seed(seed, index)), f"diff-{seed}-{index}",
-                              hash_seed(seed, index)) for index in range(count)]
+                              hash_seed(seed, index), reuse_ids) for index in range(count)]
 
 
 def hash_seed(seed: int, index: int) -> int:
