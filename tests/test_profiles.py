@@ -192,3 +192,10 @@ def test_verify_runs_z3_exactly_under_the_profiles_the_encoding_models():
     from flightcheck.verification.suite import Z3_PROFILES
     from flightcheck.verification.z3.profiles import ENCODED_PROFILES
     assert Z3_PROFILES == frozenset(ENCODED_PROFILES)
+
+
+def test_every_profile_is_encoded_in_z3():
+    """vllm-0.33's rules are encoded too (issue 21): every profile verify
+    knows gets k-induction and BMC, none falls back to the default's rules."""
+    from flightcheck.verification.suite import Z3_PROFILES
+    assert Z3_PROFILES == frozenset(PROFILES)

@@ -59,7 +59,7 @@ VERIFY_DEPTH = 4
 # default profile's rules, so they are not run there. The default profile
 # runs every engine; another encoded one k-induction and BMC of the verify
 # model under it (`z3_suite.profile_rows`).
-Z3_PROFILES: frozenset[str] = frozenset({DEFAULT_PROFILE, "vllm-0.8.4"})
+Z3_PROFILES: frozenset[str] = frozenset({DEFAULT_PROFILE, "vllm-0.8.4", "vllm-0.33"})
 # Mutants a profile's rules make equivalent to the correct spec, with why:
 # not hunted under that profile, and listed as such in its report.
 MOOT_MUTANTS: dict[str, dict[str, str]] = {
