@@ -1,9 +1,11 @@
-"""The Z3 engines' models under each vLLM version profile (issue 19).
+"""The Z3 engines' models under each vLLM version profile (issues 19 and 21).
 
 A profile changes the configuration only (spec/profiles.py: the policy, the
-release order, preallocation, duplicate cached blocks); the Z3 encoding reads
-those constants from `Model.cfg`, so a profile's model is a model with its
-configuration resolved under that profile.
+release order, preallocation, duplicate cached blocks, and vLLM 0.33's rules
+through `Config.rules`); the Z3 encoding reads those constants from
+`Model.cfg`, so a profile's model is a model with its configuration resolved
+under that profile. `DEFERRAL_MODEL` is 0.33's smallest model with a
+deferred resumption, for the cross-check and the deferral's cover query.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ __all__ = ["DEFAULT_PROFILE", "DEFERRAL_MODEL", "ENCODED_PROFILES", "PROFILES", 
 # deferred resumption in schedule._waiting_step, the stop order in
 # actions._apply_sample, S10's threshold clause in invariants).
 ENCODED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33")
+
 
 def profile_config(cfg: Config, profile: str) -> Config:
     """`cfg` under `profile`: every profile constant re-derived from it."""

@@ -133,7 +133,7 @@ def batch_facts(layout: Layout, acc: BatchInProgress, frame: SState) -> dict[str
         facts[f"batch[{j}].shape"] = z3.Implies(used, conj(
             le(1, e.n), le(0, e.drafts), lt(e.drafts, e.n), le(e.drafts, cfg.num_spec_tokens),
             le(e.start + e.n, cfg.max_model_len),
-            z3.Implies(threshold_on, le(e.n, cfg.long_prefill_token_threshold))
+            disj(neg(threshold_on), le(e.n, cfg.long_prefill_token_threshold))   # 0.8.x: the bare bound
             if cfg.long_prefill_token_threshold else True))
         facts[f"batch[{j}].drafts_are_the_requests"] = z3.Implies(
             used, eq(e.drafts, field(lambda q, k: q.num_drafts)))
