@@ -175,7 +175,9 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
         rows += exhaustive_rows(small)
     if use_z3 and profile in Z3_PROFILES and profile != DEFAULT_PROFILE:
         from flightcheck.verification.z3 import suite as z3_suite
-        say(f"k-induction and bounded model checking of {model.name} under {profile}")
+        say(f"k-induction and bounded model checking of {model.name} under {profile}"
+            + (" (and of tiny-stale for the deferred resumption)" if PROFILES[profile].defer_resume_while_stale
+               else ""))
         rows += z3_suite.profile_rows(model, profile, depth, jobs=jobs)
     elif use_z3 and profile in Z3_PROFILES:
         from flightcheck.verification.z3 import suite as z3_suite
