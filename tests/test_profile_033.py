@@ -228,9 +228,14 @@ def test_verify_under_the_0_33_profile_searches_its_model_and_hunts_the_mutants(
     assert report["seconds"] < 120
 
 
-def test_the_z3_encoding_does_not_claim_the_0_33_profile():
+def test_the_z3_encoding_claims_the_0_33_profile():
+    """The encoding reads 0.33's rules (tests/test_z3_crosscheck.py compares
+    each with the spec), so verify runs Z3 under it; an unknown profile is
+    still refused by name."""
     from flightcheck.verification.suite import Z3_PROFILES
     from flightcheck.verification.z3.profiles import ENCODED_PROFILES, profile_config
-    assert "vllm-0.33" not in Z3_PROFILES and "vllm-0.33" not in ENCODED_PROFILES
-    with pytest.raises(ValueError, match="does not model profile 'vllm-0.33'"):
-        profile_config(Config(), "vllm-0.33")
+    assert "vllm-0.33" in Z3_PROFILES and "vllm-0.33" in ENCODED_PROFILES
+    cfg = profile_config(Config(), "vllm-0.33")
+    assert cfg.profile == "vllm-0.33" and cfg.rules.defer_resume_while_stale
+    with pytest.raises(ValueError, match="unknown profile 'vllm-9'"):
+        profile_config(Config(), "vllm-9")

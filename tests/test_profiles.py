@@ -192,3 +192,28 @@ def test_verify_runs_z3_exactly_under_the_profiles_the_encoding_models():
     from flightcheck.verification.suite import Z3_PROFILES
     from flightcheck.verification.z3.profiles import ENCODED_PROFILES
     assert Z3_PROFILES == frozenset(ENCODED_PROFILES)
+
+
+def test_every_profile_is_encoded_in_z3():
+    """vllm-0.33's rules are encoded too (issue 21): every profile verify
+    knows gets k-induction and BMC, none falls back to the default's rules."""
+    from flightcheck.verification.suite import Z3_PROFILES
+    assert Z3_PROFILES == frozenset(PROFILES)
+
+
+@pytest.mark.slow
+def test_verify_under_0_33_proves_every_property_by_k_induction_and_reaches_the_deferral(capsys):
+    """`flightcheck verify --profile vllm-0.33` with the Z3 engines (issue 21):
+    every invariant and transition property proved by k-induction of shared-k3
+    under 0.33, the verification-only target deferred_resumption reached by
+    BMC, everything OK, within the golden test's regression bound."""
+    from flightcheck.verification.z3.encoding.invariants import SPEC_PROPERTIES
+    code, out = _run(capsys, "verify", "--profile", "vllm-0.33", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["ok"] and report["profile"] == "vllm-0.33"
+    z3_rows = [p for p in report["properties"] if p["method"].endswith("[vllm-0.33]")]
+    proved = {p["name"] for p in z3_rows if p["method"].startswith("k-induction") and p["status"] == "proved"}
+    assert proved == set(SPEC_PROPERTIES)
+    deferral = [p for p in z3_rows if p["name"] == "deferred_resumption"]
+    assert [(p["kind"], p["status"], p["depth"]) for p in deferral] == [("sometimes", "reached", 6)]
+    assert report["seconds"] < 300

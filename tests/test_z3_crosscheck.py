@@ -18,7 +18,8 @@ from flightcheck.verification.z3.encoding.crosscheck import (CrossChecker, Cross
 from flightcheck.verification.z3.encoding.state import Layout, NotRepresentable, constant_state, decode, initial
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.encoding.terms import arithmetic
-from flightcheck.verification.z3.profiles import ENCODED_PROFILES, profile_model
+from flightcheck.spec import profiles as spec_profiles
+from flightcheck.verification.z3.profiles import DEFERRAL_MODEL, ENCODED_PROFILES, profile_model
 
 
 # K = 3, spec decode and a shared prefix label, small enough to enumerate in seconds.
@@ -90,6 +91,54 @@ def test_the_profile_models_exercise_what_the_profiles_change():
     duplicating = profile_model(TINY_K3, "vllm-0.8.5")
     assert duplicating.cfg.cache_duplicate_blocks
     assert any(s.pool.duplicates for s in reachable(duplicating))
+
+
+# vLLM 0.33's rules (Config.rules), each of which changes the reachable states
+# of at least one of these models (the control below): the deferral model
+# (every rule), tiny-preempt (full-sequence admission with prefix caching),
+# tiny-k3 (the free-queue head with labelled blocks).
+RULES_0_33 = ("unhashed_blocks_to_head", "threshold_needs_company", "sampled_token_slot",
+              "full_sequence_admission", "defer_resume_while_stale", "stop_tokens_before_length")
+MODELS_0_33 = [DEFERRAL_MODEL, profile_model(TINY_PREEMPT, "vllm-0.33"), profile_model(TINY_K3, "vllm-0.33")]
+
+
+@pytest.mark.parametrize("model", MODELS_0_33[:2], ids=lambda m: m.name)
+def test_relation_equals_spec_on_every_reachable_state_under_0_33(model):
+    states = list(reachable(model))
+    report = _check_all(model, states)
+    assert report.problems == []
+    assert report.states == len(states) and report.edges > report.states
+
+
+@pytest.mark.parametrize("model", [models.DEFERRED_K3, profile_model(models.SHARED_K3, "vllm-0.33")],
+                         ids=lambda m: m.name)
+def test_relation_equals_spec_on_random_states_of_the_0_33_models(model):
+    """The profile's own model and the verify model under 0.33 (prefix
+    caching, three requests, deferrals): states met on seeded random walks."""
+    report = _check_all(model, random_walk_states(model, 40, seed=11))
+    assert report.problems == []
+
+
+def _without_rule(model, rule: str, monkeypatch):
+    """`model` under a copy of vllm-0.33 with one rule off (0.8.x's behaviour)."""
+    off = dataclasses.replace(spec_profiles.VLLM_0_33, name="vllm-0.33-without-rule",
+                              **{rule: 0 if rule == "sampled_token_slot" else False})
+    monkeypatch.setitem(spec_profiles.PROFILES, off.name, off)
+    return dataclasses.replace(model, cfg=dataclasses.replace(model.cfg, profile=off.name))
+
+
+@pytest.mark.parametrize("rule", RULES_0_33)
+def test_the_0_33_models_exercise_every_rule(rule, monkeypatch):
+    """Control for the cross-checks under 0.33: each rule changes the reachable
+    states of a cross-checked model, so the rule's encoding was compared."""
+    assert any(set(reachable(model)) != set(reachable(_without_rule(model, rule, monkeypatch)))
+               for model in MODELS_0_33)
+
+
+def test_the_deferral_model_exercises_every_rule(monkeypatch):
+    """The deferral model alone changes under each of the six rules."""
+    base = set(reachable(DEFERRAL_MODEL))
+    assert all(base != set(reachable(_without_rule(DEFERRAL_MODEL, rule, monkeypatch))) for rule in RULES_0_33)
 
 
 def test_relation_equals_spec_on_random_states_of_the_default_model():

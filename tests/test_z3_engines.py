@@ -53,11 +53,36 @@ def test_bmc_reaches_the_new_sometimes_target_of_a_profile(profile, target, dept
     replay_checked(model, row.trace, row.states)
 
 
+def test_bmc_reaches_the_deferred_resumption_of_0_33():
+    """vLLM 0.33's verification-only target: a schedule passes over a
+    preempted request whose orphans are in flight, at depth 6 on the deferral
+    model (the explicit search's shortest), on a trace that replays; and the
+    verify model under 0.33 offers it, under 0.8.5 not."""
+    from flightcheck.verification.z3.bmc.engine import applicable_sometimes
+    from flightcheck.verification.z3.profiles import DEFERRAL_MODEL
+    res = bmc(DEFERRAL_MODEL, 6, BmcOptions(properties=(), sometimes=("deferred_resumption",), reduce=True))
+    row = res.by_name()["deferred_resumption"]
+    assert row.status == "reached" and row.depth == 6
+    replay_checked(DEFERRAL_MODEL, row.trace, row.states)
+    assert "deferred_resumption" in applicable_sometimes(profile_model(models.SHARED_K3, "vllm-0.33"))
+    assert "deferred_resumption" not in applicable_sometimes(models.SHARED_K3)
+
+
+def test_k_induction_proves_every_invariant_of_the_deferral_model_under_0_33():
+    """The quick 0.33 proof: every rule of the profile on 2 requests, K = 3
+    (the verify model's proof is the slow test below)."""
+    from flightcheck.verification.z3.profiles import DEFERRAL_MODEL
+    res = prove_by_induction(DEFERRAL_MODEL, jobs=2)
+    assert [p.name for p in res.properties if p.status != "proved"] == []
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("profile", ["vllm-0.8.5", "vllm-0.8.4"])
+@pytest.mark.parametrize("profile", ["vllm-0.8.5", "vllm-0.8.4", "vllm-0.33"])
 def test_k_induction_proves_every_invariant_of_the_verify_model_under_each_profile(profile):
-    """3 requests, K = 3, prefix caching: duplicate cached blocks under both
-    profiles, preallocation and one batch per request under 0.8.4."""
+    """3 requests, K = 3, prefix caching: duplicate cached blocks under every
+    profile, preallocation and one batch per request under 0.8.4, every rule
+    of 0.33 (free-queue head, threshold with company, sampled-token slot,
+    full-sequence admission, deferred resumption, stop order) under 0.33."""
     res = prove_by_induction(profile_model(models.SHARED_K3, profile), jobs=2)
     assert [p.name for p in res.properties if p.status != "proved"] == []
 

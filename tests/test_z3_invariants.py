@@ -18,11 +18,12 @@ from flightcheck.verification import models
 from flightcheck.verification.mutants import applied
 from flightcheck.verification.z3.encoding.actions import ABORT, ARRIVE, COMPLETE, SCHEDULE
 from flightcheck.verification.z3.encoding.crosscheck import random_walk_states, reachable
-from flightcheck.verification.z3.encoding.invariants import (INVARIANT_FORMULAS, SOMETIMES_FORMULAS,
-                                                    TRANSITION_FORMULAS, well_formed)
+from flightcheck.verification.z3.encoding.invariants import (INVARIANT_FORMULAS, SCHEDULE_SOMETIMES_FORMULAS,
+                                                    SOMETIMES_FORMULAS, TRANSITION_FORMULAS,
+                                                    VERIFICATION_SOMETIMES, well_formed)
 from flightcheck.verification.z3.induction.strengthening import AUXILIARY
 from flightcheck.verification.z3.encoding.system import System
-from flightcheck.verification.z3.profiles import profile_model
+from flightcheck.verification.z3.profiles import DEFERRAL_MODEL, profile_model
 
 SLOW = pytest.mark.slow
 CODE = {Arrive: ARRIVE, Schedule: SCHEDULE, CompleteOldest: COMPLETE, Abort: ABORT}
@@ -152,6 +153,44 @@ def test_invariant_formulas_agree_on_reachable_states_under_a_profile(model):
     clause included) and the auxiliary invariants still agree with the spec
     on the reachable states."""
     assert _compare_states(model, list(reachable(model, limit=150)), check_aux=True) == []
+
+
+@pytest.mark.parametrize("model", [DEFERRAL_MODEL, profile_model(DUPLICATING, "vllm-0.33")], ids=lambda m: m.name)
+def test_invariant_formulas_agree_on_reachable_states_under_0_33(model):
+    """vLLM 0.33: S10's threshold clause only for batches of two entries or
+    more; the free-queue head, the deferral and the stop order reach states
+    0.8.x does not; the formulas and the auxiliary invariants still agree
+    with the spec on every reachable state."""
+    assert _compare_states(model, list(reachable(model)), check_aux=True) == []
+
+
+def test_invariant_formulas_agree_on_perturbed_0_33_states():
+    """S10's clause under 0.33 on states outside the invariants: a one-entry
+    batch over the threshold is allowed, a two-entry one is not."""
+    rng, model = random.Random(5), models.DEFERRED_K3
+    base = list(reachable(model, limit=300))
+    states = [perturb(rng.choice(base), rng, model.cfg) for _ in range(300)]
+    assert _compare_states(model, states, check_aux=False) == []
+    threshold = model.cfg.long_prefill_token_threshold
+    over = [len(b) for s in states for b in s.in_flight if any(e.n > threshold for e in b)]
+    assert 1 in over and any(n > 1 for n in over)     # both sides of the clause were compared
+
+
+def test_the_deferral_target_formula_agrees_with_its_predicate():
+    """The verification-only target `deferred_resumption` (the next schedule
+    passes over a preempted request whose orphans are in flight): its formula
+    over the frame's schedule and its concrete predicate agree on every
+    reachable state of the deferral model, and some state reaches it."""
+    ev, cfg = Evaluator(DEFERRAL_MODEL), DEFERRAL_MODEL.cfg
+    sched, _ = ev.system.sched(0)
+    formula = ev.system.build(SCHEDULE_SOMETIMES_FORMULAS["deferred_resumption"], ev.frame, sched)
+    target = next(t for t in VERIFICATION_SOMETIMES if t.name == "deferred_resumption")
+    reached = 0
+    for s in reachable(DEFERRAL_MODEL):
+        py = any(target.target(s, cfg, r) for r in range(DEFERRAL_MODEL.num_requests))
+        assert py == _truth(ev.state(s), formula), s
+        reached += py
+    assert reached > 0
 
 
 def test_invariant_formulas_agree_on_default_states():

@@ -72,6 +72,19 @@ def test_every_chain_claim_agrees_with_the_one_query_method(mutant):
             assert not refuted_in_one_query(ctx, action, n), (mutant, action, n)
 
 
+def test_the_chains_under_0_33_prove_every_schedule_conjunct_and_agree_with_one_query():
+    """vLLM 0.33's waiting loop (a position that passes over deferred
+    resumptions, the full-sequence gate) and its threshold (only with
+    company) on the deferral model: the schedule chain proves every step
+    conjunct, and no claim of either chain is refuted by the one-query method."""
+    from flightcheck.verification.z3.profiles import DEFERRAL_MODEL
+    proved, not_proved, ctx = claims(DEFERRAL_MODEL)
+    assert not_proved[SCHEDULE] == []
+    for action, names in proved.items():
+        for n in names:
+            assert not refuted_in_one_query(ctx, action, n), (action, n)
+
+
 def test_k_induction_with_chains_proves_a_small_model_fast():
     t0 = time.perf_counter()
     res = prove_by_induction(models.SINGLE_SEQ)

@@ -61,7 +61,7 @@ VERIFY_DEPTH = 4
 # default profile's rules, so they are not run there. The default profile
 # runs every engine; another encoded one k-induction and BMC of the verify
 # model under it (`z3_suite.profile_rows`).
-Z3_PROFILES: frozenset[str] = frozenset({DEFAULT_PROFILE, "vllm-0.8.4"})
+Z3_PROFILES: frozenset[str] = frozenset({DEFAULT_PROFILE, "vllm-0.8.4", "vllm-0.33"})
 # Mutants a profile's rules make equivalent to the correct spec, with why:
 # not hunted under that profile, and listed as such in its report.
 MOOT_MUTANTS: dict[str, dict[str, str]] = {
@@ -207,7 +207,9 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
         rows += exhaustive_rows(small)
     if use_z3 and profile in Z3_PROFILES and profile != DEFAULT_PROFILE:
         from flightcheck.verification.z3 import suite as z3_suite
-        say(f"k-induction and bounded model checking of {model.name} under {profile}")
+        say(f"k-induction and bounded model checking of {model.name} under {profile}"
+            + (" (and of tiny-stale for the deferred resumption)" if PROFILES[profile].defer_resume_while_stale
+               else ""))
         rows += z3_suite.profile_rows(model, profile, depth, jobs=jobs)
     elif use_z3 and profile in Z3_PROFILES:
         from flightcheck.verification.z3 import suite as z3_suite

@@ -1,26 +1,30 @@
-"""The Z3 engines' models under each vLLM version profile (issue 19).
+"""The Z3 engines' models under each vLLM version profile (issues 19 and 21).
 
 A profile changes the configuration only (spec/profiles.py: the policy, the
-release order, preallocation, duplicate cached blocks); the Z3 encoding reads
-those constants from `Model.cfg`, so a profile's model is a model with its
-configuration resolved under that profile.
+release order, preallocation, duplicate cached blocks, and vLLM 0.33's rules
+through `Config.rules`); the Z3 encoding reads those constants from
+`Model.cfg`, so a profile's model is a model with its configuration resolved
+under that profile. `DEFERRAL_MODEL` is 0.33's smallest model with a
+deferred resumption, for the cross-check and the deferral's cover query.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from flightcheck.spec import Config
+from flightcheck.spec import Config, Prompt
 from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES, profile as profile_named
 from flightcheck.verification.models import Model
 
-__all__ = ["DEFAULT_PROFILE", "ENCODED_PROFILES", "PROFILES", "profile_config", "profile_model"]
+__all__ = ["DEFAULT_PROFILE", "DEFERRAL_MODEL", "ENCODED_PROFILES", "PROFILES", "profile_config", "profile_model"]
 
-# The profiles whose constants the encoding reads. vLLM 0.33's rules
-# (`Config.rules`: free-queue head, threshold with company, sampled-token
-# slot, full-sequence admission, deferred resumption, stop order) are not
-# encoded yet: a Z3 model under it would prove 0.8.5's rules instead.
-ENCODED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4")
+# The profiles whose constants the encoding reads: the `Config` fields (policy,
+# release order, preallocation, duplicate cached blocks) and vLLM 0.33's rules
+# (`Config.rules`: free-queue head in blocks.free_table, threshold with company
+# and the sampled-token slot in schedule._clip, full-sequence admission and
+# deferred resumption in schedule._waiting_step, the stop order in
+# actions._apply_sample, S10's threshold clause in invariants).
+ENCODED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33")
 
 
 def profile_config(cfg: Config, profile: str) -> Config:
@@ -36,3 +40,17 @@ def profile_config(cfg: Config, profile: str) -> Config:
 def profile_model(model: Model, profile: str) -> Model:
     """`model` with its configuration under `profile`, named after it."""
     return replace(model, name=f"{model.name}@{profile}", cfg=profile_config(model.cfg, profile))
+
+
+# vLLM 0.33's deferred resumption at its shallowest: two requests, K = 3, a
+# pool of two blocks, spec decode and a threshold of one token, so a request
+# is preempted with a chunk in flight and the next schedule passes it over
+# (the target `deferred_resumption` at depth 6, where shared-k3 needs 8).
+# Every rule of the profile changes its reachable states (358 of them), so
+# the cross-check compares each rule on it (tests/test_z3_crosscheck.py).
+DEFERRAL_MODEL = Model(
+    "tiny-stale",
+    Config(num_stages=3, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=2,
+           max_model_len=4, prefix_caching=False, num_spec_tokens=1, long_prefill_token_threshold=1,
+           profile="vllm-0.33"),
+    (Prompt(1, 3), Prompt(3, 1)))

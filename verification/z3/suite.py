@@ -10,17 +10,26 @@ from flightcheck.verification.models import Model
 from flightcheck.verification.results import PropertyResult, kind_of
 from flightcheck.verification.z3.bmc.engine import (
     BmcOptions,
+    applicable_sometimes,
+    bmc,
     bmc_split,
     first_counterexample,
     max_parts,
 )
-from flightcheck.verification.z3.encoding.invariants import SPEC_PROPERTIES
+from flightcheck.verification.z3.encoding.invariants import (
+    SPEC_PROPERTIES,
+    VERIFICATION_SOMETIMES,
+    verification_target_applies,
+)
 from flightcheck.verification.z3.induction.kinduction import prove_by_induction
-from flightcheck.verification.z3.profiles import profile_model
+from flightcheck.verification.z3.profiles import DEFERRAL_MODEL, profile_model
 
 
 def _row(p, method: str | None = None):
-    return PropertyResult(p.name, kind_of(p.name), p.status, method or p.method, p.depth, p.seconds)
+    # a verification-only "sometimes" target (z3.encoding.invariants.VERIFICATION_SOMETIMES)
+    # is not among the spec's names kind_of knows: the engine's kind says what it is
+    kind = "sometimes" if p.kind == "sometimes" else kind_of(p.name)
+    return PropertyResult(p.name, kind, p.status, method or p.method, p.depth, p.seconds)
 
 
 def induction_rows(model: Model, k: int = 1, time_budget: float | None = None, jobs: int = 1) -> list:
@@ -58,14 +67,16 @@ def param_rows(K: int) -> list:
     return [PropertyResult(n, kind_of(n), status, method, None, proof.seconds) for n in PARAM_PROPERTIES]
 
 
-def bmc_rows(model: Model, depth: int, time_budget: float | None = None, jobs: int = 1) -> list:
+def bmc_rows(model: Model, depth: int, time_budget: float | None = None, jobs: int = 1,
+             sometimes: tuple[str, ...] | None = None) -> list:
     """Every spec property bounded (or violated) to `depth`, every applicable
-    "sometimes" target reached (or not) within it: BMC with the sound
-    reductions (the spec, not a mutant: z3.bmc.reduction), its paths shared among
-    `jobs` processes (z3.bmc.engine.bmc_split)."""
+    "sometimes" target (or those named in `sometimes`) reached (or not) within
+    it: BMC with the sound reductions (the spec, not a mutant: z3.bmc.reduction),
+    its paths shared among `jobs` processes (z3.bmc.engine.bmc_split)."""
     reduce = model.mutant is None
     jobs = min(jobs, max_parts(model))
-    res = bmc_split(model, depth, BmcOptions(time_budget=time_budget, reduce=reduce), jobs=jobs)
+    res = bmc_split(model, depth, BmcOptions(time_budget=time_budget, reduce=reduce, sometimes=sometimes),
+                    jobs=jobs)
     method = "bmc" + (", reduced" if reduce else "") + (f", {jobs} processes" if jobs > 1 else "")
     return [_row(p, method) for p in res.properties if p.kind != "auxiliary"]
 
@@ -78,13 +89,28 @@ def hunt_mutant_bmc(name: str, model: Model, max_depth: int = 12, time_budget: f
             time.perf_counter() - t0)
 
 
+# How deep the cover query for a profile's verification-only targets goes on
+# its own small model (DEFERRAL_MODEL: `deferred_resumption` at depth 6).
+TARGET_DEPTH = 6
+
+
 def profile_rows(model: Model, profile: str, depth: int, time_budget: float | None = None,
                  jobs: int = 1) -> list:
     """The Z3 rows of `model` under a version profile (spec/profiles.py):
     every spec property by k-induction, then BMC to `depth` with the
     profile's sometimes targets (a preallocated block, a duplicate cached
-    block, where the profile has them). The method names the profile."""
+    block, where the profile has them). A verification-only target the
+    profile has (vLLM 0.33's deferred resumption: 8 steps deep on shared-k3)
+    is covered by BMC of the profile's deferral model to TARGET_DEPTH
+    instead. The method names the profile."""
     chosen = profile_model(model, profile)
+    extra = [t.name for t in VERIFICATION_SOMETIMES if verification_target_applies(t, chosen.cfg)]
+    spec_targets = tuple(name for name in applicable_sometimes(chosen) if name not in extra)
     rows = induction_rows(chosen, time_budget=time_budget, jobs=jobs) + \
-        bmc_rows(chosen, depth, time_budget=time_budget, jobs=jobs)
+        bmc_rows(chosen, depth, time_budget=time_budget, jobs=jobs, sometimes=spec_targets)
+    if extra:
+        cover = profile_model(DEFERRAL_MODEL, profile)
+        res = bmc(cover, TARGET_DEPTH, BmcOptions(properties=(), sometimes=tuple(extra), time_budget=time_budget,
+                                                  reduce=True))
+        rows += [_row(p, f"bmc, reduced, {cover.name}") for p in res.properties]
     return [PropertyResult(r.name, r.kind, r.status, f"{r.method} [{profile}]", r.depth, r.seconds) for r in rows]

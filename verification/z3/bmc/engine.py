@@ -47,8 +47,11 @@ from flightcheck.verification.z3.encoding.actions import (
 )
 from flightcheck.verification.z3.encoding.invariants import (
     INVARIANT_FORMULAS,
+    SCHEDULE_SOMETIMES_FORMULAS,
     SOMETIMES_FORMULAS,
     TRANSITION_FORMULAS,
+    VERIFICATION_SOMETIMES,
+    verification_target_applies,
     well_formed,
 )
 from flightcheck.verification.z3.encoding.system import Step, System
@@ -80,7 +83,8 @@ def applicable_sometimes(model: Model) -> list[str]:
     """The "sometimes" targets that make sense for the model's configuration."""
     labels = [label for prompt in model.prompts for label in set(prompt.labels)]
     shares_prefix = len(labels) != len(set(labels))     # a duplicate needs two prompts with one label
-    return [target.name for target in SOMETIMES if target.is_applicable(model.cfg, shares_prefix)]
+    return [target.name for target in SOMETIMES if target.is_applicable(model.cfg, shares_prefix)] + \
+        [target.name for target in VERIFICATION_SOMETIMES if verification_target_applies(target, model.cfg)]
 
 
 @dataclass(frozen=True)
@@ -344,7 +348,9 @@ class _BmcRun:
         system = self.unrolling.system
         frame = system.frame(depth)
         while self.open_targets and not self.timed_out:
-            goals = {name: system.build(SOMETIMES_FORMULAS[name], frame) for name in self.open_targets}
+            goals = {name: system.build(SCHEDULE_SOMETIMES_FORMULAS[name], frame, system.sched(depth)[0])
+                     if name in SCHEDULE_SOMETIMES_FORMULAS else system.build(SOMETIMES_FORMULAS[name], frame)
+                     for name in self.open_targets}
             found = self.satisfy(goals)
             if found is None:
                 return
@@ -511,7 +517,7 @@ def _merge(model: Model, parts: list[EngineResult], seconds: float) -> EngineRes
 
 def _confirm_reached(model: Model, name: str, states: list[State]) -> None:
     """The spec's own predicate says the target is reached at the trace's end."""
-    target = next(candidate for candidate in SOMETIMES if candidate.name == name)
+    target = next(candidate for candidate in SOMETIMES + VERIFICATION_SOMETIMES if candidate.name == name)
     cfg = model.cfg
     for request in range(model.num_requests):
         if not target.target(states[-1], cfg, request):

@@ -238,7 +238,11 @@ def _apply_sample(layout: Layout, builder: Builder, st: SState, e, acc: Any, sto
         length = disj(plen + num_output >= cfg.max_model_len,
                       conj(num_output >= cap, not layout.is_mutant("no_length_cap")))
         reason = conj(going, disj(length, eq(stop, j)))
-        status = ite(reason, ite(length, V(F_LENGTH), V(F_STOPPED)), status)
+        if cfg.rules.stop_tokens_before_length:
+            # spec.actions._stop_reason under vLLM 0.33 (`check_stop`): EOS and stop ids first
+            status = ite(reason, ite(eq(stop, j), V(F_STOPPED), V(F_LENGTH)), status)
+        else:
+            status = ite(reason, ite(length, V(F_LENGTH), V(F_STOPPED)), status)
         finished = builder.let(f"finished{j}", disj(finished, reason))
     drafts = ite(eq(e.fate, LIVE), nd, q.num_drafts)
     applied = with_req(st, r, num_output=num_output, num_computed=num_computed, num_drafts=drafts)

@@ -167,12 +167,16 @@ def _cache_labels_keeping_duplicates(layout: Layout, pool: SPool, table: list, t
 def free_table(layout: Layout, pool: SPool, table: list, table_len: Any, when: Any = True) -> SPool:
     """Release a block table in the configuration's release order (last block
     first, "reverse", or first block first, "forward"): a block whose count
-    reaches 0 joins the tail of the free queue.
+    reaches 0 joins the tail of the free queue, or, under vLLM 0.33
+    (`Profile.unhashed_blocks_to_head`, spec.blocks.free_table's
+    `unhashed_to_head`), the head when it caches no label, in the order visited.
 
     Written without the loop's chain of updates, and exactly equal to it:
     slot t brings its block b to 0 when ref[b] equals the number of b's
     occurrences in slot t and the slots the loop visits before it, and then b
-    goes to the tail after the blocks freed by the slots visited before t."""
+    goes to the tail after the blocks freed by the slots visited before t
+    (or, to the head, after the unlabelled blocks freed before it; the queue
+    moves up by the number of those)."""
     forward = layout.cfg.release_order == "forward"
     used = [conj(when, lt(t, table_len)) for t in range(len(table))]
     ref = [r - count(conj(used[t], eq(x, b)) for t, x in enumerate(table)) for b, r in enumerate(pool.ref)]
@@ -185,10 +189,40 @@ def free_table(layout: Layout, pool: SPool, table: list, table_len: Any, when: A
     for t, b in enumerate(table):
         seen = count(conj(used[t2], eq(table[t2], b)) for t2 in visited_by(t))
         zero.append(conj(used[t], eq(pick(pool.ref, b, V(-1)), seen)))
+    if layout.cfg.rules.unhashed_blocks_to_head:
+        return _free_unhashed_to_head(layout, pool, table, zero, ref, forward)
     free = list(pool.free)
     for t, b in enumerate(table):
         before = zero[:t] if forward else zero[t + 1:]
         free = put(free, pool.free_len + count(before), b, zero[t])
+    return SPool(ref, list(pool.label), free, pool.free_len + count(zero), list(pool.copy_rank))
+
+
+def _free_unhashed_to_head(layout: Layout, pool: SPool, table: list, zero: list, ref: list,
+                           forward: bool) -> SPool:
+    """free_table's queue under vLLM 0.33 (`BlockPool.free_blocks`): of the
+    blocks the release brings to 0, those with no label (every one, with
+    prefix caching off: nothing is labelled) go to the head in the order
+    visited (`prepend_n`), the others to the tail (`append_n`). Labels are
+    read before the release, which changes none."""
+    if layout.cfg.prefix_caching:
+        unlabelled = [eq(_label_of(layout, pool.label, b), layout.none_label) for b in table]
+    else:
+        unlabelled = [z3.BoolVal(True)] * len(table)
+    head = [conj(z, u) for z, u in zip(zero, unlabelled)]
+    tail = [conj(z, neg(u)) for z, u in zip(zero, unlabelled)]
+    num_head = count(head)
+    # the queue as it was, moved up by the blocks going to its head
+    free = []
+    for slot in range(layout.B):
+        v = V(PAD)
+        for d in range(min(slot, len(table)), -1, -1):
+            v = ite(eq(num_head, d), pool.free[slot - d], v)
+        free.append(v)
+    for t, b in enumerate(table):
+        visited_before = range(0, t) if forward else range(t + 1, len(table))
+        free = put(free, count(head[t2] for t2 in visited_before), b, head[t])
+        free = put(free, num_head + pool.free_len + count(tail[t2] for t2 in visited_before), b, tail[t])
     return SPool(ref, list(pool.label), free, pool.free_len + count(zero), list(pool.copy_rank))
 
 

@@ -19,7 +19,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import z3
-from flightcheck.spec import CompleteOldest
+from flightcheck.spec import CompleteOldest, Config, State
+from flightcheck.spec.schedule import _is_resumption_deferred, is_schedule_enabled
+from flightcheck.spec.schedule import schedule as spec_schedule
+from flightcheck.spec.sometimes import Sometimes
 from flightcheck.verification.z3.encoding.actions import (
     ARRIVE,
     COMPLETE,
@@ -245,7 +248,11 @@ def s10_queues_and_budgets(layout: Layout, s: SState, sch: SchedResult) -> Any:
         total = sum_terms([ite(u, e.n, V(0)) for u, e in zip(used, b.entries)])
         ok = [le(total, cfg.max_num_batched_tokens)]
         if cfg.long_prefill_token_threshold > 0:
-            ok += [z3.Implies(u, le(e.n, cfg.long_prefill_token_threshold)) for u, e in zip(used, b.entries)]
+            # spec.invariants._threshold_binds: under vLLM 0.33 (`Profile.threshold_needs_company`)
+            # only a batch of two entries or more shows that the threshold was in force
+            binds = lt(1, b.length) if cfg.rules.threshold_needs_company else z3.BoolVal(True)
+            ok += [z3.Implies(conj(u, binds), le(e.n, cfg.long_prefill_token_threshold))
+                   for u, e in zip(used, b.entries)]
         out.append(z3.Implies(lt(k, s.num_batches), conj(ok)))
     return conj(out)
 
@@ -411,6 +418,44 @@ def _holds_preallocated_block(layout: Layout, s: SState, r: int) -> Any:
     return lt(need, q.table_len)
 
 
+def deferred_resumption(s: State, cfg: Config, r: int) -> bool:
+    """The next schedule passes over preempted request r, whose stale output
+    (orphaned entries) is still in flight: its resumption is deferred."""
+    if r not in s.waiting or not _is_resumption_deferred(s, cfg, r) or not is_schedule_enabled(s, cfg):
+        return False
+    scheduled = spec_schedule(s, cfg)
+    if scheduled is not None and scheduled.preempted:
+        return False                        # the waiting loop runs only when nothing was preempted
+    entries = () if scheduled is None else scheduled.entries
+    before = s.waiting[:s.waiting.index(r)]
+    admitted = {e.req for e in entries if e.req in before}
+    # the loop reaches r: every request ahead of it admitted or deferred, budget and a seat left
+    if any(x not in admitted and not _is_resumption_deferred(s, cfg, x) for x in before):
+        return False
+    spent = sum(e.n for e in entries if e.req not in s.waiting or e.req in before)
+    return spent < cfg.max_num_batched_tokens and len(s.running) + len(admitted) < cfg.max_num_seqs
+
+
+# "Sometimes" targets of the verification alone: spec/sometimes.py names none
+# for vLLM 0.33's deferred resumption yet, so the target lives here, with its
+# concrete predicate (BMC's witnesses are checked against it) and its formula
+# (SCHEDULE_SOMETIMES_FORMULAS: it reads the frame's schedule).
+VERIFICATION_SOMETIMES: tuple[Sometimes, ...] = (
+    Sometimes("deferred_resumption", deferred_resumption, needs="defer_resume_while_stale"),
+)
+
+
+def verification_target_applies(target: Sometimes, cfg: Config) -> bool:
+    """A verification-only target is meaningful where its profile rule is on
+    (with batches to leave a preempted request's output in flight)."""
+    return bool(getattr(cfg.rules, target.needs)) and cfg.num_stages >= 2
+
+
+SCHEDULE_SOMETIMES_FORMULAS: dict[str, Callable[[Layout, SState, SchedResult], Any]] = {
+    # the schedule runs (room for a batch) and its waiting loop skips a deferred request
+    "deferred_resumption": lambda layout, s, sch: conj(sch.enabled, lt(0, sch.skipped)),
+}
+
 SOMETIMES_FORMULAS: dict[str, Callable[[Layout, SState], Any]] = {
     "request_can_finish": lambda layout, s: disj(*[_finished_normally(s, r) for r in range(layout.N)]),
     "pipeline_can_be_full": lambda layout, s: eq(s.num_batches, layout.K),
@@ -423,4 +468,5 @@ SOMETIMES_FORMULAS: dict[str, Callable[[Layout, SState], Any]] = {
 }
 
 __all__ = ["INVARIANT_FORMULAS", "TRANSITION_FORMULAS", "SPEC_PROPERTIES", "SOMETIMES_FORMULAS", "NEEDS_SCHEDULE",
+           "SCHEDULE_SOMETIMES_FORMULAS", "VERIFICATION_SOMETIMES", "verification_target_applies",
            "well_formed", "positions", "has_live", "CompleteOldest"]

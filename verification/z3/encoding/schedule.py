@@ -63,6 +63,7 @@ from flightcheck.verification.z3.encoding.terms import (
     lt,
     merge,
     neg,
+    num,
     pick,
     put,
     sum_terms,
@@ -83,6 +84,8 @@ class BatchInProgress:
     any_preempted: Any
     position: Any                   # the running loop's position
     done: Any                       # the running loop returned / the waiting loop broke
+    skipped: Any                    # the waiting loop's position: requests it passed over (vLLM 0.33's
+                                    # deferred resumptions, `Profile.defer_resume_while_stale`); 0 in 0.8.x
 
 
 @dataclass
@@ -100,6 +103,7 @@ class SchedResult:
     trail: list                # the batch under construction after each micro-step
     micro: list = field(default_factory=list)   # MicroStep per micro-step, in order
     launch_defs: list = field(default_factory=list)
+    skipped: Any = None        # requests the waiting loop passed over (vLLM 0.33's deferred resumptions)
 
     @property
     def result(self) -> Any:
@@ -122,8 +126,9 @@ def schedule(layout: Layout, builder: Builder, s: SState) -> SchedResult:
     cfg = layout.cfg
     acc = BatchInProgress(clone(s), V(cfg.max_num_batched_tokens), V(0), [pad_entry() for _ in range(layout.E)],
               [z3.BoolVal(False)] * layout.N, [z3.BoolVal(False)] * layout.N, [z3.BoolVal(False)] * layout.N,
-              z3.BoolVal(False), V(0), z3.BoolVal(False))
+              z3.BoolVal(False), V(0), z3.BoolVal(False), V(0))
     trail, micro = [acc], []
+    threshold_on = threshold_in_force(layout, s)
 
     def advance(acc: BatchInProgress, step, name: str) -> BatchInProgress:
         after = builder.step(acc, step, name, micro)
@@ -131,27 +136,43 @@ def schedule(layout: Layout, builder: Builder, s: SState) -> SchedResult:
         return after
 
     for m in range(layout.N):
-        acc = advance(acc, lambda a: _running_step(layout, builder, a), f"run{m}")
+        acc = advance(acc, lambda a: _running_step(layout, builder, a, threshold_on), f"run{m}")
     phase = z3.BoolVal(True) if layout.is_mutant("admit_after_preemption") else neg(acc.any_preempted)
     acc = BatchInProgress(acc.state, acc.budget, acc.count, acc.entries, acc.preempted, acc.admitted_from_preempted, acc.admitted, acc.any_preempted,
-              acc.position, z3.BoolVal(False))
+              acc.position, z3.BoolVal(False), V(0))
     for m in range(layout.N):
-        acc = advance(acc, lambda a: _waiting_step(layout, builder, a, phase), f"wait{m}")
+        acc = advance(acc, lambda a: _waiting_step(layout, builder, a, phase, threshold_on), f"wait{m}")
     first = len(builder.defs)
     state = builder.snap(_launch(layout, acc), "launch")
     return SchedResult(state, is_enabled(layout, s), disj(lt(0, acc.count), acc.any_preempted),
                        acc.preempted, acc.admitted, acc.any_preempted, acc.count, acc.entries, trail, micro,
-                       builder.defs[first:])
+                       builder.defs[first:], acc.skipped)
 
 
-def _clip(layout: Layout, budget: Any, num_computed: Any, num_new: Any, is_admission: bool) -> Any:
+def threshold_in_force(layout: Layout, s: SState) -> Any:
+    """spec.schedule._threshold_in_force: whether the long-prefill threshold
+    applies in this call. vLLM 0.33 (`Profile.threshold_needs_company`) counts
+    running + waiting once, at the start (`s` is the frame being scheduled),
+    and drops the threshold for a lone request; 0.8.x always applies it."""
+    if layout.cfg.long_prefill_token_threshold <= 0:
+        return z3.BoolVal(False)
+    if not layout.cfg.rules.threshold_needs_company:
+        return z3.BoolVal(True)
+    return lt(1, s.running_len + s.waiting_len)
+
+
+def _clip(layout: Layout, budget: Any, num_computed: Any, num_new: Any, is_admission: bool,
+          threshold_on: Any = True) -> Any:
+    """spec.schedule._clip: the threshold (where `threshold_on`), the budget, and
+    room below max_model_len less the sampled token's slot (vLLM 0.33
+    `Profile.sampled_token_slot`; the spec applies one clip to both loops)."""
     cfg = layout.cfg
     threshold = cfg.long_prefill_token_threshold
     if threshold > 0 and not (is_admission and layout.is_mutant("threshold_ignored_on_admission")):
-        num_new = ite(lt(threshold, num_new), V(threshold), num_new)
+        num_new = ite(conj(threshold_on, lt(threshold, num_new)), V(threshold), num_new)
     if not (layout.is_mutant("budget_ignored") and not is_admission):
         num_new = imin(num_new, budget)
-    return imax(V(0), imin(num_new, cfg.max_model_len - num_computed))
+    return imax(V(0), imin(num_new, cfg.max_model_len - cfg.rules.sampled_token_slot - num_computed))
 
 
 def _blocks_for(layout: Layout, total: Any) -> Any:
@@ -217,7 +238,7 @@ def _add(layout: Layout, acc: BatchInProgress, entry: SEntry, when: Any) -> tupl
     return entries, ite(when, acc.count + 1, acc.count), budget
 
 
-def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress) -> BatchInProgress:
+def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, threshold_on: Any) -> BatchInProgress:
     """One iteration of _schedule_running's loops (skip, allocate or preempt)."""
     cfg, st = layout.cfg, acc.state
     active = builder.let("active", conj(neg(acc.done), lt(acc.position, st.running_len), lt(0, acc.budget)))
@@ -226,7 +247,7 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress) -> Bat
     tokens = builder.let("tokens", tokens_at(layout, st, r))
     skip_sid = z3.BoolVal(False) if cfg.continue_prefill else pick(st.scheduled, r, z3.BoolVal(False))
     num_new0 = builder.let("num_new0", _clip(layout, acc.budget, q.num_computed,
-                                         tokens + q.num_drafts - q.num_computed, False))
+                                         tokens + q.num_drafts - q.num_computed, False, threshold_on))
     zero = eq(num_new0, 0)
     anyway = z3.BoolVal(False)
     if layout.is_mutant("decode_while_token_in_flight"):
@@ -269,7 +290,7 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress) -> Bat
     out = BatchInProgress(merge(do_alloc, a, merge(do_pre, p, st)), budget, cnt, entries,
               put_flag(acc.preempted, victim, z3.BoolVal(True), do_pre), acc.admitted_from_preempted, acc.admitted,
               disj(acc.any_preempted, do_pre), ite(disj(do_skip, do_alloc), acc.position + 1, acc.position),
-              disj(acc.done, conj(do_pre, eq(victim, r))))
+              disj(acc.done, conj(do_pre, eq(victim, r))), acc.skipped)
     return out
 
 
@@ -285,13 +306,38 @@ def _concat(layout: Layout, xs: list, nx: Any, ys: list, ny: Any) -> list:
     return out
 
 
-def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase: Any) -> BatchInProgress:
-    """One iteration of _schedule_waiting (admit the head of waiting, or break)."""
+def _remove_at(layout: Layout, xs: list, i: Any) -> list:
+    """xs without its slot i (a symbolic position), PAD-padded: the waiting
+    queue once the request at the loop's position is admitted."""
+    if num(i) == 0:
+        return xs[1:] + [V(PAD)]
+    return [ite(lt(j, i), xs[j], xs[j + 1] if j + 1 < len(xs) else V(PAD)) for j in range(len(xs))]
+
+
+def _has_orphans(layout: Layout, st: SState, r: Any) -> Any:
+    """Some entry of r in flight is ORPHANED (spec.schedule._is_resumption_deferred's
+    test; the fates are the frame's while the waiting loop runs: it runs only
+    when nothing was preempted, and `_launch` settles the fates afterwards)."""
+    return disj(*[conj(lt(k, st.num_batches), lt(j, b.length), eq(e.req, r), eq(e.fate, ORPHANED))
+                  for k, b in enumerate(st.batches) for j, e in enumerate(b.entries)])
+
+
+def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase: Any,
+                  threshold_on: Any = True) -> BatchInProgress:
+    """One iteration of _schedule_waiting: admit the request at the loop's
+    position, skip it (vLLM 0.33: a deferred resumption, which keeps its
+    place), or break. In 0.8.x the position is always the head."""
     cfg, st, bs = layout.cfg, acc.state, layout.cfg.block_size
+    rules = cfg.rules
     seats = z3.BoolVal(True) if layout.is_mutant("max_num_seqs_ignored") else lt(st.running_len, cfg.max_num_seqs)
-    active = builder.let("active", conj(phase, neg(acc.done), lt(0, st.waiting_len), lt(0, acc.budget), seats))
-    r = builder.let("r", st.waiting[0])
+    active = builder.let("active", conj(phase, neg(acc.done), lt(acc.skipped, st.waiting_len), lt(0, acc.budget),
+                                        seats))
+    r = builder.let("r", pick(st.waiting, acc.skipped, V(PAD)))
     q = builder.snap(req_at(st, r), "q")
+    deferred = z3.BoolVal(False)
+    if rules.defer_resume_while_stale:
+        # _is_resumption_deferred: PREEMPTED with orphaned entries in flight
+        deferred = builder.let("deferred", conj(eq(q.status, PREEMPTED), _has_orphans(layout, st, r)))
     tokens = builder.let("tokens", tokens_at(layout, st, r))
     if cfg.prefix_caching:
         labels = [label_at(layout, st, r, i) for i in range(layout.T)]
@@ -300,11 +346,18 @@ def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase:
     else:
         num_hit, hit = V(0), []
     hit_tokens = num_hit * bs
-    num_new = builder.let("num_new", _clip(layout, acc.budget, q.num_computed, tokens - hit_tokens, True))
+    num_new = builder.let("num_new", _clip(layout, acc.budget, q.num_computed, tokens - hit_tokens, True,
+                                           threshold_on))
     total = q.num_computed + hit_tokens + num_new
     num_fresh = builder.let("num_fresh", imax(V(0), _blocks_for(layout, total) - q.table_len - num_hit))
     fits = zb.can_allocate(st.pool, num_fresh, hit, num_hit)
-    ok = builder.let("admit", conj(active, neg(eq(num_new, 0)), fits))
+    if rules.full_sequence_admission:
+        # _fits_whole (vLLM 0.33 `allocate_slots(full_sequence_must_fit=True)`): blocks for the
+        # whole current sequence, less the hit, fit among the free blocks not being hit
+        whole = _blocks_for(layout, imin(tokens, V(cfg.max_model_len)))
+        fits = conj(zb.can_allocate(st.pool, imax(V(0), whole - num_hit), hit, num_hit), fits)
+    skip = builder.let("defer", conj(active, deferred))
+    ok = builder.let("admit", conj(active, neg(deferred), neg(eq(num_new, 0)), fits))
 
     pool = zb.touch(layout, builder, st.pool, hit, num_hit) if hit else st.pool
     num_popped = builder.let("num_popped", _with_preallocation(layout, num_fresh, pool.free_len,
@@ -316,7 +369,7 @@ def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase:
     entry, drafts = _entry(layout, q, r, tokens, hit_tokens, num_new, hit_tokens, st, acc.budget)
     a = clone(st)
     a.pool = pool
-    a.waiting = st.waiting[1:] + [V(PAD)]
+    a.waiting = _remove_at(layout, st.waiting, acc.skipped)
     a.waiting_len = st.waiting_len - 1
     a.running = put(st.running, st.running_len, r)
     a.running_len = st.running_len + 1
@@ -326,7 +379,7 @@ def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase:
     return BatchInProgress(merge(ok, a, st), budget, cnt, entries, acc.preempted,
                put_flag(acc.admitted_from_preempted, r, eq(q.status, PREEMPTED), ok),
                put_flag(acc.admitted, r, z3.BoolVal(True), ok), acc.any_preempted, acc.position,
-               disj(acc.done, conj(active, neg(ok))))
+               disj(acc.done, conj(active, neg(ok), neg(skip))), ite(skip, acc.skipped + 1, acc.skipped))
 
 
 def _launch(layout: Layout, acc: BatchInProgress) -> SState:

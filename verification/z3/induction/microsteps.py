@@ -35,7 +35,7 @@ from typing import Any, Callable
 import z3
 from flightcheck.verification.z3.encoding.invariants import s9_parts
 from flightcheck.verification.z3.encoding.requests import at, num_tokens
-from flightcheck.verification.z3.encoding.schedule import BatchInProgress
+from flightcheck.verification.z3.encoding.schedule import BatchInProgress, threshold_in_force
 from flightcheck.verification.z3.encoding.state import (
     LIVE,
     PAD,
@@ -84,6 +84,7 @@ def batch_facts(layout: Layout, acc: BatchInProgress, frame: SState) -> dict[str
     a visited request breaks on the way still holds, on the frame, for the
     requests not yet visited."""
     cfg, st, block_size = layout.cfg, acc.state, layout.cfg.block_size
+    threshold_on = threshold_in_force(layout, frame)    # the frame's count (vLLM 0.33: only with company)
     facts: dict[str, Any] = {}
     for r, q in enumerate(st.reqs):
         was = frame.reqs[r]
@@ -107,6 +108,9 @@ def batch_facts(layout: Layout, acc: BatchInProgress, frame: SState) -> dict[str
         "batch.budget_in_range": conj(le(0, acc.budget), le(acc.budget, cfg.max_num_batched_tokens)),
         "batch.any_preemption_is_one": acc.any_preempted == disj(*acc.preempted),
     }
+    if cfg.rules.defer_resume_while_stale:
+        # the waiting loop's position (vLLM 0.33: requests passed over stay in the queue)
+        facts["batch.skipped_in_range"] = conj(le(0, acc.skipped), le(acc.skipped, st.waiting_len))
     for r, q in enumerate(st.reqs):
         facts[f"request[{r}].preempted_here"] = z3.Implies(acc.preempted[r], conj(
             eq(q.status, PREEMPTED), eq(q.num_computed, 0), eq(q.table_len, 0)))
@@ -129,7 +133,8 @@ def batch_facts(layout: Layout, acc: BatchInProgress, frame: SState) -> dict[str
         facts[f"batch[{j}].shape"] = z3.Implies(used, conj(
             le(1, e.n), le(0, e.drafts), lt(e.drafts, e.n), le(e.drafts, cfg.num_spec_tokens),
             le(e.start + e.n, cfg.max_model_len),
-            le(e.n, cfg.long_prefill_token_threshold) if cfg.long_prefill_token_threshold else True))
+            disj(neg(threshold_on), le(e.n, cfg.long_prefill_token_threshold))   # 0.8.x: the bare bound
+            if cfg.long_prefill_token_threshold else True))
         facts[f"batch[{j}].drafts_are_the_requests"] = z3.Implies(
             used, eq(e.drafts, field(lambda q, k: q.num_drafts)))
         facts[f"batch[{j}].samples_iff_reaches_the_end"] = z3.Implies(
