@@ -1,7 +1,7 @@
 """The `flightcheck` command line: composes the layers.
 
     flightcheck verify [--config NAME] [--depth D] [--mutant NAME] [--json]
-    flightcheck fuzz --steps N --seed S [--mutant NAME] [--json]
+    flightcheck fuzz --steps N --seed S [--mutant NAME] [--profile NAME] [--json]
     flightcheck check-trace FILE [--json]
     flightcheck run --pp K --num-prompts N [--trace FILE] [--json]
     flightcheck simulate ... | bench ... | plot TRACE|RESULTS...

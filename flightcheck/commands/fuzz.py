@@ -1,7 +1,11 @@
 """`flightcheck fuzz`: the Hypothesis refinement machine from a fixed seed.
 
-    flightcheck fuzz --steps N --seed S [--mutant NAME] [--json]
+    flightcheck fuzz --steps N --seed S [--mutant NAME] [--profile NAME] [--json]
     flightcheck fuzz --list-mutants
+
+Each generated program runs the reference and the spec under one of the
+version profiles (vllm-0.8.5, vllm-0.8.4), drawn like the rest of the
+configuration; --profile pins one.
 
 Exit 0 when no step failed (with --mutant: exactly when the mutant was
 caught), 1 otherwise, 2 on bad arguments.
@@ -20,20 +24,24 @@ def add_parser(sub) -> None:
     fuzz.add_argument("--steps", type=positive_int, default=2000, help="rule steps in all (default 2000)")
     fuzz.add_argument("--seed", type=seed_int, default=0, help="the run's seed (default 0)")
     fuzz.add_argument("--mutant", help="switch on a reference mutant (see --list-mutants)")
+    fuzz.add_argument("--profile", help="run every program under this version profile "
+                      "(default: each program draws one; see reference/profiles.py)")
     fuzz.add_argument("--list-mutants", action="store_true", help="print the reference mutants and exit")
     fuzz.add_argument("--json", action="store_true", help="print machine-readable results")
     fuzz.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from flightcheck.verification.refinement.fuzz import list_mutants, run_fuzz
+    from flightcheck.verification.refinement.fuzz import list_mutants, list_profiles, run_fuzz
 
     if args.list_mutants:
         print("\n".join(list_mutants()))
         return 0
     if args.mutant is not None and args.mutant not in list_mutants():
         return bad(f"unknown --mutant {args.mutant!r}; known: {', '.join(list_mutants())}")
-    result = run_fuzz(args.steps, args.seed, args.mutant)
+    if args.profile is not None and args.profile not in list_profiles():
+        return bad(f"unknown --profile {args.profile!r}; known: {', '.join(list_profiles())}")
+    result = run_fuzz(args.steps, args.seed, args.mutant, args.profile)
     if args.json:
         print(json.dumps(result, indent=1))
     else:

@@ -67,15 +67,18 @@ class AbstractionError(AssertionError):
 
 def spec_config(cfg) -> Config:
     """The spec's constants for a reference `SchedulerConfig` (always the
-    correct spec: a reference mutant is checked against it)."""
+    correct spec: a reference mutant is checked against it), under the same
+    version profile (the reference and the spec name their profiles alike)
+    with the knobs the reference config resolved or overrode."""
     return Config(num_stages=cfg.num_pipeline_stages,
                   max_num_batched_tokens=cfg.max_num_batched_tokens,
                   max_num_seqs=cfg.max_num_seqs, block_size=cfg.block_size,
                   num_blocks=cfg.num_blocks, max_model_len=cfg.max_model_len,
                   long_prefill_token_threshold=cfg.long_prefill_token_threshold,
                   num_spec_tokens=cfg.num_spec_tokens,
-                  prefix_caching=cfg.enable_prefix_caching,
-                  continue_prefill=cfg.continue_prefill)
+                  prefix_caching=cfg.enable_prefix_caching, profile=cfg.profile,
+                  continue_prefill=cfg.continue_prefill,
+                  num_preallocate_tokens=cfg.num_preallocate_tokens)
 
 
 class Ledger:

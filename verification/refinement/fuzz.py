@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from flightcheck.reference.mutants import MUTANTS
+from flightcheck.reference.profiles import PROFILES as VERSION_PROFILES
 from flightcheck.verification.refinement.machine import (
     Budget,
     BudgetSpent,
@@ -40,6 +41,11 @@ PROFILES: dict[str, int] = {"ci": 2_000, "thorough": 100_000}
 def list_mutants() -> list[str]:
     """The reference's mutant switches, in definition order."""
     return list(MUTANTS)
+
+
+def list_profiles() -> list[str]:
+    """The version profiles `--profile` may pin (the reference's)."""
+    return list(VERSION_PROFILES)
 
 
 @dataclass
@@ -123,14 +129,19 @@ def _bounded_example_cache(size: int | None = None) -> Iterator[None]:
 
 
 def fuzz(steps: int, seed: int, mutant: str | None = None, *, shrink: bool = True,
-         check_traces: bool = False, steps_per_program: int = STEPS_PER_PROGRAM) -> FuzzResult:
-    """Run the refinement machine for `steps` rule steps from `seed`."""
+         check_traces: bool = False, steps_per_program: int = STEPS_PER_PROGRAM,
+         profile: str | None = None) -> FuzzResult:
+    """Run the refinement machine for `steps` rule steps from `seed`; each
+    generated program runs under one of the version profiles
+    (machine.FUZZED_PROFILES), or under `profile` alone when it is given."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     if mutant is not None and mutant not in MUTANTS:
         raise ValueError(f"unknown mutant {mutant!r}; known: {', '.join(MUTANTS)}")
+    if profile is not None and profile not in VERSION_PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; known: {', '.join(VERSION_PROFILES)}")
     budget = Budget(steps)
-    factory = hypothesis_seed(seed)(machine_factory(mutant, budget, check_traces))
+    factory = hypothesis_seed(seed)(machine_factory(mutant, budget, check_traces, profile))
     phases = (Phase.generate, Phase.shrink) if shrink else (Phase.generate,)
     run_settings = settings(max_examples=10**9, stateful_step_count=steps_per_program,
                             database=None, deadline=None, derandomize=False, phases=phases,
@@ -165,7 +176,8 @@ def _failure_text(report: list[str], err: BaseException) -> str:
     return "\n".join([*report, *program, f"{type(err).__name__}: {err}"])
 
 
-def run_fuzz(steps: int, seed: int, mutant: str | None = None) -> dict[str, Any]:
+def run_fuzz(steps: int, seed: int, mutant: str | None = None,
+             profile: str | None = None) -> dict[str, Any]:
     """`{"steps", "seed", "mutant", "failed", "failure", "seconds"}` for the
-    CLI's `flightcheck fuzz --steps N --seed S [--mutant NAME] [--json]`."""
-    return fuzz(steps, seed, mutant).to_json()
+    CLI's `flightcheck fuzz --steps N --seed S [--mutant NAME] [--profile NAME] [--json]`."""
+    return fuzz(steps, seed, mutant, profile=profile).to_json()

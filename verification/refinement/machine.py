@@ -40,6 +40,7 @@ from flightcheck.reference import (
 from flightcheck.reference import Sample as RefSample
 from flightcheck.reference.config import cdiv
 from flightcheck.reference.outputs import NewRequestData, SchedulerOutput
+from flightcheck.reference.profiles import get_profile
 from flightcheck.spec.schedule import is_schedule_enabled
 from flightcheck.verification.refinement.abstraction import (
     Ledger,
@@ -137,8 +138,15 @@ def outcomes() -> st.SearchStrategy[list[Outcome]]:
     return st.lists(st.integers(0, 5 * 8 * 16 * 5 - 1).map(outcome), min_size=4, max_size=4)
 
 
+# The version profiles a run draws from (reference/profiles.py; the spec's
+# profiles.py names the same ones): every example picks one, so the code
+# only one version runs (0.8.4's preallocation) is driven too. The first is
+# what a failing program shrinks to.
+FUZZED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4")
+
+
 @st.composite
-def configs(draw) -> SchedulerConfig:
+def configs(draw, profiles: tuple[str, ...] = FUZZED_PROFILES) -> SchedulerConfig:
     """Small, valid configurations: every request fits in the pool alone (the
     spec's liveness assumption, the reference's validation), with few blocks
     to spare so that preemption happens. A pipeline and a second sequence
@@ -149,10 +157,21 @@ def configs(draw) -> SchedulerConfig:
     that sample nothing before entries that sample, where a walk over a
     batch's outputs must go on past the former), and then 1 twice as often
     as any other value (a threshold of 1 clips a decode with drafts to its
-    known token: the boundary where no draft is scheduled)."""
+    known token: the boundary where no draft is scheduled). The version
+    profile is drawn from `profiles` (the scheduling policy is drawn on its
+    own, so either policy runs under either profile); under a profile that
+    preallocates, half the configurations preallocate a few blocks' worth
+    instead of the profile's 64 tokens."""
     block_size = draw(st.integers(1, 4))
     max_model_len = draw(st.integers(8, 16) | st.integers(2, 16))
     budget = draw(st.integers(1, 16))
+    profile = draw(st.sampled_from(profiles))
+    preallocate = None                     # the profile's own
+    if get_profile(profile).num_preallocate_tokens and draw(st.booleans()):
+        # 0.8.4's 64 tokens are more blocks than these pools hold, so every
+        # allocation takes the cap; a few blocks' worth (not a whole number
+        # of them, at times) makes the preallocation itself what is taken.
+        preallocate = draw(st.integers(1, 3 * block_size))
     return SchedulerConfig(
         max_num_batched_tokens=budget, max_num_seqs=draw(st.sampled_from([2, 3, 2, 4, 1])),
         max_model_len=max_model_len, block_size=block_size,
@@ -162,7 +181,8 @@ def configs(draw) -> SchedulerConfig:
                                       if draw(st.integers(0, 3)) >= 2 else 0),
         num_spec_tokens=draw(st.sampled_from([3, 2, 3, 1, 0])),
         enable_prefix_caching=draw(st.booleans()),
-        continue_prefill=draw(st.integers(0, 2).map(lambda x: x != 2)))
+        continue_prefill=draw(st.integers(0, 2).map(lambda x: x != 2)),
+        profile=profile, num_preallocate_tokens=preallocate)
 
 
 def prompt_tokens(slot: int, family: int, shared: int, length: int) -> list[int]:
@@ -542,8 +562,29 @@ class RefinementMachine(RuleBasedStateMachine):
         raise AssertionError(f"{message}\nspec actions and abstract states:\n{steps}")
 
 
+@functools.cache
+def pinned_machine(profile: str) -> type[RefinementMachine]:
+    """The machine with every configuration under one version profile
+    (`flightcheck fuzz --profile NAME`): its setup draws from that profile only."""
+    get_profile(profile)                                    # ValueError naming the known ones
+
+    class PinnedRefinementMachine(RefinementMachine):
+        @initialize(cfg=configs((profile,)), sample_every_chunk=st.booleans())
+        def setup(self, cfg: SchedulerConfig, sample_every_chunk: bool) -> None:
+            RefinementMachine.setup(self, cfg=cfg, sample_every_chunk=sample_every_chunk)
+
+    PinnedRefinementMachine.__name__ = PinnedRefinementMachine.__qualname__ = \
+        f"RefinementMachine[{profile}]"
+    return PinnedRefinementMachine
+
+
 def machine_factory(mutant: str | None = None, budget: Budget | None = None,
-                    check_traces: bool = False) -> Callable[[], RefinementMachine]:
+                    check_traces: bool = False,
+                    profile: str | None = None) -> Callable[[], RefinementMachine]:
+    """Machines for one run; `profile` pins the version profile (None: each
+    example draws one of FUZZED_PROFILES)."""
+    machine = RefinementMachine if profile is None else pinned_machine(profile)
+
     def make() -> RefinementMachine:
-        return RefinementMachine(mutant, budget, check_traces)
+        return machine(mutant, budget, check_traces)
     return make
