@@ -85,6 +85,7 @@ def refused(*argv: str) -> str:
     (["bench", "--request-rate", "-inf"], "--request-rate"),
     (["fuzz", "--steps", HUGE], "--steps: must be at most"),
     (["fuzz", "--seed", HUGE], "--seed: must be at most"),
+    (["fuzz", "--profile", "vllm-0.0"], "unknown --profile 'vllm-0.0'"),
     (["verify", "--depth", "1000000"], "--depth: must be at most"),
     (["verify", "--jobs", "1000000"], "--jobs: must be at most"),
     # --max-model-len too small for the workload: the limit named (simulate/bench used to hang)

@@ -3,9 +3,9 @@
     flightcheck fuzz --steps N --seed S [--mutant NAME] [--profile NAME] [--json]
     flightcheck fuzz --list-mutants
 
-Each generated program runs the reference and the spec under one of the
-version profiles (vllm-0.8.5, vllm-0.8.4), drawn like the rest of the
-configuration; --profile pins one (vllm-0.33 runs only when pinned).
+A run drives the reference and the spec under each version profile in
+turn: vllm-0.8.5 for all but the last ninth of the steps, then vllm-0.8.4;
+--profile runs every step under one (vllm-0.33 runs only when pinned).
 
 Exit 0 when no step failed (with --mutant: exactly when the mutant was
 caught), 1 otherwise, 2 on bad arguments.
@@ -24,8 +24,8 @@ def add_parser(sub) -> None:
     fuzz.add_argument("--steps", type=positive_int, default=2000, help="rule steps in all (default 2000)")
     fuzz.add_argument("--seed", type=seed_int, default=0, help="the run's seed (default 0)")
     fuzz.add_argument("--mutant", help="switch on a reference mutant (see --list-mutants)")
-    fuzz.add_argument("--profile", help="run every program under this version profile "
-                      "(default: each program draws one; see reference/profiles.py)")
+    fuzz.add_argument("--profile", help="run every step under this version profile "
+                      "(default: vllm-0.8.5, then vllm-0.8.4 for the last ninth)")
     fuzz.add_argument("--list-mutants", action="store_true", help="print the reference mutants and exit")
     fuzz.add_argument("--json", action="store_true", help="print machine-readable results")
     fuzz.set_defaults(func=run)
