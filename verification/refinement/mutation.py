@@ -307,19 +307,39 @@ class MutantResult:
 
 
 def run_mutant(mutant: Mutant, steps: int, seeds: list[int],
-               time_limit: float = 60.0) -> MutantResult:
-    """Fuzz with the mutant in force, seed by seed, until one seed kills it."""
+               time_limit: float = 60.0,
+               profiles: tuple[str | None, ...] = (None,)) -> MutantResult:
+    """Fuzz with the mutant in force, seed by seed and, for each seed, run by
+    run over `profiles` (None: the default run, which drives every profile
+    the fuzzer draws; a name: `fuzz --profile NAME`), until one run kills it."""
     from flightcheck.verification.refinement.fuzz import fuzz
     for seed in seeds:
-        try:
-            with applied(mutant), _time_limit(time_limit):
-                result = fuzz(steps, seed, shrink=False)
-        except MutantTimedOut:
-            return MutantResult(mutant, "timeout", seed, None, f"no answer within {time_limit:.0f} s")
-        if result.failed:
-            reason = (result.failure or "").strip().splitlines()[-1][:200]
-            return MutantResult(mutant, "killed", seed, result.steps_run, reason)
+        for profile in profiles:
+            try:
+                with applied(mutant), _time_limit(time_limit):
+                    result = fuzz(steps, seed, shrink=False, profile=profile)
+            except MutantTimedOut:
+                return MutantResult(mutant, "timeout", seed, None, f"no answer within {time_limit:.0f} s")
+            if result.failed:
+                reason = (result.failure or "").strip().splitlines()[-1][:200]
+                return MutantResult(mutant, "killed", seed, result.steps_run, reason)
     return MutantResult(mutant, "survived")
+
+
+def baseline_failures(steps: int, seeds: list[int],
+                      profiles: tuple[str | None, ...] = (None,)) -> list[str]:
+    """The runs that fail on the reference as it is: a mutant "killed" by a
+    run that fails anyway would be a false kill, so a score is only
+    meaningful when this is empty."""
+    from flightcheck.verification.refinement.fuzz import fuzz
+    failures = []
+    for seed in seeds:
+        for profile in profiles:
+            result = fuzz(steps, seed, shrink=False, profile=profile)
+            if result.failed:
+                failures.append(f"seed {seed}, profile {profile or 'default'}: "
+                                + (result.failure or "").strip().splitlines()[-1][:200])
+    return failures
 
 
 def score(results: list[MutantResult]) -> dict[str, Any]:
