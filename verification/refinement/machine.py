@@ -680,12 +680,13 @@ def pinned_machine(profile: str) -> type[RefinementMachine]:
 
 
 def machine_factory(mutant: str | None = None, budget: Budget | None = None,
-                    check_traces: bool = False,
-                    profile: str | None = None) -> Callable[[], RefinementMachine]:
+                    check_traces: bool = False, profile: str | None = None,
+                    allow_name_reuse: bool = False) -> Callable[[], RefinementMachine]:
     """Machines for one run; `profile` pins the version profile (None: each
-    example draws one of FUZZED_PROFILES)."""
+    example draws one of FUZZED_PROFILES); `allow_name_reuse` lets names be
+    reused under vLLM 0.33 (the module doc)."""
     machine = RefinementMachine if profile is None else pinned_machine(profile)
 
     def make() -> RefinementMachine:
-        return machine(mutant, budget, check_traces)
+        return machine(mutant, budget, check_traces, allow_name_reuse)
     return make
