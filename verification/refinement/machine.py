@@ -24,11 +24,11 @@ reading of them (the abstraction maps the counters, names and drop flag), the
 engine is driven through 0.33's loop (`VLLM_0_33_LOOP`: a schedule step queues
 its batch even empty, as the spec's `schedule` queues an empty batch), and
 each configuration draws deliver or drop mode (`drop_stale_output`, the
-spec's `stale_mode`). Two choices the spec does not see are not taken: an
-empty batch queued only to carry finished ids to the workers (vLLM's
-`has_requests()` with no unfinished request; the spec queues an empty batch
-only while a request is unfinished) -- the engine's own run in `teardown`
-takes them, and check-trace reads them.
+spec's `stale_mode`). One step of vLLM's loop is not taken: an empty batch
+queued only to carry finished ids to the workers (vLLM's `has_requests()`
+with no unfinished request; the spec queues an empty batch only while a
+request is unfinished); the engine's own run in `teardown` takes it, and
+check-trace reads the trace it leaves.
 
 Names (`allow_name_reuse`, off by default; `flightcheck fuzz` leaves it off):
 under 0.33 a request arrives under a fresh name unless the knob is on; under
@@ -42,8 +42,7 @@ counters land on the new request) and the spec's step with those entries
 dropped (binding by incarnation). The reference must reach one of them; the
 second is the named deviation, and the first is flagged by the spec's own
 S7' and IF1 on the state reached (a reference that binds by id alone, as vLLM
-does, fails there: `Vllm033OutputScheduler` in flightcheck/vllm/differential.py
-is that reference).
+does, fails there: the reference mutant `output_bound_by_id_alone`).
 """
 
 from __future__ import annotations
