@@ -241,6 +241,18 @@ def _fate_by_counters_leaving_dropped(scheduler: Scheduler, entry: RequestData,
     return Scheduler._fate_by_counters(scheduler, entry, request)
 
 
+@replaces(M.IN_FLIGHT_KEPT_WITHOUT_OUTPUT, "_fate_by_counters", "fead6c867bc6")
+def _fate_by_counters_only_with_output(scheduler: Scheduler, entry: RequestData,
+                                       request: Request | None) -> Fate:
+    """The bug: an entry that samples nothing is judged by the counters but
+    leaves them as they were."""
+    if request is None or entry.incarnation < request.first_incarnation or entry.samples:
+        return Scheduler._fate_by_counters(scheduler, entry, request)
+    if request.num_stale_output_tokens > 0:
+        return Fate.SUPERSEDED if request.drop_stale_output else Fate.ORPHANED
+    return Fate.LIVE
+
+
 @replaces(M.OUTPUT_BOUND_BY_ID_ALONE, "_fate_by_counters", "fead6c867bc6")
 def _fate_by_counters_by_id_alone(scheduler: Scheduler, entry: RequestData,
                                   request: Request | None) -> Fate:

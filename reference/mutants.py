@@ -66,12 +66,13 @@ MUTANTS: dict[str, str] = {
 # under any other profile the steps they replace never run, so they are
 # fuzzed under that profile only (`fuzz(..., profile="vllm-0.33")`) and kept
 # out of MUTANTS (the every-profile set the 0.8.x kill matrix holds). The
-# first two are the reference's counterparts of the spec's mutants of the
-# same names (verification/mutants/registry.py); the third is vLLM 0.33's own
+# first three are the reference's counterparts of the spec's mutants of the
+# same names (verification/mutants/registry.py); the last is vLLM 0.33's own
 # binding, which only a reused id can tell from the reference's.
 RESUMPTION_NOT_DEFERRED = "resumption_not_deferred"
 DROP_LEAVES_COUNTERS = "drop_leaves_counters"
 OUTPUT_BOUND_BY_ID_ALONE = "output_bound_by_id_alone"
+IN_FLIGHT_KEPT_WITHOUT_OUTPUT = "in_flight_kept_without_output"
 
 PROFILE_MUTANTS: dict[str, dict[str, str]] = {
     "vllm-0.33": {
@@ -83,6 +84,10 @@ PROFILE_MUTANTS: dict[str, dict[str, str]] = {
             "drop mode discards a stale output without settling the request's counters "
             "(`update_from_output`): the in-flight count keeps the dropped batch's tokens and "
             "the stale share never drains",
+        IN_FLIGHT_KEPT_WITHOUT_OUTPUT:
+            "the counters are not settled for an entry that returns no token (a partial "
+            "prefill chunk), as if the decrement sat behind `update_from_output`'s skip of "
+            "requests without generated tokens: the in-flight count never drains",
         OUTPUT_BOUND_BY_ID_ALONE:
             "vLLM 0.33's `update_from_output`: an output looked up by request id alone, with no "
             "incarnation check, so a batch of an aborted request whose id was re-added lands on "

@@ -169,6 +169,7 @@ def test_refinement_under_0_33_with_name_reuse_finds_no_failure():
 @pytest.mark.parametrize(("mutant", "seed", "allow_name_reuse"), [
     ("resumption_not_deferred", 0, False),
     ("drop_leaves_counters", 2, False),
+    ("in_flight_kept_without_output", 0, False),
     ("output_bound_by_id_alone", 0, True),
 ])
 def test_the_0_33_reference_mutants_are_caught_under_their_profile(mutant, seed, allow_name_reuse):

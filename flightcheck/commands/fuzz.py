@@ -7,7 +7,8 @@ Each generated program runs the reference and the spec under one of the
 version profiles (vllm-0.8.5, vllm-0.8.4), drawn like the rest of the
 configuration; --profile pins one (vllm-0.33 runs only when pinned). A
 mutant of vLLM 0.33's rules (reference/mutants.py PROFILE_MUTANTS:
-resumption_not_deferred, drop_leaves_counters, output_bound_by_id_alone)
+resumption_not_deferred, drop_leaves_counters, in_flight_kept_without_output,
+output_bound_by_id_alone)
 runs under vllm-0.33; --list-mutants lists the every-profile ones.
 
 Exit 0 when no step failed (with --mutant: exactly when the mutant was
