@@ -625,6 +625,13 @@ class RefinementMachine(RuleBasedStateMachine):
         """Finish the run with the engine's own loop, then the trace the
         reference wrote must replay on the spec, with and without block ids."""
         self.outcomes, self.calls = [], {}
+        # vLLM 0.33's loop completes the oldest batch in the step that fills
+        # the queue, so its own steps never start with a full queue; the
+        # rules may leave one (`schedule` fills it): drain it to the loop's
+        # reach first.
+        while (self.engine.loop.enqueues_empty_batches
+               and self.engine.num_in_flight_batches >= self.engine.max_concurrent_batches):
+            self.engine.complete_oldest_step()
         self.engine.run(max_steps=10_000)
         self.scheduler.trace.end()
         text = self.sink.getvalue().splitlines()
