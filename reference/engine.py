@@ -8,7 +8,8 @@ The queue holds up to `num_pipeline_stages` batches in flight. One `step()`:
 * otherwise, or when nothing could be scheduled, block on the OLDEST batch
   and apply its output (batches complete FIFO: every stage runs them in order).
 
-`schedule_step()` and `complete_oldest_step()` are the two halves, for a
+`schedule_step()` (vLLM 0.33's loop: `enqueue_step()`, which queues an
+empty batch too) and `complete_oldest_step()` are the two halves, for a
 harness that chooses the interleaving itself; `run()` steps until nothing
 can move (drive.py's `drive`, the loop the runtime and the simulator share).
 """
@@ -106,12 +107,7 @@ class Engine:
         return without completing iff the queue still has room and the call
         ran tokens or requests are left; otherwise complete the oldest batch."""
         if self.scheduler.has_requests():
-            if len(self.batch_queue) >= self.max_concurrent_batches:
-                raise RuntimeError("vLLM 0.33's step with a full batch queue")
-            scheduler_output = self.scheduler.schedule()
-            self.batch_queue.append((scheduler_output, self.executor.submit(scheduler_output)))
-            ran = scheduler_output.total_num_scheduled_tokens > 0
-            self.num_submitted_batches += ran
+            ran = self.enqueue_step().total_num_scheduled_tokens > 0
             if len(self.batch_queue) < self.max_concurrent_batches and (
                     ran or self.scheduler.has_requests()):
                 return None
@@ -132,6 +128,17 @@ class Engine:
             return None
         self.batch_queue.append((scheduler_output, self.executor.submit(scheduler_output)))
         self.num_submitted_batches += 1
+        return scheduler_output
+
+    def enqueue_step(self) -> SchedulerOutput:
+        """vLLM 0.33's half of a step that schedules: form a batch and queue
+        it, empty or not (an empty one takes a slot and carries finished and
+        preempted ids). For a harness that chooses the interleaving itself."""
+        if len(self.batch_queue) >= self.max_concurrent_batches:
+            raise RuntimeError("vLLM 0.33's step with a full batch queue")
+        scheduler_output = self.scheduler.schedule()
+        self.batch_queue.append((scheduler_output, self.executor.submit(scheduler_output)))
+        self.num_submitted_batches += scheduler_output.total_num_scheduled_tokens > 0
         return scheduler_output
 
     def complete_oldest_step(self) -> list[EngineCoreOutput]:

@@ -38,7 +38,7 @@ FINGERPRINTS: dict[tuple[str, str], str] = {}
 
 def replaces(mutant: str, step: str, fingerprint: str) -> Callable[[Step], Step]:
     """Register the decorated function as `mutant`'s version of `Scheduler.<step>`."""
-    if mutant not in M.MUTANTS:
+    if mutant not in M.ALL_MUTANTS:
         raise ValueError(f"unknown mutant {mutant!r}")
 
     def register(function: Step) -> Step:
@@ -219,3 +219,52 @@ def _preempt_keeping_the_inflight_mark(scheduler: Scheduler, request: Request) -
     request.orphaned_incarnation = request.incarnation
     request.incarnation = next(scheduler._incarnations)
     scheduler.waiting.appendleft(request)
+
+
+# -- vLLM 0.33's rules (fuzzed under the vllm-0.33 profile only) -----------------------------
+
+@replaces(M.RESUMPTION_NOT_DEFERRED, "_is_resumption_deferred", "3c6a718cfbb9")
+def _resumption_never_deferred(scheduler: Scheduler, request: Request) -> bool:
+    """The bug: the waiting loop never skips a request with deliver-mode stale
+    output in flight; it resumes at once, as in vLLM 0.8.5."""
+    return False
+
+
+@replaces(M.DROP_LEAVES_COUNTERS, "_fate_by_counters", "fead6c867bc6")
+def _fate_by_counters_leaving_dropped(scheduler: Scheduler, entry: RequestData,
+                                      request: Request | None) -> Fate:
+    """The bug: a stale output discarded in drop mode is dropped before the
+    counters are settled, so neither count moves."""
+    if (request is not None and entry.incarnation >= request.first_incarnation
+            and request.num_stale_output_tokens > 0 and request.drop_stale_output):
+        return Fate.SUPERSEDED
+    return Scheduler._fate_by_counters(scheduler, entry, request)
+
+
+@replaces(M.IN_FLIGHT_KEPT_WITHOUT_OUTPUT, "_fate_by_counters", "fead6c867bc6")
+def _fate_by_counters_only_with_output(scheduler: Scheduler, entry: RequestData,
+                                       request: Request | None) -> Fate:
+    """The bug: an entry that samples nothing is judged by the counters but
+    leaves them as they were."""
+    if request is None or entry.incarnation < request.first_incarnation or entry.samples:
+        return Scheduler._fate_by_counters(scheduler, entry, request)
+    if request.num_stale_output_tokens > 0:
+        return Fate.SUPERSEDED if request.drop_stale_output else Fate.ORPHANED
+    return Fate.LIVE
+
+
+@replaces(M.OUTPUT_BOUND_BY_ID_ALONE, "_fate_by_counters", "fead6c867bc6")
+def _fate_by_counters_by_id_alone(scheduler: Scheduler, entry: RequestData,
+                                  request: Request | None) -> Fate:
+    """The bug (vLLM 0.33 as released): the output is looked up by id with no
+    incarnation check, so an older request's batch under a reused id settles
+    the new request's counters and, if it sampled, gives it its token."""
+    if request is None:
+        return Fate.SUPERSEDED
+    request.num_in_flight_tokens -= entry.num_new_tokens
+    if request.num_stale_output_tokens > 0:
+        request.num_stale_output_tokens -= entry.num_new_tokens
+        assert request.num_stale_output_tokens >= 0, (
+            f"{request.request_id}: stale share below 0 ({request.num_stale_output_tokens})")
+        return Fate.SUPERSEDED if request.drop_stale_output else Fate.ORPHANED
+    return Fate.LIVE

@@ -62,7 +62,49 @@ MUTANTS: dict[str, str] = {
 }
 
 
+# Mutants of vLLM 0.33's rules (its stale-output counters and lookup by id):
+# under any other profile the steps they replace never run, so they are
+# fuzzed under that profile only (`fuzz(..., profile="vllm-0.33")`) and kept
+# out of MUTANTS (the every-profile set the 0.8.x kill matrix holds). The
+# first three are the reference's counterparts of the spec's mutants of the
+# same names (verification/mutants/registry.py); the last is vLLM 0.33's own
+# binding, which only a reused id can tell from the reference's.
+RESUMPTION_NOT_DEFERRED = "resumption_not_deferred"
+DROP_LEAVES_COUNTERS = "drop_leaves_counters"
+OUTPUT_BOUND_BY_ID_ALONE = "output_bound_by_id_alone"
+IN_FLIGHT_KEPT_WITHOUT_OUTPUT = "in_flight_kept_without_output"
+
+PROFILE_MUTANTS: dict[str, dict[str, str]] = {
+    "vllm-0.33": {
+        RESUMPTION_NOT_DEFERRED:
+            "vLLM 0.33's deferral of a preempted request with deliver-mode stale output in "
+            "flight left out of the waiting loop (`skip_request`): 0.8.5's bug returns, the "
+            "request resumes and its stale output reaches the running request",
+        DROP_LEAVES_COUNTERS:
+            "drop mode discards a stale output without settling the request's counters "
+            "(`update_from_output`): the in-flight count keeps the dropped batch's tokens and "
+            "the stale share never drains",
+        IN_FLIGHT_KEPT_WITHOUT_OUTPUT:
+            "the counters are not settled for an entry that returns no token (a partial "
+            "prefill chunk), as if the decrement sat behind `update_from_output`'s skip of "
+            "requests without generated tokens: the in-flight count never drains",
+        OUTPUT_BOUND_BY_ID_ALONE:
+            "vLLM 0.33's `update_from_output`: an output looked up by request id alone, with no "
+            "incarnation check, so a batch of an aborted request whose id was re-added lands on "
+            "the new request, tokens and counters (the id-reuse bug, "
+            "docs/vllm-0.33-id-reuse.md); inert with fresh ids",
+    },
+}
+ALL_MUTANTS: dict[str, str] = MUTANTS | {name: text for own in PROFILE_MUTANTS.values()
+                                         for name, text in own.items()}
+
+
+def profile_of_mutant(name: str) -> str | None:
+    """The profile a mutant is fuzzed under (None: every profile's)."""
+    return next((profile for profile, own in PROFILE_MUTANTS.items() if name in own), None)
+
+
 def check_mutant(name: str | None) -> None:
     """Raise ValueError unless `name` is None or a known mutant."""
-    if name is not None and name not in MUTANTS:
-        raise ValueError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
+    if name is not None and name not in ALL_MUTANTS:
+        raise ValueError(f"unknown mutant {name!r}; known: {', '.join(ALL_MUTANTS)}")

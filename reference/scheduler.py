@@ -423,6 +423,14 @@ class Scheduler:
         """What becomes of this in-flight entry's output if it completed now."""
         return self._predicted_fate(entry, self.requests.get(entry.req_id))
 
+    def incarnation_fate_of(self, entry: RequestData) -> Fate:
+        """Which incarnation this in-flight entry was scheduled for, read
+        without changing anything (`_fate`): LIVE, ORPHANED (its request was
+        preempted since and not rescheduled) or SUPERSEDED. Under vLLM 0.33's
+        drop mode an orphaned entry's output is discarded (`fate_of` says
+        SUPERSEDED) while the entry is still the preempted incarnation's."""
+        return self._fate(entry, self.requests.get(entry.req_id))
+
     def _predicted_fate(self, entry: RequestData, request: Request | None) -> Fate:
         """The fate `update_from_output` will give the entry, read without
         changing anything: by incarnation (`_fate`); under vLLM 0.33's

@@ -222,12 +222,60 @@ def test_random_reference_runs_write_legal_traces_with_and_without_block_ids():
     assert not result.failed, result.failure
 
 
+@pytest.mark.parametrize("allow_name_reuse", [False, True])
+def test_random_reference_runs_under_0_33_write_legal_traces(allow_name_reuse):
+    # 0.33's loop queues empty batches; with name reuse an old batch's output
+    # under a reused id is dropped and listed in `dropped` (nothing unchecked).
+    result = fuzz(1_200, seed=11, check_traces=True, profile="vllm-0.33",
+                  allow_name_reuse=allow_name_reuse)
+    assert not result.failed, result.failure
+
+
 def test_a_trace_without_block_ids_says_block_identity_is_unchecked():
     events = without_block_ids(events_of(_concurrent(None)))
     result = check_events(events)
     assert result.ok
     assert any("block identity" in u for u in result.unchecked)
     assert not any("block identity" in u for u in check_events(events_of(_concurrent(None))).unchecked)
+
+
+def _reused_name_after_a_partial_chunk() -> list[dict]:
+    """vLLM 0.33: x's first prefill chunk (it samples nothing) is in flight
+    when x is aborted and its id re-added; the old batch completes while the
+    new x holds the name, then the run drains."""
+    cfg = SchedulerConfig(max_num_batched_tokens=4, max_num_seqs=2, max_model_len=64,
+                          block_size=4, num_blocks=16, num_pipeline_stages=2, profile="vllm-0.33")
+    sched, sink = traced(cfg)
+    engine = Engine(sched, ScriptedExecutor())
+    engine.add_request(Request("x", prompt(8), SamplingParams(max_tokens=2)))
+    assert engine.enqueue_step().entries[0].num_new_tokens == 4          # a partial chunk
+    engine.abort_request("x")
+    engine.add_request(Request("x", prompt(3, 300), SamplingParams(max_tokens=2)))
+    engine.enqueue_step()
+    engine.complete_oldest_step()                                       # the old batch returns
+    finish_run(engine)
+    return events_of(sink)
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_an_old_output_under_a_reused_name_not_listed_as_dropped_leaves_its_counters_unchecked(full):
+    """The trace cannot say whether vLLM settled the new x's counters with the
+    old chunk (its id-reuse bug) or dropped it: the reference lists it in
+    `dropped` and nothing is left unchecked; without that key (as vLLM's
+    recorder writes it) the verdict is the same and the counters are named
+    unchecked (docs/trace-format.md). Both checkers agree."""
+    events = _reused_name_after_a_partial_chunk()
+    first = next(i for i, e in enumerate(events) if e["ev"] == "complete")
+    assert events[first]["dropped"] == ["x"] and events[first]["tokens"] == {"x": []}
+    said = check_events(events, profile="vllm-0.33", full=full)
+    assert said.profile == "vllm-0.33"
+    assert said.ok and not any("reused name" in u for u in said.unchecked), said
+    unlisted = [{k: v for k, v in e.items() if k != "dropped"} if i == first else e
+                for i, e in enumerate(events)]
+    said = check_events(unlisted, profile="vllm-0.33", full=full)
+    assert said.ok and any("reused name" in u for u in said.unchecked), said
+    fresh = check_events(events_of(_concurrent(None)), profile="vllm-0.33", full=full)
+    assert not any("reused name" in u for u in fresh.unchecked)
 
 
 # -- malformed files ------------------------------------------------------------

@@ -10,8 +10,9 @@ import io
 
 import pytest
 
-from flightcheck.reference import (MUTANTS, Scheduler, SchedulerConfig, TraceWriter,
+from flightcheck.reference import (Scheduler, SchedulerConfig, TraceWriter,
                                    TracingScheduler, make_scheduler, mutant_steps)
+from flightcheck.reference.mutants import ALL_MUTANTS as MUTANTS   # vLLM 0.33's included
 from flightcheck.reference import batch, completion, scheduler
 from flightcheck.reference.completion import Fate
 from flightcheck.reference.outputs import RequestData

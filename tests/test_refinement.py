@@ -106,6 +106,82 @@ def test_refinement_under_the_vllm_0_33_profile_at_the_ci_budget_finds_no_failur
     assert result.steps_run == PROFILES["ci"]
 
 
+def _machine_0_33(drop: bool = False, mutant: str | None = None,
+                  allow_name_reuse: bool = False) -> RefinementMachine:
+    machine = RefinementMachine(mutant=mutant, allow_name_reuse=allow_name_reuse)
+    machine.setup(cfg=SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2, max_model_len=16,
+                                      block_size=2, num_blocks=8, num_pipeline_stages=3,
+                                      profile="vllm-0.33", drop_stale_output=drop),
+                  sample_every_chunk=False)
+    return machine
+
+
+def test_under_0_33_the_counters_map_and_a_schedule_with_nothing_to_run_queues_an_empty_batch():
+    machine = _machine_0_33()
+    machine.arrive(prompt_len=3, family=0, tail=0, max_tokens=8, reuse=0)
+    machine.schedule()                                  # the prompt, sampling
+    machine.schedule()                                  # nothing to run: an empty batch
+    (r0, *_), in_flight = machine.state.requests, machine.state.in_flight
+    assert (r0.num_in_flight, r0.num_stale, r0.drop_stale) == (3, 0, False)
+    assert [len(batch) for batch in in_flight] == [1, 0]
+    assert machine.engine.batch_queue[-1][0].total_num_scheduled_tokens == 0
+    machine.complete(returned=[Outcome()] * 4)
+    assert machine.state.requests[0].num_in_flight == 0 and machine.state.requests[0].num_output == 1
+
+
+def test_under_0_33_names_stay_fresh_unless_name_reuse_is_allowed():
+    for allow, expected in ((False, "r1"), (True, "r0")):
+        machine = _machine_0_33(allow_name_reuse=allow)
+        machine.arrive(prompt_len=3, family=0, tail=0, max_tokens=8, reuse=0)
+        machine.abort(which=[0])
+        machine.arrive(prompt_len=3, family=1, tail=0, max_tokens=8, reuse=1)
+        assert machine.ledger.requests[1].request_id == expected
+        assert machine.state.requests[1].name == (0 if allow else None)
+
+
+def test_a_reused_name_binds_by_incarnation_in_the_reference_and_by_name_in_vllm():
+    """The old batch of an aborted r0 completes while the reused name r0 is
+    held by a new request: the correct reference drops it (its named
+    deviation, the spec's step with the entry bound by incarnation); a
+    reference that binds by id alone, as vLLM 0.33 does, reaches the spec's
+    own step, where S7' and IF1 break."""
+    def run(mutant: str | None) -> RefinementMachine:
+        machine = _machine_0_33(mutant=mutant, allow_name_reuse=True)
+        machine.arrive(prompt_len=3, family=0, tail=0, max_tokens=8, reuse=0)
+        machine.schedule()                              # batch 1: the old r0's prompt, sampling
+        machine.abort(which=[0])
+        machine.arrive(prompt_len=5, family=1, tail=5, max_tokens=8, reuse=1)
+        machine.schedule()                              # batch 2: the new r0's prompt
+        machine.complete(returned=[Outcome()] * 4)      # batch 1 returns
+        return machine
+    correct = run(None)
+    assert correct.num_reused_id_outputs_dropped == 1
+    assert correct.state.requests[1].num_output == 0 and correct.state.requests[1].num_in_flight == 5
+    with pytest.raises(AssertionError, match="IF1_in_flight_counter.*S7p_binding_by_incarnation broken"):
+        run("output_bound_by_id_alone")
+
+
+def test_refinement_under_0_33_with_name_reuse_finds_no_failure():
+    result = fuzz(PROFILES["ci"], seed=0, profile="vllm-0.33", allow_name_reuse=True)
+    assert not result.failed, result.failure
+
+
+@pytest.mark.parametrize(("mutant", "seed", "allow_name_reuse"), [
+    ("resumption_not_deferred", 0, False),
+    ("drop_leaves_counters", 2, False),
+    ("in_flight_kept_without_output", 0, False),
+    ("output_bound_by_id_alone", 0, True),
+])
+def test_the_0_33_reference_mutants_are_caught_under_their_profile(mutant, seed, allow_name_reuse):
+    result = fuzz(PROFILES["ci"], seed, mutant, shrink=False, allow_name_reuse=allow_name_reuse)
+    assert result.failed, f"{mutant} survived {PROFILES['ci']} steps from seed {seed}"
+
+
+def test_binding_by_id_alone_is_inert_with_fresh_names():
+    result = fuzz(PROFILES["ci"], 0, "output_bound_by_id_alone", shrink=False)
+    assert not result.failed, result.failure
+
+
 @pytest.mark.slow
 def test_refinement_thorough_profile_finds_no_failure():
     result = fuzz(PROFILES["thorough"], seed=1)

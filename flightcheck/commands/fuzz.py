@@ -6,6 +6,10 @@
 A run drives the reference and the spec under each version profile in
 turn: vllm-0.8.5 for all but the last ninth of the steps, then vllm-0.8.4;
 --profile runs every step under one (vllm-0.33 runs only when pinned).
+A mutant of vLLM 0.33's rules (reference/mutants.py PROFILE_MUTANTS:
+resumption_not_deferred, drop_leaves_counters, in_flight_kept_without_output,
+output_bound_by_id_alone) runs under vllm-0.33; --list-mutants lists the
+every-profile ones.
 
 Exit 0 when no step failed (with --mutant: exactly when the mutant was
 caught), 1 otherwise, 2 on bad arguments.
@@ -32,15 +36,22 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flightcheck.verification.refinement.fuzz import list_mutants, list_profiles, run_fuzz
+    from flightcheck.verification.refinement.fuzz import (list_mutants, list_profile_mutants,
+                                                          list_profiles, run_fuzz)
 
     if args.list_mutants:
         print("\n".join(list_mutants()))
         return 0
-    if args.mutant is not None and args.mutant not in list_mutants():
-        return bad(f"unknown --mutant {args.mutant!r}; known: {', '.join(list_mutants())}")
+    own_profile = next((profile for profile, names in list_profile_mutants().items()
+                        if args.mutant in names), None)
+    if args.mutant is not None and args.mutant not in list_mutants() and own_profile is None:
+        return bad(f"unknown --mutant {args.mutant!r}; known: {', '.join(list_mutants())} "
+                   f"(and, under their profile: {', '.join(m for names in list_profile_mutants().values() for m in names)})")
     if args.profile is not None and args.profile not in list_profiles():
         return bad(f"unknown --profile {args.profile!r}; known: {', '.join(list_profiles())}")
+    if own_profile is not None and args.profile not in (None, own_profile):
+        return bad(f"--mutant {args.mutant} is a mutant of {own_profile}'s rules; "
+                   f"run it with --profile {own_profile}")
     result = run_fuzz(args.steps, args.seed, args.mutant, args.profile)
     if args.json:
         print(json.dumps(result, indent=1))

@@ -104,8 +104,13 @@ def verdict(result: dict[str, Any], check: dict[str, Any]) -> tuple[str, str]:
     if "malformed" in check:
         return "malformed", f"malformed: {check['malformed'][:90]}"
     if check["ok"]:
-        return ("accepted, correct run", "accepted") if not bugs else \
-            ("accepted, MISSED bug", f"missed: {bugs[0][:90]}")
+        # check-trace names what the trace could not show (a reused name's
+        # counters: docs/trace-format.md); a miss it named is told apart
+        noted = " (named unchecked)" if any("reused name" in item
+                                            for item in check.get("unchecked", ())) else ""
+        if not bugs:
+            return "accepted, correct run", f"accepted{noted}"
+        return "accepted, MISSED bug", f"missed{noted}: {bugs[0][:90]}"
     said = f"{check['property']} at event {check['event_index']}"
     if bugs:
         return "rejected, real bug", f"bug ({bugs[0].split(' (step')[0][:60]}): rejected, {check['property']}"

@@ -13,6 +13,16 @@ where their vocabularies meet:
   FINISHED_LENGTH); a finished request's counters, drafts and table are the
   spec's normal form (0, 0, empty), since the reference leaves stale values
   on an object nobody reads again;
+* under a profile with vLLM 0.33's stale-output counters, an unfinished
+  request's `num_in_flight_tokens`, `num_stale_output_tokens` and
+  `drop_stale_output` are the spec's `num_in_flight`, `num_stale` and
+  `drop_stale` (a finished one has none: it left vLLM's `self.requests`);
+* names: the spec names a slot by the slot that first arrived under the same
+  request id (`Request.name` is None for that first slot, else its index),
+  and each in-flight entry carries the name of the slot it was scheduled
+  for (`Entry.name`), as the spec's batches record the id their output is
+  looked up by. Only under a profile that looks outputs up by name (vLLM
+  0.33): under 0.8.x the spec binds by incarnation and a slot has no name;
 * a cached block's hash becomes the spec's content label: a prompt block by a
   chained-hash -> int table shared by all requests (a shared prefix shares
   labels, and the spec's `Prompt.labels` come from the same table), a block
@@ -23,7 +33,8 @@ where their vocabularies meet:
 * in-flight batches come from `engine.batch_queue`, oldest first, each
   entry's slot found by (request id, incarnation), so an entry of an aborted
   request whose name was reused maps to the old slot, and each entry's fate
-  from `scheduler.fate_of`. Snapshots are read live, never copied, so a
+  from `scheduler.fate_of` (vLLM 0.33: `incarnation_fate_of`, the
+  incarnation alone, as the spec's fates are there). Snapshots are read live, never copied, so a
   scheduler that mutates an in-flight snapshot shows it here.
 """
 
@@ -65,11 +76,14 @@ class AbstractionError(AssertionError):
     that broke the abstraction's assumptions)."""
 
 
-def spec_config(cfg) -> Config:
+def spec_config(cfg, allow_name_reuse: bool = False) -> Config:
     """The spec's constants for a reference `SchedulerConfig` (always the
     correct spec: a reference mutant is checked against it), under the same
     version profile (the reference and the spec name their profiles alike)
-    with the knobs the reference config resolved or overrode."""
+    with the knobs the reference config resolved or overrode; vLLM 0.33's
+    drop mode is the spec's `stale_mode`. `allow_name_reuse`: the driver may
+    bring a request in under a finished one's name (the spec's environment
+    then may too)."""
     return Config(num_stages=cfg.num_pipeline_stages,
                   max_num_batched_tokens=cfg.max_num_batched_tokens,
                   max_num_seqs=cfg.max_num_seqs, block_size=cfg.block_size,
@@ -78,7 +92,9 @@ def spec_config(cfg) -> Config:
                   num_spec_tokens=cfg.num_spec_tokens,
                   prefix_caching=cfg.enable_prefix_caching, profile=cfg.profile,
                   continue_prefill=cfg.continue_prefill,
-                  num_preallocate_tokens=cfg.num_preallocate_tokens)
+                  num_preallocate_tokens=cfg.num_preallocate_tokens,
+                  stale_mode="drop" if cfg.drop_stale_output else "deliver",
+                  allow_name_reuse=allow_name_reuse)
 
 
 class Ledger:
@@ -97,6 +113,7 @@ class Ledger:
         self._prompt_label: dict[int, int] = {}       # chained hash of a prompt block -> label
         self._output_label: dict[int, int] = {}       # hash of an output-containing block -> label
         self._hashes: list[list[int]] = []            # per slot: chained hashes of its full blocks
+        self._first_slot: dict[str, int] = {}          # request id -> the first slot that arrived under it
 
     # -- recording ----------------------------------------------------------
 
@@ -114,6 +131,7 @@ class Ledger:
             labels.append(self._prompt_label.setdefault(parent, len(self._prompt_label) + 1))
         self.requests.append(request)
         self._slot_by_object[id(request)] = slot
+        self._first_slot.setdefault(request.request_id, slot)
         self.prompt_labels.append(tuple(labels))
         self._hashes.append([])
         return slot, Prompt(request.num_prompt_tokens, request.max_tokens, tuple(labels))
@@ -132,6 +150,12 @@ class Ledger:
             return self._slot_by_object[id(request)]
         except KeyError:
             raise AbstractionError(f"{request!r} was not added through the ledger") from None
+
+    def name_of(self, slot: int) -> int | None:
+        """The spec's name of a slot: None for the first slot of its request
+        id, else that first slot (the name it reuses)."""
+        first = self._first_slot[self.requests[slot].request_id]
+        return None if first == slot else first
 
     def active_slot(self, req_id: str) -> int | None:
         """The slot of the unfinished request named `req_id`, if any."""
@@ -176,12 +200,13 @@ def abstract(scheduler: Scheduler, engine: Engine | Iterable[SchedulerOutput],
              ledger: Ledger) -> State:
     """The spec state the reference is in. `engine` may also be the in-flight
     `SchedulerOutput`s themselves, oldest first (for a harness without an Engine)."""
-    requests = tuple(_request(scheduler, ledger, slot, r) for slot, r in enumerate(ledger.requests))
+    named = scheduler.config.version_profile.stale_output_counters
+    requests = tuple(_request(scheduler, ledger, slot, r, named) for slot, r in enumerate(ledger.requests))
     requests += (SpecRequest(),) * (ledger.num_slots - len(requests))
     state = State(requests=requests)
     outputs = ([out for out, _ in engine.batch_queue] if isinstance(engine, Engine)
                else list(engine))
-    in_flight = tuple(tuple(_entry(scheduler, ledger, e) for e in out.entries) for out in outputs)
+    in_flight = tuple(tuple(_entry(scheduler, ledger, e, named) for e in out.entries) for out in outputs)
     scheduled = frozenset(_slot_by_name(scheduler, ledger, rid) for rid in scheduler.scheduled_req_ids)
     return State(requests=requests,
                  waiting=tuple(ledger.slot_of(r) for r in scheduler.waiting),
@@ -190,22 +215,32 @@ def abstract(scheduler: Scheduler, engine: Engine | Iterable[SchedulerOutput],
                  scheduled_ids=scheduled)
 
 
-def _request(scheduler: Scheduler, ledger: Ledger, slot: int, r: Request) -> SpecRequest:
+def _request(scheduler: Scheduler, ledger: Ledger, slot: int, r: Request,
+             named: bool) -> SpecRequest:
     status = STATUS[r.status]
     labels = ledger.prompt_labels[slot] if ledger.prefix_caching else ()
     common = dict(status=status, prompt_len=r.num_prompt_tokens, max_tokens=r.max_tokens,
-                  prompt_labels=labels, num_output=r.num_output_tokens)
+                  prompt_labels=labels, num_output=r.num_output_tokens,
+                  name=ledger.name_of(slot) if named else None)
     if status.is_finished:
         return SpecRequest(**common)          # the spec's normal form of a finished request
     table = tuple(scheduler.kv_cache_manager.get_block_ids(r.request_id))
+    # vLLM 0.33's counters (0 and False under the 0.8.x profiles, which keep none)
     return SpecRequest(**common, num_computed=r.num_computed_tokens,
-                       num_drafts=len(r.spec_token_ids), block_table=table)
+                       num_drafts=len(r.spec_token_ids), block_table=table,
+                       num_in_flight=r.num_in_flight_tokens, num_stale=r.num_stale_output_tokens,
+                       drop_stale=r.drop_stale_output)
 
 
-def _entry(scheduler: Scheduler, ledger: Ledger, e) -> Entry:
-    return Entry(ledger.entry_slot(e.req_id, e.incarnation), start=e.num_computed_tokens,
-                 n=e.num_new_tokens, samples=bool(e.samples), drafts=len(e.spec_token_ids),
-                 fate=FATE[scheduler.fate_of(e).value])
+def _entry(scheduler: Scheduler, ledger: Ledger, e, named: bool) -> Entry:
+    slot = ledger.entry_slot(e.req_id, e.incarnation)
+    # The spec's fate is the incarnation an entry was scheduled for; under
+    # vLLM 0.33 the counters, not the fate, decide what becomes of its
+    # output (a drop-mode orphan is discarded but still ORPHANED).
+    fate = scheduler.incarnation_fate_of(e) if named else scheduler.fate_of(e)
+    return Entry(slot, start=e.num_computed_tokens, n=e.num_new_tokens, samples=bool(e.samples),
+                 drafts=len(e.spec_token_ids), fate=FATE[fate.value],
+                 name=ledger.name_of(slot) if named else None)
 
 
 def _slot_by_name(scheduler: Scheduler, ledger: Ledger, req_id: str) -> int:

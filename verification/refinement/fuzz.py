@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from flightcheck.reference.mutants import MUTANTS
+from flightcheck.reference.mutants import ALL_MUTANTS, MUTANTS, PROFILE_MUTANTS, profile_of_mutant
 from flightcheck.reference.profiles import PROFILES as VERSION_PROFILES
 from flightcheck.verification.refinement.machine import (
     FUZZED_PROFILES,
@@ -42,6 +42,11 @@ PROFILES: dict[str, int] = {"ci": 2_000, "thorough": 100_000}
 def list_mutants() -> list[str]:
     """The reference's mutant switches, in definition order."""
     return list(MUTANTS)
+
+
+def list_profile_mutants() -> dict[str, list[str]]:
+    """The mutants of one profile's rules, by profile (fuzzed under it only)."""
+    return {profile: list(names) for profile, names in PROFILE_MUTANTS.items()}
 
 
 def list_profiles() -> list[str]:
@@ -151,14 +156,22 @@ def profile_steps(steps: int, profile: str | None = None) -> list[tuple[str, int
 
 def fuzz(steps: int, seed: int, mutant: str | None = None, *, shrink: bool = True,
          check_traces: bool = False, steps_per_program: int = STEPS_PER_PROGRAM,
-         profile: str | None = None) -> FuzzResult:
+         profile: str | None = None, allow_name_reuse: bool = False) -> FuzzResult:
     """Run the refinement machine for `steps` rule steps from `seed`: under
     the version `profile`, or (None) under each of machine.FUZZED_PROFILES
-    in turn (`profile_steps`), each part from the same seed, until one fails."""
+    in turn (`profile_steps`), each part from the same seed, until one fails.
+    A mutant of one profile's rules (reference/mutants.py PROFILE_MUTANTS)
+    runs under that profile. `allow_name_reuse`: under vLLM 0.33 a request
+    may arrive under a finished one's name (machine.py's module doc)."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
-    if mutant is not None and mutant not in MUTANTS:
-        raise ValueError(f"unknown mutant {mutant!r}; known: {', '.join(MUTANTS)}")
+    if mutant is not None and mutant not in ALL_MUTANTS:
+        raise ValueError(f"unknown mutant {mutant!r}; known: {', '.join(ALL_MUTANTS)}")
+    own_profile = None if mutant is None else profile_of_mutant(mutant)
+    if own_profile is not None:
+        if profile not in (None, own_profile):
+            raise ValueError(f"mutant {mutant!r} is of profile {own_profile!r}, not {profile!r}")
+        profile = own_profile
     if profile is not None and profile not in VERSION_PROFILES:
         raise ValueError(f"unknown profile {profile!r}; known: {', '.join(VERSION_PROFILES)}")
     t0 = time.perf_counter()
@@ -166,7 +179,8 @@ def fuzz(steps: int, seed: int, mutant: str | None = None, *, shrink: bool = Tru
     for part_profile, part_steps in profile_steps(steps, profile):
         part_t0 = time.perf_counter()
         budget, failure = _run_part(part_steps, seed, mutant, part_profile, shrink=shrink,
-                                    check_traces=check_traces, steps_per_program=steps_per_program)
+                                    check_traces=check_traces, steps_per_program=steps_per_program,
+                                    allow_name_reuse=allow_name_reuse)
         if failure is not None:
             return FuzzResult(steps, seed, mutant, True, failure, time.perf_counter() - t0,
                               steps_before + (budget.steps_to_failure or 0),
@@ -177,10 +191,12 @@ def fuzz(steps: int, seed: int, mutant: str | None = None, *, shrink: bool = Tru
 
 
 def _run_part(steps: int, seed: int, mutant: str | None, profile: str, *, shrink: bool,
-              check_traces: bool, steps_per_program: int) -> tuple[Budget, str | None]:
+              check_traces: bool, steps_per_program: int,
+              allow_name_reuse: bool = False) -> tuple[Budget, str | None]:
     """One Hypothesis run under one profile: its budget and its failure, if any."""
     budget = Budget(steps)
-    factory = hypothesis_seed(seed)(machine_factory(mutant, budget, check_traces, profile))
+    factory = hypothesis_seed(seed)(machine_factory(mutant, budget, check_traces, profile,
+                                                              allow_name_reuse))
     phases = (Phase.generate, Phase.shrink) if shrink else (Phase.generate,)
     run_settings = settings(max_examples=10**9, stateful_step_count=steps_per_program,
                             database=None, deadline=None, derandomize=False, phases=phases,

@@ -19,12 +19,31 @@ program (Hypothesis shrinks it); the state it broke is in the message.
 
 The version profile is the reference's and the spec's: a run drives each
 of FUZZED_PROFILES in turn (fuzz.py `profile_steps`), or `flightcheck fuzz
---profile` pins one. Under `vllm-0.33` the reference runs 0.33's rules and counters
-and the spec its own reading of them; the engine is driven through the
-interleavings of 0.8.5's loop (every batch in flight has tokens), because the
-spec does not model 0.33's empty batches yet: the 0.33 loop itself is tested
-on the reference (tests/test_reference_033.py) and against vLLM
-(flightcheck/vllm/differential.py).
+--profile` pins one. Under
+`vllm-0.33` the reference runs 0.33's rules and counters and the spec its own
+reading of them (the abstraction maps the counters, names and drop flag), the
+engine is driven through 0.33's loop (`VLLM_0_33_LOOP`: a schedule step queues
+its batch even empty, as the spec's `schedule` queues an empty batch), and
+each configuration draws deliver or drop mode (`drop_stale_output`, the
+spec's `stale_mode`). One step of vLLM's loop is not taken: an empty batch
+queued only to carry finished ids to the workers (vLLM's `has_requests()`
+with no unfinished request; the spec queues an empty batch only while a
+request is unfinished); the engine's own run in `teardown` takes it, and
+check-trace reads the trace it leaves.
+
+Names (`allow_name_reuse`, off by default; `flightcheck fuzz` leaves it off):
+under 0.33 a request arrives under a fresh name unless the knob is on; under
+0.8.x `reuse` may take a finished request's name (the spec binds by
+incarnation there, names are invisible). With the knob on under 0.33 the spec
+looks outputs up by name, as vLLM does, and the correct reference does not
+(its named deviation `reused_id_output_dropped`: an output of an older
+request of the id is dropped). So a completion whose oldest batch holds such
+an entry has two images: the spec's step (vLLM's binding: the token and
+counters land on the new request) and the spec's step with those entries
+dropped (binding by incarnation). The reference must reach one of them; the
+second is the named deviation, and the first is flagged by the spec's own
+S7' and IF1 on the state reached (a reference that binds by id alone, as vLLM
+does, fails there: the reference mutant `output_bound_by_id_alone`).
 """
 
 from __future__ import annotations
@@ -34,7 +53,7 @@ import io
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from flightcheck.reference import (
     Engine,
@@ -49,9 +68,11 @@ from flightcheck.reference import (
 from flightcheck.reference import Sample as RefSample
 from flightcheck.reference.config import cdiv
 from flightcheck.reference.drive import loop_for_policy
+from flightcheck.reference.engine import loop_for_config
 from flightcheck.reference.outputs import NewRequestData, SchedulerOutput
 from flightcheck.reference.profiles import get_profile
 from flightcheck.spec.schedule import is_schedule_enabled
+from flightcheck.spec.state import holder_of
 from flightcheck.verification.refinement.abstraction import (
     Ledger,
     abstract,
@@ -197,7 +218,10 @@ def configs(draw, profile: str = FUZZED_PROFILES[0]) -> SchedulerConfig:
         enable_prefix_caching=draw(st.booleans()),
         continue_prefill=(draw(st.integers(0, 2).map(lambda x: x != 2))
                           if profile != "vllm-0.33" else None),
-        profile=profile, num_preallocate_tokens=preallocate)
+        profile=profile, num_preallocate_tokens=preallocate,
+        # vLLM 0.33's drop mode one configuration in three (deliver is its default)
+        drop_stale_output=(get_profile(profile).stale_output_counters
+                           and draw(st.integers(0, 2)) == 2))
 
 
 def prompt_tokens(slot: int, family: int, shared: int, length: int) -> list[int]:
@@ -233,9 +257,11 @@ class RefinementMachine(RuleBasedStateMachine):
     """The reference (optionally one of its mutants) against the correct spec."""
 
     def __init__(self, mutant: str | None = None, budget: Budget | None = None,
-                 check_traces: bool = False) -> None:
+                 check_traces: bool = False, allow_name_reuse: bool = False) -> None:
         super().__init__()
         self.mutant, self.budget, self.check_traces = mutant, budget, check_traces
+        self.allow_name_reuse = allow_name_reuse
+        self.num_reused_id_outputs_dropped = 0   # the reference's named deviation, seen
         self.engine: Engine | None = None
         self.broken = False           # this program failed: teardown checks nothing more
 
@@ -246,15 +272,19 @@ class RefinementMachine(RuleBasedStateMachine):
     def setup(self, cfg: SchedulerConfig, sample_every_chunk: bool) -> None:
         if self.mutant is not None:
             cfg = SchedulerConfig(**{**cfg.__dict__, "mutant": self.mutant})
-        self.cfg, self.spec_cfg = cfg, spec_config(cfg)
+        # Names matter only where outputs are looked up by name (vLLM 0.33).
+        self.by_name = get_profile(cfg.profile).stale_output_counters
+        self.cfg = cfg
+        self.spec_cfg = spec_config(cfg, allow_name_reuse=self.by_name and self.allow_name_reuse)
         self.sink = io.StringIO() if self.check_traces else None
         trace = TraceWriter(self.sink, eos_token_id=EOS) if self.sink is not None else None
         self.scheduler = make_scheduler(cfg, trace)
         # sample_every_chunk: a worker that returns a token for every chunk
         # (vLLM <= 0.8.2) leaves the scheduler to discard partial chunks' tokens.
         self.executor = ScriptedExecutor(self._sample, sample_every_chunk=sample_every_chunk)
-        # 0.8.x: the loop of the config's policy; 0.33: see the module doc.
-        self.engine = Engine(self.scheduler, self.executor, loop_for_policy(cfg.continue_prefill))
+        # 0.8.x: the loop of the config's policy; 0.33: its own (empty batches).
+        loop = loop_for_config(cfg) if self.by_name else loop_for_policy(cfg.continue_prefill)
+        self.engine = Engine(self.scheduler, self.executor, loop)
         self.ledger = Ledger(NUM_SLOTS, cfg.block_size, cfg.enable_prefix_caching)
         self.state = spec.initial_state(NUM_SLOTS, cfg.num_blocks)
         self.outcomes: list[Outcome] = []
@@ -292,7 +322,8 @@ class RefinementMachine(RuleBasedStateMachine):
                           SamplingParams(max_tokens=max_tokens), eos_token_id=EOS)
         self.engine.add_request(request)
         _, prompt = self.ledger.arrive(request)
-        self._check(spec.Arrive(slot, prompt))
+        name = self.ledger.name_of(slot) if self.by_name else None
+        self._check(spec.Arrive(slot, prompt) if name is None else spec.ArriveAs(slot, prompt, name))
 
     @precondition(lambda self: self.engine is not None and self.engine.can_schedule()
                   and self._spec_schedules())
@@ -324,7 +355,18 @@ class RefinementMachine(RuleBasedStateMachine):
     @_step
     def engine_step(self, returned: list[Outcome]) -> None:
         """The engine's own choice (`Engine.step`): schedule while the queue
-        has room and something is scheduled, else complete the oldest batch."""
+        has room and something is scheduled, else complete the oldest batch.
+        vLLM 0.33's loop: schedule (queueing the batch, empty or not) while a
+        request is unfinished and the queue has room; complete the oldest
+        when the queue is full or nothing ran and no request is left."""
+        if self.engine.loop.enqueues_empty_batches:
+            if self.scheduler.has_unfinished_requests() and self.engine.can_schedule():
+                ran = self._schedule()
+                if self.engine.can_schedule() and (ran or self.scheduler.has_unfinished_requests()):
+                    return
+            if self.engine.can_complete():
+                self._complete(returned)
+            return
         if self.engine.can_schedule() and self._schedule():
             return
         if self.engine.can_complete():
@@ -390,15 +432,21 @@ class RefinementMachine(RuleBasedStateMachine):
                 or self.scheduler.has_unfinished_requests())
 
     def _schedule(self) -> bool:
-        """One schedule call, checked; whether a batch was submitted."""
+        """One schedule call, checked; whether a batch with tokens was
+        submitted. Under vLLM 0.33's loop the batch is queued even empty."""
         before = self.state
-        output = self.engine.schedule_step()
+        if self.engine.loop.enqueues_empty_batches:
+            queued: SchedulerOutput | None = self.engine.enqueue_step()
+            output = queued if queued.total_num_scheduled_tokens else None
+        else:
+            queued = output = self.engine.schedule_step()
         scheduled = spec.schedule(before, self.spec_cfg)
-        if output is not None:
-            self.ledger.record_batch(self.scheduler, output)
+        if queued is not None:
+            self.ledger.record_batch(self.scheduler, queued)
             if scheduled is None:
-                self._fail(f"the reference scheduled a batch, the spec schedules nothing\n"
+                self._fail(f"the reference queued a batch, the spec schedules nothing\n"
                            f"  before: {spec.describe(before)}")
+        if output is not None:
             self.num_batches += 1
             if output.batch_id != self.num_batches:
                 self._fail(f"batch {self.num_batches} was submitted with batch id {output.batch_id}")
@@ -446,12 +494,15 @@ class RefinementMachine(RuleBasedStateMachine):
         self.outcomes, self.calls, self.num_calls = list(returned), {}, 0
         sampling = spec.sampling_entries(self.state, self.spec_cfg)
         completed = self.engine.batch_queue[0][0]
-        slot_of = {e.req_id: self.ledger.entry_slot(e.req_id, e.incarnation) for e in completed.entries}
+        # Who receives each entry's output: the request of its slot, or under
+        # vLLM 0.33's lookup by name whoever holds the name now.
+        slot_of = {e.req_id: self._receiver(e) for e in completed.entries}
         num_output = {slot: self.state.requests[slot].num_output for slot in slot_of.values()}
         outputs = self.engine.complete_oldest_step()
-        if self.engine.batch_queue and self.engine.batch_queue[0][0].batch_id != completed.batch_id + 1:
+        next_ids = [out.batch_id for out, _ in self.engine.batch_queue if out.batch_id is not None]
+        if completed.batch_id is not None and next_ids and next_ids[0] != completed.batch_id + 1:
             self._fail(f"batch {completed.batch_id} completed, then batch "
-                       f"{self.engine.batch_queue[0][0].batch_id} is the oldest in flight")
+                       f"{next_ids[0]} is the oldest with tokens in flight")
         for output in outputs:
             # What the engine streams to the client: exactly the tokens this
             # batch appended to the request (none past the one that stopped it).
@@ -463,6 +514,38 @@ class RefinementMachine(RuleBasedStateMachine):
         names = [self.ledger.requests[e.req].request_id for e in sampling]
         samples = tuple(self.calls.get(name, spec.Sample()) for name in names)
         self._check(spec.CompleteOldest(samples))
+
+    def _receiver(self, entry) -> int:
+        """The slot an entry's output would be applied to: its own, or
+        (vLLM 0.33, by name) the unfinished request of its id, if any."""
+        own = self.ledger.entry_slot(entry.req_id, entry.incarnation)
+        if not self.by_name:
+            return own
+        holder = self.ledger.active_slot(entry.req_id)
+        return own if holder is None else holder
+
+    def _expected_after_completion(self, before: spec.State,
+                                   action: spec.CompleteOldest) -> tuple[spec.State, spec.State | None]:
+        """The spec's successor, and (under name reuse) the successor with
+        every entry whose name another request now holds dropped from the
+        oldest batch, with its sample: outputs bound by incarnation, the
+        reference's named deviation `reused_id_output_dropped` (None when
+        the oldest batch holds no such entry)."""
+        expected = spec.step(before, self.spec_cfg, action)
+        expected = before if expected is None else expected
+        if not (self.spec_cfg.allow_name_reuse and before.in_flight):
+            return expected, None
+        oldest = before.in_flight[0]
+        misbound = {e for e in oldest
+                    if holder_of(before, e.lookup_name) not in (None, e.req)}
+        if not misbound:
+            return expected, None
+        sampling = spec.sampling_entries(before, self.spec_cfg)
+        kept = tuple(s for e, s in zip(sampling, action.samples) if e not in misbound)
+        dropped = replace(before, in_flight=(tuple(e for e in oldest if e not in misbound),)
+                          + before.in_flight[1:])
+        by_incarnation = spec.step(dropped, self.spec_cfg, spec.CompleteOldest(kept))
+        return expected, by_incarnation
 
     @_guard
     def teardown(self) -> None:
@@ -494,22 +577,27 @@ class RefinementMachine(RuleBasedStateMachine):
 
     def _check(self, action: spec.Action | AbortMany, expected: spec.State | None = None) -> None:
         before = self.state
-        if expected is None and not isinstance(action, spec.Schedule):
+        by_incarnation: spec.State | None = None
+        if expected is None and isinstance(action, spec.CompleteOldest):
+            expected, by_incarnation = self._expected_after_completion(before, action)
+        elif expected is None and not isinstance(action, spec.Schedule):
             expected = spec.step(before, self.spec_cfg, action)
             if expected is None:            # disabled in the spec: the reference must not move
                 expected = before
         after = abstract(self.scheduler, self.engine, self.ledger)
         self.history.append((action, after))
-        if after != expected:
+        if by_incarnation is not None and after == by_incarnation and after != expected:
+            self.num_reused_id_outputs_dropped += 1   # the named deviation: checked below
+        elif after != expected:
             self._fail(f"refinement: after `{action}` the reference is not where the spec goes\n"
                        f"  before:    {spec.describe(before)}\n"
                        f"  spec:      {spec.describe(expected)}\n"
                        f"  reference: {spec.describe(after)}\n"
                        f"  {describe_difference(expected, after)}")
         cfg = self.spec_cfg
-        broken = [inv.name for inv in spec.INVARIANTS if not inv.holds(after, cfg)]
+        broken = [inv.name for inv in spec.invariants_for(cfg) if not inv.holds(after, cfg)]
         if not isinstance(action, AbortMany):
-            broken += [p.name for p in spec.TRANSITION_PROPERTIES
+            broken += [p.name for p in spec.transition_properties_for(cfg)
                        if not p.holds(before, after, action, cfg)]
         if broken:
             self._fail(f"{', '.join(broken)} broken after `{action}`\n"
@@ -533,7 +621,7 @@ class RefinementMachine(RuleBasedStateMachine):
             self._fail(f"get_num_unscheduled_requests() is "
                        f"{self.scheduler.get_num_unscheduled_requests()}, the spec has "
                        f"{unscheduled} in {spec.describe(after)}")
-        ids = [out.batch_id for out, _ in self.engine.batch_queue]
+        ids = [out.batch_id for out, _ in self.engine.batch_queue if out.batch_id is not None]
         if ids != list(range(self.num_batches - len(ids) + 1, self.num_batches + 1)):
             self._fail(f"batch ids in flight {ids}, {self.num_batches} batches submitted")
 
@@ -541,6 +629,13 @@ class RefinementMachine(RuleBasedStateMachine):
         """Finish the run with the engine's own loop, then the trace the
         reference wrote must replay on the spec, with and without block ids."""
         self.outcomes, self.calls = [], {}
+        # vLLM 0.33's loop completes the oldest batch in the step that fills
+        # the queue, so its own steps never start with a full queue; the
+        # rules may leave one (`schedule` fills it): drain it to the loop's
+        # reach first.
+        while (self.engine.loop.enqueues_empty_batches
+               and self.engine.num_in_flight_batches >= self.engine.max_concurrent_batches):
+            self.engine.complete_oldest_step()
         self.engine.run(max_steps=10_000)
         self.scheduler.trace.end()
         text = self.sink.getvalue().splitlines()
@@ -548,6 +643,10 @@ class RefinementMachine(RuleBasedStateMachine):
         if not result.ok:
             self._fail(f"check_trace rejects the reference's trace: {result.to_json()}\n"
                        + "\n".join(text))
+        if any("reused name" in item for item in result.unchecked):
+            # the reference drops an older incarnation's output and says so
+            self._fail(f"the reference's trace leaves a reused name's counters unchecked "
+                       f"(an older request's output not listed in `dropped`): {result.to_json()}")
         stripped = [json.dumps({k: v for k, v in e.items() if k != "block_ids"} if e["ev"] != "schedule"
                                else {**e, "entries": [{k: v for k, v in x.items() if k != "block_ids"}
                                                       for x in e["entries"]]})
@@ -561,8 +660,8 @@ class RefinementMachine(RuleBasedStateMachine):
 
     def _name(self, slot: int, reuse: int) -> str:
         """A fresh name, or (reuse > 0) the name of a finished request that no
-        active request holds."""
-        if reuse:
+        active request holds (under vLLM 0.33 only with `allow_name_reuse`)."""
+        if reuse and (self.allow_name_reuse or not self.by_name):
             taken = {r.request_id for r in self.ledger.requests if not r.is_finished()}
             free = sorted({r.request_id for r in self.ledger.requests} - taken)
             if free:
@@ -597,11 +696,12 @@ def pinned_machine(profile: str) -> type[RefinementMachine]:
 
 
 def machine_factory(mutant: str | None = None, budget: Budget | None = None,
-                    check_traces: bool = False,
-                    profile: str | None = None) -> Callable[[], RefinementMachine]:
-    """Machines for one run under the version `profile` (None: the default)."""
+                    check_traces: bool = False, profile: str | None = None,
+                    allow_name_reuse: bool = False) -> Callable[[], RefinementMachine]:
+    """Machines for one run under the version `profile` (None: the default);
+    `allow_name_reuse` lets names be reused under vLLM 0.33 (the module doc)."""
     machine = pinned_machine(FUZZED_PROFILES[0] if profile is None else profile)
 
     def make() -> RefinementMachine:
-        return machine(mutant, budget, check_traces)
+        return machine(mutant, budget, check_traces, allow_name_reuse)
     return make

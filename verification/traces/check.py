@@ -65,6 +65,18 @@ REASONS = {"stop": Status.FINISHED_STOPPED, "length": Status.FINISHED_LENGTH,
            "abort": Status.FINISHED_ABORTED}
 
 
+# What a trace cannot show (docs/trace-format.md, "What the checker does with
+# it"): vLLM 0.33 looks an output up by name and settles the in-flight and
+# stale counters of whoever holds the name; a trace carries no counters, so an
+# older incarnation's output that sampled nothing, completing while a newer
+# incarnation holds its reused name and not listed in `dropped`, may have
+# moved the newer one's counters (vLLM's id-reuse bug) or nothing at all.
+UNCHECKED_REUSED_NAME_COUNTERS = (
+    "counters of a reused name's holder (an older incarnation's batch that sampled nothing "
+    "completed while a newer one held its name, not listed as dropped; a trace carries no "
+    "num_in_flight_tokens)")
+
+
 class MalformedTrace(ValueError):
     """The file is not a trace in the format (exit code 2)."""
 
@@ -437,6 +449,8 @@ class TraceChecker:
                 what = "a partial prefill chunk" if e.fate.value == "live" else "a superseded entry"
                 raise _Violation("S5_one_sample_per_prefill" if e.fate.value == "live" else "S7_output_binding",
                                  f"tokens of {what} of {name} were applied")
+            elif not returned and name not in dropped and self._name_held_by_another(e.req):
+                self.unchecked.add(UNCHECKED_REUSED_NAME_COUNTERS)
         before = self.state
         after = complete_oldest(self.state, self.cfg, tuple(samples), dropped=frozenset(dropped_orphans))
         if after is None:
@@ -446,6 +460,16 @@ class TraceChecker:
         self._apply(CompleteOldest(tuple(samples)), after, "complete")
         for r in self._newly_finished(before, after):
             self.finished_now[r] = after.requests[r].status
+
+    def _name_held_by_another(self, r: int) -> bool:
+        """Whether r's name is held now by another, unfinished incarnation
+        (the name was reused while r's batches were in flight), under a
+        profile that looks outputs up by name (vLLM 0.33): that request is
+        where vLLM binds r's output, counters included."""
+        if not self.cfg.rules.stale_output_counters:
+            return False
+        holder = self.slot.get(self._name(r))
+        return holder is not None and holder != r and self.state.requests[holder].status.is_active
 
     def _newly_finished(self, before: State, after: State) -> list[int]:
         """The requests a completion finished, in arrival order."""
