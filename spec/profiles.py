@@ -121,9 +121,10 @@ VLLM_0_8_4 = Profile(name="vllm-0.8.4", policy="one-batch-per-request",
 # (`SingleTypeKVCacheManager.free`), and `BlockPool._insert_block_hash` still
 # caches a hash a second time under another block id
 # (`BlockHashToBlockMap.insert` turns the entry into a dict of block ids;
-# `get_one_block` serves the first). Not modelled yet: the stale-output
-# counters kept apart from the batches, request names reused as new
-# incarnations, empty batches in the queue, drop mode, async scheduling.
+# `get_one_block` serves the first). Its stale-output counters, empty
+# batches, drop mode (`Config.stale_mode`) and names reused as new
+# incarnations (`Config.allow_name_reuse`) are modelled; KV connectors,
+# deferred block frees and async scheduling are not.
 VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     release_order_with_prefix_caching="reverse",
                     release_order_without_prefix_caching="reverse",
