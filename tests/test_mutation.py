@@ -10,6 +10,7 @@ from flightcheck.verification.refinement.mutation import (
     TARGETS,
     MutantResult,
     applied,
+    baseline_failures,
     mutants_of,
     read_triage,
     run_mutant,
@@ -74,3 +75,18 @@ def test_score_counts_timeouts_as_kills_and_leaves_triaged_mutants_out():
     mutant = _mutant("scheduler.py::Scheduler._clip::Sub->Add#1")
     results = [MutantResult(mutant, s) for s in ("killed", "timeout", "survived", "equivalent")]
     assert score(results)["score"] == round(2 / 3, 4)
+
+
+def test_the_unmutated_reference_passes_every_run_the_score_makes():
+    """A score is only meaningful if the runs pass on the reference as it is
+    (a failing run would "kill" every mutant): the default run and vllm-0.33's."""
+    assert baseline_failures(2_000, [0], (None, "vllm-0.33")) == []
+
+
+def test_a_mutant_only_vllm_0_33_tells_apart_is_killed_by_its_run():
+    """The release-order default (reverse with caching, forward without) is
+    what both 0.8.x profiles pass, so the default run cannot see a mutant
+    that ignores the order passed; vllm-0.33 reverses without caching."""
+    mutant = _mutant("kv_cache_manager.py::KVCacheManager.__init__::Is->IsNot#1")
+    assert run_mutant(mutant, 2_000, [0, 1], profiles=(None,)).status == "survived"
+    assert run_mutant(mutant, 2_000, [0, 1], profiles=(None, "vllm-0.33")).status == "killed"
