@@ -349,8 +349,6 @@ class _BmcRun:
     def check_targets(self, depth: int) -> None:
         """cover(d) = unrolling(d) AND OR_{S open} target_S(s_d), asked until
         unsat: each model reaches some targets, which are recorded and closed."""
-        system = self.unrolling.system
-        frame = system.frame(depth)
         while self.open_targets and not self.timed_out:
             goals = {name: self.target_formula(name, depth) for name in self.open_targets}
             found = self.satisfy(goals)

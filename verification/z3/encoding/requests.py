@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from flightcheck.verification.z3.encoding.state import NEW, PAD, Layout, SCounters, SReq, SState
+from flightcheck.verification.z3.encoding.state import (
+    NEW,
+    PAD,
+    Layout,
+    SCounters,
+    SReq,
+    SState,
+)
 from flightcheck.verification.z3.encoding.terms import Builder, V, eq, ite, pick
 
 

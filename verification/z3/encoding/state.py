@@ -99,7 +99,7 @@ def _refuse_name_reuse(model: Model) -> None:
                          "(allow_name_reuse=False); the explicit search explores name reuse")
 
 
-def has_counters(layout: "Layout") -> bool:
+def has_counters(layout: Layout) -> bool:
     """Whether the frame carries vLLM 0.33's stale-output counters (`SCounters`)."""
     return layout.cfg.rules.stale_output_counters
 
