@@ -207,13 +207,13 @@ def test_verify_under_0_33_proves_every_property_by_k_induction_and_reaches_the_
     every invariant and transition property proved by k-induction of shared-k3
     under 0.33, the verification-only target deferred_resumption reached by
     BMC, everything OK, within the golden test's regression bound."""
-    from flightcheck.verification.z3.encoding.invariants import SPEC_PROPERTIES
+    from flightcheck.verification.z3.encoding.invariants import COUNTER_FORMULAS, SPEC_PROPERTIES
     code, out = _run(capsys, "verify", "--profile", "vllm-0.33", "--json")
     report = json.loads(out)
     assert code == 0 and report["ok"] and report["profile"] == "vllm-0.33"
     z3_rows = [p for p in report["properties"] if p["method"].endswith("[vllm-0.33]")]
     proved = {p["name"] for p in z3_rows if p["method"].startswith("k-induction") and p["status"] == "proved"}
-    assert proved == set(SPEC_PROPERTIES)
+    assert proved == set(SPEC_PROPERTIES) | set(COUNTER_FORMULAS)     # IF1-IF3: 0.33's counters
     deferral = [p for p in z3_rows if p["name"] == "deferred_resumption"]
     assert [(p["kind"], p["status"], p["depth"]) for p in deferral] == [("sometimes", "reached", 6)]
     assert report["seconds"] < 300

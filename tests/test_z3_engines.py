@@ -71,9 +71,11 @@ def test_bmc_reaches_the_deferred_resumption_of_0_33():
 def test_k_induction_proves_every_invariant_of_the_deferral_model_under_0_33():
     """The quick 0.33 proof: every rule of the profile on 2 requests, K = 3
     (the verify model's proof is the slow test below)."""
+    from flightcheck.verification.z3.encoding.invariants import COUNTER_FORMULAS
     from flightcheck.verification.z3.profiles import DEFERRAL_MODEL
     res = prove_by_induction(DEFERRAL_MODEL, jobs=2)
     assert [p.name for p in res.properties if p.status != "proved"] == []
+    assert set(COUNTER_FORMULAS) <= {p.name for p in res.properties}    # IF1-IF3 among them
 
 
 @pytest.mark.slow

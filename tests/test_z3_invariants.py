@@ -12,15 +12,16 @@ import pytest
 import z3
 
 from flightcheck.spec import (INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES, Abort, Arrive, CompleteOldest,
-                              Config, Fate, Prompt, Schedule, State)
+                              Config, Fate, Prompt, Schedule, State, invariants_for)
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification import models
 from flightcheck.verification.mutants import applied
 from flightcheck.verification.z3.encoding.actions import ABORT, ARRIVE, COMPLETE, SCHEDULE
 from flightcheck.verification.z3.encoding.crosscheck import random_walk_states, reachable
-from flightcheck.verification.z3.encoding.invariants import (INVARIANT_FORMULAS, SCHEDULE_SOMETIMES_FORMULAS,
+from flightcheck.verification.z3.encoding.invariants import (COUNTER_FORMULAS, SCHEDULE_SOMETIMES_FORMULAS,
                                                     SOMETIMES_FORMULAS, TRANSITION_FORMULAS,
-                                                    VERIFICATION_SOMETIMES, well_formed)
+                                                    VERIFICATION_SOMETIMES, invariant_formulas_for,
+                                                    well_formed)
 from flightcheck.verification.z3.induction.strengthening import AUXILIARY
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.profiles import DEFERRAL_MODEL, profile_model
@@ -37,7 +38,8 @@ class Evaluator:
         self.system = System(model)
         self.frame = self.system.frame(0)
         sched, defs = self.system.sched(0)
-        self.invariants = {n: self.system.build(f, self.frame, sched) for n, f in INVARIANT_FORMULAS.items()}
+        self.invariants = {n: self.system.build(f, self.frame, sched)
+                           for n, f in invariant_formulas_for(model.cfg).items()}
         self.auxiliary = {n: self.system.build(f, self.frame) for n, f in AUXILIARY.items()}
         self.wf = self.system.build(well_formed, self.frame)
         self.sometimes = {n: self.system.build(f, self.frame) for n, f in SOMETIMES_FORMULAS.items()}
@@ -81,8 +83,8 @@ def perturb(s: State, rng: random.Random, cfg) -> State:
         reqs[r] = dataclasses.replace(reqs[r], num_output=max(0, reqs[r].num_output + rng.choice([-1, 1])))
     elif choice == 2:
         reqs[r] = dataclasses.replace(reqs[r], num_drafts=rng.randrange(cfg.num_spec_tokens + 2))
-    elif choice == 3 and s.in_flight:
-        k = rng.randrange(len(s.in_flight))
+    elif choice == 3 and any(s.in_flight):
+        k = rng.choice([i for i, b in enumerate(s.in_flight) if b])   # vLLM 0.33's empty batches have no entry
         batch = list(s.in_flight[k])
         j = rng.randrange(len(batch))
         e = batch[j]
@@ -105,10 +107,25 @@ def perturb(s: State, rng: random.Random, cfg) -> State:
         labels = list(s.pool.labels)
         b = rng.randrange(len(labels))
         labels[b] = rng.choice([None, 7, -1, -2])
-        return dataclasses.replace(s, pool=dataclasses.replace(s.pool, labels=tuple(labels)))
+        # the duplicates list keeps only labels still cached twice, in label
+        # order (any other list is not representable: state.copy_ranks)
+        still = [x for x in s.pool.duplicates if labels[x] is not None and labels.count(labels[x]) >= 2]
+        duplicates = tuple(sorted(still, key=lambda x: labels[x]))
+        return dataclasses.replace(s, pool=dataclasses.replace(s.pool, labels=tuple(labels), duplicates=duplicates))
     elif choice == 7 and len(s.waiting) + len(s.running) < len(reqs):
         status = reqs[r].status
         return dataclasses.replace(s, running=s.running + (r,)) if status.is_active else s
+    return dataclasses.replace(s, requests=tuple(reqs))
+
+
+def perturb_counters(s: State, rng: random.Random) -> State:
+    """One random change of a request's vLLM 0.33 counters."""
+    reqs = list(s.requests)
+    r = rng.randrange(len(reqs))
+    q = reqs[r]
+    reqs[r] = rng.choice([dataclasses.replace(q, num_in_flight=max(0, q.num_in_flight + rng.choice([-1, 1]))),
+                          dataclasses.replace(q, num_stale=q.num_stale + rng.choice([-1, 1])),
+                          dataclasses.replace(q, drop_stale=not q.drop_stale)])
     return dataclasses.replace(s, requests=tuple(reqs))
 
 
@@ -117,7 +134,7 @@ def _compare_states(model, states, check_aux: bool) -> list[str]:
     for s in states:
         m = ev.state(s)
         assert _truth(m, ev.wf), s
-        for inv in INVARIANTS:
+        for inv in invariants_for(cfg):
             with applied(model.mutant):     # L2 and L3 run the spec's (mutant) actions
                 holds = inv.holds(s, cfg)
             if holds != _truth(m, ev.invariants[inv.name]):
@@ -164,16 +181,40 @@ def test_invariant_formulas_agree_on_reachable_states_under_0_33(model):
     assert _compare_states(model, list(reachable(model)), check_aux=True) == []
 
 
+def _first_entry_over(s: State, k: int, threshold: int) -> State:
+    """s with the first entry of in-flight batch k one token over `threshold`."""
+    batch = s.in_flight[k]
+    batch = (dataclasses.replace(batch[0], n=threshold + 1),) + batch[1:]
+    return dataclasses.replace(s, in_flight=s.in_flight[:k] + (batch,) + s.in_flight[k + 1:])
+
+
 def test_invariant_formulas_agree_on_perturbed_0_33_states():
     """S10's clause under 0.33 on states outside the invariants: a one-entry
     batch over the threshold is allowed, a two-entry one is not."""
     rng, model = random.Random(5), models.DEFERRED_K3
     base = list(reachable(model, limit=300))
     states = [perturb(rng.choice(base), rng, model.cfg) for _ in range(300)]
-    assert _compare_states(model, states, check_aux=False) == []
     threshold = model.cfg.long_prefill_token_threshold
+    # vLLM 0.33's empty batches make random walks over the threshold in a batch
+    # of two rare: a few such states made on purpose, from batches of two
+    states += [_first_entry_over(s, k, threshold) for s in base for k, b in enumerate(s.in_flight)
+               if len(b) > 1][:10]
+    assert _compare_states(model, states, check_aux=False) == []
     over = [len(b) for s in states for b in s.in_flight if any(e.n > threshold for e in b)]
     assert 1 in over and any(n > 1 for n in over)     # both sides of the clause were compared
+
+
+def test_counter_formulas_agree_on_perturbed_0_33_states():
+    """IF1-IF3 (vLLM 0.33's counters) as Z3 formulas agree with the spec's
+    predicates on perturbed states, and the perturbations break each of them
+    (so both truth values were compared)."""
+    rng, model = random.Random(21), models.DEFERRED_K3
+    base = list(reachable(model, limit=300))
+    states = [perturb_counters(rng.choice(base), rng) for _ in range(300)]
+    assert _compare_states(model, states, check_aux=False) == []
+    counter_invariants = [inv for inv in invariants_for(model.cfg) if inv.name in COUNTER_FORMULAS]
+    assert {inv.name for inv in counter_invariants} == set(COUNTER_FORMULAS)
+    assert all(any(not inv.holds(s, model.cfg) for s in states) for inv in counter_invariants)
 
 
 def test_the_deferral_target_formula_agrees_with_its_predicate():

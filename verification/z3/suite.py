@@ -17,8 +17,8 @@ from flightcheck.verification.z3.bmc.engine import (
     max_parts,
 )
 from flightcheck.verification.z3.encoding.invariants import (
-    SPEC_PROPERTIES,
     VERIFICATION_SOMETIMES,
+    spec_properties_for,
     verification_target_applies,
 )
 from flightcheck.verification.z3.induction.kinduction import prove_by_induction
@@ -36,7 +36,7 @@ def induction_rows(model: Model, k: int = 1, time_budget: float | None = None, j
     """Every spec invariant and transition property by k-induction (with the
     auxiliary invariants; their own rows are left out)."""
     res = prove_by_induction(model, k, time_budget=time_budget, jobs=jobs)
-    return [_row(p) for p in res.properties if p.name in SPEC_PROPERTIES]
+    return [_row(p) for p in res.properties if p.name in spec_properties_for(model.cfg)]
 
 
 def inferred_rows(model: Model, time_budget: float | None = None, jobs: int = 1) -> list:
@@ -46,7 +46,7 @@ def inferred_rows(model: Model, time_budget: float | None = None, jobs: int = 1)
     from flightcheck.verification.z3.induction.inferred import prove_inferred
     res = prove_inferred(model, time_budget=time_budget, jobs=jobs)
     method = "1-induction, invariant inferred (grammar + Houdini)"
-    return [_row(p, method) for p in res.properties if p.name in SPEC_PROPERTIES]
+    return [_row(p, method) for p in res.properties if p.name in spec_properties_for(model.cfg)]
 
 
 # The spec properties the parameterised proof covers in full (verification/z3/param/model.py:

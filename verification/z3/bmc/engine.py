@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import z3
-from flightcheck.spec import SOMETIMES, Action, State
+from flightcheck.spec import SOMETIMES, Action, Config, State
 from flightcheck.verification.models import Model
 from flightcheck.verification.results import kind_of
 from flightcheck.verification.z3.bmc.reduction import (
@@ -46,11 +46,14 @@ from flightcheck.verification.z3.encoding.actions import (
     SCHEDULE,
 )
 from flightcheck.verification.z3.encoding.invariants import (
+    ALL_INVARIANT_FORMULAS,
     INVARIANT_FORMULAS,
     SCHEDULE_SOMETIMES_FORMULAS,
     SOMETIMES_FORMULAS,
+    STEP_SOMETIMES_FORMULAS,
     TRANSITION_FORMULAS,
     VERIFICATION_SOMETIMES,
+    invariant_formulas_for,
     verification_target_applies,
     well_formed,
 )
@@ -74,9 +77,10 @@ def unrolling(system: System, k: int) -> list[z3.BoolRef]:
     return constraints + system.sched(k)[1]
 
 
-def default_properties() -> list[str]:
-    """Every state invariant and every transition property of the spec."""
-    return list(INVARIANT_FORMULAS) + list(TRANSITION_FORMULAS)
+def default_properties(cfg: Config | None = None) -> list[str]:
+    """Every state invariant and every transition property of the spec (of
+    cfg's profile: IF1-IF3 where it keeps stale-output counters)."""
+    return list(INVARIANT_FORMULAS if cfg is None else invariant_formulas_for(cfg)) + list(TRANSITION_FORMULAS)
 
 
 def applicable_sometimes(model: Model) -> list[str]:
@@ -251,7 +255,7 @@ class _BmcRun:
     def __init__(self, model: Model, options: BmcOptions, cube: Cube | None) -> None:
         self.started = time.perf_counter()
         self.model, self.options = model, options
-        self.properties = list(default_properties() if options.properties is None else options.properties)
+        self.properties = list(default_properties(model.cfg) if options.properties is None else options.properties)
         self.spec_properties = set(self.properties)
         if options.lemmas:
             self.properties += ["WF_encoding", *AUXILIARY]
@@ -286,7 +290,7 @@ class _BmcRun:
             elif name in AUXILIARY:
                 formulas[name] = system.build(AUXILIARY[name], frame)
             else:
-                formulas[name] = system.build(INVARIANT_FORMULAS[name], frame, schedule)
+                formulas[name] = system.build(ALL_INVARIANT_FORMULAS[name], frame, schedule)
         return formulas
 
     def check_properties(self, depth: int, formulas: dict[str, z3.BoolRef]) -> None:
@@ -345,12 +349,8 @@ class _BmcRun:
     def check_targets(self, depth: int) -> None:
         """cover(d) = unrolling(d) AND OR_{S open} target_S(s_d), asked until
         unsat: each model reaches some targets, which are recorded and closed."""
-        system = self.unrolling.system
-        frame = system.frame(depth)
         while self.open_targets and not self.timed_out:
-            goals = {name: system.build(SCHEDULE_SOMETIMES_FORMULAS[name], frame, system.sched(depth)[0])
-                     if name in SCHEDULE_SOMETIMES_FORMULAS else system.build(SOMETIMES_FORMULAS[name], frame)
-                     for name in self.open_targets}
+            goals = {name: self.target_formula(name, depth) for name in self.open_targets}
             found = self.satisfy(goals)
             if found is None:
                 return
@@ -359,10 +359,23 @@ class _BmcRun:
                 if z3.is_true(witness.eval(goal, model_completion=True)):
                     self.record_reach(name, depth, actions, states)
 
+    def target_formula(self, name: str, depth: int) -> z3.BoolRef:
+        """Target `name` reached at depth d: by frame d (and its schedule), or
+        by the step into it (a transition's target: none at depth 0)."""
+        system = self.unrolling.system
+        frame = system.frame(depth)
+        if name in STEP_SOMETIMES_FORMULAS:
+            if depth == 0:
+                return z3.BoolVal(False)
+            return system.build(STEP_SOMETIMES_FORMULAS[name], self.unrolling.steps[-1])
+        if name in SCHEDULE_SOMETIMES_FORMULAS:
+            return system.build(SCHEDULE_SOMETIMES_FORMULAS[name], frame, system.sched(depth)[0])
+        return system.build(SOMETIMES_FORMULAS[name], frame)
+
     def record_reach(self, name: str, depth: int, actions: list[Action], states: list[State]) -> None:
         """Target `name` is reached at the end of the trace: the spec's own
         predicate must agree; its row is closed at this depth."""
-        _confirm_reached(self.model, name, states)
+        _confirm_reached(self.model, name, states, actions)
         self.verdicts[name] = EngineVerdict(name, "sometimes", "reached", "bmc", depth, self.elapsed(),
                                             actions, states)
         self.open_targets.remove(name)
@@ -515,10 +528,16 @@ def _merge(model: Model, parts: list[EngineResult], seconds: float) -> EngineRes
                         notes=[f"paths shared among {len(parts)} processes (z3.bmc.engine.split)"])
 
 
-def _confirm_reached(model: Model, name: str, states: list[State]) -> None:
-    """The spec's own predicate says the target is reached at the trace's end."""
+def _confirm_reached(model: Model, name: str, states: list[State], actions: list[Action] | None = None) -> None:
+    """The spec's own predicate says the target is reached at the trace's end
+    (a transition's target: on the trace's last step)."""
     target = next(candidate for candidate in SOMETIMES + VERIFICATION_SOMETIMES if candidate.name == name)
     cfg = model.cfg
+    if target.on_step is not None:
+        if actions and len(states) >= 2 and any(target.on_step(states[-2], states[-1], actions[-1], cfg, request)
+                                                for request in range(model.num_requests)):
+            return
+        raise ReplayMismatch(f"{name}: Z3 says reached, the spec's predicate disagrees")
     for request in range(model.num_requests):
         if not target.target(states[-1], cfg, request):
             continue

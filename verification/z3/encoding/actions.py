@@ -19,11 +19,13 @@ import z3
 from flightcheck.verification.z3.encoding import blocks as zb
 from flightcheck.verification.z3.encoding.requests import (
     at,
+    counters_at,
     empty_table,
     max_tokens,
     prompt_len,
     put_flag,
     req_at,
+    with_counters,
     with_req,
 )
 from flightcheck.verification.z3.encoding.state import (
@@ -116,6 +118,8 @@ def finish(layout: Layout, s: SState, r: Any, status: Any, when: Any = True, is_
     else:
         st = with_req(st, r, status=status, num_computed=V(0), num_drafts=V(0), table_len=V(0),
                       table=empty_table(layout))
+    # spec.actions._forget_counters: both callers of _finish drop the counters
+    st = with_counters(st, r, in_flight=V(0), stale=V(0), drop=z3.BoolVal(False))
     return merge(when, st, s)
 
 
@@ -191,9 +195,13 @@ def complete_oldest(layout: Layout, builder: Builder, s: SState, ch: Choices) ->
     st.batches = [clone(b) for b in s.batches[1:]] + [SBatch(V(0), [pad_entry() for _ in range(layout.E)])]
     st.num_batches = s.num_batches - 1
     flags, oks, micro, start = [], [], [], st
+    by_name = bool(s.counters)
     for j, e in enumerate(b0.entries):
         valid = lt(j, b0.length)
-        here = builder.let(f"samples{j}", conj(valid, neg(eq(e.fate, SUPERSEDED)), entry_samples(layout, s, e)))
+        if by_name:
+            here = builder.let(f"samples{j}", conj(valid, _output_applied(layout, s, e)))
+        else:
+            here = builder.let(f"samples{j}", conj(valid, neg(eq(e.fate, SUPERSEDED)), entry_samples(layout, s, e)))
         flags.append(here)
         acc, stop, nd = ch.accepted[j], ch.stop_at[j], ch.next_drafts[j]
         stop_ok = eq(stop, NO_STOP) if not layout.model.allow_stop else \
@@ -204,10 +212,40 @@ def complete_oldest(layout: Layout, builder: Builder, s: SState, ch: Choices) ->
         live = conj(valid, eq(e.fate, LIVE))
 
         def apply(st: SState, e=e, live=live, here=here, acc=acc, stop=stop, nd=nd) -> SState:
-            return _apply_sample(layout, builder, _settle_live(layout, st, e, live), e, acc, stop, nd, here)
+            return _apply_sample(layout, builder, _settle_live(layout, st, e, live), e, acc, stop, nd, here,
+                                 eq(e.fate, LIVE), eq(e.fate, ORPHANED))
+
+        def apply_by_name(st: SState, e=e, valid=valid, here=here, acc=acc, stop=stop, nd=nd) -> SState:
+            return _apply_by_name(layout, builder, st, e, valid, here, acc, stop, nd)
+
+        if by_name:
+            apply = apply_by_name
 
         st = builder.step(st, apply, f"entry{j}", micro)
     return Completion(st, flags, conj(*oks), start, micro)
+
+
+def _output_applied(layout: Layout, s: SState, e) -> Any:
+    """spec.actions._output_applied with unique names: e's request is
+    unfinished, e samples, and its output is not stale in drop mode; read on
+    the state before the batch."""
+    c = counters_at(s, e.req)
+    unfinished = at(layout, s, e.req, lambda q, k: is_active(q.status))
+    return conj(unfinished, entry_samples(layout, s, e), neg(conj(lt(0, c.stale), c.drop)))
+
+
+def _apply_by_name(layout: Layout, builder: Builder, st: SState, e, valid: Any, here: Any,
+                   acc: Any, stop: Any, nd: Any) -> SState:
+    """One entry of spec.actions._complete_by_name (vLLM 0.33): the fate is not
+    read. If e's request is unfinished its counters settle (in flight -= n,
+    and stale -= n while it has stale output), and a token it returns is
+    applied as an orphan's (stale) or as a live one."""
+    unfinished = builder.let("unfinished", conj(valid, at(layout, st, e.req, lambda q, k: is_active(q.status))))
+    c = builder.snap(counters_at(st, e.req), "c")
+    stale = builder.let("stale", lt(0, c.stale))
+    settled = with_counters(st, e.req, unfinished, in_flight=c.in_flight - e.n,
+                            stale=ite(stale, c.stale - e.n, c.stale))
+    return _apply_sample(layout, builder, settled, e, acc, stop, nd, conj(unfinished, here), neg(stale), stale)
 
 
 def _settle_live(layout: Layout, st: SState, e, live: Any) -> SState:
@@ -222,14 +260,18 @@ def _settle_live(layout: Layout, st: SState, e, live: Any) -> SState:
     return st
 
 
-def _apply_sample(layout: Layout, builder: Builder, st: SState, e, acc: Any, stop: Any, nd: Any, here: Any) -> SState:
+def _apply_sample(layout: Layout, builder: Builder, st: SState, e, acc: Any, stop: Any, nd: Any, here: Any,
+                  is_live: Any, is_orphaned: Any) -> SState:
+    """e's tokens applied to its request by the rule of a live entry
+    (`is_live`) or an orphaned one (`is_orphaned`): the entry's fate in
+    0.8.x, whether its output is stale under vLLM 0.33."""
     cfg = layout.cfg
     r = e.req
     q = builder.snap(req_at(st, r), "q")
     plen = builder.let("plen", at(layout, st, r, lambda q_, k: prompt_len(layout, q_, k)))
     cap = builder.let("max_tokens", at(layout, st, r, lambda q_, k: max_tokens(layout, q_, k)))
-    subtract = disj(conj(eq(e.fate, LIVE), not layout.is_mutant("rejections_not_subtracted")),
-                    conj(eq(e.fate, ORPHANED), layout.is_mutant("rejections_subtracted_after_reset")))
+    subtract = disj(conj(is_live, not layout.is_mutant("rejections_not_subtracted")),
+                    conj(is_orphaned, layout.is_mutant("rejections_subtracted_after_reset")))
     num_computed = ite(subtract, q.num_computed - (e.drafts - acc), q.num_computed)
     num_output, finished, status = q.num_output, z3.BoolVal(False), V(PAD)
     for j in range(draft_cap(layout) + 1):
@@ -244,7 +286,7 @@ def _apply_sample(layout: Layout, builder: Builder, st: SState, e, acc: Any, sto
         else:
             status = ite(reason, ite(length, V(F_LENGTH), V(F_STOPPED)), status)
         finished = builder.let(f"finished{j}", disj(finished, reason))
-    drafts = ite(eq(e.fate, LIVE), nd, q.num_drafts)
+    drafts = ite(is_live, nd, q.num_drafts)
     applied = with_req(st, r, num_output=num_output, num_computed=num_computed, num_drafts=drafts)
     done = finish(layout, applied, r, status)
     return merge(here, merge(finished, done, applied), st)

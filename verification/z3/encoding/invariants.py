@@ -49,6 +49,7 @@ from flightcheck.verification.z3.encoding.state import (
     PREEMPTED,
     RUNNING,
     STATUS,
+    SUPERSEDED,
     WAITING,
     Layout,
     SState,
@@ -259,7 +260,8 @@ def s10_queues_and_budgets(layout: Layout, s: SState, sch: SchedResult) -> Any:
 
 def s11_pipeline_depth(layout: Layout, s: SState, sch: SchedResult) -> Any:
     out = [le(s.num_batches, layout.K)]
-    out += [z3.Implies(lt(k, s.num_batches), le(1, b.length)) for k, b in enumerate(s.batches)]
+    if not layout.cfg.rules.empty_batches:     # S11': vLLM 0.33's empty batches take a queue slot
+        out += [z3.Implies(lt(k, s.num_batches), le(1, b.length)) for k, b in enumerate(s.batches)]
     if layout.cfg.continue_prefill:
         out += [neg(x) for x in s.scheduled]
     else:
@@ -279,8 +281,18 @@ def l1_running_request_unblocked(layout: Layout, s: SState, sch: SchedResult) ->
 
 
 def l2_no_deadlock(layout: Layout, s: SState, sch: SchedResult) -> Any:
-    quiet = conj(eq(s.num_batches, 0), disj(*[_active(s, r) for r in range(layout.N)]))
-    return z3.Implies(quiet, sch.result)
+    unfinished = disj(*[_active(s, r) for r in range(layout.N)])
+    if not layout.cfg.rules.empty_batches:
+        return z3.Implies(conj(eq(s.num_batches, 0), unfinished), sch.result)
+    # vLLM 0.33: only empty batches in flight (they change nothing when they
+    # complete); the state they drain to forms a batch or preempts. Its
+    # schedule is s's own, which reads no batch but through its entries and
+    # the queue's room: enabled once drained, so the entries formed decide.
+    drained = conj(*[z3.Implies(lt(k, s.num_batches), eq(b.length, 0)) for k, b in enumerate(s.batches)])
+    forms = disj(lt(0, sch.count), sch.any_preempted)
+    if not layout.cfg.continue_prefill:      # is_schedule_enabled's gate, once drained
+        forms = conj(s.waiting_len + s.running_len - count(s.scheduled) > 0, forms)
+    return z3.Implies(conj(drained, unfinished), forms)
 
 
 def l3_drain(layout: Layout, s: SState, sch: SchedResult) -> Any:
@@ -308,6 +320,60 @@ INVARIANT_FORMULAS: dict[str, Formula] = {
 }
 
 NEEDS_SCHEDULE = frozenset({"L2_no_deadlock"})
+
+
+# --- vLLM 0.33's counters (spec.invariants.COUNTER_INVARIANTS) -------------------
+
+def _tokens_in_flight(layout: Layout, s: SState, r: int, fates: tuple[int, ...] | None = None) -> Any:
+    """The tokens of r's entries in flight (of those `fates` only, if given)."""
+    terms = []
+    for e, used in positions(layout, s):
+        mine = conj(used, eq(e.req, r))
+        if fates is not None:
+            mine = conj(mine, disj(*[eq(e.fate, f) for f in fates]))
+        terms.append(ite(mine, e.n, V(0)))
+    return sum_terms(terms)
+
+
+def if1_in_flight_counter(layout: Layout, s: SState, sch: SchedResult) -> Any:
+    return conj([z3.Implies(_active(s, r), eq(c.in_flight, _tokens_in_flight(layout, s, r)))
+                 for r, c in enumerate(s.counters)])
+
+
+def if2_stale_counter(layout: Layout, s: SState, sch: SchedResult) -> Any:
+    out = []
+    for r, c in enumerate(s.counters):
+        ok = conj(le(0, c.stale), le(c.stale, c.in_flight),
+                  eq(c.stale, _tokens_in_flight(layout, s, r, (ORPHANED, SUPERSEDED))))
+        out.append(z3.Implies(_active(s, r), ok))
+    return conj(out)
+
+
+def if3_no_stale_resumption(layout: Layout, s: SState, sch: SchedResult) -> Any:
+    return conj([z3.Implies(eq(q.status, RUNNING), disj(eq(c.stale, 0), c.drop))
+                 for q, c in zip(s.reqs, s.counters)])
+
+
+# The profiles with stale-output counters add these (spec.invariants.invariants_for).
+COUNTER_FORMULAS: dict[str, Formula] = {
+    "IF1_in_flight_counter": if1_in_flight_counter,
+    "IF2_stale_counter": if2_stale_counter,
+    "IF3_no_stale_resumption": if3_no_stale_resumption,
+}
+
+# Every state invariant's formula, whatever the profile (look-up by name).
+ALL_INVARIANT_FORMULAS: dict[str, Formula] = {**INVARIANT_FORMULAS, **COUNTER_FORMULAS}
+
+
+def invariant_formulas_for(cfg: Config) -> dict[str, Formula]:
+    """The state invariants of cfg's profile (spec.invariants.invariants_for)."""
+    return ALL_INVARIANT_FORMULAS if cfg.rules.stale_output_counters else INVARIANT_FORMULAS
+
+
+def spec_properties_for(cfg: Config) -> tuple[str, ...]:
+    """Every spec property the engines prove for cfg's profile: its state
+    invariants, then the transition properties."""
+    return (*invariant_formulas_for(cfg), *TRANSITION_FORMULAS)
 
 
 # --- well-formedness: what makes a frame a concrete State -----------------------
@@ -456,6 +522,33 @@ SCHEDULE_SOMETIMES_FORMULAS: dict[str, Callable[[Layout, SState, SchedResult], A
     "deferred_resumption": lambda layout, s, sch: conj(sch.enabled, lt(0, sch.skipped)),
 }
 
+def _resumption_deferred(layout: Layout, s: SState, r: int) -> Any:
+    """spec.sometimes.resumption_deferred: PREEMPTED, a free seat, and
+    spec.schedule._is_resumption_deferred (on 0.33's counters: stale output
+    in deliver mode; with the rule but no counters: orphaned entries)."""
+    rules, q = layout.cfg.rules, s.reqs[r]
+    if not rules.defer_resume_while_stale:
+        return z3.BoolVal(False)
+    if s.counters:
+        c = s.counters[r]
+        deferred = conj(neg(eq(c.stale, 0)), neg(c.drop))
+    else:
+        deferred = disj(*[conj(used, eq(e.req, r), eq(e.fate, ORPHANED)) for e, used in positions(layout, s)])
+    return conj(eq(q.status, PREEMPTED), lt(s.running_len, layout.cfg.max_num_seqs), deferred)
+
+
+def _stale_output_delivered(layout: Layout, st) -> Any:
+    """spec.sometimes.stale_output_delivered, on a step: a request PREEMPTED
+    before it gains an output."""
+    return disj(*[conj(eq(b.status, PREEMPTED), lt(b.num_output, a.num_output))
+                  for b, a in zip(st.before.reqs, st.after.reqs)])
+
+
+# "Sometimes" targets reached on a transition (spec Sometimes.on_step): formulas of a step.
+STEP_SOMETIMES_FORMULAS: dict[str, Callable[[Layout, Any], Any]] = {
+    "stale_output_delivered": _stale_output_delivered,
+}
+
 SOMETIMES_FORMULAS: dict[str, Callable[[Layout, SState], Any]] = {
     "request_can_finish": lambda layout, s: disj(*[_finished_normally(s, r) for r in range(layout.N)]),
     "pipeline_can_be_full": lambda layout, s: eq(s.num_batches, layout.K),
@@ -465,8 +558,16 @@ SOMETIMES_FORMULAS: dict[str, Callable[[Layout, SState], Any]] = {
     "preallocated_block":
         lambda layout, s: disj(*[_holds_preallocated_block(layout, s, r) for r in range(layout.N)]),
     "duplicate_cached_block": lambda layout, s: disj(*[lt(0, x) for x in s.pool.copy_rank]),
+    "resumption_deferred": lambda layout, s: disj(*[_resumption_deferred(layout, s, r) for r in range(layout.N)]),
+    # a step's target: no state alone reaches it (STEP_SOMETIMES_FORMULAS has its formula)
+    "stale_output_delivered": lambda layout, s: z3.BoolVal(False),
+    # the encoding's names are unique (Layout.of refuses allow_name_reuse): never reached here
+    "name_reused_in_flight": lambda layout, s: z3.BoolVal(False),
+    "empty_batch_in_queue":
+        lambda layout, s: disj(*[conj(lt(k, s.num_batches), eq(b.length, 0)) for k, b in enumerate(s.batches)]),
 }
 
-__all__ = ["INVARIANT_FORMULAS", "TRANSITION_FORMULAS", "SPEC_PROPERTIES", "SOMETIMES_FORMULAS", "NEEDS_SCHEDULE",
+__all__ = ["STEP_SOMETIMES_FORMULAS", "INVARIANT_FORMULAS", "COUNTER_FORMULAS", "ALL_INVARIANT_FORMULAS", "invariant_formulas_for",
+           "spec_properties_for", "TRANSITION_FORMULAS", "SPEC_PROPERTIES", "SOMETIMES_FORMULAS", "NEEDS_SCHEDULE",
            "SCHEDULE_SOMETIMES_FORMULAS", "VERIFICATION_SOMETIMES", "verification_target_applies",
            "well_formed", "positions", "has_live", "CompleteOldest"]

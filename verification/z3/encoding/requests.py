@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from flightcheck.verification.z3.encoding.state import NEW, PAD, Layout, SReq, SState
+from flightcheck.verification.z3.encoding.state import (
+    NEW,
+    PAD,
+    Layout,
+    SCounters,
+    SReq,
+    SState,
+)
 from flightcheck.verification.z3.encoding.terms import Builder, V, eq, ite, pick
 
 
@@ -71,6 +78,29 @@ def with_req(s: SState, r: Any, when: Any = True, **fields: Any) -> SState:
                 setattr(new, name, ite(c, value, old))
         reqs.append(new)
     out.reqs = reqs
+    return out
+
+
+def counters_at(s: SState, r: Any) -> SCounters:
+    """Request r's stale-output counters (a term r; the frame must have them)."""
+    cs = s.counters
+    return SCounters(pick([c.in_flight for c in cs], r), pick([c.stale for c in cs], r),
+                     pick([c.drop for c in cs], r))
+
+
+def with_counters(s: SState, r: Any, when: Any = True, **fields: Any) -> SState:
+    """s with the given counters of request r (a term) set, if `when`; a frame
+    without counters (0.8.x) is returned as it is."""
+    from flightcheck.verification.z3.encoding.terms import conj
+    if not s.counters:
+        return s
+    out = SState(**{f: getattr(s, f) for f in s.__dataclass_fields__})
+    counters = []
+    for k, c in enumerate(s.counters):
+        here = conj(when, eq(r, k))
+        counters.append(SCounters(*(ite(here, fields[name], getattr(c, name)) if name in fields else getattr(c, name)
+                                    for name in ("in_flight", "stale", "drop"))))
+    out.counters = counters
     return out
 
 

@@ -27,11 +27,13 @@ import z3
 from flightcheck.spec.profiles import num_preallocate_blocks
 from flightcheck.verification.z3.encoding import blocks as zb
 from flightcheck.verification.z3.encoding.requests import (
+    counters_at,
     empty_table,
     label_at,
     put_flag,
     req_at,
     tokens_at,
+    with_counters,
     with_req,
 )
 from flightcheck.verification.z3.encoding.state import (
@@ -41,6 +43,7 @@ from flightcheck.verification.z3.encoding.state import (
     PREEMPTED,
     RUNNING,
     SUPERSEDED,
+    WAITING,
     Layout,
     SBatch,
     SEntry,
@@ -144,9 +147,24 @@ def schedule(layout: Layout, builder: Builder, s: SState) -> SchedResult:
         acc = advance(acc, lambda a: _waiting_step(layout, builder, a, phase, threshold_on), f"wait{m}")
     first = len(builder.defs)
     state = builder.snap(_launch(layout, acc), "launch")
-    return SchedResult(state, is_enabled(layout, s), disj(lt(0, acc.count), acc.any_preempted),
+    return SchedResult(state, is_enabled(layout, s), _forms_a_batch(layout, s, acc),
                        acc.preempted, acc.admitted, acc.any_preempted, acc.count, acc.entries, trail, micro,
                        builder.defs[first:], acc.skipped)
+
+
+def _forms_a_batch(layout: Layout, s: SState, acc: BatchInProgress) -> Any:
+    """spec.schedule returns a Scheduled: something scheduled or preempted, or
+    (vLLM 0.33 `Profile.empty_batches`, spec.schedule._idle) an empty batch
+    while some request is unfinished."""
+    formed = disj(lt(0, acc.count), acc.any_preempted)
+    if not layout.cfg.rules.empty_batches:
+        return formed
+    return disj(formed, *[_unfinished(q.status) for q in s.reqs])
+
+
+def _unfinished(status: Any) -> Any:
+    """Arrived and not finished (spec Status.is_active)."""
+    return disj(eq(status, WAITING), eq(status, RUNNING), eq(status, PREEMPTED))
 
 
 def threshold_in_force(layout: Layout, s: SState) -> Any:
@@ -286,6 +304,13 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, thresh
     keep = v.num_computed if layout.is_mutant("preempt_keeps_counter") else V(0)
     p = with_req(p, victim, status=V(PREEMPTED), num_computed=keep, num_drafts=V(0), table_len=V(0),
                  table=empty_table(layout))
+    if p.counters:
+        # spec.schedule._mark_stale_output (vLLM 0.33 `_preempt_request`): the victim's
+        # tokens in flight become its stale output; drop mode by the configuration,
+        # or kept while an earlier drop share is undrained
+        c = builder.snap(counters_at(st, victim), "vc")
+        drop = z3.BoolVal(True) if cfg.stale_mode == "drop" else conj(c.drop, lt(0, c.stale))
+        p = with_counters(p, victim, stale=c.in_flight, drop=drop)
 
     out = BatchInProgress(merge(do_alloc, a, merge(do_pre, p, st)), budget, cnt, entries,
               put_flag(acc.preempted, victim, z3.BoolVal(True), do_pre), acc.admitted_from_preempted, acc.admitted,
@@ -335,7 +360,12 @@ def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase:
     r = builder.let("r", pick(st.waiting, acc.skipped, V(PAD)))
     q = builder.snap(req_at(st, r), "q")
     deferred = z3.BoolVal(False)
-    if rules.defer_resume_while_stale:
+    if rules.defer_resume_while_stale and st.counters:
+        # _is_resumption_deferred on vLLM 0.33's counters: stale output (the counter's
+        # truthiness) in deliver mode
+        c = counters_at(st, r)
+        deferred = builder.let("deferred", conj(neg(eq(c.stale, 0)), neg(c.drop)))
+    elif rules.defer_resume_while_stale:
         # _is_resumption_deferred: PREEMPTED with orphaned entries in flight
         deferred = builder.let("deferred", conj(eq(q.status, PREEMPTED), _has_orphans(layout, st, r)))
     tokens = builder.let("tokens", tokens_at(layout, st, r))
@@ -398,6 +428,11 @@ def _launch(layout: Layout, acc: BatchInProgress) -> SState:
             q.num_computed = q.num_computed + added
         if not cfg.continue_prefill:
             st.scheduled[k] = disj(st.scheduled[k], *mine)
+        if st.counters:
+            # spec.schedule._count_in_flight (vLLM 0.33 `_update_after_schedule`)
+            c = st.counters[k]
+            added = sum_terms([ite(m, e.n, V(0)) for m, e in zip(mine, new)]) if new else 0
+            c.in_flight = c.in_flight + added
     stale_to = LIVE if layout.is_mutant("stale_output_applied_to_resumed") else SUPERSEDED
     for b in st.batches:
         for e in b.entries:
@@ -415,6 +450,8 @@ def _launch(layout: Layout, acc: BatchInProgress) -> SState:
                     e.start, e.n = ite(alias, n.start, e.start), ite(alias, n.n, e.n)
                     e.samples, e.drafts = ite(alias, n.samples, e.samples), ite(alias, n.drafts, e.drafts)
     put_batch = lt(0, acc.count)
+    if cfg.rules.empty_batches:
+        put_batch = z3.BoolVal(True)       # vLLM 0.33 queues every step's batch, empty ones included
     if layout.is_mutant("empty_batch_submitted"):
         put_batch = z3.BoolVal(True)       # only reached when something was scheduled or preempted
     batch = SBatch(acc.count, [SEntry(e.req, e.start, e.n, e.samples, e.drafts, e.fate) for e in new])

@@ -19,7 +19,7 @@ outside every label the model can produce.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import z3
@@ -77,6 +77,9 @@ class Layout:
         bound = max(cfg.max_model_len + cfg.num_spec_tokens, e * cfg.max_model_len, cfg.num_blocks, n, t,
                     cfg.max_num_batched_tokens, -none, *(abs(x) for x in used),
                     *(p.max_tokens for p in model.prompts))
+        if cfg.rules.stale_output_counters:
+            _refuse_name_reuse(model)
+            bound = max(bound, cfg.num_stages * cfg.max_model_len)   # a request's tokens in flight
         width = max(8, (4 * bound).bit_length() + 1) if bitvectors else None
         distinct = all(len(set(p.labels)) == len(p.labels) for p in model.prompts)
         return Layout(model, n, cfg.num_stages, e, cfg.num_blocks, t, none, content, width, distinct)
@@ -86,6 +89,19 @@ class Layout:
 
     def max_tokens(self, r: int) -> int:
         return self.model.prompts[r].max_tokens
+
+
+def _refuse_name_reuse(model: Model) -> None:
+    """The encoding takes names to be unique (a request's name is its slot, so
+    it needs no variable): name reuse is the explicit search's to explore."""
+    if model.cfg.allow_name_reuse:
+        raise ValueError(f"model {model.name}: the Z3 encoding requires unique request names "
+                         "(allow_name_reuse=False); the explicit search explores name reuse")
+
+
+def has_counters(layout: Layout) -> bool:
+    """Whether the frame carries vLLM 0.33's stale-output counters (`SCounters`)."""
+    return layout.cfg.rules.stale_output_counters
 
 
 def _content_label(model: Model, r: int, i: int) -> int:
@@ -106,6 +122,17 @@ class SReq:
     num_drafts: Any
     table_len: Any
     table: list
+
+
+@dataclass
+class SCounters:
+    """vLLM 0.33's per-request counters (spec Request.num_in_flight,
+    num_stale, drop_stale). Only profiles with stale-output counters have
+    them: under 0.8.x the spec keeps them 0/False, and the frame holds none."""
+
+    in_flight: Any
+    stale: Any
+    drop: Any             # Bool
 
 
 @dataclass
@@ -149,6 +176,7 @@ class SState:
     pool: SPool
     scheduled: list           # Bool per request: one-batch-per-request's in-flight set
     was_preempted: list       # ghost Bool per request: PREEMPTED at some point (sometimes targets)
+    counters: list = field(default_factory=list)   # SCounters per request; [] without stale-output counters
 
 
 def frame(layout: Layout, tag: str) -> SState:
@@ -173,7 +201,9 @@ def frame(layout: Layout, tag: str) -> SState:
     return SState(reqs, ints("waiting", layout.N), I(f"waiting_len@{tag}"),
                   ints("running", layout.N), I(f"running_len@{tag}"), I(f"num_batches@{tag}"),
                   batches, pool, [Bo(f"scheduled[{r}]@{tag}") for r in range(layout.N)],
-                  [Bo(f"was_preempted[{r}]@{tag}") for r in range(layout.N)])
+                  [Bo(f"was_preempted[{r}]@{tag}") for r in range(layout.N)],
+                  [SCounters(I(f"in_flight[{r}]@{tag}"), I(f"stale[{r}]@{tag}"), Bo(f"drop_stale[{r}]@{tag}"))
+                   for r in range(layout.N)] if has_counters(layout) else [])
 
 
 def variables(s: SState, ghost: bool = True) -> list[z3.ExprRef]:
@@ -204,6 +234,10 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
             (p.prompt_len, p.max_tokens, p.labels if cfg.prefix_caching else ())
         if (q.prompt_len, q.max_tokens, q.prompt_labels) != want:
             raise NotRepresentable(f"request {r} has a prompt other than the model's")
+        if q.name is not None:
+            raise NotRepresentable(f"request {r} arrived under a reused name")
+        if not has_counters(layout) and (q.num_in_flight, q.num_stale, q.drop_stale) != (0, 0, False):
+            raise NotRepresentable(f"request {r} has stale-output counters under a profile without them")
         reqs.append(SReq(V(STATUS.index(q.status)), V(q.num_output), V(q.num_computed),
                          V(q.num_drafts), V(len(q.block_table)),
                          padded(q.block_table, layout.T, f"r{r}'s block table")))
@@ -214,6 +248,8 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
         batch = state.in_flight[k] if k < len(state.in_flight) else ()
         if len(batch) > layout.E:
             raise NotRepresentable("too many entries in a batch")
+        if any(e.name is not None for e in batch):
+            raise NotRepresentable("an entry looked up by a reused name")
         entries = [SEntry(V(e.req), V(e.start), V(e.n), z3.BoolVal(e.samples), V(e.drafts),
                           V(FATE.index(e.fate))) for e in batch]
         entries += [pad_entry() for _ in range(layout.E - len(batch))]
@@ -228,7 +264,9 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
                   padded(state.running, layout.N, "running"), V(len(state.running)),
                   V(len(state.in_flight)), batches, spool,
                   [z3.BoolVal(r in state.scheduled_ids) for r in range(layout.N)],
-                  [z3.BoolVal(g) for g in ghost])
+                  [z3.BoolVal(g) for g in ghost],
+                  [SCounters(V(q.num_in_flight), V(q.num_stale), z3.BoolVal(q.drop_stale)) for q in state.requests]
+                  if has_counters(layout) else [])
 
 
 def _check_ranks_can_hold(pool: BlockPool) -> None:
@@ -309,6 +347,9 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
             dict(prompt_len=p.prompt_len, max_tokens=p.max_tokens,
                  prompt_labels=p.labels if cfg.prefix_caching else ())
         table = tuple(iv(b) for b in q.table[:iv(q.table_len)])
+        if f.counters:
+            c = f.counters[r]
+            fixed.update(num_in_flight=iv(c.in_flight), num_stale=iv(c.stale), drop_stale=bv(c.drop))
         reqs.append(Request(status=status, num_output=iv(q.num_output), num_computed=iv(q.num_computed),
                             num_drafts=iv(q.num_drafts), block_table=table, **fixed))
     in_flight = []

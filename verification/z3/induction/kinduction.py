@@ -51,9 +51,10 @@ from flightcheck.verification.z3.encoding.actions import (
     complete_guard,
 )
 from flightcheck.verification.z3.encoding.invariants import (
-    INVARIANT_FORMULAS,
+    ALL_INVARIANT_FORMULAS,
     NEEDS_SCHEDULE,
     TRANSITION_FORMULAS,
+    invariant_formulas_for,
     well_formed,
 )
 from flightcheck.verification.z3.encoding.schedule import SchedResult
@@ -82,8 +83,8 @@ def formula(system: System, name: str, state: SState, schedule: SchedResult | No
     """Conjunct `name` on a symbolic state (a frame or an action's effect)."""
     if name == "WF_encoding":
         return system.build(well_formed, state)
-    if name in INVARIANT_FORMULAS:
-        return system.build(INVARIANT_FORMULAS[name], state, schedule)
+    if name in ALL_INVARIANT_FORMULAS:
+        return system.build(ALL_INVARIANT_FORMULAS[name], state, schedule)
     if is_candidate(name):
         return system.build(predicate(name), state)
     return system.build(AUXILIARY[name], state)
@@ -405,7 +406,7 @@ def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | Non
     `progress`: told of every conjunct the Houdini loop drops."""
     started = time.perf_counter()
     system = System(model)
-    names = ["WF_encoding", *(INVARIANT_FORMULAS if invariants is None else invariants),
+    names = ["WF_encoding", *(invariant_formulas_for(model.cfg) if invariants is None else invariants),
              *(AUXILIARY if auxiliary is None else auxiliary)]
     method = f"k-induction (k={k})"
     tell = progress or (lambda _: None)

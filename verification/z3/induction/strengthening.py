@@ -120,6 +120,29 @@ def a9_held_blocks_are_not_free(layout: Layout, s: SState) -> Any:
     return conj(out)
 
 
+def a10_inactive_has_no_counters(layout: Layout, s: SState) -> Any:
+    """vLLM 0.33: a request not yet arrived or finished keeps no stale-output counters (finishing forgets them)."""
+    out = []
+    for q, c in zip(s.reqs, s.counters):        # no counters (0.8.x): nothing to say
+        active = disj(eq(q.status, WAITING), eq(q.status, RUNNING), eq(q.status, PREEMPTED))
+        out.append(z3.Implies(neg(active), conj(eq(c.in_flight, 0), eq(c.stale, 0), neg(c.drop))))
+    return conj(out)
+
+
+def a11_stale_entries_come_first(layout: Layout, s: SState) -> Any:
+    """vLLM 0.33: an unfinished request's entries scheduled before its last preemption (not LIVE) precede its LIVE ones in the FIFO."""
+    if not s.counters:
+        return z3.BoolVal(True)
+    out, slots = [], positions(layout, s)
+    for r, q in enumerate(s.reqs):
+        active = disj(eq(q.status, WAITING), eq(q.status, RUNNING), eq(q.status, PREEMPTED))
+        for i, (e1, u1) in enumerate(slots):
+            for e2, u2 in slots[i + 1:]:
+                live_then_stale = conj(u1, u2, eq(e1.req, r), eq(e2.req, r), eq(e1.fate, LIVE), neg(eq(e2.fate, LIVE)))
+                out.append(z3.Implies(active, neg(live_then_stale)))
+    return conj(out)
+
+
 AUXILIARY: dict[str, AuxiliaryInvariant] = {
     "A1_new_is_pristine": a1_new_is_pristine,
     "A2_waiting_never_ran": a2_waiting_never_ran,
@@ -130,6 +153,8 @@ AUXILIARY: dict[str, AuxiliaryInvariant] = {
     "A7_unlabelled_blocks_are_private": a7_unlabelled_blocks_are_private,
     "A8_one_live_entry_per_request": a8_one_live_entry_per_request,
     "A9_held_blocks_are_not_free": a9_held_blocks_are_not_free,
+    "A10_inactive_has_no_counters": a10_inactive_has_no_counters,
+    "A11_stale_entries_come_first": a11_stale_entries_come_first,
 }
 
 __all__ = ["AUXILIARY", "RUNNING"]
