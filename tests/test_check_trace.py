@@ -258,24 +258,26 @@ def _reused_name_after_a_partial_chunk() -> list[dict]:
 
 
 @pytest.mark.parametrize("full", [False, True])
-def test_an_old_output_under_a_reused_name_not_listed_as_dropped_leaves_its_counters_unchecked(full):
-    """The trace cannot say whether vLLM settled the new x's counters with the
-    old chunk (its id-reuse bug) or dropped it: the reference lists it in
-    `dropped` and nothing is left unchecked; without that key (as vLLM's
-    recorder writes it) the verdict is the same and the counters are named
-    unchecked (docs/trace-format.md). Both checkers agree."""
+def test_an_old_output_under_a_reused_name_not_listed_as_dropped_breaks_the_in_flight_counter(full):
+    """vLLM 0.33 looks an output up by name, so an old chunk that sampled
+    nothing still settles the new x's counters (its id-reuse bug, no token
+    to show for it). The reference drops it and lists it in `dropped`:
+    accepted. Without that key (as vLLM's recorder writes it) the spec's rule
+    applies and the `complete` event is rejected as IF1. Both checkers agree;
+    the fresh-id twin is accepted."""
     events = _reused_name_after_a_partial_chunk()
     first = next(i for i, e in enumerate(events) if e["ev"] == "complete")
     assert events[first]["dropped"] == ["x"] and events[first]["tokens"] == {"x": []}
     said = check_events(events, profile="vllm-0.33", full=full)
     assert said.profile == "vllm-0.33"
-    assert said.ok and not any("reused name" in u for u in said.unchecked), said
+    assert said.ok, said
     unlisted = [{k: v for k, v in e.items() if k != "dropped"} if i == first else e
                 for i, e in enumerate(events)]
     said = check_events(unlisted, profile="vllm-0.33", full=full)
-    assert said.ok and any("reused name" in u for u in said.unchecked), said
+    assert not said.ok and said.property == "IF1_in_flight_counter", said
+    assert said.event_index == first, said
     fresh = check_events(events_of(_concurrent(None)), profile="vllm-0.33", full=full)
-    assert not any("reused name" in u for u in fresh.unchecked)
+    assert fresh.ok, fresh
 
 
 # -- malformed files ------------------------------------------------------------

@@ -65,18 +65,6 @@ REASONS = {"stop": Status.FINISHED_STOPPED, "length": Status.FINISHED_LENGTH,
            "abort": Status.FINISHED_ABORTED}
 
 
-# What a trace cannot show (docs/trace-format.md, "What the checker does with
-# it"): vLLM 0.33 looks an output up by name and settles the in-flight and
-# stale counters of whoever holds the name; a trace carries no counters, so an
-# older incarnation's output that sampled nothing, completing while a newer
-# incarnation holds its reused name and not listed in `dropped`, may have
-# moved the newer one's counters (vLLM's id-reuse bug) or nothing at all.
-UNCHECKED_REUSED_NAME_COUNTERS = (
-    "counters of a reused name's holder (an older incarnation's batch that sampled nothing "
-    "completed while a newer one held its name, not listed as dropped; a trace carries no "
-    "num_in_flight_tokens)")
-
-
 class MalformedTrace(ValueError):
     """The file is not a trace in the format (exit code 2)."""
 
@@ -450,7 +438,17 @@ class TraceChecker:
                 raise _Violation("S5_one_sample_per_prefill" if e.fate.value == "live" else "S7_output_binding",
                                  f"tokens of {what} of {name} were applied")
             elif not returned and name not in dropped and self._name_held_by_another(e.req):
-                self.unchecked.add(UNCHECKED_REUSED_NAME_COUNTERS)
+                # vLLM 0.33 looks the output up by name: the newer incarnation's
+                # in-flight counter drops by tokens none of its own batches
+                # carried (the id-reuse bug, with no token to show for it). A
+                # scheduler that dropped the output says so in `dropped`.
+                holder = self.slot[name]
+                raise _Violation("IF1_in_flight_counter",
+                                 f"an older {name}'s batch ({e.n} tokens, no token sampled) completes "
+                                 f"while a newer {name} holds the name: looked up by name, the newer "
+                                 f"one's in-flight counter drops to "
+                                 f"{self.state.requests[holder].num_in_flight - e.n}, which its own "
+                                 f"batches in flight do not account for (not listed in `dropped`)")
         before = self.state
         after = complete_oldest(self.state, self.cfg, tuple(samples), dropped=frozenset(dropped_orphans))
         if after is None:
