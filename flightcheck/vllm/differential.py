@@ -181,10 +181,23 @@ class _BatchView:
             req_ids=[entry.req_id for entry in cached],
             num_computed_tokens=[entry.num_computed_tokens for entry in cached],
             new_token_ids=[],
-            num_output_tokens=[scheduler.requests[entry.req_id].num_output_tokens for entry in cached])
+            num_output_tokens=[_outputs_when_scheduled(scheduler.requests[entry.req_id], entry)
+                               for entry in cached])
         self.num_scheduled_tokens = output.num_scheduled_tokens
         self.total_num_scheduled_tokens = output.total_num_scheduled_tokens
         self.finished_req_ids = output.finished_req_ids
+
+
+def _outputs_when_scheduled(request: Request, entry: RequestData) -> int:
+    """vLLM 0.33's `CachedRequestData.num_output_tokens` for the entry: the
+    request's outputs plus its output placeholders as they were when the
+    snapshot was built, before `_update_after_schedule` (the reference's
+    snapshot is read after it: the entry's own placeholders, if it added any,
+    are taken off again; 0 without async scheduling)."""
+    placeholders = request.num_output_placeholders
+    if placeholders and not request.is_prefill_chunk:
+        placeholders -= 1 + len(entry.spec_token_ids)
+    return request.num_output_tokens + placeholders
 
 
 class _ReferenceSide:
@@ -275,8 +288,9 @@ def run_reference(raw_workload: dict[str, Any], profile: str, mutant: str | None
     sink = io.StringIO()
     trace = TraceWriter(sink, eos_token_id=workload.eos_token_id)
     config = reference_config(workload, profile, mutant)
-    # The version's engine: 0.33's loop queues empty batches (engine.py).
-    v033 = config.version_profile.engine_loop == "vllm-0.33"
+    # The version's engine: 0.33's loop queues empty batches (engine.py), K
+    # batches deep, or K + 1 under async scheduling (`batch_queue_depth`).
+    v033 = config.version_profile.engine_loop in ("vllm-0.33", "vllm-0.33-async")
     scheduler_class: type[TracingScheduler] = TracingScheduler
     if vllm_outputs:
         scheduler_class = Vllm033OutputScheduler if v033 else Vllm08OutputScheduler
@@ -285,7 +299,7 @@ def run_reference(raw_workload: dict[str, Any], profile: str, mutant: str | None
     engine: BatchQueueEngine
     if v033:
         model = FabricatedModel(workload, _model_output, caches_sampled_tokens=True)
-        engine = BatchQueueEngineV033(side, model, workload.config.num_stages,
+        engine = BatchQueueEngineV033(side, model, config.batch_queue_depth,
                                       lambda req_ids: scheduler.finish_requests(
                                           req_ids, RequestStatus.FINISHED_ABORTED))
     else:
@@ -335,7 +349,8 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
             if not event.get("entries") and not event.get("preempted"):
                 continue
             entries = tuple((e["req"], e["start"], e["n"], e.get("samples"), e.get("cached", 0),
-                             tuple(b + block_offset for b in e.get("block_ids", ())))
+                             tuple(b + block_offset for b in e.get("block_ids", ())),
+                             e.get("placeholders"))
                             for e in event.get("entries", ()))
             out.append(("schedule", entries, tuple(event.get("preempted", ()))))
         elif kind == "complete":
@@ -519,9 +534,15 @@ def read_trace(path: str | Path) -> list[dict[str, Any]]:
 
 # vLLM version -> the reference profile that models it.
 VERSION_PROFILES: dict[str, str] = {"0.8.5": "vllm-0.8.5", "0.8.4": "vllm-0.8.4", "0.33.0": "vllm-0.33"}
+# ... and with async scheduling (vLLM 0.33's AsyncScheduler with the V2 runner).
+ASYNC_VERSION_PROFILES: dict[str, str] = {"0.33.0": "vllm-0.33-async"}
 
 
-def profile_for(vllm_version: str) -> str:
+def profile_for(vllm_version: str, async_scheduling: bool = False) -> str:
+    if async_scheduling:
+        if vllm_version not in ASYNC_VERSION_PROFILES:
+            raise ValueError(f"vLLM {vllm_version} has no async scheduling the reference models")
+        return ASYNC_VERSION_PROFILES[vllm_version]
     name = VERSION_PROFILES.get(vllm_version, f"vllm-{vllm_version}")
     if name not in PROFILES:
         raise ValueError(f"no reference profile for vLLM {vllm_version}")
