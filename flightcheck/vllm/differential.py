@@ -173,10 +173,20 @@ class _BatchView:
     V1 runner's last rank), read when the batch is formed. `output` is the
     reference's own, handed back to its `update_from_output`."""
 
-    def __init__(self, output: Any, scheduler: TracingScheduler) -> None:
+    def __init__(self, output: Any, scheduler: TracingScheduler, v2_runner: bool = False) -> None:
         self.output = output
         cached = output.scheduled_cached_reqs
         self.scheduled_new_reqs = output.scheduled_new_reqs
+        if v2_runner:
+            # The V2 runner (async scheduling) gets a new request with all its
+            # tokens (`NewRequestData.from_request(req, ..., req._all_token_ids)`,
+            # `Scheduler.schedule`): tokens already appended to it (an older
+            # request's output bound by a reused id) are part of its prefill.
+            self.scheduled_new_reqs = [
+                SimpleNamespace(req_id=entry.req_id, prompt_token_ids=entry.prompt_token_ids,
+                                num_computed_tokens=entry.num_computed_tokens,
+                                prefill_token_ids=list(scheduler.requests[entry.req_id].all_token_ids))
+                for entry in output.scheduled_new_reqs]
         self.scheduled_cached_reqs = SimpleNamespace(
             req_ids=[entry.req_id for entry in cached],
             num_computed_tokens=[entry.num_computed_tokens for entry in cached],
@@ -229,7 +239,8 @@ class _ReferenceSide:
         if not self.saw_duplicate_cached_block:
             cached = self.scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
             self.saw_duplicate_cached_block = any(len(copies) > 1 for copies in cached.values())
-        return _BatchView(output, self.scheduler) if self.batch_level_cached_data else output
+        return (_BatchView(output, self.scheduler, self.scheduler.config.async_scheduling)
+                if self.batch_level_cached_data else output)
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         if isinstance(scheduler_output, _BatchView):
