@@ -194,3 +194,26 @@ def test_the_cli_replays_with_async_scheduling(tmp_path: Path, capsys: pytest.Ca
     assert report["workloads"][0]["async_scheduling"] and report["workloads"][0]["batch_queue_depth"] == 3
     assert read_trace(trace)[0]["async_scheduling"] is True
     assert main(["vllm", "replay", str(workload), "--async"]) == 2       # 0.8.5 has no AsyncScheduler
+
+
+NAMED = json.loads((Path(__file__).resolve().parent / "data" / "vllm" / "workloads-0.33.json").read_text())
+REUSE = ("id-reuse-wrong-binding", "id-reuse-hang", "id-reuse-assertion")
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("raw", NAMED, ids=[w["name"] for w in NAMED])
+def test_the_named_0_33_workloads_under_async_scheduling_with_vllm_s_own_placeholders(
+        running: Workers, raw: dict[str, Any], tmp_path: Path):
+    """Ground truth from AsyncScheduler's state: with fresh ids its
+    placeholders keep their invariants and the reference equals vLLM; with a
+    reused id the old request's token settles a placeholder of the new one
+    (none of whose sampling entries had returned), and the difference is the
+    named id-reuse deviation."""
+    result, comparison = compare_async(running, with_async_scheduling(raw), tmp_path)
+    breaches = result["ground_truth"]["placeholder_mismatches"]
+    if raw["name"] in REUSE:
+        assert comparison.explained and comparison.deviation == "reused_id_output_dropped", comparison.describe()
+        assert [b["rule"] for b in breaches] == ["placeholders = sampling entries in flight"]
+    else:
+        assert comparison.equal, comparison.describe()
+        assert breaches == [] and findings(result) == [] and result["ending"] == "done"
