@@ -38,6 +38,16 @@ def test_simulate_json_has_vllm_keys(capsys):
         assert key in doc
 
 
+def test_simulate_names_the_profile_it_ran(capsys):
+    assert main([*SMALL, "--pp", "2", "--profile", "vllm-0.33-async", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["profile"] == "vllm-0.33-async" and doc["completed"] == 12
+    assert main([*SMALL, "--pp", "2", "--profile", "vllm-0.33-async"]) == 0
+    assert "profile vllm-0.33-async, at most 3 batches in flight" in capsys.readouterr().err
+    assert main([*SMALL, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["profile"] == "vllm-0.8.5"
+
+
 def test_simulate_seeds_reports_median_and_spread(capsys):
     assert main([*SMALL, "--seeds", "3", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -84,6 +94,7 @@ def test_plot_draws_cdfs_of_two_results(tmp_path):
      "dataset file not found: /nonexistent.csv"),
     (["simulate", "--dataset", "sharegpt"], "needs --dataset-path"),
     (["simulate", "--policy", "greedy"], "invalid choice"),
+    (["simulate", "--profile", "vllm-9"], "invalid choice"),
     (["plot", "/nonexistent.jsonl"], "file not found"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(args, fragment):

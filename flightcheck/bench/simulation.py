@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from flightcheck.reference import Engine, SchedulerConfig, make_scheduler
+from flightcheck.reference.profiles import DEFAULT_PROFILE, PROFILES
 
 from .charged_scheduler import ChargedScheduler
 from .clock import VirtualClock
@@ -38,12 +39,19 @@ class SimConfig:
     num_blocks: int | None = None            # None: what fits next to the weights
     enable_prefix_caching: bool = False      # the seed ran --no-enable-prefix-caching
     policy: str = "continue-prefill"
+    # The vLLM version the reference scheduler and engine loop model
+    # (reference/profiles.py): `vllm-0.33-async` is 0.33's AsyncScheduler with
+    # a K + 1 deep batch queue, `vllm-0.33` the same version scheduling
+    # synchronously.
+    profile: str = DEFAULT_PROFILE
     params: CostParams = CALIBRATED
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise WorkloadError(f"unknown --policy {self.policy!r}; known: {', '.join(POLICIES)}")
+        if self.profile not in PROFILES:
+            raise WorkloadError(f"unknown --profile {self.profile!r}; known: {', '.join(PROFILES)}")
 
 
 @dataclass
@@ -56,6 +64,10 @@ class SimRun:
     wall_s: float                    # the whole simulation, real seconds
     scheduler_wall_s: float          # real seconds inside schedule() + update_from_output()
     spans: list[StageSpan] = field(default_factory=list)
+    max_in_flight: int = 0           # most batches with tokens in flight at once
+    num_empty_batches: int = 0       # vLLM 0.33's loop queues empty schedule() outputs too
+    submissions: list[int | None] = field(default_factory=list)   # if record_spans: batch
+                                     # ids in submission order, None for an empty batch
 
     @property
     def scheduler_share(self) -> float:
@@ -94,12 +106,16 @@ def simulate(workload: Workload, config: SimConfig, trace_path: str | None = Non
         max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
         max_model_len=config.max_model_len, block_size=config.block_size, num_blocks=num_blocks,
         num_pipeline_stages=config.pp, enable_prefix_caching=config.enable_prefix_caching,
-        continue_prefill=config.policy == "continue-prefill")
+        continue_prefill=config.policy == "continue-prefill", profile=config.profile)
     clock = VirtualClock()
     trace = TimedTraceWriter.to_path(trace_path, clock.now) if trace_path else None
     try:
         scheduler = ChargedScheduler(make_scheduler(sched_config, trace), clock, config.params)
-        executor = SimulatedExecutor(cost, clock, trace=trace, record_spans=record_spans)
+        # Under async scheduling a batch's first stage waits for the tokens the
+        # batch K submissions earlier sampled (the V2 runner's PP broadcast).
+        executor = SimulatedExecutor(cost, clock, trace=trace, record_spans=record_spans,
+                                     sampled_token_lag=(config.pp if sched_config.async_scheduling
+                                                        else 0))
         engine = Engine(scheduler, executor)       # type: ignore[arg-type]  # a forwarding proxy
         run = serve(engine, clock, workload, client_in_s=config.params.client_in_s,
                     client_out_s=config.params.client_out_s)
@@ -110,4 +126,5 @@ def simulate(workload: Workload, config: SimConfig, trace_path: str | None = Non
             trace.close()
     metrics = compute_metrics(run.records, run.duration, config.percentiles)
     return SimRun(config, metrics, executor.num_batches, num_blocks, executor.busy_time,
-                  time.perf_counter() - wall0, scheduler.wall_seconds, executor.spans)
+                  time.perf_counter() - wall0, scheduler.wall_seconds, executor.spans,
+                  executor.max_in_flight, executor.num_empty_batches, executor.submissions)

@@ -67,6 +67,10 @@ def add_parser(sub) -> None:
                    help="off by default, as in the seed PR's run")
     p.add_argument("--policy", default="continue-prefill",
                    choices=("continue-prefill", "one-batch-per-request"))
+    p.add_argument("--profile", default="vllm-0.8.5",
+                   choices=("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async"),
+                   help="the vLLM version scheduled and its engine loop (default vllm-0.8.5); "
+                   "vllm-0.33-async: 0.33's AsyncScheduler, batch queue K + 1, decodes K steps apart")
     p.add_argument("--eta-compute", type=positive_float,
                    help="override the calibrated compute efficiency (what-if)")
     p.add_argument("--eta-memory", type=positive_float,
@@ -146,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs, block_size=args.block_size, num_blocks=args.num_blocks,
             enable_prefix_caching=args.enable_prefix_caching, policy=args.policy,
-            percentiles=args.metric_percentiles)
+            profile=args.profile, percentiles=args.metric_percentiles)
         if args.eta_compute or args.eta_memory:
             config = replace(config, params=config.params.with_efficiency(
                 min(1.0, args.eta_compute or config.params.compute_efficiency),
@@ -161,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         return bad(str(err))
     except OSError as err:
         return bad(f"{err.filename or ''}: {err.strerror or err}")
-    extra = {"simulator": True, "policy": args.policy, "model": args.model, "gpu": args.gpu,
+    extra = {"simulator": True, "policy": args.policy, "profile": args.profile, "model": args.model, "gpu": args.gpu,
              "pp": args.pp, "dataset": args.dataset, "request_rate": args.request_rate,
              "num_prompts": args.num_prompts,
              "compute_efficiency": config.params.compute_efficiency,
@@ -174,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         wall = sum(r.wall_s for r in runs)
         share = sum(r.scheduler_wall_s for r in runs) / wall if wall else 0.0
         print(f"simulated {sum(r.num_batches for r in runs)} batches in {wall:.2f} s "
-              f"({share:.0%} inside the reference scheduler); KV blocks {runs[0].num_blocks}",
-              file=sys.stderr)
+              f"({share:.0%} inside the reference scheduler); KV blocks {runs[0].num_blocks}; "
+              f"profile {args.profile}, at most {max(r.max_in_flight for r in runs)} batches "
+              f"in flight", file=sys.stderr)
     return 0
