@@ -164,3 +164,27 @@ def test_async_first_stage_waits_for_the_tokens_sampled_k_batches_before():
 def test_unknown_profile_is_refused():
     with pytest.raises(WorkloadError, match="unknown --profile"):
         SimConfig(profile="vllm-9")
+
+
+def test_decode_timeline_shows_two_decodes_of_one_request_in_flight_only_under_async(tmp_path):
+    from flightcheck.bench.plots.decodes import (decode_perfetto_events, decodes_of, draw_decodes,
+                                                 max_in_flight)
+    from flightcheck.bench.plots.trace_reader import read_timeline
+
+    w = Workload("t", tuple(RequestSpec(f"s{i}", 100, 12, send_time=0.02 * i) for i in range(4)))
+    in_flight = {}
+    for profile in ("vllm-0.33", "vllm-0.33-async"):
+        trace = tmp_path / f"{profile}.jsonl"
+        simulate(w, SimConfig(pp=2, profile=profile), trace_path=str(trace))
+        data = read_timeline(trace)
+        decodes = decodes_of(data, "s1")
+        assert len(decodes) == 11            # 12 tokens: the first comes from the prefill
+        in_flight[profile] = max_in_flight(decodes)
+        if profile == "vllm-0.33-async":
+            # Scheduled while the previous decode is in flight: 2 placeholders.
+            assert {d.placeholders for d in decodes[2:-1]} == {2}
+            draw_decodes(data, "s1", tmp_path / "d.png", first=3, count=4)
+            assert (tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG"
+            events = decode_perfetto_events(data, "s1")["traceEvents"]
+            assert sum(e.get("cat") == "engine" for e in events) == 11
+    assert in_flight == {"vllm-0.33": 1, "vllm-0.33-async": 2}

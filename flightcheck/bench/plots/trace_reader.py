@@ -39,6 +39,13 @@ class TimelineData:
     batches: dict[int, list[Entry]] = field(default_factory=dict)
     spans: list[Span] = field(default_factory=list)
     prompt_lens: dict[str, int] = field(default_factory=dict)
+    # When the engine scheduled each batch and when it took its output back
+    # (the events' optional "t"): what a batch in flight means to the engine.
+    scheduled_at: dict[int, float] = field(default_factory=dict)
+    completed_at: dict[int, float] = field(default_factory=dict)
+    # Output placeholders after the schedule, by (batch, request), where the
+    # writer records them (vLLM 0.33's AsyncScheduler, issue 22).
+    placeholders: dict[tuple[int, str], int] = field(default_factory=dict)
 
     def chunks_of(self, req: str) -> list[tuple[int, Entry]]:
         """(batch, entry) of each prefill chunk of `req`, in batch order."""
@@ -83,8 +90,17 @@ def read_timeline(path: str | Path) -> TimelineData:
             elif kind == "arrive":
                 data.prompt_lens[ev["req"]] = int(ev.get("prompt_len", 0))
             elif kind == "schedule" and ev.get("batch") is not None:
-                data.batches[int(ev["batch"])] = [_entry(e, data.prompt_lens)
-                                                  for e in ev.get("entries", [])]
+                batch = int(ev["batch"])
+                data.batches[batch] = [_entry(e, data.prompt_lens)
+                                       for e in ev.get("entries", [])]
+                if isinstance(ev.get("t"), (int, float)):
+                    data.scheduled_at[batch] = float(ev["t"])
+                for e in ev.get("entries", []):
+                    if isinstance(e.get("placeholders"), int):
+                        data.placeholders[(batch, e["req"])] = e["placeholders"]
+            elif (kind == "complete" and ev.get("batch") is not None
+                  and isinstance(ev.get("t"), (int, float))):
+                data.completed_at[int(ev["batch"])] = float(ev["t"])
             elif kind == "stage":
                 try:
                     data.spans.append(Span(int(ev["batch"]), int(ev["stage"]),
