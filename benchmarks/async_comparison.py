@@ -3,7 +3,7 @@ workload (synthetic BurstGPT, 150 prompts at 2 req/s, Llama-3.1-8B on L4,
 budget 2048) under PP = 2 and PP = 4, workload seeds 0-19 (declared before
 the run), the calibrated cost model, nothing refitted.
 
-    python benchmarks/async_comparison.py [--out docs/results] [--processes 2]
+    python benchmarks/async_comparison.py [--out docs/results] [--processes 2] [--gpu H100]
 
 Profiles: `vllm-0.8.5` (the seed's engine), `vllm-0.33` (0.33 scheduling
 synchronously) and `vllm-0.33-async` (0.33's AsyncScheduler, queue K + 1,
@@ -44,9 +44,9 @@ HIGHER_IS_BETTER = {"output_throughput"}
 GAIN_KEYS = KEYS[:8]          # the rest describe the batches: no better or worse
 
 
-def _one(job: tuple[int, str, bool, int]) -> tuple[dict[str, float], float]:
-    pp, profile, cpu_free, seed = job
-    config = SimConfig(pp=pp, profile=profile)
+def _one(job: tuple[str, int, str, bool, int]) -> tuple[dict[str, float], float]:
+    gpu, pp, profile, cpu_free, seed = job
+    config = SimConfig(gpu=gpu, pp=pp, profile=profile)
     if cpu_free:
         config = replace(config, params=replace(config.params, sched_fixed_s=0.0,
                                                 sched_per_running_s=0.0, update_fixed_s=0.0,
@@ -66,20 +66,21 @@ def main() -> int:
     parser.add_argument("--out", default="docs/results")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=len(SEEDS), help="first N of seeds 0-19")
+    parser.add_argument("--gpu", default="L4", help="what-if: another GPU (the L4 fit carried over)")
     args = parser.parse_args()
     seeds = SEEDS[:args.seeds]
     t0 = time.perf_counter()
-    jobs = [(pp, profile, cpu_free, s) for pp in PPS for _, profile, cpu_free in VARIANTS
+    jobs = [(args.gpu, pp, profile, cpu_free, s) for pp in PPS for _, profile, cpu_free in VARIANTS
             for s in seeds]
     with get_context("fork").Pool(args.processes) as pool:
         outputs = pool.map(_one, jobs)
     results: dict[tuple[int, str], list[dict[str, float]]] = {}
-    for (pp, profile, cpu_free, _), (summary, _) in zip(jobs, outputs):
+    for (_, pp, profile, cpu_free, _), (summary, _) in zip(jobs, outputs):
         label = next(v[0] for v in VARIANTS if v[1] == profile and v[2] == cpu_free)
         results.setdefault((pp, label), []).append(summary)
     doc: dict[str, object] = {"seeds": list(seeds), "statistic": "median over seeds",
                               "workload": "synthetic BurstGPT, 150 prompts, 2 req/s",
-                              "model": "llama-3.1-8b", "gpu": "L4",
+                              "model": "llama-3.1-8b", "gpu": args.gpu,
                               "max_num_batched_tokens": 2048, "runs": {}}
     for pp in PPS:
         print(f"\nPP = {pp}: medians over {len(seeds)} seeds; paired = median of per-seed "
@@ -113,7 +114,8 @@ def main() -> int:
     doc["elapsed_s"] = round(elapsed, 1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sim-async-20seeds.json").write_text(json.dumps(doc, indent=0))
+    suffix = "" if args.gpu == "L4" else f"-{args.gpu}"
+    (out / f"sim-async-20seeds{suffix}.json").write_text(json.dumps(doc, indent=0))
     return 0
 
 

@@ -2,7 +2,7 @@
 
     python benchmarks/make_figures.py            # ~1 min on 2 cores
 
-Writes docs/figures/*.png, docs/figures/long-prompt-*.perfetto.json and (via
+Writes docs/figures/*.png, docs/figures/{long-prompt,decodes}-*.perfetto.json and (via
 benchmarks/seed_comparison.py) docs/results/*.json and the comparison table
 on stdout. Traces go to a temporary folder (the 150-prompt ones are ~5 MB).
 """
@@ -33,6 +33,9 @@ def run(*args: str) -> None:
 def main() -> int:
     FIG.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "benchmarks/seed_comparison.py"], check=True)
+    # Issue 22's decode timelines (the sync/async table itself takes ~4 min:
+    # benchmarks/async_comparison.py, run separately).
+    subprocess.run([sys.executable, "benchmarks/async_timelines.py"], check=True)
     with tempfile.TemporaryDirectory() as tmp:
         for policy, short in SHORT.items():
             trace = f"{tmp}/burstgpt-{short}.jsonl"
