@@ -54,7 +54,8 @@ appended for a chunk that did not reach the request's known tokens when it
 was scheduled; (0.8.4) `scheduled_req_ids` disagreeing with the batches
 actually in flight; (0.33) a negative `num_in_flight_tokens` or
 `num_stale_output_tokens`, and `num_in_flight_tokens` disagreeing with the
-tokens of that request's batches actually in flight.
+tokens of that request's batches actually in flight; (0.33 `AsyncScheduler`)
+output placeholders breaching their invariants (`_fc_check_placeholders`).
 
 Standard library only: this module never imports vLLM.
 """
