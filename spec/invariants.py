@@ -255,12 +255,7 @@ def l3_drain(s: State, cfg: Config) -> bool:
 
 
 def s3_async_request(s: State, cfg: Config, r: int) -> bool:
-    """S3 under async: live entries are non-empty, leave no gap (each starts
-    at or before the previous one's end), and the last one ends at or past
-    num_computed. A rejected draft of an older entry lowers num_computed
-    while younger entries are in flight (vLLM's V2 runner takes positions from
-    its own state), so ranges may overlap; without spec decode (k = 0) the
-    sync S3 holds exactly."""
+    """S3 under async: live entries are non-empty and leave no gap; a prefill chunk's successor starts where it ends, a decode's at or before its end, and the last entry ends at num_computed, or past it after a sampling entry (a rejected draft of an older decode lowers num_computed while younger decodes are in flight); without spec decode the sync S3 holds exactly."""
     if cfg.num_spec_tokens == 0:
         return s3_request(s, cfg, r)
     q = s.requests[r]
@@ -269,9 +264,12 @@ def s3_async_request(s: State, cfg: Config, r: int) -> bool:
     live = s.entries_of(r)
     if not live:
         return True
-    if any(e.n < 1 for e in live) or any(b.start > a.end for a, b in zip(live, live[1:])):
+    if any(e.n < 1 for e in live):
         return False
-    return live[-1].end >= q.num_computed
+    if any(b.start > a.end or (not a.samples and b.start != a.end) for a, b in zip(live, live[1:])):
+        return False
+    last = live[-1]
+    return last.end == q.num_computed or (last.samples and last.end > q.num_computed)
 
 
 def s5_async_request(s: State, cfg: Config, r: int) -> bool:

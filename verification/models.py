@@ -364,30 +364,34 @@ PREEMPT_DRAFTS_084 = replace(
     PREEMPT_DRAFTS.under_profile("vllm-0.8.4"), name="preempt-drafts-084",
     cfg=replace(PREEMPT_DRAFTS.under_profile("vllm-0.8.4").cfg, num_blocks=PREEMPT_DRAFTS.cfg.num_blocks + 1),
     prompts=(_p(1, 3), _p(2, 3), _p(1, 3)))
+_PROFILE_MUTANT_MODELS_033: dict[str, Model] = {
+    # 0.33 clips a running request one token short of max_model_len (the
+    # sampled token's slot): one more token of length, so a draft-carrying
+    # decode is still in flight when its request is preempted
+    **{name: replace(PREEMPT_DRAFTS.under_profile("vllm-0.33"), name="preempt-drafts-033",
+                     cfg=replace(PREEMPT_DRAFTS.under_profile("vllm-0.33").cfg, max_model_len=6))
+       for name in ("rejections_subtracted_after_reset", "preemption_clears_inflight_drafts")},
+    # 0.33's full-sequence admission: one more block, so both requests run at once
+    "budget_ignored": replace(TIGHT_K2.under_profile("vllm-0.33"), name="tight-k2-033+1-block",
+                              cfg=replace(TIGHT_K2.under_profile("vllm-0.33").cfg, num_blocks=4)),
+    # 0.33 applies the threshold only with company, and S10 sees it only in a
+    # batch of two entries: a budget of 4 leaves room for a second one
+    # vLLM 0.33's counters (the profile's own mutants)
+    "resumption_not_deferred": STALE_K3,
+    "drop_leaves_counters": STALE_K3_DROP,
+    "stale_drained_by_wrong_batch": STALE_K3,
+    "in_flight_kept_without_output": STALE_K3,
+    "threshold_ignored_on_admission": replace(
+        CROWDED_CHUNKED.under_profile("vllm-0.33"), name="crowded-chunked-033",
+        cfg=replace(CROWDED_CHUNKED.under_profile("vllm-0.33").cfg, max_num_batched_tokens=4)),
+}
 PROFILE_MUTANT_MODELS: dict[str, dict[str, Model]] = {
     "vllm-0.8.5": {},
-    "vllm-0.33": {
-        # 0.33 clips a running request one token short of max_model_len (the
-        # sampled token's slot): one more token of length, so a draft-carrying
-        # decode is still in flight when its request is preempted
-        **{name: replace(PREEMPT_DRAFTS.under_profile("vllm-0.33"), name="preempt-drafts-033",
-                         cfg=replace(PREEMPT_DRAFTS.under_profile("vllm-0.33").cfg, max_model_len=6))
-           for name in ("rejections_subtracted_after_reset", "preemption_clears_inflight_drafts")},
-        # 0.33's full-sequence admission: one more block, so both requests run at once
-        "budget_ignored": replace(TIGHT_K2.under_profile("vllm-0.33"), name="tight-k2-033+1-block",
-                                  cfg=replace(TIGHT_K2.under_profile("vllm-0.33").cfg, num_blocks=4)),
-        # 0.33 applies the threshold only with company, and S10 sees it only in a
-        # batch of two entries: a budget of 4 leaves room for a second one
-        # vLLM 0.33's counters (the profile's own mutants)
-        "resumption_not_deferred": STALE_K3,
-        "drop_leaves_counters": STALE_K3_DROP,
-        "stale_drained_by_wrong_batch": STALE_K3,
-        "in_flight_kept_without_output": STALE_K3,
-        "threshold_ignored_on_admission": replace(
-            CROWDED_CHUNKED.under_profile("vllm-0.33"), name="crowded-chunked-033",
-            cfg=replace(CROWDED_CHUNKED.under_profile("vllm-0.33").cfg, max_num_batched_tokens=4)),
-    },
+    "vllm-0.33": _PROFILE_MUTANT_MODELS_033,
     "vllm-0.33-async": {
+        # the sync 0.33 profile's models for the mutants it hunts on its own models
+        **{name: replace(model.under_profile("vllm-0.33-async"), name=f"{model.name}-async")
+           for name, model in _PROFILE_MUTANT_MODELS_033.items()},
         # the async profile's own mutants, each on the smallest model that has its bug's behaviour
         "async_rejections_not_settled": ASYNC_DRAFTS_K2,
         "async_placeholders_kept_on_preemption": ASYNC_K3,

@@ -79,6 +79,14 @@ MOOT_MUTANTS: dict[str, dict[str, str]] = {
     | {"empty_batch_submitted": ("replaces schedule._launch to queue an empty batch for a step that only "
                                  "preempted, which is what vLLM 0.33's engine does (Profile.empty_batches)")},
 }
+# Async scheduling keeps 0.33's rules (the same three are equivalent there),
+# and lifts the sync decode gate itself.
+MOOT_MUTANTS["vllm-0.33-async"] = MOOT_MUTANTS["vllm-0.33"] | {
+    "decode_while_token_in_flight": (
+        "replaces schedule._num_new_running to schedule a decode whose token is still in flight, which "
+        "async scheduling does by design (num_new_tokens counts the output placeholders); the one case "
+        "it adds, a decode at position max_model_len - 1 that 0.33's sampled-token clip refuses (and "
+        "0.8.x schedules), breaks no property of the profile: S2 bounds entries by max_model_len")}
 
 
 @dataclass
