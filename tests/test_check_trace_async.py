@@ -19,6 +19,8 @@ DATA = Path(__file__).parent / "data" / "async"
 EXPECTED = {
     "accepted.jsonl": (True, None, None),
     "accepted_steps.jsonl": (True, None, None),
+    "accepted_noted.jsonl": (True, None, None),
+    "rejected_stagger_noted.jsonl": (False, 3, "S6p_async_decode_gating"),
     "rejected_stagger.jsonl": (False, 3, "S6p_async_decode_gating"),
     "rejected_max_tokens.jsonl": (False, 5, "IA2_placeholders_within_max_tokens"),
     "rejected_placeholders.jsonl": (False, 2, "IA1_placeholders"),

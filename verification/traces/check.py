@@ -251,6 +251,8 @@ class TraceChecker:
         # async scheduling: the engine step of the last schedule() call the
         # trace shows (a batch, or an empty batch it notes), if it gives steps
         self.last_call_step: int | None = None
+        self.writes_empty_batches = False         # the writer notes empty batches (`empty_batches_before`)
+        self.pending_empty_calls = 0              # empty schedule() calls noted since the last batch
 
     def _num_slots(self, events: list[dict[str, Any]]) -> int:
         """Request slots in the spec state: one per arrival, never reused."""
@@ -320,6 +322,8 @@ class TraceChecker:
             r, status = next(iter(self.finished_now.items()))
             raise _Violation("missing_finish", f"{self._name(r)} finished ({status.value}) in the spec "
                              "but the trace wrote no finish event for it")
+        if self.cfg.rules.output_placeholders:
+            self._note_empty_batches(event)
         just_aborted, self.just_aborted = self.just_aborted, None
         if just_aborted is not None and self._reports_abort(event, just_aborted):
             return
@@ -410,11 +414,10 @@ class TraceChecker:
         would make before it forms a batch (at most the stagger: past it no
         countdown moves). Each is queued as the spec's empty batch and
         completed whenever a queue slot or a completion needs it."""
-        noted = [x for x in event.get("empty_batches_before", ()) if isinstance(x, dict)]
-        calls = [x for x in noted if x.get("ev") == "schedule"]
         step = event.get("step")
-        if calls:
-            count, exact = len(calls), True
+        if self.writes_empty_batches:
+            count, exact = self.pending_empty_calls, True
+            self.pending_empty_calls = 0
         elif step is not None:
             # no call before the first one the trace shows moves a countdown: none is set yet
             count = 0 if self.last_call_step is None else max(0, step - self.last_call_step - 1)
@@ -463,6 +466,16 @@ class TraceChecker:
                 raise _Violation("IA2_placeholders_within_max_tokens",
                                  f"{x['req']} is scheduled with {q.num_output} outputs and {q.placeholders} "
                                  f"placeholders in flight, which already reach max_tokens {q.max_tokens}")
+
+    def _note_empty_batches(self, event: dict) -> None:
+        """The empty schedule() calls a writer notes on any event
+        (`empty_batches_before`, the vLLM 0.33 recorder's annotation): once a
+        trace notes one, it is taken to note them all."""
+        noted = event.get("empty_batches_before")
+        if not isinstance(noted, list):
+            return
+        self.writes_empty_batches = True
+        self.pending_empty_calls += sum(1 for x in noted if isinstance(x, dict) and x.get("ev") == "schedule")
 
     def _with_queue_slot(self) -> State:
         """The state with leading empty batches completed while the queue is full."""
