@@ -7,7 +7,9 @@ compares the reference's `vllm-0.33-async` profile with it batch for batch
 (output placeholders included) on Hypothesis-generated workloads.
 
 Long runs: `python -m flightcheck.vllm.campaign --workloads N --versions 0.33.0 --async`.
-check-trace of async traces is the spec branch's work (s22); not run here.
+check-trace judges every replayed async trace against vLLM's ground truth
+(correct runs accepted, runs where vLLM's own state shows the id-reuse bug
+rejected).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from flightcheck.reference.config import SchedulerConfig
 from flightcheck.reference.kv_cache_manager import KVCacheManager
 from flightcheck.reference.scheduler import Scheduler
 from flightcheck.vllm import ASYNC_RECORDER
-from flightcheck.vllm.campaign import compare_workload, with_async_scheduling
+from flightcheck.vllm.campaign import check_verdict, compare_workload, verdict, with_async_scheduling
 from flightcheck.vllm.differential import decisions, profile_for, read_trace, run_reference
 from flightcheck.vllm.generate import campaign_workloads, generate_workload
 from flightcheck.vllm.replay import ReplayError, ReplayWorker, findings
@@ -81,6 +83,9 @@ def test_the_async_recorder_runs_vllm_s_async_scheduler_with_the_v2_runner_setti
     config = events[0]
     assert (config["async_scheduling"], config["batch_queue_depth"], config["decode_stagger"]) == (
         True, stages + 1, stages)
+    # Every empty batch is noted, so check-trace counts the stagger's calls
+    # exactly (the recorder's `step` counts its own calls, not engine steps).
+    assert config["notes_empty_batches"] is True
     # A decode scheduled while the previous sampling entry of its request is in flight.
     in_flight: dict[int, set[str]] = {}
     overlapped: set[str] = set()
@@ -161,6 +166,8 @@ def test_the_async_reference_equals_vllm_s_async_scheduler_batch_for_batch(
         result, comparison = compare_async(running, raw, tmp)
         assert comparison.equal, comparison.describe()
         seen["identical"] += 1
+        category, detail = verdict(result, check_verdict(tmp / f"{raw['name']}.jsonl"))
+        assert category == "accepted, correct run", detail
         seen["placeholders_above_one"] += any(
             entry[6] > 1 for item in decisions(read_trace(tmp / f"{raw['name']}.jsonl"))
             if item[0] == "schedule" for entry in item[1])
@@ -279,3 +286,31 @@ def test_vllm_tells_the_reference_apart_when_any_one_async_rule_is_broken(
             for owner, name, value in patches:
                 patch.setattr(owner, name, value)
             assert differing(), f"{rule}: vLLM does not tell it apart"
+
+
+@pytest.mark.vllm
+def test_check_trace_agrees_with_vllm_s_state_on_async_runs_with_reused_ids(
+        running: Workers, tmp_path_factory: pytest.TempPathFactory):
+    """With request ids reused after an abort, vLLM 0.33's AsyncScheduler
+    binds an old batch's output to the new request (the id-reuse bug) on some
+    runs: check-trace rejects exactly those (vLLM's state is the ground
+    truth) and accepts the others."""
+    tmp = tmp_path_factory.mktemp("check-async-reuse")
+    running[VERSION]
+    seen: dict[str, int] = {}
+
+    @settings(max_examples=20, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    @given(st.data())
+    def check(data: st.DataObject) -> None:
+        raw = with_async_scheduling(generate_workload(HypothesisPicker(data), "hypothesis-async-reuse",
+                                                      data.draw(st.integers(0, 10**6)), reuse_ids=True))
+        note(json.dumps(raw))
+        result, _ = compare_async(running, raw, tmp)
+        category, detail = verdict(result, check_verdict(tmp / f"{raw['name']}.jsonl"))
+        assert category in ("accepted, correct run", "rejected, real bug"), detail
+        seen[category] = seen.get(category, 0) + 1
+
+    check()
+    assert seen.get("accepted, correct run", 0) > 0, seen
+

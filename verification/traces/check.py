@@ -251,7 +251,9 @@ class TraceChecker:
         # async scheduling: the engine step of the last schedule() call the
         # trace shows (a batch, or an empty batch it notes), if it gives steps
         self.last_call_step: int | None = None
-        self.writes_empty_batches = False         # the writer notes empty batches (`empty_batches_before`)
+        # the writer notes empty batches (`empty_batches_before`): said up front
+        # by the config key `notes_empty_batches`, else learnt at the first note
+        self.writes_empty_batches = bool(events[0].get("notes_empty_batches", False))
         self.pending_empty_calls = 0              # empty schedule() calls noted since the last batch
 
     def _num_slots(self, events: list[dict[str, Any]]) -> int:

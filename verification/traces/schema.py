@@ -236,6 +236,8 @@ CONFIG = Record({
     "async_scheduling": (Flag(), False),
     "batch_queue_depth": (Integer(1, MAX_STAGES + 1), False),
     "decode_stagger": (Integer(0, MAX_STAGES), False),
+    # the writer notes every empty batch (`empty_batches_before`, `empty_batch`)
+    "notes_empty_batches": (Flag(), False),
 })
 
 ARRIVE = Record({
