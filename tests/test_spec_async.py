@@ -158,3 +158,24 @@ def test_each_async_mutant_is_killed_by_its_property(name):
     mutant = PROFILE_MUTANTS[ASYNC][name]
     assert result.killed and result.property == EXPECTED_KILLS[name] == mutant.killed_by
     assert result.trace_length == mutant.shortest
+
+
+def test_names_reused_under_async_show_the_0_33_bug_and_break_the_placeholders_too():
+    from flightcheck.verification.models import NAME_REUSE_MODELS
+    (model,) = NAME_REUSE_MODELS[ASYNC]
+    r = explicit.search(model)
+    broken = {v.property for v in r.violations}
+    assert {"S7p_binding_by_incarnation", "IF1_in_flight_counter", "IA1_placeholders"} <= broken
+    assert "name_reused_in_flight" in r.reached
+
+
+def test_with_a_stagger_of_1_the_max_tokens_guard_alone_lets_decodes_past_max_tokens():
+    """What the stagger buys (vLLM's XPU without PP microbatching sets it to
+    1): with three decodes in flight the guard does not fire, so IA2 rests on
+    the stagger of K, not on the guard."""
+    from flightcheck.verification.models import Model
+    model = Model("stagger-1", _cfg(num_blocks=3, max_num_batched_tokens=2, max_model_len=6, decode_stagger=1),
+                  (Prompt(1, 3), Prompt(2, 2)), allow_abort=False)
+    from flightcheck.verification.results import SOMETIMES_NAMES
+    r = explicit.search(model, stop_at_first=True, check_liveness=False)
+    assert {v.property for v in r.violations} - SOMETIMES_NAMES == {"IA2_placeholders_within_max_tokens"}
