@@ -93,10 +93,16 @@ def generate(executor: Executor, config: SchedulerConfig, requests: Sequence[Gen
 
 def build_engine(executor: Executor, config: SchedulerConfig,
                  trace: RuntimeTraceWriter | None) -> Engine:
-    """The reference scheduler over `executor`; the stages' times go to the trace."""
+    """The reference scheduler over `executor`; the stages' times go to the
+    trace. With sampled-token feedback the executor reads a resumed
+    request's whole sequence from the scheduler when it copies the snapshot
+    (what vLLM's V2 runner gets as `prefill_token_ids`)."""
     if trace is not None and hasattr(executor, "on_stage_times"):
         executor.on_stage_times = trace.stages
-    return Engine(make_scheduler(config, trace), executor)
+    scheduler = make_scheduler(config, trace)
+    if getattr(executor, "feedback", False):
+        executor.all_token_ids = lambda req_id: scheduler.requests[req_id].all_token_ids
+    return Engine(scheduler, executor)
 
 
 def run_to_completion(engine: Engine, run: GenerationRun, max_steps: int) -> str | None:
