@@ -86,6 +86,24 @@ class SchedulerConfig:
         return self.version_profile.release_order(self.enable_prefix_caching)
 
     @property
+    def async_scheduling(self) -> bool:
+        """vLLM 0.33's `AsyncScheduler` (output placeholders, decode stagger)."""
+        return self.version_profile.async_scheduling
+
+    @property
+    def decode_stagger(self) -> int:
+        """Scheduler steps between two decodes of one request under async
+        scheduling (`AsyncScheduler.__init__`: `decode_stagger =
+        pipeline_parallel_size`); 0 when scheduling is synchronous."""
+        return self.num_pipeline_stages if self.async_scheduling else 0
+
+    @property
+    def batch_queue_depth(self) -> int:
+        """The engine's batch queue (`VllmConfig.max_concurrent_batches`): K,
+        or K + 1 under async scheduling with the V2 model runner."""
+        return self.num_pipeline_stages + 1 if self.async_scheduling else self.num_pipeline_stages
+
+    @property
     def cache_duplicate_blocks(self) -> bool:
         return self.version_profile.cache_duplicate_blocks
 

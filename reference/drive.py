@@ -19,8 +19,15 @@ when a step may form a new batch and how many batches may be in flight.
   requests are left; otherwise it completes the oldest batch. Its busy loop
   (`EngineCoreProc.has_work`) keeps stepping while batches are in flight.
 
-A later variant is a field: the asynchronous loop, K + 1 batches deep,
-changes `queue_depth`.
+* `VLLM_0_33_ASYNC_LOOP`: the same `EngineCore.step_with_batch_queue` under
+  asynchronous scheduling with the V2 model runner: the queue is K + 1 deep
+  (`EngineCore.__init__`: `batch_queue_size = vllm_config.
+  max_concurrent_batches`, which `VllmConfig.max_concurrent_batches` makes
+  `pipeline_parallel_size + 1` when `scheduler_config.async_scheduling` and
+  `use_v2_model_runner`). The step itself is unchanged: it does not wait for
+  a batch's tokens before scheduling the next (the scheduler's output
+  placeholders stand in for them), and without structured outputs the
+  deferred sampling (`pending_structured_output_tokens`) never happens.
 
 What differs between the callers of the loop is passed in as hooks, never
 copied: where requests come from and on which clock (`Arrivals`: by engine
@@ -64,10 +71,14 @@ class EngineLoop:
     # vLLM 0.33: schedule on every step while requests are left, queue empty
     # batches too, complete the oldest when the queue is full or nothing ran.
     enqueues_empty_batches: bool = False
+    # vLLM 0.33 async scheduling with the V2 model runner: one batch more than
+    # the pipeline's stages may be in flight (`VllmConfig.max_concurrent_batches`).
+    extra_async_slot: bool = False
 
     def queue_depth(self, num_pipeline_stages: int) -> int:
-        """How many batches may be in flight: one per pipeline stage."""
-        return num_pipeline_stages
+        """How many batches may be in flight: one per pipeline stage (and one
+        more under async scheduling)."""
+        return num_pipeline_stages + 1 if self.extra_async_slot else num_pipeline_stages
 
     def can_schedule(self, num_in_flight_batches: int, queue_depth: int,
                      scheduler: UnscheduledCount) -> bool:
@@ -83,8 +94,11 @@ VLLM_0_8_4_LOOP = EngineLoop("vllm-0.8.4", gates_on_unscheduled_requests=True)
 VLLM_0_8_5_LOOP = EngineLoop("vllm-0.8.5", gates_on_unscheduled_requests=False)
 VLLM_0_33_LOOP = EngineLoop("vllm-0.33", gates_on_unscheduled_requests=False,
                             enqueues_empty_batches=True)
+VLLM_0_33_ASYNC_LOOP = EngineLoop("vllm-0.33-async", gates_on_unscheduled_requests=False,
+                                  enqueues_empty_batches=True, extra_async_slot=True)
 LOOPS: dict[str, EngineLoop] = {loop.name: loop
-                                for loop in (VLLM_0_8_4_LOOP, VLLM_0_8_5_LOOP, VLLM_0_33_LOOP)}
+                                for loop in (VLLM_0_8_4_LOOP, VLLM_0_8_5_LOOP, VLLM_0_33_LOOP,
+                                             VLLM_0_33_ASYNC_LOOP)}
 
 
 def loop_for_policy(continue_prefill: bool) -> EngineLoop:

@@ -115,6 +115,17 @@ class KVCacheManager:
             return [*new_computed_blocks, *new_blocks]
         return new_blocks
 
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Cache the request's full blocks up to `num_computed_tokens` (capped
+        at its known tokens): vLLM 0.33 `KVCacheManager.cache_blocks`, which
+        `update_from_output` calls for the settled tokens under async
+        scheduling."""
+        req_blocks = self.req_to_blocks.get(request.request_id)
+        if not self.enable_caching or not req_blocks:
+            return
+        num_tokens = min(num_computed_tokens, len(request.all_token_ids))
+        self._cache_full_blocks(request, req_blocks, min(num_tokens // self.block_size, len(req_blocks)))
+
     def fits_whole_sequence(self, request: Request, new_computed_blocks: Sequence[KVCacheBlock],
                             max_model_len: int) -> bool:
         """vLLM 0.33 `KVCacheManager.allocate_slots(full_sequence_must_fit=True)`

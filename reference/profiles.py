@@ -78,6 +78,33 @@ class Profile:
     # workers with the next batch, empty or not. 0.8.x: the engine submits
     # only batches with tokens (the reference keeps finished ids for those).
     flush_finished_every_schedule: bool = False
+    # vLLM 0.33.0's asynchronous scheduling (`AsyncScheduler`, v1/core/sched/
+    # async_scheduler.py, with the V2 model runner under pipeline parallelism K):
+    # * output placeholders: `AsyncScheduler._update_after_schedule` adds
+    #   `1 + #drafts scheduled` to `num_output_placeholders` for every entry
+    #   that is not a prefill chunk (`is_prefill_chunk`, set by
+    #   `Scheduler._update_after_schedule`: `num_computed_tokens < num_tokens +
+    #   num_output_placeholders` after the advance); `update_from_output` /
+    #   `_update_request_with_output` take the returned tokens (and rejected
+    #   drafts) off again unless the output is stale; `_preempt_request` resets
+    #   them to 0;
+    # * `Scheduler.schedule`'s running loop counts them in `num_new_tokens =
+    #   num_tokens_with_spec + num_output_placeholders - num_computed_tokens`,
+    #   so a decode is scheduled before its previous token exists; it skips a
+    #   request when `num_output_placeholders > 0 and num_computed_tokens + 2 -
+    #   num_output_placeholders >= num_prompt_tokens + max_tokens` (the
+    #   max_tokens guard) and when `current_step < next_decode_eligible_step`
+    #   (the decode stagger: a sampling entry sets it to `current_step +
+    #   decode_stagger`, `decode_stagger = pipeline_parallel_size`);
+    # * `update_from_output` caches the request's blocks up to its settled
+    #   tokens (`cache_blocks(request, num_computed_tokens -
+    #   num_in_flight_tokens)`) after a live output of a RUNNING request
+    #   that had placeholders;
+    # * the engine's batch queue is K + 1 deep (`VllmConfig.
+    #   max_concurrent_batches` with async scheduling and the V2 runner).
+    # No structured outputs (grammars, the deferred sampling of
+    # `pending_structured_output_tokens`) are modelled.
+    async_scheduling: bool = False
     # The engine-core loop the version ships (drive.py `EngineLoop` by name).
     engine_loop: str = "vllm-0.8.5"
 
@@ -111,6 +138,21 @@ PROFILES: dict[str, Profile] = {
                          sampled_token_slot=1, full_sequence_admission=True,
                          stop_tokens_before_length=True, stale_output_counters=True,
                          flush_finished_every_schedule=True, engine_loop="vllm-0.33"),
+    # vLLM 0.33.0 with asynchronous scheduling: `AsyncScheduler` and the V2
+    # model runner, the default for single-node pipeline parallelism
+    # (`VllmConfig.__post_init__` turns `async_scheduling=None` on when the
+    # runner supports it; `max_concurrent_batches` is then K + 1). Everything
+    # of `vllm-0.33` plus the async rules above; the engine loop is 0.33's
+    # `EngineCore.step_with_batch_queue` at depth K + 1 (drive.py).
+    "vllm-0.33-async": Profile("vllm-0.33-async", num_preallocate_tokens=0,
+                               release_reversed_with_caching=True,
+                               release_reversed_without_caching=True,
+                               cache_duplicate_blocks=True, continue_prefill=True,
+                               unhashed_blocks_to_head=True, threshold_needs_company=True,
+                               sampled_token_slot=1, full_sequence_admission=True,
+                               stop_tokens_before_length=True, stale_output_counters=True,
+                               flush_finished_every_schedule=True, async_scheduling=True,
+                               engine_loop="vllm-0.33-async"),
 }
 
 

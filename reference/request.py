@@ -72,6 +72,7 @@ class Request:
         "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
         "num_cached_tokens", "block_hashes", "first_incarnation",
         "num_in_flight_tokens", "num_stale_output_tokens", "drop_stale_output",
+        "num_output_placeholders", "next_decode_eligible_step", "is_prefill_chunk",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
@@ -117,6 +118,15 @@ class Request:
         self.num_in_flight_tokens = 0
         self.num_stale_output_tokens = 0
         self.drop_stale_output = False
+        # vLLM 0.33's async scheduling (profiles.py `async_scheduling`; 0
+        # otherwise): sampling steps (+ drafts) scheduled whose tokens are not
+        # back yet; the first `schedule()` call number at which the next
+        # decode may be scheduled (the stagger; never reset, as vLLM's
+        # `Request.next_decode_eligible_step`); and whether the last entry
+        # scheduled was a non-final prefill chunk (it samples nothing).
+        self.num_output_placeholders = 0
+        self.next_decode_eligible_step = 0
+        self.is_prefill_chunk = False
 
     @property
     def output_token_ids(self) -> list[int]:

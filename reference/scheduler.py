@@ -22,6 +22,14 @@ keep vLLM's own counters per request (`num_in_flight_tokens`,
 `num_stale_output_tokens`, `drop_stale_output`): `update_from_output` then
 looks each output up by id and judges it by them (`_fate_by_counters`).
 
+Under `vllm-0.33-async` (vLLM 0.33.0's `AsyncScheduler`, profiles.py
+`async_scheduling`) every entry that is not a prefill chunk adds `1 + drafts`
+output placeholders (`_add_placeholders`), the running loop counts them in a
+request's new tokens, so a decode goes out before its previous token is back,
+and skips a request past its max_tokens or inside its decode stagger
+(`_is_async_skipped`); a live output settles them (`_settle_placeholders`),
+preemption resets them.
+
 The policy is written as small named steps, and nothing else: it writes no
 trace (`TracingScheduler` in trace.py observes the public calls) and never
 asks whether a mutant is on (a mutant, mutant_steps.py, replaces one or two
@@ -75,6 +83,11 @@ class Scheduler:
         self._stop_tokens_first = profile.stop_tokens_before_length
         self._flush_finished_every_schedule = profile.flush_finished_every_schedule
         self._waiting_loop_of_0_33 = profile.stale_output_counters or profile.full_sequence_admission
+        self._async = profile.async_scheduling
+        self._decode_stagger = config.decode_stagger
+        # vLLM's `Scheduler.current_step`: +1 on every schedule() call, empty
+        # ones included (the stagger is counted in these calls).
+        self.current_step = 0
         # The long-prefill threshold in force for the current schedule() call.
         self._threshold = config.long_prefill_token_threshold
         self.requests: dict[str, Request] = {}
@@ -179,6 +192,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         self.num_steps += 1
+        self.current_step += 1
         batch = Batch(self.config.max_num_batched_tokens)
         self._threshold = self._threshold_in_force()
         self._schedule_running(batch)
@@ -188,6 +202,8 @@ class Scheduler:
         self._update_after_schedule(batch)
         if self._stale_output_counters:
             self._count_in_flight(batch)
+        if self._async:
+            self._add_placeholders(batch)
         return output
 
     def _threshold_in_force(self) -> int:
@@ -204,11 +220,46 @@ class Scheduler:
         for request, entry in zip(batch.requests, batch.entries):
             request.num_in_flight_tokens += entry.num_new_tokens
 
+    def _add_placeholders(self, batch: Batch) -> None:
+        """vLLM 0.33 `Scheduler._update_after_schedule` (after the advance):
+        `is_prefill_chunk = num_computed_tokens < num_tokens +
+        num_output_placeholders`; then `AsyncScheduler._update_after_schedule`:
+        every entry that is not a prefill chunk adds `1 + #drafts scheduled`
+        placeholders (the sampled token it will return, its drafts) and makes
+        the request's next decode wait `decode_stagger` schedule() calls
+        (`next_decode_eligible_step`, the V2 runner's PP cadence)."""
+        for request, entry in zip(batch.requests, batch.entries):
+            request.is_prefill_chunk = request.num_computed_tokens < (
+                len(request.all_token_ids) + request.num_output_placeholders)
+            if request.is_prefill_chunk:
+                continue
+            request.num_output_placeholders += 1 + len(entry.spec_token_ids)
+            request.next_decode_eligible_step = self.current_step + self._decode_stagger
+
+    def _is_async_skipped(self, request: Request) -> bool:
+        """vLLM 0.33 `Scheduler.schedule`, running loop, before the token
+        count: skip a request whose steps in flight surely reach max_tokens
+        (`num_output_placeholders > 0 and num_computed_tokens + 2 -
+        num_output_placeholders >= num_prompt_tokens + max_tokens`: at most
+        one placeholder counted as sure, the rest may be rejected drafts),
+        and one inside its decode stagger (`current_step <
+        next_decode_eligible_step`)."""
+        placeholders = request.num_output_placeholders
+        if placeholders > 0 and (request.num_computed_tokens + 2 - placeholders
+                                 >= request.num_prompt_tokens + request.max_tokens):
+            return True
+        return self.current_step < request.next_decode_eligible_step
+
     def _schedule_running(self, batch: Batch) -> None:
         req_index = 0
         while req_index < len(self.running) and batch.token_budget > 0:
             request = self.running[req_index]
-            num_new_tokens = self._num_new_tokens_running(request, batch.token_budget)
+            if self._async and self._is_async_skipped(request):
+                req_index += 1
+                continue
+            num_new_tokens = (self._num_new_tokens_with_placeholders(request, batch.token_budget)
+                              if self._async else
+                              self._num_new_tokens_running(request, batch.token_budget))
             if num_new_tokens == 0:
                 req_index += 1                # nothing to schedule: tokens in flight
                 continue
@@ -237,6 +288,19 @@ class Scheduler:
             return self._clip(num_new_tokens, num_computed, token_budget)
         return 0                              # its tokens are in flight, or it waits for one
 
+    def _num_new_tokens_with_placeholders(self, request: Request, token_budget: int) -> int:
+        """vLLM 0.33 under async scheduling: the tokens in flight count as
+        known (`num_tokens_with_spec + num_output_placeholders -
+        num_computed_tokens`), so a decode is scheduled while the previous
+        one's token is still in flight; 0 (skip) once everything is scheduled
+        (a prefill chunk in flight, or max_model_len reached)."""
+        num_computed = request.num_computed_tokens
+        num_new_tokens = (len(request.all_token_ids) + len(request.spec_token_ids)
+                          + request.num_output_placeholders - num_computed)
+        if num_new_tokens > 0:
+            return self._clip(num_new_tokens, num_computed, token_budget)
+        return 0
+
     def _clip(self, num_new_tokens: int, num_computed: int, token_budget: int) -> int:
         """The threshold in force, the budget and the room below max_model_len,
         less the sampled token's slot under vLLM 0.33 (`Scheduler.schedule`:
@@ -260,8 +324,11 @@ class Scheduler:
 
     @staticmethod
     def _num_scheduled_drafts(request: Request, num_new_tokens: int) -> int:
-        """Drafts are the tokens past the known ones; the budget may clip them."""
-        overshoot = request.num_computed_tokens + num_new_tokens - request.num_tokens
+        """Drafts are the tokens past the known ones (placeholders counted as
+        known: vLLM 0.33 `n + num_computed_tokens - num_tokens -
+        num_output_placeholders`); the budget may clip them."""
+        overshoot = (request.num_computed_tokens + num_new_tokens - request.num_tokens
+                     - request.num_output_placeholders)
         return max(0, min(len(request.spec_token_ids), overshoot))
 
     def _allocate_or_preempt(self, request: Request, num_new_tokens: int, num_drafts: int,
@@ -300,6 +367,9 @@ class Scheduler:
         request.drop_stale_output = self.config.drop_stale_output or (
             request.drop_stale_output and request.num_stale_output_tokens > 0)
         request.num_stale_output_tokens = request.num_in_flight_tokens
+        # `_preempt_request` also resets the output placeholders (async only;
+        # 0 otherwise): the outputs they stood for are stale now.
+        request.num_output_placeholders = 0
 
     def _schedule_waiting(self, batch: Batch) -> None:
         """FCFS admission: the head of `waiting` blocks everything behind it."""
@@ -535,8 +605,34 @@ class Scheduler:
         num_rejected = count_rejected(request, entry, token_ids)
         if num_rejected:
             self._subtract_rejections(request, fate, num_rejected)
-        return append_sampled(request, token_ids, fate, proposed_drafts, self.config,
-                              self._stop_tokens_first)
+            if self._async and fate is LIVE and request.num_output_placeholders > 0:
+                # vLLM 0.33 `update_from_output`: the placeholders covered the
+                # drafts too (not stale, guarded by `> 0`).
+                request.num_output_placeholders -= num_rejected
+        if not self._async:
+            return append_sampled(request, token_ids, fate, proposed_drafts, self.config,
+                                  self._stop_tokens_first)
+        had_placeholders = request.num_output_placeholders > 0
+        was_running = request.status == RUNNING
+        output = append_sampled(request, token_ids, fate, proposed_drafts, self.config,
+                                self._stop_tokens_first)
+        if fate is LIVE:
+            self._settle_placeholders(request, len(token_ids))
+            if was_running and (had_placeholders or self.config.num_spec_tokens > 0):
+                # vLLM 0.33 `update_from_output`: with placeholders (or drafts)
+                # the blocks of the settled tokens are cached now.
+                self.kv_cache_manager.cache_blocks(
+                    request, request.num_computed_tokens - request.num_in_flight_tokens)
+        return output
+
+    def _settle_placeholders(self, request: Request, num_returned: int) -> None:
+        """vLLM 0.33 `_update_request_with_output`: a live output takes every
+        returned token (those trimmed at a stop included) off the placeholders
+        (`assert >= 0`); a stale one leaves them (preemption reset them)."""
+        if request.num_output_placeholders > 0:
+            request.num_output_placeholders -= num_returned
+            assert request.num_output_placeholders >= 0, (
+                f"{request.request_id}: output placeholders below 0")
 
     def _subtract_rejections(self, request: Request, fate: Fate, num_rejected: int) -> None:
         """Rejected drafts were counted as computed at schedule time; only a

@@ -13,6 +13,14 @@ when its snapshot reaches the end of those tokens (start + n - drafts >=
 known); otherwise it returns `[]` (a non-final prefill chunk). The test's
 callback chooses the token, how many drafts were accepted and the drafts
 proposed for the next step.
+
+`keeps_sampled_tokens` (for vLLM 0.33's async scheduling): the worker also
+counts each token it samples as known at once, as the V2 model runner does
+(it keeps the sampled tokens on the device: the scheduler sends none under
+async scheduling), and a resumed request's entry resets its view (the V2
+runner re-adds a resumed request with all its tokens). A decode scheduled
+while the previous one is in flight (output placeholders) then samples the
+next position.
 """
 
 from __future__ import annotations
@@ -67,11 +75,15 @@ class LazyFuture:
 
 
 class ScriptedExecutor:
-    def __init__(self, sample: SampleFn | None = None, *, sample_every_chunk: bool = False) -> None:
+    def __init__(self, sample: SampleFn | None = None, *, sample_every_chunk: bool = False,
+                 keeps_sampled_tokens: bool = False) -> None:
         """`sample_every_chunk`: also return a token for non-final chunks, as a
-        vLLM <= 0.8.2 worker did, leaving the scheduler to discard it."""
+        vLLM <= 0.8.2 worker did, leaving the scheduler to discard it.
+        `keeps_sampled_tokens`: the worker learns the tokens it samples (async
+        scheduling; see the module's doc)."""
         self._sample = sample or default_sample
         self._sample_every_chunk = sample_every_chunk
+        self._keeps_sampled_tokens = keeps_sampled_tokens
         self._pending: deque[LazyFuture] = deque()
         self._num_known_tokens: dict[str, int] = {}
         self.executed: list[list[ExecutedEntry]] = []   # per batch, in execution order
@@ -101,6 +113,8 @@ class ScriptedExecutor:
             req_id, start, n = entry.req_id, entry.num_computed_tokens, entry.num_new_tokens
             if type(entry) is NewRequestData:
                 num_known = len(entry.prompt_token_ids)
+            elif self._keeps_sampled_tokens and entry.resumed_from_preemption:
+                num_known = start + len(entry.new_token_ids)
             else:
                 num_known = max(known.get(req_id, 0), start + len(entry.new_token_ids))
             known[req_id] = num_known
@@ -111,6 +125,8 @@ class ScriptedExecutor:
             if is_final or self._sample_every_chunk:
                 position = num_known if is_final else start + n
                 tokens, next_drafts = self._call_sample(req_id, position, drafts)
+                if is_final and self._keeps_sampled_tokens:
+                    known[req_id] = num_known + len(tokens)
             req_ids.append(req_id)
             sampled.append(tokens)
             proposed.append(next_drafts)

@@ -11,12 +11,15 @@ Events this writer produces (every one carries `"step"`, the number of
 `schedule()` + `update_from_output()` calls made so far):
 * `config` once, with the scheduler's knobs (its `profile`, and the profile's
   constants a reader may override with: `policy`, `num_preallocate_tokens`,
-  `release_order`; no reserved blocks; `mutant` when one is switched on);
+  `release_order`; no reserved blocks; `mutant` when one is switched on;
+  under the `vllm-0.33-async` profile also `async_scheduling: true`,
+  `batch_queue_depth` (K + 1) and `decode_stagger` (K), docs/trace-format.md);
 * `arrive` per added request, with `prompt_token_ids`, `eos_token_id`,
   `ignore_eos` and `stop_token_ids`;
 * `schedule` per schedule() call that scheduled or preempted anything
   (`"batch": null` and no entries when it only preempted), entries with
-  `block_ids`;
+  `block_ids` (and, under async scheduling, `placeholders`: the request's
+  output placeholders after the call's update);
 * `complete` per update_from_output(): `tokens` per entry as the scheduler
   took them (after the non-final-chunk filter, before stop trimming),
   `dropped` (entries whose tokens were not applied because their request
@@ -71,6 +74,9 @@ class TraceWriter:
             event["eos_token_id"] = self._eos_token_id
         if cfg.mutant is not None:
             event["mutant"] = cfg.mutant
+        if cfg.async_scheduling:
+            event.update(async_scheduling=True, batch_queue_depth=cfg.batch_queue_depth,
+                         decode_stagger=cfg.decode_stagger)
         self._write(event)
 
     def arrive(self, request: Request, step: int) -> None:
@@ -83,12 +89,18 @@ class TraceWriter:
             "stop_token_ids": list(params.stop_token_ids),
         })
 
-    def schedule(self, output: SchedulerOutput, step: int) -> None:
+    def schedule(self, output: SchedulerOutput, step: int,
+                 placeholders: dict[str, int] | None = None) -> None:
+        """`placeholders`: under async scheduling, each scheduled request's
+        output placeholders after the call (written per entry)."""
         entries = [{
             "req": e.req_id, "start": e.num_computed_tokens, "n": e.num_new_tokens,
             "cached": e.num_cached_tokens, "drafts": len(e.spec_token_ids),
             "samples": e.samples, "block_ids": list(e.new_block_ids),
         } for e in output.entries]
+        if placeholders is not None:
+            for entry in entries:
+                entry["placeholders"] = placeholders[entry["req"]]
         self._write({"ev": "schedule", "batch": output.batch_id, "step": step,
                      "entries": entries, "preempted": list(output.preempted_req_ids)})
 
@@ -152,7 +164,11 @@ class TracingScheduler(Scheduler):
     def schedule(self) -> SchedulerOutput:
         output = super().schedule()
         if output.entries or output.preempted_req_ids:
-            self.trace.schedule(output, self.num_steps)
+            placeholders = None
+            if self.config.async_scheduling:
+                placeholders = {e.req_id: self.requests[e.req_id].num_output_placeholders
+                                for e in output.entries}
+            self.trace.schedule(output, self.num_steps, placeholders)
         return output
 
     def update_from_output(self, scheduler_output: SchedulerOutput,

@@ -2,13 +2,18 @@
 
     flightcheck vllm replay workload.json --trace run.jsonl --check
     flightcheck vllm replay campaign.jsonl --vllm-version 0.8.4 --trace traces/ --json
+    flightcheck vllm replay workload.json --vllm-version 0.33.0 --async --trace run.jsonl
 
 Every workload in the file (one object, a list, or JSON Lines) is replayed
 through vLLM's own V1 scheduler, in the vLLM venv of that version (built by
 `scripts/build-vllm-venv.sh VERSION`), driven by our copy of the engine's
 batch-queue loop and a fabricated model; the scheduler is the recorder a
 deployment installs, so each run writes a trace. `--check` runs check-trace
-on each trace. Exit codes: 0 every run ended cleanly with nothing wrong in
+on each trace. `--async` (vLLM 0.33.0) runs every workload with async
+scheduling (`config.async_scheduling`), vLLM's `AsyncScheduler` recorded by
+`RecordingAsyncScheduler`, with the V2 model runner's settings (batch queue
+K + 1, decode stagger K); a workload that sets `async_scheduling` itself gets
+the same recorder. Exit codes: 0 every run ended cleanly with nothing wrong in
 vLLM's own state (and, with --check, every trace legal); 1 a finding; 2 bad
 arguments or input, or no venv for the version.
 """
@@ -36,6 +41,9 @@ def add_parser(sub) -> None:
                         help=f"the vLLM whose scheduler runs (default {DEFAULT_VERSION})")
     replay.add_argument("--trace", metavar="OUT", help="write the trace here (a directory when the file "
                         "holds several workloads: OUT/NAME.jsonl)")
+    replay.add_argument("--async", dest="async_scheduling", action="store_true",
+                        help="vLLM 0.33.0: run with async scheduling (AsyncScheduler, V2 model runner: "
+                             "queue K + 1, decode stagger K), recorded by RecordingAsyncScheduler")
     replay.add_argument("--check", action="store_true", help="also run check-trace on every trace")
     replay.add_argument("--json", action="store_true", help="print machine-readable results")
     replay.set_defaults(func=run)
@@ -73,6 +81,7 @@ def _describe_check(check: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from flightcheck.vllm import ASYNC_RECORDER
     from flightcheck.vllm.replay import ReplayError, ReplayWorker, findings
     from flightcheck.vllm.workload import WorkloadError, read_workloads
 
@@ -80,6 +89,11 @@ def run(args: argparse.Namespace) -> int:
         raws = read_workloads(args.workload)
     except WorkloadError as err:
         return bad(str(err))
+    if args.async_scheduling:
+        if args.vllm_version != "0.33.0":
+            return bad(f"--async needs --vllm-version 0.33.0 (vLLM {args.vllm_version} has no AsyncScheduler "
+                       f"the replay drives)")
+        raws = [{**raw, "config": {**raw.get("config", {}), "async_scheduling": True}} for raw in raws]
     failed = False
     reports = []
     with tempfile.TemporaryDirectory(prefix="flightcheck-vllm-") as scratch:
@@ -87,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             with ReplayWorker(args.vllm_version) as worker:
                 for raw, trace in zip(raws, traces):
-                    result = worker.replay(raw, trace=trace)
+                    is_async = bool(raw.get("config", {}).get("async_scheduling"))
+                    result = worker.replay(raw, trace=trace,
+                                           scheduler_cls=ASYNC_RECORDER if is_async else None)
                     result["findings"] = findings(result)
                     if args.check and trace is not None:
                         result["check"] = _check(trace)

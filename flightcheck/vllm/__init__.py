@@ -10,5 +10,7 @@ by `scripts/build-vllm-venv.sh`.
 """
 
 RECORDER = "flightcheck.vllm.recorder.RecordingScheduler"
+# vLLM 0.33's AsyncScheduler with the recorder in front (async scheduling).
+ASYNC_RECORDER = "flightcheck.vllm.recorder.RecordingAsyncScheduler"
 SUPPORTED_VERSIONS = ("0.8.5", "0.8.4", "0.33.0")
 DEFAULT_VERSION = "0.8.5"

@@ -3,6 +3,7 @@
     python -m flightcheck.vllm.campaign --workloads 300 --seed 1
     python -m flightcheck.vllm.campaign --workloads 300 --versions 0.8.4 --json results.json
     python -m flightcheck.vllm.campaign --workloads 200 --versions 0.33.0 --reuse-ids
+    python -m flightcheck.vllm.campaign --workloads 300 --versions 0.33.0 --async
 
 For each vLLM version (one replay worker each) and each generated workload
 (generate.py; workload i of seed S is a function of S and i alone):
@@ -18,6 +19,13 @@ For each vLLM version (one replay worker each) and each generated workload
 4. every reference mutant runs on the workloads where the correct reference
    equals vLLM, until one diverges from vLLM (the mutant is flagged).
 
+`--async` (vLLM 0.33.0): every workload runs with async scheduling, vLLM's
+`AsyncScheduler` recorded by `RecordingAsyncScheduler` with the V2 model
+runner's settings (queue K + 1, decode stagger K), against the reference's
+`vllm-0.33-async` profile; the entries' output placeholders are compared too.
+Step 3 (check-trace's verdict) is not run on async traces until check-trace
+reads them (the report says so).
+
 Every failure prints its seed and index. Exit 0 when no comparison is
 unexplained, 1 otherwise, 2 without a venv.
 """
@@ -28,6 +36,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +44,7 @@ from typing import Any, Callable
 
 from flightcheck.reference import MUTANTS
 
+from . import ASYNC_RECORDER
 from .differential import (Comparison, ReferenceRun, compare, decisions, first_difference, profile_for,
                            read_trace, run_reference)
 from .generate import campaign_workloads
@@ -72,9 +82,12 @@ class VersionReport:
     # Identical batch for batch, yet vLLM's own state shows a bug (0.33: a
     # reused id's old batch drove a counter negative without applying a token).
     identical_with_vllm_state_bug: list[str] = field(default_factory=list)
+    async_scheduling: bool = False
+    seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": self.version, "workloads": self.workloads, "identical": self.identical,
+        return {"version": self.version, "async_scheduling": self.async_scheduling,
+                "seconds": round(self.seconds, 1), "workloads": self.workloads, "identical": self.identical,
                 "deviations": dict(self.deviations), "unexplained": self.unexplained,
                 "coverage": dict(self.coverage), "endings": dict(self.endings),
                 "check_trace_vs_ground_truth": dict(self.verdicts),
@@ -84,7 +97,8 @@ class VersionReport:
                 "identical_with_vllm_state_bug": self.identical_with_vllm_state_bug}
 
     def lines(self) -> list[str]:
-        out = [f"vLLM {self.version}: {self.workloads} workloads; reference identical on "
+        mode = " (async scheduling)" if self.async_scheduling else ""
+        out = [f"vLLM {self.version}{mode}: {self.workloads} workloads in {self.seconds:.0f} s; reference identical on "
                f"{self.identical}; named deviations {dict(self.deviations)}; unexplained "
                f"{len(self.unexplained)}",
                f"  endings {dict(self.endings)}; coverage {dict(self.coverage)}",
@@ -125,15 +139,24 @@ def check_verdict(trace: Path) -> dict[str, Any]:
         return {"ok": False, "malformed": str(err)}
 
 
+def with_async_scheduling(raw: dict[str, Any]) -> dict[str, Any]:
+    """The workload with vLLM 0.33's async scheduling switched on."""
+    return {**raw, "config": {**raw["config"], "async_scheduling": True}}
+
+
 def run_version(version: str, workloads: list[dict[str, Any]], seed: int, mutants: bool,
-                say: Callable[[str], None]) -> VersionReport:
-    report = VersionReport(version)
-    profile = profile_for(version)
+                say: Callable[[str], None], async_scheduling: bool = False) -> VersionReport:
+    started = time.monotonic()
+    report = VersionReport(version, async_scheduling=async_scheduling)
+    profile = profile_for(version, async_scheduling)
+    scheduler_cls = ASYNC_RECORDER if async_scheduling else None
+    if async_scheduling:
+        workloads = [with_async_scheduling(raw) for raw in workloads]
     compared: list[Compared] = []
     with ReplayWorker(version) as worker, tempfile.TemporaryDirectory() as scratch:
         for index, raw in enumerate(workloads):
             trace = Path(scratch) / f"{index}.jsonl"
-            result = worker.replay(raw, trace=str(trace))
+            result = worker.replay(raw, trace=str(trace), scheduler_cls=scheduler_cls)
             events = read_trace(trace)
             comparison, reference = compare_workload(raw, result, events, profile)
             compared.append(Compared(raw, decisions(events), reference))
@@ -151,11 +174,17 @@ def run_version(version: str, workloads: list[dict[str, Any]], seed: int, mutant
                 failure = f"seed {seed} index {index} ({raw['name']}): {comparison.describe()}"
                 report.unexplained.append(failure)
                 say(f"FAIL vLLM {version} {failure}")
+            if async_scheduling:
+                # check-trace does not read async traces yet (the spec's async
+                # profile is another branch's work): no verdict, said so.
+                report.verdicts["not checked: check-trace has no async profile yet"] += 1
+                continue
             category, detail = verdict(result, check_verdict(trace))
             report.verdicts[category] += 1
             report.verdict_details[detail] += 1
     if mutants:
         report.mutants_flagged = flag_mutants(profile, compared)
+    report.seconds = time.monotonic() - started
     return report
 
 
@@ -218,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse-ids", action="store_true",
                         help="one workload in two also sends a request under an aborted request's id "
                              "(for vLLM 0.33: the id-reuse bug; off, a seed's workloads are unchanged)")
+    parser.add_argument("--async", dest="async_scheduling", action="store_true",
+                        help="vLLM 0.33.0 with async scheduling (AsyncScheduler, V2 runner settings) against "
+                             "the reference's vllm-0.33-async profile")
     parser.add_argument("--json", help="write the report here")
     args = parser.parse_args(argv)
     workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids)
@@ -225,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for version in args.versions.split(","):
             report = run_version(version, workloads, args.seed, not args.no_mutants,
-                                 lambda line: print(line, flush=True))
+                                 lambda line: print(line, flush=True), args.async_scheduling)
             reports.append(report)
             print("\n".join(report.lines()), flush=True)
     except ReplayError as err:

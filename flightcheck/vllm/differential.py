@@ -173,18 +173,41 @@ class _BatchView:
     V1 runner's last rank), read when the batch is formed. `output` is the
     reference's own, handed back to its `update_from_output`."""
 
-    def __init__(self, output: Any, scheduler: TracingScheduler) -> None:
+    def __init__(self, output: Any, scheduler: TracingScheduler, v2_runner: bool = False) -> None:
         self.output = output
         cached = output.scheduled_cached_reqs
         self.scheduled_new_reqs = output.scheduled_new_reqs
+        if v2_runner:
+            # The V2 runner (async scheduling) gets a new request with all its
+            # tokens (`NewRequestData.from_request(req, ..., req._all_token_ids)`,
+            # `Scheduler.schedule`): tokens already appended to it (an older
+            # request's output bound by a reused id) are part of its prefill.
+            self.scheduled_new_reqs = [
+                SimpleNamespace(req_id=entry.req_id, prompt_token_ids=entry.prompt_token_ids,
+                                num_computed_tokens=entry.num_computed_tokens,
+                                prefill_token_ids=list(scheduler.requests[entry.req_id].all_token_ids))
+                for entry in output.scheduled_new_reqs]
         self.scheduled_cached_reqs = SimpleNamespace(
             req_ids=[entry.req_id for entry in cached],
             num_computed_tokens=[entry.num_computed_tokens for entry in cached],
             new_token_ids=[],
-            num_output_tokens=[scheduler.requests[entry.req_id].num_output_tokens for entry in cached])
+            num_output_tokens=[_outputs_when_scheduled(scheduler.requests[entry.req_id], entry)
+                               for entry in cached])
         self.num_scheduled_tokens = output.num_scheduled_tokens
         self.total_num_scheduled_tokens = output.total_num_scheduled_tokens
         self.finished_req_ids = output.finished_req_ids
+
+
+def _outputs_when_scheduled(request: Request, entry: RequestData) -> int:
+    """vLLM 0.33's `CachedRequestData.num_output_tokens` for the entry: the
+    request's outputs plus its output placeholders as they were when the
+    snapshot was built, before `_update_after_schedule` (the reference's
+    snapshot is read after it: the entry's own placeholders, if it added any,
+    are taken off again; 0 without async scheduling)."""
+    placeholders = request.num_output_placeholders
+    if placeholders and not request.is_prefill_chunk:
+        placeholders -= 1 + len(entry.spec_token_ids)
+    return request.num_output_tokens + placeholders
 
 
 class _ReferenceSide:
@@ -216,7 +239,8 @@ class _ReferenceSide:
         if not self.saw_duplicate_cached_block:
             cached = self.scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
             self.saw_duplicate_cached_block = any(len(copies) > 1 for copies in cached.values())
-        return _BatchView(output, self.scheduler) if self.batch_level_cached_data else output
+        return (_BatchView(output, self.scheduler, self.scheduler.config.async_scheduling)
+                if self.batch_level_cached_data else output)
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         if isinstance(scheduler_output, _BatchView):
@@ -275,8 +299,9 @@ def run_reference(raw_workload: dict[str, Any], profile: str, mutant: str | None
     sink = io.StringIO()
     trace = TraceWriter(sink, eos_token_id=workload.eos_token_id)
     config = reference_config(workload, profile, mutant)
-    # The version's engine: 0.33's loop queues empty batches (engine.py).
-    v033 = config.version_profile.engine_loop == "vllm-0.33"
+    # The version's engine: 0.33's loop queues empty batches (engine.py), K
+    # batches deep, or K + 1 under async scheduling (`batch_queue_depth`).
+    v033 = config.version_profile.engine_loop in ("vllm-0.33", "vllm-0.33-async")
     scheduler_class: type[TracingScheduler] = TracingScheduler
     if vllm_outputs:
         scheduler_class = Vllm033OutputScheduler if v033 else Vllm08OutputScheduler
@@ -285,7 +310,7 @@ def run_reference(raw_workload: dict[str, Any], profile: str, mutant: str | None
     engine: BatchQueueEngine
     if v033:
         model = FabricatedModel(workload, _model_output, caches_sampled_tokens=True)
-        engine = BatchQueueEngineV033(side, model, workload.config.num_stages,
+        engine = BatchQueueEngineV033(side, model, config.batch_queue_depth,
                                       lambda req_ids: scheduler.finish_requests(
                                           req_ids, RequestStatus.FINISHED_ABORTED))
     else:
@@ -335,7 +360,8 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
             if not event.get("entries") and not event.get("preempted"):
                 continue
             entries = tuple((e["req"], e["start"], e["n"], e.get("samples"), e.get("cached", 0),
-                             tuple(b + block_offset for b in e.get("block_ids", ())))
+                             tuple(b + block_offset for b in e.get("block_ids", ())),
+                             e.get("placeholders"))
                             for e in event.get("entries", ()))
             out.append(("schedule", entries, tuple(event.get("preempted", ()))))
         elif kind == "complete":
@@ -519,9 +545,15 @@ def read_trace(path: str | Path) -> list[dict[str, Any]]:
 
 # vLLM version -> the reference profile that models it.
 VERSION_PROFILES: dict[str, str] = {"0.8.5": "vllm-0.8.5", "0.8.4": "vllm-0.8.4", "0.33.0": "vllm-0.33"}
+# ... and with async scheduling (vLLM 0.33's AsyncScheduler with the V2 runner).
+ASYNC_VERSION_PROFILES: dict[str, str] = {"0.33.0": "vllm-0.33-async"}
 
 
-def profile_for(vllm_version: str) -> str:
+def profile_for(vllm_version: str, async_scheduling: bool = False) -> str:
+    if async_scheduling:
+        if vllm_version not in ASYNC_VERSION_PROFILES:
+            raise ValueError(f"vLLM {vllm_version} has no async scheduling the reference models")
+        return ASYNC_VERSION_PROFILES[vllm_version]
     name = VERSION_PROFILES.get(vllm_version, f"vllm-{vllm_version}")
     if name not in PROFILES:
         raise ValueError(f"no reference profile for vLLM {vllm_version}")

@@ -14,10 +14,15 @@ which runs in a vLLM venv) imports it.
 vLLM 0.33: `RecordingScheduler` records the synchronous `Scheduler` and
 refuses to start when the engine runs async scheduling (`RecordingMixin.
 __init__`: a `--scheduler-cls` replaces the `AsyncScheduler` that
-`get_scheduler_cls` would pick). An async recorder is one more class here,
-`class RecordingAsyncScheduler(RecordingMixin, AsyncScheduler)` with
-`records_async_scheduling = True`, once the trace format says how output
-placeholders are written (the issue on async scheduling).
+`get_scheduler_cls` would pick). `RecordingAsyncScheduler` records vLLM
+0.33's `AsyncScheduler` (v1/core/sched/async_scheduler.py) for an engine with
+async scheduling, the default for single-node pipeline parallelism with the
+V2 model runner; it writes the async trace keys (`async_scheduling`,
+`batch_queue_depth`, `decode_stagger`, per-entry `placeholders`:
+docs/trace-format.md) and refuses an engine without async scheduling:
+
+    vllm serve MODEL --pipeline-parallel-size 2 \
+        --scheduler-cls flightcheck.vllm.recorder.RecordingAsyncScheduler
 """
 
 from __future__ import annotations
@@ -43,3 +48,18 @@ class RecordingScheduler(RecordingMixin, Scheduler):
     # read in 0.8.4 and 0.8.5 (no: an empty output is dropped) and in 0.33.0
     # (yes: it takes a queue slot and reaches update_from_output).
     queues_empty_batches = _release(vllm.__version__) >= (0, 33)
+
+
+try:                                       # vLLM 0.33; 0.8.x has no AsyncScheduler
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+except ImportError:  # pragma: no cover - depends on the venv's vLLM
+    AsyncScheduler = None  # type: ignore[assignment,misc]
+
+if AsyncScheduler is not None:
+    class RecordingAsyncScheduler(RecordingMixin, AsyncScheduler):  # type: ignore[misc,valid-type]
+        """vLLM 0.33's `AsyncScheduler` (output placeholders, the decode
+        stagger), recording every call to a trace."""
+
+        vllm_version = vllm.__version__
+        queues_empty_batches = True
+        records_async_scheduling = True

@@ -149,7 +149,12 @@ class RecordingMixin:
                 f"{type(self).__qualname__} records vLLM's synchronous Scheduler, but this engine runs with "
                 f"async scheduling (scheduler_config.async_scheduling), whose AsyncScheduler it would replace "
                 f"(a --scheduler-cls is used as given): run with --no-async-scheduling, or use a recorder "
-                f"of AsyncScheduler")
+                f"of AsyncScheduler (flightcheck.vllm.recorder.RecordingAsyncScheduler)")
+        if self.records_async_scheduling and not getattr(self.scheduler_config, "async_scheduling", False):
+            raise RuntimeError(
+                f"{type(self).__qualname__} records vLLM's AsyncScheduler, but this engine runs synchronous "
+                f"scheduling (scheduler_config.async_scheduling is off): its output placeholders would "
+                f"change what the engine decides; use flightcheck.vllm.recorder.RecordingScheduler")
         self.flightcheck_step = 0                      # schedule() + update_from_output() calls
         self.flightcheck_observations = Observations()
         self._fc_next_empty = 1
@@ -196,7 +201,22 @@ class RecordingMixin:
             "policy": "one-batch-per-request" if hasattr(self, "scheduled_req_ids") else "continue-prefill",
             "num_preallocate_tokens": getattr(self.kv_cache_manager, "num_preallocate_tokens", 0),
             "vllm_version": self.vllm_version, "writer": "flightcheck.vllm.recorder",
+            **self._fc_async_config(),
         }
+
+    def _fc_async_config(self) -> dict[str, Any]:
+        """The async keys (docs/trace-format.md), read from vLLM's objects:
+        the engine's queue depth (`VllmConfig.max_concurrent_batches`, K + 1
+        with the V2 model runner) and the stagger `AsyncScheduler` applies
+        (its `decode_stagger`, in force only with the V2 runner, which alone
+        sets `next_decode_eligible_step`)."""
+        if not self.records_async_scheduling:
+            return {}
+        vllm_config = self.vllm_config
+        v2 = bool(getattr(self, "use_v2_model_runner", False))
+        return {"async_scheduling": True,
+                "batch_queue_depth": int(vllm_config.max_concurrent_batches),
+                "decode_stagger": int(getattr(self, "decode_stagger", 0)) if v2 else 0}
 
     def _fc_write(self, event: dict[str, Any], with_step: bool = True) -> None:
         if self._fc_trace is not None:
@@ -278,10 +298,12 @@ class RecordingMixin:
             # it reaches the end of the known tokens (as the model runner decides).
             samples = start + n >= request.num_tokens
             entry = EntrySnapshot(req_id, request, self._fc_admitted(request), start, n, samples)
-            result.append((entry, {"req": req_id, "start": start, "n": n,
-                                   "cached": start if admitted else 0,
-                                   "drafts": len(drafts.get(req_id, ())), "samples": samples,
-                                   "block_ids": block_ids}))
+            written = {"req": req_id, "start": start, "n": n, "cached": start if admitted else 0,
+                       "drafts": len(drafts.get(req_id, ())), "samples": samples, "block_ids": block_ids}
+            if self.records_async_scheduling:
+                # After AsyncScheduler._update_after_schedule (schedule() has returned).
+                written["placeholders"] = int(request.num_output_placeholders)
+            result.append((entry, written))
         return result
 
     def _fc_admitted(self, request: Any) -> int:

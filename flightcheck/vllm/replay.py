@@ -84,10 +84,15 @@ class ReplayWorker:
         self._stderr.flush()
         return "\n".join(self._stderr_path.read_text().splitlines()[-lines:])
 
-    def replay(self, workload: dict[str, Any], trace: str | None = None, recorder: bool = True) -> dict[str, Any]:
-        """Replay one workload (raw JSON, as workload.read_workloads returns it)."""
-        job = {"workload": workload, "trace": None if trace is None else str(Path(trace).resolve()),
-               "recorder": recorder}
+    def replay(self, workload: dict[str, Any], trace: str | None = None, recorder: bool = True,
+               scheduler_cls: str | None = None) -> dict[str, Any]:
+        """Replay one workload (raw JSON, as workload.read_workloads returns it).
+        `scheduler_cls`: the qualified name of the scheduler class (default:
+        the synchronous recorder, or vLLM's plain scheduler without one)."""
+        job: dict[str, Any] = {"workload": workload, "trace": None if trace is None else str(Path(trace).resolve()),
+                               "recorder": recorder}
+        if scheduler_cls is not None:
+            job["scheduler_cls"] = scheduler_cls
         result = self.call(job)
         if "error" in result:
             raise ReplayError(f"replay of {workload.get('name', '?')} failed in the worker: {result['error']}")

@@ -34,6 +34,22 @@ does with `update_from_generation_config`) and, with prefix caching, with
 the block hasher the engine core builds (`get_request_block_hasher` over
 `prefix_caching_hash_algo`, after `init_none_hash`); `ModelRunnerOutput`
 without `spec_token_ids`. The engine is `BatchQueueEngineV033`.
+
+vLLM 0.33.0 with async scheduling (a workload's `config.async_scheduling`):
+`SchedulerConfig(async_scheduling=True)` and the V2 model runner
+(`VLLM_USE_V2_MODEL_RUNNER=1`, read per build: `VllmConfig.
+use_v2_model_runner` reads the variable on every call, and vLLM's env cache
+is never enabled here). Those two make `VllmConfig.max_concurrent_batches`
+K + 1 (`config/vllm.py`) and make `AsyncScheduler._update_after_schedule`
+set `next_decode_eligible_step` (it does only `if self.use_v2_model_runner`);
+`VllmConfig.__post_init__` accepts async + PP with the V2 runner on the
+"mp" executor it picks for PP (`supports_async_scheduling`); no CUDA is
+touched. The class is the job's `scheduler_cls` (default: the synchronous
+recorder, which then refuses to start; `ASYNC_RECORDER` records
+`AsyncScheduler`), the engine's depth is vLLM's own
+`max_concurrent_batches`, and the fabricated model samples each entry that
+is not a prefill chunk at the position after its last token, placeholders
+included, as the V2 runner, which keeps the tokens it samples, does.
 """
 
 from __future__ import annotations
@@ -79,6 +95,7 @@ from .trace import TRACE_ENV  # noqa: E402
 from .workload import VOCAB_SIZE, ReplayConfig, RequestSpec, Workload, workload_from_json  # noqa: E402
 
 PLAIN_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
+PLAIN_ASYNC_SCHEDULER = "vllm.v1.core.sched.async_scheduler.AsyncScheduler"
 # 0.33's DeviceConfig(device="auto") raises "Failed to infer device type" on a
 # machine without an accelerator; 0.8.x infers the CPU itself.
 NEEDS_CPU_DEVICE = not vllm.__version__.startswith("0.8.")
@@ -134,6 +151,9 @@ class SchedulerFactory:
             long_prefill_token_threshold=config.long_prefill_token_threshold)
         if _accepts(SchedulerConfig, "async_scheduling"):                           # 0.33
             scheduler_arguments["async_scheduling"] = config.async_scheduling
+            # Async with pipeline parallelism runs on the V2 model runner (the
+            # V1 runner refuses it); sync PP on the V1 runner.
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if config.async_scheduling else "0"
         elif config.async_scheduling:
             raise ValueError(f"vLLM {vllm.__version__} has no async scheduling")
         if _accepts(SchedulerConfig, "is_encoder_decoder"):                         # 0.33: required
@@ -224,7 +244,8 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     if trace_path:
         os.environ[TRACE_ENV] = trace_path
     os.environ[STAGES_ENV] = str(workload.config.num_stages)
-    qualified_name = RECORDER if recording else PLAIN_SCHEDULER
+    qualified_name = job.get("scheduler_cls") or (
+        RECORDER if recording else PLAIN_ASYNC_SCHEDULER if workload.config.async_scheduling else PLAIN_SCHEDULER)
     scheduler_class = resolve_obj_by_qualname(qualified_name)
     if recording and not issubclass(scheduler_class, RecordingMixin):
         raise TypeError(f"{qualified_name} resolves to {scheduler_class}, not a recorder")
@@ -242,7 +263,9 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
 
     engine: BatchQueueEngine
     if ENGINE_LOOPS[vllm.__version__] == "0.33":
-        engine = BatchQueueEngineV033(scheduler, model, workload.config.num_stages, abort_all)
+        # vLLM's own depth: K, or K + 1 with async scheduling and the V2 runner.
+        depth = int(scheduler.vllm_config.max_concurrent_batches)
+        engine = BatchQueueEngineV033(scheduler, model, depth, abort_all)
     else:
         engine = BatchQueueEngine(scheduler, model, workload.config.num_stages,
                                   schedules_only_unscheduled=ENGINE_GATES[vllm.__version__])
@@ -257,6 +280,8 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         "name": workload.name, "vllm_version": vllm.__version__, "recorder": recording,
         "scheduler_cls": f"{type(scheduler).__module__}.{type(scheduler).__qualname__}",
         "scheduler_is_vllm_scheduler": isinstance(scheduler, Scheduler),
+        "async_scheduling": bool(getattr(scheduler.scheduler_config, "async_scheduling", False)),
+        "batch_queue_depth": getattr(engine, "depth", workload.config.num_stages),
         "ending": outcome.ending, "steps": outcome.steps, "batches_in_flight": outcome.batches_in_flight,
         "exception": outcome.exception, "unfinished": outcome.unfinished,
         "ground_truth": observations, "batches": engine.batches,
