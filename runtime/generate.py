@@ -104,11 +104,11 @@ def check_async_support(executor: Executor, config: SchedulerConfig) -> None:
     runtime does not model."""
     if not config.async_scheduling:
         return
-    if not getattr(executor, "feedback", False):
+    if getattr(executor, "feedback", None) is False:        # a runtime executor without it
         raise ValueError(f"profile {config.profile} schedules decodes before their previous "
                          "token exists: the executor needs feedback=True (the sampled tokens "
                          "from the last stage)")
-    if config.num_spec_tokens:
+    if config.num_spec_tokens and hasattr(executor, "feedback"):
         raise ValueError(f"profile {config.profile} with num_spec_tokens > 0 is not supported "
                          "by the runtime")
 
