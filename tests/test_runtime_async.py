@@ -20,14 +20,18 @@ from __future__ import annotations
 
 import collections
 import json
+import os
+import signal
+import time
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from flightcheck.reference import SchedulerConfig
-from flightcheck.runtime import (LocalExecutor, PipelineExecutor, RuntimeTraceWriter, StageSpec,
-                                 WeightSource, build_model, generate)
+from flightcheck.runtime import (LocalExecutor, PipelineExecutor, RunFailed, RuntimeTraceWriter,
+                                 StageSpec, WeightSource, build_model, generate)
 from flightcheck.runtime.dense import dense_greedy
 from flightcheck.runtime.workload import mixed_workload
 from flightcheck.verification.traces.check import check_trace
@@ -178,3 +182,34 @@ def test_async_pipeline_equals_sync_and_pp1_token_for_token(oracle, tmp_path, k)
     assert f["overlapping_decodes"] > 0 and f["max_in_flight"] == k + 1, f
     assert f["preemptions"] > 0 and f["stops"] > 0, f
     assert features(sync_events)["overlapping_decodes"] == 0
+
+
+def test_killing_the_last_stage_while_stage_0_waits_for_its_tokens_names_it_and_reaps_all(
+        tmp_path):
+    """Async scheduling, PP = 2: stage 0 blocks on tokens only the last stage
+    sends. Killing the last stage mid-run fails the run within seconds,
+    naming the killed stage (not stage 0, whose feedback receive broke), and
+    every process is reaped."""
+    cfg = SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=8, max_model_len=128,
+                          block_size=4, num_blocks=64, num_pipeline_stages=2, profile=ASYNC)
+    workload = mixed_workload(4, 12, max_tokens=(30, 40))
+    executor = PipelineExecutor.spawn(StageSpec(WeightSource(seed=2), 2, 64, 4, "float32",
+                                                feedback=True))
+    victim = executor.processes[-1]
+    killed_at: list[float] = []
+
+    def progress(done: int, total: int, tokens: int) -> None:
+        if tokens >= 20 and not killed_at:
+            os.kill(victim.pid, signal.SIGKILL)
+            killed_at.append(time.monotonic())
+
+    try:
+        with pytest.raises(RunFailed) as info:
+            generate(executor, cfg, workload, progress=progress)
+        detected = time.monotonic() - killed_at[0]
+    finally:
+        executor.close()
+    assert detected < 10.0, detected
+    assert f"stage 1 (pid {victim.pid}) was killed by SIGKILL" in str(info.value), info.value
+    assert all(p.exitcode is not None for p in executor.processes)
+    Path(executor.log_path).unlink()                  # kept after a failure, for the user
