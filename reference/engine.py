@@ -1,7 +1,8 @@
 """The engine core's step with a batch queue (vLLM 0.8.5
 `EngineCore.step_with_batch_queue`, notes §2.6).
 
-The queue holds up to `num_pipeline_stages` batches in flight. One `step()`:
+The queue holds up to `num_pipeline_stages` batches in flight (one more under
+vLLM 0.33's async scheduling: drive.py `VLLM_0_33_ASYNC_LOOP`). One `step()`:
 * if the engine loop lets it schedule (drive.py's `EngineLoop`: the queue
   has room and, in vLLM 0.8.4's loop, some request is not in flight), form a
   batch; if it has tokens, submit it and return None;

@@ -22,6 +22,9 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from flightcheck.cli import main
+from flightcheck.reference.config import SchedulerConfig
+from flightcheck.reference.kv_cache_manager import KVCacheManager
+from flightcheck.reference.scheduler import Scheduler
 from flightcheck.vllm import ASYNC_RECORDER
 from flightcheck.vllm.campaign import compare_workload, with_async_scheduling
 from flightcheck.vllm.differential import decisions, profile_for, read_trace, run_reference
@@ -29,7 +32,7 @@ from flightcheck.vllm.generate import campaign_workloads, generate_workload
 from flightcheck.vllm.replay import ReplayError, ReplayWorker, findings
 
 from .test_vllm_differential import HypothesisPicker
-from .vllm_support import Workers, workers
+from .vllm_support import DATA, Workers, workers
 
 VERSION = "0.33.0"
 
@@ -194,3 +197,85 @@ def test_the_cli_replays_with_async_scheduling(tmp_path: Path, capsys: pytest.Ca
     assert report["workloads"][0]["async_scheduling"] and report["workloads"][0]["batch_queue_depth"] == 3
     assert read_trace(trace)[0]["async_scheduling"] is True
     assert main(["vllm", "replay", str(workload), "--async"]) == 2       # 0.8.5 has no AsyncScheduler
+
+
+NAMED = json.loads((DATA / "workloads-0.33.json").read_text())
+REUSE = ("id-reuse-wrong-binding", "id-reuse-hang", "id-reuse-assertion")
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("raw", NAMED, ids=[w["name"] for w in NAMED])
+def test_the_named_0_33_workloads_under_async_scheduling_with_vllm_s_own_placeholders(
+        running: Workers, raw: dict[str, Any], tmp_path: Path):
+    """Ground truth from AsyncScheduler's state: with fresh ids its
+    placeholders keep their invariants and the reference equals vLLM; with a
+    reused id the old request's token settles a placeholder of the new one
+    (none of whose sampling entries had returned), and the difference is the
+    named id-reuse deviation."""
+    result, comparison = compare_async(running, with_async_scheduling(raw), tmp_path)
+    breaches = result["ground_truth"]["placeholder_mismatches"]
+    if raw["name"] in REUSE:
+        assert comparison.explained and comparison.deviation == "reused_id_output_dropped", comparison.describe()
+        assert [b["rule"] for b in breaches] == ["placeholders = sampling entries in flight"]
+    else:
+        assert comparison.equal, comparison.describe()
+        assert breaches == [] and findings(result) == [] and result["ending"] == "done"
+
+
+# -- each async rule is pinned by vLLM: the reference with one rule broken ------------------
+
+def _guard_off_by_one(scheduler: Any, request: Any) -> bool:
+    placeholders = request.num_output_placeholders
+    if placeholders > 0 and (request.num_computed_tokens + 2 - placeholders
+                             > request.num_prompt_tokens + request.max_tokens):
+        return True
+    return scheduler.current_step < request.next_decode_eligible_step
+
+
+def _stagger_ignored(scheduler: Any, request: Any) -> bool:
+    placeholders = request.num_output_placeholders
+    return placeholders > 0 and (request.num_computed_tokens + 2 - placeholders
+                                 >= request.num_prompt_tokens + request.max_tokens)
+
+
+def _placeholders_kept_on_preemption(scheduler: Any, request: Any) -> None:
+    kept = request.num_output_placeholders
+    Scheduler._mark_stale(scheduler, request)
+    request.num_output_placeholders = kept
+
+
+BROKEN_RULES: dict[str, list[tuple[Any, str, Any]]] = {
+    "max_tokens guard off by one": [(Scheduler, "_is_async_skipped", _guard_off_by_one)],
+    "decode stagger ignored": [(Scheduler, "_is_async_skipped", _stagger_ignored)],
+    "placeholders not reset on preemption": [(Scheduler, "_mark_stale", _placeholders_kept_on_preemption)],
+    "no block caching of settled tokens at update": [(KVCacheManager, "cache_blocks", lambda *_: None)],
+    "batch queue K deep, not K + 1": [
+        (SchedulerConfig, "batch_queue_depth", property(lambda config: config.num_pipeline_stages))],
+}
+
+
+@pytest.mark.vllm
+def test_vllm_tells_the_reference_apart_when_any_one_async_rule_is_broken(
+        running: Workers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Seed 1's first 20 workloads with async scheduling: the reference equals
+    vLLM's AsyncScheduler on all of them, and with any one of its async rules
+    broken it differs on at least one (measured on all 300 of seed 1: guard
+    off by one 258, stagger ignored 297, placeholders kept on preemption 13,
+    no caching at update 33, queue K deep 299)."""
+    workloads = [with_async_scheduling(raw) for raw in campaign_workloads(1, 20)]
+    theirs = []
+    for raw in workloads:
+        trace = tmp_path / f"{raw['name']}.jsonl"
+        running[VERSION].replay(raw, trace=str(trace), scheduler_cls=ASYNC_RECORDER)
+        theirs.append(decisions(read_trace(trace)))
+
+    def differing() -> list[str]:
+        return [raw["name"] for raw, vllm in zip(workloads, theirs)
+                if decisions(run_reference(raw, "vllm-0.33-async").events, block_offset=1) != vllm]
+
+    assert differing() == []
+    for rule, patches in BROKEN_RULES.items():
+        with monkeypatch.context() as patch:
+            for owner, name, value in patches:
+                patch.setattr(owner, name, value)
+            assert differing(), f"{rule}: vLLM does not tell it apart"

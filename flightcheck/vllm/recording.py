@@ -54,7 +54,8 @@ appended for a chunk that did not reach the request's known tokens when it
 was scheduled; (0.8.4) `scheduled_req_ids` disagreeing with the batches
 actually in flight; (0.33) a negative `num_in_flight_tokens` or
 `num_stale_output_tokens`, and `num_in_flight_tokens` disagreeing with the
-tokens of that request's batches actually in flight.
+tokens of that request's batches actually in flight; (0.33 `AsyncScheduler`)
+output placeholders breaching their invariants (`_fc_check_placeholders`).
 
 Standard library only: this module never imports vLLM.
 """
@@ -100,6 +101,10 @@ class Observations:
     counts_in_flight: bool = False
     negative_counters: list[dict[str, Any]] = field(default_factory=list)
     in_flight_counter_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    # vLLM 0.33's AsyncScheduler (a recorder with records_async_scheduling):
+    # its output placeholders against the invariants they should keep.
+    counts_placeholders: bool = False
+    placeholder_mismatches: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -108,6 +113,8 @@ class Observations:
         if self.counts_in_flight:
             found.update(negative_counters=self.negative_counters,
                          in_flight_counter_mismatches=self.in_flight_counter_mismatches)
+        if self.counts_placeholders:
+            found.update(placeholder_mismatches=self.placeholder_mismatches)
         return found
 
 
@@ -162,6 +169,8 @@ class RecordingMixin:
         self._fc_empty_log: list[dict[str, Any]] = []
         self._fc_empty_in_flight: dict[int, tuple[int, Any]] = {}   # id(SchedulerOutput) -> (number, it)
         self._fc_negative_seen: set[tuple[int, str]] = set()
+        self._fc_placeholder_seen: set[tuple[int, str]] = set()
+        self.flightcheck_observations.counts_placeholders = self.records_async_scheduling
         self._fc_mismatch_seen: dict[int, int] = {}
         self._fc_next_batch = 1
         self._fc_in_flight: dict[int, BatchRecord] = {}   # id(SchedulerOutput) -> its batch
@@ -269,6 +278,7 @@ class RecordingMixin:
             self._fc_empty_log.append({"ev": "schedule", "empty_batch": empty, "step": self.flightcheck_step})
         self._fc_check_in_flight_set()
         self._fc_check_counters()
+        self._fc_check_placeholders()
         return output
 
     def _fc_entries(self, output: Any) -> list[tuple[EntrySnapshot, dict[str, Any]]]:
@@ -379,6 +389,7 @@ class RecordingMixin:
                                 "reason": FINISH_REASONS.get(_status(request), _status(request))})
         self._fc_check_in_flight_set()
         self._fc_check_counters()
+        self._fc_check_placeholders()
         return result
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> None:
@@ -447,6 +458,41 @@ class RecordingMixin:
                 observations.in_flight_counter_mismatches.append({
                     "step": self.flightcheck_step, "req": request.request_id,
                     "num_in_flight_tokens": request.num_in_flight_tokens, "in_flight": truth})
+
+    def _fc_check_placeholders(self) -> None:
+        """vLLM 0.33's AsyncScheduler: for every RUNNING request, its output
+        placeholders (`num_output_placeholders`) should equal the tokens of
+        its sampling entries in flight (one each, without drafts), its
+        counter should be `num_tokens + placeholders - 1` past a prefill
+        chunk (`is_prefill_chunk` false, counter moved), and its outputs plus
+        placeholders should not pass `max_tokens`. Each first breach per
+        request and rule is recorded (read-only; nothing is changed)."""
+        if not self.records_async_scheduling:
+            return
+        in_flight: dict[int, int] = {}
+        for batch in self._fc_in_flight.values():
+            for entry in batch.entries:
+                if entry.samples:
+                    in_flight[id(entry.request)] = in_flight.get(id(entry.request), 0) + 1
+        spec = bool(getattr(self, "num_spec_tokens", 0))
+        for request in list(self.running):
+            if _status(request) != "RUNNING":
+                continue
+            placeholders = int(request.num_output_placeholders)
+            breaches = {
+                "placeholders = sampling entries in flight": not spec and placeholders != in_flight.get(id(request), 0),
+                "num_computed = num_tokens + placeholders - 1": (
+                    not spec and not request.is_prefill_chunk and request.num_computed_tokens > 0
+                    and request.num_computed_tokens != request.num_tokens + placeholders - 1),
+                "outputs + placeholders <= max_tokens": request.num_output_tokens + placeholders > request.max_tokens,
+            }
+            for rule, broken in breaches.items():
+                if broken and (id(request), rule) not in self._fc_placeholder_seen:
+                    self._fc_placeholder_seen.add((id(request), rule))
+                    self.flightcheck_observations.placeholder_mismatches.append({
+                        "step": self.flightcheck_step, "req": request.request_id, "rule": rule,
+                        "placeholders": placeholders, "num_computed_tokens": request.num_computed_tokens,
+                        "num_tokens": request.num_tokens, "max_tokens": request.max_tokens})
 
     @property
     def flightcheck_batches_in_flight(self) -> int:

@@ -144,6 +144,9 @@ def findings(result: dict[str, Any]) -> list[str]:
     for drift in truth.get("in_flight_counter_mismatches", []):
         found.append(f"{drift['req']}'s num_in_flight_tokens ({drift['num_in_flight_tokens']}) disagrees with the "
                      f"tokens of its batches in flight ({drift['in_flight']}) at step {drift['step']}")
+    for breach in truth.get("placeholder_mismatches", []):
+        found.append(f"{breach['req']}'s output placeholders ({breach['placeholders']}) break "
+                     f"`{breach['rule']}` at step {breach['step']}")
     for mismatch in truth.get("in_flight_set_mismatches", []):
         found.append(f"scheduled_req_ids disagrees with the batches in flight at step {mismatch['step']}: "
                      f"extra {mismatch['extra']}, missing {mismatch['missing']}")
