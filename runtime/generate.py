@@ -1,6 +1,9 @@
-"""Generation: the reference `Engine` (batch queue of depth K) over an
-executor, driven by the reference's one drive loop (reference/drive.py), with
-arrivals by engine step, aborts and a trace.
+"""Generation: the reference `Engine` (batch queue of depth K, or K + 1 under
+the `vllm-0.33-async` profile's asynchronous scheduling) over an executor,
+driven by the reference's one drive loop (reference/drive.py), with
+arrivals by engine step, aborts and a trace. The profile is the config's
+(`SchedulerConfig(profile="vllm-0.33-async")`); async needs an executor
+with sampled-token feedback (`feedback=True`).
 
 An abort fires once its request has `abort_after` output tokens *and* a
 batch of it is in flight, so the abort lands while the pipeline holds its
@@ -79,6 +82,7 @@ def generate(executor: Executor, config: SchedulerConfig, requests: Sequence[Gen
     """Run `requests` to completion through `executor` (its KV pool must be
     `config.num_blocks` blocks of `config.block_size`). `progress(finished,
     total, output tokens)` is called after every step that returned outputs."""
+    check_async_support(executor, config)
     engine = build_engine(executor, config, trace)
     run = GenerationRun(requests, eos_token_id, progress)
     started = time.time()
@@ -91,12 +95,36 @@ def generate(executor: Executor, config: SchedulerConfig, requests: Sequence[Gen
     return result
 
 
+def check_async_support(executor: Executor, config: SchedulerConfig) -> None:
+    """Asynchronous scheduling (the `vllm-0.33-async` profile) schedules a
+    decode before its previous token exists, so stage 0 must get tokens from
+    the last stage (`feedback=True`). Drafts are refused: their rejections
+    come back after the next decode was placed, which vLLM's V2 runner
+    corrects on the device (`num_rejected` in its broadcast) and this
+    runtime does not model."""
+    if not config.async_scheduling:
+        return
+    if getattr(executor, "feedback", None) is False:        # a runtime executor without it
+        raise ValueError(f"profile {config.profile} schedules decodes before their previous "
+                         "token exists: the executor needs feedback=True (the sampled tokens "
+                         "from the last stage)")
+    if config.num_spec_tokens and hasattr(executor, "feedback"):
+        raise ValueError(f"profile {config.profile} with num_spec_tokens > 0 is not supported "
+                         "by the runtime")
+
+
 def build_engine(executor: Executor, config: SchedulerConfig,
                  trace: RuntimeTraceWriter | None) -> Engine:
-    """The reference scheduler over `executor`; the stages' times go to the trace."""
+    """The reference scheduler over `executor`; the stages' times go to the
+    trace. With sampled-token feedback the executor reads a resumed
+    request's whole sequence from the scheduler when it copies the snapshot
+    (what vLLM's V2 runner gets as `prefill_token_ids`)."""
     if trace is not None and hasattr(executor, "on_stage_times"):
         executor.on_stage_times = trace.stages
-    return Engine(make_scheduler(config, trace), executor)
+    scheduler = make_scheduler(config, trace)
+    if getattr(executor, "feedback", False):
+        executor.all_token_ids = lambda req_id: scheduler.requests[req_id].all_token_ids
+    return Engine(scheduler, executor)
 
 
 def run_to_completion(engine: Engine, run: GenerationRun, max_steps: int) -> str | None:

@@ -44,10 +44,11 @@ def serve_torchrun_stage(act_backend: str = "gloo", timeout_s: float = 300.0) ->
 def make_executor(source: WeightSource, num_stages: int, num_blocks: int, block_size: int, *,
                   dtype: str = "float32", device: str = "cpu", num_spec_tokens: int = 0,
                   top_p: float = 1.0, processes: bool | None = None,
-                  act_backend: str = "gloo", timeout_s: float = 300.0):
+                  act_backend: str = "gloo", timeout_s: float = 300.0, feedback: bool = False):
     """The executor for this launch. `processes=None`: stage processes when
-    K > 1 or under torchrun; in-process for K = 1."""
-    spec = StageSpec(source, num_stages, num_blocks, block_size, dtype, device, top_p)
+    K > 1 or under torchrun; in-process for K = 1. `feedback`: stage 0 takes
+    running requests' tokens from the last stage (needed by async scheduling)."""
+    spec = StageSpec(source, num_stages, num_blocks, block_size, dtype, device, top_p, feedback)
     if torchrun_rank() == 0:
         if not dist.is_initialized():
             dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
@@ -58,6 +59,7 @@ def make_executor(source: WeightSource, num_stages: int, num_blocks: int, block_
     if not processes:
         dev = "cuda" if device == "cuda" else device
         return LocalExecutor(source, num_stages, num_blocks, block_size, dtype=DTYPES[dtype],
-                             num_spec_tokens=num_spec_tokens, top_p=top_p, device=dev)
+                             num_spec_tokens=num_spec_tokens, top_p=top_p, device=dev,
+                             feedback=feedback)
     return PipelineExecutor.spawn(spec, act_backend=act_backend, init_timeout=timeout_s,
                                   num_spec_tokens=num_spec_tokens)

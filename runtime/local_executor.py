@@ -1,7 +1,12 @@
 """An in-process executor: every stage in the calling process, run one after
 the other at `submit` (the snapshot is copied then, like the pipeline's).
 PP = 1 in production; with K stages it checks `split_into_stages` without
-processes. Futures are done when returned."""
+processes. Futures are done when returned.
+
+`feedback=True`: stage 0 takes a running request's tokens from the last
+stage through an in-process channel (feedback.py), not from the snapshot.
+An empty batch (vLLM 0.33 queues them) runs on no stage; the ids it carries
+go with the next batch."""
 
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ import torch
 
 from flightcheck.reference import ModelRunnerOutput, SchedulerOutput
 
-from .plan import BatchPlan, BatchResult, plan_from_scheduler_output
+from .feedback import LocalFeedback, TokenInbox
+from .plan import AllTokenIds, BatchPlan, BatchResult, PendingIds
 from .stages import build_stage
 from .weights import WeightSource
 from .worker import StageWorker
@@ -28,6 +34,11 @@ class DoneFuture:
         return True
 
 
+def empty_output() -> ModelRunnerOutput:
+    """What an empty batch returns: nothing (vLLM 0.33's `EMPTY_MODEL_RUNNER_OUTPUT`)."""
+    return ModelRunnerOutput([], {}, [], [])
+
+
 def to_model_runner_output(result: BatchResult) -> ModelRunnerOutput:
     req_ids = list(result.req_ids)
     return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)},
@@ -38,7 +49,8 @@ def to_model_runner_output(result: BatchResult) -> ModelRunnerOutput:
 class LocalExecutor:
     def __init__(self, source: WeightSource, num_stages: int, num_blocks: int, block_size: int,
                  *, dtype: torch.dtype = torch.float32, num_spec_tokens: int = 0,
-                 top_p: float = 1.0, device: str = "cpu", on_stage_times=None) -> None:
+                 top_p: float = 1.0, device: str = "cpu", on_stage_times=None,
+                 feedback: bool = False) -> None:
         cfg = source.model_config()
         self.model_config = cfg
         self.num_spec_tokens = num_spec_tokens
@@ -46,10 +58,28 @@ class LocalExecutor:
                                     num_blocks, block_size, seed=source.seed, top_p=top_p,
                                     device=device) for s in range(num_stages)]
         self.on_stage_times = on_stage_times      # callback(batch_id, [(t0, t1, recv)]) for traces
+        self.feedback = feedback
+        # Set by generate(): a resumed request's whole sequence (feedback mode).
+        self.all_token_ids: AllTokenIds | None = None
+        self._pending_ids = PendingIds()
+        if feedback:
+            channel = LocalFeedback()
+            self.workers[0].use_feedback(TokenInbox(channel) if num_stages > 1 else None, None)
+            for worker in self.workers[1:]:
+                worker.use_feedback(None, channel.send)
+
+    @property
+    def inbox(self) -> TokenInbox | None:
+        """Stage 0's view of the feedback (tests read its counters)."""
+        return self.workers[0].inbox
 
     def submit(self, scheduler_output: SchedulerOutput) -> DoneFuture:
-        return DoneFuture(to_model_runner_output(
-            self.run_plan(plan_from_scheduler_output(scheduler_output, self.num_spec_tokens))))
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            self._pending_ids.hold(scheduler_output)
+            return DoneFuture(empty_output())
+        plan = self._pending_ids.plan(scheduler_output, self.num_spec_tokens,
+                                      feedback=self.feedback, all_token_ids=self.all_token_ids)
+        return DoneFuture(to_model_runner_output(self.run_plan(plan)))
 
     def run_plan(self, plan: BatchPlan) -> BatchResult:
         x = None
@@ -64,6 +94,7 @@ class LocalExecutor:
         return x
 
     def reset(self) -> None:
+        self._pending_ids.clear()
         for w in self.workers:
             w.reset()
 

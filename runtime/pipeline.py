@@ -39,8 +39,8 @@ import torch.multiprocessing as mp
 
 from flightcheck.reference import ModelRunnerOutput, SchedulerOutput
 
-from .local_executor import to_model_runner_output
-from .plan import BatchPlan, BatchResult, plan_from_scheduler_output
+from .local_executor import DoneFuture, empty_output, to_model_runner_output
+from .plan import AllTokenIds, BatchPlan, BatchResult, PendingIds
 from .stage_main import StageSpec, checkin_key, stage_entry
 from .transport import Groups, Outbox, make_groups, recv_object
 
@@ -92,6 +92,10 @@ class PipelineExecutor:
         self.stage_info: dict[int, dict] = {}
         self.error_detail: str | None = None
         self.log_path = log_path                     # the stage processes' stdout and stderr
+        self.feedback = spec.feedback
+        # Set by generate(): a resumed request's whole sequence (feedback mode).
+        self.all_token_ids: AllTokenIds | None = None
+        self._pending_ids = PendingIds()
         self._stage_errors: dict[int, tuple[str, bool]] = {}   # stage -> (traceback, lost peer)
         self._stage_died = False                     # the failure is a stage process's death
         self._outbox = Outbox()
@@ -166,8 +170,14 @@ class PipelineExecutor:
 
     # -- Executor ------------------------------------------------------------------
 
-    def submit(self, scheduler_output: SchedulerOutput) -> PipelineFuture:
-        plan = plan_from_scheduler_output(scheduler_output, self.num_spec_tokens)
+    def submit(self, scheduler_output: SchedulerOutput) -> PipelineFuture | DoneFuture:
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            # vLLM 0.33 queues empty batches; no stage runs one, its ids go
+            # with the next batch.
+            self._pending_ids.hold(scheduler_output)
+            return DoneFuture(empty_output())
+        plan = self._pending_ids.plan(scheduler_output, self.num_spec_tokens,
+                                      feedback=self.feedback, all_token_ids=self.all_token_ids)
         future = PipelineFuture(self, plan.batch_id)
         with self._lock:
             self._check()
@@ -179,6 +189,7 @@ class PipelineExecutor:
         """Drop every request's state on every stage (between runs)."""
         if self._pending:
             raise PipelineError("reset() with batches in flight")
+        self._pending_ids.clear()
         self._broadcast(BatchPlan(0, (), (), kind="reset"))
 
     def _broadcast(self, plan: BatchPlan) -> None:

@@ -6,6 +6,9 @@ the driver).
         stage 0: embed the plan's tokens; else receive [T + 1, D] from stage s - 1
         run the stage's layers over the paged KV cache
         not last: isend hidden + timings to stage s + 1; last: sample, send the result
+    with sampled-token feedback (`StageSpec.feedback`): the last stage also
+    isends each batch's sampled tokens to stage 0, where a thread queues them
+    for the batches that need them (feedback.py)
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .feedback import (END_OF_STREAM, FeedbackReceiver, SampledTokens, TokenInbox,
+                       send_message)
 from .plan import BatchPlan
 from .stages import build_stage
 from .transport import (Groups, Outbox, Times, make_groups, pack_activations, recv_object,
@@ -43,6 +48,7 @@ class StageSpec:
     dtype: str = "float32"
     device: str = "cpu"              # "cpu", or "cuda" (stage s on GPU s mod #GPUs)
     top_p: float = 1.0
+    feedback: bool = False           # stage 0 takes running requests' tokens from the last stage
 
 
 def stage_device(spec: StageSpec, index: int) -> torch.device:
@@ -98,9 +104,15 @@ def serve_stage(groups: Groups) -> None:
         stage = build_stage(cfg, spec.source, index, num_stages, DTYPES[spec.dtype], device)
         worker = StageWorker(stage, spec.num_blocks, spec.block_size, seed=spec.source.seed,
                              top_p=spec.top_p, device=device)
+        receiver = _connect_feedback(spec, worker, groups, outbox, index, num_stages, device)
         outbox.send_object(("ready", index, {"layers": list(stage.layer_ids), "pid": os.getpid(),
                                              "kv_bytes": worker.cache.nbytes}), 0, groups.result)
         _loop(worker, groups, outbox, index, num_stages, cfg.dim, DTYPES[spec.dtype], device)
+        if spec.feedback and worker.stage.is_last and not worker.stage.is_first:
+            assert worker.send_sampled is not None
+            worker.send_sampled(SampledTokens(END_OF_STREAM, ()))
+        if receiver is not None:
+            receiver.join(10.0)
         outbox.send_object(("bye", index, None), 0, groups.result)
         outbox.wait_oldest(0)
     except Exception as err:
@@ -114,6 +126,25 @@ def serve_stage(groups: Groups) -> None:
             raise
     finally:
         dist.destroy_process_group()
+
+
+def _connect_feedback(spec: StageSpec, worker: StageWorker, groups: Groups, outbox: Outbox,
+                      index: int, num_stages: int,
+                      device: torch.device) -> FeedbackReceiver | None:
+    """Feedback mode: stage 0 (rank 1) receives from the last stage (rank K)
+    in a thread; the last stage sends through its outbox. Tensors live on
+    the device for NCCL, in host memory for gloo. Returns stage 0's receiver."""
+    if not spec.feedback:
+        return None
+    where = device if groups.act_backend != "gloo" else torch.device("cpu")
+    receiver = None
+    if index == 0 and num_stages > 1:
+        receiver = FeedbackReceiver(num_stages, groups.feedback, where)
+    worker.use_feedback(
+        TokenInbox(receiver) if receiver is not None else None,
+        (lambda message: send_message(outbox, message, 1, groups.feedback, where))
+        if index == num_stages - 1 and num_stages > 1 else None)
+    return receiver
 
 
 def is_lost_peer(err: BaseException) -> bool:

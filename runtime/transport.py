@@ -8,7 +8,9 @@ are kept alive until its `Work` is waited on, every receive is a blocking
 Three process groups, so the streams never share a gloo context:
 * `meta`: driver (rank 0) -> every stage: pickled `BatchPlan`s;
 * `result`: stages -> driver: pickled messages (ready, result, error, bye);
-* `act`: stage s -> stage s+1: activations (gloo, or NCCL between GPUs).
+* `act`: stage s -> stage s+1: activations (gloo, or NCCL between GPUs);
+* `feedback`: last stage -> stage 0: sampled tokens (feedback.py; int64
+  tensors only, on the activations' backend).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Groups:
     result: Any
     act: Any
     act_backend: str
+    feedback: Any = None
 
 
 def make_groups(act_backend: str) -> Groups:
@@ -36,7 +39,8 @@ def make_groups(act_backend: str) -> Groups:
     world = dist.group.WORLD
     result = dist.new_group(backend="gloo")
     act = world if act_backend == "gloo" else dist.new_group(backend=act_backend)
-    return Groups(world, result, act, act_backend)
+    feedback = dist.new_group(backend=act_backend)
+    return Groups(world, result, act, act_backend, feedback)
 
 
 class Outbox:

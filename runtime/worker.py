@@ -6,11 +6,19 @@ tokens (to tell a final prefill chunk from a partial one, as vLLM's model
 runner does from its own state) and, on the last stage, the token history
 the drafter looks up. It drops a request's state when the request's id
 arrives in `finished_req_ids`.
+
+With sampled-token feedback (feedback.py) the plan leaves a running
+request's known tokens out: stage 0 takes each one it has not seen from the
+last stage's feedback (by generation and position), the last stage keeps the
+tokens it sampled, and the stages between need no token ids at all. Every
+stage numbers the incarnations (generations) in plan order: an admission or
+a resumption opens one, a finish or a preemption closes it.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +26,7 @@ from torch import Tensor
 
 from .attention import BatchLayout, PagedAttention, SeqSlice
 from .drafter import propose_ngram
+from .feedback import SampledTokens, TokenInbox
 from .kv_cache import PagedKVCache
 from .plan import BatchPlan, BatchResult, EntryPlan
 from .sampler import accept_drafts, sample_tokens
@@ -28,9 +37,10 @@ from .stages import Stage
 class RequestState:
     block_table: list[int]
     num_known: int
-    history: list[int]                  # tokens by position, scheduled drafts included
+    history: list[int]                  # tokens by position (feedback mode: known ones only)
     temperature: float = 0.0
     seed: int = 0
+    generation: int | None = None       # None: closed by a preemption
 
 
 @dataclass
@@ -52,35 +62,116 @@ class StageWorker:
         self.seed, self.top_p = seed, top_p
         self.requests: dict[str, RequestState] = {}
         self.record: LogitsRecord | None = None
+        # Sampled-token feedback: stage 0 reads `inbox`, the last stage
+        # calls `send_sampled` with every batch's tokens.
+        self.feedback = False
+        self.inbox: TokenInbox | None = None
+        self.send_sampled: Callable[[SampledTokens], None] | None = None
+        self._next_generation = 0
+        self.num_batches = 0                # batch plans executed (since the start)
+
+    def use_feedback(self, inbox: TokenInbox | None,
+                     send_sampled: Callable[[SampledTokens], None] | None) -> None:
+        """Feedback mode: stage 0 needs `inbox`, the last stage `send_sampled`
+        (a single stage needs neither: it keeps what it samples)."""
+        if self._takes_feedback and inbox is None:
+            raise ValueError("stage 0 needs an inbox for the sampled-token feedback")
+        if self._sends_feedback and send_sampled is None:
+            raise ValueError("the last stage needs a way to send its sampled tokens")
+        self.feedback, self.inbox, self.send_sampled = True, inbox, send_sampled
 
     # -- per-request state ------------------------------------------------------
 
+    @property
+    def _takes_feedback(self) -> bool:
+        return self.stage.is_first and not self.stage.is_last
+
+    @property
+    def _sends_feedback(self) -> bool:
+        return self.stage.is_last and not self.stage.is_first
+
+    def _open_generation(self, state: RequestState) -> None:
+        state.generation, self._next_generation = self._next_generation, self._next_generation + 1
+        if self.inbox is not None:
+            self.inbox.open(state.generation)
+
+    def _close_generation(self, state: RequestState | None) -> None:
+        if state is not None and state.generation is not None:
+            if self.inbox is not None:
+                self.inbox.close(state.generation)
+            state.generation = None
+
     def _update_state(self, e: EntryPlan) -> RequestState:
-        if len(e.token_ids) != e.num_new:
-            raise ValueError(f"batch entry {e.req_id}: {len(e.token_ids)} token ids for "
-                             f"{e.num_new} scheduled tokens")
-        known = e.start + e.num_new - e.num_drafts
+        if e.known_token_ids is not None and len(e.known_token_ids) != e.num_known:
+            raise ValueError(f"batch entry {e.req_id}: {len(e.known_token_ids)} known token ids "
+                             f"for {e.num_known} scheduled")
+        known = e.start + e.num_known
         if e.prompt_token_ids is not None:                 # admission
             seed = e.seed if e.seed is not None else self.seed * 7919 + zlib.crc32(e.req_id.encode())
             state = RequestState(list(e.new_block_ids), len(e.prompt_token_ids),
                                  list(e.prompt_token_ids), e.temperature, seed)
+            self._close_generation(self.requests.get(e.req_id))
             self.requests[e.req_id] = state
+            self._open_generation(state)
             return state
         state = self.requests.get(e.req_id)
         if state is None:
             raise ValueError(f"batch entry for {e.req_id!r}, which this stage has not seen admitted")
         if e.replaces_table:
             state.block_table = list(e.new_block_ids)
+            self._close_generation(state)
+            self._open_generation(state)
         else:
             state.block_table.extend(e.new_block_ids)
-        if len(state.history) < e.start:
-            raise ValueError(f"{e.req_id}: chunk starts at {e.start}, {len(state.history)} tokens known")
-        # Drafts too: the accepted ones are known tokens the next chunk does not repeat.
-        state.history[e.start:] = e.token_ids
+        if self.feedback:
+            self._learn_tokens(e, state)
+        else:
+            if len(state.history) < e.start:
+                raise ValueError(f"{e.req_id}: chunk starts at {e.start}, "
+                                 f"{len(state.history)} tokens known")
+            # Drafts too: the accepted ones are known tokens the next chunk does not repeat.
+            state.history[e.start:] = [*(e.known_token_ids or ()), *e.draft_token_ids]
         state.num_known = max(state.num_known, known)
         return state
 
+    def _learn_tokens(self, e: EntryPlan, state: RequestState) -> None:
+        """Feedback mode: the history holds known tokens only. A resumption
+        brings the whole sequence; stage 0 takes the tokens of a running
+        request it has not seen from the feedback, in position order; the
+        last stage has them already (it sampled them); the stages between
+        need none."""
+        if e.all_token_ids is not None:
+            state.history = list(e.all_token_ids)
+        elif e.known_token_ids is not None:
+            if len(state.history) < e.start:
+                raise ValueError(f"{e.req_id}: chunk starts at {e.start}, "
+                                 f"{len(state.history)} tokens known")
+            state.history[e.start:e.start + e.num_known] = e.known_token_ids
+        end = e.start + e.num_known
+        if not self.stage.is_first and not self.stage.is_last:
+            return
+        if len(state.history) < e.start:
+            raise ValueError(f"{e.req_id}: chunk starts at {e.start}, "
+                             f"{len(state.history)} tokens known")
+        if not self._takes_feedback:
+            if len(state.history) < end:           # the last stage sampled them itself
+                raise ValueError(f"{e.req_id}: tokens up to {end} scheduled, "
+                                 f"{len(state.history)} sampled")
+            return
+        assert self.inbox is not None and state.generation is not None
+        while len(state.history) < end:
+            state.history.append(self.inbox.take(state.generation, len(state.history),
+                                                 self.num_batches))
+
+    def entry_token_ids(self, e: EntryPlan, state: RequestState) -> list[int]:
+        """The num_new tokens stage 0 embeds: known ones, then drafts."""
+        if e.known_token_ids is not None and not self.feedback:
+            return [*e.known_token_ids, *e.draft_token_ids]
+        return [*state.history[e.start:e.start + e.num_known], *e.draft_token_ids]
+
     def reset(self) -> None:
+        for state in self.requests.values():
+            self._close_generation(state)
         self.requests.clear()
 
     # -- one batch --------------------------------------------------------------
@@ -90,18 +181,24 @@ class StageWorker:
         """inputs: hidden states [T, D] from the previous stage (None on stage 0).
         Returns this stage's hidden states [T, D], or on the last stage the result."""
         for req_id in plan.finished_req_ids:
-            self.requests.pop(req_id, None)
+            self._close_generation(self.requests.pop(req_id, None))
+        for req_id in plan.preempted_req_ids:
+            self._close_generation(self.requests.get(req_id))
         states = [self._update_state(e) for e in plan.entries]
         layout = BatchLayout([SeqSlice(e.start, e.num_new, s.block_table)
                               for e, s in zip(plan.entries, states)], self.block_size, self.device)
         if self.stage.is_first:
-            tokens = [t for e in plan.entries for t in e.token_ids]
+            tokens = [t for e, s in zip(plan.entries, states) for t in self.entry_token_ids(e, s)]
             inputs = torch.tensor(tokens, dtype=torch.long, device=self.device)        # [T]
         assert inputs is not None
         hidden = self.stage(inputs, layout.positions, PagedAttention(self.cache, layout))  # [T, D]
+        self.num_batches += 1
         if not self.stage.is_last:
             return hidden
-        return self._sample(plan, states, hidden)
+        result = self._sample(plan, states, hidden)
+        if self._sends_feedback and self.send_sampled is not None:
+            self.send_sampled(sampled_rows(plan, states, result))
+        return result
 
     def _sample(self, plan: BatchPlan, states: list[RequestState], hidden: Tensor) -> BatchResult:
         # Rows to project: for each entry that reaches its known tokens, the
@@ -131,9 +228,23 @@ class StageWorker:
                 self.record.rows.extend((e.req_id, p - 1, entry_logits[i].clone())
                                         for i, p in enumerate(positions))
             target = sample_tokens(entry_logits, positions, s.temperature, s.seed, self.top_p)
-            tokens = accept_drafts(e.token_ids[e.num_new - e.num_drafts:], target)
+            tokens = accept_drafts(list(e.draft_token_ids), target)
             sampled.append(tuple(tokens))
-            known = s.history[:e.start + e.num_new - e.num_drafts]
+            known = s.history[:e.start + e.num_known]
+            if self.feedback:
+                s.history[e.start + e.num_known:] = tokens     # the last stage keeps its samples
             drafts.append(tuple(propose_ngram(known + tokens, plan.num_spec_tokens)))
         return BatchResult(plan.batch_id, tuple(e.req_id for e in plan.entries),
                            tuple(sampled), tuple(drafts))
+
+
+def sampled_rows(plan: BatchPlan, states: list[RequestState],
+                 result: BatchResult) -> SampledTokens:
+    """Every token the batch sampled, tagged (generation, position): an
+    entry's tokens follow its known tokens (accepted drafts, then the bonus)."""
+    rows = []
+    for e, s, tokens in zip(plan.entries, states, result.sampled_token_ids):
+        assert s.generation is not None
+        first = e.start + e.num_known
+        rows.extend((s.generation, first + i, t) for i, t in enumerate(tokens))
+    return SampledTokens(plan.batch_id, tuple(rows))

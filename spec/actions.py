@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from . import blocks
 from .config import Config
 from .schedule import Scheduled, schedule  # noqa: F401  (re-exported: the fourth action)
-from .state import Entry, Fate, Request, State, Status, holder_of, name_of, retire_entries
+from .state import Entry, Fate, Request, State, Status, content_label, holder_of, name_of, retire_entries
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,8 @@ def abort(state: State, cfg: Config, r: int) -> State | None:
 def _forget_counters(state: State, r: int) -> State:
     """A finished request leaves vLLM's `self.requests` (`_free_request`), and
     its counters with it: a finished slot keeps none."""
-    return state.with_request(r, num_in_flight=0, num_stale=0, drop_stale=False)
+    return state.with_request(r, num_in_flight=0, num_stale=0, drop_stale=False, placeholders=0,
+                              decode_countdown=0)
 
 
 def entry_samples(state: State, cfg: Config, e: Entry) -> bool:
@@ -224,21 +225,64 @@ def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate,
     holds e's name now) with `fate` the rule that applies."""
     r = e.req if holder is None else holder
     req = state.requests[r]
+    had_placeholders = req.placeholders > 0
     if _subtracts_rejections(fate):
         req = replace(req, num_computed=req.num_computed - (e.drafts - s.num_accepted))
+        req = _settle_rejected_placeholders(req, e.drafts - s.num_accepted)
     finish: Status | None = None
     for j in range(s.num_accepted + 1):
         req = replace(req, num_output=req.num_output + 1)
         finish = _stop_reason(cfg, req, j, s)
         if finish is not None:
             break
+    if fate is Fate.LIVE:
+        # every returned token settles a placeholder, those trimmed at a stop too
+        req = _settle_returned_placeholders(req, s.num_accepted + 1)
+    if (fate is Fate.LIVE and had_placeholders and req.status is Status.RUNNING
+            and cfg.rules.cache_settled_blocks_on_output):
+        trimmed = s.num_accepted - j           # tokens after a stop, not appended
+        state = _cache_settled_blocks(state, cfg, r, req.num_computed - trimmed - req.num_in_flight)
     if finish is not None:
         state = state.with_request(r, num_output=req.num_output, num_computed=req.num_computed)
         return _forget_counters(_finish(state, cfg, r, finish), r)
     if fate is Fate.LIVE:
         req = replace(req, num_drafts=s.next_drafts)       # the drafts proposed for its next step
     return state.with_request(r, num_output=req.num_output, num_computed=req.num_computed,
-                              num_drafts=req.num_drafts)
+                              num_drafts=req.num_drafts, placeholders=req.placeholders)
+
+
+def _settle_rejected_placeholders(req: Request, rejected: int) -> Request:
+    """vLLM 0.33 `update_from_output`: a live, not stale output's rejected
+    drafts are taken back from the placeholders (`if num_output_placeholders
+    > 0`; always 0 outside async scheduling, so a no-op there)."""
+    if req.placeholders > 0:
+        return replace(req, placeholders=req.placeholders - rejected)
+    return req
+
+
+def _settle_returned_placeholders(req: Request, returned: int) -> Request:
+    """vLLM 0.33 `_update_request_with_output`: a live, not stale output's
+    returned tokens, those trimmed at a stop included, are taken back from the
+    placeholders (`if not is_stale and num_output_placeholders > 0`)."""
+    if req.placeholders > 0:
+        return replace(req, placeholders=req.placeholders - returned)
+    return req
+
+
+def _cache_settled_blocks(state: State, cfg: Config, r: int, settled: int) -> State:
+    """vLLM 0.33 `update_from_output`, async: a live output of a RUNNING
+    request with placeholders hashes the full blocks of its `settled` tokens
+    (`cache_blocks(request, num_computed - num_in_flight)`, num_computed
+    trimmed at a stop and the in-flight counter settled for this output),
+    before a stop frees them: a block so hashed goes to the free queue's
+    tail, not its head. Called on the state before the output is appended:
+    those tokens' blocks are labelled by position, which the append does not change."""
+    req = state.requests[r]
+    if not cfg.prefix_caching or settled < cfg.block_size:
+        return state
+    labels = [content_label(state, r, i, cfg.block_size) for i in range(settled // cfg.block_size)]
+    pool = blocks.cache_labels(state.pool, req.block_table, labels, cfg.cache_duplicate_blocks)
+    return replace(state, pool=pool)
 
 
 def _subtracts_rejections(fate: Fate) -> bool:

@@ -1,8 +1,8 @@
 """The constants of the spec: the scheduler's configuration.
 
 Abstracted away: everything about the model (layers, weights, dtypes), the
-encoder budgets, LoRA, structured output, priorities, async scheduling and KV
-connectors. None of them changes how many tokens are in flight for whom, which
+encoder budgets, LoRA, structured output, priorities and KV connectors
+(asynchronous scheduling is a profile, `vllm-0.33-async`). None of them changes how many tokens are in flight for whom, which
 is all this spec is about.
 
 Where vLLM versions differ, `profile` names the version (`profiles.py`) and the
@@ -57,6 +57,13 @@ class Config:
     release_order: ReleaseOrder = None       # type: ignore[assignment]  # how a freed table joins the free queue
     num_preallocate_tokens: int = None       # type: ignore[assignment]  # 0.8.4's blocks ahead of need
     cache_duplicate_blocks: bool = None      # type: ignore[assignment]  # a hash may be cached by two blocks
+    # Asynchronous scheduling (`Profile.output_placeholders`): the batch queue
+    # depth D (K, or K + 1 under vLLM 0.33's AsyncScheduler with the V2
+    # runner) and the decode stagger (K under it, 0 = none). None: derived
+    # from K and the profile whenever read (`queue_depth`, `stagger`), so a
+    # `replace` of num_stages carries them along; a trace may set them.
+    batch_queue_depth: int | None = None
+    decode_stagger: int | None = None
 
     def __post_init__(self) -> None:
         self._resolve_profile()
@@ -73,6 +80,8 @@ class Config:
             raise ValueError(f"release_order must be 'reverse' or 'forward', got {self.release_order!r}")
         if self.num_preallocate_tokens < 0:
             raise ValueError("num_preallocate_tokens must be >= 0")
+        if self.queue_depth < 1 or self.stagger < 0:
+            raise ValueError("batch_queue_depth must be >= 1 and decode_stagger >= 0")
         if self.stale_mode not in ("deliver", "drop"):
             raise ValueError(f"stale_mode must be 'deliver' or 'drop', got {self.stale_mode!r}")
 
@@ -93,6 +102,22 @@ class Config:
         free-queue head, threshold, clip, admission gate, deferred resumption,
         stop order); read where they apply, never copied into a field."""
         return profile_named(self.profile)
+
+    @property
+    def queue_depth(self) -> int:
+        """D: the batches in flight at most (`VllmConfig.max_concurrent_batches`):
+        K, plus `Profile.extra_queued_batches` (1 under async scheduling)."""
+        if self.batch_queue_depth is not None:
+            return self.batch_queue_depth
+        return self.num_stages + self.rules.extra_queued_batches
+
+    @property
+    def stagger(self) -> int:
+        """The schedule() calls between two sampling entries of one request at
+        least (`AsyncScheduler.decode_stagger`, K under async; 0 = no gate)."""
+        if self.decode_stagger is not None:
+            return self.decode_stagger
+        return self.num_stages if self.rules.decode_stagger_is_pipeline_depth else 0
 
     @property
     def max_blocks_per_request(self) -> int:

@@ -37,7 +37,7 @@ def s1_request(s: State, cfg: Config, r: int) -> bool:
     q = s.requests[r]
     if not q.status.is_active:
         return True
-    if not 0 <= q.num_computed <= q.num_tokens + q.num_drafts:
+    if not 0 <= q.num_computed <= q.num_tokens + q.num_drafts + q.placeholders:
         return False
     return q.status is Status.RUNNING or q.num_computed == 0
 
@@ -184,7 +184,7 @@ def _threshold_binds(batch: Batch, cfg: Config) -> bool:
 
 
 def s11_fifo(s: State, cfg: Config) -> bool:
-    if len(s.in_flight) > cfg.num_stages:
+    if len(s.in_flight) > cfg.queue_depth:
         return False
     if cfg.continue_prefill:
         return not s.scheduled_ids
@@ -248,6 +248,104 @@ def l3_drain(s: State, cfg: Config) -> bool:
         return True
     samples = tuple(Sample() for _ in sampling_entries(s, cfg))
     return can_complete_oldest(s, cfg, samples)   # complete_oldest's guard: is it enabled?
+
+
+# --- asynchronous scheduling (`Profile.output_placeholders`, vLLM 0.33's
+# AsyncScheduler): what S3, S5, S6 and L2 become, and IA1, IA2.
+
+
+def s3_async_request(s: State, cfg: Config, r: int) -> bool:
+    """S3 under async: live entries are non-empty and leave no gap; a prefill chunk's successor starts where it ends, a decode's at or before its end, and the last entry ends at num_computed, or past it after a sampling entry (a rejected draft of an older decode lowers num_computed while younger decodes are in flight); without spec decode the sync S3 holds exactly."""
+    if cfg.num_spec_tokens == 0:
+        return s3_request(s, cfg, r)
+    q = s.requests[r]
+    if not q.status.is_active:
+        return True
+    live = s.entries_of(r)
+    if not live:
+        return True
+    if any(e.n < 1 for e in live):
+        return False
+    if any(b.start > a.end or (not a.samples and b.start != a.end) for a, b in zip(live, live[1:])):
+        return False
+    last = live[-1]
+    return last.end == q.num_computed or (last.samples and last.end > q.num_computed)
+
+
+def s5_async_request(s: State, cfg: Config, r: int) -> bool:
+    """S5 under async: a live entry holds more tokens than drafts, drafts ride
+    only on a sampling entry, and prefill chunks (entries that do not sample)
+    come before every sampling entry and stop short of the known tokens.
+    Without spec decode: the entry after m live sampling entries of r reaches
+    exactly num_tokens + m when it samples, less when not."""
+    num_tokens = s.requests[r].num_tokens
+    ahead = 0                                   # placeholders of the older live sampling entries
+    for e in s.entries_of(r):
+        reach = e.end - e.drafts
+        if e.n <= e.drafts or (e.drafts > 0 and not e.samples):
+            return False
+        if not e.samples and (ahead > 0 or reach >= num_tokens):
+            return False
+        if cfg.num_spec_tokens == 0 and (reach > num_tokens + ahead or e.samples != (reach == num_tokens + ahead)):
+            return False
+        if e.samples:
+            ahead += 1 + e.drafts
+    return True
+
+
+def s6_async_request(s: State, cfg: Config, r: int) -> bool:
+    """S6' (async decode gating): a request has at most ceil(D / stagger) live
+    sampling entries in flight, any two of them at least `stagger` schedule()
+    calls (batches) apart, and while its latest sampling entry is in flight
+    its countdown is the stagger less the calls since."""
+    q = s.requests[r]
+    if not q.status.is_active:
+        return True
+    stagger = cfg.stagger
+    positions = [i for i, b in enumerate(s.in_flight) for e in b
+                 if e.req == r and e.samples and e.fate is Fate.LIVE]
+    if len(positions) > (cdiv(cfg.queue_depth, stagger) if stagger else cfg.queue_depth):
+        return False
+    if any(j - i < stagger for i, j in zip(positions, positions[1:])):
+        return False
+    latest = [i for i, b in enumerate(s.in_flight) for e in b if e.req == r and e.samples]
+    if not latest or not stagger:
+        return True
+    return q.decode_countdown == max(0, stagger - (len(s.in_flight) - 1 - latest[-1]))
+
+
+def ia1_request(s: State, cfg: Config, r: int) -> bool:
+    """IA1: a request's placeholders are 1 + drafts summed over its live sampling entries in flight, 0 unless RUNNING, and num_computed = num_tokens + placeholders - 1 while any are (drafts included)."""
+    q = s.requests[r]
+    if q.placeholders != sum(1 + e.drafts for e in s.entries_of(r) if e.samples):
+        return False
+    if q.status is not Status.RUNNING:
+        return q.placeholders == 0
+    return q.placeholders == 0 or q.num_computed == q.num_tokens + q.placeholders - 1
+
+
+def ia2_request(s: State, cfg: Config, r: int) -> bool:
+    """IA2: an unfinished request's outputs plus its live sampling entries in flight never exceed max_tokens (num_output + placeholders <= max_tokens without drafts)."""
+    q = s.requests[r]
+    if not q.status.is_active:
+        return True
+    return q.num_output + sum(1 for e in s.entries_of(r) if e.samples) <= q.max_tokens
+
+
+def l2_async_no_deadlock(s: State, cfg: Config) -> bool:
+    """L2 under async: with nothing in flight and a request unfinished, schedule forms a batch or preempts within stagger + 1 calls, the empty batches between draining at once."""
+    from .schedule import is_empty_step, schedule
+    if any(s.in_flight) or not any(q.status.is_active for q in s.requests):
+        return True
+    state = replace(s, in_flight=())
+    for _ in range(cfg.stagger + 1):
+        scheduled = schedule(state, cfg)
+        if not is_empty_step(scheduled):
+            return True
+        if scheduled is None:
+            return False
+        state = replace(scheduled.state, in_flight=())   # the empty batch completes: it changes nothing
+    return False
 
 
 RequestPart = Callable[[State, Config, int], bool]
@@ -319,10 +417,32 @@ COUNTER_INVARIANTS: tuple[Invariant, ...] = (
 )
 
 
+# Under asynchronous scheduling (vLLM 0.33 AsyncScheduler): these replace
+# the sync invariants of the same letter (S3, S5, S6, L2), and IA1, IA2 join.
+ASYNC_REPLACEMENTS: dict[str, Invariant] = {
+    "S3_contiguous_coverage": Invariant("S3a_async_coverage", (s3_async_request.__doc__ or "").strip(),
+                                        of_request=s3_async_request),
+    "S5_one_sample_per_prefill": Invariant("S5a_async_sampling", (s5_async_request.__doc__ or "").strip(),
+                                           of_request=s5_async_request),
+    "S6_decode_gating": Invariant("S6p_async_decode_gating", (s6_async_request.__doc__ or "").strip(),
+                                  of_request=s6_async_request),
+    "L2_no_deadlock": Invariant("L2_no_deadlock", (l2_async_no_deadlock.__doc__ or "").strip(),
+                                of_state=l2_async_no_deadlock, kind="liveness"),
+}
+ASYNC_INVARIANTS: tuple[Invariant, ...] = (
+    Invariant("IA1_placeholders", (ia1_request.__doc__ or "").strip(), of_request=ia1_request),
+    Invariant("IA2_placeholders_within_max_tokens", (ia2_request.__doc__ or "").strip(), of_request=ia2_request),
+)
+
+
 def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
-    """The invariants of cfg's profile: every profile's, and IF1-IF3 where
-    vLLM keeps stale-output counters."""
-    return INVARIANTS + (COUNTER_INVARIANTS if cfg.rules.stale_output_counters else ())
+    """The invariants of cfg's profile: every profile's, IF1-IF3 where vLLM
+    keeps stale-output counters, and under async scheduling S3, S5, S6 and L2
+    restated (`ASYNC_REPLACEMENTS`) with IA1 and IA2."""
+    chosen = INVARIANTS + (COUNTER_INVARIANTS if cfg.rules.stale_output_counters else ())
+    if cfg.rules.output_placeholders:
+        chosen = tuple(ASYNC_REPLACEMENTS.get(i.name, i) for i in chosen) + ASYNC_INVARIANTS
+    return chosen
 
 
 def violated(s: State, cfg: Config) -> list[Invariant]:

@@ -12,7 +12,7 @@ Abstracted away: every knob that is the same in all profiles (those are plain
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 ReleaseOrder = Literal["reverse", "forward"]
@@ -99,6 +99,34 @@ class Profile:
     # the workers); popping it changes no request. 0.8.x: a step that
     # schedules nothing queues nothing.
     empty_batches: bool = False
+    # --- asynchronous scheduling (vLLM 0.33.0 `AsyncScheduler` with the V2
+    # model runner, under pipeline parallelism K); all off in sync profiles.
+    # `AsyncScheduler._update_after_schedule`: every scheduled entry that is
+    # not a prefill chunk adds `1 + #drafts scheduled` to the request's
+    # `num_output_placeholders`; `Scheduler.schedule`'s running loop then
+    # counts them in `num_new_tokens` (so a decode is scheduled before the
+    # previous token exists) and skips a request whose placeholders surely
+    # reach max_tokens (`num_computed + 2 - placeholders >= num_prompt +
+    # max_tokens`); `update_from_output` / `_update_request_with_output`
+    # settle them (rejected drafts, then returned tokens, each when not stale
+    # and `> 0`); `_preempt_request` resets them to 0.
+    output_placeholders: bool = False
+    # `VllmConfig.max_concurrent_batches` (config/vllm.py): the batch queue
+    # holds K + 1 batches under async scheduling with the V2 runner (K sync).
+    extra_queued_batches: int = 0
+    # `AsyncScheduler.__init__`: `decode_stagger = pipeline_parallel_size`;
+    # `_update_after_schedule` sets `next_decode_eligible_step = current_step
+    # + decode_stagger` for a sampling entry, and the running loop skips a
+    # request while `current_step < next_decode_eligible_step`
+    # (`current_step += 1` on every `schedule()` call, empty ones included).
+    # The spec keeps a per-request countdown instead (`Request.decode_countdown`).
+    decode_stagger_is_pipeline_depth: bool = False
+    # `update_from_output` (0.33): with placeholders in play, a live output of
+    # a RUNNING request hashes the blocks its settled tokens fill
+    # (`cache_blocks(request, num_computed - num_in_flight)`), before a stop
+    # frees them. The sync 0.33 profile does not model this call (it makes
+    # it only with spec decode on).
+    cache_settled_blocks_on_output: bool = False
 
     def release_order(self, prefix_caching: bool) -> ReleaseOrder:
         return (self.release_order_with_prefix_caching if prefix_caching
@@ -134,9 +162,19 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     defer_resume_while_stale=True, stop_tokens_before_length=True,
                     stale_output_counters=True, empty_batches=True)
 
+# vLLM 0.33.0 with asynchronous scheduling, the default for single-node
+# pipeline parallelism (`AsyncScheduler`, the V2 model runner, the mp
+# executor): the sync 0.33 profile plus output placeholders, a batch queue of
+# K + 1 and decodes of one request at least K `schedule()` calls apart.
+# Structured outputs (grammars, `pending_structured_output_tokens` and the
+# deferred sampling they cause) are not modelled, nor is the XPU stagger of 1.
+VLLM_0_33_ASYNC = replace(VLLM_0_33, name="vllm-0.33-async", output_placeholders=True,
+                          extra_queued_batches=1, decode_stagger_is_pipeline_depth=True,
+                          cache_settled_blocks_on_output=True)
+
 DEFAULT_PROFILE = VLLM_0_8_5.name
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (VLLM_0_8_5, VLLM_0_8_4, VLLM_0_33)}
+PROFILES: dict[str, Profile] = {p.name: p for p in (VLLM_0_8_5, VLLM_0_8_4, VLLM_0_33, VLLM_0_33_ASYNC)}
 
 # `vllm.__version__` -> the profile that models it.
 VERSION_PROFILES: dict[str, str] = {"0.8.5": VLLM_0_8_5.name, "0.8.5.post1": VLLM_0_8_5.name,

@@ -58,7 +58,7 @@ class _Step:
     """The batch under construction (local to one `schedule` call)."""
 
     def __init__(self, state: State, cfg: Config) -> None:
-        self.state, self.cfg = state, cfg
+        self.state, self.cfg = _count_down(state, cfg), cfg
         self.budget = cfg.max_num_batched_tokens
         self.entries: list[ScheduledEntry] = []
         self.preempted: list[int] = []
@@ -76,8 +76,9 @@ def _threshold_in_force(state: State, cfg: Config) -> int:
 
 
 def is_schedule_enabled(state: State, cfg: Config) -> bool:
-    """Room in the pipeline, and (one-batch-per-request) vLLM 0.8.4's engine gate."""
-    if len(state.in_flight) >= cfg.num_stages:
+    """Room in the batch queue (D = K, or K + 1 under async scheduling), and
+    (one-batch-per-request) vLLM 0.8.4's engine gate."""
+    if len(state.in_flight) >= cfg.queue_depth:
         return False
     if not cfg.continue_prefill:
         unscheduled = len(state.waiting) + len(state.running) - len(state.scheduled_ids)
@@ -108,7 +109,28 @@ def _idle(state: State, cfg: Config) -> Scheduled | None:
     the queue holds at most K batches, empty ones included. 0.8.x: nothing."""
     if not cfg.rules.empty_batches or not any(q.status.is_active for q in state.requests):
         return None
-    return Scheduled(replace(state, in_flight=state.in_flight + ((),)), (), ())
+    return Scheduled(replace(_count_down(state, cfg), in_flight=state.in_flight + ((),)), (), ())
+
+
+def _count_down(state: State, cfg: Config) -> State:
+    """vLLM 0.33 `Scheduler.schedule` begins with `current_step += 1`, which
+    brings every request one call nearer its `next_decode_eligible_step`.
+
+    The abstraction: vLLM compares `current_step` (unbounded) with
+    `next_decode_eligible_step = s + stagger`, set when the request's last
+    sampling entry was scheduled at call s. Only `current_step - s` matters,
+    and only whether it is below the stagger; past the stagger every value
+    behaves alike. So a countdown `max(0, stagger - (current_step - s))`,
+    set to the stagger by the sampling entry and decremented (floored at 0)
+    at the start of every call, empty ones included, skips exactly the calls
+    vLLM skips, in 0..stagger. It is not reset by preemption (vLLM keeps
+    `next_decode_eligible_step`), and a new request starts at 0 (vLLM's 0)."""
+    if not cfg.stagger:
+        return state
+    for r, q in enumerate(state.requests):
+        if q.decode_countdown > 0:
+            state = state.with_request(r, decode_countdown=q.decode_countdown - 1)
+    return state
 
 
 def is_empty_step(scheduled: Scheduled | None) -> bool:
@@ -139,6 +161,9 @@ def _schedule_running(step: _Step) -> None:
         if not step.cfg.continue_prefill and r in step.state.scheduled_ids:
             i += 1
             continue
+        if _is_held_back(step, r):
+            i += 1
+            continue
         num_new = _num_new_running(step, r)
         if num_new == 0:
             i += 1          # all known tokens in flight, or waiting for its token
@@ -151,6 +176,28 @@ def _schedule_running(step: _Step) -> None:
                 return
         _add_entry(step, r, num_new, cached=0)
         i += 1
+
+
+def _is_held_back(step: _Step, r: int) -> bool:
+    """The running loop's async skips (vLLM 0.33 `Scheduler.schedule`, before
+    `num_new_tokens`): the max_tokens guard, then the decode stagger."""
+    return _placeholders_reach_max_tokens(step, r) or _stagger_pending(step, r)
+
+
+def _placeholders_reach_max_tokens(step: _Step, r: int) -> bool:
+    """vLLM 0.33's async max_tokens guard: `num_output_placeholders > 0 and
+    num_computed_tokens + 2 - num_output_placeholders >= num_prompt_tokens +
+    max_tokens`, i.e. even if every draft in flight is rejected, the tokens
+    in flight reach max_tokens. Never true without placeholders (sync)."""
+    req = step.state.requests[r]
+    return req.placeholders > 0 and req.num_computed + 2 - req.placeholders >= req.prompt_len + req.max_tokens
+
+
+def _stagger_pending(step: _Step, r: int) -> bool:
+    """vLLM 0.33 (V2 runner, PP, async): `current_step <
+    next_decode_eligible_step` skips the request, a prefill chunk included;
+    here, its countdown (`_count_down`) has not reached 0."""
+    return step.state.requests[r].decode_countdown > 0
 
 
 def _num_new_running(step: _Step, r: int) -> int:
@@ -204,6 +251,13 @@ def _mark_stale_output(step: _Step, victim: int) -> None:
     req = step.state.requests[victim]
     drop = step.cfg.stale_mode == "drop" or (req.drop_stale and req.num_stale > 0)
     step.state = step.state.with_request(victim, num_stale=req.num_in_flight, drop_stale=drop)
+    _reset_placeholders(step, victim)
+
+
+def _reset_placeholders(step: _Step, victim: int) -> None:
+    """vLLM 0.33 `_preempt_request`: `num_output_placeholders = 0` (the
+    tokens in flight become stale output; the recompute starts from 0)."""
+    step.state = step.state.with_request(victim, placeholders=0)
 
 
 def _fits_whole(step: _Step, r: int, hit: tuple[int, ...]) -> bool:
@@ -308,8 +362,9 @@ def _add_entry(step: _Step, r: int, num_new: int, cached: int) -> None:
     """The batch records r's snapshot from num_computed on, charged to the budget;
     drafts ride only on the entry that reaches the known tokens (it samples)."""
     req = step.state.requests[r]
-    drafts = min(req.num_drafts, max(0, req.num_computed + num_new - req.num_tokens))
-    samples = req.num_computed + num_new - drafts >= req.num_tokens
+    known = req.num_tokens + req.placeholders      # async: tokens in flight count as known
+    drafts = min(req.num_drafts, max(0, req.num_computed + num_new - known))
+    samples = req.num_computed + num_new - drafts >= known
     step.entries.append(ScheduledEntry(r, req.num_computed, num_new, cached, drafts, samples,
                                        step.new_blocks))
     step.state = step.state.with_request(r, num_drafts=drafts if samples else 0)  # unscheduled drafts dropped
@@ -337,10 +392,25 @@ def _snapshot(state: State, e: ScheduledEntry) -> Entry:
 
 def _count_in_flight(state: State, cfg: Config, e: ScheduledEntry) -> State:
     """vLLM 0.33 `Scheduler._update_after_schedule`: `num_in_flight_tokens += n`
-    for every scheduled request. 0.8.x: no counter."""
+    for every scheduled request. 0.8.x: no counter. Under async scheduling,
+    `AsyncScheduler._update_after_schedule` too (`_add_placeholders`)."""
     if not cfg.rules.stale_output_counters:
         return state
-    return state.with_request(e.req, num_in_flight=state.requests[e.req].num_in_flight + e.n)
+    state = state.with_request(e.req, num_in_flight=state.requests[e.req].num_in_flight + e.n)
+    return _add_placeholders(state, cfg, e)
+
+
+def _add_placeholders(state: State, cfg: Config, e: ScheduledEntry) -> State:
+    """`AsyncScheduler._update_after_schedule`: an entry that is not a prefill
+    chunk (`is_prefill_chunk` = num_computed < num_tokens + placeholders after
+    the update; here `e.samples`, the same test) adds `1 + #drafts scheduled`
+    placeholders and, with the V2 runner, makes the request wait the stagger
+    (`next_decode_eligible_step = current_step + decode_stagger`)."""
+    if not cfg.rules.output_placeholders or not e.samples:
+        return state
+    req = state.requests[e.req]
+    return state.with_request(e.req, placeholders=req.placeholders + 1 + e.drafts,
+                              decode_countdown=cfg.stagger)
 
 
 def _advance_counter(state: State, e: ScheduledEntry) -> State:

@@ -83,6 +83,17 @@ def empty_batch_in_queue(s: State, cfg: Config, r: int) -> bool:
     return any(not b for b in s.in_flight)
 
 
+def decode_behind_decode(s: State, cfg: Config, r: int) -> bool:
+    """Async: request r's decode was scheduled while its previous decode is still in flight (two live sampling entries)."""
+    return sum(1 for e in s.entries_of(r) if e.samples) >= 2
+
+
+def stopped_with_output_in_flight(s: State, cfg: Config, r: int) -> bool:
+    """Async: request r finished by a stop token with a later decode still in flight (its output will be dropped)."""
+    return (s.requests[r].status is Status.FINISHED_STOPPED
+            and any(e.samples for e in s.entries_of(r, fate=None)))
+
+
 @dataclass(frozen=True)
 class Sometimes:
     """Some reachable state satisfies `target` for some request; if `after` is
@@ -123,6 +134,8 @@ class Sometimes:
             return cfg.num_stages >= 2 and cfg.allow_name_reuse and cfg.rules.stale_output_counters
         if self.needs == "empty_batches":
             return cfg.rules.empty_batches
+        if self.needs == "async":
+            return cfg.rules.output_placeholders and cfg.queue_depth > cfg.stagger
         return True
 
 
@@ -138,4 +151,6 @@ SOMETIMES: tuple[Sometimes, ...] = (
               on_step=stale_output_delivered),
     Sometimes("name_reused_in_flight", name_reused_in_flight, needs="name_reuse"),
     Sometimes("empty_batch_in_queue", empty_batch_in_queue, needs="empty_batches"),
+    Sometimes("decode_behind_decode", decode_behind_decode, needs="async"),
+    Sometimes("stopped_with_output_in_flight", stopped_with_output_in_flight, needs="async"),
 )

@@ -73,6 +73,13 @@ class Request:
     num_stale: int = 0
     drop_stale: bool = False
     name: int | None = None              # None: the slot's own index; else the reused name
+    # Asynchronous scheduling (`Profile.output_placeholders`; 0 under every
+    # other profile): vLLM 0.33's `num_output_placeholders` (tokens of this
+    # request's sampling entries in flight, drafts included, not yet
+    # returned), and the schedule() calls left before it may be scheduled
+    # again (`next_decode_eligible_step - current_step`, floored at 0).
+    placeholders: int = 0
+    decode_countdown: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -166,8 +173,10 @@ class State:
         return index
 
     def num_new_tokens(self, r: int) -> int:
+        """vLLM's `num_tokens_with_spec + num_output_placeholders -
+        num_computed_tokens` (placeholders are 0 outside async scheduling)."""
         req = self.requests[r]
-        return req.num_tokens_with_spec - req.num_computed
+        return req.num_tokens_with_spec + req.placeholders - req.num_computed
 
 
 def name_of(state: State, r: int) -> int:
@@ -217,7 +226,9 @@ def describe(state: State) -> str:
                     f"{f'+{q.num_drafts}d' if q.num_drafts else ''} o={q.num_output}"
                     f" b={list(q.block_table)}"
                     f"{f' if={q.num_in_flight}' if q.num_in_flight else ''}"
-                    f"{f' stale={q.num_stale}' if q.num_stale else ''}{' drop' if q.drop_stale else ''}")
+                    f"{f' stale={q.num_stale}' if q.num_stale else ''}{' drop' if q.drop_stale else ''}"
+                    f"{f' ph={q.placeholders}' if q.placeholders else ''}"
+                    f"{f' wait={q.decode_countdown}' if q.decode_countdown else ''}")
     batches = ["[" + " ".join(f"r{e.req}{'' if e.name is None else f'(as r{e.name})'}"
                               f"@{e.start}+{e.n}{'*' if e.samples else ''}"
                               f"{'' if e.fate is Fate.LIVE else '~' + e.fate.value[0]}"

@@ -20,7 +20,7 @@ from flightcheck.verification.traces.check import UnknownVersion, check_events, 
 
 
 def test_the_default_profile_is_0_8_5_and_each_profile_resolves_its_constants():
-    assert DEFAULT_PROFILE == "vllm-0.8.5" and set(PROFILES) == {"vllm-0.8.5", "vllm-0.8.4", "vllm-0.33"}
+    assert DEFAULT_PROFILE == "vllm-0.8.5" and set(PROFILES) == {"vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async"}
     default = Config()
     assert (default.profile, default.continue_prefill, default.release_order,
             default.num_preallocate_tokens, default.cache_duplicate_blocks) == (
@@ -197,8 +197,11 @@ def test_verify_runs_z3_exactly_under_the_profiles_the_encoding_models():
 def test_every_profile_is_encoded_in_z3():
     """vllm-0.33's rules are encoded too (issue 21): every profile verify
     knows gets k-induction and BMC, none falls back to the default's rules."""
-    from flightcheck.verification.suite import Z3_PROFILES
-    assert Z3_PROFILES == frozenset(PROFILES)
+    from flightcheck.verification.suite import EXPLICIT_ONLY_PROFILES, Z3_PROFILES
+    # vllm-0.33-async is not encoded yet (issue 22: Z3 of async is a later
+    # step): verify says so and proves it by exhaustive search alone
+    assert set(EXPLICIT_ONLY_PROFILES) == {"vllm-0.33-async"}
+    assert Z3_PROFILES == frozenset(PROFILES) - frozenset(EXPLICIT_ONLY_PROFILES)
 
 
 @pytest.mark.slow

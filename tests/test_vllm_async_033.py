@@ -7,7 +7,9 @@ compares the reference's `vllm-0.33-async` profile with it batch for batch
 (output placeholders included) on Hypothesis-generated workloads.
 
 Long runs: `python -m flightcheck.vllm.campaign --workloads N --versions 0.33.0 --async`.
-check-trace of async traces is the spec branch's work (s22); not run here.
+check-trace judges every replayed async trace against vLLM's ground truth
+(correct runs accepted, runs where vLLM's own state shows the id-reuse bug
+rejected).
 """
 
 from __future__ import annotations
@@ -22,14 +24,17 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from flightcheck.cli import main
+from flightcheck.reference.config import SchedulerConfig
+from flightcheck.reference.kv_cache_manager import KVCacheManager
+from flightcheck.reference.scheduler import Scheduler
 from flightcheck.vllm import ASYNC_RECORDER
-from flightcheck.vllm.campaign import compare_workload, with_async_scheduling
+from flightcheck.vllm.campaign import check_verdict, compare_workload, verdict, with_async_scheduling
 from flightcheck.vllm.differential import decisions, profile_for, read_trace, run_reference
 from flightcheck.vllm.generate import campaign_workloads, generate_workload
 from flightcheck.vllm.replay import ReplayError, ReplayWorker, findings
 
 from .test_vllm_differential import HypothesisPicker
-from .vllm_support import Workers, workers
+from .vllm_support import DATA, Workers, workers
 
 VERSION = "0.33.0"
 
@@ -78,6 +83,9 @@ def test_the_async_recorder_runs_vllm_s_async_scheduler_with_the_v2_runner_setti
     config = events[0]
     assert (config["async_scheduling"], config["batch_queue_depth"], config["decode_stagger"]) == (
         True, stages + 1, stages)
+    # Every empty batch is noted, so check-trace counts the stagger's calls
+    # exactly (the recorder's `step` counts its own calls, not engine steps).
+    assert config["notes_empty_batches"] is True
     # A decode scheduled while the previous sampling entry of its request is in flight.
     in_flight: dict[int, set[str]] = {}
     overlapped: set[str] = set()
@@ -158,6 +166,8 @@ def test_the_async_reference_equals_vllm_s_async_scheduler_batch_for_batch(
         result, comparison = compare_async(running, raw, tmp)
         assert comparison.equal, comparison.describe()
         seen["identical"] += 1
+        category, detail = verdict(result, check_verdict(tmp / f"{raw['name']}.jsonl"))
+        assert category == "accepted, correct run", detail
         seen["placeholders_above_one"] += any(
             entry[6] > 1 for item in decisions(read_trace(tmp / f"{raw['name']}.jsonl"))
             if item[0] == "schedule" for entry in item[1])
@@ -196,7 +206,7 @@ def test_the_cli_replays_with_async_scheduling(tmp_path: Path, capsys: pytest.Ca
     assert main(["vllm", "replay", str(workload), "--async"]) == 2       # 0.8.5 has no AsyncScheduler
 
 
-NAMED = json.loads((Path(__file__).resolve().parent / "data" / "vllm" / "workloads-0.33.json").read_text())
+NAMED = json.loads((DATA / "workloads-0.33.json").read_text())
 REUSE = ("id-reuse-wrong-binding", "id-reuse-hang", "id-reuse-assertion")
 
 
@@ -217,3 +227,90 @@ def test_the_named_0_33_workloads_under_async_scheduling_with_vllm_s_own_placeho
     else:
         assert comparison.equal, comparison.describe()
         assert breaches == [] and findings(result) == [] and result["ending"] == "done"
+
+
+# -- each async rule is pinned by vLLM: the reference with one rule broken ------------------
+
+def _guard_off_by_one(scheduler: Any, request: Any) -> bool:
+    placeholders = request.num_output_placeholders
+    if placeholders > 0 and (request.num_computed_tokens + 2 - placeholders
+                             > request.num_prompt_tokens + request.max_tokens):
+        return True
+    return scheduler.current_step < request.next_decode_eligible_step
+
+
+def _stagger_ignored(scheduler: Any, request: Any) -> bool:
+    placeholders = request.num_output_placeholders
+    return placeholders > 0 and (request.num_computed_tokens + 2 - placeholders
+                                 >= request.num_prompt_tokens + request.max_tokens)
+
+
+def _placeholders_kept_on_preemption(scheduler: Any, request: Any) -> None:
+    kept = request.num_output_placeholders
+    Scheduler._mark_stale(scheduler, request)
+    request.num_output_placeholders = kept
+
+
+BROKEN_RULES: dict[str, list[tuple[Any, str, Any]]] = {
+    "max_tokens guard off by one": [(Scheduler, "_is_async_skipped", _guard_off_by_one)],
+    "decode stagger ignored": [(Scheduler, "_is_async_skipped", _stagger_ignored)],
+    "placeholders not reset on preemption": [(Scheduler, "_mark_stale", _placeholders_kept_on_preemption)],
+    "no block caching of settled tokens at update": [(KVCacheManager, "cache_blocks", lambda *_: None)],
+    "batch queue K deep, not K + 1": [
+        (SchedulerConfig, "batch_queue_depth", property(lambda config: config.num_pipeline_stages))],
+}
+
+
+@pytest.mark.vllm
+def test_vllm_tells_the_reference_apart_when_any_one_async_rule_is_broken(
+        running: Workers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Seed 1's first 20 workloads with async scheduling: the reference equals
+    vLLM's AsyncScheduler on all of them, and with any one of its async rules
+    broken it differs on at least one (measured on all 300 of seed 1: guard
+    off by one 258, stagger ignored 297, placeholders kept on preemption 13,
+    no caching at update 33, queue K deep 299)."""
+    workloads = [with_async_scheduling(raw) for raw in campaign_workloads(1, 20)]
+    theirs = []
+    for raw in workloads:
+        trace = tmp_path / f"{raw['name']}.jsonl"
+        running[VERSION].replay(raw, trace=str(trace), scheduler_cls=ASYNC_RECORDER)
+        theirs.append(decisions(read_trace(trace)))
+
+    def differing() -> list[str]:
+        return [raw["name"] for raw, vllm in zip(workloads, theirs)
+                if decisions(run_reference(raw, "vllm-0.33-async").events, block_offset=1) != vllm]
+
+    assert differing() == []
+    for rule, patches in BROKEN_RULES.items():
+        with monkeypatch.context() as patch:
+            for owner, name, value in patches:
+                patch.setattr(owner, name, value)
+            assert differing(), f"{rule}: vLLM does not tell it apart"
+
+
+@pytest.mark.vllm
+def test_check_trace_agrees_with_vllm_s_state_on_async_runs_with_reused_ids(
+        running: Workers, tmp_path_factory: pytest.TempPathFactory):
+    """With request ids reused after an abort, vLLM 0.33's AsyncScheduler
+    binds an old batch's output to the new request (the id-reuse bug) on some
+    runs: check-trace rejects exactly those (vLLM's state is the ground
+    truth) and accepts the others."""
+    tmp = tmp_path_factory.mktemp("check-async-reuse")
+    running[VERSION]
+    seen: dict[str, int] = {}
+
+    @settings(max_examples=20, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    @given(st.data())
+    def check(data: st.DataObject) -> None:
+        raw = with_async_scheduling(generate_workload(HypothesisPicker(data), "hypothesis-async-reuse",
+                                                      data.draw(st.integers(0, 10**6)), reuse_ids=True))
+        note(json.dumps(raw))
+        result, _ = compare_async(running, raw, tmp)
+        category, detail = verdict(result, check_verdict(tmp / f"{raw['name']}.jsonl"))
+        assert category in ("accepted, correct run", "rejected, real bug"), detail
+        seen[category] = seen.get(category, 0) + 1
+
+    check()
+    assert seen.get("accepted, correct run", 0) > 0, seen
+

@@ -227,7 +227,17 @@ REUSE_K2 = Model(
     allow_stop=False,
 )
 # The models `--allow-name-reuse` searches instead of the profile's own.
-NAME_REUSE_MODELS: dict[str, tuple[Model, ...]] = {"vllm-0.33": (REUSE_K2,)}
+# Under async scheduling (vllm-0.33-async), names reused: the same bug, and
+# the old incarnation's placeholders' outputs settled against the new one
+# (IA1, IA2). Three requests, K = 2 (queue depth 3, stagger 2).
+REUSE_ASYNC_K2 = Model(
+    "reuse-async-k2",
+    Config(num_stages=2, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=6, prefix_caching=False, profile="vllm-0.33-async", allow_name_reuse=True),
+    (_p(2, 1), _p(1, 2), _p(2, 1)),
+    allow_stop=False,
+)
+NAME_REUSE_MODELS: dict[str, tuple[Model, ...]] = {"vllm-0.33": (REUSE_K2,), "vllm-0.33-async": (REUSE_ASYNC_K2,)}
 
 # vLLM 0.33's stale output, small: K = 3, so a request preempted with two
 # prefill chunks in flight (of 2 and 1 tokens) still has stale output in
@@ -242,11 +252,43 @@ STALE_K3 = Model(
 )
 STALE_K3_DROP = replace(STALE_K3, name="stale-k3-drop", cfg=replace(STALE_K3.cfg, stale_mode="drop"))
 
+# vLLM 0.33 with asynchronous scheduling (profile vllm-0.33-async: a queue
+# of K + 1 batches, output placeholders, decodes K schedule() calls apart).
+# ASYNC_K3: three requests, K = 3 (queue depth 4, stagger 3), a pool of two
+# blocks: a decode scheduled behind its request's decode in flight, preemption
+# with placeholders in flight, a deferred resumption, a stop with a decode
+# still in flight (its output dropped).
+ASYNC_K3 = Model(
+    "async-k3",
+    Config(num_stages=3, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=2,
+           max_model_len=5, prefix_caching=False, profile="vllm-0.33-async"),
+    (_p(1, 3), _p(2, 1), _p(1, 1)),
+)
+# ASYNC_DRAFTS_K2: spec decode (k = 1) and prefix caching under async, K = 2:
+# placeholders with drafts, rejections settled, blocks hashed on output.
+ASYNC_DRAFTS_K2 = Model(
+    "async-drafts-k2",
+    Config(num_stages=2, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=4,
+           max_model_len=6, prefix_caching=True, num_spec_tokens=1, profile="vllm-0.33-async"),
+    (_p(2, 3, (7,)), _p(3, 2, (7,))),
+    allow_abort=False,
+)
+# ASYNC_DROP_K2: drop mode (a preempted request resumed at once, its stale
+# output discarded) with spec decode, K = 2.
+ASYNC_DROP_K2 = Model(
+    "async-drop-k2",
+    Config(num_stages=2, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=6, prefix_caching=False, num_spec_tokens=1, stale_mode="drop",
+           profile="vllm-0.33-async"),
+    (_p(1, 3), _p(2, 2)),
+)
+
 # Each profile's exhaustive models; the default profile's are the default run's.
 PROFILE_MODELS: dict[str, tuple[Model, ...]] = {
     "vllm-0.8.5": (PRESSURE_K2, SHARED_K3, ONE_BATCH, FORWARD_K3),
     "vllm-0.8.4": (PREALLOCATE_K3,),
     "vllm-0.33": (DEFERRED_K3,),
+    "vllm-0.33-async": (ASYNC_K3, ASYNC_DRAFTS_K2, ASYNC_DROP_K2),
 }
 EXHAUSTIVE_MODELS: tuple[Model, ...] = PROFILE_MODELS["vllm-0.8.5"]
 
@@ -313,7 +355,8 @@ MUTANT_MODELS: dict[str, Model] = {
 # there: a mutant is hunted under 0.8.4 on its model with room for one more
 # block (so a preallocation capped by the free blocks can run out), or on the
 # model named here.
-PROFILE_MUTANT_EXTRA_BLOCKS: dict[str, int] = {"vllm-0.8.5": 0, "vllm-0.8.4": 1, "vllm-0.33": 0}
+PROFILE_MUTANT_EXTRA_BLOCKS: dict[str, int] = {"vllm-0.8.5": 0, "vllm-0.8.4": 1, "vllm-0.33": 0,
+                                               "vllm-0.33-async": 0}
 # A request preempted with a draft-carrying decode in flight under 0.8.4: a
 # third request is admitted once the first finishes, and the second, whose
 # preallocation the pool capped, preempts it for its third block.
@@ -321,28 +364,40 @@ PREEMPT_DRAFTS_084 = replace(
     PREEMPT_DRAFTS.under_profile("vllm-0.8.4"), name="preempt-drafts-084",
     cfg=replace(PREEMPT_DRAFTS.under_profile("vllm-0.8.4").cfg, num_blocks=PREEMPT_DRAFTS.cfg.num_blocks + 1),
     prompts=(_p(1, 3), _p(2, 3), _p(1, 3)))
+_PROFILE_MUTANT_MODELS_033: dict[str, Model] = {
+    # 0.33 clips a running request one token short of max_model_len (the
+    # sampled token's slot): one more token of length, so a draft-carrying
+    # decode is still in flight when its request is preempted
+    **{name: replace(PREEMPT_DRAFTS.under_profile("vllm-0.33"), name="preempt-drafts-033",
+                     cfg=replace(PREEMPT_DRAFTS.under_profile("vllm-0.33").cfg, max_model_len=6))
+       for name in ("rejections_subtracted_after_reset", "preemption_clears_inflight_drafts")},
+    # 0.33's full-sequence admission: one more block, so both requests run at once
+    "budget_ignored": replace(TIGHT_K2.under_profile("vllm-0.33"), name="tight-k2-033+1-block",
+                              cfg=replace(TIGHT_K2.under_profile("vllm-0.33").cfg, num_blocks=4)),
+    # 0.33 applies the threshold only with company, and S10 sees it only in a
+    # batch of two entries: a budget of 4 leaves room for a second one
+    # vLLM 0.33's counters (the profile's own mutants)
+    "resumption_not_deferred": STALE_K3,
+    "drop_leaves_counters": STALE_K3_DROP,
+    "stale_drained_by_wrong_batch": STALE_K3,
+    "in_flight_kept_without_output": STALE_K3,
+    "threshold_ignored_on_admission": replace(
+        CROWDED_CHUNKED.under_profile("vllm-0.33"), name="crowded-chunked-033",
+        cfg=replace(CROWDED_CHUNKED.under_profile("vllm-0.33").cfg, max_num_batched_tokens=4)),
+}
 PROFILE_MUTANT_MODELS: dict[str, dict[str, Model]] = {
     "vllm-0.8.5": {},
-    "vllm-0.33": {
-        # 0.33 clips a running request one token short of max_model_len (the
-        # sampled token's slot): one more token of length, so a draft-carrying
-        # decode is still in flight when its request is preempted
-        **{name: replace(PREEMPT_DRAFTS.under_profile("vllm-0.33"), name="preempt-drafts-033",
-                         cfg=replace(PREEMPT_DRAFTS.under_profile("vllm-0.33").cfg, max_model_len=6))
-           for name in ("rejections_subtracted_after_reset", "preemption_clears_inflight_drafts")},
-        # 0.33's full-sequence admission: one more block, so both requests run at once
-        "budget_ignored": replace(TIGHT_K2.under_profile("vllm-0.33"), name="tight-k2-033+1-block",
-                                  cfg=replace(TIGHT_K2.under_profile("vllm-0.33").cfg, num_blocks=4)),
-        # 0.33 applies the threshold only with company, and S10 sees it only in a
-        # batch of two entries: a budget of 4 leaves room for a second one
-        # vLLM 0.33's counters (the profile's own mutants)
-        "resumption_not_deferred": STALE_K3,
-        "drop_leaves_counters": STALE_K3_DROP,
-        "stale_drained_by_wrong_batch": STALE_K3,
-        "in_flight_kept_without_output": STALE_K3,
-        "threshold_ignored_on_admission": replace(
-            CROWDED_CHUNKED.under_profile("vllm-0.33"), name="crowded-chunked-033",
-            cfg=replace(CROWDED_CHUNKED.under_profile("vllm-0.33").cfg, max_num_batched_tokens=4)),
+    "vllm-0.33": _PROFILE_MUTANT_MODELS_033,
+    "vllm-0.33-async": {
+        # the sync 0.33 profile's models for the mutants it hunts on its own models
+        **{name: replace(model.under_profile("vllm-0.33-async"), name=f"{model.name}-async")
+           for name, model in _PROFILE_MUTANT_MODELS_033.items()},
+        # the async profile's own mutants, each on the smallest model that has its bug's behaviour
+        "async_rejections_not_settled": ASYNC_DRAFTS_K2,
+        "async_placeholders_kept_on_preemption": ASYNC_K3,
+        "async_stagger_ignored": ASYNC_K3,
+        "async_max_tokens_guard_off_by_one": ASYNC_K3,
+        "async_decode_on_stale_placeholder": ASYNC_DROP_K2,
     },
     "vllm-0.8.4": {
         # 0.8.4's own counter drift: a third request and two more blocks, so a

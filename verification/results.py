@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flightcheck.spec import COUNTER_INVARIANTS, INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES
+from flightcheck.spec.invariants import ASYNC_INVARIANTS, ASYNC_REPLACEMENTS
 from flightcheck.spec.transitions import INCARNATION_PROPERTIES
 
 SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES)
@@ -32,7 +33,7 @@ def kind_of(name: str) -> str:
         return "sometimes"
     if name in LIVENESS_GRAPH:
         return "liveness"
-    for inv in INVARIANTS + COUNTER_INVARIANTS:
+    for inv in INVARIANTS + COUNTER_INVARIANTS + ASYNC_INVARIANTS + tuple(ASYNC_REPLACEMENTS.values()):
         if inv.name == name:
             return inv.kind
     if any(p.name == name for p in TRANSITION_PROPERTIES + INCARNATION_PROPERTIES):

@@ -158,6 +158,8 @@ def _print_suite(console: Console, suite) -> None:
     console.print(table)
     for i, m in enumerate(methods):
         console.print(Text(f"  [{i + 1}] {m}: {seconds[m]:.2f} s"))
+    if suite.explicit_only:
+        console.print(Text(f"  no Z3 under {suite.profile}: {suite.explicit_only}"))
     if suite.allow_name_reuse:
         _print_counterexamples(console, suite)
         return

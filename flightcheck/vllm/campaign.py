@@ -23,8 +23,8 @@ For each vLLM version (one replay worker each) and each generated workload
 `AsyncScheduler` recorded by `RecordingAsyncScheduler` with the V2 model
 runner's settings (queue K + 1, decode stagger K), against the reference's
 `vllm-0.33-async` profile; the entries' output placeholders are compared too.
-Step 3 (check-trace's verdict) is not run on async traces until check-trace
-reads them (the report says so).
+`--keep-disagreements DIR` keeps every trace on which check-trace and vLLM's
+ground truth disagree.
 
 Every failure prints its seed and index. Exit 0 when no comparison is
 unexplained, 1 otherwise, 2 without a venv.
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -130,6 +131,10 @@ def verdict(result: dict[str, Any], check: dict[str, Any]) -> tuple[str, str]:
     return "rejected, FALSE", f"false rejection: {said.split(' at event')[0]}"
 
 
+# Verdicts where check-trace and vLLM's ground truth disagree.
+DISAGREEMENTS = frozenset({"rejected, FALSE", "accepted, MISSED bug", "malformed"})
+
+
 def check_verdict(trace: Path) -> dict[str, Any]:
     """What `flightcheck check-trace --json` says of a trace."""
     from flightcheck.verification.traces.check import MalformedTrace, check_trace
@@ -145,7 +150,8 @@ def with_async_scheduling(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_version(version: str, workloads: list[dict[str, Any]], seed: int, mutants: bool,
-                say: Callable[[str], None], async_scheduling: bool = False) -> VersionReport:
+                say: Callable[[str], None], async_scheduling: bool = False,
+                keep_disagreements: Path | None = None) -> VersionReport:
     started = time.monotonic()
     report = VersionReport(version, async_scheduling=async_scheduling)
     profile = profile_for(version, async_scheduling)
@@ -174,12 +180,12 @@ def run_version(version: str, workloads: list[dict[str, Any]], seed: int, mutant
                 failure = f"seed {seed} index {index} ({raw['name']}): {comparison.describe()}"
                 report.unexplained.append(failure)
                 say(f"FAIL vLLM {version} {failure}")
-            if async_scheduling:
-                # check-trace does not read async traces yet (the spec's async
-                # profile is another branch's work): no verdict, said so.
-                report.verdicts["not checked: check-trace has no async profile yet"] += 1
-                continue
             category, detail = verdict(result, check_verdict(trace))
+            if keep_disagreements is not None and category in DISAGREEMENTS:
+                # the trace and its workload, to look at after the scratch folder is gone
+                keep_disagreements.mkdir(parents=True, exist_ok=True)
+                shutil.copy(trace, keep_disagreements / f"{version}-seed{seed}-{index}.jsonl")
+                (keep_disagreements / f"{version}-seed{seed}-{index}.workload.json").write_text(json.dumps(raw))
             report.verdicts[category] += 1
             report.verdict_details[detail] += 1
     if mutants:
@@ -251,13 +257,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="vLLM 0.33.0 with async scheduling (AsyncScheduler, V2 runner settings) against "
                              "the reference's vllm-0.33-async profile")
     parser.add_argument("--json", help="write the report here")
+    parser.add_argument("--keep-disagreements", type=Path, metavar="DIR",
+                        help="copy every trace (and its workload) on which check-trace and vLLM's ground "
+                             "truth disagree into DIR")
     args = parser.parse_args(argv)
     workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids)
     reports = []
     try:
         for version in args.versions.split(","):
             report = run_version(version, workloads, args.seed, not args.no_mutants,
-                                 lambda line: print(line, flush=True), args.async_scheduling)
+                                 lambda line: print(line, flush=True), args.async_scheduling,
+                                 args.keep_disagreements)
             reports.append(report)
             print("\n".join(report.lines()), flush=True)
     except ReplayError as err:

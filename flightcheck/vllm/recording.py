@@ -54,7 +54,8 @@ appended for a chunk that did not reach the request's known tokens when it
 was scheduled; (0.8.4) `scheduled_req_ids` disagreeing with the batches
 actually in flight; (0.33) a negative `num_in_flight_tokens` or
 `num_stale_output_tokens`, and `num_in_flight_tokens` disagreeing with the
-tokens of that request's batches actually in flight.
+tokens of that request's batches actually in flight; (0.33 `AsyncScheduler`)
+output placeholders breaching their invariants (`_fc_check_placeholders`).
 
 Standard library only: this module never imports vLLM.
 """
@@ -224,7 +225,12 @@ class RecordingMixin:
         v2 = bool(getattr(self, "use_v2_model_runner", False))
         return {"async_scheduling": True,
                 "batch_queue_depth": int(vllm_config.max_concurrent_batches),
-                "decode_stagger": int(getattr(self, "decode_stagger", 0)) if v2 else 0}
+                "decode_stagger": int(getattr(self, "decode_stagger", 0)) if v2 else 0,
+                # every empty batch is noted (`empty_batches_before`), so a
+                # checker counts the stagger's schedule() calls exactly, from
+                # the first event on; `step` counts this recorder's calls,
+                # not engine steps
+                "notes_empty_batches": bool(self.queues_empty_batches)}
 
     def _fc_write(self, event: dict[str, Any], with_step: bool = True) -> None:
         if self._fc_trace is not None:

@@ -83,7 +83,7 @@ _REGISTRY: tuple[Mutant, ...] = (
             "the snapshot's start leaves out the prefix-cache hit, so the final chunk looks "
             "partial and its token is dropped: the request hangs (#13637)",
             {"schedule._add_entry": mutated.add_entry_without_prefix_hit},
-            {"schedule._add_entry": "343c08d9df7da216"},
+            {"schedule._add_entry": "9742cc11b3d01c12"},
             "S3_contiguous_coverage", 7),
     _mutant("rejections_not_subtracted", "historical",
             "spec-decode rejections not subtracted from num_computed",
@@ -119,7 +119,7 @@ _REGISTRY: tuple[Mutant, ...] = (
             "the token budget is not charged for running requests",
             {"schedule._num_new_running": mutated.num_new_running_over_budget,
              "schedule._add_entry": mutated.add_entry_uncharged},
-            {"schedule._num_new_running": "5f10b0554c99db7a", "schedule._add_entry": "343c08d9df7da216"},
+            {"schedule._num_new_running": "5f10b0554c99db7a", "schedule._add_entry": "9742cc11b3d01c12"},
             "S10_queues_and_budgets", 5),
     _mutant("max_num_seqs_ignored", "synthetic",
             "admission does not check max_num_seqs",
@@ -176,13 +176,13 @@ _REGISTRY: tuple[Mutant, ...] = (
             "in flight",
             {"schedule._add_entry": mutated.add_entry_overlapping,
              "schedule._advance_counter": mutated.advance_counter_to_entry_end},
-            {"schedule._add_entry": "343c08d9df7da216", "schedule._advance_counter": "b9f3da3a2df22bc7"},
+            {"schedule._add_entry": "9742cc11b3d01c12", "schedule._advance_counter": "b9f3da3a2df22bc7"},
             "S3_contiguous_coverage", 3),
     _mutant("stale_drafts_on_prefill_chunk", "synthetic",
             "a prefill chunk's snapshot records a draft, as if the request's old proposal were "
             "still scheduled",
             {"schedule._add_entry": mutated.add_entry_with_stale_draft},
-            {"schedule._add_entry": "343c08d9df7da216"},
+            {"schedule._add_entry": "9742cc11b3d01c12"},
             "S5_one_sample_per_prefill", 2),
     _mutant("draft_cap_ignored", "synthetic",
             "the drafter may propose k + 1 drafts",
@@ -197,7 +197,7 @@ _REGISTRY: tuple[Mutant, ...] = (
     _mutant("schedule_blocked_when_idle", "synthetic",
             "the engine will not schedule while nothing is in flight",
             {"schedule.is_schedule_enabled": mutated.schedule_enabled_only_while_busy},
-            {"schedule.is_schedule_enabled": "ddc130e896bef8c0"},
+            {"schedule.is_schedule_enabled": "a496bc7731a3d762"},
             "L2_no_deadlock", 1),
     _mutant("no_block_for_last_token", "synthetic",
             "allocation rounds down, the last partial block is missing",
@@ -241,17 +241,54 @@ _PROFILE_REGISTRY: tuple[Mutant, ...] = (
             "IF1_in_flight_counter", 3, profile="vllm-0.33"),
 )
 
+# Mutants of vLLM 0.33's asynchronous scheduling (AsyncScheduler: output
+# placeholders, the decode stagger, the max_tokens guard), hunted under
+# `vllm-0.33-async` only: every other profile keeps the placeholders at 0 and
+# the countdown unset, so the functions they replace change nothing there.
+_ASYNC_REGISTRY: tuple[Mutant, ...] = (
+    _mutant("async_rejections_not_settled", "synthetic",
+            "rejected drafts are not taken back from num_output_placeholders "
+            "(Scheduler.update_from_output's `num_output_placeholders -= num_rejected` left out)",
+            {"actions._settle_rejected_placeholders": mutated.rejected_placeholders_kept},
+            {"actions._settle_rejected_placeholders": "55df582ac357a78a"},
+            "IA1_placeholders", 7, profile="vllm-0.33-async"),
+    _mutant("async_placeholders_kept_on_preemption", "synthetic",
+            "Scheduler._preempt_request does not reset num_output_placeholders to 0",
+            {"schedule._reset_placeholders": mutated.reset_placeholders_never},
+            {"schedule._reset_placeholders": "00c147aa556746bf"},
+            "IA1_placeholders", 12, profile="vllm-0.33-async"),
+    _mutant("async_stagger_ignored", "synthetic",
+            "the running loop's `current_step < next_decode_eligible_step` skip (V2 runner, PP) "
+            "left out: decodes of one request closer than pp_size steps",
+            {"schedule._stagger_pending": mutated.stagger_never_pending},
+            {"schedule._stagger_pending": "2f20ba1c37650020"},
+            "S6p_async_decode_gating", 3, profile="vllm-0.33-async"),
+    _mutant("async_max_tokens_guard_off_by_one", "synthetic",
+            "the async max_tokens guard reads `num_computed_tokens + 1 - num_output_placeholders` "
+            "for `+ 2`: a decode past max_tokens is scheduled",
+            {"schedule._placeholders_reach_max_tokens": mutated.placeholders_reach_max_tokens_one_late},
+            {"schedule._placeholders_reach_max_tokens": "6e809bca95bd507a"},
+            "IA2_placeholders_within_max_tokens", 5, profile="vllm-0.33-async"),
+    _mutant("async_decode_on_stale_placeholder", "synthetic",
+            "a request preempted and resumed at once (drop mode) counts its stale decodes still in "
+            "flight as its own placeholders and schedules decodes on them",
+            {"schedule._admit": mutated.admit_taking_stale_placeholders},
+            {"schedule._admit": "896b578ab4c3bde0"},
+            "IA1_placeholders", 11, profile="vllm-0.33-async"),
+)
+
 MUTANTS: dict[str, Mutant] = {m.name: m for m in _REGISTRY}
 # profile -> the mutants hunted under it only
 PROFILE_MUTANTS: dict[str, dict[str, Mutant]] = {}
-for _m in _PROFILE_REGISTRY:
+for _m in _PROFILE_REGISTRY + _ASYNC_REGISTRY:
     PROFILE_MUTANTS.setdefault(_m.profile or "", {})[_m.name] = _m
-ALL_MUTANTS: dict[str, Mutant] = MUTANTS | {m.name: m for m in _PROFILE_REGISTRY}
+ALL_MUTANTS: dict[str, Mutant] = MUTANTS | {m.name: m for m in _PROFILE_REGISTRY + _ASYNC_REGISTRY}
 
 # The originals, taken when this module is first imported: nothing has been
 # swapped yet then, since only `applied` swaps, and it needs this module.
 ORIGINALS: dict[str, FunctionType] = {target: spec_function(target)
-                                      for m in _REGISTRY + _PROFILE_REGISTRY for target in m.replaces}
+                                      for m in _REGISTRY + _PROFILE_REGISTRY + _ASYNC_REGISTRY
+                                      for target in m.replaces}
 
 
 def mutant(name: str) -> Mutant:

@@ -92,9 +92,10 @@ def add_entry_without_prefix_hit(step: "scheduling._Step", r: int, num_new: int,
     hit looks partial, its sampled token is dropped and the request waits for
     it forever (the #13637 hang)."""
     req = step.state.requests[r]
-    drafts = min(req.num_drafts, max(0, req.num_computed + num_new - req.num_tokens))
+    known = req.num_tokens + req.placeholders      # async: tokens in flight count as known
+    drafts = min(req.num_drafts, max(0, req.num_computed + num_new - known))
     start = 0 if cached else req.num_computed
-    samples = start + num_new - drafts >= req.num_tokens
+    samples = start + num_new - drafts >= known
     step.entries.append(scheduling.ScheduledEntry(r, start, num_new, cached, drafts, samples,
                                                   step.new_blocks))
     step.state = step.state.with_request(r, num_drafts=drafts if samples else 0)
@@ -168,8 +169,9 @@ def add_entry_uncharged(step: "scheduling._Step", r: int, num_new: int, cached: 
     """budget_ignored, part 2 (replaces schedule._add_entry): no entry is
     charged to the token budget."""
     req = step.state.requests[r]
-    drafts = min(req.num_drafts, max(0, req.num_computed + num_new - req.num_tokens))
-    samples = req.num_computed + num_new - drafts >= req.num_tokens
+    known = req.num_tokens + req.placeholders      # async: tokens in flight count as known
+    drafts = min(req.num_drafts, max(0, req.num_computed + num_new - known))
+    samples = req.num_computed + num_new - drafts >= known
     step.entries.append(scheduling.ScheduledEntry(r, req.num_computed, num_new, cached, drafts, samples,
                                                   step.new_blocks))
     step.state = step.state.with_request(r, num_drafts=drafts if samples else 0)
@@ -310,9 +312,10 @@ def add_entry_overlapping(step: "scheduling._Step", r: int, num_new: int, cached
     early when budget and threshold leave room, recomputing a token already in
     flight (S3); it is charged for that token too."""
     cfg, req = step.cfg, step.state.requests[r]
-    drafts = min(req.num_drafts, max(0, req.num_computed + num_new - req.num_tokens))
+    known = req.num_tokens + req.placeholders      # async: tokens in flight count as known
+    drafts = min(req.num_drafts, max(0, req.num_computed + num_new - known))
     start = req.num_computed
-    samples = start + num_new - drafts >= req.num_tokens
+    samples = start + num_new - drafts >= known
     recorded_start, recorded_n = start, num_new
     if (step.state.entries_of(r) and step.budget > num_new and start > 0
             and not 0 < cfg.long_prefill_token_threshold <= num_new):
@@ -335,8 +338,9 @@ def add_entry_with_stale_draft(step: "scheduling._Step", r: int, num_new: int, c
     chunk's snapshot records a draft, as if the request's old proposal were
     still scheduled; drafts may ride only on a sampling entry (S5)."""
     req = step.state.requests[r]
-    drafts = min(req.num_drafts, max(0, req.num_computed + num_new - req.num_tokens))
-    samples = req.num_computed + num_new - drafts >= req.num_tokens
+    known = req.num_tokens + req.placeholders      # async: tokens in flight count as known
+    drafts = min(req.num_drafts, max(0, req.num_computed + num_new - known))
+    samples = req.num_computed + num_new - drafts >= known
     if not samples and step.cfg.num_spec_tokens:
         drafts = 1
     step.entries.append(scheduling.ScheduledEntry(r, req.num_computed, num_new, cached, drafts, samples,
@@ -362,7 +366,7 @@ def schedule_enabled_only_while_busy(state: State, cfg: Config) -> bool:
     """schedule_blocked_when_idle (replaces schedule.is_schedule_enabled): the
     engine will not schedule while nothing is in flight, so it never starts
     (L2)."""
-    if len(state.in_flight) >= cfg.num_stages or not state.in_flight:
+    if len(state.in_flight) >= cfg.queue_depth or not state.in_flight:
         return False
     if not cfg.continue_prefill:
         unscheduled = len(state.waiting) + len(state.running) - len(state.scheduled_ids)
@@ -418,3 +422,50 @@ def settle_counters_only_with_output(state: State, r: int, e: Entry, stale: bool
     req = state.requests[r]
     return state.with_request(r, num_in_flight=req.num_in_flight - e.n,
                               num_stale=req.num_stale - e.n if stale else req.num_stale)
+
+
+# --- asynchronous scheduling (vLLM 0.33 AsyncScheduler, profile vllm-0.33-async) ---
+
+def rejected_placeholders_kept(req: Request, rejected: int) -> Request:
+    """async_rejections_not_settled (replaces actions._settle_rejected_placeholders):
+    a rejected draft's placeholder is never taken back, so the request believes
+    a token is still in flight that never will be (IA1)."""
+    return req
+
+
+def reset_placeholders_never(step: "scheduling._Step", victim: int) -> None:
+    """async_placeholders_kept_on_preemption (replaces schedule._reset_placeholders):
+    `_preempt_request` leaves num_output_placeholders as it was, so the
+    recompute after resumption counts tokens of batches it no longer owns."""
+
+
+def stagger_never_pending(step: "scheduling._Step", r: int) -> bool:
+    """async_stagger_ignored (replaces schedule._stagger_pending): the
+    `current_step < next_decode_eligible_step` skip is gone, so two decodes of
+    one request may be scheduled in consecutive steps (S6'), against the
+    workers' sampled-token broadcast ring of pp_size slots."""
+    return False
+
+
+def placeholders_reach_max_tokens_one_late(step: "scheduling._Step", r: int) -> bool:
+    """async_max_tokens_guard_off_by_one (replaces
+    schedule._placeholders_reach_max_tokens): `num_computed + 1 -
+    placeholders` instead of `+ 2`, so the guard never fires and a decode is
+    scheduled whose token can only go past max_tokens (IA2)."""
+    req = step.state.requests[r]
+    return req.placeholders > 0 and req.num_computed + 1 - req.placeholders >= req.prompt_len + req.max_tokens
+
+
+def admit_taking_stale_placeholders(step: "scheduling._Step", r: int, hit_tokens: int, num_new: int) -> None:
+    """async_decode_on_stale_placeholder (replaces schedule._admit): a
+    preempted request resumed at once (drop mode) takes its stale sampling
+    entries still in flight as its own placeholders, so the running loop
+    schedules decodes on tokens that belong to the old, dropped output (IA1)."""
+    state = step.state
+    was_preempted = state.requests[r].status is Status.PREEMPTED
+    stale = sum(1 + e.drafts for e in state.entries_of(r, fate=Fate.ORPHANED) if e.samples)
+    state = replace(state, waiting=tuple(x for x in state.waiting if x != r), running=state.running + (r,))
+    if was_preempted:
+        state = scheduling._supersede_orphans(state, r)
+    step.state = state.with_request(r, status=Status.RUNNING, num_computed=hit_tokens, placeholders=stale)
+    scheduling._add_entry(step, r, num_new, cached=hit_tokens)

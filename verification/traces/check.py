@@ -53,7 +53,7 @@ from flightcheck.spec import (
     step,
 )
 from flightcheck.spec.actions import complete_oldest
-from flightcheck.spec.schedule import Scheduled, is_empty_step
+from flightcheck.spec.schedule import Scheduled, _idle, is_empty_step
 from flightcheck.spec.blocks import cdiv
 from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES, profile_for_version
 
@@ -61,6 +61,7 @@ from .incremental import Incremental
 from .schema import EVENTS, MAX_POOL_BLOCKS, SchemaError, validate_event
 
 EVENT_KINDS = set(EVENTS)
+EMPTY_BATCH = object()     # async: the batch id of an empty batch the checker queued
 REASONS = {"stop": Status.FINISHED_STOPPED, "length": Status.FINISHED_LENGTH,
            "abort": Status.FINISHED_ABORTED}
 
@@ -150,13 +151,26 @@ def select_profile(event: dict, override: str | None = None) -> str:
             raise ValueError(f"unknown profile {override!r}; known: {', '.join(PROFILES)}")
         return override
     version = event.get("vllm_version")
-    if version is None:
+    asynchronous = event.get("async_scheduling", False)
+    if version is None and not asynchronous:
         return DEFAULT_PROFILE
-    chosen = profile_for_version(version)
+    chosen = None if version is None else profile_for_version(version)
     if chosen is None:
         raise UnknownVersion(f"line 1: config event: vllm_version: no profile covers vLLM {version!r} "
                              f"(profiles: {', '.join(PROFILES)}); name one with --profile")
+    if asynchronous:
+        name = ASYNC_PROFILES.get(chosen.name)
+        if name is None:
+            raise UnknownVersion(f"line 1: config event: async_scheduling: no profile models asynchronous "
+                                 f"scheduling for vLLM {version!r} (profiles: {', '.join(PROFILES)}); "
+                                 "name one with --profile")
+        return name
     return chosen.name
+
+
+# A sync profile -> the profile of the same version with asynchronous
+# scheduling, selected by a config event's `async_scheduling: true`.
+ASYNC_PROFILES: dict[str, str] = {"vllm-0.33": "vllm-0.33-async"}
 
 
 # Config keys a trace may give to override its profile's constants.
@@ -169,7 +183,8 @@ def config_from_event(event: dict, profile: str | None = None) -> Config:
     overrides: dict[str, Any] = {}
     if "policy" in event:
         overrides["continue_prefill"] = _POLICIES[event["policy"]]
-    for key in ("num_preallocate_tokens", "release_order", "cache_duplicate_blocks"):
+    for key in ("num_preallocate_tokens", "release_order", "cache_duplicate_blocks", "batch_queue_depth",
+                "decode_stagger"):
         if key in event:
             overrides[key] = event[key]
     return Config(
@@ -233,6 +248,13 @@ class TraceChecker:
         self.just_aborted: int | None = None      # the slot the previous event aborted
         self.ended = False
         self.scheduled: Scheduled | None = None   # the record of the schedule step being applied
+        # async scheduling: the engine step of the last schedule() call the
+        # trace shows (a batch, or an empty batch it notes), if it gives steps
+        self.last_call_step: int | None = None
+        # the writer notes empty batches (`empty_batches_before`): said up front
+        # by the config key `notes_empty_batches`, else learnt at the first note
+        self.writes_empty_batches = bool(events[0].get("notes_empty_batches", False))
+        self.pending_empty_calls = 0              # empty schedule() calls noted since the last batch
 
     def _num_slots(self, events: list[dict[str, Any]]) -> int:
         """Request slots in the spec state: one per arrival, never reused."""
@@ -302,6 +324,8 @@ class TraceChecker:
             r, status = next(iter(self.finished_now.items()))
             raise _Violation("missing_finish", f"{self._name(r)} finished ({status.value}) in the spec "
                              "but the trace wrote no finish event for it")
+        if self.cfg.rules.output_placeholders:
+            self._note_empty_batches(event)
         just_aborted, self.just_aborted = self.just_aborted, None
         if just_aborted is not None and self._reports_abort(event, just_aborted):
             return
@@ -341,12 +365,15 @@ class TraceChecker:
     def _on_schedule(self, event: dict) -> None:
         entries = event["entries"]
         self._backfill_drafts(entries)
+        if self.cfg.rules.output_placeholders:
+            self._catch_up_empty_calls(event)
         scheduled = schedule(self.state, self.cfg)
         if is_empty_step(scheduled):
             # vLLM 0.33 queues an empty batch here; a trace notes those apart
             # (`empty_batch`, `empty_batches_before`) and this event scheduled something
-            why = ("the pipeline is full" if len(self.state.in_flight) >= self.cfg.num_stages
+            why = ("the pipeline is full" if len(self.state.in_flight) >= self.cfg.queue_depth
                    else "the spec schedules nothing here")
+            self._diagnose_async(entries)
             raise _Violation("illegal_schedule", f"a batch was scheduled but {why}")
         want = [(self._name(e.req), e.start, e.n, e.cached, e.drafts, e.samples) for e in scheduled.entries]
         got = []
@@ -357,21 +384,127 @@ class TraceChecker:
             got.append((x["req"], x["start"], x["n"], x.get("cached", 0),
                         x.get("drafts", 0), bool(samples)))
         if got != want:
+            self._diagnose_async(entries)
             raise _Violation("schedule_decision", f"the spec schedules {self._fmt(want)}, the trace {self._fmt(got)}")
         want_pre = [self._name(r) for r in scheduled.preempted]
         if list(event.get("preempted", [])) != want_pre:
             raise _Violation("preemption_decision",
                              f"the spec preempts {want_pre}, the trace {event.get('preempted', [])}")
         self._check_block_ids(scheduled.entries, entries)
+        self._check_placeholders(scheduled, entries)
         self.scheduled = scheduled
         self._apply(Schedule(), scheduled.state, "schedule")
         if scheduled.entries:
             self.batch_ids.append(event.get("batch"))
+        elif self.cfg.rules.output_placeholders:
+            self.batch_ids.append(EMPTY_BATCH)     # async: it counts for the stagger, kept in the queue
         elif self.state.in_flight and not self.state.in_flight[-1]:
             # vLLM 0.33 queued a step that only preempted as an empty batch;
             # the checker does not model empty batches' queue slots, so it
             # completes it at once (which changes no request)
             self.state = replace(self.state, in_flight=self.state.in_flight[:-1])
+
+    # -- asynchronous scheduling (profile vllm-0.33-async) -------------------------
+
+    def _catch_up_empty_calls(self, event: dict) -> None:
+        """The schedule() calls between the previous one the trace shows and
+        this batch queued empty batches the trace need not write; each moves
+        every request's stagger countdown. How many: the empty batches the
+        event notes (`empty_batches_before`), else the engine-step gap to the
+        previous call when both carry `step` (every engine step with a
+        request unfinished calls schedule() once), else as many as the spec
+        would make before it forms a batch (at most the stagger: past it no
+        countdown moves). Each is queued as the spec's empty batch and
+        completed whenever a queue slot or a completion needs it."""
+        step = event.get("step")
+        if self.writes_empty_batches:
+            count, exact = self.pending_empty_calls, True
+            self.pending_empty_calls = 0
+        elif step is not None:
+            # no call before the first one the trace shows moves a countdown: none is set yet
+            count = 0 if self.last_call_step is None else max(0, step - self.last_call_step - 1)
+            exact = True
+            if count:
+                self.unchecked.add("whether the schedule() calls between batches that the trace does not "
+                                   "write (engine steps) formed nothing: they count for the decode stagger")
+        else:
+            count, exact = self.cfg.stagger, False
+            self.unchecked.add("the empty schedule() calls between batches (the trace writes neither empty "
+                               "batches nor engine steps): the decode stagger is checked as if the engine "
+                               "called schedule() only until the spec forms a batch")
+        if step is not None:
+            self.last_call_step = step
+        for _ in range(min(count, self.cfg.stagger)):
+            if not exact and not is_empty_step(schedule(self._with_queue_slot(), self.cfg)):
+                break
+            self._drain_empty_batches(keep_room=True)
+            idle = _idle(self.state, self.cfg) if len(self.state.in_flight) < self.cfg.queue_depth else None
+            if idle is None:
+                break
+            self.scheduled = idle
+            self._apply(Schedule(), idle.state, "schedule")
+            self.batch_ids.append(EMPTY_BATCH)
+        self._drain_empty_batches(keep_room=True)
+        self.unchecked.add("queue slots of empty batches (the checker completes an empty batch whenever a "
+                           "slot or a completion needs it)")
+
+    def _diagnose_async(self, entries: list[dict]) -> None:
+        """A batch the spec does not form, under async scheduling: name the
+        rule it breaks when a request in it is one the running loop holds
+        back -- within its decode stagger (S6') or with placeholders that
+        already reach max_tokens (IA2)."""
+        if not self.cfg.rules.output_placeholders:
+            return
+        state = self._with_queue_slot()
+        for x in entries:
+            r = self.slot.get(x["req"])
+            if r is None or state.requests[r].status is not Status.RUNNING:
+                continue
+            q = state.requests[r]
+            if q.decode_countdown > 1:            # schedule() would count it down to > 0 first
+                raise _Violation("S6p_async_decode_gating", f"{x['req']} is scheduled {self.cfg.stagger - q.decode_countdown + 1} "
+                                 f"schedule() call(s) after its last sampling entry; the stagger is {self.cfg.stagger}")
+            if q.placeholders > 0 and q.num_computed + 2 - q.placeholders >= q.prompt_len + q.max_tokens:
+                raise _Violation("IA2_placeholders_within_max_tokens",
+                                 f"{x['req']} is scheduled with {q.num_output} outputs and {q.placeholders} "
+                                 f"placeholders in flight, which already reach max_tokens {q.max_tokens}")
+
+    def _note_empty_batches(self, event: dict) -> None:
+        """The empty schedule() calls a writer notes on any event
+        (`empty_batches_before`, the vLLM 0.33 recorder's annotation): once a
+        trace notes one, it is taken to note them all."""
+        noted = event.get("empty_batches_before")
+        if not isinstance(noted, list):
+            return
+        self.writes_empty_batches = True
+        self.pending_empty_calls += sum(1 for x in noted if isinstance(x, dict) and x.get("ev") == "schedule")
+
+    def _with_queue_slot(self) -> State:
+        """The state with leading empty batches completed while the queue is full."""
+        state = self.state
+        while len(state.in_flight) >= self.cfg.queue_depth and state.in_flight and not state.in_flight[0]:
+            state = replace(state, in_flight=state.in_flight[1:])
+        return state
+
+    def _drain_empty_batches(self, keep_room: bool = False) -> None:
+        """Complete leading empty batches (they change no request): all of
+        them, or with `keep_room` only while the queue is full."""
+        while self.state.in_flight and not self.state.in_flight[0] and (
+                not keep_room or len(self.state.in_flight) >= self.cfg.queue_depth):
+            self.batch_ids.pop(0)
+            self._apply(CompleteOldest(()), complete_oldest(self.state, self.cfg, ()), "complete")
+
+    def _check_placeholders(self, scheduled: Scheduled, entries: list[dict]) -> None:
+        """An entry's `placeholders` (async writers): the request's
+        num_output_placeholders after the batch, against the spec's."""
+        if not self.cfg.rules.output_placeholders:
+            return
+        if any("placeholders" not in x for x in entries):
+            self.unchecked.add("the writer's output placeholders (schedule entries carry no placeholders)")
+        for e, x in zip(scheduled.entries, entries):
+            if "placeholders" in x and x["placeholders"] != scheduled.state.requests[e.req].placeholders:
+                raise _Violation("IA1_placeholders", f"{x['req']} has {x['placeholders']} output placeholders "
+                                 f"in the trace, {scheduled.state.requests[e.req].placeholders} in the spec")
 
     @staticmethod
     def _fmt(entries) -> str:
@@ -411,6 +544,8 @@ class TraceChecker:
         return next((t for t, b in self.block_map.items() if b == spec_block), f"spec#{spec_block}")
 
     def _on_complete(self, event: dict) -> None:
+        if self.cfg.rules.output_placeholders:
+            self._drain_empty_batches()
         if not self.state.in_flight:
             raise _Violation("L3_drain", "a batch completed while none is in flight")
         oldest = self.batch_ids[0]
@@ -516,6 +651,8 @@ class TraceChecker:
 
     def _on_end(self, event: dict) -> None:
         self.ended = True
+        if self.cfg.rules.output_placeholders:
+            self._drain_empty_batches()
         if self.state.in_flight:
             raise _Violation("L3_drain", f"{len(self.state.in_flight)} batches still in flight at the end")
         active = self._active_slots()

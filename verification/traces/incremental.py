@@ -174,6 +174,10 @@ class Incremental:
             return [action.req]
         if isinstance(action, Schedule):
             assert self.scheduled is not None
+            if self.cfg.rules.output_placeholders:
+                # async: every schedule() call moves each request's stagger
+                # countdown and adds a batch S6' counts from its sampling entries
+                return list(range(len(before.requests)))
             return list(dict.fromkeys([e.req for e in self.scheduled.entries] + list(self.scheduled.preempted)))
         if isinstance(action, CompleteOldest):
             return list(dict.fromkeys(e.req for e in before.in_flight[0]))

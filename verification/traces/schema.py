@@ -232,6 +232,12 @@ CONFIG = Record({
     "cache_duplicate_blocks": (Flag(), False),
     "eos_token_id": (Nullable(TOKEN_ID), False),
     "vllm_version": (Text(), False),
+    # asynchronous scheduling (vLLM 0.33 AsyncScheduler): profile vllm-0.33-async
+    "async_scheduling": (Flag(), False),
+    "batch_queue_depth": (Integer(1, MAX_STAGES + 1), False),
+    "decode_stagger": (Integer(0, MAX_STAGES), False),
+    # the writer notes every empty batch (`empty_batches_before`, `empty_batch`)
+    "notes_empty_batches": (Flag(), False),
 })
 
 ARRIVE = Record({
@@ -254,6 +260,7 @@ ENTRY = Record({
     "drafts": (COUNT, False),
     "samples": (Nullable(Flag()), False),
     "block_ids": (ListOf(Integer(0, MAX_COUNT, "a block id: an integer")), False),
+    "placeholders": (COUNT, False),     # async: the request's output placeholders after this batch
 }, expected="an object (a schedule entry)")
 
 SCHEDULE = Record({
