@@ -43,3 +43,14 @@ def test_bench_drives_two_stage_processes_and_the_trace_is_legal(tmp_path, polic
     assert check_trace(str(trace)).ok
     assert {json.loads(x)["stage"] for x in trace.read_text().splitlines()
             if '"ev":"stage"' in x} == {0, 1}
+
+
+def test_bench_runs_async_scheduling_and_names_the_profile(tmp_path):
+    trace = tmp_path / "b.jsonl"
+    p = cli(*SMALL, "--pp", "1", "--profile", "vllm-0.33-async", "--json", "--trace", str(trace))
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["profile"] == "vllm-0.33-async"
+    assert doc["completed"] == 3 and doc["total_output_tokens"] == 12
+    config = json.loads(trace.read_text().splitlines()[0])
+    assert config["async_scheduling"] is True and config["batch_queue_depth"] == 2

@@ -58,7 +58,14 @@ def run_live(workload: Workload, sched_config: SchedulerConfig, make_executor: E
     try:
         executor = make_executor(clock, trace)
         clock.restart()
-        engine = Engine(make_scheduler(sched_config, trace), executor)
+        scheduler = make_scheduler(sched_config, trace)
+        if getattr(executor, "feedback", False):
+            # Sampled-token feedback (async scheduling): the executor copies a
+            # resumed request's whole sequence from the scheduler, as the
+            # runtime's own build_engine wires it (runtime/generate.py).
+            executor.all_token_ids = (  # type: ignore[attr-defined]
+                lambda req_id: scheduler.requests[req_id].all_token_ids)
+        engine = Engine(scheduler, executor)
         run = serve(engine, clock, workload, build=build)
         if trace is not None:
             trace.end()

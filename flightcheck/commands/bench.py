@@ -28,6 +28,11 @@ def add_parser(sub) -> None:
     p.add_argument("--enable-prefix-caching", action="store_true")
     p.add_argument("--policy", default="continue-prefill",
                    choices=("continue-prefill", "one-batch-per-request"))
+    p.add_argument("--profile", default="vllm-0.8.5",
+                   choices=("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async"),
+                   help="the vLLM version scheduled and its engine loop (default vllm-0.8.5); "
+                   "vllm-0.33-async: 0.33's AsyncScheduler, the last stage feeding sampled "
+                   "tokens to stage 0")
     p.add_argument("--trace", metavar="FILE", help="write the trace (with stage events)")
     p.add_argument("--force", action="store_true",
                    help="allow more than 4 local stage processes per core")
@@ -68,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len, block_size=args.block_size,
             num_blocks=args.num_blocks, num_pipeline_stages=args.pp,
             enable_prefix_caching=args.enable_prefix_caching,
-            continue_prefill=args.policy == "continue-prefill")
+            continue_prefill=args.policy == "continue-prefill", profile=args.profile)
         # Prompt ids must lie in the model's vocabulary (a seeded model's may be 512).
         build = functools.partial(make_request, vocab_size=min(model_cfg.vocab_size, 32000))
     except (WorkloadError, ValueError) as err:
@@ -85,8 +90,11 @@ def run(args: argparse.Namespace) -> int:
         graceful = True
 
         def make_executor(clock, trace):
+            # Async scheduling forms a decode before its token exists: the
+            # stages must pass sampled tokens to stage 0 themselves (runtime/README.md).
             executor = launch.make_executor(source, args.pp, args.num_blocks, args.block_size,
-                                            dtype=args.dtype, device=args.device)
+                                            dtype=args.dtype, device=args.device,
+                                            feedback=sched_cfg.async_scheduling)
             if trace is not None:
                 executor.on_stage_times = epoch_stage_recorder(trace, clock)
             holder["executor"] = executor
@@ -106,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
                 holder["executor"].close(graceful=graceful)
         if not graceful:
             return interrupted()
-    extra = {"simulator": False, "policy": args.policy, "runtime_model": args.model,
+    extra = {"simulator": False, "policy": args.policy, "profile": args.profile,
+             "runtime_model": args.model,
              "pp": args.pp, "dataset": args.dataset, "request_rate": str(args.request_rate),
              "num_prompts": args.num_prompts, "device": args.device, "cpu_count": os.cpu_count()}
     print_result(args, runs, seeds, extra)
