@@ -4,7 +4,7 @@ runtime, on this machine's CPU: `flightcheck bench --profile vllm-0.33` and
 machine's load hits both alike), then medians over seeds, the async / sync
 ratio of each, and each run's stage compute and hop times from its trace.
 
-    python benchmarks/cpu_async_comparison.py [--seeds 5] [--out docs/results]
+    python benchmarks/cpu_async_comparison.py [--seeds 5] [--out docs/results] [--tag -5seeds]
 
 Workload (fixed before the first run; decode-heavy, where async scheduling
 acts): the runtime's seeded "tiny" model, PP = 2, budget 256 tokens, random
@@ -39,6 +39,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--out", default="docs/results")
+    parser.add_argument("--tag", default="", help="suffix of the result file name")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -62,10 +63,11 @@ def main() -> int:
     elapsed = time.perf_counter() - t0
     print(f"machine: {os.cpu_count()} CPUs; 1-minute load average {min(loads):.1f}-"
           f"{max(loads):.1f} during the runs; {2 * args.seeds} runs in {elapsed:.0f} s")
-    print(f"seeds 0-{args.seeds - 1}, medians over seeds; ratio = async / sync of the medians; "
-          f"[min-max] over seeds")
-    print("| metric | sync `vllm-0.33` | async `vllm-0.33-async` | async / sync |")
-    print("|---|---|---|---|")
+    print(f"seeds 0-{args.seeds - 1}, medians over seeds [min-max]; ratio = async / sync of "
+          f"the medians; paired = median [min-max] of the per-seed async / sync ratios, and "
+          f"how many seeds had async lower")
+    print("| metric | sync `vllm-0.33` | async `vllm-0.33-async` | async / sync | paired |")
+    print("|---|---|---|---|---|")
     keys = list(runs[PROFILES[0]][0])
     medians = {p: {k: statistics.median(r[k] for r in runs[p]) for k in keys} for p in PROFILES}
     for k in keys:
@@ -75,8 +77,11 @@ def main() -> int:
             cells.append(f"{medians[p][k]:.2f} [{min(values):.2f}-{max(values):.2f}]")
         sync, async_ = medians[PROFILES[0]][k], medians[PROFILES[1]][k]
         ratio = f"{async_ / sync:.2f}" if sync else "-"
-        print(f"| {k} | {cells[0]} | {cells[1]} | {ratio} |")
-    (out / "cpu-async-comparison.json").write_text(json.dumps(
+        paired = sorted(b[k] / a[k] for a, b in zip(runs[PROFILES[0]], runs[PROFILES[1]]) if a[k])
+        lower = sum(r < 1 for r in paired)
+        print(f"| {k} | {cells[0]} | {cells[1]} | {ratio} | {statistics.median(paired):.2f} "
+              f"[{paired[0]:.2f}-{paired[-1]:.2f}], {lower}/{len(paired)} lower |")
+    (out / f"cpu-async-comparison{args.tag}.json").write_text(json.dumps(
         {"workload": WORKLOAD, "seeds": list(range(args.seeds)), "load_average": loads,
          "elapsed_s": round(elapsed, 1), "per_seed": runs, "medians": medians}, indent=0))
     return 0
