@@ -4,7 +4,7 @@ runtime, on this machine's CPU: `flightcheck bench --profile vllm-0.33` and
 machine's load hits both alike), then medians over seeds, the async / sync
 ratio of each, and each run's stage compute and hop times from its trace.
 
-    python benchmarks/cpu_async_comparison.py [--seeds 5] [--out docs/results] [--tag -5seeds]
+    python benchmarks/cpu_async_comparison.py [--seeds 5] [--out docs/results] [--tag=-5seeds]
 
 Workload (fixed before the first run; decode-heavy, where async scheduling
 acts): the runtime's seeded "tiny" model, PP = 2, budget 256 tokens, random

@@ -146,8 +146,9 @@ def test_async_profile_keeps_k_plus_1_batches_in_flight_and_finishes_every_reque
 
 def test_async_first_stage_waits_for_the_tokens_sampled_k_batches_before():
     """The V2 runner's PP broadcast: batch n's first stage starts after
-    batch n - K's last stage ended (plus the link), when n - K sampled."""
-    w = build_workload(WorkloadArgs(num_prompts=8, request_rate=8.0), 1)
+    batch n - K's last stage ended (plus the link), when n - K sampled.
+    Prompts of 100 tokens: every entry samples (no partial chunks)."""
+    w = Workload("t", tuple(RequestSpec(f"s{i}", 100, 20, send_time=0.01 * i) for i in range(8)))
     pp = 2
     result = simulate(w, SimConfig(pp=pp, profile="vllm-0.33-async"), record_spans=True)
     spans = spans_by_batch(result)
