@@ -189,3 +189,27 @@ def test_decode_timeline_shows_two_decodes_of_one_request_in_flight_only_under_a
             events = decode_perfetto_events(data, "s1")["traceEvents"]
             assert sum(e.get("cat") == "engine" for e in events) == 11
     assert in_flight == {"vllm-0.33": 1, "vllm-0.33-async": 2}
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_async_simulated_trace_notes_its_empty_batches_and_is_legal(tmp_path, pp):
+    """The reference's writer leaves 0.33's empty batches out and its `step`
+    counts scheduler calls, not engine steps; the simulator's writer notes
+    them (docs/trace-format.md), so the checker counts the stagger exactly."""
+    import json
+
+    from flightcheck.verification.traces.check import check_trace
+
+    w = Workload("t", tuple(RequestSpec(f"s{i}", 300, 16, send_time=0.02 * i) for i in range(6)))
+    path = tmp_path / "async.jsonl"
+    simulate(w, SimConfig(pp=pp, profile="vllm-0.33-async"), trace_path=str(path))
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    assert events[0]["notes_empty_batches"] is True
+    noted = [x for e in events for x in e.get("empty_batches_before", [])]
+    assert noted and {x["ev"] for x in noted} == {"schedule", "complete"}
+    result = check_trace(str(path), "vllm-0.33-async")
+    assert result.ok, (result.property, result.message)
+    sync = tmp_path / "sync.jsonl"
+    simulate(w, SimConfig(pp=pp, profile="vllm-0.33"), trace_path=str(sync))
+    assert "empty_batches_before" not in sync.read_text()
+    assert check_trace(str(sync), "vllm-0.33").ok

@@ -110,7 +110,8 @@ def simulate(workload: Workload, config: SimConfig, trace_path: str | None = Non
     clock = VirtualClock()
     trace = TimedTraceWriter.to_path(trace_path, clock.now) if trace_path else None
     try:
-        scheduler = ChargedScheduler(make_scheduler(sched_config, trace), clock, config.params)
+        scheduler = ChargedScheduler(make_scheduler(sched_config, trace), clock, config.params,
+                                     trace)
         # Under async scheduling a batch's first stage waits for the tokens the
         # batch K submissions earlier sampled (the V2 runner's PP broadcast).
         executor = SimulatedExecutor(cost, clock, trace=trace, record_spans=record_spans,
