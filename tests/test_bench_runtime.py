@@ -54,3 +54,8 @@ def test_bench_runs_async_scheduling_and_names_the_profile(tmp_path):
     assert doc["completed"] == 3 and doc["total_output_tokens"] == 12
     config = json.loads(trace.read_text().splitlines()[0])
     assert config["async_scheduling"] is True and config["batch_queue_depth"] == 2
+    assert config["notes_empty_batches"] is True
+    from flightcheck.verification.traces.check import check_trace
+
+    result = check_trace(str(trace), "vllm-0.33-async")
+    assert result.ok, (result.property, result.message)

@@ -16,16 +16,11 @@ from flightcheck.reference import ModelRunnerOutput, Scheduler, SchedulerOutput
 
 from .clock import VirtualClock
 from .cost_model import CostParams
-from .timed_trace import TimedTraceWriter
 
 
 class ChargedScheduler:
-    def __init__(self, scheduler: Scheduler, clock: VirtualClock, params: CostParams,
-                 trace: TimedTraceWriter | None = None) -> None:
-        """`trace`: the writer the scheduler writes to, told of the empty
-        batches the scheduler's writer leaves out (timed_trace.py)."""
+    def __init__(self, scheduler: Scheduler, clock: VirtualClock, params: CostParams) -> None:
         self._scheduler = scheduler
-        self._trace = trace
         self._clock = clock
         self._params = params
         self.wall_seconds = 0.0        # real time inside schedule() + update_from_output()
@@ -44,8 +39,6 @@ class ChargedScheduler:
         output = self._scheduler.schedule()
         self.wall_seconds += time.perf_counter() - t0
         self.num_schedule_calls += 1
-        if self._trace is not None and not output.entries and not output.preempted_req_ids:
-            self._trace.empty_scheduled(self._scheduler.num_steps)
         p = self._params
         self._clock.advance(p.sched_fixed_s + p.sched_per_running_s * len(self._scheduler.running))
         return output
@@ -56,8 +49,6 @@ class ChargedScheduler:
         outputs = self._scheduler.update_from_output(scheduler_output, model_runner_output)
         self.wall_seconds += time.perf_counter() - t0
         self.num_update_calls += 1
-        if self._trace is not None and not scheduler_output.entries:
-            self._trace.empty_completed(self._scheduler.num_steps)
         p = self._params
         self._clock.advance(p.update_fixed_s + p.update_per_entry_s * len(scheduler_output.entries))
         return outputs

@@ -10,8 +10,9 @@ the trace's `step` counts the scheduler's calls (schedule and update alike),
 not engine steps, so a checker could not count them from step gaps. As vLLM's
 recorder does (docs/trace-format.md): `notes_empty_batches: true` in the
 config, `empty_batch` on a `schedule` event that only preempted, and
-`empty_batches_before` on the next event for the others. The simulator's
-`ChargedScheduler` reports the calls (`empty_scheduled`, `empty_completed`).
+`empty_batches_before` on the next event for the others. `EmptyBatchNotes`,
+around the scheduler, reports the calls (`empty_scheduled`,
+`empty_completed`); the simulator and `flightcheck bench` both use it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from flightcheck.reference import SchedulerConfig, SchedulerOutput, TraceWriter
+from flightcheck.reference import (ModelRunnerOutput, Scheduler, SchedulerConfig, SchedulerOutput,
+                                   TraceWriter)
 
 
 class TimedTraceWriter(TraceWriter):
@@ -87,3 +89,29 @@ class TimedTraceWriter(TraceWriter):
         if recv is not None:
             event["recv"] = round(recv, 7)
         self._write(event)
+
+
+class EmptyBatchNotes:
+    """The scheduler as the engine sees it, every call forwarded unchanged;
+    a `schedule()` that queued an empty batch without writing an event, and
+    the `update_from_output()` of an empty batch, are told to the writer."""
+
+    def __init__(self, scheduler: Scheduler, trace: TimedTraceWriter) -> None:
+        self._scheduler = scheduler
+        self._trace = trace
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._scheduler, name)
+
+    def schedule(self) -> SchedulerOutput:
+        output = self._scheduler.schedule()
+        if not output.entries and not output.preempted_req_ids:
+            self._trace.empty_scheduled(self._scheduler.num_steps)
+        return output
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> list:
+        outputs = self._scheduler.update_from_output(scheduler_output, model_runner_output)
+        if not scheduler_output.entries:
+            self._trace.empty_completed(self._scheduler.num_steps)
+        return outputs
