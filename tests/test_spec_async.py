@@ -9,17 +9,32 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-
-from flightcheck.spec import Config, Prompt, Sample, State, initial_state, invariants_for
+from flightcheck.spec import (
+    Config,
+    Prompt,
+    Sample,
+    State,
+    initial_state,
+    invariants_for,
+)
 from flightcheck.spec.actions import arrive, complete_oldest
-from flightcheck.spec.invariants import ia1_request, ia2_request, s6_async_request
+from flightcheck.spec.invariants import ia1_request, ia2_request
 from flightcheck.spec.profiles import PROFILES
 from flightcheck.spec.schedule import schedule
 from flightcheck.verification.explicit import search as explicit
-from flightcheck.verification.models import ASYNC_DRAFTS_K2, ASYNC_DROP_K2, ASYNC_K3, PROFILE_MODELS
+from flightcheck.verification.models import (
+    ASYNC_DRAFTS_K2,
+    ASYNC_DROP_K2,
+    ASYNC_K3,
+    PROFILE_MODELS,
+)
 from flightcheck.verification.mutants import applied
 from flightcheck.verification.mutants.registry import PROFILE_MUTANTS
-from flightcheck.verification.suite import EXPLICIT_ONLY_PROFILES, Z3_PROFILES, hunt_mutant
+from flightcheck.verification.suite import (
+    EXPLICIT_ONLY_PROFILES,
+    Z3_PROFILES,
+    hunt_mutant,
+)
 
 ASYNC = "vllm-0.33-async"
 

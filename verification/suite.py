@@ -35,6 +35,7 @@ from typing import Callable
 from flightcheck.spec import (INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES, Config, invariants_for,
                              transition_properties_for)
 from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES
+from flightcheck.spec.sometimes import sometimes_for
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.models import (
     NAME_REUSE_MODELS,
@@ -147,7 +148,7 @@ def all_property_names(cfg: Config | None = None) -> list[str]:
     invariants = INVARIANTS if cfg is None else invariants_for(cfg)
     transitions = TRANSITION_PROPERTIES if cfg is None else transition_properties_for(cfg)
     return ([i.name for i in invariants] + [t.name for t in transitions]
-            + list(LIVENESS_GRAPH) + [s.name for s in SOMETIMES])
+            + list(LIVENESS_GRAPH) + [s.name for s in (SOMETIMES if cfg is None else sometimes_for(cfg))])
 
 
 def exhaustive_rows(model: Model, counterexamples: list[Counterexample] | None = None) -> list[PropertyResult]:
@@ -162,7 +163,7 @@ def exhaustive_rows(model: Model, counterexamples: list[Counterexample] | None =
     method = f"exhaustive {model.name} ({r.num_states} states, depth {r.max_depth})"
     broken = {v.property for v in r.violations}
     rows = []
-    applicable = {s.name for s in SOMETIMES if s.is_applicable(model.cfg, model.shares_prefix)}
+    applicable = {s.name for s in sometimes_for(model.cfg) if s.is_applicable(model.cfg, model.shares_prefix)}
     for name in all_property_names(model.cfg):
         if name in SOMETIMES_NAMES:
             if name not in applicable:
