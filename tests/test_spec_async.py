@@ -194,3 +194,18 @@ def test_with_a_stagger_of_1_the_max_tokens_guard_alone_lets_decodes_past_max_to
     from flightcheck.verification.results import SOMETIMES_NAMES
     r = explicit.search(model, stop_at_first=True, check_liveness=False)
     assert {v.property for v in r.violations} - SOMETIMES_NAMES == {"IA2_placeholders_within_max_tokens"}
+
+
+@pytest.mark.slow
+def test_verify_under_async_proves_everything_kills_every_mutant_and_says_it_runs_no_z3(capsys):
+    """`flightcheck verify --profile vllm-0.33-async`: about a minute on a busy 2-core machine."""
+    import json
+
+    from flightcheck.cli import main
+    assert main(["verify", "--profile", ASYNC, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and "Z3" in report["explicit_only"]
+    assert all(m["killed"] for m in report["mutants"])
+    assert set(report["moot_mutants"]) == {"empty_batch_submitted", "decode_while_token_in_flight"}
+    assert {p["name"] for p in report["properties"]} >= {"IA1_placeholders", "S6p_async_decode_gating",
+                                                         "decode_behind_decode", "L4_every_run_terminates"}

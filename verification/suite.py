@@ -80,9 +80,11 @@ MOOT_MUTANTS: dict[str, dict[str, str]] = {
     | {"empty_batch_submitted": ("replaces schedule._launch to queue an empty batch for a step that only "
                                  "preempted, which is what vLLM 0.33's engine does (Profile.empty_batches)")},
 }
-# Async scheduling keeps 0.33's rules (the same three are equivalent there),
-# and lifts the sync decode gate itself.
-MOOT_MUTANTS["vllm-0.33-async"] = MOOT_MUTANTS["vllm-0.33"] | {
+# Async scheduling keeps 0.33's empty batches and lifts the sync decode gate
+# itself; the two mutants of `_supersede_orphans` are hunted there in drop
+# mode (async-drop-k2), where a resumption does supersede orphans.
+MOOT_MUTANTS["vllm-0.33-async"] = {
+    "empty_batch_submitted": MOOT_MUTANTS["vllm-0.33"]["empty_batch_submitted"],
     "decode_while_token_in_flight": (
         "replaces schedule._num_new_running to schedule a decode whose token is still in flight, which "
         "async scheduling does by design (num_new_tokens counts the output placeholders); the one case "
