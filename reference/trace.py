@@ -29,6 +29,12 @@ Events this writer produces (every one carries `"step"`, the number of
 * `abort` for every abort that changed something (an abort is not also
   written as a `finish`);
 * `end` when the writer is told the run is over.
+Under async scheduling (`vllm-0.33-async`) every empty batch the engine
+queues is noted as vLLM's recorder notes it (`notes_empty_batches: true` in
+`config`; `empty_batch` on a `schedule` that only preempted; the others in
+`empty_batches_before` of the next event written): the decode stagger counts
+every schedule() call, and `step` here counts calls, not engine steps, so a
+checker could not recover them from step gaps.
 """
 
 from __future__ import annotations
@@ -49,12 +55,17 @@ class TraceWriter:
         self._sink = sink
         self._eos_token_id = eos_token_id
         self._dumps = json.JSONEncoder(separators=(",", ":")).encode
+        # empty batches scheduled or completed since the last event written
+        self._empty_batches_before: list[dict[str, Any]] = []
 
     @classmethod
     def to_path(cls, path: str, **kwargs: Any) -> "TraceWriter":
         return cls(open(path, "w", buffering=1 << 16), **kwargs)
 
     def _write(self, event: dict[str, Any]) -> None:
+        if self._empty_batches_before:
+            event["empty_batches_before"] = self._empty_batches_before
+            self._empty_batches_before = []
         self._sink.write(self._dumps(event))
         self._sink.write("\n")
 
@@ -76,7 +87,7 @@ class TraceWriter:
             event["mutant"] = cfg.mutant
         if cfg.async_scheduling:
             event.update(async_scheduling=True, batch_queue_depth=cfg.batch_queue_depth,
-                         decode_stagger=cfg.decode_stagger)
+                         decode_stagger=cfg.decode_stagger, notes_empty_batches=True)
         self._write(event)
 
     def arrive(self, request: Request, step: int) -> None:
@@ -89,10 +100,16 @@ class TraceWriter:
             "stop_token_ids": list(params.stop_token_ids),
         })
 
+    def empty_batch(self, ev: str, number: int, step: int) -> None:
+        """An empty batch scheduled (`ev` "schedule") or completed
+        ("complete") with no event of its own: noted on the next event."""
+        self._empty_batches_before.append({"ev": ev, "empty_batch": number, "step": step})
+
     def schedule(self, output: SchedulerOutput, step: int,
-                 placeholders: dict[str, int] | None = None) -> None:
+                 placeholders: dict[str, int] | None = None, empty_batch: int | None = None) -> None:
         """`placeholders`: under async scheduling, each scheduled request's
-        output placeholders after the call (written per entry)."""
+        output placeholders after the call (written per entry); `empty_batch`:
+        the number of the empty batch a call that only preempted queued."""
         entries = [{
             "req": e.req_id, "start": e.num_computed_tokens, "n": e.num_new_tokens,
             "cached": e.num_cached_tokens, "drafts": len(e.spec_token_ids),
@@ -101,8 +118,11 @@ class TraceWriter:
         if placeholders is not None:
             for entry in entries:
                 entry["placeholders"] = placeholders[entry["req"]]
-        self._write({"ev": "schedule", "batch": output.batch_id, "step": step,
-                     "entries": entries, "preempted": list(output.preempted_req_ids)})
+        event: dict[str, Any] = {"ev": "schedule", "batch": output.batch_id, "step": step,
+                                 "entries": entries, "preempted": list(output.preempted_req_ids)}
+        if empty_batch is not None:
+            event["empty_batch"] = empty_batch
+        self._write(event)
 
     def complete(self, batch_id: int | None, step: int, tokens: dict[str, list[int]],
                  dropped: list[str], next_drafts: dict[str, int]) -> None:
@@ -142,6 +162,9 @@ class TracingScheduler(Scheduler):
         super().__init__(config)
         self.trace = trace
         trace.config(config)
+        # async: the empty batches in flight, by their output, and the next number
+        self._empty_batch_numbers: dict[int, int] = {}
+        self._next_empty_batch = 1
 
     def add_request(self, request: Request) -> None:
         super().add_request(request)
@@ -163,12 +186,18 @@ class TracingScheduler(Scheduler):
 
     def schedule(self) -> SchedulerOutput:
         output = super().schedule()
+        empty_batch = None
+        if self.config.async_scheduling and not output.entries:
+            empty_batch, self._next_empty_batch = self._next_empty_batch, self._next_empty_batch + 1
+            self._empty_batch_numbers[id(output)] = empty_batch
         if output.entries or output.preempted_req_ids:
             placeholders = None
             if self.config.async_scheduling:
                 placeholders = {e.req_id: self.requests[e.req_id].num_output_placeholders
                                 for e in output.entries}
-            self.trace.schedule(output, self.num_steps, placeholders)
+            self.trace.schedule(output, self.num_steps, placeholders, empty_batch)
+        elif empty_batch is not None:
+            self.trace.empty_batch("schedule", empty_batch, self.num_steps)
         return output
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
@@ -191,7 +220,10 @@ class TracingScheduler(Scheduler):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if not scheduler_output.entries:
             # An empty batch (vLLM 0.33's engine queues them) applies nothing:
-            # no event, as vLLM's recorder writes none for it.
+            # no event, as vLLM's recorder writes none for it (async: noted).
+            number = self._empty_batch_numbers.pop(id(scheduler_output), None)
+            if number is not None:
+                self.trace.empty_batch("complete", number, self.num_steps)
             return outputs
         # Drafts proposed to live requests that sampled and go on.
         next_drafts = {request.request_id: len(request.spec_token_ids) for request in live

@@ -10,11 +10,15 @@ import json
 from pathlib import Path
 
 import pytest
-
 from flightcheck.spec import Config, Prompt, Sample, initial_state
 from flightcheck.spec.actions import complete_oldest
 from flightcheck.spec.schedule import schedule
-from flightcheck.verification.traces.check import UnknownVersion, check_events, check_trace, config_from_event
+from flightcheck.verification.traces.check import (
+    UnknownVersion,
+    check_events,
+    check_trace,
+    config_from_event,
+)
 
 DATA = Path(__file__).parent / "data" / "async"
 
@@ -95,7 +99,7 @@ def _spec_run_as_trace(seed: int, num_stages: int, num_blocks: int) -> list[dict
     (their steps are the gaps), nor are the completions of empty batches."""
     import random
 
-    from flightcheck.spec import Abort, Arrive, CompleteOldest, Schedule, step
+    from flightcheck.spec import Abort, Arrive, step
     from flightcheck.spec.actions import sampling_entries
 
     rng = random.Random(seed)

@@ -40,6 +40,22 @@ def test_run_prints_json_results_and_writes_legal_traces(capsys, tmp_path):
     assert any(e["ph"] == "X" and e["tid"] == 1 for e in events)      # stage 0 slices
 
 
+def test_run_with_async_scheduling_gives_the_sync_outputs_and_a_legal_async_trace(capsys, tmp_path):
+    """`--profile vllm-0.33-async`: stage processes (PP = 2), K + 1 batches
+    in flight, each decode's previous token from the last stage; greedy
+    float64 outputs equal the sync 0.33 run's, and the trace is checked
+    under the profile it names."""
+    args = ["--num-prompts", "4", "--max-tokens", "6", "--pp", "2", "--dtype", "float64", *SMALL]
+    trace = tmp_path / "async.jsonl"
+    asynchronous = run_json(capsys, *args, "--profile", "vllm-0.33-async", "--trace", str(trace))
+    synchronous = run_json(capsys, *args, "--profile", "vllm-0.33")
+    assert asynchronous["requests"] == synchronous["requests"]
+    check = check_trace(trace)
+    assert check.ok and check.profile == "vllm-0.33-async", (check.property, check.message)
+    assert "vllm-0.33-async" in _error(capsys, "--num-prompts", "1", "--profile", "vllm-0.33-async",
+                                       "--num-spec-tokens", "2")
+
+
 def test_seed_fixes_weights_workload_and_sampling(capsys):
     args = ["--num-prompts", "3", "--max-tokens", "5", "--temperature", "0.8", "--top-p", "0.9",
             *SMALL]

@@ -9,17 +9,32 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-
-from flightcheck.spec import Config, Prompt, Sample, State, initial_state, invariants_for
+from flightcheck.spec import (
+    Config,
+    Prompt,
+    Sample,
+    State,
+    initial_state,
+    invariants_for,
+)
 from flightcheck.spec.actions import arrive, complete_oldest
-from flightcheck.spec.invariants import ia1_request, ia2_request, s6_async_request
+from flightcheck.spec.invariants import ia1_request, ia2_request
 from flightcheck.spec.profiles import PROFILES
 from flightcheck.spec.schedule import schedule
 from flightcheck.verification.explicit import search as explicit
-from flightcheck.verification.models import ASYNC_DRAFTS_K2, ASYNC_DROP_K2, ASYNC_K3, PROFILE_MODELS
+from flightcheck.verification.models import (
+    ASYNC_DRAFTS_K2,
+    ASYNC_DROP_K2,
+    ASYNC_K3,
+    PROFILE_MODELS,
+)
 from flightcheck.verification.mutants import applied
 from flightcheck.verification.mutants.registry import PROFILE_MUTANTS
-from flightcheck.verification.suite import EXPLICIT_ONLY_PROFILES, Z3_PROFILES, hunt_mutant
+from flightcheck.verification.suite import (
+    EXPLICIT_ONLY_PROFILES,
+    Z3_PROFILES,
+    hunt_mutant,
+)
 
 ASYNC = "vllm-0.33-async"
 
@@ -179,3 +194,18 @@ def test_with_a_stagger_of_1_the_max_tokens_guard_alone_lets_decodes_past_max_to
     from flightcheck.verification.results import SOMETIMES_NAMES
     r = explicit.search(model, stop_at_first=True, check_liveness=False)
     assert {v.property for v in r.violations} - SOMETIMES_NAMES == {"IA2_placeholders_within_max_tokens"}
+
+
+@pytest.mark.slow
+def test_verify_under_async_proves_everything_kills_every_mutant_and_says_it_runs_no_z3(capsys):
+    """`flightcheck verify --profile vllm-0.33-async`: about a minute on a busy 2-core machine."""
+    import json
+
+    from flightcheck.cli import main
+    assert main(["verify", "--profile", ASYNC, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and "Z3" in report["explicit_only"]
+    assert all(m["killed"] for m in report["mutants"])
+    assert set(report["moot_mutants"]) == {"empty_batch_submitted", "decode_while_token_in_flight"}
+    assert {p["name"] for p in report["properties"]} >= {"IA1_placeholders", "S6p_async_decode_gating",
+                                                         "decode_behind_decode", "L4_every_run_terminates"}

@@ -398,6 +398,9 @@ PROFILE_MUTANT_MODELS: dict[str, dict[str, Model]] = {
         "async_stagger_ignored": ASYNC_K3,
         "async_max_tokens_guard_off_by_one": ASYNC_K3,
         "async_decode_on_stale_placeholder": ASYNC_DROP_K2,
+        # deliver mode never resumes a request with orphans in flight (0.33 moots them); drop mode does
+        "stale_output_applied_to_resumed": ASYNC_DROP_K2,
+        "orphan_kept_after_reschedule": ASYNC_DROP_K2,
     },
     "vllm-0.8.4": {
         # 0.8.4's own counter drift: a third request and two more blocks, so a

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 from flightcheck.spec import COUNTER_INVARIANTS, INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES
 from flightcheck.spec.invariants import ASYNC_INVARIANTS, ASYNC_REPLACEMENTS
+from flightcheck.spec.sometimes import ASYNC_SOMETIMES
 from flightcheck.spec.transitions import INCARNATION_PROPERTIES
 
-SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES)
+SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES + ASYNC_SOMETIMES)
 # Liveness proper, decided on the whole state graph by explicit search.
 LIVENESS_GRAPH = ("L1_L3_every_request_can_finish", "L4_every_run_terminates")
 

@@ -35,6 +35,7 @@ from typing import Callable
 from flightcheck.spec import (INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES, Config, invariants_for,
                              transition_properties_for)
 from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES
+from flightcheck.spec.sometimes import sometimes_for
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.models import (
     NAME_REUSE_MODELS,
@@ -79,9 +80,11 @@ MOOT_MUTANTS: dict[str, dict[str, str]] = {
     | {"empty_batch_submitted": ("replaces schedule._launch to queue an empty batch for a step that only "
                                  "preempted, which is what vLLM 0.33's engine does (Profile.empty_batches)")},
 }
-# Async scheduling keeps 0.33's rules (the same three are equivalent there),
-# and lifts the sync decode gate itself.
-MOOT_MUTANTS["vllm-0.33-async"] = MOOT_MUTANTS["vllm-0.33"] | {
+# Async scheduling keeps 0.33's empty batches and lifts the sync decode gate
+# itself; the two mutants of `_supersede_orphans` are hunted there in drop
+# mode (async-drop-k2), where a resumption does supersede orphans.
+MOOT_MUTANTS["vllm-0.33-async"] = {
+    "empty_batch_submitted": MOOT_MUTANTS["vllm-0.33"]["empty_batch_submitted"],
     "decode_while_token_in_flight": (
         "replaces schedule._num_new_running to schedule a decode whose token is still in flight, which "
         "async scheduling does by design (num_new_tokens counts the output placeholders); the one case "
@@ -147,7 +150,7 @@ def all_property_names(cfg: Config | None = None) -> list[str]:
     invariants = INVARIANTS if cfg is None else invariants_for(cfg)
     transitions = TRANSITION_PROPERTIES if cfg is None else transition_properties_for(cfg)
     return ([i.name for i in invariants] + [t.name for t in transitions]
-            + list(LIVENESS_GRAPH) + [s.name for s in SOMETIMES])
+            + list(LIVENESS_GRAPH) + [s.name for s in (SOMETIMES if cfg is None else sometimes_for(cfg))])
 
 
 def exhaustive_rows(model: Model, counterexamples: list[Counterexample] | None = None) -> list[PropertyResult]:
@@ -162,7 +165,7 @@ def exhaustive_rows(model: Model, counterexamples: list[Counterexample] | None =
     method = f"exhaustive {model.name} ({r.num_states} states, depth {r.max_depth})"
     broken = {v.property for v in r.violations}
     rows = []
-    applicable = {s.name for s in SOMETIMES if s.is_applicable(model.cfg, model.shares_prefix)}
+    applicable = {s.name for s in sometimes_for(model.cfg) if s.is_applicable(model.cfg, model.shares_prefix)}
     for name in all_property_names(model.cfg):
         if name in SOMETIMES_NAMES:
             if name not in applicable:

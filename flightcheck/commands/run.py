@@ -3,6 +3,7 @@ pipeline-parallel runtime, driven by the reference scheduler.
 
     flightcheck run --pp 2 --num-prompts 8 --trace run.jsonl --json
     flightcheck run --pp 3 --prompts prompts.jsonl --checkpoint ./tiny-llama
+    flightcheck run --pp 2 --num-prompts 8 --profile vllm-0.33-async --trace async.jsonl
     torchrun --standalone --nproc-per-node 3 -m flightcheck.cli run --pp 2 --num-prompts 8
 
 Every rank of a torchrun job runs the same command: rank 0 drives, ranks
@@ -17,10 +18,14 @@ import os
 import sys
 import tempfile
 
+from flightcheck.reference.profiles import DEFAULT_PROFILE as DEFAULT_REFERENCE_PROFILE
+from flightcheck.reference.profiles import PROFILES
+
 from .common import (MAX_PROMPTS, bad, count_int, cuda_problem, first_unwritable, int_in,
                      local_pp_problem, positive_int, real, seed_int)
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+REFERENCE_PROFILES = tuple(PROFILES)
 MIN_SYNTHETIC_PROMPT = 4          # --num-prompts draws prompts of 4 to 200 tokens
 
 
@@ -49,6 +54,10 @@ def add_parser(sub) -> None:
     p.add_argument("--long-prefill-token-threshold", type=count_int, default=0)
     p.add_argument("--num-spec-tokens", type=count_int, default=0,
                    help="prompt-lookup drafts per step (0: no spec decode)")
+    p.add_argument("--profile", choices=REFERENCE_PROFILES, default=DEFAULT_REFERENCE_PROFILE,
+                   help="the vLLM version the scheduler follows (default %(default)s); vllm-0.33-async "
+                        "schedules asynchronously: K + 1 batches in flight, stage 0 takes each decode's "
+                        "previous token from the last stage")
     p.add_argument("--one-batch-per-request", action="store_true",
                    help="the policy before continue-prefill (vLLM <= 0.8.4)")
     p.add_argument("--no-prefix-caching", action="store_true")
@@ -143,7 +152,10 @@ def _prepare(args: argparse.Namespace):
         max_model_len=args.max_model_len, block_size=args.block_size, num_blocks=args.num_blocks,
         num_pipeline_stages=args.pp, long_prefill_token_threshold=args.long_prefill_token_threshold,
         num_spec_tokens=args.num_spec_tokens, enable_prefix_caching=not args.no_prefix_caching,
-        continue_prefill=not args.one_batch_per_request)
+        continue_prefill=False if args.one_batch_per_request else None, profile=args.profile)
+    if sched_cfg.async_scheduling and args.num_spec_tokens:
+        raise ValueError(f"--profile {args.profile} with --num-spec-tokens is not supported by the runtime "
+                         "(draft rejections come back after the next decode was placed)")
     tokenizer = load_tokenizer(args.checkpoint)
     if args.prompts:
         requests = read_prompts(args.prompts, tokenizer, args.max_tokens, args.temperature)
@@ -187,7 +199,7 @@ def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
         executor = launch.make_executor(source, args.pp, sched_cfg.num_blocks,
                                         sched_cfg.block_size, dtype=args.dtype,
                                         device=args.device, num_spec_tokens=args.num_spec_tokens,
-                                        top_p=args.top_p)
+                                        top_p=args.top_p, feedback=sched_cfg.async_scheduling)
     except StageDied as err:                          # a fault of the run, not of its input
         print(f"flightcheck: error: {str(err).splitlines()[0]}", file=log)
         return 1

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from flightcheck.spec import (
-    SOMETIMES,
     Abort,
     Action,
     Arrive,
@@ -41,6 +40,7 @@ from flightcheck.spec import (
     step,
     transition_properties_for,
 )
+from flightcheck.spec.sometimes import sometimes_for
 from flightcheck.spec.state import name_of
 from flightcheck.spec.actions import max_next_drafts
 from flightcheck.verification.models import Model
@@ -155,7 +155,7 @@ def _search(model: Model, max_states: int, stop_at_first: bool, check_liveness: 
     graph = _Graph(root)
     result = SearchResult(model)
     broken: set[str] = set()
-    pending = {sm.name: sm for sm in SOMETIMES if sm.is_applicable(cfg, model.shares_prefix)}
+    pending = {sm.name: sm for sm in sometimes_for(cfg) if sm.is_applicable(cfg, model.shares_prefix)}
     invariants, transition_properties = invariants_for(cfg), transition_properties_for(cfg)
 
     def note_violation(name: str, s: State, message: str) -> None:

@@ -143,13 +143,20 @@ def read_events(lines: Iterable[str]) -> list[dict[str, Any]]:
 
 def select_profile(event: dict, override: str | None = None) -> str:
     """The profile a config event asks for: `override` (the caller's
-    `--profile`) if given, else its `vllm_version`'s, else the default.
-    UnknownVersion for a version no profile covers; ValueError for an
+    `--profile`) if given, else the `profile` it names (flightcheck's own
+    writers), else its `vllm_version`'s, else the default. UnknownVersion for
+    a version or a named profile no profile covers; ValueError for an
     unknown `override`."""
     if override is not None:
         if override not in PROFILES:
             raise ValueError(f"unknown profile {override!r}; known: {', '.join(PROFILES)}")
         return override
+    named = event.get("profile")
+    if named is not None:
+        if named not in PROFILES:
+            raise UnknownVersion(f"line 1: config event: profile: no profile is named {named!r} "
+                                 f"(profiles: {', '.join(PROFILES)}); name one with --profile")
+        return named
     version = event.get("vllm_version")
     asynchronous = event.get("async_scheduling", False)
     if version is None and not asynchronous:

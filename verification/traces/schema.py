@@ -232,6 +232,7 @@ CONFIG = Record({
     "cache_duplicate_blocks": (Flag(), False),
     "eos_token_id": (Nullable(TOKEN_ID), False),
     "vllm_version": (Text(), False),
+    "profile": (Text(), False),            # a spec profile's name (flightcheck's writers)
     # asynchronous scheduling (vLLM 0.33 AsyncScheduler): profile vllm-0.33-async
     "async_scheduling": (Flag(), False),
     "batch_queue_depth": (Integer(1, MAX_STAGES + 1), False),
