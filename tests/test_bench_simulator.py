@@ -193,9 +193,9 @@ def test_decode_timeline_shows_two_decodes_of_one_request_in_flight_only_under_a
 
 @pytest.mark.parametrize("pp", [2, 4])
 def test_async_simulated_trace_notes_its_empty_batches_and_is_legal(tmp_path, pp):
-    """The reference's writer leaves 0.33's empty batches out and its `step`
-    counts scheduler calls, not engine steps; the simulator's writer notes
-    them (docs/trace-format.md), so the checker counts the stagger exactly."""
+    """The trace's `step` counts scheduler calls, not engine steps, so the
+    writer notes 0.33's empty batches (docs/trace-format.md) and the checker
+    counts the stagger's schedule() calls exactly."""
     import json
 
     from flightcheck.verification.traces.check import check_trace
@@ -207,8 +207,8 @@ def test_async_simulated_trace_notes_its_empty_batches_and_is_legal(tmp_path, pp
     assert events[0]["notes_empty_batches"] is True
     noted = [x for e in events for x in e.get("empty_batches_before", [])]
     assert noted and {x["ev"] for x in noted} == {"schedule", "complete"}
-    result = check_trace(str(path), "vllm-0.33-async")
-    assert result.ok, (result.property, result.message)
+    result = check_trace(str(path))           # the profile from the trace's config
+    assert result.ok and result.profile == "vllm-0.33-async", (result.property, result.message)
     sync = tmp_path / "sync.jsonl"
     simulate(w, SimConfig(pp=pp, profile="vllm-0.33"), trace_path=str(sync))
     assert "empty_batches_before" not in sync.read_text()

@@ -19,7 +19,7 @@ from flightcheck.reference import Engine, Executor, Request, SchedulerConfig, ma
 from .clock import WallClock
 from .metrics import DEFAULT_PERCENTILES, BenchmarkMetrics, compute_metrics
 from .serving import make_request, serve
-from .timed_trace import EmptyBatchNotes, TimedTraceWriter
+from .timed_trace import TimedTraceWriter
 from .workload import RequestSpec, Workload
 
 ExecutorFactory = Callable[[WallClock, "TimedTraceWriter | None"], Executor]
@@ -65,8 +65,7 @@ def run_live(workload: Workload, sched_config: SchedulerConfig, make_executor: E
             # runtime's own build_engine wires it (runtime/generate.py).
             executor.all_token_ids = (  # type: ignore[attr-defined]
                 lambda req_id: scheduler.requests[req_id].all_token_ids)
-        engine = Engine(EmptyBatchNotes(scheduler, trace)  # type: ignore[arg-type]  # a proxy
-                        if trace is not None else scheduler, executor)
+        engine = Engine(scheduler, executor)
         run = serve(engine, clock, workload, build=build)
         if trace is not None:
             trace.end()

@@ -19,7 +19,7 @@ from .metrics import DEFAULT_PERCENTILES, BenchmarkMetrics, compute_metrics
 from .models import get_model
 from .serving import serve
 from .sim_executor import SimulatedExecutor, StageSpan
-from .timed_trace import EmptyBatchNotes, TimedTraceWriter
+from .timed_trace import TimedTraceWriter
 from .workload import Workload, WorkloadError
 
 POLICIES = ("continue-prefill", "one-batch-per-request")
@@ -110,10 +110,7 @@ def simulate(workload: Workload, config: SimConfig, trace_path: str | None = Non
     clock = VirtualClock()
     trace = TimedTraceWriter.to_path(trace_path, clock.now) if trace_path else None
     try:
-        traced = make_scheduler(sched_config, trace)
-        scheduler = ChargedScheduler(
-            EmptyBatchNotes(traced, trace) if trace is not None else traced,  # type: ignore[arg-type]
-            clock, config.params)
+        scheduler = ChargedScheduler(make_scheduler(sched_config, trace), clock, config.params)
         # Under async scheduling a batch's first stage waits for the tokens the
         # batch K submissions earlier sampled (the V2 runner's PP broadcast).
         executor = SimulatedExecutor(cost, clock, trace=trace, record_spans=record_spans,
