@@ -9,7 +9,7 @@ import functools
 import os
 import sys
 
-from .common import bad, cuda_problem, local_pp_problem, positive_int
+from .common import DEFAULT_REFERENCE_PROFILE, REFERENCE_PROFILES, bad, cuda_problem, local_pp_problem, positive_int
 from .simulate import add_workload_arguments, print_result, workload_args, workload_problem
 
 
@@ -28,9 +28,8 @@ def add_parser(sub) -> None:
     p.add_argument("--enable-prefix-caching", action="store_true")
     p.add_argument("--policy", default="continue-prefill",
                    choices=("continue-prefill", "one-batch-per-request"))
-    p.add_argument("--profile", default="vllm-0.8.5",
-                   choices=("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async"),
-                   help="the vLLM version scheduled and its engine loop (default vllm-0.8.5); "
+    p.add_argument("--profile", default=DEFAULT_REFERENCE_PROFILE, choices=REFERENCE_PROFILES,
+                   help="the vLLM version scheduled and its engine loop (default %(default)s); "
                    "vllm-0.33-async: 0.33's AsyncScheduler, the last stage feeding sampled "
                    "tokens to stage 0")
     p.add_argument("--trace", metavar="FILE", help="write the trace (with stage events)")

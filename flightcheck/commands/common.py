@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from flightcheck.reference.profiles import DEFAULT_PROFILE as DEFAULT_REFERENCE_PROFILE
+from flightcheck.reference.profiles import PROFILES as _REFERENCE_PROFILES
+
 
 class Parser(argparse.ArgumentParser):
     """argparse, with errors as one line and exit code 2."""
@@ -17,6 +20,10 @@ class Parser(argparse.ArgumentParser):
         sys.stderr.write(f"flightcheck: error: {message}\n")
         sys.exit(2)
 
+
+# The vLLM versions the reference scheduler follows (`--profile` of run,
+# simulate and bench), read from its profiles so a new one is offered at once.
+REFERENCE_PROFILES: tuple[str, ...] = tuple(_REFERENCE_PROFILES)
 
 MAX_INT = 2**31 - 1              # counts and sizes: vLLM holds them in int32
 MAX_SEED = 2**32 - 1             # torch, numpy and Python all take seeds this large

@@ -18,14 +18,11 @@ import os
 import sys
 import tempfile
 
-from flightcheck.reference.profiles import DEFAULT_PROFILE as DEFAULT_REFERENCE_PROFILE
-from flightcheck.reference.profiles import PROFILES
-
-from .common import (MAX_PROMPTS, bad, count_int, cuda_problem, first_unwritable, int_in,
-                     local_pp_problem, positive_int, real, seed_int)
+from .common import (DEFAULT_REFERENCE_PROFILE, MAX_PROMPTS, REFERENCE_PROFILES, bad, count_int,
+                     cuda_problem, first_unwritable, int_in, local_pp_problem, positive_int, real,
+                     seed_int)
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-REFERENCE_PROFILES = tuple(PROFILES)
 MIN_SYNTHETIC_PROMPT = 4          # --num-prompts draws prompts of 4 to 200 tokens
 
 

@@ -9,8 +9,8 @@ import math
 import sys
 from typing import Any
 
-from .common import (MAX_PROMPTS, MAX_SEED, bad, first_unwritable, int_in, positive_int, real,
-                     seed_int)
+from .common import (DEFAULT_REFERENCE_PROFILE, MAX_PROMPTS, MAX_SEED, REFERENCE_PROFILES, bad,
+                     first_unwritable, int_in, positive_int, real, seed_int)
 
 MAX_SIMULATED_STAGES = 1024
 MAX_SEEDS = 10_000
@@ -67,9 +67,8 @@ def add_parser(sub) -> None:
                    help="off by default, as in the seed PR's run")
     p.add_argument("--policy", default="continue-prefill",
                    choices=("continue-prefill", "one-batch-per-request"))
-    p.add_argument("--profile", default="vllm-0.8.5",
-                   choices=("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async"),
-                   help="the vLLM version scheduled and its engine loop (default vllm-0.8.5); "
+    p.add_argument("--profile", default=DEFAULT_REFERENCE_PROFILE, choices=REFERENCE_PROFILES,
+                   help="the vLLM version scheduled and its engine loop (default %(default)s); "
                    "vllm-0.33-async: 0.33's AsyncScheduler, batch queue K + 1, decodes K steps apart")
     p.add_argument("--eta-compute", type=positive_float,
                    help="override the calibrated compute efficiency (what-if)")
