@@ -12,9 +12,12 @@ import pytest
 
 from flightcheck.reference.mutants import MUTANTS
 from flightcheck.verification.refinement.fuzz import (
+    GENERATION_SEED_STRIDE,
+    GENERATION_STEPS,
     PROFILES,
     FuzzResult,
     fuzz,
+    generations,
     list_mutants,
     profile_steps,
     run_fuzz,
@@ -75,6 +78,22 @@ def test_a_run_gives_each_fuzzed_profile_its_share_of_the_steps():
     assert profile_steps(300, "vllm-0.8.4") == [("vllm-0.8.4", 300)]
 
 
+def test_a_part_is_generated_afresh_every_seven_thousand_steps_from_derived_seeds():
+    assert generations(2_000, 3) == [(2_000, 3)]
+    assert generations(17_778, 3) == [(7_000, 3), (7_000, 3 + GENERATION_SEED_STRIDE),
+                                      (3_778, 3 + 2 * GENERATION_SEED_STRIDE)]
+    assert sum(n for n, _ in generations(20_001, 0)) == 20_001
+
+
+@pytest.mark.slow
+def test_a_kill_after_the_first_generation_counts_every_step_before_it():
+    """Seed 3 kills rejections_subtracted_after_reset only in its second
+    generation: the steps reported are the run's, not the generation's."""
+    result = fuzz(2 * GENERATION_STEPS, 3, "rejections_subtracted_after_reset", shrink=False,
+                  profile="vllm-0.8.5")
+    assert result.failed and GENERATION_STEPS < result.steps_run <= 2 * GENERATION_STEPS
+
+
 def _configs_built_during(monkeypatch) -> list:
     """Every SchedulerConfig the machine builds a scheduler from, from now on."""
     from flightcheck.verification.refinement import machine
@@ -132,23 +151,28 @@ def test_every_mutant_is_caught_within_the_ci_profile(mutant):
     assert result.steps_run <= steps
 
 
-# Known survivor (docs/fuzzing.md): seed 3 no longer kills
-# rejections_subtracted_after_reset within 20,000 steps since the bounded
-# example cache (EXAMPLE_CACHE_SIZE) moved long runs onto other paths (it
-# killed at step 7,817 before; the same survival on the branch before the
-# profiles were fuzzed; seed 13, outside this test, likewise). Seed 8, the strict xfail until now, kills it at
-# step 15,705. Strict: the day seed 3 kills it again, this marker fails and must go.
-KNOWN_SURVIVORS = {("rejections_subtracted_after_reset", 3)}
+# rejections_subtracted_after_reset survived 20,000 steps from seeds 3 and
+# 13 while a run was one Hypothesis generation (seed 3 was a strict xfail
+# here); with a fresh generation every 7,000 steps (fuzz.py GENERATION_STEPS)
+# every seed of 0-13 kills it (docs/fuzzing.md): no known survivor is left.
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("mutant", list(MUTANTS))
-def test_every_mutant_is_caught_from_each_of_ten_seeds(mutant, seed, request):
-    if (mutant, seed) in KNOWN_SURVIVORS:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="moved by the bounded example cache"))
+def test_every_mutant_is_caught_from_each_of_ten_seeds(mutant, seed):
     result = fuzz(KILL_STEPS, seed, mutant, shrink=False)
     assert result.failed, f"{mutant} survived {KILL_STEPS} steps from seed {seed}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(10, 14))
+def test_the_orphaned_rejection_is_reached_from_seeds_ten_to_thirteen_too(seed):
+    """rejections_subtracted_after_reset needs a request preempted with
+    drafts in flight, then a rejection in that orphaned batch: seed 13 never
+    reached it in one 20,000-step Hypothesis run; every seed of 0-13 does now."""
+    result = fuzz(KILL_STEPS, seed, "rejections_subtracted_after_reset", shrink=False)
+    assert result.failed, f"survived {KILL_STEPS} steps from seed {seed}"
 
 
 # For each mutant, the seed (of the ten in the slow test) that kills it

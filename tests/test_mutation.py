@@ -90,3 +90,24 @@ def test_a_mutant_only_vllm_0_33_tells_apart_is_killed_by_its_run():
     mutant = _mutant("kv_cache_manager.py::KVCacheManager.__init__::Is->IsNot#1")
     assert run_mutant(mutant, 2_000, [0, 1], profiles=(None,)).status == "survived"
     assert run_mutant(mutant, 2_000, [0, 1], profiles=(None, "vllm-0.33")).status == "killed"
+
+
+def test_the_profiles_set_the_two_flags_of_0_33s_waiting_loop_alike():
+    """Why `Scheduler.__init__::Or->And#1` is triaged equivalent: the waiting
+    loop of vLLM 0.33 is chosen by `stale_output_counters or
+    full_sequence_admission`, and no profile sets one without the other.
+    A profile that does makes the mutant live: re-triage it then."""
+    from flightcheck.reference.profiles import PROFILES
+    assert {(p.stale_output_counters, p.full_sequence_admission) for p in PROFILES.values()} \
+        <= {(True, True), (False, False)}
+
+
+def test_the_fuzzer_checks_has_requests_and_the_predicted_fate_under_0_33():
+    """`has_requests()` (what vLLM 0.33's engine schedules on: unfinished
+    requests or finished ids not yet carried to the workers) and `fate_of`
+    (a drop-mode orphan's output discarded) are checked against the spec's
+    statuses and counters at every step."""
+    for key in ("scheduler.py::Scheduler.has_requests::Or->And#1",
+                "scheduler.py::Scheduler._predicted_fate::Is->IsNot#1"):
+        result = run_mutant(_mutant(key), 2_000, [0, 1], profiles=(None, "vllm-0.33"))
+        assert result.status == "killed", key

@@ -144,6 +144,26 @@ def _bounded_example_cache(size: int | None = None) -> Iterator[None]:
 # preallocation within CI's 2,000 steps (222 of them).
 PROFILE_SHARE = 9
 
+# Each part is generated afresh every GENERATION_STEPS steps: a new
+# Hypothesis run from the part's seed plus GENERATION_SEED_STRIDE times the
+# restart's index. One Hypothesis run left going for 20,000 steps can stay
+# away from a state for good: from seeds 3 and 13 it never preempted a
+# request with drafts in flight and then rejected them (the mutant
+# rejections_subtracted_after_reset survived), where fresh runs reach it
+# (docs/fuzzing.md). A fresh run also starts again with Hypothesis's small
+# examples (its first 50 valid programs: a novel prefix, then the simplest
+# continuation). 7,000 steps: every kill recorded before step 7,000 (seeds
+# 0-19, the latest at 6,929) comes at the same step, and so does every run
+# of CI's 2,000 steps.
+GENERATION_STEPS = 7_000
+GENERATION_SEED_STRIDE = 7_919
+
+
+def generations(steps: int, seed: int) -> list[tuple[int, int]]:
+    """A part's fresh Hypothesis runs: (rule steps, seed), in order."""
+    return [(min(GENERATION_STEPS, steps - start), seed + GENERATION_SEED_STRIDE * index)
+            for index, start in enumerate(range(0, steps, GENERATION_STEPS))]
+
 
 def profile_steps(steps: int, profile: str | None = None) -> list[tuple[str, int]]:
     """The run's parts: (version profile, rule steps), in the order they run."""
@@ -159,7 +179,8 @@ def fuzz(steps: int, seed: int, mutant: str | None = None, *, shrink: bool = Tru
          profile: str | None = None, allow_name_reuse: bool = False) -> FuzzResult:
     """Run the refinement machine for `steps` rule steps from `seed`: under
     the version `profile`, or (None) under each of machine.FUZZED_PROFILES
-    in turn (`profile_steps`), each part from the same seed, until one fails.
+    in turn (`profile_steps`), each part from the same seed and generated
+    afresh every GENERATION_STEPS steps (`generations`), until one fails.
     A mutant of one profile's rules (reference/mutants.py PROFILE_MUTANTS)
     runs under that profile. `allow_name_reuse`: under vLLM 0.33 a request
     may arrive under a finished one's name (machine.py's module doc)."""
@@ -176,9 +197,12 @@ def fuzz(steps: int, seed: int, mutant: str | None = None, *, shrink: bool = Tru
         raise ValueError(f"unknown profile {profile!r}; known: {', '.join(VERSION_PROFILES)}")
     t0 = time.perf_counter()
     steps_before = 0
-    for part_profile, part_steps in profile_steps(steps, profile):
+    parts = [(part_profile, generation_steps, generation_seed)
+             for part_profile, part_steps in profile_steps(steps, profile)
+             for generation_steps, generation_seed in generations(part_steps, seed)]
+    for part_profile, part_steps, part_seed in parts:
         part_t0 = time.perf_counter()
-        budget, failure = _run_part(part_steps, seed, mutant, part_profile, shrink=shrink,
+        budget, failure = _run_part(part_steps, part_seed, mutant, part_profile, shrink=shrink,
                                     check_traces=check_traces, steps_per_program=steps_per_program,
                                     allow_name_reuse=allow_name_reuse)
         if failure is not None:

@@ -293,6 +293,9 @@ class RefinementMachine(RuleBasedStateMachine):
         self.num_aborts = 0
         self.num_completes = 0
         self.num_batches = 0                          # batches submitted: the last batch id
+        # Requests finished (by the spec's statuses) since the last batch that
+        # carried finished ids to the workers: what keeps `has_requests()` true.
+        self.finished_unreported: set[int] = set()
         self._schedule_memo: tuple[spec.State | None, bool] = (None, False)
         self.history: list[tuple[spec.Action, spec.State]] = []   # for the failure report
         if self.mutant is not None and currently_in_test_context():   # not in a replay by hand
@@ -441,6 +444,10 @@ class RefinementMachine(RuleBasedStateMachine):
         else:
             queued = output = self.engine.schedule_step()
         scheduled = spec.schedule(before, self.spec_cfg)
+        if output is not None or (queued is not None and self.by_name):
+            # A batch with tokens carries the finished ids to the workers;
+            # under vLLM 0.33 an empty batch queued does too.
+            self.finished_unreported.clear()
         if queued is not None:
             self.ledger.record_batch(self.scheduler, queued)
             if scheduled is None:
@@ -602,7 +609,12 @@ class RefinementMachine(RuleBasedStateMachine):
         if broken:
             self._fail(f"{', '.join(broken)} broken after `{action}`\n"
                        f"  state: {spec.describe(after)}")
+        self.finished_unreported.update(
+            slot for slot, (was, now) in enumerate(zip(before.requests, after.requests))
+            if now.status.is_finished and not was.status.is_finished)
         self._check_engine_counts(after)
+        if self.by_name:
+            self._check_predicted_fates(after)
         if self.engine.can_schedule() != is_schedule_enabled(after, cfg):
             self._fail(f"the engine {'can' if self.engine.can_schedule() else 'cannot'} schedule, "
                        f"the spec disagrees, in {spec.describe(after)}")
@@ -621,9 +633,30 @@ class RefinementMachine(RuleBasedStateMachine):
             self._fail(f"get_num_unscheduled_requests() is "
                        f"{self.scheduler.get_num_unscheduled_requests()}, the spec has "
                        f"{unscheduled} in {spec.describe(after)}")
+        if self.scheduler.has_requests() != (unfinished or bool(self.finished_unreported)):
+            self._fail(f"has_requests() is {self.scheduler.has_requests()} with "
+                       f"{'' if unfinished else 'no '}unfinished requests and finished ones "
+                       f"{sorted(self.finished_unreported)} not yet carried to the workers, in "
+                       f"{spec.describe(after)}")
         ids = [out.batch_id for out, _ in self.engine.batch_queue if out.batch_id is not None]
         if ids != list(range(self.num_batches - len(ids) + 1, self.num_batches + 1)):
             self._fail(f"batch ids in flight {ids}, {self.num_batches} batches submitted")
+
+    def _check_predicted_fates(self, after: spec.State) -> None:
+        """vLLM 0.33: what the reference says becomes of each in-flight
+        entry's output if it completed now (`fate_of`; the trace writer lists
+        the discarded ones as dropped): a drop-mode request's orphan is
+        discarded (the spec's `drop_stale`), any other entry keeps its fate."""
+        for (output, _), entries in zip(self.engine.batch_queue, after.in_flight):
+            for entry, spec_entry in zip(output.entries, entries):
+                expected = spec_entry.fate
+                if expected is spec.Fate.ORPHANED and after.requests[spec_entry.req].drop_stale:
+                    expected = spec.Fate.SUPERSEDED
+                predicted = self.scheduler.fate_of(entry)
+                if predicted.value != expected.value:
+                    self._fail(f"fate_of({entry.req_id}) is {predicted.value} for an entry of "
+                               f"r{spec_entry.req} whose output the spec makes {expected.value}, "
+                               f"in {spec.describe(after)}")
 
     def _check_trace(self) -> None:
         """Finish the run with the engine's own loop, then the trace the
