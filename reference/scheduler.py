@@ -617,6 +617,13 @@ class Scheduler:
         output = append_sampled(request, token_ids, fate, proposed_drafts, self.config,
                                 self._stop_tokens_first)
         if fate is LIVE:
+            if len(output.new_token_ids) < len(token_ids):
+                # vLLM 0.33 `_update_request_with_output`: at a stop that trims
+                # tokens, a not stale output's count is trimmed too ("covers all
+                # new tokens but the last one"), before the blocks are cached
+                # below: caching the untrimmed count would hash a block whose
+                # last token's KV was never computed.
+                request.num_computed_tokens -= len(token_ids) - len(output.new_token_ids)
             self._settle_placeholders(request, len(token_ids))
             if was_running and (had_placeholders or self.config.num_spec_tokens > 0):
                 # vLLM 0.33 `update_from_output`: with placeholders (or drafts)

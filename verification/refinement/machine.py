@@ -217,7 +217,7 @@ def configs(draw, profile: str = FUZZED_PROFILES[0]) -> SchedulerConfig:
         num_spec_tokens=draw(st.sampled_from([3, 2, 3, 1, 0])),
         enable_prefix_caching=draw(st.booleans()),
         continue_prefill=(draw(st.integers(0, 2).map(lambda x: x != 2))
-                          if profile != "vllm-0.33" else None),
+                          if not get_profile(profile).stale_output_counters else None),
         profile=profile, num_preallocate_tokens=preallocate,
         # vLLM 0.33's drop mode one configuration in three (deliver is its default)
         drop_stale_output=(get_profile(profile).stale_output_counters
