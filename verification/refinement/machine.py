@@ -281,7 +281,13 @@ class RefinementMachine(RuleBasedStateMachine):
         self.scheduler = make_scheduler(cfg, trace)
         # sample_every_chunk: a worker that returns a token for every chunk
         # (vLLM <= 0.8.2) leaves the scheduler to discard partial chunks' tokens.
-        self.executor = ScriptedExecutor(self._sample, sample_every_chunk=sample_every_chunk)
+        # Async scheduling (vllm-0.33-async): the worker keeps the tokens it
+        # samples, as the V2 runner does, so a decode scheduled on a
+        # placeholder samples the next position, and one scheduled on drafts
+        # rejected since samples where the tokens end (not where its stale
+        # start says).
+        self.executor = ScriptedExecutor(self._sample, sample_every_chunk=sample_every_chunk,
+                                         keeps_sampled_tokens=cfg.async_scheduling)
         # 0.8.x: the loop of the config's policy; 0.33: its own (empty batches).
         loop = loop_for_config(cfg) if self.by_name else loop_for_policy(cfg.continue_prefill)
         self.engine = Engine(self.scheduler, self.executor, loop)
