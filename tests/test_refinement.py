@@ -281,6 +281,38 @@ def test_under_async_a_stop_that_trims_drafts_caches_only_the_computed_blocks():
     assert labelled == 4                                 # positions 0..3: the last token's KV never computed
 
 
+# Steps to kill at CI's 2,000 steps, shrinking off (docs/fuzzing.md): each
+# mutant with the first seed of 0..13 that kills it; the off-by-one guard
+# survives seed 0 (killed from seeds 1-4), the stale-placeholder mutant needs
+# a drop-mode request preempted with a decode in flight and resumed before
+# it returns (of seeds 0-13 only seed 4 gets there within 2,000 steps).
+ASYNC_MUTANT_KILLS = [
+    ("async_rejections_not_settled", 0, 993),
+    ("async_placeholders_kept_on_preemption", 0, 140),
+    ("async_stagger_ignored", 0, 3),
+    ("async_max_tokens_guard_off_by_one", 1, 868),
+    ("async_decode_on_stale_placeholder", 4, 1854),
+]
+
+
+@pytest.mark.parametrize(("mutant", "seed", "steps_to_kill"), ASYNC_MUTANT_KILLS)
+def test_the_async_reference_mutants_are_caught_under_their_profile(mutant, seed, steps_to_kill):
+    result = fuzz(PROFILES["ci"], seed, mutant, shrink=False)
+    assert result.failed, f"{mutant} survived {PROFILES['ci']} steps from seed {seed}"
+    assert "vllm-0.33-async" in result.failure
+    assert result.steps_run == steps_to_kill
+
+
+def test_the_async_mutants_are_registered_for_the_async_profile_alone():
+    from flightcheck.reference.mutants import MUTANTS, PROFILE_MUTANTS, profile_of_mutant
+    from flightcheck.verification.mutants.registry import PROFILE_MUTANTS as SPEC_PROFILE_MUTANTS
+    names = {name for name, _, _ in ASYNC_MUTANT_KILLS}
+    assert set(PROFILE_MUTANTS["vllm-0.33-async"]) == names
+    assert names == set(SPEC_PROFILE_MUTANTS["vllm-0.33-async"])   # the spec's counterparts
+    assert not names & set(MUTANTS)
+    assert {profile_of_mutant(name) for name in names} == {"vllm-0.33-async"}
+
+
 @pytest.mark.slow
 def test_refinement_thorough_profile_finds_no_failure():
     result = fuzz(PROFILES["thorough"], seed=1)
