@@ -31,6 +31,12 @@ with no unfinished request; the spec queues an empty batch only while a
 request is unfinished); the engine's own run in `teardown` takes it, and
 check-trace reads the trace it leaves.
 
+Under `vllm-0.33-async` (vLLM 0.33's AsyncScheduler) everything of `vllm-0.33`
+holds, the loop is 0.33's at depth K + 1 (`loop_for_config`), the abstraction
+maps the placeholders and the decode countdown (abstraction.py
+`_async_counters`), and the worker keeps the tokens it samples, as the V2
+runner does (`ScriptedExecutor(keeps_sampled_tokens=True)`).
+
 Names (`allow_name_reuse`, off by default; `flightcheck fuzz` leaves it off):
 under 0.33 a request arrives under a fresh name unless the knob is on; under
 0.8.x `reuse` may take a finished request's name (the spec binds by
