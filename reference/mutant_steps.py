@@ -268,3 +268,60 @@ def _fate_by_counters_by_id_alone(scheduler: Scheduler, entry: RequestData,
             f"{request.request_id}: stale share below 0 ({request.num_stale_output_tokens})")
         return Fate.SUPERSEDED if request.drop_stale_output else Fate.ORPHANED
     return Fate.LIVE
+
+
+# -- vLLM 0.33's asynchronous scheduling (fuzzed under vllm-0.33-async only) -------------------
+
+@replaces(M.ASYNC_REJECTIONS_NOT_SETTLED, "_settle_rejected_placeholders", "a23cb5ce7b57")
+def _rejected_placeholders_kept(scheduler: Scheduler, request: Request, num_rejected: int) -> None:
+    """The bug: rejected drafts stay counted as placeholders."""
+
+
+@replaces(M.ASYNC_PLACEHOLDERS_KEPT_ON_PREEMPTION, "_reset_placeholders", "225203e9a742")
+def _placeholders_never_reset(scheduler: Scheduler, request: Request) -> None:
+    """The bug: preemption leaves the placeholders as they were."""
+
+
+@replaces(M.ASYNC_STAGGER_IGNORED, "_is_async_skipped", "cdd16d0ea26c")
+def _is_async_skipped_without_the_stagger(scheduler: Scheduler, request: Request) -> bool:
+    """The correct skip without `current_step < next_decode_eligible_step`."""
+    placeholders = request.num_output_placeholders
+    return placeholders > 0 and (request.num_computed_tokens + 2 - placeholders
+                                 >= request.num_prompt_tokens + request.max_tokens)
+
+
+@replaces(M.ASYNC_MAX_TOKENS_GUARD_OFF_BY_ONE, "_is_async_skipped", "cdd16d0ea26c")
+def _is_async_skipped_one_token_late(scheduler: Scheduler, request: Request) -> bool:
+    """The correct skip with `+ 1` for `+ 2` in the max_tokens guard."""
+    placeholders = request.num_output_placeholders
+    if placeholders > 0 and (request.num_computed_tokens + 1 - placeholders
+                             >= request.num_prompt_tokens + request.max_tokens):
+        return True
+    return scheduler.current_step < request.next_decode_eligible_step
+
+
+def _placeholders_at_preemption(scheduler: Scheduler) -> dict[str, int]:
+    """Request id -> the placeholders it had when last preempted (this mutant's memory)."""
+    return scheduler.__dict__.setdefault("placeholders_at_preemption", {})
+
+
+@replaces(M.ASYNC_DECODE_ON_STALE_PLACEHOLDER, "_reset_placeholders", "225203e9a742")
+def _reset_placeholders_remembering_them(scheduler: Scheduler, request: Request) -> None:
+    """The correct reset, but the count is kept for `_admit` below."""
+    _placeholders_at_preemption(scheduler)[request.request_id] = request.num_output_placeholders
+    Scheduler._reset_placeholders(scheduler, request)
+
+
+@replaces(M.ASYNC_DECODE_ON_STALE_PLACEHOLDER, "_admit", "733fce676b61")
+def _admit_taking_stale_placeholders(scheduler: Scheduler, request: Request, num_hit_tokens: int,
+                                     num_new_tokens: int,
+                                     new_blocks: list[KVCacheBlock]) -> RequestData:
+    """The correct `_admit`, but a request resumed while its stale output is
+    still in flight (drop mode: no deferral) takes the placeholders it had at
+    preemption back as its own."""
+    was_preempted = request.status == RequestStatus.PREEMPTED
+    remembered = _placeholders_at_preemption(scheduler).pop(request.request_id, 0)
+    data = Scheduler._admit(scheduler, request, num_hit_tokens, num_new_tokens, new_blocks)
+    if was_preempted and request.num_stale_output_tokens > 0:
+        request.num_output_placeholders = remembered
+    return data

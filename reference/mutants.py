@@ -74,6 +74,18 @@ DROP_LEAVES_COUNTERS = "drop_leaves_counters"
 OUTPUT_BOUND_BY_ID_ALONE = "output_bound_by_id_alone"
 IN_FLIGHT_KEPT_WITHOUT_OUTPUT = "in_flight_kept_without_output"
 
+# Mutants of vLLM 0.33's asynchronous scheduling (AsyncScheduler: output
+# placeholders, the decode stagger, the max_tokens guard), fuzzed under
+# `vllm-0.33-async` only (every other profile keeps no placeholders and no
+# stagger, so the steps they replace change nothing there): the reference's
+# counterparts of the spec's mutants of the same names
+# (verification/mutants/registry.py, issue 22 point 5).
+ASYNC_REJECTIONS_NOT_SETTLED = "async_rejections_not_settled"
+ASYNC_PLACEHOLDERS_KEPT_ON_PREEMPTION = "async_placeholders_kept_on_preemption"
+ASYNC_STAGGER_IGNORED = "async_stagger_ignored"
+ASYNC_MAX_TOKENS_GUARD_OFF_BY_ONE = "async_max_tokens_guard_off_by_one"
+ASYNC_DECODE_ON_STALE_PLACEHOLDER = "async_decode_on_stale_placeholder"
+
 PROFILE_MUTANTS: dict[str, dict[str, str]] = {
     "vllm-0.33": {
         RESUMPTION_NOT_DEFERRED:
@@ -93,6 +105,26 @@ PROFILE_MUTANTS: dict[str, dict[str, str]] = {
             "incarnation check, so a batch of an aborted request whose id was re-added lands on "
             "the new request, tokens and counters (the id-reuse bug, "
             "docs/vllm-0.33-id-reuse.md); inert with fresh ids",
+    },
+    "vllm-0.33-async": {
+        ASYNC_REJECTIONS_NOT_SETTLED:
+            "rejected drafts are not taken back from num_output_placeholders "
+            "(`update_from_output`'s `num_output_placeholders -= num_rejected` left out): the "
+            "request keeps placeholders no entry stands for",
+        ASYNC_PLACEHOLDERS_KEPT_ON_PREEMPTION:
+            "`_preempt_request` does not reset num_output_placeholders to 0: the resumed "
+            "request counts tokens of its stale output as its own",
+        ASYNC_STAGGER_IGNORED:
+            "the running loop's `current_step < next_decode_eligible_step` skip (V2 runner, "
+            "PP) left out: two decodes of one request closer than pp_size schedule() calls",
+        ASYNC_MAX_TOKENS_GUARD_OFF_BY_ONE:
+            "the async max_tokens guard reads `num_computed_tokens + 1 - "
+            "num_output_placeholders` for `+ 2`: a decode whose token can only pass "
+            "max_tokens is scheduled",
+        ASYNC_DECODE_ON_STALE_PLACEHOLDER:
+            "a preempted request resumed while its stale output is still in flight (drop mode) "
+            "takes the placeholders it had at preemption back as its own, so the running loop "
+            "schedules decodes on tokens of the old, dropped output",
     },
 }
 ALL_MUTANTS: dict[str, str] = MUTANTS | {name: text for own in PROFILE_MUTANTS.values()

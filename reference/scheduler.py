@@ -367,8 +367,11 @@ class Scheduler:
         request.drop_stale_output = self.config.drop_stale_output or (
             request.drop_stale_output and request.num_stale_output_tokens > 0)
         request.num_stale_output_tokens = request.num_in_flight_tokens
-        # `_preempt_request` also resets the output placeholders (async only;
-        # 0 otherwise): the outputs they stood for are stale now.
+        self._reset_placeholders(request)
+
+    def _reset_placeholders(self, request: Request) -> None:
+        """`_preempt_request` also resets the output placeholders (async only;
+        0 otherwise): the outputs they stood for are stale now."""
         request.num_output_placeholders = 0
 
     def _schedule_waiting(self, batch: Batch) -> None:
@@ -605,10 +608,8 @@ class Scheduler:
         num_rejected = count_rejected(request, entry, token_ids)
         if num_rejected:
             self._subtract_rejections(request, fate, num_rejected)
-            if self._async and fate is LIVE and request.num_output_placeholders > 0:
-                # vLLM 0.33 `update_from_output`: the placeholders covered the
-                # drafts too (not stale, guarded by `> 0`).
-                request.num_output_placeholders -= num_rejected
+            if self._async and fate is LIVE:
+                self._settle_rejected_placeholders(request, num_rejected)
         if not self._async:
             return append_sampled(request, token_ids, fate, proposed_drafts, self.config,
                                   self._stop_tokens_first)
@@ -617,6 +618,13 @@ class Scheduler:
         output = append_sampled(request, token_ids, fate, proposed_drafts, self.config,
                                 self._stop_tokens_first)
         if fate is LIVE:
+            if len(output.new_token_ids) < len(token_ids):
+                # vLLM 0.33 `_update_request_with_output`: at a stop that trims
+                # tokens, a not stale output's count is trimmed too ("covers all
+                # new tokens but the last one"), before the blocks are cached
+                # below: caching the untrimmed count would hash a block whose
+                # last token's KV was never computed.
+                request.num_computed_tokens -= len(token_ids) - len(output.new_token_ids)
             self._settle_placeholders(request, len(token_ids))
             if was_running and (had_placeholders or self.config.num_spec_tokens > 0):
                 # vLLM 0.33 `update_from_output`: with placeholders (or drafts)
@@ -624,6 +632,13 @@ class Scheduler:
                 self.kv_cache_manager.cache_blocks(
                     request, request.num_computed_tokens - request.num_in_flight_tokens)
         return output
+
+    def _settle_rejected_placeholders(self, request: Request, num_rejected: int) -> None:
+        """vLLM 0.33 `update_from_output`: the placeholders covered a live
+        output's drafts too, so its rejected ones are taken back (guarded by
+        `> 0`: a request without placeholders has none to give back)."""
+        if request.num_output_placeholders > 0:
+            request.num_output_placeholders -= num_rejected
 
     def _settle_placeholders(self, request: Request, num_returned: int) -> None:
         """vLLM 0.33 `_update_request_with_output`: a live output takes every

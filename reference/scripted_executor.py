@@ -20,7 +20,8 @@ counts each token it samples as known at once, as the V2 model runner does
 async scheduling), and a resumed request's entry resets its view (the V2
 runner re-adds a resumed request with all its tokens). A decode scheduled
 while the previous one is in flight (output placeholders) then samples the
-next position.
+next position; a running request's view is then the runner's own count
+alone (an entry scheduled on drafts rejected since starts past it).
 """
 
 from __future__ import annotations
@@ -115,6 +116,12 @@ class ScriptedExecutor:
                 num_known = len(entry.prompt_token_ids)
             elif self._keeps_sampled_tokens and entry.resumed_from_preemption:
                 num_known = start + len(entry.new_token_ids)
+            elif self._keeps_sampled_tokens and req_id in known:
+                # The runner's own count: a decode scheduled on drafts that a
+                # batch executed since rejected starts past the tokens that
+                # exist (the scheduler rolled its counter back after it was
+                # scheduled), so the scheduler's start says nothing here.
+                num_known = known[req_id]
             else:
                 num_known = max(known.get(req_id, 0), start + len(entry.new_token_ids))
             known[req_id] = num_known

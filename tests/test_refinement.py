@@ -182,6 +182,137 @@ def test_binding_by_id_alone_is_inert_with_fresh_names():
     assert not result.failed, result.failure
 
 
+# -- vllm-0.33-async (issue 22): placeholders, the countdown, the K + 1 queue --------
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_refinement_under_the_async_profile_at_the_ci_budget_finds_no_failure(seed):
+    """The reference's AsyncScheduler rules against the spec's (placeholders,
+    decode countdown, max_tokens guard, a K + 1 deep queue with empty batches)."""
+    result = fuzz(PROFILES["ci"], seed=seed, profile="vllm-0.33-async")
+    assert not result.failed, result.failure
+    assert result.steps_run == PROFILES["ci"]
+
+
+def test_refinement_under_the_async_profile_with_name_reuse_and_traces_finds_no_failure():
+    result = fuzz(PROFILES["ci"] // 2, seed=0, profile="vllm-0.33-async", allow_name_reuse=True,
+                  check_traces=True)
+    assert not result.failed, result.failure
+
+
+def _machine_async(num_pipeline_stages: int = 2, mutant: str | None = None,
+                   num_spec_tokens: int = 0) -> RefinementMachine:
+    machine = RefinementMachine(mutant=mutant)
+    machine.setup(cfg=SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2, max_model_len=16,
+                                      block_size=2, num_blocks=8,
+                                      num_pipeline_stages=num_pipeline_stages,
+                                      num_spec_tokens=num_spec_tokens, profile="vllm-0.33-async"),
+                  sample_every_chunk=False)
+    return machine
+
+
+def test_under_async_placeholders_and_the_countdown_map_and_a_decode_waits_the_stagger():
+    """K = 2: the prompt's entry leaves one placeholder and a countdown of 2
+    (vLLM's next_decode_eligible_step - current_step); the next call counts
+    down to 1 and queues an empty batch; the one after schedules the decode
+    before the prompt's token exists (three batches in flight: K + 1)."""
+    machine = _machine_async()
+    machine.arrive(prompt_len=3, family=0, tail=0, max_tokens=8, reuse=0)
+    machine.schedule()
+    r0 = machine.state.requests[0]
+    assert (r0.placeholders, r0.decode_countdown, r0.num_computed) == (1, 2, 3)
+    scheduler = machine.scheduler
+    assert scheduler.requests["r0"].next_decode_eligible_step - scheduler.current_step == 2
+    machine.schedule()
+    assert machine.state.requests[0].decode_countdown == 1
+    assert [len(batch) for batch in machine.state.in_flight] == [1, 0]
+    machine.schedule()
+    r0 = machine.state.requests[0]
+    assert (r0.placeholders, r0.decode_countdown, r0.num_computed, r0.num_output) == (2, 2, 4, 0)
+    assert [len(batch) for batch in machine.state.in_flight] == [1, 0, 1]
+    machine.complete(returned=[Outcome()] * 4)
+    r0 = machine.state.requests[0]
+    assert (r0.placeholders, r0.num_output) == (1, 1)
+
+
+def test_under_async_the_countdown_is_the_unbounded_counters_difference_floored_at_zero(monkeypatch):
+    """vLLM's counters are unbounded: at every checked step each unfinished
+    request's image is max(0, next_decode_eligible_step - current_step). A
+    request preempted after a decode keeps its next_decode_eligible_step
+    while calls go on, so the difference goes below 0 (seen in this run) and
+    the image stays at the spec's floor."""
+    below_zero = 0
+    check = RefinementMachine._check
+
+    def checked(self, action, expected=None):
+        nonlocal below_zero
+        check(self, action, expected)
+        for slot, request in enumerate(self.ledger.requests):
+            if request.is_finished():
+                continue
+            gap = request.next_decode_eligible_step - self.scheduler.current_step
+            assert self.state.requests[slot].decode_countdown == max(0, gap)
+            below_zero += request.next_decode_eligible_step > 0 and gap < 0
+    monkeypatch.setattr(RefinementMachine, "_check", checked)
+    result = fuzz(PROFILES["ci"], seed=0, profile="vllm-0.33-async")
+    assert not result.failed, result.failure
+    assert below_zero > 0
+
+
+def test_under_async_a_stop_that_trims_drafts_caches_only_the_computed_blocks():
+    """vLLM 0.33 trims num_computed_tokens at a stop before caching the
+    settled blocks (`_update_request_with_output`); the reference once cached
+    one block more (found by this fuzzer, seed 1)."""
+    machine = _machine_async(num_spec_tokens=3)
+    machine.setup(cfg=SchedulerConfig(max_num_batched_tokens=4, max_num_seqs=2, max_model_len=8,
+                                      block_size=1, num_blocks=8, num_pipeline_stages=2,
+                                      num_spec_tokens=3, enable_prefix_caching=True,
+                                      profile="vllm-0.33-async"), sample_every_chunk=False)
+    machine.arrive(prompt_len=1, family=0, tail=0, max_tokens=4, reuse=0)
+    machine.schedule()                                   # the prompt
+    machine.complete(returned=[Outcome(drafts=3)] + [Outcome()] * 3)   # token 1, three drafts
+    machine.schedule()                                   # counts down (stagger 2)
+    machine.schedule()                                   # token 1 + 3 drafts: placeholders 4
+    while machine.state.in_flight and len(machine.state.in_flight[0]) == 0:
+        machine.complete(returned=[Outcome()] * 4)
+    machine.complete(returned=[Outcome(accepted=3)] + [Outcome()] * 3)  # 4 tokens, max_tokens 4 at the third
+    r0 = machine.state.requests[0]
+    assert r0.status is spec.Status.FINISHED_LENGTH and r0.num_output == 4
+    labelled = sum(label is not None for label in machine.state.pool.labels)
+    assert labelled == 4                                 # positions 0..3: the last token's KV never computed
+
+
+# Steps to kill at CI's 2,000 steps, shrinking off (docs/fuzzing.md): each
+# mutant with the first seed of 0..13 that kills it; the off-by-one guard
+# survives seed 0 (killed from seeds 1-4), the stale-placeholder mutant needs
+# a drop-mode request preempted with a decode in flight and resumed before
+# it returns (of seeds 0-13 only seed 4 gets there within 2,000 steps).
+ASYNC_MUTANT_KILLS = [
+    ("async_rejections_not_settled", 0, 993),
+    ("async_placeholders_kept_on_preemption", 0, 140),
+    ("async_stagger_ignored", 0, 3),
+    ("async_max_tokens_guard_off_by_one", 1, 868),
+    ("async_decode_on_stale_placeholder", 4, 1854),
+]
+
+
+@pytest.mark.parametrize(("mutant", "seed", "steps_to_kill"), ASYNC_MUTANT_KILLS)
+def test_the_async_reference_mutants_are_caught_under_their_profile(mutant, seed, steps_to_kill):
+    result = fuzz(PROFILES["ci"], seed, mutant, shrink=False)
+    assert result.failed, f"{mutant} survived {PROFILES['ci']} steps from seed {seed}"
+    assert "vllm-0.33-async" in result.failure
+    assert result.steps_run == steps_to_kill
+
+
+def test_the_async_mutants_are_registered_for_the_async_profile_alone():
+    from flightcheck.reference.mutants import MUTANTS, PROFILE_MUTANTS, profile_of_mutant
+    from flightcheck.verification.mutants.registry import PROFILE_MUTANTS as SPEC_PROFILE_MUTANTS
+    names = {name for name, _, _ in ASYNC_MUTANT_KILLS}
+    assert set(PROFILE_MUTANTS["vllm-0.33-async"]) == names
+    assert names == set(SPEC_PROFILE_MUTANTS["vllm-0.33-async"])   # the spec's counterparts
+    assert not names & set(MUTANTS)
+    assert {profile_of_mutant(name) for name in names} == {"vllm-0.33-async"}
+
+
 @pytest.mark.slow
 def test_refinement_thorough_profile_finds_no_failure():
     result = fuzz(PROFILES["thorough"], seed=1)

@@ -229,7 +229,33 @@ def _request(scheduler: Scheduler, ledger: Ledger, slot: int, r: Request,
     return SpecRequest(**common, num_computed=r.num_computed_tokens,
                        num_drafts=len(r.spec_token_ids), block_table=table,
                        num_in_flight=r.num_in_flight_tokens, num_stale=r.num_stale_output_tokens,
-                       drop_stale=r.drop_stale_output)
+                       drop_stale=r.drop_stale_output, **_async_counters(scheduler, r))
+
+
+# -- asynchronous scheduling (vllm-0.33-async) ----------------------------------
+
+def _async_counters(scheduler: Scheduler, r: Request) -> dict[str, int]:
+    """The spec's `placeholders` and `decode_countdown` of an unfinished
+    request (0 under every profile without async scheduling, which keeps
+    neither).
+
+    The placeholders are vLLM's `num_output_placeholders` as they are. The
+    countdown is the spec's finite image of vLLM's unbounded counters: the
+    reference, as vLLM, keeps `Scheduler.current_step` (+1 at the start of
+    every schedule() call, empty ones included) and the request's
+    `next_decode_eligible_step` (= current_step + stagger, set when a
+    sampling entry is scheduled; never reset). The running loop skips the
+    request while `current_step < next_decode_eligible_step` at the start of
+    a call, i.e. while `next_decode_eligible_step - current_step > 0` after
+    its `+= 1`. Between calls that difference, floored at 0, is exactly the
+    spec's countdown: set to the stagger by the sampling entry, decremented
+    (floored at 0) at the start of every call, skipping while > 0 after the
+    decrement (spec/schedule.py `_count_down`). Every value past the
+    stagger's reach maps to 0, which the spec cannot tell apart either."""
+    if not scheduler.config.async_scheduling:
+        return {}
+    return {"placeholders": r.num_output_placeholders,
+            "decode_countdown": max(0, r.next_decode_eligible_step - scheduler.current_step)}
 
 
 def _entry(scheduler: Scheduler, ledger: Ledger, e, named: bool) -> Entry:

@@ -31,6 +31,12 @@ with no unfinished request; the spec queues an empty batch only while a
 request is unfinished); the engine's own run in `teardown` takes it, and
 check-trace reads the trace it leaves.
 
+Under `vllm-0.33-async` (vLLM 0.33's AsyncScheduler) everything of `vllm-0.33`
+holds, the loop is 0.33's at depth K + 1 (`loop_for_config`), the abstraction
+maps the placeholders and the decode countdown (abstraction.py
+`_async_counters`), and the worker keeps the tokens it samples, as the V2
+runner does (`ScriptedExecutor(keeps_sampled_tokens=True)`).
+
 Names (`allow_name_reuse`, off by default; `flightcheck fuzz` leaves it off):
 under 0.33 a request arrives under a fresh name unless the knob is on; under
 0.8.x `reuse` may take a finished request's name (the spec binds by
@@ -217,7 +223,7 @@ def configs(draw, profile: str = FUZZED_PROFILES[0]) -> SchedulerConfig:
         num_spec_tokens=draw(st.sampled_from([3, 2, 3, 1, 0])),
         enable_prefix_caching=draw(st.booleans()),
         continue_prefill=(draw(st.integers(0, 2).map(lambda x: x != 2))
-                          if profile != "vllm-0.33" else None),
+                          if not get_profile(profile).stale_output_counters else None),
         profile=profile, num_preallocate_tokens=preallocate,
         # vLLM 0.33's drop mode one configuration in three (deliver is its default)
         drop_stale_output=(get_profile(profile).stale_output_counters
@@ -281,7 +287,13 @@ class RefinementMachine(RuleBasedStateMachine):
         self.scheduler = make_scheduler(cfg, trace)
         # sample_every_chunk: a worker that returns a token for every chunk
         # (vLLM <= 0.8.2) leaves the scheduler to discard partial chunks' tokens.
-        self.executor = ScriptedExecutor(self._sample, sample_every_chunk=sample_every_chunk)
+        # Async scheduling (vllm-0.33-async): the worker keeps the tokens it
+        # samples, as the V2 runner does, so a decode scheduled on a
+        # placeholder samples the next position, and one scheduled on drafts
+        # rejected since samples where the tokens end (not where its stale
+        # start says).
+        self.executor = ScriptedExecutor(self._sample, sample_every_chunk=sample_every_chunk,
+                                         keeps_sampled_tokens=cfg.async_scheduling)
         # 0.8.x: the loop of the config's policy; 0.33: its own (empty batches).
         loop = loop_for_config(cfg) if self.by_name else loop_for_policy(cfg.continue_prefill)
         self.engine = Engine(self.scheduler, self.executor, loop)
