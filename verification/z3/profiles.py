@@ -24,7 +24,7 @@ __all__ = ["DEFAULT_PROFILE", "DEFERRAL_MODEL", "ENCODED_PROFILES", "PROFILES", 
 # and the sampled-token slot in schedule._clip, full-sequence admission and
 # deferred resumption in schedule._waiting_step, the stop order in
 # actions._apply_sample, S10's threshold clause in invariants).
-ENCODED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33")
+ENCODED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async")
 
 
 def profile_config(cfg: Config, profile: str) -> Config:
