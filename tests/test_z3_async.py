@@ -86,3 +86,82 @@ def test_a_sync_model_under_the_async_profile_is_cross_checked_too():
     for s in random_walk_states(model, 25, seed=5):
         checker.check(s, report)
     assert report.problems == []
+
+
+# -- the async invariants as formulas (spec.invariants.ASYNC_REPLACEMENTS, ASYNC_INVARIANTS) --
+
+def _disagreements(model, states) -> list[str]:
+    """Every encoded invariant of the profile against the spec's predicate."""
+    import z3
+    from flightcheck.spec import invariants_for
+    from flightcheck.verification.z3.encoding.invariants import (ASYNC_UNENCODED, invariant_formulas_for,
+                                                                 well_formed)
+    from flightcheck.verification.z3.encoding.system import System
+    system = System(model)
+    frame = system.frame(0)
+    sched, defs = system.sched(0)
+    formulas = {n: system.build(f, frame, sched) for n, f in invariant_formulas_for(model.cfg).items()}
+    wf = system.build(well_formed, frame)
+    solver, bad = z3.Solver(), []
+    solver.add(defs)
+    for s in states:
+        solver.push()
+        solver.add(system.encode(s, 0))
+        assert solver.check() == z3.sat
+        m = solver.model()
+        solver.pop()
+        assert z3.is_true(m.eval(wf, model_completion=True)), s
+        for inv in invariants_for(model.cfg):
+            if inv.name in ASYNC_UNENCODED:
+                continue
+            if inv.holds(s, model.cfg) != z3.is_true(m.eval(formulas[inv.name], model_completion=True)):
+                bad.append(f"{inv.name} disagrees on {s}")
+    return bad
+
+
+def _perturbed(model, states, count: int, seed: int) -> list[State]:
+    """States off the invariants: a placeholder count, a countdown, an entry's
+    sampling flag, drafts, start or length, or num_computed nudged."""
+    import dataclasses
+    import random
+    rng, out = random.Random(seed), []
+    while len(out) < count:
+        s = rng.choice(states)
+        reqs = list(s.requests)
+        r = rng.randrange(len(reqs))
+        q = reqs[r]
+        choice = rng.randrange(4)
+        if choice == 0:
+            reqs[r] = dataclasses.replace(q, placeholders=max(0, q.placeholders + rng.choice([-1, 1])))
+        elif choice == 1:
+            reqs[r] = dataclasses.replace(q, decode_countdown=rng.randrange(model.cfg.stagger + 1))
+        elif choice == 2:
+            reqs[r] = dataclasses.replace(q, num_computed=max(0, q.num_computed + rng.choice([-1, 1])))
+        else:
+            full = [k for k, b in enumerate(s.in_flight) if b]
+            if not full:
+                continue
+            k = rng.choice(full)
+            batch = list(s.in_flight[k])
+            j = rng.randrange(len(batch))
+            e = batch[j]
+            batch[j] = rng.choice([dataclasses.replace(e, samples=not e.samples), dataclasses.replace(e, n=e.n + 1),
+                                   dataclasses.replace(e, start=max(0, e.start - 1)),
+                                   dataclasses.replace(e, drafts=rng.randrange(model.cfg.num_spec_tokens + 2))])
+            out.append(dataclasses.replace(s, in_flight=s.in_flight[:k] + (tuple(batch),) + s.in_flight[k + 1:]))
+            continue
+        out.append(dataclasses.replace(s, requests=tuple(reqs)))
+    return out
+
+
+@pytest.mark.parametrize("model", ASYNC_MODELS, ids=lambda m: m.name)
+def test_async_invariant_formulas_agree_with_the_spec(model):
+    """On random-walk states (where they hold) and on perturbed ones (where
+    they often fail: the count of failures is the control)."""
+    from flightcheck.spec import invariants_for
+    states = random_walk_states(model, 120, seed=7)
+    assert _disagreements(model, states) == []
+    off = _perturbed(model, states, 120, seed=3)
+    assert _disagreements(model, off) == []
+    broken = {inv.name for s in off for inv in invariants_for(model.cfg) if not inv.holds(s, model.cfg)}
+    assert {"IA1_placeholders", "S3a_async_coverage", "S6p_async_decode_gating"} <= broken
