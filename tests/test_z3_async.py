@@ -165,3 +165,22 @@ def test_async_invariant_formulas_agree_with_the_spec(model):
     assert _disagreements(model, off) == []
     broken = {inv.name for s in off for inv in invariants_for(model.cfg) if not inv.holds(s, model.cfg)}
     assert {"IA1_placeholders", "S3a_async_coverage", "S6p_async_decode_gating"} <= broken
+
+
+# -- the engines under async -------------------------------------------------------
+
+def test_bmc_bounds_every_encoded_async_property_on_async_k3():
+    """BMC of async-k3 (K = 3, queue of 4) to depth 4: every state invariant
+    the profile keeps (L2 under async excepted: not encoded) and every
+    transition property holds on every path, IA1, IA2, S3a, S5a, S6p among them."""
+    from flightcheck.spec import invariants_for
+    from flightcheck.verification.z3.bmc.engine import BmcOptions, bmc, default_properties
+    from flightcheck.verification.z3.encoding.invariants import ASYNC_UNENCODED
+    model = next(m for m in ASYNC_MODELS if m.name == "async-k3")
+    res = bmc(model, 4, BmcOptions(sometimes=()))
+    rows = res.by_name()
+    assert set(rows) == set(default_properties(model.cfg))
+    assert {i.name for i in invariants_for(model.cfg)} - set(rows) == ASYNC_UNENCODED
+    assert {"IA1_placeholders", "IA2_placeholders_within_max_tokens", "S3a_async_coverage",
+            "S5a_async_sampling", "S6p_async_decode_gating"} <= set(rows)
+    assert res.depth == 4 and all(v.status == "bounded" for v in rows.values()), rows
