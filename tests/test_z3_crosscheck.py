@@ -45,7 +45,9 @@ TINY_NO_CACHE = models.Model(
 
 # Every profile the encoding models on a model with prefix caching (0.8.4: preallocation and one
 # batch per request) and on one without (forward release order).
-PROFILE_MODELS = [profile_model(model, profile) for profile in ENCODED_PROFILES
+# (vllm-0.33-async's cross-check is tests/test_z3_async.py: its models' state
+# spaces are larger, so it compares random-walk states there, every one slow.)
+PROFILE_MODELS = [profile_model(model, profile) for profile in ENCODED_PROFILES if profile != "vllm-0.33-async"
                   for model in (TINY_K3, TINY_NO_CACHE)]
 
 

@@ -23,8 +23,11 @@ __all__ = ["DEFAULT_PROFILE", "DEFERRAL_MODEL", "ENCODED_PROFILES", "PROFILES", 
 # (`Config.rules`: free-queue head in blocks.free_table, threshold with company
 # and the sampled-token slot in schedule._clip, full-sequence admission and
 # deferred resumption in schedule._waiting_step, the stop order in
-# actions._apply_sample, S10's threshold clause in invariants).
-ENCODED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33")
+# actions._apply_sample, S10's threshold clause in invariants), and under
+# vllm-0.33-async the placeholders, decode countdown and queue of K + 1
+# (`state.SAsync`, `Layout.K` = `Config.queue_depth`). Encoded does not mean
+# run by verify: suite.EXPLICIT_ONLY_PROFILES lists the one it is not.
+ENCODED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async")
 
 
 def profile_config(cfg: Config, profile: str) -> Config:

@@ -18,13 +18,16 @@ from typing import Any
 import z3
 from flightcheck.verification.z3.encoding import blocks as zb
 from flightcheck.verification.z3.encoding.requests import (
+    async_at,
     at,
+    label_at,
     counters_at,
     empty_table,
     max_tokens,
     prompt_len,
     put_flag,
     req_at,
+    with_async,
     with_counters,
     with_req,
 )
@@ -51,6 +54,7 @@ from flightcheck.verification.z3.encoding.terms import (
     clone,
     conj,
     disj,
+    div_const,
     eq,
     ite,
     le,
@@ -120,6 +124,7 @@ def finish(layout: Layout, s: SState, r: Any, status: Any, when: Any = True, is_
                       table=empty_table(layout))
     # spec.actions._forget_counters: both callers of _finish drop the counters
     st = with_counters(st, r, in_flight=V(0), stale=V(0), drop=z3.BoolVal(False))
+    st = with_async(st, r, placeholders=V(0), countdown=V(0))
     return merge(when, st, s)
 
 
@@ -274,6 +279,7 @@ def _apply_sample(layout: Layout, builder: Builder, st: SState, e, acc: Any, sto
                     conj(is_orphaned, layout.is_mutant("rejections_subtracted_after_reset")))
     num_computed = ite(subtract, q.num_computed - (e.drafts - acc), q.num_computed)
     num_output, finished, status = q.num_output, z3.BoolVal(False), V(PAD)
+    appended = acc                      # the tokens appended before a stop (j at the loop's break)
     for j in range(draft_cap(layout) + 1):
         going = conj(le(j, acc), neg(finished))
         num_output = ite(going, num_output + 1, num_output)
@@ -285,8 +291,40 @@ def _apply_sample(layout: Layout, builder: Builder, st: SState, e, acc: Any, sto
             status = ite(reason, ite(eq(stop, j), V(F_STOPPED), V(F_LENGTH)), status)
         else:
             status = ite(reason, ite(length, V(F_LENGTH), V(F_STOPPED)), status)
+        appended = ite(reason, V(j), appended)
         finished = builder.let(f"finished{j}", disj(finished, reason))
     drafts = ite(is_live, nd, q.num_drafts)
     applied = with_req(st, r, num_output=num_output, num_computed=num_computed, num_drafts=drafts)
+    if st.asyncs:
+        applied = _settle_placeholders(layout, builder, st, applied, r, q, e, acc, appended, num_computed,
+                                       subtract, is_live)
     done = finish(layout, applied, r, status)
     return merge(here, merge(finished, done, applied), st)
+
+
+# --- asynchronous scheduling (vllm-0.33-async: `Profile.output_placeholders`) ------
+
+
+def _settle_placeholders(layout: Layout, builder: Builder, st: SState, applied: SState, r: Any, q: Any, e,
+                         acc: Any, appended: Any, num_computed: Any, subtract: Any, is_live: Any) -> SState:
+    """spec.actions._apply_sample's async part on `applied` (st with the
+    output appended): the rejected drafts (where rejections are subtracted),
+    then the returned tokens (a live output) are taken back from the
+    placeholders, each only while they are > 0; a live output of a RUNNING
+    request that had placeholders hashes the full blocks of its settled tokens
+    (spec.actions._cache_settled_blocks) before a stop frees them."""
+    a = builder.snap(async_at(st, r), "ph")
+    placeholders = ite(conj(subtract, lt(0, a.placeholders)), a.placeholders - (e.drafts - acc), a.placeholders)
+    placeholders = ite(conj(is_live, lt(0, placeholders)), placeholders - (acc + 1), placeholders)
+    applied = with_async(applied, r, placeholders=builder.let("placeholders", placeholders))
+    cfg = layout.cfg
+    if not (cfg.rules.cache_settled_blocks_on_output and cfg.prefix_caching):
+        return applied
+    in_flight = counters_at(st, r).in_flight          # already settled for this output
+    settled = builder.let("settled", num_computed - (acc - appended) - in_flight)
+    hashes = conj(is_live, lt(0, a.placeholders), eq(q.status, RUNNING), le(cfg.block_size, settled))
+    labels = [label_at(layout, st, r, i) for i in range(layout.T)]
+    pool = zb.cache_labels(layout, st.pool, q.table, q.table_len, labels, div_const(settled, cfg.block_size))
+    out = clone(applied)
+    out.pool = merge(hashes, pool, applied.pool)
+    return out

@@ -105,10 +105,16 @@ def _active(s: SState, r: int) -> Any:
     return is_active(s.reqs[r].status)
 
 
+def _placeholders(s: SState, r: int) -> Any:
+    """r's output placeholders (0 in a frame without them: sync profiles)."""
+    return s.asyncs[r].placeholders if s.asyncs else V(0)
+
+
 def s1_counter_bounds(layout: Layout, s: SState, sch: SchedResult) -> Any:
     out = []
     for r, q in enumerate(s.reqs):
-        ok = conj(le(0, q.num_computed), le(q.num_computed, num_tokens(layout, q, r) + q.num_drafts),
+        known = num_tokens(layout, q, r) + _placeholders(s, r) if s.asyncs else num_tokens(layout, q, r)
+        ok = conj(le(0, q.num_computed), le(q.num_computed, known + q.num_drafts),
                   disj(eq(q.status, RUNNING), eq(q.num_computed, 0)))
         out.append(z3.Implies(_active(s, r), ok))
     return conj(out)
@@ -274,6 +280,8 @@ def l1_running_request_unblocked(layout: Layout, s: SState, sch: SchedResult) ->
     for r, q in enumerate(s.reqs):
         lv = has_live(layout, s, r)
         nnt = num_tokens(layout, q, r) + q.num_drafts - q.num_computed
+        if s.asyncs:                      # State.num_new_tokens counts the placeholders
+            nnt = nnt + _placeholders(s, r)
         normal = z3.Implies(le(nnt, 0), conj(lv, last_live_samples(layout, s, r)))
         ok = normal if layout.cfg.continue_prefill else ite(s.scheduled[r], lv, normal)
         out.append(z3.Implies(eq(q.status, RUNNING), ok))
@@ -361,13 +369,131 @@ COUNTER_FORMULAS: dict[str, Formula] = {
     "IF3_no_stale_resumption": if3_no_stale_resumption,
 }
 
-# Every state invariant's formula, whatever the profile (look-up by name).
-ALL_INVARIANT_FORMULAS: dict[str, Formula] = {**INVARIANT_FORMULAS, **COUNTER_FORMULAS}
+# --- asynchronous scheduling (spec.invariants.ASYNC_REPLACEMENTS, ASYNC_INVARIANTS) --
+
+def _live_entries(layout: Layout, s: SState, r: int) -> list[tuple[int, Any, Any]]:
+    """(batch index, entry, is a live entry of r) over every slot in FIFO order."""
+    return [(k, e, conj(lt(k, s.num_batches), lt(j, b.length), eq(e.req, r), eq(e.fate, LIVE)))
+            for k, b in enumerate(s.batches) for j, e in enumerate(b.entries)]
+
+
+def s3a_async_coverage(layout: Layout, s: SState, sch: SchedResult) -> Any:
+    """spec.invariants.s3_async_request: without spec decode the sync S3."""
+    if layout.cfg.num_spec_tokens == 0:
+        return s3_contiguous_coverage(layout, s, sch)
+    out = []
+    for r, q in enumerate(s.reqs):
+        seen, end, samples, ok = z3.BoolVal(False), V(0), z3.BoolVal(False), []
+        for _, e, here in _live_entries(layout, s, r):
+            ok += [z3.Implies(here, le(1, e.n)),
+                   z3.Implies(conj(here, seen), conj(le(e.start, end), disj(samples, eq(e.start, end))))]
+            end, samples, seen = ite(here, e.start + e.n, end), ite(here, e.samples, samples), disj(seen, here)
+        ok.append(z3.Implies(seen, disj(eq(end, q.num_computed), conj(samples, lt(q.num_computed, end)))))
+        out.append(z3.Implies(_active(s, r), conj(ok)))
+    return conj(out)
+
+
+def s5a_async_sampling(layout: Layout, s: SState, sch: SchedResult) -> Any:
+    """spec.invariants.s5_async_request, entry by entry with the placeholders
+    of the older live sampling entries (`ahead`) carried along."""
+    out = []
+    for r, q in enumerate(s.reqs):
+        tokens, ahead = num_tokens(layout, q, r), V(0)
+        for _, e, here in _live_entries(layout, s, r):
+            reach = e.start + e.n - e.drafts
+            ok = [lt(e.drafts, e.n), z3.Implies(lt(0, e.drafts), e.samples),
+                  z3.Implies(neg(e.samples), conj(eq(ahead, 0), lt(reach, tokens)))]
+            if layout.cfg.num_spec_tokens == 0:
+                ok += [le(reach, tokens + ahead), e.samples == eq(reach, tokens + ahead)]
+            out.append(z3.Implies(here, conj(ok)))
+            ahead = ite(conj(here, e.samples), ahead + 1 + e.drafts, ahead)
+    return conj(out)
+
+
+def s6p_async_decode_gating(layout: Layout, s: SState, sch: SchedResult) -> Any:
+    """spec.invariants.s6_async_request: at most ceil(D / stagger) live
+    sampling entries of a request in flight, any two `stagger` batches apart,
+    and the countdown the stagger less the batches since its latest sampling
+    entry (of any fate)."""
+    stagger, depth = layout.cfg.stagger, layout.cfg.queue_depth
+    cap = -(-depth // stagger) if stagger else depth
+    out = []
+    for r in range(layout.N):
+        slots = _live_entries(layout, s, r)
+        sampling = [(k, conj(here, e.samples)) for k, e, here in slots]
+        ok = [le(count(x for _, x in sampling), cap)]
+        ok += [neg(conj(x, y))        # two sampling entries fewer than `stagger` batches apart
+               for i, (k1, x) in enumerate(sampling) for k2, y in sampling[i + 1:] if k2 - k1 < stagger]
+        if stagger:
+            latest, any_sampling = V(-1), z3.BoolVal(False)
+            for k, b in enumerate(s.batches):
+                for j, e in enumerate(b.entries):
+                    mine = conj(lt(k, s.num_batches), lt(j, b.length), eq(e.req, r), e.samples)
+                    latest, any_sampling = ite(mine, V(k), latest), disj(any_sampling, mine)
+            want = imax(V(0), stagger - (s.num_batches - 1 - latest))
+            ok.append(z3.Implies(any_sampling, eq(s.asyncs[r].countdown, want)))
+        out.append(z3.Implies(_active(s, r), conj(ok)))
+    return conj(out)
+
+
+def ia1_placeholders(layout: Layout, s: SState, sch: SchedResult) -> Any:
+    out = []
+    for r, q in enumerate(s.reqs):
+        ph = s.asyncs[r].placeholders
+        total = sum_terms([ite(conj(here, e.samples), 1 + e.drafts, V(0)) for _, e, here in _live_entries(layout, s, r)])
+        out.append(conj(eq(ph, total),
+                        ite(eq(q.status, RUNNING), disj(eq(ph, 0), eq(q.num_computed, num_tokens(layout, q, r) + ph - 1)),
+                            eq(ph, 0))))
+    return conj(out)
+
+
+def ia2_placeholders_within_max_tokens(layout: Layout, s: SState, sch: SchedResult) -> Any:
+    out = []
+    for r, q in enumerate(s.reqs):
+        sampling = count(conj(here, e.samples) for _, e, here in _live_entries(layout, s, r))
+        out.append(z3.Implies(_active(s, r), le(q.num_output + sampling, max_tokens(layout, q, r))))
+    return conj(out)
+
+
+# Under async scheduling these replace the sync formulas of the same letter
+# (spec.invariants.ASYNC_REPLACEMENTS), and IA1, IA2 join. L2 under async
+# (schedule within stagger + 1 calls) is not encoded: it needs schedule() of
+# the frame with its countdowns run down, a second schedule per frame; the
+# exhaustive search proves it on the profile's models.
+ASYNC_REPLACEMENT_FORMULAS: dict[str, tuple[str, Formula] | None] = {
+    "S3_contiguous_coverage": ("S3a_async_coverage", s3a_async_coverage),
+    "S5_one_sample_per_prefill": ("S5a_async_sampling", s5a_async_sampling),
+    "S6_decode_gating": ("S6p_async_decode_gating", s6p_async_decode_gating),
+    "L2_no_deadlock": None,
+}
+ASYNC_FORMULAS: dict[str, Formula] = {
+    "IA1_placeholders": ia1_placeholders,
+    "IA2_placeholders_within_max_tokens": ia2_placeholders_within_max_tokens,
+}
+ASYNC_UNENCODED: frozenset[str] = frozenset({"L2_no_deadlock"})
+
+# Every state invariant's formula, whatever the profile (look-up by name; the
+# async L2 is not among them).
+ALL_INVARIANT_FORMULAS: dict[str, Formula] = {
+    **INVARIANT_FORMULAS, **COUNTER_FORMULAS,
+    **{name: f for name, f in (x for x in ASYNC_REPLACEMENT_FORMULAS.values() if x is not None)},
+    **ASYNC_FORMULAS}
 
 
 def invariant_formulas_for(cfg: Config) -> dict[str, Formula]:
-    """The state invariants of cfg's profile (spec.invariants.invariants_for)."""
-    return ALL_INVARIANT_FORMULAS if cfg.rules.stale_output_counters else INVARIANT_FORMULAS
+    """The state invariants of cfg's profile (spec.invariants.invariants_for),
+    in its order; under async scheduling less L2 (`ASYNC_UNENCODED`)."""
+    chosen = {**INVARIANT_FORMULAS, **COUNTER_FORMULAS} if cfg.rules.stale_output_counters else INVARIANT_FORMULAS
+    if not cfg.rules.output_placeholders:
+        return chosen
+    out: dict[str, Formula] = {}
+    for name, f in chosen.items():
+        if name not in ASYNC_REPLACEMENT_FORMULAS:
+            out[name] = f
+        elif ASYNC_REPLACEMENT_FORMULAS[name] is not None:
+            new_name, new_f = ASYNC_REPLACEMENT_FORMULAS[name]   # type: ignore[misc]
+            out[new_name] = new_f
+    return {**out, **ASYNC_FORMULAS}
 
 
 def spec_properties_for(cfg: Config) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from flightcheck.verification.z3.encoding.state import (
     NEW,
     PAD,
     Layout,
+    SAsync,
     SCounters,
     SReq,
     SState,
@@ -101,6 +102,24 @@ def with_counters(s: SState, r: Any, when: Any = True, **fields: Any) -> SState:
         counters.append(SCounters(*(ite(here, fields[name], getattr(c, name)) if name in fields else getattr(c, name)
                                     for name in ("in_flight", "stale", "drop"))))
     out.counters = counters
+    return out
+
+
+def async_at(s: SState, r: Any) -> SAsync:
+    """Request r's placeholders and decode countdown (a term r; the frame must have them)."""
+    return SAsync(pick([a.placeholders for a in s.asyncs], r), pick([a.countdown for a in s.asyncs], r))
+
+
+def with_async(s: SState, r: Any, when: Any = True, **fields: Any) -> SState:
+    """s with the given async fields (placeholders, countdown) of request r (a
+    term) set, if `when`; a frame without them (sync profiles) is returned as it is."""
+    from flightcheck.verification.z3.encoding.terms import conj
+    if not s.asyncs:
+        return s
+    out = SState(**{f: getattr(s, f) for f in s.__dataclass_fields__})
+    out.asyncs = [SAsync(*(ite(conj(when, eq(r, k)), fields[name], getattr(a, name)) if name in fields
+                           else getattr(a, name) for name in ("placeholders", "countdown")))
+                  for k, a in enumerate(s.asyncs)]
     return out
 
 

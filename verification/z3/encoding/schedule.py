@@ -27,15 +27,20 @@ import z3
 from flightcheck.spec.profiles import num_preallocate_blocks
 from flightcheck.verification.z3.encoding import blocks as zb
 from flightcheck.verification.z3.encoding.requests import (
+    async_at,
+    at,
     counters_at,
     empty_table,
     label_at,
     put_flag,
     req_at,
     tokens_at,
+    with_async,
     with_counters,
     with_req,
 )
+from flightcheck.verification.z3.encoding.requests import max_tokens as max_tokens_of
+from flightcheck.verification.z3.encoding.requests import prompt_len as prompt_len_of
 from flightcheck.verification.z3.encoding.state import (
     LIVE,
     ORPHANED,
@@ -127,7 +132,7 @@ def is_enabled(layout: Layout, s: SState) -> Any:
 def schedule(layout: Layout, builder: Builder, s: SState) -> SchedResult:
     """Form the next batch from s (spec.schedule.schedule)."""
     cfg = layout.cfg
-    acc = BatchInProgress(clone(s), V(cfg.max_num_batched_tokens), V(0), [pad_entry() for _ in range(layout.E)],
+    acc = BatchInProgress(_count_down(layout, clone(s)), V(cfg.max_num_batched_tokens), V(0), [pad_entry() for _ in range(layout.E)],
               [z3.BoolVal(False)] * layout.N, [z3.BoolVal(False)] * layout.N, [z3.BoolVal(False)] * layout.N,
               z3.BoolVal(False), V(0), z3.BoolVal(False), V(0))
     trail, micro = [acc], []
@@ -150,6 +155,38 @@ def schedule(layout: Layout, builder: Builder, s: SState) -> SchedResult:
     return SchedResult(state, is_enabled(layout, s), _forms_a_batch(layout, s, acc),
                        acc.preempted, acc.admitted, acc.any_preempted, acc.count, acc.entries, trail, micro,
                        builder.defs[first:], acc.skipped)
+
+
+def _count_down(layout: Layout, s: SState) -> SState:
+    """spec.schedule._count_down (async scheduling, vLLM 0.33 `current_step +=
+    1`): every request's decode countdown one call nearer 0, floored at 0, at
+    the start of every call that forms a batch, an empty one included (the
+    call's result is its state after `_launch`, so the idle batch gets it too)."""
+    if not s.asyncs or not layout.cfg.stagger:
+        return s
+    out = clone(s)
+    for a in out.asyncs:
+        a.countdown = ite(lt(0, a.countdown), a.countdown - 1, a.countdown)
+    return out
+
+
+def _held_back(layout: Layout, builder: Builder, st: SState, r: Any, q: Any) -> Any:
+    """spec.schedule._is_held_back (async scheduling): the max_tokens guard
+    (placeholders > 0 and num_computed + 2 - placeholders >= prompt +
+    max_tokens), then the decode stagger (the countdown not yet 0). False
+    without placeholders (sync profiles)."""
+    if not st.asyncs:
+        return z3.BoolVal(False)
+    a = builder.snap(async_at(st, r), "ph")
+    limit = at(layout, st, r, lambda q_, k: prompt_len_of(layout, q_, k) + max_tokens_of(layout, q_, k))
+    guard = conj(lt(0, a.placeholders), q.num_computed + 2 - a.placeholders >= limit)
+    return builder.let("held", disj(guard, lt(0, a.countdown)))
+
+
+def _placeholders_of(st: SState, r: Any) -> Any:
+    """r's output placeholders (0 in a frame without them): tokens in flight
+    that count as known (`num_new_tokens`, `_add_entry`)."""
+    return async_at(st, r).placeholders if st.asyncs else V(0)
 
 
 def _forms_a_batch(layout: Layout, s: SState, acc: BatchInProgress) -> Any:
@@ -264,8 +301,10 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, thresh
     q = builder.snap(req_at(st, r), "q")
     tokens = builder.let("tokens", tokens_at(layout, st, r))
     skip_sid = z3.BoolVal(False) if cfg.continue_prefill else pick(st.scheduled, r, z3.BoolVal(False))
+    skip_sid = disj(skip_sid, _held_back(layout, builder, st, r, q))
+    known = tokens + _placeholders_of(st, r) if st.asyncs else tokens
     num_new0 = builder.let("num_new0", _clip(layout, acc.budget, q.num_computed,
-                                         tokens + q.num_drafts - q.num_computed, False, threshold_on))
+                                         known + q.num_drafts - q.num_computed, False, threshold_on))
     zero = eq(num_new0, 0)
     anyway = z3.BoolVal(False)
     if layout.is_mutant("decode_while_token_in_flight"):
@@ -284,7 +323,7 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, thresh
     pool, fresh = zb.pop_fresh(layout, st.pool, num_popped, layout.T)
     table, table_len = zb.append_blocks(layout, q.table, q.table_len, fresh, num_popped)
     pool = _cache(layout, st, pool, r, table, table_len, total, tokens)
-    entry, drafts = _entry(layout, q, r, tokens, q.num_computed, num_new, V(0), st, acc.budget)
+    entry, drafts = _entry(layout, q, r, known, q.num_computed, num_new, V(0), st, acc.budget)
     a = clone(st)
     a.pool = pool
     a = with_req(a, r, num_drafts=drafts, table_len=table_len, table=table)
@@ -311,6 +350,8 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, thresh
         c = builder.snap(counters_at(st, victim), "vc")
         drop = z3.BoolVal(True) if cfg.stale_mode == "drop" else conj(c.drop, lt(0, c.stale))
         p = with_counters(p, victim, stale=c.in_flight, drop=drop)
+    # spec.schedule._reset_placeholders (vLLM 0.33 `_preempt_request`); the countdown is kept
+    p = with_async(p, victim, placeholders=V(0))
 
     out = BatchInProgress(merge(do_alloc, a, merge(do_pre, p, st)), budget, cnt, entries,
               put_flag(acc.preempted, victim, z3.BoolVal(True), do_pre), acc.admitted_from_preempted, acc.admitted,
@@ -396,7 +437,8 @@ def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase:
     new_blocks = _concat(layout, hit, num_hit, fresh, num_popped)
     table, table_len = zb.append_blocks(layout, q.table, q.table_len, new_blocks, num_hit + num_popped)
     pool = _cache(layout, st, pool, r, table, table_len, total, tokens)
-    entry, drafts = _entry(layout, q, r, tokens, hit_tokens, num_new, hit_tokens, st, acc.budget)
+    known = tokens + _placeholders_of(st, r) if st.asyncs else tokens
+    entry, drafts = _entry(layout, q, r, known, hit_tokens, num_new, hit_tokens, st, acc.budget)
     a = clone(st)
     a.pool = pool
     a.waiting = _remove_at(layout, st.waiting, acc.skipped)
@@ -433,6 +475,12 @@ def _launch(layout: Layout, acc: BatchInProgress) -> SState:
             c = st.counters[k]
             added = sum_terms([ite(m, e.n, V(0)) for m, e in zip(mine, new)]) if new else 0
             c.in_flight = c.in_flight + added
+        if st.asyncs:
+            # spec.schedule._add_placeholders (`AsyncScheduler._update_after_schedule`): a
+            # sampling entry adds 1 + its drafts and starts the stagger
+            a, sampling = st.asyncs[k], [conj(m, e.samples) for m, e in zip(mine, new)]
+            a.placeholders = a.placeholders + sum_terms([ite(c, 1 + e.drafts, V(0)) for c, e in zip(sampling, new)])
+            a.countdown = ite(disj(*sampling), V(cfg.stagger), a.countdown)
     stale_to = LIVE if layout.is_mutant("stale_output_applied_to_resumed") else SUPERSEDED
     for b in st.batches:
         for e in b.entries:

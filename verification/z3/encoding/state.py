@@ -44,7 +44,7 @@ class Layout:
 
     model: Model
     N: int            # requests
-    K: int            # in-flight batch slots (pipeline stages)
+    K: int            # in-flight batch slots (the queue depth D: K pipeline stages, K + 1 under async)
     E: int            # entries per batch
     B: int            # blocks in the pool
     T: int            # block-table slots per request
@@ -79,10 +79,15 @@ class Layout:
                     *(p.max_tokens for p in model.prompts))
         if cfg.rules.stale_output_counters:
             _refuse_name_reuse(model)
-            bound = max(bound, cfg.num_stages * cfg.max_model_len)   # a request's tokens in flight
+            bound = max(bound, cfg.queue_depth * cfg.max_model_len)   # a request's tokens in flight
         width = max(8, (4 * bound).bit_length() + 1) if bitvectors else None
         distinct = all(len(set(p.labels)) == len(p.labels) for p in model.prompts)
-        return Layout(model, n, cfg.num_stages, e, cfg.num_blocks, t, none, content, width, distinct)
+        if cfg.rules.output_placeholders:
+            # a request's placeholders: 1 + drafts per batch slot at most
+            bound = max(bound, cfg.queue_depth * (1 + cfg.num_spec_tokens), cfg.stagger)
+        # The in-flight slots are the batch queue's depth D (K, or K + 1 under
+        # async scheduling: `Config.queue_depth`).
+        return Layout(model, n, cfg.queue_depth, e, cfg.num_blocks, t, none, content, width, distinct)
 
     def prompt_len(self, r: int) -> int:
         return self.model.prompts[r].prompt_len
@@ -102,6 +107,12 @@ def _refuse_name_reuse(model: Model) -> None:
 def has_counters(layout: Layout) -> bool:
     """Whether the frame carries vLLM 0.33's stale-output counters (`SCounters`)."""
     return layout.cfg.rules.stale_output_counters
+
+
+def has_placeholders(layout: Layout) -> bool:
+    """Whether the frame carries async scheduling's per-request placeholders
+    and decode countdown (`SAsync`; `Profile.output_placeholders`)."""
+    return layout.cfg.rules.output_placeholders
 
 
 def _content_label(model: Model, r: int, i: int) -> int:
@@ -133,6 +144,18 @@ class SCounters:
     in_flight: Any
     stale: Any
     drop: Any             # Bool
+
+
+@dataclass
+class SAsync:
+    """Asynchronous scheduling's per-request state (spec Request.placeholders,
+    decode_countdown): vLLM 0.33's `num_output_placeholders` and the
+    schedule() calls left before the request may be scheduled again. Only
+    profiles with output placeholders have them; elsewhere the spec keeps
+    both 0 and the frame holds none."""
+
+    placeholders: Any
+    countdown: Any
 
 
 @dataclass
@@ -177,6 +200,7 @@ class SState:
     scheduled: list           # Bool per request: one-batch-per-request's in-flight set
     was_preempted: list       # ghost Bool per request: PREEMPTED at some point (sometimes targets)
     counters: list = field(default_factory=list)   # SCounters per request; [] without stale-output counters
+    asyncs: list = field(default_factory=list)     # SAsync per request; [] without output placeholders
 
 
 def frame(layout: Layout, tag: str) -> SState:
@@ -203,7 +227,9 @@ def frame(layout: Layout, tag: str) -> SState:
                   batches, pool, [Bo(f"scheduled[{r}]@{tag}") for r in range(layout.N)],
                   [Bo(f"was_preempted[{r}]@{tag}") for r in range(layout.N)],
                   [SCounters(I(f"in_flight[{r}]@{tag}"), I(f"stale[{r}]@{tag}"), Bo(f"drop_stale[{r}]@{tag}"))
-                   for r in range(layout.N)] if has_counters(layout) else [])
+                   for r in range(layout.N)] if has_counters(layout) else [],
+                  [SAsync(I(f"placeholders[{r}]@{tag}"), I(f"decode_countdown[{r}]@{tag}"))
+                   for r in range(layout.N)] if has_placeholders(layout) else [])
 
 
 def variables(s: SState, ghost: bool = True) -> list[z3.ExprRef]:
@@ -238,6 +264,8 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
             raise NotRepresentable(f"request {r} arrived under a reused name")
         if not has_counters(layout) and (q.num_in_flight, q.num_stale, q.drop_stale) != (0, 0, False):
             raise NotRepresentable(f"request {r} has stale-output counters under a profile without them")
+        if not has_placeholders(layout) and (q.placeholders, q.decode_countdown) != (0, 0):
+            raise NotRepresentable(f"request {r} has placeholders under a profile without them")
         reqs.append(SReq(V(STATUS.index(q.status)), V(q.num_output), V(q.num_computed),
                          V(q.num_drafts), V(len(q.block_table)),
                          padded(q.block_table, layout.T, f"r{r}'s block table")))
@@ -266,7 +294,9 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
                   [z3.BoolVal(r in state.scheduled_ids) for r in range(layout.N)],
                   [z3.BoolVal(g) for g in ghost],
                   [SCounters(V(q.num_in_flight), V(q.num_stale), z3.BoolVal(q.drop_stale)) for q in state.requests]
-                  if has_counters(layout) else [])
+                  if has_counters(layout) else [],
+                  [SAsync(V(q.placeholders), V(q.decode_countdown)) for q in state.requests]
+                  if has_placeholders(layout) else [])
 
 
 def _check_ranks_can_hold(pool: BlockPool) -> None:
@@ -350,6 +380,9 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
         if f.counters:
             c = f.counters[r]
             fixed.update(num_in_flight=iv(c.in_flight), num_stale=iv(c.stale), drop_stale=bv(c.drop))
+        if f.asyncs:
+            a = f.asyncs[r]
+            fixed.update(placeholders=iv(a.placeholders), decode_countdown=iv(a.countdown))
         reqs.append(Request(status=status, num_output=iv(q.num_output), num_computed=iv(q.num_computed),
                             num_drafts=iv(q.num_drafts), block_table=table, **fixed))
     in_flight = []

@@ -1,0 +1,186 @@
+"""The Z3 encoding of vllm-0.33-async (issue 22): output placeholders, the
+decode countdown, the queue of K + 1 batches, the max_tokens guard,
+num_new_tokens with placeholders, their reset on preemption and settlement at
+completion, and block hashing on output. The cross-check compares the
+encoding's transition relation with the spec's, both ways, on states of the
+profile's own models met by seeded random walks, chosen so that each async
+rule is in play (the controls below)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flightcheck.spec import State
+from flightcheck.verification.models import PROFILE_MODELS
+from flightcheck.verification.z3.encoding.crosscheck import (CrossChecker, CrossReport, random_walk_states,
+                                                             reachable)
+from flightcheck.verification.z3.encoding.state import Layout
+from flightcheck.verification.z3.profiles import ENCODED_PROFILES, profile_model
+
+ASYNC = "vllm-0.33-async"
+ASYNC_MODELS = PROFILE_MODELS[ASYNC]
+
+
+def _held_by_max_tokens_guard(s: State, r: int) -> bool:
+    """spec.schedule._placeholders_reach_max_tokens on a RUNNING request."""
+    q = s.requests[r]
+    return q.placeholders > 0 and q.num_computed + 2 - q.placeholders >= q.prompt_len + q.max_tokens
+
+
+def _async_states(model, count: int = 30) -> list[State]:
+    """`count` random-walk states of `model` where the async rules bite (a
+    request with placeholders, or counting down), and 10 others."""
+    walk = random_walk_states(model, 400, seed=11)
+    busy = [s for s in walk if any(q.placeholders or q.decode_countdown for q in s.requests)]
+    calm = [s for s in walk if s not in set(busy)]
+    return busy[:count] + calm[:10]
+
+
+def test_the_async_profile_is_encoded():
+    assert ASYNC in ENCODED_PROFILES
+    layout = Layout.of(ASYNC_MODELS[0])
+    assert layout.K == ASYNC_MODELS[0].cfg.num_stages + 1      # the queue holds K + 1 batches
+
+
+@pytest.mark.parametrize("model", ASYNC_MODELS, ids=lambda m: m.name)
+def test_relation_equals_spec_on_random_states_of_the_async_models(model):
+    checker, report = CrossChecker(model), CrossReport()
+    for s in _async_states(model):
+        checker.check(s, report)
+    assert report.problems == []
+    assert report.states == 40 and report.edges > report.states
+
+
+def test_the_cross_checked_states_exercise_every_async_rule():
+    """Control for the cross-check: among its states, a request with two
+    placeholder groups in flight, one counting down, one the max_tokens guard
+    holds back, one with drafts among its placeholders (spec decode), and a
+    full queue of K + 1 batches."""
+    states = [(m, s) for m in ASYNC_MODELS for s in _async_states(m)]
+    assert any(q.placeholders >= 2 and q.num_drafts == 0 for _, s in states for q in s.requests)
+    assert any(q.decode_countdown > 0 for _, s in states for q in s.requests)
+    assert any(_held_by_max_tokens_guard(s, r) for _, s in states for r in s.running)
+    assert any(any(e.drafts for b in s.in_flight for e in b if e.samples) for m, s in states
+               if m.cfg.num_spec_tokens)
+    assert any(len(s.in_flight) == m.cfg.num_stages + 1 for m, s in states)
+
+
+@pytest.mark.slow
+def test_relation_equals_spec_on_every_reachable_state_of_async_drafts_k2():
+    """Every reachable state of the async model with spec decode and prefix
+    caching (2,465 states; minutes)."""
+    model = next(m for m in ASYNC_MODELS if m.name == "async-drafts-k2")
+    states = list(reachable(model))
+    checker, report = CrossChecker(model), CrossReport()
+    for s in states:
+        checker.check(s, report)
+    assert report.problems == [] and report.states == len(states)
+
+
+def test_a_sync_model_under_the_async_profile_is_cross_checked_too():
+    """profile_model carries a sync model into the async profile (the verify
+    model's route): its relation is the spec's as well."""
+    from flightcheck.verification import models
+    model = profile_model(models.SHARED_K3, ASYNC)
+    checker, report = CrossChecker(model), CrossReport()
+    for s in random_walk_states(model, 25, seed=5):
+        checker.check(s, report)
+    assert report.problems == []
+
+
+# -- the async invariants as formulas (spec.invariants.ASYNC_REPLACEMENTS, ASYNC_INVARIANTS) --
+
+def _disagreements(model, states) -> list[str]:
+    """Every encoded invariant of the profile against the spec's predicate."""
+    import z3
+    from flightcheck.spec import invariants_for
+    from flightcheck.verification.z3.encoding.invariants import (ASYNC_UNENCODED, invariant_formulas_for,
+                                                                 well_formed)
+    from flightcheck.verification.z3.encoding.system import System
+    system = System(model)
+    frame = system.frame(0)
+    sched, defs = system.sched(0)
+    formulas = {n: system.build(f, frame, sched) for n, f in invariant_formulas_for(model.cfg).items()}
+    wf = system.build(well_formed, frame)
+    solver, bad = z3.Solver(), []
+    solver.add(defs)
+    for s in states:
+        solver.push()
+        solver.add(system.encode(s, 0))
+        assert solver.check() == z3.sat
+        m = solver.model()
+        solver.pop()
+        assert z3.is_true(m.eval(wf, model_completion=True)), s
+        for inv in invariants_for(model.cfg):
+            if inv.name in ASYNC_UNENCODED:
+                continue
+            if inv.holds(s, model.cfg) != z3.is_true(m.eval(formulas[inv.name], model_completion=True)):
+                bad.append(f"{inv.name} disagrees on {s}")
+    return bad
+
+
+def _perturbed(model, states, count: int, seed: int) -> list[State]:
+    """States off the invariants: a placeholder count, a countdown, an entry's
+    sampling flag, drafts, start or length, or num_computed nudged."""
+    import dataclasses
+    import random
+    rng, out = random.Random(seed), []
+    while len(out) < count:
+        s = rng.choice(states)
+        reqs = list(s.requests)
+        r = rng.randrange(len(reqs))
+        q = reqs[r]
+        choice = rng.randrange(4)
+        if choice == 0:
+            reqs[r] = dataclasses.replace(q, placeholders=max(0, q.placeholders + rng.choice([-1, 1])))
+        elif choice == 1:
+            reqs[r] = dataclasses.replace(q, decode_countdown=rng.randrange(model.cfg.stagger + 1))
+        elif choice == 2:
+            reqs[r] = dataclasses.replace(q, num_computed=max(0, q.num_computed + rng.choice([-1, 1])))
+        else:
+            full = [k for k, b in enumerate(s.in_flight) if b]
+            if not full:
+                continue
+            k = rng.choice(full)
+            batch = list(s.in_flight[k])
+            j = rng.randrange(len(batch))
+            e = batch[j]
+            batch[j] = rng.choice([dataclasses.replace(e, samples=not e.samples), dataclasses.replace(e, n=e.n + 1),
+                                   dataclasses.replace(e, start=max(0, e.start - 1)),
+                                   dataclasses.replace(e, drafts=rng.randrange(model.cfg.num_spec_tokens + 2))])
+            out.append(dataclasses.replace(s, in_flight=s.in_flight[:k] + (tuple(batch),) + s.in_flight[k + 1:]))
+            continue
+        out.append(dataclasses.replace(s, requests=tuple(reqs)))
+    return out
+
+
+@pytest.mark.parametrize("model", ASYNC_MODELS, ids=lambda m: m.name)
+def test_async_invariant_formulas_agree_with_the_spec(model):
+    """On random-walk states (where they hold) and on perturbed ones (where
+    they often fail: the count of failures is the control)."""
+    from flightcheck.spec import invariants_for
+    states = random_walk_states(model, 120, seed=7)
+    assert _disagreements(model, states) == []
+    off = _perturbed(model, states, 120, seed=3)
+    assert _disagreements(model, off) == []
+    broken = {inv.name for s in off for inv in invariants_for(model.cfg) if not inv.holds(s, model.cfg)}
+    assert {"IA1_placeholders", "S3a_async_coverage", "S6p_async_decode_gating"} <= broken
+
+
+# -- the engines under async -------------------------------------------------------
+
+def test_bmc_bounds_every_encoded_async_property_on_async_k3():
+    """BMC of async-k3 (K = 3, queue of 4) to depth 4: every state invariant
+    the profile keeps (L2 under async excepted: not encoded) and every
+    transition property holds on every path, IA1, IA2, S3a, S5a, S6p among them."""
+    from flightcheck.spec import invariants_for
+    from flightcheck.verification.z3.bmc.engine import BmcOptions, bmc, default_properties
+    from flightcheck.verification.z3.encoding.invariants import ASYNC_UNENCODED
+    model = next(m for m in ASYNC_MODELS if m.name == "async-k3")
+    res = bmc(model, 4, BmcOptions(sometimes=()))
+    rows = res.by_name()
+    assert set(rows) == set(default_properties(model.cfg))
+    assert {i.name for i in invariants_for(model.cfg)} - set(rows) == ASYNC_UNENCODED
+    assert {"IA1_placeholders", "IA2_placeholders_within_max_tokens", "S3a_async_coverage",
+            "S5a_async_sampling", "S6p_async_decode_gating"} <= set(rows)
+    assert res.depth == 4 and all(v.status == "bounded" for v in rows.values()), rows
