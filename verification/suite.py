@@ -38,6 +38,7 @@ from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.models import (
     NAME_REUSE_MODELS,
+    NAME_REUSE_MUTANT_MODELS,
     PROFILE_MODELS,
     SHARED_K3,
     Model,
@@ -61,7 +62,7 @@ VERIFY_DEPTH = 4
 # default profile's rules, so they are not run there. The default profile
 # runs every engine; another encoded one k-induction and BMC of the verify
 # model under it (`z3_suite.profile_rows`).
-Z3_PROFILES: frozenset[str] = frozenset({DEFAULT_PROFILE, "vllm-0.8.4", "vllm-0.33"})
+Z3_PROFILES: frozenset[str] = frozenset({DEFAULT_PROFILE, "vllm-0.8.4", "vllm-0.33", "vllm-0.33-hardened"})
 # Mutants a profile's rules make equivalent to the correct spec, with why:
 # not hunted under that profile, and listed as such in its report.
 MOOT_MUTANTS: dict[str, dict[str, str]] = {
@@ -71,6 +72,18 @@ MOOT_MUTANTS: dict[str, dict[str, str]] = {
         for name in ("stale_output_applied_to_resumed", "orphan_kept_after_reschedule")}
     | {"empty_batch_submitted": ("replaces schedule._launch to queue an empty batch for a step that only "
                                  "preempted, which is what vLLM 0.33's engine does (Profile.empty_batches)")},
+}
+# The hardened 0.33 variant has 0.33's rules, so 0.33's equivalent mutants,
+# and its two guards against a reused name, which never bind while names are
+# unique: their mutants are hunted with names reused (`--allow-name-reuse`,
+# NAME_REUSE_MUTANT_MODELS).
+MOOT_MUTANTS["vllm-0.33-hardened"] = MOOT_MUTANTS["vllm-0.33"] | {
+    "stale_tested_by_truthiness": ("replaces schedule._has_positive_stale_output with vLLM 0.33's truthiness "
+                                   "test, which differs from > 0 only on a negative stale count: never, while "
+                                   "names are unique (IF2); hunted with --allow-name-reuse"),
+    "in_flight_below_zero": ("replaces actions._floor_in_flight with no floor, which never binds while names "
+                             "are unique (IF1: the counter is the request's own tokens in flight); hunted "
+                             "with --allow-name-reuse"),
 }
 
 
@@ -177,6 +190,23 @@ def hunt_mutant(name: str, model: Model | None = None, profile: str = DEFAULT_PR
     return MutantResult(name, True, cx.length, seconds, v.property, model.name, counterexample=cx)
 
 
+def hunt_mutant_against_base(name: str, model: Model, broken_on_base: set[str]) -> MutantResult:
+    """Shortest counterexample for a mutant on `model` (a name-reuse model,
+    where the correct spec itself breaks `broken_on_base`): only a property
+    the base keeps counts as a kill. The whole graph is searched, liveness
+    included, since the first violation found is likely one the base shares."""
+    model = model.with_mutant(name)
+    t0 = time.perf_counter()
+    r = explicit.search(model, check_liveness=True)
+    kills = [v for v in r.violations if v.property not in SOMETIMES_NAMES and v.property not in broken_on_base]
+    seconds = time.perf_counter() - t0
+    if not kills:
+        return MutantResult(name, False, None, seconds, model=model.name)
+    v = min(kills, key=lambda v: len(v.path))
+    cx = from_actions(model, v.property, [a for a, _ in v.path], v.message)
+    return MutantResult(name, True, cx.length, seconds, v.property, model.name, counterexample=cx)
+
+
 def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3: bool = True,
               mutants: list[str] | None = None, jobs: int = 1, inferred: bool = False,
               progress: Callable[[str], None] | None = None,
@@ -185,8 +215,10 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
     models, Z3 proofs and BMC on `model` (profiles the encoding covers), and
     every mutant hunted. With `allow_name_reuse`: only the exhaustive search
     of the profile's name-reuse models (`NAME_REUSE_MODELS`), with the
-    shortest counterexample of every property it violates; no Z3, and no
-    mutant hunt (the correct spec itself violates properties there)."""
+    shortest counterexample of every property it violates; no Z3, and only
+    the mutants of guards that bind only with names reused
+    (`NAME_REUSE_MUTANT_MODELS`: the hardened variant's), each killed only
+    by a property the correct spec keeps on that model."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
     t0 = time.perf_counter()
@@ -197,10 +229,19 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
             raise ValueError(f"profile {profile!r} has no name-reuse model; "
                              f"known: {', '.join(NAME_REUSE_MODELS)}")
         found: list[Counterexample] = []
+        broken: dict[str, set[str]] = {}
         for small in NAME_REUSE_MODELS[profile]:
             say(f"exhaustive search of {small.name} ({profile}, names reused)")
-            rows += exhaustive_rows(small, found)
-        return SuiteResult(time.perf_counter() - t0, rows, [], profile, counterexamples=found,
+            small_rows = exhaustive_rows(small, found)
+            broken[small.name] = {row.name for row in small_rows if row.status == "violated"}
+            rows += small_rows
+        hunted = []
+        for name, small in NAME_REUSE_MUTANT_MODELS.get(profile, {}).items():
+            if mutants is not None and name not in mutants:
+                continue
+            say(f"hunting mutant {name} ({profile}, names reused)")
+            hunted.append(hunt_mutant_against_base(name, small, broken[small.name]))
+        return SuiteResult(time.perf_counter() - t0, rows, hunted, profile, counterexamples=found,
                            allow_name_reuse=True)
     for small in PROFILE_MODELS[profile]:
         say(f"exhaustive search of {small.name} ({profile})")

@@ -24,7 +24,10 @@ __all__ = ["DEFAULT_PROFILE", "DEFERRAL_MODEL", "ENCODED_PROFILES", "PROFILES", 
 # and the sampled-token slot in schedule._clip, full-sequence admission and
 # deferred resumption in schedule._waiting_step, the stop order in
 # actions._apply_sample, S10's threshold clause in invariants).
-ENCODED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33")
+# The hardened 0.33 variant's two guards are encoded too (the stale test in
+# schedule._waiting_step and _resumption_deferred, the in-flight floor in
+# actions._apply_by_name); with unique names neither binds.
+ENCODED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-hardened")
 
 
 def profile_config(cfg: Config, profile: str) -> Config:
