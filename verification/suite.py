@@ -28,6 +28,8 @@ less proves nothing.
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -243,9 +245,23 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
             hunted.append(hunt_mutant_against_base(name, small, broken[small.name]))
         return SuiteResult(time.perf_counter() - t0, rows, hunted, profile, counterexamples=found,
                            allow_name_reuse=True)
-    for small in PROFILE_MODELS[profile]:
-        say(f"exhaustive search of {small.name} ({profile})")
-        rows += exhaustive_rows(small)
+    moot = MOOT_MUTANTS.get(profile, {}) if mutants is None else {}
+    hunted_names = mutants if mutants is not None else [m for m in mutants_of(profile) if m not in moot]
+    beside_z3 = use_z3 and profile in Z3_PROFILES and jobs > 1
+    if beside_z3:
+        # The explicit part (exhaustive search and mutant hunt: one process)
+        # runs in a process of its own while the Z3 engines run here, so it
+        # fills the time a core would otherwise wait on the engines' slowest
+        # share; same searches, same rows, only when they run changes.
+        say(f"exhaustive search of {', '.join(m.name for m in PROFILE_MODELS[profile])} and the mutant hunt "
+            f"({profile}) in a second process, beside the Z3 engines")
+        context = multiprocessing.get_context("spawn")      # Z3 contexts do not survive a fork
+        explicit_pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=context)
+        explicit_part = explicit_pool.submit(_explicit_part, profile, hunted_names)
+    else:
+        for small in PROFILE_MODELS[profile]:
+            say(f"exhaustive search of {small.name} ({profile})")
+            rows += exhaustive_rows(small)
     if use_z3 and profile in Z3_PROFILES and profile != DEFAULT_PROFILE:
         from flightcheck.verification.z3 import suite as z3_suite
         say(f"k-induction and bounded model checking of {model.name} under {profile}"
@@ -263,9 +279,20 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
         rows += z3_suite.param_rows(model.cfg.num_stages)
         say(f"bounded model checking of {model.name} to depth {depth}")
         rows += z3_suite.bmc_rows(model, depth, jobs=jobs)
+    if beside_z3:
+        say("waiting for the exhaustive search and the mutant hunt")
+        with explicit_pool:
+            explicit_rows, results = explicit_part.result()
+        return SuiteResult(time.perf_counter() - t0, explicit_rows + rows, results, profile, moot)
     results = []
-    moot = MOOT_MUTANTS.get(profile, {}) if mutants is None else {}
-    for name in (mutants if mutants is not None else [m for m in mutants_of(profile) if m not in moot]):
+    for name in hunted_names:
         say(f"hunting mutant {name} ({profile})")
         results.append(hunt_mutant(name, profile=profile))
     return SuiteResult(time.perf_counter() - t0, rows, results, profile, moot)
+
+
+def _explicit_part(profile: str, mutants: list[str]) -> tuple[list[PropertyResult], list[MutantResult]]:
+    """The suite's explicit-state part under `profile`: the exhaustive rows
+    of its models, then each of `mutants` hunted (run_suite's second process)."""
+    rows = [row for small in PROFILE_MODELS[profile] for row in exhaustive_rows(small)]
+    return rows, [hunt_mutant(name, profile=profile) for name in mutants]

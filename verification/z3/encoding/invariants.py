@@ -360,10 +360,10 @@ def if3_no_stale_resumption(layout: Layout, s: SState, sch: SchedResult) -> Any:
 
 # The profiles with stale-output counters add these (spec.invariants.invariants_for).
 COUNTER_FORMULAS: dict[str, Formula] = {
-    "IF0_in_flight_never_negative": if0_in_flight_never_negative,
     "IF1_in_flight_counter": if1_in_flight_counter,
     "IF2_stale_counter": if2_stale_counter,
     "IF3_no_stale_resumption": if3_no_stale_resumption,
+    "IF0_in_flight_never_negative": if0_in_flight_never_negative,
 }
 
 # Every state invariant's formula, whatever the profile (look-up by name).
