@@ -306,13 +306,16 @@ class _Houdini:
         while self.round(actions, by_chain):
             pass
 
-    def round(self, actions: Iterable[int], by_chain: dict[int, MicroChain]) -> bool:
-        """One round: True when some conjunct was dropped."""
+    def round(self, actions: Iterable[int], by_chain: dict[int, MicroChain],
+              claims: Iterable[str] | None = None) -> bool:
+        """One round: True when some conjunct was dropped. With `claims`, only
+        those conjuncts are asked about (every alive one is still assumed):
+        a parallel round's share of the work."""
         dropped = False
         for query in self.step.queries:
             if query.action not in actions:
                 continue
-            for name in list(self.alive):
+            for name in list(self.alive if claims is None else claims):
                 if name not in self.alive or _by_chain(by_chain, query, name, self.alive):
                     continue
                 query.timeout_ms = self.remaining_ms()
@@ -346,47 +349,74 @@ def _some(names: list[str]) -> str:
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def _houdini_share(model: Model, k: int, names: list[str], actions: list[int]) -> dict[str, EngineVerdict]:
-    """One process's share of a parallel Houdini round: the loop over `actions`
-    alone, from `names` all alive; the rows of the conjuncts it dropped."""
-    system = System(model)
-    houdini = _Houdini(system, k, k_induction(system, k, names), list(names), {},
-                       remaining_ms=lambda: None, tell=lambda _: None, started=time.perf_counter())
-    houdini.run(actions)
+# A worker's step(k) and micro-step chains, built on its first task and kept
+# for the later tasks of every round: (model, k, names) -> what it built.
+_WORKER_CONTEXT: dict[tuple[Model, int, tuple[str, ...]], tuple[System, InductionStep, dict[int, MicroChain]]] = {}
+
+
+def _worker_context(model: Model, k: int, names: tuple[str, ...]) -> tuple[System, InductionStep,
+                                                                            dict[int, MicroChain]]:
+    key = (model, k, names)
+    if key not in _WORKER_CONTEXT:
+        _WORKER_CONTEXT.clear()
+        system = System(model)
+        _WORKER_CONTEXT[key] = (system, k_induction(system, k, list(names)), chains(system, k - 1, list(names)))
+    return _WORKER_CONTEXT[key]
+
+
+def _houdini_task(model: Model, k: int, names: tuple[str, ...], alive: list[str], action: int,
+                  claims: list[str] | None) -> dict[str, EngineVerdict]:
+    """One task of a parallel Houdini round: whether `action` keeps each of
+    `claims` (None: every alive conjunct), every conjunct of `alive` assumed;
+    the rows of the conjuncts it dropped."""
+    system, step, by_chain = _worker_context(model, k, names)
+    houdini = _Houdini(system, k, step, list(alive), {}, remaining_ms=lambda: None, tell=lambda _: None,
+                       started=time.perf_counter())
+    houdini.round([action], by_chain, claims)
     return houdini.rows
 
 
-# The actions' shares of the work, largest first (measured on shared-k3), for
-# splitting the Houdini rounds between processes.
-_COST_ORDER = (COMPLETE, SCHEDULE, ABORT, ARRIVE)
+# The actions with micro-step chains: their chain (computed once per alive
+# set, for every conjunct) is most of their work, so each goes to one process
+# whole; the others' queries are independent, conjunct by conjunct.
+_CHAINED = (SCHEDULE, COMPLETE)
+
+
+def _round_tasks(alive: list[str]) -> list[tuple[int, list[str] | None]]:
+    """A parallel round's tasks, largest first (measured on shared-k3 under
+    vLLM 0.33: schedule about twice complete_oldest, abort and arrive each
+    near complete_oldest): each chained action whole, then abort and arrive
+    one conjunct each, so the processes that finish early take the rest."""
+    return [(action, None) for action in _CHAINED] + [
+        (action, [name]) for action in ACTIONS if action not in _CHAINED for name in alive]
 
 
 def _parallel_houdini(model: Model, k: int, alive: list[str], rows: dict[str, EngineVerdict], jobs: int,
                       tell: Callable[[str], None], started: float) -> None:
-    """The Houdini loop with the actions shared between processes, round by
-    round: each process runs the loop over its actions from what is alive, and
-    every conjunct any of them dropped leaves, until a round drops none (then
-    every action keeps every conjunct left, all assumed: it is inductive). A
-    drop is sound whatever the other processes drop meanwhile: a CTI that
-    satisfies a superset of the inductive core still shows its conjunct is
-    not in it."""
-    shares: list[list[int]] = [[] for _ in range(min(jobs, len(_COST_ORDER)))]
-    for i, action in enumerate(_COST_ORDER):
-        shares[i % len(shares)].append(action)
+    """The Houdini loop with the work shared between processes, round by
+    round: a round's tasks (`_round_tasks`) go to whichever process is free,
+    each run from what is alive, and every conjunct any of them dropped
+    leaves, until a round drops none (then every action keeps every
+    conjunct left, all assumed: it is inductive). A drop is sound whatever
+    the other tasks drop meanwhile: a CTI that satisfies a superset of the
+    inductive core still shows its conjunct is not in it."""
+    names = tuple(alive)
+    processes = min(jobs, len(ACTIONS))
     context = multiprocessing.get_context("spawn")      # Z3 contexts do not survive a fork
-    with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
         while True:
             dropped: dict[str, EngineVerdict] = {}
-            arguments = [(model, k, list(alive), share) for share in shares]
-            for share_rows in pool.map(_houdini_share, *zip(*arguments)):
-                for name, row in share_rows.items():
+            tasks = _round_tasks(alive)
+            arguments = [(model, k, names, list(alive), action, claims) for action, claims in tasks]
+            for task_rows in pool.map(_houdini_task, *zip(*arguments)):
+                for name, row in task_rows.items():
                     dropped.setdefault(name, row)
             if not dropped:
                 return
             for name, row in dropped.items():
                 alive.remove(name)
                 rows[name] = dataclasses.replace(row, seconds=time.perf_counter() - started)
-            tell(f"{time.perf_counter() - started:6.1f} s  a round in {len(shares)} processes drops "
+            tell(f"{time.perf_counter() - started:6.1f} s  a round in {processes} processes drops "
                  f"{_some(list(dropped))}; {len(alive)} left")
 
 
