@@ -178,7 +178,7 @@ def _complete_by_name(state: State, cfg: Config, samples: tuple[Sample, ...],
         if holder is None:
             continue                                   # finished or never arrived: dropped
         stale = _drains_stale(state.requests[holder])
-        state = _settle_counters(state, holder, e, stale)
+        state = _floor_in_flight(_settle_counters(state, holder, e, stale), cfg, holder)
         if not has_output:
             continue
         sample = next(remaining)
@@ -201,6 +201,15 @@ def _settle_counters(state: State, r: int, e: Entry, stale: bool) -> State:
     req = state.requests[r]
     return state.with_request(r, num_in_flight=req.num_in_flight - e.n,
                               num_stale=req.num_stale - e.n if stale else req.num_stale)
+
+
+def _floor_in_flight(state: State, cfg: Config, r: int) -> State:
+    """The hardened variant's guard (`Profile.in_flight_floor`): r's in-flight
+    counter, once settled, is floored at 0, so an output bound to r through a
+    reused name cannot drive it negative. vLLM 0.33: no floor."""
+    if not cfg.rules.in_flight_floor or state.requests[r].num_in_flight >= 0:
+        return state
+    return state.with_request(r, num_in_flight=0)
 
 
 def can_complete_oldest(state: State, cfg: Config, samples: tuple[Sample, ...]) -> bool:

@@ -196,6 +196,12 @@ def s11_batch(s: State, cfg: Config, batch: Batch) -> bool:
     return len(batch) > 0 or cfg.rules.empty_batches
 
 
+def if0_request(s: State, cfg: Config, r: int) -> bool:
+    """IF0: an unfinished request's in-flight counter is never negative."""
+    q = s.requests[r]
+    return not q.status.is_active or q.num_in_flight >= 0
+
+
 def if1_request(s: State, cfg: Config, r: int) -> bool:
     """IF1: an unfinished request's in-flight counter is the tokens of its own entries in flight."""
     q = s.requests[r]
@@ -410,10 +416,15 @@ INVARIANTS: tuple[Invariant, ...] = (
 
 # The invariants of the profiles with stale-output counters (vLLM 0.33): each
 # request's counters against the batches in flight (notes §5).
+# IF0 follows from IF1 while names are unique; with names reused (vLLM
+# 0.33's id-reuse bug) IF1 breaks on every profile, and IF0 is what the
+# hardened variant's floor (`Profile.in_flight_floor`) still keeps.
 COUNTER_INVARIANTS: tuple[Invariant, ...] = (
     Invariant("IF1_in_flight_counter", (if1_request.__doc__ or "").strip(), of_request=if1_request),
     Invariant("IF2_stale_counter", (if2_request.__doc__ or "").strip(), of_request=if2_request),
     Invariant("IF3_no_stale_resumption", (if3_request.__doc__ or "").strip(), of_request=if3_request),
+    # last: an event that breaks IF1 too is still reported as IF1, as before IF0 existed
+    Invariant("IF0_in_flight_never_negative", (if0_request.__doc__ or "").strip(), of_request=if0_request),
 )
 
 
@@ -436,7 +447,7 @@ ASYNC_INVARIANTS: tuple[Invariant, ...] = (
 
 
 def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
-    """The invariants of cfg's profile: every profile's, IF1-IF3 where vLLM
+    """The invariants of cfg's profile: every profile's, IF0-IF3 where vLLM
     keeps stale-output counters, and under async scheduling S3, S5, S6 and L2
     restated (`ASYNC_REPLACEMENTS`) with IA1 and IA2."""
     chosen = INVARIANTS + (COUNTER_INVARIANTS if cfg.rules.stale_output_counters else ())

@@ -17,6 +17,7 @@ from typing import Literal
 
 ReleaseOrder = Literal["reverse", "forward"]
 Policy = Literal["continue-prefill", "one-batch-per-request"]
+StaleTest = Literal["truthy", "positive"]
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,23 @@ class Profile:
     # frees them. The sync 0.33 profile does not model this call (it makes
     # it only with spec decode on).
     cache_settled_blocks_on_output: bool = False
+    # The waiting loop's stale test (`Scheduler.schedule`, 0.33): vLLM defers
+    # a preempted request while `num_stale_output_tokens and not
+    # drop_stale_output` -- "truthy", so a stale count driven below 0 (a
+    # reused request id, docs/vllm-0.33-id-reuse.md) defers it for ever,
+    # since `update_from_output` drains the count only while it is `> 0`.
+    # "positive": the test `num_stale_output_tokens > 0` the doc proposes, the
+    # same as the drain's (the hardened variant; no vLLM release has it).
+    # Under unique names the two agree (IF2: the count is never negative).
+    stale_test: StaleTest = "truthy"
+    # `update_from_output` (0.33) subtracts each output's tokens from
+    # `num_in_flight_tokens` with no floor and no check. True: the result is
+    # floored at 0 (`max(0, ...)`), the hardened variant's guard, the closest
+    # to the doc's `assert num_in_flight_tokens >= 0` that keeps the engine
+    # running: an output bound to the wrong incarnation can then not carry a
+    # negative count into the stale counter at preemption. Under unique names
+    # the floor never binds (IF1).
+    in_flight_floor: bool = False
 
     def release_order(self, prefix_caching: bool) -> ReleaseOrder:
         return (self.release_order_with_prefix_caching if prefix_caching
@@ -172,9 +190,19 @@ VLLM_0_33_ASYNC = replace(VLLM_0_33, name="vllm-0.33-async", output_placeholders
                           extra_queued_batches=1, decode_stagger_is_pipeline_depth=True,
                           cache_settled_blocks_on_output=True)
 
+# vLLM 0.33 with the two cheap guards docs/vllm-0.33-id-reuse.md proposes
+# against a reused request id (no vLLM release; a what-if for its
+# maintainers): the waiting loop tests the stale count `> 0` instead of its
+# truthiness, and the in-flight counter is floored at 0. It does not bind
+# outputs by incarnation: with names reused the wrong binding (S7') stays.
+# With unique names it behaves exactly as vLLM 0.33.
+VLLM_0_33_HARDENED = replace(VLLM_0_33, name="vllm-0.33-hardened", stale_test="positive",
+                             in_flight_floor=True)
+
 DEFAULT_PROFILE = VLLM_0_8_5.name
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (VLLM_0_8_5, VLLM_0_8_4, VLLM_0_33, VLLM_0_33_ASYNC)}
+PROFILES: dict[str, Profile] = {p.name: p for p in (VLLM_0_8_5, VLLM_0_8_4, VLLM_0_33, VLLM_0_33_ASYNC,
+                                                    VLLM_0_33_HARDENED)}
 
 # `vllm.__version__` -> the profile that models it.
 VERSION_PROFILES: dict[str, str] = {"0.8.5": VLLM_0_8_5.name, "0.8.5.post1": VLLM_0_8_5.name,

@@ -227,6 +227,8 @@ def _is_resumption_deferred(state: State, cfg: Config, r: int) -> bool:
     here, its ORPHANED entries. 0.8.x resumes it and supersedes them."""
     if not cfg.rules.defer_resume_while_stale:
         return False
+    if cfg.rules.stale_output_counters and cfg.rules.stale_test == "positive":
+        return _has_positive_stale_output(state.requests[r])
     if cfg.rules.stale_output_counters:
         return _has_stale_output(state.requests[r])
     return state.requests[r].status is Status.PREEMPTED and any(
@@ -238,6 +240,13 @@ def _has_stale_output(req: Request) -> bool:
     `num_stale_output_tokens and not drop_stale_output` -- truthiness, so a
     counter driven below 0 defers the request too (IF2 says it never is)."""
     return req.num_stale != 0 and not req.drop_stale
+
+
+def _has_positive_stale_output(req: Request) -> bool:
+    """The hardened waiting loop's test (`Profile.stale_test == "positive"`):
+    `num_stale_output_tokens > 0 and not drop_stale_output`, the drain's own
+    test, so a count driven below 0 cannot defer the request for ever."""
+    return req.num_stale > 0 and not req.drop_stale
 
 
 def _mark_stale_output(step: _Step, victim: int) -> None:

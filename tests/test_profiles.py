@@ -20,7 +20,8 @@ from flightcheck.verification.traces.check import UnknownVersion, check_events, 
 
 
 def test_the_default_profile_is_0_8_5_and_each_profile_resolves_its_constants():
-    assert DEFAULT_PROFILE == "vllm-0.8.5" and set(PROFILES) == {"vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async"}
+    assert DEFAULT_PROFILE == "vllm-0.8.5" and set(PROFILES) == {"vllm-0.8.5", "vllm-0.8.4", "vllm-0.33",
+                                                                  "vllm-0.33-async", "vllm-0.33-hardened"}
     default = Config()
     assert (default.profile, default.continue_prefill, default.release_order,
             default.num_preallocate_tokens, default.cache_duplicate_blocks) == (

@@ -125,7 +125,8 @@ def perturb_counters(s: State, rng: random.Random) -> State:
     q = reqs[r]
     reqs[r] = rng.choice([dataclasses.replace(q, num_in_flight=max(0, q.num_in_flight + rng.choice([-1, 1]))),
                           dataclasses.replace(q, num_stale=q.num_stale + rng.choice([-1, 1])),
-                          dataclasses.replace(q, drop_stale=not q.drop_stale)])
+                          dataclasses.replace(q, drop_stale=not q.drop_stale),
+                          dataclasses.replace(q, num_in_flight=-1)])     # below 0: IF0
     return dataclasses.replace(s, requests=tuple(reqs))
 
 

@@ -226,6 +226,23 @@ REUSE_K2 = Model(
     (_p(2, 1), _p(1, 3), _p(2, 2)),
     allow_stop=False,
 )
+# The hardened 0.33 variant (`vllm-0.33-hardened`: stale count tested `> 0`,
+# in-flight counter floored at 0) with names reused: the smallest model found
+# in which a reused name drives a stale count below 0 -- K = 3, so the new
+# incarnation is preempted (by its own next prefill chunk, the pool
+# over-committed by two full-sequence admissions) while the old
+# incarnation's 3-token batch is still in flight, and that batch drains its
+# 1-token stale count to -2. Budget 4 and threshold 3, so the old prompt goes
+# out whole beside a 5-token prompt's first chunk. The hardened base keeps
+# every liveness property and IF0 here; its guards' mutants break them.
+REUSE_K3 = Model(
+    "reuse-k3",
+    Config(num_stages=3, max_num_batched_tokens=4, max_num_seqs=2, block_size=2, num_blocks=4,
+           max_model_len=6, prefix_caching=False, long_prefill_token_threshold=3,
+           profile="vllm-0.33-hardened", allow_name_reuse=True),
+    (_p(3, 1), _p(5, 1), _p(3, 2)),
+    allow_stop=False,
+)
 # The models `--allow-name-reuse` searches instead of the profile's own.
 # Under async scheduling (vllm-0.33-async), names reused: the same bug, and
 # the old incarnation's placeholders' outputs settled against the new one
@@ -237,7 +254,15 @@ REUSE_ASYNC_K2 = Model(
     (_p(2, 1), _p(1, 2), _p(2, 1)),
     allow_stop=False,
 )
-NAME_REUSE_MODELS: dict[str, tuple[Model, ...]] = {"vllm-0.33": (REUSE_K2,), "vllm-0.33-async": (REUSE_ASYNC_K2,)}
+NAME_REUSE_MODELS: dict[str, tuple[Model, ...]] = {"vllm-0.33": (REUSE_K2,), "vllm-0.33-async": (REUSE_ASYNC_K2,),
+                                                   "vllm-0.33-hardened": (REUSE_K3,)}
+# The mutants a profile hunts only with names reused (its guards against a
+# reused name never bind while names are unique), and the model each is
+# hunted on: one of NAME_REUSE_MODELS[profile], whose correct search says
+# which properties the base keeps (the only ones that count as kills).
+NAME_REUSE_MUTANT_MODELS: dict[str, dict[str, Model]] = {
+    "vllm-0.33-hardened": {"stale_tested_by_truthiness": REUSE_K3, "in_flight_below_zero": REUSE_K3},
+}
 
 # vLLM 0.33's stale output, small: K = 3, so a request preempted with two
 # prefill chunks in flight (of 2 and 1 tokens) still has stale output in
@@ -289,6 +314,7 @@ PROFILE_MODELS: dict[str, tuple[Model, ...]] = {
     "vllm-0.8.4": (PREALLOCATE_K3,),
     "vllm-0.33": (DEFERRED_K3,),
     "vllm-0.33-async": (ASYNC_K3, ASYNC_DRAFTS_K2, ASYNC_DROP_K2),
+    "vllm-0.33-hardened": (replace(DEFERRED_K3.under_profile("vllm-0.33-hardened"), name="deferred-k3-hardened"),),
 }
 EXHAUSTIVE_MODELS: tuple[Model, ...] = PROFILE_MODELS["vllm-0.8.5"]
 
@@ -356,7 +382,8 @@ MUTANT_MODELS: dict[str, Model] = {
 # block (so a preallocation capped by the free blocks can run out), or on the
 # model named here.
 PROFILE_MUTANT_EXTRA_BLOCKS: dict[str, int] = {"vllm-0.8.5": 0, "vllm-0.8.4": 1, "vllm-0.33": 0,
-                                               "vllm-0.33-async": 0}
+                                               "vllm-0.33-async": 0,
+                                               "vllm-0.33-hardened": 0}
 # A request preempted with a draft-carrying decode in flight under 0.8.4: a
 # third request is admitted once the first finishes, and the second, whose
 # preallocation the pool capped, preempts it for its third block.
@@ -417,6 +444,13 @@ PROFILE_MUTANT_MODELS: dict[str, dict[str, Model]] = {
             cfg=replace(SINGLE_SEQ.under_profile("vllm-0.8.4").cfg, num_blocks=SINGLE_SEQ.cfg.num_blocks + 2)),
     },
 }
+
+
+# The hardened variant is vLLM 0.33 with unique names: the every-profile
+# mutants are hunted on 0.33's models, under the hardened profile.
+PROFILE_MUTANT_MODELS["vllm-0.33-hardened"] = {
+    name: replace(model.under_profile("vllm-0.33-hardened"), name=f"{model.name}-hardened")
+    for name, model in PROFILE_MUTANT_MODELS["vllm-0.33"].items()}
 
 
 def mutant_model(mutant: str, profile: str = "vllm-0.8.5") -> Model:

@@ -28,6 +28,8 @@ less proves nothing.
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -39,6 +41,7 @@ from flightcheck.spec.sometimes import sometimes_for
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.models import (
     NAME_REUSE_MODELS,
+    NAME_REUSE_MUTANT_MODELS,
     PROFILE_MODELS,
     SHARED_K3,
     Model,
@@ -62,7 +65,7 @@ VERIFY_DEPTH = 4
 # default profile's rules, so they are not run there. The default profile
 # runs every engine; another encoded one k-induction and BMC of the verify
 # model under it (`z3_suite.profile_rows`).
-Z3_PROFILES: frozenset[str] = frozenset({DEFAULT_PROFILE, "vllm-0.8.4", "vllm-0.33"})
+Z3_PROFILES: frozenset[str] = frozenset({DEFAULT_PROFILE, "vllm-0.8.4", "vllm-0.33", "vllm-0.33-hardened"})
 # Profiles `verify` runs no Z3 engine under, with why (encoded or not): it
 # proves their properties by exhaustive search of their models alone, and says so.
 EXPLICIT_ONLY_PROFILES: dict[str, str] = {
@@ -91,6 +94,18 @@ MOOT_MUTANTS["vllm-0.33-async"] = {
         "async scheduling does by design (num_new_tokens counts the output placeholders); the one case "
         "it adds, a decode at position max_model_len - 1 that 0.33's sampled-token clip refuses (and "
         "0.8.x schedules), breaks no property of the profile: S2 bounds entries by max_model_len")}
+# The hardened 0.33 variant has 0.33's rules, so 0.33's equivalent mutants,
+# and its two guards against a reused name, which never bind while names are
+# unique: their mutants are hunted with names reused (`--allow-name-reuse`,
+# NAME_REUSE_MUTANT_MODELS).
+MOOT_MUTANTS["vllm-0.33-hardened"] = MOOT_MUTANTS["vllm-0.33"] | {
+    "stale_tested_by_truthiness": ("replaces schedule._has_positive_stale_output with vLLM 0.33's truthiness "
+                                   "test, which differs from > 0 only on a negative stale count: never, while "
+                                   "names are unique (IF2); hunted with --allow-name-reuse"),
+    "in_flight_below_zero": ("replaces actions._floor_in_flight with no floor, which never binds while names "
+                             "are unique (IF1: the counter is the request's own tokens in flight); hunted "
+                             "with --allow-name-reuse"),
+}
 
 
 @dataclass
@@ -198,6 +213,23 @@ def hunt_mutant(name: str, model: Model | None = None, profile: str = DEFAULT_PR
     return MutantResult(name, True, cx.length, seconds, v.property, model.name, counterexample=cx)
 
 
+def hunt_mutant_against_base(name: str, model: Model, broken_on_base: set[str]) -> MutantResult:
+    """Shortest counterexample for a mutant on `model` (a name-reuse model,
+    where the correct spec itself breaks `broken_on_base`): only a property
+    the base keeps counts as a kill. The whole graph is searched, liveness
+    included, since the first violation found is likely one the base shares."""
+    model = model.with_mutant(name)
+    t0 = time.perf_counter()
+    r = explicit.search(model, check_liveness=True)
+    kills = [v for v in r.violations if v.property not in SOMETIMES_NAMES and v.property not in broken_on_base]
+    seconds = time.perf_counter() - t0
+    if not kills:
+        return MutantResult(name, False, None, seconds, model=model.name)
+    v = min(kills, key=lambda v: len(v.path))
+    cx = from_actions(model, v.property, [a for a, _ in v.path], v.message)
+    return MutantResult(name, True, cx.length, seconds, v.property, model.name, counterexample=cx)
+
+
 def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3: bool = True,
               mutants: list[str] | None = None, jobs: int = 1, inferred: bool = False,
               progress: Callable[[str], None] | None = None,
@@ -206,8 +238,10 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
     models, Z3 proofs and BMC on `model` (profiles the encoding covers), and
     every mutant hunted. With `allow_name_reuse`: only the exhaustive search
     of the profile's name-reuse models (`NAME_REUSE_MODELS`), with the
-    shortest counterexample of every property it violates; no Z3, and no
-    mutant hunt (the correct spec itself violates properties there)."""
+    shortest counterexample of every property it violates; no Z3, and only
+    the mutants of guards that bind only with names reused
+    (`NAME_REUSE_MUTANT_MODELS`: the hardened variant's), each killed only
+    by a property the correct spec keeps on that model."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
     t0 = time.perf_counter()
@@ -218,14 +252,37 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
             raise ValueError(f"profile {profile!r} has no name-reuse model; "
                              f"known: {', '.join(NAME_REUSE_MODELS)}")
         found: list[Counterexample] = []
+        broken: dict[str, set[str]] = {}
         for small in NAME_REUSE_MODELS[profile]:
             say(f"exhaustive search of {small.name} ({profile}, names reused)")
-            rows += exhaustive_rows(small, found)
-        return SuiteResult(time.perf_counter() - t0, rows, [], profile, counterexamples=found,
+            small_rows = exhaustive_rows(small, found)
+            broken[small.name] = {row.name for row in small_rows if row.status == "violated"}
+            rows += small_rows
+        hunted = []
+        for name, small in NAME_REUSE_MUTANT_MODELS.get(profile, {}).items():
+            if mutants is not None and name not in mutants:
+                continue
+            say(f"hunting mutant {name} ({profile}, names reused)")
+            hunted.append(hunt_mutant_against_base(name, small, broken[small.name]))
+        return SuiteResult(time.perf_counter() - t0, rows, hunted, profile, counterexamples=found,
                            allow_name_reuse=True, explicit_only=EXPLICIT_ONLY_PROFILES.get(profile))
-    for small in PROFILE_MODELS[profile]:
-        say(f"exhaustive search of {small.name} ({profile})")
-        rows += exhaustive_rows(small)
+    moot = MOOT_MUTANTS.get(profile, {}) if mutants is None else {}
+    hunted_names = mutants if mutants is not None else [m for m in mutants_of(profile) if m not in moot]
+    beside_z3 = use_z3 and profile in Z3_PROFILES and jobs > 1
+    if beside_z3:
+        # The explicit part (exhaustive search and mutant hunt: one process)
+        # runs in a process of its own while the Z3 engines run here, so it
+        # fills the time a core would otherwise wait on the engines' slowest
+        # share; same searches, same rows, only when they run changes.
+        say(f"exhaustive search of {', '.join(m.name for m in PROFILE_MODELS[profile])} and the mutant hunt "
+            f"({profile}) in a second process, beside the Z3 engines")
+        context = multiprocessing.get_context("spawn")      # Z3 contexts do not survive a fork
+        explicit_pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=context)
+        explicit_part = explicit_pool.submit(_explicit_part, profile, hunted_names)
+    else:
+        for small in PROFILE_MODELS[profile]:
+            say(f"exhaustive search of {small.name} ({profile})")
+            rows += exhaustive_rows(small)
     if use_z3 and profile in Z3_PROFILES and profile != DEFAULT_PROFILE:
         from flightcheck.verification.z3 import suite as z3_suite
         say(f"k-induction and bounded model checking of {model.name} under {profile}"
@@ -243,10 +300,21 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
         rows += z3_suite.param_rows(model.cfg.num_stages)
         say(f"bounded model checking of {model.name} to depth {depth}")
         rows += z3_suite.bmc_rows(model, depth, jobs=jobs)
+    if beside_z3:
+        say("waiting for the exhaustive search and the mutant hunt")
+        with explicit_pool:
+            explicit_rows, results = explicit_part.result()
+        return SuiteResult(time.perf_counter() - t0, explicit_rows + rows, results, profile, moot)
     results = []
-    moot = MOOT_MUTANTS.get(profile, {}) if mutants is None else {}
-    for name in (mutants if mutants is not None else [m for m in mutants_of(profile) if m not in moot]):
+    for name in hunted_names:
         say(f"hunting mutant {name} ({profile})")
         results.append(hunt_mutant(name, profile=profile))
     return SuiteResult(time.perf_counter() - t0, rows, results, profile, moot,
                        explicit_only=EXPLICIT_ONLY_PROFILES.get(profile) if use_z3 else None)
+
+
+def _explicit_part(profile: str, mutants: list[str]) -> tuple[list[PropertyResult], list[MutantResult]]:
+    """The suite's explicit-state part under `profile`: the exhaustive rows
+    of its models, then each of `mutants` hunted (run_suite's second process)."""
+    rows = [row for small in PROFILE_MODELS[profile] for row in exhaustive_rows(small)]
+    return rows, [hunt_mutant(name, profile=profile) for name in mutants]

@@ -37,8 +37,9 @@ def add_parser(sub) -> None:
                         help="verify every profile in turn and state the time it took")
     verify.add_argument("--allow-name-reuse", action="store_true",
                         help="search the profile's model in which a new request may arrive under a finished "
-                             "one's name while its batches are in flight (vllm-0.33), and print the shortest "
-                             "counterexample of every property that breaks; exits 1 when one does")
+                             "one's name while its batches are in flight (vllm-0.33, vllm-0.33-hardened), and print "
+                             "the shortest counterexample of every property that breaks (vllm-0.33-hardened: "
+                             "and hunt its guards' mutants); exits 1 when one breaks")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--inferred", action="store_true",
@@ -161,19 +162,29 @@ def _print_suite(console: Console, suite) -> None:
     if suite.explicit_only:
         console.print(Text(f"  no Z3 under {suite.profile}: {suite.explicit_only}"))
     if suite.allow_name_reuse:
+        if suite.mutants:
+            _print_mutants(console, suite, "Mutants (names reused: killed only by a property the correct spec "
+                                            "keeps on that model)")
         _print_counterexamples(console, suite)
         return
-    muts = Table(title="Mutants")
+    _print_mutants(console, suite, "Mutants")
+    for name, why in suite.moot.items():
+        console.print(Text(f"  not hunted under {suite.profile}: {name}: {why}"))
+
+    console.print(f"{'OK' if suite.ok else 'FAILED'} (profile {suite.profile}) in {suite.seconds:.1f} s")
+
+
+def _print_mutants(console: Console, suite, title: str) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    muts = Table(title=title)
     for col in ("mutant", "killed", "by", "model", "steps", "seconds"):
         muts.add_column(col)
     for m in suite.mutants:
         muts.add_row(m.name, Text("yes" if m.killed else "NO", style="green" if m.killed else "bold red"),
                      m.property or "", m.model, str(m.trace_length or ""), f"{m.seconds:.2f}")
     console.print(muts)
-    for name, why in suite.moot.items():
-        console.print(Text(f"  not hunted under {suite.profile}: {name}: {why}"))
-
-    console.print(f"{'OK' if suite.ok else 'FAILED'} (profile {suite.profile}) in {suite.seconds:.1f} s")
 
 
 def _print_counterexamples(console: Console, suite) -> None:
@@ -181,7 +192,8 @@ def _print_counterexamples(console: Console, suite) -> None:
     from rich.text import Text
 
     from flightcheck.verification.traces.counterexample import render
-    console.print(Text(f"names reused: no mutant hunted; {len(suite.counterexamples)} properties violated, "
+    hunted = f"{len(suite.mutants)} mutants hunted" if suite.mutants else "no mutant hunted"
+    console.print(Text(f"names reused: {hunted}; {len(suite.counterexamples)} properties violated, "
                        "each with its shortest counterexample:"))
     for cx in suite.counterexamples:
         render(cx, console)

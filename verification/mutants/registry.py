@@ -239,6 +239,26 @@ _PROFILE_REGISTRY: tuple[Mutant, ...] = (
             {"actions._settle_counters": mutated.settle_counters_only_with_output},
             {"actions._settle_counters": "4a4c66046d1ee7d5"},
             "IF1_in_flight_counter", 3, profile="vllm-0.33"),
+    # The hardened variant's two guards against a reused request id
+    # (Profile.stale_test, Profile.in_flight_floor): with unique names neither
+    # guard ever binds, so these are hunted on the profile's name-reuse
+    # model, and killed only by a property the hardened base keeps there
+    # (models.NAME_REUSE_MUTANT_MODELS, suite.hunt_mutant_against_base).
+    _mutant("stale_tested_by_truthiness", "historical",
+            "the waiting loop defers a preempted request while its stale count is truthy "
+            "(`num_stale_output_tokens and not drop_stale_output`, vLLM 0.33's Scheduler.schedule) "
+            "instead of > 0: a stale count a reused request id drove below 0 never drains, "
+            "the request is never resumed and the engine spins on empty batches",
+            {"schedule._has_positive_stale_output": mutated.has_stale_output_truthy},
+            {"schedule._has_positive_stale_output": "b1d35f138daed9c3"},
+            "L1_L3_every_request_can_finish", 7, profile="vllm-0.33-hardened"),
+    _mutant("in_flight_below_zero", "historical",
+            "update_from_output subtracts an output's tokens from num_in_flight_tokens with no floor "
+            "(vLLM 0.33): an old incarnation's output bound through a reused request id drives "
+            "the new request's counter below 0",
+            {"actions._floor_in_flight": mutated.in_flight_not_floored},
+            {"actions._floor_in_flight": "aa15ef1d7983f39a"},
+            "IF0_in_flight_never_negative", 5, profile="vllm-0.33-hardened"),
 )
 
 # Mutants of vLLM 0.33's asynchronous scheduling (AsyncScheduler: output

@@ -469,3 +469,21 @@ def admit_taking_stale_placeholders(step: "scheduling._Step", r: int, hit_tokens
         state = scheduling._supersede_orphans(state, r)
     step.state = state.with_request(r, status=Status.RUNNING, num_computed=hit_tokens, placeholders=stale)
     scheduling._add_entry(step, r, num_new, cached=hit_tokens)
+
+
+# --- the hardened 0.33 variant's guards (hunted under vllm-0.33-hardened, names reused) -------
+
+def has_stale_output_truthy(req: Request) -> bool:
+    """stale_tested_by_truthiness (replaces schedule._has_positive_stale_output):
+    the hardened waiting loop tests the stale count for truthiness again, as
+    vLLM 0.33 does (`num_stale_output_tokens and not drop_stale_output`): a
+    count a reused name drove below 0 defers the request for ever, and the
+    engine spins on empty batches (L4)."""
+    return req.num_stale != 0 and not req.drop_stale
+
+
+def in_flight_not_floored(state: State, cfg: Config, r: int) -> State:
+    """in_flight_below_zero (replaces actions._floor_in_flight): the in-flight
+    counter is left as settled, so an old incarnation's output bound to r
+    through a reused name drives it below 0, as in vLLM 0.33 (IF0)."""
+    return state

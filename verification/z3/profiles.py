@@ -27,7 +27,11 @@ __all__ = ["DEFAULT_PROFILE", "DEFERRAL_MODEL", "ENCODED_PROFILES", "PROFILES", 
 # vllm-0.33-async the placeholders, decode countdown and queue of K + 1
 # (`state.SAsync`, `Layout.K` = `Config.queue_depth`). Encoded does not mean
 # run by verify: suite.EXPLICIT_ONLY_PROFILES lists the one it is not.
-ENCODED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async")
+# The hardened 0.33 variant's two guards are encoded too (the stale test in
+# schedule._waiting_step and _resumption_deferred, the in-flight floor in
+# actions._apply_by_name); with unique names neither binds.
+ENCODED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async",
+                                     "vllm-0.33-hardened")
 
 
 def profile_config(cfg: Config, profile: str) -> Config:

@@ -248,7 +248,11 @@ def _apply_by_name(layout: Layout, builder: Builder, st: SState, e, valid: Any, 
     unfinished = builder.let("unfinished", conj(valid, at(layout, st, e.req, lambda q, k: is_active(q.status))))
     c = builder.snap(counters_at(st, e.req), "c")
     stale = builder.let("stale", lt(0, c.stale))
-    settled = with_counters(st, e.req, unfinished, in_flight=c.in_flight - e.n,
+    in_flight = c.in_flight - e.n
+    if layout.cfg.rules.in_flight_floor:
+        # spec.actions._floor_in_flight (the hardened variant): floored at 0
+        in_flight = ite(lt(in_flight, 0), V(0), in_flight)
+    settled = with_counters(st, e.req, unfinished, in_flight=in_flight,
                             stale=ite(stale, c.stale - e.n, c.stale))
     return _apply_sample(layout, builder, settled, e, acc, stop, nd, conj(unfinished, here), neg(stale), stale)
 

@@ -343,6 +343,10 @@ def _tokens_in_flight(layout: Layout, s: SState, r: int, fates: tuple[int, ...] 
     return sum_terms(terms)
 
 
+def if0_in_flight_never_negative(layout: Layout, s: SState, sch: SchedResult) -> Any:
+    return conj([z3.Implies(_active(s, r), le(0, c.in_flight)) for r, c in enumerate(s.counters)])
+
+
 def if1_in_flight_counter(layout: Layout, s: SState, sch: SchedResult) -> Any:
     return conj([z3.Implies(_active(s, r), eq(c.in_flight, _tokens_in_flight(layout, s, r)))
                  for r, c in enumerate(s.counters)])
@@ -367,6 +371,7 @@ COUNTER_FORMULAS: dict[str, Formula] = {
     "IF1_in_flight_counter": if1_in_flight_counter,
     "IF2_stale_counter": if2_stale_counter,
     "IF3_no_stale_resumption": if3_no_stale_resumption,
+    "IF0_in_flight_never_negative": if0_in_flight_never_negative,
 }
 
 # --- asynchronous scheduling (spec.invariants.ASYNC_REPLACEMENTS, ASYNC_INVARIANTS) --
@@ -657,7 +662,8 @@ def _resumption_deferred(layout: Layout, s: SState, r: int) -> Any:
         return z3.BoolVal(False)
     if s.counters:
         c = s.counters[r]
-        deferred = conj(neg(eq(c.stale, 0)), neg(c.drop))
+        has_stale = lt(0, c.stale) if rules.stale_test == "positive" else neg(eq(c.stale, 0))
+        deferred = conj(has_stale, neg(c.drop))
     else:
         deferred = disj(*[conj(used, eq(e.req, r), eq(e.fate, ORPHANED)) for e, used in positions(layout, s)])
     return conj(eq(q.status, PREEMPTED), lt(s.running_len, layout.cfg.max_num_seqs), deferred)

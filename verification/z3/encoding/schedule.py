@@ -403,9 +403,10 @@ def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase:
     deferred = z3.BoolVal(False)
     if rules.defer_resume_while_stale and st.counters:
         # _is_resumption_deferred on vLLM 0.33's counters: stale output (the counter's
-        # truthiness) in deliver mode
+        # truthiness, or > 0 under the hardened variant's Profile.stale_test) in deliver mode
         c = counters_at(st, r)
-        deferred = builder.let("deferred", conj(neg(eq(c.stale, 0)), neg(c.drop)))
+        has_stale = lt(0, c.stale) if rules.stale_test == "positive" else neg(eq(c.stale, 0))
+        deferred = builder.let("deferred", conj(has_stale, neg(c.drop)))
     elif rules.defer_resume_while_stale:
         # _is_resumption_deferred: PREEMPTED with orphaned entries in flight
         deferred = builder.let("deferred", conj(eq(q.status, PREEMPTED), _has_orphans(layout, st, r)))

@@ -22,11 +22,13 @@ I(s) AND T(s,s') => Q(s,s').
 tried micro-step by micro-step (z3.induction.microsteps), which is what makes the
 3-request, K = 3 proof take seconds per conjunct instead of minutes, and
 only what that leaves unproved goes to the one-query form. With `jobs` > 1
-(and no time budget) the Houdini loop goes round by round with the actions
-shared between processes: each runs the loop over its actions, the union
-of their drops leaves, and a round that drops nothing ends it. When the
-conjunction is inductive as given (the strengthening invariants), that is
-a single round.
+(and no time budget) the Houdini loop goes round by round with the work
+shared between processes as tasks taken by whichever is free (each chained
+action whole, each transition property, then the other actions conjunct by
+conjunct), the union of their drops leaves, and a round that drops nothing
+ends it; its transition-property rows, proved with what was alive assumed,
+are the result's. When the conjunction is inductive as given (the
+strengthening invariants), that is a single round.
 """
 
 from __future__ import annotations
@@ -306,13 +308,16 @@ class _Houdini:
         while self.round(actions, by_chain):
             pass
 
-    def round(self, actions: Iterable[int], by_chain: dict[int, MicroChain]) -> bool:
-        """One round: True when some conjunct was dropped."""
+    def round(self, actions: Iterable[int], by_chain: dict[int, MicroChain],
+              claims: Iterable[str] | None = None) -> bool:
+        """One round: True when some conjunct was dropped. With `claims`, only
+        those conjuncts are asked about (every alive one is still assumed):
+        a parallel round's share of the work."""
         dropped = False
         for query in self.step.queries:
             if query.action not in actions:
                 continue
-            for name in list(self.alive):
+            for name in list(self.alive if claims is None else claims):
                 if name not in self.alive or _by_chain(by_chain, query, name, self.alive):
                     continue
                 query.timeout_ms = self.remaining_ms()
@@ -346,47 +351,87 @@ def _some(names: list[str]) -> str:
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def _houdini_share(model: Model, k: int, names: list[str], actions: list[int]) -> dict[str, EngineVerdict]:
-    """One process's share of a parallel Houdini round: the loop over `actions`
-    alone, from `names` all alive; the rows of the conjuncts it dropped."""
-    system = System(model)
-    houdini = _Houdini(system, k, k_induction(system, k, names), list(names), {},
-                       remaining_ms=lambda: None, tell=lambda _: None, started=time.perf_counter())
-    houdini.run(actions)
+# A worker's step(k) and micro-step chains, built on its first task and kept
+# for the later tasks of every round: (model, k, names) -> what it built.
+_WORKER_CONTEXT: dict[tuple[Model, int, tuple[str, ...]], tuple[System, InductionStep, dict[int, MicroChain]]] = {}
+
+
+def _worker_context(model: Model, k: int, names: tuple[str, ...]) -> tuple[System, InductionStep,
+                                                                            dict[int, MicroChain]]:
+    key = (model, k, names)
+    if key not in _WORKER_CONTEXT:
+        _WORKER_CONTEXT.clear()
+        system = System(model)
+        _WORKER_CONTEXT[key] = (system, k_induction(system, k, list(names)), chains(system, k - 1, list(names)))
+    return _WORKER_CONTEXT[key]
+
+
+def _houdini_task(model: Model, k: int, names: tuple[str, ...], alive: list[str], action: int | str,
+                  claims: list[str] | None) -> dict[str, EngineVerdict]:
+    """One task of a parallel Houdini round: whether `action` keeps each of
+    `claims` (None: every alive conjunct), every conjunct of `alive` assumed;
+    the rows of the conjuncts it dropped. `action` a transition property's
+    name instead: its row, `alive` assumed (kept only if the round drops
+    nothing, when `alive` is the inductive conjunction)."""
+    system, step, by_chain = _worker_context(model, k, names)
+    if isinstance(action, str):
+        return {action: _transition_row(system, k, step, action, list(alive), lambda: None, time.perf_counter())}
+    houdini = _Houdini(system, k, step, list(alive), {}, remaining_ms=lambda: None, tell=lambda _: None,
+                       started=time.perf_counter())
+    houdini.round([action], by_chain, claims)
     return houdini.rows
 
 
-# The actions' shares of the work, largest first (measured on shared-k3), for
-# splitting the Houdini rounds between processes.
-_COST_ORDER = (COMPLETE, SCHEDULE, ABORT, ARRIVE)
+# The actions with micro-step chains: their chain (computed once per alive
+# set, for every conjunct) is most of their work, so each goes to one process
+# whole; the others' queries are independent, conjunct by conjunct.
+_CHAINED = (SCHEDULE, COMPLETE)
+
+
+def _round_tasks(alive: list[str]) -> list[tuple[int | str, list[str] | None]]:
+    """A parallel round's tasks, largest first (measured on shared-k3 under
+    vLLM 0.33: schedule 201 s, abort 104 s, complete_oldest 84 s, arrive 73 s,
+    the three transition properties 35 s, each alone on a loaded machine):
+    each chained action whole, then each transition property, then abort
+    and arrive one conjunct each, so the processes that finish early take
+    the rest."""
+    return ([(action, None) for action in _CHAINED] + [(name, None) for name in TRANSITION_FORMULAS]
+            + [(action, [name]) for action in ACTIONS if action not in _CHAINED for name in alive])
 
 
 def _parallel_houdini(model: Model, k: int, alive: list[str], rows: dict[str, EngineVerdict], jobs: int,
-                      tell: Callable[[str], None], started: float) -> None:
-    """The Houdini loop with the actions shared between processes, round by
-    round: each process runs the loop over its actions from what is alive, and
-    every conjunct any of them dropped leaves, until a round drops none (then
-    every action keeps every conjunct left, all assumed: it is inductive). A
-    drop is sound whatever the other processes drop meanwhile: a CTI that
-    satisfies a superset of the inductive core still shows its conjunct is
-    not in it."""
-    shares: list[list[int]] = [[] for _ in range(min(jobs, len(_COST_ORDER)))]
-    for i, action in enumerate(_COST_ORDER):
-        shares[i % len(shares)].append(action)
+                      tell: Callable[[str], None], started: float) -> list[EngineVerdict]:
+    """The Houdini loop with the work shared between processes, round by
+    round: a round's tasks (`_round_tasks`) go to whichever process is free,
+    each run from what is alive, and every conjunct any of them dropped
+    leaves, until a round drops none (then every action keeps every
+    conjunct left, all assumed: it is inductive). A drop is sound whatever
+    the other tasks drop meanwhile: a CTI that satisfies a superset of the
+    inductive core still shows its conjunct is not in it. Each round also
+    proves the transition properties with what is alive assumed; the last
+    round's (which drops nothing) are returned."""
+    names = tuple(alive)
+    processes = min(jobs, len(ACTIONS))
     context = multiprocessing.get_context("spawn")      # Z3 contexts do not survive a fork
-    with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
         while True:
             dropped: dict[str, EngineVerdict] = {}
-            arguments = [(model, k, list(alive), share) for share in shares]
-            for share_rows in pool.map(_houdini_share, *zip(*arguments)):
-                for name, row in share_rows.items():
+            transition_rows: list[EngineVerdict] = []
+            tasks = _round_tasks(alive)
+            arguments = [(model, k, names, list(alive), action, claims) for action, claims in tasks]
+            for (action, _), task_rows in zip(tasks, pool.map(_houdini_task, *zip(*arguments))):
+                if isinstance(action, str):
+                    transition_rows += [dataclasses.replace(row, seconds=time.perf_counter() - started)
+                                        for row in task_rows.values()]
+                    continue
+                for name, row in task_rows.items():
                     dropped.setdefault(name, row)
             if not dropped:
-                return
+                return transition_rows
             for name, row in dropped.items():
                 alive.remove(name)
                 rows[name] = dataclasses.replace(row, seconds=time.perf_counter() - started)
-            tell(f"{time.perf_counter() - started:6.1f} s  a round in {len(shares)} processes drops "
+            tell(f"{time.perf_counter() - started:6.1f} s  a round in {processes} processes drops "
                  f"{_some(list(dropped))}; {len(alive)} left")
 
 
@@ -413,7 +458,6 @@ def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | Non
     rows = _base_rows(system, k, names, started)
     if rows:
         tell(f"{len(rows)} fail within k-1 steps of the initial state; {len(names) - len(rows)} left")
-    step = k_induction(system, k, names)
     alive = [name for name in names if name not in rows]
 
     def remaining_ms() -> int | None:
@@ -421,15 +465,19 @@ def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | Non
             return None
         return max(1, int((time_budget - (time.perf_counter() - started)) * 1000))
 
+    step: InductionStep | None = None
     if jobs > 1 and time_budget is None:
-        _parallel_houdini(model, k, alive, rows, jobs, tell, started)
+        transition_rows = _parallel_houdini(model, k, alive, rows, jobs, tell, started)
     else:
+        step = k_induction(system, k, names)
         _Houdini(system, k, step, alive, rows, remaining_ms, tell, started).run(ACTIONS)
     seconds = time.perf_counter() - started
     for name in alive:
         rows[name] = EngineVerdict(name, kind_of(name), "proved", method, k, seconds)
     verdicts = [rows[name] for name in names]
-    verdicts += _transition_rows(system, k, step, alive, remaining_ms, started)
+    if step is not None:
+        transition_rows = _transition_rows(system, k, step, alive, remaining_ms, started)
+    verdicts += transition_rows
     return EngineResult(model.name, method, time.perf_counter() - started, k, verdicts)
 
 
@@ -449,23 +497,26 @@ def _transition_rows(system: System, k: int, step: InductionStep, alive: list[st
     """Each transition property Q, proved as I(s) AND T_a(s,s') => Q(s,s') for
     every action a, with I the conjuncts left `alive` (assumed on the frames);
     unknown, with a CTI where available, at the first action that may break it."""
-    method = f"k-induction (k={k})"
-    rows = []
-    for name, property_formula in TRANSITION_FORMULAS.items():
-        status, cti = "proved", None
-        for query in step.queries:
-            last_step = _step_of(system, step.transitions, query.action)
-            solver = query.solver("WF_encoding")
-            query.timeout_ms = remaining_ms()
-            answer = query.check_formula("WF_encoding", step.assumptions(alive),
-                                         system.build(property_formula, last_step))
-            if answer != z3.unsat:
-                status = "unknown"
-                if answer == z3.sat:
-                    cti = _cti(system, solver.model(), step.transitions, query.action, k)
-                break
-        rows.append(EngineVerdict(name, "invariant", status, method, k, time.perf_counter() - started, cti=cti))
-    return rows
+    return [_transition_row(system, k, step, name, alive, remaining_ms, started) for name in TRANSITION_FORMULAS]
+
+
+def _transition_row(system: System, k: int, step: InductionStep, name: str, alive: list[str],
+                    remaining_ms: Callable[[], int | None], started: float) -> EngineVerdict:
+    """Transition property `name` by every action, `alive` assumed (see _transition_rows)."""
+    status, cti = "proved", None
+    for query in step.queries:
+        last_step = _step_of(system, step.transitions, query.action)
+        solver = query.solver("WF_encoding")
+        query.timeout_ms = remaining_ms()
+        answer = query.check_formula("WF_encoding", step.assumptions(alive),
+                                     system.build(TRANSITION_FORMULAS[name], last_step))
+        if answer != z3.unsat:
+            status = "unknown"
+            if answer == z3.sat:
+                cti = _cti(system, solver.model(), step.transitions, query.action, k)
+            break
+    return EngineVerdict(name, "invariant", status, f"k-induction (k={k})", k, time.perf_counter() - started,
+                         cti=cti)
 
 
 def _step_of(system: System, transitions: Transitions, action: int) -> Step:
