@@ -10,7 +10,7 @@ intended behaviour: its bugs stay mutants (mutant_steps.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 DEFAULT_PROFILE = "vllm-0.8.5"
 
@@ -138,22 +138,15 @@ PROFILES: dict[str, Profile] = {
                          sampled_token_slot=1, full_sequence_admission=True,
                          stop_tokens_before_length=True, stale_output_counters=True,
                          flush_finished_every_schedule=True, engine_loop="vllm-0.33"),
-    # vLLM 0.33.0 with asynchronous scheduling: `AsyncScheduler` and the V2
-    # model runner, the default for single-node pipeline parallelism
-    # (`VllmConfig.__post_init__` turns `async_scheduling=None` on when the
-    # runner supports it; `max_concurrent_batches` is then K + 1). Everything
-    # of `vllm-0.33` plus the async rules above; the engine loop is 0.33's
-    # `EngineCore.step_with_batch_queue` at depth K + 1 (drive.py).
-    "vllm-0.33-async": Profile("vllm-0.33-async", num_preallocate_tokens=0,
-                               release_reversed_with_caching=True,
-                               release_reversed_without_caching=True,
-                               cache_duplicate_blocks=True, continue_prefill=True,
-                               unhashed_blocks_to_head=True, threshold_needs_company=True,
-                               sampled_token_slot=1, full_sequence_admission=True,
-                               stop_tokens_before_length=True, stale_output_counters=True,
-                               flush_finished_every_schedule=True, async_scheduling=True,
-                               engine_loop="vllm-0.33-async"),
 }
+# vLLM 0.33.0 with asynchronous scheduling: `AsyncScheduler` and the V2
+# model runner, the default for single-node pipeline parallelism
+# (`VllmConfig.__post_init__` turns `async_scheduling=None` on when the
+# runner supports it; `max_concurrent_batches` is then K + 1). Everything
+# of `vllm-0.33` plus the async rules above; the engine loop is 0.33's
+# `EngineCore.step_with_batch_queue` at depth K + 1 (drive.py).
+PROFILES["vllm-0.33-async"] = replace(PROFILES["vllm-0.33"], name="vllm-0.33-async",
+                                      async_scheduling=True, engine_loop="vllm-0.33-async")
 
 
 def get_profile(name: str) -> Profile:
