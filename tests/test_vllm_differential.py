@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from flightcheck.reference import MUTANTS
 from flightcheck.vllm.campaign import NEEDS_WHAT_VLLM_REPLAY_LACKS, Compared, compare_workload, flag_mutants
+from flightcheck.vllm.campaign import main as campaign_main
 from flightcheck.vllm.differential import (DEVIATIONS, decisions, profile_for, read_trace,
                                            run_reference)
 from flightcheck.vllm.generate import campaign_workloads, generate_workload
@@ -118,3 +119,13 @@ def test_the_differential_flags_every_mutant_the_replay_can_exercise(running: Wo
     missed = {mutant: flagged[mutant] for mutant in MUTANTS
               if mutant not in NEEDS_WHAT_VLLM_REPLAY_LACKS and "flagged on" not in flagged[mutant]}
     assert not missed, missed
+
+
+def test_the_campaign_refuses_a_keep_folder_that_is_a_file_before_any_replay(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    with pytest.raises(SystemExit) as exc:
+        campaign_main(["--keep-disagreements", str(not_a_folder), "--workloads", "1"])
+    assert exc.value.code == 2
+    assert "not a directory" in capsys.readouterr().err

@@ -261,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="copy every trace (and its workload) on which check-trace and vLLM's ground "
                              "truth disagree into DIR")
     args = parser.parse_args(argv)
+    if args.keep_disagreements is not None and args.keep_disagreements.exists() \
+            and not args.keep_disagreements.is_dir():
+        parser.error(f"--keep-disagreements {args.keep_disagreements}: not a directory")
     workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids)
     reports = []
     try:
