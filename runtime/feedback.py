@@ -19,10 +19,25 @@ receive and compared in `get_prev_sampled_outputs`). A reused request id
 gets a new generation, so a token of the old request can never be taken by
 the new one.
 
+With drafts (spec decoding) the message also says, for every entry that
+sampled, how many of its drafts were rejected and which drafts the last
+stage proposed next (`EntryFeedback`), as vLLM's `PPHandler.broadcast` sends
+`num_rejected` beside the sampled tokens and `broadcast_drafts` the draft
+proposals. Under async scheduling the scheduler placed the request's next
+decode before either was known: it counted every draft as accepted and
+scheduled draft *slots* (vLLM: `-1` placeholders,
+`AsyncScheduler._update_after_schedule`). Every stage but the last reads the
+rejection count to find where that decode really starts (the V2 runner's
+`post_update`: `num_computed += query_len - num_rejected` on the device),
+and stage 0 fills the draft slots with the proposed drafts. That is why the
+messages go to every stage but the last, not to stage 0 alone.
+
 One message per batch the last stage runs, in batch order: int64 tensors
 only, a header `[2]` = (batch id, rows) then the rows `[rows, 3]` =
 (generation, position, token), so it travels over gloo or NCCL point to
-point with sizes known before each receive.
+point with sizes known before each receive. An entry's record travels as
+rows with a negative position (`pack`): `(generation, -1, rejected)` then
+`(generation, -2 - i, draft i)` for each proposed draft.
 """
 
 from __future__ import annotations
@@ -38,26 +53,61 @@ import torch.distributed as dist
 
 
 @dataclass(frozen=True)
+class EntryFeedback:
+    """What a sampling entry's drafts came to: how many the model rejected,
+    and the drafts the last stage proposed after its tokens (for the
+    request's next decode, whose draft slots stage 0 fills with them)."""
+
+    generation: int
+    num_rejected: int
+    draft_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class SampledTokens:
-    """The tokens one batch sampled: rows of (generation, position, token)."""
+    """The tokens one batch sampled: rows of (generation, position, token);
+    and one record per entry that sampled."""
 
     batch_id: int
     rows: tuple[tuple[int, int, int], ...]
+    entries: tuple[EntryFeedback, ...] = ()
 
 
 # A message with this batch id ends the stream (the stages are stopping).
 END_OF_STREAM = -1
+# Positions of the rows that carry an entry's record, not a token.
+REJECTED_ROW = -1
+FIRST_DRAFT_ROW = -2
 
 
 def pack(message: SampledTokens) -> tuple[torch.Tensor, torch.Tensor]:
-    """header [2] int64, rows [N, 3] int64."""
-    header = torch.tensor([message.batch_id, len(message.rows)], dtype=torch.int64)
-    rows = torch.tensor(message.rows, dtype=torch.int64).reshape(len(message.rows), 3)
-    return header, rows
+    """header [2] int64, rows [N, 3] int64: the token rows, then each entry's
+    record as rows with a negative position (one tensor shape for both, so
+    the receiver needs one size)."""
+    rows = list(message.rows)
+    for entry in message.entries:
+        rows.append((entry.generation, REJECTED_ROW, entry.num_rejected))
+        rows.extend((entry.generation, FIRST_DRAFT_ROW - i, draft)
+                    for i, draft in enumerate(entry.draft_token_ids))
+    header = torch.tensor([message.batch_id, len(rows)], dtype=torch.int64)
+    return header, torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 3)
 
 
 def unpack(header: torch.Tensor, rows: torch.Tensor) -> SampledTokens:
-    return SampledTokens(int(header[0]), tuple(tuple(r) for r in rows.cpu().tolist()))
+    tokens: list[tuple[int, int, int]] = []
+    entries: list[EntryFeedback] = []
+    for generation, position, value in rows.cpu().tolist():
+        if position >= 0:
+            tokens.append((generation, position, value))
+        elif position == REJECTED_ROW:
+            entries.append(EntryFeedback(generation, value))
+        else:                               # the next draft of the last record
+            last = entries[-1]
+            assert last.generation == generation and \
+                FIRST_DRAFT_ROW - len(last.draft_token_ids) == position, "malformed feedback rows"
+            entries[-1] = EntryFeedback(generation, last.num_rejected,
+                                        (*last.draft_token_ids, value))
+    return SampledTokens(int(header[0]), tuple(tokens), tuple(entries))
 
 
 class FeedbackSource(Protocol):
@@ -138,20 +188,28 @@ def send_message(outbox: Any, message: SampledTokens, dst: int, group: Any,
 
 
 class TokenInbox:
-    """Stage 0's view of the feedback: tokens by generation and position,
-    taken in order from a `FeedbackSource` only when a batch needs one.
+    """A stage's view of the feedback (every stage but the last has one):
+    tokens by generation and position, and entry records by generation and
+    message index, taken in order from a `FeedbackSource` only when a batch needs one.
 
     Rows of a generation that has closed are dropped on arrival, and a
     closing generation's stored rows are dropped with it (`num_dropped`
     counts both). `num_expected` is the number of batches the last stage has
-    run before the batch stage 0 is preparing (every batch sends one
-    message): once that many messages are in and the token is missing, it
-    will never come, and `take` says so instead of waiting forever."""
+    run before the batch this stage is preparing (every batch sends one
+    message): once that many messages are in and the token or record is
+    missing, it will never come, and `take` / `settle` say so instead of
+    waiting forever. `keeps_tokens=False` (the stages between the first and
+    the last, which embed nothing): token rows are not stored."""
 
-    def __init__(self, source: FeedbackSource) -> None:
+    def __init__(self, source: FeedbackSource, *, keeps_tokens: bool = True) -> None:
         self.source = source
+        self.keeps_tokens = keeps_tokens
         self.live: set[int] = set()
         self._tokens: dict[int, dict[int, int]] = {}       # generation -> position -> token
+        # generation -> message index -> that batch's record of the generation's
+        # entry. Indexed by arrival, not batch id: batch ids start again after
+        # a reset, the stream of messages does not.
+        self._records: dict[int, dict[int, EntryFeedback]] = {}
         self.num_received = 0                               # messages read
         self.num_dropped = 0                                # rows of closed generations
 
@@ -161,6 +219,24 @@ class TokenInbox:
     def close(self, generation: int) -> None:
         self.live.discard(generation)
         self.num_dropped += len(self._tokens.pop(generation, {}))
+        self._records.pop(generation, None)
+
+    def settle(self, generation: int, index: int, num_expected: int) -> EntryFeedback:
+        """The record of the generation's sampling entry in the `index`-th
+        batch this stage ran (counted from 0 since the start: the last stage
+        runs the same batches in the same order and sends one message each,
+        so it is the `index`-th message)."""
+        while self.num_received <= index:
+            if self.num_received >= num_expected:
+                raise FeedbackError(
+                    f"stage needs batch #{index}'s record of generation {generation}, and none "
+                    f"of the {num_expected} batches before this one sent it")
+            self._store(self.source.receive())
+        record = self._records.get(generation, {}).pop(index, None)
+        if record is None:
+            raise FeedbackError(f"batch #{index} sent no record of generation {generation}'s "
+                                "entry, which sampled")
+        return record
 
     def take(self, generation: int, position: int, num_expected: int) -> int:
         while True:
@@ -174,9 +250,13 @@ class TokenInbox:
             self._store(self.source.receive())
 
     def _store(self, message: SampledTokens) -> None:
+        index = self.num_received
         self.num_received += 1
         for generation, position, token in message.rows:
-            if generation in self.live:
-                self._tokens.setdefault(generation, {})[position] = token
-            else:
+            if generation not in self.live:
                 self.num_dropped += 1
+            elif self.keeps_tokens:
+                self._tokens.setdefault(generation, {})[position] = token
+        for record in message.entries:
+            if record.generation in self.live:
+                self._records.setdefault(record.generation, {})[index] = record

@@ -98,19 +98,16 @@ def generate(executor: Executor, config: SchedulerConfig, requests: Sequence[Gen
 def check_async_support(executor: Executor, config: SchedulerConfig) -> None:
     """Asynchronous scheduling (the `vllm-0.33-async` profile) schedules a
     decode before its previous token exists, so stage 0 must get tokens from
-    the last stage (`feedback=True`). Drafts are refused: their rejections
-    come back after the next decode was placed, which vLLM's V2 runner
-    corrects on the device (`num_rejected` in its broadcast) and this
-    runtime does not model."""
+    the last stage (`feedback=True`). Drafts are supported: the feedback also
+    carries each entry's rejected-draft count and the drafts proposed after
+    it, so every stage runs a decode at its true position and stage 0 fills
+    its draft slots (worker.py), as vLLM's V2 runner does on the device."""
     if not config.async_scheduling:
         return
     if getattr(executor, "feedback", None) is False:        # a runtime executor without it
         raise ValueError(f"profile {config.profile} schedules decodes before their previous "
                          "token exists: the executor needs feedback=True (the sampled tokens "
                          "from the last stage)")
-    if config.num_spec_tokens and hasattr(executor, "feedback"):
-        raise ValueError(f"profile {config.profile} with num_spec_tokens > 0 is not supported "
-                         "by the runtime")
 
 
 def build_engine(executor: Executor, config: SchedulerConfig,

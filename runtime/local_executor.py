@@ -3,8 +3,9 @@ the other at `submit` (the snapshot is copied then, like the pipeline's).
 PP = 1 in production; with K stages it checks `split_into_stages` without
 processes. Futures are done when returned.
 
-`feedback=True`: stage 0 takes a running request's tokens from the last
-stage through an in-process channel (feedback.py), not from the snapshot.
+`feedback=True`: stage 0 takes a running request's tokens (and drafts) from
+the last stage through an in-process channel (feedback.py), not from the
+snapshot; every stage before the last gets the messages (rejected drafts).
 An empty batch (vLLM 0.33 queues them) runs on no stage; the ids it carries
 go with the next batch."""
 
@@ -16,7 +17,7 @@ import torch
 
 from flightcheck.reference import ModelRunnerOutput, SchedulerOutput
 
-from .feedback import LocalFeedback, TokenInbox
+from .feedback import LocalFeedback, SampledTokens, TokenInbox
 from .plan import AllTokenIds, BatchPlan, BatchResult, PendingIds
 from .stages import build_stage
 from .weights import WeightSource
@@ -63,10 +64,18 @@ class LocalExecutor:
         self.all_token_ids: AllTokenIds | None = None
         self._pending_ids = PendingIds()
         if feedback:
-            channel = LocalFeedback()
-            self.workers[0].use_feedback(TokenInbox(channel) if num_stages > 1 else None, None)
-            for worker in self.workers[1:]:
-                worker.use_feedback(None, channel.send)
+            # One channel to every stage but the last: stage 0 embeds the
+            # tokens and drafts, every stage before the last takes rejected
+            # drafts off its count (worker.py).
+            channels = [LocalFeedback() for _ in self.workers[:-1]]
+            for index, (worker, channel) in enumerate(zip(self.workers, channels)):
+                worker.use_feedback(TokenInbox(channel, keeps_tokens=index == 0), None)
+
+            def send_to_all(message: SampledTokens) -> None:
+                for channel in channels:
+                    channel.send(message)
+
+            self.workers[-1].use_feedback(None, send_to_all)
 
     @property
     def inbox(self) -> TokenInbox | None:

@@ -7,8 +7,9 @@ the driver).
         run the stage's layers over the paged KV cache
         not last: isend hidden + timings to stage s + 1; last: sample, send the result
     with sampled-token feedback (`StageSpec.feedback`): the last stage also
-    isends each batch's sampled tokens to stage 0, where a thread queues them
-    for the batches that need them (feedback.py)
+    isends each batch's sampled tokens (and drafts' fate) to every stage
+    before it, where a thread queues them for the batches that need them
+    (feedback.py)
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class StageSpec:
     dtype: str = "float32"
     device: str = "cpu"              # "cpu", or "cuda" (stage s on GPU s mod #GPUs)
     top_p: float = 1.0
-    feedback: bool = False           # stage 0 takes running requests' tokens from the last stage
+    feedback: bool = False           # the stages take running requests' tokens from the last stage
 
 
 def stage_device(spec: StageSpec, index: int) -> torch.device:
@@ -131,19 +132,26 @@ def serve_stage(groups: Groups) -> None:
 def _connect_feedback(spec: StageSpec, worker: StageWorker, groups: Groups, outbox: Outbox,
                       index: int, num_stages: int,
                       device: torch.device) -> FeedbackReceiver | None:
-    """Feedback mode: stage 0 (rank 1) receives from the last stage (rank K)
-    in a thread; the last stage sends through its outbox. Tensors live on
-    the device for NCCL, in host memory for gloo. Returns stage 0's receiver."""
+    """Feedback mode: every stage before the last (ranks 1..K-1) receives
+    from the last stage (rank K) in a thread, as vLLM's non-last PP ranks
+    all receive its broadcast (stage 0 embeds the tokens and drafts, every
+    one takes rejected drafts off its count); the last stage sends to each
+    through its outbox. Tensors live on the device for NCCL, in host memory
+    for gloo. Returns this stage's receiver."""
     if not spec.feedback:
         return None
     where = device if groups.act_backend != "gloo" else torch.device("cpu")
     receiver = None
-    if index == 0 and num_stages > 1:
+    if index < num_stages - 1:
         receiver = FeedbackReceiver(num_stages, groups.feedback, where)
+
+    def send_to_all(message: SampledTokens) -> None:
+        for rank in range(1, num_stages):                  # stages 0..K-2
+            send_message(outbox, message, rank, groups.feedback, where)
+
     worker.use_feedback(
-        TokenInbox(receiver) if receiver is not None else None,
-        (lambda message: send_message(outbox, message, 1, groups.feedback, where))
-        if index == num_stages - 1 and num_stages > 1 else None)
+        TokenInbox(receiver, keeps_tokens=index == 0) if receiver is not None else None,
+        send_to_all if index == num_stages - 1 and num_stages > 1 else None)
     return receiver
 
 

@@ -128,19 +128,16 @@ def features(events: list[dict]) -> dict[str, int]:
     }
 
 
-def test_async_scheduling_needs_the_feedback_and_refuses_drafts(oracle):
+def test_async_scheduling_needs_the_feedback(oracle):
+    """With or without drafts (drafts under async: test_runtime_async_drafts.py)."""
     eos, _ = oracle
     snapshot_only = LocalExecutor(SOURCE, 2, POOL["num_blocks"], POOL["block_size"],
-                                  dtype=torch.float64)
-    with pytest.raises(ValueError, match="feedback=True"):
-        generate(snapshot_only, SchedulerConfig(num_pipeline_stages=2, profile=ASYNC, **POOL),
-                 WORKLOAD, eos_token_id=eos)
-    with_feedback = LocalExecutor(SOURCE, 2, POOL["num_blocks"], POOL["block_size"],
-                                  dtype=torch.float64, num_spec_tokens=2, feedback=True)
-    with pytest.raises(ValueError, match="num_spec_tokens"):
-        generate(with_feedback, SchedulerConfig(num_pipeline_stages=2, profile=ASYNC,
-                                                num_spec_tokens=2, **POOL),
-                 WORKLOAD, eos_token_id=eos)
+                                  dtype=torch.float64, num_spec_tokens=2)
+    for num_spec_tokens in (0, 2):
+        with pytest.raises(ValueError, match="feedback=True"):
+            generate(snapshot_only, SchedulerConfig(num_pipeline_stages=2, profile=ASYNC,
+                                                    num_spec_tokens=num_spec_tokens, **POOL),
+                     WORKLOAD, eos_token_id=eos)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
