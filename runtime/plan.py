@@ -11,7 +11,11 @@ Two ways for stage 0 to learn a running request's tokens:
   tokens of a running request (`known_token_ids=None`), only the prompt of an
   admission and the whole sequence of a resumption (`all_token_ids`: the V2
   runner re-adds a resumed request as new with `prefill_token_ids =
-  req._all_token_ids`, vLLM 0.33 `Scheduler.schedule`).
+  req._all_token_ids`, vLLM 0.33 `Scheduler.schedule`). Under async
+  scheduling with drafts a running entry's `start` and `draft_token_ids` are
+  the scheduler's guesses (drafts counted as accepted, drafts one decode
+  old): the stages run it at their own count and fill its draft slots from
+  the feedback (worker.py).
 """
 
 from __future__ import annotations

@@ -52,8 +52,14 @@ def test_run_with_async_scheduling_gives_the_sync_outputs_and_a_legal_async_trac
     assert asynchronous["requests"] == synchronous["requests"]
     check = check_trace(trace)
     assert check.ok and check.profile == "vllm-0.33-async", (check.property, check.message)
-    assert "vllm-0.33-async" in _error(capsys, "--num-prompts", "1", "--profile", "vllm-0.33-async",
-                                       "--num-spec-tokens", "2")
+    # With drafts too (the refusal is gone): async + drafts equals sync + drafts.
+    drafted = tmp_path / "async-drafts.jsonl"
+    asynchronous = run_json(capsys, *args, "--num-spec-tokens", "2", "--profile", "vllm-0.33-async",
+                            "--trace", str(drafted))
+    synchronous = run_json(capsys, *args, "--num-spec-tokens", "2", "--profile", "vllm-0.33")
+    assert asynchronous["requests"] == synchronous["requests"]
+    check = check_trace(drafted)
+    assert check.ok and check.profile == "vllm-0.33-async", (check.property, check.message)
 
 
 def test_seed_fixes_weights_workload_and_sampling(capsys):

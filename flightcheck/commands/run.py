@@ -150,9 +150,6 @@ def _prepare(args: argparse.Namespace):
         num_pipeline_stages=args.pp, long_prefill_token_threshold=args.long_prefill_token_threshold,
         num_spec_tokens=args.num_spec_tokens, enable_prefix_caching=not args.no_prefix_caching,
         continue_prefill=False if args.one_batch_per_request else None, profile=args.profile)
-    if sched_cfg.async_scheduling and args.num_spec_tokens:
-        raise ValueError(f"--profile {args.profile} with --num-spec-tokens is not supported by the runtime "
-                         "(draft rejections come back after the next decode was placed)")
     tokenizer = load_tokenizer(args.checkpoint)
     if args.prompts:
         requests = read_prompts(args.prompts, tokenizer, args.max_tokens, args.temperature)
