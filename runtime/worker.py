@@ -56,10 +56,10 @@ class RequestState:
     seed: int = 0
     generation: int | None = None       # None: closed by a preemption
     # Feedback mode: positions this stage has computed (rejected drafts
-    # taken off once known), the index (`StageWorker.num_batches` then) of
+    # taken off once known); the index (`StageWorker.num_batches` then) of
     # the batch of the last sampling entry whose rejections it has not yet
-    # taken off (stages before the last), and the
-    # drafts the last stage proposed after it, for the next decode's slots.
+    # taken off (stages before the last); the drafts the last stage proposed
+    # after that entry, for the next decode's draft slots.
     num_computed: int = 0
     unsettled_batch: int | None = None
     proposed_drafts: tuple[int, ...] = ()
