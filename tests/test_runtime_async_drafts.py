@@ -37,7 +37,8 @@ from flightcheck.runtime.dense import dense_greedy
 from flightcheck.runtime.drafter import propose_ngram
 from flightcheck.runtime.feedback import (EntryFeedback, FeedbackError, LocalFeedback,
                                           SampledTokens, TokenInbox, pack, unpack)
-from flightcheck.runtime.worker import StageWorker, draft_slots
+from flightcheck.runtime.plan import EntryPlan
+from flightcheck.runtime.worker import RequestState, StageWorker, draft_slots
 from flightcheck.runtime.workload import mixed_workload
 from flightcheck.verification.traces.check import check_trace
 
@@ -181,7 +182,7 @@ def record_stage0_drafts(executor: LocalExecutor) -> list[tuple[list[int], list[
     worker = executor.workers[0]
     entry_token_ids = worker.entry_token_ids
 
-    def recording(e, state, start):
+    def recording(e: EntryPlan, state: RequestState, start: int) -> list[int]:
         tokens = entry_token_ids(e, state, start)
         if e.num_drafts:
             seen.append((list(state.history[:start + e.num_known]), tokens[e.num_known:]))
@@ -232,7 +233,7 @@ def test_running_a_decode_at_the_plans_start_is_caught(oracle, tmp_path, monkeyp
     eos, _ = oracle
     true_start = StageWorker._true_start
 
-    def at_plan_start(self, e, state):
+    def at_plan_start(self: StageWorker, e: EntryPlan, state: RequestState) -> int:
         true_start(self, e, state)
         state.num_computed = e.start
         return e.start
