@@ -284,3 +284,48 @@ def test_seeded_sampling_with_drafts_gives_the_same_tokens_async_and_sync(tmp_pa
         results.append(generate(executor, cfg, workload))
     assert all(w.num_behind_plan > 0 for w in executor.workers)
     assert_same_outputs(*results)
+
+
+def test_a_decode_placed_on_rejected_drafts_rewrites_their_positions_and_matches_dense_logits():
+    """Plans by hand, PP = 2 in-process, float64. Batch 2 decodes with two
+    draft slots; the drafter proposes nothing for a prompt without repeats,
+    so the slots hold token 0, which the model rejects, and their K/V at
+    positions 7 and 8 are garbage. Batch 3 was placed (async) as if both
+    drafts were accepted, at 9: the stages run it at 7 and write 7 again;
+    batch 4 (placed at 8 once the scheduler has caught up) writes 8 again.
+    Every sampled row's logits equal a dense recompute of the true sequence."""
+    from flightcheck.runtime.dense import dense_logits
+    from flightcheck.runtime.plan import BatchPlan
+    from flightcheck.runtime.worker import EMPTY_DRAFT_SLOT, LogitsRecord
+
+    executor = LocalExecutor(SOURCE, 2, 8, 4, dtype=torch.float64, num_spec_tokens=NUM_SPEC,
+                             feedback=True)
+    executor.workers[-1].record = record = LogitsRecord()
+    prompt = (11, 22, 33, 44, 55, 66)
+
+    def running(start: int, num_new: int, drafts: tuple[int, ...] = ()) -> EntryPlan:
+        return EntryPlan("r", start, num_new, None, drafts, (), False, None)
+
+    admission = EntryPlan("r", 0, 6, prompt, (), (0, 1, 2, 3), True, prompt)
+    first = executor.run_plan(BatchPlan(1, (admission,), (), NUM_SPEC))
+    assert first.draft_token_ids == ((),)                 # no repeats: no drafts proposed
+    # The plan's drafts are ignored with feedback (stale under async): the slots
+    # are filled from the (empty) proposal.
+    second = executor.run_plan(BatchPlan(2, (running(6, 3, (5, 5)),), (), NUM_SPEC))
+    model = build_model(SOURCE.model_config(), SOURCE, torch.float64)
+    sequence = [*prompt, *first.sampled_token_ids[0]]
+    assert dense_logits(model, sequence)[-1].argmax() != EMPTY_DRAFT_SLOT
+    assert len(second.sampled_token_ids[0]) == 1          # both drafts rejected
+    sequence += second.sampled_token_ids[0]
+    third = executor.run_plan(BatchPlan(3, (running(9, 1),), (), NUM_SPEC))
+    sequence += third.sampled_token_ids[0]
+    fourth = executor.run_plan(BatchPlan(4, (running(8, 1),), (), NUM_SPEC))
+    sequence += fourth.sampled_token_ids[0]
+    assert [w.num_behind_plan for w in executor.workers] == [1, 1]
+    dense = dense_logits(model, sequence)
+    # Rows of batch 2 past its known token (positions 7 and 8) read the
+    # rejected drafts; every other row reads only true tokens.
+    valid = [r for i, r in enumerate(record.rows) if i not in (2, 3)]
+    assert [p for _, p, _ in valid] == [5, 6, 7, 8]
+    for _, position, row in valid:
+        assert torch.allclose(row, dense[position], atol=1e-10, rtol=0), position
