@@ -17,7 +17,9 @@ emits, aborts landing while a batch is in flight and a pool that preempts;
 every trace passes check-trace under its profile. The tests also show that
 the case in question happens: decodes placed on a predecessor in flight
 whose drafts were then rejected, stages running behind the plan's start,
-and draft slots filled with drafts the snapshot did not have.
+and draft slots filled with drafts the snapshot did not have. Plans made by
+hand show the rewrite itself at the logits (a decode placed on two rejected
+drafts), and seeded sampling draws the same tokens async and sync.
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ torch = pytest.importorskip("torch")
 from flightcheck.reference import SchedulerConfig
 from flightcheck.runtime import (LocalExecutor, PipelineExecutor, RuntimeTraceWriter, StageSpec,
                                  WeightSource, build_model, generate)
-from flightcheck.runtime.dense import dense_greedy
+from flightcheck.runtime.dense import dense_greedy, dense_logits
 from flightcheck.runtime.drafter import propose_ngram
 from flightcheck.runtime.feedback import (EntryFeedback, FeedbackError, LocalFeedback,
                                           SampledTokens, TokenInbox, pack, unpack)
-from flightcheck.runtime.plan import EntryPlan
-from flightcheck.runtime.worker import RequestState, StageWorker, draft_slots
+from flightcheck.runtime.plan import BatchPlan, EntryPlan
+from flightcheck.runtime.worker import (EMPTY_DRAFT_SLOT, LogitsRecord, RequestState, StageWorker,
+                                        draft_slots)
 from flightcheck.runtime.workload import mixed_workload
 from flightcheck.verification.traces.check import check_trace
 
@@ -294,10 +297,6 @@ def test_a_decode_placed_on_rejected_drafts_rewrites_their_positions_and_matches
     drafts were accepted, at 9: the stages run it at 7 and write 7 again;
     batch 4 (placed at 8 once the scheduler has caught up) writes 8 again.
     Every sampled row's logits equal a dense recompute of the true sequence."""
-    from flightcheck.runtime.dense import dense_logits
-    from flightcheck.runtime.plan import BatchPlan
-    from flightcheck.runtime.worker import EMPTY_DRAFT_SLOT, LogitsRecord
-
     executor = LocalExecutor(SOURCE, 2, 8, 4, dtype=torch.float64, num_spec_tokens=NUM_SPEC,
                              feedback=True)
     executor.workers[-1].record = record = LogitsRecord()
