@@ -256,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--async", dest="async_scheduling", action="store_true",
                         help="vLLM 0.33.0 with async scheduling (AsyncScheduler, V2 runner settings) against "
                              "the reference's vllm-0.33-async profile")
+    parser.add_argument("--spec-tokens", type=int, default=0, metavar="K",
+                        help="speculative decoding with K drafts per step: the fabricated model proposes "
+                             "drafts and accepts some of each (seeded), vLLM's scheduler is configured for K")
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--keep-disagreements", type=Path, metavar="DIR",
                         help="copy every trace (and its workload) on which check-trace and vLLM's ground "
@@ -264,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep_disagreements is not None and args.keep_disagreements.exists() \
             and not args.keep_disagreements.is_dir():
         parser.error(f"--keep-disagreements {args.keep_disagreements}: not a directory")
-    workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids)
+    if args.spec_tokens < 0:
+        parser.error("--spec-tokens must be >= 0")
+    workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens)
     reports = []
     try:
         for version in args.versions.split(","):

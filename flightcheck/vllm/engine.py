@@ -46,7 +46,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .workload import RequestSpec, Workload, sampled_token
+from .workload import RequestSpec, Workload, draft_outcome, sampled_token
 
 
 class FabricatedModel:
@@ -104,18 +104,42 @@ class FabricatedModel:
             told = num_computed_tokens + len(new_token_ids)
             self._known_tokens[req_id] = max(self._known_tokens.get(req_id, 0), told)
         req_ids = list(scheduler_output.num_scheduled_tokens)
+        scheduled_drafts = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
         sampled: list[list[int]] = []
+        proposed: list[list[int]] = []
         for req_id in req_ids:
             end = starts[req_id] + scheduler_output.num_scheduled_tokens[req_id]
+            # The runner compares with its known tokens, drafts excluded
+            # (GPUModelRunner.execute_model, 0.8.5: `seq_len < req_state.num_tokens`
+            # discards; `num_scheduled_tokens` counts the drafts).
             if end >= self._known_tokens[req_id]:
-                sampled.append([sampled_token(self._workload, self._specs[req_id], end)])
+                tokens, next_drafts = self._sample(req_id, end, len(scheduled_drafts.get(req_id, ())))
+                sampled.append(tokens)
+                proposed.append(next_drafts)
                 if self._caches_sampled_tokens:
-                    self._known_tokens[req_id] += 1
+                    self._known_tokens[req_id] += len(tokens)
             else:
                 sampled.append([])              # a partial prefill: nothing sampled
+                proposed.append([])             # ... and nothing proposed (the n-gram proposer's [])
         return self._make_output(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled, spec_token_ids=None, logprobs=None,
-                                 prompt_logprobs_dict={})
+                                 sampled_token_ids=sampled,
+                                 spec_token_ids=proposed if self._workload.config.num_spec_tokens else None,
+                                 logprobs=None, prompt_logprobs_dict={})
+
+    def _sample(self, req_id: str, end: int, num_drafts: int) -> tuple[list[int], list[int]]:
+        """An entry that samples, ending at token index `end` with `num_drafts`
+        drafts among its tokens: the accepted drafts and the bonus token (the
+        rejection sampler's output), and the drafts proposed for the next
+        step. Drafts are the request's own future tokens (`sampled_token` at
+        their index), so the output is that of plain decoding, faster."""
+        spec = self._specs[req_id]
+        first = end - num_drafts                 # the index of the first draft (or of the token sampled)
+        if not self._workload.config.num_spec_tokens:
+            return [sampled_token(self._workload, spec, first)], []
+        accepted, num_proposed = draft_outcome(self._workload, spec, first, num_drafts)
+        tokens = [sampled_token(self._workload, spec, first + i) for i in range(accepted + 1)]
+        after = first + accepted + 1
+        return tokens, [sampled_token(self._workload, spec, after + i) for i in range(num_proposed)]
 
 
 class BatchQueueEngine:
