@@ -28,10 +28,10 @@ from hypothesis import strategies as st
 
 from flightcheck.verification.traces.check import check_trace, read_events
 from flightcheck.verification.traces.ground_truth import expected_verdict
-from flightcheck.vllm.campaign import compare_workload
-from flightcheck.vllm.differential import _model_output, profile_for, read_trace
+from flightcheck.vllm.campaign import Compared, compare_workload, flag_mutants
+from flightcheck.vllm.differential import _model_output, decisions, profile_for, read_trace, run_reference
 from flightcheck.vllm.engine import FabricatedModel
-from flightcheck.vllm.generate import generate_workload
+from flightcheck.vllm.generate import campaign_workloads, generate_workload
 from flightcheck.vllm.workload import draft_outcome, sampled_token, workload_from_json
 
 from .test_vllm_differential import HypothesisPicker
@@ -161,3 +161,16 @@ def test_generated_workloads_with_drafts_differ_from_vllm_only_by_named_deviatio
 
     check()
     assert seen["identical"] > 0, seen
+
+
+@pytest.mark.vllm
+def test_the_differential_flags_the_drafts_mutant_on_workloads_with_drafts(running: Workers, tmp_path: Path):
+    """`rejections_not_subtracted` needs drafts: without them no replay can
+    tell it from the correct reference; with them vLLM 0.8.5 does."""
+    compared = []
+    for raw in campaign_workloads(1, 4, spec_tokens=2):
+        result, trace = replay(running, "0.8.5", raw, tmp_path)
+        compared.append(Compared(raw, decisions(read_trace(trace)),
+                                 decisions(run_reference(raw, profile_for("0.8.5")).events, block_offset=1)))
+    flagged = flag_mutants(profile_for("0.8.5"), compared)
+    assert flagged["rejections_not_subtracted"].startswith("flagged on"), flagged

@@ -282,7 +282,13 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     if ENGINE_LOOPS[vllm.__version__] == "0.33":
         # vLLM's own depth: K, or K + 1 with async scheduling and the V2 runner.
         depth = int(scheduler.vllm_config.max_concurrent_batches)
-        engine = BatchQueueEngineV033(scheduler, model, depth, abort_all)
+        drafts = None
+        if workload.config.num_spec_tokens and not workload.config.async_scheduling:
+            from vllm.v1.outputs import DraftTokenIds
+
+            def drafts(req_ids: list[str], draft_token_ids: list[list[int]]) -> Any:
+                return DraftTokenIds(req_ids, draft_token_ids)
+        engine = BatchQueueEngineV033(scheduler, model, depth, abort_all, drafts)
     else:
         engine = BatchQueueEngine(scheduler, model, workload.config.num_stages,
                                   schedules_only_unscheduled=ENGINE_GATES[vllm.__version__])
