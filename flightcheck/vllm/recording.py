@@ -119,6 +119,14 @@ class Observations:
     # ... and an entry reaching past max_model_len (vLLM 0.8.4 does not clip
     # the running loop to it; 0.8.5 does, "necessary when using spec decoding").
     beyond_max_model_len: list[dict[str, Any]] = field(default_factory=list)
+    # ... and a request admitted (resumed) while holding drafts kept through a
+    # preemption: 0.8.x's KVCacheManager.allocate_slots leaves
+    # `len(spec_token_ids)` tokens out of the blocks it caches and lowers its
+    # `num_cached_block` to that; a later allocation caches a block that has
+    # a hash already (`assert blk.block_hash is None` in
+    # BlockPool.cache_full_blocks) or a later prefix hit is smaller. Nothing
+    # in the trace shows it before that.
+    drafts_held_at_admission: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -132,7 +140,8 @@ class Observations:
         if self.spec_decoding:
             found.update(leftover_drafts=self.leftover_drafts, double_samples=self.double_samples,
                          negative_schedules=self.negative_schedules,
-                         beyond_max_model_len=self.beyond_max_model_len)
+                         beyond_max_model_len=self.beyond_max_model_len,
+                         drafts_held_at_admission=self.drafts_held_at_admission)
         return found
 
 
@@ -334,8 +343,12 @@ class RecordingMixin:
         only the status and num_computed_tokens); 0.33 clears them in both."""
         observations = self.flightcheck_observations
         step = self.flightcheck_step
+        was_running = {id(r) for r in running_before}
         for entry, written in entries:
             request = entry.request
+            if id(request) not in was_running and request.spec_token_ids:
+                observations.drafts_held_at_admission.append({"step": step, "batch": batch_id, "req": entry.req_id,
+                                                              "drafts": len(request.spec_token_ids)})
             if entry.n < 0:
                 observations.negative_schedules.append({"step": step, "req": entry.req_id, "n": entry.n})
             if entry.start + entry.n > self.max_model_len:

@@ -155,6 +155,8 @@ def findings(result: dict[str, Any]) -> list[str]:
                      f"samples it too, is in flight: one position sampled twice (step {double['step']})")
     for negative in truth.get("negative_schedules", []):
         found.append(f"{negative['req']} was scheduled {negative['n']} tokens at step {negative['step']}")
+    # (drafts_held_at_admission is no finding by itself: it names the cause
+    # of a later crash or smaller hit, for the differential.)
     for beyond in truth.get("beyond_max_model_len", []):
         found.append(f"{beyond['req']} was scheduled up to position {beyond['end']}, past max_model_len, at step "
                      f"{beyond['step']}")
