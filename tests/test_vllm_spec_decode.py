@@ -174,3 +174,18 @@ def test_the_differential_flags_the_drafts_mutant_on_workloads_with_drafts(runni
                                  decisions(run_reference(raw, profile_for("0.8.5")).events, block_offset=1)))
     flagged = flag_mutants(profile_for("0.8.5"), compared)
     assert flagged["rejections_not_subtracted"].startswith("flagged on"), flagged
+
+
+@pytest.mark.vllm
+def test_vllm_033_sync_schedules_drafts_on_top_of_a_sampling_entry_in_flight(running: Workers, tmp_path: Path):
+    """vLLM 0.33 (sync, pipeline parallel) takes the drafts of the batch it has
+    just submitted (EngineCore.post_step after a step that ran the model:
+    take_draft_token_ids, update_draft_token_ids), before that batch's
+    output is processed, so the next schedule() schedules them while the
+    request's sampling entry is in flight: the ground truth's double sample,
+    which check-trace rejects at that schedule."""
+    result, trace = replay(running, "0.33.0", NAMED["drafts-two-requests"], tmp_path)
+    doubles = result["ground_truth"]["double_samples"]
+    assert doubles and doubles[0]["req"] == "a" and doubles[0]["in_flight"] == 1, doubles
+    verdict, expected = judged(result, trace)
+    assert expected.kind == "bug" and expected.agrees(verdict), (expected, verdict.to_json())
