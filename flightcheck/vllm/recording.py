@@ -194,6 +194,11 @@ class RecordingMixin:
                 f"change what the engine decides; use flightcheck.vllm.recorder.RecordingScheduler")
         self.flightcheck_step = 0                      # schedule() + update_from_output() calls
         self.flightcheck_observations = Observations(spec_decoding=self._fc_num_spec_tokens() > 0)
+        # ids of the requests whose allocate_slots found no room in the current
+        # schedule() call (spec decoding only: the call is passed through).
+        self._fc_failed_allocations: set[int] = set()
+        if self.flightcheck_observations.spec_decoding:
+            self._fc_watch_allocations()
         self._fc_next_empty = 1
         # Empty batches scheduled and completed since the last event written.
         self._fc_empty_log: list[dict[str, Any]] = []
@@ -334,6 +339,33 @@ class RecordingMixin:
         self._fc_check_placeholders()
         return output
 
+    def _fc_watch_allocations(self) -> None:
+        """Note each request whose `KVCacheManager.allocate_slots` returns
+        None (no room: vLLM then preempts from the tail of `running`) for
+        slots that reach into its drafts, calling
+        vLLM's method with the same arguments and returning its result."""
+        manager = self.kv_cache_manager
+        allocate = manager.allocate_slots
+
+        def allocate_slots(request: Any, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
+            # Only a failure the drafts held caused counts: the known tokens
+            # alone would have fit in the table and the free blocks.
+            block_size = self.cache_config.block_size
+            end = request.num_computed_tokens + num_tokens
+            known_end = min(end, request.num_tokens)
+            # (0.8.x's manager keeps `req_to_blocks`; a version without it is
+            # not judged here: any failure reaching into drafts counts.)
+            tables = getattr(manager, "req_to_blocks", None)
+            held = len(tables.get(request.request_id, ())) if tables is not None else 0
+            known_fits = tables is None or (-(-known_end // block_size) - held
+                                            <= manager.block_pool.get_num_free_blocks())
+            blocks = allocate(request, num_tokens, *args, **kwargs)
+            if blocks is None and end > known_end and known_fits:
+                self._fc_failed_allocations.add(id(request))
+            return blocks
+
+        manager.allocate_slots = allocate_slots
+
     def _fc_watch_drafts(self, batch_id: int | None, entries: list[tuple[EntrySnapshot, dict[str, Any]]],
                          running_before: list[Any], drafts_before: dict[int, bool]) -> None:
         """Speculative decoding's ground truth for one schedule() call (see
@@ -368,13 +400,14 @@ class RecordingMixin:
             if id(request) in drafts_before and not written["drafts"] and request.spec_token_ids:
                 self._fc_leftover_drafts.setdefault(id(request), f"left over by batch {batch_id}, which "
                                                                  f"scheduled none")
+        failed, self._fc_failed_allocations = self._fc_failed_allocations, set()
         for request in running_before:
             if _status(request) != "PREEMPTED":
                 continue
             why = self._fc_leftover_drafts.get(id(request))
-            if why is not None and drafts_before.get(id(request)):
-                # Only its leftover drafts were left to schedule: allocating
-                # their slots preempted it (or another request, up to it).
+            # It preempted itself: its own allocation, its leftover drafts
+            # counted in, found no room (read from allocate_slots' results).
+            if why is not None and id(request) in drafts_before and id(request) in failed:
                 observations.leftover_drafts.append({"step": step, "batch": batch_id, "req": request.request_id,
                                                      "drafts": len(request.spec_token_ids),
                                                      "why": why + "; preempted scheduling them"})
