@@ -505,7 +505,8 @@ def _classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     beyond = {item["req"] for item in truth.get("beyond_max_model_len", ())}
     if beyond and _concerns(theirs, ours) & beyond:
         return "drafts_clipped_to_max_model_len"
-    if theirs is None and vllm_result.get("ending") == "exception" and truth.get("drafts_held_at_admission"):
+    if theirs is None and vllm_result.get("ending") == "exception" and (
+            truth.get("drafts_held_at_admission") or truth.get("drafts_held_at_allocation")):
         # vLLM 0.8.x crashed caching a block twice after admitting a request
         # with drafts kept through its preemption (the ground truth's
         # drafts_held_at_admission); the reference, which drops them, runs on.

@@ -127,6 +127,9 @@ class Observations:
     # BlockPool.cache_full_blocks) or a later prefix hit is smaller. Nothing
     # in the trace shows it before that.
     drafts_held_at_admission: list[dict[str, Any]] = field(default_factory=list)
+    # ... and any allocation of slots while the request holds more drafts than
+    # the entry schedules (the same under-caching, for a running request too).
+    drafts_held_at_allocation: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -141,7 +144,8 @@ class Observations:
             found.update(leftover_drafts=self.leftover_drafts, double_samples=self.double_samples,
                          negative_schedules=self.negative_schedules,
                          beyond_max_model_len=self.beyond_max_model_len,
-                         drafts_held_at_admission=self.drafts_held_at_admission)
+                         drafts_held_at_admission=self.drafts_held_at_admission,
+                         drafts_held_at_allocation=self.drafts_held_at_allocation)
         return found
 
 
@@ -359,6 +363,12 @@ class RecordingMixin:
             held = len(tables.get(request.request_id, ())) if tables is not None else 0
             known_fits = tables is None or (-(-known_end // block_size) - held
                                             <= manager.block_pool.get_num_free_blocks())
+            held_drafts = len(getattr(request, "spec_token_ids", ()) or ())
+            if tables is not None and held_drafts > end - known_end:       # 0.8.x's manager
+                # 0.8.x leaves every held draft out of the blocks it caches.
+                self.flightcheck_observations.drafts_held_at_allocation.append({
+                    "step": self.flightcheck_step + 1, "req": request.request_id,
+                    "held": held_drafts, "scheduled": end - known_end})
             blocks = allocate(request, num_tokens, *args, **kwargs)
             if blocks is None and end > known_end and known_fits:
                 self._fc_failed_allocations.add(id(request))
