@@ -64,6 +64,10 @@ class Scheduler:
     # mutant name -> {step name: the mutant's version of that step}, filled in
     # by mutant_steps.py (the package imports it before any scheduler is built).
     mutant_steps: ClassVar[dict[str, dict[str, Callable[..., Any]]]] = {}
+    # vLLM 0.8.x keeps a request's drafts when an entry schedules none of them
+    # (flightcheck/vllm/differential.py's Vllm08OutputScheduler sets this, and
+    # keeps them through a preemption too); the reference drops them, as 0.33 does.
+    keeps_unscheduled_drafts: ClassVar[bool] = False
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
@@ -270,10 +274,12 @@ class Scheduler:
                 return                        # the request preempted itself
             entry = self._cached_entry(request, request.num_computed_tokens, num_new_tokens,
                                        num_drafts, new_blocks, 0, resumed=False)
-            # Drafts the budget clipped are dropped (vLLM keeps them when none was
-            # scheduled; the spec drops them always, so a clipped decode cannot
-            # leave drafts behind to form a second sampling entry).
-            if len(request.spec_token_ids) != num_drafts:
+            # Drafts the budget clipped are dropped (vLLM 0.8.x keeps them when
+            # none was scheduled; the spec drops them always, as vLLM 0.33's
+            # schedule() does, so a clipped decode cannot leave drafts behind to
+            # form a second sampling entry). `keeps_unscheduled_drafts`: 0.8.x's way.
+            if len(request.spec_token_ids) != num_drafts and not (
+                    num_drafts == 0 and self.keeps_unscheduled_drafts):
                 request.spec_token_ids = request.spec_token_ids[:num_drafts]
             self._add_to_batch(batch, request, entry)
             req_index += 1

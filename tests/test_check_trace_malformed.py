@@ -73,6 +73,9 @@ NOT_NUMBER = ["3", True, False, None, [], {}, [1], {"a": 1}]
 BAD: dict[str, list[Any]] = {
     "count": [-1, 1.5, 0.5, 10**30, *NOT_NUMBER, *NON_FINITE],
     "positive": [0, -1, 1.5, 10**30, *NOT_NUMBER, *NON_FINITE],
+    # An entry's `n`: any integer (vLLM 0.8.x with drafts can schedule fewer
+    # than 0 tokens; that is read and rejected as a decision, below).
+    "scheduled_tokens": [1.5, 0.5, 10**30, -10**30, *NOT_NUMBER, *NON_FINITE],
     "time": ["0.5", True, None, [], {}, *NON_FINITE],
     "request_id": [0, 7, 1.5, True, None, [], ["r0"], {}, "\ud800", "a\udfffb"],
     "flag": [0, 1, "true", None, [], {}, 1.5],
@@ -107,7 +110,7 @@ FIELDS: dict[str, dict[str, str]] = {
                "step": "count", "t": "time"},
     "schedule": {"batch": "batch", "entries": "entries", "preempted": "request_ids",
                  "step": "count", "t": "time"},
-    "entry": {"req": "request_id", "start": "count", "n": "count", "cached": "count",
+    "entry": {"req": "request_id", "start": "count", "n": "scheduled_tokens", "cached": "count",
               "drafts": "count", "samples": "flag_or_null", "block_ids": "block_ids"},
     "stage": {"batch": "batch", "stage": "stage", "t0": "time", "t1": "time", "recv": "time"},
     "complete": {"batch": "batch", "tokens": "token_map", "dropped": "request_ids",
@@ -316,6 +319,20 @@ def test_a_schedule_entry_field_of_the_wrong_type_is_malformed(tmp_path, name, v
     event["entries"][0][name] = value
     lines[i] = json.dumps(event)
     assert_malformed(write_lines(tmp_path, lines), f"line {i + 1}:", f"entries[0].{name}")
+
+
+def test_a_negative_token_count_is_read_and_rejected_as_a_decision_not_as_malformed(tmp_path):
+    """vLLM 0.8.x with speculative decoding can schedule -2 tokens
+    (flightcheck/vllm/README.md, "Speculative decoding"); its recorder writes
+    what vLLM did, and check-trace rejects that schedule, naming it."""
+    lines = valid_lines()
+    i = index_of(lines, "schedule")
+    event = json.loads(lines[i])
+    event["entries"][0]["n"] = -2
+    lines[i] = json.dumps(event)
+    verdict = check_events(read_events(lines))
+    assert not verdict.ok and verdict.event_index == i, verdict.to_json()
+    assert "-2" in verdict.message
 
 
 @pytest.mark.parametrize("raw", [RAW_NAN, "null", RAW_INF, "1.0", "-3", '"7"'])

@@ -51,15 +51,18 @@ from .differential import (Comparison, ReferenceRun, compare, decisions, first_d
 from .generate import campaign_workloads
 from .replay import ReplayError, ReplayWorker, findings
 
-# Mutants that need what the replay never produces: draft tokens (no
-# speculative decoding in the fabricated model), a worker that samples every
+# Mutants that need what a default replay never produces: draft tokens
+# (speculative decoding only with `--spec-tokens K`: there
+# `rejections_not_subtracted` is flagged; `rejections_subtracted_after_reset`
+# changes only the output of a request preempted while its drafts were in
+# flight, which vLLM 0.8.x drops, walking `running`), a worker that samples every
 # chunk (vLLM's runner never does), or a worker that reads a batch after the
 # next schedule() overwrote a shared snapshot (the replay's model reads each
 # batch when it is submitted, as vLLM's executor does), or a request id
 # re-added after an abort (a workload names each request once).
 NEEDS_WHAT_VLLM_REPLAY_LACKS = {
-    "rejections_not_subtracted": "spec-decode drafts",
-    "rejections_subtracted_after_reset": "spec-decode drafts",
+    "rejections_not_subtracted": "spec-decode drafts (--spec-tokens)",
+    "rejections_subtracted_after_reset": "spec-decode drafts and a preempted request's output applied",
     "final_chunk_from_live_counter": "a worker that samples every chunk",
     "shared_snapshot": "a worker that reads a batch after the next schedule()",
     "output_bound_by_name": "a request id re-added after an abort",
@@ -256,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--async", dest="async_scheduling", action="store_true",
                         help="vLLM 0.33.0 with async scheduling (AsyncScheduler, V2 runner settings) against "
                              "the reference's vllm-0.33-async profile")
+    parser.add_argument("--spec-tokens", type=int, default=0, metavar="K",
+                        help="speculative decoding with K drafts per step: the fabricated model proposes "
+                             "drafts and accepts some of each (seeded), vLLM's scheduler is configured for K")
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--keep-disagreements", type=Path, metavar="DIR",
                         help="copy every trace (and its workload) on which check-trace and vLLM's ground "
@@ -264,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep_disagreements is not None and args.keep_disagreements.exists() \
             and not args.keep_disagreements.is_dir():
         parser.error(f"--keep-disagreements {args.keep_disagreements}: not a directory")
-    workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids)
+    if args.spec_tokens < 0:
+        parser.error("--spec-tokens must be >= 0")
+    workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens)
     reports = []
     try:
         for version in args.versions.split(","):

@@ -71,6 +71,21 @@ DEVIATIONS: dict[str, str] = {
         "aborted requests still in flight (0.8.x clears finished_req_ids in every "
         "schedule()), until the next request arrives; the reference keeps the finished ids "
         "until a batch carries them, so it completes those batches first",
+    "unscheduled_drafts_dropped":
+        "speculative decoding: the reference drops the drafts an entry does not schedule and "
+        "clears a request's drafts when it is preempted, as vLLM 0.33 does (Scheduler.schedule "
+        "sets `request.spec_token_ids = []` after scheduling; `_preempt_request` clears them); "
+        "vLLM 0.8.x keeps them (Scheduler.schedule trims `spec_token_ids` only when "
+        "`num_scheduled_spec_tokens > 0`, its preemption resets only the status and "
+        "num_computed_tokens) and schedules them in a later batch, with pipeline parallelism "
+        "while the request's sampling entry is still in flight: that position is sampled twice "
+        "and the token appended twice (the ground truth's double sample)",
+    "drafts_clipped_to_max_model_len":
+        "speculative decoding: the reference clips an entry to `max_model_len - "
+        "num_computed_tokens`, as vLLM 0.8.5's Scheduler.schedule does (\"necessary when using "
+        "spec decoding\"); vLLM 0.8.4's running loop has no such clip and schedules drafts past "
+        "max_model_len (the ground truth's `beyond_max_model_len`; seen to end in an assertion in "
+        "BlockPool.cache_full_blocks)",
     "reused_id_output_dropped":
         "vLLM 0.33: a batch scheduled for a request whose id was since given to a new request "
         "(an abort, then a request under the same id, request-id randomization off) is looked "
@@ -82,9 +97,10 @@ DEVIATIONS: dict[str, str] = {
 # The deviations each version's differential may name (the others cannot occur there).
 VERSION_DEVIATIONS: dict[str, tuple[str, ...]] = {
     "0.8.5": ("orphaned_token_kept", "stale_token_dropped", "partial_chunk_token_dropped",
-              "engine_blocked_in_flight"),
+              "engine_blocked_in_flight", "unscheduled_drafts_dropped"),
     "0.8.4": ("orphaned_token_kept", "stale_token_dropped", "partial_chunk_token_dropped",
-              "inflight_mark_cleared_on_preemption", "engine_blocked_in_flight"),
+              "inflight_mark_cleared_on_preemption", "engine_blocked_in_flight", "unscheduled_drafts_dropped",
+              "drafts_clipped_to_max_model_len"),
     "0.33.0": ("reused_id_output_dropped",),
 }
 
@@ -103,7 +119,27 @@ class Vllm08OutputScheduler(TracingScheduler):
     false as vLLM's does); under one batch per request (0.8.4), a request
     preempted or aborted while not running keeps its `scheduled_req_ids`
     mark (0.8.4's `schedule()` preemption and `finish_requests` never
-    discard it)."""
+    discard it); a request keeps the drafts an entry did not schedule and
+    its drafts through a preemption (`unscheduled_drafts_dropped`)."""
+
+    keeps_unscheduled_drafts = True
+
+    def __init__(self, config: SchedulerConfig, trace: TraceWriter) -> None:
+        super().__init__(config, trace)
+        allocate = self.kv_cache_manager.allocate_slots
+
+        def allocate_slots(request: Request, num_new_tokens: int, new_computed_blocks: Any = (),
+                           num_draft_tokens: int = 0) -> Any:
+            # vLLM 0.8.x's KVCacheManager.allocate_slots caches the blocks of
+            # `num_computed_tokens + num_tokens - len(request.spec_token_ids)`
+            # tokens: every draft the request holds is left out, scheduled or
+            # not (a resumption with drafts kept through its preemption, an
+            # entry the budget clipped), where the reference leaves out only
+            # the drafts scheduled.
+            return allocate(request, num_new_tokens, new_computed_blocks,
+                            num_draft_tokens=max(num_draft_tokens, len(request.spec_token_ids)))
+
+        self.kv_cache_manager.allocate_slots = allocate_slots  # type: ignore[method-assign]
 
     def _fate(self, entry: RequestData, request: Request | None) -> Fate:
         if request is None or request.status != RequestStatus.RUNNING:
@@ -115,7 +151,9 @@ class Vllm08OutputScheduler(TracingScheduler):
 
     def _preempt(self, request: Request) -> None:
         marked = request.request_id in self.scheduled_req_ids
+        drafts = request.spec_token_ids          # vLLM 0.8.x's preemption keeps them
         super()._preempt(request)
+        request.spec_token_ids = drafts
         if marked:                            # vLLM 0.8.4's preemption keeps the in-flight mark
             self.scheduled_req_ids.add(request.request_id)
 
@@ -126,6 +164,30 @@ class Vllm08OutputScheduler(TracingScheduler):
                 and self.requests[req_id].status != RequestStatus.RUNNING}
         super().finish_requests(ids, finished_status)
         self.scheduled_req_ids |= kept
+
+    def _clip(self, num_new_tokens: int, num_computed: int, token_budget: int) -> int:
+        if self.config.continue_prefill:
+            return super()._clip(num_new_tokens, num_computed, token_budget)
+        # vLLM 0.8.4: the threshold and the budget only, no max_model_len clip
+        # (`drafts_clipped_to_max_model_len`).
+        threshold = self.config.long_prefill_token_threshold
+        if 0 < threshold < num_new_tokens:
+            num_new_tokens = threshold
+        return max(0, min(num_new_tokens, token_budget))
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        # vLLM 0.8.x sets every RUNNING request's drafts from the output, an
+        # entry that returned no token (a partial chunk) included, to none
+        # (Scheduler.update_from_output: `request.spec_token_ids =
+        # spec_token_ids[req_index]`); the reference's completion sets them
+        # only where tokens are applied, and does so below.
+        if model_runner_output.spec_token_ids is not None:
+            for entry in scheduler_output.entries:
+                request = self.requests.get(entry.req_id)
+                if request is not None and request.status == RequestStatus.RUNNING \
+                        and not model_runner_output.tokens_of(entry.req_id):
+                    request.spec_token_ids = tuple(model_runner_output.drafts_of(entry.req_id))
+        return super().update_from_output(scheduler_output, model_runner_output)
 
     def _make_output(self, batch: Any) -> Any:
         output = super()._make_output(batch)
@@ -250,9 +312,10 @@ class _ReferenceSide:
 
 
 def _model_output(req_ids: list[str], req_id_to_index: dict[str, int],
-                  sampled_token_ids: list[list[int]], **_: Any) -> ModelRunnerOutput:
+                  sampled_token_ids: list[list[int]], spec_token_ids: list[list[int]] | None = None,
+                  **_: Any) -> ModelRunnerOutput:
     return ModelRunnerOutput(req_ids=req_ids, req_id_to_index=req_id_to_index,
-                             sampled_token_ids=sampled_token_ids)
+                             sampled_token_ids=sampled_token_ids, spec_token_ids=spec_token_ids)
 
 
 def reference_config(workload: Workload, profile: str, mutant: str | None = None) -> SchedulerConfig:
@@ -280,7 +343,8 @@ def reference_config(workload: Workload, profile: str, mutant: str | None = None
         max_model_len=max_model_len, block_size=config.block_size,
         num_blocks=usable, num_pipeline_stages=config.num_stages,
         long_prefill_token_threshold=config.long_prefill_token_threshold,
-        enable_prefix_caching=config.prefix_caching, profile=profile, mutant=mutant)
+        enable_prefix_caching=config.prefix_caching, num_spec_tokens=config.num_spec_tokens,
+        profile=profile, mutant=mutant)
 
 
 @dataclass
@@ -361,7 +425,7 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
                 continue
             entries = tuple((e["req"], e["start"], e["n"], e.get("samples"), e.get("cached", 0),
                              tuple(b + block_offset for b in e.get("block_ids", ())),
-                             e.get("placeholders"))
+                             e.get("placeholders"), e.get("drafts", 0))
                             for e in event.get("entries", ()))
             out.append(("schedule", entries, tuple(event.get("preempted", ()))))
         elif kind == "complete":
@@ -372,7 +436,9 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
             dropped = tuple(sorted(set(event.get("dropped", ())) & set(with_tokens)))
             applied = tuple(sorted((req, tokens) for req, tokens in with_tokens.items()
                                    if req not in dropped))
-            out.append(("complete", applied, dropped))
+            # The drafts each request holds for its next step (spec decode).
+            next_drafts = tuple(sorted(event.get("next_drafts", {}).items()))
+            out.append(("complete", applied, dropped) + ((next_drafts,) if next_drafts else ()))
         elif kind == "abort":
             out.append(("abort", event["req"]))
     flush()
@@ -410,6 +476,23 @@ def _at(events: list[tuple[Any, ...]], index: int) -> str:
 def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
              reference: list[tuple[Any, ...]], index: int) -> str | None:
     """The named deviation that explains the first difference, at `index`, or None."""
+    named = _classify(vllm_result, vllm, reference, index)
+    if named is not None:
+        return named
+    truth = vllm_result.get("ground_truth") or {}
+    held = {item["req"] for item in truth.get("drafts_held_at_admission", ())}
+    theirs = vllm[index] if index < len(vllm) else None
+    ours = reference[index] if index < len(reference) else None
+    if held and _concerns(theirs, ours) & held:
+        # Nothing else explains it, and it concerns a request admitted holding
+        # drafts kept through its preemption: 0.8.x's allocate_slots cached
+        # fewer of its blocks, so a later prefix hit is smaller.
+        return "unscheduled_drafts_dropped"
+    return None
+
+
+def _classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
+              reference: list[tuple[Any, ...]], index: int) -> str | None:
     truth = vllm_result.get("ground_truth") or {}
     theirs = vllm[index] if index < len(vllm) else None
     ours = reference[index] if index < len(reference) else None
@@ -419,6 +502,20 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
         # defers its resumption on a negative stale count (the hang) or trips
         # its assertion, where the reference, whose counters are intact, goes on.
         return "reused_id_output_dropped"
+    beyond = {item["req"] for item in truth.get("beyond_max_model_len", ())}
+    if beyond and _concerns(theirs, ours) & beyond:
+        return "drafts_clipped_to_max_model_len"
+    if theirs is None and vllm_result.get("ending") == "exception" and (
+            truth.get("drafts_held_at_admission") or truth.get("drafts_held_at_allocation")):
+        # vLLM 0.8.x crashed caching a block twice after admitting a request
+        # with drafts kept through its preemption (the ground truth's
+        # drafts_held_at_admission); the reference, which drops them, runs on.
+        return "unscheduled_drafts_dropped"
+    leftover = {item["req"] for item in truth.get("leftover_drafts", ())}
+    if leftover and _concerns(theirs, ours) & leftover:
+        # vLLM 0.8.x scheduled drafts it kept (or preempted trying to) where the
+        # reference had dropped them.
+        return "unscheduled_drafts_dropped"
     if ours is not None and ours[0] == "complete" and not ours[1] and (theirs is None or theirs[0] != "complete"):
         # The reference completes a batch that applies nothing (its requests
         # were aborted) where vLLM's engine waits for input instead.
@@ -429,6 +526,11 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
         vllm_result.get("ending") in ("stuck", "exception") and vllm_result.get("vllm_version") != "0.33.0")
     if drift and ours is not None and ours[0] == "schedule" and (theirs is None or theirs[0] != "schedule"
                                                                or theirs[1] != ours[1]):
+        return "inflight_mark_cleared_on_preemption"
+    missing = {req for item in truth.get("in_flight_set_mismatches", ()) for req in item.get("missing", ())}
+    if missing and theirs is not None and theirs[0] == "schedule" and {entry[0] for entry in theirs[1]} & missing:
+        # vLLM 0.8.4 schedules again a request whose mark a stale completion
+        # cleared while its newer batch is in flight; the reference waits.
         return "inflight_mark_cleared_on_preemption"
     if theirs is None and vllm_result.get("ending") == "exception" and truth.get("in_flight_set_mismatches"):
         # vLLM 0.8.4 crashed on the mark a stale completion cleared; the reference runs on.
@@ -452,6 +554,12 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     if differing and all(req in ours_applied and req in theirs[2] for req in differing):
         return "orphaned_token_kept"
     return None
+
+
+def _first_negative_schedule(events: list[tuple[Any, ...]]) -> int | None:
+    """The index of the first `schedule` with an entry of fewer than 0 tokens."""
+    return next((i for i, event in enumerate(events)
+                 if event[0] == "schedule" and any(entry[2] < 0 for entry in event[1])), None)
 
 
 def _drifted(truth: dict[str, Any]) -> set[str]:
@@ -505,6 +613,13 @@ def compare(name: str, vllm_result: dict[str, Any], vllm_events: list[dict[str, 
             # 0` after a stale completion cleared a newer batch's mark); the
             # reference has no such assert: it must agree up to the crash.
             conforming = conforming[:len(theirs)]
+        negative = _first_negative_schedule(theirs)
+        if negative is not None:
+            # vLLM 0.8.x scheduled a negative number of tokens (its
+            # num_computed_tokens ran past the known tokens and drafts: a
+            # partial chunk's completion cleared drafts a later batch in flight
+            # had scheduled); its state is corrupt from there, as after a crash.
+            theirs, conforming = theirs[:negative], conforming[:negative]
         rest = first_difference(theirs, conforming)
         if rest is not None:
             explained = False

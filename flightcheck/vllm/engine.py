@@ -46,7 +46,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .workload import RequestSpec, Workload, sampled_token
+from .workload import RequestSpec, Workload, draft_outcome, sampled_token
 
 
 class FabricatedModel:
@@ -70,6 +70,7 @@ class FabricatedModel:
         self._specs = {spec.req_id: spec for spec in workload.requests if not spec.reuses_id}
         self._make_output = make_output
         self._known_tokens: dict[str, int] = {}
+        self.latest_drafts: tuple[list[str], list[list[int]]] | None = None
 
     def bind(self, spec: RequestSpec) -> None:
         """The request about to be added under `spec.req_id`."""
@@ -104,18 +105,46 @@ class FabricatedModel:
             told = num_computed_tokens + len(new_token_ids)
             self._known_tokens[req_id] = max(self._known_tokens.get(req_id, 0), told)
         req_ids = list(scheduler_output.num_scheduled_tokens)
+        scheduled_drafts = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
         sampled: list[list[int]] = []
+        proposed: list[list[int]] = []
         for req_id in req_ids:
             end = starts[req_id] + scheduler_output.num_scheduled_tokens[req_id]
+            # The runner compares with its known tokens, drafts excluded
+            # (GPUModelRunner.execute_model, 0.8.5: `seq_len < req_state.num_tokens`
+            # discards; `num_scheduled_tokens` counts the drafts).
             if end >= self._known_tokens[req_id]:
-                sampled.append([sampled_token(self._workload, self._specs[req_id], end)])
+                tokens, next_drafts = self._sample(req_id, end, len(scheduled_drafts.get(req_id, ())))
+                sampled.append(tokens)
+                proposed.append(next_drafts)
                 if self._caches_sampled_tokens:
-                    self._known_tokens[req_id] += 1
+                    self._known_tokens[req_id] += len(tokens)
             else:
                 sampled.append([])              # a partial prefill: nothing sampled
+                proposed.append([])             # ... and nothing proposed (the n-gram proposer's [])
+        # vLLM 0.33 (sync): the engine takes the drafts of the batch it has
+        # just run (EngineCore.post_step -> take_draft_token_ids; the n-gram
+        # runner answers with its latest batch's `req_ids` and drafts).
+        self.latest_drafts = (req_ids, proposed)
         return self._make_output(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled, spec_token_ids=None, logprobs=None,
-                                 prompt_logprobs_dict={})
+                                 sampled_token_ids=sampled,
+                                 spec_token_ids=proposed if self._workload.config.num_spec_tokens else None,
+                                 logprobs=None, prompt_logprobs_dict={})
+
+    def _sample(self, req_id: str, end: int, num_drafts: int) -> tuple[list[int], list[int]]:
+        """An entry that samples, ending at token index `end` with `num_drafts`
+        drafts among its tokens: the accepted drafts and the bonus token (the
+        rejection sampler's output), and the drafts proposed for the next
+        step. Drafts are the request's own future tokens (`sampled_token` at
+        their index), so the output is that of plain decoding, faster."""
+        spec = self._specs[req_id]
+        first = end - num_drafts                 # the index of the first draft (or of the token sampled)
+        if not self._workload.config.num_spec_tokens:
+            return [sampled_token(self._workload, spec, first)], []
+        accepted, num_proposed = draft_outcome(self._workload, spec, first, num_drafts)
+        tokens = [sampled_token(self._workload, spec, first + i) for i in range(accepted + 1)]
+        after = first + accepted + 1
+        return tokens, [sampled_token(self._workload, spec, after + i) for i in range(num_proposed)]
 
 
 class BatchQueueEngine:
@@ -182,9 +211,14 @@ class BatchQueueEngineV033(BatchQueueEngine):
     busy_while_in_flight = True      # EngineCoreProc.has_work counts the batch queue
 
     def __init__(self, scheduler: Any, model: FabricatedModel, depth: int,
-                 abort: Callable[[list[str]], None]) -> None:
+                 abort: Callable[[list[str]], None],
+                 draft_token_ids: Callable[[list[str], list[list[int]]], Any] | None = None) -> None:
         super().__init__(scheduler, model, depth, schedules_only_unscheduled=False)
         self._abort = abort
+        # Speculative decoding (sync): builds vLLM's DraftTokenIds for
+        # `update_draft_token_ids` after every step that ran the model
+        # (EngineCore.post_step); None without drafts.
+        self._draft_token_ids = draft_token_ids
         # Aborts that arrived while the current step runs the model
         # (EngineCore.aborts_queue); drained right before update_from_output.
         self.aborts_queue: list[str] = []
@@ -197,7 +231,17 @@ class BatchQueueEngineV033(BatchQueueEngine):
 
     def step_with_batch_queue(self) -> bool:
         """One call; True when it scheduled or completed a batch with tokens
-        (a step that only moves empty batches makes no progress)."""
+        (a step that only moves empty batches makes no progress). Then
+        `post_step`: with drafts, and when this step ran the model, the
+        drafts of the batch just run go to `update_draft_token_ids`."""
+        self._model_executed = False
+        progressed = self._step_with_batch_queue()
+        if self._draft_token_ids is not None and self._model_executed and self.model.latest_drafts is not None:
+            req_ids, drafts = self.model.latest_drafts
+            self.scheduler.update_draft_token_ids(self._draft_token_ids(req_ids, drafts))
+        return progressed
+
+    def _step_with_batch_queue(self) -> bool:
         record: dict[str, Any] = {"scheduled": None, "completed": None}
         self.steps.append(record)
         model_executed = False
@@ -208,6 +252,7 @@ class BatchQueueEngineV033(BatchQueueEngine):
             # with non_block=True): it must not see later schedule() calls.
             result = self.model.execute(scheduler_output)
             model_executed = scheduler_output.total_num_scheduled_tokens > 0
+            self._model_executed = model_executed
             record["scheduled"] = dict(scheduler_output.num_scheduled_tokens)
             if model_executed:
                 self.batches.append(dict(scheduler_output.num_scheduled_tokens))

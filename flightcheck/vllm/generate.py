@@ -46,8 +46,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = False) -> dict[str, Any]:
-    """One workload (the JSON `workload.py` reads)."""
+def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = False,
+                      spec_tokens: int = 0) -> dict[str, Any]:
+    """One workload (the JSON `workload.py` reads). `spec_tokens` k > 0:
+    speculative decoding with k drafts, the acceptance picked last (so the
+    rest of a seed's workload is what it is without drafts)."""
     num_stages = pick.integer(2, 4)
     block_size = pick.choice([4, 2, 8])
     prefix_len = pick.choice([0, block_size, 2 * block_size, block_size + 1])
@@ -88,6 +91,9 @@ def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = Fals
                                 "max_steps": 3000}
     if prefix_len:
         workload["prefixes"] = {"p": prefix_len}
+    if spec_tokens:
+        config["num_spec_tokens"] = spec_tokens
+        workload["draft_acceptance"] = pick.choice([0.5, 0.0, 0.8, 1.0])
     return workload
 
 
@@ -104,11 +110,14 @@ def _maybe_reuse_an_id(pick: Picker, requests: list[dict[str, Any]]) -> None:
                      "arrival_step": old["abort_step"] + pick.choice([0, pick.integer(0, 3)])})
 
 
-def campaign_workloads(seed: int, count: int, reuse_ids: bool = False) -> list[dict[str, Any]]:
+def campaign_workloads(seed: int, count: int, reuse_ids: bool = False,
+                       spec_tokens: int = 0) -> list[dict[str, Any]]:
     """Workloads seed-0 .. seed-(count-1) of a campaign; each is a function
-    of (seed, index) alone, so a failure is replayed from its name."""
-    return [generate_workload(RandomPicker(hash_seed(seed, index)), f"diff-{seed}-{index}",
-                              hash_seed(seed, index), reuse_ids) for index in range(count)]
+    of (seed, index) alone, so a failure is replayed from its name (with
+    drafts: `diff-spec{k}-...`)."""
+    label = f"spec{spec_tokens}-" if spec_tokens else ""
+    return [generate_workload(RandomPicker(hash_seed(seed, index)), f"diff-{label}{seed}-{index}",
+                              hash_seed(seed, index), reuse_ids, spec_tokens) for index in range(count)]
 
 
 def hash_seed(seed: int, index: int) -> int:

@@ -105,6 +105,31 @@ class Observations:
     # its output placeholders against the invariants they should keep.
     counts_placeholders: bool = False
     placeholder_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    # Speculative decoding (num_spec_tokens > 0): drafts vLLM kept past an
+    # entry that scheduled none of them or through a preemption, then
+    # scheduled (or preempted the request trying to); and an entry that
+    # samples a request while another sampling entry of the same request is
+    # in flight (that position is sampled twice).
+    spec_decoding: bool = False
+    leftover_drafts: list[dict[str, Any]] = field(default_factory=list)
+    double_samples: list[dict[str, Any]] = field(default_factory=list)
+    # ... and an entry of fewer than 0 tokens (num_computed_tokens past the
+    # known tokens and drafts: 0.8.x's `num_new_tokens == 0` skip misses it).
+    negative_schedules: list[dict[str, Any]] = field(default_factory=list)
+    # ... and an entry reaching past max_model_len (vLLM 0.8.4 does not clip
+    # the running loop to it; 0.8.5 does, "necessary when using spec decoding").
+    beyond_max_model_len: list[dict[str, Any]] = field(default_factory=list)
+    # ... and a request admitted (resumed) while holding drafts kept through a
+    # preemption: 0.8.x's KVCacheManager.allocate_slots leaves
+    # `len(spec_token_ids)` tokens out of the blocks it caches and lowers its
+    # `num_cached_block` to that; a later allocation caches a block that has
+    # a hash already (`assert blk.block_hash is None` in
+    # BlockPool.cache_full_blocks) or a later prefix hit is smaller. Nothing
+    # in the trace shows it before that.
+    drafts_held_at_admission: list[dict[str, Any]] = field(default_factory=list)
+    # ... and any allocation of slots while the request holds more drafts than
+    # the entry schedules (the same under-caching, for a running request too).
+    drafts_held_at_allocation: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -115,6 +140,12 @@ class Observations:
                          in_flight_counter_mismatches=self.in_flight_counter_mismatches)
         if self.counts_placeholders:
             found.update(placeholder_mismatches=self.placeholder_mismatches)
+        if self.spec_decoding:
+            found.update(leftover_drafts=self.leftover_drafts, double_samples=self.double_samples,
+                         negative_schedules=self.negative_schedules,
+                         beyond_max_model_len=self.beyond_max_model_len,
+                         drafts_held_at_admission=self.drafts_held_at_admission,
+                         drafts_held_at_allocation=self.drafts_held_at_allocation)
         return found
 
 
@@ -150,6 +181,9 @@ class RecordingMixin:
     records_async_scheduling: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # vLLM 0.8.4's Scheduler takes `speculative_config` and keeps only its
+        # look-ahead (EAGLE) share; k is read from the argument there.
+        self._fc_speculative_config = kwargs.get("speculative_config")
         super().__init__(*args, **kwargs)
         if getattr(self.scheduler_config, "async_scheduling", False) and not self.records_async_scheduling:
             raise RuntimeError(
@@ -163,7 +197,12 @@ class RecordingMixin:
                 f"scheduling (scheduler_config.async_scheduling is off): its output placeholders would "
                 f"change what the engine decides; use flightcheck.vllm.recorder.RecordingScheduler")
         self.flightcheck_step = 0                      # schedule() + update_from_output() calls
-        self.flightcheck_observations = Observations()
+        self.flightcheck_observations = Observations(spec_decoding=self._fc_num_spec_tokens() > 0)
+        # ids of the requests whose allocate_slots found no room in the current
+        # schedule() call (spec decoding only: the call is passed through).
+        self._fc_failed_allocations: set[int] = set()
+        if self.flightcheck_observations.spec_decoding:
+            self._fc_watch_allocations()
         self._fc_next_empty = 1
         # Empty batches scheduled and completed since the last event written.
         self._fc_empty_log: list[dict[str, Any]] = []
@@ -174,6 +213,9 @@ class RecordingMixin:
         self._fc_mismatch_seen: dict[int, int] = {}
         self._fc_next_batch = 1
         self._fc_in_flight: dict[int, BatchRecord] = {}   # id(SchedulerOutput) -> its batch
+        # id(Request) -> why the drafts it holds are left over (not proposed by
+        # its latest completion): see Observations.leftover_drafts.
+        self._fc_leftover_drafts: dict[int, str] = {}
         # request id -> (the Request object now under that id, times it was admitted)
         self._fc_admissions: dict[str, tuple[Any, int]] = {}
         self._fc_trace: TraceFile | None = None
@@ -194,6 +236,14 @@ class RecordingMixin:
                                f"scheduler its parallel config; set {STAGES_ENV} to the pipeline size")
         return int(named)
 
+    def _fc_num_spec_tokens(self) -> int:
+        """k: `Scheduler.num_spec_tokens` (0.8.5, 0.33), else the
+        `speculative_config` argument's `num_speculative_tokens` (0.8.4)."""
+        k = getattr(self, "num_spec_tokens", None)
+        if k is None and self._fc_speculative_config is not None:
+            k = self._fc_speculative_config.num_speculative_tokens
+        return int(k or 0)
+
     def _fc_config_event(self) -> dict[str, Any]:
         scheduler_config, cache_config = self.scheduler_config, self.cache_config
         num_blocks = int(self.kv_cache_config.num_blocks)
@@ -205,7 +255,7 @@ class RecordingMixin:
             "num_blocks": num_blocks, "usable_blocks": num_blocks - 1,
             "max_model_len": self.max_model_len,
             "long_prefill_token_threshold": scheduler_config.long_prefill_token_threshold,
-            "num_spec_tokens": getattr(self, "num_spec_tokens", 0),
+            "num_spec_tokens": self._fc_num_spec_tokens(),
             "prefix_caching": bool(cache_config.enable_prefix_caching),
             "policy": "one-batch-per-request" if hasattr(self, "scheduled_req_ids") else "continue-prefill",
             "num_preallocate_tokens": getattr(self.kv_cache_manager, "num_preallocate_tokens", 0),
@@ -258,6 +308,9 @@ class RecordingMixin:
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         # 0.33's schedule(throttle_prefills=False) is passed through as given.
         running_before = list(self.running)
+        # Requests holding drafts, and whether only drafts are left to schedule.
+        drafts_before = {id(r): r.num_tokens == r.num_computed_tokens for r in running_before
+                         if getattr(r, "spec_token_ids", None)}
         output = super().schedule(*args, **kwargs)
         self.flightcheck_step += 1
         # vLLM preempts from the tail of `running` (Scheduler.schedule, running loop).
@@ -268,7 +321,11 @@ class RecordingMixin:
         if output.total_num_scheduled_tokens > 0:
             batch_id = self._fc_next_batch
             self._fc_next_batch += 1
+            if self.flightcheck_observations.spec_decoding:
+                self._fc_watch_drafts(batch_id, entries, running_before, drafts_before)
             self._fc_in_flight[id(output)] = BatchRecord(batch_id, output, [e for e, _ in entries])
+        elif self.flightcheck_observations.spec_decoding:
+            self._fc_watch_drafts(None, entries, running_before, drafts_before)
         elif self.queues_empty_batches:
             empty = self._fc_next_empty
             self._fc_next_empty += 1
@@ -285,6 +342,87 @@ class RecordingMixin:
         self._fc_check_counters()
         self._fc_check_placeholders()
         return output
+
+    def _fc_watch_allocations(self) -> None:
+        """Note each request whose `KVCacheManager.allocate_slots` returns
+        None (no room: vLLM then preempts from the tail of `running`) for
+        slots that reach into its drafts, calling
+        vLLM's method with the same arguments and returning its result."""
+        manager = self.kv_cache_manager
+        allocate = manager.allocate_slots
+
+        def allocate_slots(request: Any, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
+            # Only a failure the drafts held caused counts: the known tokens
+            # alone would have fit in the table and the free blocks.
+            block_size = self.cache_config.block_size
+            end = request.num_computed_tokens + num_tokens
+            known_end = min(end, request.num_tokens)
+            # (0.8.x's manager keeps `req_to_blocks`; a version without it is
+            # not judged here: any failure reaching into drafts counts.)
+            tables = getattr(manager, "req_to_blocks", None)
+            held = len(tables.get(request.request_id, ())) if tables is not None else 0
+            known_fits = tables is None or (-(-known_end // block_size) - held
+                                            <= manager.block_pool.get_num_free_blocks())
+            held_drafts = len(getattr(request, "spec_token_ids", ()) or ())
+            if tables is not None and held_drafts > end - known_end:       # 0.8.x's manager
+                # 0.8.x leaves every held draft out of the blocks it caches.
+                self.flightcheck_observations.drafts_held_at_allocation.append({
+                    "step": self.flightcheck_step + 1, "req": request.request_id,
+                    "held": held_drafts, "scheduled": end - known_end})
+            blocks = allocate(request, num_tokens, *args, **kwargs)
+            if blocks is None and end > known_end and known_fits:
+                self._fc_failed_allocations.add(id(request))
+            return blocks
+
+        manager.allocate_slots = allocate_slots
+
+    def _fc_watch_drafts(self, batch_id: int | None, entries: list[tuple[EntrySnapshot, dict[str, Any]]],
+                         running_before: list[Any], drafts_before: dict[int, bool]) -> None:
+        """Speculative decoding's ground truth for one schedule() call (see
+        Observations): vLLM 0.8.x keeps `spec_token_ids` when an entry
+        schedules none of them (Scheduler.schedule trims only when
+        `num_scheduled_spec_tokens > 0`) and through a preemption (which resets
+        only the status and num_computed_tokens); 0.33 clears them in both."""
+        observations = self.flightcheck_observations
+        step = self.flightcheck_step
+        was_running = {id(r) for r in running_before}
+        for entry, written in entries:
+            request = entry.request
+            if id(request) not in was_running and request.spec_token_ids:
+                observations.drafts_held_at_admission.append({"step": step, "batch": batch_id, "req": entry.req_id,
+                                                              "drafts": len(request.spec_token_ids)})
+            if entry.n < 0:
+                observations.negative_schedules.append({"step": step, "req": entry.req_id, "n": entry.n})
+            if entry.start + entry.n > self.max_model_len:
+                observations.beyond_max_model_len.append({"step": step, "batch": batch_id, "req": entry.req_id,
+                                                          "end": entry.start + entry.n})
+            why = self._fc_leftover_drafts.get(id(request))
+            if why is not None and written["drafts"]:
+                observations.leftover_drafts.append({"step": step, "batch": batch_id, "req": entry.req_id,
+                                                     "drafts": written["drafts"], "why": why})
+            if entry.samples:
+                earlier = next((b.batch_id for b in self._fc_in_flight.values() for e in b.entries
+                                if e.request is request and e.incarnation == entry.incarnation and e.samples),
+                               None)
+                if earlier is not None:
+                    observations.double_samples.append({"step": step, "batch": batch_id, "req": entry.req_id,
+                                                        "in_flight": earlier})
+            if id(request) in drafts_before and not written["drafts"] and request.spec_token_ids:
+                self._fc_leftover_drafts.setdefault(id(request), f"left over by batch {batch_id}, which "
+                                                                 f"scheduled none")
+        failed, self._fc_failed_allocations = self._fc_failed_allocations, set()
+        for request in running_before:
+            if _status(request) != "PREEMPTED":
+                continue
+            why = self._fc_leftover_drafts.get(id(request))
+            # It preempted itself: its own allocation, its leftover drafts
+            # counted in, found no room (read from allocate_slots' results).
+            if why is not None and id(request) in drafts_before and id(request) in failed:
+                observations.leftover_drafts.append({"step": step, "batch": batch_id, "req": request.request_id,
+                                                     "drafts": len(request.spec_token_ids),
+                                                     "why": why + "; preempted scheduling them"})
+            if request.spec_token_ids:
+                self._fc_leftover_drafts.setdefault(id(request), "proposed before its preemption")
 
     def _fc_entries(self, output: Any) -> list[tuple[EntrySnapshot, dict[str, Any]]]:
         """Entries in the order vLLM placed them: `num_scheduled_tokens` is
@@ -376,12 +514,24 @@ class RecordingMixin:
                 self.flightcheck_observations.partial_chunk_tokens.append({
                     "step": self.flightcheck_step, "batch": record.batch_id, "req": entry.req_id,
                     "end": entry.start + entry.n})
+        # The drafts vLLM now holds for each request this output was applied to
+        # and that goes on (0.8.x: `update_from_output` sets `spec_token_ids`
+        # from the model's output), read from vLLM's requests, not the output.
+        next_drafts = {req_id: len(target.spec_token_ids) for req_id, target in targets.items()
+                       if target is not None and req_id not in dropped and not target.is_finished()
+                       and getattr(target, "spec_token_ids", None)}
+        if getattr(model_runner_output, "spec_token_ids", None) is not None:
+            for req_id, target in targets.items():          # drafts just proposed replace any left over
+                if target is not None and req_id not in dropped:
+                    self._fc_leftover_drafts.pop(id(target), None)
         if record is not None:
             event: dict[str, Any] = {"ev": "complete", "batch": record.batch_id, "tokens": returned}
             if dropped:
                 event["dropped"] = dropped
             if stale:
                 event["stale"] = stale
+            if next_drafts:
+                event["next_drafts"] = next_drafts
             self._fc_write(event)
         elif empty is not None:
             self._fc_empty_log.append({"ev": "complete", "empty_batch": empty[0], "step": self.flightcheck_step})

@@ -147,6 +147,19 @@ def findings(result: dict[str, Any]) -> list[str]:
     for breach in truth.get("placeholder_mismatches", []):
         found.append(f"{breach['req']}'s output placeholders ({breach['placeholders']}) break "
                      f"`{breach['rule']}` at step {breach['step']}")
+    for leftover in truth.get("leftover_drafts", []):
+        found.append(f"{leftover['req']}'s {leftover['drafts']} drafts {leftover['why']} were scheduled at step "
+                     f"{leftover['step']} (vLLM 0.33 clears them; outside the spec's model)")
+    for double in truth.get("double_samples", []):
+        found.append(f"batch {double['batch']} samples {double['req']} while batch {double['in_flight']}, which "
+                     f"samples it too, is in flight: one position sampled twice (step {double['step']})")
+    for negative in truth.get("negative_schedules", []):
+        found.append(f"{negative['req']} was scheduled {negative['n']} tokens at step {negative['step']}")
+    # (drafts_held_at_admission is no finding by itself: it names the cause
+    # of a later crash or smaller hit, for the differential.)
+    for beyond in truth.get("beyond_max_model_len", []):
+        found.append(f"{beyond['req']} was scheduled up to position {beyond['end']}, past max_model_len, at step "
+                     f"{beyond['step']}")
     for mismatch in truth.get("in_flight_set_mismatches", []):
         found.append(f"scheduled_req_ids disagrees with the batches in flight at step {mismatch['step']}: "
                      f"extra {mismatch['extra']}, missing {mismatch['missing']}")

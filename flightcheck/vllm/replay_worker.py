@@ -171,6 +171,9 @@ class SchedulerFactory:
                                               cache_config=cache_config, parallel_config=parallel_config)
         if NEEDS_CPU_DEVICE:
             vllm_arguments["device_config"] = DeviceConfig(device="cpu")
+        speculative_config = self.speculative_config(config, model_config, parallel_config)
+        if speculative_config is not None and _accepts(VllmConfig, "speculative_config"):
+            vllm_arguments["speculative_config"] = speculative_config
         vllm_config = VllmConfig(**vllm_arguments)
         # The KV cache's dtype is the model's, as vLLM's "auto" cache dtype.
         if _accepts(KVCacheConfig, "kv_cache_tensors"):                             # 0.33
@@ -192,8 +195,22 @@ class SchedulerFactory:
             arguments["vllm_config"] = vllm_config
         else:                                                                        # 0.8.4
             arguments.update(scheduler_config=scheduler_config, model_config=model_config,
-                             cache_config=cache_config, lora_config=None, speculative_config=None)
+                             cache_config=cache_config, lora_config=None, speculative_config=speculative_config)
         return scheduler_class(**arguments)
+
+    @staticmethod
+    def speculative_config(config: ReplayConfig, model_config: ModelConfig, parallel_config: ParallelConfig) -> Any:
+        """k drafts per step, the minimal way the scheduler takes them: an
+        n-gram `SpeculativeConfig` (no draft model to load; not EAGLE, so no
+        look-ahead slots: `Scheduler.__init__` reads `num_speculative_tokens`
+        and `use_eagle()`, 0.8.5 and 0.8.4). None without drafts."""
+        if not config.num_spec_tokens:
+            return None
+        from vllm.config import SpeculativeConfig
+
+        return SpeculativeConfig(method="ngram", num_speculative_tokens=config.num_spec_tokens,
+                                 prompt_lookup_max=config.num_spec_tokens,
+                                 target_model_config=model_config, target_parallel_config=parallel_config)
 
 
 def make_request(spec: RequestSpec, workload: Workload) -> Request:
@@ -265,7 +282,13 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     if ENGINE_LOOPS[vllm.__version__] == "0.33":
         # vLLM's own depth: K, or K + 1 with async scheduling and the V2 runner.
         depth = int(scheduler.vllm_config.max_concurrent_batches)
-        engine = BatchQueueEngineV033(scheduler, model, depth, abort_all)
+        drafts = None
+        if workload.config.num_spec_tokens and not workload.config.async_scheduling:
+            from vllm.v1.outputs import DraftTokenIds
+
+            def drafts(req_ids: list[str], draft_token_ids: list[list[int]]) -> Any:
+                return DraftTokenIds(req_ids, draft_token_ids)
+        engine = BatchQueueEngineV033(scheduler, model, depth, abort_all, drafts)
     else:
         engine = BatchQueueEngine(scheduler, model, workload.config.num_stages,
                                   schedules_only_unscheduled=ENGINE_GATES[vllm.__version__])

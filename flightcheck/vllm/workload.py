@@ -12,6 +12,17 @@
 
 * `config.num_blocks` is vLLM's `KVCacheConfig.num_blocks`: the pool,
   including the null block vLLM keeps back (usable blocks: num_blocks - 1).
+* `config.num_spec_tokens` (default 0): k, speculative decoding with up to k
+  drafts per request per step. The replay configures vLLM's scheduler for
+  it (an n-gram `SpeculativeConfig`: drafts are not look-ahead slots) and
+  the fabricated model plays the proposer and the rejection sampler:
+  `draft_outcome` below decides, per request and position, how many of the
+  scheduled drafts are accepted (each in turn with probability
+  `draft_acceptance`, a top-level key, default 0.5) and how many drafts it
+  proposes for the request's next step (k, or with probability 1/4 fewer).
+  Drafts are the request's own future tokens, so an accepted draft is the
+  token the model would have sampled there: the output does not depend on
+  the acceptance, only the timing does.
 * `config.async_scheduling` (vLLM 0.33 only, default false): build the engine
   with async scheduling; the synchronous recorder refuses to stand in for
   its `AsyncScheduler`, so such a replay stops with that error.
@@ -76,6 +87,8 @@ class ReplayConfig:
     # vLLM 0.33: build the engine with async scheduling; the sync recorder
     # refuses to stand in for AsyncScheduler, so a replay then stops there.
     async_scheduling: bool = False
+    # k: drafts per request per step at most (0: no speculative decoding).
+    num_spec_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,11 +122,13 @@ class Workload:
     requests: tuple[RequestSpec, ...]
     eos_token_id: int
     max_steps: int
+    # The chance that each scheduled draft is accepted (after the one before it).
+    draft_acceptance: float = 0.5
 
 
 CONFIG_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "block_size": 16, "max_model_len": 2048,
                                    "long_prefill_token_threshold": 0, "prefix_caching": True,
-                                   "async_scheduling": False}
+                                   "async_scheduling": False, "num_spec_tokens": 0}
 
 
 def _int(where: str, value: Any, minimum: int = 0) -> int:
@@ -136,7 +151,7 @@ def _config(raw: Any) -> ReplayConfig:
         if not isinstance(merged[flag], bool):
             raise WorkloadError(f"config.{flag} must be true or false")
     minimum = {"num_stages": 1, "max_num_batched_tokens": 1, "max_num_seqs": 1, "block_size": 1,
-               "num_blocks": 2, "max_model_len": 1, "long_prefill_token_threshold": 0}
+               "num_blocks": 2, "max_model_len": 1, "long_prefill_token_threshold": 0, "num_spec_tokens": 0}
     values = {key: _int(f"config.{key}", merged[key], low) for key, low in minimum.items()}
     return ReplayConfig(prefix_caching=merged["prefix_caching"], async_scheduling=merged["async_scheduling"],
                         **values)
@@ -208,9 +223,13 @@ def workload_from_json(raw: Any, default_name: str = "workload") -> Workload:
             if arrivals[spec.req_id] > spec.arrival_step:
                 raise WorkloadError(f"requests[{index}] reuses {spec.req_id!r} before that request arrives")
         arrivals[spec.key] = spec.arrival_step
+    acceptance = raw.get("draft_acceptance", 0.5)
+    if not isinstance(acceptance, (int, float)) or isinstance(acceptance, bool) or not 0.0 <= acceptance <= 1.0:
+        raise WorkloadError("draft_acceptance must be in [0, 1]")
     return Workload(name=str(raw.get("name", default_name)), seed=seed, config=_config(raw.get("config", {})),
                     requests=specs, eos_token_id=_int("eos_token_id", raw.get("eos_token_id", EOS_TOKEN_ID)),
-                    max_steps=_int("max_steps", raw.get("max_steps", 100_000), 1))
+                    max_steps=_int("max_steps", raw.get("max_steps", 100_000), 1),
+                    draft_acceptance=float(acceptance))
 
 
 def read_workloads(path: str | Path) -> list[Any]:
@@ -244,3 +263,24 @@ def sampled_token(workload: Workload, spec: RequestSpec, position: int) -> int:
         return workload.eos_token_id
     token = rng.randrange(FIRST_ORDINARY_TOKEN, VOCAB_SIZE)
     return token if token != workload.eos_token_id else token + 1
+
+
+# The chance that the proposer offers all k drafts for a request's next step
+# (otherwise fewer, 0 included: an n-gram proposer often finds no match).
+FULL_PROPOSAL_PROBABILITY = 0.75
+
+
+def draft_outcome(workload: Workload, spec: RequestSpec, position: int, num_drafts: int) -> tuple[int, int]:
+    """What the fabricated model's rejection sampler and proposer decide for
+    an entry of `spec` that samples with `num_drafts` drafts scheduled, the
+    first of them at token index `position`: (drafts accepted, drafts
+    proposed for the request's next step). A function of the seed, the
+    request and the position only, like `sampled_token`, so vLLM and the
+    reference, scheduling the same entry, get the same outcome."""
+    rng = random.Random(f"{workload.seed}/drafts/{spec.key}/{position}/{num_drafts}")
+    accepted = 0
+    while accepted < num_drafts and rng.random() < workload.draft_acceptance:
+        accepted += 1
+    k = workload.config.num_spec_tokens
+    proposed = k if k == 0 or rng.random() < FULL_PROPOSAL_PROBABILITY else rng.randrange(k)
+    return accepted, proposed

@@ -205,6 +205,7 @@ def is_valid_unicode(text: str) -> bool:
 
 COUNT = Integer(0, MAX_COUNT)
 POSITIVE = Integer(1, MAX_COUNT)
+SCHEDULED_TOKENS = Integer(-MAX_COUNT, MAX_COUNT, "an integer (tokens scheduled)")
 TOKEN_ID = Integer(0, MAX_COUNT, "a token id: an integer")
 TOKEN_IDS = ListOf(TOKEN_ID)
 REQUEST_ID = Text(expected="a request id: a string of valid Unicode")
@@ -256,7 +257,10 @@ ARRIVE = Record({
 ENTRY = Record({
     "req": (REQUEST_ID, True),
     "start": (COUNT, True),
-    "n": (COUNT, True),
+    # An integer, not a count: vLLM 0.8.x with speculative decoding can
+    # schedule fewer than 0 tokens (its recorder writes what vLLM did); such
+    # an entry is read, and rejected as a decision, not refused as malformed.
+    "n": (SCHEDULED_TOKENS, True),
     "cached": (COUNT, False),
     "drafts": (COUNT, False),
     "samples": (Nullable(Flag()), False),
