@@ -248,3 +248,43 @@ def test_the_sync_a6_is_false_under_async_with_spec_decode():
     scheduled), so the sync A6 cannot be assumed there."""
     model = next(m for m in ASYNC_MODELS if m.name == "async-drafts-k2")
     assert any(not _a6_sync_holds(s) for s in reachable(model))
+
+
+def test_k_induction_proves_every_encoded_async_property_on_async_drop_k2():
+    """The quick async proof (k = 1, the auxiliary invariants of
+    auxiliary_for, A12 among them): every invariant the profile encodes, IA1,
+    IA2, S3a, S5a, S6' and IF1-IF3 among them, and the transition properties,
+    on drop mode with spec decode, K = 2 (a queue of 3). shared-k3 under the
+    profile, verify's model, is the slow test in test_z3_engines.py."""
+    from flightcheck.verification.z3.encoding.invariants import spec_properties_for
+    from flightcheck.verification.z3.induction.kinduction import prove_by_induction
+    model = next(m for m in ASYNC_MODELS if m.name == "async-drop-k2")
+    res = prove_by_induction(model, jobs=2)
+    assert [p.name for p in res.properties if p.status != "proved"] == []
+    proved = {p.name for p in res.properties}
+    assert set(spec_properties_for(model.cfg)) <= proved
+    assert {"IA1_placeholders", "IA2_placeholders_within_max_tokens", "S6p_async_decode_gating",
+            "IF2_stale_counter", "A12_snapshots_within_the_model_length"} <= proved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["async-k3", "async-drafts-k2"])
+def test_k_induction_proves_every_encoded_async_property_on_the_other_async_models(name):
+    from flightcheck.verification.z3.induction.kinduction import prove_by_induction
+    model = next(m for m in ASYNC_MODELS if m.name == name)
+    res = prove_by_induction(model, jobs=2)
+    assert [p.name for p in res.properties if p.status != "proved"] == []
+
+
+@pytest.mark.slow
+def test_without_a12_async_k_induction_loses_the_stale_counter():
+    """The control for A12: without it the first counterexample to induction
+    (async-drop-k2, `schedule`: orphaned entries whose lengths wrap the
+    bit-vector sum) drops IF2 and IF0, with a CTI."""
+    from flightcheck.verification.z3.induction.kinduction import prove_by_induction
+    from flightcheck.verification.z3.induction.strengthening import auxiliary_for
+    model = next(m for m in ASYNC_MODELS if m.name == "async-drop-k2")
+    res = prove_by_induction(model, auxiliary=[n for n in auxiliary_for(model.cfg)
+                                               if n != "A12_snapshots_within_the_model_length"], jobs=2)
+    rows = res.by_name()
+    assert rows["IF2_stale_counter"].status == "unknown" and rows["IF2_stale_counter"].cti is not None

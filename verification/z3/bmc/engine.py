@@ -59,7 +59,7 @@ from flightcheck.verification.z3.encoding.invariants import (
 )
 from flightcheck.verification.z3.encoding.system import Step, System
 from flightcheck.verification.z3.encoding.terms import arithmetic, conj, disj, eq, neg
-from flightcheck.verification.z3.induction.strengthening import AUXILIARY
+from flightcheck.verification.z3.induction.strengthening import AUXILIARY, auxiliary_for
 from flightcheck.verification.z3.results import (
     EngineResult,
     EngineVerdict,
@@ -258,7 +258,7 @@ class _BmcRun:
         self.properties = list(default_properties(model.cfg) if options.properties is None else options.properties)
         self.spec_properties = set(self.properties)
         if options.lemmas:
-            self.properties += ["WF_encoding", *AUXILIARY]
+            self.properties += ["WF_encoding", *auxiliary_for(model.cfg)]
         self.targets = list(applicable_sometimes(model) if options.sometimes is None else options.sometimes)
         self.unrolling = _Unrolling(model, options.seed, options.reduce, cube)
         self.verdicts: dict[str, EngineVerdict] = {}
