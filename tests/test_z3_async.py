@@ -224,7 +224,7 @@ def test_every_reachable_async_state_satisfies_the_async_auxiliary_invariants(mo
     assert [s for s in states if not _a6a_holds(s, model.cfg)] == []
     system = System(model)
     frame = system.frame(0)
-    sched, defs = system.sched(0)
+    _, defs = system.sched(0)
     names = auxiliary_for(model.cfg)
     assert "A12_snapshots_within_the_model_length" in names
     formulas = {name: system.build(AUXILIARY[name], frame) for name in names}
@@ -288,3 +288,48 @@ def test_without_a12_async_k_induction_loses_the_stale_counter():
                                                if n != "A12_snapshots_within_the_model_length"], jobs=2)
     rows = res.by_name()
     assert rows["IF2_stale_counter"].status == "unknown" and rows["IF2_stale_counter"].cti is not None
+
+
+# -- the async targets as Z3 cover formulas (z3.encoding.invariants.ASYNC_SOMETIMES_FORMULAS) --
+
+@pytest.mark.parametrize("model", ASYNC_MODELS, ids=lambda m: m.name)
+def test_async_target_formulas_agree_with_the_spec_on_reachable_states(model):
+    """decode_behind_decode and stopped_with_output_in_flight as formulas
+    agree with the spec's predicates on the first 800 states of a
+    breadth-first search, among which each target is both true and false
+    (the control)."""
+    import z3
+    from flightcheck.spec.sometimes import ASYNC_SOMETIMES
+    from flightcheck.verification.z3.encoding.invariants import ASYNC_SOMETIMES_FORMULAS
+    from flightcheck.verification.z3.encoding.system import System
+    system = System(model)
+    frame = system.frame(0)
+    formulas = {name: system.build(f, frame) for name, f in ASYNC_SOMETIMES_FORMULAS.items()}
+    assert set(formulas) == {t.name for t in ASYNC_SOMETIMES}
+    solver, seen, bad = z3.Solver(), set(), []
+    for s in reachable(model, limit=800):
+        solver.push()
+        solver.add(system.encode(s, 0))
+        assert solver.check() == z3.sat
+        m = solver.model()
+        solver.pop()
+        for target in ASYNC_SOMETIMES:
+            spec = any(target.target(s, model.cfg, r) for r in range(model.num_requests))
+            seen.add((target.name, spec))
+            if spec != z3.is_true(m.eval(formulas[target.name], model_completion=True)):
+                bad.append(f"{target.name} disagrees on {s}")
+    assert bad == []
+    assert seen == {(target.name, value) for target in ASYNC_SOMETIMES for value in (True, False)}
+
+
+def test_bmc_covers_the_async_targets_on_async_drop_k2():
+    """Both async targets reached by BMC cover queries (asked by name), each
+    confirmed by the spec's predicate on the trace and at the depth the
+    exhaustive search first reaches it (4 and 5: shortest-first)."""
+    from flightcheck.verification.z3.bmc.engine import BmcOptions, bmc
+    model = next(m for m in ASYNC_MODELS if m.name == "async-drop-k2")
+    res = bmc(model, 5, BmcOptions(properties=(), sometimes=("decode_behind_decode", "stopped_with_output_in_flight"),
+                                   reduce=True))
+    rows = res.by_name()
+    assert {name: (row.status, row.depth) for name, row in rows.items()} == {
+        "decode_behind_decode": ("reached", 4), "stopped_with_output_in_flight": ("reached", 5)}
