@@ -276,18 +276,25 @@ def test_k_induction_proves_every_encoded_async_property_on_the_other_async_mode
     assert [p.name for p in res.properties if p.status != "proved"] == []
 
 
-@pytest.mark.slow
-def test_without_a12_async_k_induction_loses_the_stale_counter():
-    """The control for A12: without it the first counterexample to induction
-    (async-drop-k2, `schedule`: orphaned entries whose lengths wrap the
-    bit-vector sum) drops IF2 and IF0, with a CTI."""
-    from flightcheck.verification.z3.induction.kinduction import prove_by_induction
+def test_without_a12_schedule_breaks_the_stale_counter_with_a_cti():
+    """The control for A12: with every other conjunct assumed, `schedule` can
+    break IF2 on async-drop-k2 unless A12 is assumed too (the first
+    counterexample to induction: orphaned entries whose lengths wrap the
+    bit-vector sum); with A12 it cannot."""
+    import z3
+    from flightcheck.verification.z3.encoding.actions import SCHEDULE
+    from flightcheck.verification.z3.encoding.invariants import invariant_formulas_for
+    from flightcheck.verification.z3.encoding.system import System
+    from flightcheck.verification.z3.induction.kinduction import k_induction
     from flightcheck.verification.z3.induction.strengthening import auxiliary_for
     model = next(m for m in ASYNC_MODELS if m.name == "async-drop-k2")
-    res = prove_by_induction(model, auxiliary=[n for n in auxiliary_for(model.cfg)
-                                               if n != "A12_snapshots_within_the_model_length"], jobs=2)
-    rows = res.by_name()
-    assert rows["IF2_stale_counter"].status == "unknown" and rows["IF2_stale_counter"].cti is not None
+    system = System(model)
+    names = ["WF_encoding", *invariant_formulas_for(model.cfg), *auxiliary_for(model.cfg)]
+    step = k_induction(system, 1, names)
+    query = next(q for q in step.queries if q.action == SCHEDULE)
+    without = [name for name in names if name != "A12_snapshots_within_the_model_length"]
+    assert query.check("IF2_stale_counter", step.assumptions(without)) == z3.sat
+    assert query.check("IF2_stale_counter", step.assumptions(names)) == z3.unsat
 
 
 # -- the async targets as Z3 cover formulas (z3.encoding.invariants.ASYNC_SOMETIMES_FORMULAS) --
