@@ -154,8 +154,8 @@ SOMETIMES: tuple[Sometimes, ...] = (
 )
 
 # The targets of asynchronous scheduling (profile vllm-0.33-async), kept apart
-# from SOMETIMES (every profile's, each with a Z3 formula) as the profile's
-# invariants are: the Z3 encoding does not model async scheduling.
+# from SOMETIMES (every profile's) as the profile's invariants are; their Z3
+# cover formulas are verification/z3/encoding/invariants.py ASYNC_SOMETIMES_FORMULAS.
 ASYNC_SOMETIMES: tuple[Sometimes, ...] = (
     Sometimes("decode_behind_decode", decode_behind_decode, needs="async"),
     Sometimes("stopped_with_output_in_flight", stopped_with_output_in_flight, needs="async"),

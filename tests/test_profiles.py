@@ -189,8 +189,8 @@ def test_each_profile_has_a_model_of_three_requests_and_k_3():
 def test_verify_runs_z3_exactly_under_the_profiles_the_encoding_models():
     """A profile verify runs Z3 under must be one the encoding reads (else the
     engines would prove another profile's rules), and every encoded profile
-    gets its Z3 rows but one verify runs explicitly without them, saying why
-    (vllm-0.33-async: encoded, its engines too slow for the default run)."""
+    gets its Z3 rows but those verify runs explicitly without them, saying
+    why (none today: vllm-0.33-async joined with its auxiliary invariants)."""
     from flightcheck.verification.suite import EXPLICIT_ONLY_PROFILES, Z3_PROFILES
     from flightcheck.verification.z3.profiles import ENCODED_PROFILES
     assert Z3_PROFILES <= frozenset(ENCODED_PROFILES)
@@ -201,11 +201,9 @@ def test_every_profile_is_encoded_in_z3():
     """vllm-0.33's rules are encoded too (issue 21): every profile verify
     knows gets k-induction and BMC, none falls back to the default's rules."""
     from flightcheck.verification.suite import EXPLICIT_ONLY_PROFILES, Z3_PROFILES
-    # vllm-0.33-async is encoded (z3/profiles.py), but its engines are not run
-    # by verify (too slow for the default run): verify says so and proves it
-    # by exhaustive search alone
-    assert set(EXPLICIT_ONLY_PROFILES) == {"vllm-0.33-async"}
-    assert Z3_PROFILES == frozenset(PROFILES) - frozenset(EXPLICIT_ONLY_PROFILES)
+    # vllm-0.33-async too since its k-induction goes through (A12, A6's async form)
+    assert EXPLICIT_ONLY_PROFILES == {}
+    assert Z3_PROFILES == frozenset(PROFILES)
 
 
 @pytest.mark.slow

@@ -148,8 +148,8 @@ def test_exhaustive_search_of_each_async_model_proves_everything_and_reaches_eve
     assert {"decode_behind_decode", "stopped_with_output_in_flight", "empty_batch_in_queue"} <= set(r.reached)
 
 
-def test_verify_runs_no_z3_under_the_async_profile_and_says_why():
-    assert ASYNC not in Z3_PROFILES and "Z3" in EXPLICIT_ONLY_PROFILES[ASYNC]
+def test_verify_runs_the_z3_engines_under_the_async_profile():
+    assert ASYNC in Z3_PROFILES and ASYNC not in EXPLICIT_ONLY_PROFILES
 
 
 # -- the profile's mutants: each killed by the property it breaks ---------------------
@@ -197,14 +197,25 @@ def test_with_a_stagger_of_1_the_max_tokens_guard_alone_lets_decodes_past_max_to
 
 
 @pytest.mark.slow
-def test_verify_under_async_proves_everything_kills_every_mutant_and_says_it_runs_no_z3(capsys):
-    """`flightcheck verify --profile vllm-0.33-async`: about a minute on a busy 2-core machine."""
+def test_verify_under_async_proves_everything_by_k_induction_too_and_kills_every_mutant(capsys):
+    """`flightcheck verify --profile vllm-0.33-async`: the exhaustive search,
+    then k-induction and BMC of shared-k3 under the profile (minutes on a
+    busy 2-core machine): every encoded invariant and transition property,
+    IA1, IA2 and S6' among them, proved by k-induction as well."""
     import json
 
     from flightcheck.cli import main
+    from flightcheck.verification.z3.encoding.invariants import spec_properties_for
+    from flightcheck.verification.z3.profiles import profile_model
     assert main(["verify", "--profile", ASYNC, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["ok"] and "Z3" in report["explicit_only"]
+    assert report["ok"] and "explicit_only" not in report
+    inducted = {p["name"] for p in report["properties"]
+                if p["method"].startswith("k-induction") and p["method"].endswith(f"[{ASYNC}]")
+                and p["status"] == "proved"}
+    from flightcheck.verification.models import SHARED_K3
+    assert inducted == set(spec_properties_for(profile_model(SHARED_K3, ASYNC).cfg))
+    assert {"IA1_placeholders", "IA2_placeholders_within_max_tokens", "S6p_async_decode_gating"} <= inducted
     assert all(m["killed"] for m in report["mutants"])
     assert set(report["moot_mutants"]) == {"empty_batch_submitted", "decode_while_token_in_flight"}
     assert {p["name"] for p in report["properties"]} >= {"IA1_placeholders", "S6p_async_decode_gating",

@@ -184,3 +184,159 @@ def test_bmc_bounds_every_encoded_async_property_on_async_k3():
     assert {"IA1_placeholders", "IA2_placeholders_within_max_tokens", "S3a_async_coverage",
             "S5a_async_sampling", "S6p_async_decode_gating"} <= set(rows)
     assert res.depth == 4 and all(v.status == "bounded" for v in rows.values()), rows
+
+
+# -- the auxiliary invariants of async k-induction (z3.induction.strengthening) --------
+
+def _a12_holds(s: State, cfg) -> bool:
+    """A12 on a spec state: every in-flight entry, whatever its fate, starts and has a length within max_model_len."""
+    return all(e.start <= cfg.max_model_len and e.n <= cfg.max_model_len for b in s.in_flight for e in b)
+
+
+def _a6a_holds(s: State, cfg) -> bool:
+    """A6 as restated under async with spec decode: every request proposes 0..k drafts."""
+    return all(0 <= q.num_drafts <= cfg.num_spec_tokens for q in s.requests)
+
+
+def _a6_sync_holds(s: State) -> bool:
+    """The sync A6: a request with live entries in flight proposes its last live entry's drafts."""
+    from flightcheck.spec import Fate
+    for r, q in enumerate(s.requests):
+        mine = [e for b in s.in_flight for e in b if e.req == r and e.fate == Fate.LIVE]
+        if mine and q.num_drafts != mine[-1].drafts:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("model", ASYNC_MODELS, ids=lambda m: m.name)
+def test_every_reachable_async_state_satisfies_the_async_auxiliary_invariants(model):
+    """A12 and A6's async form, restated on spec states, hold on every
+    reachable state of the profile's three models (their exhaustive
+    searches: 21,554, 2,465 and 6,968 states); the Z3 formulas of every
+    auxiliary invariant k-induction assumes under the profile agree with the
+    restatements and hold on the first 300 states of each."""
+    import z3
+    from flightcheck.verification.z3.encoding.system import System
+    from flightcheck.verification.z3.induction.strengthening import AUXILIARY, auxiliary_for
+    states = list(reachable(model))
+    assert len(states) > 2000
+    assert [s for s in states if not _a12_holds(s, model.cfg)] == []
+    assert [s for s in states if not _a6a_holds(s, model.cfg)] == []
+    system = System(model)
+    frame = system.frame(0)
+    _, defs = system.sched(0)
+    names = auxiliary_for(model.cfg)
+    assert "A12_snapshots_within_the_model_length" in names
+    formulas = {name: system.build(AUXILIARY[name], frame) for name in names}
+    solver, failing = z3.Solver(), []
+    solver.add(defs)
+    for s in states[:300]:
+        solver.push()
+        solver.add(system.encode(s, 0))
+        assert solver.check() == z3.sat
+        m = solver.model()
+        solver.pop()
+        failing += [f"{name} fails on reachable {s}" for name, f in formulas.items()
+                    if not z3.is_true(m.eval(f, model_completion=True))]
+    assert failing == []
+
+
+def test_the_sync_a6_is_false_under_async_with_spec_decode():
+    """Why A6 is restated under async: on async-drafts-k2 a reachable state
+    has a request whose proposals differ from the drafts of its last live
+    entry (an older decode's output came back after a younger one was
+    scheduled), so the sync A6 cannot be assumed there."""
+    model = next(m for m in ASYNC_MODELS if m.name == "async-drafts-k2")
+    assert any(not _a6_sync_holds(s) for s in reachable(model))
+
+
+def test_k_induction_proves_every_encoded_async_property_on_async_drop_k2():
+    """The quick async proof (k = 1, the auxiliary invariants of
+    auxiliary_for, A12 among them): every invariant the profile encodes, IA1,
+    IA2, S3a, S5a, S6' and IF1-IF3 among them, and the transition properties,
+    on drop mode with spec decode, K = 2 (a queue of 3). shared-k3 under the
+    profile, verify's model, is the slow test in test_z3_engines.py."""
+    from flightcheck.verification.z3.encoding.invariants import spec_properties_for
+    from flightcheck.verification.z3.induction.kinduction import prove_by_induction
+    model = next(m for m in ASYNC_MODELS if m.name == "async-drop-k2")
+    res = prove_by_induction(model, jobs=2)
+    assert [p.name for p in res.properties if p.status != "proved"] == []
+    proved = {p.name for p in res.properties}
+    assert set(spec_properties_for(model.cfg)) <= proved
+    assert {"IA1_placeholders", "IA2_placeholders_within_max_tokens", "S6p_async_decode_gating",
+            "IF2_stale_counter", "A12_snapshots_within_the_model_length"} <= proved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["async-k3", "async-drafts-k2"])
+def test_k_induction_proves_every_encoded_async_property_on_the_other_async_models(name):
+    from flightcheck.verification.z3.induction.kinduction import prove_by_induction
+    model = next(m for m in ASYNC_MODELS if m.name == name)
+    res = prove_by_induction(model, jobs=2)
+    assert [p.name for p in res.properties if p.status != "proved"] == []
+
+
+def test_without_a12_schedule_breaks_the_stale_counter_with_a_cti():
+    """The control for A12: with every other conjunct assumed, `schedule` can
+    break IF2 on async-drop-k2 unless A12 is assumed too (the first
+    counterexample to induction: orphaned entries whose lengths wrap the
+    bit-vector sum); with A12 it cannot."""
+    import z3
+    from flightcheck.verification.z3.encoding.actions import SCHEDULE
+    from flightcheck.verification.z3.encoding.invariants import invariant_formulas_for
+    from flightcheck.verification.z3.encoding.system import System
+    from flightcheck.verification.z3.induction.kinduction import k_induction
+    from flightcheck.verification.z3.induction.strengthening import auxiliary_for
+    model = next(m for m in ASYNC_MODELS if m.name == "async-drop-k2")
+    system = System(model)
+    names = ["WF_encoding", *invariant_formulas_for(model.cfg), *auxiliary_for(model.cfg)]
+    step = k_induction(system, 1, names)
+    query = next(q for q in step.queries if q.action == SCHEDULE)
+    without = [name for name in names if name != "A12_snapshots_within_the_model_length"]
+    assert query.check("IF2_stale_counter", step.assumptions(without)) == z3.sat
+    assert query.check("IF2_stale_counter", step.assumptions(names)) == z3.unsat
+
+
+# -- the async targets as Z3 cover formulas (z3.encoding.invariants.ASYNC_SOMETIMES_FORMULAS) --
+
+@pytest.mark.parametrize("model", ASYNC_MODELS, ids=lambda m: m.name)
+def test_async_target_formulas_agree_with_the_spec_on_reachable_states(model):
+    """decode_behind_decode and stopped_with_output_in_flight as formulas
+    agree with the spec's predicates on the first 800 states of a
+    breadth-first search, among which each target is both true and false
+    (the control)."""
+    import z3
+    from flightcheck.spec.sometimes import ASYNC_SOMETIMES
+    from flightcheck.verification.z3.encoding.invariants import ASYNC_SOMETIMES_FORMULAS
+    from flightcheck.verification.z3.encoding.system import System
+    system = System(model)
+    frame = system.frame(0)
+    formulas = {name: system.build(f, frame) for name, f in ASYNC_SOMETIMES_FORMULAS.items()}
+    assert set(formulas) == {t.name for t in ASYNC_SOMETIMES}
+    solver, seen, bad = z3.Solver(), set(), []
+    for s in reachable(model, limit=800):
+        solver.push()
+        solver.add(system.encode(s, 0))
+        assert solver.check() == z3.sat
+        m = solver.model()
+        solver.pop()
+        for target in ASYNC_SOMETIMES:
+            spec = any(target.target(s, model.cfg, r) for r in range(model.num_requests))
+            seen.add((target.name, spec))
+            if spec != z3.is_true(m.eval(formulas[target.name], model_completion=True)):
+                bad.append(f"{target.name} disagrees on {s}")
+    assert bad == []
+    assert seen == {(target.name, value) for target in ASYNC_SOMETIMES for value in (True, False)}
+
+
+def test_bmc_covers_the_async_targets_on_async_drop_k2():
+    """Both async targets reached by BMC cover queries (asked by name), each
+    confirmed by the spec's predicate on the trace and at the depth the
+    exhaustive search first reaches it (4 and 5: shortest-first)."""
+    from flightcheck.verification.z3.bmc.engine import BmcOptions, bmc
+    model = next(m for m in ASYNC_MODELS if m.name == "async-drop-k2")
+    res = bmc(model, 5, BmcOptions(properties=(), sometimes=("decode_behind_decode", "stopped_with_output_in_flight"),
+                                   reduce=True))
+    rows = res.by_name()
+    assert {name: (row.status, row.depth) for name, row in rows.items()} == {
+        "decode_behind_decode": ("reached", 4), "stopped_with_output_in_flight": ("reached", 5)}

@@ -79,7 +79,7 @@ def test_k_induction_proves_every_invariant_of_the_deferral_model_under_0_33():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("profile", ["vllm-0.8.5", "vllm-0.8.4", "vllm-0.33"])
+@pytest.mark.parametrize("profile", ["vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async"])
 def test_k_induction_proves_every_invariant_of_the_verify_model_under_each_profile(profile):
     """3 requests, K = 3, prefix caching: duplicate cached blocks under every
     profile, preallocation and one batch per request under 0.8.4, every rule

@@ -15,10 +15,11 @@ from flightcheck.verification import models
 from flightcheck.verification.z3.encoding.actions import COMPLETE, SCHEDULE
 from flightcheck.verification.z3.induction.kinduction import chains, k_induction, prove_by_induction
 from flightcheck.verification.z3.encoding.invariants import INVARIANT_FORMULAS, NEEDS_SCHEDULE
-from flightcheck.verification.z3.induction.strengthening import AUXILIARY
+from flightcheck.verification.z3.induction.strengthening import AUXILIARY, ASYNC_ONLY_AUXILIARY
 from flightcheck.verification.z3.encoding.system import System
 
-NAMES = ["WF_encoding", *INVARIANT_FORMULAS, *AUXILIARY]
+# the sync profiles' auxiliary set (strengthening.auxiliary_for): the models here are sync
+NAMES = ["WF_encoding", *INVARIANT_FORMULAS, *(name for name in AUXILIARY if name not in ASYNC_ONLY_AUXILIARY)]
 
 
 def claims(model: models.Model) -> tuple[dict, dict, list]:

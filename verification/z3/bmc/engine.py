@@ -32,6 +32,7 @@ from typing import Callable, Iterable
 
 import z3
 from flightcheck.spec import SOMETIMES, Action, Config, State
+from flightcheck.spec.sometimes import ASYNC_SOMETIMES
 from flightcheck.verification.models import Model
 from flightcheck.verification.results import kind_of
 from flightcheck.verification.z3.bmc.reduction import (
@@ -48,6 +49,7 @@ from flightcheck.verification.z3.encoding.actions import (
 from flightcheck.verification.z3.encoding.invariants import (
     ALL_INVARIANT_FORMULAS,
     INVARIANT_FORMULAS,
+    ASYNC_SOMETIMES_FORMULAS,
     SCHEDULE_SOMETIMES_FORMULAS,
     SOMETIMES_FORMULAS,
     STEP_SOMETIMES_FORMULAS,
@@ -59,7 +61,7 @@ from flightcheck.verification.z3.encoding.invariants import (
 )
 from flightcheck.verification.z3.encoding.system import Step, System
 from flightcheck.verification.z3.encoding.terms import arithmetic, conj, disj, eq, neg
-from flightcheck.verification.z3.induction.strengthening import AUXILIARY
+from flightcheck.verification.z3.induction.strengthening import AUXILIARY, auxiliary_for
 from flightcheck.verification.z3.results import (
     EngineResult,
     EngineVerdict,
@@ -258,7 +260,7 @@ class _BmcRun:
         self.properties = list(default_properties(model.cfg) if options.properties is None else options.properties)
         self.spec_properties = set(self.properties)
         if options.lemmas:
-            self.properties += ["WF_encoding", *AUXILIARY]
+            self.properties += ["WF_encoding", *auxiliary_for(model.cfg)]
         self.targets = list(applicable_sometimes(model) if options.sometimes is None else options.sometimes)
         self.unrolling = _Unrolling(model, options.seed, options.reduce, cube)
         self.verdicts: dict[str, EngineVerdict] = {}
@@ -370,6 +372,8 @@ class _BmcRun:
             return system.build(STEP_SOMETIMES_FORMULAS[name], self.unrolling.steps[-1])
         if name in SCHEDULE_SOMETIMES_FORMULAS:
             return system.build(SCHEDULE_SOMETIMES_FORMULAS[name], frame, system.sched(depth)[0])
+        if name in ASYNC_SOMETIMES_FORMULAS:
+            return system.build(ASYNC_SOMETIMES_FORMULAS[name], frame)
         return system.build(SOMETIMES_FORMULAS[name], frame)
 
     def record_reach(self, name: str, depth: int, actions: list[Action], states: list[State]) -> None:
@@ -531,7 +535,8 @@ def _merge(model: Model, parts: list[EngineResult], seconds: float) -> EngineRes
 def _confirm_reached(model: Model, name: str, states: list[State], actions: list[Action] | None = None) -> None:
     """The spec's own predicate says the target is reached at the trace's end
     (a transition's target: on the trace's last step)."""
-    target = next(candidate for candidate in SOMETIMES + VERIFICATION_SOMETIMES if candidate.name == name)
+    target = next(candidate for candidate in SOMETIMES + ASYNC_SOMETIMES + VERIFICATION_SOMETIMES
+                  if candidate.name == name)
     cfg = model.cfg
     if target.on_step is not None:
         if actions and len(states) >= 2 and any(target.on_step(states[-2], states[-1], actions[-1], cfg, request)

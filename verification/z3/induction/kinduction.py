@@ -71,7 +71,7 @@ from flightcheck.verification.z3.induction.microsteps import (
     batch_facts,
     completion_facts,
 )
-from flightcheck.verification.z3.induction.strengthening import AUXILIARY
+from flightcheck.verification.z3.induction.strengthening import AUXILIARY, auxiliary_for
 from flightcheck.verification.z3.results import EngineResult, EngineVerdict
 
 ACTIONS = {ARRIVE: "arrive", SCHEDULE: "schedule", COMPLETE: "complete_oldest", ABORT: "abort"}
@@ -452,7 +452,7 @@ def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | Non
     started = time.perf_counter()
     system = System(model)
     names = ["WF_encoding", *(invariant_formulas_for(model.cfg) if invariants is None else invariants),
-             *(AUXILIARY if auxiliary is None else auxiliary)]
+             *(auxiliary_for(model.cfg) if auxiliary is None else auxiliary)]
     method = f"k-induction (k={k})"
     tell = progress or (lambda _: None)
     rows = _base_rows(system, k, names, started)

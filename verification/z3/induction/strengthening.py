@@ -89,7 +89,19 @@ def a5_snapshots_well_formed(layout: Layout, s: SState) -> Any:
 
 
 def a6_drafts_ride_on_last_live_entry(layout: Layout, s: SState) -> Any:
-    """A request with live entries in flight proposes exactly the drafts its last live entry carries."""
+    """A request with live entries in flight proposes exactly the drafts its last live entry carries.
+
+    Under async scheduling with spec decode (vllm-0.33-async, k > 0) restated as
+    A6a: a request proposes 0..k drafts. The sync equality is false there: a
+    decode is scheduled behind its request's decode in flight, and when the
+    older one's output comes back (spec.actions._apply_sample) it sets the
+    request's proposals for its next step while the younger entry still
+    carries the drafts it was scheduled with (reachable on async-drafts-k2;
+    tests/test_z3_async.py). What is left of it holds because every write of
+    num_drafts (schedule: the new entry's drafts, at most k by S8; an output:
+    a proposal of 0..k; preemption and finishing: 0) stays within 0..k."""
+    if layout.cfg.rules.output_placeholders and layout.cfg.num_spec_tokens:
+        return conj([conj(le(0, q.num_drafts), le(q.num_drafts, layout.cfg.num_spec_tokens)) for q in s.reqs])
     return conj([z3.Implies(has_live(layout, s, r), eq(q.num_drafts, last_live(layout, s, r, "drafts", V(0))))
                  for r, q in enumerate(s.reqs)])
 
@@ -143,6 +155,27 @@ def a11_stale_entries_come_first(layout: Layout, s: SState) -> Any:
     return conj(out)
 
 
+# --- asynchronous scheduling (vllm-0.33-async) ------------------------------------
+
+def a12_snapshots_within_the_model_length(layout: Layout, s: SState) -> Any:
+    """Every in-flight snapshot, whatever its fate, starts at most at max_model_len and holds at most
+    max_model_len tokens.
+
+    S2 bounds start + n by max_model_len, but the encoding's arithmetic is
+    bit-vectors, where a start and a length near the top of the range wrap
+    round to a small sum: the first counterexample to induction under
+    vllm-0.33-async (async-drop-k2, `schedule`) had two orphaned entries of
+    1 and 126 tokens, a stale counter of 127 that the resumption's entry
+    pushed to -128, breaking IF0 and IF2. Each bound holds because an entry
+    is made by schedule with 0 <= start and start + n <= max_model_len (the
+    clip to the model length), and no rule changes its start or length
+    afterwards (a preemption or a reschedule changes only its fate); with
+    A5's 0 <= start and 1 <= n the two bounds keep every sum of a few of them
+    far from the top of the range."""
+    L = layout.cfg.max_model_len
+    return conj([z3.Implies(u, conj(le(e.start, L), le(e.n, L))) for e, u in positions(layout, s)])
+
+
 AUXILIARY: dict[str, AuxiliaryInvariant] = {
     "A1_new_is_pristine": a1_new_is_pristine,
     "A2_waiting_never_ran": a2_waiting_never_ran,
@@ -155,6 +188,18 @@ AUXILIARY: dict[str, AuxiliaryInvariant] = {
     "A9_held_blocks_are_not_free": a9_held_blocks_are_not_free,
     "A10_inactive_has_no_counters": a10_inactive_has_no_counters,
     "A11_stale_entries_come_first": a11_stale_entries_come_first,
+    "A12_snapshots_within_the_model_length": a12_snapshots_within_the_model_length,
 }
 
-__all__ = ["AUXILIARY", "RUNNING"]
+# The auxiliary invariants only async scheduling's proofs need: the sync
+# profiles' k-induction runs without them (their conjunction was inductive
+# before they were written, and each conjunct costs every Houdini round).
+ASYNC_ONLY_AUXILIARY: frozenset[str] = frozenset({"A12_snapshots_within_the_model_length"})
+
+
+def auxiliary_for(cfg: Any) -> list[str]:
+    """The auxiliary invariants k-induction assumes under cfg's profile, in AUXILIARY's order."""
+    return [name for name in AUXILIARY if cfg.rules.output_placeholders or name not in ASYNC_ONLY_AUXILIARY]
+
+
+__all__ = ["ASYNC_ONLY_AUXILIARY", "AUXILIARY", "RUNNING", "auxiliary_for"]
