@@ -161,6 +161,34 @@ def test_a_reused_name_binds_by_incarnation_in_the_reference_and_by_name_in_vllm
         run("output_bound_by_id_alone")
 
 
+def test_under_0_8_a_reused_name_is_one_whose_older_request_has_a_batch_in_flight_first():
+    """Among finished names, `arrive`'s `reuse` takes first those whose older
+    request still has an entry in flight (the moment output_bound_by_name
+    needs), then the rest in order; the mutant then fails at that batch's
+    completion."""
+    def run(mutant: str | None) -> RefinementMachine:
+        machine = RefinementMachine(mutant=mutant)
+        machine.setup(cfg=SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2,
+                                          max_model_len=16, block_size=2, num_blocks=8,
+                                          num_pipeline_stages=3),
+                      sample_every_chunk=False)
+        machine.arrive(prompt_len=3, family=0, tail=0, max_tokens=8, reuse=0)    # r0
+        machine.abort(which=[0])                        # r0 finished, nothing of it in flight
+        machine.arrive(prompt_len=3, family=1, tail=0, max_tokens=8, reuse=0)    # r1
+        machine.schedule()                              # batch 1: r1's prompt
+        machine.abort(which=[0])                        # r1 finished, its batch in flight
+        machine.arrive(prompt_len=3, family=0, tail=3, max_tokens=8, reuse=1)
+        assert machine.ledger.requests[2].request_id == "r1"     # in name order it was r0
+        machine.arrive(prompt_len=3, family=1, tail=3, max_tokens=8, reuse=1)
+        assert machine.ledger.requests[3].request_id == "r0"     # the only free name left
+        machine.schedule()                              # batch 2: the new r1's prompt (and r0's)
+        machine.complete(returned=[Outcome()] * 4)      # batch 1 returns
+        return machine
+    assert run(None).state.requests[2].num_output == 0
+    with pytest.raises(AssertionError, match="refinement"):
+        run("output_bound_by_name")
+
+
 def test_refinement_under_0_33_with_name_reuse_finds_no_failure():
     result = fuzz(PROFILES["ci"], seed=0, profile="vllm-0.33", allow_name_reuse=True)
     assert not result.failed, result.failure

@@ -701,10 +701,27 @@ class RefinementMachine(RuleBasedStateMachine):
 
     def _name(self, slot: int, reuse: int) -> str:
         """A fresh name, or (reuse > 0) the name of a finished request that no
-        active request holds (under vLLM 0.33 only with `allow_name_reuse`)."""
+        active request holds (under vLLM 0.33 only with `allow_name_reuse`);
+        under 0.8.x one whose older request has an entry in flight first."""
         if reuse and (self.allow_name_reuse or not self.by_name):
             taken = {r.request_id for r in self.ledger.requests if not r.is_finished()}
             free = sorted({r.request_id for r in self.ledger.requests} - taken)
+            if not self.by_name:
+                # vLLM 0.8.x: names with an entry of their older request
+                # still in flight first, then the rest in order. That older
+                # output completing while the name is taken again is where
+                # an output bound by name (the mutant output_bound_by_name)
+                # shows; before, `reuse` took a name in order, most often
+                # one with nothing in flight. The correct reference binds by
+                # incarnation, so the name taken changes no step of its run:
+                # the same draws give the same run for every mutant that
+                # does not look requests up by name (measured: their steps
+                # to kill are unchanged, docs/fuzzing.md). Under 0.33 (names
+                # visible, reused only with allow_name_reuse) the order
+                # stays as it was.
+                in_flight = {e.req_id for out, _ in self.engine.batch_queue for e in out.entries}
+                free = ([name for name in free if name in in_flight]
+                        + [name for name in free if name not in in_flight])
             if free:
                 return free[(reuse - 1) % len(free)]
         return f"r{slot}"
