@@ -30,7 +30,9 @@ import ast
 import contextlib
 import copy
 import importlib
+import re
 import signal
+import subprocess
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -247,6 +249,49 @@ def applied(mutant: Mutant) -> Iterator[None]:
         yield
     finally:
         function.__code__ = original
+
+
+# -- a recorded run -------------------------------------------------------------
+
+_RECORD_LINE = re.compile(
+    r"^(killed|timeout)\s+(\S+::\S+)(?:\s+seed (\d+), (\d+) steps)?")
+
+
+def read_record(path: Path) -> dict[str, tuple[str, int | None, int | None]]:
+    """Kills in a saved text output of benchmarks/mutation_score.py: key ->
+    (status, seed, steps). Survivors are not read: a survivor has to meet
+    whatever runs were added since, so it is never taken from a record."""
+    kills: dict[str, tuple[str, int | None, int | None]] = {}
+    for line in path.read_text().splitlines():
+        match = _RECORD_LINE.match(line)
+        if match:
+            seed, steps = match.group(3), match.group(4)
+            kills[match.group(2)] = (match.group(1), int(seed) if seed else None,
+                                     int(steps) if steps else None)
+    return kills
+
+
+def function_sources(path: str, commit: str | None = None) -> dict[str, str]:
+    """Each function's code (qualified name -> `ast.unparse`, comments and
+    layout ignored) in the file at `path`, as it is now or at a git commit."""
+    if commit is None:
+        source = (REPO_ROOT / path).read_text()
+    else:
+        source = subprocess.run(["git", "-C", str(REPO_ROOT), "show", f"{commit}:{path}"],
+                                check=True, capture_output=True, text=True).stdout
+    return {name: ast.unparse(function) for name, function in _functions(ast.parse(source))}
+
+
+def unchanged_functions(commit: str) -> set[tuple[str, str]]:
+    """(path, qualified name) of every function of the mutated files whose
+    code is the same now as at `commit`."""
+    same: set[tuple[str, str]] = set()
+    for path in MODULES:
+        before = function_sources(path, commit)
+        for name, code in function_sources(path).items():
+            if before.get(name) == code:
+                same.add((path, name))
+    return same
 
 
 # -- triage -------------------------------------------------------------------
