@@ -12,6 +12,7 @@ from flightcheck.verification.refinement.mutation import (
     applied,
     baseline_failures,
     mutants_of,
+    read_record,
     read_triage,
     run_mutant,
     score,
@@ -79,8 +80,9 @@ def test_score_counts_timeouts_as_kills_and_leaves_triaged_mutants_out():
 
 def test_the_unmutated_reference_passes_every_run_the_score_makes():
     """A score is only meaningful if the runs pass on the reference as it is
-    (a failing run would "kill" every mutant): the default run and vllm-0.33's."""
-    assert baseline_failures(2_000, [0], (None, "vllm-0.33")) == []
+    (a failing run would "kill" every mutant): the default run, vllm-0.33's
+    and vllm-0.33-async's."""
+    assert baseline_failures(2_000, [0], (None, "vllm-0.33", "vllm-0.33-async")) == []
 
 
 def test_a_mutant_only_vllm_0_33_tells_apart_is_killed_by_its_run():
@@ -160,3 +162,24 @@ def test_the_async_placeholder_invariant_the_triage_rests_on(monkeypatch):
     result = fuzz(1_000, 1, shrink=False, profile="vllm-0.33-async")
     assert not result.failed, result.failure
     assert all(reached.values()), reached
+
+
+def test_a_record_gives_only_kills_and_only_for_unchanged_functions(tmp_path):
+    """--reuse: a saved output's kills and timeouts are read (survivors never:
+    they must meet the runs added since); functions are compared by their code."""
+    record = tmp_path / "record.txt"
+    record.write_text(
+        "killed       scheduler.py::Scheduler._clip::Gt->Lt#1                seed 0, 100 steps\n"
+        "killed       scheduler.py::Scheduler._clip::0->1#1                  seed 1, 3 steps (recorded)\n"
+        "timeout      scheduler.py::Scheduler._schedule_running::Add->BitOr#2\n"
+        "survived     scheduler.py::Scheduler._predicted_fate::IsNot->Is#1\n"
+        "equivalent   scheduler.py::Scheduler._clip::Gt->GtE#1\n"
+        "-            if x > y:\n")
+    assert read_record(record) == {
+        "scheduler.py::Scheduler._clip::Gt->Lt#1": ("killed", 0, 100),
+        "scheduler.py::Scheduler._clip::0->1#1": ("killed", 1, 3),
+        "scheduler.py::Scheduler._schedule_running::Add->BitOr#2": ("timeout", None, None)}
+    # Comments and layout aside, a file's functions are the same as themselves.
+    from flightcheck.verification.refinement.mutation import function_sources
+    sources = function_sources("reference/scheduler.py")
+    assert "Scheduler._clip" in sources and "Scheduler._is_async_skipped" in sources
