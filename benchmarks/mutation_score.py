@@ -27,12 +27,14 @@ count as killed.
 --reuse RECORD --reuse-commit COMMIT takes a kill (or timeout) from a saved
 text output of this command instead of running the mutant, when its
 function's code (ast.unparse: comments and layout aside) is the same now as
-at COMMIT, the commit whose reference/ the record measured. Such lines end
-in "(recorded)" and the summary counts them apart from the fresh ones. The
-shortcut assumes a recorded kill still holds: the runs that killed it are
-still among the runs (profiles are only ever added), but the fuzzer itself
-may have changed since; survivors, new mutants and every mutant of a
-changed function are always run fresh.
+at COMMIT, the commit whose reference/ the record measured. A survivor is
+taken from it too, but only when the record made exactly this command's runs
+(steps, seeds, profiles: its summary line); otherwise survivors are run
+fresh, since an added run could kill them. Such lines end in "(recorded)"
+and the summary counts them apart from the fresh ones. The shortcut assumes
+the fuzzer (verification/) is the one the record ran: it compares only the
+reference's code. New mutants and every mutant of a changed function are
+always run fresh.
 
 Exit status: 0, 2 when the fuzzer fails on the unmutated reference, or 1 when --min-score is given and not reached, or when the
 triage file names a mutant or function that no longer exists (stale triage).
@@ -57,6 +59,7 @@ from flightcheck.verification.refinement.mutation import (
     read_triage,
     run_mutant,
     score,
+    settings_line,
     unchanged_functions,
 )
 
@@ -87,13 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.reuse is None) != (args.reuse_commit is None):
         parser.error("--reuse and --reuse-commit go together")
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    profiles = tuple(None if p == "default" else p for p in args.profiles.split(",") if p)
     recorded: dict[str, tuple[str, int | None, int | None]] = {}
     unchanged: set[tuple[str, str]] = set()
     if args.reuse is not None:
-        recorded = read_record(args.reuse)
+        record = read_record(args.reuse)
+        recorded = dict(record.kills)
+        if record.settings == settings_line(args.steps, seeds, profiles):
+            recorded.update((key, ("survived", None, None)) for key in record.survivors)
         unchanged = unchanged_functions(args.reuse_commit)
-    seeds = [int(s) for s in args.seeds.split(",") if s]
-    profiles = tuple(None if p == "default" else p for p in args.profiles.split(",") if p)
     triage = read_triage()
     everything = [m for path in MODULES for m in mutants_of(path)]
     stale = sorted(set(triage.equivalent) - {m.key for m in everything})
@@ -143,10 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nsurvived: {r.mutant.key} (line {r.mutant.line})\n{r.mutant.diff}")
         for key in stale:
             print(f"stale triage entry (no such mutant or function): {key}")
-        print(f"\n# {args.steps} steps, seeds {seeds}, runs {[p or 'default' for p in profiles]}:"
-              f" {summary}; {seconds:.0f} s")
+        print(f"\n# {settings_line(args.steps, seeds, profiles)}: {summary}; {seconds:.0f} s")
         if args.reuse is not None:
-            print(f"# of the {fresh + len(reused)} mutants judged, {len(reused)} kills taken from"
+            print(f"# of the {fresh + len(reused)} mutants judged, {len(reused)} taken from"
                   f" {args.reuse} (functions unchanged since {args.reuse_commit}), {fresh} run fresh")
     if stale:
         return 1

@@ -16,6 +16,7 @@ from flightcheck.verification.refinement.mutation import (
     read_triage,
     run_mutant,
     score,
+    settings_line,
 )
 
 
@@ -165,8 +166,9 @@ def test_the_async_placeholder_invariant_the_triage_rests_on(monkeypatch):
 
 
 def test_a_record_gives_only_kills_and_only_for_unchanged_functions(tmp_path):
-    """--reuse: a saved output's kills and timeouts are read (survivors never:
-    they must meet the runs added since); functions are compared by their code."""
+    """--reuse: a saved output's kills, timeouts and survivors are read, and
+    the runs it made (a survivor is taken only from a record of the same
+    runs: an added run could kill it)."""
     record = tmp_path / "record.txt"
     record.write_text(
         "killed       scheduler.py::Scheduler._clip::Gt->Lt#1                seed 0, 100 steps\n"
@@ -174,11 +176,15 @@ def test_a_record_gives_only_kills_and_only_for_unchanged_functions(tmp_path):
         "timeout      scheduler.py::Scheduler._schedule_running::Add->BitOr#2\n"
         "survived     scheduler.py::Scheduler._predicted_fate::IsNot->Is#1\n"
         "equivalent   scheduler.py::Scheduler._clip::Gt->GtE#1\n"
-        "-            if x > y:\n")
-    assert read_record(record) == {
+        "-            if x > y:\n"
+        "\n# 2000 steps, seeds [0, 1], runs ['default', 'vllm-0.33']: {'killed': 2}; 9 s\n")
+    recorded = read_record(record)
+    assert recorded.kills == {
         "scheduler.py::Scheduler._clip::Gt->Lt#1": ("killed", 0, 100),
         "scheduler.py::Scheduler._clip::0->1#1": ("killed", 1, 3),
         "scheduler.py::Scheduler._schedule_running::Add->BitOr#2": ("timeout", None, None)}
+    assert recorded.survivors == {"scheduler.py::Scheduler._predicted_fate::IsNot->Is#1"}
+    assert recorded.settings == settings_line(2_000, [0, 1], (None, "vllm-0.33"))
     # Comments and layout aside, a file's functions are the same as themselves.
     from flightcheck.verification.refinement.mutation import function_sources
     sources = function_sources("reference/scheduler.py")

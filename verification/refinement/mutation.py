@@ -254,21 +254,44 @@ def applied(mutant: Mutant) -> Iterator[None]:
 # -- a recorded run -------------------------------------------------------------
 
 _RECORD_LINE = re.compile(
-    r"^(killed|timeout)\s+(\S+::\S+)(?:\s+seed (\d+), (\d+) steps)?")
+    r"^(killed|timeout|survived)\s+(\S+::\S+)(?:\s+seed (\d+), (\d+) steps)?")
+_RECORD_SETTINGS = re.compile(r"^# (\d+) steps, seeds (\[[^]]*\]), runs (\[[^]]*\]):")
 
 
-def read_record(path: Path) -> dict[str, tuple[str, int | None, int | None]]:
-    """Kills in a saved text output of benchmarks/mutation_score.py: key ->
-    (status, seed, steps). Survivors are not read: a survivor has to meet
-    whatever runs were added since, so it is never taken from a record."""
+@dataclass(frozen=True)
+class Record:
+    """A saved text output of benchmarks/mutation_score.py: its kills and
+    timeouts, its survivors, and the runs it made ("2000 steps, seeds [0, 1],
+    runs ['default', ...]", from its summary line; None if it has none)."""
+
+    kills: dict[str, tuple[str, int | None, int | None]]
+    survivors: set[str]
+    settings: str | None
+
+
+def settings_line(steps: int, seeds: list[int], profiles: tuple[str | None, ...]) -> str:
+    """How the summary line names a run's budget, seeds and runs."""
+    return f"{steps} steps, seeds {seeds}, runs {[p or 'default' for p in profiles]}"
+
+
+def read_record(path: Path) -> Record:
+    """Read a saved output. A survivor may be taken from it only when it made
+    the same runs (see `settings`): a run added since could kill it."""
     kills: dict[str, tuple[str, int | None, int | None]] = {}
+    survivors: set[str] = set()
+    settings = None
     for line in path.read_text().splitlines():
         match = _RECORD_LINE.match(line)
-        if match:
+        if match and match.group(1) == "survived":
+            survivors.add(match.group(2))
+        elif match:
             seed, steps = match.group(3), match.group(4)
             kills[match.group(2)] = (match.group(1), int(seed) if seed else None,
                                      int(steps) if steps else None)
-    return kills
+        found = _RECORD_SETTINGS.match(line)
+        if found:
+            settings = f"{found.group(1)} steps, seeds {found.group(2)}, runs {found.group(3)}"
+    return Record(kills, survivors, settings)
 
 
 def function_sources(path: str, commit: str | None = None) -> dict[str, str]:
