@@ -12,14 +12,29 @@ the score: killed over killed + survived (timeouts, a mutant that loops
 forever, count as killed).
 
     python benchmarks/mutation_score.py [--steps 2000] [--seeds 0,1]
-        [--profiles default,vllm-0.33] [--file reference/scheduler.py]
-        [--function NAME] [--json] [--min-score 0.9]
+        [--profiles default,vllm-0.33,vllm-0.33-async] [--file reference/scheduler.py]
+        [--function NAME] [--reuse RECORD --reuse-commit COMMIT]
+        [--json] [--min-score 0.9]
 
 For each seed a mutant meets the default fuzz run (vllm-0.8.5, then
 vllm-0.8.4) and, if it survives that, `fuzz --profile vllm-0.33` (code only
-vLLM 0.33 runs is driven there alone). Before any mutant, the unmutated
-reference is fuzzed the same way: if a run fails on it, there is no score
-(exit 2), since every mutant would count as killed.
+vLLM 0.33 runs is driven there alone), then `fuzz --profile
+vllm-0.33-async` (vLLM 0.33's asynchronous rules, which no other run
+drives). Before any mutant, the unmutated reference is fuzzed the same way:
+if a run fails on it, there is no score (exit 2), since every mutant would
+count as killed.
+
+--reuse RECORD --reuse-commit COMMIT takes a kill (or timeout) from a saved
+text output of this command instead of running the mutant, when its
+function's code (ast.unparse: comments and layout aside) is the same now as
+at COMMIT, the commit whose reference/ the record measured. A survivor is
+taken from it too, but only when the record made exactly this command's runs
+(steps, seeds, profiles: its summary line); otherwise survivors are run
+fresh, since an added run could kill them. Such lines end in "(recorded)"
+and the summary counts them apart from the fresh ones. The shortcut assumes
+the fuzzer (verification/) is the one the record ran: it compares only the
+reference's code. New mutants and every mutant of a changed function are
+always run fresh.
 
 Exit status: 0, 2 when the fuzzer fails on the unmutated reference, or 1 when --min-score is given and not reached, or when the
 triage file names a mutant or function that no longer exists (stale triage).
@@ -31,6 +46,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from flightcheck.verification.refinement.fuzz import PROFILES
 from flightcheck.verification.refinement.mutation import (
@@ -39,12 +55,16 @@ from flightcheck.verification.refinement.mutation import (
     MutantResult,
     baseline_failures,
     mutants_of,
+    read_record,
     read_triage,
     run_mutant,
     score,
+    settings_line,
+    unchanged_functions,
 )
 
 DEFAULT_SEEDS = "0,1"
+DEFAULT_PROFILES = "default,vllm-0.33,vllm-0.33-async"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,18 +73,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default=DEFAULT_SEEDS, help="comma-separated seeds")
     parser.add_argument("--file", action="append", choices=list(MODULES),
                         help="these files (default: scheduler.py and kv_cache_manager.py)")
-    parser.add_argument("--profiles", default="default,vllm-0.33",
+    parser.add_argument("--profiles", default=DEFAULT_PROFILES,
                         help="comma-separated fuzz runs per seed: 'default' (every drawn profile) "
-                             "or a profile name pinned (default: default,vllm-0.33)")
+                             f"or a profile name pinned (default: {DEFAULT_PROFILES})")
     parser.add_argument("--function", action="append",
                         help="only mutants of functions whose qualified name contains this")
     parser.add_argument("--time-limit", type=float, default=30.0,
                         help="seconds per fuzz run before a mutant counts as a timeout")
+    parser.add_argument("--reuse", type=Path, default=None,
+                        help="a saved text output of this command: take its kills for "
+                             "mutants of functions unchanged since --reuse-commit")
+    parser.add_argument("--reuse-commit", default=None,
+                        help="the git commit whose reference/ the --reuse record measured")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--min-score", type=float, default=None)
     args = parser.parse_args(argv)
+    if (args.reuse is None) != (args.reuse_commit is None):
+        parser.error("--reuse and --reuse-commit go together")
     seeds = [int(s) for s in args.seeds.split(",") if s]
     profiles = tuple(None if p == "default" else p for p in args.profiles.split(",") if p)
+    recorded: dict[str, tuple[str, int | None, int | None]] = {}
+    unchanged: set[tuple[str, str]] = set()
+    if args.reuse is not None:
+        record = read_record(args.reuse)
+        recorded = dict(record.kills)
+        if record.settings == settings_line(args.steps, seeds, profiles):
+            recorded.update((key, ("survived", None, None)) for key in record.survivors)
+        unchanged = unchanged_functions(args.reuse_commit)
     triage = read_triage()
     everything = [m for path in MODULES for m in mutants_of(path)]
     stale = sorted(set(triage.equivalent) - {m.key for m in everything})
@@ -80,22 +115,33 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the fuzzer fails on the unmutated reference: {line}", file=sys.stderr)
         return 2
     results: list[MutantResult] = []
+    reused: set[str] = set()
     for mutant in mutants:
         if mutant.key in triage.equivalent:
             result = MutantResult(mutant, "equivalent", reason=triage.equivalent[mutant.key])
         elif mutant.function in triage.out_of_scope:
             result = MutantResult(mutant, "out_of_scope", reason=triage.out_of_scope[mutant.function])
+        elif mutant.key in recorded and (mutant.path, mutant.function) in unchanged:
+            status, seed, steps = recorded[mutant.key]
+            result = MutantResult(mutant, status, seed, steps,
+                                  f"recorded in {args.reuse} (code at {args.reuse_commit})")
+            reused.add(mutant.key)
         else:
             result = run_mutant(mutant, args.steps, seeds, args.time_limit, profiles)
         results.append(result)
         if not args.json:
-            _print_result(result)
+            _print_result(result, mutant.key in reused)
     summary = score(results)
+    fresh = sum(1 for r in results if r.status in ("killed", "timeout", "survived")
+                and r.mutant.key not in reused)
     seconds = time.perf_counter() - t0
     if args.json:
         print(json.dumps({"steps": args.steps, "seeds": seeds,
                           "profiles": [p or "default" for p in profiles], "summary": summary,
                           "stale_triage": stale, "seconds": round(seconds, 1),
+                          "reused": {"record": str(args.reuse), "commit": args.reuse_commit,
+                                     "mutants": len(reused), "run_fresh": fresh}
+                          if args.reuse is not None else None,
                           "mutants": [r.to_json() for r in results]}, indent=1))
     else:
         survivors = [r for r in results if r.status == "survived"]
@@ -103,8 +149,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nsurvived: {r.mutant.key} (line {r.mutant.line})\n{r.mutant.diff}")
         for key in stale:
             print(f"stale triage entry (no such mutant or function): {key}")
-        print(f"\n# {args.steps} steps, seeds {seeds}, runs {[p or 'default' for p in profiles]}:"
-              f" {summary}; {seconds:.0f} s")
+        print(f"\n# {settings_line(args.steps, seeds, profiles)}: {summary}; {seconds:.0f} s")
+        if args.reuse is not None:
+            print(f"# of the {fresh + len(reused)} mutants judged, {len(reused)} taken from"
+                  f" {args.reuse} (functions unchanged since {args.reuse_commit}), {fresh} run fresh")
     if stale:
         return 1
     if args.min_score is not None and (summary["score"] or 0) < args.min_score:
@@ -112,8 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _print_result(result: MutantResult) -> None:
+def _print_result(result: MutantResult, recorded: bool = False) -> None:
     where = f"seed {result.seed}, {result.steps} steps" if result.status == "killed" else ""
+    if recorded:
+        where = f"{where} (recorded)".lstrip()
     print(f"{result.status:<12} {result.mutant.key:<70} {where}", flush=True)
 
 

@@ -12,9 +12,11 @@ from flightcheck.verification.refinement.mutation import (
     applied,
     baseline_failures,
     mutants_of,
+    read_record,
     read_triage,
     run_mutant,
     score,
+    settings_line,
 )
 
 
@@ -79,8 +81,9 @@ def test_score_counts_timeouts_as_kills_and_leaves_triaged_mutants_out():
 
 def test_the_unmutated_reference_passes_every_run_the_score_makes():
     """A score is only meaningful if the runs pass on the reference as it is
-    (a failing run would "kill" every mutant): the default run and vllm-0.33's."""
-    assert baseline_failures(2_000, [0], (None, "vllm-0.33")) == []
+    (a failing run would "kill" every mutant): the default run, vllm-0.33's
+    and vllm-0.33-async's."""
+    assert baseline_failures(2_000, [0], (None, "vllm-0.33", "vllm-0.33-async")) == []
 
 
 def test_a_mutant_only_vllm_0_33_tells_apart_is_killed_by_its_run():
@@ -111,3 +114,78 @@ def test_the_fuzzer_checks_has_requests_and_the_predicted_fate_under_0_33():
                 "scheduler.py::Scheduler._predicted_fate::Is->IsNot#1"):
         result = run_mutant(_mutant(key), 2_000, [0, 1], profiles=(None, "vllm-0.33"))
         assert result.status == "killed", key
+
+
+def test_the_async_placeholder_invariant_the_triage_rests_on(monkeypatch):
+    """Seven async mutants are triaged equivalent on one invariant (docs/
+    mutation-equivalents.toml): under vllm-0.33-async a running request with
+    placeholders has num_computed_tokens == num_tokens + placeholders - 1, so
+    its running count is never <= 0, and a live output's placeholders are
+    still all counted when it settles (>= 1 + the drafts it rejects, >= the
+    tokens it returns). Checked at every call of the steps the mutants sit in,
+    over an async fuzz run that reaches each of them."""
+    from flightcheck.verification.refinement.fuzz import fuzz
+    reached = {"schedule with placeholders": 0, "rejections settled": 0, "tokens settled": 0}
+    schedule = Scheduler.schedule
+    count = Scheduler._num_new_tokens_with_placeholders
+    settle_rejected = Scheduler._settle_rejected_placeholders
+    settle = Scheduler._settle_placeholders
+
+    def checked_schedule(self: Scheduler):
+        for request in self.running:
+            placeholders = request.num_output_placeholders
+            if placeholders > 0:
+                reached["schedule with placeholders"] += 1
+                assert request.num_computed_tokens == (
+                    len(request.all_token_ids) + placeholders - 1), request.request_id
+        return schedule(self)
+
+    def checked_count(self: Scheduler, request, token_budget: int) -> int:
+        assert (len(request.all_token_ids) + len(request.spec_token_ids)
+                + request.num_output_placeholders - request.num_computed_tokens) > 0
+        return count(self, request, token_budget)
+
+    def checked_settle_rejected(self: Scheduler, request, num_rejected: int) -> None:
+        reached["rejections settled"] += 1
+        assert request.num_output_placeholders >= 1 + num_rejected >= 2
+        settle_rejected(self, request, num_rejected)
+
+    def checked_settle(self: Scheduler, request, num_returned: int) -> None:
+        if num_returned > 0:
+            reached["tokens settled"] += 1
+            assert request.num_output_placeholders >= num_returned
+        settle(self, request, num_returned)
+
+    monkeypatch.setattr(Scheduler, "schedule", checked_schedule)
+    monkeypatch.setattr(Scheduler, "_num_new_tokens_with_placeholders", checked_count)
+    monkeypatch.setattr(Scheduler, "_settle_rejected_placeholders", checked_settle_rejected)
+    monkeypatch.setattr(Scheduler, "_settle_placeholders", checked_settle)
+    result = fuzz(1_000, 1, shrink=False, profile="vllm-0.33-async")
+    assert not result.failed, result.failure
+    assert all(reached.values()), reached
+
+
+def test_a_record_gives_only_kills_and_only_for_unchanged_functions(tmp_path):
+    """--reuse: a saved output's kills, timeouts and survivors are read, and
+    the runs it made (a survivor is taken only from a record of the same
+    runs: an added run could kill it)."""
+    record = tmp_path / "record.txt"
+    record.write_text(
+        "killed       scheduler.py::Scheduler._clip::Gt->Lt#1                seed 0, 100 steps\n"
+        "killed       scheduler.py::Scheduler._clip::0->1#1                  seed 1, 3 steps (recorded)\n"
+        "timeout      scheduler.py::Scheduler._schedule_running::Add->BitOr#2\n"
+        "survived     scheduler.py::Scheduler._predicted_fate::IsNot->Is#1\n"
+        "equivalent   scheduler.py::Scheduler._clip::Gt->GtE#1\n"
+        "-            if x > y:\n"
+        "\n# 2000 steps, seeds [0, 1], runs ['default', 'vllm-0.33']: {'killed': 2}; 9 s\n")
+    recorded = read_record(record)
+    assert recorded.kills == {
+        "scheduler.py::Scheduler._clip::Gt->Lt#1": ("killed", 0, 100),
+        "scheduler.py::Scheduler._clip::0->1#1": ("killed", 1, 3),
+        "scheduler.py::Scheduler._schedule_running::Add->BitOr#2": ("timeout", None, None)}
+    assert recorded.survivors == {"scheduler.py::Scheduler._predicted_fate::IsNot->Is#1"}
+    assert recorded.settings == settings_line(2_000, [0, 1], (None, "vllm-0.33"))
+    # Comments and layout aside, a file's functions are the same as themselves.
+    from flightcheck.verification.refinement.mutation import function_sources
+    sources = function_sources("reference/scheduler.py")
+    assert "Scheduler._clip" in sources and "Scheduler._is_async_skipped" in sources

@@ -30,7 +30,9 @@ import ast
 import contextlib
 import copy
 import importlib
+import re
 import signal
+import subprocess
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -247,6 +249,72 @@ def applied(mutant: Mutant) -> Iterator[None]:
         yield
     finally:
         function.__code__ = original
+
+
+# -- a recorded run -------------------------------------------------------------
+
+_RECORD_LINE = re.compile(
+    r"^(killed|timeout|survived)\s+(\S+::\S+)(?:\s+seed (\d+), (\d+) steps)?")
+_RECORD_SETTINGS = re.compile(r"^# (\d+) steps, seeds (\[[^]]*\]), runs (\[[^]]*\]):")
+
+
+@dataclass(frozen=True)
+class Record:
+    """A saved text output of benchmarks/mutation_score.py: its kills and
+    timeouts, its survivors, and the runs it made ("2000 steps, seeds [0, 1],
+    runs ['default', ...]", from its summary line; None if it has none)."""
+
+    kills: dict[str, tuple[str, int | None, int | None]]
+    survivors: set[str]
+    settings: str | None
+
+
+def settings_line(steps: int, seeds: list[int], profiles: tuple[str | None, ...]) -> str:
+    """How the summary line names a run's budget, seeds and runs."""
+    return f"{steps} steps, seeds {seeds}, runs {[p or 'default' for p in profiles]}"
+
+
+def read_record(path: Path) -> Record:
+    """Read a saved output. A survivor may be taken from it only when it made
+    the same runs (see `settings`): a run added since could kill it."""
+    kills: dict[str, tuple[str, int | None, int | None]] = {}
+    survivors: set[str] = set()
+    settings = None
+    for line in path.read_text().splitlines():
+        match = _RECORD_LINE.match(line)
+        if match and match.group(1) == "survived":
+            survivors.add(match.group(2))
+        elif match:
+            seed, steps = match.group(3), match.group(4)
+            kills[match.group(2)] = (match.group(1), int(seed) if seed else None,
+                                     int(steps) if steps else None)
+        found = _RECORD_SETTINGS.match(line)
+        if found:
+            settings = f"{found.group(1)} steps, seeds {found.group(2)}, runs {found.group(3)}"
+    return Record(kills, survivors, settings)
+
+
+def function_sources(path: str, commit: str | None = None) -> dict[str, str]:
+    """Each function's code (qualified name -> `ast.unparse`, comments and
+    layout ignored) in the file at `path`, as it is now or at a git commit."""
+    if commit is None:
+        source = (REPO_ROOT / path).read_text()
+    else:
+        source = subprocess.run(["git", "-C", str(REPO_ROOT), "show", f"{commit}:{path}"],
+                                check=True, capture_output=True, text=True).stdout
+    return {name: ast.unparse(function) for name, function in _functions(ast.parse(source))}
+
+
+def unchanged_functions(commit: str) -> set[tuple[str, str]]:
+    """(path, qualified name) of every function of the mutated files whose
+    code is the same now as at `commit`."""
+    same: set[tuple[str, str]] = set()
+    for path in MODULES:
+        before = function_sources(path, commit)
+        for name, code in function_sources(path).items():
+            if before.get(name) == code:
+                same.add((path, name))
+    return same
 
 
 # -- triage -------------------------------------------------------------------
