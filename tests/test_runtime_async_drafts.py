@@ -45,6 +45,8 @@ from flightcheck.runtime.worker import (EMPTY_DRAFT_SLOT, LogitsRecord, RequestS
 from flightcheck.runtime.workload import mixed_workload
 from flightcheck.verification.traces.check import check_trace
 
+from .test_runtime_async import assert_matches, assert_same_outputs
+
 torch.set_num_threads(1)
 
 # Seed and lengths chosen so the tiny model repeats itself often enough for
@@ -81,27 +83,6 @@ def run(executor, tmp_path, k: int, profile: str, num_spec_tokens: int, eos: int
     full = check_trace(path, full=True)
     assert full.ok == check.ok, (full.property, full.message)
     return result, [json.loads(line) for line in open(path)]
-
-
-def assert_same_outputs(*results) -> None:
-    """Token for token, request by request; an aborted request (its abort
-    lands when a batch of it is in flight, which depends on the schedule)
-    only as a prefix of the other runs' output."""
-    for runs in zip(*(r.requests for r in results)):
-        finished = [list(r.output_token_ids) for r in runs if r.finish_reason != "abort"]
-        assert all(out == finished[0] for out in finished), runs[0].req_id
-        longest = max((list(r.output_token_ids) for r in runs), key=len)
-        for r in runs:
-            assert list(r.output_token_ids) == longest[:len(r.output_token_ids)], r.req_id
-
-
-def assert_matches(result, expected: dict[str, list[int]]) -> None:
-    for r in result.requests:
-        want = expected[r.req_id]
-        if r.finish_reason == "abort":
-            assert list(r.output_token_ids) == want[:len(r.output_token_ids)], r.req_id
-        else:
-            assert list(r.output_token_ids) == want, r.req_id
 
 
 def features(events: list[dict]) -> dict[str, int]:

@@ -204,12 +204,7 @@ def hunt_mutant(name: str, model: Model | None = None, profile: str = DEFAULT_PR
     if not kills and r.complete:
         r = explicit.search(model, check_liveness=True)      # liveness needs the whole graph
         kills = [v for v in r.violations if v.property not in SOMETIMES_NAMES]
-    seconds = time.perf_counter() - t0
-    if not kills:
-        return MutantResult(name, False, None, seconds, model=model.name)
-    v = min(kills, key=lambda v: len(v.path))
-    cx = from_actions(model, v.property, [a for a, _ in v.path], v.message)
-    return MutantResult(name, True, cx.length, seconds, v.property, model.name, counterexample=cx)
+    return _shortest_kill(name, model, kills, time.perf_counter() - t0)
 
 
 def hunt_mutant_against_base(name: str, model: Model, broken_on_base: set[str]) -> MutantResult:
@@ -221,7 +216,12 @@ def hunt_mutant_against_base(name: str, model: Model, broken_on_base: set[str]) 
     t0 = time.perf_counter()
     r = explicit.search(model, check_liveness=True)
     kills = [v for v in r.violations if v.property not in SOMETIMES_NAMES and v.property not in broken_on_base]
-    seconds = time.perf_counter() - t0
+    return _shortest_kill(name, model, kills, time.perf_counter() - t0)
+
+
+def _shortest_kill(name: str, model: Model, kills: list[explicit.Violation], seconds: float) -> MutantResult:
+    """The mutant's result from the violations that count as kills: the
+    shortest one, replayed as a counterexample, or survived."""
     if not kills:
         return MutantResult(name, False, None, seconds, model=model.name)
     v = min(kills, key=lambda v: len(v.path))
