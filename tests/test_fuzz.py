@@ -6,11 +6,14 @@ replayable programs."""
 from __future__ import annotations
 
 import gc
+import json
 import os
+from pathlib import Path
 
 import pytest
 
 from flightcheck.reference.mutants import MUTANTS
+from flightcheck.verification.refinement import machine
 from flightcheck.verification.refinement.fuzz import (
     GENERATION_SEED_STRIDE,
     GENERATION_STEPS,
@@ -276,3 +279,23 @@ def test_memory_stays_flat_over_twenty_thousand_steps(monkeypatch):
     assert not fuzz(20_000, 1).failed
     growth = resident[20_000] - resident[10_000]
     assert growth < 20 * 2**20, f"{growth / 2**20:.1f} MB"
+
+
+# -- benchmarks/fuzz_events.py: the event counts docs/fuzzing.md quotes ------------
+
+def test_the_event_counter_counts_a_run_and_puts_the_machine_back(capsys):
+    import importlib.util
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "fuzz_events.py"
+    spec_ = importlib.util.spec_from_file_location("fuzz_events_under_test", path)
+    module = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(module)
+    checked = machine.RefinementMachine._check
+    assert module.main(["--steps", "400", "--seeds", "1", "--json"]) == 0
+    counts = json.loads(capsys.readouterr().out)
+    assert machine.RefinementMachine._check is checked
+    assert counts["steps"] >= 400 and 0 < counts["sampled_outcomes"]
+    assert counts["no_draft_outcomes"] <= counts["sampled_outcomes"]
+    assert counts.get("last_drafting_alone", 0) <= counts.get("last_drafting", 0)
+    # the same seed counts the same again
+    assert module.main(["--steps", "400", "--seeds", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == counts

@@ -164,12 +164,12 @@ def outcome(code: int) -> Outcome:
     rejections, which spec decode must undo, are common); EOS is rare (1 in
     16), so requests live long enough to be preempted mid-decode.
 
-    Code 0, which Hypothesis draws for about half of all outcomes (measured:
-    2,894 of 5,855 samples, seeds 0-4; it is where every integer shrinks to),
-    is an ordinary token with the most drafts proposed next (clipped to the
-    configuration's k) and none of the scheduled drafts accepted: the case
-    spec decode must undo, not the plain token it used to be, which left
-    more than half of all decodes without drafts (docs/fuzzing.md, "The
+    Code 0, which Hypothesis draws far more often than any other (it is
+    where every integer shrinks to), is an ordinary token with the most
+    drafts proposed next (clipped to the configuration's k) and none of the
+    scheduled drafts accepted: the case spec decode must undo, not the plain
+    token it used to be, with which 58 % of sampled entries proposed no
+    draft (29 % now; benchmarks/fuzz_events.py, docs/fuzzing.md "The
     simplest draws")."""
     drafts, accepted = 4 - code % 5, (code // 5) % 8
     eos, eos_draft = (code // 40) % 16 == 15, (code // 640) % 5

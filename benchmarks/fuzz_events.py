@@ -1,0 +1,112 @@
+"""How often the unmutated refinement fuzzer reaches the events the slow
+reference mutants need.
+
+A median of steps to kill over ten seeds moves 2-4x from one seed range to
+the next (docs/fuzzing.md); counting the events themselves over many
+steps is the steadier measure of a strategy. Runs `flightcheck fuzz` on
+the correct reference (default profiles: vllm-0.8.5, then vllm-0.8.4) and
+counts, under vLLM 0.8.x, at every checked step:
+
+  live_rejections         a live entry returns with drafts rejected
+                          (rejections_not_subtracted)
+  preempted_in_flight     a request is preempted with an entry in flight
+  ... one_batch_policy    that, under the one-batch-per-request policy
+                          (inflight_set_not_cleared_on_preemption)
+  orphan_rejections       an orphaned or superseded entry returns with
+                          drafts rejected (rejections_subtracted_after_reset)
+  stale_on_running        a superseded entry returns while its request
+                          runs again (stale_output_applied_to_resumed)
+  no_draft_outcomes       sampled outcomes proposing no draft, of all sampled
+  last_drafting_alone     schedule steps where the last running request
+                          (0.8.5's victim) has drafts in flight and no other
+                          request runs, of all those where it has them
+
+    python benchmarks/fuzz_events.py [--steps 5000] [--seeds 20] [--first-seed 0] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+
+from flightcheck.verification.refinement import machine
+from flightcheck.verification.refinement.fuzz import fuzz
+
+from flightcheck import spec
+
+
+def _count_step(counts: collections.Counter, m: machine.RefinementMachine,
+                before: spec.State, after: spec.State, action: object) -> None:
+    if isinstance(action, spec.Schedule):
+        if before.running:
+            last = before.running[-1]
+            if any(e.req == last and e.drafts and e.fate is spec.Fate.LIVE
+                   for batch in before.in_flight for e in batch):
+                counts["last_drafting"] += 1
+                counts["last_drafting_alone"] += len(before.running) == 1
+        for slot, (was, now) in enumerate(zip(before.requests, after.requests)):
+            if was.status is spec.Status.RUNNING and now.status is spec.Status.PREEMPTED and any(
+                    e.req == slot and e.fate is spec.Fate.LIVE
+                    for batch in before.in_flight for e in batch):
+                counts["preempted_in_flight"] += 1
+                counts["preempted_in_flight_one_batch_policy"] += not m.cfg.continue_prefill
+    if isinstance(action, spec.CompleteOldest) and before.in_flight:
+        for entry, sample in zip(spec.sampling_entries(before, m.spec_cfg), action.samples):
+            rejected = entry.drafts > sample.num_accepted
+            counts["live_rejections" if entry.fate is spec.Fate.LIVE
+                   else "orphan_rejections"] += rejected
+            counts["sampled_outcomes"] += 1
+            counts["no_draft_outcomes"] += sample.next_drafts == 0
+        for entry in before.in_flight[0]:
+            counts["stale_on_running"] += (entry.fate is spec.Fate.SUPERSEDED and
+                                           before.requests[entry.req].status is spec.Status.RUNNING)
+
+
+@contextlib.contextmanager
+def counting(counts: collections.Counter) -> Iterator[None]:
+    """Every checked step of every machine counts into `counts` (0.8.x only)."""
+    checked = machine.RefinementMachine._check
+
+    def check_and_count(self, action, expected=None):
+        before = self.state
+        checked(self, action, expected)
+        counts["steps"] += 1
+        if not self.by_name:
+            _count_step(counts, self, before, self.state, action)
+
+    machine.RefinementMachine._check = check_and_count
+    try:
+        yield
+    finally:
+        machine.RefinementMachine._check = checked
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=5_000, help="steps per seed")
+    parser.add_argument("--seeds", type=int, default=20, help="how many seeds")
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds FIRST..FIRST+N-1")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    counts: collections.Counter = collections.Counter()
+    with counting(counts):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            result = fuzz(args.steps, seed, shrink=False)
+            if result.failed:                      # the correct reference must pass
+                print(f"seed {seed}: the fuzzer failed on the correct reference\n{result.failure}",
+                      file=sys.stderr)
+                return 2
+    if args.json:
+        print(json.dumps(dict(sorted(counts.items()))))
+    else:
+        for key, value in sorted(counts.items()):
+            print(f"{key:40} {value:>8,}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
