@@ -33,6 +33,7 @@ import json
 import sys
 from collections.abc import Iterator
 
+from flightcheck.commands.common import positive_int, seed_int
 from flightcheck.verification.refinement import machine
 from flightcheck.verification.refinement.fuzz import fuzz
 
@@ -87,9 +88,9 @@ def counting(counts: collections.Counter) -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=5_000, help="steps per seed")
-    parser.add_argument("--seeds", type=int, default=20, help="how many seeds")
-    parser.add_argument("--first-seed", type=int, default=0, help="seeds FIRST..FIRST+N-1")
+    parser.add_argument("--steps", type=positive_int, default=5_000, help="steps per seed")
+    parser.add_argument("--seeds", type=positive_int, default=20, help="how many seeds")
+    parser.add_argument("--first-seed", type=seed_int, default=0, help="seeds FIRST..FIRST+N-1")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     counts: collections.Counter = collections.Counter()

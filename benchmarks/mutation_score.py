@@ -44,10 +44,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+from flightcheck.commands.common import positive_int, seed_int
+from flightcheck.reference.profiles import get_profile
 from flightcheck.verification.refinement.fuzz import PROFILES
 from flightcheck.verification.refinement.mutation import (
     MODULES,
@@ -69,7 +72,7 @@ DEFAULT_PROFILES = "default,vllm-0.33,vllm-0.33-async"
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=PROFILES["ci"])
+    parser.add_argument("--steps", type=positive_int, default=PROFILES["ci"])
     parser.add_argument("--seeds", default=DEFAULT_SEEDS, help="comma-separated seeds")
     parser.add_argument("--file", action="append", choices=list(MODULES),
                         help="these files (default: scheduler.py and kv_cache_manager.py)")
@@ -90,8 +93,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.reuse is None) != (args.reuse_commit is None):
         parser.error("--reuse and --reuse-commit go together")
-    seeds = [int(s) for s in args.seeds.split(",") if s]
+    try:
+        seeds = [seed_int(s) for s in args.seeds.split(",") if s]
+    except argparse.ArgumentTypeError as error:
+        parser.error(f"--seeds: {error}")
     profiles = tuple(None if p == "default" else p for p in args.profiles.split(",") if p)
+    if not seeds or not profiles:
+        parser.error("--seeds and --profiles each need at least one entry")
+    for profile in profiles:
+        if profile is not None:
+            try:
+                get_profile(profile)
+            except ValueError as error:
+                parser.error(f"--profiles: {error}")
+    if args.reuse is not None and not args.reuse.is_file():
+        parser.error(f"--reuse: no such file: {args.reuse}")
     recorded: dict[str, tuple[str, int | None, int | None]] = {}
     unchanged: set[tuple[str, str]] = set()
     if args.reuse is not None:
@@ -99,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         recorded = dict(record.kills)
         if record.settings == settings_line(args.steps, seeds, profiles):
             recorded.update((key, ("survived", None, None)) for key in record.survivors)
-        unchanged = unchanged_functions(args.reuse_commit)
+        try:
+            unchanged = unchanged_functions(args.reuse_commit)
+        except subprocess.CalledProcessError as error:
+            parser.error(f"--reuse-commit {args.reuse_commit!r}: git cannot show the reference "
+                         f"there: {error.stderr.strip().splitlines()[-1] if error.stderr else error}")
     triage = read_triage()
     everything = [m for path in MODULES for m in mutants_of(path)]
     stale = sorted(set(triage.equivalent) - {m.key for m in everything})

@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -26,6 +25,8 @@ from flightcheck.verification.refinement.fuzz import (
     run_fuzz,
 )
 from flightcheck.verification.refinement.machine import FUZZED_PROFILES
+
+from .test_mutation import load_benchmark
 
 # The default suite catches every mutant within the CI profile's steps from
 # one seed; the acceptance matrix (10 seeds, 20,000 steps each) is the slow
@@ -284,11 +285,7 @@ def test_memory_stays_flat_over_twenty_thousand_steps(monkeypatch):
 # -- benchmarks/fuzz_events.py: the event counts docs/fuzzing.md quotes ------------
 
 def test_the_event_counter_counts_a_run_and_puts_the_machine_back(capsys):
-    import importlib.util
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "fuzz_events.py"
-    spec_ = importlib.util.spec_from_file_location("fuzz_events_under_test", path)
-    module = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(module)
+    module = load_benchmark("fuzz_events")
     checked = machine.RefinementMachine._check
     assert module.main(["--steps", "400", "--seeds", "1", "--json"]) == 0
     counts = json.loads(capsys.readouterr().out)
@@ -299,3 +296,10 @@ def test_the_event_counter_counts_a_run_and_puts_the_machine_back(capsys):
     # the same seed counts the same again
     assert module.main(["--steps", "400", "--seeds", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == counts
+
+
+@pytest.mark.parametrize("argv", [["--steps", "0"], ["--seeds", "-1"], ["--first-seed", "x"]])
+def test_the_event_counter_refuses_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        load_benchmark("fuzz_events").main(argv)
+    assert exit_.value.code == 2 and argv[0] in capsys.readouterr().err

@@ -4,6 +4,12 @@ they change behaviour; the triage file names only mutants that exist."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
 from flightcheck.reference.scheduler import Scheduler
 from flightcheck.verification.refinement.mutation import (
     MODULES,
@@ -197,3 +203,32 @@ def test_a_record_gives_only_kills_and_only_for_unchanged_functions(tmp_path):
     from flightcheck.verification.refinement.mutation import function_sources
     sources = function_sources("reference/scheduler.py")
     assert "Scheduler._clip" in sources and "Scheduler._is_async_skipped" in sources
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """benchmarks/NAME.py as a module (the folder is not a package)."""
+    path = ROOT / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--seeds", "x,1"], "--seeds: not an integer"),
+    (["--seeds", ","], "at least one entry"),
+    (["--steps", "0"], "must be at least 1"),
+    (["--profiles", "vllm-9.9"], "unknown profile 'vllm-9.9'"),
+    (["--reuse", "no-such-record.txt", "--reuse-commit", "HEAD"], "--reuse: no such file"),
+    (["--reuse", str(ROOT / "docs/results/mutation-score.txt"), "--reuse-commit", "0" * 40],
+     "git cannot show the reference there"),
+])
+def test_the_mutation_score_refuses_bad_arguments_in_one_line(argv, message, capsys):
+    """Refused before any mutant runs: argparse's exit 2 and one line saying why."""
+    with pytest.raises(SystemExit) as exit_:
+        load_benchmark("mutation_score").main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
