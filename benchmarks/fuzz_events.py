@@ -16,6 +16,8 @@ counts, under vLLM 0.8.x, at every checked step:
                           drafts rejected (rejections_subtracted_after_reset)
   stale_on_running        a superseded entry returns while its request
                           runs again (stale_output_applied_to_resumed)
+  window_aborts           aborts taken in a resume window (machine.py
+                          `_resume_window`), which lead to the former
   no_draft_outcomes       sampled outcomes proposing no draft, of all sampled
   last_drafting_alone     schedule steps where the last running request
                           (0.8.5's victim) has drafts in flight and no other
@@ -74,9 +76,12 @@ def counting(counts: collections.Counter) -> Iterator[None]:
 
     def check_and_count(self, action, expected=None):
         before = self.state
+        # the window as the abort rule saw it: the state is still the one before
+        in_window = not self.by_name and isinstance(action, spec.Abort) and bool(self._resume_window())
         checked(self, action, expected)
         counts["steps"] += 1
         if not self.by_name:
+            counts["window_aborts"] += in_window
             _count_step(counts, self, before, self.state, action)
 
     machine.RefinementMachine._check = check_and_count
