@@ -179,8 +179,12 @@ class PipelineExecutor:
         plan = self._pending_ids.plan(scheduler_output, self.num_spec_tokens,
                                       feedback=self.feedback, all_token_ids=self.all_token_ids)
         future = PipelineFuture(self, plan.batch_id)
+        # Not under the lock: a check that finds a dead stage reports it
+        # through `_fail`, which takes the lock (a Lock, not reentrant; the
+        # driver once hung here for good). A failure noticed between the check
+        # and the append still reaches this future: `_wait` checks every slice.
+        self._check()
         with self._lock:
-            self._check()
             self._pending.append(future)
         self._broadcast(plan)
         return future

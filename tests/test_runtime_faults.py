@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from flightcheck.reference import SchedulerConfig
+from flightcheck.reference import Request, SamplingParams, Scheduler, SchedulerConfig
 from flightcheck.runtime import (PipelineExecutor, RunFailed, RuntimeTraceWriter, StageSpec,
                                  WeightSource, generate, pipeline)
 from flightcheck.runtime.pipeline import StageDied
@@ -59,6 +59,60 @@ def test_killing_a_stage_mid_run_raises_reaps_and_aborts_every_unfinished_reques
     assert sum(len(r.output_token_ids) for r in result.requests) >= 20
     check = check_trace(path)                         # the aborts are legal; no `end` written
     assert check.ok, check
+    Path(executor.log_path).unlink()                  # kept after a failure, for the user
+
+
+def test_submit_that_is_first_to_see_a_dead_stage_raises_instead_of_deadlocking(monkeypatch):
+    """`submit` checks the stages before it sends a plan. When it is the first
+    to see a stage's death (the receiver thread has not noticed yet), it must
+    raise; it once reported the failure while holding the lock that reporting
+    takes, and the driver hung for good. The receiver is held back after the
+    kill, so that submit is the first to notice every time."""
+    killed, release = threading.Event(), threading.Event()
+    receive = pipeline.recv_object
+
+    def held_back_after_the_kill(src, group):
+        try:
+            return receive(src, group)
+        finally:
+            if killed.is_set():
+                release.wait()
+
+    monkeypatch.setattr(pipeline, "recv_object", held_back_after_the_kill)
+    cfg = SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=8, max_model_len=128,
+                          block_size=4, num_blocks=64, num_pipeline_stages=2)
+    scheduler = Scheduler(cfg)
+    scheduler.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=4)))
+    first = scheduler.schedule()
+    scheduler.add_request(Request("b", [4, 5, 6], SamplingParams(max_tokens=4)))
+    second = scheduler.schedule()
+    assert second.total_num_scheduled_tokens > 0          # submit sends it: the check runs
+    executor = PipelineExecutor.spawn(StageSpec(WeightSource(seed=2), 2, 64, 4, "float32"))
+    victim = executor.processes[0]
+    raised: list[BaseException] = []
+
+    def submit_second() -> None:
+        try:
+            executor.submit(second)
+        except BaseException as err:
+            raised.append(err)
+
+    try:
+        executor.submit(first).result()                   # the pipeline runs
+        killed.set()
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(10.0)
+        assert victim.exitcode == -signal.SIGKILL
+        submitter = threading.Thread(target=submit_second, daemon=True)
+        submitter.start()
+        submitter.join(10.0)
+        assert not submitter.is_alive(), "submit() hung after a stage died"
+    finally:
+        release.set()
+        executor.close()
+    assert len(raised) == 1 and isinstance(raised[0], StageDied), raised
+    assert f"stage 0 (pid {victim.pid}) was killed by SIGKILL" in str(raised[0])
+    assert all(p.exitcode is not None for p in executor.processes)   # every process reaped
     Path(executor.log_path).unlink()                  # kept after a failure, for the user
 
 
