@@ -197,10 +197,20 @@ class PipelineExecutor:
         self._broadcast(BatchPlan(0, (), (), kind="reset"))
 
     def _broadcast(self, plan: BatchPlan) -> None:
-        for rank in range(1, self.num_stages + 1):
-            self._outbox.send_object(plan, rank, self.groups.meta)
-        # Every plan older than those still in flight has been received by all stages.
-        self._outbox.wait_oldest(keep=2 * self.num_stages * (len(self._pending) + 2))
+        try:
+            for rank in range(1, self.num_stages + 1):
+                self._outbox.send_object(plan, rank, self.groups.meta)
+            # Every plan older than those still in flight has been received by
+            # all stages, so these waits return at once; a send to a stage that
+            # has died fails (below) once gloo sees its connection close.
+            self._outbox.wait_oldest(keep=2 * self.num_stages * (len(self._pending) + 2))
+        except RuntimeError as err:
+            # gloo refuses a send to a stage whose connection has closed (it
+            # died after the last check): the same failure, not a traceback.
+            self._fail(self._first_failure(
+                f"lost contact with the stages ({type(err).__name__}: {err})"))
+            self._check()                             # raises the failure just recorded
+            raise
 
     # -- receiving -------------------------------------------------------------------
 

@@ -116,6 +116,26 @@ def test_submit_that_is_first_to_see_a_dead_stage_raises_instead_of_deadlocking(
     Path(executor.log_path).unlink()                  # kept after a failure, for the user
 
 
+def test_a_send_that_gloo_refuses_after_a_stage_died_names_the_stage():
+    """gloo refuses a send to a stage whose connection has closed. When the
+    stage died after the driver's last check (`reset` makes none), that is
+    the stage's death, reported as such, not a bare gloo RuntimeError."""
+    executor = PipelineExecutor.spawn(StageSpec(WeightSource(seed=2), 2, 64, 4, "float32"))
+    victim = executor.processes[0]
+    try:
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(10.0)
+        deadline = time.monotonic() + 20.0
+        with pytest.raises(StageDied) as info:
+            while time.monotonic() < deadline:        # until gloo has seen the connection close
+                executor.reset()
+                time.sleep(0.05)
+    finally:
+        executor.close()
+    assert f"stage 0 (pid {victim.pid}) was killed by SIGKILL" in str(info.value), info.value
+    Path(executor.log_path).unlink()                  # kept after a failure, for the user
+
+
 def test_a_stage_killed_while_starting_is_named_within_seconds_and_everything_is_reaped(
         monkeypatch):
     spec = StageSpec(WeightSource(seed=2), 3, 64, 4, "float32")
