@@ -16,14 +16,22 @@ counts, under vLLM 0.8.x, at every checked step:
                           drafts rejected (rejections_subtracted_after_reset)
   stale_on_running        a superseded entry returns while its request
                           runs again (stale_output_applied_to_resumed)
+  ... sampled             that, for an entry that sampled: a wrong
+                          scheduler appends its token (the mutant's event)
+  orphaned_sampling       a request is preempted with an entry that samples
+                          in flight (the event before the former)
   window_aborts           aborts taken in a resume window (machine.py
-                          `_resume_window`), which lead to the former
+                          `_resume_window`), which make the former two meet
   no_draft_outcomes       sampled outcomes proposing no draft, of all sampled
   last_drafting_alone     schedule steps where the last running request
                           (0.8.5's victim) has drafts in flight and no other
                           request runs, of all those where it has them
 
-    python benchmarks/fuzz_events.py [--steps 5000] [--seeds 20] [--first-seed 0] [--json]
+    python benchmarks/fuzz_events.py [--steps 5000] [--seeds 20] [--first-seed 0]
+                                     [--without-resume-window] [--json]
+
+`--without-resume-window` counts with the machine's resume window closed
+(the strategies before it), for comparison.
 """
 
 from __future__ import annotations
@@ -57,6 +65,9 @@ def _count_step(counts: collections.Counter, m: machine.RefinementMachine,
                     for batch in before.in_flight for e in batch):
                 counts["preempted_in_flight"] += 1
                 counts["preempted_in_flight_one_batch_policy"] += not m.cfg.continue_prefill
+                counts["orphaned_sampling"] += any(e.req == slot and e.fate is spec.Fate.LIVE
+                                                   and e.samples
+                                                   for batch in before.in_flight for e in batch)
     if isinstance(action, spec.CompleteOldest) and before.in_flight:
         for entry, sample in zip(spec.sampling_entries(before, m.spec_cfg), action.samples):
             rejected = entry.drafts > sample.num_accepted
@@ -65,8 +76,10 @@ def _count_step(counts: collections.Counter, m: machine.RefinementMachine,
             counts["sampled_outcomes"] += 1
             counts["no_draft_outcomes"] += sample.next_drafts == 0
         for entry in before.in_flight[0]:
-            counts["stale_on_running"] += (entry.fate is spec.Fate.SUPERSEDED and
-                                           before.requests[entry.req].status is spec.Status.RUNNING)
+            stale_on_running = (entry.fate is spec.Fate.SUPERSEDED and
+                                before.requests[entry.req].status is spec.Status.RUNNING)
+            counts["stale_on_running"] += stale_on_running
+            counts["stale_on_running_sampled"] += stale_on_running and entry.samples
 
 
 @contextlib.contextmanager
@@ -91,15 +104,29 @@ def counting(counts: collections.Counter) -> Iterator[None]:
         machine.RefinementMachine._check = checked
 
 
+@contextlib.contextmanager
+def resume_window(open_: bool) -> Iterator[None]:
+    """The machine as it is, or (not `open_`) with its resume window closed."""
+    window = machine.RefinementMachine._resume_window
+    if not open_:
+        machine.RefinementMachine._resume_window = lambda self: []
+    try:
+        yield
+    finally:
+        machine.RefinementMachine._resume_window = window
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=positive_int, default=5_000, help="steps per seed")
     parser.add_argument("--seeds", type=positive_int, default=20, help="how many seeds")
     parser.add_argument("--first-seed", type=seed_int, default=0, help="seeds FIRST..FIRST+N-1")
+    parser.add_argument("--without-resume-window", action="store_true",
+                        help="close the machine's resume window (the strategies before it)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     counts: collections.Counter = collections.Counter()
-    with counting(counts):
+    with counting(counts), resume_window(open_=not args.without_resume_window):
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             result = fuzz(args.steps, seed, shrink=False)
             if result.failed:                      # the correct reference must pass

@@ -298,6 +298,27 @@ def test_the_event_counter_counts_a_run_and_puts_the_machine_back(capsys):
     assert json.loads(capsys.readouterr().out) == counts
 
 
+def test_the_resume_window_brings_stale_outputs_back_to_resumed_requests(capsys):
+    """The machine's resume window (an abort of a running request while a
+    preempted one's sampling entry is in flight) is what lets that request
+    resume before its stale output returns, the event
+    stale_output_applied_to_resumed needs: seed 2, 3,000 steps, 4 such
+    outputs with the window and none with it closed. The window is put back."""
+    module = load_benchmark("fuzz_events")
+    window = machine.RefinementMachine._resume_window
+
+    def counts(*extra: str) -> dict[str, int]:
+        assert module.main(["--steps", "3000", "--seeds", "1", "--first-seed", "2", "--json",
+                            *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    opened, closed = counts(), counts("--without-resume-window")
+    assert machine.RefinementMachine._resume_window is window
+    assert opened["window_aborts"] > 0 and closed.get("window_aborts", 0) == 0
+    assert opened.get("stale_on_running_sampled", 0) > closed.get("stale_on_running_sampled", 0)
+    assert opened["stale_on_running_sampled"] <= opened["stale_on_running"]
+
+
 @pytest.mark.parametrize("argv", [["--steps", "0"], ["--seeds", "-1"], ["--first-seed", "x"]])
 def test_the_event_counter_refuses_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -463,13 +463,14 @@ class RefinementMachine(RuleBasedStateMachine):
         its was in flight resumes before that stale output returns (where
         the output must be discarded, not applied to the new incarnation)
         only if blocks free up in between, and the request that took its
-        blocks rarely finishes within the two or three steps left: measured
-        in unmutated runs (seeds 0-3, 3,000 steps), 5 of 84 such entries
-        came back to a resumed request. So while such an entry is in flight
-        and a schedule can still come before it returns (the queue has
-        room, or the entry is not in the oldest batch), an abort is enabled,
-        unthrottled, and takes one of the other running requests: 17 of 81
-        (docs/fuzzing.md, "The resume window")."""
+        blocks rarely finishes within the two or three steps left: in
+        unmutated runs 46 of 571 such entries came back to a resumed
+        request. So while such an entry is in flight and a schedule can
+        still come before it returns (the queue has room, or the entry is
+        not in the oldest batch), an abort is enabled, unthrottled, and
+        takes one of the other running requests: 81 of 527
+        (`python benchmarks/fuzz_events.py [--without-resume-window]`,
+        seeds 0-19; docs/fuzzing.md, "The resume window")."""
         if self.engine is None or self.by_name:
             return []
         state = self.state
