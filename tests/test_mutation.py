@@ -179,6 +179,33 @@ def test_the_async_placeholder_invariant_the_triage_rests_on(monkeypatch):
     assert all(reached.values()), reached
 
 
+def test_the_whole_sequence_check_is_asked_of_tableless_requests_that_need_a_block(monkeypatch):
+    """Three fits_whole_sequence mutants are triaged equivalent (docs/
+    mutation-equivalents.toml) on two facts, checked at every call over a
+    vllm-0.33 fuzz run: the request asked about holds no table, and it
+    needs at least one block beyond its hit (its hit stops a token short of
+    its sequence, which is at most max_model_len), so `max(0, needed)` and
+    `max(1, needed)` agree."""
+    from flightcheck.reference.kv_cache_manager import KVCacheManager
+    from flightcheck.verification.refinement.fuzz import fuzz
+    fits = KVCacheManager.fits_whole_sequence
+    calls = []
+
+    def checked_fits(self: KVCacheManager, request, new_computed_blocks, max_model_len: int) -> bool:
+        assert not self.req_to_blocks.get(request.request_id), request.request_id
+        assert request.num_tokens <= max_model_len, request.request_id
+        whole = -(-min(request.num_tokens, max_model_len) // self.block_size)
+        calls.append(whole - len(new_computed_blocks))
+        assert calls[-1] >= 1, (request.request_id, calls[-1])
+        return fits(self, request, new_computed_blocks, max_model_len)
+
+    monkeypatch.setattr(KVCacheManager, "fits_whole_sequence", checked_fits)
+    for profile in ("vllm-0.33", "vllm-0.33-async"):
+        result = fuzz(1_000, 1, shrink=False, profile=profile)
+        assert not result.failed, result.failure
+    assert calls and min(calls) == 1, (len(calls), min(calls, default=None))
+
+
 def test_a_record_gives_only_kills_and_only_for_unchanged_functions(tmp_path):
     """--reuse: a saved output's kills, timeouts and survivors are read, and
     the runs it made (a survivor is taken only from a record of the same
