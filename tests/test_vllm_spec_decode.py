@@ -26,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
+from flightcheck.verification.refinement.mutation import TARGETS, applied, mutants_of
 from flightcheck.verification.traces.check import check_trace, read_events
 from flightcheck.verification.traces.ground_truth import expected_verdict
 from flightcheck.vllm.campaign import Compared, compare_workload, flag_mutants
@@ -209,6 +210,38 @@ def test_the_differential_flags_the_drafts_mutant_on_workloads_with_drafts(runni
                                  decisions(run_reference(raw, profile_for("0.8.5")).events, block_offset=1)))
     flagged = flag_mutants(profile_for("0.8.5"), compared)
     assert flagged["rejections_not_subtracted"].startswith("flagged on"), flagged
+
+
+KEEP_DRAFTS_MUTANTS = ("scheduler.py::Scheduler._schedule_running::And->Or#3",
+                       "scheduler.py::Scheduler._schedule_running::0->1#6",
+                       "scheduler.py::Scheduler._schedule_running::Eq->NotEq#2")
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("key", KEEP_DRAFTS_MUTANTS)
+def test_the_keep_drafts_mutants_the_fuzzer_cannot_see_diverge_from_vllm(
+        running: Workers, tmp_path: Path, key: str):
+    """Three machine-made mutants of `_schedule_running`'s keep-drafts test
+    survive the refinement fuzzer (docs/fuzzing.md, the mutation score):
+    only a scheduler that switches `unscheduled_drafts_dropped` to vLLM
+    0.8.x's behaviour takes that branch, and the fuzzer's, like the spec,
+    drops clipped drafts. The differential sees them: on the named workloads
+    where vLLM 0.8.5 keeps drafts, the reference switched to vLLM's
+    behaviour equals vLLM, and under each mutant it no longer does (a
+    mutant that changes nothing there, such as one of `num_steps`, fails
+    this test)."""
+    mutant = next(m for path in TARGETS for m in mutants_of(path) if m.key == key)
+    unexplained = []
+    for name in ("leftover-drafts-double-sample", "negative-schedule"):
+        result, trace = replay(running, "0.8.5", NAMED[name], tmp_path)
+        events = read_trace(trace)
+        correct, _ = compare_workload(NAMED[name], result, events, profile_for("0.8.5"))
+        assert correct.explained, correct.describe()
+        with applied(mutant):
+            mutated, _ = compare_workload(NAMED[name], result, events, profile_for("0.8.5"))
+        if not mutated.explained:
+            unexplained.append(name)
+    assert unexplained, f"{key} is explained on both named workloads"
 
 
 @pytest.mark.vllm
