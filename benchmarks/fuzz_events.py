@@ -60,14 +60,14 @@ def _count_step(counts: collections.Counter, m: machine.RefinementMachine,
                 counts["last_drafting"] += 1
                 counts["last_drafting_alone"] += len(before.running) == 1
         for slot, (was, now) in enumerate(zip(before.requests, after.requests)):
-            if was.status is spec.Status.RUNNING and now.status is spec.Status.PREEMPTED and any(
-                    e.req == slot and e.fate is spec.Fate.LIVE
-                    for batch in before.in_flight for e in batch):
+            if not (was.status is spec.Status.RUNNING and now.status is spec.Status.PREEMPTED):
+                continue
+            in_flight = [e for batch in before.in_flight for e in batch
+                         if e.req == slot and e.fate is spec.Fate.LIVE]
+            if in_flight:
                 counts["preempted_in_flight"] += 1
                 counts["preempted_in_flight_one_batch_policy"] += not m.cfg.continue_prefill
-                counts["orphaned_sampling"] += any(e.req == slot and e.fate is spec.Fate.LIVE
-                                                   and e.samples
-                                                   for batch in before.in_flight for e in batch)
+                counts["orphaned_sampling"] += any(e.samples for e in in_flight)
     if isinstance(action, spec.CompleteOldest) and before.in_flight:
         for entry, sample in zip(spec.sampling_entries(before, m.spec_cfg), action.samples):
             rejected = entry.drafts > sample.num_accepted

@@ -416,14 +416,11 @@ class RefinementMachine(RuleBasedStateMachine):
         running requests that hold the blocks, `which[0]`-th of them."""
         holders = self._resume_window()
         if holders:
-            slot = holders[which[0] % len(holders)]
-            self.num_aborts += 1
-            self.engine.abort_request(self.ledger.requests[slot].request_id)
-            self._check(spec.Abort(slot))
-            return
-        requests = [r for r in self.ledger.requests if not r.is_finished()] or self.ledger.requests
-        names = [requests[w % len(requests)].request_id if requests and w != UNKNOWN else "nobody"
-                 for w in which]
+            names = [self.ledger.requests[holders[which[0] % len(holders)]].request_id]
+        else:
+            requests = [r for r in self.ledger.requests if not r.is_finished()] or self.ledger.requests
+            names = [requests[w % len(requests)].request_id if requests and w != UNKNOWN else "nobody"
+                     for w in which]
         slots = [self.ledger.active_slot(name) for name in names]
         self.num_aborts += 1
         if len(names) == 1:
@@ -480,8 +477,8 @@ class RefinementMachine(RuleBasedStateMachine):
         if not owners or not (self.engine.can_schedule() or any(
                 e.req in owners for batch in state.in_flight[1:] for e in batch)):
             return []
-        return [slot for slot, r in enumerate(state.requests)
-                if r.status is spec.Status.RUNNING and slot not in owners]
+        return [slot for slot, r in enumerate(state.requests)    # (the owners are preempted)
+                if r.status is spec.Status.RUNNING]
 
     def _spec_schedules(self) -> bool:
         """Whether the spec's schedule forms a batch from the current state
