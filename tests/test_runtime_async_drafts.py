@@ -35,7 +35,7 @@ torch = pytest.importorskip("torch")
 from flightcheck.reference import SchedulerConfig
 from flightcheck.runtime import (LocalExecutor, PipelineExecutor, RuntimeTraceWriter, StageSpec,
                                  WeightSource, build_model, generate)
-from flightcheck.runtime.dense import dense_greedy, dense_logits
+from flightcheck.runtime.dense import dense_logits
 from flightcheck.runtime.drafter import propose_ngram
 from flightcheck.runtime.feedback import (EntryFeedback, FeedbackError, LocalFeedback,
                                           SampledTokens, TokenInbox, pack, unpack)
@@ -46,6 +46,8 @@ from flightcheck.runtime.workload import mixed_workload
 from flightcheck.verification.traces.check import check_trace
 
 from .test_runtime_async import assert_matches, assert_same_outputs
+
+from .fixtures import dense_oracle
 
 torch.set_num_threads(1)
 
@@ -62,12 +64,7 @@ NUM_SPEC = 2
 @pytest.fixture(scope="module")
 def oracle() -> tuple[int, dict[str, list[int]]]:
     """An EOS id the model emits (so some requests stop) and the dense greedy outputs."""
-    model = build_model(SOURCE.model_config(), SOURCE, torch.float64)
-    free = {g.req_id: dense_greedy(model, g.prompt_token_ids, g.max_tokens, None,
-                                   POOL["max_model_len"]) for g in WORKLOAD}
-    counts = collections.Counter(t for out in free.values() for t in out[1:-1])
-    eos = counts.most_common(1)[0][0]
-    return eos, {r: out[:out.index(eos) + 1] if eos in out else out for r, out in free.items()}
+    return dense_oracle(SOURCE, WORKLOAD, POOL["max_model_len"])
 
 
 def run(executor, tmp_path, k: int, profile: str, num_spec_tokens: int, eos: int):
