@@ -5,13 +5,21 @@ outputs a dense (unpaged, unbatched) greedy decode of the same seeded model
 gives for a workload, cut at an EOS id the model really emits, so that some
 requests stop early. Each test module binds it to its own workload in a
 module-scoped fixture (`oracle`), built once per module.
+
+`load_benchmark` imports one of benchmarks/*.py (the folder is not a
+package) under a name of its own, without touching `sys.path`.
 """
 
 from __future__ import annotations
 
 import collections
+import importlib.util
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def dense_oracle(source: Any, workload: Sequence[Any], max_model_len: int) -> tuple[int, dict[str, list[int]]]:
@@ -28,3 +36,13 @@ def dense_oracle(source: Any, workload: Sequence[Any], max_model_len: int) -> tu
     counts = collections.Counter(t for out in free.values() for t in out[1:-1])
     eos = counts.most_common(1)[0][0]
     return eos, {r: out[:out.index(eos) + 1] if eos in out else out for r, out in free.items()}
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """benchmarks/NAME.py as a module, loaded from its file."""
+    path = ROOT / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}_under_test", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
