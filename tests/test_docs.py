@@ -1,7 +1,7 @@
 """The documentation stays usable: README.md is a front door (short), no
 relative link in the project's Markdown points at a file that is not there,
 and no plain-text reference to a repository file (in Markdown or in Python
-source: `docs/design.md`, `tests/test_docs.py::name`, a bare `DESIGN.md`)
+source: `docs/design.md`, `tests/test_docs.py::name`, a bare `fuzzing.md`)
 names a file the repository does not have. Files move; a reference that
 silently dangles is how a newcomer gets lost. vLLM's own source paths
 (`vllm/v1/...`, vLLM's `tests/v1/...`) are not repository files and are not
@@ -127,10 +127,10 @@ TOP_FOLDERS = ("spec", "reference", "verification", "runtime", "flightcheck", "d
                "tests", "benchmarks", "scripts")
 OUTSIDE = ("../shared/",)
 REPO_PATH = re.compile(r"(?<![\w./-])((?:\.\./shared/|(?:%s)/)[\w./*{},-]*)" % "|".join(TOP_FOLDERS))
-# A bare Markdown name (DESIGN.md, fuzzing.md): it must name some Markdown
+# A bare Markdown name (PERF.md, fuzzing.md): it must name some Markdown
 # file of the repository.
 BARE_MARKDOWN = re.compile(r"(?<![\w./-])([A-Za-z][\w-]*\.md)\b")
-# A section of notes that are not in the repository: "notes §3.2".
+# A section of notes that are not in the repository ("notes", then a section sign).
 NOTES_SECTION = re.compile(r"\bnotes\s+§")
 # vLLM's own tests (tests/v1/engine/test_engine_core.py) look like ours.
 VLLM_PATH = re.compile(r"^tests/v1/")
@@ -204,7 +204,7 @@ def dangling_references(root: Path, text: str, md_names: set[str]) -> list[str]:
         if m.group(1) not in md_names:
             found.append(f"line {line_of(m.start())}: {m.group(1)} (no such Markdown file)")
     for m in NOTES_SECTION.finditer(text):
-        found.append(f"line {line_of(m.start())}: notes § (a section of no repository file)")
+        found.append(f"line {line_of(m.start())}: a section of notes outside the repository")
     return found
 
 
@@ -269,9 +269,9 @@ def test_the_reference_check_catches_what_dangles_and_spares_vllm_paths(tmp_path
             "gone: docs/missing.md and spec/gone.py.\n"
             "vLLM: vllm/v1/core/sched/scheduler.py, tests/v1/core/test_scheduler.py,\n"
             "v1/request.py; patterns: benchmarks/NAME.py, flightcheck/up/{rank}; docs/{there,gone}.md\n"
-            "old: DESIGN.md, notes §1.9, ../shared/notes/x.md; fine: there.md\n")
+            "old: PLAN.md, notes " "§1.9, ../shared/notes/x.md; fine: there.md\n")
     assert dangling_references(tmp_path, text, markdown_names(tmp_path)) == [
         "line 2: docs/missing.md", "line 2: spec/gone.py", "line 4: docs/{there,gone}.md",
         "line 5: ../shared/notes/x.md (outside the repository)",
-        "line 5: DESIGN.md (no such Markdown file)",
-        "line 5: notes § (a section of no repository file)"]
+        "line 5: PLAN.md (no such Markdown file)",
+        "line 5: a section of notes outside the repository"]
