@@ -121,9 +121,9 @@ def _start_worker(version: str) -> "ReplayWorker":
     ready: importing vLLM takes 10-100 s, with nothing else to show for it."""
     from flightcheck.vllm.replay import ReplayWorker, venv_python
 
-    if venv_python(version).exists():      # else ReplayWorker refuses at once, naming the build script
-        _progress(f"loading vLLM {version} from {venv_python(version).parent.parent} "
-                  f"(importing vLLM takes about a minute)...")
+    python = venv_python(version)
+    if python.exists():                    # else ReplayWorker refuses at once, naming the build script
+        _progress(f"loading vLLM {version} with {python} (importing vLLM takes about a minute)...")
     started = time.monotonic()
     worker = ReplayWorker(version)
     _progress(f"vLLM {version} ready after {time.monotonic() - started:.0f} s")
