@@ -13,9 +13,11 @@ on each trace. `--async` (vLLM 0.33.0) runs every workload with async
 scheduling (`config.async_scheduling`), vLLM's `AsyncScheduler` recorded by
 `RecordingAsyncScheduler`, with the V2 model runner's settings (batch queue
 K + 1, decode stagger K); a workload that sets `async_scheduling` itself gets
-the same recorder. Exit codes: 0 every run ended cleanly with nothing wrong in
-vLLM's own state (and, with --check, every trace legal); 1 a finding; 2 bad
-arguments or input, or no venv for the version.
+the same recorder. While vLLM loads (about a minute) stderr says so, then
+when it is ready, and which workload runs (with --json or off a terminal);
+stdout carries only the results. Exit codes: 0 every run ended cleanly with
+nothing wrong in vLLM's own state (and, with --check, every trace legal); 1 a
+finding; 2 bad arguments or input, or no venv for the version.
 """
 
 from __future__ import annotations
@@ -24,10 +26,14 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .common import Parser, bad
+
+if TYPE_CHECKING:
+    from flightcheck.vllm.replay import ReplayWorker
 
 
 def add_parser(sub) -> None:
@@ -81,8 +87,7 @@ def _describe_check(check: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flightcheck.vllm import ASYNC_RECORDER
-    from flightcheck.vllm.replay import ReplayError, ReplayWorker, findings
+    from flightcheck.vllm.replay import ReplayError
     from flightcheck.vllm.workload import WorkloadError, read_workloads
 
     try:
@@ -94,31 +99,63 @@ def run(args: argparse.Namespace) -> int:
             return bad(f"--async needs --vllm-version 0.33.0 (vLLM {args.vllm_version} has no AsyncScheduler "
                        f"the replay drives)")
         raws = [{**raw, "config": {**raw.get("config", {}), "async_scheduling": True}} for raw in raws]
-    failed = False
-    reports = []
     with tempfile.TemporaryDirectory(prefix="flightcheck-vllm-") as scratch:
         traces = _trace_paths(args, raws, scratch)
         try:
-            with ReplayWorker(args.vllm_version) as worker:
-                for raw, trace in zip(raws, traces):
-                    is_async = bool(raw.get("config", {}).get("async_scheduling"))
-                    result = worker.replay(raw, trace=trace,
-                                           scheduler_cls=ASYNC_RECORDER if is_async else None)
-                    result["findings"] = findings(result)
-                    if args.check and trace is not None:
-                        result["check"] = _check(trace)
-                        failed |= not result["check"]["ok"]
-                    if args.trace is None:
-                        result["trace"] = None          # the scratch file is gone after this run
-                    failed |= bool(result["findings"])
-                    reports.append(result)
-                    if not args.json:
-                        _print(result)
+            with _start_worker(args.vllm_version) as worker:
+                reports, failed = _replay_all(args, worker, raws, traces)
         except ReplayError as err:
             return bad(str(err))
     if args.json:
         print(json.dumps({"vllm_version": args.vllm_version, "workloads": reports}, indent=1))
     return 1 if failed else 0
+
+
+def _progress(message: str) -> None:
+    """A status line on stderr (stdout keeps the results; with --json, only JSON)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def _start_worker(version: str) -> "ReplayWorker":
+    """The replay worker, saying on stderr that vLLM loads and when it is
+    ready: importing vLLM takes 10-100 s, with nothing else to show for it."""
+    from flightcheck.vllm.replay import ReplayWorker, venv_python
+
+    python = venv_python(version)
+    if python.exists():                    # else ReplayWorker refuses at once, naming the build script
+        _progress(f"loading vLLM {version} with {python} (importing vLLM takes about a minute)...")
+    started = time.monotonic()
+    worker = ReplayWorker(version)
+    _progress(f"vLLM {version} ready after {time.monotonic() - started:.0f} s")
+    return worker
+
+
+def _replay_all(args: argparse.Namespace, worker: "ReplayWorker", raws: list[dict[str, Any]],
+                traces: list[str | None]) -> tuple[list[dict[str, Any]], bool]:
+    """Replay every workload: the results, and whether any showed a finding."""
+    from flightcheck.vllm import ASYNC_RECORDER
+    from flightcheck.vllm.replay import findings
+
+    # Text results on a terminal already show each workload as it ends.
+    announce = args.json or not sys.stdout.isatty()
+    failed = False
+    reports = []
+    for number, (raw, trace) in enumerate(zip(raws, traces), 1):
+        if announce:
+            _progress(f"replaying {number}/{len(raws)}: {raw.get('name', Path(args.workload).stem)}")
+        is_async = bool(raw.get("config", {}).get("async_scheduling"))
+        result = worker.replay(raw, trace=trace, scheduler_cls=ASYNC_RECORDER if is_async else None)
+        result["findings"] = findings(result)
+        if args.check and trace is not None:
+            result["check"] = _check(trace)
+            failed |= not result["check"]["ok"]
+        if args.trace is None:
+            result["trace"] = None          # the scratch file is gone after this run
+        failed |= bool(result["findings"])
+        reports.append(result)
+        if not args.json:
+            _print(result)
+    return reports, failed
 
 
 def _print(result: dict[str, Any]) -> None:

@@ -295,20 +295,51 @@ class RunOutcome:
 IDLE_STEPS_FOR_STUCK = 4              # steps that neither schedule nor complete, nothing to come
 
 
+class InputQueue:
+    """The workload's adds and aborts, handed over as the engine's input
+    queue hands them (`_process_input_queue`, between steps): at one step,
+    arrivals come before aborts, and an arrival that reuses an id after them
+    (an abort, then a new request under the same id)."""
+
+    ARRIVE, ABORT, REARRIVE = 0, 1, 2
+
+    def __init__(self, workload: Workload) -> None:
+        inputs = sorted([(spec.arrival_step, self.REARRIVE if spec.reuses_id else self.ARRIVE, spec.req_id, spec)
+                         for spec in workload.requests]
+                        + [(spec.abort_step, self.ABORT, spec.req_id, spec) for spec in workload.requests
+                           if spec.abort_step is not None], key=lambda x: (x[0], x[1]))
+        self.pending = deque(inputs)
+
+    def next_step(self) -> int:
+        """The step of the next input (there is one)."""
+        return self.pending[0][0]
+
+    def deliver(self, step: int, add_request: Callable[[RequestSpec], None], abort_request: Callable[[str], None],
+                bind: Callable[[RequestSpec], None] | None) -> list[str]:
+        """Hand over every input due by `step`; returns the aborts that go
+        `abort_via` the aborts queue instead (0.33), in order."""
+        during_step: list[str] = []
+        while self.pending and self.pending[0][0] <= step:
+            _, kind, req_id, spec = self.pending.popleft()
+            if kind == self.ABORT and spec.abort_via_aborts_queue:
+                during_step.append(req_id)
+            elif kind == self.ABORT:
+                abort_request(req_id)
+            else:
+                if bind is not None:
+                    bind(spec)
+                add_request(spec)
+        return during_step
+
+
 def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
                   add_request: Callable[[RequestSpec], None], abort_request: Callable[[str], None]) -> RunOutcome:
-    """vLLM's busy loop, with input delivered at the workload's steps.
-
-    At one step, arrivals come before aborts, and an arrival that reuses an
-    id after them (an abort, then a new request under the same id). An abort
-    `abort_via` the aborts queue (0.33) is handed to the engine while that
-    step runs (`BatchQueueEngineV033.aborts_queue`); one the step did not
-    apply is applied from the input queue before the next step."""
-    inputs = sorted([(spec.arrival_step, 2 if spec.reuses_id else 0, spec.req_id, spec)
-                     for spec in workload.requests]
-                    + [(spec.abort_step, 1, spec.req_id, spec) for spec in workload.requests
-                       if spec.abort_step is not None], key=lambda x: (x[0], x[1]))
-    pending = deque(inputs)
+    """vLLM's busy loop, with input delivered at the workload's steps
+    (`InputQueue`). An abort `abort_via` the aborts queue (0.33) is handed
+    to the engine while that step runs (`BatchQueueEngineV033.aborts_queue`);
+    one the step did not apply is applied from the input queue before the
+    next step."""
+    inputs = InputQueue(workload)
     step, idle = 0, 0
     scheduler = engine.scheduler
     bind = getattr(engine.model, "bind", None)
@@ -317,49 +348,51 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
         while True:
             for req_id in during_step:                     # the input queue's copy of those aborts
                 abort_request(req_id)
-            during_step = []
-            while pending and pending[0][0] <= step:       # _process_input_queue
-                _, kind, req_id, spec = pending.popleft()
-                if kind == 1 and spec.abort_via_aborts_queue:
-                    during_step.append(req_id)
-                elif kind == 1:
-                    abort_request(req_id)
-                else:
-                    if bind is not None:
-                        bind(spec)
-                    add_request(spec)
+            during_step = inputs.deliver(step, add_request, abort_request, bind)
             in_flight = engine.busy_while_in_flight and bool(engine.batch_queue)
             if not scheduler.has_requests() and not in_flight and not during_step:
-                if pending:                                # blocks on the input queue
-                    step = pending[0][0]
+                if inputs.pending:                         # blocks on the input queue
+                    step = inputs.next_step()
                     continue
                 ending = "blocked_in_flight" if engine.batch_queue else "done"
                 return RunOutcome(ending, step, engine.batches_in_flight())
-            if during_step:
-                engine.aborts_queue.extend(during_step)    # type: ignore[attr-defined]
-            progressed = engine.step_with_batch_queue()
-            if during_step:
-                # Those the step applied are gone; applying them again is a no-op in vLLM.
-                during_step = list(engine.aborts_queue)    # type: ignore[attr-defined]
-                engine.aborts_queue.clear()                # type: ignore[attr-defined]
+            progressed, during_step = _step_with_aborts(engine, during_step)
             step += 1
             idle = 0 if progressed else idle + 1
             if idle >= IDLE_STEPS_FOR_STUCK and engine.batches_in_flight() == 0:
-                if pending or during_step:                 # it spins until the input arrives
-                    step, idle = max(step, pending[0][0] if pending else step), 0
+                if inputs.pending or during_step:          # it spins until the input arrives
+                    step, idle = max(step, inputs.next_step() if inputs.pending else step), 0
                     continue
-                unfinished = _unfinished(scheduler)
-                if not unfinished and engine.batches_in_flight() == 0:
-                    # 0.8.4 flushes finished ids only in schedule(), which its
-                    # gate no longer calls: has_requests() stays true and the
-                    # engine spins idle until the next input. Nothing is left.
-                    return RunOutcome("done", step, 0)
-                return RunOutcome("stuck", step, engine.batches_in_flight(), unfinished=unfinished)
+                return _idle_ending(engine, step)
             if step >= workload.max_steps:
                 return RunOutcome("step_limit", step, engine.batches_in_flight(), unfinished=_unfinished(scheduler))
     except Exception as err:  # an exception inside vLLM ends the run, as it kills an engine core
         return RunOutcome("exception", step, engine.batches_in_flight(), exception=_where(err),
                           unfinished=_unfinished(scheduler))
+
+
+def _step_with_aborts(engine: BatchQueueEngine, during_step: list[str]) -> tuple[bool, list[str]]:
+    """One engine step with the aborts that arrived for the aborts queue
+    handed to it; returns whether it progressed and the aborts it did not
+    apply (those it applied are gone; applying them again is a no-op in vLLM)."""
+    if during_step:
+        engine.aborts_queue.extend(during_step)    # type: ignore[attr-defined]
+    progressed = engine.step_with_batch_queue()
+    if during_step:
+        during_step = list(engine.aborts_queue)    # type: ignore[attr-defined]
+        engine.aborts_queue.clear()                # type: ignore[attr-defined]
+    return progressed, during_step
+
+
+def _idle_ending(engine: BatchQueueEngine, step: int) -> RunOutcome:
+    """How a run ends that is idle with nothing in flight and no input to come."""
+    unfinished = _unfinished(engine.scheduler)
+    if not unfinished and engine.batches_in_flight() == 0:
+        # 0.8.4 flushes finished ids only in schedule(), which its gate no
+        # longer calls: has_requests() stays true and the engine spins idle
+        # until the next input. Nothing is left.
+        return RunOutcome("done", step, 0)
+    return RunOutcome("stuck", step, engine.batches_in_flight(), unfinished=unfinished)
 
 
 def _where(err: Exception) -> str:

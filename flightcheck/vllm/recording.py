@@ -48,14 +48,8 @@ Everything is read from vLLM's own objects, not from a table of versions:
 A completion is matched to its batch by the `SchedulerOutput` object that
 `update_from_output` receives (the engine keeps that object in its batch
 queue), not by counting. The mixin also keeps, for the replay, what vLLM's own
-state shows about conformance (`observations`): a token appended to a
-request whose incarnation changed since its batch was scheduled; a token
-appended for a chunk that did not reach the request's known tokens when it
-was scheduled; (0.8.4) `scheduled_req_ids` disagreeing with the batches
-actually in flight; (0.33) a negative `num_in_flight_tokens` or
-`num_stale_output_tokens`, and `num_in_flight_tokens` disagreeing with the
-tokens of that request's batches actually in flight; (0.33 `AsyncScheduler`)
-output placeholders breaching their invariants (`_fc_check_placeholders`).
+state shows about conformance (`observations`): its checks are
+`GroundTruthMixin` (ground_truth.py), which says what each one reads.
 
 Standard library only: this module never imports vLLM.
 """
@@ -63,94 +57,14 @@ Standard library only: this module never imports vLLM.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
+from .ground_truth import BatchRecord, EntrySnapshot, GroundTruthMixin, status_name
 from .trace import TraceFile, trace_path_from_env
 
 STAGES_ENV = "FLIGHTCHECK_NUM_STAGES"
 FINISH_REASONS = {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH_CAPPED": "length",
                   "FINISHED_ABORTED": "abort", "FINISHED_IGNORED": "length"}
-
-
-@dataclass
-class EntrySnapshot:
-    """One request's share of a batch, as it was when the batch was scheduled."""
-    req_id: str
-    request: Any                 # the vLLM Request object scheduled (its identity matters)
-    incarnation: int             # how many times that object had been admitted by then
-    start: int
-    n: int
-    samples: bool
-
-
-@dataclass
-class BatchRecord:
-    batch_id: int
-    output: Any                  # the SchedulerOutput, kept so its id() stays unique
-    entries: list[EntrySnapshot]
-
-
-@dataclass
-class Observations:
-    """Ground truth read from vLLM's state, independent of any checker."""
-    stale_tokens: list[dict[str, Any]] = field(default_factory=list)
-    partial_chunk_tokens: list[dict[str, Any]] = field(default_factory=list)
-    in_flight_set_mismatches: list[dict[str, Any]] = field(default_factory=list)
-    # vLLM >= 0.33 (requests with num_in_flight_tokens): its per-request counters.
-    counts_in_flight: bool = False
-    negative_counters: list[dict[str, Any]] = field(default_factory=list)
-    in_flight_counter_mismatches: list[dict[str, Any]] = field(default_factory=list)
-    # vLLM 0.33's AsyncScheduler (a recorder with records_async_scheduling):
-    # its output placeholders against the invariants they should keep.
-    counts_placeholders: bool = False
-    placeholder_mismatches: list[dict[str, Any]] = field(default_factory=list)
-    # Speculative decoding (num_spec_tokens > 0): drafts vLLM kept past an
-    # entry that scheduled none of them or through a preemption, then
-    # scheduled (or preempted the request trying to); and an entry that
-    # samples a request while another sampling entry of the same request is
-    # in flight (that position is sampled twice).
-    spec_decoding: bool = False
-    leftover_drafts: list[dict[str, Any]] = field(default_factory=list)
-    double_samples: list[dict[str, Any]] = field(default_factory=list)
-    # ... and an entry of fewer than 0 tokens (num_computed_tokens past the
-    # known tokens and drafts: 0.8.x's `num_new_tokens == 0` skip misses it).
-    negative_schedules: list[dict[str, Any]] = field(default_factory=list)
-    # ... and an entry reaching past max_model_len (vLLM 0.8.4 does not clip
-    # the running loop to it; 0.8.5 does, "necessary when using spec decoding").
-    beyond_max_model_len: list[dict[str, Any]] = field(default_factory=list)
-    # ... and a request admitted (resumed) while holding drafts kept through a
-    # preemption: 0.8.x's KVCacheManager.allocate_slots leaves
-    # `len(spec_token_ids)` tokens out of the blocks it caches and lowers its
-    # `num_cached_block` to that; a later allocation caches a block that has
-    # a hash already (`assert blk.block_hash is None` in
-    # BlockPool.cache_full_blocks) or a later prefix hit is smaller. Nothing
-    # in the trace shows it before that.
-    drafts_held_at_admission: list[dict[str, Any]] = field(default_factory=list)
-    # ... and any allocation of slots while the request holds more drafts than
-    # the entry schedules (the same under-caching, for a running request too).
-    drafts_held_at_allocation: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        found: dict[str, Any] = {
-            "stale_tokens": self.stale_tokens, "partial_chunk_tokens": self.partial_chunk_tokens,
-            "in_flight_set_mismatches": self.in_flight_set_mismatches}
-        if self.counts_in_flight:
-            found.update(negative_counters=self.negative_counters,
-                         in_flight_counter_mismatches=self.in_flight_counter_mismatches)
-        if self.counts_placeholders:
-            found.update(placeholder_mismatches=self.placeholder_mismatches)
-        if self.spec_decoding:
-            found.update(leftover_drafts=self.leftover_drafts, double_samples=self.double_samples,
-                         negative_schedules=self.negative_schedules,
-                         beyond_max_model_len=self.beyond_max_model_len,
-                         drafts_held_at_admission=self.drafts_held_at_admission,
-                         drafts_held_at_allocation=self.drafts_held_at_allocation)
-        return found
-
-
-# vLLM 0.33's per-request counters (`Request.__init__`), checked for sign.
-COUNTERS = ("num_in_flight_tokens", "num_stale_output_tokens")
 
 
 def _block_ids(value: Any) -> list[int]:
@@ -166,11 +80,7 @@ def _block_ids(value: Any) -> list[int]:
     return value
 
 
-def _status(request: Any) -> str:
-    return request.status.name
-
-
-class RecordingMixin:
+class RecordingMixin(GroundTruthMixin):
     """Put in front of a vLLM scheduler class: `class R(RecordingMixin, Scheduler)`."""
 
     # Set by the concrete class (recorder.py): the vLLM version it runs under,
@@ -197,25 +107,13 @@ class RecordingMixin:
                 f"scheduling (scheduler_config.async_scheduling is off): its output placeholders would "
                 f"change what the engine decides; use flightcheck.vllm.recorder.RecordingScheduler")
         self.flightcheck_step = 0                      # schedule() + update_from_output() calls
-        self.flightcheck_observations = Observations(spec_decoding=self._fc_num_spec_tokens() > 0)
-        # ids of the requests whose allocate_slots found no room in the current
-        # schedule() call (spec decoding only: the call is passed through).
-        self._fc_failed_allocations: set[int] = set()
-        if self.flightcheck_observations.spec_decoding:
-            self._fc_watch_allocations()
+        self._fc_start_ground_truth(spec_decoding=self._fc_num_spec_tokens() > 0)
         self._fc_next_empty = 1
         # Empty batches scheduled and completed since the last event written.
         self._fc_empty_log: list[dict[str, Any]] = []
         self._fc_empty_in_flight: dict[int, tuple[int, Any]] = {}   # id(SchedulerOutput) -> (number, it)
-        self._fc_negative_seen: set[tuple[int, str]] = set()
-        self._fc_placeholder_seen: set[tuple[int, str]] = set()
-        self.flightcheck_observations.counts_placeholders = self.records_async_scheduling
-        self._fc_mismatch_seen: dict[int, int] = {}
         self._fc_next_batch = 1
         self._fc_in_flight: dict[int, BatchRecord] = {}   # id(SchedulerOutput) -> its batch
-        # id(Request) -> why the drafts it holds are left over (not proposed by
-        # its latest completion): see Observations.leftover_drafts.
-        self._fc_leftover_drafts: dict[int, str] = {}
         # request id -> (the Request object now under that id, times it was admitted)
         self._fc_admissions: dict[str, tuple[Any, int]] = {}
         self._fc_trace: TraceFile | None = None
@@ -314,7 +212,7 @@ class RecordingMixin:
         output = super().schedule(*args, **kwargs)
         self.flightcheck_step += 1
         # vLLM preempts from the tail of `running` (Scheduler.schedule, running loop).
-        preempted = [r.request_id for r in reversed(running_before) if _status(r) == "PREEMPTED"]
+        preempted = [r.request_id for r in reversed(running_before) if status_name(r) == "PREEMPTED"]
         entries = self._fc_entries(output)
         batch_id = None
         empty: int | None = None
@@ -342,87 +240,6 @@ class RecordingMixin:
         self._fc_check_counters()
         self._fc_check_placeholders()
         return output
-
-    def _fc_watch_allocations(self) -> None:
-        """Note each request whose `KVCacheManager.allocate_slots` returns
-        None (no room: vLLM then preempts from the tail of `running`) for
-        slots that reach into its drafts, calling
-        vLLM's method with the same arguments and returning its result."""
-        manager = self.kv_cache_manager
-        allocate = manager.allocate_slots
-
-        def allocate_slots(request: Any, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
-            # Only a failure the drafts held caused counts: the known tokens
-            # alone would have fit in the table and the free blocks.
-            block_size = self.cache_config.block_size
-            end = request.num_computed_tokens + num_tokens
-            known_end = min(end, request.num_tokens)
-            # (0.8.x's manager keeps `req_to_blocks`; a version without it is
-            # not judged here: any failure reaching into drafts counts.)
-            tables = getattr(manager, "req_to_blocks", None)
-            held = len(tables.get(request.request_id, ())) if tables is not None else 0
-            known_fits = tables is None or (-(-known_end // block_size) - held
-                                            <= manager.block_pool.get_num_free_blocks())
-            held_drafts = len(getattr(request, "spec_token_ids", ()) or ())
-            if tables is not None and held_drafts > end - known_end:       # 0.8.x's manager
-                # 0.8.x leaves every held draft out of the blocks it caches.
-                self.flightcheck_observations.drafts_held_at_allocation.append({
-                    "step": self.flightcheck_step + 1, "req": request.request_id,
-                    "held": held_drafts, "scheduled": end - known_end})
-            blocks = allocate(request, num_tokens, *args, **kwargs)
-            if blocks is None and end > known_end and known_fits:
-                self._fc_failed_allocations.add(id(request))
-            return blocks
-
-        manager.allocate_slots = allocate_slots
-
-    def _fc_watch_drafts(self, batch_id: int | None, entries: list[tuple[EntrySnapshot, dict[str, Any]]],
-                         running_before: list[Any], drafts_before: dict[int, bool]) -> None:
-        """Speculative decoding's ground truth for one schedule() call (see
-        Observations): vLLM 0.8.x keeps `spec_token_ids` when an entry
-        schedules none of them (Scheduler.schedule trims only when
-        `num_scheduled_spec_tokens > 0`) and through a preemption (which resets
-        only the status and num_computed_tokens); 0.33 clears them in both."""
-        observations = self.flightcheck_observations
-        step = self.flightcheck_step
-        was_running = {id(r) for r in running_before}
-        for entry, written in entries:
-            request = entry.request
-            if id(request) not in was_running and request.spec_token_ids:
-                observations.drafts_held_at_admission.append({"step": step, "batch": batch_id, "req": entry.req_id,
-                                                              "drafts": len(request.spec_token_ids)})
-            if entry.n < 0:
-                observations.negative_schedules.append({"step": step, "req": entry.req_id, "n": entry.n})
-            if entry.start + entry.n > self.max_model_len:
-                observations.beyond_max_model_len.append({"step": step, "batch": batch_id, "req": entry.req_id,
-                                                          "end": entry.start + entry.n})
-            why = self._fc_leftover_drafts.get(id(request))
-            if why is not None and written["drafts"]:
-                observations.leftover_drafts.append({"step": step, "batch": batch_id, "req": entry.req_id,
-                                                     "drafts": written["drafts"], "why": why})
-            if entry.samples:
-                earlier = next((b.batch_id for b in self._fc_in_flight.values() for e in b.entries
-                                if e.request is request and e.incarnation == entry.incarnation and e.samples),
-                               None)
-                if earlier is not None:
-                    observations.double_samples.append({"step": step, "batch": batch_id, "req": entry.req_id,
-                                                        "in_flight": earlier})
-            if id(request) in drafts_before and not written["drafts"] and request.spec_token_ids:
-                self._fc_leftover_drafts.setdefault(id(request), f"left over by batch {batch_id}, which "
-                                                                 f"scheduled none")
-        failed, self._fc_failed_allocations = self._fc_failed_allocations, set()
-        for request in running_before:
-            if _status(request) != "PREEMPTED":
-                continue
-            why = self._fc_leftover_drafts.get(id(request))
-            # It preempted itself: its own allocation, its leftover drafts
-            # counted in, found no room (read from allocate_slots' results).
-            if why is not None and id(request) in drafts_before and id(request) in failed:
-                observations.leftover_drafts.append({"step": step, "batch": batch_id, "req": request.request_id,
-                                                     "drafts": len(request.spec_token_ids),
-                                                     "why": why + "; preempted scheduling them"})
-            if request.spec_token_ids:
-                self._fc_leftover_drafts.setdefault(id(request), "proposed before its preemption")
 
     def _fc_entries(self, output: Any) -> list[tuple[EntrySnapshot, dict[str, Any]]]:
         """Entries in the order vLLM placed them: `num_scheduled_tokens` is
@@ -467,19 +284,8 @@ class RecordingMixin:
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         record = self._fc_in_flight.pop(id(scheduler_output), None)
         empty = self._fc_empty_in_flight.pop(id(scheduler_output), None)
-        index = model_runner_output.req_id_to_index
-        sampled = model_runner_output.sampled_token_ids
         entries = record.entries if record is not None else []
-        # Where vLLM applies each entry's tokens: 0.8.x to the RUNNING request
-        # of that id (Scheduler.update_from_output walks self.running); 0.33 to
-        # self.requests[id] whatever its status (a request with
-        # num_in_flight_tokens), skipping finished ones and drop-mode stale output.
-        running = {r.request_id: r for r in self.running}
-        targets: dict[str, Any] = {}
-        for entry in entries:
-            known = self.requests.get(entry.req_id)
-            by_id = known is not None and hasattr(known, "num_in_flight_tokens")
-            targets[entry.req_id] = known if by_id else running.get(entry.req_id)
+        targets = self._fc_targets(entries)
         before = {req_id: (t.num_output_tokens, t.is_finished(), getattr(t, "num_stale_output_tokens", 0))
                   for req_id, t in targets.items() if t is not None}
         # Requests whose finish this output may cause: those its batch was
@@ -487,12 +293,51 @@ class RecordingMixin:
         # under a reused id).
         watched = {id(e.request): (e.req_id, e.request) for e in entries if not e.request.is_finished()}
         watched.update({id(t): (req_id, t) for req_id, t in targets.items() if t is not None and not t.is_finished()})
+        index, sampled = model_runner_output.req_id_to_index, model_runner_output.sampled_token_ids
         returned = {e.req_id: (list(sampled[index[e.req_id]]) if e.req_id in index else []) for e in entries}
         result = super().update_from_output(scheduler_output, model_runner_output)
         self.flightcheck_step += 1
+        dropped, stale = self._fc_applied(record, returned, targets, before) if record is not None else ([], [])
+        next_drafts = self._fc_drafts_after(targets, dropped, model_runner_output)
+        if record is not None:
+            self._fc_write_completion(record.batch_id, returned, dropped, stale, next_drafts)
+        elif empty is not None:
+            self._fc_empty_log.append({"ev": "complete", "empty_batch": empty[0], "step": self.flightcheck_step})
+        # Without a batch queue (PP = 1) the engine's step() also hands an
+        # empty SchedulerOutput back; no batch was in flight, so no event.
+        for req_id, request in watched.values():
+            if request.is_finished():
+                self._fc_forget(request)
+                self._fc_write({"ev": "finish", "req": req_id,
+                                "reason": FINISH_REASONS.get(status_name(request), status_name(request))})
+        self._fc_check_in_flight_set()
+        self._fc_check_counters()
+        self._fc_check_placeholders()
+        return result
+
+    def _fc_targets(self, entries: list[EntrySnapshot]) -> dict[str, Any]:
+        """The request vLLM applies each entry's tokens to (None: none).
+        0.8.x: the RUNNING request of that id (Scheduler.update_from_output
+        walks self.running); 0.33: self.requests[id] whatever its status (a
+        request with num_in_flight_tokens), skipping finished ones and
+        drop-mode stale output."""
+        running = {r.request_id: r for r in self.running}
+        targets: dict[str, Any] = {}
+        for entry in entries:
+            known = self.requests.get(entry.req_id)
+            by_id = known is not None and hasattr(known, "num_in_flight_tokens")
+            targets[entry.req_id] = known if by_id else running.get(entry.req_id)
+        return targets
+
+    def _fc_applied(self, record: BatchRecord, returned: dict[str, list[int]], targets: dict[str, Any],
+                    before: dict[str, tuple[int, bool, int]]) -> tuple[list[str], list[str]]:
+        """After vLLM applied a batch's output: its entries whose tokens vLLM
+        dropped, and those it counted against a preempted share (stale); a
+        token applied to another incarnation, or for a chunk that did not
+        sample, is noted in the observations."""
         dropped: list[str] = []
         stale: list[str] = []
-        for entry in entries:
+        for entry in record.entries:
             tokens, target = returned[entry.req_id], targets[entry.req_id]
             if target is None:
                 dropped.append(entry.req_id)
@@ -514,38 +359,32 @@ class RecordingMixin:
                 self.flightcheck_observations.partial_chunk_tokens.append({
                     "step": self.flightcheck_step, "batch": record.batch_id, "req": entry.req_id,
                     "end": entry.start + entry.n})
-        # The drafts vLLM now holds for each request this output was applied to
-        # and that goes on (0.8.x: `update_from_output` sets `spec_token_ids`
-        # from the model's output), read from vLLM's requests, not the output.
+        return dropped, stale
+
+    def _fc_drafts_after(self, targets: dict[str, Any], dropped: list[str], model_runner_output: Any) -> dict[str, int]:
+        """The drafts vLLM now holds for each request this output was applied
+        to and that goes on (0.8.x: `update_from_output` sets `spec_token_ids`
+        from the model's output), read from vLLM's requests, not the output;
+        drafts just proposed replace any left over."""
         next_drafts = {req_id: len(target.spec_token_ids) for req_id, target in targets.items()
                        if target is not None and req_id not in dropped and not target.is_finished()
                        and getattr(target, "spec_token_ids", None)}
         if getattr(model_runner_output, "spec_token_ids", None) is not None:
-            for req_id, target in targets.items():          # drafts just proposed replace any left over
+            for req_id, target in targets.items():
                 if target is not None and req_id not in dropped:
                     self._fc_leftover_drafts.pop(id(target), None)
-        if record is not None:
-            event: dict[str, Any] = {"ev": "complete", "batch": record.batch_id, "tokens": returned}
-            if dropped:
-                event["dropped"] = dropped
-            if stale:
-                event["stale"] = stale
-            if next_drafts:
-                event["next_drafts"] = next_drafts
-            self._fc_write(event)
-        elif empty is not None:
-            self._fc_empty_log.append({"ev": "complete", "empty_batch": empty[0], "step": self.flightcheck_step})
-        # Without a batch queue (PP = 1) the engine's step() also hands an
-        # empty SchedulerOutput back; no batch was in flight, so no event.
-        for req_id, request in watched.values():
-            if request.is_finished():
-                self._fc_forget(request)
-                self._fc_write({"ev": "finish", "req": req_id,
-                                "reason": FINISH_REASONS.get(_status(request), _status(request))})
-        self._fc_check_in_flight_set()
-        self._fc_check_counters()
-        self._fc_check_placeholders()
-        return result
+        return next_drafts
+
+    def _fc_write_completion(self, batch_id: int, returned: dict[str, list[int]], dropped: list[str],
+                             stale: list[str], next_drafts: dict[str, int]) -> None:
+        event: dict[str, Any] = {"ev": "complete", "batch": batch_id, "tokens": returned}
+        if dropped:
+            event["dropped"] = dropped
+        if stale:
+            event["stale"] = stale
+        if next_drafts:
+            event["next_drafts"] = next_drafts
+        self._fc_write(event)
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(dict.fromkeys(request_ids))
@@ -566,92 +405,7 @@ class RecordingMixin:
         if known is not None and known[0] is request:
             del self._fc_admissions[request.request_id]
 
-    # -- ground truth and the end --------------------------------------------------
-
-    def _fc_check_in_flight_set(self) -> None:
-        """vLLM <= 0.8.4 keeps `scheduled_req_ids`, documented as the requests
-        being executed; compare it with the unfinished requests that really have
-        an entry in a batch in flight."""
-        recorded = getattr(self, "scheduled_req_ids", None)
-        if recorded is None:
-            return
-        truth = {e.req_id for batch in self._fc_in_flight.values() for e in batch.entries
-                 if e.req_id in self.requests and self.requests[e.req_id] is e.request}
-        if set(recorded) != truth:
-            mismatches = self.flightcheck_observations.in_flight_set_mismatches
-            if not mismatches or mismatches[-1]["extra"] != sorted(set(recorded) - truth) \
-                    or mismatches[-1]["missing"] != sorted(truth - set(recorded)):
-                mismatches.append({"step": self.flightcheck_step,
-                                   "extra": sorted(set(recorded) - truth),
-                                   "missing": sorted(truth - set(recorded))})
-
-    def _fc_check_counters(self) -> None:
-        """vLLM 0.33 keeps, per request, `num_in_flight_tokens` (the tokens of
-        its batches scheduled and not yet processed; += in
-        `Scheduler._update_after_schedule`, -= in `update_from_output`, looked
-        up by id) and `num_stale_output_tokens` (`_preempt_request`). Record
-        each counter that goes negative, and the in-flight counter disagreeing
-        with the tokens of this very Request object's batches in flight (it
-        fails when an id is reused while the old request's batch is in flight)."""
-        observations = self.flightcheck_observations
-        for request in self.requests.values():
-            if not hasattr(request, "num_in_flight_tokens"):
-                return
-            observations.counts_in_flight = True
-            for name in COUNTERS:
-                value = getattr(request, name, 0)
-                if value < 0 and (id(request), name) not in self._fc_negative_seen:
-                    self._fc_negative_seen.add((id(request), name))
-                    observations.negative_counters.append({
-                        "step": self.flightcheck_step, "req": request.request_id, "counter": name, "value": value})
-            if request.is_finished():
-                continue
-            truth = sum(e.n for batch in self._fc_in_flight.values() for e in batch.entries
-                        if e.request is request)
-            if request.num_in_flight_tokens != truth and id(request) not in self._fc_mismatch_seen:
-                self._fc_mismatch_seen[id(request)] = self.flightcheck_step
-                observations.in_flight_counter_mismatches.append({
-                    "step": self.flightcheck_step, "req": request.request_id,
-                    "num_in_flight_tokens": request.num_in_flight_tokens, "in_flight": truth})
-
-    def _fc_check_placeholders(self) -> None:
-        """vLLM 0.33's AsyncScheduler: for every RUNNING request, its output
-        placeholders (`num_output_placeholders`) should equal the tokens of
-        its sampling entries in flight (one each, without drafts), its
-        counter should be `num_tokens + placeholders - 1` past a prefill
-        chunk (`is_prefill_chunk` false, counter moved), and its outputs plus
-        placeholders should not pass `max_tokens`. Each first breach per
-        request and rule is recorded (read-only; nothing is changed)."""
-        if not self.records_async_scheduling:
-            return
-        in_flight: dict[int, int] = {}
-        for batch in self._fc_in_flight.values():
-            for entry in batch.entries:
-                if entry.samples:
-                    in_flight[id(entry.request)] = in_flight.get(id(entry.request), 0) + 1
-        spec = bool(getattr(self, "num_spec_tokens", 0))
-        for request in list(self.running):
-            if _status(request) != "RUNNING":
-                continue
-            placeholders = int(request.num_output_placeholders)
-            breaches = {
-                "placeholders = sampling entries in flight": not spec and placeholders != in_flight.get(id(request), 0),
-                "num_computed = num_tokens + placeholders - 1": (
-                    not spec and not request.is_prefill_chunk and request.num_computed_tokens > 0
-                    and request.num_computed_tokens != request.num_tokens + placeholders - 1),
-                "outputs + placeholders <= max_tokens": request.num_output_tokens + placeholders > request.max_tokens,
-            }
-            for rule, broken in breaches.items():
-                if broken and (id(request), rule) not in self._fc_placeholder_seen:
-                    self._fc_placeholder_seen.add((id(request), rule))
-                    self.flightcheck_observations.placeholder_mismatches.append({
-                        "step": self.flightcheck_step, "req": request.request_id, "rule": rule,
-                        "placeholders": placeholders, "num_computed_tokens": request.num_computed_tokens,
-                        "num_tokens": request.num_tokens, "max_tokens": request.max_tokens})
-
-    @property
-    def flightcheck_batches_in_flight(self) -> int:
-        return len(self._fc_in_flight)
+    # -- the end ---------------------------------------------------------------------
 
     def flightcheck_end(self, *, complete: bool = True) -> None:
         """Close the trace; `complete`: the run is over and no input is left

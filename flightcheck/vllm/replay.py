@@ -6,7 +6,8 @@ worker runs with the venv's interpreter (`scripts/build-vllm-venv.sh` builds
 it). It sees only the `flightcheck` package, through a private directory on
 its PYTHONPATH holding a link to it: never the main environment's
 site-packages, whose z3, hypothesis or numpy must not leak into vLLM's.
-Importing vLLM costs 10-20 s, so one worker replays many workloads.
+Importing vLLM costs 10-100 s (89 s measured on a loaded 2-core machine),
+so one worker replays many workloads.
 Standard library only.
 """
 

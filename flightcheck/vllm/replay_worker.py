@@ -250,6 +250,26 @@ def _block_hasher(block_size: int) -> Any:
     return _BLOCK_HASHERS[block_size]
 
 
+def _make_engine(scheduler: Any, model: FabricatedModel, workload: Workload) -> BatchQueueEngine:
+    """Our copy of this version's engine loop around the scheduler."""
+    if ENGINE_LOOPS[vllm.__version__] != "0.33":
+        return BatchQueueEngine(scheduler, model, workload.config.num_stages,
+                                schedules_only_unscheduled=ENGINE_GATES[vllm.__version__])
+
+    def abort_all(req_ids: list[str]) -> None:          # EngineCore.abort_requests
+        scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED)
+
+    # vLLM's own depth: K, or K + 1 with async scheduling and the V2 runner.
+    depth = int(scheduler.vllm_config.max_concurrent_batches)
+    drafts = None
+    if workload.config.num_spec_tokens and not workload.config.async_scheduling:
+        from vllm.v1.outputs import DraftTokenIds
+
+        def drafts(req_ids: list[str], draft_token_ids: list[list[int]]) -> Any:
+            return DraftTokenIds(req_ids, draft_token_ids)
+    return BatchQueueEngineV033(scheduler, model, depth, abort_all, drafts)
+
+
 def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]:
     workload = workload_from_json(job["workload"])
     if ENGINE_LOOPS[vllm.__version__] != "0.33" and any(s.abort_via_aborts_queue for s in workload.requests):
@@ -275,24 +295,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     def abort(req_id: str) -> None:
         scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)
 
-    def abort_all(req_ids: list[str]) -> None:          # EngineCore.abort_requests
-        scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED)
-
-    engine: BatchQueueEngine
-    if ENGINE_LOOPS[vllm.__version__] == "0.33":
-        # vLLM's own depth: K, or K + 1 with async scheduling and the V2 runner.
-        depth = int(scheduler.vllm_config.max_concurrent_batches)
-        drafts = None
-        if workload.config.num_spec_tokens and not workload.config.async_scheduling:
-            from vllm.v1.outputs import DraftTokenIds
-
-            def drafts(req_ids: list[str], draft_token_ids: list[list[int]]) -> Any:
-                return DraftTokenIds(req_ids, draft_token_ids)
-        engine = BatchQueueEngineV033(scheduler, model, depth, abort_all, drafts)
-    else:
-        engine = BatchQueueEngine(scheduler, model, workload.config.num_stages,
-                                  schedules_only_unscheduled=ENGINE_GATES[vllm.__version__])
-
+    engine = _make_engine(scheduler, model, workload)
     outcome = run_busy_loop(engine, workload, lambda spec: scheduler.add_request(make_request(spec, workload)),
                             abort)
     if recording:

@@ -1,0 +1,309 @@
+"""What vLLM's own state shows about conformance, read by the recorder
+(`RecordingMixin`, recording.py) around each call and kept, for the replay, in
+`Observations`: ground truth that needs no checker.
+
+* a token appended to a request whose incarnation changed since its batch
+  was scheduled, or for a chunk that did not reach the request's known
+  tokens when it was scheduled (written by `update_from_output`);
+* (vLLM 0.8.4) `scheduled_req_ids` disagreeing with the batches actually in
+  flight (`_fc_check_in_flight_set`);
+* (0.33) a negative `num_in_flight_tokens` or `num_stale_output_tokens`, and
+  `num_in_flight_tokens` disagreeing with the tokens of that request's
+  batches actually in flight (`_fc_check_counters`);
+* (0.33 `AsyncScheduler`) output placeholders breaching their invariants
+  (`_fc_check_placeholders`);
+* (speculative decoding) drafts left over, positions sampled twice, entries
+  of fewer than 0 tokens or past `max_model_len`, and drafts held when slots
+  are allocated (`_fc_watch_allocations`, `_fc_watch_drafts`).
+
+`GroundTruthMixin` holds those checks; it only reads vLLM's state (the one
+method it wraps, `KVCacheManager.allocate_slots`, is called with the same
+arguments and its result returned). `EntrySnapshot` and `BatchRecord` are
+the batches in flight as the recorder saw them when they were scheduled:
+what the checks compare vLLM's state against.
+
+Standard library only: this module never imports vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class EntrySnapshot:
+    """One request's share of a batch, as it was when the batch was scheduled."""
+    req_id: str
+    request: Any                 # the vLLM Request object scheduled (its identity matters)
+    incarnation: int             # how many times that object had been admitted by then
+    start: int
+    n: int
+    samples: bool
+
+
+@dataclass
+class BatchRecord:
+    batch_id: int
+    output: Any                  # the SchedulerOutput, kept so its id() stays unique
+    entries: list[EntrySnapshot]
+
+
+@dataclass
+class Observations:
+    """Ground truth read from vLLM's state, independent of any checker."""
+    stale_tokens: list[dict[str, Any]] = field(default_factory=list)
+    partial_chunk_tokens: list[dict[str, Any]] = field(default_factory=list)
+    in_flight_set_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    # vLLM >= 0.33 (requests with num_in_flight_tokens): its per-request counters.
+    counts_in_flight: bool = False
+    negative_counters: list[dict[str, Any]] = field(default_factory=list)
+    in_flight_counter_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    # vLLM 0.33's AsyncScheduler (a recorder with records_async_scheduling):
+    # its output placeholders against the invariants they should keep.
+    counts_placeholders: bool = False
+    placeholder_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    # Speculative decoding (num_spec_tokens > 0): drafts vLLM kept past an
+    # entry that scheduled none of them or through a preemption, then
+    # scheduled (or preempted the request trying to); and an entry that
+    # samples a request while another sampling entry of the same request is
+    # in flight (that position is sampled twice).
+    spec_decoding: bool = False
+    leftover_drafts: list[dict[str, Any]] = field(default_factory=list)
+    double_samples: list[dict[str, Any]] = field(default_factory=list)
+    # ... and an entry of fewer than 0 tokens (num_computed_tokens past the
+    # known tokens and drafts: 0.8.x's `num_new_tokens == 0` skip misses it).
+    negative_schedules: list[dict[str, Any]] = field(default_factory=list)
+    # ... and an entry reaching past max_model_len (vLLM 0.8.4 does not clip
+    # the running loop to it; 0.8.5 does, "necessary when using spec decoding").
+    beyond_max_model_len: list[dict[str, Any]] = field(default_factory=list)
+    # ... and a request admitted (resumed) while holding drafts kept through a
+    # preemption: 0.8.x's KVCacheManager.allocate_slots leaves
+    # `len(spec_token_ids)` tokens out of the blocks it caches and lowers its
+    # `num_cached_block` to that; a later allocation caches a block that has
+    # a hash already (`assert blk.block_hash is None` in
+    # BlockPool.cache_full_blocks) or a later prefix hit is smaller. Nothing
+    # in the trace shows it before that.
+    drafts_held_at_admission: list[dict[str, Any]] = field(default_factory=list)
+    # ... and any allocation of slots while the request holds more drafts than
+    # the entry schedules (the same under-caching, for a running request too).
+    drafts_held_at_allocation: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        found: dict[str, Any] = {
+            "stale_tokens": self.stale_tokens, "partial_chunk_tokens": self.partial_chunk_tokens,
+            "in_flight_set_mismatches": self.in_flight_set_mismatches}
+        if self.counts_in_flight:
+            found.update(negative_counters=self.negative_counters,
+                         in_flight_counter_mismatches=self.in_flight_counter_mismatches)
+        if self.counts_placeholders:
+            found.update(placeholder_mismatches=self.placeholder_mismatches)
+        if self.spec_decoding:
+            found.update(leftover_drafts=self.leftover_drafts, double_samples=self.double_samples,
+                         negative_schedules=self.negative_schedules,
+                         beyond_max_model_len=self.beyond_max_model_len,
+                         drafts_held_at_admission=self.drafts_held_at_admission,
+                         drafts_held_at_allocation=self.drafts_held_at_allocation)
+        return found
+
+
+# vLLM 0.33's per-request counters (`Request.__init__`), checked for sign.
+COUNTERS = ("num_in_flight_tokens", "num_stale_output_tokens")
+
+
+def status_name(request: Any) -> str:
+    """A vLLM request's status by its enum name (RUNNING, PREEMPTED, FINISHED_...)."""
+    return request.status.name
+
+
+class GroundTruthMixin:
+    """The recorder's checks of vLLM's state (see the module's docstring).
+    Mixed into `RecordingMixin`, which calls them and owns the trace."""
+
+    # Set by RecordingMixin (the recorder's state these checks read).
+    flightcheck_step: int
+    flightcheck_observations: Observations
+    records_async_scheduling: bool
+    _fc_in_flight: dict[int, BatchRecord]
+
+    def _fc_start_ground_truth(self, spec_decoding: bool) -> None:
+        """The checks' own state; with drafts, the allocation watch installed."""
+        self.flightcheck_observations = Observations(spec_decoding=spec_decoding)
+        self.flightcheck_observations.counts_placeholders = self.records_async_scheduling
+        # ids of the requests whose allocate_slots found no room in the current
+        # schedule() call (spec decoding only: the call is passed through).
+        self._fc_failed_allocations: set[int] = set()
+        if spec_decoding:
+            self._fc_watch_allocations()
+        self._fc_negative_seen: set[tuple[int, str]] = set()
+        self._fc_placeholder_seen: set[tuple[int, str]] = set()
+        self._fc_mismatch_seen: dict[int, int] = {}
+        # id(Request) -> why the drafts it holds are left over (not proposed by
+        # its latest completion): see Observations.leftover_drafts.
+        self._fc_leftover_drafts: dict[int, str] = {}
+
+    # -- speculative decoding ---------------------------------------------------------
+
+    def _fc_watch_allocations(self) -> None:
+        """Note each request whose `KVCacheManager.allocate_slots` returns
+        None (no room: vLLM then preempts from the tail of `running`) for
+        slots that reach into its drafts, calling
+        vLLM's method with the same arguments and returning its result."""
+        manager = self.kv_cache_manager
+        allocate = manager.allocate_slots
+
+        def allocate_slots(request: Any, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
+            # Only a failure the drafts held caused counts: the known tokens
+            # alone would have fit in the table and the free blocks.
+            block_size = self.cache_config.block_size
+            end = request.num_computed_tokens + num_tokens
+            known_end = min(end, request.num_tokens)
+            # (0.8.x's manager keeps `req_to_blocks`; a version without it is
+            # not judged here: any failure reaching into drafts counts.)
+            tables = getattr(manager, "req_to_blocks", None)
+            held = len(tables.get(request.request_id, ())) if tables is not None else 0
+            known_fits = tables is None or (-(-known_end // block_size) - held
+                                            <= manager.block_pool.get_num_free_blocks())
+            held_drafts = len(getattr(request, "spec_token_ids", ()) or ())
+            if tables is not None and held_drafts > end - known_end:       # 0.8.x's manager
+                # 0.8.x leaves every held draft out of the blocks it caches.
+                self.flightcheck_observations.drafts_held_at_allocation.append({
+                    "step": self.flightcheck_step + 1, "req": request.request_id,
+                    "held": held_drafts, "scheduled": end - known_end})
+            blocks = allocate(request, num_tokens, *args, **kwargs)
+            if blocks is None and end > known_end and known_fits:
+                self._fc_failed_allocations.add(id(request))
+            return blocks
+
+        manager.allocate_slots = allocate_slots
+
+    def _fc_watch_drafts(self, batch_id: int | None, entries: list[tuple[EntrySnapshot, dict[str, Any]]],
+                         running_before: list[Any], drafts_before: dict[int, bool]) -> None:
+        """Speculative decoding's ground truth for one schedule() call (see
+        Observations): vLLM 0.8.x keeps `spec_token_ids` when an entry
+        schedules none of them (Scheduler.schedule trims only when
+        `num_scheduled_spec_tokens > 0`) and through a preemption (which resets
+        only the status and num_computed_tokens); 0.33 clears them in both."""
+        observations = self.flightcheck_observations
+        step = self.flightcheck_step
+        was_running = {id(r) for r in running_before}
+        for entry, written in entries:
+            request = entry.request
+            if id(request) not in was_running and request.spec_token_ids:
+                observations.drafts_held_at_admission.append({"step": step, "batch": batch_id, "req": entry.req_id,
+                                                              "drafts": len(request.spec_token_ids)})
+            if entry.n < 0:
+                observations.negative_schedules.append({"step": step, "req": entry.req_id, "n": entry.n})
+            if entry.start + entry.n > self.max_model_len:
+                observations.beyond_max_model_len.append({"step": step, "batch": batch_id, "req": entry.req_id,
+                                                          "end": entry.start + entry.n})
+            why = self._fc_leftover_drafts.get(id(request))
+            if why is not None and written["drafts"]:
+                observations.leftover_drafts.append({"step": step, "batch": batch_id, "req": entry.req_id,
+                                                     "drafts": written["drafts"], "why": why})
+            if entry.samples:
+                earlier = next((b.batch_id for b in self._fc_in_flight.values() for e in b.entries
+                                if e.request is request and e.incarnation == entry.incarnation and e.samples),
+                               None)
+                if earlier is not None:
+                    observations.double_samples.append({"step": step, "batch": batch_id, "req": entry.req_id,
+                                                        "in_flight": earlier})
+            if id(request) in drafts_before and not written["drafts"] and request.spec_token_ids:
+                self._fc_leftover_drafts.setdefault(id(request), f"left over by batch {batch_id}, which "
+                                                                 f"scheduled none")
+        failed, self._fc_failed_allocations = self._fc_failed_allocations, set()
+        for request in running_before:
+            if status_name(request) != "PREEMPTED":
+                continue
+            why = self._fc_leftover_drafts.get(id(request))
+            # It preempted itself: its own allocation, its leftover drafts
+            # counted in, found no room (read from allocate_slots' results).
+            if why is not None and id(request) in drafts_before and id(request) in failed:
+                observations.leftover_drafts.append({"step": step, "batch": batch_id, "req": request.request_id,
+                                                     "drafts": len(request.spec_token_ids),
+                                                     "why": why + "; preempted scheduling them"})
+            if request.spec_token_ids:
+                self._fc_leftover_drafts.setdefault(id(request), "proposed before its preemption")
+
+    # -- vLLM's counters and sets against the batches in flight ---------------------
+
+    def _fc_check_in_flight_set(self) -> None:
+        """vLLM <= 0.8.4 keeps `scheduled_req_ids`, documented as the requests
+        being executed; compare it with the unfinished requests that really have
+        an entry in a batch in flight."""
+        recorded = getattr(self, "scheduled_req_ids", None)
+        if recorded is None:
+            return
+        truth = {e.req_id for batch in self._fc_in_flight.values() for e in batch.entries
+                 if e.req_id in self.requests and self.requests[e.req_id] is e.request}
+        if set(recorded) != truth:
+            mismatches = self.flightcheck_observations.in_flight_set_mismatches
+            if not mismatches or mismatches[-1]["extra"] != sorted(set(recorded) - truth) \
+                    or mismatches[-1]["missing"] != sorted(truth - set(recorded)):
+                mismatches.append({"step": self.flightcheck_step,
+                                   "extra": sorted(set(recorded) - truth),
+                                   "missing": sorted(truth - set(recorded))})
+
+    def _fc_check_counters(self) -> None:
+        """vLLM 0.33 keeps, per request, `num_in_flight_tokens` (the tokens of
+        its batches scheduled and not yet processed; += in
+        `Scheduler._update_after_schedule`, -= in `update_from_output`, looked
+        up by id) and `num_stale_output_tokens` (`_preempt_request`). Record
+        each counter that goes negative, and the in-flight counter disagreeing
+        with the tokens of this very Request object's batches in flight (it
+        fails when an id is reused while the old request's batch is in flight)."""
+        observations = self.flightcheck_observations
+        for request in self.requests.values():
+            if not hasattr(request, "num_in_flight_tokens"):
+                return
+            observations.counts_in_flight = True
+            for name in COUNTERS:
+                value = getattr(request, name, 0)
+                if value < 0 and (id(request), name) not in self._fc_negative_seen:
+                    self._fc_negative_seen.add((id(request), name))
+                    observations.negative_counters.append({
+                        "step": self.flightcheck_step, "req": request.request_id, "counter": name, "value": value})
+            if request.is_finished():
+                continue
+            truth = sum(e.n for batch in self._fc_in_flight.values() for e in batch.entries
+                        if e.request is request)
+            if request.num_in_flight_tokens != truth and id(request) not in self._fc_mismatch_seen:
+                self._fc_mismatch_seen[id(request)] = self.flightcheck_step
+                observations.in_flight_counter_mismatches.append({
+                    "step": self.flightcheck_step, "req": request.request_id,
+                    "num_in_flight_tokens": request.num_in_flight_tokens, "in_flight": truth})
+
+    def _fc_check_placeholders(self) -> None:
+        """vLLM 0.33's AsyncScheduler: for every RUNNING request, its output
+        placeholders (`num_output_placeholders`) should equal the tokens of
+        its sampling entries in flight (one each, without drafts), its
+        counter should be `num_tokens + placeholders - 1` past a prefill
+        chunk (`is_prefill_chunk` false, counter moved), and its outputs plus
+        placeholders should not pass `max_tokens`. Each first breach per
+        request and rule is recorded (read-only; nothing is changed)."""
+        if not self.records_async_scheduling:
+            return
+        in_flight: dict[int, int] = {}
+        for batch in self._fc_in_flight.values():
+            for entry in batch.entries:
+                if entry.samples:
+                    in_flight[id(entry.request)] = in_flight.get(id(entry.request), 0) + 1
+        spec = bool(getattr(self, "num_spec_tokens", 0))
+        for request in list(self.running):
+            if status_name(request) != "RUNNING":
+                continue
+            placeholders = int(request.num_output_placeholders)
+            breaches = {
+                "placeholders = sampling entries in flight": not spec and placeholders != in_flight.get(id(request), 0),
+                "num_computed = num_tokens + placeholders - 1": (
+                    not spec and not request.is_prefill_chunk and request.num_computed_tokens > 0
+                    and request.num_computed_tokens != request.num_tokens + placeholders - 1),
+                "outputs + placeholders <= max_tokens": request.num_output_tokens + placeholders > request.max_tokens,
+            }
+            for rule, broken in breaches.items():
+                if broken and (id(request), rule) not in self._fc_placeholder_seen:
+                    self._fc_placeholder_seen.add((id(request), rule))
+                    self.flightcheck_observations.placeholder_mismatches.append({
+                        "step": self.flightcheck_step, "req": request.request_id, "rule": rule,
+                        "placeholders": placeholders, "num_computed_tokens": request.num_computed_tokens,
+                        "num_tokens": request.num_tokens, "max_tokens": request.max_tokens})
