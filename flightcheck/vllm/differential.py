@@ -19,8 +19,10 @@ Every difference is either a bug of the reference (fixed there) or one of
 the deliberate deviations in `DEVIATIONS` (reference/README.md lists them):
 `compare` finds the first difference and names the deviation that explains
 it, and checks that it is the only one by a second reference run with those
-deviations switched to vLLM's behaviour (`vllm_outputs=True`), which must
-then equal vLLM event for event.
+deviations switched to vLLM's behaviour (`vllm_outputs=True`: for 0.8.x the
+released profile, `SchedulerConfig(as_released=True)`, reference/profiles.py
+`RELEASED`; for 0.33 `Vllm033OutputScheduler`), which must then equal vLLM
+event for event.
 
 Standard library and flightcheck.reference only: the vLLM side's results
 come from the replay worker (replay.py).
@@ -39,7 +41,7 @@ from flightcheck.reference import (ModelRunnerOutput, Request, RequestStatus, Sa
                                    SchedulerConfig, TraceWriter, TracingScheduler)
 from flightcheck.reference.completion import Fate
 from flightcheck.reference.outputs import RequestData
-from flightcheck.reference.profiles import PROFILES
+from flightcheck.reference.profiles import PROFILES, get_profile
 
 from .engine import BatchQueueEngine, BatchQueueEngineV033, FabricatedModel, RunOutcome, run_busy_loop
 from .workload import Workload, workload_from_json
@@ -108,93 +110,6 @@ VERSION_DEVIATIONS: dict[str, tuple[str, ...]] = {
 # ---------------------------------------------------------------------------
 # The reference side
 # ---------------------------------------------------------------------------
-
-class Vllm08OutputScheduler(TracingScheduler):
-    """The reference with its deviations switched to vLLM 0.8.x's behaviour:
-    an output is applied by name to a RUNNING request of that name, whatever
-    its incarnation, and dropped otherwise (`update_from_output` walks
-    `self.running`); the tokens taken are those the model runner returned
-    (it, not the snapshot, decides what sampled); finished ids are cleared by
-    every schedule(), even one that forms no batch (so `has_requests()` turns
-    false as vLLM's does); under one batch per request (0.8.4), a request
-    preempted or aborted while not running keeps its `scheduled_req_ids`
-    mark (0.8.4's `schedule()` preemption and `finish_requests` never
-    discard it); a request keeps the drafts an entry did not schedule and
-    its drafts through a preemption (`unscheduled_drafts_dropped`)."""
-
-    keeps_unscheduled_drafts = True
-
-    def __init__(self, config: SchedulerConfig, trace: TraceWriter) -> None:
-        super().__init__(config, trace)
-        allocate = self.kv_cache_manager.allocate_slots
-
-        def allocate_slots(request: Request, num_new_tokens: int, new_computed_blocks: Any = (),
-                           num_draft_tokens: int = 0) -> Any:
-            # vLLM 0.8.x's KVCacheManager.allocate_slots caches the blocks of
-            # `num_computed_tokens + num_tokens - len(request.spec_token_ids)`
-            # tokens: every draft the request holds is left out, scheduled or
-            # not (a resumption with drafts kept through its preemption, an
-            # entry the budget clipped), where the reference leaves out only
-            # the drafts scheduled.
-            return allocate(request, num_new_tokens, new_computed_blocks,
-                            num_draft_tokens=max(num_draft_tokens, len(request.spec_token_ids)))
-
-        self.kv_cache_manager.allocate_slots = allocate_slots  # type: ignore[method-assign]
-
-    def _fate(self, entry: RequestData, request: Request | None) -> Fate:
-        if request is None or request.status != RequestStatus.RUNNING:
-            return Fate.SUPERSEDED
-        return Fate.LIVE
-
-    def _samples(self, entry: RequestData, request: Request, fate: Fate) -> bool:
-        return True
-
-    def _preempt(self, request: Request) -> None:
-        marked = request.request_id in self.scheduled_req_ids
-        drafts = request.spec_token_ids          # vLLM 0.8.x's preemption keeps them
-        super()._preempt(request)
-        request.spec_token_ids = drafts
-        if marked:                            # vLLM 0.8.4's preemption keeps the in-flight mark
-            self.scheduled_req_ids.add(request.request_id)
-
-    def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> None:
-        ids = (request_ids,) if isinstance(request_ids, str) else tuple(request_ids)
-        # vLLM 0.8.4 discards the mark only of an aborted RUNNING request.
-        kept = {req_id for req_id in ids if req_id in self.scheduled_req_ids
-                and self.requests[req_id].status != RequestStatus.RUNNING}
-        super().finish_requests(ids, finished_status)
-        self.scheduled_req_ids |= kept
-
-    def _clip(self, num_new_tokens: int, num_computed: int, token_budget: int) -> int:
-        if self.config.continue_prefill:
-            return super()._clip(num_new_tokens, num_computed, token_budget)
-        # vLLM 0.8.4: the threshold and the budget only, no max_model_len clip
-        # (`drafts_clipped_to_max_model_len`).
-        threshold = self.config.long_prefill_token_threshold
-        if 0 < threshold < num_new_tokens:
-            num_new_tokens = threshold
-        return max(0, min(num_new_tokens, token_budget))
-
-    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        # vLLM 0.8.x sets every RUNNING request's drafts from the output, an
-        # entry that returned no token (a partial chunk) included, to none
-        # (Scheduler.update_from_output: `request.spec_token_ids =
-        # spec_token_ids[req_index]`); the reference's completion sets them
-        # only where tokens are applied, and does so below.
-        if model_runner_output.spec_token_ids is not None:
-            for entry in scheduler_output.entries:
-                request = self.requests.get(entry.req_id)
-                if request is not None and request.status == RequestStatus.RUNNING \
-                        and not model_runner_output.tokens_of(entry.req_id):
-                    request.spec_token_ids = tuple(model_runner_output.drafts_of(entry.req_id))
-        return super().update_from_output(scheduler_output, model_runner_output)
-
-    def _make_output(self, batch: Any) -> Any:
-        output = super()._make_output(batch)
-        if not batch.total_num_scheduled_tokens:
-            self.finished_req_ids = set()     # vLLM 0.8.x clears them in every schedule()
-        return output
-
 
 class Vllm033OutputScheduler(TracingScheduler):
     """The reference under the 0.33 profile with its one deviation switched
@@ -318,7 +233,8 @@ def _model_output(req_ids: list[str], req_id_to_index: dict[str, int],
                              sampled_token_ids=sampled_token_ids, spec_token_ids=spec_token_ids)
 
 
-def reference_config(workload: Workload, profile: str, mutant: str | None = None) -> SchedulerConfig:
+def reference_config(workload: Workload, profile: str, mutant: str | None = None,
+                     as_released: bool = False) -> SchedulerConfig:
     """The reference's configuration for a replay workload: vLLM keeps one
     null block back, so the reference gets one block fewer.
 
@@ -344,7 +260,7 @@ def reference_config(workload: Workload, profile: str, mutant: str | None = None
         num_blocks=usable, num_pipeline_stages=config.num_stages,
         long_prefill_token_threshold=config.long_prefill_token_threshold,
         enable_prefix_caching=config.prefix_caching, num_spec_tokens=config.num_spec_tokens,
-        profile=profile, mutant=mutant)
+        profile=profile, as_released=as_released, mutant=mutant)
 
 
 @dataclass
@@ -362,13 +278,16 @@ def run_reference(raw_workload: dict[str, Any], profile: str, mutant: str | None
     workload = workload_from_json(raw_workload)
     sink = io.StringIO()
     trace = TraceWriter(sink, eos_token_id=workload.eos_token_id)
-    config = reference_config(workload, profile, mutant)
     # The version's engine: 0.33's loop queues empty batches (engine.py), K
     # batches deep, or K + 1 under async scheduling (`batch_queue_depth`).
-    v033 = config.version_profile.engine_loop in ("vllm-0.33", "vllm-0.33-async")
+    v033 = get_profile(profile).engine_loop in ("vllm-0.33", "vllm-0.33-async")
+    # The deviations switched to vLLM's behaviour: 0.8.x's are constants of
+    # its released profile (reference/profiles.py `RELEASED`); 0.33's binding
+    # is Vllm033OutputScheduler's.
+    config = reference_config(workload, profile, mutant, as_released=vllm_outputs and not v033)
     scheduler_class: type[TracingScheduler] = TracingScheduler
-    if vllm_outputs:
-        scheduler_class = Vllm033OutputScheduler if v033 else Vllm08OutputScheduler
+    if vllm_outputs and v033:
+        scheduler_class = Vllm033OutputScheduler
     scheduler = scheduler_class(config, trace)
     side = _ReferenceSide(scheduler, batch_level_cached_data=v033)
     engine: BatchQueueEngine
