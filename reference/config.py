@@ -40,7 +40,7 @@ class SchedulerConfig:
     drop_stale_output: bool = False
     # The profile as vLLM released it (profiles.py `RELEASED`): the
     # reference's later fixes, its named deviations (reference/README.md),
-    # switched off. The vLLM differential's conforming run; 0.8.x only.
+    # switched off. The vLLM differential's conforming run.
     as_released: bool = False
     mutant: str | None = None              # see mutants.py; None is correct
 

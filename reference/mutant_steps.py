@@ -232,7 +232,7 @@ def _resumption_never_deferred(scheduler: Scheduler, request: Request) -> bool:
     return False
 
 
-@replaces(M.DROP_LEAVES_COUNTERS, "_fate_by_counters", "fead6c867bc6")
+@replaces(M.DROP_LEAVES_COUNTERS, "_fate_by_counters", "a24f4d353549")
 def _fate_by_counters_leaving_dropped(scheduler: Scheduler, entry: RequestData,
                                       request: Request | None) -> Fate:
     """The bug: a stale output discarded in drop mode is dropped before the
@@ -243,7 +243,7 @@ def _fate_by_counters_leaving_dropped(scheduler: Scheduler, entry: RequestData,
     return Scheduler._fate_by_counters(scheduler, entry, request)
 
 
-@replaces(M.IN_FLIGHT_KEPT_WITHOUT_OUTPUT, "_fate_by_counters", "fead6c867bc6")
+@replaces(M.IN_FLIGHT_KEPT_WITHOUT_OUTPUT, "_fate_by_counters", "a24f4d353549")
 def _fate_by_counters_only_with_output(scheduler: Scheduler, entry: RequestData,
                                        request: Request | None) -> Fate:
     """The bug: an entry that samples nothing is judged by the counters but
@@ -255,7 +255,7 @@ def _fate_by_counters_only_with_output(scheduler: Scheduler, entry: RequestData,
     return Fate.LIVE
 
 
-@replaces(M.OUTPUT_BOUND_BY_ID_ALONE, "_fate_by_counters", "fead6c867bc6")
+@replaces(M.OUTPUT_BOUND_BY_ID_ALONE, "_fate_by_counters", "a24f4d353549")
 def _fate_by_counters_by_id_alone(scheduler: Scheduler, entry: RequestData,
                                   request: Request | None) -> Fate:
     """The bug (vLLM 0.33 as released): the output is looked up by id with no

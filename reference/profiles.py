@@ -152,6 +152,13 @@ class Profile:
     # preempted request, or an aborted waiting one, keeps it (the counter
     # drift; `inflight_mark_cleared_on_preemption`).
     in_flight_mark_kept_off_running: bool = False
+    # 0.33 `Scheduler.update_from_output` looks the output up by id alone
+    # (`self.requests.get(req_id)`), so a batch of an older request whose id
+    # was reused while it was in flight settles the new request's counters
+    # and gives it its token (`reused_id_output_dropped`; the reference drops
+    # it). Read where the output is bound (`_fate_by_counters`) and where the
+    # trace reads the fate beforehand (`_predicted_fate`: the counters alone).
+    outputs_by_id_alone: bool = False
 
     def release_order(self, enable_prefix_caching: bool) -> str:
         """"reverse" or "forward": the order a released table joins the free queue."""
@@ -204,10 +211,16 @@ RELEASED_0_8_X: dict[str, bool] = {
     "drafts_from_every_output": True, "unscheduled_drafts_kept": True,
     "drafts_kept_through_preemption": True, "held_drafts_left_uncached": True,
     "flush_finished_every_schedule": True}
+# vLLM 0.33.0 as released: outputs bound by id alone, and the model runner
+# decides what sampled (after a wrong binding the request holds a token its
+# snapshot did not count).
+RELEASED_0_33: dict[str, bool] = {"outputs_by_id_alone": True, "worker_decides_sampling": True}
 RELEASED: dict[str, Profile] = {
     "vllm-0.8.5": replace(PROFILES["vllm-0.8.5"], **RELEASED_0_8_X),
     "vllm-0.8.4": replace(PROFILES["vllm-0.8.4"], **RELEASED_0_8_X, no_max_model_len_clip=True,
                           in_flight_mark_kept_off_running=True),
+    "vllm-0.33": replace(PROFILES["vllm-0.33"], **RELEASED_0_33),
+    "vllm-0.33-async": replace(PROFILES["vllm-0.33-async"], **RELEASED_0_33),
 }
 
 

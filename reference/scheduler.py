@@ -87,7 +87,7 @@ class Scheduler(OutputUpdate):
         self._stop_tokens_first = profile.stop_tokens_before_length       # _apply_sampled
         self._flush_finished_every_schedule = profile.flush_finished_every_schedule  # _make_output
         self._async = profile.async_scheduling                            # schedule, update
-        # vLLM 0.8.x as released (all off but with `config.as_released`).
+        # vLLM as released (all off but with `config.as_released`).
         self._outputs_to_running_by_id = profile.outputs_to_running_by_id      # _bound_fate
         self._worker_decides_sampling = profile.worker_decides_sampling        # _tokens_taken
         self._drafts_from_every_output = profile.drafts_from_every_output      # update_from_output
@@ -96,6 +96,8 @@ class Scheduler(OutputUpdate):
         self._held_drafts_left_uncached = profile.held_drafts_left_uncached    # _allocate
         self._no_max_model_len_clip = profile.no_max_model_len_clip            # _clip
         self._in_flight_mark_kept_off_running = profile.in_flight_mark_kept_off_running
+        # vLLM 0.33 as released: _fate_by_counters, _predicted_fate.
+        self._outputs_by_id_alone = profile.outputs_by_id_alone
         self._decode_stagger = config.decode_stagger
         # vLLM's `Scheduler.current_step`: +1 on every schedule() call, empty
         # ones included (the stagger is counted in these calls).

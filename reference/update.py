@@ -45,6 +45,7 @@ class OutputUpdate:
     _outputs_to_running_by_id: bool
     _worker_decides_sampling: bool
     _drafts_from_every_output: bool
+    _outputs_by_id_alone: bool
 
     def fate_of(self, entry: RequestData) -> Fate:
         """What becomes of this in-flight entry's output if it completed now."""
@@ -64,7 +65,14 @@ class OutputUpdate:
         counters an orphaned entry of a drop-mode request is discarded. (The
         counters decide in `update_from_output`; in a correct run they agree
         with this reading: a deliver-mode request is not resumed while its
-        stale share is in flight, so its stale entries are its orphans.)"""
+        stale share is in flight, so its stale entries are its orphans.) As
+        vLLM 0.33 released (`outputs_by_id_alone`), the counters alone."""
+        if self._outputs_by_id_alone:
+            if request is None:
+                return SUPERSEDED
+            if request.num_stale_output_tokens > 0:
+                return SUPERSEDED if request.drop_stale_output else ORPHANED
+            return LIVE
         fate = self._bound_fate(entry, request)
         if fate is ORPHANED and self._stale_output_counters and request is not None \
                 and request.drop_stale_output:
@@ -139,8 +147,10 @@ class OutputUpdate:
         PREEMPTED request (deliver mode: orphaned) or discarded (drop mode).
         One guard vLLM lacks (reference/README.md, `reused_id_output_dropped`):
         an entry scheduled for an older request of the same id is dropped and
-        touches nothing of the request now under that id."""
-        if request is None or entry.incarnation < request.first_incarnation:
+        touches nothing of the request now under that id (vLLM 0.33 as
+        released: `outputs_by_id_alone`)."""
+        if request is None or (entry.incarnation < request.first_incarnation
+                               and not self._outputs_by_id_alone):
             return SUPERSEDED                 # finished, aborted, or an older request of the id
         request.num_in_flight_tokens -= entry.num_new_tokens
         if request.num_stale_output_tokens > 0:

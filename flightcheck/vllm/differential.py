@@ -19,10 +19,10 @@ Every difference is either a bug of the reference (fixed there) or one of
 the deliberate deviations in `DEVIATIONS` (reference/README.md lists them):
 `compare` finds the first difference and names the deviation that explains
 it, and checks that it is the only one by a second reference run with those
-deviations switched to vLLM's behaviour (`vllm_outputs=True`: for 0.8.x the
-released profile, `SchedulerConfig(as_released=True)`, reference/profiles.py
-`RELEASED`; for 0.33 `Vllm033OutputScheduler`), which must then equal vLLM
-event for event.
+deviations switched to vLLM's behaviour (`vllm_outputs=True`: the version's
+released profile, `SchedulerConfig(as_released=True)`, whose constants
+reference/profiles.py `RELEASED` names), which must then equal vLLM event
+for event.
 
 Standard library and flightcheck.reference only: the vLLM side's results
 come from the replay worker (replay.py).
@@ -39,7 +39,6 @@ from typing import Any
 
 from flightcheck.reference import (ModelRunnerOutput, Request, RequestStatus, SamplingParams,
                                    SchedulerConfig, TraceWriter, TracingScheduler)
-from flightcheck.reference.completion import Fate
 from flightcheck.reference.outputs import RequestData
 from flightcheck.reference.profiles import PROFILES, get_profile
 
@@ -110,38 +109,6 @@ VERSION_DEVIATIONS: dict[str, tuple[str, ...]] = {
 # ---------------------------------------------------------------------------
 # The reference side
 # ---------------------------------------------------------------------------
-
-class Vllm033OutputScheduler(TracingScheduler):
-    """The reference under the 0.33 profile with its one deviation switched
-    to vLLM 0.33's behaviour: an output is looked up by id alone, so a batch
-    of an older request of a reused id lands on the request now under that
-    id (its counters and tokens), as `Scheduler.update_from_output` does.
-    The trace reads each fate from the counters as vLLM's update does (one
-    entry per request per batch, so reading them first changes nothing), and
-    the tokens taken are those the model runner returned."""
-
-    def _fate_by_counters(self, entry: RequestData, request: Request | None) -> Fate:
-        if request is None:
-            return Fate.SUPERSEDED
-        request.num_in_flight_tokens -= entry.num_new_tokens
-        if request.num_stale_output_tokens > 0:
-            request.num_stale_output_tokens -= entry.num_new_tokens
-            assert request.num_stale_output_tokens >= 0   # vLLM's own assert
-            return Fate.SUPERSEDED if request.drop_stale_output else Fate.ORPHANED
-        return Fate.LIVE
-
-    def _samples(self, entry: RequestData, request: Request, fate: Fate) -> bool:
-        # The model runner, not the snapshot, decides: after a wrong binding
-        # the request holds a token its snapshot did not count.
-        return True
-
-    def _predicted_fate(self, entry: RequestData, request: Request | None) -> Fate:
-        if request is None:
-            return Fate.SUPERSEDED
-        if request.num_stale_output_tokens > 0:
-            return Fate.SUPERSEDED if request.drop_stale_output else Fate.ORPHANED
-        return Fate.LIVE
-
 
 class _BatchView:
     """A reference batch as vLLM 0.33's model runner reads a `SchedulerOutput`:
@@ -281,14 +248,10 @@ def run_reference(raw_workload: dict[str, Any], profile: str, mutant: str | None
     # The version's engine: 0.33's loop queues empty batches (engine.py), K
     # batches deep, or K + 1 under async scheduling (`batch_queue_depth`).
     v033 = get_profile(profile).engine_loop in ("vllm-0.33", "vllm-0.33-async")
-    # The deviations switched to vLLM's behaviour: 0.8.x's are constants of
-    # its released profile (reference/profiles.py `RELEASED`); 0.33's binding
-    # is Vllm033OutputScheduler's.
-    config = reference_config(workload, profile, mutant, as_released=vllm_outputs and not v033)
-    scheduler_class: type[TracingScheduler] = TracingScheduler
-    if vllm_outputs and v033:
-        scheduler_class = Vllm033OutputScheduler
-    scheduler = scheduler_class(config, trace)
+    # `vllm_outputs`: the deviations switched to vLLM's behaviour, the
+    # constants of the version's released profile (reference/profiles.py `RELEASED`).
+    config = reference_config(workload, profile, mutant, as_released=vllm_outputs)
+    scheduler = TracingScheduler(config, trace)
     side = _ReferenceSide(scheduler, batch_level_cached_data=v033)
     engine: BatchQueueEngine
     if v033:
