@@ -210,14 +210,13 @@ def _fate_bound_by_name(scheduler: Scheduler, entry: RequestData,
 
 # -- inflight_set_not_cleared_on_preemption -----------------------------------------------
 
-@replaces(M.INFLIGHT_SET_NOT_CLEARED_ON_PREEMPTION, "_preempt", "24f8f8fffd7d")
+@replaces(M.INFLIGHT_SET_NOT_CLEARED_ON_PREEMPTION, "_preempt", "9364ff331ff9")
 def _preempt_keeping_the_inflight_mark(scheduler: Scheduler, request: Request) -> None:
     """The correct `_preempt`, but the request stays in `scheduled_req_ids`."""
     scheduler.kv_cache_manager.free(request)
     request.status = RequestStatus.PREEMPTED
     request.num_computed_tokens = 0
-    if not scheduler._drafts_kept_through_preemption:
-        request.spec_token_ids = ()
+    request.spec_token_ids = request.spec_token_ids if scheduler._drafts_kept_through_preemption else ()
     request.orphaned_incarnation = request.incarnation
     request.incarnation = next(scheduler._incarnations)
     scheduler.waiting.appendleft(request)

@@ -47,6 +47,7 @@ Deliberate deviations from vLLM are listed in reference/README.md.
 from __future__ import annotations
 
 import itertools
+import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from types import MethodType
@@ -94,7 +95,8 @@ class Scheduler(OutputUpdate):
         self._unscheduled_drafts_kept = profile.unscheduled_drafts_kept        # _schedule_running
         self._drafts_kept_through_preemption = profile.drafts_kept_through_preemption  # _preempt
         self._held_drafts_left_uncached = profile.held_drafts_left_uncached    # _allocate
-        self._no_max_model_len_clip = profile.no_max_model_len_clip            # _clip
+        # _clip: the length a request is clipped to (0.8.4 as released: none).
+        self._clip_max_model_len = sys.maxsize if profile.no_max_model_len_clip else config.max_model_len
         self._in_flight_mark_kept_off_running = profile.in_flight_mark_kept_off_running
         # vLLM 0.33 as released: _fate_by_counters, _predicted_fate.
         self._outputs_by_id_alone = profile.outputs_by_id_alone
@@ -329,7 +331,8 @@ class Scheduler(OutputUpdate):
         0.33 clips so only in the running loop; in the waiting loop the clip
         never binds (an unfinished request has fewer than max_model_len
         tokens and its counter is 0 there), so one clip serves both. vLLM
-        0.8.4 as released has no room clip (`no_max_model_len_clip`)."""
+        0.8.4 as released has no room clip (`no_max_model_len_clip`: the
+        length clipped to, `_clip_max_model_len`, is unbounded)."""
         threshold = self._threshold
         if 0 < threshold < num_new_tokens:
             num_new_tokens = threshold
@@ -337,9 +340,7 @@ class Scheduler(OutputUpdate):
         # their arguments slowly (~100 ns a call), and this runs per entry.
         if num_new_tokens > token_budget:
             num_new_tokens = token_budget
-        if self._no_max_model_len_clip:
-            return num_new_tokens if num_new_tokens > 0 else 0
-        room = self.config.max_model_len - num_computed
+        room = self._clip_max_model_len - num_computed
         if self._sampled_token_slot:
             room -= self._sampled_token_slot
         if num_new_tokens > room:
@@ -377,8 +378,8 @@ class Scheduler(OutputUpdate):
         not cached (they may be rejected). vLLM 0.8.x as released leaves out
         every draft the request holds, scheduled or not
         (`held_drafts_left_uncached`)."""
-        if self._held_drafts_left_uncached and len(request.spec_token_ids) > num_drafts:
-            num_drafts = len(request.spec_token_ids)
+        if self._held_drafts_left_uncached:
+            num_drafts = max(num_drafts, len(request.spec_token_ids))
         return self.kv_cache_manager.allocate_slots(request, num_new_tokens, computed_blocks,
                                                     num_draft_tokens=num_drafts)
 
@@ -390,8 +391,7 @@ class Scheduler(OutputUpdate):
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
-        if not self._drafts_kept_through_preemption:
-            request.spec_token_ids = ()
+        request.spec_token_ids = request.spec_token_ids if self._drafts_kept_through_preemption else ()
         request.orphaned_incarnation = request.incarnation
         request.incarnation = next(self._incarnations)
         self.waiting.appendleft(request)

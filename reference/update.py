@@ -68,11 +68,7 @@ class OutputUpdate:
         stale share is in flight, so its stale entries are its orphans.) As
         vLLM 0.33 released (`outputs_by_id_alone`), the counters alone."""
         if self._outputs_by_id_alone:
-            if request is None:
-                return SUPERSEDED
-            if request.num_stale_output_tokens > 0:
-                return SUPERSEDED if request.drop_stale_output else ORPHANED
-            return LIVE
+            return _fate_by_stale_share(request)
         fate = self._bound_fate(entry, request)
         if fate is ORPHANED and self._stale_output_counters and request is not None \
                 and request.drop_stale_output:
@@ -96,10 +92,8 @@ class OutputUpdate:
             if fate is LIVE:
                 self._settle_live(request, entry)
             if not token_ids:
-                if self._drafts_from_every_output and fate is LIVE \
-                        and model_runner_output.spec_token_ids is not None:
-                    # vLLM 0.8.x: every running entry takes the drafts proposed, none here.
-                    request.spec_token_ids = tuple(model_runner_output.drafts_of(entry.req_id))
+                if self._drafts_from_every_output:
+                    _take_proposed_drafts(request, entry, fate, model_runner_output)
                 continue
             was_running = request.status == RUNNING
             # Drafts proposed for the next step, looked up only when the model proposes any.
@@ -123,7 +117,7 @@ class OutputUpdate:
         RUNNING request of the entry's id, whatever its incarnation, and
         SUPERSEDED otherwise (0.8.x `update_from_output` walks `running`)."""
         if self._outputs_to_running_by_id:
-            return LIVE if request is not None and request.status == RUNNING else SUPERSEDED
+            return _fate_of_running(request)
         return self._fate(entry, request)
 
     def _fate(self, entry: RequestData, request: Request | None) -> Fate:
@@ -166,9 +160,9 @@ class OutputUpdate:
         (a worker that samples every chunk returns a token for it anyway).
         As vLLM 0.8.x released (`worker_decides_sampling`), whatever the
         model runner returned."""
-        if not self._worker_decides_sampling and not self._samples(entry, request, fate):
-            return []
-        return model_runner_output.tokens_of(entry.req_id)
+        if self._worker_decides_sampling or self._samples(entry, request, fate):
+            return model_runner_output.tokens_of(entry.req_id)
+        return []
 
     def _samples(self, entry: RequestData, request: Request, fate: Fate) -> bool:
         """Whether the entry sampled: its snapshot says (it reached the
@@ -234,3 +228,33 @@ class OutputUpdate:
         live entry's count still stands (preemption reset an orphan's)."""
         if fate is Fate.LIVE:
             request.num_computed_tokens -= num_rejected
+
+
+# -- vLLM as released (profiles.py `RELEASED`): read only under a released
+# profile, the vLLM differential's conforming run (never the fuzzer's).
+
+def _fate_of_running(request: Request | None) -> Fate:
+    """vLLM 0.8.x `update_from_output` walks `running`: the output is live
+    for the RUNNING request of its id, whatever its incarnation, and dropped
+    otherwise."""
+    return LIVE if request is not None and request.status == RUNNING else SUPERSEDED
+
+
+def _take_proposed_drafts(request: Request, entry: RequestData, fate: Fate,
+                          model_runner_output: ModelRunnerOutput) -> None:
+    """vLLM 0.8.x `update_from_output`: `request.spec_token_ids =
+    spec_token_ids[req_index]` for every running entry, one that took no
+    token included (none proposed for it: its drafts are cleared)."""
+    if fate is LIVE and model_runner_output.spec_token_ids is not None:
+        request.spec_token_ids = tuple(model_runner_output.drafts_of(entry.req_id))
+
+
+def _fate_by_stale_share(request: Request | None) -> Fate:
+    """vLLM 0.33's reading of an output by the counters alone, without
+    changing them: stale while the request's stale share is positive
+    (delivered, or discarded in drop mode), live otherwise."""
+    if request is None:
+        return SUPERSEDED
+    if request.num_stale_output_tokens > 0:
+        return SUPERSEDED if request.drop_stale_output else ORPHANED
+    return LIVE

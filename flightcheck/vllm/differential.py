@@ -242,6 +242,15 @@ def _classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     if theirs is None and vllm_result.get("ending") == "exception" and truth.get("in_flight_set_mismatches"):
         # vLLM 0.8.4 crashed on the mark a stale completion cleared; the reference runs on.
         return "inflight_mark_cleared_on_preemption"
+    return _classify_tokens(vllm_result, theirs, ours)
+
+
+def _classify_tokens(vllm_result: dict[str, Any], theirs: tuple[Any, ...] | None,
+                     ours: tuple[Any, ...] | None) -> str | None:
+    """The deviation behind two completions that applied different tokens:
+    a stale token (vLLM applied it by name), a partial chunk's token (vLLM's
+    runner sampled it) or an orphan's token (the reference kept it)."""
+    truth = vllm_result.get("ground_truth") or {}
     if theirs is None or ours is None or theirs[0] != "complete" or ours[0] != "complete":
         return None
     theirs_applied, ours_applied = dict(theirs[1]), dict(ours[1])
