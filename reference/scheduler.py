@@ -24,8 +24,9 @@ request (`num_in_flight_tokens`, `num_stale_output_tokens`,
 `drop_stale_output`: `_count_in_flight`, `_mark_stale`, and
 `update_from_output` looks each output up by id and judges it by them,
 `_fate_by_counters`). With `SchedulerConfig.as_released` the reference's
-later fixes are switched off where vLLM 0.8.x lacks them (profiles.py
-`RELEASED`: the differential's conforming run).
+later fixes (its named deviations) are switched off where a vLLM release
+lacks them, each by a constant of its own (profiles.py `RELEASED`: the vLLM
+differential's conforming run).
 
 Under `vllm-0.33-async` (vLLM 0.33.0's `AsyncScheduler`, profiles.py
 `async_scheduling`) every entry that is not a prefill chunk adds `1 + drafts`
