@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .mutants import check_mutant
-from .profiles import DEFAULT_PROFILE, Profile, get_profile
+from .profiles import DEFAULT_PROFILE, Profile, get_profile, released_profile
 
 
 def cdiv(a: int, b: int) -> int:
@@ -38,6 +38,10 @@ class SchedulerConfig:
     # once and the output of its batches in flight is discarded. False:
     # deliver mode, 0.33's default (the resumption waits for that output).
     drop_stale_output: bool = False
+    # The profile as vLLM released it (profiles.py `RELEASED`): the
+    # reference's later fixes, its named deviations (reference/README.md),
+    # switched off. The vLLM differential's conforming run.
+    as_released: bool = False
     mutant: str | None = None              # see mutants.py; None is correct
 
     def __post_init__(self) -> None:
@@ -63,7 +67,7 @@ class SchedulerConfig:
                 f"num_blocks={self.num_blocks} is fewer than one request of max_model_len="
                 f"{self.max_model_len} needs ({needed} blocks of {self.block_size} tokens)")
         check_mutant(self.mutant)
-        profile = get_profile(self.profile)
+        profile = self.version_profile
         # Unset knobs take the profile's value, so every reader sees a plain value.
         if self.continue_prefill is None:
             object.__setattr__(self, "continue_prefill", profile.continue_prefill)
@@ -78,7 +82,9 @@ class SchedulerConfig:
 
     @property
     def version_profile(self) -> Profile:
-        return get_profile(self.profile)
+        """The constants the scheduler reads (profiles.py): the profile's, or
+        with `as_released` its released variant."""
+        return released_profile(self.profile) if self.as_released else get_profile(self.profile)
 
     @property
     def release_order(self) -> str:

@@ -91,15 +91,15 @@ def _shared_snapshots(scheduler: Scheduler) -> dict[str, CachedRequestData]:
     return scheduler.__dict__.setdefault("shared_snapshots", {})
 
 
-@replaces(M.SHARED_SNAPSHOT, "_cached_entry", "49b09840c8af")
+@replaces(M.SHARED_SNAPSHOT, "_cached_entry", "a5de4ca15af6")
 def _cached_entry_overwritten_in_place(scheduler: Scheduler, request: Request, start: int,
                                        num_new_tokens: int, num_drafts: int,
-                                       new_blocks: list[KVCacheBlock], num_cached_tokens: int,
+                                       new_blocks: list[KVCacheBlock],
                                        resumed: bool) -> CachedRequestData:
     """The bug: the request's earlier snapshot is overwritten with this
     batch's values, so a batch still in flight sees them."""
     fresh = Scheduler._cached_entry(scheduler, request, start, num_new_tokens, num_drafts,
-                                    new_blocks, num_cached_tokens, resumed)
+                                    new_blocks, resumed)
     store = _shared_snapshots(scheduler)
     entry = store.get(request.request_id)
     if entry is None:
@@ -110,7 +110,7 @@ def _cached_entry_overwritten_in_place(scheduler: Scheduler, request: Request, s
     return entry
 
 
-@replaces(M.SHARED_SNAPSHOT, "_free_request", "82631fa6c2d0")
+@replaces(M.SHARED_SNAPSHOT, "_free_request", "c0025cd3c12f")
 def _free_request_and_its_shared_snapshot(scheduler: Scheduler, request: Request) -> None:
     Scheduler._free_request(scheduler, request)
     _shared_snapshots(scheduler).pop(request.request_id, None)
@@ -130,7 +130,7 @@ def _samples_read_from_the_live_counter(scheduler: Scheduler, entry: RequestData
 
 # -- snapshot_omits_prefix_hit ------------------------------------------------------
 
-@replaces(M.SNAPSHOT_OMITS_PREFIX_HIT, "_admit", "733fce676b61")
+@replaces(M.SNAPSHOT_OMITS_PREFIX_HIT, "_admit", "12cb1dae9583")
 def _admit_with_a_snapshot_from_zero(scheduler: Scheduler, request: Request, num_hit_tokens: int,
                                      num_new_tokens: int,
                                      new_blocks: list[KVCacheBlock]) -> RequestData:
@@ -145,7 +145,7 @@ def _admit_with_a_snapshot_from_zero(scheduler: Scheduler, request: Request, num
     start = 0                                 # the bug: num_hit_tokens left out
     if was_preempted:
         return scheduler._cached_entry(request, start, num_new_tokens, 0, new_blocks,
-                                       num_hit_tokens, resumed=True)
+                                       resumed=True)
     return new_request_data(request, start, num_hit_tokens, num_new_tokens, new_blocks)
 
 
@@ -167,14 +167,15 @@ def _subtract_rejections_of_orphans_too(scheduler: Scheduler, request: Request, 
 
 # -- decode_while_token_in_flight ------------------------------------------------------
 
-@replaces(M.DECODE_WHILE_TOKEN_IN_FLIGHT, "_num_new_tokens_running", "df5a76cc3706")
+@replaces(M.DECODE_WHILE_TOKEN_IN_FLIGHT, "_num_new_tokens_running", "b4285e4c452e")
 def _num_new_tokens_running_without_the_skip(scheduler: Scheduler, request: Request,
                                              token_budget: int) -> int:
     """The correct step without the `num_new_tokens == 0` skip for decodes."""
     if scheduler._one_batch_per_request and request.request_id in scheduler.scheduled_req_ids:
         return 0
     num_computed = request.num_computed_tokens
-    num_new_tokens = request.num_tokens_with_spec - num_computed
+    num_new_tokens = (request.num_tokens_with_spec + request.num_output_placeholders
+                      - num_computed)
     if num_new_tokens > 0:
         return scheduler._clip(num_new_tokens, num_computed, token_budget)
     if request.num_tokens <= num_computed < scheduler.config.max_model_len:
@@ -209,13 +210,13 @@ def _fate_bound_by_name(scheduler: Scheduler, entry: RequestData,
 
 # -- inflight_set_not_cleared_on_preemption -----------------------------------------------
 
-@replaces(M.INFLIGHT_SET_NOT_CLEARED_ON_PREEMPTION, "_preempt", "0aac26bfb3ab")
+@replaces(M.INFLIGHT_SET_NOT_CLEARED_ON_PREEMPTION, "_preempt", "9364ff331ff9")
 def _preempt_keeping_the_inflight_mark(scheduler: Scheduler, request: Request) -> None:
     """The correct `_preempt`, but the request stays in `scheduled_req_ids`."""
     scheduler.kv_cache_manager.free(request)
     request.status = RequestStatus.PREEMPTED
     request.num_computed_tokens = 0
-    request.spec_token_ids = ()
+    request.spec_token_ids = request.spec_token_ids if scheduler._drafts_kept_through_preemption else ()
     request.orphaned_incarnation = request.incarnation
     request.incarnation = next(scheduler._incarnations)
     scheduler.waiting.appendleft(request)
@@ -230,7 +231,7 @@ def _resumption_never_deferred(scheduler: Scheduler, request: Request) -> bool:
     return False
 
 
-@replaces(M.DROP_LEAVES_COUNTERS, "_fate_by_counters", "fead6c867bc6")
+@replaces(M.DROP_LEAVES_COUNTERS, "_fate_by_counters", "a24f4d353549")
 def _fate_by_counters_leaving_dropped(scheduler: Scheduler, entry: RequestData,
                                       request: Request | None) -> Fate:
     """The bug: a stale output discarded in drop mode is dropped before the
@@ -241,7 +242,7 @@ def _fate_by_counters_leaving_dropped(scheduler: Scheduler, entry: RequestData,
     return Scheduler._fate_by_counters(scheduler, entry, request)
 
 
-@replaces(M.IN_FLIGHT_KEPT_WITHOUT_OUTPUT, "_fate_by_counters", "fead6c867bc6")
+@replaces(M.IN_FLIGHT_KEPT_WITHOUT_OUTPUT, "_fate_by_counters", "a24f4d353549")
 def _fate_by_counters_only_with_output(scheduler: Scheduler, entry: RequestData,
                                        request: Request | None) -> Fate:
     """The bug: an entry that samples nothing is judged by the counters but
@@ -253,7 +254,7 @@ def _fate_by_counters_only_with_output(scheduler: Scheduler, entry: RequestData,
     return Fate.LIVE
 
 
-@replaces(M.OUTPUT_BOUND_BY_ID_ALONE, "_fate_by_counters", "fead6c867bc6")
+@replaces(M.OUTPUT_BOUND_BY_ID_ALONE, "_fate_by_counters", "a24f4d353549")
 def _fate_by_counters_by_id_alone(scheduler: Scheduler, entry: RequestData,
                                   request: Request | None) -> Fate:
     """The bug (vLLM 0.33 as released): the output is looked up by id with no
@@ -312,7 +313,7 @@ def _reset_placeholders_remembering_them(scheduler: Scheduler, request: Request)
     Scheduler._reset_placeholders(scheduler, request)
 
 
-@replaces(M.ASYNC_DECODE_ON_STALE_PLACEHOLDER, "_admit", "733fce676b61")
+@replaces(M.ASYNC_DECODE_ON_STALE_PLACEHOLDER, "_admit", "12cb1dae9583")
 def _admit_taking_stale_placeholders(scheduler: Scheduler, request: Request, num_hit_tokens: int,
                                      num_new_tokens: int,
                                      new_blocks: list[KVCacheBlock]) -> RequestData:

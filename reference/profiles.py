@@ -5,7 +5,12 @@ selects one; the policy steps read the constants, never the version string.
 
 The spec keeps its own copy of these names and values (spec/profiles.py;
 the reference shares no code with spec/). A profile models a version's
-intended behaviour: its bugs stay mutants (mutant_steps.py).
+intended behaviour: its bugs stay mutants (mutant_steps.py). Where the
+reference carries a later fix that a release lacks (its named deviations,
+reference/README.md), the difference is a constant too, off in every
+profile; `RELEASED` holds each version as vLLM released it, with those
+constants on (`SchedulerConfig(as_released=True)`: the vLLM differential's
+conforming run, flightcheck/vllm/reference_run.py).
 """
 
 from __future__ import annotations
@@ -107,6 +112,58 @@ class Profile:
     async_scheduling: bool = False
     # The engine-core loop the version ships (drive.py `EngineLoop` by name).
     engine_loop: str = "vllm-0.8.5"
+    # --- vLLM as released, where the reference carries a later fix (its
+    # named deviations, reference/README.md). Off in every profile; a
+    # released variant (`released_profile`, `SchedulerConfig(as_released=True)`)
+    # switches on those of its version, and the differential's conforming run
+    # (flightcheck/vllm/differential.py) must then equal vLLM event for event.
+    # 0.8.x `Scheduler.update_from_output` walks `self.running`: an output goes
+    # to the RUNNING request of its id, whatever its incarnation, and is
+    # dropped otherwise (`orphaned_token_kept`, `stale_token_dropped`). The
+    # reference binds it to the incarnation it was scheduled for (#20739).
+    outputs_to_running_by_id: bool = False
+    # 0.8.x `Scheduler.update_from_output` takes `sampled_token_ids[req_index]`
+    # as the model runner returned them; the reference takes a token only
+    # where the batch's snapshot says the entry samples
+    # (`partial_chunk_token_dropped`).
+    worker_decides_sampling: bool = False
+    # 0.8.x `Scheduler.update_from_output`: `request.spec_token_ids =
+    # spec_token_ids[req_index]` for every RUNNING request the batch
+    # scheduled, one that sampled nothing (a partial chunk) included; the
+    # reference sets the drafts only where it appends tokens
+    # (`unscheduled_drafts_dropped`).
+    drafts_from_every_output: bool = False
+    # 0.8.x `Scheduler.schedule`, running loop: `spec_token_ids` is trimmed
+    # to the drafts scheduled only when `num_scheduled_spec_tokens > 0`; the
+    # reference (as 0.33's `schedule()`) drops the unscheduled ones always
+    # (`unscheduled_drafts_dropped`).
+    unscheduled_drafts_kept: bool = False
+    # 0.8.x `Scheduler.schedule`, preemption: only the status and
+    # `num_computed_tokens` are reset; the reference (as 0.33's
+    # `_preempt_request`) clears the drafts too (`unscheduled_drafts_dropped`).
+    drafts_kept_through_preemption: bool = False
+    # 0.8.x `KVCacheManager.allocate_slots` caches `num_computed_tokens +
+    # num_tokens - len(request.spec_token_ids)` tokens: every draft the
+    # request holds is left out, scheduled or not; the reference leaves out
+    # the drafts scheduled (`unscheduled_drafts_dropped`).
+    held_drafts_left_uncached: bool = False
+    # 0.8.4 `Scheduler.schedule`, running loop: no `max_model_len -
+    # num_computed_tokens` clip (0.8.5 added it, "necessary when using spec
+    # decoding"), so drafts are scheduled past max_model_len
+    # (`drafts_clipped_to_max_model_len`).
+    no_max_model_len_clip: bool = False
+    # 0.8.4 drops a request's `scheduled_req_ids` mark only in
+    # `update_from_output` and in `finish_requests` of a RUNNING request: a
+    # preempted request, or an aborted waiting one, keeps it (the counter
+    # drift; `inflight_mark_cleared_on_preemption`).
+    in_flight_mark_kept_off_running: bool = False
+    # 0.33 `Scheduler.update_from_output` looks the output up by id alone
+    # (`self.requests.get(req_id)`), so a batch of an older request whose id
+    # was reused while it was in flight settles the new request's counters
+    # and gives it its token (`reused_id_output_dropped`; the reference drops
+    # it). Read where the output is bound (`_fate_by_counters`) and where the
+    # trace reads the fate beforehand (`_predicted_fate`: the counters alone).
+    outputs_by_id_alone: bool = False
 
     def release_order(self, enable_prefix_caching: bool) -> str:
         """"reverse" or "forward": the order a released table joins the free queue."""
@@ -147,6 +204,37 @@ PROFILES: dict[str, Profile] = {
 # `EngineCore.step_with_batch_queue` at depth K + 1 (drive.py).
 PROFILES["vllm-0.33-async"] = replace(PROFILES["vllm-0.33"], name="vllm-0.33-async",
                                       async_scheduling=True, engine_loop="vllm-0.33-async")
+
+
+# vLLM 0.8.x as released: the reference's later fixes switched off (the
+# deviations above), and finished ids cleared by every `schedule()` call
+# (0.8.x `Scheduler.schedule`: `self.finished_req_ids = set()` after building
+# the output; its engine submits only outputs with tokens, so those of an
+# empty one are lost: `engine_blocked_in_flight`).
+RELEASED_0_8_X: dict[str, bool] = {
+    "outputs_to_running_by_id": True, "worker_decides_sampling": True,
+    "drafts_from_every_output": True, "unscheduled_drafts_kept": True,
+    "drafts_kept_through_preemption": True, "held_drafts_left_uncached": True,
+    "flush_finished_every_schedule": True}
+# vLLM 0.33.0 as released: outputs bound by id alone, and the model runner
+# decides what sampled (after a wrong binding the request holds a token its
+# snapshot did not count).
+RELEASED_0_33: dict[str, bool] = {"outputs_by_id_alone": True, "worker_decides_sampling": True}
+RELEASED: dict[str, Profile] = {
+    "vllm-0.8.5": replace(PROFILES["vllm-0.8.5"], **RELEASED_0_8_X),
+    "vllm-0.8.4": replace(PROFILES["vllm-0.8.4"], **RELEASED_0_8_X, no_max_model_len_clip=True,
+                          in_flight_mark_kept_off_running=True),
+    "vllm-0.33": replace(PROFILES["vllm-0.33"], **RELEASED_0_33),
+    "vllm-0.33-async": replace(PROFILES["vllm-0.33-async"], **RELEASED_0_33),
+}
+
+
+def released_profile(name: str) -> Profile:
+    """The profile `name` as vLLM released it (`RELEASED`)."""
+    try:
+        return RELEASED[name]
+    except KeyError:
+        raise ValueError(f"profile {name!r} has no released variant; known: {sorted(RELEASED)}") from None
 
 
 def get_profile(name: str) -> Profile:

@@ -9,26 +9,33 @@ the later fixes for requests preempted, aborted or finished while in flight).
   counts (batch.py); once the batch is formed every `num_computed_tokens` is
   advanced, so the next prefill chunk of a request can go into the very next
   batch.
-* `update_from_output()` walks the entries of the completed batch (not
-  `running`) and binds each output to the incarnation it was scheduled for:
-  live (appended, spec-decode rejections subtracted), orphaned (preempted
-  since, not rescheduled: appended, counter untouched) or superseded (dropped)
-  (completion.py).
+* `update_from_output()` (update.py) walks the entries of the completed
+  batch (not `running`) and binds each output to the incarnation it was
+  scheduled for: live (appended, spec-decode rejections subtracted),
+  orphaned (preempted since, not rescheduled: appended, counter untouched)
+  or superseded (dropped) (completion.py).
 
-Under the `vllm-0.33` profile (profiles.py) the steps read 0.33's rules
-from named constants (threshold only with company, the sampled token's slot
-in the clip, the full-sequence admission gate, a skipping waiting loop) and
-keep vLLM's own counters per request (`num_in_flight_tokens`,
-`num_stale_output_tokens`, `drop_stale_output`): `update_from_output` then
-looks each output up by id and judges it by them (`_fate_by_counters`).
+Where vLLM versions differ, the step reads a named constant of the version
+profile (profiles.py), copied once by `__init__`, each at one step: under
+`vllm-0.33` the threshold only with company (`_threshold_in_force`), the
+sampled token's slot in the clip (`_clip`), the full-sequence admission gate
+and the deferred resumption (`_schedule_waiting`), vLLM's own counters per
+request (`num_in_flight_tokens`, `num_stale_output_tokens`,
+`drop_stale_output`: `_count_in_flight`, `_mark_stale`, and
+`update_from_output` looks each output up by id and judges it by them,
+`_fate_by_counters`). With `SchedulerConfig.as_released` the reference's
+later fixes (its named deviations) are switched off where a vLLM release
+lacks them, each by a constant of its own (profiles.py `RELEASED`: the vLLM
+differential's conforming run).
 
 Under `vllm-0.33-async` (vLLM 0.33.0's `AsyncScheduler`, profiles.py
 `async_scheduling`) every entry that is not a prefill chunk adds `1 + drafts`
 output placeholders (`_add_placeholders`), the running loop counts them in a
 request's new tokens, so a decode goes out before its previous token is back,
 and skips a request past its max_tokens or inside its decode stagger
-(`_is_async_skipped`); a live output settles them (`_settle_placeholders`),
-preemption resets them.
+(`_is_async_skipped`); one `_num_new_tokens_running` serves sync and async
+(placeholders are 0 without async); a live output settles them
+(`_settle_placeholders`), preemption resets them.
 
 The policy is written as small named steps, and nothing else: it writes no
 trace (`TracingScheduler` in trace.py observes the public calls) and never
@@ -41,6 +48,7 @@ Deliberate deviations from vLLM are listed in reference/README.md.
 from __future__ import annotations
 
 import itertools
+import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from types import MethodType
@@ -48,26 +56,20 @@ from typing import Any, ClassVar
 
 from .batch import Batch, new_request_data
 from .block_pool import KVCacheBlock
-from .completion import LIVE, ORPHANED, SUPERSEDED, Fate, append_sampled, count_rejected
+from .completion import Fate
 from .config import SchedulerConfig
 from .kv_cache_manager import KVCacheManager
-from .outputs import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, RequestData,
-                      SchedulerOutput)
+from .outputs import CachedRequestData, RequestData, SchedulerOutput
 from .request import Request, RequestStatus
-
-RUNNING = RequestStatus.RUNNING               # a global: see completion.LIVE
+from .update import OutputUpdate
 
 __all__ = ["Fate", "Scheduler"]
 
 
-class Scheduler:
+class Scheduler(OutputUpdate):
     # mutant name -> {step name: the mutant's version of that step}, filled in
     # by mutant_steps.py (the package imports it before any scheduler is built).
     mutant_steps: ClassVar[dict[str, dict[str, Callable[..., Any]]]] = {}
-    # vLLM 0.8.x keeps a request's drafts when an entry schedules none of them
-    # (flightcheck/vllm/differential.py's Vllm08OutputScheduler sets this, and
-    # keeps them through a preemption too); the reference drops them, as 0.33 does.
-    keeps_unscheduled_drafts: ClassVar[bool] = False
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
@@ -78,16 +80,27 @@ class Scheduler:
             max_model_len=config.max_model_len,
             unhashed_blocks_to_head=config.version_profile.unhashed_blocks_to_head)
         # The version's rules (profiles.py), read once: the steps test these
-        # named constants, never the version.
+        # named constants, never the version; each is tested at one step.
         profile = config.version_profile
-        self._threshold_needs_company = profile.threshold_needs_company
-        self._sampled_token_slot = profile.sampled_token_slot
-        self._full_sequence_admission = profile.full_sequence_admission
-        self._stale_output_counters = profile.stale_output_counters
-        self._stop_tokens_first = profile.stop_tokens_before_length
-        self._flush_finished_every_schedule = profile.flush_finished_every_schedule
-        self._waiting_loop_of_0_33 = profile.stale_output_counters or profile.full_sequence_admission
-        self._async = profile.async_scheduling
+        self._threshold_needs_company = profile.threshold_needs_company   # _threshold_in_force
+        self._sampled_token_slot = profile.sampled_token_slot             # _clip
+        self._full_sequence_admission = profile.full_sequence_admission   # _schedule_waiting
+        self._stale_output_counters = profile.stale_output_counters       # schedule, update
+        self._stop_tokens_first = profile.stop_tokens_before_length       # _apply_sampled
+        self._flush_finished_every_schedule = profile.flush_finished_every_schedule  # _make_output
+        self._async = profile.async_scheduling                            # schedule, update
+        # vLLM as released (all off but with `config.as_released`).
+        self._outputs_to_running_by_id = profile.outputs_to_running_by_id      # _bound_fate
+        self._worker_decides_sampling = profile.worker_decides_sampling        # _tokens_taken
+        self._drafts_from_every_output = profile.drafts_from_every_output      # update_from_output
+        self._unscheduled_drafts_kept = profile.unscheduled_drafts_kept        # _schedule_running
+        self._drafts_kept_through_preemption = profile.drafts_kept_through_preemption  # _preempt
+        self._held_drafts_left_uncached = profile.held_drafts_left_uncached    # _allocate
+        # _clip: the length a request is clipped to (0.8.4 as released: none).
+        self._clip_max_model_len = sys.maxsize if profile.no_max_model_len_clip else config.max_model_len
+        self._in_flight_mark_kept_off_running = profile.in_flight_mark_kept_off_running
+        # vLLM 0.33 as released: _fate_by_counters, _predicted_fate.
+        self._outputs_by_id_alone = profile.outputs_by_id_alone
         self._decode_stagger = config.decode_stagger
         # vLLM's `Scheduler.current_step`: +1 on every schedule() call, empty
         # ones included (the stagger is counted in these calls).
@@ -161,21 +174,32 @@ class Scheduler:
             request = self.requests.get(req_id)
             if request is None:
                 continue
-            if request.status == RequestStatus.RUNNING:
+            running = request.status == RequestStatus.RUNNING
+            if running:
                 self.running.remove(request)          # O(n), but aborts are rare
             else:
                 self.waiting.remove(request)
             request.status = finished_status
             request.incarnation = next(self._incarnations)
             request.orphaned_incarnation = None
+            self._drop_in_flight_mark(request, running)
             self._free_request(request)
 
     def _free_request(self, request: Request) -> None:
         req_id = request.request_id
         self.kv_cache_manager.free(request)
-        self.scheduled_req_ids.discard(req_id)
         del self.requests[req_id]
         self.finished_req_ids.add(req_id)
+
+    def _drop_in_flight_mark(self, request: Request, running: bool) -> None:
+        """One batch per request: the request leaves `scheduled_req_ids` when
+        it is preempted or finished. `running`: it was RUNNING when this
+        happened. vLLM 0.8.4 as released (`in_flight_mark_kept_off_running`)
+        drops the mark only then (`update_from_output`, `finish_requests` of a
+        RUNNING request): its preemption and an abort of a waiting request
+        keep it, and `get_num_unscheduled_requests` drifts."""
+        if running or not self._in_flight_mark_kept_off_running:
+            self.scheduled_req_ids.discard(request.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
@@ -261,9 +285,7 @@ class Scheduler:
             if self._async and self._is_async_skipped(request):
                 req_index += 1
                 continue
-            num_new_tokens = (self._num_new_tokens_with_placeholders(request, batch.token_budget)
-                              if self._async else
-                              self._num_new_tokens_running(request, batch.token_budget))
+            num_new_tokens = self._num_new_tokens_running(request, batch.token_budget)
             if num_new_tokens == 0:
                 req_index += 1                # nothing to schedule: tokens in flight
                 continue
@@ -273,39 +295,35 @@ class Scheduler:
             if new_blocks is None:
                 return                        # the request preempted itself
             entry = self._cached_entry(request, request.num_computed_tokens, num_new_tokens,
-                                       num_drafts, new_blocks, 0, resumed=False)
-            # Drafts the budget clipped are dropped (vLLM 0.8.x keeps them when
-            # none was scheduled; the spec drops them always, as vLLM 0.33's
-            # schedule() does, so a clipped decode cannot leave drafts behind to
-            # form a second sampling entry). `keeps_unscheduled_drafts`: 0.8.x's way.
+                                       num_drafts, new_blocks, resumed=False)
+            # Drafts the budget clipped are dropped (the spec drops them always,
+            # as vLLM 0.33's schedule() does, so a clipped decode cannot leave
+            # drafts behind to form a second sampling entry). vLLM 0.8.x as
+            # released trims them only when some were scheduled.
             if len(request.spec_token_ids) != num_drafts and not (
-                    num_drafts == 0 and self.keeps_unscheduled_drafts):
+                    num_drafts == 0 and self._unscheduled_drafts_kept):
                 request.spec_token_ids = request.spec_token_ids[:num_drafts]
             self._add_to_batch(batch, request, entry)
             req_index += 1
 
     def _num_new_tokens_running(self, request: Request, token_budget: int) -> int:
+        """vLLM `Scheduler.schedule`, running loop: `num_tokens_with_spec +
+        num_output_placeholders - num_computed_tokens`, clipped; 0 (skip)
+        while its known tokens are all in flight or it waits for its sampled
+        token. The placeholders are 0 but under async scheduling (vLLM 0.33's
+        `AsyncScheduler`), where the tokens in flight count as known, so a
+        decode is scheduled while the previous one's token is still in flight
+        (0.8.x has no placeholders: the same formula). One batch per request
+        (0.8.4): 0 while the request is in `scheduled_req_ids`."""
         if self._one_batch_per_request and request.request_id in self.scheduled_req_ids:
             return 0                          # one batch per request
         num_computed = request.num_computed_tokens
         # num_tokens_with_spec, read directly: this runs for every running request.
-        num_new_tokens = len(request.all_token_ids) + len(request.spec_token_ids) - num_computed
-        if num_new_tokens > 0:
-            return self._clip(num_new_tokens, num_computed, token_budget)
-        return 0                              # its tokens are in flight, or it waits for one
-
-    def _num_new_tokens_with_placeholders(self, request: Request, token_budget: int) -> int:
-        """vLLM 0.33 under async scheduling: the tokens in flight count as
-        known (`num_tokens_with_spec + num_output_placeholders -
-        num_computed_tokens`), so a decode is scheduled while the previous
-        one's token is still in flight; 0 (skip) once everything is scheduled
-        (a prefill chunk in flight, or max_model_len reached)."""
-        num_computed = request.num_computed_tokens
         num_new_tokens = (len(request.all_token_ids) + len(request.spec_token_ids)
                           + request.num_output_placeholders - num_computed)
         if num_new_tokens > 0:
             return self._clip(num_new_tokens, num_computed, token_budget)
-        return 0
+        return 0                              # its tokens are in flight, or it waits for one
 
     def _clip(self, num_new_tokens: int, num_computed: int, token_budget: int) -> int:
         """The threshold in force, the budget and the room below max_model_len,
@@ -313,7 +331,9 @@ class Scheduler:
         `max_model_len - num_computed_tokens - num_sampled_tokens_per_step`).
         0.33 clips so only in the running loop; in the waiting loop the clip
         never binds (an unfinished request has fewer than max_model_len
-        tokens and its counter is 0 there), so one clip serves both."""
+        tokens and its counter is 0 there), so one clip serves both. vLLM
+        0.8.4 as released has no room clip (`no_max_model_len_clip`: the
+        length clipped to, `_clip_max_model_len`, is unbounded)."""
         threshold = self._threshold
         if 0 < threshold < num_new_tokens:
             num_new_tokens = threshold
@@ -321,7 +341,7 @@ class Scheduler:
         # their arguments slowly (~100 ns a call), and this runs per entry.
         if num_new_tokens > token_budget:
             num_new_tokens = token_budget
-        room = self.config.max_model_len - num_computed
+        room = self._clip_max_model_len - num_computed
         if self._sampled_token_slot:
             room -= self._sampled_token_slot
         if num_new_tokens > room:
@@ -342,8 +362,7 @@ class Scheduler:
         """Blocks for the request, preempting the last running request until
         they fit; None if the request itself had to go."""
         while True:
-            new_blocks = self.kv_cache_manager.allocate_slots(
-                request, num_new_tokens, num_draft_tokens=num_drafts)
+            new_blocks = self._allocate(request, num_new_tokens, (), num_drafts)
             if new_blocks is not None:
                 return new_blocks
             victim = self.running.pop()
@@ -354,17 +373,30 @@ class Scheduler:
             if victim is request:
                 return None
 
+    def _allocate(self, request: Request, num_new_tokens: int,
+                  computed_blocks: Sequence[KVCacheBlock], num_drafts: int) -> list[KVCacheBlock] | None:
+        """`KVCacheManager.allocate_slots`; the scheduled drafts' tokens are
+        not cached (they may be rejected). vLLM 0.8.x as released leaves out
+        every draft the request holds, scheduled or not
+        (`held_drafts_left_uncached`)."""
+        if self._held_drafts_left_uncached:
+            num_drafts = max(num_drafts, len(request.spec_token_ids))
+        return self.kv_cache_manager.allocate_slots(request, num_new_tokens, computed_blocks,
+                                                    num_draft_tokens=num_drafts)
+
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: blocks freed, back to the head of `waiting`.
-        Its in-flight entries become orphaned (a new incarnation begins)."""
+        Its in-flight entries become orphaned (a new incarnation begins). Its
+        drafts are cleared (as vLLM 0.33's `_preempt_request`; 0.8.x as
+        released keeps them: `drafts_kept_through_preemption`)."""
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
-        request.spec_token_ids = ()
+        request.spec_token_ids = request.spec_token_ids if self._drafts_kept_through_preemption else ()
         request.orphaned_incarnation = request.incarnation
         request.incarnation = next(self._incarnations)
         self.waiting.appendleft(request)
-        self.scheduled_req_ids.discard(request.request_id)
+        self._drop_in_flight_mark(request, running=False)
 
     def _mark_stale(self, request: Request) -> None:
         """vLLM 0.33 `Scheduler._preempt_request`: the tokens in flight become
@@ -381,34 +413,14 @@ class Scheduler:
         request.num_output_placeholders = 0
 
     def _schedule_waiting(self, batch: Batch) -> None:
-        """FCFS admission: the head of `waiting` blocks everything behind it."""
-        if self._waiting_loop_of_0_33:
-            self._schedule_waiting_skipping(batch)
-            return
-        kv = self.kv_cache_manager
-        while self.waiting and batch.token_budget > 0:
-            if len(self.running) >= self.config.max_num_seqs:
-                break
-            request = self.waiting[0]
-            computed_blocks, num_hit_tokens = kv.get_computed_blocks(request)
-            num_new_tokens = self._clip(request.num_tokens - num_hit_tokens,
-                                        request.num_computed_tokens, batch.token_budget)
-            if num_new_tokens == 0:
-                break
-            new_blocks = kv.allocate_slots(request, num_new_tokens, computed_blocks)
-            if new_blocks is None:
-                break
-            self.waiting.popleft()
-            self._add_to_batch(batch, request,
-                               self._admit(request, num_hit_tokens, num_new_tokens, new_blocks))
-
-    def _schedule_waiting_skipping(self, batch: Batch) -> None:
-        """vLLM 0.33's waiting loop (`Scheduler.schedule`): the first request
-        not skipped blocks everything behind it when it cannot be admitted. A
-        preempted request whose deliver-mode stale output is in flight is
-        skipped (`skip_request`): it keeps its place, and those behind it may
-        be admitted; admission needs room for the whole sequence
-        (`allocate_slots(full_sequence_must_fit=...)`) when the profile says so."""
+        """FCFS admission (vLLM `Scheduler.schedule`, waiting loop): the first
+        request not skipped blocks everything behind it when it cannot be
+        admitted. vLLM 0.33 skips a preempted request whose deliver-mode stale
+        output is in flight (`_is_resumption_deferred`, `skip_request`: it
+        keeps its place, and those behind it may be admitted; 0.8.x keeps no
+        stale count, so nothing is skipped and the head blocks), and admits
+        only with room for the whole sequence (`full_sequence_admission`,
+        `allocate_slots(full_sequence_must_fit=...)`)."""
         kv = self.kv_cache_manager
         index = 0                             # requests before it were skipped
         while index < len(self.waiting) and batch.token_budget > 0:
@@ -426,7 +438,7 @@ class Scheduler:
             if self._full_sequence_admission and not kv.fits_whole_sequence(
                     request, computed_blocks, self.config.max_model_len):
                 break
-            new_blocks = kv.allocate_slots(request, num_new_tokens, computed_blocks)
+            new_blocks = self._allocate(request, num_new_tokens, computed_blocks, 0)
             if new_blocks is None:
                 break
             del self.waiting[index]
@@ -450,23 +462,23 @@ class Scheduler:
         request.orphaned_incarnation = None   # rescheduled: old entries are superseded
         if was_preempted:
             return self._cached_entry(request, num_hit_tokens, num_new_tokens, 0, new_blocks,
-                                      num_hit_tokens, resumed=True)
+                                      resumed=True)
         return new_request_data(request, num_hit_tokens, num_hit_tokens, num_new_tokens,
                                 new_blocks)
 
     def _cached_entry(self, request: Request, start: int, num_new_tokens: int, num_drafts: int,
-                      new_blocks: list[KVCacheBlock], num_cached_tokens: int,
-                      resumed: bool) -> CachedRequestData:
+                      new_blocks: list[KVCacheBlock], resumed: bool) -> CachedRequestData:
         """A fresh snapshot of a running or resumed request: the known tokens
         it computes, its first `num_drafts` drafts, the blocks new to its
-        table (batch.py)."""
+        table (batch.py); a resumed one's prefix hit (`_admit` set
+        `num_cached_tokens`), 0 for a running one."""
         num_computed = request.num_computed_tokens
         num_known = num_new_tokens - num_drafts
         return CachedRequestData(
             request.request_id, request.incarnation, resumed,
             request.all_token_ids[num_computed:num_computed + num_known],
             tuple([b.block_id for b in new_blocks]) if new_blocks else (),
-            start, num_new_tokens, num_cached_tokens,
+            start, num_new_tokens, request.num_cached_tokens if resumed else 0,
             request.spec_token_ids[:num_drafts] if num_drafts else (),
             start + num_known >= len(request.all_token_ids))
 
@@ -493,170 +505,3 @@ class Scheduler:
         can go into the very next batch."""
         for request, entry in zip(batch.requests, batch.entries):
             request.num_computed_tokens += entry.num_new_tokens
-
-    # ------------------------------------------------------------------
-    # update_from_output()
-    # ------------------------------------------------------------------
-
-    def fate_of(self, entry: RequestData) -> Fate:
-        """What becomes of this in-flight entry's output if it completed now."""
-        return self._predicted_fate(entry, self.requests.get(entry.req_id))
-
-    def incarnation_fate_of(self, entry: RequestData) -> Fate:
-        """Which incarnation this in-flight entry was scheduled for, read
-        without changing anything (`_fate`): LIVE, ORPHANED (its request was
-        preempted since and not rescheduled) or SUPERSEDED. Under vLLM 0.33's
-        drop mode an orphaned entry's output is discarded (`fate_of` says
-        SUPERSEDED) while the entry is still the preempted incarnation's."""
-        return self._fate(entry, self.requests.get(entry.req_id))
-
-    def _predicted_fate(self, entry: RequestData, request: Request | None) -> Fate:
-        """The fate `update_from_output` will give the entry, read without
-        changing anything: by incarnation (`_fate`); under vLLM 0.33's
-        counters an orphaned entry of a drop-mode request is discarded. (The
-        counters decide in `update_from_output`; in a correct run they agree
-        with this reading: a deliver-mode request is not resumed while its
-        stale share is in flight, so its stale entries are its orphans.)"""
-        fate = self._fate(entry, request)
-        if fate is ORPHANED and self._stale_output_counters and request is not None \
-                and request.drop_stale_output:
-            return SUPERSEDED
-        return fate
-
-    def update_from_output(self, scheduler_output: SchedulerOutput,
-                           model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
-        """Apply a completed batch's outputs, entry by entry, in placement order."""
-        self.num_steps += 1
-        outputs: list[EngineCoreOutput] = []
-        finished_running = False
-        counters = self._stale_output_counters
-        for entry in scheduler_output.entries:
-            request = self.requests.get(entry.req_id)
-            fate = self._fate_by_counters(entry, request) if counters else self._fate(entry, request)
-            if fate is SUPERSEDED:
-                continue                      # rescheduled, aborted or finished since: dropped
-            assert request is not None
-            token_ids = self._tokens_taken(entry, request, fate, model_runner_output)
-            if fate is LIVE:
-                self._settle_live(request, entry)
-            if not token_ids:
-                continue
-            was_running = request.status == RUNNING
-            # Drafts proposed for the next step, looked up only when the model proposes any.
-            proposed_drafts = model_runner_output.drafts_of(entry.req_id) \
-                if model_runner_output.spec_token_ids is not None else ()
-            outputs.append(self._apply_sampled(request, entry, token_ids, fate, proposed_drafts))
-            if request.is_finished():
-                if was_running:
-                    finished_running = True   # leaves `running` in one pass below
-                else:
-                    self.waiting.remove(request)  # orphaned: finished while PREEMPTED
-                self._free_request(request)
-        if finished_running:                  # one O(n) pass, not a remove per request
-            self.running = [r for r in self.running if not r.is_finished()]
-        return outputs
-
-    def _fate(self, entry: RequestData, request: Request | None) -> Fate:
-        """The entry's output is bound to the incarnation it was scheduled for
-        (completion.py: live, orphaned or superseded). `request` is the live
-        request of the entry's name, None if there is none."""
-        if request is None:
-            return SUPERSEDED                 # finished or aborted since
-        incarnation = entry.incarnation
-        if incarnation == request.incarnation:
-            return LIVE
-        if incarnation == request.orphaned_incarnation:
-            return ORPHANED
-        return SUPERSEDED                     # rescheduled since, or an older request of its name
-
-    def _fate_by_counters(self, entry: RequestData, request: Request | None) -> Fate:
-        """vLLM 0.33 `Scheduler.update_from_output`: the output is looked up by
-        request id; the request's in-flight count drops by the entry's tokens,
-        and while its stale share is positive the output is stale and the
-        share drops too (`assert >= 0`). Stale output is delivered to the
-        PREEMPTED request (deliver mode: orphaned) or discarded (drop mode).
-        One guard vLLM lacks (reference/README.md, `reused_id_output_dropped`):
-        an entry scheduled for an older request of the same id is dropped and
-        touches nothing of the request now under that id."""
-        if request is None or entry.incarnation < request.first_incarnation:
-            return SUPERSEDED                 # finished, aborted, or an older request of the id
-        request.num_in_flight_tokens -= entry.num_new_tokens
-        if request.num_stale_output_tokens > 0:
-            request.num_stale_output_tokens -= entry.num_new_tokens
-            assert request.num_stale_output_tokens >= 0, (
-                f"{request.request_id}: stale share below 0 ({request.num_stale_output_tokens})")
-            return SUPERSEDED if request.drop_stale_output else ORPHANED
-        return LIVE
-
-    def _tokens_taken(self, entry: RequestData, request: Request, fate: Fate,
-                      model_runner_output: ModelRunnerOutput) -> list[int]:
-        """The entry's sampled tokens; none for a chunk that did not sample
-        (a worker that samples every chunk returns a token for it anyway)."""
-        if not self._samples(entry, request, fate):
-            return []
-        return model_runner_output.tokens_of(entry.req_id)
-
-    def _samples(self, entry: RequestData, request: Request, fate: Fate) -> bool:
-        """Whether the entry sampled: its snapshot says (it reached the
-        request's known tokens when it was scheduled)."""
-        return entry.samples
-
-    def _settle_live(self, request: Request, entry: RequestData) -> None:
-        """Bookkeeping every live entry gets, whether or not it sampled: none
-        with continue-prefill (the counter moved at schedule time); one batch
-        per request frees the request for its next batch."""
-        if self._one_batch_per_request:
-            self.scheduled_req_ids.discard(request.request_id)
-
-    def _apply_sampled(self, request: Request, entry: RequestData, token_ids: list[int],
-                       fate: Fate, proposed_drafts: Sequence[int]) -> EngineCoreOutput:
-        """Subtract the rejected drafts, then append the tokens (completion.py)."""
-        num_rejected = count_rejected(request, entry, token_ids)
-        if num_rejected:
-            self._subtract_rejections(request, fate, num_rejected)
-            if self._async and fate is LIVE:
-                self._settle_rejected_placeholders(request, num_rejected)
-        if not self._async:
-            return append_sampled(request, token_ids, fate, proposed_drafts, self.config,
-                                  self._stop_tokens_first)
-        had_placeholders = request.num_output_placeholders > 0
-        was_running = request.status == RUNNING
-        output = append_sampled(request, token_ids, fate, proposed_drafts, self.config,
-                                self._stop_tokens_first)
-        if fate is LIVE:
-            if len(output.new_token_ids) < len(token_ids):
-                # vLLM 0.33 `_update_request_with_output`: at a stop that trims
-                # tokens, a not stale output's count is trimmed too ("covers all
-                # new tokens but the last one"), before the blocks are cached
-                # below: caching the untrimmed count would hash a block whose
-                # last token's KV was never computed.
-                request.num_computed_tokens -= len(token_ids) - len(output.new_token_ids)
-            self._settle_placeholders(request, len(token_ids))
-            if was_running and (had_placeholders or self.config.num_spec_tokens > 0):
-                # vLLM 0.33 `update_from_output`: with placeholders (or drafts)
-                # the blocks of the settled tokens are cached now.
-                self.kv_cache_manager.cache_blocks(
-                    request, request.num_computed_tokens - request.num_in_flight_tokens)
-        return output
-
-    def _settle_rejected_placeholders(self, request: Request, num_rejected: int) -> None:
-        """vLLM 0.33 `update_from_output`: the placeholders covered a live
-        output's drafts too, so its rejected ones are taken back (guarded by
-        `> 0`: a request without placeholders has none to give back)."""
-        if request.num_output_placeholders > 0:
-            request.num_output_placeholders -= num_rejected
-
-    def _settle_placeholders(self, request: Request, num_returned: int) -> None:
-        """vLLM 0.33 `_update_request_with_output`: a live output takes every
-        returned token (those trimmed at a stop included) off the placeholders
-        (`assert >= 0`); a stale one leaves them (preemption reset them)."""
-        if request.num_output_placeholders > 0:
-            request.num_output_placeholders -= num_returned
-            assert request.num_output_placeholders >= 0, (
-                f"{request.request_id}: output placeholders below 0")
-
-    def _subtract_rejections(self, request: Request, fate: Fate, num_rejected: int) -> None:
-        """Rejected drafts were counted as computed at schedule time; only a
-        live entry's count still stands (preemption reset an orphan's)."""
-        if fate is Fate.LIVE:
-            request.num_computed_tokens -= num_rejected

@@ -60,7 +60,7 @@ def test_the_issues_survivors_are_killed_at_the_ci_budget():
     step 2,838 (docs/fuzzing.md, "The simplest draws")."""
     for key in ("scheduler.py::Scheduler._clip::Sub->BitXor#1",
                 "scheduler.py::Scheduler.finish_requests::continue->break#1",
-                "scheduler.py::Scheduler.update_from_output::continue->break#2",
+                "update.py::OutputUpdate.update_from_output::continue->break#2",
                 "completion.py::append_sampled::Is->IsNot#1"):
         result = run_mutant(_mutant(key), 2_000, [0, 1], profiles=SCORED_RUNS)
         assert result.status == "killed", key
@@ -120,10 +120,13 @@ def test_a_mutant_only_vllm_0_33_tells_apart_is_killed_by_its_run():
 
 
 def test_the_profiles_set_the_two_flags_of_0_33s_waiting_loop_alike():
-    """Why `Scheduler.__init__::Or->And#1` is triaged equivalent: the waiting
-    loop of vLLM 0.33 is chosen by `stale_output_counters or
-    full_sequence_admission`, and no profile sets one without the other.
-    A profile that does makes the mutant live: re-triage it then."""
+    """The one waiting loop (`Scheduler._schedule_waiting`) reads 0.33's two
+    rules as separate constants: the deferred resumption (from the
+    `stale_output_counters`) and the whole-sequence gate
+    (`full_sequence_admission`). Every profile sets them alike, as vLLM's
+    releases do (0.33 both, 0.8.x neither), so no run mixes them in a way no
+    vLLM version shipped; a profile that does is new ground for the triage
+    of `_schedule_waiting`'s mutants (docs/mutation-equivalents.toml)."""
     from flightcheck.reference.profiles import PROFILES
     assert {(p.stale_output_counters, p.full_sequence_admission) for p in PROFILES.values()} \
         <= {(True, True), (False, False)}
@@ -135,7 +138,7 @@ def test_the_fuzzer_checks_has_requests_and_the_predicted_fate_under_0_33():
     (a drop-mode orphan's output discarded) are checked against the spec's
     statuses and counters at every step."""
     for key in ("scheduler.py::Scheduler.has_requests::Or->And#1",
-                "scheduler.py::Scheduler._predicted_fate::Is->IsNot#1"):
+                "update.py::OutputUpdate._predicted_fate::Is->IsNot#1"):
         result = run_mutant(_mutant(key), 2_000, [0, 1], profiles=(None, "vllm-0.33"))
         assert result.status == "killed", key
 
@@ -151,7 +154,7 @@ def test_the_async_placeholder_invariant_the_triage_rests_on(monkeypatch):
     from flightcheck.verification.refinement.fuzz import fuzz
     reached = {"schedule with placeholders": 0, "rejections settled": 0, "tokens settled": 0}
     schedule = Scheduler.schedule
-    count = Scheduler._num_new_tokens_with_placeholders
+    count = Scheduler._num_new_tokens_running
     settle_rejected = Scheduler._settle_rejected_placeholders
     settle = Scheduler._settle_placeholders
 
@@ -181,7 +184,7 @@ def test_the_async_placeholder_invariant_the_triage_rests_on(monkeypatch):
         settle(self, request, num_returned)
 
     monkeypatch.setattr(Scheduler, "schedule", checked_schedule)
-    monkeypatch.setattr(Scheduler, "_num_new_tokens_with_placeholders", checked_count)
+    monkeypatch.setattr(Scheduler, "_num_new_tokens_running", checked_count)
     monkeypatch.setattr(Scheduler, "_settle_rejected_placeholders", checked_settle_rejected)
     monkeypatch.setattr(Scheduler, "_settle_placeholders", checked_settle)
     result = fuzz(1_000, 1, shrink=False, profile="vllm-0.33-async")

@@ -3,9 +3,9 @@ workloads, some reusing an aborted request's id, run through vLLM 0.33.0's
 real scheduler (its own engine loop, `BatchQueueEngineV033`) and through the
 reference under the `vllm-0.33` profile on the same loop and model, compared
 batch for batch. Every difference must be the named deviation
-`reused_id_output_dropped` and, switched to vLLM's behaviour
-(`Vllm033OutputScheduler`), the only one: vLLM's hang and its assertion
-then happen to the reference too.
+`reused_id_output_dropped` and, switched to vLLM's behaviour (the released
+0.33 profile, `outputs_by_id_alone`), the only one: vLLM's hang and its
+assertion then happen to the reference too.
 
 Long runs: `python -m flightcheck.vllm.campaign --workloads N --versions 0.33.0 --reuse-ids`.
 """

@@ -2,10 +2,8 @@
 scheduler (the replay, in the vLLM venv) and through our reference scheduler
 under the same version profile, compared batch by batch.
 
-Both sides run the same engine loop and the same fabricated model
-(engine.py: `BatchQueueEngine`, `run_busy_loop`, `FabricatedModel`; they are
-standard library and duck-typed, so the reference drives through them with a
-thin adapter, `_ReferenceSide`). Both write the trace format, so the
+Both sides run the same engine loop and the same fabricated model (the
+reference's side: reference_run.py). Both write the trace format, so the
 comparison reads the two traces:
 
 * `schedule`: each entry's request, start, n, samples, cached and block ids
@@ -19,8 +17,10 @@ Every difference is either a bug of the reference (fixed there) or one of
 the deliberate deviations in `DEVIATIONS` (reference/README.md lists them):
 `compare` finds the first difference and names the deviation that explains
 it, and checks that it is the only one by a second reference run with those
-deviations switched to vLLM's behaviour (`vllm_outputs=True`), which must
-then equal vLLM event for event.
+deviations switched to vLLM's behaviour (`vllm_outputs=True`: the version's
+released profile, `SchedulerConfig(as_released=True)`, whose constants
+reference/profiles.py `RELEASED` names), which must then equal vLLM event
+for event.
 
 Standard library and flightcheck.reference only: the vLLM side's results
 come from the replay worker (replay.py).
@@ -28,21 +28,18 @@ come from the replay worker (replay.py).
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from flightcheck.reference import (ModelRunnerOutput, Request, RequestStatus, SamplingParams,
-                                   SchedulerConfig, TraceWriter, TracingScheduler)
-from flightcheck.reference.completion import Fate
-from flightcheck.reference.outputs import RequestData
-from flightcheck.reference.profiles import PROFILES
+# The reference side (reference_run.py), named here too for the callers.
+from .reference_run import (ASYNC_VERSION_PROFILES, VERSION_PROFILES, ReferenceRun, _model_output,
+                            profile_for, reference_config, run_reference)
 
-from .engine import BatchQueueEngine, BatchQueueEngineV033, FabricatedModel, RunOutcome, run_busy_loop
-from .workload import Workload, workload_from_json
+__all__ = ["ASYNC_VERSION_PROFILES", "DEVIATIONS", "VERSION_DEVIATIONS", "VERSION_PROFILES", "Comparison",
+           "ReferenceRun", "_model_output", "classify", "compare", "coverage_of", "decisions",
+           "first_difference", "profile_for", "read_trace", "reference_config", "run_reference"]
 
 # The reference's deliberate deviations from vLLM 0.8.x, by name
 # (reference/README.md, "Deliberate deviations"); only these may differ.
@@ -103,296 +100,6 @@ VERSION_DEVIATIONS: dict[str, tuple[str, ...]] = {
               "drafts_clipped_to_max_model_len"),
     "0.33.0": ("reused_id_output_dropped",),
 }
-
-
-# ---------------------------------------------------------------------------
-# The reference side
-# ---------------------------------------------------------------------------
-
-class Vllm08OutputScheduler(TracingScheduler):
-    """The reference with its deviations switched to vLLM 0.8.x's behaviour:
-    an output is applied by name to a RUNNING request of that name, whatever
-    its incarnation, and dropped otherwise (`update_from_output` walks
-    `self.running`); the tokens taken are those the model runner returned
-    (it, not the snapshot, decides what sampled); finished ids are cleared by
-    every schedule(), even one that forms no batch (so `has_requests()` turns
-    false as vLLM's does); under one batch per request (0.8.4), a request
-    preempted or aborted while not running keeps its `scheduled_req_ids`
-    mark (0.8.4's `schedule()` preemption and `finish_requests` never
-    discard it); a request keeps the drafts an entry did not schedule and
-    its drafts through a preemption (`unscheduled_drafts_dropped`)."""
-
-    keeps_unscheduled_drafts = True
-
-    def __init__(self, config: SchedulerConfig, trace: TraceWriter) -> None:
-        super().__init__(config, trace)
-        allocate = self.kv_cache_manager.allocate_slots
-
-        def allocate_slots(request: Request, num_new_tokens: int, new_computed_blocks: Any = (),
-                           num_draft_tokens: int = 0) -> Any:
-            # vLLM 0.8.x's KVCacheManager.allocate_slots caches the blocks of
-            # `num_computed_tokens + num_tokens - len(request.spec_token_ids)`
-            # tokens: every draft the request holds is left out, scheduled or
-            # not (a resumption with drafts kept through its preemption, an
-            # entry the budget clipped), where the reference leaves out only
-            # the drafts scheduled.
-            return allocate(request, num_new_tokens, new_computed_blocks,
-                            num_draft_tokens=max(num_draft_tokens, len(request.spec_token_ids)))
-
-        self.kv_cache_manager.allocate_slots = allocate_slots  # type: ignore[method-assign]
-
-    def _fate(self, entry: RequestData, request: Request | None) -> Fate:
-        if request is None or request.status != RequestStatus.RUNNING:
-            return Fate.SUPERSEDED
-        return Fate.LIVE
-
-    def _samples(self, entry: RequestData, request: Request, fate: Fate) -> bool:
-        return True
-
-    def _preempt(self, request: Request) -> None:
-        marked = request.request_id in self.scheduled_req_ids
-        drafts = request.spec_token_ids          # vLLM 0.8.x's preemption keeps them
-        super()._preempt(request)
-        request.spec_token_ids = drafts
-        if marked:                            # vLLM 0.8.4's preemption keeps the in-flight mark
-            self.scheduled_req_ids.add(request.request_id)
-
-    def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> None:
-        ids = (request_ids,) if isinstance(request_ids, str) else tuple(request_ids)
-        # vLLM 0.8.4 discards the mark only of an aborted RUNNING request.
-        kept = {req_id for req_id in ids if req_id in self.scheduled_req_ids
-                and self.requests[req_id].status != RequestStatus.RUNNING}
-        super().finish_requests(ids, finished_status)
-        self.scheduled_req_ids |= kept
-
-    def _clip(self, num_new_tokens: int, num_computed: int, token_budget: int) -> int:
-        if self.config.continue_prefill:
-            return super()._clip(num_new_tokens, num_computed, token_budget)
-        # vLLM 0.8.4: the threshold and the budget only, no max_model_len clip
-        # (`drafts_clipped_to_max_model_len`).
-        threshold = self.config.long_prefill_token_threshold
-        if 0 < threshold < num_new_tokens:
-            num_new_tokens = threshold
-        return max(0, min(num_new_tokens, token_budget))
-
-    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        # vLLM 0.8.x sets every RUNNING request's drafts from the output, an
-        # entry that returned no token (a partial chunk) included, to none
-        # (Scheduler.update_from_output: `request.spec_token_ids =
-        # spec_token_ids[req_index]`); the reference's completion sets them
-        # only where tokens are applied, and does so below.
-        if model_runner_output.spec_token_ids is not None:
-            for entry in scheduler_output.entries:
-                request = self.requests.get(entry.req_id)
-                if request is not None and request.status == RequestStatus.RUNNING \
-                        and not model_runner_output.tokens_of(entry.req_id):
-                    request.spec_token_ids = tuple(model_runner_output.drafts_of(entry.req_id))
-        return super().update_from_output(scheduler_output, model_runner_output)
-
-    def _make_output(self, batch: Any) -> Any:
-        output = super()._make_output(batch)
-        if not batch.total_num_scheduled_tokens:
-            self.finished_req_ids = set()     # vLLM 0.8.x clears them in every schedule()
-        return output
-
-
-class Vllm033OutputScheduler(TracingScheduler):
-    """The reference under the 0.33 profile with its one deviation switched
-    to vLLM 0.33's behaviour: an output is looked up by id alone, so a batch
-    of an older request of a reused id lands on the request now under that
-    id (its counters and tokens), as `Scheduler.update_from_output` does.
-    The trace reads each fate from the counters as vLLM's update does (one
-    entry per request per batch, so reading them first changes nothing), and
-    the tokens taken are those the model runner returned."""
-
-    def _fate_by_counters(self, entry: RequestData, request: Request | None) -> Fate:
-        if request is None:
-            return Fate.SUPERSEDED
-        request.num_in_flight_tokens -= entry.num_new_tokens
-        if request.num_stale_output_tokens > 0:
-            request.num_stale_output_tokens -= entry.num_new_tokens
-            assert request.num_stale_output_tokens >= 0   # vLLM's own assert
-            return Fate.SUPERSEDED if request.drop_stale_output else Fate.ORPHANED
-        return Fate.LIVE
-
-    def _samples(self, entry: RequestData, request: Request, fate: Fate) -> bool:
-        # The model runner, not the snapshot, decides: after a wrong binding
-        # the request holds a token its snapshot did not count.
-        return True
-
-    def _predicted_fate(self, entry: RequestData, request: Request | None) -> Fate:
-        if request is None:
-            return Fate.SUPERSEDED
-        if request.num_stale_output_tokens > 0:
-            return Fate.SUPERSEDED if request.drop_stale_output else Fate.ORPHANED
-        return Fate.LIVE
-
-
-class _BatchView:
-    """A reference batch as vLLM 0.33's model runner reads a `SchedulerOutput`:
-    one batch-level `CachedRequestData` with parallel lists (`req_ids`,
-    `num_computed_tokens`, `num_output_tokens`, no `new_token_ids` for the
-    V1 runner's last rank), read when the batch is formed. `output` is the
-    reference's own, handed back to its `update_from_output`."""
-
-    def __init__(self, output: Any, scheduler: TracingScheduler, v2_runner: bool = False) -> None:
-        self.output = output
-        cached = output.scheduled_cached_reqs
-        self.scheduled_new_reqs = output.scheduled_new_reqs
-        if v2_runner:
-            # The V2 runner (async scheduling) gets a new request with all its
-            # tokens (`NewRequestData.from_request(req, ..., req._all_token_ids)`,
-            # `Scheduler.schedule`): tokens already appended to it (an older
-            # request's output bound by a reused id) are part of its prefill.
-            self.scheduled_new_reqs = [
-                SimpleNamespace(req_id=entry.req_id, prompt_token_ids=entry.prompt_token_ids,
-                                num_computed_tokens=entry.num_computed_tokens,
-                                prefill_token_ids=list(scheduler.requests[entry.req_id].all_token_ids))
-                for entry in output.scheduled_new_reqs]
-        self.scheduled_cached_reqs = SimpleNamespace(
-            req_ids=[entry.req_id for entry in cached],
-            num_computed_tokens=[entry.num_computed_tokens for entry in cached],
-            new_token_ids=[],
-            num_output_tokens=[_outputs_when_scheduled(scheduler.requests[entry.req_id], entry)
-                               for entry in cached])
-        self.num_scheduled_tokens = output.num_scheduled_tokens
-        self.total_num_scheduled_tokens = output.total_num_scheduled_tokens
-        self.finished_req_ids = output.finished_req_ids
-
-
-def _outputs_when_scheduled(request: Request, entry: RequestData) -> int:
-    """vLLM 0.33's `CachedRequestData.num_output_tokens` for the entry: the
-    request's outputs plus its output placeholders as they were when the
-    snapshot was built, before `_update_after_schedule` (the reference's
-    snapshot is read after it: the entry's own placeholders, if it added any,
-    are taken off again; 0 without async scheduling)."""
-    placeholders = request.num_output_placeholders
-    if placeholders and not request.is_prefill_chunk:
-        placeholders -= 1 + len(entry.spec_token_ids)
-    return request.num_output_tokens + placeholders
-
-
-class _ReferenceSide:
-    """The reference scheduler as engine.py's loop sees vLLM's: vLLM's
-    `has_requests`, an `update_from_output` whose result has `.outputs`."""
-
-    def __init__(self, scheduler: TracingScheduler, batch_level_cached_data: bool = False) -> None:
-        self.scheduler = scheduler
-        self.saw_duplicate_cached_block = False
-        # vLLM 0.33's runner reads one batch-level CachedRequestData (_BatchView).
-        self.batch_level_cached_data = batch_level_cached_data
-
-    @property
-    def waiting(self) -> Any:
-        return self.scheduler.waiting
-
-    @property
-    def running(self) -> Any:
-        return self.scheduler.running
-
-    def has_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self.scheduler.finished_req_ids)
-
-    def get_num_unscheduled_requests(self) -> int:
-        return self.scheduler.get_num_unscheduled_requests()
-
-    def schedule(self) -> Any:
-        output = self.scheduler.schedule()
-        if not self.saw_duplicate_cached_block:
-            cached = self.scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
-            self.saw_duplicate_cached_block = any(len(copies) > 1 for copies in cached.values())
-        return (_BatchView(output, self.scheduler, self.scheduler.config.async_scheduling)
-                if self.batch_level_cached_data else output)
-
-    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        if isinstance(scheduler_output, _BatchView):
-            scheduler_output = scheduler_output.output
-        return SimpleNamespace(outputs=self.scheduler.update_from_output(scheduler_output,
-                                                                         model_runner_output))
-
-
-def _model_output(req_ids: list[str], req_id_to_index: dict[str, int],
-                  sampled_token_ids: list[list[int]], spec_token_ids: list[list[int]] | None = None,
-                  **_: Any) -> ModelRunnerOutput:
-    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index=req_id_to_index,
-                             sampled_token_ids=sampled_token_ids, spec_token_ids=spec_token_ids)
-
-
-def reference_config(workload: Workload, profile: str, mutant: str | None = None) -> SchedulerConfig:
-    """The reference's configuration for a replay workload: vLLM keeps one
-    null block back, so the reference gets one block fewer.
-
-    The reference refuses a pool that cannot hold one request of
-    max_model_len tokens; vLLM does not. When the workload's pool is smaller,
-    max_model_len becomes the pool's tokens, which changes no decision as long
-    as every request's prompt and outputs fit in it (then no length limit or
-    clip reaches it, and 0.8.4's per-request preallocation cap, the pool's
-    blocks less the table, never binds below the free blocks); otherwise the
-    workload does not suit the reference (ValueError)."""
-    config = workload.config
-    usable = config.num_blocks - 1
-    max_model_len = config.max_model_len
-    if -(-max_model_len // config.block_size) > usable:
-        max_model_len = usable * config.block_size
-        longest = max(len(spec.prompt_token_ids) + spec.max_tokens for spec in workload.requests)
-        if longest > max_model_len:
-            raise ValueError(f"{workload.name}: a request of {longest} tokens does not fit the "
-                             f"{usable}-block pool the reference needs for it")
-    return SchedulerConfig(
-        max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
-        max_model_len=max_model_len, block_size=config.block_size,
-        num_blocks=usable, num_pipeline_stages=config.num_stages,
-        long_prefill_token_threshold=config.long_prefill_token_threshold,
-        enable_prefix_caching=config.prefix_caching, num_spec_tokens=config.num_spec_tokens,
-        profile=profile, mutant=mutant)
-
-
-@dataclass
-class ReferenceRun:
-    events: list[dict[str, Any]]
-    ending: str
-    exception: str | None = None
-    duplicate_cached_block: bool = False        # two blocks cached one hash at some point
-
-
-def run_reference(raw_workload: dict[str, Any], profile: str, mutant: str | None = None,
-                  vllm_outputs: bool = False) -> ReferenceRun:
-    """One workload through the reference under `profile`, driven by the
-    replay's own engine loop and fabricated model."""
-    workload = workload_from_json(raw_workload)
-    sink = io.StringIO()
-    trace = TraceWriter(sink, eos_token_id=workload.eos_token_id)
-    config = reference_config(workload, profile, mutant)
-    # The version's engine: 0.33's loop queues empty batches (engine.py), K
-    # batches deep, or K + 1 under async scheduling (`batch_queue_depth`).
-    v033 = config.version_profile.engine_loop in ("vllm-0.33", "vllm-0.33-async")
-    scheduler_class: type[TracingScheduler] = TracingScheduler
-    if vllm_outputs:
-        scheduler_class = Vllm033OutputScheduler if v033 else Vllm08OutputScheduler
-    scheduler = scheduler_class(config, trace)
-    side = _ReferenceSide(scheduler, batch_level_cached_data=v033)
-    engine: BatchQueueEngine
-    if v033:
-        model = FabricatedModel(workload, _model_output, caches_sampled_tokens=True)
-        engine = BatchQueueEngineV033(side, model, config.batch_queue_depth,
-                                      lambda req_ids: scheduler.finish_requests(
-                                          req_ids, RequestStatus.FINISHED_ABORTED))
-    else:
-        engine = BatchQueueEngine(side, FabricatedModel(workload, _model_output),
-                                  workload.config.num_stages,
-                                  schedules_only_unscheduled=not scheduler.config.continue_prefill)
-
-    def add(spec: Any) -> None:
-        params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
-        scheduler.add_request(Request(spec.req_id, list(spec.prompt_token_ids), params,
-                                      eos_token_id=workload.eos_token_id))
-
-    def abort(req_id: str) -> None:
-        scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
-
-    outcome: RunOutcome = run_busy_loop(engine, workload, add, abort)
-    events = [json.loads(line) for line in sink.getvalue().splitlines() if line.strip()]
-    return ReferenceRun(events, outcome.ending, outcome.exception, side.saw_duplicate_cached_block)
 
 
 # ---------------------------------------------------------------------------
@@ -535,6 +242,15 @@ def _classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     if theirs is None and vllm_result.get("ending") == "exception" and truth.get("in_flight_set_mismatches"):
         # vLLM 0.8.4 crashed on the mark a stale completion cleared; the reference runs on.
         return "inflight_mark_cleared_on_preemption"
+    return _classify_tokens(vllm_result, theirs, ours)
+
+
+def _classify_tokens(vllm_result: dict[str, Any], theirs: tuple[Any, ...] | None,
+                     ours: tuple[Any, ...] | None) -> str | None:
+    """The deviation behind two completions that applied different tokens:
+    a stale token (vLLM applied it by name), a partial chunk's token (vLLM's
+    runner sampled it) or an orphan's token (the reference kept it)."""
+    truth = vllm_result.get("ground_truth") or {}
     if theirs is None or ours is None or theirs[0] != "complete" or ours[0] != "complete":
         return None
     theirs_applied, ours_applied = dict(theirs[1]), dict(ours[1])
@@ -656,20 +372,3 @@ def coverage_of(events: list[dict[str, Any]]) -> dict[str, bool]:
 
 def read_trace(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-# vLLM version -> the reference profile that models it.
-VERSION_PROFILES: dict[str, str] = {"0.8.5": "vllm-0.8.5", "0.8.4": "vllm-0.8.4", "0.33.0": "vllm-0.33"}
-# ... and with async scheduling (vLLM 0.33's AsyncScheduler with the V2 runner).
-ASYNC_VERSION_PROFILES: dict[str, str] = {"0.33.0": "vllm-0.33-async"}
-
-
-def profile_for(vllm_version: str, async_scheduling: bool = False) -> str:
-    if async_scheduling:
-        if vllm_version not in ASYNC_VERSION_PROFILES:
-            raise ValueError(f"vLLM {vllm_version} has no async scheduling the reference models")
-        return ASYNC_VERSION_PROFILES[vllm_version]
-    name = VERSION_PROFILES.get(vllm_version, f"vllm-{vllm_version}")
-    if name not in PROFILES:
-        raise ValueError(f"no reference profile for vLLM {vllm_version}")
-    return name

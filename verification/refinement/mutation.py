@@ -47,6 +47,7 @@ EQUIVALENTS_FILE = REPO_ROOT / "docs" / "mutation-equivalents.toml"
 # The files the acceptance figure covers, and the module each is imported as.
 TARGETS: dict[str, str] = {
     "reference/scheduler.py": "flightcheck.reference.scheduler",
+    "reference/update.py": "flightcheck.reference.update",
     "reference/kv_cache_manager.py": "flightcheck.reference.kv_cache_manager",
 }
 # Files that may be mutated on request (--file), outside the figure.

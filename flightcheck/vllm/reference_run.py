@@ -1,0 +1,214 @@
+"""The reference side of the differential against vLLM (differential.py):
+one workload through the reference scheduler under a version profile,
+driven by the replay's own engine loop and fabricated model (engine.py:
+`BatchQueueEngine`, `run_busy_loop`, `FabricatedModel`; standard library and
+duck-typed, so the reference drives through them with a thin adapter,
+`_ReferenceSide`), its trace written in the trace format.
+
+`run_reference(..., vllm_outputs=True)` is the conforming run: the
+reference with its deliberate deviations switched to vLLM's behaviour, the
+constants of the version's released profile (`SchedulerConfig(as_released=True)`,
+reference/profiles.py `RELEASED`), the plain `TracingScheduler` otherwise.
+
+Standard library and flightcheck.reference only.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from flightcheck.reference import (ModelRunnerOutput, Request, RequestStatus, SamplingParams,
+                                   SchedulerConfig, TraceWriter, TracingScheduler)
+from flightcheck.reference.outputs import RequestData
+from flightcheck.reference.profiles import PROFILES, get_profile
+
+from .engine import BatchQueueEngine, BatchQueueEngineV033, FabricatedModel, RunOutcome, run_busy_loop
+from .workload import Workload, workload_from_json
+
+
+class _BatchView:
+    """A reference batch as vLLM 0.33's model runner reads a `SchedulerOutput`:
+    one batch-level `CachedRequestData` with parallel lists (`req_ids`,
+    `num_computed_tokens`, `num_output_tokens`, no `new_token_ids` for the
+    V1 runner's last rank), read when the batch is formed. `output` is the
+    reference's own, handed back to its `update_from_output`."""
+
+    def __init__(self, output: Any, scheduler: TracingScheduler, v2_runner: bool = False) -> None:
+        self.output = output
+        cached = output.scheduled_cached_reqs
+        self.scheduled_new_reqs = output.scheduled_new_reqs
+        if v2_runner:
+            # The V2 runner (async scheduling) gets a new request with all its
+            # tokens (`NewRequestData.from_request(req, ..., req._all_token_ids)`,
+            # `Scheduler.schedule`): tokens already appended to it (an older
+            # request's output bound by a reused id) are part of its prefill.
+            self.scheduled_new_reqs = [
+                SimpleNamespace(req_id=entry.req_id, prompt_token_ids=entry.prompt_token_ids,
+                                num_computed_tokens=entry.num_computed_tokens,
+                                prefill_token_ids=list(scheduler.requests[entry.req_id].all_token_ids))
+                for entry in output.scheduled_new_reqs]
+        self.scheduled_cached_reqs = SimpleNamespace(
+            req_ids=[entry.req_id for entry in cached],
+            num_computed_tokens=[entry.num_computed_tokens for entry in cached],
+            new_token_ids=[],
+            num_output_tokens=[_outputs_when_scheduled(scheduler.requests[entry.req_id], entry)
+                               for entry in cached])
+        self.num_scheduled_tokens = output.num_scheduled_tokens
+        self.total_num_scheduled_tokens = output.total_num_scheduled_tokens
+        self.finished_req_ids = output.finished_req_ids
+
+
+def _outputs_when_scheduled(request: Request, entry: RequestData) -> int:
+    """vLLM 0.33's `CachedRequestData.num_output_tokens` for the entry: the
+    request's outputs plus its output placeholders as they were when the
+    snapshot was built, before `_update_after_schedule` (the reference's
+    snapshot is read after it: the entry's own placeholders, if it added any,
+    are taken off again; 0 without async scheduling)."""
+    placeholders = request.num_output_placeholders
+    if placeholders and not request.is_prefill_chunk:
+        placeholders -= 1 + len(entry.spec_token_ids)
+    return request.num_output_tokens + placeholders
+
+
+class _ReferenceSide:
+    """The reference scheduler as engine.py's loop sees vLLM's: vLLM's
+    `has_requests`, an `update_from_output` whose result has `.outputs`."""
+
+    def __init__(self, scheduler: TracingScheduler, batch_level_cached_data: bool = False) -> None:
+        self.scheduler = scheduler
+        self.saw_duplicate_cached_block = False
+        # vLLM 0.33's runner reads one batch-level CachedRequestData (_BatchView).
+        self.batch_level_cached_data = batch_level_cached_data
+
+    @property
+    def waiting(self) -> Any:
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> Any:
+        return self.scheduler.running
+
+    def has_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or bool(self.scheduler.finished_req_ids)
+
+    def get_num_unscheduled_requests(self) -> int:
+        return self.scheduler.get_num_unscheduled_requests()
+
+    def schedule(self) -> Any:
+        output = self.scheduler.schedule()
+        if not self.saw_duplicate_cached_block:
+            cached = self.scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
+            self.saw_duplicate_cached_block = any(len(copies) > 1 for copies in cached.values())
+        return (_BatchView(output, self.scheduler, self.scheduler.config.async_scheduling)
+                if self.batch_level_cached_data else output)
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        if isinstance(scheduler_output, _BatchView):
+            scheduler_output = scheduler_output.output
+        return SimpleNamespace(outputs=self.scheduler.update_from_output(scheduler_output,
+                                                                         model_runner_output))
+
+
+def _model_output(req_ids: list[str], req_id_to_index: dict[str, int],
+                  sampled_token_ids: list[list[int]], spec_token_ids: list[list[int]] | None = None,
+                  **_: Any) -> ModelRunnerOutput:
+    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index=req_id_to_index,
+                             sampled_token_ids=sampled_token_ids, spec_token_ids=spec_token_ids)
+
+
+def reference_config(workload: Workload, profile: str, mutant: str | None = None,
+                     as_released: bool = False) -> SchedulerConfig:
+    """The reference's configuration for a replay workload: vLLM keeps one
+    null block back, so the reference gets one block fewer.
+
+    The reference refuses a pool that cannot hold one request of
+    max_model_len tokens; vLLM does not. When the workload's pool is smaller,
+    max_model_len becomes the pool's tokens, which changes no decision as long
+    as every request's prompt and outputs fit in it (then no length limit or
+    clip reaches it, and 0.8.4's per-request preallocation cap, the pool's
+    blocks less the table, never binds below the free blocks); otherwise the
+    workload does not suit the reference (ValueError)."""
+    config = workload.config
+    usable = config.num_blocks - 1
+    max_model_len = config.max_model_len
+    if -(-max_model_len // config.block_size) > usable:
+        max_model_len = usable * config.block_size
+        longest = max(len(spec.prompt_token_ids) + spec.max_tokens for spec in workload.requests)
+        if longest > max_model_len:
+            raise ValueError(f"{workload.name}: a request of {longest} tokens does not fit the "
+                             f"{usable}-block pool the reference needs for it")
+    return SchedulerConfig(
+        max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
+        max_model_len=max_model_len, block_size=config.block_size,
+        num_blocks=usable, num_pipeline_stages=config.num_stages,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        enable_prefix_caching=config.prefix_caching, num_spec_tokens=config.num_spec_tokens,
+        profile=profile, as_released=as_released, mutant=mutant)
+
+
+@dataclass
+class ReferenceRun:
+    events: list[dict[str, Any]]
+    ending: str
+    exception: str | None = None
+    duplicate_cached_block: bool = False        # two blocks cached one hash at some point
+
+
+def run_reference(raw_workload: dict[str, Any], profile: str, mutant: str | None = None,
+                  vllm_outputs: bool = False) -> ReferenceRun:
+    """One workload through the reference under `profile`, driven by the
+    replay's own engine loop and fabricated model."""
+    workload = workload_from_json(raw_workload)
+    sink = io.StringIO()
+    trace = TraceWriter(sink, eos_token_id=workload.eos_token_id)
+    # The version's engine: 0.33's loop queues empty batches (engine.py), K
+    # batches deep, or K + 1 under async scheduling (`batch_queue_depth`).
+    v033 = get_profile(profile).engine_loop in ("vllm-0.33", "vllm-0.33-async")
+    # `vllm_outputs`: the deviations switched to vLLM's behaviour, the
+    # constants of the version's released profile (reference/profiles.py `RELEASED`).
+    config = reference_config(workload, profile, mutant, as_released=vllm_outputs)
+    scheduler = TracingScheduler(config, trace)
+    side = _ReferenceSide(scheduler, batch_level_cached_data=v033)
+    engine: BatchQueueEngine
+    if v033:
+        model = FabricatedModel(workload, _model_output, caches_sampled_tokens=True)
+        engine = BatchQueueEngineV033(side, model, config.batch_queue_depth,
+                                      lambda req_ids: scheduler.finish_requests(
+                                          req_ids, RequestStatus.FINISHED_ABORTED))
+    else:
+        engine = BatchQueueEngine(side, FabricatedModel(workload, _model_output),
+                                  workload.config.num_stages,
+                                  schedules_only_unscheduled=not scheduler.config.continue_prefill)
+
+    def add(spec: Any) -> None:
+        params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
+        scheduler.add_request(Request(spec.req_id, list(spec.prompt_token_ids), params,
+                                      eos_token_id=workload.eos_token_id))
+
+    def abort(req_id: str) -> None:
+        scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
+
+    outcome: RunOutcome = run_busy_loop(engine, workload, add, abort)
+    events = [json.loads(line) for line in sink.getvalue().splitlines() if line.strip()]
+    return ReferenceRun(events, outcome.ending, outcome.exception, side.saw_duplicate_cached_block)
+
+
+# vLLM version -> the reference profile that models it.
+VERSION_PROFILES: dict[str, str] = {"0.8.5": "vllm-0.8.5", "0.8.4": "vllm-0.8.4", "0.33.0": "vllm-0.33"}
+# ... and with async scheduling (vLLM 0.33's AsyncScheduler with the V2 runner).
+ASYNC_VERSION_PROFILES: dict[str, str] = {"0.33.0": "vllm-0.33-async"}
+
+
+def profile_for(vllm_version: str, async_scheduling: bool = False) -> str:
+    if async_scheduling:
+        if vllm_version not in ASYNC_VERSION_PROFILES:
+            raise ValueError(f"vLLM {vllm_version} has no async scheduling the reference models")
+        return ASYNC_VERSION_PROFILES[vllm_version]
+    name = VERSION_PROFILES.get(vllm_version, f"vllm-{vllm_version}")
+    if name not in PROFILES:
+        raise ValueError(f"no reference profile for vLLM {vllm_version}")
+    return name
