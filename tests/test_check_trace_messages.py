@@ -55,7 +55,7 @@ def test_a_violation_is_reported_at_its_line_in_the_file_blank_lines_counted(tmp
     assert code == 1
     first, state, profile = out.splitlines()[:3]
     assert first.startswith(f"{path}: line 6 (schedule event) violates schedule_decision: "
-                            "the spec schedules [a@8+2], the trace [a@8+1]")
+                            'the spec schedules ["a"@8+2], the trace ["a"@8+1]')
     assert state.startswith("state before line 6: ") and profile == "profile: vllm-0.8.5"
     code, out = run_cli(path, "--json")
     verdict = json.loads(out)
@@ -171,7 +171,7 @@ def test_a_request_the_spec_leaves_out_says_why():
     result = check(arrive("a", 10), arrive("b", 6), batch(1, ("a", 0, 8)), batch(2, ("a", 8, 2), ("b", 0, 6)),
                    num_blocks=4)
     assert (result.property, result.line) == ("schedule_decision", 5)
-    assert result.message == ('the spec schedules [a@8+2], the trace [a@8+2, b@0+6]; '
+    assert result.message == ('the spec schedules ["a"@8+2], the trace ["a"@8+2, "b"@0+6]; '
                               '"b" cannot be admitted: its first 6 tokens need 2 new KV blocks, 1 is free')
 
 
@@ -179,7 +179,7 @@ def test_a_request_behind_the_head_of_the_queue_names_the_head_and_its_reason():
     """3 blocks: "a" takes 1; "b"'s 12 tokens need 3; "c" would fit."""
     result = check(arrive("a", 4), arrive("b", 12), arrive("c", 2), batch(1, ("a", 0, 4), ("c", 0, 2)),
                    num_blocks=3, max_num_batched_tokens=16)
-    assert result.message == ('the spec schedules [a@0+4], the trace [a@0+4, c@0+2]; "c" waits behind "b" '
+    assert result.message == ('the spec schedules ["a"@0+4], the trace ["a"@0+4, "c"@0+2]; "c" waits behind "b" '
                               '(first come, first served), which cannot be admitted: its first 12 tokens '
                               'need 3 new KV blocks, 2 are free')
 
@@ -196,7 +196,7 @@ def test_a_running_request_decoded_while_its_token_is_in_flight_says_so():
 
 def test_the_budget_spent_before_a_request_is_reached():
     result = check(arrive("a", 8), arrive("b", 2), batch(1, ("a", 0, 8), ("b", 0, 2)))
-    assert result.message == ('the spec schedules [a@0+8], the trace [a@0+8, b@0+2]; '
+    assert result.message == ('the spec schedules ["a"@0+8], the trace ["a"@0+8, "b"@0+2]; '
                               '"b" is not reached: the token budget (8) is spent')
 
 
@@ -206,3 +206,18 @@ def test_no_explanation_of_a_mutants_batch_disagrees_with_the_spec(name):
     from .test_check_trace import SCENARIOS, events_of
     result = check_events(events_of(SCENARIOS[name](name)))
     assert result.property == "schedule_decision" and "a bug in check-trace" not in result.message
+
+
+def test_a_request_the_spec_preempts_and_one_it_does_not_admit_after_a_preemption():
+    """3 blocks of 4 tokens: "a" and "b" hold one each; their decodes need a
+    second block each, 1 is free: the spec gives it to "a" and preempts "b"
+    (the tail), and after a preemption it admits no one ("c")."""
+    result = check(arrive("a", 4, 4), arrive("b", 4, 4), arrive("c", 4, 4), batch(1, ("a", 0, 4), ("b", 0, 4)),
+                   {"ev": "complete", "batch": 1, "tokens": {"a": [5], "b": [5]}},
+                   batch(2, ("a", 4, 1), ("b", 4, 1), ("c", 0, 4)), num_blocks=3)
+    assert result.property == "schedule_decision"
+    assert result.message == (
+        'the spec schedules ["a"@4+1], the trace ["a"@4+1, "b"@4+1, "c"@0+4]; '
+        '"b" is preempted in this step (the running requests up to it need more blocks than are free; '
+        'the spec preempts from the tail of the running list); '
+        '"c" is not admitted: the step preempted "b", and admits no one after a preemption')

@@ -1,12 +1,15 @@
-"""Why the spec schedules nothing in a state: the guard of spec/schedule.py
-that stops each waiting or running request, in the user's request names.
+"""Why the spec schedules what it does: the guard of spec/schedule.py that
+holds a waiting or running request back, in the user's request names.
 
-check-trace rejects a batch the spec would not form (`illegal_schedule`);
-"the spec schedules nothing here" alone leaves the user to replay the spec by
-hand. This module walks `schedule`'s own guards in `schedule`'s own order
-(the queue gate, then the running loop, then the waiting loop) and says which
-one holds each request back. It invents no rule: every test below is the
-spec's function (or the same comparison the spec's loop makes), so when the
+check-trace rejects a batch the spec would not form: when the spec forms
+nothing (`illegal_schedule`), "the spec schedules nothing here" alone would
+leave the user to replay the spec by hand; when it forms another batch
+(`schedule_decision`), the user sees both batches but not why a request of
+theirs is missing from the spec's. This module walks `schedule`'s own guards
+in `schedule`'s own order (the queue gate, then the running loop, then the
+waiting loop) and says which one stops each request. It invents no rule:
+every test below is the spec's function (or the same comparison the spec's
+loop makes: the budget it has spent, the seats it has filled), so when the
 spec changes, the explanation follows.
 """
 
@@ -59,7 +62,8 @@ def why_left_out(state: State, cfg: Config, scheduled: Scheduled, r: int, name: 
     spec's loop reached it, with the budget, seats and blocks that the
     requests scheduled before it left."""
     if r in scheduled.preempted:
-        return f"{name(r)} is preempted in this step (no blocks for a running request before it)"
+        return (f"{name(r)} is preempted in this step (the running requests up to it need more blocks "
+                "than are free; the spec preempts from the tail of the running list)")
     if r in state.running:
         before = state.running[:state.running.index(r)]
         if _budget_left(cfg, scheduled, before) <= 0:

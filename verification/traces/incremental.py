@@ -47,8 +47,10 @@ which both checkers run unchanged.
 The full replay stays available (`check-trace --full`); a differential test
 (tests/test_check_trace_incremental.py) runs both on every trace the test
 suite has, on long generated ones of every profile and on vLLM's own
-traces, and requires the same verdict, property, event, message and
-profile. `state_before` may differ: it lists slots.
+traces, and requires the same verdict, property, event, message, profile
+and `state_before` (which names requests by the trace's ids, in arrival
+order, and leaves out the finished requests with nothing in flight: the only
+ones whose slots are reused).
 """
 
 from __future__ import annotations

@@ -263,7 +263,8 @@ class TraceChecker(AsyncScheduling):
 
     @staticmethod
     def _fmt(entries) -> str:
-        return "[" + ", ".join(f"{e[0]}@{e[1]}+{e[2]}" + (f" cached={e[3]}" if e[3] else "")
+        """A batch as messages print it: `"id"@start+n`, with cached and drafts when nonzero."""
+        return "[" + ", ".join(f"{quoted(e[0])}@{e[1]}+{e[2]}" + (f" cached={e[3]}" if e[3] else "")
                                + (f" drafts={e[4]}" if e[4] else "") for e in entries) + "]"
 
     def _backfill_drafts(self, entries: list[dict]) -> None:
