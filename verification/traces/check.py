@@ -8,7 +8,7 @@ the config event (the version profile, its overrides, the pool cut to the
 trace), replay.py replays the events on the spec (asynchronous.py: the async
 profile's empty batches), incremental.py checks only what each event
 touches, and explain.py / named_state.py say in the trace's own names why the
-spec schedules nothing and what the state was. This module ties them
+spec schedules what it does and what the state was. This module ties them
 together: `check_trace(path)` and `check_events(events)` give a CheckResult.
 
 Every position a result or a message gives is the line of the file (1-based,
