@@ -328,13 +328,16 @@ def test_cli_exit_codes_legal_violation_malformed(tmp_path):
     code, out = run_cli(legal)
     assert code == 0 and out["ok"] is True and out["event_index"] is None
     assert set(out) == {"ok", "events", "event_index", "property", "message", "state_before",
-                        "unchecked", "profile"}
+                        "unchecked", "profile", "line", "event"}
+    assert out["line"] is None and out["event"] is None
 
     code, out = run_cli(bad)
     damaged = events_of(_concurrent(M.ADVANCE_AT_COMPLETION))
     assert code == 1 and out["ok"] is False
     assert out["event_index"] == first_difference(events_of(_concurrent(None)), damaged)
     assert out["property"] and out["message"] and out["state_before"]
+    # the writer writes no blank line: the event's line is its index + 1
+    assert (out["line"], out["event"]) == (out["event_index"] + 1, damaged[out["event_index"]]["ev"])
 
     code, out = run_cli(broken)
     assert code == 2 and out["ok"] is False and "malformed" in out

@@ -45,7 +45,7 @@ def outcome(events: list[dict], full: bool, profile: str | None = None) -> tuple
     except MalformedTrace as err:
         return ("malformed", str(err))
     return (result.ok, result.events, result.event_index, result.property, result.message,
-            tuple(result.unchecked), result.profile)
+            tuple(result.unchecked), result.line, result.state_before, result.profile)
 
 
 def assert_same_verdict(events: list[dict], profile: str | None = None) -> tuple:

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 from flightcheck.cli import main
 from flightcheck.verification.traces import check as check_module
+from flightcheck.verification.traces import replay as replay_module
 from flightcheck.verification.traces.check import MalformedTrace, check_events, read_events
 from flightcheck.verification.traces.schema import MAX_POOL_BLOCKS
 from tests.test_check_trace import SCENARIOS, events_of
@@ -384,7 +385,7 @@ def test_the_cut_pool_gives_the_full_pools_verdict(name, monkeypatch):
         events[0].pop("usable_blocks", None)
         cut = check_events([dict(e) for e in events])
         with monkeypatch.context() as patch:
-            patch.setattr(check_module, "modelled_pool", lambda cfg, _events: cfg)
+            patch.setattr(replay_module, "modelled_pool", lambda cfg, _events: cfg)
             full = check_events([dict(e) for e in events])
         assert (cut.ok, cut.property, cut.event_index, cut.message) == \
                (full.ok, full.property, full.event_index, full.message)
@@ -417,7 +418,8 @@ def test_an_unexpected_exception_with_json_prints_one_object(tmp_path, monkeypat
 def test_read_events_and_check_events_refuse_malformed_events_directly():
     with pytest.raises(MalformedTrace, match="line 1: .*num_stages"):
         read_events([json.dumps({**VALID[0][0], "num_stages": "2"})])
-    with pytest.raises(MalformedTrace, match="event 1: .*req"):
+    # a plain list of events reads as a file of one event per line: event 1 is line 2
+    with pytest.raises(MalformedTrace, match="^line 2: abort event: req: expected a request id"):
         check_events([VALID[0][0], {"ev": "abort", "req": 3}])
 
 
@@ -426,4 +428,4 @@ def test_a_well_formed_prompt_the_spec_refuses_is_a_violation_not_malformed(tmp_
               "num_blocks": 8, "max_model_len": 16}
     arrive = {"ev": "arrive", "req": "a", "prompt_len": 16, "max_tokens": 1}    # = max_model_len
     code, out, err = run_check_trace(write_lines(tmp_path, [json.dumps(config), json.dumps(arrive)]))
-    assert code == 1 and "event 1 violates" in out, (code, out, err)
+    assert code == 1 and "line 2 (arrive event) violates" in out, (code, out, err)

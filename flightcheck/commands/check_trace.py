@@ -3,6 +3,10 @@
 The trace is checked under the spec's version profile its config event
 selects (`vllm_version`; explicit keys override), or under `--profile NAME`.
 
+Every position it prints is the line of the file (1-based, blank lines
+counted), for a violation as for a malformed line; requests are named by the
+trace's own ids.
+
 Exit codes: 0 legal, 1 a violation (the scheduler broke a property), 2 the
 file is malformed (one line naming the line, the field and what was expected),
 or names a vLLM version no profile covers and no `--profile` was given,
@@ -68,8 +72,9 @@ def _check(args: argparse.Namespace) -> int:
     elif result.ok:
         print(f"{args.file}: legal ({result.events} events, profile {result.profile})")
     else:
-        print(f"{args.file}: event {result.event_index} violates {result.property}: {result.message}")
-        print(f"state before: {result.state_before}")
+        print(f"{args.file}: line {result.line} ({result.event} event) violates {result.property}: "
+              f"{result.message}")
+        print(f"state before line {result.line}: {result.state_before}")
         print(f"profile: {result.profile}")
     if not args.json:
         for item in result.unchecked:

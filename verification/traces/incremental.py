@@ -47,14 +47,16 @@ which both checkers run unchanged.
 The full replay stays available (`check-trace --full`); a differential test
 (tests/test_check_trace_incremental.py) runs both on every trace the test
 suite has, on long generated ones of every profile and on vLLM's own
-traces, and requires the same verdict, property, event, message and
-profile. `state_before` may differ: it lists slots.
+traces, and requires the same verdict, property, event, message, profile
+and `state_before` (which names requests by the trace's ids, in arrival
+order, and leaves out the finished requests with nothing in flight: the only
+ones whose slots are reused).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flightcheck.spec import (
@@ -65,14 +67,28 @@ from flightcheck.spec import (
     Arrive,
     BlockPool,
     CompleteOldest,
+    Invariant,
     Request,
     Schedule,
     State,
 )
 from flightcheck.spec.blocks import group_duplicates
+from flightcheck.spec.state import Batch
 from flightcheck.spec.transitions import s12_no_admission_after_preemption, s12_request
 
 S12 = "S12_status_monotonicity"
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one event changed: all that the incremental checks read."""
+
+    before: State
+    after: State
+    action: Action
+    touched: list[int]              # the requests whose records the event replaced
+    new_batch: Batch | None         # the batch a schedule step put in flight, if any
+    blocks: set[int]                # the blocks whose holders, count, place or label may have changed
 
 
 class Incremental:
@@ -187,12 +203,13 @@ class Incremental:
         touched = self._touched(before, action)
         new_batch = after.in_flight[-1] if isinstance(action, Schedule) and self.scheduled.entries else None
         blocks = self._update_holders(before, after, touched)
+        footprint = Footprint(before, after, action, touched, new_batch, blocks)
         self._note_output_labels(after, touched)
         for r in touched:
             if after.requests[r].status.is_finished and not before.requests[r].status.is_finished:
                 self.finished_slots[r] = None
         for inv in invariants_for(self.cfg):
-            if not self._holds(inv, after, touched, new_batch, blocks, before, action):
+            if not self._holds(inv, footprint):
                 raise self._violation(inv.name, inv.statement)
         for prop in transition_properties_for(self.cfg):
             if prop.name == S12:
@@ -204,22 +221,22 @@ class Incremental:
                 raise self._violation(prop.name, prop.statement)
         self.scheduled = None
 
-    def _holds(self, inv, s: State, touched: list[int], new_batch, blocks: set[int], before: State,
-               action: Action) -> bool:
-        cfg = self.cfg
+    def _holds(self, inv: Invariant, event: Footprint) -> bool:
+        """Invariant `inv` after the event, from the parts the event touched."""
+        cfg, s, before = self.cfg, event.after, event.before
         if inv.of_state is not None:
             if inv.name == "S9_kv_ownership":
-                if not self._pool_holds(before, s, blocks, touched):
+                if not self._pool_holds(before, s, event.blocks, event.touched):
                     return False
             elif inv.name == "L3_drain" and _same_head(before, s):
                 pass                   # it held of `before`, and reads only the oldest batch
-            elif inv.name == "L2_no_deadlock" and _arrival_behind_a_schedulable_queue(before, action):
+            elif inv.name == "L2_no_deadlock" and _arrival_behind_a_schedulable_queue(before, event.action):
                 pass                   # it held of `before` with a batch to form: see below
             elif not inv.of_state(s, cfg):
                 return False
-        if inv.of_request is not None and not all(inv.of_request(s, cfg, r) for r in touched):
+        if inv.of_request is not None and not all(inv.of_request(s, cfg, r) for r in event.touched):
             return False
-        return inv.of_batch is None or new_batch is None or inv.of_batch(s, cfg, new_batch)
+        return inv.of_batch is None or event.new_batch is None or inv.of_batch(s, cfg, event.new_batch)
 
     def _update_holders(self, before: State, after: State, touched: list[int]) -> set[int]:
         """Bring the holders count up to date; the blocks whose holders,
@@ -299,6 +316,9 @@ class Incremental:
         finished = {e.req for e in batch if after.requests[e.req].status.is_finished
                     and not before.requests[e.req].status.is_finished}
         return sorted(finished, key=self.arrival_number.__getitem__)
+
+    def _arrival_order(self) -> list[int]:
+        return sorted(self.arrival_number, key=self.arrival_number.__getitem__)
 
     def _active_slots(self) -> list[int]:
         active = [r for r, q in enumerate(self.state.requests) if q.status.is_active]

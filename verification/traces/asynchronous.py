@@ -1,0 +1,141 @@
+"""Asynchronous scheduling in a trace (profile vllm-0.33-async): the empty
+schedule() calls a trace need not write, and the rules only async scheduling
+has (the decode stagger S6', placeholders IA1/IA2).
+
+Under async scheduling every schedule() call counts for the decode stagger,
+the empty ones included, and an empty batch takes a queue slot. Before each
+batch the checker replays the calls the trace does not show as the spec's
+empty batches (how many: `_catch_up_empty_calls`), and completes an empty
+batch whenever a queue slot or a completion needs it.
+docs/trace-format.md, "Asynchronous scheduling".
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+from flightcheck.spec import Action, CompleteOldest, Config, Schedule, State, Status, schedule
+from flightcheck.spec.actions import complete_oldest
+from flightcheck.spec.schedule import Scheduled, _idle, is_empty_step
+
+EMPTY_BATCH = object()     # the batch id of an empty batch the checker queued
+
+
+class AsyncScheduling:
+    """The async part of check.py's TraceChecker (a mixin: it reads the
+    checker's state, config and queue of batch ids, and raises violations
+    through `self._violation`)."""
+
+    state: State
+    cfg: Config
+    batch_ids: list[Any]
+    slot: dict[str, int]
+    unchecked: set[str]
+    scheduled: Scheduled | None
+    last_call_step: int | None
+    writes_empty_batches: bool
+    pending_empty_calls: int
+    _apply: Callable[[Action, State | None, str], None]
+    _violation: Callable[[str, str], Exception]
+
+    def _catch_up_empty_calls(self, event: dict) -> None:
+        """The schedule() calls between the previous one the trace shows and
+        this batch queued empty batches the trace need not write; each moves
+        every request's stagger countdown. How many: the empty batches the
+        event notes (`empty_batches_before`), else the engine-step gap to the
+        previous call when both carry `step` (every engine step with a
+        request unfinished calls schedule() once), else as many as the spec
+        would make before it forms a batch (at most the stagger: past it no
+        countdown moves). Each is queued as the spec's empty batch and
+        completed whenever a queue slot or a completion needs it."""
+        step = event.get("step")
+        if self.writes_empty_batches:
+            count, exact = self.pending_empty_calls, True
+            self.pending_empty_calls = 0
+        elif step is not None:
+            # no call before the first one the trace shows moves a countdown: none is set yet
+            count = 0 if self.last_call_step is None else max(0, step - self.last_call_step - 1)
+            exact = True
+            if count:
+                self.unchecked.add("whether the schedule() calls between batches that the trace does not "
+                                   "write (engine steps) formed nothing: they count for the decode stagger")
+        else:
+            count, exact = self.cfg.stagger, False
+            self.unchecked.add("the empty schedule() calls between batches (the trace writes neither empty "
+                               "batches nor engine steps): the decode stagger is checked as if the engine "
+                               "called schedule() only until the spec forms a batch")
+        if step is not None:
+            self.last_call_step = step
+        for _ in range(min(count, self.cfg.stagger)):
+            if not exact and not is_empty_step(schedule(self._with_queue_slot(), self.cfg)):
+                break
+            self._drain_empty_batches(keep_room=True)
+            idle = _idle(self.state, self.cfg) if len(self.state.in_flight) < self.cfg.queue_depth else None
+            if idle is None:
+                break
+            self.scheduled = idle
+            self._apply(Schedule(), idle.state, "schedule")
+            self.batch_ids.append(EMPTY_BATCH)
+        self._drain_empty_batches(keep_room=True)
+        self.unchecked.add("queue slots of empty batches (the checker completes an empty batch whenever a "
+                           "slot or a completion needs it)")
+
+    def _diagnose_async(self, entries: list[dict]) -> None:
+        """A batch the spec does not form, under async scheduling: name the
+        rule it breaks when a request in it is one the running loop holds
+        back -- within its decode stagger (S6') or with placeholders that
+        already reach max_tokens (IA2)."""
+        if not self.cfg.rules.output_placeholders:
+            return
+        state = self._with_queue_slot()
+        for x in entries:
+            r = self.slot.get(x["req"])
+            if r is None or state.requests[r].status is not Status.RUNNING:
+                continue
+            q = state.requests[r]
+            if q.decode_countdown > 1:            # schedule() would count it down to > 0 first
+                raise self._violation("S6p_async_decode_gating", f"{x['req']} is scheduled {self.cfg.stagger - q.decode_countdown + 1} "
+                                 f"schedule() call(s) after its last sampling entry; the stagger is {self.cfg.stagger}")
+            if q.placeholders > 0 and q.num_computed + 2 - q.placeholders >= q.prompt_len + q.max_tokens:
+                raise self._violation("IA2_placeholders_within_max_tokens",
+                                 f"{x['req']} is scheduled with {q.num_output} outputs and {q.placeholders} "
+                                 f"placeholders in flight, which already reach max_tokens {q.max_tokens}")
+
+    def _note_empty_batches(self, event: dict) -> None:
+        """The empty schedule() calls a writer notes on any event
+        (`empty_batches_before`, the vLLM 0.33 recorder's annotation): once a
+        trace notes one, it is taken to note them all."""
+        noted = event.get("empty_batches_before")
+        if not isinstance(noted, list):
+            return
+        self.writes_empty_batches = True
+        self.pending_empty_calls += sum(1 for x in noted if isinstance(x, dict) and x.get("ev") == "schedule")
+
+    def _with_queue_slot(self) -> State:
+        """The state with leading empty batches completed while the queue is full."""
+        state = self.state
+        while len(state.in_flight) >= self.cfg.queue_depth and state.in_flight and not state.in_flight[0]:
+            state = replace(state, in_flight=state.in_flight[1:])
+        return state
+
+    def _drain_empty_batches(self, keep_room: bool = False) -> None:
+        """Complete leading empty batches (they change no request): all of
+        them, or with `keep_room` only while the queue is full."""
+        while self.state.in_flight and not self.state.in_flight[0] and (
+                not keep_room or len(self.state.in_flight) >= self.cfg.queue_depth):
+            self.batch_ids.pop(0)
+            self._apply(CompleteOldest(()), complete_oldest(self.state, self.cfg, ()), "complete")
+
+    def _check_placeholders(self, scheduled: Scheduled, entries: list[dict]) -> None:
+        """An entry's `placeholders` (async writers): the request's
+        num_output_placeholders after the batch, against the spec's."""
+        if not self.cfg.rules.output_placeholders:
+            return
+        if any("placeholders" not in x for x in entries):
+            self.unchecked.add("the writer's output placeholders (schedule entries carry no placeholders)")
+        for e, x in zip(scheduled.entries, entries):
+            if "placeholders" in x and x["placeholders"] != scheduled.state.requests[e.req].placeholders:
+                raise self._violation("IA1_placeholders", f"{x['req']} has {x['placeholders']} output placeholders "
+                                 f"in the trace, {scheduled.state.requests[e.req].placeholders} in the spec")
+

@@ -1,0 +1,129 @@
+"""The spec's configuration for a trace: the version profile its config event
+selects, the constants its keys override, and the block pool cut to what the
+trace can ever take.
+
+The trace picks the spec's version profile (spec/profiles.py) from its
+config event: `vllm_version` selects that version's profile, explicit keys
+(`policy`, `num_preallocate_tokens`, `release_order`, `cache_duplicate_blocks`)
+override its constants, no version means the default profile; a version no
+profile covers is refused (UnknownVersion, exit 2) unless the caller names
+the profile (`--profile`). docs/trace-format.md, "How a trace picks its profile".
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from flightcheck.spec import Config
+from flightcheck.spec.blocks import cdiv
+from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES, profile_for_version
+
+from .reading import MalformedTrace
+from .schema import MAX_POOL_BLOCKS
+
+
+class UnknownVersion(MalformedTrace):
+    """The trace names a vLLM version no profile covers, and no profile was
+    given (exit code 2, like a malformed file: no verdict is possible)."""
+
+
+# A sync profile -> the profile of the same version with asynchronous
+# scheduling, selected by a config event's `async_scheduling: true`.
+ASYNC_PROFILES: dict[str, str] = {"vllm-0.33": "vllm-0.33-async"}
+
+# Config keys a trace may give to override its profile's constants.
+_POLICIES = {"continue-prefill": True, "one-batch-per-request": False}
+_OVERRIDES = ("num_preallocate_tokens", "release_order", "cache_duplicate_blocks", "batch_queue_depth",
+              "decode_stagger")
+
+
+def select_profile(event: dict, override: str | None = None) -> str:
+    """The profile a config event asks for: `override` (the caller's
+    `--profile`) if given, else the `profile` it names (flightcheck's own
+    writers), else its `vllm_version`'s, else the default. UnknownVersion for
+    a version or a named profile no profile covers; ValueError for an
+    unknown `override`."""
+    if override is not None:
+        if override not in PROFILES:
+            raise ValueError(f"unknown profile {override!r}; known: {', '.join(PROFILES)}")
+        return override
+    named = event.get("profile")
+    if named is not None:
+        if named not in PROFILES:
+            raise UnknownVersion(f"line 1: config event: profile: no profile is named {named!r} "
+                                 f"(profiles: {', '.join(PROFILES)}); name one with --profile")
+        return named
+    version = event.get("vllm_version")
+    asynchronous = event.get("async_scheduling", False)
+    if version is None and not asynchronous:
+        return DEFAULT_PROFILE
+    chosen = None if version is None else profile_for_version(version)
+    if chosen is None:
+        raise UnknownVersion(f"line 1: config event: vllm_version: no profile covers vLLM {version!r} "
+                             f"(profiles: {', '.join(PROFILES)}); name one with --profile")
+    if asynchronous:
+        return _async_profile(chosen.name, version)
+    return chosen.name
+
+
+def _async_profile(sync_profile: str, version: str | None) -> str:
+    """The async variant of a version's profile, selected by `async_scheduling`."""
+    name = ASYNC_PROFILES.get(sync_profile)
+    if name is None:
+        raise UnknownVersion(f"line 1: config event: async_scheduling: no profile models asynchronous "
+                             f"scheduling for vLLM {version!r} (profiles: {', '.join(PROFILES)}); "
+                             "name one with --profile")
+    return name
+
+
+def config_from_event(event: dict, profile: str | None = None) -> Config:
+    """The spec's Config from a validated config event, under `profile` (by
+    default the one the event selects); explicit keys override the profile."""
+    overrides: dict[str, Any] = {}
+    if "policy" in event:
+        overrides["continue_prefill"] = _POLICIES[event["policy"]]
+    for key in _OVERRIDES:
+        if key in event:
+            overrides[key] = event[key]
+    return Config(
+        profile=select_profile(event, profile), **overrides,
+        num_stages=event["num_stages"],
+        max_num_batched_tokens=event["max_num_batched_tokens"],
+        max_num_seqs=event.get("max_num_seqs", 256), block_size=event["block_size"],
+        num_blocks=event.get("usable_blocks", event["num_blocks"]),
+        max_model_len=event["max_model_len"],
+        long_prefill_token_threshold=event.get("long_prefill_token_threshold", 0),
+        num_spec_tokens=event.get("num_spec_tokens", 0),
+        prefix_caching=event.get("prefix_caching", False))
+
+
+def modelled_pool(cfg: Config, events: list[dict[str, Any]]) -> Config:
+    """The config with the pool cut to the blocks this trace can ever take.
+
+    The spec's pool is materialised (one entry per block, copied on every
+    change), so a 10**7-block pool would cost seconds per event. The cut is
+    exact: fresh blocks are popped from the head of the free queue, which
+    starts as 0, 1, 2, ... and to whose tail freed blocks return; while no
+    more blocks are popped over the whole run than the cut pool holds, no
+    allocation fails in either pool (so neither preempts), the same blocks
+    are popped in the same order, and no freed block is popped again (so the
+    same prefix-cache labels survive). A request pops at most the blocks of
+    the tokens it can ever hold: its prompt, max_tokens outputs and, in
+    flight, up to num_spec_tokens drafts beyond them (twice, for margin), and
+    never more than max_model_len tokens. With preallocation (vLLM 0.8.4) a
+    request may also take blocks ahead of need, up to max_model_len's blocks
+    per request: the bound counts those too, so the cap "no more than the free
+    blocks" never binds in the cut pool unless it binds in the whole one.
+    Only `state_before` differs: it lists the cut pool's free queue."""
+    k, bs = cfg.num_spec_tokens, cfg.block_size
+    ahead = cfg.max_blocks_per_request if cfg.num_preallocate_tokens > 0 else 0
+    most = 1 + sum(max(cdiv(min(cfg.max_model_len, e["prompt_len"] + e["max_tokens"] + 2 * k + 1), bs),
+                       ahead) + 1
+                   for e in events if e["ev"] == "arrive")
+    num_blocks = min(cfg.num_blocks, most)
+    if num_blocks > MAX_POOL_BLOCKS:
+        raise MalformedTrace(f"line 1: config event: num_blocks: this trace's arrivals can take up to "
+                             f"{num_blocks} blocks of the pool; the checker models pools of at most "
+                             f"{MAX_POOL_BLOCKS} blocks")
+    return replace(cfg, num_blocks=num_blocks)

@@ -1,0 +1,63 @@
+"""The spec state check-trace prints with a violation (`state_before`), in
+the trace's own request names.
+
+The spec numbers its requests by slot (spec `describe` writes r0, r1, ...);
+a user knows them by the ids their trace gives. This view speaks those ids
+(as JSON strings, ASCII only, so that any id prints on one line), lists the
+requests that are alive or have entries in flight, in arrival order (a
+finished request with nothing in flight can no longer matter, and the
+incremental checker may have reused its slot), and marks an older
+incarnation of a reused id `(earlier)`. Block numbers are the spec's own
+(its free queue starts 0, 1, 2, ...), not the trace's `block_ids`.
+
+Layout, as spec `describe`'s: each request `"id":STAT c=computed/tokens
+[+drafts d] o=outputs b=[blocks] ...`, then `W=` waiting and `R=` running
+(in queue order), `Q=` the batches in flight, oldest first (an entry
+`"id"@start+n`, `*` if it samples, `~o`/`~s` if orphaned or superseded),
+and `free=` the free queue.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from flightcheck.spec import State
+from flightcheck.spec.state import Entry, Fate, Request
+
+from .schema import show
+
+Namer = Callable[[int], str]
+
+
+def describe_named(state: State, slots: Iterable[int], name: Namer) -> str:
+    """`state` in one line, listing `slots` (in the order given) and naming
+    every request by `name(slot)`."""
+    shown = [_request(name(r), q, name) for r in slots if (q := state.requests[r]).status.is_active
+             or q.status.is_finished and state.entries_of(r, fate=None)]
+    batches = ["[" + " ".join(_entry(e, name) for e in batch) + "]" for batch in state.in_flight]
+    waiting = ", ".join(name(r) for r in state.waiting)
+    running = ", ".join(name(r) for r in state.running)
+    return (f"{'; '.join(shown) or '-'} | W=[{waiting}] R=[{running}]"
+            f" | Q={' '.join(batches) or '-'} | free={list(state.pool.free_queue)}")
+
+
+def _request(label: str, q: Request, name: Namer) -> str:
+    alias = f"(as {name(q.name)})" if q.name is not None else ""
+    return (f"{label}{alias}:{q.status.value[:4]} c={q.num_computed}/{q.num_tokens}"
+            f"{f'+{q.num_drafts}d' if q.num_drafts else ''} o={q.num_output}"
+            f" b={list(q.block_table)}"
+            f"{f' if={q.num_in_flight}' if q.num_in_flight else ''}"
+            f"{f' stale={q.num_stale}' if q.num_stale else ''}{' drop' if q.drop_stale else ''}"
+            f"{f' ph={q.placeholders}' if q.placeholders else ''}"
+            f"{f' wait={q.decode_countdown}' if q.decode_countdown else ''}")
+
+
+def _entry(e: Entry, name: Namer) -> str:
+    alias = f"(as {name(e.name)})" if e.name is not None else ""
+    return (f"{name(e.req)}{alias}@{e.start}+{e.n}{'*' if e.samples else ''}"
+            f"{'' if e.fate is Fate.LIVE else '~' + e.fate.value[0]}")
+
+
+def quoted(request_id: str) -> str:
+    """A request id as messages print it: a JSON string, ASCII only, long ids cut."""
+    return show(request_id)
