@@ -110,7 +110,7 @@ class PipelineExecutor:
         self._error: str | None = None
         self._ready = threading.Event()
         self._closed = False
-        for rank in range(1, num_stages + 1):
+        for rank in range(1, self.num_stages + 1):
             self._outbox.send_object(spec, rank, groups.meta)
         self._receiver = threading.Thread(target=self._receive_loop, daemon=True,
                                           name="pipeline-receiver")
