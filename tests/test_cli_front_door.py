@@ -137,7 +137,7 @@ def test_the_legend_explains_every_mark_in_the_table_and_blank_cells():
     for shown in ("proved:", "proved@n:", "bounded@n:", "unknown@n:", "reached@n:", "unknown:", "(blank):"):
         assert f"    {shown}" in legend, shown
     assert "violated" not in legend                    # only the marks the table has
-    assert "kind: invariant" in legend and "steps: its shortest counterexample" in legend
+    assert "kind: invariant" in legend and "steps: its shortest counterexample" in text
 
 
 def test_no_blank_entry_when_every_cell_is_filled():

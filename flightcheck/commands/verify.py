@@ -216,14 +216,13 @@ LEGEND: dict[str, str] = {
     "violated@": "a counterexample: n steps long (BMC, k-induction's base case), or found by an "
                  "exhaustive search stopped at depth n (the run fails)",
     "unknown": "not settled by this method (the parameterised proof did not go through)",
-    "unknown@": "not settled at n: k-induction with k = n could not prove it (not inductive, or the "
-                "solver gave up), or BMC did not reach the target within n steps; not a failure when "
-                "another column proves or reaches it",
+    "unknown@": "k-induction (k = n) did not prove it (not inductive, or the solver gave up), or BMC "
+                "missed the target in n steps; another column may settle it",
 }
 KIND_LEGEND = ("kind: invariant (a transition property too), liveness (in its safety form, or on the "
                "whole state graph), sometimes (a target that must be reachable)")
-MUTANT_LEGEND = ("mutants: killed when some property breaks on the mutant (a \"sometimes\" target missed "
-                 "does not count); by: that property; steps: its shortest counterexample's length")
+MUTANT_LEGEND = ("killed: some property breaks on the mutant (a missed \"sometimes\" target does not "
+                 "count); by: that property; steps: its shortest counterexample's length")
 
 
 def legend_key(mark: str) -> str:
