@@ -21,7 +21,6 @@ from .local_executor import LocalExecutor
 from .pipeline import PipelineExecutor
 from .stage_main import DTYPES, StageSpec, serve_stage
 from .transport import make_groups
-from .weights import WeightSource
 
 
 def set_threads(n: int = 1) -> None:
