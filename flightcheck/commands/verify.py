@@ -179,8 +179,8 @@ def _print_suite(console: Console, suite) -> None:
     console.print(table)
     for i, m in enumerate(methods):
         console.print(Text(f"  [{i + 1}] {m}: {seconds[m]:.2f} s"))
-    _print_legend(console, {mark_of(p) for p in suite.properties} | ({""} if len(cells) < len(kinds) * len(methods)
-                                                                      else set()))
+    has_blank = len(cells) < len(kinds) * len(methods)
+    _print_legend(console, {mark_of(p) for p in suite.properties} | ({""} if has_blank else set()))
     if suite.explicit_only:
         console.print(Text(f"  no Z3 under {suite.profile}: {suite.explicit_only}"))
     if suite.allow_name_reuse:
