@@ -16,6 +16,7 @@ is saved).
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from .commands import bench, check_trace, fuzz, plot, run, simulate, verify, vllm
@@ -26,11 +27,24 @@ COMMANDS = (verify, fuzz, check_trace, run, simulate, bench, plot, vllm)
 
 def build_parser() -> Parser:
     parser = Parser(prog="flightcheck", description=__doc__.split("\n")[0])
-    parser.add_argument("--version", action="version", version=f"flightcheck {package_version()}")
+    parser.add_argument("--version", action=_PrintVersion, help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in COMMANDS:
         command.add_parser(sub)
     return parser
+
+
+class _PrintVersion(argparse.Action):
+    """`--version`: the package metadata is read only when asked for, so
+    every other command line starts no slower."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"flightcheck {package_version()}")
+        parser.exit()
 
 
 def package_version() -> str:
