@@ -29,7 +29,7 @@ import torch
 from flightcheck.reference import SchedulerConfig
 
 from .generate import GenerationRequest, generate
-from .launch import make_executor, set_threads
+from .launch import StageSpec, make_executor, set_threads
 from .trace import RuntimeTraceWriter, hop_times, pipeline_stats, transfer_times
 from .weights import WeightSource
 from .workload import mixed_workload
@@ -95,8 +95,8 @@ def measure(executor, k: int, workload: list[GenerationRequest], budget: int,
 def compare_async(source: WeightSource, args: argparse.Namespace) -> list[dict]:
     """Sync vs async scheduling (vLLM 0.33) on the decode-heavy workload, one
     pipeline, runs alternated so a change of machine load hits both."""
-    executor = make_executor(source, args.pp, POOL["num_blocks"], POOL["block_size"],
-                             dtype=args.dtype, feedback=True)
+    executor = make_executor(StageSpec(source, args.pp, POOL["num_blocks"], POOL["block_size"],
+                                       dtype=args.dtype, feedback=True))
     rows = []
     try:
         measure(executor, args.pp, mixed_workload(99, 2, prompt_lens=(20, 40)), args.budget,
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     loads = workloads(args.seed)
     rows = []
     for k in ((1, 2) if not args.compare_async else ()):
-        executor = make_executor(source, k, POOL["num_blocks"], POOL["block_size"], dtype=args.dtype)
+        executor = make_executor(StageSpec(source, k, POOL["num_blocks"], POOL["block_size"], dtype=args.dtype))
         try:
             measure(executor, k, mixed_workload(99, 2, prompt_lens=(20, 40)), args.budget)  # warm-up
             for name, workload in loads.items():

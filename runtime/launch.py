@@ -11,6 +11,7 @@ ranks 1..K are the stages:
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -20,7 +21,6 @@ from .local_executor import LocalExecutor
 from .pipeline import PipelineExecutor
 from .stage_main import DTYPES, StageSpec, serve_stage
 from .transport import make_groups
-from .weights import WeightSource
 
 
 def set_threads(n: int = 1) -> None:
@@ -41,25 +41,30 @@ def serve_torchrun_stage(act_backend: str = "gloo", timeout_s: float = 300.0) ->
     serve_stage(make_groups(act_backend))
 
 
-def make_executor(source: WeightSource, num_stages: int, num_blocks: int, block_size: int, *,
-                  dtype: str = "float32", device: str = "cpu", num_spec_tokens: int = 0,
-                  top_p: float = 1.0, processes: bool | None = None,
-                  act_backend: str = "gloo", timeout_s: float = 300.0, feedback: bool = False):
-    """The executor for this launch. `processes=None`: stage processes when
-    K > 1 or under torchrun; in-process for K = 1. `feedback`: stage 0 takes
-    running requests' tokens from the last stage (needed by async scheduling)."""
-    spec = StageSpec(source, num_stages, num_blocks, block_size, dtype, device, top_p, feedback)
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How the stages start. `processes`: None for stage processes when
+    K > 1 or under torchrun, in-process for K = 1; `act_backend`: the
+    activations' collective backend; `timeout_s`: how long the process group
+    waits for every rank."""
+    processes: bool | None = None
+    act_backend: str = "gloo"
+    timeout_s: float = 300.0
+
+
+def make_executor(spec: StageSpec, num_spec_tokens: int = 0, options: LaunchOptions = LaunchOptions()):
+    """The executor for this launch of the stages `spec` describes (with
+    `spec.feedback`, stage 0 takes running requests' tokens from the last
+    stage: needed by async scheduling), proposing `num_spec_tokens` drafts a step."""
     if torchrun_rank() == 0:
         if not dist.is_initialized():
-            dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
-        return PipelineExecutor.attach(spec, act_backend=act_backend,
+            dist.init_process_group("gloo", timeout=timedelta(seconds=options.timeout_s))
+        return PipelineExecutor.attach(spec, act_backend=options.act_backend,
                                        num_spec_tokens=num_spec_tokens)
-    if processes is None:
-        processes = num_stages > 1
+    processes = spec.num_stages > 1 if options.processes is None else options.processes
     if not processes:
-        dev = "cuda" if device == "cuda" else device
-        return LocalExecutor(source, num_stages, num_blocks, block_size, dtype=DTYPES[dtype],
-                             num_spec_tokens=num_spec_tokens, top_p=top_p, device=dev,
-                             feedback=feedback)
-    return PipelineExecutor.spawn(spec, act_backend=act_backend, init_timeout=timeout_s,
+        return LocalExecutor(spec.source, spec.num_stages, spec.num_blocks, spec.block_size,
+                             dtype=DTYPES[spec.dtype], num_spec_tokens=num_spec_tokens, top_p=spec.top_p,
+                             device=spec.device, feedback=spec.feedback)
+    return PipelineExecutor.spawn(spec, act_backend=options.act_backend, init_timeout=options.timeout_s,
                                   num_spec_tokens=num_spec_tokens)

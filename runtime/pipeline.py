@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -79,19 +80,24 @@ class PipelineFuture:
         return self._output
 
 
+@dataclass(frozen=True)
+class SpawnedStages:
+    """The stage processes `PipelineExecutor.spawn` started on this machine,
+    and the file their stdout and stderr go to."""
+    processes: list
+    log_path: str
+
+
 class PipelineExecutor:
-    def __init__(self, groups: Groups, num_stages: int, spec: StageSpec, *,
-                 processes: list | None = None, num_spec_tokens: int = 0,
-                 stall_timeout: float = 120.0, on_stage_times=None,
-                 log_path: str | None = None) -> None:
-        self.groups, self.num_stages, self.spec = groups, num_stages, spec
-        self.processes = processes or []
+    def __init__(self, groups: Groups, spec: StageSpec, *, spawned: SpawnedStages | None = None,
+                 num_spec_tokens: int = 0, stall_timeout: float = 120.0, on_stage_times=None) -> None:
+        self.groups, self.num_stages, self.spec = groups, spec.num_stages, spec
+        self.processes = spawned.processes if spawned is not None else []
         self.num_spec_tokens = num_spec_tokens
         self.stall_timeout = stall_timeout
         self.on_stage_times = on_stage_times          # callback(batch_id, [(t0, t1, recv)])
         self.stage_info: dict[int, dict] = {}
-        self.error_detail: str | None = None
-        self.log_path = log_path                     # the stage processes' stdout and stderr
+        self.log_path = spawned.log_path if spawned is not None else None   # the stages' stdout and stderr
         self.feedback = spec.feedback
         # Set by generate(): a resumed request's whole sequence (feedback mode).
         self.all_token_ids: AllTokenIds | None = None
@@ -104,7 +110,7 @@ class PipelineExecutor:
         self._error: str | None = None
         self._ready = threading.Event()
         self._closed = False
-        for rank in range(1, num_stages + 1):
+        for rank in range(1, self.num_stages + 1):
             self._outbox.send_object(spec, rank, groups.meta)
         self._receiver = threading.Thread(target=self._receive_loop, daemon=True,
                                           name="pipeline-receiver")
@@ -148,7 +154,7 @@ class PipelineExecutor:
             dist.init_process_group("gloo", store=dist.PrefixStore("default_pg", store), rank=0,
                                     world_size=K + 1, timeout=timeout)
             groups = make_groups(act_backend)
-            return cls(groups, K, spec, processes=procs, log_path=log_path, **kwargs)
+            return cls(groups, spec, spawned=SpawnedStages(procs, log_path), **kwargs)
         except BaseException as err:
             _reap(procs)
             if dist.is_initialized():
@@ -166,7 +172,7 @@ class PipelineExecutor:
         if world != spec.num_stages + 1:
             raise PipelineError(f"torchrun started {world} ranks; --pp {spec.num_stages} needs "
                                 f"{spec.num_stages + 1} (a driver and one per stage)")
-        return cls(make_groups(act_backend), spec.num_stages, spec, **kwargs)
+        return cls(make_groups(act_backend), spec, **kwargs)
 
     # -- Executor ------------------------------------------------------------------
 
@@ -228,7 +234,6 @@ class PipelineExecutor:
                 elif kind == "error":
                     detail, lost_peer = payload
                     self._stage_errors[stage] = (detail, lost_peer)
-                    self.error_detail = detail                  # the stage's traceback
                     self._fail(self._first_failure(
                         f"stage {stage} failed: {detail.strip().splitlines()[-1]}"))
                     return

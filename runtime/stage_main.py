@@ -52,6 +52,25 @@ class StageSpec:
     feedback: bool = False           # the stages take running requests' tokens from the last stage
 
 
+@dataclass(frozen=True)
+class StagePlace:
+    """Where a stage sits in the pipeline, and what it receives from the one
+    before it: `[T + 1, dim]` activations of `dtype`, used on `device`."""
+    index: int
+    num_stages: int
+    dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def is_first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.num_stages - 1
+
+
 def stage_device(spec: StageSpec, index: int) -> torch.device:
     if spec.device == "cuda":
         return torch.device("cuda", index % torch.cuda.device_count())
@@ -108,7 +127,7 @@ def serve_stage(groups: Groups) -> None:
         receiver = _connect_feedback(spec, worker, groups, outbox, index, num_stages, device)
         outbox.send_object(("ready", index, {"layers": list(stage.layer_ids), "pid": os.getpid(),
                                              "kv_bytes": worker.cache.nbytes}), 0, groups.result)
-        _loop(worker, groups, outbox, index, num_stages, cfg.dim, DTYPES[spec.dtype], device)
+        _loop(worker, groups, outbox, StagePlace(index, num_stages, cfg.dim, DTYPES[spec.dtype], device))
         if spec.feedback and worker.stage.is_last and not worker.stage.is_first:
             assert worker.send_sampled is not None
             worker.send_sampled(SampledTokens(END_OF_STREAM, ()))
@@ -162,9 +181,8 @@ def is_lost_peer(err: BaseException) -> bool:
             or "connection" in text or "peer" in text)
 
 
-def _loop(worker: StageWorker, groups: Groups, outbox: Outbox, index: int, num_stages: int,
-          dim: int, dtype: torch.dtype, device: torch.device) -> None:
-    is_first, is_last = index == 0, index == num_stages - 1
+def _loop(worker: StageWorker, groups: Groups, outbox: Outbox, place: StagePlace) -> None:
+    index, device = place.index, place.device
     gloo_acts = groups.act_backend == "gloo"
     while True:
         _, plan = recv_object(0, groups.meta)
@@ -177,8 +195,8 @@ def _loop(worker: StageWorker, groups: Groups, outbox: Outbox, index: int, num_s
         times: Times = []
         inputs = None
         posted = time.time()
-        if not is_first:
-            buf = torch.empty(plan.num_tokens + 1, dim, dtype=dtype,
+        if not place.is_first:
+            buf = torch.empty(plan.num_tokens + 1, place.dim, dtype=place.dtype,
                               device="cpu" if gloo_acts else device)
             posted = time.time()
             dist.recv(buf, src=index, group=groups.act)                # from rank index = stage - 1
@@ -189,7 +207,7 @@ def _loop(worker: StageWorker, groups: Groups, outbox: Outbox, index: int, num_s
             torch.cuda.synchronize(device)
         times.append((t0, time.time(), posted))
         outbox.wait_oldest(keep=4)                     # bounded: at most a few sends in flight
-        if is_last:
+        if place.is_last:
             outbox.send_object(("result", index, replace(out, stage_times=tuple(times))),
                                0, groups.result)
         else:

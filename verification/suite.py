@@ -229,45 +229,53 @@ def _shortest_kill(name: str, model: Model, kills: list[explicit.Violation], sec
     return MutantResult(name, True, cx.length, seconds, v.property, model.name, counterexample=cx)
 
 
-def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3: bool = True,
-              mutants: list[str] | None = None, jobs: int = 1, inferred: bool = False,
-              progress: Callable[[str], None] | None = None,
-              profile: str = DEFAULT_PROFILE, allow_name_reuse: bool = False) -> SuiteResult:
-    """The suite under `profile`: exhaustive search of the profile's small
-    models, Z3 proofs and BMC on `model` (profiles the encoding covers), and
-    every mutant hunted. With `allow_name_reuse`: only the exhaustive search
-    of the profile's name-reuse models (`NAME_REUSE_MODELS`), with the
-    shortest counterexample of every property it violates; no Z3, and only
-    the mutants of guards that bind only with names reused
-    (`NAME_REUSE_MUTANT_MODELS`: the hardened variant's), each killed only
-    by a property the correct spec keeps on that model."""
+@dataclass(frozen=True)
+class SuiteOptions:
+    """What one run of the suite covers (`flightcheck verify`'s flags): Z3
+    proofs and BMC to `depth` on `model`, `jobs` processes, under `profile`;
+    `mutants` None hunts every mutant of the profile (its moot ones listed,
+    not hunted), a list only those; `inferred` adds the inferred-invariant
+    proof; `allow_name_reuse` searches the profile's name-reuse models instead."""
+    model: Model = VERIFY_MODEL
+    depth: int = VERIFY_DEPTH
+    use_z3: bool = True
+    mutants: tuple[str, ...] | None = None
+    jobs: int = 1
+    inferred: bool = False
+    profile: str = DEFAULT_PROFILE
+    allow_name_reuse: bool = False
+
+    @property
+    def runs_z3(self) -> bool:
+        """The Z3 engines run: asked for, and the encoding models the profile."""
+        return self.use_z3 and self.profile in Z3_PROFILES
+
+
+# Told the name of each phase as it begins (`flightcheck verify` times them).
+Progress = Callable[[str], None]
+
+
+def _silent(_phase: str) -> None:
+    pass
+
+
+def run_suite(options: SuiteOptions = SuiteOptions(), progress: Progress | None = None) -> SuiteResult:
+    """The suite under `options.profile`: exhaustive search of the profile's
+    small models, Z3 proofs and BMC on `options.model` (profiles the encoding
+    covers), and every mutant hunted; or, with `allow_name_reuse`, the
+    name-reuse search (`_name_reuse_suite`)."""
+    profile = options.profile
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
+    say = progress or _silent
+    if options.allow_name_reuse:
+        return _name_reuse_suite(options, say)
     t0 = time.perf_counter()
-    say = progress or (lambda _msg: None)
+    moot = MOOT_MUTANTS.get(profile, {}) if options.mutants is None else {}
+    hunted_names = (list(options.mutants) if options.mutants is not None
+                    else [m for m in mutants_of(profile) if m not in moot])
     rows: list[PropertyResult] = []
-    if allow_name_reuse:
-        if profile not in NAME_REUSE_MODELS:
-            raise ValueError(f"profile {profile!r} has no name-reuse model; "
-                             f"known: {', '.join(NAME_REUSE_MODELS)}")
-        found: list[Counterexample] = []
-        broken: dict[str, set[str]] = {}
-        for small in NAME_REUSE_MODELS[profile]:
-            say(f"exhaustive search of {small.name} ({profile}, names reused)")
-            small_rows = exhaustive_rows(small, found)
-            broken[small.name] = {row.name for row in small_rows if row.status == "violated"}
-            rows += small_rows
-        hunted = []
-        for name, small in NAME_REUSE_MUTANT_MODELS.get(profile, {}).items():
-            if mutants is not None and name not in mutants:
-                continue
-            say(f"hunting mutant {name} ({profile}, names reused)")
-            hunted.append(hunt_mutant_against_base(name, small, broken[small.name]))
-        return SuiteResult(time.perf_counter() - t0, rows, hunted, profile, counterexamples=found,
-                           allow_name_reuse=True, explicit_only=EXPLICIT_ONLY_PROFILES.get(profile))
-    moot = MOOT_MUTANTS.get(profile, {}) if mutants is None else {}
-    hunted_names = mutants if mutants is not None else [m for m in mutants_of(profile) if m not in moot]
-    beside_z3 = use_z3 and profile in Z3_PROFILES and jobs > 1
+    beside_z3 = options.runs_z3 and options.jobs > 1
     if beside_z3:
         # The explicit part (exhaustive search and mutant hunt: one process)
         # runs in a process of its own while the Z3 engines run here, so it
@@ -282,23 +290,8 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
         for small in PROFILE_MODELS[profile]:
             say(f"exhaustive search of {small.name} ({profile})")
             rows += exhaustive_rows(small)
-    if use_z3 and profile in Z3_PROFILES and profile != DEFAULT_PROFILE:
-        from flightcheck.verification.z3 import suite as z3_suite
-        say(f"k-induction and bounded model checking of {model.name} under {profile}"
-            + (" (and of tiny-stale for the deferred resumption)" if PROFILES[profile].defer_resume_while_stale
-               else ""))
-        rows += z3_suite.profile_rows(model, profile, depth, jobs=jobs)
-    elif use_z3 and profile in Z3_PROFILES:
-        from flightcheck.verification.z3 import suite as z3_suite
-        say(f"k-induction on {model.name}")
-        rows += z3_suite.induction_rows(model, jobs=jobs)
-        if inferred:
-            say(f"1-induction on {model.name} with an inferred invariant")
-            rows += z3_suite.inferred_rows(model, jobs=jobs)
-        say(f"parameterised k-induction, K = {model.cfg.num_stages}, any number of requests")
-        rows += z3_suite.param_rows(model.cfg.num_stages)
-        say(f"bounded model checking of {model.name} to depth {depth}")
-        rows += z3_suite.bmc_rows(model, depth, jobs=jobs)
+    if options.runs_z3:
+        rows += _z3_rows(options, say)
     if beside_z3:
         say("waiting for the exhaustive search and the mutant hunt")
         with explicit_pool:
@@ -309,7 +302,58 @@ def run_suite(model: Model = VERIFY_MODEL, depth: int = VERIFY_DEPTH, *, use_z3:
         say(f"hunting mutant {name} ({profile})")
         results.append(hunt_mutant(name, profile=profile))
     return SuiteResult(time.perf_counter() - t0, rows, results, profile, moot,
-                       explicit_only=EXPLICIT_ONLY_PROFILES.get(profile) if use_z3 else None)
+                       explicit_only=EXPLICIT_ONLY_PROFILES.get(profile) if options.use_z3 else None)
+
+
+def _z3_rows(options: SuiteOptions, say: Progress) -> list[PropertyResult]:
+    """The Z3 engines' rows: under the default profile k-induction (and the
+    inferred invariant's proof, if asked), the parameterised proof and BMC;
+    under another encoded profile k-induction and BMC of the model under it."""
+    from flightcheck.verification.z3 import suite as z3_suite
+    model, profile, jobs = options.model, options.profile, options.jobs
+    if profile != DEFAULT_PROFILE:
+        say(f"k-induction and bounded model checking of {model.name} under {profile}"
+            + (" (and of tiny-stale for the deferred resumption)" if PROFILES[profile].defer_resume_while_stale
+               else ""))
+        return z3_suite.profile_rows(model, profile, options.depth, jobs=jobs)
+    say(f"k-induction on {model.name}")
+    rows = z3_suite.induction_rows(model, jobs=jobs)
+    if options.inferred:
+        say(f"1-induction on {model.name} with an inferred invariant")
+        rows += z3_suite.inferred_rows(model, jobs=jobs)
+    say(f"parameterised k-induction, K = {model.cfg.num_stages}, any number of requests")
+    rows += z3_suite.param_rows(model.cfg.num_stages)
+    say(f"bounded model checking of {model.name} to depth {options.depth}")
+    return rows + z3_suite.bmc_rows(model, options.depth, jobs=jobs)
+
+
+def _name_reuse_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
+    """With names reused: only the exhaustive search of the profile's
+    name-reuse models (`NAME_REUSE_MODELS`), with the shortest counterexample
+    of every property it violates; no Z3, and only the mutants of guards that
+    bind only with names reused (`NAME_REUSE_MUTANT_MODELS`: the hardened
+    variant's), each killed only by a property the correct spec keeps on that model."""
+    profile = options.profile
+    if profile not in NAME_REUSE_MODELS:
+        raise ValueError(f"profile {profile!r} has no name-reuse model; "
+                         f"known: {', '.join(NAME_REUSE_MODELS)}")
+    t0 = time.perf_counter()
+    rows: list[PropertyResult] = []
+    found: list[Counterexample] = []
+    broken: dict[str, set[str]] = {}
+    for small in NAME_REUSE_MODELS[profile]:
+        say(f"exhaustive search of {small.name} ({profile}, names reused)")
+        small_rows = exhaustive_rows(small, found)
+        broken[small.name] = {row.name for row in small_rows if row.status == "violated"}
+        rows += small_rows
+    hunted = []
+    for name, small in NAME_REUSE_MUTANT_MODELS.get(profile, {}).items():
+        if options.mutants is not None and name not in options.mutants:
+            continue
+        say(f"hunting mutant {name} ({profile}, names reused)")
+        hunted.append(hunt_mutant_against_base(name, small, broken[small.name]))
+    return SuiteResult(time.perf_counter() - t0, rows, hunted, profile, counterexamples=found,
+                       allow_name_reuse=True, explicit_only=EXPLICIT_ONLY_PROFILES.get(profile))
 
 
 def _explicit_part(profile: str, mutants: list[str]) -> tuple[list[PropertyResult], list[MutantResult]]:

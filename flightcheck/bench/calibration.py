@@ -48,10 +48,19 @@ def median_summary(config: SimConfig, args: WorkloadArgs, seeds: Sequence[int],
     return aggregate(summaries)[0]
 
 
+@dataclass(frozen=True)
+class Newton:
+    """The solver's knobs: the factors it starts from, the largest |log(sim /
+    target)| it accepts, and how many Newton steps it may take."""
+    start: tuple[float, float] = (0.5, 0.6)
+    tolerance: float = 0.002
+    max_iterations: int = 12
+
+
 def fit_efficiencies(base: SimConfig, args: WorkloadArgs, seeds: Sequence[int],
-                     targets: dict[str, float] | None = None, *, start: tuple[float, float] = (0.5, 0.6),
-                     tolerance: float = 0.002, max_iterations: int = 12, processes: int = 1,
+                     targets: dict[str, float] | None = None, *, solver: Newton = Newton(), processes: int = 1,
                      log: Callable[[str], None] = lambda _: None) -> Fit:
+    start, tolerance, max_iterations = solver.start, solver.tolerance, solver.max_iterations
     targets = targets or {k: V1_MAIN[k] for k in TARGET_KEYS}
     evaluations = 0
 

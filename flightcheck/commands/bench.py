@@ -8,8 +8,11 @@ import argparse
 import functools
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from .common import DEFAULT_REFERENCE_PROFILE, REFERENCE_PROFILES, bad, cuda_problem, local_pp_problem, positive_int
+from .common import (DEFAULT_REFERENCE_PROFILE, REFERENCE_PROFILES, bad, cuda_problem, local_pp_problem,
+                     missing_dependency, positive_int)
 from .simulate import add_workload_arguments, print_result, workload_args, workload_problem
 
 
@@ -39,80 +42,44 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+@dataclass
+class BenchPlan:
+    """What a bench run needs, checked before any stage starts: the workload
+    of each seed, the weights, the scheduler's configuration and how a
+    request is built (its prompt ids within the model's vocabulary)."""
+    seeds: list[int]
+    workloads: list
+    source: object                     # runtime.weights.WeightSource
+    sched_cfg: object                  # reference.SchedulerConfig
+    build: Callable
+
+
 def run(args: argparse.Namespace) -> int:
     problem = (local_pp_problem(args.pp, args.force) or cuda_problem(args.device)
                or workload_problem(args, ("--trace", "--save-result")))
     if problem:
         return bad(problem)
-    from flightcheck.bench.live import epoch_stage_recorder, run_live
-    from flightcheck.bench.serving import make_request
-    from flightcheck.bench.workload import WorkloadError
-    from flightcheck.bench.workload_args import build_workload
-    from flightcheck.reference import SchedulerConfig
-
     try:                              # the workload first: refused in a second, before torch loads
-        wargs = workload_args(args)
-        seeds = list(range(args.seed, args.seed + args.seeds))
-        workloads = [build_workload(wargs, s).fit_model_len(args.max_model_len) for s in seeds]
-    except (WorkloadError, ValueError) as err:
+        seeds, workloads = _workloads(args)
+    except ValueError as err:         # WorkloadError among them
         return bad(str(err).splitlines()[0])
     try:
         from flightcheck.runtime import launch
-        from flightcheck.runtime.weights import WeightSource
+    except ModuleNotFoundError as err:
+        return bad(missing_dependency(err, "bench") or f"flightcheck bench needs the runtime extra: {err}")
     except ImportError as err:
         return bad(f"flightcheck bench needs the runtime extra (torch): {err}")
     try:
-        source = WeightSource(checkpoint=args.checkpoint, preset=args.model, seed=args.seed)
-        model_cfg = source.model_config()
-        if args.max_model_len > model_cfg.max_position_embeddings:
-            raise WorkloadError(f"--max-model-len {args.max_model_len} exceeds the model's "
-                                f"max_position_embeddings {model_cfg.max_position_embeddings}")
-        sched_cfg = SchedulerConfig(
-            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-            max_model_len=args.max_model_len, block_size=args.block_size,
-            num_blocks=args.num_blocks, num_pipeline_stages=args.pp,
-            enable_prefix_caching=args.enable_prefix_caching,
-            continue_prefill=args.policy == "continue-prefill", profile=args.profile)
-        # Prompt ids must lie in the model's vocabulary (a seeded model's may be 512).
-        build = functools.partial(make_request, vocab_size=min(model_cfg.vocab_size, 32000))
-    except (WorkloadError, ValueError) as err:
+        plan = _plan(args, seeds, workloads)
+    except ValueError as err:
         return bad(str(err).splitlines()[0])
-
-    from flightcheck.runtime import PipelineError
-
-    from .run import interrupted
-
     launch.set_threads(1)
     runs = []
     for i, workload in enumerate(workloads):
-        holder = {}
-        graceful = True
-
-        def make_executor(clock, trace):
-            # Async scheduling forms a decode before its token exists: the
-            # stages must pass sampled tokens to stage 0 themselves (runtime/README.md).
-            executor = launch.make_executor(source, args.pp, args.num_blocks, args.block_size,
-                                            dtype=args.dtype, device=args.device,
-                                            feedback=sched_cfg.async_scheduling)
-            if trace is not None:
-                executor.on_stage_times = epoch_stage_recorder(trace, clock)
-            holder["executor"] = executor
-            return executor
-
-        try:
-            runs.append(run_live(workload, sched_cfg, make_executor,
-                                 trace_path=args.trace if i == 0 else None,
-                                 percentiles=args.metric_percentiles, build=build))
-        except PipelineError as err:          # a stage died or failed: the runtime names it
-            print(f"flightcheck: error: {str(err).splitlines()[0]}", file=sys.stderr)
-            return 1
-        except KeyboardInterrupt:
-            graceful = False                  # stop the stages at once, then one line
-        finally:
-            if "executor" in holder and hasattr(holder["executor"], "close"):
-                holder["executor"].close(graceful=graceful)
-        if not graceful:
-            return interrupted()
+        outcome = _run_one(args, plan, workload, trace_path=args.trace if i == 0 else None)
+        if isinstance(outcome, int):
+            return outcome
+        runs.append(outcome)
     extra = {"simulator": False, "policy": args.policy, "profile": args.profile,
              "runtime_model": args.model,
              "pp": args.pp, "dataset": args.dataset, "request_rate": str(args.request_rate),
@@ -120,3 +87,70 @@ def run(args: argparse.Namespace) -> int:
     print_result(args, runs, seeds, extra)
     sys.stdout.flush()
     return 0
+
+
+def _workloads(args: argparse.Namespace) -> tuple[list[int], list]:
+    """The seeds and each one's workload; WorkloadError (a ValueError) on bad arguments."""
+    from flightcheck.bench.workload_args import build_workload
+
+    wargs = workload_args(args)
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    return seeds, [build_workload(wargs, s).fit_model_len(args.max_model_len) for s in seeds]
+
+
+def _plan(args: argparse.Namespace, seeds: list[int], workloads: list) -> BenchPlan:
+    """The weights and the scheduler's configuration; ValueError on bad arguments."""
+    from flightcheck.bench.serving import make_request
+    from flightcheck.bench.workload import WorkloadError
+    from flightcheck.reference import SchedulerConfig
+    from flightcheck.runtime.weights import WeightSource
+
+    source = WeightSource(checkpoint=args.checkpoint, preset=args.model, seed=args.seed)
+    model_cfg = source.model_config()
+    if args.max_model_len > model_cfg.max_position_embeddings:
+        raise WorkloadError(f"--max-model-len {args.max_model_len} exceeds the model's "
+                            f"max_position_embeddings {model_cfg.max_position_embeddings}")
+    sched_cfg = SchedulerConfig(
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len, block_size=args.block_size,
+        num_blocks=args.num_blocks, num_pipeline_stages=args.pp,
+        enable_prefix_caching=args.enable_prefix_caching,
+        continue_prefill=args.policy == "continue-prefill", profile=args.profile)
+    # Prompt ids must lie in the model's vocabulary (a seeded model's may be 512).
+    build = functools.partial(make_request, vocab_size=min(model_cfg.vocab_size, 32000))
+    return BenchPlan(seeds, workloads, source, sched_cfg, build)
+
+
+def _run_one(args: argparse.Namespace, plan: BenchPlan, workload, trace_path: str | None):
+    """One seed's workload on fresh stages: its LiveRun, or the exit code of a failed run."""
+    from flightcheck.bench.live import epoch_stage_recorder, run_live
+    from flightcheck.runtime import PipelineError, launch
+
+    from .run import interrupted
+
+    holder = {}
+    graceful = True
+
+    def make_executor(clock, trace):
+        # Async scheduling forms a decode before its token exists: the
+        # stages must pass sampled tokens to stage 0 themselves (runtime/README.md).
+        spec = launch.StageSpec(plan.source, args.pp, args.num_blocks, args.block_size, dtype=args.dtype,
+                                device=args.device, feedback=plan.sched_cfg.async_scheduling)
+        executor = launch.make_executor(spec)
+        if trace is not None:
+            executor.on_stage_times = epoch_stage_recorder(trace, clock)
+        holder["executor"] = executor
+        return executor
+
+    try:
+        return run_live(workload, plan.sched_cfg, make_executor, trace_path=trace_path,
+                        percentiles=args.metric_percentiles, build=plan.build)
+    except PipelineError as err:          # a stage died or failed: the runtime names it
+        print(f"flightcheck: error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        graceful = False                  # stop the stages at once, then one line
+    finally:
+        if "executor" in holder and hasattr(holder["executor"], "close"):
+            holder["executor"].close(graceful=graceful)
+    return interrupted()

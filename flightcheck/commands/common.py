@@ -158,6 +158,37 @@ def bad(message: str) -> int:
     return 2
 
 
+# The optional packages a command may need, with how to get each: torch and
+# safetensors come with the runtime extra (torch's CPU build first, so pip
+# does not pull a CUDA build onto a machine without a GPU), transformers with
+# the test extra.
+INSTALL_TORCH = "pip install torch==2.13.0 (the CPU build), then pip install -e '.[runtime]'"
+OPTIONAL_PACKAGES: dict[str, str] = {
+    "torch": INSTALL_TORCH,
+    "safetensors": "pip install -e '.[runtime]'",
+    "transformers": "pip install -e '.[test]'",
+}
+
+
+def missing_dependency(err: ModuleNotFoundError, command: str) -> str | None:
+    """One line naming the optional package `command` needs and how to
+    install it, when `err` says that package is missing; None for any other
+    missing module (a bug of ours: its traceback is shown as it is)."""
+    import importlib.util
+
+    package = (err.name or "").split(".")[0]
+    if package not in OPTIONAL_PACKAGES:
+        return None
+    try:
+        present = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        present = False
+    if present and err.name != package:
+        return None                      # the package is there; a part of it is not
+    return (f"flightcheck {command} needs {package}, which is not installed; "
+            f"install it with: {OPTIONAL_PACKAGES[package]}")
+
+
 INTERNAL_ERROR = 3
 
 

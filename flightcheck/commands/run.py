@@ -190,10 +190,9 @@ def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
     from flightcheck.runtime import ConfigError, PipelineError
     from flightcheck.runtime.pipeline import StageDied
     try:
-        executor = launch.make_executor(source, args.pp, sched_cfg.num_blocks,
-                                        sched_cfg.block_size, dtype=args.dtype,
-                                        device=args.device, num_spec_tokens=args.num_spec_tokens,
-                                        top_p=args.top_p, feedback=sched_cfg.async_scheduling)
+        spec = launch.StageSpec(source, args.pp, sched_cfg.num_blocks, sched_cfg.block_size, dtype=args.dtype,
+                                device=args.device, top_p=args.top_p, feedback=sched_cfg.async_scheduling)
+        executor = launch.make_executor(spec, num_spec_tokens=args.num_spec_tokens)
     except StageDied as err:                          # a fault of the run, not of its input
         print(f"flightcheck: error: {str(err).splitlines()[0]}", file=log)
         return 1

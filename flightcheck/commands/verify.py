@@ -17,6 +17,7 @@ from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES
 from flightcheck.verification.suite import VERIFY_DEPTH, VERIFY_MODEL
 
 from .common import PP_PER_CORE, bad, int_in
+from .progress import PhaseProgress
 
 MAX_DEPTH = 64                   # BMC cost grows steeply with depth; the default is 4
 
@@ -51,63 +52,83 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flightcheck.verification.mutants import MUTANTS
-    from flightcheck.verification.traces.counterexample import render
     from flightcheck.verification.models import MODELS
-    from flightcheck.verification.suite import hunt_mutant, run_suite
 
     if args.list_configs:
         for name, model in MODELS.items():
             print(f"{name}: {model.describe()}")
         return 0
-    if args.config not in MODELS:
-        return bad(f"unknown --config {args.config!r}; known: {', '.join(MODELS)}")
-    if args.inferred and args.no_z3:
-        return bad("--inferred is a Z3 proof; it cannot go with --no-z3")
-    if args.inferred and args.mutant:
-        return bad("--inferred proves the spec; it cannot go with --mutant")
-    if args.mutant is not None and args.mutant not in MUTANTS:
-        return bad(f"unknown --mutant {args.mutant!r}; known: {', '.join(MUTANTS)}")
-    if args.profile not in PROFILES:
-        return bad(f"unknown --profile {args.profile!r}; known: {', '.join(PROFILES)}")
-    if args.all_profiles and (args.mutant or args.profile != DEFAULT_PROFILE):
-        return bad("--all-profiles runs every profile; it cannot go with --mutant or --profile")
-    if args.allow_name_reuse:
-        from flightcheck.verification.models import NAME_REUSE_MODELS
-        if args.profile not in NAME_REUSE_MODELS:
-            return bad(f"--allow-name-reuse needs a profile that looks outputs up by name: "
-                       f"{', '.join(NAME_REUSE_MODELS)}")
-        if args.all_profiles or args.mutant or args.inferred:
-            return bad("--allow-name-reuse searches one profile's name-reuse model; it cannot go with "
-                       "--all-profiles, --mutant or --inferred")
+    problem = _refusal(args)
+    if problem:
+        return bad(problem)
     stream = sys.stderr if args.json else sys.stdout
     # Piped or redirected, rich would assume 80 columns and cut names short;
     # a log or a CI page has room for the whole table.
     console = Console(stderr=args.json, width=None if stream.isatty() else 160)
-
     if args.mutant:
+        return _hunt_one(args, console)
+    return _run_profiles(args, console)
+
+
+def _refusal(args: argparse.Namespace) -> str | None:
+    """Why these flags cannot go together (None if they can)."""
+    from flightcheck.verification.models import MODELS, NAME_REUSE_MODELS
+    from flightcheck.verification.mutants import MUTANTS
+
+    if args.config not in MODELS:
+        return f"unknown --config {args.config!r}; known: {', '.join(MODELS)}"
+    if args.inferred and args.no_z3:
+        return "--inferred is a Z3 proof; it cannot go with --no-z3"
+    if args.inferred and args.mutant:
+        return "--inferred proves the spec; it cannot go with --mutant"
+    if args.mutant is not None and args.mutant not in MUTANTS:
+        return f"unknown --mutant {args.mutant!r}; known: {', '.join(MUTANTS)}"
+    if args.profile not in PROFILES:
+        return f"unknown --profile {args.profile!r}; known: {', '.join(PROFILES)}"
+    if args.all_profiles and (args.mutant or args.profile != DEFAULT_PROFILE):
+        return "--all-profiles runs every profile; it cannot go with --mutant or --profile"
+    if args.allow_name_reuse and args.profile not in NAME_REUSE_MODELS:
+        return f"--allow-name-reuse needs a profile that looks outputs up by name: {', '.join(NAME_REUSE_MODELS)}"
+    if args.allow_name_reuse and (args.all_profiles or args.mutant or args.inferred):
+        return ("--allow-name-reuse searches one profile's name-reuse model; it cannot go with "
+                "--all-profiles, --mutant or --inferred")
+    return None
+
+
+def _hunt_one(args: argparse.Namespace, console: Console) -> int:
+    """`--mutant NAME`: its shortest counterexample, as a step table or JSON."""
+    from flightcheck.verification.suite import hunt_mutant
+    from flightcheck.verification.traces.counterexample import render, to_json
+
+    with PhaseProgress(f"flightcheck verify ({args.profile})") as progress:
+        progress.phase(f"hunting mutant {args.mutant}")
         result = hunt_mutant(args.mutant, profile=args.profile)
-        if args.json:
-            from flightcheck.verification.traces.counterexample import to_json
-            out = {"name": result.name, "killed": result.killed, "trace_length": result.trace_length,
-                   "seconds": round(result.seconds, 3), "property": result.property,
-                   "model": result.model, "profile": args.profile,
-                   "counterexample": to_json(result.counterexample) if result.counterexample else None}
-            print(json.dumps(out, indent=1))
-        elif result.counterexample:
-            render(result.counterexample, console)
-        else:
-            console.print(f"mutant {args.mutant} SURVIVED on model {result.model}")
-        return 0 if result.killed else 1
+    if args.json:
+        out = {"name": result.name, "killed": result.killed, "trace_length": result.trace_length,
+               "seconds": round(result.seconds, 3), "property": result.property,
+               "model": result.model, "profile": args.profile,
+               "counterexample": to_json(result.counterexample) if result.counterexample else None}
+        print(json.dumps(out, indent=1))
+    elif result.counterexample:
+        render(result.counterexample, console)
+    else:
+        console.print(f"mutant {args.mutant} SURVIVED on model {result.model}")
+    return 0 if result.killed else 1
+
+
+def _run_profiles(args: argparse.Namespace, console: Console) -> int:
+    """The suite under each profile asked for: a table each (or JSON), progress on stderr."""
+    from flightcheck.verification.models import MODELS
+    from flightcheck.verification.suite import SuiteOptions, run_suite
 
     profiles = list(PROFILES) if args.all_profiles else [args.profile]
     started = time.perf_counter()
     suites = []
     for profile in profiles:
-        with console.status(f"verifying ({profile})") as status:
-            suites.append(run_suite(MODELS[args.config], args.depth, use_z3=not args.no_z3, jobs=args.jobs,
-                                    inferred=args.inferred, progress=lambda msg: status.update(msg),
-                                    profile=profile, allow_name_reuse=args.allow_name_reuse))
+        options = SuiteOptions(MODELS[args.config], args.depth, use_z3=not args.no_z3, jobs=args.jobs,
+                               inferred=args.inferred, profile=profile, allow_name_reuse=args.allow_name_reuse)
+        with PhaseProgress(f"flightcheck verify ({profile})") as progress:
+            suites.append(run_suite(options, progress.phase))
         if not args.json:
             _print_suite(console, suites[-1])
     seconds = time.perf_counter() - started
@@ -153,12 +174,13 @@ def _print_suite(console: Console, suite) -> None:
             if p is None:
                 row.append(Text(""))
                 continue
-            label = p.status + (f"@{p.depth}" if p.depth is not None else "")
-            row.append(Text(label, style=colour.get(p.status, "")))
+            row.append(Text(mark_of(p), style=colour.get(p.status, "")))
         table.add_row(*row)
     console.print(table)
     for i, m in enumerate(methods):
         console.print(Text(f"  [{i + 1}] {m}: {seconds[m]:.2f} s"))
+    has_blank = len(cells) < len(kinds) * len(methods)
+    _print_legend(console, {mark_of(p) for p in suite.properties} | ({""} if has_blank else set()))
     if suite.explicit_only:
         console.print(Text(f"  no Z3 under {suite.profile}: {suite.explicit_only}"))
     if suite.allow_name_reuse:
@@ -174,6 +196,55 @@ def _print_suite(console: Console, suite) -> None:
     console.print(f"{'OK' if suite.ok else 'FAILED'} (profile {suite.profile}) in {suite.seconds:.1f} s")
 
 
+def mark_of(row) -> str:
+    """A property row's cell: its status, and the depth where it has one (`proved@1`)."""
+    return row.status + (f"@{row.depth}" if row.depth is not None else "")
+
+
+# What each mark of the property table says; `n` stands for the number after
+# "@", whose meaning depends on the method. A mark's key is its status, with
+# "@" when it has a depth; "" is the blank cell.
+LEGEND: dict[str, str] = {
+    "": "(blank) the method does not check this property: it does not apply there, or that model "
+        "or encoding leaves it out",
+    "proved": "holds in every reachable state: of that small model (exhaustive search), or of any "
+              "number of requests (parameterised k-induction)",
+    "proved@": "proved by k-induction with k = n: it holds at every depth of that configuration",
+    "bounded@": "no violation within n steps (BMC; an exhaustive search stopped at depth n): not a proof",
+    "reached@": "a \"sometimes\" target, first reached after n steps (as it should be)",
+    "violated": "the property breaks, or a \"sometimes\" target is never reached (the run fails)",
+    "violated@": "a counterexample: n steps long (BMC, k-induction's base case), or found by an "
+                 "exhaustive search stopped at depth n (the run fails)",
+    "unknown": "not settled by this method (the parameterised proof did not go through)",
+    "unknown@": "k-induction (k = n) did not prove it (not inductive, or the solver gave up), or BMC "
+                "missed the target in n steps; another column may settle it",
+}
+KIND_LEGEND = ("kind: invariant (a transition property too), liveness (in its safety form, or on the "
+               "whole state graph), sometimes (a target that must be reachable)")
+MUTANT_LEGEND = ("killed: some property breaks on the mutant (a missed \"sometimes\" target does not "
+                 "count); by: that property; steps: its shortest counterexample's length")
+
+
+def legend_key(mark: str) -> str:
+    """The LEGEND entry for a cell: `unknown@4` -> `unknown@`."""
+    status, at, _depth = mark.partition("@")
+    return status + at
+
+
+def _print_legend(console: Console, marks: set[str]) -> None:
+    """Under the table: what each mark in it means, in the table's order of statuses."""
+    from rich.text import Text
+
+    keys = {legend_key(mark) for mark in marks}
+    console.print(Text("  legend (n: the number after @):"))
+    for key, meaning in LEGEND.items():
+        if key in keys:
+            shown = "(blank)" if key == "" else (key + "n" if key.endswith("@") else key)
+            text = meaning.removeprefix("(blank) ") if key == "" else meaning
+            console.print(Text(f"    {shown}: {text}"))
+    console.print(Text(f"  {KIND_LEGEND}"))
+
+
 def _print_mutants(console: Console, suite, title: str) -> None:
     from rich.table import Table
     from rich.text import Text
@@ -185,6 +256,7 @@ def _print_mutants(console: Console, suite, title: str) -> None:
         muts.add_row(m.name, Text("yes" if m.killed else "NO", style="green" if m.killed else "bold red"),
                      m.property or "", m.model, str(m.trace_length or ""), f"{m.seconds:.2f}")
     console.print(muts)
+    console.print(Text(f"  {MUTANT_LEGEND}"))
 
 
 def _print_counterexamples(console: Console, suite) -> None:

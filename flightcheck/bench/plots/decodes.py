@@ -81,16 +81,30 @@ def draw_decodes(data: TimelineData, request: str, path: str | Path, *, first: i
                  count: int = 6, title: str = "") -> tuple[float, float]:
     """Write the PNG of decodes #first..#first+count-1; returns the window."""
     plt = _pyplot()
-    from matplotlib.patches import Patch, Rectangle
 
     decodes = decodes_of(data, request)
     shown, w0, w1 = window(decodes, first, count)
-    ours = {d.batch: d for d in decodes}
-    lanes = max(d.lane for d in shown) + 1
+    lanes = max(max(d.lane for d in shown) + 1, 2)
     k = data.num_stages
     fig, (top, bottom) = plt.subplots(
-        2, 1, sharex=True, figsize=(13, 1.0 + 0.55 * max(lanes, 2) + 0.9 * k),
-        gridspec_kw={"height_ratios": [max(lanes, 2) * 0.55, 0.9 * k]})
+        2, 1, sharex=True, figsize=(13, 1.0 + 0.55 * lanes + 0.9 * k),
+        gridspec_kw={"height_ratios": [lanes * 0.55, 0.9 * k]})
+    _draw_lanes(top, shown, lanes, (w0, w1))
+    top.set_title(title or f"{request}: its decodes from schedule() to the engine taking the "
+                  f"output back (top), and through the stages (bottom)", fontsize=10)
+    _draw_stages(bottom, data, {d.batch: d for d in decodes}, (w0, w1))
+    _stage_legend(bottom, request)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return w0, w1
+
+
+def _draw_lanes(top, shown: list[Decode], lanes: int, window: tuple[float, float]) -> None:
+    """Top panel: each shown decode from schedule() to its output taken back, one lane each."""
+    from matplotlib.patches import Rectangle
+
+    w0, w1 = window
     for d in shown:
         top.add_patch(Rectangle((d.scheduled, d.lane - 0.35), d.completed - d.scheduled, 0.7,
                                 facecolor=HIGHLIGHT, alpha=0.85, edgecolor="black", linewidth=0.5))
@@ -99,12 +113,24 @@ def draw_decodes(data: TimelineData, request: str, path: str | Path, *, first: i
                                        if d.placeholders is not None else "")
         top.text(d.scheduled + 0.004 * (w1 - w0), d.lane, label, va="center", ha="left",
                  fontsize=7, color="white")
-    top.set_ylim(-0.6, max(lanes, 2) - 0.4)
-    top.set_yticks(range(max(lanes, 2)), [f"lane {i}" for i in range(max(lanes, 2))])
+    top.set_ylim(-0.6, lanes - 0.4)
+    top.set_yticks(range(lanes), [f"lane {i}" for i in range(lanes)])
     top.invert_yaxis()
-    top.set_title(title or f"{request}: its decodes from schedule() to the engine taking the "
-                  f"output back (top), and through the stages (bottom)", fontsize=10)
+
+
+def _draw_stages(bottom, data: TimelineData, ours: dict[int, Decode], window: tuple[float, float]) -> None:
+    """Bottom panel: every stage's batches in the window (the request's
+    decodes highlighted), and its idle time hatched."""
+    from matplotlib.patches import Rectangle
+
+    w0, w1 = window
+    k = data.num_stages
     row_h = 0.8
+
+    def idle(y: float, t0: float, t1: float) -> None:
+        bottom.add_patch(Rectangle((t0, y - row_h / 2), t1 - t0, row_h, facecolor="none",
+                                   edgecolor="#bbbbbb", hatch="///", linewidth=0))
+
     for stage in range(k):
         y = k - 1 - stage
         spans = sorted((s for s in data.spans if s.stage == stage and s.t1 > w0 and s.t0 < w1),
@@ -112,9 +138,7 @@ def draw_decodes(data: TimelineData, request: str, path: str | Path, *, first: i
         previous_end = w0
         for span in spans:
             if span.t0 - previous_end > 1e-4:
-                bottom.add_patch(Rectangle((previous_end, y - row_h / 2), span.t0 - previous_end,
-                                           row_h, facecolor="none", edgecolor="#bbbbbb",
-                                           hatch="///", linewidth=0))
+                idle(y, previous_end, span.t0)
             previous_end = max(previous_end, span.t1)
             mine = ours.get(span.batch)
             bottom.add_patch(Rectangle((span.t0, y - row_h / 2), span.t1 - span.t0, row_h,
@@ -124,22 +148,21 @@ def draw_decodes(data: TimelineData, request: str, path: str | Path, *, first: i
                 bottom.text((span.t0 + span.t1) / 2, y, f"d{mine.index}", ha="center",
                             va="center", fontsize=7, color="white")
         if w1 - previous_end > 1e-4:
-            bottom.add_patch(Rectangle((previous_end, y - row_h / 2), w1 - previous_end, row_h,
-                                       facecolor="none", edgecolor="#bbbbbb", hatch="///",
-                                       linewidth=0))
+            idle(y, previous_end, w1)
     bottom.set_xlim(w0, w1)
     bottom.set_ylim(-0.6, k - 0.4)
     bottom.set_yticks(range(k), [f"stage {k - 1 - y}" for y in range(k)])
     bottom.set_xlabel("time (s)")
+
+
+def _stage_legend(bottom, request: str) -> None:
+    from matplotlib.patches import Patch
+
     handles = [Patch(facecolor=HIGHLIGHT, label=f"a batch with {request}'s decode"),
                Patch(facecolor=OTHER, label="other batches"),
                Patch(facecolor="none", edgecolor="#999999", hatch="///", label="idle stage")]
     bottom.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3,
                   frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return w0, w1
 
 
 def decode_perfetto_events(data: TimelineData, request: str) -> dict[str, Any]:

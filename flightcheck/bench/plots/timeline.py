@@ -12,6 +12,7 @@ after the previous one has left the last stage.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from ..workload import WorkloadError
@@ -75,7 +76,7 @@ def draw_timeline(data: TimelineData, path: str | Path, *, start: float | None =
 
     k = data.num_stages
     fig, ax = plt.subplots(figsize=(13, 1.1 * k + 1.4))
-    row_h = 0.8
+    row_h = ROW_H
     for stage in range(k):
         y = k - 1 - stage                                  # stage 0 on top
         spans = sorted((s for s in data.spans if s.stage == stage and s.t1 > w0 and s.t0 < w1),
@@ -87,7 +88,7 @@ def draw_timeline(data: TimelineData, path: str | Path, *, start: float | None =
                                        row_h, facecolor="none", edgecolor="#bbbbbb",
                                        hatch="///", linewidth=0))
             previous_end = max(previous_end, span.t1)
-            _draw_batch(ax, Rectangle, data, span, y, row_h, colour, request)
+            _draw_batch(ax, data, span, y, colour, request)
         if w1 - previous_end > 1e-4:
             ax.add_patch(Rectangle((previous_end, y - row_h / 2), w1 - previous_end, row_h,
                                    facecolor="none", edgecolor="#bbbbbb", hatch="///", linewidth=0))
@@ -109,8 +110,17 @@ def draw_timeline(data: TimelineData, path: str | Path, *, start: float | None =
     return w0, w1
 
 
-def _draw_batch(ax, Rectangle, data: TimelineData, span: Span, y: float, row_h: float,
-                colour, request: str | None) -> None:
+# A stage's row height on the plot's y axis (rows are 1 apart).
+ROW_H = 0.8
+
+
+def _draw_batch(ax, data: TimelineData, span: Span, y: float, colour: Callable[[str], str],
+                request: str | None) -> None:
+    """One batch on one stage, from `span.t0` to `span.t1` on the row at `y`:
+    a band per prefill chunk (the request's labelled), one for its decodes."""
+    from matplotlib.patches import Rectangle
+
+    row_h = ROW_H
     entries = data.batches.get(span.batch, [])
     total = sum(e.n for e in entries) or 1
     width = span.t1 - span.t0
