@@ -26,7 +26,7 @@ from .request import Request, RequestStatus
 
 
 class Fate(str, enum.Enum):
-    """What becomes of a batch entry's output (DESIGN.md)."""
+    """What becomes of a batch entry's output (docs/design.md §"Entry fates")."""
 
     LIVE = "live"              # the request is still the incarnation it was scheduled for
     ORPHANED = "orphaned"      # preempted since, not rescheduled: tokens kept, counter untouched

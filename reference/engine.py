@@ -1,5 +1,5 @@
 """The engine core's step with a batch queue (vLLM 0.8.5
-`EngineCore.step_with_batch_queue`, notes §2.6).
+`EngineCore.step_with_batch_queue`, docs/vllm-semantics.md §"The engine loop").
 
 The queue holds up to `num_pipeline_stages` batches in flight (one more under
 vLLM 0.33's async scheduling: drive.py `VLLM_0_33_ASYNC_LOOP`). One `step()`:

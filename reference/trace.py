@@ -1,4 +1,4 @@
-"""Trace writing in the format of DESIGN.md (JSON Lines, one event per line).
+"""Trace writing in the format of docs/trace-format.md (JSON Lines, one event per line).
 
 The scheduler writes nothing itself. `TracingScheduler` is a `Scheduler`
 whose public calls are observed: after each one it reads what the trace

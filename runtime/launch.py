@@ -24,7 +24,7 @@ from .transport import make_groups
 
 
 def set_threads(n: int = 1) -> None:
-    """One intra-op thread per process (notes: 0.3 ms vs 40 ms on 2 shared cores)."""
+    """One intra-op thread per process (docs/pipeline-facts.md §"One thread per process": 0.3 ms vs 40 ms on 2 shared cores)."""
     torch.set_num_threads(n)
 
 

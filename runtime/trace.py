@@ -1,6 +1,6 @@
 """Runtime traces: the reference scheduler's events (its `TraceWriter`), each
 stamped with `t` (seconds since the run started), plus `stage` events with
-every stage's start and end time for every batch, in DESIGN.md's format.
+every stage's start and end time for every batch, in flightcheck's trace format (docs/trace-format.md).
 
 `chrome_trace(events)` turns a trace into Chrome / Perfetto trace JSON (one
 track per stage, one slice per batch, the driver's schedule and complete

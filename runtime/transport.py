@@ -1,5 +1,5 @@
 """Point-to-point messages over torch.distributed, shaped by what gloo does on
-these machines (notes §2.4): `send` is a rendezvous (it blocks until the peer
+these machines (docs/pipeline-facts.md §"Gloo on a small shared machine"): `send` is a rendezvous (it blocks until the peer
 posts its `recv`), `irecv().is_completed()` cannot be polled, and
 `send_object_list` needs numpy. So every send is an `isend` whose tensors
 are kept alive until its `Work` is waited on, every receive is a blocking

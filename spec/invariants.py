@@ -1,5 +1,6 @@
-"""The properties the spec must satisfy: safety invariants S1-S12 (notes §5 as
-restated in DESIGN.md), the liveness properties L1-L3 in a safety form a
+"""The properties the spec must satisfy: safety invariants S1-S12 (docs/vllm-semantics.md
+§"Properties a correct scheduler keeps", restated for the spec in spec/README.md
+§Properties), the liveness properties L1-L3 in a safety form a
 solver can prove, deadlock freedom, transition properties, and "sometimes"
 targets that make a spec that can do nothing fail loudly.
 
@@ -415,7 +416,7 @@ INVARIANTS: tuple[Invariant, ...] = (
 
 
 # The invariants of the profiles with stale-output counters (vLLM 0.33): each
-# request's counters against the batches in flight (notes §5).
+# request's counters against the batches in flight (docs/profiles.md §"Invariants per profile").
 # IF0 follows from IF1 while names are unique; with names reused (vLLM
 # 0.33's id-reuse bug) IF1 breaks on every profile, and IF0 is what the
 # hardened variant's floor (`Profile.in_flight_floor`) still keeps.

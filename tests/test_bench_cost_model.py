@@ -1,4 +1,4 @@
-"""The roofline cost model against the hand-computed limits of notes §4.1."""
+"""The roofline cost model against the hand-computed limits of docs/pipeline-facts.md §"Llama-3.1-8B on two L4s"."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_a_decode_step_is_bound_by_streaming_the_weights():
     t0, t1 = cost.stage_time(0, terms), cost.stage_time(1, terms)
     assert 0.0233 < t0 < 0.0233 + 0.0065               # 7.0 GB of layers + 32 x 850 x 64 KiB of KV
     assert t1 > t0                                     # the last stage also streams lm_head
-    assert t0 + t1 > 0.0535                            # notes: >= 53.5 ms through both stages
+    assert t0 + t1 > 0.0535                            # docs/pipeline-facts.md: >= 53.5 ms through both stages
 
 
 def test_kv_read_grows_decode_time_with_context():

@@ -111,11 +111,14 @@ def test_the_link_check_catches_a_missing_file_and_a_missing_heading(tmp_path: P
 
 
 def test_the_readme_test_command_is_the_one_ci_runs():
+    # CI runs the README's command itself (.ci/run reads it through
+    # .ci/readme_commands.py; tests/test_readme_commands.py pins that), so
+    # what is left to check here is that the command holds every step.
     readme = README.read_text(encoding="utf-8")
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     for step in ("pip install torch==2.13.0", "pip install -e '.[runtime,test]'", "python -m pytest -q"):
         assert step in readme, step
-        assert step.replace("pip install", "python -m pip install -q") in ci or step in ci, step
+    assert "readme_commands.py 2" in ci
 
 
 # -- plain-text references to repository files --------------------------------
@@ -220,31 +223,7 @@ def test_every_file_a_markdown_page_names_exists(document: Path):
 # branches of this change are merged (their owners were editing them): each
 # is expected to fail until then, strictly, so that the rewrite shows up as an
 # unexpected pass and this set is emptied in the same commit.
-CITATIONS_PENDING = frozenset({
-    "flightcheck/bench/cost_model.py",
-    "flightcheck/bench/plots/trace_reader.py",
-    "flightcheck/bench/simulation.py",
-    "flightcheck/bench/timed_trace.py",
-    "flightcheck/vllm/recording.py",
-    "flightcheck/vllm/trace.py",
-    "reference/completion.py",
-    "reference/engine.py",
-    "reference/trace.py",
-    "runtime/trace.py",
-    "runtime/transport.py",
-    "spec/invariants.py",
-    "tests/test_bench_cost_model.py",
-    "tests/test_import_rules.py",
-    "tests/test_reference_imports.py",
-    "tests/test_reference_trace.py",
-    "tests/test_reference_vllm_behaviour.py",
-    "tests/test_spec_033_counters.py",
-    "tests/test_spec_engine_scenario.py",
-    "tests/test_vllm_033.py",
-    "tests/test_z3_param.py",
-    "verification/models.py",
-    "verification/traces/check.py",
-})
+CITATIONS_PENDING: frozenset[str] = frozenset()   # every citation now points into the repository
 
 
 def _python_case(path: Path):

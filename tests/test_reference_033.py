@@ -311,7 +311,7 @@ def test_the_same_traces_are_rejected_under_0_8_5_rules():
 
 
 def counter_errors(engine: Engine) -> list[str]:
-    """The notes' invariants on vLLM 0.33's counters, against the batches in
+    """The invariants on vLLM 0.33's counters (docs/profiles.md §"Invariants per profile"), against the batches in
     flight: IF1 `num_in_flight_tokens` = the tokens of the request's entries
     in flight (its own: not an older request's of the same id); IF2 the stale
     share = those scheduled before its last preemption, 0 <= stale <=

@@ -1,4 +1,4 @@
-"""reference/ imports only the standard library and itself (DESIGN.md)."""
+"""reference/ imports only the standard library and itself (docs/design.md §"Import rules")."""
 
 from __future__ import annotations
 

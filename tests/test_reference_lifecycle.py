@@ -231,7 +231,7 @@ def _drive(engine: Engine, max_steps: int = 5000) -> None:
 
 def _check_in_flight(engine: Engine) -> None:
     """Live entries of a request are contiguous, end at its counter, and only
-    the last may sample (notes S3, S6)."""
+    the last may sample (spec/README.md §Properties: S3, S6)."""
     sched = engine.scheduler
     live: dict[str, list] = {}
     for out, _ in engine.batch_queue:

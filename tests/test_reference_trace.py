@@ -1,4 +1,4 @@
-"""The reference writes traces in DESIGN.md's format."""
+"""The reference writes traces in the trace format of docs/trace-format.md."""
 
 from __future__ import annotations
 

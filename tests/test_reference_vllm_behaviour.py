@@ -1,4 +1,4 @@
-"""vLLM's own V1 scheduler and engine tests (notes §4), rewritten for the
+"""vLLM's own V1 scheduler and engine tests (docs/vllm-semantics.md §"vLLM's own tests the project replays"), rewritten for the
 reference: the same scenarios and the same assertions, our own code."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """vLLM 0.33's stale-output counters, drop mode, empty batches and request
-names in the spec (issue 21, points 1-3, 5-7; notes vllm-current-semantics.md
-§2.1, §2.8, §3.2, §5): the counters are kept apart from the batches and agree
+names in the spec (docs/vllm-semantics.md
+§"vLLM 0.33: stale output, counters and reused ids"; docs/profiles.md §"Invariants per profile"): the counters are kept apart from the batches and agree
 with them while names are unique (IF1-IF3, S7'); the engine queues empty
 batches; a name reused while its old batch is in flight binds that batch's
 output to the new incarnation, as vLLM does, and the spec finds all three
@@ -182,7 +182,7 @@ def test_with_unique_names_the_lookup_by_name_is_the_lookup_by_slot():
 
 
 def test_a_reused_name_binds_the_old_batch_s_output_to_the_new_incarnation():
-    """notes §3.2 (a): old r0 aborted with its sampling prefill in flight, a new
+    """docs/vllm-semantics.md §"vLLM 0.33: stale output, counters and reused ids", effect (a): old r0 aborted with its sampling prefill in flight, a new
     request arrives under its name: the old token is appended to it (S7'),
     and its in-flight counter goes below 0 (IF1, IF2)."""
     cfg = replace(CFG_033, allow_name_reuse=True)

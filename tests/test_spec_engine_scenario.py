@@ -1,4 +1,4 @@
-"""The vLLM engine test `test_engine_core_concurrent_batches` (notes §4),
+"""The vLLM engine test `test_engine_core_concurrent_batches` (docs/vllm-semantics.md §"vLLM's own tests the project replays"),
 replayed in the spec with the engine's loop: schedule while the queue has
 room, otherwise (or when nothing is schedulable) complete the oldest batch."""
 

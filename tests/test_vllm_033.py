@@ -1,8 +1,8 @@
 """vLLM 0.33.0's real scheduler through the replay: its engine loop
 (`EngineCore.step_with_batch_queue`: schedule every step, empty batches in
 the queue, aborts right before an output is processed), the recorder on its
-`Scheduler`, and the request-id reuse bug (notes vllm-current-semantics.md
-§3.2) shown from vLLM's own state on minimal workloads, each beside the same
+`Scheduler`, and the request-id reuse bug (docs/vllm-0.33-id-reuse.md)
+shown from vLLM's own state on minimal workloads, each beside the same
 workload with a fresh id, which finishes normally.
 
 Workloads: tests/data/vllm/workloads-0.33.json (each says why it is there)
@@ -113,7 +113,7 @@ def test_the_recorder_changes_no_decision_of_vllm_0_33(replay: ReplayWorker, tmp
 
 def test_the_0_8_workloads_run_cleanly_on_0_33(replay: ReplayWorker, tmp_path: Path):
     """0.8.5's stale token, 0.8.4's drift and crash do not happen on 0.33's
-    sync scheduler (notes §3.1: deliver mode defers the resumption)."""
+    sync scheduler (docs/vllm-semantics.md §"vLLM 0.33: stale output, counters and reused ids": deliver mode defers the resumption)."""
     for name, workload in WORKLOADS_08.items():
         result = replay.replay(workload, trace=str(tmp_path / f"{name}.jsonl"))
         assert result["ending"] == "done" and not findings(result), (name, findings(result))

@@ -1,4 +1,4 @@
-"""The parameterised proof (verification/z3.param.model*.py): the accounting
+"""The parameterised proof (verification/z3/param/model.py): the accounting
 invariants hold for any number of requests, by 1-induction over one-request
 micro-steps, and the parameterised model is linked to the concrete spec (every
 reachable state satisfies Inv, every concrete edge is a sequence of

@@ -212,7 +212,7 @@ DEFERRED_K3 = Model(
 # vLLM 0.33 with request names reused (`Config.allow_name_reuse`: a new
 # request may arrive under a finished one's name while its batches are in
 # flight, as with request-id randomization off): the smallest model found in
-# which the spec shows all three effects of notes §3.2 -- the old batch's
+# which the spec shows all three effects of docs/vllm-semantics.md §"vLLM 0.33: stale output, counters and reused ids" -- the old batch's
 # token bound to the new incarnation (S7'), its counter driven below 0 (IF1,
 # IF2), and the new incarnation, preempted with a negative stale count,
 # never resumed while the engine spins on empty batches (a lasso, L4). Three
@@ -328,7 +328,7 @@ DEFAULT = Model(
     (_p(4, 3, (5, 6)), _p(3, 2, (5,)), _p(5, 2, (8, 9))),
 )
 
-# The vLLM engine test (notes §4): two 12-token prompts, budget 10, K = 2.
+# The vLLM engine test (docs/vllm-semantics.md §"vLLM's own tests the project replays"): two 12-token prompts, budget 10, K = 2.
 ENGINE_TEST = Model(
     "engine-test",
     Config(num_stages=2, max_num_batched_tokens=10, max_num_seqs=2, block_size=4,

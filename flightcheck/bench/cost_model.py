@@ -41,14 +41,14 @@ class CostParams:
     # Fixed a priori, not fitted.
     stage_overhead_s: float = 2e-3           # per batch per stage: input prep, launches, sampler;
                                              # assumed (vLLM V1 eager parts around CUDA graphs)
-    link_latency_s: float = 30e-6            # per transfer; notes §4.2: 20-50 us over PCIe
+    link_latency_s: float = 30e-6            # per transfer; docs/pipeline-facts.md §"The link between stages": 20-50 us over PCIe
     dispatch_s: float = 1e-3                 # engine -> stage 0 (Ray compiled graph); assumed
     return_s: float = 0.2e-3                 # last stage -> engine, sampled ids only; assumed
     sched_fixed_s: float = 0.2e-3            # schedule(): fixed part; assumed
     sched_per_running_s: float = 5e-6        # schedule(): per running request (vLLM 0.8.5,
-                                             # notes/vllm-scheduler-cost.md: 4-6 us)
+                                             # docs/scheduler-cost.md §"The first anchor: vLLM 0.8.5 alone": 4-6 us)
     update_fixed_s: float = 0.2e-3           # update_from_output(): fixed part; assumed
-    update_per_entry_s: float = 5e-6         # per scheduled request (same notes: 4-5 us)
+    update_per_entry_s: float = 5e-6         # per scheduled request (same page: 4-5 us)
     client_in_s: float = 2e-3                # HTTP + tokenisation before the engine has it; assumed
     client_out_s: float = 1e-3               # engine output -> streamed chunk (IPC, detok); assumed
 

@@ -24,7 +24,7 @@ from .workload import Workload, WorkloadError
 
 POLICIES = ("continue-prefill", "one-batch-per-request")
 GPU_MEMORY_UTILIZATION = 0.9          # vLLM's default
-ACTIVATION_RESERVE_BYTES = 1.5e9      # vLLM's profiled peak activations, roughly (notes §4.1)
+ACTIVATION_RESERVE_BYTES = 1.5e9      # vLLM's profiled peak activations, roughly (docs/pipeline-facts.md §"Llama-3.1-8B on two L4s")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The reference's trace writer with times: every event gets `t` (seconds on
 the run's clock, virtual or wall), and `stage` events record when each stage
-ran each batch (DESIGN.md's trace format: `{"ev":"stage","batch","stage",
+ran each batch (docs/trace-format.md: `{"ev":"stage","batch","stage",
 "t0","t1"}`)."""
 
 from __future__ import annotations

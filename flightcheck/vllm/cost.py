@@ -10,7 +10,7 @@ output is shaped. Each batch is timed as the `schedule()` that built it plus
 the `update_from_output()` that consumed it. Standard library only (the vLLM
 side imports it inside the vLLM venv, the reference side in the main one).
 
-Workloads (anchor: the project's notes, vLLM 0.8.5 on a 2-core machine):
+Workloads (anchor: docs/scheduler-cost.md §"The first anchor: vLLM 0.8.5 alone"):
 * decode-N: N running requests, all decoding; with K = 2 half of them have
   their token in flight, so each batch holds N/2 decodes while schedule()
   walks all N.

@@ -395,7 +395,7 @@ class RecordingMixin(GroundTruthMixin):
             self._fc_forget(self._fc_admissions.get(req_id, (None, 0))[0])
             if reason == "abort":
                 self._fc_write({"ev": "abort", "req": req_id})
-            # vLLM reports the request as finished with this status (DESIGN.md:
+            # vLLM reports the request as finished with this status (docs/trace-format.md, `finish`:
             # a writer may follow an abort with a finish of reason abort).
             self._fc_write({"ev": "finish", "req": req_id, "reason": reason})
         self._fc_check_in_flight_set()

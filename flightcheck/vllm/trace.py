@@ -1,4 +1,4 @@
-"""The trace file a recorder writes: DESIGN.md's JSON Lines format.
+"""The trace file a recorder writes: the JSON Lines format of docs/trace-format.md.
 
 Standard library only, so that it can be read and tested without vLLM. One
 `json` encoding per event, line-buffered: a deployment that dies mid-run

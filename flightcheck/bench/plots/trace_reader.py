@@ -1,4 +1,4 @@
-"""Read what a timeline needs from a DESIGN.md trace: the batches' entries
+"""Read what a timeline needs from a trace (docs/trace-format.md): the batches' entries
 (from `schedule` events) and when each stage ran each batch (`stage`
 events). Works for any writer: simulator, runtime, or another engine."""
 
