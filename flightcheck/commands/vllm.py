@@ -83,7 +83,8 @@ def _describe_check(check: dict[str, Any]) -> str:
         return f"check-trace: malformed ({check['malformed']})"
     if check["ok"]:
         return f"check-trace: legal ({check['events']} events)"
-    return f"check-trace: event {check['event_index']} violates {check['property']}: {check['message']}"
+    # the line in the trace file, as check-trace itself says it
+    return f"check-trace: line {check['line']} violates {check['property']}: {check['message']}"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -128,10 +128,10 @@ def verdict(result: dict[str, Any], check: dict[str, Any]) -> tuple[str, str]:
         # trace it named something unchecked for is told apart
         noted = " (named unchecked)" if check.get("unchecked") else ""
         return "accepted, MISSED bug", f"missed{noted}: {bugs[0][:90]}"
-    said = f"{check['property']} at event {check['event_index']}"
+    said = f"{check['property']} at line {check['line']}"
     if bugs:
         return "rejected, real bug", f"bug ({bugs[0].split(' (step')[0][:60]}): rejected, {check['property']}"
-    return "rejected, FALSE", f"false rejection: {said.split(' at event')[0]}"
+    return "rejected, FALSE", f"false rejection: {said.split(' at line')[0]}"
 
 
 # Verdicts where check-trace and vLLM's ground truth disagree.
