@@ -21,11 +21,16 @@ settings.register_profile("thorough", max_examples=2_000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 
 
-# -- every trace a test checks is checked twice --------------------------------
+# -- the two checkers, compared where a module asks for it ---------------------
 # check-trace's default checker is incremental (verification/traces/incremental.py);
 # its claim is the full replay's verdict, property, event and message on every
-# trace. So wherever a test checks a trace (reference, runtime, simulator,
-# mutants, generated), the full replay runs too and the two must agree.
+# trace. A test module that checks traces in this process (directly, through
+# the CLI, the refinement fuzzer or the vLLM bridge) declares
+#     pytestmark = pytest.mark.usefixtures("both_checkers")
+# and every check_events call its tests make then runs both checkers and
+# asserts that they agree (`differential_check_events`).
+# tests/test_check_trace_incremental.py checks that every module that checks
+# traces declares it.
 
 _original_check_events = _check.check_events
 
@@ -48,8 +53,10 @@ def differential_check_events(events: list, profile: str | None = None, full: bo
     return _original_check_events(events, profile, full=full, progress=progress)
 
 
-@pytest.fixture(autouse=True)
-def every_trace_checked_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def both_checkers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every module-level `check_events` bound to the checker's own function
+    becomes `differential_check_events` for the test."""
     for module in list(sys.modules.values()):
         if isinstance(module, ModuleType) and vars(module).get("check_events") is _original_check_events:
             monkeypatch.setattr(module, "check_events", differential_check_events)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import importlib.util
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -44,5 +45,8 @@ def load_benchmark(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"benchmark_{name}_under_test", path)
     assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
+    # registered before it runs, as an import would: its dataclasses look
+    # their module up by name
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 pytest.importorskip("torch")
 
 SMALL = ["bench", "--dataset", "random", "--random-input-len", "300", "--random-output-len", "4",

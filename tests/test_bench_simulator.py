@@ -13,6 +13,8 @@ from flightcheck.bench.simulation import SimConfig, simulate
 from flightcheck.bench.workload import RequestSpec, Workload, WorkloadError
 from flightcheck.bench.workload_args import WorkloadArgs, build_workload
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 
 def long_prompt_workload(prompt_len: int = 5000, num_short: int = 6) -> Workload:
     """One long prompt among short requests that keep decoding."""

@@ -21,6 +21,8 @@ from flightcheck.verification.refinement.fuzz import fuzz
 from flightcheck.verification.traces.check import (MalformedTrace, check_events, check_trace,
                                                   read_events)
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 
 def prompt(n: int, base: int = 0) -> list[int]:
     return [base + i for i in range(n)]

@@ -20,6 +20,8 @@ from flightcheck.verification.traces.check import (
     config_from_event,
 )
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 DATA = Path(__file__).parent / "data" / "async"
 
 # file -> (ok, event index, property)

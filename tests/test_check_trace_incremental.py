@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import json
 import random
-import sys
+import re
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -33,10 +33,12 @@ from flightcheck.verification.traces.check import (
 from flightcheck.cli import main
 
 from .conftest import differential_check_events
+from .fixtures import load_benchmark
 from .reference_trace_runs import run_cases, traced_run
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from long_traces import write_long_trace
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
+write_long_trace = load_benchmark("long_traces").write_long_trace
 
 
 def outcome(events: list[dict], full: bool, profile: str | None = None) -> tuple:
@@ -66,8 +68,25 @@ def long_events(concurrency: int, num_events: int, seed: int = 0, continue_prefi
     return events_of(sink.getvalue())
 
 
-def test_every_check_in_the_suite_runs_both_checkers():
+def test_this_module_runs_both_checkers():
     assert check_module.check_events is differential_check_events
+
+
+# What reaches check_events in a test's own process: the checker's functions,
+# the check-trace command, the refinement fuzzer, the vLLM bridge's --check.
+_CHECKS_TRACES = re.compile(r"check_events|check_trace|check-trace|refinement|fuzz|campaign|--check")
+# Modules that name those only in prose or in subprocesses.
+_NAMES_ONLY = {"test_docs.py", "test_readme_commands.py", "test_walkthrough_outputs.py"}
+
+
+def test_every_module_that_checks_traces_compares_both_checkers():
+    """The comparison is declared, not implied: a test module that could
+    check a trace in-process says `usefixtures("both_checkers")`."""
+    tests = Path(__file__).resolve().parent
+    undeclared = [path.name for path in sorted(tests.glob("test_*.py"))
+                  if path.name not in _NAMES_ONLY and _CHECKS_TRACES.search(path.read_text())
+                  and 'usefixtures("both_checkers")' not in path.read_text()]
+    assert not undeclared, f"these modules check traces without comparing both checkers: {undeclared}"
 
 
 @pytest.mark.parametrize("case", run_cases(), ids=[case[0] for case in run_cases()])

@@ -34,6 +34,8 @@ from flightcheck.verification.traces.check import MalformedTrace, check_events, 
 from flightcheck.verification.traces.schema import MAX_POOL_BLOCKS
 from tests.test_check_trace import SCENARIOS, events_of
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 
 def run_check_trace(path: Path, *extra: str) -> tuple[int, str, str]:
     """The CLI in-process: (exit code, stdout, stderr)."""

@@ -14,6 +14,8 @@ import pytest
 
 from flightcheck.verification.traces.check import CheckResult, check_events, check_trace, read_events
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 CONFIG = {"ev": "config", "num_stages": 3, "max_num_batched_tokens": 8, "block_size": 4, "num_blocks": 16,
           "max_model_len": 64, "eos_token_id": 0}
 

@@ -15,6 +15,8 @@ from flightcheck.bench.burstgpt_synth import MIN_MAX_MODEL_LEN, synthetic_burstg
 from flightcheck.bench.workload import WorkloadError
 from flightcheck.commands.common import PP_PER_CORE, check_writable, local_pp_problem
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 SECONDS = 2.0
 HUGE = str(10**30)
 MISSING_DIR = "/nonexistent-flightcheck-dir/out.json"

@@ -28,6 +28,8 @@ from flightcheck.verification.refinement.machine import FUZZED_PROFILES
 
 from .test_mutation import load_benchmark
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 # The default suite catches every mutant within the CI profile's steps from
 # one seed; the acceptance matrix (10 seeds, 20,000 steps each) is the slow
 # test below and benchmarks/fuzz_kill.py.

@@ -25,6 +25,8 @@ from flightcheck.verification.refinement.mutation import (
     settings_line,
 )
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 # The runs the mutation score makes for each seed (benchmarks/mutation_score.py
 # DEFAULT_PROFILES): the default run, then each 0.33 profile pinned.
 SCORED_RUNS: tuple[str | None, ...] = (None, "vllm-0.33", "vllm-0.33-async")

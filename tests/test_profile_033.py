@@ -15,6 +15,8 @@ from flightcheck.spec.profiles import PROFILES, VLLM_0_33, profile_for_version
 from flightcheck.spec.state import BlockPool
 from flightcheck.verification.traces.check import check_events
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 Event = dict[str, Any]
 
 

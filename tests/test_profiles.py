@@ -16,6 +16,8 @@ from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES, VLLM_0_8_4, VLL
 from flightcheck.spec.state import BlockPool
 from flightcheck.verification.traces.check import UnknownVersion, check_events, config_from_event
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 # -- the profiles and Config --------------------------------------------------------
 
 

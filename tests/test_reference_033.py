@@ -24,6 +24,8 @@ from flightcheck.verification.traces.check import check_events, read_events
 
 from . import reference_trace_runs as runs
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 EOS = 2
 
 

@@ -22,6 +22,8 @@ from flightcheck.vllm.differential import decisions, profile_for, reference_conf
 from flightcheck.vllm.generate import campaign_workloads
 from flightcheck.vllm.workload import workload_from_json
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 VLLM = Path(__file__).resolve().parent.parent / "flightcheck" / "vllm"
 
 DRAFTS_0_8 = {"unscheduled_drafts_kept", "drafts_kept_through_preemption",

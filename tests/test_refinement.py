@@ -13,6 +13,8 @@ from flightcheck.verification.refinement.abstraction import Ledger, abstract, sp
 from flightcheck.verification.refinement.fuzz import PROFILES, fuzz
 from flightcheck.verification.refinement.machine import Outcome, RefinementMachine
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 
 def engine_and_ledger(cfg: SchedulerConfig, num_slots: int = 4) -> tuple[Engine, Ledger]:
     return (Engine(Scheduler(cfg), ScriptedExecutor()),

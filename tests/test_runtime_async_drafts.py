@@ -49,6 +49,8 @@ from .test_runtime_async import assert_matches, assert_same_outputs
 
 from .fixtures import dense_oracle
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 torch.set_num_threads(1)
 
 # Seed and lengths chosen so the tiny model repeats itself often enough for

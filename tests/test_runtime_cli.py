@@ -15,6 +15,8 @@ from flightcheck.cli import main
 from flightcheck.runtime import ModelConfig, WeightSource, build_model, save_hf_checkpoint
 from flightcheck.verification.traces.check import check_trace
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 torch.set_num_threads(1)
 SMALL = ["--max-model-len", "96", "--block-size", "4", "--num-blocks", "40",
          "--max-num-batched-tokens", "32"]

@@ -26,6 +26,8 @@ from flightcheck.verification.traces.check import check_trace
 
 from .fixtures import dense_oracle
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 torch.set_num_threads(1)
 
 SOURCE = WeightSource(seed=1)

@@ -23,6 +23,8 @@ from flightcheck.runtime.pipeline import StageDied
 from flightcheck.runtime.workload import mixed_workload
 from flightcheck.verification.traces.check import check_trace
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 torch.set_num_threads(1)
 
 

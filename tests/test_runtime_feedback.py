@@ -29,6 +29,8 @@ from flightcheck.runtime.feedback import (FeedbackError, LocalFeedback, SampledT
 from flightcheck.runtime.workload import mixed_workload
 from flightcheck.verification.traces.check import check_trace
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 torch.set_num_threads(1)
 
 SOURCE = WeightSource(seed=1)

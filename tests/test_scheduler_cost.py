@@ -8,15 +8,14 @@ need the vLLM 0.8.5 venv (marker `vllm`, as tests/test_vllm_*.py).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from . import fixtures
 from .vllm_support import require_venv
 
 BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "scheduler_cost.py"
@@ -25,12 +24,7 @@ SIDE_KEYS = {"batches", "running", "requests_per_batch", "tokens_per_batch", "sc
 
 
 def load_benchmark() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("scheduler_cost_under_test", BENCHMARK)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return fixtures.load_benchmark("scheduler_cost")
 
 
 def run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, Any]:

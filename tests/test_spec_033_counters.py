@@ -36,6 +36,8 @@ from flightcheck.verification.traces.counterexample import from_actions, replay
 
 from flightcheck.cli import main
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 COUNTER_NAMES = {"IF1_in_flight_counter", "IF2_stale_counter", "IF3_no_stale_resumption"}
 
 

@@ -28,7 +28,7 @@ from .test_vllm_engine_scenario import EXPECTED_STEPS, replayed_steps
 from .test_vllm_engine_scenario import WORKLOAD as ENGINE_WORKLOAD
 from .vllm_support import DATA, Workers, require_venv, workers
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("both_checkers")]
 
 VERSION = "0.33.0"
 WORKLOADS = {w["name"]: w for w in json.loads((DATA / "workloads-0.33.json").read_text())}

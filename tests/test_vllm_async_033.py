@@ -36,6 +36,8 @@ from flightcheck.vllm.replay import ReplayError, ReplayWorker, findings
 from .test_vllm_differential import HypothesisPicker
 from .vllm_support import DATA, Workers, workers
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 VERSION = "0.33.0"
 
 WORKLOAD: dict[str, Any] = {

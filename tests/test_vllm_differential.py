@@ -33,7 +33,7 @@ from flightcheck.vllm.generate import campaign_workloads, generate_workload
 
 from .vllm_support import DATA, Workers, workers
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("both_checkers")]
 
 T = TypeVar("T")
 VERSIONS = ("0.8.5", "0.8.4")

@@ -29,6 +29,8 @@ from flightcheck.vllm.workload import workload_from_json
 from .test_vllm_differential import HypothesisPicker
 from .vllm_support import DATA, Workers, workers
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 VERSION = "0.33.0"
 NAMED = json.loads((DATA / "workloads-0.33.json").read_text())
 REUSE = ("id-reuse-wrong-binding", "id-reuse-hang", "id-reuse-assertion")

@@ -25,7 +25,7 @@ from flightcheck.verification.traces.check import check_trace
 
 from .vllm_support import require_venv
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("both_checkers")]
 
 PROMPT_LEN = 12
 WORKLOAD = {

@@ -23,7 +23,7 @@ from flightcheck.vllm.replay import ReplayWorker, findings
 
 from .vllm_support import DATA, Workers, workers
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("both_checkers")]
 
 WORKLOADS = {w["name"]: w for w in json.loads((DATA / "workloads.json").read_text())}
 VERSIONS = ("0.8.5", "0.8.4")

@@ -38,6 +38,8 @@ from flightcheck.vllm.workload import draft_outcome, sampled_token, workload_fro
 from .test_vllm_differential import HypothesisPicker
 from .vllm_support import DATA, Workers, workers
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 VERSIONS = ("0.8.5", "0.8.4")
 NAMED = {w["name"]: w for w in json.loads((DATA / "spec-decode-workloads.json").read_text())}
 

@@ -20,7 +20,7 @@ from flightcheck.vllm.replay import ReplayWorker
 
 from .vllm_support import DATA, Workers, workers
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("both_checkers")]
 
 WORKLOADS = {w["name"]: w for w in json.loads((DATA / "workloads.json").read_text())}
 PROFILE_OF = {"0.8.5": "vllm-0.8.5", "0.8.4": "vllm-0.8.4"}
