@@ -19,15 +19,10 @@ from typing import Any, Iterator
 
 from flightcheck.reference.mutants import ALL_MUTANTS, MUTANTS, PROFILE_MUTANTS, profile_of_mutant
 from flightcheck.reference.profiles import PROFILES as VERSION_PROFILES
-from flightcheck.verification.refinement.machine import (
-    FUZZED_PROFILES,
-    Budget,
-    BudgetSpent,
-    machine_factory,
-)
+from flightcheck.verification.refinement.machine import Budget, BudgetSpent, machine_factory
 from hypothesis import HealthCheck, Phase, Verbosity
-from hypothesis import settings as settings_of_hypothesis
 from hypothesis import seed as hypothesis_seed
+from hypothesis import settings as hypothesis_settings
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -148,7 +143,6 @@ def _bounded_example_cache(size: int | None = None) -> Iterator[None]:
 # `--profile` pins to it from the same seed.
 PROFILE_SHARE = 9
 DEFAULT_RUN_PROFILES: tuple[str, ...] = tuple(VERSION_PROFILES)
-assert DEFAULT_RUN_PROFILES[0] == FUZZED_PROFILES[0], "the default profile runs first"
 
 # Each part is generated afresh every GENERATION_STEPS steps: a new
 # Hypothesis run from the part's seed plus GENERATION_SEED_STRIDE times the
@@ -247,8 +241,10 @@ def fuzz_with(steps: int, seed: int, mutant: str | None, settings: FuzzSettings)
         raise ValueError(f"steps must be at least 1, got {steps}")
     profile = _checked_profile(mutant, settings.profile)
     unknown = [name for name in settings.shared_by if name not in VERSION_PROFILES]
-    if unknown or not settings.shared_by:
+    if unknown:
         raise ValueError(f"unknown profiles {unknown!r}; known: {', '.join(VERSION_PROFILES)}")
+    if not settings.shared_by:
+        raise ValueError("shared_by names no profile")
     t0 = time.perf_counter()
     steps_before = 0
     profiles_run: list[str] = []
@@ -275,12 +271,12 @@ def _run_part(part: Part, mutant: str | None,
     factory = hypothesis_seed(part.seed)(machine_factory(mutant, budget, settings.check_traces,
                                                          part.profile, settings.allow_name_reuse))
     phases = (Phase.generate, Phase.shrink) if settings.shrink else (Phase.generate,)
-    run_settings = settings_of_hypothesis(max_examples=10**9,
-                                          stateful_step_count=settings.steps_per_program,
-                                          database=None, deadline=None, derandomize=False,
-                                          phases=phases, suppress_health_check=list(HealthCheck),
-                                          print_blob=False, report_multiple_bugs=False,
-                                          verbosity=Verbosity.normal)
+    run_settings = hypothesis_settings(max_examples=10**9,
+                                       stateful_step_count=settings.steps_per_program,
+                                       database=None, deadline=None, derandomize=False,
+                                       phases=phases, suppress_health_check=list(HealthCheck),
+                                       print_blob=False, report_multiple_bugs=False,
+                                       verbosity=Verbosity.normal)
     report: list[str] = []
     failure: str | None = None
     try:
