@@ -48,8 +48,8 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from flightcheck.commands.common import positive_int, seed_int
 from flightcheck.reference.profiles import get_profile
@@ -138,10 +138,11 @@ def _recorded(parser: argparse.ArgumentParser, args: argparse.Namespace, seeds: 
                      f"there: {error.stderr.strip().splitlines()[-1] if error.stderr else error}")
 
 
-@dataclass(frozen=True)
-class Scoring:
+class Scoring(NamedTuple):
     """What a score run judges with: its arguments, seeds and fuzz runs per
-    seed (None: the default run), the triage, and what --reuse takes."""
+    seed (None: the default run), the triage, and what --reuse takes. (A
+    NamedTuple, not a dataclass: tests load this script without registering
+    it as a module, which dataclasses need.)"""
     args: argparse.Namespace
     seeds: list[int]
     profiles: tuple[str | None, ...]
