@@ -3,8 +3,10 @@
 For each mutant and each of the fixed seeds, run the refinement machine for
 at most --steps rule steps (example database off, no explicit examples) and
 record the steps and seconds until the first failure (before shrinking, which
-is not part of finding the bug). Prints one row per mutant: kills out of
-seeds, median and worst steps and seconds to kill.
+is not part of finding the bug) and the profile whose part of the run was
+running then (the default run drives every profile in turn; fuzz.py
+`profile_steps`). Prints one row per mutant: kills out of seeds, median and
+worst steps and seconds to kill.
 
     python benchmarks/fuzz_kill.py [--steps 20000] [--seeds 10] [--first-seed 0] [--mutant NAME] [--json]
 
@@ -28,7 +30,8 @@ def measure(mutant: str, seeds: list[int], steps: int) -> dict:
     for s in seeds:
         result = fuzz(steps, s, mutant, shrink=False)
         runs.append({"seed": s, "killed": result.failed, "steps": result.steps_run,
-                     "seconds": result.seconds_to_failure if result.failed else result.seconds})
+                     "seconds": result.seconds_to_failure if result.failed else result.seconds,
+                     "profile": result.profiles[-1] if result.profiles else None})
     killed = [r for r in runs if r["killed"]]
     row = {"mutant": mutant, "kills": len(killed), "seeds": len(seeds), "runs": runs}
     if killed:

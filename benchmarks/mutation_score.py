@@ -16,11 +16,12 @@ forever, count as killed).
         [--function NAME] [--reuse RECORD --reuse-commit COMMIT]
         [--json] [--min-score 0.9]
 
-For each seed a mutant meets the default fuzz run (vllm-0.8.5, then
-vllm-0.8.4) and, if it survives that, `fuzz --profile vllm-0.33` (code only
-vLLM 0.33 runs is driven there alone), then `fuzz --profile
-vllm-0.33-async` (vLLM 0.33's asynchronous rules, which no other run
-drives). Before any mutant, the unmutated reference is fuzzed the same way:
+For each seed a mutant meets the default fuzz run (every profile in turn:
+vllm-0.8.5, then a ninth of the steps each for vllm-0.8.4, vllm-0.33 and
+vllm-0.33-async) and, if it survives that, `fuzz --profile vllm-0.33`, then
+`fuzz --profile vllm-0.33-async`: the code only vLLM 0.33 runs gets all the
+steps there, where the default run gives it a ninth each (the start of the
+same run: same seed). Before any mutant, the unmutated reference is fuzzed the same way:
 if a run fails on it, there is no score (exit 2), since every mutant would
 count as killed.
 
@@ -48,6 +49,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from flightcheck.commands.common import positive_int, seed_int
 from flightcheck.reference.profiles import get_profile
@@ -55,7 +57,9 @@ from flightcheck.verification.refinement.fuzz import PROFILES
 from flightcheck.verification.refinement.mutation import (
     MODULES,
     TARGETS,
+    Mutant,
     MutantResult,
+    Triage,
     baseline_failures,
     mutants_of,
     read_record,
@@ -70,15 +74,16 @@ DEFAULT_SEEDS = "0,1"
 DEFAULT_PROFILES = "default,vllm-0.33,vllm-0.33-async"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=positive_int, default=PROFILES["ci"])
     parser.add_argument("--seeds", default=DEFAULT_SEEDS, help="comma-separated seeds")
     parser.add_argument("--file", action="append", choices=list(MODULES),
                         help="these files (default: scheduler.py and kv_cache_manager.py)")
     parser.add_argument("--profiles", default=DEFAULT_PROFILES,
-                        help="comma-separated fuzz runs per seed: 'default' (every drawn profile) "
-                             f"or a profile name pinned (default: {DEFAULT_PROFILES})")
+                        help="comma-separated fuzz runs per seed: 'default' (every profile "
+                             "in turn) or a profile name pinned "
+                             f"(default: {DEFAULT_PROFILES})")
     parser.add_argument("--function", action="append",
                         help="only mutants of functions whose qualified name contains this")
     parser.add_argument("--time-limit", type=float, default=30.0,
@@ -90,7 +95,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="the git commit whose reference/ the --reuse record measured")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--min-score", type=float, default=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _runs(parser: argparse.ArgumentParser,
+          args: argparse.Namespace) -> tuple[list[int], tuple[str | None, ...]]:
+    """The seeds and the fuzz runs per seed (None: the default run), checked."""
     if (args.reuse is None) != (args.reuse_commit is None):
         parser.error("--reuse and --reuse-commit go together")
     try:
@@ -108,22 +118,64 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--profiles: {error}")
     if args.reuse is not None and not args.reuse.is_file():
         parser.error(f"--reuse: no such file: {args.reuse}")
-    recorded: dict[str, tuple[str, int | None, int | None]] = {}
-    unchanged: set[tuple[str, str]] = set()
-    if args.reuse is not None:
-        record = read_record(args.reuse)
-        recorded = dict(record.kills)
-        if record.settings == settings_line(args.steps, seeds, profiles):
-            recorded.update((key, ("survived", None, None)) for key in record.survivors)
-        try:
-            unchanged = unchanged_functions(args.reuse_commit)
-        except subprocess.CalledProcessError as error:
-            parser.error(f"--reuse-commit {args.reuse_commit!r}: git cannot show the reference "
-                         f"there: {error.stderr.strip().splitlines()[-1] if error.stderr else error}")
-    triage = read_triage()
+    return seeds, profiles
+
+
+def _recorded(parser: argparse.ArgumentParser, args: argparse.Namespace, seeds: list[int],
+              profiles: tuple[str | None, ...]) -> tuple[dict, set[tuple[str, str]]]:
+    """The fates --reuse takes from its record, and the functions unchanged
+    since --reuse-commit (both empty without --reuse)."""
+    if args.reuse is None:
+        return {}, set()
+    record = read_record(args.reuse)
+    recorded: dict[str, tuple[str, int | None, int | None]] = dict(record.kills)
+    if record.settings == settings_line(args.steps, seeds, profiles):
+        recorded.update((key, ("survived", None, None)) for key in record.survivors)
+    try:
+        return recorded, unchanged_functions(args.reuse_commit)
+    except subprocess.CalledProcessError as error:
+        parser.error(f"--reuse-commit {args.reuse_commit!r}: git cannot show the reference "
+                     f"there: {error.stderr.strip().splitlines()[-1] if error.stderr else error}")
+
+
+class Scoring(NamedTuple):
+    """What a score run judges with: its arguments, seeds and fuzz runs per
+    seed (None: the default run), the triage, and what --reuse takes. (A
+    NamedTuple, not a dataclass: tests load this script without registering
+    it as a module, which dataclasses need.)"""
+    args: argparse.Namespace
+    seeds: list[int]
+    profiles: tuple[str | None, ...]
+    triage: Triage
+    recorded: dict[str, tuple[str, int | None, int | None]]
+    unchanged: set[tuple[str, str]]
+
+
+def _judge(mutant: Mutant, scoring: Scoring) -> tuple[MutantResult, bool]:
+    """One mutant's fate (triaged, taken from the record, or run), and
+    whether it was taken from the record."""
+    args, triage = scoring.args, scoring.triage
+    if mutant.key in triage.equivalent:
+        return MutantResult(mutant, "equivalent", reason=triage.equivalent[mutant.key]), False
+    if mutant.function in triage.out_of_scope:
+        return MutantResult(mutant, "out_of_scope",
+                            reason=triage.out_of_scope[mutant.function]), False
+    if mutant.key in scoring.recorded and (mutant.path, mutant.function) in scoring.unchanged:
+        status, seed, steps = scoring.recorded[mutant.key]
+        return MutantResult(mutant, status, seed, steps,
+                            f"recorded in {args.reuse} (code at {args.reuse_commit})"), True
+    return run_mutant(mutant, args.steps, scoring.seeds, args.time_limit, scoring.profiles), False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    seeds, profiles = _runs(parser, args)
+    recorded, unchanged = _recorded(parser, args, seeds, profiles)
+    scoring = Scoring(args, seeds, profiles, read_triage(), recorded, unchanged)
     everything = [m for path in MODULES for m in mutants_of(path)]
-    stale = sorted(set(triage.equivalent) - {m.key for m in everything})
-    stale += sorted(set(triage.out_of_scope) - {m.function for m in everything})
+    stale = sorted(set(scoring.triage.equivalent) - {m.key for m in everything})
+    stale += sorted(set(scoring.triage.out_of_scope) - {m.function for m in everything})
     mutants = [m for m in everything if m.path in (args.file or TARGETS)]
     if args.function:
         mutants = [m for m in mutants if any(f in m.function for f in args.function)]
@@ -137,24 +189,26 @@ def main(argv: list[str] | None = None) -> int:
     results: list[MutantResult] = []
     reused: set[str] = set()
     for mutant in mutants:
-        if mutant.key in triage.equivalent:
-            result = MutantResult(mutant, "equivalent", reason=triage.equivalent[mutant.key])
-        elif mutant.function in triage.out_of_scope:
-            result = MutantResult(mutant, "out_of_scope", reason=triage.out_of_scope[mutant.function])
-        elif mutant.key in recorded and (mutant.path, mutant.function) in unchanged:
-            status, seed, steps = recorded[mutant.key]
-            result = MutantResult(mutant, status, seed, steps,
-                                  f"recorded in {args.reuse} (code at {args.reuse_commit})")
-            reused.add(mutant.key)
-        else:
-            result = run_mutant(mutant, args.steps, seeds, args.time_limit, profiles)
+        result, taken = _judge(mutant, scoring)
         results.append(result)
+        if taken:
+            reused.add(mutant.key)
         if not args.json:
-            _print_result(result, mutant.key in reused)
+            _print_result(result, taken)
     summary = score(results)
+    _report(scoring, results, reused, stale, summary, time.perf_counter() - t0)
+    if stale:
+        return 1
+    if args.min_score is not None and (summary["score"] or 0) < args.min_score:
+        return 1
+    return 0
+
+
+def _report(scoring: Scoring, results: list[MutantResult], reused: set[str], stale: list[str],
+            summary: dict, seconds: float) -> None:
+    args, seeds, profiles = scoring.args, scoring.seeds, scoring.profiles
     fresh = sum(1 for r in results if r.status in ("killed", "timeout", "survived")
                 and r.mutant.key not in reused)
-    seconds = time.perf_counter() - t0
     if args.json:
         print(json.dumps({"steps": args.steps, "seeds": seeds,
                           "profiles": [p or "default" for p in profiles], "summary": summary,
@@ -163,21 +217,16 @@ def main(argv: list[str] | None = None) -> int:
                                      "mutants": len(reused), "run_fresh": fresh}
                           if args.reuse is not None else None,
                           "mutants": [r.to_json() for r in results]}, indent=1))
-    else:
-        survivors = [r for r in results if r.status == "survived"]
-        for r in survivors:
-            print(f"\nsurvived: {r.mutant.key} (line {r.mutant.line})\n{r.mutant.diff}")
-        for key in stale:
-            print(f"stale triage entry (no such mutant or function): {key}")
-        print(f"\n# {settings_line(args.steps, seeds, profiles)}: {summary}; {seconds:.0f} s")
-        if args.reuse is not None:
-            print(f"# of the {fresh + len(reused)} mutants judged, {len(reused)} taken from"
-                  f" {args.reuse} (functions unchanged since {args.reuse_commit}), {fresh} run fresh")
-    if stale:
-        return 1
-    if args.min_score is not None and (summary["score"] or 0) < args.min_score:
-        return 1
-    return 0
+        return
+    survivors = [r for r in results if r.status == "survived"]
+    for r in survivors:
+        print(f"\nsurvived: {r.mutant.key} (line {r.mutant.line})\n{r.mutant.diff}")
+    for key in stale:
+        print(f"stale triage entry (no such mutant or function): {key}")
+    print(f"\n# {settings_line(args.steps, seeds, profiles)}: {summary}; {seconds:.0f} s")
+    if args.reuse is not None:
+        print(f"# of the {fresh + len(reused)} mutants judged, {len(reused)} taken from"
+              f" {args.reuse} (functions unchanged since {args.reuse_commit}), {fresh} run fresh")
 
 
 def _print_result(result: MutantResult, recorded: bool = False) -> None:

@@ -14,6 +14,7 @@ import pytest
 from flightcheck.reference.mutants import MUTANTS
 from flightcheck.verification.refinement import machine
 from flightcheck.verification.refinement.fuzz import (
+    DEFAULT_RUN_PROFILES,
     GENERATION_SEED_STRIDE,
     GENERATION_STEPS,
     PROFILES,
@@ -43,10 +44,36 @@ def test_list_mutants_is_the_references_switches():
 
 def test_run_fuzz_reports_the_documented_keys():
     out = run_fuzz(50, 3)
-    assert set(out) == {"steps", "seed", "mutant", "failed", "failure", "seconds"}
+    assert set(out) == {"steps", "seed", "mutant", "failed", "failure", "seconds", "profiles"}
     assert (out["steps"], out["seed"], out["mutant"], out["failed"], out["failure"]) == \
         (50, 3, None, False, None)
     assert out["seconds"] >= 0
+    assert out["profiles"] == list(DEFAULT_RUN_PROFILES)   # 50 steps: 5 for each after the first
+    assert run_fuzz(8, 3)["profiles"] == ["vllm-0.8.5"]    # 8 steps: no ninth for another
+
+
+def test_the_documented_command_drives_all_four_profiles(capsys):
+    """Issue 34's acceptance: `flightcheck fuzz --steps 2000 --seed 0 --json`
+    with no --profile runs every profile the reference models, and says so."""
+    from flightcheck.cli import main
+    assert main(["fuzz", "--steps", "2000", "--seed", "0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["profiles"] == ["vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async"]
+    assert (out["steps"], out["seed"], out["failed"]) == (2_000, 0, False)
+
+
+def test_the_default_run_drives_every_profile_the_reference_models():
+    from flightcheck.reference.profiles import PROFILES as REFERENCE_PROFILES
+    assert DEFAULT_RUN_PROFILES == tuple(REFERENCE_PROFILES)
+    assert DEFAULT_RUN_PROFILES[:4] == ("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async")
+
+
+def test_a_failed_run_names_the_profiles_up_to_the_failing_part_and_a_pinned_run_its_own():
+    killed = fuzz(KILL_STEPS, 0, "advance_at_completion", shrink=False)
+    assert killed.failed and killed.profiles == ("vllm-0.8.5",)
+    assert fuzz(50, 0, profile="vllm-0.33").profiles == ("vllm-0.33",)
+    async_mutant = fuzz(2_000, 0, "async_stagger_ignored", shrink=False)
+    assert async_mutant.failed and async_mutant.profiles == ("vllm-0.33-async",)
 
 
 def test_the_same_seed_gives_the_same_run():
@@ -77,11 +104,18 @@ def test_bad_arguments_are_refused():
 
 
 def test_a_run_gives_each_fuzzed_profile_its_share_of_the_steps():
-    assert FUZZED_PROFILES[:2] == ("vllm-0.8.5", "vllm-0.8.4")
-    assert profile_steps(2_000) == [("vllm-0.8.5", 1_778), ("vllm-0.8.4", 222)]
-    assert profile_steps(20_000) == [("vllm-0.8.5", 17_778), ("vllm-0.8.4", 2_222)]
+    assert FUZZED_PROFILES[0] == DEFAULT_RUN_PROFILES[0] == "vllm-0.8.5"
+    assert profile_steps(2_000) == [("vllm-0.8.5", 1_334), ("vllm-0.8.4", 222),
+                                    ("vllm-0.33", 222), ("vllm-0.33-async", 222)]
+    assert profile_steps(20_000) == [("vllm-0.8.5", 13_334), ("vllm-0.8.4", 2_222),
+                                     ("vllm-0.33", 2_222), ("vllm-0.33-async", 2_222)]
     assert profile_steps(5) == [("vllm-0.8.5", 5)]
     assert profile_steps(300, "vllm-0.8.4") == [("vllm-0.8.4", 300)]
+    # the split before vLLM 0.33 was fuzzed by default (benchmarks/fuzz_events.py counts so)
+    assert profile_steps(2_000, shared_by=("vllm-0.8.5", "vllm-0.8.4")) == \
+        [("vllm-0.8.5", 1_778), ("vllm-0.8.4", 222)]
+    with pytest.raises(ValueError, match="unknown profiles"):
+        fuzz(10, 0, shared_by=("vllm-0.0",))
 
 
 def test_a_part_is_generated_afresh_every_seven_thousand_steps_from_derived_seeds():
@@ -114,17 +148,22 @@ def _configs_built_during(monkeypatch) -> list:
     return built
 
 
-def test_a_run_drives_the_default_profile_then_vllm_0_8_4_and_a_pinned_one_only_its_own(monkeypatch):
+def test_a_run_drives_the_default_profile_then_each_other_and_a_pinned_one_only_its_own(monkeypatch):
     """The default profile's part first, then 0.8.4's (its preallocation, the
-    profile's 64 tokens or a few blocks' worth); `profile=` pins one."""
+    profile's 64 tokens or a few blocks' worth), then 0.33's and 0.33 async's,
+    each profile's configurations in one stretch; `profile=` pins one."""
     built = _configs_built_during(monkeypatch)
-    result = fuzz(600, 0)
-    assert not result.failed and result.steps_run == 600
+    result = fuzz(900, 0)
+    assert not result.failed and result.steps_run == 900
+    assert result.profiles == DEFAULT_RUN_PROFILES
     profiles = [cfg.profile for cfg in built]
-    first_0_8_4 = profiles.index("vllm-0.8.4")
-    assert set(profiles[:first_0_8_4]) == {"vllm-0.8.5"} and set(profiles[first_0_8_4:]) == {"vllm-0.8.4"}
+    starts = [profiles.index(name) for name in DEFAULT_RUN_PROFILES]
+    assert starts == sorted(starts) and starts[0] == 0
+    for name, start, end in zip(DEFAULT_RUN_PROFILES, starts, [*starts[1:], len(profiles)]):
+        assert set(profiles[start:end]) == {name}
+    first_0_8_4, first_0_33 = starts[1], starts[2]
     assert {cfg.num_preallocate_tokens for cfg in built[:first_0_8_4]} == {0}
-    assert all(cfg.num_preallocate_tokens > 0 for cfg in built[first_0_8_4:])
+    assert all(cfg.num_preallocate_tokens > 0 for cfg in built[first_0_8_4:first_0_33])
     built.clear()
     assert not fuzz(400, 0, profile="vllm-0.8.4").failed
     assert built and {cfg.profile for cfg in built} == {"vllm-0.8.4"}
@@ -135,8 +174,25 @@ def test_the_default_profiles_part_is_the_run_from_before_profiles_were_fuzzed()
     """Its steps are those of a run pinned to it with the smaller budget (and
     so those of the runs the recorded figures come from)."""
     whole = fuzz(2_000, 2, "shared_snapshot", shrink=False)
-    pinned = fuzz(1_778, 2, "shared_snapshot", shrink=False, profile="vllm-0.8.5")
-    assert whole.failed and pinned.failed and whole.steps_run == pinned.steps_run <= 1_778
+    pinned = fuzz(1_334, 2, "shared_snapshot", shrink=False, profile="vllm-0.8.5")
+    assert whole.failed and pinned.failed and whole.steps_run == pinned.steps_run <= 1_334
+    assert whole.profiles == ("vllm-0.8.5",)
+
+
+def test_a_later_profiles_part_is_the_start_of_the_run_pinned_to_it():
+    """A mutant caught in vllm-0.8.4's part of the default run is caught at
+    the step a run pinned to 0.8.4 from the same seed catches it, counted
+    after the default profile's part (the same holds for every later part:
+    each is its profile's pinned run, cut to its ninth)."""
+    key = "kv_cache_manager.py::KVCacheManager._with_preallocation::Not->drop#1"
+    from flightcheck.verification.refinement.mutation import MODULES, applied, mutants_of
+    mutant = next(m for path in MODULES for m in mutants_of(path) if m.key == key)
+    with applied(mutant):
+        whole = fuzz(2_000, 0, shrink=False)
+        pinned = fuzz(222, 0, shrink=False, profile="vllm-0.8.4")
+    assert whole.failed and pinned.failed
+    assert whole.profiles == ("vllm-0.8.5", "vllm-0.8.4")
+    assert whole.steps_run == 1_334 + pinned.steps_run
 
 
 def test_a_caught_mutant_shrinks_to_a_short_replayable_program():
@@ -242,8 +298,8 @@ def test_a_run_keeps_at_most_the_bounded_number_of_test_case_results(monkeypatch
     result = fuzz(600, 0)
     assert not result.failed and result.steps_run == 600
     # One Hypothesis run per profile's part of the steps (fuzz.profile_steps):
-    # every one bounded; the first (534 steps) runs more programs than are kept.
-    assert len(runners) == len(profile_steps(600)) == 2
+    # every one bounded; the first (402 steps) runs more programs than are kept.
+    assert len(runners) == len(profile_steps(600)) == 4
     assert runners[0].call_count > 3
     for runner in runners:
         assert 0 < len(runner._ConjectureRunner__data_cache) <= 3

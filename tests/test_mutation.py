@@ -114,11 +114,17 @@ def test_the_unmutated_reference_passes_every_run_the_score_makes():
 
 def test_a_mutant_only_vllm_0_33_tells_apart_is_killed_by_its_run():
     """The release-order default (reverse with caching, forward without) is
-    what both 0.8.x profiles pass, so the default run cannot see a mutant
-    that ignores the order passed; vllm-0.33 reverses without caching."""
+    what both 0.8.x profiles pass, so a run under them cannot see a mutant
+    that ignores the order passed; vllm-0.33 reverses without caching, so
+    its pinned run kills it, and so does the default run, in its 0.33 part
+    (the default run drives every profile: fuzz.py `profile_steps`)."""
     mutant = _mutant("kv_cache_manager.py::KVCacheManager.__init__::Is->IsNot#1")
-    assert run_mutant(mutant, 2_000, [0, 1], profiles=(None,)).status == "survived"
-    assert run_mutant(mutant, 2_000, [0, 1], profiles=(None, "vllm-0.33")).status == "killed"
+    assert run_mutant(mutant, 2_000, [0, 1],
+                      profiles=("vllm-0.8.5", "vllm-0.8.4")).status == "survived"
+    assert run_mutant(mutant, 2_000, [0, 1], profiles=("vllm-0.33",)).status == "killed"
+    by_default = run_mutant(mutant, 2_000, [0, 1], profiles=(None,))
+    assert by_default.status == "killed"
+    assert 1_334 + 222 < by_default.steps <= 1_334 + 2 * 222, by_default   # the 0.33 part
 
 
 def test_the_profiles_set_the_two_flags_of_0_33s_waiting_loop_alike():

@@ -3,13 +3,15 @@
     flightcheck fuzz --steps N --seed S [--mutant NAME] [--profile NAME] [--json]
     flightcheck fuzz --list-mutants
 
-A run drives the reference and the spec under each version profile in
-turn: vllm-0.8.5 for all but the last ninth of the steps, then vllm-0.8.4;
---profile runs every step under one (vllm-0.33 runs only when pinned).
-A mutant of vLLM 0.33's rules (reference/mutants.py PROFILE_MUTANTS:
-resumption_not_deferred, drop_leaves_counters, in_flight_kept_without_output,
-output_bound_by_id_alone) runs under vllm-0.33; --list-mutants lists the
-every-profile ones.
+A run drives the reference and the spec under every version profile the
+reference models, in turn: vllm-0.8.5 first, then vllm-0.8.4, vllm-0.33 and
+vllm-0.33-async with a ninth of the steps each (and any profile added
+later); --profile runs every step under one. --json names the profiles run
+("profiles": those whose part started, in order). A mutant of vLLM 0.33's
+rules (reference/mutants.py PROFILE_MUTANTS: resumption_not_deferred,
+drop_leaves_counters, in_flight_kept_without_output, output_bound_by_id_alone)
+runs under vllm-0.33 alone, and one of its async rules under vllm-0.33-async
+alone; --list-mutants lists the every-profile ones.
 
 Exit 0 when no step failed (with --mutant: exactly when the mutant was
 caught), 1 otherwise, 2 on bad arguments.
@@ -29,7 +31,8 @@ def add_parser(sub) -> None:
     fuzz.add_argument("--seed", type=seed_int, default=0, help="the run's seed (default 0)")
     fuzz.add_argument("--mutant", help="switch on a reference mutant (see --list-mutants)")
     fuzz.add_argument("--profile", help="run every step under this version profile "
-                      "(default: vllm-0.8.5, then vllm-0.8.4 for the last ninth)")
+                      "(default: every profile in turn, vllm-0.8.5 first, a ninth of the "
+                      "steps for each other)")
     fuzz.add_argument("--list-mutants", action="store_true", help="print the reference mutants and exit")
     fuzz.add_argument("--json", action="store_true", help="print machine-readable results")
     fuzz.set_defaults(func=run)
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         what = f"mutant {args.mutant}" if args.mutant else "the reference"
         verdict = "a step FAILED" if result["failed"] else "no step failed"
         print(f"{what}: {verdict} (budget {result['steps']} steps, seed {result['seed']}, "
-              f"{result['seconds']:.1f} s)")
+              f"{result['seconds']:.1f} s; profiles {', '.join(result['profiles'])})")
         if result["failure"]:
             print(result["failure"])
     if args.mutant:

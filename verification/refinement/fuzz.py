@@ -19,14 +19,10 @@ from typing import Any, Iterator
 
 from flightcheck.reference.mutants import ALL_MUTANTS, MUTANTS, PROFILE_MUTANTS, profile_of_mutant
 from flightcheck.reference.profiles import PROFILES as VERSION_PROFILES
-from flightcheck.verification.refinement.machine import (
-    FUZZED_PROFILES,
-    Budget,
-    BudgetSpent,
-    machine_factory,
-)
-from hypothesis import HealthCheck, Phase, Verbosity, settings
+from flightcheck.verification.refinement.machine import Budget, BudgetSpent, machine_factory
+from hypothesis import HealthCheck, Phase, Verbosity
 from hypothesis import seed as hypothesis_seed
+from hypothesis import settings as hypothesis_settings
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -64,11 +60,12 @@ class FuzzResult:
     seconds: float
     steps_run: int = 0                        # rule steps until the first failure (or all)
     seconds_to_failure: float | None = None   # before shrinking
+    profiles: tuple[str, ...] = ()            # the version profiles driven, in order
 
     def to_json(self) -> dict[str, Any]:
         return {"steps": self.steps, "seed": self.seed, "mutant": self.mutant,
                 "failed": self.failed, "failure": self.failure,
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3), "profiles": list(self.profiles)}
 
     @property
     def exit_code(self) -> int:
@@ -134,15 +131,18 @@ def _bounded_example_cache(size: int | None = None) -> Iterator[None]:
         engine.CACHE_SIZE = original
 
 
-# A run without a pinned profile drives every profile of
-# machine.FUZZED_PROFILES: each after the first gets one ninth of the steps,
-# run last, and the first (the default) the rest, run first. The default
-# profile's part is then exactly the run it was before profiles were fuzzed,
-# cut shorter: every kill the recorded figures have in the seeds they name
-# (the latest at step 17,659 of 20,000, and at CI's 2,000 steps none past
-# 1,778) comes at the same step, and 0.8.4's part still reaches its
-# preallocation within CI's 2,000 steps (222 of them).
+# A run without a pinned profile drives every profile the reference models
+# (reference/profiles.py PROFILES, in their order: vllm-0.8.5, vllm-0.8.4,
+# vllm-0.33, vllm-0.33-async, and any added later). The first, the default,
+# runs first; each after it gets one ninth of the steps, run in turn, and the
+# default the rest. The default profile's part is then the run it was before
+# profiles were fuzzed, cut shorter (6/9 of the steps with four profiles):
+# every kill the recorded kill matrix has (seeds 0-19, the latest at step
+# 10,825 of 20,000) comes at the same step, and at CI's 2,000 steps each
+# later profile's part is a run of 222 steps, the start of the run that
+# `--profile` pins to it from the same seed.
 PROFILE_SHARE = 9
+DEFAULT_RUN_PROFILES: tuple[str, ...] = tuple(VERSION_PROFILES)
 
 # Each part is generated afresh every GENERATION_STEPS steps: a new
 # Hypothesis run from the part's seed plus GENERATION_SEED_STRIDE times the
@@ -165,27 +165,56 @@ def generations(steps: int, seed: int) -> list[tuple[int, int]]:
             for index, start in enumerate(range(0, steps, GENERATION_STEPS))]
 
 
-def profile_steps(steps: int, profile: str | None = None) -> list[tuple[str, int]]:
-    """The run's parts: (version profile, rule steps), in the order they run."""
+def profile_steps(steps: int, profile: str | None = None,
+                  shared_by: tuple[str, ...] = DEFAULT_RUN_PROFILES) -> list[tuple[str, int]]:
+    """The run's parts: (version profile, rule steps), in the order they run:
+    the pinned `profile`'s alone, or the profiles `shared_by` in turn."""
     if profile is not None:
         return [(profile, steps)]
-    others = [(name, steps // PROFILE_SHARE) for name in FUZZED_PROFILES[1:]]
-    first = (FUZZED_PROFILES[0], steps - sum(n for _, n in others))
+    others = [(name, steps // PROFILE_SHARE) for name in shared_by[1:]]
+    first = (shared_by[0], steps - sum(n for _, n in others))
     return [part for part in [first, *others] if part[1] > 0]
 
 
-def fuzz(steps: int, seed: int, mutant: str | None = None, *, shrink: bool = True,
-         check_traces: bool = False, steps_per_program: int = STEPS_PER_PROGRAM,
-         profile: str | None = None, allow_name_reuse: bool = False) -> FuzzResult:
+@dataclass(frozen=True)
+class FuzzSettings:
+    """How a run explores, besides its budget, seed and mutant.
+
+    `profile` pins every step to one version profile; without it the steps
+    are shared by `shared_by` (`profile_steps`). `allow_name_reuse`: under
+    vLLM 0.33 a request may arrive under a finished one's name (machine.py's
+    module doc). `shrink`: shrink a failure to a short program (off when only
+    the steps to the failure matter)."""
+    shrink: bool = True
+    check_traces: bool = False
+    steps_per_program: int = STEPS_PER_PROGRAM
+    profile: str | None = None
+    allow_name_reuse: bool = False
+    shared_by: tuple[str, ...] = DEFAULT_RUN_PROFILES
+
+
+@dataclass(frozen=True)
+class Part:
+    """One fresh Hypothesis run of a fuzz run: its profile, steps and seed."""
+    profile: str
+    steps: int
+    seed: int
+
+
+def fuzz(steps: int, seed: int, mutant: str | None = None, **settings: Any) -> FuzzResult:
     """Run the refinement machine for `steps` rule steps from `seed`: under
-    the version `profile`, or (None) under each of machine.FUZZED_PROFILES
-    in turn (`profile_steps`), each part from the same seed and generated
-    afresh every GENERATION_STEPS steps (`generations`), until one fails.
-    A mutant of one profile's rules (reference/mutants.py PROFILE_MUTANTS)
-    runs under that profile. `allow_name_reuse`: under vLLM 0.33 a request
-    may arrive under a finished one's name (machine.py's module doc)."""
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
+    the version `profile`, or (None) under each profile of `shared_by` (every
+    profile the reference models) in turn (`profile_steps`), each part from
+    the same seed and generated afresh every GENERATION_STEPS steps
+    (`generations`), until one fails. A mutant of one profile's rules
+    (reference/mutants.py PROFILE_MUTANTS) runs under that profile alone.
+    `settings`: the fields of FuzzSettings."""
+    return fuzz_with(steps, seed, mutant, FuzzSettings(**settings))
+
+
+def _checked_profile(mutant: str | None, profile: str | None) -> str | None:
+    """The profile the run is pinned to (a profile mutant's own), or a
+    ValueError for an unknown mutant or profile, or a mismatched pair."""
     if mutant is not None and mutant not in ALL_MUTANTS:
         raise ValueError(f"unknown mutant {mutant!r}; known: {', '.join(ALL_MUTANTS)}")
     own_profile = None if mutant is None else profile_of_mutant(mutant)
@@ -195,37 +224,59 @@ def fuzz(steps: int, seed: int, mutant: str | None = None, *, shrink: bool = Tru
         profile = own_profile
     if profile is not None and profile not in VERSION_PROFILES:
         raise ValueError(f"unknown profile {profile!r}; known: {', '.join(VERSION_PROFILES)}")
+    return profile
+
+
+def run_parts(steps: int, seed: int, profile: str | None,
+              shared_by: tuple[str, ...] = DEFAULT_RUN_PROFILES) -> list[Part]:
+    """Every fresh Hypothesis run of a fuzz run, in order."""
+    return [Part(part_profile, generation_steps, generation_seed)
+            for part_profile, part_steps in profile_steps(steps, profile, shared_by)
+            for generation_steps, generation_seed in generations(part_steps, seed)]
+
+
+def fuzz_with(steps: int, seed: int, mutant: str | None, settings: FuzzSettings) -> FuzzResult:
+    """`fuzz` with its settings bundled."""
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    profile = _checked_profile(mutant, settings.profile)
+    unknown = [name for name in settings.shared_by if name not in VERSION_PROFILES]
+    if unknown:
+        raise ValueError(f"unknown profiles {unknown!r}; known: {', '.join(VERSION_PROFILES)}")
+    if not settings.shared_by:
+        raise ValueError("shared_by names no profile")
     t0 = time.perf_counter()
     steps_before = 0
-    parts = [(part_profile, generation_steps, generation_seed)
-             for part_profile, part_steps in profile_steps(steps, profile)
-             for generation_steps, generation_seed in generations(part_steps, seed)]
-    for part_profile, part_steps, part_seed in parts:
+    profiles_run: list[str] = []
+    for part in run_parts(steps, seed, profile, settings.shared_by):
         part_t0 = time.perf_counter()
-        budget, failure = _run_part(part_steps, part_seed, mutant, part_profile, shrink=shrink,
-                                    check_traces=check_traces, steps_per_program=steps_per_program,
-                                    allow_name_reuse=allow_name_reuse)
+        if part.profile not in profiles_run:
+            profiles_run.append(part.profile)
+        budget, failure = _run_part(part, mutant, settings)
         if failure is not None:
             return FuzzResult(steps, seed, mutant, True, failure, time.perf_counter() - t0,
                               steps_before + (budget.steps_to_failure or 0),
                               None if budget.seconds_to_failure is None
-                              else part_t0 - t0 + budget.seconds_to_failure)
+                              else part_t0 - t0 + budget.seconds_to_failure,
+                              tuple(profiles_run))
         steps_before += budget.used
-    return FuzzResult(steps, seed, mutant, False, None, time.perf_counter() - t0, steps_before)
+    return FuzzResult(steps, seed, mutant, False, None, time.perf_counter() - t0, steps_before,
+                      profiles=tuple(profiles_run))
 
 
-def _run_part(steps: int, seed: int, mutant: str | None, profile: str, *, shrink: bool,
-              check_traces: bool, steps_per_program: int,
-              allow_name_reuse: bool = False) -> tuple[Budget, str | None]:
+def _run_part(part: Part, mutant: str | None,
+              settings: FuzzSettings) -> tuple[Budget, str | None]:
     """One Hypothesis run under one profile: its budget and its failure, if any."""
-    budget = Budget(steps)
-    factory = hypothesis_seed(seed)(machine_factory(mutant, budget, check_traces, profile,
-                                                              allow_name_reuse))
-    phases = (Phase.generate, Phase.shrink) if shrink else (Phase.generate,)
-    run_settings = settings(max_examples=10**9, stateful_step_count=steps_per_program,
-                            database=None, deadline=None, derandomize=False, phases=phases,
-                            suppress_health_check=list(HealthCheck), print_blob=False,
-                            report_multiple_bugs=False, verbosity=Verbosity.normal)
+    budget = Budget(part.steps)
+    factory = hypothesis_seed(part.seed)(machine_factory(mutant, budget, settings.check_traces,
+                                                         part.profile, settings.allow_name_reuse))
+    phases = (Phase.generate, Phase.shrink) if settings.shrink else (Phase.generate,)
+    run_settings = hypothesis_settings(max_examples=10**9,
+                                       stateful_step_count=settings.steps_per_program,
+                                       database=None, deadline=None, derandomize=False,
+                                       phases=phases, suppress_health_check=list(HealthCheck),
+                                       print_blob=False, report_multiple_bugs=False,
+                                       verbosity=Verbosity.normal)
     report: list[str] = []
     failure: str | None = None
     try:
@@ -253,6 +304,7 @@ def _failure_text(report: list[str], err: BaseException) -> str:
 
 def run_fuzz(steps: int, seed: int, mutant: str | None = None,
              profile: str | None = None) -> dict[str, Any]:
-    """`{"steps", "seed", "mutant", "failed", "failure", "seconds"}` for the
-    CLI's `flightcheck fuzz --steps N --seed S [--mutant NAME] [--profile NAME] [--json]`."""
+    """`{"steps", "seed", "mutant", "failed", "failure", "seconds", "profiles"}`
+    ("profiles": the version profiles the run drove, in order) for the CLI's
+    `flightcheck fuzz --steps N --seed S [--mutant NAME] [--profile NAME] [--json]`."""
     return fuzz(steps, seed, mutant, profile=profile).to_json()
