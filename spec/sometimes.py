@@ -37,11 +37,6 @@ def preempted(s: State, cfg: Config, r: int) -> bool:
     return s.requests[r].status is Status.PREEMPTED
 
 
-def running_after_preemption_then_finished(s: State, cfg: Config, r: int) -> bool:
-    """Request r finished normally (reached after it was preempted)."""
-    return finished_normally(s, cfg, r)
-
-
 def duplicate_cached_block(s: State, cfg: Config, r: int) -> bool:
     """Two blocks cache the same label (vLLM 0.8.x keeps both copies)."""
     return bool(s.pool.duplicates)
