@@ -68,7 +68,8 @@ def _fragment(text: str) -> tuple[str, list[ast.AST]]:
     source = textwrap.dedent(text).strip()
     if _KEYWORD.match(source):
         call = ast.parse(f"_({source})", mode="eval").body
-        assert isinstance(call, ast.Call) and not call.args, f"not keyword arguments: {source}"
+        if not isinstance(call, ast.Call) or call.args:
+            raise ValueError(f"not keyword arguments only: {source}")
         return "keyword", list(call.keywords)
     try:
         return "expression", [ast.parse(source, mode="eval").body]
