@@ -22,7 +22,7 @@ import pytest
 import flightcheck.spec as spec_package
 from flightcheck.verification.models import TIGHT_K2, Model
 from flightcheck.verification.mutants import (ALL_MUTANTS, MUTANTS, MutantNoLongerApplies, active, applied, drifted,
-                                              patch, registry)
+                                              patch, patching, registry)
 from flightcheck.verification.z3.param.model import PARAM_MUTANTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,8 +39,10 @@ def test_every_edit_of_every_mutant_still_applies(name):
 
 
 def _with_schedule_source(monkeypatch, edit) -> None:
-    """Make the mechanism read spec/schedule.py as `edit` rewrites it."""
+    """Make the mechanism read spec/schedule.py as `edit` rewrites it (and
+    forget the code it compiled for mutants applied before)."""
     real = patch.module_source
+    monkeypatch.setattr(patching, "_compiled", {})
 
     def source(module):
         filename, text = real(module)
