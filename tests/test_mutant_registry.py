@@ -237,3 +237,28 @@ def test_the_readme_lists_every_mutant_as_the_registry_records_it():
     for m in MUTANTS.values():
         replaces = ", ".join(f"`{target}`" for target in m.targets)
         assert f"| `{m.name}` | {m.kind} | {replaces} | {m.killed_by} | {m.shortest} |" in text, m.name
+
+
+def test_the_mechanism_edits_a_method_for_its_class_its_subclasses_and_their_instances(tmp_path, monkeypatch):
+    """How the reference's mutants will use it: an edit of `Scheduler._clip`
+    reaches every subclass and instance, and goes away on exit."""
+    (tmp_path / "toy_scheduler.py").write_text(
+        "class Scheduler:\n"
+        "    def _clip(self, n: int) -> int:\n"
+        '        """The budget clips n."""\n'
+        "        return min(n, self.budget)   # never past the budget\n"
+        "\n"
+        "class TracingScheduler(Scheduler):\n"
+        "    budget = 4\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import toy_scheduler
+    edit = patch.Edit("toy_scheduler", "Scheduler._clip", "min(n, self.budget)", "n")
+    tracing = toy_scheduler.TracingScheduler()
+    assert tracing._clip(9) == 4
+    with patch.swapped(patch.edited_code("budget_ignored_in_the_toy", [edit])):
+        assert tracing._clip(9) == 9 and toy_scheduler.TracingScheduler()._clip(9) == 9
+    assert tracing._clip(9) == 4
+    moved = patch.Edit("toy_scheduler", "Scheduler._clip", "max(n, self.budget)", "n")
+    with pytest.raises(MutantNoLongerApplies, match=r"mutant budget_ignored_in_the_toy no longer applies: "
+                                                    r"toy_scheduler.Scheduler._clip holds its old text 0 times"):
+        patch.edited_code("budget_ignored_in_the_toy", [moved])
