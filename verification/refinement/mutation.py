@@ -8,7 +8,8 @@ bumped, `and`/`or` swapped, a `not` dropped, `True`/`False` swapped,
 recompiled with the one change and only the changed function's code object
 is swapped in (`function.__code__`), so every class, every subclass
 (`TracingScheduler`) and every `from ... import` that already holds the
-function sees the mutant, and nothing is re-imported.
+function sees the mutant, and nothing is re-imported. The compiling and the
+swap are the ones the hand-written mutants use (verification/mutants/patch.py).
 
 Why our own operators over `ast` and not mutmut or cosmic-ray: both rewrite
 files on disk under a source tree they copy or patch, and this package maps
@@ -40,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
+
+from flightcheck.verification.mutants import patch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EQUIVALENTS_FILE = REPO_ROOT / "docs" / "mutation-equivalents.toml"
@@ -207,49 +210,17 @@ def _compile_mutant(mutant: Mutant) -> types.CodeType:
                     setattr(parent, field, replaced)
                 elif isinstance(value, list) and any(v is target for v in value):
                     value[[id(v) for v in value].index(id(target))] = replaced
-    ast.fix_missing_locations(tree)
-    module_code = compile(tree, str(REPO_ROOT / mutant.path), "exec")
-    code = _find_code(module_code, mutant.function)
-    if code is None:
-        raise LookupError(f"no code object {mutant.function} in the mutated {mutant.path}")
-    return code
-
-
-def _find_code(code: types.CodeType, qualname: str) -> types.CodeType | None:
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            if const.co_qualname == qualname:
-                return const
-            found = _find_code(const, qualname)
-            if found is not None:
-                return found
-    return None
-
-
-def _function_object(module: types.ModuleType, qualname: str) -> types.FunctionType:
-    owner: Any = module
-    parts = qualname.split(".")
-    for part in parts[:-1]:
-        owner = getattr(owner, part)
-    attribute = owner.__dict__[parts[-1]] if isinstance(owner, type) else getattr(owner, parts[-1])
-    if isinstance(attribute, (staticmethod, classmethod)):
-        attribute = attribute.__func__
-    if isinstance(attribute, property):
-        attribute = attribute.fget
-    return attribute
-
-
-@contextlib.contextmanager
-def applied(mutant: Mutant) -> Iterator[None]:
-    """The mutant in force in this process for the duration of the block."""
-    module = importlib.import_module(MODULES[mutant.path])
-    function = _function_object(module, mutant.function)
-    original = function.__code__
-    function.__code__ = _compile_mutant(mutant)
     try:
-        yield
-    finally:
-        function.__code__ = original
+        return patch.compile_function(tree, str(REPO_ROOT / mutant.path), mutant.function)
+    except LookupError:
+        raise LookupError(f"no code object {mutant.function} in the mutated {mutant.path}") from None
+
+
+def applied(mutant: Mutant) -> contextlib.AbstractContextManager[None]:
+    """The mutant in force in this process for the duration of the block
+    (the one swap every mutant uses: verification/mutants/patch.py)."""
+    module = importlib.import_module(MODULES[mutant.path])
+    return patch.swapped({patch.function_object(module, mutant.function): _compile_mutant(mutant)})
 
 
 # -- a recorded run -------------------------------------------------------------
