@@ -27,7 +27,7 @@ from flightcheck.verification.refinement.fuzz import (
 )
 from flightcheck.verification.refinement.machine import FUZZED_PROFILES
 
-from .test_mutation import load_benchmark
+from .fixtures import load_benchmark
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
 

@@ -4,9 +4,7 @@ they change behaviour; the triage file names only mutants that exist."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -24,6 +22,8 @@ from flightcheck.verification.refinement.mutation import (
     score,
     settings_line,
 )
+
+from .fixtures import load_benchmark
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
 
@@ -254,15 +254,6 @@ def test_a_record_gives_only_kills_and_only_for_unchanged_functions(tmp_path):
 
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_benchmark(name: str) -> ModuleType:
-    """benchmarks/NAME.py as a module (the folder is not a package)."""
-    path = ROOT / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize(("argv", "message"), [
