@@ -42,7 +42,7 @@ def _with_schedule_source(monkeypatch, edit) -> None:
     """Make the mechanism read spec/schedule.py as `edit` rewrites it (and
     forget the code it compiled for mutants applied before)."""
     real = patch.module_source
-    monkeypatch.setattr(patching, "_compiled", {})
+    monkeypatch.setattr(patching._SPEC, "compiled", {})
 
     def source(module):
         filename, text = real(module)
