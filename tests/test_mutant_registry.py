@@ -99,7 +99,7 @@ def test_an_edit_that_changes_nothing_is_refused(monkeypatch):
 
 def test_no_file_of_the_spec_names_a_mutant():
     """Every source file of spec/ is read: what `flightcheck verify` leaves
-    there (spec/__pycache__/*.pyc) is not one."""
+    there (the compiled `.pyc` files under spec's `__pycache__`) is not one."""
     sources = [path for path in sorted((ROOT / "spec").rglob("*")) if path.is_file()
                and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo")]
     assert {p.name for p in sources} >= {"README.md", "schedule.py", "actions.py"}
