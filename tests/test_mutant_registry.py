@@ -263,7 +263,7 @@ def test_the_readme_lists_every_mutant_as_the_registry_records_it():
 
 
 def test_the_mechanism_edits_a_method_for_its_class_its_subclasses_and_their_instances(tmp_path, monkeypatch):
-    """How the reference's mutants will use it: an edit of `Scheduler._clip`
+    """The path the reference's mutants take: an edit of `Scheduler._clip`
     reaches every subclass and instance, and goes away on exit."""
     (tmp_path / "toy_scheduler.py").write_text(
         "class Scheduler:\n"
