@@ -174,3 +174,10 @@ def test_the_policy_writes_no_trace():
     for module in (batch, completion):
         assert "mutant" not in inspect.getsource(module).lower(), module.__name__
     assert "TraceWriter" not in inspect.getsource(scheduler)
+
+
+def test_the_mutants_readme_lists_every_reference_mutant_as_registered():
+    text = (ROOT / "verification" / "mutants" / "README.md").read_text()
+    for m in REFERENCE_MUTANTS.values():
+        edits = ", ".join(f"`{where.removeprefix('reference.')}`" for where in dict.fromkeys(e.where for e in m.edits))
+        assert f"| `{m.name}` | {edits} | {m.profile or 'every profile'} |" in text, m.name
