@@ -1,11 +1,9 @@
 """A vLLM-V1-style scheduler, KV block manager and engine batch queue that
 obeys flightcheck's spec (no torch; standard library only). See README.md."""
 
-from . import mutant_steps  # noqa: F401 -- registers every mutant's steps on Scheduler
 from .config import SchedulerConfig
 from .engine import Engine, Executor, Future
 from .kv_cache_manager import KVCacheManager
-from .mutants import MUTANTS
 from .outputs import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
                       SchedulerOutput)
 from .request import Request, RequestStatus, SamplingParams
@@ -15,7 +13,7 @@ from .trace import TraceWriter, TracingScheduler, make_scheduler
 
 __all__ = [
     "CachedRequestData", "Engine", "EngineCoreOutput", "Executor", "Fate", "Future",
-    "KVCacheManager", "ModelRunnerOutput", "MUTANTS", "NewRequestData", "Request",
+    "KVCacheManager", "ModelRunnerOutput", "NewRequestData", "Request",
     "RequestStatus", "Sample", "SamplingParams", "Scheduler", "SchedulerConfig",
     "SchedulerOutput", "ScriptedExecutor", "TraceWriter", "TracingScheduler", "make_scheduler",
 ]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .mutants import check_mutant
 from .profiles import DEFAULT_PROFILE, Profile, get_profile, released_profile
 
 
@@ -42,7 +41,6 @@ class SchedulerConfig:
     # reference's later fixes, its named deviations (reference/README.md),
     # switched off. The vLLM differential's conforming run.
     as_released: bool = False
-    mutant: str | None = None              # see mutants.py; None is correct
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
@@ -66,7 +64,6 @@ class SchedulerConfig:
             raise ValueError(
                 f"num_blocks={self.num_blocks} is fewer than one request of max_model_len="
                 f"{self.max_model_len} needs ({needed} blocks of {self.block_size} tokens)")
-        check_mutant(self.mutant)
         profile = self.version_profile
         # Unset knobs take the profile's value, so every reader sees a plain value.
         if self.continue_prefill is None:

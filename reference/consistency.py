@@ -44,7 +44,7 @@ def consistency_errors(scheduler: Scheduler) -> list[str]:
             errors.append(f"{r.request_id}: block table does not cover its computed tokens")
         if r.num_tokens > cfg.max_model_len or r.num_output_tokens > r.max_tokens:
             errors.append(f"{r.request_id}: past its length limits")
-    if not set(scheduler.scheduled_req_ids) <= set(running_ids) and cfg.mutant is None:
+    if not set(scheduler.scheduled_req_ids) <= set(running_ids):
         errors.append(f"scheduled_req_ids {sorted(scheduler.scheduled_req_ids)} not all running")
     # KV ownership: reference count = tables holding the block; free <=> count 0.
     holders = Counter(b.block_id for blocks in kv.req_to_blocks.values() for b in blocks)
@@ -80,8 +80,6 @@ def leak_errors(scheduler: Scheduler) -> list[str]:
     leftovers = {
         "requests": scheduler.requests, "waiting": scheduler.waiting,
         "running": scheduler.running, "scheduled_req_ids": scheduler.scheduled_req_ids,
-        # the shared_snapshot mutant's store of snapshots (mutant_steps.py)
-        "shared snapshots": getattr(scheduler, "shared_snapshots", {}),
         "block tables": kv.req_to_blocks, "cached-block counts": kv.num_cached_block,
     }
     errors = [f"{name} not empty: {list(value)[:5]}" for name, value in leftovers.items() if value]

@@ -5,9 +5,9 @@ selects one; the policy steps read the constants, never the version string.
 
 The spec keeps its own copy of these names and values (spec/profiles.py;
 the reference shares no code with spec/). A profile models a version's
-intended behaviour: its bugs stay mutants (mutant_steps.py). Where the
-reference carries a later fix that a release lacks (its named deviations,
-reference/README.md), the difference is a constant too, off in every
+intended behaviour: its bugs stay mutants (verification/mutants/reference.py).
+Where the reference carries a later fix that a release lacks (its named
+deviations, reference/README.md), the difference is a constant too, off in every
 profile; `RELEASED` holds each version as vLLM released it, with those
 constants on (`SchedulerConfig(as_released=True)`: the vLLM differential's
 conforming run, flightcheck/vllm/reference_run.py).

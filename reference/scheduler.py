@@ -38,9 +38,9 @@ and skips a request past its max_tokens or inside its decode stagger
 (`_settle_placeholders`), preemption resets them.
 
 The policy is written as small named steps, and nothing else: it writes no
-trace (`TracingScheduler` in trace.py observes the public calls) and never
-asks whether a mutant is on (a mutant, mutant_steps.py, replaces one or two
-named steps on the one scheduler built for it).
+trace (`TracingScheduler` in trace.py observes the public calls) and knows
+no mutant (the verification's mutants are small edits of these named steps,
+compiled and swapped in from outside: verification/mutants/reference.py).
 
 Deliberate deviations from vLLM are listed in reference/README.md.
 """
@@ -50,9 +50,7 @@ from __future__ import annotations
 import itertools
 import sys
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from types import MethodType
-from typing import Any, ClassVar
+from collections.abc import Iterable, Sequence
 
 from .batch import Batch, new_request_data
 from .block_pool import KVCacheBlock
@@ -67,10 +65,6 @@ __all__ = ["Fate", "Scheduler"]
 
 
 class Scheduler(OutputUpdate):
-    # mutant name -> {step name: the mutant's version of that step}, filled in
-    # by mutant_steps.py (the package imports it before any scheduler is built).
-    mutant_steps: ClassVar[dict[str, dict[str, Callable[..., Any]]]] = {}
-
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv_cache_manager = KVCacheManager(
@@ -118,18 +112,6 @@ class Scheduler(OutputUpdate):
         self._next_batch_id = 1
         self.num_steps = 0            # schedule() + update_from_output() calls
         self._one_batch_per_request = not config.continue_prefill
-        if config.mutant is not None:
-            self._swap_in_mutant(config.mutant)
-
-    def _swap_in_mutant(self, name: str) -> None:
-        """The mutant's versions of the steps it changes replace the correct
-        ones on this scheduler only; the steps below never ask which is on."""
-        steps = self.mutant_steps.get(name)
-        if not steps:
-            raise ValueError(f"mutant {name!r} has no steps registered "
-                             "(flightcheck.reference.mutant_steps was not imported)")
-        for step_name, step in steps.items():
-            setattr(self, step_name, MethodType(step, self))
 
     # ------------------------------------------------------------------
     # Requests in and out

@@ -11,7 +11,8 @@ Events this writer produces (every one carries `"step"`, the number of
 `schedule()` + `update_from_output()` calls made so far):
 * `config` once, with the scheduler's knobs (its `profile`, and the profile's
   constants a reader may override with: `policy`, `num_preallocate_tokens`,
-  `release_order`; no reserved blocks; `mutant` when one is switched on;
+  `release_order`; no reserved blocks; the keys of the writer's `extra`, when
+  its harness gives some (`mutant`: the mutant it runs, verification/mutants);
   under the `vllm-0.33-async` profile also `async_scheduling: true`,
   `batch_queue_depth` (K + 1) and `decode_stagger` (K), docs/trace-format.md);
 * `arrive` per added request, with `prompt_token_ids`, `eos_token_id`,
@@ -51,9 +52,12 @@ from .scheduler import Scheduler
 
 
 class TraceWriter:
-    def __init__(self, sink: TextIO, *, eos_token_id: int | None = None) -> None:
+    def __init__(self, sink: TextIO, *, eos_token_id: int | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
         self._sink = sink
         self._eos_token_id = eos_token_id
+        # Keys a harness adds to the config event (a mutant run: {"mutant": NAME}).
+        self._extra = dict(extra or {})
         self._dumps = json.JSONEncoder(separators=(",", ":")).encode
         # empty batches scheduled or completed since the last event written
         self._empty_batches_before: list[dict[str, Any]] = []
@@ -83,8 +87,7 @@ class TraceWriter:
         }
         if self._eos_token_id is not None:
             event["eos_token_id"] = self._eos_token_id
-        if cfg.mutant is not None:
-            event["mutant"] = cfg.mutant
+        event.update(self._extra)
         if cfg.async_scheduling:
             event.update(async_scheduling=True, batch_queue_depth=cfg.batch_queue_depth,
                          decode_stagger=cfg.decode_stagger, notes_empty_batches=True)
@@ -237,6 +240,5 @@ class TracingScheduler(Scheduler):
 
 
 def make_scheduler(config: SchedulerConfig, trace: TraceWriter | None = None) -> Scheduler:
-    """The scheduler for `config` (its mutant, if it names one), traced to
-    `trace` when one is given."""
+    """The scheduler for `config`, traced to `trace` when one is given."""
     return Scheduler(config) if trace is None else TracingScheduler(config, trace)

@@ -18,10 +18,11 @@ import random
 import zlib
 from collections.abc import Sequence
 
-from flightcheck.reference import (MUTANTS, Engine, EngineCoreOutput, Request, RequestStatus, Sample,
-                                   SamplingParams, SchedulerConfig, ScriptedExecutor, TraceWriter,
-                                   make_scheduler)
+from flightcheck.reference import (Engine, EngineCoreOutput, Request, RequestStatus, Sample, SamplingParams,
+                                   SchedulerConfig, ScriptedExecutor, TraceWriter, make_scheduler)
 from flightcheck.reference.profiles import DEFAULT_PROFILE
+from flightcheck.verification.mutants.patching import reference_applied
+from flightcheck.verification.mutants.reference import MUTANTS
 
 EOS = 2
 STOP = 3
@@ -41,7 +42,7 @@ def run_cases() -> list[tuple[str, str | None, bool, int]]:
     return cases
 
 
-def config_for(mutant: str | None, continue_prefill: bool, seed: int, profile: str = DEFAULT_PROFILE,
+def config_for(continue_prefill: bool, seed: int, profile: str = DEFAULT_PROFILE,
                prefix_caching: bool = True) -> SchedulerConfig:
     """The golden runs' configuration; `profile` and `prefix_caching` vary it
     for other tests (the golden itself uses the defaults)."""
@@ -49,7 +50,7 @@ def config_for(mutant: str | None, continue_prefill: bool, seed: int, profile: s
         max_num_batched_tokens=12, max_num_seqs=4, max_model_len=40, block_size=4,
         num_blocks=10 + seed % 3, num_pipeline_stages=2 + seed % 3, long_prefill_token_threshold=seed * 5,
         num_spec_tokens=2, enable_prefix_caching=prefix_caching, continue_prefill=continue_prefill,
-        mutant=mutant, profile=profile)
+        profile=profile)
 
 
 def _mix(*parts: object) -> int:
@@ -67,17 +68,23 @@ def traced_run(mutant: str | None, continue_prefill: bool, seed: int, profile: s
                prefix_caching: bool = True) -> str:
     """The trace text of one run, then `# raised ...` or `# stuck` if it ended early."""
     sink = io.StringIO()
-    _, ending = drive(mutant, continue_prefill, seed, TraceWriter(sink, eos_token_id=EOS), profile,
-                      prefix_caching)
+    trace = TraceWriter(sink, eos_token_id=EOS, extra={"mutant": mutant} if mutant is not None else None)
+    _, ending = drive(mutant, continue_prefill, seed, trace, profile, prefix_caching)
     return sink.getvalue() + ending
 
 
 def drive(mutant: str | None, continue_prefill: bool, seed: int, trace: TraceWriter | None,
           profile: str = DEFAULT_PROFILE, prefix_caching: bool = True) -> tuple[list[EngineCoreOutput], str]:
-    """One run: every output the engine returned, and how it ended ("" when
+    """One run (with the reference mutant `mutant` in force, if one is
+    named): every output the engine returned, and how it ended ("" when
     every request finished; the trace, if any, then has its `end`)."""
+    with reference_applied(mutant):
+        return _drive(seed, trace, config_for(continue_prefill, seed, profile, prefix_caching))
+
+
+def _drive(seed: int, trace: TraceWriter | None,
+           config: SchedulerConfig) -> tuple[list[EngineCoreOutput], str]:
     rng = random.Random(seed)
-    config = config_for(mutant, continue_prefill, seed, profile, prefix_caching)
     scheduler = make_scheduler(config, trace)
     engine = Engine(scheduler, ScriptedExecutor(_sample, sample_every_chunk=seed % 2 == 1))
     names: list[str] = []

@@ -16,7 +16,8 @@ import pytest
 from flightcheck.reference import (Engine, ModelRunnerOutput, Request, RequestStatus, Sample,
                                    SamplingParams, Scheduler, SchedulerConfig, ScriptedExecutor,
                                    TraceWriter, make_scheduler)
-from flightcheck.reference import mutants as M
+from flightcheck.verification.mutants import reference as M
+from flightcheck.verification.mutants.patching import reference_applied
 from flightcheck.verification.refinement.fuzz import fuzz
 from flightcheck.verification.traces.check import (MalformedTrace, check_events, check_trace,
                                                   read_events)
@@ -28,9 +29,10 @@ def prompt(n: int, base: int = 0) -> list[int]:
     return [base + i for i in range(n)]
 
 
-def traced(cfg: SchedulerConfig) -> tuple[Scheduler, io.StringIO]:
+def traced(cfg: SchedulerConfig, mutant: str | None = None) -> tuple[Scheduler, io.StringIO]:
+    """A traced scheduler; a mutant run's trace names its mutant, as every writer's does."""
     sink = io.StringIO()
-    return make_scheduler(cfg, TraceWriter(sink)), sink
+    return make_scheduler(cfg, TraceWriter(sink, extra={"mutant": mutant} if mutant else None)), sink
 
 
 def finish_run(engine: Engine) -> None:
@@ -47,8 +49,8 @@ def finish_run(engine: Engine) -> None:
 def _concurrent(mutant: str | None, **executor_kwargs) -> io.StringIO:
     cfg = SchedulerConfig(max_num_batched_tokens=10, max_num_seqs=2, max_model_len=64,
                           block_size=16, num_blocks=16, num_pipeline_stages=2,
-                          enable_prefix_caching=False, mutant=mutant)
-    sched, sink = traced(cfg)
+                          enable_prefix_caching=False)
+    sched, sink = traced(cfg, mutant)
     engine = Engine(sched, ScriptedExecutor(**executor_kwargs))
     engine.add_request(Request("0", prompt(12), SamplingParams(max_tokens=5)))
     engine.add_request(Request("1", prompt(12, 100), SamplingParams(max_tokens=5)))
@@ -59,8 +61,8 @@ def _concurrent(mutant: str | None, **executor_kwargs) -> io.StringIO:
 def _three_chunks(mutant: str | None) -> io.StringIO:
     cfg = SchedulerConfig(max_num_batched_tokens=10, max_num_seqs=1, max_model_len=64,
                           block_size=16, num_blocks=16, num_pipeline_stages=3,
-                          enable_prefix_caching=False, mutant=mutant)
-    sched, sink = traced(cfg)
+                          enable_prefix_caching=False)
+    sched, sink = traced(cfg, mutant)
     engine = Engine(sched, ScriptedExecutor())
     engine.add_request(Request("r", prompt(30), SamplingParams(max_tokens=3)))
     finish_run(engine)
@@ -69,8 +71,8 @@ def _three_chunks(mutant: str | None) -> io.StringIO:
 
 def _prefix_hit(mutant: str | None) -> io.StringIO:
     cfg = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2, max_model_len=128,
-                          block_size=16, num_blocks=16, num_pipeline_stages=2, mutant=mutant)
-    sched, sink = traced(cfg)
+                          block_size=16, num_blocks=16, num_pipeline_stages=2)
+    sched, sink = traced(cfg, mutant)
     engine = Engine(sched, ScriptedExecutor())
     engine.add_request(Request("a", prompt(40), SamplingParams(max_tokens=2)))
     engine.run()
@@ -81,8 +83,8 @@ def _prefix_hit(mutant: str | None) -> io.StringIO:
 
 def _spec_decode(mutant: str | None) -> io.StringIO:
     cfg = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2, max_model_len=64,
-                          block_size=4, num_blocks=16, num_spec_tokens=2, mutant=mutant)
-    sched, sink = traced(cfg)
+                          block_size=4, num_blocks=16, num_spec_tokens=2)
+    sched, sink = traced(cfg, mutant)
     engine = Engine(sched, ScriptedExecutor(lambda r, n, d: Sample(500 + n, 0, (7, 8))))
     engine.add_request(Request("a", prompt(10), SamplingParams(max_tokens=6)))
     finish_run(engine)
@@ -94,8 +96,8 @@ def _stale_after_resume(mutant: str | None) -> io.StringIO:
     r1 is resumed, and only then does the old batch return."""
     cfg = SchedulerConfig(max_num_batched_tokens=100, max_num_seqs=2, max_model_len=12,
                           block_size=4, num_blocks=3, num_pipeline_stages=3,
-                          enable_prefix_caching=False, mutant=mutant)
-    sched, sink = traced(cfg)
+                          enable_prefix_caching=False)
+    sched, sink = traced(cfg, mutant)
     executor = ScriptedExecutor()
     sched.add_request(Request("0", prompt(4), SamplingParams(max_tokens=5)))
     b1 = sched.schedule()
@@ -114,8 +116,8 @@ def _stale_after_resume(mutant: str | None) -> io.StringIO:
 def _one_batch_preemption(mutant: str | None) -> io.StringIO:
     cfg = SchedulerConfig(max_num_batched_tokens=100, max_num_seqs=2, max_model_len=160,
                           block_size=16, num_blocks=10, num_pipeline_stages=2,
-                          continue_prefill=False, mutant=mutant)
-    sched, sink = traced(cfg)
+                          continue_prefill=False)
+    sched, sink = traced(cfg, mutant)
     engine = Engine(sched, ScriptedExecutor())
     engine.add_request(Request("0", prompt(80), SamplingParams(max_tokens=20)))
     engine.step()
@@ -127,9 +129,8 @@ def _one_batch_preemption(mutant: str | None) -> io.StringIO:
 def _orphan_with_rejections(mutant: str | None) -> io.StringIO:
     cfg = SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=2, max_model_len=28,
                           block_size=4, num_blocks=7, num_pipeline_stages=2, num_spec_tokens=2,
-                          long_prefill_token_threshold=8, enable_prefix_caching=False,
-                          mutant=mutant)
-    sched, sink = traced(cfg)
+                          long_prefill_token_threshold=8, enable_prefix_caching=False)
+    sched, sink = traced(cfg, mutant)
     sched.add_request(Request("0", prompt(24), SamplingParams(max_tokens=4)))
     sched.add_request(Request("1", prompt(3, 100), SamplingParams(max_tokens=8)))
     b1 = sched.schedule()
@@ -144,8 +145,8 @@ def _orphan_with_rejections(mutant: str | None) -> io.StringIO:
 
 def _reused_name(mutant: str | None) -> io.StringIO:
     cfg = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2, max_model_len=64,
-                          block_size=4, num_blocks=16, num_pipeline_stages=2, mutant=mutant)
-    sched, sink = traced(cfg)
+                          block_size=4, num_blocks=16, num_pipeline_stages=2)
+    sched, sink = traced(cfg, mutant)
     executor = ScriptedExecutor()
     sched.add_request(Request("x", prompt(4), SamplingParams(max_tokens=4)))
     b1 = sched.schedule()
@@ -169,6 +170,13 @@ SCENARIOS: dict[str, Callable[[str | None], io.StringIO]] = {
     M.REJECTIONS_SUBTRACTED_AFTER_RESET: _orphan_with_rejections,
     M.OUTPUT_BOUND_BY_NAME: _reused_name,
 }
+
+
+def scenario(name: str, mutant: str | None) -> io.StringIO:
+    """The trace of mutant `name`'s scenario, run with `mutant` (that one or
+    None, the correct scheduler) in force."""
+    with reference_applied(mutant):
+        return SCENARIOS[name](mutant)
 
 
 def events_of(sink: io.StringIO) -> list[dict]:
@@ -202,16 +210,17 @@ def test_every_reference_mutant_has_a_trace_scenario():
 
 @pytest.mark.parametrize("mutant", sorted(SCENARIOS))
 def test_the_correct_schedulers_trace_of_each_scenario_is_legal(mutant):
-    result = check_events(events_of(SCENARIOS[mutant](None)))
+    result = check_events(events_of(scenario(mutant, None)))
     assert result.ok, result.to_json()
 
 
 @pytest.mark.parametrize("mutant", sorted(SCENARIOS))
 def test_a_mutants_trace_is_rejected_where_its_damage_first_shows(mutant):
-    correct = events_of(SCENARIOS[mutant](None))
-    damaged = events_of(SCENARIOS[mutant](mutant))
+    correct = events_of(scenario(mutant, None))
+    damaged = events_of(scenario(mutant, mutant))
     where = first_difference(correct, damaged)
-    result = check_events(events_of(SCENARIOS[mutant](mutant)))
+    assert damaged[0]["mutant"] == mutant
+    result = check_events(events_of(scenario(mutant, mutant)))
     assert not result.ok
     assert result.event_index == where, (result.to_json(), damaged[where])
     assert result.state_before
@@ -324,7 +333,7 @@ def run_cli(path) -> tuple[int, dict]:
 def test_cli_exit_codes_legal_violation_malformed(tmp_path):
     legal, bad, broken = tmp_path / "legal.jsonl", tmp_path / "bad.jsonl", tmp_path / "broken.jsonl"
     legal.write_text(_concurrent(None).getvalue())
-    bad.write_text(_concurrent(M.ADVANCE_AT_COMPLETION).getvalue())
+    bad.write_text(scenario(M.ADVANCE_AT_COMPLETION, M.ADVANCE_AT_COMPLETION).getvalue())
     broken.write_text('{"ev": "config"\n')
 
     code, out = run_cli(legal)
@@ -334,7 +343,7 @@ def test_cli_exit_codes_legal_violation_malformed(tmp_path):
     assert out["line"] is None and out["event"] is None
 
     code, out = run_cli(bad)
-    damaged = events_of(_concurrent(M.ADVANCE_AT_COMPLETION))
+    damaged = events_of(scenario(M.ADVANCE_AT_COMPLETION, M.ADVANCE_AT_COMPLETION))
     assert code == 1 and out["ok"] is False
     assert out["event_index"] == first_difference(events_of(_concurrent(None)), damaged)
     assert out["property"] and out["message"] and out["state_before"]

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from flightcheck.reference.mutants import MUTANTS
+from flightcheck.verification.mutants.reference import MUTANTS
 from flightcheck.verification.refinement import machine
 from flightcheck.verification.refinement.fuzz import (
     DEFAULT_RUN_PROFILES,

@@ -42,7 +42,7 @@ def _with_schedule_source(monkeypatch, edit) -> None:
     """Make the mechanism read spec/schedule.py as `edit` rewrites it (and
     forget the code it compiled for mutants applied before)."""
     real = patch.module_source
-    monkeypatch.setattr(patching, "_compiled", {})
+    monkeypatch.setattr(patching._SPEC, "compiled", {})
 
     def source(module):
         filename, text = real(module)
@@ -99,7 +99,7 @@ def test_an_edit_that_changes_nothing_is_refused(monkeypatch):
 
 def test_no_file_of_the_spec_names_a_mutant():
     """Every source file of spec/ is read: what `flightcheck verify` leaves
-    there (spec/__pycache__/*.pyc) is not one."""
+    there (the compiled `.pyc` files under spec's `__pycache__`) is not one."""
     sources = [path for path in sorted((ROOT / "spec").rglob("*")) if path.is_file()
                and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo")]
     assert {p.name for p in sources} >= {"README.md", "schedule.py", "actions.py"}
@@ -216,6 +216,20 @@ def _bodies(path: Path) -> dict[str, str]:
     return found
 
 
+def _copies(ours: dict[str, str], theirs: dict[str, str]) -> list[tuple[str, str, float]]:
+    """Pairs of a body of ours of six or more lines and a body of theirs
+    that are 80 % the same text (difflib's ratio)."""
+    copies = []
+    for name, body in ours.items():
+        if body.count("\n") + 1 < 6:
+            continue
+        for their_name, their_body in theirs.items():
+            matcher = difflib.SequenceMatcher(None, body, their_body, autojunk=False)
+            if matcher.real_quick_ratio() >= 0.8 and matcher.quick_ratio() >= 0.8 and matcher.ratio() >= 0.8:
+                copies.append((name, their_name, round(matcher.ratio(), 2)))
+    return copies
+
+
 def test_no_mutant_is_a_copy_of_the_function_it_alters():
     """No function body of six or more lines in verification/mutants is 80 %
     the same text as a body in spec/ (difflib's ratio)."""
@@ -223,12 +237,21 @@ def test_no_mutant_is_a_copy_of_the_function_it_alters():
     ours = {k: v for p in sorted((ROOT / "verification" / "mutants").glob("*.py")) for k, v in _bodies(p).items()
             if v.count("\n") + 1 >= 6}
     assert len(ours) >= 5 and len(spec_bodies) >= 50          # the scan does read both
-    copies = []
-    for name, body in ours.items():
-        for spec_name, spec_body in spec_bodies.items():
-            matcher = difflib.SequenceMatcher(None, body, spec_body, autojunk=False)
-            if matcher.real_quick_ratio() >= 0.8 and matcher.quick_ratio() >= 0.8 and matcher.ratio() >= 0.8:
-                copies.append((name, spec_name, round(matcher.ratio(), 2)))
+    copies = _copies(ours, spec_bodies)
+    assert not copies, copies
+
+
+def test_no_function_of_verification_is_a_copy_of_one_of_the_reference():
+    """No function body of six or more lines anywhere in verification/ (the
+    reference's mutants included) is 80 % the same text as a body in
+    reference/: a reference mutant is an edit, never a copied method."""
+    def bodies(folder: Path) -> dict[str, str]:
+        return {f"{p.relative_to(ROOT)}:{name.split(':', 1)[1]}": body
+                for p in sorted(folder.rglob("*.py")) for name, body in _bodies(p).items()}
+    reference_bodies = bodies(ROOT / "reference")
+    ours = bodies(ROOT / "verification")
+    assert len(reference_bodies) >= 100 and sum(b.count("\n") >= 5 for b in ours.values()) >= 200  # both read
+    copies = _copies(ours, reference_bodies)
     assert not copies, copies
 
 
@@ -240,7 +263,7 @@ def test_the_readme_lists_every_mutant_as_the_registry_records_it():
 
 
 def test_the_mechanism_edits_a_method_for_its_class_its_subclasses_and_their_instances(tmp_path, monkeypatch):
-    """How the reference's mutants will use it: an edit of `Scheduler._clip`
+    """The path the reference's mutants take: an edit of `Scheduler._clip`
     reaches every subclass and instance, and goes away on exit."""
     (tmp_path / "toy_scheduler.py").write_text(
         "class Scheduler:\n"

@@ -270,7 +270,7 @@ def drive_0_33(seed: int, prefix_caching: bool, drop: bool = False,
     every step the 0.33 engine's own; no outside finish (the spec has none).
     `after_action` sees the engine after every action."""
     rng = random.Random(seed)
-    base = runs.config_for(None, True, seed, "vllm-0.33", prefix_caching)
+    base = runs.config_for(True, seed, "vllm-0.33", prefix_caching)
     cfg = SchedulerConfig(**{**base.__dict__, "drop_stale_output": drop, "continue_prefill": None})
     sink = io.StringIO()
     scheduler = make_scheduler(cfg, TraceWriter(sink, eos_token_id=runs.EOS))

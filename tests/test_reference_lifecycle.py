@@ -41,7 +41,6 @@ def snapshot(sched: Scheduler):
     ("long_prefill_token_threshold", -1, "long_prefill_token_threshold"),
     ("num_spec_tokens", -1, "num_spec_tokens"),
     ("max_model_len", 1, "max_model_len"),
-    ("mutant", "no_such_bug", "unknown mutant"),
 ])
 def test_invalid_config_is_rejected_with_a_clear_error(field, value, message):
     with pytest.raises(ValueError, match=message):

@@ -3,12 +3,23 @@ and the correct scheduler does not, on the same scenario."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from flightcheck.reference import (Engine, ModelRunnerOutput, Request, RequestStatus, Sample,
                                    SamplingParams, Scheduler, SchedulerConfig, ScriptedExecutor)
-from flightcheck.reference import mutants as M
 from flightcheck.reference.consistency import leak_errors
+from flightcheck.verification.mutants import reference as M
+from flightcheck.verification.mutants.patching import reference_applied
+
+
+@pytest.fixture
+def mutant(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """The mutant a test is parametrized with (indirectly; None: the correct
+    scheduler), its edits in force for the length of the test."""
+    with reference_applied(request.param):
+        yield request.param
 
 
 def prompt(n: int, base: int = 0) -> list[int]:
@@ -19,7 +30,7 @@ def concurrent_engine(mutant: str | None, **kwargs) -> Engine:
     """The concurrent-batches engine test's setup: budget 10, K=2, two 12-token prompts."""
     cfg = SchedulerConfig(max_num_batched_tokens=10, max_num_seqs=2, max_model_len=64,
                           block_size=16, num_blocks=16, num_pipeline_stages=2,
-                          enable_prefix_caching=False, mutant=mutant)
+                          enable_prefix_caching=False)
     engine = Engine(Scheduler(cfg), ScriptedExecutor(**kwargs))
     engine.add_request(Request("0", prompt(12), SamplingParams(max_tokens=5)))
     engine.add_request(Request("1", prompt(12, 100), SamplingParams(max_tokens=5)))
@@ -31,7 +42,7 @@ def test_every_mutant_has_a_test_here():
     assert tested == set(M.MUTANTS)
 
 
-@pytest.mark.parametrize("mutant", [None, M.ADVANCE_AT_COMPLETION])
+@pytest.mark.parametrize("mutant", [None, M.ADVANCE_AT_COMPLETION], indirect=True)
 def test_advance_at_completion_schedules_the_same_prefill_tokens_twice(mutant):
     engine = concurrent_engine(mutant)
     engine.step()
@@ -46,7 +57,7 @@ def test_advance_at_completion_schedules_the_same_prefill_tokens_twice(mutant):
 def _three_chunk_run(mutant: str | None) -> tuple[Engine, ScriptedExecutor]:
     cfg = SchedulerConfig(max_num_batched_tokens=10, max_num_seqs=1, max_model_len=64,
                           block_size=16, num_blocks=16, num_pipeline_stages=3,
-                          enable_prefix_caching=False, mutant=mutant)
+                          enable_prefix_caching=False)
     executor = ScriptedExecutor()
     engine = Engine(Scheduler(cfg), executor)
     engine.add_request(Request("r", prompt(30), SamplingParams(max_tokens=3)))
@@ -55,7 +66,7 @@ def _three_chunk_run(mutant: str | None) -> tuple[Engine, ScriptedExecutor]:
     return engine, executor
 
 
-@pytest.mark.parametrize("mutant", [None, M.SHARED_SNAPSHOT])
+@pytest.mark.parametrize("mutant", [None, M.SHARED_SNAPSHOT], indirect=True)
 def test_shared_snapshot_makes_the_worker_see_a_later_batchs_positions(mutant):
     engine, executor = _three_chunk_run(mutant)
     engine.run()
@@ -67,7 +78,7 @@ def test_shared_snapshot_makes_the_worker_see_a_later_batchs_positions(mutant):
         assert seen[2] == (30, 1, True)         # ...and batch 3 read batch 4's
 
 
-@pytest.mark.parametrize("mutant", [None, M.FINAL_CHUNK_FROM_LIVE_COUNTER])
+@pytest.mark.parametrize("mutant", [None, M.FINAL_CHUNK_FROM_LIVE_COUNTER], indirect=True)
 def test_final_chunk_from_live_counter_keeps_a_partial_chunks_sample(mutant):
     # A worker that samples every chunk (vLLM <= 0.8.2) leaves the filter to the scheduler.
     engine = concurrent_engine(mutant, sample_every_chunk=True)
@@ -84,10 +95,10 @@ def test_the_correct_scheduler_ignores_samples_of_partial_chunks():
     assert plain.run() == every.run()
 
 
-@pytest.mark.parametrize("mutant", [None, M.SNAPSHOT_OMITS_PREFIX_HIT])
+@pytest.mark.parametrize("mutant", [None, M.SNAPSHOT_OMITS_PREFIX_HIT], indirect=True)
 def test_snapshot_omits_prefix_hit_hangs_a_request_with_a_prefix_hit(mutant):
     cfg = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2, max_model_len=128,
-                          block_size=16, num_blocks=16, num_pipeline_stages=2, mutant=mutant)
+                          block_size=16, num_blocks=16, num_pipeline_stages=2)
     engine = Engine(Scheduler(cfg), ScriptedExecutor())
     engine.add_request(Request("a", prompt(40), SamplingParams(max_tokens=2)))
     engine.run()
@@ -104,13 +115,13 @@ def test_snapshot_omits_prefix_hit_hangs_a_request_with_a_prefix_hit(mutant):
 
 def _spec_decode_engine(mutant: str | None, accept: int) -> Engine:
     cfg = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2, max_model_len=64,
-                          block_size=4, num_blocks=16, num_spec_tokens=2, mutant=mutant)
+                          block_size=4, num_blocks=16, num_spec_tokens=2)
     engine = Engine(Scheduler(cfg), ScriptedExecutor(lambda r, n, d: Sample(500 + n, accept, (7, 8))))
     engine.add_request(Request("a", prompt(10), SamplingParams(max_tokens=20)))
     return engine
 
 
-@pytest.mark.parametrize("mutant", [None, M.REJECTIONS_NOT_SUBTRACTED])
+@pytest.mark.parametrize("mutant", [None, M.REJECTIONS_NOT_SUBTRACTED], indirect=True)
 def test_rejections_not_subtracted_leaves_a_hole_of_uncomputed_tokens(mutant):
     engine = _spec_decode_engine(mutant, accept=0)
     for _ in range(4):
@@ -123,7 +134,7 @@ def test_rejections_not_subtracted_leaves_a_hole_of_uncomputed_tokens(mutant):
         assert a.num_computed_tokens == 13      # counts two rejected drafts as computed
 
 
-@pytest.mark.parametrize("mutant", [None, M.DECODE_WHILE_TOKEN_IN_FLIGHT])
+@pytest.mark.parametrize("mutant", [None, M.DECODE_WHILE_TOKEN_IN_FLIGHT], indirect=True)
 def test_decode_while_token_in_flight_schedules_a_token_that_does_not_exist_yet(mutant):
     engine = concurrent_engine(mutant)
     engine.step(), engine.step(), engine.step()  # B1, B2 scheduled; B1 completed
@@ -142,7 +153,7 @@ def _preempt_resume_before_stale_batch_returns(mutant: str | None):
     r0 is aborted, r1 is resumed, and only then does the old batch return."""
     cfg = SchedulerConfig(max_num_batched_tokens=100, max_num_seqs=2, max_model_len=12,
                           block_size=4, num_blocks=3, num_pipeline_stages=3,
-                          enable_prefix_caching=False, mutant=mutant)
+                          enable_prefix_caching=False)
     sched = Scheduler(cfg)
     executor = ScriptedExecutor()
     sched.add_request(Request("0", prompt(4), SamplingParams(max_tokens=5)))
@@ -162,7 +173,7 @@ def _preempt_resume_before_stale_batch_returns(mutant: str | None):
     return sched, sched.update_from_output(b2, f2.result())
 
 
-@pytest.mark.parametrize("mutant", [None, M.STALE_OUTPUT_APPLIED_TO_RESUMED])
+@pytest.mark.parametrize("mutant", [None, M.STALE_OUTPUT_APPLIED_TO_RESUMED], indirect=True)
 def test_stale_output_applied_to_resumed_appends_a_token_to_the_new_incarnation(mutant):
     sched, outputs = _preempt_resume_before_stale_batch_returns(mutant)
     r1 = sched.requests["1"]
@@ -172,11 +183,11 @@ def test_stale_output_applied_to_resumed_appends_a_token_to_the_new_incarnation(
         assert r1.num_output_tokens == 1        # while its resumed prefill is in flight
 
 
-@pytest.mark.parametrize("mutant", [None, M.INFLIGHT_SET_NOT_CLEARED_ON_PREEMPTION])
+@pytest.mark.parametrize("mutant", [None, M.INFLIGHT_SET_NOT_CLEARED_ON_PREEMPTION], indirect=True)
 def test_inflight_set_not_cleared_on_preemption_stops_the_engine(mutant):
     cfg = SchedulerConfig(max_num_batched_tokens=100, max_num_seqs=2, max_model_len=160,
                           block_size=16, num_blocks=10, num_pipeline_stages=2,
-                          continue_prefill=False, mutant=mutant)
+                          continue_prefill=False)
     engine = Engine(Scheduler(cfg), ScriptedExecutor())
     engine.add_request(Request("0", prompt(80), SamplingParams(max_tokens=20)))
     engine.step()
@@ -192,12 +203,11 @@ def test_inflight_set_not_cleared_on_preemption_stops_the_engine(mutant):
         assert sched.get_num_unscheduled_requests() == 0
 
 
-@pytest.mark.parametrize("mutant", [None, M.REJECTIONS_SUBTRACTED_AFTER_RESET])
+@pytest.mark.parametrize("mutant", [None, M.REJECTIONS_SUBTRACTED_AFTER_RESET], indirect=True)
 def test_rejections_subtracted_after_reset_drive_the_counter_negative(mutant):
     cfg = SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=2, max_model_len=28,
                           block_size=4, num_blocks=7, num_pipeline_stages=2, num_spec_tokens=2,
-                          long_prefill_token_threshold=8, enable_prefix_caching=False,
-                          mutant=mutant)
+                          long_prefill_token_threshold=8, enable_prefix_caching=False)
     sched = Scheduler(cfg)
     sched.add_request(Request("0", prompt(24), SamplingParams(max_tokens=4)))
     sched.add_request(Request("1", prompt(3, 100), SamplingParams(max_tokens=8)))
@@ -220,10 +230,10 @@ def test_rejections_subtracted_after_reset_drive_the_counter_negative(mutant):
     assert len(resumed.new_block_ids) == (2 if mutant is None else 1)
 
 
-@pytest.mark.parametrize("mutant", [None, M.OUTPUT_BOUND_BY_NAME])
+@pytest.mark.parametrize("mutant", [None, M.OUTPUT_BOUND_BY_NAME], indirect=True)
 def test_output_bound_by_name_gives_a_reused_id_the_old_requests_token(mutant):
     cfg = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2, max_model_len=64,
-                          block_size=4, num_blocks=16, num_pipeline_stages=2, mutant=mutant)
+                          block_size=4, num_blocks=16, num_pipeline_stages=2)
     sched = Scheduler(cfg)
     executor = ScriptedExecutor()
     sched.add_request(Request("x", prompt(4), SamplingParams(max_tokens=4)))

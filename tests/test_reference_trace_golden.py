@@ -1,7 +1,8 @@
 """The trace a traced reference run writes is pinned byte for byte: the
 golden file was captured before tracing moved out of the scheduler into
-`TracingScheduler` (and the mutants into mutant_steps.py), so any change to
-what the reference writes, or to what it or a mutant does, shows here."""
+`TracingScheduler` (and before the mutants became edits applied from
+verification/mutants/reference.py), so any change to what the reference
+writes, or to what it or a mutant does, shows here."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ import pytest
 from flightcheck import spec
 from flightcheck.reference import (Engine, Request, SamplingParams, Scheduler,
                                    SchedulerConfig, ScriptedExecutor)
+from flightcheck.verification.mutants.patching import reference_applied
 from flightcheck.verification.refinement.abstraction import Ledger, abstract, spec_config
 from flightcheck.verification.refinement.fuzz import PROFILES, fuzz
 from flightcheck.verification.refinement.machine import Outcome, RefinementMachine
@@ -81,16 +82,29 @@ def test_a_finished_request_abstracts_to_its_final_status_and_output_count():
 
 
 def test_a_program_replays_by_hand_and_a_wrong_step_is_reported_with_the_states():
-    machine = RefinementMachine(mutant="rejections_not_subtracted")
-    machine.setup(cfg=SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2, max_model_len=16,
-                                      block_size=2, num_blocks=8, num_pipeline_stages=1,
-                                      num_spec_tokens=2), sample_every_chunk=False)
-    machine.arrive(prompt_len=3, family=0, tail=0, max_tokens=8, reuse=0)
-    machine.schedule()
-    machine.complete(returned=[Outcome(drafts=2)] * 4)   # a token and two drafts proposed
-    machine.schedule()                                    # decode with both drafts
-    with pytest.raises(AssertionError, match="r0.num_computed: spec 4, reference 6"):
-        machine.complete(returned=[Outcome(accepted=0)] * 4)   # both rejected
+    with reference_applied("rejections_not_subtracted"):   # the harness puts the mutant in force
+        machine = RefinementMachine(mutant="rejections_not_subtracted")
+        machine.setup(cfg=SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2, max_model_len=16,
+                                          block_size=2, num_blocks=8, num_pipeline_stages=1,
+                                          num_spec_tokens=2), sample_every_chunk=False)
+        machine.arrive(prompt_len=3, family=0, tail=0, max_tokens=8, reuse=0)
+        machine.schedule()
+        machine.complete(returned=[Outcome(drafts=2)] * 4)   # a token and two drafts proposed
+        machine.schedule()                                    # decode with both drafts
+        with pytest.raises(AssertionError, match="r0.num_computed: spec 4, reference 6"):
+            machine.complete(returned=[Outcome(accepted=0)] * 4)   # both rejected
+
+
+def test_the_machine_refuses_to_check_a_mutant_that_is_not_in_force():
+    """Whoever runs the machine applies its mutant; a machine told of a
+    mutant that is not in force (or run under another one) would check the
+    wrong scheduler, and says so."""
+    small = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2, max_model_len=16,
+                            block_size=2, num_blocks=8, num_pipeline_stages=1)
+    with pytest.raises(ValueError, match="checks reference mutant rejections_not_subtracted, but None"):
+        RefinementMachine(mutant="rejections_not_subtracted").setup(cfg=small, sample_every_chunk=False)
+    with reference_applied("shared_snapshot"), pytest.raises(ValueError, match="shared_snapshot is in force"):
+        RefinementMachine().setup(cfg=small, sample_every_chunk=False)
 
 
 def test_refinement_ci_profile_finds_no_failure():
@@ -148,14 +162,15 @@ def test_a_reused_name_binds_by_incarnation_in_the_reference_and_by_name_in_vllm
     reference that binds by id alone, as vLLM 0.33 does, reaches the spec's
     own step, where S7' and IF1 break."""
     def run(mutant: str | None) -> RefinementMachine:
-        machine = _machine_0_33(mutant=mutant, allow_name_reuse=True)
-        machine.arrive(prompt_len=3, family=0, tail=0, max_tokens=8, reuse=0)
-        machine.schedule()                              # batch 1: the old r0's prompt, sampling
-        machine.abort(which=[0])
-        machine.arrive(prompt_len=5, family=1, tail=5, max_tokens=8, reuse=1)
-        machine.schedule()                              # batch 2: the new r0's prompt
-        machine.complete(returned=[Outcome()] * 4)      # batch 1 returns
-        return machine
+        with reference_applied(mutant):
+            machine = _machine_0_33(mutant=mutant, allow_name_reuse=True)
+            machine.arrive(prompt_len=3, family=0, tail=0, max_tokens=8, reuse=0)
+            machine.schedule()                              # batch 1: the old r0's prompt, sampling
+            machine.abort(which=[0])
+            machine.arrive(prompt_len=5, family=1, tail=5, max_tokens=8, reuse=1)
+            machine.schedule()                              # batch 2: the new r0's prompt
+            machine.complete(returned=[Outcome()] * 4)      # batch 1 returns
+            return machine
     correct = run(None)
     assert correct.num_reused_id_outputs_dropped == 1
     assert correct.state.requests[1].num_output == 0 and correct.state.requests[1].num_in_flight == 5
@@ -169,23 +184,24 @@ def test_under_0_8_a_reused_name_is_one_whose_older_request_has_a_batch_in_fligh
     needs), then the rest in order; the mutant then fails at that batch's
     completion."""
     def run(mutant: str | None) -> RefinementMachine:
-        machine = RefinementMachine(mutant=mutant)
-        machine.setup(cfg=SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2,
-                                          max_model_len=16, block_size=2, num_blocks=8,
-                                          num_pipeline_stages=3),
-                      sample_every_chunk=False)
-        machine.arrive(prompt_len=3, family=0, tail=0, max_tokens=8, reuse=0)    # r0
-        machine.abort(which=[0])                        # r0 finished, nothing of it in flight
-        machine.arrive(prompt_len=3, family=1, tail=0, max_tokens=8, reuse=0)    # r1
-        machine.schedule()                              # batch 1: r1's prompt
-        machine.abort(which=[0])                        # r1 finished, its batch in flight
-        machine.arrive(prompt_len=3, family=0, tail=3, max_tokens=8, reuse=1)
-        assert machine.ledger.requests[2].request_id == "r1"     # in name order it was r0
-        machine.arrive(prompt_len=3, family=1, tail=3, max_tokens=8, reuse=1)
-        assert machine.ledger.requests[3].request_id == "r0"     # the only free name left
-        machine.schedule()                              # batch 2: the new r1's prompt (and r0's)
-        machine.complete(returned=[Outcome()] * 4)      # batch 1 returns
-        return machine
+        with reference_applied(mutant):
+            machine = RefinementMachine(mutant=mutant)
+            machine.setup(cfg=SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2,
+                                              max_model_len=16, block_size=2, num_blocks=8,
+                                              num_pipeline_stages=3),
+                          sample_every_chunk=False)
+            machine.arrive(prompt_len=3, family=0, tail=0, max_tokens=8, reuse=0)    # r0
+            machine.abort(which=[0])                        # r0 finished, nothing of it in flight
+            machine.arrive(prompt_len=3, family=1, tail=0, max_tokens=8, reuse=0)    # r1
+            machine.schedule()                              # batch 1: r1's prompt
+            machine.abort(which=[0])                        # r1 finished, its batch in flight
+            machine.arrive(prompt_len=3, family=0, tail=3, max_tokens=8, reuse=1)
+            assert machine.ledger.requests[2].request_id == "r1"     # in name order it was r0
+            machine.arrive(prompt_len=3, family=1, tail=3, max_tokens=8, reuse=1)
+            assert machine.ledger.requests[3].request_id == "r0"     # the only free name left
+            machine.schedule()                              # batch 2: the new r1's prompt (and r0's)
+            machine.complete(returned=[Outcome()] * 4)      # batch 1 returns
+            return machine
     assert run(None).state.requests[2].num_output == 0
     with pytest.raises(AssertionError, match="refinement"):
         run("output_bound_by_name")
@@ -229,9 +245,8 @@ def test_refinement_under_the_async_profile_with_name_reuse_and_traces_finds_no_
     assert not result.failed, result.failure
 
 
-def _machine_async(num_pipeline_stages: int = 2, mutant: str | None = None,
-                   num_spec_tokens: int = 0) -> RefinementMachine:
-    machine = RefinementMachine(mutant=mutant)
+def _machine_async(num_pipeline_stages: int = 2, num_spec_tokens: int = 0) -> RefinementMachine:
+    machine = RefinementMachine()
     machine.setup(cfg=SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2, max_model_len=16,
                                       block_size=2, num_blocks=8,
                                       num_pipeline_stages=num_pipeline_stages,
@@ -334,7 +349,7 @@ def test_the_async_reference_mutants_are_caught_under_their_profile(mutant, seed
 
 
 def test_the_async_mutants_are_registered_for_the_async_profile_alone():
-    from flightcheck.reference.mutants import MUTANTS, PROFILE_MUTANTS, profile_of_mutant
+    from flightcheck.verification.mutants.reference import MUTANTS, PROFILE_MUTANTS, profile_of_mutant
     from flightcheck.verification.mutants.registry import PROFILE_MUTANTS as SPEC_PROFILE_MUTANTS
     names = {name for name, _, _ in ASYNC_MUTANT_KILLS}
     assert set(PROFILE_MUTANTS["vllm-0.33-async"]) == names

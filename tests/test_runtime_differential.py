@@ -22,6 +22,7 @@ from flightcheck.reference import SchedulerConfig
 from flightcheck.runtime import (LocalExecutor, PipelineExecutor, RuntimeTraceWriter, StageSpec,
                                  WeightSource, generate)
 from flightcheck.runtime.workload import mixed_workload
+from flightcheck.verification.mutants.patching import reference_applied
 from flightcheck.verification.traces.check import check_trace
 
 from .fixtures import dense_oracle
@@ -77,12 +78,13 @@ def executors():
 
 
 def run_traced(executors, tmp_path, k, cp, spec, eos, mutant=None, workload=WORKLOAD):
-    cfg = SchedulerConfig(num_pipeline_stages=k, continue_prefill=cp, num_spec_tokens=spec,
-                          mutant=mutant, **POOL)
+    """A traced run; with `mutant`, that reference mutant in force and named in the trace."""
+    cfg = SchedulerConfig(num_pipeline_stages=k, continue_prefill=cp, num_spec_tokens=spec, **POOL)
     path = tmp_path / f"pp{k}-{'cp' if cp else 'obpr'}-spec{spec}-{mutant or 'correct'}.jsonl"
-    with open(path, "w") as sink:
+    extra = {"mutant": mutant} if mutant is not None else None
+    with open(path, "w") as sink, reference_applied(mutant):
         result = generate(executors.get(k), cfg, workload, eos_token_id=eos,
-                          trace=RuntimeTraceWriter(sink, eos_token_id=eos))
+                          trace=RuntimeTraceWriter(sink, eos_token_id=eos, extra=extra))
     return result, path
 
 

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from flightcheck.reference import MUTANTS
+from flightcheck.verification.mutants.reference import MUTANTS
 from flightcheck.vllm.campaign import NEEDS_WHAT_VLLM_REPLAY_LACKS, Compared, compare_workload, flag_mutants
 from flightcheck.vllm.campaign import main as campaign_main
 from flightcheck.vllm.differential import (DEVIATIONS, decisions, profile_for, read_trace,

@@ -19,7 +19,8 @@ models are the profile's (`PROFILE_MODELS`), and every mutant is hunted with
 the profile's block constants (`mutant_model(name, profile)`). The Z3 rows
 come from the encoding of the profiles it covers (`Z3_PROFILES`).
 
-A mutant (verification/mutants: spec functions swapped for ones with a bug)
+A mutant (verification/mutants: a small edit of spec functions that puts a
+bug in, their code swapped for the edited code while it is hunted)
 is killed when some safety or liveness property is violated on the model it
 is hunted in, searched with the mutant applied; "sometimes" targets that go
 unreached do not count as kills, since a mutant that only makes the spec do

@@ -8,7 +8,7 @@ reference models, in turn: vllm-0.8.5 first, then vllm-0.8.4, vllm-0.33 and
 vllm-0.33-async with a ninth of the steps each (and any profile added
 later); --profile runs every step under one. --json names the profiles run
 ("profiles": those whose part started, in order). A mutant of vLLM 0.33's
-rules (reference/mutants.py PROFILE_MUTANTS: resumption_not_deferred,
+rules (verification/mutants/reference.py PROFILE_MUTANTS: resumption_not_deferred,
 drop_leaves_counters, in_flight_kept_without_output, output_bound_by_id_alone)
 runs under vllm-0.33 alone, and one of its async rules under vllm-0.33-async
 alone; --list-mutants lists the every-profile ones.

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from flightcheck.reference import MUTANTS
+from flightcheck.verification.mutants.patch import MutantNoLongerApplies
+from flightcheck.verification.mutants.reference import MUTANTS
 
 from . import ASYNC_RECORDER
 from .differential import (Comparison, ReferenceRun, compare, decisions, first_difference, profile_for,
@@ -230,6 +231,8 @@ def flag_mutants(profile: str, compared: list[Compared]) -> dict[str, str]:
             name = item.raw["name"]
             try:
                 ours = decisions(run_reference(item.raw, profile, mutant=mutant).events, block_offset=1)
+            except MutantNoLongerApplies:
+                raise                             # a stale mutant is an error, never a flag
             except Exception as err:              # a mutant may trip the reference's own checks
                 flagged[mutant] = f"flagged on {name}: the mutant raised {type(err).__name__}"
                 break

@@ -25,6 +25,7 @@ from flightcheck.reference import (ModelRunnerOutput, Request, RequestStatus, Sa
                                    SchedulerConfig, TraceWriter, TracingScheduler)
 from flightcheck.reference.outputs import RequestData
 from flightcheck.reference.profiles import PROFILES, get_profile
+from flightcheck.verification.mutants.patching import reference_applied
 
 from .engine import BatchQueueEngine, BatchQueueEngineV033, FabricatedModel, RunOutcome, run_busy_loop
 from .workload import Workload, workload_from_json
@@ -120,8 +121,7 @@ def _model_output(req_ids: list[str], req_id_to_index: dict[str, int],
                              sampled_token_ids=sampled_token_ids, spec_token_ids=spec_token_ids)
 
 
-def reference_config(workload: Workload, profile: str, mutant: str | None = None,
-                     as_released: bool = False) -> SchedulerConfig:
+def reference_config(workload: Workload, profile: str, as_released: bool = False) -> SchedulerConfig:
     """The reference's configuration for a replay workload: vLLM keeps one
     null block back, so the reference gets one block fewer.
 
@@ -147,7 +147,7 @@ def reference_config(workload: Workload, profile: str, mutant: str | None = None
         num_blocks=usable, num_pipeline_stages=config.num_stages,
         long_prefill_token_threshold=config.long_prefill_token_threshold,
         enable_prefix_caching=config.prefix_caching, num_spec_tokens=config.num_spec_tokens,
-        profile=profile, as_released=as_released, mutant=mutant)
+        profile=profile, as_released=as_released)
 
 
 @dataclass
@@ -161,16 +161,24 @@ class ReferenceRun:
 def run_reference(raw_workload: dict[str, Any], profile: str, mutant: str | None = None,
                   vllm_outputs: bool = False) -> ReferenceRun:
     """One workload through the reference under `profile`, driven by the
-    replay's own engine loop and fabricated model."""
-    workload = workload_from_json(raw_workload)
+    replay's own engine loop and fabricated model; with `mutant`, one of the
+    reference's mutants (verification/mutants/reference.py) is in force for
+    the run and the trace's config names it."""
+    with reference_applied(mutant):
+        return _run_reference(workload_from_json(raw_workload), profile, mutant, vllm_outputs)
+
+
+def _run_reference(workload: Workload, profile: str, mutant: str | None,
+                   vllm_outputs: bool) -> ReferenceRun:
     sink = io.StringIO()
-    trace = TraceWriter(sink, eos_token_id=workload.eos_token_id)
+    trace = TraceWriter(sink, eos_token_id=workload.eos_token_id,
+                        extra={"mutant": mutant} if mutant is not None else None)
     # The version's engine: 0.33's loop queues empty batches (engine.py), K
     # batches deep, or K + 1 under async scheduling (`batch_queue_depth`).
     v033 = get_profile(profile).engine_loop in ("vllm-0.33", "vllm-0.33-async")
     # `vllm_outputs`: the deviations switched to vLLM's behaviour, the
     # constants of the version's released profile (reference/profiles.py `RELEASED`).
-    config = reference_config(workload, profile, mutant, as_released=vllm_outputs)
+    config = reference_config(workload, profile, as_released=vllm_outputs)
     scheduler = TracingScheduler(config, trace)
     side = _ReferenceSide(scheduler, batch_level_cached_data=v033)
     engine: BatchQueueEngine

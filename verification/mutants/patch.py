@@ -7,9 +7,10 @@ or one or more statements. The module's file is parsed, the edit made on the
 syntax tree, the whole module compiled again and the function's code object
 (`function.__code__`) swapped for the one compiled: every module that imported
 the function by name, every class and subclass that holds it as a method,
-sees the edit, and nothing is re-imported. The machine-made mutants of the
-mutation score (verification/refinement/mutation.py) are applied the same
-way, their one-token change made on the tree directly.
+sees the edit, and nothing is re-imported. The spec's mutants (spec.py) and
+the reference scheduler's (reference.py) are edits; the machine-made mutants
+of the mutation score (verification/refinement/mutation.py) are applied the
+same way, their one-token change made on the tree directly.
 
 `old` is matched as a syntax tree, not as text: line breaks, comments,
 docstrings and spacing do not count, so an edit survives a reformatted

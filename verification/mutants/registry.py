@@ -1,9 +1,11 @@
 """The registry of the spec's mutants (spec.py holds them as patches): by
 name, by the profile each is hunted under, and the spec functions they edit.
+(The reference's mutants keep their registry beside their data, reference.py.)
 
-`drifted(m)` is the one drift check: the edits of m that no longer apply to
-the spec as it is now, each with the loud message patch.py gives (which
-mutant, which function, what it looked for and how often it was found).
+`drifted(m)` is the one drift check, for the spec's mutants and the
+reference's alike: the edits of m that no longer apply to the code as it is
+now, each with the loud message patch.py gives (which mutant, which
+function, what it looked for and how often it was found).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib
 from types import FunctionType
 
 from flightcheck.verification.mutants.patch import MutantNoLongerApplies, edited_code
+from flightcheck.verification.mutants.reference import ReferenceMutant
 from flightcheck.verification.mutants.spec import (ASYNC_0_33, COUNTERS_0_33, HISTORICAL, SPEC_MODULES, SYNTHETIC,
                                                    Mutant)
 
@@ -51,13 +54,14 @@ def mutants_of(profile: str) -> list[str]:
     return list(MUTANTS) + list(PROFILE_MUTANTS.get(profile, {}))
 
 
-def drifted(m: Mutant) -> list[str]:
-    """Why m no longer applies to the spec as it is now: one message per
-    function whose edits fail (empty when every edit applies)."""
+def drifted(m: Mutant | ReferenceMutant) -> list[str]:
+    """Why m (a spec or a reference mutant) no longer applies to the code as
+    it is now: one message per function whose edits fail (empty when every
+    edit applies)."""
     failures = []
-    for target in m.targets:
+    for where in dict.fromkeys(e.where for e in m.edits):
         try:
-            edited_code(m.name, m.edits_of(target))
+            edited_code(m.name, tuple(e for e in m.edits if e.where == where))
         except MutantNoLongerApplies as failure:
             failures.append(str(failure))
     return failures

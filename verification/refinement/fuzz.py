@@ -17,8 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from flightcheck.reference.mutants import ALL_MUTANTS, MUTANTS, PROFILE_MUTANTS, profile_of_mutant
 from flightcheck.reference.profiles import PROFILES as VERSION_PROFILES
+from flightcheck.verification.mutants.patching import reference_applied
+from flightcheck.verification.mutants.reference import ALL_MUTANTS, MUTANTS, PROFILE_MUTANTS, profile_of_mutant
 from flightcheck.verification.refinement.machine import Budget, BudgetSpent, machine_factory
 from hypothesis import HealthCheck, Phase, Verbosity
 from hypothesis import seed as hypothesis_seed
@@ -207,7 +208,8 @@ def fuzz(steps: int, seed: int, mutant: str | None = None, **settings: Any) -> F
     profile the reference models) in turn (`profile_steps`), each part from
     the same seed and generated afresh every GENERATION_STEPS steps
     (`generations`), until one fails. A mutant of one profile's rules
-    (reference/mutants.py PROFILE_MUTANTS) runs under that profile alone.
+    (verification/mutants/reference.py PROFILE_MUTANTS) runs under that
+    profile alone; the mutant's edits are in force for the whole run.
     `settings`: the fields of FuzzSettings."""
     return fuzz_with(steps, seed, mutant, FuzzSettings(**settings))
 
@@ -279,19 +281,22 @@ def _run_part(part: Part, mutant: str | None,
                                        verbosity=Verbosity.normal)
     report: list[str] = []
     failure: str | None = None
-    try:
-        with with_reporter(report.append), _fixed_constant_pool(), _bounded_example_cache():
-            run_state_machine_as_test(factory, settings=run_settings)
-    except BudgetSpent:
-        pass
-    except Exception as err:
-        if not budget.failure_seen and budget.used >= budget.steps:
-            # Stopping mid-program can trip Hypothesis's own consistency checks
-            # (a program that stopped earlier than an equal prefix did): an
-            # artefact of the budget, not a failure.
+    # The mutant is applied outside the try: one that no longer applies
+    # (MutantNoLongerApplies) is an error of the run, never its kill.
+    with reference_applied(mutant):
+        try:
+            with with_reporter(report.append), _fixed_constant_pool(), _bounded_example_cache():
+                run_state_machine_as_test(factory, settings=run_settings)
+        except BudgetSpent:
             pass
-        else:
-            failure = _failure_text(report, err)
+        except Exception as err:
+            if not budget.failure_seen and budget.used >= budget.steps:
+                # Stopping mid-program can trip Hypothesis's own consistency checks
+                # (a program that stopped earlier than an equal prefix did): an
+                # artefact of the budget, not a failure.
+                pass
+            else:
+                failure = _failure_text(report, err)
     return budget, failure
 
 

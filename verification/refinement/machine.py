@@ -79,6 +79,7 @@ from flightcheck.reference.outputs import NewRequestData, SchedulerOutput
 from flightcheck.reference.profiles import get_profile
 from flightcheck.spec.schedule import is_schedule_enabled
 from flightcheck.spec.state import holder_of
+from flightcheck.verification.mutants.patching import active_reference
 from flightcheck.verification.refinement.abstraction import (
     Ledger,
     abstract,
@@ -271,7 +272,12 @@ def _guard(fn):
 
 
 class RefinementMachine(RuleBasedStateMachine):
-    """The reference (optionally one of its mutants) against the correct spec."""
+    """The reference (optionally one of its mutants) against the correct spec.
+
+    A mutant is put in force by whoever runs the machine
+    (`reference_applied(mutant)` around the run, as `fuzz` does); the
+    machine names it in its failure reports and its trace, and refuses to
+    run when a different one (or none) is in force."""
 
     def __init__(self, mutant: str | None = None, budget: Budget | None = None,
                  check_traces: bool = False, allow_name_reuse: bool = False) -> None:
@@ -287,14 +293,16 @@ class RefinementMachine(RuleBasedStateMachine):
     @initialize(cfg=configs(), sample_every_chunk=st.booleans())
     @_guard
     def setup(self, cfg: SchedulerConfig, sample_every_chunk: bool) -> None:
-        if self.mutant is not None:
-            cfg = SchedulerConfig(**{**cfg.__dict__, "mutant": self.mutant})
+        if active_reference() != self.mutant:
+            raise ValueError(f"the machine checks reference mutant {self.mutant}, but "
+                             f"{active_reference()} is in force (patching.reference_applied)")
         # Names matter only where outputs are looked up by name (vLLM 0.33).
         self.by_name = get_profile(cfg.profile).stale_output_counters
         self.cfg = cfg
         self.spec_cfg = spec_config(cfg, allow_name_reuse=self.by_name and self.allow_name_reuse)
         self.sink = io.StringIO() if self.check_traces else None
-        trace = TraceWriter(self.sink, eos_token_id=EOS) if self.sink is not None else None
+        extra = {"mutant": self.mutant} if self.mutant is not None else None
+        trace = TraceWriter(self.sink, eos_token_id=EOS, extra=extra) if self.sink is not None else None
         self.scheduler = make_scheduler(cfg, trace)
         # sample_every_chunk: a worker that returns a token for every chunk
         # (vLLM <= 0.8.2) leaves the scheduler to discard partial chunks' tokens.
