@@ -49,16 +49,18 @@ from flightcheck.verification.z3.encoding.actions import (
 from flightcheck.verification.z3.encoding.invariants import (
     ALL_INVARIANT_FORMULAS,
     INVARIANT_FORMULAS,
+    invariant_formulas_for,
+    well_formed,
+)
+from flightcheck.verification.z3.encoding.sometimes import (
     ASYNC_SOMETIMES_FORMULAS,
     SCHEDULE_SOMETIMES_FORMULAS,
     SOMETIMES_FORMULAS,
     STEP_SOMETIMES_FORMULAS,
-    TRANSITION_FORMULAS,
     VERIFICATION_SOMETIMES,
-    invariant_formulas_for,
     verification_target_applies,
-    well_formed,
 )
+from flightcheck.verification.z3.encoding.transitions import TRANSITION_FORMULAS
 from flightcheck.verification.z3.encoding.system import Step, System
 from flightcheck.verification.z3.encoding.terms import arithmetic, conj, disj, eq, neg
 from flightcheck.verification.z3.induction.strengthening import AUXILIARY, auxiliary_for

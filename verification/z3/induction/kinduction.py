@@ -55,10 +55,10 @@ from flightcheck.verification.z3.encoding.actions import (
 from flightcheck.verification.z3.encoding.invariants import (
     ALL_INVARIANT_FORMULAS,
     NEEDS_SCHEDULE,
-    TRANSITION_FORMULAS,
     invariant_formulas_for,
     well_formed,
 )
+from flightcheck.verification.z3.encoding.transitions import TRANSITION_FORMULAS
 from flightcheck.verification.z3.encoding.schedule import SchedResult
 from flightcheck.verification.z3.encoding.state import SState
 from flightcheck.verification.z3.encoding.system import Step, System, Transitions

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import z3
-from flightcheck.verification.z3.encoding.invariants import s9_parts
+from flightcheck.verification.z3.encoding.invariants import kv_ownership_clauses
 from flightcheck.verification.z3.encoding.requests import at, num_tokens
 from flightcheck.verification.z3.encoding.schedule import BatchInProgress, threshold_in_force
 from flightcheck.verification.z3.encoding.state import (
@@ -67,7 +67,7 @@ StateFormula = Callable[[SState], Any]
 
 # Conjuncts tracked clause by clause along the chain: a micro-step breaks or
 # keeps each clause on its own, and small goals are quicker to prove.
-SPLIT = {"S9_kv_ownership": s9_parts}
+SPLIT = {"S9_kv_ownership": kv_ownership_clauses}
 
 
 def unchanged(q: Any, was: Any) -> Any:
