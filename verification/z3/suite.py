@@ -9,9 +9,9 @@ from flightcheck.verification.z3.bmc.engine import (
     BmcOptions,
     applicable_sometimes,
     bmc,
-    bmc_split,
-    max_parts,
 )
+from flightcheck.verification.z3.bmc.cubes import max_parts
+from flightcheck.verification.z3.bmc.parallel import bmc_split
 from flightcheck.verification.z3.encoding.sometimes import (
     VERIFICATION_SOMETIMES,
     verification_target_applies,
@@ -68,7 +68,7 @@ def bmc_rows(model: Model, depth: int, time_budget: float | None = None, jobs: i
     """Every spec property bounded (or violated) to `depth`, every applicable
     "sometimes" target (or those named in `sometimes`) reached (or not) within
     it: BMC with the sound reductions (the spec, not a mutant: z3.bmc.reduction),
-    its paths shared among `jobs` processes (z3.bmc.engine.bmc_split)."""
+    its paths shared among `jobs` processes (z3.bmc.parallel.bmc_split)."""
     reduce = model.mutant is None
     jobs = min(jobs, max_parts(model))
     res = bmc_split(model, depth, BmcOptions(time_budget=time_budget, reduce=reduce, sometimes=sometimes),
