@@ -288,7 +288,7 @@ def test_without_a12_schedule_breaks_the_stale_counter_with_a_cti():
     from flightcheck.verification.z3.encoding.actions import SCHEDULE
     from flightcheck.verification.z3.encoding.invariants import invariant_formulas_for
     from flightcheck.verification.z3.encoding.system import System
-    from flightcheck.verification.z3.induction.kinduction import k_induction
+    from flightcheck.verification.z3.induction.step import k_induction
     from flightcheck.verification.z3.induction.strengthening import auxiliary_for
     model = next(m for m in ASYNC_MODELS if m.name == "async-drop-k2")
     system = System(model)
