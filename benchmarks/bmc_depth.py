@@ -21,7 +21,9 @@ import time
 from pathlib import Path
 
 from flightcheck.verification import models
-from flightcheck.verification.z3.bmc.engine import BmcOptions, bmc_split, max_parts
+from flightcheck.verification.z3.bmc.cubes import max_parts
+from flightcheck.verification.z3.bmc.engine import BmcOptions
+from flightcheck.verification.z3.bmc.parallel import bmc_split
 
 
 def main() -> None:
@@ -35,7 +37,7 @@ def main() -> None:
     ap.add_argument("--reduce", action="store_true",
                     help="twin symmetry and peephole partial-order reduction (verification/z3/bmc/reduction.py)")
     ap.add_argument("--jobs", type=int, default=1,
-                    help="processes sharing the paths (z3.bmc.engine.bmc_split); the seconds are wall-clock")
+                    help="processes sharing the paths (z3.bmc.parallel.bmc_split); the seconds are wall-clock")
     ap.add_argument("--json", type=Path, metavar="FILE", help="also write the per-depth figures and the rows here")
     args = ap.parse_args()
     if args.budget <= 0 or args.max_depth < 0 or args.jobs < 1:

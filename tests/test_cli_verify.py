@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from flightcheck.cli import main
-from flightcheck.verification.z3.encoding.invariants import SPEC_PROPERTIES
+from flightcheck.verification.z3.encoding.transitions import SPEC_PROPERTIES
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

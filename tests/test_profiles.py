@@ -214,7 +214,8 @@ def test_verify_under_0_33_proves_every_property_by_k_induction_and_reaches_the_
     every invariant and transition property proved by k-induction of shared-k3
     under 0.33, the verification-only target deferred_resumption reached by
     BMC, everything OK, within the golden test's regression bound."""
-    from flightcheck.verification.z3.encoding.invariants import COUNTER_FORMULAS, SPEC_PROPERTIES
+    from flightcheck.verification.z3.encoding.invariants import COUNTER_FORMULAS
+    from flightcheck.verification.z3.encoding.transitions import SPEC_PROPERTIES
     code, out = _run(capsys, "verify", "--profile", "vllm-0.33", "--json")
     report = json.loads(out)
     assert code == 0 and report["ok"] and report["profile"] == "vllm-0.33"

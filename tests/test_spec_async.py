@@ -205,7 +205,7 @@ def test_verify_under_async_proves_everything_by_k_induction_too_and_kills_every
     import json
 
     from flightcheck.cli import main
-    from flightcheck.verification.z3.encoding.invariants import spec_properties_for
+    from flightcheck.verification.z3.encoding.transitions import spec_properties_for
     from flightcheck.verification.z3.profiles import profile_model
     assert main(["verify", "--profile", ASYNC, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

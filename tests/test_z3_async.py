@@ -94,8 +94,11 @@ def _disagreements(model, states) -> list[str]:
     """Every encoded invariant of the profile against the spec's predicate."""
     import z3
     from flightcheck.spec import invariants_for
-    from flightcheck.verification.z3.encoding.invariants import (ASYNC_UNENCODED, invariant_formulas_for,
-                                                                 well_formed)
+    from flightcheck.verification.z3.encoding.invariants import (
+        ASYNC_UNENCODED,
+        invariant_formulas_for,
+        well_formed,
+    )
     from flightcheck.verification.z3.encoding.system import System
     system = System(model)
     frame = system.frame(0)
@@ -256,7 +259,7 @@ def test_k_induction_proves_every_encoded_async_property_on_async_drop_k2():
     IA2, S3a, S5a, S6' and IF1-IF3 among them, and the transition properties,
     on drop mode with spec decode, K = 2 (a queue of 3). shared-k3 under the
     profile, verify's model, is the slow test in test_z3_engines.py."""
-    from flightcheck.verification.z3.encoding.invariants import spec_properties_for
+    from flightcheck.verification.z3.encoding.transitions import spec_properties_for
     from flightcheck.verification.z3.induction.kinduction import prove_by_induction
     model = next(m for m in ASYNC_MODELS if m.name == "async-drop-k2")
     res = prove_by_induction(model, jobs=2)
@@ -285,7 +288,7 @@ def test_without_a12_schedule_breaks_the_stale_counter_with_a_cti():
     from flightcheck.verification.z3.encoding.actions import SCHEDULE
     from flightcheck.verification.z3.encoding.invariants import invariant_formulas_for
     from flightcheck.verification.z3.encoding.system import System
-    from flightcheck.verification.z3.induction.kinduction import k_induction
+    from flightcheck.verification.z3.induction.step import k_induction
     from flightcheck.verification.z3.induction.strengthening import auxiliary_for
     model = next(m for m in ASYNC_MODELS if m.name == "async-drop-k2")
     system = System(model)
@@ -297,7 +300,7 @@ def test_without_a12_schedule_breaks_the_stale_counter_with_a_cti():
     assert query.check("IF2_stale_counter", step.assumptions(names)) == z3.unsat
 
 
-# -- the async targets as Z3 cover formulas (z3.encoding.invariants.ASYNC_SOMETIMES_FORMULAS) --
+# -- the async targets as Z3 cover formulas (z3.encoding.sometimes.ASYNC_SOMETIMES_FORMULAS) --
 
 @pytest.mark.parametrize("model", ASYNC_MODELS, ids=lambda m: m.name)
 def test_async_target_formulas_agree_with_the_spec_on_reachable_states(model):
@@ -307,7 +310,7 @@ def test_async_target_formulas_agree_with_the_spec_on_reachable_states(model):
     (the control)."""
     import z3
     from flightcheck.spec.sometimes import ASYNC_SOMETIMES
-    from flightcheck.verification.z3.encoding.invariants import ASYNC_SOMETIMES_FORMULAS
+    from flightcheck.verification.z3.encoding.sometimes import ASYNC_SOMETIMES_FORMULAS
     from flightcheck.verification.z3.encoding.system import System
     system = System(model)
     frame = system.frame(0)

@@ -18,10 +18,17 @@ from flightcheck.verification import models
 from flightcheck.verification.mutants import applied
 from flightcheck.verification.z3.encoding.actions import ABORT, ARRIVE, COMPLETE, SCHEDULE
 from flightcheck.verification.z3.encoding.crosscheck import random_walk_states, reachable
-from flightcheck.verification.z3.encoding.invariants import (COUNTER_FORMULAS, SCHEDULE_SOMETIMES_FORMULAS,
-                                                    SOMETIMES_FORMULAS, TRANSITION_FORMULAS,
-                                                    VERIFICATION_SOMETIMES, invariant_formulas_for,
-                                                    well_formed)
+from flightcheck.verification.z3.encoding.invariants import (
+    COUNTER_FORMULAS,
+    invariant_formulas_for,
+    well_formed,
+)
+from flightcheck.verification.z3.encoding.sometimes import (
+    SCHEDULE_SOMETIMES_FORMULAS,
+    SOMETIMES_FORMULAS,
+    VERIFICATION_SOMETIMES,
+)
+from flightcheck.verification.z3.encoding.transitions import TRANSITION_FORMULAS
 from flightcheck.verification.z3.induction.strengthening import AUXILIARY
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.profiles import DEFERRAL_MODEL, profile_model

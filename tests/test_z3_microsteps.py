@@ -13,7 +13,8 @@ import z3
 
 from flightcheck.verification import models
 from flightcheck.verification.z3.encoding.actions import COMPLETE, SCHEDULE
-from flightcheck.verification.z3.induction.kinduction import chains, k_induction, prove_by_induction
+from flightcheck.verification.z3.induction.kinduction import prove_by_induction
+from flightcheck.verification.z3.induction.step import chains, k_induction
 from flightcheck.verification.z3.encoding.invariants import INVARIANT_FORMULAS, NEEDS_SCHEDULE
 from flightcheck.verification.z3.induction.strengthening import AUXILIARY, ASYNC_ONLY_AUXILIARY
 from flightcheck.verification.z3.encoding.system import System

@@ -17,7 +17,7 @@ from flightcheck.verification import models
 from flightcheck.verification.explicit.search import search, successors
 from flightcheck.verification.z3.bmc.engine import BmcOptions, bmc, default_properties
 from flightcheck.verification.z3.encoding.crosscheck import reachable
-from flightcheck.verification.z3.bmc.reduction import forbidden, twins
+from flightcheck.verification.z3.bmc.reduction import StepPair, forbidden, twins
 from flightcheck.verification.z3.encoding.system import ACTION_CODE, System
 from flightcheck.verification.z3.encoding.terms import V
 
@@ -60,8 +60,8 @@ def test_every_dropped_order_commutes_at_every_reachable_state(model):
                 if kinds not in RULE_KINDS:
                     continue
                 (aa, ar), (ba, br) = _code(a), _code(b)
-                rule = system.build(lambda layout: forbidden(layout, V(aa), V(ar), V(ba), V(br),
-                                                          const(s), const(t), const(u)))
+                rule = system.build(lambda layout: forbidden(layout, StepPair(V(aa), V(ar), V(ba), V(br),
+                                                                              const(s), const(t), const(u))))
                 verdict = z3.simplify(rule)
                 assert z3.is_true(verdict) or z3.is_false(verdict), verdict
                 if z3.is_false(verdict):

@@ -1,4 +1,4 @@
-"""Sharing BMC's paths among processes (`z3.bmc.engine.bmc_split`) changes the wall
+"""Sharing BMC's paths among processes (`z3.bmc.parallel.bmc_split`) changes the wall
 time and nothing else: the cubes hold every step label exactly once, and the
 merged result has the rows, depths and shortest counterexamples of one BMC."""
 
@@ -15,10 +15,10 @@ from flightcheck.verification.z3.bmc.engine import (
     BmcOptions,
     applicable_sometimes,
     bmc,
-    bmc_split,
     default_properties,
-    split,
 )
+from flightcheck.verification.z3.bmc.cubes import split
+from flightcheck.verification.z3.bmc.parallel import bmc_split
 from flightcheck.verification.z3.results import replay
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.encoding.terms import V, arithmetic

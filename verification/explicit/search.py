@@ -150,43 +150,70 @@ def search(model: Model, *, max_states: int = 2_000_000, stop_at_first: bool = F
 def _search(model: Model, max_states: int, stop_at_first: bool, check_liveness: bool,
             progress: Callable[[int, int], None] | None) -> SearchResult:
     t0 = time.perf_counter()
-    cfg = model.cfg
-    root = initial(model)
-    graph = _Graph(root)
-    result = SearchResult(model)
-    broken: set[str] = set()
-    pending = {sm.name: sm for sm in sometimes_for(cfg) if sm.is_applicable(cfg, model.shares_prefix)}
-    invariants, transition_properties = invariants_for(cfg), transition_properties_for(cfg)
-
-    def note_violation(name: str, s: State, message: str) -> None:
-        if name not in broken:
-            broken.add(name)
-            result.violations.append(Violation(name, graph.path_to(s), message))
-
-    def check_state(s: State) -> None:
-        for inv in invariants:
-            if not inv.holds(s, cfg):
-                note_violation(inv.name, s, inv.statement)
-
-    def check_sometimes(s: State) -> None:
-        """One-stage targets; the BFS depth of s is the length of a shortest path to them."""
-        for name, sm in list(pending.items()):
-            if sm.after is None and sm.on_step is None and any(sm.target(s, cfg, r)
-                                                               for r in range(model.num_requests)):
-                result.reached[name] = graph.depth[s]
-                del pending[name]
-
-    check_state(root)
-    check_sometimes(root)
-    frontier = deque([root])
+    run = _Search(model)
+    graph, result = run.graph, run.result
+    run.check_state(run.root)
+    run.check_sometimes(run.root)
+    frontier = deque([run.root])
     while frontier:
         if stop_at_first and result.violations:
             break
         s = frontier.popleft()
+        frontier.extend(run.expand(s, max_states))
+        if progress and len(graph.parent) % 20000 == 0:
+            progress(len(graph.parent), graph.depth[s])
+    result.num_states = len(graph.parent)
+    result.max_depth = max(graph.depth.values())
+    run.check_two_stage_targets()
+    if check_liveness and result.complete and not (stop_at_first and result.violations):
+        _check_liveness(graph, result)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+class _Search:
+    """One breadth-first search's state: the graph so far, the result being
+    filled, the properties already broken (each reported once, on a
+    shortest path) and the "sometimes" targets not yet reached."""
+
+    def __init__(self, model: Model) -> None:
+        self.model, self.cfg = model, model.cfg
+        self.root = initial(model)
+        self.graph = _Graph(self.root)
+        self.result = SearchResult(model)
+        self.broken: set[str] = set()
+        self.pending = {sm.name: sm for sm in sometimes_for(self.cfg)
+                        if sm.is_applicable(self.cfg, model.shares_prefix)}
+        self.invariants = invariants_for(self.cfg)
+        self.transition_properties = transition_properties_for(self.cfg)
+
+    def note_violation(self, name: str, path: Callable[[], list[tuple[Action, State]]], message: str) -> None:
+        """The first violation of `name` (its path built only then)."""
+        if name not in self.broken:
+            self.broken.add(name)
+            self.result.violations.append(Violation(name, path(), message))
+
+    def check_state(self, s: State) -> None:
+        for inv in self.invariants:
+            if not inv.holds(s, self.cfg):
+                self.note_violation(inv.name, lambda: self.graph.path_to(s), inv.statement)
+
+    def check_sometimes(self, s: State) -> None:
+        """One-stage targets; the BFS depth of s is the length of a shortest path to them."""
+        for name, sm in list(self.pending.items()):
+            if sm.after is None and sm.on_step is None and any(sm.target(s, self.cfg, r)
+                                                               for r in range(self.model.num_requests)):
+                self.result.reached[name] = self.graph.depth[s]
+                del self.pending[name]
+
+    def expand(self, s: State, max_states: int) -> list[State]:
+        """Every step from s recorded and checked; the states first seen (to explore)."""
+        graph, result = self.graph, self.result
         edges = graph.edges.setdefault(s, [])
         sys_edges = graph.system_edges.setdefault(s, [])
         labelled = graph.labelled_system_edges.setdefault(s, [])
-        for action, nxt in successors(model, s):
+        new: list[State] = []
+        for action, nxt in successors(self.model, s):
             result.num_edges += 1
             edges.append(nxt)
             if isinstance(action, (Schedule, CompleteOldest)):
@@ -199,36 +226,33 @@ def _search(model: Model, max_states: int, stop_at_first: bool, check_liveness: 
                     continue
                 graph.parent[nxt] = (s, action)
                 graph.depth[nxt] = graph.depth[s] + 1
-            for name, sm in list(pending.items()):
-                if sm.on_step is not None and any(sm.on_step(s, nxt, action, cfg, r)
-                                                  for r in range(model.num_requests)):
-                    result.reached[name] = graph.depth[s] + 1      # breadth-first: a shortest such step
-                    del pending[name]
-            for prop in transition_properties:
-                if not prop.holds(s, nxt, action, cfg):
-                    # report the path through this very edge
-                    if prop.name not in broken:
-                        broken.add(prop.name)
-                        result.violations.append(Violation(prop.name, graph.path_to(s) + [(action, nxt)],
-                                                           prop.statement))
+            self.check_step(s, action, nxt)
             if fresh:
-                check_state(nxt)
-                check_sometimes(nxt)
-                frontier.append(nxt)
-        if progress and len(graph.parent) % 20000 == 0:
-            progress(len(graph.parent), graph.depth[s])
-    result.num_states = len(graph.parent)
-    result.max_depth = max(graph.depth.values())
-    for name, sm in list(pending.items()):
-        if sm.after is not None and (depth := _two_stage_depth(graph, root, model, sm)) is not None:
-            result.reached[name] = depth
-            del pending[name]
-    for name in pending:
-        result.violations.append(Violation(name, [], "sometimes target never reached"))
-    if check_liveness and result.complete and not (stop_at_first and result.violations):
-        _check_liveness(graph, result)
-    result.seconds = time.perf_counter() - t0
-    return result
+                self.check_state(nxt)
+                self.check_sometimes(nxt)
+                new.append(nxt)
+        return new
+
+    def check_step(self, s: State, action: Action, nxt: State) -> None:
+        """The targets reached on a step, and the transition properties (a
+        violation is reported on the path through this very edge)."""
+        for name, sm in list(self.pending.items()):
+            if sm.on_step is not None and any(sm.on_step(s, nxt, action, self.cfg, r)
+                                              for r in range(self.model.num_requests)):
+                self.result.reached[name] = self.graph.depth[s] + 1      # breadth-first: a shortest such step
+                del self.pending[name]
+        for prop in self.transition_properties:
+            if not prop.holds(s, nxt, action, self.cfg):
+                self.note_violation(prop.name, lambda: self.graph.path_to(s) + [(action, nxt)], prop.statement)
+
+    def check_two_stage_targets(self) -> None:
+        """Two-stage targets over the whole graph; any target still pending is reported."""
+        for name, sm in list(self.pending.items()):
+            if sm.after is not None and (depth := _two_stage_depth(self.graph, self.root, self.model, sm)) is not None:
+                self.result.reached[name] = depth
+                del self.pending[name]
+        for name in self.pending:
+            self.result.violations.append(Violation(name, [], "sometimes target never reached"))
 
 
 def _two_stage_depth(graph: _Graph, root: State, model: Model, sm: Sometimes) -> int | None:

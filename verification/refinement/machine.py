@@ -17,9 +17,9 @@ abstracted state, every transition property on the step, and the engine's
 guards agree with the spec's. A failure prints as a short replayable
 program (Hypothesis shrinks it); the state it broke is in the message.
 
-The version profile is the reference's and the spec's: a run drives each
-of FUZZED_PROFILES in turn (fuzz.py `profile_steps`), or `flightcheck fuzz
---profile` pins one. Under
+The version profile is the reference's and the spec's: a run drives every
+profile the reference models in turn (fuzz.py `DEFAULT_RUN_PROFILES`,
+`profile_steps`), or `flightcheck fuzz --profile` pins one. Under
 `vllm-0.33` the reference runs 0.33's rules and counters and the spec its own
 reading of them (the abstraction maps the counters, names and drop flag), the
 engine is driven through 0.33's loop (`VLLM_0_33_LOOP`: a schedule step queues
@@ -50,16 +50,17 @@ dropped (binding by incarnation). The reference must reach one of them; the
 second is the named deviation, and the first is flagged by the spec's own
 S7' and IF1 on the state reached (a reference that binds by id alone, as vLLM
 does, fails there: the reference mutant `output_bound_by_id_alone`).
+
+The environment's draws are in strategies.py, the checks after every rule
+in checks.py, the step budget in budget.py; this module is the machine: its
+rules, their preconditions, and the model's answers.
 """
 
 from __future__ import annotations
-
 import functools
 import io
-import json
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 
 from flightcheck.reference import (
     Engine,
@@ -72,181 +73,34 @@ from flightcheck.reference import (
     make_scheduler,
 )
 from flightcheck.reference import Sample as RefSample
-from flightcheck.reference.config import cdiv
 from flightcheck.reference.drive import loop_for_policy
 from flightcheck.reference.engine import loop_for_config
-from flightcheck.reference.outputs import NewRequestData, SchedulerOutput
+from flightcheck.reference.outputs import SchedulerOutput
 from flightcheck.reference.profiles import get_profile
-from flightcheck.spec.schedule import is_schedule_enabled
-from flightcheck.spec.state import holder_of
 from flightcheck.verification.mutants.patching import active_reference
-from flightcheck.verification.refinement.abstraction import (
-    Ledger,
-    abstract,
-    describe_difference,
-    output_token,
-    spec_config,
+from flightcheck.verification.refinement.abstraction import Ledger, output_token, spec_config
+from flightcheck.verification.refinement.budget import Budget, BudgetSpent
+from flightcheck.verification.refinement.checks import AbortMany, RefinementChecks
+from flightcheck.verification.refinement.strategies import (
+    EOS,
+    FUZZED_PROFILES,
+    NEAR_CAP,
+    NUM_SLOTS,
+    UNKNOWN,
+    Outcome,
+    configs,
+    outcomes,
+    prompt_tokens,
 )
-from flightcheck.verification.traces.check import check_events, read_events
 from hypothesis import currently_in_test_context, note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from flightcheck import spec
 
-NUM_SLOTS = 20         # requests per run: enough to crowd a small pool, few enough to shrink
-EOS = 1                # the stop token; prompts never contain it, every request stops on it
-NEAR_CAP = 4           # arrival lengths drawn past 15 mean max_model_len - 1 - (0..3)
-UNKNOWN = -1           # an abort of an id no request ever had
-
-
-class BudgetSpent(BaseException):
-    """The run's step budget is used up with no failure. A BaseException, so
-    Hypothesis does not take it for a failing test and stops at once."""
-
-
-class Budget:
-    """Rule steps left to a fuzz run. Once a failure is seen the budget stops
-    gating, so Hypothesis can replay and shrink the failing program."""
-
-    def __init__(self, steps: int) -> None:
-        self.steps, self.used = steps, 0
-        self.failure_seen = False
-        self.steps_to_failure: int | None = None
-        self.seconds_to_failure: float | None = None
-        self._t0 = time.perf_counter()
-
-    def tick(self) -> None:
-        if self.failure_seen:
-            return
-        if self.used >= self.steps:
-            raise BudgetSpent()
-        self.used += 1
-
-    def fail(self) -> None:
-        if not self.failure_seen:
-            self.failure_seen, self.steps_to_failure = True, self.used
-            self.seconds_to_failure = time.perf_counter() - self._t0
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What the model returns for one sampled entry: EOS or an ordinary token,
-    how many of the scheduled drafts were accepted, how many drafts it
-    proposes next and which of them (if any) is EOS."""
-
-    eos: bool = False
-    accepted: int = 0
-    drafts: int = 0
-    eos_draft: int | None = None
-
-    def __repr__(self) -> str:
-        parts = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
-                 if getattr(self, f.name) != f.default]
-        return f"Outcome({', '.join(parts)})"
-
-
-@dataclass(frozen=True)
-class AbortMany:
-    """Several aborts in one `finish_requests` call: checked against the
-    spec's aborts one after another (no spec action of its own, so the
-    transition properties, which are about one action, are not checked on it)."""
-
-    reqs: tuple[int, ...]
-
-    def __str__(self) -> str:
-        return f"abort {', '.join(f'r{r}' for r in self.reqs)}"
-
-
-def outcome(code: int) -> Outcome:
-    """An outcome from one integer: cheaper to draw than four fields. The
-    low digits hold what should vary most: the drafts proposed next, then how
-    many were accepted (codes 5-7 of that digit reject every draft, so
-    rejections, which spec decode must undo, are common); EOS is rare (1 in
-    16), so requests live long enough to be preempted mid-decode.
-
-    Code 0, which Hypothesis draws far more often than any other (it is
-    where every integer shrinks to), is an ordinary token with the most
-    drafts proposed next (clipped to the configuration's k) and none of the
-    scheduled drafts accepted: the case spec decode must undo, not the plain
-    token it used to be, with which 58 % of sampled entries proposed no
-    draft (29 % now; benchmarks/fuzz_events.py, docs/fuzzing.md "The
-    simplest draws")."""
-    drafts, accepted = 4 - code % 5, (code // 5) % 8
-    eos, eos_draft = (code // 40) % 16 == 15, (code // 640) % 5
-    return Outcome(eos, accepted if accepted <= 4 else 0, drafts,
-                   None if eos_draft == 0 else eos_draft - 1)
-
-
-def outcomes() -> st.SearchStrategy[list[Outcome]]:
-    """What the model returns for the (at most four) sampled entries of a batch."""
-    return st.lists(st.integers(0, 5 * 8 * 16 * 5 - 1).map(outcome), min_size=4, max_size=4)
-
-
-# The version profiles a fuzz run drives (reference/profiles.py; the spec's
-# profiles.py names the same ones), the default first: fuzz.py gives each a
-# share of the run's steps, so the code only one version runs (0.8.4's
-# preallocation) is driven too.
-FUZZED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4")
-
-
-@st.composite
-def configs(draw, profile: str = FUZZED_PROFILES[0]) -> SchedulerConfig:
-    """Small, valid configurations: every request fits in the pool alone (the
-    spec's liveness assumption, the reference's validation), with few blocks
-    to spare so that preemption happens. A pipeline and a second sequence
-    slot are the common case (most bugs need a batch in flight while another
-    request moves), so K = 1 and max_num_seqs = 1 come last (shrink away) and
-    K = 2, two sequences, come twice; spec decode is on unless shrunk away,
-    the prefill threshold on one time in two (chunked prefills put entries
-    that sample nothing before entries that sample, where a walk over a
-    batch's outputs must go on past the former), and then 1 twice as often
-    as any other value (a threshold of 1 clips a decode with drafts to its
-    known token: the boundary where no draft is scheduled; measured: drawn
-    uniformly instead, median steps to kill rose for three of four mutants,
-    docs/fuzzing.md).
-
-    All under the version `profile`, which draws nothing (so the default
-    profile's programs are exactly those from before profiles were fuzzed);
-    the scheduling policy is drawn on its own, so both policies run under
-    each profile. Under a profile that preallocates, half the configurations
-    preallocate a few blocks' worth instead of the profile's 64 tokens."""
-    block_size = draw(st.integers(1, 4))
-    max_model_len = draw(st.integers(8, 16) | st.integers(2, 16))
-    # The budget counts down from 16: Hypothesis draws an integer's lower
-    # bound far more often than any other value, and a budget of 1 clips
-    # every decode to its known token (no draft is ever scheduled) and every
-    # prefill to one token a batch; the whole range is still drawn.
-    budget = 17 - draw(st.integers(1, 16))
-    preallocate = None                     # the profile's own
-    if get_profile(profile).num_preallocate_tokens and draw(st.booleans()):
-        # 0.8.4's 64 tokens are more blocks than these pools hold, so every
-        # allocation takes the cap (and one request the whole free pool); a
-        # few blocks' worth (not a whole number of them, at times) makes the
-        # preallocation itself what is taken, with room left for others.
-        preallocate = draw(st.integers(1, 3 * block_size))
-    return SchedulerConfig(
-        max_num_batched_tokens=budget, max_num_seqs=draw(st.sampled_from([2, 3, 2, 4, 1])),
-        max_model_len=max_model_len, block_size=block_size,
-        num_blocks=cdiv(max_model_len, block_size) + draw(st.integers(0, 1)),
-        num_pipeline_stages=draw(st.sampled_from([2, 3, 2, 4, 1])),
-        long_prefill_token_threshold=(draw(st.integers(0, 8).map(lambda t: max(1, t)))
-                                      if draw(st.integers(0, 3)) >= 2 else 0),
-        num_spec_tokens=draw(st.sampled_from([3, 2, 3, 1, 0])),
-        enable_prefix_caching=draw(st.booleans()),
-        continue_prefill=(draw(st.integers(0, 2).map(lambda x: x != 2))
-                          if not get_profile(profile).stale_output_counters else None),
-        profile=profile, num_preallocate_tokens=preallocate,
-        # vLLM 0.33's drop mode one configuration in three (deliver is its default)
-        drop_stale_output=(get_profile(profile).stale_output_counters
-                           and draw(st.integers(0, 2)) == 2))
-
-
-def prompt_tokens(slot: int, family: int, shared: int, length: int) -> list[int]:
-    """`shared` leading tokens common to every prompt of `family` (prefix
-    hits), the rest unique to the slot; never EOS, always below output tokens."""
-    return [100 + family * 1000 + p if p < shared else 10_000 + slot * 1000 + p
-            for p in range(length)]
+# fuzz.py and the tests import these from here (and patch `Budget.tick`)
+__all__ = ["FUZZED_PROFILES", "Budget", "BudgetSpent", "Outcome", "RefinementMachine",
+           "machine_factory", "pinned_machine"]
 
 
 def _step(fn, counts: bool = True):
@@ -271,7 +125,7 @@ def _guard(fn):
     return _step(fn, counts=False)
 
 
-class RefinementMachine(RuleBasedStateMachine):
+class RefinementMachine(RefinementChecks, RuleBasedStateMachine):
     """The reference (optionally one of its mutants) against the correct spec.
 
     A mutant is put in force by whoever runs the machine
@@ -527,41 +381,6 @@ class RefinementMachine(RuleBasedStateMachine):
             self._check_request_data(before, output)
         return output is not None
 
-    def _check_request_data(self, before: spec.State, output: SchedulerOutput) -> None:
-        """What the workers receive for each entry, against the spec's states
-        around the schedule: a request never run gets new-request data (its
-        prompt and whole table), a preempted one resumes with cached data
-        marked resumed (its whole table again: preemption freed it), a running
-        one cached data with only the blocks new to its table; every entry
-        carries exactly the known tokens it computes, and an admitted one its
-        prefix hit (where its computation starts) as cached tokens."""
-        for entry in output.entries:
-            slot = self.ledger.entry_slot(entry.req_id, entry.incarnation)
-            status, request = before.requests[slot].status, self.ledger.requests[slot]
-            if self.state.requests[slot].status is not spec.Status.RUNNING:
-                continue
-            old_table = before.requests[slot].block_table
-            table = self.state.requests[slot].block_table
-            start, n = entry.num_computed_tokens, entry.num_new_tokens
-            known = list(request.all_token_ids[start:start + n - len(entry.spec_token_ids)])
-            problem = None
-            if (status is spec.Status.WAITING) != (type(entry) is NewRequestData):
-                problem = f"{type(entry).__name__} for a request that was {status.name}"
-            elif (status is spec.Status.PREEMPTED) != entry.resumed_from_preemption:
-                problem = f"resumed_from_preemption={entry.resumed_from_preemption} for {status.name}"
-            elif type(entry) is NewRequestData and list(entry.prompt_token_ids) != list(
-                    request.prompt_token_ids):
-                problem = "new-request data with another prompt"
-            elif tuple(entry.new_block_ids) != table[len(old_table):]:
-                problem = f"block ids {tuple(entry.new_block_ids)}, table grew by {table[len(old_table):]}"
-            elif list(entry.new_token_ids) != known:
-                problem = f"token ids {list(entry.new_token_ids)}, the known tokens are {known}"
-            elif entry.num_cached_tokens != (0 if status is spec.Status.RUNNING else start):
-                problem = f"num_cached_tokens {entry.num_cached_tokens}, the prefix hit is " \
-                          f"{0 if status is spec.Status.RUNNING else start}"
-            if problem is not None:
-                self._fail(f"batch {output.batch_id}, entry of r{slot} ({entry.req_id}): {problem}")
-
     def _complete(self, returned: list[Outcome]) -> None:
         self.outcomes, self.calls, self.num_calls = list(returned), {}, 0
         if not self.by_name:
@@ -608,29 +427,6 @@ class RefinementMachine(RuleBasedStateMachine):
         holder = self.ledger.active_slot(entry.req_id)
         return own if holder is None else holder
 
-    def _expected_after_completion(self, before: spec.State,
-                                   action: spec.CompleteOldest) -> tuple[spec.State, spec.State | None]:
-        """The spec's successor, and (under name reuse) the successor with
-        every entry whose name another request now holds dropped from the
-        oldest batch, with its sample: outputs bound by incarnation, the
-        reference's named deviation `reused_id_output_dropped` (None when
-        the oldest batch holds no such entry)."""
-        expected = spec.step(before, self.spec_cfg, action)
-        expected = before if expected is None else expected
-        if not (self.spec_cfg.allow_name_reuse and before.in_flight):
-            return expected, None
-        oldest = before.in_flight[0]
-        misbound = {e for e in oldest
-                    if holder_of(before, e.lookup_name) not in (None, e.req)}
-        if not misbound:
-            return expected, None
-        sampling = spec.sampling_entries(before, self.spec_cfg)
-        kept = tuple(s for e, s in zip(sampling, action.samples) if e not in misbound)
-        dropped = replace(before, in_flight=(tuple(e for e in oldest if e not in misbound),)
-                          + before.in_flight[1:])
-        by_incarnation = spec.step(dropped, self.spec_cfg, spec.CompleteOldest(kept))
-        return expected, by_incarnation
-
     @_guard
     def teardown(self) -> None:
         if self.check_traces and self.engine is not None and not self.broken:
@@ -659,110 +455,6 @@ class RefinementMachine(RuleBasedStateMachine):
                                          min(len(proposed), self.cfg.num_spec_tokens))
         return RefSample(token, accepted, proposed)
 
-    # -- checking ---------------------------------------------------------------
-
-    def _check(self, action: spec.Action | AbortMany, expected: spec.State | None = None) -> None:
-        before = self.state
-        by_incarnation: spec.State | None = None
-        if expected is None and isinstance(action, spec.CompleteOldest):
-            expected, by_incarnation = self._expected_after_completion(before, action)
-        elif expected is None and not isinstance(action, spec.Schedule):
-            expected = spec.step(before, self.spec_cfg, action)
-            if expected is None:            # disabled in the spec: the reference must not move
-                expected = before
-        after = abstract(self.scheduler, self.engine, self.ledger)
-        self.history.append((action, after))
-        if by_incarnation is not None and after == by_incarnation and after != expected:
-            self.num_reused_id_outputs_dropped += 1   # the named deviation: checked below
-        elif after != expected:
-            self._fail(f"refinement: after `{action}` the reference is not where the spec goes\n"
-                       f"  before:    {spec.describe(before)}\n"
-                       f"  spec:      {spec.describe(expected)}\n"
-                       f"  reference: {spec.describe(after)}\n"
-                       f"  {describe_difference(expected, after)}")
-        cfg = self.spec_cfg
-        broken = [inv.name for inv in spec.invariants_for(cfg) if not inv.holds(after, cfg)]
-        if not isinstance(action, AbortMany):
-            broken += [p.name for p in spec.transition_properties_for(cfg)
-                       if not p.holds(before, after, action, cfg)]
-        if broken:
-            self._fail(f"{', '.join(broken)} broken after `{action}`\n"
-                       f"  state: {spec.describe(after)}")
-        self.finished_unreported.update(
-            slot for slot, (was, now) in enumerate(zip(before.requests, after.requests))
-            if now.status.is_finished and not was.status.is_finished)
-        self._check_engine_counts(after)
-        if self.by_name:
-            self._check_predicted_fates(after)
-        if self.engine.can_schedule() != is_schedule_enabled(after, cfg):
-            self._fail(f"the engine {'can' if self.engine.can_schedule() else 'cannot'} schedule, "
-                       f"the spec disagrees, in {spec.describe(after)}")
-        self.state = after
-
-    def _check_engine_counts(self, after: spec.State) -> None:
-        """The counts the engine loops gate on (drive.py's EngineLoop), from
-        the spec's state: whether any request is unfinished, how many are not
-        in flight (vLLM 0.8.4's gate), and the batches in flight numbered
-        consecutively up to the last one submitted."""
-        unfinished = bool(after.waiting or after.running)
-        if self.scheduler.has_unfinished_requests() != unfinished:
-            self._fail(f"has_unfinished_requests() is {not unfinished} in {spec.describe(after)}")
-        unscheduled = len(after.waiting) + len(after.running) - len(after.scheduled_ids)
-        if self.scheduler.get_num_unscheduled_requests() != unscheduled:
-            self._fail(f"get_num_unscheduled_requests() is "
-                       f"{self.scheduler.get_num_unscheduled_requests()}, the spec has "
-                       f"{unscheduled} in {spec.describe(after)}")
-        if self.scheduler.has_requests() != (unfinished or bool(self.finished_unreported)):
-            self._fail(f"has_requests() is {self.scheduler.has_requests()} with "
-                       f"{'' if unfinished else 'no '}unfinished requests and finished ones "
-                       f"{sorted(self.finished_unreported)} not yet carried to the workers, in "
-                       f"{spec.describe(after)}")
-        ids = [out.batch_id for out, _ in self.engine.batch_queue if out.batch_id is not None]
-        if ids != list(range(self.num_batches - len(ids) + 1, self.num_batches + 1)):
-            self._fail(f"batch ids in flight {ids}, {self.num_batches} batches submitted")
-
-    def _check_predicted_fates(self, after: spec.State) -> None:
-        """vLLM 0.33: what the reference says becomes of each in-flight
-        entry's output if it completed now (`fate_of`; the trace writer lists
-        the discarded ones as dropped): a drop-mode request's orphan is
-        discarded (the spec's `drop_stale`), any other entry keeps its fate."""
-        for (output, _), entries in zip(self.engine.batch_queue, after.in_flight):
-            for entry, spec_entry in zip(output.entries, entries):
-                expected = spec_entry.fate
-                if expected is spec.Fate.ORPHANED and after.requests[spec_entry.req].drop_stale:
-                    expected = spec.Fate.SUPERSEDED
-                predicted = self.scheduler.fate_of(entry)
-                if predicted.value != expected.value:
-                    self._fail(f"fate_of({entry.req_id}) is {predicted.value} for an entry of "
-                               f"r{spec_entry.req} whose output the spec makes {expected.value}, "
-                               f"in {spec.describe(after)}")
-
-    def _check_trace(self) -> None:
-        """Finish the run with the engine's own loop, then the trace the
-        reference wrote must replay on the spec, with and without block ids."""
-        self.outcomes, self.calls, self.stale_names = [], {}, set()
-        # vLLM 0.33's loop completes the oldest batch in the step that fills
-        # the queue, so its own steps never start with a full queue; the
-        # rules may leave one (`schedule` fills it): drain it to the loop's
-        # reach first.
-        while (self.engine.loop.enqueues_empty_batches
-               and self.engine.num_in_flight_batches >= self.engine.max_concurrent_batches):
-            self.engine.complete_oldest_step()
-        self.engine.run(max_steps=10_000)
-        self.scheduler.trace.end()
-        text = self.sink.getvalue().splitlines()
-        result = check_events(read_events(text), profile=self.cfg.profile)
-        if not result.ok:
-            self._fail(f"check_trace rejects the reference's trace: {result.to_json()}\n"
-                       + "\n".join(text))
-        stripped = [json.dumps({k: v for k, v in e.items() if k != "block_ids"} if e["ev"] != "schedule"
-                               else {**e, "entries": [{k: v for k, v in x.items() if k != "block_ids"}
-                                                      for x in e["entries"]]})
-                    for e in read_events(text)]
-        result = check_events(read_events(stripped), profile=self.cfg.profile)
-        scheduled = any(e["ev"] == "schedule" and e["entries"] for e in read_events(text))
-        if not result.ok or (scheduled and not any("block identity" in u for u in result.unchecked)):
-            self._fail(f"check_trace on the trace without block_ids: {result.to_json()}")
 
     # -- bookkeeping ------------------------------------------------------------
 
@@ -793,13 +485,6 @@ class RefinementMachine(RuleBasedStateMachine):
                 return free[(reuse - 1) % len(free)]
         return f"r{slot}"
 
-    def _fail(self, message: str) -> None:
-        self.broken = True
-        if self.budget is not None:
-            self.budget.fail()
-        steps = "\n".join(f"  {i:3} {str(a):<40} -> {spec.describe(s)}"
-                          for i, (a, s) in enumerate(self.history, start=1))
-        raise AssertionError(f"{message}\nspec actions and abstract states:\n{steps}")
 
 
 @functools.cache

@@ -1,10 +1,7 @@
 """The Z3 engines' rows for `flightcheck verify` (verification/suite.py): one
-row per spec property, in the suite's `PropertyResult` shape, plus mutant
-hunting by BMC."""
+row per spec property, in the suite's `PropertyResult` shape."""
 
 from __future__ import annotations
-
-import time
 
 from flightcheck.verification.models import Model
 from flightcheck.verification.results import PropertyResult, kind_of
@@ -12,21 +9,20 @@ from flightcheck.verification.z3.bmc.engine import (
     BmcOptions,
     applicable_sometimes,
     bmc,
-    bmc_split,
-    first_counterexample,
-    max_parts,
 )
-from flightcheck.verification.z3.encoding.invariants import (
+from flightcheck.verification.z3.bmc.cubes import max_parts
+from flightcheck.verification.z3.bmc.parallel import bmc_split
+from flightcheck.verification.z3.encoding.sometimes import (
     VERIFICATION_SOMETIMES,
-    spec_properties_for,
     verification_target_applies,
 )
+from flightcheck.verification.z3.encoding.transitions import spec_properties_for
 from flightcheck.verification.z3.induction.kinduction import prove_by_induction
 from flightcheck.verification.z3.profiles import DEFERRAL_MODEL, profile_model
 
 
 def _row(p, method: str | None = None):
-    # a verification-only "sometimes" target (z3.encoding.invariants.VERIFICATION_SOMETIMES)
+    # a verification-only "sometimes" target (z3.encoding.sometimes.VERIFICATION_SOMETIMES)
     # is not among the spec's names kind_of knows: the engine's kind says what it is
     kind = "sometimes" if p.kind == "sometimes" else kind_of(p.name)
     return PropertyResult(p.name, kind, p.status, method or p.method, p.depth, p.seconds)
@@ -72,21 +68,13 @@ def bmc_rows(model: Model, depth: int, time_budget: float | None = None, jobs: i
     """Every spec property bounded (or violated) to `depth`, every applicable
     "sometimes" target (or those named in `sometimes`) reached (or not) within
     it: BMC with the sound reductions (the spec, not a mutant: z3.bmc.reduction),
-    its paths shared among `jobs` processes (z3.bmc.engine.bmc_split)."""
+    its paths shared among `jobs` processes (z3.bmc.parallel.bmc_split)."""
     reduce = model.mutant is None
     jobs = min(jobs, max_parts(model))
     res = bmc_split(model, depth, BmcOptions(time_budget=time_budget, reduce=reduce, sometimes=sometimes),
                     jobs=jobs)
     method = "bmc" + (", reduced" if reduce else "") + (f", {jobs} processes" if jobs > 1 else "")
     return [_row(p, method) for p in res.properties if p.kind != "auxiliary"]
-
-
-def hunt_mutant_bmc(name: str, model: Model, max_depth: int = 12, time_budget: float = 60.0):
-    """A mutant's shortest counterexample by BMC: (killed, property, trace, seconds)."""
-    t0 = time.perf_counter()
-    p = first_counterexample(model.with_mutant(name), max_depth, time_budget)
-    return (p is not None, None if p is None else p.name, None if p is None else p.trace,
-            time.perf_counter() - t0)
 
 
 # How deep the cover query for a profile's verification-only targets goes on

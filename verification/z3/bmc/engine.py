@@ -15,18 +15,16 @@ itself find the property broken. What a run checks, and how, is a
 record a violation, assume what held, check the targets, record a reach,
 finish the rows) is a method of `_BmcRun`, its formula in its docstring.
 
-`bmc_split` shares the paths among processes: each runs this BMC on the
-paths of one `Cube` (the label of one early step), and the parts' results
-merge into one (a property holds to the depth every part reached; a
-violation or target is reported at the smallest depth any part found it).
+`bmc_split` (parallel.py) shares the paths among processes: each runs this
+BMC on the paths of one `Cube` (cubes.py: the label of one early step), and
+the parts' results merge into one (a property holds to the depth every part
+reached; a violation or target is reported at the smallest depth any part
+found it).
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import queue
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -35,32 +33,29 @@ from flightcheck.spec import SOMETIMES, Action, Config, State
 from flightcheck.spec.sometimes import ASYNC_SOMETIMES
 from flightcheck.verification.models import Model
 from flightcheck.verification.results import kind_of
+from flightcheck.verification.z3.bmc.cubes import Cube
 from flightcheck.verification.z3.bmc.reduction import (
     check_reducible,
     peephole,
     twin_order,
 )
-from flightcheck.verification.z3.encoding.actions import (
-    ABORT,
-    ARRIVE,
-    COMPLETE,
-    SCHEDULE,
-)
 from flightcheck.verification.z3.encoding.invariants import (
     ALL_INVARIANT_FORMULAS,
     INVARIANT_FORMULAS,
+    invariant_formulas_for,
+    well_formed,
+)
+from flightcheck.verification.z3.encoding.sometimes import (
     ASYNC_SOMETIMES_FORMULAS,
     SCHEDULE_SOMETIMES_FORMULAS,
     SOMETIMES_FORMULAS,
     STEP_SOMETIMES_FORMULAS,
-    TRANSITION_FORMULAS,
     VERIFICATION_SOMETIMES,
-    invariant_formulas_for,
     verification_target_applies,
-    well_formed,
 )
+from flightcheck.verification.z3.encoding.transitions import TRANSITION_FORMULAS
 from flightcheck.verification.z3.encoding.system import Step, System
-from flightcheck.verification.z3.encoding.terms import arithmetic, conj, disj, eq, neg
+from flightcheck.verification.z3.encoding.terms import arithmetic
 from flightcheck.verification.z3.induction.strengthening import AUXILIARY, auxiliary_for
 from flightcheck.verification.z3.results import (
     EngineResult,
@@ -91,54 +86,6 @@ def applicable_sometimes(model: Model) -> list[str]:
     shares_prefix = len(labels) != len(set(labels))     # a duplicate needs two prompts with one label
     return [target.name for target in SOMETIMES if target.is_applicable(model.cfg, shares_prefix)] + \
         [target.name for target in VERIFICATION_SOMETIMES if verification_target_applies(target, model.cfg)]
-
-
-@dataclass(frozen=True)
-class Cube:
-    """The paths whose step `at` carries one of `labels` ((action code,
-    request) pairs; request 0 for schedule and complete), or, with `negate`,
-    none of them. The set is prefix-closed, so a part's lemmas on the prefix
-    stay sound; paths of at most `at` steps belong to every part."""
-
-    at: int
-    labels: frozenset[tuple[int, int]]
-    negate: bool = False
-
-    def __str__(self) -> str:
-        names = {ARRIVE: "arrive r{}", SCHEDULE: "schedule", COMPLETE: "complete", ABORT: "abort r{}"}
-        labels = ", ".join(names[a].format(r) for a, r in sorted(self.labels))
-        return f"step {self.at + 1} is {'none' if self.negate else 'one'} of {{{labels}}}"
-
-    def formula(self, step: Step) -> z3.BoolRef:
-        """The step carries one of the labels (none of them, with `negate`)."""
-        inside = disj(*[conj(eq(step.choices.act, action), eq(step.choices.req, request))
-                        for action, request in sorted(self.labels)])
-        return neg(inside) if self.negate else inside
-
-
-def split(model: Model, parts: int) -> list[Cube | None]:
-    """`parts` cubes that together hold every path, on the label of the
-    second step (the first is an arrival). For two parts the cut is the one
-    measured to balance on shared-k3: a schedule against everything else
-    (114 s and 130 s to depth 8, `benchmarks/bmc_depth.py --jobs 2`); more
-    parts deal the other labels out in turn, the last taking whatever the
-    others do not name."""
-    if parts <= 1:
-        return [None]
-    num_requests = model.num_requests
-    others = [(ARRIVE, num_requests - 1), *[(ARRIVE, r) for r in range(num_requests - 1)], (COMPLETE, 0),
-              *[(ABORT, r) for r in range(num_requests)]]
-    if parts > max_parts(model):
-        raise ValueError(f"{model.name}: at most {max_parts(model)} parts (one per label of the second step), "
-                         f"not {parts}")
-    named = [[(SCHEDULE, 0)], *[others[i::parts - 1] for i in range(parts - 2)]]
-    covered = frozenset(x for group in named for x in group)
-    return [Cube(1, frozenset(group)) for group in named] + [Cube(1, covered, negate=True)]
-
-
-def max_parts(model: Model) -> int:
-    """One part per label a step can carry: schedule, complete, and an arrival and an abort per request."""
-    return 2 + 2 * model.num_requests
 
 
 class _Unrolling:
@@ -434,102 +381,6 @@ def bmc(model: Model, max_depth: int, options: BmcOptions = BmcOptions(), progre
         if remaining is not None and remaining <= 0:
             break
     return run.finish()
-
-
-def bmc_split(model: Model, max_depth: int, options: BmcOptions = BmcOptions(), jobs: int = 2,
-              progress: Progress | None = None) -> EngineResult:
-    """`bmc` with the paths shared among `jobs` processes (one `Cube` each),
-    merged: a property holds to the depth every part completed; a violation
-    or a reached target is the shallowest any part found. `progress` is called
-    once every part has completed a depth, with their solver counts summed."""
-    cubes = split(model, jobs)
-    if len(cubes) == 1:
-        return bmc(model, max_depth, options, progress=progress)
-    started = time.perf_counter()
-    context = multiprocessing.get_context("spawn")      # Z3 contexts do not survive a fork
-    events = context.Queue()
-    workers = [context.Process(target=_part, args=(part, model, max_depth, cube, options, events), daemon=True)
-               for part, cube in enumerate(cubes)]
-    for worker in workers:
-        worker.start()
-    try:
-        results, finished_at = _collect(workers, events, started, progress)
-    finally:
-        for worker in workers:
-            if worker.is_alive():
-                worker.terminate()
-            worker.join()
-    result = _merge(model, [results[part] for part in range(len(cubes))], time.perf_counter() - started)
-    for part, cube in enumerate(cubes):
-        times = ", ".join(f"{depth}: {seconds:.1f}" for depth, seconds in sorted(finished_at[part].items()))
-        result.notes.append(f"part {part} ({cube}) completed depths at seconds {{{times}}}")   # depth: seconds
-    return result
-
-
-def _collect(workers: list, events, started: float,
-             progress: Progress | None) -> tuple[dict[int, EngineResult], dict[int, dict[int, float]]]:
-    """The parts' results, as their events arrive: each part's result, and
-    the second at which it completed each depth. A part's failure is raised
-    here with its traceback; `progress` is told of each depth once every part
-    has completed it."""
-    num_parts = len(workers)
-    counts_at: dict[int, dict[int, dict[str, int]]] = {part: {} for part in range(num_parts)}
-    finished_at: dict[int, dict[int, float]] = {part: {} for part in range(num_parts)}
-    results: dict[int, EngineResult] = {}
-    reported = -1
-    while len(results) < num_parts:
-        try:
-            kind, part, payload = events.get(timeout=5)
-        except queue.Empty:
-            dead = [j for j, worker in enumerate(workers) if not worker.is_alive() and j not in results]
-            if dead and events.empty():
-                raise RuntimeError(f"BMC part {dead[0]} died (exit code {workers[dead[0]].exitcode})")
-            continue
-        if kind == "error":
-            raise RuntimeError(f"BMC part {part} failed:\n{payload}")
-        if kind == "result":
-            results[part] = payload
-            continue
-        depth, counts = payload
-        counts_at[part][depth] = counts
-        finished_at[part][depth] = time.perf_counter() - started
-        while progress is not None and all(reported + 1 in by_depth for by_depth in counts_at.values()):
-            reported += 1
-            at_depth = [by_depth[reported] for by_depth in counts_at.values()]
-            progress(reported, time.perf_counter() - started,
-                     {key: sum(counts[key] for counts in at_depth) for key in at_depth[0]})
-    return results, finished_at
-
-
-def _part(part: int, model: Model, max_depth: int, cube: Cube, options: BmcOptions, events) -> None:
-    """One process of `bmc_split`: its events are ("depth" | "result" | "error", part, payload)."""
-    try:
-        result = bmc(model, max_depth, options, cube=cube,
-                     progress=lambda depth, _seconds, counts: events.put(("depth", part, (depth, counts))))
-        events.put(("result", part, result))
-    except Exception:       # noqa: BLE001 - the parent re-raises it with the traceback
-        events.put(("error", part, traceback.format_exc()))
-
-
-def _merge(model: Model, parts: list[EngineResult], seconds: float) -> EngineResult:
-    """One result from the parts': each row from the part that found it
-    shallowest, or else from the part that got least deep (an "unknown"
-    there outweighs a "bounded" elsewhere at the same depth)."""
-    completed = min(part.depth for part in parts)
-    rows = []
-    for first in parts[0].properties:
-        mine = [part.by_name()[first.name] for part in parts]
-        found = [row for row in mine if row.status in ("violated", "reached")]
-        if found:
-            row = min(found, key=lambda row: (row.depth, row.seconds))
-            if completed < row.depth - 1:
-                row.message = (f"found at depth {row.depth}; a part stopped at depth {completed}, "
-                               "so a shorter one may exist")
-        else:
-            row = min(mine, key=lambda row: (row.depth, row.status != "unknown"))
-        rows.append(row)
-    return EngineResult(model.name, "bmc", seconds, completed, rows,
-                        notes=[f"paths shared among {len(parts)} processes (z3.bmc.engine.split)"])
 
 
 def _confirm_reached(model: Model, name: str, states: list[State], actions: list[Action] | None = None) -> None:

@@ -55,6 +55,8 @@ refused for a spec mutant, whose commutations nobody checked.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import z3
 from flightcheck.verification.models import Model
 from flightcheck.verification.z3.encoding.actions import (
@@ -100,9 +102,26 @@ def twin_order(system: System, t: int) -> list[z3.BoolRef]:
                                         for lower, higher in twins(system.model)])
 
 
-def forbidden(layout: Layout, first_action: z3.ExprRef, first_request: z3.ExprRef, second_action: z3.ExprRef,
-              second_request: z3.ExprRef, before: SState, middle: SState, after: SState) -> z3.BoolRef:
-    """Steps first: before -> middle and second: middle -> after are in an order the rules drop."""
+@dataclass(frozen=True)
+class StepPair:
+    """Two consecutive steps, first: before -> middle and second: middle ->
+    after, each an action code on a request (as the step's choices name them)."""
+
+    first_action: z3.ExprRef
+    first_request: z3.ExprRef
+    second_action: z3.ExprRef
+    second_request: z3.ExprRef
+    before: SState
+    middle: SState
+    after: SState
+
+
+def forbidden(layout: Layout, pair: StepPair) -> z3.BoolRef:
+    """The pair's steps are in an order the rules drop."""
+    first_action, first_request = pair.first_action, pair.first_request
+    second_action, second_request = pair.second_action, pair.second_request
+    before, middle, after = pair.before, pair.middle, pair.after
+
     def holds_no_block(request: z3.ExprRef) -> z3.BoolRef:
         return disj(*[conj(eq(request, k), eq(q.table_len, 0)) for k, q in enumerate(before.reqs)])
 
@@ -130,6 +149,6 @@ def forbidden(layout: Layout, first_action: z3.ExprRef, first_request: z3.ExprRe
 def peephole(system: System, first: Step, second: Step) -> z3.BoolRef:
     """Steps i, i+1 are not in an order the rules drop."""
     chosen_first, chosen_second = first.choices, second.choices
-    return system.build(lambda layout: neg(forbidden(layout, chosen_first.act, chosen_first.req,
-                                                     chosen_second.act, chosen_second.req,
-                                                     first.before, first.after, second.after)))
+    pair = StepPair(chosen_first.act, chosen_first.req, chosen_second.act, chosen_second.req,
+                    first.before, first.after, second.after)
+    return system.build(lambda layout: neg(forbidden(layout, pair)))

@@ -185,6 +185,27 @@ class Completion:
     micro: list = field(default_factory=list)   # MicroStep per entry
 
 
+@dataclass(frozen=True)
+class Returned:
+    """What the model returned for one entry of the completing batch (the
+    step's choices for its slot): the drafts accepted, where a stop token
+    falls among the tokens (NO_STOP: nowhere), the drafts proposed next."""
+
+    accepted: Any
+    stop_at: Any
+    next_drafts: Any
+
+
+@dataclass(frozen=True)
+class OutputRule:
+    """Whether an entry's output is applied at all (`here`), and by which
+    rule: a live entry's (`is_live`) or an orphaned one's (`is_orphaned`)."""
+
+    here: Any
+    is_live: Any
+    is_orphaned: Any
+
+
 def entry_samples(layout: Layout, s: SState, e) -> Any:
     """Whether the model returns tokens for e: decided by the snapshot."""
     if layout.is_mutant("final_chunk_from_live_counter"):
@@ -216,17 +237,16 @@ def complete_oldest(layout: Layout, builder: Builder, s: SState, ch: Choices) ->
         oks.append(ite(conj(eq(ch.act, COMPLETE), here), good, canonical))
         live = conj(valid, eq(e.fate, LIVE))
 
-        def apply(st: SState, e=e, live=live, here=here, acc=acc, stop=stop, nd=nd) -> SState:
-            return _apply_sample(layout, builder, _settle_live(layout, st, e, live), e, acc, stop, nd, here,
-                                 eq(e.fate, LIVE), eq(e.fate, ORPHANED))
+        returned = Returned(acc, stop, nd)
 
-        def apply_by_name(st: SState, e=e, valid=valid, here=here, acc=acc, stop=stop, nd=nd) -> SState:
-            return _apply_by_name(layout, builder, st, e, valid, here, acc, stop, nd)
+        def apply_by_fate(st: SState, e=e, live=live, here=here, returned=returned) -> SState:
+            rule = OutputRule(here, eq(e.fate, LIVE), eq(e.fate, ORPHANED))
+            return _apply_sample(layout, builder, _settle_live(layout, st, e, live), e, returned, rule)
 
-        if by_name:
-            apply = apply_by_name
+        def apply_by_name(st: SState, e=e, valid=valid, here=here, returned=returned) -> SState:
+            return _apply_by_name(layout, builder, st, e, valid, here, returned)
 
-        st = builder.step(st, apply, f"entry{j}", micro)
+        st = builder.step(st, apply_by_name if by_name else apply_by_fate, f"entry{j}", micro)
     return Completion(st, flags, conj(*oks), start, micro)
 
 
@@ -240,7 +260,7 @@ def _output_applied(layout: Layout, s: SState, e) -> Any:
 
 
 def _apply_by_name(layout: Layout, builder: Builder, st: SState, e, valid: Any, here: Any,
-                   acc: Any, stop: Any, nd: Any) -> SState:
+                   returned: Returned) -> SState:
     """One entry of spec.actions._complete_by_name (vLLM 0.33): the fate is not
     read. If e's request is unfinished its counters settle (in flight -= n,
     and stale -= n while it has stale output), and a token it returns is
@@ -254,7 +274,7 @@ def _apply_by_name(layout: Layout, builder: Builder, st: SState, e, valid: Any, 
         in_flight = ite(lt(in_flight, 0), V(0), in_flight)
     settled = with_counters(st, e.req, unfinished, in_flight=in_flight,
                             stale=ite(stale, c.stale - e.n, c.stale))
-    return _apply_sample(layout, builder, settled, e, acc, stop, nd, conj(unfinished, here), neg(stale), stale)
+    return _apply_sample(layout, builder, settled, e, returned, OutputRule(conj(unfinished, here), neg(stale), stale))
 
 
 def _settle_live(layout: Layout, st: SState, e, live: Any) -> SState:
@@ -269,13 +289,15 @@ def _settle_live(layout: Layout, st: SState, e, live: Any) -> SState:
     return st
 
 
-def _apply_sample(layout: Layout, builder: Builder, st: SState, e, acc: Any, stop: Any, nd: Any, here: Any,
-                  is_live: Any, is_orphaned: Any) -> SState:
-    """e's tokens applied to its request by the rule of a live entry
-    (`is_live`) or an orphaned one (`is_orphaned`): the entry's fate in
-    0.8.x, whether its output is stale under vLLM 0.33."""
+def _apply_sample(layout: Layout, builder: Builder, st: SState, e, returned: Returned,
+                  rule: OutputRule) -> SState:
+    """e's tokens applied to its request where `rule.here`, by the rule of a
+    live entry (`rule.is_live`) or an orphaned one (`rule.is_orphaned`): the
+    entry's fate in 0.8.x, whether its output is stale under vLLM 0.33."""
     cfg = layout.cfg
     r = e.req
+    acc, stop, nd = returned.accepted, returned.stop_at, returned.next_drafts
+    here, is_live, is_orphaned = rule.here, rule.is_live, rule.is_orphaned
     q = builder.snap(req_at(st, r), "q")
     plen = builder.let("plen", at(layout, st, r, lambda q_, k: prompt_len(layout, q_, k)))
     cap = builder.let("max_tokens", at(layout, st, r, lambda q_, k: max_tokens(layout, q_, k)))
@@ -300,8 +322,8 @@ def _apply_sample(layout: Layout, builder: Builder, st: SState, e, acc: Any, sto
     drafts = ite(is_live, nd, q.num_drafts)
     applied = with_req(st, r, num_output=num_output, num_computed=num_computed, num_drafts=drafts)
     if st.asyncs:
-        applied = _settle_placeholders(layout, builder, st, applied, r, q, e, acc, appended, num_computed,
-                                       subtract, is_live)
+        applied = _settle_placeholders(layout, builder, SampleApplied(st, applied, q, e, acc, appended,
+                                                                      num_computed, subtract, is_live))
     done = finish(layout, applied, r, status)
     return merge(here, merge(finished, done, applied), st)
 
@@ -309,14 +331,34 @@ def _apply_sample(layout: Layout, builder: Builder, st: SState, e, acc: Any, sto
 # --- asynchronous scheduling (vllm-0.33-async: `Profile.output_placeholders`) ------
 
 
-def _settle_placeholders(layout: Layout, builder: Builder, st: SState, applied: SState, r: Any, q: Any, e,
-                         acc: Any, appended: Any, num_computed: Any, subtract: Any, is_live: Any) -> SState:
+@dataclass(frozen=True)
+class SampleApplied:
+    """One entry's output applied to its request by `_apply_sample`, for its
+    async part: the state `before` and `after` (the output appended), the
+    request's snapshot `q` before, the `entry`, the drafts it `accepted`, the
+    tokens `appended` before a stop, the counter after (`num_computed`),
+    whether rejections were subtracted, and whether the live rule applied."""
+
+    before: SState
+    after: SState
+    q: Any
+    entry: Any
+    accepted: Any
+    appended: Any
+    num_computed: Any
+    subtract: Any
+    is_live: Any
+
+
+def _settle_placeholders(layout: Layout, builder: Builder, out: SampleApplied) -> SState:
     """spec.actions._apply_sample's async part on `applied` (st with the
     output appended): the rejected drafts (where rejections are subtracted),
     then the returned tokens (a live output) are taken back from the
     placeholders, each only while they are > 0; a live output of a RUNNING
     request that had placeholders hashes the full blocks of its settled tokens
     (spec.actions._cache_settled_blocks) before a stop frees them."""
+    st, applied, q, e, r = out.before, out.after, out.q, out.entry, out.entry.req
+    acc, subtract, is_live = out.accepted, out.subtract, out.is_live
     a = builder.snap(async_at(st, r), "ph")
     placeholders = ite(conj(subtract, lt(0, a.placeholders)), a.placeholders - (e.drafts - acc), a.placeholders)
     placeholders = ite(conj(is_live, lt(0, placeholders)), placeholders - (acc + 1), placeholders)
@@ -325,10 +367,10 @@ def _settle_placeholders(layout: Layout, builder: Builder, st: SState, applied: 
     if not (cfg.rules.cache_settled_blocks_on_output and cfg.prefix_caching):
         return applied
     in_flight = counters_at(st, r).in_flight          # already settled for this output
-    settled = builder.let("settled", num_computed - (acc - appended) - in_flight)
+    settled = builder.let("settled", out.num_computed - (acc - out.appended) - in_flight)
     hashes = conj(is_live, lt(0, a.placeholders), eq(q.status, RUNNING), le(cfg.block_size, settled))
     labels = [label_at(layout, st, r, i) for i in range(layout.T)]
     pool = zb.cache_labels(layout, st.pool, q.table, q.table_len, labels, div_const(settled, cfg.block_size))
-    out = clone(applied)
-    out.pool = merge(hashes, pool, applied.pool)
-    return out
+    cached = clone(applied)
+    cached.pool = merge(hashes, pool, applied.pool)
+    return cached

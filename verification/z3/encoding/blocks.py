@@ -23,7 +23,6 @@ from flightcheck.verification.z3.encoding.terms import (
     ite,
     le,
     lt,
-    member,
     neg,
     pick,
     put,
@@ -236,7 +235,3 @@ def append_blocks(layout: Layout, table: list, table_len: Any, new: list, num_ne
                 v = ite(eq(table_len, base), ite(lt(s - base, num_new), new[s - base], V(PAD)), v)
         out.append(ite(lt(s, table_len), table[s], v))
     return out, table_len + num_new
-
-
-def member_of_table(b: Any, table: list, table_len: Any) -> Any:
-    return member(b, table, table_len)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import z3
 from flightcheck.spec import State, step
@@ -121,10 +121,3 @@ def random_walk_states(model: Model, count: int, seed: int = 0, max_len: int = 4
             if len(found) >= count:
                 break
     return list(found)
-
-
-def crosscheck(model: Model, states: Iterable[State]) -> CrossReport:
-    checker, report = CrossChecker(model), CrossReport()
-    for s in states:
-        checker.check(s, report)
-    return report

@@ -1,11 +1,11 @@
-"""spec/invariants.py, spec/transitions.py and spec/sometimes.py in Z3.
+"""spec/invariants.py in Z3 (its transition properties are in
+transitions.py, its "sometimes" targets in sometimes.py).
 
-Every predicate of the spec's INVARIANTS, TRANSITION_PROPERTIES and SOMETIMES
-has a formula here of the same name, written clause for clause after the
-Python one, over a frame (and, where the predicate calls `schedule`, the
-frame's schedule function). `tests/test_z3_invariants.py` checks that each
-formula and its predicate agree on sampled states, inside and outside the
-invariants.
+Every predicate of the spec's INVARIANTS has a formula here of the same
+name, written clause for clause after the Python one, over a frame (and,
+where the predicate calls `schedule`, the frame's schedule function).
+`tests/test_z3_invariants.py` checks that each formula and its predicate
+agree on sampled states, inside and outside the invariants.
 
 The formulas assume the frame is well formed (`well_formed`: every code,
 index and length in range, padding canonical), which every frame the
@@ -19,16 +19,14 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import z3
-from flightcheck.spec import CompleteOldest, Config, State
-from flightcheck.spec.schedule import _is_resumption_deferred, is_schedule_enabled
-from flightcheck.spec.schedule import schedule as spec_schedule
-from flightcheck.spec.sometimes import Sometimes
-from flightcheck.verification.z3.encoding.actions import (
-    ARRIVE,
-    COMPLETE,
-    SCHEDULE,
-    complete_guard,
-    is_active,
+from flightcheck.spec import Config
+from flightcheck.verification.z3.encoding.actions import complete_guard, is_active
+from flightcheck.verification.z3.encoding.entries import (
+    has_live,
+    last_live_samples,
+    live,
+    live_entries,
+    positions,
 )
 from flightcheck.verification.z3.encoding.requests import (
     at,
@@ -38,12 +36,8 @@ from flightcheck.verification.z3.encoding.requests import (
 )
 from flightcheck.verification.z3.encoding.schedule import SchedResult
 from flightcheck.verification.z3.encoding.state import (
-    F_ABORTED,
-    F_LENGTH,
-    F_STOPPED,
     FATE,
     LIVE,
-    NEW,
     ORPHANED,
     PAD,
     PREEMPTED,
@@ -72,33 +66,6 @@ from flightcheck.verification.z3.encoding.terms import (
 )
 
 Formula = Callable[[Layout, SState, SchedResult], Any]
-
-
-def positions(layout: Layout, s: SState) -> list[tuple[Any, Any]]:
-    """Every in-flight entry slot in FIFO order: (entry, slot in use)."""
-    return [(e, conj(lt(k, s.num_batches), lt(j, b.length)))
-            for k, b in enumerate(s.batches) for j, e in enumerate(b.entries)]
-
-
-def live(e, used: Any, r: int) -> Any:
-    return conj(used, eq(e.req, r), eq(e.fate, LIVE))
-
-
-def has_live(layout: Layout, s: SState, r: int) -> Any:
-    return disj(*[live(e, u, r) for e, u in positions(layout, s)])
-
-
-def last_live(layout: Layout, s: SState, r: int, field: str, default: Any) -> Any:
-    """A field of r's last live entry in flight (`default` without one)."""
-    out = default
-    for e, u in positions(layout, s):
-        out = ite(live(e, u, r), getattr(e, field), out)
-    return out
-
-
-def last_live_samples(layout: Layout, s: SState, r: int) -> Any:
-    """r's last live entry samples (False without one)."""
-    return last_live(layout, s, r, "samples", z3.BoolVal(False))
 
 
 def _active(s: SState, r: int) -> Any:
@@ -187,7 +154,7 @@ def s8_spec_accounting(layout: Layout, s: SState, sch: SchedResult) -> Any:
     return conj(out)
 
 
-def s9_parts(layout: Layout, s: SState) -> dict[str, Any]:
+def kv_ownership_clauses(layout: Layout, s: SState) -> dict[str, Any]:
     """S9 clause by clause, named (the micro-step proofs track each apart)."""
     bs, pool, out = layout.cfg.block_size, s.pool, {}
     for r, q in enumerate(s.reqs):
@@ -231,7 +198,7 @@ def s9_parts(layout: Layout, s: SState) -> dict[str, Any]:
 
 
 def s9_kv_ownership(layout: Layout, s: SState, sch: SchedResult) -> Any:
-    return conj(list(s9_parts(layout, s).values()))
+    return conj(list(kv_ownership_clauses(layout, s).values()))
 
 
 def _queue_is(layout: Layout, xs: list, length: Any, members: list) -> Any:
@@ -376,12 +343,6 @@ COUNTER_FORMULAS: dict[str, Formula] = {
 
 # --- asynchronous scheduling (spec.invariants.ASYNC_REPLACEMENTS, ASYNC_INVARIANTS) --
 
-def _live_entries(layout: Layout, s: SState, r: int) -> list[tuple[int, Any, Any]]:
-    """(batch index, entry, is a live entry of r) over every slot in FIFO order."""
-    return [(k, e, conj(lt(k, s.num_batches), lt(j, b.length), eq(e.req, r), eq(e.fate, LIVE)))
-            for k, b in enumerate(s.batches) for j, e in enumerate(b.entries)]
-
-
 def s3a_async_coverage(layout: Layout, s: SState, sch: SchedResult) -> Any:
     """spec.invariants.s3_async_request: without spec decode the sync S3."""
     if layout.cfg.num_spec_tokens == 0:
@@ -389,7 +350,7 @@ def s3a_async_coverage(layout: Layout, s: SState, sch: SchedResult) -> Any:
     out = []
     for r, q in enumerate(s.reqs):
         seen, end, samples, ok = z3.BoolVal(False), V(0), z3.BoolVal(False), []
-        for _, e, here in _live_entries(layout, s, r):
+        for _, e, here in live_entries(layout, s, r):
             ok += [z3.Implies(here, le(1, e.n)),
                    z3.Implies(conj(here, seen), conj(le(e.start, end), disj(samples, eq(e.start, end))))]
             end, samples, seen = ite(here, e.start + e.n, end), ite(here, e.samples, samples), disj(seen, here)
@@ -404,7 +365,7 @@ def s5a_async_sampling(layout: Layout, s: SState, sch: SchedResult) -> Any:
     out = []
     for r, q in enumerate(s.reqs):
         tokens, ahead = num_tokens(layout, q, r), V(0)
-        for _, e, here in _live_entries(layout, s, r):
+        for _, e, here in live_entries(layout, s, r):
             reach = e.start + e.n - e.drafts
             ok = [lt(e.drafts, e.n), z3.Implies(lt(0, e.drafts), e.samples),
                   z3.Implies(neg(e.samples), conj(eq(ahead, 0), lt(reach, tokens)))]
@@ -424,7 +385,7 @@ def s6p_async_decode_gating(layout: Layout, s: SState, sch: SchedResult) -> Any:
     cap = -(-depth // stagger) if stagger else depth
     out = []
     for r in range(layout.N):
-        slots = _live_entries(layout, s, r)
+        slots = live_entries(layout, s, r)
         sampling = [(k, conj(here, e.samples)) for k, e, here in slots]
         ok = [le(count(x for _, x in sampling), cap)]
         ok += [neg(conj(x, y))        # two sampling entries fewer than `stagger` batches apart
@@ -445,7 +406,7 @@ def ia1_placeholders(layout: Layout, s: SState, sch: SchedResult) -> Any:
     out = []
     for r, q in enumerate(s.reqs):
         ph = s.asyncs[r].placeholders
-        total = sum_terms([ite(conj(here, e.samples), 1 + e.drafts, V(0)) for _, e, here in _live_entries(layout, s, r)])
+        total = sum_terms([ite(conj(here, e.samples), 1 + e.drafts, V(0)) for _, e, here in live_entries(layout, s, r)])
         out.append(conj(eq(ph, total),
                         ite(eq(q.status, RUNNING), disj(eq(ph, 0), eq(q.num_computed, num_tokens(layout, q, r) + ph - 1)),
                             eq(ph, 0))))
@@ -455,7 +416,7 @@ def ia1_placeholders(layout: Layout, s: SState, sch: SchedResult) -> Any:
 def ia2_placeholders_within_max_tokens(layout: Layout, s: SState, sch: SchedResult) -> Any:
     out = []
     for r, q in enumerate(s.reqs):
-        sampling = count(conj(here, e.samples) for _, e, here in _live_entries(layout, s, r))
+        sampling = count(conj(here, e.samples) for _, e, here in live_entries(layout, s, r))
         out.append(z3.Implies(_active(s, r), le(q.num_output + sampling, max_tokens(layout, q, r))))
     return conj(out)
 
@@ -501,12 +462,6 @@ def invariant_formulas_for(cfg: Config) -> dict[str, Formula]:
     return {**out, **ASYNC_FORMULAS}
 
 
-def spec_properties_for(cfg: Config) -> tuple[str, ...]:
-    """Every spec property the engines prove for cfg's profile: its state
-    invariants, then the transition properties."""
-    return (*invariant_formulas_for(cfg), *TRANSITION_FORMULAS)
-
-
 # --- well-formedness: what makes a frame a concrete State -----------------------
 
 def well_formed(layout: Layout, s: SState) -> Any:
@@ -531,200 +486,3 @@ def well_formed(layout: Layout, s: SState) -> Any:
             out.append(ite(lt(j, b.length), used, pad))
     return conj(out)
 
-
-# --- transition properties ------------------------------------------------------
-
-def _kept(st, shift: int):
-    return st.before.batches[shift:], st.before.num_batches - shift
-
-
-def s4_snapshot_immutability(layout: Layout, st) -> Any:
-    def holds(shift: int) -> Any:
-        kept, n = _kept(st, shift)
-        after = st.after
-        out = [le(n, after.num_batches)]
-        for kk, (x, y) in enumerate(zip(kept, after.batches)):
-            both = conj(lt(kk, n), lt(kk, after.num_batches))
-            same = [eq(x.length, y.length)]
-            for j, (a, b) in enumerate(zip(x.entries, y.entries)):
-                snap = conj(eq(a.req, b.req), eq(a.start, b.start), eq(a.n, b.n), a.samples == b.samples,
-                            eq(a.drafts, b.drafts))
-                same.append(z3.Implies(lt(j, x.length), snap))
-            out.append(z3.Implies(both, conj(same)))
-        return conj(out)
-    return ite(eq(st.choices.act, COMPLETE), holds(1), holds(0))
-
-
-def s13_fates_only_age(layout: Layout, st) -> Any:
-    def holds(shift: int) -> Any:
-        kept, n = _kept(st, shift)
-        after, out = st.after, []
-        for kk, (x, y) in enumerate(zip(kept, after.batches)):
-            both = conj(lt(kk, n), lt(kk, after.num_batches))
-            for j, (a, b) in enumerate(zip(x.entries, y.entries)):
-                out.append(z3.Implies(conj(both, lt(j, x.length), lt(j, y.length)), le(a.fate, b.fate)))
-        return conj(out)
-    return ite(eq(st.choices.act, COMPLETE), holds(1), holds(0))
-
-
-def s12_status_monotonicity(layout: Layout, st) -> Any:
-    before, after, act, sch = st.before, st.after, st.choices.act, st.sched
-    out = []
-    for b, a in zip(before.reqs, after.reqs):
-        fin = disj(eq(b.status, F_STOPPED), eq(b.status, F_LENGTH), eq(b.status, F_ABORTED))
-        out.append(z3.Implies(fin, conj(eq(a.status, b.status), eq(a.num_output, b.num_output))))
-        out.append(z3.Implies(conj(eq(b.status, NEW), neg(eq(a.status, NEW))), eq(act, ARRIVE)))
-        out.append(z3.Implies(conj(eq(a.status, RUNNING), neg(eq(b.status, RUNNING))), eq(act, SCHEDULE)))
-    admitted = [conj(lt(j, sch.count),
-                     disj(neg(eq(at(layout, before, e.req, lambda q, k: q.status), RUNNING)),
-                          pick(sch.preempted, e.req, z3.BoolVal(False))))
-                for j, e in enumerate(sch.entries)]
-    out.append(z3.Implies(conj(eq(act, SCHEDULE), sch.result, sch.any_preempted), neg(disj(*admitted))))
-    return conj(out)
-
-
-TRANSITION_FORMULAS: dict[str, Callable[[Layout, Any], Any]] = {
-    "S4_snapshot_immutability": s4_snapshot_immutability,
-    "S13_fates_only_age": s13_fates_only_age,
-    "S12_status_monotonicity": s12_status_monotonicity,
-}
-
-# Every spec property the engines prove: the state invariants, then the transition properties.
-SPEC_PROPERTIES: tuple[str, ...] = (*INVARIANT_FORMULAS, *TRANSITION_FORMULAS)
-
-
-# --- "sometimes" targets ----------------------------------------------------------
-
-def _finished_normally(s: SState, r: int) -> Any:
-    return disj(eq(s.reqs[r].status, F_STOPPED), eq(s.reqs[r].status, F_LENGTH))
-
-
-def _two_prefill_chunks(layout: Layout, s: SState, r: int) -> Any:
-    lives = [(live(e, u, r), e.samples) for e, u in positions(layout, s)]
-    first_samples = z3.BoolVal(False)
-    for here, samples in reversed(lives):
-        first_samples = ite(here, samples, first_samples)
-    return conj(le(2, count(h for h, _ in lives)), neg(first_samples))
-
-
-def _holds_preallocated_block(layout: Layout, s: SState, r: int) -> Any:
-    """spec.sometimes.preallocated_block: more blocks than
-    cdiv(num_tokens + k, block_size), taken ahead of need."""
-    q, bs = s.reqs[r], layout.cfg.block_size
-    need = div_const(num_tokens(layout, q, r) + (layout.cfg.num_spec_tokens + bs - 1), bs)
-    return lt(need, q.table_len)
-
-
-def deferred_resumption(s: State, cfg: Config, r: int) -> bool:
-    """The next schedule passes over preempted request r, whose stale output
-    (orphaned entries) is still in flight: its resumption is deferred."""
-    if r not in s.waiting or not _is_resumption_deferred(s, cfg, r) or not is_schedule_enabled(s, cfg):
-        return False
-    scheduled = spec_schedule(s, cfg)
-    if scheduled is not None and scheduled.preempted:
-        return False                        # the waiting loop runs only when nothing was preempted
-    entries = () if scheduled is None else scheduled.entries
-    before = s.waiting[:s.waiting.index(r)]
-    admitted = {e.req for e in entries if e.req in before}
-    # the loop reaches r: every request ahead of it admitted or deferred, budget and a seat left
-    if any(x not in admitted and not _is_resumption_deferred(s, cfg, x) for x in before):
-        return False
-    spent = sum(e.n for e in entries if e.req not in s.waiting or e.req in before)
-    return spent < cfg.max_num_batched_tokens and len(s.running) + len(admitted) < cfg.max_num_seqs
-
-
-# "Sometimes" targets of the verification alone: spec/sometimes.py names none
-# for vLLM 0.33's deferred resumption yet, so the target lives here, with its
-# concrete predicate (BMC's witnesses are checked against it) and its formula
-# (SCHEDULE_SOMETIMES_FORMULAS: it reads the frame's schedule).
-VERIFICATION_SOMETIMES: tuple[Sometimes, ...] = (
-    Sometimes("deferred_resumption", deferred_resumption, needs="defer_resume_while_stale"),
-)
-
-
-def verification_target_applies(target: Sometimes, cfg: Config) -> bool:
-    """A verification-only target is meaningful where its profile rule is on
-    (with batches to leave a preempted request's output in flight)."""
-    return bool(getattr(cfg.rules, target.needs)) and cfg.num_stages >= 2
-
-
-SCHEDULE_SOMETIMES_FORMULAS: dict[str, Callable[[Layout, SState, SchedResult], Any]] = {
-    # the schedule runs (room for a batch) and its waiting loop skips a deferred request
-    "deferred_resumption": lambda layout, s, sch: conj(sch.enabled, lt(0, sch.skipped)),
-}
-
-def _resumption_deferred(layout: Layout, s: SState, r: int) -> Any:
-    """spec.sometimes.resumption_deferred: PREEMPTED, a free seat, and
-    spec.schedule._is_resumption_deferred (on 0.33's counters: stale output
-    in deliver mode; with the rule but no counters: orphaned entries)."""
-    rules, q = layout.cfg.rules, s.reqs[r]
-    if not rules.defer_resume_while_stale:
-        return z3.BoolVal(False)
-    if s.counters:
-        c = s.counters[r]
-        has_stale = lt(0, c.stale) if rules.stale_test == "positive" else neg(eq(c.stale, 0))
-        deferred = conj(has_stale, neg(c.drop))
-    else:
-        deferred = disj(*[conj(used, eq(e.req, r), eq(e.fate, ORPHANED)) for e, used in positions(layout, s)])
-    return conj(eq(q.status, PREEMPTED), lt(s.running_len, layout.cfg.max_num_seqs), deferred)
-
-
-def _stale_output_delivered(layout: Layout, st) -> Any:
-    """spec.sometimes.stale_output_delivered, on a step: a request PREEMPTED
-    before it gains an output."""
-    return disj(*[conj(eq(b.status, PREEMPTED), lt(b.num_output, a.num_output))
-                  for b, a in zip(st.before.reqs, st.after.reqs)])
-
-
-# "Sometimes" targets reached on a transition (spec Sometimes.on_step): formulas of a step.
-STEP_SOMETIMES_FORMULAS: dict[str, Callable[[Layout, Any], Any]] = {
-    "stale_output_delivered": _stale_output_delivered,
-}
-
-SOMETIMES_FORMULAS: dict[str, Callable[[Layout, SState], Any]] = {
-    "request_can_finish": lambda layout, s: disj(*[_finished_normally(s, r) for r in range(layout.N)]),
-    "pipeline_can_be_full": lambda layout, s: eq(s.num_batches, layout.K),
-    "two_prefill_chunks_in_flight": lambda layout, s: disj(*[_two_prefill_chunks(layout, s, r) for r in range(layout.N)]),
-    "preempted_request_resumes_and_finishes":
-        lambda layout, s: disj(*[conj(s.was_preempted[r], _finished_normally(s, r)) for r in range(layout.N)]),
-    "preallocated_block":
-        lambda layout, s: disj(*[_holds_preallocated_block(layout, s, r) for r in range(layout.N)]),
-    "duplicate_cached_block": lambda layout, s: disj(*[lt(0, x) for x in s.pool.copy_rank]),
-    "resumption_deferred": lambda layout, s: disj(*[_resumption_deferred(layout, s, r) for r in range(layout.N)]),
-    # a step's target: no state alone reaches it (STEP_SOMETIMES_FORMULAS has its formula)
-    "stale_output_delivered": lambda layout, s: z3.BoolVal(False),
-    # the encoding's names are unique (Layout.of refuses allow_name_reuse): never reached here
-    "name_reused_in_flight": lambda layout, s: z3.BoolVal(False),
-    "empty_batch_in_queue":
-        lambda layout, s: disj(*[conj(lt(k, s.num_batches), eq(b.length, 0)) for k, b in enumerate(s.batches)]),
-}
-
-
-# --- async scheduling's targets (spec.sometimes.ASYNC_SOMETIMES) as cover formulas ------
-
-def _decode_behind_decode(layout: Layout, s: SState, r: int) -> Any:
-    """spec.sometimes.decode_behind_decode: two live sampling entries of r in flight."""
-    return le(2, count(conj(here, e.samples) for _, e, here in _live_entries(layout, s, r)))
-
-
-def _stopped_with_output_in_flight(layout: Layout, s: SState, r: int) -> Any:
-    """spec.sometimes.stopped_with_output_in_flight: r FINISHED_STOPPED with a
-    sampling entry of any fate still in flight."""
-    mine = disj(*[conj(u, eq(e.req, r), e.samples) for e, u in positions(layout, s)])
-    return conj(eq(s.reqs[r].status, F_STOPPED), mine)
-
-
-# Kept apart from SOMETIMES_FORMULAS (the sync targets every profile's BMC
-# covers): BMC covers these only when asked by name (BmcOptions.sometimes);
-# verify does not, since on its model both lie deeper than its depth of 4
-# (the stagger of K = 3), and the exhaustive search reaches both.
-ASYNC_SOMETIMES_FORMULAS: dict[str, Callable[[Layout, SState], Any]] = {
-    "decode_behind_decode": lambda layout, s: disj(*[_decode_behind_decode(layout, s, r) for r in range(layout.N)]),
-    "stopped_with_output_in_flight":
-        lambda layout, s: disj(*[_stopped_with_output_in_flight(layout, s, r) for r in range(layout.N)]),
-}
-
-__all__ = ["ASYNC_SOMETIMES_FORMULAS", "STEP_SOMETIMES_FORMULAS", "INVARIANT_FORMULAS", "COUNTER_FORMULAS", "ALL_INVARIANT_FORMULAS", "invariant_formulas_for",
-           "spec_properties_for", "TRANSITION_FORMULAS", "SPEC_PROPERTIES", "SOMETIMES_FORMULAS", "NEEDS_SCHEDULE",
-           "SCHEDULE_SOMETIMES_FORMULAS", "VERIFICATION_SOMETIMES", "verification_target_applies",
-           "well_formed", "positions", "has_live", "CompleteOldest"]

@@ -16,7 +16,7 @@ from flightcheck.verification.z3.encoding.state import (
     SReq,
     SState,
 )
-from flightcheck.verification.z3.encoding.terms import Builder, V, eq, ite, pick
+from flightcheck.verification.z3.encoding.terms import V, eq, ite, pick
 
 
 def prompt_len(layout: Layout, q: SReq, k: int) -> Any:
@@ -126,10 +126,6 @@ def with_async(s: SState, r: Any, when: Any = True, **fields: Any) -> SState:
 def put_flag(flags: list, r: Any, value: Any, when: Any = True) -> list:
     from flightcheck.verification.z3.encoding.terms import conj
     return [ite(conj(when, eq(r, k)), value, f) for k, f in enumerate(flags)]
-
-
-def snap_req(builder: Builder, s: SState, r: Any, name: str) -> SReq:
-    return builder.snap(req_at(s, r), name)
 
 
 def empty_table(layout: Layout) -> list:

@@ -24,8 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import z3
-from flightcheck.spec.profiles import num_preallocate_blocks
 from flightcheck.verification.z3.encoding import blocks as zb
+from flightcheck.verification.z3.encoding.allocation import (
+    Candidate,
+    blocks_for,
+    cache_full_blocks,
+    candidate,
+    concat,
+    snapshot_entry,
+    with_preallocation,
+)
 from flightcheck.verification.z3.encoding.requests import (
     async_at,
     at,
@@ -52,6 +60,7 @@ from flightcheck.verification.z3.encoding.state import (
     Layout,
     SBatch,
     SEntry,
+    SReq,
     SState,
     pad_entry,
 )
@@ -183,12 +192,6 @@ def _held_back(layout: Layout, builder: Builder, st: SState, r: Any, q: Any) -> 
     return builder.let("held", disj(guard, lt(0, a.countdown)))
 
 
-def _placeholders_of(st: SState, r: Any) -> Any:
-    """r's output placeholders (0 in a frame without them): tokens in flight
-    that count as known (`num_new_tokens`, `_add_entry`)."""
-    return async_at(st, r).placeholders if st.asyncs else V(0)
-
-
 def _forms_a_batch(layout: Layout, s: SState, acc: BatchInProgress) -> Any:
     """spec.schedule returns a Scheduled: something scheduled or preempted, or
     (vLLM 0.33 `Profile.empty_batches`, spec.schedule._idle) an empty batch
@@ -230,63 +233,6 @@ def _clip(layout: Layout, budget: Any, num_computed: Any, num_new: Any, is_admis
     return imax(V(0), imin(num_new, cfg.max_model_len - cfg.rules.sampled_token_slot - num_computed))
 
 
-def _blocks_for(layout: Layout, total: Any) -> Any:
-    bs = layout.cfg.block_size
-    if layout.is_mutant("no_block_for_last_token"):
-        return div_const(total, bs)
-    return div_const(total + (bs - 1), bs)
-
-
-def _with_preallocation(layout: Layout, num_fresh: Any, free_len: Any, held: Any) -> Any:
-    """The blocks an allocation pops: spec.schedule._allocate's preallocation
-    (vLLM 0.8.4), num_preallocate_blocks more when any are needed at all,
-    capped by the free blocks and by the table's room below max_model_len
-    (T slots). Preallocating more than T is the same as T, which keeps the
-    sum inside the bit-vectors' range."""
-    cfg = layout.cfg
-    extra = min(num_preallocate_blocks(cfg.num_preallocate_tokens, cfg.block_size), layout.T)
-    if extra == 0:
-        return num_fresh
-    return ite(lt(0, num_fresh), imin(num_fresh + extra, imin(free_len, layout.T - held)), num_fresh)
-
-
-def _cache(layout: Layout, st: SState, pool, r: Any, table: list, table_len: Any, total: Any,
-           tokens: Any):
-    """_allocate's label caching: the full blocks of known tokens (drafts left out)."""
-    if not layout.cfg.prefix_caching:
-        return pool
-    drafts = imax(V(0), total - tokens)
-    num_full = div_const(total - drafts, layout.cfg.block_size)
-    labels = [label_at(layout, st, r, i) for i in range(layout.T)]
-    return zb.cache_labels(layout, pool, table, table_len, labels, num_full)
-
-
-def _entry(layout: Layout, q, r: Any, tokens: Any, num_computed: Any, num_new: Any, cached: Any,
-           st: SState, budget: Any):
-    """_add_entry's snapshot: (entry, drafts kept by the request). `st` is the
-    state being scheduled (its batches are the ones in flight), `budget` the
-    token budget left before this entry."""
-    cfg = layout.cfg
-    drafts = imin(q.num_drafts, imax(V(0), num_computed + num_new - tokens))
-    start = num_computed
-    if layout.is_mutant("snapshot_omits_prefix_hit"):
-        start = ite(lt(0, cached), V(0), num_computed)
-    samples = start + num_new - drafts >= tokens
-    recorded = drafts
-    if layout.is_mutant("stale_drafts_on_prefill_chunk") and cfg.num_spec_tokens:
-        recorded = ite(samples, drafts, V(1))
-    entry = SEntry(r, start, num_new, samples, recorded, V(LIVE))
-    if layout.is_mutant("overlapping_chunks"):
-        live_in_flight = disj(*[conj(lt(j, b.length), eq(e.req, r), eq(e.fate, LIVE))
-                                for b in st.batches for j, e in enumerate(b.entries)])
-        capped = z3.BoolVal(False) if cfg.long_prefill_token_threshold <= 0 else \
-            le(cfg.long_prefill_token_threshold, num_new)
-        overlap = conj(live_in_flight, lt(num_new, budget), lt(0, start), neg(capped))
-        entry = SEntry(r, ite(overlap, start - 1, start), ite(overlap, num_new + 1, num_new),
-                       samples, recorded, V(LIVE))
-    return entry, drafts
-
-
 def _add(layout: Layout, acc: BatchInProgress, entry: SEntry, when: Any) -> tuple[list, Any, Any]:
     entries = [merge(conj(when, eq(acc.count, j)), entry, e) for j, e in enumerate(acc.entries)]
     budget = acc.budget if layout.is_mutant("budget_ignored") else ite(when, acc.budget - entry.n, acc.budget)
@@ -299,37 +245,51 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, thresh
     active = builder.let("active", conj(neg(acc.done), lt(acc.position, st.running_len), lt(0, acc.budget)))
     r = builder.let("r", pick(st.running, acc.position, V(PAD)))
     q = builder.snap(req_at(st, r), "q")
-    tokens = builder.let("tokens", tokens_at(layout, st, r))
+    c = candidate(st, r, q, builder.let("tokens", tokens_at(layout, st, r)))
     skip_sid = z3.BoolVal(False) if cfg.continue_prefill else pick(st.scheduled, r, z3.BoolVal(False))
     skip_sid = disj(skip_sid, _held_back(layout, builder, st, r, q))
-    known = tokens + _placeholders_of(st, r) if st.asyncs else tokens
     num_new0 = builder.let("num_new0", _clip(layout, acc.budget, q.num_computed,
-                                         known + q.num_drafts - q.num_computed, False, threshold_on))
+                                         c.known + q.num_drafts - q.num_computed, False, threshold_on))
     zero = eq(num_new0, 0)
     anyway = z3.BoolVal(False)
     if layout.is_mutant("decode_while_token_in_flight"):
-        anyway = conj(q.num_computed >= tokens, q.num_computed < cfg.max_model_len)
+        anyway = conj(q.num_computed >= c.tokens, q.num_computed < cfg.max_model_len)
     skip = disj(skip_sid, conj(zero, neg(anyway)))
     num_new = builder.let("num_new", ite(zero, V(1), num_new0))
-    total = q.num_computed + num_new
-    num_fresh = builder.let("num_fresh", imax(V(0), _blocks_for(layout, total) - q.table_len))
+    num_fresh = builder.let("num_fresh", imax(V(0), blocks_for(layout, q.num_computed + num_new) - q.table_len))
     fits = le(num_fresh, st.pool.free_len)
     do_skip = builder.let("skip", conj(active, skip))
     do_alloc = builder.let("alloc", conj(active, neg(skip), fits))
     do_pre = builder.let("preempt", conj(active, neg(skip), neg(fits)))
+    a, entry = _allocate_running(layout, builder, c, num_new, num_fresh, acc.budget)
+    entries, cnt, budget = _add(layout, acc, entry, do_alloc)
+    p, victim = _preempt_last(layout, builder, st)
+    return BatchInProgress(merge(do_alloc, a, merge(do_pre, p, st)), budget, cnt, entries,
+              put_flag(acc.preempted, victim, z3.BoolVal(True), do_pre), acc.admitted_from_preempted, acc.admitted,
+              disj(acc.any_preempted, do_pre), ite(disj(do_skip, do_alloc), acc.position + 1, acc.position),
+              disj(acc.done, conj(do_pre, eq(victim, r))), acc.skipped)
 
-    # allocate: fresh blocks from the free queue's head, labels cached, entry added
-    num_popped = builder.let("num_popped", _with_preallocation(layout, num_fresh, st.pool.free_len, q.table_len))
+
+def _allocate_running(layout: Layout, builder: Builder, c: Candidate, num_new: Any, num_fresh: Any,
+                      budget: Any) -> tuple[SState, SEntry]:
+    """The running loop's allocation: fresh blocks from the free queue's head,
+    labels cached; the state after it and the entry it adds."""
+    st, q, r = c.st, c.q, c.r
+    total = q.num_computed + num_new
+    num_popped = builder.let("num_popped", with_preallocation(layout, num_fresh, st.pool.free_len, q.table_len))
     pool, fresh = zb.pop_fresh(layout, st.pool, num_popped, layout.T)
     table, table_len = zb.append_blocks(layout, q.table, q.table_len, fresh, num_popped)
-    pool = _cache(layout, st, pool, r, table, table_len, total, tokens)
-    entry, drafts = _entry(layout, q, r, known, q.num_computed, num_new, V(0), st, acc.budget)
+    pool = cache_full_blocks(layout, c, pool, table, table_len, total)
+    entry, drafts = snapshot_entry(layout, c, q.num_computed, num_new, V(0), budget)
     a = clone(st)
     a.pool = pool
-    a = with_req(a, r, num_drafts=drafts, table_len=table_len, table=table)
-    entries, cnt, budget = _add(layout, acc, entry, do_alloc)
+    return with_req(a, r, num_drafts=drafts, table_len=table_len, table=table), entry
 
-    # preempt the last running request
+
+def _preempt_last(layout: Layout, builder: Builder, st: SState) -> tuple[SState, Any]:
+    """The running loop's preemption of the last running request: the state
+    after it, and the victim."""
+    cfg = layout.cfg
     victim = builder.let("victim", pick(st.running, st.running_len - 1, V(PAD)))
     v = builder.snap(req_at(st, victim), "v")
     p = clone(st)
@@ -351,25 +311,7 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, thresh
         drop = z3.BoolVal(True) if cfg.stale_mode == "drop" else conj(c.drop, lt(0, c.stale))
         p = with_counters(p, victim, stale=c.in_flight, drop=drop)
     # spec.schedule._reset_placeholders (vLLM 0.33 `_preempt_request`); the countdown is kept
-    p = with_async(p, victim, placeholders=V(0))
-
-    out = BatchInProgress(merge(do_alloc, a, merge(do_pre, p, st)), budget, cnt, entries,
-              put_flag(acc.preempted, victim, z3.BoolVal(True), do_pre), acc.admitted_from_preempted, acc.admitted,
-              disj(acc.any_preempted, do_pre), ite(disj(do_skip, do_alloc), acc.position + 1, acc.position),
-              disj(acc.done, conj(do_pre, eq(victim, r))), acc.skipped)
-    return out
-
-
-def _concat(layout: Layout, xs: list, nx: Any, ys: list, ny: Any) -> list:
-    """xs[:nx] + ys[:ny], PAD-padded to T slots."""
-    out = []
-    for s in range(layout.T):
-        v = V(PAD)
-        for base in range(min(s, len(xs)), -1, -1):
-            if s - base < len(ys):
-                v = ite(eq(nx, base), ite(lt(s - base, ny), ys[s - base], V(PAD)), v)
-        out.append(ite(lt(s, nx), xs[s], v) if s < len(xs) else v)
-    return out
+    return with_async(p, victim, placeholders=V(0)), victim
 
 
 def _remove_at(layout: Layout, xs: list, i: Any) -> list:
@@ -394,52 +336,81 @@ def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase:
     position, skip it (vLLM 0.33: a deferred resumption, which keeps its
     place), or break. In 0.8.x the position is always the head."""
     cfg, st, bs = layout.cfg, acc.state, layout.cfg.block_size
-    rules = cfg.rules
     seats = z3.BoolVal(True) if layout.is_mutant("max_num_seqs_ignored") else lt(st.running_len, cfg.max_num_seqs)
     active = builder.let("active", conj(phase, neg(acc.done), lt(acc.skipped, st.waiting_len), lt(0, acc.budget),
                                         seats))
     r = builder.let("r", pick(st.waiting, acc.skipped, V(PAD)))
     q = builder.snap(req_at(st, r), "q")
-    deferred = z3.BoolVal(False)
+    deferred = _is_resumption_deferred(layout, builder, st, r, q)
+    c = candidate(st, r, q, builder.let("tokens", tokens_at(layout, st, r)))
+    if cfg.prefix_caching:
+        labels = [label_at(layout, st, r, i) for i in range(layout.T)]
+        num_hit, hit = zb.lookup_hit(layout, builder, st.pool, labels, div_const(c.tokens, bs),
+                                     div_const(c.tokens - 1, bs))
+        num_hit = builder.let("num_hit", num_hit)
+    else:
+        num_hit, hit = V(0), []
+    hit_tokens = num_hit * bs
+    num_new = builder.let("num_new", _clip(layout, acc.budget, q.num_computed, c.tokens - hit_tokens, True,
+                                           threshold_on))
+    num_fresh = builder.let("num_fresh", imax(V(0), blocks_for(layout, q.num_computed + hit_tokens + num_new)
+                                              - q.table_len - num_hit))
+    fits = zb.can_allocate(st.pool, num_fresh, hit, num_hit)
+    if cfg.rules.full_sequence_admission:
+        # _fits_whole (vLLM 0.33 `allocate_slots(full_sequence_must_fit=True)`): blocks for the
+        # whole current sequence, less the hit, fit among the free blocks not being hit
+        whole = blocks_for(layout, imin(c.tokens, V(cfg.max_model_len)))
+        fits = conj(zb.can_allocate(st.pool, imax(V(0), whole - num_hit), hit, num_hit), fits)
+    skip = builder.let("defer", conj(active, deferred))
+    ok = builder.let("admit", conj(active, neg(deferred), neg(eq(num_new, 0)), fits))
+    a, entry = _admit(layout, builder, c, _Hit(hit, num_hit), num_new, num_fresh, acc)
+    entries, cnt, budget = _add(layout, acc, entry, ok)
+    return BatchInProgress(merge(ok, a, st), budget, cnt, entries, acc.preempted,
+               put_flag(acc.admitted_from_preempted, r, eq(q.status, PREEMPTED), ok),
+               put_flag(acc.admitted, r, z3.BoolVal(True), ok), acc.any_preempted, acc.position,
+               disj(acc.done, conj(active, neg(ok), neg(skip))), ite(skip, acc.skipped + 1, acc.skipped))
+
+
+def _is_resumption_deferred(layout: Layout, builder: Builder, st: SState, r: Any, q: SReq) -> Any:
+    """spec.schedule._is_resumption_deferred for the waiting loop's request
+    (False without the profile's rule)."""
+    rules = layout.cfg.rules
     if rules.defer_resume_while_stale and st.counters:
         # _is_resumption_deferred on vLLM 0.33's counters: stale output (the counter's
         # truthiness, or > 0 under the hardened variant's Profile.stale_test) in deliver mode
         c = counters_at(st, r)
         has_stale = lt(0, c.stale) if rules.stale_test == "positive" else neg(eq(c.stale, 0))
-        deferred = builder.let("deferred", conj(has_stale, neg(c.drop)))
-    elif rules.defer_resume_while_stale:
+        return builder.let("deferred", conj(has_stale, neg(c.drop)))
+    if rules.defer_resume_while_stale:
         # _is_resumption_deferred: PREEMPTED with orphaned entries in flight
-        deferred = builder.let("deferred", conj(eq(q.status, PREEMPTED), _has_orphans(layout, st, r)))
-    tokens = builder.let("tokens", tokens_at(layout, st, r))
-    if cfg.prefix_caching:
-        labels = [label_at(layout, st, r, i) for i in range(layout.T)]
-        num_hit, hit = zb.lookup_hit(layout, builder, st.pool, labels, div_const(tokens, bs), div_const(tokens - 1, bs))
-        num_hit = builder.let("num_hit", num_hit)
-    else:
-        num_hit, hit = V(0), []
-    hit_tokens = num_hit * bs
-    num_new = builder.let("num_new", _clip(layout, acc.budget, q.num_computed, tokens - hit_tokens, True,
-                                           threshold_on))
-    total = q.num_computed + hit_tokens + num_new
-    num_fresh = builder.let("num_fresh", imax(V(0), _blocks_for(layout, total) - q.table_len - num_hit))
-    fits = zb.can_allocate(st.pool, num_fresh, hit, num_hit)
-    if rules.full_sequence_admission:
-        # _fits_whole (vLLM 0.33 `allocate_slots(full_sequence_must_fit=True)`): blocks for the
-        # whole current sequence, less the hit, fit among the free blocks not being hit
-        whole = _blocks_for(layout, imin(tokens, V(cfg.max_model_len)))
-        fits = conj(zb.can_allocate(st.pool, imax(V(0), whole - num_hit), hit, num_hit), fits)
-    skip = builder.let("defer", conj(active, deferred))
-    ok = builder.let("admit", conj(active, neg(deferred), neg(eq(num_new, 0)), fits))
+        return builder.let("deferred", conj(eq(q.status, PREEMPTED), _has_orphans(layout, st, r)))
+    return z3.BoolVal(False)
 
-    pool = zb.touch(layout, builder, st.pool, hit, num_hit) if hit else st.pool
-    num_popped = builder.let("num_popped", _with_preallocation(layout, num_fresh, pool.free_len,
+
+@dataclass(frozen=True)
+class _Hit:
+    """A prefix-cache hit: the blocks hit (T slots, PAD past `num_hit`) and how many."""
+
+    blocks: list
+    num_hit: Any
+
+
+def _admit(layout: Layout, builder: Builder, c: Candidate, hit: _Hit, num_new: Any, num_fresh: Any,
+           acc: BatchInProgress) -> tuple[SState, SEntry]:
+    """The waiting loop's admission: the hit blocks touched, fresh blocks
+    popped after them, labels cached, the request moved to running; the state
+    after it and the entry it adds."""
+    st, q, r, num_hit = c.st, c.q, c.r, hit.num_hit
+    hit_tokens = num_hit * layout.cfg.block_size
+    total = q.num_computed + hit_tokens + num_new
+    pool = zb.touch(layout, builder, st.pool, hit.blocks, num_hit) if hit.blocks else st.pool
+    num_popped = builder.let("num_popped", with_preallocation(layout, num_fresh, pool.free_len,
                                                                q.table_len + num_hit))
     pool, fresh = zb.pop_fresh(layout, pool, num_popped, layout.T)
-    new_blocks = _concat(layout, hit, num_hit, fresh, num_popped)
+    new_blocks = concat(layout, hit.blocks, num_hit, fresh, num_popped)
     table, table_len = zb.append_blocks(layout, q.table, q.table_len, new_blocks, num_hit + num_popped)
-    pool = _cache(layout, st, pool, r, table, table_len, total, tokens)
-    known = tokens + _placeholders_of(st, r) if st.asyncs else tokens
-    entry, drafts = _entry(layout, q, r, known, hit_tokens, num_new, hit_tokens, st, acc.budget)
+    pool = cache_full_blocks(layout, c, pool, table, table_len, total)
+    entry, drafts = snapshot_entry(layout, c, hit_tokens, num_new, hit_tokens, acc.budget)
     a = clone(st)
     a.pool = pool
     a.waiting = _remove_at(layout, st.waiting, acc.skipped)
@@ -448,11 +419,7 @@ def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase:
     a.running_len = st.running_len + 1
     a = with_req(a, r, status=V(RUNNING), num_computed=hit_tokens, num_drafts=drafts, table_len=table_len,
                  table=table)
-    entries, cnt, budget = _add(layout, acc, entry, ok)
-    return BatchInProgress(merge(ok, a, st), budget, cnt, entries, acc.preempted,
-               put_flag(acc.admitted_from_preempted, r, eq(q.status, PREEMPTED), ok),
-               put_flag(acc.admitted, r, z3.BoolVal(True), ok), acc.any_preempted, acc.position,
-               disj(acc.done, conj(active, neg(ok), neg(skip))), ite(skip, acc.skipped + 1, acc.skipped))
+    return a, entry
 
 
 def _launch(layout: Layout, acc: BatchInProgress) -> SState:

@@ -399,10 +399,6 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
                  scheduled_ids=frozenset(r for r in range(layout.N) if bv(f.scheduled[r])))
 
 
-def decode_ghost(layout: Layout, m: z3.ModelRef, f: SState) -> tuple[bool, ...]:
-    return tuple(z3.is_true(m.eval(g, model_completion=True)) for g in f.was_preempted)
-
-
 def dump(m: z3.ModelRef, f: SState) -> str:
     """Every variable of a frame with its value (for frames `decode` rejects)."""
     return ", ".join(f"{name}={m.eval(v, model_completion=True)}" for name, v in leaves(f))

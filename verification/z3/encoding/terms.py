@@ -56,11 +56,6 @@ def var(name: str) -> Any:
     return z3.Const(name, num_sort())
 
 
-def is_num(x: Any) -> bool:
-    """A term of the encoding's number sort (not a Boolean)."""
-    return isinstance(x, (z3.ArithRef, z3.BitVecRef))
-
-
 def value_of(x: Any) -> int:
     """A model's value for a number term as a Python int."""
     return x.as_signed_long() if z3.is_bv_value(x) else x.as_long()

@@ -10,12 +10,7 @@ import re
 from typing import Any
 
 import z3
-from flightcheck.verification.z3.encoding.invariants import (
-    has_live,
-    last_live,
-    live,
-    positions,
-)
+from flightcheck.verification.z3.encoding.entries import has_live, last_live, live, positions
 from flightcheck.verification.z3.encoding.state import (
     F_ABORTED,
     F_LENGTH,

@@ -29,13 +29,15 @@ conjunct), the union of their drops leaves, and a round that drops nothing
 ends it; its transition-property rows, proved with what was alive assumed,
 are the result's. When the conjunction is inductive as given (the
 strengthening invariants), that is a single round.
+
+step(k)'s solvers and queries, and the micro-step chains, are built in
+step.py; this module runs the proof on them.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import functools
 import multiprocessing
 import time
 from dataclasses import dataclass
@@ -45,214 +47,33 @@ import z3
 from flightcheck.spec import Action, State
 from flightcheck.verification.models import Model
 from flightcheck.verification.results import kind_of
-from flightcheck.verification.z3.encoding.actions import (
-    ABORT,
-    ARRIVE,
-    COMPLETE,
-    SCHEDULE,
-    complete_guard,
-)
-from flightcheck.verification.z3.encoding.invariants import (
-    ALL_INVARIANT_FORMULAS,
-    NEEDS_SCHEDULE,
-    TRANSITION_FORMULAS,
-    invariant_formulas_for,
-    well_formed,
-)
-from flightcheck.verification.z3.encoding.schedule import SchedResult
-from flightcheck.verification.z3.encoding.state import SState
+from flightcheck.verification.z3.encoding.actions import COMPLETE, SCHEDULE
+from flightcheck.verification.z3.encoding.invariants import NEEDS_SCHEDULE, invariant_formulas_for
 from flightcheck.verification.z3.encoding.system import Step, System, Transitions
-from flightcheck.verification.z3.encoding.terms import V, arithmetic, eq
-from flightcheck.verification.z3.induction.grammar import is_candidate, predicate
-from flightcheck.verification.z3.induction.microsteps import (
-    SPLIT,
-    Chain,
-    MicroChain,
-    batch_facts,
-    completion_facts,
+from flightcheck.verification.z3.encoding.terms import V, arithmetic
+from flightcheck.verification.z3.encoding.transitions import TRANSITION_FORMULAS
+from flightcheck.verification.z3.induction.microsteps import MicroChain
+from flightcheck.verification.z3.induction.step import (
+    ACTIONS,
+    InductionStep,
+    StepQuery,
+    chains,
+    formula,
+    k_induction,
+    solver_for,
 )
-from flightcheck.verification.z3.induction.strengthening import AUXILIARY, auxiliary_for
+from flightcheck.verification.z3.induction.strengthening import auxiliary_for
 from flightcheck.verification.z3.results import EngineResult, EngineVerdict
-
-ACTIONS = {ARRIVE: "arrive", SCHEDULE: "schedule", COMPLETE: "complete_oldest", ABORT: "abort"}
 
 # A counterexample to induction: the state before, the action, the state after
 # (a string where the solver's state is not a spec state).
 Cti = tuple[State | str, Action, State | str]
 
 
-def formula(system: System, name: str, state: SState, schedule: SchedResult | None = None) -> z3.BoolRef:
-    """Conjunct `name` on a symbolic state (a frame or an action's effect)."""
-    if name == "WF_encoding":
-        return system.build(well_formed, state)
-    if name in ALL_INVARIANT_FORMULAS:
-        return system.build(ALL_INVARIANT_FORMULAS[name], state, schedule)
-    if is_candidate(name):
-        return system.build(predicate(name), state)
-    return system.build(AUXILIARY[name], state)
-
-
-def _new_solver(system: System) -> z3.Solver:
-    """A solver for the system's arithmetic: bit-vectors or integers."""
-    return z3.SolverFor("QF_BV") if system.layout.width else z3.SolverFor("QF_LIA")
-
-
-# A lean query the incremental solver has not settled within this many
-# milliseconds is split into its top-level conjuncts (or, when it has none,
-# asked again of a fresh solver): with 8 requests, `complete_oldest` against
-# S3 as one query ran for over ten minutes; request by request it takes
-# under a second each.
-INCREMENTAL_MS = 30_000
-
-
-@dataclass
-class _Query:
-    """step(k) for one action: its solvers, and each conjunct on the action's effect.
-
-    A conjunct is first asked of a lean solver: the same step without the
-    hypotheses that call `schedule` on the frame (L2) and, for the other
-    actions, without the schedule circuit itself. Fewer hypotheses only
-    admit more models, so its unsat is a proof; when it is not unsat, the
-    full solver decides (and gives the CTI). With 8 requests, assuming L2
-    makes even an `arrive` query reason through the whole schedule circuit:
-    such a query ran for minutes where the lean one takes a second."""
-
-    action: int
-    goal: dict[str, z3.BoolRef]         # conjunct name -> formula on effect_a(s_{k-1})
-    guard: z3.BoolRef                   # literal: the action is taken
-    solvers: dict[str, z3.Solver]       # conjunct name -> the full solver that checks it
-    parts: dict[str, list[z3.BoolRef]]  # conjunct name -> its clauses, for the big ones (SPLIT)
-    new_lean_solver: Callable[[], z3.Solver]
-    lean_solver: z3.Solver | None = None    # the incremental lean solver, once made
-    timeout_ms: int | None = None
-
-    def solver(self, name: str) -> z3.Solver:
-        return self.solvers[name]
-
-    def check(self, name: str, assumptions: list[z3.BoolRef]) -> z3.CheckSatResult:
-        """Can the action break conjunct `name`? Clause by clause for a split
-        one (many small queries beat one big disjunction)."""
-        return self._check_each(name, assumptions, self.parts.get(name, [self.goal[name]]))
-
-    def _check_each(self, name: str, assumptions: list[z3.BoolRef], claims: list[z3.BoolRef]) -> z3.CheckSatResult:
-        """unsat when no claim can be broken; else sat or unknown for the first that is not refuted."""
-        for claim in claims:
-            answer = self.check_formula(name, assumptions, claim)
-            if answer != z3.unsat:
-                return answer
-        return z3.unsat
-
-    def check_formula(self, name: str, assumptions: list[z3.BoolRef], claim: z3.BoolRef) -> z3.CheckSatResult:
-        """Can the action break `claim`? Lean first, then in full (which gives the CTI)."""
-        question = [*assumptions, self.guard, z3.Not(claim)]
-        if name not in NEEDS_SCHEDULE:
-            if self.lean_solver is None:
-                self.lean_solver = self.new_lean_solver()
-            answer = self._ask(self.lean_solver, question, INCREMENTAL_MS)
-            if answer == z3.unknown and z3.is_and(claim):
-                return self._check_each(name, assumptions, claim.children())
-            if answer == z3.unknown:
-                answer = self._ask(self.new_lean_solver(), question)
-            if answer == z3.unsat:
-                return answer
-        return self._ask(self.solvers[name], question)
-
-    def _ask(self, solver: z3.Solver, question: list[z3.BoolRef], cap_ms: int | None = None) -> z3.CheckSatResult:
-        limits = [ms for ms in (cap_ms, self.timeout_ms) if ms is not None]
-        if limits:
-            solver.set("timeout", min(limits))
-        return solver.check(*question)
-
-
-@dataclass(frozen=True)
-class InductionStep:
-    """step(k), as `k_induction` builds it: a literal per conjunct that assumes
-    it on frames 0..k-1, one `_Query` per action (in `ACTIONS` order), and
-    the last step's transitions (each action's guard and effect)."""
-
-    assume: dict[str, z3.BoolRef]
-    queries: list[_Query]
-    transitions: Transitions
-
-    def assumptions(self, names: Iterable[str]) -> list[z3.BoolRef]:
-        """The literals that assume `names` on the frames."""
-        return [self.assume[name] for name in names]
-
-
-def k_induction(system: System, k: int, names: list[str]) -> InductionStep:
-    """step(k) as one small solver per action (and one more per action for
-    the conjuncts that call `schedule` on the next state): frames 0..k-1 with
-    T between them, every conjunct assumed on them under a literal each, and
-    the action's guard under a literal. Keeping each action's circuit (and
-    the next state's schedule circuit) out of the other queries is what
-    keeps them fast."""
-    transitions = system.transitions(k - 1)
-    assume = {name: z3.Bool(f"assume:{name}") for name in names}
-
-    def assumed_on_frames(selected: list[str]) -> list[z3.BoolRef]:
-        """assume[n] -> n(s_0) AND ... AND n(s_{k-1}), for each selected n."""
-        return [z3.Implies(assume[name], z3.And([formula(system, name, system.frame(t), system.sched(t)[0])
-                                                 for t in range(k)])) for name in selected]
-
-    hypotheses = assumed_on_frames(names)
-    lean_hypotheses = assumed_on_frames([name for name in names if name not in NEEDS_SCHEDULE])
-    prefix = [c for t in range(k - 1) for c in system.step(t, t + 1).constraints]
-    queries = []
-    for action in ACTIONS:
-        effect = transitions.effects[action]
-        takes = z3.Bool(f"takes:{ACTIONS[action]}")
-
-        def new_solver(lean: bool = False, action: int = action, takes: z3.BoolRef = takes) -> z3.Solver:
-            solver = _new_solver(system)
-            circuit = [] if lean and action != SCHEDULE else transitions.sched_defs
-            solver.add(prefix + circuit + transitions.defs + transitions.legal
-                       + (lean_hypotheses if lean else hypotheses))
-            solver.add(z3.Implies(takes, z3.And(transitions.guards[action], transitions.choices.act == action)))
-            return solver
-
-        main_solver, next_schedule, solvers = new_solver(), None, {}
-        if any(name in NEEDS_SCHEDULE for name in names):
-            next_schedule, schedule_definitions = system.schedule_of(effect, f"effect{action}@{k}")
-            with_next_schedule = new_solver()
-            with_next_schedule.add(schedule_definitions)
-        for name in names:
-            solvers[name] = with_next_schedule if name in NEEDS_SCHEDULE else main_solver
-        parts = {name: list(system.build(SPLIT[name], effect).values()) for name in names if name in SPLIT}
-        goal = {name: formula(system, name, effect, next_schedule) for name in names}
-        queries.append(_Query(action, goal, takes, solvers, parts, functools.partial(new_solver, lean=True)))
-    return InductionStep(assume, queries, transitions)
-
-
-def chains(system: System, t: int, names: list[str]) -> dict[int, MicroChain]:
-    """schedule's and complete_oldest's steps from frame t, micro-step by
-    micro-step (z3.induction.microsteps)."""
-    frame, transitions = system.frame(t), system.transitions(t)
-    schedule, completion = transitions.sched, transitions.completion
-    plain = [name for name in names if name not in NEEDS_SCHEDULE]
-    flag_definitions = [d for d in transitions.defs
-                        if any(d.arg(0).eq(flag) for flag in completion.samples_here if z3.is_const(flag))]
-    with arithmetic(system.layout.width):
-        given_complete = [complete_guard(system.layout, frame), eq(transitions.choices.act, COMPLETE)]
-    chain_of = {
-        SCHEDULE: Chain(schedule.trail[0], schedule.micro, lambda acc: acc.state,
-                        lambda acc, _: system.build(batch_facts, acc, frame), [schedule.enabled],
-                        schedule.launch_defs + [schedule.result], "schedule"),
-        COMPLETE: Chain(completion.start, completion.micro, lambda state: state,
-                        lambda state, taken: system.build(completion_facts, state, frame, taken),
-                        [*given_complete, *transitions.legal, *flag_definitions], [],
-                        "complete_oldest"),
-    }
-    state_conjuncts = {name: (lambda state, name=name: formula(system, name, state)) for name in plain}
-    return {action: MicroChain(system.build, chain, state_conjuncts,
-                               lambda alive: [formula(system, name, frame) for name in alive if name in plain],
-                               lambda: _new_solver(system))
-            for action, chain in chain_of.items()}
-
-
 def _base(system: System, k: int, names: list[str]) -> dict[str, tuple[int, z3.ModelRef]]:
     """Conjuncts that fail within k-1 steps of the initial state: name -> (depth, model)."""
     failed: dict[str, tuple[int, z3.ModelRef]] = {}
-    solver = _new_solver(system)
+    solver = solver_for(system)
     solver.add(system.init(0))
     for t in range(k):
         if t > 0:
@@ -265,7 +86,7 @@ def _base(system: System, k: int, names: list[str]) -> dict[str, tuple[int, z3.M
     return failed
 
 
-def _by_chain(by_chain: dict[int, MicroChain], query: _Query, name: str, alive: list[str]) -> bool:
+def _by_chain(by_chain: dict[int, MicroChain], query: StepQuery, name: str, alive: list[str]) -> bool:
     """The action keeps conjunct `name`, shown micro-step by micro-step (False: not shown this way)."""
     chain = by_chain.get(query.action)
     return chain is not None and name not in NEEDS_SCHEDULE and chain.proves(query.goal[name], alive)
@@ -327,7 +148,7 @@ class _Houdini:
                     dropped = True
         return dropped
 
-    def drop(self, query: _Query, name: str, answer: z3.CheckSatResult) -> None:
+    def drop(self, query: StepQuery, name: str, answer: z3.CheckSatResult) -> None:
         """The action may break `name`: with a CTI (sat), every alive conjunct
         that the same solver checks and the CTI breaks leaves; with no answer
         (the solver gave up), `name` alone."""

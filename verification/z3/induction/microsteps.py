@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import z3
-from flightcheck.verification.z3.encoding.invariants import s9_parts
+from flightcheck.verification.z3.encoding.invariants import kv_ownership_clauses
 from flightcheck.verification.z3.encoding.requests import at, num_tokens
 from flightcheck.verification.z3.encoding.schedule import BatchInProgress, threshold_in_force
 from flightcheck.verification.z3.encoding.state import (
@@ -67,7 +67,7 @@ StateFormula = Callable[[SState], Any]
 
 # Conjuncts tracked clause by clause along the chain: a micro-step breaks or
 # keeps each clause on its own, and small goals are quicker to prove.
-SPLIT = {"S9_kv_ownership": s9_parts}
+SPLIT = {"S9_kv_ownership": kv_ownership_clauses}
 
 
 def unchanged(q: Any, was: Any) -> Any:
@@ -83,10 +83,15 @@ def batch_facts(layout: Layout, acc: BatchInProgress, frame: SState) -> dict[str
     that the loops have not touched it yet: a conjunct of the invariant that
     a visited request breaks on the way still holds, on the frame, for the
     requests not yet visited."""
-    cfg, st, block_size = layout.cfg, acc.state, layout.cfg.block_size
-    threshold_on = threshold_in_force(layout, frame)    # the frame's count (vLLM 0.33: only with company)
+    return {**_untouched_facts(layout, acc, frame), **_loop_facts(layout, acc), **_marked_facts(acc),
+            **_entry_facts(layout, acc, frame)}
+
+
+def _untouched_facts(layout: Layout, acc: BatchInProgress, frame: SState) -> dict[str, Any]:
+    """Per request, against the frame: untouched unless the loops scheduled,
+    admitted or preempted it, and how each of those left it."""
     facts: dict[str, Any] = {}
-    for r, q in enumerate(st.reqs):
+    for r, q in enumerate(acc.state.reqs):
         was = frame.reqs[r]
         scheduled = disj(*[conj(lt(j, acc.count), eq(e.req, r)) for j, e in enumerate(acc.entries)])
         same = unchanged(q, was)
@@ -100,7 +105,13 @@ def batch_facts(layout: Layout, acc: BatchInProgress, frame: SState) -> dict[str
             neg(acc.preempted[r]), scheduled, disj(eq(was.status, WAITING), eq(was.status, PREEMPTED)),
             acc.admitted_from_preempted[r] == eq(was.status, PREEMPTED), eq(q.num_output, was.num_output)))
         facts[f"request[{r}].no_admission_after_preemption"] = z3.Implies(acc.any_preempted, neg(acc.admitted[r]))
-    facts |= {
+    return facts
+
+
+def _loop_facts(layout: Layout, acc: BatchInProgress) -> dict[str, Any]:
+    """The loops' own counters in range: entries, budget, positions."""
+    cfg, st = layout.cfg, acc.state
+    facts = {
         "batch.count_in_range": conj(le(0, acc.count), le(acc.count, layout.E)),
         "batch.budget_is_what_is_left": eq(acc.budget, cfg.max_num_batched_tokens - sum_terms(
             [ite(lt(j, acc.count), e.n, V(0)) for j, e in enumerate(acc.entries)])),
@@ -111,11 +122,26 @@ def batch_facts(layout: Layout, acc: BatchInProgress, frame: SState) -> dict[str
     if cfg.rules.defer_resume_while_stale:
         # the waiting loop's position (vLLM 0.33: requests passed over stay in the queue)
         facts["batch.skipped_in_range"] = conj(le(0, acc.skipped), le(acc.skipped, st.waiting_len))
-    for r, q in enumerate(st.reqs):
+    return facts
+
+
+def _marked_facts(acc: BatchInProgress) -> dict[str, Any]:
+    """Per request, what the loops' flags say of its state now."""
+    facts: dict[str, Any] = {}
+    for r, q in enumerate(acc.state.reqs):
         facts[f"request[{r}].preempted_here"] = z3.Implies(acc.preempted[r], conj(
             eq(q.status, PREEMPTED), eq(q.num_computed, 0), eq(q.table_len, 0)))
         facts[f"request[{r}].admitted_here"] = z3.Implies(acc.admitted[r], eq(q.status, RUNNING))
         facts[f"request[{r}].resumed_here"] = z3.Implies(acc.admitted_from_preempted[r], acc.admitted[r])
+    return facts
+
+
+def _entry_facts(layout: Layout, acc: BatchInProgress, frame: SState) -> dict[str, Any]:
+    """Per entry slot: padding when unused, else an entry of a distinct
+    RUNNING request, at its counter, with its drafts and blocks for it."""
+    cfg, st, block_size = layout.cfg, acc.state, layout.cfg.block_size
+    threshold_on = threshold_in_force(layout, frame)    # the frame's count (vLLM 0.33: only with company)
+    facts: dict[str, Any] = {}
     for j, e in enumerate(acc.entries):
         used = lt(j, acc.count)
 

@@ -42,11 +42,8 @@ from typing import Any, Iterable
 import z3
 from flightcheck.verification.models import Model
 from flightcheck.verification.results import kind_of
-from flightcheck.verification.z3.encoding.invariants import (
-    INVARIANT_FORMULAS,
-    SPEC_PROPERTIES,
-    TRANSITION_FORMULAS,
-)
+from flightcheck.verification.z3.encoding.invariants import INVARIANT_FORMULAS
+from flightcheck.verification.z3.encoding.transitions import SPEC_PROPERTIES, TRANSITION_FORMULAS
 from flightcheck.verification.z3.encoding.system import ACTION_CODE, System
 from flightcheck.verification.z3.encoding.terms import leaves
 from flightcheck.verification.z3.results import EngineResult, EngineVerdict

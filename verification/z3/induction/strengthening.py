@@ -14,11 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import z3
-from flightcheck.verification.z3.encoding.invariants import (
-    has_live,
-    last_live,
-    positions,
-)
+from flightcheck.verification.z3.encoding.entries import has_live, last_live, positions
 from flightcheck.verification.z3.encoding.state import (
     F_ABORTED,
     F_LENGTH,

@@ -132,11 +132,22 @@ def launch(ops: Ops, x: ParamState, cfg: ParamConfig, d: int) -> GuardedUpdate:
     return guard, replace(x, depth=d + 1)
 
 
-def _sample_is_legal(ops: Ops, x: ParamState, cfg: ParamConfig, r: Any, accepted: Any, m: Any, outcome: Any,
-                     next_drafts: Any) -> Formula:
-    """The environment's choices for a sampling entry: `accepted` drafts accepted,
-    m tokens appended (check_stop after each: length first, then a stop token),
-    how it ends, next_drafts proposed."""
+@dataclass(frozen=True)
+class EntrySample:
+    """The environment's choices for a sampling entry (complete_entry's
+    parameters after r): `accepted` drafts accepted, `m` tokens appended
+    (check_stop after each: length first, then a stop token), how it ends
+    (`outcome`: CONTINUE, LENGTH or STOPPED), `next_drafts` proposed."""
+
+    accepted: Any
+    m: Any
+    outcome: Any
+    next_drafts: Any
+
+
+def _sample_is_legal(ops: Ops, x: ParamState, cfg: ParamConfig, r: Any, sample: EntrySample) -> Formula:
+    """The choices `sample` are ones the model can make for r's entry."""
+    accepted, m, outcome, next_drafts = sample.accepted, sample.m, sample.outcome, sample.next_drafts
     o, t, M, L = x.num_output[r], x.num_tokens(r), x.max_tokens[r], cfg.max_model_len
     below_caps = ops.and_(o + m < M, t + m < L)
     length_first_hit = ops.and_(ops.or_(o + m >= M, t + m >= L),
@@ -149,19 +160,19 @@ def _sample_is_legal(ops: Ops, x: ParamState, cfg: ParamConfig, r: Any, accepted
                     0 <= next_drafts, next_drafts <= cap)
 
 
-def complete_entry(ops: Ops, x: ParamState, cfg: ParamConfig, d: int, r: Any, accepted: Any, m: Any, outcome: Any,
-                   next_drafts: Any) -> GuardedUpdate:
+def complete_entry(ops: Ops, x: ParamState, cfg: ParamConfig, d: int, r: Any, sample: EntrySample) -> GuardedUpdate:
     """depth = d ≥ 1 ∧ fate_0[r] ∈ {live, orphaned} ∧ (samples_0[r] ⇒ legal(accepted, m, outcome, nd))
     ⟹ fate_0[r] ↦ superseded (consumed); if samples_0[r]:
          O[r] ↦ O + m; C[r] ↦ C − (fate_0[r] = live ? drafts_0[r] − accepted : 0);
          D[r] ↦ (fate_0[r] = live ? nd : D); and if outcome ≠ CONTINUE, finish(r,
          LENGTH or STOPPED) — spec actions._apply_sample for live and orphaned entries"""
     assert d >= 1
+    accepted, m, outcome, next_drafts = sample.accepted, sample.m, sample.outcome, sample.next_drafts
     head = x.slots[0]
     fate = head.fate[r]
     is_live, sampled = fate == ops.fate("live"), head.samples[r]
     guard = ops.and_(x.depth == d, is_one_of(ops, fate, ("live", "orphaned"), "fate"),
-                     ops.implies(sampled, _sample_is_legal(ops, x, cfg, r, accepted, m, outcome, next_drafts)))
+                     ops.implies(sampled, _sample_is_legal(ops, x, cfg, r, sample)))
     x = with_slot(x, 0, replace(head, fate=ops.store(head.fate, r, ops.fate("superseded"))))
     c = x.num_computed[r]
     if cfg.mutant == "advance_at_completion":
@@ -204,7 +215,9 @@ MICRO_STEPS: tuple[StepKind, ...] = (
     StepKind("schedule_running", schedule_running, ("r", "n"), "open"),
     StepKind("admit", admit, ("r", "hit", "n"), "open"),
     StepKind("launch", launch, (), "open"),
-    StepKind("complete_entry", complete_entry, ("r", "accepted", "m", "outcome", "next_drafts"), "launched"),
+    # every parameter is its own solver variable; complete_entry takes the sample's as one EntrySample
+    StepKind("complete_entry", lambda ops, x, cfg, d, r, *sample: complete_entry(ops, x, cfg, d, r, EntrySample(*sample)),
+             ("r", "accepted", "m", "outcome", "next_drafts"), "launched"),
     StepKind("pop", pop, (), "launched"),
 )
 STEPS_BY_NAME = {k.name: k for k in MICRO_STEPS}
