@@ -377,14 +377,10 @@ class RecordingMixin(GroundTruthMixin):
 
     def _fc_write_completion(self, batch_id: int, returned: dict[str, list[int]], dropped: list[str],
                              stale: list[str], next_drafts: dict[str, int]) -> None:
-        event: dict[str, Any] = {"ev": "complete", "batch": batch_id, "tokens": returned}
-        if dropped:
-            event["dropped"] = dropped
-        if stale:
-            event["stale"] = stale
-        if next_drafts:
-            event["next_drafts"] = next_drafts
-        self._fc_write(event)
+        # the optional keys only when non-empty, in the format's order
+        optional = (("dropped", dropped), ("stale", stale), ("next_drafts", next_drafts))
+        self._fc_write({"ev": "complete", "batch": batch_id, "tokens": returned,
+                        **{key: value for key, value in optional if value}})
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(dict.fromkeys(request_ids))
