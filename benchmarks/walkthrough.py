@@ -319,10 +319,16 @@ def without_timings(text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+PROGRESS = re.compile(r"^flightcheck verify \([^)]*\) \[ *[\d.]+ s\] ")
+
+
 def command_output(*args: str) -> str:
     p = subprocess.run([sys.executable, "-m", "flightcheck.cli", *args], capture_output=True, text=True,
                        env={"COLUMNS": str(WIDTH), "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"})
-    return without_timings(p.stdout + p.stderr)
+    # verify's per-phase progress lines (stderr, off a terminal) carry
+    # elapsed seconds and say nothing the walkthrough shows: left out
+    stderr = "".join(line for line in p.stderr.splitlines(keepends=True) if not PROGRESS.match(line))
+    return without_timings(p.stdout + stderr)
 
 
 # -- all of it --------------------------------------------------------------------
