@@ -34,7 +34,7 @@ from .state import Batch, BlockPool, Fate, State, Status, content_label
 # batch (`Invariant.holds`): the one definition every checker uses.
 
 
-def s1_request(s: State, cfg: Config, r: int) -> bool:
+def counters_in_bounds(s: State, cfg: Config, r: int) -> bool:
     q = s.requests[r]
     if not q.status.is_active:
         return True
@@ -43,18 +43,18 @@ def s1_request(s: State, cfg: Config, r: int) -> bool:
     return q.status is Status.RUNNING or q.num_computed == 0
 
 
-def s2_request(s: State, cfg: Config, r: int) -> bool:
+def within_length_caps(s: State, cfg: Config, r: int) -> bool:
     q = s.requests[r]
     if q.num_output > max(q.max_tokens, 0) or q.num_tokens > cfg.max_model_len:
         return False
     return not (q.status.is_active and (q.num_output >= q.max_tokens or q.num_tokens >= cfg.max_model_len))
 
 
-def s2_batch(s: State, cfg: Config, batch: Batch) -> bool:
+def batch_within_max_model_len(s: State, cfg: Config, batch: Batch) -> bool:
     return all(e.end <= cfg.max_model_len for e in batch)
 
 
-def s3_request(s: State, cfg: Config, r: int) -> bool:
+def live_ranges_contiguous(s: State, cfg: Config, r: int) -> bool:
     q = s.requests[r]
     if not q.status.is_active:
         return True
@@ -66,7 +66,7 @@ def s3_request(s: State, cfg: Config, r: int) -> bool:
     return live[-1].end == q.num_computed
 
 
-def s5_request(s: State, cfg: Config, r: int) -> bool:
+def samples_exactly_at_known_tokens(s: State, cfg: Config, r: int) -> bool:
     num_tokens = s.requests[r].num_tokens
     for e in s.entries_of(r):
         reach = e.end - e.drafts
@@ -76,14 +76,14 @@ def s5_request(s: State, cfg: Config, r: int) -> bool:
     return True
 
 
-def s6_request(s: State, cfg: Config, r: int) -> bool:
+def one_live_sampling_entry_last(s: State, cfg: Config, r: int) -> bool:
     if not s.requests[r].status.is_active:
         return True
     live = s.entries_of(r)
     return not any(e.samples for e in live[:-1])
 
 
-def s7_request(s: State, cfg: Config, r: int) -> bool:
+def entries_bound_to_their_incarnation(s: State, cfg: Config, r: int) -> bool:
     status = s.requests[r].status
     for e in s.entries_of(r, fate=None):
         if e.fate is Fate.LIVE and status is not Status.RUNNING:
@@ -93,11 +93,11 @@ def s7_request(s: State, cfg: Config, r: int) -> bool:
     return True
 
 
-def s7_batch(s: State, cfg: Config, batch: Batch) -> bool:
+def batch_holds_each_request_once(s: State, cfg: Config, batch: Batch) -> bool:
     return len({e.req for e in batch}) == len(batch)
 
 
-def s8_request(s: State, cfg: Config, r: int) -> bool:
+def rejected_drafts_subtracted(s: State, cfg: Config, r: int) -> bool:
     q = s.requests[r]
     if not q.status.is_active:
         return True
@@ -106,11 +106,11 @@ def s8_request(s: State, cfg: Config, r: int) -> bool:
     return not (q.status is Status.RUNNING and not s.entries_of(r) and q.num_computed >= q.num_tokens)
 
 
-def s8_batch(s: State, cfg: Config, batch: Batch) -> bool:
+def drafts_within_k(s: State, cfg: Config, batch: Batch) -> bool:
     return all(e.drafts <= cfg.num_spec_tokens for e in batch)
 
 
-def s9_request(s: State, cfg: Config, r: int) -> bool:
+def blocks_held_by_running_and_enough(s: State, cfg: Config, r: int) -> bool:
     q, pool, bs = s.requests[r], s.pool, cfg.block_size
     if q.block_table and q.status is not Status.RUNNING:
         return False
@@ -122,10 +122,10 @@ def s9_request(s: State, cfg: Config, r: int) -> bool:
                for i, b in enumerate(q.block_table))
 
 
-def s9_pool(s: State, cfg: Config) -> bool:
+def pool_counts_and_free_queue_agree(s: State, cfg: Config) -> bool:
     """Reference counts equal the tables holding a block, the free queue holds
     exactly the blocks nobody holds, once each, and the cached copies of every
-    label are as the profile allows (s9_cached_copies)."""
+    label are as the profile allows (cached_copies_as_profile_allows)."""
     pool = s.pool
     holders: Counter[int] = Counter()
     for q in s.requests:
@@ -135,10 +135,10 @@ def s9_pool(s: State, cfg: Config) -> bool:
     free = pool.free_queue
     if len(set(free)) != len(free) or set(free) != {b for b, c in enumerate(pool.ref_counts) if c == 0}:
         return False
-    return s9_cached_copies(pool, cfg)
+    return cached_copies_as_profile_allows(pool, cfg)
 
 
-def s9_cached_copies(pool: BlockPool, cfg: Config) -> bool:
+def cached_copies_as_profile_allows(pool: BlockPool, cfg: Config) -> bool:
     """S9's caching clause. Without duplicate caching a label is cached once;
     with it (vLLM 0.8.x) a label may be cached by several blocks, and
     `duplicates` lists exactly those blocks, each once, grouped by label, so
@@ -152,13 +152,13 @@ def s9_cached_copies(pool: BlockPool, cfg: Config) -> bool:
             and set(pool.duplicates) == expected and order == sorted(order))  # type: ignore[type-var]
 
 
-def s10_request(s: State, cfg: Config, r: int) -> bool:
+def status_matches_queue(s: State, cfg: Config, r: int) -> bool:
     status = s.requests[r].status
     return ((status is Status.RUNNING) == (r in s.running_set)
             and (status in (Status.WAITING, Status.PREEMPTED)) == (r in s.waiting_set))
 
 
-def s10_queues(s: State, cfg: Config) -> bool:
+def queues_without_repeats_within_max_num_seqs(s: State, cfg: Config) -> bool:
     """The queues hold no repeats and no slot outside the state; max_num_seqs holds."""
     if len(s.running_set) != len(s.running) or len(s.waiting_set) != len(s.waiting):
         return False
@@ -168,7 +168,7 @@ def s10_queues(s: State, cfg: Config) -> bool:
     return len(s.running) <= cfg.max_num_seqs
 
 
-def s10_batch(s: State, cfg: Config, batch: Batch) -> bool:
+def batch_within_budget_and_threshold(s: State, cfg: Config, batch: Batch) -> bool:
     threshold = cfg.long_prefill_token_threshold
     if sum(e.n for e in batch) > cfg.max_num_batched_tokens:
         return False
@@ -184,7 +184,7 @@ def _threshold_binds(batch: Batch, cfg: Config) -> bool:
     return not cfg.rules.threshold_needs_company or len(batch) > 1
 
 
-def s11_fifo(s: State, cfg: Config) -> bool:
+def in_flight_within_depth(s: State, cfg: Config) -> bool:
     if len(s.in_flight) > cfg.queue_depth:
         return False
     if cfg.continue_prefill:
@@ -192,18 +192,18 @@ def s11_fifo(s: State, cfg: Config) -> bool:
     return s.scheduled_ids == {e.req for b in s.in_flight for e in b if e.fate is Fate.LIVE}
 
 
-def s11_batch(s: State, cfg: Config, batch: Batch) -> bool:
+def batch_nonempty_unless_profile_queues_empty(s: State, cfg: Config, batch: Batch) -> bool:
     """S11': under vLLM 0.33 an empty batch takes a queue slot (`Profile.empty_batches`)."""
     return len(batch) > 0 or cfg.rules.empty_batches
 
 
-def if0_request(s: State, cfg: Config, r: int) -> bool:
+def in_flight_counter_nonnegative(s: State, cfg: Config, r: int) -> bool:
     """IF0: an unfinished request's in-flight counter is never negative."""
     q = s.requests[r]
     return not q.status.is_active or q.num_in_flight >= 0
 
 
-def if1_request(s: State, cfg: Config, r: int) -> bool:
+def in_flight_counter_matches_entries(s: State, cfg: Config, r: int) -> bool:
     """IF1: an unfinished request's in-flight counter is the tokens of its own entries in flight."""
     q = s.requests[r]
     if not q.status.is_active:
@@ -211,7 +211,7 @@ def if1_request(s: State, cfg: Config, r: int) -> bool:
     return q.num_in_flight == sum(e.n for e in s.entries_of(r, fate=None))
 
 
-def if2_request(s: State, cfg: Config, r: int) -> bool:
+def stale_counter_matches_entries(s: State, cfg: Config, r: int) -> bool:
     """IF2: 0 <= stale <= in flight, and stale is the tokens of its entries scheduled before its last preemption."""
     q = s.requests[r]
     if not q.status.is_active:
@@ -223,13 +223,13 @@ def if2_request(s: State, cfg: Config, r: int) -> bool:
     return q.num_stale == sum(e.n for e in s.entries_of(r, fate=None) if e.fate is not Fate.LIVE)
 
 
-def if3_request(s: State, cfg: Config, r: int) -> bool:
+def running_has_no_stale_output(s: State, cfg: Config, r: int) -> bool:
     """IF3: a RUNNING request has no stale output in flight, unless it is dropped."""
     q = s.requests[r]
     return q.status is not Status.RUNNING or q.num_stale == 0 or q.drop_stale
 
 
-def l1_request(s: State, cfg: Config, r: int) -> bool:
+def running_request_unblocked(s: State, cfg: Config, r: int) -> bool:
     if s.requests[r].status is not Status.RUNNING:
         return True
     live = s.entries_of(r)
@@ -261,10 +261,10 @@ def l3_drain(s: State, cfg: Config) -> bool:
 # AsyncScheduler): what S3, S5, S6 and L2 become, and IA1, IA2.
 
 
-def s3_async_request(s: State, cfg: Config, r: int) -> bool:
+def live_ranges_contiguous_with_placeholders(s: State, cfg: Config, r: int) -> bool:
     """S3 under async: live entries are non-empty and leave no gap; a prefill chunk's successor starts where it ends, a decode's at or before its end, and the last entry ends at num_computed, or past it after a sampling entry (a rejected draft of an older decode lowers num_computed while younger decodes are in flight); without spec decode the sync S3 holds exactly."""
     if cfg.num_spec_tokens == 0:
-        return s3_request(s, cfg, r)
+        return live_ranges_contiguous(s, cfg, r)
     q = s.requests[r]
     if not q.status.is_active:
         return True
@@ -279,7 +279,7 @@ def s3_async_request(s: State, cfg: Config, r: int) -> bool:
     return last.end == q.num_computed or (last.samples and last.end > q.num_computed)
 
 
-def s5_async_request(s: State, cfg: Config, r: int) -> bool:
+def samples_exactly_at_known_tokens_with_placeholders(s: State, cfg: Config, r: int) -> bool:
     """S5 under async: a live entry holds more tokens than drafts, drafts ride
     only on a sampling entry, and prefill chunks (entries that do not sample)
     come before every sampling entry and stop short of the known tokens.
@@ -300,7 +300,7 @@ def s5_async_request(s: State, cfg: Config, r: int) -> bool:
     return True
 
 
-def s6_async_request(s: State, cfg: Config, r: int) -> bool:
+def decode_gated_by_stagger(s: State, cfg: Config, r: int) -> bool:
     """S6' (async decode gating): a request has at most ceil(D / stagger) live
     sampling entries in flight, any two of them at least `stagger` schedule()
     calls (batches) apart, and while its latest sampling entry is in flight
@@ -321,7 +321,7 @@ def s6_async_request(s: State, cfg: Config, r: int) -> bool:
     return q.decode_countdown == max(0, stagger - (len(s.in_flight) - 1 - latest[-1]))
 
 
-def ia1_request(s: State, cfg: Config, r: int) -> bool:
+def placeholders_match_entries(s: State, cfg: Config, r: int) -> bool:
     """IA1: a request's placeholders are 1 + drafts summed over its live sampling entries in flight, 0 unless RUNNING, and num_computed = num_tokens + placeholders - 1 while any are (drafts included)."""
     q = s.requests[r]
     if q.placeholders != sum(1 + e.drafts for e in s.entries_of(r) if e.samples):
@@ -331,7 +331,7 @@ def ia1_request(s: State, cfg: Config, r: int) -> bool:
     return q.placeholders == 0 or q.num_computed == q.num_tokens + q.placeholders - 1
 
 
-def ia2_request(s: State, cfg: Config, r: int) -> bool:
+def placeholders_within_max_tokens(s: State, cfg: Config, r: int) -> bool:
     """IA2: an unfinished request's outputs plus its live sampling entries in flight never exceed max_tokens (num_output + placeholders <= max_tokens without drafts)."""
     q = s.requests[r]
     if not q.status.is_active:
@@ -381,34 +381,34 @@ class Invariant:
 
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant("S1_counter_bounds", "0 <= num_computed <= known tokens + drafts, and 0 outside RUNNING.",
-              of_request=s1_request),
+              of_request=counters_in_bounds),
     Invariant("S2_length_cap", "No request exceeds max_tokens or max_model_len; an unfinished one is below "
-              "both; no batch reaches past max_model_len.", of_request=s2_request, of_batch=s2_batch),
+              "both; no batch reaches past max_model_len.", of_request=within_length_caps, of_batch=batch_within_max_model_len),
     Invariant("S3_contiguous_coverage", "A running request's live in-flight ranges, in FIFO order, are "
-              "contiguous, non-empty and end at num_computed.", of_request=s3_request),
+              "contiguous, non-empty and end at num_computed.", of_request=live_ranges_contiguous),
     Invariant("S5_one_sample_per_prefill", "A live entry samples exactly when it reaches the request's known "
               "tokens, never past them; it holds more tokens than drafts, and drafts only ride on a "
-              "sampling entry.", of_request=s5_request),
+              "sampling entry.", of_request=samples_exactly_at_known_tokens),
     Invariant("S6_decode_gating", "A request has at most one live sampling entry in flight, and it is its "
-              "last live entry.", of_request=s6_request),
+              "last live entry.", of_request=one_live_sampling_entry_last),
     Invariant("S7_output_binding", "Live entries belong to RUNNING requests, orphaned ones to PREEMPTED "
               "requests with no live entry; a batch holds a request once.",
-              of_request=s7_request, of_batch=s7_batch),
+              of_request=entries_bound_to_their_incarnation, of_batch=batch_holds_each_request_once),
     Invariant("S8_spec_accounting", "Drafts never exceed k, and once a running request has nothing in "
               "flight its rejected drafts are subtracted (num_computed < known tokens).",
-              of_request=s8_request, of_batch=s8_batch),
+              of_request=rejected_drafts_subtracted, of_batch=drafts_within_k),
     Invariant("S9_kv_ownership", "Reference counts equal the tables holding a block; free queue and held "
               "blocks partition the pool; only RUNNING requests hold blocks, enough for num_computed, "
               "with correct cached content; a label is cached once, or (duplicate caching) its copies are "
-              "recorded in caching order.", of_request=s9_request, of_state=s9_pool),
+              "recorded in caching order.", of_request=blocks_held_by_running_and_enough, of_state=pool_counts_and_free_queue_agree),
     Invariant("S10_queues_and_budgets", "running = the RUNNING requests and waiting = the WAITING/PREEMPTED "
               "ones, without repeats; max_num_seqs, the token budget and the long-prefill threshold hold "
-              "for every batch.", of_request=s10_request, of_batch=s10_batch, of_state=s10_queues),
+              "for every batch.", of_request=status_matches_queue, of_batch=batch_within_budget_and_threshold, of_state=queues_without_repeats_within_max_num_seqs),
     Invariant("S11_pipeline_depth", "At most K batches in flight, none empty; the in-flight set (one batch "
-              "per request) is exactly the requests with a live entry.", of_batch=s11_batch,
-              of_state=s11_fifo),
+              "per request) is exactly the requests with a live entry.", of_batch=batch_nonempty_unless_profile_queues_empty,
+              of_state=in_flight_within_depth),
     Invariant("L1_running_request_unblocked", "L1 as safety: a RUNNING request with nothing to schedule has "
-              "a live entry in flight whose output unblocks it.", of_request=l1_request, kind="liveness"),
+              "a live entry in flight whose output unblocks it.", of_request=running_request_unblocked, kind="liveness"),
     Invariant("L2_no_deadlock", (l2_no_deadlock.__doc__ or "").strip(), of_state=l2_no_deadlock,
               kind="liveness"),
     Invariant("L3_drain", (l3_drain.__doc__ or "").strip(), of_state=l3_drain, kind="liveness"),
@@ -421,29 +421,29 @@ INVARIANTS: tuple[Invariant, ...] = (
 # 0.33's id-reuse bug) IF1 breaks on every profile, and IF0 is what the
 # hardened variant's floor (`Profile.in_flight_floor`) still keeps.
 COUNTER_INVARIANTS: tuple[Invariant, ...] = (
-    Invariant("IF1_in_flight_counter", (if1_request.__doc__ or "").strip(), of_request=if1_request),
-    Invariant("IF2_stale_counter", (if2_request.__doc__ or "").strip(), of_request=if2_request),
-    Invariant("IF3_no_stale_resumption", (if3_request.__doc__ or "").strip(), of_request=if3_request),
+    Invariant("IF1_in_flight_counter", (in_flight_counter_matches_entries.__doc__ or "").strip(), of_request=in_flight_counter_matches_entries),
+    Invariant("IF2_stale_counter", (stale_counter_matches_entries.__doc__ or "").strip(), of_request=stale_counter_matches_entries),
+    Invariant("IF3_no_stale_resumption", (running_has_no_stale_output.__doc__ or "").strip(), of_request=running_has_no_stale_output),
     # last: an event that breaks IF1 too is still reported as IF1, as before IF0 existed
-    Invariant("IF0_in_flight_never_negative", (if0_request.__doc__ or "").strip(), of_request=if0_request),
+    Invariant("IF0_in_flight_never_negative", (in_flight_counter_nonnegative.__doc__ or "").strip(), of_request=in_flight_counter_nonnegative),
 )
 
 
 # Under asynchronous scheduling (vLLM 0.33 AsyncScheduler): these replace
 # the sync invariants of the same letter (S3, S5, S6, L2), and IA1, IA2 join.
 ASYNC_REPLACEMENTS: dict[str, Invariant] = {
-    "S3_contiguous_coverage": Invariant("S3a_async_coverage", (s3_async_request.__doc__ or "").strip(),
-                                        of_request=s3_async_request),
-    "S5_one_sample_per_prefill": Invariant("S5a_async_sampling", (s5_async_request.__doc__ or "").strip(),
-                                           of_request=s5_async_request),
-    "S6_decode_gating": Invariant("S6p_async_decode_gating", (s6_async_request.__doc__ or "").strip(),
-                                  of_request=s6_async_request),
+    "S3_contiguous_coverage": Invariant("S3a_async_coverage", (live_ranges_contiguous_with_placeholders.__doc__ or "").strip(),
+                                        of_request=live_ranges_contiguous_with_placeholders),
+    "S5_one_sample_per_prefill": Invariant("S5a_async_sampling", (samples_exactly_at_known_tokens_with_placeholders.__doc__ or "").strip(),
+                                           of_request=samples_exactly_at_known_tokens_with_placeholders),
+    "S6_decode_gating": Invariant("S6p_async_decode_gating", (decode_gated_by_stagger.__doc__ or "").strip(),
+                                  of_request=decode_gated_by_stagger),
     "L2_no_deadlock": Invariant("L2_no_deadlock", (l2_async_no_deadlock.__doc__ or "").strip(),
                                 of_state=l2_async_no_deadlock, kind="liveness"),
 }
 ASYNC_INVARIANTS: tuple[Invariant, ...] = (
-    Invariant("IA1_placeholders", (ia1_request.__doc__ or "").strip(), of_request=ia1_request),
-    Invariant("IA2_placeholders_within_max_tokens", (ia2_request.__doc__ or "").strip(), of_request=ia2_request),
+    Invariant("IA1_placeholders", (placeholders_match_entries.__doc__ or "").strip(), of_request=placeholders_match_entries),
+    Invariant("IA2_placeholders_within_max_tokens", (placeholders_within_max_tokens.__doc__ or "").strip(), of_request=placeholders_within_max_tokens),
 )
 
 

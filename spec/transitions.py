@@ -115,14 +115,14 @@ def s13_fates_only_age(before: State, after: State, action: Action, cfg: Config)
 
 def s12_status_monotonicity(before: State, after: State, action: Action, cfg: Config) -> bool:
     """Finished states are absorbing, a finished request gains no tokens, only schedule moves a request to RUNNING, and never in a step that preempted."""
-    if not all(s12_request(b, a, action) for b, a in zip(before.requests, after.requests)):
+    if not all(status_only_moves_forward(b, a, action) for b, a in zip(before.requests, after.requests)):
         return False
     if isinstance(action, Schedule):
         return s12_no_admission_after_preemption(before, schedule(before, cfg))  # deterministic: the step's own record
     return True
 
 
-def s12_request(before: Request, after: Request, action: Action) -> bool:
+def status_only_moves_forward(before: Request, after: Request, action: Action) -> bool:
     """S12 for one request: `before` and `after` are its records across the step.
     A request whose record the step did not replace satisfies it trivially."""
     if before is after:

@@ -18,7 +18,7 @@ from flightcheck.spec import (
     invariants_for,
 )
 from flightcheck.spec.actions import arrive, complete_oldest
-from flightcheck.spec.invariants import ia1_request, ia2_request
+from flightcheck.spec.invariants import placeholders_match_entries, placeholders_within_max_tokens
 from flightcheck.spec.profiles import PROFILES
 from flightcheck.spec.schedule import schedule
 from flightcheck.verification.explicit import search as explicit
@@ -107,11 +107,11 @@ def test_the_max_tokens_guard_counts_placeholders_and_its_mutant_schedules_past_
     assert s.requests[0].decode_countdown == 1 and s.in_flight[-1] == ()
     # out of the stagger: the guard holds it back (one token in flight reaches max_tokens)
     guarded = schedule(s, cfg)
-    assert guarded is not None and not guarded.entries and ia2_request(guarded.state, cfg, 0)
+    assert guarded is not None and not guarded.entries and placeholders_within_max_tokens(guarded.state, cfg, 0)
     assert guarded.state.requests[0].decode_countdown == 0
     with applied("async_max_tokens_guard_off_by_one"):
         mutated = schedule(s, cfg)
-    assert mutated is not None and mutated.entries and not ia2_request(mutated.state, cfg, 0)
+    assert mutated is not None and mutated.entries and not placeholders_within_max_tokens(mutated.state, cfg, 0)
 
 
 def test_preemption_resets_the_placeholders_but_not_the_countdown():
@@ -127,12 +127,12 @@ def test_preemption_resets_the_placeholders_but_not_the_countdown():
     _mark_stale_output(step, 0)
     q = step.state.requests[0]
     assert (q.placeholders, q.decode_countdown, q.num_computed, q.num_stale) == (0, 1, 0, 2)
-    assert ia1_request(step.state, cfg, 0)    # (mid-call: this call's batch is not queued yet)
+    assert placeholders_match_entries(step.state, cfg, 0)    # (mid-call: this call's batch is not queued yet)
     with applied("async_placeholders_kept_on_preemption"):
         step = _Step(s, cfg)
         _preempt(step, 0)
         _mark_stale_output(step, 0)
-    assert step.state.requests[0].placeholders == 1 and not ia1_request(step.state, cfg, 0)
+    assert step.state.requests[0].placeholders == 1 and not placeholders_match_entries(step.state, cfg, 0)
 
 
 # -- exhaustive search: every property proved, every target reached, counts pinned --

@@ -74,7 +74,7 @@ from flightcheck.spec import (
 )
 from flightcheck.spec.blocks import group_duplicates
 from flightcheck.spec.state import Batch
-from flightcheck.spec.transitions import s12_no_admission_after_preemption, s12_request
+from flightcheck.spec.transitions import s12_no_admission_after_preemption, status_only_moves_forward
 
 S12 = "S12_status_monotonicity"
 
@@ -213,7 +213,7 @@ class Incremental:
                 raise self._violation(inv.name, inv.statement)
         for prop in transition_properties_for(self.cfg):
             if prop.name == S12:
-                ok = all(s12_request(before.requests[r], after.requests[r], action) for r in touched) and \
+                ok = all(status_only_moves_forward(before.requests[r], after.requests[r], action) for r in touched) and \
                     (not isinstance(action, Schedule) or s12_no_admission_after_preemption(before, self.scheduled))
             else:
                 ok = prop.holds(before, after, action, self.cfg)
@@ -278,7 +278,7 @@ class Incremental:
         return self._cached_copies_hold(before.pool, pool, relabelled)
 
     def _cached_copies_hold(self, before: BlockPool, pool: BlockPool, relabelled: set[int]) -> bool:
-        """S9's caching clause (spec s9_cached_copies) on the labels the event
+        """S9's caching clause (spec cached_copies_as_profile_allows) on the labels the event
         could change: the old and new labels of `relabelled`, the blocks
         whose label it may have changed. The clause is a conjunction
         per label (its copies: one, or all in `duplicates`) plus the form of

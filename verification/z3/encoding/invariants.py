@@ -344,7 +344,7 @@ COUNTER_FORMULAS: dict[str, Formula] = {
 # --- asynchronous scheduling (spec.invariants.ASYNC_REPLACEMENTS, ASYNC_INVARIANTS) --
 
 def s3a_async_coverage(layout: Layout, s: SState, sch: SchedResult) -> Any:
-    """spec.invariants.s3_async_request: without spec decode the sync S3."""
+    """spec.invariants.live_ranges_contiguous_with_placeholders: without spec decode the sync S3."""
     if layout.cfg.num_spec_tokens == 0:
         return s3_contiguous_coverage(layout, s, sch)
     out = []
@@ -360,7 +360,7 @@ def s3a_async_coverage(layout: Layout, s: SState, sch: SchedResult) -> Any:
 
 
 def s5a_async_sampling(layout: Layout, s: SState, sch: SchedResult) -> Any:
-    """spec.invariants.s5_async_request, entry by entry with the placeholders
+    """spec.invariants.samples_exactly_at_known_tokens_with_placeholders, entry by entry with the placeholders
     of the older live sampling entries (`ahead`) carried along."""
     out = []
     for r, q in enumerate(s.reqs):
@@ -377,7 +377,7 @@ def s5a_async_sampling(layout: Layout, s: SState, sch: SchedResult) -> Any:
 
 
 def s6p_async_decode_gating(layout: Layout, s: SState, sch: SchedResult) -> Any:
-    """spec.invariants.s6_async_request: at most ceil(D / stagger) live
+    """spec.invariants.decode_gated_by_stagger: at most ceil(D / stagger) live
     sampling entries of a request in flight, any two `stagger` batches apart,
     and the countdown the stagger less the batches since its latest sampling
     entry (of any fate)."""
