@@ -189,8 +189,8 @@ def test_a_request_behind_the_head_of_the_queue_names_the_head_and_its_reason():
 def test_a_running_request_decoded_while_its_token_is_in_flight_says_so():
     """The reference mutant decode_while_token_in_flight: the explanation
     names the request and the guard (nothing left: its token is in flight)."""
-    from .test_check_trace import SCENARIOS, events_of
-    result = check_events(events_of(SCENARIOS["decode_while_token_in_flight"]("decode_while_token_in_flight")))
+    from .test_check_trace import events_of, scenario
+    result = check_events(events_of(scenario("decode_while_token_in_flight", "decode_while_token_in_flight")))
     assert result.property == "schedule_decision"
     assert result.message.endswith('; "0" has nothing left to schedule: all its 12 tokens are scheduled, in 1 '
                                    'batch in flight (it waits for the token it samples)')
@@ -205,8 +205,8 @@ def test_the_budget_spent_before_a_request_is_reached():
 @pytest.mark.parametrize("name", ["advance_at_completion", "decode_while_token_in_flight",
                                   "snapshot_omits_prefix_hit", "rejections_not_subtracted"])
 def test_no_explanation_of_a_mutants_batch_disagrees_with_the_spec(name):
-    from .test_check_trace import SCENARIOS, events_of
-    result = check_events(events_of(SCENARIOS[name](name)))
+    from .test_check_trace import events_of, scenario
+    result = check_events(events_of(scenario(name, name)))
     assert result.property == "schedule_decision" and "a bug in check-trace" not in result.message
 
 
