@@ -50,3 +50,19 @@ def load_benchmark(name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def read_module_as_rewritten(monkeypatch: Any, slot: Any, module_name: str, edit: Any) -> None:
+    """Make the mutant mechanism (verification/mutants/patch.py) read module
+    `module_name` as `edit` rewrites its text, and forget the code `slot`
+    (patching's spec or reference slot) compiled for mutants applied before:
+    how a drift test changes a function under a mutant without touching the file."""
+    from flightcheck.verification.mutants import patch
+
+    real = patch.module_source
+    monkeypatch.setattr(slot, "compiled", {})
+
+    def source(module: ModuleType) -> tuple[str, str]:
+        filename, text = real(module)
+        return (filename, edit(text)) if module.__name__ == module_name else (filename, text)
+    monkeypatch.setattr(patch, "module_source", source)

@@ -25,6 +25,8 @@ from flightcheck.verification.mutants import (ALL_MUTANTS, MUTANTS, MutantNoLong
                                               patch, patching, registry)
 from flightcheck.verification.z3.param.model import PARAM_MUTANTS
 
+from .fixtures import read_module_as_rewritten
+
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "verify-before-layout-move.json"
 RENAMED = {"S7_fates_only_age": "S13_fates_only_age", "L2_every_run_terminates": "L4_every_run_terminates"}
@@ -39,15 +41,8 @@ def test_every_edit_of_every_mutant_still_applies(name):
 
 
 def _with_schedule_source(monkeypatch, edit) -> None:
-    """Make the mechanism read spec/schedule.py as `edit` rewrites it (and
-    forget the code it compiled for mutants applied before)."""
-    real = patch.module_source
-    monkeypatch.setattr(patching._SPEC, "compiled", {})
-
-    def source(module):
-        filename, text = real(module)
-        return (filename, edit(text)) if module.__name__ == "flightcheck.spec.schedule" else (filename, text)
-    monkeypatch.setattr(patch, "module_source", source)
+    """Make the mechanism read spec/schedule.py as `edit` rewrites it."""
+    read_module_as_rewritten(monkeypatch, patching._SPEC, "flightcheck.spec.schedule", edit)
 
 
 def test_a_changed_line_of_the_edited_code_refuses_the_mutant_and_names_it_and_the_function(monkeypatch):

@@ -27,6 +27,8 @@ from flightcheck.verification.mutants import (MutantNoLongerApplies, active_refe
 from flightcheck.verification.mutants.reference import (ALL_MUTANTS, MUTANTS, PROFILE_MUTANTS, REFERENCE_MODULES,
                                                         REFERENCE_MUTANTS, check_mutant, profile_of_mutant)
 
+from .fixtures import read_module_as_rewritten
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -56,15 +58,8 @@ def test_every_edit_of_every_reference_mutant_still_applies(name):
 
 
 def _with_update_source(monkeypatch, edit) -> None:
-    """Make the mechanism read reference/update.py as `edit` rewrites it (and
-    forget the code it compiled for mutants applied before)."""
-    real = patch.module_source
-    monkeypatch.setattr(patching._REFERENCE, "compiled", {})
-
-    def source(module):
-        filename, text = real(module)
-        return (filename, edit(text)) if module.__name__ == "flightcheck.reference.update" else (filename, text)
-    monkeypatch.setattr(patch, "module_source", source)
+    """Make the mechanism read reference/update.py as `edit` rewrites it."""
+    read_module_as_rewritten(monkeypatch, patching._REFERENCE, "flightcheck.reference.update", edit)
 
 
 def test_a_changed_step_makes_its_mutants_fail_loudly(monkeypatch):
