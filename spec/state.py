@@ -215,20 +215,25 @@ def retire_entries(state: State, r: int, from_fates: frozenset[Fate], to: Fate) 
     return replace(state, in_flight=tuple(tuple(retire(e) for e in b) for b in state.in_flight))
 
 
+def describe_request(q: Request) -> str:
+    """A request's status and counters as step tables print them, without its
+    label: "RUNN c=4/8+1d o=0 b=[1] ..." (zero counters left out)."""
+    return (f"{q.status.value[:4]} c={q.num_computed}/{q.num_tokens}"
+            f"{f'+{q.num_drafts}d' if q.num_drafts else ''} o={q.num_output}"
+            f" b={list(q.block_table)}"
+            f"{f' if={q.num_in_flight}' if q.num_in_flight else ''}"
+            f"{f' stale={q.num_stale}' if q.num_stale else ''}{' drop' if q.drop_stale else ''}"
+            f"{f' ph={q.placeholders}' if q.placeholders else ''}"
+            f"{f' wait={q.decode_countdown}' if q.decode_countdown else ''}")
+
+
 def describe(state: State) -> str:
     """A compact one-line rendering, for step tables."""
     reqs = []
     for i, q in enumerate(state.requests):
         if q.status is Status.NEW:
             continue
-        reqs.append(f"r{i}{f'(as r{q.name})' if q.name is not None else ''}:{q.status.value[:4]}"
-                    f" c={q.num_computed}/{q.num_tokens}"
-                    f"{f'+{q.num_drafts}d' if q.num_drafts else ''} o={q.num_output}"
-                    f" b={list(q.block_table)}"
-                    f"{f' if={q.num_in_flight}' if q.num_in_flight else ''}"
-                    f"{f' stale={q.num_stale}' if q.num_stale else ''}{' drop' if q.drop_stale else ''}"
-                    f"{f' ph={q.placeholders}' if q.placeholders else ''}"
-                    f"{f' wait={q.decode_countdown}' if q.decode_countdown else ''}")
+        reqs.append(f"r{i}{f'(as r{q.name})' if q.name is not None else ''}:{describe_request(q)}")
     batches = ["[" + " ".join(f"r{e.req}{'' if e.name is None else f'(as r{e.name})'}"
                               f"@{e.start}+{e.n}{'*' if e.samples else ''}"
                               f"{'' if e.fate is Fate.LIVE else '~' + e.fate.value[0]}"

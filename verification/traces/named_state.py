@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from flightcheck.spec import State
-from flightcheck.spec.state import Entry, Fate, Request
+from flightcheck.spec.state import Entry, Fate, Request, describe_request
 
 from .schema import show
 
@@ -43,13 +43,7 @@ def describe_named(state: State, slots: Iterable[int], name: Namer) -> str:
 
 def _request(label: str, q: Request, name: Namer) -> str:
     alias = f"(as {name(q.name)})" if q.name is not None else ""
-    return (f"{label}{alias}:{q.status.value[:4]} c={q.num_computed}/{q.num_tokens}"
-            f"{f'+{q.num_drafts}d' if q.num_drafts else ''} o={q.num_output}"
-            f" b={list(q.block_table)}"
-            f"{f' if={q.num_in_flight}' if q.num_in_flight else ''}"
-            f"{f' stale={q.num_stale}' if q.num_stale else ''}{' drop' if q.drop_stale else ''}"
-            f"{f' ph={q.placeholders}' if q.placeholders else ''}"
-            f"{f' wait={q.decode_countdown}' if q.decode_countdown else ''}")
+    return f"{label}{alias}:{describe_request(q)}"
 
 
 def _entry(e: Entry, name: Namer) -> str:
