@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -50,7 +51,7 @@ from . import ASYNC_RECORDER
 from .differential import (Comparison, ReferenceRun, compare, decisions, first_difference, profile_for,
                            read_trace, run_reference)
 from .generate import campaign_workloads
-from .replay import ReplayError, ReplayWorker, findings
+from .replay import Interpreter, ReplayError, ReplayWorker, findings, probe_interpreter, use_interpreter
 
 # Mutants that need what a default replay never produces: draft tokens
 # (speculative decoding only with `--spec-tokens K`: there
@@ -139,11 +140,12 @@ def verdict(result: dict[str, Any], check: dict[str, Any]) -> tuple[str, str]:
 DISAGREEMENTS = frozenset({"rejected, FALSE", "accepted, MISSED bug", "malformed"})
 
 
-def check_verdict(trace: Path) -> dict[str, Any]:
-    """What `flightcheck check-trace --json` says of a trace."""
+def check_verdict(trace: Path, profile: str | None = None) -> dict[str, Any]:
+    """What `flightcheck check-trace --json` says of a trace (`--profile
+    profile` when given: a vLLM version with no profile of its own)."""
     from flightcheck.verification.traces.check import MalformedTrace, check_trace
     try:
-        return check_trace(trace).to_json()
+        return check_trace(trace, profile).to_json()
     except MalformedTrace as err:
         return {"ok": False, "malformed": str(err)}
 
@@ -184,7 +186,9 @@ def run_version(version: str, workloads: list[dict[str, Any]], seed: int, mutant
                 failure = f"seed {seed} index {index} ({raw['name']}): {comparison.describe()}"
                 report.unexplained.append(failure)
                 say(f"FAIL vLLM {version} {failure}")
-            category, detail = verdict(result, check_verdict(trace))
+            # an unreleased vLLM (--vllm-python) is checked under its release's profile
+            unreleased = worker.version.split("+", 1)[0] != version
+            category, detail = verdict(result, check_verdict(trace, profile if unreleased else None))
             if keep_disagreements is not None and category in DISAGREEMENTS:
                 # the trace and its workload, to look at after the scratch folder is gone
                 keep_disagreements.mkdir(parents=True, exist_ok=True)
@@ -249,12 +253,16 @@ def flag_mutants(profile: str, compared: list[Compared]) -> dict[str, str]:
     return flagged
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flightcheck.vllm.campaign",
-                                     description="the differential campaign against vLLM")
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The campaign's options: `python -m flightcheck.vllm.campaign` and
+    `flightcheck vllm campaign` take the same."""
     parser.add_argument("--workloads", type=int, default=100, help="workloads per version")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--versions", default="0.8.5,0.8.4")
+    parser.add_argument("--vllm-python", metavar="PATH",
+                        help="any Python where vLLM imports (a venv of any release, an editable checkout): "
+                             "its vllm.__version__ replaces --versions; a version with no tables of its own "
+                             "runs as the nearest known release (said on stderr)")
     parser.add_argument("--no-mutants", action="store_true")
     parser.add_argument("--reuse-ids", action="store_true",
                         help="one workload in two also sends a request under an aborted request's id "
@@ -269,21 +277,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-disagreements", type=Path, metavar="DIR",
                         help="copy every trace (and its workload) on which check-trace and vLLM's ground "
                              "truth disagree into DIR")
-    args = parser.parse_args(argv)
+
+
+def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
+    """The campaign the options ask for; `error` refuses an option (exit 2)."""
     if args.keep_disagreements is not None and args.keep_disagreements.exists() \
             and not args.keep_disagreements.is_dir():
-        parser.error(f"--keep-disagreements {args.keep_disagreements}: not a directory")
+        error(f"--keep-disagreements {args.keep_disagreements}: not a directory")
     if args.spec_tokens < 0:
-        parser.error("--spec-tokens must be >= 0")
-    workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens)
-    reports = []
+        error("--spec-tokens must be >= 0")
+    versions = args.versions.split(",")
+    interpreter: Interpreter | None = None
     try:
-        for version in args.versions.split(","):
-            report = run_version(version, workloads, args.seed, not args.no_mutants,
-                                 lambda line: print(line, flush=True), args.async_scheduling,
-                                 args.keep_disagreements)
-            reports.append(report)
-            print("\n".join(report.lines()), flush=True)
+        if args.vllm_python:
+            interpreter = probe_interpreter(args.vllm_python)
+            versions = [interpreter.release]
+            if not interpreter.is_release:
+                print(f"vLLM {interpreter.version} has no tables of its own: it runs as vLLM "
+                      f"{interpreter.release} (that release's engine loop and profile)", file=sys.stderr)
+        workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens)
+        with use_interpreter(interpreter) if interpreter else nullcontext():
+            reports = _run_versions(args, versions, workloads)
     except ReplayError as err:
         print(err, file=sys.stderr)
         return 2
@@ -291,6 +305,26 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({"seed": args.seed, "reports": [r.to_json() for r in reports]},
                                               indent=1))
     return 1 if any(r.unexplained for r in reports) else 0
+
+
+def _run_versions(args: argparse.Namespace, versions: list[str],
+                  workloads: list[dict[str, Any]]) -> list[VersionReport]:
+    reports = []
+    for version in versions:
+        report = run_version(version, workloads, args.seed, not args.no_mutants,
+                             lambda line: print(line, flush=True), args.async_scheduling,
+                             args.keep_disagreements)
+        reports.append(report)
+        print("\n".join(report.lines()), flush=True)
+    return reports
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flightcheck.vllm.campaign",
+                                     description="the differential campaign against vLLM")
+    add_options(parser)
+    args = parser.parse_args(argv)
+    return run_campaign(args, parser.error)
 
 
 if __name__ == "__main__":
