@@ -75,10 +75,15 @@ def _pipelined_prefill(pick: RandomPicker, name: str, seed: int) -> Workload:
 
 def _admission_burst(pick: RandomPicker, name: str, seed: int) -> Workload:
     """Several requests arriving at one step with a budget that admits one or
-    two per batch: the order of admission shows in every batch."""
-    arrival = pick.integer(0, 3)
+    two per batch, then a second wave once some have finished: the order of
+    admission shows in every batch, and the second wave's blocks show the
+    order freed blocks are reused in (0.33's `unhashed_blocks_to_head` and
+    release order against 0.8.x's)."""
+    first, second = pick.integer(0, 3), pick.integer(8, 16)
     requests = [{"id": f"r{i}", "prompt_len": pick.integer(3, 14), "max_tokens": pick.integer(1, 6),
-                 "arrival_step": arrival} for i in range(pick.integer(3, 5))]
+                 "arrival_step": first} for i in range(pick.integer(3, 5))]
+    requests += [{"id": f"r{len(requests) + i}", "prompt_len": pick.integer(3, 14),
+                  "max_tokens": pick.integer(1, 6), "arrival_step": second} for i in range(pick.integer(1, 3))]
     config = _config(pick, requests, pick.choice([2, 4]), pick.choice([8, 16]), 0, pick.integer(2, 4))
     return {"name": name, "seed": seed, "config": config, "requests": requests, "max_steps": 3000}
 
@@ -90,7 +95,7 @@ FAMILIES: list[Family] = [
     Family("pipelined-prefill", "continue_prefill / policy: 0.8.4 against 0.8.5 and later",
            _pipelined_prefill),
     Family("admission-burst", "the waiting queue's admission order (no profile constant: FCFS in every "
-           "release)", _admission_burst),
+           "release); block reuse order: 0.8.x against 0.33 and later", _admission_burst),
 ]
 
 

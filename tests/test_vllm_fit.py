@@ -1,0 +1,210 @@
+"""`flightcheck vllm fit` and `--vllm-python` (issue 35 point 3): a
+developer's own vLLM, fitted to the profiles.
+
+Fast (default suite, no vLLM): the release a version maps to, the trial
+profiles behind `explained_by`, fit's judging on a "vLLM" that is the
+reference with one constant changed (so the answer is known), the overlay
+edit, and the one-line refusals of a bad interpreter.
+
+Slow, marked `vllm` (the venvs of scripts/build-vllm-venv.sh): fit on the
+0.33.0 venv (closest: vllm-0.33) and on the 0.34.0 venv once the bridge
+runs 0.34; and on copies of a release with one rule changed, built by
+flightcheck/vllm/overlay.py in a temporary directory (no venv copied): one
+whose rule is a profile constant (`threshold_needs_company` must be named in
+`explained_by`) and one whose rule is not (LIFO admission: the first
+divergence must show a later arrival admitted first). Timings measured on the
+shared 2-core machine are in docs/vllm-fit.md.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flightcheck.reference import profiles as reference_profiles
+from flightcheck.spec import profiles as spec_profiles
+from flightcheck.vllm.differential import decisions, run_reference
+from flightcheck.vllm.fit import FitOptions, Replayed, closest, judge, run_fit
+from flightcheck.vllm.fit_flips import Flip, flips, judged_profiles, trial
+from flightcheck.vllm.fit_workloads import FAMILIES, fit_workloads
+from flightcheck.vllm.overlay import EDITS, OverlayError, edited_source, make_overlay
+from flightcheck.vllm.replay import ReplayWorker, nearest_release, venv_python
+
+from .vllm_support import require_venv
+
+pytestmark = pytest.mark.usefixtures("both_checkers")
+
+ROOT = Path(__file__).resolve().parent.parent
+KNOWN = ("0.8.5", "0.8.4", "0.33.0", "0.34.0")
+
+
+# ---------------------------------------------------------------------------
+# Fast
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("version, release", [
+    ("0.33.0", "0.33.0"), ("0.33.0+cpu", "0.33.0"), ("0.34.1.dev5+g62d4bc3", "0.34.0"),
+    ("0.34.0rc1", "0.34.0"), ("0.20.1", "0.8.5"), ("0.8.4.post1", "0.8.4"), ("0.1.0", "0.8.4"),
+    ("1.0.0", "0.34.0"), ("dev", None)])
+def test_a_version_runs_as_its_release_or_the_newest_known_below_it(version: str, release: str | None) -> None:
+    assert nearest_release(version, KNOWN) == release
+
+
+def test_a_trial_changes_one_constant_and_is_gone_after() -> None:
+    flip = Flip("reference", "threshold_needs_company", False)
+    assert flip in flips("reference", "vllm-0.33")
+    assert Flip("spec", "threshold_needs_company", False) in flips("spec", "vllm-0.33")
+    assert Flip("reference", "num_preallocate_tokens", 0) in flips("reference", "vllm-0.8.4")
+    before = (set(reference_profiles.PROFILES), set(reference_profiles.RELEASED), set(spec_profiles.PROFILES))
+    with trial("vllm-0.33", flip) as name:
+        assert reference_profiles.PROFILES[name].threshold_needs_company is False
+        assert reference_profiles.RELEASED[name].outputs_by_id_alone is True      # the released variant kept
+        assert reference_profiles.PROFILES[name].unhashed_blocks_to_head is True  # nothing else changed
+    assert (set(reference_profiles.PROFILES), set(reference_profiles.RELEASED),
+            set(spec_profiles.PROFILES)) == before
+
+
+def _as_vllm(raw: dict[str, Any], profile: str, scratch: Path) -> Replayed:
+    """The reference under `profile` standing in for a vLLM run: its trace
+    (in the trace format check-trace reads), its decisions with vLLM's block
+    ids, a clean ending and no finding."""
+    run = run_reference(raw, profile, vllm_outputs=profile in reference_profiles.RELEASED)
+    trace = scratch / f"{raw['name']}.jsonl"
+    trace.write_text("".join(json.dumps(event) + "\n" for event in run.events))
+    return Replayed(raw, {"ending": run.ending, "ground_truth": {}, "batches_in_flight": 0}, trace,
+                    decisions(run.events, block_offset=1))
+
+
+def test_fit_puts_a_vllm_closest_to_the_profile_it_follows(tmp_path: Path) -> None:
+    """A "vLLM" that is the reference under vllm-0.33 as released agrees
+    with that profile on every workload, and with no other as well."""
+    items = [_as_vllm(raw, "vllm-0.33", tmp_path) for raw in fit_workloads(0, 8)]
+    fits = [judge(items, name, explain=1) for name in judged_profiles()]
+    assert closest(fits) == ["vllm-0.33"]
+    assert [fit.agreement for fit in fits if fit.name == "vllm-0.33"] == [1.0]
+
+
+def test_fit_names_the_constant_a_vllm_changed(tmp_path: Path) -> None:
+    """A "vLLM" that is 0.33 with the threshold's company test dropped (the
+    reference under vllm-0.33 with threshold_needs_company off): fit finds
+    vllm-0.33 short of full agreement on the lone long prompts, and names
+    that constant, and only it, for every misfit it explains."""
+    raws = fit_workloads(0, 8)
+    with trial("vllm-0.33", Flip("reference", "threshold_needs_company", False)) as changed:
+        items = [_as_vllm(raw, changed, tmp_path) for raw in raws]
+    fit = judge(items, "vllm-0.33", explain=8)
+    assert 0 < fit.agreement < 1
+    first = fit.first_divergence
+    assert first is not None and first.kind == "batches" and first.workload.startswith("fit-lone-long-prefill")
+    assert {flip.constant for flip in fit.explained_by} == {"threshold_needs_company"}
+    assert dict(fit.explained_counts) == {"threshold_needs_company": len(fit.misfits)}
+
+
+def test_fit_workloads_come_from_one_list_of_families() -> None:
+    raws = fit_workloads(3, 2 * len(FAMILIES))
+    assert [raw["name"].rsplit("-", 2)[0] for raw in raws] == [f"fit-{f.name}" for f in FAMILIES] * 2
+    assert raws == fit_workloads(3, 2 * len(FAMILIES))                    # a function of the seed
+    for raw in raws:
+        run_reference(raw, "vllm-0.33")                                    # every one suits the reference
+
+
+def test_an_overlay_edit_changes_one_fragment_in_one_function() -> None:
+    source = "class Scheduler:\n    def schedule(self):\n        x = num_eligible_reqs > 1\n\n" \
+             "    def other(self):\n        y = num_eligible_reqs > 1\n"
+    edited = edited_source(source, EDITS["threshold-without-company"])
+    assert "x = True" in edited and "y = num_eligible_reqs > 1" in edited
+    with pytest.raises(OverlayError, match="no function"):
+        edited_source("class Other:\n    pass\n", EDITS["threshold-without-company"])
+    with pytest.raises(OverlayError, match="0 occurrences"):
+        edited_source(source, EDITS["lifo-admission"].__class__(
+            "m", "Scheduler.other", "missing", "", "r"))
+
+
+@pytest.mark.parametrize("python, says", [
+    ("/nonexistent/bin/python", "no such file"),
+    (sys.executable, "vLLM does not import there (No module named 'vllm')"),
+    ("/bin/false", "not a Python that runs")])
+def test_a_bad_interpreter_is_refused_in_one_line(python: str, says: str, tmp_path: Path) -> None:
+    workload = tmp_path / "w.json"
+    workload.write_text(json.dumps(fit_workloads(0, 1)[0]))
+    for argv in (["fit", "--vllm-python", python], ["replay", str(workload), "--vllm-python", python],
+                 ["campaign", "--vllm-python", python, "--workloads", "1"]):
+        done = subprocess.run([sys.executable, "-m", "flightcheck.cli", "vllm", *argv], capture_output=True,
+                              text=True, timeout=120, cwd=ROOT)
+        assert done.returncode == 2, (argv, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr, (argv, done.stderr)
+
+
+# ---------------------------------------------------------------------------
+# Slow: vLLM's real scheduler
+# ---------------------------------------------------------------------------
+
+def _bridge_runs(version: str) -> bool:
+    """Whether the replay worker has an engine loop for `version`."""
+    from flightcheck.vllm.engine import ENGINE_LOOPS
+    return version in ENGINE_LOOPS
+
+
+def _base(version: str) -> Path:
+    require_venv(version)
+    if not _bridge_runs(version):
+        pytest.skip(f"the replay bridge does not run vLLM {version} on this branch yet")
+    return venv_python(version)
+
+
+def _fit(python: Path, release: str, workloads: int) -> dict[str, Any]:
+    with ReplayWorker(release, python) as worker:
+        return run_fit(worker, FitOptions(seed=0, workloads=workloads), lambda line: None)
+
+
+@pytest.fixture(scope="module")
+def overlays(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield tmp_path_factory.mktemp("overlays")
+
+
+def _profile(report: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(fit for fit in report["profiles"] if fit["name"] == name)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("version, profile", [("0.33.0", "vllm-0.33"), ("0.34.0", "vllm-0.34")])
+def test_a_release_is_closest_to_its_own_profile(version: str, profile: str) -> None:
+    report = _fit(_base(version), version, 16)
+    best = report["closest"] if report["tied"] else [report["closest"]]
+    assert profile in best, report["closest"]
+    assert _profile(report, profile)["agreement"] == 1.0
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("version, profile", [("0.34.0", "vllm-0.34"), ("0.33.0", "vllm-0.33")])
+def test_a_changed_profile_constant_is_named(version: str, profile: str, overlays: Path) -> None:
+    python = make_overlay(_base(version), overlays / f"threshold-{version}", [EDITS["threshold-without-company"]])
+    report = _fit(python, version, 16)
+    fit = _profile(report, profile)
+    assert fit["agreement"] < 1
+    assert fit["explained_by"] == ["threshold_needs_company"], fit
+    assert fit["first_divergence"]["workload"].startswith("fit-lone-long-prefill")
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("version, profile", [("0.34.0", "vllm-0.34"), ("0.33.0", "vllm-0.33")])
+def test_a_changed_rule_outside_the_profiles_shows_in_the_first_divergence(version: str, profile: str,
+                                                                          overlays: Path) -> None:
+    python = make_overlay(_base(version), overlays / f"lifo-{version}", [EDITS["lifo-admission"]])
+    report = _fit(python, version, 16)
+    fit = _profile(report, profile)
+    assert fit["agreement"] < 1 and fit["explained_by"] == [], fit
+    first = fit["first_divergence"]
+    assert first["kind"] == "batches" and first["detail"].split(": vLLM ('schedule'")[0].startswith("event"), first
+    # vLLM admitted the last of the burst first; the reference, its first
+    theirs, ours = first["detail"].split(", reference ")
+    assert theirs.split("(('")[1].split("'")[0] != ours.split("(('")[1].split("'")[0], first
