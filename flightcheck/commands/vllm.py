@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .common import Parser, bad
-from .vllm_campaign import add_subcommands, check_profile, resolve_interpreter
+from .vllm_campaign import add_subcommands, check_profile, replay_identity, resolve_interpreter
 
 if TYPE_CHECKING:
     from flightcheck.vllm.replay import Interpreter, ReplayWorker
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         except ReplayError as err:
             return bad(str(err))
     if args.json:
-        print(json.dumps({"vllm_version": args.vllm_version, "workloads": reports}, indent=1))
+        print(json.dumps({**replay_identity(args), "workloads": reports}, indent=1))
     return 1 if failed else 0
 
 

@@ -91,6 +91,16 @@ def resolve_interpreter(args: argparse.Namespace) -> str | None:
     return None
 
 
+def replay_identity(args: argparse.Namespace) -> dict[str, Any]:
+    """The replay's `--json` head: the vLLM version (with `--vllm-python`,
+    the interpreter's, its path, and the release it runs as)."""
+    interpreter = getattr(args, "interpreter", None)
+    if interpreter is None:
+        return {"vllm_version": args.vllm_version}
+    return {"vllm_version": interpreter.version, "vllm_python": str(interpreter.python),
+            "runs_as": interpreter.release}
+
+
 def check_profile(args: argparse.Namespace) -> str | None:
     """The profile check-trace needs for an unreleased vLLM's traces (their
     `vllm_version` selects none): its release's. None for a release."""

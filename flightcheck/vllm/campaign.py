@@ -297,7 +297,7 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
                       f"{interpreter.release} (that release's engine loop and profile)", file=sys.stderr)
         workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens)
         with use_interpreter(interpreter) if interpreter else nullcontext():
-            reports = _run_versions(args, versions, workloads)
+            reports = _run_versions(args, versions, workloads, interpreter)
     except ReplayError as err:
         print(err, file=sys.stderr)
         return 2
@@ -307,13 +307,15 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
     return 1 if any(r.unexplained for r in reports) else 0
 
 
-def _run_versions(args: argparse.Namespace, versions: list[str],
-                  workloads: list[dict[str, Any]]) -> list[VersionReport]:
+def _run_versions(args: argparse.Namespace, versions: list[str], workloads: list[dict[str, Any]],
+                  interpreter: Interpreter | None) -> list[VersionReport]:
     reports = []
     for version in versions:
         report = run_version(version, workloads, args.seed, not args.no_mutants,
                              lambda line: print(line, flush=True), args.async_scheduling,
                              args.keep_disagreements)
+        if interpreter is not None and not interpreter.is_release:
+            report.version = f"{interpreter.version} (as {interpreter.release})"
         reports.append(report)
         print("\n".join(report.lines()), flush=True)
     return reports

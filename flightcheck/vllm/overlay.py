@@ -4,6 +4,7 @@ module of vLLM from an edited copy of that release's own file.
 
     python -m flightcheck.vllm.overlay ~/.cache/flightcheck/vllm-0.34.0/bin/python /tmp/lifo lifo-admission
     flightcheck vllm fit --vllm-python /tmp/lifo/bin/python --json
+    python -m flightcheck.vllm.overlay ~/.cache/flightcheck/vllm-0.33.0/bin/python /tmp/dev --version 0.33.1.dev3+gfit
 
 What it builds in OUT (a few files, made in about a second):
 
@@ -16,7 +17,9 @@ What it builds in OUT (a few files, made in about a second):
   distribution metadata and `vllm.__version__` included);
 * `OUT/overlay/<module>.py`: the release's file with one fragment replaced
   inside one function, found by its qualified name (ast); the fragment must
-  occur there exactly once, else the build refuses (OverlayError).
+  occur there exactly once, else the build refuses (OverlayError);
+* with `--version V`, `OUT/overlay/vllm/_version.py` saying V, so the copy
+  reports an unreleased version, as a developer's build does.
 
 `EDITS` names the one-rule changes the fit tests make (docs/vllm-fit.md):
 one whose rule is a profile constant (`threshold-without-company`) and one
@@ -113,14 +116,28 @@ def edited_source(source: str, edit: Edit) -> str:
     raise OverlayError(f"{edit.module} has no function {edit.function}")
 
 
-def make_overlay(base_python: Path, out: Path, edits: list[Edit]) -> Path:
+def _version_module(version: str) -> str:
+    """A `vllm/_version.py` of our own saying `version` (what a developer's
+    build of an unreleased vLLM reports)."""
+    numbers = tuple(int(part) for part in version.split("+")[0].split(".")[:3] if part.isdigit())
+    return (f"# made by flightcheck.vllm.overlay: an unreleased version\n"
+            f"__version__ = version = {version!r}\n__version_tuple__ = version_tuple = {numbers!r}\n")
+
+
+def make_overlay(base_python: Path, out: Path, edits: list[Edit], version: str | None = None) -> Path:
     """Build the overlay venv in `out` (created; must not exist) and return
-    its python."""
+    its python. `version`: it also reports this `vllm.__version__` (an
+    unreleased build's, such as "0.33.1.dev3+gfit")."""
     base_python = Path(base_python).expanduser()
     base_site = _site_packages(base_python)
     _run(base_python, "-m", "venv", "--without-pip", str(out))
     python = out / "bin" / "python"
     overlay: dict[str, str] = {}
+    if version is not None:
+        target = out / "overlay" / "vllm" / "_version.py"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(_version_module(version))
+        overlay["vllm._version"] = str(target)
     for edit in edits:
         relative = Path(*edit.module.split(".")).with_suffix(".py")
         target = out / "overlay" / relative
@@ -133,17 +150,21 @@ def make_overlay(base_python: Path, out: Path, edits: list[Edit]) -> Path:
     (site / "_flightcheck_overlay.py").write_text(_FINDER.format(modules=", ".join(overlay), overlay=overlay))
     (site / "_flightcheck_overlay.pth").write_text(f"{base_site}\nimport _flightcheck_overlay\n")
     (out / "overlay" / "edits.json").write_text(json.dumps(
-        {"base_python": str(base_python), "edits": [edit.__dict__ for edit in edits]}, indent=1))
+        {"base_python": str(base_python), "version": version, "edits": [edit.__dict__ for edit in edits]},
+        indent=1))
     return python
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or any(name not in EDITS for name in argv[2:]):
-        print(f"usage: python -m flightcheck.vllm.overlay BASE_PYTHON OUT EDIT... (edits: {', '.join(EDITS)})",
-              file=sys.stderr)
+    version = None
+    if len(argv) > 1 and argv[-2] == "--version":
+        argv, version = argv[:-2], argv[-1]
+    if len(argv) < 2 or any(name not in EDITS for name in argv[2:]):
+        print(f"usage: python -m flightcheck.vllm.overlay BASE_PYTHON OUT [EDIT...] [--version V] "
+              f"(edits: {', '.join(EDITS)})", file=sys.stderr)
         return 2
     try:
-        print(make_overlay(Path(argv[0]), Path(argv[1]), [EDITS[name] for name in argv[2:]]))
+        print(make_overlay(Path(argv[0]), Path(argv[1]), [EDITS[name] for name in argv[2:]], version))
     except OverlayError as err:
         print(f"overlay: {err}", file=sys.stderr)
         return 2

@@ -161,13 +161,18 @@ class ReplayWorker:
 # `vllm.__version__` comes from (`vllm/_version.py`, written by the build's
 # version tool), else the installed distribution's metadata.
 _PROBE = r"""
-import importlib.metadata, importlib.util, json, pathlib, re
+import importlib.metadata, importlib.util, json, pathlib, re, sys
 spec = importlib.util.find_spec("vllm")
 if spec is None or not spec.submodule_search_locations:
     print(json.dumps({"error": "No module named 'vllm'"}))
 else:
     version = None
-    source = pathlib.Path(list(spec.submodule_search_locations)[0]) / "_version.py"
+    # where the import system would load vllm._version from (a finder of the
+    # interpreter's own may answer for it), found without importing vllm
+    where = list(spec.submodule_search_locations)
+    specs = (f.find_spec("vllm._version", where) for f in sys.meta_path if hasattr(f, "find_spec"))
+    module = next((s for s in specs if s is not None), None)
+    source = pathlib.Path(module.origin if module is not None and module.origin else "/nonexistent")
     if source.exists():
         found = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)", source.read_text())
         version = found and found.group(1)
