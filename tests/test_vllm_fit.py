@@ -208,3 +208,38 @@ def test_a_changed_rule_outside_the_profiles_shows_in_the_first_divergence(versi
     # vLLM admitted the last of the burst first; the reference, its first
     theirs, ours = first["detail"].split(", reference ")
     assert theirs.split("(('")[1].split("'")[0] != ours.split("(('")[1].split("'")[0], first
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_an_unreleased_build_runs_as_its_release_with_a_note(overlays: Path, tmp_path: Path) -> None:
+    """A build reporting 0.33.1.dev3 (no tables of its own) replays as vLLM
+    0.33.0 (its engine loop; check-trace under vllm-0.33), said on stderr."""
+    python = make_overlay(_base("0.33.0"), overlays / "dev", [], version="0.33.1.dev3+gfit")
+    workloads = tmp_path / "w.json"
+    workloads.write_text(json.dumps(fit_workloads(0, 2)))
+    done = subprocess.run([sys.executable, "-m", "flightcheck.cli", "vllm", "replay", str(workloads),
+                           "--vllm-python", str(python), "--check", "--json"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "vLLM 0.33.1.dev3+gfit has no tables of its own: it runs as vLLM 0.33.0" in done.stderr
+    report = json.loads(done.stdout)
+    assert (report["vllm_version"], report["runs_as"]) == ("0.33.1.dev3+gfit", "0.33.0")
+    assert [(w["vllm_version"], w["check"]["ok"], w["check"]["profile"]) for w in report["workloads"]] == \
+        [("0.33.1.dev3+gfit", True, "vllm-0.33")] * 2
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_vllm_that_does_not_import_is_refused_in_one_line(overlays: Path) -> None:
+    """Found by the probe, but its scheduler does not import: exit 2, one line."""
+    broken = EDITS["lifo-admission"].__class__(
+        "vllm.v1.core.sched.scheduler", "Scheduler._enqueue_waiting_request",
+        "self.waiting.add_request(request)", "self.waiting.add_request(request", "a syntax error")
+    python = make_overlay(_base("0.33.0"), overlays / "broken", [broken])
+    done = subprocess.run([sys.executable, "-m", "flightcheck.cli", "vllm", "fit", "--vllm-python", str(python)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 2
+    refusal = [line for line in done.stderr.splitlines() if not line.startswith("fit: ")]
+    assert len(refusal) == 1 and "vLLM does not import with" in refusal[0] and "SyntaxError" in refusal[0], \
+        done.stderr
