@@ -22,6 +22,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -83,11 +84,15 @@ def _as_vllm(raw: dict[str, Any], profile: str, scratch: Path) -> Replayed:
 
 def test_fit_puts_a_vllm_closest_to_the_profile_it_follows(tmp_path: Path) -> None:
     """A "vLLM" that is the reference under vllm-0.33 as released agrees
-    with that profile on every workload, and with no other as well."""
+    with that profile on every workload, and only a profile with the same
+    rules (vllm-0.34 until 0.34's own constants land) does as well: a tie."""
     items = [_as_vllm(raw, "vllm-0.33", tmp_path) for raw in fit_workloads(0, 8)]
     fits = [judge(items, name, explain=1) for name in judged_profiles()]
-    assert closest(fits) == ["vllm-0.33"]
+    best = closest(fits)
+    assert "vllm-0.33" in best
     assert [fit.agreement for fit in fits if fit.name == "vllm-0.33"] == [1.0]
+    rules = {name: replace(reference_profiles.RELEASED[name], name="") for name in judged_profiles()}
+    assert all(rules[name] == rules["vllm-0.33"] for name in best), best
 
 
 def test_fit_names_the_constant_a_vllm_changed(tmp_path: Path) -> None:

@@ -27,6 +27,10 @@ from flightcheck.spec import profiles as spec_profiles
 
 Side = Literal["reference", "spec"]
 
+# Fields of a profile that are no rule of vLLM's: its name, and the release
+# whose models and mutants a profile carries over (spec `Profile.follows`).
+NOT_RULES = frozenset({"name", "follows"})
+
 
 @dataclass(frozen=True)
 class Flip:
@@ -63,7 +67,7 @@ def flips(side: Side, name: str) -> list[Flip]:
     order the dataclass declares its constants."""
     base = _base(side, name)
     out: list[Flip] = []
-    for constant in (f.name for f in fields(base) if f.name != "name"):
+    for constant in (f.name for f in fields(base) if f.name not in NOT_RULES):
         current = getattr(base, constant)
         if isinstance(current, bool):
             others: list[Any] = [not current]
