@@ -51,8 +51,8 @@ KNOWN = ("0.8.5", "0.8.4", "0.33.0", "0.34.0")
 
 @pytest.mark.parametrize("version, release", [
     ("0.33.0", "0.33.0"), ("0.33.0+cpu", "0.33.0"), ("0.34.1.dev5+g62d4bc3", "0.34.0"),
-    ("0.34.0rc1", "0.34.0"), ("0.20.1", "0.8.5"), ("0.8.4.post1", "0.8.4"), ("0.1.0", "0.8.4"),
-    ("1.0.0", "0.34.0"), ("dev", None)])
+    ("0.34.0rc1", "0.34.0"), ("0.20.1", "0.8.5"), ("0.8.4.post1", "0.8.4"),
+    ("1.0.0", "0.34.0"), ("0.1.0", None), ("dev", None)])
 def test_a_version_runs_as_its_release_or_the_newest_known_below_it(version: str, release: str | None) -> None:
     assert nearest_release(version, KNOWN) == release
 

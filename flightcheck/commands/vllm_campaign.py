@@ -125,6 +125,12 @@ def run_fit(args: argparse.Namespace) -> int:
     refused = resolve_interpreter(args)
     if refused:
         return bad(refused)
+    if args.async_scheduling:
+        from flightcheck.vllm.differential import profile_for
+        try:
+            profile_for(args.vllm_version, True)
+        except ValueError:
+            return bad(f"--async: vLLM {args.vllm_version} has no async scheduling the replay drives")
     python = args.interpreter.python if args.interpreter else None
     options = FitOptions(seed=args.seed, workloads=args.workloads, async_scheduling=args.async_scheduling,
                          explain=args.explain)

@@ -8,7 +8,9 @@ run with the loop of the nearest known release (replay.py `nearest_release`).
 It imports the worker module as a module (so vLLM is imported with the
 worker's own settings), adds the version to the engine tables under the
 release's entries when it lacks one, and runs the worker's `main()`. A
-known release passes through untouched. Runs inside the vLLM venv; imports
+known release passes through untouched, and so does every version where the
+worker places an unreleased version itself (a bridge with one release table
+and no per-version engine tables). Runs inside the vLLM venv; imports
 no vLLM itself.
 """
 
@@ -23,14 +25,19 @@ from .replay import nearest_release
 
 def alias_unreleased(version: str) -> str | None:
     """Give `version` the engine-table entries of its nearest known release
-    (none added when it has its own); the release used, or None."""
-    known = tuple(engine.ENGINE_LOOPS)
+    (none added when it has its own); the release used, or None. Where the
+    engine keeps no per-version tables (a bridge whose worker places an
+    unreleased version itself), nothing is added."""
+    tables = [getattr(engine, name) for name in ("ENGINE_LOOPS", "ENGINE_GATES") if hasattr(engine, name)]
+    if not tables:
+        return None
+    known = tuple(tables[0])
     if version in known:
         return version
     release = nearest_release(version, known)
     if release is None:
         return None
-    for table in (engine.ENGINE_LOOPS, engine.ENGINE_GATES):
+    for table in tables:
         if release in table:
             table.setdefault(version, table[release])
     return release

@@ -209,18 +209,15 @@ def _release_tuple(version: str) -> tuple[int, ...] | None:
 
 
 def nearest_release(version: str, known: tuple[str, ...] = SUPPORTED_VERSIONS) -> str | None:
-    """The known release that stands for `version`: the same release
-    (local part such as "+cpu" ignored), else the newest known release at or
-    below its (major, minor, micro), else the oldest known one; None for an
-    unreadable version."""
-    wanted = _release_tuple(version)
-    if wanted is None:
-        return None
-    ordered = sorted(known, key=lambda v: _release_tuple(v) or (0,))
+    """The known release that stands for `version`: the same release (a
+    local part such as "+cpu" ignored), else the newest known release at or
+    below its (major, minor, micro) (a developer's branch of 0.34 runs as
+    0.34.0); None for a version older than all of them, or unreadable."""
     if version.split("+", 1)[0] in known:
         return version.split("+", 1)[0]
-    below = [v for v in ordered if (_release_tuple(v) or (0,)) <= wanted]
-    return below[-1] if below else ordered[0]
+    wanted = _release_tuple(version)
+    below = [v for v in known if wanted is not None and (_release_tuple(v) or (0,)) <= wanted]
+    return max(below, key=lambda v: _release_tuple(v) or (0,)) if below else None
 
 
 # Release -> the interpreter that stands for it while `use_interpreter` runs.
@@ -264,8 +261,8 @@ def probe_interpreter(python: str | Path, known: tuple[str, ...] = SUPPORTED_VER
         raise ReplayError(f"--vllm-python {python}: vLLM does not import there ({probed['error']})")
     release = nearest_release(probed["version"], known)
     if release is None:
-        raise ReplayError(f"--vllm-python {python}: vLLM's version {probed['version']!r} is no version "
-                          f"flightcheck can place")
+        raise ReplayError(f"--vllm-python {python}: vLLM {probed['version']} predates every release flightcheck "
+                          f"has tables for ({', '.join(known)}), or is no version")
     return Interpreter(path, probed["version"], release)
 
 
