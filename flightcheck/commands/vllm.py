@@ -3,6 +3,7 @@
     flightcheck vllm replay workload.json --trace run.jsonl --check
     flightcheck vllm replay campaign.jsonl --vllm-version 0.8.4 --trace traces/ --json
     flightcheck vllm replay workload.json --vllm-version 0.33.0 --async --trace run.jsonl
+    flightcheck vllm replay workload.json --vllm-python ~/src/vllm/.venv/bin/python --check
 
 Every workload in the file (one object, a list, or JSON Lines) is replayed
 through vLLM's own V1 scheduler, in the vLLM venv of that version (built by
@@ -18,6 +19,9 @@ when it is ready, and which workload runs (with --json or off a terminal);
 stdout carries only the results. Exit codes: 0 every run ended cleanly with
 nothing wrong in vLLM's own state (and, with --check, every trace legal); 1 a
 finding; 2 bad arguments or input, or no venv for the version.
+
+`--vllm-python PATH`, `flightcheck vllm campaign` and `flightcheck vllm fit`
+(a developer's own vLLM) are vllm_campaign.py's; docs/vllm-fit.md.
 """
 
 from __future__ import annotations

@@ -4,6 +4,14 @@
     python -m flightcheck.vllm.campaign --workloads 300 --versions 0.8.4 --json results.json
     python -m flightcheck.vllm.campaign --workloads 200 --versions 0.33.0 --reuse-ids
     python -m flightcheck.vllm.campaign --workloads 300 --versions 0.33.0 --async
+    flightcheck vllm campaign --workloads 100 --vllm-python ~/src/vllm/.venv/bin/python
+
+`flightcheck vllm campaign` takes the same options (`add_options`) and runs
+the same function (`run_campaign`). `--vllm-python PATH` runs the vLLM of
+any interpreter in place of `--versions` (flightcheck/commands/vllm_campaign.py,
+docs/vllm-fit.md): its version is read from it, and one with no tables of its
+own runs as the nearest known release, said on stderr, with that release's
+profile for the reference and check-trace.
 
 For each vLLM version (one replay worker each) and each generated workload
 (generate.py; workload i of seed S is a function of S and i alone):
