@@ -111,6 +111,19 @@ def test_fit_names_the_constant_a_vllm_changed(tmp_path: Path) -> None:
     assert dict(fit.explained_counts) == {"threshold_needs_company": len(fit.misfits)}
 
 
+def test_a_missed_bug_is_a_verdict_divergence_credited_to_no_constant(tmp_path: Path) -> None:
+    """Batches agree, but vLLM's own state shows a bug check-trace accepted:
+    the workload misfits on its verdict, and no constant is credited (a
+    checker changed to reject it might reject it for anything)."""
+    item = _as_vllm(fit_workloads(0, 1)[0], "vllm-0.33", tmp_path)
+    buggy = Replayed(item.raw, {**item.result, "ground_truth": {"stale_tokens": [
+        {"batch": 1, "req": "r1", "why": "preempted and resumed", "step": 3}]}}, item.trace, item.decisions)
+    fit = judge([buggy], "vllm-0.33", explain=1)
+    assert fit.agreement == 0 and fit.first_divergence is not None
+    assert fit.first_divergence.kind == "verdict" and fit.first_divergence.detail.startswith("accepted, MISSED bug")
+    assert fit.explained_by == []
+
+
 def test_fit_workloads_come_from_one_list_of_families() -> None:
     raws = fit_workloads(3, 2 * len(FAMILIES))
     assert [raw["name"].rsplit("-", 2)[0] for raw in raws] == [f"fit-{f.name}" for f in FAMILIES] * 2
