@@ -62,13 +62,15 @@ def test_a_trial_changes_one_constant_and_is_gone_after() -> None:
     assert flip in flips("reference", "vllm-0.33")
     assert Flip("spec", "threshold_needs_company", False) in flips("spec", "vllm-0.33")
     assert Flip("reference", "num_preallocate_tokens", 0) in flips("reference", "vllm-0.8.4")
-    before = (set(reference_profiles.PROFILES), set(reference_profiles.RELEASED), set(spec_profiles.PROFILES))
+    before = (dict(reference_profiles.PROFILES), dict(reference_profiles.RELEASED), dict(spec_profiles.PROFILES))
     with trial("vllm-0.33", flip) as name:
+        assert name == "vllm-0.33"                                                # in force under its own name
         assert reference_profiles.PROFILES[name].threshold_needs_company is False
+        assert reference_profiles.RELEASED[name].threshold_needs_company is False
         assert reference_profiles.RELEASED[name].outputs_by_id_alone is True      # the released variant kept
-        assert reference_profiles.PROFILES[name].unhashed_blocks_to_head is True  # nothing else changed
-    assert (set(reference_profiles.PROFILES), set(reference_profiles.RELEASED),
-            set(spec_profiles.PROFILES)) == before
+        assert reference_profiles.PROFILES[name] == replace(before[0][name], threshold_needs_company=False)
+        assert spec_profiles.PROFILES[name] is before[2][name]                    # the other side untouched
+    assert (reference_profiles.PROFILES, reference_profiles.RELEASED, spec_profiles.PROFILES) == before
 
 
 def _as_vllm(raw: dict[str, Any], profile: str, scratch: Path) -> Replayed:

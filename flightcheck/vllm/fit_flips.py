@@ -6,11 +6,12 @@ function (reference/profiles.py for the reference scheduler's batches,
 spec/profiles.py for check-trace's verdicts). A trial takes one profile and
 gives one constant another value: for a bool its negation, otherwise each
 value that constant has in another known profile (`engine_loop`'s loops,
-`num_preallocate_tokens`' 64, a release order). The trial is registered
-under a name of its own for as long as it runs (`trial`), so the reference
-(`SchedulerConfig(profile=...)`, with its released variant) and the checker
-(`check_trace(..., profile=...)`) take it as they take any profile, and it
-is removed again after. Fit runs one trial at a time in one thread.
+`num_preallocate_tokens`' 64, a release order). The trial stands in the
+registry under the profile's own name for as long as it runs (`trial`), so
+the reference (`SchedulerConfig(profile=...)`, with its released variant),
+the checker (`check_trace(..., profile=...)`) and whatever keys on the name
+take it as that profile; the original is put back after. Fit runs one trial
+at a time in one thread.
 
 Standard library, flightcheck.reference and flightcheck.spec only.
 """
@@ -79,23 +80,22 @@ def flips(side: Side, name: str) -> list[Flip]:
 
 @contextmanager
 def trial(name: str, flip: Flip) -> Iterator[str]:
-    """The profile `name` with `flip` applied, registered under a name of
-    its own while the block runs (the reference's released variant too)."""
-    trial_name = f"{name}~{flip.constant}={flip.value}"
+    """The profile `name` with `flip` applied, in force under its own name
+    while the block runs (the reference's released variant too), then put
+    back. Under its own name, everything that looks a profile up by name (a
+    release table, the engine loop a release runs) treats the trial as the
+    profile it changes: only the one constant differs."""
     if flip.side == "reference":
-        registries = [(reference_profiles.PROFILES,
-                       replace(reference_profiles.PROFILES[name], name=trial_name, **{flip.constant: flip.value}))]
+        registries = [reference_profiles.PROFILES]
         if name in reference_profiles.RELEASED:
-            registries.append((reference_profiles.RELEASED,
-                               replace(reference_profiles.RELEASED[name], name=trial_name,
-                                       **{flip.constant: flip.value})))
+            registries.append(reference_profiles.RELEASED)
     else:
-        registries = [(spec_profiles.PROFILES,
-                       replace(spec_profiles.PROFILES[name], name=trial_name, **{flip.constant: flip.value}))]
-    for registry, profile in registries:
-        registry[trial_name] = profile
+        registries = [spec_profiles.PROFILES]
+    originals = [registry[name] for registry in registries]
     try:
-        yield trial_name
+        for registry, original in zip(registries, originals):
+            registry[name] = replace(original, **{flip.constant: flip.value})
+        yield name
     finally:
-        for registry, _ in registries:
-            registry.pop(trial_name, None)
+        for registry, original in zip(registries, originals):
+            registry[name] = original
