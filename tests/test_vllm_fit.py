@@ -33,7 +33,7 @@ from flightcheck.spec import profiles as spec_profiles
 from flightcheck.vllm.differential import decisions, run_reference
 from flightcheck.vllm.fit import FitOptions, Replayed, closest, judge, run_fit
 from flightcheck.vllm.fit_flips import Flip, flips, judged_profiles, trial
-from flightcheck.vllm.fit_workloads import FAMILIES, fit_workloads
+from flightcheck.vllm.fit_workloads import all_families, fit_workloads
 from flightcheck.vllm.overlay import EDITS, OverlayError, edited_source, make_overlay
 from flightcheck.vllm.replay import ReplayWorker, nearest_release, venv_python
 
@@ -127,9 +127,10 @@ def test_a_missed_bug_is_a_verdict_divergence_credited_to_no_constant(tmp_path: 
 
 
 def test_fit_workloads_come_from_one_list_of_families() -> None:
-    raws = fit_workloads(3, 2 * len(FAMILIES))
-    assert [raw["name"].rsplit("-", 2)[0] for raw in raws] == [f"fit-{f.name}" for f in FAMILIES] * 2
-    assert raws == fit_workloads(3, 2 * len(FAMILIES))                    # a function of the seed
+    families = all_families()
+    raws = fit_workloads(3, 2 * len(families))
+    assert [raw["name"].rsplit("-", 2)[0] for raw in raws] == [f"fit-{f.name}" for f in families] * 2
+    assert raws == fit_workloads(3, 2 * len(families))                    # a function of the seed
     for raw in raws:
         run_reference(raw, "vllm-0.33")                                    # every one suits the reference
 

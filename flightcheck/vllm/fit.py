@@ -43,7 +43,7 @@ from . import ASYNC_RECORDER
 from .campaign import DISAGREEMENTS, verdict, with_async_scheduling
 from .differential import decisions, first_difference, read_trace, run_reference
 from .fit_flips import Flip, flips, judged_profiles, trial
-from .fit_workloads import FAMILIES, fit_workloads
+from .fit_workloads import all_families, fit_workloads
 from .replay import ReplayError, ReplayWorker
 
 Say = Callable[[str], None]
@@ -282,7 +282,7 @@ def run_fit(worker: ReplayWorker, options: FitOptions, say: Say) -> dict[str, An
             "profiles": [fit.to_json() for fit in fits],
             "vllm_version": worker.version, "async_scheduling": options.async_scheduling,
             "seed": options.seed, "workloads": len(items), "families": dict(families),
-            "family_list": [family.name for family in FAMILIES],
+            "family_list": [family.name for family in all_families()],
             "seconds": round(time.monotonic() - started, 1)}
 
 

@@ -6,7 +6,9 @@ by (seed, i) alone (`generate.hash_seed`), so a fit run is a function of its
 seed and size, and a misfit is replayed from its name. A family that needs
 new modelling (0.34's mid-step inputs, chunked prefill off, 0.34's opt-in
 cache-aware admission reorder) joins the list when its branch lands; the
-rest of fit reads only `FAMILIES`.
+generator's own knob families (`generate.FAMILIES`, where it has them) join
+it by themselves (`generator_families`). The rest of fit reads only this
+list.
 
 Every workload suits the reference (generate.py's rule: the pool holds one
 request of max_model_len tokens besides vLLM's null block). Standard library
@@ -16,8 +18,10 @@ only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
+from . import generate
 from .generate import RandomPicker, cdiv, generate_workload, hash_seed
 
 Workload = dict[str, Any]
@@ -99,10 +103,28 @@ FAMILIES: list[Family] = [
 ]
 
 
+def _generated(pick: RandomPicker, name: str, seed: int, family: str) -> Workload:
+    return generate_workload(pick, name, seed, family=family)
+
+
+def generator_families() -> list[Family]:
+    """The knob families the differential's generator defines
+    (`generate.FAMILIES`, name -> the knobs it sets: chunked prefill off,
+    0.34's cache-aware admission order), each a fit family of its own; none
+    where the generator defines none."""
+    return [Family(name, f"the generator's {name!r} knobs (generate.py)", partial(_generated, family=name))
+            for name in getattr(generate, "FAMILIES", {})]
+
+
+def all_families() -> list[Family]:
+    """Fit's own families, then the generator's."""
+    return FAMILIES + generator_families()
+
+
 def fit_workloads(seed: int, count: int, families: list[Family] | None = None) -> list[Workload]:
     """Workloads 0 .. count-1 of a fit campaign: workload i from family
     i % len(families), named `fit-FAMILY-SEED-I`."""
-    chosen = FAMILIES if families is None else families
+    chosen = all_families() if families is None else families
     out = []
     for index in range(count):
         family = chosen[index % len(chosen)]
