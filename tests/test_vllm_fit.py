@@ -167,9 +167,9 @@ def test_a_bad_interpreter_is_refused_in_one_line(python: str, says: str, tmp_pa
 # ---------------------------------------------------------------------------
 
 def _bridge_runs(version: str) -> bool:
-    """Whether the replay worker has an engine loop for `version`."""
-    from flightcheck.vllm.engine import ENGINE_LOOPS
-    return version in ENGINE_LOOPS
+    """Whether the bridge supports `version` (its replay worker has a loop for it)."""
+    from flightcheck.vllm import SUPPORTED_VERSIONS
+    return version in SUPPORTED_VERSIONS
 
 
 def _base(version: str) -> Path:
