@@ -162,6 +162,21 @@ def test_a_bad_interpreter_is_refused_in_one_line(python: str, says: str, tmp_pa
         assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr, (argv, done.stderr)
 
 
+def test_flightcheck_vllm_campaign_takes_the_campaign_modules_options() -> None:
+    import argparse
+
+    from flightcheck.cli import build_parser
+    from flightcheck.vllm.campaign import add_options
+
+    argv = ["--workloads", "3", "--seed", "2", "--versions", "0.33.0", "--reuse-ids", "--json", "out.json",
+            "--vllm-python", "/x/bin/python", "--no-mutants"]
+    module = argparse.ArgumentParser()
+    add_options(module)
+    ours = vars(build_parser().parse_args(["vllm", "campaign", *argv]))
+    theirs = vars(module.parse_args(argv))
+    assert {key: ours[key] for key in theirs} == theirs
+
+
 # ---------------------------------------------------------------------------
 # Slow: vLLM's real scheduler
 # ---------------------------------------------------------------------------
