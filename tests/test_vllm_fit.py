@@ -151,15 +151,17 @@ def test_an_overlay_edit_changes_one_fragment_in_one_function() -> None:
     ("/nonexistent/bin/python", "no such file"),
     (sys.executable, "vLLM does not import there (No module named 'vllm')"),
     ("/bin/false", "not a Python that runs")])
-def test_a_bad_interpreter_is_refused_in_one_line(python: str, says: str, tmp_path: Path) -> None:
+def test_a_bad_interpreter_is_refused_in_one_line(python: str, says: str, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from flightcheck.cli import main
+
     workload = tmp_path / "w.json"
     workload.write_text(json.dumps(fit_workloads(0, 1)[0]))
     for argv in (["fit", "--vllm-python", python], ["replay", str(workload), "--vllm-python", python],
                  ["campaign", "--vllm-python", python, "--workloads", "1"]):
-        done = subprocess.run([sys.executable, "-m", "flightcheck.cli", "vllm", *argv], capture_output=True,
-                              text=True, timeout=120, cwd=ROOT)
-        assert done.returncode == 2, (argv, done.stderr)
-        assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr, (argv, done.stderr)
+        assert main(["vllm", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and says in err, (argv, err)
 
 
 def test_flightcheck_vllm_campaign_takes_the_campaign_modules_options() -> None:
