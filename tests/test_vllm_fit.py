@@ -111,6 +111,9 @@ def test_fit_names_the_constant_a_vllm_changed(tmp_path: Path) -> None:
     assert first is not None and first.kind == "batches" and first.workload.startswith("fit-lone-long-prefill")
     assert {flip.constant for flip in fit.explained_by} == {"threshold_needs_company"}
     assert dict(fit.explained_counts) == {"threshold_needs_company": len(fit.misfits)}
+    unexplained = judge(items, "vllm-0.33", explain=0)            # --explain 0: divergences only
+    assert unexplained.first_divergence == first and unexplained.explained_by == []
+    assert unexplained.explained_of == 0
 
 
 def test_a_missed_bug_is_a_verdict_divergence_credited_to_no_constant(tmp_path: Path) -> None:

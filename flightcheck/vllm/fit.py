@@ -213,11 +213,14 @@ def judge(items: list[Replayed], profile: str, explain: int) -> ProfileFit:
         if found is None:
             continue
         fit.misfits.append(item.raw["name"])
+        first = fit.first_divergence is None
+        if first:
+            fit.first_divergence = found
         if fit.explained_of >= explain:
             continue
         flips_found = explained_by(item, profile, found, controls)
-        if fit.first_divergence is None:
-            fit.first_divergence, fit.explained_by = found, flips_found
+        if first:
+            fit.explained_by = flips_found
         fit.explained_of += 1
         fit.explained_counts.update({flip.constant for flip in flips_found})
     return fit
