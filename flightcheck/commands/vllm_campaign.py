@@ -55,8 +55,8 @@ def add_subcommands(actions: Any, replay: argparse.ArgumentParser) -> None:
                      help="workloads in the campaign (default 40), drawn in turn from each family")
     fit.add_argument("--seed", type=seed_int, default=0, metavar="S")
     fit.add_argument("--explain", type=count_int, default=5, metavar="M",
-                     help="misfits per profile tried one constant at a time (default 5; the first "
-                          "divergence's are always reported when M >= 1)")
+                     help="misfits per profile tried one constant at a time (default 5; 0: report "
+                          "each profile's first divergence without explained_by)")
     fit.add_argument("--json", action="store_true", help="print the report as JSON")
     fit.set_defaults(func=run_fit)
 
