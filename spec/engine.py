@@ -115,32 +115,38 @@ def may_complete(decision: State, cfg: Config) -> bool:
     return len(decision.in_flight) >= cfg.queue_depth or not can_schedule_tokens(decision, cfg)
 
 
-def loop_waits(state: State, cfg: Config) -> bool:
-    """Whether the profile's own busy loop blocks on input here
-    (`_process_input_queue`): no request unfinished and, unless the loop
-    waits with batches in flight (0.8.x), nothing in the batch queue."""
+def corrected(loop: EngineLoop) -> EngineLoop:
+    """The loop with vLLM 0.33's busy-loop rule (`EngineCoreProc.has_work`
+    counts the batch queue): what 0.8.x's loop becomes once it keeps E-a."""
+    return replace(loop, waits_with_batch_in_flight=False)
+
+
+def loop_waits(state: State, loop: EngineLoop) -> bool:
+    """Whether the loop blocks on input here (`_process_input_queue`): no
+    request unfinished and, unless it waits with batches in flight (0.8.x),
+    nothing in the batch queue."""
     if has_requests(state):
         return False
-    return loop_of(cfg).waits_with_batch_in_flight or not state.in_flight
+    return loop.waits_with_batch_in_flight or not state.in_flight
 
 
-def loop_calls_schedule(state: State, cfg: Config) -> bool:
-    """Whether the profile's step calls `schedule()`: 0.33 whenever a request
-    is unfinished (the queue always has room at a step's start); 0.8.x while
+def loop_calls_schedule(state: State, cfg: Config, loop: EngineLoop) -> bool:
+    """Whether the loop's step calls `schedule()`: 0.33 whenever a request is
+    unfinished (the queue always has room at a step's start); 0.8.x while
     the queue has room (0.8.4's gate is the spec's `is_schedule_enabled`,
     which reads the scheduler's own in-flight set)."""
-    if loop_of(cfg).empty_batches:
+    if loop.empty_batches:
         return has_requests(state)
     return len(state.in_flight) < cfg.queue_depth
 
 
-def loop_completes_after(scheduled_tokens: bool, after: State, cfg: Config) -> bool:
-    """Whether the profile's step, once its `schedule()` part is done (the
-    state `after`), goes on to complete the oldest batch: 0.8.x when it formed
-    no batch with tokens and a batch is in flight; 0.33 when the queue is
-    now full, or when it ran nothing and no request is left."""
+def loop_completes_after(scheduled_tokens: bool, after: State, cfg: Config, loop: EngineLoop) -> bool:
+    """Whether the loop's step, once its `schedule()` part is done (the state
+    `after`), goes on to complete the oldest batch: 0.8.x when it formed no
+    batch with tokens and a batch is in flight; 0.33 when the queue is now
+    full, or when it ran nothing and no request is left."""
     if not after.in_flight:
         return False
-    if loop_of(cfg).empty_batches:
+    if loop.empty_batches:
         return len(after.in_flight) >= cfg.queue_depth or not (scheduled_tokens or has_requests(after))
     return not scheduled_tokens

@@ -172,6 +172,7 @@ class BatchQueueEngine:
         self.current_step = 0
         self.waits_in_flight: list[dict[str, Any]] = []
         self.gated_completions: list[dict[str, Any]] = []
+        self.copy_errors: list[str] = []
 
     def step_with_batch_queue(self) -> bool:
         """One engine step; True when it scheduled or completed a batch."""
@@ -209,14 +210,18 @@ class BatchQueueEngine:
     def _note_gated_completion(self) -> None:
         """0.8.4's gate is closed (`get_num_unscheduled_requests() == 0`) and
         the step is about to complete the oldest batch: when
-        `scheduled_req_ids` holds ids that no batch in flight carries, ask a
+        `scheduled_req_ids` holds ids that no batch in flight carries (or
+        whose request was preempted after its batch was scheduled), ask a
         copy of vLLM's scheduler, with those ids taken out, whether its
         `schedule()` would form a batch (the copy writes no trace)."""
         marked = getattr(self.scheduler, "scheduled_req_ids", None)
         if marked is None or not hasattr(self.scheduler, "_fc_trace"):
             return                                 # not vLLM 0.8.4's recorder: no oracle to ask
         in_flight = {req_id for output, _ in self.batch_queue for req_id in output.num_scheduled_tokens}
-        stale = sorted(set(marked) - in_flight)
+        running = {request.request_id for request in self.scheduler.running}
+        # an id is stale when no batch in flight carries it, or when its
+        # request was preempted since (the batch carries an older incarnation)
+        stale = sorted(req_id for req_id in marked if req_id not in in_flight or req_id not in running)
         if not stale:
             return
         self.gated_completions.append({"step": self.current_step, "stale": stale,
@@ -231,8 +236,9 @@ class BatchQueueEngine:
         try:
             self.scheduler._fc_trace = None
             sys.setrecursionlimit(max(limit, 100_000))
-            twin = copy.deepcopy(self.scheduler)
-        except Exception:  # noqa: BLE001 -- an uncopyable scheduler: the oracle says it does not know
+            twin = copy.deepcopy(self.scheduler, _shared_uncopyable(self.scheduler))
+        except Exception as err:  # noqa: BLE001 -- an uncopyable scheduler: the oracle says it does not know
+            self.copy_errors.append(f"{type(err).__name__}: {err}")
             return None
         finally:
             self.scheduler._fc_trace = trace
@@ -326,6 +332,19 @@ class BatchQueueEngineV033(BatchQueueEngine):
         if self.aborts_queue:
             pending, self.aborts_queue = self.aborts_queue, []
             self._abort(pending)
+
+
+def _shared_uncopyable(scheduler: Any) -> dict[int, Any]:
+    """A deepcopy memo that shares, rather than copies, each attribute of
+    the scheduler that cannot be copied (queues, locks, publishers: none of
+    which `schedule()` changes in a replay)."""
+    memo: dict[int, Any] = {}
+    for value in vars(scheduler).values():
+        try:
+            copy.deepcopy(value)
+        except Exception:  # noqa: BLE001 -- shared instead
+            memo[id(value)] = value
+    return memo
 
 
 ENGINE_GATES = {"0.8.5": False, "0.8.4": True}   # does the version gate schedule() on unscheduled requests?
