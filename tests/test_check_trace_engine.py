@@ -64,7 +64,7 @@ def test_waiting_for_input_with_a_batch_in_flight_is_rejected_at_the_first_event
     result = check_events(events)
     assert not result.ok and result.property == E_A
     assert result.event_index == 5 and events[result.event_index]["ev"] == "arrive"
-    assert "steps 2..4" in result.message and "batch 1" in result.message
+    assert "engine steps 2..4" in result.message and "batch 1" in result.message
 
 
 def test_the_same_wait_is_legal_when_no_step_is_missing_or_nothing_is_in_flight():

@@ -110,7 +110,9 @@ class EngineSteps:
         in_flight = token_batches_in_flight(self.state)
         if missing > allowed and in_flight:
             ids = [b for b, batch in zip(self.batch_ids, self.state.in_flight) if batch]
-            raise self._violation(E_A, f"engine steps {self.engine_step + 1}..{number - 1} took no action "
+            steps = (f"engine step {number - 1}" if missing == 1
+                     else f"engine steps {self.engine_step + 1}..{number - 1}")
+            raise self._violation(E_A, f"{steps} took no action "
                                   f"while {in_flight} batch(es) were in flight (batch {ids[0]} the oldest): "
                                   "the engine waited for input with a batch in flight")
 
