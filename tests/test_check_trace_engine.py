@@ -136,3 +136,21 @@ def test_an_arrival_is_no_mid_step_input_under_0_33():
     events = completed_instead_of_scheduling(b_arrives_at=1)
     events[0] = dict(CONFIG, profile="vllm-0.33")
     assert check_events(events).property == E_B
+
+
+def test_an_arrival_may_land_on_either_side_of_the_wait_under_0_34():
+    # vLLM 0.34's _wait_for_output takes ADD while it spins on the step's
+    # output: "b" stamped with step 1 may have arrived after step 1's
+    # schedule() (legal), or before the next step (stamped 2: legal too)
+    during = completed_instead_of_scheduling(b_arrives_at=1)
+    during[0] = dict(CONFIG, profile="vllm-0.34")
+    assert check_events(during).ok
+    after = completed_instead_of_scheduling(b_arrives_at=2)
+    after[0] = dict(CONFIG, profile="vllm-0.34")
+    after[3], after[4] = after[4], after[3]
+    assert check_events(after).ok
+    # a completion with no arrival in between, where the spec schedules, is still rejected
+    late = [dict(e) for e in during]
+    late[4]["engine_step"] = 1
+    late[3]["engine_step"] = 0                    # "b" arrived before step 0's end: step 1's schedule() saw it
+    assert check_events(late).property == E_B

@@ -40,9 +40,10 @@ def test_the_stale_in_flight_set_breaks_e_b_at_a_completion():
 
 def test_each_profile_carries_its_own_loop():
     released = {name: loop_of(Config(profile=name)) for name in ("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33",
-                                                                  "vllm-0.33-async")}
+                                                                  "vllm-0.33-async", "vllm-0.34")}
     assert released["vllm-0.8.5"].waits_with_batch_in_flight and released["vllm-0.8.4"].waits_with_batch_in_flight
     assert not released["vllm-0.33"].waits_with_batch_in_flight and released["vllm-0.33"].empty_batches
     assert released["vllm-0.8.5"].mid_step_inputs == () and released["vllm-0.33"].mid_step_inputs == ("abort",)
     assert released["vllm-0.33-async"] == released["vllm-0.33"]
+    assert released["vllm-0.34"].mid_step_inputs == ("arrive", "abort")   # EngineCoreProc._wait_for_output
     assert not corrected(released["vllm-0.8.5"]).waits_with_batch_in_flight

@@ -191,6 +191,8 @@ ENGINE_MODELS: tuple[EngineModel, ...] = (
     EngineModel("0.8.4-loop-corrected", replace(_STALE_084.with_mutant(None), allow_abort=True),
                 corrected(_loop(_STALE_084)), None),
     EngineModel("0.33-loop", TIGHT_K2.under_profile("vllm-0.33"), _loop(TIGHT_K2.under_profile("vllm-0.33")), None),
+    # 0.34's mid-step arrivals and aborts (`EngineCoreProc._wait_for_output`) trip neither property
+    EngineModel("0.34-loop", TIGHT_K2.under_profile("vllm-0.34"), _loop(TIGHT_K2.under_profile("vllm-0.34")), None),
 )
 
 # PROFILE_MUTANT_MODELS is read so that the 0.8.4 model above stays the mutant's own
