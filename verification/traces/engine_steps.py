@@ -68,6 +68,9 @@ class EngineSteps:
         if kind in UNNUMBERED or self.numbers_engine_steps is False:
             return
         number = event.get("engine_step")
+        if number is None and self.numbers_engine_steps is None:
+            self.numbers_engine_steps = False           # no engine steps: NO_STEPS, if legal
+            return
         if number is None or (self.engine_step is not None and number < self.engine_step):
             why = "carries no engine_step" if number is None else "goes back in engine_step"
             self._stop_engine_steps(f"the engine's choices E-a/E-b after an event that {why}")
@@ -88,7 +91,7 @@ class EngineSteps:
             self.step_completed = True
 
     def _engine_steps_at_end(self) -> None:
-        if self.numbers_engine_steps is not True:
+        if not self.numbers_engine_steps and not any(u.startswith("the engine's choices") for u in self.unchecked):
             self.unchecked.add(NO_STEPS)
 
     def _stop_engine_steps(self, what: str) -> None:
