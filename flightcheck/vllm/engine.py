@@ -41,13 +41,12 @@ position (workload.sampled_token). Standard library only.
 
 from __future__ import annotations
 
-import copy
-import sys
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .engine_truth import note_gated_completion, note_wait
 from .workload import RequestSpec, Workload, draft_outcome, sampled_token
 
 
@@ -162,13 +161,8 @@ class BatchQueueEngine:
         self.batch_queue: deque[tuple[Any, Any]] = deque()
         self.outputs: list[tuple[str, tuple[int, ...], str | None]] = []
         self.batches: list[dict[str, int]] = []
-        # The engine's own ground truth (flightcheck/vllm/README.md, "The
-        # engine's choices"), read from vLLM's objects, never from a trace:
-        # the engine-step number run_busy_loop is at; the waits for input
-        # with batches in flight (0.8.x's busy loop); and the completions
-        # 0.8.4's gate forced while `scheduled_req_ids` held an id with no
-        # batch in flight, with whether vLLM's own `schedule()`, on that set
-        # without the stale ids, would have formed a batch.
+        # The engine-step number run_busy_loop is at, and the engine's own
+        # ground truth about its choices (engine_truth.py).
         self.current_step = 0
         self.waits_in_flight: list[dict[str, Any]] = []
         self.gated_completions: list[dict[str, Any]] = []
@@ -183,7 +177,7 @@ class BatchQueueEngine:
             may_schedule = self.scheduler.get_num_unscheduled_requests() > 0
             gate_closed = not may_schedule
         if gate_closed and self.batch_queue:
-            self._note_gated_completion()
+            note_gated_completion(self)
         if may_schedule:
             scheduler_output = self.scheduler.schedule()
             if scheduler_output.total_num_scheduled_tokens > 0:
@@ -206,45 +200,6 @@ class BatchQueueEngine:
     def batches_in_flight(self) -> int:
         """Batches with tokens in the queue."""
         return len(self.batch_queue)
-
-    def _note_gated_completion(self) -> None:
-        """0.8.4's gate is closed (`get_num_unscheduled_requests() == 0`) and
-        the step is about to complete the oldest batch: when
-        `scheduled_req_ids` holds ids that no batch in flight carries (or
-        whose request was preempted after its batch was scheduled), ask a
-        copy of vLLM's scheduler, with those ids taken out, whether its
-        `schedule()` would form a batch (the copy writes no trace)."""
-        marked = getattr(self.scheduler, "scheduled_req_ids", None)
-        if marked is None or not hasattr(self.scheduler, "_fc_trace"):
-            return                                 # not vLLM 0.8.4's recorder: no oracle to ask
-        in_flight = {req_id for output, _ in self.batch_queue for req_id in output.num_scheduled_tokens}
-        running = {request.request_id for request in self.scheduler.running}
-        # an id is stale when no batch in flight carries it, or when its
-        # request was preempted since (the batch carries an older incarnation)
-        stale = sorted(req_id for req_id in marked if req_id not in in_flight or req_id not in running)
-        if not stale:
-            return
-        self.gated_completions.append({"step": self.current_step, "stale": stale,
-                                       "would_schedule": self._would_schedule_without(stale)})
-
-    def _would_schedule_without(self, stale: list[str]) -> bool | None:
-        """Whether vLLM's `schedule()`, on a copy of the scheduler whose
-        `scheduled_req_ids` lacks `stale`, forms a batch with tokens; None
-        when the scheduler cannot be copied."""
-        trace = getattr(self.scheduler, "_fc_trace", None)
-        limit = sys.getrecursionlimit()
-        try:
-            self.scheduler._fc_trace = None
-            sys.setrecursionlimit(max(limit, 100_000))
-            twin = copy.deepcopy(self.scheduler, _shared_uncopyable(self.scheduler))
-        except Exception as err:  # noqa: BLE001 -- an uncopyable scheduler: the oracle says it does not know
-            self.copy_errors.append(f"{type(err).__name__}: {err}")
-            return None
-        finally:
-            self.scheduler._fc_trace = trace
-            sys.setrecursionlimit(limit)
-        twin.scheduled_req_ids.difference_update(stale)
-        return twin.schedule().total_num_scheduled_tokens > 0
 
     def _record_outputs(self, engine_outputs: Any) -> None:
         # 0.8.x returns one EngineCoreOutputs; 0.33 a dict client index -> EngineCoreOutputs.
@@ -334,19 +289,6 @@ class BatchQueueEngineV033(BatchQueueEngine):
             self._abort(pending)
 
 
-def _shared_uncopyable(scheduler: Any) -> dict[int, Any]:
-    """A deepcopy memo that shares, rather than copies, each attribute of
-    the scheduler that cannot be copied (queues, locks, publishers: none of
-    which `schedule()` changes in a replay)."""
-    memo: dict[int, Any] = {}
-    for value in vars(scheduler).values():
-        try:
-            copy.deepcopy(value)
-        except Exception:  # noqa: BLE001 -- shared instead
-            memo[id(value)] = value
-    return memo
-
-
 ENGINE_GATES = {"0.8.5": False, "0.8.4": True}   # does the version gate schedule() on unscheduled requests?
 ENGINE_LOOPS = {"0.8.5": "0.8", "0.8.4": "0.8", "0.33.0": "0.33"}   # whose step_with_batch_queue a version runs
 
@@ -422,7 +364,7 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
             in_flight = engine.busy_while_in_flight and bool(engine.batch_queue)
             if not scheduler.has_requests() and not in_flight and not during_step:
                 if inputs.pending:                         # blocks on the input queue
-                    _note_wait(engine, step, inputs.next_step())
+                    note_wait(engine, step, inputs.next_step())
                     step = inputs.next_step()
                     continue
                 ending = "blocked_in_flight" if engine.batch_queue else "done"
@@ -449,13 +391,6 @@ def _stamp_engine_step(engine: BatchQueueEngine, step: int) -> None:
     engine.current_step = step
     if hasattr(engine.scheduler, "flightcheck_engine_step"):
         engine.scheduler.flightcheck_engine_step = step
-
-
-def _note_wait(engine: BatchQueueEngine, step: int, until: int) -> None:
-    """The busy loop blocks on its input queue from step `step` to step
-    `until` (the next input): noted when batches with tokens are in flight."""
-    if engine.batches_in_flight():
-        engine.waits_in_flight.append({"step": step, "until": until, "batches_in_flight": engine.batches_in_flight()})
 
 
 def _step_with_aborts(engine: BatchQueueEngine, during_step: list[str]) -> tuple[bool, list[str]]:
