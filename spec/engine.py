@@ -49,13 +49,10 @@ spec's `has_requests` is "some request is unfinished").
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
 
 from .config import Config
 from .schedule import schedule
 from .state import Fate, State
-
-Choice = Literal["schedule", "complete", "wait", "idle"]
 
 E_A = "Ea_no_wait_in_flight"
 E_B = "Eb_complete_only_when_needed"

@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from flightcheck.spec import Config, State
-from flightcheck.spec.engine import E_A, E_B, can_schedule_tokens, loop_of, may_complete, token_batches_in_flight
+from flightcheck.spec.engine import E_A, E_B, loop_of, may_complete, token_batches_in_flight
 
 INPUTS = ("arrive", "abort")
 UNNUMBERED = ("config", "end", "stage")
@@ -162,4 +162,4 @@ class EngineSteps:
         return candidates
 
 
-__all__ = ["EngineSteps", "NO_STEPS", "can_schedule_tokens"]
+__all__ = ["EngineSteps", "NO_STEPS"]
