@@ -357,9 +357,9 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
     during_step: list[str] = []
     try:
         while True:
+            _stamp_engine_step(engine, step)
             for req_id in during_step:                     # the input queue's copy of those aborts
                 abort_request(req_id)
-            _stamp_engine_step(engine, step)
             during_step = inputs.deliver(step, add_request, abort_request, bind)
             in_flight = engine.busy_while_in_flight and bool(engine.batch_queue)
             if not scheduler.has_requests() and not in_flight and not during_step:
