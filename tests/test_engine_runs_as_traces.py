@@ -46,6 +46,14 @@ class TraceWriter:
         self.batch = 0
         self.wait_broke_e_a_at: int | None = None    # the index of the first input after a wait in flight
         self.broke_e_b_at: int | None = None         # the index of the first completion that broke E-b
+        # empty batches (vLLM 0.33's loop) noted as its recorder notes them
+        self.notes: list[dict] = []
+        self.empties = 0
+
+    def _append(self, event: dict) -> None:
+        if self.notes:
+            event["empty_batches_before"], self.notes = self.notes, []
+        self.events.append(event)
 
     def write(self, label: str, before, after, broke: str | None, gap: int) -> None:
         (state, phase), (nxt, nxt_phase) = before, after
@@ -61,9 +69,9 @@ class TraceWriter:
                      "max_tokens": prompt.max_tokens, "engine_step": self.engine_step}
             if self.em.model.cfg.prefix_caching:
                 event["prompt_block_labels"] = list(prompt.labels)
-            self.events.append(event)
+            self._append(event)
         elif label.startswith("abort"):
-            self.events.append({"ev": "abort", "req": label.split()[1], "engine_step": self.engine_step})
+            self._append({"ev": "abort", "req": label.split()[1], "engine_step": self.engine_step})
         elif label.startswith("step"):
             if broke is not None and self.broke_e_b_at is None:
                 self.broke_e_b_at = len(self.events)  # no schedule event: the completion comes next
@@ -73,13 +81,20 @@ class TraceWriter:
 
     def _step(self, state, nxt, nxt_phase: str) -> None:
         scheduled = schedule(state, self.em.model.cfg) if nxt is not state else None
+        empty = scheduled is not None and not scheduled.entries and self.em.model.cfg.rules.empty_batches
+        if empty:
+            self.empties += 1
         if scheduled is not None and (scheduled.entries or scheduled.preempted):
             self.batch += 1 if scheduled.entries else 0
-            self.events.append({
-                "ev": "schedule", "batch": self.batch if scheduled.entries else None,
-                "engine_step": self.engine_step, "preempted": [f"r{r}" for r in scheduled.preempted],
-                "entries": [{"req": f"r{e.req}", "start": e.start, "n": e.n, "cached": e.cached,
-                             "drafts": e.drafts, "samples": e.samples} for e in scheduled.entries]})
+            event = {"ev": "schedule", "batch": self.batch if scheduled.entries else None,
+                     "engine_step": self.engine_step, "preempted": [f"r{r}" for r in scheduled.preempted],
+                     "entries": [{"req": f"r{e.req}", "start": e.start, "n": e.n, "cached": e.cached,
+                                  "drafts": e.drafts, "samples": e.samples} for e in scheduled.entries]}
+            if empty:
+                event["empty_batch"] = self.empties
+            self._append(event)
+        elif empty:
+            self.notes.append({"ev": "schedule", "empty_batch": self.empties})
         if nxt_phase != "mid":
             self.engine_step += 1
 
@@ -98,11 +113,13 @@ class TraceWriter:
                 event["dropped"] = dropped
             if drafts:
                 event["next_drafts"] = drafts
-            self.events.append(event)
+            self._append(event)
+        else:
+            self.notes.append({"ev": "complete", "empty_batch": 0})
         for r, (b, a) in enumerate(zip(state.requests, nxt.requests)):
             if a.status.is_finished and not b.status.is_finished:
                 reason = "stop" if a.status is Status.FINISHED_STOPPED else "length"
-                self.events.append({"ev": "finish", "req": f"r{r}", "reason": reason, "engine_step": self.engine_step})
+                self._append({"ev": "finish", "req": f"r{r}", "reason": reason, "engine_step": self.engine_step})
         self.engine_step += 1
 
 

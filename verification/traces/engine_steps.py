@@ -22,8 +22,9 @@ they break.
   input of such a kind, numbered with the step and written before its
   completion, may have landed on either side of it, and E-b holds if it
   holds for some legal placement. A step that formed a batch with tokens
-  and then completes must have filled the queue (checked where the queue's
-  empty batches are known not to exist: loops that queue none).
+  and then completes must have filled the queue, its empty batches counted
+  from the writer's notes (`empty_batch`, `empty_batches_before`) under a
+  loop that queues them; without notes that case is listed as unchecked.
 
 A trace without `engine_step` is checked as before, and `unchecked` says the
 engine's choices were not. Under asynchronous scheduling (the checker moves
@@ -61,10 +62,26 @@ class EngineSteps:
         self.step_inputs: list[str] = []                # the kinds of the step's inputs so far
         self.step_scheduled: bool | None = None         # None: no schedule event in the step; else tokens?
         self.step_completed = False
+        # empty batches in the engine's queue, from the writer's notes
+        # (`empty_batch`, `empty_batches_before`: vLLM 0.33's recorder); once
+        # a trace notes one it is taken to note them all
+        self.queued_empties = 0
+        self.notes_empties = False
+
+    def _count_empties(self, event: dict[str, Any]) -> None:
+        notes = event.get("empty_batches_before")
+        for note in notes if isinstance(notes, list) else ():
+            if isinstance(note, dict) and note.get("ev") in ("schedule", "complete"):
+                self.notes_empties = True
+                self.queued_empties += 1 if note["ev"] == "schedule" else -1
+        if event["ev"] == "schedule" and isinstance(event.get("empty_batch"), int):
+            self.notes_empties = True
+            self.queued_empties += 1                    # a step that only preempted queued an empty batch
 
     def _engine_step_before(self, event: dict[str, Any]) -> None:
         """Called before each event is applied: E-a, and the step's decision state."""
         kind = event["ev"]
+        self._count_empties(event)
         if kind in UNNUMBERED or self.numbers_engine_steps is False:
             return
         number = event.get("engine_step")
@@ -131,15 +148,8 @@ class EngineSteps:
             candidates = self._decision_candidates()
         elif not self.step_scheduled:
             return                                      # its schedule() only preempted: nothing to schedule
-        elif loop_of(self.cfg).empty_batches:
-            self.unchecked.add("E-b after a step that formed a batch, under a loop that queues empty "
-                               "batches (whether they filled the queue is not modelled)")
-            return
         else:
-            if len(self.state.in_flight) < self.cfg.queue_depth:
-                raise self._violation(E_B, f"engine step {self.engine_step} formed a batch and then "
-                                      f"completed batch {self.batch_ids[0] if self.batch_ids else None} with "
-                                      f"{len(self.state.in_flight)} of {self.cfg.queue_depth} queue slots taken")
+            self._check_queue_filled()
             return
         if any(may_complete(c, self.cfg) for c in candidates):
             return
@@ -148,6 +158,22 @@ class EngineSteps:
                               f"with {len(decision.in_flight)} of {self.cfg.queue_depth} queue slots taken, "
                               "where the spec's schedule() (on its own counters) forms a batch: the engine "
                               "completed instead of scheduling")
+
+    def _check_queue_filled(self) -> None:
+        """E-b for a step that formed a batch with tokens and then completes:
+        the batch must have filled the queue, empty batches included (known
+        from the writer's notes under a loop that queues them)."""
+        taken = len(self.state.in_flight)
+        if loop_of(self.cfg).empty_batches:
+            if not self.notes_empties:
+                self.unchecked.add("E-b after a step that formed a batch, under a loop that queues empty "
+                                   "batches the trace does not note (whether they filled the queue)")
+                return
+            taken += self.queued_empties
+        if taken < self.cfg.queue_depth:
+            raise self._violation(E_B, f"engine step {self.engine_step} formed a batch and then completed "
+                                  f"batch {self.batch_ids[0] if self.batch_ids else None} with {taken} of "
+                                  f"{self.cfg.queue_depth} queue slots taken")
 
     def _decision_candidates(self) -> list[State]:
         """The states the step's `schedule()` may have seen: after each prefix
