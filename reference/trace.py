@@ -88,6 +88,11 @@ class TraceWriter:
         if self._eos_token_id is not None:
             event["eos_token_id"] = self._eos_token_id
         event.update(self._extra)
+        if not cfg.enable_chunked_prefill:
+            event["enable_chunked_prefill"] = False
+        if cfg.cache_aware_admission_window:
+            event.update(cache_aware_admission_window=cfg.cache_aware_admission_window,
+                         cache_aware_admission_threshold=cfg.cache_aware_admission_threshold)
         if cfg.async_scheduling:
             event.update(async_scheduling=True, batch_queue_depth=cfg.batch_queue_depth,
                          decode_stagger=cfg.decode_stagger, notes_empty_batches=True)

@@ -145,6 +145,31 @@ class Profile:
     # negative count into the stale counter at preemption. Under unique names
     # the floor never binds (IF1).
     in_flight_floor: bool = False
+    # --- chunked prefill off and admission order (`Config.enable_chunked_prefill`,
+    # `Config.cache_aware_admission_window`); each changes nothing at the defaults.
+    # `Scheduler.schedule`, waiting loop (0.33, 0.34): with
+    # `SchedulerConfig.enable_chunked_prefill` off, a request whose new tokens
+    # (past its prefix hit, after the long-prefill threshold's clip) exceed
+    # the budget left stops the loop (`break`) instead of being admitted with
+    # a chunk of them; the running loop has no such test. 0.8.x: the V1
+    # scheduler has no such test (V1 always chunks:
+    # `EngineArgs._set_default_args_v1`), so the flag changes nothing there.
+    unchunked_prefill_stops_admission: bool = False
+    # `Scheduler.schedule` (0.34): the long-prefill threshold is in force only
+    # with chunked prefill on (`enable_chunked_prefill and num_eligible_reqs >
+    # 1`). 0.33: with chunked prefill off too, so the threshold still cuts a
+    # prompt into chunks there.
+    threshold_needs_chunked_prefill: bool = False
+    # `Scheduler._reorder_waiting_by_cached_prefix` (0.34, opt-in through
+    # `cache_aware_admission_window`, only with FCFS and prefix caching), run
+    # at the start of the waiting phase of a call that preempted nobody: when
+    # `waiting` holds 2 requests or more and `kv_cache_manager.usage` is at
+    # least `cache_aware_admission_threshold`, the fresh requests (status
+    # WAITING, nothing computed) among the first `window` of `waiting` are
+    # sorted by their cached prefix (`get_num_cached_tokens`), deepest first,
+    # arrival order breaking ties, in the slots they held; the others keep
+    # theirs. 0.33 and 0.8.x: no such knob (FCFS only).
+    cache_aware_admission: bool = False
 
     def release_order(self, prefix_caching: bool) -> ReleaseOrder:
         return (self.release_order_with_prefix_caching if prefix_caching
@@ -178,7 +203,8 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     unhashed_blocks_to_head=True, threshold_needs_company=True,
                     sampled_token_slot=1, full_sequence_admission=True,
                     defer_resume_while_stale=True, stop_tokens_before_length=True,
-                    stale_output_counters=True, empty_batches=True)
+                    stale_output_counters=True, empty_batches=True,
+                    unchunked_prefill_stops_admission=True)
 
 # vLLM 0.33.0 with asynchronous scheduling, the default for single-node
 # pipeline parallelism (`AsyncScheduler`, the V2 model runner, the mp
