@@ -170,8 +170,10 @@ class RecordingMixin(GroundTruthMixin):
             event["enable_chunked_prefill"] = False
         window = int(getattr(self, "cache_aware_window", 0) or 0)
         if window:
+            # the reorder runs in empty schedule() calls too: every one is noted
             event.update(cache_aware_admission_window=window,
-                         cache_aware_admission_threshold=float(self.cache_aware_threshold))
+                         cache_aware_admission_threshold=float(self.cache_aware_threshold),
+                         notes_empty_batches=bool(self.queues_empty_batches))
         return event
 
     def _fc_async_config(self) -> dict[str, Any]:

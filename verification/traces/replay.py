@@ -88,6 +88,9 @@ class TraceChecker(AsyncScheduling):
         # by the config key `notes_empty_batches`, else learnt at the first note
         self.writes_empty_batches = bool(events[0].get("notes_empty_batches", False))
         self.pending_empty_calls = 0              # empty schedule() calls noted since the last batch
+        # vLLM 0.34's cache-aware admission order can change `waiting` in an empty schedule() call
+        self.reorders_admission = bool(self.cfg.rules.cache_aware_admission and self.cfg.prefix_caching
+                                       and self.cfg.cache_aware_admission_window)
 
     def _num_slots(self, events: list[dict[str, Any]]) -> int:
         """Request slots in the spec state: one per arrival, never reused."""
@@ -173,10 +176,33 @@ class TraceChecker(AsyncScheduling):
                              "but the trace wrote no finish event for it")
         if self.cfg.rules.output_placeholders:
             self._note_empty_batches(event)
+        elif self.reorders_admission:
+            self._reorder_at_empty_calls(event)
         just_aborted, self.just_aborted = self.just_aborted, None
         if just_aborted is not None and self._reports_abort(event, just_aborted):
             return
         getattr(self, f"_on_{event['ev']}")(event)
+
+    def _reorder_at_empty_calls(self, event: dict) -> None:
+        """vLLM 0.34's cache-aware reorder runs in every schedule() call, empty
+        ones too, and its order stays: each empty call the trace notes before
+        this event (`empty_batches_before`) is the spec's empty schedule step
+        at this state, taken for its waiting order (the synchronous checker
+        keeps no empty batch in flight)."""
+        if not self.writes_empty_batches:
+            self.unchecked.add("the admission order after empty schedule() calls (the trace notes none; "
+                               "vLLM 0.34's cache-aware reorder runs in them)")
+        for note in event.get("empty_batches_before") or ():
+            if not isinstance(note, dict) or note.get("ev") != "schedule":
+                continue
+            scheduled = schedule(self.state, self.cfg)
+            if scheduled is None:
+                continue
+            if not is_empty_step(scheduled):
+                want = self._fmt([(self._name(e.req), e.start, e.n, e.cached, e.drafts) for e in scheduled.entries])
+                raise _Violation("schedule_decision", f"the trace notes an empty schedule() call where the "
+                                 f"spec schedules {want or 'a preemption'}")
+            self.state = replace(self.state, waiting=scheduled.state.waiting)
 
     def _reports_abort(self, event: dict, r: int) -> bool:
         """vLLM reports an aborted request as finished with reason abort
