@@ -23,7 +23,10 @@ and the deferred resumption (`_schedule_waiting`), vLLM's own counters per
 request (`num_in_flight_tokens`, `num_stale_output_tokens`,
 `drop_stale_output`: `_count_in_flight`, `_mark_stale`, and
 `update_from_output` looks each output up by id and judges it by them,
-`_fate_by_counters`). With `SchedulerConfig.as_released` the reference's
+`_fate_by_counters`); with `enable_chunked_prefill` off, 0.33 and 0.34 stop
+the waiting loop at a prompt that would need a chunk (`_stops_unchunked`),
+0.34 drops the threshold then (`_threshold_in_force`), and 0.34 may reorder
+`waiting` by cached prefix first (admission_order.py). With `SchedulerConfig.as_released` the reference's
 later fixes (its named deviations) are switched off where a vLLM release
 lacks them, each by a constant of its own (profiles.py `RELEASED`: the vLLM
 differential's conforming run).
