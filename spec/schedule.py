@@ -116,13 +116,6 @@ def _idle(state: State, cfg: Config) -> Scheduled | None:
     return Scheduled(replace(_count_down(state, cfg), in_flight=state.in_flight + ((),)), (), ())
 
 
-def empty_call(state: State, cfg: Config) -> Scheduled | None:
-    """A schedule() call at `state` that forms nothing (a trace notes it, or
-    it is implied): `_idle`, after the call's admission order (vLLM 0.34's
-    reorder runs in such a call too, and its order stays)."""
-    return _idle(replace(state, waiting=reorder_waiting(state, cfg).waiting), cfg)
-
-
 def _count_down(state: State, cfg: Config) -> State:
     """vLLM 0.33 `Scheduler.schedule` begins with `current_step += 1`, which
     brings every request one call nearer its `next_decode_eligible_step`.

@@ -9,6 +9,8 @@ explicit search, check-trace and the replay's workload format."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from flightcheck.reference import Request, SamplingParams, Scheduler, SchedulerConfig
@@ -20,7 +22,7 @@ from flightcheck.spec.state import initial_state
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.explicit.search import initial, successors
 from flightcheck.verification.models import ADMISSION_MODELS, CACHE_AWARE_K2, UNCHUNKED_K2
-from flightcheck.verification.traces.check import check_events
+from flightcheck.verification.traces.check import check_events, read_events
 from flightcheck.verification.traces.reading import MalformedTrace
 from flightcheck.vllm.differential import decisions
 from flightcheck.vllm.generate import FAMILIES, campaign_workloads
@@ -262,3 +264,21 @@ def test_a_trace_config_outside_the_knobs_bounds_is_malformed() -> None:
     events[0]["cache_aware_admission_threshold"] = 1.5
     with pytest.raises(MalformedTrace, match="cache_aware_admission_threshold: expected a number from 0 to 1"):
         check_events(events)
+
+
+# A trace of vLLM 0.34.0's own AsyncScheduler (replayed with the window on,
+# campaign seed 1, workload 51 of the cache-aware family): an empty
+# schedule() call at engine step 7, while r0 holds 4 of 5 blocks, moved the
+# warm r2 ahead of the cold r1; at the next batch r0 had finished and the
+# pool was free, so a checker that replays noted empty calls only at the next
+# batch reorders nothing there and calls vLLM's admission of r2 wrong.
+REORDER_IN_EMPTY_CALL = (Path(__file__).parent / "data" / "vllm" / "traces-0.34"
+                         / "cache-aware-async-reorder-in-empty-call.jsonl")
+
+
+def test_the_reorder_of_a_noted_empty_call_is_taken_when_the_call_was_made() -> None:
+    events = read_events(REORDER_IN_EMPTY_CALL.read_text().splitlines())
+    assert events[0]["vllm_version"] == "0.34.0" and events[0]["notes_empty_batches"]
+    assert check_events(events).ok
+    result = check_events(events, profile="vllm-0.33-async")      # FCFS: r1 first
+    assert not result.ok and result.property == "schedule_decision"

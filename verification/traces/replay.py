@@ -45,6 +45,7 @@ from flightcheck.spec import (
     step,
 )
 from flightcheck.spec.actions import complete_oldest
+from flightcheck.spec.admission_order import reorder_waiting
 from flightcheck.spec.schedule import Scheduled, is_empty_step
 
 from .asynchronous import EMPTY_BATCH, AsyncScheduling
@@ -174,10 +175,10 @@ class TraceChecker(AsyncScheduling):
             r, status = next(iter(self.finished_now.items()))
             raise _Violation("missing_finish", f"{self._name(r)} finished ({status.value}) in the spec "
                              "but the trace wrote no finish event for it")
+        if self.reorders_admission:
+            self._reorder_at_empty_calls(event)
         if self.cfg.rules.output_placeholders:
             self._note_empty_batches(event)
-        elif self.reorders_admission:
-            self._reorder_at_empty_calls(event)
         just_aborted, self.just_aborted = self.just_aborted, None
         if just_aborted is not None and self._reports_abort(event, just_aborted):
             return
@@ -186,14 +187,20 @@ class TraceChecker(AsyncScheduling):
     def _reorder_at_empty_calls(self, event: dict) -> None:
         """vLLM 0.34's cache-aware reorder runs in every schedule() call, empty
         ones too, and its order stays: each empty call the trace notes before
-        this event (`empty_batches_before`) is the spec's empty schedule step
-        at this state, taken for its waiting order (the synchronous checker
-        keeps no empty batch in flight)."""
+        this event (`empty_batches_before`) reorders `waiting` as the spec's
+        schedule step at this state does, when that call was made (the
+        checker's own empty batches come later, under async scheduling, or
+        not at all). Synchronous: that step must form nothing too. Async:
+        the stagger's countdowns are caught up only at the next batch, so the
+        reorder alone is taken (it reads no countdown)."""
         if not self.writes_empty_batches:
             self.unchecked.add("the admission order after empty schedule() calls (the trace notes none; "
                                "vLLM 0.34's cache-aware reorder runs in them)")
         for note in event.get("empty_batches_before") or ():
             if not isinstance(note, dict) or note.get("ev") != "schedule":
+                continue
+            if self.cfg.rules.output_placeholders:
+                self.state = reorder_waiting(self.state, self.cfg)
                 continue
             scheduled = schedule(self.state, self.cfg)
             if scheduled is None:
