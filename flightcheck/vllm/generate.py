@@ -104,11 +104,13 @@ def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = Fals
 
 def _unchunked(pick: Picker, workload: dict[str, Any]) -> None:
     """Chunked prefill off: a prompt is admitted whole or waits (vLLM 0.33,
-    0.34; 0.8.x's V1 scheduler ignores the switch), with a budget just above
-    max_model_len (vLLM requires at least that), so running requests' decodes
-    and a second prompt leave too little of it; a long-prefill threshold two
-    times in three (0.33 still cuts a prompt with it, 0.34 does not)."""
-    config = workload["config"]
+    0.34; 0.8.x's V1 scheduler ignores the switch). Outputs are cut short
+    (1-4 tokens) and max_model_len to the longest request plus 0-2, and the
+    budget is at most 2 above it (vLLM requires at least max_model_len), so
+    prompts are long against the budget: a first admission or running
+    decodes leave too little of it for the next prompt. Half the requests
+    arrive at once; a long-prefill threshold two times in three (0.33 still
+    cuts a prompt with it, 0.34 does not)."""
     config, requests = workload["config"], workload["requests"]
     for request in requests:
         request["arrival_step"] = pick.choice([0, request["arrival_step"]])
