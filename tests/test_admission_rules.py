@@ -29,6 +29,9 @@ from flightcheck.vllm.generate import FAMILIES, campaign_workloads
 from flightcheck.vllm.reference_run import run_reference
 from flightcheck.vllm.workload import WorkloadError, workload_from_json
 
+# check_events runs the full replay and the incremental checker alike
+pytestmark = pytest.mark.usefixtures("both_checkers")
+
 # -- chunked prefill off ------------------------------------------------------------
 # Two prompts of 4 and 3 tokens arrive together; the budget is 6 =
 # max_model_len; the threshold is `threshold`.
