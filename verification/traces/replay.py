@@ -50,6 +50,7 @@ from flightcheck.spec.schedule import Scheduled, is_empty_step
 
 from .asynchronous import EMPTY_BATCH, AsyncScheduling
 from .configuration import config_from_event, modelled_pool
+from .engine_steps import EngineSteps
 from .explain import why_left_out, why_nothing_scheduled
 from .named_state import describe_named, quoted
 from .reading import MalformedTrace
@@ -64,7 +65,7 @@ class _Violation(Exception):
         self.prop, self.message = prop, message
 
 
-class TraceChecker(AsyncScheduling):
+class TraceChecker(AsyncScheduling, EngineSteps):
     """Replays events one by one on the spec; `feed` raises _Violation."""
 
     def __init__(self, events: list[dict[str, Any]], profile: str | None = None) -> None:
@@ -92,6 +93,7 @@ class TraceChecker(AsyncScheduling):
         # vLLM 0.34's cache-aware admission order can change `waiting` in an empty schedule() call
         self.reorders_admission = bool(self.cfg.rules.cache_aware_admission and self.cfg.prefix_caching
                                        and self.cfg.cache_aware_admission_window)
+        self._start_engine_steps()                # the engine's choices (engine_steps.py)
 
     def _num_slots(self, events: list[dict[str, Any]]) -> int:
         """Request slots in the spec state: one per arrival, never reused."""
@@ -177,6 +179,7 @@ class TraceChecker(AsyncScheduling):
                              "but the trace wrote no finish event for it")
         if self.reorders_admission:
             self._reorder_at_empty_calls(event)
+        self._engine_step_before(event)
         if self.cfg.rules.output_placeholders:
             self._note_empty_batches(event)
         just_aborted, self.just_aborted = self.just_aborted, None
