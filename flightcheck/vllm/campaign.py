@@ -58,7 +58,7 @@ from flightcheck.verification.mutants.reference import MUTANTS
 from . import ASYNC_RECORDER
 from .differential import (Comparison, ReferenceRun, compare, decisions, first_difference, profile_for,
                            read_trace, run_reference)
-from .generate import campaign_workloads
+from .generate import FAMILIES, campaign_workloads
 from .replay import Interpreter, ReplayError, ReplayWorker, findings, probe_interpreter, use_interpreter
 
 # Mutants that need what a default replay never produces: draft tokens
@@ -281,6 +281,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec-tokens", type=int, default=0, metavar="K",
                         help="speculative decoding with K drafts per step: the fabricated model proposes "
                              "drafts and accepts some of each (seeded), vLLM's scheduler is configured for K")
+    parser.add_argument("--family", choices=sorted(FAMILIES),
+                        help="every workload of that family (generate.py): chunked prefill off, or vLLM "
+                             "0.34's cache-aware admission order, the knobs that tell versions apart")
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--keep-disagreements", type=Path, metavar="DIR",
                         help="copy every trace (and its workload) on which check-trace and vLLM's ground "
@@ -303,7 +306,7 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
             if not interpreter.is_release:
                 print(f"vLLM {interpreter.version} has no tables of its own: it runs as vLLM "
                       f"{interpreter.release} (that release's engine loop and profile)", file=sys.stderr)
-        workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens)
+        workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens, args.family)
         with use_interpreter(interpreter) if interpreter else nullcontext():
             reports = _run_versions(args, versions, workloads, interpreter)
     except ReplayError as err:
