@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
     replay.add_argument("--trace", metavar="OUT", help="write the trace here (a directory when the file "
                         "holds several workloads: OUT/NAME.jsonl)")
     replay.add_argument("--async", dest="async_scheduling", action="store_true",
-                        help="vLLM 0.33.0: run with async scheduling (AsyncScheduler, V2 model runner: "
+                        help="vLLM 0.33.0 or 0.34.0: run with async scheduling (AsyncScheduler, V2 model runner: "
                              "queue K + 1, decode stagger K), recorded by RecordingAsyncScheduler")
     replay.add_argument("--check", action="store_true", help="also run check-trace on every trace")
     replay.add_argument("--json", action="store_true", help="print machine-readable results")
@@ -96,9 +96,11 @@ def run(args: argparse.Namespace) -> int:
     except WorkloadError as err:
         return bad(str(err))
     if args.async_scheduling:
-        if args.vllm_version != "0.33.0":
-            return bad(f"--async needs --vllm-version 0.33.0 (vLLM {args.vllm_version} has no AsyncScheduler "
-                       f"the replay drives)")
+        from flightcheck.vllm.versions import async_versions
+
+        if args.vllm_version not in async_versions():
+            return bad(f"--async needs --vllm-version {' or '.join(async_versions())} (vLLM {args.vllm_version} "
+                       f"has no AsyncScheduler the replay drives)")
         raws = [{**raw, "config": {**raw.get("config", {}), "async_scheduling": True}} for raw in raws]
     with tempfile.TemporaryDirectory(prefix="flightcheck-vllm-") as scratch:
         traces = _trace_paths(args, raws, scratch)

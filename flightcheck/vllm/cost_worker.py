@@ -28,9 +28,9 @@ from .replay_worker import PLAIN_SCHEDULER, SchedulerFactory  # noqa: E402 (impo
 
 import vllm  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils import resolve_obj_by_qualname  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
+
+from .compat import model_runner_output, resolve_obj_by_qualname  # noqa: E402
 
 from .cost import EngineLoop, RequestSpec, stand_in_token, workload_of_case  # noqa: E402
 from .workload import ReplayConfig  # noqa: E402
@@ -45,7 +45,7 @@ def make_request(spec: RequestSpec) -> Request:
                    arrival_time=0.0, lora_request=None)
 
 
-def stand_in_model(scheduler: Any, output: Any, step: int) -> tuple[ModelRunnerOutput, int]:
+def stand_in_model(scheduler: Any, output: Any, step: int) -> tuple[Any, int]:
     """A token for every entry that reaches its request's known tokens, as
     vLLM's model runner samples; a partial prefill chunk gets none. `schedule()`
     has already advanced `num_computed_tokens` past the batch."""
@@ -53,9 +53,8 @@ def stand_in_model(scheduler: Any, output: Any, step: int) -> tuple[ModelRunnerO
     requests = scheduler.requests
     sampled = [[stand_in_token(step, i)] if requests[r].num_computed_tokens >= requests[r].num_tokens else []
                for i, r in enumerate(req_ids)]
-    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                             sampled_token_ids=sampled, spec_token_ids=None, logprobs=None,
-                             prompt_logprobs_dict={}), len(req_ids)
+    # (the fields this vLLM has: compat.py; 0.34 takes no `req_id_to_index`)
+    return model_runner_output(req_ids, sampled), len(req_ids)
 
 
 def build_loop(factory: SchedulerFactory, case: str, seed: int) -> EngineLoop:

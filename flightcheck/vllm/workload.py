@@ -42,6 +42,16 @@
   `update_from_output` (`EngineCore._process_aborts_queue`), or, if the step
   completes no batch, from the input queue before the next step (vLLM puts
   every client abort in both queues; aborting twice is a no-op).
+  `"wait"` (vLLM 0.34's `EngineCoreProc._wait_for_output`): the abort
+  arrives while step `abort_step` waits for its oldest batch's output, and
+  is handled there, in order with the other inputs that arrive during that
+  wait, after the step's `schedule()` and before that batch's
+  `update_from_output`; if the step waits for no output (it only schedules),
+  or on an engine that handles no input while it waits (0.8.x, 0.33.0), it
+  is handled from the input queue before the next step, as an input that
+  arrives after `_wait_for_output`'s spin deadline is.
+* `arrival_via` (`"input"`, the default, or `"wait"`): the same for the
+  request's arrival (0.34 handles `ADD` during the wait too).
 * `reuse_id`: send this request to vLLM under the id of an earlier request
   (its `id`), as a front end does with request-id randomization off
   (`VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1`, or a caller of `EngineCore`
@@ -102,6 +112,10 @@ class RequestSpec:
     ignore_eos: bool
     name: str = ""                    # the workload's unique name for it ("" = req_id)
     abort_via_aborts_queue: bool = False
+    # vLLM 0.34: the input arrives while step arrival_step / abort_step
+    # waits for a batch's output (`EngineCoreProc._wait_for_output`).
+    arrival_during_wait: bool = False
+    abort_during_wait: bool = False
 
     @property
     def key(self) -> str:
@@ -171,8 +185,11 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int]) -> Reque
     if reuse is not None and not isinstance(reuse, str):
         raise WorkloadError(f"{where}.reuse_id must be the id of an earlier request")
     abort_via = raw.get("abort_via", "input")
-    if abort_via not in ("input", "aborts_queue"):
-        raise WorkloadError(f"{where}.abort_via must be 'input' or 'aborts_queue', got {abort_via!r}")
+    if abort_via not in ("input", "aborts_queue", "wait"):
+        raise WorkloadError(f"{where}.abort_via must be 'input', 'aborts_queue' or 'wait', got {abort_via!r}")
+    arrival_via = raw.get("arrival_via", "input")
+    if arrival_via not in ("input", "wait"):
+        raise WorkloadError(f"{where}.arrival_via must be 'input' or 'wait', got {arrival_via!r}")
     if "prompt_token_ids" in raw:
         tokens = raw["prompt_token_ids"]
         if not isinstance(tokens, list) or not tokens or not all(
@@ -194,7 +211,8 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int]) -> Reque
         raise WorkloadError(f"{where}.eos_probability must be in [0, 1]")
     return RequestSpec(
         req_id=req_id if reuse is None else reuse, name="" if reuse is None else req_id,
-        abort_via_aborts_queue=abort_via == "aborts_queue", prompt_token_ids=tuple(prompt),
+        abort_via_aborts_queue=abort_via == "aborts_queue", abort_during_wait=abort_via == "wait",
+        arrival_during_wait=arrival_via == "wait", prompt_token_ids=tuple(prompt),
         max_tokens=_int(f"{where}.max_tokens", raw.get("max_tokens", 16), 1),
         arrival_step=_int(f"{where}.arrival_step", raw.get("arrival_step", 0)),
         abort_step=None if abort is None else _int(f"{where}.abort_step", abort),
