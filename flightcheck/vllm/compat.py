@@ -118,7 +118,10 @@ ALWAYS: tuple[Needed, ...] = tuple(n for n in NEEDED if n.releases == "0.8.4-0.3
 def version() -> str:
     """The running vLLM's version (imported by name, like every vLLM module
     here: this module itself imports without vLLM)."""
-    return str(getattr(importlib.import_module("vllm"), "__version__", "unknown"))
+    try:
+        return str(getattr(importlib.import_module("vllm"), "__version__", "unknown"))
+    except ImportError:
+        return "(not importable)"
 
 
 def missing(qualified: str) -> IncompatibleVllm:

@@ -47,10 +47,13 @@ def cdiv(a: int, b: int) -> int:
 
 
 def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = False,
-                      spec_tokens: int = 0) -> dict[str, Any]:
+                      spec_tokens: int = 0, mid_step_inputs: bool = False) -> dict[str, Any]:
     """One workload (the JSON `workload.py` reads). `spec_tokens` k > 0:
     speculative decoding with k drafts, the acceptance picked last (so the
-    rest of a seed's workload is what it is without drafts)."""
+    rest of a seed's workload is what it is without drafts).
+    `mid_step_inputs`: each arrival and abort, one time in two, arrives
+    while its step waits for a batch's output (`via "wait"`: vLLM 0.34's
+    `_wait_for_output`), picked after everything else."""
     num_stages = pick.integer(2, 4)
     block_size = pick.choice([4, 2, 8])
     prefix_len = pick.choice([0, block_size, 2 * block_size, block_size + 1])
@@ -94,7 +97,20 @@ def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = Fals
     if spec_tokens:
         config["num_spec_tokens"] = spec_tokens
         workload["draft_acceptance"] = pick.choice([0.5, 0.0, 0.8, 1.0])
+    if mid_step_inputs:
+        _place_inputs_during_waits(pick, requests)
     return workload
+
+
+def _place_inputs_during_waits(pick: Picker, requests: list[dict[str, Any]]) -> None:
+    """One time in two each, an arrival (`arrival_via`) or an abort
+    (`abort_via`) lands while its step waits for the oldest batch's output;
+    otherwise between steps, as before."""
+    for request in requests:
+        if request["arrival_step"] > 0 and pick.choice([False, True]):
+            request["arrival_via"] = "wait"
+        if "abort_step" in request and pick.choice([False, True]):
+            request["abort_via"] = "wait"
 
 
 def _maybe_reuse_an_id(pick: Picker, requests: list[dict[str, Any]]) -> None:
@@ -111,13 +127,14 @@ def _maybe_reuse_an_id(pick: Picker, requests: list[dict[str, Any]]) -> None:
 
 
 def campaign_workloads(seed: int, count: int, reuse_ids: bool = False,
-                       spec_tokens: int = 0) -> list[dict[str, Any]]:
+                       spec_tokens: int = 0, mid_step_inputs: bool = False) -> list[dict[str, Any]]:
     """Workloads seed-0 .. seed-(count-1) of a campaign; each is a function
     of (seed, index) alone, so a failure is replayed from its name (with
-    drafts: `diff-spec{k}-...`)."""
-    label = f"spec{spec_tokens}-" if spec_tokens else ""
+    drafts: `diff-spec{k}-...`; with inputs during waits: `diff-wait-...`)."""
+    label = (f"spec{spec_tokens}-" if spec_tokens else "") + ("wait-" if mid_step_inputs else "")
     return [generate_workload(RandomPicker(hash_seed(seed, index)), f"diff-{label}{seed}-{index}",
-                              hash_seed(seed, index), reuse_ids, spec_tokens) for index in range(count)]
+                              hash_seed(seed, index), reuse_ids, spec_tokens, mid_step_inputs)
+            for index in range(count)]
 
 
 def hash_seed(seed: int, index: int) -> int:
