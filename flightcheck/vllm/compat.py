@@ -105,6 +105,16 @@ NEEDED: tuple[Needed, ...] = (
            "the V1 model runner; without it (0.34.0) the stagger is always in force"),
     Needed("vllm.config:VllmConfig", "max_concurrent_batches", "0.8.5-0.34.0",
            "the engine's batch queue depth (async trace key batch_queue_depth)"),
+    # -- the configuration event
+    Needed(SCHED, "scheduled_req_ids", "0.8.4",
+           "the policy: with it one batch per request; without it (0.8.5 on) continue-prefill"),
+    Needed("vllm.v1.core.kv_cache_manager:KVCacheManager", "num_preallocate_tokens", "0.8.4",
+           "the blocks preallocated per request (0.8.5 on: none)"),
+    Needed(SCHED, "num_spec_tokens", "0.8.5-0.34.0", "k (0.8.4: the speculative_config argument)"),
+    Needed(SCHED, "vllm_config", "0.8.5-0.34.0",
+           "the pipeline depth (0.8.4: FLIGHTCHECK_NUM_STAGES, its scheduler is not given it)"),
+    Needed("vllm.config:SchedulerConfig", "async_scheduling", "0.33.0-0.34.0",
+           "whether the engine schedules asynchronously (0.8.x: never)"),
     # -- helpers the replay and the cost worker call
     Needed("vllm.utils:resolve_obj_by_qualname", "", "0.8.4-0.8.5", "resolving --scheduler-cls"),
     Needed("vllm.utils.import_utils:resolve_obj_by_qualname", "", "0.33.0-0.34.0", "resolving --scheduler-cls"),
@@ -255,6 +265,40 @@ def max_concurrent_batches(vllm_config: Any) -> int:
     return int(value)
 
 
+def one_batch_per_request(scheduler: Any) -> bool:
+    """0.8.4's policy: a scheduler that keeps `scheduled_req_ids` runs one
+    batch per request; without it (0.8.5, "[V1][PP] Continue scheduling
+    prefill chunks", and later) continue-prefill."""
+    return hasattr(scheduler, "scheduled_req_ids")
+
+
+def num_preallocate_tokens(kv_cache_manager: Any) -> int:
+    """0.8.4's `KVCacheManager.num_preallocate_tokens` (64); later managers
+    preallocate nothing and have no such attribute."""
+    return int(getattr(kv_cache_manager, "num_preallocate_tokens", 0))
+
+
+def num_spec_tokens(scheduler: Any, speculative_config: Any) -> int:
+    """k: `Scheduler.num_spec_tokens` (0.8.5 on), else the
+    `speculative_config` argument's `num_speculative_tokens` (0.8.4)."""
+    k = getattr(scheduler, "num_spec_tokens", None)
+    if k is None and speculative_config is not None:
+        k = speculative_config.num_speculative_tokens
+    return int(k or 0)
+
+
+def vllm_config(scheduler: Any) -> Any | None:
+    """The scheduler's VllmConfig (0.8.5 on); None for 0.8.4's scheduler,
+    which is given its configs one by one."""
+    return getattr(scheduler, "vllm_config", None)
+
+
+def async_scheduling(scheduler_config: Any) -> bool:
+    """`SchedulerConfig.async_scheduling` (0.33.0 on); 0.8.x schedules
+    synchronously and has no such field."""
+    return bool(getattr(scheduler_config, "async_scheduling", False))
+
+
 def eos_token_id(request: Any) -> int | None:
     """A request's EOS: on the request (0.8.x), else in its sampling params
     (0.33.0 on: `check_stop` reads `sampling_params.eos_token_id`)."""
@@ -347,7 +391,8 @@ def exit_if_incompatible(out: Any = None) -> None:
         sys.exit(2)
 
 
-__all__ = ["IncompatibleVllm", "NEEDED", "Needed", "cached_rows", "check_vllm", "counts_in_flight",
+__all__ = ["IncompatibleVllm", "NEEDED", "Needed", "async_scheduling", "cached_rows", "check_vllm",
+           "counts_in_flight", "num_preallocate_tokens", "num_spec_tokens", "one_batch_per_request", "vllm_config",
            "decode_stagger", "eos_token_id", "exit_if_incompatible", "max_concurrent_batches",
            "model_runner_output", "output_index", "prefill_token_ids", "problem", "resolve_obj_by_qualname",
            "resumed_in_cached", "stagger_in_force"]

@@ -98,13 +98,13 @@ class RecordingMixin(GroundTruthMixin):
         # Everything read from vLLM's classes is there (compat.py), or one line says what is not.
         compat.check_vllm(self.records_async_scheduling)
         super().__init__(*args, **kwargs)
-        if getattr(self.scheduler_config, "async_scheduling", False) and not self.records_async_scheduling:
+        if compat.async_scheduling(self.scheduler_config) and not self.records_async_scheduling:
             raise RuntimeError(
                 f"{type(self).__qualname__} records vLLM's synchronous Scheduler, but this engine runs with "
                 f"async scheduling (scheduler_config.async_scheduling), whose AsyncScheduler it would replace "
                 f"(a --scheduler-cls is used as given): run with --no-async-scheduling, or use a recorder "
                 f"of AsyncScheduler (flightcheck.vllm.recorder.RecordingAsyncScheduler)")
-        if self.records_async_scheduling and not getattr(self.scheduler_config, "async_scheduling", False):
+        if self.records_async_scheduling and not compat.async_scheduling(self.scheduler_config):
             raise RuntimeError(
                 f"{type(self).__qualname__} records vLLM's AsyncScheduler, but this engine runs synchronous "
                 f"scheduling (scheduler_config.async_scheduling is off): its output placeholders would "
@@ -128,7 +128,7 @@ class RecordingMixin(GroundTruthMixin):
     # -- the configuration, read from vLLM's state ------------------------------
 
     def _fc_num_stages(self) -> int:
-        vllm_config = getattr(self, "vllm_config", None)
+        vllm_config = compat.vllm_config(self)
         if vllm_config is not None:
             return int(vllm_config.parallel_config.pipeline_parallel_size)
         named = os.environ.get(STAGES_ENV)
@@ -140,10 +140,7 @@ class RecordingMixin(GroundTruthMixin):
     def _fc_num_spec_tokens(self) -> int:
         """k: `Scheduler.num_spec_tokens` (0.8.5, 0.33), else the
         `speculative_config` argument's `num_speculative_tokens` (0.8.4)."""
-        k = getattr(self, "num_spec_tokens", None)
-        if k is None and self._fc_speculative_config is not None:
-            k = self._fc_speculative_config.num_speculative_tokens
-        return int(k or 0)
+        return compat.num_spec_tokens(self, self._fc_speculative_config)
 
     def _fc_config_event(self) -> dict[str, Any]:
         scheduler_config, cache_config = self.scheduler_config, self.cache_config
@@ -158,8 +155,8 @@ class RecordingMixin(GroundTruthMixin):
             "long_prefill_token_threshold": scheduler_config.long_prefill_token_threshold,
             "num_spec_tokens": self._fc_num_spec_tokens(),
             "prefix_caching": bool(cache_config.enable_prefix_caching),
-            "policy": "one-batch-per-request" if hasattr(self, "scheduled_req_ids") else "continue-prefill",
-            "num_preallocate_tokens": getattr(self.kv_cache_manager, "num_preallocate_tokens", 0),
+            "policy": "one-batch-per-request" if compat.one_batch_per_request(self) else "continue-prefill",
+            "num_preallocate_tokens": compat.num_preallocate_tokens(self.kv_cache_manager),
             "vllm_version": self.vllm_version, "writer": "flightcheck.vllm.recorder",
             **self._fc_async_config(),
         }
