@@ -227,6 +227,12 @@ def _classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
         # defers its resumption on a negative stale count (the hang) or trips
         # its assertion, where the reference, whose counters are intact, goes on.
         return "reused_id_output_dropped"
+    if _binds_by_id(vllm_result) and theirs is not None and theirs[0] == "schedule" \
+            and _preempted_since(vllm[:index]) & _drifted(truth):
+        # The same deferral seen from behind: vLLM skips the preempted request
+        # whose stale count went negative and admits one queued after it,
+        # where the reference's FCFS queue waits for the preempted one.
+        return "reused_id_output_dropped"
     beyond = {item["req"] for item in truth.get("beyond_max_model_len", ())}
     if beyond and _concerns(theirs, ours) & beyond:
         return "drafts_clipped_to_max_model_len"
@@ -294,6 +300,16 @@ def _first_negative_schedule(events: list[tuple[Any, ...]]) -> int | None:
     """The index of the first `schedule` with an entry of fewer than 0 tokens."""
     return next((i for i, event in enumerate(events)
                  if event[0] == "schedule" and any(entry[2] < 0 for entry in event[1])), None)
+
+
+def _preempted_since(events: list[tuple[Any, ...]]) -> set[str]:
+    """Requests preempted in these decisions and not scheduled again since."""
+    waiting: set[str] = set()
+    for event in events:
+        if event[0] == "schedule":
+            waiting -= {entry[0] for entry in event[1]}
+            waiting |= set(event[2])
+    return waiting
 
 
 def _drifted(truth: dict[str, Any]) -> set[str]:

@@ -105,12 +105,23 @@ def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = Fals
 def _place_inputs_during_waits(pick: Picker, requests: list[dict[str, Any]]) -> None:
     """One time in two each, an arrival (`arrival_via`) or an abort
     (`abort_via`) lands while its step waits for the oldest batch's output;
-    otherwise between steps, as before."""
+    otherwise between steps, as before. A request that reuses an aborted
+    one's id at the abort's step arrives as that abort does (after it, in
+    the same wait or before the next step): never ahead of it, which vLLM's
+    `add_request` refuses (a live duplicate id); a request aborted at its
+    arrival step is aborted the way it arrives, so after it."""
+    by_id = {request["id"]: request for request in requests}
     for request in requests:
         if request["arrival_step"] > 0 and pick.choice([False, True]):
             request["arrival_via"] = "wait"
         if "abort_step" in request and pick.choice([False, True]):
             request["abort_via"] = "wait"
+    for request in requests:
+        if request.get("arrival_via") == "wait" and request.get("abort_step") == request["arrival_step"]:
+            request["abort_via"] = "wait"            # aborted after it arrives, as without waits
+        old = by_id.get(request.get("reuse_id", ""))
+        if old is not None and old.get("abort_via") == "wait" and request["arrival_step"] == old["abort_step"]:
+            request["arrival_via"] = "wait"
 
 
 def _maybe_reuse_an_id(pick: Picker, requests: list[dict[str, Any]]) -> None:
