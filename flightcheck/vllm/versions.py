@@ -92,7 +92,7 @@ def nearest_release(version: str) -> Release:
 
 
 def release_of_profile(profile: str) -> Release | None:
-    """The release a spec/reference profile models (sync or async), if any."""
+    """The release a spec and reference profile models (sync or async), if any."""
     return next((r for r in RELEASES.values() if profile in (r.profile, r.async_profile)), None)
 
 
