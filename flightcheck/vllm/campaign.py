@@ -179,6 +179,9 @@ def run_version(version: str, workloads: list[dict[str, Any]], seed: int, mutant
             report.workloads += 1
             report.endings[result["ending"]] += 1
             report.coverage.update(k for k, v in comparison.coverage.items() if v)
+            # vLLM 0.34's engine handed an input over while it waited for a batch's output
+            if result.get("inputs_during_wait"):
+                report.coverage["input_during_wait"] += 1
             if comparison.equal:
                 report.identical += 1
                 if findings(result):

@@ -297,9 +297,11 @@ class BatchQueueEngineV034(BatchQueueEngineV033):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.wait_inputs: list[Callable[[], None]] = []
+        self.inputs_during_wait = 0          # handed over inside a wait, over the run
 
     def wait_for_output(self) -> None:
         while self.wait_inputs:
+            self.inputs_during_wait += 1
             self.wait_inputs.pop(0)()
 
 

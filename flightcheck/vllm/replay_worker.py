@@ -329,6 +329,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         "ground_truth": observations, "batches": engine.batches,
         "outputs": [list(x) for x in engine.outputs], "trace": trace_path,
         **({"engine_steps": engine.steps} if isinstance(engine, BatchQueueEngineV033) else {}),
+        **({"inputs_during_wait": engine.inputs_during_wait} if isinstance(engine, BatchQueueEngineV034) else {}),
     }
 
 
