@@ -45,15 +45,21 @@ class _BatchView:
         cached = output.scheduled_cached_reqs
         self.scheduled_new_reqs = output.scheduled_new_reqs
         if v2_runner:
-            # The V2 runner (async scheduling) gets a new request with all its
-            # tokens (`NewRequestData.from_request(req, ..., req._all_token_ids)`,
-            # `Scheduler.schedule`): tokens already appended to it (an older
-            # request's output bound by a reused id) are part of its prefill.
+            # The V2 runner (0.33 async; 0.34, which has no other) gets a new
+            # request, and a resumed one (sent as new: 0.33's
+            # `scheduled_new_reqs.extend(scheduled_resumed_reqs)`, 0.34's
+            # `Scheduler.schedule`), with all its tokens
+            # (`NewRequestData.from_request(req, ..., prefill_token_ids)`):
+            # tokens already appended to it (an older request's output bound
+            # by a reused id) are part of its prefill.
+            resumed = [entry for entry in cached if entry.resumed_from_preemption]
+            cached = [entry for entry in cached if not entry.resumed_from_preemption]
             self.scheduled_new_reqs = [
-                SimpleNamespace(req_id=entry.req_id, prompt_token_ids=entry.prompt_token_ids,
+                SimpleNamespace(req_id=entry.req_id,
+                                prompt_token_ids=list(scheduler.requests[entry.req_id].prompt_token_ids),
                                 num_computed_tokens=entry.num_computed_tokens,
                                 prefill_token_ids=list(scheduler.requests[entry.req_id].all_token_ids))
-                for entry in output.scheduled_new_reqs]
+                for entry in [*output.scheduled_new_reqs, *resumed]]
         self.scheduled_cached_reqs = SimpleNamespace(
             req_ids=[entry.req_id for entry in cached],
             num_computed_tokens=[entry.num_computed_tokens for entry in cached],
