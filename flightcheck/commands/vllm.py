@@ -9,7 +9,7 @@ through vLLM's own V1 scheduler, in the vLLM venv of that version (built by
 `scripts/build-vllm-venv.sh VERSION`), driven by our copy of the engine's
 batch-queue loop and a fabricated model; the scheduler is the recorder a
 deployment installs, so each run writes a trace. `--check` runs check-trace
-on each trace. `--async` (vLLM 0.33.0) runs every workload with async
+on each trace. `--async` (vLLM 0.33.0, 0.34.0) runs every workload with async
 scheduling (`config.async_scheduling`), vLLM's `AsyncScheduler` recorded by
 `RecordingAsyncScheduler`, with the V2 model runner's settings (batch queue
 K + 1, decode stagger K); a workload that sets `async_scheduling` itself gets

@@ -50,6 +50,17 @@ recorder, which then refuses to start; `ASYNC_RECORDER` records
 `max_concurrent_batches`, and the fabricated model samples each entry that
 is not a prefill chunk at the position after its last token, placeholders
 included, as the V2 runner, which keeps the tokens it samples, does.
+
+vLLM 0.34.0 (its source: `Scheduler.schedule`, `update_from_output`,
+`EngineCoreProc._wait_for_output`): the same construction (there is only the
+V2 runner; `VLLM_USE_V2_MODEL_RUNNER` is not read), `ModelRunnerOutput`
+without `req_id_to_index`, resumed requests as new-request data, and the
+engine `BatchQueueEngineV034`, which hands over the inputs a workload places
+during a step's wait for output. Which engine a vLLM runs is its release's
+(versions.py; a build the table does not list runs its nearest release's),
+and what differs between releases' objects is read through compat.py, whose
+check runs before anything else of vLLM is imported: an incompatible vLLM
+gets one `{"error": ...}` line and exit 2.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@
   Drafts are the request's own future tokens, so an accepted draft is the
   token the model would have sampled there: the output does not depend on
   the acceptance, only the timing does.
-* `config.async_scheduling` (vLLM 0.33 only, default false): build the engine
+* `config.async_scheduling` (vLLM 0.33 and 0.34, default false): build the engine
   with async scheduling; the synchronous recorder refuses to stand in for
   its `AsyncScheduler`, so such a replay stops with that error.
 * A prompt is given by its token ids, or by `prompt_len` with an optional
@@ -35,7 +35,7 @@
   added / aborted (input arrives between engine steps, as in vLLM's busy
   loop). `eos_probability`: the chance that each token the fabricated model
   samples for this request is the EOS token.
-* `abort_via` (vLLM 0.33 only): `"input"` (the default) delivers the abort
+* `abort_via` (0.33 and 0.34): `"input"` (the default) delivers the abort
   through the input queue, before the engine step `abort_step`;
   `"aborts_queue"` makes it arrive while step `abort_step` runs the model:
   0.33's engine then applies it right before that step's
