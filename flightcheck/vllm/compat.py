@@ -32,6 +32,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -380,9 +381,23 @@ def problem(async_scheduling: bool = False) -> str | None:
     return None
 
 
+# What vLLM reads at import, set before a worker first imports it: V1, no
+# logging setup of its own (its handler would write to stdout, the
+# workers' answer channel), no hub access.
+VLLM_ENVIRONMENT = {"VLLM_USE_V1": "1", "VLLM_CONFIGURE_LOGGING": "0", "HF_HUB_OFFLINE": "1",
+                    "TRANSFORMERS_OFFLINE": "1"}
+
+
+def set_environment() -> None:
+    """VLLM_ENVIRONMENT, where the caller has not set those variables."""
+    for name, value in VLLM_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+
+
 def exit_if_incompatible(out: Any = None) -> None:
     """For a worker's start: on an incompatible vLLM, its one line as the
     worker's `{"error": ...}` answer, and exit 2."""
+    set_environment()
     found = problem()
     if found is not None:
         stream = out if out is not None else sys.stdout
@@ -395,4 +410,4 @@ __all__ = ["IncompatibleVllm", "NEEDED", "Needed", "async_scheduling", "cached_r
            "counts_in_flight", "num_preallocate_tokens", "num_spec_tokens", "one_batch_per_request", "vllm_config",
            "decode_stagger", "eos_token_id", "exit_if_incompatible", "max_concurrent_batches",
            "model_runner_output", "output_index", "prefill_token_ids", "problem", "resolve_obj_by_qualname",
-           "resumed_in_cached", "stagger_in_force"]
+           "resumed_in_cached", "set_environment", "stagger_in_force"]

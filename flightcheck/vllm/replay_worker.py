@@ -72,15 +72,13 @@ import sys
 import tempfile
 from typing import Any
 
-# vLLM reads these at import: V1, no logging setup of its own, no hub access.
-os.environ.setdefault("VLLM_USE_V1", "1")
-os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from . import compat  # noqa: E402  (standard library; imports vLLM only when called)
+
+# vLLM reads these at import: V1, no logging setup of its own, no hub access
+# (compat.VLLM_ENVIRONMENT).
+compat.set_environment()
 # vLLM 0.33: the V1 model runner, the one that runs synchronous pipeline parallelism.
 os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-
-from . import compat  # noqa: E402  (standard library; imports vLLM only when called)
 
 if __name__ == "__main__":
     # Before anything else of vLLM is imported: a vLLM that lacks what the
