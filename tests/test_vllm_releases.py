@@ -122,3 +122,18 @@ def test_the_pins_satisfy_the_releases_own_requirements(version: str):
             if not requirement.specifier.contains(pins[name], prereleases=True):
                 unmet.append(f"{requirement} (pinned {pins[name]})")
     assert checked > 10 and not unmet
+
+
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
+def test_the_cost_worker_runs_on_every_release(version: str):
+    """benchmarks/scheduler_cost.py's vLLM side builds requests and model
+    outputs with each release's arguments (0.34.0 takes no
+    `req_id_to_index`, 0.33.0 on no `eos_token_id` on the request)."""
+    from flightcheck.vllm.replay import ReplayWorker
+
+    require_venv(version)
+    with ReplayWorker(version, module="flightcheck.vllm.cost_worker") as worker:
+        assert worker.call({"start": "decode-8", "seed": 1}) == {"running": 8}
+        answer = worker.call({"batches": 3})
+        assert "error" not in answer and len(answer["records"]) == 3
+        assert worker.call({"stop": True}) == {}
