@@ -145,6 +145,23 @@ class Profile:
     # negative count into the stale counter at preemption. Under unique names
     # the floor never binds (IF1).
     in_flight_floor: bool = False
+    # --- the engine loop around the scheduler (spec/engine.py reads these at
+    # one seam, `engine.loop_of`; the trace checker's E-a/E-b are stated for
+    # a correct engine whatever these say).
+    # `EngineCoreProc.run_busy_loop` / `_process_input_queue` (0.8.4, 0.8.5):
+    # the engine blocks on its input queue while `scheduler.has_requests()`
+    # is false, whatever is still in its batch queue -- so it waits for input
+    # with an aborted request's batch in flight (a vLLM bug: E-a). 0.33 and
+    # later: `EngineCoreProc.has_work` counts the batch queue, so it never does.
+    waits_with_batch_in_flight: bool = False
+    # The inputs an engine takes in the middle of a step, between the step's
+    # `schedule()` and the `update_from_output` of the batch it completes:
+    # 0.33 `EngineCore.step_with_batch_queue` drains the aborts queue there
+    # (`_process_aborts_queue`): "abort"; 0.34 `EngineCoreProc._wait_for_output`
+    # also handles ADD while it spins before a deadline: "arrive", "abort"
+    # (either side of the wait is legal: past the deadline an input waits for
+    # the next `_process_input_queue`). 0.8.x: none, inputs only between steps.
+    mid_step_inputs: tuple[str, ...] = ()
     # The profile of the release this one follows, when this one's spec rules
     # are that one's with some constants changed: verification checks this
     # one with everything it checks the older one with
@@ -160,12 +177,14 @@ class Profile:
 VLLM_0_8_5 = Profile(name="vllm-0.8.5", policy="continue-prefill",
                      release_order_with_prefix_caching="reverse",
                      release_order_without_prefix_caching="forward",
-                     num_preallocate_tokens=0, cache_duplicate_blocks=True)
+                     num_preallocate_tokens=0, cache_duplicate_blocks=True,
+                     waits_with_batch_in_flight=True)
 
 VLLM_0_8_4 = Profile(name="vllm-0.8.4", policy="one-batch-per-request",
                      release_order_with_prefix_caching="reverse",
                      release_order_without_prefix_caching="forward",
-                     num_preallocate_tokens=64, cache_duplicate_blocks=True)
+                     num_preallocate_tokens=64, cache_duplicate_blocks=True,
+                     waits_with_batch_in_flight=True)
 
 # vLLM 0.33.0 with synchronous scheduling (the V1 model runner under
 # pipeline parallelism, deliver mode, no KV connector). `KVCacheManager.free`
@@ -184,7 +203,7 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     unhashed_blocks_to_head=True, threshold_needs_company=True,
                     sampled_token_slot=1, full_sequence_admission=True,
                     defer_resume_while_stale=True, stop_tokens_before_length=True,
-                    stale_output_counters=True, empty_batches=True)
+                    stale_output_counters=True, empty_batches=True, mid_step_inputs=("abort",))
 
 # vLLM 0.33.0 with asynchronous scheduling, the default for single-node
 # pipeline parallelism (`AsyncScheduler`, the V2 model runner, the mp
@@ -220,13 +239,17 @@ VLLM_0_33_HARDENED = replace(VLLM_0_33, name="vllm-0.33-hardened", stale_test="p
 # 0.34), the stop order (`check_stop`) and empty batches
 # (`EngineCore.step_with_batch_queue`). What 0.34 changes that the spec can
 # see is added as constants of its own, each citing 0.34's function.
-VLLM_0_34 = replace(VLLM_0_33, name="vllm-0.34", follows=VLLM_0_33.name)
+# 0.34's `EngineCoreProc._wait_for_output` handles ADD and ABORT while it
+# spins on a step's output before a deadline (`_INPUTS_HANDLED_DURING_STEP`):
+# an arrival, too, may land between a step's `schedule()` and its completion.
+VLLM_0_34 = replace(VLLM_0_33, name="vllm-0.34", follows=VLLM_0_33.name, mid_step_inputs=("arrive", "abort"))
 
 # vLLM 0.34.0 with asynchronous scheduling: 0.33's async rules unchanged
 # (`AsyncScheduler._update_after_schedule`; `next_decode_eligible_step` is
 # now set whenever pipeline parallelism runs async, with no V2-runner test;
 # `VllmConfig.max_concurrent_batches` still K + 1).
-VLLM_0_34_ASYNC = replace(VLLM_0_33_ASYNC, name="vllm-0.34-async", follows=VLLM_0_33_ASYNC.name)
+VLLM_0_34_ASYNC = replace(VLLM_0_33_ASYNC, name="vllm-0.34-async", follows=VLLM_0_33_ASYNC.name,
+                          mid_step_inputs=VLLM_0_34.mid_step_inputs)
 
 DEFAULT_PROFILE = VLLM_0_8_5.name
 

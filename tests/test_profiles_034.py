@@ -38,11 +38,16 @@ SAME_AS_033_IN: dict[str, str] = {
     "cache_settled_blocks_on_output": "Scheduler.update_from_output (cache_blocks before a stop)",
     "stale_test": "Scheduler.schedule, waiting loop (truthiness of num_stale_output_tokens)",
     "in_flight_floor": "Scheduler.update_from_output (no floor)",
+    "waits_with_batch_in_flight": "EngineCoreProc._process_input_queue (blocks only while not has_work(), "
+                                  "which counts the batch queue)",
 }
 # Fields that are not vLLM rules.
 NOT_RULES = {"name", "follows"}
 # spec Profile field -> the 0.34.0 function that changes it from 0.33.0.
-CHANGED_IN_034: dict[str, str] = {}
+CHANGED_IN_034: dict[str, str] = {
+    "mid_step_inputs": "EngineCoreProc._wait_for_output (ADD and ABORT handled while it spins on a step's "
+                       "output before a deadline; 0.33: aborts only, EngineCore._process_aborts_queue)",
+}
 
 PAIRS = [("vllm-0.34", "vllm-0.33"), ("vllm-0.34-async", "vllm-0.33-async")]
 

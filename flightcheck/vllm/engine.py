@@ -46,6 +46,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .engine_truth import note_gated_completion, note_wait
 from .workload import RequestSpec, Workload, draft_outcome, sampled_token
 
 
@@ -160,13 +161,23 @@ class BatchQueueEngine:
         self.batch_queue: deque[tuple[Any, Any]] = deque()
         self.outputs: list[tuple[str, tuple[int, ...], str | None]] = []
         self.batches: list[dict[str, int]] = []
+        # The engine-step number run_busy_loop is at, and the engine's own
+        # ground truth about its choices (engine_truth.py).
+        self.current_step = 0
+        self.waits_in_flight: list[dict[str, Any]] = []
+        self.gated_completions: list[dict[str, Any]] = []
+        self.copy_errors: list[str] = []
 
     def step_with_batch_queue(self) -> bool:
         """One engine step; True when it scheduled or completed a batch."""
         scheduled = False
         may_schedule = len(self.batch_queue) < self.depth
+        gate_closed = False
         if may_schedule and self.schedules_only_unscheduled:
             may_schedule = self.scheduler.get_num_unscheduled_requests() > 0
+            gate_closed = not may_schedule
+        if gate_closed and self.batch_queue:
+            note_gated_completion(self)
         if may_schedule:
             scheduler_output = self.scheduler.schedule()
             if scheduler_output.total_num_scheduled_tokens > 0:
@@ -389,6 +400,7 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
     waiting: list[Callable[[], None]] = []                # arrived during the last wait, not handled there
     try:
         while True:
+            _stamp_engine_step(engine, step)
             for req_id in during_step:                     # the input queue's copy of those aborts
                 abort_request(req_id)
             for handover in waiting:                       # from the input queue, in order
@@ -400,6 +412,7 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
                 if waiting:                                # no step to wait in: the input queue has them
                     continue
                 if inputs.pending:                         # blocks on the input queue
+                    note_wait(engine, step, inputs.next_step())
                     step = inputs.next_step()
                     continue
                 ending = "blocked_in_flight" if engine.batch_queue else "done"
@@ -431,6 +444,15 @@ def _step_with_inputs(engine: BatchQueueEngine, during_step: list[str], waiting:
     progressed, during_step = _step_with_aborts(engine, during_step)
     left, engine.wait_inputs = engine.wait_inputs, []
     return progressed, during_step, left
+
+
+def _stamp_engine_step(engine: BatchQueueEngine, step: int) -> None:
+    """The engine-step number the recorder stamps on what it writes from
+    now on (`engine_step`: inputs handed over before step `step`, then the
+    step's own events); a scheduler without a recorder has no such field."""
+    engine.current_step = step
+    if hasattr(engine.scheduler, "flightcheck_engine_step"):
+        engine.scheduler.flightcheck_engine_step = step
 
 
 def _step_with_aborts(engine: BatchQueueEngine, during_step: list[str]) -> tuple[bool, list[str]]:

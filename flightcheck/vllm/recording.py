@@ -90,6 +90,12 @@ class RecordingMixin(GroundTruthMixin):
     vllm_version: str = "unknown"
     queues_empty_batches: bool = False
     records_async_scheduling: bool = False
+    # The engine-step number, set by an engine that numbers its steps (the
+    # replay's, flightcheck/vllm/engine.py) before each step and before the
+    # inputs it hands over ahead of it; written on every event as
+    # `engine_step` (docs/trace-format.md, "Engine steps"). None (a
+    # deployment): no `engine_step`.
+    flightcheck_engine_step: int | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # vLLM 0.8.4's Scheduler takes `speculative_config` and keeps only its
@@ -184,6 +190,8 @@ class RecordingMixin(GroundTruthMixin):
             if self._fc_empty_log:
                 event["empty_batches_before"] = self._fc_empty_log
                 self._fc_empty_log = []
+            if with_step and self.flightcheck_engine_step is not None:
+                event["engine_step"] = self.flightcheck_engine_step
             self._fc_trace.write(event, self.flightcheck_step if with_step else None)
 
     # -- the four calls ------------------------------------------------------------

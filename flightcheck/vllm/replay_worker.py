@@ -339,6 +339,8 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         "outputs": [list(x) for x in engine.outputs], "trace": trace_path,
         **({"engine_steps": engine.steps} if isinstance(engine, BatchQueueEngineV033) else {}),
         **({"inputs_during_wait": engine.inputs_during_wait} if isinstance(engine, BatchQueueEngineV034) else {}),
+        "waits_in_flight": engine.waits_in_flight, "gated_completions": engine.gated_completions,
+        "copy_errors": engine.copy_errors[:1],
     }
 
 

@@ -49,6 +49,7 @@ from flightcheck.spec.schedule import Scheduled, is_empty_step
 
 from .asynchronous import EMPTY_BATCH, AsyncScheduling
 from .configuration import config_from_event, modelled_pool
+from .engine_steps import EngineSteps
 from .explain import why_left_out, why_nothing_scheduled
 from .named_state import describe_named, quoted
 from .reading import MalformedTrace
@@ -63,7 +64,7 @@ class _Violation(Exception):
         self.prop, self.message = prop, message
 
 
-class TraceChecker(AsyncScheduling):
+class TraceChecker(AsyncScheduling, EngineSteps):
     """Replays events one by one on the spec; `feed` raises _Violation."""
 
     def __init__(self, events: list[dict[str, Any]], profile: str | None = None) -> None:
@@ -88,6 +89,7 @@ class TraceChecker(AsyncScheduling):
         # by the config key `notes_empty_batches`, else learnt at the first note
         self.writes_empty_batches = bool(events[0].get("notes_empty_batches", False))
         self.pending_empty_calls = 0              # empty schedule() calls noted since the last batch
+        self._start_engine_steps()                # the engine's choices (engine_steps.py)
 
     def _num_slots(self, events: list[dict[str, Any]]) -> int:
         """Request slots in the spec state: one per arrival, never reused."""
@@ -171,6 +173,7 @@ class TraceChecker(AsyncScheduling):
             r, status = next(iter(self.finished_now.items()))
             raise _Violation("missing_finish", f"{self._name(r)} finished ({status.value}) in the spec "
                              "but the trace wrote no finish event for it")
+        self._engine_step_before(event)
         if self.cfg.rules.output_placeholders:
             self._note_empty_batches(event)
         just_aborted, self.just_aborted = self.just_aborted, None

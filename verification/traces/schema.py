@@ -213,7 +213,8 @@ BATCH_ID = Nullable(Integer(0, MAX_COUNT, "a batch id: an integer"))
 TIME = Number(expected="a finite number of seconds")
 
 # Fields every event may carry.
-COMMON: dict[str, tuple[Kind, bool]] = {"t": (TIME, False), "step": (COUNT, False)}
+COMMON: dict[str, tuple[Kind, bool]] = {"t": (TIME, False), "step": (COUNT, False),
+                                        "engine_step": (COUNT, False)}
 
 CONFIG = Record({
     **COMMON,
