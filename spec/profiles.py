@@ -145,6 +145,31 @@ class Profile:
     # negative count into the stale counter at preemption. Under unique names
     # the floor never binds (IF1).
     in_flight_floor: bool = False
+    # --- chunked prefill off and admission order (`Config.enable_chunked_prefill`,
+    # `Config.cache_aware_admission_window`); each changes nothing at the defaults.
+    # `Scheduler.schedule`, waiting loop (0.33, 0.34): with
+    # `SchedulerConfig.enable_chunked_prefill` off, a request whose new tokens
+    # (past its prefix hit, after the long-prefill threshold's clip) exceed
+    # the budget left stops the loop (`break`) instead of being admitted with
+    # a chunk of them; the running loop has no such test. 0.8.x: the V1
+    # scheduler has no such test (V1 always chunks:
+    # `EngineArgs._set_default_args_v1`), so the flag changes nothing there.
+    unchunked_prefill_stops_admission: bool = False
+    # `Scheduler.schedule` (0.34): the long-prefill threshold is in force only
+    # with chunked prefill on (`enable_chunked_prefill and num_eligible_reqs >
+    # 1`). 0.33: with chunked prefill off too, so the threshold still cuts a
+    # prompt into chunks there.
+    threshold_needs_chunked_prefill: bool = False
+    # `Scheduler._reorder_waiting_by_cached_prefix` (0.34, opt-in through
+    # `cache_aware_admission_window`, only with FCFS and prefix caching), run
+    # at the start of the waiting phase of a call that preempted nobody: when
+    # `waiting` holds 2 requests or more and `kv_cache_manager.usage` is at
+    # least `cache_aware_admission_threshold`, the fresh requests (status
+    # WAITING, nothing computed) among the first `window` of `waiting` are
+    # sorted by their cached prefix (`get_num_cached_tokens`), deepest first,
+    # arrival order breaking ties, in the slots they held; the others keep
+    # theirs. 0.33 and 0.8.x: no such knob (FCFS only).
+    cache_aware_admission: bool = False
     # --- the engine loop around the scheduler (spec/engine.py reads these at
     # one seam, `engine.loop_of`; the trace checker's E-a/E-b are stated for
     # a correct engine whatever these say).
@@ -203,7 +228,8 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     unhashed_blocks_to_head=True, threshold_needs_company=True,
                     sampled_token_slot=1, full_sequence_admission=True,
                     defer_resume_while_stale=True, stop_tokens_before_length=True,
-                    stale_output_counters=True, empty_batches=True, mid_step_inputs=("abort",))
+                    stale_output_counters=True, empty_batches=True, mid_step_inputs=("abort",),
+                    unchunked_prefill_stops_admission=True)
 
 # vLLM 0.33.0 with asynchronous scheduling, the default for single-node
 # pipeline parallelism (`AsyncScheduler`, the V2 model runner, the mp
@@ -239,17 +265,24 @@ VLLM_0_33_HARDENED = replace(VLLM_0_33, name="vllm-0.33-hardened", stale_test="p
 # 0.34), the stop order (`check_stop`) and empty batches
 # (`EngineCore.step_with_batch_queue`). What 0.34 changes that the spec can
 # see is added as constants of its own, each citing 0.34's function.
+# Its own: the long-prefill threshold only with chunked prefill
+# (`Scheduler.schedule`: `enable_chunked_prefill and num_eligible_reqs > 1`),
+# and the opt-in cache-aware admission order
+# (`Scheduler._reorder_waiting_by_cached_prefix`); chunked prefill off still
+# stops the waiting loop as in 0.33 (`Scheduler.schedule`, waiting loop).
+_VLLM_0_34_RULES = {"threshold_needs_chunked_prefill": True, "cache_aware_admission": True}
 # 0.34's `EngineCoreProc._wait_for_output` handles ADD and ABORT while it
 # spins on a step's output before a deadline (`_INPUTS_HANDLED_DURING_STEP`):
 # an arrival, too, may land between a step's `schedule()` and its completion.
-VLLM_0_34 = replace(VLLM_0_33, name="vllm-0.34", follows=VLLM_0_33.name, mid_step_inputs=("arrive", "abort"))
+VLLM_0_34 = replace(VLLM_0_33, name="vllm-0.34", follows=VLLM_0_33.name, mid_step_inputs=("arrive", "abort"),
+                    **_VLLM_0_34_RULES)
 
 # vLLM 0.34.0 with asynchronous scheduling: 0.33's async rules unchanged
 # (`AsyncScheduler._update_after_schedule`; `next_decode_eligible_step` is
 # now set whenever pipeline parallelism runs async, with no V2-runner test;
 # `VllmConfig.max_concurrent_batches` still K + 1).
 VLLM_0_34_ASYNC = replace(VLLM_0_33_ASYNC, name="vllm-0.34-async", follows=VLLM_0_33_ASYNC.name,
-                          mid_step_inputs=VLLM_0_34.mid_step_inputs)
+                          mid_step_inputs=VLLM_0_34.mid_step_inputs, **_VLLM_0_34_RULES)
 
 DEFAULT_PROFILE = VLLM_0_8_5.name
 

@@ -54,7 +54,7 @@ from flightcheck.verification.mutants.reference import MUTANTS
 from . import ASYNC_RECORDER
 from .differential import (Comparison, ReferenceRun, compare, decisions, first_difference, profile_for,
                            read_trace, run_reference)
-from .generate import campaign_workloads
+from .generate import FAMILIES, campaign_workloads
 from .replay import ReplayError, ReplayWorker, findings
 from .versions import UnknownRelease, release
 
@@ -278,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="place arrivals and aborts, one in two, while a step waits for a batch's output "
                              "(vLLM 0.34's _wait_for_output; earlier engines handle them after the step); "
                              "default: on when every version runs 0.34's engine loop")
+    parser.add_argument("--family", choices=sorted(FAMILIES),
+                        help="every workload of that family (generate.py): chunked prefill off, or vLLM "
+                             "0.34's cache-aware admission order, the knobs that tell versions apart")
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--keep-disagreements", type=Path, metavar="DIR",
                         help="copy every trace (and its workload) on which check-trace and vLLM's ground "
@@ -297,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     mid_step_inputs = args.mid_step_inputs
     if mid_step_inputs is None:
         mid_step_inputs = all(row.engine_loop == "0.34" for row in rows)
-    workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens, mid_step_inputs)
+    workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens, args.family,
+                                   mid_step_inputs=mid_step_inputs)
     reports = []
     try:
         for version in versions:

@@ -164,8 +164,23 @@ class RecordingMixin(GroundTruthMixin):
             "policy": "one-batch-per-request" if compat.one_batch_per_request(self) else "continue-prefill",
             "num_preallocate_tokens": compat.num_preallocate_tokens(self.kv_cache_manager),
             "vllm_version": self.vllm_version, "writer": "flightcheck.vllm.recorder",
-            **self._fc_async_config(),
+            **self._fc_async_config(), **self._fc_admission_config(),
         }
+
+    def _fc_admission_config(self) -> dict[str, Any]:
+        """Chunked prefill off, and vLLM 0.34's cache-aware admission window
+        as the scheduler keeps it (`cache_aware_window`: 0 without FCFS or
+        prefix caching); each written only when it is not vLLM's default."""
+        event: dict[str, Any] = {}
+        if not getattr(self.scheduler_config, "enable_chunked_prefill", True):
+            event["enable_chunked_prefill"] = False
+        window = int(getattr(self, "cache_aware_window", 0) or 0)
+        if window:
+            # the reorder runs in empty schedule() calls too: every one is noted
+            event.update(cache_aware_admission_window=window,
+                         cache_aware_admission_threshold=float(self.cache_aware_threshold),
+                         notes_empty_batches=bool(self.queues_empty_batches))
+        return event
 
     def _fc_async_config(self) -> dict[str, Any]:
         """The async keys (docs/trace-format.md), read from vLLM's objects:

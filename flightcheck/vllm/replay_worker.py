@@ -137,6 +137,16 @@ def _accepts(cls: Any, name: str) -> bool:
     return name in inspect.signature(cls.__init__).parameters
 
 
+def _admission_order_arguments(config: ReplayConfig) -> dict[str, Any]:
+    """vLLM 0.34's cache-aware admission knobs, passed to a vLLM that has
+    them; one without admits FCFS, and its trace says so (no window), so the
+    same workload tells the versions apart."""
+    if not _accepts(SchedulerConfig, "cache_aware_admission_window"):            # 0.34
+        return {}
+    return {"cache_aware_admission_window": config.cache_aware_admission_window,
+            "cache_aware_admission_threshold": config.cache_aware_admission_threshold}
+
+
 def _model_runner_output(req_ids: list[str], sampled_token_ids: list[list[int]],
                          spec_token_ids: list[list[int]] | None = None, **_: Any) -> ModelRunnerOutput:
     """A ModelRunnerOutput with the fields this version has (compat.py:
@@ -169,8 +179,9 @@ class SchedulerFactory:
         model_config = self.model_config(config.max_model_len)
         scheduler_arguments: dict[str, Any] = dict(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=config.max_model_len, enable_chunked_prefill=True,
+            max_model_len=config.max_model_len, enable_chunked_prefill=config.enable_chunked_prefill,
             long_prefill_token_threshold=config.long_prefill_token_threshold)
+        scheduler_arguments.update(_admission_order_arguments(config))
         if _accepts(SchedulerConfig, "async_scheduling"):                           # 0.33
             scheduler_arguments["async_scheduling"] = config.async_scheduling
             # Async with pipeline parallelism runs on the V2 model runner (the
