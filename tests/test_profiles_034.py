@@ -95,3 +95,15 @@ def test_034_is_checked_as_deeply_as_033(new: str, old: str) -> None:
     assert all(m.cfg.profile == new for m in PROFILE_MUTANT_MODELS[new].values())
     assert PROFILE_MUTANTS[new] == PROFILE_MUTANTS[old]
     assert MOOT_MUTANTS[new] == MOOT_MUTANTS[old]
+
+
+def test_the_spec_and_the_bridge_name_the_same_profile_for_every_release() -> None:
+    # check-trace picks a profile from spec.profiles.VERSION_PROFILES; the
+    # bridge from flightcheck/vllm/versions.py (standard library only, so
+    # the recorder installs without the spec): the two tables must agree.
+    from flightcheck.verification.traces.configuration import ASYNC_PROFILES
+    from flightcheck.vllm.versions import RELEASES
+    for version, release in RELEASES.items():
+        assert spec_profiles.profile_for_version(version).name == release.profile, version
+        assert ASYNC_PROFILES.get(release.profile) == release.async_profile, version
+    assert set(spec_profiles.VERSION_PROFILES) - {"0.8.5.post1"} == set(RELEASES)

@@ -53,6 +53,14 @@ def _config(pick: RandomPicker, requests: list[Workload], block_size: int, budge
             "prefix_caching": pick.choice([False, True])}
 
 
+def _mid_step_inputs(pick: RandomPicker, name: str, seed: int) -> Workload:
+    """The differential's generator with each arrival and abort, one time in
+    two, placed while its step waits for a batch's output (`via "wait"`):
+    0.34's `EngineCoreProc._wait_for_output` takes them there, 0.33 and
+    earlier after the step."""
+    return generate_workload(pick, name, seed, mid_step_inputs=True)
+
+
 def _lone_long_prefill(pick: RandomPicker, name: str, seed: int) -> Workload:
     """One long prompt alone with a long-prefill threshold below the budget;
     a second request sometimes arrives a few steps later, once the first is
@@ -93,6 +101,8 @@ def _admission_burst(pick: RandomPicker, name: str, seed: int) -> Workload:
 
 
 FAMILIES: list[Family] = [
+    Family("mid-step-inputs", "0.34 (inputs taken while a step waits for a batch's output) against 0.33 and "
+           "earlier", _mid_step_inputs),
     Family("mixed", "0.8.x against 0.33 and later (block order, full-sequence admission, stop order, "
            "threshold company); 0.8.4 against 0.8.5 where chunks pipeline", _mixed),
     Family("lone-long-prefill", "threshold_needs_company: 0.8.x against 0.33 and later", _lone_long_prefill),
