@@ -3,6 +3,7 @@
     flightcheck vllm replay workload.json --trace run.jsonl --check
     flightcheck vllm replay campaign.jsonl --vllm-version 0.8.4 --trace traces/ --json
     flightcheck vllm replay workload.json --vllm-version 0.33.0 --async --trace run.jsonl
+    flightcheck vllm replay workload.json --vllm-python ~/src/vllm/.venv/bin/python --check
 
 Every workload in the file (one object, a list, or JSON Lines) is replayed
 through vLLM's own V1 scheduler, in the vLLM venv of that version (built by
@@ -18,6 +19,9 @@ when it is ready, and which workload runs (with --json or off a terminal);
 stdout carries only the results. Exit codes: 0 every run ended cleanly with
 nothing wrong in vLLM's own state (and, with --check, every trace legal); 1 a
 finding; 2 bad arguments or input, or no venv for the version.
+
+`--vllm-python PATH`, `flightcheck vllm campaign` and `flightcheck vllm fit`
+(a developer's own vLLM) are vllm_campaign.py's; docs/vllm-fit.md.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .common import Parser, bad
+from .vllm_campaign import add_subcommands, check_profile, replay_identity, resolve_interpreter
 
 if TYPE_CHECKING:
-    from flightcheck.vllm.replay import ReplayWorker
+    from flightcheck.vllm.replay import Interpreter, ReplayWorker
 
 
 def add_parser(sub) -> None:
@@ -53,6 +58,7 @@ def add_parser(sub) -> None:
     replay.add_argument("--check", action="store_true", help="also run check-trace on every trace")
     replay.add_argument("--json", action="store_true", help="print machine-readable results")
     replay.set_defaults(func=run)
+    add_subcommands(actions, replay)          # --vllm-python, `campaign`, `fit` (vllm_campaign.py)
 
 
 def _trace_paths(args: argparse.Namespace, raws: list[dict[str, Any]], scratch: str) -> list[str | None]:
@@ -69,11 +75,11 @@ def _trace_paths(args: argparse.Namespace, raws: list[dict[str, Any]], scratch: 
     return [str(directory / f"{name}.jsonl") for name in names]
 
 
-def _check(path: str) -> dict[str, Any]:
+def _check(path: str, profile: str | None = None) -> dict[str, Any]:
     from flightcheck.verification.traces.check import MalformedTrace, check_trace
 
     try:
-        return check_trace(path).to_json()
+        return check_trace(path, profile).to_json()
     except MalformedTrace as err:
         return {"ok": False, "malformed": str(err)}
 
@@ -95,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
         raws = read_workloads(args.workload)
     except WorkloadError as err:
         return bad(str(err))
+    refused = resolve_interpreter(args)         # --vllm-python: sets args.vllm_version to its release
+    if refused:
+        return bad(refused)
     if args.async_scheduling:
         from flightcheck.vllm.versions import async_versions
 
@@ -105,12 +114,12 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="flightcheck-vllm-") as scratch:
         traces = _trace_paths(args, raws, scratch)
         try:
-            with _start_worker(args.vllm_version) as worker:
+            with _start_worker(args.vllm_version, args.interpreter) as worker:
                 reports, failed = _replay_all(args, worker, raws, traces)
         except ReplayError as err:
             return bad(str(err))
     if args.json:
-        print(json.dumps({"vllm_version": args.vllm_version, "workloads": reports}, indent=1))
+        print(json.dumps({**replay_identity(args), "workloads": reports}, indent=1))
     return 1 if failed else 0
 
 
@@ -119,17 +128,19 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _start_worker(version: str) -> "ReplayWorker":
+def _start_worker(version: str, interpreter: "Interpreter | None" = None) -> "ReplayWorker":
     """The replay worker, saying on stderr that vLLM loads and when it is
-    ready: importing vLLM takes 10-100 s, with nothing else to show for it."""
+    ready: importing vLLM takes 10-100 s, with nothing else to show for it.
+    `interpreter`: `--vllm-python`'s, standing for the release `version`."""
     from flightcheck.vllm.replay import ReplayWorker, venv_python
 
-    python = venv_python(version)
+    python = venv_python(version) if interpreter is None else interpreter.python
+    shown = version if interpreter is None else interpreter.version
     if python.exists():                    # else ReplayWorker refuses at once, naming the build script
-        _progress(f"loading vLLM {version} with {python} (importing vLLM takes about a minute)...")
+        _progress(f"loading vLLM {shown} with {python} (importing vLLM takes about a minute)...")
     started = time.monotonic()
-    worker = ReplayWorker(version)
-    _progress(f"vLLM {version} ready after {time.monotonic() - started:.0f} s")
+    worker = ReplayWorker(version, None if interpreter is None else python)
+    _progress(f"vLLM {worker.version} ready after {time.monotonic() - started:.0f} s")
     return worker
 
 
@@ -150,7 +161,7 @@ def _replay_all(args: argparse.Namespace, worker: "ReplayWorker", raws: list[dic
         result = worker.replay(raw, trace=trace, scheduler_cls=ASYNC_RECORDER if is_async else None)
         result["findings"] = findings(result)
         if args.check and trace is not None:
-            result["check"] = _check(trace)
+            result["check"] = _check(trace, check_profile(args))
             failed |= not result["check"]["ok"]
         if args.trace is None:
             result["trace"] = None          # the scratch file is gone after this run

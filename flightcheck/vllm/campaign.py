@@ -5,6 +5,14 @@
     python -m flightcheck.vllm.campaign --workloads 200 --versions 0.33.0 --reuse-ids
     python -m flightcheck.vllm.campaign --workloads 300 --versions 0.33.0 --async
     python -m flightcheck.vllm.campaign --workloads 300 --versions 0.34.0 [--async] [--reuse-ids]
+    flightcheck vllm campaign --workloads 100 --vllm-python ~/src/vllm/.venv/bin/python
+
+`flightcheck vllm campaign` takes the same options (`add_options`) and runs
+the same function (`run_campaign`). `--vllm-python PATH` runs the vLLM of
+any interpreter in place of `--versions` (flightcheck/commands/vllm_campaign.py,
+docs/vllm-fit.md): its version is read from it, and one with no tables of its
+own runs as the nearest known release, said on stderr, with that release's
+profile for the reference and check-trace.
 
 For each vLLM version (one replay worker each) and each generated workload
 (generate.py; workload i of seed S is a function of S and i alone):
@@ -44,6 +52,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -55,7 +64,7 @@ from . import ASYNC_RECORDER
 from .differential import (Comparison, ReferenceRun, compare, decisions, first_difference, profile_for,
                            read_trace, run_reference)
 from .generate import FAMILIES, campaign_workloads
-from .replay import ReplayError, ReplayWorker, findings
+from .replay import Interpreter, ReplayError, ReplayWorker, findings, probe_interpreter, use_interpreter
 from .versions import UnknownRelease, release
 
 # Mutants that need what a default replay never produces: draft tokens
@@ -145,11 +154,12 @@ def verdict(result: dict[str, Any], check: dict[str, Any]) -> tuple[str, str]:
 DISAGREEMENTS = frozenset({"rejected, FALSE", "accepted, MISSED bug", "malformed"})
 
 
-def check_verdict(trace: Path) -> dict[str, Any]:
-    """What `flightcheck check-trace --json` says of a trace."""
+def check_verdict(trace: Path, profile: str | None = None) -> dict[str, Any]:
+    """What `flightcheck check-trace --json` says of a trace (`--profile
+    profile` when given: a vLLM version with no profile of its own)."""
     from flightcheck.verification.traces.check import MalformedTrace, check_trace
     try:
-        return check_trace(trace).to_json()
+        return check_trace(trace, profile).to_json()
     except MalformedTrace as err:
         return {"ok": False, "malformed": str(err)}
 
@@ -193,7 +203,9 @@ def run_version(version: str, workloads: list[dict[str, Any]], seed: int, mutant
                 failure = f"seed {seed} index {index} ({raw['name']}): {comparison.describe()}"
                 report.unexplained.append(failure)
                 say(f"FAIL vLLM {version} {failure}")
-            category, detail = verdict(result, check_verdict(trace))
+            # an unreleased vLLM (--vllm-python) is checked under its release's profile
+            unreleased = worker.version.split("+", 1)[0] != version
+            category, detail = verdict(result, check_verdict(trace, profile if unreleased else None))
             if keep_disagreements is not None and category in DISAGREEMENTS:
                 # the trace and its workload, to look at after the scratch folder is gone
                 keep_disagreements.mkdir(parents=True, exist_ok=True)
@@ -258,12 +270,16 @@ def flag_mutants(profile: str, compared: list[Compared]) -> dict[str, str]:
     return flagged
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flightcheck.vllm.campaign",
-                                     description="the differential campaign against vLLM")
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The campaign's options: `python -m flightcheck.vllm.campaign` and
+    `flightcheck vllm campaign` take the same."""
     parser.add_argument("--workloads", type=int, default=100, help="workloads per version")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--versions", default="0.8.5,0.8.4")
+    parser.add_argument("--vllm-python", metavar="PATH",
+                        help="any Python where vLLM imports (a venv of any release, an editable checkout): "
+                             "its vllm.__version__ replaces --versions; a version with no tables of its own "
+                             "runs as the nearest known release (said on stderr)")
     parser.add_argument("--no-mutants", action="store_true")
     parser.add_argument("--reuse-ids", action="store_true",
                         help="one workload in two also sends a request under an aborted request's id "
@@ -285,16 +301,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-disagreements", type=Path, metavar="DIR",
                         help="copy every trace (and its workload) on which check-trace and vLLM's ground "
                              "truth disagree into DIR")
-    args = parser.parse_args(argv)
+
+
+def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
+    """The campaign the options ask for; `error` refuses an option (exit 2)."""
     if args.keep_disagreements is not None and args.keep_disagreements.exists() \
             and not args.keep_disagreements.is_dir():
-        parser.error(f"--keep-disagreements {args.keep_disagreements}: not a directory")
+        error(f"--keep-disagreements {args.keep_disagreements}: not a directory")
     if args.spec_tokens < 0:
-        parser.error("--spec-tokens must be >= 0")
+        error("--spec-tokens must be >= 0")
     versions = args.versions.split(",")
+    interpreter: Interpreter | None = None
     try:
+        if args.vllm_python:
+            interpreter = probe_interpreter(args.vllm_python)
+            versions = [interpreter.release]
+            if not interpreter.is_release:
+                print(f"vLLM {interpreter.version} has no tables of its own: it runs as vLLM "
+                      f"{interpreter.release} (that release's engine loop and profile)", file=sys.stderr)
         rows = [release(version) for version in versions]
-    except UnknownRelease as err:
+    except (ReplayError, UnknownRelease) as err:
         print(err, file=sys.stderr)
         return 2
     mid_step_inputs = args.mid_step_inputs
@@ -302,14 +328,9 @@ def main(argv: list[str] | None = None) -> int:
         mid_step_inputs = all(row.engine_loop == "0.34" for row in rows)
     workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens, args.family,
                                    mid_step_inputs=mid_step_inputs)
-    reports = []
     try:
-        for version in versions:
-            report = run_version(version, workloads, args.seed, not args.no_mutants,
-                                 lambda line: print(line, flush=True), args.async_scheduling,
-                                 args.keep_disagreements)
-            reports.append(report)
-            print("\n".join(report.lines()), flush=True)
+        with use_interpreter(interpreter) if interpreter else nullcontext():
+            reports = _run_versions(args, versions, workloads, interpreter)
     except ReplayError as err:
         print(err, file=sys.stderr)
         return 2
@@ -317,6 +338,28 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({"seed": args.seed, "reports": [r.to_json() for r in reports]},
                                               indent=1))
     return 1 if any(r.unexplained for r in reports) else 0
+
+
+def _run_versions(args: argparse.Namespace, versions: list[str], workloads: list[dict[str, Any]],
+                  interpreter: Interpreter | None) -> list[VersionReport]:
+    reports = []
+    for version in versions:
+        report = run_version(version, workloads, args.seed, not args.no_mutants,
+                             lambda line: print(line, flush=True), args.async_scheduling,
+                             args.keep_disagreements)
+        if interpreter is not None and not interpreter.is_release:
+            report.version = f"{interpreter.version} (as {interpreter.release})"
+        reports.append(report)
+        print("\n".join(report.lines()), flush=True)
+    return reports
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flightcheck.vllm.campaign",
+                                     description="the differential campaign against vLLM")
+    add_options(parser)
+    args = parser.parse_args(argv)
+    return run_campaign(args, parser.error)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import flightcheck
+
+from . import SUPPORTED_VERSIONS
 
 CACHE_ENV = "FLIGHTCHECK_VLLM_CACHE"
 PYTHON_ENV = "FLIGHTCHECK_VLLM_PYTHON_{}"   # e.g. FLIGHTCHECK_VLLM_PYTHON_0_8_5: an explicit interpreter
@@ -53,10 +59,23 @@ class ReplayWorker:
 
     def __init__(self, version: str, python: Path | None = None,
                  module: str = "flightcheck.vllm.replay_worker") -> None:
+        """`python`: an explicit interpreter (`--vllm-python`): any vLLM it
+        imports is accepted, `version` being the known release the caller
+        mapped it to (`Interpreter.release`); `self.version` becomes what
+        the worker reports, and a worker that dies before it is ready is
+        one line (`vLLM does not import ...`)."""
         self.version = version
+        if python is None and version in _INTERPRETERS:
+            python = _INTERPRETERS[version].python
+        explicit = python is not None
         python = python or venv_python(version)
         if not python.exists():
-            raise ReplayError(missing_venv_message(version))
+            raise ReplayError(f"no interpreter at {python}" if explicit else missing_venv_message(version))
+        if explicit:
+            # An unreleased version runs as the release it was mapped to (release_alias.py).
+            module, argv = "flightcheck.vllm.release_alias", [module]
+        else:
+            argv = []
         self._scratch = tempfile.TemporaryDirectory(prefix="flightcheck-replay-")
         package_link = Path(self._scratch.name) / "flightcheck"
         package_link.symlink_to(Path(flightcheck.__file__).resolve().parent, target_is_directory=True)
@@ -65,15 +84,22 @@ class ReplayWorker:
         env["PYTHONPATH"] = self._scratch.name
         self._stderr = open(self._stderr_path, "w")
         self._process = subprocess.Popen(
-            [str(python), "-m", module], stdin=subprocess.PIPE,
+            [str(python), "-m", module, *argv], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True, bufsize=1)
-        ready = self._read()
-        if "error" in ready:                  # the worker refused this vLLM, in one line (compat.py)
+        try:
+            ready = self._read()
+        except ReplayError:
+            if not explicit:
+                raise
+            last = (self.stderr_tail(1) or f"exit status {self._process.returncode}").strip()
             self.close()
-            raise ReplayError(str(ready["error"]))
-        if ready.get("ready") != version:
+            raise ReplayError(f"vLLM does not import with {python}: {last}") from None
+        if explicit and "ready" in ready:
+            self.version = ready["ready"]
+        elif ready.get("ready") != version:
             self.close()
-            raise ReplayError(f"the worker runs vLLM {ready.get('ready')}, not {version}: {ready}")
+            message = ready.get("error") or f"the worker runs vLLM {ready.get('ready')}, not {version}: {ready}"
+            raise ReplayError(f"{python}: {message}" if explicit else message)
 
     def _read(self) -> dict[str, Any]:
         assert self._process.stdout is not None
@@ -125,6 +151,119 @@ class ReplayWorker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# ---------------------------------------------------------------------------
+# A developer's own interpreter (`--vllm-python PATH`)
+# ---------------------------------------------------------------------------
+
+# Reads vLLM's version without importing vLLM (10-100 s): the file
+# `vllm.__version__` comes from (`vllm/_version.py`, written by the build's
+# version tool), else the installed distribution's metadata.
+_PROBE = r"""
+import importlib.metadata, importlib.util, json, pathlib, re, sys
+spec = importlib.util.find_spec("vllm")
+if spec is None or not spec.submodule_search_locations:
+    print(json.dumps({"error": "No module named 'vllm'"}))
+else:
+    version = None
+    # where the import system would load vllm._version from (a finder of the
+    # interpreter's own may answer for it), found without importing vllm
+    where = list(spec.submodule_search_locations)
+    specs = (f.find_spec("vllm._version", where) for f in sys.meta_path if hasattr(f, "find_spec"))
+    module = next((s for s in specs if s is not None), None)
+    source = pathlib.Path(module.origin if module is not None and module.origin else "/nonexistent")
+    if source.exists():
+        found = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)", source.read_text())
+        version = found and found.group(1)
+    if version is None:
+        try:
+            version = importlib.metadata.version("vllm")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    print(json.dumps({"version": version or "unknown"}))
+"""
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """A Python where vLLM imports: its version and the known release
+    (`SUPPORTED_VERSIONS`) whose profile and engine loop stand for it."""
+    python: Path
+    version: str
+    release: str
+
+    @property
+    def is_release(self) -> bool:
+        """Whether it is that release (a local part such as "+cpu" aside)."""
+        return self.version.split("+", 1)[0] == self.release
+
+
+def _release_tuple(version: str) -> tuple[int, ...] | None:
+    """(major, minor, micro) of a version string; pre-release, dev and local
+    parts ignored ("0.34.1.dev5+g1234" -> (0, 34, 1)); None if unreadable."""
+    found = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", version.strip())
+    if found is None:
+        return None
+    return tuple(int(part or 0) for part in found.groups())
+
+
+def nearest_release(version: str, known: tuple[str, ...] = SUPPORTED_VERSIONS) -> str | None:
+    """The known release that stands for `version`: the same release (a
+    local part such as "+cpu" ignored), else the newest known release at or
+    below its (major, minor, micro) (a developer's branch of 0.34 runs as
+    0.34.0); None for a version older than all of them, or unreadable."""
+    if version.split("+", 1)[0] in known:
+        return version.split("+", 1)[0]
+    wanted = _release_tuple(version)
+    below = [v for v in known if wanted is not None and (_release_tuple(v) or (0,)) <= wanted]
+    return max(below, key=lambda v: _release_tuple(v) or (0,)) if below else None
+
+
+# Release -> the interpreter that stands for it while `use_interpreter` runs.
+_INTERPRETERS: dict[str, Interpreter] = {}
+
+
+@contextmanager
+def use_interpreter(interpreter: Interpreter) -> Iterator[None]:
+    """While the block runs, a `ReplayWorker` of `interpreter.release`
+    starts `interpreter.python` instead of the release's venv (the campaign's
+    `--vllm-python`: its code asks for workers by release)."""
+    before = _INTERPRETERS.get(interpreter.release)
+    _INTERPRETERS[interpreter.release] = interpreter
+    try:
+        yield
+    finally:
+        if before is None:
+            _INTERPRETERS.pop(interpreter.release, None)
+        else:
+            _INTERPRETERS[interpreter.release] = before
+
+
+def probe_interpreter(python: str | Path, known: tuple[str, ...] = SUPPORTED_VERSIONS) -> Interpreter:
+    """The vLLM an interpreter has, read without importing vLLM;
+    ReplayError (one line) for a missing interpreter, no vLLM, or a version
+    that is no version."""
+    path = Path(python).expanduser()
+    if not path.exists():
+        raise ReplayError(f"--vllm-python {python}: no such file")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    try:
+        done = subprocess.run([str(path), "-c", _PROBE], capture_output=True, text=True, timeout=120, env=env)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise ReplayError(f"--vllm-python {python}: cannot run it ({err})") from None
+    answer = done.stdout.strip().splitlines()[-1:] if done.returncode == 0 else []
+    if not answer:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise ReplayError(f"--vllm-python {python}: not a Python that runs ({last})")
+    probed = json.loads(answer[0])
+    if "error" in probed:
+        raise ReplayError(f"--vllm-python {python}: vLLM does not import there ({probed['error']})")
+    release = nearest_release(probed["version"], known)
+    if release is None:
+        raise ReplayError(f"--vllm-python {python}: vLLM {probed['version']} predates every release flightcheck "
+                          f"has tables for ({', '.join(known)}), or is no version")
+    return Interpreter(path, probed["version"], release)
 
 
 def findings(result: dict[str, Any]) -> list[str]:
