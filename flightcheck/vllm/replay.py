@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ from typing import Any
 
 import flightcheck
 
-from . import SUPPORTED_VERSIONS
+from . import SUPPORTED_VERSIONS, versions
 
 CACHE_ENV = "FLIGHTCHECK_VLLM_CACHE"
 PYTHON_ENV = "FLIGHTCHECK_VLLM_PYTHON_{}"   # e.g. FLIGHTCHECK_VLLM_PYTHON_0_8_5: an explicit interpreter
@@ -71,11 +70,6 @@ class ReplayWorker:
         python = python or venv_python(version)
         if not python.exists():
             raise ReplayError(f"no interpreter at {python}" if explicit else missing_venv_message(version))
-        if explicit:
-            # An unreleased version runs as the release it was mapped to (release_alias.py).
-            module, argv = "flightcheck.vllm.release_alias", [module]
-        else:
-            argv = []
         self._scratch = tempfile.TemporaryDirectory(prefix="flightcheck-replay-")
         package_link = Path(self._scratch.name) / "flightcheck"
         package_link.symlink_to(Path(flightcheck.__file__).resolve().parent, target_is_directory=True)
@@ -84,7 +78,7 @@ class ReplayWorker:
         env["PYTHONPATH"] = self._scratch.name
         self._stderr = open(self._stderr_path, "w")
         self._process = subprocess.Popen(
-            [str(python), "-m", module, *argv], stdin=subprocess.PIPE,
+            [str(python), "-m", module], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True, bufsize=1)
         try:
             ready = self._read()
@@ -199,25 +193,15 @@ class Interpreter:
         return self.version.split("+", 1)[0] == self.release
 
 
-def _release_tuple(version: str) -> tuple[int, ...] | None:
-    """(major, minor, micro) of a version string; pre-release, dev and local
-    parts ignored ("0.34.1.dev5+g1234" -> (0, 34, 1)); None if unreadable."""
-    found = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", version.strip())
-    if found is None:
-        return None
-    return tuple(int(part or 0) for part in found.groups())
-
-
 def nearest_release(version: str, known: tuple[str, ...] = SUPPORTED_VERSIONS) -> str | None:
-    """The known release that stands for `version`: the same release (a
-    local part such as "+cpu" ignored), else the newest known release at or
-    below its (major, minor, micro) (a developer's branch of 0.34 runs as
-    0.34.0); None for a version older than all of them, or unreadable."""
-    if version.split("+", 1)[0] in known:
-        return version.split("+", 1)[0]
-    wanted = _release_tuple(version)
-    below = [v for v in known if wanted is not None and (_release_tuple(v) or (0,)) <= wanted]
-    return max(below, key=lambda v: _release_tuple(v) or (0,)) if below else None
+    """The known release that stands for `version` (versions.nearest_release:
+    its own, else the newest listed release not newer than it), or None for
+    a version older than all of them, unreadable, or not among `known`."""
+    try:
+        found = versions.nearest_release(version).version
+    except versions.UnknownRelease:
+        return None
+    return found if found in known else None
 
 
 # Release -> the interpreter that stands for it while `use_interpreter` runs.
