@@ -110,6 +110,42 @@ class Profile:
     # No structured outputs (grammars, the deferred sampling of
     # `pending_structured_output_tokens`) are modelled.
     async_scheduling: bool = False
+    # Where a request's drafts for its next step come from (speculative
+    # decoding), read at one seam each (update.py `OutputUpdate`):
+    # * "completion" (0.8.x): `Scheduler.update_from_output` sets
+    #   `spec_token_ids` from the model runner's output of the batch;
+    # * "submission" (0.33 sync): `EngineCore.post_step`, in the very engine
+    #   step that submitted a batch, hands the drafts the runner proposed for
+    #   it (`take_draft_token_ids`) to `Scheduler.update_draft_token_ids`,
+    #   before that batch completes: a request that was not a prefill chunk
+    #   (`is_prefill_chunk`, set by `_update_after_schedule`) takes them, one
+    #   that was drops any it holds; `schedule()` empties `spec_token_ids` of
+    #   every running request it schedules (`request.spec_token_ids = []`);
+    # * "placeholders" (0.33 async): `AsyncScheduler._update_after_schedule`
+    #   gives every entry that is not a prefill chunk `[-1] *
+    #   num_spec_tokens_to_schedule` (k) placeholder drafts, filled in on the
+    #   worker (`post_step` does nothing under async scheduling; the scheduler
+    #   output's drafts are rewritten by `update_draft_token_ids_in_output`
+    #   only for structured outputs' deferred sampling, which is not modelled).
+    draft_source: str = "completion"
+    # 0.33 `Scheduler.update_from_output`: with drafts configured
+    # (`self.num_spec_tokens > 0`) a live output of a RUNNING request caches
+    # the blocks of its settled tokens (`cache_blocks(request,
+    # num_computed_tokens - num_in_flight_tokens)`), after
+    # `_update_request_with_output` trimmed `num_computed_tokens` to the
+    # tokens kept at a stop, as under async scheduling (whose placeholders
+    # make it do so without drafts too). 0.8.x: neither.
+    settles_blocks_with_drafts: bool = False
+    # 0.33 `Scheduler.schedule`, waiting loop ("Pad new decode requests to
+    # uniform spec decoding size"): with k drafts configured, a request
+    # admitted with exactly one token to compute, when the running loop
+    # scheduled no request whose last entry was a prefill chunk and either
+    # it scheduled some running request or the admission has a prefix hit,
+    # is scheduled as `1 + k` tokens, the k placeholder drafts (`[-1] * k`)
+    # included, if `num_computed_tokens + 1 + k + 1 <= max_model_len`; if
+    # those do not fit the token budget, admission stops there ("Prefer to not
+    # schedule than schedule un-padded"). 0.8.x: no padding.
+    pads_admitted_decodes: bool = False
     # The engine-core loop the version ships (drive.py `EngineLoop` by name).
     engine_loop: str = "vllm-0.8.5"
     # --- vLLM as released, where the reference carries a later fix (its
@@ -194,7 +230,9 @@ PROFILES: dict[str, Profile] = {
                          unhashed_blocks_to_head=True, threshold_needs_company=True,
                          sampled_token_slot=1, full_sequence_admission=True,
                          stop_tokens_before_length=True, stale_output_counters=True,
-                         flush_finished_every_schedule=True, engine_loop="vllm-0.33"),
+                         flush_finished_every_schedule=True, draft_source="submission",
+                         settles_blocks_with_drafts=True, pads_admitted_decodes=True,
+                         engine_loop="vllm-0.33"),
 }
 # vLLM 0.33.0 with asynchronous scheduling: `AsyncScheduler` and the V2
 # model runner, the default for single-node pipeline parallelism
@@ -203,7 +241,8 @@ PROFILES: dict[str, Profile] = {
 # of `vllm-0.33` plus the async rules above; the engine loop is 0.33's
 # `EngineCore.step_with_batch_queue` at depth K + 1 (drive.py).
 PROFILES["vllm-0.33-async"] = replace(PROFILES["vllm-0.33"], name="vllm-0.33-async",
-                                      async_scheduling=True, engine_loop="vllm-0.33-async")
+                                      async_scheduling=True, draft_source="placeholders",
+                                      engine_loop="vllm-0.33-async")
 
 
 # vLLM 0.8.x as released: the reference's later fixes switched off (the

@@ -83,6 +83,16 @@ class Scheduler(OutputUpdate):
         self._stop_tokens_first = profile.stop_tokens_before_length       # _apply_sampled
         self._flush_finished_every_schedule = profile.flush_finished_every_schedule  # _make_output
         self._async = profile.async_scheduling                            # schedule, update
+        # Where drafts come from (update.py): 0.33 empties a scheduled running
+        # request's drafts (_schedule_running) and takes new ones at submission
+        # (`update_draft_token_ids`) or as placeholders (_add_placeholders).
+        self._drafts_at_submission = profile.draft_source == "submission"
+        self._placeholder_drafts = (-1,) * config.num_spec_tokens \
+            if profile.draft_source == "placeholders" else ()
+        self._drafts_emptied_when_scheduled = profile.draft_source != "completion"
+        self._drafts_with_output = profile.draft_source == "completion"      # update_from_output
+        self._settles_blocks_with_drafts = profile.settles_blocks_with_drafts and config.num_spec_tokens > 0
+        self._pads_admitted_decodes = profile.pads_admitted_decodes and config.num_spec_tokens > 0
         # vLLM as released (all off but with `config.as_released`).
         self._outputs_to_running_by_id = profile.outputs_to_running_by_id      # _bound_fate
         self._worker_decides_sampling = profile.worker_decides_sampling        # _tokens_taken
@@ -245,6 +255,9 @@ class Scheduler(OutputUpdate):
                 continue
             request.num_output_placeholders += 1 + len(entry.spec_token_ids)
             request.next_decode_eligible_step = self.current_step + self._decode_stagger
+            if self._placeholder_drafts:
+                # "We will update the actual spec token ids in the worker process."
+                request.spec_token_ids = self._placeholder_drafts
 
     def _is_async_skipped(self, request: Request) -> bool:
         """vLLM 0.33 `Scheduler.schedule`, running loop, before the token
@@ -285,6 +298,8 @@ class Scheduler(OutputUpdate):
             if len(request.spec_token_ids) != num_drafts and not (
                     num_drafts == 0 and self._unscheduled_drafts_kept):
                 request.spec_token_ids = request.spec_token_ids[:num_drafts]
+            if self._drafts_emptied_when_scheduled and request.spec_token_ids:
+                request.spec_token_ids = ()   # vLLM 0.33: `request.spec_token_ids = []`
             self._add_to_batch(batch, request, entry)
             req_index += 1
 
@@ -413,7 +428,10 @@ class Scheduler(OutputUpdate):
                 index += 1
                 continue
             computed_blocks, num_hit_tokens = kv.get_computed_blocks(request)
-            num_new_tokens = self._clip(request.num_tokens - num_hit_tokens,
+            padded = self._padded_decode(request, num_hit_tokens, batch) if self._pads_admitted_decodes else 0
+            if padded < 0:
+                break                         # vLLM: "Prefer to not schedule than schedule un-padded"
+            num_new_tokens = self._clip(padded or request.num_tokens - num_hit_tokens,
                                         request.num_computed_tokens, batch.token_budget)
             if num_new_tokens == 0:
                 break
@@ -424,8 +442,10 @@ class Scheduler(OutputUpdate):
             if new_blocks is None:
                 break
             del self.waiting[index]
-            self._add_to_batch(batch, request,
-                               self._admit(request, num_hit_tokens, num_new_tokens, new_blocks))
+            entry = self._admit(request, num_hit_tokens, num_new_tokens, new_blocks)
+            if padded:
+                entry.spec_token_ids = (-1,) * self.config.num_spec_tokens   # placeholder drafts
+            self._add_to_batch(batch, request, entry)
 
     def _is_resumption_deferred(self, request: Request) -> bool:
         """vLLM 0.33's waiting loop (`Scheduler.schedule`): `if
@@ -487,3 +507,33 @@ class Scheduler(OutputUpdate):
         can go into the very next batch."""
         for request, entry in zip(batch.requests, batch.entries):
             request.num_computed_tokens += entry.num_new_tokens
+        if self._drafts_at_submission and self.config.num_spec_tokens:
+            self._mark_prefill_chunks(batch)
+
+    @staticmethod
+    def _mark_prefill_chunks(batch: Batch) -> None:
+        """vLLM 0.33 `Scheduler._update_after_schedule`, after the advance:
+        `is_prefill_chunk = num_computed_tokens < num_tokens +
+        num_output_placeholders`, which `update_draft_token_ids` reads when
+        the drafts of this batch are handed over (`EngineCore.post_step`)."""
+        for request in batch.requests:
+            request.is_prefill_chunk = request.num_computed_tokens < (
+                len(request.all_token_ids) + request.num_output_placeholders)
+
+    def _padded_decode(self, request: Request, num_hit_tokens: int, batch: Batch) -> int:
+        """vLLM 0.33 `Scheduler.schedule`, waiting loop (profiles.py
+        `pads_admitted_decodes`): `1 + k` when this admission, with one token
+        left to compute, is padded with k placeholder drafts; -1 when that
+        padding does not fit the token budget (admission stops); else 0. The
+        running loop's requests count by the `is_prefill_chunk` their previous
+        entry left (`prefill_scheduled |= request.is_prefill_chunk`)."""
+        if request.num_tokens - num_hit_tokens != 1:
+            return 0
+        running = [r for r, e in zip(batch.requests, batch.entries)
+                   if type(e) is CachedRequestData and not e.resumed_from_preemption]
+        if any(r.is_prefill_chunk for r in running) or not (running or num_hit_tokens > 0):
+            return 0
+        padded = 1 + self.config.num_spec_tokens
+        if num_hit_tokens + padded + 1 > self.config.max_model_len:
+            return 0
+        return -1 if padded > batch.token_budget else padded
