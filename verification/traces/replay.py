@@ -44,7 +44,7 @@ from flightcheck.spec import (
     schedule,
     step,
 )
-from flightcheck.spec.actions import complete_oldest
+from flightcheck.spec.actions import complete_oldest, max_next_drafts
 from flightcheck.spec.schedule import Scheduled, is_empty_step
 
 from .asynchronous import EMPTY_BATCH, AsyncScheduling
@@ -379,7 +379,9 @@ class TraceChecker(AsyncScheduling):
         if not known:
             self.unchecked.add("stop tokens (no eos_token_id or stop_token_ids in the trace)")
             stop_at = self._stop_from_finish(e.req, len(returned))
-        return Sample(accepted, stop_at, min(next_drafts, self.cfg.num_spec_tokens))
+        # (where drafts do not come with the output, vLLM 0.33, the trace's
+        # `next_drafts` are the drafts held, which the spec gives otherwise)
+        return Sample(accepted, stop_at, min(next_drafts, max_next_drafts(self.cfg)))
 
     def _stop_from_finish(self, r: int, n: int) -> int | None:
         upcoming = getattr(self, "upcoming_finish", {})
