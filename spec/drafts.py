@@ -7,7 +7,7 @@ profile (`Profile.draft_source`), and vLLM 0.33's padded admissions.
   scheduler the drafts proposed for the batch it has just submitted, in the
   same engine step, before that batch completes (`EngineCore.post_step` ->
   `Scheduler.update_draft_token_ids`): the environment's action
-  `hand_over_drafts`, right after a `schedule`. The completion brings none.
+  `hand_over_drafts`. The completion brings none.
   With pipeline parallelism a request whose hand-off holds more drafts than
   its entry in flight scheduled is scheduled again at once, on those drafts
   alone: a second sampling entry while the first is in flight (S6).
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .config import Config
-from .state import Entry, Fate, State
+from .state import State, Status
 
 
 def drafts_come_with_output(cfg: Config) -> bool:
@@ -42,38 +42,32 @@ def placeholder_drafts(cfg: Config) -> int | None:
     return cfg.num_spec_tokens if cfg.rules.draft_source == "placeholders" else None
 
 
-def hand_over_drafts(state: State, cfg: Config, proposals: Sequence[tuple[int, int]]) -> State | None:
-    """vLLM 0.33 `EngineCore.post_step` (synchronous scheduling): the drafts
-    proposed for the newest batch, `(request, count)` for each of its
-    entries, go to `Scheduler.update_draft_token_ids`: a request that is no
-    longer unfinished and RUNNING is skipped, one whose entry was a prefill
-    chunk drops its drafts, any other now holds `count` (0..k) on top of the
-    tokens its entry scheduled. Guard: the profile takes drafts at
-    submission, the newest batch holds each named request once, counts in 0..k."""
-    if cfg.rules.draft_source != "submission" or not state.in_flight:
-        return None
-    newest = {e.req: e for e in state.in_flight[-1]}
-    if len({r for r, _ in proposals}) != len(proposals):
-        return None
-    for r, count in proposals:
-        entry = newest.get(r)
-        if entry is None or not 0 <= count <= cfg.num_spec_tokens:
-            return None
-        state = _take_drafts(state, entry, count)
-    return state
+def hand_over_drafts(state: State, cfg: Config, r: int, count: int) -> State | None:
+    """vLLM 0.33 `EngineCore.post_step` -> `Scheduler.update_draft_token_ids`
+    (synchronous scheduling): r now holds the `count` (0..k) drafts proposed
+    for its last entry. Guard: the profile takes drafts at submission, r is
+    RUNNING, and its newest live entry in flight, if any, samples (a prefill
+    chunk's hand-off drops the drafts: `is_prefill_chunk`; `schedule` leaves
+    none then). The environment's choice: vLLM hands them over in the engine
+    step that submitted that entry; here they may come any time before r is
+    scheduled again (a superset of vLLM's interleavings: check-trace learns
+    the count only when the trace shows it).
 
-
-def _take_drafts(state: State, entry: Entry, count: int) -> State:
-    """One request's share of the hand-off. The spec keeps the drafts a
-    sampling entry scheduled in `num_drafts` until it completes (S1's
-    bound); proposed drafts beyond them are what the next `schedule` sees
-    (vLLM: `num_tokens_with_spec - num_computed_tokens` = count - scheduled)."""
-    req = state.requests[entry.req]
-    if entry.fate is not Fate.LIVE or not req.status.is_active:
-        return state
-    if not entry.samples:
-        return state.with_request(entry.req, num_drafts=0)
-    return state.with_request(entry.req, num_drafts=max(count, entry.drafts))
+    While that entry is in flight r's counter counts the drafts it
+    scheduled, so r holds at least those (S1's bound); proposed drafts beyond
+    them are what the next `schedule` sees (vLLM: `num_tokens_with_spec -
+    num_computed_tokens` = count - scheduled), fewer leave nothing to
+    schedule, as in vLLM, and once the entry completes r holds `count`."""
+    if cfg.rules.draft_source != "submission" or not 0 <= count <= cfg.num_spec_tokens:
+        return None
+    req = state.requests[r]
+    if req.status is not Status.RUNNING:
+        return None
+    live = state.entries_of(r)
+    if live and not live[-1].samples:
+        return None
+    scheduled = max((e.drafts for e in live), default=0)
+    return state.with_request(r, num_drafts=max(count, scheduled))
 
 
 def padded_admission(state: State, cfg: Config, r: int, hit_tokens: int,

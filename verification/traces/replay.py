@@ -48,6 +48,7 @@ from flightcheck.spec.actions import complete_oldest, max_next_drafts
 from flightcheck.spec.schedule import Scheduled, is_empty_step
 
 from .asynchronous import EMPTY_BATCH, AsyncScheduling
+from .drafts import DraftHandOff
 from .configuration import config_from_event, modelled_pool
 from .explain import why_left_out, why_nothing_scheduled
 from .named_state import describe_named, quoted
@@ -63,7 +64,7 @@ class _Violation(Exception):
         self.prop, self.message = prop, message
 
 
-class TraceChecker(AsyncScheduling):
+class TraceChecker(AsyncScheduling, DraftHandOff):
     """Replays events one by one on the spec; `feed` raises _Violation."""
 
     def __init__(self, events: list[dict[str, Any]], profile: str | None = None) -> None:
@@ -212,6 +213,7 @@ class TraceChecker(AsyncScheduling):
     def _on_schedule(self, event: dict) -> None:
         entries = event["entries"]
         self._backfill_drafts(entries)
+        self._hand_over_scheduled_drafts(entries)
         if self.cfg.rules.output_placeholders:
             self._catch_up_empty_calls(event)
         scheduled = schedule(self.state, self.cfg)
@@ -347,6 +349,7 @@ class TraceChecker(AsyncScheduling):
                              f"({tokens})")
         self.batch_ids.pop(0)
         self._apply(CompleteOldest(tuple(samples)), after, "complete")
+        self._hand_over_held_drafts(batch, next_drafts)
         for r in self._newly_finished(before, after):
             self.finished_now[r] = after.requests[r].status
 
