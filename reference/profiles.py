@@ -243,6 +243,13 @@ PROFILES: dict[str, Profile] = {
 PROFILES["vllm-0.33-async"] = replace(PROFILES["vllm-0.33"], name="vllm-0.33-async",
                                       async_scheduling=True, draft_source="placeholders",
                                       engine_loop="vllm-0.33-async")
+# vLLM 0.34.0, sync and async: 0.33.0's rules, each re-read in 0.34.0's source
+# (the spec's profiles.py VLLM_0_34 lists where); the engine loop is 0.33's
+# `step_with_batch_queue`, which 0.34 keeps but for how it waits for a
+# batch's output (`EngineCoreProc._wait_for_output`). What 0.34 changes is
+# added as constants of its own.
+PROFILES["vllm-0.34"] = replace(PROFILES["vllm-0.33"], name="vllm-0.34")
+PROFILES["vllm-0.34-async"] = replace(PROFILES["vllm-0.33-async"], name="vllm-0.34-async")
 
 
 # vLLM 0.8.x as released: the reference's later fixes switched off (the
@@ -265,6 +272,9 @@ RELEASED: dict[str, Profile] = {
                           in_flight_mark_kept_off_running=True),
     "vllm-0.33": replace(PROFILES["vllm-0.33"], **RELEASED_0_33),
     "vllm-0.33-async": replace(PROFILES["vllm-0.33-async"], **RELEASED_0_33),
+    # 0.34.0's `update_from_output` still binds an output by id alone.
+    "vllm-0.34": replace(PROFILES["vllm-0.34"], **RELEASED_0_33),
+    "vllm-0.34-async": replace(PROFILES["vllm-0.34-async"], **RELEASED_0_33),
 }
 
 

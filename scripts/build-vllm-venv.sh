@@ -31,8 +31,8 @@ usage() { echo "usage: $0 VERSION [DIR]" >&2; exit 2; }
 version=$1
 case "$version" in
   0.8.4|0.8.5) pins_name=vllm-0.8-cpu.txt ;;
-  0.33.0) pins_name=vllm-0.33-cpu.txt ;;
-  *) echo "no pins for vLLM $version in flightcheck/vllm/pins/ (known: 0.8.4, 0.8.5, 0.33.0)" >&2; exit 2 ;;
+  0.33.0|0.34.0) pins_name=vllm-0.33-cpu.txt ;;
+  *) echo "no pins for vLLM $version in flightcheck/vllm/pins/ (known: 0.8.4, 0.8.5, 0.33.0, 0.34.0)" >&2; exit 2 ;;
 esac
 
 root=$(cd "$(dirname "$0")/.." && pwd)

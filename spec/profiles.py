@@ -170,6 +170,12 @@ class Profile:
     # max_model_len`; when 1 + k exceed the budget left, admission stops
     # ("Prefer to not schedule than schedule un-padded"). 0.8.x: no padding.
     pads_admitted_decodes: bool = False
+    # The profile of the release this one follows, when this one's spec rules
+    # are that one's with some constants changed: verification checks this
+    # one with everything it checks the older one with
+    # (`verification.models.carry_over`), so a new release is checked as
+    # deeply as the one before it from its first day.
+    follows: str | None = None
 
     def release_order(self, prefix_caching: bool) -> ReleaseOrder:
         return (self.release_order_with_prefix_caching if prefix_caching
@@ -226,14 +232,38 @@ VLLM_0_33_ASYNC = replace(VLLM_0_33, name="vllm-0.33-async", output_placeholders
 VLLM_0_33_HARDENED = replace(VLLM_0_33, name="vllm-0.33-hardened", stale_test="positive",
                              in_flight_floor=True)
 
+# vLLM 0.34.0 with synchronous scheduling. 0.34 removed the V1 model runner:
+# sync pipeline parallelism is the V2 runner with async scheduling off
+# (`VllmConfig.use_v2_model_runner` is gone; `Scheduler.__init__` no longer
+# reads it). Every constant above is 0.33.0's, each re-read in 0.34.0's
+# source (tests/test_profiles_034.py names the function of each): the
+# release order (`SingleTypeKVCacheManager.free`), duplicate hashes
+# (`BlockHashToBlockMap.insert`), unhashed blocks to the head
+# (`BlockPool.free_blocks`), the threshold's company test and the sampled
+# token's slot (`Scheduler.schedule`), full-sequence admission
+# (`KVCacheManager.allocate_slots`), the deferred resumption and the stale
+# counters (`Scheduler.schedule`, `_preempt_request`, `update_from_output`,
+# which still binds an output by id: docs/vllm-0.33-id-reuse.md holds for
+# 0.34), the stop order (`check_stop`) and empty batches
+# (`EngineCore.step_with_batch_queue`). What 0.34 changes that the spec can
+# see is added as constants of its own, each citing 0.34's function.
+VLLM_0_34 = replace(VLLM_0_33, name="vllm-0.34", follows=VLLM_0_33.name)
+
+# vLLM 0.34.0 with asynchronous scheduling: 0.33's async rules unchanged
+# (`AsyncScheduler._update_after_schedule`; `next_decode_eligible_step` is
+# now set whenever pipeline parallelism runs async, with no V2-runner test;
+# `VllmConfig.max_concurrent_batches` still K + 1).
+VLLM_0_34_ASYNC = replace(VLLM_0_33_ASYNC, name="vllm-0.34-async", follows=VLLM_0_33_ASYNC.name)
+
 DEFAULT_PROFILE = VLLM_0_8_5.name
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (VLLM_0_8_5, VLLM_0_8_4, VLLM_0_33, VLLM_0_33_ASYNC,
-                                                    VLLM_0_33_HARDENED)}
+                                                    VLLM_0_33_HARDENED, VLLM_0_34, VLLM_0_34_ASYNC)}
 
 # `vllm.__version__` -> the profile that models it.
 VERSION_PROFILES: dict[str, str] = {"0.8.5": VLLM_0_8_5.name, "0.8.5.post1": VLLM_0_8_5.name,
-                                    "0.8.4": VLLM_0_8_4.name, "0.33.0": VLLM_0_33.name}
+                                    "0.8.4": VLLM_0_8_4.name, "0.33.0": VLLM_0_33.name,
+                                    "0.34.0": VLLM_0_34.name}
 
 
 def profile(name: str) -> Profile:

@@ -35,6 +35,10 @@ RELEASED_CONSTANTS: dict[str, set[str]] = {
     "vllm-0.8.4": OUTPUTS_0_8 | DRAFTS_0_8 | {"no_max_model_len_clip", "in_flight_mark_kept_off_running"},
     "vllm-0.33": {"outputs_by_id_alone", "worker_decides_sampling"},
     "vllm-0.33-async": {"outputs_by_id_alone", "worker_decides_sampling"},
+    # 0.34.0's `Scheduler.update_from_output` still binds by id alone, and
+    # its model runner still decides what sampled.
+    "vllm-0.34": {"outputs_by_id_alone", "worker_decides_sampling"},
+    "vllm-0.34-async": {"outputs_by_id_alone", "worker_decides_sampling"},
 }
 # constant -> (released profile, campaign seed, drafts per step, ids reused, workload index):
 # a generated workload on which the conforming run changes when that constant

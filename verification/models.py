@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from flightcheck.spec import Config, Prompt
 from flightcheck.spec.blocks import cdiv
+from flightcheck.spec.profiles import PROFILES
 from flightcheck.verification.mutants import mutant as registered_mutant
 
 
@@ -451,6 +452,30 @@ PROFILE_MUTANT_MODELS: dict[str, dict[str, Model]] = {
 PROFILE_MUTANT_MODELS["vllm-0.33-hardened"] = {
     name: replace(model.under_profile("vllm-0.33-hardened"), name=f"{model.name}-hardened")
     for name, model in PROFILE_MUTANT_MODELS["vllm-0.33"].items()}
+
+
+def _under(model: Model, profile: str) -> Model:
+    """`model` under `profile`, renamed after it (vllm-0.34's copy of a 0.33 model: "deferred-k3@vllm-0.34")."""
+    return replace(model.under_profile(profile), name=f"{model.name}@{profile}")
+
+
+def carry_over(profile: str) -> None:
+    """Give `profile` the models of the profile it follows (`Profile.follows`),
+    each re-run under it: its exhaustive models, its name-reuse models, and
+    the models its mutants are hunted on. A release whose rules are its
+    predecessor's with constants changed is checked as deeply as that one."""
+    older = PROFILES[profile].follows
+    assert older is not None, f"{profile} follows no profile"
+    PROFILE_MODELS[profile] = tuple(_under(m, profile) for m in PROFILE_MODELS[older])
+    if older in NAME_REUSE_MODELS:
+        NAME_REUSE_MODELS[profile] = tuple(_under(m, profile) for m in NAME_REUSE_MODELS[older])
+    PROFILE_MUTANT_MODELS[profile] = {name: _under(m, profile) for name, m in PROFILE_MUTANT_MODELS[older].items()}
+    PROFILE_MUTANT_EXTRA_BLOCKS[profile] = PROFILE_MUTANT_EXTRA_BLOCKS[older]
+
+
+for _name, _profile in PROFILES.items():
+    if _profile.follows is not None:
+        carry_over(_name)
 
 
 def mutant_model(mutant: str, profile: str = "vllm-0.8.5") -> Model:

@@ -69,7 +69,7 @@ VERIFY_DEPTH = 4
 # vllm-0.33-async among them since its auxiliary invariants (A12, A6's async
 # form: z3.induction.strengthening) made its k-induction go through.
 Z3_PROFILES: frozenset[str] = frozenset({DEFAULT_PROFILE, "vllm-0.8.4", "vllm-0.33", "vllm-0.33-hardened",
-                                         "vllm-0.33-async"})
+                                         "vllm-0.33-async", "vllm-0.34", "vllm-0.34-async"})
 # Profiles `verify` runs no Z3 engine under, with why (encoded or not): it
 # proves their properties by exhaustive search of their models alone, and
 # says so. None today; kept for a profile whose encoding or proof lags.
@@ -106,6 +106,10 @@ MOOT_MUTANTS["vllm-0.33-hardened"] = MOOT_MUTANTS["vllm-0.33"] | {
                              "are unique (IF1: the counter is the request's own tokens in flight); hunted "
                              "with --allow-name-reuse"),
 }
+# A profile that follows another (`Profile.follows`) shares its moot mutants.
+for _name, _profile in PROFILES.items():
+    if _profile.follows is not None:
+        MOOT_MUTANTS[_name] = MOOT_MUTANTS[_profile.follows]
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from types import FunctionType
 
+from flightcheck.spec.profiles import PROFILES
 from flightcheck.verification.mutants.patch import MutantNoLongerApplies, edited_code
 from flightcheck.verification.mutants.reference import ReferenceMutant
 from flightcheck.verification.mutants.spec import (ASYNC_0_33, COUNTERS_0_33, HISTORICAL, SPEC_MODULES, SYNTHETIC,
@@ -26,6 +27,10 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in _EVERY_PROFILE}
 PROFILE_MUTANTS: dict[str, dict[str, Mutant]] = {}
 for _m in _ONE_PROFILE:
     PROFILE_MUTANTS.setdefault(_m.profile or "", {})[_m.name] = _m
+# A profile that follows another (`Profile.follows`) hunts its mutants too.
+for _name, _profile in PROFILES.items():
+    if _profile.follows in PROFILE_MUTANTS:
+        PROFILE_MUTANTS[_name] = PROFILE_MUTANTS[_profile.follows]
 ALL_MUTANTS: dict[str, Mutant] = MUTANTS | {m.name: m for m in _ONE_PROFILE}
 
 

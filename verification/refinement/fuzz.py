@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from flightcheck.reference.profiles import PROFILES as VERSION_PROFILES
+from flightcheck.reference.profiles import Profile as VersionProfile
 from flightcheck.verification.mutants.patching import reference_applied
 from flightcheck.verification.mutants.reference import ALL_MUTANTS, MUTANTS, PROFILE_MUTANTS, profile_of_mutant
 from flightcheck.verification.refinement.machine import Budget, BudgetSpent, machine_factory
@@ -143,7 +144,19 @@ def _bounded_example_cache(size: int | None = None) -> Iterator[None]:
 # later profile's part is a run of 222 steps, the start of the run that
 # `--profile` pins to it from the same seed.
 PROFILE_SHARE = 9
-DEFAULT_RUN_PROFILES: tuple[str, ...] = tuple(VERSION_PROFILES)
+
+
+def distinct_rule_sets(profiles: dict[str, VersionProfile]) -> tuple[str, ...]:
+    """The first profile of each set of rules: a profile equal to an earlier
+    one but for its name (vllm-0.34 while its rules are 0.33's) would only
+    repeat that one's steps. `--profile` still pins it."""
+    first_of_rules: dict[VersionProfile, str] = {}
+    for name, profile in profiles.items():
+        first_of_rules.setdefault(replace(profile, name=""), name)
+    return tuple(first_of_rules.values())
+
+
+DEFAULT_RUN_PROFILES: tuple[str, ...] = distinct_rule_sets(VERSION_PROFILES)
 
 # Each part is generated afresh every GENERATION_STEPS steps: a new
 # Hypothesis run from the part's seed plus GENERATION_SEED_STRIDE times the

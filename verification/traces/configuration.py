@@ -30,7 +30,7 @@ class UnknownVersion(MalformedTrace):
 
 # A sync profile -> the profile of the same version with asynchronous
 # scheduling, selected by a config event's `async_scheduling: true`.
-ASYNC_PROFILES: dict[str, str] = {"vllm-0.33": "vllm-0.33-async"}
+ASYNC_PROFILES: dict[str, str] = {"vllm-0.33": "vllm-0.33-async", "vllm-0.34": "vllm-0.34-async"}
 
 # Config keys a trace may give to override its profile's constants.
 _POLICIES = {"continue-prefill": True, "one-batch-per-request": False}

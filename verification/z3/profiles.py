@@ -31,7 +31,7 @@ __all__ = ["DEFAULT_PROFILE", "DEFERRAL_MODEL", "ENCODED_PROFILES", "PROFILES", 
 # schedule._waiting_step and _resumption_deferred, the in-flight floor in
 # actions._apply_by_name); with unique names neither binds.
 ENCODED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async",
-                                     "vllm-0.33-hardened")
+                                     "vllm-0.33-hardened", "vllm-0.34", "vllm-0.34-async")
 
 
 def profile_config(cfg: Config, profile: str) -> Config:

@@ -1,0 +1,83 @@
+"""The vllm-0.34 profiles: every constant they share with vllm-0.33 is named
+here with the vLLM 0.34.0 function it was re-read in, so a constant added
+later must be looked at for 0.34 too (the test fails on a constant with no
+entry), and one 0.34 changes is listed apart with the function that changes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+
+from flightcheck.reference import profiles as reference_profiles
+from flightcheck.spec import profiles as spec_profiles
+from flightcheck.verification.models import PROFILE_MODELS, PROFILE_MUTANT_MODELS
+from flightcheck.verification.mutants import PROFILE_MUTANTS
+from flightcheck.verification.suite import MOOT_MUTANTS, Z3_PROFILES
+from flightcheck.verification.z3.profiles import ENCODED_PROFILES
+
+# spec Profile field -> the 0.34.0 function that still says what 0.33.0 says.
+SAME_AS_033_IN: dict[str, str] = {
+    "policy": "Scheduler.schedule (prefill chunks of a request in flight keep being scheduled)",
+    "release_order_with_prefix_caching": "SingleTypeKVCacheManager.free (reversed table)",
+    "release_order_without_prefix_caching": "SingleTypeKVCacheManager.free (reversed table)",
+    "num_preallocate_tokens": "KVCacheManager.allocate_slots (no preallocation)",
+    "cache_duplicate_blocks": "BlockHashToBlockMap.insert / get_one_block",
+    "unhashed_blocks_to_head": "BlockPool.free_blocks (prepend_n for unhashed blocks)",
+    "threshold_needs_company": "Scheduler.schedule (num_eligible_reqs > 1)",
+    "sampled_token_slot": "Scheduler.schedule, running loop (max_model_len - 1 - num_computed)",
+    "full_sequence_admission": "KVCacheManager.allocate_slots(full_sequence_must_fit=...)",
+    "defer_resume_while_stale": "Scheduler.schedule, waiting loop (skip_request while stale)",
+    "stop_tokens_before_length": "check_stop (v1/core/sched/utils.py)",
+    "stale_output_counters": "Scheduler._preempt_request / update_from_output (by id)",
+    "empty_batches": "EngineCore.step_with_batch_queue (schedule() while has_requests())",
+    "output_placeholders": "AsyncScheduler._update_after_schedule",
+    "extra_queued_batches": "VllmConfig.max_concurrent_batches",
+    "decode_stagger_is_pipeline_depth": "AsyncScheduler.__init__ / Scheduler.schedule (next_decode_eligible_step)",
+    "cache_settled_blocks_on_output": "Scheduler.update_from_output (cache_blocks before a stop)",
+    "stale_test": "Scheduler.schedule, waiting loop (truthiness of num_stale_output_tokens)",
+    "in_flight_floor": "Scheduler.update_from_output (no floor)",
+}
+# Fields that are not vLLM rules.
+NOT_RULES = {"name", "follows"}
+# spec Profile field -> the 0.34.0 function that changes it from 0.33.0.
+CHANGED_IN_034: dict[str, str] = {}
+
+PAIRS = [("vllm-0.34", "vllm-0.33"), ("vllm-0.34-async", "vllm-0.33-async")]
+
+
+@pytest.mark.parametrize(("new", "old"), PAIRS)
+def test_every_spec_constant_of_034_is_accounted_for(new: str, old: str) -> None:
+    new_profile, old_profile = spec_profiles.PROFILES[new], spec_profiles.PROFILES[old]
+    assert new_profile.follows == old
+    for field in fields(spec_profiles.Profile):
+        if field.name in NOT_RULES:
+            continue
+        assert field.name in SAME_AS_033_IN or field.name in CHANGED_IN_034, (
+            f"Profile.{field.name} is new: read it in vLLM 0.34.0 and list it here")
+        same = getattr(new_profile, field.name) == getattr(old_profile, field.name)
+        assert same == (field.name in SAME_AS_033_IN), field.name
+
+
+@pytest.mark.parametrize(("new", "old"), PAIRS)
+def test_the_reference_profiles_of_034_are_033s_but_for_the_name(new: str, old: str) -> None:
+    from dataclasses import replace
+    for table in (reference_profiles.PROFILES, reference_profiles.RELEASED):
+        assert replace(table[new], name=old) == table[old]
+
+
+def test_vllm_0_34_0_maps_to_its_profile() -> None:
+    assert spec_profiles.profile_for_version("0.34.0").name == "vllm-0.34"
+    assert spec_profiles.profile_for_version("0.34.0+cpu").name == "vllm-0.34"
+
+
+@pytest.mark.parametrize(("new", "old"), PAIRS)
+def test_034_is_checked_as_deeply_as_033(new: str, old: str) -> None:
+    assert new in ENCODED_PROFILES and new in Z3_PROFILES
+    assert [m.name for m in PROFILE_MODELS[new]] == [f"{m.name}@{new}" for m in PROFILE_MODELS[old]]
+    assert all(m.cfg.profile == new for m in PROFILE_MODELS[new])
+    assert PROFILE_MUTANT_MODELS[new].keys() == PROFILE_MUTANT_MODELS[old].keys()
+    assert all(m.cfg.profile == new for m in PROFILE_MUTANT_MODELS[new].values())
+    assert PROFILE_MUTANTS[new] == PROFILE_MUTANTS[old]
+    assert MOOT_MUTANTS[new] == MOOT_MUTANTS[old]
