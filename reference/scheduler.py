@@ -83,14 +83,14 @@ class Scheduler(OutputUpdate):
         self._stop_tokens_first = profile.stop_tokens_before_length       # _apply_sampled
         self._flush_finished_every_schedule = profile.flush_finished_every_schedule  # _make_output
         self._async = profile.async_scheduling                            # schedule, update
-        # Where drafts come from (update.py): 0.33 empties a scheduled running
-        # request's drafts (_schedule_running) and takes new ones at submission
-        # (`update_draft_token_ids`) or as placeholders (_add_placeholders).
-        self._drafts_at_submission = profile.draft_source == "submission"
-        self._placeholder_drafts = (-1,) * config.num_spec_tokens \
-            if profile.draft_source == "placeholders" else ()
-        self._drafts_emptied_when_scheduled = profile.draft_source != "completion"
-        self._drafts_with_output = profile.draft_source == "completion"      # update_from_output
+        # Where drafts come from (update.py): with the output, or, under 0.33
+        # async, as placeholders (_add_placeholders); 0.33 sync as released
+        # hands them over at submission (`update_draft_token_ids`). Both empty
+        # a scheduled running request's drafts (_schedule_running).
+        self._drafts_at_submission = profile.drafts_handed_over_at_submission
+        self._placeholder_drafts = (-1,) * config.num_spec_tokens if profile.placeholder_drafts else ()
+        self._drafts_emptied_when_scheduled = self._drafts_at_submission or profile.placeholder_drafts
+        self._drafts_with_output = not self._drafts_emptied_when_scheduled      # update_from_output
         self._settles_blocks_with_drafts = profile.settles_blocks_with_drafts and config.num_spec_tokens > 0
         self._pads_admitted_decodes = profile.pads_admitted_decodes and config.num_spec_tokens > 0
         # vLLM as released (all off but with `config.as_released`).
@@ -507,8 +507,8 @@ class Scheduler(OutputUpdate):
         can go into the very next batch."""
         for request, entry in zip(batch.requests, batch.entries):
             request.num_computed_tokens += entry.num_new_tokens
-        if self._drafts_at_submission and self.config.num_spec_tokens:
-            self._mark_prefill_chunks(batch)
+        if (self._drafts_at_submission or self._pads_admitted_decodes) and not self._async:
+            self._mark_prefill_chunks(batch)      # (async: _add_placeholders marks them)
 
     @staticmethod
     def _mark_prefill_chunks(batch: Batch) -> None:

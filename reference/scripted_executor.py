@@ -147,4 +147,8 @@ class ScriptedExecutor:
         if not isinstance(choice, Sample):
             choice = Sample(int(choice))
         num_accepted = max(0, min(choice.num_accepted, len(drafts)))
+        if -1 in drafts[:num_accepted]:
+            # vLLM 0.33's placeholder drafts (a padded admission: `[-1] * k`)
+            # match no sampled token: the rejection sampler rejects them.
+            num_accepted = drafts.index(-1)
         return [*drafts[:num_accepted], choice.token_id], list(choice.next_draft_token_ids)

@@ -99,8 +99,9 @@ class OutputUpdate:
                 continue
             was_running = request.status == RUNNING
             # Drafts proposed for the next step, looked up only when the model
-            # proposes any and they come with the output (profiles.py
-            # `draft_source`; vLLM 0.33: None, the drafts held are left alone).
+            # proposes any and they come with the output (None: they do not,
+            # profiles.py `placeholder_drafts`, `drafts_handed_over_at_submission`;
+            # the drafts held are left alone).
             proposed_drafts: Sequence[int] | None = None
             if self._drafts_with_output:
                 proposed_drafts = model_runner_output.drafts_of(entry.req_id) \
@@ -216,10 +217,10 @@ class OutputUpdate:
     def update_draft_token_ids(self, req_ids: Sequence[str], draft_token_ids: Sequence[Sequence[int]]) -> None:
         """vLLM 0.33 `Scheduler.update_draft_token_ids`, which the sync engine
         calls in `EngineCore.post_step` with the drafts the model proposed for
-        the batch it has just submitted (profiles.py `draft_source`
-        "submission"): an unknown or finished request is skipped, one whose
-        entry was a prefill chunk drops its drafts, any other takes them (no
-        grammar to validate them against)."""
+        the batch it has just submitted (as released only: profiles.py
+        `drafts_handed_over_at_submission`): an unknown or finished request is
+        skipped, one whose entry was a prefill chunk drops its drafts, any
+        other takes them (no grammar to validate them against)."""
         for req_id, drafts in zip(req_ids, draft_token_ids):
             request = self.requests.get(req_id)
             if request is None or request.is_finished():

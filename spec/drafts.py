@@ -6,11 +6,15 @@ profile (`Profile.draft_source`), and vLLM 0.33's padded admissions.
 * "submission" (0.33, synchronous scheduling): the engine hands the
   scheduler the drafts proposed for the batch it has just submitted, in the
   same engine step, before that batch completes (`EngineCore.post_step` ->
-  `Scheduler.update_draft_token_ids`): the environment's action
-  `hand_over_drafts`. The completion brings none.
-  With pipeline parallelism a request whose hand-off holds more drafts than
-  its entry in flight scheduled is scheduled again at once, on those drafts
-  alone: a second sampling entry while the first is in flight (S6).
+  `Scheduler.update_draft_token_ids`). Until the request is scheduled
+  again nothing tells this from drafts that come with the completion, so
+  the spec keeps `Sample.next_drafts` for them and adds the one difference
+  as the environment's action `hand_over_drafts`: with pipeline parallelism
+  a request whose hand-off holds more drafts than its entry in flight
+  scheduled is scheduled again before that entry completes, on those
+  drafts alone: a second sampling entry in flight (S5, S6). The model
+  checkers do not explore that action yet; check-trace takes it from the
+  trace (verification/traces/drafts.py).
 * "placeholders" (0.33, asynchronous scheduling): every entry that is not
   a prefill chunk leaves its request k placeholder drafts
   (`AsyncScheduler._update_after_schedule`); the worker fills them in, and
@@ -31,8 +35,10 @@ from .state import State, Status
 
 
 def drafts_come_with_output(cfg: Config) -> bool:
-    """Whether a completion brings the drafts for its request's next step."""
-    return cfg.rules.draft_source == "completion"
+    """Whether a completion brings the drafts for its request's next step
+    (as far as the scheduler can tell: also when they were handed over at
+    submission and not used before the completion)."""
+    return cfg.rules.draft_source in ("completion", "submission")
 
 
 def placeholder_drafts(cfg: Config) -> int | None:
@@ -57,7 +63,7 @@ def hand_over_drafts(state: State, cfg: Config, r: int, count: int) -> State | N
     scheduled, so r holds at least those (S1's bound); proposed drafts beyond
     them are what the next `schedule` sees (vLLM: `num_tokens_with_spec -
     num_computed_tokens` = count - scheduled), fewer leave nothing to
-    schedule, as in vLLM, and once the entry completes r holds `count`."""
+    schedule, as in vLLM; the entry's completion brings `count` again."""
     if cfg.rules.draft_source != "submission" or not 0 <= count <= cfg.num_spec_tokens:
         return None
     req = state.requests[r]

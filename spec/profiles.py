@@ -153,7 +153,8 @@ class Profile:
     # "submission" (0.33 sync): `EngineCore.post_step` hands the drafts the
     # runner proposed for the batch it has just submitted to
     # `Scheduler.update_draft_token_ids`, in the same engine step, before that
-    # batch completes (`hand_over_drafts`); the completion brings none.
+    # batch completes: the completion's drafts as the scheduler sees them,
+    # and, used before it, the environment's `hand_over_drafts`.
     # "placeholders" (0.33 async): `AsyncScheduler._update_after_schedule`
     # gives every entry that is not a prefill chunk k placeholder drafts
     # (`[-1] * num_spec_tokens_to_schedule`), filled in on the worker

@@ -215,8 +215,9 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
 def _draft_hand_off(config: SchedulerConfig) -> Any:
     """What the 0.33 engine's `post_step` hands the scheduler (a
     `DraftTokenIds` look-alike), when the profile takes drafts at submission
-    and the workload has drafts; None otherwise (engine.py)."""
-    if not config.num_spec_tokens or config.version_profile.draft_source != "submission":
+    (vLLM 0.33 sync as released: the conforming run) and the workload has
+    drafts; None otherwise (engine.py)."""
+    if not config.num_spec_tokens or not config.version_profile.drafts_handed_over_at_submission:
         return None
     return lambda req_ids, drafts: SimpleNamespace(req_ids=req_ids, draft_token_ids=drafts)
 

@@ -5,9 +5,9 @@ batch right after submitting it (`EngineCore.post_step`), an event no trace
 writes. The checker takes the spec's `hand_over_drafts` from what the trace
 shows of it:
 
-* a completion's `next_drafts` are the drafts each of its requests holds
-  once it is applied (vLLM's recorder reads them from the requests): the
-  count of the latest hand-off;
+* a completion's `next_drafts` (the drafts each of its requests holds once
+  it is applied, read by vLLM's recorder from the requests) are the
+  completion's drafts, as for any profile;
 * a `schedule` entry with drafts for a request whose sampling entry is
   still in flight schedules drafts handed over before that entry completed.
   The spec then schedules that entry too, and its invariants judge the
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flightcheck.spec import Config, State, Status
+from flightcheck.spec import Config, State
 from flightcheck.spec.drafts import hand_over_drafts
 
 
@@ -29,7 +29,6 @@ class DraftHandOff:
     state: State
     cfg: Config
     slot: dict[str, int]
-    names: list[str]
 
     def _takes_drafts_at_submission(self) -> bool:
         return self.cfg.rules.draft_source == "submission" and self.cfg.num_spec_tokens > 0
@@ -44,15 +43,6 @@ class DraftHandOff:
             if r is None or not drafts or not self.state.entries_of(r):
                 continue
             self._hand_over(r, drafts)
-
-    def _hand_over_held_drafts(self, batch: tuple[Any, ...], next_drafts: dict[str, int]) -> None:
-        """After a `complete`: each of its requests that goes on holds the
-        drafts `next_drafts` names (none if not named)."""
-        if not self._takes_drafts_at_submission():
-            return
-        for e in batch:
-            if self.state.requests[e.req].status is Status.RUNNING:
-                self._hand_over(e.req, next_drafts.get(self.names[e.req], 0))
 
     def _hand_over(self, r: int, count: int) -> None:
         after = hand_over_drafts(self.state, self.cfg, r, min(count, self.cfg.num_spec_tokens))

@@ -349,7 +349,6 @@ class TraceChecker(AsyncScheduling, DraftHandOff):
                              f"({tokens})")
         self.batch_ids.pop(0)
         self._apply(CompleteOldest(tuple(samples)), after, "complete")
-        self._hand_over_held_drafts(batch, next_drafts)
         for r in self._newly_finished(before, after):
             self.finished_now[r] = after.requests[r].status
 
@@ -382,8 +381,8 @@ class TraceChecker(AsyncScheduling, DraftHandOff):
         if not known:
             self.unchecked.add("stop tokens (no eos_token_id or stop_token_ids in the trace)")
             stop_at = self._stop_from_finish(e.req, len(returned))
-        # (where drafts do not come with the output, vLLM 0.33, the trace's
-        # `next_drafts` are the drafts held, which the spec gives otherwise)
+        # (where drafts do not come with the output, vLLM 0.33 async, the
+        # trace's `next_drafts` are the placeholders held, which the spec gives)
         return Sample(accepted, stop_at, min(next_drafts, max_next_drafts(self.cfg)))
 
     def _stop_from_finish(self, r: int, n: int) -> int | None:

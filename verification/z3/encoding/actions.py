@@ -17,6 +17,7 @@ from typing import Any
 
 import z3
 from flightcheck.verification.z3.encoding import blocks as zb
+from flightcheck.verification.z3.encoding.drafts import drafts_come_with_output, next_drafts_cap
 from flightcheck.verification.z3.encoding.requests import (
     async_at,
     at,
@@ -232,7 +233,8 @@ def complete_oldest(layout: Layout, builder: Builder, s: SState, ch: Choices) ->
         acc, stop, nd = ch.accepted[j], ch.stop_at[j], ch.next_drafts[j]
         stop_ok = eq(stop, NO_STOP) if not layout.model.allow_stop else \
             disj(eq(stop, NO_STOP), conj(le(0, stop), le(stop, acc)))
-        good = conj(le(0, acc), le(acc, e.drafts), stop_ok, le(0, nd), le(nd, draft_cap(layout)))
+        good = conj(le(0, acc), le(acc, e.drafts), stop_ok, le(0, nd),
+                    le(nd, next_drafts_cap(layout, draft_cap(layout))))
         canonical = conj(eq(acc, 0), eq(stop, NO_STOP), eq(nd, 0))
         oks.append(ite(conj(eq(ch.act, COMPLETE), here), good, canonical))
         live = conj(valid, eq(e.fate, LIVE))
@@ -319,7 +321,8 @@ def _apply_sample(layout: Layout, builder: Builder, st: SState, e, returned: Ret
             status = ite(reason, ite(length, V(F_LENGTH), V(F_STOPPED)), status)
         appended = ite(reason, V(j), appended)
         finished = builder.let(f"finished{j}", disj(finished, reason))
-    drafts = ite(is_live, nd, q.num_drafts)
+    # a completion brings drafts where the profile says so (spec.drafts.drafts_come_with_output)
+    drafts = ite(is_live, nd, q.num_drafts) if drafts_come_with_output(cfg) else q.num_drafts
     applied = with_req(st, r, num_output=num_output, num_computed=num_computed, num_drafts=drafts)
     if st.asyncs:
         applied = _settle_placeholders(layout, builder, SampleApplied(st, applied, q, e, acc, appended,
