@@ -136,7 +136,10 @@ class Profile:
     # is scheduled as `1 + k` tokens, the k placeholder drafts (`[-1] * k`)
     # included, if `num_computed_tokens + 1 + k + 1 <= max_model_len`; if
     # those do not fit the token budget, admission stops there ("Prefer to not
-    # schedule than schedule un-padded"). 0.8.x: no padding.
+    # schedule than schedule un-padded"). A long-prefill threshold below 1 + k
+    # then clips it, where vLLM asserts `num_new_tokens == 1 +
+    # num_spec_tokens`: the reference schedules the drafts the clip leaves, as
+    # the spec does. 0.8.x: no padding.
     pads_admitted_decodes: bool = False
     # The engine-core loop the version ships (drive.py `EngineLoop` by name).
     engine_loop: str = "vllm-0.8.5"

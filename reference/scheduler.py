@@ -443,8 +443,8 @@ class Scheduler(OutputUpdate):
                 break
             del self.waiting[index]
             entry = self._admit(request, num_hit_tokens, num_new_tokens, new_blocks)
-            if padded:
-                entry.spec_token_ids = (-1,) * self.config.num_spec_tokens   # placeholder drafts
+            if padded:                        # its placeholder drafts: those the clip left
+                entry.spec_token_ids = (-1,) * min(self.config.num_spec_tokens, num_new_tokens - 1)
             self._add_to_batch(batch, request, entry)
 
     def _is_resumption_deferred(self, request: Request) -> bool:

@@ -169,7 +169,10 @@ class Profile:
     # prefill chunk (`prefill_scheduled`) and it scheduled some running
     # request or the admission has a prefix hit, if `hit + 1 + k + 1 <=
     # max_model_len`; when 1 + k exceed the budget left, admission stops
-    # ("Prefer to not schedule than schedule un-padded"). 0.8.x: no padding.
+    # ("Prefer to not schedule than schedule un-padded"). A long-prefill
+    # threshold below 1 + k then clips it (vLLM asserts `num_new_tokens == 1 +
+    # num_spec_tokens` there): the entry keeps the drafts the clip leaves.
+    # 0.8.x: no padding.
     pads_admitted_decodes: bool = False
     # The profile of the release this one follows, when this one's spec rules
     # are that one's with some constants changed: verification checks this

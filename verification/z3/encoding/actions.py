@@ -327,6 +327,10 @@ def _apply_sample(layout: Layout, builder: Builder, st: SState, e, returned: Ret
     if st.asyncs:
         applied = _settle_placeholders(layout, builder, SampleApplied(st, applied, q, e, acc, appended,
                                                                       num_computed, subtract, is_live))
+    elif st.counters and cfg.num_spec_tokens:      # vLLM 0.33 sync with drafts
+        applied = cache_settled_blocks(layout, builder, SampleApplied(st, applied, q, e, acc, appended,
+                                                                      num_computed, subtract, is_live),
+                                       applied, z3.BoolVal(False))
     done = finish(layout, applied, r, status)
     return merge(here, merge(finished, done, applied), st)
 
@@ -366,12 +370,23 @@ def _settle_placeholders(layout: Layout, builder: Builder, out: SampleApplied) -
     placeholders = ite(conj(subtract, lt(0, a.placeholders)), a.placeholders - (e.drafts - acc), a.placeholders)
     placeholders = ite(conj(is_live, lt(0, placeholders)), placeholders - (acc + 1), placeholders)
     applied = with_async(applied, r, placeholders=builder.let("placeholders", placeholders))
+    return cache_settled_blocks(layout, builder, out, applied, lt(0, a.placeholders))
+
+
+def cache_settled_blocks(layout: Layout, builder: Builder, out: SampleApplied, applied: SState,
+                         had_placeholders: Any) -> SState:
+    """spec.actions._cache_settled_blocks where `_apply_sample` calls it: a
+    live output of a RUNNING request with placeholders, or with drafts
+    configured (vLLM 0.33 sync and async), hashes the full blocks of its
+    settled tokens before a stop frees them."""
+    st, q, r, acc, is_live = out.before, out.q, out.entry.req, out.accepted, out.is_live
     cfg = layout.cfg
     if not (cfg.rules.cache_settled_blocks_on_output and cfg.prefix_caching):
         return applied
     in_flight = counters_at(st, r).in_flight          # already settled for this output
     settled = builder.let("settled", out.num_computed - (acc - out.appended) - in_flight)
-    hashes = conj(is_live, lt(0, a.placeholders), eq(q.status, RUNNING), le(cfg.block_size, settled))
+    cause = z3.BoolVal(True) if cfg.num_spec_tokens > 0 else had_placeholders
+    hashes = conj(is_live, cause, eq(q.status, RUNNING), le(cfg.block_size, settled))
     labels = [label_at(layout, st, r, i) for i in range(layout.T)]
     pool = zb.cache_labels(layout, st.pool, q.table, q.table_len, labels, div_const(settled, cfg.block_size))
     cached = clone(applied)
