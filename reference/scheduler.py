@@ -445,6 +445,8 @@ class Scheduler(OutputUpdate):
             entry = self._admit(request, num_hit_tokens, num_new_tokens, new_blocks)
             if padded:                        # its placeholder drafts: those the clip left
                 entry.spec_token_ids = (-1,) * min(self.config.num_spec_tokens, num_new_tokens - 1)
+                if not self._drafts_emptied_when_scheduled:
+                    request.spec_token_ids = entry.spec_token_ids    # held as scheduled drafts are
             self._add_to_batch(batch, request, entry)
 
     def _is_resumption_deferred(self, request: Request) -> bool:
