@@ -59,12 +59,13 @@ from .config import SchedulerConfig
 from .kv_cache_manager import KVCacheManager
 from .outputs import CachedRequestData, RequestData, SchedulerOutput
 from .request import Request, RequestStatus
+from .drafts import DraftSources
 from .update import OutputUpdate
 
 __all__ = ["Fate", "Scheduler"]
 
 
-class Scheduler(OutputUpdate):
+class Scheduler(OutputUpdate, DraftSources):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv_cache_manager = KVCacheManager(
@@ -429,12 +430,12 @@ class Scheduler(OutputUpdate):
                 continue
             computed_blocks, num_hit_tokens = kv.get_computed_blocks(request)
             padded = self._padded_decode(request, num_hit_tokens, batch) if self._pads_admitted_decodes else 0
-            if padded < 0:
-                break                         # vLLM: "Prefer to not schedule than schedule un-padded"
-            num_new_tokens = self._clip(padded or request.num_tokens - num_hit_tokens,
+            num_new_tokens = self._clip(padded if padded > 0 else request.num_tokens - num_hit_tokens,
                                         request.num_computed_tokens, batch.token_budget)
             if num_new_tokens == 0:
                 break
+            if padded < 0:
+                break                         # vLLM: "Prefer to not schedule than schedule un-padded"
             if self._full_sequence_admission and not kv.fits_whole_sequence(
                     request, computed_blocks, self.config.max_model_len):
                 break
@@ -511,31 +512,3 @@ class Scheduler(OutputUpdate):
             request.num_computed_tokens += entry.num_new_tokens
         if (self._drafts_at_submission or self._pads_admitted_decodes) and not self._async:
             self._mark_prefill_chunks(batch)      # (async: _add_placeholders marks them)
-
-    @staticmethod
-    def _mark_prefill_chunks(batch: Batch) -> None:
-        """vLLM 0.33 `Scheduler._update_after_schedule`, after the advance:
-        `is_prefill_chunk = num_computed_tokens < num_tokens +
-        num_output_placeholders`, which `update_draft_token_ids` reads when
-        the drafts of this batch are handed over (`EngineCore.post_step`)."""
-        for request in batch.requests:
-            request.is_prefill_chunk = request.num_computed_tokens < (
-                len(request.all_token_ids) + request.num_output_placeholders)
-
-    def _padded_decode(self, request: Request, num_hit_tokens: int, batch: Batch) -> int:
-        """vLLM 0.33 `Scheduler.schedule`, waiting loop (profiles.py
-        `pads_admitted_decodes`): `1 + k` when this admission, with one token
-        left to compute, is padded with k placeholder drafts; -1 when that
-        padding does not fit the token budget (admission stops); else 0. The
-        running loop's requests count by the `is_prefill_chunk` their previous
-        entry left (`prefill_scheduled |= request.is_prefill_chunk`)."""
-        if request.num_tokens - num_hit_tokens != 1:
-            return 0
-        running = [r for r, e in zip(batch.requests, batch.entries)
-                   if type(e) is CachedRequestData and not e.resumed_from_preemption]
-        if any(r.is_prefill_chunk for r in running) or not (running or num_hit_tokens > 0):
-            return 0
-        padded = 1 + self.config.num_spec_tokens
-        if num_hit_tokens + padded + 1 > self.config.max_model_len:
-            return 0
-        return -1 if padded > batch.token_budget else padded

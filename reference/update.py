@@ -214,22 +214,6 @@ class OutputUpdate:
                     request, request.num_computed_tokens - request.num_in_flight_tokens)
         return output
 
-    def update_draft_token_ids(self, req_ids: Sequence[str], draft_token_ids: Sequence[Sequence[int]]) -> None:
-        """vLLM 0.33 `Scheduler.update_draft_token_ids`, which the sync engine
-        calls in `EngineCore.post_step` with the drafts the model proposed for
-        the batch it has just submitted (as released only: profiles.py
-        `drafts_handed_over_at_submission`): an unknown or finished request is
-        skipped, one whose entry was a prefill chunk drops its drafts, any
-        other takes them (no grammar to validate them against)."""
-        for req_id, drafts in zip(req_ids, draft_token_ids):
-            request = self.requests.get(req_id)
-            if request is None or request.is_finished():
-                continue
-            if request.is_prefill_chunk:
-                request.spec_token_ids = ()
-                continue
-            request.spec_token_ids = tuple(drafts)
-
     def _settle_rejected_placeholders(self, request: Request, num_rejected: int) -> None:
         """vLLM 0.33 `update_from_output`: the placeholders covered a live
         output's drafts too, so its rejected ones are taken back (guarded by
