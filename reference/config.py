@@ -41,6 +41,14 @@ class SchedulerConfig:
     # reference's later fixes, its named deviations (reference/README.md),
     # switched off. The vLLM differential's conforming run.
     as_released: bool = False
+    # vLLM's `enable_chunked_prefill` (on by default): off, a prompt is
+    # admitted whole or not at all (profiles `unchunked_prefill_stops_admission`).
+    enable_chunked_prefill: bool = True
+    # vLLM 0.34's opt-in cache-aware admission (admission_order.py): the
+    # window at the head of `waiting` it reorders (0: off) and the KV cache
+    # usage from which it does.
+    cache_aware_admission_window: int = 0
+    cache_aware_admission_threshold: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
@@ -56,6 +64,7 @@ class SchedulerConfig:
                              f"got {self.long_prefill_token_threshold}")
         if self.num_spec_tokens < 0:
             raise ValueError(f"num_spec_tokens must be >= 0, got {self.num_spec_tokens}")
+        self._validate_admission()
         # One request may hold KV for up to max_model_len tokens (drafts are
         # clipped at max_model_len); it must fit in the pool on its own, or
         # preemption could not make room for it and it would never finish.
@@ -76,6 +85,19 @@ class SchedulerConfig:
         if not isinstance(self.num_preallocate_tokens, int) or self.num_preallocate_tokens < 0:
             raise ValueError("num_preallocate_tokens must be >= 0, "
                              f"got {self.num_preallocate_tokens!r}")
+
+    def _validate_admission(self) -> None:
+        """vLLM's `SchedulerConfig.verify_max_model_len`: without chunked
+        prefill one batch must hold a whole max_model_len; the cache-aware
+        window is >= 0 and its usage threshold in [0, 1]."""
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
+                             f"max_model_len ({self.max_model_len}) with chunked prefill off")
+        if not isinstance(self.cache_aware_admission_window, int) or self.cache_aware_admission_window < 0:
+            raise ValueError(f"cache_aware_admission_window must be >= 0, got {self.cache_aware_admission_window!r}")
+        if not 0.0 <= self.cache_aware_admission_threshold <= 1.0:
+            raise ValueError("cache_aware_admission_threshold must be in [0, 1], "
+                             f"got {self.cache_aware_admission_threshold!r}")
 
     @property
     def version_profile(self) -> Profile:

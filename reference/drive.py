@@ -29,6 +29,18 @@ when a step may form a new batch and how many batches may be in flight.
   placeholders stand in for them), and without structured outputs the
   deferred sampling (`pending_structured_output_tokens`) never happens.
 
+Every loop here keeps the two properties of a correct engine (spec/engine.py,
+E-a and E-b): `drive()` waits for an arrival only when `_has_work` is false,
+which counts the batches in flight (0.33's `EngineCoreProc.has_work`; vLLM
+0.8.x's busy loop waits while no request is unfinished, whatever is in
+flight: the differential's named deviation `engine_blocked_in_flight`), and
+`Engine.step` completes the oldest batch only when the queue is full or the
+step formed no batch. vLLM 0.34 (`vllm-0.34`, `vllm-0.34-async`) runs 0.33's
+loop: its `EngineCoreProc._wait_for_output` may also take an arrival or an
+abort while a step's output is awaited, and either side of that wait is
+legal (`Profile.mid_step_inputs`); the reference takes every input between
+steps, which is one of the two.
+
 What differs between the callers of the loop is passed in as hooks, never
 copied: where requests come from and on which clock (`Arrivals`: by engine
 step for the runtime, by send time on a virtual or wall clock for the

@@ -59,6 +59,17 @@ class KVCacheManager:
     def get_num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()
 
+    @property
+    def usage(self) -> float:
+        """vLLM `KVCacheManager.usage` (`BlockPool.get_usage`): `1.0 - free /
+        total`, total the pool less vLLM's null block (this pool has none)."""
+        return 1.0 - (self.block_pool.get_num_free_blocks() / self.block_pool.num_blocks)
+
+    def get_num_cached_tokens(self, request: Request) -> int:
+        """vLLM 0.34 `KVCacheManager.get_num_cached_tokens`: the tokens of the
+        request's prefix-cache hit, probed without taking its blocks."""
+        return self.get_computed_blocks(request)[1]
+
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The prefix-cache hit: (blocks, number of tokens they hold)."""
         if not self.enable_caching:

@@ -83,6 +83,25 @@ class Profile:
     # workers with the next batch, empty or not. 0.8.x: the engine submits
     # only batches with tokens (the reference keeps finished ids for those).
     flush_finished_every_schedule: bool = False
+    # Chunked prefill off (`SchedulerConfig.enable_chunked_prefill`) and the
+    # admission order; none changes anything at the configuration's defaults.
+    # `Scheduler.schedule`, waiting loop (0.33, 0.34): with chunked prefill
+    # off, a request whose new tokens (past its hit, after the threshold's
+    # clip) exceed the budget left stops the loop; 0.8.x's V1 scheduler has
+    # no such test (V1 always chunks, `EngineArgs._set_default_args_v1`).
+    unchunked_prefill_stops_admission: bool = False
+    # `Scheduler.schedule` (0.34): the long-prefill threshold only with
+    # chunked prefill on (`enable_chunked_prefill and num_eligible_reqs > 1`);
+    # 0.33 keeps it with chunked prefill off.
+    threshold_needs_chunked_prefill: bool = False
+    # `Scheduler._reorder_waiting_by_cached_prefix` (0.34, opt-in through
+    # `cache_aware_admission_window`, FCFS with prefix caching): before the
+    # waiting loop of a call that preempted nobody, with 2+ waiting and
+    # `kv_cache_manager.usage >= cache_aware_admission_threshold`, the fresh
+    # requests among the first `window` waiting are sorted by their cached
+    # prefix (`get_num_cached_tokens`), deepest first, ties in arrival order,
+    # into the slots they held (admission_order.py). 0.8.x, 0.33: no knob.
+    cache_aware_admission: bool = False
     # vLLM 0.33.0's asynchronous scheduling (`AsyncScheduler`, v1/core/sched/
     # async_scheduler.py, with the V2 model runner under pipeline parallelism K):
     # * output placeholders: `AsyncScheduler._update_after_schedule` adds
@@ -238,7 +257,7 @@ PROFILES: dict[str, Profile] = {
                          stop_tokens_before_length=True, stale_output_counters=True,
                          flush_finished_every_schedule=True,
                          settles_blocks_with_drafts=True, pads_admitted_decodes=True,
-                         engine_loop="vllm-0.33"),
+                         engine_loop="vllm-0.33", unchunked_prefill_stops_admission=True),
 }
 # vLLM 0.33.0 with asynchronous scheduling: `AsyncScheduler` and the V2
 # model runner, the default for single-node pipeline parallelism
@@ -254,8 +273,11 @@ PROFILES["vllm-0.33-async"] = replace(PROFILES["vllm-0.33"], name="vllm-0.33-asy
 # `step_with_batch_queue`, which 0.34 keeps but for how it waits for a
 # batch's output (`EngineCoreProc._wait_for_output`). What 0.34 changes is
 # added as constants of its own.
-PROFILES["vllm-0.34"] = replace(PROFILES["vllm-0.33"], name="vllm-0.34")
-PROFILES["vllm-0.34-async"] = replace(PROFILES["vllm-0.33-async"], name="vllm-0.34-async")
+# 0.34's own (`Scheduler.schedule`, `_reorder_waiting_by_cached_prefix`):
+# the threshold only with chunked prefill, and the cache-aware admission order.
+VLLM_0_34_RULES: dict[str, bool] = {"threshold_needs_chunked_prefill": True, "cache_aware_admission": True}
+PROFILES["vllm-0.34"] = replace(PROFILES["vllm-0.33"], name="vllm-0.34", **VLLM_0_34_RULES)
+PROFILES["vllm-0.34-async"] = replace(PROFILES["vllm-0.33-async"], name="vllm-0.34-async", **VLLM_0_34_RULES)
 
 
 # vLLM 0.8.x as released: the reference's later fixes switched off (the

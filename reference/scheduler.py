@@ -23,7 +23,10 @@ and the deferred resumption (`_schedule_waiting`), vLLM's own counters per
 request (`num_in_flight_tokens`, `num_stale_output_tokens`,
 `drop_stale_output`: `_count_in_flight`, `_mark_stale`, and
 `update_from_output` looks each output up by id and judges it by them,
-`_fate_by_counters`). With `SchedulerConfig.as_released` the reference's
+`_fate_by_counters`); with `enable_chunked_prefill` off, 0.33 and 0.34 stop
+the waiting loop at a prompt that would need a chunk (`_stops_unchunked`),
+0.34 drops the threshold then (`_threshold_in_force`), and 0.34 may reorder
+`waiting` by cached prefix first (admission_order.py). With `SchedulerConfig.as_released` the reference's
 later fixes (its named deviations) are switched off where a vLLM release
 lacks them, each by a constant of its own (profiles.py `RELEASED`: the vLLM
 differential's conforming run).
@@ -52,6 +55,7 @@ import sys
 from collections import deque
 from collections.abc import Iterable, Sequence
 
+from .admission_order import reorder_by_cached_prefix
 from .batch import Batch, new_request_data
 from .block_pool import KVCacheBlock
 from .completion import Fate
@@ -94,6 +98,14 @@ class Scheduler(OutputUpdate, DraftSources):
         self._drafts_with_output = not self._drafts_emptied_when_scheduled      # update_from_output
         self._settles_blocks_with_drafts = profile.settles_blocks_with_drafts and config.num_spec_tokens > 0
         self._pads_admitted_decodes = profile.pads_admitted_decodes and config.num_spec_tokens > 0
+        # Chunked prefill off (_stops_unchunked) and 0.34's admission order
+        # (_schedule_waiting); both in force only where the configuration asks.
+        self._stops_unchunked_prefill = (profile.unchunked_prefill_stops_admission
+                                         and not config.enable_chunked_prefill)
+        self._threshold_off_unchunked = (profile.threshold_needs_chunked_prefill
+                                         and not config.enable_chunked_prefill)
+        self._cache_aware_window = (config.cache_aware_admission_window
+                                    if profile.cache_aware_admission and config.enable_prefix_caching else 0)
         # vLLM as released (all off but with `config.as_released`).
         self._outputs_to_running_by_id = profile.outputs_to_running_by_id      # _bound_fate
         self._worker_decides_sampling = profile.worker_decides_sampling        # _tokens_taken
@@ -233,6 +245,8 @@ class Scheduler(OutputUpdate, DraftSources):
         waiting, counted once before either loop) gives a lone request."""
         if self._threshold_needs_company and len(self.running) + len(self.waiting) <= 1:
             return 0
+        if self._threshold_off_unchunked:
+            return 0                          # vLLM 0.34: only with chunked prefill
         return self.config.long_prefill_token_threshold
 
     def _count_in_flight(self, batch: Batch) -> None:
@@ -420,6 +434,9 @@ class Scheduler(OutputUpdate, DraftSources):
         only with room for the whole sequence (`full_sequence_admission`,
         `allocate_slots(full_sequence_must_fit=...)`)."""
         kv = self.kv_cache_manager
+        if self._cache_aware_window:          # vLLM 0.34, opt-in (admission_order.py)
+            reorder_by_cached_prefix(self.waiting, kv, self._cache_aware_window,
+                                     self.config.cache_aware_admission_threshold)
         index = 0                             # requests before it were skipped
         while index < len(self.waiting) and batch.token_budget > 0:
             if len(self.running) >= self.config.max_num_seqs:
@@ -430,7 +447,10 @@ class Scheduler(OutputUpdate, DraftSources):
                 continue
             computed_blocks, num_hit_tokens = kv.get_computed_blocks(request)
             padded = self._padded_decode(request, num_hit_tokens, batch) if self._pads_admitted_decodes else 0
-            num_new_tokens = self._clip(padded if padded > 0 else request.num_tokens - num_hit_tokens,
+            wanted = padded if padded > 0 else request.num_tokens - num_hit_tokens
+            if self._stops_unchunked(wanted, batch.token_budget):
+                break
+            num_new_tokens = self._clip(wanted,
                                         request.num_computed_tokens, batch.token_budget)
             if num_new_tokens == 0:
                 break
@@ -449,6 +469,16 @@ class Scheduler(OutputUpdate, DraftSources):
                 if not self._drafts_emptied_when_scheduled:
                     request.spec_token_ids = entry.spec_token_ids    # held as scheduled drafts are
             self._add_to_batch(batch, request, entry)
+
+    def _stops_unchunked(self, num_new_tokens: int, token_budget: int) -> bool:
+        """Chunked prefill off (vLLM 0.33, 0.34 `Scheduler.schedule`, waiting
+        loop): the new tokens, cut by the threshold in force, exceed the
+        budget left, so the request would be admitted with a chunk: stop."""
+        if not self._stops_unchunked_prefill:
+            return False
+        if 0 < self._threshold < num_new_tokens:
+            num_new_tokens = self._threshold
+        return num_new_tokens > token_budget
 
     def _is_resumption_deferred(self, request: Request) -> bool:
         """vLLM 0.33's waiting loop (`Scheduler.schedule`): `if

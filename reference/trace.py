@@ -88,6 +88,13 @@ class TraceWriter:
         if self._eos_token_id is not None:
             event["eos_token_id"] = self._eos_token_id
         event.update(self._extra)
+        if not cfg.enable_chunked_prefill:
+            event["enable_chunked_prefill"] = False
+        if cfg.cache_aware_admission_window:
+            event.update(cache_aware_admission_window=cfg.cache_aware_admission_window,
+                         cache_aware_admission_threshold=cfg.cache_aware_admission_threshold)
+        if reorders_admission(cfg):
+            event["notes_empty_batches"] = True
         if cfg.async_scheduling:
             event.update(async_scheduling=True, batch_queue_depth=cfg.batch_queue_depth,
                          decode_stagger=cfg.decode_stagger, notes_empty_batches=True)
@@ -151,6 +158,13 @@ class TraceWriter:
         self._sink.close()
 
 
+def reorders_admission(cfg: SchedulerConfig) -> bool:
+    """Whether vLLM 0.34's cache-aware reorder is in force: it runs in every
+    schedule() call, empty ones too, so the trace notes those calls."""
+    return bool(cfg.cache_aware_admission_window and cfg.enable_prefix_caching
+                and cfg.version_profile.cache_aware_admission)
+
+
 class TracingScheduler(Scheduler):
     """A `Scheduler` whose public calls are written to `trace`. Each override
     calls the policy unchanged, then writes what happened, read from the
@@ -165,7 +179,9 @@ class TracingScheduler(Scheduler):
         super().__init__(config)
         self.trace = trace
         trace.config(config)
-        # async: the empty batches in flight, by their output, and the next number
+        # async, or vLLM 0.34's admission reorder (which runs in empty calls
+        # too): the empty batches in flight, by their output, and the next number
+        self._notes_empty_batches = config.async_scheduling or reorders_admission(config)
         self._empty_batch_numbers: dict[int, int] = {}
         self._next_empty_batch = 1
 
@@ -190,7 +206,7 @@ class TracingScheduler(Scheduler):
     def schedule(self) -> SchedulerOutput:
         output = super().schedule()
         empty_batch = None
-        if self.config.async_scheduling and not output.entries:
+        if self._notes_empty_batches and not output.entries:
             empty_batch, self._next_empty_batch = self._next_empty_batch, self._next_empty_batch + 1
             self._empty_batch_numbers[id(output)] = empty_batch
         if output.entries or output.preempted_req_ids:

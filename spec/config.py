@@ -64,6 +64,17 @@ class Config:
     # `replace` of num_stages carries them along; a trace may set them.
     batch_queue_depth: int | None = None
     decode_stagger: int | None = None
+    # vLLM's `SchedulerConfig.enable_chunked_prefill` (on: vLLM's default).
+    # Off, under a profile with `unchunked_prefill_stops_admission` (0.33,
+    # 0.34), a prompt is admitted whole or not at all; vLLM then requires
+    # max_num_batched_tokens >= max_model_len (`verify_max_model_len`).
+    enable_chunked_prefill: bool = True
+    # vLLM 0.34's cache-aware admission (`SchedulerConfig.
+    # cache_aware_admission_window`, 0 = off, and `_threshold`, the KV cache
+    # usage it waits for); read only under `Profile.cache_aware_admission`
+    # with prefix caching on (admission_order.py).
+    cache_aware_admission_window: int = 0
+    cache_aware_admission_threshold: float = 0.5
 
     def __post_init__(self) -> None:
         self._resolve_profile()
@@ -84,6 +95,20 @@ class Config:
             raise ValueError("batch_queue_depth must be >= 1 and decode_stagger >= 0")
         if self.stale_mode not in ("deliver", "drop"):
             raise ValueError(f"stale_mode must be 'deliver' or 'drop', got {self.stale_mode!r}")
+        self._check_admission_knobs()
+
+    def _check_admission_knobs(self) -> None:
+        """vLLM's `SchedulerConfig` bounds: the budget holds a whole
+        max_model_len when prompts are not chunked, the window is >= 0 and
+        the usage threshold in [0, 1]."""
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(f"with chunked prefill off, max_num_batched_tokens "
+                             f"({self.max_num_batched_tokens}) must be at least max_model_len "
+                             f"({self.max_model_len})")
+        if self.cache_aware_admission_window < 0:
+            raise ValueError("cache_aware_admission_window must be >= 0")
+        if not 0.0 <= self.cache_aware_admission_threshold <= 1.0:
+            raise ValueError("cache_aware_admission_threshold must be in [0, 1]")
 
     def _resolve_profile(self) -> None:
         """Fill every field left at None from the profile (frozen: set through object)."""

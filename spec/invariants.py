@@ -180,7 +180,10 @@ def _threshold_binds(batch: Batch, cfg: Config) -> bool:
     far as the batch shows: always in 0.8.x; in 0.33 only with more than one
     request eligible (`Profile.threshold_needs_company`), which a batch of two
     entries proves and a batch of one cannot tell (check-trace compares that
-    decision with the spec's schedule instead)."""
+    decision with the spec's schedule instead); in 0.34 never with chunked
+    prefill off (`Profile.threshold_needs_chunked_prefill`)."""
+    if cfg.rules.threshold_needs_chunked_prefill and not cfg.enable_chunked_prefill:
+        return False
     return not cfg.rules.threshold_needs_company or len(batch) > 1
 
 

@@ -174,6 +174,48 @@ class Profile:
     # num_spec_tokens` there): the entry keeps the drafts the clip leaves.
     # 0.8.x: no padding.
     pads_admitted_decodes: bool = False
+    # --- chunked prefill off and admission order (`Config.enable_chunked_prefill`,
+    # `Config.cache_aware_admission_window`); each changes nothing at the defaults.
+    # `Scheduler.schedule`, waiting loop (0.33, 0.34): with
+    # `SchedulerConfig.enable_chunked_prefill` off, a request whose new tokens
+    # (past its prefix hit, after the long-prefill threshold's clip) exceed
+    # the budget left stops the loop (`break`) instead of being admitted with
+    # a chunk of them; the running loop has no such test. 0.8.x: the V1
+    # scheduler has no such test (V1 always chunks:
+    # `EngineArgs._set_default_args_v1`), so the flag changes nothing there.
+    unchunked_prefill_stops_admission: bool = False
+    # `Scheduler.schedule` (0.34): the long-prefill threshold is in force only
+    # with chunked prefill on (`enable_chunked_prefill and num_eligible_reqs >
+    # 1`). 0.33: with chunked prefill off too, so the threshold still cuts a
+    # prompt into chunks there.
+    threshold_needs_chunked_prefill: bool = False
+    # `Scheduler._reorder_waiting_by_cached_prefix` (0.34, opt-in through
+    # `cache_aware_admission_window`, only with FCFS and prefix caching), run
+    # at the start of the waiting phase of a call that preempted nobody: when
+    # `waiting` holds 2 requests or more and `kv_cache_manager.usage` is at
+    # least `cache_aware_admission_threshold`, the fresh requests (status
+    # WAITING, nothing computed) among the first `window` of `waiting` are
+    # sorted by their cached prefix (`get_num_cached_tokens`), deepest first,
+    # arrival order breaking ties, in the slots they held; the others keep
+    # theirs. 0.33 and 0.8.x: no such knob (FCFS only).
+    cache_aware_admission: bool = False
+    # --- the engine loop around the scheduler (spec/engine.py reads these at
+    # one seam, `engine.loop_of`; the trace checker's E-a/E-b are stated for
+    # a correct engine whatever these say).
+    # `EngineCoreProc.run_busy_loop` / `_process_input_queue` (0.8.4, 0.8.5):
+    # the engine blocks on its input queue while `scheduler.has_requests()`
+    # is false, whatever is still in its batch queue -- so it waits for input
+    # with an aborted request's batch in flight (a vLLM bug: E-a). 0.33 and
+    # later: `EngineCoreProc.has_work` counts the batch queue, so it never does.
+    waits_with_batch_in_flight: bool = False
+    # The inputs an engine takes in the middle of a step, between the step's
+    # `schedule()` and the `update_from_output` of the batch it completes:
+    # 0.33 `EngineCore.step_with_batch_queue` drains the aborts queue there
+    # (`_process_aborts_queue`): "abort"; 0.34 `EngineCoreProc._wait_for_output`
+    # also handles ADD while it spins before a deadline: "arrive", "abort"
+    # (either side of the wait is legal: past the deadline an input waits for
+    # the next `_process_input_queue`). 0.8.x: none, inputs only between steps.
+    mid_step_inputs: tuple[str, ...] = ()
     # The profile of the release this one follows, when this one's spec rules
     # are that one's with some constants changed: verification checks this
     # one with everything it checks the older one with
@@ -189,12 +231,14 @@ class Profile:
 VLLM_0_8_5 = Profile(name="vllm-0.8.5", policy="continue-prefill",
                      release_order_with_prefix_caching="reverse",
                      release_order_without_prefix_caching="forward",
-                     num_preallocate_tokens=0, cache_duplicate_blocks=True)
+                     num_preallocate_tokens=0, cache_duplicate_blocks=True,
+                     waits_with_batch_in_flight=True)
 
 VLLM_0_8_4 = Profile(name="vllm-0.8.4", policy="one-batch-per-request",
                      release_order_with_prefix_caching="reverse",
                      release_order_without_prefix_caching="forward",
-                     num_preallocate_tokens=64, cache_duplicate_blocks=True)
+                     num_preallocate_tokens=64, cache_duplicate_blocks=True,
+                     waits_with_batch_in_flight=True)
 
 # vLLM 0.33.0 with synchronous scheduling (the V1 model runner under
 # pipeline parallelism, deliver mode, no KV connector). `KVCacheManager.free`
@@ -213,7 +257,8 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     unhashed_blocks_to_head=True, threshold_needs_company=True,
                     sampled_token_slot=1, full_sequence_admission=True,
                     defer_resume_while_stale=True, stop_tokens_before_length=True,
-                    stale_output_counters=True, empty_batches=True,
+                    stale_output_counters=True, empty_batches=True, mid_step_inputs=("abort",),
+                    unchunked_prefill_stops_admission=True,
                     cache_settled_blocks_on_output=True, draft_source="submission",
                     pads_admitted_decodes=True)
 
@@ -251,13 +296,24 @@ VLLM_0_33_HARDENED = replace(VLLM_0_33, name="vllm-0.33-hardened", stale_test="p
 # 0.34), the stop order (`check_stop`) and empty batches
 # (`EngineCore.step_with_batch_queue`). What 0.34 changes that the spec can
 # see is added as constants of its own, each citing 0.34's function.
-VLLM_0_34 = replace(VLLM_0_33, name="vllm-0.34", follows=VLLM_0_33.name)
+# Its own: the long-prefill threshold only with chunked prefill
+# (`Scheduler.schedule`: `enable_chunked_prefill and num_eligible_reqs > 1`),
+# and the opt-in cache-aware admission order
+# (`Scheduler._reorder_waiting_by_cached_prefix`); chunked prefill off still
+# stops the waiting loop as in 0.33 (`Scheduler.schedule`, waiting loop).
+_VLLM_0_34_RULES = {"threshold_needs_chunked_prefill": True, "cache_aware_admission": True}
+# 0.34's `EngineCoreProc._wait_for_output` handles ADD and ABORT while it
+# spins on a step's output before a deadline (`_INPUTS_HANDLED_DURING_STEP`):
+# an arrival, too, may land between a step's `schedule()` and its completion.
+VLLM_0_34 = replace(VLLM_0_33, name="vllm-0.34", follows=VLLM_0_33.name, mid_step_inputs=("arrive", "abort"),
+                    **_VLLM_0_34_RULES)
 
 # vLLM 0.34.0 with asynchronous scheduling: 0.33's async rules unchanged
 # (`AsyncScheduler._update_after_schedule`; `next_decode_eligible_step` is
 # now set whenever pipeline parallelism runs async, with no V2-runner test;
 # `VllmConfig.max_concurrent_batches` still K + 1).
-VLLM_0_34_ASYNC = replace(VLLM_0_33_ASYNC, name="vllm-0.34-async", follows=VLLM_0_33_ASYNC.name)
+VLLM_0_34_ASYNC = replace(VLLM_0_33_ASYNC, name="vllm-0.34-async", follows=VLLM_0_33_ASYNC.name,
+                          mid_step_inputs=VLLM_0_34.mid_step_inputs, **_VLLM_0_34_RULES)
 
 DEFAULT_PROFILE = VLLM_0_8_5.name
 

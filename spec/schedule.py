@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from . import blocks
+from .admission_order import reorder_waiting
 from .config import Config
 from .drafts import padded_admission, placeholder_drafts
 from .profiles import num_preallocate_blocks
@@ -70,8 +71,11 @@ class _Step:
 def _threshold_in_force(state: State, cfg: Config) -> int:
     """The long-prefill threshold for this call (0 = none). vLLM 0.33
     `Scheduler.schedule` counts running + waiting once, before either loop,
-    and drops the threshold for a lone request (`Profile.threshold_needs_company`)."""
+    and drops the threshold for a lone request (`Profile.threshold_needs_company`);
+    0.34 drops it with chunked prefill off too (`Profile.threshold_needs_chunked_prefill`)."""
     if cfg.rules.threshold_needs_company and len(state.running) + len(state.waiting) <= 1:
+        return 0
+    if cfg.rules.threshold_needs_chunked_prefill and not cfg.enable_chunked_prefill:
         return 0
     return cfg.long_prefill_token_threshold
 
@@ -96,7 +100,7 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
     if not step.preempted:
         _schedule_waiting(step)
     if not step.entries and not step.preempted:
-        return _idle(state, cfg)
+        return _idle(replace(state, waiting=step.state.waiting), cfg)   # 0.34's reorder stays
     return Scheduled(_launch(step), tuple(step.entries), tuple(step.preempted))
 
 
@@ -209,6 +213,7 @@ def _num_new_running(step: _Step, r: int) -> int:
 
 def _schedule_waiting(step: _Step) -> None:
     cfg = step.cfg
+    step.state = reorder_waiting(step.state, cfg)       # vLLM 0.34, opt-in (admission_order.py)
     running_entries = [e.req for e in step.entries]    # what the running loop scheduled
     i = 0                                   # requests before i were skipped: they keep their place
     while i < len(step.state.waiting) and step.budget > 0 and _has_free_seat(step):
@@ -221,6 +226,8 @@ def _schedule_waiting(step: _Step) -> None:
         if padded < 0:
             break                                       # vLLM 0.33: not scheduled un-padded
         num_new = _clip(step, r, padded) if padded else _num_new_waiting(step, r, hit)
+        if _needs_a_chunk(step, r, hit):
+            break                                       # chunked prefill off: whole or not at all
         if num_new == 0 or not _fits_whole(step, r, hit) or not _allocate(step, r, num_new, hit):
             break                                       # FCFS: head-of-line blocks
         if padded:                                      # its k placeholder drafts (drafts.py)
@@ -274,6 +281,19 @@ def _reset_placeholders(step: _Step, victim: int) -> None:
     """vLLM 0.33 `_preempt_request`: `num_output_placeholders = 0` (the
     tokens in flight become stale output; the recompute starts from 0)."""
     step.state = step.state.with_request(victim, placeholders=0)
+
+
+def _needs_a_chunk(step: _Step, r: int, hit: tuple[int, ...]) -> bool:
+    """Chunked prefill off (`Config.enable_chunked_prefill`), vLLM 0.33 and
+    0.34's waiting loop (`Profile.unchunked_prefill_stops_admission`): r's
+    tokens past its hit, cut by the threshold in force, exceed the budget
+    left, so admitting it would cut a chunk: the loop stops instead."""
+    if step.cfg.enable_chunked_prefill or not step.cfg.rules.unchunked_prefill_stops_admission:
+        return False
+    num_new = step.state.requests[r].num_tokens - len(hit) * step.cfg.block_size
+    if 0 < step.threshold < num_new:
+        num_new = step.threshold
+    return num_new > step.budget
 
 
 def _fits_whole(step: _Step, r: int, hit: tuple[int, ...]) -> bool:

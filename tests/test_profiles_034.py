@@ -42,11 +42,20 @@ SAME_AS_033_IN: dict[str, str] = {
                     "AsyncScheduler._update_after_schedule (async: spec_token_ids = placeholders)",
     "pads_admitted_decodes": "Scheduler.schedule, waiting loop (\"Pad new decode requests to uniform "
                              "spec decoding size\")",
+    "unchunked_prefill_stops_admission": "Scheduler.schedule, waiting loop (not enable_chunked_prefill and "
+                                         "num_new_tokens > request_token_budget: break)",
+    "waits_with_batch_in_flight": "EngineCoreProc._process_input_queue (blocks only while not has_work(), "
+                                  "which counts the batch queue)",
 }
 # Fields that are not vLLM rules.
 NOT_RULES = {"name", "follows"}
 # spec Profile field -> the 0.34.0 function that changes it from 0.33.0.
-CHANGED_IN_034: dict[str, str] = {}
+CHANGED_IN_034: dict[str, str] = {
+    "threshold_needs_chunked_prefill": "Scheduler.schedule (enable_chunked_prefill and num_eligible_reqs > 1)",
+    "cache_aware_admission": "Scheduler._reorder_waiting_by_cached_prefix (cache_aware_admission_window)",
+    "mid_step_inputs": "EngineCoreProc._wait_for_output (ADD and ABORT handled while it spins on a step's "
+                       "output before a deadline; 0.33: aborts only, EngineCore._process_aborts_queue)",
+}
 
 PAIRS = [("vllm-0.34", "vllm-0.33"), ("vllm-0.34-async", "vllm-0.33-async")]
 
@@ -65,10 +74,15 @@ def test_every_spec_constant_of_034_is_accounted_for(new: str, old: str) -> None
 
 
 @pytest.mark.parametrize(("new", "old"), PAIRS)
-def test_the_reference_profiles_of_034_are_033s_but_for_the_name(new: str, old: str) -> None:
+def test_the_reference_profiles_of_034_are_033s_but_for_the_name_and_034s_rules(new: str, old: str) -> None:
     from dataclasses import replace
+    # the changed rules the reference has (the engine's are the spec's and drive.py's)
+    changed = {rule for rule in CHANGED_IN_034 if rule in {f.name for f in fields(reference_profiles.Profile)}}
+    assert set(reference_profiles.VLLM_0_34_RULES) == changed
     for table in (reference_profiles.PROFILES, reference_profiles.RELEASED):
-        assert replace(table[new], name=old) == table[old]
+        assert all(getattr(table[new], rule) != getattr(table[old], rule) for rule in changed)
+        assert replace(table[new], name=old, **{rule: getattr(table[old], rule) for rule in changed}) \
+            == table[old]
 
 
 def test_vllm_0_34_0_maps_to_its_profile() -> None:

@@ -111,6 +111,11 @@ class Model:
             feats.append(f"stale-mode={c.stale_mode}")
         if c.allow_name_reuse:
             feats.append("name-reuse")
+        if not c.enable_chunked_prefill:
+            feats.append("chunked-prefill-off")
+        if c.cache_aware_admission_window:
+            feats.append(f"cache-aware-window={c.cache_aware_admission_window}"
+                         f"@{c.cache_aware_admission_threshold}")
         return " ".join(feats)
 
 
@@ -209,6 +214,32 @@ DEFERRED_K3 = Model(
            profile="vllm-0.33"),
     (_p(3, 2, (7,)), _p(2, 2, (7,)), _p(1, 2)),
 )
+
+# The admission knobs that tell 0.33 and 0.34 apart (explicit search only:
+# the Z3 encoding admits with chunked prefill on, in FCFS order). With
+# chunked prefill off, a 4-token prompt leaves 2 of the 6-token budget, too
+# few for the second prompt's 3: vLLM 0.34 stops the waiting loop there,
+# 0.33 still cuts that prompt to the threshold's 2 and admits it.
+UNCHUNKED_K2 = Model(
+    "unchunked-k2",
+    Config(num_stages=2, max_num_batched_tokens=6, max_num_seqs=2, block_size=2,
+           num_blocks=4, max_model_len=6, prefix_caching=False, long_prefill_token_threshold=2,
+           enable_chunked_prefill=False, profile="vllm-0.34"),
+    (_p(4, 2), _p(3, 2)),
+    allow_abort=False,
+)
+# vLLM 0.34's cache-aware admission order, on at any usage (threshold 0):
+# one seat, a prompt that caches a block and two that wait for the seat, one
+# with that block and one without.
+CACHE_AWARE_K2 = Model(
+    "cache-aware-k2",
+    Config(num_stages=2, max_num_batched_tokens=4, max_num_seqs=1, block_size=2,
+           num_blocks=4, max_model_len=6, prefix_caching=True, cache_aware_admission_window=2,
+           cache_aware_admission_threshold=0.0, profile="vllm-0.34"),
+    (_p(3, 1, (7,)), _p(2, 1, (9,)), _p(3, 1, (7,))),
+    allow_abort=False,
+)
+ADMISSION_MODELS: tuple[Model, ...] = (UNCHUNKED_K2, CACHE_AWARE_K2)
 
 # vLLM 0.33 with request names reused (`Config.allow_name_reuse`: a new
 # request may arrive under a finished one's name while its batches are in

@@ -49,7 +49,7 @@ from flightcheck.verification.mutants.reference import MUTANTS
 from . import ASYNC_RECORDER
 from .differential import (Comparison, ReferenceRun, compare, decisions, first_difference, profile_for,
                            read_trace, run_reference)
-from .generate import campaign_workloads
+from .generate import FAMILIES, campaign_workloads
 from .replay import ReplayError, ReplayWorker, findings
 
 # Mutants that need what a default replay never produces: draft tokens
@@ -265,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec-tokens", type=int, default=0, metavar="K",
                         help="speculative decoding with K drafts per step: the fabricated model proposes "
                              "drafts and accepts some of each (seeded), vLLM's scheduler is configured for K")
+    parser.add_argument("--family", choices=sorted(FAMILIES),
+                        help="every workload of that family (generate.py): chunked prefill off, or vLLM "
+                             "0.34's cache-aware admission order, the knobs that tell versions apart")
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--keep-disagreements", type=Path, metavar="DIR",
                         help="copy every trace (and its workload) on which check-trace and vLLM's ground "
@@ -275,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--keep-disagreements {args.keep_disagreements}: not a directory")
     if args.spec_tokens < 0:
         parser.error("--spec-tokens must be >= 0")
-    workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens)
+    workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens, args.family)
     reports = []
     try:
         for version in args.versions.split(","):

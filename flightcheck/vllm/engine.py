@@ -46,6 +46,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .engine_truth import note_gated_completion, note_wait
 from .workload import RequestSpec, Workload, draft_outcome, sampled_token
 
 
@@ -160,13 +161,23 @@ class BatchQueueEngine:
         self.batch_queue: deque[tuple[Any, Any]] = deque()
         self.outputs: list[tuple[str, tuple[int, ...], str | None]] = []
         self.batches: list[dict[str, int]] = []
+        # The engine-step number run_busy_loop is at, and the engine's own
+        # ground truth about its choices (engine_truth.py).
+        self.current_step = 0
+        self.waits_in_flight: list[dict[str, Any]] = []
+        self.gated_completions: list[dict[str, Any]] = []
+        self.copy_errors: list[str] = []
 
     def step_with_batch_queue(self) -> bool:
         """One engine step; True when it scheduled or completed a batch."""
         scheduled = False
         may_schedule = len(self.batch_queue) < self.depth
+        gate_closed = False
         if may_schedule and self.schedules_only_unscheduled:
             may_schedule = self.scheduler.get_num_unscheduled_requests() > 0
+            gate_closed = not may_schedule
+        if gate_closed and self.batch_queue:
+            note_gated_completion(self)
         if may_schedule:
             scheduler_output = self.scheduler.schedule()
             if scheduler_output.total_num_scheduled_tokens > 0:
@@ -355,12 +366,14 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
     during_step: list[str] = []
     try:
         while True:
+            _stamp_engine_step(engine, step)
             for req_id in during_step:                     # the input queue's copy of those aborts
                 abort_request(req_id)
             during_step = inputs.deliver(step, add_request, abort_request, bind)
             in_flight = engine.busy_while_in_flight and bool(engine.batch_queue)
             if not scheduler.has_requests() and not in_flight and not during_step:
                 if inputs.pending:                         # blocks on the input queue
+                    note_wait(engine, step, inputs.next_step())
                     step = inputs.next_step()
                     continue
                 ending = "blocked_in_flight" if engine.batch_queue else "done"
@@ -378,6 +391,15 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
     except Exception as err:  # an exception inside vLLM ends the run, as it kills an engine core
         return RunOutcome("exception", step, engine.batches_in_flight(), exception=_where(err),
                           unfinished=_unfinished(scheduler))
+
+
+def _stamp_engine_step(engine: BatchQueueEngine, step: int) -> None:
+    """The engine-step number the recorder stamps on what it writes from
+    now on (`engine_step`: inputs handed over before step `step`, then the
+    step's own events); a scheduler without a recorder has no such field."""
+    engine.current_step = step
+    if hasattr(engine.scheduler, "flightcheck_engine_step"):
+        engine.scheduler.flightcheck_engine_step = step
 
 
 def _step_with_aborts(engine: BatchQueueEngine, during_step: list[str]) -> tuple[bool, list[str]]:

@@ -10,7 +10,9 @@ aborts at any step, so often while a batch of the request is in flight;
 EOS; with `reuse_ids` (for vLLM 0.33, off by default so that the workloads
 of a seed stay what they were), one request in two sent under the id of an
 aborted one, at the abort's step or a little later, often while the aborted
-request's batch is still in flight. Every workload also suits the reference: the pool holds one request of
+request's batch is still in flight. A `family` adds the knobs that tell
+vLLM versions apart (`FAMILIES`), picked after everything else, so a
+workload is the seed's plain one with those knobs set. Every workload also suits the reference: the pool holds one request of
 max_model_len tokens besides vLLM's null block, and every prompt leaves room
 for its outputs. Standard library only.
 """
@@ -18,7 +20,7 @@ for its outputs. Standard library only.
 from __future__ import annotations
 
 import random
-from typing import Any, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -47,10 +49,11 @@ def cdiv(a: int, b: int) -> int:
 
 
 def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = False,
-                      spec_tokens: int = 0) -> dict[str, Any]:
+                      spec_tokens: int = 0, family: str | None = None) -> dict[str, Any]:
     """One workload (the JSON `workload.py` reads). `spec_tokens` k > 0:
     speculative decoding with k drafts, the acceptance picked last (so the
-    rest of a seed's workload is what it is without drafts)."""
+    rest of a seed's workload is what it is without drafts); `family` (one
+    of `FAMILIES`) after it."""
     num_stages = pick.integer(2, 4)
     block_size = pick.choice([4, 2, 8])
     prefix_len = pick.choice([0, block_size, 2 * block_size, block_size + 1])
@@ -94,7 +97,65 @@ def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = Fals
     if spec_tokens:
         config["num_spec_tokens"] = spec_tokens
         workload["draft_acceptance"] = pick.choice([0.5, 0.0, 0.8, 1.0])
+    if family is not None:
+        FAMILIES[family](pick, workload)
     return workload
+
+
+def _unchunked(pick: Picker, workload: dict[str, Any]) -> None:
+    """Chunked prefill off: a prompt is admitted whole or waits (vLLM 0.33,
+    0.34; 0.8.x's V1 scheduler ignores the switch). Outputs are cut short
+    (1-4 tokens) and max_model_len to the longest request plus 0-2, and the
+    budget is at most 2 above it (vLLM requires at least max_model_len), so
+    prompts are long against the budget: a first admission or running
+    decodes leave too little of it for the next prompt. Half the requests
+    arrive at once; a long-prefill threshold two times in three (0.33 still
+    cuts a prompt with it, 0.34 does not)."""
+    config, requests = workload["config"], workload["requests"]
+    for request in requests:
+        request["arrival_step"] = pick.choice([0, request["arrival_step"]])
+        request["max_tokens"] = min(request["max_tokens"], pick.integer(1, 4))
+    longest = max(r["prompt_len"] + r["max_tokens"] for r in requests)
+    config["max_model_len"] = min(config["max_model_len"], longest + pick.integer(0, 2))
+    config["enable_chunked_prefill"] = False
+    config["max_num_batched_tokens"] = max(config["max_model_len"] + pick.integer(0, 2), config["max_num_seqs"])
+    config["long_prefill_token_threshold"] = min(pick.choice([0, 6, 3]), config["max_model_len"])
+
+
+def _cache_aware(pick: Picker, workload: dict[str, Any]) -> None:
+    """vLLM 0.34's cache-aware admission order: prefix caching on, a shared
+    prefix of whole blocks, few seats (so requests wait together), the
+    window and the usage threshold picked; the prefix's first holder arrives
+    first, the rest a few steps later, together, a cold one ahead of those
+    that may hit the prefix (so the reorder has something to move)."""
+    config, requests = workload["config"], workload["requests"]
+    block_size = config["block_size"]
+    config.update(prefix_caching=True, max_num_seqs=pick.choice([2, 1, 3]),
+                  cache_aware_admission_window=pick.choice([4, 2, 8]),
+                  cache_aware_admission_threshold=pick.choice([0.0, 0.25, 0.5]))
+    prefix = block_size * pick.integer(1, 3)
+    workload["prefixes"] = {"p": prefix}
+    later = pick.integer(1, 3)
+    if len(requests) == 2:
+        requests.append({"id": "r2", "prompt_len": pick.integer(1, 24), "max_tokens": pick.integer(1, 12)})
+    for index, request in enumerate(requests):
+        request.pop("prefix", None)
+        # the first holds the prefix, the second is cold, the others warm or cold
+        if index == 0 or (index > 1 and pick.choice([True, True, False])):
+            request["prefix"] = "p"
+            request["prompt_len"] = max(request["prompt_len"], prefix + 1)
+        request["arrival_step"] = 0 if index == 0 else later + pick.choice([0, 0, 1])
+    longest = max(r["prompt_len"] + r["max_tokens"] for r in requests)
+    if longest > config["max_model_len"]:
+        config["max_model_len"] = longest
+        config["num_blocks"] = max(config["num_blocks"], cdiv(longest, block_size) + 1)
+    config["long_prefill_token_threshold"] = min(config["long_prefill_token_threshold"],
+                                                 config["max_model_len"])
+
+
+# The families of workloads that tell vLLM versions apart, by name.
+FAMILIES: dict[str, Callable[[Picker, dict[str, Any]], None]] = {
+    "unchunked": _unchunked, "cache-aware": _cache_aware}
 
 
 def _maybe_reuse_an_id(pick: Picker, requests: list[dict[str, Any]]) -> None:
@@ -111,13 +172,13 @@ def _maybe_reuse_an_id(pick: Picker, requests: list[dict[str, Any]]) -> None:
 
 
 def campaign_workloads(seed: int, count: int, reuse_ids: bool = False,
-                       spec_tokens: int = 0) -> list[dict[str, Any]]:
+                       spec_tokens: int = 0, family: str | None = None) -> list[dict[str, Any]]:
     """Workloads seed-0 .. seed-(count-1) of a campaign; each is a function
     of (seed, index) alone, so a failure is replayed from its name (with
-    drafts: `diff-spec{k}-...`)."""
-    label = f"spec{spec_tokens}-" if spec_tokens else ""
+    drafts: `diff-spec{k}-...`; of a family: `diff-{family}-...`)."""
+    label = (f"spec{spec_tokens}-" if spec_tokens else "") + (f"{family}-" if family else "")
     return [generate_workload(RandomPicker(hash_seed(seed, index)), f"diff-{label}{seed}-{index}",
-                              hash_seed(seed, index), reuse_ids, spec_tokens) for index in range(count)]
+                              hash_seed(seed, index), reuse_ids, spec_tokens, family) for index in range(count)]
 
 
 def hash_seed(seed: int, index: int) -> int:

@@ -89,6 +89,12 @@ class RecordingMixin(GroundTruthMixin):
     vllm_version: str = "unknown"
     queues_empty_batches: bool = False
     records_async_scheduling: bool = False
+    # The engine-step number, set by an engine that numbers its steps (the
+    # replay's, flightcheck/vllm/engine.py) before each step and before the
+    # inputs it hands over ahead of it; written on every event as
+    # `engine_step` (docs/trace-format.md, "Engine steps"). None (a
+    # deployment): no `engine_step`.
+    flightcheck_engine_step: int | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # vLLM 0.8.4's Scheduler takes `speculative_config` and keeps only its
@@ -158,8 +164,23 @@ class RecordingMixin(GroundTruthMixin):
             "policy": "one-batch-per-request" if hasattr(self, "scheduled_req_ids") else "continue-prefill",
             "num_preallocate_tokens": getattr(self.kv_cache_manager, "num_preallocate_tokens", 0),
             "vllm_version": self.vllm_version, "writer": "flightcheck.vllm.recorder",
-            **self._fc_async_config(),
+            **self._fc_async_config(), **self._fc_admission_config(),
         }
+
+    def _fc_admission_config(self) -> dict[str, Any]:
+        """Chunked prefill off, and vLLM 0.34's cache-aware admission window
+        as the scheduler keeps it (`cache_aware_window`: 0 without FCFS or
+        prefix caching); each written only when it is not vLLM's default."""
+        event: dict[str, Any] = {}
+        if not getattr(self.scheduler_config, "enable_chunked_prefill", True):
+            event["enable_chunked_prefill"] = False
+        window = int(getattr(self, "cache_aware_window", 0) or 0)
+        if window:
+            # the reorder runs in empty schedule() calls too: every one is noted
+            event.update(cache_aware_admission_window=window,
+                         cache_aware_admission_threshold=float(self.cache_aware_threshold),
+                         notes_empty_batches=bool(self.queues_empty_batches))
+        return event
 
     def _fc_async_config(self) -> dict[str, Any]:
         """The async keys (docs/trace-format.md), read from vLLM's objects:
@@ -185,6 +206,8 @@ class RecordingMixin(GroundTruthMixin):
             if self._fc_empty_log:
                 event["empty_batches_before"] = self._fc_empty_log
                 self._fc_empty_log = []
+            if with_step and self.flightcheck_engine_step is not None:
+                event["engine_step"] = self.flightcheck_engine_step
             self._fc_trace.write(event, self.flightcheck_step if with_step else None)
 
     # -- the four calls ------------------------------------------------------------

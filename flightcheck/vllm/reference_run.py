@@ -153,6 +153,9 @@ def reference_config(workload: Workload, profile: str, as_released: bool = False
         num_blocks=usable, num_pipeline_stages=config.num_stages,
         long_prefill_token_threshold=config.long_prefill_token_threshold,
         enable_prefix_caching=config.prefix_caching, num_spec_tokens=config.num_spec_tokens,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        cache_aware_admission_window=config.cache_aware_admission_window,
+        cache_aware_admission_threshold=config.cache_aware_admission_threshold,
         profile=profile, as_released=as_released)
 
 

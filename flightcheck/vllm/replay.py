@@ -161,6 +161,14 @@ def findings(result: dict[str, Any]) -> list[str]:
     for beyond in truth.get("beyond_max_model_len", []):
         found.append(f"{beyond['req']} was scheduled up to position {beyond['end']}, past max_model_len, at step "
                      f"{beyond['step']}")
+    for wait in result.get("waits_in_flight", []):
+        found.append(f"the engine waited for input with {wait['batches_in_flight']} batches in flight from step "
+                     f"{wait['step']} to step {wait['until']} (step {wait['step']})")
+    for gated in result.get("gated_completions", []):
+        if gated.get("would_schedule"):
+            found.append(f"the engine completed a batch at step {gated['step']} because scheduled_req_ids held "
+                         f"{gated['stale']} with no batch in flight; without them schedule() forms a batch "
+                         f"(step {gated['step']})")
     for mismatch in truth.get("in_flight_set_mismatches", []):
         found.append(f"scheduled_req_ids disagrees with the batches in flight at step {mismatch['step']}: "
                      f"extra {mismatch['extra']}, missing {mismatch['missing']}")

@@ -116,6 +116,16 @@ def _accepts(cls: Any, name: str) -> bool:
     return name in inspect.signature(cls.__init__).parameters
 
 
+def _admission_order_arguments(config: ReplayConfig) -> dict[str, Any]:
+    """vLLM 0.34's cache-aware admission knobs, passed to a vLLM that has
+    them; one without admits FCFS, and its trace says so (no window), so the
+    same workload tells the versions apart."""
+    if not _accepts(SchedulerConfig, "cache_aware_admission_window"):            # 0.34
+        return {}
+    return {"cache_aware_admission_window": config.cache_aware_admission_window,
+            "cache_aware_admission_threshold": config.cache_aware_admission_threshold}
+
+
 def _model_runner_output(**arguments: Any) -> ModelRunnerOutput:
     """A ModelRunnerOutput from the arguments this version knows (0.33 has no
     `spec_token_ids`)."""
@@ -147,8 +157,9 @@ class SchedulerFactory:
         model_config = self.model_config(config.max_model_len)
         scheduler_arguments: dict[str, Any] = dict(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=config.max_model_len, enable_chunked_prefill=True,
+            max_model_len=config.max_model_len, enable_chunked_prefill=config.enable_chunked_prefill,
             long_prefill_token_threshold=config.long_prefill_token_threshold)
+        scheduler_arguments.update(_admission_order_arguments(config))
         if _accepts(SchedulerConfig, "async_scheduling"):                           # 0.33
             scheduler_arguments["async_scheduling"] = config.async_scheduling
             # Async with pipeline parallelism runs on the V2 model runner (the
@@ -313,6 +324,8 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         "ground_truth": observations, "batches": engine.batches,
         "outputs": [list(x) for x in engine.outputs], "trace": trace_path,
         **({"engine_steps": engine.steps} if isinstance(engine, BatchQueueEngineV033) else {}),
+        "waits_in_flight": engine.waits_in_flight, "gated_completions": engine.gated_completions,
+        "copy_errors": engine.copy_errors[:1],
     }
 
 

@@ -23,6 +23,13 @@
   Drafts are the request's own future tokens, so an accepted draft is the
   token the model would have sampled there: the output does not depend on
   the acceptance, only the timing does.
+* `config.enable_chunked_prefill` (default true): vLLM's
+  `SchedulerConfig.enable_chunked_prefill`. Off, vLLM 0.33 and 0.34 admit a
+  prompt whole or not at all (0.8.x's V1 scheduler ignores it), and vLLM
+  requires `max_num_batched_tokens >= max_model_len`.
+* `config.cache_aware_admission_window` (default 0 = off) and
+  `config.cache_aware_admission_threshold` (default 0.5): vLLM 0.34's
+  cache-aware admission order; passed only to a vLLM that has the knobs.
 * `config.async_scheduling` (vLLM 0.33 only, default false): build the engine
   with async scheduling; the synchronous recorder refuses to stand in for
   its `AsyncScheduler`, so such a replay stops with that error.
@@ -89,6 +96,10 @@ class ReplayConfig:
     async_scheduling: bool = False
     # k: drafts per request per step at most (0: no speculative decoding).
     num_spec_tokens: int = 0
+    # vLLM's chunked prefill switch, and 0.34's cache-aware admission knobs.
+    enable_chunked_prefill: bool = True
+    cache_aware_admission_window: int = 0
+    cache_aware_admission_threshold: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -128,7 +139,9 @@ class Workload:
 
 CONFIG_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "block_size": 16, "max_model_len": 2048,
                                    "long_prefill_token_threshold": 0, "prefix_caching": True,
-                                   "async_scheduling": False, "num_spec_tokens": 0}
+                                   "async_scheduling": False, "num_spec_tokens": 0,
+                                   "enable_chunked_prefill": True, "cache_aware_admission_window": 0,
+                                   "cache_aware_admission_threshold": 0.5}
 
 
 def _int(where: str, value: Any, minimum: int = 0) -> int:
@@ -147,14 +160,29 @@ def _config(raw: Any) -> ReplayConfig:
     missing = set(ReplayConfig.__dataclass_fields__) - set(merged)
     if missing:
         raise WorkloadError(f"config lacks {sorted(missing)}")
-    for flag in ("prefix_caching", "async_scheduling"):
+    for flag in ("prefix_caching", "async_scheduling", "enable_chunked_prefill"):
         if not isinstance(merged[flag], bool):
             raise WorkloadError(f"config.{flag} must be true or false")
     minimum = {"num_stages": 1, "max_num_batched_tokens": 1, "max_num_seqs": 1, "block_size": 1,
-               "num_blocks": 2, "max_model_len": 1, "long_prefill_token_threshold": 0, "num_spec_tokens": 0}
+               "num_blocks": 2, "max_model_len": 1, "long_prefill_token_threshold": 0, "num_spec_tokens": 0,
+               "cache_aware_admission_window": 0}
     values = {key: _int(f"config.{key}", merged[key], low) for key, low in minimum.items()}
+    _check_admission(merged, values)
     return ReplayConfig(prefix_caching=merged["prefix_caching"], async_scheduling=merged["async_scheduling"],
+                        enable_chunked_prefill=merged["enable_chunked_prefill"],
+                        cache_aware_admission_threshold=float(merged["cache_aware_admission_threshold"]),
                         **values)
+
+
+def _check_admission(merged: dict[str, Any], values: dict[str, int]) -> None:
+    """What vLLM's `SchedulerConfig` refuses: with chunked prefill off, a
+    budget below max_model_len; a usage threshold outside [0, 1]."""
+    if not merged["enable_chunked_prefill"] and values["max_num_batched_tokens"] < values["max_model_len"]:
+        raise WorkloadError("config.max_num_batched_tokens must be at least config.max_model_len "
+                            "with enable_chunked_prefill false")
+    threshold = merged["cache_aware_admission_threshold"]
+    if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0.0 <= threshold <= 1.0:
+        raise WorkloadError("config.cache_aware_admission_threshold must be in [0, 1]")
 
 
 def _seeded_tokens(seed: int, label: str, count: int) -> list[int]:

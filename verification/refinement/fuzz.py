@@ -146,13 +146,23 @@ def _bounded_example_cache(size: int | None = None) -> Iterator[None]:
 PROFILE_SHARE = 9
 
 
+# Constants the fuzzer's configurations never reach: it keeps chunked prefill
+# on and the cache-aware admission window closed (`SchedulerConfig`'s
+# defaults), where these rules change nothing (tests/test_admission_rules.py
+# checks them; the vLLM campaign's families drive them).
+INERT_UNDER_FUZZ: dict[str, bool] = {"unchunked_prefill_stops_admission": False,
+                                     "threshold_needs_chunked_prefill": False, "cache_aware_admission": False}
+
+
 def distinct_rule_sets(profiles: dict[str, VersionProfile]) -> tuple[str, ...]:
-    """The first profile of each set of rules: a profile equal to an earlier
-    one but for its name (vllm-0.34 while its rules are 0.33's) would only
-    repeat that one's steps. `--profile` still pins it."""
+    """The first profile of each set of rules the fuzzer can tell apart: a
+    profile equal to an earlier one but for its name (vllm-0.34 while its
+    rules are 0.33's) or for constants inert under the fuzzer
+    (`INERT_UNDER_FUZZ`) would only repeat that one's steps. `--profile`
+    still pins it."""
     first_of_rules: dict[VersionProfile, str] = {}
     for name, profile in profiles.items():
-        first_of_rules.setdefault(replace(profile, name=""), name)
+        first_of_rules.setdefault(replace(profile, name="", **INERT_UNDER_FUZZ), name)
     return tuple(first_of_rules.values())
 
 

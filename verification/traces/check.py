@@ -95,6 +95,7 @@ def check_events(events: list[dict[str, Any]], profile: str | None = None, full:
         return _rejected(events, len(events) - 1, missing, checker, checker.state)
     if not checker.ended:
         checker.unchecked.add("liveness at the end (the trace has no end event)")
+    checker._engine_steps_at_end()
     return CheckResult(True, len(events), unchecked=sorted(checker.unchecked), profile=checker.cfg.profile)
 
 

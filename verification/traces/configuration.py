@@ -95,7 +95,10 @@ def config_from_event(event: dict, profile: str | None = None) -> Config:
         max_model_len=event["max_model_len"],
         long_prefill_token_threshold=event.get("long_prefill_token_threshold", 0),
         num_spec_tokens=event.get("num_spec_tokens", 0),
-        prefix_caching=event.get("prefix_caching", False))
+        prefix_caching=event.get("prefix_caching", False),
+        enable_chunked_prefill=event.get("enable_chunked_prefill", True),
+        cache_aware_admission_window=event.get("cache_aware_admission_window", 0),
+        cache_aware_admission_threshold=event.get("cache_aware_admission_threshold", 0.5))
 
 
 def modelled_pool(cfg: Config, events: list[dict[str, Any]]) -> Config:
@@ -115,7 +118,11 @@ def modelled_pool(cfg: Config, events: list[dict[str, Any]]) -> Config:
     request may also take blocks ahead of need, up to max_model_len's blocks
     per request: the bound counts those too, so the cap "no more than the free
     blocks" never binds in the cut pool unless it binds in the whole one.
-    Only `state_before` differs: it lists the cut pool's free queue."""
+    Only `state_before` differs: it lists the cut pool's free queue.
+    With vLLM 0.34's cache-aware admission window open the pool is not cut:
+    the reorder reads the cache's usage, a share of the whole pool."""
+    if cfg.cache_aware_admission_window and cfg.rules.cache_aware_admission:
+        return _whole_pool(cfg)
     k, bs = cfg.num_spec_tokens, cfg.block_size
     ahead = cfg.max_blocks_per_request if cfg.num_preallocate_tokens > 0 else 0
     most = 1 + sum(max(cdiv(min(cfg.max_model_len, e["prompt_len"] + e["max_tokens"] + 2 * k + 1), bs),
@@ -127,3 +134,12 @@ def modelled_pool(cfg: Config, events: list[dict[str, Any]]) -> Config:
                              f"{num_blocks} blocks of the pool; the checker models pools of at most "
                              f"{MAX_POOL_BLOCKS} blocks")
     return replace(cfg, num_blocks=num_blocks)
+
+
+def _whole_pool(cfg: Config) -> Config:
+    """The config with its whole pool, refused when the checker cannot hold it."""
+    if cfg.num_blocks > MAX_POOL_BLOCKS:
+        raise MalformedTrace(f"line 1: config event: num_blocks: with cache_aware_admission_window on, "
+                             f"the checker models the whole pool ({cfg.num_blocks} blocks; at most "
+                             f"{MAX_POOL_BLOCKS})")
+    return cfg

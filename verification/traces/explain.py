@@ -24,6 +24,7 @@ from flightcheck.spec.schedule import (
     _fits_whole,
     _has_free_seat,
     _is_resumption_deferred,
+    _needs_a_chunk,
     _num_new_waiting,
     _num_required_blocks,
     _placeholders_reach_max_tokens,
@@ -172,6 +173,9 @@ def _why_not_admitted(step: _Step, r: int) -> str:
     num_new = _num_new_waiting(step, r, hit)
     if num_new == 0:
         return f"{what}: {_no_room(cfg, len(hit) * cfg.block_size)}"
+    if _needs_a_chunk(step, r, hit):
+        return (f"{what}: chunked prefill is off and its {req.num_tokens - len(hit) * cfg.block_size} "
+                f"new tokens exceed the {step.budget} of budget left")
     free = _free_blocks(state, hit)
     if not _fits_whole(step, r, hit):
         whole = _num_required_blocks(cfg, min(req.num_tokens, cfg.max_model_len)) - len(hit)

@@ -16,6 +16,10 @@ vLLM's own state"), independently of the checker.
   of fewer than 0 tokens, or one reaching past max_model_len (0.8.4, which
   does not clip drafts to it): rejected at that `schedule` event (the spec drops such drafts, as vLLM 0.33 does);
 * with several of these, at the first of them, not before;
+* a trace numbering engine steps (`engine_step`): the first event after
+  the engine waited for input with batches in flight (E-a), and the
+  completion 0.8.4's stale `scheduled_req_ids` forced where vLLM's own
+  `schedule()` forms a batch without the stale ids (E-b);
 * a run that ends stuck (the counter drift) or blocked with batches in
   flight, with an `end` event: rejected at `end`;
 * an exception inside vLLM with none of the above before it: rejected at or
@@ -69,6 +73,7 @@ def expected_verdict(result: dict[str, Any], events: list[dict[str, Any]]) -> Ex
                    + truth.get("negative_schedules", []) + truth.get("beyond_max_model_len", [])):
         if record.get("step") in schedules:
             exact.append(schedules[record["step"]])
+    exact.extend(_engine_choices(result, events))
     last = len(events) - 1
     if exact:
         return Expected("bug", min(exact), min(exact))    # at the event of the first bug, not before it
@@ -77,3 +82,25 @@ def expected_verdict(result: dict[str, Any], events: list[dict[str, Any]]) -> Ex
     if result["ending"] in ("stuck", "blocked_in_flight") and events[-1]["ev"] == "end":
         return Expected(result["ending"], last, last)
     return Expected("legal", None, None)
+
+
+def _engine_choices(result: dict[str, Any], events: list[dict[str, Any]]) -> list[int]:
+    """Where a trace numbering engine steps breaks E-a or E-b by the engine's
+    own record (flightcheck/vllm/engine.py): the first event after a wait
+    for input with batches in flight (steps missing from the trace), and the
+    completion of a step whose gate a stale `scheduled_req_ids` closed where
+    vLLM's own `schedule()`, without the stale ids, forms a batch."""
+    numbered = [(i, e["engine_step"]) for i, e in enumerate(events) if "engine_step" in e]
+    if not numbered:
+        return []
+    found = []
+    for wait in result.get("waits_in_flight", []):
+        after = [i for i, step in numbered if step >= wait["until"]]
+        if after:
+            found.append(after[0])
+    for gated in result.get("gated_completions", []):
+        if gated.get("would_schedule"):
+            at = [i for i, step in numbered if step == gated["step"] and events[i]["ev"] == "complete"]
+            if at:
+                found.append(at[0])
+    return found

@@ -45,11 +45,13 @@ from flightcheck.spec import (
     step,
 )
 from flightcheck.spec.actions import complete_oldest, max_next_drafts
+from flightcheck.spec.admission_order import reorder_waiting
 from flightcheck.spec.schedule import Scheduled, is_empty_step
 
 from .asynchronous import EMPTY_BATCH, AsyncScheduling
 from .drafts import DraftHandOff
 from .configuration import config_from_event, modelled_pool
+from .engine_steps import EngineSteps
 from .explain import why_left_out, why_nothing_scheduled
 from .named_state import describe_named, quoted
 from .reading import MalformedTrace
@@ -64,7 +66,7 @@ class _Violation(Exception):
         self.prop, self.message = prop, message
 
 
-class TraceChecker(AsyncScheduling, DraftHandOff):
+class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff):
     """Replays events one by one on the spec; `feed` raises _Violation."""
 
     def __init__(self, events: list[dict[str, Any]], profile: str | None = None) -> None:
@@ -89,6 +91,10 @@ class TraceChecker(AsyncScheduling, DraftHandOff):
         # by the config key `notes_empty_batches`, else learnt at the first note
         self.writes_empty_batches = bool(events[0].get("notes_empty_batches", False))
         self.pending_empty_calls = 0              # empty schedule() calls noted since the last batch
+        # vLLM 0.34's cache-aware admission order can change `waiting` in an empty schedule() call
+        self.reorders_admission = bool(self.cfg.rules.cache_aware_admission and self.cfg.prefix_caching
+                                       and self.cfg.cache_aware_admission_window)
+        self._start_engine_steps()                # the engine's choices (engine_steps.py)
 
     def _num_slots(self, events: list[dict[str, Any]]) -> int:
         """Request slots in the spec state: one per arrival, never reused."""
@@ -172,12 +178,42 @@ class TraceChecker(AsyncScheduling, DraftHandOff):
             r, status = next(iter(self.finished_now.items()))
             raise _Violation("missing_finish", f"{self._name(r)} finished ({status.value}) in the spec "
                              "but the trace wrote no finish event for it")
+        if self.reorders_admission:
+            self._reorder_at_empty_calls(event)
+        self._engine_step_before(event)
         if self.cfg.rules.output_placeholders:
             self._note_empty_batches(event)
         just_aborted, self.just_aborted = self.just_aborted, None
         if just_aborted is not None and self._reports_abort(event, just_aborted):
             return
         getattr(self, f"_on_{event['ev']}")(event)
+
+    def _reorder_at_empty_calls(self, event: dict) -> None:
+        """vLLM 0.34's cache-aware reorder runs in every schedule() call, empty
+        ones too, and its order stays: each empty call the trace notes before
+        this event (`empty_batches_before`) reorders `waiting` as the spec's
+        schedule step at this state does, when that call was made (the
+        checker's own empty batches come later, under async scheduling, or
+        not at all). Synchronous: that step must form nothing too. Async:
+        the stagger's countdowns are caught up only at the next batch, so the
+        reorder alone is taken (it reads no countdown)."""
+        if not self.writes_empty_batches:
+            self.unchecked.add("the admission order after empty schedule() calls (the trace notes none; "
+                               "vLLM 0.34's cache-aware reorder runs in them)")
+        for note in event.get("empty_batches_before") or ():
+            if not isinstance(note, dict) or note.get("ev") != "schedule":
+                continue
+            if self.cfg.rules.output_placeholders:
+                self.state = reorder_waiting(self.state, self.cfg)
+                continue
+            scheduled = schedule(self.state, self.cfg)
+            if scheduled is None:
+                continue
+            if not is_empty_step(scheduled):
+                want = self._fmt([(self._name(e.req), e.start, e.n, e.cached, e.drafts) for e in scheduled.entries])
+                raise _Violation("schedule_decision", f"the trace notes an empty schedule() call where the "
+                                 f"spec schedules {want or 'a preemption'}")
+            self.state = replace(self.state, waiting=scheduled.state.waiting)
 
     def _reports_abort(self, event: dict, r: int) -> bool:
         """vLLM reports an aborted request as finished with reason abort

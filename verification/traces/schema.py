@@ -91,6 +91,14 @@ class Number(Kind):
 
 
 @dataclass(frozen=True)
+class Share(Number):
+    expected: str = "a number from 0 to 1"
+
+    def accepts(self, value: Any) -> bool:
+        return super().accepts(value) and 0 <= value <= 1
+
+
+@dataclass(frozen=True)
 class Text(Kind):
     expected: str = "a string of valid Unicode"
 
@@ -213,7 +221,8 @@ BATCH_ID = Nullable(Integer(0, MAX_COUNT, "a batch id: an integer"))
 TIME = Number(expected="a finite number of seconds")
 
 # Fields every event may carry.
-COMMON: dict[str, tuple[Kind, bool]] = {"t": (TIME, False), "step": (COUNT, False)}
+COMMON: dict[str, tuple[Kind, bool]] = {"t": (TIME, False), "step": (COUNT, False),
+                                        "engine_step": (COUNT, False)}
 
 CONFIG = Record({
     **COMMON,
@@ -227,6 +236,11 @@ CONFIG = Record({
     "long_prefill_token_threshold": (COUNT, False),
     "num_spec_tokens": (COUNT, False),
     "prefix_caching": (Flag(), False),
+    # vLLM's chunked prefill switch (default on) and 0.34's cache-aware
+    # admission order (window 0 = off; the KV cache usage it waits for)
+    "enable_chunked_prefill": (Flag(), False),
+    "cache_aware_admission_window": (COUNT, False),
+    "cache_aware_admission_threshold": (Share(), False),
     "policy": (Choice(("continue-prefill", "one-batch-per-request")), False),
     "num_preallocate_tokens": (COUNT, False),
     "release_order": (Choice(("reverse", "forward")), False),

@@ -29,7 +29,9 @@ __all__ = ["DEFAULT_PROFILE", "DEFERRAL_MODEL", "ENCODED_PROFILES", "PROFILES", 
 # run by verify: suite.EXPLICIT_ONLY_PROFILES lists the one it is not.
 # The hardened 0.33 variant's two guards are encoded too (the stale test in
 # schedule._waiting_step and _resumption_deferred, the in-flight floor in
-# actions._apply_by_name); with unique names neither binds.
+# actions._apply_by_name); with unique names neither binds. vLLM 0.34's own
+# rules act only with chunked prefill off or the cache-aware window open,
+# which the encoding refuses (state._refuse_admission_knobs).
 ENCODED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async",
                                      "vllm-0.33-hardened", "vllm-0.34", "vllm-0.34-async")
 

@@ -80,6 +80,7 @@ class Layout:
         if cfg.rules.stale_output_counters:
             _refuse_name_reuse(model)
             bound = max(bound, cfg.queue_depth * cfg.max_model_len)   # a request's tokens in flight
+        _refuse_admission_knobs(model)
         width = max(8, (4 * bound).bit_length() + 1) if bitvectors else None
         distinct = all(len(set(p.labels)) == len(p.labels) for p in model.prompts)
         if cfg.rules.output_placeholders:
@@ -102,6 +103,19 @@ def _refuse_name_reuse(model: Model) -> None:
     if model.cfg.allow_name_reuse:
         raise ValueError(f"model {model.name}: the Z3 encoding requires unique request names "
                          "(allow_name_reuse=False); the explicit search explores name reuse")
+
+
+def _refuse_admission_knobs(model: Model) -> None:
+    """The encoding admits as vLLM does with chunked prefill on, in FCFS
+    order: chunked prefill off (vLLM 0.33, 0.34) and 0.34's cache-aware
+    reorder, where the profile has them, are the explicit search's."""
+    cfg, rules = model.cfg, model.cfg.rules
+    unchunked = not cfg.enable_chunked_prefill and (rules.unchunked_prefill_stops_admission
+                                                    or rules.threshold_needs_chunked_prefill)
+    reordered = cfg.cache_aware_admission_window > 0 and rules.cache_aware_admission and cfg.prefix_caching
+    if unchunked or reordered:
+        raise ValueError(f"model {model.name}: the Z3 encoding admits with chunked prefill on and in FCFS "
+                         "order; the explicit search explores chunked prefill off and the cache-aware reorder")
 
 
 def has_counters(layout: Layout) -> bool:

@@ -1,0 +1,69 @@
+"""The order of admission: vLLM 0.34's opt-in cache-aware reorder of `waiting`.
+
+FCFS admits from the head of `waiting`. vLLM 0.34
+(`Scheduler._reorder_waiting_by_cached_prefix`, `Profile.cache_aware_admission`)
+may first move the fresh requests with a cached prefix ahead of those that
+would compute theirs, within a window at the head of the queue, once the KV
+cache is used enough. The reorder is part of the `schedule` action: it runs
+at the start of the waiting phase of a call that preempted nobody, and the
+new order stays, whether or not anyone is then admitted.
+
+Abstracted away: the scheduling policy (vLLM reorders only under FCFS, the
+only policy the spec has), vLLM's other waiting queues (KV-connector loads)
+and its DP prefill deferral (which skips the reorder): none is modelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from . import blocks
+from .config import Config
+from .state import State, Status, content_label
+
+
+def is_reorder_in_force(state: State, cfg: Config) -> bool:
+    """The guards, in vLLM's order: the profile has the knob, the window is
+    open (`cache_aware_admission_window > 0`, kept only with prefix caching
+    on), two requests wait at least, and the cache's usage has reached the
+    threshold."""
+    if not cfg.rules.cache_aware_admission or cfg.cache_aware_admission_window == 0:
+        return False
+    if not cfg.prefix_caching or len(state.waiting) < 2:
+        return False
+    return kv_cache_usage(state, cfg) >= cfg.cache_aware_admission_threshold
+
+
+def kv_cache_usage(state: State, cfg: Config) -> float:
+    """vLLM's `BlockPool.get_usage`: `1.0 - free / usable` (its pool less
+    the null block is the spec's pool), as the same float, so the test
+    against the threshold falls the same way at its edges."""
+    return 1.0 - (len(state.pool.free_queue) / cfg.num_blocks)
+
+
+def num_cached_tokens(state: State, cfg: Config, r: int) -> int:
+    """vLLM `KVCacheManager.get_num_cached_tokens`: the tokens of r's cached
+    prefix, its last token left out (as an admission's hit), probed without
+    touching the pool."""
+    req = state.requests[r]
+    labels = [content_label(state, r, i, cfg.block_size) for i in range(req.num_tokens // cfg.block_size)]
+    return len(blocks.lookup_hit(state.pool, labels, (req.num_tokens - 1) // cfg.block_size)) * cfg.block_size
+
+
+def reorder_waiting(state: State, cfg: Config) -> State:
+    """The fresh requests (WAITING, never scheduled) among the first `window`
+    of `waiting`, sorted by cached prefix, deepest first, arrival order
+    (their place) breaking ties, into the slots they held; preempted
+    requests keep theirs. Nothing moves when fewer than two are fresh."""
+    if not is_reorder_in_force(state, cfg):
+        return state
+    head = state.waiting[:cfg.cache_aware_admission_window]
+    slots = [i for i, r in enumerate(head) if state.requests[r].status is Status.WAITING]
+    if len(slots) < 2:
+        return state
+    cached = {i: num_cached_tokens(state, cfg, head[i]) for i in slots}
+    order = sorted(slots, key=lambda i: (-cached[i], i))
+    reordered = list(head)
+    for slot, source in zip(slots, order):
+        reordered[slot] = head[source]
+    return replace(state, waiting=tuple(reordered) + state.waiting[len(head):])
