@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from .batch import Batch
 from .config import SchedulerConfig
 from .outputs import CachedRequestData
+from .profiles import Profile
 from .request import Request
 
 
@@ -28,6 +29,20 @@ class DraftSources:
 
     config: SchedulerConfig
     requests: dict[str, Request]
+
+    def _read_draft_rules(self, profile: Profile) -> None:
+        """The profile's draft rules, read once (`Scheduler.__init__`): drafts
+        come with the output (update.py), or, under 0.33 async, as
+        placeholders (`_add_placeholders`); 0.33 sync as released hands them
+        over at submission (`update_draft_token_ids`). Both empty a scheduled
+        running request's drafts (`_schedule_running`)."""
+        k = self.config.num_spec_tokens
+        self._drafts_at_submission = profile.drafts_handed_over_at_submission
+        self._placeholder_drafts = (-1,) * k if profile.placeholder_drafts else ()
+        self._drafts_emptied_when_scheduled = self._drafts_at_submission or profile.placeholder_drafts
+        self._drafts_with_output = not self._drafts_emptied_when_scheduled      # update_from_output
+        self._settles_blocks_with_drafts = profile.settles_blocks_with_drafts and k > 0   # _apply_sampled
+        self._pads_admitted_decodes = profile.pads_admitted_decodes and k > 0             # _schedule_waiting
 
     def update_draft_token_ids(self, req_ids: Sequence[str], draft_token_ids: Sequence[Sequence[int]]) -> None:
         """vLLM 0.33 `Scheduler.update_draft_token_ids`, which the sync engine

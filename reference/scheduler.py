@@ -88,16 +88,7 @@ class Scheduler(OutputUpdate, DraftSources):
         self._stop_tokens_first = profile.stop_tokens_before_length       # _apply_sampled
         self._flush_finished_every_schedule = profile.flush_finished_every_schedule  # _make_output
         self._async = profile.async_scheduling                            # schedule, update
-        # Where drafts come from (update.py): with the output, or, under 0.33
-        # async, as placeholders (_add_placeholders); 0.33 sync as released
-        # hands them over at submission (`update_draft_token_ids`). Both empty
-        # a scheduled running request's drafts (_schedule_running).
-        self._drafts_at_submission = profile.drafts_handed_over_at_submission
-        self._placeholder_drafts = (-1,) * config.num_spec_tokens if profile.placeholder_drafts else ()
-        self._drafts_emptied_when_scheduled = self._drafts_at_submission or profile.placeholder_drafts
-        self._drafts_with_output = not self._drafts_emptied_when_scheduled      # update_from_output
-        self._settles_blocks_with_drafts = profile.settles_blocks_with_drafts and config.num_spec_tokens > 0
-        self._pads_admitted_decodes = profile.pads_admitted_decodes and config.num_spec_tokens > 0
+        self._read_draft_rules(profile)                                   # drafts.py
         # Chunked prefill off (_stops_unchunked) and 0.34's admission order
         # (_schedule_waiting); both in force only where the configuration asks.
         self._stops_unchunked_prefill = (profile.unchunked_prefill_stops_admission
