@@ -10,9 +10,11 @@
 #      2.14.0, but the scheduler only needs torch to import),
 #   2. vllm==VERSION and triton 3.9.0 without their dependencies (the real
 #      triton is needed: without it torch.compile fails while vLLM imports),
-#   3. the pure-Python import chain pinned in flightcheck/vllm/pins/
-#      (vllm-0.8-cpu.txt for 0.8.x, vllm-0.33-cpu.txt for 0.33.0: 91 pins, numpy
-#      below 2.4 for mistral_common), also without dependencies,
+#   3. the pure-Python import chain pinned in flightcheck/vllm/pins/, the
+#      file the release table names (flightcheck/vllm/versions.py:
+#      vllm-0.8-cpu.txt for 0.8.x, vllm-0.33-0.34-cpu.txt for 0.33.0 and
+#      0.34.0: 91 pins, numpy below 2.4 for mistral_common), also without
+#      dependencies,
 # then checks that vLLM's V1 scheduler imports and reports VERSION.
 #
 # DIR defaults to $FLIGHTCHECK_VLLM_CACHE/vllm-VERSION, where
@@ -29,13 +31,10 @@ set -euo pipefail
 usage() { echo "usage: $0 VERSION [DIR]" >&2; exit 2; }
 [ $# -ge 1 ] && [ $# -le 2 ] || usage
 version=$1
-case "$version" in
-  0.8.4|0.8.5) pins_name=vllm-0.8-cpu.txt ;;
-  0.33.0|0.34.0) pins_name=vllm-0.33-cpu.txt ;;
-  *) echo "no pins for vLLM $version in flightcheck/vllm/pins/ (known: 0.8.4, 0.8.5, 0.33.0, 0.34.0)" >&2; exit 2 ;;
-esac
-
 root=$(cd "$(dirname "$0")/.." && pwd)
+# The release table says which pins file a version takes (exit 2: not a
+# supported release; it says which are).
+pins_name=$(python3 "$root/flightcheck/vllm/versions.py" pins "$version") || exit 2
 pins="$root/flightcheck/vllm/pins/$pins_name"
 [ -f "$pins" ] || { echo "missing pins file $pins" >&2; exit 1; }
 home=${HOME:-$(cd ~ && pwd)}     # as Python's expanduser does when HOME is unset

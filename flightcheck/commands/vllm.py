@@ -9,7 +9,7 @@ through vLLM's own V1 scheduler, in the vLLM venv of that version (built by
 `scripts/build-vllm-venv.sh VERSION`), driven by our copy of the engine's
 batch-queue loop and a fabricated model; the scheduler is the recorder a
 deployment installs, so each run writes a trace. `--check` runs check-trace
-on each trace. `--async` (vLLM 0.33.0) runs every workload with async
+on each trace. `--async` (vLLM 0.33.0, 0.34.0) runs every workload with async
 scheduling (`config.async_scheduling`), vLLM's `AsyncScheduler` recorded by
 `RecordingAsyncScheduler`, with the V2 model runner's settings (batch queue
 K + 1, decode stagger K); a workload that sets `async_scheduling` itself gets
@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
     replay.add_argument("--trace", metavar="OUT", help="write the trace here (a directory when the file "
                         "holds several workloads: OUT/NAME.jsonl)")
     replay.add_argument("--async", dest="async_scheduling", action="store_true",
-                        help="vLLM 0.33.0: run with async scheduling (AsyncScheduler, V2 model runner: "
+                        help="vLLM 0.33.0 or 0.34.0: run with async scheduling (AsyncScheduler, V2 model runner: "
                              "queue K + 1, decode stagger K), recorded by RecordingAsyncScheduler")
     replay.add_argument("--check", action="store_true", help="also run check-trace on every trace")
     replay.add_argument("--json", action="store_true", help="print machine-readable results")
@@ -96,9 +96,11 @@ def run(args: argparse.Namespace) -> int:
     except WorkloadError as err:
         return bad(str(err))
     if args.async_scheduling:
-        if args.vllm_version != "0.33.0":
-            return bad(f"--async needs --vllm-version 0.33.0 (vLLM {args.vllm_version} has no AsyncScheduler "
-                       f"the replay drives)")
+        from flightcheck.vllm.versions import async_versions
+
+        if args.vllm_version not in async_versions():
+            return bad(f"--async needs --vllm-version {' or '.join(async_versions())} (vLLM {args.vllm_version} "
+                       f"has no AsyncScheduler the replay drives)")
         raws = [{**raw, "config": {**raw.get("config", {}), "async_scheduling": True}} for raw in raws]
     with tempfile.TemporaryDirectory(prefix="flightcheck-vllm-") as scratch:
         traces = _trace_paths(args, raws, scratch)

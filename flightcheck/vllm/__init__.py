@@ -12,5 +12,7 @@ by `scripts/build-vllm-venv.sh`.
 RECORDER = "flightcheck.vllm.recorder.RecordingScheduler"
 # vLLM 0.33's AsyncScheduler with the recorder in front (async scheduling).
 ASYNC_RECORDER = "flightcheck.vllm.recorder.RecordingAsyncScheduler"
-SUPPORTED_VERSIONS = ("0.8.5", "0.8.4", "0.33.0")
-DEFAULT_VERSION = "0.8.5"
+# The supported releases: the table in versions.py.
+from .versions import DEFAULT_VERSION, SUPPORTED_VERSIONS  # noqa: E402
+
+__all__ = ["ASYNC_RECORDER", "DEFAULT_VERSION", "RECORDER", "SUPPORTED_VERSIONS"]

@@ -4,6 +4,7 @@
     python -m flightcheck.vllm.campaign --workloads 300 --versions 0.8.4 --json results.json
     python -m flightcheck.vllm.campaign --workloads 200 --versions 0.33.0 --reuse-ids
     python -m flightcheck.vllm.campaign --workloads 300 --versions 0.33.0 --async
+    python -m flightcheck.vllm.campaign --workloads 300 --versions 0.34.0 [--async] [--reuse-ids]
 
 For each vLLM version (one replay worker each) and each generated workload
 (generate.py; workload i of seed S is a function of S and i alone):
@@ -19,10 +20,14 @@ For each vLLM version (one replay worker each) and each generated workload
 4. every reference mutant runs on the workloads where the correct reference
    equals vLLM, until one diverges from vLLM (the mutant is flagged).
 
-`--async` (vLLM 0.33.0): every workload runs with async scheduling, vLLM's
-`AsyncScheduler` recorded by `RecordingAsyncScheduler` with the V2 model
-runner's settings (queue K + 1, decode stagger K), against the reference's
-`vllm-0.33-async` profile; the entries' output placeholders are compared too.
+`--async` (vLLM 0.33.0, 0.34.0): every workload runs with async scheduling,
+vLLM's `AsyncScheduler` recorded by `RecordingAsyncScheduler` with the V2
+model runner's settings (queue K + 1, decode stagger K), against the
+reference's `vllm-0.33-async` (`vllm-0.34-async`) profile; the entries'
+output placeholders are compared too. `--mid-step-inputs` (the default when
+every version runs 0.34's engine loop) places arrivals and aborts, one in
+two, while a step waits for a batch's output (`arrival_via`/`abort_via`
+"wait", workload.py).
 `--keep-disagreements DIR` keeps every trace on which check-trace and vLLM's
 ground truth disagree.
 
@@ -51,6 +56,7 @@ from .differential import (Comparison, ReferenceRun, compare, decisions, first_d
                            read_trace, run_reference)
 from .generate import FAMILIES, campaign_workloads
 from .replay import ReplayError, ReplayWorker, findings
+from .versions import UnknownRelease, release
 
 # Mutants that need what a default replay never produces: draft tokens
 # (speculative decoding only with `--spec-tokens K`: there
@@ -173,6 +179,9 @@ def run_version(version: str, workloads: list[dict[str, Any]], seed: int, mutant
             report.workloads += 1
             report.endings[result["ending"]] += 1
             report.coverage.update(k for k, v in comparison.coverage.items() if v)
+            # vLLM 0.34's engine handed an input over while it waited for a batch's output
+            if result.get("inputs_during_wait"):
+                report.coverage["input_during_wait"] += 1
             if comparison.equal:
                 report.identical += 1
                 if findings(result):
@@ -260,11 +269,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="one workload in two also sends a request under an aborted request's id "
                              "(for vLLM 0.33: the id-reuse bug; off, a seed's workloads are unchanged)")
     parser.add_argument("--async", dest="async_scheduling", action="store_true",
-                        help="vLLM 0.33.0 with async scheduling (AsyncScheduler, V2 runner settings) against "
-                             "the reference's vllm-0.33-async profile")
+                        help="vLLM 0.33.0 or 0.34.0 with async scheduling (AsyncScheduler, V2 runner settings) "
+                             "against the reference's vllm-0.33-async (vllm-0.34-async) profile")
     parser.add_argument("--spec-tokens", type=int, default=0, metavar="K",
                         help="speculative decoding with K drafts per step: the fabricated model proposes "
                              "drafts and accepts some of each (seeded), vLLM's scheduler is configured for K")
+    parser.add_argument("--mid-step-inputs", action=argparse.BooleanOptionalAction, default=None,
+                        help="place arrivals and aborts, one in two, while a step waits for a batch's output "
+                             "(vLLM 0.34's _wait_for_output; earlier engines handle them after the step); "
+                             "default: on when every version runs 0.34's engine loop")
     parser.add_argument("--family", choices=sorted(FAMILIES),
                         help="every workload of that family (generate.py): chunked prefill off, or vLLM "
                              "0.34's cache-aware admission order, the knobs that tell versions apart")
@@ -278,10 +291,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--keep-disagreements {args.keep_disagreements}: not a directory")
     if args.spec_tokens < 0:
         parser.error("--spec-tokens must be >= 0")
-    workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens, args.family)
+    versions = args.versions.split(",")
+    try:
+        rows = [release(version) for version in versions]
+    except UnknownRelease as err:
+        print(err, file=sys.stderr)
+        return 2
+    mid_step_inputs = args.mid_step_inputs
+    if mid_step_inputs is None:
+        mid_step_inputs = all(row.engine_loop == "0.34" for row in rows)
+    workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens, args.family,
+                                   mid_step_inputs=mid_step_inputs)
     reports = []
     try:
-        for version in args.versions.split(","):
+        for version in versions:
             report = run_version(version, workloads, args.seed, not args.no_mutants,
                                  lambda line: print(line, flush=True), args.async_scheduling,
                                  args.keep_disagreements)

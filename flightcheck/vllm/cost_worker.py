@@ -22,30 +22,41 @@ import gc
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
+
+from . import compat  # noqa: E402  (standard library; imports vLLM only when called)
+
+if __name__ == "__main__":
+    compat.exit_if_incompatible()          # one line, exit 2: before vLLM is imported
 
 from .replay_worker import PLAIN_SCHEDULER, SchedulerFactory  # noqa: E402 (imports vLLM)
+from .replay_worker import make_request as replay_request  # noqa: E402
 
 import vllm  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils import resolve_obj_by_qualname  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
+from .compat import model_runner_output, resolve_obj_by_qualname  # noqa: E402
+
 from .cost import EngineLoop, RequestSpec, stand_in_token, workload_of_case  # noqa: E402
-from .workload import ReplayConfig  # noqa: E402
+from .workload import ReplayConfig, Workload  # noqa: E402
+from .workload import RequestSpec as ReplaySpec  # noqa: E402
 
 
-def make_request(spec: RequestSpec) -> Request:
-    """A vLLM Request as `EngineCore.add_request` makes one; no EOS, no stop
-    tokens (the reference side's requests have none either)."""
-    return Request(request_id=spec.req_id, prompt_token_ids=spec.prompt_token_ids,
-                   multi_modal_inputs=None, multi_modal_hashes=None, multi_modal_placeholders=None,
-                   sampling_params=SamplingParams(max_tokens=spec.max_tokens), eos_token_id=None,
-                   arrival_time=0.0, lora_request=None)
+def request_maker(config: ReplayConfig) -> Callable[[RequestSpec], Request]:
+    """Builds vLLM Requests as `EngineCore.add_request` makes them, with the
+    replay's own constructor (each release's arguments: replay_worker.py);
+    no EOS, no stop tokens (the reference side's requests have none either)."""
+    workload = Workload(name="cost", seed=0, config=config, requests=(), eos_token_id=None,  # type: ignore[arg-type]
+                        max_steps=1)
+
+    def make_request(spec: RequestSpec) -> Request:
+        return replay_request(ReplaySpec(req_id=spec.req_id, prompt_token_ids=tuple(spec.prompt_token_ids),
+                                         max_tokens=spec.max_tokens, arrival_step=0, abort_step=None,
+                                         eos_probability=0.0, ignore_eos=False), workload)
+    return make_request
 
 
-def stand_in_model(scheduler: Any, output: Any, step: int) -> tuple[ModelRunnerOutput, int]:
+def stand_in_model(scheduler: Any, output: Any, step: int) -> tuple[Any, int]:
     """A token for every entry that reaches its request's known tokens, as
     vLLM's model runner samples; a partial prefill chunk gets none. `schedule()`
     has already advanced `num_computed_tokens` past the batch."""
@@ -53,9 +64,8 @@ def stand_in_model(scheduler: Any, output: Any, step: int) -> tuple[ModelRunnerO
     requests = scheduler.requests
     sampled = [[stand_in_token(step, i)] if requests[r].num_computed_tokens >= requests[r].num_tokens else []
                for i, r in enumerate(req_ids)]
-    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                             sampled_token_ids=sampled, spec_token_ids=None, logprobs=None,
-                             prompt_logprobs_dict={}), len(req_ids)
+    # (the fields this vLLM has: compat.py; 0.34 takes no `req_id_to_index`)
+    return model_runner_output(req_ids, sampled), len(req_ids)
 
 
 def build_loop(factory: SchedulerFactory, case: str, seed: int) -> EngineLoop:
@@ -69,7 +79,7 @@ def build_loop(factory: SchedulerFactory, case: str, seed: int) -> EngineLoop:
         max_model_len=settings["max_model_len"], long_prefill_token_threshold=0,
         prefix_caching=settings["enable_prefix_caching"])
     scheduler = factory.build(resolve_obj_by_qualname(PLAIN_SCHEDULER), config)
-    return EngineLoop(workload, scheduler, make_request, stand_in_model)
+    return EngineLoop(workload, scheduler, request_maker(config), stand_in_model)
 
 
 def main() -> int:

@@ -36,6 +36,7 @@ from typing import Any
 # The reference side (reference_run.py), named here too for the callers.
 from .reference_run import (ASYNC_VERSION_PROFILES, VERSION_PROFILES, ReferenceRun, _model_output,
                             profile_for, reference_config, run_reference)
+from .versions import BATCH_QUEUE_V033_LOOPS, Release, UnknownRelease, nearest_release
 
 __all__ = ["ASYNC_VERSION_PROFILES", "DEVIATIONS", "VERSION_DEVIATIONS", "VERSION_PROFILES", "Comparison",
            "ReferenceRun", "_model_output", "classify", "compare", "coverage_of", "decisions",
@@ -106,10 +107,28 @@ VERSION_DEVIATIONS: dict[str, tuple[str, ...]] = {
     "0.8.4": ("orphaned_token_kept", "stale_token_dropped", "partial_chunk_token_dropped",
               "inflight_mark_cleared_on_preemption", "engine_blocked_in_flight", "unscheduled_drafts_dropped",
               "drafts_clipped_to_max_model_len"),
-    # 0.33 with drafts (sync): drafts handed over at submission, and after
-    # them the runner sampling a chunk the scheduler scheduled as partial.
+    # 0.33 and 0.34 with drafts (sync): drafts handed over at submission, and
+    # after them the runner sampling a chunk the scheduler scheduled as partial.
     "0.33.0": ("reused_id_output_dropped", "drafts_handed_over_at_submission", "partial_chunk_token_dropped"),
+    "0.34.0": ("reused_id_output_dropped",        # update_from_output still binds by id alone
+               "drafts_handed_over_at_submission", "partial_chunk_token_dropped"),
 }
+
+
+def _release_of(vllm_result: dict[str, Any]) -> Release | None:
+    """The release (versions.py) whose rules a replayed vLLM follows: its own,
+    or for a developer's build its nearest; None if unknown."""
+    try:
+        return nearest_release(str(vllm_result.get("vllm_version")))
+    except UnknownRelease:
+        return None
+
+
+def _binds_by_id(vllm_result: dict[str, Any]) -> bool:
+    """Whether the replayed vLLM binds outputs by id alone with per-request
+    counters (0.33's scheduler, kept by 0.34), rather than walking `running`."""
+    row = _release_of(vllm_result)
+    return row is not None and row.engine_loop in BATCH_QUEUE_V033_LOOPS
 
 
 # ---------------------------------------------------------------------------
@@ -213,11 +232,17 @@ def _classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     truth = vllm_result.get("ground_truth") or {}
     theirs = vllm[index] if index < len(vllm) else None
     ours = reference[index] if index < len(reference) else None
-    if vllm_result.get("vllm_version") == "0.33.0" and _concerns(theirs, ours) & _drifted(truth):
+    if _binds_by_id(vllm_result) and _concerns(theirs, ours) & _drifted(truth):
         # An older request's batch, looked up by a reused id, moved the new
         # request's counters without (or before) applying a token: vLLM then
         # defers its resumption on a negative stale count (the hang) or trips
         # its assertion, where the reference, whose counters are intact, goes on.
+        return "reused_id_output_dropped"
+    if _binds_by_id(vllm_result) and theirs is not None and theirs[0] == "schedule" \
+            and _preempted_since(vllm[:index]) & _drifted(truth):
+        # The same deferral seen from behind: vLLM skips the preempted request
+        # whose stale count went negative and admits one queued after it,
+        # where the reference's FCFS queue waits for the preempted one.
         return "reused_id_output_dropped"
     if _drafts_handed_over_early(vllm_result, theirs, ours):
         return "drafts_handed_over_at_submission"
@@ -242,7 +267,7 @@ def _classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     # 0.8.4's mark drift ends a run stuck (the livelock) or crashed; 0.33 has
     # no mark (its stuck and crashed runs are the id-reuse bug's).
     drift = truth.get("in_flight_set_mismatches") or (
-        vllm_result.get("ending") in ("stuck", "exception") and vllm_result.get("vllm_version") != "0.33.0")
+        vllm_result.get("ending") in ("stuck", "exception") and not _binds_by_id(vllm_result))
     if drift and ours is not None and ours[0] == "schedule" and (theirs is None or theirs[0] != "schedule"
                                                                or theirs[1] != ours[1]):
         return "inflight_mark_cleared_on_preemption"
@@ -274,7 +299,7 @@ def _classify_tokens(vllm_result: dict[str, Any], theirs: tuple[Any, ...] | None
         # vLLM 0.33 defers a preempted request's resumption while its stale
         # output is in flight, so its only stale token is an older request's
         # output bound by a reused id.
-        if vllm_result.get("vllm_version") == "0.33.0":
+        if _binds_by_id(vllm_result):
             return "reused_id_output_dropped"
         return "stale_token_dropped"
     if differing and differing <= partial and all(req not in ours_applied for req in differing):
@@ -303,6 +328,16 @@ def _first_negative_schedule(events: list[tuple[Any, ...]]) -> int | None:
     """The index of the first `schedule` with an entry of fewer than 0 tokens."""
     return next((i for i, event in enumerate(events)
                  if event[0] == "schedule" and any(entry[2] < 0 for entry in event[1])), None)
+
+
+def _preempted_since(events: list[tuple[Any, ...]]) -> set[str]:
+    """Requests preempted in these decisions and not scheduled again since."""
+    waiting: set[str] = set()
+    for event in events:
+        if event[0] == "schedule":
+            waiting -= {entry[0] for entry in event[1]}
+            waiting |= set(event[2])
+    return waiting
 
 
 def _drifted(truth: dict[str, Any]) -> set[str]:
@@ -347,8 +382,9 @@ def compare(name: str, vllm_result: dict[str, Any], vllm_events: list[dict[str, 
     if deviation is None and index == len(theirs) == len(ours):
         where = f"the runs ended {vllm_result['ending']} (vLLM) and {reference_run.ending} (reference)"
     # A deviation of another version's (0.8.4's mark on a 0.33 run, say) explains nothing.
-    explained = deviation is not None and deviation in VERSION_DEVIATIONS.get(
-        str(vllm_result.get("vllm_version")), tuple(DEVIATIONS))
+    row = _release_of(vllm_result)
+    explained = deviation is not None and deviation in (
+        VERSION_DEVIATIONS.get(row.version, tuple(DEVIATIONS)) if row is not None else tuple(DEVIATIONS))
     if explained and conforming_run is not None:
         conforming = decisions(conforming_run.events, block_offset=1)
         if vllm_result["ending"] == "exception":

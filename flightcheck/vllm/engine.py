@@ -284,12 +284,16 @@ class BatchQueueEngineV033(BatchQueueEngine):
             record["queue"] = 0
             return False
         scheduler_output, result = self.batch_queue.pop()                 # the oldest
+        self.wait_for_output()
         self.process_aborts_queue()
         completed = dict(scheduler_output.num_scheduled_tokens)
         self._record_outputs(self.scheduler.update_from_output(scheduler_output, result))
         record["completed"] = completed
         record["queue"] = len(self.batch_queue)
         return model_executed or bool(completed)
+
+    def wait_for_output(self) -> None:
+        """EngineCore._wait_for_output (0.33): it blocks, handling no input."""
 
     def process_aborts_queue(self) -> None:
         """EngineCore._process_aborts_queue: all pending aborts at once."""
@@ -298,8 +302,27 @@ class BatchQueueEngineV033(BatchQueueEngine):
             self._abort(pending)
 
 
-ENGINE_GATES = {"0.8.5": False, "0.8.4": True}   # does the version gate schedule() on unscheduled requests?
-ENGINE_LOOPS = {"0.8.5": "0.8", "0.8.4": "0.8", "0.33.0": "0.33"}   # whose step_with_batch_queue a version runs
+class BatchQueueEngineV034(BatchQueueEngineV033):
+    """vLLM 0.34.0's engine core: 0.33's `step_with_batch_queue`, but the
+    wait for the oldest batch's output is `EngineCoreProc._wait_for_output`,
+    which, while it spins before a deadline, takes inputs off the input
+    queue and handles ADD and ABORT at once (others are deferred to the next
+    `_process_input_queue`). So a request can arrive, or be aborted, between
+    a step's `schedule()` and that batch's `update_from_output`, even with
+    one batch in flight. `wait_inputs`: the inputs that arrive during the
+    current step's wait (run_busy_loop sets them), handed over in order if
+    the step waits; those left (the step only scheduled) go to the input
+    queue, as an input after the spin deadline does."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.wait_inputs: list[Callable[[], None]] = []
+        self.inputs_during_wait = 0          # handed over inside a wait, over the run
+
+    def wait_for_output(self) -> None:
+        while self.wait_inputs:
+            self.inputs_during_wait += 1
+            self.wait_inputs.pop(0)()
 
 
 @dataclass
@@ -335,21 +358,38 @@ class InputQueue:
         return self.pending[0][0]
 
     def deliver(self, step: int, add_request: Callable[[RequestSpec], None], abort_request: Callable[[str], None],
-                bind: Callable[[RequestSpec], None] | None) -> list[str]:
+                bind: Callable[[RequestSpec], None] | None,
+                during_wait: list[Callable[[], None]] | None = None) -> list[str]:
         """Hand over every input due by `step`; returns the aborts that go
-        `abort_via` the aborts queue instead (0.33), in order."""
+        `abort_via` the aborts queue instead (0.33), in order. Inputs that
+        arrive during the step's wait for output (0.34, `via "wait"`) are
+        appended to `during_wait` as calls that hand them over, in order."""
         during_step: list[str] = []
         while self.pending and self.pending[0][0] <= step:
             _, kind, req_id, spec = self.pending.popleft()
+            handover = _handover(kind == self.ABORT, spec, add_request, abort_request, bind)
             if kind == self.ABORT and spec.abort_via_aborts_queue:
                 during_step.append(req_id)
-            elif kind == self.ABORT:
-                abort_request(req_id)
+            elif during_wait is not None and (spec.abort_during_wait if kind == self.ABORT
+                                              else spec.arrival_during_wait):
+                during_wait.append(handover)
             else:
-                if bind is not None:
-                    bind(spec)
-                add_request(spec)
+                handover()
         return during_step
+
+
+def _handover(is_abort: bool, spec: RequestSpec, add_request: Callable[[RequestSpec], None],
+              abort_request: Callable[[str], None], bind: Callable[[RequestSpec], None] | None) -> Callable[[], None]:
+    """A call that hands one input to the scheduler (an arrival binds the
+    model to its request first)."""
+    def handover() -> None:
+        if is_abort:
+            abort_request(spec.req_id)
+            return
+        if bind is not None:
+            bind(spec)
+        add_request(spec)
+    return handover
 
 
 def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
@@ -358,31 +398,39 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
     (`InputQueue`). An abort `abort_via` the aborts queue (0.33) is handed
     to the engine while that step runs (`BatchQueueEngineV033.aborts_queue`);
     one the step did not apply is applied from the input queue before the
-    next step."""
+    next step. Inputs that arrive during a step's wait for output (0.34)
+    are handed to an engine that handles them there (`wait_inputs`); the
+    rest are handed over from the input queue before the next step."""
     inputs = InputQueue(workload)
     step, idle = 0, 0
     scheduler = engine.scheduler
     bind = getattr(engine.model, "bind", None)
     during_step: list[str] = []
+    waiting: list[Callable[[], None]] = []                # arrived during the last wait, not handled there
     try:
         while True:
             _stamp_engine_step(engine, step)
             for req_id in during_step:                     # the input queue's copy of those aborts
                 abort_request(req_id)
-            during_step = inputs.deliver(step, add_request, abort_request, bind)
+            for handover in waiting:                       # from the input queue, in order
+                handover()
+            waiting = []
+            during_step = inputs.deliver(step, add_request, abort_request, bind, waiting)
             in_flight = engine.busy_while_in_flight and bool(engine.batch_queue)
             if not scheduler.has_requests() and not in_flight and not during_step:
+                if waiting:                                # no step to wait in: the input queue has them
+                    continue
                 if inputs.pending:                         # blocks on the input queue
                     note_wait(engine, step, inputs.next_step())
                     step = inputs.next_step()
                     continue
                 ending = "blocked_in_flight" if engine.batch_queue else "done"
                 return RunOutcome(ending, step, engine.batches_in_flight())
-            progressed, during_step = _step_with_aborts(engine, during_step)
+            progressed, during_step, waiting = _step_with_inputs(engine, during_step, waiting)
             step += 1
             idle = 0 if progressed else idle + 1
             if idle >= IDLE_STEPS_FOR_STUCK and engine.batches_in_flight() == 0:
-                if inputs.pending or during_step:          # it spins until the input arrives
+                if inputs.pending or during_step or waiting:   # it spins until the input arrives
                     step, idle = max(step, inputs.next_step() if inputs.pending else step), 0
                     continue
                 return _idle_ending(engine, step)
@@ -391,6 +439,20 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
     except Exception as err:  # an exception inside vLLM ends the run, as it kills an engine core
         return RunOutcome("exception", step, engine.batches_in_flight(), exception=_where(err),
                           unfinished=_unfinished(scheduler))
+
+
+def _step_with_inputs(engine: BatchQueueEngine, during_step: list[str], waiting: list[Callable[[], None]]
+                      ) -> tuple[bool, list[str], list[Callable[[], None]]]:
+    """One engine step with the inputs that arrive while it runs: aborts for
+    the aborts queue (0.33) and inputs during its wait for output (0.34,
+    handled there by an engine with `wait_inputs`). Returns whether it
+    progressed, and the aborts and the inputs it did not handle."""
+    if not hasattr(engine, "wait_inputs"):
+        return (*_step_with_aborts(engine, during_step), waiting)
+    engine.wait_inputs = waiting
+    progressed, during_step = _step_with_aborts(engine, during_step)
+    left, engine.wait_inputs = engine.wait_inputs, []
+    return progressed, during_step, left
 
 
 def _stamp_engine_step(engine: BatchQueueEngine, step: int) -> None:

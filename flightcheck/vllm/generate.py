@@ -49,11 +49,14 @@ def cdiv(a: int, b: int) -> int:
 
 
 def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = False,
-                      spec_tokens: int = 0, family: str | None = None) -> dict[str, Any]:
+                      spec_tokens: int = 0, family: str | None = None,
+                      mid_step_inputs: bool = False) -> dict[str, Any]:
     """One workload (the JSON `workload.py` reads). `spec_tokens` k > 0:
     speculative decoding with k drafts, the acceptance picked last (so the
     rest of a seed's workload is what it is without drafts); `family` (one
-    of `FAMILIES`) after it."""
+    of `FAMILIES`) after it. `mid_step_inputs`: each arrival and abort, one
+    time in two, arrives while its step waits for a batch's output (`via
+    "wait"`: vLLM 0.34's `_wait_for_output`), picked after everything else."""
     num_stages = pick.integer(2, 4)
     block_size = pick.choice([4, 2, 8])
     prefix_len = pick.choice([0, block_size, 2 * block_size, block_size + 1])
@@ -99,7 +102,31 @@ def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = Fals
         workload["draft_acceptance"] = pick.choice([0.5, 0.0, 0.8, 1.0])
     if family is not None:
         FAMILIES[family](pick, workload)
+    if mid_step_inputs:
+        _place_inputs_during_waits(pick, requests)
     return workload
+
+
+def _place_inputs_during_waits(pick: Picker, requests: list[dict[str, Any]]) -> None:
+    """One time in two each, an arrival (`arrival_via`) or an abort
+    (`abort_via`) lands while its step waits for the oldest batch's output;
+    otherwise between steps, as before. A request that reuses an aborted
+    one's id at the abort's step arrives as that abort does (after it, in
+    the same wait or before the next step): never ahead of it, which vLLM's
+    `add_request` refuses (a live duplicate id); a request aborted at its
+    arrival step is aborted the way it arrives, so after it."""
+    by_id = {request["id"]: request for request in requests}
+    for request in requests:
+        if request["arrival_step"] > 0 and pick.choice([False, True]):
+            request["arrival_via"] = "wait"
+        if "abort_step" in request and pick.choice([False, True]):
+            request["abort_via"] = "wait"
+    for request in requests:
+        if request.get("arrival_via") == "wait" and request.get("abort_step") == request["arrival_step"]:
+            request["abort_via"] = "wait"            # aborted after it arrives, as without waits
+        old = by_id.get(request.get("reuse_id", ""))
+        if old is not None and old.get("abort_via") == "wait" and request["arrival_step"] == old["abort_step"]:
+            request["arrival_via"] = "wait"
 
 
 def _unchunked(pick: Picker, workload: dict[str, Any]) -> None:
@@ -172,13 +199,17 @@ def _maybe_reuse_an_id(pick: Picker, requests: list[dict[str, Any]]) -> None:
 
 
 def campaign_workloads(seed: int, count: int, reuse_ids: bool = False,
-                       spec_tokens: int = 0, family: str | None = None) -> list[dict[str, Any]]:
+                       spec_tokens: int = 0, family: str | None = None,
+                       mid_step_inputs: bool = False) -> list[dict[str, Any]]:
     """Workloads seed-0 .. seed-(count-1) of a campaign; each is a function
     of (seed, index) alone, so a failure is replayed from its name (with
-    drafts: `diff-spec{k}-...`; of a family: `diff-{family}-...`)."""
-    label = (f"spec{spec_tokens}-" if spec_tokens else "") + (f"{family}-" if family else "")
+    drafts: `diff-spec{k}-...`; of a family: `diff-{family}-...`; with inputs
+    during waits: `diff-wait-...`)."""
+    label = ((f"spec{spec_tokens}-" if spec_tokens else "") + (f"{family}-" if family else "")
+             + ("wait-" if mid_step_inputs else ""))
     return [generate_workload(RandomPicker(hash_seed(seed, index)), f"diff-{label}{seed}-{index}",
-                              hash_seed(seed, index), reuse_ids, spec_tokens, family) for index in range(count)]
+                              hash_seed(seed, index), reuse_ids, spec_tokens, family, mid_step_inputs)
+            for index in range(count)]
 
 
 def hash_seed(seed: int, index: int) -> int:

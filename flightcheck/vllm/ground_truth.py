@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import compat
+
 
 @dataclass
 class EntrySnapshot:
@@ -259,7 +261,7 @@ class GroundTruthMixin:
         fails when an id is reused while the old request's batch is in flight)."""
         observations = self.flightcheck_observations
         for request in self.requests.values():
-            if not hasattr(request, "num_in_flight_tokens"):
+            if not compat.counts_in_flight(request):
                 return
             observations.counts_in_flight = True
             for name in COUNTERS:

@@ -59,6 +59,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from . import compat
 from .ground_truth import BatchRecord, EntrySnapshot, GroundTruthMixin, status_name
 from .trace import TraceFile, trace_path_from_env
 
@@ -100,14 +101,16 @@ class RecordingMixin(GroundTruthMixin):
         # vLLM 0.8.4's Scheduler takes `speculative_config` and keeps only its
         # look-ahead (EAGLE) share; k is read from the argument there.
         self._fc_speculative_config = kwargs.get("speculative_config")
+        # Everything read from vLLM's classes is there (compat.py), or one line says what is not.
+        compat.check_vllm(self.records_async_scheduling)
         super().__init__(*args, **kwargs)
-        if getattr(self.scheduler_config, "async_scheduling", False) and not self.records_async_scheduling:
+        if compat.async_scheduling(self.scheduler_config) and not self.records_async_scheduling:
             raise RuntimeError(
                 f"{type(self).__qualname__} records vLLM's synchronous Scheduler, but this engine runs with "
                 f"async scheduling (scheduler_config.async_scheduling), whose AsyncScheduler it would replace "
                 f"(a --scheduler-cls is used as given): run with --no-async-scheduling, or use a recorder "
                 f"of AsyncScheduler (flightcheck.vllm.recorder.RecordingAsyncScheduler)")
-        if self.records_async_scheduling and not getattr(self.scheduler_config, "async_scheduling", False):
+        if self.records_async_scheduling and not compat.async_scheduling(self.scheduler_config):
             raise RuntimeError(
                 f"{type(self).__qualname__} records vLLM's AsyncScheduler, but this engine runs synchronous "
                 f"scheduling (scheduler_config.async_scheduling is off): its output placeholders would "
@@ -131,7 +134,7 @@ class RecordingMixin(GroundTruthMixin):
     # -- the configuration, read from vLLM's state ------------------------------
 
     def _fc_num_stages(self) -> int:
-        vllm_config = getattr(self, "vllm_config", None)
+        vllm_config = compat.vllm_config(self)
         if vllm_config is not None:
             return int(vllm_config.parallel_config.pipeline_parallel_size)
         named = os.environ.get(STAGES_ENV)
@@ -143,10 +146,7 @@ class RecordingMixin(GroundTruthMixin):
     def _fc_num_spec_tokens(self) -> int:
         """k: `Scheduler.num_spec_tokens` (0.8.5, 0.33), else the
         `speculative_config` argument's `num_speculative_tokens` (0.8.4)."""
-        k = getattr(self, "num_spec_tokens", None)
-        if k is None and self._fc_speculative_config is not None:
-            k = self._fc_speculative_config.num_speculative_tokens
-        return int(k or 0)
+        return compat.num_spec_tokens(self, self._fc_speculative_config)
 
     def _fc_config_event(self) -> dict[str, Any]:
         scheduler_config, cache_config = self.scheduler_config, self.cache_config
@@ -161,8 +161,8 @@ class RecordingMixin(GroundTruthMixin):
             "long_prefill_token_threshold": scheduler_config.long_prefill_token_threshold,
             "num_spec_tokens": self._fc_num_spec_tokens(),
             "prefix_caching": bool(cache_config.enable_prefix_caching),
-            "policy": "one-batch-per-request" if hasattr(self, "scheduled_req_ids") else "continue-prefill",
-            "num_preallocate_tokens": getattr(self.kv_cache_manager, "num_preallocate_tokens", 0),
+            "policy": "one-batch-per-request" if compat.one_batch_per_request(self) else "continue-prefill",
+            "num_preallocate_tokens": compat.num_preallocate_tokens(self.kv_cache_manager),
             "vllm_version": self.vllm_version, "writer": "flightcheck.vllm.recorder",
             **self._fc_async_config(), **self._fc_admission_config(),
         }
@@ -190,11 +190,10 @@ class RecordingMixin(GroundTruthMixin):
         sets `next_decode_eligible_step`)."""
         if not self.records_async_scheduling:
             return {}
-        vllm_config = self.vllm_config
-        v2 = bool(getattr(self, "use_v2_model_runner", False))
         return {"async_scheduling": True,
-                "batch_queue_depth": int(vllm_config.max_concurrent_batches),
-                "decode_stagger": int(getattr(self, "decode_stagger", 0)) if v2 else 0,
+                "batch_queue_depth": compat.max_concurrent_batches(self.vllm_config),
+                # (0.33.0: with the V2 runner only; 0.34.0: always)
+                "decode_stagger": compat.decode_stagger(self) if compat.stagger_in_force(self) else 0,
                 # every empty batch is noted (`empty_batches_before`), so a
                 # checker counts the stagger's schedule() calls exactly, from
                 # the first event on; `step` counts this recorder's calls,
@@ -214,11 +213,9 @@ class RecordingMixin(GroundTruthMixin):
 
     def add_request(self, request: Any) -> None:
         super().add_request(request)
-        self.flightcheck_observations.counts_in_flight |= hasattr(request, "num_in_flight_tokens")
+        self.flightcheck_observations.counts_in_flight |= compat.counts_in_flight(request)
         params = request.sampling_params
-        # 0.8.x keeps EOS on the request; 0.33 only in the sampling params
-        # (check_stop reads sampling_params.eos_token_id).
-        eos = request.eos_token_id if hasattr(request, "eos_token_id") else params.eos_token_id
+        eos = compat.eos_token_id(request)
         self._fc_write({
             "ev": "arrive", "req": request.request_id, "prompt_len": request.num_prompt_tokens,
             "max_tokens": request.max_tokens, "prompt_token_ids": list(request.prompt_token_ids),
@@ -271,15 +268,9 @@ class RecordingMixin(GroundTruthMixin):
         snapshot: dict[str, tuple[int, list[int], bool]] = {}
         for data in output.scheduled_new_reqs:
             snapshot[data.req_id] = (data.num_computed_tokens, _block_ids(data.block_ids), True)
-        cached = output.scheduled_cached_reqs
-        if isinstance(cached, list):            # vLLM <= 0.9.1: one CachedRequestData per request
-            for data in cached:
-                snapshot[data.req_id] = (data.num_computed_tokens, _block_ids(data.new_block_ids),
-                                         bool(data.resumed_from_preemption))
-        else:                                   # later: one per batch, parallel lists
-            for i, req_id in enumerate(cached.req_ids):
-                snapshot[req_id] = (cached.num_computed_tokens[i], _block_ids(cached.new_block_ids[i]),
-                                    req_id in cached.resumed_req_ids)
+        # (0.34.0 sends a resumed request as new-request data: admitted above)
+        for req_id, start, new_block_ids, resumed in compat.cached_rows(output.scheduled_cached_reqs):
+            snapshot[req_id] = (start, _block_ids(new_block_ids), resumed)
         drafts = output.scheduled_spec_decode_tokens
         result = []
         for req_id, n in output.num_scheduled_tokens.items():
@@ -317,7 +308,7 @@ class RecordingMixin(GroundTruthMixin):
         # under a reused id).
         watched = {id(e.request): (e.req_id, e.request) for e in entries if not e.request.is_finished()}
         watched.update({id(t): (req_id, t) for req_id, t in targets.items() if t is not None and not t.is_finished()})
-        index, sampled = model_runner_output.req_id_to_index, model_runner_output.sampled_token_ids
+        index, sampled = compat.output_index(model_runner_output), model_runner_output.sampled_token_ids
         returned = {e.req_id: (list(sampled[index[e.req_id]]) if e.req_id in index else []) for e in entries}
         result = super().update_from_output(scheduler_output, model_runner_output)
         self.flightcheck_step += 1
@@ -349,7 +340,7 @@ class RecordingMixin(GroundTruthMixin):
         targets: dict[str, Any] = {}
         for entry in entries:
             known = self.requests.get(entry.req_id)
-            by_id = known is not None and hasattr(known, "num_in_flight_tokens")
+            by_id = known is not None and compat.counts_in_flight(known)
             targets[entry.req_id] = known if by_id else running.get(entry.req_id)
         return targets
 

@@ -27,7 +27,9 @@ from flightcheck.reference.outputs import RequestData
 from flightcheck.reference.profiles import PROFILES, get_profile
 from flightcheck.verification.mutants.patching import reference_applied
 
-from .engine import BatchQueueEngine, BatchQueueEngineV033, FabricatedModel, RunOutcome, run_busy_loop
+from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV034, FabricatedModel, RunOutcome,
+                     run_busy_loop)
+from .versions import BATCH_QUEUE_V033_LOOPS, RELEASES, release, release_of_profile
 from .workload import Workload, workload_from_json
 
 
@@ -43,15 +45,21 @@ class _BatchView:
         cached = output.scheduled_cached_reqs
         self.scheduled_new_reqs = output.scheduled_new_reqs
         if v2_runner:
-            # The V2 runner (async scheduling) gets a new request with all its
-            # tokens (`NewRequestData.from_request(req, ..., req._all_token_ids)`,
-            # `Scheduler.schedule`): tokens already appended to it (an older
-            # request's output bound by a reused id) are part of its prefill.
+            # The V2 runner (0.33 async; 0.34, which has no other) gets a new
+            # request, and a resumed one (sent as new: 0.33's
+            # `scheduled_new_reqs.extend(scheduled_resumed_reqs)`, 0.34's
+            # `Scheduler.schedule`), with all its tokens
+            # (`NewRequestData.from_request(req, ..., prefill_token_ids)`):
+            # tokens already appended to it (an older request's output bound
+            # by a reused id) are part of its prefill.
+            resumed = [entry for entry in cached if entry.resumed_from_preemption]
+            cached = [entry for entry in cached if not entry.resumed_from_preemption]
             self.scheduled_new_reqs = [
-                SimpleNamespace(req_id=entry.req_id, prompt_token_ids=entry.prompt_token_ids,
+                SimpleNamespace(req_id=entry.req_id,
+                                prompt_token_ids=list(scheduler.requests[entry.req_id].prompt_token_ids),
                                 num_computed_tokens=entry.num_computed_tokens,
                                 prefill_token_ids=list(scheduler.requests[entry.req_id].all_token_ids))
-                for entry in output.scheduled_new_reqs]
+                for entry in [*output.scheduled_new_reqs, *resumed]]
         self.scheduled_cached_reqs = SimpleNamespace(
             req_ids=[entry.req_id for entry in cached],
             num_computed_tokens=[entry.num_computed_tokens for entry in cached],
@@ -80,11 +88,15 @@ class _ReferenceSide:
     """The reference scheduler as engine.py's loop sees vLLM's: vLLM's
     `has_requests`, an `update_from_output` whose result has `.outputs`."""
 
-    def __init__(self, scheduler: TracingScheduler, batch_level_cached_data: bool = False) -> None:
+    def __init__(self, scheduler: TracingScheduler, batch_level_cached_data: bool = False,
+                 v2_runner: bool = False) -> None:
         self.scheduler = scheduler
         self.saw_duplicate_cached_block = False
         # vLLM 0.33's runner reads one batch-level CachedRequestData (_BatchView).
         self.batch_level_cached_data = batch_level_cached_data
+        # The V2 model runner (0.33 async; 0.34 always, it has no other) is
+        # told of a new request's tokens by `prefill_token_ids`.
+        self.v2_runner = v2_runner
 
     @property
     def waiting(self) -> Any:
@@ -105,7 +117,7 @@ class _ReferenceSide:
         if not self.saw_duplicate_cached_block:
             cached = self.scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
             self.saw_duplicate_cached_block = any(len(copies) > 1 for copies in cached.values())
-        return (_BatchView(output, self.scheduler, self.scheduler.config.async_scheduling)
+        return (_BatchView(output, self.scheduler, self.v2_runner)
                 if self.batch_level_cached_data else output)
 
     def update_draft_token_ids(self, draft_token_ids: Any) -> None:
@@ -159,6 +171,16 @@ def reference_config(workload: Workload, profile: str, as_released: bool = False
         profile=profile, as_released=as_released)
 
 
+def engine_loop_of(profile: str) -> str:
+    """The engine loop (versions.py `Release.engine_loop`) that runs a
+    profile's reference: its release's, else read from the profile's own
+    `engine_loop` ("vllm-0.33[-async]" is 0.33's loop, others 0.8's)."""
+    row = release_of_profile(profile)
+    if row is not None:
+        return row.engine_loop
+    return "0.33" if get_profile(profile).engine_loop.startswith("vllm-0.33") else "0.8"
+
+
 @dataclass
 class ReferenceRun:
     events: list[dict[str, Any]]
@@ -183,20 +205,23 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
     trace = TraceWriter(sink, eos_token_id=workload.eos_token_id,
                         extra={"mutant": mutant} if mutant is not None else None)
     # The version's engine: 0.33's loop queues empty batches (engine.py), K
-    # batches deep, or K + 1 under async scheduling (`batch_queue_depth`).
-    v033 = get_profile(profile).engine_loop in ("vllm-0.33", "vllm-0.33-async")
+    # batches deep, or K + 1 under async scheduling (`batch_queue_depth`);
+    # 0.34's handles inputs while it waits for a batch's output.
+    loop = engine_loop_of(profile)
+    v033 = loop in BATCH_QUEUE_V033_LOOPS
     # `vllm_outputs`: the deviations switched to vLLM's behaviour, the
     # constants of the version's released profile (reference/profiles.py `RELEASED`).
     config = reference_config(workload, profile, as_released=vllm_outputs)
     scheduler = TracingScheduler(config, trace)
-    side = _ReferenceSide(scheduler, batch_level_cached_data=v033)
+    side = _ReferenceSide(scheduler, batch_level_cached_data=v033,
+                          v2_runner=config.async_scheduling or loop == "0.34")
     engine: BatchQueueEngine
     if v033:
         model = FabricatedModel(workload, _model_output, caches_sampled_tokens=True)
-        engine = BatchQueueEngineV033(side, model, config.batch_queue_depth,
-                                      lambda req_ids: scheduler.finish_requests(
-                                          req_ids, RequestStatus.FINISHED_ABORTED),
-                                      _draft_hand_off(config))
+        engine_class = BatchQueueEngineV034 if loop == "0.34" else BatchQueueEngineV033
+        engine = engine_class(side, model, config.batch_queue_depth,
+                              lambda req_ids: scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED),
+                              _draft_hand_off(config))
     else:
         engine = BatchQueueEngine(side, FabricatedModel(workload, _model_output),
                                   workload.config.num_stages,
@@ -225,18 +250,20 @@ def _draft_hand_off(config: SchedulerConfig) -> Any:
     return lambda req_ids, drafts: SimpleNamespace(req_ids=req_ids, draft_token_ids=drafts)
 
 
-# vLLM version -> the reference profile that models it.
-VERSION_PROFILES: dict[str, str] = {"0.8.5": "vllm-0.8.5", "0.8.4": "vllm-0.8.4", "0.33.0": "vllm-0.33"}
-# ... and with async scheduling (vLLM 0.33's AsyncScheduler with the V2 runner).
-ASYNC_VERSION_PROFILES: dict[str, str] = {"0.33.0": "vllm-0.33-async"}
+# vLLM version -> the reference profile that models it (the release table, versions.py).
+VERSION_PROFILES: dict[str, str] = {r.version: r.profile for r in RELEASES.values()}
+# ... and with async scheduling (vLLM's AsyncScheduler with the V2 runner).
+ASYNC_VERSION_PROFILES: dict[str, str] = {r.version: r.async_profile for r in RELEASES.values()
+                                          if r.async_profile is not None}
 
 
 def profile_for(vllm_version: str, async_scheduling: bool = False) -> str:
-    if async_scheduling:
-        if vllm_version not in ASYNC_VERSION_PROFILES:
-            raise ValueError(f"vLLM {vllm_version} has no async scheduling the reference models")
-        return ASYNC_VERSION_PROFILES[vllm_version]
-    name = VERSION_PROFILES.get(vllm_version, f"vllm-{vllm_version}")
+    """The reference profile of a release (UnknownRelease, a ValueError, for
+    one the table does not list; ValueError for a profile the reference lacks)."""
+    row = release(vllm_version)
+    name = row.async_profile if async_scheduling else row.profile
+    if name is None:
+        raise ValueError(f"vLLM {vllm_version} has no async scheduling the reference models")
     if name not in PROFILES:
-        raise ValueError(f"no reference profile for vLLM {vllm_version}")
+        raise ValueError(f"no reference profile {name} for vLLM {vllm_version}")
     return name

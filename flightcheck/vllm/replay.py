@@ -68,6 +68,9 @@ class ReplayWorker:
             [str(python), "-m", module], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True, bufsize=1)
         ready = self._read()
+        if "error" in ready:                  # the worker refused this vLLM, in one line (compat.py)
+            self.close()
+            raise ReplayError(str(ready["error"]))
         if ready.get("ready") != version:
             self.close()
             raise ReplayError(f"the worker runs vLLM {ready.get('ready')}, not {version}: {ready}")

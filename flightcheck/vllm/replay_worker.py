@@ -50,6 +50,17 @@ recorder, which then refuses to start; `ASYNC_RECORDER` records
 `max_concurrent_batches`, and the fabricated model samples each entry that
 is not a prefill chunk at the position after its last token, placeholders
 included, as the V2 runner, which keeps the tokens it samples, does.
+
+vLLM 0.34.0 (its source: `Scheduler.schedule`, `update_from_output`,
+`EngineCoreProc._wait_for_output`): the same construction (there is only the
+V2 runner; `VLLM_USE_V2_MODEL_RUNNER` is not read), `ModelRunnerOutput`
+without `req_id_to_index`, resumed requests as new-request data, and the
+engine `BatchQueueEngineV034`, which hands over the inputs a workload places
+during a step's wait for output. Which engine a vLLM runs is its release's
+(versions.py; a build the table does not list runs its nearest release's),
+and what differs between releases' objects is read through compat.py, whose
+check runs before anything else of vLLM is imported: an incompatible vLLM
+gets one `{"error": ...}` line and exit 2.
 """
 
 from __future__ import annotations
@@ -61,13 +72,18 @@ import sys
 import tempfile
 from typing import Any
 
-# vLLM reads these at import: V1, no logging setup of its own, no hub access.
-os.environ.setdefault("VLLM_USE_V1", "1")
-os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from . import compat  # noqa: E402  (standard library; imports vLLM only when called)
+
+# vLLM reads these at import: V1, no logging setup of its own, no hub access
+# (compat.VLLM_ENVIRONMENT).
+compat.set_environment()
 # vLLM 0.33: the V1 model runner, the one that runs synchronous pipeline parallelism.
 os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+
+if __name__ == "__main__":
+    # Before anything else of vLLM is imported: a vLLM that lacks what the
+    # bridge reads is refused in one line (compat.py), not with a traceback.
+    compat.exit_if_incompatible()
 
 import vllm  # noqa: E402
 from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig  # noqa: E402
@@ -81,18 +97,23 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
-try:
-    from vllm.utils import resolve_obj_by_qualname  # noqa: E402  (0.8.x)
-except ImportError:
-    from vllm.utils.import_utils import resolve_obj_by_qualname  # noqa: E402  (0.33)
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from . import RECORDER  # noqa: E402
-from .engine import (ENGINE_GATES, ENGINE_LOOPS, BatchQueueEngine, BatchQueueEngineV033,  # noqa: E402
+from .compat import resolve_obj_by_qualname  # noqa: E402
+from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV034,  # noqa: E402
                      FabricatedModel, run_busy_loop)
 from .recording import STAGES_ENV, RecordingMixin  # noqa: E402
 from .trace import TRACE_ENV  # noqa: E402
+from .versions import BATCH_QUEUE_V033_LOOPS, UnknownRelease, nearest_release  # noqa: E402
 from .workload import VOCAB_SIZE, ReplayConfig, RequestSpec, Workload, workload_from_json  # noqa: E402
+
+# The release whose engine loop this vLLM runs (versions.py; a developer's
+# branch runs its nearest release's), None if it predates them all.
+try:
+    RELEASE = nearest_release(vllm.__version__)
+except UnknownRelease:
+    RELEASE = None
 
 PLAIN_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
 PLAIN_ASYNC_SCHEDULER = "vllm.v1.core.sched.async_scheduler.AsyncScheduler"
@@ -126,10 +147,11 @@ def _admission_order_arguments(config: ReplayConfig) -> dict[str, Any]:
             "cache_aware_admission_threshold": config.cache_aware_admission_threshold}
 
 
-def _model_runner_output(**arguments: Any) -> ModelRunnerOutput:
-    """A ModelRunnerOutput from the arguments this version knows (0.33 has no
-    `spec_token_ids`)."""
-    return ModelRunnerOutput(**{k: v for k, v in arguments.items() if _accepts(ModelRunnerOutput, k)})
+def _model_runner_output(req_ids: list[str], sampled_token_ids: list[list[int]],
+                         spec_token_ids: list[list[int]] | None = None, **_: Any) -> ModelRunnerOutput:
+    """A ModelRunnerOutput with the fields this version has (compat.py:
+    0.33 has no `spec_token_ids`, 0.34 no `req_id_to_index`)."""
+    return compat.model_runner_output(req_ids, sampled_token_ids, spec_token_ids)
 
 
 class SchedulerFactory:
@@ -263,27 +285,30 @@ def _block_hasher(block_size: int) -> Any:
 
 def _make_engine(scheduler: Any, model: FabricatedModel, workload: Workload) -> BatchQueueEngine:
     """Our copy of this version's engine loop around the scheduler."""
-    if ENGINE_LOOPS[vllm.__version__] != "0.33":
+    assert RELEASE is not None
+    if RELEASE.engine_loop not in BATCH_QUEUE_V033_LOOPS:
         return BatchQueueEngine(scheduler, model, workload.config.num_stages,
-                                schedules_only_unscheduled=ENGINE_GATES[vllm.__version__])
+                                schedules_only_unscheduled=RELEASE.gates_on_unscheduled)
 
     def abort_all(req_ids: list[str]) -> None:          # EngineCore.abort_requests
         scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED)
 
     # vLLM's own depth: K, or K + 1 with async scheduling and the V2 runner.
-    depth = int(scheduler.vllm_config.max_concurrent_batches)
+    depth = compat.max_concurrent_batches(scheduler.vllm_config)
     drafts = None
     if workload.config.num_spec_tokens and not workload.config.async_scheduling:
         from vllm.v1.outputs import DraftTokenIds
 
         def drafts(req_ids: list[str], draft_token_ids: list[list[int]]) -> Any:
             return DraftTokenIds(req_ids, draft_token_ids)
-    return BatchQueueEngineV033(scheduler, model, depth, abort_all, drafts)
+    engine = BatchQueueEngineV034 if RELEASE.engine_loop == "0.34" else BatchQueueEngineV033
+    return engine(scheduler, model, depth, abort_all, drafts)
 
 
 def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]:
     workload = workload_from_json(job["workload"])
-    if ENGINE_LOOPS[vllm.__version__] != "0.33" and any(s.abort_via_aborts_queue for s in workload.requests):
+    assert RELEASE is not None
+    if RELEASE.engine_loop not in BATCH_QUEUE_V033_LOOPS and any(s.abort_via_aborts_queue for s in workload.requests):
         raise ValueError(f"abort_via 'aborts_queue': vLLM {vllm.__version__}'s engine has no aborts queue")
     recording = job.get("recorder", True)
     trace_path = job.get("trace") if recording else None
@@ -301,7 +326,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     if recording and scheduler._fc_trace is not None:
         scheduler._fc_trace.record_time = False          # replays are deterministic, times are not
     model = FabricatedModel(workload, _model_runner_output,
-                            caches_sampled_tokens=ENGINE_LOOPS[vllm.__version__] == "0.33")
+                            caches_sampled_tokens=RELEASE.engine_loop in BATCH_QUEUE_V033_LOOPS)
 
     def abort(req_id: str) -> None:
         scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)
@@ -324,6 +349,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         "ground_truth": observations, "batches": engine.batches,
         "outputs": [list(x) for x in engine.outputs], "trace": trace_path,
         **({"engine_steps": engine.steps} if isinstance(engine, BatchQueueEngineV033) else {}),
+        **({"inputs_during_wait": engine.inputs_during_wait} if isinstance(engine, BatchQueueEngineV034) else {}),
         "waits_in_flight": engine.waits_in_flight, "gated_completions": engine.gated_completions,
         "copy_errors": engine.copy_errors[:1],
     }
@@ -333,7 +359,7 @@ def main() -> int:
     # vLLM and triton may print to stdout; results go to the original stdout only.
     results = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    if ENGINE_LOOPS.get(vllm.__version__) is None:
+    if RELEASE is None:
         results.write(json.dumps({"error": f"no engine loop for vLLM {vllm.__version__}"}) + "\n")
         return 2
     factory = SchedulerFactory()

@@ -30,7 +30,7 @@
 * `config.cache_aware_admission_window` (default 0 = off) and
   `config.cache_aware_admission_threshold` (default 0.5): vLLM 0.34's
   cache-aware admission order; passed only to a vLLM that has the knobs.
-* `config.async_scheduling` (vLLM 0.33 only, default false): build the engine
+* `config.async_scheduling` (vLLM 0.33 and 0.34, default false): build the engine
   with async scheduling; the synchronous recorder refuses to stand in for
   its `AsyncScheduler`, so such a replay stops with that error.
 * A prompt is given by its token ids, or by `prompt_len` with an optional
@@ -42,13 +42,23 @@
   added / aborted (input arrives between engine steps, as in vLLM's busy
   loop). `eos_probability`: the chance that each token the fabricated model
   samples for this request is the EOS token.
-* `abort_via` (vLLM 0.33 only): `"input"` (the default) delivers the abort
+* `abort_via` (0.33 and 0.34): `"input"` (the default) delivers the abort
   through the input queue, before the engine step `abort_step`;
   `"aborts_queue"` makes it arrive while step `abort_step` runs the model:
   0.33's engine then applies it right before that step's
   `update_from_output` (`EngineCore._process_aborts_queue`), or, if the step
   completes no batch, from the input queue before the next step (vLLM puts
   every client abort in both queues; aborting twice is a no-op).
+  `"wait"` (vLLM 0.34's `EngineCoreProc._wait_for_output`): the abort
+  arrives while step `abort_step` waits for its oldest batch's output, and
+  is handled there, in order with the other inputs that arrive during that
+  wait, after the step's `schedule()` and before that batch's
+  `update_from_output`; if the step waits for no output (it only schedules),
+  or on an engine that handles no input while it waits (0.8.x, 0.33.0), it
+  is handled from the input queue before the next step, as an input that
+  arrives after `_wait_for_output`'s spin deadline is.
+* `arrival_via` (`"input"`, the default, or `"wait"`): the same for the
+  request's arrival (0.34 handles `ADD` during the wait too).
 * `reuse_id`: send this request to vLLM under the id of an earlier request
   (its `id`), as a front end does with request-id randomization off
   (`VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1`, or a caller of `EngineCore`
@@ -113,6 +123,10 @@ class RequestSpec:
     ignore_eos: bool
     name: str = ""                    # the workload's unique name for it ("" = req_id)
     abort_via_aborts_queue: bool = False
+    # vLLM 0.34: the input arrives while step arrival_step / abort_step
+    # waits for a batch's output (`EngineCoreProc._wait_for_output`).
+    arrival_during_wait: bool = False
+    abort_during_wait: bool = False
 
     @property
     def key(self) -> str:
@@ -199,8 +213,11 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int]) -> Reque
     if reuse is not None and not isinstance(reuse, str):
         raise WorkloadError(f"{where}.reuse_id must be the id of an earlier request")
     abort_via = raw.get("abort_via", "input")
-    if abort_via not in ("input", "aborts_queue"):
-        raise WorkloadError(f"{where}.abort_via must be 'input' or 'aborts_queue', got {abort_via!r}")
+    if abort_via not in ("input", "aborts_queue", "wait"):
+        raise WorkloadError(f"{where}.abort_via must be 'input', 'aborts_queue' or 'wait', got {abort_via!r}")
+    arrival_via = raw.get("arrival_via", "input")
+    if arrival_via not in ("input", "wait"):
+        raise WorkloadError(f"{where}.arrival_via must be 'input' or 'wait', got {arrival_via!r}")
     if "prompt_token_ids" in raw:
         tokens = raw["prompt_token_ids"]
         if not isinstance(tokens, list) or not tokens or not all(
@@ -222,7 +239,8 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int]) -> Reque
         raise WorkloadError(f"{where}.eos_probability must be in [0, 1]")
     return RequestSpec(
         req_id=req_id if reuse is None else reuse, name="" if reuse is None else req_id,
-        abort_via_aborts_queue=abort_via == "aborts_queue", prompt_token_ids=tuple(prompt),
+        abort_via_aborts_queue=abort_via == "aborts_queue", abort_during_wait=abort_via == "wait",
+        arrival_during_wait=arrival_via == "wait", prompt_token_ids=tuple(prompt),
         max_tokens=_int(f"{where}.max_tokens", raw.get("max_tokens", 16), 1),
         arrival_step=_int(f"{where}.arrival_step", raw.get("arrival_step", 0)),
         abort_step=None if abort is None else _int(f"{where}.abort_step", abort),
