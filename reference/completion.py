@@ -50,12 +50,13 @@ def count_rejected(request: Request, entry: RequestData, generated: list[int]) -
 
 
 def append_sampled(request: Request, generated: list[int], fate: Fate,
-                   proposed_drafts: Sequence[int], config: SchedulerConfig,
+                   proposed_drafts: Sequence[int] | None, config: SchedulerConfig,
                    stop_tokens_first: bool = False) -> EngineCoreOutput:
     """Append a live or orphaned entry's sampled tokens (accepted drafts, then
     the bonus token) up to the first that stops the request. `stop_tokens_first`:
     vLLM 0.33's stop check (the profile's `stop_tokens_before_length`, read
-    once by the scheduler: this runs per sampled entry)."""
+    once by the scheduler: this runs per sampled entry). `proposed_drafts`
+    None: drafts do not come with the output (vLLM 0.33), those held stay."""
     # The model's list is the output's unless a stop trims it (as vLLM).
     new_token_ids = generated
     stop = check_stop_tokens_first if stop_tokens_first else check_stop
@@ -66,7 +67,8 @@ def append_sampled(request: Request, generated: list[int], fate: Fate,
                 new_token_ids = generated[:num_new]   # tokens after the stop are trimmed
             break
     # Cheapest test first: most entries have no drafts either way.
-    if (proposed_drafts or request.spec_token_ids) and fate is LIVE and not request.is_finished():
+    if proposed_drafts is not None and (proposed_drafts or request.spec_token_ids) \
+            and fate is LIVE and not request.is_finished():
         request.spec_token_ids = tuple(proposed_drafts[:config.num_spec_tokens])
     return EngineCoreOutput(request.request_id, new_token_ids,
                             request.get_finished_reason(), request.stop_reason)

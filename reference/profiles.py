@@ -129,6 +129,37 @@ class Profile:
     # No structured outputs (grammars, the deferred sampling of
     # `pending_structured_output_tokens`) are modelled.
     async_scheduling: bool = False
+    # `AsyncScheduler._update_after_schedule` (0.33 async): every entry that
+    # is not a prefill chunk leaves its request `[-1] * num_spec_tokens_to_schedule`
+    # (k) placeholder drafts, filled in on the worker; `schedule()` empties
+    # `spec_token_ids` of every running request it schedules (`request.
+    # spec_token_ids = []`), and the model's output brings no drafts (the
+    # engine's `post_step` does nothing under async scheduling; the output's
+    # drafts are rewritten by `update_draft_token_ids_in_output` only for
+    # structured outputs, not modelled). 0.8.x and 0.33 sync: the drafts come
+    # with the output of the request's sampling entry (update.py).
+    placeholder_drafts: bool = False
+    # 0.33 `Scheduler.update_from_output`: with drafts configured
+    # (`self.num_spec_tokens > 0`) a live output of a RUNNING request caches
+    # the blocks of its settled tokens (`cache_blocks(request,
+    # num_computed_tokens - num_in_flight_tokens)`), after
+    # `_update_request_with_output` trimmed `num_computed_tokens` to the
+    # tokens kept at a stop, as under async scheduling (whose placeholders
+    # make it do so without drafts too). 0.8.x: neither.
+    settles_blocks_with_drafts: bool = False
+    # 0.33 `Scheduler.schedule`, waiting loop ("Pad new decode requests to
+    # uniform spec decoding size"): with k drafts configured, a request
+    # admitted with exactly one token to compute, when the running loop
+    # scheduled no request whose last entry was a prefill chunk and either
+    # it scheduled some running request or the admission has a prefix hit,
+    # is scheduled as `1 + k` tokens, the k placeholder drafts (`[-1] * k`)
+    # included, if `num_computed_tokens + 1 + k + 1 <= max_model_len`; if
+    # those do not fit the token budget, admission stops there ("Prefer to not
+    # schedule than schedule un-padded"). A long-prefill threshold below 1 + k
+    # then clips it, where vLLM asserts `num_new_tokens == 1 +
+    # num_spec_tokens`: the reference schedules the drafts the clip leaves, as
+    # the spec does. 0.8.x: no padding.
+    pads_admitted_decodes: bool = False
     # The engine-core loop the version ships (drive.py `EngineLoop` by name).
     engine_loop: str = "vllm-0.8.5"
     # --- vLLM as released, where the reference carries a later fix (its
@@ -183,6 +214,17 @@ class Profile:
     # it). Read where the output is bound (`_fate_by_counters`) and where the
     # trace reads the fate beforehand (`_predicted_fate`: the counters alone).
     outputs_by_id_alone: bool = False
+    # 0.33 with synchronous scheduling: `EngineCore.post_step`, in the engine
+    # step that submitted a batch, hands the drafts proposed for it
+    # (`take_draft_token_ids`) to `Scheduler.update_draft_token_ids` before
+    # that batch completes (a request whose entry was a prefill chunk,
+    # `is_prefill_chunk`, drops its drafts), `schedule()` empties the drafts
+    # of every running request it schedules, and the output brings none; with
+    # pipeline parallelism the next `schedule()` then schedules a request's
+    # proposed drafts beyond those in flight at once, on top of its sampling
+    # entry in flight (the ground truth's double sample). The reference takes
+    # the drafts with the output (`drafts_handed_over_at_submission`).
+    drafts_handed_over_at_submission: bool = False
 
     def release_order(self, enable_prefix_caching: bool) -> str:
         """"reverse" or "forward": the order a released table joins the free queue."""
@@ -213,8 +255,9 @@ PROFILES: dict[str, Profile] = {
                          unhashed_blocks_to_head=True, threshold_needs_company=True,
                          sampled_token_slot=1, full_sequence_admission=True,
                          stop_tokens_before_length=True, stale_output_counters=True,
-                         flush_finished_every_schedule=True, engine_loop="vllm-0.33",
-                         unchunked_prefill_stops_admission=True),
+                         flush_finished_every_schedule=True,
+                         settles_blocks_with_drafts=True, pads_admitted_decodes=True,
+                         engine_loop="vllm-0.33", unchunked_prefill_stops_admission=True),
 }
 # vLLM 0.33.0 with asynchronous scheduling: `AsyncScheduler` and the V2
 # model runner, the default for single-node pipeline parallelism
@@ -223,7 +266,8 @@ PROFILES: dict[str, Profile] = {
 # of `vllm-0.33` plus the async rules above; the engine loop is 0.33's
 # `EngineCore.step_with_batch_queue` at depth K + 1 (drive.py).
 PROFILES["vllm-0.33-async"] = replace(PROFILES["vllm-0.33"], name="vllm-0.33-async",
-                                      async_scheduling=True, engine_loop="vllm-0.33-async")
+                                      async_scheduling=True, placeholder_drafts=True,
+                                      engine_loop="vllm-0.33-async")
 # vLLM 0.34.0, sync and async: 0.33.0's rules, each re-read in 0.34.0's source
 # (the spec's profiles.py VLLM_0_34 lists where); the engine loop is 0.33's
 # `step_with_batch_queue`, which 0.34 keeps but for how it waits for a
@@ -250,14 +294,16 @@ RELEASED_0_8_X: dict[str, bool] = {
 # decides what sampled (after a wrong binding the request holds a token its
 # snapshot did not count).
 RELEASED_0_33: dict[str, bool] = {"outputs_by_id_alone": True, "worker_decides_sampling": True}
+# ... and with synchronous scheduling, drafts handed over at submission.
+RELEASED_0_33_SYNC: dict[str, bool] = {**RELEASED_0_33, "drafts_handed_over_at_submission": True}
 RELEASED: dict[str, Profile] = {
     "vllm-0.8.5": replace(PROFILES["vllm-0.8.5"], **RELEASED_0_8_X),
     "vllm-0.8.4": replace(PROFILES["vllm-0.8.4"], **RELEASED_0_8_X, no_max_model_len_clip=True,
                           in_flight_mark_kept_off_running=True),
-    "vllm-0.33": replace(PROFILES["vllm-0.33"], **RELEASED_0_33),
+    "vllm-0.33": replace(PROFILES["vllm-0.33"], **RELEASED_0_33_SYNC),
     "vllm-0.33-async": replace(PROFILES["vllm-0.33-async"], **RELEASED_0_33),
     # 0.34.0's `update_from_output` still binds an output by id alone.
-    "vllm-0.34": replace(PROFILES["vllm-0.34"], **RELEASED_0_33),
+    "vllm-0.34": replace(PROFILES["vllm-0.34"], **RELEASED_0_33_SYNC),
     "vllm-0.34-async": replace(PROFILES["vllm-0.34-async"], **RELEASED_0_33),
 }
 

@@ -63,12 +63,13 @@ from .config import SchedulerConfig
 from .kv_cache_manager import KVCacheManager
 from .outputs import CachedRequestData, RequestData, SchedulerOutput
 from .request import Request, RequestStatus
+from .drafts import DraftSources
 from .update import OutputUpdate
 
 __all__ = ["Fate", "Scheduler"]
 
 
-class Scheduler(OutputUpdate):
+class Scheduler(OutputUpdate, DraftSources):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv_cache_manager = KVCacheManager(
@@ -87,6 +88,7 @@ class Scheduler(OutputUpdate):
         self._stop_tokens_first = profile.stop_tokens_before_length       # _apply_sampled
         self._flush_finished_every_schedule = profile.flush_finished_every_schedule  # _make_output
         self._async = profile.async_scheduling                            # schedule, update
+        self._read_draft_rules(profile)                                   # drafts.py
         # Chunked prefill off (_stops_unchunked) and 0.34's admission order
         # (_schedule_waiting); both in force only where the configuration asks.
         self._stops_unchunked_prefill = (profile.unchunked_prefill_stops_admission
@@ -259,6 +261,9 @@ class Scheduler(OutputUpdate):
                 continue
             request.num_output_placeholders += 1 + len(entry.spec_token_ids)
             request.next_decode_eligible_step = self.current_step + self._decode_stagger
+            if self._placeholder_drafts:
+                # "We will update the actual spec token ids in the worker process."
+                request.spec_token_ids = self._placeholder_drafts
 
     def _is_async_skipped(self, request: Request) -> bool:
         """vLLM 0.33 `Scheduler.schedule`, running loop, before the token
@@ -299,6 +304,8 @@ class Scheduler(OutputUpdate):
             if len(request.spec_token_ids) != num_drafts and not (
                     num_drafts == 0 and self._unscheduled_drafts_kept):
                 request.spec_token_ids = request.spec_token_ids[:num_drafts]
+            if self._drafts_emptied_when_scheduled and request.spec_token_ids:
+                request.spec_token_ids = ()   # vLLM 0.33: `request.spec_token_ids = []`
             self._add_to_batch(batch, request, entry)
             req_index += 1
 
@@ -430,12 +437,16 @@ class Scheduler(OutputUpdate):
                 index += 1
                 continue
             computed_blocks, num_hit_tokens = kv.get_computed_blocks(request)
-            if self._stops_unchunked(request.num_tokens - num_hit_tokens, batch.token_budget):
+            padded = self._padded_decode(request, num_hit_tokens, batch) if self._pads_admitted_decodes else 0
+            wanted = padded if padded > 0 else request.num_tokens - num_hit_tokens
+            if self._stops_unchunked(wanted, batch.token_budget):
                 break
-            num_new_tokens = self._clip(request.num_tokens - num_hit_tokens,
+            num_new_tokens = self._clip(wanted,
                                         request.num_computed_tokens, batch.token_budget)
             if num_new_tokens == 0:
                 break
+            if padded < 0:
+                break                         # vLLM: "Prefer to not schedule than schedule un-padded"
             if self._full_sequence_admission and not kv.fits_whole_sequence(
                     request, computed_blocks, self.config.max_model_len):
                 break
@@ -443,8 +454,12 @@ class Scheduler(OutputUpdate):
             if new_blocks is None:
                 break
             del self.waiting[index]
-            self._add_to_batch(batch, request,
-                               self._admit(request, num_hit_tokens, num_new_tokens, new_blocks))
+            entry = self._admit(request, num_hit_tokens, num_new_tokens, new_blocks)
+            if padded:                        # its placeholder drafts: those the clip left
+                entry.spec_token_ids = (-1,) * min(self.config.num_spec_tokens, num_new_tokens - 1)
+                if not self._drafts_emptied_when_scheduled:
+                    request.spec_token_ids = entry.spec_token_ids    # held as scheduled drafts are
+            self._add_to_batch(batch, request, entry)
 
     def _stops_unchunked(self, num_new_tokens: int, token_budget: int) -> bool:
         """Chunked prefill off (vLLM 0.33, 0.34 `Scheduler.schedule`, waiting
@@ -516,3 +531,5 @@ class Scheduler(OutputUpdate):
         can go into the very next batch."""
         for request, entry in zip(batch.requests, batch.entries):
             request.num_computed_tokens += entry.num_new_tokens
+        if (self._drafts_at_submission or self._pads_admitted_decodes) and not self._async:
+            self._mark_prefill_chunks(batch)      # (async: _add_placeholders marks them)

@@ -87,6 +87,7 @@ class ScriptedExecutor:
         self._keeps_sampled_tokens = keeps_sampled_tokens
         self._pending: deque[LazyFuture] = deque()
         self._num_known_tokens: dict[str, int] = {}
+        self._proposed: dict[str, list[int]] = {}       # each request's latest drafts proposed
         self.executed: list[list[ExecutedEntry]] = []   # per batch, in execution order
 
     def submit(self, scheduler_output: SchedulerOutput) -> LazyFuture:
@@ -106,6 +107,7 @@ class ScriptedExecutor:
         known = self._num_known_tokens
         for req_id in scheduler_output.finished_req_ids:
             known.pop(req_id, None)
+            self._proposed.pop(req_id, None)
         req_ids: list[str] = []
         sampled: list[list[int]] = []
         proposed: list[list[int]] = []
@@ -131,7 +133,8 @@ class ScriptedExecutor:
             next_drafts: list[int] = []
             if is_final or self._sample_every_chunk:
                 position = num_known if is_final else start + n
-                tokens, next_drafts = self._call_sample(req_id, position, drafts)
+                tokens, next_drafts = self._call_sample(req_id, position, self._filled(req_id, drafts))
+                self._proposed[req_id] = next_drafts
                 if is_final and self._keeps_sampled_tokens:
                     known[req_id] = num_known + len(tokens)
             req_ids.append(req_id)
@@ -140,6 +143,25 @@ class ScriptedExecutor:
             executed.append(ExecutedEntry(req_id, start, n, bool(tokens)))
         self.executed.append(executed)
         return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled, proposed)
+
+    def _filled(self, req_id: str, drafts: Sequence[int]) -> Sequence[int]:
+        """vLLM 0.33's placeholder drafts (`-1`: async scheduling, a padded
+        admission) filled in with the drafts the worker proposed for the
+        request last (the V2 runner keeps them on the device), up to the first
+        it has none for: such a placeholder matches no sampled token (the
+        rejection sampler rejects it), so no draft after it is accepted."""
+        if -1 not in drafts:
+            return drafts
+        proposed = self._proposed.get(req_id, [])
+        filled: list[int] = []
+        for i, draft in enumerate(drafts):
+            if draft != -1:
+                filled.append(draft)
+            elif i < len(proposed):
+                filled.append(proposed[i])
+            else:
+                break               # nothing proposed for this slot: it and those after are rejected
+        return filled
 
     def _call_sample(self, req_id: str, position: int,
                      drafts: Sequence[int]) -> tuple[list[int], list[int]]:

@@ -224,6 +224,7 @@ class TracingScheduler(Scheduler):
         taken: dict[str, list[int]] = {}
         dropped: list[str] = []
         live: list[Request] = []
+        kept: list[Request] = []              # every entry's request its output reached
         for entry in scheduler_output.entries:
             request = self.requests.get(entry.req_id)
             fate = self._predicted_fate(entry, request)
@@ -234,6 +235,7 @@ class TracingScheduler(Scheduler):
             assert request is not None
             taken[entry.req_id] = list(self._tokens_taken(entry, request, fate,
                                                           model_runner_output))
+            kept.append(request)
             if fate is Fate.LIVE and taken[entry.req_id]:
                 live.append(request)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
@@ -244,8 +246,11 @@ class TracingScheduler(Scheduler):
             if number is not None:
                 self.trace.empty_batch("complete", number, self.num_steps)
             return outputs
-        # Drafts proposed to live requests that sampled and go on.
-        next_drafts = {request.request_id: len(request.spec_token_ids) for request in live
+        # Drafts proposed to live requests that sampled and go on; where drafts
+        # do not come with the output (vLLM 0.33), the drafts each request
+        # this output reached holds now, as vLLM's recorder reads them.
+        holders = live if self._drafts_with_output else kept
+        next_drafts = {request.request_id: len(request.spec_token_ids) for request in holders
                        if not request.is_finished() and request.spec_token_ids}
         self.trace.complete(scheduler_output.batch_id, self.num_steps, taken, dropped,
                             next_drafts)

@@ -46,6 +46,8 @@ class OutputUpdate:
     _worker_decides_sampling: bool
     _drafts_from_every_output: bool
     _outputs_by_id_alone: bool
+    _drafts_with_output: bool
+    _settles_blocks_with_drafts: bool
 
     def fate_of(self, entry: RequestData) -> Fate:
         """What becomes of this in-flight entry's output if it completed now."""
@@ -96,9 +98,14 @@ class OutputUpdate:
                     _take_proposed_drafts(request, entry, fate, model_runner_output)
                 continue
             was_running = request.status == RUNNING
-            # Drafts proposed for the next step, looked up only when the model proposes any.
-            proposed_drafts = model_runner_output.drafts_of(entry.req_id) \
-                if model_runner_output.spec_token_ids is not None else ()
+            # Drafts proposed for the next step, looked up only when the model
+            # proposes any and they come with the output (None: they do not,
+            # profiles.py `placeholder_drafts`, `drafts_handed_over_at_submission`;
+            # the drafts held are left alone).
+            proposed_drafts: Sequence[int] | None = None
+            if self._drafts_with_output:
+                proposed_drafts = model_runner_output.drafts_of(entry.req_id) \
+                    if model_runner_output.spec_token_ids is not None else ()
             outputs.append(self._apply_sampled(request, entry, token_ids, fate, proposed_drafts))
             if request.is_finished():
                 if was_running:
@@ -177,14 +184,14 @@ class OutputUpdate:
             self.scheduled_req_ids.discard(request.request_id)
 
     def _apply_sampled(self, request: Request, entry: RequestData, token_ids: list[int],
-                       fate: Fate, proposed_drafts: Sequence[int]) -> EngineCoreOutput:
+                       fate: Fate, proposed_drafts: Sequence[int] | None) -> EngineCoreOutput:
         """Subtract the rejected drafts, then append the tokens (completion.py)."""
         num_rejected = count_rejected(request, entry, token_ids)
         if num_rejected:
             self._subtract_rejections(request, fate, num_rejected)
             if self._async and fate is LIVE:
                 self._settle_rejected_placeholders(request, num_rejected)
-        if not self._async:
+        if not self._async and not self._settles_blocks_with_drafts:
             return append_sampled(request, token_ids, fate, proposed_drafts, self.config,
                                   self._stop_tokens_first)
         had_placeholders = request.num_output_placeholders > 0
@@ -200,7 +207,7 @@ class OutputUpdate:
                 # last token's KV was never computed.
                 request.num_computed_tokens -= len(token_ids) - len(output.new_token_ids)
             self._settle_placeholders(request, len(token_ids))
-            if was_running and (had_placeholders or self.config.num_spec_tokens > 0):
+            if was_running and (had_placeholders or self._settles_blocks_with_drafts):
                 # vLLM 0.33 `update_from_output`: with placeholders (or drafts)
                 # the blocks of the settled tokens are cached now.
                 self.kv_cache_manager.cache_blocks(

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 from . import blocks
 from .config import Config
+from .drafts import drafts_come_with_output
 from .schedule import Scheduled, schedule  # noqa: F401  (re-exported: the fourth action)
 from .state import Entry, Fate, Request, State, Status, content_label, holder_of, name_of, retire_entries
 
@@ -118,8 +119,9 @@ def _output_applied(state: State, cfg: Config, e: Entry) -> bool:
 
 
 def max_next_drafts(cfg: Config) -> int:
-    """The most drafts the drafter proposes for a request's next step: k."""
-    return cfg.num_spec_tokens
+    """The most drafts a completion proposes for a request's next step: k,
+    or none where drafts do not come with the output (`Profile.draft_source`)."""
+    return cfg.num_spec_tokens if drafts_come_with_output(cfg) else 0
 
 
 def is_valid_sample(cfg: Config, e: Entry, s: Sample) -> bool:
@@ -247,14 +249,14 @@ def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate,
     if fate is Fate.LIVE:
         # every returned token settles a placeholder, those trimmed at a stop too
         req = _settle_returned_placeholders(req, s.num_accepted + 1)
-    if (fate is Fate.LIVE and had_placeholders and req.status is Status.RUNNING
+    if (fate is Fate.LIVE and (had_placeholders or cfg.num_spec_tokens > 0) and req.status is Status.RUNNING
             and cfg.rules.cache_settled_blocks_on_output):
         trimmed = s.num_accepted - j           # tokens after a stop, not appended
         state = _cache_settled_blocks(state, cfg, r, req.num_computed - trimmed - req.num_in_flight)
     if finish is not None:
         state = state.with_request(r, num_output=req.num_output, num_computed=req.num_computed)
         return _forget_counters(_finish(state, cfg, r, finish), r)
-    if fate is Fate.LIVE:
+    if fate is Fate.LIVE and drafts_come_with_output(cfg):
         req = replace(req, num_drafts=s.next_drafts)       # the drafts proposed for its next step
     return state.with_request(r, num_output=req.num_output, num_computed=req.num_computed,
                               num_drafts=req.num_drafts, placeholders=req.placeholders)

@@ -18,6 +18,7 @@ from typing import Literal
 ReleaseOrder = Literal["reverse", "forward"]
 Policy = Literal["continue-prefill", "one-batch-per-request"]
 StaleTest = Literal["truthy", "positive"]
+DraftSource = Literal["completion", "submission", "placeholders"]
 
 
 @dataclass(frozen=True)
@@ -122,11 +123,11 @@ class Profile:
     # (`current_step += 1` on every `schedule()` call, empty ones included).
     # The spec keeps a per-request countdown instead (`Request.decode_countdown`).
     decode_stagger_is_pipeline_depth: bool = False
-    # `update_from_output` (0.33): with placeholders in play, a live output of
-    # a RUNNING request hashes the blocks its settled tokens fill
-    # (`cache_blocks(request, num_computed - num_in_flight)`), before a stop
-    # frees them. The sync 0.33 profile does not model this call (it makes
-    # it only with spec decode on).
+    # `update_from_output` (0.33): with placeholders in play or drafts
+    # configured (`has_output_placeholders or self.num_spec_tokens > 0`), a
+    # live output of a RUNNING request hashes the blocks its settled tokens
+    # fill (`cache_blocks(request, num_computed - num_in_flight)`), before a
+    # stop frees them (so the sync 0.33 profile makes the call only with k > 0).
     cache_settled_blocks_on_output: bool = False
     # The waiting loop's stale test (`Scheduler.schedule`, 0.33): vLLM defers
     # a preempted request while `num_stale_output_tokens and not
@@ -145,6 +146,34 @@ class Profile:
     # negative count into the stale counter at preemption. Under unique names
     # the floor never binds (IF1).
     in_flight_floor: bool = False
+    # --- speculative decoding: where a request's drafts for its next step
+    # come from (spec/drafts.py reads it; the seam is `drafts_come_with_output`):
+    # "completion" (0.8.x): `Scheduler.update_from_output` sets
+    # `spec_token_ids` from the model's output (`Sample.next_drafts`).
+    # "submission" (0.33 sync): `EngineCore.post_step` hands the drafts the
+    # runner proposed for the batch it has just submitted to
+    # `Scheduler.update_draft_token_ids`, in the same engine step, before that
+    # batch completes: the completion's drafts as the scheduler sees them,
+    # and, used before it, the environment's `hand_over_drafts`.
+    # "placeholders" (0.33 async): `AsyncScheduler._update_after_schedule`
+    # gives every entry that is not a prefill chunk k placeholder drafts
+    # (`[-1] * num_spec_tokens_to_schedule`), filled in on the worker
+    # (`post_step` does nothing under async scheduling; the output's drafts are
+    # rewritten by `update_draft_token_ids_in_output` only for structured
+    # outputs, not modelled); the completion brings none.
+    draft_source: DraftSource = "completion"
+    # `Scheduler.schedule`, waiting loop (0.33: "Pad new decode requests to
+    # uniform spec decoding size"): with k > 0 an admission with exactly one
+    # token to compute is scheduled as 1 + k tokens, k placeholder drafts,
+    # when the running loop scheduled no request whose previous entry was a
+    # prefill chunk (`prefill_scheduled`) and it scheduled some running
+    # request or the admission has a prefix hit, if `hit + 1 + k + 1 <=
+    # max_model_len`; when 1 + k exceed the budget left, admission stops
+    # ("Prefer to not schedule than schedule un-padded"). A long-prefill
+    # threshold below 1 + k then clips it (vLLM asserts `num_new_tokens == 1 +
+    # num_spec_tokens` there): the entry keeps the drafts the clip leaves.
+    # 0.8.x: no padding.
+    pads_admitted_decodes: bool = False
     # --- chunked prefill off and admission order (`Config.enable_chunked_prefill`,
     # `Config.cache_aware_admission_window`); each changes nothing at the defaults.
     # `Scheduler.schedule`, waiting loop (0.33, 0.34): with
@@ -229,7 +258,9 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     sampled_token_slot=1, full_sequence_admission=True,
                     defer_resume_while_stale=True, stop_tokens_before_length=True,
                     stale_output_counters=True, empty_batches=True, mid_step_inputs=("abort",),
-                    unchunked_prefill_stops_admission=True)
+                    unchunked_prefill_stops_admission=True,
+                    cache_settled_blocks_on_output=True, draft_source="submission",
+                    pads_admitted_decodes=True)
 
 # vLLM 0.33.0 with asynchronous scheduling, the default for single-node
 # pipeline parallelism (`AsyncScheduler`, the V2 model runner, the mp
@@ -239,7 +270,7 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
 # deferred sampling they cause) are not modelled, nor is the XPU stagger of 1.
 VLLM_0_33_ASYNC = replace(VLLM_0_33, name="vllm-0.33-async", output_placeholders=True,
                           extra_queued_batches=1, decode_stagger_is_pipeline_depth=True,
-                          cache_settled_blocks_on_output=True)
+                          draft_source="placeholders")
 
 # vLLM 0.33 with the two cheap guards docs/vllm-0.33-id-reuse.md proposes
 # against a reused request id (no vLLM release; a what-if for its

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from . import blocks
 from .admission_order import reorder_waiting
 from .config import Config
+from .drafts import padded_admission, placeholder_drafts
 from .profiles import num_preallocate_blocks
 from .state import Batch, BlockPool, Entry, Fate, Request, State, Status, content_label, retire_entries
 
@@ -213,6 +214,7 @@ def _num_new_running(step: _Step, r: int) -> int:
 def _schedule_waiting(step: _Step) -> None:
     cfg = step.cfg
     step.state = reorder_waiting(step.state, cfg)       # vLLM 0.34, opt-in (admission_order.py)
+    running_entries = [e.req for e in step.entries]    # what the running loop scheduled
     i = 0                                   # requests before i were skipped: they keep their place
     while i < len(step.state.waiting) and step.budget > 0 and _has_free_seat(step):
         r = step.state.waiting[i]
@@ -220,11 +222,16 @@ def _schedule_waiting(step: _Step) -> None:
             i += 1
             continue
         hit = _prefix_hit(step.state, cfg, r)
-        num_new = _num_new_waiting(step, r, hit)
+        padded = padded_admission(step.state, cfg, r, len(hit) * cfg.block_size, running_entries, step.budget)
+        if padded < 0:
+            break                                       # vLLM 0.33: not scheduled un-padded
+        num_new = _clip(step, r, padded) if padded else _num_new_waiting(step, r, hit)
         if _needs_a_chunk(step, r, hit):
             break                                       # chunked prefill off: whole or not at all
         if num_new == 0 or not _fits_whole(step, r, hit) or not _allocate(step, r, num_new, hit):
             break                                       # FCFS: head-of-line blocks
+        if padded:                                      # its k placeholder drafts (drafts.py)
+            step.state = step.state.with_request(r, num_drafts=cfg.num_spec_tokens)
         _admit(step, r, len(hit) * cfg.block_size, num_new)
 
 
@@ -438,8 +445,10 @@ def _add_placeholders(state: State, cfg: Config, e: ScheduledEntry) -> State:
     if not cfg.rules.output_placeholders or not e.samples:
         return state
     req = state.requests[e.req]
+    drafts = placeholder_drafts(cfg)           # k placeholder drafts for its next step (drafts.py)
     return state.with_request(e.req, placeholders=req.placeholders + 1 + e.drafts,
-                              decode_countdown=cfg.stagger)
+                              decode_countdown=cfg.stagger,
+                              num_drafts=req.num_drafts if drafts is None else drafts)
 
 
 def _advance_counter(state: State, e: ScheduledEntry) -> State:

@@ -38,6 +38,10 @@ SAME_AS_033_IN: dict[str, str] = {
     "cache_settled_blocks_on_output": "Scheduler.update_from_output (cache_blocks before a stop)",
     "stale_test": "Scheduler.schedule, waiting loop (truthiness of num_stale_output_tokens)",
     "in_flight_floor": "Scheduler.update_from_output (no floor)",
+    "draft_source": "EngineCore.post_step (sync: take_draft_token_ids -> update_draft_token_ids) / "
+                    "AsyncScheduler._update_after_schedule (async: spec_token_ids = placeholders)",
+    "pads_admitted_decodes": "Scheduler.schedule, waiting loop (\"Pad new decode requests to uniform "
+                             "spec decoding size\")",
     "unchunked_prefill_stops_admission": "Scheduler.schedule, waiting loop (not enable_chunked_prefill and "
                                          "num_new_tokens > request_token_budget: break)",
     "waits_with_batch_in_flight": "EngineCoreProc._process_input_queue (blocks only while not has_work(), "

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from flightcheck.verification.refinement.mutation import TARGETS, applied, mutants_of
 from flightcheck.verification.traces.check import check_trace, read_events
 from flightcheck.verification.traces.ground_truth import expected_verdict
+from flightcheck.vllm import ASYNC_RECORDER
 from flightcheck.vllm.campaign import Compared, compare_workload, flag_mutants
 from flightcheck.vllm.differential import _model_output, decisions, profile_for, read_trace, run_reference
 from flightcheck.vllm.engine import FabricatedModel
@@ -259,3 +260,80 @@ def test_vllm_033_sync_schedules_drafts_on_top_of_a_sampling_entry_in_flight(run
     assert doubles and doubles[0]["req"] == "a" and doubles[0]["in_flight"] == 1, doubles
     verdict, expected = judged(result, trace)
     assert expected.kind == "bug" and expected.agrees(verdict), (expected, verdict.to_json())
+
+
+# -- vLLM 0.33: where drafts come from (the sync engine's post_step, async placeholders) --
+
+@pytest.mark.vllm
+def test_vllm_033_sync_drafts_handed_over_at_submission_are_a_named_deviation_the_released_reference_reproduces(
+        running: Workers, tmp_path: Path):
+    """The reference takes drafts with the output; vLLM 0.33 (sync) takes them
+    at submission (EngineCore.post_step). The differential names that
+    deviation at the double sample, and the reference as released (the
+    engine's post_step handing drafts to `update_draft_token_ids`) equals
+    vLLM event for event; check-trace rejects the double sample at the
+    schedule the ground truth names, by the spec's own properties."""
+    raw = NAMED["drafts-two-requests"]
+    result, trace = replay(running, "0.33.0", raw, tmp_path)
+    events = read_trace(trace)
+    comparison, _ = compare_workload(raw, result, events, profile_for("0.33.0"))
+    assert comparison.deviation == "drafts_handed_over_at_submission" and comparison.explained, \
+        comparison.describe()
+    assert decisions(run_reference(raw, profile_for("0.33.0"), vllm_outputs=True).events, block_offset=1) \
+        == decisions(events)
+    verdict, expected = judged(result, trace)
+    assert expected.kind == "bug" and expected.agrees(verdict), (expected, verdict.to_json())
+    double = result["ground_truth"]["double_samples"][0]
+    assert events[verdict.event_index]["ev"] == "schedule" and events[verdict.event_index]["batch"] == double["batch"]
+    assert verdict.property in ("S5_one_sample_per_prefill", "S6_decode_gating"), verdict.to_json()
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_vllm_033_campaign_workloads_with_drafts_are_explained_and_judged_as_the_ground_truth(
+        running: Workers, tmp_path: Path, async_scheduling: bool):
+    """Seed 1's first 12 campaign workloads with k = 2 (`--spec-tokens 2`):
+    under async scheduling the reference (placeholder drafts, padded
+    admissions) equals vLLM and check-trace accepts every run, as the ground
+    truth; sync differs only by the named hand-off (all 12 do: each schedules
+    drafts on top of a sampling entry in flight), and check-trace agrees
+    with the ground truth on every run."""
+    seen = {"identical": 0, "drafts_handed_over_at_submission": 0}
+    for raw in campaign_workloads(1, 12, spec_tokens=2):
+        if async_scheduling:
+            raw = {**raw, "config": {**raw["config"], "async_scheduling": True}}
+        trace = tmp_path / f"{raw['name']}-{async_scheduling}.jsonl"
+        result = running["0.33.0"].replay(raw, trace=str(trace),
+                                          scheduler_cls=ASYNC_RECORDER if async_scheduling else None)
+        comparison, _ = compare_workload(raw, result, read_trace(trace), profile_for("0.33.0", async_scheduling))
+        assert comparison.explained, comparison.describe()
+        verdict, expected = judged(result, trace)
+        assert expected.agrees(verdict), (raw["name"], expected, verdict.to_json())
+        if async_scheduling:
+            assert comparison.equal and verdict.ok, comparison.describe()
+        key = "identical" if comparison.equal else str(comparison.deviation)
+        seen[key] = seen.get(key, 0) + 1
+    if async_scheduling:
+        assert seen["identical"] == 12, seen
+    else:
+        assert seen["drafts_handed_over_at_submission"] > 0, seen
+
+
+@pytest.mark.vllm
+def test_vllm_033_pads_an_admission_with_one_token_left_to_k_placeholder_drafts(running: Workers, tmp_path: Path):
+    """0.33's waiting loop ("Pad new decode requests to uniform spec decoding
+    size"): diff-spec2-1-14's r0, a one-token prompt admitted beside a
+    running request, is scheduled as 1 + k tokens, k of them placeholder
+    drafts; the reference and the spec do the same (its verdict agrees with
+    the ground truth)."""
+    raw = campaign_workloads(1, 15, spec_tokens=2)[14]
+    result, trace = replay(running, "0.33.0", raw, tmp_path)
+    events = read_trace(trace)
+    padded = [e for ev in events if ev["ev"] == "schedule" for e in ev["entries"]
+              if e["req"] == "r0" and e["start"] == 0 and e["n"] == 3 and e["drafts"] == 2]
+    assert padded, "no padded admission"
+    ours = [e for ev in run_reference(raw, profile_for("0.33.0"), vllm_outputs=True).events
+            if ev["ev"] == "schedule" for e in ev["entries"] if e["req"] == "r0" and e["start"] == 0]
+    assert (ours[0]["n"], ours[0]["drafts"]) == (3, 2)
+    verdict, expected = judged(result, trace)
+    assert expected.agrees(verdict), (expected, verdict.to_json())

@@ -93,7 +93,11 @@ MOOT_MUTANTS["vllm-0.33-async"] = {
         "replaces schedule._num_new_running to schedule a decode whose token is still in flight, which "
         "async scheduling does by design (num_new_tokens counts the output placeholders); the one case "
         "it adds, a decode at position max_model_len - 1 that 0.33's sampled-token clip refuses (and "
-        "0.8.x schedules), breaks no property of the profile: S2 bounds entries by max_model_len")}
+        "0.8.x schedules), breaks no property of the profile: S2 bounds entries by max_model_len"),
+    "draft_cap_ignored": (
+        "edits actions.max_next_drafts, the most drafts a completion proposes; under async scheduling "
+        "a completion proposes none (AsyncScheduler._update_after_schedule leaves k placeholder drafts "
+        "after every sampling entry: Profile.draft_source, spec/drafts.py), so the edit changes nothing")}
 # The hardened 0.33 variant has 0.33's rules, so 0.33's equivalent mutants,
 # and its two guards against a reused name, which never bind while names are
 # unique: their mutants are hunted with names reused (`--allow-name-reuse`,

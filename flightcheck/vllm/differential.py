@@ -90,6 +90,14 @@ DEVIATIONS: dict[str, str] = {
         "up by id and applied to the new request, whose num_in_flight_tokens then goes "
         "negative (the id-reuse bug: a wrong binding, then a hang or an assertion); the "
         "reference drops it and leaves the new request's counters alone",
+    "drafts_handed_over_at_submission":
+        "vLLM 0.33 (synchronous scheduling): the engine hands the scheduler the drafts proposed for a "
+        "batch in the engine step that submitted it (EngineCore.post_step: take_draft_token_ids, "
+        "Scheduler.update_draft_token_ids), before that batch completes; with pipeline parallelism "
+        "the next schedule() schedules a request's drafts beyond those in flight at once, on top "
+        "of its sampling entry in flight (the ground truth's double sample), and a completion "
+        "shows drafts handed over for a later batch; the reference takes the drafts with the "
+        "output of the request's sampling entry",
 }
 
 # The deviations each version's differential may name (the others cannot occur there).
@@ -99,8 +107,11 @@ VERSION_DEVIATIONS: dict[str, tuple[str, ...]] = {
     "0.8.4": ("orphaned_token_kept", "stale_token_dropped", "partial_chunk_token_dropped",
               "inflight_mark_cleared_on_preemption", "engine_blocked_in_flight", "unscheduled_drafts_dropped",
               "drafts_clipped_to_max_model_len"),
-    "0.33.0": ("reused_id_output_dropped",),
-    "0.34.0": ("reused_id_output_dropped",),        # update_from_output still binds by id alone
+    # 0.33 and 0.34 with drafts (sync): drafts handed over at submission, and
+    # after them the runner sampling a chunk the scheduler scheduled as partial.
+    "0.33.0": ("reused_id_output_dropped", "drafts_handed_over_at_submission", "partial_chunk_token_dropped"),
+    "0.34.0": ("reused_id_output_dropped",        # update_from_output still binds by id alone
+               "drafts_handed_over_at_submission", "partial_chunk_token_dropped"),
 }
 
 
@@ -233,6 +244,8 @@ def _classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
         # whose stale count went negative and admits one queued after it,
         # where the reference's FCFS queue waits for the preempted one.
         return "reused_id_output_dropped"
+    if _drafts_handed_over_early(vllm_result, theirs, ours):
+        return "drafts_handed_over_at_submission"
     beyond = {item["req"] for item in truth.get("beyond_max_model_len", ())}
     if beyond and _concerns(theirs, ours) & beyond:
         return "drafts_clipped_to_max_model_len"
@@ -294,6 +307,21 @@ def _classify_tokens(vllm_result: dict[str, Any], theirs: tuple[Any, ...] | None
     if differing and all(req in ours_applied and req in theirs[2] for req in differing):
         return "orphaned_token_kept"
     return None
+
+
+def _drafts_handed_over_early(vllm_result: dict[str, Any], theirs: tuple[Any, ...] | None,
+                              ours: tuple[Any, ...] | None) -> bool:
+    """vLLM 0.33's sync engine handed drafts over at submission and they
+    showed before the request's sampling entry completed: vLLM scheduled them
+    on top of it (the ground truth's double sample), or a completion shows
+    them (the two completions differ in their drafts alone)."""
+    if vllm_result.get("async_scheduling") or not str(vllm_result.get("vllm_version")).startswith("0.3"):
+        return False
+    doubles = {item["req"] for item in (vllm_result.get("ground_truth") or {}).get("double_samples", ())}
+    if doubles and _concerns(theirs, ours) & doubles:
+        return True
+    return (theirs is not None and ours is not None and theirs[0] == ours[0] == "complete"
+            and theirs[:3] == ours[:3])
 
 
 def _first_negative_schedule(events: list[tuple[Any, ...]]) -> int | None:

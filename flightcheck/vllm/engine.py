@@ -247,10 +247,19 @@ class BatchQueueEngineV033(BatchQueueEngine):
         drafts of the batch just run go to `update_draft_token_ids`."""
         self._model_executed = False
         progressed = self._step_with_batch_queue()
-        if self._draft_token_ids is not None and self._model_executed and self.model.latest_drafts is not None:
-            req_ids, drafts = self.model.latest_drafts
-            self.scheduler.update_draft_token_ids(self._draft_token_ids(req_ids, drafts))
+        self.post_step(self._model_executed)
         return progressed
+
+    def post_step(self, model_executed: bool) -> None:
+        """`EngineCore.post_step` (0.33, sync scheduling only: under async
+        the drafts are placeholders the worker fills in): when this step ran
+        the model, the drafts it proposed for the batch just submitted
+        (`take_draft_token_ids`: the runner's latest batch) go to the
+        scheduler's `update_draft_token_ids`, before that batch completes."""
+        if self._draft_token_ids is None or not model_executed or self.model.latest_drafts is None:
+            return
+        req_ids, drafts = self.model.latest_drafts
+        self.scheduler.update_draft_token_ids(self._draft_token_ids(req_ids, drafts))
 
     def _step_with_batch_queue(self) -> bool:
         record: dict[str, Any] = {"scheduled": None, "completed": None}

@@ -191,7 +191,7 @@ class GroundTruthMixin:
         was_running = {id(r) for r in running_before}
         for entry, written in entries:
             request = entry.request
-            if id(request) not in was_running and request.spec_token_ids:
+            if id(request) not in was_running and request.spec_token_ids and not self.records_async_scheduling:
                 observations.drafts_held_at_admission.append({"step": step, "batch": batch_id, "req": entry.req_id,
                                                               "drafts": len(request.spec_token_ids)})
             if entry.n < 0:
@@ -203,14 +203,19 @@ class GroundTruthMixin:
             if why is not None and written["drafts"]:
                 observations.leftover_drafts.append({"step": step, "batch": batch_id, "req": entry.req_id,
                                                      "drafts": written["drafts"], "why": why})
-            if entry.samples:
+            if entry.samples and not self.records_async_scheduling:
+                # (AsyncScheduler schedules a decode on the placeholders of the
+                # one in flight by design: no double sample there)
                 earlier = next((b.batch_id for b in self._fc_in_flight.values() for e in b.entries
                                 if e.request is request and e.incarnation == entry.incarnation and e.samples),
                                None)
                 if earlier is not None:
                     observations.double_samples.append({"step": step, "batch": batch_id, "req": entry.req_id,
                                                         "in_flight": earlier})
-            if id(request) in drafts_before and not written["drafts"] and request.spec_token_ids:
+            if id(request) in drafts_before and not written["drafts"] and request.spec_token_ids \
+                    and not self.records_async_scheduling:
+                # (AsyncScheduler's drafts after schedule() are fresh placeholders,
+                # `_update_after_schedule`, never left over)
                 self._fc_leftover_drafts.setdefault(id(request), f"left over by batch {batch_id}, which "
                                                                  f"scheduled none")
         failed, self._fc_failed_allocations = self._fc_failed_allocations, set()
@@ -224,7 +229,7 @@ class GroundTruthMixin:
                 observations.leftover_drafts.append({"step": step, "batch": batch_id, "req": request.request_id,
                                                      "drafts": len(request.spec_token_ids),
                                                      "why": why + "; preempted scheduling them"})
-            if request.spec_token_ids:
+            if request.spec_token_ids and not self.records_async_scheduling:
                 self._fc_leftover_drafts.setdefault(id(request), "proposed before its preemption")
 
     # -- vLLM's counters and sets against the batches in flight ---------------------
@@ -278,29 +283,34 @@ class GroundTruthMixin:
     def _fc_check_placeholders(self) -> None:
         """vLLM 0.33's AsyncScheduler: for every RUNNING request, its output
         placeholders (`num_output_placeholders`) should equal the tokens of
-        its sampling entries in flight (one each, without drafts), its
-        counter should be `num_tokens + placeholders - 1` past a prefill
-        chunk (`is_prefill_chunk` false, counter moved), and its outputs plus
-        placeholders should not pass `max_tokens`. Each first breach per
+        its sampling entries in flight (one each, and one per draft scheduled
+        with it), its counter should be `num_tokens + placeholders - 1` past
+        a prefill chunk (`is_prefill_chunk` false, counter moved), and, without
+        drafts (which may be rejected), its outputs plus placeholders should
+        not pass `max_tokens`. Each first breach per
         request and rule is recorded (read-only; nothing is changed)."""
         if not self.records_async_scheduling:
             return
         in_flight: dict[int, int] = {}
         for batch in self._fc_in_flight.values():
+            drafts = batch.output.scheduled_spec_decode_tokens
             for entry in batch.entries:
-                if entry.samples:
-                    in_flight[id(entry.request)] = in_flight.get(id(entry.request), 0) + 1
+                if entry.samples:      # the sampled token's placeholder and its drafts'
+                    in_flight[id(entry.request)] = (in_flight.get(id(entry.request), 0)
+                                                    + 1 + len(drafts.get(entry.req_id, ())))
         spec = bool(getattr(self, "num_spec_tokens", 0))
         for request in list(self.running):
             if status_name(request) != "RUNNING":
                 continue
             placeholders = int(request.num_output_placeholders)
             breaches = {
-                "placeholders = sampling entries in flight": not spec and placeholders != in_flight.get(id(request), 0),
+                "placeholders = sampling entries in flight": placeholders != in_flight.get(id(request), 0),
                 "num_computed = num_tokens + placeholders - 1": (
-                    not spec and not request.is_prefill_chunk and request.num_computed_tokens > 0
+                    not request.is_prefill_chunk and request.num_computed_tokens > 0
                     and request.num_computed_tokens != request.num_tokens + placeholders - 1),
-                "outputs + placeholders <= max_tokens": request.num_output_tokens + placeholders > request.max_tokens,
+                # (with drafts the placeholders count drafts that may be rejected)
+                "outputs + placeholders <= max_tokens": (
+                    not spec and request.num_output_tokens + placeholders > request.max_tokens),
             }
             for rule, broken in breaches.items():
                 if broken and (id(request), rule) not in self._fc_placeholder_seen:

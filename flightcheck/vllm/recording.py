@@ -242,12 +242,13 @@ class RecordingMixin(GroundTruthMixin):
             if self.flightcheck_observations.spec_decoding:
                 self._fc_watch_drafts(batch_id, entries, running_before, drafts_before)
             self._fc_in_flight[id(output)] = BatchRecord(batch_id, output, [e for e, _ in entries])
-        elif self.flightcheck_observations.spec_decoding:
-            self._fc_watch_drafts(None, entries, running_before, drafts_before)
-        elif self.queues_empty_batches:
-            empty = self._fc_next_empty
-            self._fc_next_empty += 1
-            self._fc_empty_in_flight[id(output)] = (empty, output)
+        else:
+            if self.flightcheck_observations.spec_decoding:
+                self._fc_watch_drafts(None, entries, running_before, drafts_before)
+            if self.queues_empty_batches:       # with drafts too: the async stagger counts them
+                empty = self._fc_next_empty
+                self._fc_next_empty += 1
+                self._fc_empty_in_flight[id(output)] = (empty, output)
         if entries or preempted:
             event: dict[str, Any] = {"ev": "schedule", "batch": batch_id,
                                      "entries": [event for _, event in entries], "preempted": preempted}

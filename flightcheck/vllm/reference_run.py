@@ -68,6 +68,7 @@ class _BatchView:
                                for entry in cached])
         self.num_scheduled_tokens = output.num_scheduled_tokens
         self.total_num_scheduled_tokens = output.total_num_scheduled_tokens
+        self.scheduled_spec_decode_tokens = output.scheduled_spec_decode_tokens
         self.finished_req_ids = output.finished_req_ids
 
 
@@ -118,6 +119,11 @@ class _ReferenceSide:
             self.saw_duplicate_cached_block = any(len(copies) > 1 for copies in cached.values())
         return (_BatchView(output, self.scheduler, self.v2_runner)
                 if self.batch_level_cached_data else output)
+
+    def update_draft_token_ids(self, draft_token_ids: Any) -> None:
+        """vLLM 0.33's `update_draft_token_ids(DraftTokenIds)` (the sync
+        engine's `post_step`), as the reference takes it."""
+        self.scheduler.update_draft_token_ids(draft_token_ids.req_ids, draft_token_ids.draft_token_ids)
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         if isinstance(scheduler_output, _BatchView):
@@ -214,7 +220,8 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
         model = FabricatedModel(workload, _model_output, caches_sampled_tokens=True)
         engine_class = BatchQueueEngineV034 if loop == "0.34" else BatchQueueEngineV033
         engine = engine_class(side, model, config.batch_queue_depth,
-                              lambda req_ids: scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED))
+                              lambda req_ids: scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED),
+                              _draft_hand_off(config))
     else:
         engine = BatchQueueEngine(side, FabricatedModel(workload, _model_output),
                                   workload.config.num_stages,
@@ -231,6 +238,16 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
     outcome: RunOutcome = run_busy_loop(engine, workload, add, abort)
     events = [json.loads(line) for line in sink.getvalue().splitlines() if line.strip()]
     return ReferenceRun(events, outcome.ending, outcome.exception, side.saw_duplicate_cached_block)
+
+
+def _draft_hand_off(config: SchedulerConfig) -> Any:
+    """What the 0.33 engine's `post_step` hands the scheduler (a
+    `DraftTokenIds` look-alike), when the profile takes drafts at submission
+    (vLLM 0.33 sync as released: the conforming run) and the workload has
+    drafts; None otherwise (engine.py)."""
+    if not config.num_spec_tokens or not config.version_profile.drafts_handed_over_at_submission:
+        return None
+    return lambda req_ids, drafts: SimpleNamespace(req_ids=req_ids, draft_token_ids=drafts)
 
 
 # vLLM version -> the reference profile that models it (the release table, versions.py).

@@ -337,7 +337,7 @@ ASYNC_0_33: tuple[Mutant, ...] = (
             "(Scheduler.update_from_output's `num_output_placeholders -= num_rejected` left out)",
             _edit("actions._settle_rejected_placeholders",
                   "replace(req, placeholders=req.placeholders - rejected)", "req"),
-            killed_by="IA1_placeholders", shortest=7, profile="vllm-0.33-async"),
+            killed_by="IA1_placeholders", shortest=6, profile="vllm-0.33-async"),
     _mutant("async_placeholders_kept_on_preemption", "synthetic",
             "Scheduler._preempt_request does not reset num_output_placeholders to 0",
             _edit("schedule._reset_placeholders",
@@ -361,5 +361,5 @@ ASYNC_0_33: tuple[Mutant, ...] = (
                   was_preempted = state.requests[r].status is Status.PREEMPTED
                   stale = sum(1 + e.drafts for e in state.entries_of(r, fate=Fate.ORPHANED) if e.samples)"""),
             _edit("schedule._admit", "num_computed=hit_tokens", "num_computed=hit_tokens, placeholders=stale"),
-            killed_by="IA1_placeholders", shortest=11, profile="vllm-0.33-async"),
+            killed_by="S5a_async_sampling", shortest=11, profile="vllm-0.33-async"),
 )

@@ -97,6 +97,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from flightcheck import spec
+from flightcheck.spec.actions import max_next_drafts
 
 # fuzz.py and the tests import these from here (and patch `Budget.tick`)
 __all__ = ["FUZZED_PROFILES", "Budget", "BudgetSpent", "Outcome", "RefinementMachine",
@@ -451,8 +452,9 @@ class RefinementMachine(RefinementChecks, RuleBasedStateMachine):
                          for j in range(outcome.drafts))
         generated = [*drafts[:accepted], token]
         stop_at = next((i for i, t in enumerate(generated) if t == EOS), None)
+        # (the spec's completion brings no drafts where they are placeholders: max_next_drafts)
         self.calls[req_id] = spec.Sample(accepted, stop_at,
-                                         min(len(proposed), self.cfg.num_spec_tokens))
+                                         min(len(proposed), max_next_drafts(self.spec_cfg)))
         return RefSample(token, accepted, proposed)
 
 

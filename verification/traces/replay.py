@@ -44,11 +44,12 @@ from flightcheck.spec import (
     schedule,
     step,
 )
-from flightcheck.spec.actions import complete_oldest
+from flightcheck.spec.actions import complete_oldest, max_next_drafts
 from flightcheck.spec.admission_order import reorder_waiting
 from flightcheck.spec.schedule import Scheduled, is_empty_step
 
 from .asynchronous import EMPTY_BATCH, AsyncScheduling
+from .drafts import DraftHandOff
 from .configuration import config_from_event, modelled_pool
 from .engine_steps import EngineSteps
 from .explain import why_left_out, why_nothing_scheduled
@@ -65,7 +66,7 @@ class _Violation(Exception):
         self.prop, self.message = prop, message
 
 
-class TraceChecker(AsyncScheduling, EngineSteps):
+class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff):
     """Replays events one by one on the spec; `feed` raises _Violation."""
 
     def __init__(self, events: list[dict[str, Any]], profile: str | None = None) -> None:
@@ -248,6 +249,7 @@ class TraceChecker(AsyncScheduling, EngineSteps):
     def _on_schedule(self, event: dict) -> None:
         entries = event["entries"]
         self._backfill_drafts(entries)
+        self._hand_over_scheduled_drafts(entries)
         if self.cfg.rules.output_placeholders:
             self._catch_up_empty_calls(event)
         scheduled = schedule(self.state, self.cfg)
@@ -415,7 +417,9 @@ class TraceChecker(AsyncScheduling, EngineSteps):
         if not known:
             self.unchecked.add("stop tokens (no eos_token_id or stop_token_ids in the trace)")
             stop_at = self._stop_from_finish(e.req, len(returned))
-        return Sample(accepted, stop_at, min(next_drafts, self.cfg.num_spec_tokens))
+        # (where drafts do not come with the output, vLLM 0.33 async, the
+        # trace's `next_drafts` are the placeholders held, which the spec gives)
+        return Sample(accepted, stop_at, min(next_drafts, max_next_drafts(self.cfg)))
 
     def _stop_from_finish(self, r: int, n: int) -> int | None:
         upcoming = getattr(self, "upcoming_finish", {})

@@ -17,6 +17,7 @@ from typing import Any
 
 import z3
 from flightcheck.verification.z3.encoding import blocks as zb
+from flightcheck.verification.z3.encoding.drafts import drafts_come_with_output, next_drafts_cap
 from flightcheck.verification.z3.encoding.requests import (
     async_at,
     at,
@@ -232,7 +233,8 @@ def complete_oldest(layout: Layout, builder: Builder, s: SState, ch: Choices) ->
         acc, stop, nd = ch.accepted[j], ch.stop_at[j], ch.next_drafts[j]
         stop_ok = eq(stop, NO_STOP) if not layout.model.allow_stop else \
             disj(eq(stop, NO_STOP), conj(le(0, stop), le(stop, acc)))
-        good = conj(le(0, acc), le(acc, e.drafts), stop_ok, le(0, nd), le(nd, draft_cap(layout)))
+        good = conj(le(0, acc), le(acc, e.drafts), stop_ok, le(0, nd),
+                    le(nd, next_drafts_cap(layout, draft_cap(layout))))
         canonical = conj(eq(acc, 0), eq(stop, NO_STOP), eq(nd, 0))
         oks.append(ite(conj(eq(ch.act, COMPLETE), here), good, canonical))
         live = conj(valid, eq(e.fate, LIVE))
@@ -319,11 +321,16 @@ def _apply_sample(layout: Layout, builder: Builder, st: SState, e, returned: Ret
             status = ite(reason, ite(length, V(F_LENGTH), V(F_STOPPED)), status)
         appended = ite(reason, V(j), appended)
         finished = builder.let(f"finished{j}", disj(finished, reason))
-    drafts = ite(is_live, nd, q.num_drafts)
+    # a completion brings drafts where the profile says so (spec.drafts.drafts_come_with_output)
+    drafts = ite(is_live, nd, q.num_drafts) if drafts_come_with_output(cfg) else q.num_drafts
     applied = with_req(st, r, num_output=num_output, num_computed=num_computed, num_drafts=drafts)
     if st.asyncs:
         applied = _settle_placeholders(layout, builder, SampleApplied(st, applied, q, e, acc, appended,
                                                                       num_computed, subtract, is_live))
+    elif st.counters and cfg.num_spec_tokens:      # vLLM 0.33 sync with drafts
+        applied = cache_settled_blocks(layout, builder, SampleApplied(st, applied, q, e, acc, appended,
+                                                                      num_computed, subtract, is_live),
+                                       applied, z3.BoolVal(False))
     done = finish(layout, applied, r, status)
     return merge(here, merge(finished, done, applied), st)
 
@@ -363,12 +370,23 @@ def _settle_placeholders(layout: Layout, builder: Builder, out: SampleApplied) -
     placeholders = ite(conj(subtract, lt(0, a.placeholders)), a.placeholders - (e.drafts - acc), a.placeholders)
     placeholders = ite(conj(is_live, lt(0, placeholders)), placeholders - (acc + 1), placeholders)
     applied = with_async(applied, r, placeholders=builder.let("placeholders", placeholders))
+    return cache_settled_blocks(layout, builder, out, applied, lt(0, a.placeholders))
+
+
+def cache_settled_blocks(layout: Layout, builder: Builder, out: SampleApplied, applied: SState,
+                         had_placeholders: Any) -> SState:
+    """spec.actions._cache_settled_blocks where `_apply_sample` calls it: a
+    live output of a RUNNING request with placeholders, or with drafts
+    configured (vLLM 0.33 sync and async), hashes the full blocks of its
+    settled tokens before a stop frees them."""
+    st, q, r, acc, is_live = out.before, out.q, out.entry.req, out.accepted, out.is_live
     cfg = layout.cfg
     if not (cfg.rules.cache_settled_blocks_on_output and cfg.prefix_caching):
         return applied
     in_flight = counters_at(st, r).in_flight          # already settled for this output
     settled = builder.let("settled", out.num_computed - (acc - out.appended) - in_flight)
-    hashes = conj(is_live, lt(0, a.placeholders), eq(q.status, RUNNING), le(cfg.block_size, settled))
+    cause = z3.BoolVal(True) if cfg.num_spec_tokens > 0 else had_placeholders
+    hashes = conj(is_live, cause, eq(q.status, RUNNING), le(cfg.block_size, settled))
     labels = [label_at(layout, st, r, i) for i in range(layout.T)]
     pool = zb.cache_labels(layout, st.pool, q.table, q.table_len, labels, div_const(settled, cfg.block_size))
     cached = clone(applied)

@@ -20,11 +20,12 @@ at once; that keeps the in-flight FIFO out of every micro-step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import z3
 from flightcheck.verification.z3.encoding import blocks as zb
+from flightcheck.verification.z3.encoding.drafts import PadContext, pad_context, padded, placeholder_drafts
 from flightcheck.verification.z3.encoding.allocation import (
     Candidate,
     blocks_for,
@@ -157,8 +158,9 @@ def schedule(layout: Layout, builder: Builder, s: SState) -> SchedResult:
     phase = z3.BoolVal(True) if layout.is_mutant("admit_after_preemption") else neg(acc.any_preempted)
     acc = BatchInProgress(acc.state, acc.budget, acc.count, acc.entries, acc.preempted, acc.admitted_from_preempted, acc.admitted, acc.any_preempted,
               acc.position, z3.BoolVal(False), V(0))
+    pads = pad_context(layout, s, acc.count, acc.entries)
     for m in range(layout.N):
-        acc = advance(acc, lambda a: _waiting_step(layout, builder, a, phase, threshold_on), f"wait{m}")
+        acc = advance(acc, lambda a: _waiting_step(layout, builder, a, phase, threshold_on, pads), f"wait{m}")
     first = len(builder.defs)
     state = builder.snap(_launch(layout, acc), "launch")
     return SchedResult(state, is_enabled(layout, s), _forms_a_batch(layout, s, acc),
@@ -331,7 +333,7 @@ def _has_orphans(layout: Layout, st: SState, r: Any) -> Any:
 
 
 def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase: Any,
-                  threshold_on: Any = True) -> BatchInProgress:
+                  threshold_on: Any = True, pads: PadContext | None = None) -> BatchInProgress:
     """One iteration of _schedule_waiting: admit the request at the loop's
     position, skip it (vLLM 0.33: a deferred resumption, which keeps its
     place), or break. In 0.8.x the position is always the head."""
@@ -351,8 +353,14 @@ def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase:
     else:
         num_hit, hit = V(0), []
     hit_tokens = num_hit * bs
-    num_new = builder.let("num_new", _clip(layout, acc.budget, q.num_computed, c.tokens - hit_tokens, True,
-                                           threshold_on))
+    pad, over = z3.BoolVal(False), z3.BoolVal(False)
+    if pads is not None:
+        # spec.drafts.padded_admission: 1 + k tokens, k placeholder drafts (held from here on)
+        pad, over = (builder.let(name, x) for name, x in zip(("pad", "pad_over"),
+                                                             padded(layout, pads, c.tokens, hit_tokens, acc.budget)))
+        c = candidate(st, r, replace(q, num_drafts=ite(pad, V(cfg.num_spec_tokens), q.num_drafts)), c.tokens)
+    wanted = ite(pad, V(1 + cfg.num_spec_tokens), c.tokens - hit_tokens) if pads is not None else c.tokens - hit_tokens
+    num_new = builder.let("num_new", _clip(layout, acc.budget, q.num_computed, wanted, True, threshold_on))
     num_fresh = builder.let("num_fresh", imax(V(0), blocks_for(layout, q.num_computed + hit_tokens + num_new)
                                               - q.table_len - num_hit))
     fits = zb.can_allocate(st.pool, num_fresh, hit, num_hit)
@@ -362,7 +370,7 @@ def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase:
         whole = blocks_for(layout, imin(c.tokens, V(cfg.max_model_len)))
         fits = conj(zb.can_allocate(st.pool, imax(V(0), whole - num_hit), hit, num_hit), fits)
     skip = builder.let("defer", conj(active, deferred))
-    ok = builder.let("admit", conj(active, neg(deferred), neg(eq(num_new, 0)), fits))
+    ok = builder.let("admit", conj(active, neg(deferred), neg(over), neg(eq(num_new, 0)), fits))
     a, entry = _admit(layout, builder, c, _Hit(hit, num_hit), num_new, num_fresh, acc)
     entries, cnt, budget = _add(layout, acc, entry, ok)
     return BatchInProgress(merge(ok, a, st), budget, cnt, entries, acc.preempted,
@@ -449,6 +457,8 @@ def _launch(layout: Layout, acc: BatchInProgress) -> SState:
             a, sampling = st.asyncs[k], [conj(m, e.samples) for m, e in zip(mine, new)]
             a.placeholders = a.placeholders + sum_terms([ite(c, 1 + e.drafts, V(0)) for c, e in zip(sampling, new)])
             a.countdown = ite(disj(*sampling), V(cfg.stagger), a.countdown)
+            if placeholder_drafts(cfg) is not None:      # k placeholder drafts (spec.drafts)
+                q.num_drafts = ite(disj(*sampling), V(cfg.num_spec_tokens), q.num_drafts)
     stale_to = LIVE if layout.is_mutant("stale_output_applied_to_resumed") else SUPERSEDED
     for b in st.batches:
         for e in b.entries:

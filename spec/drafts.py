@@ -1,0 +1,110 @@
+"""Where a request's drafts come from (speculative decoding), by version
+profile (`Profile.draft_source`), and vLLM 0.33's padded admissions.
+
+* "completion" (vLLM 0.8.x): the completion of a request's sampling entry
+  brings the drafts for its next step (`Sample.next_drafts`, actions.py).
+* "submission" (0.33, synchronous scheduling): the engine hands the
+  scheduler the drafts proposed for the batch it has just submitted, in the
+  same engine step, before that batch completes (`EngineCore.post_step` ->
+  `Scheduler.update_draft_token_ids`). Until the request is scheduled
+  again nothing tells this from drafts that come with the completion, so
+  the spec keeps `Sample.next_drafts` for them and adds the one difference
+  as the environment's action `hand_over_drafts`: with pipeline parallelism
+  a request whose hand-off holds more drafts than its entry in flight
+  scheduled is scheduled again before that entry completes, on those
+  drafts alone: a second sampling entry in flight (S5, S6). The model
+  checkers do not explore that action yet; check-trace takes it from the
+  trace (verification/traces/drafts.py).
+* "placeholders" (0.33, asynchronous scheduling): every entry that is not
+  a prefill chunk leaves its request k placeholder drafts
+  (`AsyncScheduler._update_after_schedule`); the worker fills them in, and
+  the completion brings none (`placeholder_drafts`, read by schedule.py).
+
+Abstracted away: the drafts' token values (only their number matters to the
+scheduler), structured outputs' grammar checks of drafts
+(`update_draft_token_ids_in_output`, `validate_tokens`), dynamic draft
+lengths (`num_speculative_tokens_per_batch_size`) and EAGLE's lookahead slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .config import Config
+from .state import State, Status
+
+
+def drafts_come_with_output(cfg: Config) -> bool:
+    """Whether a completion brings the drafts for its request's next step
+    (as far as the scheduler can tell: also when they were handed over at
+    submission and not used before the completion)."""
+    return cfg.rules.draft_source in ("completion", "submission")
+
+
+def placeholder_drafts(cfg: Config) -> int | None:
+    """The drafts a sampling entry leaves its request when it is scheduled:
+    k under async scheduling (`[-1] * num_spec_tokens_to_schedule`); None
+    elsewhere (the request keeps the count `schedule` left it)."""
+    return cfg.num_spec_tokens if cfg.rules.draft_source == "placeholders" else None
+
+
+def hand_over_drafts(state: State, cfg: Config, r: int, count: int) -> State | None:
+    """vLLM 0.33 `EngineCore.post_step` -> `Scheduler.update_draft_token_ids`
+    (synchronous scheduling): r now holds the `count` (0..k) drafts proposed
+    for its last entry. Guard: the profile takes drafts at submission, r is
+    RUNNING, and its newest live entry in flight, if any, samples (a prefill
+    chunk's hand-off drops the drafts: `is_prefill_chunk`; `schedule` leaves
+    none then). The environment's choice: vLLM hands them over in the engine
+    step that submitted that entry; here they may come any time before r is
+    scheduled again (a superset of vLLM's interleavings: check-trace learns
+    the count only when the trace shows it).
+
+    While that entry is in flight r's counter counts the drafts it
+    scheduled, so r holds at least those (S1's bound); proposed drafts beyond
+    them are what the next `schedule` sees (vLLM: `num_tokens_with_spec -
+    num_computed_tokens` = count - scheduled), fewer leave nothing to
+    schedule, as in vLLM; the entry's completion brings `count` again."""
+    if cfg.rules.draft_source != "submission" or not 0 <= count <= cfg.num_spec_tokens:
+        return None
+    req = state.requests[r]
+    if req.status is not Status.RUNNING:
+        return None
+    live = state.entries_of(r)
+    if live and not live[-1].samples:
+        return None
+    scheduled = max((e.drafts for e in live), default=0)
+    return state.with_request(r, num_drafts=max(count, scheduled))
+
+
+def padded_admission(state: State, cfg: Config, r: int, hit_tokens: int,
+                     running_entries: Sequence[int], budget: int) -> int:
+    """vLLM 0.33's waiting loop (`Profile.pads_admitted_decodes`): `1 + k`
+    when r, with exactly one token left past its hit, is admitted padded with
+    k placeholder drafts; -1 when that padding exceeds the budget left
+    (admission stops there); 0 otherwise. `running_entries`: the requests the
+    running loop scheduled in this call."""
+    req = state.requests[r]
+    if not cfg.rules.pads_admitted_decodes or not cfg.num_spec_tokens or req.num_tokens - hit_tokens != 1:
+        return 0
+    if any(_last_entry_was_prefill_chunk(state, x) for x in running_entries):
+        return 0
+    if not running_entries and hit_tokens == 0:
+        return 0
+    padded = 1 + cfg.num_spec_tokens
+    if hit_tokens + padded + 1 > cfg.max_model_len:
+        return 0
+    return -1 if padded > budget else padded
+
+
+def _last_entry_was_prefill_chunk(state: State, r: int) -> bool:
+    """vLLM's `request.is_prefill_chunk` as the request's previous entry left
+    it (`Scheduler._update_after_schedule`), read before this call's entry:
+    its newest live entry in flight did not sample; with none in flight,
+    its counter stops more than one token short of its known tokens (a
+    completed sampling entry leaves it exactly one short; the abstraction: a
+    completed prefill chunk that also stopped one short reads as a decode)."""
+    live = state.entries_of(r)
+    if live:
+        return not live[-1].samples
+    req = state.requests[r]
+    return req.num_computed < req.num_tokens + req.placeholders - 1

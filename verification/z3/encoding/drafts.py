@@ -1,0 +1,74 @@
+"""spec/drafts.py in Z3: where a request's drafts come from under the
+profile (`Profile.draft_source`) and vLLM 0.33's padded admissions
+(`Profile.pads_admitted_decodes`), for the schedule and completion encodings.
+
+* "placeholders" (async): a sampling entry leaves its request k drafts
+  (`placeholder_drafts`, read by schedule._launch) and a completion brings
+  none (`next_drafts_cap` 0, actions.py);
+* padded admissions: `pad_context` reads, once the running loop is done,
+  whether it scheduled anything and whether one of those requests' previous
+  entry was a prefill chunk (spec.drafts._last_entry_was_prefill_chunk, on
+  the state before the call); `padded` decides an admission's padding from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import z3
+from flightcheck.spec.drafts import drafts_come_with_output, placeholder_drafts
+from flightcheck.verification.z3.encoding.requests import tokens_at
+from flightcheck.verification.z3.encoding.state import LIVE, Layout, SState
+from flightcheck.verification.z3.encoding.terms import V, conj, disj, eq, ite, le, lt, neg, pick
+
+__all__ = ["PadContext", "drafts_come_with_output", "next_drafts_cap", "pad_context", "padded",
+           "placeholder_drafts"]
+
+
+def next_drafts_cap(layout: Layout, cap: int) -> int:
+    """The most drafts a completion's Sample may propose (spec.actions.max_next_drafts):
+    `cap` where drafts come with the output, else 0."""
+    return cap if drafts_come_with_output(layout.cfg) else 0
+
+
+@dataclass(frozen=True)
+class PadContext:
+    """What the running loop of this call leaves the padding rule."""
+
+    ran: Any                  # it scheduled some running request
+    prefill_scheduled: Any    # one of those had a prefill chunk as its previous entry
+
+
+def pad_context(layout: Layout, s: SState, count: Any, entries: list) -> PadContext | None:
+    """None unless the profile pads admissions and k > 0. `s`: the state
+    before the call; `count`, `entries`: the batch after the running loop."""
+    cfg = layout.cfg
+    if not cfg.rules.pads_admitted_decodes or not cfg.num_spec_tokens:
+        return None
+    chunk = [_last_entry_was_prefill_chunk(layout, s, k) for k in range(layout.N)]
+    scheduled = [conj(lt(j, count), pick(chunk, e.req, z3.BoolVal(False))) for j, e in enumerate(entries)]
+    return PadContext(lt(0, count), disj(*scheduled))
+
+
+def _last_entry_was_prefill_chunk(layout: Layout, s: SState, k: int) -> Any:
+    """spec.drafts._last_entry_was_prefill_chunk for request k."""
+    q = s.reqs[k]
+    placeholders = s.asyncs[k].placeholders if s.asyncs else V(0)
+    flag = lt(q.num_computed, tokens_at(layout, s, V(k)) + placeholders - 1)
+    for b, batch in enumerate(s.batches):
+        for i, e in enumerate(batch.entries):
+            mine = conj(lt(b, s.num_batches), lt(i, batch.length), eq(e.req, k), eq(e.fate, LIVE))
+            flag = ite(mine, neg(e.samples), flag)
+    return flag
+
+
+def padded(layout: Layout, ctx: PadContext, tokens: Any, hit_tokens: Any, budget: Any) -> tuple[Any, Any]:
+    """spec.drafts.padded_admission for the waiting loop's candidate:
+    (padded, over) -- padded to 1 + k, or stopping admission because 1 + k
+    exceed the budget left."""
+    cfg = layout.cfg
+    size = 1 + cfg.num_spec_tokens
+    pad = conj(eq(tokens - hit_tokens, 1), neg(ctx.prefill_scheduled), disj(ctx.ran, lt(0, hit_tokens)),
+               le(hit_tokens + size + 1, V(cfg.max_model_len)))
+    return conj(pad, le(size, budget)), conj(pad, lt(budget, V(size)))
