@@ -102,7 +102,7 @@ def test_034_is_checked_as_deeply_as_033(new: str, old: str) -> None:
 
 
 def test_the_spec_and_the_bridge_name_the_same_profile_for_every_release() -> None:
-    # check-trace picks a profile from spec.profiles.VERSION_PROFILES; the
+    # The trace checker picks a profile from spec.profiles.VERSION_PROFILES; the
     # bridge from flightcheck/vllm/versions.py (standard library only, so
     # the recorder installs without the spec): the two tables must agree.
     from flightcheck.verification.traces.configuration import ASYNC_PROFILES

@@ -33,11 +33,13 @@ OUTPUTS_0_8 = {"outputs_to_running_by_id", "worker_decides_sampling", "flush_fin
 RELEASED_CONSTANTS: dict[str, set[str]] = {
     "vllm-0.8.5": OUTPUTS_0_8 | DRAFTS_0_8,
     "vllm-0.8.4": OUTPUTS_0_8 | DRAFTS_0_8 | {"no_max_model_len_clip", "in_flight_mark_kept_off_running"},
-    "vllm-0.33": {"outputs_by_id_alone", "worker_decides_sampling"},
+    # 0.33.0's sync `EngineCore.post_step` hands a batch's drafts over at submission.
+    "vllm-0.33": {"outputs_by_id_alone", "worker_decides_sampling", "drafts_handed_over_at_submission"},
     "vllm-0.33-async": {"outputs_by_id_alone", "worker_decides_sampling"},
-    # 0.34.0's `Scheduler.update_from_output` still binds by id alone, and
-    # its model runner still decides what sampled.
-    "vllm-0.34": {"outputs_by_id_alone", "worker_decides_sampling"},
+    # 0.34.0's `Scheduler.update_from_output` still binds by id alone, its
+    # model runner still decides what sampled, and its sync `post_step` still
+    # hands drafts over at submission.
+    "vllm-0.34": {"outputs_by_id_alone", "worker_decides_sampling", "drafts_handed_over_at_submission"},
     "vllm-0.34-async": {"outputs_by_id_alone", "worker_decides_sampling"},
 }
 # constant -> (released profile, campaign seed, drafts per step, ids reused, workload index):
@@ -54,6 +56,7 @@ CHANGES_A_RUN: dict[str, tuple[str, int, int, bool, int]] = {
     "no_max_model_len_clip": ("vllm-0.8.4", 0, 2, False, 7),
     "in_flight_mark_kept_off_running": ("vllm-0.8.4", 0, 0, False, 31),
     "outputs_by_id_alone": ("vllm-0.33", 0, 0, True, 0),
+    "drafts_handed_over_at_submission": ("vllm-0.33", 0, 2, False, 0),
 }
 
 
@@ -151,9 +154,10 @@ def test_0_33s_released_constants_change_the_async_run_too(monkeypatch):
 
 def test_the_scheduler_copies_every_released_constant_once():
     """Each constant is read from the profile by `Scheduler.__init__` alone
-    (the steps test the copy), so a released profile reaches every step."""
-    tree = ast.parse(inspect.getsource(Scheduler.__init__).strip())
-    reads = {node.attr for node in ast.walk(tree)
+    (the steps test the copy), so a released profile reaches every step; the
+    draft rules in the one helper it calls for them (drafts.py)."""
+    reads = {node.attr for reader in (Scheduler.__init__, Scheduler._read_draft_rules)
+             for node in ast.walk(ast.parse(inspect.getsource(reader).strip()))
              if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
              and node.value.id == "profile"}
     assert set().union(*RELEASED_CONSTANTS.values()) <= reads

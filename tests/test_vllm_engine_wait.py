@@ -28,6 +28,8 @@ from flightcheck.vllm.reference_run import profile_for, run_reference
 from flightcheck.vllm.versions import RELEASES, UnknownRelease, nearest_release, release
 from flightcheck.vllm.workload import WorkloadError, workload_from_json
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 REPO = Path(__file__).resolve().parent.parent
 
 WORKLOAD: dict[str, Any] = {
