@@ -131,3 +131,16 @@ def test_the_venv_build_script_reads_the_table_and_refuses_an_unknown_release():
         out = subprocess.run(["python3", str(REPO / "flightcheck" / "vllm" / "versions.py"), "pins", version],
                              capture_output=True, text=True, check=True).stdout.strip()
         assert out == row.pins
+
+
+def test_an_arrival_in_the_last_wait_is_scheduled_not_counted_as_idling():
+    # unchunked-7-93: every request but r1 has finished; r1 arrives inside
+    # the wait of the run's last (empty) batch under 0.34 async. The replay's
+    # engine loop once counted that step as idle and ended the run `stuck`
+    # with r1 waiting (engine._step_with_inputs now counts the handover).
+    raw = campaign_workloads(7, 94, family="unchunked", mid_step_inputs=True)[93]
+    assert any(r.get("arrival_via") == "wait" for r in raw["requests"])
+    raw = {**raw, "config": {**raw["config"], "async_scheduling": True}}
+    run = run_reference(raw, "vllm-0.34-async")
+    assert run.ending == "done"
+    assert any(e["ev"] == "schedule" and any(x["req"] == "r1" for x in e["entries"]) for e in run.events)

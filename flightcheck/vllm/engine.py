@@ -449,10 +449,14 @@ def _step_with_inputs(engine: BatchQueueEngine, during_step: list[str], waiting:
     progressed, and the aborts and the inputs it did not handle."""
     if not hasattr(engine, "wait_inputs"):
         return (*_step_with_aborts(engine, during_step), waiting)
-    engine.wait_inputs = waiting
+    arrived = len(waiting)
+    engine.wait_inputs = waiting                   # the wait pops what it hands over
     progressed, during_step = _step_with_aborts(engine, during_step)
     left, engine.wait_inputs = engine.wait_inputs, []
-    return progressed, during_step, left
+    # An input handed over inside the wait is new work: a step that only
+    # completed empty batches but took an arrival there has not idled (else
+    # the idle count ends the run `stuck` before the arrival is scheduled).
+    return progressed or len(left) < arrived, during_step, left
 
 
 def _stamp_engine_step(engine: BatchQueueEngine, step: int) -> None:
