@@ -31,14 +31,15 @@ from flightcheck.verification.traces.ground_truth import expected_verdict
 from flightcheck.vllm import ASYNC_RECORDER
 from flightcheck.vllm.campaign import with_async_scheduling
 from flightcheck.vllm.generate import campaign_workloads
-from flightcheck.vllm.replay import ReplayWorker
+from flightcheck.vllm.replay import ReplayError, ReplayWorker
+from flightcheck.vllm.versions import SUPPORTED_VERSIONS
 
 ENGINE_PROPERTIES = ("Ea_no_wait_in_flight", "Eb_complete_only_when_needed")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("version")
+    parser.add_argument("version", choices=SUPPORTED_VERSIONS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workloads", type=int, default=100)
     parser.add_argument("--async", dest="async_scheduling", action="store_true")
@@ -54,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     tally: collections.Counter[str] = collections.Counter()
     numbered = 0
     disagreements = []
-    with ReplayWorker(args.version) as worker, tempfile.TemporaryDirectory() as scratch:
+    try:
+        worker = ReplayWorker(args.version)
+    except ReplayError as err:                     # no venv for the version: one line
+        parser.exit(2, f"{parser.prog}: {err}\n")
+    with worker, tempfile.TemporaryDirectory() as scratch:
         for raw in workloads:
             trace = Path(scratch) / f"{raw['name']}.jsonl"
             result = worker.replay(raw, trace=str(trace),
