@@ -41,6 +41,7 @@ class Load:
     block_ids: list[int]              # the request's table when vLLM allocated for the load
     blocks: range                     # indices of the loaded blocks in that table
     spec: KVRequestSpec
+    num_external_tokens: int = 0
     due: int | None = None            # the update that reports an async load
 
     def invalid_block_ids(self) -> set[int]:
@@ -111,7 +112,7 @@ class KVTransfers:
         # vLLM 0.34 may drop a partial local tail and load it: the load starts
         # at the block-aligned local hit it presented.
         load = Load(request.request_id, spec.load_async, list(block_ids),
-                    loaded_blocks(local, num_external_tokens, self.block_size), spec)
+                    loaded_blocks(local, num_external_tokens, self.block_size), spec, num_external_tokens)
         if spec.load_async:
             load.due = self.updates + spec.load_steps
             self._due.append((load.due, "recv", load))

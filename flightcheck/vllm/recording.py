@@ -65,7 +65,9 @@ from .trace import TraceFile, trace_path_from_env
 
 STAGES_ENV = "FLIGHTCHECK_NUM_STAGES"
 FINISH_REASONS = {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH_CAPPED": "length",
-                  "FINISHED_ABORTED": "abort", "FINISHED_IGNORED": "length"}
+                  "FINISHED_ABORTED": "abort", "FINISHED_IGNORED": "length",
+                  # a KV load failed under kv_load_failure_policy "fail" (kv_recording.py)
+                  "FINISHED_ERROR": "error"}
 
 
 def _block_ids(value: Any) -> list[int]:
@@ -249,7 +251,7 @@ class RecordingMixin(GroundTruthMixin):
                 empty = self._fc_next_empty
                 self._fc_next_empty += 1
                 self._fc_empty_in_flight[id(output)] = (empty, output)
-        if entries or preempted:
+        if entries or preempted or self._fc_has_kv_loads():
             event: dict[str, Any] = {"ev": "schedule", "batch": batch_id,
                                      "entries": [event for _, event in entries], "preempted": preempted}
             if empty is not None:
@@ -290,6 +292,11 @@ class RecordingMixin(GroundTruthMixin):
                 written["placeholders"] = int(request.num_output_placeholders)
             result.append((entry, written))
         return result
+
+    def _fc_has_kv_loads(self) -> bool:
+        """Whether this schedule() call parked a request for an async KV load
+        (kv_recording.py writes those; a recorder without it: never)."""
+        return False
 
     def _fc_admitted(self, request: Any) -> int:
         """How many times this Request object has been admitted (new or resumed)."""
