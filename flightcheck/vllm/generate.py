@@ -22,6 +22,8 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
+from .kv_generate import kv_connector_family
+
 T = TypeVar("T")
 
 
@@ -182,7 +184,9 @@ def _cache_aware(pick: Picker, workload: dict[str, Any]) -> None:
 
 # The families of workloads that tell vLLM versions apart, by name.
 FAMILIES: dict[str, Callable[[Picker, dict[str, Any]], None]] = {
-    "unchunked": _unchunked, "cache-aware": _cache_aware}
+    "unchunked": _unchunked, "cache-aware": _cache_aware,
+    # a fabricated KV connector (kv_generate.py; vLLM 0.33 and 0.34)
+    "kv-connector": kv_connector_family}
 
 
 def _maybe_reuse_an_id(pick: Picker, requests: list[dict[str, Any]]) -> None:

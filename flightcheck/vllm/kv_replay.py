@@ -39,9 +39,9 @@ def scheduler_arguments(config: ReplayConfig) -> dict[str, Any]:
     if connector is None:
         return {}
     arguments: dict[str, Any] = {"disable_hybrid_kv_cache_manager": True}
-    if connector.max_inflight_loads is not None:
-        if not compat.has(SchedulerConfig, "max_num_inflight_kv_loads"):
-            raise ValueError("kv_connector.max_inflight_loads: this vLLM has no max_num_inflight_kv_loads (0.34 on)")
+    # 0.34's knob, passed only to a vLLM that has it (the trace's config
+    # says which limit was in force, read from vLLM).
+    if connector.max_inflight_loads is not None and compat.has(SchedulerConfig, "max_num_inflight_kv_loads"):
         arguments["max_num_inflight_kv_loads"] = connector.max_inflight_loads
     return arguments
 
@@ -79,8 +79,20 @@ class KVWorker:
         return self.transfers.pending()
 
 
-def add_request(transfers: KVTransfers | None, spec: RequestSpec, add: Any) -> None:
-    """Bind the request's connector policy to its vLLM id, then add it."""
+def attach_worker(engine: Any, transfers: KVTransfers | None) -> KVWorker | None:
+    """The worker side on the replay's engine (None without a connector)."""
+    if transfers is None:
+        return None
+    engine.kv_worker = KVWorker(transfers)
+    return engine.kv_worker
+
+
+def before_add(transfers: KVTransfers | None, spec: RequestSpec, request: Any) -> None:
+    """Bind the request's connector policy to its vLLM id, and give it an
+    arrival time in the order of arrival (the engine's is the wall clock:
+    vLLM 0.34's `_next_waiting_queue` orders `waiting` and
+    `async_kv_waiting` by it). Without a connector: nothing (arrival 0.0)."""
     if transfers is not None:
         transfers.bind(spec.req_id, spec.kv)
-    add()
+        transfers.arrivals += 1
+        request.arrival_time = float(transfers.arrivals)

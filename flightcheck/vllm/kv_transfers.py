@@ -67,6 +67,7 @@ class KVTransfers:
         self.config = config
         self.block_size = block_size
         self.updates = 0                               # update_from_output calls begun
+        self.arrivals = 0                              # requests added
         self._specs: dict[str, KVRequestSpec] = {}     # vLLM id -> the request now under it
         self._asked: dict[int, tuple[Any, int]] = {}   # id(Request) -> (it, local tokens presented)
         self._served: dict[int, Any] = {}              # id(Request) -> it: promise used

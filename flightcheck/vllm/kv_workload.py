@@ -25,7 +25,8 @@ The connector (`kv_connector.FlightcheckKVConnector`, loaded by vLLM from
   blocks (`defer_block_free`).
 * `load_failure_policy`: vLLM's `kv_load_failure_policy`.
 * `max_inflight_loads`: vLLM 0.34's `max_num_inflight_kv_loads` (null: no
-  limit; a vLLM without the knob refuses a workload that sets it).
+  limit; passed only to a vLLM that has the knob, as 0.34's admission
+  knobs are: 0.33 runs without a limit, and its trace's config says so).
 
 Per request, `kv` (default: nothing offered, sends after one step):
 

@@ -404,10 +404,14 @@ class RecordingMixin(GroundTruthMixin):
         self._fc_write({"ev": "complete", "batch": batch_id, "tokens": returned,
                         **{key: value for key, value in optional if value}})
 
-    def finish_requests(self, request_ids: Any, finished_status: Any) -> None:
+    def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
         ids = [request_ids] if isinstance(request_ids, str) else list(dict.fromkeys(request_ids))
+        if isinstance(request_ids, (set, frozenset)):
+            ids = sorted(ids)         # (vLLM 0.34's KV load failures: a set, written in a stable order)
         live = [i for i in ids if i in self.requests and not self.requests[i].is_finished()]
-        super().finish_requests(request_ids, finished_status)
+        # vLLM's result is returned as is (0.34's update_from_output iterates
+        # the requests it finished with FINISHED_ERROR on a KV load failure).
+        finished = super().finish_requests(request_ids, finished_status)
         reason = FINISH_REASONS.get(finished_status.name, finished_status.name)
         for req_id in live:
             self._fc_forget(self._fc_admissions.get(req_id, (None, 0))[0])
@@ -417,6 +421,7 @@ class RecordingMixin(GroundTruthMixin):
             # a writer may follow an abort with a finish of reason abort).
             self._fc_write({"ev": "finish", "req": req_id, "reason": reason})
         self._fc_check_in_flight_set()
+        return finished
 
     def _fc_forget(self, request: Any) -> None:
         known = self._fc_admissions.get(getattr(request, "request_id", None))

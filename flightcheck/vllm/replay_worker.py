@@ -323,7 +323,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     scheduler_class = resolve_obj_by_qualname(qualified_name)
     if recording and not issubclass(scheduler_class, RecordingMixin):
         raise TypeError(f"{qualified_name} resolves to {scheduler_class}, not a recorder")
-    transfers = kv_replay.start(workload) if workload.config.kv_connector is not None else None
+    transfers = kv_replay.start(workload)                  # the KV connector's ledger (None: none)
     scheduler = factory.build(scheduler_class, workload.config)
     if recording and scheduler._fc_trace is not None:
         scheduler._fc_trace.record_time = False          # replays are deterministic, times are not
@@ -334,12 +334,14 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)
 
     engine = _make_engine(scheduler, model, workload)
-    kv_worker = None
-    if transfers is not None:
-        engine.kv_worker = kv_worker = kv_replay.KVWorker(transfers)
-    outcome = run_busy_loop(engine, workload, lambda spec: kv_replay.add_request(
-                                transfers, spec, lambda: scheduler.add_request(make_request(spec, workload))),
-                            abort)
+    kv_worker = kv_replay.attach_worker(engine, transfers)
+
+    def add(spec: RequestSpec) -> None:
+        request = make_request(spec, workload)
+        kv_replay.before_add(transfers, spec, request)
+        scheduler.add_request(request)
+
+    outcome = run_busy_loop(engine, workload, add, abort)
     if recording:
         # A run cut short by an exception has no end: the trace stops where vLLM did.
         scheduler.flightcheck_end(complete=outcome.ending != "exception" and outcome.ending != "step_limit")
