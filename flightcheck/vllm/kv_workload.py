@@ -147,6 +147,23 @@ def kv_connector_from_json(raw: Any, where: str = "config.kv_connector") -> KVCo
     return KVConnectorConfig(consumer, producer, policy, limit)
 
 
+def has_kv_connector(raw: dict[str, Any]) -> bool:
+    """Whether a raw workload (JSON) has a connector, at the top level or in its config."""
+    config = raw.get("config")
+    return raw.get("kv_connector") is not None or (isinstance(config, dict)
+                                                    and config.get("kv_connector") is not None)
+
+
+def with_default_connector(raw: dict[str, Any], connector: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The workload with a connector (`connector`, else the default: a
+    consumer, recompute, no limit) where it has none (`flightcheck vllm
+    replay --kv-connector`); requests without `kv` are offered nothing."""
+    if has_kv_connector(raw):
+        return raw
+    chosen = DEFAULT_CONNECTOR.to_json() if connector is None else connector
+    return {**raw, "config": {**raw.get("config", {}), "kv_connector": chosen}}
+
+
 def kv_request_from_json(raw: Any, where: str) -> KVRequestSpec:
     if raw is None:
         return NO_KV

@@ -88,7 +88,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .kv_workload import NO_KV, KVConnectorConfig, KVRequestSpec, KVWorkloadError, kv_connector_from_json, \
     kv_request_from_json
@@ -316,9 +316,10 @@ def _with_top_level_connector(raw: dict[str, Any]) -> Any:
     return {**config, "kv_connector": raw["kv_connector"]}
 
 
-def read_workloads(path: str | Path) -> list[Any]:
+def read_workloads(path: str | Path, prepare: Callable[[Any], Any] | None = None) -> list[Any]:
     """The raw workloads in a file: one JSON object, a JSON list of them, or
-    JSON Lines. Each is validated (WorkloadError) and returned as parsed JSON."""
+    JSON Lines. Each is validated (WorkloadError) and returned as parsed JSON;
+    `prepare` (e.g. kv_workload.with_default_connector) changes each first."""
     try:
         text = Path(path).read_text()
     except OSError as err:
@@ -333,6 +334,8 @@ def read_workloads(path: str | Path) -> list[Any]:
             raise WorkloadError(f"{path}: not JSON ({err.msg})") from None
     if not raws:
         raise WorkloadError(f"{path}: no workload in the file")
+    if prepare is not None:
+        raws = [prepare(raw) if isinstance(raw, dict) else raw for raw in raws]
     for i, raw in enumerate(raws):
         workload_from_json(raw, f"{Path(path).stem}-{i}")
     return raws
