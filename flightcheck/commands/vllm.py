@@ -55,6 +55,10 @@ def add_parser(sub) -> None:
     replay.add_argument("--async", dest="async_scheduling", action="store_true",
                         help="vLLM 0.33.0 or 0.34.0: run with async scheduling (AsyncScheduler, V2 model runner: "
                              "queue K + 1, decode stagger K), recorded by RecordingAsyncScheduler")
+    replay.add_argument("--kv-connector", nargs="?", const="{}", metavar="JSON",
+                        help="vLLM 0.33.0 or 0.34.0: a fabricated KV connector for every workload without one "
+                             "(JSON of its fields, default a consumer with recompute; requests offer what "
+                             "their 'kv' says: flightcheck/vllm/kv_workload.py)")
     replay.add_argument("--check", action="store_true", help="also run check-trace on every trace")
     replay.add_argument("--json", action="store_true", help="print machine-readable results")
     replay.set_defaults(func=run)
@@ -94,16 +98,21 @@ def _describe_check(check: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from flightcheck.vllm.kv_workload import has_kv_connector
     from flightcheck.vllm.replay import ReplayError
+    from flightcheck.vllm.versions import kv_connector_versions
     from flightcheck.vllm.workload import WorkloadError, read_workloads
 
     try:
-        raws = read_workloads(args.workload)
+        raws = read_workloads(args.workload, _connector_option(args))
     except WorkloadError as err:
         return bad(str(err))
     refused = resolve_interpreter(args)         # --vllm-python: sets args.vllm_version to its release
     if refused:
         return bad(refused)
+    if any(has_kv_connector(raw) for raw in raws) and args.vllm_version not in kv_connector_versions():
+        return bad(f"a KV connector needs --vllm-version {' or '.join(kv_connector_versions())} (vLLM "
+                   f"{args.vllm_version} has no connector API the replay drives)")
     if args.async_scheduling:
         from flightcheck.vllm.versions import async_versions
 
@@ -121,6 +130,23 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**replay_identity(args), "workloads": reports}, indent=1))
     return 1 if failed else 0
+
+
+def _connector_option(args: argparse.Namespace) -> Any:
+    """`--kv-connector [JSON]`: what gives each workload without a connector
+    that one (None without the option); bad JSON is a WorkloadError."""
+    from flightcheck.vllm.kv_workload import with_default_connector
+    from flightcheck.vllm.workload import WorkloadError
+
+    if args.kv_connector is None:
+        return None
+    try:
+        connector = json.loads(args.kv_connector)
+    except json.JSONDecodeError as err:
+        raise WorkloadError(f"--kv-connector: not JSON ({err.msg})") from None
+    if not isinstance(connector, dict):
+        raise WorkloadError("--kv-connector: a JSON object of the connector's fields")
+    return lambda raw: with_default_connector(raw, connector)
 
 
 def _progress(message: str) -> None:

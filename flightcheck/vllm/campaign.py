@@ -64,8 +64,9 @@ from . import ASYNC_RECORDER
 from .differential import (Comparison, ReferenceRun, compare, decisions, first_difference, profile_for,
                            read_trace, run_reference)
 from .generate import FAMILIES, campaign_workloads
+from .kv_workload import has_kv_connector
 from .replay import Interpreter, ReplayError, ReplayWorker, findings, probe_interpreter, use_interpreter
-from .versions import UnknownRelease, release
+from .versions import UnknownRelease, kv_connector_versions, release
 
 # Mutants that need what a default replay never produces: draft tokens
 # (speculative decoding only with `--spec-tokens K`: there
@@ -104,6 +105,10 @@ class VersionReport:
     identical_with_vllm_state_bug: list[str] = field(default_factory=list)
     async_scheduling: bool = False
     seconds: float = 0.0
+    # Workloads with a KV connector where the reference has none to compare
+    # with (reference_run.SUPPORTS_KV_CONNECTOR): replayed, verdicts taken,
+    # no differential (never counted as identical).
+    differential_not_run: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "async_scheduling": self.async_scheduling,
@@ -114,7 +119,8 @@ class VersionReport:
                 "check_trace_details": dict(self.verdict_details),
                 "mutants_flagged": self.mutants_flagged,
                 "deviation_workloads": self.deviation_workloads,
-                "identical_with_vllm_state_bug": self.identical_with_vllm_state_bug}
+                "identical_with_vllm_state_bug": self.identical_with_vllm_state_bug,
+                **({"differential_not_run": self.differential_not_run} if self.differential_not_run else {})}
 
     def lines(self) -> list[str]:
         mode = " (async scheduling)" if self.async_scheduling else ""
@@ -124,6 +130,9 @@ class VersionReport:
                f"  endings {dict(self.endings)}; coverage {dict(self.coverage)}",
                f"  identical but vLLM's own state shows a bug: {len(self.identical_with_vllm_state_bug)}",
                f"  check-trace vs ground truth: {dict(self.verdicts)}"]
+        if self.differential_not_run:
+            out.insert(1, f"  differential NOT RUN on {self.differential_not_run} workloads with a KV connector "
+                          f"(the reference has no connector yet)")
         for detail, count in self.verdict_details.most_common():
             out.append(f"    {count:4d}  {detail}")
         for mutant, where in sorted(self.mutants_flagged.items()):
@@ -184,25 +193,17 @@ def run_version(version: str, workloads: list[dict[str, Any]], seed: int, mutant
             trace = Path(scratch) / f"{index}.jsonl"
             result = worker.replay(raw, trace=str(trace), scheduler_cls=scheduler_cls)
             events = read_trace(trace)
-            comparison, reference = compare_workload(raw, result, events, profile)
-            compared.append(Compared(raw, decisions(events), reference))
             report.workloads += 1
             report.endings[result["ending"]] += 1
-            report.coverage.update(k for k, v in comparison.coverage.items() if v)
             # vLLM 0.34's engine handed an input over while it waited for a batch's output
             if result.get("inputs_during_wait"):
                 report.coverage["input_during_wait"] += 1
-            if comparison.equal:
-                report.identical += 1
-                if findings(result):
-                    report.identical_with_vllm_state_bug.append(f"{raw['name']}: {findings(result)[0]}")
-            elif comparison.explained:
-                report.deviations[comparison.deviation or "?"] += 1
-                report.deviation_workloads.setdefault(comparison.deviation or "?", []).append(raw["name"])
+            if differential_runs(raw):
+                comparison, reference = compare_workload(raw, result, events, profile)
+                compared.append(Compared(raw, decisions(events), reference))
+                _tally(report, comparison, raw, result, f"seed {seed} index {index}", say)
             else:
-                failure = f"seed {seed} index {index} ({raw['name']}): {comparison.describe()}"
-                report.unexplained.append(failure)
-                say(f"FAIL vLLM {version} {failure}")
+                report.differential_not_run += 1
             # an unreleased vLLM (--vllm-python) is checked under its release's profile
             unreleased = worker.version.split("+", 1)[0] != version
             category, detail = verdict(result, check_verdict(trace, profile if unreleased else None))
@@ -217,6 +218,32 @@ def run_version(version: str, workloads: list[dict[str, Any]], seed: int, mutant
         report.mutants_flagged = flag_mutants(profile, compared)
     report.seconds = time.monotonic() - started
     return report
+
+
+def differential_runs(raw: dict[str, Any]) -> bool:
+    """Whether the reference can run the workload: any without a KV
+    connector, and one with a connector once the reference has one
+    (`reference_run.SUPPORTS_KV_CONNECTOR`)."""
+    from . import reference_run
+
+    return not has_kv_connector(raw) or bool(getattr(reference_run, "SUPPORTS_KV_CONNECTOR", False))
+
+
+def _tally(report: VersionReport, comparison: Comparison, raw: dict[str, Any], result: dict[str, Any],
+           where: str, say: Callable[[str], None]) -> None:
+    """One workload's differential in the version's report."""
+    report.coverage.update(k for k, v in comparison.coverage.items() if v)
+    if comparison.equal:
+        report.identical += 1
+        if findings(result):
+            report.identical_with_vllm_state_bug.append(f"{raw['name']}: {findings(result)[0]}")
+    elif comparison.explained:
+        report.deviations[comparison.deviation or "?"] += 1
+        report.deviation_workloads.setdefault(comparison.deviation or "?", []).append(raw["name"])
+    else:
+        failure = f"{where} ({raw['name']}): {comparison.describe()}"
+        report.unexplained.append(failure)
+        say(f"FAIL vLLM {report.version} {failure}")
 
 
 def compare_workload(raw: dict[str, Any], result: dict[str, Any], events: list[dict[str, Any]],
@@ -275,7 +302,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     `flightcheck vllm campaign` take the same."""
     parser.add_argument("--workloads", type=int, default=100, help="workloads per version")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--versions", default="0.8.5,0.8.4")
+    parser.add_argument("--versions", default=None,
+                        help="comma-separated releases (default 0.8.5,0.8.4; with --kv-connector 0.33.0,0.34.0)")
     parser.add_argument("--vllm-python", metavar="PATH",
                         help="any Python where vLLM imports (a venv of any release, an editable checkout): "
                              "its vllm.__version__ replaces --versions; a version with no tables of its own "
@@ -297,6 +325,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--family", choices=sorted(FAMILIES),
                         help="every workload of that family (generate.py): chunked prefill off, or vLLM "
                              "0.34's cache-aware admission order, the knobs that tell versions apart")
+    parser.add_argument("--kv-connector", action="store_true",
+                        help="the kv-connector family (generate.py, kv_generate.py): a fabricated KV connector "
+                             "in vLLM 0.33.0/0.34.0's real scheduler, each version sync and async (only async "
+                             "with --async); the differential is reported as not run until the reference has "
+                             "a connector")
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--keep-disagreements", type=Path, metavar="DIR",
                         help="copy every trace (and its workload) on which check-trace and vLLM's ground "
@@ -310,7 +343,12 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
         error(f"--keep-disagreements {args.keep_disagreements}: not a directory")
     if args.spec_tokens < 0:
         error("--spec-tokens must be >= 0")
-    versions = args.versions.split(",")
+    if args.kv_connector:
+        if args.family not in (None, "kv-connector"):
+            error("--kv-connector runs the kv-connector family: no other --family")
+        args.family = "kv-connector"
+    versions = (args.versions or (",".join(kv_connector_versions()) if args.kv_connector
+                                  else "0.8.5,0.8.4")).split(",")
     interpreter: Interpreter | None = None
     try:
         if args.vllm_python:
@@ -322,6 +360,10 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
         rows = [release(version) for version in versions]
     except (ReplayError, UnknownRelease) as err:
         print(err, file=sys.stderr)
+        return 2
+    if args.family == "kv-connector" and not all(row.has_kv_connector_api for row in rows):
+        print(f"a KV connector needs vLLM {' or '.join(kv_connector_versions())} (asked: {', '.join(versions)})",
+              file=sys.stderr)
         return 2
     mid_step_inputs = args.mid_step_inputs
     if mid_step_inputs is None:
@@ -343,14 +385,18 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
 def _run_versions(args: argparse.Namespace, versions: list[str], workloads: list[dict[str, Any]],
                   interpreter: Interpreter | None) -> list[VersionReport]:
     reports = []
+    # --kv-connector: each version sync and async (only async with --async)
+    modes = [False, True] if getattr(args, "kv_connector", False) and not args.async_scheduling \
+        else [args.async_scheduling]
     for version in versions:
-        report = run_version(version, workloads, args.seed, not args.no_mutants,
-                             lambda line: print(line, flush=True), args.async_scheduling,
-                             args.keep_disagreements)
-        if interpreter is not None and not interpreter.is_release:
-            report.version = f"{interpreter.version} (as {interpreter.release})"
-        reports.append(report)
-        print("\n".join(report.lines()), flush=True)
+        for async_scheduling in modes:
+            report = run_version(version, workloads, args.seed, not args.no_mutants,
+                                 lambda line: print(line, flush=True), async_scheduling,
+                                 args.keep_disagreements)
+            if interpreter is not None and not interpreter.is_release:
+                report.version = f"{interpreter.version} (as {interpreter.release})"
+            reports.append(report)
+            print("\n".join(report.lines()), flush=True)
     return reports
 
 

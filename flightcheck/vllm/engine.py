@@ -236,6 +236,10 @@ class BatchQueueEngineV033(BatchQueueEngine):
         # Per call: what it scheduled (None: nothing; {}: an empty batch),
         # whether it completed a batch, and the queue's length after it.
         self.steps: list[dict[str, Any]] = []
+        # The fabricated KV connector's worker side (kv_replay.KVWorker), or
+        # None: it fills each output's kv_connector_output right before
+        # update_from_output, and its transfers in flight keep the run going.
+        self.kv_worker: Any = None
 
     def batches_in_flight(self) -> int:
         return sum(1 for output, _ in self.batch_queue if output.total_num_scheduled_tokens > 0)
@@ -287,10 +291,15 @@ class BatchQueueEngineV033(BatchQueueEngine):
         self.wait_for_output()
         self.process_aborts_queue()
         completed = dict(scheduler_output.num_scheduled_tokens)
+        reported = self.kv_worker is not None and self.kv_worker.attach(scheduler_output, result)
         self._record_outputs(self.scheduler.update_from_output(scheduler_output, result))
         record["completed"] = completed
         record["queue"] = len(self.batch_queue)
-        return model_executed or bool(completed)
+        return model_executed or bool(completed) or reported
+
+    def transfers_in_flight(self) -> int:
+        """KV transfers the fabricated connector has not reported yet."""
+        return self.kv_worker.pending() if self.kv_worker is not None else 0
 
     def wait_for_output(self) -> None:
         """EngineCore._wait_for_output (0.33): it blocks, handling no input."""
@@ -429,6 +438,8 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
             progressed, during_step, waiting = _step_with_inputs(engine, during_step, waiting)
             step += 1
             idle = 0 if progressed else idle + 1
+            if getattr(engine, "kv_worker", None) is not None and engine.transfers_in_flight():
+                idle = 0                                   # a KV transfer is still to be reported
             if idle >= IDLE_STEPS_FOR_STUCK and engine.batches_in_flight() == 0:
                 if inputs.pending or during_step or waiting:   # it spins until the input arrives
                     step, idle = max(step, inputs.next_step() if inputs.pending else step), 0

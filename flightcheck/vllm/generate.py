@@ -22,6 +22,8 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
+from .kv_generate import kv_connector_family
+
 T = TypeVar("T")
 
 
@@ -101,7 +103,7 @@ def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = Fals
         config["num_spec_tokens"] = spec_tokens
         workload["draft_acceptance"] = pick.choice([0.5, 0.0, 0.8, 1.0])
     if family is not None:
-        FAMILIES[family](pick, workload)
+        (FAMILIES.get(family) or CONNECTOR_FAMILIES[family])(pick, workload)
     if mid_step_inputs:
         _place_inputs_during_waits(pick, requests)
     return workload
@@ -183,6 +185,11 @@ def _cache_aware(pick: Picker, workload: dict[str, Any]) -> None:
 # The families of workloads that tell vLLM versions apart, by name.
 FAMILIES: dict[str, Callable[[Picker, dict[str, Any]], None]] = {
     "unchunked": _unchunked, "cache-aware": _cache_aware}
+# ... and those that need vLLM's KV connector API (0.33, 0.34) and a
+# reference with a connector: kept out of FAMILIES, which every version's
+# campaign and `vllm fit` draw from (`campaign --kv-connector` runs them).
+CONNECTOR_FAMILIES: dict[str, Callable[[Picker, dict[str, Any]], None]] = {
+    "kv-connector": kv_connector_family}
 
 
 def _maybe_reuse_an_id(pick: Picker, requests: list[dict[str, Any]]) -> None:

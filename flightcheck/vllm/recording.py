@@ -65,7 +65,9 @@ from .trace import TraceFile, trace_path_from_env
 
 STAGES_ENV = "FLIGHTCHECK_NUM_STAGES"
 FINISH_REASONS = {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH_CAPPED": "length",
-                  "FINISHED_ABORTED": "abort", "FINISHED_IGNORED": "length"}
+                  "FINISHED_ABORTED": "abort", "FINISHED_IGNORED": "length",
+                  # a KV load failed under kv_load_failure_policy "fail" (kv_recording.py)
+                  "FINISHED_ERROR": "error"}
 
 
 def _block_ids(value: Any) -> list[int]:
@@ -249,7 +251,7 @@ class RecordingMixin(GroundTruthMixin):
                 empty = self._fc_next_empty
                 self._fc_next_empty += 1
                 self._fc_empty_in_flight[id(output)] = (empty, output)
-        if entries or preempted:
+        if entries or preempted or self._fc_has_kv_loads():
             event: dict[str, Any] = {"ev": "schedule", "batch": batch_id,
                                      "entries": [event for _, event in entries], "preempted": preempted}
             if empty is not None:
@@ -290,6 +292,11 @@ class RecordingMixin(GroundTruthMixin):
                 written["placeholders"] = int(request.num_output_placeholders)
             result.append((entry, written))
         return result
+
+    def _fc_has_kv_loads(self) -> bool:
+        """Whether this schedule() call parked a request for an async KV load
+        (kv_recording.py writes those; a recorder without it: never)."""
+        return False
 
     def _fc_admitted(self, request: Any) -> int:
         """How many times this Request object has been admitted (new or resumed)."""
@@ -397,10 +404,14 @@ class RecordingMixin(GroundTruthMixin):
         self._fc_write({"ev": "complete", "batch": batch_id, "tokens": returned,
                         **{key: value for key, value in optional if value}})
 
-    def finish_requests(self, request_ids: Any, finished_status: Any) -> None:
+    def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
         ids = [request_ids] if isinstance(request_ids, str) else list(dict.fromkeys(request_ids))
+        if isinstance(request_ids, (set, frozenset)):
+            ids = sorted(ids)         # (vLLM 0.34's KV load failures: a set, written in a stable order)
         live = [i for i in ids if i in self.requests and not self.requests[i].is_finished()]
-        super().finish_requests(request_ids, finished_status)
+        # vLLM's result is returned as is (0.34's update_from_output iterates
+        # the requests it finished with FINISHED_ERROR on a KV load failure).
+        finished = super().finish_requests(request_ids, finished_status)
         reason = FINISH_REASONS.get(finished_status.name, finished_status.name)
         for req_id in live:
             self._fc_forget(self._fc_admissions.get(req_id, (None, 0))[0])
@@ -410,6 +421,7 @@ class RecordingMixin(GroundTruthMixin):
             # a writer may follow an abort with a finish of reason abort).
             self._fc_write({"ev": "finish", "req": req_id, "reason": reason})
         self._fc_check_in_flight_set()
+        return finished
 
     def _fc_forget(self, request: Any) -> None:
         known = self._fc_admissions.get(getattr(request, "request_id", None))

@@ -99,7 +99,7 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from . import RECORDER  # noqa: E402
+from . import RECORDER, kv_replay  # noqa: E402
 from .compat import resolve_obj_by_qualname  # noqa: E402
 from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV034,  # noqa: E402
                      FabricatedModel, run_busy_loop)
@@ -191,6 +191,7 @@ class SchedulerFactory:
             raise ValueError(f"vLLM {vllm.__version__} has no async scheduling")
         if _accepts(SchedulerConfig, "is_encoder_decoder"):                         # 0.33: required
             scheduler_arguments["is_encoder_decoder"] = model_config.is_encoder_decoder
+        scheduler_arguments.update(kv_replay.scheduler_arguments(config))
         scheduler_config = SchedulerConfig(**scheduler_arguments)
         cache_arguments: dict[str, Any] = dict(
             block_size=config.block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
@@ -207,7 +208,7 @@ class SchedulerFactory:
         speculative_config = self.speculative_config(config, model_config, parallel_config)
         if speculative_config is not None and _accepts(VllmConfig, "speculative_config"):
             vllm_arguments["speculative_config"] = speculative_config
-        vllm_config = VllmConfig(**vllm_arguments)
+        vllm_config = VllmConfig(**vllm_arguments, **kv_replay.vllm_arguments(config))
         # The KV cache's dtype is the model's, as vLLM's "auto" cache dtype.
         if _accepts(KVCacheConfig, "kv_cache_tensors"):                             # 0.33
             spec = FullAttentionSpec(block_size=config.block_size, num_kv_heads=1, head_size=1,
@@ -322,6 +323,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     scheduler_class = resolve_obj_by_qualname(qualified_name)
     if recording and not issubclass(scheduler_class, RecordingMixin):
         raise TypeError(f"{qualified_name} resolves to {scheduler_class}, not a recorder")
+    transfers = kv_replay.start(workload)                  # the KV connector's ledger (None: none)
     scheduler = factory.build(scheduler_class, workload.config)
     if recording and scheduler._fc_trace is not None:
         scheduler._fc_trace.record_time = False          # replays are deterministic, times are not
@@ -332,8 +334,14 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)
 
     engine = _make_engine(scheduler, model, workload)
-    outcome = run_busy_loop(engine, workload, lambda spec: scheduler.add_request(make_request(spec, workload)),
-                            abort)
+    kv_worker = kv_replay.attach_worker(engine, transfers)
+
+    def add(spec: RequestSpec) -> None:
+        request = make_request(spec, workload)
+        kv_replay.before_add(transfers, spec, request)
+        scheduler.add_request(request)
+
+    outcome = run_busy_loop(engine, workload, add, abort)
     if recording:
         # A run cut short by an exception has no end: the trace stops where vLLM did.
         scheduler.flightcheck_end(complete=outcome.ending != "exception" and outcome.ending != "step_limit")
@@ -352,6 +360,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         **({"inputs_during_wait": engine.inputs_during_wait} if isinstance(engine, BatchQueueEngineV034) else {}),
         "waits_in_flight": engine.waits_in_flight, "gated_completions": engine.gated_completions,
         "copy_errors": engine.copy_errors[:1],
+        **({"kv_reports": kv_worker.reports} if kv_worker is not None else {}),
     }
 
 

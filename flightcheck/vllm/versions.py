@@ -38,6 +38,13 @@ class Release:
     def has_async_scheduler(self) -> bool:
         return self.async_profile is not None
 
+    @property
+    def has_kv_connector_api(self) -> bool:
+        """Whether the replay drives a KV connector here (kv_connector.py):
+        the V1 connector API with async loads, failures and sends, read in
+        0.33.0 and 0.34.0 (docs/kv-connector.md); 0.8.x has none of those."""
+        return self.engine_loop in ("0.33", "0.34")
+
 
 RELEASES: dict[str, Release] = {release.version: release for release in (
     Release("0.8.5", "vllm-0.8.5", None, "0.8", False, "vllm-0.8-cpu.txt"),
@@ -99,6 +106,11 @@ def release_of_profile(profile: str) -> Release | None:
 def async_versions() -> tuple[str, ...]:
     """The releases whose AsyncScheduler the replay drives (`--async`)."""
     return tuple(r.version for r in RELEASES.values() if r.has_async_scheduler)
+
+
+def kv_connector_versions() -> tuple[str, ...]:
+    """The releases the replay drives a fabricated KV connector on (`--kv-connector`)."""
+    return tuple(r.version for r in RELEASES.values() if r.has_kv_connector_api)
 
 
 def main(argv: list[str]) -> int:

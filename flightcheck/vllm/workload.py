@@ -69,6 +69,14 @@
   a reusing arrival comes after that step's aborts (an abort followed by a
   new request under the same id); other arrivals come before them, as
   always.
+* `config.kv_connector` (or `kv_connector` at the top level; vLLM 0.33 and
+  0.34) and each request's `kv`: a fabricated KV connector, what it offers
+  each request and when its transfers end: `{"consumer": bool, "producer":
+  bool, "load_failure_policy": "recompute"|"fail", "max_inflight_loads":
+  int|null}` and `{"hit": tokens, "async": bool, "load_steps": n,
+  "fail_from_block": int|null, "fail_whole": bool, "send_steps": n}`;
+  kv_workload.py documents every key and the timing rule. Without
+  `kv_connector`, vLLM runs without a connector and `kv` is refused.
 
 Standard library only; both the CLI (to refuse bad input with exit 2) and
 the replay worker (inside the vLLM venv) read workloads with it.
@@ -80,7 +88,10 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from .kv_workload import NO_KV, KVConnectorConfig, KVRequestSpec, KVWorkloadError, kv_connector_from_json, \
+    kv_request_from_json
 
 EOS_TOKEN_ID = 2
 VOCAB_SIZE = 32000
@@ -110,6 +121,8 @@ class ReplayConfig:
     enable_chunked_prefill: bool = True
     cache_aware_admission_window: int = 0
     cache_aware_admission_threshold: float = 0.5
+    # A fabricated KV connector (kv_workload.py); None: none.
+    kv_connector: KVConnectorConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,8 @@ class RequestSpec:
     # waits for a batch's output (`EngineCoreProc._wait_for_output`).
     arrival_during_wait: bool = False
     abort_during_wait: bool = False
+    # What the KV connector offers it and when its transfers end (kv_workload.py).
+    kv: KVRequestSpec = NO_KV
 
     @property
     def key(self) -> str:
@@ -168,10 +183,14 @@ def _config(raw: Any) -> ReplayConfig:
     if not isinstance(raw, dict):
         raise WorkloadError("'config' must be an object")
     merged = {**CONFIG_DEFAULTS, **raw}
+    try:
+        connector = kv_connector_from_json(merged.pop("kv_connector", None))
+    except KVWorkloadError as err:
+        raise WorkloadError(str(err)) from None
     unknown = set(merged) - set(ReplayConfig.__dataclass_fields__)
     if unknown:
         raise WorkloadError(f"config has unknown keys {sorted(unknown)}")
-    missing = set(ReplayConfig.__dataclass_fields__) - set(merged)
+    missing = set(ReplayConfig.__dataclass_fields__) - set(merged) - {"kv_connector"}
     if missing:
         raise WorkloadError(f"config lacks {sorted(missing)}")
     for flag in ("prefix_caching", "async_scheduling", "enable_chunked_prefill"):
@@ -185,7 +204,7 @@ def _config(raw: Any) -> ReplayConfig:
     return ReplayConfig(prefix_caching=merged["prefix_caching"], async_scheduling=merged["async_scheduling"],
                         enable_chunked_prefill=merged["enable_chunked_prefill"],
                         cache_aware_admission_threshold=float(merged["cache_aware_admission_threshold"]),
-                        **values)
+                        kv_connector=connector, **values)
 
 
 def _check_admission(merged: dict[str, Any], values: dict[str, int]) -> None:
@@ -234,6 +253,10 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int]) -> Reque
             shared = _seeded_tokens(seed, f"prefix/{prefix}", min(prefixes[prefix], length))
         prompt = shared + _seeded_tokens(seed, f"request/{req_id}", length - len(shared))
     abort = raw.get("abort_step")
+    try:
+        kv = kv_request_from_json(raw.get("kv"), f"{where}.kv")
+    except KVWorkloadError as err:
+        raise WorkloadError(str(err)) from None
     eos_probability = raw.get("eos_probability", 0.0)
     if not isinstance(eos_probability, (int, float)) or not 0.0 <= eos_probability <= 1.0:
         raise WorkloadError(f"{where}.eos_probability must be in [0, 1]")
@@ -244,7 +267,7 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int]) -> Reque
         max_tokens=_int(f"{where}.max_tokens", raw.get("max_tokens", 16), 1),
         arrival_step=_int(f"{where}.arrival_step", raw.get("arrival_step", 0)),
         abort_step=None if abort is None else _int(f"{where}.abort_step", abort),
-        eos_probability=float(eos_probability), ignore_eos=bool(raw.get("ignore_eos", False)))
+        eos_probability=float(eos_probability), ignore_eos=bool(raw.get("ignore_eos", False)), kv=kv)
 
 
 def workload_from_json(raw: Any, default_name: str = "workload") -> Workload:
@@ -272,15 +295,31 @@ def workload_from_json(raw: Any, default_name: str = "workload") -> Workload:
     acceptance = raw.get("draft_acceptance", 0.5)
     if not isinstance(acceptance, (int, float)) or isinstance(acceptance, bool) or not 0.0 <= acceptance <= 1.0:
         raise WorkloadError("draft_acceptance must be in [0, 1]")
-    return Workload(name=str(raw.get("name", default_name)), seed=seed, config=_config(raw.get("config", {})),
+    config = _config(_with_top_level_connector(raw))
+    if config.kv_connector is None and any(spec.kv != NO_KV for spec in specs):
+        raise WorkloadError("a request has 'kv' but the workload has no kv_connector")
+    return Workload(name=str(raw.get("name", default_name)), seed=seed, config=config,
                     requests=specs, eos_token_id=_int("eos_token_id", raw.get("eos_token_id", EOS_TOKEN_ID)),
                     max_steps=_int("max_steps", raw.get("max_steps", 100_000), 1),
                     draft_acceptance=float(acceptance))
 
 
-def read_workloads(path: str | Path) -> list[Any]:
+def _with_top_level_connector(raw: dict[str, Any]) -> Any:
+    """The workload's `config`, with a top-level `kv_connector` moved into it."""
+    config = raw.get("config", {})
+    if "kv_connector" not in raw:
+        return config
+    if not isinstance(config, dict):
+        raise WorkloadError("'config' must be an object")
+    if "kv_connector" in config:
+        raise WorkloadError("kv_connector is given both at the top level and in config")
+    return {**config, "kv_connector": raw["kv_connector"]}
+
+
+def read_workloads(path: str | Path, prepare: Callable[[Any], Any] | None = None) -> list[Any]:
     """The raw workloads in a file: one JSON object, a JSON list of them, or
-    JSON Lines. Each is validated (WorkloadError) and returned as parsed JSON."""
+    JSON Lines. Each is validated (WorkloadError) and returned as parsed JSON;
+    `prepare` (e.g. kv_workload.with_default_connector) changes each first."""
     try:
         text = Path(path).read_text()
     except OSError as err:
@@ -295,6 +334,8 @@ def read_workloads(path: str | Path) -> list[Any]:
             raise WorkloadError(f"{path}: not JSON ({err.msg})") from None
     if not raws:
         raise WorkloadError(f"{path}: no workload in the file")
+    if prepare is not None:
+        raws = [prepare(raw) if isinstance(raw, dict) else raw for raw in raws]
     for i, raw in enumerate(raws):
         workload_from_json(raw, f"{Path(path).stem}-{i}")
     return raws

@@ -1,0 +1,125 @@
+"""What the recorder writes about a KV connector (docs/kv-connector.md,
+"Trace events"; docs/trace-format.md, "KV connector"): `KVRecordingMixin`
+goes in front of `RecordingMixin` (recorder.py) and adds, on a scheduler
+that has a connector (`Scheduler.connector`, vLLM 0.33 on), and nothing
+otherwise:
+
+* `config.kv_connector`: `consumer` / `producer` (the `KVTransferConfig`'s
+  `is_kv_consumer` / `is_kv_producer`), `load_failure_policy`
+  (`kv_load_failure_policy`), `max_inflight_loads` (0.34's
+  `SchedulerConfig.max_num_inflight_kv_loads`, null without);
+* `arrive.external_hit` / `arrive.load_async`: what the connector offers the
+  request, asked of a connector that can say (the replay's fabricated one,
+  `flightcheck_offer`); a deployment's connector cannot, and they are left out;
+* `schedule.entries[].external` (tokens of the entry's `start` a sync load
+  brings in this batch) and `schedule.kv_loads` (`[{req, start}]`: requests
+  parked for an async load by this call, `start` their `num_computed_tokens`
+  then), read from the connector metadata of the call (`loads`, the
+  fabricated connector's); a `schedule` event is written for a call that
+  only parks loads;
+* `kv_failed` (`req`, `from_block`: 0 for a failed receive, else the first
+  block of the request's table among `invalid_block_ids`; one per request
+  holding such a block) before the completion it came with: vLLM handles
+  failures first in `update_from_output`; `kv_received` / `kv_sent` (`req`)
+  after the completion and its finishes: vLLM handles `finished_recving`,
+  then `finished_sending`, at the end of `update_from_output`;
+* `finish.held`: true when vLLM keeps the finished request (and its blocks)
+  for a transfer still to be reported (a send, or an aborted load).
+
+Standard library only: this module never imports vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class KVRecordingMixin:
+    """Put in front of RecordingMixin (recorder.py)."""
+
+    _fc_kv_loads: list[dict[str, Any]] = []
+
+    def _fc_connector(self) -> Any:
+        return getattr(self, "connector", None)
+
+    def _fc_config_event(self) -> dict[str, Any]:
+        event = super()._fc_config_event()  # type: ignore[misc]
+        if self._fc_connector() is not None:
+            transfer = self.vllm_config.kv_transfer_config  # type: ignore[attr-defined]
+            limit = getattr(self.scheduler_config, "max_num_inflight_kv_loads", None)  # type: ignore[attr-defined]
+            event["kv_connector"] = {"consumer": bool(transfer.is_kv_consumer),
+                                     "producer": bool(transfer.is_kv_producer),
+                                     "load_failure_policy": str(transfer.kv_load_failure_policy),
+                                     "max_inflight_loads": limit}
+        return event
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        self._fc_kv_loads = []
+        try:
+            return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._fc_kv_loads = []
+
+    def _fc_entries(self, output: Any) -> list[tuple[Any, dict[str, Any]]]:
+        """RecordingMixin's entries, with `external`; notes the call's parked loads."""
+        entries = super()._fc_entries(output)  # type: ignore[misc]
+        loads = getattr(getattr(output, "kv_connector_metadata", None), "loads", None) or []
+        sync = {load.req_id: load.num_external_tokens for load in loads if not load.load_async}
+        for _, written in entries:
+            if written["req"] in sync:
+                written["external"] = sync[written["req"]]
+        self._fc_kv_loads = [{"req": load.req_id, "start": int(self.requests[load.req_id].num_computed_tokens)}
+                             for load in loads if load.load_async and load.req_id in self.requests]
+        return entries
+
+    def _fc_has_kv_loads(self) -> bool:
+        return bool(self._fc_kv_loads)
+
+    def _fc_write(self, event: dict[str, Any], with_step: bool = True) -> None:
+        if self._fc_connector() is not None:
+            self._fc_kv_fields(event)
+        super()._fc_write(event, with_step)  # type: ignore[misc]
+
+    def _fc_kv_fields(self, event: dict[str, Any]) -> None:
+        kind = event.get("ev")
+        if kind == "arrive":
+            offer = getattr(self._fc_connector(), "flightcheck_offer", None)
+            request = self.requests.get(event["req"])
+            if offer is not None and request is not None:
+                hit, load_async = offer(request)
+                event.update(external_hit=int(hit), load_async=bool(load_async))
+        elif kind == "schedule" and self._fc_kv_loads:
+            event["kv_loads"] = self._fc_kv_loads
+        elif kind == "finish":
+            request = self.requests.get(event["req"])
+            event["held"] = request is not None and request.is_finished()
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        report = getattr(model_runner_output, "kv_connector_output", None)
+        if report is None or self._fc_connector() is None:
+            return super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        for failure in self._fc_failures(report):
+            self._fc_write(failure)
+        result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        for req_id in sorted(report.finished_recving or ()):
+            self._fc_write({"ev": "kv_received", "req": req_id})
+        for req_id in sorted(report.finished_sending or ()):
+            self._fc_write({"ev": "kv_sent", "req": req_id})
+        return result
+
+    def _fc_failures(self, report: Any) -> list[dict[str, Any]]:
+        """The `kv_failed` events of a report, read against vLLM's block tables before it acts."""
+        failures = [{"ev": "kv_failed", "req": req_id, "from_block": 0}
+                    for req_id in sorted(getattr(report, "failed_recving", None) or ())]
+        invalid = set(report.invalid_block_ids or ())
+        if invalid:
+            for req_id in list(self.requests):
+                table = self._fc_block_table(req_id)
+                first = next((i for i, block in enumerate(table) if block in invalid), None)
+                if first is not None:
+                    failures.append({"ev": "kv_failed", "req": req_id, "from_block": first})
+        return failures
+
+    def _fc_block_table(self, req_id: str) -> list[int]:
+        groups = self.kv_cache_manager.get_block_ids(req_id)  # type: ignore[attr-defined]
+        return list(groups[0]) if groups else []
