@@ -266,14 +266,19 @@ def launcher_for(version: str, python: Path, tools: Path, data: Path) -> Iterato
                 os.environ[variable] = before
 
 
-def campaign_arguments(version: str, mode: str, options: argparse.Namespace) -> list[str]:
-    argv = ["--versions", version, "--workloads", str(options.workloads), "--seed", str(options.seed),
-            "--no-mutants"]
-    if mode == "async":
-        argv.append("--async")
+def campaign_runs(version: str, options: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """The campaigns to run, one per mode: (label, the campaign's argv).
+    With `--kv-connector` the campaign itself runs each version sync and
+    async unless `--async` asks for async alone, so sync and async together
+    are one campaign there (and sync alone is not available)."""
+    common = ["--versions", version, "--workloads", str(options.workloads), "--seed", str(options.seed),
+              "--no-mutants"]
     if options.kv_connector:
-        argv.append("--kv-connector")
-    return argv
+        common.append("--kv-connector")
+        if options.modes == ["async"]:
+            return [("async", [*common, "--async"])]
+        return [("sync+async", common)]
+    return [(mode, [*common, "--async"] if mode == "async" else common) for mode in options.modes]
 
 
 def run_campaigns(version: str, options: argparse.Namespace, data: Path) -> dict[str, int]:
@@ -287,8 +292,8 @@ def run_campaigns(version: str, options: argparse.Namespace, data: Path) -> dict
     tools = ensure_coverage(python)
     statuses = {}
     with launcher_for(version, python, tools, data):
-        for mode in options.modes:
-            args = parser.parse_args(campaign_arguments(version, mode, options))
+        for mode, argv in campaign_runs(version, options):
+            args = parser.parse_args(argv)
             print(f"vLLM {version} {mode}: the campaign under coverage", file=sys.stderr, flush=True)
             with contextlib.redirect_stdout(sys.stderr):
                 statuses[mode] = campaign.run_campaign(args, parser.error)
@@ -379,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     if options.kv_connector and not _campaign_has("--kv-connector"):
         print("the campaign has no --kv-connector yet (flightcheck/vllm/campaign.py)", file=sys.stderr)
         return 2
+    if options.kv_connector and options.modes == ["sync"]:
+        parser.error("--kv-connector runs sync and async together (or --modes async): no sync alone")
     functions = parse_functions(options.functions)
     results = []
     for version in options.versions.split(","):

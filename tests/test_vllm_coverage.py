@@ -169,3 +169,18 @@ def test_the_command_measures_vllm_0_34_sync_and_async(tmp_path: Path, capsys: p
     assert sum(r["statements"] for r in report["functions"]) < report["statements"]
     assert report["chosen"]["statements"] > rows["Scheduler.schedule"]["statements"]
     assert "uncovered functions:" in printed and "chosen functions (" in printed
+
+
+def test_the_campaigns_run_per_mode_and_once_with_a_connector() -> None:
+    import argparse
+
+    module = coverage_module()
+    plain = argparse.Namespace(workloads=5, seed=2, kv_connector=False, modes=["sync", "async"])
+    runs = module.campaign_runs("0.34.0", plain)
+    common = ["--versions", "0.34.0", "--workloads", "5", "--seed", "2", "--no-mutants"]
+    assert runs == [("sync", common), ("async", [*common, "--async"])]
+    # the campaign's --kv-connector runs sync and async itself
+    both = argparse.Namespace(workloads=5, seed=2, kv_connector=True, modes=["sync", "async"])
+    assert module.campaign_runs("0.34.0", both) == [("sync+async", [*common, "--kv-connector"])]
+    only_async = argparse.Namespace(workloads=5, seed=2, kv_connector=True, modes=["async"])
+    assert module.campaign_runs("0.34.0", only_async) == [("async", [*common, "--kv-connector", "--async"])]
