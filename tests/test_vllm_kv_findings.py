@@ -188,7 +188,12 @@ def test_49250_the_recompute_rollback_keeps_the_async_placeholders(vllm_run: dic
     leaves `num_output_placeholders` as they were, the recompute schedules
     the prompt plus those placeholders, and the decode scheduled on the
     failed prefill's placeholder delivers a token (KV3)."""
-    log = vllm_run["placeholders-async"]["log"]
+    result = vllm_run["placeholders-async"]
+    log = result["log"]
+    # the valid prefix base: 9 computed - 4 in the failing batch = 5 (4 were
+    # loaded): the decode in flight is counted as computed before it (finding 2)
+    (rollback,) = result["rollbacks"]
+    assert rollback["computed_before"] == {"r": 9} and rollback["affected_tokens"] == 5
     first, decode, failed, recompute, stale = log[:5]
     assert first["scheduled"] == {"r": 4} and first["samples"] == ["r"]
     assert _r(first)["num_output_placeholders"] == 1
