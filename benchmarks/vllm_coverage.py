@@ -91,6 +91,7 @@ class FunctionCoverage:
     name: str
     statements: int
     run: int
+    missing: tuple[int, ...] = ()         # the body statements (lines) that did not run
 
     @property
     def percent(self) -> float:
@@ -154,7 +155,7 @@ def per_function(source: str, statements: Iterable[int], executed: Iterable[int]
     for span in sorted(spans, key=lambda s: s.first):
         mine = {line for line, owner in owners.items() if owner == span.name}
         if mine:
-            rows.append(FunctionCoverage(span.name, len(mine), len(mine & ran)))
+            rows.append(FunctionCoverage(span.name, len(mine), len(mine & ran), tuple(sorted(mine - ran))))
     return rows
 
 
@@ -341,6 +342,7 @@ def report_lines(result: dict[str, Any], functions: list[str]) -> list[str]:
     if functions:
         picked, unknown = chosen(rows, functions)
         lines.append(figure("chosen functions (" + ", ".join(r.short_name for r in picked) + ")", picked))
+        lines += [f"  not run in {r.short_name}: lines {', '.join(map(str, r.missing))}" for r in picked if r.missing]
         if unknown:
             lines.append("no such function: " + ", ".join(unknown))
     return lines
@@ -355,7 +357,7 @@ def result_json(result: dict[str, Any], functions: list[str]) -> dict[str, Any]:
         picked, unknown = chosen(rows, functions)
         statements, run = total(picked)
         out["chosen"] = {"functions": [r.name for r in picked], "statements": statements, "run": run,
-                         "unknown": unknown}
+                         "unknown": unknown, "missing": {r.name: list(r.missing) for r in picked if r.missing}}
     return out
 
 

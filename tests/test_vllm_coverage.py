@@ -109,10 +109,12 @@ def test_the_report_names_every_uncovered_function_and_the_chosen_figure() -> No
               "statements": len(STATEMENTS), "run": len(EXECUTED), "rows": rows}
     lines = module.report_lines(result, ["schedule", "skip"])
     assert lines[0] == (f"vLLM 0.34.0 (sync + async): 15 of 19 statements of {module.SCHEDULER_FILE} run (78.9 %)")
-    assert lines[-2] == "uncovered functions: Scheduler.drain"
-    assert lines[-1] == "chosen functions (schedule, skip): 5 of 6 body statements run (83.3 %)"
+    assert lines[-3] == "uncovered functions: Scheduler.drain"
+    assert lines[-2] == "chosen functions (schedule, skip): 5 of 6 body statements run (83.3 %)"
+    assert lines[-1] == "  not run in schedule: lines 14"
     as_json = module.result_json(result, ["drain"])
-    assert as_json["chosen"] == {"functions": ["Scheduler.drain"], "statements": 2, "run": 0, "unknown": []}
+    assert as_json["chosen"] == {"functions": ["Scheduler.drain"], "statements": 2, "run": 0, "unknown": [],
+                                 "missing": {"Scheduler.drain": [26, 27]}}
     assert as_json["functions"][0] == {"name": "Scheduler.schedule", "statements": 5, "run": 4}
 
 
