@@ -13,6 +13,13 @@ was not a prefill chunk when scheduled, so every output token names the
 batch that produced it. After every call the driver records each request's
 counters as vLLM holds them.
 
+The same two workloads are then replayed the project's usual way
+(`ReplayWorker`: the replay's copy of the version's engine loop, its
+fabricated model, the bridge's connector and worker side, the recorder's
+trace and vLLM's ground truth): the engine's own order of `schedule()` and
+`update_from_output()` gives the same batches, and vLLM's own state shows
+the bug.
+
 Slow (`vllm` and `slow`): a vLLM import is 10-100 s on the shared machine.
 """
 
@@ -27,7 +34,8 @@ from typing import Any
 import pytest
 
 import flightcheck
-from flightcheck.vllm.replay import venv_python
+from flightcheck.vllm import ASYNC_RECORDER
+from flightcheck.vllm.replay import ReplayWorker, venv_python
 
 from .vllm_support import require_venv
 
@@ -253,3 +261,68 @@ def test_valid_prefix_base_under_pp_counts_a_later_chunk_and_accepts_its_token(v
     schedules = [e for e in log[3:] if e["do"] == "schedule"]
     assert [e["scheduled"] for e in schedules] == [{"r": 4}, {"r": 4}, {"r": 4}, {"r": 1}]
     assert [e["samples"] for e in schedules] == [[], [], [], ["r"]]
+
+
+# -- the same failures, replayed through the replay's engine loop -------------
+
+def workload(scenario: dict[str, Any]) -> dict[str, Any]:
+    """A scenario as a replay workload (flightcheck/vllm/workload.py)."""
+    (spec,) = scenario["requests"]
+    return {"name": scenario["name"], "seed": 0,
+            "config": {"num_stages": scenario.get("stages", 1),
+                       "max_num_batched_tokens": scenario.get("budget", 64), "max_num_seqs": 4,
+                       "block_size": scenario["block_size"], "num_blocks": 32, "max_model_len": 512,
+                       "long_prefill_token_threshold": 0, "prefix_caching": False,
+                       "async_scheduling": scenario.get("async", False),
+                       "kv_connector": {"consumer": True, "load_failure_policy": "recompute"}},
+            "requests": [{"id": spec["id"], "prompt_len": spec["prompt"], "max_tokens": spec["max_tokens"],
+                          "ignore_eos": True, "kv": spec["kv"]}]}
+
+
+@pytest.fixture(scope="module", params=["0.34.0", "0.33.0"])
+def replayed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """name -> (the replay's result, the recorded trace's events)."""
+    require_venv(request.param)
+    folder = tmp_path_factory.mktemp(f"kv-findings-replay-{request.param}")
+    results = {}
+    with ReplayWorker(request.param) as worker:
+        for scenario in (PLACEHOLDERS_ASYNC, VALID_PREFIX_PP):
+            trace = folder / f"{scenario['name']}.jsonl"
+            result = worker.replay(workload(scenario), trace=str(trace),
+                                   scheduler_cls=ASYNC_RECORDER if scenario.get("async") else None)
+            results[scenario["name"]] = (result, [json.loads(line) for line in trace.read_text().splitlines()])
+    return results
+
+
+def _token_of(events: list[dict[str, Any]], batch: int) -> list[int]:
+    (complete,) = [e for e in events if e["ev"] == "complete" and e.get("batch") == batch]
+    return complete["tokens"]["r"]
+
+
+def test_49250_replayed_vllms_own_state_breaks_the_placeholder_rule(replayed: dict[str, Any]) -> None:
+    result, events = replayed["placeholders-async"]
+    assert result["ending"] == "done"
+    assert result["batches"][:3] == [{"r": 4}, {"r": 1}, {"r": 10}]
+    assert [r["invalid_block_ids"] for r in result["kv_reports"]] == [[1]]
+    # vLLM's ground truth: after the rollback 2 placeholders, no sampling entry but batch 2's decode
+    first = result["ground_truth"]["placeholder_mismatches"][0]
+    assert first["rule"] == "placeholders = sampling entries in flight"
+    assert (first["placeholders"], first["num_computed_tokens"], first["num_tokens"]) == (2, 0, 8)
+    # the recorder's trace: batch 1's output dropped, batch 2's token (the decode on its placeholder) kept
+    assert [e["ev"] for e in events if e.get("step") in (2, 3)] == ["schedule", "kv_failed", "complete"]
+    assert next(e for e in events if e["ev"] == "complete")["dropped"] == ["r"]
+    assert result["outputs"][0][1] == _token_of(events, 2)
+
+
+def test_valid_prefix_replayed_the_later_chunks_token_is_kept_and_a_chunk_samples(replayed: dict[str, Any]) -> None:
+    result, events = replayed["valid-prefix-pp"]
+    assert result["ending"] == "done"
+    assert result["batches"][:5] == [{"r": 4}] * 5
+    assert [r["invalid_block_ids"] for r in result["kv_reports"]] == [[1]]
+    # batch 2 (tokens 8-12, over the invalid block) gives the request its first output
+    assert result["outputs"][0][1] == _token_of(events, 2)
+    # the recompute then re-runs tokens 0-12 in chunks; its chunk ending at
+    # the prompt's end (12) is short of the 13 tokens the request now has,
+    # yet vLLM appends the token the runner samples there
+    (partial,) = result["ground_truth"]["partial_chunk_tokens"]
+    assert (partial["batch"], partial["end"]) == (5, 12)
