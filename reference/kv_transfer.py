@@ -80,6 +80,7 @@ class KvTransfers:
         self.failed_recving_kv_req_ids: set[str] = set()
         self.kv_held: dict[str, Request] = {}
         self._aborted_kv_loads: set[str] = set()
+        self._num_kv_loads = 0                # requests whose kv_load is not NONE
         self.sched_step_seq = 0
         self.processed_step_seq = 0
         self.deferred_frees: deque[tuple[int, list[KVCacheBlock]]] = deque()
@@ -140,6 +141,7 @@ class KvTransfers:
         if self._kv_send_after_finish and self.connector.request_finished(request, block_ids):
             delay_free_blocks = True
         request.inflight_prefill = request.parked_reservation = False
+        self._set_kv_load(request, KvLoad.NONE)
         if delay_free_blocks:
             self.kv_held[request.request_id] = request
         return delay_free_blocks
@@ -222,7 +224,7 @@ class KvTransfers:
             request = self.requests.get(req_id)
             if request is not None and request.status == PARKED:
                 self.finished_recving_kv_req_ids.add(req_id)
-                request.kv_load = KvLoad.RECEIVED
+                self._set_kv_load(request, KvLoad.RECEIVED)
             else:
                 self._free_held(req_id)   # aborted, or failed under the fail policy
         for req_id in reports.finished_sending:
@@ -240,7 +242,7 @@ class KvTransfers:
                 continue
             affected.add(req_id)
             self.kv_reports_seen.append(("kv_failed", req_id, 0))
-            request.kv_load = KvLoad.FAILED
+            self._set_kv_load(request, KvLoad.FAILED)
             if self._recompute_kv_failures:
                 request.num_computed_tokens = 0
                 self.failed_recving_kv_req_ids.add(req_id)
@@ -264,7 +266,7 @@ class KvTransfers:
             affected.add(request.request_id)
             self.kv_reports_seen.append(("kv_failed", request.request_id, first))
             if request.status == PARKED:
-                request.kv_load = KvLoad.FAILED
+                self._set_kv_load(request, KvLoad.FAILED)
                 if self._recompute_kv_failures:
                     request.num_computed_tokens = first * self.config.block_size
                     self.failed_recving_kv_req_ids.add(request.request_id)
@@ -321,8 +323,14 @@ class KvTransfers:
             return False
         self._update_waiting_for_remote_kv(request)
         request.status = request.status_before_load
-        request.kv_load = KvLoad.NONE
-        return True
+        return True                           # (its load counts until it is scheduled)
+
+    def _set_kv_load(self, request: Request, state: KvLoad) -> None:
+        """vLLM `_set_kv_fetch_stage`: a load counts against the limit from
+        its start until its request is scheduled or freed."""
+        if (request.kv_load is KvLoad.NONE) != (state is KvLoad.NONE):
+            self._num_kv_loads += -1 if state is KvLoad.NONE else 1
+        request.kv_load = state
 
     # -- the load limit and the reservation (0.33, 0.34) -----------------------
 
@@ -330,10 +338,7 @@ class KvTransfers:
         """vLLM 0.34 `_admits_inflight_kv_load`: loads in flight, landed and
         not promoted, and aborted ones stay below the limit."""
         limit = self._max_inflight_loads
-        if limit is None:
-            return True
-        parked = sum(1 for r in self.kv_holding_waiting if r.status == PARKED)
-        return parked + len(self._aborted_kv_loads) < limit
+        return limit is None or self._num_kv_loads + len(self._aborted_kv_loads) < limit
 
     def _remaining_blocks(self, request: Request) -> int:
         """vLLM `_request_remaining_blocks`: blocks the request still needs

@@ -163,11 +163,14 @@ class KvWaiting:
                                                 lookup.num_local, 0 if landed else lookup.num_external,
                                                 False)
         queue.popleft()
+        self._set_kv_load(request, KvLoad.NONE)
         request.inflight_prefill = self._kv_load_reservation and (
             lookup.num_computed + num_new_tokens < request.num_tokens or request.parked_reservation)
         entry = self._admit(request, lookup.num_computed, num_new_tokens,
                             list(kv.req_to_blocks.get(request.request_id, ())))
-        entry.external = 0 if landed else lookup.num_external
+        if not landed:                        # the sync load's tokens: this batch brings them in
+            entry.external = lookup.num_external
+            entry.num_cached_tokens = lookup.num_local
         self._add_to_batch(batch, request, entry)
         return _ADMITTED
 
@@ -186,7 +189,7 @@ class KvWaiting:
                                                 lookup.num_local, lookup.num_external, True)
         request.status_before_load = request.status
         request.status = PARKED
-        request.kv_load = KvLoad.IN_FLIGHT
+        self._set_kv_load(request, KvLoad.IN_FLIGHT)
         request.num_computed_tokens = lookup.num_computed
         request.parked_reservation = self._kv_load_reservation
         batch.kv_loads.append((request.request_id, lookup.num_computed))

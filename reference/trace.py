@@ -308,7 +308,8 @@ class TracingScheduler(Scheduler):
             return set()
         skipped = self.prepare_kv_reports(scheduler_output)
         for kind, req_id, from_block in self.kv_reports_seen:
-            self.trace.kv_report(kind, req_id, from_block, self.num_steps)
+            # written in the call about to be counted
+            self.trace.kv_report(kind, req_id, from_block, self.num_steps + 1)
         return skipped
 
     def _trace_finishes_and_kv_reports(self, outputs: list[EngineCoreOutput]) -> None:
