@@ -261,7 +261,7 @@ class TracingScheduler(Scheduler):
         dropped: list[str] = []
         live: list[Request] = []
         kept: list[Request] = []              # every entry's request its output reached
-        kv_skipped = self._trace_kv_failures(scheduler_output)
+        kv_skipped = self.prepare_kv_reports(scheduler_output) if self.connector is not None else ()
         for entry in scheduler_output.entries:
             request = self.requests.get(entry.req_id)
             fate = self._predicted_fate(entry, request)
@@ -287,6 +287,7 @@ class TracingScheduler(Scheduler):
             number = self._empty_batch_numbers.pop(id(scheduler_output), None)
             if number is not None:
                 self.trace.empty_batch("complete", number, self.num_steps)
+            self._trace_kv_reports("kv_failed")
             self._trace_finishes_and_kv_reports(outputs)
             return outputs
         # Drafts proposed to live requests that sampled and go on; where drafts
@@ -295,22 +296,20 @@ class TracingScheduler(Scheduler):
         holders = live if self._drafts_with_output else kept
         next_drafts = {request.request_id: len(request.spec_token_ids) for request in holders
                        if not request.is_finished() and request.spec_token_ids}
+        self._trace_kv_reports("kv_failed")   # taken before the outputs: they change fates
         self.trace.complete(scheduler_output.batch_id, self.num_steps, taken, dropped,
                             next_drafts)
         self._trace_finishes_and_kv_reports(outputs)
         return outputs
 
-    def _trace_kv_failures(self, scheduler_output: SchedulerOutput) -> set[str]:
-        """With a KV connector: its reports for this output taken now (the
-        failures change fates), the failures written; the requests whose
-        entries the fail policy skips."""
+    def _trace_kv_reports(self, kind: str) -> None:
+        """The KV connector's reports of `kind` the last output brought, or
+        with kind "" those other than failures (landed loads, sends)."""
         if self.connector is None:
-            return set()
-        skipped = self.prepare_kv_reports(scheduler_output)
-        for kind, req_id, from_block in self.kv_reports_seen:
-            # written in the call about to be counted
-            self.trace.kv_report(kind, req_id, from_block, self.num_steps + 1)
-        return skipped
+            return
+        for seen, req_id, from_block in self.kv_reports_seen:
+            if seen == kind or (not kind and seen != "kv_failed"):
+                self.trace.kv_report(seen, req_id, from_block, self.num_steps)
 
     def _trace_finishes_and_kv_reports(self, outputs: list[EngineCoreOutput]) -> None:
         """The finishes (`held` for a send), then the landed loads and sends."""
@@ -318,10 +317,7 @@ class TracingScheduler(Scheduler):
             if output.finish_reason is not None:
                 self.trace.finish(output.request_id, output.finish_reason, self.num_steps,
                                   output.request_id in self.kv_held)
-        if self.connector is not None:
-            for kind, req_id, from_block in self.kv_reports_seen:
-                if kind != "kv_failed":
-                    self.trace.kv_report(kind, req_id, from_block, self.num_steps)
+        self._trace_kv_reports("")
 
 
 def make_scheduler(config: SchedulerConfig, trace: TraceWriter | None = None) -> Scheduler:
