@@ -79,7 +79,8 @@ def _check_park_and_roll_back(running: Workers, version: str, async_scheduling: 
     arrive = {e["req"]: e for e in events if e["ev"] == "arrive"}
     assert (arrive["a"]["external_hit"], arrive["a"]["load_async"]) == (12, True)
     # a parks with its 12 loaded tokens, is not scheduled until received, then resumes from them
-    parked = _first(events, lambda e: e["ev"] == "schedule" and {"req": "a", "start": 12} in e.get("kv_loads", []))
+    parked = _first(events, lambda e: e["ev"] == "schedule" and any(
+        (load["req"], load["start"]) == ("a", 12) for load in e.get("kv_loads", [])))
     received = _first(events, lambda e: e == {**e, "ev": "kv_received", "req": "a"})
     (first, entry), *_ = _entries(events, "a")
     assert parked < received < first and entry["start"] == entry["cached"] == 12
@@ -87,14 +88,16 @@ def _check_park_and_roll_back(running: Workers, version: str, async_scheduling: 
     (_, loading), *_ = _entries(events, "b")
     assert loading["external"] == 8 and loading["start"] == 8
     failed = _first(events, lambda e: e["ev"] == "kv_failed")
-    assert events[failed]["req"] == "b" and events[failed]["from_block"] == 1
+    assert events[failed]["req"] == "b" and events[failed]["from_block"] == 1 and events[failed]["computed"] == 4
     (_, again), *_ = _entries(events, "b", after=failed)
     assert again["start"] == 4
-    # c aborted during its load: held until the load's report; finished requests held until sent
+    # c aborted during its load: not held for a send, its load still reported after the abort;
+    # a and b finished, held until sent
     finishes = {e["req"]: e for e in events if e["ev"] == "finish"}
-    assert finishes["c"]["reason"] == "abort" and finishes["c"]["held"]
+    assert finishes["c"]["reason"] == "abort" and not finishes["c"]["held"]
     assert _first(events, lambda e: e is finishes["c"]) < _first(events, lambda e: e == {**e, "ev": "kv_received",
                                                                                           "req": "c"})
+    assert result["kv_reports"] and all(load["block_ids"] for e in events for load in e.get("kv_loads", []))
     for req in "ab":
         assert finishes[req]["held"] and finishes[req]["reason"] == "length"
         assert _first(events, lambda e: e is finishes[req]) < _first(

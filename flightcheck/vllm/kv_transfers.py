@@ -55,6 +55,10 @@ class Report:
     finished_sending: set[str] = field(default_factory=set)
     invalid_block_ids: set[int] = field(default_factory=set)
     failed_recving: set[str] = field(default_factory=set)
+    # The requests whose own load reported a failure (the recorder's
+    # `kv_failed`: a request that shares an invalid block through its prefix
+    # hit has no load of its own to fail).
+    failed_loads: set[str] = field(default_factory=set)
 
     def __bool__(self) -> bool:
         return bool(self.finished_recving or self.finished_sending or self.invalid_block_ids or self.failed_recving)
@@ -144,8 +148,9 @@ class KVTransfers:
         self.updates += 1
         report = Report()
         for load in carried:
-            if not load.load_async:
+            if not load.load_async and load.invalid_block_ids():
                 report.invalid_block_ids |= load.invalid_block_ids()
+                report.failed_loads.add(load.req_id)
         due = [item for item in self._due if item[0] == self.updates]
         self._due = [item for item in self._due if item[0] != self.updates]
         for _, kind, item in due:
@@ -155,8 +160,9 @@ class KVTransfers:
             report.finished_recving.add(item.req_id)
             if item.spec.fail_whole:
                 report.failed_recving.add(item.req_id)
-            else:
+            elif item.invalid_block_ids():
                 report.invalid_block_ids |= item.invalid_block_ids()
+                report.failed_loads.add(item.req_id)
         return report
 
 

@@ -153,8 +153,8 @@ def split_kv_connector(raw_workload: dict[str, Any]) -> tuple[dict[str, Any], Kv
                                                                 dict[str, KvOffer]]:
     """A workload's KV connector (`kv_connector`, top level or in `config`)
     and its requests' offers (`kv`, by the request's own `id`), and the
-    workload without the connector's config key (the replay's
-    `workload_from_json` does not know it). No connector: (raw, None, {})."""
+    workload as the replay reads it (`workload_from_json` knows the
+    connector's keys: kv_workload.py). No connector: (raw, None, {})."""
     raw = dict(raw_workload)
     config = dict(raw.get("config", {}))
     connector_raw = raw.pop("kv_connector", None)
@@ -167,7 +167,7 @@ def split_kv_connector(raw_workload: dict[str, Any]) -> tuple[dict[str, Any], Kv
         offer = offer_from_json(request.get("kv")) if isinstance(request, dict) else None
         if offer is not None:
             offers[str(request.get("id", index))] = offer
-    return raw, connector, offers
+    return raw_workload, connector, offers
 
 
 def reference_config(workload: Workload, profile: str, as_released: bool = False,
@@ -211,6 +211,12 @@ def engine_loop_of(profile: str) -> str:
     if row is not None:
         return row.engine_loop
     return "0.33" if get_profile(profile).engine_loop.startswith("vllm-0.33") else "0.8"
+
+
+# The reference runs a workload's KV connector (reference/connector.py):
+# the campaign runs the differential on connector workloads (campaign.py
+# `differential_runs`).
+SUPPORTS_KV_CONNECTOR = True
 
 
 @dataclass
