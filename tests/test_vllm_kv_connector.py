@@ -4,7 +4,8 @@ connector (flightcheck/vllm/kv_connector.py): what vLLM did, read from its
 own trace (kv_recording.py) — a request parked for an async load and
 promoted with the loaded tokens, a sync load's failure rolled back to the
 first invalid block, a producer's blocks held until sent, an aborted
-load's blocks held until its report, the fail policy, and 0.34's load limit.
+load's blocks held until its report, the fail policy, and 0.34's load
+limit — and the recorder changing none of vLLM's decisions.
 """
 
 from __future__ import annotations
@@ -135,6 +136,16 @@ def test_0_34_parks_promotes_rolls_back_and_holds_blocks_until_sent(running, tmp
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_0_34_fails_both_kinds_of_load_failure_under_the_fail_policy(running, tmp_path, async_scheduling):
     _check_fail_policy(running, "0.34.0", async_scheduling, tmp_path)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_0_34_the_recorder_changes_no_decision_with_a_connector(running, async_scheduling):
+    raw = {**PARK_AND_ROLL_BACK, "config": {**PARK_AND_ROLL_BACK["config"], "async_scheduling": async_scheduling}}
+    recorded = running["0.34.0"].replay(raw, scheduler_cls=ASYNC_RECORDER if async_scheduling else None)
+    plain = running["0.34.0"].replay(raw, recorder=False)
+    assert not plain["recorder"] and plain["scheduler_is_vllm_scheduler"]
+    for key in ("batches", "outputs", "kv_reports", "ending", "steps"):
+        assert plain[key] == recorded[key], key
 
 
 def test_0_34_keeps_one_load_in_flight_under_the_limit_and_0_33_has_no_limit(running, tmp_path):

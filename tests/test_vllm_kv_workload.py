@@ -112,3 +112,22 @@ def test_campaign_kv_connector_refuses_a_version_without_the_connector_api(capsy
     args = parser.parse_args(["--kv-connector", "--versions", "0.8.5", "--workloads", "1"])
     assert run_campaign(args, parser.error) == 2
     assert "0.33.0 or 0.34.0" in capsys.readouterr().err
+
+
+def test_replay_kv_connector_gives_a_connector_and_refuses_it_on_0_8_and_bad_json(tmp_path, capsys):
+    import json
+
+    from flightcheck.cli import main
+
+    workload = tmp_path / "w.json"
+    workload.write_text(json.dumps({**PLAIN, "requests": [{"id": "a", "prompt_len": 10, "kv": {"hit": 8}}]}))
+    # a request's kv without a connector: refused, unless --kv-connector gives one
+    assert main(["vllm", "replay", str(workload), "--vllm-version", "0.33.0"]) == 2
+    assert "no kv_connector" in capsys.readouterr().err
+    assert main(["vllm", "replay", str(workload), "--vllm-version", "0.8.5", "--kv-connector"]) == 2
+    assert "0.33.0 or 0.34.0" in capsys.readouterr().err
+    assert main(["vllm", "replay", str(workload), "--vllm-version", "0.34.0", "--kv-connector", "[1]"]) == 2
+    assert "a JSON object" in capsys.readouterr().err
+    assert main(["vllm", "replay", str(workload), "--vllm-version", "0.34.0", "--kv-connector",
+                 '{"consumer": false}']) == 2                 # a producer-less non-consumer: no connector
+    assert "consumer, a producer or both" in capsys.readouterr().err
