@@ -106,11 +106,11 @@ def test_only_flightcheck_vllm_imports_vllm(layer):
 
 
 def test_flightcheck_vllm_imports_vllm_only_where_it_runs_in_a_vllm_venv():
-    """The recorder (loaded by vLLM), the replay worker and the cost worker
-    (started in a vLLM venv) import vLLM; every other module of the package
-    imports without it."""
+    """The recorder and the replay's KV connector (loaded by vLLM), the
+    replay worker and the cost worker (started in a vLLM venv) import vLLM;
+    every other module of the package imports without it."""
     for path, names in layer_imports("flightcheck/vllm").items():
-        if path.name in ("recorder.py", "replay_worker.py", "cost_worker.py"):
+        if path.name in ("recorder.py", "kv_connector.py", "replay_worker.py", "cost_worker.py"):
             continue
         assert not {n for n in names if top(n) == "vllm"}, f"{path} imports vllm"
 

@@ -5,6 +5,7 @@
     python -m flightcheck.vllm.campaign --workloads 200 --versions 0.33.0 --reuse-ids
     python -m flightcheck.vllm.campaign --workloads 300 --versions 0.33.0 --async
     python -m flightcheck.vllm.campaign --workloads 300 --versions 0.34.0 [--async] [--reuse-ids]
+    python -m flightcheck.vllm.campaign --workloads 300 --kv-connector [--versions 0.34.0]
     flightcheck vllm campaign --workloads 100 --vllm-python ~/src/vllm/.venv/bin/python
 
 `flightcheck vllm campaign` takes the same options (`add_options`) and runs
@@ -37,7 +38,11 @@ every version runs 0.34's engine loop) places arrivals and aborts, one in
 two, while a step waits for a batch's output (`arrival_via`/`abort_via`
 "wait", workload.py).
 `--keep-disagreements DIR` keeps every trace on which check-trace and vLLM's
-ground truth disagree.
+ground truth disagree. `--kv-connector`: the kv-connector family (a
+fabricated KV connector, flightcheck/vllm/README.md "A KV connector") on
+0.33.0 and 0.34.0, each sync and async; the differential of a connector
+workload runs only where the reference has a connector, else it is reported
+as not run.
 
 Every failure prints its seed and index. Exit 0 when no comparison is
 unexplained, 1 otherwise, 2 without a venv.

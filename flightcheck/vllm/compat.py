@@ -183,6 +183,12 @@ def _has(owner: str, name: str) -> bool:
     return has(_class(owner), name)
 
 
+def scheduler_config_has(name: str) -> bool:
+    """Whether this vLLM's `SchedulerConfig` has `name` (0.34's
+    `max_num_inflight_kv_loads`, kv_replay.py)."""
+    return _has("vllm.config:SchedulerConfig", name)
+
+
 def _module_exists(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -410,4 +416,4 @@ __all__ = ["IncompatibleVllm", "NEEDED", "Needed", "async_scheduling", "cached_r
            "counts_in_flight", "num_preallocate_tokens", "num_spec_tokens", "one_batch_per_request", "vllm_config",
            "decode_stagger", "eos_token_id", "exit_if_incompatible", "max_concurrent_batches",
            "model_runner_output", "output_index", "prefill_token_ids", "problem", "resolve_obj_by_qualname",
-           "resumed_in_cached", "set_environment", "stagger_in_force"]
+           "resumed_in_cached", "scheduler_config_has", "set_environment", "stagger_in_force"]

@@ -144,6 +144,13 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
     them in `running` order, the reference in placement order)."""
     out: list[tuple[Any, ...]] = []
     finishes: list[tuple[Any, ...]] = []
+    # With a KV connector (config.kv_connector), its decisions too (kv_decision).
+    kv = any(event.get("ev") == "config" and event.get("kv_connector") is not None for event in events)
+
+    # A finish by "error" (a KV load failure under the fail policy): vLLM
+    # finishes it after the batch's tokens, but its recorder writes it within
+    # update_from_output, before that batch's `complete`; taken after it.
+    errors: list[tuple[Any, ...]] = []
 
     def flush() -> None:
         out.extend(sorted(finishes))
@@ -151,34 +158,72 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
 
     for event in events:
         kind = event.get("ev")
+        if kind == "finish" and event["reason"] == "error":
+            errors.append(("finish", event["req"], "error", bool(event.get("held"))))
+            continue
+        if errors and kind != "complete":
+            finishes.extend(errors)
+            errors.clear()
         if kind == "finish":
             if event["reason"] != "abort":
-                finishes.append(("finish", event["req"], event["reason"]))
+                finishes.append(("finish", event["req"], event["reason"])
+                                + ((bool(event.get("held")),) if kv else ()))
             continue
         flush()
         if kind == "schedule":
-            if not event.get("entries") and not event.get("preempted"):
+            if not event.get("entries") and not event.get("preempted") and not (kv and event.get("kv_loads")):
                 continue
-            entries = tuple((e["req"], e["start"], e["n"], e.get("samples"), e.get("cached", 0),
-                             tuple(b + block_offset for b in e.get("block_ids", ())),
-                             e.get("placeholders"), e.get("drafts", 0))
-                            for e in event.get("entries", ()))
-            out.append(("schedule", entries, tuple(event.get("preempted", ()))))
+            out.append(_schedule_decision(event, block_offset, kv))
+        elif kind in KV_REPORTS:
+            out.append(kv_decision(event))
         elif kind == "complete":
-            # Only an entry with tokens has something to apply or drop (an
-            # entry without any is "dropped" for vLLM's recorder when its
-            # request is not running, never for the reference's writer).
-            with_tokens = {req: tuple(tokens) for req, tokens in event["tokens"].items() if tokens}
-            dropped = tuple(sorted(set(event.get("dropped", ())) & set(with_tokens)))
-            applied = tuple(sorted((req, tokens) for req, tokens in with_tokens.items()
-                                   if req not in dropped))
-            # The drafts each request holds for its next step (spec decode).
-            next_drafts = tuple(sorted(event.get("next_drafts", {}).items()))
-            out.append(("complete", applied, dropped) + ((next_drafts,) if next_drafts else ()))
+            out.append(_complete_decision(event))
+            finishes.extend(errors)
+            errors.clear()
         elif kind == "abort":
             out.append(("abort", event["req"]))
+    finishes.extend(errors)
     flush()
     return out
+
+
+def _schedule_decision(event: dict[str, Any], block_offset: int, kv: bool) -> tuple[Any, ...]:
+    """A `schedule` event's entries and preemptions (with a KV connector,
+    each entry's `external` and the call's parked loads)."""
+    entries = tuple((e["req"], e["start"], e["n"], e.get("samples"), e.get("cached", 0),
+                     tuple(b + block_offset for b in e.get("block_ids", ())),
+                     e.get("placeholders"), e.get("drafts", 0))
+                    + ((e.get("external", 0),) if kv else ())
+                    for e in event.get("entries", ()))
+    decision = ("schedule", entries, tuple(event.get("preempted", ())))
+    if not kv:
+        return decision
+    return decision + (tuple((load["req"], load["start"]) for load in event.get("kv_loads", ())),)
+
+
+def _complete_decision(event: dict[str, Any]) -> tuple[Any, ...]:
+    """A `complete` event: the tokens applied and dropped, per request."""
+    # Only an entry with tokens has something to apply or drop (an entry
+    # without any is "dropped" for vLLM's recorder when its request is not
+    # running, never for the reference's writer).
+    with_tokens = {req: tuple(tokens) for req, tokens in event["tokens"].items() if tokens}
+    dropped = tuple(sorted(set(event.get("dropped", ())) & set(with_tokens)))
+    applied = tuple(sorted((req, tokens) for req, tokens in with_tokens.items() if req not in dropped))
+    # The drafts each request holds for its next step (spec decode).
+    next_drafts = tuple(sorted(event.get("next_drafts", {}).items()))
+    return ("complete", applied, dropped) + ((next_drafts,) if next_drafts else ())
+
+
+KV_REPORTS = ("kv_received", "kv_failed", "kv_sent")
+
+
+def kv_decision(event: dict[str, Any]) -> tuple[Any, ...]:
+    """A KV connector's report as a decision (both sides' fabricated
+    connectors follow kv_workload.py's timing rule; the rollback a failure
+    causes shows in the request's next entry)."""
+    if event["ev"] == "kv_failed":
+        return ("kv_failed", event["req"], event["from_block"])
+    return (event["ev"], event["req"])
 
 
 @dataclass

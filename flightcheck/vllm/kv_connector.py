@@ -96,9 +96,12 @@ def attach_report(transfers: KVTransfers, scheduler_output: Any, model_runner_ou
     meta = getattr(scheduler_output, "kv_connector_metadata", None)
     report = transfers.report(meta.loads if isinstance(meta, FlightcheckKVMetadata) else [])
     if report:
-        model_runner_output.kv_connector_output = KVConnectorOutput(
+        output = KVConnectorOutput(
             finished_sending=report.finished_sending or None, finished_recving=report.finished_recving or None,
             invalid_block_ids=report.invalid_block_ids, failed_recving=report.failed_recving)
+        # not vLLM's: which requests' own loads failed, for the recorder (kv_recording.py)
+        output.flightcheck_failed_loads = frozenset(report.failed_loads)
+        model_runner_output.kv_connector_output = output
     return report
 
 

@@ -18,13 +18,19 @@ otherwise:
   fabricated connector's); a `schedule` event is written for a call that
   only parks loads;
 * `kv_failed` (`req`, `from_block`: 0 for a failed receive, else the first
-  block of the request's table among `invalid_block_ids`; one per request
-  holding such a block) before the completion it came with: vLLM handles
-  failures first in `update_from_output`; `kv_received` / `kv_sent` (`req`)
-  after the completion and its finishes: vLLM handles `finished_recving`,
-  then `finished_sending`, at the end of `update_from_output`;
+  block of the request's table among `invalid_block_ids`; per request whose
+  own load failed, or, with a connector that cannot say, per holder), read
+  before vLLM acts and written before the first event of the update (the
+  completion, or a finish by `"error"`): vLLM handles failures first in
+  `update_from_output`; under the recompute policy with `computed` (and,
+  async, `placeholders`): the request's counters once vLLM rolled it back;
+  `kv_received` / `kv_sent` (`req`) after the completion and its finishes:
+  vLLM handles `finished_recving`, then `finished_sending`, at the end of
+  `update_from_output`;
+* `schedule.kv_loads[].block_ids`: the table allocated for the load;
 * `finish.held`: true when vLLM keeps the finished request (and its blocks)
-  for a transfer still to be reported (a send, or an aborted load).
+  for a send; a request aborted during its load is held for the load's
+  report instead, which the format leaves to the model (`held` false).
 
 Standard library only: this module never imports vLLM.
 """
@@ -38,6 +44,10 @@ class KVRecordingMixin:
     """Put in front of RecordingMixin (recorder.py)."""
 
     _fc_kv_loads: list[dict[str, Any]] = []
+    _fc_kv_failures: list[dict[str, Any]] = []
+    # ids of requests aborted while their load was in flight (held for the
+    # load's report, not for a send), until that report
+    _fc_kv_load_holds: frozenset[str] = frozenset()
 
     def _fc_connector(self) -> Any:
         return getattr(self, "connector", None)
@@ -68,7 +78,8 @@ class KVRecordingMixin:
         for _, written in entries:
             if written["req"] in sync:
                 written["external"] = sync[written["req"]]
-        self._fc_kv_loads = [{"req": load.req_id, "start": int(self.requests[load.req_id].num_computed_tokens)}
+        self._fc_kv_loads = [{"req": load.req_id, "start": int(self.requests[load.req_id].num_computed_tokens),
+                              "block_ids": self._fc_block_table(load.req_id)}
                              for load in loads if load.load_async and load.req_id in self.requests]
         return entries
 
@@ -77,6 +88,8 @@ class KVRecordingMixin:
 
     def _fc_write(self, event: dict[str, Any], with_step: bool = True) -> None:
         if self._fc_connector() is not None:
+            if self._fc_kv_failures and event.get("ev") != "kv_failed":
+                self._fc_write_failures()
             self._fc_kv_fields(event)
         super()._fc_write(event, with_step)  # type: ignore[misc]
 
@@ -92,33 +105,63 @@ class KVRecordingMixin:
             event["kv_loads"] = self._fc_kv_loads
         elif kind == "finish":
             request = self.requests.get(event["req"])
-            event["held"] = request is not None and request.is_finished()
+            event["held"] = (request is not None and request.is_finished()
+                             and event["req"] not in self._fc_kv_load_holds)
+
+    def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
+        """Notes the requests finished while their load is in flight (vLLM
+        holds their blocks for the load's report, not for a send)."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or ())
+        loading = {i for i in ids if i in self.requests
+                   and self.requests[i].status.name == "WAITING_FOR_REMOTE_KVS"}
+        self._fc_kv_load_holds = self._fc_kv_load_holds | loading
+        return super().finish_requests(request_ids, finished_status)  # type: ignore[misc]
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         report = getattr(model_runner_output, "kv_connector_output", None)
         if report is None or self._fc_connector() is None:
             return super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
-        for failure in self._fc_failures(report):
-            self._fc_write(failure)
+        # written once vLLM has processed them, before the first event the update writes
+        self._fc_kv_failures = self._fc_failures(report)
         result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        self._fc_write_failures()
         for req_id in sorted(report.finished_recving or ()):
+            self._fc_kv_load_holds = self._fc_kv_load_holds - {req_id}
             self._fc_write({"ev": "kv_received", "req": req_id})
         for req_id in sorted(report.finished_sending or ()):
             self._fc_write({"ev": "kv_sent", "req": req_id})
         return result
 
     def _fc_failures(self, report: Any) -> list[dict[str, Any]]:
-        """The `kv_failed` events of a report, read against vLLM's block tables before it acts."""
+        """The `kv_failed` events of a report, read against vLLM's block
+        tables before it acts: a failed receive from block 0; invalid blocks
+        from the first in the table of each request whose own load failed
+        (the fabricated connector says which), else of each holder."""
         failures = [{"ev": "kv_failed", "req": req_id, "from_block": 0}
                     for req_id in sorted(getattr(report, "failed_recving", None) or ())]
         invalid = set(report.invalid_block_ids or ())
         if invalid:
-            for req_id in list(self.requests):
+            own = getattr(report, "flightcheck_failed_loads", None)
+            for req_id in sorted(self.requests if own is None else own):
                 table = self._fc_block_table(req_id)
                 first = next((i for i, block in enumerate(table) if block in invalid), None)
                 if first is not None:
                     failures.append({"ev": "kv_failed", "req": req_id, "from_block": first})
         return failures
+
+    def _fc_write_failures(self) -> None:
+        """The pending `kv_failed` events, with the request's computed tokens
+        (and, async, its output placeholders) once vLLM processed the failure
+        under the recompute policy."""
+        pending, self._fc_kv_failures = self._fc_kv_failures, []
+        recompute = bool(getattr(self, "recompute_kv_load_failures", False))
+        for failure in pending:
+            request = self.requests.get(failure["req"])
+            if recompute and request is not None and not request.is_finished():
+                failure["computed"] = int(request.num_computed_tokens)
+                if self.records_async_scheduling:  # type: ignore[attr-defined]
+                    failure["placeholders"] = int(request.num_output_placeholders)
+            self._fc_write(failure)
 
     def _fc_block_table(self, req_id: str) -> list[int]:
         groups = self.kv_cache_manager.get_block_ids(req_id)  # type: ignore[attr-defined]

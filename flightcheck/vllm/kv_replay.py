@@ -9,15 +9,14 @@ scheduler config turns the hybrid KV cache manager off (the factory refuses
 a connector without HMA support while it is on; the replay has one KV cache
 group anyway) and, on 0.34, sets `max_num_inflight_kv_loads`.
 
-Imports vLLM (the connector's API only where a workload has a connector):
-only the replay worker imports it.
+Imports no vLLM itself (compat.py reads vLLM's classes by name; the
+connector, kv_connector.py, is imported only where a workload has one);
+only the replay worker uses it.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from vllm.config import SchedulerConfig
 
 from . import compat
 from .kv_transfers import KVTransfers, install
@@ -41,7 +40,7 @@ def scheduler_arguments(config: ReplayConfig) -> dict[str, Any]:
     arguments: dict[str, Any] = {"disable_hybrid_kv_cache_manager": True}
     # 0.34's knob, passed only to a vLLM that has it (the trace's config
     # says which limit was in force, read from vLLM).
-    if connector.max_inflight_loads is not None and compat.has(SchedulerConfig, "max_num_inflight_kv_loads"):
+    if connector.max_inflight_loads is not None and compat.scheduler_config_has("max_num_inflight_kv_loads"):
         arguments["max_num_inflight_kv_loads"] = connector.max_inflight_loads
     return arguments
 

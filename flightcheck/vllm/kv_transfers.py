@@ -8,8 +8,8 @@ workload (kv_workload.py, whose module doc states the timing rule); this
 module only keeps the ledger:
 
 * `offer` / `allocated`: `get_num_new_matched_tokens` and
-  `update_state_after_alloc`. An allocation ends the request's promise (a
-  Request object is one incarnation); a positive one starts a load: an
+  `update_state_after_alloc`. A positive allocation starts a load and ends
+  the request's promise (a Request object is one incarnation): an
   async load is due at update `updates + load_steps`, a sync load is
   carried by the batch being scheduled (`take_started` hands the loads of
   one `schedule()` call to `build_connector_meta`).
@@ -55,6 +55,10 @@ class Report:
     finished_sending: set[str] = field(default_factory=set)
     invalid_block_ids: set[int] = field(default_factory=set)
     failed_recving: set[str] = field(default_factory=set)
+    # The requests whose own load reported a failure (the recorder's
+    # `kv_failed`: a request that shares an invalid block through its prefix
+    # hit has no load of its own to fail).
+    failed_loads: set[str] = field(default_factory=set)
 
     def __bool__(self) -> bool:
         return bool(self.finished_recving or self.finished_sending or self.invalid_block_ids or self.failed_recving)
@@ -104,10 +108,10 @@ class KVTransfers:
         return spec.hit, spec.load_async
 
     def allocated(self, request: Any, block_ids: list[int], num_external_tokens: int) -> None:
-        """`update_state_after_alloc`."""
-        self._served[id(request)] = request
+        """`update_state_after_alloc`: a positive load spends the promise."""
         if num_external_tokens <= 0:
             return
+        self._served[id(request)] = request
         spec = self.spec(request.request_id)
         _, local = self._asked.get(id(request), (request, 0))
         # vLLM 0.34 may drop a partial local tail and load it: the load starts
@@ -144,8 +148,9 @@ class KVTransfers:
         self.updates += 1
         report = Report()
         for load in carried:
-            if not load.load_async:
+            if not load.load_async and load.invalid_block_ids():
                 report.invalid_block_ids |= load.invalid_block_ids()
+                report.failed_loads.add(load.req_id)
         due = [item for item in self._due if item[0] == self.updates]
         self._due = [item for item in self._due if item[0] != self.updates]
         for _, kind, item in due:
@@ -155,8 +160,9 @@ class KVTransfers:
             report.finished_recving.add(item.req_id)
             if item.spec.fail_whole:
                 report.failed_recving.add(item.req_id)
-            else:
+            elif item.invalid_block_ids():
                 report.invalid_block_ids |= item.invalid_block_ids()
+                report.failed_loads.add(item.req_id)
         return report
 
 

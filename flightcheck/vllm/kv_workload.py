@@ -38,9 +38,10 @@ Per request, `kv` (default: nothing offered, sends after one step):
 * `async`: an async load (the request parks in `WAITING_FOR_REMOTE_KVS`),
   else a sync one (counted as computed at once, loaded by the batch).
 * The connector promises a load **once per incarnation**: once vLLM has
-  allocated for the request (`update_state_after_alloc`, whatever the number
-  of external tokens), it offers that Request object 0 (so after a
-  preemption or a failed load, 0).
+  allocated for a load of the request (`update_state_after_alloc` with
+  external tokens), it offers that Request object 0 (so after the load was
+  done or failed, or a preemption, 0); an offer vLLM did not take is made
+  again at the next admission.
 * `load_steps` (n >= 1) and `send_steps` (n >= 1): **the timing rule**. A
   transfer started in an engine step (an async load: the `schedule()` that
   parked it; a send: the `update_from_output` that finished the request, or,

@@ -1,0 +1,196 @@
+"""The waiting loop with a KV connector (a mixin of `Scheduler`; vLLM
+0.33.0 / 0.34.0 `Scheduler.schedule`, "Next, schedule the WAITING
+requests"). Without a connector `Scheduler._schedule_waiting` runs instead,
+unchanged.
+
+* **Queues.** `kv_holding_waiting` (requests holding blocks: a load in
+  flight or landed, or a partial failure's valid prefix) is drained before
+  `waiting` (`kv_holding_first`); under vLLM 0.34 with a load limit,
+  requests that may load asynchronously wait in `async_kv_waiting`, taken
+  in arrival order against `waiting`'s head (`_next_waiting_queue`).
+  Skipped requests go back to the front of their queue in order; a load
+  started in this call joins `kv_holding_waiting` (0.33: at its front;
+  0.34: at its back, `kv_started_loads_last`).
+* **Each request** (`_admit_or_park`): a parked one goes on only once its
+  load has landed (`_promote_if_landed`); a fresh one (nothing computed)
+  asks the connector for tokens beyond its local prefix hit: a sync hit is
+  computed at once (the entry's `external`), an async one allocates
+  (leaving the in-flight prefills' reservation free), parks the request
+  and skips it.
+* **0.34's loads-only mode**: with no running slot or token budget left,
+  only `async_kv_waiting` is read, to start loads (they take neither); a
+  load beyond `max_inflight_loads`, or a request that needs a slot then,
+  stops that queue (`take_async_kv`), other queues go on.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .batch import Batch
+from .block_pool import KVCacheBlock
+from .request import KvLoad, Request, RequestStatus
+
+PARKED = RequestStatus.WAITING_FOR_REMOTE_KVS
+
+
+@dataclass
+class _Skipped:
+    """Requests this pass skipped, by where they go back (vLLM's
+    `step_skipped_*` and `step_started_kv_loads`)."""
+    holding: deque[Request] = field(default_factory=deque)
+    waiting: deque[Request] = field(default_factory=deque)
+    async_kv: deque[Request] = field(default_factory=deque)
+    started_loads: list[Request] = field(default_factory=list)
+
+
+@dataclass
+class _Lookup:
+    """What a request brings to its admission: the local prefix hit, the
+    connector's tokens, and whether they load asynchronously."""
+    computed_blocks: list[KVCacheBlock]
+    num_local: int
+    num_external: int
+    load_async: bool
+
+    @property
+    def num_computed(self) -> int:
+        return self.num_local + self.num_external
+
+
+# The outcome of one request in the loop.
+_ADMITTED, _SKIP, _STOP, _STOP_ASYNC = "admitted", "skip", "stop", "stop-async"
+
+
+class KvWaiting:
+    def _schedule_waiting_kv(self, batch: Batch) -> None:
+        if self._cache_aware_window:
+            from .admission_order import reorder_by_cached_prefix
+            reorder_by_cached_prefix(self.waiting, self.kv_cache_manager, self._cache_aware_window,
+                                     self.config.cache_aware_admission_threshold)
+        skipped = _Skipped()
+        take_async_kv = True
+        while True:
+            loads_only = len(self.running) >= self.config.max_num_seqs or batch.token_budget <= 0
+            if loads_only and not self._kv_async_queue:
+                break                         # vLLM 0.33: `while token_budget > 0`, max_num_seqs
+            if not loads_only:
+                queue = self.kv_holding_waiting or self._next_waiting_queue(take_async_kv)
+            elif take_async_kv:
+                queue = self.async_kv_waiting
+            else:
+                break
+            if not queue:
+                break
+            outcome = self._admit_or_park(queue[0], queue, batch, loads_only)
+            if outcome == _SKIP:
+                self._skip(queue, skipped)
+            elif outcome == _STOP_ASYNC and queue is self.async_kv_waiting:
+                take_async_kv = False
+            elif outcome in (_STOP, _STOP_ASYNC):
+                break
+        self._requeue(skipped)
+
+    def _next_waiting_queue(self, take_async_kv: bool) -> deque[Request]:
+        """vLLM 0.34 `_next_waiting_queue`: `waiting` or `async_kv_waiting`,
+        whichever head arrived first (arrival order: the order requests were
+        added, `first_incarnation`)."""
+        if not take_async_kv or not self.async_kv_waiting:
+            return self.waiting
+        if not self.waiting:
+            return self.async_kv_waiting
+        first = self.async_kv_waiting[0].first_incarnation < self.waiting[0].first_incarnation
+        return self.async_kv_waiting if first else self.waiting
+
+    def _skip(self, queue: deque[Request], skipped: _Skipped) -> None:
+        """vLLM's `skip_request`: the request leaves its queue for this pass."""
+        request = queue.popleft()
+        holds_blocks = request.num_computed_tokens > 0 or request.status == PARKED
+        if holds_blocks and queue is not self.kv_holding_waiting and self._kv_started_loads_last:
+            skipped.started_loads.append(request)
+        elif holds_blocks and self._kv_holding_first:
+            skipped.holding.appendleft(request)
+        elif queue is self.async_kv_waiting:
+            skipped.async_kv.appendleft(request)
+        else:
+            skipped.waiting.appendleft(request)
+
+    def _requeue(self, skipped: _Skipped) -> None:
+        """Skipped requests back to their queues' fronts, in order; 0.34's
+        loads started in this pass at the back of `kv_holding_waiting`."""
+        self.kv_holding_waiting.extendleft(skipped.holding)
+        self.kv_holding_waiting.extend(skipped.started_loads)
+        self.waiting.extendleft(skipped.waiting)
+        self.async_kv_waiting.extendleft(skipped.async_kv)
+
+    def _kv_lookup(self, request: Request) -> _Lookup:
+        """A fresh request's local prefix hit and the connector's offer on
+        top of it; a request with tokens computed (a landed load) neither."""
+        if request.num_computed_tokens:
+            return _Lookup([], 0, request.num_computed_tokens, False)
+        blocks, num_local = self.kv_cache_manager.get_computed_blocks(request)
+        num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_local)
+        return _Lookup(blocks, num_local, num_external, load_async)
+
+    def _admit_or_park(self, request: Request, queue: deque[Request], batch: Batch,
+                       loads_only: bool) -> str:
+        """One request of the loop (vLLM's loop body): promoted, skipped,
+        parked for an async load, admitted, or the queue stops."""
+        if not self._promote_if_landed(request) or self._is_resumption_deferred(request):
+            return _SKIP
+        landed = request.num_computed_tokens > 0
+        lookup = self._kv_lookup(request)
+        if (lookup.load_async and not self._admits_inflight_kv_load()) or (
+                loads_only and not lookup.load_async):
+            return _STOP_ASYNC
+        if lookup.load_async:
+            return self._park(request, lookup, batch)
+        wanted = request.num_tokens - lookup.num_computed
+        if self._stops_unchunked(wanted, batch.token_budget):
+            return _STOP
+        num_new_tokens = self._clip(wanted, lookup.num_computed, batch.token_budget)
+        if num_new_tokens == 0:
+            return _STOP
+        kv = self.kv_cache_manager
+        if self._full_sequence_admission and not kv.fits_whole_sequence(
+                request, lookup.computed_blocks, self.config.max_model_len):
+            return _STOP
+        num_to_allocate = num_new_tokens + (0 if landed else lookup.num_external)
+        if self._allocate(request, num_to_allocate, lookup.computed_blocks, 0) is None:
+            return _STOP
+        self.connector.update_state_after_alloc(request, kv.get_block_ids(request.request_id),
+                                                lookup.num_local, 0 if landed else lookup.num_external,
+                                                False)
+        queue.popleft()
+        self._set_kv_load(request, KvLoad.NONE)
+        request.inflight_prefill = self._kv_load_reservation and (
+            lookup.num_computed + num_new_tokens < request.num_tokens or request.parked_reservation)
+        entry = self._admit(request, lookup.num_computed, num_new_tokens,
+                            list(kv.req_to_blocks.get(request.request_id, ())))
+        if not landed:                        # the sync load's tokens: this batch brings them in
+            entry.external = lookup.num_external
+            entry.num_cached_tokens = lookup.num_local
+        self._add_to_batch(batch, request, entry)
+        return _ADMITTED
+
+    def _park(self, request: Request, lookup: _Lookup, batch: Batch) -> str:
+        """An async load: blocks for the local hit and the load (none cached
+        until it lands, the in-flight prefills' reservation left free), then
+        the request waits in WAITING_FOR_REMOTE_KVS."""
+        kv = self.kv_cache_manager
+        if self._full_sequence_admission and not kv.fits_whole_sequence(
+                request, lookup.computed_blocks, self.config.max_model_len):
+            return _STOP
+        if kv.allocate_slots(request, lookup.num_external, lookup.computed_blocks,
+                             reserved_blocks=self._reserved_blocks(), delay_cache_blocks=True) is None:
+            return _STOP
+        self.connector.update_state_after_alloc(request, kv.get_block_ids(request.request_id),
+                                                lookup.num_local, lookup.num_external, True)
+        request.status_before_load = request.status
+        request.status = PARKED
+        self._set_kv_load(request, KvLoad.IN_FLIGHT)
+        request.num_computed_tokens = lookup.num_computed
+        request.parked_reservation = self._kv_load_reservation
+        batch.kv_loads.append((request.request_id, lookup.num_computed))
+        return _SKIP
