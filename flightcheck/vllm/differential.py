@@ -152,12 +152,20 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
     # update_from_output, before that batch's `complete`; taken after it.
     errors: list[tuple[Any, ...]] = []
 
+    # The KV reports of one update (vLLM takes each kind as a set), in sorted order.
+    reports: list[tuple[Any, ...]] = []
+
     def flush() -> None:
         out.extend(sorted(finishes))
         finishes.clear()
 
     for event in events:
         kind = event.get("ev")
+        if kind in KV_REPORTS:
+            reports.append(kv_decision(event))
+            continue
+        out.extend(sorted(reports))
+        reports.clear()
         if kind == "finish" and event["reason"] == "error":
             errors.append(("finish", event["req"], "error", bool(event.get("held"))))
             continue
@@ -174,14 +182,13 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
             if not event.get("entries") and not event.get("preempted") and not (kv and event.get("kv_loads")):
                 continue
             out.append(_schedule_decision(event, block_offset, kv))
-        elif kind in KV_REPORTS:
-            out.append(kv_decision(event))
         elif kind == "complete":
             out.append(_complete_decision(event))
             finishes.extend(errors)
             errors.clear()
         elif kind == "abort":
             out.append(("abort", event["req"]))
+    out.extend(sorted(reports))
     finishes.extend(errors)
     flush()
     return out

@@ -19,8 +19,9 @@ otherwise:
   only parks loads;
 * `kv_failed` (`req`, `from_block`: 0 for a failed receive, else the first
   block of the request's table among `invalid_block_ids`; per request whose
-  own load failed, or, with a connector that cannot say, per holder), read
-  before vLLM acts and written before the first event of the update (the
+  own load failed, as the fabricated connector says, or, with a connector
+  that cannot say, per holder), read before vLLM acts and written before
+  the first event of the update (the
   completion, or a finish by `"error"`): vLLM handles failures first in
   `update_from_output`; under the recompute policy with `computed` (and,
   async, `placeholders`): the request's counters once vLLM rolled it back;
@@ -176,20 +177,22 @@ class KVRecordingMixin:
         return result
 
     def _fc_failures(self, report: Any) -> list[dict[str, Any]]:
-        """The `kv_failed` events of a report, read against vLLM's block
-        tables before it acts: a failed receive from block 0; invalid blocks
-        from the first in the table of each request whose own load failed
-        (the fabricated connector says which), else of each holder."""
+        """The `kv_failed` events of a report: a failed receive from block 0;
+        invalid blocks: each request whose own load failed, from the load's
+        first invalid block (the fabricated connector says which and where,
+        whether or not the request still holds them), else, read against
+        vLLM's block tables before it acts, each holder from its first."""
         failures = [{"ev": "kv_failed", "req": req_id, "from_block": 0}
                     for req_id in sorted(getattr(report, "failed_recving", None) or ())]
+        own = getattr(report, "flightcheck_failed_loads", None)
+        if own is not None:                  # the fabricated connector: the loads that failed, and where
+            return failures + [{"ev": "kv_failed", "req": req_id, "from_block": own[req_id]} for req_id in sorted(own)]
         invalid = set(report.invalid_block_ids or ())
-        if invalid:
-            own = getattr(report, "flightcheck_failed_loads", None)
-            for req_id in sorted(self.requests if own is None else own):
-                table = self._fc_block_table(req_id)
-                first = next((i for i, block in enumerate(table) if block in invalid), None)
-                if first is not None:
-                    failures.append({"ev": "kv_failed", "req": req_id, "from_block": first})
+        for req_id in sorted(self.requests) if invalid else ():
+            table = self._fc_block_table(req_id)
+            first = next((i for i, block in enumerate(table) if block in invalid), None)
+            if first is not None:
+                failures.append({"ev": "kv_failed", "req": req_id, "from_block": first})
         return failures
 
     def _fc_write_failures(self) -> None:
