@@ -8,8 +8,8 @@ workload (kv_workload.py, whose module doc states the timing rule); this
 module only keeps the ledger:
 
 * `offer` / `allocated`: `get_num_new_matched_tokens` and
-  `update_state_after_alloc`. A positive allocation starts a load and ends
-  the request's promise (a Request object is one incarnation): an
+  `update_state_after_alloc`. An allocation ends the request's promise (a
+  Request object is one incarnation); a positive one starts a load: an
   async load is due at update `updates + load_steps`, a sync load is
   carried by the batch being scheduled (`take_started` hands the loads of
   one `schedule()` call to `build_connector_meta`).
@@ -101,7 +101,7 @@ class KVTransfers:
         spec = self.spec(request.request_id)
         if not self.config.consumer or id(request) in self._served:
             return 0, False
-        tokens = offered_tokens(spec, num_local_tokens, request.num_tokens)
+        tokens = offered_tokens(spec, num_local_tokens, request.num_tokens, self.block_size)
         self._asked[id(request)] = (request, num_local_tokens)
         return tokens, tokens > 0 and spec.load_async
 
@@ -113,10 +113,10 @@ class KVTransfers:
         return spec.hit, spec.load_async
 
     def allocated(self, request: Any, block_ids: list[int], num_external_tokens: int) -> None:
-        """`update_state_after_alloc`: a positive load spends the promise."""
+        """`update_state_after_alloc`: the promise is spent (admitted or parked)."""
+        self._served[id(request)] = request
         if num_external_tokens <= 0:
             return
-        self._served[id(request)] = request
         spec = self.spec(request.request_id)
         _, local = self._asked.get(id(request), (request, 0))
         # vLLM 0.34 may drop a partial local tail and load it: the load starts
