@@ -17,10 +17,8 @@ requests behind it may be admitted; its resumption is deferred).
 The action is deterministic: given the state, the batch is fixed. The
 environment has no choice here.
 
-With a KV connector (`Config.kv_connector`), the waiting loop asks it for
-hits, parks async loads and promotes landed ones (kv_loads.py), and under
-the step fence a victim whose blocks cannot be freed at once is not
-preempted (kv_fence.py).
+With a KV connector, the waiting loop asks it for hits, parks async loads
+and promotes landed ones (kv_loads.py); a fenced victim is not preempted.
 
 Abstracted away: encoder inputs and budgets, LoRA limits, structured-output
 grammars (WAITING_FOR_FSM), priorities, and the detail that
@@ -37,7 +35,7 @@ from . import blocks, kv_loads
 from .admission_order import reorder_waiting
 from .config import Config
 from .drafts import padded_admission, placeholder_drafts
-from .kv_fence import can_free_now
+from .kv_fence import can_free_now, requires_kv_delivery
 from .profiles import num_preallocate_blocks
 from .state import Batch, BlockPool, Entry, Fate, Load, Request, State, Status, content_label, retire_entries
 
@@ -259,9 +257,7 @@ def _schedule_waiting(step: _Step) -> None:
 
 def _schedule_waiting_with_connector(step: _Step) -> None:
     """The waiting loop with a KV connector (vLLM 0.34 `Scheduler.schedule`;
-    kv_loads.py): block holders first, a landed load promoted and scheduled
-    in the same call, a hit asked for when nothing is computed, an async
-    load parked (and skipped), vLLM 0.34's load limit and loads-only mode."""
+    the order, offers, parking, promotion and load limit: kv_loads.py)."""
     cfg = step.cfg
     step.state = reorder_waiting(step.state, cfg)
     running_entries = [e.req for e in step.entries]
@@ -294,9 +290,8 @@ def _schedule_waiting_with_connector(step: _Step) -> None:
 
 def _admit_with_connector(step: _Step, r: int, hit: tuple[int, ...], external: int, computed: int,
                           running_entries: list[int]) -> bool:
-    """Admit r with `computed` tokens (local hit + a sync load's external
-    tokens, or a promoted load's), as `_schedule_waiting` admits; False:
-    the loop stops (head-of-line). The connector is not asked again (C1)."""
+    """Admit r with `computed` tokens (local hit + a sync load's, or a promoted
+    load's), as `_schedule_waiting` admits; False: the loop stops (head-of-line)."""
     cfg, req = step.cfg, step.state.requests[r]
     padded = padded_admission(step.state, cfg, r, computed, running_entries, step.budget)
     if padded < 0:
@@ -315,8 +310,7 @@ def _admit_with_connector(step: _Step, r: int, hit: tuple[int, ...], external: i
 
 
 def _loads_only(step: _Step) -> bool:
-    """vLLM 0.34: no running slot or no budget left; the loop may still
-    start async loads (`loads_only`). Without the load limit the loop ends there."""
+    """vLLM 0.34's `loads_only`: no running slot or budget left (only async loads may start)."""
     return step.budget <= 0 or not _has_free_seat(step)
 
 
@@ -357,18 +351,10 @@ def _mark_stale_output(step: _Step, victim: int) -> None:
     if not step.cfg.rules.stale_output_counters:
         return
     req = step.state.requests[victim]
-    drop = (step.cfg.stale_mode == "drop" or _requires_kv_delivery(step.cfg)
+    drop = (step.cfg.stale_mode == "drop" or requires_kv_delivery(step.cfg)
             or (req.drop_stale and req.num_stale > 0))
     step.state = step.state.with_request(victim, num_stale=req.num_in_flight, drop_stale=drop)
     _reset_placeholders(step, victim)
-
-
-def _requires_kv_delivery(cfg: Config) -> bool:
-    """vLLM 0.33/0.34: `_preempt_request(drop_stale_output=self.requires_kv_delivery)`:
-    a producer connector's preempted request drops its in-flight output
-    (`Profile.kv_producer_drops_stale_output`)."""
-    kv = cfg.kv_connector
-    return kv is not None and kv.producer and cfg.rules.kv_producer_drops_stale_output
 
 
 def _reset_placeholders(step: _Step, victim: int) -> None:

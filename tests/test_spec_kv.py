@@ -18,7 +18,7 @@ from flightcheck.spec.schedule import schedule
 from flightcheck.spec.profiles import PROFILES
 from flightcheck.spec.transitions import KV_TRANSITION_PROPERTIES
 from flightcheck.verification.explicit import search as explicit
-from flightcheck.verification.models import KV_FENCE_K2, KV_SEND_K2
+from flightcheck.verification.kv_models import KV_FENCE_K2, KV_SEND_K2
 
 
 def cfg_of(profile: str = "vllm-0.34", **kv) -> Config:
