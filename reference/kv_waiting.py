@@ -9,8 +9,10 @@ unchanged.
   requests that may load asynchronously wait in `async_kv_waiting`, taken
   in arrival order against `waiting`'s head (`_next_waiting_queue`).
   Skipped requests go back to the front of their queue in order; a load
-  started in this call joins `kv_holding_waiting` (0.33: at its front;
-  0.34: at its back, `kv_started_loads_last`).
+  started in this call joins the back of `kv_holding_waiting` (0.34's
+  `step_started_kv_loads`; 0.33 puts it back with the skipped
+  block-holders, which comes to the same: every one of them was looked at
+  first).
 * **Each request** (`_admit_or_park`): a parked one goes on only once its
   load has landed (`_promote_if_landed`); a fresh one (nothing computed)
   asks the connector for tokens beyond its local prefix hit: a sync hit is
@@ -107,7 +109,7 @@ class KvWaiting:
         """vLLM's `skip_request`: the request leaves its queue for this pass."""
         request = queue.popleft()
         holds_blocks = request.num_computed_tokens > 0 or request.status == PARKED
-        if holds_blocks and queue is not self.kv_holding_waiting and self._kv_started_loads_last:
+        if holds_blocks and queue is not self.kv_holding_waiting:
             skipped.started_loads.append(request)
         elif holds_blocks and self._kv_holding_first:
             skipped.holding.appendleft(request)
@@ -117,8 +119,8 @@ class KvWaiting:
             skipped.waiting.appendleft(request)
 
     def _requeue(self, skipped: _Skipped) -> None:
-        """Skipped requests back to their queues' fronts, in order; 0.34's
-        loads started in this pass at the back of `kv_holding_waiting`."""
+        """Skipped requests back to their queues' fronts, in order; loads
+        started in this pass at the back of `kv_holding_waiting`."""
         self.kv_holding_waiting.extendleft(skipped.holding)
         self.kv_holding_waiting.extend(skipped.started_loads)
         self.waiting.extendleft(skipped.waiting)
@@ -168,9 +170,7 @@ class KvWaiting:
             lookup.num_computed + num_new_tokens < request.num_tokens or request.parked_reservation)
         entry = self._admit(request, lookup.num_computed, num_new_tokens,
                             list(kv.req_to_blocks.get(request.request_id, ())))
-        if not landed:                        # the sync load's tokens: this batch brings them in
-            entry.external = lookup.num_external
-            entry.num_cached_tokens = lookup.num_local
+        entry.external = 0 if landed else lookup.num_external   # of its start: this batch loads them
         self._add_to_batch(batch, request, entry)
         return _ADMITTED
 

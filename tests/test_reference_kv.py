@@ -108,10 +108,10 @@ def test_each_version_has_the_connector_rules_the_design_table_gives():
         assert not any(getattr(PROFILES[old], rule) for rule in KV_RULES + ("kv_async_waiting_queue",))
     for name in ("vllm-0.33", "vllm-0.33-async"):
         assert all(getattr(PROFILES[name], rule) for rule in KV_RULES)
-        assert not PROFILES[name].kv_async_waiting_queue and not PROFILES[name].kv_started_loads_last
+        assert not PROFILES[name].kv_async_waiting_queue
     for name in ("vllm-0.34", "vllm-0.34-async"):
         assert all(getattr(PROFILES[name], rule) for rule in KV_RULES)
-        assert PROFILES[name].kv_async_waiting_queue and PROFILES[name].kv_started_loads_last
+        assert PROFILES[name].kv_async_waiting_queue
 
 
 # -- sync and async hits ---------------------------------------------------------
@@ -122,13 +122,13 @@ def test_a_sync_hit_is_computed_at_schedule_time_and_loaded_by_the_batch():
     assert entries(run.schedule()) == [("a", 8, 8, 8)]
     assert run.scheduler.requests["a"].num_computed_tokens == 16
     schedule = run.events("schedule")[0]["entries"][0]
-    assert (schedule["start"], schedule["cached"], schedule["external"]) == (8, 0, 8)
+    assert (schedule["start"], schedule["cached"], schedule["external"]) == (8, 8, 8)
 
 
 def test_a_sync_hit_leaves_the_last_token_to_compute_and_an_async_one_may_cover_all():
     run = make_run()
     add(run, "a", 8, KvOffer(hit=16))
-    assert entries(run.schedule()) == [("a", 7, 1, 7)]
+    assert entries(run.schedule()) == [("a", 4, 4, 4)]     # 7 tokens, cut to whole blocks
     run = make_run()
     b = add(run, "b", 8, KvOffer(hit=16, load_async=True))
     assert entries(run.schedule()) == [] and b.num_computed_tokens == 8 and b.status == PARKED
