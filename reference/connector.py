@@ -148,6 +148,12 @@ class FabricatedConnector:
             return 0, False
         return num_external, load_async
 
+    def may_load_async(self, request: Request) -> bool:
+        """vLLM 0.34's `may_load_async`: the connector would load it async."""
+        offer: KvOffer | None = request.kv_offer
+        return (offer is not None and offer.hit > 0 and offer.load_async and self.async_loads
+                and self.config.consumer and request not in self._promised)
+
     def update_state_after_alloc(self, request: Request, block_ids: list[int], num_local: int,
                                  num_external: int, load_async: bool) -> None:
         """The request is admitted or parked: the promise is spent (asked

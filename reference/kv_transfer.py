@@ -75,7 +75,6 @@ class KvTransfers:
         self._kv_async_queue = on and profile.kv_async_waiting_queue
         self._max_inflight_loads = connector.max_inflight_loads if on and self._kv_async_queue else None
         self.kv_holding_waiting: deque[Request] = deque()
-        self.async_kv_waiting: deque[Request] = deque()
         self.finished_recving_kv_req_ids: set[str] = set()
         self.failed_recving_kv_req_ids: set[str] = set()
         self.kv_held: dict[str, Request] = {}
@@ -91,24 +90,13 @@ class KvTransfers:
 
     # -- queues ------------------------------------------------------------
 
-    def _enqueue_waiting_request(self, request: Request) -> None:
-        """vLLM 0.34 `_enqueue_waiting_request`: with a load limit, a request
-        that may load asynchronously waits in `async_kv_waiting`."""
-        if self._max_inflight_loads is not None and self.connector is not None \
-                and self.connector.get_num_new_matched_tokens(request, 0)[1]:
-            self.async_kv_waiting.append(request)
-        else:
-            self.waiting.append(request)
-
     def _remove_waiting(self, request: Request) -> None:
-        for queue in (self.waiting, self.kv_holding_waiting, self.async_kv_waiting):
+        for queue in (self.waiting, self.kv_holding_waiting):
             if request in queue:
                 queue.remove(request)
                 return
         raise ValueError(f"{request.request_id} is in no waiting queue")
 
-    def num_waiting(self) -> int:
-        return len(self.waiting) + len(self.kv_holding_waiting) + len(self.async_kv_waiting)
 
     # -- freeing, holding, the step fence ---------------------------------
 
@@ -141,6 +129,7 @@ class KvTransfers:
         if self._kv_send_after_finish and self.connector.request_finished(request, block_ids):
             delay_free_blocks = True
         request.inflight_prefill = request.parked_reservation = False
+        request.kv_external = 0
         self._set_kv_load(request, KvLoad.NONE)
         if delay_free_blocks:
             self.kv_held[request.request_id] = request
@@ -334,6 +323,7 @@ class KvTransfers:
             return False
         self._update_waiting_for_remote_kv(request)
         request.status = request.status_before_load
+        request.kv_external = 0
         return True                           # (its load counts until it is scheduled)
 
     def _set_kv_load(self, request: Request, state: KvLoad) -> None:

@@ -139,7 +139,7 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting):
         self._validate_new_request(request)
         request.incarnation = request.first_incarnation = next(self._incarnations)
         self.requests[request.request_id] = request
-        self._enqueue_waiting_request(request)
+        self.waiting.append(request)
 
     def _validate_new_request(self, request: Request) -> None:
         if not isinstance(request, Request):
@@ -205,7 +205,7 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting):
             self.scheduled_req_ids.discard(request.request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running or self.kv_holding_waiting or self.async_kv_waiting)
+        return bool(self.waiting or self.running or self.kv_holding_waiting)
 
     def has_requests(self) -> bool:
         """vLLM's `SchedulerInterface.has_requests`: unfinished requests, or

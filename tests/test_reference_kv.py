@@ -191,7 +191,7 @@ def test_0_34_starts_loads_only_within_the_limit_and_in_loads_only_mode():
         add(run, name, 16, KvOffer(hit=8, load_async=True))
     add(run, "plain", 8)
     sched = run.scheduler
-    assert [r.request_id for r in sched.async_kv_waiting] == ["a", "b", "c"]
+    assert [r.request_id for r in sched.waiting if sched._may_load_async(r)] == ["a", "b", "c"]
     output = run.schedule()                   # a's load starts; plain takes the one running slot
     assert output.kv_loads == [("a", 8)] and entries(output) == [("plain", 0, 8, 0)]
     run.complete()                            # a lands; it counts until it is scheduled
