@@ -108,7 +108,7 @@ class _ReferenceSide:
     def waiting(self) -> Any:
         """Every waiting queue (the KV connector's too: empty without one)."""
         scheduler = self.scheduler
-        return [*scheduler.kv_holding_waiting, *scheduler.waiting, *scheduler.async_kv_waiting]
+        return [*scheduler.kv_holding_waiting, *scheduler.waiting]
 
     @property
     def running(self) -> Any:
