@@ -51,6 +51,9 @@ class SchedulerConfig:
     cache_aware_admission_window: int = 0
     cache_aware_admission_threshold: float = 0.5
     kv_connector: KvConnectorConfig | None = None  # connector.py; None: no connector
+    # None: the profile's; False: async loads need no reservation (the spec
+    # abstracts vLLM's `_inflight_prefill_reserved_blocks` away: the refinement fuzzer's).
+    kv_load_reservation: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",

@@ -17,9 +17,10 @@ offloads, statistics and KV events.
   table (`fail_from_block`) or as a whole (`fail_whole`).
 * **Matching** (`get_num_new_matched_tokens`): the offer, cut so that the
   local hit plus the load stays within the request's known tokens (a sync
-  load leaves the last one for the batch to compute); 0 once a load was
-  started for the request (`update_state_after_alloc`): the connector
-  promises a load once, and a preempted request gets no second one.
+  load leaves the last one for the batch to compute, and stays block
+  aligned); 0 once the request was admitted or parked
+  (`update_state_after_alloc`): the connector promises a load once, and a
+  preempted request gets no second one (contract C1).
 * **Timing** (`worker_output`, called at the start of every
   `update_from_output`, empty batches included): the outputs processed are
   counted; an async load started while `c` had been processed reports
@@ -118,12 +119,14 @@ class _Load:
 
 
 class FabricatedConnector:
-    def __init__(self, config: KvConnectorConfig, block_size: int, async_loads: bool) -> None:
+    def __init__(self, config: KvConnectorConfig, block_size: int, async_loads: bool,
+                 load_failures: bool) -> None:
         self.config = config
         self.block_size = block_size
         self.async_loads = async_loads          # profiles.py `kv_async_loads`
+        self.load_failures = load_failures      # profiles.py `kv_load_failures`
         self.outputs_processed = 0
-        self._promised: set[int] = set()        # id() of requests whose load was started
+        self._promised: set[Request] = set()    # requests admitted or parked: offered 0 since
         self._async_loads: list[_Load] = []
         self._sync_loads: dict[tuple[str, int], _Load] = {}
         self._sends: list[tuple[int, str]] = []  # (due output, request id)
@@ -133,23 +136,33 @@ class FabricatedConnector:
     def get_num_new_matched_tokens(self, request: Request, num_local: int) -> tuple[int, bool]:
         """(tokens the connector can load beyond `num_local`, asynchronously?)."""
         offer: KvOffer | None = request.kv_offer
-        if offer is None or not offer.hit or not self.config.consumer or id(request) in self._promised:
+        if offer is None or not offer.hit or not self.config.consumer or request in self._promised:
             return 0, False
         load_async = offer.load_async and self.async_loads
-        room = request.num_tokens - num_local - (0 if load_async else 1)
-        num_external = min(offer.hit, room)
+        if load_async:
+            num_external = min(offer.hit, request.num_tokens - num_local)
+        else:                                 # the last token left to compute, block aligned
+            num_external = min(offer.hit, request.num_tokens - 1 - num_local)
+            num_external -= num_external % self.block_size
         if num_external <= 0:
             return 0, False
         return num_external, load_async
 
+    def may_load_async(self, request: Request) -> bool:
+        """vLLM 0.34's `may_load_async`: the connector would load it async."""
+        offer: KvOffer | None = request.kv_offer
+        return (offer is not None and offer.hit > 0 and offer.load_async and self.async_loads
+                and self.config.consumer and request not in self._promised)
+
     def update_state_after_alloc(self, request: Request, block_ids: list[int], num_local: int,
                                  num_external: int, load_async: bool) -> None:
-        """The load starts: the promise is spent; an async one is due
-        `load_steps` outputs from now, a failing sync one is reported with
-        its batch (`worker_output`)."""
+        """The request is admitted or parked: the promise is spent (asked
+        and settled: contract C1); a load starts, an async one due
+        `load_steps` outputs from now, a failing sync one reported with its
+        batch (`worker_output`)."""
+        self._promised.add(request)
         if num_external == 0:
             return
-        self._promised.add(id(request))
         offer: KvOffer = request.kv_offer
         end = -(-(num_local + num_external) // self.block_size)
         load = _Load(request.request_id, request.incarnation, list(block_ids),
@@ -157,7 +170,7 @@ class FabricatedConnector:
                      self.outputs_processed + offer.load_steps if load_async else None)
         if load_async:
             self._async_loads.append(load)
-        elif offer.fails:
+        elif offer.fails and self.load_failures:
             self._sync_loads[(request.request_id, request.incarnation)] = load
 
     def request_finished(self, request: Request, block_ids: list[int]) -> bool:
@@ -186,7 +199,9 @@ class FabricatedConnector:
         due = [load for load in self._async_loads if load.due == now]
         self._async_loads = [load for load in self._async_loads if load.due != now]
         for load in due:
-            if load.offer.fail_whole:
+            if not self.load_failures:
+                pass
+            elif load.offer.fail_whole:
                 out.failed_recving.append(load.req_id)
             elif load.offer.fail_from_block is not None:
                 out.invalid_block_ids |= load.invalid_block_ids()

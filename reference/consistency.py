@@ -20,7 +20,7 @@ def consistency_errors(scheduler: Scheduler) -> list[str]:
     kv = scheduler.kv_cache_manager
     pool = kv.block_pool
     running_ids = [r.request_id for r in scheduler.running]
-    kv_waiting = [*scheduler.kv_holding_waiting, *scheduler.async_kv_waiting]
+    kv_waiting = list(scheduler.kv_holding_waiting)
     waiting_ids = [r.request_id for r in [*scheduler.waiting, *kv_waiting]]
     if len(set(running_ids)) != len(running_ids) or set(running_ids) & set(waiting_ids):
         errors.append(f"a request is queued twice: running={running_ids} waiting={waiting_ids}")
@@ -86,7 +86,7 @@ def leak_errors(scheduler: Scheduler) -> list[str]:
         "requests": scheduler.requests, "waiting": scheduler.waiting,
         "running": scheduler.running, "scheduled_req_ids": scheduler.scheduled_req_ids,
         "block tables": kv.req_to_blocks, "cached-block counts": kv.num_cached_block,
-        "kv_holding_waiting": scheduler.kv_holding_waiting, "async_kv_waiting": scheduler.async_kv_waiting,
+        "kv_holding_waiting": scheduler.kv_holding_waiting,
         "held for KV transfers": scheduler.kv_held, "deferred frees": scheduler.deferred_frees,
     }
     errors = [f"{name} not empty: {list(value)[:5]}" for name, value in leftovers.items() if value]
@@ -106,10 +106,10 @@ def _kv_connector_errors(scheduler: Scheduler) -> list[str]:
     errors: list[str] = []
     kv = scheduler.kv_cache_manager
     allowed = (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.WAITING_FOR_REMOTE_KVS)
-    for r in [*scheduler.kv_holding_waiting, *scheduler.async_kv_waiting]:
+    for r in scheduler.kv_holding_waiting:
         if r.status not in allowed:
             errors.append(f"{r.request_id} in a KV waiting queue with status {r.status.name}")
-    for r in [*scheduler.waiting, *scheduler.async_kv_waiting]:
+    for r in scheduler.waiting:
         if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
             errors.append(f"{r.request_id} loads but is not in kv_holding_waiting")
     for req_id, r in scheduler.kv_held.items():

@@ -60,22 +60,21 @@ class KvTransfers:
         profile = config.version_profile
         connector = config.kv_connector
         self.connector = None if connector is None else FabricatedConnector(
-            connector, config.block_size, profile.kv_async_loads)
+            connector, config.block_size, profile.kv_async_loads, profile.kv_load_failures)
         on = connector is not None
         self._recompute_kv_failures = on and connector.load_failure_policy == "recompute"
         # vLLM `defer_block_free`: a consumer, and more than one batch in flight.
         self._defer_block_free = (on and profile.kv_step_fence and connector.consumer
                                   and config.batch_queue_depth > 1)
         self._kv_holding_first = on and profile.kv_holding_first
-        self._kv_load_reservation = on and profile.kv_load_reservation
+        self._kv_load_reservation = on and (profile.kv_load_reservation if config.kv_load_reservation is None
+                                            else config.kv_load_reservation)
         self._kv_drops_stale = on and profile.kv_producer_drops_stale and connector.producer
         self._kv_aborted_load_held = on and profile.kv_aborted_load_held
         self._kv_send_after_finish = on and profile.kv_send_after_finish
         self._kv_async_queue = on and profile.kv_async_waiting_queue
-        self._kv_started_loads_last = on and profile.kv_started_loads_last
         self._max_inflight_loads = connector.max_inflight_loads if on and self._kv_async_queue else None
         self.kv_holding_waiting: deque[Request] = deque()
-        self.async_kv_waiting: deque[Request] = deque()
         self.finished_recving_kv_req_ids: set[str] = set()
         self.failed_recving_kv_req_ids: set[str] = set()
         self.kv_held: dict[str, Request] = {}
@@ -87,28 +86,17 @@ class KvTransfers:
         # (kind, request id, from_block) per report processed by the last
         # update_from_output, for the trace: "kv_failed", "kv_received", "kv_sent".
         self.kv_reports_seen: list[tuple[str, str, int]] = []
-        self._kv_reports: tuple[int, KvConnectorOutput, set[str]] | None = None
+        self._kv_reports: tuple[int, KvConnectorOutput, set[str], list[EngineCoreOutput]] | None = None
 
     # -- queues ------------------------------------------------------------
 
-    def _enqueue_waiting_request(self, request: Request) -> None:
-        """vLLM 0.34 `_enqueue_waiting_request`: with a load limit, a request
-        that may load asynchronously waits in `async_kv_waiting`."""
-        if self._max_inflight_loads is not None and self.connector is not None \
-                and self.connector.get_num_new_matched_tokens(request, 0)[1]:
-            self.async_kv_waiting.append(request)
-        else:
-            self.waiting.append(request)
-
     def _remove_waiting(self, request: Request) -> None:
-        for queue in (self.waiting, self.kv_holding_waiting, self.async_kv_waiting):
+        for queue in (self.waiting, self.kv_holding_waiting):
             if request in queue:
                 queue.remove(request)
                 return
         raise ValueError(f"{request.request_id} is in no waiting queue")
 
-    def num_waiting(self) -> int:
-        return len(self.waiting) + len(self.kv_holding_waiting) + len(self.async_kv_waiting)
 
     # -- freeing, holding, the step fence ---------------------------------
 
@@ -141,6 +129,7 @@ class KvTransfers:
         if self._kv_send_after_finish and self.connector.request_finished(request, block_ids):
             delay_free_blocks = True
         request.inflight_prefill = request.parked_reservation = False
+        request.kv_external = 0
         self._set_kv_load(request, KvLoad.NONE)
         if delay_free_blocks:
             self.kv_held[request.request_id] = request
@@ -175,8 +164,10 @@ class KvTransfers:
         with its last chunk (`_inflight_prefills.discard`)."""
         if output.total_num_scheduled_tokens:
             self.sched_step_seq += 1
-        for request in batch.requests:
+        for request, entry in zip(batch.requests, batch.entries):
             request.last_sched_seq = self.sched_step_seq
+            if self._defer_block_free:        # the blocks this batch writes (the spec's Entry.blocks)
+                entry.fence_blocks = tuple(self.kv_cache_manager.get_block_ids(request.request_id))
             request.parked_reservation = False
             if request.num_computed_tokens >= request.num_tokens + request.num_output_placeholders:
                 request.inflight_prefill = False
@@ -186,11 +177,13 @@ class KvTransfers:
     def prepare_kv_reports(self, scheduler_output: SchedulerOutput) -> set[str]:
         """The connector's reports for this output, and the failures among
         them applied (before any entry's output, as vLLM's
-        `update_from_output` does); the requests whose entries are then
-        skipped (the fail policy's). Once per output: the tracer calls it
-        first to read the fates."""
+        `update_from_output` does): recomputed, or under the fail policy the
+        request finished with an error at once, as an abort (vLLM as
+        released, `kv_errors_after_outputs`: after the outputs, its entries
+        skipped meanwhile; those requests are returned). Once per output:
+        the tracer calls it first to read the fates."""
         if self._kv_reports is not None and self._kv_reports[0] == id(scheduler_output):
-            return self._kv_reports[2]
+            return self._kv_reports[2]      # (the tracer asked first)
         self.kv_reports_seen = []
         reports = self.connector.worker_output(scheduler_output.entries)
         if self._defer_block_free and scheduler_output.total_num_scheduled_tokens:
@@ -201,24 +194,31 @@ class KvTransfers:
             failed |= self._handle_failed_recving(reports.failed_recving)
         if reports.invalid_block_ids:
             failed |= self._handle_invalid_blocks(reports.invalid_block_ids)
-        skipped = set() if self._recompute_kv_failures else failed
-        self._kv_reports = (id(scheduler_output), reports, skipped)
-        return skipped
+        failed = set() if self._recompute_kv_failures else failed
+        errors: list[EngineCoreOutput] = []
+        if failed and not self._kv_errors_after_outputs:
+            errors, failed = self._finish_with_error(failed), set()
+        self._kv_reports = (id(scheduler_output), reports, failed, errors)
+        return failed
 
     def _kv_skipped(self, entry: RequestData, skipped: set[str]) -> bool:
         return bool(skipped) and entry.req_id in skipped
 
+    def _finish_with_error(self, req_ids: set[str]) -> list[EngineCoreOutput]:
+        """The fail policy: `finish_requests(..., FINISHED_ERROR)`, in id
+        order (vLLM iterates a set)."""
+        error_ids = [req_id for req_id in sorted(req_ids) if req_id in self.requests]
+        self.finish_requests(error_ids, RequestStatus.FINISHED_ERROR)
+        return [EngineCoreOutput(req_id, [], "error") for req_id in error_ids]
+
     def _finish_kv_reports(self, scheduler_output: SchedulerOutput) -> list[EngineCoreOutput]:
-        """After the outputs: the fail policy's requests finish with an error,
-        then the landings and sends are taken (vLLM `update_from_output`,
+        """After the outputs: the errors (vLLM as released: now), then the
+        landings and sends are taken (vLLM `update_from_output`,
         `_update_from_kv_xfer_finished`)."""
-        _, reports, skipped = self._kv_reports
+        _, reports, skipped, outputs = self._kv_reports
         self._kv_reports = None
-        outputs = []
         if skipped:
-            error_ids = [req_id for req_id in sorted(skipped) if req_id in self.requests]
-            self.finish_requests(error_ids, RequestStatus.FINISHED_ERROR)
-            outputs = [EngineCoreOutput(req_id, [], "error") for req_id in error_ids]
+            outputs = self._finish_with_error(skipped)
         for req_id in reports.finished_recving:
             self.kv_reports_seen.append(("kv_received", req_id, 0))
             request = self.requests.get(req_id)
@@ -290,7 +290,7 @@ class KvTransfers:
         request.incarnation = next(self._incarnations)
         if self._stale_output_counters:
             request.num_stale_output_tokens = request.num_in_flight_tokens
-            request.drop_stale_output = request.num_in_flight_tokens > 0
+            request.drop_stale_output = True
         request.num_output_placeholders = 0
         request.spec_token_ids = ()
 
@@ -323,6 +323,7 @@ class KvTransfers:
             return False
         self._update_waiting_for_remote_kv(request)
         request.status = request.status_before_load
+        request.kv_external = 0
         return True                           # (its load counts until it is scheduled)
 
     def _set_kv_load(self, request: Request, state: KvLoad) -> None:

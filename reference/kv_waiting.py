@@ -6,11 +6,14 @@ unchanged.
 * **Queues.** `kv_holding_waiting` (requests holding blocks: a load in
   flight or landed, or a partial failure's valid prefix) is drained before
   `waiting` (`kv_holding_first`); under vLLM 0.34 with a load limit,
-  requests that may load asynchronously wait in `async_kv_waiting`, taken
-  in arrival order against `waiting`'s head (`_next_waiting_queue`).
-  Skipped requests go back to the front of their queue in order; a load
-  started in this call joins `kv_holding_waiting` (0.33: at its front;
-  0.34: at its back, `kv_started_loads_last`).
+  requests that may load asynchronously form `async_kv_waiting`, taken in
+  arrival order against `waiting`'s head (`_next_waiting_queue`). Here
+  `async_kv_waiting` is a view of `waiting` (`_may_load_async`): vLLM's
+  skipped requests go back to the front of their queue in order, so each
+  keeps its place, and each queue's order is its view's. A load started
+  joins the back of `kv_holding_waiting` (0.34's `step_started_kv_loads`;
+  0.33 puts it back with the skipped block-holders, which comes to the
+  same: every one of them was looked at first).
 * **Each request** (`_admit_or_park`): a parked one goes on only once its
   load has landed (`_promote_if_landed`); a fresh one (nothing computed)
   asks the connector for tokens beyond its local prefix hit: a sync hit is
@@ -25,24 +28,13 @@ unchanged.
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .batch import Batch
 from .block_pool import KVCacheBlock
 from .request import KvLoad, Request, RequestStatus
 
 PARKED = RequestStatus.WAITING_FOR_REMOTE_KVS
-
-
-@dataclass
-class _Skipped:
-    """Requests this pass skipped, by where they go back (vLLM's
-    `step_skipped_*` and `step_started_kv_loads`)."""
-    holding: deque[Request] = field(default_factory=deque)
-    waiting: deque[Request] = field(default_factory=deque)
-    async_kv: deque[Request] = field(default_factory=deque)
-    started_loads: list[Request] = field(default_factory=list)
 
 
 @dataclass
@@ -69,60 +61,50 @@ class KvWaiting:
             from .admission_order import reorder_by_cached_prefix
             reorder_by_cached_prefix(self.waiting, self.kv_cache_manager, self._cache_aware_window,
                                      self.config.cache_aware_admission_threshold)
-        skipped = _Skipped()
+        skipped: set[Request] = set()         # looked at in this pass: each keeps its place
         take_async_kv = True
         while True:
             loads_only = len(self.running) >= self.config.max_num_seqs or batch.token_budget <= 0
             if loads_only and not self._kv_async_queue:
                 break                         # vLLM 0.33: `while token_budget > 0`, max_num_seqs
-            if not loads_only:
-                queue = self.kv_holding_waiting or self._next_waiting_queue(take_async_kv)
-            elif take_async_kv:
-                queue = self.async_kv_waiting
-            else:
+            pick = self._next_candidate(skipped, take_async_kv, loads_only)
+            if pick is None:
                 break
-            if not queue:
-                break
-            outcome = self._admit_or_park(queue[0], queue, batch, loads_only)
+            request, from_async = pick
+            outcome = self._admit_or_park(request, batch, loads_only)
             if outcome == _SKIP:
-                self._skip(queue, skipped)
-            elif outcome == _STOP_ASYNC and queue is self.async_kv_waiting:
+                skipped.add(request)
+            elif outcome == _STOP_ASYNC and from_async:
                 take_async_kv = False
             elif outcome in (_STOP, _STOP_ASYNC):
                 break
-        self._requeue(skipped)
 
-    def _next_waiting_queue(self, take_async_kv: bool) -> deque[Request]:
-        """vLLM 0.34 `_next_waiting_queue`: `waiting` or `async_kv_waiting`,
-        whichever head arrived first (arrival order: the order requests were
-        added, `first_incarnation`)."""
-        if not take_async_kv or not self.async_kv_waiting:
-            return self.waiting
-        if not self.waiting:
-            return self.async_kv_waiting
-        first = self.async_kv_waiting[0].first_incarnation < self.waiting[0].first_incarnation
-        return self.async_kv_waiting if first else self.waiting
+    def _may_load_async(self, request: Request) -> bool:
+        """In vLLM 0.34's `async_kv_waiting` (`_enqueue_waiting_request`):
+        under the load limit, a fresh request the connector may load
+        asynchronously (`may_load_async`). Kept in `waiting`, in its place:
+        the two queues are views of one."""
+        return (self._max_inflight_loads is not None and request.status == RequestStatus.WAITING
+                and request.num_computed_tokens == 0 and self.connector.may_load_async(request))
 
-    def _skip(self, queue: deque[Request], skipped: _Skipped) -> None:
-        """vLLM's `skip_request`: the request leaves its queue for this pass."""
-        request = queue.popleft()
-        holds_blocks = request.num_computed_tokens > 0 or request.status == PARKED
-        if holds_blocks and queue is not self.kv_holding_waiting and self._kv_started_loads_last:
-            skipped.started_loads.append(request)
-        elif holds_blocks and self._kv_holding_first:
-            skipped.holding.appendleft(request)
-        elif queue is self.async_kv_waiting:
-            skipped.async_kv.appendleft(request)
-        else:
-            skipped.waiting.appendleft(request)
-
-    def _requeue(self, skipped: _Skipped) -> None:
-        """Skipped requests back to their queues' fronts, in order; 0.34's
-        loads started in this pass at the back of `kv_holding_waiting`."""
-        self.kv_holding_waiting.extendleft(skipped.holding)
-        self.kv_holding_waiting.extend(skipped.started_loads)
-        self.waiting.extendleft(skipped.waiting)
-        self.async_kv_waiting.extendleft(skipped.async_kv)
+    def _next_candidate(self, skipped: set[Request], take_async_kv: bool,
+                        loads_only: bool) -> tuple[Request, bool] | None:
+        """The request the loop looks at next, and whether it is
+        `async_kv_waiting`'s: `kv_holding_waiting` first, then whichever of
+        `waiting`'s and `async_kv_waiting`'s heads arrived first
+        (`_next_waiting_queue`, arrival order: `first_incarnation`); in
+        loads-only mode `async_kv_waiting` alone. None: the loop ends."""
+        async_head = next((r for r in self.waiting if r not in skipped and self._may_load_async(r)), None)
+        if loads_only:
+            return (async_head, True) if take_async_kv and async_head is not None else None
+        held = next((r for r in self.kv_holding_waiting if r not in skipped), None)
+        if held is not None:
+            return held, False
+        plain = next((r for r in self.waiting if r not in skipped and not self._may_load_async(r)), None)
+        if take_async_kv and async_head is not None and (
+                plain is None or async_head.first_incarnation < plain.first_incarnation):
+            return async_head, True
+        return None if plain is None else (plain, False)
 
     def _kv_lookup(self, request: Request) -> _Lookup:
         """A fresh request's local prefix hit and the connector's offer on
@@ -133,8 +115,7 @@ class KvWaiting:
         num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_local)
         return _Lookup(blocks, num_local, num_external, load_async)
 
-    def _admit_or_park(self, request: Request, queue: deque[Request], batch: Batch,
-                       loads_only: bool) -> str:
+    def _admit_or_park(self, request: Request, batch: Batch, loads_only: bool) -> str:
         """One request of the loop (vLLM's loop body): promoted, skipped,
         parked for an async load, admitted, or the queue stops."""
         if not self._promote_if_landed(request) or self._is_resumption_deferred(request):
@@ -162,15 +143,13 @@ class KvWaiting:
         self.connector.update_state_after_alloc(request, kv.get_block_ids(request.request_id),
                                                 lookup.num_local, 0 if landed else lookup.num_external,
                                                 False)
-        queue.popleft()
+        self._remove_waiting(request)
         self._set_kv_load(request, KvLoad.NONE)
         request.inflight_prefill = self._kv_load_reservation and (
             lookup.num_computed + num_new_tokens < request.num_tokens or request.parked_reservation)
         entry = self._admit(request, lookup.num_computed, num_new_tokens,
                             list(kv.req_to_blocks.get(request.request_id, ())))
-        if not landed:                        # the sync load's tokens: this batch brings them in
-            entry.external = lookup.num_external
-            entry.num_cached_tokens = lookup.num_local
+        entry.external = 0 if landed else lookup.num_external   # of its start: this batch loads them
         self._add_to_batch(batch, request, entry)
         return _ADMITTED
 
@@ -192,5 +171,8 @@ class KvWaiting:
         self._set_kv_load(request, KvLoad.IN_FLIGHT)
         request.num_computed_tokens = lookup.num_computed
         request.parked_reservation = self._kv_load_reservation
+        request.kv_external = lookup.num_external
+        self._remove_waiting(request)
+        self.kv_holding_waiting.append(request)   # vLLM's `step_started_kv_loads`
         batch.kv_loads.append((request.request_id, lookup.num_computed))
         return _SKIP

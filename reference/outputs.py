@@ -44,6 +44,7 @@ class NewRequestData:
     samples: bool
     spec_token_ids: tuple[int, ...] = ()      # never drafts on admission
     external: int = 0                         # tokens of the start a sync KV load brings in
+    fence_blocks: tuple[int, ...] = ()        # its table when scheduled, under the KV step fence
 
     @property
     def new_block_ids(self) -> tuple[int, ...]:
@@ -71,6 +72,7 @@ class CachedRequestData:
     spec_token_ids: tuple[int, ...]
     samples: bool
     external: int = 0                         # tokens of the start a sync KV load brings in
+    fence_blocks: tuple[int, ...] = ()        # its table when scheduled, under the KV step fence
 
     @property
     def num_drafts(self) -> int:

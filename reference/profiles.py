@@ -203,10 +203,6 @@ class Profile:
     # is left, `max_num_inflight_kv_loads` (`_admits_inflight_kv_load`, the
     # aborted loads `_aborted_kv_loads` counted against it).
     kv_async_waiting_queue: bool = False
-    # 0.34 `Scheduler.schedule`, waiting loop: a load started in this pass
-    # joins the back of `kv_holding_waiting` (`step_started_kv_loads`); 0.33's
-    # `skip_request` puts it back at the front with the skipped block-holders.
-    kv_started_loads_last: bool = False
     # --- vLLM as released, where the reference carries a later fix (its
     # named deviations, reference/README.md). Off in every profile; a
     # released variant (`released_profile`, `SchedulerConfig(as_released=True)`)
@@ -270,6 +266,12 @@ class Profile:
     # entry in flight (the ground truth's double sample). The reference takes
     # the drafts with the output (`drafts_handed_over_at_submission`).
     drafts_handed_over_at_submission: bool = False
+    # 0.33/0.34 `update_from_output`: a load failed under
+    # `kv_load_failure_policy="fail"` finishes its request (`finish_requests`
+    # with FINISHED_ERROR) after the batch's outputs, its entries skipped
+    # meanwhile; the reference finishes it when the failure is seen, as an
+    # abort (`kv_error_finished_after_outputs`: the blocks go in another order).
+    kv_errors_after_outputs: bool = False
 
     def release_order(self, enable_prefix_caching: bool) -> str:
         """"reverse" or "forward": the order a released table joins the free queue."""
@@ -327,7 +329,7 @@ PROFILES["vllm-0.33-async"] = replace(PROFILES["vllm-0.33"], name="vllm-0.33-asy
 # 0.34's own (`Scheduler.schedule`, `_reorder_waiting_by_cached_prefix`):
 # the threshold only with chunked prefill, and the cache-aware admission order.
 VLLM_0_34_RULES: dict[str, bool] = {"threshold_needs_chunked_prefill": True, "cache_aware_admission": True,
-                                    "kv_async_waiting_queue": True, "kv_started_loads_last": True}
+                                    "kv_async_waiting_queue": True}
 PROFILES["vllm-0.34"] = replace(PROFILES["vllm-0.33"], name="vllm-0.34", **VLLM_0_34_RULES)
 PROFILES["vllm-0.34-async"] = replace(PROFILES["vllm-0.33-async"], name="vllm-0.34-async", **VLLM_0_34_RULES)
 
@@ -345,7 +347,8 @@ RELEASED_0_8_X: dict[str, bool] = {
 # vLLM 0.33.0 as released: outputs bound by id alone, and the model runner
 # decides what sampled (after a wrong binding the request holds a token its
 # snapshot did not count).
-RELEASED_0_33: dict[str, bool] = {"outputs_by_id_alone": True, "worker_decides_sampling": True}
+RELEASED_0_33: dict[str, bool] = {"outputs_by_id_alone": True, "worker_decides_sampling": True,
+                                  "kv_errors_after_outputs": True}
 # ... and with synchronous scheduling, drafts handed over at submission.
 RELEASED_0_33_SYNC: dict[str, bool] = {**RELEASED_0_33, "drafts_handed_over_at_submission": True}
 RELEASED: dict[str, Profile] = {

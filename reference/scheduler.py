@@ -110,12 +110,11 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting):
         # _clip: the length a request is clipped to (0.8.4 as released: none).
         self._clip_max_model_len = sys.maxsize if profile.no_max_model_len_clip else config.max_model_len
         self._in_flight_mark_kept_off_running = profile.in_flight_mark_kept_off_running
-        # vLLM 0.33 as released: _fate_by_counters, _predicted_fate.
+        # vLLM 0.33 as released: _fate_by_counters, _predicted_fate; a KV load's error (kv_transfer.py).
         self._outputs_by_id_alone = profile.outputs_by_id_alone
+        self._kv_errors_after_outputs = profile.kv_errors_after_outputs
         self._decode_stagger = config.decode_stagger
-        # vLLM's `Scheduler.current_step`: +1 on every schedule() call, empty
-        # ones included (the stagger is counted in these calls).
-        self.current_step = 0
+        self.current_step = 0                 # vLLM's: +1 every schedule() call, empty ones too
         # The long-prefill threshold in force for the current schedule() call.
         self._threshold = config.long_prefill_token_threshold
         self.requests: dict[str, Request] = {}
@@ -140,7 +139,7 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting):
         self._validate_new_request(request)
         request.incarnation = request.first_incarnation = next(self._incarnations)
         self.requests[request.request_id] = request
-        self._enqueue_waiting_request(request)
+        self.waiting.append(request)
 
     def _validate_new_request(self, request: Request) -> None:
         if not isinstance(request, Request):
@@ -206,7 +205,7 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting):
             self.scheduled_req_ids.discard(request.request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running or self.kv_holding_waiting or self.async_kv_waiting)
+        return bool(self.waiting or self.running or self.kv_holding_waiting)
 
     def has_requests(self) -> bool:
         """vLLM's `SchedulerInterface.has_requests`: unfinished requests, or

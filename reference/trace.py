@@ -261,7 +261,13 @@ class TracingScheduler(Scheduler):
         dropped: list[str] = []
         live: list[Request] = []
         kept: list[Request] = []              # every entry's request its output reached
-        kv_skipped = self.prepare_kv_reports(scheduler_output) if self.connector is not None else ()
+        kv_skipped: set[str] = set()
+        if self.connector is not None:
+            self._in_update = True            # a failure's error finish: written with the outputs
+            try:
+                kv_skipped = self.prepare_kv_reports(scheduler_output)
+            finally:
+                self._in_update = False
         for entry in scheduler_output.entries:
             request = self.requests.get(entry.req_id)
             fate = self._predicted_fate(entry, request)

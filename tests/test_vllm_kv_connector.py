@@ -52,7 +52,11 @@ LOAD_LIMIT = {
 
 @pytest.fixture(scope="module")
 def running() -> Iterator[Workers]:
-    yield from workers()
+    """One worker per version; 0.34.0's (the default suite's) started at
+    setup: importing vLLM takes 10-50 s, once for the module."""
+    for shared in workers():
+        shared["0.34.0"]
+        yield shared
 
 
 def _replay(running: Workers, version: str, raw: dict[str, Any], async_scheduling: bool,
@@ -163,3 +167,31 @@ def test_0_33_parks_promotes_rolls_back_fails_and_has_no_load_limit(running, tmp
     _, events = _replay(running, "0.33.0", LOAD_LIMIT, async_scheduling, tmp_path)
     assert events[0]["kv_connector"]["max_inflight_loads"] is None
     assert _loads_in_flight_at_most(events) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
+def test_the_kv_connector_family_exercises_every_transfer_and_vllm_keeps_its_blocks(running, tmp_path, version):
+    """The campaign's family (sync and async): every run ends, vLLM never
+    has a parked or held request's block back in the pool nor a leak at the
+    end (the ground truth), and the runs together park, promote, fail both
+    ways, finish by error, hold for sends and report each transfer."""
+    from flightcheck.vllm.generate import campaign_workloads
+    from flightcheck.vllm.kv_workload import has_kv_connector
+
+    seen: set[str] = set()
+    for raw in campaign_workloads(5, 24, family="kv-connector", mid_step_inputs=version == "0.34.0"):
+        for async_scheduling in (False, True):
+            result, events = _replay(running, version, raw, async_scheduling, tmp_path)
+            truth = result["ground_truth"]
+            assert not truth.get("kv_blocks_freed_under_transfer") and not truth.get("kv_blocks_leaked_at_end")
+            assert has_kv_connector(raw) == ("kv_connector" in events[0])
+            received = [r for report in result.get("kv_reports", []) for r in report["finished_recving"]]
+            parked = [load["req"] for e in events for load in e.get("kv_loads", [])]
+            assert sorted(received) == sorted(parked)           # each started load reported once
+            seen |= {e["ev"] for e in events}
+            seen |= {"parked"} if parked else set()
+            seen |= {f"finish {e['reason']}" for e in events if e["ev"] == "finish"}
+            seen |= {"held" for e in events if e.get("held")}
+            seen |= {"external" for e in events for entry in e.get("entries", ()) if entry.get("external")}
+    assert {"parked", "kv_received", "kv_failed", "kv_sent", "finish error", "held", "external"} <= seen, seen

@@ -50,10 +50,10 @@ def test_a_bad_connector_or_kv_is_refused(bad):
         workload_from_json({**PLAIN, **bad})
 
 
-def test_the_offer_leaves_a_sync_load_a_token_to_compute_and_fails_from_the_named_block():
+def test_the_offer_leaves_a_sync_load_a_token_to_compute_on_a_block_boundary_and_fails_from_the_named_block():
     sync, load_async = KVRequestSpec(hit=16), KVRequestSpec(hit=16, load_async=True)
-    assert offered_tokens(sync, 4, 12) == 7 and offered_tokens(load_async, 4, 12) == 8
-    assert offered_tokens(sync, 0, 40) == 16
+    assert offered_tokens(sync, 4, 12, 4) == 4 and offered_tokens(load_async, 4, 12, 4) == 8
+    assert offered_tokens(sync, 0, 40, 4) == 16 and offered_tokens(sync, 0, 8, 4) == 4
     assert list(failed_blocks(KVRequestSpec(fail_from_block=0), range(1, 4))) == [1, 2, 3]
     assert list(failed_blocks(KVRequestSpec(fail_from_block=2), range(1, 4))) == [2, 3]
     assert list(failed_blocks(KVRequestSpec(fail_from_block=4), range(1, 4))) == []

@@ -26,6 +26,13 @@ class Model:
     allow_abort: bool = True
     allow_stop: bool = True
     mutant: str | None = None      # a name in verification/mutants; None is the correct spec
+    # With a KV connector: whether the environment may make loads fail
+    # (`FailKvLoad`; receives and sends are always explored).
+    kv_failures: bool = False
+    # "Sometimes" targets of every profile this model is too small to reach
+    # (a connector model, sized for its feature; the profile's own models
+    # reach them); each still applies to every other model.
+    skip_targets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Labels behave like vLLM's chained block hashes: distinct within a
@@ -113,10 +120,21 @@ class Model:
             feats.append("name-reuse")
         if not c.enable_chunked_prefill:
             feats.append("chunked-prefill-off")
+        if c.kv_connector is not None:
+            kv = c.kv_connector
+            roles = "+".join(role for role, on in (("consumer", kv.consumer), ("producer", kv.producer)) if on)
+            feats.append(f"kv-connector={roles}:{kv.load_failure_policy}"
+                         + (f":max-loads={kv.max_inflight_loads}" if kv.max_inflight_loads is not None else "")
+                         + (":failures" if self.kv_failures else ""))
         if c.cache_aware_admission_window:
             feats.append(f"cache-aware-window={c.cache_aware_admission_window}"
                          f"@{c.cache_aware_admission_threshold}")
         return " ".join(feats)
+
+
+def _under(model: Model, profile: str) -> Model:
+    """`model` under `profile`, renamed after it (vllm-0.34's copy of a 0.33 model: "deferred-k3@vllm-0.34")."""
+    return replace(model.under_profile(profile), name=f"{model.name}@{profile}")
 
 
 def _p(prompt_len: int, max_tokens: int, labels: tuple[int, ...] = ()) -> Prompt:
@@ -483,11 +501,6 @@ PROFILE_MUTANT_MODELS: dict[str, dict[str, Model]] = {
 PROFILE_MUTANT_MODELS["vllm-0.33-hardened"] = {
     name: replace(model.under_profile("vllm-0.33-hardened"), name=f"{model.name}-hardened")
     for name, model in PROFILE_MUTANT_MODELS["vllm-0.33"].items()}
-
-
-def _under(model: Model, profile: str) -> Model:
-    """`model` under `profile`, renamed after it (vllm-0.34's copy of a 0.33 model: "deferred-k3@vllm-0.34")."""
-    return replace(model.under_profile(profile), name=f"{model.name}@{profile}")
 
 
 def carry_over(profile: str) -> None:

@@ -98,6 +98,12 @@ DEVIATIONS: dict[str, str] = {
         "of its sampling entry in flight (the ground truth's double sample), and a completion "
         "shows drafts handed over for a later batch; the reference takes the drafts with the "
         "output of the request's sampling entry",
+    "kv_error_finished_at_once":
+        "KV connector, load_failure_policy \"fail\": the reference finishes a request whose load "
+        "failed with an error as soon as the failure is processed (as an abort: its entries in "
+        "flight are dropped); vLLM 0.33 and 0.34's update_from_output skip its outputs and finish it "
+        "with FINISHED_ERROR after the batch's outputs (reference/profiles.py "
+        "`kv_errors_after_outputs`, a released constant)",
 }
 
 # The deviations each version's differential may name (the others cannot occur there).
@@ -109,9 +115,10 @@ VERSION_DEVIATIONS: dict[str, tuple[str, ...]] = {
               "drafts_clipped_to_max_model_len"),
     # 0.33 and 0.34 with drafts (sync): drafts handed over at submission, and
     # after them the runner sampling a chunk the scheduler scheduled as partial.
-    "0.33.0": ("reused_id_output_dropped", "drafts_handed_over_at_submission", "partial_chunk_token_dropped"),
+    "0.33.0": ("reused_id_output_dropped", "drafts_handed_over_at_submission", "partial_chunk_token_dropped",
+               "kv_error_finished_at_once"),
     "0.34.0": ("reused_id_output_dropped",        # update_from_output still binds by id alone
-               "drafts_handed_over_at_submission", "partial_chunk_token_dropped"),
+               "drafts_handed_over_at_submission", "partial_chunk_token_dropped", "kv_error_finished_at_once"),
 }
 
 
@@ -152,12 +159,20 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
     # update_from_output, before that batch's `complete`; taken after it.
     errors: list[tuple[Any, ...]] = []
 
+    # The KV reports of one update (vLLM takes each kind as a set), in sorted order.
+    reports: list[tuple[Any, ...]] = []
+
     def flush() -> None:
         out.extend(sorted(finishes))
         finishes.clear()
 
     for event in events:
         kind = event.get("ev")
+        if kind in KV_REPORTS:
+            reports.append(kv_decision(event))
+            continue
+        out.extend(sorted(reports))
+        reports.clear()
         if kind == "finish" and event["reason"] == "error":
             errors.append(("finish", event["req"], "error", bool(event.get("held"))))
             continue
@@ -174,14 +189,13 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
             if not event.get("entries") and not event.get("preempted") and not (kv and event.get("kv_loads")):
                 continue
             out.append(_schedule_decision(event, block_offset, kv))
-        elif kind in KV_REPORTS:
-            out.append(kv_decision(event))
         elif kind == "complete":
             out.append(_complete_decision(event))
             finishes.extend(errors)
             errors.clear()
         elif kind == "abort":
             out.append(("abort", event["req"]))
+    out.extend(sorted(reports))
     finishes.extend(errors)
     flush()
     return out
@@ -264,6 +278,11 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     held = {item["req"] for item in truth.get("drafts_held_at_admission", ())}
     theirs = vllm[index] if index < len(vllm) else None
     ours = reference[index] if index < len(reference) else None
+    errored = {event[1] for event in vllm + reference if event[0] == "finish" and event[2] == "error"}
+    if errored and _concerns(theirs, ours) & errored:
+        # A KV load failed under the fail policy: the reference finished the
+        # request at once, vLLM after the batch's outputs.
+        return "kv_error_finished_at_once"
     if held and _concerns(theirs, ours) & held:
         # Nothing else explains it, and it concerns a request admitted holding
         # drafts kept through its preemption: 0.8.x's allocate_slots cached

@@ -90,6 +90,13 @@ class Observations:
     # ... and any allocation of slots while the request holds more drafts than
     # the entry schedules (the same under-caching, for a running request too).
     drafts_held_at_allocation: list[dict[str, Any]] = field(default_factory=list)
+    # With a KV connector (kv_recording.py): a block that a request parked
+    # for a load, or held for a transfer after it finished, still references
+    # was back in the free pool (KV1); and blocks or requests not returned
+    # once the run is over and every transfer reported (KV4).
+    kv_connector: bool = False
+    kv_blocks_freed_under_transfer: list[dict[str, Any]] = field(default_factory=list)
+    kv_blocks_leaked_at_end: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -106,6 +113,9 @@ class Observations:
                          beyond_max_model_len=self.beyond_max_model_len,
                          drafts_held_at_admission=self.drafts_held_at_admission,
                          drafts_held_at_allocation=self.drafts_held_at_allocation)
+        if self.kv_connector:
+            found.update(kv_blocks_freed_under_transfer=self.kv_blocks_freed_under_transfer,
+                         kv_blocks_leaked_at_end=self.kv_blocks_leaked_at_end)
         return found
 
 

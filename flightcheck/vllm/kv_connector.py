@@ -100,7 +100,7 @@ def attach_report(transfers: KVTransfers, scheduler_output: Any, model_runner_ou
             finished_sending=report.finished_sending or None, finished_recving=report.finished_recving or None,
             invalid_block_ids=report.invalid_block_ids, failed_recving=report.failed_recving)
         # not vLLM's: which requests' own loads failed, for the recorder (kv_recording.py)
-        output.flightcheck_failed_loads = frozenset(report.failed_loads)
+        output.flightcheck_failed_loads = dict(report.failed_loads)
         model_runner_output.kv_connector_output = output
     return report
 

@@ -19,8 +19,9 @@ otherwise:
   only parks loads;
 * `kv_failed` (`req`, `from_block`: 0 for a failed receive, else the first
   block of the request's table among `invalid_block_ids`; per request whose
-  own load failed, or, with a connector that cannot say, per holder), read
-  before vLLM acts and written before the first event of the update (the
+  own load failed, as the fabricated connector says, or, with a connector
+  that cannot say, per holder), read before vLLM acts and written before
+  the first event of the update (the
   completion, or a finish by `"error"`): vLLM handles failures first in
   `update_from_output`; under the recompute policy with `computed` (and,
   async, `placeholders`): the request's counters once vLLM rolled it back;
@@ -31,6 +32,11 @@ otherwise:
 * `finish.held`: true when vLLM keeps the finished request (and its blocks)
   for a send; a request aborted during its load is held for the load's
   report instead, which the format leaves to the model (`held` false).
+
+And the ground truth (ground_truth.Observations) from vLLM's state: a
+block that a parked or held request references found back in the free pool
+(`kv_blocks_freed_under_transfer`), and blocks or requests not returned at
+the end of a complete run (`kv_blocks_leaked_at_end`).
 
 Standard library only: this module never imports vLLM.
 """
@@ -52,6 +58,40 @@ class KVRecordingMixin:
     def _fc_connector(self) -> Any:
         return getattr(self, "connector", None)
 
+    # -- ground truth (ground_truth.Observations, KV fields) -------------------------
+
+    def _fc_check_transfer_holds(self) -> None:
+        """Every block of a request parked for a load, or finished and kept
+        for a transfer, still has a holder (`ref_cnt` > 0): none is back in
+        the free pool where the next allocation may hand it out (KV1)."""
+        observations = self.flightcheck_observations  # type: ignore[attr-defined]
+        observations.kv_connector = True
+        for req_id, request in list(self.requests.items()):
+            status = request.status.name
+            if status != "WAITING_FOR_REMOTE_KVS" and not request.is_finished():
+                continue
+            groups = self.kv_cache_manager.get_blocks(req_id).blocks  # type: ignore[attr-defined]
+            freed = [block.block_id for block in (groups[0] if groups else ())
+                     if not getattr(block, "is_null", False) and block.ref_cnt <= 0]
+            seen = getattr(self, "_fc_kv_freed_seen", set())
+            if freed and (id(request), tuple(freed)) not in seen:
+                self._fc_kv_freed_seen = seen | {(id(request), tuple(freed))}
+                observations.kv_blocks_freed_under_transfer.append({
+                    "step": self.flightcheck_step, "req": req_id, "blocks": freed,  # type: ignore[attr-defined]
+                    "why": "loading" if status == "WAITING_FOR_REMOTE_KVS" else "finished, held"})
+
+    def flightcheck_end(self, *, complete: bool = True) -> None:
+        """At the end of a complete run: every block back in the pool and no
+        request kept (KV4), then RecordingMixin's end."""
+        if complete and self._fc_connector() is not None:
+            pool = self.kv_cache_manager.block_pool  # type: ignore[attr-defined]
+            missing = int(self.kv_cache_config.num_blocks) - 1 - int(pool.get_num_free_blocks())  # type: ignore
+            kept = sorted(self.requests)
+            if missing or kept:
+                self.flightcheck_observations.kv_blocks_leaked_at_end.append({  # type: ignore[attr-defined]
+                    "step": self.flightcheck_step, "blocks": missing, "requests": kept})  # type: ignore
+        super().flightcheck_end(complete=complete)  # type: ignore[misc]
+
     def _fc_config_event(self) -> dict[str, Any]:
         event = super()._fc_config_event()  # type: ignore[misc]
         if self._fc_connector() is not None:
@@ -66,9 +106,12 @@ class KVRecordingMixin:
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         self._fc_kv_loads = []
         try:
-            return super().schedule(*args, **kwargs)  # type: ignore[misc]
+            output = super().schedule(*args, **kwargs)  # type: ignore[misc]
         finally:
             self._fc_kv_loads = []
+        if self._fc_connector() is not None:
+            self._fc_check_transfer_holds()
+        return output
 
     def _fc_entries(self, output: Any) -> list[tuple[Any, dict[str, Any]]]:
         """RecordingMixin's entries, with `external`; notes the call's parked loads."""
@@ -130,23 +173,26 @@ class KVRecordingMixin:
             self._fc_write({"ev": "kv_received", "req": req_id})
         for req_id in sorted(report.finished_sending or ()):
             self._fc_write({"ev": "kv_sent", "req": req_id})
+        self._fc_check_transfer_holds()
         return result
 
     def _fc_failures(self, report: Any) -> list[dict[str, Any]]:
-        """The `kv_failed` events of a report, read against vLLM's block
-        tables before it acts: a failed receive from block 0; invalid blocks
-        from the first in the table of each request whose own load failed
-        (the fabricated connector says which), else of each holder."""
+        """The `kv_failed` events of a report: a failed receive from block 0;
+        invalid blocks: each request whose own load failed, from the load's
+        first invalid block (the fabricated connector says which and where,
+        whether or not the request still holds them), else, read against
+        vLLM's block tables before it acts, each holder from its first."""
         failures = [{"ev": "kv_failed", "req": req_id, "from_block": 0}
                     for req_id in sorted(getattr(report, "failed_recving", None) or ())]
+        own = getattr(report, "flightcheck_failed_loads", None)
+        if own is not None:                  # the fabricated connector: the loads that failed, and where
+            return failures + [{"ev": "kv_failed", "req": req_id, "from_block": own[req_id]} for req_id in sorted(own)]
         invalid = set(report.invalid_block_ids or ())
-        if invalid:
-            own = getattr(report, "flightcheck_failed_loads", None)
-            for req_id in sorted(self.requests if own is None else own):
-                table = self._fc_block_table(req_id)
-                first = next((i for i, block in enumerate(table) if block in invalid), None)
-                if first is not None:
-                    failures.append({"ev": "kv_failed", "req": req_id, "from_block": first})
+        for req_id in sorted(self.requests) if invalid else ():
+            table = self._fc_block_table(req_id)
+            first = next((i for i, block in enumerate(table) if block in invalid), None)
+            if first is not None:
+                failures.append({"ev": "kv_failed", "req": req_id, "from_block": first})
         return failures
 
     def _fc_write_failures(self) -> None:

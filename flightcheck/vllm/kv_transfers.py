@@ -8,8 +8,8 @@ workload (kv_workload.py, whose module doc states the timing rule); this
 module only keeps the ledger:
 
 * `offer` / `allocated`: `get_num_new_matched_tokens` and
-  `update_state_after_alloc`. A positive allocation starts a load and ends
-  the request's promise (a Request object is one incarnation): an
+  `update_state_after_alloc`. An allocation ends the request's promise (a
+  Request object is one incarnation); a positive one starts a load: an
   async load is due at update `updates + load_steps`, a sync load is
   carried by the batch being scheduled (`take_started` hands the loads of
   one `schedule()` call to `build_connector_meta`).
@@ -47,6 +47,10 @@ class Load:
     def invalid_block_ids(self) -> set[int]:
         return {self.block_ids[i] for i in failed_blocks(self.spec, self.blocks) if i < len(self.block_ids)}
 
+    def first_failed_block(self) -> int:
+        """The index, in the request's table, of the load's first invalid block."""
+        return failed_blocks(self.spec, self.blocks).start
+
 
 @dataclass
 class Report:
@@ -55,10 +59,11 @@ class Report:
     finished_sending: set[str] = field(default_factory=set)
     invalid_block_ids: set[int] = field(default_factory=set)
     failed_recving: set[str] = field(default_factory=set)
-    # The requests whose own load reported a failure (the recorder's
-    # `kv_failed`: a request that shares an invalid block through its prefix
-    # hit has no load of its own to fail).
-    failed_loads: set[str] = field(default_factory=set)
+    # The requests whose own load reported invalid blocks, with the index of
+    # the first in the load's table (the recorder's `kv_failed`: a request
+    # that shares an invalid block through its prefix hit has no load of its
+    # own to fail, and a request preempted since no longer holds the blocks).
+    failed_loads: dict[str, int] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.finished_recving or self.finished_sending or self.invalid_block_ids or self.failed_recving)
@@ -96,7 +101,7 @@ class KVTransfers:
         spec = self.spec(request.request_id)
         if not self.config.consumer or id(request) in self._served:
             return 0, False
-        tokens = offered_tokens(spec, num_local_tokens, request.num_tokens)
+        tokens = offered_tokens(spec, num_local_tokens, request.num_tokens, self.block_size)
         self._asked[id(request)] = (request, num_local_tokens)
         return tokens, tokens > 0 and spec.load_async
 
@@ -108,10 +113,10 @@ class KVTransfers:
         return spec.hit, spec.load_async
 
     def allocated(self, request: Any, block_ids: list[int], num_external_tokens: int) -> None:
-        """`update_state_after_alloc`: a positive load spends the promise."""
+        """`update_state_after_alloc`: the promise is spent (admitted or parked)."""
+        self._served[id(request)] = request
         if num_external_tokens <= 0:
             return
-        self._served[id(request)] = request
         spec = self.spec(request.request_id)
         _, local = self._asked.get(id(request), (request, 0))
         # vLLM 0.34 may drop a partial local tail and load it: the load starts
@@ -150,7 +155,7 @@ class KVTransfers:
         for load in carried:
             if not load.load_async and load.invalid_block_ids():
                 report.invalid_block_ids |= load.invalid_block_ids()
-                report.failed_loads.add(load.req_id)
+                report.failed_loads[load.req_id] = load.first_failed_block()
         due = [item for item in self._due if item[0] == self.updates]
         self._due = [item for item in self._due if item[0] != self.updates]
         for _, kind, item in due:
@@ -162,7 +167,7 @@ class KVTransfers:
                 report.failed_recving.add(item.req_id)
             elif item.invalid_block_ids():
                 report.invalid_block_ids |= item.invalid_block_ids()
-                report.failed_loads.add(item.req_id)
+                report.failed_loads[item.req_id] = item.first_failed_block()
         return report
 
 

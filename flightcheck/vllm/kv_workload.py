@@ -33,15 +33,16 @@ Per request, `kv` (default: nothing offered, sends after one step):
 * `hit`: tokens offered beyond the local prefix hit vLLM presents (its
   block-aligned local hit). The offer is cut so that the hit never passes
   the request's tokens: for a sync load to `num_tokens - 1 - local` (vLLM
-  must still schedule a token), for an async load to `num_tokens - local`
-  (vLLM recomputes the last token after the load). `offered_tokens` is the rule.
+  must still schedule a token), then down to a block boundary; for an
+  async load to `num_tokens - local` (vLLM recomputes the last token after
+  the load). `offered_tokens` is the rule (the reference's connector,
+  reference/connector.py, has the same).
 * `async`: an async load (the request parks in `WAITING_FOR_REMOTE_KVS`),
   else a sync one (counted as computed at once, loaded by the batch).
-* The connector promises a load **once per incarnation**: once vLLM has
-  allocated for a load of the request (`update_state_after_alloc` with
-  external tokens), it offers that Request object 0 (so after the load was
-  done or failed, or a preemption, 0); an offer vLLM did not take is made
-  again at the next admission.
+* The connector promises a load **once per incarnation** (contract C1):
+  once vLLM has admitted or parked the request (`update_state_after_alloc`,
+  whatever the number of external tokens), it offers that Request object 0
+  (so after a load was done or failed, or a preemption, 0).
 * `load_steps` (n >= 1) and `send_steps` (n >= 1): **the timing rule**. A
   transfer started in an engine step (an async load: the `schedule()` that
   parked it; a send: the `update_from_output` that finished the request, or,
@@ -187,13 +188,15 @@ def kv_request_to_json(spec: KVRequestSpec) -> dict[str, Any]:
             "fail_from_block": spec.fail_from_block, "fail_whole": spec.fail_whole, "send_steps": spec.send_steps}
 
 
-def offered_tokens(spec: KVRequestSpec, num_local_tokens: int, num_tokens: int) -> int:
+def offered_tokens(spec: KVRequestSpec, num_local_tokens: int, num_tokens: int, block_size: int) -> int:
     """What the connector offers beyond `num_local_tokens` (vLLM's block
     aligned local hit) for a request of `num_tokens` tokens: the hit, cut so
-    that a sync load leaves one token to compute and an async one passes no
-    token (module doc)."""
-    room = num_tokens - num_local_tokens - (0 if spec.load_async else 1)
-    return max(0, min(spec.hit, room))
+    that an async load passes no token and a sync one leaves one token to
+    compute and ends on a block boundary (module doc)."""
+    if spec.load_async:
+        return max(0, min(spec.hit, num_tokens - num_local_tokens))
+    offer = min(spec.hit, num_tokens - 1 - num_local_tokens)
+    return max(0, offer - offer % block_size)
 
 
 def loaded_blocks(num_local_tokens: int, num_external_tokens: int, block_size: int) -> range:

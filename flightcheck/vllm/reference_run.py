@@ -108,7 +108,7 @@ class _ReferenceSide:
     def waiting(self) -> Any:
         """Every waiting queue (the KV connector's too: empty without one)."""
         scheduler = self.scheduler
-        return [*scheduler.kv_holding_waiting, *scheduler.waiting, *scheduler.async_kv_waiting]
+        return [*scheduler.kv_holding_waiting, *scheduler.waiting]
 
     @property
     def running(self) -> Any:
@@ -153,8 +153,9 @@ def split_kv_connector(raw_workload: dict[str, Any]) -> tuple[dict[str, Any], Kv
                                                                 dict[str, KvOffer]]:
     """A workload's KV connector (`kv_connector`, top level or in `config`)
     and its requests' offers (`kv`, by the request's own `id`), and the
-    workload as the replay reads it (`workload_from_json` knows the
-    connector's keys: kv_workload.py). No connector: (raw, None, {})."""
+    workload without them (the reference runs its own connector from the
+    two; `workload_from_json` refuses a request's `kv` without a
+    connector). No connector: (raw, None, {}), the offers ignored."""
     raw = dict(raw_workload)
     config = dict(raw.get("config", {}))
     connector_raw = raw.pop("kv_connector", None)
@@ -167,7 +168,10 @@ def split_kv_connector(raw_workload: dict[str, Any]) -> tuple[dict[str, Any], Kv
         offer = offer_from_json(request.get("kv")) if isinstance(request, dict) else None
         if offer is not None:
             offers[str(request.get("id", index))] = offer
-    return raw_workload, connector, offers
+    if isinstance(raw.get("requests"), list):
+        raw["requests"] = [{k: v for k, v in request.items() if k != "kv"} if isinstance(request, dict)
+                           else request for request in raw["requests"]]
+    return raw, connector, offers
 
 
 def reference_config(workload: Workload, profile: str, as_released: bool = False,

@@ -295,6 +295,12 @@ def findings(result: dict[str, Any]) -> list[str]:
             found.append(f"the engine completed a batch at step {gated['step']} because scheduled_req_ids held "
                          f"{gated['stale']} with no batch in flight; without them schedule() forms a batch "
                          f"(step {gated['step']})")
+    for freed in truth.get("kv_blocks_freed_under_transfer", []):
+        found.append(f"{freed['req']} ({freed['why']}) references blocks {freed['blocks']} that are back in the "
+                     f"free pool (step {freed['step']})")
+    for leak in truth.get("kv_blocks_leaked_at_end", []):
+        found.append(f"the run ended with {leak['blocks']} blocks not returned and requests {leak['requests']} "
+                     f"still kept (step {leak['step']})")
     for mismatch in truth.get("in_flight_set_mismatches", []):
         found.append(f"scheduled_req_ids disagrees with the batches in flight at step {mismatch['step']}: "
                      f"extra {mismatch['extra']}, missing {mismatch['missing']}")
