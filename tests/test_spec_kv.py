@@ -83,6 +83,7 @@ def test_an_async_hit_parks_then_the_landed_load_is_promoted_and_scheduled_in_on
     assert (q.status, q.load, q.num_computed, len(q.block_table)) == (Status.WAITING_FOR_REMOTE_KVS,
                                                                         Load.IN_FLIGHT, 4, 2)
     assert parked.kv_holding == (0,) and parked.waiting == () and parked.in_flight == ((),)   # 0.34: empty batch
+    assert schedule(states[1], cfg_of()).kv_loads == ((0, 4),)              # the trace's schedule.kv_loads
     assert landed.requests[0].load is Load.RECEIVED
     q = ran.requests[0]
     assert q.status is Status.RUNNING and q.load is Load.DONE and ran.kv_holding == ()
