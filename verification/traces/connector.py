@@ -69,6 +69,7 @@ class ConnectorEvents:
     _quoted_name: Callable[[int], str]
     _check_properties: Callable[..., None]
     _arrival_order: Callable[[], list[int]]
+    _match_blocks: Callable[[str, list, tuple[int, ...]], None]
 
     def _start_connector(self) -> None:
         # slot -> the spec's (computed, placeholders) after its recompute
@@ -150,9 +151,10 @@ class ConnectorEvents:
 
     # -- the scheduler's decisions ----------------------------------------------
 
-    def _diagnose_kv_entries(self, spec_entries, trace_entries: list[dict]) -> None:
+    def _diagnose_kv_entries(self, spec_entries, trace_entries: list[dict], parked: list[int]) -> None:
         """Before a schedule_decision is reported: the KV property the
-        trace's batch breaks, if it breaks one."""
+        trace's batch breaks, if it breaks one (`parked`: the requests the
+        spec's call parks)."""
         if self.cfg.kv_connector is None:
             return
         spec_by_req = {e.req: e for e in spec_entries}
@@ -161,15 +163,16 @@ class ConnectorEvents:
             if r is None:
                 continue
             q, e = self.state.requests[r], spec_by_req.get(r)
-            if loading(q) and e is None:
-                raise self._violation("KV2_loading_not_scheduled", f"{self._quoted_name(r)} is scheduled while "
-                                      f"in WAITING_FOR_REMOTE_KVS (its load {q.load.value}): the spec does not "
-                                      "schedule it")
+            if (loading(q) or r in parked) and e is None:
+                where = (f"while in WAITING_FOR_REMOTE_KVS (its load {q.load.value})" if loading(q)
+                         else "in the call that parks it for its async KV load")
+                raise self._violation("KV2_loading_not_scheduled", f"{self._quoted_name(r)} is scheduled "
+                                      f"{where}: the spec does not schedule it")
             if r in self.rolled_back and e is not None and (x["start"], x["n"]) != (e.start, e.n):
                 raise self._violation("KV3_rollback_restores_counters", f"after its rolled-back load "
                                       f"{self._quoted_name(r)} is scheduled @{x['start']}+{x['n']}, the spec "
                                       f"schedules it @{e.start}+{e.n}")
-            if e is not None and x.get("external", 0) and not e.external and q.load is Load.DONE:
+            if e is not None and x.get("external", 0) and not e.external and q.load is not Load.NONE:
                 raise self._violation("C1_load_promised_once", f"{CONTRACT}: {self._quoted_name(r)} loads "
                                       f"{x['external']} tokens again, after its load was done or failed")
         traced = {self.slot.get(x["req"]) for x in trace_entries}
@@ -183,9 +186,15 @@ class ConnectorEvents:
         """The requests the call parked for an async load (`parked_in`), and
         their start, against the trace's `kv_loads`; the call went from
         `before` to `after`."""
-        theirs = [(x["req"], x["start"]) for x in event.get("kv_loads", [])]
+        loads = event.get("kv_loads", [])
+        theirs = [(x["req"], x["start"]) for x in loads]
         ours = [(self.names[r], after.requests[r].num_computed) for r in parked]
         if theirs == ours:
+            if any("block_ids" not in x for x in loads):
+                self.unchecked.add("the blocks of parked KV loads (kv_loads carry no block_ids)")
+                return
+            for x, r in zip(loads, parked):
+                self._match_blocks(x["req"], list(x["block_ids"]), after.requests[r].block_table)
             return
         names_ours = [n for n, _ in ours]
         for name, start in theirs:
@@ -194,7 +203,7 @@ class ConnectorEvents:
                 raise self._violation("KV3_rollback_restores_counters", f"after its rolled-back load "
                                       f"{quoted(name)} is parked at {start}, the spec at "
                                       f"{dict(ours)[name]}")
-            if name not in names_ours and r is not None and not admits_inflight_load(before, self.cfg):
+            if name not in names_ours and r is not None and not admits_inflight_load(after, self.cfg):
                 raise self._violation("KV6_load_limit", f"{quoted(name)} is parked for a KV load with "
                                       f"{self.cfg.kv_connector.max_inflight_loads} loads already in flight "
                                       "(max_inflight_loads)")
@@ -203,6 +212,12 @@ class ConnectorEvents:
                                       "second KV load, after its load was done or failed")
         raise self._violation(KV_LOAD_DECISION, f"the spec parks {_fmt_loads(ours)} for a KV load, the trace "
                               f"{_fmt_loads(theirs)}")
+
+    def _parked_table(self, r: int) -> tuple[int, ...]:
+        """The table r holds before this schedule call for its async load
+        (a promoted request is admitted with it: `block_ids` lists it first)."""
+        q = self.state.requests[r]
+        return q.block_table if loading(q) else ()
 
     def _settle_rollbacks(self, scheduled_or_parked: list[int]) -> None:
         """A rolled-back request's next entry or park was checked (KV3)."""
@@ -216,9 +231,9 @@ class ConnectorEvents:
         for r in self._arrival_order():
             q = self.state.requests[r]
             if q.load.in_transfer or q.held:
-                what = "its KV load" if q.load.in_transfer else "the KV send it holds its blocks for"
-                raise self._violation("C3_report_once", f"{CONTRACT}: the run ended and "
-                                      f"{self._quoted_name(r)}'s {what} was never reported")
+                what = "KV load" if q.load.in_transfer else "KV send (its blocks held for it)"
+                raise self._violation("C3_report_once", f"{CONTRACT}: the run ended with the {what} of "
+                                      f"{self._quoted_name(r)} never reported")
 
     def _check_held(self, r: int, event: dict) -> None:
         """finish.held against the spec's decision to hold r's blocks for a send."""

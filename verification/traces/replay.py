@@ -261,7 +261,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
             # (`empty_batch`, `empty_batches_before`) and this event scheduled something
             why = why_nothing_scheduled(self.state, self.cfg, self._quoted_name)
             self._diagnose_async(entries)
-            self._diagnose_kv_entries((), entries)
+            self._diagnose_kv_entries((), entries, [])
             if not entries and event.get("kv_loads"):
                 self._check_kv_loads(self.state, self.state, [], event)
             raise _Violation("illegal_schedule", f"a batch was scheduled but {why}")
@@ -276,7 +276,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
                         x.get("drafts", 0), bool(samples), x.get("external", 0)))
         if got != want:
             self._diagnose_async(entries)
-            self._diagnose_kv_entries(scheduled.entries, entries)
+            self._diagnose_kv_entries(scheduled.entries, entries, parked)
             raise _Violation("schedule_decision", f"the spec schedules {self._fmt(want)}, the trace {self._fmt(got)}"
                              + self._why_left_out(scheduled, entries))
         want_pre = [self._name(r) for r in scheduled.preempted]
@@ -337,14 +337,19 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
             self.unchecked.add("block identity (schedule entries carry no block_ids)")
             return
         for e, x in zip(spec_entries, trace_entries):
-            theirs = list(x["block_ids"])
-            if len(theirs) != len(e.block_ids):
-                raise _Violation("S9_kv_ownership", f"{x['req']} gets {len(theirs)} blocks in the trace, "
-                                 f"{len(e.block_ids)} in the spec")
-            for t, b in zip(theirs, e.block_ids):
-                if self.block_map.setdefault(t, b) != b:
-                    raise _Violation("S9_kv_ownership", f"{x['req']} gets block {t} in the trace; the spec "
-                                     f"allocates the block the trace calls {self._trace_id(b)}")
+            # a promoted KV load is admitted with its whole table, the load's blocks first
+            ours = self._parked_table(e.req) + tuple(e.block_ids)
+            self._match_blocks(x["req"], list(x["block_ids"]), ours)
+
+    def _match_blocks(self, name: str, theirs: list, ours: tuple[int, ...]) -> None:
+        """The trace's block ids are the spec's, up to a consistent renaming."""
+        if len(theirs) != len(ours):
+            raise _Violation("S9_kv_ownership", f"{name} gets {len(theirs)} blocks in the trace, "
+                             f"{len(ours)} in the spec")
+        for t, b in zip(theirs, ours):
+            if self.block_map.setdefault(t, b) != b:
+                raise _Violation("S9_kv_ownership", f"{name} gets block {t} in the trace; the spec "
+                                 f"allocates the block the trace calls {self._trace_id(b)}")
 
     def _trace_id(self, spec_block: int) -> Any:
         return next((t for t, b in self.block_map.items() if b == spec_block), f"spec#{spec_block}")

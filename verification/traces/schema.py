@@ -300,6 +300,7 @@ ENTRY = Record({
 KV_LOAD = Record({
     "req": (REQUEST_ID, True),
     "start": (COUNT, True),
+    "block_ids": (ListOf(Integer(0, MAX_COUNT, "a block id: an integer")), False),   # its table
 }, expected="an object (a parked KV load)")
 
 SCHEDULE = Record({

@@ -1,0 +1,134 @@
+"""check-trace on traces with a KV connector (docs/trace-format.md, "KV
+connector"; issue 36): hand-written traces of each feature accepted, each
+seeded scheduler error rejected at its event with the KV property it breaks,
+each connector error reported as the connector's (its contract clause), by
+both checkers alike; `--json` names the property."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from flightcheck.cli import main
+from flightcheck.spec.config import KvConnector
+from flightcheck.verification.traces.check import check_events, check_trace, config_from_event, read_trace_file
+from flightcheck.verification.traces.connector import CONTRACT
+
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
+DATA = Path(__file__).parent / "data" / "kv"
+
+# file -> (ok, line, property): what each trace is and where it breaks
+EXPECTED = {
+    # every feature, legal
+    "accepted_sync_async_send.jsonl": (True, None, None),      # sync hit, async load, sends after finish
+    "accepted_sync_rollback.jsonl": (True, None, None),        # a sync load fails in flight: recompute
+    "accepted_fail_policy.jsonl": (True, None, None),          # the fail policy: finish by "error"
+    "accepted_abort_during_load.jsonl": (True, None, None),    # blocks held until the aborted load reports
+    # seeded scheduler errors
+    "rejected_loading_scheduled.jsonl": (False, 4, "KV2_loading_not_scheduled"),
+    "rejected_parked_start.jsonl": (False, 4, "kv_load_decision"),
+    "rejected_rollback_start.jsonl": (False, 6, "KV3_rollback_restores_counters"),
+    "rejected_rollback_computed.jsonl": (False, 4, "KV3_rollback_restores_counters"),
+    "rejected_freed_under_send.jsonl": (False, 6, "KV1_no_reuse_under_transfer"),
+    "rejected_load_limit.jsonl": (False, 5, "KV6_load_limit"),
+    "rejected_loaded_starved.jsonl": (False, 9, "KV5_loaded_not_starved"),
+    "rejected_fail_policy_reason.jsonl": (False, 5, "finish_decision"),
+    # seeded connector errors: the contract's clauses
+    "contract_received_twice.jsonl": (False, 9, "C3_report_once"),
+    "contract_sent_twice.jsonl": (False, 8, "C3_report_once"),
+    "contract_send_never_reported.jsonl": (False, 12, "C3_report_once"),
+    "contract_failed_foreign_block.jsonl": (False, 8, "C2_reports_own_blocks"),
+}
+
+
+def test_every_kv_trace_in_the_data_is_listed():
+    assert {p.name for p in DATA.glob("*.jsonl")} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_kv_trace_gets_its_verdict_from_both_checkers(name):
+    incremental = check_trace(DATA / name)
+    full = check_trace(DATA / name, full=True)
+    assert (incremental.ok, incremental.line, incremental.property) == EXPECTED[name], incremental.message
+    assert incremental.profile == "vllm-0.34"
+    assert incremental.to_json() == full.to_json()         # state_before too: both name requests alike
+
+
+@pytest.mark.parametrize("name", sorted(n for n in EXPECTED if n.startswith("contract_")))
+def test_a_connector_error_is_reported_as_the_connectors(name):
+    result = check_trace(DATA / name)
+    assert result.property.startswith("C") and result.message.startswith(CONTRACT), result.message
+
+
+@pytest.mark.parametrize("name", sorted(n for n in EXPECTED if n.startswith("rejected_")))
+def test_a_scheduler_error_is_not_blamed_on_the_connector(name):
+    result = check_trace(DATA / name)
+    assert not result.property.startswith("C") and CONTRACT not in result.message, result.message
+
+
+def test_the_config_event_gives_the_spec_its_connector():
+    event = read_trace_file(DATA / "accepted_sync_async_send.jsonl")[0]
+    assert config_from_event(event).kv_connector == KvConnector(consumer=True, producer=True,
+                                                                load_failure_policy="recompute",
+                                                                max_inflight_loads=2)
+    without = {k: v for k, v in event.items() if k != "kv_connector"}
+    assert config_from_event(without).kv_connector is None
+    defaults = dict(event, kv_connector={"consumer": True, "producer": False})
+    assert config_from_event(defaults).kv_connector == KvConnector(True, False, "fail", None)
+
+
+def test_the_offer_reaches_the_spec_a_trace_without_it_loads_nothing():
+    """Without `external_hit` the same schedule is a wrong decision: the
+    arrival's offer is what makes the sync load legal."""
+    events = read_trace_file(DATA / "accepted_sync_rollback.jsonl")
+    plain = [dict(e) for e in events]
+    del plain[1]["external_hit"]
+    result = check_events(plain)
+    assert (result.ok, result.line, result.property) == (False, 3, "schedule_decision"), result.message
+    assert 'the spec schedules ["a"@0+12]' in result.message
+
+
+def test_held_and_the_rollbacks_counters_are_unchecked_when_the_trace_omits_them():
+    events = [dict(e) for e in read_trace_file(DATA / "accepted_sync_async_send.jsonl")]
+    for e in events:
+        e.pop("held", None)
+    result = check_events(events)
+    assert result.ok and any("held for a KV send" in u for u in result.unchecked), result.unchecked
+    events = [dict(e) for e in read_trace_file(DATA / "accepted_sync_rollback.jsonl")]
+    del events[3]["computed"]
+    result = check_events(events)
+    assert result.ok and any("rollback's counters" in u for u in result.unchecked), result.unchecked
+
+
+def test_a_finish_held_where_the_spec_frees_is_a_leak():
+    events = [dict(e) for e in read_trace_file(DATA / "accepted_sync_rollback.jsonl")]
+    events[7] = dict(events[7], held=True)
+    result = check_events(events)
+    assert (result.ok, result.line, result.property) == (False, 8, "KV4_no_leak"), result.message
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(["check-trace", *args])
+    return code, out.getvalue()
+
+
+@pytest.mark.parametrize("name", ["rejected_loading_scheduled.jsonl", "contract_received_twice.jsonl"])
+def test_json_names_the_property_and_the_line(name):
+    code, out = _cli(str(DATA / name), "--json")
+    ok, line, prop = EXPECTED[name]
+    result = json.loads(out)
+    assert code == 1 and (result["ok"], result["line"], result["property"]) == (ok, line, prop)
+    code, out = _cli(str(DATA / name))
+    assert code == 1 and f"line {line} " in out and f"violates {prop}:" in out
+
+
+def test_a_legal_kv_trace_exits_0():
+    code, out = _cli(str(DATA / "accepted_sync_async_send.jsonl"))
+    assert code == 0 and "legal (13 events, profile vllm-0.34)" in out
