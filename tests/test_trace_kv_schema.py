@@ -16,6 +16,8 @@ import pytest
 from flightcheck.cli import main
 from flightcheck.verification.traces.check import MalformedTrace, read_events
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # reads traces: both checkers compared
+
 CONNECTOR = {"consumer": True, "producer": True, "load_failure_policy": "recompute", "max_inflight_loads": 2}
 
 
