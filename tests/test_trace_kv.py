@@ -15,7 +15,8 @@ import pytest
 
 from flightcheck.cli import main
 from flightcheck.spec.config import KvConnector
-from flightcheck.verification.traces.check import check_events, check_trace, config_from_event, read_trace_file
+from flightcheck.verification.traces.check import (IncrementalChecker, check_events, check_trace, config_from_event,
+                                                  read_trace_file)
 from flightcheck.verification.traces.connector import CONTRACT
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
@@ -132,3 +133,49 @@ def test_json_names_the_property_and_the_line(name):
 def test_a_legal_kv_trace_exits_0():
     code, out = _cli(str(DATA / "accepted_sync_async_send.jsonl"))
     assert code == 0 and "legal (13 events, profile vllm-0.34)" in out
+
+
+def _long_trace(rounds: int) -> list[dict]:
+    """Requests one after another, ids reused, alternately a sync hit and an
+    async load, each held after it finishes until the next one's batch is
+    done: the incremental checker must keep a held request's slot (ids are
+    reused only once their request is sent: vLLM keeps a held request's id)."""
+    config = {"ev": "config", "num_stages": 1, "max_num_batched_tokens": 16, "block_size": 4, "num_blocks": 8,
+              "max_model_len": 64, "eos_token_id": 0, "vllm_version": "0.34.0",
+              "kv_connector": {"consumer": True, "producer": True, "load_failure_policy": "recompute"}}
+    events: list[dict] = [config]
+    held = None
+    for i in range(rounds):
+        name = f"r{i % 3}"
+        if i % 2:
+            events += [{"ev": "arrive", "req": name, "prompt_len": 8, "max_tokens": 1, "external_hit": 8,
+                        "load_async": True},
+                       {"ev": "schedule", "batch": None, "entries": [], "kv_loads": [{"req": name, "start": 8}]},
+                       {"ev": "kv_received", "req": name},
+                       {"ev": "schedule", "batch": i, "entries": [{"req": name, "start": 7, "n": 1, "cached": 7}]}]
+        else:
+            events += [{"ev": "arrive", "req": name, "prompt_len": 8, "max_tokens": 1, "external_hit": 4},
+                       {"ev": "schedule", "batch": i,
+                        "entries": [{"req": name, "start": 4, "n": 4, "cached": 4, "external": 4}]}]
+        events += [{"ev": "complete", "batch": i, "tokens": {name: [5]}},
+                   {"ev": "finish", "req": name, "reason": "length", "held": True}]
+        if held is not None:
+            events.append({"ev": "kv_sent", "req": held})
+        held = name
+    return events + [{"ev": "kv_sent", "req": held}, {"ev": "end"}]
+
+
+def test_a_long_kv_trace_is_legal_to_both_checkers_and_reuses_slots():
+    events = _long_trace(24)
+    result = check_events(events)                        # both checkers, compared (the fixture)
+    assert result.ok, (result.line, result.property, result.message)
+    slots = IncrementalChecker(events).state.requests
+    assert len(slots) <= 4 < 24                          # one alive, one held, the margin
+
+
+def test_a_long_kv_trace_with_a_send_reported_for_a_freed_request_is_rejected_by_both():
+    events = _long_trace(12)
+    at = max(i for i, e in enumerate(events) if e["ev"] == "kv_sent" and i < len(events) - 3)
+    events.insert(at + 1, dict(events[at]))              # the same send reported twice
+    result = check_events(events)
+    assert (result.ok, result.event_index, result.property) == (False, at + 1, "C3_report_once")
