@@ -18,6 +18,8 @@ from flightcheck.spec.config import KvConnector
 from flightcheck.verification.traces.check import (IncrementalChecker, check_events, check_trace, config_from_event,
                                                   read_trace_file)
 from flightcheck.verification.traces.connector import CONTRACT
+from flightcheck.verification.traces.explain import why_nothing_scheduled
+from flightcheck.verification.traces.replay import TraceChecker
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
 
@@ -179,3 +181,13 @@ def test_a_long_kv_trace_with_a_send_reported_for_a_freed_request_is_rejected_by
     events.insert(at + 1, dict(events[at]))              # the same send reported twice
     result = check_events(events)
     assert (result.ok, result.event_index, result.property) == (False, at + 1, "C3_report_once")
+
+
+def test_a_request_waiting_for_its_load_is_named_when_the_spec_schedules_nothing():
+    events = [dict(e) for e in read_trace_file(DATA / "accepted_abort_during_load.jsonl")]
+    events = events[:4] + events[6:8]                    # "a" done, "b"'s load still in flight
+    checker = TraceChecker(events)
+    for event in events[1:]:
+        checker.feed(event)
+    why = why_nothing_scheduled(checker.state, checker.cfg, checker._quoted_name)
+    assert '"b" waits for its KV load (WAITING_FOR_REMOTE_KVS, load in_flight)' in why, why
