@@ -32,6 +32,10 @@ EXPECTED = {
     "accepted_sync_rollback.jsonl": (True, None, None),        # a sync load fails in flight: recompute
     "accepted_fail_policy.jsonl": (True, None, None),          # the fail policy: finish by "error"
     "accepted_abort_during_load.jsonl": (True, None, None),    # blocks held until the aborted load reports
+    "accepted_failed_async_load.jsonl": (True, None, None),    # docs/trace-format.md's example: every KV event
+    # a failure reported before the completion of a step that scheduled nothing:
+    # E-b judges the step from the state before the report (then nothing to schedule)
+    "accepted_rollback_engine_steps.jsonl": (True, None, None),
     # seeded scheduler errors
     "rejected_loading_scheduled.jsonl": (False, 4, "KV2_loading_not_scheduled"),
     "rejected_parked_start.jsonl": (False, 4, "kv_load_decision"),
@@ -46,6 +50,7 @@ EXPECTED = {
     "contract_sent_twice.jsonl": (False, 8, "C3_report_once"),
     "contract_send_never_reported.jsonl": (False, 12, "C3_report_once"),
     "contract_failed_foreign_block.jsonl": (False, 8, "C2_reports_own_blocks"),
+    "contract_load_offered_twice.jsonl": (False, 10, "C1_load_promised_once"),
 }
 
 
@@ -191,3 +196,8 @@ def test_a_request_waiting_for_its_load_is_named_when_the_spec_schedules_nothing
         checker.feed(event)
     why = why_nothing_scheduled(checker.state, checker.cfg, checker._quoted_name)
     assert '"b" waits for its KV load (WAITING_FOR_REMOTE_KVS, load in_flight)' in why, why
+
+
+def test_the_docs_kv_example_is_the_one_in_the_data():
+    page = (Path(__file__).parent.parent / "docs" / "trace-format.md").read_text()
+    assert (DATA / "accepted_failed_async_load.jsonl").read_text() in page
