@@ -42,6 +42,7 @@ EXPECTED = {
     "rejected_rollback_start.jsonl": (False, 6, "KV3_rollback_restores_counters"),
     "rejected_rollback_computed.jsonl": (False, 4, "KV3_rollback_restores_counters"),
     "rejected_freed_under_send.jsonl": (False, 6, "KV1_no_reuse_under_transfer"),
+    "rejected_aborted_load_freed.jsonl": (False, 6, "KV1_no_reuse_under_transfer"),
     "rejected_load_limit.jsonl": (False, 5, "KV6_load_limit"),
     "rejected_loaded_starved.jsonl": (False, 9, "KV5_loaded_not_starved"),
     "rejected_fail_policy_reason.jsonl": (False, 5, "finish_decision"),
