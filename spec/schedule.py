@@ -37,7 +37,7 @@ from . import blocks, kv_loads
 from .admission_order import reorder_waiting
 from .config import Config
 from .drafts import padded_admission, placeholder_drafts
-from .kv_fence import can_free_now, release_table
+from .kv_fence import can_free_now
 from .profiles import num_preallocate_blocks
 from .state import Batch, BlockPool, Entry, Fate, Load, Request, State, Status, content_label, retire_entries
 
@@ -463,10 +463,13 @@ def _num_preallocated(cfg: Config, pool: BlockPool, num_fresh: int, table_len: i
 
 
 def _preempt(step: _Step, victim: int) -> None:
-    """Recompute preemption: free everything, back to the head of `waiting`."""
+    """Recompute preemption: free everything, back to the head of `waiting`
+    (at once: under a KV connector's step fence a victim whose free would be
+    put aside is not chosen, `_victim_frees_at_once`)."""
     state = step.state
     req = state.requests[victim]
-    state = replace(release_table(state, step.cfg, victim, req.block_table),
+    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order,
+                                                  step.cfg.rules.unhashed_blocks_to_head),
                     running=state.running[:-1], waiting=(victim,) + state.waiting,
                     scheduled_ids=state.scheduled_ids - {victim})
     state = retire_entries(state, victim, frozenset({Fate.LIVE}), Fate.ORPHANED)

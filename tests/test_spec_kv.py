@@ -4,6 +4,7 @@ tests/test_spec_kv_search.py."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -285,3 +286,34 @@ def test_kv3_and_p_kv_can_fail():
     fenced = replace(after, deferred_frees=((1, (0,)),))
     assert p_kv.holds(before, after, Schedule(), cfg)
     assert p_kv.predicate(before, fenced, Schedule(), cfg) or not step(before, cfg, Schedule())
+
+
+def test_vllm_0_8_5_has_sync_hits_only_and_0_8_4_none():
+    cfg = cfg_of("vllm-0.8.5")
+    s = run(cfg, [ASYNC], ["arrive", Schedule()])[-1]
+    q = s.requests[0]
+    assert not q.load_async and q.status is Status.RUNNING and s.in_flight[-1][0].external == 4
+    cfg = replace(cfg_of("vllm-0.8.4"), continue_prefill=None, release_order=None, num_preallocate_tokens=None,
+                  cache_duplicate_blocks=None)
+    s = run(cfg, [SYNC], ["arrive", Schedule()])[-1]
+    assert s.requests[0].external_hit == 0 and s.in_flight[-1][0].start == 0
+
+
+def test_verify_kv_connector_refuses_a_profile_without_async_loads(capsys):
+    from flightcheck.cli import main
+    assert main(["verify", "--kv-connector"]) == 2
+    assert "--kv-connector needs a profile" in capsys.readouterr().err
+    assert main(["verify", "--kv-connector", "--profile", "vllm-0.34", "--all-profiles"]) == 2
+
+
+def test_verify_kv_connector_searches_the_profile_s_connector_models(capsys):
+    from flightcheck.cli import main
+    assert main(["verify", "--kv-connector", "--profile", "vllm-0.33", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] and out["kv_connector"] and out["profile"] == "vllm-0.33"
+    methods = {p["method"].split(" (")[0] for p in out["properties"]}
+    assert methods == {f"exhaustive {m}" for m in ("kv-load-fail-k2", "kv-load-error-k2", "kv-send-k2",
+                                                   "kv-fence-k2")}
+    proved = {p["name"] for p in out["properties"] if p["status"] == "proved"}
+    assert {"KV1_no_reuse_under_transfer", "KV2_loading_not_scheduled", "KV3_rollback_restores_counters",
+            "KV4_no_leak", "KV5_loaded_not_starved", "P_KV_preemption_frees"} <= proved
