@@ -37,6 +37,7 @@ EXPECTED = {
     # E-b judges the step from the state before the report (then nothing to schedule)
     "accepted_rollback_engine_steps.jsonl": (True, None, None),
     "accepted_async_rollback.jsonl": (True, None, None),       # async scheduling: the placeholder given back
+    "accepted_fenced_abort.jsonl": (True, None, None),         # K = 2: an aborted request's blocks fenced
     # seeded scheduler errors
     "rejected_loading_scheduled.jsonl": (False, 4, "KV2_loading_not_scheduled"),
     "rejected_parked_start.jsonl": (False, 4, "kv_load_decision"),
@@ -46,6 +47,7 @@ EXPECTED = {
     "rejected_async_placeholders_pr49250.jsonl": (False, 4, "KV3_rollback_restores_counters"),
     "rejected_freed_under_send.jsonl": (False, 6, "KV1_no_reuse_under_transfer"),
     "rejected_aborted_load_freed.jsonl": (False, 6, "KV1_no_reuse_under_transfer"),
+    "rejected_fenced_block_reused.jsonl": (False, 7, "KV1_no_reuse_under_transfer"),
     "rejected_load_limit.jsonl": (False, 5, "KV6_load_limit"),
     "rejected_loaded_starved.jsonl": (False, 9, "KV5_loaded_not_starved"),
     "rejected_fail_policy_reason.jsonl": (False, 5, "finish_decision"),

@@ -219,6 +219,22 @@ class ConnectorEvents:
         q = self.state.requests[r]
         return q.block_table if loading(q) else ()
 
+    def _diagnose_block_under_transfer(self, name: str, trace_block: Any, spec_block: int) -> None:
+        """A block handed out again (the trace's id already names spec block
+        `spec_block`) while a KV transfer or, behind the step fence, an
+        in-flight batch still references it: KV1, not a mere renaming."""
+        if self.cfg.kv_connector is None:
+            return
+        s = self.state
+        if any(spec_block in table for _, table in s.deferred_frees):
+            why = "its free deferred behind a batch still in flight (the step fence)"
+        elif any(spec_block in q.block_table for q in s.requests if q.held or q.load.in_transfer):
+            why = "a KV transfer still holds it"
+        else:
+            return
+        raise self._violation("KV1_no_reuse_under_transfer", f"{quoted(name)} gets block {trace_block} in the "
+                              f"trace, which the spec has not freed: {why}")
+
     def _settle_rollbacks(self, scheduled_or_parked: list[int]) -> None:
         """A rolled-back request's next entry or park was checked (KV3)."""
         for r in scheduled_or_parked:

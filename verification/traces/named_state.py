@@ -13,7 +13,8 @@ transfer holds is listed too. Block numbers are the spec's own
 
 Layout, as spec `describe`'s: each request `"id":STAT c=computed/tokens
 [+drafts d] o=outputs b=[blocks] ...`, then `W=` waiting and `R=` running
-(in queue order), `Q=` the batches in flight, oldest first (an entry
+(in queue order), with a KV connector `H=` the waiting requests that hold
+blocks and `deferred=` the frees behind the step fence, `Q=` the batches in flight, oldest first (an entry
 `"id"@start+n`, `*` if it samples, `~o`/`~s` if orphaned or superseded),
 and `free=` the free queue.
 """
@@ -38,8 +39,17 @@ def describe_named(state: State, slots: Iterable[int], name: Namer) -> str:
     batches = ["[" + " ".join(_entry(e, name) for e in batch) + "]" for batch in state.in_flight]
     waiting = ", ".join(name(r) for r in state.waiting)
     running = ", ".join(name(r) for r in state.running)
-    return (f"{'; '.join(shown) or '-'} | W=[{waiting}] R=[{running}]"
+    return (f"{'; '.join(shown) or '-'} | W=[{waiting}] R=[{running}]{_kv_queues(state, name)}"
             f" | Q={' '.join(batches) or '-'} | free={list(state.pool.free_queue)}")
+
+
+def _kv_queues(state: State, name: Namer) -> str:
+    """A KV connector's queues, as spec `describe` prints them: `H=` the
+    waiting requests that hold blocks, `deferred=` the fenced frees."""
+    held = f" H=[{', '.join(name(r) for r in state.kv_holding)}]" if state.kv_holding else ""
+    deferred = f" deferred={[[left, list(table)] for left, table in state.deferred_frees]}" \
+        if state.deferred_frees else ""
+    return held + deferred
 
 
 def transfer_pending(q: Request) -> bool:

@@ -349,6 +349,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
                              f"{len(ours)} in the spec")
         for t, b in zip(theirs, ours):
             if self.block_map.setdefault(t, b) != b:
+                self._diagnose_block_under_transfer(name, t, self.block_map[t])
                 raise _Violation("S9_kv_ownership", f"{name} gets block {t} in the trace; the spec "
                                  f"allocates the block the trace calls {self._trace_id(b)}")
 
