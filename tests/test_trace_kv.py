@@ -209,3 +209,15 @@ def test_a_request_waiting_for_its_load_is_named_when_the_spec_schedules_nothing
 def test_the_docs_kv_example_is_the_one_in_the_data():
     page = (Path(__file__).parent.parent / "docs" / "trace-format.md").read_text()
     assert (DATA / "accepted_failed_async_load.jsonl").read_text() in page
+
+
+@pytest.mark.parametrize("version, verdict", [
+    ("0.33.0", (True, None, None)),                                  # 0.33 has every feature this trace uses
+    ("0.8.5", (False, 4, "C2_reports_own_blocks")),                  # sync hits, but no load failures
+    ("0.8.4", (False, 3, "schedule_decision")),                      # no connector: the offer loads nothing
+])
+def test_what_a_version_has_decides_the_verdict(version, verdict):
+    events = [dict(e) for e in read_trace_file(DATA / "accepted_sync_rollback.jsonl")]
+    events[0]["vllm_version"] = version
+    result = check_events(events)
+    assert (result.ok, result.line, result.property) == verdict, result.message

@@ -116,9 +116,11 @@ class ConnectorEvents:
         name, from_block = event["req"], event["from_block"]
         found = self._report_slot(name, lambda r: FailKvLoad(r, from_block))
         if found is None:
+            why = (f"{self.cfg.profile} has no KV load failures" if not self.cfg.rules.kv_load_failures
+                   else self._transfer_state(name))
             raise self._violation("C2_reports_own_blocks", f"{CONTRACT}: kv_failed for {quoted(name)} from "
                                   f"block {from_block}, which is not a block of a KV load of its own in "
-                                  f"flight ({self._transfer_state(name)})")
+                                  f"flight ({why})")
         r = found[0]
         self._apply_report(*found)
         q = self.state.requests[r]
