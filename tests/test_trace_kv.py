@@ -43,6 +43,7 @@ EXPECTED = {
     "rejected_parked_start.jsonl": (False, 4, "kv_load_decision"),
     "rejected_rollback_start.jsonl": (False, 6, "KV3_rollback_restores_counters"),
     "rejected_rollback_computed.jsonl": (False, 4, "KV3_rollback_restores_counters"),
+    "rejected_parked_rollback_ignored.jsonl": (False, 10, "KV3_rollback_restores_counters"),
     # vLLM #49250: the recompute leaves num_output_placeholders as it was
     "rejected_async_placeholders_pr49250.jsonl": (False, 4, "KV3_rollback_restores_counters"),
     "rejected_freed_under_send.jsonl": (False, 6, "KV1_no_reuse_under_transfer"),
