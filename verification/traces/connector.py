@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from flightcheck.spec import Config, State, Status, step
+from flightcheck.spec import Config, Scheduled, State, Status, step
 from flightcheck.spec.config import KvConnector
 from flightcheck.spec.kv_loads import admits_inflight_load
 from flightcheck.spec.state import Load
@@ -184,13 +184,15 @@ class ConnectorEvents:
                                       "landed and the spec promotes and schedules it; the trace leaves it "
                                       "waiting while it schedules others")
 
-    def _check_kv_loads(self, before: State, after: State, parked: list[int], event: dict) -> None:
-        """The requests the call parked for an async load (`parked_in`), and
-        their start, against the trace's `kv_loads`; the call went from
-        `before` to `after`."""
+    def _check_kv_loads(self, before: State, scheduled: Scheduled | None, event: dict) -> None:
+        """The requests the spec's call from `before` parked for an async
+        load (`Scheduled.kv_loads`), and their start, against the trace's
+        `kv_loads`."""
         loads = event.get("kv_loads", [])
+        parked = [r for r, _ in scheduled.kv_loads] if scheduled is not None else []
+        after = scheduled.state if scheduled is not None else before
         theirs = [(x["req"], x["start"]) for x in loads]
-        ours = [(self.names[r], after.requests[r].num_computed) for r in parked]
+        ours = [(self.names[r], start) for r, start in (scheduled.kv_loads if scheduled is not None else ())]
         if theirs == ours:
             if any("block_ids" not in x for x in loads):
                 self.unchecked.add("the blocks of parked KV loads (kv_loads carry no block_ids)")
@@ -271,15 +273,9 @@ class ConnectorEvents:
                                   "blocks freed; the spec holds them for its KV transfer")
 
 
-def parked_in(before: State, after: State) -> list[int]:
-    """The requests a schedule call parked for an async load, in the order
-    it parked them (each joins `kv_holding`'s tail)."""
-    return [r for r in after.kv_holding if loading(after.requests[r]) and not loading(before.requests[r])]
-
-
 def _fmt_loads(loads: list[tuple[str, int]]) -> str:
     return "[" + ", ".join(f"{quoted(name)}@{start}" for name, start in loads) + "]"
 
 
 __all__ = ["CONTRACT", "ConnectorEvents", "KV_LOAD_DECISION", "connector_from_event", "loading",
-           "parked_in", "prompt_offer", "transfer_pending"]
+           "prompt_offer", "transfer_pending"]

@@ -49,7 +49,7 @@ from flightcheck.spec.admission_order import reorder_waiting
 from flightcheck.spec.schedule import Scheduled, is_empty_step
 
 from .asynchronous import EMPTY_BATCH, AsyncScheduling
-from .connector import ConnectorEvents, parked_in, prompt_offer
+from .connector import ConnectorEvents, prompt_offer
 from .drafts import DraftHandOff
 from .configuration import config_from_event, modelled_pool
 from .engine_steps import EngineSteps
@@ -256,7 +256,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
         if self.cfg.rules.output_placeholders:
             self._catch_up_empty_calls(event)
         scheduled = schedule(self.state, self.cfg)
-        parked = parked_in(self.state, scheduled.state) if scheduled and self.cfg.kv_connector else []
+        parked = [r for r, _ in scheduled.kv_loads] if scheduled is not None else []
         if is_empty_step(scheduled) and not parked:
             # vLLM 0.33 queues an empty batch here; a trace notes those apart
             # (`empty_batch`, `empty_batches_before`) and this event scheduled something
@@ -264,7 +264,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
             self._diagnose_async(entries)
             self._diagnose_kv_entries((), entries, [])
             if not entries and event.get("kv_loads"):
-                self._check_kv_loads(self.state, self.state, [], event)
+                self._check_kv_loads(self.state, None, event)
             raise _Violation("illegal_schedule", f"a batch was scheduled but {why}")
         want = [(self._name(e.req), e.start, e.n, e.cached, e.drafts, e.samples, e.external)
                 for e in scheduled.entries]
@@ -287,7 +287,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
         self._check_block_ids(scheduled.entries, entries)
         self._check_placeholders(scheduled, entries)
         if self.cfg.kv_connector is not None:
-            self._check_kv_loads(self.state, scheduled.state, parked, event)
+            self._check_kv_loads(self.state, scheduled, event)
             self._settle_rollbacks([e.req for e in scheduled.entries] + parked)
         self.scheduled = scheduled
         self._apply(Schedule(), scheduled.state, "schedule")
