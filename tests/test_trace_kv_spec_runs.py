@@ -190,3 +190,27 @@ def test_a_run_with_a_report_repeated_is_rejected_as_the_connectors():
             (seed, result.line, result.property, result.message)
         rejected += 1
     assert rejected >= 8
+
+
+@pytest.mark.parametrize("damage, prop", [
+    ("held", "KV1_no_reuse_under_transfer"),         # blocks freed at finish under a send or an aborted load
+    ("kv_loads", "kv_load_decision"),                # a park at another start
+    ("computed", "KV3_rollback_restores_counters"),  # a rollback left past the valid prefix
+])
+def test_runs_with_a_seeded_scheduler_error_are_rejected_at_it(damage, prop):
+    rejected = 0
+    for seed in SEEDS:
+        events = _Writer(seed).run(160)
+        at = next((i for i, e in enumerate(events) if e.get(damage) or damage == "computed" and damage in e), None)
+        if at is None:
+            continue
+        if damage == "held":
+            events[at]["held"] = False
+        elif damage == "kv_loads":
+            events[at]["kv_loads"][0]["start"] += 1
+        else:
+            events[at]["computed"] += 2
+        result = check_events(events)
+        assert (result.ok, result.line, result.property) == (False, at + 1, prop), (seed, result.message)
+        rejected += 1
+    assert rejected >= 3
