@@ -47,7 +47,7 @@ EXPECTED = {
     # vLLM #49250: the recompute leaves num_output_placeholders as it was
     "rejected_async_placeholders_pr49250.jsonl": (False, 4, "KV3_rollback_restores_counters"),
     "rejected_freed_under_send.jsonl": (False, 6, "KV1_no_reuse_under_transfer"),
-    "rejected_aborted_load_freed.jsonl": (False, 6, "KV1_no_reuse_under_transfer"),
+    "rejected_aborted_load_held_for_send.jsonl": (False, 6, "KV4_no_leak"),   # held for its load, not a send
     "rejected_fenced_block_reused.jsonl": (False, 7, "KV1_no_reuse_under_transfer"),
     "rejected_load_limit.jsonl": (False, 5, "KV6_load_limit"),
     "rejected_loaded_starved.jsonl": (False, 9, "KV5_loaded_not_starved"),

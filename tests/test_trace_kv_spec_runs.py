@@ -66,7 +66,9 @@ class _Writer:
     def _finishes(self, before, after) -> None:
         for r, (b, a) in enumerate(zip(before.requests, after.requests)):
             if a.status.is_finished and not b.status.is_finished:
-                self.events.append({"ev": "finish", "req": f"r{r}", "reason": REASONS[a.status], "held": a.held})
+                held_for_send = a.held and not a.load.in_transfer      # not for an aborted load's report
+                self.events.append({"ev": "finish", "req": f"r{r}", "reason": REASONS[a.status],
+                                    "held": held_for_send})
 
     def _arrive(self) -> None:
         if self.arrived == len(self.prompts):

@@ -187,7 +187,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
             self._note_empty_batches(event)
         just_aborted, self.just_aborted = self.just_aborted, None
         if just_aborted is not None and self._reports_abort(event, just_aborted):
-            self._check_held(just_aborted, event)     # an aborted load's blocks stay held for its report
+            self._check_held(just_aborted, event)     # held for a send: never, for an abort
             return
         getattr(self, f"_on_{event['ev']}")(event)
 
