@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from flightcheck.spec import Action, CompleteOldest, Config, Schedule, State, Status, schedule
 from flightcheck.spec.actions import complete_oldest
-from flightcheck.spec.schedule import Scheduled, _idle, _Step, is_empty_step
+from flightcheck.spec.schedule import Scheduled, _idle, is_empty_step
 
 EMPTY_BATCH = object()     # the batch id of an empty batch the checker queued
 
@@ -71,8 +71,7 @@ class AsyncScheduling:
             if not exact and not is_empty_step(schedule(self._with_queue_slot(), self.cfg)):
                 break
             self._drain_empty_batches(keep_room=True)
-            # an empty schedule() call: the countdown of its start (a fresh step's), then the empty batch
-            idle = _idle(_Step(self.state, self.cfg)) if len(self.state.in_flight) < self.cfg.queue_depth else None
+            idle = _idle(self.state, self.cfg) if len(self.state.in_flight) < self.cfg.queue_depth else None
             if idle is None:
                 break
             self.scheduled = idle
