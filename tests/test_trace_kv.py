@@ -31,6 +31,7 @@ EXPECTED = {
     "accepted_sync_async_send.jsonl": (True, None, None),      # sync hit, async load, sends after finish
     "accepted_sync_rollback.jsonl": (True, None, None),        # a sync load fails in flight: recompute
     "accepted_fail_policy.jsonl": (True, None, None),          # the fail policy: finish by "error"
+    "accepted_fail_policy_after_outputs.jsonl": (True, None, None),   # vLLM's order: after the outputs
     "accepted_abort_during_load.jsonl": (True, None, None),    # blocks held until the aborted load reports
     "accepted_failed_async_load.jsonl": (True, None, None),    # docs/trace-format.md's example: every KV event
     # a failure reported before the completion of a step that scheduled nothing:
@@ -222,3 +223,10 @@ def test_what_a_version_has_decides_the_verdict(version, verdict):
     events[0]["vllm_version"] = version
     result = check_events(events)
     assert (result.ok, result.line, result.property) == verdict, result.message
+
+
+def test_an_error_finish_waits_for_one_completion_at_most():
+    events = [dict(e) for e in read_trace_file(DATA / "accepted_fail_policy_after_outputs.jsonl")]
+    events.insert(5, {"ev": "arrive", "req": "z", "prompt_len": 4, "max_tokens": 1})   # not of the update
+    result = check_events(events)
+    assert (result.ok, result.line, result.property) == (False, 6, "missing_finish"), result.message

@@ -75,6 +75,9 @@ class ConnectorEvents:
         # slot -> the spec's (computed, placeholders) after its recompute
         # rollback, until its next entry or park (KV3 is checked there)
         self.rolled_back: dict[int, tuple[int, int]] = {}
+        # slots the fail policy finished at a kv_failed whose finish event may
+        # still wait for the update's outputs (until the next complete)
+        self.errors_after_outputs: set[int] = set()
 
     # -- the reports ----------------------------------------------------------
 
@@ -96,7 +99,21 @@ class ConnectorEvents:
         before, self.state = self.state, after
         self._check_properties(before, after, label)
         if after.requests[r].status.is_finished and not before.requests[r].status.is_finished:
-            self.finished_now[r] = after.requests[r].status      # the fail policy: its finish event must follow
+            self.finished_now[r] = after.requests[r].status      # the fail policy: its finish event follows
+            if isinstance(label, FailKvLoad):
+                self.errors_after_outputs.add(r)
+
+    def _error_finish_may_wait(self, event: dict) -> bool:
+        """vLLM's `update_from_output` handles load failures first and
+        finishes the fail policy's errors after the batch's outputs: between a
+        kv_failed and its finish by "error" the trace may write more failures
+        of the update and its one complete event."""
+        if not self.errors_after_outputs or not set(self.finished_now) <= self.errors_after_outputs:
+            return False
+        if event["ev"] == "complete":
+            self.errors_after_outputs = set()                     # its finishes come next
+            return True
+        return event["ev"] == "kv_failed"
 
     def _on_kv_received(self, event: dict) -> None:
         found = self._report_slot(event["req"], ReceiveKv)
