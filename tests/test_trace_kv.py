@@ -33,6 +33,7 @@ EXPECTED = {
     "accepted_fail_policy.jsonl": (True, None, None),          # the fail policy: finish by "error"
     "accepted_fail_policy_after_outputs.jsonl": (True, None, None),   # vLLM's order: after the outputs
     "accepted_abort_during_load.jsonl": (True, None, None),    # blocks held until the aborted load reports
+    "accepted_aborted_load_held_true.jsonl": (True, None, None),   # that hold written as `held`: either is read
     "accepted_failed_async_load.jsonl": (True, None, None),    # docs/trace-format.md's example: every KV event
     # a failure reported before the completion of a step that scheduled nothing:
     # E-b judges the step from the state before the report (then nothing to schedule)
@@ -48,7 +49,6 @@ EXPECTED = {
     # vLLM #49250: the recompute leaves num_output_placeholders as it was
     "rejected_async_placeholders_pr49250.jsonl": (False, 4, "KV3_rollback_restores_counters"),
     "rejected_freed_under_send.jsonl": (False, 6, "KV1_no_reuse_under_transfer"),
-    "rejected_aborted_load_held_for_send.jsonl": (False, 6, "KV4_no_leak"),   # held for its load, not a send
     "rejected_fenced_block_reused.jsonl": (False, 7, "KV1_no_reuse_under_transfer"),
     "rejected_load_limit.jsonl": (False, 5, "KV6_load_limit"),
     "rejected_loaded_starved.jsonl": (False, 9, "KV5_loaded_not_starved"),
