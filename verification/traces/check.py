@@ -6,7 +6,7 @@ The work is split by idea: reading.py reads and validates the file (the
 schema is schema.py), configuration.py builds the spec's configuration from
 the config event (the version profile, its overrides, the pool cut to the
 trace), replay.py replays the events on the spec (asynchronous.py: the async
-profile's empty batches), incremental.py checks only what each event
+profile's empty batches; connector.py: a KV connector's events), incremental.py checks only what each event
 touches, and explain.py / named_state.py say in the trace's own names why the
 spec schedules what it does and what the state was. This module ties them
 together: `check_trace(path)` and `check_events(events)` give a CheckResult.

@@ -19,6 +19,7 @@ from flightcheck.spec import Config
 from flightcheck.spec.blocks import cdiv
 from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES, profile_for_version
 
+from .connector import connector_from_event
 from .reading import MalformedTrace
 from .schema import MAX_POOL_BLOCKS
 
@@ -98,7 +99,8 @@ def config_from_event(event: dict, profile: str | None = None) -> Config:
         prefix_caching=event.get("prefix_caching", False),
         enable_chunked_prefill=event.get("enable_chunked_prefill", True),
         cache_aware_admission_window=event.get("cache_aware_admission_window", 0),
-        cache_aware_admission_threshold=event.get("cache_aware_admission_threshold", 0.5))
+        cache_aware_admission_threshold=event.get("cache_aware_admission_threshold", 0.5),
+        kv_connector=connector_from_event(event))
 
 
 def modelled_pool(cfg: Config, events: list[dict[str, Any]]) -> Config:
@@ -118,15 +120,20 @@ def modelled_pool(cfg: Config, events: list[dict[str, Any]]) -> Config:
     request may also take blocks ahead of need, up to max_model_len's blocks
     per request: the bound counts those too, so the cap "no more than the free
     blocks" never binds in the cut pool unless it binds in the whole one.
-    Only `state_before` differs: it lists the cut pool's free queue.
+    With a KV connector each request counts twice: a failed load may free
+    its table and the request take a new one (the connector promises one
+    load per incarnation, C1). Only `state_before` differs: it lists the
+    cut pool's free queue.
     With vLLM 0.34's cache-aware admission window open the pool is not cut:
     the reorder reads the cache's usage, a share of the whole pool."""
     if cfg.cache_aware_admission_window and cfg.rules.cache_aware_admission:
         return _whole_pool(cfg)
     k, bs = cfg.num_spec_tokens, cfg.block_size
     ahead = cfg.max_blocks_per_request if cfg.num_preallocate_tokens > 0 else 0
-    most = 1 + sum(max(cdiv(min(cfg.max_model_len, e["prompt_len"] + e["max_tokens"] + 2 * k + 1), bs),
-                       ahead) + 1
+    # a KV load that fails can free a request's table and take it again (one load per incarnation)
+    again = 2 if cfg.kv_connector is not None else 1
+    most = 1 + sum(again * (max(cdiv(min(cfg.max_model_len, e["prompt_len"] + e["max_tokens"] + 2 * k + 1), bs),
+                                ahead) + 1)
                    for e in events if e["ev"] == "arrive")
     num_blocks = min(cfg.num_blocks, most)
     if num_blocks > MAX_POOL_BLOCKS:

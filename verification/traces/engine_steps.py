@@ -39,6 +39,9 @@ from flightcheck.spec import Config, State
 from flightcheck.spec.engine import E_A, E_B, loop_of, may_complete, token_batches_in_flight
 
 INPUTS = ("arrive", "abort")
+# The KV connector's reports: processed in a step's `update_from_output`,
+# after its `schedule()` (so E-b judges the step from the state before them)
+KV_REPORTS = ("kv_received", "kv_failed", "kv_sent")
 UNNUMBERED = ("config", "end", "stage")
 
 NO_STEPS = ("the engine's choices E-a/E-b (waiting for input with a batch in flight; completing a batch "
@@ -62,6 +65,7 @@ class EngineSteps:
         self.step_inputs: list[str] = []                # the kinds of the step's inputs so far
         self.step_scheduled: bool | None = None         # None: no schedule event in the step; else tokens?
         self.step_completed = False
+        self.step_report_state: State | None = None     # the state before the step's first KV report
         # empty batches in the engine's queue, from the writer's notes
         # (`empty_batch`, `empty_batches_before`: vLLM 0.33's recorder); once
         # a trace notes one it is taken to note them all
@@ -98,6 +102,7 @@ class EngineSteps:
             self.engine_step = number
             self.step_states, self.step_inputs = [], []
             self.step_scheduled, self.step_completed = None, False
+            self.step_report_state = None
         if kind in INPUTS:
             self.step_states.append(self.state)
             self.step_inputs.append(kind)
@@ -106,6 +111,8 @@ class EngineSteps:
         elif kind == "complete":
             self._check_completion(event)
             self.step_completed = True
+        elif kind in KV_REPORTS and self.step_report_state is None and not self.step_completed:
+            self.step_report_state = self.state
 
     def _engine_steps_at_end(self) -> None:
         if not self.numbers_engine_steps and not any(u.startswith("the engine's choices") for u in self.unchecked):
@@ -179,8 +186,9 @@ class EngineSteps:
         """The states the step's `schedule()` may have seen: after each prefix
         of the step's inputs whose rest are of kinds the version takes mid-step."""
         mid_step = set(loop_of(self.cfg).mid_step_inputs)
-        states = self.step_states + [self.state]
-        candidates = [self.state]
+        now = self.state if self.step_report_state is None else self.step_report_state
+        states = self.step_states + [now]
+        candidates = [now]
         for i in range(len(self.step_inputs) - 1, -1, -1):
             if self.step_inputs[i] not in mid_step:
                 break

@@ -46,14 +46,17 @@ def why_nothing_scheduled(state: State, cfg: Config, name: Namer) -> str:
     if len(state.in_flight) >= cfg.queue_depth:
         return (f"the pipeline is full ({len(state.in_flight)} batches in flight, at most "
                 f"{cfg.queue_depth})")
+    loading = [f"{name(r)} waits for its KV load (WAITING_FOR_REMOTE_KVS, load "
+               f"{state.requests[r].load.value})" for r in state.kv_holding if state.requests[r].load.in_transfer]
     if not state.running and not state.waiting:
-        return "no request is waiting or running"
+        return "; ".join(["the spec schedules nothing here"] + loading) if loading else \
+            "no request is waiting or running"
     if not is_schedule_enabled(state, cfg):         # the queue has room: vLLM 0.8.4's engine gate
         return ("every waiting or running request has a batch in flight (one batch per request: "
                 "policy one-batch-per-request)")
     step = _Step(state, cfg)
     reasons = [f"{name(r)} {_why_running_waits(step, r)}" for r in step.state.running]
-    reasons += _why_waiting_wait(step, name)
+    reasons += loading + _why_waiting_wait(step, name)
     return "the spec schedules nothing here: " + "; ".join(reasons)
 
 

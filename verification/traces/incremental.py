@@ -74,7 +74,10 @@ from flightcheck.spec import (
 )
 from flightcheck.spec.blocks import group_duplicates
 from flightcheck.spec.state import Batch
-from flightcheck.spec.transitions import s12_no_admission_after_preemption, status_only_moves_forward
+from flightcheck.spec.transitions import (KV_REPORTS, s12_no_admission_after_preemption,
+                                          status_only_moves_forward)
+
+from .connector import transfer_pending
 
 S12 = "S12_status_monotonicity"
 
@@ -123,6 +126,7 @@ class Incremental:
         in_flight: list[list[tuple[Any, int]]] = []     # each in-flight batch's incarnations, oldest first
         flying: Counter[tuple[Any, int]] = Counter()    # incarnation -> in-flight batches holding it
         num_finished_flying = 0                          # incarnations finished but still in flight
+        transfers = _KvTransfers(events[0])              # incarnations a KV transfer holds
         num_arrivals = most = 0
         for e in events:
             kind = e["ev"]
@@ -146,7 +150,8 @@ class Incremental:
                     if flying[key] == 0:
                         del flying[key]
                         num_finished_flying -= key not in alive
-            most = max(most, len(alive) + num_finished_flying)
+            transfers.see(e, incarnation)
+            most = max(most, len(alive) + num_finished_flying + transfers.finished_held(alive, flying))
         return most + 1
 
     def _new_slot(self) -> int:
@@ -161,7 +166,8 @@ class Incremental:
             self.names.append("")                      # filled in by _on_arrive
             return self.next_unused - 1
         for r in self.finished_slots:
-            if not self.state.entries_of(r, fate=None):   # nothing of it left in flight
+            if not self.state.entries_of(r, fate=None) and not transfer_pending(self.state.requests[r]):
+                # nothing of it left in flight, no KV transfer holding its blocks
                 del self.finished_slots[r]
                 self._reset_slot(r)
                 return r
@@ -185,11 +191,14 @@ class Incremental:
 
     # -- checking -------------------------------------------------------------
 
-    def _touched(self, before: State, action: Action) -> list[int]:
-        if isinstance(action, (Arrive, Abort)):
+    def _touched(self, before: State, action: Action, after: State) -> list[int]:
+        if isinstance(action, (Arrive, Abort) + KV_REPORTS):
             return [action.req]
         if isinstance(action, Schedule):
             assert self.scheduled is not None
+            if self.cfg.kv_connector is not None:
+                # the waiting loop also parks and promotes requests it does not schedule
+                return [r for r, (b, a) in enumerate(zip(before.requests, after.requests)) if b is not a]
             if self.cfg.rules.output_placeholders:
                 # async: every schedule() call moves each request's stagger
                 # countdown and adds a batch S6' counts from its sampling entries
@@ -200,7 +209,7 @@ class Incremental:
         raise TypeError(f"not an action: {action!r}")
 
     def _check_properties(self, before: State, after: State, action: Action) -> None:
-        touched = self._touched(before, action)
+        touched = self._touched(before, action, after)
         new_batch = after.in_flight[-1] if isinstance(action, Schedule) and self.scheduled.entries else None
         blocks = self._update_holders(before, after, touched)
         footprint = Footprint(before, after, action, touched, new_batch, blocks)
@@ -250,6 +259,14 @@ class Incremental:
             self.holders.update(new)
             blocks.update(old)
             blocks.update(new)
+        if before.deferred_frees is not after.deferred_frees:
+            # blocks freed behind the step fence (a KV connector) are held by
+            # the fence until drained: still referenced, not yet free
+            old_deferred, new_deferred = _deferred_blocks(before), _deferred_blocks(after)
+            self.holders.subtract(old_deferred)
+            self.holders.update(new_deferred)
+            blocks.update(old_deferred)
+            blocks.update(new_deferred)
         return blocks
 
     def _pool_holds(self, before: State, s: State, blocks: set[int], touched: list[int]) -> bool:
@@ -330,6 +347,37 @@ class Incremental:
             raise self._violation("finish_decision", f"{name} finishes ({event['reason']}) in the trace, but is "
                              f"{self.retired[name].value} in the spec")
         super()._on_finish(event)
+
+
+class _KvTransfers:
+    """For the slot count: the incarnations whose blocks a KV transfer still
+    holds, by the trace's own events: an async load from its park to its
+    `kv_received`; a finished request held for a send (`finish.held`, or
+    with no `held` any finish under a producer) to its `kv_sent`."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        connector = config.get("kv_connector")
+        self.producer = bool(connector and connector.get("producer"))
+        self.pending: set[tuple[Any, int]] = set()
+
+    def see(self, e: dict[str, Any], incarnation: dict[Any, tuple[Any, int]]) -> None:
+        kind = e["ev"]
+        if kind == "schedule":
+            self.pending.update(incarnation.get(x["req"], (x["req"], -1)) for x in e.get("kv_loads", ()))
+        elif kind == "finish" and e["req"] in incarnation and \
+                e.get("held", self.producer and e["reason"] in ("stop", "length")):
+            self.pending.add(incarnation[e["req"]])
+        elif kind in ("kv_received", "kv_sent") and e["req"] in incarnation:
+            self.pending.discard(incarnation[e["req"]])
+
+    def finished_held(self, alive: set, flying: Counter) -> int:
+        """The incarnations held that are neither alive nor in flight."""
+        return sum(1 for key in self.pending if key not in alive and not flying[key]) if self.pending else 0
+
+
+def _deferred_blocks(state: State) -> list[int]:
+    """Every block waiting in the step fence's deferred frees."""
+    return [b for _, table in state.deferred_frees for b in table]
 
 
 def _copies(labels: tuple[int | None, ...], label: int) -> list[int]:

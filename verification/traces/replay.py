@@ -49,6 +49,7 @@ from flightcheck.spec.admission_order import reorder_waiting
 from flightcheck.spec.schedule import Scheduled, is_empty_step
 
 from .asynchronous import EMPTY_BATCH, AsyncScheduling
+from .connector import ConnectorEvents, prompt_offer
 from .drafts import DraftHandOff
 from .configuration import config_from_event, modelled_pool
 from .engine_steps import EngineSteps
@@ -57,7 +58,7 @@ from .named_state import describe_named, quoted
 from .reading import MalformedTrace
 
 REASONS = {"stop": Status.FINISHED_STOPPED, "length": Status.FINISHED_LENGTH,
-           "abort": Status.FINISHED_ABORTED}
+           "abort": Status.FINISHED_ABORTED, "error": Status.FINISHED_ERROR}
 
 
 class _Violation(Exception):
@@ -66,7 +67,7 @@ class _Violation(Exception):
         self.prop, self.message = prop, message
 
 
-class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff):
+class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
     """Replays events one by one on the spec; `feed` raises _Violation."""
 
     def __init__(self, events: list[dict[str, Any]], profile: str | None = None) -> None:
@@ -95,6 +96,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff):
         self.reorders_admission = bool(self.cfg.rules.cache_aware_admission and self.cfg.prefix_caching
                                        and self.cfg.cache_aware_admission_window)
         self._start_engine_steps()                # the engine's choices (engine_steps.py)
+        self._start_connector()                   # the KV connector's events (connector.py)
 
     def _num_slots(self, events: list[dict[str, Any]]) -> int:
         """Request slots in the spec state: one per arrival, never reused."""
@@ -174,7 +176,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff):
     def feed(self, event: dict[str, Any]) -> None:
         if self.ended:
             raise _Violation("event_after_end", f"{event['ev']} after the end event")
-        if self.finished_now and event["ev"] != "finish":
+        if self.finished_now and event["ev"] != "finish" and not self._error_finish_may_wait(event):
             r, status = next(iter(self.finished_now.items()))
             raise _Violation("missing_finish", f"{self._name(r)} finished ({status.value}) in the spec "
                              "but the trace wrote no finish event for it")
@@ -185,6 +187,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff):
             self._note_empty_batches(event)
         just_aborted, self.just_aborted = self.just_aborted, None
         if just_aborted is not None and self._reports_abort(event, just_aborted):
+            self._check_held(just_aborted, event)     # held for a send: never, for an abort
             return
         getattr(self, f"_on_{event['ev']}")(event)
 
@@ -238,7 +241,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff):
         else:
             self.names[r] = name
         self.slot[name] = r
-        prompt = Prompt(event["prompt_len"], event["max_tokens"], self._labels(event))
+        prompt = Prompt(event["prompt_len"], event["max_tokens"], self._labels(event), **prompt_offer(event))
         stop_ids = set(event.get("stop_token_ids") or ())
         eos = event.get("eos_token_id", self.eos)
         if not event.get("ignore_eos", False) and eos is not None:
@@ -253,22 +256,28 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff):
         if self.cfg.rules.output_placeholders:
             self._catch_up_empty_calls(event)
         scheduled = schedule(self.state, self.cfg)
-        if is_empty_step(scheduled):
+        parked = [r for r, _ in scheduled.kv_loads] if scheduled is not None else []
+        if is_empty_step(scheduled) and not parked:
             # vLLM 0.33 queues an empty batch here; a trace notes those apart
             # (`empty_batch`, `empty_batches_before`) and this event scheduled something
             why = why_nothing_scheduled(self.state, self.cfg, self._quoted_name)
             self._diagnose_async(entries)
+            self._diagnose_kv_entries((), entries, [])
+            if not entries and event.get("kv_loads"):
+                self._check_kv_loads(self.state, None, event)
             raise _Violation("illegal_schedule", f"a batch was scheduled but {why}")
-        want = [(self._name(e.req), e.start, e.n, e.cached, e.drafts, e.samples) for e in scheduled.entries]
+        want = [(self._name(e.req), e.start, e.n, e.cached, e.drafts, e.samples, e.external)
+                for e in scheduled.entries]
         got = []
         for i, x in enumerate(entries):
             samples = x.get("samples")
             if samples is None:                    # optional: a writer may leave it to the spec
                 samples = want[i][5] if i < len(want) else False
             got.append((x["req"], x["start"], x["n"], x.get("cached", 0),
-                        x.get("drafts", 0), bool(samples)))
+                        x.get("drafts", 0), bool(samples), x.get("external", 0)))
         if got != want:
             self._diagnose_async(entries)
+            self._diagnose_kv_entries(scheduled.entries, entries, parked)
             raise _Violation("schedule_decision", f"the spec schedules {self._fmt(want)}, the trace {self._fmt(got)}"
                              + self._why_left_out(scheduled, entries))
         want_pre = [self._name(r) for r in scheduled.preempted]
@@ -277,6 +286,9 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff):
                              f"the spec preempts {want_pre}, the trace {event.get('preempted', [])}")
         self._check_block_ids(scheduled.entries, entries)
         self._check_placeholders(scheduled, entries)
+        if self.cfg.kv_connector is not None:
+            self._check_kv_loads(self.state, scheduled, event)
+            self._settle_rollbacks([e.req for e in scheduled.entries] + parked)
         self.scheduled = scheduled
         self._apply(Schedule(), scheduled.state, "schedule")
         if scheduled.entries:
@@ -303,7 +315,8 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff):
     def _fmt(entries) -> str:
         """A batch as messages print it: `"id"@start+n`, with cached and drafts when nonzero."""
         return "[" + ", ".join(f"{quoted(e[0])}@{e[1]}+{e[2]}" + (f" cached={e[3]}" if e[3] else "")
-                               + (f" drafts={e[4]}" if e[4] else "") for e in entries) + "]"
+                               + (f" drafts={e[4]}" if e[4] else "")
+                               + (f" external={e[6]}" if len(e) > 6 and e[6] else "") for e in entries) + "]"
 
     def _backfill_drafts(self, entries: list[dict]) -> None:
         """Drafts are proposed at completion; writers that do not say how many
@@ -325,14 +338,20 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff):
             self.unchecked.add("block identity (schedule entries carry no block_ids)")
             return
         for e, x in zip(spec_entries, trace_entries):
-            theirs = list(x["block_ids"])
-            if len(theirs) != len(e.block_ids):
-                raise _Violation("S9_kv_ownership", f"{x['req']} gets {len(theirs)} blocks in the trace, "
-                                 f"{len(e.block_ids)} in the spec")
-            for t, b in zip(theirs, e.block_ids):
-                if self.block_map.setdefault(t, b) != b:
-                    raise _Violation("S9_kv_ownership", f"{x['req']} gets block {t} in the trace; the spec "
-                                     f"allocates the block the trace calls {self._trace_id(b)}")
+            # a promoted KV load is admitted with its whole table, the load's blocks first
+            ours = self._parked_table(e.req) + tuple(e.block_ids)
+            self._match_blocks(x["req"], list(x["block_ids"]), ours)
+
+    def _match_blocks(self, name: str, theirs: list, ours: tuple[int, ...]) -> None:
+        """The trace's block ids are the spec's, up to a consistent renaming."""
+        if len(theirs) != len(ours):
+            raise _Violation("S9_kv_ownership", f"{name} gets {len(theirs)} blocks in the trace, "
+                             f"{len(ours)} in the spec")
+        for t, b in zip(theirs, ours):
+            if self.block_map.setdefault(t, b) != b:
+                self._diagnose_block_under_transfer(name, t, self.block_map[t])
+                raise _Violation("S9_kv_ownership", f"{name} gets block {t} in the trace; the spec "
+                                 f"allocates the block the trace calls {self._trace_id(b)}")
 
     def _trace_id(self, spec_block: int) -> Any:
         return next((t for t, b in self.block_map.items() if b == spec_block), f"spec#{spec_block}")
@@ -436,6 +455,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff):
         if status is not REASONS[reason]:
             raise _Violation("finish_decision", f"{event['req']} finishes by {reason} in the trace, "
                              f"{status.value} in the spec")
+        self._check_held(r, event)
 
     def _on_abort(self, event: dict) -> None:
         name = event["req"]
@@ -451,6 +471,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff):
             self._drain_empty_batches()
         if self.state.in_flight:
             raise _Violation("L3_drain", f"{len(self.state.in_flight)} batches still in flight at the end")
+        self._transfers_at_end()
         active = self._active_slots()
         if not active:
             return

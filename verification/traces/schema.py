@@ -224,6 +224,14 @@ TIME = Number(expected="a finite number of seconds")
 COMMON: dict[str, tuple[Kind, bool]] = {"t": (TIME, False), "step": (COUNT, False),
                                         "engine_step": (COUNT, False)}
 
+# The KV connector's configuration (docs/kv-connector.md, "The model").
+KV_CONNECTOR = Record({
+    "consumer": (Flag(), True),
+    "producer": (Flag(), True),
+    "load_failure_policy": (Choice(("recompute", "fail")), False),
+    "max_inflight_loads": (Nullable(POSITIVE), False),
+}, expected="an object (the KV connector)")
+
 CONFIG = Record({
     **COMMON,
     "num_stages": (Integer(1, MAX_STAGES), True),
@@ -254,6 +262,8 @@ CONFIG = Record({
     "decode_stagger": (Integer(0, MAX_STAGES), False),
     # the writer notes every empty batch (`empty_batches_before`, `empty_batch`)
     "notes_empty_batches": (Flag(), False),
+    # the KV connector (docs/kv-connector.md); absent or null: none
+    "kv_connector": (Nullable(KV_CONNECTOR), False),
 })
 
 ARRIVE = Record({
@@ -266,6 +276,9 @@ ARRIVE = Record({
     "eos_token_id": (Nullable(TOKEN_ID), False),
     "ignore_eos": (Flag(), False),
     "stop_token_ids": (Nullable(TOKEN_IDS), False),
+    # what the KV connector offers this request (kv_connector only)
+    "external_hit": (COUNT, False),
+    "load_async": (Flag(), False),
 })
 
 ENTRY = Record({
@@ -280,13 +293,22 @@ ENTRY = Record({
     "samples": (Nullable(Flag()), False),
     "block_ids": (ListOf(Integer(0, MAX_COUNT, "a block id: an integer")), False),
     "placeholders": (COUNT, False),     # async: the request's output placeholders after this batch
+    "external": (COUNT, False),         # tokens of `start` a sync KV load brings (kv_connector only)
 }, expected="an object (a schedule entry)")
+
+# A request parked in WAITING_FOR_REMOTE_KVS for an async KV load.
+KV_LOAD = Record({
+    "req": (REQUEST_ID, True),
+    "start": (COUNT, True),
+    "block_ids": (ListOf(Integer(0, MAX_COUNT, "a block id: an integer")), False),   # its table
+}, expected="an object (a parked KV load)")
 
 SCHEDULE = Record({
     **COMMON,
     "batch": (BATCH_ID, False),
     "entries": (ListOf(ENTRY), True),
     "preempted": (ListOf(REQUEST_ID), False),
+    "kv_loads": (ListOf(KV_LOAD), False),   # requests parked for an async KV load in this call
 })
 
 STAGE = Record({
@@ -309,14 +331,28 @@ COMPLETE = Record({
 FINISH = Record({
     **COMMON,
     "req": (REQUEST_ID, True),
-    "reason": (Choice(("stop", "length", "abort")), True),
+    "reason": (Choice(("stop", "length", "abort", "error")), True),
+    "held": (Flag(), False),               # blocks held for a KV send (kv_connector only)
 })
 
 ABORT = Record({**COMMON, "req": (REQUEST_ID, True)})
 END = Record(dict(COMMON))
 
+# The KV connector's reports, where the scheduler processed them.
+KV_RECEIVED = Record({**COMMON, "req": (REQUEST_ID, True)})
+KV_FAILED = Record({
+    **COMMON,
+    "req": (REQUEST_ID, True),
+    "from_block": (COUNT, True),           # the first invalid block's index in req's table; 0: the whole load
+    "computed": (COUNT, False),            # req's computed tokens once the failure was processed
+    "placeholders": (COUNT, False),        # async: its output placeholders then
+})
+KV_SENT = Record({**COMMON, "req": (REQUEST_ID, True)})
+
 EVENTS: dict[str, Record] = {"config": CONFIG, "arrive": ARRIVE, "schedule": SCHEDULE, "stage": STAGE,
-                             "complete": COMPLETE, "finish": FINISH, "abort": ABORT, "end": END}
+                             "complete": COMPLETE, "finish": FINISH, "abort": ABORT, "end": END,
+                             "kv_received": KV_RECEIVED, "kv_failed": KV_FAILED, "kv_sent": KV_SENT}
+KV_EVENTS = frozenset({"kv_received", "kv_failed", "kv_sent"})
 EVENT_KIND = Choice(tuple(EVENTS))
 
 
@@ -339,7 +375,32 @@ def validate_event(event: Any, config: dict[str, Any] | None) -> None:
                               f"({event['num_blocks']}), got {show(event['usable_blocks'])}")
     elif config is None:
         raise SchemaError("ev", f"ev: expected \"config\" on the first line, got {show(kind)}")
-    elif kind == "arrive" and "prompt_token_ids" in event:
-        if len(event["prompt_token_ids"]) != event["prompt_len"]:
-            raise SchemaError("prompt_token_ids", f"prompt_token_ids: expected prompt_len "
-                              f"({event['prompt_len']}) token ids, got {len(event['prompt_token_ids'])}")
+    else:
+        if config.get("kv_connector") is None:
+            _refuse_kv_without_connector(event)
+        if kind == "arrive" and "prompt_token_ids" in event:
+            if len(event["prompt_token_ids"]) != event["prompt_len"]:
+                raise SchemaError("prompt_token_ids", f"prompt_token_ids: expected prompt_len "
+                                  f"({event['prompt_len']}) token ids, got {len(event['prompt_token_ids'])}")
+
+
+def _refuse_kv_without_connector(event: dict[str, Any]) -> None:
+    """A KV connector's event or field in a trace whose config names no
+    connector: the checker could not give it a meaning (malformed)."""
+    kind = event["ev"]
+    if kind in KV_EVENTS:
+        found = "ev"
+    elif kind == "arrive":
+        found = next((k for k in ("external_hit", "load_async") if k in event), None)
+    elif kind == "schedule":
+        found = "kv_loads" if "kv_loads" in event else next(
+            (f"entries[{i}].external" for i, x in enumerate(event["entries"]) if "external" in x), None)
+    elif kind == "finish":
+        found = "held" if "held" in event else "reason" if event["reason"] == "error" else None
+    else:
+        found = None
+    if found is None:
+        return
+    what = show(kind) if found == "ev" else show(event["reason"]) if found == "reason" else "a KV connector field"
+    raise SchemaError(found, f"{found}: expected no KV connector event or field in a trace whose config has "
+                      f"no kv_connector, got {what}")

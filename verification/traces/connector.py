@@ -1,0 +1,301 @@
+"""The KV connector's part of the trace checker (docs/trace-format.md, "KV
+connector"; the model: docs/kv-connector.md).
+
+From the trace, as the environment's (the connector's) choices: what it
+offers each arrival (`external_hit`, `load_async`) and its reports
+(`kv_received`, `kv_failed`, `kv_sent`), each replayed as the spec's action
+(`receive_kv`, `fail_kv_load`, `send_kv`) where the trace writes it. As the
+scheduler's decisions, against the spec: each entry's `external`, the
+requests a schedule call parks for an async load (`kv_loads`) and their
+start, a rollback's counters, and whether a finished request's blocks are
+held for a send (`finish.held`).
+
+Where a decision differs, the message names the KV property it breaks,
+when one does (a loading request scheduled: KV2; a rollback not restored:
+KV3; a landed load left waiting: KV5; a park past the load limit: KV6;
+blocks freed under a send or held past it: KV1, KV4), else
+`kv_load_decision`. A report the spec's connector cannot make (its action
+disabled) is the connector's violation, not the scheduler's: it names the
+contract clause it breaks (C1-C3) and says the connector broke it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from flightcheck.spec import Config, Scheduled, State, Status, step
+from flightcheck.spec.config import KvConnector
+from flightcheck.spec.kv_loads import admits_inflight_load
+from flightcheck.spec.state import Load
+from flightcheck.spec.transitions import FailKvLoad, ReceiveKv, SendKv
+
+from .named_state import quoted, transfer_pending
+
+CONTRACT = "the KV connector broke its contract"
+KV_LOAD_DECISION = "kv_load_decision"
+
+
+def connector_from_event(event: dict[str, Any]) -> KvConnector | None:
+    """The spec's KvConnector from a validated config event (None: no connector)."""
+    keys = event.get("kv_connector")
+    if keys is None:
+        return None
+    return KvConnector(consumer=keys["consumer"], producer=keys["producer"],
+                       load_failure_policy=keys.get("load_failure_policy", "fail"),
+                       max_inflight_loads=keys.get("max_inflight_loads"))
+
+
+def prompt_offer(event: dict[str, Any]) -> dict[str, Any]:
+    """The connector's offer to an arrival, as Prompt fields."""
+    return {"external_hit": event.get("external_hit", 0), "load_async": event.get("load_async", False)}
+
+
+def loading(q) -> bool:
+    """A request the scheduler must not schedule: in WAITING_FOR_REMOTE_KVS."""
+    return q.status is Status.WAITING_FOR_REMOTE_KVS
+
+
+class ConnectorEvents:
+    """The connector's events for check.py's TraceChecker (a mixin: it reads
+    the checker's state and names and raises through `self._violation`)."""
+
+    state: State
+    cfg: Config
+    slot: dict[str, int]
+    names: list[str]
+    unchecked: set[str]
+    finished_now: dict[int, Status]
+    _violation: Callable[[str, str], Exception]
+    _quoted_name: Callable[[int], str]
+    _check_properties: Callable[..., None]
+    _arrival_order: Callable[[], list[int]]
+    _match_blocks: Callable[[str, list, tuple[int, ...]], None]
+
+    def _start_connector(self) -> None:
+        # slot -> the spec's (computed, placeholders) after its recompute
+        # rollback, until its next entry or park (KV3 is checked there)
+        self.rolled_back: dict[int, tuple[int, int]] = {}
+        # slots the fail policy finished at a kv_failed whose finish event may
+        # still wait for the update's outputs (until the next complete)
+        self.errors_after_outputs: set[int] = set()
+
+    # -- the reports ----------------------------------------------------------
+
+    def _report_slot(self, name: str, action: Callable[[int], Any]) -> tuple[int, Any, State] | None:
+        """The incarnation of `name` the report is for: the newest one whose
+        action the spec enables (an older one may still hold a transfer while a
+        newer holds the name). None if none does."""
+        current = self.slot.get(name)
+        candidates = [current] if current is not None else []
+        candidates += [r for r in range(len(self.names) - 1, -1, -1) if self.names[r] == name and r != current]
+        for r in candidates:
+            label = action(r)
+            after = step(self.state, self.cfg, label)
+            if after is not None:
+                return r, label, after
+        return None
+
+    def _apply_report(self, r: int, label: Any, after: State) -> None:
+        before, self.state = self.state, after
+        self._check_properties(before, after, label)
+        if after.requests[r].status.is_finished and not before.requests[r].status.is_finished:
+            self.finished_now[r] = after.requests[r].status      # the fail policy: its finish event follows
+            if isinstance(label, FailKvLoad):
+                self.errors_after_outputs.add(r)
+
+    def _error_finish_may_wait(self, event: dict) -> bool:
+        """vLLM's `update_from_output` handles load failures first and
+        finishes the fail policy's errors after the batch's outputs: between a
+        kv_failed and its finish by "error" the trace may write more failures
+        of the update and its one complete event."""
+        if not self.errors_after_outputs or not set(self.finished_now) <= self.errors_after_outputs:
+            return False
+        if event["ev"] == "complete":
+            self.errors_after_outputs = set()                     # its finishes come next
+            return True
+        return event["ev"] == "kv_failed"
+
+    def _on_kv_received(self, event: dict) -> None:
+        found = self._report_slot(event["req"], ReceiveKv)
+        if found is None:
+            raise self._violation("C3_report_once", f"{CONTRACT}: kv_received for {quoted(event['req'])}, "
+                                  f"which has no KV load in flight ({self._transfer_state(event['req'])})")
+        self._apply_report(*found)
+
+    def _on_kv_sent(self, event: dict) -> None:
+        found = self._report_slot(event["req"], SendKv)
+        if found is None:
+            raise self._violation("C3_report_once", f"{CONTRACT}: kv_sent for {quoted(event['req'])}, "
+                                  f"which holds no blocks for a send ({self._transfer_state(event['req'])})")
+        self._apply_report(*found)
+
+    def _on_kv_failed(self, event: dict) -> None:
+        name, from_block = event["req"], event["from_block"]
+        found = self._report_slot(name, lambda r: FailKvLoad(r, from_block))
+        if found is None:
+            why = (f"{self.cfg.profile} has no KV load failures" if not self.cfg.rules.kv_load_failures
+                   else self._transfer_state(name))
+            raise self._violation("C2_reports_own_blocks", f"{CONTRACT}: kv_failed for {quoted(name)} from "
+                                  f"block {from_block}, which is not a block of a KV load of its own in "
+                                  f"flight ({why})")
+        r = found[0]
+        self._apply_report(*found)
+        q = self.state.requests[r]
+        if q.status.is_finished:
+            return
+        self.rolled_back[r] = (q.num_computed, q.placeholders)
+        self._check_rollback_counters(r, event)
+
+    def _check_rollback_counters(self, r: int, event: dict) -> None:
+        """KV3 at the event: the counters the trace says the rollback left."""
+        q = self.state.requests[r]
+        said = [(key, event[key], getattr(q, attr)) for key, attr in
+                (("computed", "num_computed"), ("placeholders", "placeholders")) if key in event]
+        if not said:
+            self.unchecked.add("a rollback's counters at its kv_failed event (no computed or placeholders; "
+                               "the request's next entry checks them)")
+        for key, theirs, spec in said:
+            if theirs != spec:
+                raise self._violation("KV3_rollback_restores_counters",
+                                      f"after the failed load of {self._quoted_name(r)} from block "
+                                      f"{event['from_block']} the trace's {key} is {theirs}, the spec's "
+                                      f"rollback leaves {spec}")
+
+    def _transfer_state(self, name: str) -> str:
+        r = self.slot.get(name)
+        if r is None:
+            return "it never arrived"
+        q = self.state.requests[r]
+        return f"{q.status.value}, load {q.load.value}{', held' if q.held else ''}"
+
+    # -- the scheduler's decisions ----------------------------------------------
+
+    def _diagnose_kv_entries(self, spec_entries, trace_entries: list[dict], parked: list[int]) -> None:
+        """Before a schedule_decision is reported: the KV property the
+        trace's batch breaks, if it breaks one (`parked`: the requests the
+        spec's call parks)."""
+        if self.cfg.kv_connector is None:
+            return
+        spec_by_req = {e.req: e for e in spec_entries}
+        for x in trace_entries:
+            r = self.slot.get(x["req"])
+            if r is None:
+                continue
+            q, e = self.state.requests[r], spec_by_req.get(r)
+            if (loading(q) or r in parked) and e is None:
+                where = (f"while in WAITING_FOR_REMOTE_KVS (its load {q.load.value})" if loading(q)
+                         else "in the call that parks it for its async KV load")
+                raise self._violation("KV2_loading_not_scheduled", f"{self._quoted_name(r)} is scheduled "
+                                      f"{where}: the spec does not schedule it")
+            if r in self.rolled_back and e is not None and (x["start"], x["n"]) != (e.start, e.n):
+                raise self._violation("KV3_rollback_restores_counters", f"after its rolled-back load "
+                                      f"{self._quoted_name(r)} is scheduled @{x['start']}+{x['n']}, the spec "
+                                      f"schedules it @{e.start}+{e.n}")
+            if e is not None and x.get("external", 0) and not e.external and q.load is not Load.NONE:
+                raise self._violation("C1_load_promised_once", f"{CONTRACT}: {self._quoted_name(r)} loads "
+                                      f"{x['external']} tokens again, after its load was done or failed")
+        traced = {self.slot.get(x["req"]) for x in trace_entries}
+        for e in spec_entries:
+            if self.state.requests[e.req].load is Load.RECEIVED and e.req not in traced and trace_entries:
+                raise self._violation("KV5_loaded_not_starved", f"{self._quoted_name(e.req)}'s load has "
+                                      "landed and the spec promotes and schedules it; the trace leaves it "
+                                      "waiting while it schedules others")
+
+    def _check_kv_loads(self, before: State, scheduled: Scheduled | None, event: dict) -> None:
+        """The requests the spec's call from `before` parked for an async
+        load (`Scheduled.kv_loads`), and their start, against the trace's
+        `kv_loads`."""
+        loads = event.get("kv_loads", [])
+        parked = [r for r, _ in scheduled.kv_loads] if scheduled is not None else []
+        after = scheduled.state if scheduled is not None else before
+        theirs = [(x["req"], x["start"]) for x in loads]
+        ours = [(self.names[r], start) for r, start in (scheduled.kv_loads if scheduled is not None else ())]
+        if theirs == ours:
+            if any("block_ids" not in x for x in loads):
+                self.unchecked.add("the blocks of parked KV loads (kv_loads carry no block_ids)")
+                return
+            for x, r in zip(loads, parked):
+                self._match_blocks(x["req"], list(x["block_ids"]), after.requests[r].block_table)
+            return
+        names_ours = [n for n, _ in ours]
+        for name, start in theirs:
+            r = self.slot.get(name)
+            if r is not None and r in self.rolled_back and name in names_ours:
+                raise self._violation("KV3_rollback_restores_counters", f"after its rolled-back load "
+                                      f"{quoted(name)} is parked at {start}, the spec at "
+                                      f"{dict(ours)[name]}")
+            if name not in names_ours and r is not None and not admits_inflight_load(after, self.cfg):
+                raise self._violation("KV6_load_limit", f"{quoted(name)} is parked for a KV load with "
+                                      f"{self.cfg.kv_connector.max_inflight_loads} loads already in flight "
+                                      "(max_inflight_loads)")
+            if name not in names_ours and r is not None and self.state.requests[r].load is Load.DONE:
+                raise self._violation("C1_load_promised_once", f"{CONTRACT}: {quoted(name)} is parked for a "
+                                      "second KV load, after its load was done or failed")
+        raise self._violation(KV_LOAD_DECISION, f"the spec parks {_fmt_loads(ours)} for a KV load, the trace "
+                              f"{_fmt_loads(theirs)}")
+
+    def _parked_table(self, r: int) -> tuple[int, ...]:
+        """The table r holds before this schedule call for its async load
+        (a promoted request is admitted with it: `block_ids` lists it first)."""
+        q = self.state.requests[r]
+        return q.block_table if loading(q) else ()
+
+    def _diagnose_block_under_transfer(self, name: str, trace_block: Any, spec_block: int) -> None:
+        """A block handed out again (the trace's id already names spec block
+        `spec_block`) while a KV transfer or, behind the step fence, an
+        in-flight batch still references it: KV1, not a mere renaming."""
+        if self.cfg.kv_connector is None:
+            return
+        s = self.state
+        if any(spec_block in table for _, table in s.deferred_frees):
+            why = "its free deferred behind a batch still in flight (the step fence)"
+        elif any(spec_block in q.block_table for q in s.requests if q.held or q.load.in_transfer):
+            why = "a KV transfer still holds it"
+        else:
+            return
+        raise self._violation("KV1_no_reuse_under_transfer", f"{quoted(name)} gets block {trace_block} in the "
+                              f"trace, which the spec has not freed: {why}")
+
+    def _settle_rollbacks(self, scheduled_or_parked: list[int]) -> None:
+        """A rolled-back request's next entry or park was checked (KV3)."""
+        for r in scheduled_or_parked:
+            self.rolled_back.pop(r, None)
+
+    def _transfers_at_end(self) -> None:
+        """At `end`: a load or a send the connector never reported."""
+        if self.cfg.kv_connector is None:
+            return
+        for r in self._arrival_order():
+            q = self.state.requests[r]
+            if q.load.in_transfer or q.held:
+                what = "KV load" if q.load.in_transfer else "KV send (its blocks held for it)"
+                raise self._violation("C3_report_once", f"{CONTRACT}: the run ended with the {what} of "
+                                      f"{self._quoted_name(r)} never reported")
+
+    def _check_held(self, r: int, event: dict) -> None:
+        """finish.held against the spec's decision to hold r's blocks for a
+        send. A request finished during its load is held for the load's
+        report instead, which the spec knows from the load: there `held` may
+        say either (writers differ on whether that hold is a `held`)."""
+        if self.cfg.kv_connector is None:
+            return
+        q = self.state.requests[r]
+        if "held" not in event:
+            if self.cfg.kv_connector.producer:
+                self.unchecked.add("whether finished requests' blocks were held for a KV send (finish "
+                                   "events carry no held)")
+            return
+        if event["held"] and not q.held:
+            raise self._violation("KV4_no_leak", f"{self._quoted_name(r)} finishes with its blocks held for a "
+                                  "KV send; the spec frees them (no transfer is in flight for it)")
+        if not event["held"] and q.held and not q.load.in_transfer:
+            raise self._violation("KV1_no_reuse_under_transfer", f"{self._quoted_name(r)} finishes with its "
+                                  "blocks freed; the spec holds them until its KV is sent")
+
+
+def _fmt_loads(loads: list[tuple[str, int]]) -> str:
+    return "[" + ", ".join(f"{quoted(name)}@{start}" for name, start in loads) + "]"
+
+
+__all__ = ["CONTRACT", "ConnectorEvents", "KV_LOAD_DECISION", "connector_from_event", "loading",
+           "prompt_offer", "transfer_pending"]
