@@ -13,6 +13,7 @@ from typing import Callable, Union
 
 from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest
 from .config import Config
+from .connector_contract import CONTRACT_CLAUSES
 from .kv_reports import fail_kv_load, receive_kv, send_kv
 from .schedule import Scheduled, schedule
 from .state import FINISHED, Entry, Fate, Request, State, Status
@@ -220,7 +221,15 @@ INCARNATION_PROPERTIES: tuple[TransitionProperty, ...] = (
 )
 
 
+# The KV connector's contract (connector_contract.py): properties of the
+# environment, checked on every step of a configuration with a connector.
+CONTRACT_PROPERTIES: tuple[TransitionProperty, ...] = tuple(
+    TransitionProperty(name, clause) for name, clause in CONTRACT_CLAUSES)
+
+
 def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
-    """The transition properties of cfg's profile: every profile's, and S7'
-    where outputs are looked up by name."""
-    return TRANSITION_PROPERTIES + (INCARNATION_PROPERTIES if cfg.rules.stale_output_counters else ())
+    """The transition properties of cfg's profile: every profile's, S7'
+    where outputs are looked up by name, and the connector's contract where
+    a connector is configured."""
+    return (TRANSITION_PROPERTIES + (INCARNATION_PROPERTIES if cfg.rules.stale_output_counters else ())
+            + (CONTRACT_PROPERTIES if cfg.kv_connector is not None else ()))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from flightcheck.spec import COUNTER_INVARIANTS, INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES
 from flightcheck.spec.invariants import ASYNC_INVARIANTS, ASYNC_REPLACEMENTS
 from flightcheck.spec.sometimes import ASYNC_SOMETIMES
-from flightcheck.spec.transitions import INCARNATION_PROPERTIES
+from flightcheck.spec.transitions import CONTRACT_PROPERTIES, INCARNATION_PROPERTIES
 
 SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES + ASYNC_SOMETIMES)
 # Liveness proper, decided on the whole state graph by explicit search.
@@ -37,6 +37,6 @@ def kind_of(name: str) -> str:
     for inv in INVARIANTS + COUNTER_INVARIANTS + ASYNC_INVARIANTS + tuple(ASYNC_REPLACEMENTS.values()):
         if inv.name == name:
             return inv.kind
-    if any(p.name == name for p in TRANSITION_PROPERTIES + INCARNATION_PROPERTIES):
+    if any(p.name == name for p in TRANSITION_PROPERTIES + INCARNATION_PROPERTIES + CONTRACT_PROPERTIES):
         return "invariant"
     return "auxiliary"

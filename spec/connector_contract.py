@@ -1,0 +1,142 @@
+"""The KV connector's contract: what a connector may promise the scheduler
+and when it must report, as named properties of the environment
+(docs/kv-connector.md, "Named properties").
+
+The connector is the environment here: its offers (`connector_offer`, read
+at schedule time) and its reports (`ReceiveKv`, `FailKvLoad`, `SendKv`)
+are the choices the checkers explore. Each clause is a transition property:
+it looks at one step, the state before it and the state after, and says
+whether the step keeps the clause. A correct connector keeps every clause
+in every run; a fabricated connector that breaks one (a report it must not
+make, a promise it must not give) is caught by that clause, and a
+scheduler that solicits a broken promise (asks again after a load) by the
+clause the promise breaks.
+
+* C1_load_promised_once: a request is offered a load at most once. The
+  spec's connector serves a request once (`Load.DONE` outlives a
+  preemption): a remote (P/D) producer's KV is consumed by its one transfer,
+  so a re-admitted request is offered nothing (vLLM #53250, #18232).
+* C2_reports_own_blocks: a failure names blocks the connector was given for
+  the request's load in flight (`update_state_after_alloc`), within that
+  load (block 0 also stands for a request-level `failed_recving`).
+* C3_report_once: `finished_recving` once per started load (an aborted or
+  failed one too), a failure once per load, `finished_sending` once per
+  finished request held for a send.
+* C4_new_incarnation_new_state: a report is for the transfer of the
+  request's current incarnation; a preempted request admitted again is a
+  new incarnation, and what the connector kept for the old one (a load of
+  an entry since superseded) is never reported against it (vLLM #46014).
+* C5_send_after_finish: `finished_sending` only for a request that has
+  finished: a producer's send (and its timeout) starts at
+  `request_finished` (vLLM #26929).
+
+The clauses restate what they check from the state alone: they share no
+code with the actions whose guards they restate, so an edit of a guard is
+seen by the clause, not hidden by it.
+
+Abstracted away: the connector's worker side and metadata (what it reports
+is all the scheduler sees), its statistics and events, the HMA groups and
+the encoder connector.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .blocks import cdiv
+from .config import Config
+from .state import Entry, Fate, Load, State, Status
+
+Clause = Callable[[State, State, object, Config], bool]
+
+
+def _new_batch(before: State, after: State) -> tuple[Entry, ...]:
+    """The batch a schedule step queued, if it queued one."""
+    return after.in_flight[-1] if len(after.in_flight) > len(before.in_flight) else ()
+
+
+def _async_load_in_flight(state: State, r: int) -> bool:
+    q = state.requests[r]
+    return q.status is Status.WAITING_FOR_REMOTE_KVS and q.load is Load.IN_FLIGHT
+
+
+def _sync_load_entries(state: State, r: int) -> list[Entry]:
+    """r's in-flight entries, whatever their fate, that carry a sync load."""
+    return [e for batch in state.in_flight for e in batch if e.req == r and e.external > 0]
+
+
+def _current_load_blocks(state: State, cfg: Config, r: int) -> range:
+    """The block indexes of r's table given for its current load: a parked
+    async load's `[local hit, num_computed)`, or the sync load of r's live
+    entry `[start - external, start)`; empty when r has no current load."""
+    q, bs = state.requests[r], cfg.block_size
+    if _async_load_in_flight(state, r):
+        return range((q.num_computed - q.external) // bs, cdiv(q.num_computed, bs))
+    live = [e for e in _sync_load_entries(state, r) if e.fate is Fate.LIVE]
+    if q.status is not Status.RUNNING or not live:
+        return range(0)
+    return range((live[0].start - live[0].external) // bs, cdiv(live[0].start, bs))
+
+
+def c1_load_promised_once(before: State, after: State, action: object, cfg: Config) -> bool:
+    """C1: a request is offered a load at most once: a schedule step starts a load (an async load parked, a sync load's tokens in the batch it queues) only for a request the connector has not yet served (its load NONE)."""
+    from .transitions import Schedule
+    if not isinstance(action, Schedule) or cfg.kv_connector is None:
+        return True
+    sync = {e.req for e in _new_batch(before, after) if e.external > 0}
+    for r, (b, a) in enumerate(zip(before.requests, after.requests)):
+        parked = a.load is Load.IN_FLIGHT and b.load is not Load.IN_FLIGHT
+        if (parked or r in sync) and b.load is not Load.NONE:
+            return False
+    return True
+
+
+def c2_reports_own_blocks(before: State, after: State, action: object, cfg: Config) -> bool:
+    """C2: a failure names blocks the connector was given for the request's current load, within that load (block 0 of a parked async load is also the request-level failed_recving)."""
+    from .transitions import FailKvLoad
+    if not isinstance(action, FailKvLoad):
+        return True
+    r = action.req
+    given = _current_load_blocks(before, cfg, r)
+    if not given:
+        return True                     # no current load: C3 or C4 speaks
+    return action.from_block in given or (action.from_block == 0 and _async_load_in_flight(before, r))
+
+
+def c3_report_once(before: State, after: State, action: object, cfg: Config) -> bool:
+    """C3: finished_recving once per started load (aborted and failed ones too), a failure once per load, and finished_sending once per finished request held for a send, never for another."""
+    from .transitions import FailKvLoad, ReceiveKv, SendKv
+    if isinstance(action, ReceiveKv):
+        return before.requests[action.req].load in (Load.IN_FLIGHT, Load.FAILED)
+    if isinstance(action, FailKvLoad):
+        return _async_load_in_flight(before, action.req) or bool(_sync_load_entries(before, action.req))
+    if isinstance(action, SendKv):
+        q = before.requests[action.req]
+        return not q.status.is_finished or (q.held and q.load not in (Load.IN_FLIGHT, Load.FAILED))
+    return True
+
+
+def c4_new_incarnation_new_state(before: State, after: State, action: object, cfg: Config) -> bool:
+    """C4: a report is for the transfer of the request's current incarnation: a sync load's failure only while the entry that carries it is live, never one kept from an incarnation since preempted."""
+    from .transitions import FailKvLoad
+    if not isinstance(action, FailKvLoad) or _async_load_in_flight(before, action.req):
+        return True
+    loads = _sync_load_entries(before, action.req)
+    return not loads or any(e.fate is Fate.LIVE for e in loads)
+
+
+def c5_send_after_finish(before: State, after: State, action: object, cfg: Config) -> bool:
+    """C5: finished_sending only for a request that has finished (a producer's send, and its timeout, start at request_finished)."""
+    from .transitions import SendKv
+    return not isinstance(action, SendKv) or before.requests[action.req].status.is_finished
+
+
+# The clauses, by name, in the order they are checked (a step that broke
+# two is reported under the first).
+CONTRACT_CLAUSES: tuple[tuple[str, Clause], ...] = (
+    ("C1_load_promised_once", c1_load_promised_once),
+    ("C2_reports_own_blocks", c2_reports_own_blocks),
+    ("C3_report_once", c3_report_once),
+    ("C4_new_incarnation_new_state", c4_new_incarnation_new_state),
+    ("C5_send_after_finish", c5_send_after_finish),
+)
