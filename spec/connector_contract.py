@@ -41,13 +41,29 @@ the encoder connector.
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Callable
 
 from .blocks import cdiv
 from .config import Config
 from .state import Entry, Fate, Load, State, Status
 
-Clause = Callable[[State, State, object, Config], bool]
+
+@dataclass(frozen=True)
+class Labels:
+    """The action labels the clauses look at: transitions.py's classes,
+    handed in by it (this module sits below transitions, which registers
+    the clauses)."""
+
+    schedule: type
+    receive: type
+    fail: type
+    send: type
+
+
+Clause = Callable[[Labels, State, State, object, Config], bool]
+Property = Callable[[State, State, object, Config], bool]
 
 
 def _new_batch(before: State, after: State) -> tuple[Entry, ...]:
@@ -78,10 +94,9 @@ def _current_load_blocks(state: State, cfg: Config, r: int) -> range:
     return range((live[0].start - live[0].external) // bs, cdiv(live[0].start, bs))
 
 
-def c1_load_promised_once(before: State, after: State, action: object, cfg: Config) -> bool:
+def c1_load_promised_once(labels: Labels, before: State, after: State, action: object, cfg: Config) -> bool:
     """C1: a request is offered a load at most once: a schedule step starts a load (an async load parked, a sync load's tokens in the batch it queues) only for a request the connector has not yet served (its load NONE)."""
-    from .transitions import Schedule
-    if not isinstance(action, Schedule) or cfg.kv_connector is None:
+    if not isinstance(action, labels.schedule) or cfg.kv_connector is None:
         return True
     sync = {e.req for e in _new_batch(before, after) if e.external > 0}
     for r, (b, a) in enumerate(zip(before.requests, after.requests)):
@@ -91,10 +106,9 @@ def c1_load_promised_once(before: State, after: State, action: object, cfg: Conf
     return True
 
 
-def c2_reports_own_blocks(before: State, after: State, action: object, cfg: Config) -> bool:
+def c2_reports_own_blocks(labels: Labels, before: State, after: State, action: object, cfg: Config) -> bool:
     """C2: a failure names blocks the connector was given for the request's current load, within that load (block 0 of a parked async load is also the request-level failed_recving)."""
-    from .transitions import FailKvLoad
-    if not isinstance(action, FailKvLoad):
+    if not isinstance(action, labels.fail):
         return True
     r = action.req
     given = _current_load_blocks(before, cfg, r)
@@ -103,40 +117,45 @@ def c2_reports_own_blocks(before: State, after: State, action: object, cfg: Conf
     return action.from_block in given or (action.from_block == 0 and _async_load_in_flight(before, r))
 
 
-def c3_report_once(before: State, after: State, action: object, cfg: Config) -> bool:
+def c3_report_once(labels: Labels, before: State, after: State, action: object, cfg: Config) -> bool:
     """C3: finished_recving once per started load (aborted and failed ones too), a failure once per load, and finished_sending once per finished request held for a send, never for another."""
-    from .transitions import FailKvLoad, ReceiveKv, SendKv
-    if isinstance(action, ReceiveKv):
+    if isinstance(action, labels.receive):
         return before.requests[action.req].load in (Load.IN_FLIGHT, Load.FAILED)
-    if isinstance(action, FailKvLoad):
+    if isinstance(action, labels.fail):
         return _async_load_in_flight(before, action.req) or bool(_sync_load_entries(before, action.req))
-    if isinstance(action, SendKv):
+    if isinstance(action, labels.send):
         q = before.requests[action.req]
         return not q.status.is_finished or (q.held and q.load not in (Load.IN_FLIGHT, Load.FAILED))
     return True
 
 
-def c4_new_incarnation_new_state(before: State, after: State, action: object, cfg: Config) -> bool:
+def c4_new_incarnation_new_state(labels: Labels, before: State, after: State, action: object, cfg: Config) -> bool:
     """C4: a report is for the transfer of the request's current incarnation: a sync load's failure only while the entry that carries it is live, never one kept from an incarnation since preempted."""
-    from .transitions import FailKvLoad
-    if not isinstance(action, FailKvLoad) or _async_load_in_flight(before, action.req):
+    if not isinstance(action, labels.fail) or _async_load_in_flight(before, action.req):
         return True
     loads = _sync_load_entries(before, action.req)
     return not loads or any(e.fate is Fate.LIVE for e in loads)
 
 
-def c5_send_after_finish(before: State, after: State, action: object, cfg: Config) -> bool:
+def c5_send_after_finish(labels: Labels, before: State, after: State, action: object, cfg: Config) -> bool:
     """C5: finished_sending only for a request that has finished (a producer's send, and its timeout, start at request_finished)."""
-    from .transitions import SendKv
-    return not isinstance(action, SendKv) or before.requests[action.req].status.is_finished
+    return not isinstance(action, labels.send) or before.requests[action.req].status.is_finished
 
 
 # The clauses, by name, in the order they are checked (a step that broke
 # two is reported under the first).
-CONTRACT_CLAUSES: tuple[tuple[str, Clause], ...] = (
+_CLAUSES: tuple[tuple[str, Clause], ...] = (
     ("C1_load_promised_once", c1_load_promised_once),
     ("C2_reports_own_blocks", c2_reports_own_blocks),
     ("C3_report_once", c3_report_once),
     ("C4_new_incarnation_new_state", c4_new_incarnation_new_state),
     ("C5_send_after_finish", c5_send_after_finish),
 )
+
+
+def contract_clauses(labels: Labels) -> tuple[tuple[str, Property], ...]:
+    """Each clause by name, as a property of one step (before, after,
+    action, cfg) over `labels`; its docstring is its statement."""
+    def bound(clause: Clause) -> Property:
+        return functools.update_wrapper(functools.partial(clause, labels), clause)
+    return tuple((name, bound(clause)) for name, clause in _CLAUSES)

@@ -13,7 +13,7 @@ from typing import Callable, Union
 
 from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest
 from .config import Config
-from .connector_contract import CONTRACT_CLAUSES
+from .connector_contract import Labels, contract_clauses
 from .kv_reports import fail_kv_load, receive_kv, send_kv
 from .schedule import Scheduled, schedule
 from .state import FINISHED, Entry, Fate, Request, State, Status
@@ -224,7 +224,8 @@ INCARNATION_PROPERTIES: tuple[TransitionProperty, ...] = (
 # The KV connector's contract (connector_contract.py): properties of the
 # environment, checked on every step of a configuration with a connector.
 CONTRACT_PROPERTIES: tuple[TransitionProperty, ...] = tuple(
-    TransitionProperty(name, clause) for name, clause in CONTRACT_CLAUSES)
+    TransitionProperty(name, clause)
+    for name, clause in contract_clauses(Labels(Schedule, ReceiveKv, FailKvLoad, SendKv)))
 
 
 def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
