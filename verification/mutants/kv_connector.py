@@ -1,0 +1,130 @@
+"""The KV connector's historical bugs, as mutants (docs/kv-connector.md,
+"Historical bugs as mutants"): each a small named edit of the spec function
+(or the few functions) the bug lives in, named for the vLLM pull request or
+issue that reports it (`..._prNNNNN`), with what broke and the property that
+kills it.
+
+Two kinds, by where the bug lived:
+* the scheduler's (edits of spec/schedule.py, kv_loads.py, kv_fence.py,
+  kv_reports.py): killed by the KV invariants, the progress property
+  P_KV_preemption_frees, or a contract clause the scheduler makes a
+  connector break (it asks again after a load: C1);
+* the connector's (a fabricated connector): an edit of the environment's
+  reports (`search.kv_reports`, the reports the explicit search offers) and
+  of the spec action that takes the report, so that the report is made and
+  taken; killed by the clause of the contract it breaks
+  (spec/connector_contract.py).
+
+Every one is hunted under `vllm-0.34-async` (the connector rows of vLLM
+0.34.0 with asynchronous scheduling), on the model `kv_models.kv_mutant_model`
+names, by `flightcheck verify --profile vllm-0.34-async --kv-connector`.
+"""
+
+from __future__ import annotations
+
+from flightcheck.verification.mutants.spec import Mutant, _edit, _mutant
+
+# The profile every KV connector mutant is hunted under.
+KV_PROFILE = "vllm-0.34-async"
+
+
+def _kv(name: str, history: str, *edits, killed_by: str, shortest: int) -> Mutant:
+    return _mutant(name, "historical", history, *edits, killed_by=killed_by, shortest=shortest,
+                   profile=KV_PROFILE)
+
+
+# -- the scheduler's bugs ---------------------------------------------------------
+
+SCHEDULER_BUGS: tuple[Mutant, ...] = (
+    _kv("promotion_asks_connector_again_pr18232",
+        "vLLM PR #18232: once an async load had landed, the waiting loop took the request through the "
+        "connector's matching again (get_num_new_matched_tokens); a MultiConnector, whose first connector "
+        "then answered 0, moved on to the next one and promised a second load for the same request. The "
+        "edit asks the connector again at promotion as a connector never asked would answer",
+        _edit("schedule._schedule_waiting_with_connector",
+              "external, is_async = kv_loads.connector_offer(step.state, cfg, r, len(hit) * cfg.block_size)", """
+              asked = step.state
+              if asked.requests[r].load is Load.RECEIVED:
+                  asked = asked.with_request(r, load=Load.NONE)      # the next connector, never asked
+              external, is_async = kv_loads.connector_offer(asked, cfg, r, len(hit) * cfg.block_size)"""),
+        killed_by="C1_load_promised_once", shortest=0),
+    _kv("aborted_load_freed_at_once_pr32255",
+        "vLLM PR #32255: a request aborted while its async load was in flight had its blocks freed at "
+        "once (finish_requests -> _free_request), while the worker still wrote them: the next request to "
+        "allocate them got blocks under transfer. The edit frees the aborted load's table at abort, the "
+        "load still in flight",
+        _edit("kv_fence.holds_for_transfer", "return cfg.rules.kv_aborted_load_held", "return False"),
+        _edit("kv_fence.finish_with_connector",
+              "load = req.load if req.load.in_transfer and held else (Load.DONE if req.load is not Load.NONE else Load.NONE)",
+              "load = req.load if req.load.in_transfer else (Load.DONE if req.load is not Load.NONE else Load.NONE)"),
+        killed_by="KV1_no_reuse_under_transfer", shortest=0),
+    _kv("aborted_landed_load_held_pr32255",
+        "vLLM PR #32255 (its review: an abort racing finished_recving): deciding to hold an aborted "
+        "request's blocks by its status alone (WAITING_FOR_REMOTE_KVS) holds them too when its load has "
+        "already landed, and no finished_recving will come to free them: they leak. The edit holds an "
+        "aborted parked request's table whatever its load",
+        _edit("kv_fence.holds_for_transfer", "req.status is Status.WAITING_FOR_REMOTE_KVS and req.load.in_transfer",
+              "req.status is Status.WAITING_FOR_REMOTE_KVS"),
+        killed_by="KV4_no_leak", shortest=0),
+    _kv("fence_ignored_pr45357",
+        "vLLM PR #45357: with overlapping batches and a consuming connector, a finished or preempted "
+        "request's blocks went back to the pool while a step still in flight wrote them, and a load into "
+        "a request that reallocated them raced that write. The edit frees at once, the step fence "
+        "(_request_blocks_can_be_freed, deferred_frees) left out",
+        _edit("kv_fence.release_table", "can_free_now(state, cfg, r)", "True"),
+        killed_by="KV1_no_reuse_under_transfer", shortest=0),
+    _kv("waiting_head_blocks_promotion_pr45388",
+        "vLLM issue #45388: under KV pressure a plain WAITING request at the head of the one waiting "
+        "queue could not allocate, the loop broke, and the loaded requests behind it were never promoted: "
+        "their blocks held, the engine scheduled nothing for ever. The edit looks at the plain waiting "
+        "queue before the block holders (kv_holding_waiting drained after waiting)",
+        _edit("kv_loads.next_candidate", "held = _head(state.kv_holding, walk)", """
+              plain_first = _head(tuple(r for r in state.waiting if not may_load_async(state, cfg, r)), walk)
+              held = None if plain_first is not None else _head(state.kv_holding, walk)"""),
+        killed_by="KV5_loaded_not_starved", shortest=0),
+    _kv("fenced_victim_preempted_pr49674",
+        "vLLM issue #49674: under the step fence the running loop preempted the victim its policy chose "
+        "even when the victim's last step was still in flight, so its blocks were put aside and the "
+        "preemption freed nothing for the request it made room for: preemption cascades with zero "
+        "progress. The edit drops the guard (_request_blocks_can_be_freed) before the preemption",
+        _edit("schedule._victim_frees_at_once", "can_free_now(step.state, step.cfg, victim)", "True"),
+        killed_by="P_KV_preemption_frees", shortest=0),
+    _kv("rollback_keeps_placeholders_pr49250",
+        "vLLM issue #49250 (open; unchanged in 0.34.0): under async scheduling a recompute of a failed "
+        "load (_update_requests_with_invalid_blocks) rolls num_computed_tokens back but never "
+        "num_output_placeholders, so the recompute is scheduled with extra placeholder tokens. The edit "
+        "leaves the placeholders of the superseded entries in place",
+        _edit("kv_reports.rollback", "placeholders=req.placeholders - sum(1 + e.drafts for e in live if e.samples)",
+              "placeholders=req.placeholders"),
+        killed_by="KV3_rollback_restores_counters", shortest=0),
+)
+
+# -- the connector's bugs: fabricated connectors ------------------------------------
+
+CONNECTOR_BUGS: tuple[Mutant, ...] = (
+    _kv("send_reported_before_finish_pr26929",
+        "vLLM #26929: a producer's KV transfer timed out (and was reported finished_sending) before its "
+        "request had finished, so the scheduler freed the blocks of a request still running. The edit "
+        "fabricates a producer that reports a send for a running request, and the scheduler takes it",
+        _edit("search.kv_reports", "elif q.held:", "elif q.held or q.status.value == 'RUNNING':"),
+        _edit("kv_reports.send_kv", "req.status.is_finished and req.held and not req.load.in_transfer",
+              "(req.status.is_finished and req.held or req.status is Status.RUNNING) and not req.load.in_transfer"),
+        killed_by="C5_send_after_finish", shortest=0),
+    _kv("old_incarnation_transfer_reported_pr46014",
+        "vLLM issue #46014: the OffloadingConnector kept a preempted request's transfer jobs and, when the "
+        "request was admitted again, took them for the new incarnation's (assert not "
+        "req_status.transfer_jobs). The edit fabricates a connector that reports the load of an entry "
+        "of the old incarnation (superseded since) against the request admitted again",
+        _edit("kv_reports.loading_entry", "state.entries_of(r)", "state.entries_of(r, fate=None)"),
+        killed_by="C4_new_incarnation_new_state", shortest=0),
+    _kv("remote_load_requested_after_preemption_pr53250",
+        "vLLM PR #53250 (open): MoRIIO's get_num_new_matched_tokens ignored do_remote_prefill=False after "
+        "the one-shot transfer, so a request preempted and scheduled again asked for the remote KV again; "
+        "the transfer never came (the request waited for ever, or EngineCore crashed). The edit "
+        "fabricates a connector that offers a preempted request its load again",
+        _edit("kv_loads.connector_offer", "q.load is not Load.NONE",
+              "q.load is not Load.NONE and q.status is not Status.PREEMPTED"),
+        killed_by="C1_load_promised_once", shortest=0),
+)
+
+KV_CONNECTOR: tuple[Mutant, ...] = SCHEDULER_BUGS + CONNECTOR_BUGS
