@@ -21,7 +21,8 @@ clause the promise breaks.
   load (block 0 also stands for a request-level `failed_recving`).
 * C3_report_once: `finished_recving` once per started load (an aborted or
   failed one too), a failure once per load, `finished_sending` once per
-  finished request held for a send.
+  finished request a producer holds for a send (one that finished by a
+  stop or its length), never for a table held for another reason.
 * C4_new_incarnation_new_state: a report is for the transfer of the
   request's current incarnation; a preempted request admitted again is a
   new incarnation, and what the connector kept for the old one (a load of
@@ -124,8 +125,10 @@ def c3_report_once(labels: Labels, before: State, after: State, action: object, 
     if isinstance(action, labels.fail):
         return _async_load_in_flight(before, action.req) or bool(_sync_load_entries(before, action.req))
     if isinstance(action, labels.send):
-        q = before.requests[action.req]
-        return not q.status.is_finished or (q.held and q.load not in (Load.IN_FLIGHT, Load.FAILED))
+        q, kv = before.requests[action.req], cfg.kv_connector
+        held_for_send = (kv is not None and kv.producer and q.held and q.load not in (Load.IN_FLIGHT, Load.FAILED)
+                         and q.status in (Status.FINISHED_STOPPED, Status.FINISHED_LENGTH))
+        return not q.status.is_finished or held_for_send
     return True
 
 

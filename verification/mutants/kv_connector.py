@@ -38,26 +38,43 @@ def _kv(name: str, history: str, *edits, killed_by: str, shortest: int) -> Mutan
 SCHEDULER_BUGS: tuple[Mutant, ...] = (
     _kv("promotion_asks_connector_again_pr18232",
         "vLLM PR #18232: once an async load had landed, the waiting loop took the request through the "
-        "connector's matching again (get_num_new_matched_tokens); a MultiConnector, whose first connector "
-        "then answered 0, moved on to the next one and promised a second load for the same request. The "
-        "edit asks the connector again at promotion as a connector never asked would answer",
+        "connector's matching again (get_num_new_matched_tokens); a MultiConnector whose first connector "
+        "(NIXL) then answered 0 moved on to the next one (LMCache), which promised a second, synchronous "
+        "load for the same request. The edit asks again at promotion, answered as a connector never "
+        "asked, loading synchronously, would answer",
         _edit("schedule._schedule_waiting_with_connector",
               "external, is_async = kv_loads.connector_offer(step.state, cfg, r, len(hit) * cfg.block_size)", """
               asked = step.state
               if asked.requests[r].load is Load.RECEIVED:
-                  asked = asked.with_request(r, load=Load.NONE)      # the next connector, never asked
+                  asked = asked.with_request(r, load=Load.NONE, load_async=False)   # the next connector
               external, is_async = kv_loads.connector_offer(asked, cfg, r, len(hit) * cfg.block_size)"""),
         killed_by="C1_load_promised_once", shortest=0),
+    _kv("landed_load_count_lost_pr18631",
+        "vLLM PR #18631: a landed load's computed tokens were kept in a per-step variable "
+        "(num_prealloc_computed_tokens); when the promoted request could not be scheduled in that step "
+        "the count was lost, and the next step took the request for a fresh one, its blocks still "
+        "allocated (an asserted invariant broke). The edit forgets the count of a promoted request the "
+        "loop could not admit",
+        _edit("schedule._schedule_waiting_with_connector", """
+              if not _admit_with_connector(step, r, hit, external, computed, running_entries):
+                  break""", """
+              if not _admit_with_connector(step, r, hit, external, computed, running_entries):
+                  if step.state.requests[r].load is Load.RECEIVED:
+                      step.state = step.state.with_request(r, num_computed=0)    # the per-step count
+                  break"""),
+        killed_by="S9_kv_ownership", shortest=0),
     _kv("aborted_load_freed_at_once_pr32255",
         "vLLM PR #32255: a request aborted while its async load was in flight had its blocks freed at "
         "once (finish_requests -> _free_request), while the worker still wrote them: the next request to "
-        "allocate them got blocks under transfer. The edit frees the aborted load's table at abort, the "
-        "load still in flight",
-        _edit("kv_fence.holds_for_transfer", "return cfg.rules.kv_aborted_load_held", "return False"),
-        _edit("kv_fence.finish_with_connector",
-              "load = req.load if req.load.in_transfer and held else (Load.DONE if req.load is not Load.NONE else Load.NONE)",
-              "load = req.load if req.load.in_transfer else (Load.DONE if req.load is not Load.NONE else Load.NONE)"),
-        killed_by="KV1_no_reuse_under_transfer", shortest=0),
+        "allocate them got blocks under transfer. The edit returns the aborted load's table to the pool "
+        "at abort; the load still writes it (the request keeps it as its table, not held)",
+        _edit("kv_fence.finish_with_connector", """
+              if not held:
+                  state = release_table(state, cfg, r, req.block_table)""", """
+              if not held or req.load.in_transfer:
+                  state = release_table(state, cfg, r, req.block_table)"""),
+        _edit("kv_fence.finish_with_connector", "held=held", "held=held and not req.load.in_transfer"),
+        killed_by="S9_kv_ownership", shortest=0),
     _kv("aborted_landed_load_held_pr32255",
         "vLLM PR #32255 (its review: an abort racing finished_recving): deciding to hold an aborted "
         "request's blocks by its status alone (WAITING_FOR_REMOTE_KVS) holds them too when its load has "
@@ -97,6 +114,19 @@ SCHEDULER_BUGS: tuple[Mutant, ...] = (
         _edit("kv_reports.rollback", "placeholders=req.placeholders - sum(1 + e.drafts for e in live if e.samples)",
               "placeholders=req.placeholders"),
         killed_by="KV3_rollback_restores_counters", shortest=0),
+    _kv("shared_prefix_failure_skipped_pr37827",
+        "vLLM PR #37827 (closed unmerged): async load failures when requests share a prefix. vLLM's "
+        "invalid-block handling lets a request whose failed block another request shares keep that block "
+        "as computed (marked_invalid_block_ids: the other request recomputes it), a rule its own comment "
+        "says holds for sync loads only. The edit applies it to an async load: a parked load's failure "
+        "leaves num_computed where it was when another active request shares the prompt up to the "
+        "failed block",
+        _edit("kv_reports.fail_kv_load", "return state.with_request(r, num_computed=valid, load=Load.FAILED)", """
+              labels = req.prompt_labels[:from_block + 1]
+              shared = any(x != r and q.status.is_active and len(labels) == from_block + 1
+                           and q.prompt_labels[:from_block + 1] == labels for x, q in enumerate(state.requests))
+              return state.with_request(r, num_computed=req.num_computed if shared else valid, load=Load.FAILED)"""),
+        killed_by="KV3_rollback_restores_counters", shortest=0),
 )
 
 # -- the connector's bugs: fabricated connectors ------------------------------------
@@ -106,16 +136,19 @@ CONNECTOR_BUGS: tuple[Mutant, ...] = (
         "vLLM #26929: a producer's KV transfer timed out (and was reported finished_sending) before its "
         "request had finished, so the scheduler freed the blocks of a request still running. The edit "
         "fabricates a producer that reports a send for a running request, and the scheduler takes it",
-        _edit("search.kv_reports", "elif q.held:", "elif q.held or q.status.value == 'RUNNING':"),
+        _edit("search.kv_reports", "q.held", "q.held or q.status.value == 'RUNNING'"),
         _edit("kv_reports.send_kv", "req.status.is_finished and req.held and not req.load.in_transfer",
               "(req.status.is_finished and req.held or req.status is Status.RUNNING) and not req.load.in_transfer"),
         killed_by="C5_send_after_finish", shortest=0),
     _kv("old_incarnation_transfer_reported_pr46014",
-        "vLLM issue #46014: the OffloadingConnector kept a preempted request's transfer jobs and, when the "
-        "request was admitted again, took them for the new incarnation's (assert not "
-        "req_status.transfer_jobs). The edit fabricates a connector that reports the load of an entry "
-        "of the old incarnation (superseded since) against the request admitted again",
-        _edit("kv_reports.loading_entry", "state.entries_of(r)", "state.entries_of(r, fate=None)"),
+        "vLLM issue #46014: the OffloadingConnector kept a preempted request's transfer jobs and took "
+        "them for those of the request admitted again (assert not req_status.transfer_jobs). The edit "
+        "fabricates a connector that reports the sync load of an entry of the incarnation since "
+        "preempted (orphaned) against the request, and a scheduler that takes it",
+        _edit("kv_reports.loading_entry", "state.entries_of(r)",
+              "[e for e in state.entries_of(r, fate=None) if e.fate is not Fate.SUPERSEDED]"),
+        _edit("kv_reports.failable_blocks", "req.status is Status.RUNNING",
+              "req.status in (Status.RUNNING, Status.PREEMPTED)"),
         killed_by="C4_new_incarnation_new_state", shortest=0),
     _kv("remote_load_requested_after_preemption_pr53250",
         "vLLM PR #53250 (open): MoRIIO's get_num_new_matched_tokens ignored do_remote_prefill=False after "
