@@ -23,10 +23,13 @@ clause the promise breaks.
   failed one too), a failure once per load, `finished_sending` once per
   finished request a producer holds for a send (one that finished by a
   stop or its length), never for a table held for another reason.
-* C4_new_incarnation_new_state: a report is for the transfer of the
-  request's current incarnation; a preempted request admitted again is a
-  new incarnation, and what the connector kept for the old one (a load of
-  an entry since superseded) is never reported against it (vLLM #46014).
+* C4_new_incarnation_new_state: a preempted request admitted again is a new
+  incarnation for the connector, and what it kept of the old one is never
+  reported against the request: while the request waits preempted the
+  connector reports nothing of it (under the step fence a victim has no
+  batch in flight, so none of its transfers is pending), and a sync load's
+  failure is reported only while the entry that carries it is live
+  (vLLM #46014).
 * C5_send_after_finish: `finished_sending` only for a request that has
   finished: a producer's send (and its timeout) starts at
   `request_finished` (vLLM #26929).
@@ -82,6 +85,10 @@ def _sync_load_entries(state: State, r: int) -> list[Entry]:
     return [e for batch in state.in_flight for e in batch if e.req == r and e.external > 0]
 
 
+def _is_report(labels: Labels, action: object) -> bool:
+    return isinstance(action, (labels.receive, labels.fail, labels.send))
+
+
 def _current_load_blocks(state: State, cfg: Config, r: int) -> range:
     """The block indexes of r's table given for its current load: a parked
     async load's `[local hit, num_computed)`, or the sync load of r's live
@@ -119,7 +126,9 @@ def c2_reports_own_blocks(labels: Labels, before: State, after: State, action: o
 
 
 def c3_report_once(labels: Labels, before: State, after: State, action: object, cfg: Config) -> bool:
-    """C3: finished_recving once per started load (aborted and failed ones too), a failure once per load, and finished_sending once per finished request held for a send, never for another."""
+    """C3: finished_recving once per started load (aborted and failed ones too), a failure once per load, and finished_sending once per finished request a producer holds for a send, never for another."""
+    if before.requests[getattr(action, "req", 0)].status is Status.PREEMPTED and _is_report(labels, action):
+        return True                     # C4 speaks
     if isinstance(action, labels.receive):
         return before.requests[action.req].load in (Load.IN_FLIGHT, Load.FAILED)
     if isinstance(action, labels.fail):
@@ -133,7 +142,11 @@ def c3_report_once(labels: Labels, before: State, after: State, action: object, 
 
 
 def c4_new_incarnation_new_state(labels: Labels, before: State, after: State, action: object, cfg: Config) -> bool:
-    """C4: a report is for the transfer of the request's current incarnation: a sync load's failure only while the entry that carries it is live, never one kept from an incarnation since preempted."""
+    """C4: what the connector kept of a preempted incarnation is never reported against the request: no report for a request waiting preempted, and a sync load's failure only while the entry that carries it is live."""
+    if not _is_report(labels, action):
+        return True
+    if before.requests[action.req].status is Status.PREEMPTED:
+        return False
     if not isinstance(action, labels.fail) or _async_load_in_flight(before, action.req):
         return True
     loads = _sync_load_entries(before, action.req)

@@ -426,10 +426,10 @@ KV_PROFILE_MODELS: dict[str, tuple[Model, ...]] = {
     "vllm-0.34-async": tuple(_under(m, "vllm-0.34-async") for m in _KV_MODELS + (KV_LIMIT_K2,)),
 }
 
-# The connector's mutants (verification/mutants, the historical `..._prNNNNN`
-# bugs) and the model each is hunted on, per profile: `verify --kv-connector`
-# hunts them. Filled as the mutants are written.
-KV_MUTANT_MODELS: dict[str, dict[str, Model]] = {profile: {} for profile in KV_PROFILE_MODELS}
+# The connector's mutants (verification/mutants/kv_connector.py, the
+# historical `..._prNNNNN` bugs) and the model each is hunted on, per
+# profile, are verification/kv_models.py's KV_MUTANT_MODELS (a few need a
+# model of their own): `verify --kv-connector` hunts them.
 
 # Each profile's exhaustive models; the default profile's are the default run's.
 PROFILE_MODELS: dict[str, tuple[Model, ...]] = {

@@ -48,7 +48,7 @@ SCHEDULER_BUGS: tuple[Mutant, ...] = (
               if asked.requests[r].load is Load.RECEIVED:
                   asked = asked.with_request(r, load=Load.NONE, load_async=False)   # the next connector
               external, is_async = kv_loads.connector_offer(asked, cfg, r, len(hit) * cfg.block_size)"""),
-        killed_by="C1_load_promised_once", shortest=0),
+        killed_by="C1_load_promised_once", shortest=4),
     _kv("landed_load_count_lost_pr18631",
         "vLLM PR #18631: a landed load's computed tokens were kept in a per-step variable "
         "(num_prealloc_computed_tokens); when the promoted request could not be scheduled in that step "
@@ -62,7 +62,7 @@ SCHEDULER_BUGS: tuple[Mutant, ...] = (
                   if step.state.requests[r].load is Load.RECEIVED:
                       step.state = step.state.with_request(r, num_computed=0)    # the per-step count
                   break"""),
-        killed_by="S9_kv_ownership", shortest=0),
+        killed_by="S9_kv_ownership", shortest=8),
     _kv("aborted_load_freed_at_once_pr32255",
         "vLLM PR #32255: a request aborted while its async load was in flight had its blocks freed at "
         "once (finish_requests -> _free_request), while the worker still wrote them: the next request to "
@@ -74,7 +74,7 @@ SCHEDULER_BUGS: tuple[Mutant, ...] = (
               if not held or req.load.in_transfer:
                   state = release_table(state, cfg, r, req.block_table)"""),
         _edit("kv_fence.finish_with_connector", "held=held", "held=held and not req.load.in_transfer"),
-        killed_by="S9_kv_ownership", shortest=0),
+        killed_by="S9_kv_ownership", shortest=3),
     _kv("aborted_landed_load_held_pr32255",
         "vLLM PR #32255 (its review: an abort racing finished_recving): deciding to hold an aborted "
         "request's blocks by its status alone (WAITING_FOR_REMOTE_KVS) holds them too when its load has "
@@ -82,14 +82,14 @@ SCHEDULER_BUGS: tuple[Mutant, ...] = (
         "aborted parked request's table whatever its load",
         _edit("kv_fence.holds_for_transfer", "req.status is Status.WAITING_FOR_REMOTE_KVS and req.load.in_transfer",
               "req.status is Status.WAITING_FOR_REMOTE_KVS"),
-        killed_by="KV4_no_leak", shortest=0),
+        killed_by="KV4_no_leak", shortest=4),
     _kv("fence_ignored_pr45357",
         "vLLM PR #45357: with overlapping batches and a consuming connector, a finished or preempted "
         "request's blocks went back to the pool while a step still in flight wrote them, and a load into "
         "a request that reallocated them raced that write. The edit frees at once, the step fence "
         "(_request_blocks_can_be_freed, deferred_frees) left out",
         _edit("kv_fence.release_table", "can_free_now(state, cfg, r)", "True"),
-        killed_by="KV1_no_reuse_under_transfer", shortest=0),
+        killed_by="KV1_no_reuse_under_transfer", shortest=3),
     _kv("waiting_head_blocks_promotion_pr45388",
         "vLLM issue #45388: under KV pressure a plain WAITING request at the head of the one waiting "
         "queue could not allocate, the loop broke, and the loaded requests behind it were never promoted: "
@@ -98,14 +98,14 @@ SCHEDULER_BUGS: tuple[Mutant, ...] = (
         _edit("kv_loads.next_candidate", "held = _head(state.kv_holding, walk)", """
               plain_first = _head(tuple(r for r in state.waiting if not may_load_async(state, cfg, r)), walk)
               held = None if plain_first is not None else _head(state.kv_holding, walk)"""),
-        killed_by="KV5_loaded_not_starved", shortest=0),
+        killed_by="KV5_loaded_not_starved", shortest=4),
     _kv("fenced_victim_preempted_pr49674",
         "vLLM issue #49674: under the step fence the running loop preempted the victim its policy chose "
         "even when the victim's last step was still in flight, so its blocks were put aside and the "
         "preemption freed nothing for the request it made room for: preemption cascades with zero "
         "progress. The edit drops the guard (_request_blocks_can_be_freed) before the preemption",
         _edit("schedule._victim_frees_at_once", "can_free_now(step.state, step.cfg, victim)", "True"),
-        killed_by="P_KV_preemption_frees", shortest=0),
+        killed_by="P_KV_preemption_frees", shortest=10),
     _kv("rollback_keeps_placeholders_pr49250",
         "vLLM issue #49250 (open; unchanged in 0.34.0): under async scheduling a recompute of a failed "
         "load (_update_requests_with_invalid_blocks) rolls num_computed_tokens back but never "
@@ -113,7 +113,7 @@ SCHEDULER_BUGS: tuple[Mutant, ...] = (
         "leaves the placeholders of the superseded entries in place",
         _edit("kv_reports.rollback", "placeholders=req.placeholders - sum(1 + e.drafts for e in live if e.samples)",
               "placeholders=req.placeholders"),
-        killed_by="KV3_rollback_restores_counters", shortest=0),
+        killed_by="KV3_rollback_restores_counters", shortest=3),
     _kv("shared_prefix_failure_skipped_pr37827",
         "vLLM PR #37827 (closed unmerged): async load failures when requests share a prefix. vLLM's "
         "invalid-block handling lets a request whose failed block another request shares keep that block "
@@ -126,7 +126,7 @@ SCHEDULER_BUGS: tuple[Mutant, ...] = (
               shared = any(x != r and q.status.is_active and len(labels) == from_block + 1
                            and q.prompt_labels[:from_block + 1] == labels for x, q in enumerate(state.requests))
               return state.with_request(r, num_computed=req.num_computed if shared else valid, load=Load.FAILED)"""),
-        killed_by="KV3_rollback_restores_counters", shortest=0),
+        killed_by="KV3_rollback_restores_counters", shortest=4),
 )
 
 # -- the connector's bugs: fabricated connectors ------------------------------------
@@ -139,17 +139,17 @@ CONNECTOR_BUGS: tuple[Mutant, ...] = (
         _edit("search.kv_reports", "q.held", "q.held or q.status.value == 'RUNNING'"),
         _edit("kv_reports.send_kv", "req.status.is_finished and req.held and not req.load.in_transfer",
               "(req.status.is_finished and req.held or req.status is Status.RUNNING) and not req.load.in_transfer"),
-        killed_by="C5_send_after_finish", shortest=0),
+        killed_by="C5_send_after_finish", shortest=3),
     _kv("old_incarnation_transfer_reported_pr46014",
-        "vLLM issue #46014: the OffloadingConnector kept a preempted request's transfer jobs and took "
-        "them for those of the request admitted again (assert not req_status.transfer_jobs). The edit "
-        "fabricates a connector that reports the sync load of an entry of the incarnation since "
-        "preempted (orphaned) against the request, and a scheduler that takes it",
-        _edit("kv_reports.loading_entry", "state.entries_of(r)",
-              "[e for e in state.entries_of(r, fate=None) if e.fate is not Fate.SUPERSEDED]"),
-        _edit("kv_reports.failable_blocks", "req.status is Status.RUNNING",
-              "req.status in (Status.RUNNING, Status.PREEMPTED)"),
-        killed_by="C4_new_incarnation_new_state", shortest=0),
+        "vLLM issue #46014: the OffloadingConnector kept a preempted request's transfer jobs and, when the "
+        "request was admitted again, took them for the new incarnation's (assert not "
+        "req_status.transfer_jobs). The edit fabricates a connector that keeps the old incarnation's "
+        "load and reports it (finished_recving) while the request waits preempted, and a scheduler that "
+        "takes the report",
+        _edit("search.kv_reports", "q.load.in_transfer", "q.load.in_transfer or q.status.value == 'PREEMPTED'"),
+        _edit("kv_reports.receive_kv", "not req.load.in_transfer",
+              "not req.load.in_transfer and req.status is not Status.PREEMPTED"),
+        killed_by="C4_new_incarnation_new_state", shortest=12),
     _kv("remote_load_requested_after_preemption_pr53250",
         "vLLM PR #53250 (open): MoRIIO's get_num_new_matched_tokens ignored do_remote_prefill=False after "
         "the one-shot transfer, so a request preempted and scheduled again asked for the remote KV again; "
@@ -157,7 +157,7 @@ CONNECTOR_BUGS: tuple[Mutant, ...] = (
         "fabricates a connector that offers a preempted request its load again",
         _edit("kv_loads.connector_offer", "q.load is not Load.NONE",
               "q.load is not Load.NONE and q.status is not Status.PREEMPTED"),
-        killed_by="C1_load_promised_once", shortest=0),
+        killed_by="C1_load_promised_once", shortest=14),
 )
 
 KV_CONNECTOR: tuple[Mutant, ...] = SCHEDULER_BUGS + CONNECTOR_BUGS
