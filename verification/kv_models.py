@@ -80,6 +80,8 @@ KV_MUTANT_MODELS: dict[str, dict[str, Model]] = {KV_PROFILE: {
     "send_reported_before_finish_pr26929": _CONNECTOR_MODELS["kv-send-k2"],
     "old_incarnation_transfer_reported_pr46014": _CONNECTOR_MODELS["kv-fence-k2"],
     "remote_load_requested_after_preemption_pr53250": _CONNECTOR_MODELS["kv-fence-k2"],
+    "failure_names_foreign_blocks": _CONNECTOR_MODELS["kv-load-fail-k2"],
+    "load_reported_twice": _CONNECTOR_MODELS["kv-load-fail-k2"],
 }}
 
 

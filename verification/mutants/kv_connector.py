@@ -160,4 +160,22 @@ CONNECTOR_BUGS: tuple[Mutant, ...] = (
         killed_by="C1_load_promised_once", shortest=14),
 )
 
-KV_CONNECTOR: tuple[Mutant, ...] = SCHEDULER_BUGS + CONNECTOR_BUGS
+# Fabricated connectors that break the clauses no historical bug above
+# breaks: each shows that its clause carries weight (synthetic).
+CONTRACT_WEIGHT: tuple[Mutant, ...] = (
+    _mutant("failure_names_foreign_blocks", "synthetic",
+            "a connector reports invalid blocks of a sync load's request that the load was not given (the "
+            "blocks the batch computes past the loaded tokens), and the scheduler rolls back to them",
+            _edit("kv_reports.failable_blocks", "range((e.start - e.external) // bs, cdiv(e.start, bs))",
+                  "range((e.start - e.external) // bs, cdiv(e.start + e.n, bs))"),
+            killed_by="C2_reports_own_blocks", shortest=3, profile=KV_PROFILE),
+    _mutant("load_reported_twice", "synthetic",
+            "a connector reports finished_recving again for a load that has landed, and the scheduler "
+            "takes the second report as it takes an aborted load's",
+            _edit("search.kv_reports", "q.load.in_transfer", "q.load.in_transfer or q.load.value == 'received'"),
+            _edit("kv_reports.receive_kv", "not req.load.in_transfer",
+                  "not req.load.in_transfer and req.load is not Load.RECEIVED"),
+            killed_by="C3_report_once", shortest=4, profile=KV_PROFILE),
+)
+
+KV_CONNECTOR: tuple[Mutant, ...] = SCHEDULER_BUGS + CONNECTOR_BUGS + CONTRACT_WEIGHT
