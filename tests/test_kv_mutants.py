@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +119,19 @@ def test_verify_kv_connector_json_lists_every_kv_mutant_and_its_kill():
     assert report["kv_connector"] is True and report["ok"]
     listed = {m["name"]: (m["killed"], m["property"], m["trace_length"]) for m in report["mutants"]}
     assert listed == {name: (True, prop, length) for name, (prop, length) in KILLS.items()}
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_docs_list_every_kv_mutant_as_the_registry_records_it():
+    readme = (ROOT / "verification" / "mutants" / "README.md").read_text()
+    design = (ROOT / "docs" / "kv-connector.md").read_text()
+    table = design[design.index("## Historical bugs as mutants"):]
+    for m in KV_MUTANTS.values():
+        model = KV_MUTANT_MODELS[KV_PROFILE][m.name].name.split("@")[0]
+        edits = ", ".join(f"`{target}`" for target in m.targets)
+        assert f"| `{m.name}` | {m.kind} | {edits} | {m.killed_by} | {m.shortest} | {model} |" in readme, m.name
+        if m.kind == "historical":
+            row = next(line for line in table.splitlines() if line.startswith(f"| `{m.name}` |"))
+            assert m.killed_by in row and row.endswith(f" | {m.shortest} | {model} |"), row
