@@ -127,7 +127,7 @@ def c2_reports_own_blocks(labels: Labels, before: State, after: State, action: o
 
 def c3_report_once(labels: Labels, before: State, after: State, action: object, cfg: Config) -> bool:
     """C3: finished_recving once per started load (aborted and failed ones too), a failure once per load, and finished_sending once per finished request a producer holds for a send, never for another."""
-    if before.requests[getattr(action, "req", 0)].status is Status.PREEMPTED and _is_report(labels, action):
+    if _is_report(labels, action) and before.requests[action.req].status is Status.PREEMPTED:
         return True                     # C4 speaks
     if isinstance(action, labels.receive):
         return before.requests[action.req].load in (Load.IN_FLIGHT, Load.FAILED)
