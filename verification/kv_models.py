@@ -1,17 +1,9 @@
-"""The models the KV connector's historical bugs are hunted on
-(verification/mutants/kv_connector.py), and which one each is hunted on.
-
-Most are hunted on the connector's own models (models.KV_PROFILE_MODELS,
-each sized for one feature cluster); the few whose bug needs a behaviour
-none of those has get a model of their own here, each with only what the
-bug needs (the smaller the model, the shorter the counterexample):
-
-* a partial async hit (a landed load that leaves prompt tokens to compute),
-  for a second load promised after promotion (#18232);
-* prefix caching with an async load under KV pressure, for a promoted load
-  that cannot be admitted at once (#18631);
-* prefix caching with two requests sharing a prompt block, one of them
-  loading it asynchronously and allowed to fail (#37827).
+"""The KV connector's model-checking constants (docs/kv-connector.md), kept
+apart from the spec as `models.py` keeps the others: one small model per
+feature cluster, each searched under the profiles that have a connector's
+async loads, and the model each connector mutant is hunted on (three of
+them the mutants' own: a partial async hit, prefix caching under pressure,
+a shared prefix with a failing load).
 """
 
 from __future__ import annotations
@@ -19,55 +11,132 @@ from __future__ import annotations
 from dataclasses import replace
 
 from flightcheck.spec import Config, KvConnector, Prompt
-from flightcheck.verification.models import KV_PROFILE_MODELS, Model
+from flightcheck.verification.models import Model
 from flightcheck.verification.mutants.kv_connector import KV_PROFILE
 
-# "Sometimes" targets these models, each sized for one bug, are too small to
-# reach (the connector's own models reach them).
-_SKIPPED = ("preempted_request_resumes_and_finishes", "resumption_deferred", "stale_output_delivered",
-            "decode_behind_decode", "stopped_with_output_in_flight", "two_prefill_chunks_in_flight",
-            "blocks_freed_behind_fence")
+# Each model: K = 2, no prefix caching and no stop tokens (which no
+# connector rule reads), searched under the profiles that have a
+# connector's async loads (KV_PROFILE_MODELS) by `flightcheck verify
+# --kv-connector`. The targets of every profile it is too small to reach:
+_KV_SKIPPED = ("preempted_request_resumes_and_finishes", "resumption_deferred", "stale_output_delivered",
+               "decode_behind_decode", "stopped_with_output_in_flight")
 
 
-def _kv(prompt_len: int, max_tokens: int, external_hit: int = 0, load_async: bool = False,
-        labels: tuple[int, ...] = ()) -> Prompt:
+def _under(model: Model, profile: str) -> Model:
+    """`model` under `profile`, renamed after it ("kv-fence-k2@vllm-0.34")."""
+    return replace(model.under_profile(profile), name=f"{model.name}@{profile}")
+
+
+def _kv(prompt_len: int, max_tokens: int, external_hit: int, load_async: bool = False) -> Prompt:
+    return Prompt(prompt_len, max_tokens, (), external_hit, load_async)
+
+
+# An async load of every prompt token and a sync hit, both allowed to fail
+# (request-level and block-level): promotion, the recompute rollback of a
+# parked load and of a sync load with its batch in flight, aborts during a load.
+KV_LOAD_FAIL_K2 = Model(
+    "kv-load-fail-k2",
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=4,
+           max_model_len=6, prefix_caching=False, profile="vllm-0.33", kv_connector=KvConnector()),
+    (_kv(4, 1, 4, load_async=True), _kv(3, 1, 2)),
+    allow_stop=False, kv_failures=True, skip_targets=_KV_SKIPPED,
+)
+# The same under the fail policy: a failed request finishes with
+# FINISHED_ERROR, a parked one's blocks held until its load reports.
+KV_LOAD_ERROR_K2 = replace(KV_LOAD_FAIL_K2, name="kv-load-error-k2",
+                           cfg=replace(KV_LOAD_FAIL_K2.cfg, kv_connector=KvConnector(load_failure_policy="fail")),
+                           skip_targets=_KV_SKIPPED + ("two_prefill_chunks_in_flight",))
+# A producer (no loads): finished requests held until sent, aborts, and a
+# preemption that drops the victim's in-flight output (`requires_kv_delivery`).
+KV_SEND_K2 = Model(
+    "kv-send-k2",
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=6, prefix_caching=False, profile="vllm-0.33",
+           kv_connector=KvConnector(consumer=False, producer=True)),
+    (_kv(1, 3, 0), _kv(3, 2, 0)),
+    allow_stop=False, skip_targets=_KV_SKIPPED,
+)
+# A consumer under K = 2 in a pool of 3 blocks: the step fence (deferred
+# frees drained by completions, a victim with a batch in flight not
+# preempted) beside an async load.
+KV_FENCE_K2 = Model(
+    "kv-fence-k2",
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=6, prefix_caching=False, profile="vllm-0.33", kv_connector=KvConnector()),
+    (_kv(1, 3, 0), _kv(3, 2, 2, load_async=True)),
+    allow_stop=False, skip_targets=_KV_SKIPPED[1:],
+)
+# vLLM 0.34's load limit (one load at a time) with one seat: async_kv_waiting
+# beside waiting, loads started in loads-only mode, the limit holding a second load back.
+KV_LIMIT_K2 = Model(
+    "kv-limit-k2",
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=1, block_size=2, num_blocks=4,
+           max_model_len=6, prefix_caching=False, profile="vllm-0.34",
+           kv_connector=KvConnector(max_inflight_loads=1)),
+    (_kv(2, 1, 2, load_async=True), _kv(3, 1, 2, load_async=True), _kv(1, 1, 0)),
+    allow_stop=False, allow_abort=False,
+    skip_targets=_KV_SKIPPED + ("two_prefill_chunks_in_flight", "blocks_freed_behind_fence"),
+)
+_KV_MODELS = (KV_LOAD_FAIL_K2, KV_LOAD_ERROR_K2, KV_SEND_K2, KV_FENCE_K2)
+# The connector's models under each profile with async loads; the load
+# limit's only where it exists (vLLM 0.34).
+KV_PROFILE_MODELS: dict[str, tuple[Model, ...]] = {
+    "vllm-0.33": _KV_MODELS,
+    "vllm-0.33-async": tuple(_under(m, "vllm-0.33-async") for m in _KV_MODELS),
+    "vllm-0.34": tuple(_under(m, "vllm-0.34") for m in _KV_MODELS) + (KV_LIMIT_K2,),
+    "vllm-0.34-async": tuple(_under(m, "vllm-0.34-async") for m in _KV_MODELS + (KV_LIMIT_K2,)),
+}
+
+# --- the models of the connector's mutants (verification/mutants/kv_connector.py,
+# the historical `..._prNNNNN` bugs): most are hunted on the models above;
+# the few whose bug needs a behaviour none of those has get one of their
+# own, with only what the bug needs (the smaller the model, the shorter the
+# counterexample). Their targets too small to reach, beside the above:
+_MUTANT_SKIPPED = _KV_SKIPPED + ("two_prefill_chunks_in_flight", "blocks_freed_behind_fence")
+
+
+def _kv_labelled(prompt_len: int, max_tokens: int, external_hit: int, load_async: bool,
+                 labels: tuple[int, ...]) -> Prompt:
     return Prompt(prompt_len, max_tokens, labels, external_hit, load_async)
 
 
 # A prompt of 5 whose first block loads asynchronously: once the load has
-# landed, 3 prompt tokens are left to compute.
+# landed, 3 prompt tokens are left to compute (a second load promised after
+# promotion, #18232).
 KV_PARTIAL_LOAD = Model(
     "kv-partial-load",
     Config(num_stages=2, max_num_batched_tokens=4, max_num_seqs=1, block_size=2, num_blocks=3,
            max_model_len=6, prefix_caching=False, profile=KV_PROFILE, kv_connector=KvConnector()),
     (_kv(5, 1, 2, load_async=True),),
-    allow_stop=False, allow_abort=False, skip_targets=_SKIPPED,
+    allow_stop=False, allow_abort=False, skip_targets=_MUTANT_SKIPPED,
 )
 # Prefix caching: a running request that grows to the whole pool, beside a
 # request whose first block loads asynchronously (its blocks cached once it
 # has landed); the landed request cannot be admitted while the other holds
-# the pool.
+# the pool (a promoted load not admitted at once, #18631).
 KV_PREFIX_PRESSURE = Model(
     "kv-prefix-pressure",
     Config(num_stages=2, max_num_batched_tokens=4, max_num_seqs=2, block_size=2, num_blocks=3,
            max_model_len=6, prefix_caching=True, profile=KV_PROFILE, kv_connector=KvConnector()),
-    (_kv(2, 3, labels=(1,)), _kv(4, 1, 2, load_async=True, labels=(5, 6))),
-    allow_stop=False, allow_abort=False, skip_targets=_SKIPPED,
+    (_kv_labelled(2, 3, 0, False, (1,)), _kv_labelled(4, 1, 2, True, (5, 6))),
+    allow_stop=False, allow_abort=False, skip_targets=_MUTANT_SKIPPED,
 )
 # Prefix caching: two requests share their first prompt block; the second
-# loads both its blocks asynchronously and its load may fail.
+# loads both its blocks asynchronously and its load may fail (#37827).
 KV_SHARED_PREFIX = Model(
     "kv-shared-prefix",
     Config(num_stages=2, max_num_batched_tokens=4, max_num_seqs=2, block_size=2, num_blocks=4,
            max_model_len=6, prefix_caching=True, profile=KV_PROFILE, kv_connector=KvConnector()),
-    (_kv(3, 1, labels=(1,)), _kv(4, 1, 4, load_async=True, labels=(1, 2))),
-    allow_stop=False, allow_abort=False, kv_failures=True, skip_targets=_SKIPPED,
+    (_kv_labelled(3, 1, 0, False, (1,)), _kv_labelled(4, 1, 4, True, (1, 2))),
+    allow_stop=False, allow_abort=False, kv_failures=True, skip_targets=_MUTANT_SKIPPED,
 )
 
 _CONNECTOR_MODELS = {m.name.split("@")[0]: m for m in KV_PROFILE_MODELS[KV_PROFILE]}
 
-# Each KV connector mutant -> the model it is hunted on, under KV_PROFILE.
-KV_MUTANT_MODELS: dict[str, dict[str, Model]] = {KV_PROFILE: {
+# The connector's mutants and the model each is hunted on, per profile:
+# `verify --kv-connector` hunts them (every one under KV_PROFILE).
+KV_MUTANT_MODELS: dict[str, dict[str, Model]] = {profile: {} for profile in KV_PROFILE_MODELS}
+KV_MUTANT_MODELS[KV_PROFILE] = {
     "promotion_asks_connector_again_pr18232": KV_PARTIAL_LOAD,
     "landed_load_count_lost_pr18631": KV_PREFIX_PRESSURE,
     "aborted_load_freed_at_once_pr32255": _CONNECTOR_MODELS["kv-fence-k2"],
@@ -82,10 +151,9 @@ KV_MUTANT_MODELS: dict[str, dict[str, Model]] = {KV_PROFILE: {
     "remote_load_requested_after_preemption_pr53250": _CONNECTOR_MODELS["kv-fence-k2"],
     "failure_names_foreign_blocks": _CONNECTOR_MODELS["kv-load-fail-k2"],
     "load_reported_twice": _CONNECTOR_MODELS["kv-load-fail-k2"],
-}}
+}
 
 
 def kv_mutant_model(name: str, profile: str = KV_PROFILE) -> Model:
     """The model the KV connector mutant `name` is hunted on under `profile`, with it applied."""
-    model = KV_MUTANT_MODELS[profile][name]
-    return replace(model, mutant=name)
+    return KV_MUTANT_MODELS[profile][name].with_mutant(name)

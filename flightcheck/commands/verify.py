@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _refusal(args: argparse.Namespace) -> str | None:
     """Why these flags cannot go together (None if they can)."""
-    from flightcheck.verification.models import KV_PROFILE_MODELS, MODELS, NAME_REUSE_MODELS
+    from flightcheck.verification.kv_models import KV_PROFILE_MODELS
+    from flightcheck.verification.models import MODELS, NAME_REUSE_MODELS
     from flightcheck.verification.mutants import MUTANTS
 
     if args.config not in MODELS:
