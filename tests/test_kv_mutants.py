@@ -17,8 +17,8 @@ import pytest
 
 from flightcheck.spec.transitions import CONTRACT_PROPERTIES
 from flightcheck.verification.explicit import search as explicit
-from flightcheck.verification.kv_models import (KV_MUTANT_MODELS, KV_PARTIAL_LOAD, KV_PREFIX_PRESSURE,
-                                                 KV_SHARED_PREFIX, kv_mutant_model)
+from flightcheck.verification.kv_models import (KV_HEAD_OF_LINE, KV_MUTANT_MODELS, KV_PARTIAL_LOAD,
+                                                 KV_PREFIX_PRESSURE, KV_SHARED_PREFIX, kv_mutant_model)
 from flightcheck.verification.mutants import ALL_MUTANTS, KV_MUTANTS, MUTANTS, PROFILE_MUTANTS, kv_mutants_of
 from flightcheck.verification.mutants.kv_connector import KV_PROFILE
 from flightcheck.verification.results import SOMETIMES_NAMES, kind_of
@@ -35,7 +35,7 @@ KILLS = {
     "aborted_load_freed_at_once_pr32255": ("S9_kv_ownership", 3),
     "aborted_landed_load_held_pr32255": ("KV4_no_leak", 4),
     "fence_ignored_pr45357": ("KV1_no_reuse_under_transfer", 3),
-    "waiting_head_blocks_promotion_pr45388": ("KV5_loaded_not_starved", 4),
+    "waiting_head_blocks_promotion_pr45388": ("L2_no_deadlock", 4),
     "fenced_victim_preempted_pr49674": ("P_KV_preemption_frees", 10),
     "rollback_keeps_placeholders_pr49250": ("KV3_rollback_restores_counters", 3),
     "shared_prefix_failure_skipped_pr37827": ("KV3_rollback_restores_counters", 4),
@@ -92,7 +92,7 @@ def test_every_contract_clause_kills_a_fabricated_connector():
     assert all(kind_of(c) == "invariant" for c in clauses)
 
 
-@pytest.mark.parametrize("model", [KV_PARTIAL_LOAD, KV_PREFIX_PRESSURE, KV_SHARED_PREFIX], ids=lambda m: m.name)
+@pytest.mark.parametrize("model", [KV_PARTIAL_LOAD, KV_PREFIX_PRESSURE, KV_SHARED_PREFIX, KV_HEAD_OF_LINE], ids=lambda m: m.name)
 def test_the_correct_spec_passes_on_the_models_of_the_kv_mutants_own(model):
     """(The connector's own models, the others' mutants are hunted on, are
     proved in tests/test_spec_kv_search.py, the contract included.)"""

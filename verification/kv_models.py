@@ -1,9 +1,10 @@
 """The KV connector's model-checking constants (docs/kv-connector.md), kept
 apart from the spec as `models.py` keeps the others: one small model per
 feature cluster, each searched under the profiles that have a connector's
-async loads, and the model each connector mutant is hunted on (three of
+async loads, and the model each connector mutant is hunted on (four of
 them the mutants' own: a partial async hit, prefix caching under pressure,
-a shared prefix with a failing load).
+a shared prefix with a failing load, a plain request that needs the pool
+a landed load holds).
 """
 
 from __future__ import annotations
@@ -131,6 +132,17 @@ KV_SHARED_PREFIX = Model(
     allow_stop=False, allow_abort=False, kv_failures=True, skip_targets=_MUTANT_SKIPPED,
 )
 
+# A parked async load (one block) and a plain request that needs the whole
+# pool: once the load has landed, the plain request cannot be allocated
+# until the loaded one has run and finished (a blocked plain head, #45388).
+KV_HEAD_OF_LINE = Model(
+    "kv-head-of-line",
+    Config(num_stages=2, max_num_batched_tokens=6, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=6, prefix_caching=False, profile=KV_PROFILE, kv_connector=KvConnector()),
+    (_kv(2, 1, 2, load_async=True), _kv(5, 1, 0)),
+    allow_stop=False, allow_abort=False, skip_targets=_MUTANT_SKIPPED,
+)
+
 _CONNECTOR_MODELS = {m.name.split("@")[0]: m for m in KV_PROFILE_MODELS[KV_PROFILE]}
 
 # The connector's mutants and the model each is hunted on, per profile:
@@ -142,7 +154,7 @@ KV_MUTANT_MODELS[KV_PROFILE] = {
     "aborted_load_freed_at_once_pr32255": _CONNECTOR_MODELS["kv-fence-k2"],
     "aborted_landed_load_held_pr32255": _CONNECTOR_MODELS["kv-fence-k2"],
     "fence_ignored_pr45357": _CONNECTOR_MODELS["kv-fence-k2"],
-    "waiting_head_blocks_promotion_pr45388": _CONNECTOR_MODELS["kv-limit-k2"],
+    "waiting_head_blocks_promotion_pr45388": KV_HEAD_OF_LINE,
     "fenced_victim_preempted_pr49674": _CONNECTOR_MODELS["kv-fence-k2"],
     "rollback_keeps_placeholders_pr49250": _CONNECTOR_MODELS["kv-load-fail-k2"],
     "shared_prefix_failure_skipped_pr37827": KV_SHARED_PREFIX,

@@ -98,13 +98,23 @@ SCHEDULER_BUGS: tuple[Mutant, ...] = (
         _edit("kv_loads.next_candidate", "held = _head(state.kv_holding, walk)", """
               plain_first = _head(tuple(r for r in state.waiting if not may_load_async(state, cfg, r)), walk)
               held = None if plain_first is not None else _head(state.kv_holding, walk)"""),
-        killed_by="KV5_loaded_not_starved", shortest=4),
+        killed_by="L2_no_deadlock", shortest=4),
     _kv("fenced_victim_preempted_pr49674",
         "vLLM issue #49674: under the step fence the running loop preempted the victim its policy chose "
         "even when the victim's last step was still in flight, so its blocks were put aside and the "
         "preemption freed nothing for the request it made room for: preemption cascades with zero "
-        "progress. The edit drops the guard (_request_blocks_can_be_freed) before the preemption",
+        "progress. The edit drops the guard (_request_blocks_can_be_freed) before the preemption, whose "
+        "free goes behind the fence as vLLM's _preempt_request's does (_free_request_blocks)",
         _edit("schedule._victim_frees_at_once", "can_free_now(step.state, step.cfg, victim)", "True"),
+        _edit("schedule._preempt", """
+              state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order,
+                                                            step.cfg.rules.unhashed_blocks_to_head),
+                              running=state.running[:-1], waiting=(victim,) + state.waiting,
+                              scheduled_ids=state.scheduled_ids - {victim})""", """
+              from flightcheck.spec.kv_fence import release_table      # _free_request_blocks: fenced
+              state = replace(release_table(state, step.cfg, victim, req.block_table),
+                              running=state.running[:-1], waiting=(victim,) + state.waiting,
+                              scheduled_ids=state.scheduled_ids - {victim})"""),
         killed_by="P_KV_preemption_frees", shortest=10),
     _kv("rollback_keeps_placeholders_pr49250",
         "vLLM issue #49250 (open; unchanged in 0.34.0): under async scheduling a recompute of a failed "
