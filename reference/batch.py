@@ -22,7 +22,7 @@ class Batch:
     """The batch under construction, local to one schedule() call."""
 
     __slots__ = ("max_num_tokens", "token_budget", "requests", "entries", "new_reqs", "cached_reqs",
-                 "num_scheduled_tokens", "spec_decode_tokens", "preempted")
+                 "num_scheduled_tokens", "spec_decode_tokens", "preempted", "kv_loads")
 
     def __init__(self, token_budget: int) -> None:
         self.max_num_tokens = token_budget
@@ -34,6 +34,7 @@ class Batch:
         self.num_scheduled_tokens: dict[str, int] = {}
         self.spec_decode_tokens: dict[str, tuple[int, ...]] = {}
         self.preempted: list[str] = []
+        self.kv_loads: list[tuple[str, int]] = []           # parked for an async KV load
 
     def add(self, request: Request, entry: RequestData) -> None:
         self.requests.append(request)
@@ -54,7 +55,8 @@ class Batch:
     def to_output(self, batch_id: int | None, finished_req_ids: set[str]) -> SchedulerOutput:
         return SchedulerOutput(batch_id, self.entries, self.new_reqs, self.cached_reqs,
                                self.num_scheduled_tokens, self.total_num_scheduled_tokens,
-                               self.spec_decode_tokens, self.preempted, finished_req_ids)
+                               self.spec_decode_tokens, self.preempted, finished_req_ids,
+                               self.kv_loads)
 
 
 def _block_ids(blocks: Sequence[KVCacheBlock]) -> tuple[int, ...]:

@@ -139,6 +139,12 @@ class BlockPool:
             self.free_block_queue[block.block_id] = block
             self.free_block_queue.move_to_end(block.block_id, last=False)
 
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """vLLM `BlockPool.evict_blocks`: forget these blocks' hashes (a KV
+        load failed into them); held blocks stay held."""
+        for block_id in block_ids:
+            self._evict(self.blocks[block_id])
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; only possible when no block is held."""
         if len(self.free_block_queue) != self.num_blocks:

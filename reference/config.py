@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .connector import KvConnectorConfig
 from .profiles import DEFAULT_PROFILE, Profile, get_profile, released_profile
 
 
@@ -49,6 +50,10 @@ class SchedulerConfig:
     # usage from which it does.
     cache_aware_admission_window: int = 0
     cache_aware_admission_threshold: float = 0.5
+    kv_connector: KvConnectorConfig | None = None  # connector.py; None: no connector
+    # None: the profile's; False: async loads need no reservation (the spec
+    # abstracts vLLM's `_inflight_prefill_reserved_blocks` away: the refinement fuzzer's).
+    kv_load_reservation: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
@@ -82,6 +87,8 @@ class SchedulerConfig:
         if self.drop_stale_output and not profile.stale_output_counters:
             raise ValueError(f"drop_stale_output needs a profile with vLLM 0.33's stale-output "
                              f"counters; {self.profile} has none")
+        if self.kv_connector is not None and (self.num_spec_tokens or not self.continue_prefill):
+            raise ValueError("a KV connector is modelled without drafts and with continue-prefill only")
         if not isinstance(self.num_preallocate_tokens, int) or self.num_preallocate_tokens < 0:
             raise ValueError("num_preallocate_tokens must be >= 0, "
                              f"got {self.num_preallocate_tokens!r}")

@@ -89,10 +89,13 @@ class KVCacheManager:
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: Sequence[KVCacheBlock] = (),
-                       num_draft_tokens: int = 0) -> list[KVCacheBlock] | None:
+                       num_draft_tokens: int = 0, *, reserved_blocks: int = 0,
+                       delay_cache_blocks: bool = False) -> list[KVCacheBlock] | None:
         """Blocks for `num_new_tokens` more tokens after the request's computed
         ones and the hit `new_computed_blocks`. Returns the blocks appended to
-        its table (hit blocks first), or None, changing nothing, if they do not fit."""
+        its table (hit blocks first), or None, changing nothing, if they do not fit.
+        A connector's async load (vLLM 0.33 `allocate_slots`) leaves
+        `reserved_blocks` free and caches nothing (`delay_cache_blocks`)."""
         pool = self.block_pool
         req_blocks = self.req_to_blocks.get(request.request_id, ())
         num_computed_tokens = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
@@ -105,7 +108,7 @@ class KVCacheManager:
             # Hit blocks that nobody holds sit in the free queue: taking them
             # removes them from it, so they cannot also serve as fresh blocks.
             num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-            if num_new_blocks > pool.get_num_free_blocks() - num_evictable_hits:
+            if num_new_blocks > pool.get_num_free_blocks() - num_evictable_hits - reserved_blocks:
                 return None
             if not isinstance(req_blocks, list):
                 req_blocks = self.req_to_blocks[request.request_id] = []
@@ -116,7 +119,7 @@ class KVCacheManager:
                 num_new_blocks = self._with_preallocation(num_new_blocks, len(req_blocks))
                 new_blocks = pool.get_new_blocks(num_new_blocks)
                 req_blocks.extend(new_blocks)
-        if self.enable_caching:
+        if self.enable_caching and not delay_cache_blocks:
             # Drafts may be rejected: only known tokens are cached.
             num_known = num_computed_tokens + num_new_tokens - num_draft_tokens
             if num_known > len(request.all_token_ids):
@@ -167,6 +170,12 @@ class KVCacheManager:
         if blocks:
             self.block_pool.free_blocks(reversed(blocks) if self.release_reversed else blocks)
         self.num_cached_block.pop(req_id, None)
+
+    def pop_blocks(self, request: Request) -> list[KVCacheBlock]:
+        """vLLM `pop_blocks_for_free`: the request's table, in table order,
+        taken from it without freeing (the step fence frees it later)."""
+        self.num_cached_block.pop(request.request_id, None)
+        return self.req_to_blocks.pop(request.request_id, [])
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()

@@ -43,6 +43,8 @@ class NewRequestData:
     new_token_ids: list[int]
     samples: bool
     spec_token_ids: tuple[int, ...] = ()      # never drafts on admission
+    external: int = 0                         # tokens of the start a sync KV load brings in
+    fence_blocks: tuple[int, ...] = ()        # its table when scheduled, under the KV step fence
 
     @property
     def new_block_ids(self) -> tuple[int, ...]:
@@ -69,6 +71,8 @@ class CachedRequestData:
     num_cached_tokens: int
     spec_token_ids: tuple[int, ...]
     samples: bool
+    external: int = 0                         # tokens of the start a sync KV load brings in
+    fence_blocks: tuple[int, ...] = ()        # its table when scheduled, under the KV step fence
 
     @property
     def num_drafts(self) -> int:
@@ -89,6 +93,7 @@ class SchedulerOutput:
     scheduled_spec_decode_tokens: dict[str, tuple[int, ...]]
     preempted_req_ids: list[str]
     finished_req_ids: set[str]                # finished since the last batch: workers drop state
+    kv_loads: list[tuple[str, int]]           # (request, start): parked for an async KV load here
 
     @property
     def is_empty(self) -> bool:

@@ -162,6 +162,47 @@ class Profile:
     pads_admitted_decodes: bool = False
     # The engine-core loop the version ships (drive.py `EngineLoop` by name).
     engine_loop: str = "vllm-0.8.5"
+    # --- The KV connector (docs/kv-connector.md, "What each vLLM version
+    # has"; connector.py, kv_transfer.py, kv_waiting.py). A sync external hit
+    # (counted as computed at schedule time, loaded by the batch) exists in
+    # every version and needs no constant. Each row below is read from
+    # 0.33.0's and 0.34.0's `v1/core/sched/scheduler.py`; 0.8.x has none.
+    # `Scheduler.schedule`, waiting loop: `get_num_new_matched_tokens` ->
+    # `(n, True)` allocates, parks the request in WAITING_FOR_REMOTE_KVS and
+    # skips it; `_handle_blocked_waiting_request` / `_update_waiting_for_remote_kv`
+    # promote it once `finished_recving` came. 0.8.x: an async offer is taken
+    # as a sync one (its connector API returns a count only).
+    kv_async_loads: bool = False
+    # `update_from_output`: `_handle_failed_recving` (request level) and
+    # `_handle_invalid_blocks` (block level), `kv_load_failure_policy`.
+    kv_load_failures: bool = False
+    # `_free_request` / `_connector_finished`: `request_finished` may return
+    # `delay_free`, and the blocks stay held until `finished_sending`
+    # (`_update_from_kv_xfer_finished`). 0.8.5's `_free_request` frees at once.
+    kv_send_after_finish: bool = False
+    # `finish_requests`: an aborted load's blocks are held until its
+    # `finished_recving` (`delay_free_blocks`).
+    kv_aborted_load_held: bool = False
+    # `defer_block_free` (consumer role and `max_concurrent_batches > 1`):
+    # `_request_blocks_can_be_freed`, `_free_request_blocks`,
+    # `deferred_frees`, `_drain_deferred_frees`, and the running loop's
+    # "a deferred free will not help" stop.
+    kv_step_fence: bool = False
+    # `kv_holding_waiting`: waiting requests holding blocks (loads) are
+    # drained before `waiting` (`_holds_kv_blocks`, `skip_request`).
+    kv_holding_first: bool = False
+    # `_inflight_prefill_reserved_blocks`: an async load is admitted only if
+    # it fits in the free blocks less what in-flight prefills and parked
+    # loads still need (`reserved_blocks`, `_request_remaining_blocks`).
+    kv_load_reservation: bool = False
+    # `_preempt_request(drop_stale_output=self.requires_kv_delivery)`: a
+    # producer's preemption drops the victim's in-flight output.
+    kv_producer_drops_stale: bool = False
+    # 0.34 only: `async_kv_waiting` (`_enqueue_waiting_request`,
+    # `_next_waiting_queue`), loads-only mode when no running slot or budget
+    # is left, `max_num_inflight_kv_loads` (`_admits_inflight_kv_load`, the
+    # aborted loads `_aborted_kv_loads` counted against it).
+    kv_async_waiting_queue: bool = False
     # --- vLLM as released, where the reference carries a later fix (its
     # named deviations, reference/README.md). Off in every profile; a
     # released variant (`released_profile`, `SchedulerConfig(as_released=True)`)
@@ -225,6 +266,12 @@ class Profile:
     # entry in flight (the ground truth's double sample). The reference takes
     # the drafts with the output (`drafts_handed_over_at_submission`).
     drafts_handed_over_at_submission: bool = False
+    # 0.33/0.34 `update_from_output`: a load failed under
+    # `kv_load_failure_policy="fail"` finishes its request (`finish_requests`
+    # with FINISHED_ERROR) after the batch's outputs, its entries skipped
+    # meanwhile; the reference finishes it when the failure is seen, as an
+    # abort (`kv_error_finished_after_outputs`: the blocks go in another order).
+    kv_errors_after_outputs: bool = False
 
     def release_order(self, enable_prefix_caching: bool) -> str:
         """"reverse" or "forward": the order a released table joins the free queue."""
@@ -265,6 +312,12 @@ PROFILES: dict[str, Profile] = {
 # runner supports it; `max_concurrent_batches` is then K + 1). Everything
 # of `vllm-0.33` plus the async rules above; the engine loop is 0.33's
 # `EngineCore.step_with_batch_queue` at depth K + 1 (drive.py).
+# vLLM 0.33.0's KV connector rules (both schedulers; the constants above).
+KV_CONNECTOR_0_33: dict[str, bool] = {
+    "kv_async_loads": True, "kv_load_failures": True, "kv_send_after_finish": True,
+    "kv_aborted_load_held": True, "kv_step_fence": True, "kv_holding_first": True,
+    "kv_load_reservation": True, "kv_producer_drops_stale": True}
+PROFILES["vllm-0.33"] = replace(PROFILES["vllm-0.33"], **KV_CONNECTOR_0_33)
 PROFILES["vllm-0.33-async"] = replace(PROFILES["vllm-0.33"], name="vllm-0.33-async",
                                       async_scheduling=True, placeholder_drafts=True,
                                       engine_loop="vllm-0.33-async")
@@ -275,7 +328,8 @@ PROFILES["vllm-0.33-async"] = replace(PROFILES["vllm-0.33"], name="vllm-0.33-asy
 # added as constants of its own.
 # 0.34's own (`Scheduler.schedule`, `_reorder_waiting_by_cached_prefix`):
 # the threshold only with chunked prefill, and the cache-aware admission order.
-VLLM_0_34_RULES: dict[str, bool] = {"threshold_needs_chunked_prefill": True, "cache_aware_admission": True}
+VLLM_0_34_RULES: dict[str, bool] = {"threshold_needs_chunked_prefill": True, "cache_aware_admission": True,
+                                    "kv_async_waiting_queue": True}
 PROFILES["vllm-0.34"] = replace(PROFILES["vllm-0.33"], name="vllm-0.34", **VLLM_0_34_RULES)
 PROFILES["vllm-0.34-async"] = replace(PROFILES["vllm-0.33-async"], name="vllm-0.34-async", **VLLM_0_34_RULES)
 
@@ -293,7 +347,8 @@ RELEASED_0_8_X: dict[str, bool] = {
 # vLLM 0.33.0 as released: outputs bound by id alone, and the model runner
 # decides what sampled (after a wrong binding the request holds a token its
 # snapshot did not count).
-RELEASED_0_33: dict[str, bool] = {"outputs_by_id_alone": True, "worker_decides_sampling": True}
+RELEASED_0_33: dict[str, bool] = {"outputs_by_id_alone": True, "worker_decides_sampling": True,
+                                  "kv_errors_after_outputs": True}
 # ... and with synchronous scheduling, drafts handed over at submission.
 RELEASED_0_33_SYNC: dict[str, bool] = {**RELEASED_0_33, "drafts_handed_over_at_submission": True}
 RELEASED: dict[str, Profile] = {

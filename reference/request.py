@@ -16,12 +16,17 @@ from dataclasses import dataclass
 
 class RequestStatus(enum.IntEnum):
     WAITING = enum.auto()
+    # A KV connector's async load is in flight, or landed and not yet
+    # promoted (vLLM's `WAITING_FOR_REMOTE_KVS`; connector.py).
+    WAITING_FOR_REMOTE_KVS = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     # Everything after PREEMPTED is finished (vLLM's ordering trick).
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH_CAPPED = enum.auto()
     FINISHED_ABORTED = enum.auto()
+    # The connector's load failed under `load_failure_policy="fail"`.
+    FINISHED_ERROR = enum.auto()
 
     @staticmethod
     def is_finished(status: "RequestStatus") -> bool:
@@ -40,7 +45,19 @@ _FINISHED_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
+
+
+class KvLoad(enum.Enum):
+    """A request's connector load, as the scheduler knows it: none, in
+    flight (parked in WAITING_FOR_REMOTE_KVS), landed (`finished_recving`
+    seen, not yet promoted) or failed (the failure seen, the landing not
+    yet: the spec's `Request.load`)."""
+    NONE = "none"
+    IN_FLIGHT = "in_flight"
+    RECEIVED = "received"
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -73,6 +90,8 @@ class Request:
         "num_cached_tokens", "block_hashes", "first_incarnation",
         "num_in_flight_tokens", "num_stale_output_tokens", "drop_stale_output",
         "num_output_placeholders", "next_decode_eligible_step", "is_prefill_chunk",
+        "kv_offer", "kv_load", "last_sched_seq", "inflight_prefill", "status_before_load",
+        "parked_reservation", "kv_external",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
@@ -127,6 +146,19 @@ class Request:
         self.num_output_placeholders = 0
         self.next_decode_eligible_step = 0
         self.is_prefill_chunk = False
+        # The KV connector (connector.py, kv_transfer.py; untouched without
+        # one): what the connector offers this request (`KvOffer`, None: no
+        # offer), the state of its load (`KvLoad`), the last non-empty step
+        # that scheduled it (vLLM's `last_sched_seq`, the step fence), whether
+        # it holds an in-flight prefill's block reservation (vLLM's
+        # `_inflight_prefills`), and the status a parked load returns to.
+        self.kv_offer = None
+        self.kv_load = KvLoad.NONE
+        self.last_sched_seq = 0
+        self.inflight_prefill = False
+        self.parked_reservation = False       # vLLM's `_parked_reservations`
+        self.kv_external = 0                  # tokens past its local hit an async load in flight brings
+        self.status_before_load = RequestStatus.WAITING
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -40,8 +40,9 @@ and skips a request past its max_tokens or inside its decode stagger
 (placeholders are 0 without async); a live output settles them
 (`_settle_placeholders`), preemption resets them.
 
-The policy is written as small named steps, and nothing else: it writes no
-trace (`TracingScheduler` in trace.py observes the public calls) and knows
+With a KV connector (`config.kv_connector`) the connector's steps are
+kv_transfer.py's and the waiting loop kv_waiting.py's. The policy is
+written as small named steps, and nothing else: it writes no trace (`TracingScheduler` in trace.py observes the public calls) and knows
 no mutant (the verification's mutants are small edits of these named steps,
 compiled and swapped in from outside: verification/mutants/reference.py).
 
@@ -64,12 +65,14 @@ from .kv_cache_manager import KVCacheManager
 from .outputs import CachedRequestData, RequestData, SchedulerOutput
 from .request import Request, RequestStatus
 from .drafts import DraftSources
+from .kv_transfer import KvTransfers
+from .kv_waiting import KvWaiting
 from .update import OutputUpdate
 
 __all__ = ["Fate", "Scheduler"]
 
 
-class Scheduler(OutputUpdate, DraftSources):
+class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv_cache_manager = KVCacheManager(
@@ -107,12 +110,11 @@ class Scheduler(OutputUpdate, DraftSources):
         # _clip: the length a request is clipped to (0.8.4 as released: none).
         self._clip_max_model_len = sys.maxsize if profile.no_max_model_len_clip else config.max_model_len
         self._in_flight_mark_kept_off_running = profile.in_flight_mark_kept_off_running
-        # vLLM 0.33 as released: _fate_by_counters, _predicted_fate.
+        # vLLM 0.33 as released: _fate_by_counters, _predicted_fate; a KV load's error (kv_transfer.py).
         self._outputs_by_id_alone = profile.outputs_by_id_alone
+        self._kv_errors_after_outputs = profile.kv_errors_after_outputs
         self._decode_stagger = config.decode_stagger
-        # vLLM's `Scheduler.current_step`: +1 on every schedule() call, empty
-        # ones included (the stagger is counted in these calls).
-        self.current_step = 0
+        self.current_step = 0                 # vLLM's: +1 every schedule() call, empty ones too
         # The long-prefill threshold in force for the current schedule() call.
         self._threshold = config.long_prefill_token_threshold
         self.requests: dict[str, Request] = {}
@@ -126,6 +128,7 @@ class Scheduler(OutputUpdate, DraftSources):
         self._next_batch_id = 1
         self.num_steps = 0            # schedule() + update_from_output() calls
         self._one_batch_per_request = not config.continue_prefill
+        self._init_kv(config)                 # the KV connector (kv_transfer.py), if any
 
     # ------------------------------------------------------------------
     # Requests in and out
@@ -147,9 +150,8 @@ class Scheduler(OutputUpdate, DraftSources):
             raise ValueError(f"request {request.request_id!r} was already added to a scheduler")
         if not request.prompt_token_ids:
             raise ValueError(f"request {request.request_id!r} has an empty prompt")
-        # One token must fit after the prompt (vLLM accepts == max_model_len and
-        # then finishes on the length check; we refuse a prompt that cannot
-        # produce a token within max_model_len).
+        # One token must fit after the prompt (vLLM accepts == max_model_len
+        # and finishes on the length check; we refuse it).
         limit = self.config.max_model_len - 1
         if request.num_prompt_tokens > limit:
             raise ValueError(f"prompt of request {request.request_id!r} has "
@@ -174,16 +176,21 @@ class Scheduler(OutputUpdate, DraftSources):
             if running:
                 self.running.remove(request)          # O(n), but aborts are rare
             else:
-                self.waiting.remove(request)
+                self._remove_waiting(request)
+            load_held = self.connector is not None and self._load_outlives_abort(request)
             request.status = finished_status
             request.incarnation = next(self._incarnations)
             request.orphaned_incarnation = None
             self._drop_in_flight_mark(request, running)
-            self._free_request(request)
+            self._free_request(request, load_held)
 
-    def _free_request(self, request: Request) -> None:
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> None:
+        """Its blocks go now, behind the step fence, or held for a transfer (kv_transfer.py)."""
         req_id = request.request_id
-        self.kv_cache_manager.free(request)
+        if self.connector is not None:
+            delay_free_blocks = self._connector_finished(request, delay_free_blocks)
+        if not delay_free_blocks:
+            self._free_request_blocks(request)
         del self.requests[req_id]
         self.finished_req_ids.add(req_id)
 
@@ -198,13 +205,13 @@ class Scheduler(OutputUpdate, DraftSources):
             self.scheduled_req_ids.discard(request.request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.kv_holding_waiting)
 
     def has_requests(self) -> bool:
         """vLLM's `SchedulerInterface.has_requests`: unfinished requests, or
         finished ids no batch has carried to the workers yet (vLLM 0.33's
         engine schedules while this holds)."""
-        return bool(self.waiting or self.running or self.finished_req_ids)
+        return bool(self.has_unfinished_requests() or self.finished_req_ids or self.kv_held)
 
     def get_num_unscheduled_requests(self) -> int:
         """vLLM <= 0.8.4's engine gate for the one-batch-per-request policy."""
@@ -224,6 +231,8 @@ class Scheduler(OutputUpdate, DraftSources):
             self._schedule_waiting(batch)
         output = self._make_output(batch)
         self._update_after_schedule(batch)
+        if self.connector is not None:
+            self._kv_after_schedule(output, batch)
         if self._stale_output_counters:
             self._count_in_flight(batch)
         if self._async:
@@ -368,6 +377,8 @@ class Scheduler(OutputUpdate, DraftSources):
             new_blocks = self._allocate(request, num_new_tokens, (), num_drafts)
             if new_blocks is not None:
                 return new_blocks
+            if self._defer_block_free and not self._request_blocks_can_be_freed(self.running[-1]):
+                return None                   # vLLM: "A deferred free will not help"
             victim = self.running.pop()
             self._preempt(victim)
             if self._stale_output_counters:
@@ -392,7 +403,8 @@ class Scheduler(OutputUpdate, DraftSources):
         Its in-flight entries become orphaned (a new incarnation begins). Its
         drafts are cleared (as vLLM 0.33's `_preempt_request`; 0.8.x as
         released keeps them: `drafts_kept_through_preemption`)."""
-        self.kv_cache_manager.free(request)
+        self._free_request_blocks(request)
+        request.inflight_prefill = False
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.spec_token_ids = request.spec_token_ids if self._drafts_kept_through_preemption else ()
@@ -405,7 +417,7 @@ class Scheduler(OutputUpdate, DraftSources):
         """vLLM 0.33 `Scheduler._preempt_request`: the tokens in flight become
         the stale share (assigned: the in-flight count already holds any
         undrained share); an undrained drop-mode share stays dropped."""
-        request.drop_stale_output = self.config.drop_stale_output or (
+        request.drop_stale_output = self.config.drop_stale_output or self._kv_drops_stale or (
             request.drop_stale_output and request.num_stale_output_tokens > 0)
         request.num_stale_output_tokens = request.num_in_flight_tokens
         self._reset_placeholders(request)
@@ -424,6 +436,8 @@ class Scheduler(OutputUpdate, DraftSources):
         stale count, so nothing is skipped and the head blocks), and admits
         only with room for the whole sequence (`full_sequence_admission`,
         `allocate_slots(full_sequence_must_fit=...)`)."""
+        if self.connector is not None:
+            return self._schedule_waiting_kv(batch)   # kv_waiting.py
         kv = self.kv_cache_manager
         if self._cache_aware_window:          # vLLM 0.34, opt-in (admission_order.py)
             reorder_by_cached_prefix(self.waiting, kv, self._cache_aware_window,

@@ -98,17 +98,25 @@ class TraceWriter:
         if cfg.async_scheduling:
             event.update(async_scheduling=True, batch_queue_depth=cfg.batch_queue_depth,
                          decode_stagger=cfg.decode_stagger, notes_empty_batches=True)
+        if cfg.kv_connector is not None:
+            event["kv_connector"] = cfg.kv_connector.to_json()
         self._write(event)
 
-    def arrive(self, request: Request, step: int) -> None:
+    def arrive(self, request: Request, step: int, kv_connector: bool = False) -> None:
+        """`kv_connector`: also what the connector offers the request."""
         params = request.sampling_params
-        self._write({
+        event = {
             "ev": "arrive", "req": request.request_id, "step": step,
             "prompt_len": request.num_prompt_tokens, "max_tokens": params.max_tokens,
             "prompt_token_ids": request.prompt_token_ids,
             "eos_token_id": request.eos_token_id, "ignore_eos": params.ignore_eos,
             "stop_token_ids": list(params.stop_token_ids),
-        })
+        }
+        if kv_connector:
+            offer = request.kv_offer
+            event.update(external_hit=offer.hit if offer is not None else 0,
+                         load_async=bool(offer is not None and offer.load_async))
+        self._write(event)
 
     def empty_batch(self, ev: str, number: int, step: int) -> None:
         """An empty batch scheduled (`ev` "schedule") or completed
@@ -116,7 +124,8 @@ class TraceWriter:
         self._empty_batches_before.append({"ev": ev, "empty_batch": number, "step": step})
 
     def schedule(self, output: SchedulerOutput, step: int,
-                 placeholders: dict[str, int] | None = None, empty_batch: int | None = None) -> None:
+                 placeholders: dict[str, int] | None = None, empty_batch: int | None = None,
+                 kv_connector: bool = False) -> None:
         """`placeholders`: under async scheduling, each scheduled request's
         output placeholders after the call (written per entry); `empty_batch`:
         the number of the empty batch a call that only preempted queued."""
@@ -128,8 +137,13 @@ class TraceWriter:
         if placeholders is not None:
             for entry in entries:
                 entry["placeholders"] = placeholders[entry["req"]]
+        if kv_connector:
+            for entry, data in zip(entries, output.entries):
+                entry["external"] = data.external
         event: dict[str, Any] = {"ev": "schedule", "batch": output.batch_id, "step": step,
                                  "entries": entries, "preempted": list(output.preempted_req_ids)}
+        if output.kv_loads:
+            event["kv_loads"] = [{"req": req_id, "start": start} for req_id, start in output.kv_loads]
         if empty_batch is not None:
             event["empty_batch"] = empty_batch
         self._write(event)
@@ -144,11 +158,27 @@ class TraceWriter:
             event["next_drafts"] = next_drafts
         self._write(event)
 
-    def finish(self, req_id: str, reason: str, step: int) -> None:
-        self._write({"ev": "finish", "req": req_id, "reason": reason, "step": step})
+    def finish(self, req_id: str, reason: str, step: int, held: bool = False) -> None:
+        """`held`: its blocks stay held for a KV transfer (a send)."""
+        event = {"ev": "finish", "req": req_id, "reason": reason, "step": step}
+        if held:
+            event["held"] = True
+        self._write(event)
 
-    def abort(self, req_id: str, step: int) -> None:
-        self._write({"ev": "abort", "req": req_id, "step": step})
+    def abort(self, req_id: str, step: int, held: bool = False) -> None:
+        """`held`: its blocks stay held for its KV load's report."""
+        event = {"ev": "abort", "req": req_id, "step": step}
+        if held:
+            event["held"] = True
+        self._write(event)
+
+    def kv_report(self, kind: str, req_id: str, from_block: int, step: int) -> None:
+        """A KV connector report as the scheduler processed it: `kv_received`,
+        `kv_failed` (with `from_block`) or `kv_sent`."""
+        event: dict[str, Any] = {"ev": kind, "req": req_id, "step": step}
+        if kind == "kv_failed":
+            event["from_block"] = from_block
+        self._write(event)
 
     def end(self) -> None:
         self._write({"ev": "end"})
@@ -184,10 +214,12 @@ class TracingScheduler(Scheduler):
         self._notes_empty_batches = config.async_scheduling or reorders_admission(config)
         self._empty_batch_numbers: dict[int, int] = {}
         self._next_empty_batch = 1
+        # Inside update_from_output: finishes are written from its outputs.
+        self._in_update = False
 
     def add_request(self, request: Request) -> None:
         super().add_request(request)
-        self.trace.arrive(request, self.num_steps)
+        self.trace.arrive(request, self.num_steps, self.connector is not None)
 
     def finish_requests(self, request_ids: str | Iterable[str],
                         finished_status: RequestStatus) -> None:
@@ -196,9 +228,12 @@ class TracingScheduler(Scheduler):
         finishing = [self.requests[req_id] for req_id in dict.fromkeys(request_ids)
                      if req_id in self.requests]
         super().finish_requests(request_ids, finished_status)
+        if self._in_update:
+            return                            # a KV load's error: written with the outputs
         for request in finishing:
             if finished_status == RequestStatus.FINISHED_ABORTED:
-                self.trace.abort(request.request_id, self.num_steps)
+                self.trace.abort(request.request_id, self.num_steps,
+                                 self.kv_held.get(request.request_id) is request)
             else:
                 self.trace.finish(request.request_id, request.get_finished_reason(),
                                   self.num_steps)
@@ -209,12 +244,13 @@ class TracingScheduler(Scheduler):
         if self._notes_empty_batches and not output.entries:
             empty_batch, self._next_empty_batch = self._next_empty_batch, self._next_empty_batch + 1
             self._empty_batch_numbers[id(output)] = empty_batch
-        if output.entries or output.preempted_req_ids:
+        if output.entries or output.preempted_req_ids or output.kv_loads:
             placeholders = None
             if self.config.async_scheduling:
                 placeholders = {e.req_id: self.requests[e.req_id].num_output_placeholders
                                 for e in output.entries}
-            self.trace.schedule(output, self.num_steps, placeholders, empty_batch)
+            self.trace.schedule(output, self.num_steps, placeholders, empty_batch,
+                                self.connector is not None)
         elif empty_batch is not None:
             self.trace.empty_batch("schedule", empty_batch, self.num_steps)
         return output
@@ -225,10 +261,17 @@ class TracingScheduler(Scheduler):
         dropped: list[str] = []
         live: list[Request] = []
         kept: list[Request] = []              # every entry's request its output reached
+        kv_skipped: set[str] = set()
+        if self.connector is not None:
+            self._in_update = True            # a failure's error finish: written with the outputs
+            try:
+                kv_skipped = self.prepare_kv_reports(scheduler_output)
+            finally:
+                self._in_update = False
         for entry in scheduler_output.entries:
             request = self.requests.get(entry.req_id)
             fate = self._predicted_fate(entry, request)
-            if fate is Fate.SUPERSEDED:
+            if fate is Fate.SUPERSEDED or entry.req_id in kv_skipped:
                 taken[entry.req_id] = list(model_runner_output.tokens_of(entry.req_id))
                 dropped.append(entry.req_id)
                 continue
@@ -238,13 +281,20 @@ class TracingScheduler(Scheduler):
             kept.append(request)
             if fate is Fate.LIVE and taken[entry.req_id]:
                 live.append(request)
-        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        self._in_update = True
+        try:
+            outputs = super().update_from_output(scheduler_output, model_runner_output)
+        finally:
+            self._in_update = False
         if not scheduler_output.entries:
             # An empty batch (vLLM 0.33's engine queues them) applies nothing:
-            # no event, as vLLM's recorder writes none for it (async: noted).
+            # no event, as vLLM's recorder writes none for it (async: noted);
+            # a KV connector's reports may come with it.
             number = self._empty_batch_numbers.pop(id(scheduler_output), None)
             if number is not None:
                 self.trace.empty_batch("complete", number, self.num_steps)
+            self._trace_kv_reports("kv_failed")
+            self._trace_finishes_and_kv_reports(outputs)
             return outputs
         # Drafts proposed to live requests that sampled and go on; where drafts
         # do not come with the output (vLLM 0.33), the drafts each request
@@ -252,12 +302,28 @@ class TracingScheduler(Scheduler):
         holders = live if self._drafts_with_output else kept
         next_drafts = {request.request_id: len(request.spec_token_ids) for request in holders
                        if not request.is_finished() and request.spec_token_ids}
+        self._trace_kv_reports("kv_failed")   # taken before the outputs: they change fates
         self.trace.complete(scheduler_output.batch_id, self.num_steps, taken, dropped,
                             next_drafts)
+        self._trace_finishes_and_kv_reports(outputs)
+        return outputs
+
+    def _trace_kv_reports(self, kind: str) -> None:
+        """The KV connector's reports of `kind` the last output brought, or
+        with kind "" those other than failures (landed loads, sends)."""
+        if self.connector is None:
+            return
+        for seen, req_id, from_block in self.kv_reports_seen:
+            if seen == kind or (not kind and seen != "kv_failed"):
+                self.trace.kv_report(seen, req_id, from_block, self.num_steps)
+
+    def _trace_finishes_and_kv_reports(self, outputs: list[EngineCoreOutput]) -> None:
+        """The finishes (`held` for a send), then the landed loads and sends."""
         for output in outputs:
             if output.finish_reason is not None:
-                self.trace.finish(output.request_id, output.finish_reason, self.num_steps)
-        return outputs
+                self.trace.finish(output.request_id, output.finish_reason, self.num_steps,
+                                  output.request_id in self.kv_held)
+        self._trace_kv_reports("")
 
 
 def make_scheduler(config: SchedulerConfig, trace: TraceWriter | None = None) -> Scheduler:

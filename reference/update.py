@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 from .completion import LIVE, ORPHANED, SUPERSEDED, Fate, append_sampled, count_rejected
 from .config import SchedulerConfig
@@ -48,6 +49,7 @@ class OutputUpdate:
     _outputs_by_id_alone: bool
     _drafts_with_output: bool
     _settles_blocks_with_drafts: bool
+    connector: Any
 
     def fate_of(self, entry: RequestData) -> Fate:
         """What becomes of this in-flight entry's output if it completed now."""
@@ -81,14 +83,16 @@ class OutputUpdate:
                            model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Apply a completed batch's outputs, entry by entry, in placement order."""
         self.num_steps += 1
+        # The KV connector's reports, its failures applied first (kv_transfer.py).
+        kv_skipped = self.prepare_kv_reports(scheduler_output) if self.connector is not None else None
         outputs: list[EngineCoreOutput] = []
         finished_running = False
         counters = self._stale_output_counters
         for entry in scheduler_output.entries:
             request = self.requests.get(entry.req_id)
             fate = self._fate_by_counters(entry, request) if counters else self._bound_fate(entry, request)
-            if fate is SUPERSEDED:
-                continue                      # rescheduled, aborted or finished since: dropped
+            if fate is SUPERSEDED or (kv_skipped and entry.req_id in kv_skipped):
+                continue                      # rescheduled, aborted or finished since (or failing): dropped
             assert request is not None
             token_ids = self._tokens_taken(entry, request, fate, model_runner_output)
             if fate is LIVE:
@@ -111,11 +115,13 @@ class OutputUpdate:
                 if was_running:
                     finished_running = True   # leaves `running` in one pass below
                 else:
-                    self.waiting.remove(request)  # orphaned: finished while PREEMPTED
+                    self._remove_waiting(request)  # orphaned: finished while PREEMPTED
                 self._drop_in_flight_mark(request, was_running)
                 self._free_request(request)
         if finished_running:                  # one O(n) pass, not a remove per request
             self.running = [r for r in self.running if not r.is_finished()]
+        if kv_skipped is not None:            # errors, landed loads, finished sends
+            outputs.extend(self._finish_kv_reports(scheduler_output))
         return outputs
 
     def _bound_fate(self, entry: RequestData, request: Request | None) -> Fate:

@@ -34,13 +34,16 @@ RELEASED_CONSTANTS: dict[str, set[str]] = {
     "vllm-0.8.5": OUTPUTS_0_8 | DRAFTS_0_8,
     "vllm-0.8.4": OUTPUTS_0_8 | DRAFTS_0_8 | {"no_max_model_len_clip", "in_flight_mark_kept_off_running"},
     # 0.33.0's sync `EngineCore.post_step` hands a batch's drafts over at submission.
-    "vllm-0.33": {"outputs_by_id_alone", "worker_decides_sampling", "drafts_handed_over_at_submission"},
-    "vllm-0.33-async": {"outputs_by_id_alone", "worker_decides_sampling"},
+    # A KV load's error finishes its request after the batch's outputs.
+    "vllm-0.33": {"outputs_by_id_alone", "worker_decides_sampling", "drafts_handed_over_at_submission",
+                  "kv_errors_after_outputs"},
+    "vllm-0.33-async": {"outputs_by_id_alone", "worker_decides_sampling", "kv_errors_after_outputs"},
     # 0.34.0's `Scheduler.update_from_output` still binds by id alone, its
     # model runner still decides what sampled, and its sync `post_step` still
     # hands drafts over at submission.
-    "vllm-0.34": {"outputs_by_id_alone", "worker_decides_sampling", "drafts_handed_over_at_submission"},
-    "vllm-0.34-async": {"outputs_by_id_alone", "worker_decides_sampling"},
+    "vllm-0.34": {"outputs_by_id_alone", "worker_decides_sampling", "drafts_handed_over_at_submission",
+                  "kv_errors_after_outputs"},
+    "vllm-0.34-async": {"outputs_by_id_alone", "worker_decides_sampling", "kv_errors_after_outputs"},
 }
 # constant -> (released profile, campaign seed, drafts per step, ids reused, workload index):
 # a generated workload on which the conforming run changes when that constant
@@ -60,6 +63,25 @@ CHANGES_A_RUN: dict[str, tuple[str, int, int, bool, int]] = {
 }
 
 
+# constant -> (released profile, workload): the same for a KV connector's
+# constants, on a replay workload with a connector (not a campaign's): a sync
+# load fails under the fail policy while b finishes in the same batch; the
+# order their blocks are freed in shows in c's table.
+_KV_FAIL = {"hit": 4, "async": False, "load_steps": 1, "fail_from_block": 0, "fail_whole": False, "send_steps": 1}
+CHANGES_A_KV_RUN: dict[str, tuple[str, dict]] = {
+    "kv_errors_after_outputs": ("vllm-0.34", {
+        "name": "kv-error-order", "seed": 0,
+        "config": {"num_stages": 1, "max_num_batched_tokens": 32, "max_num_seqs": 4, "block_size": 4,
+                   "num_blocks": 9, "max_model_len": 32, "long_prefill_token_threshold": 0,
+                   "prefix_caching": False,
+                   "kv_connector": {"consumer": True, "producer": False, "load_failure_policy": "fail",
+                                    "max_inflight_loads": None}},
+        "requests": [{"id": "a", "prompt_len": 8, "max_tokens": 2, "kv": _KV_FAIL},
+                     {"id": "b", "prompt_len": 8, "max_tokens": 1},
+                     {"id": "c", "prompt_len": 16, "max_tokens": 1, "arrival_step": 2}]}),
+}
+
+
 def switched(profile: profiles.Profile, other: profiles.Profile) -> set[str]:
     return {f.name for f in fields(profile) if getattr(profile, f.name) != getattr(other, f.name)}
 
@@ -74,7 +96,7 @@ def test_every_profile_has_a_released_variant_that_switches_exactly_its_constant
 
 
 def test_every_released_constant_is_shown_to_change_a_run():
-    assert set().union(*RELEASED_CONSTANTS.values()) == set(CHANGES_A_RUN)
+    assert set().union(*RELEASED_CONSTANTS.values()) == set(CHANGES_A_RUN) | set(CHANGES_A_KV_RUN)
 
 
 @pytest.mark.parametrize("version, async_scheduling", [("0.8.5", False), ("0.8.4", False),
@@ -138,6 +160,16 @@ def _conforming(raw: dict, name: str) -> tuple[list, str]:
 def test_each_released_constant_changes_the_conforming_run(constant, monkeypatch):
     name, seed, spec_tokens, reuse_ids, index = CHANGES_A_RUN[constant]
     raw = campaign_workloads(seed, index + 1, reuse_ids=reuse_ids, spec_tokens=spec_tokens)[index]
+    released = profiles.RELEASED[name]
+    as_released = _conforming(raw, name)
+    monkeypatch.setitem(profiles.RELEASED, name,
+                        replace(released, **{constant: getattr(profiles.PROFILES[name], constant)}))
+    assert _conforming(raw, name) != as_released, f"{constant} changes nothing on {raw['name']}"
+
+
+@pytest.mark.parametrize("constant", sorted(CHANGES_A_KV_RUN))
+def test_each_kv_released_constant_changes_the_conforming_run(constant, monkeypatch):
+    name, raw = CHANGES_A_KV_RUN[constant]
     released = profiles.RELEASED[name]
     as_released = _conforming(raw, name)
     monkeypatch.setitem(profiles.RELEASED, name,

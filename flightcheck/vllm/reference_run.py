@@ -5,6 +5,11 @@ driven by the replay's own engine loop and fabricated model (engine.py:
 duck-typed, so the reference drives through them with a thin adapter,
 `_ReferenceSide`), its trace written in the trace format.
 
+A workload may give the run a KV connector (`kv_connector`, top level or
+in `config`, and a request's `kv`: reference/connector.py, the same format
+the vLLM side's fabricated connector reads): the reference then runs its
+fabricated connector with those offers (`split_kv_connector`).
+
 `run_reference(..., vllm_outputs=True)` is the conforming run: the
 reference with its deliberate deviations switched to vLLM's behaviour, the
 constants of the version's released profile (`SchedulerConfig(as_released=True)`,
@@ -23,6 +28,7 @@ from typing import Any
 
 from flightcheck.reference import (ModelRunnerOutput, Request, RequestStatus, SamplingParams,
                                    SchedulerConfig, TraceWriter, TracingScheduler)
+from flightcheck.reference.connector import KvConnectorConfig, KvOffer, connector_from_json, offer_from_json
 from flightcheck.reference.outputs import RequestData
 from flightcheck.reference.profiles import PROFILES, get_profile
 from flightcheck.verification.mutants.patching import reference_applied
@@ -100,14 +106,18 @@ class _ReferenceSide:
 
     @property
     def waiting(self) -> Any:
-        return self.scheduler.waiting
+        """Every waiting queue (the KV connector's too: empty without one)."""
+        scheduler = self.scheduler
+        return [*scheduler.kv_holding_waiting, *scheduler.waiting]
 
     @property
     def running(self) -> Any:
         return self.scheduler.running
 
     def has_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self.scheduler.finished_req_ids)
+        """Unfinished requests, finished ids not yet sent, or (with a KV
+        connector) finished requests whose blocks a transfer holds."""
+        return self.scheduler.has_requests()
 
     def get_num_unscheduled_requests(self) -> int:
         return self.scheduler.get_num_unscheduled_requests()
@@ -139,7 +149,29 @@ def _model_output(req_ids: list[str], req_id_to_index: dict[str, int],
                              sampled_token_ids=sampled_token_ids, spec_token_ids=spec_token_ids)
 
 
-def reference_config(workload: Workload, profile: str, as_released: bool = False) -> SchedulerConfig:
+def split_kv_connector(raw_workload: dict[str, Any]) -> tuple[dict[str, Any], KvConnectorConfig | None,
+                                                                dict[str, KvOffer]]:
+    """A workload's KV connector (`kv_connector`, top level or in `config`)
+    and its requests' offers (`kv`, by the request's own `id`), and the
+    workload without the connector's config key (the replay's
+    `workload_from_json` does not know it). No connector: (raw, None, {})."""
+    raw = dict(raw_workload)
+    config = dict(raw.get("config", {}))
+    connector_raw = raw.pop("kv_connector", None)
+    if "kv_connector" in config:
+        connector_raw = config.pop("kv_connector")
+        raw["config"] = config
+    connector = connector_from_json(connector_raw)
+    offers: dict[str, KvOffer] = {}
+    for index, request in enumerate(raw.get("requests", ())):
+        offer = offer_from_json(request.get("kv")) if isinstance(request, dict) else None
+        if offer is not None:
+            offers[str(request.get("id", index))] = offer
+    return raw, connector, offers
+
+
+def reference_config(workload: Workload, profile: str, as_released: bool = False,
+                     kv_connector: KvConnectorConfig | None = None) -> SchedulerConfig:
     """The reference's configuration for a replay workload: vLLM keeps one
     null block back, so the reference gets one block fewer.
 
@@ -168,7 +200,7 @@ def reference_config(workload: Workload, profile: str, as_released: bool = False
         enable_chunked_prefill=config.enable_chunked_prefill,
         cache_aware_admission_window=config.cache_aware_admission_window,
         cache_aware_admission_threshold=config.cache_aware_admission_threshold,
-        profile=profile, as_released=as_released)
+        profile=profile, as_released=as_released, kv_connector=kv_connector)
 
 
 def engine_loop_of(profile: str) -> str:
@@ -195,12 +227,21 @@ def run_reference(raw_workload: dict[str, Any], profile: str, mutant: str | None
     replay's own engine loop and fabricated model; with `mutant`, one of the
     reference's mutants (verification/mutants/reference.py) is in force for
     the run and the trace's config names it."""
+    raw, connector, offers = split_kv_connector(raw_workload)
     with reference_applied(mutant):
-        return _run_reference(workload_from_json(raw_workload), profile, mutant, vllm_outputs)
+        return _run_reference(workload_from_json(raw), profile, mutant, vllm_outputs,
+                              _KvSetup(connector, offers))
+
+
+@dataclass(frozen=True)
+class _KvSetup:
+    """The run's KV connector and the offers by request key (none: no connector)."""
+    connector: KvConnectorConfig | None = None
+    offers: dict[str, KvOffer] | None = None
 
 
 def _run_reference(workload: Workload, profile: str, mutant: str | None,
-                   vllm_outputs: bool) -> ReferenceRun:
+                   vllm_outputs: bool, kv: _KvSetup = _KvSetup()) -> ReferenceRun:
     sink = io.StringIO()
     trace = TraceWriter(sink, eos_token_id=workload.eos_token_id,
                         extra={"mutant": mutant} if mutant is not None else None)
@@ -211,7 +252,7 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
     v033 = loop in BATCH_QUEUE_V033_LOOPS
     # `vllm_outputs`: the deviations switched to vLLM's behaviour, the
     # constants of the version's released profile (reference/profiles.py `RELEASED`).
-    config = reference_config(workload, profile, as_released=vllm_outputs)
+    config = reference_config(workload, profile, as_released=vllm_outputs, kv_connector=kv.connector)
     scheduler = TracingScheduler(config, trace)
     side = _ReferenceSide(scheduler, batch_level_cached_data=v033,
                           v2_runner=config.async_scheduling or loop == "0.34")
@@ -229,8 +270,10 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
 
     def add(spec: Any) -> None:
         params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
-        scheduler.add_request(Request(spec.req_id, list(spec.prompt_token_ids), params,
-                                      eos_token_id=workload.eos_token_id))
+        request = Request(spec.req_id, list(spec.prompt_token_ids), params, eos_token_id=workload.eos_token_id)
+        if kv.offers:
+            request.kv_offer = kv.offers.get(spec.key)
+        scheduler.add_request(request)
 
     def abort(req_id: str) -> None:
         scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
