@@ -107,11 +107,11 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
     if not step.preempted:
         _schedule_waiting(step)
     if not step.entries and not step.preempted:
-        return _idle(step)   # 0.34's reorder and a KV connector's loads stay
+        return _idle(state, cfg, step)   # 0.34's reorder and a KV connector's loads stay
     return Scheduled(_launch(step), tuple(step.entries), tuple(step.preempted), tuple(step.kv_loads))
 
 
-def _idle(step: _Step) -> Scheduled | None:
+def _idle(state: State, cfg: Config, step: _Step | None = None) -> Scheduled | None:
     """A step that forms nothing. vLLM 0.33 `EngineCore.step_with_batch_queue`
     calls `schedule()` whenever `Scheduler.has_requests()` (an unfinished
     request) and queues its result even with 0 tokens
@@ -120,12 +120,13 @@ def _idle(step: _Step) -> Scheduled | None:
     covers every engine step that schedules nothing; it stays finite because
     the queue holds at most K batches, empty ones included (a KV connector's
     finished request held for a transfer keeps the engine stepping:
-    `has_finished_requests`). 0.8.x: nothing. The state is the call's own,
-    counted down (`_count_down`), with what its waiting loop changed."""
-    state, cfg = step.state, step.cfg
-    if not cfg.rules.empty_batches or not any(q.status.is_active or q.held for q in state.requests):
+    `has_finished_requests`). 0.8.x: nothing. `step`: the call's own, counted
+    down, with what its waiting loop changed; None: a call on `state` alone."""
+    counted = _count_down(state, cfg) if step is None else step.state
+    if not cfg.rules.empty_batches or not any(q.status.is_active or q.held for q in counted.requests):
         return None
-    return Scheduled(replace(state, in_flight=state.in_flight + ((),)), (), (), tuple(step.kv_loads))
+    return Scheduled(replace(counted, in_flight=counted.in_flight + ((),)), (), (),
+                     () if step is None else tuple(step.kv_loads))
 
 
 def _count_down(state: State, cfg: Config) -> State:
