@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,18 @@ from flightcheck.spec.transitions import CONTRACT_PROPERTIES
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.kv_models import (KV_HEAD_OF_LINE, KV_MUTANT_MODELS, KV_PARTIAL_LOAD,
                                                  KV_PREFIX_PRESSURE, KV_SHARED_PREFIX, kv_mutant_model)
-from flightcheck.verification.mutants import ALL_MUTANTS, KV_MUTANTS, MUTANTS, PROFILE_MUTANTS, kv_mutants_of
+from flightcheck.verification.mutants import (ALL_MUTANTS, KV_MUTANTS, MUTANTS, PROFILE_MUTANTS, kv_mutants_of,
+                                             reference_applied)
 from flightcheck.verification.mutants.kv_connector import KV_PROFILE
+from flightcheck.verification.mutants.reference import ALL_MUTANTS as FUZZED
+from flightcheck.verification.mutants.reference import KV_MUTANTS as REFERENCE_KV_MUTANTS
 from flightcheck.verification.results import SOMETIMES_NAMES, kind_of
 from flightcheck.verification import suite
 from flightcheck.verification.suite import SuiteOptions, hunt_mutant, run_suite
 from flightcheck.verification.traces.counterexample import broken_at, replay
+from tests.test_reference_kv import _random_run
+from tests.test_reference_kv import \
+    test_a_failed_sync_load_rolls_back_every_counter_under_async_scheduling as scenario_49250
 
 # The bugs issue 36 lists, by pull request or issue number.
 ISSUE_BUGS = {18232, 18631, 26929, 32255, 37827, 45357, 45388, 46014, 49250, 49674, 53250}
@@ -135,3 +142,33 @@ def test_the_docs_list_every_kv_mutant_as_the_registry_records_it():
         if m.kind == "historical":
             row = next(line for line in table.splitlines() if line.startswith(f"| `{m.name}` |"))
             assert m.killed_by in row and row.endswith(f" | {m.shortest} | {model} |"), row
+
+
+# The reference's KV connector mutants: each caught by the reference's own
+# checks on one random connector run of tests/test_reference_kv.py (seed ->
+# what fails, and where), the correct reference passing the same run.
+REFERENCE_KILLS = {
+    "fence_ignored_pr45357": (6, AssertionError, "free & set(ids)"),          # the fence's KV1 check
+    "aborted_load_freed_at_once_pr32255": (0, KeyError, "kv_held.pop"),       # the late finished_recving
+    "rollback_keeps_placeholders_pr49250": (144, AssertionError, "did not end"),
+}
+
+
+def test_the_reference_has_its_kv_connector_mutants_and_they_are_not_fuzzed():
+    assert set(REFERENCE_KV_MUTANTS) == set(REFERENCE_KILLS) <= set(KV_MUTANTS)
+    assert not set(REFERENCE_KV_MUTANTS) & set(FUZZED)
+
+
+@pytest.mark.parametrize("name", list(REFERENCE_KILLS))
+def test_reference_kv_mutant_is_caught_by_the_references_own_checks(name):
+    seed, error, where = REFERENCE_KILLS[name]
+    _random_run(seed, KV_PROFILE)
+    with reference_applied(name), pytest.raises(error) as caught:
+        _random_run(seed, KV_PROFILE)
+    assert where in "".join(traceback.format_exception(caught.value))
+
+
+def test_the_reference_rollback_keeping_placeholders_breaks_the_49250_scenario():
+    with reference_applied("rollback_keeps_placeholders_pr49250"), pytest.raises(AssertionError) as caught:
+        scenario_49250()
+    assert "num_output_placeholders == 0" in "".join(traceback.format_exception(caught.value))
