@@ -29,7 +29,9 @@ from flightcheck.verification.results import SOMETIMES_NAMES, kind_of
 from flightcheck.verification import suite
 from flightcheck.verification.suite import SuiteOptions, hunt_mutant, run_suite
 from flightcheck.verification.traces.counterexample import broken_at, replay
-from tests.test_reference_kv import _random_run
+from tests.test_reference_kv import _random_run, add, make_run
+from tests.test_reference_kv import \
+    test_a_landed_load_is_not_starved_by_a_blocked_plain_waiting_request as scenario_45388
 from tests.test_reference_kv import \
     test_a_failed_sync_load_rolls_back_every_counter_under_async_scheduling as scenario_49250
 
@@ -154,8 +156,14 @@ REFERENCE_KILLS = {
 }
 
 
+# ... and those a random run does not catch, by a scenario of their bug.
+REFERENCE_SCENARIO_KILLS = ("waiting_head_blocks_promotion_pr45388", "fenced_victim_preempted_pr49674",
+                            "rollback_keeps_placeholders_pr49250")
+
+
 def test_the_reference_has_its_kv_connector_mutants_and_they_are_not_fuzzed():
-    assert set(REFERENCE_KV_MUTANTS) == set(REFERENCE_KILLS) <= set(KV_MUTANTS)
+    assert set(REFERENCE_KV_MUTANTS) == set(REFERENCE_KILLS) | set(REFERENCE_SCENARIO_KILLS)
+    assert set(REFERENCE_KV_MUTANTS) <= set(KV_MUTANTS)
     assert not set(REFERENCE_KV_MUTANTS) & set(FUZZED)
 
 
@@ -172,3 +180,38 @@ def test_the_reference_rollback_keeping_placeholders_breaks_the_49250_scenario()
     with reference_applied("rollback_keeps_placeholders_pr49250"), pytest.raises(AssertionError) as caught:
         scenario_49250()
     assert "num_output_placeholders == 0" in "".join(traceback.format_exception(caught.value))
+
+
+def test_the_reference_plain_head_first_starves_the_landed_load_of_the_45388_scenario():
+    with reference_applied("waiting_head_blocks_promotion_pr45388"), pytest.raises(AssertionError) as caught:
+        scenario_45388()
+    assert '[("loaded", 15, 1, 0)]' in "".join(traceback.format_exception(caught.value))
+
+
+def _preemptions_put_aside() -> list[str]:
+    """Two requests decode under async scheduling (the step fence) in a pool
+    they fill: the preemptions whose victim's blocks were put aside behind
+    the fence (P_KV_preemption_frees broken), until the run ends."""
+    run = make_run(KV_PROFILE, stages=1, num_blocks=4, block_size=4, max_num_batched_tokens=16, max_model_len=16)
+    add(run, "a", 6, max_tokens=8)
+    add(run, "b", 6, max_tokens=8)
+    put_aside: list[str] = []
+    for _ in range(60):
+        if not run.scheduler.has_requests() and not run.queue:
+            return put_aside
+        before = len(run.scheduler.deferred_frees)
+        if len(run.queue) < run.depth and run.scheduler.has_requests():
+            output = run.schedule()
+            if output.preempted_req_ids and len(run.scheduler.deferred_frees) > before:
+                put_aside += output.preempted_req_ids
+            if len(run.queue) < run.depth:
+                continue
+        if run.queue:
+            run.complete()
+    raise AssertionError("the run did not end")
+
+
+def test_the_reference_preempting_a_fenced_victim_frees_nothing_49674():
+    assert _preemptions_put_aside() == []
+    with reference_applied("fenced_victim_preempted_pr49674"):
+        assert _preemptions_put_aside()[:2] == ["b", "a"]       # the zero-progress cascade

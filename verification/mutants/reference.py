@@ -29,6 +29,7 @@ REFERENCE_MODULES: dict[str, str] = {
     "scheduler": "flightcheck.reference.scheduler",
     "update": "flightcheck.reference.update",
     "kv_transfer": "flightcheck.reference.kv_transfer",      # the KV connector's steps
+    "kv_waiting": "flightcheck.reference.kv_waiting",
 }
 
 
@@ -291,6 +292,22 @@ KV_CONNECTOR: tuple[ReferenceMutant, ...] = (
             "writing them (vLLM PR #32255)",
             _edit("kv_transfer.KvTransfers._load_outlives_abort",
                   "self._kv_aborted_load_held and req_id not in self.finished_recving_kv_req_ids", "False"),
+            profile="vllm-0.34-async"),
+    _mutant("waiting_head_blocks_promotion_pr45388",
+            "a plain WAITING head that cannot allocate is looked at before the landed loads, which are "
+            "never promoted: the engine schedules nothing for ever (vLLM issue #45388)",
+            _edit("kv_waiting.KvWaiting._next_candidate",
+                  "held = next((r for r in self.kv_holding_waiting if r not in skipped), None)", """
+                  plain_first = next((r for r in self.waiting if r not in skipped and not self._may_load_async(r)), None)
+                  held = None if plain_first is not None else next(
+                      (r for r in self.kv_holding_waiting if r not in skipped), None)"""),
+            profile="vllm-0.34-async"),
+    _mutant("fenced_victim_preempted_pr49674",
+            "a victim whose free the step fence defers is preempted anyway: the preemption frees nothing "
+            "for the request it makes room for (vLLM issue #49674)",
+            _edit("scheduler.Scheduler._allocate_or_preempt", """
+                  if self._defer_block_free and not self._request_blocks_can_be_freed(self.running[-1]):
+                      return None""", ""),
             profile="vllm-0.34-async"),
     _mutant("rollback_keeps_placeholders_pr49250",
             "a recompute rollback of a failed load leaves num_output_placeholders under async scheduling "
