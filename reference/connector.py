@@ -130,6 +130,10 @@ class FabricatedConnector:
         self._async_loads: list[_Load] = []
         self._sync_loads: dict[tuple[str, int], _Load] = {}
         self._sends: list[tuple[int, str]] = []  # (due output, request id)
+        # Scripted (a refinement driver's): no timing of its own; the next
+        # output brings `next_output`, whatever the driver put there.
+        self.scripted = False
+        self.next_output: KvConnectorOutput | None = None
 
     # -- scheduler side ------------------------------------------------------
 
@@ -147,6 +151,11 @@ class FabricatedConnector:
         if num_external <= 0:
             return 0, False
         return num_external, load_async
+
+    def was_asked(self, request: Request) -> bool:
+        """The request was admitted or parked with this connector: its
+        promise is spent (it is offered 0 from now on)."""
+        return request in self._promised
 
     def may_load_async(self, request: Request) -> bool:
         """vLLM 0.34's `may_load_async`: the connector would load it async."""
@@ -190,6 +199,9 @@ class FabricatedConnector:
     def worker_output(self, entries: list[Any]) -> KvConnectorOutput:
         """The reports that come with the next output, the batch of `entries`."""
         self.outputs_processed += 1
+        if self.scripted:
+            out, self.next_output = self.next_output or KvConnectorOutput(), None
+            return out
         now = self.outputs_processed
         out = KvConnectorOutput()
         for entry in entries:

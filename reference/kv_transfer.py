@@ -24,7 +24,9 @@ called. With one:
   goes back to that block's start, and every entry of it still in flight
   reaches past it: all are dropped (a new incarnation; under vLLM's
   counters a drop-mode stale share of all its in-flight tokens) and its
-  output placeholders reset. vLLM 0.34.0's `_update_requests_with_invalid_blocks`
+  output placeholders reset; its next entry tells the worker so
+  (`rolled_back`: it forgets the tokens it sampled for the dropped entries,
+  as for a resumed request). vLLM 0.34.0's `_update_requests_with_invalid_blocks`
   takes the valid prefix's base from the failing batch alone and leaves the
   placeholders (#49250); the reference has no switch for that.
 """
@@ -130,7 +132,10 @@ class KvTransfers:
             delay_free_blocks = True
         request.inflight_prefill = request.parked_reservation = False
         request.kv_external = 0
+        load = request.kv_load
         self._set_kv_load(request, KvLoad.NONE)
+        if delay_free_blocks and load in (KvLoad.IN_FLIGHT, KvLoad.FAILED):
+            request.kv_load = load            # its report is still to come (counted as aborted)
         if delay_free_blocks:
             self.kv_held[request.request_id] = request
         return delay_free_blocks
@@ -152,6 +157,7 @@ class KvTransfers:
     def _free_held(self, req_id: str) -> None:
         """A held request's transfer is over: its blocks go (behind the fence)."""
         request = self.kv_held.pop(req_id)
+        request.kv_load = KvLoad.NONE
         self._aborted_kv_loads.discard(req_id)
         self._free_request_blocks(request)
 
@@ -166,6 +172,7 @@ class KvTransfers:
             self.sched_step_seq += 1
         for request, entry in zip(batch.requests, batch.entries):
             request.last_sched_seq = self.sched_step_seq
+            entry.rolled_back, request.kv_rolled_back = request.kv_rolled_back, False
             if self._defer_block_free:        # the blocks this batch writes (the spec's Entry.blocks)
                 entry.fence_blocks = tuple(self.kv_cache_manager.get_block_ids(request.request_id))
             request.parked_reservation = False
@@ -293,6 +300,7 @@ class KvTransfers:
             request.drop_stale_output = True
         request.num_output_placeholders = 0
         request.spec_token_ids = ()
+        request.kv_rolled_back = True         # the worker forgets what it sampled past the prefix
 
     # -- promotion -----------------------------------------------------------
 

@@ -45,6 +45,7 @@ class NewRequestData:
     spec_token_ids: tuple[int, ...] = ()      # never drafts on admission
     external: int = 0                         # tokens of the start a sync KV load brings in
     fence_blocks: tuple[int, ...] = ()        # its table when scheduled, under the KV step fence
+    rolled_back: bool = False                 # first entry since a KV load's rollback: the worker forgets
 
     @property
     def new_block_ids(self) -> tuple[int, ...]:
@@ -73,6 +74,7 @@ class CachedRequestData:
     samples: bool
     external: int = 0                         # tokens of the start a sync KV load brings in
     fence_blocks: tuple[int, ...] = ()        # its table when scheduled, under the KV step fence
+    rolled_back: bool = False                 # first entry since a KV load's rollback: the worker forgets
 
     @property
     def num_drafts(self) -> int:

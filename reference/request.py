@@ -91,7 +91,7 @@ class Request:
         "num_in_flight_tokens", "num_stale_output_tokens", "drop_stale_output",
         "num_output_placeholders", "next_decode_eligible_step", "is_prefill_chunk",
         "kv_offer", "kv_load", "last_sched_seq", "inflight_prefill", "status_before_load",
-        "parked_reservation", "kv_external",
+        "parked_reservation", "kv_external", "kv_rolled_back",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
@@ -158,6 +158,7 @@ class Request:
         self.inflight_prefill = False
         self.parked_reservation = False       # vLLM's `_parked_reservations`
         self.kv_external = 0                  # tokens past its local hit an async load in flight brings
+        self.kv_rolled_back = False           # a KV load's rollback: its next entry resets the worker
         self.status_before_load = RequestStatus.WAITING
 
     @property

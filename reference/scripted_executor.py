@@ -116,7 +116,7 @@ class ScriptedExecutor:
             req_id, start, n = entry.req_id, entry.num_computed_tokens, entry.num_new_tokens
             if type(entry) is NewRequestData:
                 num_known = len(entry.prompt_token_ids)
-            elif self._keeps_sampled_tokens and entry.resumed_from_preemption:
+            elif self._keeps_sampled_tokens and (entry.resumed_from_preemption or entry.rolled_back):
                 num_known = start + len(entry.new_token_ids)
             elif self._keeps_sampled_tokens and req_id in known:
                 # The runner's own count: a decode scheduled on drafts that a

@@ -45,10 +45,11 @@ from collections.abc import Iterable, Sequence
 from flightcheck.reference import Engine, Request, RequestStatus, Scheduler
 from flightcheck.reference.block_pool import hash_block_tokens
 from flightcheck.reference.outputs import SchedulerOutput
-from flightcheck.spec import BlockPool, Config, Entry, Fate, Prompt, State, Status
+from flightcheck.spec import BlockPool, Config, Entry, Fate, KvConnector, Load, Prompt, State, Status
 from flightcheck.spec import Request as SpecRequest
 from flightcheck.spec.blocks import group_duplicates
 from flightcheck.spec.state import content_label
+from flightcheck.verification.refinement import kv_abstraction
 
 STATUS: dict[RequestStatus, Status] = {
     RequestStatus.WAITING: Status.WAITING,
@@ -57,6 +58,8 @@ STATUS: dict[RequestStatus, Status] = {
     RequestStatus.FINISHED_STOPPED: Status.FINISHED_STOPPED,
     RequestStatus.FINISHED_LENGTH_CAPPED: Status.FINISHED_LENGTH,
     RequestStatus.FINISHED_ABORTED: Status.FINISHED_ABORTED,
+    RequestStatus.WAITING_FOR_REMOTE_KVS: Status.WAITING_FOR_REMOTE_KVS,
+    RequestStatus.FINISHED_ERROR: Status.FINISHED_ERROR,
 }
 FATE: dict[str, Fate] = {f.value: f for f in Fate}
 
@@ -94,7 +97,14 @@ def spec_config(cfg, allow_name_reuse: bool = False) -> Config:
                   continue_prefill=cfg.continue_prefill,
                   num_preallocate_tokens=cfg.num_preallocate_tokens,
                   stale_mode="drop" if cfg.drop_stale_output else "deliver",
-                  allow_name_reuse=allow_name_reuse)
+                  allow_name_reuse=allow_name_reuse, kv_connector=_kv_connector(cfg))
+
+
+def _kv_connector(cfg) -> KvConnector | None:
+    kv = cfg.kv_connector
+    return None if kv is None else KvConnector(consumer=kv.consumer, producer=kv.producer,
+                                               load_failure_policy=kv.load_failure_policy,
+                                               max_inflight_loads=kv.max_inflight_loads)
 
 
 class Ledger:
@@ -212,7 +222,7 @@ def abstract(scheduler: Scheduler, engine: Engine | Iterable[SchedulerOutput],
                  waiting=tuple(ledger.slot_of(r) for r in scheduler.waiting),
                  running=tuple(ledger.slot_of(r) for r in scheduler.running),
                  in_flight=in_flight, pool=_pool(scheduler, ledger, state),
-                 scheduled_ids=scheduled)
+                 scheduled_ids=scheduled, **kv_abstraction.queues(scheduler, ledger))
 
 
 def _request(scheduler: Scheduler, ledger: Ledger, slot: int, r: Request,
@@ -222,6 +232,8 @@ def _request(scheduler: Scheduler, ledger: Ledger, slot: int, r: Request,
     common = dict(status=status, prompt_len=r.num_prompt_tokens, max_tokens=r.max_tokens,
                   prompt_labels=labels, num_output=r.num_output_tokens,
                   name=ledger.name_of(slot) if named else None)
+    if scheduler.connector is not None:       # the KV connector's fields (kv_abstraction.py)
+        common.update(kv_abstraction.request_fields(scheduler, r))
     if status.is_finished:
         return SpecRequest(**common)          # the spec's normal form of a finished request
     table = tuple(scheduler.kv_cache_manager.get_block_ids(r.request_id))
@@ -266,7 +278,8 @@ def _entry(scheduler: Scheduler, ledger: Ledger, e, named: bool) -> Entry:
     fate = scheduler.incarnation_fate_of(e) if named else scheduler.fate_of(e)
     return Entry(slot, start=e.num_computed_tokens, n=e.num_new_tokens, samples=bool(e.samples),
                  drafts=len(e.spec_token_ids), fate=FATE[fate.value],
-                 name=ledger.name_of(slot) if named else None)
+                 name=ledger.name_of(slot) if named else None,
+                 external=e.external, blocks=e.fence_blocks)
 
 
 def _slot_by_name(scheduler: Scheduler, ledger: Ledger, req_id: str) -> int:

@@ -410,6 +410,9 @@ class RefinementMachine(RefinementChecks, RuleBasedStateMachine):
         for output in outputs:
             # What the engine streams to the client: exactly the tokens this
             # batch appended to the request (none past the one that stopped it).
+            slot = slot_of.get(output.request_id)
+            if slot is None and output.finish_reason == "error" and not output.new_token_ids:
+                continue                      # a KV load's error (kv_machine.py): no batch entry
             slot = slot_of[output.request_id]
             appended = list(self.ledger.requests[slot].output_token_ids[num_output[slot]:])
             if list(output.new_token_ids) != appended:
