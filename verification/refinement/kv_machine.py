@@ -248,13 +248,16 @@ def kv_machine_factory(profile: str, budget: Budget | None = None,
     return make
 
 
-def kv_fuzz(steps: int, seed: int, profile: str, steps_per_program: int = 60) -> str | None:
+def kv_fuzz(steps: int, seed: int, profile: str, steps_per_program: int = 60,
+            shrink: bool = True) -> str | None:
     """A refinement run with a connector under `profile`, `steps` rule steps
-    from `seed`; the failure (the shrunk program and its message), or None."""
+    from `seed`; the failure (the program, shrunk unless `shrink` is off,
+    and its message), or None."""
     budget = Budget(steps)
     factory = hypothesis_seed(seed)(kv_machine_factory(profile, budget))
     run_settings = hypothesis_settings(max_examples=10**9, stateful_step_count=steps_per_program,
-                                       database=None, deadline=None, phases=(Phase.generate, Phase.shrink),
+                                       database=None, deadline=None,
+                                       phases=(Phase.generate, Phase.shrink) if shrink else (Phase.generate,),
                                        suppress_health_check=list(HealthCheck), print_blob=False,
                                        report_multiple_bugs=False, verbosity=Verbosity.quiet)
     try:
