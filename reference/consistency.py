@@ -66,7 +66,14 @@ def consistency_errors(scheduler: Scheduler) -> list[str]:
         if block.block_hash is not None and pool.cached_block_hash_to_block.get(
                 block.block_hash, {}).get(block.block_id) is not block:
             errors.append(f"block {block.block_id} has a hash the cache does not map to it")
-    for h, copies in pool.cached_block_hash_to_block.items():
+    return errors + _hash_map_errors(scheduler)
+
+
+def _hash_map_errors(scheduler: Scheduler) -> list[str]:
+    """The prefix cache's hash map agrees with the blocks; no table holds a block twice."""
+    errors: list[str] = []
+    kv = scheduler.kv_cache_manager
+    for h, copies in kv.block_pool.cached_block_hash_to_block.items():
         if not copies:
             errors.append(f"hash {h} maps to no block")
         for block in copies.values():

@@ -146,12 +146,15 @@ class Request:
         self.num_output_placeholders = 0
         self.next_decode_eligible_step = 0
         self.is_prefill_chunk = False
-        # The KV connector (connector.py, kv_transfer.py; untouched without
-        # one): what the connector offers this request (`KvOffer`, None: no
-        # offer), the state of its load (`KvLoad`), the last non-empty step
-        # that scheduled it (vLLM's `last_sched_seq`, the step fence), whether
-        # it holds an in-flight prefill's block reservation (vLLM's
-        # `_inflight_prefills`), and the status a parked load returns to.
+        self._init_kv_fields()
+
+    def _init_kv_fields(self) -> None:
+        """The KV connector's (connector.py, kv_transfer.py; untouched
+        without one): what the connector offers this request (`KvOffer`,
+        None: no offer), the state of its load (`KvLoad`), the last non-empty
+        step that scheduled it (vLLM's `last_sched_seq`, the step fence),
+        whether it holds an in-flight prefill's block reservation (vLLM's
+        `_inflight_prefills`), and the status a parked load returns to."""
         self.kv_offer = None
         self.kv_load = KvLoad.NONE
         self.last_sched_seq = 0

@@ -69,6 +69,11 @@ def kv4_finished_holds_nothing(s: State, cfg: Config, r: int) -> bool:
     q = s.requests[r]
     if not q.status.is_finished:
         return not q.held
+    kv = cfg.kv_connector
+    held_for_send = (kv is not None and kv.producer
+                     and q.status in (Status.FINISHED_STOPPED, Status.FINISHED_LENGTH))
+    if q.held and not (q.load.in_transfer or held_for_send):
+        return False                    # held for no transfer: nothing will free it
     return bool(q.block_table) == q.held
 
 

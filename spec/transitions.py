@@ -13,6 +13,7 @@ from typing import Callable, Union
 
 from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest
 from .config import Config
+from .connector_contract import Labels, contract_clauses
 from .kv_reports import fail_kv_load, receive_kv, send_kv
 from .schedule import Scheduled, schedule
 from .state import FINISHED, Entry, Fate, Request, State, Status
@@ -260,13 +261,21 @@ KV_TRANSITION_PROPERTIES: tuple[TransitionProperty, ...] = (
     TransitionProperty("P_KV_preemption_frees", p_kv_preemption_frees),
 )
 
+# The KV connector's contract (connector_contract.py): properties of the
+# environment, checked on every step of a configuration with a connector.
+CONTRACT_PROPERTIES: tuple[TransitionProperty, ...] = tuple(
+    TransitionProperty(name, clause)
+    for name, clause in contract_clauses(Labels(Schedule, ReceiveKv, FailKvLoad, SendKv)))
+
 
 def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
     """The transition properties of cfg's profile: every profile's, S7'
     where outputs are looked up by name, and with a KV connector KV3 (where
-    the profile has load failures) and P_KV_preemption_frees."""
+    the profile has load failures), P_KV_preemption_frees and the
+    connector's contract (C1-C5)."""
     chosen = TRANSITION_PROPERTIES + (INCARNATION_PROPERTIES if cfg.rules.stale_output_counters else ())
     if cfg.kv_connector is not None:
         chosen += tuple(p for p in KV_TRANSITION_PROPERTIES
                         if p.name != "KV3_rollback_restores_counters" or cfg.rules.kv_load_failures)
+        chosen += CONTRACT_PROPERTIES
     return chosen

@@ -1,7 +1,10 @@
 """The KV connector's model-checking constants (docs/kv-connector.md), kept
 apart from the spec as `models.py` keeps the others: one small model per
 feature cluster, each searched under the profiles that have a connector's
-async loads, and the model each connector mutant is hunted on.
+async loads, and the model each connector mutant is hunted on (four of
+them the mutants' own: a partial async hit, prefix caching under pressure,
+a shared prefix with a failing load, a plain request that needs the pool
+a landed load holds).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from dataclasses import replace
 
 from flightcheck.spec import Config, KvConnector, Prompt
 from flightcheck.verification.models import Model
+from flightcheck.verification.mutants.kv_connector import KV_PROFILE
 
 # Each model: K = 2, no prefix caching and no stop tokens (which no
 # connector rule reads), searched under the profiles that have a
@@ -84,7 +88,84 @@ KV_PROFILE_MODELS: dict[str, tuple[Model, ...]] = {
     "vllm-0.34-async": tuple(_under(m, "vllm-0.34-async") for m in _KV_MODELS + (KV_LIMIT_K2,)),
 }
 
-# The connector's mutants (verification/mutants, the historical `..._prNNNNN`
-# bugs) and the model each is hunted on, per profile: `verify --kv-connector`
-# hunts them. Filled as the mutants are written.
+# --- the models of the connector's mutants (verification/mutants/kv_connector.py,
+# the historical `..._prNNNNN` bugs): most are hunted on the models above;
+# the few whose bug needs a behaviour none of those has get one of their
+# own, with only what the bug needs (the smaller the model, the shorter the
+# counterexample). Their targets too small to reach, beside the above:
+_MUTANT_SKIPPED = _KV_SKIPPED + ("two_prefill_chunks_in_flight", "blocks_freed_behind_fence")
+
+
+def _kv_labelled(prompt_len: int, max_tokens: int, external_hit: int, load_async: bool,
+                 labels: tuple[int, ...]) -> Prompt:
+    return Prompt(prompt_len, max_tokens, labels, external_hit, load_async)
+
+
+# A prompt of 5 whose first block loads asynchronously: once the load has
+# landed, 3 prompt tokens are left to compute (a second load promised after
+# promotion, #18232).
+KV_PARTIAL_LOAD = Model(
+    "kv-partial-load",
+    Config(num_stages=2, max_num_batched_tokens=4, max_num_seqs=1, block_size=2, num_blocks=3,
+           max_model_len=6, prefix_caching=False, profile=KV_PROFILE, kv_connector=KvConnector()),
+    (_kv(5, 1, 2, load_async=True),),
+    allow_stop=False, allow_abort=False, skip_targets=_MUTANT_SKIPPED,
+)
+# Prefix caching: a running request that grows to the whole pool, beside a
+# request whose first block loads asynchronously (its blocks cached once it
+# has landed); the landed request cannot be admitted while the other holds
+# the pool (a promoted load not admitted at once, #18631).
+KV_PREFIX_PRESSURE = Model(
+    "kv-prefix-pressure",
+    Config(num_stages=2, max_num_batched_tokens=4, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=6, prefix_caching=True, profile=KV_PROFILE, kv_connector=KvConnector()),
+    (_kv_labelled(2, 3, 0, False, (1,)), _kv_labelled(4, 1, 2, True, (5, 6))),
+    allow_stop=False, allow_abort=False, skip_targets=_MUTANT_SKIPPED,
+)
+# Prefix caching: two requests share their first prompt block; the second
+# loads both its blocks asynchronously and its load may fail (#37827).
+KV_SHARED_PREFIX = Model(
+    "kv-shared-prefix",
+    Config(num_stages=2, max_num_batched_tokens=4, max_num_seqs=2, block_size=2, num_blocks=4,
+           max_model_len=6, prefix_caching=True, profile=KV_PROFILE, kv_connector=KvConnector()),
+    (_kv_labelled(3, 1, 0, False, (1,)), _kv_labelled(4, 1, 4, True, (1, 2))),
+    allow_stop=False, allow_abort=False, kv_failures=True, skip_targets=_MUTANT_SKIPPED,
+)
+
+# A parked async load (one block) and a plain request that needs the whole
+# pool: once the load has landed, the plain request cannot be allocated
+# until the loaded one has run and finished (a blocked plain head, #45388).
+KV_HEAD_OF_LINE = Model(
+    "kv-head-of-line",
+    Config(num_stages=2, max_num_batched_tokens=6, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=6, prefix_caching=False, profile=KV_PROFILE, kv_connector=KvConnector()),
+    (_kv(2, 1, 2, load_async=True), _kv(5, 1, 0)),
+    allow_stop=False, allow_abort=False, skip_targets=_MUTANT_SKIPPED,
+)
+
+_CONNECTOR_MODELS = {m.name.split("@")[0]: m for m in KV_PROFILE_MODELS[KV_PROFILE]}
+
+# The connector's mutants and the model each is hunted on, per profile:
+# `verify --kv-connector` hunts them (every one under KV_PROFILE).
 KV_MUTANT_MODELS: dict[str, dict[str, Model]] = {profile: {} for profile in KV_PROFILE_MODELS}
+KV_MUTANT_MODELS[KV_PROFILE] = {
+    "promotion_asks_connector_again_pr18232": KV_PARTIAL_LOAD,
+    "landed_load_count_lost_pr18631": KV_PREFIX_PRESSURE,
+    "aborted_load_freed_at_once_pr32255": _CONNECTOR_MODELS["kv-fence-k2"],
+    "aborted_landed_load_held_pr32255": _CONNECTOR_MODELS["kv-fence-k2"],
+    "fence_ignored_pr45357": _CONNECTOR_MODELS["kv-fence-k2"],
+    "waiting_head_blocks_promotion_pr45388": KV_HEAD_OF_LINE,
+    "fenced_victim_preempted_pr49674": _CONNECTOR_MODELS["kv-fence-k2"],
+    "rollback_keeps_placeholders_pr49250": _CONNECTOR_MODELS["kv-load-fail-k2"],
+    "shared_prefix_failure_skipped_pr37827": KV_SHARED_PREFIX,
+    "send_reported_before_finish_pr26929": _CONNECTOR_MODELS["kv-send-k2"],
+    "old_incarnation_transfer_reported_pr46014": _CONNECTOR_MODELS["kv-fence-k2"],
+    "remote_load_requested_after_preemption_pr53250": _CONNECTOR_MODELS["kv-fence-k2"],
+    "failure_names_foreign_blocks": _CONNECTOR_MODELS["kv-load-fail-k2"],
+    "load_reported_twice": _CONNECTOR_MODELS["kv-load-fail-k2"],
+}
+
+
+def kv_mutant_model(name: str, profile: str = KV_PROFILE) -> Model:
+    """The model the KV connector mutant `name` is hunted on under `profile`, with it applied."""
+    return KV_MUTANT_MODELS[profile][name].with_mutant(name)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from flightcheck.spec import COUNTER_INVARIANTS, INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES
 from flightcheck.spec.invariants import ASYNC_INVARIANTS, ASYNC_REPLACEMENTS, KV_INVARIANTS, KV_LOAD_LIMIT
 from flightcheck.spec.sometimes import ASYNC_SOMETIMES, KV_SOMETIMES
-from flightcheck.spec.transitions import INCARNATION_PROPERTIES, KV_TRANSITION_PROPERTIES
+from flightcheck.spec.transitions import CONTRACT_PROPERTIES, INCARNATION_PROPERTIES, KV_TRANSITION_PROPERTIES
 
 SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES + ASYNC_SOMETIMES + KV_SOMETIMES)
 # Liveness proper, decided on the whole state graph by explicit search.
@@ -38,6 +38,7 @@ def kind_of(name: str) -> str:
                 + KV_INVARIANTS + (KV_LOAD_LIMIT,)):
         if inv.name == name:
             return inv.kind
-    if any(p.name == name for p in TRANSITION_PROPERTIES + INCARNATION_PROPERTIES + KV_TRANSITION_PROPERTIES):
+    if any(p.name == name for p in TRANSITION_PROPERTIES + INCARNATION_PROPERTIES + KV_TRANSITION_PROPERTIES
+                                   + CONTRACT_PROPERTIES):
         return "invariant"
     return "auxiliary"

@@ -28,6 +28,8 @@ from flightcheck.verification.mutants.patch import Edit
 REFERENCE_MODULES: dict[str, str] = {
     "scheduler": "flightcheck.reference.scheduler",
     "update": "flightcheck.reference.update",
+    "kv_transfer": "flightcheck.reference.kv_transfer",      # the KV connector's steps
+    "kv_waiting": "flightcheck.reference.kv_waiting",
 }
 
 
@@ -273,9 +275,54 @@ ASYNC_0_33: tuple[ReferenceMutant, ...] = (
 )
 
 
+# The KV connector's historical bugs in the reference (reference/kv_transfer.py),
+# named as the spec's (verification/mutants/kv_connector.py). The fuzzer has
+# no connector, so they are not fuzzed: each is caught by the reference's own
+# checks on random connector runs (reference/consistency.py and the step
+# fence's KV1: tests/test_kv_mutants.py pins the seed and the check).
+KV_CONNECTOR: tuple[ReferenceMutant, ...] = (
+    _mutant("fence_ignored_pr45357",
+            "blocks of a finished or preempted request freed while an overlapping step still writes "
+            "them: the step fence left out (vLLM PR #45357)",
+            _edit("kv_transfer.KvTransfers._request_blocks_can_be_freed",
+                  "not self._defer_block_free or request.last_sched_seq <= self.processed_step_seq", "True"),
+            profile="vllm-0.34-async"),
+    _mutant("aborted_load_freed_at_once_pr32255",
+            "a request aborted during its async load has its blocks freed at once, the load still "
+            "writing them (vLLM PR #32255)",
+            _edit("kv_transfer.KvTransfers._load_outlives_abort",
+                  "self._kv_aborted_load_held and req_id not in self.finished_recving_kv_req_ids", "False"),
+            profile="vllm-0.34-async"),
+    _mutant("waiting_head_blocks_promotion_pr45388",
+            "a plain WAITING head that cannot allocate is looked at before the landed loads, which are "
+            "never promoted: the engine schedules nothing for ever (vLLM issue #45388)",
+            _edit("kv_waiting.KvWaiting._next_candidate",
+                  "held = next((r for r in self.kv_holding_waiting if r not in skipped), None)", """
+                  plain_first = next((r for r in self.waiting if r not in skipped and not self._may_load_async(r)), None)
+                  held = None if plain_first is not None else next(
+                      (r for r in self.kv_holding_waiting if r not in skipped), None)"""),
+            profile="vllm-0.34-async"),
+    _mutant("fenced_victim_preempted_pr49674",
+            "a victim whose free the step fence defers is preempted anyway: the preemption frees nothing "
+            "for the request it makes room for (vLLM issue #49674)",
+            _edit("scheduler.Scheduler._allocate_or_preempt", """
+                  if self._defer_block_free and not self._request_blocks_can_be_freed(self.running[-1]):
+                      return None""", ""),
+            profile="vllm-0.34-async"),
+    _mutant("rollback_keeps_placeholders_pr49250",
+            "a recompute rollback of a failed load leaves num_output_placeholders under async scheduling "
+            "(vLLM issue #49250, open, unchanged in 0.34.0)",
+            _edit("kv_transfer.KvTransfers._roll_back", "request.num_output_placeholders = 0", ""),
+            profile="vllm-0.34-async"),
+)
+
+
 # -- the registry: by name, and by the profile each is fuzzed under -----------------
 
-REFERENCE_MUTANTS: dict[str, ReferenceMutant] = {m.name: m for m in EVERY_PROFILE + COUNTERS_0_33 + ASYNC_0_33}
+REFERENCE_MUTANTS: dict[str, ReferenceMutant] = {m.name: m for m in EVERY_PROFILE + COUNTERS_0_33 + ASYNC_0_33
+                                                 + KV_CONNECTOR}
+# the KV connector's (not fuzzed: no fuzzer run has a connector)
+KV_MUTANTS: dict[str, str] = {m.name: m.history for m in KV_CONNECTOR}
 
 # name -> its history (every profile's mutants, in definition order)
 MUTANTS: dict[str, str] = {m.name: m.history for m in EVERY_PROFILE}
@@ -283,14 +330,15 @@ MUTANTS: dict[str, str] = {m.name: m.history for m in EVERY_PROFILE}
 PROFILE_MUTANTS: dict[str, dict[str, str]] = {}
 for _m in COUNTERS_0_33 + ASYNC_0_33:
     PROFILE_MUTANTS.setdefault(_m.profile or "", {})[_m.name] = _m.history
-ALL_MUTANTS: dict[str, str] = {name: m.history for name, m in REFERENCE_MUTANTS.items()}
+# every fuzzed mutant (the KV connector's are not: KV_MUTANTS)
+ALL_MUTANTS: dict[str, str] = {name: m.history for name, m in REFERENCE_MUTANTS.items() if name not in KV_MUTANTS}
 
 
 def reference_mutant(name: str) -> ReferenceMutant:
     """The reference mutant called `name`; ValueError naming the known ones otherwise."""
     if name in REFERENCE_MUTANTS:
         return REFERENCE_MUTANTS[name]
-    raise ValueError(f"unknown mutant {name!r}; known: {', '.join(ALL_MUTANTS)}")
+    raise ValueError(f"unknown mutant {name!r}; known: {', '.join(REFERENCE_MUTANTS)}")
 
 
 def profile_of_mutant(name: str) -> str | None:

@@ -11,9 +11,11 @@ function, what it looked for and how often it was found).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator, Mapping
 from types import FunctionType
 
 from flightcheck.spec.profiles import PROFILES
+from flightcheck.verification.mutants.kv_connector import KV_CONNECTOR
 from flightcheck.verification.mutants.patch import MutantNoLongerApplies, edited_code
 from flightcheck.verification.mutants.reference import ReferenceMutant
 from flightcheck.verification.mutants.spec import (ASYNC_0_33, COUNTERS_0_33, HISTORICAL, SPEC_MODULES, SYNTHETIC,
@@ -31,7 +33,11 @@ for _m in _ONE_PROFILE:
 for _name, _profile in PROFILES.items():
     if _profile.follows in PROFILE_MUTANTS:
         PROFILE_MUTANTS[_name] = PROFILE_MUTANTS[_profile.follows]
-ALL_MUTANTS: dict[str, Mutant] = MUTANTS | {m.name: m for m in _ONE_PROFILE}
+# The KV connector's historical bugs (kv_connector.py): hunted only on the
+# connector's models (`flightcheck verify --kv-connector`), never in a run
+# without a connector, so kept out of MUTANTS and PROFILE_MUTANTS.
+KV_MUTANTS: dict[str, Mutant] = {m.name: m for m in KV_CONNECTOR}
+ALL_MUTANTS: dict[str, Mutant] = MUTANTS | {m.name: m for m in _ONE_PROFILE} | KV_MUTANTS
 
 
 def spec_function(target: str) -> FunctionType:
@@ -41,9 +47,28 @@ def spec_function(target: str) -> FunctionType:
     return getattr(importlib.import_module(SPEC_MODULES[module_name]), function_name)
 
 
-# The spec functions some mutant edits, "module.function" -> the function object.
-ORIGINALS: dict[str, FunctionType] = {target: spec_function(target)
-                                      for m in ALL_MUTANTS.values() for target in m.targets}
+class _Originals(Mapping[str, FunctionType]):
+    """The spec functions some mutant edits, "module.function" -> the
+    function object, each looked up when first asked: a fabricated KV
+    connector edits the explicit search's environment, a module that
+    imports this registry (through verification/models.py)."""
+
+    def __init__(self, targets: list[str]) -> None:
+        self._targets = list(dict.fromkeys(targets))
+
+    def __getitem__(self, target: str) -> FunctionType:
+        if target not in self._targets:
+            raise KeyError(target)
+        return spec_function(target)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._targets)
+
+    def __len__(self) -> int:
+        return len(self._targets)
+
+
+ORIGINALS: Mapping[str, FunctionType] = _Originals([target for m in ALL_MUTANTS.values() for target in m.targets])
 
 
 def mutant(name: str) -> Mutant:
@@ -57,6 +82,11 @@ def mutant(name: str) -> Mutant:
 def mutants_of(profile: str) -> list[str]:
     """The mutants hunted under `profile`: every profile's, then its own."""
     return list(MUTANTS) + list(PROFILE_MUTANTS.get(profile, {}))
+
+
+def kv_mutants_of(profile: str) -> list[str]:
+    """The KV connector mutants hunted under `profile` (with --kv-connector)."""
+    return [name for name, m in KV_MUTANTS.items() if m.profile == profile]
 
 
 def drifted(m: Mutant | ReferenceMutant) -> list[str]:

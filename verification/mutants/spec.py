@@ -28,6 +28,13 @@ from flightcheck.verification.mutants.patch import Edit, edited_functions
 SPEC_MODULES: dict[str, str] = {
     "schedule": "flightcheck.spec.schedule",
     "actions": "flightcheck.spec.actions",
+    # the KV connector (kv_connector.py's mutants): its waiting loop, its
+    # fence and holds, its reports, and the reports the explicit search's
+    # environment makes (a fabricated connector edits those)
+    "kv_loads": "flightcheck.spec.kv_loads",
+    "kv_fence": "flightcheck.spec.kv_fence",
+    "kv_reports": "flightcheck.spec.kv_reports",
+    "search": "flightcheck.verification.explicit.search",
 }
 
 

@@ -48,6 +48,7 @@ from flightcheck.reference import Request, SamplingParams, SchedulerConfig
 from flightcheck.reference.connector import KvConnectorConfig, KvConnectorOutput, KvOffer
 from flightcheck.spec.kv_reports import failable_blocks
 from flightcheck.verification.refinement.budget import Budget, BudgetSpent
+from flightcheck.verification.refinement.fuzz import _fixed_constant_pool
 from flightcheck.verification.refinement.machine import RefinementMachine, _step
 from flightcheck.verification.refinement.strategies import EOS, NEAR_CAP, configs, outcomes, prompt_tokens
 
@@ -261,7 +262,8 @@ def kv_fuzz(steps: int, seed: int, profile: str, steps_per_program: int = 60,
                                        suppress_health_check=list(HealthCheck), print_blob=False,
                                        report_multiple_bugs=False, verbosity=Verbosity.quiet)
     try:
-        run_state_machine_as_test(factory, settings=run_settings)
+        with _fixed_constant_pool():          # a seed names one run, whatever else is imported
+            run_state_machine_as_test(factory, settings=run_settings)
     except BudgetSpent:
         return None
     except Exception as err:
