@@ -79,8 +79,11 @@ def _threshold_in_force(state: State, cfg: Config) -> int:
     """The long-prefill threshold for this call (0 = none). vLLM 0.33
     `Scheduler.schedule` counts running + waiting once, before either loop,
     and drops the threshold for a lone request (`Profile.threshold_needs_company`);
-    0.34 drops it with chunked prefill off too (`Profile.threshold_needs_chunked_prefill`)."""
-    if cfg.rules.threshold_needs_company and len(state.running) + len(state.waiting) <= 1:
+    0.34 drops it with chunked prefill off too (`Profile.threshold_needs_chunked_prefill`).
+    `get_request_counts` counts `kv_holding_waiting` among the waiting (a KV
+    connector's parked and landed loads; empty without one)."""
+    waiting = len(state.waiting) + len(state.kv_holding)
+    if cfg.rules.threshold_needs_company and len(state.running) + waiting <= 1:
         return 0
     if cfg.rules.threshold_needs_chunked_prefill and not cfg.enable_chunked_prefill:
         return 0

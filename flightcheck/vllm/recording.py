@@ -127,6 +127,10 @@ class RecordingMixin(GroundTruthMixin):
         self._fc_in_flight: dict[int, BatchRecord] = {}   # id(SchedulerOutput) -> its batch
         # request id -> (the Request object now under that id, times it was admitted)
         self._fc_admissions: dict[str, tuple[Any, int]] = {}
+        # requests whose finish finish_requests wrote during the update in
+        # progress (vLLM 0.33/0.34 finish a KV load's errors inside
+        # update_from_output): the update writes no second finish for them
+        self._fc_finish_written: set[int] = set()
         self._fc_trace: TraceFile | None = None
         path = trace_path_from_env()
         if path is not None:
@@ -317,6 +321,7 @@ class RecordingMixin(GroundTruthMixin):
         watched.update({id(t): (req_id, t) for req_id, t in targets.items() if t is not None and not t.is_finished()})
         index, sampled = compat.output_index(model_runner_output), model_runner_output.sampled_token_ids
         returned = {e.req_id: (list(sampled[index[e.req_id]]) if e.req_id in index else []) for e in entries}
+        self._fc_finish_written = set()
         result = super().update_from_output(scheduler_output, model_runner_output)
         self.flightcheck_step += 1
         dropped, stale = self._fc_applied(record, returned, targets, before) if record is not None else ([], [])
@@ -328,7 +333,7 @@ class RecordingMixin(GroundTruthMixin):
         # Without a batch queue (PP = 1) the engine's step() also hands an
         # empty SchedulerOutput back; no batch was in flight, so no event.
         for req_id, request in watched.values():
-            if request.is_finished():
+            if request.is_finished() and id(request) not in self._fc_finish_written:
                 self._fc_forget(request)
                 self._fc_write({"ev": "finish", "req": req_id,
                                 "reason": FINISH_REASONS.get(status_name(request), status_name(request))})
@@ -414,6 +419,7 @@ class RecordingMixin(GroundTruthMixin):
         finished = super().finish_requests(request_ids, finished_status)
         reason = FINISH_REASONS.get(finished_status.name, finished_status.name)
         for req_id in live:
+            self._fc_finish_written.add(id(self.requests.get(req_id)))
             self._fc_forget(self._fc_admissions.get(req_id, (None, 0))[0])
             if reason == "abort":
                 self._fc_write({"ev": "abort", "req": req_id})

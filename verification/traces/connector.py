@@ -132,6 +132,8 @@ class ConnectorEvents:
     def _on_kv_failed(self, event: dict) -> None:
         name, from_block = event["req"], event["from_block"]
         found = self._report_slot(name, lambda r: FailKvLoad(r, from_block))
+        if found is None and self._failure_of_finished_load(name):
+            return
         if found is None:
             why = (f"{self.cfg.profile} has no KV load failures" if not self.cfg.rules.kv_load_failures
                    else self._transfer_state(name))
@@ -145,6 +147,20 @@ class ConnectorEvents:
             return
         self.rolled_back[r] = (q.num_computed, q.placeholders)
         self._check_rollback_counters(r, event)
+
+    def _failure_of_finished_load(self, name: str) -> bool:
+        """A failure reported for the load of a request that finished (aborted,
+        or failed before) while the load or the batch carrying it was in
+        flight: the connector reports what it knew, and vLLM acts on no
+        finished request (`_handle_failed_recving` takes only requests in
+        WAITING_FOR_REMOTE_KVS, `_update_requests_with_invalid_blocks` only
+        parked and running ones). The spec's state is unchanged; an aborted
+        async load still owes its `finished_recving` (C3)."""
+        r = self.slot.get(name)
+        if r is None:
+            return False
+        q = self.state.requests[r]
+        return q.status.is_finished and q.load is not Load.NONE
 
     def _check_rollback_counters(self, r: int, event: dict) -> None:
         """KV3 at the event: the counters the trace says the rollback left."""
