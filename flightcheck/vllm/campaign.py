@@ -215,8 +215,9 @@ def run_version(version: str, workloads: list[dict[str, Any]], seed: int, mutant
             if keep_disagreements is not None and category in DISAGREEMENTS:
                 # the trace and its workload, to look at after the scratch folder is gone
                 keep_disagreements.mkdir(parents=True, exist_ok=True)
-                shutil.copy(trace, keep_disagreements / f"{version}-seed{seed}-{index}.jsonl")
-                (keep_disagreements / f"{version}-seed{seed}-{index}.workload.json").write_text(json.dumps(raw))
+                stem = f"{version}{'-async' if async_scheduling else ''}-seed{seed}-{index}"
+                shutil.copy(trace, keep_disagreements / f"{stem}.jsonl")
+                (keep_disagreements / f"{stem}.workload.json").write_text(json.dumps(raw))
             report.verdicts[category] += 1
             report.verdict_details[detail] += 1
     if mutants:

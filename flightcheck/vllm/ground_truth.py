@@ -97,6 +97,11 @@ class Observations:
     kv_connector: bool = False
     kv_blocks_freed_under_transfer: list[dict[str, Any]] = field(default_factory=list)
     kv_blocks_leaked_at_end: list[dict[str, Any]] = field(default_factory=list)
+    # ... and, under async scheduling and the recompute policy, a rollback of
+    # a failed load that keeps output placeholders (vLLM #49250: the
+    # recompute is scheduled past the request's tokens, or an output of a
+    # batch scheduled on the invalid KV is applied).
+    kv_rollback_placeholders: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -115,7 +120,8 @@ class Observations:
                          drafts_held_at_allocation=self.drafts_held_at_allocation)
         if self.kv_connector:
             found.update(kv_blocks_freed_under_transfer=self.kv_blocks_freed_under_transfer,
-                         kv_blocks_leaked_at_end=self.kv_blocks_leaked_at_end)
+                         kv_blocks_leaked_at_end=self.kv_blocks_leaked_at_end,
+                         kv_rollback_placeholders=self.kv_rollback_placeholders)
         return found
 
 

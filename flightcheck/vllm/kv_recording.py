@@ -207,7 +207,17 @@ class KVRecordingMixin:
                 failure["computed"] = int(request.num_computed_tokens)
                 if self.records_async_scheduling:  # type: ignore[attr-defined]
                     failure["placeholders"] = int(request.num_output_placeholders)
+                    self._fc_check_rollback(failure)
             self._fc_write(failure)
+
+    def _fc_check_rollback(self, failure: dict[str, Any]) -> None:
+        """Ground truth: the intended rollback supersedes every live entry of
+        the request, so none of its output placeholders is left; vLLM's
+        `_update_requests_with_invalid_blocks` leaves them (#49250)."""
+        if failure["placeholders"] > 0:
+            self.flightcheck_observations.kv_rollback_placeholders.append({  # type: ignore[attr-defined]
+                "step": self.flightcheck_step, "req": failure["req"],  # type: ignore[attr-defined]
+                "computed": failure["computed"], "placeholders": failure["placeholders"]})
 
     def _fc_block_table(self, req_id: str) -> list[int]:
         groups = self.kv_cache_manager.get_block_ids(req_id)  # type: ignore[attr-defined]

@@ -414,12 +414,12 @@ class RecordingMixin(GroundTruthMixin):
         if isinstance(request_ids, (set, frozenset)):
             ids = sorted(ids)         # (vLLM 0.34's KV load failures: a set, written in a stable order)
         live = [i for i in ids if i in self.requests and not self.requests[i].is_finished()]
+        self._fc_finish_written.update(id(self.requests[i]) for i in live)
         # vLLM's result is returned as is (0.34's update_from_output iterates
         # the requests it finished with FINISHED_ERROR on a KV load failure).
         finished = super().finish_requests(request_ids, finished_status)
         reason = FINISH_REASONS.get(finished_status.name, finished_status.name)
         for req_id in live:
-            self._fc_finish_written.add(id(self.requests.get(req_id)))
             self._fc_forget(self._fc_admissions.get(req_id, (None, 0))[0])
             if reason == "abort":
                 self._fc_write({"ev": "abort", "req": req_id})

@@ -301,6 +301,9 @@ def findings(result: dict[str, Any]) -> list[str]:
     for leak in truth.get("kv_blocks_leaked_at_end", []):
         found.append(f"the run ended with {leak['blocks']} blocks not returned and requests {leak['requests']} "
                      f"still kept (step {leak['step']})")
+    for kept in truth.get("kv_rollback_placeholders", []):
+        found.append(f"{kept['req']}'s rollback to {kept['computed']} tokens after its failed KV load keeps "
+                     f"{kept['placeholders']} output placeholders (vLLM #49250; step {kept['step']})")
     for mismatch in truth.get("in_flight_set_mismatches", []):
         found.append(f"scheduled_req_ids disagrees with the batches in flight at step {mismatch['step']}: "
                      f"extra {mismatch['extra']}, missing {mismatch['missing']}")
