@@ -252,9 +252,11 @@ class ConnectorEvents:
 
     def _parked_table(self, r: int) -> tuple[int, ...]:
         """The table r holds before this schedule call for its async load
-        (a promoted request is admitted with it: `block_ids` lists it first)."""
+        (a promoted request is admitted with it: `block_ids` lists it first).
+        A load that left nothing valid gives its table back at promotion
+        (`_update_waiting_for_remote_kv` frees it): the admission allocates anew."""
         q = self.state.requests[r]
-        return q.block_table if loading(q) else ()
+        return q.block_table if loading(q) and q.num_computed > 0 else ()
 
     def _diagnose_block_under_transfer(self, name: str, trace_block: Any, spec_block: int) -> None:
         """A block handed out again (the trace's id already names spec block
