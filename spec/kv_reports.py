@@ -18,11 +18,19 @@ the prefix from `num_computed_tokens - num_scheduled_tokens[req]` (one
 batch in flight assumed) and leaves `num_output_placeholders` alone (#49250):
 that is vLLM's behaviour, checked against this intended rule elsewhere.
 
+A sync load's blocks are cached when it is scheduled, so a request admitted
+after it may hold them through its prefix hit. vLLM's
+`_update_requests_with_invalid_blocks` scans every running request and
+marks each invalid block once (`marked_invalid_block_ids`): such a holder
+fails with the loader under the fail policy; under recompute it keeps its
+hit (the loader recomputes the shared blocks) and loses only its entry in
+the batch that carried the load (and every later one: the intended rule,
+as for the loader).
+
 Abstracted away: a load reported failed twice (one failure per load; a
-second report is refused), failures of blocks shared by two loads in one
-batch (`marked_invalid_block_ids`: the models give loads no shared blocks),
-the eviction of invalid cached blocks under the fail policy, and connector
-statistics.
+second report is refused), a holder scanned before the loader (one admitted
+earlier, whose hit then marks the block first), the eviction of invalid
+cached blocks under the fail policy, and connector statistics.
 """
 
 from __future__ import annotations
@@ -94,12 +102,60 @@ def fail_kv_load(state: State, cfg: Config, r: int, from_block: int) -> State | 
     parked = req.status is Status.WAITING_FOR_REMOTE_KVS
     if not (from_block in failable_blocks(state, cfg, r) or (parked and req.load is Load.IN_FLIGHT and from_block == 0)):
         return None
+    holders = shared_holders(state, cfg, r, from_block)
     if cfg.kv_connector.load_failure_policy == "fail":
-        return _fail_request(state, cfg, r)
+        for x in holders or [r]:                     # in vLLM's scan order, r among them
+            state = _fail_request(state, cfg, x)
+        return state
     valid = from_block * cfg.block_size
     if parked:
         return state.with_request(r, num_computed=valid, load=Load.FAILED)
+    for h in holders:
+        if h != r:
+            state = _recompute_holder(state, cfg, h, r, from_block)
     return rollback(state, cfg, r, valid)
+
+
+def shared_holders(state: State, cfg: Config, r: int, from_block: int) -> list[int]:
+    """The requests vLLM's `_handle_invalid_blocks` finds holding an invalid
+    block of r's sync load (its table from `from_block` to the load's end)
+    among their computed blocks, r first of all, in the order it scans them:
+    parked loads (`kv_holding_waiting`), then `running`. Empty for a load
+    that is not a sync load in flight (only r's own table is at stake)."""
+    invalid = _invalid_blocks(state, cfg, r, from_block)
+    if not invalid:
+        return []
+    parked = [h for h in state.kv_holding if state.requests[h].status is Status.WAITING_FOR_REMOTE_KVS]
+    return [h for h in parked + list(state.running)
+            if h == r or invalid.intersection(_computed_blocks(state, cfg, h))]
+
+
+def _invalid_blocks(state: State, cfg: Config, r: int, from_block: int) -> set[int]:
+    """The blocks of r's sync load in flight from `from_block` on (empty: none)."""
+    req = state.requests[r]
+    e = loading_entry(state, r) if req.status is Status.RUNNING else None
+    return set() if e is None else set(req.block_table[from_block:cdiv(e.start, cfg.block_size)])
+
+
+def _computed_blocks(state: State, cfg: Config, h: int) -> tuple[int, ...]:
+    q = state.requests[h]
+    return q.block_table[:cdiv(q.num_computed, cfg.block_size)]
+
+
+def _recompute_holder(state: State, cfg: Config, h: int, r: int, from_block: int) -> State:
+    """Recompute, for a request h sharing r's invalid blocks through its
+    prefix hit. A parked load: back to its first invalid block, its load
+    failed (`failed_recving_kv_req_ids`). A running request: it keeps its hit
+    (r recomputes the shared blocks), its entry in the batch carrying r's
+    load and every later one superseded; none there: nothing changes."""
+    q, bs = state.requests[h], cfg.block_size
+    invalid = _invalid_blocks(state, cfg, r, from_block)
+    if q.status is Status.WAITING_FOR_REMOTE_KVS:
+        first = next(i for i, b in enumerate(_computed_blocks(state, cfg, h)) if b in invalid)
+        return state.with_request(h, num_computed=first * bs, load=Load.FAILED)
+    carrier = next(batch for batch in state.in_flight if loading_entry(state, r) in batch)
+    mine = next((x for x in carrier if x.req == h and x.fate is Fate.LIVE), None)
+    return state if mine is None else rollback(state, cfg, h, mine.start)
 
 
 def _fail_request(state: State, cfg: Config, r: int) -> State:

@@ -101,8 +101,8 @@ class _Writer:
 
     @staticmethod
     def _promoted_table(before, r: int) -> tuple[int, ...]:
-        q = before.requests[r]
-        return q.block_table if q.status is Status.WAITING_FOR_REMOTE_KVS else ()
+        q = before.requests[r]      # a load that left nothing valid gives its table back at promotion
+        return q.block_table if q.status is Status.WAITING_FOR_REMOTE_KVS and q.num_computed > 0 else ()
 
     def _complete(self) -> None:
         if not self.state.in_flight:

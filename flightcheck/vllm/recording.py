@@ -411,13 +411,19 @@ class RecordingMixin(GroundTruthMixin):
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
         ids = [request_ids] if isinstance(request_ids, str) else list(dict.fromkeys(request_ids))
-        if isinstance(request_ids, (set, frozenset)):
-            ids = sorted(ids)         # (vLLM 0.34's KV load failures: a set, written in a stable order)
+        unordered = isinstance(request_ids, (set, frozenset)) and len(ids) > 1
+        if unordered:
+            ids = self._fc_scan_order(ids)
         live = [i for i in ids if i in self.requests and not self.requests[i].is_finished()]
         self._fc_finish_written.update(id(self.requests[i]) for i in live)
         # vLLM's result is returned as is (0.34's update_from_output iterates
         # the requests it finished with FINISHED_ERROR on a KV load failure).
-        finished = super().finish_requests(request_ids, finished_status)
+        # A set (a KV load failure's requests) vLLM frees in the set's order,
+        # which string hashing makes differ from run to run, and with it the
+        # free queue: they are finished one by one in the order
+        # `_handle_invalid_blocks` found them, one of the orders vLLM may take.
+        finished = (super().finish_requests(request_ids, finished_status) if not unordered
+                    else [x for i in ids for x in super().finish_requests(i, finished_status)])
         reason = FINISH_REASONS.get(finished_status.name, finished_status.name)
         for req_id in live:
             self._fc_forget(self._fc_admissions.get(req_id, (None, 0))[0])
@@ -428,6 +434,13 @@ class RecordingMixin(GroundTruthMixin):
             self._fc_write({"ev": "finish", "req": req_id, "reason": reason})
         self._fc_check_in_flight_set()
         return finished
+
+    def _fc_scan_order(self, ids: list[str]) -> list[str]:
+        """`ids` as `_handle_invalid_blocks` scans requests: parked loads
+        (`kv_holding_waiting`, 0.33 on), then `running`, then any other by name."""
+        queue = [r.request_id for r in getattr(self, "kv_holding_waiting", ())]
+        order = {req_id: i for i, req_id in enumerate(queue + [r.request_id for r in self.running])}
+        return sorted(ids, key=lambda i: (order.get(i, len(order)), i))
 
     def _fc_forget(self, request: Any) -> None:
         known = self._fc_admissions.get(getattr(request, "request_id", None))

@@ -98,10 +98,13 @@ class ConnectorEvents:
     def _apply_report(self, r: int, label: Any, after: State) -> None:
         before, self.state = self.state, after
         self._check_properties(before, after, label)
-        if after.requests[r].status.is_finished and not before.requests[r].status.is_finished:
-            self.finished_now[r] = after.requests[r].status      # the fail policy: its finish event follows
-            if isinstance(label, FailKvLoad):
-                self.errors_after_outputs.add(r)
+        # the fail policy finishes r, and every request sharing its invalid
+        # blocks (kv_reports.shared_holders): their finish events follow
+        for x, q in enumerate(after.requests):
+            if q.status.is_finished and not before.requests[x].status.is_finished:
+                self.finished_now[x] = q.status
+                if isinstance(label, FailKvLoad):
+                    self.errors_after_outputs.add(x)
 
     def _error_finish_may_wait(self, event: dict) -> bool:
         """vLLM's `update_from_output` handles load failures first and

@@ -74,7 +74,7 @@ from flightcheck.spec import (
 )
 from flightcheck.spec.blocks import group_duplicates
 from flightcheck.spec.state import Batch
-from flightcheck.spec.transitions import (KV_REPORTS, s12_no_admission_after_preemption,
+from flightcheck.spec.transitions import (KV_REPORTS, FailKvLoad, s12_no_admission_after_preemption,
                                           status_only_moves_forward)
 
 from .connector import transfer_pending
@@ -192,6 +192,11 @@ class Incremental:
     # -- checking -------------------------------------------------------------
 
     def _touched(self, before: State, action: Action, after: State) -> list[int]:
+        if isinstance(action, FailKvLoad):
+            # a failed sync load also fails or rolls back the requests sharing
+            # its invalid blocks (spec/kv_reports.py, shared_holders)
+            return [action.req] + [r for r, (b, a) in enumerate(zip(before.requests, after.requests))
+                                   if b is not a and r != action.req]
         if isinstance(action, (Arrive, Abort) + KV_REPORTS):
             return [action.req]
         if isinstance(action, Schedule):
