@@ -422,8 +422,12 @@ class RecordingMixin(GroundTruthMixin):
         # which string hashing makes differ from run to run, and with it the
         # free queue: they are finished one by one in the order
         # `_handle_invalid_blocks` found them, one of the orders vLLM may take.
-        finished = (super().finish_requests(request_ids, finished_status) if not unordered
-                    else [x for i in ids for x in super().finish_requests(i, finished_status)])
+        if not unordered:
+            finished = super().finish_requests(request_ids, finished_status)
+        else:
+            finished = []
+            for req_id in ids:             # (no super() inside a comprehension before Python 3.12)
+                finished.extend(super().finish_requests(req_id, finished_status))
         reason = FINISH_REASONS.get(finished_status.name, finished_status.name)
         for req_id in live:
             self._fc_forget(self._fc_admissions.get(req_id, (None, 0))[0])
