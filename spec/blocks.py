@@ -126,6 +126,14 @@ def cache_labels(pool: BlockPool, table: tuple[int, ...], labels: list[int],
     return replace(pool, labels=tuple(new), duplicates=group_duplicates(order, new))
 
 
+def uncache(pool: BlockPool, table: tuple[int, ...]) -> BlockPool:
+    """`BlockPool.evict_blocks`: the blocks leave the prefix cache (their
+    labels dropped), held or free, where they are."""
+    labels = [None if b in table else label for b, label in enumerate(pool.labels)]
+    duplicates = group_duplicates([b for b in pool.duplicates if labels[b] is not None], labels)
+    return replace(pool, labels=tuple(labels), duplicates=duplicates)
+
+
 def group_duplicates(order: list[int], labels: list[int | None]) -> tuple[int, ...]:
     """The canonical `BlockPool.duplicates` from blocks in caching order (any
     superset of the duplicated ones): caching order within a label, grouped

@@ -19,7 +19,8 @@ where it agrees).
   prompt's `external_hit`, clipped to the tokens past the local hit (a sync
   hit leaves the last token to compute, block aligned).
 * Parking: an async hit allocates blocks for local + external tokens
-  (uncached until the load lands: `delay_cache_blocks`), sets
+  (uncached until the load lands: `delay_cache_blocks`) where they fit
+  beside the blocks loads and prefills in flight are reserved, sets
   `num_computed` and parks the request in WAITING_FOR_REMOTE_KVS.
 * Promotion (`_handle_blocked_waiting_request`, `_update_waiting_for_remote_kv`):
   a landed load's blocks are cached up to `num_computed`; a failed load
@@ -126,6 +127,21 @@ def connector_offer(state: State, cfg: Config, r: int, local_tokens: int) -> tup
     external = min(q.external_hit, q.num_tokens - 1 - local_tokens)
     external -= external % cfg.block_size
     return max(0, external), False
+
+
+def fits_beside_reservations(state: State, cfg: Config, r: int, hit: tuple[int, ...], computed: int) -> bool:
+    """An async load's allocation leaves the blocks other loads and prefills
+    in flight still need (`allocate_slots(reserved_blocks=...)` with
+    `_inflight_prefill_reserved_blocks`: parked and landed loads, and running
+    requests still prefilling, each short of its whole sequence's blocks)."""
+    reserved = 0
+    for h, q in enumerate(state.requests):
+        prefilling = q.status is Status.RUNNING and q.num_computed < q.num_tokens - 1
+        if h != r and (h in state.kv_holding_set or prefilling):
+            whole = blocks.cdiv(min(q.num_tokens, cfg.max_model_len), cfg.block_size)
+            reserved += max(0, whole - len(q.block_table))
+    fresh = max(0, blocks.cdiv(computed, cfg.block_size) - len(hit))
+    return blocks.can_allocate(state.pool, fresh + reserved, hit)
 
 
 def park(state: State, cfg: Config, r: int, computed: int, external: int) -> State:

@@ -29,14 +29,18 @@ as for the loader).
 
 Abstracted away: a load reported failed twice (one failure per load; a
 second report is refused), a holder scanned before the loader (one admitted
-earlier, whose hit then marks the block first), the eviction of invalid
-cached blocks under the fail policy, and connector statistics.
+earlier, whose hit then marks the block first), and connector statistics.
+Under the fail policy a sync load's invalid blocks, and the loader's blocks
+after them, leave the prefix cache (`evict_blocks`) before the requests
+finish.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .actions import finish_request
-from .blocks import cdiv
+from .blocks import cdiv, uncache
 from .config import Config
 from .kv_fence import release_table
 from .state import Entry, Fate, Load, State, Status, retire_entries
@@ -104,8 +108,11 @@ def fail_kv_load(state: State, cfg: Config, r: int, from_block: int) -> State | 
         return None
     holders = shared_holders(state, cfg, r, from_block)
     if cfg.kv_connector.load_failure_policy == "fail":
+        if holders:              # a sync load's invalid blocks and r's blocks after them leave the cache
+            state = replace(state, pool=uncache(state.pool, req.block_table[from_block:]))
+        carrier = _carrier(state, r)
         for x in holders or [r]:                     # in vLLM's scan order, r among them
-            state = _fail_request(state, cfg, x)
+            state = _fail_past_carrier(state, cfg, x, carrier)
         return state
     valid = from_block * cfg.block_size
     if parked:
@@ -153,9 +160,37 @@ def _recompute_holder(state: State, cfg: Config, h: int, r: int, from_block: int
     if q.status is Status.WAITING_FOR_REMOTE_KVS:
         first = next(i for i, b in enumerate(_computed_blocks(state, cfg, h)) if b in invalid)
         return state.with_request(h, num_computed=first * bs, load=Load.FAILED)
-    carrier = next(batch for batch in state.in_flight if loading_entry(state, r) in batch)
-    mine = next((x for x in carrier if x.req == h and x.fate is Fate.LIVE), None)
+    carrier = _carrier(state, r)
+    batch = state.in_flight[carrier] if carrier is not None else ()
+    mine = next((x for x in batch if x.req == h and x.fate is Fate.LIVE), None)
     return state if mine is None else rollback(state, cfg, h, mine.start)
+
+
+def _carrier(state: State, r: int) -> int | None:
+    """The index in flight of the batch carrying r's sync load, whose output
+    reports its failure."""
+    e = loading_entry(state, r) if state.requests[r].status is Status.RUNNING else None
+    return None if e is None else next(i for i, batch in enumerate(state.in_flight) if e in batch)
+
+
+def _fail_past_carrier(state: State, cfg: Config, x: int, carrier: int | None) -> State:
+    """The fail policy for x. vLLM handles the failures of a batch's output
+    after counting that batch processed (`update_from_output` opens with
+    `processed_step_seq += 1`): behind the step fence, x's table is freed
+    with the carrier's update when the carrier is x's last batch in flight
+    (here: put aside until the carrier completes)."""
+    deferred = len(state.deferred_frees)
+    state = _fail_request(state, cfg, x)
+    if carrier is None or len(state.deferred_frees) == deferred:
+        return state
+    if any(e.req == x for i, batch in enumerate(state.in_flight) if i != carrier for e in batch):
+        return state
+    # it drains with the carrier, after the frees due by then (vLLM drains
+    # those first): its place is behind them, ahead of those still pending
+    left = sum(1 for batch in state.in_flight[:carrier + 1] if batch)
+    (_, table), rest = state.deferred_frees[-1], state.deferred_frees[:-1]
+    due = sum(1 for waits, _ in rest if waits <= left)
+    return replace(state, deferred_frees=rest[:due] + ((left, table),) + rest[due:])
 
 
 def _fail_request(state: State, cfg: Config, r: int) -> State:

@@ -14,8 +14,7 @@ max_model_len, admission only when the whole sequence fits, and a preempted
 request with orphaned entries in flight skipped (not a stop: the waiting
 requests behind it may be admitted; its resumption is deferred).
 
-The action is deterministic: given the state, the batch is fixed. The
-environment has no choice here.
+The action is deterministic: given the state, the batch is fixed.
 
 With a KV connector, the waiting loop asks it for hits, parks async loads
 and promotes landed ones (kv_loads.py); a fenced victim is not preempted.
@@ -79,9 +78,8 @@ def _threshold_in_force(state: State, cfg: Config) -> int:
     """The long-prefill threshold for this call (0 = none). vLLM 0.33
     `Scheduler.schedule` counts running + waiting once, before either loop,
     and drops the threshold for a lone request (`Profile.threshold_needs_company`);
-    0.34 drops it with chunked prefill off too (`Profile.threshold_needs_chunked_prefill`).
-    `get_request_counts` counts `kv_holding_waiting` among the waiting (a KV
-    connector's parked and landed loads; empty without one)."""
+    0.34 drops it with chunked prefill off too (`Profile.threshold_needs_chunked_prefill`);
+    `get_request_counts` counts `kv_holding_waiting` (a KV connector's loads) as waiting."""
     waiting = len(state.waiting) + len(state.kv_holding)
     if cfg.rules.threshold_needs_company and len(state.running) + waiting <= 1:
         return 0
@@ -284,7 +282,8 @@ def _schedule_waiting_with_connector(step: _Step) -> None:
             continue
         computed += len(hit) * cfg.block_size + external
         if is_async:
-            if not _fits_whole(step, r, hit) or not _allocate(step, r, 0, hit, external, cache=False):
+            if not (_fits_whole(step, r, hit) and kv_loads.fits_beside_reservations(step.state, cfg, r, hit, computed)
+                    and _allocate(step, r, 0, hit, external, cache=False)):
                 break
             step.state = kv_loads.park(step.state, cfg, r, computed, external)
             step.kv_loads.append((r, computed))

@@ -102,6 +102,9 @@ class Observations:
     # recompute is scheduled past the request's tokens, or an output of a
     # batch scheduled on the invalid KV is applied).
     kv_rollback_placeholders: list[dict[str, Any]] = field(default_factory=list)
+    # ... and a token of a batch in flight at the rollback appended to the
+    # request (the failing batch's own output is skipped, later ones not).
+    kv_superseded_tokens: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -121,7 +124,8 @@ class Observations:
         if self.kv_connector:
             found.update(kv_blocks_freed_under_transfer=self.kv_blocks_freed_under_transfer,
                          kv_blocks_leaked_at_end=self.kv_blocks_leaked_at_end,
-                         kv_rollback_placeholders=self.kv_rollback_placeholders)
+                         kv_rollback_placeholders=self.kv_rollback_placeholders,
+                         kv_superseded_tokens=self.kv_superseded_tokens)
         return found
 
 

@@ -54,6 +54,9 @@ class KVRecordingMixin:
     # ids of requests aborted while their load was in flight (held for the
     # load's report, not for a send), until that report
     _fc_kv_load_holds: frozenset[str] = frozenset()
+    # (batch, request id): entries in flight when vLLM rolled the request back
+    _fc_kv_superseded: frozenset[tuple[Any, str]] = frozenset()
+    _fc_kv_computed_before: dict[str, tuple[Any, int]] = {}
 
     def _fc_connector(self) -> Any:
         return getattr(self, "connector", None)
@@ -134,6 +137,8 @@ class KVRecordingMixin:
             if self._fc_kv_failures and event.get("ev") != "kv_failed":
                 self._fc_write_failures()
             self._fc_kv_fields(event)
+            if event.get("ev") == "complete" and self._fc_kv_superseded:
+                self._fc_check_superseded_output(event)
         super()._fc_write(event, with_step)  # type: ignore[misc]
 
     def _fc_kv_fields(self, event: dict[str, Any]) -> None:
@@ -166,6 +171,11 @@ class KVRecordingMixin:
             return super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
         # written once vLLM has processed them, before the first event the update writes
         self._fc_kv_failures = self._fc_failures(report)
+        # every request's counter before vLLM handles the failures: the ones it
+        # rolls back (the failing loads and the requests sharing their blocks)
+        self._fc_kv_computed_before = ({req_id: (request, int(request.num_computed_tokens))
+                                        for req_id, request in self.requests.items()}
+                                       if self._fc_kv_failures else {})
         result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
         self._fc_write_failures()
         for req_id in sorted(report.finished_recving or ()):
@@ -201,6 +211,10 @@ class KVRecordingMixin:
         under the recompute policy."""
         pending, self._fc_kv_failures = self._fc_kv_failures, []
         recompute = bool(getattr(self, "recompute_kv_load_failures", False))
+        for req_id, (request, computed) in self._fc_kv_computed_before.items():
+            if recompute and not request.is_finished() and request.num_computed_tokens < computed:
+                self._fc_note_superseded(req_id, request)
+        self._fc_kv_computed_before = {}
         for failure in pending:
             request = self.requests.get(failure["req"])
             if recompute and request is not None and not request.is_finished():
@@ -209,6 +223,25 @@ class KVRecordingMixin:
                     failure["placeholders"] = int(request.num_output_placeholders)
                     self._fc_check_rollback(failure)
             self._fc_write(failure)
+
+    def _fc_note_superseded(self, req_id: str, request: Any) -> None:
+        """The batches still in flight with an entry of a request vLLM just
+        rolled back: computed over the invalid KV, their output must never
+        be applied (the carrier's own, vLLM skips)."""
+        for record in self._fc_in_flight.values():  # type: ignore[attr-defined]
+            if any(e.request is request for e in record.entries):
+                self._fc_kv_superseded = self._fc_kv_superseded | {(record.batch_id, req_id)}
+
+    def _fc_check_superseded_output(self, event: dict[str, Any]) -> None:
+        """Ground truth: a token of a batch scheduled before the rollback,
+        past the valid prefix, appended all the same (`_update_requests_with_invalid_blocks`
+        skips only the failing batch's output: findings 1 and 2 of
+        docs/vllm-kv-connector-findings.md)."""
+        dropped = set(event.get("dropped", ()))
+        for req_id, tokens in event.get("tokens", {}).items():
+            if tokens and req_id not in dropped and (event.get("batch"), req_id) in self._fc_kv_superseded:
+                self.flightcheck_observations.kv_superseded_tokens.append({  # type: ignore[attr-defined]
+                    "step": self.flightcheck_step, "req": req_id, "batch": event["batch"]})  # type: ignore
 
     def _fc_check_rollback(self, failure: dict[str, Any]) -> None:
         """Ground truth: the intended rollback supersedes every live entry of

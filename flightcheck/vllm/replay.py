@@ -304,6 +304,9 @@ def findings(result: dict[str, Any]) -> list[str]:
     for kept in truth.get("kv_rollback_placeholders", []):
         found.append(f"{kept['req']}'s rollback to {kept['computed']} tokens after its failed KV load keeps "
                      f"{kept['placeholders']} output placeholders (vLLM #49250; step {kept['step']})")
+    for late in truth.get("kv_superseded_tokens", []):
+        found.append(f"batch {late['batch']}'s token was appended to {late['req']}, though a failed KV load "
+                     f"rolled it back while the batch was in flight (step {late['step']})")
     for mismatch in truth.get("in_flight_set_mismatches", []):
         found.append(f"scheduled_req_ids disagrees with the batches in flight at step {mismatch['step']}: "
                      f"extra {mismatch['extra']}, missing {mismatch['missing']}")

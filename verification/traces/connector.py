@@ -144,7 +144,11 @@ class ConnectorEvents:
                                   f"block {from_block}, which is not a block of a KV load of its own in "
                                   f"flight ({why})")
         r = found[0]
+        before = self.state
         self._apply_report(*found)
+        for h, (b, a) in enumerate(zip(before.requests, self.state.requests)):
+            if h != r and not a.status.is_finished and a.num_computed < b.num_computed:
+                self.rolled_back[h] = (a.num_computed, a.placeholders)   # it shared r's invalid blocks
         q = self.state.requests[r]
         if q.status.is_finished:
             return
@@ -154,8 +158,8 @@ class ConnectorEvents:
     def _failure_of_finished_load(self, name: str) -> bool:
         """A failure reported for the load of a request that finished (aborted,
         or failed before) while the load or the batch carrying it was in
-        flight: the connector reports what it knew, and vLLM acts on no
-        finished request (`_handle_failed_recving` takes only requests in
+        flight, or of a parked load already failed: the connector reports
+        what it knew, and vLLM acts on no finished request (`_handle_failed_recving` takes only requests in
         WAITING_FOR_REMOTE_KVS, `_update_requests_with_invalid_blocks` only
         parked and running ones). The spec's state is unchanged; an aborted
         async load still owes its `finished_recving` (C3)."""
@@ -163,7 +167,11 @@ class ConnectorEvents:
         if r is None:
             return False
         q = self.state.requests[r]
-        return q.status.is_finished and q.load is not Load.NONE
+        # a parked load another request's failure already failed (it shared
+        # the invalid blocks): its own report reaches past the valid prefix
+        # vLLM's scan reads (`num_computed_tokens`), and changes nothing
+        shared_failure = q.status is Status.WAITING_FOR_REMOTE_KVS and q.load is Load.FAILED
+        return shared_failure or (q.status.is_finished and q.load is not Load.NONE)
 
     def _check_rollback_counters(self, r: int, event: dict) -> None:
         """KV3 at the event: the counters the trace says the rollback left."""
