@@ -142,7 +142,7 @@ def c3_report_once(labels: Labels, before: State, after: State, action: object, 
 
 
 def c4_new_incarnation_new_state(labels: Labels, before: State, after: State, action: object, cfg: Config) -> bool:
-    """C4: what the connector kept of a preempted incarnation is never reported against the request: no report for a request waiting preempted, and a sync load's failure only while the entry that carries it is live."""
+    """C4: what the connector kept of a preempted incarnation is never reported against the request: no report for a request waiting preempted, and a sync load's failure only while the entry that carries it is live (or its request finished)."""
     if not _is_report(labels, action):
         return True
     if before.requests[action.req].status is Status.PREEMPTED:
@@ -150,7 +150,10 @@ def c4_new_incarnation_new_state(labels: Labels, before: State, after: State, ac
     if not isinstance(action, labels.fail) or _async_load_in_flight(before, action.req):
         return True
     loads = _sync_load_entries(before, action.req)
-    return not loads or any(e.fate is Fate.LIVE for e in loads)
+    # a request finished (aborted) since its load's batch was queued has no
+    # later incarnation: the connector reports what it knew of that batch
+    finished = before.requests[action.req].status.is_finished
+    return not loads or finished or any(e.fate is Fate.LIVE for e in loads)
 
 
 def c5_send_after_finish(labels: Labels, before: State, after: State, action: object, cfg: Config) -> bool:

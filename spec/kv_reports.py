@@ -40,10 +40,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .actions import finish_request
-from .blocks import cdiv, uncache
+from .blocks import cached_block, cdiv, uncache
 from .config import Config
 from .kv_fence import release_table
-from .state import Entry, Fate, Load, State, Status, retire_entries
+from .state import Entry, Fate, Load, State, Status, content_label, retire_entries
 
 
 def receive_kv(state: State, cfg: Config, r: int) -> State | None:
@@ -103,6 +103,8 @@ def fail_kv_load(state: State, cfg: Config, r: int, from_block: int) -> State | 
     if cfg.kv_connector is None or not cfg.rules.kv_load_failures or not (0 <= r < len(state.requests)):
         return None
     req = state.requests[r]
+    if req.status.is_finished:
+        return _fail_holders_of_finished(state, cfg, r, from_block)
     parked = req.status is Status.WAITING_FOR_REMOTE_KVS
     if not (from_block in failable_blocks(state, cfg, r) or (parked and req.load is Load.IN_FLIGHT and from_block == 0)):
         return None
@@ -137,11 +139,51 @@ def shared_holders(state: State, cfg: Config, r: int, from_block: int) -> list[i
             if h == r or invalid.intersection(_computed_blocks(state, cfg, h))]
 
 
+def _fail_holders_of_finished(state: State, cfg: Config, r: int, from_block: int) -> State | None:
+    """r finished (aborted) while the batch carrying its sync load was in
+    flight: its report changes nothing for r, but vLLM's scan still finds
+    the running requests sharing the invalid blocks; the first marks them
+    (and, under the fail policy, its blocks from there leave the cache).
+    None when no request shares them."""
+    holders = shared_holders(state, cfg, r, from_block)
+    if not holders:
+        return None
+    first, invalid = holders[0], _invalid_blocks(state, cfg, r, from_block)
+    index = next(i for i, b in enumerate(_computed_blocks(state, cfg, first)) if b in invalid)
+    if cfg.kv_connector.load_failure_policy == "fail":
+        state = replace(state, pool=uncache(state.pool, state.requests[first].block_table[index:]))
+        carrier = _carrier(state, r)
+        for h in holders:
+            state = _fail_past_carrier(state, cfg, h, carrier)
+        return state
+    for h in holders:
+        marks = h == first and state.requests[h].status is Status.RUNNING
+        state = rollback(state, cfg, h, index * cfg.block_size) if marks else \
+            _recompute_holder(state, cfg, h, r, from_block)
+    return state
+
+
+def _load_entry(state: State, r: int) -> Entry | None:
+    """r's entry in flight carrying its sync load: a live one while r runs,
+    any once r finished (its fate changed, its batch still in flight)."""
+    if state.requests[r].status is Status.RUNNING:
+        return loading_entry(state, r)
+    if state.requests[r].status.is_finished:
+        return next((e for e in state.entries_of(r, fate=None) if e.external > 0), None)
+    return None
+
+
 def _invalid_blocks(state: State, cfg: Config, r: int, from_block: int) -> set[int]:
-    """The blocks of r's sync load in flight from `from_block` on (empty: none)."""
-    req = state.requests[r]
-    e = loading_entry(state, r) if req.status is Status.RUNNING else None
-    return set() if e is None else set(req.block_table[from_block:cdiv(e.start, cfg.block_size)])
+    """The blocks of r's sync load in flight from `from_block` on (empty:
+    none); once r finished, those still caching its content."""
+    req, bs = state.requests[r], cfg.block_size
+    e = _load_entry(state, r)
+    if e is None or not (e.start - e.external) // bs <= from_block < cdiv(e.start, bs):
+        return set()
+    if not req.status.is_finished:
+        return set(req.block_table[from_block:cdiv(e.start, bs)])
+    cached = (cached_block(state.pool, content_label(state, r, i, bs)) for i in range(from_block, cdiv(e.start, bs)))
+    return {b for b in cached if b is not None}
 
 
 def _computed_blocks(state: State, cfg: Config, h: int) -> tuple[int, ...]:
@@ -169,7 +211,7 @@ def _recompute_holder(state: State, cfg: Config, h: int, r: int, from_block: int
 def _carrier(state: State, r: int) -> int | None:
     """The index in flight of the batch carrying r's sync load, whose output
     reports its failure."""
-    e = loading_entry(state, r) if state.requests[r].status is Status.RUNNING else None
+    e = _load_entry(state, r)
     return None if e is None else next(i for i, batch in enumerate(state.in_flight) if e in batch)
 
 

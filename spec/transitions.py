@@ -205,6 +205,8 @@ def kv3_rollback_restores_counters(before: State, after: State, action: Action, 
     if cfg.kv_connector.load_failure_policy != "recompute":
         return True
     r, q = action.req, after.requests[action.req]
+    if q.status.is_finished:
+        return True                     # a loader aborted since: the failure rolls back only its sharers
     if q.num_computed != action.from_block * cfg.block_size:
         return False
     live = after.entries_of(r)

@@ -35,8 +35,14 @@ otherwise:
 
 And the ground truth (ground_truth.Observations) from vLLM's state: a
 block that a parked or held request references found back in the free pool
-(`kv_blocks_freed_under_transfer`), and blocks or requests not returned at
-the end of a complete run (`kv_blocks_leaked_at_end`).
+(`kv_blocks_freed_under_transfer`), blocks or requests not returned at
+the end of a complete run (`kv_blocks_leaked_at_end`), a recompute
+rollback that keeps output placeholders (`kv_rollback_placeholders`,
+#49250), and a token of a batch in flight at a rollback appended all the
+same (`kv_superseded_tokens`: the failing batch's output is skipped, later
+ones are not). A KV failure's requests finished by `"error"` are finished
+one by one in the order vLLM's `_handle_invalid_blocks` scanned them
+(recording.py): vLLM frees a set in its hash order, which varies.
 
 Standard library only: this module never imports vLLM.
 """
