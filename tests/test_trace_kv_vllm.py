@@ -1,0 +1,69 @@
+"""check-trace on KV connector traces recorded from vLLM's real scheduler
+(issue 36: check-trace's verdicts equal vLLM's ground truth): a handful of
+the `flightcheck vllm campaign --kv-connector --seed 1` runs that show each
+rule the spec reads from vLLM (docs/kv-connector.md, "Read as the spec reads
+it"), each accepted, and the runs where vLLM is wrong (its ground truth
+flags them), each rejected at the event with the property vLLM breaks.
+
+The traces are the recorder's (flightcheck/vllm/recorder.py), recorded by
+replaying workload `index` of `campaign_workloads(1, 300, ..., "kv-connector")`
+on vLLM 0.33.0 or 0.34.0 (prefix `033_` / `034_`), sync or async. Each of the
+accepted ones was rejected before the rule it names was read into the spec,
+the checker or the recorder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flightcheck.verification.traces.check import check_trace
+
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
+DATA = Path(__file__).parent / "data" / "kv" / "vllm"
+
+# file -> (ok, line, property): what vLLM did, and where check-trace puts its bug
+EXPECTED = {
+    # index 107, fail policy: requests that share the failed load's blocks through
+    # their prefix hit fail with it (`_update_requests_with_invalid_blocks`)
+    "034_shared_prefix_fail_policy.jsonl": (True, None, None),
+    "033_async_shared_prefix_fail_policy.jsonl": (True, None, None),
+    # index 243, recompute: a sharer keeps its hit and loses its entry in the batch
+    "034_shared_prefix_recompute.jsonl": (True, None, None),
+    # index 78: the loader was aborted; its failure still fails the sharers
+    "034_aborted_loader_fails_sharers.jsonl": (True, None, None),
+    # index 77: the fail policy evicts the invalid blocks from the prefix cache
+    # (a later hit is shorter) and frees with the carrying batch's update
+    "034_fail_policy_evicts_invalid_blocks.jsonl": (True, None, None),
+    # index 16: a failure reported for an aborted request's load changes nothing
+    "034_failure_of_aborted_load.jsonl": (True, None, None),
+    # index 18 (async): a load that left nothing valid is admitted with a new table
+    "034_async_failed_load_new_table.jsonl": (True, None, None),
+    # index 146 (async): an async load parks only beside the reserved blocks
+    "034_async_park_beside_reservations.jsonl": (True, None, None),
+    # index 152 (async): the long-prefill threshold counts kv_holding_waiting
+    "034_async_threshold_counts_kv_holding.jsonl": (True, None, None),
+    # vLLM wrong, its ground truth flags it: #49250, the rollback keeps the
+    # placeholders (index 13, async) ...
+    "034_async_rollback_keeps_placeholders_pr49250.jsonl": (False, 9, "KV3_rollback_restores_counters"),
+    "033_async_rollback_keeps_placeholders_pr49250.jsonl": (False, 8, "KV3_rollback_restores_counters"),
+    # ... and a batch in flight past the valid prefix keeps its output (index 13,
+    # two stages: docs/vllm-kv-connector-findings.md, finding 2) ...
+    "034_later_batch_token_after_rollback.jsonl": (False, 14, "S7_output_binding"),
+    # ... and a sharer rolled back to `num_computed_tokens - num_scheduled_tokens`,
+    # which counts its later batch in flight (index 233, two stages)
+    "034_sharer_rollback_base_counts_later_batch.jsonl": (False, 8, "KV3_rollback_restores_counters"),
+    "033_sharer_rollback_base_counts_later_batch.jsonl": (False, 8, "KV3_rollback_restores_counters"),
+}
+
+
+def test_every_recorded_trace_is_listed():
+    assert {p.name for p in DATA.glob("*.jsonl")} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_check_trace_agrees_with_vllms_ground_truth(name):
+    result = check_trace(DATA / name)
+    assert (result.ok, result.line, result.property) == EXPECTED[name], result.message

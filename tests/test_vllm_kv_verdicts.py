@@ -1,0 +1,31 @@
+"""check-trace's verdicts on vLLM's real scheduler with a KV connector equal
+vLLM's ground truth (issue 36): a 30-workload `flightcheck vllm campaign
+--kv-connector` per version, sync and async. A run vLLM's own state shows
+wrong is rejected, every other run accepted; none is malformed.
+docs/kv-connector.md, "Checked against vLLM", has the 300-workload figures.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from flightcheck.vllm.campaign import DISAGREEMENTS, run_version
+from flightcheck.vllm.generate import campaign_workloads
+from flightcheck.vllm.versions import release
+
+from .vllm_support import require_venv
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+def test_check_trace_verdicts_equal_vllms_ground_truth_with_a_kv_connector(version):
+    require_venv(version)
+    workloads = campaign_workloads(1, 30, family="kv-connector",
+                                   mid_step_inputs=release(version).engine_loop == "0.34")
+    for async_scheduling in (False, True):
+        report = run_version(version, workloads, 1, False, lambda line: None, async_scheduling)
+        assert report.workloads == 30
+        disagreements = {k: n for k, n in report.verdicts.items() if k in DISAGREEMENTS}
+        assert not disagreements, (version, async_scheduling, dict(report.verdict_details))
+        assert report.verdicts["accepted, correct run"] > 0
