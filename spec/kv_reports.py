@@ -43,7 +43,7 @@ from .actions import finish_request
 from .blocks import cached_block, cdiv, uncache
 from .config import Config
 from .kv_fence import release_table
-from .state import Entry, Fate, Load, State, Status, content_label, retire_entries
+from .state import Entry, Fate, Load, State, Status, retire_entries
 
 
 def receive_kv(state: State, cfg: Config, r: int) -> State | None:
@@ -182,8 +182,8 @@ def _invalid_blocks(state: State, cfg: Config, r: int, from_block: int) -> set[i
         return set()
     if not req.status.is_finished:
         return set(req.block_table[from_block:cdiv(e.start, bs)])
-    cached = (cached_block(state.pool, content_label(state, r, i, bs)) for i in range(from_block, cdiv(e.start, bs)))
-    return {b for b in cached if b is not None}
+    labels = [req.prompt_labels[i] for i in range(from_block, cdiv(e.start, bs)) if i < len(req.prompt_labels)]
+    return {b for b in (cached_block(state.pool, label) for label in labels) if b is not None}
 
 
 def _computed_blocks(state: State, cfg: Config, h: int) -> tuple[int, ...]:
