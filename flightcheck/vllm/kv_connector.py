@@ -96,8 +96,12 @@ def attach_report(transfers: KVTransfers, scheduler_output: Any, model_runner_ou
     meta = getattr(scheduler_output, "kv_connector_metadata", None)
     report = transfers.report(meta.loads if isinstance(meta, FlightcheckKVMetadata) else [])
     if report:
+        # vLLM frees finished transfers' blocks as it iterates these: a set's
+        # order varies with string hashing, so they are handed over sorted,
+        # one of the orders vLLM may take, the one the recorder writes
         output = KVConnectorOutput(
-            finished_sending=report.finished_sending or None, finished_recving=report.finished_recving or None,
+            finished_sending=sorted(report.finished_sending) or None,
+            finished_recving=sorted(report.finished_recving) or None,
             invalid_block_ids=report.invalid_block_ids, failed_recving=report.failed_recving)
         # not vLLM's: which requests' own loads failed, for the recorder (kv_recording.py)
         output.flightcheck_failed_loads = dict(report.failed_loads)
