@@ -59,6 +59,7 @@ class Scheduled:
     state: State
     entries: tuple[ScheduledEntry, ...]
     preempted: tuple[int, ...]
+    kv_loads: tuple[tuple[int, int], ...] = ()   # (request, start): async KV loads parked in this call
 
 
 class _Step:
@@ -70,6 +71,7 @@ class _Step:
         self.entries: list[ScheduledEntry] = []
         self.preempted: list[int] = []
         self.new_blocks: tuple[int, ...] = ()   # set by the last successful _allocate
+        self.kv_loads: list[tuple[int, int]] = []
         self.threshold = _threshold_in_force(state, cfg)
 
 
@@ -105,11 +107,11 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
     if not step.preempted:
         _schedule_waiting(step)
     if not step.entries and not step.preempted:
-        return _idle(step.state, cfg)   # 0.34's reorder and a KV connector's loads stay
-    return Scheduled(_launch(step), tuple(step.entries), tuple(step.preempted))
+        return _idle(state, cfg, step)   # 0.34's reorder and a KV connector's loads stay
+    return Scheduled(_launch(step), tuple(step.entries), tuple(step.preempted), tuple(step.kv_loads))
 
 
-def _idle(state: State, cfg: Config) -> Scheduled | None:
+def _idle(state: State, cfg: Config, step: _Step | None = None) -> Scheduled | None:
     """A step that forms nothing. vLLM 0.33 `EngineCore.step_with_batch_queue`
     calls `schedule()` whenever `Scheduler.has_requests()` (an unfinished
     request) and queues its result even with 0 tokens
@@ -118,11 +120,13 @@ def _idle(state: State, cfg: Config) -> Scheduled | None:
     covers every engine step that schedules nothing; it stays finite because
     the queue holds at most K batches, empty ones included (a KV connector's
     finished request held for a transfer keeps the engine stepping:
-    `has_finished_requests`). 0.8.x: nothing. `state` is the call's own,
-    counted down (`_count_down`), with what its waiting loop changed."""
-    if not cfg.rules.empty_batches or not any(q.status.is_active or q.held for q in state.requests):
+    `has_finished_requests`). 0.8.x: nothing. `step`: the call's own, counted
+    down, with what its waiting loop changed; None: a call on `state` alone."""
+    counted = _count_down(state, cfg) if step is None else step.state
+    if not cfg.rules.empty_batches or not any(q.status.is_active or q.held for q in counted.requests):
         return None
-    return Scheduled(replace(state, in_flight=state.in_flight + ((),)), (), ())
+    return Scheduled(replace(counted, in_flight=counted.in_flight + ((),)), (), (),
+                     () if step is None else tuple(step.kv_loads))
 
 
 def _count_down(state: State, cfg: Config) -> State:
@@ -194,10 +198,8 @@ def _schedule_running(step: _Step) -> None:
 
 
 def _victim_frees_at_once(step: _Step, victim: int) -> bool:
-    """vLLM 0.33/0.34's running loop under the step fence: "a deferred free
-    will not help with immediate allocation" -- a victim whose blocks would
-    be put aside (`_request_blocks_can_be_freed` false) is not preempted and
-    the loop stops. Always true without the fence."""
+    """vLLM 0.33/0.34 under the step fence: a victim whose blocks would be put
+    aside is not preempted and the running loop stops ("a deferred free will not help")."""
     return can_free_now(step.state, step.cfg, victim)
 
 
@@ -282,6 +284,7 @@ def _schedule_waiting_with_connector(step: _Step) -> None:
             if not _fits_whole(step, r, hit) or not _allocate(step, r, 0, hit, external, cache=False):
                 break
             step.state = kv_loads.park(step.state, cfg, r, computed, external)
+            step.kv_loads.append((r, computed))
             walk.skipped.add(r)
             continue
         if not _admit_with_connector(step, r, hit, external, computed, running_entries):
@@ -450,8 +453,7 @@ def _num_preallocated(cfg: Config, pool: BlockPool, num_fresh: int, table_len: i
 
 def _preempt(step: _Step, victim: int) -> None:
     """Recompute preemption: free everything, back to the head of `waiting`
-    (at once: under a KV connector's step fence a victim whose free would be
-    put aside is not chosen, `_victim_frees_at_once`)."""
+    (at once: a KV connector's fence spares fenced victims, `_victim_frees_at_once`)."""
     state = step.state
     req = state.requests[victim]
     state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order,

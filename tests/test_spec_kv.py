@@ -83,6 +83,7 @@ def test_an_async_hit_parks_then_the_landed_load_is_promoted_and_scheduled_in_on
     assert (q.status, q.load, q.num_computed, len(q.block_table)) == (Status.WAITING_FOR_REMOTE_KVS,
                                                                         Load.IN_FLIGHT, 4, 2)
     assert parked.kv_holding == (0,) and parked.waiting == () and parked.in_flight == ((),)   # 0.34: empty batch
+    assert schedule(states[1], cfg_of()).kv_loads == ((0, 4),)              # the trace's schedule.kv_loads
     assert landed.requests[0].load is Load.RECEIVED
     q = ran.requests[0]
     assert q.status is Status.RUNNING and q.load is Load.DONE and ran.kv_holding == ()
@@ -273,7 +274,9 @@ def test_kv5_fails_when_a_plain_request_blocks_a_landed_load():
     s = run(cfg, [ASYNC, Prompt(7, 1)], ["arrive", Schedule(), "arrive", ReceiveKv(0)])[-1]
     s = replace(s, in_flight=(), kv_holding=(), waiting=(1, 0))    # vLLM before #45388: one queue
     kv5 = next(i for i in KV_INVARIANTS if i.name == "KV5_loaded_not_starved")
-    assert not kv5.holds(s, replace(cfg, profile="vllm-0.8.5" if False else cfg.profile))
+    assert not kv5.holds(s, cfg)
+    promoted_first = replace(s, kv_holding=(0,), waiting=(1,))          # the correct order
+    assert kv5.holds(promoted_first, cfg)
 
 
 def test_kv3_and_p_kv_can_fail():
@@ -282,10 +285,14 @@ def test_kv3_and_p_kv_can_fail():
     before = states[-1]
     after = step(before, cfg, FailKvLoad(0, 0)).with_request(0, placeholders=1)    # #49250
     kv3, p_kv = KV_TRANSITION_PROPERTIES
+    assert kv3.holds(before, step(before, cfg, FailKvLoad(0, 0)), FailKvLoad(0, 0), cfg)
     assert not kv3.holds(before, after, FailKvLoad(0, 0), cfg)
-    fenced = replace(after, deferred_frees=((1, (0,)),))
+    cfg = KV_SEND_K2.cfg
+    before = next(s for s in reachable(KV_SEND_K2) if (sch := schedule(s, cfg)) is not None and sch.preempted)
+    after = schedule(before, cfg).state
     assert p_kv.holds(before, after, Schedule(), cfg)
-    assert p_kv.predicate(before, fenced, Schedule(), cfg) or not step(before, cfg, Schedule())
+    put_aside = replace(after, deferred_frees=((1, before.requests[before.running[-1]].block_table),))
+    assert not p_kv.holds(before, put_aside, Schedule(), cfg)        # vLLM #49674: a fenced victim's free
 
 
 def test_vllm_0_8_5_has_sync_hits_only_and_0_8_4_none():
