@@ -193,9 +193,6 @@ class KvTransfers:
             return self._kv_reports[2]      # (the tracer asked first)
         self.kv_reports_seen = []
         reports = self.connector.worker_output(scheduler_output.entries)
-        if self._defer_block_free and scheduler_output.total_num_scheduled_tokens:
-            self.processed_step_seq += 1
-            self._drain_deferred_frees()
         failed: set[str] = set()
         if reports.failed_recving:
             failed |= self._handle_failed_recving(reports.failed_recving)
@@ -204,7 +201,12 @@ class KvTransfers:
         failed = set() if self._recompute_kv_failures else failed
         errors: list[EngineCoreOutput] = []
         if failed and not self._kv_errors_after_outputs:
+            # While the failing batch still counts as in flight (the spec's
+            # order): its blocks go behind the fence, never sooner.
             errors, failed = self._finish_with_error(failed), set()
+        if self._defer_block_free and scheduler_output.total_num_scheduled_tokens:
+            self.processed_step_seq += 1      # vLLM: first thing in update_from_output
+            self._drain_deferred_frees()
         self._kv_reports = (id(scheduler_output), reports, failed, errors)
         return failed
 
