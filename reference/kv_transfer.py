@@ -196,8 +196,10 @@ class KvTransfers:
         failed: set[str] = set()
         if reports.failed_recving:
             failed |= self._handle_failed_recving(reports.failed_recving)
+        # The trace's failures: each load that failed, its request's own (docs/kv-connector.md).
+        self.kv_reports_seen += [("kv_failed", req_id, first) for req_id, first in sorted(reports.failed_loads.items())]
         if reports.invalid_block_ids:
-            failed |= self._handle_invalid_blocks(reports.invalid_block_ids)
+            failed |= self._handle_invalid_blocks(reports.invalid_block_ids, scheduler_output.entries)
         failed = set() if self._recompute_kv_failures else failed
         errors: list[EngineCoreOutput] = []
         if failed and not self._kv_errors_after_outputs:
@@ -257,34 +259,57 @@ class KvTransfers:
                 self.failed_recving_kv_req_ids.add(req_id)
         return affected
 
-    def _handle_invalid_blocks(self, invalid_block_ids: set[int]) -> set[str]:
-        """vLLM `_handle_invalid_blocks`: every parked or running request
-        whose computed tokens lie in an invalid block goes back to that
-        block's start (recompute), or fails (the fail policy: the running
-        ones' blocks from there are evicted from the prefix cache)."""
-        affected: set[str] = set()
+    def _handle_invalid_blocks(self, invalid_block_ids: set[int],
+                               entries: list[RequestData]) -> set[str]:
+        """vLLM `_handle_invalid_blocks`: the parked requests, then the
+        running ones, whose computed tokens lie in an invalid block
+        (`_invalid_block_holders`) recompute, or fail (the fail policy: the
+        running ones' blocks from there are evicted from the prefix cache)."""
         parked = [r for r in self.kv_holding_waiting if r.status == PARKED]
+        starts = {entry.req_id: entry for entry in entries}
         to_evict: set[int] = set()
-        for request in [*parked, *self.running]:
+        affected = self._invalid_block_holders(parked, invalid_block_ids, starts, to_evict)
+        affected |= self._invalid_block_holders(list(self.running), invalid_block_ids, starts, to_evict)
+        if to_evict and not self._recompute_kv_failures:
+            self.kv_cache_manager.block_pool.evict_blocks(to_evict)
+        return affected
+
+    def _invalid_block_holders(self, requests: list[Request], invalid_block_ids: set[int],
+                               entries: dict[str, RequestData], to_evict: set[int]) -> set[str]:
+        """vLLM `_update_requests_with_invalid_blocks`, over one queue: an
+        invalid block is recomputed by the first request (in queue order)
+        that holds it, which goes back to the start of its first such block
+        (`_roll_back`); a later holder whose invalid blocks the earlier ones
+        all recompute keeps them as computed and only loses the failing
+        batch's tokens (vLLM: the shared blocks are rewritten before it reads
+        them). Returns the holders (the fail policy finishes them all)."""
+        block_size = self.config.block_size
+        marked: set[int] = set()
+        affected: set[str] = set()
+        for request in requests:
             block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
-            num_blocks = -(-request.num_computed_tokens // self.config.block_size)
-            first = next((i for i, block_id in enumerate(block_ids[:num_blocks])
-                          if block_id in invalid_block_ids), None)
-            if first is None:
+            num_blocks = -(-request.num_computed_tokens // block_size)
+            held = [i for i, block_id in enumerate(block_ids[:num_blocks]) if block_id in invalid_block_ids]
+            if not held:
                 continue
             affected.add(request.request_id)
-            self.kv_reports_seen.append(("kv_failed", request.request_id, first))
+            first = next((i for i in held if block_ids[i] not in marked), None)
+            marked.update(block_ids[i] for i in held)
             if request.status == PARKED:
                 self._set_kv_load(request, KvLoad.FAILED)
                 if self._recompute_kv_failures:
-                    request.num_computed_tokens = first * self.config.block_size
+                    if first is not None:
+                        request.num_computed_tokens = first * block_size
                     self.failed_recving_kv_req_ids.add(request.request_id)
-            elif self._recompute_kv_failures:
-                self._roll_back(request, first * self.config.block_size)
+            elif not self._recompute_kv_failures:
+                if first is not None:
+                    to_evict.update(block_ids[first:])
+            elif first is not None:
+                self._roll_back(request, first * block_size)
             else:
-                to_evict.update(block_ids[first:])
-        if to_evict:
-            self.kv_cache_manager.block_pool.evict_blocks(to_evict)
+                entry = entries.get(request.request_id)
+                if entry is not None and entry.incarnation == request.incarnation:
+                    self._roll_back(request, entry.num_computed_tokens)
         return affected
 
     def _roll_back(self, request: Request, valid_tokens: int) -> None:

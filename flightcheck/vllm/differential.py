@@ -161,6 +161,9 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
 
     # The KV reports of one update (vLLM takes each kind as a set), in sorted order.
     reports: list[tuple[Any, ...]] = []
+    # Requests finished by "error": vLLM's recorder writes that finish in
+    # finish_requests and again when the update it happened in returns; once.
+    errored: set[str] = set()
 
     def flush() -> None:
         out.extend(sorted(finishes))
@@ -173,7 +176,12 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
             continue
         out.extend(sorted(reports))
         reports.clear()
+        if kind == "arrive":
+            errored.discard(event["req"])
         if kind == "finish" and event["reason"] == "error":
+            if event["req"] in errored:
+                continue
+            errored.add(event["req"])
             errors.append(("finish", event["req"], "error", bool(event.get("held"))))
             continue
         if errors and kind != "complete":
