@@ -164,6 +164,9 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
     # Requests finished by "error": vLLM's recorder writes that finish in
     # finish_requests and again when the update it happened in returns; once.
     errored: set[str] = set()
+    # Whether the last decision was a completion (the reference writes a
+    # finish by error after the output it follows, vLLM's recorder before).
+    after_complete = False
 
     def flush() -> None:
         out.extend(sorted(finishes))
@@ -182,7 +185,9 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
             if event["req"] in errored:
                 continue
             errored.add(event["req"])
-            errors.append(("finish", event["req"], "error", bool(event.get("held"))))
+            # (`held`: a request whose load is in flight is held for its
+            # report, which the trace format leaves to the writer)
+            (finishes if after_complete else errors).append(("finish", event["req"], "error"))
             continue
         if errors and kind != "complete":
             finishes.extend(errors)
@@ -193,6 +198,7 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
                                 + ((bool(event.get("held")),) if kv else ()))
             continue
         flush()
+        after_complete = kind == "complete" or (after_complete and kind == "arrive")
         if kind == "schedule":
             if not event.get("entries") and not event.get("preempted") and not (kv and event.get("kv_loads")):
                 continue
