@@ -293,9 +293,11 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     theirs = vllm[index] if index < len(vllm) else None
     ours = reference[index] if index < len(reference) else None
     errored = {event[1] for event in vllm + reference if event[0] == "finish" and event[2] == "error"}
-    if errored and _concerns(theirs, ours) & errored:
+    if errored and (_concerns(theirs, ours) & errored or any(
+            event[0] == "finish" and event[2] == "error" for event in vllm[:index])):
         # A KV load failed under the fail policy: the reference finished the
-        # request at once, vLLM after the batch's outputs.
+        # request at once, vLLM after the batch's outputs (and from there the
+        # blocks it freed return to the pool in another order).
         return "kv_error_finished_at_once"
     if held and _concerns(theirs, ours) & held:
         # Nothing else explains it, and it concerns a request admitted holding
