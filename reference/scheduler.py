@@ -242,8 +242,8 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting):
     def _threshold_in_force(self) -> int:
         """The long-prefill threshold for this call (0: none). vLLM 0.33
         `Scheduler.schedule` drops it when `get_request_counts()` (running +
-        waiting, counted once before either loop) gives a lone request."""
-        if self._threshold_needs_company and len(self.running) + len(self.waiting) <= 1:
+        waiting and parked loads, counted once before either loop) gives a lone request."""
+        if self._threshold_needs_company and len(self.running) + len(self.waiting) + len(self.kv_holding_waiting) <= 1:
             return 0
         if self._threshold_off_unchunked:
             return 0                          # vLLM 0.34: only with chunked prefill
