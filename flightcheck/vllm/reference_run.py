@@ -122,6 +122,12 @@ class _ReferenceSide:
     def get_num_unscheduled_requests(self) -> int:
         return self.scheduler.get_num_unscheduled_requests()
 
+    def kv_transfers_pending(self) -> int:
+        """Whether the reference's connector has a transfer still to report
+        (engine.py counts it as progress, as it does the bridge's)."""
+        connector = self.scheduler.connector
+        return int(connector is not None and connector.has_pending_reports())
+
     def schedule(self) -> Any:
         output = self.scheduler.schedule()
         if not self.saw_duplicate_cached_block:
