@@ -75,6 +75,7 @@ class KvTransfers:
         self._kv_aborted_load_held = on and profile.kv_aborted_load_held
         self._kv_send_after_finish = on and profile.kv_send_after_finish
         self._kv_async_queue = on and profile.kv_async_waiting_queue
+        self._kv_rollback_in_place = on and profile.kv_rollback_in_place   # vLLM as released
         self._max_inflight_loads = connector.max_inflight_loads if on and self._kv_async_queue else None
         self.kv_holding_waiting: deque[Request] = deque()
         self.finished_recving_kv_req_ids: set[str] = set()
@@ -190,7 +191,7 @@ class KvTransfers:
         skipped meanwhile; those requests are returned). Once per output:
         the tracer calls it first to read the fates."""
         if self._kv_reports is not None and self._kv_reports[0] == id(scheduler_output):
-            return self._kv_reports[2]      # (the tracer asked first)
+            return self._kv_reports[4]      # (the tracer asked first)
         self.kv_reports_seen = []
         reports = self.connector.worker_output(scheduler_output.entries)
         failed: set[str] = set()
@@ -200,17 +201,21 @@ class KvTransfers:
         self.kv_reports_seen += [("kv_failed", req_id, first) for req_id, first in sorted(reports.failed_loads.items())]
         if reports.invalid_block_ids:
             failed |= self._handle_invalid_blocks(reports.invalid_block_ids, scheduler_output.entries)
+        # Skipped: the failing requests' entries of this batch (recompute: a
+        # rollback in place's, vLLM as released; the reference's rollback
+        # drops them as a new incarnation's).
+        skipped = failed if self._kv_rollback_in_place or not self._recompute_kv_failures else set()
         failed = set() if self._recompute_kv_failures else failed
         errors: list[EngineCoreOutput] = []
         if failed and not self._kv_errors_after_outputs:
             # While the failing batch still counts as in flight (the spec's
             # order): its blocks go behind the fence, never sooner.
-            errors, failed = self._finish_with_error(failed), set()
+            errors, failed, skipped = self._finish_with_error(failed), set(), set()
         if self._defer_block_free and scheduler_output.total_num_scheduled_tokens:
             self.processed_step_seq += 1      # vLLM: first thing in update_from_output
             self._drain_deferred_frees()
-        self._kv_reports = (id(scheduler_output), reports, failed, errors)
-        return failed
+        self._kv_reports = (id(scheduler_output), reports, failed, errors, skipped)
+        return skipped
 
     def _kv_skipped(self, entry: RequestData, skipped: set[str]) -> bool:
         return bool(skipped) and entry.req_id in skipped
@@ -226,10 +231,10 @@ class KvTransfers:
         """After the outputs: the errors (vLLM as released: now), then the
         landings and sends are taken (vLLM `update_from_output`,
         `_update_from_kv_xfer_finished`)."""
-        _, reports, skipped, outputs = self._kv_reports
+        _, reports, failed, outputs, _ = self._kv_reports
         self._kv_reports = None
-        if skipped:
-            outputs = self._finish_with_error(skipped)
+        if failed:
+            outputs = self._finish_with_error(failed)
         for req_id in reports.finished_recving:
             self.kv_reports_seen.append(("kv_received", req_id, 0))
             request = self.requests.get(req_id)
@@ -288,7 +293,12 @@ class KvTransfers:
         affected: set[str] = set()
         for request in requests:
             block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
-            num_blocks = -(-request.num_computed_tokens // block_size)
+            entry = entries.get(request.request_id)
+            batch_start = (entry.num_computed_tokens if entry is not None
+                           and entry.incarnation == request.incarnation else request.num_computed_tokens)
+            # vLLM as released looks only below the failing batch's own tokens
+            computed = self._base_in_place(request, entry) if self._kv_rollback_in_place else request.num_computed_tokens
+            num_blocks = -(-computed // block_size)
             held = [i for i, block_id in enumerate(block_ids[:num_blocks]) if block_id in invalid_block_ids]
             if not held:
                 continue
@@ -304,13 +314,19 @@ class KvTransfers:
             elif not self._recompute_kv_failures:
                 if first is not None:
                     to_evict.update(block_ids[first:])
+            elif self._kv_rollback_in_place:
+                request.num_computed_tokens = computed if first is None else first * block_size
             elif first is not None:
                 self._roll_back(request, first * block_size)
-            else:
-                entry = entries.get(request.request_id)
-                if entry is not None and entry.incarnation == request.incarnation:
-                    self._roll_back(request, entry.num_computed_tokens)
+            elif batch_start != request.num_computed_tokens:
+                self._roll_back(request, batch_start)
         return affected
+
+    @staticmethod
+    def _base_in_place(request: Request, entry: RequestData | None) -> int:
+        """vLLM's valid-prefix base: `num_computed_tokens` less the failing
+        batch's tokens for the request (none when it has no entry there)."""
+        return request.num_computed_tokens - (entry.num_new_tokens if entry is not None else 0)
 
     def _roll_back(self, request: Request, valid_tokens: int) -> None:
         """A running request's sync load failed from `valid_tokens` on: it

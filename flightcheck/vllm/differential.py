@@ -104,6 +104,19 @@ DEVIATIONS: dict[str, str] = {
         "flight are dropped); vLLM 0.33 and 0.34's update_from_output skip its outputs and finish it "
         "with FINISHED_ERROR after the batch's outputs (reference/profiles.py "
         "`kv_errors_after_outputs`, a released constant)",
+    "kv_rollback_keeps_placeholders_pr49250":
+        "KV connector, load_failure_policy \"recompute\", async scheduling: vLLM 0.33 and 0.34's "
+        "_update_requests_with_invalid_blocks sets a failed sync load's request back to its valid prefix "
+        "and leaves its num_output_placeholders (and its other work in flight), so the recompute "
+        "schedules tokens for placeholders no batch carries (vLLM #49250, open); the reference drops "
+        "the request's work in flight and resets its placeholders (reference/profiles.py "
+        "`kv_rollback_in_place`, a released constant)",
+    "kv_rollback_base_assumes_one_batch":
+        "KV connector, load_failure_policy \"recompute\", more than one batch in flight: vLLM 0.33 and "
+        "0.34's _update_requests_with_invalid_blocks takes the valid prefix's base as num_computed_tokens "
+        "less the failing batch's tokens, as if that batch were the request's only one in flight, and "
+        "applies the outputs of its later batches, computed over the invalid blocks; the reference "
+        "drops them (reference/profiles.py `kv_rollback_in_place`, a released constant)",
 }
 
 # The deviations each version's differential may name (the others cannot occur there).
@@ -116,9 +129,11 @@ VERSION_DEVIATIONS: dict[str, tuple[str, ...]] = {
     # 0.33 and 0.34 with drafts (sync): drafts handed over at submission, and
     # after them the runner sampling a chunk the scheduler scheduled as partial.
     "0.33.0": ("reused_id_output_dropped", "drafts_handed_over_at_submission", "partial_chunk_token_dropped",
-               "kv_error_finished_at_once"),
+               "kv_error_finished_at_once", "kv_rollback_keeps_placeholders_pr49250",
+               "kv_rollback_base_assumes_one_batch"),
     "0.34.0": ("reused_id_output_dropped",        # update_from_output still binds by id alone
-               "drafts_handed_over_at_submission", "partial_chunk_token_dropped", "kv_error_finished_at_once"),
+               "drafts_handed_over_at_submission", "partial_chunk_token_dropped", "kv_error_finished_at_once",
+               "kv_rollback_keeps_placeholders_pr49250", "kv_rollback_base_assumes_one_batch"),
 }
 
 
@@ -299,6 +314,12 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
         # request at once, vLLM after the batch's outputs (and from there the
         # blocks it freed return to the pool in another order).
         return "kv_error_finished_at_once"
+    if any(event[0] == "kv_failed" for event in vllm[:index]):
+        # A KV load failed under the recompute policy: vLLM rolled the request
+        # back in place (its other work in flight kept, #49250's placeholders
+        # under async scheduling); the reference drops what reaches past it.
+        return ("kv_rollback_keeps_placeholders_pr49250" if vllm_result.get("async_scheduling")
+                else "kv_rollback_base_assumes_one_batch")
     if held and _concerns(theirs, ours) & held:
         # Nothing else explains it, and it concerns a request admitted holding
         # drafts kept through its preemption: 0.8.x's allocate_slots cached
