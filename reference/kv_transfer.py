@@ -57,6 +57,7 @@ class KvTransfers:
     running: list[Request]
     _incarnations: itertools.count
     _stale_output_counters: bool
+    _kv_rollback_in_place: bool               # vLLM as released (profiles.py)
 
     def _init_kv(self, config: SchedulerConfig) -> None:
         profile = config.version_profile
@@ -75,7 +76,6 @@ class KvTransfers:
         self._kv_aborted_load_held = on and profile.kv_aborted_load_held
         self._kv_send_after_finish = on and profile.kv_send_after_finish
         self._kv_async_queue = on and profile.kv_async_waiting_queue
-        self._kv_rollback_in_place = on and profile.kv_rollback_in_place   # vLLM as released
         self._max_inflight_loads = connector.max_inflight_loads if on and self._kv_async_queue else None
         self.kv_holding_waiting: deque[Request] = deque()
         self.finished_recving_kv_req_ids: set[str] = set()
