@@ -169,19 +169,9 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
     # With a KV connector (config.kv_connector), its decisions too (kv_decision).
     kv = any(event.get("ev") == "config" and event.get("kv_connector") is not None for event in events)
 
-    # A finish by "error" (a KV load failure under the fail policy): vLLM
-    # finishes it after the batch's tokens, but its recorder writes it within
-    # update_from_output, before that batch's `complete`; taken after it.
-    errors: list[tuple[Any, ...]] = []
-
+    errors = _ErrorFinishes()
     # The KV reports of one update (vLLM takes each kind as a set), in sorted order.
     reports: list[tuple[Any, ...]] = []
-    # Requests finished by "error": vLLM's recorder writes that finish in
-    # finish_requests and again when the update it happened in returns; once.
-    errored: set[str] = set()
-    # Whether the last decision was a completion (the reference writes a
-    # finish by error after the output it follows, vLLM's recorder before).
-    after_complete = False
 
     def flush() -> None:
         out.extend(sorted(finishes))
@@ -195,39 +185,56 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
         out.extend(sorted(reports))
         reports.clear()
         if kind == "arrive":
-            errored.discard(event["req"])
+            errors.seen.discard(event["req"])
         if kind == "finish" and event["reason"] == "error":
-            if event["req"] in errored:
-                continue
-            errored.add(event["req"])
-            # (`held`: a request whose load is in flight is held for its
-            # report, which the trace format leaves to the writer)
-            (finishes if after_complete else errors).append(("finish", event["req"], "error"))
+            errors.take(event["req"], finishes)
             continue
-        if errors and kind != "complete":
-            finishes.extend(errors)
-            errors.clear()
+        if kind != "complete":
+            errors.release(finishes)
         if kind == "finish":
             if event["reason"] != "abort":
                 finishes.append(("finish", event["req"], event["reason"])
                                 + ((bool(event.get("held")),) if kv else ()))
             continue
         flush()
-        after_complete = kind == "complete" or (after_complete and kind == "arrive")
+        errors.after_complete = kind == "complete" or (errors.after_complete and kind == "arrive")
         if kind == "schedule":
             if not event.get("entries") and not event.get("preempted") and not (kv and event.get("kv_loads")):
                 continue
             out.append(_schedule_decision(event, block_offset, kv))
         elif kind == "complete":
             out.append(_complete_decision(event))
-            finishes.extend(errors)
-            errors.clear()
+            errors.release(finishes)
         elif kind == "abort":
             out.append(("abort", event["req"]))
     out.extend(sorted(reports))
-    finishes.extend(errors)
+    errors.release(finishes)
     flush()
     return out
+
+
+class _ErrorFinishes:
+    """Finishes by "error" (a KV load failure under the fail policy), taken
+    after the completion of the failing batch: vLLM finishes the request
+    after the batch's tokens, but its recorder writes the finish within
+    update_from_output, before that batch's `complete` (and again when the
+    update returns: counted once); the reference writes it after the
+    `complete`. Their `held` is left out: a request whose load is in flight
+    is held for the load's report, which the trace format leaves to the writer."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Any, ...]] = []      # written before their batch's `complete`
+        self.seen: set[str] = set()                    # finished by error (until an arrival reuses the id)
+        self.after_complete = False                    # the last decision was a completion
+
+    def take(self, req_id: str, finishes: list[tuple[Any, ...]]) -> None:
+        if req_id not in self.seen:
+            self.seen.add(req_id)
+            (finishes if self.after_complete else self.pending).append(("finish", req_id, "error"))
+
+    def release(self, finishes: list[tuple[Any, ...]]) -> None:
+        finishes.extend(self.pending)
+        self.pending.clear()
 
 
 def _schedule_decision(event: dict[str, Any], block_offset: int, kv: bool) -> tuple[Any, ...]:
