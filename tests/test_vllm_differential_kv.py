@@ -40,6 +40,21 @@ def test_error_finish_before_the_next_complete_stays_before_it() -> None:
     assert [d[0] for d in decisions(events)] == ["complete", "finish", "complete"]
 
 
+def test_error_finish_after_a_completion_still_waits_for_its_own_batch() -> None:
+    # vLLM: batch 1 completes, then batch 2's update writes its failure and the
+    # finish before batch 2's `complete`; the reference writes the finish after it
+    vllm = [CONFIG, {"ev": "complete", "batch": 1, "tokens": {"b": [4]}, "dropped": []},
+            {"ev": "kv_failed", "req": "a", "from_block": 1},
+            {"ev": "finish", "req": "a", "reason": "error"},
+            {"ev": "complete", "batch": 2, "tokens": {"a": [5]}, "dropped": ["a"]}]
+    reference = [CONFIG, {"ev": "complete", "batch": 1, "tokens": {"b": [4]}, "dropped": []},
+                 {"ev": "kv_failed", "req": "a", "from_block": 1},
+                 {"ev": "complete", "batch": 2, "tokens": {"a": [5]}, "dropped": ["a"]},
+                 {"ev": "finish", "req": "a", "reason": "error"}]
+    assert decisions(vllm) == decisions(reference)
+    assert decisions(vllm)[-1] == ("finish", "a", "error")
+
+
 def test_aborted_sync_load_still_reports_its_failure() -> None:
     # r2's sync load (fail_whole) is aborted while its batch is in flight: the
     # connector still reports its blocks with that batch (vLLM's does)

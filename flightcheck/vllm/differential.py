@@ -181,6 +181,8 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
         kind = event.get("ev")
         if kind in KV_REPORTS:
             reports.append(kv_decision(event))
+            # (a failure opens an update: its finishes by error come before its completion)
+            errors.after_complete &= kind != "kv_failed"
             continue
         out.extend(sorted(reports))
         reports.clear()
