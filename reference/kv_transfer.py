@@ -253,11 +253,11 @@ class KvTransfers:
         recompute from 0 (its blocks are released at promotion)."""
         affected = set()
         for req_id in failed_req_ids:
+            self.kv_reports_seen.append(("kv_failed", req_id, 0))   # (its load's, aborted or not)
             request = self.requests.get(req_id)
             if request is None or request.status != PARKED:
                 continue
             affected.add(req_id)
-            self.kv_reports_seen.append(("kv_failed", req_id, 0))
             self._set_kv_load(request, KvLoad.FAILED)
             if self._recompute_kv_failures:
                 request.num_computed_tokens = 0
