@@ -222,8 +222,11 @@ class KvTransfers:
 
     def _finish_with_error(self, req_ids: set[str]) -> list[EngineCoreOutput]:
         """The fail policy: `finish_requests(..., FINISHED_ERROR)`, in id
-        order (vLLM iterates a set)."""
-        error_ids = [req_id for req_id in sorted(req_ids) if req_id in self.requests]
+        order, or the configuration's `kv_error_order` (vLLM iterates a set)."""
+        first = self.config.kv_error_order
+        error_ids = [req_id for req_id in sorted(req_ids, key=lambda r: (first.index(r) if r in first
+                                                                          else len(first), r))
+                     if req_id in self.requests]
         self.finish_requests(error_ids, RequestStatus.FINISHED_ERROR)
         return [EngineCoreOutput(req_id, [], "error") for req_id in error_ids]
 
@@ -235,7 +238,8 @@ class KvTransfers:
         self._kv_reports = None
         if failed:
             outputs = self._finish_with_error(failed)
-        for req_id in reports.finished_recving:
+        # (in id order: the bridge's connector hands vLLM its sets so ordered)
+        for req_id in sorted(reports.finished_recving):
             self.kv_reports_seen.append(("kv_received", req_id, 0))
             request = self.requests.get(req_id)
             if request is not None and request.status == PARKED:
@@ -243,7 +247,7 @@ class KvTransfers:
                 self._set_kv_load(request, KvLoad.RECEIVED)
             else:
                 self._free_held(req_id)   # aborted, or failed under the fail policy
-        for req_id in reports.finished_sending:
+        for req_id in sorted(reports.finished_sending):
             self.kv_reports_seen.append(("kv_sent", req_id, 0))
             self._free_held(req_id)
         return outputs
