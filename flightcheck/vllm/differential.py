@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 # The reference side (reference_run.py), named here too for the callers.
+from .kv_differential import KV_REPORTS, ErrorFinishes, kv_decision
 from .reference_run import (ASYNC_VERSION_PROFILES, VERSION_PROFILES, ReferenceRun, _model_output,
                             profile_for, reference_config, run_reference)
 from .versions import BATCH_QUEUE_V033_LOOPS, Release, UnknownRelease, nearest_release
@@ -171,7 +172,7 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
     # With a KV connector (config.kv_connector), its decisions too (kv_decision).
     kv = any(event.get("ev") == "config" and event.get("kv_connector") is not None for event in events)
 
-    errors = _ErrorFinishes()
+    errors = ErrorFinishes()
     # The KV reports of one update (vLLM takes each kind as a set), in sorted order.
     reports: list[tuple[Any, ...]] = []
 
@@ -217,30 +218,6 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
     return out
 
 
-class _ErrorFinishes:
-    """Finishes by "error" (a KV load failure under the fail policy), taken
-    after the completion of the failing batch: vLLM finishes the request
-    after the batch's tokens, but its recorder writes the finish within
-    update_from_output, before that batch's `complete` (and again when the
-    update returns: counted once); the reference writes it after the
-    `complete`. Their `held` is left out: a request whose load is in flight
-    is held for the load's report, which the trace format leaves to the writer."""
-
-    def __init__(self) -> None:
-        self.pending: list[tuple[Any, ...]] = []      # written before their batch's `complete`
-        self.seen: set[str] = set()                    # finished by error (until an arrival reuses the id)
-        self.after_complete = False                    # the last decision was a completion
-
-    def take(self, req_id: str, finishes: list[tuple[Any, ...]]) -> None:
-        if req_id not in self.seen:
-            self.seen.add(req_id)
-            (finishes if self.after_complete else self.pending).append(("finish", req_id, "error"))
-
-    def release(self, finishes: list[tuple[Any, ...]]) -> None:
-        finishes.extend(self.pending)
-        self.pending.clear()
-
-
 def _schedule_decision(event: dict[str, Any], block_offset: int, kv: bool) -> tuple[Any, ...]:
     """A `schedule` event's entries and preemptions (with a KV connector,
     each entry's `external` and the call's parked loads)."""
@@ -266,18 +243,6 @@ def _complete_decision(event: dict[str, Any]) -> tuple[Any, ...]:
     # The drafts each request holds for its next step (spec decode).
     next_drafts = tuple(sorted(event.get("next_drafts", {}).items()))
     return ("complete", applied, dropped) + ((next_drafts,) if next_drafts else ())
-
-
-KV_REPORTS = ("kv_received", "kv_failed", "kv_sent")
-
-
-def kv_decision(event: dict[str, Any]) -> tuple[Any, ...]:
-    """A KV connector's report as a decision (both sides' fabricated
-    connectors follow kv_workload.py's timing rule; the rollback a failure
-    causes shows in the request's next entry)."""
-    if event["ev"] == "kv_failed":
-        return ("kv_failed", event["req"], event["from_block"])
-    return (event["ev"], event["req"])
 
 
 @dataclass
