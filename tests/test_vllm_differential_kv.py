@@ -93,3 +93,34 @@ def test_kv_campaign_of_30_workloads_has_no_unexplained_differential(version: st
     report = run_version(version, workloads, 0, False, lambda line: None, async_scheduling)
     assert report.workloads == 30 and report.differential_not_run == 0
     assert report.unexplained == []
+
+
+def test_a_load_waiting_with_nothing_else_to_run_is_not_stuck() -> None:
+    # r3 parks once r2's send frees its blocks; meanwhile only transfers are
+    # pending: engine.py counts them as progress on the reference's side too
+    raw = _workload(6)
+    run = run_reference(raw, profile_for("0.34.0", False))
+    assert run.ending == "done"
+    assert ("schedule", (), (), (("r3", 9),)) in decisions(run.events, block_offset=1)
+
+
+def test_the_long_prefill_threshold_counts_parked_loads_as_waiting() -> None:
+    # r2 is the only waiting request, r3 is parked for its load: vLLM's
+    # get_request_counts counts kv_holding_waiting, so the threshold (6) holds
+    raw = _workload(25)
+    ours = decisions(run_reference(raw, profile_for("0.34.0", False)).events, block_offset=1)
+    r2 = [entry for d in ours if d[0] == "schedule" for entry in d[1] if entry[0] == "r2"]
+    assert r2[0][1:3] == (8, 6)
+
+
+def test_the_fail_policys_error_order_is_the_configured_one() -> None:
+    # r0 and r1 fail in one output; vLLM finishes them iterating a set (its
+    # hash seed's order), the differential replays either order
+    raw = _workload(22)
+    name = profile_for("0.34.0", False)
+    by_id = decisions(run_reference(raw, name, vllm_outputs=True).events, block_offset=1)
+    reversed_ = decisions(run_reference(raw, name, vllm_outputs=True, kv_error_order=("r1", "r0")).events,
+                          block_offset=1)
+    assert by_id != reversed_
+    assert decisions(run_reference(raw, name, vllm_outputs=True, kv_error_order=("r0",)).events,
+                     block_offset=1) == by_id
