@@ -104,6 +104,7 @@ class BatchInProgress:
     done: Any                       # the running loop returned / the waiting loop broke
     skipped: Any                    # the waiting loop's position: requests it passed over (vLLM 0.33's
                                     # deferred resumptions, `Profile.defer_resume_while_stale`); 0 in 0.8.x
+    held_skipped: Any = 0           # with a KV connector, the requests of `kv_holding` passed over (kv_schedule.py)
 
 
 @dataclass
@@ -159,8 +160,11 @@ def schedule(layout: Layout, builder: Builder, s: SState) -> SchedResult:
     acc = BatchInProgress(acc.state, acc.budget, acc.count, acc.entries, acc.preempted, acc.admitted_from_preempted, acc.admitted, acc.any_preempted,
               acc.position, z3.BoolVal(False), V(0))
     pads = pad_context(layout, s, acc.count, acc.entries)
+    waiting_step = _waiting_step
+    if s.kv:
+        from flightcheck.verification.z3.encoding.kv_schedule import kv_waiting_step as waiting_step
     for m in range(layout.N):
-        acc = advance(acc, lambda a: _waiting_step(layout, builder, a, phase, threshold_on, pads), f"wait{m}")
+        acc = advance(acc, lambda a: waiting_step(layout, builder, a, phase, threshold_on, pads), f"wait{m}")
     first = len(builder.defs)
     state = builder.snap(_launch(layout, acc), "launch")
     return SchedResult(state, is_enabled(layout, s), _forms_a_batch(layout, s, acc),
@@ -201,6 +205,9 @@ def _forms_a_batch(layout: Layout, s: SState, acc: BatchInProgress) -> Any:
     formed = disj(lt(0, acc.count), acc.any_preempted)
     if not layout.cfg.rules.empty_batches:
         return formed
+    if s.kv:
+        from flightcheck.verification.z3.encoding.kv_schedule import unfinished_or_held
+        return disj(formed, *[unfinished_or_held(layout, s, r) for r in range(layout.N)])
     return disj(formed, *[_unfinished(q.status) for q in s.reqs])
 
 
@@ -262,14 +269,23 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, thresh
     fits = le(num_fresh, st.pool.free_len)
     do_skip = builder.let("skip", conj(active, skip))
     do_alloc = builder.let("alloc", conj(active, neg(skip), fits))
-    do_pre = builder.let("preempt", conj(active, neg(skip), neg(fits)))
+    p, victim = _preempt_last(layout, builder, st)
+    fenced = builder.let("fenced", conj(active, neg(skip), neg(fits), _victim_is_fenced(layout, st, victim)))
+    do_pre = builder.let("preempt", conj(active, neg(skip), neg(fits), neg(fenced)))
     a, entry = _allocate_running(layout, builder, c, num_new, num_fresh, acc.budget)
     entries, cnt, budget = _add(layout, acc, entry, do_alloc)
-    p, victim = _preempt_last(layout, builder, st)
     return BatchInProgress(merge(do_alloc, a, merge(do_pre, p, st)), budget, cnt, entries,
               put_flag(acc.preempted, victim, z3.BoolVal(True), do_pre), acc.admitted_from_preempted, acc.admitted,
               disj(acc.any_preempted, do_pre), ite(disj(do_skip, do_alloc), acc.position + 1, acc.position),
-              disj(acc.done, conj(do_pre, eq(victim, r))), acc.skipped)
+              disj(acc.done, conj(do_pre, eq(victim, r)), fenced), acc.skipped)
+
+
+def _victim_is_fenced(layout: Layout, st: SState, victim: Any) -> Any:
+    """spec.schedule._victim_frees_at_once, negated (kv_schedule.py; False without a connector)."""
+    if not st.kv:
+        return z3.BoolVal(False)
+    from flightcheck.verification.z3.encoding.kv_schedule import victim_is_fenced
+    return victim_is_fenced(layout, st, victim)
 
 
 def _allocate_running(layout: Layout, builder: Builder, c: Candidate, num_new: Any, num_fresh: Any,
@@ -310,10 +326,16 @@ def _preempt_last(layout: Layout, builder: Builder, st: SState) -> tuple[SState,
         # tokens in flight become its stale output; drop mode by the configuration,
         # or kept while an earlier drop share is undrained
         c = builder.snap(counters_at(st, victim), "vc")
-        drop = z3.BoolVal(True) if cfg.stale_mode == "drop" else conj(c.drop, lt(0, c.stale))
+        drops = cfg.stale_mode == "drop" or (p.kv and _requires_kv_delivery(cfg))
+        drop = z3.BoolVal(True) if drops else conj(c.drop, lt(0, c.stale))
         p = with_counters(p, victim, stale=c.in_flight, drop=drop)
     # spec.schedule._reset_placeholders (vLLM 0.33 `_preempt_request`); the countdown is kept
     return with_async(p, victim, placeholders=V(0)), victim
+
+
+def _requires_kv_delivery(cfg) -> bool:
+    """spec.schedule._requires_kv_delivery: a producer's preemption drops its in-flight output."""
+    return cfg.kv_connector.producer and cfg.rules.kv_producer_drops_stale_output
 
 
 def _remove_at(layout: Layout, xs: list, i: Any) -> list:
@@ -481,6 +503,9 @@ def _launch(layout: Layout, acc: BatchInProgress) -> SState:
     if layout.is_mutant("empty_batch_submitted"):
         put_batch = z3.BoolVal(True)       # only reached when something was scheduled or preempted
     batch = SBatch(acc.count, [SEntry(e.req, e.start, e.n, e.samples, e.drafts, e.fate) for e in new])
+    if st.kv:
+        from flightcheck.verification.z3.encoding.kv_schedule import kv_launch
+        st = kv_launch(layout, st, acc, put_batch)
     st.batches = [merge(conj(put_batch, eq(st.num_batches, k)), batch, b) for k, b in enumerate(st.batches)]
     st.num_batches = ite(put_batch, st.num_batches + 1, st.num_batches)
     return st
