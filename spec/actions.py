@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from . import blocks
 from .config import Config
 from .drafts import drafts_come_with_output
+from .kv_fence import drain_deferred_frees, finish_with_connector
 from .schedule import Scheduled, schedule  # noqa: F401  (re-exported: the fourth action)
 from .state import Entry, Fate, Request, State, Status, content_label, holder_of, name_of, retire_entries
 
@@ -36,6 +37,11 @@ class Prompt:
     prompt_len: int
     max_tokens: int
     labels: tuple[int, ...] = ()   # one content label per full block; shared prefix = shared labels
+    # What a KV connector offers this request (docs/kv-connector.md; read
+    # only with `Config.kv_connector`): tokens beyond its local prefix hit,
+    # and whether they load asynchronously (`get_num_new_matched_tokens`).
+    external_hit: int = 0
+    load_async: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,23 @@ def arrive(state: State, cfg: Config, r: int, prompt: Prompt) -> State | None:
     if len(set(labels)) != len(labels):
         return None      # chained block hashes never repeat within a prompt (a repeat would break S9)
     state = replace(state, waiting=state.waiting + (r,))
-    return state.with_request(r, status=Status.WAITING, prompt_len=prompt.prompt_len,
-                              max_tokens=prompt.max_tokens, prompt_labels=labels, num_computed=0)
+    state = state.with_request(r, status=Status.WAITING, prompt_len=prompt.prompt_len,
+                               max_tokens=prompt.max_tokens, prompt_labels=labels, num_computed=0)
+    return _offer_of_connector(state, cfg, r, prompt)
+
+
+def _offer_of_connector(state: State, cfg: Config, r: int, prompt: Prompt) -> State:
+    """What the connector will offer r (fixed at arrival, the environment's
+    choice), only where the profile has it: no hit without sync hits (vLLM
+    0.8.4), no async load without async loads (0.8.5). Under vLLM 0.34's
+    load limit the arrival is recorded (`_next_waiting_queue` orders by it)."""
+    if cfg.kv_connector is None or prompt.external_hit < 0:
+        return state
+    if cfg.rules.kv_inflight_load_limit and cfg.kv_connector.max_inflight_loads is not None:
+        state = replace(state, arrivals=state.arrivals + (r,))
+    hit = prompt.external_hit if cfg.rules.kv_sync_hits else 0
+    return state.with_request(r, external_hit=hit, load_async=prompt.load_async and hit > 0
+                              and cfg.rules.kv_async_loads)
 
 
 def arrive_as(state: State, cfg: Config, r: int, prompt: Prompt, name: int) -> State | None:
@@ -81,6 +102,12 @@ def abort(state: State, cfg: Config, r: int) -> State | None:
     if not (0 <= r < len(state.requests)) or not state.requests[r].status.is_active:
         return None
     return _forget_counters(_finish(state, cfg, r, Status.FINISHED_ABORTED), r)
+
+
+def finish_request(state: State, cfg: Config, r: int, status: Status) -> State:
+    """vLLM's `finish_requests(r, status)` from outside the batch loop: an
+    abort, or the KV connector's fail policy (FINISHED_ERROR)."""
+    return _forget_counters(_finish(state, cfg, r, status), r)
 
 
 def _forget_counters(state: State, r: int) -> State:
@@ -149,7 +176,7 @@ def complete_oldest(state: State, cfg: Config, samples: tuple[Sample, ...],
     batch = state.in_flight[0]
     flags = [e.fate is not Fate.SUPERSEDED and entry_samples(state, cfg, e) for e in batch]
     remaining = iter(samples)
-    state = replace(state, in_flight=state.in_flight[1:])
+    state = drain_deferred_frees(replace(state, in_flight=state.in_flight[1:]), cfg, batch)
     for e, samples_here in zip(batch, flags):
         if e.fate is Fate.SUPERSEDED:
             continue
@@ -174,7 +201,7 @@ def _complete_by_name(state: State, cfg: Config, samples: tuple[Sample, ...],
     batch = state.in_flight[0]
     applied = [_output_applied(state, cfg, e) for e in batch]
     remaining = iter(samples)
-    state = replace(state, in_flight=state.in_flight[1:])
+    state = drain_deferred_frees(replace(state, in_flight=state.in_flight[1:]), cfg, batch)
     for e, has_output in zip(batch, applied):
         holder = holder_of(state, e.lookup_name)
         if holder is None:
@@ -319,7 +346,10 @@ def _stop_reason(cfg: Config, req, j: int, s: Sample) -> Status | None:
 
 
 def _finish(state: State, cfg: Config, r: int, status: Status) -> State:
-    """Finish or abort r: out of every queue, blocks freed, in-flight work superseded."""
+    """Finish or abort r: out of every queue, blocks freed, in-flight work
+    superseded (with a connector, its table may be held or fenced: kv_fence.py)."""
+    if cfg.kv_connector is not None:
+        return finish_with_connector(state, cfg, r, status)
     req = state.requests[r]
     state = replace(state, pool=blocks.free_table(state.pool, req.block_table, cfg.release_order,
                                                   cfg.rules.unhashed_blocks_to_head),

@@ -1,8 +1,9 @@
 """The constants of the spec: the scheduler's configuration.
 
 Abstracted away: everything about the model (layers, weights, dtypes), the
-encoder budgets, LoRA, structured output, priorities and KV connectors
-(asynchronous scheduling is a profile, `vllm-0.33-async`). None of them changes how many tokens are in flight for whom, which
+encoder budgets, LoRA, structured output and priorities (asynchronous
+scheduling is a profile, `vllm-0.33-async`; a KV connector is
+`Config.kv_connector`, docs/kv-connector.md). None of them changes how many tokens are in flight for whom, which
 is all this spec is about.
 
 Where vLLM versions differ, `profile` names the version (`profiles.py`) and the
@@ -25,6 +26,34 @@ from typing import Literal
 from .profiles import DEFAULT_PROFILE, Profile, ReleaseOrder, profile as profile_named
 
 StaleMode = Literal["deliver", "drop"]
+LoadFailurePolicy = Literal["recompute", "fail"]
+
+
+@dataclass(frozen=True)
+class KvConnector:
+    """A KV connector's configuration (vLLM's `KVTransferConfig`), as far as
+    the scheduler sees it. What it offers each request is the environment's
+    (`Prompt.external_hit`, `Prompt.load_async`); each feature is in force
+    only where the profile has it (`Profile.kv_*`)."""
+
+    # `is_kv_consumer`: loads KV; with more than one batch in flight the step
+    # fence is in force (`Scheduler.__init__`'s `defer_block_free`).
+    consumer: bool = True
+    # `is_kv_producer`: a finished request's blocks are held until its KV is
+    # sent (`request_finished` -> `delay_free`), and its preemptions drop
+    # in-flight output (`requires_kv_delivery`).
+    producer: bool = False
+    # `kv_load_failure_policy`: a failed load is recomputed from its first
+    # invalid block, or its request finishes with FINISHED_ERROR.
+    load_failure_policy: LoadFailurePolicy = "recompute"
+    # `SchedulerConfig.max_num_inflight_kv_loads` (vLLM 0.34; None = no limit).
+    max_inflight_loads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.load_failure_policy not in ("recompute", "fail"):
+            raise ValueError(f"load_failure_policy must be 'recompute' or 'fail', got {self.load_failure_policy!r}")
+        if self.max_inflight_loads is not None and self.max_inflight_loads < 1:
+            raise ValueError("max_inflight_loads must be None or at least 1")
 
 
 @dataclass(frozen=True)
@@ -75,6 +104,9 @@ class Config:
     # with prefix caching on (admission_order.py).
     cache_aware_admission_window: int = 0
     cache_aware_admission_threshold: float = 0.5
+    # The KV connector (docs/kv-connector.md); None: no connector, the spec
+    # exactly as without one (every state count unchanged).
+    kv_connector: KvConnector | None = None
 
     def __post_init__(self) -> None:
         self._resolve_profile()
@@ -127,6 +159,14 @@ class Config:
         free-queue head, threshold, clip, admission gate, deferred resumption,
         stop order); read where they apply, never copied into a field."""
         return profile_named(self.profile)
+
+    @property
+    def fences_freed_blocks(self) -> bool:
+        """vLLM 0.33/0.34 `defer_block_free`: a consumer connector with more
+        than one batch in flight (`max_concurrent_batches > 1`), where the
+        profile has the step fence (`Profile.kv_step_fence`)."""
+        kv = self.kv_connector
+        return kv is not None and kv.consumer and self.queue_depth > 1 and self.rules.kv_step_fence
 
     @property
     def queue_depth(self) -> int:

@@ -216,6 +216,52 @@ class Profile:
     # (either side of the wait is legal: past the deadline an input waits for
     # the next `_process_input_queue`). 0.8.x: none, inputs only between steps.
     mid_step_inputs: tuple[str, ...] = ()
+    # --- the KV connector (`Config.kv_connector`; docs/kv-connector.md, "What
+    # each vLLM version has"): one constant per row of that table, each read
+    # only when a connector is configured, so none changes a state without one.
+    # `Scheduler.schedule`, waiting loop: a fresh request asks the connector
+    # (`get_num_new_matched_tokens`) for tokens beyond its local hit; a
+    # synchronous hit counts as computed at once and is loaded by the batch
+    # (0.8.5 gets an int; 0.33/0.34 a pair `(n, False)`). 0.8.4: no connector.
+    kv_sync_hits: bool = False
+    # `Scheduler.schedule` (0.33, 0.34): an asynchronous hit `(n, True)`
+    # allocates the request's blocks, sets its `num_computed_tokens` and parks
+    # it in `WAITING_FOR_REMOTE_KVS` until `finished_recving`
+    # (`_update_from_kv_xfer_finished`, `_handle_blocked_waiting_request`,
+    # `_update_waiting_for_remote_kv`). 0.8.5: no async loads.
+    kv_async_loads: bool = False
+    # `update_from_output` -> `_handle_failed_recving` (request level) and
+    # `_handle_invalid_blocks` / `_update_requests_with_invalid_blocks` (block
+    # level), with `kv_load_failure_policy` recompute or fail (0.33, 0.34).
+    kv_load_failures: bool = False
+    # `_free_request` -> `_connector_finished` -> `request_finished` may
+    # return `delay_free`: the blocks stay until `finished_sending`
+    # (`_update_from_kv_xfer_finished`) (0.33, 0.34). 0.8.5's `_free_request`
+    # frees at once.
+    kv_send_hold: bool = False
+    # `finish_requests`: a request aborted in `WAITING_FOR_REMOTE_KVS` whose
+    # load has not reported keeps its blocks until its `finished_recving`
+    # (`delay_free_blocks`; `_update_from_kv_xfer_finished` frees them) (0.33, 0.34).
+    kv_aborted_load_held: bool = False
+    # `Scheduler.__init__` `defer_block_free` (a consumer connector and
+    # `max_concurrent_batches > 1`): `_request_blocks_can_be_freed`,
+    # `_free_request_blocks` (fenced blocks join `deferred_frees`),
+    # `_drain_deferred_frees` in `update_from_output`; the running loop does not
+    # preempt a victim whose free would be deferred (0.33, 0.34).
+    kv_step_fence: bool = False
+    # `Scheduler.kv_holding_waiting`: waiting requests that hold KV blocks
+    # (parked and landed loads) are drained before `waiting`
+    # (`schedule`'s waiting loop, `skip_request`) (0.33, 0.34).
+    kv_holding_first: bool = False
+    # `Scheduler.async_kv_waiting`, loads-only mode and
+    # `max_num_inflight_kv_loads` (`_enqueue_waiting_request`,
+    # `_next_waiting_queue`, `_admits_inflight_kv_load`, with
+    # `_aborted_kv_loads` counted against the limit) (0.34 only).
+    kv_inflight_load_limit: bool = False
+    # `Scheduler.schedule`, running loop: `_preempt_request(drop_stale_output=
+    # self.requires_kv_delivery)`: a producer's preempted request drops its
+    # in-flight output (0.33, 0.34).
+    kv_producer_drops_stale_output: bool = False
     # The profile of the release this one follows, when this one's spec rules
     # are that one's with some constants changed: verification checks this
     # one with everything it checks the older one with
@@ -232,13 +278,19 @@ VLLM_0_8_5 = Profile(name="vllm-0.8.5", policy="continue-prefill",
                      release_order_with_prefix_caching="reverse",
                      release_order_without_prefix_caching="forward",
                      num_preallocate_tokens=0, cache_duplicate_blocks=True,
-                     waits_with_batch_in_flight=True)
+                     waits_with_batch_in_flight=True, kv_sync_hits=True)
 
 VLLM_0_8_4 = Profile(name="vllm-0.8.4", policy="one-batch-per-request",
                      release_order_with_prefix_caching="reverse",
                      release_order_without_prefix_caching="forward",
                      num_preallocate_tokens=64, cache_duplicate_blocks=True,
                      waits_with_batch_in_flight=True)
+
+# The KV connector rows of 0.33.0 (docs/kv-connector.md): everything but the
+# 0.34 load limit, each re-read in `vllm/v1/core/sched/scheduler.py`.
+_KV_CONNECTOR_0_33 = {"kv_sync_hits": True, "kv_async_loads": True, "kv_load_failures": True,
+                      "kv_send_hold": True, "kv_aborted_load_held": True, "kv_step_fence": True,
+                      "kv_holding_first": True, "kv_producer_drops_stale_output": True}
 
 # vLLM 0.33.0 with synchronous scheduling (the V1 model runner under
 # pipeline parallelism, deliver mode, no KV connector). `KVCacheManager.free`
@@ -248,8 +300,8 @@ VLLM_0_8_4 = Profile(name="vllm-0.8.4", policy="one-batch-per-request",
 # (`BlockHashToBlockMap.insert` turns the entry into a dict of block ids;
 # `get_one_block` serves the first). Its stale-output counters, empty
 # batches, drop mode (`Config.stale_mode`) and names reused as new
-# incarnations (`Config.allow_name_reuse`) are modelled; KV connectors,
-# deferred block frees and async scheduling are not.
+# incarnations (`Config.allow_name_reuse`) are modelled, and, with
+# `Config.kv_connector`, its KV connector (`_KV_CONNECTOR_0_33`).
 VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     release_order_with_prefix_caching="reverse",
                     release_order_without_prefix_caching="reverse",
@@ -260,7 +312,7 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     stale_output_counters=True, empty_batches=True, mid_step_inputs=("abort",),
                     unchunked_prefill_stops_admission=True,
                     cache_settled_blocks_on_output=True, draft_source="submission",
-                    pads_admitted_decodes=True)
+                    pads_admitted_decodes=True, **_KV_CONNECTOR_0_33)
 
 # vLLM 0.33.0 with asynchronous scheduling, the default for single-node
 # pipeline parallelism (`AsyncScheduler`, the V2 model runner, the mp
@@ -301,7 +353,10 @@ VLLM_0_33_HARDENED = replace(VLLM_0_33, name="vllm-0.33-hardened", stale_test="p
 # and the opt-in cache-aware admission order
 # (`Scheduler._reorder_waiting_by_cached_prefix`); chunked prefill off still
 # stops the waiting loop as in 0.33 (`Scheduler.schedule`, waiting loop).
-_VLLM_0_34_RULES = {"threshold_needs_chunked_prefill": True, "cache_aware_admission": True}
+# And the connector's `async_kv_waiting` queue, loads-only mode and
+# `max_num_inflight_kv_loads` (`_next_waiting_queue`, `_admits_inflight_kv_load`).
+_VLLM_0_34_RULES = {"threshold_needs_chunked_prefill": True, "cache_aware_admission": True,
+                    "kv_inflight_load_limit": True}
 # 0.34's `EngineCoreProc._wait_for_output` handles ADD and ABORT while it
 # spins on a step's output before a deadline (`_INPUTS_HANDLED_DURING_STEP`):
 # an arrival, too, may land between a step's `schedule()` and its completion.

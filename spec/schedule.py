@@ -17,8 +17,13 @@ requests behind it may be admitted; its resumption is deferred).
 The action is deterministic: given the state, the batch is fixed. The
 environment has no choice here.
 
+With a KV connector (`Config.kv_connector`), the waiting loop asks it for
+hits, parks async loads and promotes landed ones (kv_loads.py), and under
+the step fence a victim whose blocks cannot be freed at once is not
+preempted (kv_fence.py).
+
 Abstracted away: encoder inputs and budgets, LoRA limits, structured-output
-grammars (WAITING_FOR_FSM), priorities, KV connectors, and the detail that
+grammars (WAITING_FOR_FSM), priorities, and the detail that
 vLLM trims a request's draft list only when some drafts were scheduled: here
 the unscheduled drafts are always dropped, so a clipped decode cannot leave
 drafts behind to be scheduled as a second sampling entry.
@@ -28,12 +33,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import blocks
+from . import blocks, kv_loads
 from .admission_order import reorder_waiting
 from .config import Config
 from .drafts import padded_admission, placeholder_drafts
+from .kv_fence import can_free_now, release_table
 from .profiles import num_preallocate_blocks
-from .state import Batch, BlockPool, Entry, Fate, Request, State, Status, content_label, retire_entries
+from .state import Batch, BlockPool, Entry, Fate, Load, Request, State, Status, content_label, retire_entries
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,7 @@ class ScheduledEntry:
     drafts: int
     samples: bool
     block_ids: tuple[int, ...]  # blocks appended to the request's table
+    external: int = 0           # tokens of `cached` a synchronous KV connector load brings
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,7 @@ def _idle(state: State, cfg: Config) -> Scheduled | None:
     lets `schedule` and `complete_oldest` interleave freely, so this one rule
     covers every engine step that schedules nothing; it stays finite because
     the queue holds at most K batches, empty ones included. 0.8.x: nothing."""
-    if not cfg.rules.empty_batches or not any(q.status.is_active for q in state.requests):
+    if not cfg.rules.empty_batches or not any(q.status.is_active or q.held for q in state.requests):
         return None
     return Scheduled(replace(_count_down(state, cfg), in_flight=state.in_flight + ((),)), (), ())
 
@@ -175,12 +182,22 @@ def _schedule_running(step: _Step) -> None:
             continue
         while not _allocate(step, r, num_new, hit=()):
             victim = step.state.running[-1]
+            if not _victim_frees_at_once(step, victim):
+                return
             _preempt(step, victim)
             _mark_stale_output(step, victim)
             if victim == r:
                 return
         _add_entry(step, r, num_new, cached=0)
         i += 1
+
+
+def _victim_frees_at_once(step: _Step, victim: int) -> bool:
+    """vLLM 0.33/0.34's running loop under the step fence: "a deferred free
+    will not help with immediate allocation" -- a victim whose blocks would
+    be put aside (`_request_blocks_can_be_freed` false) is not preempted and
+    the loop stops. Always true without the fence."""
+    return can_free_now(step.state, step.cfg, victim)
 
 
 def _is_held_back(step: _Step, r: int) -> bool:
@@ -213,6 +230,8 @@ def _num_new_running(step: _Step, r: int) -> int:
 
 def _schedule_waiting(step: _Step) -> None:
     cfg = step.cfg
+    if cfg.kv_connector is not None:
+        return _schedule_waiting_with_connector(step)
     step.state = reorder_waiting(step.state, cfg)       # vLLM 0.34, opt-in (admission_order.py)
     running_entries = [e.req for e in step.entries]    # what the running loop scheduled
     i = 0                                   # requests before i were skipped: they keep their place
@@ -233,6 +252,69 @@ def _schedule_waiting(step: _Step) -> None:
         if padded:                                      # its k placeholder drafts (drafts.py)
             step.state = step.state.with_request(r, num_drafts=cfg.num_spec_tokens)
         _admit(step, r, len(hit) * cfg.block_size, num_new)
+
+
+def _schedule_waiting_with_connector(step: _Step) -> None:
+    """The waiting loop with a KV connector (vLLM 0.34 `Scheduler.schedule`;
+    kv_loads.py): block holders first, a landed load promoted and scheduled
+    in the same call, a hit asked for when nothing is computed, an async
+    load parked (and skipped), vLLM 0.34's load limit and loads-only mode."""
+    cfg = step.cfg
+    step.state = reorder_waiting(step.state, cfg)
+    running_entries = [e.req for e in step.entries]
+    walk = kv_loads.Walk()
+    while (pick := kv_loads.next_candidate(step.state, cfg, walk, _loads_only(step))) is not None:
+        r, queue = pick
+        if kv_loads.is_blocked(step.state, r) or _is_resumption_deferred(step.state, cfg, r):
+            walk.skipped.add(r)
+            continue
+        if step.state.requests[r].status is Status.WAITING_FOR_REMOTE_KVS:
+            step.state = kv_loads.promote(step.state, cfg, r)
+        computed = step.state.requests[r].num_computed
+        hit = _prefix_hit(step.state, cfg, r) if computed == 0 else ()
+        external, is_async = kv_loads.connector_offer(step.state, cfg, r, len(hit) * cfg.block_size)
+        if (is_async and not kv_loads.admits_inflight_load(step.state, cfg)) or (_loads_only(step) and not is_async):
+            if queue != "async":
+                break                                   # past the limit, or no slot: it waits at the head
+            walk.take_async = False
+            continue
+        computed += len(hit) * cfg.block_size + external
+        if is_async:
+            if not _fits_whole(step, r, hit) or not _allocate(step, r, 0, hit, external, cache=False):
+                break
+            step.state = kv_loads.park(step.state, cfg, r, computed, external)
+            walk.skipped.add(r)
+            continue
+        if not _admit_with_connector(step, r, hit, external, computed, running_entries):
+            break
+
+
+def _admit_with_connector(step: _Step, r: int, hit: tuple[int, ...], external: int, computed: int,
+                          running_entries: list[int]) -> bool:
+    """Admit r with `computed` tokens (local hit + a sync load's external
+    tokens, or a promoted load's), as `_schedule_waiting` admits; False:
+    the loop stops (head-of-line). The connector is not asked again (C1)."""
+    cfg, req = step.cfg, step.state.requests[r]
+    padded = padded_admission(step.state, cfg, r, computed, running_entries, step.budget)
+    if padded < 0:
+        return False
+    num_new = _clip(step, r, padded) if padded else _clip(step, r, req.num_tokens - computed)
+    if _needs_a_chunk(step, r, hit, computed - len(hit) * cfg.block_size):
+        return False
+    if num_new == 0 or not _fits_whole(step, r, hit) or not _allocate(step, r, num_new, hit, external):
+        return False
+    if padded:
+        step.state = step.state.with_request(r, num_drafts=cfg.num_spec_tokens)
+    step.state = step.state.with_request(r, load=Load.DONE, external=0)
+    _admit(step, r, computed, num_new)
+    step.entries[-1] = replace(step.entries[-1], external=external)
+    return True
+
+
+def _loads_only(step: _Step) -> bool:
+    """vLLM 0.34: no running slot or no budget left; the loop may still
+    start async loads (`loads_only`). Without the load limit the loop ends there."""
+    return step.budget <= 0 or not _has_free_seat(step)
 
 
 def _is_resumption_deferred(state: State, cfg: Config, r: int) -> bool:
@@ -272,9 +354,18 @@ def _mark_stale_output(step: _Step, victim: int) -> None:
     if not step.cfg.rules.stale_output_counters:
         return
     req = step.state.requests[victim]
-    drop = step.cfg.stale_mode == "drop" or (req.drop_stale and req.num_stale > 0)
+    drop = (step.cfg.stale_mode == "drop" or _requires_kv_delivery(step.cfg)
+            or (req.drop_stale and req.num_stale > 0))
     step.state = step.state.with_request(victim, num_stale=req.num_in_flight, drop_stale=drop)
     _reset_placeholders(step, victim)
+
+
+def _requires_kv_delivery(cfg: Config) -> bool:
+    """vLLM 0.33/0.34: `_preempt_request(drop_stale_output=self.requires_kv_delivery)`:
+    a producer connector's preempted request drops its in-flight output
+    (`Profile.kv_producer_drops_stale_output`)."""
+    kv = cfg.kv_connector
+    return kv is not None and kv.producer and cfg.rules.kv_producer_drops_stale_output
 
 
 def _reset_placeholders(step: _Step, victim: int) -> None:
@@ -283,14 +374,14 @@ def _reset_placeholders(step: _Step, victim: int) -> None:
     step.state = step.state.with_request(victim, placeholders=0)
 
 
-def _needs_a_chunk(step: _Step, r: int, hit: tuple[int, ...]) -> bool:
+def _needs_a_chunk(step: _Step, r: int, hit: tuple[int, ...], external: int = 0) -> bool:
     """Chunked prefill off (`Config.enable_chunked_prefill`), vLLM 0.33 and
     0.34's waiting loop (`Profile.unchunked_prefill_stops_admission`): r's
     tokens past its hit, cut by the threshold in force, exceed the budget
     left, so admitting it would cut a chunk: the loop stops instead."""
     if step.cfg.enable_chunked_prefill or not step.cfg.rules.unchunked_prefill_stops_admission:
         return False
-    num_new = step.state.requests[r].num_tokens - len(hit) * step.cfg.block_size
+    num_new = step.state.requests[r].num_tokens - len(hit) * step.cfg.block_size - external
     if 0 < step.threshold < num_new:
         num_new = step.threshold
     return num_new > step.budget
@@ -304,7 +395,8 @@ def _fits_whole(step: _Step, r: int, hit: tuple[int, ...]) -> bool:
         return True
     cfg, req = step.cfg, step.state.requests[r]
     whole = _num_required_blocks(cfg, min(req.num_tokens, cfg.max_model_len))
-    return blocks.can_allocate(step.state.pool, max(0, whole - len(hit)), hit)
+    held = len(req.block_table)             # a promoted KV load's blocks (none otherwise)
+    return blocks.can_allocate(step.state.pool, max(0, whole - len(hit) - held), hit)
 
 
 def _num_new_waiting(step: _Step, r: int, hit: tuple[int, ...]) -> int:
@@ -331,11 +423,14 @@ def _num_required_blocks(cfg: Config, num_tokens: int) -> int:
     return blocks.cdiv(num_tokens, cfg.block_size)
 
 
-def _allocate(step: _Step, r: int, num_new: int, hit: tuple[int, ...]) -> bool:
-    """vLLM's allocate_slots: room for num_computed (+ hit) + num_new tokens."""
+def _allocate(step: _Step, r: int, num_new: int, hit: tuple[int, ...], external: int = 0,
+              cache: bool = True) -> bool:
+    """vLLM's allocate_slots: room for num_computed (+ hit + a KV connector's
+    external tokens) + num_new tokens; full blocks cached unless `cache` is
+    off (an async load's: `delay_cache_blocks`)."""
     state, cfg = step.state, step.cfg
     req = state.requests[r]
-    computed = req.num_computed + len(hit) * cfg.block_size
+    computed = req.num_computed + len(hit) * cfg.block_size + external
     total = computed + num_new
     num_fresh = max(0, _num_required_blocks(cfg, total) - len(req.block_table) - len(hit))
     if not blocks.can_allocate(state.pool, num_fresh, hit):
@@ -344,7 +439,7 @@ def _allocate(step: _Step, r: int, num_new: int, hit: tuple[int, ...]) -> bool:
     num_fresh += _num_preallocated(cfg, pool, num_fresh, len(req.block_table) + len(hit))
     pool, fresh = blocks.pop_fresh(pool, num_fresh)
     table = req.block_table + hit + fresh
-    if cfg.prefix_caching:
+    if cfg.prefix_caching and cache:
         drafts = max(0, total - req.num_tokens)
         num_full = (total - drafts) // cfg.block_size
         labels = [content_label(state, r, i, cfg.block_size) for i in range(num_full)]
@@ -368,8 +463,7 @@ def _preempt(step: _Step, victim: int) -> None:
     """Recompute preemption: free everything, back to the head of `waiting`."""
     state = step.state
     req = state.requests[victim]
-    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order,
-                                                  step.cfg.rules.unhashed_blocks_to_head),
+    state = replace(release_table(state, step.cfg, victim, req.block_table),
                     running=state.running[:-1], waiting=(victim,) + state.waiting,
                     scheduled_ids=state.scheduled_ids - {victim})
     state = retire_entries(state, victim, frozenset({Fate.LIVE}), Fate.ORPHANED)
@@ -381,7 +475,8 @@ def _preempt(step: _Step, victim: int) -> None:
 def _admit(step: _Step, r: int, hit_tokens: int, num_new: int) -> None:
     state = step.state
     was_preempted = state.requests[r].status is Status.PREEMPTED
-    state = replace(state, waiting=tuple(x for x in state.waiting if x != r), running=state.running + (r,))
+    state = replace(state, waiting=tuple(x for x in state.waiting if x != r), running=state.running + (r,),
+                    kv_holding=tuple(x for x in state.kv_holding if x != r))
     if was_preempted:
         state = _supersede_orphans(state, r)
     step.state = state.with_request(r, status=Status.RUNNING, num_computed=hit_tokens)
@@ -417,13 +512,15 @@ def _launch(step: _Step) -> State:
             state = replace(state, scheduled_ids=state.scheduled_ids | {e.req})
     if not step.entries and not step.cfg.rules.empty_batches:
         return state                    # the step only preempted: nothing to run (0.33 queues it empty)
-    batch: Batch = tuple(_snapshot(state, e) for e in step.entries)
+    batch: Batch = tuple(_snapshot(state, step.cfg, e) for e in step.entries)
     return replace(state, in_flight=state.in_flight + (batch,))
 
 
-def _snapshot(state: State, e: ScheduledEntry) -> Entry:
-    """The in-flight entry for e, with the name its output will be looked up by."""
-    return Entry(e.req, e.start, e.n, e.samples, e.drafts, name=state.requests[e.req].name)
+def _snapshot(state: State, cfg: Config, e: ScheduledEntry) -> Entry:
+    """The in-flight entry for e, with the name its output will be looked up
+    by, a sync load's external tokens, and (under the step fence) the blocks it writes."""
+    return Entry(e.req, e.start, e.n, e.samples, e.drafts, name=state.requests[e.req].name,
+                 external=e.external, blocks=state.requests[e.req].block_table if cfg.fences_freed_blocks else ())
 
 
 def _count_in_flight(state: State, cfg: Config, e: ScheduledEntry) -> State:

@@ -15,6 +15,8 @@ Abstracted away:
 * incarnation numbers. A batch entry's `fate` (LIVE, ORPHANED, SUPERSEDED) is
   the finite stand-in for "the incarnation it was scheduled for".
 * time. Only the order of events matters.
+* the KV connector's worker side (docs/kv-connector.md): a transfer is a
+  request's `load` (or its `held` table) until the connector reports it.
 
 Every value is frozen and hashable, so explicit-state search can store states
 in a set, and every counter is bounded by the configuration.
@@ -35,6 +37,10 @@ class Status(enum.Enum):
     FINISHED_STOPPED = "FINISHED_STOPPED"
     FINISHED_LENGTH = "FINISHED_LENGTH"
     FINISHED_ABORTED = "FINISHED_ABORTED"
+    # The KV connector (docs/kv-connector.md): an async load in flight, or
+    # landed and not yet promoted; a request failed by the "fail" policy.
+    WAITING_FOR_REMOTE_KVS = "WAITING_FOR_REMOTE_KVS"
+    FINISHED_ERROR = "FINISHED_ERROR"
 
     @property
     def is_finished(self) -> bool:
@@ -43,10 +49,29 @@ class Status(enum.Enum):
     @property
     def is_active(self) -> bool:
         """Arrived and not finished."""
-        return self in (Status.WAITING, Status.RUNNING, Status.PREEMPTED)
+        return self in ACTIVE
 
 
-FINISHED = frozenset({Status.FINISHED_STOPPED, Status.FINISHED_LENGTH, Status.FINISHED_ABORTED})
+FINISHED = frozenset({Status.FINISHED_STOPPED, Status.FINISHED_LENGTH, Status.FINISHED_ABORTED,
+                      Status.FINISHED_ERROR})
+ACTIVE = frozenset({Status.WAITING, Status.RUNNING, Status.PREEMPTED, Status.WAITING_FOR_REMOTE_KVS})
+# The statuses of a request in a waiting queue (`waiting` or `kv_holding`).
+WAITING_STATUSES = frozenset({Status.WAITING, Status.PREEMPTED, Status.WAITING_FOR_REMOTE_KVS})
+
+
+class Load(enum.Enum):
+    """A request's KV load, as the scheduler knows it (docs/kv-connector.md)."""
+
+    NONE = "none"              # the connector has not been asked (or offered nothing yet)
+    IN_FLIGHT = "in_flight"    # an async load started, not reported
+    FAILED = "failed"          # its failure reported, its finished_recving not yet
+    RECEIVED = "received"      # finished_recving seen, the request not yet running again
+    DONE = "done"              # asked and settled: the connector offers 0 from now on (C1)
+
+    @property
+    def in_transfer(self) -> bool:
+        """The worker may still write the request's blocks."""
+        return self in (Load.IN_FLIGHT, Load.FAILED)
 
 
 class Fate(enum.Enum):
@@ -80,6 +105,17 @@ class Request:
     # again (`next_decode_eligible_step - current_step`, floored at 0).
     placeholders: int = 0
     decode_countdown: int = 0
+    # The KV connector (docs/kv-connector.md; all at their defaults without
+    # one): what it offers this request (fixed at arrival: tokens beyond the
+    # local hit, and whether they load asynchronously), the state of its
+    # load, the tokens an async load in flight brings past its local hit,
+    # and whether a finished request's table is still held (for a send, or
+    # for an aborted load's report).
+    external_hit: int = 0
+    load_async: bool = False
+    load: Load = Load.NONE
+    external: int = 0
+    held: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -102,6 +138,11 @@ class Entry:
     drafts: int         # draft tokens scheduled with it
     fate: Fate = Fate.LIVE
     name: int | None = None   # the name its output is looked up by; None: the slot's own index
+    # The KV connector: tokens just below `start` a synchronous load brings
+    # in with this batch, and (only while the step fence is in force) the
+    # request's table when scheduled, the blocks the batch writes.
+    external: int = 0
+    blocks: tuple[int, ...] = ()
 
     @property
     def lookup_name(self) -> int:
@@ -142,6 +183,16 @@ class State:
     in_flight: tuple[Batch, ...] = ()        # FIFO, oldest first, at most K
     pool: BlockPool = field(default_factory=lambda: BlockPool.empty(0))
     scheduled_ids: frozenset[int] = frozenset()  # one-batch-per-request's in-flight set
+    # The KV connector (docs/kv-connector.md; empty without one): vLLM's
+    # `kv_holding_waiting` (waiting requests that hold blocks: parked and
+    # landed loads, drained before `waiting`); `deferred_frees`, oldest
+    # first, each (non-empty batches still in flight, blocks freed while they
+    # were: `sched_step_seq - processed_step_seq`), drained in order
+    # (`_drain_deferred_frees`); and, only under vLLM 0.34's load limit, the
+    # order of arrival (`_next_waiting_queue` compares arrival times).
+    kv_holding: tuple[int, ...] = ()
+    deferred_frees: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    arrivals: tuple[int, ...] = ()
 
     def with_request(self, r: int, **changes) -> "State":
         if all(getattr(self.requests[r], name) == value for name, value in changes.items()):
@@ -160,6 +211,10 @@ class State:
     @cached_property
     def waiting_set(self) -> frozenset[int]:
         return frozenset(self.waiting)
+
+    @cached_property
+    def kv_holding_set(self) -> frozenset[int]:
+        return frozenset(self.kv_holding)
 
     @cached_property
     def _entries_by_request(self) -> dict[int, list[Entry]]:
@@ -218,13 +273,16 @@ def retire_entries(state: State, r: int, from_fates: frozenset[Fate], to: Fate) 
 def describe_request(q: Request) -> str:
     """A request's status and counters as step tables print them, without its
     label: "RUNN c=4/8+1d o=0 b=[1] ..." (zero counters left out)."""
-    return (f"{q.status.value[:4]} c={q.num_computed}/{q.num_tokens}"
+    status = "RKVS" if q.status is Status.WAITING_FOR_REMOTE_KVS else q.status.value[:4]
+    return (f"{status} c={q.num_computed}/{q.num_tokens}"
             f"{f'+{q.num_drafts}d' if q.num_drafts else ''} o={q.num_output}"
             f" b={list(q.block_table)}"
             f"{f' if={q.num_in_flight}' if q.num_in_flight else ''}"
             f"{f' stale={q.num_stale}' if q.num_stale else ''}{' drop' if q.drop_stale else ''}"
             f"{f' ph={q.placeholders}' if q.placeholders else ''}"
-            f"{f' wait={q.decode_countdown}' if q.decode_countdown else ''}")
+            f"{f' wait={q.decode_countdown}' if q.decode_countdown else ''}"
+            f"{f' load={q.load.value}' if q.load is not Load.NONE else ''}"
+            f"{f' ext={q.external}' if q.external else ''}{' held' if q.held else ''}")
 
 
 def describe(state: State) -> str:
@@ -238,5 +296,7 @@ def describe(state: State) -> str:
                               f"@{e.start}+{e.n}{'*' if e.samples else ''}"
                               f"{'' if e.fate is Fate.LIVE else '~' + e.fate.value[0]}"
                               for e in b) + "]" for b in state.in_flight]
-    return (f"{'; '.join(reqs) or '-'} | W={list(state.waiting)} R={list(state.running)}"
+    kv = (f"{f' H={list(state.kv_holding)}' if state.kv_holding else ''}"
+          f"{f' deferred={[list(d) for d in state.deferred_frees]}' if state.deferred_frees else ''}")
+    return (f"{'; '.join(reqs) or '-'} | W={list(state.waiting)} R={list(state.running)}{kv}"
             f" | Q={' '.join(batches) or '-'} | free={list(state.pool.free_queue)}")

@@ -13,6 +13,7 @@ from typing import Callable, Union
 
 from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest
 from .config import Config
+from .kv_reports import fail_kv_load, receive_kv, send_kv
 from .schedule import Scheduled, schedule
 from .state import FINISHED, Entry, Fate, Request, State, Status
 
@@ -69,7 +70,42 @@ class Abort:
         return f"abort r{self.req}"
 
 
-Action = Union[Arrive, ArriveAs, Schedule, CompleteOldest, Abort]
+@dataclass(frozen=True)
+class ReceiveKv:
+    """The KV connector's `finished_recving` for r's load (kv_reports.receive_kv)."""
+
+    req: int
+
+    def __str__(self) -> str:
+        return f"kv received r{self.req}"
+
+
+@dataclass(frozen=True)
+class FailKvLoad:
+    """The KV connector's `failed_recving` / `invalid_block_ids` for r's load,
+    from block `from_block` of its table on (kv_reports.fail_kv_load)."""
+
+    req: int
+    from_block: int
+
+    def __str__(self) -> str:
+        return f"kv load failed r{self.req} from block {self.from_block}"
+
+
+@dataclass(frozen=True)
+class SendKv:
+    """The KV connector's `finished_sending` for r (kv_reports.send_kv)."""
+
+    req: int
+
+    def __str__(self) -> str:
+        return f"kv sent r{self.req}"
+
+
+# The connector's reports: environment actions, each enabled only with a connector.
+KV_REPORTS = (ReceiveKv, FailKvLoad, SendKv)
+
+Action = Union[Arrive, ArriveAs, Schedule, CompleteOldest, Abort, ReceiveKv, FailKvLoad, SendKv]
 
 
 def step(state: State, cfg: Config, action: Action) -> State | None:
@@ -85,6 +121,12 @@ def step(state: State, cfg: Config, action: Action) -> State | None:
         return complete_oldest(state, cfg, action.samples)
     if isinstance(action, Abort):
         return abort(state, cfg, action.req)
+    if isinstance(action, ReceiveKv):
+        return receive_kv(state, cfg, action.req)
+    if isinstance(action, FailKvLoad):
+        return fail_kv_load(state, cfg, action.req, action.from_block)
+    if isinstance(action, SendKv):
+        return send_kv(state, cfg, action.req)
     raise TypeError(f"not an action: {action!r}")
 
 

@@ -46,6 +46,17 @@ SAME_AS_033_IN: dict[str, str] = {
                                          "num_new_tokens > request_token_budget: break)",
     "waits_with_batch_in_flight": "EngineCoreProc._process_input_queue (blocks only while not has_work(), "
                                   "which counts the batch queue)",
+    "kv_sync_hits": "Scheduler.schedule, waiting loop (get_num_new_matched_tokens -> (n, False))",
+    "kv_async_loads": "Scheduler.schedule, waiting loop (load_kv_async: WAITING_FOR_REMOTE_KVS) / "
+                      "_handle_blocked_waiting_request / _update_waiting_for_remote_kv",
+    "kv_load_failures": "Scheduler._handle_failed_recving / _handle_invalid_blocks / "
+                        "_update_requests_with_invalid_blocks (kv_load_failure_policy)",
+    "kv_send_hold": "Scheduler._free_request / _connector_finished (delay_free until finished_sending)",
+    "kv_aborted_load_held": "Scheduler.finish_requests (delay_free_blocks for WAITING_FOR_REMOTE_KVS)",
+    "kv_step_fence": "Scheduler._request_blocks_can_be_freed / _free_request_blocks / _drain_deferred_frees",
+    "kv_holding_first": "Scheduler.schedule, waiting loop (kv_holding_waiting drained before waiting)",
+    "kv_producer_drops_stale_output": "Scheduler.schedule, running loop "
+                                      "(_preempt_request(drop_stale_output=self.requires_kv_delivery))",
 }
 # Fields that are not vLLM rules.
 NOT_RULES = {"name", "follows"}
@@ -55,6 +66,8 @@ CHANGED_IN_034: dict[str, str] = {
     "cache_aware_admission": "Scheduler._reorder_waiting_by_cached_prefix (cache_aware_admission_window)",
     "mid_step_inputs": "EngineCoreProc._wait_for_output (ADD and ABORT handled while it spins on a step's "
                        "output before a deadline; 0.33: aborts only, EngineCore._process_aborts_queue)",
+    "kv_inflight_load_limit": "Scheduler._next_waiting_queue / _admits_inflight_kv_load (async_kv_waiting, "
+                              "loads-only mode, max_num_inflight_kv_loads; 0.33 has none)",
 }
 
 PAIRS = [("vllm-0.34", "vllm-0.33"), ("vllm-0.34-async", "vllm-0.33-async")]

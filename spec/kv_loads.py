@@ -1,0 +1,154 @@
+"""The KV connector in `schedule`'s waiting loop: which request is looked at
+next, what the connector offers it, an async load's parking and a landed
+load's promotion (vLLM 0.34.0 `Scheduler.schedule`, waiting loop; 0.33.0
+where it agrees).
+
+* Order (`kv_holding_waiting`, `Profile.kv_holding_first`): waiting requests
+  that hold KV blocks (parked and landed loads, `State.kv_holding`) are
+  looked at before `waiting`. Under vLLM 0.34's load limit
+  (`Profile.kv_inflight_load_limit` with `KvConnector.max_inflight_loads`),
+  the fresh requests the connector may load asynchronously form
+  `async_kv_waiting` (here: the requests of `waiting` with such an offer
+  not yet asked for), whose head goes first when it arrived first
+  (`_next_waiting_queue`); with no running slot or no budget left the loop
+  only starts loads from that queue (loads-only mode). A skipped request
+  keeps its place; a request whose load starts joins `kv_holding`'s tail
+  (`step_started_kv_loads`).
+* The offer (`get_num_new_matched_tokens`): asked only when nothing is
+  computed, once per request (contract C1: afterwards it offers 0): the
+  prompt's `external_hit`, clipped to the tokens past the local hit (a sync
+  hit leaves the last token to compute, block aligned).
+* Parking: an async hit allocates blocks for local + external tokens
+  (uncached until the load lands: `delay_cache_blocks`), sets
+  `num_computed` and parks the request in WAITING_FOR_REMOTE_KVS.
+* Promotion (`_handle_blocked_waiting_request`, `_update_waiting_for_remote_kv`):
+  a landed load's blocks are cached up to `num_computed`; a failed load
+  whose valid prefix is empty frees them; a load that covered every token
+  leaves the last one to compute (`num_tokens - 1`).
+
+Abstracted away: the connector's own matching (its offer is the
+environment's, fixed at arrival), partial-tail hits, HiSparse's deferred
+loads and parked reservations (`_reserve_parked`), the DSV4 replay window,
+the pause states, the encoder connector, and priority order between the
+queues (FCFS by arrival).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from . import blocks
+from .config import Config
+from .state import Load, State, Status, content_label
+
+
+@dataclass
+class Walk:
+    """One waiting loop's bookkeeping: the requests skipped or parked in
+    this call (each keeps its place, looked at no more), and whether
+    `async_kv_waiting` may still be taken from (`take_async_kv`)."""
+
+    skipped: set[int] = field(default_factory=set)
+    take_async: bool = True
+
+
+def load_limit(cfg: Config) -> int | None:
+    """`max_num_inflight_kv_loads` where the profile has it, else None."""
+    kv = cfg.kv_connector
+    return kv.max_inflight_loads if kv is not None and cfg.rules.kv_inflight_load_limit else None
+
+
+def may_load_async(state: State, cfg: Config, r: int) -> bool:
+    """r belongs to `async_kv_waiting`: under the load limit, a fresh
+    request (WAITING, never asked) offered an async load
+    (`_enqueue_waiting_request`: `connector.may_load_async`)."""
+    q = state.requests[r]
+    return (load_limit(cfg) is not None and q.status is Status.WAITING and q.load is Load.NONE
+            and q.load_async and q.num_computed == 0)
+
+
+def loads_in_flight(state: State) -> int:
+    """`_kv_fetch_counts[IN_PROGRESS] + [COMPLETED_WAITING] + len(_aborted_kv_loads)`:
+    loads in flight (aborted and failed ones included), and landed loads of
+    unfinished requests not yet running."""
+    return sum(1 for q in state.requests
+               if q.load.in_transfer or (q.load is Load.RECEIVED and q.status.is_active))
+
+
+def admits_inflight_load(state: State, cfg: Config) -> bool:
+    """`_admits_inflight_kv_load`: a new async load stays within the limit."""
+    limit = load_limit(cfg)
+    return limit is None or loads_in_flight(state) < limit
+
+
+def _head(queue: tuple[int, ...], walk: Walk) -> int | None:
+    return next((r for r in queue if r not in walk.skipped), None)
+
+
+def next_candidate(state: State, cfg: Config, walk: Walk, loads_only: bool) -> tuple[int, str] | None:
+    """The request the loop looks at next and its queue ("holding", "async",
+    "waiting"), or None: the loop ends (its queue is empty)."""
+    async_head = _head(tuple(r for r in state.waiting if may_load_async(state, cfg, r)), walk)
+    if loads_only:
+        return (async_head, "async") if walk.take_async and async_head is not None else None
+    held = _head(state.kv_holding, walk)
+    if held is not None:
+        return held, "holding"
+    plain = _head(tuple(r for r in state.waiting if not may_load_async(state, cfg, r)), walk)
+    if walk.take_async and async_head is not None and (plain is None or _arrived_before(state, async_head, plain)):
+        return async_head, "async"
+    return None if plain is None else (plain, "waiting")
+
+
+def _arrived_before(state: State, a: int, b: int) -> bool:
+    """FCFS by arrival time (`_next_waiting_queue`)."""
+    order = state.arrivals
+    return a in order and (b not in order or order.index(a) < order.index(b))
+
+
+def is_blocked(state: State, r: int) -> bool:
+    """`_handle_blocked_waiting_request` returns False: a parked request
+    whose load has not landed."""
+    q = state.requests[r]
+    return q.status is Status.WAITING_FOR_REMOTE_KVS and q.load is not Load.RECEIVED
+
+
+def connector_offer(state: State, cfg: Config, r: int, local_tokens: int) -> tuple[int, bool]:
+    """`get_num_new_matched_tokens`: (external tokens, load async)."""
+    q = state.requests[r]
+    if cfg.kv_connector is None or q.load is not Load.NONE or q.external_hit == 0:
+        return 0, False
+    if q.load_async:
+        external = min(q.external_hit, q.num_tokens - local_tokens)
+        return max(0, external), external > 0
+    external = min(q.external_hit, q.num_tokens - 1 - local_tokens)
+    external -= external % cfg.block_size
+    return max(0, external), False
+
+
+def park(state: State, cfg: Config, r: int, computed: int, external: int) -> State:
+    """An async load starts: WAITING_FOR_REMOTE_KVS with `num_computed`
+    set to local + external tokens; it joins `kv_holding`'s tail."""
+    if cfg.rules.kv_holding_first:
+        state = replace(state, waiting=tuple(x for x in state.waiting if x != r),
+                        kv_holding=state.kv_holding + (r,))
+    return state.with_request(r, status=Status.WAITING_FOR_REMOTE_KVS, num_computed=computed,
+                              load=Load.IN_FLIGHT, external=external)
+
+
+def promote(state: State, cfg: Config, r: int) -> State:
+    """A landed load's request back to WAITING (`_update_waiting_for_remote_kv`):
+    its valid blocks cached, or its table freed when nothing is valid; a
+    load of every token leaves the last one to compute. Its load stays
+    RECEIVED until it runs (`KV_FETCH_COMPLETED_WAITING`)."""
+    q = state.requests[r]
+    if q.num_computed == 0:
+        pool = blocks.free_table(state.pool, q.block_table, cfg.release_order, cfg.rules.unhashed_blocks_to_head)
+        return replace(state, pool=pool).with_request(r, status=Status.WAITING, block_table=(), external=0)
+    if cfg.prefix_caching:
+        labels = [content_label(state, r, i, cfg.block_size)
+                  for i in range(min(q.num_computed, q.num_tokens) // cfg.block_size)]
+        state = replace(state, pool=blocks.cache_labels(state.pool, q.block_table, labels,
+                                                        cfg.cache_duplicate_blocks))
+    computed = q.num_tokens - 1 if q.num_computed == q.num_tokens else q.num_computed
+    return state.with_request(r, status=Status.WAITING, num_computed=computed, external=0)
