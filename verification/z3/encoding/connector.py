@@ -265,7 +265,7 @@ def _floor_div(x: Any, d: int) -> Any:
 
 
 def fail_guard(layout: Layout, s: SState, r: Any, from_block: Any) -> Any:
-    if not layout.cfg.rules.kv_load_failures:
+    if not layout.cfg.rules.kv_load_failures or not fails_loads(layout.model):
         return z3.BoolVal(False)
     return conj(le(0, r), lt(r, layout.N), failable(layout, s, r, from_block))
 
@@ -305,3 +305,25 @@ def connector_action(act: int, r: int, from_block: int):
     if act == FAIL:
         return FailKvLoad(r, from_block)
     return SendKv(r)
+
+
+def fails_loads(model) -> bool:
+    """Whether the model's connector may report failed loads (`Model.kv_failures`, on by default)."""
+    return getattr(model, "kv_failures", True)
+
+
+def connector_reports(model, s):
+    """Every report the connector could make from concrete state s, with its
+    successor: each request's receive, send and failure from each block
+    (the spec's own guards pick the enabled ones), so the cross-check does
+    not rest on the search's enumeration of them."""
+    from flightcheck.spec import step
+    from flightcheck.spec.transitions import FailKvLoad, ReceiveKv, SendKv
+    from flightcheck.verification.mutants import applied
+    tries = [a for r in range(len(s.requests)) for a in (ReceiveKv(r), SendKv(r))]
+    if fails_loads(model):
+        blocks = -(-model.cfg.max_model_len // model.cfg.block_size)
+        tries += [FailKvLoad(r, b) for r in range(len(s.requests)) for b in range(blocks)]
+    with applied(model.mutant):
+        found = [(a, nxt) for a in tries if (nxt := step(s, model.cfg, a)) is not None]
+    return iter(found)

@@ -20,6 +20,7 @@ no prefix caching, no drafts, chunked prefill on and synchronous scheduling.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import z3
@@ -119,6 +120,8 @@ def kv_waiting_step(layout: Layout, builder: Builder, acc, phase: Any, threshold
     from flightcheck.verification.z3.encoding.schedule import BatchInProgress, _add, _clip, _is_resumption_deferred
     cfg, st = layout.cfg, acc.state
     kv = kv_of(st)
+    if isinstance(acc.held_skipped, int):               # the loop's first iteration: a literal
+        acc = replace(acc, held_skipped=V(acc.held_skipped))
     from_holding = builder.let("from_holding", lt(acc.held_skipped, kv.holding_len))
     active = builder.let("active", conj(phase, neg(acc.done), lt(0, acc.budget), lt(st.running_len, cfg.max_num_seqs),
                                         disj(from_holding, lt(acc.skipped, st.waiting_len))))

@@ -173,10 +173,11 @@ def pad_deferred(layout) -> SDeferred:
 def kv_offer(layout, r: int, arrived: bool) -> dict:
     """What the connector offers request r (its model prompt's, once arrived;
     nothing before, or without a connector): spec Request's fixed fields."""
-    p = layout.model.prompts[r]
-    if not arrived or not has_kv(layout):
+    p, rules = layout.model.prompts[r], layout.cfg.rules
+    if not arrived or not has_kv(layout) or not layout.cfg.kv_connector.consumer or p.external_hit < 0:
         return dict(external_hit=0, load_async=False)
-    return dict(external_hit=p.external_hit, load_async=p.load_async)
+    hit = p.external_hit if rules.kv_sync_hits else 0       # spec.actions._offer_of_connector
+    return dict(external_hit=hit, load_async=p.load_async and hit > 0 and rules.kv_async_loads)
 
 
 def kv_offer_of(q) -> dict:
