@@ -308,8 +308,8 @@ def connector_action(act: int, r: int, from_block: int):
 
 
 def fails_loads(model) -> bool:
-    """Whether the model's connector may report failed loads (`Model.kv_failures`, on by default)."""
-    return getattr(model, "kv_failures", True)
+    """Whether the model's connector may report failed loads (`Model.kv_failures`)."""
+    return getattr(model, "kv_failures", False)
 
 
 def connector_reports(model, s):

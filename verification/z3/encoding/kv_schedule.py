@@ -95,11 +95,14 @@ def _promote(layout: Layout, st: SState, r: Any, q: Any, tokens: Any) -> SState:
     return with_kv(merge(empty, freed, kept), r, external=V(0))
 
 
-def _whole_fits(layout: Layout, st: SState, tokens: Any) -> Any:
-    """spec.schedule._fits_whole with no hit (vLLM 0.33's full-sequence admission)."""
+def _whole_fits(layout: Layout, st: SState, q: Any, tokens: Any) -> Any:
+    """spec.schedule._fits_whole with no hit (vLLM 0.33's full-sequence
+    admission): the blocks r's whole sequence needs beyond those it holds (a
+    promoted load's) are free."""
     if not layout.cfg.rules.full_sequence_admission:
         return z3.BoolVal(True)
-    return le(blocks_for(layout, imin(tokens, V(layout.cfg.max_model_len))), st.pool.free_len)
+    whole = blocks_for(layout, imin(tokens, V(layout.cfg.max_model_len)))
+    return le(imax(V(0), whole - q.table_len), st.pool.free_len)
 
 
 def _allocate(layout: Layout, st: SState, r: Any, q: Any, total: Any) -> tuple[Any, SState]:
@@ -135,7 +138,7 @@ def kv_waiting_step(layout: Layout, builder: Builder, acc, phase: Any, threshold
     q1 = builder.snap(req_at(st1, r), "q1")
     external, is_async = _offer(layout, st1, r, tokens)
     external, is_async = builder.let("external", external), builder.let("async", is_async)
-    fits_whole = _whole_fits(layout, st1, tokens)
+    fits_whole = _whole_fits(layout, st1, q1, tokens)
     # an async hit: blocks for its external tokens, parked in kv_holding, passed over
     park_fits, parked = _allocate(layout, st1, r, q1, q1.num_computed + external)
     park = builder.let("park", conj(going, is_async, fits_whole, park_fits))
