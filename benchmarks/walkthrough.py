@@ -43,10 +43,10 @@ from flightcheck.bench.plots.timeline import draw_timeline
 from flightcheck.bench.plots.trace_reader import read_timeline
 from flightcheck.bench.simulation import SimConfig, simulate
 from flightcheck.bench.workload import RequestSpec, Workload
-from flightcheck.spec import (Abort, Arrive, ArriveAs, CompleteOldest, Sample, State, describe,
-                              initial_state, sampling_entries, schedule, step)
+from flightcheck.spec import (Abort, Arrive, ArriveAs, CompleteOldest, FailKvLoad, ReceiveKv, Sample, SendKv, State,
+                              describe, initial_state, sampling_entries, schedule, step)
 from flightcheck.verification.explicit.search import initial, successors
-from flightcheck.verification.models import ENGINE_TEST, MODELS, Model
+from flightcheck.verification.models import ENGINE_TEST, KV_LOAD_ERROR_K2, KV_LOAD_FAIL_K2, MODELS, Model
 
 ROOT = Path(__file__).resolve().parent.parent
 WALKTHROUGH_MD = Path("docs/walkthrough.md")
@@ -67,6 +67,12 @@ def action_name(action) -> str:
         return "complete_oldest"
     if isinstance(action, Abort):
         return "abort"
+    if isinstance(action, ReceiveKv):
+        return "receive_kv"
+    if isinstance(action, FailKvLoad):
+        return "fail_kv_load"
+    if isinstance(action, SendKv):
+        return "send_kv"
     return "schedule"
 
 
@@ -114,6 +120,26 @@ def state_machine_text(model: Model) -> tuple[str, list, list]:
     lines.append("# batch entry fate: before -> after (action)")
     lines += [f"{a} -> {b} ({n})" for a, b, n in fates]
     return "\n".join(lines) + "\n", statuses, fates
+
+
+# The KV connector's models (docs/kv-connector.md): the edges a connector
+# adds, listed in the text only (the picture draws the spec without one).
+CONNECTOR_MODELS = (KV_LOAD_FAIL_K2, KV_LOAD_ERROR_K2)
+
+
+def connector_state_machine_text(base_statuses: list, base_fates: list) -> str:
+    statuses, fates, counts = set(), set(), []
+    for model in CONNECTOR_MODELS:
+        more_statuses, more_fates, num_states = state_machine(model)
+        statuses |= set(more_statuses) - set(base_statuses)
+        fates |= set(more_fates) - set(base_fates)
+        counts.append(f"{model.name} ({num_states} states, profile {model.cfg.profile})")
+    lines = [f"# With a KV connector, by exhaustive search of {' and '.join(counts)}: the changes it adds.",
+             "# request status: before -> after (action)"]
+    lines += [f"{a} -> {b} ({n})" for a, b, n in sorted(statuses)]
+    lines.append("# batch entry fate: before -> after (action)")
+    lines += [f"{a} -> {b} ({n})" for a, b, n in sorted(fates)]
+    return "\n".join(lines) + "\n"
 
 
 # Where each node sits in the picture (layout only: which edges exist is derived).
@@ -345,7 +371,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     into: Path = args.into
     text, statuses, fates = state_machine_text(MODELS[STATE_MACHINE_MODEL])
-    write(into / OUT / "state-machine.txt", text)
+    write(into / OUT / "state-machine.txt", text + connector_state_machine_text(statuses, fates))
     draw_state_machine(statuses, fates, into / FIGURES / "walkthrough-state-machine.png")
     advance = command_output("verify", "--mutant", "advance_at_completion")
     write(into / OUT / "advance-at-completion.txt", advance)

@@ -75,8 +75,8 @@ def _offer_of_connector(state: State, cfg: Config, r: int, prompt: Prompt) -> St
     choice), only where the profile has it: no hit without sync hits (vLLM
     0.8.4), no async load without async loads (0.8.5). Under vLLM 0.34's
     load limit the arrival is recorded (`_next_waiting_queue` orders by it)."""
-    if cfg.kv_connector is None or prompt.external_hit < 0:
-        return state
+    if cfg.kv_connector is None or not cfg.kv_connector.consumer or prompt.external_hit < 0:
+        return state                    # a producer-only connector loads nothing
     if cfg.rules.kv_inflight_load_limit and cfg.kv_connector.max_inflight_loads is not None:
         state = replace(state, arrivals=state.arrivals + (r,))
     hit = prompt.external_hit if cfg.rules.kv_sync_hits else 0

@@ -20,7 +20,10 @@ from typing import Callable
 
 from .blocks import cdiv
 from .config import Config
-from .state import Batch, BlockPool, Fate, State, Status, content_label
+from .kv_invariants import (holds_kv_blocks, kv1_no_reuse_under_transfer, kv2_loading_not_scheduled,
+                            kv4_deferred_frees_drain, kv4_finished_holds_nothing, kv5_loaded_not_starved,
+                            kv6_load_limit, may_hold_table, moves_a_load, transfers_in_flight)
+from .state import WAITING_STATUSES, Batch, BlockPool, Fate, State, Status, content_label
 
 
 # Each invariant is written in parts, so that a checker that knows what one
@@ -40,7 +43,7 @@ def counters_in_bounds(s: State, cfg: Config, r: int) -> bool:
         return True
     if not 0 <= q.num_computed <= q.num_tokens + q.num_drafts + q.placeholders:
         return False
-    return q.status is Status.RUNNING or q.num_computed == 0
+    return q.status is Status.RUNNING or q.num_computed == 0 or holds_kv_blocks(q)
 
 
 def within_length_caps(s: State, cfg: Config, r: int) -> bool:
@@ -112,11 +115,11 @@ def drafts_within_k(s: State, cfg: Config, batch: Batch) -> bool:
 
 def blocks_held_by_running_and_enough(s: State, cfg: Config, r: int) -> bool:
     q, pool, bs = s.requests[r], s.pool, cfg.block_size
-    if q.block_table and q.status is not Status.RUNNING:
+    if q.block_table and not may_hold_table(q):
         return False
     if len(set(q.block_table)) != len(q.block_table):
         return False
-    if q.status is Status.RUNNING and len(q.block_table) < cdiv(q.num_computed, bs):
+    if (q.status is Status.RUNNING or holds_kv_blocks(q)) and len(q.block_table) < cdiv(q.num_computed, bs):
         return False
     return all(pool.labels[b] is None or pool.labels[b] == content_label(s, r, i, bs)
                for i, b in enumerate(q.block_table))
@@ -130,6 +133,8 @@ def pool_counts_and_free_queue_agree(s: State, cfg: Config) -> bool:
     holders: Counter[int] = Counter()
     for q in s.requests:
         holders.update(q.block_table)
+    for _, table in s.deferred_frees:       # a KV connector's fenced frees still hold theirs
+        holders.update(table)
     if any(pool.ref_counts[b] != holders[b] for b in range(len(pool.ref_counts))):
         return False
     free = pool.free_queue
@@ -154,16 +159,23 @@ def cached_copies_as_profile_allows(pool: BlockPool, cfg: Config) -> bool:
 
 def status_matches_queue(s: State, cfg: Config, r: int) -> bool:
     status = s.requests[r].status
+    waits, holds = r in s.waiting_set, r in s.kv_holding_set
+    if holds and (waits or not cfg.rules.kv_holding_first):
+        return False
+    if status is Status.WAITING_FOR_REMOTE_KVS and cfg.rules.kv_holding_first and not holds:
+        return False
     return ((status is Status.RUNNING) == (r in s.running_set)
-            and (status in (Status.WAITING, Status.PREEMPTED)) == (r in s.waiting_set))
+            and (status in WAITING_STATUSES) == (waits or holds))
 
 
 def queues_without_repeats_within_max_num_seqs(s: State, cfg: Config) -> bool:
     """The queues hold no repeats and no slot outside the state; max_num_seqs holds."""
     if len(s.running_set) != len(s.running) or len(s.waiting_set) != len(s.waiting):
         return False
+    if len(s.kv_holding_set) != len(s.kv_holding):
+        return False
     num_requests = len(s.requests)
-    if any(not 0 <= r < num_requests for r in s.running_set | s.waiting_set):
+    if any(not 0 <= r < num_requests for r in s.running_set | s.waiting_set | s.kv_holding_set):
         return False
     return len(s.running) <= cfg.max_num_seqs
 
@@ -242,13 +254,14 @@ def running_request_unblocked(s: State, cfg: Config, r: int) -> bool:
 
 
 def l2_no_deadlock(s: State, cfg: Config) -> bool:
-    """L2 as safety: with nothing in flight and a request unfinished, schedule is enabled and forms a batch or preempts."""
+    """L2 as safety: with nothing in flight and a request unfinished, schedule is enabled and forms a batch or preempts (with a KV connector: nothing in flight includes no load or send to be reported)."""
     from .schedule import is_empty_step, schedule
-    if any(s.in_flight) or not any(q.status.is_active for q in s.requests):
+    if any(s.in_flight) or not any(q.status.is_active for q in s.requests) or transfers_in_flight(s):
         return True
     # vLLM 0.33's empty batches change nothing when they complete: the state
-    # they drain to must form a batch or preempt
-    return not is_empty_step(schedule(replace(s, in_flight=()), cfg))
+    # they drain to must form a batch or preempt (or start or promote a KV load)
+    scheduled = schedule(replace(s, in_flight=()), cfg)
+    return not is_empty_step(scheduled) or (scheduled is not None and moves_a_load(s, scheduled.state))
 
 
 def l3_drain(s: State, cfg: Config) -> bool:
@@ -343,14 +356,14 @@ def placeholders_within_max_tokens(s: State, cfg: Config, r: int) -> bool:
 
 
 def l2_async_no_deadlock(s: State, cfg: Config) -> bool:
-    """L2 under async: with nothing in flight and a request unfinished, schedule forms a batch or preempts within stagger + 1 calls, the empty batches between draining at once."""
+    """L2 under async: with nothing in flight and a request unfinished, schedule forms a batch or preempts within stagger + 1 calls, the empty batches between draining at once (with a KV connector: nothing in flight includes no load or send to be reported)."""
     from .schedule import is_empty_step, schedule
-    if any(s.in_flight) or not any(q.status.is_active for q in s.requests):
+    if any(s.in_flight) or not any(q.status.is_active for q in s.requests) or transfers_in_flight(s):
         return True
     state = replace(s, in_flight=())
     for _ in range(cfg.stagger + 1):
         scheduled = schedule(state, cfg)
-        if not is_empty_step(scheduled):
+        if not is_empty_step(scheduled) or (scheduled is not None and moves_a_load(state, scheduled.state)):
             return True
         if scheduled is None:
             return False
@@ -400,12 +413,14 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("S8_spec_accounting", "Drafts never exceed k, and once a running request has nothing in "
               "flight its rejected drafts are subtracted (num_computed < known tokens).",
               of_request=rejected_drafts_subtracted, of_batch=drafts_within_k),
-    Invariant("S9_kv_ownership", "Reference counts equal the tables holding a block; free queue and held "
-              "blocks partition the pool; only RUNNING requests hold blocks, enough for num_computed, "
+    Invariant("S9_kv_ownership", "Reference counts equal the tables holding a block (with a KV connector, "
+              "and its deferred frees); free queue and held blocks partition the pool; only RUNNING requests "
+              "hold blocks (with a KV connector also parked or landed loads, and finished requests held for a "
+              "transfer), enough for num_computed, "
               "with correct cached content; a label is cached once, or (duplicate caching) its copies are "
               "recorded in caching order.", of_request=blocks_held_by_running_and_enough, of_state=pool_counts_and_free_queue_agree),
     Invariant("S10_queues_and_budgets", "running = the RUNNING requests and waiting = the WAITING/PREEMPTED "
-              "ones, without repeats; max_num_seqs, the token budget and the long-prefill threshold hold "
+              "ones (with a KV connector, waiting and kv_holding together, parked loads in kv_holding), without repeats; max_num_seqs, the token budget and the long-prefill threshold hold "
               "for every batch.", of_request=status_matches_queue, of_batch=batch_within_budget_and_threshold, of_state=queues_without_repeats_within_max_num_seqs),
     Invariant("S11_pipeline_depth", "At most K batches in flight, none empty; the in-flight set (one batch "
               "per request) is exactly the requests with a live entry.", of_batch=batch_nonempty_unless_profile_queues_empty,
@@ -450,13 +465,35 @@ ASYNC_INVARIANTS: tuple[Invariant, ...] = (
 )
 
 
+# With a KV connector (docs/kv-connector.md, "Named properties"; the
+# predicates are in kv_invariants.py; KV3 and P_KV are transition properties).
+KV_INVARIANTS: tuple[Invariant, ...] = (
+    Invariant("KV1_no_reuse_under_transfer", (kv1_no_reuse_under_transfer.__doc__ or "").strip(),
+              of_state=kv1_no_reuse_under_transfer),
+    Invariant("KV2_loading_not_scheduled", (kv2_loading_not_scheduled.__doc__ or "").strip(),
+              of_request=kv2_loading_not_scheduled),
+    Invariant("KV4_no_leak", "A finished request holds no block unless held for a transfer still to be "
+              "reported, and every deferred free drains once the batches it waits for are done (none is "
+              "left when nothing is in flight).", of_request=kv4_finished_holds_nothing,
+              of_state=kv4_deferred_frees_drain),
+    Invariant("KV5_loaded_not_starved", (kv5_loaded_not_starved.__doc__ or "").strip(),
+              of_state=kv5_loaded_not_starved, kind="liveness"),
+)
+KV_LOAD_LIMIT = Invariant("KV6_load_limit", (kv6_load_limit.__doc__ or "").strip(), of_state=kv6_load_limit)
+
+
 def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
     """The invariants of cfg's profile: every profile's, IF0-IF3 where vLLM
-    keeps stale-output counters, and under async scheduling S3, S5, S6 and L2
-    restated (`ASYNC_REPLACEMENTS`) with IA1 and IA2."""
+    keeps stale-output counters, under async scheduling S3, S5, S6 and L2
+    restated (`ASYNC_REPLACEMENTS`) with IA1 and IA2, and with a KV
+    connector KV1, KV2, KV4, KV5 (and KV6 under vLLM 0.34's load limit)."""
     chosen = INVARIANTS + (COUNTER_INVARIANTS if cfg.rules.stale_output_counters else ())
     if cfg.rules.output_placeholders:
         chosen = tuple(ASYNC_REPLACEMENTS.get(i.name, i) for i in chosen) + ASYNC_INVARIANTS
+    if cfg.kv_connector is not None:
+        chosen += KV_INVARIANTS
+        if cfg.rules.kv_inflight_load_limit and cfg.kv_connector.max_inflight_loads is not None:
+            chosen += (KV_LOAD_LIMIT,)
     return chosen
 
 

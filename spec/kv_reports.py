@@ -120,6 +120,7 @@ def rollback(state: State, cfg: Config, r: int, valid: int) -> State:
     state = retire_entries(state, r, frozenset({Fate.LIVE}), Fate.SUPERSEDED)
     changes: dict = {"num_computed": valid, "num_drafts": 0}
     if cfg.rules.stale_output_counters:
-        changes.update(num_stale=req.num_stale + sum(e.n for e in live), drop_stale=True,
-                       placeholders=req.placeholders - sum(1 + e.drafts for e in live if e.samples))
+        changes.update(num_stale=req.num_stale + sum(e.n for e in live), drop_stale=True)
+    if cfg.rules.output_placeholders:
+        changes.update(placeholders=req.placeholders - sum(1 + e.drafts for e in live if e.samples))
     return state.with_request(r, **changes)

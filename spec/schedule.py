@@ -107,7 +107,7 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
     if not step.preempted:
         _schedule_waiting(step)
     if not step.entries and not step.preempted:
-        return _idle(replace(state, waiting=step.state.waiting), cfg)   # 0.34's reorder stays
+        return _idle(step.state, cfg)   # 0.34's reorder and a KV connector's loads stay
     return Scheduled(_launch(step), tuple(step.entries), tuple(step.preempted))
 
 
@@ -118,10 +118,13 @@ def _idle(state: State, cfg: Config) -> Scheduled | None:
     (`Profile.empty_batches`): an empty batch takes a queue slot. The spec
     lets `schedule` and `complete_oldest` interleave freely, so this one rule
     covers every engine step that schedules nothing; it stays finite because
-    the queue holds at most K batches, empty ones included. 0.8.x: nothing."""
+    the queue holds at most K batches, empty ones included (a KV connector's
+    finished request held for a transfer keeps the engine stepping:
+    `has_finished_requests`). 0.8.x: nothing. `state` is the call's own,
+    counted down (`_count_down`), with what its waiting loop changed."""
     if not cfg.rules.empty_batches or not any(q.status.is_active or q.held for q in state.requests):
         return None
-    return Scheduled(replace(_count_down(state, cfg), in_flight=state.in_flight + ((),)), (), ())
+    return Scheduled(replace(state, in_flight=state.in_flight + ((),)), (), ())
 
 
 def _count_down(state: State, cfg: Config) -> State:

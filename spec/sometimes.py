@@ -131,7 +131,7 @@ class Sometimes:
             return cfg.rules.empty_batches
         if self.needs == "async":
             return cfg.rules.output_placeholders and cfg.queue_depth > cfg.stagger
-        return True
+        return _kv_applicable(self.needs, cfg)
 
 
 SOMETIMES: tuple[Sometimes, ...] = (
@@ -157,6 +157,50 @@ ASYNC_SOMETIMES: tuple[Sometimes, ...] = (
 )
 
 
+# The targets of a KV connector (docs/kv-connector.md), each where the
+# profile and the connector have the feature: a model with a connector
+# offers an async load, fences with K >= 2, and holds a send as a producer.
+def parked_for_load(s: State, cfg: Config, r: int) -> bool:
+    """Request r waits for its async KV load (WAITING_FOR_REMOTE_KVS)."""
+    return s.requests[r].status is Status.WAITING_FOR_REMOTE_KVS
+
+
+def running(s: State, cfg: Config, r: int) -> bool:
+    """Request r is RUNNING."""
+    return s.requests[r].status is Status.RUNNING
+
+
+def blocks_put_aside(s: State, cfg: Config, r: int) -> bool:
+    """A freed table waits behind the step fence (a deferred free)."""
+    return bool(s.deferred_frees)
+
+
+def held_for_send(s: State, cfg: Config, r: int) -> bool:
+    """Finished request r keeps its blocks for a KV send."""
+    q = s.requests[r]
+    return q.status.is_finished and q.held and not q.load.in_transfer
+
+
+def _kv_applicable(needs: str | None, cfg: Config) -> bool:
+    kv = cfg.kv_connector
+    if needs == "kv_async":
+        return kv is not None and kv.consumer and cfg.rules.kv_async_loads
+    if needs == "kv_fence":
+        return cfg.fences_freed_blocks
+    if needs == "kv_send":
+        return kv is not None and kv.producer and cfg.rules.kv_send_hold
+    return True
+
+
+KV_SOMETIMES: tuple[Sometimes, ...] = (
+    Sometimes("load_lands_and_runs", running, after=parked_for_load, needs="kv_async"),
+    Sometimes("blocks_freed_behind_fence", blocks_put_aside, needs="kv_fence"),
+    Sometimes("held_for_send", held_for_send, needs="kv_send"),
+)
+
+
 def sometimes_for(cfg: Config) -> tuple[Sometimes, ...]:
-    """The targets of cfg's profile: every profile's, and under async scheduling ASYNC_SOMETIMES."""
-    return SOMETIMES + (ASYNC_SOMETIMES if cfg.rules.output_placeholders else ())
+    """The targets of cfg's profile: every profile's, under async scheduling
+    ASYNC_SOMETIMES, and with a KV connector KV_SOMETIMES."""
+    return (SOMETIMES + (ASYNC_SOMETIMES if cfg.rules.output_placeholders else ())
+            + (KV_SOMETIMES if cfg.kv_connector is not None else ()))

@@ -194,6 +194,40 @@ def s7p_binding_by_incarnation(before: State, after: State, action: Action, cfg:
                for r, (b, a) in enumerate(zip(before.requests, after.requests)))
 
 
+# --- the KV connector's transition properties (docs/kv-connector.md)
+
+
+def kv3_rollback_restores_counters(before: State, after: State, action: Action, cfg: Config) -> bool:
+    """KV3: after a recompute rollback of a failed load, num_computed is the valid prefix, no live entry of the request reaches past it, and its in-flight, stale and placeholder counters count exactly the entries still live (vLLM #49250: placeholders)."""
+    if not isinstance(action, FailKvLoad) or cfg.kv_connector is None:
+        return True
+    if cfg.kv_connector.load_failure_policy != "recompute":
+        return True
+    r, q = action.req, after.requests[action.req]
+    if q.num_computed != action.from_block * cfg.block_size:
+        return False
+    live = after.entries_of(r)
+    if any(e.end > q.num_computed for e in live):
+        return False
+    if not cfg.rules.stale_output_counters:
+        return True
+    every = after.entries_of(r, fate=None)
+    return (q.num_in_flight == sum(e.n for e in every)
+            and q.num_stale == sum(e.n for e in every if e.fate is not Fate.LIVE)
+            and q.placeholders == (sum(1 + e.drafts for e in live if e.samples)
+                                   if cfg.rules.output_placeholders else 0))
+
+
+def p_kv_preemption_frees(before: State, after: State, action: Action, cfg: Config) -> bool:
+    """P_KV_preemption_frees (progress): a preemption chosen to make room frees the victim's blocks at once, none put aside behind the step fence (vLLM #49674: a fenced victim's preemption frees nothing for the request it makes room for)."""
+    if not isinstance(action, Schedule) or cfg.kv_connector is None:
+        return True
+    scheduled = schedule(before, cfg)
+    if scheduled is None or not scheduled.preempted:
+        return True
+    return len(after.deferred_frees) == len(before.deferred_frees)
+
+
 @dataclass(frozen=True)
 class TransitionProperty:
     name: str
@@ -220,7 +254,19 @@ INCARNATION_PROPERTIES: tuple[TransitionProperty, ...] = (
 )
 
 
+# With a KV connector: KV3 where loads can fail, P_KV_preemption_frees always.
+KV_TRANSITION_PROPERTIES: tuple[TransitionProperty, ...] = (
+    TransitionProperty("KV3_rollback_restores_counters", kv3_rollback_restores_counters),
+    TransitionProperty("P_KV_preemption_frees", p_kv_preemption_frees),
+)
+
+
 def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
-    """The transition properties of cfg's profile: every profile's, and S7'
-    where outputs are looked up by name."""
-    return TRANSITION_PROPERTIES + (INCARNATION_PROPERTIES if cfg.rules.stale_output_counters else ())
+    """The transition properties of cfg's profile: every profile's, S7'
+    where outputs are looked up by name, and with a KV connector KV3 (where
+    the profile has load failures) and P_KV_preemption_frees."""
+    chosen = TRANSITION_PROPERTIES + (INCARNATION_PROPERTIES if cfg.rules.stale_output_counters else ())
+    if cfg.kv_connector is not None:
+        chosen += tuple(p for p in KV_TRANSITION_PROPERTIES
+                        if p.name != "KV3_rollback_restores_counters" or cfg.rules.kv_load_failures)
+    return chosen

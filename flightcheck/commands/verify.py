@@ -41,6 +41,11 @@ def add_parser(sub) -> None:
                              "one's name while its batches are in flight (vllm-0.33, vllm-0.33-hardened), and print "
                              "the shortest counterexample of every property that breaks (vllm-0.33-hardened: "
                              "and hunt its guards' mutants); exits 1 when one breaks")
+    verify.add_argument("--kv-connector", action="store_true",
+                        help="search the profile's KV connector models exhaustively (async loads and their "
+                             "failures, sends, the step fence, 0.34's load limit; vllm-0.33, vllm-0.33-async, "
+                             "vllm-0.34, vllm-0.34-async; about 30 s under vllm-0.34-async) and hunt the "
+                             "connector's mutants")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--inferred", action="store_true",
@@ -72,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _refusal(args: argparse.Namespace) -> str | None:
     """Why these flags cannot go together (None if they can)."""
-    from flightcheck.verification.models import MODELS, NAME_REUSE_MODELS
+    from flightcheck.verification.models import KV_PROFILE_MODELS, MODELS, NAME_REUSE_MODELS
     from flightcheck.verification.mutants import MUTANTS
 
     if args.config not in MODELS:
@@ -92,6 +97,11 @@ def _refusal(args: argparse.Namespace) -> str | None:
     if args.allow_name_reuse and (args.all_profiles or args.mutant or args.inferred):
         return ("--allow-name-reuse searches one profile's name-reuse model; it cannot go with "
                 "--all-profiles, --mutant or --inferred")
+    if args.kv_connector and args.profile not in KV_PROFILE_MODELS:
+        return f"--kv-connector needs a profile with a KV connector's async loads: {', '.join(KV_PROFILE_MODELS)}"
+    if args.kv_connector and (args.all_profiles or args.mutant or args.inferred or args.allow_name_reuse):
+        return ("--kv-connector searches one profile's connector models; it cannot go with "
+                "--all-profiles, --mutant, --inferred or --allow-name-reuse")
     return None
 
 
@@ -126,7 +136,8 @@ def _run_profiles(args: argparse.Namespace, console: Console) -> int:
     suites = []
     for profile in profiles:
         options = SuiteOptions(MODELS[args.config], args.depth, use_z3=not args.no_z3, jobs=args.jobs,
-                               inferred=args.inferred, profile=profile, allow_name_reuse=args.allow_name_reuse)
+                               inferred=args.inferred, profile=profile, allow_name_reuse=args.allow_name_reuse,
+                               kv_connector=args.kv_connector)
         with PhaseProgress(f"flightcheck verify ({profile})") as progress:
             suites.append(run_suite(options, progress.phase))
         if not args.json:

@@ -29,8 +29,11 @@ from flightcheck.spec import (
     Arrive,
     ArriveAs,
     CompleteOldest,
+    FailKvLoad,
+    ReceiveKv,
     Sample,
     Schedule,
+    SendKv,
     Sometimes,
     State,
     describe,
@@ -43,6 +46,7 @@ from flightcheck.spec import (
 from flightcheck.spec.sometimes import sometimes_for
 from flightcheck.spec.state import name_of
 from flightcheck.spec.actions import max_next_drafts
+from flightcheck.spec.kv_reports import failable_blocks
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
 
@@ -82,6 +86,27 @@ def actions(model: Model, state: State) -> Iterator[Action]:
         for r, q in enumerate(state.requests):
             if q.status.is_active:
                 yield Abort(r)
+    if model.cfg.kv_connector is not None:
+        yield from kv_reports(model, state)
+
+
+# The connector's reports the scheduler waits for: a fair connector makes
+# each in the end, so liveness counts them as the system's steps.
+SYSTEM_STEPS = (Schedule, CompleteOldest, ReceiveKv, SendKv)
+
+
+def kv_reports(model: Model, state: State) -> Iterator[Action]:
+    """The KV connector's reports from `state`: a load's `finished_recving`,
+    a held send's `finished_sending`, and (where the model lets loads fail)
+    every failure a load may report (kv_reports.failable_blocks)."""
+    for r, q in enumerate(state.requests):
+        if q.load.in_transfer:
+            yield ReceiveKv(r)
+        elif q.held:
+            yield SendKv(r)
+        if model.kv_failures:
+            for block in sorted(set(failable_blocks(state, model.cfg, r)) | ({0} if q.load.value == "in_flight" else set())):
+                yield FailKvLoad(r, block)
 
 
 def successors(model: Model, state: State) -> Iterator[tuple[Action, State]]:
@@ -183,7 +208,7 @@ class _Search:
         self.result = SearchResult(model)
         self.broken: set[str] = set()
         self.pending = {sm.name: sm for sm in sometimes_for(self.cfg)
-                        if sm.is_applicable(self.cfg, model.shares_prefix)}
+                        if sm.is_applicable(self.cfg, model.shares_prefix) and sm.name not in model.skip_targets}
         self.invariants = invariants_for(self.cfg)
         self.transition_properties = transition_properties_for(self.cfg)
 
@@ -216,7 +241,7 @@ class _Search:
         for action, nxt in successors(self.model, s):
             result.num_edges += 1
             edges.append(nxt)
-            if isinstance(action, (Schedule, CompleteOldest)):
+            if isinstance(action, SYSTEM_STEPS):
                 sys_edges.append(nxt)
                 labelled.append((action, nxt))
             fresh = nxt not in graph.parent
@@ -281,7 +306,9 @@ def _two_stage_depth(graph: _Graph, root: State, model: Model, sm: Sometimes) ->
 
 
 def _is_quiescent(s: State) -> bool:
-    return not s.in_flight and not any(q.status.is_active for q in s.requests)
+    """Every request finished, nothing in flight (no batch, and with a KV
+    connector no load or send to be reported)."""
+    return not s.in_flight and not any(q.status.is_active or q.held or q.load.in_transfer for q in s.requests)
 
 
 def _path_to_dead_end(graph: _Graph, start: State) -> list[tuple[Action, State]]:
@@ -331,8 +358,9 @@ def _check_liveness(graph: _Graph, result: SearchResult) -> None:
             f"after step {graph.depth[worst]} no run of the scheduler finishes every request; "
             "the trace goes on to where it gets stuck"))
     # Kahn's algorithm on the scheduler-step subgraph: a leftover node lies on a cycle.
+    fair = _fair_system_edges(graph) if result.model.cfg.kv_connector is not None else graph.system_edges
     indegree = {s: 0 for s in graph.parent}
-    for outs in graph.system_edges.values():
+    for outs in fair.values():
         for t in outs:
             indegree[t] += 1
     queue = deque(s for s, d in indegree.items() if d == 0)
@@ -340,7 +368,7 @@ def _check_liveness(graph: _Graph, result: SearchResult) -> None:
     while queue:
         s = queue.popleft()
         seen += 1
-        for t in graph.system_edges.get(s, ()):
+        for t in fair.get(s, ()):
             indegree[t] -= 1
             if indegree[t] == 0:
                 queue.append(t)
@@ -359,6 +387,22 @@ def _check_liveness(graph: _Graph, result: SearchResult) -> None:
             "L4_every_run_terminates", graph.path_to(entry) + loop,
             f"a lasso: after step {graph.depth[entry]} the scheduler's last {len(loop)} steps "
             "return to the state they started from, and can repeat forever"))
+
+
+def _transfer_pending(s: State) -> bool:
+    """A KV connector's load or send is still to be reported."""
+    return any(q.held or q.load.in_transfer for q in s.requests)
+
+
+def _fair_system_edges(graph: _Graph) -> dict[State, list[State]]:
+    """The system edges a fair connector leaves: while a load or send is
+    pending its report stays enabled (and no schedule or completion ends
+    it), so a run that only schedules and completes around it -- the
+    engine spinning while it waits for the transfer -- is unfair and not
+    a lasso. Without a connector, every system edge."""
+    return {s: [t for a, t in graph.labelled_system_edges.get(s, [])
+                if isinstance(a, (ReceiveKv, SendKv)) or not _transfer_pending(s)]
+            for s in graph.system_edges}
 
 
 def _loop_through(graph: _Graph, left: set[State], start: State) -> list[tuple[Action, State]]:
