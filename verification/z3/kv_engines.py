@@ -32,6 +32,7 @@ from flightcheck.spec import invariants_for
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
 from flightcheck.verification.results import kind_of
+from flightcheck.verification.z3.encoding.actions import SCHEDULE
 from flightcheck.verification.z3.encoding.invariants import well_formed
 from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY, KV_FORMULAS
 from flightcheck.verification.z3.encoding.system import System
@@ -46,10 +47,7 @@ def kv_properties(model: Model) -> list[str]:
 
 
 def _formula(system: System, name: str, tag: int) -> z3.BoolRef:
-    frame = system.frame(tag)
-    if name == WF:
-        return system.build(well_formed, frame)
-    return system.build({**KV_FORMULAS, **KV_AUXILIARY}[name], frame)
+    return _on(system, name, system.frame(tag))
 
 
 def _kind(name: str) -> str:
@@ -129,49 +127,104 @@ def kv_induction(model: Model, k: int = 1, properties: Iterable[str] | None = No
                  auxiliary: Iterable[str] | None = None, time_budget: float | None = None) -> EngineResult:
     """Prove WF, the KV invariants and the auxiliary ones by k-induction, the
     Houdini way: base(k) drops (as violated) what fails within k-1 steps,
-    step(k) drops (as unknown, with the counterexample to induction's
-    action) what the rest does not keep; what is left is proved."""
+    step(k) drops (as unknown, with the counterexample to induction) what
+    the rest does not keep; what is left is proved. step(k) is asked action
+    by action: frames 0..k-1 joined by T, the conjuncts assumed on them, the
+    action's guard on frame k-1, and each conjunct on the action's effect (a
+    term of frame k-1 and the step's choices), so each query holds one
+    action's circuit only (z3.induction.kinduction does the same)."""
     started = time.perf_counter()
     names = [WF, *(kv_properties(model) if properties is None else properties),
-             *(KV_AUXILIARY if auxiliary is None else auxiliary)]
+             *([*KV_AUXILIARY, *KV_CANDIDATES] if auxiliary is None else auxiliary)]
     method = f"k-induction (k={k})"
     base = kv_bmc(model, k - 1, [n for n in names if n != WF], time_budget)
     rows = {p.name: p for p in base.properties if p.status == "violated"}
     alive = [n for n in names if n not in rows]
     system = System(model)
-    solver = z3.SolverFor("QF_BV")
-    steps = [system.step(t, t + 1) for t in range(k)]
-    for step in steps:
-        solver.add(step.constraints)
-    assume = {n: z3.Bool(f"assume:{n}") for n in names}
-    for n in names:
-        solver.add(z3.Implies(assume[n], z3.And([_formula(system, n, t) for t in range(k)])))
-    if time_budget is not None:
-        solver.set("timeout", max(1, int((time_budget - (time.perf_counter() - started)) * 1000)))
+    solvers = _step_solvers(system, k, names)
+    deadline = None if time_budget is None else started + time_budget
     changed = True
     while changed:
         changed = False
-        for name in list(alive):
-            if name not in alive:
-                continue
-            answer = solver.check(*[assume[n] for n in alive], z3.Not(_formula(system, name, k)))
-            if answer == z3.unsat:
-                continue
-            changed = True
-            broken = [name]
-            if answer == z3.sat:
-                witness = solver.model()
-                broken = [n for n in alive if not z3.is_true(witness.eval(_formula(system, n, k),
-                                                                          model_completion=True))]
-                action = system.decode_action(witness, steps[-1])
-                message = f"not inductive: {action} from {system.decode_or_dump(witness, k - 1)}"
-            else:
+        for action, (solver, assume, goal) in solvers.items():
+            for name in list(alive):
+                if name not in alive:
+                    continue
+                if deadline is not None:
+                    solver.set("timeout", max(1, int((deadline - time.perf_counter()) * 1000)))
+                answer = solver.check(*[assume[n] for n in alive], z3.Not(goal[name]))
+                if answer == z3.unsat:
+                    continue
+                changed = True
+                broken = [name]
                 message = "solver gave up"
-            for n in broken:
-                rows[n] = EngineVerdict(n, _kind(n), "unknown", method, k, time.perf_counter() - started,
-                                        message=message)
-                alive.remove(n)
+                if answer == z3.sat:
+                    witness = solver.model()
+                    broken = [n for n in alive if not z3.is_true(witness.eval(goal[n], model_completion=True))]
+                    message = f"not inductive under action {action} from {system.decode_or_dump(witness, k - 1)}"
+                for n in broken:
+                    rows[n] = EngineVerdict(n, _kind(n), "unknown", method, k, time.perf_counter() - started,
+                                            message=message)
+                    alive.remove(n)
     seconds = time.perf_counter() - started
     for n in alive:
         rows[n] = EngineVerdict(n, _kind(n), "proved", method, k, seconds)
     return EngineResult(model.name, method, seconds, k, [rows[n] for n in names])
+
+
+def _step_solvers(system: System, k: int, names: list[str]) -> dict[int, tuple]:
+    """For each action a: (its solver, the literal assuming each conjunct on
+    frames 0..k-1, each conjunct on a's effect from frame k-1)."""
+    transitions = system.transitions(k - 1)
+    prefix = [c for t in range(k - 1) for c in system.step(t, t + 1).constraints]
+    assume = {n: z3.Bool(f"assume:{n}") for n in names}
+    hypotheses = [z3.Implies(assume[n], z3.And([_formula(system, n, t) for t in range(k)])) for n in names]
+    out = {}
+    for action, (guard, effect) in enumerate(zip(transitions.guards, transitions.effects)):
+        solver = z3.SolverFor("QF_BV")
+        circuit = transitions.sched_defs if action == SCHEDULE else []    # only schedule reads its circuit
+        solver.add(prefix + circuit + transitions.defs + transitions.legal + hypotheses)
+        solver.add(guard, transitions.choices.act == action)
+        out[action] = (solver, assume, {n: _on(system, n, effect) for n in names})
+    return out
+
+
+def _on(system: System, name: str, state) -> z3.BoolRef:
+    """Conjunct `name` on a symbolic state (an action's effect)."""
+    if name == WF:
+        return system.build(well_formed, state)
+    if name.startswith(CANDIDATE):
+        return system.build(_candidates(system.layout.cfg)[name], state)
+    return system.build({**KV_FORMULAS, **KV_AUXILIARY}[name], state)
+
+
+# The encoding's formulas of the S-invariants and its strengthening
+# invariants (z3.induction.strengthening) are written for a scheduler without
+# a connector; on a connector model they are only candidates, each kept by
+# the Houdini loop when the others make it inductive, dropped otherwise.
+CANDIDATE = "candidate:"
+
+
+def _candidates(cfg) -> dict:
+    from flightcheck.verification.z3.encoding.invariants import NEEDS_SCHEDULE, invariant_formulas_for
+    from flightcheck.verification.z3.induction.strengthening import AUXILIARY, auxiliary_for
+    out = {CANDIDATE + n: (lambda layout, s, f=f: f(layout, s, None))
+           for n, f in invariant_formulas_for(cfg).items() if n not in NEEDS_SCHEDULE}
+    out.update({CANDIDATE + n: AUXILIARY[n] for n in auxiliary_for(cfg)})
+    return out
+
+
+def candidate_names(cfg) -> list[str]:
+    return list(_candidates(cfg))
+
+
+# The candidates the connector models' proof keeps (every one holds there:
+# the Houdini loop keeps them all on kv-async); those the connector changes
+# (S1, S9, S10, IF0-IF2, A10) are restated in KV_AUXILIARY instead.
+KV_CANDIDATES: tuple[str, ...] = tuple(CANDIDATE + n for n in (
+    "S2_length_cap", "S3_contiguous_coverage", "S5_one_sample_per_prefill", "S6_decode_gating",
+    "S7_output_binding", "S8_spec_accounting", "S11_pipeline_depth", "L1_running_request_unblocked", "L3_drain",
+    "IF3_no_stale_resumption", "A1_new_is_pristine", "A2_waiting_never_ran", "A3_finished_is_released",
+    "A4_counts_nonnegative", "A5_snapshots_well_formed", "A6_drafts_ride_on_last_live_entry",
+    "A7_unlabelled_blocks_are_private", "A8_one_live_entry_per_request", "A9_held_blocks_are_not_free",
+    "A11_stale_entries_come_first"))

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import z3
 from flightcheck.verification.z3.encoding.connector import batches_in_flight, in_transfer, kv_of
-from flightcheck.verification.z3.encoding.kv_state import L_FAILED, L_IN_FLIGHT, L_NONE, L_RECEIVED
+from flightcheck.verification.z3.encoding.kv_state import L_DONE, L_FAILED, L_IN_FLIGHT, L_NONE, L_RECEIVED
 from flightcheck.verification.z3.encoding.state import (
     F_ABORTED,
     F_ERROR,
@@ -135,9 +135,12 @@ def _holders(layout: Layout, s: SState, b: int) -> Any:
 def kva1_pool_ownership(layout: Layout, s: SState) -> Any:
     """A block's reference count is the number of tables and deferred frees
     holding it, at most one; it is in the free queue, once, exactly when
-    nobody holds it (S9's partition, read with deferred frees)."""
+    nobody holds it (S9's partition, read with deferred frees); without
+    prefix caching no block caches a label."""
     out = []
     free = s.pool.free
+    if not layout.cfg.prefix_caching:      # nothing is ever cached: no label, no copy rank
+        out += [conj(eq(lab, layout.none_label), eq(rank, 0)) for lab, rank in zip(s.pool.label, s.pool.copy_rank)]
     for b in range(layout.B):
         held = _holders(layout, s, b)
         out += [eq(s.pool.ref[b], held), le(held, 1)]
@@ -193,7 +196,116 @@ def kva4_parked_tables_fit(layout: Layout, s: SState) -> Any:
     return conj(out)
 
 
+def kva5_queues(layout: Layout, s: SState) -> Any:
+    """S10's queues read with a connector: a RUNNING request is once in
+    `running` and nowhere else; a WAITING, PREEMPTED or parked one once in
+    `waiting` or `kv_holding` and not in `running`; a parked one, and only a
+    parked or landed-and-promoted one, in `kv_holding`; any other in none."""
+    kv, out = kv_of(s), []
+
+    def times(xs: list, length: Any, r: int) -> Any:
+        return count(conj(lt(j, length), eq(x, r)) for j, x in enumerate(xs))
+
+    for r, q in enumerate(s.reqs):
+        running, waiting, holding = (times(s.running, s.running_len, r), times(s.waiting, s.waiting_len, r),
+                                     times(kv.holding, kv.holding_len, r))
+        queued = disj(eq(q.status, WAITING), eq(q.status, PREEMPTED), eq(q.status, REMOTE_KVS))
+        out.append(eq(running, z3.If(eq(q.status, RUNNING), V(1), V(0))))
+        out.append(eq(waiting + holding, z3.If(queued, V(1), V(0))))
+        out.append(z3.Implies(eq(q.status, REMOTE_KVS), eq(holding, 1)))
+        out.append(z3.Implies(lt(0, holding), disj(eq(q.status, REMOTE_KVS),
+                                                   conj(eq(q.status, WAITING), eq(kv.load[r], L_RECEIVED)))))
+    return conj(out)
+
+
+def kva6_load_by_status(layout: Layout, s: SState) -> Any:
+    """Which load a request's status allows: none before arrival; none or a
+    landed one while WAITING; a settled one while RUNNING or PREEMPTED; one in
+    flight, failed or landed while parked; only a parked request counts
+    external tokens, at most its offer, all of them computed while its load
+    is in flight (no local hit without prefix caching); no entry carries a
+    sync load (the models have none)."""
+    kv, out = kv_of(s), []
+    for r, q in enumerate(s.reqs):
+        load = kv.load[r]
+        out.append(z3.Implies(eq(q.status, NEW), eq(load, L_NONE)))
+        out.append(z3.Implies(eq(q.status, WAITING), disj(eq(load, L_NONE), eq(load, L_RECEIVED))))
+        out.append(z3.Implies(disj(eq(q.status, RUNNING), eq(q.status, PREEMPTED)), eq(load, L_DONE)))
+        out.append(z3.Implies(neg(eq(q.status, REMOTE_KVS)), eq(kv.external[r], 0)))
+        hit = layout.model.prompts[r].external_hit
+        out += [le(0, kv.external[r]), le(kv.external[r], max(hit, 0)),
+                z3.Implies(conj(eq(q.status, REMOTE_KVS), eq(load, L_IN_FLIGHT)), eq(q.num_computed, kv.external[r]))]
+    out += [z3.Implies(used, eq(ke.external, 0)) for _, _, ke, used in _entries(s)]
+    return conj(out)
+
+
+def kva7_counters(layout: Layout, s: SState) -> Any:
+    """S1 and vLLM 0.33's counters read with a connector: 0 <= num_computed
+    <= the known tokens, 0 outside RUNNING except a parked or landed load's;
+    0 <= num_output <= max_tokens; no drafts without spec decode; a
+    waiting or parked request never ran (no output, no counters: a
+    preempted one is PREEMPTED), and a finished one keeps no counters."""
+    from flightcheck.verification.z3.encoding.requests import max_tokens, num_tokens
+    kv, out = kv_of(s), []
+    for r, q in enumerate(s.reqs):
+        landed = disj(eq(q.status, REMOTE_KVS), conj(eq(q.status, WAITING), eq(kv.load[r], L_RECEIVED)))
+        out += [le(0, q.num_computed), le(q.num_computed, num_tokens(layout, q, r)),
+                z3.Implies(neg(disj(eq(q.status, RUNNING), landed)), eq(q.num_computed, 0)),
+                le(0, q.num_output), le(q.num_output, max_tokens(layout, q, r))]
+        if not layout.cfg.num_spec_tokens:
+            out.append(eq(q.num_drafts, 0))
+        never_ran = disj(eq(q.status, NEW), eq(q.status, WAITING), eq(q.status, REMOTE_KVS))
+        if s.counters:
+            c = s.counters[r]
+            idle = conj(eq(c.in_flight, 0), eq(c.stale, 0), neg(c.drop))
+            out.append(z3.Implies(disj(never_ran, _finished(q.status)), idle))
+        out.append(z3.Implies(never_ran, eq(q.num_output, 0)))
+    return conj(out)
+
+
+def kva8_entries_and_counters(layout: Layout, s: SState) -> Any:
+    """Every in-flight entry starts at >= 0, holds 1 to max_model_len tokens
+    and ends within max_model_len, no drafts without spec decode; and IF0-IF2
+    read with a connector (a parked request is unfinished too): an
+    unfinished request's in-flight counter is the tokens of its entries in
+    flight, its stale counter those of its entries no longer live."""
+    from flightcheck.verification.z3.encoding.state import ORPHANED, SUPERSEDED
+    from flightcheck.verification.z3.encoding.terms import sum_terms
+    cfg, out = layout.cfg, []
+    for _, e, _, used in _entries(s):
+        mml = cfg.max_model_len          # each bounded alone first: the bit-vector sum cannot wrap
+        bounds = [le(0, e.start), le(e.start, mml), le(1, e.n), le(e.n, mml), le(e.start + e.n, mml)]
+        if not cfg.num_spec_tokens:
+            bounds.append(eq(e.drafts, 0))
+        out.append(z3.Implies(used, conj(bounds)))
+    for r, (q, c) in enumerate(zip(s.reqs, s.counters)):
+        mine = [(e, conj(used, eq(e.req, r))) for _, e, _, used in _entries(s)]
+        tokens = sum_terms([z3.If(m, e.n, V(0)) for e, m in mine])
+        stale = sum_terms([z3.If(conj(m, disj(eq(e.fate, ORPHANED), eq(e.fate, SUPERSEDED))), e.n, V(0))
+                           for e, m in mine])
+        unfinished = disj(eq(q.status, WAITING), eq(q.status, RUNNING), eq(q.status, PREEMPTED), eq(q.status, REMOTE_KVS))
+        out.append(z3.Implies(unfinished, conj(eq(c.in_flight, tokens), eq(c.stale, stale), le(0, c.stale),
+                                               le(c.stale, c.in_flight))))
+        out.append(le(c.in_flight, layout.K * layout.E * cfg.max_model_len))
+    return conj(out)
+
+
+def kva9_deferred_in_order(layout: Layout, s: SState) -> Any:
+    """Deferred frees wait for no fewer batches than those before them (each
+    joins with every non-empty batch then in flight, and all count down
+    together), so the drain's stop at the first pending one frees every
+    one that is done."""
+    kv = kv_of(s)
+    return conj([z3.Implies(lt(d + 1, kv.deferred_len), le(a.left, b.left))
+                 for d, (a, b) in enumerate(zip(kv.deferred, kv.deferred[1:]))])
+
+
 KV_AUXILIARY: dict[str, KvFormula] = {
+    "KVA5_queues": kva5_queues,
+    "KVA9_deferred_in_order": kva9_deferred_in_order,
+    "KVA8_entries_and_counters": kva8_entries_and_counters,
+    "KVA7_counters": kva7_counters,
+    "KVA6_load_by_status": kva6_load_by_status,
     "KVA1_pool_ownership": kva1_pool_ownership,
     "KVA2_who_holds_a_table": kva2_who_holds_a_table,
     "KVA3_fenced_blocks_stay": kva3_fenced_blocks_stay,
