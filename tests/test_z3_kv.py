@@ -14,6 +14,7 @@ proofs of KV1, KV2, KV4 on the connector models (verification/z3/kv_models.py):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections import deque
 
@@ -34,6 +35,7 @@ from flightcheck.verification.z3.kv_models import KV_ASYNC, KV_MODELS, KV_SEND
 from flightcheck.verification.z3.results import ReplayMismatch
 
 
+@functools.lru_cache(maxsize=None)
 def _reachable(model, limit: int | None = None) -> list:
     """Breadth-first over the spec with the connector's reports (the first `limit` states)."""
     root = explicit.initial(model)
@@ -63,7 +65,7 @@ def _cross_check(model, states) -> CrossReport:
 
 @pytest.mark.parametrize("model", KV_MODELS, ids=lambda m: m.name)
 def test_the_relation_is_spec_step_on_sampled_connector_states(model):
-    report = _cross_check(model, _sample(model, 12))
+    report = _cross_check(model, _sample(model, 4))
     assert report.problems == []
     assert report.edges > report.states
 
@@ -134,7 +136,7 @@ def test_each_kv_formula_agrees_with_the_spec_predicate(model):
     formulas, rng = _Formulas(model), random.Random(1)
     spec = {inv.name: inv for inv in invariants_for(model.cfg)}
     broken = {name: 0 for name in kv_properties(model)}
-    states = _sample(model, 80)
+    states = _sample(model, 25)
     for s in states + [_perturbed(s, rng) for s in states for _ in range(2)]:
         try:
             formulas.system.constant(s)
@@ -149,7 +151,7 @@ def test_each_kv_formula_agrees_with_the_spec_predicate(model):
 @pytest.mark.parametrize("model", KV_MODELS, ids=lambda m: m.name)
 def test_the_auxiliary_invariants_hold_on_reachable_states(model):
     formulas = _Formulas(model)
-    for s in _sample(model, 200):
+    for s in _sample(model, 30):
         for name in KV_AUXILIARY:
             assert formulas.truth(s, name), (name, s)
 
