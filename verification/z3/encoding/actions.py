@@ -66,6 +66,7 @@ from flightcheck.verification.z3.encoding.terms import (
     neg,
     pick,
     put,
+    remove,
     var,
 )
 
@@ -99,16 +100,6 @@ def is_active(status: Any, kv: bool = False) -> Any:
     if kv:
         return disj(eq(status, WAITING), eq(status, RUNNING), eq(status, PREEMPTED), eq(status, REMOTE_KVS))
     return disj(eq(status, WAITING), eq(status, RUNNING), eq(status, PREEMPTED))
-
-
-def remove(xs: list, length: Any, r: Any) -> tuple[list, Any]:
-    """xs[:length] without r (which occurs at most once), PAD-padded."""
-    seen, out = z3.BoolVal(False), []
-    for j in range(len(xs)):
-        seen = disj(seen, conj(lt(j, length), eq(xs[j], r)))
-        nxt = xs[j + 1] if j + 1 < len(xs) else V(PAD)
-        out.append(ite(seen, nxt, xs[j]))
-    return out, ite(seen, length - 1, length)
 
 
 def finish(layout: Layout, s: SState, r: Any, status: Any, when: Any = True, is_abort: bool = False) -> SState:

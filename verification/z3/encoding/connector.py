@@ -69,6 +69,7 @@ from flightcheck.verification.z3.encoding.terms import (
     merge,
     neg,
     pick,
+    remove,
 )
 
 RECEIVE, FAIL, SEND = 4, 5, 6        # the connector's action codes (Choices.act), after actions.py's four
@@ -192,7 +193,6 @@ def holds_for_transfer(layout: Layout, s: SState, r: Any, status: Any) -> Any:
 def finish_with_connector(layout: Layout, s: SState, r: Any, status: Any, when: Any = True) -> SState:
     """kv_fence.finish_with_connector, then actions._forget_counters: out of
     every queue, in-flight work superseded, the table held or released."""
-    from flightcheck.verification.z3.encoding.actions import remove
     q, load = req_at(s, r), load_at(s, r)
     held = holds_for_transfer(layout, s, r, status)
     st = release_table(layout, s, r, q.table, q.table_len, neg(held))

@@ -20,7 +20,7 @@ no prefix caching, no drafts, chunked prefill on and synchronous scheduling.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import z3
@@ -54,6 +54,7 @@ from flightcheck.verification.z3.encoding.terms import (
     neg,
     pick,
     put,
+    remove,
 )
 
 
@@ -115,12 +116,25 @@ def _allocate(layout: Layout, st: SState, r: Any, q: Any, total: Any) -> tuple[A
     return le(num_fresh, st.pool.free_len), with_req(out, r, table_len=table_len, table=table)
 
 
-def kv_waiting_step(layout: Layout, builder: Builder, acc, phase: Any, threshold_on: Any, pads: Any = None):
+@dataclass(frozen=True)
+class LoopParts:
+    """What the connector's waiting step takes from schedule.py's waiting
+    loop (handed over by `schedule`, so this module does not import it): the
+    batch under construction's type, `_add`, `_clip`, `_is_resumption_deferred`."""
+
+    batch: Any
+    add: Any
+    clip: Any
+    deferred: Any
+
+
+def kv_waiting_step(layout: Layout, builder: Builder, acc, phase: Any, threshold_on: Any, pads: Any,
+                    parts: LoopParts):
     """One iteration of _schedule_waiting_with_connector: pass the candidate
     over (a load not landed, a deferred resumption), park it (an async hit),
-    admit it (a landed load promoted first), or stop the loop."""
-    from flightcheck.verification.z3.encoding.actions import remove
-    from flightcheck.verification.z3.encoding.schedule import BatchInProgress, _add, _clip, _is_resumption_deferred
+    admit it (a landed load promoted first), or stop the loop. `pads` is
+    None: the models the encoding takes have no drafts."""
+    BatchInProgress, _add, _clip, _is_resumption_deferred = parts.batch, parts.add, parts.clip, parts.deferred
     cfg, st = layout.cfg, acc.state
     kv = kv_of(st)
     if isinstance(acc.held_skipped, int):               # the loop's first iteration: a literal

@@ -26,6 +26,11 @@ from flightcheck.spec import State
 from flightcheck.spec.state import Load
 from flightcheck.verification.z3.encoding.terms import V, conj, eq, ite, le, lt, var
 
+class NotRepresentable(ValueError):
+    """A concrete state this model's encoding cannot hold (other prompts, too
+    long a queue); state.py re-exports it, the name every caller uses."""
+
+
 LOAD: tuple[Load, ...] = (Load.NONE, Load.IN_FLIGHT, Load.FAILED, Load.RECEIVED, Load.DONE)
 L_NONE, L_IN_FLIGHT, L_FAILED, L_RECEIVED, L_DONE = range(5)
 PAD = -1
@@ -123,7 +128,6 @@ def kv_frame(layout, tag: str) -> list:
 
 
 def _padded(xs: tuple, n: int, what: str) -> list:
-    from flightcheck.verification.z3.encoding.state import NotRepresentable
     if len(xs) > n:
         raise NotRepresentable(f"{what} holds {len(xs)} > {n}")
     return [V(x) for x in xs] + [V(PAD)] * (n - len(xs))
@@ -131,7 +135,6 @@ def _padded(xs: tuple, n: int, what: str) -> list:
 
 def kv_constant(layout, state: State) -> list:
     """The connector part of a concrete state, as literals ([] without a connector)."""
-    from flightcheck.verification.z3.encoding.state import NotRepresentable
     if not has_kv(layout):
         pristine = all((q.load, q.external, q.held) == (Load.NONE, 0, False) for q in state.requests) and \
             all(e.external == 0 and not e.blocks for b in state.in_flight for e in b)
@@ -190,7 +193,6 @@ def kv_request_fields(layout, kv: list, r: int, iv, bv) -> dict:
         return {}
     code = iv(kv[0].load[r])
     if not 0 <= code < len(LOAD):
-        from flightcheck.verification.z3.encoding.state import NotRepresentable
         raise NotRepresentable(f"r{r} load code {code} out of range")
     return dict(load=LOAD[code], external=iv(kv[0].external[r]), held=bv(kv[0].held[r]))
 

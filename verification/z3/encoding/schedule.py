@@ -20,6 +20,7 @@ at once; that keeps the in-flight FIFO out of every micro-step.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,6 +35,13 @@ from flightcheck.verification.z3.encoding.allocation import (
     concat,
     snapshot_entry,
     with_preallocation,
+)
+from flightcheck.verification.z3.encoding.kv_schedule import (
+    LoopParts,
+    kv_launch,
+    kv_waiting_step,
+    unfinished_or_held,
+    victim_is_fenced,
 )
 from flightcheck.verification.z3.encoding.requests import (
     async_at,
@@ -161,8 +169,9 @@ def schedule(layout: Layout, builder: Builder, s: SState) -> SchedResult:
               acc.position, z3.BoolVal(False), V(0))
     pads = pad_context(layout, s, acc.count, acc.entries)
     waiting_step = _waiting_step
-    if s.kv:
-        from flightcheck.verification.z3.encoding.kv_schedule import kv_waiting_step as waiting_step
+    if s.kv:        # the connector's path (kv_schedule.py), with this loop's parts
+        waiting_step = functools.partial(kv_waiting_step, parts=LoopParts(BatchInProgress, _add, _clip,
+                                                                          _is_resumption_deferred))
     for m in range(layout.N):
         acc = advance(acc, lambda a: waiting_step(layout, builder, a, phase, threshold_on, pads), f"wait{m}")
     first = len(builder.defs)
@@ -206,7 +215,6 @@ def _forms_a_batch(layout: Layout, s: SState, acc: BatchInProgress) -> Any:
     if not layout.cfg.rules.empty_batches:
         return formed
     if s.kv:
-        from flightcheck.verification.z3.encoding.kv_schedule import unfinished_or_held
         return disj(formed, *[unfinished_or_held(layout, s, r) for r in range(layout.N)])
     return disj(formed, *[_unfinished(q.status) for q in s.reqs])
 
@@ -284,7 +292,6 @@ def _victim_is_fenced(layout: Layout, st: SState, victim: Any) -> Any:
     """spec.schedule._victim_frees_at_once, negated (kv_schedule.py; False without a connector)."""
     if not st.kv:
         return z3.BoolVal(False)
-    from flightcheck.verification.z3.encoding.kv_schedule import victim_is_fenced
     return victim_is_fenced(layout, st, victim)
 
 
@@ -504,7 +511,6 @@ def _launch(layout: Layout, acc: BatchInProgress) -> SState:
         put_batch = z3.BoolVal(True)       # only reached when something was scheduled or preempted
     batch = SBatch(acc.count, [SEntry(e.req, e.start, e.n, e.samples, e.drafts, e.fate) for e in new])
     if st.kv:
-        from flightcheck.verification.z3.encoding.kv_schedule import kv_launch
         st = kv_launch(layout, st, acc, put_batch)
     st.batches = [merge(conj(put_batch, eq(st.num_batches, k)), batch, b) for k, b in enumerate(st.batches)]
     st.num_batches = ite(put_batch, st.num_batches + 1, st.num_batches)

@@ -27,7 +27,8 @@ from flightcheck.spec import BlockPool, Config, Entry, Fate, Request, State, Sta
 from flightcheck.spec.blocks import cdiv
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import mutant as registered_mutant
-from flightcheck.verification.z3.encoding.kv_state import (
+from flightcheck.verification.z3.encoding.kv_state import (  # noqa: F401  (NotRepresentable re-exported)
+    NotRepresentable,
     has_kv,
     kv_constant,
     kv_entry_fields,
@@ -272,10 +273,6 @@ def variables(s: SState, ghost: bool = True) -> list[z3.ExprRef]:
 
 
 # --- concrete <-> symbolic ----------------------------------------------------------
-
-class NotRepresentable(ValueError):
-    """A concrete state this model's encoding cannot hold (other prompts, too long a queue)."""
-
 
 def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...] | None = None) -> SState:
     """The concrete `state` as a symbolic state of literals."""
