@@ -46,7 +46,8 @@ from flightcheck.bench.workload import RequestSpec, Workload
 from flightcheck.spec import (Abort, Arrive, ArriveAs, CompleteOldest, FailKvLoad, ReceiveKv, Sample, SendKv, State,
                               describe, initial_state, sampling_entries, schedule, step)
 from flightcheck.verification.explicit.search import initial, successors
-from flightcheck.verification.models import ENGINE_TEST, KV_LOAD_ERROR_K2, KV_LOAD_FAIL_K2, MODELS, Model
+from flightcheck.verification.kv_models import KV_LOAD_ERROR_K2, KV_LOAD_FAIL_K2
+from flightcheck.verification.models import ENGINE_TEST, MODELS, Model
 
 ROOT = Path(__file__).resolve().parent.parent
 WALKTHROUGH_MD = Path("docs/walkthrough.md")

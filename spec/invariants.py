@@ -396,7 +396,8 @@ class Invariant:
 
 
 INVARIANTS: tuple[Invariant, ...] = (
-    Invariant("S1_counter_bounds", "0 <= num_computed <= known tokens + drafts, and 0 outside RUNNING.",
+    Invariant("S1_counter_bounds", "0 <= num_computed <= known tokens + drafts, and 0 outside RUNNING "
+              "(with a KV connector, but for a parked or landed load's request).",
               of_request=counters_in_bounds),
     Invariant("S2_length_cap", "No request exceeds max_tokens or max_model_len; an unfinished one is below "
               "both; no batch reaches past max_model_len.", of_request=within_length_caps, of_batch=batch_within_max_model_len),

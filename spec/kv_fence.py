@@ -77,6 +77,14 @@ def drain_deferred_frees(state: State, cfg: Config, completed: tuple) -> State:
     return replace(state, pool=pool, deferred_frees=pending)
 
 
+def requires_kv_delivery(cfg: Config) -> bool:
+    """vLLM 0.33/0.34 `_preempt_request(drop_stale_output=self.requires_kv_delivery)`:
+    a producer's preempted request drops its in-flight output, whose KV the
+    preemption's free would leave undelivered (`Profile.kv_producer_drops_stale_output`)."""
+    kv = cfg.kv_connector
+    return kv is not None and kv.producer and cfg.rules.kv_producer_drops_stale_output
+
+
 def holds_for_transfer(state: State, cfg: Config, r: int, status: Status) -> bool:
     """Whether r, finishing with `status`, keeps its table: its async load
     is still in flight (`finish_requests`' `delay_free_blocks`), or a

@@ -81,7 +81,7 @@ def kv4_deferred_frees_drain(s: State, cfg: Config) -> bool:
 
 
 def kv5_loaded_not_starved(s: State, cfg: Config) -> bool:
-    """KV5 as safety, checked like L2: with no batch in flight and a load landed, schedule promotes a landed request, unless the running requests leave no seat or no budget (a blocked plain waiting request never keeps it waiting: vLLM #45388)."""
+    """KV5 as safety, checked like L2: with no batch in flight and a load landed, schedule promotes a landed request, or the running requests leave no seat or budget, or the loop met no plain waiting request before the landed ones (a blocked plain waiting request never keeps a landed load waiting: the deadlock of vLLM #45388)."""
     from .schedule import schedule
     landed = {r for r, q in enumerate(s.requests)
               if q.status is Status.WAITING_FOR_REMOTE_KVS and q.load is Load.RECEIVED}
@@ -93,9 +93,12 @@ def kv5_loaded_not_starved(s: State, cfg: Config) -> bool:
     if scheduled.preempted or any(scheduled.state.requests[r].status is not Status.WAITING_FOR_REMOTE_KVS
                                   for r in landed):
         return True
-    running = [e for e in scheduled.entries if s.requests[e.req].status is Status.RUNNING]
-    return (len(s.running) >= cfg.max_num_seqs
-            or sum(e.n for e in running) >= cfg.max_num_batched_tokens)
+    used = sum(e.n for e in scheduled.entries if s.requests[e.req].status is Status.RUNNING)
+    if len(s.running) >= cfg.max_num_seqs or used >= cfg.max_num_batched_tokens:
+        return True
+    order = s.kv_holding + s.waiting                # the waiting loop's order of queues
+    first_landed = min(order.index(r) for r in landed)
+    return all(holds_kv_blocks(s.requests[r]) for r in order[:first_landed])
 
 
 def kv6_load_limit(s: State, cfg: Config) -> bool:

@@ -16,7 +16,7 @@ takes the superseded entries as dropped stale output, the placeholders
 give theirs back). vLLM 0.34's `_update_requests_with_invalid_blocks` takes
 the prefix from `num_computed_tokens - num_scheduled_tokens[req]` (one
 batch in flight assumed) and leaves `num_output_placeholders` alone (#49250):
-those are mutants of this spec, not the spec.
+that is vLLM's behaviour, checked against this intended rule elsewhere.
 
 Abstracted away: a load reported failed twice (one failure per load; a
 second report is refused), failures of blocks shared by two loads in one

@@ -17,10 +17,8 @@ requests behind it may be admitted; its resumption is deferred).
 The action is deterministic: given the state, the batch is fixed. The
 environment has no choice here.
 
-With a KV connector (`Config.kv_connector`), the waiting loop asks it for
-hits, parks async loads and promotes landed ones (kv_loads.py), and under
-the step fence a victim whose blocks cannot be freed at once is not
-preempted (kv_fence.py).
+With a KV connector, the waiting loop asks it for hits, parks async loads
+and promotes landed ones (kv_loads.py); a fenced victim is not preempted.
 
 Abstracted away: encoder inputs and budgets, LoRA limits, structured-output
 grammars (WAITING_FOR_FSM), priorities, and the detail that
@@ -37,7 +35,7 @@ from . import blocks, kv_loads
 from .admission_order import reorder_waiting
 from .config import Config
 from .drafts import padded_admission, placeholder_drafts
-from .kv_fence import can_free_now, release_table
+from .kv_fence import can_free_now, requires_kv_delivery
 from .profiles import num_preallocate_blocks
 from .state import Batch, BlockPool, Entry, Fate, Load, Request, State, Status, content_label, retire_entries
 
@@ -61,6 +59,7 @@ class Scheduled:
     state: State
     entries: tuple[ScheduledEntry, ...]
     preempted: tuple[int, ...]
+    kv_loads: tuple[tuple[int, int], ...] = ()   # (request, start): async KV loads parked in this call
 
 
 class _Step:
@@ -72,6 +71,7 @@ class _Step:
         self.entries: list[ScheduledEntry] = []
         self.preempted: list[int] = []
         self.new_blocks: tuple[int, ...] = ()   # set by the last successful _allocate
+        self.kv_loads: list[tuple[int, int]] = []
         self.threshold = _threshold_in_force(state, cfg)
 
 
@@ -107,11 +107,11 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
     if not step.preempted:
         _schedule_waiting(step)
     if not step.entries and not step.preempted:
-        return _idle(step.state, cfg)   # 0.34's reorder and a KV connector's loads stay
-    return Scheduled(_launch(step), tuple(step.entries), tuple(step.preempted))
+        return _idle(state, cfg, step)   # 0.34's reorder and a KV connector's loads stay
+    return Scheduled(_launch(step), tuple(step.entries), tuple(step.preempted), tuple(step.kv_loads))
 
 
-def _idle(state: State, cfg: Config) -> Scheduled | None:
+def _idle(state: State, cfg: Config, step: _Step | None = None) -> Scheduled | None:
     """A step that forms nothing. vLLM 0.33 `EngineCore.step_with_batch_queue`
     calls `schedule()` whenever `Scheduler.has_requests()` (an unfinished
     request) and queues its result even with 0 tokens
@@ -120,11 +120,13 @@ def _idle(state: State, cfg: Config) -> Scheduled | None:
     covers every engine step that schedules nothing; it stays finite because
     the queue holds at most K batches, empty ones included (a KV connector's
     finished request held for a transfer keeps the engine stepping:
-    `has_finished_requests`). 0.8.x: nothing. `state` is the call's own,
-    counted down (`_count_down`), with what its waiting loop changed."""
-    if not cfg.rules.empty_batches or not any(q.status.is_active or q.held for q in state.requests):
+    `has_finished_requests`). 0.8.x: nothing. `step`: the call's own, counted
+    down, with what its waiting loop changed; None: a call on `state` alone."""
+    counted = _count_down(state, cfg) if step is None else step.state
+    if not cfg.rules.empty_batches or not any(q.status.is_active or q.held for q in counted.requests):
         return None
-    return Scheduled(replace(state, in_flight=state.in_flight + ((),)), (), ())
+    return Scheduled(replace(counted, in_flight=counted.in_flight + ((),)), (), (),
+                     () if step is None else tuple(step.kv_loads))
 
 
 def _count_down(state: State, cfg: Config) -> State:
@@ -196,10 +198,8 @@ def _schedule_running(step: _Step) -> None:
 
 
 def _victim_frees_at_once(step: _Step, victim: int) -> bool:
-    """vLLM 0.33/0.34's running loop under the step fence: "a deferred free
-    will not help with immediate allocation" -- a victim whose blocks would
-    be put aside (`_request_blocks_can_be_freed` false) is not preempted and
-    the loop stops. Always true without the fence."""
+    """vLLM 0.33/0.34 under the step fence: a victim whose blocks would be put
+    aside is not preempted and the running loop stops ("a deferred free will not help")."""
     return can_free_now(step.state, step.cfg, victim)
 
 
@@ -259,9 +259,7 @@ def _schedule_waiting(step: _Step) -> None:
 
 def _schedule_waiting_with_connector(step: _Step) -> None:
     """The waiting loop with a KV connector (vLLM 0.34 `Scheduler.schedule`;
-    kv_loads.py): block holders first, a landed load promoted and scheduled
-    in the same call, a hit asked for when nothing is computed, an async
-    load parked (and skipped), vLLM 0.34's load limit and loads-only mode."""
+    the order, offers, parking, promotion and load limit: kv_loads.py)."""
     cfg = step.cfg
     step.state = reorder_waiting(step.state, cfg)
     running_entries = [e.req for e in step.entries]
@@ -286,6 +284,7 @@ def _schedule_waiting_with_connector(step: _Step) -> None:
             if not _fits_whole(step, r, hit) or not _allocate(step, r, 0, hit, external, cache=False):
                 break
             step.state = kv_loads.park(step.state, cfg, r, computed, external)
+            step.kv_loads.append((r, computed))
             walk.skipped.add(r)
             continue
         if not _admit_with_connector(step, r, hit, external, computed, running_entries):
@@ -294,9 +293,8 @@ def _schedule_waiting_with_connector(step: _Step) -> None:
 
 def _admit_with_connector(step: _Step, r: int, hit: tuple[int, ...], external: int, computed: int,
                           running_entries: list[int]) -> bool:
-    """Admit r with `computed` tokens (local hit + a sync load's external
-    tokens, or a promoted load's), as `_schedule_waiting` admits; False:
-    the loop stops (head-of-line). The connector is not asked again (C1)."""
+    """Admit r with `computed` tokens (local hit + a sync load's, or a promoted
+    load's), as `_schedule_waiting` admits; False: the loop stops (head-of-line)."""
     cfg, req = step.cfg, step.state.requests[r]
     padded = padded_admission(step.state, cfg, r, computed, running_entries, step.budget)
     if padded < 0:
@@ -315,8 +313,7 @@ def _admit_with_connector(step: _Step, r: int, hit: tuple[int, ...], external: i
 
 
 def _loads_only(step: _Step) -> bool:
-    """vLLM 0.34: no running slot or no budget left; the loop may still
-    start async loads (`loads_only`). Without the load limit the loop ends there."""
+    """vLLM 0.34's `loads_only`: no running slot or budget left (only async loads may start)."""
     return step.budget <= 0 or not _has_free_seat(step)
 
 
@@ -357,18 +354,10 @@ def _mark_stale_output(step: _Step, victim: int) -> None:
     if not step.cfg.rules.stale_output_counters:
         return
     req = step.state.requests[victim]
-    drop = (step.cfg.stale_mode == "drop" or _requires_kv_delivery(step.cfg)
+    drop = (step.cfg.stale_mode == "drop" or requires_kv_delivery(step.cfg)
             or (req.drop_stale and req.num_stale > 0))
     step.state = step.state.with_request(victim, num_stale=req.num_in_flight, drop_stale=drop)
     _reset_placeholders(step, victim)
-
-
-def _requires_kv_delivery(cfg: Config) -> bool:
-    """vLLM 0.33/0.34: `_preempt_request(drop_stale_output=self.requires_kv_delivery)`:
-    a producer connector's preempted request drops its in-flight output
-    (`Profile.kv_producer_drops_stale_output`)."""
-    kv = cfg.kv_connector
-    return kv is not None and kv.producer and cfg.rules.kv_producer_drops_stale_output
 
 
 def _reset_placeholders(step: _Step, victim: int) -> None:
@@ -463,10 +452,12 @@ def _num_preallocated(cfg: Config, pool: BlockPool, num_fresh: int, table_len: i
 
 
 def _preempt(step: _Step, victim: int) -> None:
-    """Recompute preemption: free everything, back to the head of `waiting`."""
+    """Recompute preemption: free everything, back to the head of `waiting`
+    (at once: a KV connector's fence spares fenced victims, `_victim_frees_at_once`)."""
     state = step.state
     req = state.requests[victim]
-    state = replace(release_table(state, step.cfg, victim, req.block_table),
+    state = replace(state, pool=blocks.free_table(state.pool, req.block_table, step.cfg.release_order,
+                                                  step.cfg.rules.unhashed_blocks_to_head),
                     running=state.running[:-1], waiting=(victim,) + state.waiting,
                     scheduled_ids=state.scheduled_ids - {victim})
     state = retire_entries(state, victim, frozenset({Fate.LIVE}), Fate.ORPHANED)

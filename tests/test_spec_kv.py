@@ -4,6 +4,7 @@ tests/test_spec_kv_search.py."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -17,7 +18,7 @@ from flightcheck.spec.schedule import schedule
 from flightcheck.spec.profiles import PROFILES
 from flightcheck.spec.transitions import KV_TRANSITION_PROPERTIES
 from flightcheck.verification.explicit import search as explicit
-from flightcheck.verification.models import KV_FENCE_K2, KV_SEND_K2
+from flightcheck.verification.kv_models import KV_FENCE_K2, KV_SEND_K2
 
 
 def cfg_of(profile: str = "vllm-0.34", **kv) -> Config:
@@ -82,6 +83,7 @@ def test_an_async_hit_parks_then_the_landed_load_is_promoted_and_scheduled_in_on
     assert (q.status, q.load, q.num_computed, len(q.block_table)) == (Status.WAITING_FOR_REMOTE_KVS,
                                                                         Load.IN_FLIGHT, 4, 2)
     assert parked.kv_holding == (0,) and parked.waiting == () and parked.in_flight == ((),)   # 0.34: empty batch
+    assert schedule(states[1], cfg_of()).kv_loads == ((0, 4),)              # the trace's schedule.kv_loads
     assert landed.requests[0].load is Load.RECEIVED
     q = ran.requests[0]
     assert q.status is Status.RUNNING and q.load is Load.DONE and ran.kv_holding == ()
@@ -272,7 +274,9 @@ def test_kv5_fails_when_a_plain_request_blocks_a_landed_load():
     s = run(cfg, [ASYNC, Prompt(7, 1)], ["arrive", Schedule(), "arrive", ReceiveKv(0)])[-1]
     s = replace(s, in_flight=(), kv_holding=(), waiting=(1, 0))    # vLLM before #45388: one queue
     kv5 = next(i for i in KV_INVARIANTS if i.name == "KV5_loaded_not_starved")
-    assert not kv5.holds(s, replace(cfg, profile="vllm-0.8.5" if False else cfg.profile))
+    assert not kv5.holds(s, cfg)
+    promoted_first = replace(s, kv_holding=(0,), waiting=(1,))          # the correct order
+    assert kv5.holds(promoted_first, cfg)
 
 
 def test_kv3_and_p_kv_can_fail():
@@ -281,7 +285,42 @@ def test_kv3_and_p_kv_can_fail():
     before = states[-1]
     after = step(before, cfg, FailKvLoad(0, 0)).with_request(0, placeholders=1)    # #49250
     kv3, p_kv = KV_TRANSITION_PROPERTIES
+    assert kv3.holds(before, step(before, cfg, FailKvLoad(0, 0)), FailKvLoad(0, 0), cfg)
     assert not kv3.holds(before, after, FailKvLoad(0, 0), cfg)
-    fenced = replace(after, deferred_frees=((1, (0,)),))
+    cfg = KV_SEND_K2.cfg
+    before = next(s for s in reachable(KV_SEND_K2) if (sch := schedule(s, cfg)) is not None and sch.preempted)
+    after = schedule(before, cfg).state
     assert p_kv.holds(before, after, Schedule(), cfg)
-    assert p_kv.predicate(before, fenced, Schedule(), cfg) or not step(before, cfg, Schedule())
+    put_aside = replace(after, deferred_frees=((1, before.requests[before.running[-1]].block_table),))
+    assert not p_kv.holds(before, put_aside, Schedule(), cfg)        # vLLM #49674: a fenced victim's free
+
+
+def test_vllm_0_8_5_has_sync_hits_only_and_0_8_4_none():
+    cfg = cfg_of("vllm-0.8.5")
+    s = run(cfg, [ASYNC], ["arrive", Schedule()])[-1]
+    q = s.requests[0]
+    assert not q.load_async and q.status is Status.RUNNING and s.in_flight[-1][0].external == 4
+    cfg = replace(cfg_of("vllm-0.8.4"), continue_prefill=None, release_order=None, num_preallocate_tokens=None,
+                  cache_duplicate_blocks=None)
+    s = run(cfg, [SYNC], ["arrive", Schedule()])[-1]
+    assert s.requests[0].external_hit == 0 and s.in_flight[-1][0].start == 0
+
+
+def test_verify_kv_connector_refuses_a_profile_without_async_loads(capsys):
+    from flightcheck.cli import main
+    assert main(["verify", "--kv-connector"]) == 2
+    assert "--kv-connector needs a profile" in capsys.readouterr().err
+    assert main(["verify", "--kv-connector", "--profile", "vllm-0.34", "--all-profiles"]) == 2
+
+
+def test_verify_kv_connector_searches_the_profile_s_connector_models(capsys):
+    from flightcheck.cli import main
+    assert main(["verify", "--kv-connector", "--profile", "vllm-0.33", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] and out["kv_connector"] and out["profile"] == "vllm-0.33"
+    methods = {p["method"].split(" (")[0] for p in out["properties"]}
+    assert methods == {f"exhaustive {m}" for m in ("kv-load-fail-k2", "kv-load-error-k2", "kv-send-k2",
+                                                   "kv-fence-k2")}
+    proved = {p["name"] for p in out["properties"] if p["status"] == "proved"}
+    assert {"KV1_no_reuse_under_transfer", "KV2_loading_not_scheduled", "KV3_rollback_restores_counters",
+            "KV4_no_leak", "KV5_loaded_not_starved", "P_KV_preemption_frees"} <= proved

@@ -12,7 +12,8 @@ import pytest
 from flightcheck.spec import invariants_for, transition_properties_for
 from flightcheck.spec.sometimes import sometimes_for
 from flightcheck.verification.explicit import search as explicit
-from flightcheck.verification.models import KV_LIMIT_K2, KV_PROFILE_MODELS, Model
+from flightcheck.verification.kv_models import KV_LIMIT_K2, KV_PROFILE_MODELS
+from flightcheck.verification.models import Model
 
 # (states, edges, max depth) -- change only with a reviewed change of semantics.
 PINNED = {

@@ -40,9 +40,8 @@ from flightcheck.spec import (INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES, Conf
 from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES
 from flightcheck.spec.sometimes import sometimes_for
 from flightcheck.verification.explicit import search as explicit
+from flightcheck.verification.kv_models import KV_MUTANT_MODELS, KV_PROFILE_MODELS
 from flightcheck.verification.models import (
-    KV_MUTANT_MODELS,
-    KV_PROFILE_MODELS,
     NAME_REUSE_MODELS,
     NAME_REUSE_MUTANT_MODELS,
     PROFILE_MODELS,

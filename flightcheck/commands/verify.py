@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
     verify.add_argument("--kv-connector", action="store_true",
                         help="search the profile's KV connector models exhaustively (async loads and their "
                              "failures, sends, the step fence, 0.34's load limit; vllm-0.33, vllm-0.33-async, "
-                             "vllm-0.34, vllm-0.34-async; about 30 s under vllm-0.34-async) and hunt the "
+                             "vllm-0.34, vllm-0.34-async; under a minute) and hunt the "
                              "connector's mutants")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _refusal(args: argparse.Namespace) -> str | None:
     """Why these flags cannot go together (None if they can)."""
-    from flightcheck.verification.models import KV_PROFILE_MODELS, MODELS, NAME_REUSE_MODELS
+    from flightcheck.verification.kv_models import KV_PROFILE_MODELS
+    from flightcheck.verification.models import MODELS, NAME_REUSE_MODELS
     from flightcheck.verification.mutants import MUTANTS
 
     if args.config not in MODELS:
