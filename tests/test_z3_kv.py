@@ -31,7 +31,8 @@ from flightcheck.verification.z3.encoding.state import NotRepresentable
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.encoding.terms import leaves
 from flightcheck.verification.z3.kv_engines import kv_bmc, kv_induction, kv_properties
-from flightcheck.verification.z3.kv_models import KV_ASYNC, KV_MODELS, KV_SEND
+from flightcheck.verification.z3.kv_models import KV_ASYNC, KV_MODELS
+from flightcheck.verification.z3.profiles import profile_model
 from flightcheck.verification.z3.results import ReplayMismatch
 
 
@@ -63,7 +64,7 @@ def _cross_check(model, states) -> CrossReport:
     return report
 
 
-@pytest.mark.parametrize("model", KV_MODELS, ids=lambda m: m.name)
+@pytest.mark.parametrize("model", KV_MODELS + (profile_model(KV_ASYNC, "vllm-0.34"),), ids=lambda m: m.name)
 def test_the_relation_is_spec_step_on_sampled_connector_states(model):
     report = _cross_check(model, _sample(model, 4))
     assert report.problems == []

@@ -277,11 +277,14 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, thresh
     fits = le(num_fresh, st.pool.free_len)
     do_skip = builder.let("skip", conj(active, skip))
     do_alloc = builder.let("alloc", conj(active, neg(skip), fits))
-    p, victim = _preempt_last(layout, builder, st)
-    fenced = builder.let("fenced", conj(active, neg(skip), neg(fits), _victim_is_fenced(layout, st, victim)))
-    do_pre = builder.let("preempt", conj(active, neg(skip), neg(fits), neg(fenced)))
+    do_pre = builder.let("preempt", conj(active, neg(skip), neg(fits)))
     a, entry = _allocate_running(layout, builder, c, num_new, num_fresh, acc.budget)
     entries, cnt, budget = _add(layout, acc, entry, do_alloc)
+    p, victim = _preempt_last(layout, builder, st)
+    fenced = z3.BoolVal(False)
+    if st.kv:       # under the step fence a victim with a batch in flight stops the loop instead
+        fenced = builder.let("fenced", conj(do_pre, _victim_is_fenced(layout, st, victim)))
+        do_pre = builder.let("preempt_unfenced", conj(do_pre, neg(fenced)))
     return BatchInProgress(merge(do_alloc, a, merge(do_pre, p, st)), budget, cnt, entries,
               put_flag(acc.preempted, victim, z3.BoolVal(True), do_pre), acc.admitted_from_preempted, acc.admitted,
               disj(acc.any_preempted, do_pre), ite(disj(do_skip, do_alloc), acc.position + 1, acc.position),
