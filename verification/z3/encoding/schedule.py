@@ -344,7 +344,7 @@ def _preempt_last(layout: Layout, builder: Builder, st: SState) -> tuple[SState,
 
 
 def _requires_kv_delivery(cfg) -> bool:
-    """spec.schedule._requires_kv_delivery: a producer's preemption drops its in-flight output."""
+    """spec.kv_fence.requires_kv_delivery: a producer's preemption drops its in-flight output."""
     return cfg.kv_connector.producer and cfg.rules.kv_producer_drops_stale_output
 
 
