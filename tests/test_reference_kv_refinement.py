@@ -12,6 +12,8 @@ import pytest
 from flightcheck.reference import kv_transfer
 from flightcheck.verification.refinement.kv_machine import KV_FUZZED_PROFILES, kv_fuzz, kv_machine
 
+pytestmark = pytest.mark.usefixtures("both_checkers")
+
 
 @pytest.mark.parametrize("profile", KV_FUZZED_PROFILES)
 def test_the_reference_connector_refines_the_spec(profile):
