@@ -39,9 +39,9 @@ from tests.test_reference_kv import _random_run, add, make_run
 from tests.test_reference_kv import \
     test_a_landed_load_is_not_starved_by_a_blocked_plain_waiting_request as scenario_45388
 from tests.test_reference_kv import \
+    test_a_failed_sync_load_rolls_back_every_counter_under_async_scheduling as scenario_49250
 
 pytestmark = pytest.mark.usefixtures("both_checkers")
-    test_a_failed_sync_load_rolls_back_every_counter_under_async_scheduling as scenario_49250
 
 # The bugs issue 36 lists, by pull request or issue number.
 ISSUE_BUGS = {18232, 18631, 26929, 32255, 37827, 45357, 45388, 46014, 49250, 49674, 53250}

@@ -11,6 +11,8 @@ import pytest
 from flightcheck.vllm.differential import decisions, profile_for, run_reference
 from flightcheck.vllm.generate import campaign_workloads
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # the campaign checks traces
+
 CONFIG = {"ev": "config", "kv_connector": {"consumer": True, "producer": False,
                                            "load_failure_policy": "fail", "max_inflight_loads": None}}
 
