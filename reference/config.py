@@ -54,6 +54,11 @@ class SchedulerConfig:
     # None: the profile's; False: async loads need no reservation (the spec
     # abstracts vLLM's `_inflight_prefill_reserved_blocks` away: the refinement fuzzer's).
     kv_load_reservation: bool | None = None
+    # The order a failing load's requests finish in under the fail policy
+    # (`_finish_with_error`): these ids first, in this order, the rest in id
+    # order. vLLM iterates a set of ids, whose order follows the process's
+    # hash seed; the differential replays the order vLLM took.
+    kv_error_order: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",

@@ -92,6 +92,11 @@ class KvConnectorOutput:
     finished_sending: list[str] = field(default_factory=list)
     failed_recving: list[str] = field(default_factory=list)
     invalid_block_ids: set[int] = field(default_factory=set)
+    # The requests whose own load reported invalid blocks, with the index in
+    # its table of the first (the trace's `kv_failed`: a request holding an
+    # invalid block through a prefix hit has no load of its own that failed,
+    # and an aborted request's load still reports).
+    failed_loads: dict[str, int] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.finished_recving or self.finished_sending or self.failed_recving
@@ -114,8 +119,19 @@ class _Load:
         end (`fail_from_block` is a table index, raised to the load's first
         block; past the load's end nothing fails), or all for `fail_whole`."""
         offer = self.offer
-        start = self.first_block if offer.fail_whole else max(offer.fail_from_block or 0, self.first_block)
-        return set(self.block_ids[start:self.end_block])
+        return set(self.block_ids[self.first_failed_block():self.end_block])
+
+    def first_failed_block(self) -> int:
+        """The index, in the request's table, of the load's first invalid block."""
+        offer = self.offer
+        return self.first_block if offer.fail_whole else max(offer.fail_from_block or 0, self.first_block)
+
+    def report_failure(self, out: KvConnectorOutput) -> None:
+        """Its invalid blocks (if any) into the worker's output, as its own."""
+        invalid = self.invalid_block_ids()
+        if invalid:
+            out.invalid_block_ids |= invalid
+            out.failed_loads[self.req_id] = self.first_failed_block()
 
 
 class FabricatedConnector:
@@ -207,7 +223,7 @@ class FabricatedConnector:
         for entry in entries:
             load = self._sync_loads.pop((entry.req_id, entry.incarnation), None)
             if load is not None and getattr(entry, "external", 0):
-                out.invalid_block_ids |= load.invalid_block_ids()
+                load.report_failure(out)
         due = [load for load in self._async_loads if load.due == now]
         self._async_loads = [load for load in self._async_loads if load.due != now]
         for load in due:
@@ -216,7 +232,7 @@ class FabricatedConnector:
             elif load.offer.fail_whole:
                 out.failed_recving.append(load.req_id)
             elif load.offer.fail_from_block is not None:
-                out.invalid_block_ids |= load.invalid_block_ids()
+                load.report_failure(out)
             out.finished_recving.append(load.req_id)
         out.finished_sending = [req_id for due_at, req_id in self._sends if due_at == now]
         self._sends = [(due_at, req_id) for due_at, req_id in self._sends if due_at != now]

@@ -57,6 +57,7 @@ class KvTransfers:
     running: list[Request]
     _incarnations: itertools.count
     _stale_output_counters: bool
+    _kv_rollback_in_place: bool               # vLLM as released (profiles.py)
 
     def _init_kv(self, config: SchedulerConfig) -> None:
         profile = config.version_profile
@@ -190,31 +191,42 @@ class KvTransfers:
         skipped meanwhile; those requests are returned). Once per output:
         the tracer calls it first to read the fates."""
         if self._kv_reports is not None and self._kv_reports[0] == id(scheduler_output):
-            return self._kv_reports[2]      # (the tracer asked first)
+            return self._kv_reports[4]      # (the tracer asked first)
         self.kv_reports_seen = []
         reports = self.connector.worker_output(scheduler_output.entries)
-        if self._defer_block_free and scheduler_output.total_num_scheduled_tokens:
-            self.processed_step_seq += 1
-            self._drain_deferred_frees()
         failed: set[str] = set()
         if reports.failed_recving:
             failed |= self._handle_failed_recving(reports.failed_recving)
+        # The trace's failures: each load that failed, its request's own (docs/kv-connector.md).
+        self.kv_reports_seen += [("kv_failed", req_id, first) for req_id, first in sorted(reports.failed_loads.items())]
         if reports.invalid_block_ids:
-            failed |= self._handle_invalid_blocks(reports.invalid_block_ids)
+            failed |= self._handle_invalid_blocks(reports.invalid_block_ids, scheduler_output.entries)
+        # Skipped: the failing requests' entries of this batch (recompute: a
+        # rollback in place's, vLLM as released; the reference's rollback
+        # drops them as a new incarnation's).
+        skipped = failed if self._kv_rollback_in_place or not self._recompute_kv_failures else set()
         failed = set() if self._recompute_kv_failures else failed
         errors: list[EngineCoreOutput] = []
         if failed and not self._kv_errors_after_outputs:
-            errors, failed = self._finish_with_error(failed), set()
-        self._kv_reports = (id(scheduler_output), reports, failed, errors)
-        return failed
+            # While the failing batch still counts as in flight (the spec's
+            # order): its blocks go behind the fence, never sooner.
+            errors, failed, skipped = self._finish_with_error(failed), set(), set()
+        if self._defer_block_free and scheduler_output.total_num_scheduled_tokens:
+            self.processed_step_seq += 1      # vLLM: first thing in update_from_output
+            self._drain_deferred_frees()
+        self._kv_reports = (id(scheduler_output), reports, failed, errors, skipped)
+        return skipped
 
     def _kv_skipped(self, entry: RequestData, skipped: set[str]) -> bool:
         return bool(skipped) and entry.req_id in skipped
 
     def _finish_with_error(self, req_ids: set[str]) -> list[EngineCoreOutput]:
         """The fail policy: `finish_requests(..., FINISHED_ERROR)`, in id
-        order (vLLM iterates a set)."""
-        error_ids = [req_id for req_id in sorted(req_ids) if req_id in self.requests]
+        order, or the configuration's `kv_error_order` (vLLM iterates a set)."""
+        first = self.config.kv_error_order
+        error_ids = [req_id for req_id in sorted(req_ids, key=lambda r: (first.index(r) if r in first
+                                                                          else len(first), r))
+                     if req_id in self.requests]
         self.finish_requests(error_ids, RequestStatus.FINISHED_ERROR)
         return [EngineCoreOutput(req_id, [], "error") for req_id in error_ids]
 
@@ -222,11 +234,12 @@ class KvTransfers:
         """After the outputs: the errors (vLLM as released: now), then the
         landings and sends are taken (vLLM `update_from_output`,
         `_update_from_kv_xfer_finished`)."""
-        _, reports, skipped, outputs = self._kv_reports
+        _, reports, failed, outputs, _ = self._kv_reports
         self._kv_reports = None
-        if skipped:
-            outputs = self._finish_with_error(skipped)
-        for req_id in reports.finished_recving:
+        if failed:
+            outputs = self._finish_with_error(failed)
+        # (in id order: the bridge's connector hands vLLM its sets so ordered)
+        for req_id in sorted(reports.finished_recving):
             self.kv_reports_seen.append(("kv_received", req_id, 0))
             request = self.requests.get(req_id)
             if request is not None and request.status == PARKED:
@@ -234,7 +247,7 @@ class KvTransfers:
                 self._set_kv_load(request, KvLoad.RECEIVED)
             else:
                 self._free_held(req_id)   # aborted, or failed under the fail policy
-        for req_id in reports.finished_sending:
+        for req_id in sorted(reports.finished_sending):
             self.kv_reports_seen.append(("kv_sent", req_id, 0))
             self._free_held(req_id)
         return outputs
@@ -244,46 +257,80 @@ class KvTransfers:
         recompute from 0 (its blocks are released at promotion)."""
         affected = set()
         for req_id in failed_req_ids:
+            self.kv_reports_seen.append(("kv_failed", req_id, 0))   # (its load's, aborted or not)
             request = self.requests.get(req_id)
             if request is None or request.status != PARKED:
                 continue
             affected.add(req_id)
-            self.kv_reports_seen.append(("kv_failed", req_id, 0))
             self._set_kv_load(request, KvLoad.FAILED)
             if self._recompute_kv_failures:
                 request.num_computed_tokens = 0
                 self.failed_recving_kv_req_ids.add(req_id)
         return affected
 
-    def _handle_invalid_blocks(self, invalid_block_ids: set[int]) -> set[str]:
-        """vLLM `_handle_invalid_blocks`: every parked or running request
-        whose computed tokens lie in an invalid block goes back to that
-        block's start (recompute), or fails (the fail policy: the running
-        ones' blocks from there are evicted from the prefix cache)."""
-        affected: set[str] = set()
+    def _handle_invalid_blocks(self, invalid_block_ids: set[int],
+                               entries: list[RequestData]) -> set[str]:
+        """vLLM `_handle_invalid_blocks`: the parked requests, then the
+        running ones, whose computed tokens lie in an invalid block
+        (`_invalid_block_holders`) recompute, or fail (the fail policy: the
+        running ones' blocks from there are evicted from the prefix cache)."""
         parked = [r for r in self.kv_holding_waiting if r.status == PARKED]
+        starts = {entry.req_id: entry for entry in entries}
         to_evict: set[int] = set()
-        for request in [*parked, *self.running]:
+        affected = self._invalid_block_holders(parked, invalid_block_ids, starts, to_evict)
+        affected |= self._invalid_block_holders(list(self.running), invalid_block_ids, starts, to_evict)
+        if to_evict and not self._recompute_kv_failures:
+            self.kv_cache_manager.block_pool.evict_blocks(to_evict)
+        return affected
+
+    def _invalid_block_holders(self, requests: list[Request], invalid_block_ids: set[int],
+                               entries: dict[str, RequestData], to_evict: set[int]) -> set[str]:
+        """vLLM `_update_requests_with_invalid_blocks`, over one queue: an
+        invalid block is recomputed by the first request (in queue order)
+        that holds it, which goes back to the start of its first such block
+        (`_roll_back`); a later holder whose invalid blocks the earlier ones
+        all recompute keeps them as computed and only loses the failing
+        batch's tokens (vLLM: the shared blocks are rewritten before it reads
+        them). Returns the holders (the fail policy finishes them all)."""
+        block_size = self.config.block_size
+        marked: set[int] = set()
+        affected: set[str] = set()
+        for request in requests:
             block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
-            num_blocks = -(-request.num_computed_tokens // self.config.block_size)
-            first = next((i for i, block_id in enumerate(block_ids[:num_blocks])
-                          if block_id in invalid_block_ids), None)
-            if first is None:
+            entry = entries.get(request.request_id)
+            batch_start = (entry.num_computed_tokens if entry is not None
+                           and entry.incarnation == request.incarnation else request.num_computed_tokens)
+            # vLLM as released looks only below the failing batch's own tokens
+            computed = self._base_in_place(request, entry) if self._kv_rollback_in_place else request.num_computed_tokens
+            num_blocks = -(-computed // block_size)
+            held = [i for i, block_id in enumerate(block_ids[:num_blocks]) if block_id in invalid_block_ids]
+            if not held:
                 continue
             affected.add(request.request_id)
-            self.kv_reports_seen.append(("kv_failed", request.request_id, first))
+            first = next((i for i in held if block_ids[i] not in marked), None)
+            marked.update(block_ids[i] for i in held)
             if request.status == PARKED:
                 self._set_kv_load(request, KvLoad.FAILED)
                 if self._recompute_kv_failures:
-                    request.num_computed_tokens = first * self.config.block_size
+                    if first is not None:
+                        request.num_computed_tokens = first * block_size
                     self.failed_recving_kv_req_ids.add(request.request_id)
-            elif self._recompute_kv_failures:
-                self._roll_back(request, first * self.config.block_size)
-            else:
-                to_evict.update(block_ids[first:])
-        if to_evict:
-            self.kv_cache_manager.block_pool.evict_blocks(to_evict)
+            elif not self._recompute_kv_failures:
+                if first is not None:
+                    to_evict.update(block_ids[first:])
+            elif self._kv_rollback_in_place:
+                request.num_computed_tokens = computed if first is None else first * block_size
+            elif first is not None:
+                self._roll_back(request, first * block_size)
+            elif batch_start != request.num_computed_tokens:
+                self._roll_back(request, batch_start)
         return affected
+
+    @staticmethod
+    def _base_in_place(request: Request, entry: RequestData | None) -> int:
+        """vLLM's valid-prefix base: `num_computed_tokens` less the failing
+        batch's tokens for the request (none when it has no entry there)."""
+        return request.num_computed_tokens - (entry.num_new_tokens if entry is not None else 0)
 
     def _roll_back(self, request: Request, valid_tokens: int) -> None:
         """A running request's sync load failed from `valid_tokens` on: it

@@ -272,6 +272,15 @@ class Profile:
     # meanwhile; the reference finishes it when the failure is seen, as an
     # abort (`kv_error_finished_after_outputs`: the blocks go in another order).
     kv_errors_after_outputs: bool = False
+    # 0.33/0.34 `_update_requests_with_invalid_blocks` (recompute policy): a
+    # running request whose sync load failed gets `num_computed_tokens` set
+    # back and nothing else: the failing batch's output is skipped, its other
+    # batches in flight are applied, its output placeholders kept (#49250),
+    # and the valid prefix is taken from `num_computed_tokens` less the
+    # failing batch's tokens alone (one batch in flight). The reference drops
+    # all its work in flight and resets the placeholders
+    # (`kv_rollback_keeps_placeholders_pr49250`, `kv_rollback_base_assumes_one_batch`).
+    kv_rollback_in_place: bool = False
 
     def release_order(self, enable_prefix_caching: bool) -> str:
         """"reverse" or "forward": the order a released table joins the free queue."""
@@ -348,7 +357,7 @@ RELEASED_0_8_X: dict[str, bool] = {
 # decides what sampled (after a wrong binding the request holds a token its
 # snapshot did not count).
 RELEASED_0_33: dict[str, bool] = {"outputs_by_id_alone": True, "worker_decides_sampling": True,
-                                  "kv_errors_after_outputs": True}
+                                  "kv_errors_after_outputs": True, "kv_rollback_in_place": True}
 # ... and with synchronous scheduling, drafts handed over at submission.
 RELEASED_0_33_SYNC: dict[str, bool] = {**RELEASED_0_33, "drafts_handed_over_at_submission": True}
 RELEASED: dict[str, Profile] = {

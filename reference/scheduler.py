@@ -112,7 +112,8 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting):
         self._in_flight_mark_kept_off_running = profile.in_flight_mark_kept_off_running
         # vLLM 0.33 as released: _fate_by_counters, _predicted_fate; a KV load's error (kv_transfer.py).
         self._outputs_by_id_alone = profile.outputs_by_id_alone
-        self._kv_errors_after_outputs = profile.kv_errors_after_outputs
+        self._kv_errors_after_outputs, self._kv_rollback_in_place = (profile.kv_errors_after_outputs,
+                                                                      profile.kv_rollback_in_place)
         self._decode_stagger = config.decode_stagger
         self.current_step = 0                 # vLLM's: +1 every schedule() call, empty ones too
         # The long-prefill threshold in force for the current schedule() call.
@@ -242,8 +243,8 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting):
     def _threshold_in_force(self) -> int:
         """The long-prefill threshold for this call (0: none). vLLM 0.33
         `Scheduler.schedule` drops it when `get_request_counts()` (running +
-        waiting, counted once before either loop) gives a lone request."""
-        if self._threshold_needs_company and len(self.running) + len(self.waiting) <= 1:
+        waiting and parked loads, counted once before either loop) gives a lone request."""
+        if self._threshold_needs_company and len(self.running) + len(self.waiting) + len(self.kv_holding_waiting) <= 1:
             return 0
         if self._threshold_off_unchunked:
             return 0                          # vLLM 0.34: only with chunked prefill

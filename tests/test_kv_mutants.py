@@ -41,6 +41,8 @@ from tests.test_reference_kv import \
 from tests.test_reference_kv import \
     test_a_failed_sync_load_rolls_back_every_counter_under_async_scheduling as scenario_49250
 
+pytestmark = pytest.mark.usefixtures("both_checkers")
+
 # The bugs issue 36 lists, by pull request or issue number.
 ISSUE_BUGS = {18232, 18631, 26929, 32255, 37827, 45357, 45388, 46014, 49250, 49674, 53250}
 # The kills, as the registry must record them (mutant -> property, length).

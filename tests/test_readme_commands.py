@@ -23,7 +23,7 @@ def _extractor():
 def test_the_readme_has_two_commands_verify_then_test():
     verify, test = _extractor().readme_commands((ROOT / "README.md").read_text())
     assert verify.endswith("flightcheck verify")
-    assert test.endswith("python -m pytest -q")
+    assert test.endswith("python -m pytest -q -n auto")   # pytest-xdist: every core
     # both install into the same venv of the same clone, the second on top of the first
     assert verify.startswith("python3 -m venv .venv") and test.startswith("python3 -m venv .venv")
     assert "torch==2.13.0" in test, "torch's CPU build pinned before the project's extras"

@@ -12,6 +12,8 @@ import pytest
 from flightcheck.reference import kv_transfer
 from flightcheck.verification.refinement.kv_machine import KV_FUZZED_PROFILES, kv_fuzz, kv_machine
 
+pytestmark = pytest.mark.usefixtures("both_checkers")
+
 
 @pytest.mark.parametrize("profile", KV_FUZZED_PROFILES)
 def test_the_reference_connector_refines_the_spec(profile):
@@ -22,7 +24,7 @@ def test_vllms_rollback_is_caught(monkeypatch):
     def vllm_rollback(self, request, valid_tokens):
         request.num_computed_tokens = valid_tokens   # 0.34's `_update_requests_with_invalid_blocks`
     monkeypatch.setattr(kv_transfer.KvTransfers, "_roll_back", vllm_rollback)
-    failure = kv_fuzz(600, 2, "vllm-0.33", shrink=False)
+    failure = kv_fuzz(600, 0, "vllm-0.34-async", shrink=False)
     assert failure is not None and "kv load failed" in failure
 
 

@@ -29,6 +29,8 @@ from flightcheck.verification.mutants.reference import (ALL_MUTANTS, KV_MUTANTS,
 
 from .fixtures import read_module_as_rewritten
 
+pytestmark = pytest.mark.usefixtures("both_checkers")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

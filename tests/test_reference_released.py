@@ -35,15 +35,18 @@ RELEASED_CONSTANTS: dict[str, set[str]] = {
     "vllm-0.8.4": OUTPUTS_0_8 | DRAFTS_0_8 | {"no_max_model_len_clip", "in_flight_mark_kept_off_running"},
     # 0.33.0's sync `EngineCore.post_step` hands a batch's drafts over at submission.
     # A KV load's error finishes its request after the batch's outputs.
+    # A failed sync load's recompute rolls back in place (#49250).
     "vllm-0.33": {"outputs_by_id_alone", "worker_decides_sampling", "drafts_handed_over_at_submission",
-                  "kv_errors_after_outputs"},
-    "vllm-0.33-async": {"outputs_by_id_alone", "worker_decides_sampling", "kv_errors_after_outputs"},
+                  "kv_errors_after_outputs", "kv_rollback_in_place"},
+    "vllm-0.33-async": {"outputs_by_id_alone", "worker_decides_sampling", "kv_errors_after_outputs",
+                        "kv_rollback_in_place"},
     # 0.34.0's `Scheduler.update_from_output` still binds by id alone, its
     # model runner still decides what sampled, and its sync `post_step` still
     # hands drafts over at submission.
     "vllm-0.34": {"outputs_by_id_alone", "worker_decides_sampling", "drafts_handed_over_at_submission",
-                  "kv_errors_after_outputs"},
-    "vllm-0.34-async": {"outputs_by_id_alone", "worker_decides_sampling", "kv_errors_after_outputs"},
+                  "kv_errors_after_outputs", "kv_rollback_in_place"},
+    "vllm-0.34-async": {"outputs_by_id_alone", "worker_decides_sampling", "kv_errors_after_outputs",
+                        "kv_rollback_in_place"},
 }
 # constant -> (released profile, campaign seed, drafts per step, ids reused, workload index):
 # a generated workload on which the conforming run changes when that constant
@@ -79,6 +82,10 @@ CHANGES_A_KV_RUN: dict[str, tuple[str, dict]] = {
         "requests": [{"id": "a", "prompt_len": 8, "max_tokens": 2, "kv": _KV_FAIL},
                      {"id": "b", "prompt_len": 8, "max_tokens": 1},
                      {"id": "c", "prompt_len": 16, "max_tokens": 1, "arrival_step": 2}]}),
+    # the kv campaign's workload 4 under async scheduling: a sync load fails
+    # (recompute) with the request's placeholders out (#49250)
+    "kv_rollback_in_place": ("vllm-0.34-async", with_async_scheduling(
+        campaign_workloads(0, 5, family="kv-connector", mid_step_inputs=True)[4])),
 }
 
 

@@ -17,6 +17,8 @@ import pytest
 from . import fixtures
 from .vllm_support import require_venv
 
+pytestmark = pytest.mark.usefixtures("both_checkers")
+
 SOURCE = textwrap.dedent('''\
     """A module docstring."""
     import os

@@ -21,7 +21,7 @@ from flightcheck.vllm.differential import read_trace
 
 from .vllm_support import Workers, workers
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("both_checkers")]
 
 CONFIG = {"num_stages": 2, "max_num_batched_tokens": 32, "max_num_seqs": 4, "block_size": 4, "num_blocks": 40,
           "max_model_len": 256, "prefix_caching": True}

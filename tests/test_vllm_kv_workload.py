@@ -16,6 +16,8 @@ from flightcheck.vllm.kv_workload import (KVConnectorConfig, KVRequestSpec, fail
                                           offered_tokens, with_default_connector)
 from flightcheck.vllm.workload import WorkloadError, workload_from_json
 
+pytestmark = pytest.mark.usefixtures("both_checkers")
+
 PLAIN = {"config": {"num_stages": 2, "max_num_batched_tokens": 16, "max_num_seqs": 2, "block_size": 4,
                     "num_blocks": 20, "max_model_len": 64},
          "requests": [{"id": "a", "prompt_len": 10, "max_tokens": 2}]}

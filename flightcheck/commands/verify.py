@@ -44,8 +44,9 @@ def add_parser(sub) -> None:
     verify.add_argument("--kv-connector", action="store_true",
                         help="search the profile's KV connector models exhaustively (async loads and their "
                              "failures, sends, the step fence, 0.34's load limit; vllm-0.33, vllm-0.33-async, "
-                             "vllm-0.34, vllm-0.34-async; under a minute) and hunt the "
-                             "connector's mutants")
+                             "vllm-0.34, vllm-0.34-async; under a minute), hunt the "
+                             "connector's mutants, and prove KV1, KV2, KV4 by k-induction and BMC on the Z3 "
+                             "connector models (about 3 min of CPU; --no-z3 skips them)")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--inferred", action="store_true",

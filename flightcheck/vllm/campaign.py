@@ -260,7 +260,8 @@ def compare_workload(raw: dict[str, Any], result: dict[str, Any], events: list[d
     conforming: ReferenceRun | None = None
     if ours != decisions(events):
         conforming = run_reference(raw, profile, vllm_outputs=True)
-    return compare(raw["name"], result, events, reference, conforming), ours
+    return compare(raw["name"], result, events, reference, conforming,
+                   lambda order: run_reference(raw, profile, vllm_outputs=True, kv_error_order=order)), ours
 
 
 @dataclass(frozen=True)

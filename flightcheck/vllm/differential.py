@@ -28,12 +28,15 @@ come from the replay worker (replay.py).
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 # The reference side (reference_run.py), named here too for the callers.
+from .kv_differential import KV_REPORTS, ErrorFinishes, kv_decision
 from .reference_run import (ASYNC_VERSION_PROFILES, VERSION_PROFILES, ReferenceRun, _model_output,
                             profile_for, reference_config, run_reference)
 from .versions import BATCH_QUEUE_V033_LOOPS, Release, UnknownRelease, nearest_release
@@ -104,6 +107,19 @@ DEVIATIONS: dict[str, str] = {
         "flight are dropped); vLLM 0.33 and 0.34's update_from_output skip its outputs and finish it "
         "with FINISHED_ERROR after the batch's outputs (reference/profiles.py "
         "`kv_errors_after_outputs`, a released constant)",
+    "kv_rollback_keeps_placeholders_pr49250":
+        "KV connector, load_failure_policy \"recompute\", async scheduling: vLLM 0.33 and 0.34's "
+        "_update_requests_with_invalid_blocks sets a failed sync load's request back to its valid prefix "
+        "and leaves its num_output_placeholders (and its other work in flight), so the recompute "
+        "schedules tokens for placeholders no batch carries (vLLM #49250, open); the reference drops "
+        "the request's work in flight and resets its placeholders (reference/profiles.py "
+        "`kv_rollback_in_place`, a released constant)",
+    "kv_rollback_base_assumes_one_batch":
+        "KV connector, load_failure_policy \"recompute\", more than one batch in flight: vLLM 0.33 and "
+        "0.34's _update_requests_with_invalid_blocks takes the valid prefix's base as num_computed_tokens "
+        "less the failing batch's tokens, as if that batch were the request's only one in flight, and "
+        "applies the outputs of its later batches, computed over the invalid blocks; the reference "
+        "drops them (reference/profiles.py `kv_rollback_in_place`, a released constant)",
 }
 
 # The deviations each version's differential may name (the others cannot occur there).
@@ -116,9 +132,11 @@ VERSION_DEVIATIONS: dict[str, tuple[str, ...]] = {
     # 0.33 and 0.34 with drafts (sync): drafts handed over at submission, and
     # after them the runner sampling a chunk the scheduler scheduled as partial.
     "0.33.0": ("reused_id_output_dropped", "drafts_handed_over_at_submission", "partial_chunk_token_dropped",
-               "kv_error_finished_at_once"),
+               "kv_error_finished_at_once", "kv_rollback_keeps_placeholders_pr49250",
+               "kv_rollback_base_assumes_one_batch"),
     "0.34.0": ("reused_id_output_dropped",        # update_from_output still binds by id alone
-               "drafts_handed_over_at_submission", "partial_chunk_token_dropped", "kv_error_finished_at_once"),
+               "drafts_handed_over_at_submission", "partial_chunk_token_dropped", "kv_error_finished_at_once",
+               "kv_rollback_keeps_placeholders_pr49250", "kv_rollback_base_assumes_one_batch"),
 }
 
 
@@ -154,11 +172,7 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
     # With a KV connector (config.kv_connector), its decisions too (kv_decision).
     kv = any(event.get("ev") == "config" and event.get("kv_connector") is not None for event in events)
 
-    # A finish by "error" (a KV load failure under the fail policy): vLLM
-    # finishes it after the batch's tokens, but its recorder writes it within
-    # update_from_output, before that batch's `complete`; taken after it.
-    errors: list[tuple[Any, ...]] = []
-
+    errors = ErrorFinishes()
     # The KV reports of one update (vLLM takes each kind as a set), in sorted order.
     reports: list[tuple[Any, ...]] = []
 
@@ -170,33 +184,36 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
         kind = event.get("ev")
         if kind in KV_REPORTS:
             reports.append(kv_decision(event))
+            # (a failure opens an update: its finishes by error come before its completion)
+            errors.after_complete &= kind != "kv_failed"
             continue
         out.extend(sorted(reports))
         reports.clear()
+        if kind == "arrive":
+            errors.seen.discard(event["req"])
         if kind == "finish" and event["reason"] == "error":
-            errors.append(("finish", event["req"], "error", bool(event.get("held"))))
+            errors.take(event["req"], finishes)
             continue
-        if errors and kind != "complete":
-            finishes.extend(errors)
-            errors.clear()
+        if kind != "complete":
+            errors.release(finishes)
         if kind == "finish":
             if event["reason"] != "abort":
                 finishes.append(("finish", event["req"], event["reason"])
                                 + ((bool(event.get("held")),) if kv else ()))
             continue
         flush()
+        errors.after_complete = kind == "complete" or (errors.after_complete and kind == "arrive")
         if kind == "schedule":
             if not event.get("entries") and not event.get("preempted") and not (kv and event.get("kv_loads")):
                 continue
             out.append(_schedule_decision(event, block_offset, kv))
         elif kind == "complete":
             out.append(_complete_decision(event))
-            finishes.extend(errors)
-            errors.clear()
+            errors.release(finishes)
         elif kind == "abort":
             out.append(("abort", event["req"]))
     out.extend(sorted(reports))
-    finishes.extend(errors)
+    errors.release(finishes)
     flush()
     return out
 
@@ -226,18 +243,6 @@ def _complete_decision(event: dict[str, Any]) -> tuple[Any, ...]:
     # The drafts each request holds for its next step (spec decode).
     next_drafts = tuple(sorted(event.get("next_drafts", {}).items()))
     return ("complete", applied, dropped) + ((next_drafts,) if next_drafts else ())
-
-
-KV_REPORTS = ("kv_received", "kv_failed", "kv_sent")
-
-
-def kv_decision(event: dict[str, Any]) -> tuple[Any, ...]:
-    """A KV connector's report as a decision (both sides' fabricated
-    connectors follow kv_workload.py's timing rule; the rollback a failure
-    causes shows in the request's next entry)."""
-    if event["ev"] == "kv_failed":
-        return ("kv_failed", event["req"], event["from_block"])
-    return (event["ev"], event["req"])
 
 
 @dataclass
@@ -279,10 +284,18 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     theirs = vllm[index] if index < len(vllm) else None
     ours = reference[index] if index < len(reference) else None
     errored = {event[1] for event in vllm + reference if event[0] == "finish" and event[2] == "error"}
-    if errored and _concerns(theirs, ours) & errored:
+    if errored and (_concerns(theirs, ours) & errored or any(
+            event[0] == "finish" and event[2] == "error" for event in vllm[:index])):
         # A KV load failed under the fail policy: the reference finished the
-        # request at once, vLLM after the batch's outputs.
+        # request at once, vLLM after the batch's outputs (and from there the
+        # blocks it freed return to the pool in another order).
         return "kv_error_finished_at_once"
+    if any(event[0] == "kv_failed" for event in vllm[:index]):
+        # A KV load failed under the recompute policy: vLLM rolled the request
+        # back in place (its other work in flight kept, #49250's placeholders
+        # under async scheduling); the reference drops what reaches past it.
+        return ("kv_rollback_keeps_placeholders_pr49250" if vllm_result.get("async_scheduling")
+                else "kv_rollback_base_assumes_one_batch")
     if held and _concerns(theirs, ours) & held:
         # Nothing else explains it, and it concerns a request admitted holding
         # drafts kept through its preemption: 0.8.x's allocate_slots cached
@@ -427,10 +440,13 @@ def _concerns(*events: tuple[Any, ...] | None) -> set[str]:
 
 
 def compare(name: str, vllm_result: dict[str, Any], vllm_events: list[dict[str, Any]],
-            reference_run: ReferenceRun, conforming_run: ReferenceRun | None = None) -> Comparison:
+            reference_run: ReferenceRun, conforming_run: ReferenceRun | None = None,
+            rerun: Callable[[tuple[str, ...]], ReferenceRun] | None = None) -> Comparison:
     """Compare vLLM's trace with the reference's. `conforming_run` is the
     reference with the deviations switched to vLLM's behaviour: when the
-    first difference is a named deviation it must equal vLLM exactly."""
+    first difference is a named deviation it must equal vLLM exactly.
+    `rerun(order)`: that run with the fail policy's errors finished in
+    `order` (vLLM iterates a set of ids: `_in_vllms_error_order`)."""
     theirs = decisions(vllm_events)
     ours = decisions(reference_run.events, block_offset=1)
     index = first_difference(theirs, ours)
@@ -464,11 +480,27 @@ def compare(name: str, vllm_result: dict[str, Any], vllm_events: list[dict[str, 
             # had scheduled); its state is corrupt from there, as after a crash.
             theirs, conforming = theirs[:negative], conforming[:negative]
         rest = first_difference(theirs, conforming)
+        if rest is not None and deviation == "kv_error_finished_at_once" and rerun is not None \
+                and _in_vllms_error_order(theirs, rerun):
+            rest = None
         if rest is not None:
             explained = False
             where += (f"; with the deviations switched to vLLM's behaviour it still differs at event "
                       f"{rest}: vLLM {_at(theirs, rest)}, reference {_at(conforming, rest)}")
     return Comparison(name, False, deviation, where, explained, coverage)
+
+
+def _in_vllms_error_order(vllm: list[tuple[Any, ...]], rerun: Callable[[tuple[str, ...]], ReferenceRun]) -> bool:
+    """Whether the conforming run equals vLLM with the fail policy's errors
+    finished in some other order: vLLM finishes them iterating a set of
+    request ids (`update_from_output`: `finish_requests(error_req_ids, ...)`),
+    whose order follows the process's hash seed, and the blocks they free
+    return to the pool in that order; tried for up to 4 failing requests."""
+    errored = sorted({event[1] for event in vllm if event[0] == "finish" and event[2] == "error"})
+    if not 1 < len(errored) <= 4:
+        return False
+    return any(first_difference(vllm, decisions(rerun(order).events, block_offset=1)) is None
+               for order in itertools.permutations(errored) if list(order) != errored)
 
 
 def coverage_of(events: list[dict[str, Any]]) -> dict[str, bool]:

@@ -298,8 +298,12 @@ class BatchQueueEngineV033(BatchQueueEngine):
         return model_executed or bool(completed) or reported
 
     def transfers_in_flight(self) -> int:
-        """KV transfers the fabricated connector has not reported yet."""
-        return self.kv_worker.pending() if self.kv_worker is not None else 0
+        """KV transfers the fabricated connector has not reported yet (the
+        bridge's worker; on the reference's side its scheduler's connector)."""
+        if self.kv_worker is not None:
+            return self.kv_worker.pending()
+        pending = getattr(self.scheduler, "kv_transfers_pending", None)
+        return pending() if pending is not None else 0
 
     def wait_for_output(self) -> None:
         """EngineCore._wait_for_output (0.33): it blocks, handling no input."""
@@ -438,7 +442,7 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
             progressed, during_step, waiting = _step_with_inputs(engine, during_step, waiting)
             step += 1
             idle = 0 if progressed else idle + 1
-            if getattr(engine, "kv_worker", None) is not None and engine.transfers_in_flight():
+            if getattr(engine, "transfers_in_flight", lambda: 0)():
                 idle = 0                                   # a KV transfer is still to be reported
             if idle >= IDLE_STEPS_FOR_STUCK and engine.batches_in_flight() == 0:
                 if inputs.pending or during_step or waiting:   # it spins until the input arrives

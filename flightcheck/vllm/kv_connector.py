@@ -88,6 +88,17 @@ class FlightcheckKVConnector(KVConnectorBase_V1):
         return None
 
 
+class IdOrder(set):  # type: ignore[type-arg]
+    """A report's request ids, iterated in id order: vLLM frees the held
+    tables of a report's landed loads and sends in the order it iterates the
+    set (`_update_from_kv_xfer_finished`), which for a plain set of strings
+    changes with the process's hash seed; the reference takes them in id
+    order too (reference/kv_transfer.py `_finish_kv_reports`)."""
+
+    def __iter__(self) -> Any:
+        return iter(sorted(set.__iter__(self)))
+
+
 def attach_report(transfers: KVTransfers, scheduler_output: Any, model_runner_output: Any) -> Report:
     """The worker side: put the ledger's report for this update into the
     ModelRunnerOutput about to be handed to `update_from_output`."""
@@ -96,13 +107,10 @@ def attach_report(transfers: KVTransfers, scheduler_output: Any, model_runner_ou
     meta = getattr(scheduler_output, "kv_connector_metadata", None)
     report = transfers.report(meta.loads if isinstance(meta, FlightcheckKVMetadata) else [])
     if report:
-        # vLLM frees finished transfers' blocks as it iterates these: a set's
-        # order varies with string hashing, so they are handed over sorted,
-        # one of the orders vLLM may take, the one the recorder writes
         output = KVConnectorOutput(
-            finished_sending=sorted(report.finished_sending) or None,
-            finished_recving=sorted(report.finished_recving) or None,
-            invalid_block_ids=report.invalid_block_ids, failed_recving=report.failed_recving)
+            finished_sending=IdOrder(report.finished_sending) or None,
+            finished_recving=IdOrder(report.finished_recving) or None,
+            invalid_block_ids=report.invalid_block_ids, failed_recving=IdOrder(report.failed_recving))
         # not vLLM's: which requests' own loads failed, for the recorder (kv_recording.py)
         output.flightcheck_failed_loads = dict(report.failed_loads)
         model_runner_output.kv_connector_output = output

@@ -122,6 +122,12 @@ class _ReferenceSide:
     def get_num_unscheduled_requests(self) -> int:
         return self.scheduler.get_num_unscheduled_requests()
 
+    def kv_transfers_pending(self) -> int:
+        """Whether the reference's connector has a transfer still to report
+        (engine.py counts it as progress, as it does the bridge's)."""
+        connector = self.scheduler.connector
+        return int(connector is not None and connector.has_pending_reports())
+
     def schedule(self) -> Any:
         output = self.scheduler.schedule()
         if not self.saw_duplicate_cached_block:
@@ -175,7 +181,8 @@ def split_kv_connector(raw_workload: dict[str, Any]) -> tuple[dict[str, Any], Kv
 
 
 def reference_config(workload: Workload, profile: str, as_released: bool = False,
-                     kv_connector: KvConnectorConfig | None = None) -> SchedulerConfig:
+                     kv_connector: KvConnectorConfig | None = None,
+                     kv_error_order: tuple[str, ...] = ()) -> SchedulerConfig:
     """The reference's configuration for a replay workload: vLLM keeps one
     null block back, so the reference gets one block fewer.
 
@@ -204,7 +211,7 @@ def reference_config(workload: Workload, profile: str, as_released: bool = False
         enable_chunked_prefill=config.enable_chunked_prefill,
         cache_aware_admission_window=config.cache_aware_admission_window,
         cache_aware_admission_threshold=config.cache_aware_admission_threshold,
-        profile=profile, as_released=as_released, kv_connector=kv_connector)
+        profile=profile, as_released=as_released, kv_connector=kv_connector, kv_error_order=kv_error_order)
 
 
 def engine_loop_of(profile: str) -> str:
@@ -232,15 +239,16 @@ class ReferenceRun:
 
 
 def run_reference(raw_workload: dict[str, Any], profile: str, mutant: str | None = None,
-                  vllm_outputs: bool = False) -> ReferenceRun:
+                  vllm_outputs: bool = False, kv_error_order: tuple[str, ...] = ()) -> ReferenceRun:
     """One workload through the reference under `profile`, driven by the
     replay's own engine loop and fabricated model; with `mutant`, one of the
     reference's mutants (verification/mutants/reference.py) is in force for
-    the run and the trace's config names it."""
+    the run and the trace's config names it; `kv_error_order`: the order the
+    fail policy finishes a load's requests in (SchedulerConfig)."""
     raw, connector, offers = split_kv_connector(raw_workload)
     with reference_applied(mutant):
         return _run_reference(workload_from_json(raw), profile, mutant, vllm_outputs,
-                              _KvSetup(connector, offers))
+                              _KvSetup(connector, offers, kv_error_order))
 
 
 @dataclass(frozen=True)
@@ -248,6 +256,7 @@ class _KvSetup:
     """The run's KV connector and the offers by request key (none: no connector)."""
     connector: KvConnectorConfig | None = None
     offers: dict[str, KvOffer] | None = None
+    error_order: tuple[str, ...] = ()
 
 
 def _run_reference(workload: Workload, profile: str, mutant: str | None,
@@ -262,7 +271,8 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
     v033 = loop in BATCH_QUEUE_V033_LOOPS
     # `vllm_outputs`: the deviations switched to vLLM's behaviour, the
     # constants of the version's released profile (reference/profiles.py `RELEASED`).
-    config = reference_config(workload, profile, as_released=vllm_outputs, kv_connector=kv.connector)
+    config = reference_config(workload, profile, as_released=vllm_outputs, kv_connector=kv.connector,
+                              kv_error_order=kv.error_order)
     scheduler = TracingScheduler(config, trace)
     side = _ReferenceSide(scheduler, batch_level_cached_data=v033,
                           v2_runner=config.async_scheduling or loop == "0.34")

@@ -150,8 +150,11 @@ PROFILE_SHARE = 9
 # on and the cache-aware admission window closed (`SchedulerConfig`'s
 # defaults), where these rules change nothing (tests/test_admission_rules.py
 # checks them; the vLLM campaign's families drive them).
+# (The fuzzer's machine has no KV connector, so the connector's rules are
+# inert too: tests/test_reference_kv_refinement.py fuzzes them.)
 INERT_UNDER_FUZZ: dict[str, bool] = {"unchunked_prefill_stops_admission": False,
-                                     "threshold_needs_chunked_prefill": False, "cache_aware_admission": False}
+                                     "threshold_needs_chunked_prefill": False, "cache_aware_admission": False,
+                                     "kv_async_waiting_queue": False}
 
 
 def distinct_rule_sets(profiles: dict[str, VersionProfile]) -> tuple[str, ...]:

@@ -102,3 +102,35 @@ def profile_rows(model: Model, profile: str, depth: int, time_budget: float | No
                                                   reduce=True))
         rows += [_row(p, f"bmc, reduced, {cover.name}") for p in res.properties]
     return [PropertyResult(r.name, r.kind, r.status, f"{r.method} [{profile}]", r.depth, r.seconds) for r in rows]
+
+
+# --- the KV connector (`flightcheck verify --kv-connector`) ------------------------
+
+# The profile whose rules the connector models are checked under, for each
+# profile with a KV connector: the encoding has no asynchronous scheduling
+# with a connector (kv_state.refuse_unencoded_connector), so an async
+# profile's rows are its synchronous twin's, and the method says so.
+KV_ENCODED_PROFILE = {"vllm-0.33": "vllm-0.33", "vllm-0.33-async": "vllm-0.33",
+                      "vllm-0.34": "vllm-0.34", "vllm-0.34-async": "vllm-0.34"}
+
+# How deep BMC of the connector models goes (the k-induction proof is
+# unbounded; BMC gives each invariant a second, independent method).
+KV_BMC_DEPTH = 6
+
+
+def kv_rows(profile: str, depth: int = KV_BMC_DEPTH, time_budget: float | None = None) -> list:
+    """The KV invariants of each connector model (z3.kv_models) by 1-induction
+    with the connector's auxiliary invariants, and by BMC to `depth`, under
+    `profile`'s synchronous rules; the method names the model and profile."""
+    from flightcheck.verification.z3.kv_engines import kv_bmc, kv_induction
+    from flightcheck.verification.z3.kv_models import KV_MODELS
+    encoded = KV_ENCODED_PROFILE[profile]
+    note = "" if encoded == profile else f"; {profile}'s async scheduling not encoded"
+    rows = []
+    for model in KV_MODELS:
+        chosen = model if model.cfg.profile == encoded else profile_model(model, encoded)
+        where = f" [{chosen.name.split('@')[0]}@{encoded}{note}]"
+        for result in (kv_induction(chosen, 1, time_budget=time_budget), kv_bmc(chosen, depth, time_budget=time_budget)):
+            rows += [PropertyResult(p.name, p.kind, p.status, p.method + where, p.depth, p.seconds)
+                     for p in result.properties if p.kind != "auxiliary"]
+    return rows

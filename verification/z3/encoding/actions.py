@@ -17,6 +17,7 @@ from typing import Any
 
 import z3
 from flightcheck.verification.z3.encoding import blocks as zb
+from flightcheck.verification.z3.encoding.connector import drain_deferred_frees, finish_with_connector, shift_entries
 from flightcheck.verification.z3.encoding.drafts import drafts_come_with_output, next_drafts_cap
 from flightcheck.verification.z3.encoding.requests import (
     async_at,
@@ -41,6 +42,7 @@ from flightcheck.verification.z3.encoding.state import (
     ORPHANED,
     PAD,
     PREEMPTED,
+    REMOTE_KVS,
     RUNNING,
     SUPERSEDED,
     WAITING,
@@ -64,6 +66,7 @@ from flightcheck.verification.z3.encoding.terms import (
     neg,
     pick,
     put,
+    remove,
     var,
 )
 
@@ -80,6 +83,7 @@ class Choices:
     accepted: list            # per entry slot of the oldest batch
     stop_at: list             # NO_STOP or the index of the stop token
     next_drafts: list
+    from_block: Any = None    # with a KV connector: the first failed block of `fail_kv_load`
 
 
 def choices(layout: Layout, tag: str) -> Choices:
@@ -87,25 +91,22 @@ def choices(layout: Layout, tag: str) -> Choices:
     return Choices(I(f"act@{tag}"), I(f"req@{tag}"),
                    [I(f"accepted[{j}]@{tag}") for j in range(layout.E)],
                    [I(f"stop_at[{j}]@{tag}") for j in range(layout.E)],
-                   [I(f"next_drafts[{j}]@{tag}") for j in range(layout.E)])
+                   [I(f"next_drafts[{j}]@{tag}") for j in range(layout.E)],
+                   I(f"from_block@{tag}") if layout.cfg.kv_connector is not None else None)
 
 
-def is_active(status: Any) -> Any:
+def is_active(status: Any, kv: bool = False) -> Any:
+    """spec Status.is_active: WAITING_FOR_REMOTE_KVS too in a frame with a connector (`kv`)."""
+    if kv:
+        return disj(eq(status, WAITING), eq(status, RUNNING), eq(status, PREEMPTED), eq(status, REMOTE_KVS))
     return disj(eq(status, WAITING), eq(status, RUNNING), eq(status, PREEMPTED))
 
 
-def remove(xs: list, length: Any, r: Any) -> tuple[list, Any]:
-    """xs[:length] without r (which occurs at most once), PAD-padded."""
-    seen, out = z3.BoolVal(False), []
-    for j in range(len(xs)):
-        seen = disj(seen, conj(lt(j, length), eq(xs[j], r)))
-        nxt = xs[j + 1] if j + 1 < len(xs) else V(PAD)
-        out.append(ite(seen, nxt, xs[j]))
-    return out, ite(seen, length - 1, length)
-
-
 def finish(layout: Layout, s: SState, r: Any, status: Any, when: Any = True, is_abort: bool = False) -> SState:
-    """_finish: out of every queue, blocks freed, in-flight work superseded."""
+    """_finish: out of every queue, blocks freed, in-flight work superseded
+    (with a connector, its table may be held or fenced: connector.py)."""
+    if s.kv:
+        return finish_with_connector(layout, s, r, status, when)
     keep = is_abort and layout.is_mutant("blocks_not_freed_on_abort")
     q = req_at(s, r)
     st = clone(s)
@@ -155,7 +156,7 @@ def arrive(layout: Layout, s: SState, ch: Choices) -> SState:
 def abort_guard(layout: Layout, s: SState, ch: Choices) -> Any:
     if not layout.model.allow_abort:
         return z3.BoolVal(False)
-    return conj(le(0, ch.req), lt(ch.req, layout.N), at(layout, s, ch.req, lambda q, k: is_active(q.status)))
+    return conj(le(0, ch.req), lt(ch.req, layout.N), at(layout, s, ch.req, lambda q, k: is_active(q.status, bool(s.kv))))
 
 
 def abort(layout: Layout, s: SState, ch: Choices) -> SState:
@@ -221,6 +222,8 @@ def complete_oldest(layout: Layout, builder: Builder, s: SState, ch: Choices) ->
     st = clone(s)
     st.batches = [clone(b) for b in s.batches[1:]] + [SBatch(V(0), [pad_entry() for _ in range(layout.E)])]
     st.num_batches = s.num_batches - 1
+    if s.kv:        # spec.kv_fence.drain_deferred_frees, before the outputs are applied
+        st = shift_entries(layout, drain_deferred_frees(layout, st, lt(0, b0.length)))
     flags, oks, micro, start = [], [], [], st
     by_name = bool(s.counters)
     for j, e in enumerate(b0.entries):
@@ -257,7 +260,7 @@ def _output_applied(layout: Layout, s: SState, e) -> Any:
     unfinished, e samples, and its output is not stale in drop mode; read on
     the state before the batch."""
     c = counters_at(s, e.req)
-    unfinished = at(layout, s, e.req, lambda q, k: is_active(q.status))
+    unfinished = at(layout, s, e.req, lambda q, k: is_active(q.status, bool(s.kv)))
     return conj(unfinished, entry_samples(layout, s, e), neg(conj(lt(0, c.stale), c.drop)))
 
 
@@ -267,7 +270,7 @@ def _apply_by_name(layout: Layout, builder: Builder, st: SState, e, valid: Any, 
     read. If e's request is unfinished its counters settle (in flight -= n,
     and stale -= n while it has stale output), and a token it returns is
     applied as an orphan's (stale) or as a live one."""
-    unfinished = builder.let("unfinished", conj(valid, at(layout, st, e.req, lambda q, k: is_active(q.status))))
+    unfinished = builder.let("unfinished", conj(valid, at(layout, st, e.req, lambda q, k: is_active(q.status, bool(st.kv)))))
     c = builder.snap(counters_at(st, e.req), "c")
     stale = builder.let("stale", lt(0, c.stale))
     in_flight = c.in_flight - e.n

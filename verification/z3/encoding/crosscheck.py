@@ -68,7 +68,7 @@ class CrossChecker:
     def check(self, s: State, report: CrossReport) -> set[State]:
         """Compare both successor relations at s; returns the concrete successors."""
         concrete: dict[State, object] = {}
-        for action, nxt in explicit.successors(self.model, s):
+        for action, nxt in concrete_successors(self.model, s):
             concrete.setdefault(nxt, action)
         found: set[State] = set()
         for action, nxt in self.z3_successors(s):
@@ -82,6 +82,15 @@ class CrossChecker:
         report.states += 1
         report.edges += len(concrete)
         return set(concrete)
+
+
+def concrete_successors(model: Model, s: State) -> Iterator[tuple[object, State]]:
+    """The explicit search's successors, and with a KV connector every report
+    the connector could make from s (connector.connector_reports)."""
+    yield from explicit.successors(model, s)
+    if model.cfg.kv_connector is not None:
+        from flightcheck.verification.z3.encoding.connector import connector_reports
+        yield from connector_reports(model, s)
 
 
 def _step_with_mutant(model: Model, s: State, action: object) -> State | None:

@@ -42,12 +42,13 @@ from flightcheck.verification.z3.encoding.state import (
     PAD,
     PREEMPTED,
     RUNNING,
-    STATUS,
     SUPERSEDED,
     WAITING,
     Layout,
     SState,
+    num_statuses,
 )
+from flightcheck.verification.z3.encoding.kv_state import kv_well_formed
 from flightcheck.verification.z3.encoding.terms import (
     V,
     conj,
@@ -469,7 +470,7 @@ def well_formed(layout: Layout, s: SState) -> Any:
     P = V(PAD)
     out = [le(0, s.num_batches), le(s.num_batches, layout.K)]
     for q in s.reqs:
-        out += [le(0, q.status), lt(q.status, len(STATUS)), le(0, q.table_len), le(q.table_len, layout.T)]
+        out += [le(0, q.status), lt(q.status, num_statuses(layout)), le(0, q.table_len), le(q.table_len, layout.T)]
         out += [ite(lt(t, q.table_len), conj(le(0, x), lt(x, layout.B)), eq(x, P)) for t, x in enumerate(q.table)]
     for xs, n in ((s.waiting, s.waiting_len), (s.running, s.running_len)):
         out += [le(0, n), le(n, layout.N)]
@@ -484,5 +485,5 @@ def well_formed(layout: Layout, s: SState) -> Any:
             used = conj(le(0, e.req), lt(e.req, layout.N), le(0, e.fate), lt(e.fate, len(FATE)))
             pad = conj(eq(e.req, P), eq(e.start, 0), eq(e.n, 0), neg(e.samples), eq(e.drafts, 0), eq(e.fate, 0))
             out.append(ite(lt(j, b.length), used, pad))
-    return conj(out)
+    return conj(*out, kv_well_formed(layout, s))
 

@@ -20,6 +20,7 @@ at once; that keeps the in-flight FIFO out of every micro-step.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,6 +35,13 @@ from flightcheck.verification.z3.encoding.allocation import (
     concat,
     snapshot_entry,
     with_preallocation,
+)
+from flightcheck.verification.z3.encoding.kv_schedule import (
+    LoopParts,
+    kv_launch,
+    kv_waiting_step,
+    unfinished_or_held,
+    victim_is_fenced,
 )
 from flightcheck.verification.z3.encoding.requests import (
     async_at,
@@ -104,6 +112,7 @@ class BatchInProgress:
     done: Any                       # the running loop returned / the waiting loop broke
     skipped: Any                    # the waiting loop's position: requests it passed over (vLLM 0.33's
                                     # deferred resumptions, `Profile.defer_resume_while_stale`); 0 in 0.8.x
+    held_skipped: Any = 0           # with a KV connector, the requests of `kv_holding` passed over (kv_schedule.py)
 
 
 @dataclass
@@ -159,8 +168,12 @@ def schedule(layout: Layout, builder: Builder, s: SState) -> SchedResult:
     acc = BatchInProgress(acc.state, acc.budget, acc.count, acc.entries, acc.preempted, acc.admitted_from_preempted, acc.admitted, acc.any_preempted,
               acc.position, z3.BoolVal(False), V(0))
     pads = pad_context(layout, s, acc.count, acc.entries)
+    waiting_step = _waiting_step
+    if s.kv:        # the connector's path (kv_schedule.py), with this loop's parts
+        waiting_step = functools.partial(kv_waiting_step, parts=LoopParts(BatchInProgress, _add, _clip,
+                                                                          _is_resumption_deferred))
     for m in range(layout.N):
-        acc = advance(acc, lambda a: _waiting_step(layout, builder, a, phase, threshold_on, pads), f"wait{m}")
+        acc = advance(acc, lambda a: waiting_step(layout, builder, a, phase, threshold_on, pads), f"wait{m}")
     first = len(builder.defs)
     state = builder.snap(_launch(layout, acc), "launch")
     return SchedResult(state, is_enabled(layout, s), _forms_a_batch(layout, s, acc),
@@ -201,6 +214,8 @@ def _forms_a_batch(layout: Layout, s: SState, acc: BatchInProgress) -> Any:
     formed = disj(lt(0, acc.count), acc.any_preempted)
     if not layout.cfg.rules.empty_batches:
         return formed
+    if s.kv:
+        return disj(formed, *[unfinished_or_held(layout, s, r) for r in range(layout.N)])
     return disj(formed, *[_unfinished(q.status) for q in s.reqs])
 
 
@@ -266,10 +281,21 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, thresh
     a, entry = _allocate_running(layout, builder, c, num_new, num_fresh, acc.budget)
     entries, cnt, budget = _add(layout, acc, entry, do_alloc)
     p, victim = _preempt_last(layout, builder, st)
+    fenced = z3.BoolVal(False)
+    if st.kv:       # under the step fence a victim with a batch in flight stops the loop instead
+        fenced = builder.let("fenced", conj(do_pre, _victim_is_fenced(layout, st, victim)))
+        do_pre = builder.let("preempt_unfenced", conj(do_pre, neg(fenced)))
     return BatchInProgress(merge(do_alloc, a, merge(do_pre, p, st)), budget, cnt, entries,
               put_flag(acc.preempted, victim, z3.BoolVal(True), do_pre), acc.admitted_from_preempted, acc.admitted,
               disj(acc.any_preempted, do_pre), ite(disj(do_skip, do_alloc), acc.position + 1, acc.position),
-              disj(acc.done, conj(do_pre, eq(victim, r))), acc.skipped)
+              disj(acc.done, conj(do_pre, eq(victim, r)), fenced), acc.skipped)
+
+
+def _victim_is_fenced(layout: Layout, st: SState, victim: Any) -> Any:
+    """spec.schedule._victim_frees_at_once, negated (kv_schedule.py; False without a connector)."""
+    if not st.kv:
+        return z3.BoolVal(False)
+    return victim_is_fenced(layout, st, victim)
 
 
 def _allocate_running(layout: Layout, builder: Builder, c: Candidate, num_new: Any, num_fresh: Any,
@@ -310,10 +336,16 @@ def _preempt_last(layout: Layout, builder: Builder, st: SState) -> tuple[SState,
         # tokens in flight become its stale output; drop mode by the configuration,
         # or kept while an earlier drop share is undrained
         c = builder.snap(counters_at(st, victim), "vc")
-        drop = z3.BoolVal(True) if cfg.stale_mode == "drop" else conj(c.drop, lt(0, c.stale))
+        drops = cfg.stale_mode == "drop" or (p.kv and _requires_kv_delivery(cfg))
+        drop = z3.BoolVal(True) if drops else conj(c.drop, lt(0, c.stale))
         p = with_counters(p, victim, stale=c.in_flight, drop=drop)
     # spec.schedule._reset_placeholders (vLLM 0.33 `_preempt_request`); the countdown is kept
     return with_async(p, victim, placeholders=V(0)), victim
+
+
+def _requires_kv_delivery(cfg) -> bool:
+    """spec.kv_fence.requires_kv_delivery: a producer's preemption drops its in-flight output."""
+    return cfg.kv_connector.producer and cfg.rules.kv_producer_drops_stale_output
 
 
 def _remove_at(layout: Layout, xs: list, i: Any) -> list:
@@ -481,6 +513,8 @@ def _launch(layout: Layout, acc: BatchInProgress) -> SState:
     if layout.is_mutant("empty_batch_submitted"):
         put_batch = z3.BoolVal(True)       # only reached when something was scheduled or preempted
     batch = SBatch(acc.count, [SEntry(e.req, e.start, e.n, e.samples, e.drafts, e.fate) for e in new])
+    if st.kv:
+        st = kv_launch(layout, st, acc, put_batch)
     st.batches = [merge(conj(put_batch, eq(st.num_batches, k)), batch, b) for k, b in enumerate(st.batches)]
     st.num_batches = ite(put_batch, st.num_batches + 1, st.num_batches)
     return st

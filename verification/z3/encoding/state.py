@@ -27,12 +27,26 @@ from flightcheck.spec import BlockPool, Config, Entry, Fate, Request, State, Sta
 from flightcheck.spec.blocks import cdiv
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import mutant as registered_mutant
+from flightcheck.verification.z3.encoding.kv_state import (  # noqa: F401  (NotRepresentable re-exported)
+    NotRepresentable,
+    has_kv,
+    kv_constant,
+    kv_entry_fields,
+    kv_frame,
+    kv_offer,
+    kv_offer_of,
+    kv_request_fields,
+    kv_state_fields,
+    refuse_unencoded_connector,
+)
 from flightcheck.verification.z3.encoding.terms import V, leaves, value_of, var
 
 STATUS: tuple[Status, ...] = (Status.NEW, Status.WAITING, Status.RUNNING, Status.PREEMPTED,
                               Status.FINISHED_STOPPED, Status.FINISHED_LENGTH,
-                              Status.FINISHED_ABORTED)
-NEW, WAITING, RUNNING, PREEMPTED, F_STOPPED, F_LENGTH, F_ABORTED = range(7)
+                              Status.FINISHED_ABORTED,
+                              # only with a KV connector (kv_state.py; `num_statuses`)
+                              Status.WAITING_FOR_REMOTE_KVS, Status.FINISHED_ERROR)
+NEW, WAITING, RUNNING, PREEMPTED, F_STOPPED, F_LENGTH, F_ABORTED, REMOTE_KVS, F_ERROR = range(9)
 FATE: tuple[Fate, ...] = (Fate.LIVE, Fate.ORPHANED, Fate.SUPERSEDED)
 LIVE, ORPHANED, SUPERSEDED = range(3)
 PAD = -1          # unused slot of a block, request or queue array
@@ -81,6 +95,7 @@ class Layout:
             _refuse_name_reuse(model)
             bound = max(bound, cfg.queue_depth * cfg.max_model_len)   # a request's tokens in flight
         _refuse_admission_knobs(model)
+        refuse_unencoded_connector(model)
         width = max(8, (4 * bound).bit_length() + 1) if bitvectors else None
         distinct = all(len(set(p.labels)) == len(p.labels) for p in model.prompts)
         if cfg.rules.output_placeholders:
@@ -116,6 +131,11 @@ def _refuse_admission_knobs(model: Model) -> None:
     if unchunked or reordered:
         raise ValueError(f"model {model.name}: the Z3 encoding admits with chunked prefill on and in FCFS "
                          "order; the explicit search explores chunked prefill off and the cache-aware reorder")
+
+
+def num_statuses(layout: Layout) -> int:
+    """The status codes a frame may hold: the last two only with a connector."""
+    return len(STATUS) if has_kv(layout) else F_ABORTED + 1
 
 
 def has_counters(layout: Layout) -> bool:
@@ -215,6 +235,7 @@ class SState:
     was_preempted: list       # ghost Bool per request: PREEMPTED at some point (sometimes targets)
     counters: list = field(default_factory=list)   # SCounters per request; [] without stale-output counters
     asyncs: list = field(default_factory=list)     # SAsync per request; [] without output placeholders
+    kv: list = field(default_factory=list)         # [SKv] with a KV connector (kv_state.py), else []
 
 
 def frame(layout: Layout, tag: str) -> SState:
@@ -243,7 +264,8 @@ def frame(layout: Layout, tag: str) -> SState:
                   [SCounters(I(f"in_flight[{r}]@{tag}"), I(f"stale[{r}]@{tag}"), Bo(f"drop_stale[{r}]@{tag}"))
                    for r in range(layout.N)] if has_counters(layout) else [],
                   [SAsync(I(f"placeholders[{r}]@{tag}"), I(f"decode_countdown[{r}]@{tag}"))
-                   for r in range(layout.N)] if has_placeholders(layout) else [])
+                   for r in range(layout.N)] if has_placeholders(layout) else [],
+                  kv_frame(layout, tag))
 
 
 def variables(s: SState, ghost: bool = True) -> list[z3.ExprRef]:
@@ -251,10 +273,6 @@ def variables(s: SState, ghost: bool = True) -> list[z3.ExprRef]:
 
 
 # --- concrete <-> symbolic ----------------------------------------------------------
-
-class NotRepresentable(ValueError):
-    """A concrete state this model's encoding cannot hold (other prompts, too long a queue)."""
-
 
 def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...] | None = None) -> SState:
     """The concrete `state` as a symbolic state of literals."""
@@ -274,6 +292,8 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
             (p.prompt_len, p.max_tokens, p.labels if cfg.prefix_caching else ())
         if (q.prompt_len, q.max_tokens, q.prompt_labels) != want:
             raise NotRepresentable(f"request {r} has a prompt other than the model's")
+        if kv_offer(layout, r, q.status is not Status.NEW) != kv_offer_of(q):
+            raise NotRepresentable(f"request {r} is offered other than its model prompt's KV")
         if q.name is not None:
             raise NotRepresentable(f"request {r} arrived under a reused name")
         if not has_counters(layout) and (q.num_in_flight, q.num_stale, q.drop_stale) != (0, 0, False):
@@ -310,7 +330,8 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
                   [SCounters(V(q.num_in_flight), V(q.num_stale), z3.BoolVal(q.drop_stale)) for q in state.requests]
                   if has_counters(layout) else [],
                   [SAsync(V(q.placeholders), V(q.decode_countdown)) for q in state.requests]
-                  if has_placeholders(layout) else [])
+                  if has_placeholders(layout) else [],
+                  kv_constant(layout, state))
 
 
 def _check_ranks_can_hold(pool: BlockPool) -> None:
@@ -397,12 +418,15 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
         if f.asyncs:
             a = f.asyncs[r]
             fixed.update(placeholders=iv(a.placeholders), decode_countdown=iv(a.countdown))
+        fixed.update(kv_offer(layout, r, status is not Status.NEW), **kv_request_fields(layout, f.kv, r, iv, bv))
         reqs.append(Request(status=status, num_output=iv(q.num_output), num_computed=iv(q.num_computed),
                             num_drafts=iv(q.num_drafts), block_table=table, **fixed))
     in_flight = []
     for b in f.batches[:iv(f.num_batches)]:
+        k = len(in_flight)
         in_flight.append(tuple(Entry(iv(e.req), iv(e.start), iv(e.n), bv(e.samples), iv(e.drafts),
-                                     code(e.fate, FATE, "fate")) for e in b.entries[:iv(b.length)]))
+                                     code(e.fate, FATE, "fate"), **kv_entry_fields(f.kv, k, j, iv))
+                               for j, e in enumerate(b.entries[:iv(b.length)])))
     labels = tuple(None if iv(x) == layout.none_label else iv(x) for x in f.pool.label)
     pool = BlockPool(tuple(iv(c) for c in f.pool.ref), labels,
                      tuple(iv(b) for b in f.pool.free[:iv(f.pool.free_len)]),
@@ -410,7 +434,8 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
     return State(requests=tuple(reqs), waiting=tuple(iv(x) for x in f.waiting[:iv(f.waiting_len)]),
                  running=tuple(iv(x) for x in f.running[:iv(f.running_len)]),
                  in_flight=tuple(in_flight), pool=pool,
-                 scheduled_ids=frozenset(r for r in range(layout.N) if bv(f.scheduled[r])))
+                 scheduled_ids=frozenset(r for r in range(layout.N) if bv(f.scheduled[r])),
+                 **kv_state_fields(f.kv, iv))
 
 
 def dump(m: z3.ModelRef, f: SState) -> str:

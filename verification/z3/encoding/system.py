@@ -44,6 +44,7 @@ from flightcheck.verification.z3.encoding.actions import (
     complete_guard,
     complete_oldest,
 )
+from flightcheck.verification.z3.encoding.connector import connector_action, connector_transitions
 from flightcheck.verification.z3.encoding.schedule import SchedResult, schedule
 from flightcheck.verification.z3.encoding.state import (
     PREEMPTED,
@@ -169,8 +170,11 @@ class System:
             aborted = builder.snap(abort(layout, s, ch), "abort")
             guards = [arrive_guard(layout, s, ch), sched.result, complete_guard(layout, s), abort_guard(layout, s, ch)]
             effects = [arrive(layout, s, ch), sched.state, comp.state, aborted]
-            legal = [le(0, ch.act), le(ch.act, 3), comp.choice_ok,
-                     z3.Implies(disj(eq(ch.act, SCHEDULE), eq(ch.act, COMPLETE)), eq(ch.req, 0))]
+            legal = [comp.choice_ok, z3.Implies(disj(eq(ch.act, SCHEDULE), eq(ch.act, COMPLETE)), eq(ch.req, 0))]
+            if s.kv:        # the connector's reports (connector.py): actions 4, 5, 6
+                kv_guards, kv_effects, kv_legal = connector_transitions(layout, builder, s, ch)
+                guards, effects, legal = guards + kv_guards, effects + kv_effects, legal + kv_legal
+            legal = [le(0, ch.act), le(ch.act, len(guards) - 1)] + legal
         self._trans[t0] = Transitions(s, ch, sched, comp, guards, effects, list(schedule_definitions), builder.defs, legal)
         return self._trans[t0]
 
@@ -219,6 +223,8 @@ class System:
             return Schedule()
         if act == ABORT:
             return Abort(r)
+        if act >= len(ACTION_CODE):
+            return connector_action(act, r, iv(st.choices.from_block))
         samples = []
         for j, here in enumerate(st.completion.samples_here):
             if z3.is_true(m.eval(here, model_completion=True)):

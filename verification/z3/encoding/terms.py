@@ -199,6 +199,16 @@ def put(xs: list, i: Any, v: Any, when: Any = True) -> list:
     return [ite(conj(when, eq(i, k)), v, x) for k, x in enumerate(xs)]
 
 
+def remove(xs: list, length: Any, r: Any) -> tuple[list, Any]:
+    """xs[:length] without r (which occurs at most once), padded with -1 (state.PAD)."""
+    seen, out = z3.BoolVal(False), []
+    for j in range(len(xs)):
+        seen = disj(seen, conj(lt(j, length), eq(xs[j], r)))
+        nxt = xs[j + 1] if j + 1 < len(xs) else V(-1)
+        out.append(ite(seen, nxt, xs[j]))
+    return out, ite(seen, length - 1, length)
+
+
 def member(x: Any, xs: Sequence[Any], length: Any) -> Any:
     """x occurs among the first `length` slots of xs."""
     return disj(*[conj(lt(k, length), eq(x, xs[k])) for k in range(len(xs))])

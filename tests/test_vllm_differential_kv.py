@@ -1,0 +1,128 @@
+"""The KV connector's differential: the readings both sides share (the
+differential's `decisions`) and the reference's fixes found by the kv
+campaign (docs/kv-connector.md, "Differential against vLLM")."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from flightcheck.vllm.differential import decisions, profile_for, run_reference
+from flightcheck.vllm.generate import campaign_workloads
+
+pytestmark = pytest.mark.usefixtures("both_checkers")   # the campaign checks traces
+
+CONFIG = {"ev": "config", "kv_connector": {"consumer": True, "producer": False,
+                                           "load_failure_policy": "fail", "max_inflight_loads": None}}
+
+
+def _workload(index: int) -> dict:
+    return campaign_workloads(0, index + 1, family="kv-connector", mid_step_inputs=True)[index]
+
+
+def test_error_finish_written_twice_by_vllm_counts_once() -> None:
+    # vLLM's recorder: in finish_requests (before the complete), again after the update
+    vllm = [CONFIG, {"ev": "kv_failed", "req": "a", "from_block": 1},
+            {"ev": "finish", "req": "a", "reason": "error", "held": False},
+            {"ev": "complete", "batch": 1, "tokens": {"a": [5]}, "dropped": ["a"]},
+            {"ev": "finish", "req": "a", "reason": "error", "held": False}]
+    # the reference: after the complete, held for a load's report
+    reference = [CONFIG, {"ev": "kv_failed", "req": "a", "from_block": 1},
+                 {"ev": "complete", "batch": 1, "tokens": {"a": [5]}, "dropped": ["a"]},
+                 {"ev": "finish", "req": "a", "reason": "error", "held": True}]
+    assert decisions(vllm) == decisions(reference) == [
+        ("kv_failed", "a", 1), ("complete", (), ("a",)), ("finish", "a", "error")]
+
+
+def test_error_finish_before_the_next_complete_stays_before_it() -> None:
+    events = [CONFIG, {"ev": "complete", "batch": 1, "tokens": {"a": [5]}, "dropped": []},
+              {"ev": "finish", "req": "b", "reason": "error"},
+              {"ev": "complete", "batch": 2, "tokens": {"a": [6]}, "dropped": []}]
+    assert [d[0] for d in decisions(events)] == ["complete", "finish", "complete"]
+
+
+def test_error_finish_after_a_completion_still_waits_for_its_own_batch() -> None:
+    # vLLM: batch 1 completes, then batch 2's update writes its failure and the
+    # finish before batch 2's `complete`; the reference writes the finish after it
+    vllm = [CONFIG, {"ev": "complete", "batch": 1, "tokens": {"b": [4]}, "dropped": []},
+            {"ev": "kv_failed", "req": "a", "from_block": 1},
+            {"ev": "finish", "req": "a", "reason": "error"},
+            {"ev": "complete", "batch": 2, "tokens": {"a": [5]}, "dropped": ["a"]}]
+    reference = [CONFIG, {"ev": "complete", "batch": 1, "tokens": {"b": [4]}, "dropped": []},
+                 {"ev": "kv_failed", "req": "a", "from_block": 1},
+                 {"ev": "complete", "batch": 2, "tokens": {"a": [5]}, "dropped": ["a"]},
+                 {"ev": "finish", "req": "a", "reason": "error"}]
+    assert decisions(vllm) == decisions(reference)
+    assert decisions(vllm)[-1] == ("finish", "a", "error")
+
+
+def test_aborted_sync_load_still_reports_its_failure() -> None:
+    # r2's sync load (fail_whole) is aborted while its batch is in flight: the
+    # connector still reports its blocks with that batch (vLLM's does)
+    raw = _workload(14)
+    assert raw["name"] == "diff-kv-connector-wait-0-14"
+    ours = decisions(run_reference(raw, profile_for("0.34.0", False)).events, block_offset=1)
+    assert ("kv_failed", "r2", 0) in ours
+    assert ours.index(("abort", "r2")) < ours.index(("kv_failed", "r2", 0))
+
+
+def test_shared_invalid_block_fails_every_holder_but_reports_the_load_once() -> None:
+    # r0's sync load fails from block 1; r1 (running) and r3 (parked for its own
+    # async load) hold that block through a prefix hit: under the fail policy
+    # all three finish by error (vLLM's _update_requests_with_invalid_blocks
+    # over kv_holding_waiting and running), one kv_failed (r0's own load)
+    raw = _workload(55)
+    ours = decisions(run_reference(raw, profile_for("0.34.0", False), vllm_outputs=True).events,
+                     block_offset=1)
+    assert [d for d in ours if d[0] == "kv_failed"] == [("kv_failed", "r0", 1)]
+    errors = [d[1] for d in ours if d[0] == "finish" and d[2] == "error"]
+    assert sorted(errors) == ["r0", "r1", "r3"]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_kv_campaign_of_30_workloads_has_no_unexplained_differential(version: str, async_scheduling: bool) -> None:
+    """Issue 36's acceptance, cut to 30 workloads per version and mode
+    (`flightcheck vllm campaign --kv-connector --workloads 30 --no-mutants`)."""
+    if os.environ.get("FLIGHTCHECK_SKIP_VLLM"):
+        pytest.skip("FLIGHTCHECK_SKIP_VLLM")
+    from flightcheck.vllm.campaign import run_version
+
+    workloads = campaign_workloads(0, 30, family="kv-connector", mid_step_inputs=True)
+    report = run_version(version, workloads, 0, False, lambda line: None, async_scheduling)
+    assert report.workloads == 30 and report.differential_not_run == 0
+    assert report.unexplained == []
+
+
+def test_a_load_waiting_with_nothing_else_to_run_is_not_stuck() -> None:
+    # r3 parks once r2's send frees its blocks; meanwhile only transfers are
+    # pending: engine.py counts them as progress on the reference's side too
+    raw = _workload(6)
+    run = run_reference(raw, profile_for("0.34.0", False))
+    assert run.ending == "done"
+    assert ("schedule", (), (), (("r3", 9),)) in decisions(run.events, block_offset=1)
+
+
+def test_the_long_prefill_threshold_counts_parked_loads_as_waiting() -> None:
+    # r2 is the only waiting request, r3 is parked for its load: vLLM's
+    # get_request_counts counts kv_holding_waiting, so the threshold (6) holds
+    raw = _workload(25)
+    ours = decisions(run_reference(raw, profile_for("0.34.0", False)).events, block_offset=1)
+    r2 = [entry for d in ours if d[0] == "schedule" for entry in d[1] if entry[0] == "r2"]
+    assert r2[0][1:3] == (8, 6)
+
+
+def test_the_fail_policys_error_order_is_the_configured_one() -> None:
+    # r0 and r1 fail in one output; vLLM finishes them iterating a set (its
+    # hash seed's order), the differential replays either order
+    raw = _workload(22)
+    name = profile_for("0.34.0", False)
+    by_id = decisions(run_reference(raw, name, vllm_outputs=True).events, block_offset=1)
+    reversed_ = decisions(run_reference(raw, name, vllm_outputs=True, kv_error_order=("r1", "r0")).events,
+                          block_offset=1)
+    assert by_id != reversed_
+    assert decisions(run_reference(raw, name, vllm_outputs=True, kv_error_order=("r0",)).events,
+                     block_offset=1) == by_id
