@@ -295,6 +295,16 @@ def findings(result: dict[str, Any]) -> list[str]:
             found.append(f"the engine completed a batch at step {gated['step']} because scheduled_req_ids held "
                          f"{gated['stale']} with no batch in flight; without them schedule() forms a batch "
                          f"(step {gated['step']})")
+    found.extend(_kv_connector_findings(truth))
+    for mismatch in truth.get("in_flight_set_mismatches", []):
+        found.append(f"scheduled_req_ids disagrees with the batches in flight at step {mismatch['step']}: "
+                     f"extra {mismatch['extra']}, missing {mismatch['missing']}")
+    return found
+
+
+def _kv_connector_findings(truth: dict[str, Any]) -> list[str]:
+    """What vLLM's own state showed to be wrong around its KV connector."""
+    found = []
     for freed in truth.get("kv_blocks_freed_under_transfer", []):
         found.append(f"{freed['req']} ({freed['why']}) references blocks {freed['blocks']} that are back in the "
                      f"free pool (step {freed['step']})")
@@ -307,7 +317,4 @@ def findings(result: dict[str, Any]) -> list[str]:
     for late in truth.get("kv_superseded_tokens", []):
         found.append(f"batch {late['batch']}'s token was appended to {late['req']}, though a failed KV load "
                      f"rolled it back while the batch was in flight (step {late['step']})")
-    for mismatch in truth.get("in_flight_set_mismatches", []):
-        found.append(f"scheduled_req_ids disagrees with the batches in flight at step {mismatch['step']}: "
-                     f"extra {mismatch['extra']}, missing {mismatch['missing']}")
     return found
