@@ -123,12 +123,7 @@ class KvRefinementMachine(RefinementMachine):
         """machine.py's `engine_step` under vLLM 0.33's loop (every connector
         profile runs it), reports drawn for a completion."""
         self._report_codes = reports
-        if self.scheduler.has_unfinished_requests() and self.engine.can_schedule():
-            ran = self._schedule()
-            if self.engine.can_schedule() and (ran or self.scheduler.has_unfinished_requests()):
-                return
-        if self.engine.can_complete():
-            self._complete(returned)
+        self._step_queueing_empty_batches(returned)
 
     # -- the reports that come with a completion --------------------------------
 

@@ -250,15 +250,20 @@ class RefinementMachine(RefinementChecks, RuleBasedStateMachine):
         request is unfinished and the queue has room; complete the oldest
         when the queue is full or nothing ran and no request is left."""
         if self.engine.loop.enqueues_empty_batches:
-            if self.scheduler.has_unfinished_requests() and self.engine.can_schedule():
-                ran = self._schedule()
-                if self.engine.can_schedule() and (ran or self.scheduler.has_unfinished_requests()):
-                    return
-            if self.engine.can_complete():
-                self._complete(returned)
+            self._step_queueing_empty_batches(returned)
             return
         if self.engine.can_schedule() and self._schedule():
             return
+        if self.engine.can_complete():
+            self._complete(returned)
+
+    def _step_queueing_empty_batches(self, returned: list[Outcome]) -> None:
+        """vLLM 0.33's loop (`EngineCore.step_with_batch_queue`): schedule
+        while a request is unfinished and the queue has room, else complete."""
+        if self.scheduler.has_unfinished_requests() and self.engine.can_schedule():
+            ran = self._schedule()
+            if self.engine.can_schedule() and (ran or self.scheduler.has_unfinished_requests()):
+                return
         if self.engine.can_complete():
             self._complete(returned)
 
