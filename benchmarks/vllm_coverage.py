@@ -58,6 +58,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from flightcheck.vllm.replay import CACHE_ENV, PYTHON_ENV, missing_venv_message, venv_python  # noqa: E402
+from flightcheck.vllm.versions import UnknownRelease, release  # noqa: E402
 
 SCHEDULER_FILE = "vllm/v1/core/sched/scheduler.py"
 COVERAGE_PIN = "coverage==7.18.0"
@@ -374,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/vllm_coverage.py", description=__doc__.split("\n")[0])
     parser.add_argument("--versions", default="0.34.0")
     parser.add_argument("--kv-connector", action="store_true", help="the campaign's --kv-connector")
-    parser.add_argument("--workloads", type=int, default=100, help="workloads per version and mode")
+    parser.add_argument("--workloads", type=_positive, default=100, help="workloads per version and mode")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--modes", default="sync,async", help="sync, async or both (one measurement)")
     parser.add_argument("--functions", help="comma-separated function names (or `kv`): their figure")
@@ -383,9 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     options.modes = [m for m in options.modes.split(",") if m]
     if not set(options.modes) <= {"sync", "async"} or not options.modes:
         parser.error("--modes takes sync, async or sync,async")
-    if options.kv_connector and not _campaign_has("--kv-connector"):
-        print("the campaign has no --kv-connector yet (flightcheck/vllm/campaign.py)", file=sys.stderr)
-        return 2
+    try:
+        for version in options.versions.split(","):
+            release(version)
+    except UnknownRelease as err:
+        parser.error(str(err))
     if options.kv_connector and options.modes == ["sync"]:
         parser.error("--kv-connector runs sync and async together (or --modes async): no sync alone")
     functions = parse_functions(options.functions)
@@ -404,12 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _campaign_has(option: str) -> bool:
-    from flightcheck.vllm import campaign
-
-    parser = argparse.ArgumentParser()
-    campaign.add_options(parser)
-    return any(option in action.option_strings for action in parser._actions)
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 if __name__ == "__main__":
