@@ -15,10 +15,6 @@ import traceback
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, Verbosity
-from hypothesis import seed as hypothesis_seed
-from hypothesis import settings as hypothesis_settings
-from hypothesis.stateful import run_state_machine_as_test
 
 from flightcheck.spec.transitions import CONTRACT_PROPERTIES
 from flightcheck.verification.explicit import search as explicit
@@ -29,8 +25,7 @@ from flightcheck.verification.mutants import (ALL_MUTANTS, KV_MUTANTS, MUTANTS, 
 from flightcheck.verification.mutants.kv_connector import KV_PROFILE
 from flightcheck.verification.mutants.reference import ALL_MUTANTS as FUZZED
 from flightcheck.verification.mutants.reference import KV_MUTANTS as REFERENCE_KV_MUTANTS
-from flightcheck.verification.refinement.budget import Budget, BudgetSpent
-from flightcheck.verification.refinement.kv_machine import kv_machine
+from flightcheck.verification.refinement.kv_machine import kv_fuzz
 from flightcheck.verification.results import SOMETIMES_NAMES, kind_of
 from flightcheck.verification import suite
 from flightcheck.verification.suite import SuiteOptions, hunt_mutant, run_suite
@@ -235,30 +230,29 @@ REFINEMENT_KILLS = ("fence_ignored_pr45357", "aborted_load_freed_at_once_pr32255
                     "waiting_head_blocks_promotion_pr45388", "fenced_victim_preempted_pr49674")
 
 
-def _kv_refinement_fuzz(mutant: str | None, steps: int, seed: int) -> tuple[str, int] | None:
-    """kv_machine's fuzz run under KV_PROFILE with the reference mutant in
-    force (as `kv_fuzz`, which runs the correct reference): the failure and
-    the rule steps used, or None."""
-    budget = Budget(steps)
-    machine = kv_machine(KV_PROFILE)
-    factory = hypothesis_seed(seed)(lambda: machine(mutant, budget, False, False))
-    run_settings = hypothesis_settings(max_examples=10**9, stateful_step_count=60, database=None, deadline=None,
-                                       phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
-                                       print_blob=False, report_multiple_bugs=False, verbosity=Verbosity.quiet)
-    try:
-        with reference_applied(mutant):
-            run_state_machine_as_test(factory, settings=run_settings)
-    except BudgetSpent:
-        return None
-    except Exception as err:                           # the refinement's failure
-        if not budget.failure_seen and budget.used >= budget.steps:
-            return None
-        return f"{type(err).__name__}: {err}", budget.used
-    return None
-
-
 @pytest.mark.parametrize("name", REFINEMENT_KILLS)
 def test_the_kv_refinement_fuzzer_catches_the_reference_kv_mutant(name):
-    failure = next(filter(None, (_kv_refinement_fuzz(name, 1000, seed) for seed in range(3))), None)
+    failure = next(filter(None, (kv_fuzz(1000, seed, KV_PROFILE, mutant=name) for seed in range(3))), None)
     assert failure is not None, f"{name} survived"
-    assert "refinement:" in failure[0], failure[0][:500]
+    assert "refinement:" in failure, failure[:500]
+
+
+def test_fuzz_kv_connector_drives_each_connector_profile_and_names_them(capsys):
+    from flightcheck.cli import main
+
+    assert main(["fuzz", "--kv-connector", "--steps", "200", "--seed", "0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kv_connector"] is True and not out["failed"] and out["failure"] is None
+    assert out["profiles"] == ["vllm-0.33", "vllm-0.33-async", "vllm-0.34", "vllm-0.34-async"]
+
+
+def test_fuzz_kv_connector_catches_a_connector_mutant_and_refuses_bad_arguments(capsys):
+    from flightcheck.cli import main
+
+    assert main(["fuzz", "--kv-connector", "--mutant", "fence_ignored_pr45357", "--profile", KV_PROFILE,
+                 "--steps", "1000", "--seed", "0"]) == 0          # caught: the mutant's run fails
+    assert "a step FAILED" in capsys.readouterr().out
+    assert main(["fuzz", "--mutant", "fence_ignored_pr45357"]) == 2
+    assert "add --kv-connector" in capsys.readouterr().err
+    assert main(["fuzz", "--kv-connector", "--profile", "vllm-0.8.5"]) == 2
+    assert main(["fuzz", "--kv-connector", "--mutant", "advance_at_completion"]) == 2

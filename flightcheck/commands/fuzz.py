@@ -1,6 +1,7 @@
 """`flightcheck fuzz`: the Hypothesis refinement machine from a fixed seed.
 
     flightcheck fuzz --steps N --seed S [--mutant NAME] [--profile NAME] [--json]
+    flightcheck fuzz --kv-connector --steps N --seed S [--mutant NAME] [--profile NAME] [--json]
     flightcheck fuzz --list-mutants
 
 A run drives the reference and the spec under every version profile the
@@ -12,6 +13,12 @@ rules (verification/mutants/reference.py PROFILE_MUTANTS: resumption_not_deferre
 drop_leaves_counters, in_flight_kept_without_output, output_bound_by_id_alone)
 runs under vllm-0.33 alone, and one of its async rules under vllm-0.33-async
 alone; --list-mutants lists the every-profile ones.
+
+--kv-connector drives the reference with a fabricated KV connector
+(verification/refinement/kv_machine.py) under vllm-0.33, vllm-0.33-async,
+vllm-0.34 and vllm-0.34-async, a quarter of the steps each (--profile: all
+under one); its --mutant is one of the connector's (KV_MUTANTS in
+verification/mutants/reference.py).
 
 Exit 0 when no step failed (with --mutant: exactly when the mutant was
 caught), 1 otherwise, 2 on bad arguments.
@@ -33,6 +40,8 @@ def add_parser(sub) -> None:
     fuzz.add_argument("--profile", help="run every step under this version profile "
                       "(default: every profile in turn, vllm-0.8.5 first, a ninth of the "
                       "steps for each other)")
+    fuzz.add_argument("--kv-connector", action="store_true",
+                      help="with a fabricated KV connector, under the profiles that have one")
     fuzz.add_argument("--list-mutants", action="store_true", help="print the reference mutants and exit")
     fuzz.add_argument("--json", action="store_true", help="print machine-readable results")
     fuzz.set_defaults(func=run)
@@ -45,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
     if args.list_mutants:
         print("\n".join(list_mutants()))
         return 0
+    if args.kv_connector:
+        return run_kv(args)
+    from flightcheck.verification.mutants.reference import KV_MUTANTS
+    if args.mutant in KV_MUTANTS:
+        return bad(f"--mutant {args.mutant} is a mutant of the KV connector: add --kv-connector")
     own_profile = next((profile for profile, names in list_profile_mutants().items()
                         if args.mutant in names), None)
     if args.mutant is not None and args.mutant not in list_mutants() and own_profile is None:
@@ -68,3 +82,41 @@ def run(args: argparse.Namespace) -> int:
     if args.mutant:
         return 0 if result["failed"] else 1
     return 1 if result["failed"] else 0
+
+
+def run_kv(args: argparse.Namespace) -> int:
+    """`fuzz --kv-connector`: the connector's refinement machine, each
+    profile with a connector in turn (or --profile alone)."""
+    import time
+
+    from flightcheck.verification.mutants.reference import KV_MUTANTS
+    from flightcheck.verification.refinement.kv_machine import KV_FUZZED_PROFILES, kv_fuzz
+
+    if args.mutant is not None and args.mutant not in KV_MUTANTS:
+        return bad(f"unknown KV connector --mutant {args.mutant!r}; known: {', '.join(KV_MUTANTS)}")
+    if args.profile is not None and args.profile not in KV_FUZZED_PROFILES:
+        return bad(f"--kv-connector runs under {', '.join(KV_FUZZED_PROFILES)}, not {args.profile!r}")
+    profiles = [args.profile] if args.profile else list(KV_FUZZED_PROFILES)
+    started, failure, ran = time.perf_counter(), None, []
+    for index, profile in enumerate(profiles):
+        share = args.steps // len(profiles) + (index < args.steps % len(profiles))
+        if share == 0:
+            continue
+        ran.append(profile)
+        failure = kv_fuzz(share, args.seed, profile, mutant=args.mutant)
+        if failure:
+            break
+    result = {"kv_connector": True, "mutant": args.mutant, "steps": args.steps, "seed": args.seed,
+              "profiles": ran, "failed": failure is not None, "failure": failure,
+              "seconds": round(time.perf_counter() - started, 3)}
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        what = f"mutant {args.mutant}" if args.mutant else "the reference with a KV connector"
+        print(f"{what}: {'a step FAILED' if failure else 'no step failed'} (budget {args.steps} steps, "
+              f"seed {args.seed}, {result['seconds']:.1f} s; profiles {', '.join(ran)})")
+        if failure:
+            print(failure)
+    if args.mutant:
+        return 0 if failure else 1
+    return 1 if failure else 0

@@ -47,6 +47,7 @@ from flightcheck import spec
 from flightcheck.reference import Request, SamplingParams, SchedulerConfig
 from flightcheck.reference.connector import KvConnectorConfig, KvConnectorOutput, KvOffer
 from flightcheck.spec.kv_reports import failable_blocks
+from flightcheck.verification.mutants.patching import reference_applied
 from flightcheck.verification.refinement.budget import Budget, BudgetSpent
 from flightcheck.verification.refinement.fuzz import _fixed_constant_pool
 from flightcheck.verification.refinement.machine import RefinementMachine, _step
@@ -235,29 +236,30 @@ def kv_machine(profile: str) -> type[KvRefinementMachine]:
     return type(f"KvRefinementMachine[{profile}]", (KvRefinementMachine,), {"profile": profile})
 
 
-def kv_machine_factory(profile: str, budget: Budget | None = None,
-                       check_traces: bool = False) -> Callable[[], KvRefinementMachine]:
+def kv_machine_factory(profile: str, budget: Budget | None = None, check_traces: bool = False,
+                       mutant: str | None = None) -> Callable[[], KvRefinementMachine]:
     machine = kv_machine(profile)
 
     def make() -> KvRefinementMachine:
-        return machine(None, budget, check_traces, False)
+        return machine(mutant, budget, check_traces, False)
     return make
 
 
 def kv_fuzz(steps: int, seed: int, profile: str, steps_per_program: int = 60,
-            shrink: bool = True) -> str | None:
+            shrink: bool = True, mutant: str | None = None) -> str | None:
     """A refinement run with a connector under `profile`, `steps` rule steps
-    from `seed`; the failure (the program, shrunk unless `shrink` is off,
-    and its message), or None."""
+    from `seed`, the reference's `mutant` (a KV one: KV_MUTANTS) in force if
+    given; the failure (the program, shrunk unless `shrink` is off, and its
+    message), or None."""
     budget = Budget(steps)
-    factory = hypothesis_seed(seed)(kv_machine_factory(profile, budget))
+    factory = hypothesis_seed(seed)(kv_machine_factory(profile, budget, mutant=mutant))
     run_settings = hypothesis_settings(max_examples=10**9, stateful_step_count=steps_per_program,
                                        database=None, deadline=None,
                                        phases=(Phase.generate, Phase.shrink) if shrink else (Phase.generate,),
                                        suppress_health_check=list(HealthCheck), print_blob=False,
                                        report_multiple_bugs=False, verbosity=Verbosity.quiet)
     try:
-        with _fixed_constant_pool():          # a seed names one run, whatever else is imported
+        with _fixed_constant_pool(), reference_applied(mutant):   # a seed names one run
             run_state_machine_as_test(factory, settings=run_settings)
     except BudgetSpent:
         return None
