@@ -15,7 +15,7 @@ from flightcheck.vllm.versions import release
 
 from .vllm_support import require_venv
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("both_checkers")]
 
 
 @pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])

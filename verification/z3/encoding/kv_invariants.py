@@ -85,13 +85,20 @@ def kv2_loading_not_scheduled(layout: Layout, s: SState) -> Any:
 
 
 def kv4_no_leak(layout: Layout, s: SState) -> Any:
-    """KV4: a finished request holds a table exactly when it is held for a
-    transfer, an unfinished one is never held; every deferred free waits for
-    1 to the non-empty batches in flight and frees a non-empty table (none
-    without the fence: the frame holds none)."""
+    """KV4: a finished request holds a table exactly when it is held, and is
+    held only for a transfer still to be reported (its load in flight, or a
+    producer's send after a stop or the length cap); an unfinished one is
+    never held; every deferred free waits for 1 to the non-empty batches in
+    flight and frees a non-empty table (none without the fence: the frame
+    holds none)."""
     kv, out = kv_of(s), []
+    connector = layout.cfg.kv_connector
+    producer = connector is not None and connector.producer
     for r, q in enumerate(s.reqs):
-        out.append(z3.If(_finished(q.status), lt(0, q.table_len) == kv.held[r], neg(kv.held[r])))
+        held_for_send = disj(eq(q.status, F_STOPPED), eq(q.status, F_LENGTH)) if producer else z3.BoolVal(False)
+        held_for_a_transfer = z3.Implies(kv.held[r], disj(in_transfer(kv.load[r]), held_for_send))
+        out.append(z3.If(_finished(q.status), conj(lt(0, q.table_len) == kv.held[r], held_for_a_transfer),
+                         neg(kv.held[r])))
     in_flight = batches_in_flight(s)
     for d, slot in enumerate(kv.deferred):
         out.append(z3.Implies(lt(d, kv.deferred_len), conj(le(1, slot.left), le(slot.left, in_flight),
