@@ -64,13 +64,15 @@ def _claim_outputs(args: argparse.Namespace) -> Claim:
     from flightcheck.bench.workload import WorkloadError
 
     outputs = _outputs(args)
+    claimed = claim([Output(flag, path) for flag, path in outputs], [("input", f) for f in args.files])
     for flag, path in outputs:
         if flag == "--out":
             try:
                 figure_format(path)
             except WorkloadError as err:
+                claimed.release()
                 raise OutputRefused(f"--out {err}") from None
-    return claim([Output(flag, path) for flag, path in outputs], [("input", f) for f in args.files])
+    return claimed
 
 
 def _check_utf8(path: str) -> None:
