@@ -290,3 +290,11 @@ def test_a_killed_run_leaves_every_trace_line_before_it_complete(tmp_path):
         process.wait(30)
     events = whole_lines(tmp_path / "t.jsonl")
     assert events[0]["ev"] == "config" and any(e["ev"] == "finish" for e in events)
+
+
+def test_a_path_that_cannot_be_written_is_one_line_naming_it_and_the_cause(capsys):
+    """/sys takes no new file, for root too (EACCES, or EROFS where it is
+    mounted read-only): refused before the run."""
+    path = "/sys/flightcheck-output-test.json"
+    line = refused(capsys, ["simulate", *TINY_SIM, "--save-result", path], "--save-result", path)
+    assert os.strerror(errno.EACCES) in line or os.strerror(errno.EROFS) in line

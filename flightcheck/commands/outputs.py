@@ -111,10 +111,14 @@ class _Identity:
     @classmethod
     def of(cls, path: str) -> "_Identity":
         try:
+            real = os.path.realpath(path)
+        except (OSError, ValueError):               # a NUL in the path: _check refuses it
+            real = path
+        try:
             st = os.stat(path)
         except (OSError, ValueError):
-            return cls(os.path.realpath(path), None, False)
-        return cls(os.path.realpath(path), (st.st_dev, st.st_ino), stat.S_ISDIR(st.st_mode))
+            return cls(real, None, False)
+        return cls(real, (st.st_dev, st.st_ino), stat.S_ISDIR(st.st_mode))
 
     def same(self, other: "_Identity") -> bool:
         return self.real == other.real or (self.inode is not None and self.inode == other.inode)

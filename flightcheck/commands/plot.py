@@ -53,8 +53,10 @@ def run(args: argparse.Namespace) -> int:
             return _plot_results(args)
     except (WorkloadError, OutputRefused) as err:
         return bad(str(err))
-    except OSError as err:                        # reading an input
-        return bad(f"{err.filename or args.files[0]}: {reason(err)}")
+    except OSError as err:
+        if err.filename not in args.files:        # not an input's: standard output's, say
+            raise
+        return bad(f"{err.filename}: {reason(err)}")
 
 
 def _claim_outputs(args: argparse.Namespace) -> Claim:

@@ -26,7 +26,7 @@ def figure_format(path: str | Path) -> str:
     """The format `path` asks for; WorkloadError (one line, listing the
     supported extensions) for one matplotlib cannot write."""
     extension = os.path.splitext(str(path))[1][1:].lower()
-    if not extension:
+    if extension in ("", DEFAULT_FORMAT):          # known without loading matplotlib
         return DEFAULT_FORMAT
     formats = supported_formats()
     if extension not in formats:
