@@ -298,3 +298,22 @@ def test_a_path_that_cannot_be_written_is_one_line_naming_it_and_the_cause(capsy
     path = "/sys/flightcheck-output-test.json"
     line = refused(capsys, ["simulate", *TINY_SIM, "--save-result", path], "--save-result", path)
     assert os.strerror(errno.EACCES) in line or os.strerror(errno.EROFS) in line
+
+
+@pytest.mark.parametrize("writer", ["simulate/bench", "run"])
+def test_every_trace_event_is_a_whole_line_on_disk_as_it_is_written(tmp_path, writer):
+    """The growing traces keep nothing back: after each event the file holds
+    it, whole, so a process that dies loses nothing written (main's 64 KB
+    buffer held them all). The killed `run` above is the end-to-end case."""
+    path = tmp_path / "t.jsonl"
+    if writer == "run":
+        from flightcheck.runtime.trace import RuntimeTraceWriter
+        trace = RuntimeTraceWriter.to_path(str(path), eos_token_id=2)
+    else:
+        from flightcheck.bench.timed_trace import TimedTraceWriter
+        trace = TimedTraceWriter.to_path(str(path), time.monotonic)
+    for batch in range(50):
+        trace.stage(batch, 0, time.time(), time.time() + 0.001)
+        events = whole_lines(path)
+        assert len(events) == batch + 1 and events[-1]["batch"] == batch
+    trace.close()
