@@ -238,7 +238,7 @@ def test_a_trace_cut_by_a_full_disk_keeps_whole_lines_and_says_so(tmp_path):
 
 def test_a_result_or_figure_that_does_not_fit_leaves_the_old_file_and_no_temporary(tmp_path, trace):
     (tmp_path / "r.json").write_text("old")
-    done = cli(["simulate", "--num-prompts", "50", "--save-result", "r.json"], tmp_path, file_limit=2_000)
+    done = cli(["simulate", "--num-prompts", "10", "--save-result", "r.json"], tmp_path, file_limit=2_000)
     one_error_line(done, 1, "--save-result r.json", os.strerror(errno.EFBIG), "not saved")
     (tmp_path / "p.json").write_text("old")
     done = cli(["plot", str(trace), "--perfetto", "p.json", "--no-png"], tmp_path, file_limit=2_000)
@@ -263,7 +263,7 @@ def test_a_trace_reader_that_goes_away_is_one_line_naming_the_pipe(capsys, tmp_p
         os.close(fd)
     reader = threading.Thread(target=read_a_little_then_go)
     reader.start()
-    done = cli(["simulate", "--num-prompts", "200", "--request-rate", "1000", "--trace", str(path)], tmp_path)
+    done = cli(["simulate", "--num-prompts", "20", "--request-rate", "1000", "--trace", str(path)], tmp_path)
     reader.join(10)
     one_error_line(done, 1, f"--trace {path}", "Broken pipe")
 
