@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .common import (DEFAULT_REFERENCE_PROFILE, REFERENCE_PROFILES, bad, cuda_problem, local_pp_problem,
                      missing_dependency, positive_int)
-from .outputs import OutputRefused
+from .outputs import OutputRefused, reason
 from .simulate import (add_workload_arguments, claim_outputs, print_result, trace_lost, workload_args,
                        workload_problem)
 
@@ -162,6 +162,10 @@ def _run_one(args: argparse.Namespace, plan: BenchPlan, workload, trace_path: st
         return 1
     except OutputLost as err:             # raised as the trace closes, once the run is over
         return trace_lost(err, "the run went on to its end, but no results are reported")
+    except OSError as err:                # opening the trace: its FIFO's reader left since the check
+        if trace_path is None or err.filename != trace_path:
+            raise
+        return bad(f"--trace {trace_path}: cannot write it ({reason(err)})")
     except KeyboardInterrupt:
         graceful = False                  # stop the stages at once, then one line
     finally:

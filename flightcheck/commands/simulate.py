@@ -186,9 +186,9 @@ def _simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from flightcheck.bench.simulation import SimConfig, simulate
-    from flightcheck.output_files import OutputLost
     from flightcheck.bench.workload import WorkloadError
     from flightcheck.bench.workload_args import build_workload
+    from flightcheck.output_files import OutputLost
 
     try:
         config = SimConfig(
@@ -211,7 +211,7 @@ def _simulate(args: argparse.Namespace) -> int:
         return bad(str(err))
     except OutputLost:
         raise
-    except OSError as err:                       # reading --dataset-path
+    except OSError as err:                       # reading --dataset-path, opening --trace
         return bad(f"{err.filename or args.dataset_path}: {reason(err)}")
     extra = {"simulator": True, "policy": args.policy, "profile": args.profile, "model": args.model, "gpu": args.gpu,
              "pp": args.pp, "dataset": args.dataset, "request_rate": args.request_rate,
