@@ -26,7 +26,6 @@ import errno
 import os
 import stat
 import sys
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -148,17 +147,22 @@ def _check(output: Output) -> int | None:
         os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC))
     except OSError as err:
         raise OutputRefused(f"{flag} {path}: cannot write it ({reason(err)})") from None
-    _check_directory(output, os.path.dirname(os.path.realpath(path)))
+    # A growing trace is rewritten in place; a whole file is made beside it and renamed.
+    _check_directory(output, os.path.dirname(os.path.realpath(path)), new_file=not output.grows)
     return None
 
 
-def _check_directory(output: Output, directory: str) -> None:
-    """The directory takes a new file (made and removed again) and has room."""
+def _check_directory(output: Output, directory: str, new_file: bool = True) -> None:
+    """The directory has room and (`new_file`) takes a new file, made and
+    removed again."""
+    import tempfile
+
     try:
-        fd, probe = tempfile.mkstemp(prefix=".flightcheck-probe-", dir=directory or ".")
-        os.close(fd)
-        os.unlink(probe)
-        space = os.statvfs(directory or ".")
+        if new_file:
+            fd, probe = tempfile.mkstemp(prefix=".flightcheck-probe-", dir=directory)
+            os.close(fd)
+            os.unlink(probe)
+        space = os.statvfs(directory)
     except OSError as err:
         raise OutputRefused(f"{output.flag} {output.path}: cannot write it ({reason(err)})") from None
     if space.f_blocks > 0 and space.f_bavail == 0:
