@@ -197,7 +197,7 @@ def internal_error(err: BaseException, command: str) -> tuple[str, int]:
     from . import interrupts
 
     if isinstance(err, OSError) and interrupts.stdout_is_broken():
-        message = interrupts.stdout_problem(err)
+        message = interrupts.flush_stdout() or interrupts.stdout_problem(err)   # said once, then silenced
         sys.stderr.write(f"flightcheck: error: {message}\n")
         return message, 2
     where = _save_traceback(err, command)
