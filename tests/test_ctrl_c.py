@@ -62,7 +62,8 @@ COMMANDS = {
 
 def assert_one_line_130(argv: list[str], code: int, err: str, left: list[str]) -> None:
     assert code == 130, (code, err)
-    lines = [line for line in err.splitlines() if not line.startswith(f"flightcheck {argv[0]} (")]  # progress
+    progress = (f"flightcheck {argv[0]} (", "loading vLLM ")          # what the command said before
+    lines = [line for line in err.splitlines() if not line.startswith(progress)]
     assert len(lines) == 1 and "interrupted (Ctrl-C)" in lines[0], err
     assert "Traceback" not in err
     assert not left, f"processes left behind: {left}"
@@ -129,3 +130,10 @@ def _with_func(parser, func):
         for sub in action.choices.values():
             sub.set_defaults(func=func)
     return parser
+
+
+@pytest.mark.vllm
+def test_ctrl_c_on_vllm_replay_ends_its_worker_too(tmp_path):
+    workloads = Path(__file__).parent / "data" / "vllm" / "workloads.json"
+    argv = ["vllm", "replay", str(workloads), "--trace", str(tmp_path / "traces")]
+    assert_one_line_130(argv, *interrupt(argv, 5.0))

@@ -166,7 +166,11 @@ def received() -> bool:
 
 
 def kill_children() -> None:
-    """SIGKILL every live `multiprocessing` child of this process and reap it."""
+    """SIGKILL every live child of this process (its `multiprocessing` ones,
+    and those registered in flightcheck.children) and reap it."""
+    from flightcheck import children
+
+    children.kill_all()
     for child in multiprocessing.active_children():
         try:
             child.kill()
