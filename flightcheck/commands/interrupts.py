@@ -14,6 +14,10 @@ interruption:
   `KeyboardInterrupt`, which `flightcheck.cli.main` turns into one line and
   exit code 130 (128 + SIGINT, as shells report it).
 
+A command that answers Ctrl-C itself (check-trace --follow and monitor give
+the verdict so far) sets its own SIGINT handler for that time; while it is
+set, none of the above happens.
+
 Standard output that cannot be written (`> /dev/full`, a closed pipe) is one
 line naming the cause, exit code 2, instead of a traceback at exit.
 """
@@ -97,6 +101,8 @@ def _watch(read_end: int) -> None:
             return
         if signal.SIGINT not in received or os.getpid() != _settings["owner"]:
             continue
+        if signal.getsignal(signal.SIGINT) is not _in_main_thread:
+            continue                      # a command handling Ctrl-C itself (check-trace --follow)
         first = not _received
         _received = True
         kill_children()
