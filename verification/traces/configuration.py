@@ -128,19 +128,24 @@ def modelled_pool(cfg: Config, events: list[dict[str, Any]]) -> Config:
     the reorder reads the cache's usage, a share of the whole pool."""
     if cfg.cache_aware_admission_window and cfg.rules.cache_aware_admission:
         return _whole_pool(cfg)
-    k, bs = cfg.num_spec_tokens, cfg.block_size
-    ahead = cfg.max_blocks_per_request if cfg.num_preallocate_tokens > 0 else 0
-    # a KV load that fails can free a request's table and take it again (one load per incarnation)
-    again = 2 if cfg.kv_connector is not None else 1
-    most = 1 + sum(again * (max(cdiv(min(cfg.max_model_len, e["prompt_len"] + e["max_tokens"] + 2 * k + 1), bs),
-                                ahead) + 1)
-                   for e in events if e["ev"] == "arrive")
+    most = 1 + sum(arrival_blocks(cfg, e) for e in events if e["ev"] == "arrive")
     num_blocks = min(cfg.num_blocks, most)
     if num_blocks > MAX_POOL_BLOCKS:
         raise MalformedTrace(f"line 1: config event: num_blocks: this trace's arrivals can take up to "
                              f"{num_blocks} blocks of the pool; the checker models pools of at most "
                              f"{MAX_POOL_BLOCKS} blocks")
     return replace(cfg, num_blocks=num_blocks)
+
+
+def arrival_blocks(cfg: Config, arrive: dict[str, Any]) -> int:
+    """The most blocks one arrival can take from the pool over its life, as
+    `modelled_pool` counts them (the streaming checker grows its pool by it)."""
+    k, bs = cfg.num_spec_tokens, cfg.block_size
+    ahead = cfg.max_blocks_per_request if cfg.num_preallocate_tokens > 0 else 0
+    # a KV load that fails can free a request's table and take it again (one load per incarnation)
+    again = 2 if cfg.kv_connector is not None else 1
+    tokens = min(cfg.max_model_len, arrive["prompt_len"] + arrive["max_tokens"] + 2 * k + 1)
+    return again * (max(cdiv(tokens, bs), ahead) + 1)
 
 
 def _whole_pool(cfg: Config) -> Config:

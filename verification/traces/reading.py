@@ -58,14 +58,20 @@ def validate_events(events: list[Any]) -> None:
         raise MalformedTrace("the trace is empty (the first event must be 'config')")
     config: dict[str, Any] | None = None
     for index, event in enumerate(events):
-        try:
-            validate_event(event, config)
-        except SchemaError as err:
-            kind = event.get("ev") if isinstance(event, dict) and isinstance(event.get("ev"), str) else None
-            what = f" {kind} event:" if kind in EVENT_KINDS else ""
-            raise MalformedTrace(f"line {line_of(events, index)}:{what} {err.message}") from None
+        validate_numbered(event, config, line_of(events, index))
         if index == 0:
             config = event
+
+
+def validate_numbered(event: Any, config: dict[str, Any] | None, line: int) -> None:
+    """One event against the schema (`config`: the trace's config event, None
+    for the first); MalformedTrace naming `line`, the kind and the field."""
+    try:
+        validate_event(event, config)
+    except SchemaError as err:
+        kind = event.get("ev") if isinstance(event, dict) and isinstance(event.get("ev"), str) else None
+        what = f" {kind} event:" if kind in EVENT_KINDS else ""
+        raise MalformedTrace(f"line {line}:{what} {err.message}") from None
 
 
 def read_events(lines: Iterable[str]) -> NumberedEvents:
