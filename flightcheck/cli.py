@@ -19,10 +19,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .commands import bench, check_trace, fuzz, plot, run, simulate, verify, vllm
+from .commands import bench, check_trace, fuzz, monitor, plot, run, simulate, verify, vllm
 from .commands.common import Parser, bad, missing_dependency
 
-COMMANDS = (verify, fuzz, check_trace, run, simulate, bench, plot, vllm)
+COMMANDS = (verify, fuzz, check_trace, monitor, run, simulate, bench, plot, vllm)
 
 
 def build_parser() -> Parser:

@@ -139,7 +139,7 @@ class _SocketConnection:
         self._sock = sock
 
     def write(self, data: bytes) -> None:
-        self._sock.sendall(data)
+        self._sock.sendall(data, socket.MSG_NOSIGNAL)     # a reader gone: EPIPE, never SIGPIPE
 
     def close(self) -> None:
         self._sock.close()
