@@ -12,6 +12,7 @@ the count of events lost is complete.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
@@ -63,12 +64,13 @@ class Tap:
     """The source's lines as the checker reads them, counting them and
     noting the `dropped` markers and the `end` event on the way."""
 
-    def __init__(self, reader: LineReader) -> None:
-        self.reader = reader
+    def __init__(self, reader: LineReader, on_first: Callable[[], None] = lambda: None) -> None:
+        self.reader, self.on_first = reader, on_first
         self.number = 0
         self.marker_line: int | None = None      # the first marker's line
         self.dropped = 0
         self.saw_end = False
+        self.last_line_at = time.monotonic()     # (or the start)
 
     def __iter__(self) -> Iterator[str]:
         return self._tapped(self.reader)
@@ -80,6 +82,9 @@ class Tap:
     def _tapped(self, lines: Iterator[str] | LineReader) -> Iterator[str]:
         for text in lines:
             self.number += 1
+            self.last_line_at = time.monotonic()
+            if self.number == 1:
+                self.on_first()
             self._note(text)
             yield text
 
@@ -108,8 +113,7 @@ def watch(address: SinkAddress, follow: Follow, emit: Callable[[str], None], *, 
             outcome.status, outcome.ended_by = "no writer", "signal" if signalled() else "idle"
             outcome.message = f"no writer came (ended by {outcome.ended_by})"
             return outcome
-        emit("the writer is there")
-        tap = Tap(reader)
+        tap = Tap(reader, on_first=lambda: emit("the first line came"))
         final: Verdict | None = None
         first: CheckResult | None = None          # the first violation
         for verdict in check_lines(tap, profile, keep_going=keep_going):
@@ -125,7 +129,9 @@ def watch(address: SinkAddress, follow: Follow, emit: Callable[[str], None], *, 
                     break
             outcome.dropped = tap.dropped
         outcome.lines = tap.number
-        outcome.ended_by = _ending(outcome, tap, reader, signalled)
+        outcome.ended_by = _ending(outcome, tap, follow, signalled, keep_going)
+        if tap.number == 0:                      # a FIFO or file that no one wrote to
+            outcome.status, outcome.message = "no writer", f"nothing was written (ended by {outcome.ended_by})"
     emit(outcome.describe())
     return outcome
 
@@ -154,13 +160,17 @@ def _judge(outcome: StreamOutcome, final: Verdict, tap: Tap, first: CheckResult 
         outcome.line, outcome.property, outcome.message = result.line, result.property, result.message
 
 
-def _ending(outcome: StreamOutcome, tap: Tap, reader: LineReader, signalled: Callable[[], bool]) -> str:
+def _ending(outcome: StreamOutcome, tap: Tap, follow: Follow, signalled: Callable[[], bool],
+            keep_going: bool) -> str:
+    """What ended the stream: its end event, the first violation (the
+    checker stops there unless it keeps going), a signal, `idle`, or its
+    writer closing the FIFO or socket."""
     if tap.saw_end:
         return "end event"
-    if outcome.status == "violation" and outcome.violations <= 1 and outcome.property is not None:
+    if outcome.status == "violation" and not keep_going:
         return "verdict"
     if signalled():
         return "signal"
-    if getattr(reader, "waited_out", None) is not None:
+    if follow.idle is not None and time.monotonic() - tap.last_line_at >= follow.idle:
         return "idle"
     return "writer closed"
