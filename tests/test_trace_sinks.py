@@ -39,7 +39,7 @@ class GatedConnection:
     def write(self, data: bytes) -> None:
         self.entered.set()
         self.gate.wait(10)
-        self.lines.append(json.loads(data))
+        self.lines.extend(json.loads(line) for line in data.splitlines())
 
     def close(self) -> None:
         pass

@@ -51,6 +51,9 @@ queue), not by counting. The mixin also keeps, for the replay, what vLLM's own
 state shows about conformance (`observations`): its checks are
 `GroundTruthMixin` (ground_truth.py), which says what each one reads.
 
+Where the events go (a file, a streamed sink, both) is sinks.py's
+`open_trace_from_env`; the recorder only calls `write`.
+
 Standard library only: this module never imports vLLM.
 """
 

@@ -32,6 +32,7 @@ Standard library only: this module never imports vLLM.
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import socket
 import stat
@@ -50,6 +51,8 @@ DEFAULT_BUFFER = 65536
 KINDS = ("file", "fifo", "unix")
 RETRY_SECONDS = 0.2          # between attempts to reach a sink that is not there (yet)
 CLOSE_SECONDS = 5.0          # how long close() waits for the buffer to drain
+DRAIN_SECONDS = 0.005        # how often the drain thread looks at an empty buffer
+BATCH_LINES = 4096           # lines written at once, at most
 
 
 @dataclass(frozen=True)
@@ -195,7 +198,7 @@ class StreamedTrace(TraceFile):
             raise ValueError(f"{BUFFER_ENV}: a buffer of at least 2 lines (an event and a marker), got {capacity}")
         self.capacity, self._pace, self._connect = capacity, pace, connect
         self._lines: deque[bytes] = deque()
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()     # no wake-up per event: the drain thread polls
         self._dropped = 0                  # events not buffered since the buffer's last line
         self._lost_at_head = 0             # lines a sink refused, just before the buffer's first line
         self._closing = False
@@ -216,7 +219,6 @@ class StreamedTrace(TraceFile):
                 if self._dropped:
                     self._lines.append(self._marker())
                 self._lines.append(line)
-                self._lock.notify()
             else:
                 self._dropped += 1
                 self.dropped_in_all += 1
@@ -238,47 +240,57 @@ class StreamedTrace(TraceFile):
             self._closing = True
             if self._dropped:
                 self._lines.append(self._marker())
-            self._lock.notify()
         self._thread.join(timeout)
         atexit.unregister(self.close)
 
     # -- the drain thread ---------------------------------------------------------
 
     def _drain(self) -> None:
+        """Write what is buffered, a batch (up to BATCH_LINES lines) per
+        write, looking again every DRAIN_SECONDS when there is nothing: the
+        writer never pays for waking this thread."""
         connection: Connection | None = None
         connections = 0
         while True:
             with self._lock:
-                while not self._lines and not self._closing:
-                    self._lock.wait()
-                if not self._lines:                       # closing, and all written
+                batch = list(itertools.islice(self._lines, BATCH_LINES))
+                lost, closing = self._lost_at_head, self._closing
+            if not batch:
+                if closing:
                     break
-                line, lost = self._lines[0], self._lost_at_head
+                time.sleep(DRAIN_SECONDS)
+                continue
             if connection is None:
                 connection = self._reach(again=connections > 0)
                 if connection is None:                    # closing, and the sink never came
                     break
                 connections += 1
                 continue
+            marker = self._line({"ev": "dropped", "count": lost}, None).encode("utf-8") if lost else b""
             try:
-                if lost:
-                    connection.write(self._line({"ev": "dropped", "count": lost}, None).encode("utf-8"))
-                    with self._lock:
-                        self._lost_at_head -= lost
-                connection.write(line)
-            except OSError:
+                connection.write(marker + b"".join(batch))
+            except OSError:                                # the reader went away: the batch is lost
                 _quietly_close(connection)
                 connection = None
-                with self._lock:
-                    self._lines.popleft()
-                    if line is not self._config:          # the config is resent on the next connection
-                        self._lost_at_head += 1
-                        self.dropped_in_all += 1
+                self._written(batch, lost, failed=True)
             else:
-                with self._lock:
-                    self._lines.popleft()
+                self._written(batch, lost, failed=False)
         if connection is not None:
             _quietly_close(connection)
+
+    def _written(self, batch: list[bytes], lost: int, failed: bool) -> None:
+        """Take the batch off the buffer; if the sink refused it, count its
+        lines (the config but the first time: it is resent on the next
+        connection) as lost before the buffer's new first line."""
+        with self._lock:
+            for _ in batch:
+                self._lines.popleft()
+            if not failed:
+                self._lost_at_head -= lost
+                return
+            refused = sum(1 for line in batch if line is not self._config)
+            self._lost_at_head += refused
+            self.dropped_in_all += refused
 
     def _reach(self, again: bool) -> Connection | None:
         """Open the sink, retrying while it is not there (the buffer fills
