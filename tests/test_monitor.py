@@ -102,15 +102,15 @@ def test_several_sinks_are_checked_in_parallel_with_one_summary(tmp_path: Path):
 def test_sigterm_ends_the_monitor_with_the_verdicts_so_far(tmp_path: Path):
     address = SinkAddress("unix", str(tmp_path / "engine.sock"))
     monitor = flightcheck("monitor", str(address), "--json")
-    assert monitor.stdout is not None
-    wait_for(monitor.stdout, "waiting for the writer")
+    assert monitor.stderr is not None
+    wait_for(monitor.stderr, "waiting for the writer")
     trace = write(address, LEGAL, upto=11)          # a run still going: the writer stays connected
-    wait_for(monitor.stdout, "the first line came")
+    wait_for(monitor.stderr, "the first line came")
     time.sleep(0.5)
     monitor.send_signal(signal.SIGTERM)
     out, err = monitor.communicate(timeout=30)
     trace.close()
-    summary = json.loads(out[out.index("{"):])
+    summary = json.loads(out)                        # stdout: the summary alone
     assert monitor.returncode == 0 and summary["exit"] == 0, (out, err)
     [stream] = summary["streams"]
     assert (stream["status"], stream["ended_by"], stream["events"]) == ("legal", "signal", 11)

@@ -176,3 +176,39 @@ def test_a_socket_reader_that_goes_away_costs_events_and_a_new_one_starts_at_the
     assert events[1]["ev"] == "dropped" and events[1]["count"] >= 1
     assert events[-1] == {"ev": "end"}
     listener.close()
+
+
+def test_an_overflow_reaches_the_monitor_as_a_marker_and_cuts_its_verdict(tmp_path: Path):
+    """A 4-line buffer and a FIFO no one reads yet: the config and 3 events
+    wait, 6 are dropped; once the monitor opens the FIFO the rest flows, the
+    marker first, and the verdict holds up to line 4."""
+    address = SinkAddress("fifo", str(tmp_path / "engine.fifo"))
+    events = events_of(LEGAL)
+    trace = StreamedTrace(connector(address), capacity=4, record_time=False)
+    for event in events[:10]:
+        trace.write(event)
+    assert trace.dropped_in_all == 6
+
+    def drained() -> None:
+        deadline = time.monotonic() + 10
+        while trace._lines and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    def the_rest() -> None:                      # slowly enough that nothing more is dropped
+        for event in events[10:]:
+            drained()
+            trace.write(event)
+        trace.close()
+    writer = threading.Thread(target=the_rest)
+    lines: list[str] = []
+    outcome = watch(address, Follow(idle=10), lambda text: (lines.append(text), writer.is_alive() or writer.start()))
+    writer.join(10)
+    assert (outcome.status, outcome.line, outcome.dropped) == ("partial", 5, 6), (outcome, lines)
+    assert lines[-1].startswith("verdict holds up to line 4; 6 events dropped after it")
+
+
+def test_keep_going_reports_the_violation_and_reads_on_to_the_end(tmp_path: Path):
+    lines: list[str] = []
+    outcome = watch(SinkAddress("file", str(REUSED)), Follow(idle=1), lines.append, keep_going=True)
+    assert outcome.status == "violation" and outcome.ended_by == "end event" and outcome.violations >= 1
+    assert sum("violates" in line for line in lines) == outcome.violations

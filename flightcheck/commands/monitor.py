@@ -30,6 +30,7 @@ import json
 import multiprocessing
 import queue
 import signal
+import sys
 from typing import Any
 
 from flightcheck.spec.profiles import PROFILES
@@ -49,7 +50,8 @@ def add_parser(sub) -> None:
                          help="report every violation and carry on from the trace's state")
     monitor.add_argument("--idle", type=float, metavar="SECONDS",
                          help="end a stream after this many seconds without a byte (default: never)")
-    monitor.add_argument("--json", action="store_true", help="print the summary as JSON")
+    monitor.add_argument("--json", action="store_true",
+                         help="print the summary as JSON on stdout (the verdicts as they come go to stderr)")
     monitor.set_defaults(func=run)
 
 
@@ -94,8 +96,8 @@ def _monitor(addresses: list[Any], args: argparse.Namespace) -> list[dict[str, A
                 if not any(w.is_alive() for w in workers) and messages.empty():
                     break
                 continue
-            if kind == "line":
-                print(f"{sink}: {payload}", flush=True)
+            if kind == "line":                 # with --json, stdout holds the summary alone
+                print(f"{sink}: {payload}", file=sys.stderr if args.json else sys.stdout, flush=True)
             else:
                 outcomes[sink] = payload
     finally:
