@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import socket
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -87,19 +88,19 @@ def start_worker(version: str, env: dict[str, str]) -> ReplayWorker:
                 os.environ[key] = value
 
 
-def measure(workers: dict[str, tuple[ReplayWorker, bool]], raw: dict[str, Any],
+def measure(workers: dict[str, tuple[ReplayWorker, bool, str | None]], raw: dict[str, Any],
             repeats: int) -> dict[str, dict[str, float]]:
     """Per setting, the median wall and CPU seconds per engine step; the
     settings take turns, so a change of the machine's load hits them all."""
     wall: dict[str, list[float]] = {name: [] for name in workers}
     cpu: dict[str, list[float]] = {name: [] for name in workers}
-    for worker, recorder in workers.values():
-        worker.replay(raw, recorder=recorder)                     # warm up
+    for worker, recorder, trace in workers.values():
+        worker.replay(raw, trace=trace, recorder=recorder)        # warm up
     for _ in range(repeats):
-        for name, (worker, recorder) in workers.items():
+        for name, (worker, recorder, trace) in workers.items():
             pid = worker._process.pid
             cpu0, wall0 = cpu_seconds(pid), time.perf_counter()
-            result = worker.replay(raw, recorder=recorder)
+            result = worker.replay(raw, trace=trace, recorder=recorder)
             wall[name].append((time.perf_counter() - wall0) / result["steps"])
             cpu[name].append((cpu_seconds(pid) - cpu0) / result["steps"])
     return {name: {"wall": statistics.median(wall[name]), "cpu": statistics.median(cpu[name])} for name in workers}
@@ -145,19 +146,23 @@ def main() -> None:
         for name, us in write_path(scratch, events, args.repeats).items():
             print(f"  {name:34} {us:6.2f} us/event")
         return
+    # (the environment the worker starts with, recorder or not, the replay's
+    # FLIGHTCHECK_TRACE: the worker sets it per replay from its `trace`)
     settings = {
-        "plain scheduler (no recorder)": ({}, False),
-        "recorder, no output": ({}, True),
-        "recorder, FLIGHTCHECK_TRACE file": ({TRACE_ENV: str(scratch / "plain.jsonl")}, True),
-        "recorder, sink file:": ({SINK_ENV: f"file:{scratch / 'streamed.jsonl'}"}, True),
-        "recorder, sink unix: (drained)": ({SINK_ENV: f"unix:{scratch / 'reader.sock'}"}, True),
+        "plain scheduler (no recorder)": ({}, False, None),
+        "recorder, no output": ({}, True, None),
+        "recorder, FLIGHTCHECK_TRACE file": ({}, True, str(scratch / "plain.jsonl")),
+        "recorder, sink file:": ({SINK_ENV: f"file:{scratch / 'streamed.jsonl'}"}, True, None),
+        "recorder, sink unix: (drained)": ({SINK_ENV: f"unix:{scratch / 'reader.sock'}"}, True, None),
     }
-    workers = {name: (start_worker(args.version, env), recorder) for name, (env, recorder) in settings.items()}
+    workers = {name: (start_worker(args.version, env), recorder, trace)
+               for name, (env, recorder, trace) in settings.items()}
     try:
         timings = measure(workers, raw, args.repeats)
     finally:
-        for worker, _ in workers.values():
+        for worker, _, _ in workers.values():
             worker.close()
+    print(json.dumps(timings), file=sys.stderr, flush=True)     # kept, whatever follows
     recorded = [json.loads(line) for line in (scratch / "plain.jsonl").read_text().splitlines()]
     per_event = write_path(scratch, recorded[:2000], args.repeats)
     base = timings["recorder, no output"]
