@@ -9,6 +9,8 @@ The default profile is Hypothesis's own; tests that need fewer examples by
 default say so with their own settings.
 """
 
+import json
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -77,10 +79,60 @@ def _outcome(events: list, profile: str | None, full: bool) -> tuple:
 def differential_check_events(events: list, profile: str | None = None, full: bool = False,
                               progress=None) -> _check.CheckResult:
     """check_events, after asserting that the incremental checker and the full
-    replay agree on these events (under the same profile)."""
+    replay agree on these events (under the same profile), and that the
+    streaming checker (stream.py) agrees with them on the lines they came from."""
     incremental, whole = _outcome(events, profile, full=False), _outcome(events, profile, full=True)
     assert incremental == whole, f"incremental checker {incremental} != full replay {whole}"
+    streamed = streamed_outcome(events, profile)
+    assert streamed is None or streamed_agrees(*streamed, _comparable(incremental)), \
+        f"streaming checker {streamed} != whole-trace checker {_comparable(incremental)}"
     return _original_check_events(events, profile, full=full, progress=progress)
+
+
+def streamed_outcome(events: list, profile: str | None) -> tuple[tuple, int | None] | None:
+    """The streaming checker's outcome on the events written back as the lines
+    they were read from (blank lines where `read_events` skipped them), in the
+    form `_comparable` gives, and the line of its violation; None for events
+    JSON cannot write."""
+    from flightcheck.verification.traces.stream import check_lines
+
+    numbers = getattr(events, "line_numbers", None) or list(range(1, len(events) + 1))
+    lines = [""] * (max(numbers, default=0))
+    try:
+        for number, event in zip(numbers, events):
+            lines[number - 1] = json.dumps(event)
+    except (TypeError, ValueError):
+        return None
+    verdict = list(check_lines(lines, profile))[-1]
+    if verdict.result is None:
+        return ("malformed", verdict.malformed), None
+    r = verdict.result
+    return _comparable(("checked", r.ok, r.events, r.event_index, r.property, r.message, tuple(r.unchecked),
+                        r.profile)), r.line
+
+
+def streamed_agrees(streamed: tuple, line: int | None, whole: tuple) -> bool:
+    """The streaming checker's outcome is the whole-trace checker's, but for
+    what it documents (stream.py): a violation before the first malformed
+    line is reported; a pool too large to model is refused at the arrival
+    that makes it so."""
+    if streamed == whole:
+        return True
+    if whole[0] != "malformed":
+        return False
+    malformed_line = re.match(r"line (\d+):", whole[1])
+    if streamed[0] == "checked" and not streamed[1] and malformed_line:
+        return line is not None and line < int(malformed_line.group(1))
+    pool = "the checker models pools of at most"
+    return streamed[0] == "malformed" and pool in whole[1] and pool in streamed[1]
+
+
+def _comparable(outcome: tuple) -> tuple:
+    """An outcome without what the streaming checker cannot know when it stops
+    at a violation: the count of events after it."""
+    if outcome[0] == "checked" and not outcome[1]:
+        return outcome[:2] + outcome[3:]
+    return outcome
 
 
 @pytest.fixture

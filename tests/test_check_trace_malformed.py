@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flightcheck.cli import main
-from flightcheck.verification.traces import check as check_module
 from flightcheck.verification.traces import replay as replay_module
-from flightcheck.verification.traces.check import MalformedTrace, check_events, read_events
+from flightcheck.verification.traces import stream as stream_module
+from flightcheck.verification.traces.check import MalformedTrace, check_events, read_events, read_trace_file
 from flightcheck.verification.traces.schema import MAX_POOL_BLOCKS
 from tests.test_check_trace import SCENARIOS, events_of
 
@@ -256,9 +256,15 @@ def test_a_non_string_event_kind_is_malformed(tmp_path, ev):
 
 
 def test_a_binary_file_exits_2_with_one_line(tmp_path):
+    """check-trace reads line by line: the first line that is not an event
+    is named, a bad byte by its offset in the file."""
     path = tmp_path / "binary.jsonl"
     path.write_bytes(bytes(range(256)) * 4)          # byte 10 ends line 1; byte 128 is on line 2
-    assert_malformed(path, "line 2:", "UTF-8", "byte 128")
+    assert_malformed(path, "line 1:", "not JSON")
+    path.write_bytes(b"\n" + bytes(range(11, 256)) * 4)   # line 1 blank; byte 118 (128) is on line 2
+    assert_malformed(path, "line 2:", "UTF-8", "byte 118")
+    with pytest.raises(MalformedTrace, match="line 2: not UTF-8 text .byte 118"):
+        read_trace_file(path)                        # the whole file: its decoder says the same
 
 
 def test_latin1_text_names_the_line_of_the_first_bad_byte(tmp_path):
@@ -372,8 +378,11 @@ def test_a_pool_the_trace_could_really_fill_beyond_the_limit_is_refused_naming_i
     arrive = {"ev": "arrive", "req": "a", "prompt_len": 4, "max_tokens": 2**20}
     path = write_lines(tmp_path, [json.dumps(config), json.dumps(arrive)])
     t0 = time.perf_counter()
-    assert_malformed(path, "line 1:", "num_blocks", str(MAX_POOL_BLOCKS))
+    # check-trace streams: it refuses at the arrival that makes the pool too large
+    assert_malformed(path, "line 2: arrive event:", "num_blocks", str(MAX_POOL_BLOCKS))
     assert time.perf_counter() - t0 < 2.0
+    with pytest.raises(MalformedTrace, match=f"line 1: config event: num_blocks: .* {MAX_POOL_BLOCKS} blocks"):
+        check_events(read_events(path.read_text().split("\n")))     # the whole trace: at its config
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
@@ -396,10 +405,10 @@ def test_the_cut_pool_gives_the_full_pools_verdict(name, monkeypatch):
 # -- our own bugs: exit 3, never a verdict -----------------------------------------------
 
 def test_an_unexpected_exception_exits_3_with_the_traceback_saved(tmp_path, monkeypatch):
-    def broken(path: Any, profile: Any = None) -> None:
+    def broken(lines: Any, profile: Any = None, **options: Any) -> None:
         raise KeyError("a bug of ours")
 
-    monkeypatch.setattr(check_module, "check_trace", broken)
+    monkeypatch.setattr(stream_module, "check_lines", broken)
     code, out, err = run_check_trace(write_lines(tmp_path, valid_lines()))
     assert code == 3 and out == ""
     assert err.count("\n") == 1 and "internal error" in err and "KeyError" in err
@@ -411,7 +420,7 @@ def test_an_unexpected_exception_exits_3_with_the_traceback_saved(tmp_path, monk
 
 
 def test_an_unexpected_exception_with_json_prints_one_object(tmp_path, monkeypatch):
-    monkeypatch.setattr(check_module, "check_trace", lambda path, profile=None: 1 / 0)
+    monkeypatch.setattr(stream_module, "check_lines", lambda lines, profile=None, **options: 1 / 0)
     code, out, err = run_check_trace(write_lines(tmp_path, valid_lines()), "--json")
     assert code == 3 and json.loads(out)["ok"] is False and "internal_error" in json.loads(out)
     Path(err.rsplit("traceback saved to ", 1)[1].strip()).unlink()

@@ -1,7 +1,14 @@
-"""`flightcheck check-trace FILE`: replay a trace against the spec.
+"""`flightcheck check-trace FILE`: replay a trace against the spec, as it is read.
 
 The trace is checked under the spec's version profile its config event
 selects (`vllm_version`; explicit keys override), or under `--profile NAME`.
+FILE is a file, `-` (standard input) or a FIFO; it is read line by line and
+each event is checked as it is read (verification/traces/stream.py), so a
+violation is reported the moment its event is read. `--follow` watches a
+file another process is still writing, as `tail -f`: it ends at the `end`
+event, after `--idle SECONDS` without a new line, or on SIGINT/SIGTERM, with
+the verdict on what it read so far. `--keep-going` reports every violation
+and carries on (stream.py says from which state).
 
 Every position it prints is the line of the file (1-based, blank lines
 counted), for a violation as for a malformed line; requests are named by the
@@ -18,9 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from flightcheck.spec.profiles import PROFILES
 
@@ -29,7 +37,7 @@ from .common import bad, internal_error
 
 def add_parser(sub) -> None:
     check = sub.add_parser("check-trace", help="replay a trace file against the spec")
-    check.add_argument("file", help="a JSON Lines trace (docs/trace-format.md)")
+    check.add_argument("file", help="a JSON Lines trace (docs/trace-format.md); - reads standard input")
     check.add_argument("--profile", metavar="NAME",
                        help="check under this version profile (default: the one the trace's vllm_version "
                             f"selects; {', '.join(PROFILES)})")
@@ -38,6 +46,13 @@ def add_parser(sub) -> None:
                        help="re-check every property of the whole state after every event (slow on "
                             "long traces; the same verdict as the default, which checks what each "
                             "event touches)")
+    check.add_argument("--follow", action="store_true",
+                       help="wait for more lines at the end of the file, as tail -f; stop at the end "
+                            "event, after --idle seconds without a new line, or on SIGINT/SIGTERM")
+    check.add_argument("--idle", type=float, metavar="SECONDS",
+                       help="with --follow: stop after this many seconds without a new line")
+    check.add_argument("--keep-going", action="store_true",
+                       help="report every violation and carry on, instead of stopping at the first")
     check.set_defaults(func=run)
 
 
@@ -52,47 +67,108 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from flightcheck.verification.traces.check import MalformedTrace, check_trace
+    from flightcheck.verification.traces.stream import Follow, MalformedTrace, check_lines, open_lines
 
     if args.profile is not None and args.profile not in PROFILES:
         return bad(f"unknown --profile {args.profile!r}; known: {', '.join(PROFILES)}")
-    options = {"full": True} if args.full else {}
+    if args.idle is not None and (not args.follow or not args.idle >= 0):
+        return bad("--idle takes a number of seconds (0 or more), with --follow")
+    name = "<stdin>" if args.file == "-" else args.file
+    stop = _Stop()
+    follow = Follow(stop=stop, idle=args.idle) if args.follow else None
     try:
-        if sys.stderr.isatty():                    # a person is watching: show how far it got
-            with _progress_bar() as progress:
-                result = check_trace(args.file, args.profile, progress=progress, **options)
-        else:
-            result = check_trace(args.file, args.profile, **options)
+        lines = open_lines(args.file, follow)
     except MalformedTrace as err:
-        if args.json:
-            print(json.dumps({"ok": False, "malformed": str(err)}))
-        return bad(f"{args.file}: {err}")
+        return _malformed(args, name, str(err))
+    watching = sys.stderr.isatty()                 # a person is watching: show how far it got
+    with lines, (stop.on_signals() if args.follow else nullcontext()), \
+            (_progress_line() if watching else nullcontext()) as progress:
+        for verdict in check_lines(lines, args.profile, keep_going=args.keep_going, full=args.full,
+                                   on_progress=progress):
+            if verdict.result is None:
+                return _malformed(args, name, verdict.malformed or "")
+            stopped = stop.why(verdict.result.events, lines.waited_out) if verdict.final else ""
+            _print(args, name, verdict, stopped)
+    return verdict.exit_code
+
+
+def _malformed(args: argparse.Namespace, name: str, message: str) -> int:
     if args.json:
-        print(json.dumps(result.to_json(), indent=1))
+        print(json.dumps({"ok": False, "malformed": message}))
+    return bad(f"{name}: {message}")
+
+
+def _print(args: argparse.Namespace, name: str, verdict, stopped: str) -> None:
+    """A violation (as found, or the final one) or the final verdict."""
+    result = verdict.result
+    if args.json:
+        fields = result.to_json() | ({"violations": verdict.violations} if args.keep_going else {}) \
+            | ({"stopped": stopped.strip(" ()")} if stopped else {})
+        print(json.dumps(fields) if args.keep_going else json.dumps(fields, indent=1), flush=True)
+        return
+    if verdict.final and args.keep_going and verdict.violations:
+        print(f"{name}: {verdict.violations} violations ({result.events} events, profile {result.profile})"
+              f"{stopped}")
     elif result.ok:
-        print(f"{args.file}: legal ({result.events} events, profile {result.profile})")
+        print(f"{name}: legal ({result.events} events, profile {result.profile}){stopped}")
     else:
-        print(f"{args.file}: line {result.line} ({result.event} event) violates {result.property}: "
-              f"{result.message}")
+        print(f"{name}: line {result.line} ({result.event} event) violates {result.property}: "
+              f"{result.message}{stopped}")
         print(f"state before line {result.line}: {result.state_before}")
         print(f"profile: {result.profile}")
-    if not args.json:
+    if verdict.final:
         for item in result.unchecked:
             print(f"not checked: {item}")
-    return 0 if result.ok else 1
+    sys.stdout.flush()
+
+
+class _Stop:
+    """What stops a follower: SIGINT or SIGTERM (noted, not raised, so the
+    event being checked is finished and the verdict so far printed)."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+
+    def __call__(self) -> bool:
+        return self.signal is not None
+
+    @contextmanager
+    def on_signals(self) -> Iterator[None]:
+        def note(number: int, frame: object) -> None:
+            self.signal = signal.Signals(number).name
+
+        old = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+    def why(self, events: int, idle: float | None) -> str:
+        """Why the check stopped before the end of the trace, if it did."""
+        if self.signal is not None:
+            return f" (stopped by {self.signal} after {events} events)"
+        if idle is not None:
+            return f" (stopped after {idle:g} s without a new line, after {events} events)"
+        return ""
 
 
 @contextmanager
-def _progress_bar() -> Iterator[Callable[[int, int], None]]:
-    """A rich progress bar on stderr, fed `(events done, events in all)`."""
+def _progress_line() -> Iterator[Callable[[int, int], None]]:
+    """One live line on stderr: events checked, events/s, requests alive."""
+    import time
+
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("checking"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+    with Progress(TextColumn("checking: {task.completed:,.0f} events, {task.fields[rate]} events/s, "
+                             "{task.fields[live]} live requests"), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("check", total=None)
+        task = bar.add_task("check", total=None, live=0, rate="?")
+        started = time.monotonic()
 
-        def update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+        def update(done: int, live: int) -> None:
+            rate = done / max(time.monotonic() - started, 1e-9)
+            bar.update(task, completed=done, live=live, rate=f"{rate:,.0f}")
 
         yield update

@@ -108,8 +108,8 @@ class Growing:
         wanted = min(self.whole_pool_blocks, self.demand)
         if wanted > MAX_POOL_BLOCKS:
             raise MalformedTrace(f"line {line}: arrive event: the trace's arrivals up to this one can take up "
-                                 f"to {wanted} blocks of the pool; the checker models pools of at most "
-                                 f"{MAX_POOL_BLOCKS} blocks")
+                                 f"to {wanted} blocks of the pool (num_blocks {self.whole_pool_blocks}); the "
+                                 f"checker models pools of at most {MAX_POOL_BLOCKS} blocks")
         if wanted > cfg.num_blocks:
             self.state = replace(self.state, pool=_grown_pool(self.state.pool, wanted))
             self.cfg = replace(cfg, num_blocks=wanted)  # type: ignore[attr-defined]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from .reading import MalformedTrace
 
-MAX_LINE_BYTES = 1 << 20        # 1 MiB: a recorder's longest event is a batch, far shorter
+MAX_LINE_BYTES = 1 << 24        # 16 MiB: a prompt of 2 Mi token ids (MAX_PROMPT_BLOCKS of 16 tokens) fits
 MAX_BLANK_RUN = 1 << 16         # blank lines in a row
 POLL_SECONDS = 0.05             # how often a follower looks for more input
 CHUNK = 1 << 16
@@ -48,14 +48,17 @@ class LineReader:
     """The lines of the input behind file descriptor `fd` (without their
     newline), one at a time; `number` is the last line's 1-based number."""
 
-    def __init__(self, fd: int, follow: Follow | None = None, max_line: int = MAX_LINE_BYTES) -> None:
+    def __init__(self, fd: int, follow: Follow | None = None, max_line: int = MAX_LINE_BYTES,
+                 owns_fd: bool = False) -> None:
         self.fd = fd
+        self.owns_fd = owns_fd               # close() closes it
         self.follow = follow
         self.max_line = max_line
         self.number = 0
         self.offset = 0                      # input bytes before `self.buffer`
         self.buffer = bytearray()
         self.scanned = 0                     # bytes of the buffer known to hold no newline
+        self.waited_out: float | None = None  # following: the idle seconds that ended it, if they did
         self.waits = not stat.S_ISREG(os.fstat(fd).st_mode)   # a pipe, FIFO or terminal: select on it
 
     def __iter__(self) -> Iterator[str]:
@@ -116,12 +119,14 @@ class LineReader:
                     return True
                 time.sleep(POLL_SECONDS)
             if self.follow.idle is not None and time.monotonic() - last_byte >= self.follow.idle:
+                self.waited_out = self.follow.idle
                 return False
         return False
 
     def close(self) -> None:
         """Close the file it opened (standard input stays open)."""
-        if self.fd != sys.stdin.fileno():
+        if self.owns_fd:
+            self.owns_fd = False
             os.close(self.fd)
 
     def __enter__(self) -> "LineReader":
@@ -149,4 +154,4 @@ def open_lines(path: str, follow: Follow | None = None) -> LineReader:
         fd = os.open(path, os.O_RDONLY)
     except OSError as err:
         raise MalformedTrace(f"cannot read it: {err.strerror or err}") from None
-    return LineReader(fd, follow)
+    return LineReader(fd, follow, owns_fd=True)

@@ -26,8 +26,8 @@ What it keeps: the spec state (requests alive or in flight, their blocks,
 the batches in flight), one entry per request id seen (id reuse is
 detected by it) and a line counter. Not kept: the events, their line
 numbers, the labels of prompts given without their token ids (a counter
-numbers them). Prompt labels built from token ids are kept, one per
-distinct prompt block, as the prefix cache's content.
+numbers them), the content of prompt labels no block caches and no request
+holds (`_CountedLabels`).
 
 Where the streaming verdict can differ from the whole-trace one:
 * `state_before` lists the free queue of the pool cut to the arrivals read
@@ -73,6 +73,7 @@ __all__ = ["Follow", "LineReader", "MAX_FINISH_LOOKAHEAD", "MAX_PROMPT_BLOCKS", 
 MAX_FINISH_LOOKAHEAD = 4096
 MAX_PROMPT_BLOCKS = 1 << 17          # full blocks of one prompt: 131,072 (128 Ki tokens at block size 1)
 PROGRESS_EVERY = 1000
+PRUNE_LABELS_FROM = 4096           # stored prompt labels before the first prune
 
 Progress = Callable[[int, int], None]   # (events checked, requests alive now)
 
@@ -97,21 +98,44 @@ class Verdict:
 
 
 class _CountedLabels(dict):
-    """The checker's prompt labels with the labels of prompts given without
-    token ids counted, not stored (replay.py numbers labels by `len`)."""
+    """The checker's prompt labels (replay.py: content -> label, a new label
+    numbered `len + 1`), in memory bounded by the live state: `len` counts
+    every label ever made, so numbers are never reused; labels of prompts
+    given without token ids are counted, not stored; and `prune` forgets the
+    content of labels no block caches and no request slot holds. Such a
+    label can never be compared again (the spec compares prompt labels only
+    with the pool's and with a request's own), so content that comes back
+    gets a new label that behaves as the old one would have: a miss."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.fresh = 0
+        self.made = 0
+        self.kept_after_prune = 0
 
     def __len__(self) -> int:
-        return super().__len__() + self.fresh
+        return self.made
 
     def __setitem__(self, key: Any, value: int) -> None:
-        if isinstance(key, tuple) and key and key[0] == "fresh":
-            self.fresh += 1
-        else:
+        self.made += 1
+        if not (isinstance(key, tuple) and key and key[0] == "fresh"):
             super().__setitem__(key, value)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if key in self:
+            return self[key]
+        self[key] = default
+        return default
+
+    def prune_if_grown(self, state: Any) -> None:
+        """Forget dead labels once the stored ones have doubled since the last prune."""
+        if dict.__len__(self) <= max(PRUNE_LABELS_FROM, 2 * self.kept_after_prune):
+            return
+        live = {label for label in state.pool.labels if label is not None}
+        for q in state.requests:
+            live.update(q.prompt_labels)
+        for key in [key for key, label in self.items() if label not in live]:
+            del self[key]
+        self.kept_after_prune = dict.__len__(self)
 
 
 class StreamingIncremental(Growing, IncrementalChecker):
@@ -238,6 +262,8 @@ class _Run:
             c.feed(event)
         except _Violation as v:
             yield from self._violated(v, c.describe(before), line, index, event["ev"])
+        if event["ev"] == "arrive":
+            c.labels.prune_if_grown(c.state)
         if self.on_progress is not None and index % PROGRESS_EVERY == 0:
             self.on_progress(index, len(c.state.waiting) + len(c.state.running))
 
