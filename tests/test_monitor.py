@@ -1,7 +1,7 @@
 """`flightcheck monitor` (flightcheck/commands/monitor.py) without vLLM: a
 `dropped` marker cuts the verdict at the line before it (and check-trace
 stops there too), several sinks are checked in parallel with one summary, a
-signal ends it with the verdicts so far, `--idle` ends a stream no one writes."""
+signal (SIGINT: a Ctrl-C) ends it with the verdicts so far, `--idle` ends a stream no one writes."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from flightcheck.commands.monitor_watch import watch
 from flightcheck.verification.traces.line_reader import Follow
@@ -99,7 +101,8 @@ def test_several_sinks_are_checked_in_parallel_with_one_summary(tmp_path: Path):
     assert summary[2] == f"  {engines[1]}: violation: S7_output_binding at line 8"
 
 
-def test_sigterm_ends_the_monitor_with_the_verdicts_so_far(tmp_path: Path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_ends_the_monitor_with_the_verdicts_so_far(signum: int, tmp_path: Path):
     address = SinkAddress("unix", str(tmp_path / "engine.sock"))
     monitor = flightcheck("monitor", str(address), "--json")
     assert monitor.stderr is not None
@@ -107,7 +110,7 @@ def test_sigterm_ends_the_monitor_with_the_verdicts_so_far(tmp_path: Path):
     trace = write(address, LEGAL, upto=11)          # a run still going: the writer stays connected
     wait_for(monitor.stderr, "the first line came")
     time.sleep(0.5)
-    monitor.send_signal(signal.SIGTERM)
+    monitor.send_signal(signum)
     out, err = monitor.communicate(timeout=30)
     trace.close()
     summary = json.loads(out)                        # stdout: the summary alone

@@ -13,7 +13,8 @@ and the streams share nothing. Every verdict is printed as it is found, one
 line, prefixed by its sink; one summary follows at the end. The monitor ends
 when every stream has ended (its `end` event, its writer closed the FIFO or
 socket, or its verdict was given), on SIGINT or SIGTERM (with the verdicts
-so far), or after `--idle SECONDS` without a byte on a stream.
+so far; a second Ctrl-C is the usual one: exit 130), or after `--idle
+SECONDS` without a byte on a stream.
 
 Exit codes: 0 every stream legal; 1 a violation on some stream; 2 bad
 arguments, or a stream that is not a trace, cannot be read or never had a
@@ -29,8 +30,11 @@ import argparse
 import json
 import multiprocessing
 import queue
+import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from flightcheck.spec.profiles import PROFILES
@@ -84,7 +88,12 @@ def _monitor(addresses: list[Any], args: argparse.Namespace) -> list[dict[str, A
     options = {"profile": args.profile, "keep_going": args.keep_going, "idle": args.idle}
     workers = [context.Process(target=_worker, args=(address, options, messages, stop), daemon=True)
                for address in addresses]
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    with _signals_end_the_streams(stop):
+        return _gather(addresses, workers, messages, args.json)
+
+
+def _gather(addresses: list[Any], workers: list[Any], messages: Any, as_json: bool) -> list[dict[str, Any]]:
+    """Start the workers; print their lines as they come; their outcomes, in the sinks' order."""
     try:
         for worker in workers:
             worker.start()
@@ -97,17 +106,39 @@ def _monitor(addresses: list[Any], args: argparse.Namespace) -> list[dict[str, A
                     break
                 continue
             if kind == "line":                 # with --json, stdout holds the summary alone
-                print(f"{sink}: {payload}", file=sys.stderr if args.json else sys.stdout, flush=True)
+                print(f"{sink}: {payload}", file=sys.stderr if as_json else sys.stdout, flush=True)
             else:
                 outcomes[sink] = payload
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        stop.set()
         for worker in workers:
             worker.join(JOIN_SECONDS)
     return [outcomes.get(str(a)) or {"sink": str(a), "status": "internal error",
                                      "message": "its process died without a verdict"} for a in addresses]
+
+
+@contextmanager
+def _signals_end_the_streams(stop: Any) -> Iterator[None]:
+    """The first SIGINT or SIGTERM ends every stream with its verdict so far
+    (`stop`); a second SIGINT is the command-wide Ctrl-C (interrupts.py: its
+    workers killed, one line, exit 130). Meanwhile the signal wake-up pipe
+    that interrupts.py watches (to kill the children at once) is off."""
+    def first(signum: int, frame: object) -> None:
+        if signum == signal.SIGINT and stop.is_set():  # again: hand it to interrupts.py, as a Ctrl-C
+            signal.set_wakeup_fd(wakeup, warn_on_full_buffer=False)
+            signal.signal(signal.SIGINT, previous[signal.SIGINT])
+            os.kill(os.getpid(), signal.SIGINT)
+            return
+        stop.set()
+
+    wakeup = signal.set_wakeup_fd(-1)
+    previous = {s: signal.signal(s, first) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        stop.set()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        signal.set_wakeup_fd(wakeup, warn_on_full_buffer=False)
 
 
 def _worker(address: Any, options: dict[str, Any], messages: Any, stop: Any) -> None:
