@@ -201,7 +201,13 @@ def test_an_overflow_reaches_the_monitor_as_a_marker_and_cuts_its_verdict(tmp_pa
         trace.close()
     writer = threading.Thread(target=the_rest)
     lines: list[str] = []
-    outcome = watch(address, Follow(idle=10), lambda text: (lines.append(text), writer.is_alive() or writer.start()))
+
+    def ready(text: str) -> None:             # the FIFO is open for reading: the rest may come
+        lines.append(text)
+        if len(lines) == 1:
+            writer.start()
+
+    outcome = watch(address, Follow(idle=10), ready)
     writer.join(10)
     assert (outcome.status, outcome.line, outcome.dropped) == ("partial", 5, 6), (outcome, lines)
     assert lines[-1].startswith("verdict holds up to line 4; 6 events dropped after it")
