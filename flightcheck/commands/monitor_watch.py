@@ -50,7 +50,8 @@ class StreamOutcome:
     def describe(self) -> str:
         """The stream's line in the summary."""
         if self.status == "legal":
-            return f"legal ({self.events} events, profile {self.profile}; ended by {self.ended_by})"
+            unchecked = "" if self.ended_by == "end event" else "; no end event: liveness not checked"
+            return f"legal ({self.events} events, profile {self.profile}; ended by {self.ended_by}{unchecked})"
         if self.status == "violation":
             more = f", {self.violations} in all" if self.violations > 1 else ""
             return f"violation: {self.property} at line {self.line}{more}"
