@@ -45,10 +45,10 @@ def _quiet_ctrl_c_while_starting() -> None:
 
 _quiet_ctrl_c_while_starting()
 
-from .commands import bench, check_trace, fuzz, interrupts, plot, run, simulate, verify, vllm  # noqa: E402 (after the Ctrl-C guard)
+from .commands import bench, check_trace, fuzz, interrupts, monitor, plot, run, simulate, verify, vllm  # noqa: E402 (after the Ctrl-C guard)
 from .commands.common import Parser, bad, missing_dependency  # noqa: E402
 
-COMMANDS = (verify, fuzz, check_trace, run, simulate, bench, plot, vllm)
+COMMANDS = (verify, fuzz, check_trace, monitor, run, simulate, bench, plot, vllm)
 
 
 def build_parser() -> Parser:

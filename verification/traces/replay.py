@@ -69,6 +69,12 @@ class _Violation(Exception):
         self.prop, self.message = prop, message
 
 
+class EventsDropped(MalformedTrace):
+    """A streaming recorder's `dropped` marker (docs/trace-format.md): events
+    are missing from here on, so the checker judges nothing past it; every
+    event before it was checked (exit 2, the message says so)."""
+
+
 class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
     """Replays events one by one on the spec; `feed` raises _Violation."""
 
@@ -176,6 +182,9 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
     # -- events -------------------------------------------------------------
 
     def feed(self, event: dict[str, Any]) -> None:
+        if event["ev"] == "dropped":        # first: a lost finish must not read as a missing one
+            raise EventsDropped(f"a dropped marker: {event['count']} events lost here by the recorder; "
+                                f"every event before it is legal, nothing after it is judged")
         if self.ended:
             raise _Violation("event_after_end", f"{event['ev']} after the end event")
         if self.finished_now and event["ev"] != "finish" and not self._error_finish_may_wait(event):

@@ -363,9 +363,14 @@ KV_FAILED = Record({
 })
 KV_SENT = Record({**COMMON, "req": (REQUEST_ID, True)})
 
+# A streaming recorder's marker: `count` events were lost here (its buffer
+# was full, or its sink refused them); nothing after it can be judged.
+DROPPED = Record({**COMMON, "count": (POSITIVE, True)})
+
 EVENTS: dict[str, Record] = {"config": CONFIG, "arrive": ARRIVE, "schedule": SCHEDULE, "stage": STAGE,
                              "complete": COMPLETE, "finish": FINISH, "abort": ABORT, "end": END,
-                             "kv_received": KV_RECEIVED, "kv_failed": KV_FAILED, "kv_sent": KV_SENT}
+                             "kv_received": KV_RECEIVED, "kv_failed": KV_FAILED, "kv_sent": KV_SENT,
+                             "dropped": DROPPED}
 KV_EVENTS = frozenset({"kv_received", "kv_failed", "kv_sent"})
 EVENT_KIND = Choice(tuple(EVENTS))
 
