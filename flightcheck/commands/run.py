@@ -21,6 +21,7 @@ import tempfile
 from .common import (DEFAULT_REFERENCE_PROFILE, MAX_PROMPTS, REFERENCE_PROFILES, bad, count_int,
                      cuda_problem, first_unwritable, int_in, local_pp_problem, positive_int, real,
                      seed_int)
+from .stop_signals import StopSignal, stop_signals
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 MIN_SYNTHETIC_PROMPT = 4          # --num-prompts draws prompts of 4 to 200 tokens
@@ -78,9 +79,12 @@ def run(args: argparse.Namespace) -> int:
             return bad(problem)
 
     try:
-        return _run(args)
+        with stop_signals():        # SIGTERM, SIGHUP: StopSignal, answered as Ctrl-C is
+            return _run(args)
     except KeyboardInterrupt:       # the stages are already stopped and reaped (see _execute)
         return interrupted()
+    except StopSignal as stop:
+        return stopped(stop, args.trace)
 
 
 def interrupted() -> int:
@@ -95,6 +99,26 @@ def interrupted() -> int:
         sys.stderr.flush()
         os._exit(INTERRUPTED)
     return INTERRUPTED
+
+
+def stopped(stop: StopSignal, trace_path: str | None) -> int:
+    """SIGTERM or SIGHUP: one line saying what the trace holds, and the
+    shell's code for a process that the signal ended (128 + its number). By
+    now every stage process is reaped and the trace is closed."""
+    held = ""
+    if trace_path is not None:
+        try:
+            with open(trace_path, "rb") as f:
+                events = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+            held = f"; the trace holds {events} complete events"
+        except OSError:
+            pass
+    sys.stderr.write(f"\nflightcheck: run stopped by {stop.name}{held}\n")
+    if "torch" in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(stop.exit_code)
+    return stop.exit_code
 
 
 # 128 + SIGINT, what a shell reports for a process that SIGINT ended.
@@ -175,7 +199,6 @@ def _prepare(args: argparse.Namespace):
 
 def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
     from flightcheck.runtime import launch
-    from flightcheck.runtime.generate import RunFailed, generate
     from flightcheck.runtime.trace import RuntimeTraceWriter, write_chrome_trace
 
     launch.set_threads(1)
@@ -189,6 +212,8 @@ def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
           f"model, {args.dtype}", file=log)
     from flightcheck.runtime import ConfigError, PipelineError
     from flightcheck.runtime.pipeline import StageDied
+    trace = None
+    stopped_by: BaseException | None = None
     try:
         spec = launch.StageSpec(source, args.pp, sched_cfg.num_blocks, sched_cfg.block_size, dtype=args.dtype,
                                 device=args.device, top_p=args.top_p, feedback=sched_cfg.async_scheduling)
@@ -198,40 +223,63 @@ def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
         return 1
     except (ConfigError, PipelineError) as err:      # e.g. weights that do not fit config.json
         return bad(str(err).splitlines()[0])
-    trace = RuntimeTraceWriter.to_path(trace_path, eos_token_id=eos) if trace_path else None
-    status = 0
-    graceful = True
     try:
-        shown = [-1]
-
-        def progress(done: int, total: int, tokens: int) -> None:
-            if log.isatty():
-                print(f"\r  {done}/{total} requests finished, {tokens} tokens", end="", file=log)
-            elif done != shown[0]:
-                shown[0] = done
-                print(f"  {done}/{total} requests finished, {tokens} tokens", file=log)
-        try:
-            result = generate(executor, sched_cfg, requests, eos_token_id=eos, trace=trace,
-                              progress=progress)
-        except RunFailed as err:
-            result, status = err.result, 1
-            print(f"\nflightcheck: error: {str(err).splitlines()[0]}", file=log)
-        except KeyboardInterrupt:
-            graceful = False          # stop the stages at once, not after their batches
-            raise
-        if log.isatty():
-            print(file=log)
+        trace = RuntimeTraceWriter.to_path(trace_path, eos_token_id=eos) if trace_path else None
+        result, status = _generate(executor, sched_cfg, requests, eos, trace)
+    except (KeyboardInterrupt, StopSignal) as stop:
+        stopped_by = stop             # stop the stages at once, not after their batches
     finally:
-        executor.close(graceful=graceful)
-        if trace is not None:
-            trace.close()
-    if args.chrome_trace and trace_path:
-        write_chrome_trace(trace_path, args.chrome_trace)
+        _close(executor, trace, graceful=stopped_by is None)
+    if args.chrome_trace and trace_path and os.path.exists(trace_path):
+        write_chrome_trace(trace_path, args.chrome_trace)   # a stopped run's too, from its prefix
+    if stopped_by is not None:
+        raise stopped_by              # run() says so in one line
     if args.json:
         print(json.dumps(result.to_json()))
     else:
         _print_results(result, tokenizer, args)
+    failure = getattr(executor, "stage_failure", None)
+    if failure is not None and status == 0:
+        # Every result is back and printed, but a stage did not end cleanly.
+        print(f"flightcheck: error: {failure.splitlines()[0]}, after every result was back",
+              file=sys.stderr)
+        status = 1
     return status
+
+
+def _generate(executor, sched_cfg, requests, eos, trace):
+    """The run's results and exit status (1: the pipeline failed, named on stderr)."""
+    from flightcheck.runtime.generate import RunFailed, generate
+
+    log = sys.stderr
+    shown = [-1]
+
+    def progress(done: int, total: int, tokens: int) -> None:
+        if log.isatty():
+            print(f"\r  {done}/{total} requests finished, {tokens} tokens", end="", file=log)
+        elif done != shown[0]:
+            shown[0] = done
+            print(f"  {done}/{total} requests finished, {tokens} tokens", file=log)
+    try:
+        result = generate(executor, sched_cfg, requests, eos_token_id=eos, trace=trace,
+                          progress=progress)
+        status = 0
+    except RunFailed as err:
+        result, status = err.result, 1
+        print(f"\nflightcheck: error: {str(err).splitlines()[0]}", file=log)
+    if log.isatty():
+        print(file=log)
+    return result, status
+
+
+def _close(executor, trace, graceful: bool) -> None:
+    """Stop and reap the stages (at once unless `graceful`), then close the
+    trace, whatever happens in between."""
+    try:
+        executor.close(graceful=graceful)
+    finally:
+        if trace is not None:
+            trace.close()
 
 
 def _print_results(result, tokenizer, args) -> None:
