@@ -241,7 +241,7 @@ def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
     failure = getattr(executor, "stage_failure", None)
     if failure is not None and status == 0:
         # Every result is back and printed, but a stage did not end cleanly.
-        print(f"flightcheck: error: {failure.splitlines()[0]}, after every result was back",
+        print(f"flightcheck: error: every result was back, but {failure.splitlines()[0]}",
               file=sys.stderr)
         status = 1
     return status
