@@ -265,8 +265,10 @@ def test_a_stopped_stage_is_named_within_the_stated_bound_and_the_run_ends_reape
 def test_ctrl_c_while_the_stages_import_torch_is_one_line_and_exit_130(tmp_path):
     """Ctrl-C reaches the whole process group, the stages too, while they
     import torch (before they can ignore SIGINT themselves). The driver is
-    held stopped for a second meanwhile, as a loaded machine may hold it, so
-    that a stage that would print a traceback has the time to."""
+    held stopped meanwhile, as a loaded machine may hold it, until each
+    stage has either ended (a stage that took the Ctrl-C prints its
+    traceback first) or holds it blocked, or has reached `stage_entry`
+    (its stderr is the log), where it ignores it."""
     run = _start("--pp", "3", "--num-prompts", "2", "--max-tokens", "4",
                  "--trace", str(tmp_path / "t.jsonl"))
     try:
@@ -274,7 +276,9 @@ def test_ctrl_c_while_the_stages_import_torch_is_one_line_and_exit_130(tmp_path)
         pids = _descendants(run.proc.pid)
         os.kill(run.proc.pid, signal.SIGSTOP)
         os.killpg(run.proc.pid, signal.SIGINT)          # what a terminal's Ctrl-C does
-        time.sleep(1.0)
+        deadline = time.monotonic() + 60.0
+        while not all(_deaf_to_sigint(pid) for pid in stages) and time.monotonic() < deadline:
+            time.sleep(0.02)
         os.kill(run.proc.pid, signal.SIGCONT)
         run.proc.wait(30.0)
         left = _left_after(pids, LEFT_AFTER_S)
@@ -298,6 +302,21 @@ def _stages_importing_torch(driver: int, timeout_s: float = 120.0) -> list[int]:
             return stages
         time.sleep(0.005)
     raise AssertionError("the stages did not start importing torch")
+
+
+def _deaf_to_sigint(stage: int) -> bool:
+    """The stage has ended, or SIGINT waits blocked on it, or it has reached
+    `stage_entry` (then its stderr is the stages' log)."""
+    sigint = 1 << (signal.SIGINT - 1)
+    try:
+        status = dict(line.split(":\t", 1) for line in
+                      Path(f"/proc/{stage}/status").read_text().splitlines() if ":\t" in line)
+        pending = int(status["ShdPnd"], 16) | int(status["SigPnd"], 16)
+        if pending & int(status["SigBlk"], 16) & sigint:
+            return True
+        return "flightcheck-stages-" in os.readlink(f"/proc/{stage}/fd/2")
+    except (OSError, KeyError, ValueError):
+        return not _alive(stage)
 
 
 def _maps_libtorch(pid: int) -> bool:
