@@ -2,8 +2,9 @@
 SIGTERM (`kill`, a job scheduler's end of a job) and SIGHUP (the terminal
 closed).
 
-Inside `stop_signals()`, SIGINT raises `KeyboardInterrupt` as ever, and
-SIGTERM or SIGHUP raise `StopSignal`, so the `finally` blocks that answer
+Inside `stop_signals()`, SIGINT raises `KeyboardInterrupt` as ever (through
+the command's own handler, flightcheck/commands/interrupts.py, when one is
+set), and SIGTERM or SIGHUP raise `StopSignal`, so the `finally` blocks that answer
 Ctrl-C also answer them: the stages are stopped and reaped and the trace is
 flushed and closed, where the default action would end the driver on the
 spot with its buffered trace lines lost. After the first of the three, all
@@ -53,11 +54,18 @@ def stop_signals() -> Iterator[None]:
     previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
 
     def on_signal(signum: int, frame: Any) -> None:
-        for s in STOP_SIGNALS:                # the clean-up is not interrupted again
-            signal.signal(s, signal.SIG_IGN)
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise StopSignal(signum)
+        try:
+            before = previous[signum]
+            if signum == signal.SIGINT and callable(before):
+                before(signum, frame)         # the command's own Ctrl-C handler (interrupts.py)
+                return                        # it chose to deliver it later: nothing ignored yet
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise StopSignal(signum)
+        except BaseException:
+            for s in STOP_SIGNALS:            # the clean-up is not interrupted again
+                signal.signal(s, signal.SIG_IGN)
+            raise
 
     for s, handler in previous.items():
         if handler is not signal.SIG_IGN:     # ignored on purpose (nohup, `&`): still ignored
