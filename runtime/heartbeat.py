@@ -109,7 +109,8 @@ class HangWatch:
             return None
         where = (f"its process is {STATES.get(state, 'in state ' + state)}, /proc state {state}"
                  if state is not None else "no /proc to say why")
-        return f"stage {index} (pid {process.pid}) is hung: no heartbeat for {silent:.1f} s ({where})"
+        return (f"stage {index} (pid {process.pid}) is hung: no heartbeat for {silent:.1f} s "
+                f"({where})")
 
 
 def _kill(pid: int) -> None:

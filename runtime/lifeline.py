@@ -8,10 +8,11 @@ cannot:
 * the parent-death signal: Linux's `prctl(PR_SET_PDEATHSIG, SIGKILL)` makes
   the kernel kill the stage as the driver's thread that started it exits
   (so it is set only when that thread is the driver's main thread: a
-  worker thread may end long before the driver). A driver that died between the stage's fork and its prctl sends nothing,
-  so the stage then compares `os.getppid()` with the driver's pid (an
-  orphan has been handed to another parent) and ends itself;
-* a watchdog pipe, where there is no prctl: multiprocessing hands every
+  worker thread may end long before the driver). A driver that died
+  between the stage's fork and its prctl sends nothing, so the stage then
+  compares `os.getppid()` with the driver's pid (an orphan has been handed
+  to another parent) and ends itself;
+* a watchdog pipe, also where there is no prctl: multiprocessing hands every
   spawned child the read end of a pipe whose write end only the driver holds
   (`multiprocessing.parent_process().sentinel`); a thread blocks on it and
   ends the stage at the EOF the driver's death makes, within milliseconds (a

@@ -16,7 +16,11 @@ driver's store before the collective start, so one that dies while loading
 is named within a fraction of a second instead of after the store's timeout.
 The stages ignore SIGINT (the driver stops them) and write their output to a
 log file that a failure message names, so their tracebacks stay out of the
-driver's stderr.
+driver's stderr. A stage dies with the driver, however the driver ends
+(lifeline.py); a stage that stops answering (SIGSTOP) is named by the
+driver's watch over the stages' heartbeats within 6 s and killed, so it ends
+the run as a dead stage does (heartbeat.py). `close()` also reports a stage
+that ended abnormally when the run itself had not failed (`stage_failure`).
 
 Launch: `PipelineExecutor.spawn(...)` starts K processes with
 torch.multiprocessing (the caller becomes rank 0);
@@ -101,7 +105,7 @@ class PipelineExecutor:
         self.on_stage_times = on_stage_times          # callback(batch_id, [(t0, t1, recv)])
         self.stage_info: dict[int, dict] = {}
         self.log_path = spawned.log_path if spawned is not None else None   # the stages' stdout and stderr
-        self._watch = spawned.watch if spawned is not None else None        # hung stages (heartbeat.py)
+        self._watch = spawned.watch if spawned is not None else None   # hung stages (heartbeat.py)
         # A stage that ended abnormally with no failure of the run to show for
         # it (e.g. killed once every result was back), in words: set by close().
         self.stage_failure: str | None = None
