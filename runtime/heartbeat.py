@@ -5,7 +5,9 @@ CLOCK_MONOTONIC, one clock for every process on the machine) into its slot
 of an array in shared memory every BEAT_S seconds. A thread of the driver
 (`HangWatch`) reads the slots every WATCH_S seconds: a stage whose last beat
 is older than HANG_S is hung, stopped (SIGSTOP, a debugger) or wedged with
-its GIL held. Before its first beat a stage is still importing torch, which
+its GIL held, unless /proc shows it working all the same (CPU time used in
+that while: a long call into C that holds the GIL, say, loading weights; or
+waiting on a device). Before its first beat a stage is still importing torch, which
 takes seconds on a loaded machine, so silence proves nothing yet: then only
 its /proc state counts, stopped (`T`) or traced (`t`) for HANG_S.
 
@@ -54,13 +56,15 @@ def start_beating(slots: Any, index: int) -> None:
     threading.Thread(target=beat, daemon=True, name="heartbeat").start()
 
 
-def process_state(pid: int) -> str | None:
-    """The one-letter state /proc gives the process, or None (gone, or no /proc)."""
+def process_stat(pid: int) -> tuple[str, int] | None:
+    """The process's one-letter state in /proc and the CPU time it has used
+    (clock ticks), or None (gone, or no /proc)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[0]
+    fields = stat.rsplit(")", 1)[1].split()        # from field 3, the state, on
+    return fields[0], int(fields[11]) + int(fields[12])   # utime + stime
 
 
 class HangWatch:
@@ -73,6 +77,7 @@ class HangWatch:
         self.failure: str | None = None
         self.on_hang: Callable[[str], None] | None = None
         self._stopped_since: dict[int, float] = {}
+        self._cpu: dict[int, tuple[int | None, float]] = {}
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="hang-watch")
         self._thread.start()
@@ -92,20 +97,29 @@ class HangWatch:
                     return
 
     def hung(self, index: int, process: Any, now: float) -> str | None:
-        """Stage `index` in words if it is hung, else None."""
-        state = process_state(process.pid)
-        if state in ("Z", "X") or (state is None and HAS_PROC):   # gone: a death, not a hang
+        """Stage `index` in words if it is hung, else None: silent for
+        hang_s, and neither using CPU time in that while (a long call into C
+        that holds the GIL, loading weights, is work) nor waiting on a device."""
+        stat = process_stat(process.pid)
+        if stat is None and HAS_PROC:                    # gone: a death, not a hang
             return None
-        if state in ("T", "t"):
+        state, cpu = stat if stat is not None else (None, None)
+        if state in ("Z", "X"):
+            return None
+        stopped = state in ("T", "t")
+        if stopped:
             self._stopped_since.setdefault(index, now)
         else:
             self._stopped_since.pop(index, None)
+        if index not in self._cpu or self._cpu[index][0] != cpu:
+            self._cpu[index] = (cpu, now)                # (CPU time, when it last grew)
         last_beat = self.slots[index]
         if last_beat > 0.0:
             silent = now - last_beat
-        else:                                        # still starting: only a stop counts
+        else:                                            # still starting: only a stop counts
             silent = now - self._stopped_since.get(index, now)
-        if silent <= self.hang_s:
+        working = not stopped and (state == "D" or now - self._cpu[index][1] <= self.hang_s)
+        if silent <= self.hang_s or working:
             return None
         where = (f"its process is {STATES.get(state, 'in state ' + state)}, /proc state {state}"
                  if state is not None else "no /proc to say why")

@@ -194,6 +194,34 @@ def test_a_process_tied_to_its_driver_ends_within_a_second_of_its_sigkill(
             os.kill(child, signal.SIGKILL)
 
 
+def test_the_watch_names_a_stopped_process_but_not_a_silent_one_that_works():
+    """runtime/heartbeat.py's judge without torch: two processes beat once,
+    then fall silent; the one that uses CPU time all the same (a long call
+    into C holding its GIL) is working, the one stopped by SIGSTOP is hung,
+    named (index, pid, why) and SIGKILLed."""
+    spin = "import time\nwhile True:\n    t = time.time()\n    while time.time() - t < 0.02: pass\n" \
+           "    time.sleep(0.02)\n"
+    working = subprocess.Popen([sys.executable, "-c", spin])
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        now = time.monotonic()
+        watch = heartbeat.HangWatch([now, now], [working, stopped], hang_s=1.0)
+        deadline = now + 20.0
+        while watch.failure is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        watch.stop()
+        assert watch.failure is not None and watch.failure.startswith(
+            f"stage 1 (pid {stopped.pid}) is hung: no heartbeat for "), watch.failure
+        assert "stopped by a signal, /proc state T" in watch.failure
+        assert stopped.wait(10.0) == -signal.SIGKILL            # SIGKILL ends a stopped process
+        assert working.poll() is None
+    finally:
+        for proc in (working, stopped):
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.slow
 def test_a_driver_killed_by_sigkill_takes_every_stage_with_it_within_a_second(tmp_path):
     run, pids = _start_generating(tmp_path)
