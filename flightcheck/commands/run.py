@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:       # the stages are already stopped and reaped (see _execute)
         return interrupted()
     except StopSignal as stop:
-        return stopped(stop, args.trace)
+        return stopped(stop)
 
 
 def interrupted() -> int:
@@ -101,24 +101,27 @@ def interrupted() -> int:
     return INTERRUPTED
 
 
-def stopped(stop: StopSignal, trace_path: str | None) -> int:
-    """SIGTERM or SIGHUP: one line saying what the trace holds, and the
-    shell's code for a process that the signal ended (128 + its number). By
-    now every stage process is reaped and the trace is closed."""
-    held = ""
-    if trace_path is not None:
-        try:
-            with open(trace_path, "rb") as f:
-                events = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-            held = f"; the trace holds {events} complete events"
-        except OSError:
-            pass
+def stopped(stop: StopSignal) -> int:
+    """SIGTERM or SIGHUP: one line (with what the trace holds, once it was
+    opened), and the shell's code for a process that the signal ended (128 +
+    its number). By now every stage process is reaped and the trace closed."""
+    held = ("" if stop.trace_events is None
+            else f"; the trace holds {stop.trace_events} complete events")
     sys.stderr.write(f"\nflightcheck: run stopped by {stop.name}{held}\n")
     if "torch" in sys.modules:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(stop.exit_code)
     return stop.exit_code
+
+
+def _complete_lines(path: str) -> int | None:
+    """How many whole lines (events) the file holds; None if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except OSError:
+        return None
 
 
 # 128 + SIGINT, what a shell reports for a process that SIGINT ended.
@@ -233,6 +236,8 @@ def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
     if args.chrome_trace and trace_path and os.path.exists(trace_path):
         write_chrome_trace(trace_path, args.chrome_trace)   # a stopped run's too, from its prefix
     if stopped_by is not None:
+        if isinstance(stopped_by, StopSignal) and trace is not None and args.trace:
+            stopped_by.trace_events = _complete_lines(args.trace)
         raise stopped_by              # run() says so in one line
     if args.json:
         print(json.dumps(result.to_json()))

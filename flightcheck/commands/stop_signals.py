@@ -31,6 +31,7 @@ class StopSignal(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+        self.trace_events: int | None = None     # set by a command that had a trace open
 
     @property
     def name(self) -> str:
