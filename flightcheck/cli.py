@@ -96,31 +96,36 @@ def main(argv: list[str] | None = None) -> int:
     _escape_unprintable_output()
     command = _command_named(sys.argv[1:] if argv is None else argv)
     interrupts.install(command, exit_after_s=interrupts.EXIT_AFTER_CTRL_C_S if AS_COMMAND else None)
-    try:
-        args = build_parser().parse_args(argv)
-        command = args.command
-        code = args.func(args)
-    except KeyboardInterrupt:             # Ctrl-C: one line, exit 130, no worker left behind
-        return _interrupted(command)
-    except ModuleNotFoundError as err:    # torch, safetensors or transformers: one line, exit 2
-        line = missing_dependency(err, command)
-        if line is None:
-            raise
-        return bad(line)
-    except OSError as err:                # standard output closed or full: not a bug of ours
-        if interrupts.received():
+    with interrupts.watched_stdout():
+        try:
+            args = build_parser().parse_args(argv)
+            command = args.command
+            code = args.func(args)
+        except KeyboardInterrupt:             # Ctrl-C: one line, exit 130, no worker left behind
             return _interrupted(command)
-        if not interrupts.stdout_is_broken():
-            raise
-        return bad(interrupts.stdout_problem(err))
-    except Exception:                     # ctypes (Z3) turns a KeyboardInterrupt into its own error
-        if interrupts.received():
+        except ModuleNotFoundError as err:    # torch, safetensors or transformers: one line, exit 2
+            line = missing_dependency(err, command)
+            if line is None:
+                raise
+            return bad(line)
+        except Exception as err:              # noqa: BLE001 (re-raised unless explained below)
+            return _explained(err, command)
+        if interrupts.received():             # the interruption was swallowed on the way
             return _interrupted(command)
-        raise
-    if interrupts.received():             # the interruption was swallowed on the way
-        return _interrupted(command)
-    problem = interrupts.flush_stdout()
+        problem = interrupts.flush_stdout()
     return bad(problem) if problem else code
+
+
+def _explained(err: Exception, command: str) -> int:
+    """An exception that ended the command but is no bug of ours: a Ctrl-C
+    that a C library turned into its own error (ctypes, for Z3), or a
+    standard output that cannot be written. Anything else is re-raised."""
+    if interrupts.received():
+        return _interrupted(command)
+    if isinstance(err, OSError) and interrupts.stdout_is_broken():
+        problem = interrupts.flush_stdout() or interrupts.stdout_problem(err)
+        return bad(problem)
+    raise err
 
 
 def _command_named(argv: list[str]) -> str:

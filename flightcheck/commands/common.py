@@ -92,31 +92,17 @@ def _short(text: str) -> str:
 
 
 def check_writable(path: str | None, flag: str) -> str | None:
-    """Why `path` cannot be written (None if it can): checked before a run,
-    so an unwritable output fails in a second, not after the whole run. A
-    file that did not exist is created to prove it and removed again."""
+    """Why `path` cannot be written (None if it can), changing nothing there:
+    outputs.py's checks of one output (a directory, a device, no room, a FIFO
+    with no reader are refused)."""
+    from .outputs import Output, OutputRefused, claim
+
     if path is None:
         return None
-    target = Path(path)
     try:
-        if target.is_dir():
-            return f"{flag} {path}: is a directory"
-        existed = target.exists()
-        with open(target, "ab"):
-            pass
-        if not existed:
-            target.unlink()
-    except OSError as err:
-        return f"{flag} {path}: cannot write it ({err.strerror or err})"
-    return None
-
-
-def first_unwritable(args: argparse.Namespace, flags: tuple[str, ...]) -> str | None:
-    """The first output path among `flags` (e.g. "--trace") that cannot be written."""
-    for flag in flags:
-        problem = check_writable(getattr(args, flag.lstrip("-").replace("-", "_"), None), flag)
-        if problem:
-            return problem
+        claim([Output(flag, path)]).release()
+    except OutputRefused as err:
+        return str(err)
     return None
 
 
@@ -211,7 +197,7 @@ def internal_error(err: BaseException, command: str) -> tuple[str, int]:
     from . import interrupts
 
     if isinstance(err, OSError) and interrupts.stdout_is_broken():
-        message = interrupts.stdout_problem(err)
+        message = interrupts.flush_stdout() or interrupts.stdout_problem(err)   # said once, then silenced
         sys.stderr.write(f"flightcheck: error: {message}\n")
         return message, 2
     where = _save_traceback(err, command)

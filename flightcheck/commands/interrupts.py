@@ -166,7 +166,11 @@ def received() -> bool:
 
 
 def kill_children() -> None:
-    """SIGKILL every live `multiprocessing` child of this process and reap it."""
+    """SIGKILL every live child of this process (its `multiprocessing` ones,
+    and those registered in flightcheck.children) and reap it."""
+    from flightcheck import children
+
+    children.kill_all()
     for child in multiprocessing.active_children():
         try:
             child.kill()
@@ -208,16 +212,59 @@ def interrupted_line(command: str) -> str:
     return f"flightcheck {command}: interrupted (Ctrl-C); nothing more was written"
 
 
+class _WatchedStdout:
+    """Standard output as the command writes it, remembering whether a write
+    failed: a buffered print can fail in a later call than the one that
+    overflowed, and by then a flush may succeed on an emptied buffer."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.failure: OSError | None = None
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as err:
+            self.failure = err
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as err:
+            self.failure = err
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def watched_stdout() -> Iterator[None]:
+    """sys.stdout watched for write failures for the duration (restored after)."""
+    original = sys.stdout
+    sys.stdout = _WatchedStdout(original)                     # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if isinstance(sys.stdout, _WatchedStdout):
+            sys.stdout = original
+
+
 def flush_stdout() -> str | None:
     """Flush standard output; why it cannot be written (one line), or None.
     After a failure stdout is pointed at /dev/null, so the interpreter's own
     flush at exit does not print a second error."""
-    try:
-        sys.stdout.flush()
+    failure = getattr(sys.stdout, "failure", None)
+    if failure is None:
+        try:
+            sys.stdout.flush()
+        except OSError as err:
+            failure = err
+    if failure is None:
         return None
-    except OSError as err:
-        _silence_stdout()
-        return stdout_problem(err)
+    _silence_stdout()
+    return stdout_problem(failure)
 
 
 def stdout_problem(err: OSError) -> str:
@@ -231,12 +278,22 @@ def _silence_stdout() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         pass
-    sys.stdout = open(os.devnull, "w")                    # noqa: SIM115 (lives to exit)
+    if isinstance(sys.stdout, _WatchedStdout):
+        sys.stdout.failure = None
+        sys.stdout._stream = open(os.devnull, "w")          # noqa: SIM115 (lives to exit)
 
 
 def stdout_is_broken() -> bool:
     """Whether standard output can no longer be written (an OSError a command
     caught came from there, not from a bug of ours)."""
-    return flush_stdout() is not None
+    return getattr(sys.stdout, "failure", None) is not None or _flush_fails()
+
+
+def _flush_fails() -> bool:
+    try:
+        sys.stdout.flush()
+        return False
+    except OSError:
+        return True

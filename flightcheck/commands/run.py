@@ -13,14 +13,14 @@ Every rank of a torchrun job runs the same command: rank 0 drives, ranks
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
-import tempfile
 
 from .common import (DEFAULT_REFERENCE_PROFILE, MAX_PROMPTS, REFERENCE_PROFILES, bad, count_int,
-                     cuda_problem, first_unwritable, int_in, local_pp_problem, positive_int, real,
-                     seed_int)
+                     cuda_problem, int_in, local_pp_problem, positive_int, real, seed_int)
+from .outputs import Claim, Output, OutputRefused, claim, reason, write_failed
 from .stop_signals import StopSignal, stop_signals
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -71,20 +71,32 @@ def run(args: argparse.Namespace) -> int:
     # Mirrors launch.torchrun_rank without importing torch, so that bad
     # arguments are refused before the second it takes to load it.
     under_torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+    claimed = Claim()
     if not under_torchrun or os.environ["RANK"] == "0":   # only the driver checks its outputs
         problem = (None if under_torchrun else local_pp_problem(args.pp, args.force)) \
-            or _model_len_problem(args) or first_unwritable(args, ("--trace", "--chrome-trace")) \
-            or cuda_problem(args.device)
+            or _model_len_problem(args) or cuda_problem(args.device)
         if problem:
             return bad(problem)
+        try:
+            claimed = _claim_outputs(args)
+        except OutputRefused as err:
+            return bad(str(err))
 
     try:
-        with stop_signals():        # SIGTERM, SIGHUP: StopSignal, answered as Ctrl-C is
+        with claimed, stop_signals():   # SIGTERM, SIGHUP: StopSignal, answered as Ctrl-C is
             return _run(args)
     except KeyboardInterrupt:       # the stages are already stopped and reaped (see _execute)
         return interrupted()
     except StopSignal as stop:
         return stopped(stop)
+
+
+def _claim_outputs(args: argparse.Namespace) -> Claim:
+    """--trace (written as the run goes: a live checker may read it) and
+    --chrome-trace (written whole at the end), against --prompts and
+    --checkpoint and each other; OutputRefused (exit 2) before any work."""
+    return claim([Output("--trace", args.trace, grows=True), Output("--chrome-trace", args.chrome_trace)],
+                 [("--prompts", args.prompts), ("--checkpoint", args.checkpoint)])
 
 
 def interrupted() -> int:
@@ -202,12 +214,8 @@ def _prepare(args: argparse.Namespace):
 
 def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
     from flightcheck.runtime import launch
-    from flightcheck.runtime.trace import RuntimeTraceWriter, write_chrome_trace
 
     launch.set_threads(1)
-    trace_path = args.trace
-    if trace_path is None and args.chrome_trace:
-        trace_path = os.path.join(tempfile.mkdtemp(prefix="flightcheck-"), "trace.jsonl")
     eos = model_cfg.eos_token_id
     log = sys.stderr
     print(f"flightcheck run: {len(requests)} requests, PP={args.pp}, "
@@ -215,8 +223,6 @@ def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
           f"model, {args.dtype}", file=log)
     from flightcheck.runtime import ConfigError, PipelineError
     from flightcheck.runtime.pipeline import StageDied
-    trace = None
-    stopped_by: BaseException | None = None
     try:
         spec = launch.StageSpec(source, args.pp, sched_cfg.num_blocks, sched_cfg.block_size, dtype=args.dtype,
                                 device=args.device, top_p=args.top_p, feedback=sched_cfg.async_scheduling)
@@ -226,30 +232,34 @@ def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
         return 1
     except (ConfigError, PipelineError) as err:      # e.g. weights that do not fit config.json
         return bad(str(err).splitlines()[0])
+    memory = _TraceInMemory() if args.chrome_trace and not args.trace else None
     try:
-        trace = RuntimeTraceWriter.to_path(trace_path, eos_token_id=eos) if trace_path else None
+        trace = _open_trace(args, eos, memory)
+    except OSError as err:                            # its FIFO's reader went away since the check
+        executor.close(graceful=True)
+        return bad(f"--trace {args.trace}: cannot write it ({reason(err)})")
+    trace_lost: OSError | None = None
+    stopped_by: BaseException | None = None
+    try:
         result, status = _generate(executor, sched_cfg, requests, eos, trace)
     except (KeyboardInterrupt, StopSignal) as stop:
         stopped_by = stop             # stop the stages at once, not after their batches
     finally:
-        _close(executor, trace, graceful=stopped_by is None)
-    if args.chrome_trace and trace_path and os.path.exists(trace_path):
-        write_chrome_trace(trace_path, args.chrome_trace)   # a stopped run's too, from its prefix
+        try:
+            executor.close(graceful=stopped_by is None)
+        finally:
+            if trace is not None:
+                trace_lost = _close_trace(trace)
+    lost = _write_outputs(args, memory, trace_lost)   # a stopped run's Chrome trace too, from its prefix
     if stopped_by is not None:
-        if isinstance(stopped_by, StopSignal) and trace is not None and args.trace:
+        if isinstance(stopped_by, StopSignal) and args.trace and trace_lost is None:
             stopped_by.trace_events = _complete_lines(args.trace)
         raise stopped_by              # run() says so in one line
     if args.json:
         print(json.dumps(result.to_json()))
     else:
-        _print_results(result, tokenizer, args)
-    failure = getattr(executor, "stage_failure", None)
-    if failure is not None and status == 0:
-        # Every result is back and printed, but a stage did not end cleanly.
-        print(f"flightcheck: error: every result was back, but {failure.splitlines()[0]}",
-              file=sys.stderr)
-        status = 1
-    return status
+        _print_results(result, tokenizer, args, trace_lost)
+    return max(_stage_failure(executor, status), lost)
 
 
 def _generate(executor, sched_cfg, requests, eos, trace):
@@ -277,17 +287,73 @@ def _generate(executor, sched_cfg, requests, eos, trace):
     return result, status
 
 
-def _close(executor, trace, graceful: bool) -> None:
-    """Stop and reap the stages (at once unless `graceful`), then close the
-    trace, whatever happens in between."""
+def _stage_failure(executor, status: int) -> int:
+    """The exit status once the stages are stopped: 1 (and one line naming
+    it) if a stage ended abnormally though the run had not failed, e.g.
+    killed once every result was back; else `status`."""
+    failure = getattr(executor, "stage_failure", None)
+    if failure is None or status != 0:
+        return status
+    print(f"flightcheck: error: every result was back, but {failure.splitlines()[0]}",
+          file=sys.stderr)
+    return 1
+
+
+class _TraceInMemory(io.StringIO):
+    """The trace of a run with --chrome-trace alone: kept for the Chrome trace
+    after the writer closes it."""
+
+    def close(self) -> None:
+        pass
+
+
+def _open_trace(args: argparse.Namespace, eos: int | None, memory: _TraceInMemory | None):
+    """The run's trace writer: into --trace a whole line at a time, or into
+    `memory` (--chrome-trace alone); None if neither is asked for."""
+    from flightcheck.runtime.trace import RuntimeTraceWriter
+
+    if args.trace:
+        return RuntimeTraceWriter.to_path(args.trace, eos_token_id=eos)
+    return RuntimeTraceWriter(memory, eos_token_id=eos) if memory is not None else None
+
+
+def _close_trace(trace) -> OSError | None:
+    """Close the trace; the write error that cut it short, if one did."""
+    from flightcheck.output_files import OutputLost
+
     try:
-        executor.close(graceful=graceful)
-    finally:
-        if trace is not None:
-            trace.close()
+        trace.close()
+    except OutputLost as err:
+        return err
+    return None
 
 
-def _print_results(result, tokenizer, args) -> None:
+def _write_outputs(args: argparse.Namespace, memory: _TraceInMemory | None, trace_lost: OSError | None) -> int:
+    """Say what a failed --trace lost, and write --chrome-trace from a whole
+    trace only; 1 if any output was lost (one line each), else 0."""
+    from flightcheck.runtime.trace import read_trace, write_chrome_events
+
+    lost = 0
+    if trace_lost is not None:
+        lost = write_failed("--trace", args.trace, trace_lost,
+                            f"its first {getattr(trace_lost, 'kept', 0)} lines were written, each complete, "
+                            f"and the rest is lost; the run went on without it")
+    if not args.chrome_trace:
+        return lost
+    if trace_lost is not None:
+        return write_failed("--chrome-trace", args.chrome_trace, trace_lost,
+                            "not written: the trace it is made from is incomplete")
+    try:
+        events = read_trace(args.trace) if memory is None else \
+            [json.loads(line) for line in memory.getvalue().splitlines()]
+        write_chrome_events(events, args.chrome_trace)
+    except OSError as err:
+        return write_failed("--chrome-trace", args.chrome_trace, err,
+                            "not written (a file there before is as it was); the run itself finished")
+    return lost
+
+
+def _print_results(result, tokenizer, args, trace_lost: OSError | None = None) -> None:
     total = sum(len(r.output_token_ids) for r in result.requests)
     for r in result.requests:
         text = tokenizer.decode(list(r.output_token_ids))
@@ -299,4 +365,4 @@ def _print_results(result, tokenizer, args) -> None:
     if result.error:
         print(f"error: {result.error.splitlines()[0]}")
     if args.trace:
-        print(f"trace: {args.trace}")
+        print(f"trace: {args.trace}" + (" (incomplete: a write failed, see stderr)" if trace_lost else ""))
