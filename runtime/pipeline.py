@@ -16,7 +16,11 @@ driver's store before the collective start, so one that dies while loading
 is named within a fraction of a second instead of after the store's timeout.
 The stages ignore SIGINT (the driver stops them) and write their output to a
 log file that a failure message names, so their tracebacks stay out of the
-driver's stderr.
+driver's stderr. A stage dies with the driver, however the driver ends
+(lifeline.py); a stage that stops answering (SIGSTOP) is named by the
+driver's watch over the stages' heartbeats within 6 s and killed, so it ends
+the run as a dead stage does (heartbeat.py). `close()` also reports a stage
+that ended abnormally when the run itself had not failed (`stage_failure`).
 
 Launch: `PipelineExecutor.spawn(...)` starts K processes with
 torch.multiprocessing (the caller becomes rank 0);
@@ -36,13 +40,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from flightcheck.reference import ModelRunnerOutput, SchedulerOutput
 
 from .local_executor import DoneFuture, empty_output, to_model_runner_output
 from .plan import AllTokenIds, BatchPlan, BatchResult, PendingIds
-from .stage_main import StageSpec, checkin_key, stage_entry
+from .heartbeat import HangWatch
+from .stage_main import StageSpec, checkin_key
+from .stage_processes import reap, start_stages
 from .transport import Groups, Outbox, make_groups, recv_object
 
 
@@ -83,9 +88,11 @@ class PipelineFuture:
 @dataclass(frozen=True)
 class SpawnedStages:
     """The stage processes `PipelineExecutor.spawn` started on this machine,
-    and the file their stdout and stderr go to."""
+    the file their stdout and stderr go to, and the watch over their
+    heartbeats."""
     processes: list
     log_path: str
+    watch: HangWatch | None = None
 
 
 class PipelineExecutor:
@@ -98,6 +105,10 @@ class PipelineExecutor:
         self.on_stage_times = on_stage_times          # callback(batch_id, [(t0, t1, recv)])
         self.stage_info: dict[int, dict] = {}
         self.log_path = spawned.log_path if spawned is not None else None   # the stages' stdout and stderr
+        self._watch = spawned.watch if spawned is not None else None   # hung stages (heartbeat.py)
+        # A stage that ended abnormally with no failure of the run to show for
+        # it (e.g. killed once every result was back), in words: set by close().
+        self.stage_failure: str | None = None
         self.feedback = spec.feedback
         # Set by generate(): a resumed request's whole sequence (feedback mode).
         self.all_token_ids: AllTokenIds | None = None
@@ -110,6 +121,8 @@ class PipelineExecutor:
         self._error: str | None = None
         self._ready = threading.Event()
         self._closed = False
+        if self._watch is not None:
+            self._watch.on_hang = self._hung
         for rank in range(1, self.num_stages + 1):
             self._outbox.send_object(spec, rank, groups.meta)
         self._receiver = threading.Thread(target=self._receive_loop, daemon=True,
@@ -134,31 +147,26 @@ class PipelineExecutor:
                               wait_for_workers=False)
         log_fd, log_path = tempfile.mkstemp(prefix="flightcheck-stages-", suffix=".log")
         os.close(log_fd)
-        ctx = mp.get_context("spawn")
-        old = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = "1"
         procs: list = []
+        watch: HangWatch | None = None
         try:
-            try:
-                for r in range(1, K + 1):
-                    procs.append(ctx.Process(target=stage_entry, daemon=True, name=f"stage-{r - 1}",
-                                             args=(r, K + 1, "127.0.0.1", store.port, act_backend,
-                                                   init_timeout, log_path)))
-                    procs[-1].start()
-            finally:
-                if old is None:
-                    os.environ.pop("OMP_NUM_THREADS", None)
-                else:
-                    os.environ["OMP_NUM_THREADS"] = old
+            heartbeats = start_stages(procs, K, store.port, act_backend, init_timeout, log_path)
+            watch = HangWatch(heartbeats, procs)
             _wait_for_checkins(store, procs, init_timeout, log_path)
             dist.init_process_group("gloo", store=dist.PrefixStore("default_pg", store), rank=0,
                                     world_size=K + 1, timeout=timeout)
             groups = make_groups(act_backend)
-            return cls(groups, spec, spawned=SpawnedStages(procs, log_path), **kwargs)
+            return cls(groups, spec, spawned=SpawnedStages(procs, log_path, watch), **kwargs)
         except BaseException as err:
-            _reap(procs)
+            if watch is not None:
+                watch.stop()
+            reap(procs)
             if dist.is_initialized():
                 dist.destroy_process_group()
+            if watch is not None and watch.failure is not None and isinstance(err, Exception):
+                # The watch killed a hung stage: its death is what the waits saw.
+                raise StageDied(f"{watch.failure} while starting (the stages' output: "
+                                f"{log_path})") from err
             if not isinstance(err, PipelineError):
                 _remove(log_path)
             raise
@@ -271,14 +279,22 @@ class PipelineExecutor:
             while (time.monotonic() < deadline
                    and not any(p.exitcode is not None and p.exitcode < 0 for p in self.processes)):
                 time.sleep(0.05)
-        message = _describe_dead(self.processes, self._stage_errors) or noticed
+        hang = self._watch.failure if self._watch is not None else None
+        message = hang or _describe_dead(self.processes, self._stage_errors) or noticed
         self._stage_died = any(p.exitcode is not None for p in self.processes) and not any(
             not lost_peer for _, lost_peer in self._stage_errors.values())
         if self.log_path is not None:
             message += f" (the stages' output: {self.log_path})"
         return message
 
+    def _hung(self, failure: str) -> None:
+        """The watch found a hung stage (it kills it next): the run's failure."""
+        self._stage_died = True
+        self._fail(f"{failure} (the stages' output: {self.log_path})")
+
     def _check(self) -> None:
+        if self._error is None and self._watch is not None and self._watch.failure is not None:
+            self._hung(self._watch.failure)
         if self._error is None and not self._closed and any(
                 p.exitcode is not None for p in self.processes):
             self._fail(self._first_failure("a stage exited"))
@@ -323,10 +339,16 @@ class PipelineExecutor:
 
     def close(self, timeout: float = 10.0, *, graceful: bool = True) -> None:
         """Stop the stages (cleanly if they are healthy and `graceful`; at once
-        after Ctrl-C) and reap every process. The stages' log is removed after
-        a clean run and kept after a failure, whose message names it."""
+        after Ctrl-C) and reap every process. A stage that ended abnormally
+        when the run itself had not failed (killed once every result was
+        back, say) is put in `stage_failure`, for the caller to report. The
+        stages' log is removed after a clean run and kept after a failure,
+        whose message names it."""
         if self._closed:
             return
+        if self._watch is not None:
+            self._watch.stop()
+        failed_before = self._error is not None
         healthy = (graceful and self._error is None
                    and all(p.exitcode is None for p in self.processes))
         try:
@@ -339,7 +361,11 @@ class PipelineExecutor:
             pass
         finally:
             self._closed = True
-            _reap(self.processes)
+            if graceful and not failed_before:
+                ended = _abnormal_end(self.processes) or self._error
+                if ended is not None:
+                    self.stage_failure = f"{ended} (the stages' output: {self.log_path})"
+            reap(self.processes)
             # After a clean stop the receiver has seen every `bye`; otherwise it
             # may sit in a receive that its dead peers never end (it is a daemon).
             self._receiver.join(1.0 if healthy else 0.1)
@@ -348,7 +374,7 @@ class PipelineExecutor:
                     dist.destroy_process_group()
                 except Exception:
                     pass
-            if self.log_path is not None and self._error is None:
+            if self.log_path is not None and self._error is None and self.stage_failure is None:
                 _remove(self.log_path)
 
     def __enter__(self) -> "PipelineExecutor":
@@ -379,26 +405,32 @@ def _describe_dead(procs: list, stage_errors: dict[int, tuple[str, bool]]) -> st
     when every stage process is alive and none reported an error."""
     for i, p in enumerate(procs):
         if p.exitcode is not None and p.exitcode < 0:
-            try:
-                name = signal.Signals(-p.exitcode).name
-            except ValueError:
-                name = f"signal {-p.exitcode}"
-            return f"stage {i} (pid {p.pid}) was killed by {name}"
+            return _describe_exit(i, p)
     for i, (detail, lost_peer) in sorted(stage_errors.items()):
         if not lost_peer:
             return f"stage {i} failed: {detail.strip().splitlines()[-1]}"
     for i, p in enumerate(procs):
         if p.exitcode is not None and i not in stage_errors:
-            return f"stage {i} (pid {p.pid}) exited with code {p.exitcode}"
+            return _describe_exit(i, p)
     return None
 
 
-def _reap(procs: list) -> None:
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    for p in procs:
-        p.join(5.0)
+def _abnormal_end(procs: list) -> str | None:
+    """The first stage process that has ended other than cleanly (exit 0), in words."""
+    for i, p in enumerate(procs):
+        if p.exitcode is not None and p.exitcode != 0:
+            return _describe_exit(i, p)
+    return None
+
+
+def _describe_exit(index: int, process) -> str:
+    if process.exitcode >= 0:
+        return f"stage {index} (pid {process.pid}) exited with code {process.exitcode}"
+    try:
+        name = signal.Signals(-process.exitcode).name
+    except ValueError:
+        name = f"signal {-process.exitcode}"
+    return f"stage {index} (pid {process.pid}) was killed by {name}"
 
 
 def _remove(path: str) -> None:

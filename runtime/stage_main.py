@@ -21,12 +21,15 @@ import time
 import traceback
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from .feedback import (END_OF_STREAM, FeedbackReceiver, SampledTokens, TokenInbox,
                        send_message)
+from .heartbeat import start_beating
+from .lifeline import tie_to_driver
 from .plan import BatchPlan
 from .stages import build_stage
 from .transport import (Groups, Outbox, Times, make_groups, pack_activations, recv_object,
@@ -83,26 +86,53 @@ def checkin_key(rank: int) -> str:
     return f"flightcheck/up/{rank}"
 
 
-def stage_entry(rank: int, world_size: int, host: str, port: int, act_backend: str,
-                timeout_s: float, log_path: str) -> None:
+@dataclass(frozen=True)
+class StageLaunch:
+    """What a spawned stage process is started with: its rank in a world of
+    `world_size`, the driver's store (`host`, `port`), the activations'
+    backend, the process group's timeout, the file its output goes to, the
+    shared array it beats into (heartbeat.py), and whether the driver
+    started it from its main thread (then the parent-death signal is safe:
+    lifeline.py)."""
+    rank: int
+    world_size: int
+    host: str
+    port: int
+    act_backend: str
+    timeout_s: float
+    log_path: str
+    heartbeats: Any = None
+    from_main_thread: bool = True
+
+
+def stage_entry(launch: StageLaunch) -> None:
     """Target of a spawned stage process (local launch).
 
-    The driver alone answers Ctrl-C (it stops the stages), so a stage ignores
-    SIGINT; and a stage's own output (a traceback when a peer dies, gloo's
-    warnings) goes to `log_path`, which the driver names when a run fails,
-    instead of into the driver's terminal."""
+    First it ties itself to the driver (it dies with it, lifeline.py) and
+    starts beating (heartbeat.py). The driver alone answers Ctrl-C (it stops
+    the stages), so a stage ignores SIGINT: it was started with SIGINT,
+    SIGTERM and SIGHUP blocked (stage_processes.py), and a Ctrl-C pending
+    since is dropped as it is ignored; SIGTERM and SIGHUP then act as ever.
+    A stage's own output (a traceback when a peer dies, gloo's warnings)
+    goes to `log_path`, which the driver names when a run fails, instead of
+    into the driver's terminal."""
+    tie_to_driver(launch.from_main_thread)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+    if launch.heartbeats is not None:
+        start_beating(launch.heartbeats, launch.rank - 1)
+    log_fd = os.open(launch.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.close(log_fd)
     torch.set_num_threads(1)
-    timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
-    store.set(checkin_key(rank), str(os.getpid()))
-    dist.init_process_group("gloo", store=dist.PrefixStore("default_pg", store), rank=rank,
-                            world_size=world_size, timeout=timeout)
-    serve_stage(make_groups(act_backend))
+    timeout = timedelta(seconds=launch.timeout_s)
+    store = dist.TCPStore(launch.host, launch.port, launch.world_size, is_master=False,
+                          timeout=timeout)
+    store.set(checkin_key(launch.rank), str(os.getpid()))
+    dist.init_process_group("gloo", store=dist.PrefixStore("default_pg", store), rank=launch.rank,
+                            world_size=launch.world_size, timeout=timeout)
+    serve_stage(make_groups(launch.act_backend))
     # A clean stop: skip the interpreter's teardown of torch (seconds on a
     # loaded 2-core machine); everything is flushed and the group destroyed.
     sys.stdout.flush()

@@ -21,6 +21,7 @@ import sys
 from .common import (DEFAULT_REFERENCE_PROFILE, MAX_PROMPTS, REFERENCE_PROFILES, bad, count_int,
                      cuda_problem, int_in, local_pp_problem, positive_int, real, seed_int)
 from .outputs import Claim, Output, OutputRefused, claim, reason, write_failed
+from .stop_signals import StopSignal, stop_signals
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 MIN_SYNTHETIC_PROMPT = 4          # --num-prompts draws prompts of 4 to 200 tokens
@@ -82,10 +83,12 @@ def run(args: argparse.Namespace) -> int:
             return bad(str(err))
 
     try:
-        with claimed:
+        with claimed, stop_signals():   # SIGTERM, SIGHUP: StopSignal, answered as Ctrl-C is
             return _run(args)
     except KeyboardInterrupt:       # the stages are already stopped and reaped (see _execute)
         return interrupted()
+    except StopSignal as stop:
+        return stopped(stop)
 
 
 def _claim_outputs(args: argparse.Namespace) -> Claim:
@@ -108,6 +111,29 @@ def interrupted() -> int:
         sys.stderr.flush()
         os._exit(INTERRUPTED)
     return INTERRUPTED
+
+
+def stopped(stop: StopSignal) -> int:
+    """SIGTERM or SIGHUP: one line (with what the trace holds, once it was
+    opened), and the shell's code for a process that the signal ended (128 +
+    its number). By now every stage process is reaped and the trace closed."""
+    held = ("" if stop.trace_events is None
+            else f"; the trace holds {stop.trace_events} complete events")
+    sys.stderr.write(f"\nflightcheck: run stopped by {stop.name}{held}\n")
+    if "torch" in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(stop.exit_code)
+    return stop.exit_code
+
+
+def _complete_lines(path: str) -> int | None:
+    """How many whole lines (events) the file holds; None if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except OSError:
+        return None
 
 
 # 128 + SIGINT, what a shell reports for a process that SIGINT ended.
@@ -188,7 +214,6 @@ def _prepare(args: argparse.Namespace):
 
 def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
     from flightcheck.runtime import launch
-    from flightcheck.runtime.generate import RunFailed, generate
 
     launch.set_threads(1)
     eos = model_cfg.eos_token_id
@@ -214,38 +239,64 @@ def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
         executor.close(graceful=True)
         return bad(f"--trace {args.trace}: cannot write it ({reason(err)})")
     trace_lost: OSError | None = None
-    status = 0
-    graceful = True
+    stopped_by: BaseException | None = None
     try:
-        shown = [-1]
-
-        def progress(done: int, total: int, tokens: int) -> None:
-            if log.isatty():
-                print(f"\r  {done}/{total} requests finished, {tokens} tokens", end="", file=log)
-            elif done != shown[0]:
-                shown[0] = done
-                print(f"  {done}/{total} requests finished, {tokens} tokens", file=log)
-        try:
-            result = generate(executor, sched_cfg, requests, eos_token_id=eos, trace=trace,
-                              progress=progress)
-        except RunFailed as err:
-            result, status = err.result, 1
-            print(f"\nflightcheck: error: {str(err).splitlines()[0]}", file=log)
-        except KeyboardInterrupt:
-            graceful = False          # stop the stages at once, not after their batches
-            raise
-        if log.isatty():
-            print(file=log)
+        result, status = _generate(executor, sched_cfg, requests, eos, trace)
+    except (KeyboardInterrupt, StopSignal) as stop:
+        stopped_by = stop             # stop the stages at once, not after their batches
     finally:
-        executor.close(graceful=graceful)
-        if trace is not None:
-            trace_lost = _close_trace(trace)
-    lost = _write_outputs(args, memory, trace_lost)
+        try:
+            executor.close(graceful=stopped_by is None)
+        finally:
+            if trace is not None:
+                trace_lost = _close_trace(trace)
+    lost = _write_outputs(args, memory, trace_lost)   # a stopped run's Chrome trace too, from its prefix
+    if stopped_by is not None:
+        if isinstance(stopped_by, StopSignal) and args.trace and trace_lost is None:
+            stopped_by.trace_events = _complete_lines(args.trace)
+        raise stopped_by              # run() says so in one line
     if args.json:
         print(json.dumps(result.to_json()))
     else:
         _print_results(result, tokenizer, args, trace_lost)
-    return max(status, lost)
+    return max(_stage_failure(executor, status), lost)
+
+
+def _generate(executor, sched_cfg, requests, eos, trace):
+    """The run's results and exit status (1: the pipeline failed, named on stderr)."""
+    from flightcheck.runtime.generate import RunFailed, generate
+
+    log = sys.stderr
+    shown = [-1]
+
+    def progress(done: int, total: int, tokens: int) -> None:
+        if log.isatty():
+            print(f"\r  {done}/{total} requests finished, {tokens} tokens", end="", file=log)
+        elif done != shown[0]:
+            shown[0] = done
+            print(f"  {done}/{total} requests finished, {tokens} tokens", file=log)
+    try:
+        result = generate(executor, sched_cfg, requests, eos_token_id=eos, trace=trace,
+                          progress=progress)
+        status = 0
+    except RunFailed as err:
+        result, status = err.result, 1
+        print(f"\nflightcheck: error: {str(err).splitlines()[0]}", file=log)
+    if log.isatty():
+        print(file=log)
+    return result, status
+
+
+def _stage_failure(executor, status: int) -> int:
+    """The exit status once the stages are stopped: 1 (and one line naming
+    it) if a stage ended abnormally though the run had not failed, e.g.
+    killed once every result was back; else `status`."""
+    failure = getattr(executor, "stage_failure", None)
+    if failure is None or status != 0:
+        return status
+    print(f"flightcheck: error: every result was back, but {failure.splitlines()[0]}",
+          file=sys.stderr)
+    return 1
 
 
 class _TraceInMemory(io.StringIO):
