@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import multiprocessing
 import multiprocessing.process
+import multiprocessing.resource_tracker
 import os
 import signal
 import sys
@@ -194,6 +195,10 @@ def _start_children_deaf() -> None:
     _original_start = original = multiprocessing.process.BaseProcess.start
 
     def start(self: Any) -> None:
+        if getattr(self, "_start_method", None) != "fork":
+            # The resource tracker, started by the first spawn, unblocks SIGINT
+            # in its caller once it runs: start it before the block, not inside.
+            multiprocessing.resource_tracker.ensure_running()
         with sigint_blocked():
             original(self)
 
