@@ -138,10 +138,11 @@ def _run_one(args: argparse.Namespace, plan: BenchPlan, workload, trace_path: st
     from flightcheck.output_files import OutputLost
     from flightcheck.runtime import PipelineError, launch
 
-    from .run import interrupted
+    from .run import interrupted, stopped, stage_failure_line
+    from .stop_signals import StopSignal, stop_signals
 
     holder = {}
-    graceful = True
+    stop: BaseException | None = None
 
     def make_executor(clock, trace):
         # Async scheduling forms a decode before its token exists: the
@@ -155,8 +156,9 @@ def _run_one(args: argparse.Namespace, plan: BenchPlan, workload, trace_path: st
         return executor
 
     try:
-        return run_live(workload, plan.sched_cfg, make_executor, trace_path=trace_path,
-                        percentiles=args.metric_percentiles, build=plan.build)
+        with stop_signals():              # SIGTERM, SIGHUP: answered as Ctrl-C is
+            live = run_live(workload, plan.sched_cfg, make_executor, trace_path=trace_path,
+                            percentiles=args.metric_percentiles, build=plan.build)
     except PipelineError as err:          # a stage died or failed: the runtime names it
         print(f"flightcheck: error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 1
@@ -166,9 +168,17 @@ def _run_one(args: argparse.Namespace, plan: BenchPlan, workload, trace_path: st
         if trace_path is None or err.filename != trace_path:
             raise
         return bad(f"--trace {trace_path}: cannot write it ({reason(err)})")
-    except KeyboardInterrupt:
-        graceful = False                  # stop the stages at once, then one line
+    except (KeyboardInterrupt, StopSignal) as signalled:
+        stop = signalled                  # stop the stages at once, then one line
     finally:
         if "executor" in holder and hasattr(holder["executor"], "close"):
-            holder["executor"].close(graceful=graceful)
-    return interrupted()
+            holder["executor"].close(graceful=stop is None)
+    if isinstance(stop, StopSignal):
+        return stopped(stop)
+    if stop is not None:
+        return interrupted()
+    failure = stage_failure_line(holder.get("executor"))
+    if failure is not None:               # every result came back, but a stage then died
+        print(failure, file=sys.stderr)
+        return 1
+    return live

@@ -291,12 +291,17 @@ def _stage_failure(executor, status: int) -> int:
     """The exit status once the stages are stopped: 1 (and one line naming
     it) if a stage ended abnormally though the run had not failed, e.g.
     killed once every result was back; else `status`."""
-    failure = getattr(executor, "stage_failure", None)
-    if failure is None or status != 0:
+    line = stage_failure_line(executor)
+    if line is None or status != 0:
         return status
-    print(f"flightcheck: error: every result was back, but {failure.splitlines()[0]}",
-          file=sys.stderr)
+    print(line, file=sys.stderr)
     return 1
+
+
+def stage_failure_line(executor) -> str | None:
+    """One line if a stage of `executor` ended abnormally once it was closed."""
+    failure = getattr(executor, "stage_failure", None)
+    return None if failure is None else f"flightcheck: error: every result was back, but {failure.splitlines()[0]}"
 
 
 class _TraceInMemory(io.StringIO):
