@@ -6,6 +6,11 @@ changes no decision).
     vllm serve MODEL --pipeline-parallel-size 2 \
         --scheduler-cls flightcheck.vllm.recorder.RecordingScheduler
 
+or, to have it checked as it runs, streamed to `flightcheck monitor`
+(sinks.py; README.md, "Streaming the trace"):
+
+    FLIGHTCHECK_TRACE_SINK=unix:/run/fc/engine-{pid}.sock vllm serve MODEL ...
+
 vLLM's engine core resolves `scheduler_cls` by its qualified name
 (`EngineCore.__init__`, `resolve_obj_by_qualname`), so nothing in vLLM is
 patched. This module imports vLLM: only vLLM's process (or the replay worker,

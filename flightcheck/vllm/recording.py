@@ -51,6 +51,9 @@ queue), not by counting. The mixin also keeps, for the replay, what vLLM's own
 state shows about conformance (`observations`): its checks are
 `GroundTruthMixin` (ground_truth.py), which says what each one reads.
 
+Where the events go (a file, a streamed sink, both) is sinks.py's
+`open_trace_from_env`; the recorder only calls `write`.
+
 Standard library only: this module never imports vLLM.
 """
 
@@ -61,7 +64,7 @@ from typing import Any
 
 from . import compat
 from .ground_truth import BatchRecord, EntrySnapshot, GroundTruthMixin, status_name
-from .trace import TraceFile, trace_path_from_env
+from .sinks import TraceWriter, open_trace_from_env
 
 STAGES_ENV = "FLIGHTCHECK_NUM_STAGES"
 FINISH_REASONS = {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH_CAPPED": "length",
@@ -131,10 +134,9 @@ class RecordingMixin(GroundTruthMixin):
         # progress (vLLM 0.33/0.34 finish a KV load's errors inside
         # update_from_output): the update writes no second finish for them
         self._fc_finish_written: set[int] = set()
-        self._fc_trace: TraceFile | None = None
-        path = trace_path_from_env()
-        if path is not None:
-            self._fc_trace = TraceFile.open(path)
+        # FLIGHTCHECK_TRACE's file and/or FLIGHTCHECK_TRACE_SINK's stream (sinks.py)
+        self._fc_trace: TraceWriter | None = open_trace_from_env()
+        if self._fc_trace is not None:
             self._fc_trace.write(self._fc_config_event())
 
     # -- the configuration, read from vLLM's state ------------------------------

@@ -42,12 +42,15 @@ class TraceFile:
         return cls(open(path, "w", buffering=1), **kwargs)
 
     def write(self, event: dict[str, Any], step: int | None = None) -> None:
+        self._sink.write(self._line(event, step))
+
+    def _line(self, event: dict[str, Any], step: int | None) -> str:
+        """The event's line, newline included, `step` and `t` stamped."""
         if step is not None:
             event["step"] = step
         if self.record_time:
             event["t"] = round(time.monotonic() - self._start, 6)
-        self._sink.write(self._encode(event))
-        self._sink.write("\n")
+        return self._encode(event) + "\n"
 
     def close(self) -> None:
         self._sink.close()

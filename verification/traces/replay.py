@@ -56,6 +56,7 @@ from .engine_steps import EngineSteps
 from .explain import why_left_out, why_nothing_scheduled
 from .named_state import describe_named, quoted
 from .reading import MalformedTrace
+from .schema import one_line, show
 
 REASONS = {"stop": Status.FINISHED_STOPPED, "length": Status.FINISHED_LENGTH,
            "abort": Status.FINISHED_ABORTED, "error": Status.FINISHED_ERROR}
@@ -63,8 +64,15 @@ REASONS = {"stop": Status.FINISHED_STOPPED, "length": Status.FINISHED_LENGTH,
 
 class _Violation(Exception):
     def __init__(self, prop: str, message: str) -> None:
+        message = one_line(message)          # request ids are quoted already; this guards the rest
         super().__init__(message)
         self.prop, self.message = prop, message
+
+
+class EventsDropped(MalformedTrace):
+    """A streaming recorder's `dropped` marker (docs/trace-format.md): events
+    are missing from here on, so the checker judges nothing past it; every
+    event before it was checked (exit 2, the message says so)."""
 
 
 class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
@@ -132,7 +140,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
     def _req(self, event: dict) -> int:
         name = event["req"]
         if name not in self.slot:
-            raise _Violation("unknown_request", f"{event['ev']} of request {name!r} that never arrived")
+            raise _Violation("unknown_request", f"{event['ev']} of request {show(name)} that never arrived")
         return self.slot[name]
 
     def _labels(self, event: dict) -> tuple[int, ...]:
@@ -174,6 +182,9 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
     # -- events -------------------------------------------------------------
 
     def feed(self, event: dict[str, Any]) -> None:
+        if event["ev"] == "dropped":        # first: a lost finish must not read as a missing one
+            raise EventsDropped(f"a dropped marker: {event['count']} events lost here by the recorder; "
+                                f"every event before it is legal, nothing after it is judged")
         if self.ended:
             raise _Violation("event_after_end", f"{event['ev']} after the end event")
         if self.finished_now and event["ev"] != "finish" and not self._error_finish_may_wait(event):
@@ -234,7 +245,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
     def _on_arrive(self, event: dict) -> None:
         name = event["req"]
         if name in self.slot and self.state.requests[self.slot[name]].status.is_active:
-            raise _Violation("request_id_reused", f"{name!r} arrives again while still active")
+            raise _Violation("request_id_reused", f"{show(name)} arrives again while still active")
         r = self._new_slot()                       # a new incarnation gets a new slot
         if r == len(self.names):
             self.names.append(name)
@@ -450,10 +461,10 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
         status = self.finished_now.pop(r, None)
         if status is None:
             actual = self.state.requests[r].status
-            raise _Violation("finish_decision", f"{event['req']} finishes ({reason}) in the trace, but is "
+            raise _Violation("finish_decision", f"{show(event['req'])} finishes ({reason}) in the trace, but is "
                              f"{actual.value} in the spec")
         if status is not REASONS[reason]:
-            raise _Violation("finish_decision", f"{event['req']} finishes by {reason} in the trace, "
+            raise _Violation("finish_decision", f"{show(event['req'])} finishes by {reason} in the trace, "
                              f"{status.value} in the spec")
         self._check_held(r, event)
 

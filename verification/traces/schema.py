@@ -53,6 +53,20 @@ def show(value: Any) -> str:
     return json.dumps(value)
 
 
+MESSAGE_LIMIT = 2000          # characters of one message line, whatever the trace holds
+
+
+def one_line(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    """`message` as one printable ASCII line of at most about `limit`
+    characters: control characters and anything beyond ASCII escaped (as
+    Python writes them), the excess cut with a count. The last guard of
+    every message check-trace prints: whatever a request id holds, it can
+    neither start a line of its own nor move the terminal's cursor."""
+    text = message.encode("ascii", "backslashreplace").decode("ascii")
+    text = "".join(c if " " <= c <= "~" else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 class Kind:
     """What a field may hold; `check` raises SchemaError naming `path`."""
 
@@ -349,9 +363,14 @@ KV_FAILED = Record({
 })
 KV_SENT = Record({**COMMON, "req": (REQUEST_ID, True)})
 
+# A streaming recorder's marker: `count` events were lost here (its buffer
+# was full, or its sink refused them); nothing after it can be judged.
+DROPPED = Record({**COMMON, "count": (POSITIVE, True)})
+
 EVENTS: dict[str, Record] = {"config": CONFIG, "arrive": ARRIVE, "schedule": SCHEDULE, "stage": STAGE,
                              "complete": COMPLETE, "finish": FINISH, "abort": ABORT, "end": END,
-                             "kv_received": KV_RECEIVED, "kv_failed": KV_FAILED, "kv_sent": KV_SENT}
+                             "kv_received": KV_RECEIVED, "kv_failed": KV_FAILED, "kv_sent": KV_SENT,
+                             "dropped": DROPPED}
 KV_EVENTS = frozenset({"kv_received", "kv_failed", "kv_sent"})
 EVENT_KIND = Choice(tuple(EVENTS))
 
