@@ -81,6 +81,7 @@ def check(path: Path, lines: int | None, limit: float) -> dict:
     except subprocess.TimeoutExpired:
         child.kill()
         stdout, stderr = child.communicate()
+        stdout = f"stopped after {limit:g} s (--limit)"
     if head is not None:
         head.kill()
         head.wait()
