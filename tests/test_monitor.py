@@ -22,6 +22,8 @@ from flightcheck.vllm.sinks import SinkAddress, StreamedTrace, connector
 
 from .test_trace_sinks import LEGAL, REUSED, events_of
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

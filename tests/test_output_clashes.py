@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 
 from flightcheck.cli import main
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 WORKLOAD = ('{"name": "w", "config": {"num_stages": 2, "max_num_batched_tokens": 16, "max_num_seqs": 4, '
             '"block_size": 4, "num_blocks": 40}, "requests": [{"id": "a", "prompt_len": 4, "max_tokens": 2}]}\n')
 

@@ -26,6 +26,8 @@ from flightcheck.cli import main
 from flightcheck.commands import outputs
 from flightcheck.verification.traces.reading import parse_line
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 TINY_RUN = ["--pp", "1", "--num-prompts", "1", "--max-tokens", "2", "--max-model-len", "96",
             "--block-size", "4", "--num-blocks", "40", "--max-num-batched-tokens", "32"]
 TINY_SIM = ["--num-prompts", "3"]

@@ -20,6 +20,8 @@ from flightcheck.verification.traces.line_reader import Follow
 from flightcheck.vllm import sinks
 from flightcheck.vllm.sinks import SinkAddress, StreamedTrace, TeeTrace, connector, parse_sink
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 TRACES = Path(__file__).resolve().parent / "data" / "vllm" / "traces-0.33"
 LEGAL = TRACES / "id-reuse-wrong-binding-fresh-id.jsonl"
 REUSED = TRACES / "id-reuse-wrong-binding.jsonl"          # S7_output_binding at line 8
