@@ -11,8 +11,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .common import (DEFAULT_REFERENCE_PROFILE, REFERENCE_PROFILES, bad, cuda_problem, local_pp_problem,
-                     missing_dependency, positive_int)
+from .common import (DEFAULT_REFERENCE_PROFILE, MAX_MODEL_LEN, REFERENCE_PROFILES, bad, cuda_problem, int_in,
+                     kv_cache_problem, local_pp_problem, missing_dependency, pool_blocks, positive_int)
 from .simulate import add_workload_arguments, print_result, workload_args, workload_problem
 
 
@@ -24,10 +24,10 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "float16"))
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=2048)
-    p.add_argument("--max-model-len", type=positive_int, default=4096)
+    p.add_argument("--max-model-len", type=int_in(1, MAX_MODEL_LEN), default=4096)
     p.add_argument("--max-num-seqs", type=positive_int, default=256)
-    p.add_argument("--block-size", type=positive_int, default=16)
-    p.add_argument("--num-blocks", type=positive_int, default=4096, help="KV pool per stage")
+    p.add_argument("--block-size", type=int_in(1, MAX_MODEL_LEN), default=16)
+    p.add_argument("--num-blocks", type=pool_blocks, default=4096, help="KV pool per stage")
     p.add_argument("--enable-prefix-caching", action="store_true")
     p.add_argument("--policy", default="continue-prefill",
                    choices=("continue-prefill", "one-batch-per-request"))
@@ -110,6 +110,9 @@ def _plan(args: argparse.Namespace, seeds: list[int], workloads: list) -> BenchP
     if args.max_model_len > model_cfg.max_position_embeddings:
         raise WorkloadError(f"--max-model-len {args.max_model_len} exceeds the model's "
                             f"max_position_embeddings {model_cfg.max_position_embeddings}")
+    too_big = kv_cache_problem(args.num_blocks, args.block_size, model_cfg, args.dtype)
+    if too_big:
+        raise WorkloadError(too_big)
     sched_cfg = SchedulerConfig(
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len, block_size=args.block_size,

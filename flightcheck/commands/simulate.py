@@ -9,8 +9,8 @@ import math
 import sys
 from typing import Any
 
-from .common import (DEFAULT_REFERENCE_PROFILE, MAX_PROMPTS, MAX_SEED, REFERENCE_PROFILES, bad,
-                     first_unwritable, int_in, positive_int, real, seed_int)
+from .common import (DEFAULT_REFERENCE_PROFILE, MAX_MODEL_LEN, MAX_PROMPTS, MAX_SEED, REFERENCE_PROFILES, bad,
+                     first_unwritable, int_in, pool_blocks, positive_int, real, seed_int)
 
 MAX_SIMULATED_STAGES = 1024
 MAX_SEEDS = 10_000
@@ -59,10 +59,10 @@ def add_parser(sub) -> None:
     p.add_argument("--pp", type=int_in(1, MAX_SIMULATED_STAGES), default=2,
                    help="pipeline stages (default 2)")
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=2048)
-    p.add_argument("--max-model-len", type=positive_int, default=16384)
+    p.add_argument("--max-model-len", type=int_in(1, MAX_MODEL_LEN), default=16384)
     p.add_argument("--max-num-seqs", type=positive_int, default=256)
-    p.add_argument("--block-size", type=positive_int, default=16)
-    p.add_argument("--num-blocks", type=positive_int, help="KV blocks (default: what fits)")
+    p.add_argument("--block-size", type=int_in(1, MAX_MODEL_LEN), default=16)
+    p.add_argument("--num-blocks", type=pool_blocks, help="KV blocks (default: what fits)")
     p.add_argument("--enable-prefix-caching", action="store_true",
                    help="off by default, as in the seed PR's run")
     p.add_argument("--policy", default="continue-prefill",
