@@ -96,6 +96,7 @@ def test_check_trace_refuses_an_out_of_range_number_with_the_line(capsys, tmp_pa
     (["simulate", "--num-prompts", "10000000"], f"--num-prompts: must be at most {common.MAX_PROMPTS}"),
     (["bench", "--num-prompts", "10000000"], f"--num-prompts: must be at most {common.MAX_PROMPTS}"),
     (["simulate", "--num-blocks", "2147483647"], "bytes per block"),
+    (["simulate", "--num-blocks", str(2**22 + 1)], "--num-blocks: must be at most"),
     (["bench", "--num-blocks", "2147483647"], "bytes per block"),
     (["run", "--num-prompts", "2", "--num-blocks", "2147483647"], "bytes per block"),
     (["run", "--num-prompts", "2", "--block-size", "2147483647"], "--block-size: must be at most 16777216"),
@@ -107,9 +108,9 @@ def test_a_value_past_the_stated_limit_is_refused_before_any_work(capsys, argv, 
 
 
 def test_the_pool_limit_follows_physical_memory(monkeypatch):
-    monkeypatch.setattr(common, "physical_memory", lambda: 8 * 2**30)
+    monkeypatch.setattr(common, "physical_memory", lambda: 2**30)
     limit = common.max_pool_blocks()
-    assert limit == 4 * 2**30 // common.SCHEDULER_BYTES_PER_BLOCK
+    assert limit == 2**29 // common.SCHEDULER_BYTES_PER_BLOCK < common.MAX_POOL_BLOCKS
     assert common.pool_blocks(str(limit)) == limit
     with pytest.raises(Exception, match=f"must be at most {limit} on this machine"):
         common.pool_blocks(str(limit + 1))

@@ -39,6 +39,10 @@ PP_PER_CORE = 4                  # local stage processes per core before --force
 # the free queue: 190 bytes measured, rounded up).
 MEMORY_SHARE = 0.5
 SCHEDULER_BYTES_PER_BLOCK = 256
+# ... and builds them one by one, ~6 us each on that VM: 4 Mi blocks take
+# ~25 s before the first step (vLLM's own pools are under 1 Mi blocks; the
+# simulator's default for a 1B model on 16 H200s, block size 16, is 3.8 Mi).
+MAX_POOL_BLOCKS = 2**22
 UNKNOWN_MEMORY = 8 * 2**30       # where the OS does not say: assume a small machine
 
 
@@ -116,9 +120,9 @@ def gib(nbytes: float) -> str:
 
 
 def max_pool_blocks() -> int:
-    """The largest KV pool the reference scheduler may keep: its per-block
-    bookkeeping must fit the memory budget (at most MAX_INT blocks)."""
-    return min(MAX_INT, memory_budget() // SCHEDULER_BYTES_PER_BLOCK)
+    """The largest KV pool the reference scheduler may keep: MAX_POOL_BLOCKS,
+    or fewer where its per-block bookkeeping would not fit the memory budget."""
+    return min(MAX_POOL_BLOCKS, memory_budget() // SCHEDULER_BYTES_PER_BLOCK)
 
 
 def pool_blocks(text: str) -> int:
@@ -128,9 +132,9 @@ def pool_blocks(text: str) -> int:
     limit = max_pool_blocks()
     if value > limit:
         raise argparse.ArgumentTypeError(
-            f"must be at most {limit} on this machine, got {_short(text)} (the scheduler keeps "
-            f"{SCHEDULER_BYTES_PER_BLOCK} bytes per block; the limit is {MEMORY_SHARE:.0%} of its "
-            f"{gib(physical_memory())} of memory)")
+            f"must be at most {limit} on this machine, got {_short(text)} (the scheduler builds an "
+            f"object of {SCHEDULER_BYTES_PER_BLOCK} bytes per block: at most {MAX_POOL_BLOCKS}, and at "
+            f"most {MEMORY_SHARE:.0%} of this machine's {gib(physical_memory())} of memory)")
     return value
 
 
