@@ -61,7 +61,7 @@ def minimal_event(kind: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("kind, field", number_fields())
-@pytest.mark.parametrize("value", [HUGE_INT, -HUGE_INT])
+@pytest.mark.parametrize("value", [HUGE_INT, -HUGE_INT], ids=["1e309", "-1e309"])
 def test_a_number_field_past_float_range_is_malformed_naming_the_field(kind, field, value):
     config = None if kind == "config" else {**CONFIG, "kv_connector": {"consumer": True, "producer": True}}
     event = {**minimal_event(kind), field: value}
@@ -80,7 +80,7 @@ def test_the_number_kinds_are_covered():
     '{"ev":"end","t":1' + "0" * 309 + "}",
     '{"ev":"stage","batch":0,"stage":0,"t0":0,"t1":1,"recv":-1' + "0" * 309 + "}",
     '{"ev":"end","step":' + "9" * 5000 + "}",            # past Python's 4,300-digit conversion limit
-])
+], ids=["t", "recv", "digits"])
 def test_check_trace_refuses_an_out_of_range_number_with_the_line(capsys, tmp_path, line):
     import json
     trace = tmp_path / "t.jsonl"

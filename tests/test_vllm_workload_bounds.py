@@ -60,7 +60,7 @@ def test_the_valid_workload_is_read(tmp_path):
     (b'{"name": "w",\n\xff\xfe\x00', "w.json:2: not UTF-8"),
     ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
     (json.dumps(VALID).replace('"max_tokens": 4', '"max_tokens": ' + "9" * 5000), "4300 digits"),
-])
+], ids=["binary", "deep", "digits"])
 def test_a_file_that_is_not_readable_json_is_one_line(capsys, tmp_path, content, fragment):
     assert fragment in replay_refuses(capsys, write(tmp_path, content))
 
