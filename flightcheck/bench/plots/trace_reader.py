@@ -70,6 +70,15 @@ def is_trace_file(path: str | Path) -> bool:
         return False
 
 
+def _check_floats(ev: object) -> None:
+    """OverflowError if a time the timeline reads (t, t0, t1) is an integer
+    past float range (1 followed by 309 zeros is valid JSON)."""
+    if isinstance(ev, dict):
+        for key in ("t", "t0", "t1"):
+            if isinstance(ev.get(key), int):
+                float(ev[key])
+
+
 def read_timeline(path: str | Path) -> TimelineData:
     p = Path(path)
     if not p.is_file():
@@ -80,48 +89,43 @@ def read_timeline(path: str | Path) -> TimelineData:
             if not line.strip():
                 continue
             try:
-                _read_event(data, json.loads(line))
+                ev = json.loads(line)
             except json.JSONDecodeError as err:
                 raise WorkloadError(f"{p}:{line_no}: not JSON: {err.msg}") from None
-            except (KeyError, TypeError, ValueError):
-                raise WorkloadError(f"{p}:{line_no}: a stage event needs batch, stage, t0 and t1" if
-                                    '"stage"' in line else f"{p}:{line_no}: not a trace event this plot "
-                                    f"reads (check-trace FILE says why)") from None
-            except (AttributeError, OverflowError, RecursionError) as err:
-                # not an object, a number past float range, JSON nested too deeply
-                what = "a number beyond float range" if isinstance(err, OverflowError) else \
-                    "JSON nested too deeply" if isinstance(err, RecursionError) else "not an event object"
-                raise WorkloadError(f"{p}:{line_no}: not a trace event (check-trace FILE says why): "
-                                    f"{what}") from None
+            try:
+                _check_floats(ev)
+            except OverflowError:
+                raise WorkloadError(f"{p}:{line_no}: a number beyond float range (check-trace names "
+                                    f"the field)") from None
+            kind = ev.get("ev")
+            if kind == "config":
+                data.num_stages = int(ev.get("num_stages", 1))
+                data.policy = str(ev.get("policy", ""))
+            elif kind == "arrive":
+                data.prompt_lens[ev["req"]] = int(ev.get("prompt_len", 0))
+            elif kind == "schedule" and ev.get("batch") is not None:
+                batch = int(ev["batch"])
+                data.batches[batch] = [_entry(e, data.prompt_lens)
+                                       for e in ev.get("entries", [])]
+                if isinstance(ev.get("t"), (int, float)):
+                    data.scheduled_at[batch] = float(ev["t"])
+                for e in ev.get("entries", []):
+                    if isinstance(e.get("placeholders"), int):
+                        data.placeholders[(batch, e["req"])] = e["placeholders"]
+            elif (kind == "complete" and ev.get("batch") is not None
+                  and isinstance(ev.get("t"), (int, float))):
+                data.completed_at[int(ev["batch"])] = float(ev["t"])
+            elif kind == "stage":
+                try:
+                    data.spans.append(Span(int(ev["batch"]), int(ev["stage"]),
+                                           float(ev["t0"]), float(ev["t1"])))
+                except (KeyError, TypeError, ValueError):
+                    raise WorkloadError(f"{p}:{line_no}: a stage event needs batch, stage, "
+                                        f"t0 and t1") from None
     if not data.spans:
         raise WorkloadError(f"{p}: no stage events (a timeline needs {{\"ev\":\"stage\", "
                             f"\"batch\", \"stage\", \"t0\", \"t1\"}} lines)")
     return data
-
-
-def _read_event(data: TimelineData, ev: dict) -> None:
-    """Take what the timeline draws from one event (a KeyError, TypeError or
-    ValueError for a stage event without its fields)."""
-    kind = ev.get("ev")
-    if kind == "config":
-        data.num_stages = int(ev.get("num_stages", 1))
-        data.policy = str(ev.get("policy", ""))
-    elif kind == "arrive":
-        data.prompt_lens[ev["req"]] = int(ev.get("prompt_len", 0))
-    elif kind == "schedule" and ev.get("batch") is not None:
-        batch = int(ev["batch"])
-        data.batches[batch] = [_entry(e, data.prompt_lens)
-                               for e in ev.get("entries", [])]
-        if isinstance(ev.get("t"), (int, float)):
-            data.scheduled_at[batch] = float(ev["t"])
-        for e in ev.get("entries", []):
-            if isinstance(e.get("placeholders"), int):
-                data.placeholders[(batch, e["req"])] = e["placeholders"]
-    elif (kind == "complete" and ev.get("batch") is not None
-          and isinstance(ev.get("t"), (int, float))):
-        data.completed_at[int(ev["batch"])] = float(ev["t"])
-    elif kind == "stage":
-        data.spans.append(Span(int(ev["batch"]), int(ev["stage"]), float(ev["t0"]), float(ev["t1"])))
 
 
 def most_chunked_request(data: TimelineData) -> str | None:
