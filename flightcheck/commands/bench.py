@@ -89,13 +89,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# bench sends in wall-clock time: a schedule longer than a day is refused (a
+# --request-rate of 1e-300 would put the first send past the clock's range).
+MAX_SEND_SECONDS = 86_400
+
+
 def _workloads(args: argparse.Namespace) -> tuple[list[int], list]:
     """The seeds and each one's workload; WorkloadError (a ValueError) on bad arguments."""
+    from flightcheck.bench.workload import WorkloadError
     from flightcheck.bench.workload_args import build_workload
 
     wargs = workload_args(args)
     seeds = list(range(args.seed, args.seed + args.seeds))
-    return seeds, [build_workload(wargs, s).fit_model_len(args.max_model_len) for s in seeds]
+    workloads = [build_workload(wargs, s).fit_model_len(args.max_model_len) for s in seeds]
+    last = max(r.send_time for w in workloads for r in w.requests)
+    if not last <= MAX_SEND_SECONDS:
+        raise WorkloadError(f"--request-rate {args.request_rate:g}: the last request would be sent {last:.3g} s "
+                            f"after the start; bench sends in wall-clock time, within {MAX_SEND_SECONDS} s "
+                            f"(a day)")
+    return seeds, workloads
 
 
 def _plan(args: argparse.Namespace, seeds: list[int], workloads: list) -> BenchPlan:
@@ -107,6 +119,8 @@ def _plan(args: argparse.Namespace, seeds: list[int], workloads: list) -> BenchP
 
     source = WeightSource(checkpoint=args.checkpoint, preset=args.model, seed=args.seed)
     model_cfg = source.model_config()
+    if args.pp > model_cfg.n_layers:
+        raise WorkloadError(f"--pp {args.pp} exceeds the model's {model_cfg.n_layers} layers")
     if args.max_model_len > model_cfg.max_position_embeddings:
         raise WorkloadError(f"--max-model-len {args.max_model_len} exceeds the model's "
                             f"max_position_embeddings {model_cfg.max_position_embeddings}")

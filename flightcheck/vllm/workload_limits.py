@@ -29,6 +29,9 @@ MAX_STAGES = 1024                       # pipeline stages (the trace format's bo
 MAX_SPEC_TOKENS = 1024                  # drafts per request per step
 MAX_SEED = 2**63 - 1
 MAX_ID_CHARS = 1024                     # a request id or a prefix name
+# Workloads of a fit or a campaign (--workloads): every one is built before the
+# first runs, then replayed through vLLM (0.1 s to seconds each): 10,000 are hours.
+MAX_WORKLOADS = 10_000
 
 class LimitError(ValueError):
     """A value out of its type or range, with its key path in the message."""
