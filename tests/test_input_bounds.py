@@ -89,6 +89,14 @@ def test_check_trace_refuses_an_out_of_range_number_with_the_line(capsys, tmp_pa
     assert "line 2:" in err
 
 
+def test_plot_refuses_a_time_past_float_range_naming_the_line(capsys, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"ev":"config","num_stages":2}\n{"ev":"stage","batch":1,"stage":0,"t0":0,"t1":1'
+                     + "0" * 309 + "}\n")
+    assert "t.jsonl:2: a number beyond float range" in refused(capsys, "plot", str(trace), "--no-png",
+                                                                "--perfetto", str(tmp_path / "p.json"))
+
+
 # -- CLI values that would allocate past the machine -----------------------------
 
 @pytest.mark.parametrize("argv, fragment", [
@@ -102,7 +110,14 @@ def test_check_trace_refuses_an_out_of_range_number_with_the_line(capsys, tmp_pa
     (["run", "--num-prompts", "2", "--block-size", "2147483647"], "--block-size: must be at most 16777216"),
     (["simulate", "--block-size", "2147483647"], "--block-size: must be at most 16777216"),
     (["simulate", "--max-model-len", "2147483647"], "--max-model-len: must be at most 16777216"),
-])
+    (["bench", "--num-prompts", "2", "--request-rate", "1e-300"], "bench sends in wall-clock time, within 86400 s"),
+    (["vllm", "fit", "--workloads", "2147483647"], "--workloads: must be at most 10000"),
+    (["vllm", "campaign", "--workloads", "2147483647"], "--workloads: must be at most 10000"),
+    (["vllm", "campaign", "--workloads", "-1"], "--workloads: must be at least 1"),
+    (["vllm", "campaign", "--workloads", "1", "--spec-tokens", "100000"], "--spec-tokens: must be at most 1024"),
+], ids=["run-prompts", "simulate-prompts", "bench-prompts", "simulate-blocks", "simulate-blocks-2**22",
+        "bench-blocks", "run-blocks", "run-block-size", "simulate-block-size", "simulate-model-len",
+        "bench-rate", "fit-workloads", "campaign-workloads", "campaign-negative", "campaign-spec-tokens"])
 def test_a_value_past_the_stated_limit_is_refused_before_any_work(capsys, argv, fragment):
     assert fragment in refused(capsys, *argv)
 
@@ -136,6 +151,12 @@ def test_run_refuses_a_kv_cache_past_memory_before_any_stage_starts(capsys, monk
     assert "the KV cache would take" in err and "--num-blocks 1000000" in err
 
 
+def test_bench_refuses_more_stages_than_layers_before_any_starts(capsys):
+    pytest.importorskip("torch")
+    assert "--pp 100 exceeds the model's 6 layers" in refused(capsys, "bench", "--num-prompts", "2", "--pp", "100",
+                                                              "--force")
+
+
 # -- temperatures that underflow --------------------------------------------------
 
 @pytest.mark.parametrize("temperature", [1e-310, 5e-324, 1e-6, 0.0])
@@ -161,7 +182,7 @@ def fifo(tmp_path: Path) -> Path:
     (lambda tmp, fifo: "/dev/zero", "is a character device, not a regular file"),
     (lambda tmp, fifo: str(fifo), "is a FIFO or pipe, not a regular file"),
     (lambda tmp, fifo: str(tmp), "is a directory"),
-])
+], ids=["dev-zero", "fifo", "directory"])
 def test_a_prompts_file_that_never_ends_is_refused(capsys, tmp_path, fifo, make, fragment):
     pytest.importorskip("torch")
     assert fragment in refused(capsys, "run", "--prompts", make(tmp_path, fifo))
@@ -206,7 +227,7 @@ CSV_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Ty
     ((CSV_HEADER + "1,GPT-4,4,5,9,x\n").encode() + b"\xff\n", "d.csv:3: not UTF-8"),
     ((CSV_HEADER + "1,GPT-4,1e400,5,9,x\n").encode(), "d.csv:2: column 'Request tokens' must be a count"),
     ((CSV_HEADER + "1,GPT-4,nan,5,9,x\n").encode(), "d.csv:2: column 'Request tokens'"),
-])
+], ids=["binary", "1e400", "nan"])
 def test_a_bad_burstgpt_file_is_one_line_naming_the_line(capsys, tmp_path, content, fragment):
     path = tmp_path / "d.csv"
     path.write_bytes(content)
@@ -216,7 +237,7 @@ def test_a_bad_burstgpt_file_is_one_line_naming_the_line(capsys, tmp_path, conte
 @pytest.mark.parametrize("make, fragment", [
     (lambda tmp, fifo: "/dev/zero", "is a character device"),
     (lambda tmp, fifo: str(fifo), "is a FIFO or pipe"),
-])
+], ids=["dev-zero", "fifo"])
 def test_a_dataset_that_never_ends_is_refused(capsys, tmp_path, fifo, make, fragment):
     assert fragment in refused(capsys, "simulate", "--num-prompts", "2", "--dataset-path", make(tmp_path, fifo))
 
