@@ -78,6 +78,14 @@
   kv_workload.py documents every key and the timing rule. Without
   `kv_connector`, vLLM runs without a connector and `kv` is refused.
 
+Every key is checked with its type and range before a token is drawn
+(WorkloadError, one line naming the key path: `requests[3].prompt_len: must
+be at most 1048576 ...`); the ranges (prompt_len, max_model_len and
+block_size at most 2**20, num_blocks at most 2**20, 4 Mi prompt tokens per
+workload, max_steps at most 10**6, ...) are workload_limits.py's, stated
+with their reasons in docs/limits.md. The file itself is read with bounds
+(a regular file of at most 64 MiB: flightcheck/input_files.py).
+
 Standard library only; both the CLI (to refuse bad input with exit 2) and
 the replay worker (inside the vLLM venv) read workloads with it.
 """

@@ -4,7 +4,7 @@ by its key path (`requests[3].prompt_len: must be at most 1048576, got
 code 2) before the vLLM worker starts.
 
 The bounds are what a replay does in reasonable time and memory on a small
-machine (docs/vllm-replay-limits.md): the fabricated model draws every
+machine (docs/limits.md): the fabricated model draws every
 prompt token in Python (0.3 s per million here, in the CLI and again in the
 worker), vLLM's `BlockPool` and the reference's keep one object per KV
 block (about 200 bytes, a few microseconds each), and every engine step is
