@@ -11,16 +11,42 @@ Each subcommand lives in `flightcheck/commands/`, with `add_parser(sub)` and
 `run(args) -> exit code`. Exit codes: 0 success, 1 a check failed, 2 bad
 arguments or input (a missing optional package too: one line naming it and
 its install command), 3 an internal error (a bug in flightcheck; the traceback
-is saved).
+is saved), 130 interrupted by Ctrl-C (one line; every worker process is
+killed first).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
-from .commands import bench, check_trace, fuzz, plot, run, simulate, verify, vllm
-from .commands.common import Parser, bad, missing_dependency
+
+# Run as the `flightcheck` command: not imported by a test or a program, nor
+# re-imported by a worker `multiprocessing` spawned (which restores the
+# parent's sys.argv, but not its interpreter's own command line).
+AS_COMMAND = ((__name__ == "__main__" or os.path.basename(sys.argv[0] if sys.argv else "") == "flightcheck")
+              and "--multiprocessing-fork" not in sys.orig_argv)
+
+
+def _quiet_ctrl_c_while_starting() -> None:
+    """As the command, a Ctrl-C while the modules below load is one line and
+    exit 130, like one later."""
+    if not AS_COMMAND:
+        return
+
+    def interrupted(signum: int, frame: object) -> None:
+        os.write(2, b"flightcheck: interrupted (Ctrl-C) while starting\n")
+        os._exit(128 + signal.SIGINT)
+
+    signal.signal(signal.SIGINT, interrupted)
+
+
+_quiet_ctrl_c_while_starting()
+
+from .commands import bench, check_trace, fuzz, interrupts, plot, run, simulate, verify, vllm  # noqa: E402 (after the Ctrl-C guard)
+from .commands.common import Parser, bad, missing_dependency  # noqa: E402
 
 COMMANDS = (verify, fuzz, check_trace, run, simulate, bench, plot, vllm)
 
@@ -68,14 +94,51 @@ def _escape_unprintable_output() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _escape_unprintable_output()
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except ModuleNotFoundError as err:    # torch, safetensors or transformers: one line, exit 2
-        line = missing_dependency(err, args.command)
-        if line is None:
-            raise
-        return bad(line)
+    command = _command_named(sys.argv[1:] if argv is None else argv)
+    interrupts.install(command, exit_after_s=interrupts.EXIT_AFTER_CTRL_C_S if AS_COMMAND else None)
+    with interrupts.watched_stdout():
+        try:
+            args = build_parser().parse_args(argv)
+            command = args.command
+            code = args.func(args)
+        except KeyboardInterrupt:             # Ctrl-C: one line, exit 130, no worker left behind
+            return _interrupted(command)
+        except ModuleNotFoundError as err:    # torch, safetensors or transformers: one line, exit 2
+            line = missing_dependency(err, command)
+            if line is None:
+                raise
+            return bad(line)
+        except Exception as err:              # noqa: BLE001 (re-raised unless explained below)
+            return _explained(err, command)
+        if interrupts.received():             # the interruption was swallowed on the way
+            return _interrupted(command)
+        problem = interrupts.flush_stdout()
+    return bad(problem) if problem else code
+
+
+def _explained(err: Exception, command: str) -> int:
+    """An exception that ended the command but is no bug of ours: a Ctrl-C
+    that a C library turned into its own error (ctypes, for Z3), or a
+    standard output that cannot be written. Anything else is re-raised."""
+    if interrupts.received():
+        return _interrupted(command)
+    if isinstance(err, OSError) and interrupts.stdout_is_broken():
+        problem = interrupts.flush_stdout() or interrupts.stdout_problem(err)
+        return bad(problem)
+    raise err
+
+
+def _command_named(argv: list[str]) -> str:
+    """The subcommand the arguments name, for the Ctrl-C line before they are parsed."""
+    first = next((a for a in argv if not a.startswith("-")), "")
+    return first if first.replace("-", "").isalnum() and len(first) <= 20 else "(starting)"
+
+
+def _interrupted(command: str) -> int:
+    """Ctrl-C: the one line, exit 130."""
+    interrupts.kill_children()
+    sys.stderr.write(interrupts.interrupted_line(command) + "\n")
+    return interrupts.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 from typing import Any, TextIO
 
+from flightcheck.output_files import LineFile, write_text
 from flightcheck.reference import TraceWriter
 
 
@@ -28,6 +29,13 @@ class RuntimeTraceWriter(TraceWriter):
     def __init__(self, sink: TextIO, *, t_base: float | None = None, **kwargs: Any) -> None:
         super().__init__(sink, **kwargs)
         self.t_base = time.time() if t_base is None else t_base
+
+    @classmethod
+    def to_path(cls, path: str, **kwargs: Any) -> "RuntimeTraceWriter":  # type: ignore[override]
+        """Written a whole line at a time, each as its event happens
+        (output_files.LineFile): a run that dies leaves every line before
+        it complete; `close()` raises OutputLost after a write error."""
+        return cls(LineFile.open(path), **kwargs)
 
     def _write(self, event: dict[str, Any]) -> None:
         if "t" not in event and event.get("ev") not in ("config", "end", "stage"):
@@ -125,5 +133,10 @@ def chrome_trace(events: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def write_chrome_trace(trace_path: str, out_path: str) -> None:
-    with open(out_path, "w") as f:
-        json.dump(chrome_trace(read_trace(trace_path)), f)
+    write_chrome_events(read_trace(trace_path), out_path)
+
+
+def write_chrome_events(events: list[dict[str, Any]], out_path: str) -> None:
+    """The Chrome trace of `events`, written whole or not at all (a
+    temporary file renamed into place: output_files.write_whole)."""
+    write_text(out_path, json.dumps(chrome_trace(events)))

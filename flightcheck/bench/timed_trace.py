@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from flightcheck.output_files import LineFile
 from flightcheck.reference import TraceWriter
 
 
@@ -18,7 +19,10 @@ class TimedTraceWriter(TraceWriter):
 
     @classmethod
     def to_path(cls, path: str, now: Callable[[], float], **kwargs: Any) -> "TimedTraceWriter":  # type: ignore[override]
-        return cls(open(path, "w", buffering=1 << 16), now, **kwargs)
+        """Written a whole line at a time, each as its event happens
+        (output_files.LineFile): a run that dies leaves every line before it
+        complete; `close()` raises OutputLost after a write error."""
+        return cls(LineFile.open(path), now, **kwargs)
 
     def _write(self, event: dict[str, Any]) -> None:
         if "t" not in event and event.get("ev") != "end":

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 from .common import (DEFAULT_REFERENCE_PROFILE, MAX_MODEL_LEN, REFERENCE_PROFILES, bad, cuda_problem, int_in,
                      kv_cache_problem, local_pp_problem, missing_dependency, pool_blocks, positive_int)
-from .simulate import add_workload_arguments, print_result, workload_args, workload_problem
+from .outputs import OutputRefused, reason
+from .simulate import (add_workload_arguments, claim_outputs, print_result, trace_lost, workload_args,
+                       workload_problem)
 
 
 def add_parser(sub) -> None:
@@ -56,9 +58,18 @@ class BenchPlan:
 
 def run(args: argparse.Namespace) -> int:
     problem = (local_pp_problem(args.pp, args.force) or cuda_problem(args.device)
-               or workload_problem(args, ("--trace", "--save-result")))
+               or workload_problem(args))
     if problem:
         return bad(problem)
+    try:
+        claimed = claim_outputs(args, ("--dataset-path", "--checkpoint"))
+    except OutputRefused as err:
+        return bad(str(err))
+    with claimed:
+        return _bench(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
     try:                              # the workload first: refused in a second, before torch loads
         seeds, workloads = _workloads(args)
     except ValueError as err:         # WorkloadError among them
@@ -84,9 +95,9 @@ def run(args: argparse.Namespace) -> int:
              "runtime_model": args.model,
              "pp": args.pp, "dataset": args.dataset, "request_rate": str(args.request_rate),
              "num_prompts": args.num_prompts, "device": args.device, "cpu_count": os.cpu_count()}
-    print_result(args, runs, seeds, extra)
+    status = print_result(args, runs, seeds, extra)
     sys.stdout.flush()
-    return 0
+    return status
 
 
 # bench sends in wall-clock time: a schedule longer than a day is refused (a
@@ -141,6 +152,7 @@ def _plan(args: argparse.Namespace, seeds: list[int], workloads: list) -> BenchP
 def _run_one(args: argparse.Namespace, plan: BenchPlan, workload, trace_path: str | None):
     """One seed's workload on fresh stages: its LiveRun, or the exit code of a failed run."""
     from flightcheck.bench.live import epoch_stage_recorder, run_live
+    from flightcheck.output_files import OutputLost
     from flightcheck.runtime import PipelineError, launch
 
     from .run import interrupted
@@ -165,6 +177,12 @@ def _run_one(args: argparse.Namespace, plan: BenchPlan, workload, trace_path: st
     except PipelineError as err:          # a stage died or failed: the runtime names it
         print(f"flightcheck: error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 1
+    except OutputLost as err:             # raised as the trace closes, once the run is over
+        return trace_lost(err, "the run went on to its end, but no results are reported")
+    except OSError as err:                # opening the trace: its FIFO's reader left since the check
+        if trace_path is None or err.filename != trace_path:
+            raise
+        return bad(f"--trace {trace_path}: cannot write it ({reason(err)})")
     except KeyboardInterrupt:
         graceful = False                  # stop the stages at once, then one line
     finally:

@@ -161,31 +161,17 @@ def _short(text: str) -> str:
 
 
 def check_writable(path: str | None, flag: str) -> str | None:
-    """Why `path` cannot be written (None if it can): checked before a run,
-    so an unwritable output fails in a second, not after the whole run. A
-    file that did not exist is created to prove it and removed again."""
+    """Why `path` cannot be written (None if it can), changing nothing there:
+    outputs.py's checks of one output (a directory, a device, no room, a FIFO
+    with no reader are refused)."""
+    from .outputs import Output, OutputRefused, claim
+
     if path is None:
         return None
-    target = Path(path)
     try:
-        if target.is_dir():
-            return f"{flag} {path}: is a directory"
-        existed = target.exists()
-        with open(target, "ab"):
-            pass
-        if not existed:
-            target.unlink()
-    except OSError as err:
-        return f"{flag} {path}: cannot write it ({err.strerror or err})"
-    return None
-
-
-def first_unwritable(args: argparse.Namespace, flags: tuple[str, ...]) -> str | None:
-    """The first output path among `flags` (e.g. "--trace") that cannot be written."""
-    for flag in flags:
-        problem = check_writable(getattr(args, flag.lstrip("-").replace("-", "_"), None), flag)
-        if problem:
-            return problem
+        claim([Output(flag, path)]).release()
+    except OutputRefused as err:
+        return str(err)
     return None
 
 
@@ -261,23 +247,59 @@ def missing_dependency(err: ModuleNotFoundError, command: str) -> str | None:
 INTERNAL_ERROR = 3
 
 
+CRASH_REPORTS_KEPT = 20
+
+
+def crash_directory() -> Path:
+    """Where exit 3 saves its tracebacks: one folder per user, the newest
+    CRASH_REPORTS_KEPT kept, so crashes never pile up in the temporary folder."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "flightcheck" / "crashes"
+
+
 def internal_error(err: BaseException, command: str) -> tuple[str, int]:
     """Report an exception flightcheck did not expect: a bug of ours, not a
-    verdict and not bad input. The traceback goes to a temporary file so the
-    terminal gets one line; returns (that line, exit code 3)."""
-    import tempfile
-    import traceback
+    verdict and not bad input. The traceback goes to a file (crash_directory)
+    so the terminal gets one line; returns (that line, exit code 3). An
+    OSError from a standard output that cannot be written is no bug: one
+    line and exit code 2."""
+    from . import interrupts
 
-    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-    try:
-        with tempfile.NamedTemporaryFile("w", prefix=f"flightcheck-{command}-", suffix=".txt",
-                                         delete=False, encoding="utf-8", errors="backslashreplace") as out:
-            out.write(text)
-        where = f"traceback saved to {out.name}"
-    except OSError as save_error:
-        where = f"and the traceback could not be saved ({save_error.strerror})"
+    if isinstance(err, OSError) and interrupts.stdout_is_broken():
+        message = interrupts.flush_stdout() or interrupts.stdout_problem(err)   # said once, then silenced
+        sys.stderr.write(f"flightcheck: error: {message}\n")
+        return message, 2
+    where = _save_traceback(err, command)
     summary = ascii(str(err))[1:-1][:200]
     message = (f"internal error in flightcheck {command} (a bug in flightcheck, not a verdict on the "
                f"input): {type(err).__name__}: {summary}; {where}")
     sys.stderr.write(f"flightcheck: {message}\n")
     return message, INTERNAL_ERROR
+
+
+def _save_traceback(err: BaseException, command: str) -> str:
+    """Save `err`'s traceback in crash_directory (oldest beyond the kept
+    number removed); where it went, as the message says it."""
+    import tempfile
+    import traceback
+
+    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    folder = crash_directory()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=folder, prefix=f"{command}-", suffix=".txt",
+                                         delete=False, encoding="utf-8", errors="backslashreplace") as out:
+            out.write(text)
+    except OSError as save_error:
+        return f"and the traceback could not be saved in {folder} ({save_error.strerror})"
+    reports = sorted(folder.glob("*.txt"), key=_modified)
+    for old in reports[:-CRASH_REPORTS_KEPT]:
+        old.unlink(missing_ok=True)
+    return f"traceback saved to {out.name}"
+
+
+def _modified(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:                       # removed meanwhile by another flightcheck
+        return 0.0

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import bad, check_writable, real
+from .common import bad, real
+from .outputs import Claim, Output, OutputRefused, claim, reason, write_failed
 
 
 def add_parser(sub) -> None:
@@ -14,7 +15,8 @@ def add_parser(sub) -> None:
     p.add_argument("files", nargs="+", metavar="TRACE|RESULTS",
                    help="one JSON Lines trace with stage events, or result JSON files "
                         "(simulate/bench --save-result)")
-    p.add_argument("--out", help="PNG to write (default: TRACE.timeline.png, or cdf.png)")
+    p.add_argument("--out", help="figure to write, PNG or the format its extension names (.pdf, .svg, ...; "
+                   "default: TRACE.timeline.png, or cdf.png)")
     p.add_argument("--perfetto", help="Perfetto JSON to write (traces; default "
                    "TRACE.perfetto.json)")
     p.add_argument("--no-png", action="store_true", help="traces: only the Perfetto JSON")
@@ -24,6 +26,9 @@ def add_parser(sub) -> None:
     p.add_argument("--title", help="figure title")
     p.set_defaults(func=run)
 
+
+# A figure or Perfetto file is written whole or not at all (output_files.write_whole).
+NOT_WRITTEN = "it was not written (a file there before is as it was)"
 
 # What a file that is not a trace or result of ours can raise while it is read
 # (a field of the wrong type, a list where an object belongs, nesting too deep).
@@ -40,18 +45,36 @@ def run(args: argparse.Namespace) -> int:
             if not Path(f).is_file():
                 raise WorkloadError(f"file not found: {f}")
             _check_utf8(f)
-        problem = _check_outputs(args)
-        if problem:
-            return bad(problem)
-        if _is_trace(args.files[0]):
-            if len(args.files) > 1:
-                raise WorkloadError("give one trace, or only result files")
-            return _plot_trace(args)
-        return _plot_results(args)
-    except WorkloadError as err:
+        with _claim_outputs(args):
+            if _is_trace(args.files[0]):
+                if len(args.files) > 1:
+                    raise WorkloadError("give one trace, or only result files")
+                return _plot_trace(args)
+            return _plot_results(args)
+    except (WorkloadError, OutputRefused) as err:
         return bad(str(err))
     except OSError as err:
-        return bad(f"{err.filename or ''}: {err.strerror or err}")
+        if err.filename not in args.files:        # not an input's: standard output's, say
+            raise
+        return bad(f"{err.filename}: {reason(err)}")
+
+
+def _claim_outputs(args: argparse.Namespace) -> Claim:
+    """Every output checked before anything is drawn: a figure's format
+    known, no output on an input or on the other output, each writable."""
+    from flightcheck.bench.plots.figure_file import figure_format
+    from flightcheck.bench.workload import WorkloadError
+
+    outputs = _outputs(args)
+    claimed = claim([Output(flag, path) for flag, path in outputs], [("input", f) for f in args.files])
+    for flag, path in outputs:
+        if flag == "--out":
+            try:
+                figure_format(path)
+            except WorkloadError as err:
+                claimed.release()
+                raise OutputRefused(f"--out {err}") from None
+    return claimed
 
 
 def _check_utf8(path: str) -> None:
@@ -78,14 +101,6 @@ def _outputs(args: argparse.Namespace) -> list[tuple[str, str]]:
     return [("--out", args.out or "cdf.png")]
 
 
-def _check_outputs(args: argparse.Namespace) -> str | None:
-    for flag, path in _outputs(args):
-        problem = check_writable(path, flag)
-        if problem:
-            return problem
-    return None
-
-
 def _is_trace(path: str) -> bool:
     from flightcheck.bench.plots.trace_reader import is_trace_file
 
@@ -110,11 +125,17 @@ def _plot_trace(args: argparse.Namespace) -> int:
         return bad(f"{args.files[0]}: not a trace this command reads ({type(err).__name__}: "
                    f"{ascii(str(err))[1:-1][:120]})")
     outputs = dict(_outputs(args))
-    write_perfetto(data, outputs["--perfetto"])
+    try:
+        write_perfetto(data, outputs["--perfetto"])
+    except OSError as err:
+        return write_failed("--perfetto", outputs["--perfetto"], err, NOT_WRITTEN)
     print(f"wrote {outputs['--perfetto']}")
     if not args.no_png:
-        w0, w1 = draw_timeline(data, outputs["--out"], start=args.start, end=args.end,
-                               request=args.request, title=args.title)
+        try:
+            w0, w1 = draw_timeline(data, outputs["--out"], start=args.start, end=args.end,
+                                   request=args.request, title=args.title)
+        except OSError as err:
+            return write_failed("--out", outputs["--out"], err, NOT_WRITTEN)
         print(f"wrote {outputs['--out']} (window {w0:.3f}-{w1:.3f} s)")
     return 0
 
@@ -132,6 +153,9 @@ def _plot_results(args: argparse.Namespace) -> int:
             return bad(f"{f}: not a result file this command reads ({type(err).__name__}: "
                        f"{ascii(str(err))[1:-1][:120]})")
     out = _outputs(args)[0][1]
-    draw_cdfs(args.files, out, args.title)
+    try:
+        draw_cdfs(args.files, out, args.title)
+    except OSError as err:
+        return write_failed("--out", out, err, NOT_WRITTEN)
     print(f"wrote {out}")
     return 0

@@ -13,14 +13,15 @@ Every rank of a torchrun job runs the same command: rank 0 drives, ranks
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
-import tempfile
 
 from .common import (DEFAULT_REFERENCE_PROFILE, MAX_MODEL_LEN, MAX_PROMPTS, REFERENCE_PROFILES, bad,
-                     count_int, cuda_problem, first_unwritable, int_in, kv_cache_problem, local_pp_problem,
-                     pool_blocks, positive_int, real, seed_int)
+                     count_int, cuda_problem, int_in, kv_cache_problem, local_pp_problem, pool_blocks,
+                     positive_int, real, seed_int)
+from .outputs import Claim, Output, OutputRefused, claim, reason, write_failed
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 MIN_SYNTHETIC_PROMPT = 4          # --num-prompts draws prompts of 4 to 200 tokens
@@ -71,17 +72,30 @@ def run(args: argparse.Namespace) -> int:
     # Mirrors launch.torchrun_rank without importing torch, so that bad
     # arguments are refused before the second it takes to load it.
     under_torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+    claimed = Claim()
     if not under_torchrun or os.environ["RANK"] == "0":   # only the driver checks its outputs
         problem = (None if under_torchrun else local_pp_problem(args.pp, args.force)) \
-            or _model_len_problem(args) or first_unwritable(args, ("--trace", "--chrome-trace")) \
-            or cuda_problem(args.device)
+            or _model_len_problem(args) or cuda_problem(args.device)
         if problem:
             return bad(problem)
+        try:
+            claimed = _claim_outputs(args)
+        except OutputRefused as err:
+            return bad(str(err))
 
     try:
-        return _run(args)
+        with claimed:
+            return _run(args)
     except KeyboardInterrupt:       # the stages are already stopped and reaped (see _execute)
         return interrupted()
+
+
+def _claim_outputs(args: argparse.Namespace) -> Claim:
+    """--trace (written as the run goes: a live checker may read it) and
+    --chrome-trace (written whole at the end), against --prompts and
+    --checkpoint and each other; OutputRefused (exit 2) before any work."""
+    return claim([Output("--trace", args.trace, grows=True), Output("--chrome-trace", args.chrome_trace)],
+                 [("--prompts", args.prompts), ("--checkpoint", args.checkpoint)])
 
 
 def interrupted() -> int:
@@ -180,12 +194,8 @@ def _prepare(args: argparse.Namespace):
 def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
     from flightcheck.runtime import launch
     from flightcheck.runtime.generate import RunFailed, generate
-    from flightcheck.runtime.trace import RuntimeTraceWriter, write_chrome_trace
 
     launch.set_threads(1)
-    trace_path = args.trace
-    if trace_path is None and args.chrome_trace:
-        trace_path = os.path.join(tempfile.mkdtemp(prefix="flightcheck-"), "trace.jsonl")
     eos = model_cfg.eos_token_id
     log = sys.stderr
     print(f"flightcheck run: {len(requests)} requests, PP={args.pp}, "
@@ -202,7 +212,13 @@ def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
         return 1
     except (ConfigError, PipelineError) as err:      # e.g. weights that do not fit config.json
         return bad(str(err).splitlines()[0])
-    trace = RuntimeTraceWriter.to_path(trace_path, eos_token_id=eos) if trace_path else None
+    memory = _TraceInMemory() if args.chrome_trace and not args.trace else None
+    try:
+        trace = _open_trace(args, eos, memory)
+    except OSError as err:                            # its FIFO's reader went away since the check
+        executor.close(graceful=True)
+        return bad(f"--trace {args.trace}: cannot write it ({reason(err)})")
+    trace_lost: OSError | None = None
     status = 0
     graceful = True
     try:
@@ -228,17 +244,70 @@ def _execute(args, source, model_cfg, sched_cfg, tokenizer, requests) -> int:
     finally:
         executor.close(graceful=graceful)
         if trace is not None:
-            trace.close()
-    if args.chrome_trace and trace_path:
-        write_chrome_trace(trace_path, args.chrome_trace)
+            trace_lost = _close_trace(trace)
+    lost = _write_outputs(args, memory, trace_lost)
     if args.json:
         print(json.dumps(result.to_json()))
     else:
-        _print_results(result, tokenizer, args)
-    return status
+        _print_results(result, tokenizer, args, trace_lost)
+    return max(status, lost)
 
 
-def _print_results(result, tokenizer, args) -> None:
+class _TraceInMemory(io.StringIO):
+    """The trace of a run with --chrome-trace alone: kept for the Chrome trace
+    after the writer closes it."""
+
+    def close(self) -> None:
+        pass
+
+
+def _open_trace(args: argparse.Namespace, eos: int | None, memory: _TraceInMemory | None):
+    """The run's trace writer: into --trace a whole line at a time, or into
+    `memory` (--chrome-trace alone); None if neither is asked for."""
+    from flightcheck.runtime.trace import RuntimeTraceWriter
+
+    if args.trace:
+        return RuntimeTraceWriter.to_path(args.trace, eos_token_id=eos)
+    return RuntimeTraceWriter(memory, eos_token_id=eos) if memory is not None else None
+
+
+def _close_trace(trace) -> OSError | None:
+    """Close the trace; the write error that cut it short, if one did."""
+    from flightcheck.output_files import OutputLost
+
+    try:
+        trace.close()
+    except OutputLost as err:
+        return err
+    return None
+
+
+def _write_outputs(args: argparse.Namespace, memory: _TraceInMemory | None, trace_lost: OSError | None) -> int:
+    """Say what a failed --trace lost, and write --chrome-trace from a whole
+    trace only; 1 if any output was lost (one line each), else 0."""
+    from flightcheck.runtime.trace import read_trace, write_chrome_events
+
+    lost = 0
+    if trace_lost is not None:
+        lost = write_failed("--trace", args.trace, trace_lost,
+                            f"its first {getattr(trace_lost, 'kept', 0)} lines were written, each complete, "
+                            f"and the rest is lost; the run went on without it")
+    if not args.chrome_trace:
+        return lost
+    if trace_lost is not None:
+        return write_failed("--chrome-trace", args.chrome_trace, trace_lost,
+                            "not written: the trace it is made from is incomplete")
+    try:
+        events = read_trace(args.trace) if memory is None else \
+            [json.loads(line) for line in memory.getvalue().splitlines()]
+        write_chrome_events(events, args.chrome_trace)
+    except OSError as err:
+        return write_failed("--chrome-trace", args.chrome_trace, err,
+                            "not written (a file there before is as it was); the run itself finished")
+    return lost
+
+
+def _print_results(result, tokenizer, args, trace_lost: OSError | None = None) -> None:
     total = sum(len(r.output_token_ids) for r in result.requests)
     for r in result.requests:
         text = tokenizer.decode(list(r.output_token_ids))
@@ -250,4 +319,4 @@ def _print_results(result, tokenizer, args) -> None:
     if result.error:
         print(f"error: {result.error.splitlines()[0]}")
     if args.trace:
-        print(f"trace: {args.trace}")
+        print(f"trace: {args.trace}" + (" (incomplete: a write failed, see stderr)" if trace_lost else ""))

@@ -10,7 +10,8 @@ import sys
 from typing import Any
 
 from .common import (DEFAULT_REFERENCE_PROFILE, MAX_MODEL_LEN, MAX_PROMPTS, MAX_SEED, REFERENCE_PROFILES, bad,
-                     first_unwritable, int_in, pool_blocks, positive_int, real, seed_int)
+                     int_in, pool_blocks, positive_int, real, seed_int)
+from .outputs import Claim, Output, claim, reason, write_failed
 
 MAX_SIMULATED_STAGES = 1024
 MAX_SEEDS = 10_000
@@ -80,12 +81,27 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def workload_problem(args: argparse.Namespace, outputs: tuple[str, ...]) -> str | None:
+def workload_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments `simulate` and `bench` share, found
     before any work starts (None if nothing)."""
     if args.seed + args.seeds - 1 > MAX_SEED:
         return f"--seed {args.seed} with --seeds {args.seeds} goes past the largest seed, {MAX_SEED}"
-    return first_unwritable(args, outputs)
+    return None
+
+
+def claim_outputs(args: argparse.Namespace, inputs: tuple[str, ...]) -> Claim:
+    """`--trace` (written as the run goes) and `--save-result` (written whole
+    at the end), checked against the input flags `inputs` and each other;
+    OutputRefused (exit 2) before any work."""
+    return claim([Output("--trace", args.trace, grows=True), Output("--save-result", args.save_result)],
+                 [(flag, getattr(args, flag[2:].replace("-", "_"))) for flag in inputs])
+
+
+def trace_lost(err: OSError, work: str) -> int:
+    """The growing trace failed mid-run (output_files.OutputLost): one line, exit 1."""
+    kept = getattr(err, "kept", 0)
+    return write_failed("--trace", err.filename, err, f"its first {kept} lines were written, each "
+                        f"complete, and the rest is lost; {work}")
 
 
 def workload_args(args: argparse.Namespace):
@@ -99,8 +115,9 @@ def workload_args(args: argparse.Namespace):
 
 
 def print_result(args: argparse.Namespace, runs: list[Any], seeds: list[int],
-                 doc_extra: dict[str, Any]) -> None:
-    """Report block (or JSON) of one run, or of the median over seeds."""
+                 doc_extra: dict[str, Any]) -> int:
+    """Report block (or JSON) of one run, or of the median over seeds; 1 if
+    --save-result could not be written (said in one line), else 0."""
     from flightcheck.bench.metrics import percentile_key
     from flightcheck.bench.multiseed import aggregate, multiseed_json
     from flightcheck.bench.report import format_report, result_json
@@ -115,12 +132,10 @@ def print_result(args: argparse.Namespace, runs: list[Any], seeds: list[int],
         doc = multiseed_json(summary, spread, seeds, summaries, **doc_extra,
                              ttfts=[t for m in metrics for t in m.ttfts],
                              tpots=[t for m in metrics for t in m.tpots])
-    if args.save_result:
-        with open(args.save_result, "w") as f:
-            json.dump(doc, f)
+    status = save_result(args.save_result, doc)
     if args.json:
         print(json.dumps(doc, indent=1))
-        return
+        return status
     title = " Serving Benchmark Result " if len(runs) == 1 else f" Median of {len(runs)} seeds "
     print(format_report(summary, args.metric_percentiles, title=title))
     if len(runs) > 1:
@@ -131,18 +146,50 @@ def print_result(args: argparse.Namespace, runs: list[Any], seeds: list[int],
         for key in keys:
             s = spread[key]
             print(f"  {key:<16} {s['min']:9.2f} {s['p25']:9.2f} {s['p75']:9.2f} {s['max']:9.2f}")
+    return status
+
+
+def save_result(path: str | None, doc: dict[str, Any]) -> int:
+    """--save-result, written whole or not at all; 1 (one line) if it failed."""
+    from flightcheck.output_files import write_text
+
+    if not path:
+        return 0
+    try:
+        write_text(path, json.dumps(doc))
+    except OSError as err:
+        return write_failed("--save-result", path, err, "the result was not saved (a file there before "
+                            "is as it was); the run itself finished")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    from flightcheck.output_files import OutputLost
+
+    from .outputs import OutputRefused
+
+    problem = workload_problem(args)
+    if problem:
+        return bad(problem)
+    try:
+        claimed = claim_outputs(args, ("--dataset-path",))
+    except OutputRefused as err:
+        return bad(str(err))
+    with claimed:
+        try:
+            return _simulate(args)
+        except OutputLost as err:
+            return trace_lost(err, "the simulation ran to its end, but no results are reported")
+
+
+def _simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from flightcheck.bench.simulation import SimConfig, simulate
     from flightcheck.bench.workload import WorkloadError
     from flightcheck.bench.workload_args import build_workload
+    from flightcheck.output_files import OutputLost
 
-    problem = workload_problem(args, ("--trace", "--save-result"))
-    if problem:
-        return bad(problem)
     try:
         config = SimConfig(
             model=args.model, gpu=args.gpu, pp=args.pp,
@@ -162,8 +209,10 @@ def run(args: argparse.Namespace) -> int:
                                  trace_path=args.trace if i == 0 else None))
     except (WorkloadError, ValueError) as err:
         return bad(str(err))
-    except OSError as err:
-        return bad(f"{err.filename or ''}: {err.strerror or err}")
+    except OutputLost:
+        raise
+    except OSError as err:                       # reading --dataset-path, opening --trace
+        return bad(f"{err.filename or args.dataset_path}: {reason(err)}")
     extra = {"simulator": True, "policy": args.policy, "profile": args.profile, "model": args.model, "gpu": args.gpu,
              "pp": args.pp, "dataset": args.dataset, "request_rate": args.request_rate,
              "num_prompts": args.num_prompts,
@@ -171,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
              "memory_efficiency": config.params.memory_efficiency}
     if math.isinf(args.request_rate):
         extra["request_rate"] = "inf"
-    print_result(args, runs, seeds, extra)
+    status = print_result(args, runs, seeds, extra)
     if not args.json:
         sys.stdout.flush()
         wall = sum(r.wall_s for r in runs)
@@ -180,4 +229,4 @@ def run(args: argparse.Namespace) -> int:
               f"({share:.0%} inside the reference scheduler); KV blocks {runs[0].num_blocks}; "
               f"profile {args.profile}, at most {max(r.max_in_flight for r in runs)} batches "
               f"in flight", file=sys.stderr)
-    return 0
+    return status

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .common import Parser, bad
+from .outputs import Claim, Output, OutputRefused, claim, reason, refuse_clashes
 from .vllm_campaign import add_subcommands, check_profile, replay_identity, resolve_interpreter
 
 if TYPE_CHECKING:
@@ -67,16 +68,40 @@ def add_parser(sub) -> None:
 
 def _trace_paths(args: argparse.Namespace, raws: list[dict[str, Any]], scratch: str) -> list[str | None]:
     """One trace path per workload; a scratch file when only --check wants it."""
-    names = [str(raw.get("name", f"{Path(args.workload).stem}-{i}")) for i, raw in enumerate(raws)]
     if args.trace is None:
         return [str(Path(scratch) / f"{i}.jsonl") if args.check else None for i in range(len(raws))]
+    directory, paths = _named_traces(args, raws)
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+    return list(paths)
+
+
+def _named_traces(args: argparse.Namespace, raws: list[dict[str, Any]]) -> tuple[Path | None, list[str]]:
+    """Where --trace puts each workload's trace: (the directory holding
+    them, None for one file; the paths)."""
     if len(raws) == 1 and not Path(args.trace).is_dir():
-        return [args.trace]
+        return None, [args.trace]
+    names = [str(raw.get("name", f"{Path(args.workload).stem}-{i}")) for i, raw in enumerate(raws)]
     directory = Path(args.trace)
-    directory.mkdir(parents=True, exist_ok=True)
     if len(set(names)) != len(names):
         names = [f"{i:04d}-{name}" for i, name in enumerate(names)]
-    return [str(directory / f"{name}.jsonl") for name in names]
+    return directory, [str(directory / f"{name}.jsonl") for name in names]
+
+
+def _claim_traces(args: argparse.Namespace, raws: list[dict[str, Any]]) -> Claim:
+    """--trace checked before vLLM loads (outputs.py): no trace on the
+    workload file or the interpreter; one file, or a directory of them."""
+    if args.trace is None:
+        return Claim()
+    inputs = [("the workload file", args.workload), ("--vllm-python", getattr(args, "vllm_python", None))]
+    directory, paths = _named_traces(args, raws)
+    if directory is None:
+        return claim([Output("--trace", args.trace, grows=True)], inputs)
+    if directory.exists() and not directory.is_dir():
+        raise OutputRefused(f"--trace {args.trace}: not a directory, and {len(raws)} workloads need one "
+                            f"(a trace each, OUT/NAME.jsonl)")
+    refuse_clashes([Output("--trace", path) for path in paths], [(flag, p) for flag, p in inputs if p])
+    return Claim()
 
 
 def _check(path: str, profile: str | None = None) -> dict[str, Any]:
@@ -120,8 +145,15 @@ def run(args: argparse.Namespace) -> int:
             return bad(f"--async needs --vllm-version {' or '.join(async_versions())} (vLLM {args.vllm_version} "
                        f"has no AsyncScheduler the replay drives)")
         raws = [{**raw, "config": {**raw.get("config", {}), "async_scheduling": True}} for raw in raws]
-    with tempfile.TemporaryDirectory(prefix="flightcheck-vllm-") as scratch:
-        traces = _trace_paths(args, raws, scratch)
+    try:
+        claimed = _claim_traces(args, raws)
+    except OutputRefused as err:
+        return bad(str(err))
+    with claimed, tempfile.TemporaryDirectory(prefix="flightcheck-vllm-") as scratch:
+        try:
+            traces = _trace_paths(args, raws, scratch)
+        except OSError as err:
+            return bad(f"--trace {args.trace}: {reason(err)}")
         try:
             with _start_worker(args.vllm_version, args.interpreter) as worker:
                 reports, failed = _replay_all(args, worker, raws, traces)

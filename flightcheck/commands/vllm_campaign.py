@@ -116,7 +116,15 @@ def check_profile(args: argparse.Namespace) -> str | None:
 
 def _run_campaign(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from flightcheck.vllm.campaign import run_campaign
-    return run_campaign(args, parser.error)
+
+    from .outputs import Output, OutputRefused, claim
+
+    try:                         # --json is written at the end: refused now, not after the campaign
+        claimed = claim([Output("--json", args.json)], [("--vllm-python", args.vllm_python)])
+    except OutputRefused as err:
+        return bad(str(err))
+    with claimed:
+        return run_campaign(args, parser.error)
 
 
 def run_fit(args: argparse.Namespace) -> int:

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from flightcheck.output_files import write_text
 from flightcheck.verification.mutants.patch import MutantNoLongerApplies
 from flightcheck.verification.mutants.reference import MUTANTS
 
@@ -388,8 +389,13 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
         print(err, file=sys.stderr)
         return 2
     if args.json:
-        Path(args.json).write_text(json.dumps({"seed": args.seed, "reports": [r.to_json() for r in reports]},
-                                              indent=1))
+        try:                   # whole or not at all (output_files.write_whole)
+            write_text(args.json, json.dumps({"seed": args.seed, "reports": [r.to_json() for r in reports]},
+                                             indent=1))
+        except OSError as err:
+            print(f"flightcheck: error: --json {args.json}: {err.strerror or err}; the report was not written "
+                  f"(a file there before is as it was); the campaign itself finished", file=sys.stderr)
+            return 1
     return 1 if any(r.unexplained for r in reports) else 0
 
 

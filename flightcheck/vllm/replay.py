@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import flightcheck
+from flightcheck import children
 
 from . import SUPPORTED_VERSIONS, versions
 
@@ -77,9 +78,9 @@ class ReplayWorker:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         env["PYTHONPATH"] = self._scratch.name
         self._stderr = open(self._stderr_path, "w")
-        self._process = subprocess.Popen(
+        self._process = children.register(subprocess.Popen(     # killed with the command on Ctrl-C
             [str(python), "-m", module], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True, bufsize=1)
+            stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True, bufsize=1))
         try:
             ready = self._read()
         except ReplayError:

@@ -21,7 +21,7 @@ from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES, profile_for_ver
 
 from .connector import connector_from_event
 from .reading import MalformedTrace
-from .schema import MAX_POOL_BLOCKS
+from .schema import MAX_POOL_BLOCKS, show
 
 
 class UnknownVersion(MalformedTrace):
@@ -47,12 +47,12 @@ def select_profile(event: dict, override: str | None = None) -> str:
     unknown `override`."""
     if override is not None:
         if override not in PROFILES:
-            raise ValueError(f"unknown profile {override!r}; known: {', '.join(PROFILES)}")
+            raise ValueError(f"unknown profile {show(override)}; known: {', '.join(PROFILES)}")
         return override
     named = event.get("profile")
     if named is not None:
         if named not in PROFILES:
-            raise UnknownVersion(f"line 1: config event: profile: no profile is named {named!r} "
+            raise UnknownVersion(f"line 1: config event: profile: no profile is named {show(named)} "
                                  f"(profiles: {', '.join(PROFILES)}); name one with --profile")
         return named
     version = event.get("vllm_version")
@@ -61,7 +61,7 @@ def select_profile(event: dict, override: str | None = None) -> str:
         return DEFAULT_PROFILE
     chosen = None if version is None else profile_for_version(version)
     if chosen is None:
-        raise UnknownVersion(f"line 1: config event: vllm_version: no profile covers vLLM {version!r} "
+        raise UnknownVersion(f"line 1: config event: vllm_version: no profile covers vLLM {show(version)} "
                              f"(profiles: {', '.join(PROFILES)}); name one with --profile")
     if asynchronous:
         return _async_profile(chosen.name, version)
@@ -73,7 +73,7 @@ def _async_profile(sync_profile: str, version: str | None) -> str:
     name = ASYNC_PROFILES.get(sync_profile)
     if name is None:
         raise UnknownVersion(f"line 1: config event: async_scheduling: no profile models asynchronous "
-                             f"scheduling for vLLM {version!r} (profiles: {', '.join(PROFILES)}); "
+                             f"scheduling for vLLM {show(version)} (profiles: {', '.join(PROFILES)}); "
                              "name one with --profile")
     return name
 

@@ -78,6 +78,7 @@ from flightcheck.spec.transitions import (KV_REPORTS, FailKvLoad, s12_no_admissi
                                           status_only_moves_forward)
 
 from .connector import transfer_pending
+from .schema import show
 
 S12 = "S12_status_monotonicity"
 
@@ -349,7 +350,7 @@ class Incremental:
     def _on_finish(self, event: dict) -> None:
         name = event["req"]
         if name not in self.slot and name in self.retired:
-            raise self._violation("finish_decision", f"{name} finishes ({event['reason']}) in the trace, but is "
+            raise self._violation("finish_decision", f"{show(name)} finishes ({event['reason']}) in the trace, but is "
                              f"{self.retired[name].value} in the spec")
         super()._on_finish(event)
 

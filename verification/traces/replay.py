@@ -56,6 +56,7 @@ from .engine_steps import EngineSteps
 from .explain import why_left_out, why_nothing_scheduled
 from .named_state import describe_named, quoted
 from .reading import MalformedTrace
+from .schema import one_line, show
 
 REASONS = {"stop": Status.FINISHED_STOPPED, "length": Status.FINISHED_LENGTH,
            "abort": Status.FINISHED_ABORTED, "error": Status.FINISHED_ERROR}
@@ -63,6 +64,7 @@ REASONS = {"stop": Status.FINISHED_STOPPED, "length": Status.FINISHED_LENGTH,
 
 class _Violation(Exception):
     def __init__(self, prop: str, message: str) -> None:
+        message = one_line(message)          # request ids are quoted already; this guards the rest
         super().__init__(message)
         self.prop, self.message = prop, message
 
@@ -132,7 +134,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
     def _req(self, event: dict) -> int:
         name = event["req"]
         if name not in self.slot:
-            raise _Violation("unknown_request", f"{event['ev']} of request {name!r} that never arrived")
+            raise _Violation("unknown_request", f"{event['ev']} of request {show(name)} that never arrived")
         return self.slot[name]
 
     def _labels(self, event: dict) -> tuple[int, ...]:
@@ -234,7 +236,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
     def _on_arrive(self, event: dict) -> None:
         name = event["req"]
         if name in self.slot and self.state.requests[self.slot[name]].status.is_active:
-            raise _Violation("request_id_reused", f"{name!r} arrives again while still active")
+            raise _Violation("request_id_reused", f"{show(name)} arrives again while still active")
         r = self._new_slot()                       # a new incarnation gets a new slot
         if r == len(self.names):
             self.names.append(name)
@@ -450,10 +452,10 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
         status = self.finished_now.pop(r, None)
         if status is None:
             actual = self.state.requests[r].status
-            raise _Violation("finish_decision", f"{event['req']} finishes ({reason}) in the trace, but is "
+            raise _Violation("finish_decision", f"{show(event['req'])} finishes ({reason}) in the trace, but is "
                              f"{actual.value} in the spec")
         if status is not REASONS[reason]:
-            raise _Violation("finish_decision", f"{event['req']} finishes by {reason} in the trace, "
+            raise _Violation("finish_decision", f"{show(event['req'])} finishes by {reason} in the trace, "
                              f"{status.value} in the spec")
         self._check_held(r, event)
 

@@ -54,6 +54,20 @@ def show(value: Any) -> str:
     return json.dumps(value)
 
 
+MESSAGE_LIMIT = 2000          # characters of one message line, whatever the trace holds
+
+
+def one_line(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    """`message` as one printable ASCII line of at most about `limit`
+    characters: control characters and anything beyond ASCII escaped (as
+    Python writes them), the excess cut with a count. The last guard of
+    every message check-trace prints: whatever a request id holds, it can
+    neither start a line of its own nor move the terminal's cursor."""
+    text = message.encode("ascii", "backslashreplace").decode("ascii")
+    text = "".join(c if " " <= c <= "~" else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 class Kind:
     """What a field may hold; `check` raises SchemaError naming `path`."""
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..workload import WorkloadError
+from .figure_file import save_figure
 from .timeline import _pyplot
 
 
@@ -58,5 +59,7 @@ def draw_cdfs(paths: list[str], out: str | Path, title: str | None = None) -> No
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        save_figure(fig, out, dpi=110)
+    finally:
+        plt.close(fig)

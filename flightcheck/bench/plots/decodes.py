@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flightcheck.output_files import write_text
+
 from ..workload import WorkloadError
+from .figure_file import save_figure
 from .timeline import HIGHLIGHT, _pyplot
 from .trace_reader import TimelineData
 
@@ -95,8 +98,10 @@ def draw_decodes(data: TimelineData, request: str, path: str | Path, *, first: i
     _draw_stages(bottom, data, {d.batch: d for d in decodes}, (w0, w1))
     _stage_legend(bottom, request)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=110)
+    finally:
+        plt.close(fig)
     return w0, w1
 
 
@@ -195,4 +200,4 @@ def decode_perfetto_events(data: TimelineData, request: str) -> dict[str, Any]:
 
 
 def write_decode_perfetto(data: TimelineData, request: str, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(decode_perfetto_events(data, request)))
+    write_text(str(path), json.dumps(decode_perfetto_events(data, request)))

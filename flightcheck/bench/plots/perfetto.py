@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from flightcheck.output_files import write_text
+
 from .trace_reader import TimelineData
 
 
@@ -38,4 +40,5 @@ def perfetto_events(data: TimelineData) -> dict[str, Any]:
 
 
 def write_perfetto(data: TimelineData, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(perfetto_events(data)))
+    """Whole or not at all (output_files.write_whole)."""
+    write_text(str(path), json.dumps(perfetto_events(data)))

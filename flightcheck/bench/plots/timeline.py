@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..workload import WorkloadError
+from .figure_file import save_figure
 from .trace_reader import Span, TimelineData, most_chunked_request
 
 HIGHLIGHT = "#d62728"
@@ -105,8 +106,10 @@ def draw_timeline(data: TimelineData, path: str | Path, *, start: float | None =
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=4,
               frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=110)
+    finally:
+        plt.close(fig)
     return w0, w1
 
 
