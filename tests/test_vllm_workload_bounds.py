@@ -90,7 +90,8 @@ def with_value(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
     (("requests", 1, "ignore_eos"), "yes", "requests[1].ignore_eos: must be true or false"),
     (("config", "max_model_len"), 2**31, "config.max_model_len: must be at most"),
     (("max_steps", ), 10**12, "max_steps: must be at most 1000000"),
-    (("config", "kv_connector", "max_inflight_loads"), True, "config.kv_connector.max_inflight_loads: must be an integer"),
+    (("config", "kv_connector", "max_inflight_loads"), True,
+     "config.kv_connector.max_inflight_loads: must be an integer"),
 ])
 def test_a_value_out_of_range_is_refused_naming_its_key_path(capsys, tmp_path, path, value, message):
     assert message in replay_refuses(capsys, write(tmp_path, json.dumps(with_value(path, value))))

@@ -184,12 +184,12 @@ CONFIG_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "block_size": 16, "max_m
                                    "cache_aware_admission_threshold": 0.5}
 
 
-# Each integer of the configuration: (least, most); workload_limits.py says why.
+# Each integer of the configuration: (least, most[, why]); workload_limits.py says why.
 CONFIG_RANGES: dict[str, tuple[Any, ...]] = {
     "num_stages": (1, MAX_STAGES), "max_num_batched_tokens": (1, MAX_COUNT), "max_num_seqs": (1, MAX_COUNT),
-    "block_size": (1, MAX_PROMPT_LEN), "num_blocks": (2, MAX_NUM_BLOCKS, "vLLM keeps an object per block"), "max_model_len": (1, MAX_PROMPT_LEN),
-    "long_prefill_token_threshold": (0, MAX_COUNT), "num_spec_tokens": (0, MAX_SPEC_TOKENS),
-    "cache_aware_admission_window": (0, MAX_COUNT)}
+    "block_size": (1, MAX_PROMPT_LEN), "num_blocks": (2, MAX_NUM_BLOCKS, "vLLM keeps an object per block"),
+    "max_model_len": (1, MAX_PROMPT_LEN), "long_prefill_token_threshold": (0, MAX_COUNT),
+    "num_spec_tokens": (0, MAX_SPEC_TOKENS), "cache_aware_admission_window": (0, MAX_COUNT)}
 
 
 def _int(where: str, value: Any, minimum: int = 0, maximum: int = MAX_COUNT, why: str = "") -> int:
