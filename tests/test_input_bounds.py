@@ -122,6 +122,12 @@ def test_a_value_past_the_stated_limit_is_refused_before_any_work(capsys, argv, 
     assert fragment in refused(capsys, *argv)
 
 
+def test_simulate_refuses_a_default_pool_past_the_limit(capsys):
+    err = refused(capsys, "simulate", "--model", "llama-3.2-1b", "--gpu", "H200", "--pp", "16", "--block-size", "1",
+                  "--num-prompts", "2")
+    assert "fits 60914560 KV blocks of 1 tokens, more than the" in err and "give --num-blocks" in err
+
+
 def test_the_pool_limit_follows_physical_memory(monkeypatch):
     monkeypatch.setattr(common, "physical_memory", lambda: 2**30)
     limit = common.max_pool_blocks()
