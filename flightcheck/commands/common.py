@@ -29,7 +29,7 @@ MAX_INT = 2**31 - 1              # counts and sizes: vLLM holds them in int32
 MAX_SEED = 2**32 - 1             # torch, numpy and Python all take seeds this large
 # run, simulate and bench hold every prompt, its tokens and its metrics in
 # memory: simulate's 10,000 BurstGPT-like prompts take 43 s and 0.45 GB on
-# the project's 2-core VM, so 100,000 take minutes and a few GB (docs/limits.md)
+# the project's 2-core VM, 100,000 take 9.5 min and 3.2 GB (docs/limits.md)
 MAX_PROMPTS = 100_000
 MAX_MODEL_LEN = 2**24            # tokens per request and per block: a trace's own bound (check-trace)
 PP_PER_CORE = 4                  # local stage processes per core before --force is needed
