@@ -1,6 +1,9 @@
 """Sampling on the last stage, and rejection of draft tokens.
 
-Greedy (temperature 0) takes the argmax. Otherwise temperature and top-p
+Greedy (temperature below GREEDY_BELOW, 0 included) takes the argmax, as
+vLLM does below its sampling epsilon: dividing logits by a temperature
+that small (1e-310, a subnormal) overflows them to inf, and the softmax of
+inf is NaN. Otherwise temperature and top-p
 sampling draw from a generator seeded by (request seed, position of the token
 drawn): a token depends on its request and position only, not on batching,
 pipeline depth or preemption, so every run of a seeded workload agrees.
@@ -19,11 +22,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+# Temperatures below this sample greedily (vLLM's `_SAMPLING_EPS` is the same
+# 1e-5): logits of a few tens divided by it stay far inside float range.
+GREEDY_BELOW = 1e-5
+
 
 def sample_tokens(logits: Tensor, positions: Sequence[int], temperature: float,
                   seed: int, top_p: float = 1.0) -> list[int]:
     """logits: [N, V], one row per token to draw at `positions`."""
-    if temperature <= 0.0:
+    if not temperature >= GREEDY_BELOW:           # NaN too: never a distribution
         return logits.argmax(dim=-1).tolist()
     probs = torch.softmax(logits.double() / temperature, dim=-1)            # [N, V]
     if top_p < 1.0:

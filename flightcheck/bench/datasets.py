@@ -32,45 +32,65 @@ BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens",
                     "Total tokens", "Log Type")
 
 
-def _open(path: str | Path):
-    p = Path(path)
-    if not p.is_file():
-        raise WorkloadError(f"dataset file not found: {p}")
-    return p.open(newline="", encoding="utf-8")
+# A dataset file is read in this many bytes at most: ShareGPT's usual file
+# (ShareGPT_V3_unfiltered_cleaned_split.json) is 642 MB, BurstGPT's CSVs less.
+MAX_DATASET_BYTES = 1024 * 2**20
+# Token counts in a dataset row: vLLM holds them in int32.
+MAX_ROW_TOKENS = 2**31 - 1
+
+
+def _lines(path: str | Path):
+    """The dataset's lines, read with the bounds of flightcheck/input_files.py."""
+    from flightcheck.input_files import InputFileError, text_lines
+
+    if not Path(path).exists():
+        raise WorkloadError(f"dataset file not found: {path}")
+    try:
+        yield from text_lines(path, MAX_DATASET_BYTES, "dataset file")
+    except InputFileError as err:
+        raise WorkloadError(str(err)) from None
 
 
 def _int_field(row: dict, column: str, path: str | Path, line: int) -> int:
     text = row.get(column)
     try:
-        value = int(float(text))          # some exports write "417.0"
+        value = float(text)               # some exports write "417.0"
     except (TypeError, ValueError):
         raise WorkloadError(f"{path}:{line}: column {column!r} is not a number: {text!r}") from None
-    if value < 0:
-        raise WorkloadError(f"{path}:{line}: column {column!r} is negative: {value}")
-    return value
+    if not math.isfinite(value) or not -1 < value <= MAX_ROW_TOKENS:
+        shown = text if len(text) <= 24 else text[:20] + "..."
+        raise WorkloadError(f"{path}:{line}: column {column!r} must be a count from 0 to "
+                            f"{MAX_ROW_TOKENS}, got {shown!r}")
+    return int(value)
 
 
 def read_burstgpt_rows(path: str | Path, model: str = "GPT-4") -> list[tuple[int, int]]:
     """(request tokens, response tokens) of every row of `model` with a
     positive response, in file order. Malformed rows raise, naming the line."""
-    with _open(path) as f:
-        reader = csv.DictReader(f)
-        header = reader.fieldnames or []
-        missing = [c for c in ("Model", "Request tokens", "Response tokens") if c not in header]
-        if missing:
-            raise WorkloadError(f"{path}:1: not a BurstGPT CSV: missing column(s) "
-                                f"{', '.join(missing)}; expected {', '.join(BURSTGPT_COLUMNS)}")
-        rows: list[tuple[int, int]] = []
-        for row in reader:
-            line = reader.line_num
-            if None in row or any(v is None for v in row.values()):
-                raise WorkloadError(f"{path}:{line}: expected {len(header)} fields")
-            if row["Model"] != model:
-                continue
-            request_tokens = _int_field(row, "Request tokens", path, line)
-            response_tokens = _int_field(row, "Response tokens", path, line)
-            if response_tokens > 0 and request_tokens > 0:
-                rows.append((request_tokens, response_tokens))
+    reader = csv.DictReader(_lines(path))
+    try:
+        return _burstgpt_rows(reader, path, model)
+    except csv.Error as err:              # a NUL byte, a field past csv.field_size_limit()
+        raise WorkloadError(f"{path}:{reader.line_num}: not a CSV row ({err})") from None
+
+
+def _burstgpt_rows(reader: csv.DictReader, path: str | Path, model: str) -> list[tuple[int, int]]:
+    header = reader.fieldnames or []
+    missing = [c for c in ("Model", "Request tokens", "Response tokens") if c not in header]
+    if missing:
+        raise WorkloadError(f"{path}:1: not a BurstGPT CSV: missing column(s) "
+                            f"{', '.join(missing)}; expected {', '.join(BURSTGPT_COLUMNS)}")
+    rows: list[tuple[int, int]] = []
+    for row in reader:
+        line = reader.line_num
+        if None in row or any(v is None for v in row.values()):
+            raise WorkloadError(f"{path}:{line}: expected {len(header)} fields")
+        if row["Model"] != model:
+            continue
+        request_tokens = _int_field(row, "Request tokens", path, line)
+        response_tokens = _int_field(row, "Response tokens", path, line)
+        if response_tokens > 0 and request_tokens > 0:
+            rows.append((request_tokens, response_tokens))
     if not rows:
         raise WorkloadError(f"{path}: no {model} rows with Response tokens > 0")
     return rows
@@ -92,11 +112,15 @@ def approx_num_tokens(text: str) -> int:
 
 def load_sharegpt_json(path: str | Path, num_prompts: int, seed: int,
                        output_len: int | None = None) -> Workload:
-    with _open(path) as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as err:
-            raise WorkloadError(f"{path}:{err.lineno}: not valid JSON: {err.msg}") from None
+    from flightcheck.input_files import InputFileError, parse_json
+
+    text = "".join(_lines(path))
+    try:
+        data = parse_json(text, str(path))
+    except json.JSONDecodeError as err:
+        raise WorkloadError(f"{path}:{err.lineno}: not valid JSON: {err.msg}") from None
+    except InputFileError as err:
+        raise WorkloadError(str(err)) from None
     if not isinstance(data, list):
         raise WorkloadError(f"{path}: expected a JSON list of conversations")
     pairs: list[tuple[int, int]] = []

@@ -11,8 +11,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .common import (DEFAULT_REFERENCE_PROFILE, REFERENCE_PROFILES, bad, cuda_problem, local_pp_problem,
-                     missing_dependency, positive_int)
+from .common import (DEFAULT_REFERENCE_PROFILE, MAX_MODEL_LEN, REFERENCE_PROFILES, bad, cuda_problem, int_in,
+                     kv_cache_problem, local_pp_problem, missing_dependency, pool_blocks, positive_int)
 from .outputs import OutputRefused, reason
 from .simulate import (add_workload_arguments, claim_outputs, print_result, trace_lost, workload_args,
                        workload_problem)
@@ -26,10 +26,10 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "float16"))
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=2048)
-    p.add_argument("--max-model-len", type=positive_int, default=4096)
+    p.add_argument("--max-model-len", type=int_in(1, MAX_MODEL_LEN), default=4096)
     p.add_argument("--max-num-seqs", type=positive_int, default=256)
-    p.add_argument("--block-size", type=positive_int, default=16)
-    p.add_argument("--num-blocks", type=positive_int, default=4096, help="KV pool per stage")
+    p.add_argument("--block-size", type=int_in(1, MAX_MODEL_LEN), default=16)
+    p.add_argument("--num-blocks", type=pool_blocks, default=4096, help="KV pool per stage")
     p.add_argument("--enable-prefix-caching", action="store_true")
     p.add_argument("--policy", default="continue-prefill",
                    choices=("continue-prefill", "one-batch-per-request"))
@@ -100,13 +100,25 @@ def _bench(args: argparse.Namespace) -> int:
     return status
 
 
+# bench sends in wall-clock time: a schedule longer than a day is refused (a
+# --request-rate of 1e-300 would put the first send past the clock's range).
+MAX_SEND_SECONDS = 86_400
+
+
 def _workloads(args: argparse.Namespace) -> tuple[list[int], list]:
     """The seeds and each one's workload; WorkloadError (a ValueError) on bad arguments."""
+    from flightcheck.bench.workload import WorkloadError
     from flightcheck.bench.workload_args import build_workload
 
     wargs = workload_args(args)
     seeds = list(range(args.seed, args.seed + args.seeds))
-    return seeds, [build_workload(wargs, s).fit_model_len(args.max_model_len) for s in seeds]
+    workloads = [build_workload(wargs, s).fit_model_len(args.max_model_len) for s in seeds]
+    last = max(r.send_time for w in workloads for r in w.requests)
+    if not last <= MAX_SEND_SECONDS:
+        raise WorkloadError(f"--request-rate {args.request_rate:g}: the last request would be sent {last:.3g} s "
+                            f"after the start; bench sends in wall-clock time, within {MAX_SEND_SECONDS} s "
+                            f"(a day)")
+    return seeds, workloads
 
 
 def _plan(args: argparse.Namespace, seeds: list[int], workloads: list) -> BenchPlan:
@@ -118,9 +130,14 @@ def _plan(args: argparse.Namespace, seeds: list[int], workloads: list) -> BenchP
 
     source = WeightSource(checkpoint=args.checkpoint, preset=args.model, seed=args.seed)
     model_cfg = source.model_config()
+    if args.pp > model_cfg.n_layers:
+        raise WorkloadError(f"--pp {args.pp} exceeds the model's {model_cfg.n_layers} layers")
     if args.max_model_len > model_cfg.max_position_embeddings:
         raise WorkloadError(f"--max-model-len {args.max_model_len} exceeds the model's "
                             f"max_position_embeddings {model_cfg.max_position_embeddings}")
+    too_big = kv_cache_problem(args.num_blocks, args.block_size, model_cfg, args.dtype)
+    if too_big:
+        raise WorkloadError(too_big)
     sched_cfg = SchedulerConfig(
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len, block_size=args.block_size,

@@ -27,8 +27,23 @@ REFERENCE_PROFILES: tuple[str, ...] = tuple(_REFERENCE_PROFILES)
 
 MAX_INT = 2**31 - 1              # counts and sizes: vLLM holds them in int32
 MAX_SEED = 2**32 - 1             # torch, numpy and Python all take seeds this large
-MAX_PROMPTS = 10**7
+# run, simulate and bench hold every prompt, its tokens and its metrics in
+# memory: simulate's 10,000 BurstGPT-like prompts take 43 s and 0.45 GB on
+# the project's 2-core VM, 100,000 take 9.5 min and 3.2 GB (docs/limits.md)
+MAX_PROMPTS = 100_000
+MAX_MODEL_LEN = 2**24            # tokens per request and per block: a trace's own bound (check-trace)
 PP_PER_CORE = 4                  # local stage processes per core before --force is needed
+
+# What a command may plan to fill of this machine's physical memory, and what
+# the reference scheduler keeps per KV block (a KVCacheBlock and its entry in
+# the free queue: 190 bytes measured, rounded up).
+MEMORY_SHARE = 0.5
+SCHEDULER_BYTES_PER_BLOCK = 256
+# ... and builds them one by one, ~6 us each on that VM: 4 Mi blocks take
+# ~25 s before the first step (vLLM's own pools are under 1 Mi blocks; the
+# simulator's default for a 1B model on 16 H200s, block size 16, is 3.8 Mi).
+MAX_POOL_BLOCKS = 2**22
+UNKNOWN_MEMORY = 8 * 2**30       # where the OS does not say: assume a small machine
 
 
 def int_in(low: int, high: int) -> Callable[[str], int]:
@@ -85,6 +100,60 @@ def real(low: float | None = None, high: float | None = None, *, low_open: bool 
             raise argparse.ArgumentTypeError(f"must be in {interval}, got {_short(text)}")
         return value
     return parse
+
+
+def physical_memory() -> int:
+    """This machine's physical memory in bytes (SC_PHYS_PAGES x SC_PAGE_SIZE)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return UNKNOWN_MEMORY
+
+
+def memory_budget() -> int:
+    """The bytes a command may plan to allocate: MEMORY_SHARE of physical memory."""
+    return int(physical_memory() * MEMORY_SHARE)
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"
+
+
+def max_pool_blocks() -> int:
+    """The largest KV pool the reference scheduler may keep: MAX_POOL_BLOCKS,
+    or fewer where its per-block bookkeeping would not fit the memory budget."""
+    return min(MAX_POOL_BLOCKS, memory_budget() // SCHEDULER_BYTES_PER_BLOCK)
+
+
+def pool_blocks(text: str) -> int:
+    """An argparse type for --num-blocks: from 1 to max_pool_blocks(), the
+    refusal saying why."""
+    value = positive_int(text)
+    limit = max_pool_blocks()
+    if value > limit:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {limit} on this machine, got {_short(text)} (the scheduler builds an "
+            f"object of {SCHEDULER_BYTES_PER_BLOCK} bytes per block: at most {MAX_POOL_BLOCKS}, and at "
+            f"most {MEMORY_SHARE:.0%} of this machine's {gib(physical_memory())} of memory)")
+    return value
+
+
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+
+
+def kv_cache_problem(num_blocks: int, block_size: int, model: object, dtype: str) -> str | None:
+    """Refuse a runtime KV cache larger than the memory budget, before any
+    stage allocates it. The stages together hold, for every layer, a K and a
+    V pool of num_blocks x block_size token slots of n_kv_heads x head_dim.
+    `model` is a runtime ModelConfig (n_layers, n_kv_heads, head_dim)."""
+    per_slot = model.n_layers * model.n_kv_heads * model.head_dim * 2 * DTYPE_BYTES[dtype]  # type: ignore[attr-defined]
+    need = num_blocks * block_size * per_slot
+    if need <= memory_budget():
+        return None
+    most = memory_budget() // (block_size * per_slot)
+    return (f"--num-blocks {num_blocks} x --block-size {block_size}: the KV cache would take {gib(need)} "
+            f"({per_slot} bytes per token slot), more than {MEMORY_SHARE:.0%} of this machine's "
+            f"{gib(physical_memory())} of memory; at most {most} blocks of {block_size} fit")
 
 
 def _short(text: str) -> str:

@@ -18,8 +18,9 @@ import json
 import os
 import sys
 
-from .common import (DEFAULT_REFERENCE_PROFILE, MAX_PROMPTS, REFERENCE_PROFILES, bad, count_int,
-                     cuda_problem, int_in, local_pp_problem, positive_int, real, seed_int)
+from .common import (DEFAULT_REFERENCE_PROFILE, MAX_MODEL_LEN, MAX_PROMPTS, REFERENCE_PROFILES, bad,
+                     count_int, cuda_problem, int_in, kv_cache_problem, local_pp_problem, pool_blocks,
+                     positive_int, real, seed_int)
 from .outputs import Claim, Output, OutputRefused, claim, reason, write_failed
 from .stop_signals import StopSignal, stop_signals
 
@@ -42,13 +43,14 @@ def add_parser(sub) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--seed", type=seed_int, default=0, help="weights, workload and sampling seed")
     p.add_argument("--max-tokens", type=positive_int, default=16)
-    p.add_argument("--temperature", type=real(0.0), default=0.0)
+    p.add_argument("--temperature", type=real(0.0), default=0.0,
+                   help="0 (default), or below 1e-5: greedy, as in vLLM")
     p.add_argument("--top-p", type=real(0.0, 1.0, low_open=True), default=1.0)
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=256)
     p.add_argument("--max-num-seqs", type=positive_int, default=32)
-    p.add_argument("--max-model-len", type=positive_int, default=1024)
-    p.add_argument("--block-size", type=positive_int, default=16)
-    p.add_argument("--num-blocks", type=positive_int, default=512, help="KV pool size per stage")
+    p.add_argument("--max-model-len", type=int_in(1, MAX_MODEL_LEN), default=1024)
+    p.add_argument("--block-size", type=int_in(1, MAX_MODEL_LEN), default=16)
+    p.add_argument("--num-blocks", type=pool_blocks, default=512, help="KV pool size per stage")
     p.add_argument("--long-prefill-token-threshold", type=count_int, default=0)
     p.add_argument("--num-spec-tokens", type=count_int, default=0,
                    help="prompt-lookup drafts per step (0: no spec decode)")
@@ -183,6 +185,9 @@ def _prepare(args: argparse.Namespace):
     if args.max_model_len > model_cfg.max_position_embeddings:
         raise ValueError(f"--max-model-len {args.max_model_len} exceeds the model's "
                          f"max_position_embeddings {model_cfg.max_position_embeddings}")
+    too_big = kv_cache_problem(args.num_blocks, args.block_size, model_cfg, args.dtype)
+    if too_big:
+        raise ValueError(too_big)
     sched_cfg = SchedulerConfig(
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len, block_size=args.block_size, num_blocks=args.num_blocks,

@@ -9,8 +9,8 @@ import math
 import sys
 from typing import Any
 
-from .common import (DEFAULT_REFERENCE_PROFILE, MAX_PROMPTS, MAX_SEED, REFERENCE_PROFILES, bad,
-                     int_in, positive_int, real, seed_int)
+from .common import (DEFAULT_REFERENCE_PROFILE, MAX_MODEL_LEN, MAX_PROMPTS, MAX_SEED, REFERENCE_PROFILES, bad,
+                     int_in, max_pool_blocks, pool_blocks, positive_int, real, seed_int)
 from .outputs import Claim, Output, claim, reason, write_failed
 
 MAX_SIMULATED_STAGES = 1024
@@ -60,10 +60,10 @@ def add_parser(sub) -> None:
     p.add_argument("--pp", type=int_in(1, MAX_SIMULATED_STAGES), default=2,
                    help="pipeline stages (default 2)")
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=2048)
-    p.add_argument("--max-model-len", type=positive_int, default=16384)
+    p.add_argument("--max-model-len", type=int_in(1, MAX_MODEL_LEN), default=16384)
     p.add_argument("--max-num-seqs", type=positive_int, default=256)
-    p.add_argument("--block-size", type=positive_int, default=16)
-    p.add_argument("--num-blocks", type=positive_int, help="KV blocks (default: what fits)")
+    p.add_argument("--block-size", type=int_in(1, MAX_MODEL_LEN), default=16)
+    p.add_argument("--num-blocks", type=pool_blocks, help="KV blocks (default: what fits)")
     p.add_argument("--enable-prefix-caching", action="store_true",
                    help="off by default, as in the seed PR's run")
     p.add_argument("--policy", default="continue-prefill",
@@ -102,6 +102,22 @@ def trace_lost(err: OSError, work: str) -> int:
     kept = getattr(err, "kept", 0)
     return write_failed("--trace", err.filename, err, f"its first {kept} lines were written, each "
                         f"complete, and the rest is lost; {work}")
+
+
+def _refuse_a_default_pool_past_the_limit(config: Any) -> None:
+    """Without --num-blocks the pool is what fits the GPUs; a small model on
+    many large GPUs with a small --block-size fits more blocks than the
+    scheduler may build (common.max_pool_blocks): refused, not built for minutes."""
+    from flightcheck.bench.simulation import build_cost_model, kv_blocks_that_fit
+    from flightcheck.bench.workload import WorkloadError
+
+    if config.num_blocks is not None:
+        return
+    fits = kv_blocks_that_fit(build_cost_model(config), config.block_size)
+    if fits > max_pool_blocks():
+        raise WorkloadError(f"--num-blocks: {config.model} on {config.pp}x {config.gpu} fits {fits} KV blocks of "
+                            f"{config.block_size} tokens, more than the {max_pool_blocks()} the scheduler builds "
+                            f"(docs/limits.md); give --num-blocks or a larger --block-size")
 
 
 def workload_args(args: argparse.Namespace):
@@ -201,6 +217,7 @@ def _simulate(args: argparse.Namespace) -> int:
             config = replace(config, params=config.params.with_efficiency(
                 min(1.0, args.eta_compute or config.params.compute_efficiency),
                 min(1.0, args.eta_memory or config.params.memory_efficiency)))
+        _refuse_a_default_pool_past_the_limit(config)
         wargs = workload_args(args)
         seeds = list(range(args.seed, args.seed + args.seeds))
         runs = []

@@ -167,15 +167,18 @@ def run(args: argparse.Namespace) -> int:
 def _connector_option(args: argparse.Namespace) -> Any:
     """`--kv-connector [JSON]`: what gives each workload without a connector
     that one (None without the option); bad JSON is a WorkloadError."""
+    from flightcheck.input_files import InputFileError, parse_json
     from flightcheck.vllm.kv_workload import with_default_connector
     from flightcheck.vllm.workload import WorkloadError
 
     if args.kv_connector is None:
         return None
     try:
-        connector = json.loads(args.kv_connector)
+        connector = parse_json(args.kv_connector, "--kv-connector")
     except json.JSONDecodeError as err:
         raise WorkloadError(f"--kv-connector: not JSON ({err.msg})") from None
+    except InputFileError as err:             # nested too deeply, an integer of 4,300+ digits
+        raise WorkloadError(str(err)) from None
     if not isinstance(connector, dict):
         raise WorkloadError("--kv-connector: a JSON object of the connector's fields")
     return lambda raw: with_default_connector(raw, connector)

@@ -31,7 +31,9 @@ import json
 import sys
 from typing import Any
 
-from .common import bad, count_int, positive_int, seed_int
+from flightcheck.vllm.workload_limits import MAX_WORKLOADS
+
+from .common import bad, count_int, int_in, seed_int
 
 
 def add_subcommands(actions: Any, replay: argparse.ArgumentParser) -> None:
@@ -51,7 +53,7 @@ def add_subcommands(actions: Any, replay: argparse.ArgumentParser) -> None:
                      help=f"a release's venv, when no --vllm-python is given (default {DEFAULT_VERSION})")
     fit.add_argument("--async", dest="async_scheduling", action="store_true",
                      help="run vLLM with async scheduling (AsyncScheduler, V2 model runner settings)")
-    fit.add_argument("--workloads", type=positive_int, default=40, metavar="N",
+    fit.add_argument("--workloads", type=int_in(1, MAX_WORKLOADS), default=40, metavar="N",
                      help="workloads in the campaign (default 40), drawn in turn from each family")
     fit.add_argument("--seed", type=seed_int, default=0, metavar="S")
     fit.add_argument("--explain", type=count_int, default=5, metavar="M",

@@ -308,8 +308,12 @@ def flag_mutants(profile: str, compared: list[Compared]) -> dict[str, str]:
 def add_options(parser: argparse.ArgumentParser) -> None:
     """The campaign's options: `python -m flightcheck.vllm.campaign` and
     `flightcheck vllm campaign` take the same."""
-    parser.add_argument("--workloads", type=int, default=100, help="workloads per version")
-    parser.add_argument("--seed", type=int, default=0)
+    from flightcheck.commands.common import int_in, seed_int
+
+    from .workload_limits import MAX_SPEC_TOKENS, MAX_WORKLOADS      # bounded: every workload is built first
+
+    parser.add_argument("--workloads", type=int_in(1, MAX_WORKLOADS), default=100, help="workloads per version")
+    parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument("--versions", default=None,
                         help="comma-separated releases (default 0.8.5,0.8.4; with --kv-connector 0.33.0,0.34.0)")
     parser.add_argument("--vllm-python", metavar="PATH",
@@ -323,7 +327,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--async", dest="async_scheduling", action="store_true",
                         help="vLLM 0.33.0 or 0.34.0 with async scheduling (AsyncScheduler, V2 runner settings) "
                              "against the reference's vllm-0.33-async (vllm-0.34-async) profile")
-    parser.add_argument("--spec-tokens", type=int, default=0, metavar="K",
+    parser.add_argument("--spec-tokens", type=int_in(0, MAX_SPEC_TOKENS), default=0, metavar="K",
                         help="speculative decoding with K drafts per step: the fabricated model proposes "
                              "drafts and accepts some of each (seeded), vLLM's scheduler is configured for K")
     parser.add_argument("--mid-step-inputs", action=argparse.BooleanOptionalAction, default=None,

@@ -70,6 +70,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .workload_limits import MAX_COUNT, LimitError, show, unknown_keys, whole
+
 POLICIES = ("recompute", "fail")
 
 
@@ -117,14 +119,16 @@ DEFAULT_CONNECTOR = KVConnectorConfig()
 def _bool(where: str, raw: dict[str, Any], key: str, default: bool) -> bool:
     value = raw.get(key, default)
     if not isinstance(value, bool):
-        raise KVWorkloadError(f"{where}.{key} must be true or false")
+        raise KVWorkloadError(f"{where}.{key}: must be true or false, got {show(value)}")
     return value
 
 
 def _count(where: str, value: Any, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise KVWorkloadError(f"{where} must be an integer >= {minimum}, got {value!r}")
-    return value
+    """A count from `minimum` to MAX_COUNT (workload_limits.py)."""
+    try:
+        return whole(where, value, minimum, MAX_COUNT)
+    except LimitError as err:
+        raise KVWorkloadError(str(err)) from None
 
 
 def kv_connector_from_json(raw: Any, where: str = "config.kv_connector") -> KVConnectorConfig | None:
@@ -135,14 +139,14 @@ def kv_connector_from_json(raw: Any, where: str = "config.kv_connector") -> KVCo
         raise KVWorkloadError(f"{where} must be an object")
     unknown = set(raw) - {"consumer", "producer", "load_failure_policy", "max_inflight_loads"}
     if unknown:
-        raise KVWorkloadError(f"{where} has unknown keys {sorted(unknown)}")
+        raise KVWorkloadError(unknown_keys(where, unknown))
     consumer = _bool(where, raw, "consumer", True)
     producer = _bool(where, raw, "producer", False)
     if not (consumer or producer):
         raise KVWorkloadError(f"{where}: a connector is a consumer, a producer or both")
     policy = raw.get("load_failure_policy", "recompute")
     if policy not in POLICIES:
-        raise KVWorkloadError(f"{where}.load_failure_policy must be 'recompute' or 'fail', got {policy!r}")
+        raise KVWorkloadError(f"{where}.load_failure_policy: must be 'recompute' or 'fail', got {show(policy)}")
     limit = raw.get("max_inflight_loads")
     if limit is not None:
         limit = _count(f"{where}.max_inflight_loads", limit, 1)
@@ -162,8 +166,11 @@ def with_default_connector(raw: dict[str, Any], connector: dict[str, Any] | None
     replay --kv-connector`); requests without `kv` are offered nothing."""
     if has_kv_connector(raw):
         return raw
+    config = raw.get("config", {})
+    if not isinstance(config, dict):
+        return raw                        # not a workload: its validation says so
     chosen = DEFAULT_CONNECTOR.to_json() if connector is None else connector
-    return {**raw, "config": {**raw.get("config", {}), "kv_connector": chosen}}
+    return {**raw, "config": {**config, "kv_connector": chosen}}
 
 
 def kv_request_from_json(raw: Any, where: str) -> KVRequestSpec:
@@ -173,7 +180,7 @@ def kv_request_from_json(raw: Any, where: str) -> KVRequestSpec:
         raise KVWorkloadError(f"{where} must be an object")
     unknown = set(raw) - {"hit", "async", "load_steps", "fail_from_block", "fail_whole", "send_steps"}
     if unknown:
-        raise KVWorkloadError(f"{where} has unknown keys {sorted(unknown)}")
+        raise KVWorkloadError(unknown_keys(where, unknown))
     fail_from = raw.get("fail_from_block")
     return KVRequestSpec(
         hit=_count(f"{where}.hit", raw.get("hit", 0), 0), load_async=_bool(where, raw, "async", False),

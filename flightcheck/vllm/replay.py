@@ -113,7 +113,15 @@ class ReplayWorker:
                scheduler_cls: str | None = None) -> dict[str, Any]:
         """Replay one workload (raw JSON, as workload.read_workloads returns it).
         `scheduler_cls`: the qualified name of the scheduler class (default:
-        the synchronous recorder, or vLLM's plain scheduler without one)."""
+        the synchronous recorder, or vLLM's plain scheduler without one).
+        The workload is validated here first (ReplayError, one line naming
+        the key), so no bad value reaches the worker from any caller."""
+        from .workload import WorkloadError, workload_from_json
+
+        try:
+            workload_from_json(workload)
+        except WorkloadError as err:
+            raise ReplayError(f"workload {str(workload.get('name', '?'))[:80]!r}: {err}") from None
         job: dict[str, Any] = {"workload": workload, "trace": None if trace is None else str(Path(trace).resolve()),
                                "recorder": recorder}
         if scheduler_cls is not None:

@@ -78,6 +78,14 @@
   kv_workload.py documents every key and the timing rule. Without
   `kv_connector`, vLLM runs without a connector and `kv` is refused.
 
+Every key is checked with its type and range before a token is drawn
+(WorkloadError, one line naming the key path: `requests[3].prompt_len: must
+be at most 1048576 ...`); the ranges (prompt_len, max_model_len and
+block_size at most 2**20, num_blocks at most 2**20, 4 Mi prompt tokens per
+workload, max_steps at most 10**6, ...) are workload_limits.py's, stated
+with their reasons in docs/limits.md. The file itself is read with bounds
+(a regular file of at most 64 MiB: flightcheck/input_files.py).
+
 Standard library only; both the CLI (to refuse bad input with exit 2) and
 the replay worker (inside the vLLM venv) read workloads with it.
 """
@@ -92,13 +100,16 @@ from typing import Any, Callable
 
 from .kv_workload import NO_KV, KVConnectorConfig, KVRequestSpec, KVWorkloadError, kv_connector_from_json, \
     kv_request_from_json
+from .workload_limits import MAX_COUNT, MAX_NUM_BLOCKS, MAX_PROMPT_LEN, MAX_REQUESTS, MAX_SEED, MAX_SPEC_TOKENS, \
+    MAX_STAGES, MAX_STEPS, MAX_WORKLOAD_FILE_BYTES, MAX_WORKLOAD_TOKENS, LimitError, flag, key, name, share, \
+    show, unknown_keys, whole
 
 EOS_TOKEN_ID = 2
 VOCAB_SIZE = 32000
 FIRST_ORDINARY_TOKEN = 3          # 0..2 are special in Llama's vocabulary
 
 
-class WorkloadError(ValueError):
+class WorkloadError(LimitError):
     """The workload file is not a workload (exit code 2)."""
 
 
@@ -173,10 +184,16 @@ CONFIG_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "block_size": 16, "max_m
                                    "cache_aware_admission_threshold": 0.5}
 
 
-def _int(where: str, value: Any, minimum: int = 0) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise WorkloadError(f"{where} must be an integer >= {minimum}, got {value!r}")
-    return value
+# Each integer of the configuration: (least, most[, why]); workload_limits.py says why.
+CONFIG_RANGES: dict[str, tuple[Any, ...]] = {
+    "num_stages": (1, MAX_STAGES), "max_num_batched_tokens": (1, MAX_COUNT), "max_num_seqs": (1, MAX_COUNT),
+    "block_size": (1, MAX_PROMPT_LEN), "num_blocks": (2, MAX_NUM_BLOCKS, "vLLM keeps an object per block"),
+    "max_model_len": (1, MAX_PROMPT_LEN), "long_prefill_token_threshold": (0, MAX_COUNT),
+    "num_spec_tokens": (0, MAX_SPEC_TOKENS), "cache_aware_admission_window": (0, MAX_COUNT)}
+
+
+def _int(where: str, value: Any, minimum: int = 0, maximum: int = MAX_COUNT, why: str = "") -> int:
+    return whole(where, value, minimum, maximum, why)
 
 
 def _config(raw: Any) -> ReplayConfig:
@@ -189,17 +206,13 @@ def _config(raw: Any) -> ReplayConfig:
         raise WorkloadError(str(err)) from None
     unknown = set(merged) - set(ReplayConfig.__dataclass_fields__)
     if unknown:
-        raise WorkloadError(f"config has unknown keys {sorted(unknown)}")
+        raise WorkloadError(unknown_keys("config", unknown))
     missing = set(ReplayConfig.__dataclass_fields__) - set(merged) - {"kv_connector"}
     if missing:
         raise WorkloadError(f"config lacks {sorted(missing)}")
-    for flag in ("prefix_caching", "async_scheduling", "enable_chunked_prefill"):
-        if not isinstance(merged[flag], bool):
-            raise WorkloadError(f"config.{flag} must be true or false")
-    minimum = {"num_stages": 1, "max_num_batched_tokens": 1, "max_num_seqs": 1, "block_size": 1,
-               "num_blocks": 2, "max_model_len": 1, "long_prefill_token_threshold": 0, "num_spec_tokens": 0,
-               "cache_aware_admission_window": 0}
-    values = {key: _int(f"config.{key}", merged[key], low) for key, low in minimum.items()}
+    for switch in ("prefix_caching", "async_scheduling", "enable_chunked_prefill"):
+        flag(f"config.{switch}", merged[switch])
+    values = {name: _int(f"config.{name}", merged[name], *bounds) for name, bounds in CONFIG_RANGES.items()}
     _check_admission(merged, values)
     return ReplayConfig(prefix_caching=merged["prefix_caching"], async_scheduling=merged["async_scheduling"],
                         enable_chunked_prefill=merged["enable_chunked_prefill"],
@@ -213,9 +226,7 @@ def _check_admission(merged: dict[str, Any], values: dict[str, int]) -> None:
     if not merged["enable_chunked_prefill"] and values["max_num_batched_tokens"] < values["max_model_len"]:
         raise WorkloadError("config.max_num_batched_tokens must be at least config.max_model_len "
                             "with enable_chunked_prefill false")
-    threshold = merged["cache_aware_admission_threshold"]
-    if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0.0 <= threshold <= 1.0:
-        raise WorkloadError("config.cache_aware_admission_threshold must be in [0, 1]")
+    share("config.cache_aware_admission_threshold", merged["cache_aware_admission_threshold"])
 
 
 def _seeded_tokens(seed: int, label: str, count: int) -> list[int]:
@@ -223,85 +234,120 @@ def _seeded_tokens(seed: int, label: str, count: int) -> list[int]:
     return [rng.randrange(FIRST_ORDINARY_TOKEN, VOCAB_SIZE) for _ in range(count)]
 
 
-def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int]) -> RequestSpec:
-    where = f"requests[{index}]"
-    if not isinstance(raw, dict):
-        raise WorkloadError(f"{where} must be an object")
-    req_id = str(raw.get("id", index))
-    reuse = raw.get("reuse_id")
-    if reuse is not None and not isinstance(reuse, str):
-        raise WorkloadError(f"{where}.reuse_id must be the id of an earlier request")
-    abort_via = raw.get("abort_via", "input")
-    if abort_via not in ("input", "aborts_queue", "wait"):
-        raise WorkloadError(f"{where}.abort_via must be 'input', 'aborts_queue' or 'wait', got {abort_via!r}")
-    arrival_via = raw.get("arrival_via", "input")
-    if arrival_via not in ("input", "wait"):
-        raise WorkloadError(f"{where}.arrival_via must be 'input' or 'wait', got {arrival_via!r}")
+def _prompt(raw: dict[str, Any], where: str, seed: int, prefixes: dict[str, int], req_id: str,
+            tokens_left: int) -> list[int]:
+    """The request's prompt: its token ids, or `prompt_len` tokens drawn from
+    the seed (a named prefix's first); refused before any is drawn when the
+    workload's prompts would pass MAX_WORKLOAD_TOKENS."""
     if "prompt_token_ids" in raw:
         tokens = raw["prompt_token_ids"]
         if not isinstance(tokens, list) or not tokens or not all(
                 isinstance(t, int) and not isinstance(t, bool) and 0 <= t < VOCAB_SIZE for t in tokens):
-            raise WorkloadError(f"{where}.prompt_token_ids must be a non-empty list of token ids")
-        prompt = list(tokens)
+            raise WorkloadError(f"{where}.prompt_token_ids: must be a non-empty list of token ids "
+                                f"(0 to {VOCAB_SIZE - 1})")
+        length = _int(f"{where}.prompt_token_ids", len(tokens), 1, MAX_PROMPT_LEN)
     else:
-        length = _int(f"{where}.prompt_len", raw.get("prompt_len"), 1)
-        prefix = raw.get("prefix")
-        shared: list[int] = []
-        if prefix is not None:
-            if prefix not in prefixes:
-                raise WorkloadError(f"{where} names prefix {prefix!r}, not in 'prefixes'")
-            shared = _seeded_tokens(seed, f"prefix/{prefix}", min(prefixes[prefix], length))
-        prompt = shared + _seeded_tokens(seed, f"request/{req_id}", length - len(shared))
+        length = _int(f"{where}.prompt_len", raw.get("prompt_len"), 1, MAX_PROMPT_LEN,
+                      "the replay draws every prompt token")
+    if length > tokens_left:
+        raise WorkloadError(f"{where}: the workload's prompts hold more than {MAX_WORKLOAD_TOKENS} tokens "
+                            f"in all, the most a replay draws")
+    if "prompt_token_ids" in raw:
+        return list(raw["prompt_token_ids"])
+    prefix = raw.get("prefix")
+    shared: list[int] = []
+    if prefix is not None:
+        if not isinstance(prefix, str) or prefix not in prefixes:
+            raise WorkloadError(f"{where}.prefix: names prefix {show(prefix)}, not in 'prefixes'")
+        shared = _seeded_tokens(seed, f"prefix/{prefix}", min(prefixes[prefix], length))
+    return shared + _seeded_tokens(seed, f"request/{req_id}", length - len(shared))
+
+
+def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int], tokens_left: int) -> RequestSpec:
+    where = f"requests[{index}]"
+    if not isinstance(raw, dict):
+        raise WorkloadError(f"{where}: must be an object, got {show(raw)}")
+    req_id = name(f"{where}.id", raw.get("id", index))
+    reuse = raw.get("reuse_id")
+    if reuse is not None and not isinstance(reuse, str):
+        raise WorkloadError(f"{where}.reuse_id: must be the id of an earlier request, got {show(reuse)}")
+    abort_via = raw.get("abort_via", "input")
+    if abort_via not in ("input", "aborts_queue", "wait"):
+        raise WorkloadError(f"{where}.abort_via: must be 'input', 'aborts_queue' or 'wait', got {show(abort_via)}")
+    arrival_via = raw.get("arrival_via", "input")
+    if arrival_via not in ("input", "wait"):
+        raise WorkloadError(f"{where}.arrival_via: must be 'input' or 'wait', got {show(arrival_via)}")
     abort = raw.get("abort_step")
     try:
         kv = kv_request_from_json(raw.get("kv"), f"{where}.kv")
     except KVWorkloadError as err:
         raise WorkloadError(str(err)) from None
-    eos_probability = raw.get("eos_probability", 0.0)
-    if not isinstance(eos_probability, (int, float)) or not 0.0 <= eos_probability <= 1.0:
-        raise WorkloadError(f"{where}.eos_probability must be in [0, 1]")
     return RequestSpec(
         req_id=req_id if reuse is None else reuse, name="" if reuse is None else req_id,
         abort_via_aborts_queue=abort_via == "aborts_queue", abort_during_wait=abort_via == "wait",
-        arrival_during_wait=arrival_via == "wait", prompt_token_ids=tuple(prompt),
+        arrival_during_wait=arrival_via == "wait",
         max_tokens=_int(f"{where}.max_tokens", raw.get("max_tokens", 16), 1),
         arrival_step=_int(f"{where}.arrival_step", raw.get("arrival_step", 0)),
         abort_step=None if abort is None else _int(f"{where}.abort_step", abort),
-        eos_probability=float(eos_probability), ignore_eos=bool(raw.get("ignore_eos", False)), kv=kv)
+        eos_probability=share(f"{where}.eos_probability", raw.get("eos_probability", 0.0)),
+        ignore_eos=flag(f"{where}.ignore_eos", raw.get("ignore_eos", False)), kv=kv,
+        prompt_token_ids=tuple(_prompt(raw, where, seed, prefixes, req_id, tokens_left)))
 
 
 def workload_from_json(raw: Any, default_name: str = "workload") -> Workload:
+    """The workload a raw one (parsed JSON) describes; WorkloadError, naming
+    the key path, for any value out of its type or range (workload_limits.py)."""
+    try:
+        return _workload_from_json(raw, default_name)
+    except WorkloadError:
+        raise
+    except LimitError as err:
+        raise WorkloadError(str(err)) from None
+
+
+def _workload_from_json(raw: Any, default_name: str) -> Workload:
     if not isinstance(raw, dict):
-        raise WorkloadError("a workload is a JSON object")
-    seed = _int("seed", raw.get("seed", 0))
+        raise WorkloadError(f"a workload is a JSON object, got {show(raw)}")
+    seed = _int("seed", raw.get("seed", 0), 0, MAX_SEED)
+    config = _config(_with_top_level_connector(raw))
     prefixes = raw.get("prefixes", {})
     if not isinstance(prefixes, dict):
-        raise WorkloadError("'prefixes' must map names to lengths")
-    prefixes = {str(k): _int(f"prefixes.{k}", v, 1) for k, v in prefixes.items()}
+        raise WorkloadError(f"prefixes: must map names to lengths, got {show(prefixes)}")
+    prefixes = {str(k): _int(f"prefixes.{key(k)}", v, 1, MAX_PROMPT_LEN) for k, v in prefixes.items()}
     requests = raw.get("requests")
     if not isinstance(requests, list) or not requests:
-        raise WorkloadError("'requests' must be a non-empty list")
-    specs = tuple(_request(r, i, seed, prefixes) for i, r in enumerate(requests))
+        raise WorkloadError(f"requests: must be a non-empty list, got {show(requests)}")
+    _int("requests", len(requests), 1, MAX_REQUESTS, "requests in one workload")
+    specs: list[RequestSpec] = []
+    tokens_left = MAX_WORKLOAD_TOKENS
+    for i, r in enumerate(requests):
+        specs.append(_request(r, i, seed, prefixes, tokens_left))
+        tokens_left -= len(specs[-1].prompt_token_ids)
+    _check_ids(specs)
+    acceptance = share("draft_acceptance", raw.get("draft_acceptance", 0.5))
+    if config.kv_connector is None and any(spec.kv != NO_KV for spec in specs):
+        raise WorkloadError("a request has 'kv' but the workload has no kv_connector")
+    return Workload(name=name("name", raw.get("name", default_name)), seed=seed, config=config,
+                    requests=tuple(specs),
+                    eos_token_id=_int("eos_token_id", raw.get("eos_token_id", EOS_TOKEN_ID)),
+                    max_steps=_int("max_steps", raw.get("max_steps", 100_000), 1, MAX_STEPS,
+                                   "every step is a call into vLLM's scheduler"),
+                    draft_acceptance=acceptance)
+
+
+def _check_ids(specs: list[RequestSpec]) -> None:
+    """Every request's own name once; a reused id an earlier request's, reused after it arrives."""
     arrivals: dict[str, int] = {}
     for index, spec in enumerate(specs):
         if spec.key in arrivals:
-            raise WorkloadError(f"request id {spec.key!r} appears twice")
+            raise WorkloadError(f"requests[{index}].id: request id {show(spec.key)} appears twice")
         if spec.reuses_id:
             if spec.req_id not in arrivals:
-                raise WorkloadError(f"requests[{index}].reuse_id names {spec.req_id!r}, not an earlier request's id")
+                raise WorkloadError(f"requests[{index}].reuse_id names {show(spec.req_id)}, not an earlier "
+                                    f"request's id")
             if arrivals[spec.req_id] > spec.arrival_step:
-                raise WorkloadError(f"requests[{index}] reuses {spec.req_id!r} before that request arrives")
+                raise WorkloadError(f"requests[{index}] reuses {show(spec.req_id)} before that request arrives")
         arrivals[spec.key] = spec.arrival_step
-    acceptance = raw.get("draft_acceptance", 0.5)
-    if not isinstance(acceptance, (int, float)) or isinstance(acceptance, bool) or not 0.0 <= acceptance <= 1.0:
-        raise WorkloadError("draft_acceptance must be in [0, 1]")
-    config = _config(_with_top_level_connector(raw))
-    if config.kv_connector is None and any(spec.kv != NO_KV for spec in specs):
-        raise WorkloadError("a request has 'kv' but the workload has no kv_connector")
-    return Workload(name=str(raw.get("name", default_name)), seed=seed, config=config,
-                    requests=specs, eos_token_id=_int("eos_token_id", raw.get("eos_token_id", EOS_TOKEN_ID)),
-                    max_steps=_int("max_steps", raw.get("max_steps", 100_000), 1),
-                    draft_acceptance=float(acceptance))
 
 
 def _with_top_level_connector(raw: dict[str, Any]) -> Any:
@@ -318,26 +364,47 @@ def _with_top_level_connector(raw: dict[str, Any]) -> Any:
 
 def read_workloads(path: str | Path, prepare: Callable[[Any], Any] | None = None) -> list[Any]:
     """The raw workloads in a file: one JSON object, a JSON list of them, or
-    JSON Lines. Each is validated (WorkloadError) and returned as parsed JSON;
-    `prepare` (e.g. kv_workload.with_default_connector) changes each first."""
+    JSON Lines. The file is read with bounds (a regular file of at most
+    MAX_WORKLOAD_FILE_BYTES, UTF-8, JSON Python can read: input_files.py);
+    each workload is validated (WorkloadError, one line naming the key path)
+    and returned as parsed JSON; `prepare` (e.g.
+    kv_workload.with_default_connector) changes each first."""
+    from flightcheck.input_files import InputFileError, read_text
+
     try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise WorkloadError(f"cannot read {path}: {err.strerror}") from None
-    try:
-        parsed = json.loads(text)
-        raws = parsed if isinstance(parsed, list) else [parsed]
-    except json.JSONDecodeError:
-        try:
-            raws = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as err:
-            raise WorkloadError(f"{path}: not JSON ({err.msg})") from None
+        text = read_text(path, MAX_WORKLOAD_FILE_BYTES, "workload file")
+        raws = _parse_workloads(text, str(path))
+    except InputFileError as err:
+        raise WorkloadError(str(err)) from None
     if not raws:
         raise WorkloadError(f"{path}: no workload in the file")
     if prepare is not None:
         raws = [prepare(raw) if isinstance(raw, dict) else raw for raw in raws]
+    several = len(raws) > 1
     for i, raw in enumerate(raws):
-        workload_from_json(raw, f"{Path(path).stem}-{i}")
+        try:
+            workload_from_json(raw, f"{Path(path).stem}-{i}")
+        except WorkloadError as err:
+            raise WorkloadError(f"{path}: workload {i}: {err}" if several else f"{path}: {err}") from None
+    return raws
+
+
+def _parse_workloads(text: str, path: str) -> list[Any]:
+    """One JSON value (a list: its items), else JSON Lines, each line named on error."""
+    from flightcheck.input_files import parse_json
+
+    try:
+        parsed = parse_json(text, path)
+        return parsed if isinstance(parsed, list) else [parsed]
+    except json.JSONDecodeError:
+        pass
+    raws = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        if line.strip():
+            try:
+                raws.append(parse_json(line, f"{path}:{number}"))
+            except json.JSONDecodeError as err:
+                raise WorkloadError(f"{path}:{number}: not JSON ({err.msg})") from None
     return raws
 
 

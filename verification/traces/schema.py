@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -99,9 +100,26 @@ class Integer(Kind):
 class Number(Kind):
     expected: str = "a finite number"
 
+    def check(self, value: Any, path: str) -> None:
+        # an integer token past the largest float (1 followed by 309 zeros) is
+        # valid JSON, but no time or share can be computed from it
+        if isinstance(value, int) and not isinstance(value, bool) and not fits_a_float(value):
+            raise SchemaError(path, f"{path}: expected {self.expected}, got a number beyond float range "
+                              f"({show(value)})")
+        super().check(value, path)
+
     def accepts(self, value: Any) -> bool:
         return (isinstance(value, (int, float)) and not isinstance(value, bool)
-                and math.isfinite(value))
+                and fits_a_float(value) and math.isfinite(value))
+
+
+def fits_a_float(value: int | float) -> bool:
+    """Whether `value` converts to a float without overflow (every float does;
+    an integer up to about 1.8e308 does)."""
+    return isinstance(value, float) or abs(value) <= _LARGEST_FLOAT_INT
+
+
+_LARGEST_FLOAT_INT = int(sys.float_info.max)
 
 
 @dataclass(frozen=True)

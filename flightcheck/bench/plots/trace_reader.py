@@ -70,6 +70,15 @@ def is_trace_file(path: str | Path) -> bool:
         return False
 
 
+def _check_floats(ev: object) -> None:
+    """OverflowError if a time the timeline reads (t, t0, t1) is an integer
+    past float range (1 followed by 309 zeros is valid JSON)."""
+    if isinstance(ev, dict):
+        for key in ("t", "t0", "t1"):
+            if isinstance(ev.get(key), int):
+                float(ev[key])
+
+
 def read_timeline(path: str | Path) -> TimelineData:
     p = Path(path)
     if not p.is_file():
@@ -83,6 +92,11 @@ def read_timeline(path: str | Path) -> TimelineData:
                 ev = json.loads(line)
             except json.JSONDecodeError as err:
                 raise WorkloadError(f"{p}:{line_no}: not JSON: {err.msg}") from None
+            try:
+                _check_floats(ev)
+            except OverflowError:
+                raise WorkloadError(f"{p}:{line_no}: a number beyond float range (check-trace names "
+                                    f"the field)") from None
             kind = ev.get("ev")
             if kind == "config":
                 data.num_stages = int(ev.get("num_stages", 1))
