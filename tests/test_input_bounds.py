@@ -16,6 +16,8 @@ from flightcheck.cli import main
 from flightcheck.commands import common
 from flightcheck.verification.traces.schema import EVENTS, Nullable, Number, Record, SchemaError, validate_event
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 HUGE_INT = 10**309                              # 1 followed by 309 zeros: past the largest float
 CONFIG = {"ev": "config", "num_stages": 2, "max_num_batched_tokens": 8, "block_size": 4,
           "num_blocks": 8, "max_model_len": 16}
@@ -55,7 +57,7 @@ def minimal_event(kind: str) -> dict[str, Any]:
     if kind == "config":
         return dict(CONFIG)
     values = {"req": "a", "prompt_len": 1, "max_tokens": 1, "entries": [], "batch": 0, "stage": 0,
-              "t0": 0, "t1": 1, "reason": "stop", "from_block": 0}
+              "t0": 0, "t1": 1, "reason": "stop", "from_block": 0, "count": 1}
     record: Record = EVENTS[kind]
     return {"ev": kind, **{f: values[f] for f, (_, required) in record.fields.items() if required}}
 

@@ -19,6 +19,8 @@ from flightcheck.cli import main
 from flightcheck.vllm.workload import WorkloadError, read_workloads
 from flightcheck.vllm.workload_limits import MAX_NUM_BLOCKS, MAX_PROMPT_LEN, MAX_WORKLOAD_TOKENS
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
 VALID: dict[str, Any] = {
     "name": "w", "seed": 3, "max_steps": 500, "draft_acceptance": 0.5,
     "config": {"num_stages": 2, "max_num_batched_tokens": 32, "max_num_seqs": 4, "block_size": 4,
