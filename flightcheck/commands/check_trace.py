@@ -49,7 +49,7 @@ def add_parser(sub) -> None:
     check.add_argument("--follow", action="store_true",
                        help="wait for more lines at the end of the file, as tail -f; stop at the end "
                             "event, after --idle seconds without a new line, or on SIGINT/SIGTERM")
-    check.add_argument("--idle", type=real(0, low_open=True, allow_inf=True), metavar="SECONDS",
+    check.add_argument("--idle", type=real(0, allow_inf=True), metavar="SECONDS",
                        help="with --follow: stop after this many seconds without a new line")
     check.add_argument("--keep-going", action="store_true",
                        help="report every violation and carry on, instead of stopping at the first")

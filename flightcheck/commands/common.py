@@ -96,7 +96,9 @@ def real(low: float | None = None, high: float | None = None, *, low_open: bool 
         if too_low or too_high:
             left = "(" if low_open else "["
             right = ")" if high_open else "]"
-            interval = f"{left}{'-inf' if low is None else low:g}, {'inf' if high is None else high:g}{right}"
+            lower = "-inf" if low is None else f"{low:g}"
+            upper = "inf" if high is None else f"{high:g}"
+            interval = f"{left}{lower}, {upper}{right}"
             raise argparse.ArgumentTypeError(f"must be in {interval}, got {_short(text)}")
         return value
     return parse

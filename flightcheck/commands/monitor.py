@@ -52,7 +52,7 @@ def add_parser(sub) -> None:
                          help=f"check under this version profile (default: each trace's own; {', '.join(PROFILES)})")
     monitor.add_argument("--keep-going", action="store_true",
                          help="report every violation and carry on from the trace's state")
-    monitor.add_argument("--idle", type=real(0, low_open=True, allow_inf=True), metavar="SECONDS",
+    monitor.add_argument("--idle", type=real(0, allow_inf=True), metavar="SECONDS",
                          help="end a stream after this many seconds without a byte (default: never)")
     monitor.add_argument("--json", action="store_true",
                          help="print the summary as JSON on stdout (the verdicts as they come go to stderr)")
