@@ -174,6 +174,21 @@ class BlockPool:
     def empty(num_blocks: int) -> "BlockPool":
         return BlockPool((0,) * num_blocks, (None,) * num_blocks, tuple(range(num_blocks)))
 
+    def __getattr__(self, name: str):
+        # A version of a pool store (pool_store.py: large pools, updated in
+        # place) gets its tuples when they are first read.
+        if name in _POOL_FIELDS and "_store" in self.__dict__:
+            from .pool_store import materialize
+            materialize(self)
+            return self.__dict__[name]
+        raise AttributeError(name)
+
+
+_POOL_FIELDS = ("ref_counts", "labels", "free_queue", "duplicates")
+# (so that a store's version, which has no tuples until read, reaches __getattr__;
+# the constructor keeps the default)
+del BlockPool.duplicates
+
 
 @dataclass(frozen=True)
 class State:
