@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from . import pool_store
-from .pool_store import label_of, num_free, ref_count
+from .pool_store import label_list, label_of, num_free, ref_count  # noqa: F401  (the spec's readers import them from here)
 from .state import BlockPool
 
 

@@ -125,6 +125,12 @@ def label_of(pool: BlockPool, b: int) -> int | None:
     return pool.__dict__["_store"].labels[b] if is_newest(pool) else pool.labels[b]
 
 
+def label_list(pool: BlockPool) -> Any:
+    """The pool's labels, indexable by block, for reads before the pool next
+    changes (the newest version's list, else the tuple)."""
+    return pool.__dict__["_store"].labels if is_newest(pool) else pool.labels
+
+
 def num_free(pool: BlockPool) -> int:
     if is_newest(pool):
         store = pool.__dict__["_store"]

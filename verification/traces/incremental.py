@@ -72,7 +72,7 @@ from flightcheck.spec import (
     Schedule,
     State,
 )
-from flightcheck.spec import pool_store
+from flightcheck.spec import pool_store, request_store
 from flightcheck.spec.blocks import group_duplicates
 from flightcheck.spec.state import Batch
 from flightcheck.spec.transitions import (KV_REPORTS, FailKvLoad, s12_no_admission_after_preemption,
@@ -220,6 +220,7 @@ class Incremental:
         raise TypeError(f"not an action: {action!r}")
 
     def _check_properties(self, before: State, after: State, action: Action) -> None:
+        request_store.settle(after)             # the checks below read many requests
         touched = self._touched(before, action, after)
         new_batch = after.in_flight[-1] if isinstance(action, Schedule) and self.scheduled.entries else None
         blocks = self._update_holders(before, after, touched)
@@ -346,10 +347,10 @@ class Incremental:
     def _note_output_labels(self, s: State, touched: list[int]) -> None:
         """Remember which block caches each output label of a touched request
         (negative labels are output labels: content_label)."""
-        pool = s.pool
+        labels = pool_store.label_list(s.pool)
         for r in touched:
             for b in s.requests[r].block_table:
-                label = pool_store.label_of(pool, b)
+                label = labels[b]
                 if label is not None and label < 0:
                     self.output_labels.setdefault(r, {})[b] = label
 
