@@ -93,3 +93,70 @@ def test_changes_since_names_every_change(seed: int, monkeypatch) -> None:
         assert changed_labels <= set(changes[pool_store.LABEL])
         assert all(old.labels[b] == v for b, v in changes[pool_store.LABEL].items())
         assert all(old.ref_counts[b] == v for b, v in changes[pool_store.REF].items())
+
+
+# -- the checkers' verdicts with both representations -------------------------------
+
+from flightcheck.spec import request_store  # noqa: E402
+from flightcheck.verification.traces.check import MalformedTrace, check_events, read_events  # noqa: E402
+
+from .fixtures import load_benchmark  # noqa: E402
+from .reference_trace_runs import run_cases, traced_run  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
+write_long_trace = load_benchmark("long_traces").write_long_trace
+
+
+def _outcomes(events: list[dict], monkeypatch) -> dict[str, tuple]:
+    """Each checker's full outcome with the stores forced on every pool and
+    request tuple, and with none (tuples only)."""
+    found = {}
+    for stores, threshold in (("stores", 0), ("tuples", 10**9)):
+        monkeypatch.setattr(pool_store, "STORE_MIN_BLOCKS", threshold)
+        monkeypatch.setattr(request_store, "STORE_MIN_REQUESTS", threshold)
+        for full in (False, True):
+            try:
+                result = check_events([dict(e) for e in events], full=full)
+                found[f"{stores}-{full}"] = tuple(sorted(result.to_json().items(), key=lambda kv: kv[0]))
+            except MalformedTrace as err:
+                found[f"{stores}-{full}"] = ("malformed", str(err))
+    return found
+
+
+def _same(events: list[dict], monkeypatch) -> tuple:
+    found = _outcomes(events, monkeypatch)
+    assert found["stores-False"] == found["tuples-False"]
+    assert found["stores-True"] == found["tuples-True"]
+    return found["stores-False"]
+
+
+CASES = run_cases()
+
+
+@pytest.mark.parametrize("case", CASES[::7], ids=[case[0] for case in CASES[::7]])
+def test_both_representations_give_the_same_verdict_on_golden_runs(case, monkeypatch) -> None:
+    _, mutant, continue_prefill, seed = case
+    text = traced_run(mutant, continue_prefill, seed)
+    _same(read_events(line for line in text.split("\n") if not line.startswith("#")), monkeypatch)
+
+
+@pytest.mark.parametrize("options", [{}, {"profile": "vllm-0.8.4", "continue_prefill": None},
+                                     {"prefix_caching": False}, {"block_size": 4, "repeated_prompts": 0.3}],
+                         ids=["0.8.5", "0.8.4", "no-prefix-caching", "duplicates"])
+def test_both_representations_give_the_same_verdict_on_long_traces(options, monkeypatch) -> None:
+    import io
+    import json
+    sink = io.StringIO()
+    write_long_trace(sink, 10, 250, seed=5, **options)
+    events = read_events(sink.getvalue().split("\n"))
+    assert dict(_same(events, monkeypatch))["ok"] is True
+    rng = random.Random(7)
+    for _ in range(1):                                # damaged somewhere past the middle: the same violation
+        broken = [json.loads(json.dumps(e)) for e in events]
+        while True:
+            index = rng.randrange(len(broken) // 2, len(broken) - 1)
+            if broken[index]["ev"] == "schedule" and broken[index]["entries"]:
+                broken[index]["entries"][0]["n"] += 1
+                break
+        assert dict(_same(broken, monkeypatch))["ok"] is False
