@@ -184,6 +184,12 @@ def workloads(args: argparse.Namespace) -> int:
     if not venv_python(VLLM_VERSION).exists():
         print(f"error: {missing_venv_message(VLLM_VERSION)}", file=sys.stderr)
         return 2
+    # decode-4096's pool has 2^20 blocks (the cost benchmark's: room for every
+    # request at max_model_len), over check-trace's bound (schema.MAX_POOL_BLOCKS,
+    # set when every allocation copied the pool): raised here, and said so in the rows
+    from flightcheck.verification.traces import configuration
+    bound = configuration.MAX_POOL_BLOCKS
+    configuration.MAX_POOL_BLOCKS = max(bound, 1 << 21)
     load_before = os.getloadavg()
     started = time.perf_counter()
     vllm = VllmSide()
@@ -197,7 +203,8 @@ def workloads(args: argparse.Namespace) -> int:
     machine = {"cpus": os.cpu_count(), "load_before": [round(x, 2) for x in load_before],
                "load_after": [round(x, 2) for x in os.getloadavg()],
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "seconds": round(time.perf_counter() - started)}
+               "seconds": round(time.perf_counter() - started),
+               "pool_bound": {"check_trace": bound, "here": configuration.MAX_POOL_BLOCKS}}
     if args.json:
         print(json.dumps([{**row, "machine": machine} for row in rows], indent=1))
         return 0
