@@ -30,7 +30,8 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from .state import BlockPool
+# a spec.state.BlockPool (state.py imports this module to rebuild a version's tuples)
+BlockPool = Any
 
 # Pools with fewer blocks stay plain tuples (tests lower it to 0).
 STORE_MIN_BLOCKS = 1024
@@ -101,7 +102,7 @@ def store_of(pool: BlockPool) -> PoolStore:
 def new_version(store: PoolStore, old: BlockPool, undo: list[tuple]) -> BlockPool:
     """After an in-place change: the new pool, newest of `store`; `old` keeps
     how to get back to itself."""
-    pool = object.__new__(BlockPool)
+    pool = object.__new__(type(old))
     object.__setattr__(pool, "_store", store)
     object.__setattr__(old, "_undo", undo)
     object.__setattr__(old, "_next", pool)
