@@ -27,7 +27,7 @@ from .config import Config
 from .drafts import drafts_come_with_output
 from .kv_fence import drain_deferred_frees, finish_with_connector
 from .schedule import Scheduled, schedule  # noqa: F401  (re-exported: the fourth action)
-from .state import Entry, Fate, Request, State, Status, content_label, holder_of, name_of, retire_entries
+from .state import Entry, Fate, Request, State, Status, content_label, evolve, holder_of, name_of, retire_entries
 
 
 @dataclass(frozen=True)
@@ -269,7 +269,7 @@ def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate,
         req = _settle_rejected_placeholders(req, e.drafts - s.num_accepted)
     finish: Status | None = None
     for j in range(s.num_accepted + 1):
-        req = replace(req, num_output=req.num_output + 1)
+        req = evolve(req, num_output=req.num_output + 1)
         finish = _stop_reason(cfg, req, j, s)
         if finish is not None:
             break
@@ -284,7 +284,7 @@ def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate,
         state = state.with_request(r, num_output=req.num_output, num_computed=req.num_computed)
         return _forget_counters(_finish(state, cfg, r, finish), r)
     if fate is Fate.LIVE and drafts_come_with_output(cfg):
-        req = replace(req, num_drafts=s.next_drafts)       # the drafts proposed for its next step
+        req = evolve(req, num_drafts=s.next_drafts)       # the drafts proposed for its next step
     return state.with_request(r, num_output=req.num_output, num_computed=req.num_computed,
                               num_drafts=req.num_drafts, placeholders=req.placeholders)
 

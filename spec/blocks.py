@@ -23,13 +23,26 @@ succeeds or fails here exactly when it does there, with the same block ids:
 
 Abstracted away: the hash function (labels stand for chained hashes) and the
 null block vLLM reserves from 0.9.
+
+Each operation is written here on the pool's tuples. A large pool (a
+trace's) is instead a version of a store updated in place (pool_store.py):
+the same values, without a copy of the pool per allocation; `_in_place`
+says which way an operation goes, and tests/test_pool_store.py requires
+both ways to give the same pools.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from . import pool_store
+from .pool_store import label_list, label_of, num_free, ref_count  # noqa: F401  (the spec's readers import them from here)
 from .state import BlockPool
+
+
+def _in_place(pool: BlockPool) -> bool:
+    """Whether `pool` is (or becomes) a version of a store (pool_store.py)."""
+    return pool_store.usable(pool)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -38,6 +51,8 @@ def cdiv(a: int, b: int) -> int:
 
 def cached_block(pool: BlockPool, label: int) -> int | None:
     """The block a hit on `label` is served from, if any: the first copy cached."""
+    if pool_store.is_newest(pool):
+        return pool_store.first_copy(pool, label)
     for block in pool.duplicates:
         if pool.labels[block] == label:
             return block
@@ -60,8 +75,8 @@ def lookup_hit(pool: BlockPool, labels: list[int], max_blocks: int) -> tuple[int
 
 def can_allocate(pool: BlockPool, num_new_blocks: int, hit: tuple[int, ...]) -> bool:
     """vLLM: fail when the new blocks exceed the free ones not being hit."""
-    num_evictable_hit = sum(1 for b in hit if pool.ref_counts[b] == 0)
-    return num_new_blocks <= len(pool.free_queue) - num_evictable_hit
+    num_evictable_hit = sum(1 for b in hit if ref_count(pool, b) == 0)
+    return num_new_blocks <= num_free(pool) - num_evictable_hit
 
 
 def num_preallocated(pool_after_touch: BlockPool, num_new_blocks: int, table_len: int,
@@ -72,7 +87,7 @@ def num_preallocated(pool_after_touch: BlockPool, num_new_blocks: int, table_len
     `table_len` counts the hit blocks already appended."""
     if num_new_blocks <= 0:
         return 0
-    total = min(num_new_blocks + num_preallocate_blocks, len(pool_after_touch.free_queue),
+    total = min(num_new_blocks + num_preallocate_blocks, num_free(pool_after_touch),
                 max_blocks_per_request - table_len)
     return max(0, total - num_new_blocks)
 
@@ -81,6 +96,8 @@ def touch(pool: BlockPool, hit: tuple[int, ...]) -> BlockPool:
     """Take hold of hit blocks: out of the free queue, reference count + 1."""
     if not hit:
         return pool                   # the common case (no prefix hit): nothing to take
+    if _in_place(pool) and all(label_of(pool, b) is not None for b in hit):
+        return pool_store.touch(pool, hit)
     refs = list(pool.ref_counts)
     for b in hit:
         refs[b] += 1
@@ -95,6 +112,8 @@ def pop_fresh(pool: BlockPool, num_blocks: int) -> tuple[BlockPool, tuple[int, .
     """Pop `num_blocks` from the head of the free queue, evicting their labels."""
     if num_blocks == 0:
         return pool, ()                   # the common case (a decode within its last block)
+    if _in_place(pool):
+        return pool_store.pop_fresh(pool, num_blocks)
     taken = pool.free_queue[:num_blocks]
     refs, labels = list(pool.ref_counts), list(pool.labels)
     for b in taken:
@@ -109,6 +128,8 @@ def cache_labels(pool: BlockPool, table: tuple[int, ...], labels: list[int],
     """Label the first len(labels) blocks of `table` with their content, skipping
     blocks already labelled; a label another block already caches is cached
     again (a duplicate) if `keep_duplicates`, else skipped."""
+    if _in_place(pool):
+        return pool_store.cache_labels(pool, table, labels, keep_duplicates)
     unlabelled = [(block, label) for block, label in zip(table, labels) if pool.labels[block] is None]
     if not unlabelled:
         return pool                       # the common case: every full block already cached
@@ -129,6 +150,8 @@ def cache_labels(pool: BlockPool, table: tuple[int, ...], labels: list[int],
 def uncache(pool: BlockPool, table: tuple[int, ...]) -> BlockPool:
     """`BlockPool.evict_blocks`: the blocks leave the prefix cache (their
     labels dropped), held or free, where they are."""
+    if _in_place(pool):
+        return pool_store.uncache(pool, table)
     labels = [None if b in table else label for b, label in enumerate(pool.labels)]
     duplicates = group_duplicates([b for b in pool.duplicates if labels[b] is not None], labels)
     return replace(pool, labels=tuple(labels), duplicates=duplicates)
@@ -154,6 +177,10 @@ def free_table(pool: BlockPool, table: tuple[int, ...], order: str,
     the free queue, or, with `unhashed_to_head` (vLLM 0.33
     `BlockPool.free_blocks`), those without a label join its head, in the
     order visited, and only the labelled ones its tail."""
+    if _in_place(pool):
+        freed = pool_store.free_table(pool, table, order, unhashed_to_head)
+        if freed is not None:
+            return freed
     refs = list(pool.ref_counts)
     to_head: list[int] = []
     to_tail: list[int] = []

@@ -23,6 +23,7 @@ from .config import Config
 from .kv_invariants import (holds_kv_blocks, kv1_no_reuse_under_transfer, kv2_loading_not_scheduled,
                             kv4_deferred_frees_drain, kv4_finished_holds_nothing, kv5_loaded_not_starved,
                             kv6_load_limit, may_hold_table, moves_a_load, transfers_in_flight)
+from .pool_store import label_list
 from .state import WAITING_STATUSES, Batch, BlockPool, Fate, State, Status, content_label
 
 
@@ -121,8 +122,8 @@ def blocks_held_by_running_and_enough(s: State, cfg: Config, r: int) -> bool:
         return False
     if (q.status is Status.RUNNING or holds_kv_blocks(q)) and len(q.block_table) < cdiv(q.num_computed, bs):
         return False
-    return all(pool.labels[b] is None or pool.labels[b] == content_label(s, r, i, bs)
-               for i, b in enumerate(q.block_table))
+    labels = label_list(pool)          # (a large pool's store: without building the tuple)
+    return all(labels[b] is None or labels[b] == content_label(s, r, i, bs) for i, b in enumerate(q.block_table))
 
 
 def pool_counts_and_free_queue_agree(s: State, cfg: Config) -> bool:

@@ -36,7 +36,7 @@ from .config import Config
 from .drafts import padded_admission, placeholder_drafts
 from .kv_fence import can_free_now, requires_kv_delivery
 from .profiles import num_preallocate_blocks
-from .state import Batch, BlockPool, Entry, Fate, Load, Request, State, Status, content_label, retire_entries
+from .state import Batch, BlockPool, Entry, Fate, Load, Request, State, Status, content_label, evolve, retire_entries
 
 
 @dataclass(frozen=True)
@@ -436,9 +436,9 @@ def _allocate(step: _Step, r: int, num_new: int, hit: tuple[int, ...], external:
     if cfg.prefix_caching and cache:
         drafts = max(0, total - req.num_tokens)
         num_full = (total - drafts) // cfg.block_size
-        labels = [content_label(state, r, i, cfg.block_size) for i in range(num_full)]
+        labels = [blocks.label_of(pool, b) is None and content_label(state, r, i, cfg.block_size) for i, b in enumerate(table[:num_full])]
         pool = blocks.cache_labels(pool, table, labels, cfg.cache_duplicate_blocks)
-    step.state = replace(state, pool=pool).with_request(r, block_table=table)
+    step.state = evolve(state, pool=pool).with_request(r, block_table=table)
     step.new_blocks = hit + fresh
     return True
 

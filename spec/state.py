@@ -27,6 +27,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Any
+
+from .request_store import replaced
 
 
 class Status(enum.Enum):
@@ -174,6 +177,21 @@ class BlockPool:
     def empty(num_blocks: int) -> "BlockPool":
         return BlockPool((0,) * num_blocks, (None,) * num_blocks, tuple(range(num_blocks)))
 
+    def __getattr__(self, name: str):
+        # A version of a pool store (pool_store.py: large pools, updated in
+        # place) gets its tuples when they are first read.
+        if name in _POOL_FIELDS and "_store" in self.__dict__:
+            from .pool_store import materialize
+            materialize(self)
+            return self.__dict__[name]
+        raise AttributeError(name)
+
+
+_POOL_FIELDS = ("ref_counts", "labels", "free_queue", "duplicates")
+# (so that a store's version, which has no tuples until read, reaches __getattr__;
+# the constructor keeps the default)
+del BlockPool.duplicates
+
 
 @dataclass(frozen=True)
 class State:
@@ -195,10 +213,13 @@ class State:
     arrivals: tuple[int, ...] = ()
 
     def with_request(self, r: int, **changes) -> "State":
-        if all(getattr(self.requests[r], name) == value for name, value in changes.items()):
+        old = self.requests[r]
+        if all(getattr(old, name) == value for name, value in changes.items()):
             return self                   # nothing changes (a decode's drafts stay 0, its table as it was)
-        request = replace(self.requests[r], **changes)
-        return replace(self, requests=self.requests[:r] + (request,) + self.requests[r + 1:])
+        # `dataclasses.replace`, without its per-field cost (neither class has __post_init__);
+        # a long requests tuple is updated in place (request_store.py)
+        request = evolve(old, **changes)
+        return evolve(self, requests=replaced(self.requests, r, request))
 
     def entries_of(self, r: int, fate: Fate | None = Fate.LIVE) -> list[Entry]:
         """r's entries in FIFO order (only those of `fate`, unless None)."""
@@ -232,6 +253,23 @@ class State:
         num_computed_tokens` (placeholders are 0 outside async scheduling)."""
         req = self.requests[r]
         return req.num_tokens_with_spec + req.placeholders - req.num_computed
+
+
+def evolve(value: Any, **changes: Any) -> Any:
+    """`dataclasses.replace` for the spec's frozen records (none has a
+    __post_init__), without its per-field cost; a state's cached properties
+    are not carried over."""
+    names = value.__dataclass_fields__
+    if not changes.keys() <= names.keys():
+        raise TypeError(f"unknown fields {sorted(changes.keys() - names.keys())}")
+    new = object.__new__(type(value))
+    fields = new.__dict__
+    fields.update(value.__dict__)
+    if len(fields) != len(names):              # a state's cached properties: not carried over
+        for name in [name for name in fields if name not in names]:
+            del fields[name]
+    fields.update(changes)
+    return new
 
 
 def name_of(state: State, r: int) -> int:

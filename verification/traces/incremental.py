@@ -72,6 +72,7 @@ from flightcheck.spec import (
     Schedule,
     State,
 )
+from flightcheck.spec import pool_store, request_store
 from flightcheck.spec.blocks import group_duplicates
 from flightcheck.spec.state import Batch
 from flightcheck.spec.transitions import (KV_REPORTS, FailKvLoad, s12_no_admission_after_preemption,
@@ -181,13 +182,18 @@ class Incremental:
             del self.slot[old_name]
             self.retired[old_name] = self.state.requests[r].status
         pool = self.state.pool
-        labels = list(pool.labels)
-        for block, label in self.output_labels.pop(r, {}).items():
-            if labels[block] == label:                 # not evicted by a pop since
+        # (the labels not evicted by a pop since; a large pool: in place, pool_store.py)
+        evicted = [block for block, label in self.output_labels.pop(r, {}).items()
+                   if pool_store.label_of(pool, block) == label]
+        if pool_store.usable(pool):
+            pool = pool_store.uncache(pool, tuple(evicted))
+        else:
+            labels = list(pool.labels)
+            for block in evicted:
                 labels[block] = None
-        # a copy evicted here leaves `duplicates` as a pop would (blocks.pop_fresh)
-        duplicates = group_duplicates([b for b in pool.duplicates if labels[b] is not None], labels)
-        pool = replace(pool, labels=tuple(labels), duplicates=duplicates)
+            # a copy evicted here leaves `duplicates` as a pop would (blocks.pop_fresh)
+            duplicates = group_duplicates([b for b in pool.duplicates if labels[b] is not None], labels)
+            pool = replace(pool, labels=tuple(labels), duplicates=duplicates)
         self.state = replace(self.state, pool=pool).with_request(r, **_fresh_request_fields())
 
     # -- checking -------------------------------------------------------------
@@ -215,6 +221,7 @@ class Incremental:
         raise TypeError(f"not an action: {action!r}")
 
     def _check_properties(self, before: State, after: State, action: Action) -> None:
+        request_store.settle(after)             # the checks below read many requests
         touched = self._touched(before, action, after)
         new_batch = after.in_flight[-1] if isinstance(action, Schedule) and self.scheduled.entries else None
         blocks = self._update_holders(before, after, touched)
@@ -281,6 +288,9 @@ class Incremental:
         pool = s.pool
         if pool is before.pool and not blocks:
             return True
+        changes = pool_store.changes_since(before.pool, pool)
+        if changes is not None:
+            return self._store_holds(pool, blocks, changes)
         if any(pool.ref_counts[b] != self.holders[b] for b in blocks):
             return False
         free = pool.free_queue
@@ -299,6 +309,19 @@ class Incremental:
         relabelled = blocks.union(*(s.requests[r].block_table for r in touched)) \
             if pool.labels is not before.pool.labels else set()
         return self._cached_copies_hold(before.pool, pool, relabelled)
+
+    def _store_holds(self, pool: BlockPool, blocks: set[int], changes: dict[int, dict]) -> bool:
+        """`_pool_holds` for a large pool's newest version (spec/pool_store.py),
+        from the blocks the event changed as the store recorded them: their
+        reference counts against their holders, their place in the free queue
+        (a store's queue has no repeats) and the caching clause on the labels
+        they had or have."""
+        store = pool.__dict__["_store"]
+        refs = store.refs
+        for b in blocks.union(changes[pool_store.REF], changes[pool_store.TICKET]):
+            if refs[b] != self.holders[b] or (refs[b] == 0) != pool_store.is_free(store, b):
+                return False
+        return pool_store.copies_hold(store, changes[pool_store.LABEL], self.cfg.cache_duplicate_blocks)
 
     def _cached_copies_hold(self, before: BlockPool, pool: BlockPool, relabelled: set[int]) -> bool:
         """S9's caching clause (spec cached_copies_as_profile_allows) on the labels the event
@@ -325,7 +348,7 @@ class Incremental:
     def _note_output_labels(self, s: State, touched: list[int]) -> None:
         """Remember which block caches each output label of a touched request
         (negative labels are output labels: content_label)."""
-        labels = s.pool.labels
+        labels = pool_store.label_list(s.pool)
         for r in touched:
             for b in s.requests[r].block_table:
                 label = labels[b]
