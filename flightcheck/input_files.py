@@ -114,3 +114,16 @@ def parse_json(text: str, where: str) -> Any:
         raise InputFileError(f"{where}: JSON nested too deeply to read") from None
     except ValueError as err:                  # int digits past sys.get_int_max_str_digits()
         raise InputFileError(f"{where}: JSON this reader cannot take ({str(err).split(';')[0]})") from None
+
+
+def json_lines(text: str, where: str) -> list[Any]:
+    """Each non-blank line of `text` as a JSON value; InputFileError naming
+    `where:LINE` (1-based, blank lines counted) at the first that is not."""
+    values = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        if line.strip():
+            try:
+                values.append(parse_json(line, f"{where}:{number}"))
+            except json.JSONDecodeError as err:
+                raise InputFileError(f"{where}:{number}: not JSON ({err.msg})") from None
+    return values

@@ -80,21 +80,14 @@ def _parse_prompts(text: str, path: str) -> object:
     """A JSON list (text starting with "["), else JSON Lines, blank lines skipped."""
     import json
 
-    from flightcheck.input_files import parse_json
+    from flightcheck.input_files import json_lines, parse_json
 
     if text.lstrip().startswith("["):
         try:
             return parse_json(text, f"prompts file {path}")
         except json.JSONDecodeError as err:
             raise PromptFileError(f"prompts file {path}:{err.lineno}: not JSON ({err.msg})") from None
-    items = []
-    for number, line in enumerate(text.split("\n"), start=1):
-        if line.strip():
-            try:
-                items.append(parse_json(line, f"prompts file {path}:{number}"))
-            except json.JSONDecodeError as err:
-                raise PromptFileError(f"prompts file {path}:{number}: not JSON ({err.msg})") from None
-    return items
+    return json_lines(text, f"prompts file {path}")
 
 
 def _prompt(item: object, i: int, path: str | Path, tokenizer: Tokenizer, default_max_tokens: int,

@@ -391,21 +391,14 @@ def read_workloads(path: str | Path, prepare: Callable[[Any], Any] | None = None
 
 def _parse_workloads(text: str, path: str) -> list[Any]:
     """One JSON value (a list: its items), else JSON Lines, each line named on error."""
-    from flightcheck.input_files import parse_json
+    from flightcheck.input_files import json_lines, parse_json
 
     try:
         parsed = parse_json(text, path)
         return parsed if isinstance(parsed, list) else [parsed]
     except json.JSONDecodeError:
         pass
-    raws = []
-    for number, line in enumerate(text.split("\n"), start=1):
-        if line.strip():
-            try:
-                raws.append(parse_json(line, f"{path}:{number}"))
-            except json.JSONDecodeError as err:
-                raise WorkloadError(f"{path}:{number}: not JSON ({err.msg})") from None
-    return raws
+    return json_lines(text, path)
 
 
 def sampled_token(workload: Workload, spec: RequestSpec, position: int) -> int:
