@@ -94,26 +94,33 @@ def _escape_unprintable_output() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _escape_unprintable_output()
-    command = _command_named(sys.argv[1:] if argv is None else argv)
-    interrupts.install(command, exit_after_s=interrupts.EXIT_AFTER_CTRL_C_S if AS_COMMAND else None)
-    with interrupts.watched_stdout():
-        try:
-            args = build_parser().parse_args(argv)
-            command = args.command
-            code = args.func(args)
-        except KeyboardInterrupt:             # Ctrl-C: one line, exit 130, no worker left behind
-            return _interrupted(command)
-        except ModuleNotFoundError as err:    # torch, safetensors or transformers: one line, exit 2
-            line = missing_dependency(err, command)
-            if line is None:
-                raise
-            return bad(line)
-        except Exception as err:              # noqa: BLE001 (re-raised unless explained below)
-            return _explained(err, command)
-        if interrupts.received():             # the interruption was swallowed on the way
-            return _interrupted(command)
-        problem = interrupts.flush_stdout()
-    return bad(problem) if problem else code
+    named = [_command_named(sys.argv[1:] if argv is None else argv)]    # the subcommand, once parsed
+    try:
+        with interrupts.watched_stdout():
+            interrupts.install(named[0], exit_after_s=interrupts.EXIT_AFTER_CTRL_C_S if AS_COMMAND else None)
+            code = _run_command(argv, named)
+            if interrupts.received():         # the interruption was swallowed on the way
+                return _interrupted(named[0])
+            problem = interrupts.flush_stdout()
+        return bad(problem) if problem else code
+    except KeyboardInterrupt:                 # Ctrl-C, at any moment: one line, exit 130, no worker left
+        return _interrupted(named[0])
+
+
+def _run_command(argv: list[str] | None, named: list[str]) -> int:
+    """Parse and run the subcommand; its exit code. `named[0]` becomes the
+    subcommand once it is parsed."""
+    try:
+        args = build_parser().parse_args(argv)
+        named[0] = args.command
+        return args.func(args)
+    except ModuleNotFoundError as err:        # torch, safetensors or transformers: one line, exit 2
+        line = missing_dependency(err, named[0])
+        if line is None:
+            raise
+        return bad(line)
+    except Exception as err:                  # noqa: BLE001 (re-raised unless explained below)
+        return _explained(err, named[0])
 
 
 def _explained(err: Exception, command: str) -> int:
@@ -136,6 +143,7 @@ def _command_named(argv: list[str]) -> str:
 
 def _interrupted(command: str) -> int:
     """Ctrl-C: the one line, exit 130."""
+    interrupts.answered()
     interrupts.kill_children()
     sys.stderr.write(interrupts.interrupted_line(command) + "\n")
     return interrupts.INTERRUPTED

@@ -70,8 +70,9 @@ def _in_main_thread(signum: int, frame: Any) -> None:
     global _received
     if os.getpid() != _settings["owner"]:
         os._exit(INTERRUPTED)
+    first = not _received
     _received = True
-    if _inside_finalizer(frame):          # it would be dropped here: deliver it again shortly
+    if _inside_finalizer(frame) and first:   # it would be dropped here: deliver it again shortly
         again = threading.Timer(0.05, os.kill, args=(os.getpid(), signal.SIGINT))
         again.daemon = True
         again.start()
@@ -106,12 +107,15 @@ def _watch(read_end: int) -> None:
             continue                      # a command handling Ctrl-C itself (check-trace --follow)
         first = not _received
         _received = True
-        kill_children()
-        _interrupt_z3()
-        if first and _settings["exit_after_s"] is not None:
+        if first and _settings["exit_after_s"] is not None:     # armed first: nothing below can stop it
             deadline = threading.Timer(_settings["exit_after_s"], _exit_now)
             deadline.daemon = True            # a command that ends in time ends as it would
             deadline.start()
+        try:
+            kill_children()
+            _interrupt_z3()
+        except Exception:                     # noqa: BLE001 (the deadline still ends the command)
+            pass
 
 
 def _interrupt_z3() -> None:
@@ -127,7 +131,10 @@ def _interrupt_z3() -> None:
 
 
 def _exit_now() -> None:
-    kill_children()
+    try:
+        kill_children()
+    except Exception:                         # noqa: BLE001 (exiting regardless)
+        pass
     os.write(2, (interrupted_line(_settings["command"]) + "\n").encode())
     os._exit(INTERRUPTED)
 
@@ -217,6 +224,14 @@ def sigint_blocked() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def answered() -> None:
+    """The command has answered the Ctrl-C (its line is written): further
+    ones, or one delivered again, must not end the teardown by SIGINT."""
+    as_the_command = _settings["exit_after_s"] is not None      # not a test calling main()
+    if as_the_command and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def interrupted_line(command: str) -> str:
