@@ -145,7 +145,7 @@ def _interrupted(command: str) -> int:
     """Ctrl-C: the one line, exit 130."""
     interrupts.answered()
     interrupts.kill_children()
-    sys.stderr.write(interrupts.interrupted_line(command) + "\n")
+    interrupts.say_interrupted(command)
     return interrupts.INTERRUPTED
 
 

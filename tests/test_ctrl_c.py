@@ -55,9 +55,11 @@ def interrupt(argv: list[str], after_s: float) -> tuple[int, str, list[str]]:
     try:
         _, err = proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
+        masks = [line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                 if line.startswith(("SigBlk", "SigIgn", "SigCgt"))]
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        pytest.fail(f"flightcheck {' '.join(argv)} still running 30 s after Ctrl-C")
+        pytest.fail(f"flightcheck {' '.join(argv)} still running 30 s after Ctrl-C ({masks})")
     time.sleep(2)
     return proc.returncode, err, group_members(proc.pid)
 

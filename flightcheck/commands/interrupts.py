@@ -42,6 +42,7 @@ STDOUT_LOST = 2
 _original_start: Callable[[Any], None] | None = None
 _received = False
 _watching = False
+_deadline: list[threading.Timer] = []         # the exit deadline, once a Ctrl-C armed it
 _settings: dict[str, Any] = {"command": "", "exit_after_s": None, "owner": 0}
 
 # A Ctrl-C can fail to end the command on its own: raised inside a finalizer,
@@ -70,9 +71,8 @@ def _in_main_thread(signum: int, frame: Any) -> None:
     global _received
     if os.getpid() != _settings["owner"]:
         os._exit(INTERRUPTED)
-    first = not _received
     _received = True
-    if _inside_finalizer(frame) and first:   # it would be dropped here: deliver it again shortly
+    if _inside_finalizer(frame):          # it would be dropped here: deliver it again shortly
         again = threading.Timer(0.05, os.kill, args=(os.getpid(), signal.SIGINT))
         again.daemon = True
         again.start()
@@ -105,12 +105,12 @@ def _watch(read_end: int) -> None:
             continue
         if signal.getsignal(signal.SIGINT) is not _in_main_thread:
             continue                      # a command handling Ctrl-C itself (check-trace --follow)
-        first = not _received
         _received = True
-        if first and _settings["exit_after_s"] is not None:     # armed first: nothing below can stop it
+        if not _deadline and _settings["exit_after_s"] is not None:   # armed first: nothing below stops it
             deadline = threading.Timer(_settings["exit_after_s"], _exit_now)
             deadline.daemon = True            # a command that ends in time ends as it would
             deadline.start()
+            _deadline.append(deadline)
         try:
             kill_children()
             _interrupt_z3()
@@ -135,7 +135,7 @@ def _exit_now() -> None:
         kill_children()
     except Exception:                         # noqa: BLE001 (exiting regardless)
         pass
-    os.write(2, (interrupted_line(_settings["command"]) + "\n").encode())
+    say_interrupted(_settings["command"])
     os._exit(INTERRUPTED)
 
 
@@ -232,6 +232,23 @@ def answered() -> None:
     as_the_command = _settings["exit_after_s"] is not None      # not a test calling main()
     if as_the_command and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+_said = threading.Lock()
+
+
+def say_interrupted(command: str) -> None:
+    """Write the Ctrl-C line to stderr, once per process whoever asks (the
+    command as it unwinds, or the deadline if the unwinding takes too long)."""
+    if _settings["exit_after_s"] is None:             # main() called by a program or a test
+        sys.stderr.write(interrupted_line(command) + "\n")
+        return
+    if _said.acquire(blocking=False):
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.write(2, (interrupted_line(command) + "\n").encode())
 
 
 def interrupted_line(command: str) -> str:
