@@ -24,6 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import scheduler_cost  # noqa: E402  (the cost benchmark's adapters for the reference)
+from long_traces import _CountingSink  # noqa: E402  (a sink that counts the lines through it)
 
 from flightcheck.reference import SchedulerConfig, TraceWriter  # noqa: E402
 from flightcheck.reference.trace import TracingScheduler  # noqa: E402
@@ -37,18 +38,6 @@ class WorkloadTrace:
     events: int            # lines written
     warm_up_events: int    # lines before the first timed batch's schedule event
     batches: int           # timed batches (each a schedule and a complete event)
-
-
-class _CountingSink:
-    def __init__(self, sink: TextIO) -> None:
-        self.sink, self.lines = sink, 0
-
-    def write(self, text: str) -> int:
-        self.lines += text.count("\n")
-        return self.sink.write(text)
-
-    def flush(self) -> None:
-        self.sink.flush()
 
 
 def write_workload_trace(case: str, batches: int, sink: TextIO) -> WorkloadTrace:

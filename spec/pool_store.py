@@ -238,18 +238,11 @@ def pop_fresh(pool: BlockPool, num_blocks: int) -> tuple[BlockPool, tuple[int, .
         if b is None:
             break
         taken.append(b)
-    refs, labels, copies = store.refs, store.labels, store.copies
+    refs = store.refs
     for b in taken:
         undo.append((REF, b, refs[b]))
         refs[b] = 1
-        label = labels[b]
-        if label is not None:                     # evicted
-            undo.append((COPIES, label, tuple(copies[label])))
-            copies[label].remove(b)
-            if not copies[label]:
-                del copies[label]
-            undo.append((LABEL, b, label))
-            labels[b] = None
+        _forget_label(store, b, undo)             # evicted, if it was cached
     return new_version(store, pool, undo), tuple(taken)
 
 
@@ -315,18 +308,25 @@ def first_copy(pool: BlockPool, label: int) -> int | None:
 def uncache(pool: BlockPool, table: tuple[int, ...]) -> BlockPool:
     """The blocks of `table` leave the prefix cache, held or free, where they are."""
     store = store_of(pool)
-    labels, copies, undo = store.labels, store.copies, []
+    undo: list[tuple] = []
     for b in dict.fromkeys(table):
-        label = labels[b]
-        if label is None:
-            continue
-        undo.append((COPIES, label, tuple(copies[label])))
-        copies[label].remove(b)
-        if not copies[label]:
-            del copies[label]
-        undo.append((LABEL, b, label))
-        labels[b] = None
+        _forget_label(store, b, undo)
     return new_version(store, pool, undo) if undo else pool
+
+
+def _forget_label(store: PoolStore, b: int, undo: list[tuple]) -> None:
+    """Block b leaves the prefix cache (its label and its place among the
+    label's copies), the old values recorded in `undo`; nothing if uncached."""
+    label = store.labels[b]
+    if label is None:
+        return
+    copies = store.copies
+    undo.append((COPIES, label, tuple(copies[label])))
+    copies[label].remove(b)
+    if not copies[label]:
+        del copies[label]
+    undo.append((LABEL, b, label))
+    store.labels[b] = None
 
 
 def copies_hold(store: PoolStore, blocks: dict[int, Any], keep_duplicates: bool) -> bool:
