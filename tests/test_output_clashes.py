@@ -77,16 +77,21 @@ def snapshot(scratch: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in scratch.iterdir() if p.is_file() and not p.is_symlink()}
 
 
+def scratch_with_input(scratch: Path, command: str) -> tuple[Path, Path]:
+    """A scratch folder (with a `sub` folder) holding `command`'s input file."""
+    (scratch / "sub").mkdir()
+    source = scratch / "input.txt"
+    source.write_text(trace_text() if command == "plot" else CONTENTS[command])
+    return scratch, source
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(command=st.sampled_from(sorted(COMMANDS)), kind=st.sampled_from(ALIASES), data=st.data())
 def test_an_output_on_an_input_is_refused_and_the_input_kept(capsys, command, kind, data):
     spec = COMMANDS[command]
     flag = data.draw(st.sampled_from(spec.outputs))
     with tempfile.TemporaryDirectory() as where:
-        scratch = Path(where)
-        (scratch / "sub").mkdir()
-        source = scratch / "input.txt"
-        source.write_text(trace_text() if command == "plot" else CONTENTS[command])
+        scratch, source = scratch_with_input(Path(where), command)
         capsys.readouterr()
         held: list[int] = []
         try:
@@ -110,10 +115,7 @@ def test_two_outputs_on_one_file_are_refused(capsys, command, kind):
     spec = COMMANDS[command]
     first, second = spec.outputs
     with tempfile.TemporaryDirectory() as where:
-        scratch = Path(where)
-        (scratch / "sub").mkdir()
-        source = scratch / "input.txt"
-        source.write_text(trace_text() if command == "plot" else CONTENTS[command])
+        scratch, source = scratch_with_input(Path(where), command)
         capsys.readouterr()
         out = scratch / "out.png"
         if kind == "hardlink":

@@ -120,17 +120,15 @@ def _gather(addresses: list[Any], workers: list[Any], messages: Any, as_json: bo
 def _signals_end_the_streams(stop: Any) -> Iterator[None]:
     """The first SIGINT or SIGTERM ends every stream with its verdict so far
     (`stop`); a second SIGINT is the command-wide Ctrl-C (interrupts.py: its
-    workers killed, one line, exit 130). Meanwhile the signal wake-up pipe
-    that interrupts.py watches (to kill the children at once) is off."""
+    workers killed, one line, exit 130). While this handler is set,
+    interrupts.py's watcher leaves the first one to it."""
     def first(signum: int, frame: object) -> None:
         if signum == signal.SIGINT and stop.is_set():  # again: hand it to interrupts.py, as a Ctrl-C
-            signal.set_wakeup_fd(wakeup, warn_on_full_buffer=False)
             signal.signal(signal.SIGINT, previous[signal.SIGINT])
             os.kill(os.getpid(), signal.SIGINT)
             return
         stop.set()
 
-    wakeup = signal.set_wakeup_fd(-1)
     previous = {s: signal.signal(s, first) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
@@ -138,7 +136,6 @@ def _signals_end_the_streams(stop: Any) -> Iterator[None]:
         stop.set()
         for s, handler in previous.items():
             signal.signal(s, handler)
-        signal.set_wakeup_fd(wakeup, warn_on_full_buffer=False)
 
 
 def _worker(address: Any, options: dict[str, Any], messages: Any, stop: Any) -> None:
