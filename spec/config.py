@@ -107,6 +107,10 @@ class Config:
     # The KV connector (docs/kv-connector.md); None: no connector, the spec
     # exactly as without one (every state count unchanged).
     kv_connector: KvConnector | None = None
+    # Streaming sessions (spec/sessions.py; vLLM's resumable requests, where
+    # the profile has them: `Profile.streaming_sessions`). Off: no request is
+    # resumable, the spec exactly as without them.
+    streaming_sessions: bool = False
 
     def __post_init__(self) -> None:
         self._resolve_profile()
@@ -128,6 +132,9 @@ class Config:
         if self.stale_mode not in ("deliver", "drop"):
             raise ValueError(f"stale_mode must be 'deliver' or 'drop', got {self.stale_mode!r}")
         self._check_admission_knobs()
+        if self.streaming_sessions and self.prefix_caching:
+            raise ValueError("streaming sessions are modelled without prefix caching (a turn's kept "
+                             "outputs become prompt blocks, which block labels do not follow)")
 
     def _check_admission_knobs(self) -> None:
         """vLLM's `SchedulerConfig` bounds: the budget holds a whole
