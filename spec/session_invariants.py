@@ -53,3 +53,30 @@ def ss3_waiting_session_holds_blocks(s: State, cfg: Config, r: int) -> bool:
 def ss4_waiting_session_keeps_seat(s: State, cfg: Config) -> bool:
     """SS4: the sessions waiting for input keep their seats: running requests plus sessions waiting for input never exceed max_num_seqs (`num_waiting_for_streaming_input` in the waiting loop's admission cap)."""
     return seats_taken(s) <= cfg.max_num_seqs
+
+
+# "Sometimes" targets (registered in sometimes.py): the states a session
+# model must reach, so that SS1-SS4 are not checked vacuously.
+def waits_with_old_output_in_flight(s: State, cfg: Config, r: int) -> bool:
+    """Session r waits for input while a batch of its last turn is still in flight."""
+    q = s.requests[r]
+    return q.status is Status.WAITING_FOR_STREAMING_REQ and any(e.turn < q.turn for e in s.entries_of(r, fate=None))
+
+
+def runs_beside_old_output(s: State, cfg: Config, r: int) -> bool:
+    """Session r runs its next turn while a batch of its previous turn is still in flight."""
+    q = s.requests[r]
+    return (q.status is Status.RUNNING and q.resumable
+            and any(e.turn < q.turn for e in s.entries_of(r, fate=None)) and bool(s.entries_of(r)))
+
+
+def seat_held_for_input(s: State, cfg: Config, r: int) -> bool:
+    """Session r, waiting for input, holds the seat a waiting request would take."""
+    return (s.requests[r].status is Status.WAITING_FOR_STREAMING_REQ and len(s.running) < cfg.max_num_seqs
+            <= seats_taken(s) and any(q.status is Status.WAITING and not q.resumable for q in s.requests))
+
+
+def finished_after_a_later_turn(s: State, cfg: Config, r: int) -> bool:
+    """Session r finished by a stop or its length in a turn after its first."""
+    q = s.requests[r]
+    return q.status in (Status.FINISHED_STOPPED, Status.FINISHED_LENGTH) and q.turn > 0

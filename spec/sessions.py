@@ -111,8 +111,7 @@ def _take_input(state: State, r: int, sent: tuple[int, int]) -> State:
     the turn's outputs start again from none under the update's max_tokens,
     and r waits to be scheduled (in the queue it already is in)."""
     q = state.requests[r]
-    kept = q.num_tokens - 1
-    assert kept >= q.num_computed, "vLLM asserts keep_end >= num_computed_tokens"
+    kept = q.num_tokens - 1         # vLLM asserts kept >= num_computed_tokens: SS3 states it
     new_tokens, max_tokens = sent
     return state.with_request(r, prompt_len=kept + new_tokens, num_output=0, max_tokens=max_tokens,
                               status=Status.WAITING)

@@ -34,7 +34,7 @@ def _session(prompt_len: int, max_tokens: int, *inputs: tuple[int, int]) -> Prom
     return Prompt(prompt_len, max_tokens, session=inputs + ((0, 0),))
 
 
-# One session of two turns (a prompt of 2 that stops after 1 output, then
+# One session of two turns (a prompt of 2 that stops by 2 outputs, then
 # 1 new token and 2 outputs) beside a plain request, K = 2, one seat: the
 # session's stop with batches in flight, its wait for input holding the
 # seat and its blocks, its next turn; aborts and stop tokens on.
@@ -42,7 +42,7 @@ SESSION_K2 = Model(
     "session-k2",
     Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=1, block_size=2, num_blocks=4,
            max_model_len=8, prefix_caching=False, profile="vllm-0.34", streaming_sessions=True),
-    (_session(2, 1, (1, 2)), Prompt(1, 1)),
+    (_session(2, 2, (1, 2)), Prompt(1, 1)),
     skip_targets=_SESSION_SKIPPED,
 )
 # Two seats and a pool of 3 blocks: the session's next turn competes with a
@@ -53,7 +53,8 @@ SESSION_PRESSURE_K2 = Model(
     Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=3,
            max_model_len=8, prefix_caching=False, profile="vllm-0.34", streaming_sessions=True),
     (_session(1, 1, (2, 1)), Prompt(2, 2)),
-    allow_abort=False, skip_targets=_SESSION_SKIPPED,
+    allow_abort=False, skip_targets=_SESSION_SKIPPED + ("session_holds_seat_for_input", "session_waits_with_old_output_in_flight",
+                                                        "session_runs_beside_old_output"),
 )
 # Spec decode (k = 1): a session's drafts at its stop (#42655).
 SESSION_DRAFTS_K2 = Model(
@@ -62,10 +63,27 @@ SESSION_DRAFTS_K2 = Model(
            max_model_len=8, num_spec_tokens=1, prefix_caching=False, profile="vllm-0.34",
            streaming_sessions=True),
     (_session(2, 2, (1, 1)),),
-    allow_abort=False, skip_targets=_SESSION_SKIPPED,
+    allow_abort=False, skip_targets=_SESSION_SKIPPED + ("session_holds_seat_for_input",),
 )
-_SESSION_MODELS = (SESSION_K2, SESSION_PRESSURE_K2)
+_SESSION_MODELS = (SESSION_K2, SESSION_PRESSURE_K2, SESSION_DRAFTS_K2)
 SESSION_PROFILE_MODELS: dict[str, tuple[Model, ...]] = {
     profile: tuple(_under(m, profile) for m in _SESSION_MODELS)
     for profile in ("vllm-0.33", "vllm-0.33-async", "vllm-0.34", "vllm-0.34-async")
 }
+
+_AT_PROFILE = {m.name.split("@")[0]: m for m in SESSION_PROFILE_MODELS[SESSION_PROFILE]}
+
+# The session mutants (verification/mutants/sessions.py) and the model each
+# is hunted on under SESSION_PROFILE.
+SESSION_MUTANT_MODELS: dict[str, Model] = {
+    "continuation_applied_while_running_pr52693": _AT_PROFILE["session-k2"],
+    "turn_output_not_dropped_pr52765": _AT_PROFILE["session-k2"],
+    "session_keeps_drafts_pr42655": _under(SESSION_DRAFTS_K2, SESSION_PROFILE),
+    "stop_keeps_optimistic_tokens_omni5183": _AT_PROFILE["session-k2"],
+    "waiting_session_seat_freed": _AT_PROFILE["session-k2"],
+}
+
+
+def session_mutant_model(name: str) -> Model:
+    """The model the session mutant `name` is hunted on, with it applied."""
+    return SESSION_MUTANT_MODELS[name].with_mutant(name)
