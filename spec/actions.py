@@ -290,7 +290,8 @@ def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate,
                                    placeholders=req.placeholders)
         if req.resumable:      # num_computed covers the kept tokens but the last (`_update_request_with_output`)
             trimmed = s.num_accepted - j if fate is Fate.LIVE else 0
-            return sessions.stop_session(state.with_request(r, num_computed=req.num_computed - trimmed), cfg, r, finish)
+            return sessions.stop_session(state.with_request(r, num_computed=req.num_computed - trimmed), cfg, r, finish,
+                                         end_by_stop)
         return end_by_stop(state, cfg, r, finish)
     if fate is Fate.LIVE and drafts_come_with_output(cfg):
         req = evolve(req, num_drafts=s.next_drafts)       # the drafts proposed for its next step

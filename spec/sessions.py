@@ -43,10 +43,15 @@ pause states.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from .blocks import cdiv
 from .config import Config
 from .state import Fate, Request, State, Status, retire_entries
+
+# How a request finishes (actions.finish_request, actions.end_by_stop),
+# passed in: the actions call into this module, not the other way.
+Finish = Callable[[State, Config, int, Status], State]
 
 # The end of a session, as an input: vLLM's `StreamingUpdate.from_request`
 # of a request that is not resumable (None in `streaming_queue`).
@@ -88,10 +93,11 @@ def is_send_enabled(state: State, cfg: Config, r: int) -> bool:
     return q.resumable and q.status.is_active and bool(q.inputs_to_send)
 
 
-def send_input(state: State, cfg: Config, r: int) -> State | None:
+def send_input(state: State, cfg: Config, r: int, finish: Finish) -> State | None:
     """vLLM `Scheduler.add_request` under r's live id: while r waits for
-    input the update applies at once (the end of the session finishes it);
-    otherwise it is queued (`streaming_queue`) for r's next stop."""
+    input the update applies at once (the end of the session finishes it,
+    `finish`: `finish_requests`); otherwise it is queued (`streaming_queue`)
+    for r's next stop."""
     if not is_send_enabled(state, cfg, r):
         return None
     q = state.requests[r]
@@ -100,8 +106,7 @@ def send_input(state: State, cfg: Config, r: int) -> State | None:
     if q.status is not Status.WAITING_FOR_STREAMING_REQ:
         return state.with_request(r, queued_inputs=q.queued_inputs + (sent,))
     if sent == END_OF_SESSION:
-        from .actions import finish_request
-        return finish_request(state, cfg, r, Status.FINISHED_ABORTED)
+        return finish(state, cfg, r, Status.FINISHED_ABORTED)
     return _take_input(state, r, sent)
 
 
@@ -117,12 +122,12 @@ def _take_input(state: State, r: int, sent: tuple[int, int]) -> State:
                               status=Status.WAITING)
 
 
-def stop_session(state: State, cfg: Config, r: int, stop: Status) -> State:
+def stop_session(state: State, cfg: Config, r: int, stop: Status, finish: Finish) -> State:
     """vLLM `_handle_stopped_request` and the re-enqueueing after it in
     `update_from_output`: r stopped (`stop`, FINISHED_STOPPED or _LENGTH, as
     `check_stop` set it). Its turn's in-flight work is given up (drop-mode
     stale output); an input already queued starts the next turn at once
-    (the end of the session finishes r with `stop`), else r waits for one.
+    (the end of the session finishes r with `stop`, `finish`), else r waits for one.
     Either way it leaves the queue it was in for the tail of `kv_holding`
     (it holds blocks) or `waiting` (`_enqueue_waiting_request`)."""
     q = state.requests[r]
@@ -131,8 +136,7 @@ def stop_session(state: State, cfg: Config, r: int, stop: Status) -> State:
                                drop_stale=True, num_stale=q.num_in_flight, placeholders=0,
                                turn=q.turn + 1)
     if q.queued_inputs and q.queued_inputs[0] == END_OF_SESSION:
-        from .actions import end_by_stop
-        return end_by_stop(state.with_request(r, queued_inputs=q.queued_inputs[1:]), cfg, r, stop)
+        return finish(state.with_request(r, queued_inputs=q.queued_inputs[1:]), cfg, r, stop)
     state = _requeue(state, r)
     if not q.queued_inputs:
         return state.with_request(r, status=Status.WAITING_FOR_STREAMING_REQ)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest
+from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest, finish_request
 from .config import Config
 from .connector_contract import Labels, contract_clauses
 from .kv_reports import fail_kv_load, receive_kv, send_kv
@@ -142,7 +142,7 @@ def step(state: State, cfg: Config, action: Action) -> State | None:
     if isinstance(action, SendKv):
         return send_kv(state, cfg, action.req)
     if isinstance(action, SendInput):
-        return send_input(state, cfg, action.req)
+        return send_input(state, cfg, action.req, finish_request)
     raise TypeError(f"not an action: {action!r}")
 
 
