@@ -6,8 +6,7 @@ for the vLLM (or vllm-omni) pull request or issue that reports it
 it; one synthetic, to show that SS4 carries weight.
 
 Every one is hunted under `vllm-0.34-async` on the model
-`session_models.SESSION_MUTANT_MODELS` names, by `flightcheck verify
---profile vllm-0.34-async --sessions` and tests/test_session_mutants.py.
+`session_models.SESSION_MUTANT_MODELS` names, by tests/test_spec_sessions.py.
 """
 
 from __future__ import annotations
