@@ -36,7 +36,7 @@ class WaitingLoop:
             return                            # streaming sessions between turns first (sessions.py)
         index = 0                             # requests before it were skipped
         while index < len(self.waiting) and batch.token_budget > 0:
-            if len(self.running) + self.num_waiting_for_streaming_input >= self.config.max_num_seqs:
+            if self._seats_taken() >= self.config.max_num_seqs:     # parked sessions keep theirs (sessions.py)
                 break
             request = self.waiting[index]
             if self._is_resumption_deferred(request) or request.status == RequestStatus.WAITING_FOR_STREAMING_REQ:

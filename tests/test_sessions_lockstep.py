@@ -94,3 +94,23 @@ def test_spec_and_reference_agree_on_random_sessions(profile: str, seed: int):
         if not s.in_flight and not any(q.status.is_active for q in s.requests):
             break
     assert not any(q.status.is_active for q in s.requests)
+
+
+@pytest.mark.parametrize("name", ["continuation_applied_while_running_pr52693", "turn_output_not_dropped_pr52765",
+                                  "stop_keeps_optimistic_tokens_omni5183", "waiting_session_seat_freed"])
+def test_each_reference_session_mutant_is_caught_in_lockstep(name: str):
+    """Each of the reference's session mutants (verification/mutants/reference.py
+    `SESSIONS`) makes the lockstep run fail (the views differ, or the
+    reference's own checks or assertions break) on one of the first seeds."""
+    from flightcheck.verification.mutants import reference_applied
+    from flightcheck.verification.mutants.reference import REFERENCE_MUTANTS
+
+    caught = []
+    with reference_applied(name):
+        for seed in range(25):
+            try:
+                test_spec_and_reference_agree_on_random_sessions(REFERENCE_MUTANTS[name].profile, seed)
+            except (AssertionError, ValueError):
+                caught.append(seed)
+                break
+    assert caught, f"{name} survived 25 lockstep runs"
