@@ -206,8 +206,8 @@ def _schedule_waiting(step: _Step) -> None:
     step.state = reorder_waiting(step.state, cfg)       # vLLM 0.34, opt-in (admission_order.py)
     running_entries = [e.req for e in step.entries]    # what the running loop scheduled
     i = 0                                   # requests before i were skipped: they keep their place
-    while i < len(queue := step.state.kv_holding + step.state.waiting) and step.budget > 0 and _has_free_seat(step):
-        r = queue[i]                        # (kv_holding: sessions holding blocks, sessions.py)
+    while i < len(queue := _waiting_order(step.state)) and step.budget > 0 and _has_free_seat(step):
+        r = queue[i]
         if _is_resumption_deferred(step.state, cfg, r) or sessions.waits_for_input(step.state, r):
             i += 1
             continue
@@ -224,6 +224,12 @@ def _schedule_waiting(step: _Step) -> None:
         if padded:                                      # its k placeholder drafts (drafts.py)
             step.state = step.state.with_request(r, num_drafts=cfg.num_spec_tokens)
         _admit(step, r, held + len(hit) * cfg.block_size, num_new)
+
+
+def _waiting_order(state: State) -> tuple[int, ...]:
+    """The waiting loop's order without a connector: `kv_holding` (streaming
+    sessions between turns that hold blocks, sessions.py) before `waiting`."""
+    return state.kv_holding + state.waiting if state.kv_holding else state.waiting
 
 
 def _schedule_waiting_with_connector(step: _Step) -> None:
@@ -370,7 +376,7 @@ def _num_new_waiting(step: _Step, r: int, hit: tuple[int, ...]) -> int:
 
 def _has_free_seat(step: _Step) -> bool:
     """Fewer than max_num_seqs requests running (and sessions waiting for input: sessions.py)."""
-    if sessions.seats_taken(step.state) >= step.cfg.max_num_seqs:
+    if step.cfg.streaming_sessions and sessions.seats_taken(step.state) >= step.cfg.max_num_seqs:
         return False
     return len(step.state.running) < step.cfg.max_num_seqs
 

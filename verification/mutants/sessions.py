@@ -62,7 +62,7 @@ SESSION_MUTANTS: tuple[Mutant, ...] = (
         "the waiting loop counts only `running` against max_num_seqs, not the sessions waiting for input "
         "(`num_waiting_for_streaming_input`): a request is admitted into the seat a parked session holds",
         _edit("schedule._has_free_seat", """
-              if sessions.seats_taken(step.state) >= step.cfg.max_num_seqs:
+              if step.cfg.streaming_sessions and sessions.seats_taken(step.state) >= step.cfg.max_num_seqs:
                   return False""", ""),
         killed_by="SS4_waiting_session_keeps_seat", shortest=5),
 )
