@@ -12,6 +12,8 @@ from flightcheck.vllm.features import FEATURE_MODULES, SHARE_RESOLUTION, feature
 from flightcheck.vllm.generate import campaign_workloads
 from flightcheck.vllm.workload import workload_from_json
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # names the campaign: both checkers compared
+
 
 def test_every_listed_module_defines_one_feature_with_a_sane_share() -> None:
     features = registered()
