@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # names the campaign: bo
 
 def test_every_listed_module_defines_one_feature_with_a_sane_share() -> None:
     features = registered()
-    assert len(features) == len(FEATURE_MODULES)
+    assert len(features) >= len(FEATURE_MODULES)
     assert len({f.name for f in features}) == len(features)
     for feature in features:
         assert 0 < feature.share <= 1 and feature.versions, feature.name
@@ -49,7 +49,7 @@ def test_each_feature_lands_in_about_its_share_and_only_where_its_release_has_it
 
 
 def test_every_generated_all_features_workload_is_a_valid_workload() -> None:
-    for workload in campaign_workloads(11, 60, features_of="0.34.0"):
+    for workload in campaign_workloads(11, 300, features_of="0.34.0") + campaign_workloads(5, 300, features_of="0.33.0"):
         workload_from_json(workload)
 
 

@@ -10,9 +10,10 @@ turns on each feature its release has in a seeded share of the workloads,
 independently, so one workload may mix several. Every choice is a function
 of (seed, index, release) alone, so a failure replays from its name.
 
-Each feature lives in its own module, which defines `FEATURE`; this module
-only lists them (`FEATURE_MODULES`), so the order in which features are
-applied, and with it every seed's workloads, is fixed by that list.
+Each feature lives in its own module, which defines `FEATURE` (or a few,
+`FEATURES`); this module only lists them (`FEATURE_MODULES`), so the order
+in which features are applied, and with it every seed's workloads, is fixed
+by that list.
 Standard library only.
 """
 
@@ -42,6 +43,7 @@ class Feature:
 # The modules that define a `FEATURE`, in the order features are applied
 # (a new feature goes at the end: the seeds' earlier choices stay as they were).
 FEATURE_MODULES: tuple[str, ...] = (
+    "flightcheck.vllm.family_features",        # reshape the plain workload: first
     "flightcheck.vllm.kv_generate",
 )
 
@@ -50,7 +52,11 @@ SHARE_RESOLUTION = 1000                        # a share is drawn as an integer 
 
 def registered() -> list[Feature]:
     """Every feature, in `FEATURE_MODULES` order."""
-    return [importlib.import_module(module).FEATURE for module in FEATURE_MODULES]
+    found: list[Feature] = []
+    for name in FEATURE_MODULES:
+        module = importlib.import_module(name)
+        found.extend(getattr(module, "FEATURES", None) or (module.FEATURE,))
+    return found
 
 
 def features_of(version: str) -> list[Feature]:
@@ -67,6 +73,11 @@ def with_features(pick: Picker, workload: dict[str, Any], version: str) -> list[
         if version in feature.versions and drawn <= round(feature.share * SHARE_RESOLUTION):
             feature.apply(pick, workload)
             chosen.append(feature.name)
+    config = workload["config"]
+    if config.get("enable_chunked_prefill") is False:
+        # vLLM's SchedulerConfig: without chunked prefill the budget holds a
+        # whole max_model_len, which a later feature may have raised
+        config["max_num_batched_tokens"] = max(config["max_num_batched_tokens"], config["max_model_len"])
     workload["features"] = chosen
     return chosen
 
