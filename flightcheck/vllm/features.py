@@ -64,9 +64,9 @@ def features_of(version: str) -> list[Feature]:
     return [f for f in registered() if version in f.versions]
 
 
-def with_features(pick: Picker, workload: dict[str, Any], version: str) -> list[str]:
+def with_features(pick: Picker, workload: dict[str, Any], version: str) -> dict[str, Any]:
     """Turn on, in `workload`, each feature `version` has, each with its
-    share; return the names turned on (also written as `features`)."""
+    share, and list their names as its `features`; return the workload."""
     chosen = []
     for feature in registered():
         drawn = pick.integer(1, SHARE_RESOLUTION)     # drawn for every feature: the draws stay aligned
@@ -79,7 +79,7 @@ def with_features(pick: Picker, workload: dict[str, Any], version: str) -> list[
         # whole max_model_len, which a later feature may have raised
         config["max_num_batched_tokens"] = max(config["max_num_batched_tokens"], config["max_model_len"])
     workload["features"] = chosen
-    return chosen
+    return workload
 
 
 def all_features_versions() -> tuple[str, ...]:
