@@ -52,8 +52,9 @@ def test_a_session_stops_with_its_old_turn_in_flight_waits_holding_blocks_and_se
     assert r0.block_table and stopped.kv_holding == (0,) and r0.num_computed == r0.num_tokens - 1
     assert r0.drop_stale and r0.num_stale == r0.num_in_flight > 0
     assert [e.fate for e in stopped.entries_of(0, fate=None)] == [Fate.SUPERSEDED]
-    # r1 waits: the parked session holds the one seat
-    assert step(stopped, cfg, Schedule()) is None or step(stopped, cfg, Schedule()).requests[1].status is Status.WAITING
+    # r1 waits: the parked session holds the one seat (the call queues an empty batch)
+    held = step(stopped, cfg, Schedule())
+    assert held is not None and held.in_flight[-1] == () and held.requests[1].status is Status.WAITING
     # the next input (1 token): every output but the last sampled one is kept as prompt
     resumed = _run(cfg, (session, Prompt(1, 1)), [Arrive(0, session), Arrive(1, Prompt(1, 1)), Schedule(), Schedule(),
                                                    Schedule(), CompleteOldest((Sample(stop_at=0),)), SendInput(0),
