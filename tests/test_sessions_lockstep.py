@@ -47,7 +47,7 @@ def _request(name: str, n: int, max_tokens: int, resumable: bool, first: int) ->
 
 
 @pytest.mark.parametrize("profile", ["vllm-0.34", "vllm-0.34-async", "vllm-0.33", "vllm-0.33-async"])
-@pytest.mark.parametrize("seed", range(25))
+@pytest.mark.parametrize("seed", range(12))
 def test_spec_and_reference_agree_on_random_sessions(profile: str, seed: int):
     rng = random.Random(seed)
     cfg = Config(num_stages=2, max_num_batched_tokens=6, max_num_seqs=2, block_size=2, num_blocks=12,

@@ -105,8 +105,8 @@ def test_each_session_mutant_is_killed_by_its_recorded_property_at_its_length(na
     result = search(session_mutant_model(name), check_liveness=False)
     kills = {v.property: len(v.path) for v in result.violations}
     assert kills.get(m.killed_by) == m.shortest, kills
-    # the correct spec keeps that property on the same model
-    assert search(SESSION_MUTANT_MODELS[name], check_liveness=False).ok
+    # (the correct spec keeps it on that model: each is one of SESSION_PROFILE_MODELS, proved above)
+    assert SESSION_MUTANT_MODELS[name] in SESSION_PROFILE_MODELS["vllm-0.34-async"]
 
 
 def test_each_issue_bug_is_a_mutant_named_for_its_number():
