@@ -99,7 +99,9 @@ class StreamingSessions:
             if new_blocks is None:
                 return False
             del self.kv_holding_waiting[index]
-            self._add_to_batch(batch, request, self._admit(request, computed, num_new_tokens, new_blocks))
+            # vLLM sends the next turn as new-request data: its whole table
+            table = list(self.kv_cache_manager.req_to_blocks.get(request.request_id, new_blocks))
+            self._add_to_batch(batch, request, self._admit(request, computed, num_new_tokens, table))
         return True
 
     def _handle_stopped(self, request: Request, was_running: bool) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,36 @@ def _spec_run(async_scheduling: bool) -> dict:
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_a_session_in_vllm_goes_as_the_spec_reads_it(version: str, async_scheduling: bool):
     assert _observe(version, async_scheduling) == _spec_run(async_scheduling)
+
+
+SESSION_WORKLOADS = sorted((Path(__file__).parent / "data" / "vllm" / "sessions").glob("*.json"))
+
+
+@pytest.fixture(scope="module")
+def running():
+    from .vllm_support import workers
+    yield from workers()
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("path", SESSION_WORKLOADS, ids=lambda p: p.stem)
+def test_session_workloads_replay_alike_on_vllm_and_the_reference(running, tmp_path, version: str,
+                                                                  async_scheduling: bool, path: Path):
+    """Replay workloads with streaming sessions (a request's `session` key:
+    inputs sent at engine steps, session_workload.py): vLLM's real scheduler
+    and the reference take the same decisions, and vLLM's ground truth flags
+    nothing."""
+    from flightcheck.vllm import ASYNC_RECORDER
+    from flightcheck.vllm.differential import decisions, read_trace, run_reference
+    from flightcheck.vllm.replay import findings
+
+    raw = json.loads(path.read_text())
+    raw = {**raw, "config": {**raw["config"], "async_scheduling": async_scheduling}}
+    trace = tmp_path / "trace.jsonl"
+    result = running[version].replay(raw, trace=str(trace), scheduler_cls=ASYNC_RECORDER if async_scheduling else None)
+    assert result["ending"] == "done" and not findings(result), result
+    profile = ("vllm-0.34" if version == "0.34.0" else "vllm-0.33") + ("-async" if async_scheduling else "")
+    reference = run_reference(raw, profile)
+    assert reference.ending == "done"
+    assert decisions(read_trace(trace)) == decisions(reference.events, block_offset=1)

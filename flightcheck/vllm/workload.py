@@ -98,6 +98,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .session_workload import SessionInput, SessionWorkloadError, session_from_json
 from .kv_workload import NO_KV, KVConnectorConfig, KVRequestSpec, KVWorkloadError, kv_connector_from_json, \
     kv_request_from_json
 from .workload_limits import MAX_COUNT, MAX_NUM_BLOCKS, MAX_PROMPT_LEN, MAX_REQUESTS, MAX_SEED, MAX_SPEC_TOKENS, \
@@ -153,6 +154,11 @@ class RequestSpec:
     abort_during_wait: bool = False
     # What the KV connector offers it and when its transfers end (kv_workload.py).
     kv: KVRequestSpec = NO_KV
+    # A streaming session (session_workload.py): the inputs its client sends,
+    # the end last; and whether vLLM gets it resumable (the session's first
+    # request and each input but the end).
+    session: tuple[SessionInput, ...] = ()
+    resumable: bool = False
 
     @property
     def key(self) -> str:
@@ -280,9 +286,11 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int], tokens_l
     abort = raw.get("abort_step")
     try:
         kv = kv_request_from_json(raw.get("kv"), f"{where}.kv")
-    except KVWorkloadError as err:
+        session = session_from_json(raw.get("session"), f"{where}.session", seed, req_id,
+                                    (FIRST_ORDINARY_TOKEN, VOCAB_SIZE))
+    except (KVWorkloadError, SessionWorkloadError) as err:
         raise WorkloadError(str(err)) from None
-    return RequestSpec(
+    return RequestSpec(session=session, resumable=bool(session),
         req_id=req_id if reuse is None else reuse, name="" if reuse is None else req_id,
         abort_via_aborts_queue=abort_via == "aborts_queue", abort_during_wait=abort_via == "wait",
         arrival_during_wait=arrival_via == "wait",
