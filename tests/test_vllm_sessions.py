@@ -117,3 +117,19 @@ def test_session_workloads_replay_alike_on_vllm_and_the_reference(running, tmp_p
     reference = run_reference(raw, profile)
     assert reference.ending == "done"
     assert decisions(read_trace(trace)) == decisions(reference.events, block_offset=1)
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+def test_finding_a_session_update_takes_vllm_past_max_model_len(running, tmp_path, version: str):
+    """Finding (docs/request-states.md, "Finding: a session grows past
+    max_model_len"): a session of 15 known tokens (max_model_len 16) takes an
+    update of 4 tokens; vLLM's `add_request` checks no length, and the next
+    turn is scheduled from token 14 to 18, past max_model_len (and past the
+    blocks one request may hold)."""
+    path = Path(__file__).parent / "data" / "vllm" / "sessions-findings" / "session-past-max-model-len.json"
+    raw = json.loads(path.read_text())
+    trace = tmp_path / "trace.jsonl"
+    running[version].replay(raw, trace=str(trace))
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    ends = [x["start"] + x["n"] for e in events if e["ev"] == "schedule" for x in e.get("entries", ())]
+    assert max(ends) == 18 > raw["config"]["max_model_len"]
