@@ -45,9 +45,17 @@ def with_sessions(pick: Picker, workload: dict[str, Any]) -> None:
         request.pop("abort_step", None)
         request.pop("abort_via", None)
         step, inputs = request.get("arrival_step", 0), []
+        # the session's most tokens stay below max_model_len (vLLM does not check them: a finding,
+        # docs/request-states.md); the prompt given by its token ids or its length
+        room = workload["config"]["max_model_len"] - 1 - len(request.get("prompt_token_ids", ())) \
+            - request.get("prompt_len", 0) - request.get("max_tokens", 16)
         for _ in range(pick.integer(1, 3)):
+            tokens, max_tokens = pick.integer(1, 8), pick.integer(1, 4)
+            if tokens + max_tokens > room:
+                break
+            room -= tokens + max_tokens
             step += pick.integer(1, 12)
-            inputs.append({"step": step, "tokens": pick.integer(1, 8), "max_tokens": pick.integer(1, 4)})
+            inputs.append({"step": step, "tokens": tokens, "max_tokens": max_tokens})
         request["session"] = {"inputs": inputs, "end_step": step + pick.integer(1, 10)}
 
 
