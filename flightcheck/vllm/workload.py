@@ -77,6 +77,11 @@
   "fail_from_block": int|null, "fail_whole": bool, "send_steps": n}`;
   kv_workload.py documents every key and the timing rule. Without
   `kv_connector`, vLLM runs without a connector and `kv` is refused.
+* A request's `session` (vLLM 0.33 and 0.34): a streaming session, the
+  request resumable, its later inputs sent at engine steps
+  (`{"inputs": [{"step", "tokens", "max_tokens"}], "end_step"}`);
+  session_workload.py documents it. The replay and the reference take the
+  same decisions on such workloads; check-trace does not read them yet.
 
 Every key is checked with its type and range before a token is drawn
 (WorkloadError, one line naming the key path: `requests[3].prompt_len: must
