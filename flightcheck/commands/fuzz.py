@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from typing import Any
 
@@ -188,12 +187,8 @@ def _run_seeds(args: argparse.Namespace) -> int:
     tasks = [executors.Task((seed,), fuzz_one, (args.kv_connector, args.steps, seed, args.mutant, args.profile),
                             f"seed {seed}") for seed in args.seeds]
     before, started = executors.counts(), time.perf_counter()
-
-    def finished(done: executors.Done) -> None:
-        print(executors.progress_line("flightcheck fuzz", done), file=sys.stderr, flush=True)
-
     try:
-        runs = executors.run_tasks(tasks, min(args.jobs, len(tasks)), finished)
+        runs = executors.run_tasks(tasks, min(args.jobs, len(tasks)), executors.progress_printer("flightcheck fuzz"))
     except (executors.ExecutorUnavailable, executors.TaskLost) as err:
         return bad(str(err))
     after = executors.counts()

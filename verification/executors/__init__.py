@@ -33,6 +33,7 @@ through every layer.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -124,16 +125,20 @@ def configure_from(args: argparse.Namespace) -> str | None:
 
 
 class Executor:
-    """Runs tasks; a context manager (closing it ends its workers). Subclasses
-    provide `_submit`, `_wait` (the finished handles, each with its outcome),
+    """Runs tasks; a context manager (closing it ends its workers; leaving it
+    on an exception cancels what is still pending). Subclasses provide
+    `_submit`, `_wait` (the finished handles, each with its outcome),
     `_recover` (after a loss) and `_cancel`."""
 
     name = ""
 
     def __enter__(self) -> "Executor":
+        self._live: dict[Any, Task] = getattr(self, "_live", {})
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if kind is not None and getattr(self, "_live", None):
+            self._cancel(list(self._live))
         self.close()
 
     def close(self) -> None:
@@ -149,27 +154,38 @@ class Executor:
         return [results[task.key] for task in sorted(tasks, key=lambda task: task.key)]
 
     def stream(self, tasks: Sequence[Task]) -> Iterator[Done]:
-        """Each task's result as it finishes (completion order)."""
+        """Each task's result as it finishes (completion order). The tasks
+        are submitted at once, when `stream` is called: a caller may do
+        other work before it reads the first result."""
         if len({task.key for task in tasks}) != len(tasks):
             raise ValueError("two tasks share a key")
-        started, finished = time.perf_counter(), 0
-        runs = {task.key: 1 for task in tasks}
+        if not hasattr(self, "_live"):
+            self._live = {}
         pending = {self._submit(task): task for task in tasks}
+        self._live.update(pending)
         _counts["tasks"] += len(tasks)
+        return self._collect(pending, len(tasks))
+
+    def _collect(self, pending: dict[Any, Task], total: int) -> Iterator[Done]:
+        started, finished = time.perf_counter(), 0
+        runs = {task.key: 1 for task in pending.values()}
         try:
             while pending:
                 lost = []
                 for handle, outcome, value in self._wait(list(pending)):
                     task = pending.pop(handle)
+                    self._live.pop(handle, None)
                     if outcome == "lost":
                         lost.append(task)
                         continue
                     if outcome == "error":
                         raise value
                     finished += 1
-                    yield Done(task, value, finished, len(tasks), time.perf_counter() - started)
+                    yield Done(task, value, finished, total, time.perf_counter() - started)
                 if lost:
-                    pending.update(self._run_again(lost, runs, pending))
+                    again = self._run_again(lost, runs, pending)
+                    pending.update(again)
+                    self._live.update(again)
         except BaseException:
             self._cancel(list(pending))
             raise
@@ -178,7 +194,7 @@ class Executor:
                    pending: dict[Any, Task]) -> dict[Any, Task]:
         """Resubmit the tasks lost with their worker (and those the recovery
         itself cut short); each counted as retried."""
-        lost = lost + self._recover(pending)
+        lost = lost + self._recover(pending)          # it empties `pending` where the pool went with it
         for task in lost:
             runs[task.key] += 1
             if runs[task.key] > RETRIES + 1:
@@ -227,6 +243,16 @@ def run_tasks(tasks: Sequence[Task], workers: int, on_done: Callable[[Done], Non
 
 
 def progress_line(command: str, done: Done) -> str:
-    """One line per finished task, for stderr."""
+    """A finished task, as a line for stderr."""
     return (f"{command} [{done.seconds:7.1f} s] {done.finished}/{done.total} done: "
             f"{done.task.label or done.task.key} ({_settings.kind})")
+
+
+def progress_printer(command: str, lines: int = 20) -> Callable[[Done], None]:
+    """An `on_done` that writes `progress_line`s to stderr: every task of a
+    small campaign, about `lines` of a large one (and always the last)."""
+    def tell(done: Done) -> None:
+        every = max(1, done.total // lines)
+        if done.finished % every == 0 or done.finished == done.total:
+            print(progress_line(command, done), file=sys.stderr, flush=True)
+    return tell

@@ -50,6 +50,8 @@ class LocalExecutor(Executor):
         """A broken pool fails every task it holds: a fresh pool, and those tasks to run again."""
         self._kill()
         dropped = list(pending.values())
+        for handle in pending:
+            self._live.pop(handle, None)
         pending.clear()
         return dropped
 
