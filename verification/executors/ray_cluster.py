@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import signal
+import socket
 from typing import Any
 
 from . import Executor, ExecutorUnavailable, Task, call
@@ -53,6 +54,8 @@ def connect(address: str | None) -> None:
     ray = _ray()
     if ray.is_initialized():
         return
+    if address is not None:
+        _answers(address)
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
@@ -66,6 +69,19 @@ def connect(address: str | None) -> None:
         for signum, handler in handlers.items():
             if handler is not None and signal.getsignal(signum) is not handler:
                 signal.signal(signum, handler)
+
+
+def _answers(address: str, timeout_s: float = 5.0) -> None:
+    """A `HOST:PORT` address that no server answers is one line at once
+    (Ray itself would retry for minutes); `auto` and `ray://` are left to Ray."""
+    host, colon, port = address.rpartition(":")
+    if not colon or "//" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise ExecutorUnavailable(f"--executor ray: no Ray cluster answers at {address}: "
+                                  f"{err.strerror or err}") from None
 
 
 class RayExecutor(Executor):
