@@ -15,7 +15,7 @@ import multiprocessing
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from . import Executor, Task, call
+from .executor import Executor, Task, call
 
 
 class LocalExecutor(Executor):

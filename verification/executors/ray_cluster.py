@@ -26,7 +26,7 @@ import signal
 import socket
 from typing import Any
 
-from . import Executor, ExecutorUnavailable, Task, call
+from .executor import Executor, ExecutorUnavailable, Task, call
 
 # Ray's wait in slices, so the main thread gets back to Python (and sees a
 # Ctrl-C) at least this often.
