@@ -57,6 +57,9 @@ def connect(address: str | None) -> None:
     if address is not None:
         _answers(address)
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    # Ray's start-up notices (token authentication on, say) would land among
+    # the command's progress lines: docs/cluster.md says what they would.
+    logging.getLogger("ray").setLevel(logging.ERROR)
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
