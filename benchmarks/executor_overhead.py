@@ -55,8 +55,8 @@ def start_ray(cpus: int) -> float:
     if ray.is_initialized():
         ray.shutdown()
     started = time.perf_counter()
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-             object_store_memory=100 * 1024 * 1024)
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
+             logging_level=logging.ERROR, object_store_memory=100 * 1024 * 1024)
     return time.perf_counter() - started
 
 

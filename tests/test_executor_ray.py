@@ -32,8 +32,8 @@ TOKEN_AUTH = {**os.environ, "RAY_AUTH_MODE": "token"}
 def ray_address() -> str:
     """A Ray instance for the session (two CPUs); its address."""
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-                 object_store_memory=100 * 1024 * 1024)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.ERROR, object_store_memory=100 * 1024 * 1024)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
@@ -168,3 +168,14 @@ def test_two_ray_nodes_on_this_machine_run_the_seeds_as_one_run_does(tmp_path):
         for node in reversed(nodes):
             os.killpg(node.pid, signal.SIGTERM)
             node.wait(timeout=60)
+        forget_cluster(port)
+
+
+def forget_cluster(port: int) -> None:
+    """Remove the address `ray start --head` leaves for later drivers, where
+    it is this test's head's (a later `ray.init()` would wait on it)."""
+    from pathlib import Path
+
+    left = Path("/tmp/ray/ray_current_cluster")
+    if left.exists() and left.read_text().strip().endswith(f":{port}"):
+        left.unlink()

@@ -47,7 +47,7 @@ def _ray() -> Any:
 
 
 def connect(address: str | None) -> None:
-    """Join the cluster at `address`, or start a Ray instance here (None); a
+    """Join the cluster at `address`, or start a new Ray instance here (None); a
     no-op when this process is connected already. Ray's own processes start
     with SIGINT blocked (a terminal's Ctrl-C is the command's to answer), and
     the command's signal handlers are kept."""
@@ -62,7 +62,9 @@ def connect(address: str | None) -> None:
     logging.getLogger("ray").setLevel(logging.ERROR)
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+        # "local": a new instance even where `ray start` left a cluster's
+        # address behind (Ray would join it, or wait minutes for a dead one)
+        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False,
                  logging_level=logging.ERROR, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise ExecutorUnavailable(f"--executor ray: no Ray cluster at {address or 'a local instance'}: "
