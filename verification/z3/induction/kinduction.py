@@ -28,7 +28,10 @@ action whole, each transition property, then the other actions conjunct by
 conjunct), the union of their drops leaves, and a round that drops nothing
 ends it; its transition-property rows, proved with what was alive assumed,
 are the result's. When the conjunction is inductive as given (the
-strengthening invariants), that is a single round.
+strengthening invariants), that is a single round. The processes are the
+command's executor's (verification/executors: `jobs` local processes, or
+Ray workers with `--executor ray`), each keeping its step(k) for the next
+round's tasks.
 
 step(k)'s solvers and queries, and the micro-step chains, are built in
 step.py; this module runs the proof on them.
