@@ -19,6 +19,8 @@ from flightcheck.cli import main
 from flightcheck.verification import executors
 from flightcheck.verification.executors import Task, probes
 
+from .test_ctrl_c import wait_until_sigint_is_caught
+
 FLIGHTCHECK = [sys.executable, "-m", "flightcheck.cli"]
 
 
@@ -125,7 +127,8 @@ def test_the_core_never_imports_ray():
 def test_ctrl_c_during_local_tasks_is_one_line_exit_130_and_no_worker_left():
     proc = subprocess.Popen([*FLIGHTCHECK, "fuzz", "--seeds", "0-3", "--steps", "100000000", "--jobs", "2"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    time.sleep(6)                                            # the pool's workers are running their seeds
+    wait_until_sigint_is_caught(proc.pid)
+    time.sleep(4)                                            # the pool's workers are running their seeds
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     time.sleep(2)
