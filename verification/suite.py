@@ -296,9 +296,8 @@ def run_suite(options: SuiteOptions = SuiteOptions(), progress: Progress | None 
         result = _kv_connector_suite(options, say)
     else:
         result = _profile_suite(options, say)
-    after = executors.counts()
-    result.executor = executors.configured()
-    result.tasks, result.retried = after["tasks"] - before["tasks"], after["retried"] - before["retried"]
+    ran = executors.ran_since(before)
+    result.executor, result.tasks, result.retried = ran["executor"], ran["tasks"], ran["retried"]
     return result
 
 

@@ -191,9 +191,7 @@ def _run_seeds(args: argparse.Namespace) -> int:
         runs = executors.run_tasks(tasks, min(args.jobs, len(tasks)), executors.progress_printer("flightcheck fuzz"))
     except (executors.ExecutorUnavailable, executors.TaskLost) as err:
         return bad(str(err))
-    after = executors.counts()
-    report = {"executor": executors.configured(), "tasks": after["tasks"] - before["tasks"],
-              "retried": after["retried"] - before["retried"], "kv_connector": args.kv_connector,
+    report = {**executors.ran_since(before), "kv_connector": args.kv_connector,
               "mutant": args.mutant, "steps": args.steps, "seeds": args.seeds,
               "failed": [run["seed"] for run in runs if run["failed"]],
               "seconds": round(time.perf_counter() - started, 3), "runs": runs}

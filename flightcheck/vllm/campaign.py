@@ -71,6 +71,7 @@ from . import ASYNC_RECORDER
 from .differential import (Comparison, ReferenceRun, compare, decisions, first_difference, profile_for,
                            read_trace, run_reference)
 from .generate import FAMILIES, campaign_workloads
+from .features import all_features_versions
 from .kv_workload import has_kv_connector
 from .replay import Interpreter, ReplayError, ReplayWorker, findings, probe_interpreter, use_interpreter
 from .versions import UnknownRelease, kv_connector_versions, release
@@ -393,6 +394,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                              "in vLLM 0.33.0/0.34.0's real scheduler, each version sync and async (only async "
                              "with --async); the differential is reported as not run until the reference has "
                              "a connector")
+    parser.add_argument("--all-features", action="store_true",
+                        help="every feature the bridge models (features.py: the KV connector, and each "
+                             "request state added since), each in a seeded share of the workloads, for the "
+                             "features each version has; each version sync and async (only async with --async); "
+                             "default versions: every release with a feature")
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--jobs", type=int_in(1, 64), default=1,
                         help="processes for the local executor, each with its own replay worker (default 1)")
@@ -417,8 +423,9 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
         if args.family not in (None, "kv-connector"):
             error("--kv-connector runs the kv-connector family: no other --family")
         args.family = "kv-connector"
-    versions = (args.versions or (",".join(kv_connector_versions()) if args.kv_connector
-                                  else "0.8.5,0.8.4")).split(",")
+    if args.all_features and (args.family or args.kv_connector):
+        error("--all-features already turns on every feature: no --family or --kv-connector beside it")
+    versions = (args.versions or _default_versions(args)).split(",")
     interpreter: Interpreter | None = None
     try:
         if args.vllm_python:
@@ -438,8 +445,11 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
     mid_step_inputs = args.mid_step_inputs
     if mid_step_inputs is None:
         mid_step_inputs = all(row.engine_loop == "0.34" for row in rows)
-    workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens, args.family,
-                                   mid_step_inputs=mid_step_inputs)
+
+    def workloads(version: str) -> list[dict[str, Any]]:
+        return campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens, args.family,
+                                  mid_step_inputs=mid_step_inputs,
+                                  features_of=release(version).version if args.all_features else None)
     before = executors.counts()
     try:
         with use_interpreter(interpreter) if interpreter else nullcontext():
@@ -447,11 +457,9 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
     except (ReplayError, executors.ExecutorUnavailable, executors.TaskLost) as err:
         print(err, file=sys.stderr)
         return 2
-    ran = {key: count - before[key] for key, count in executors.counts().items()}
     if args.json:
         try:                   # whole or not at all (output_files.write_whole)
-            write_text(args.json, json.dumps({"seed": args.seed, "executor": executors.configured(),
-                                              "tasks": ran["tasks"], "retried": ran["retried"],
+            write_text(args.json, json.dumps({"seed": args.seed, **executors.ran_since(before),
                                               "reports": [r.to_json() for r in reports]}, indent=1))
         except OSError as err:
             print(f"flightcheck: error: --json {args.json}: {err.strerror or err}; the report was not written "
@@ -460,36 +468,43 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
     return 1 if any(r.unexplained for r in reports) else 0
 
 
-def _run_versions(args: argparse.Namespace, versions: list[str], workloads: list[dict[str, Any]],
+def _default_versions(args: argparse.Namespace) -> str:
+    if args.all_features:
+        return ",".join(all_features_versions())
+    return ",".join(kv_connector_versions()) if args.kv_connector else "0.8.5,0.8.4"
+
+
+def _run_versions(args: argparse.Namespace, versions: list[str],
+                  workloads: Callable[[str], list[dict[str, Any]]],
                   interpreter: Interpreter | None) -> list[VersionReport]:
     """Every version and mode's campaign: one task per workload on the
     executor (verification/executors), then one per version and mode
     flagging the mutants; each report folded in workload order."""
-    # --kv-connector: each version sync and async (only async with --async)
-    modes = [False, True] if getattr(args, "kv_connector", False) and not args.async_scheduling \
-        else [args.async_scheduling]
-    runs = [(version, mode) for version in versions for mode in modes]
+    # --kv-connector, --all-features: each version sync and async (only async with --async)
+    both = getattr(args, "kv_connector", False) or getattr(args, "all_features", False)
+    modes = [False, True] if both and not args.async_scheduling else [args.async_scheduling]
+    runs = [(version, mode, workloads(version)) for version in versions for mode in modes]
     python = interpreter.python if interpreter is not None else None
     tasks = [executors.Task((run, index), replay_task,
                             (ReplayJob(version, mode, index, with_async_scheduling(raw) if mode else raw, args.seed,
                                        args.keep_disagreements, python),),
                             f"vLLM {version}{' async' if mode else ''} workload {index}")
-             for run, (version, mode) in enumerate(runs) for index, raw in enumerate(workloads)]
+             for run, (version, mode, loads) in enumerate(runs) for index, raw in enumerate(loads)]
     jobs = getattr(args, "jobs", 1)
-    replayed = executors.run_tasks(tasks, jobs, executors.progress_printer("flightcheck vllm campaign"))
-    reports = []
-    for run, (version, mode) in enumerate(runs):
+    replayed = iter(executors.run_tasks(tasks, jobs, executors.progress_printer("flightcheck vllm campaign")))
+    reports, compared = [], []
+    for version, mode, loads in runs:                    # the results come by (run, workload)
         report = VersionReport(version, async_scheduling=mode)
-        for each in replayed[run * len(workloads):(run + 1) * len(workloads)]:
+        mine = [next(replayed) for _ in loads]
+        for each in mine:
             tally_workload(report, each, args.seed, lambda line: print(line, flush=True))
             report.seconds += each.seconds
         reports.append(report)
+        compared.append([each.compared for each in mine if each.compared is not None])
     if not args.no_mutants:
-        flags = executors.run_tasks(
-            [executors.Task((run,), flag_task, (profile_for(version, mode), [
-                each.compared for each in replayed[run * len(workloads):(run + 1) * len(workloads)]
-                if each.compared is not None]), f"mutants of vLLM {version}{' async' if mode else ''}")
-             for run, (version, mode) in enumerate(runs)], jobs)
+        flags = executors.run_tasks([executors.Task((run,), flag_task, (profile_for(version, mode), compared[run]),
+                                                    f"mutants of vLLM {version}{' async' if mode else ''}")
+                                     for run, (version, mode, _) in enumerate(runs)], jobs)
         for report, (flagged, seconds) in zip(reports, flags):
             report.mutants_flagged, report.seconds = flagged, report.seconds + seconds
     for report in reports:

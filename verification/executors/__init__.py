@@ -43,7 +43,8 @@ from .executor import COUNTS, RETRIES, Done, Executor, ExecutorUnavailable, Task
 
 EXECUTORS = ("local", "ray")
 __all__ = ["EXECUTORS", "RETRIES", "Done", "Executor", "ExecutorUnavailable", "Task", "TaskLost", "add_options",
-           "configure", "configure_from", "configured", "counts", "open_executor", "progress_printer", "run_tasks"]
+           "configure", "configure_from", "configured", "counts", "open_executor", "progress_printer", "ran_since",
+           "run_tasks"]
 
 
 @dataclass
@@ -70,6 +71,14 @@ def configured() -> str:
 def counts() -> dict[str, int]:
     """Tasks run and tasks run again after being lost, since this process began."""
     return dict(COUNTS)
+
+
+def ran_since(before: dict[str, int]) -> dict[str, object]:
+    """What a command's JSON says of its tasks: the executor, and the tasks
+    run and run again since `counts()` gave `before`."""
+    now = counts()
+    return {"executor": _settings.kind, "tasks": now["tasks"] - before["tasks"],
+            "retried": now["retried"] - before["retried"]}
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
