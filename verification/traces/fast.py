@@ -1,0 +1,364 @@
+"""The fast path of the incremental checker: the steady state of decoding
+checked on a mutable mirror of the spec's state, at a cost per entry close
+to the scheduler's own, and everything else handed back to the spec.
+
+What it handles: `schedule` events whose batch the spec forms in its running
+loop alone (nothing waiting, no allocation failure, so no preemption and no
+admission) and `complete` events in which no request finishes, under a
+profile without a KV connector, drafts, asynchronous scheduling, vLLM
+0.8.4's engine gate, stale-output counters, preallocation or the step fence
+(`_static_domain`), on a trace that numbers no engine steps. Every other
+event (arrivals, finishes, aborts, preemptions, admissions, anything the
+trace gets wrong) is handed over: the mirror becomes a spec `State` again
+(`_leave`) and the incremental checker (incremental.py) runs the event, so
+its verdict, message and state before it are the spec's own.
+
+The mirror (`_Mirror`) holds what the handled events change, per running
+request: num_computed, num_output, the block table (a list) and how many of
+the table's leading blocks are known to be cached; the batches in flight as
+tuples; and the pool, which it advances with the spec's own operations
+(blocks.pop_fresh, blocks.cache_labels: in place on a large pool, pool_store.py).
+Every other field of the state is the `State` the mirror was entered from,
+unchanged by the handled events (the queues, every record but those three
+counters, the slots).
+
+Why its acceptance is the spec's:
+
+* **Decisions.** A `schedule` event is accepted only if the trace's batch is
+  the one spec/schedule.py's `schedule` forms from the mirrored state: the
+  running loop's clip (threshold, budget, room below max_model_len) per
+  running request in order, an allocation of exactly the blocks
+  `_allocate` takes (none preallocated), the same block caching (the full
+  blocks not yet cached, in table order: `cache_labels` skips the cached
+  ones itself, and a block of a running table cannot lose its label, since
+  only a pop of a free block evicts one), no preemption, and an empty
+  waiting loop (nothing waits). The trace's block ids are matched with the
+  same `_match_blocks`. A `complete` event is accepted only if every
+  sampling entry returned exactly one token (no drafts), none stops and
+  none reaches a length cap, and no partial chunk returned tokens: then
+  `complete_oldest` appends one output to each sampling entry's request and
+  changes nothing else.
+* **Properties.** The events accepted are spec transitions from a state the
+  checks before it accepted; within this domain each invariant's touched
+  parts follow from the transition itself (counters advance by the entry, a
+  request keeps one sampling entry last, the pool's counts are the tables'
+  as pop_fresh sets them, no request changes status, nothing finishes, L2 and
+  L3 read a non-empty FIFO of live entries), which is what the spec's
+  model-checked inductiveness says; the transition properties (S4, S12, S13)
+  hold of transitions that change no snapshot, status or fate.
+* **The incremental checker's own records** are kept as it keeps them: the
+  holders of each block (a popped block gains its table), and the output
+  labels each slot cached (`output_labels`, noted as they are cached).
+
+tests/test_check_trace_fast.py and tests/conftest.py compare this checker
+with the incremental one (and through it the full replay) on every trace the
+suite checks, on generated traces and on damaged ones: the same verdict,
+property, event, message and state before it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from flightcheck.spec import State, Status
+from flightcheck.spec import blocks
+from flightcheck.spec.schedule import _threshold_in_force
+from flightcheck.spec.state import Entry, Fate, evolve
+
+from .replay import _Violation
+
+BLOCK_IDS_UNCHECKED = "block identity (schedule entries carry no block_ids)"
+STOPS_UNCHECKED = "stop tokens (no eos_token_id or stop_token_ids in the trace)"
+# keys of a schedule or complete event that the fast path leaves to the spec
+_NOTES = ("empty_batch", "empty_batches_before", "engine_step", "kv_loads", "dropped", "next_drafts")
+
+
+class _Mirror:
+    """The mutable copy of the state the handled events change (module docstring)."""
+
+    __slots__ = ("base", "comp", "out", "table", "cached", "in_flight", "pool", "num_slots")
+
+    def __init__(self, base: State, in_flight: deque) -> None:
+        self.base = base
+        requests = base.requests
+        self.comp = {r: requests[r].num_computed for r in base.running}
+        self.out = {r: requests[r].num_output for r in base.running}
+        self.table = {r: list(requests[r].block_table) for r in base.running}
+        self.cached = {r: _cached_prefix(base.pool, requests[r].block_table) for r in base.running}
+        self.in_flight = in_flight
+        self.pool = base.pool
+        self.num_slots = len(requests)
+
+
+def _cached_prefix(pool: Any, table: Any, start: int = 0) -> int:
+    """How many of `table`'s leading blocks carry a label (from `start`, known cached)."""
+    i = start
+    while i < len(table) and blocks.label_of(pool, table[i]) is not None:
+        i += 1
+    return i
+
+
+class FastPath:
+    """A mixin before incremental.py's checker (check.IncrementalChecker):
+    `feed` takes the fast path where it can, else hands the event to the
+    spec. `state` reads the spec state (leaving the mirror) wherever the
+    checker or its caller reads it; `last_before` is the state before the
+    event the spec path last took (what a violation is reported with)."""
+
+    _mirror: _Mirror | None = None
+    fast_events = 0                         # events the fast path took (for the tests and benchmarks)
+
+    @property  # type: ignore[override]
+    def state(self) -> State:
+        if self._mirror is not None:
+            self._leave()
+        return self._state
+
+    @state.setter
+    def state(self, value: State) -> None:
+        self._mirror = None
+        self._state = value
+
+    def feed(self, event: dict[str, Any]) -> None:
+        kind = event["ev"]
+        if kind in ("schedule", "complete") and self._fast_allowed(event) and self._enter():
+            taken = self._fast_schedule(event) if kind == "schedule" else self._fast_complete(event)
+            if taken:
+                self.fast_events += 1
+                return
+        self.last_before = self.state
+        super().feed(event)  # type: ignore[misc]
+
+    def in_flight_slots(self) -> list[int]:
+        """The requests of every batch in flight, without leaving the mirror."""
+        if self._mirror is not None:
+            return [entry[0] for batch in self._mirror.in_flight for entry in batch]
+        return [e.req for batch in self._state.in_flight for e in batch]
+
+    def num_live(self) -> int:
+        """Requests waiting or running, without leaving the mirror."""
+        state = self._mirror.base if self._mirror is not None else self._state
+        return len(state.waiting) + len(state.running)
+
+    # -- entering and leaving -------------------------------------------------
+
+    def _fast_allowed(self, event: dict[str, Any]) -> bool:
+        """The checker's own conditions for skipping replay.py's `feed` prelude:
+        nothing pending that the prelude checks, no note it reads."""
+        if not getattr(self, "_static_ok", None):
+            self._static_ok = _static_domain(self.cfg)  # type: ignore[attr-defined]
+            if not self._static_ok:
+                return False
+        if self.ended or self.finished_now or self.just_aborted is not None:  # type: ignore[attr-defined]
+            return False
+        if self.numbers_engine_steps is not False:  # type: ignore[attr-defined]
+            return False                           # replay.py's prelude decides (engine_steps.py)
+        return not any(key in event for key in _NOTES)
+
+    def _enter(self) -> bool:
+        """Mirror the spec state, if it is in the fast path's domain."""
+        if self._mirror is not None:
+            return True
+        s = self._state
+        if s.waiting or s.kv_holding or s.deferred_frees or s.scheduled_ids:
+            return False
+        in_flight: deque = deque()
+        for batch in s.in_flight:
+            if not batch:
+                return False
+            mirrored = []
+            for e in batch:
+                if e.fate is not Fate.LIVE or e.drafts or e.name is not None or e.external or e.blocks:
+                    return False
+                mirrored.append((e.req, e.start, e.n, e.samples))
+            in_flight.append(mirrored)
+        requests = s.requests
+        for r in s.running:
+            q = requests[r]
+            if q.status is not Status.RUNNING or q.num_drafts or q.placeholders or q.decode_countdown:
+                return False
+        self._mirror = _Mirror(s, in_flight)
+        return True
+
+    def _leave(self) -> None:
+        """The mirror as a spec State again (the checker reads the spec's from here on)."""
+        m, self._mirror = self._mirror, None
+        assert m is not None
+        requests = list(m.base.requests)
+        for r in m.base.running:
+            q = requests[r]
+            table = m.table[r]
+            if q.num_computed != m.comp[r] or q.num_output != m.out[r] or len(q.block_table) != len(table):
+                kept = q.block_table if len(q.block_table) == len(table) else tuple(table)
+                requests[r] = evolve(q, num_computed=m.comp[r], num_output=m.out[r], block_table=kept)
+        in_flight = tuple(tuple(Entry(r, start, n, samples, 0) for r, start, n, samples in batch)
+                          for batch in m.in_flight)
+        self._state = evolve(m.base, requests=tuple(requests), in_flight=in_flight, pool=m.pool)
+
+    # -- schedule ---------------------------------------------------------------
+
+    def _fast_schedule(self, event: dict[str, Any]) -> bool:
+        """A schedule event the spec's running loop alone forms; False: hand it over."""
+        m, cfg = self._mirror, self.cfg  # type: ignore[attr-defined]
+        assert m is not None
+        entries = event["entries"]
+        if event.get("preempted") or not entries or len(m.in_flight) >= cfg.queue_depth:
+            return False
+        planned = self._plan_running(m, len(entries))
+        if planned is None:
+            return False
+        plan, pool = planned
+        names = self.names  # type: ignore[attr-defined]
+        if len(plan) != len(entries):
+            return False
+        for (r, start, n, samples, _, _), x in zip(plan, entries):
+            got_samples = x.get("samples")
+            if (x["req"] != names[r] or x["start"] != start or x["n"] != n or x.get("cached", 0) != 0
+                    or x.get("drafts", 0) != 0 or x.get("external", 0) != 0
+                    or (got_samples is not None and bool(got_samples) != samples)):
+                return False
+        if not self._blocks_match(plan, entries):
+            return False
+        self._commit_schedule(m, plan, pool, event)
+        return True
+
+    def _plan_running(self, m: _Mirror, most: int) -> tuple[list, Any] | None:
+        """The running loop on the mirror: (entry plan, pool after it), or None
+        where the spec would do more (an allocation that fails: a preemption)
+        or the batch is longer than the trace's."""
+        cfg = self.cfg  # type: ignore[attr-defined]
+        bs, budget, pool = cfg.block_size, cfg.max_num_batched_tokens, m.pool
+        threshold = _threshold_in_force(m.base, cfg)
+        room_cap = cfg.max_model_len - cfg.rules.sampled_token_slot
+        requests, comp, out, tables = m.base.requests, m.comp, m.out, m.table
+        plan: list = []
+        for r in m.base.running:
+            if budget <= 0:
+                break
+            q = requests[r]
+            c = comp[r]
+            known = q.prompt_len + out[r]
+            num_new = known - c
+            if 0 < threshold < num_new:
+                num_new = threshold
+            num_new = max(0, min(num_new, budget, room_cap - c))
+            if num_new == 0:
+                continue
+            if len(plan) == most:
+                return None
+            total = c + num_new
+            table = tables[r]
+            num_fresh = max(0, -(-total // bs) - len(table))
+            fresh: tuple[int, ...] = ()
+            if num_fresh:
+                if num_fresh > blocks.num_free(pool):
+                    return None
+                pool, fresh = blocks.pop_fresh(pool, num_fresh)
+            tried: list = []
+            if cfg.prefix_caching:
+                pool = self._cache_full_blocks(m, r, q, table, fresh, total // bs, pool, tried)
+            plan.append((r, c, num_new, total >= known, fresh, tried))
+            budget -= num_new
+        return plan, pool
+
+    def _cache_full_blocks(self, m: _Mirror, r: int, q: Any, table: list, fresh: tuple, num_full: int,
+                           pool: Any, tried: list) -> Any:
+        """`_allocate`'s caching of the full blocks, on those not known cached
+        (`tried` gets the (block, label) pairs it offered)."""
+        start = m.cached[r]
+        if start >= num_full:
+            return pool
+        whole = table + list(fresh) if fresh else table
+        bs, n_slots, plen = self.cfg.block_size, m.num_slots, q.prompt_len  # type: ignore[attr-defined]
+        for i in range(start, num_full):
+            b = whole[i]
+            if blocks.label_of(pool, b) is None:
+                tried.append((b, q.prompt_labels[i] if (i + 1) * bs <= plen else -(1 + r + n_slots * i)))
+        if tried:
+            pool = blocks.cache_labels(pool, tuple(b for b, _ in tried), [label for _, label in tried],
+                                       self.cfg.cache_duplicate_blocks)  # type: ignore[attr-defined]
+        return pool
+
+    def _blocks_match(self, plan: list, entries: list[dict[str, Any]]) -> bool:
+        """replay.py's `_check_block_ids` on the planned blocks; False where it would fail."""
+        if any("block_ids" not in x for x in entries):
+            self.unchecked.add(BLOCK_IDS_UNCHECKED)  # type: ignore[attr-defined]
+            return True
+        try:
+            for (_, _, _, _, fresh, _), x in zip(plan, entries):
+                self._match_blocks(x["req"], list(x["block_ids"]), fresh)  # type: ignore[attr-defined]
+        except _Violation:
+            return False
+        return True
+
+    def _commit_schedule(self, m: _Mirror, plan: list, pool: Any, event: dict[str, Any]) -> None:
+        """The batch is the spec's: advance the mirror and the checker's records."""
+        holders, output_labels = self.holders, self.output_labels  # type: ignore[attr-defined]
+        batch = []
+        for r, start, n, samples, fresh, tried in plan:
+            m.comp[r] = start + n
+            table = m.table[r]
+            if fresh:
+                table.extend(fresh)
+                holders.update(fresh)
+            if tried:
+                m.cached[r] = _cached_prefix(pool, table, m.cached[r])
+                for b, label in tried:                  # the output labels it cached (incremental.py)
+                    if label < 0 and blocks.label_of(pool, b) == label:
+                        output_labels.setdefault(r, {})[b] = label
+            batch.append((r, start, n, samples))
+        m.pool = pool
+        m.in_flight.append(batch)
+        self.batch_ids.append(event.get("batch"))  # type: ignore[attr-defined]
+
+    # -- complete ---------------------------------------------------------------
+
+    def _fast_complete(self, event: dict[str, Any]) -> bool:
+        """A completion in which no request finishes; False: hand it over."""
+        m, cfg = self._mirror, self.cfg  # type: ignore[attr-defined]
+        assert m is not None
+        if not m.in_flight:
+            return False
+        oldest = self.batch_ids[0]  # type: ignore[attr-defined]
+        if event.get("batch") is not None and oldest is not None and event["batch"] != oldest:
+            return False
+        tokens = event.get("tokens", {})
+        names, stops, requests = self.names, self.stops, m.base.requests  # type: ignore[attr-defined]
+        upcoming = getattr(self, "upcoming_finish", {})
+        max_len = cfg.max_model_len
+        applied = []
+        for r, _, _, samples in m.in_flight[0]:
+            name = names[r]
+            returned = tokens.get(name)
+            if not samples:
+                if returned:
+                    return False                    # a partial chunk's tokens: the spec says which property
+                continue
+            if not returned or len(returned) != 1:
+                return False
+            stop_ids, known = stops[r]
+            if not known:
+                self.unchecked.add(STOPS_UNCHECKED)  # type: ignore[attr-defined]
+                if upcoming.get(name) == "stop":
+                    return False
+            elif returned[0] in stop_ids:
+                return False
+            q, out = requests[r], m.out[r] + 1
+            if q.prompt_len + out >= max_len or out >= q.max_tokens:
+                return False                        # a length cap: it finishes
+            applied.append(r)
+        for r in applied:
+            m.out[r] += 1
+        m.in_flight.popleft()
+        self.batch_ids.pop(0)  # type: ignore[attr-defined]
+        return True
+
+
+def _static_domain(cfg: Any) -> bool:
+    """Whether the profile and configuration are in the fast path's domain."""
+    rules = cfg.rules
+    return (cfg.kv_connector is None and cfg.num_spec_tokens == 0 and cfg.continue_prefill
+            and not rules.stale_output_counters and not rules.output_placeholders and not cfg.stagger
+            and cfg.num_preallocate_tokens == 0 and not cfg.fences_freed_blocks and not rules.empty_batches
+            and not (rules.cache_aware_admission and cfg.prefix_caching and cfg.cache_aware_admission_window))
