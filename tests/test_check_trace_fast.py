@@ -10,6 +10,7 @@ default it is."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import random
@@ -99,59 +100,134 @@ def test_fast_path_takes_the_steady_decode_state_and_agrees():
     assert fast_events_taken(events) >= len(events) - warm_up      # every timed event on the fast path
 
 
-def damaged_at_fast_event(events: list[dict], rng: random.Random) -> tuple[list[dict], int]:
-    """A copy with one damage at a schedule or complete event past the middle
-    (where the fast path would take it): its index."""
-    events = [json.loads(json.dumps(e)) for e in events]
-    candidates = [i for i, e in enumerate(events) if i > len(events) // 2 and e["ev"] in ("schedule", "complete")
-                  and (e.get("entries") or e.get("tokens"))]
-    for _ in range(200):
-        index = rng.choice(candidates)
-        event = events[index]
-        if event["ev"] == "schedule":
-            entries = event["entries"]
-            entry = rng.choice(entries)
-            damage = rng.choice(["start", "n", "drop", "blocks", "samples", "preempt", "swap"])
-            if damage == "start":
-                entry["start"] += rng.choice([-1, 1])
-            elif damage == "n":
-                entry["n"] += 1
-            elif damage == "drop":
-                entries.remove(entry)
-            elif damage == "blocks" and entry.get("block_ids"):
-                entry["block_ids"][-1] = entry["block_ids"][-1] + 100_000
-            elif damage == "samples":
-                entry["samples"] = not entry.get("samples", True)
-            elif damage == "preempt":
-                event["preempted"] = [entry["req"]]
-            elif damage == "swap" and len(entries) > 1:
-                entries.reverse()
-            else:
-                continue
-            return events, index
+def fast_indices(events: list[dict]) -> list[int]:
+    """The events the fast path takes on `events` (legal up to them)."""
+    checker, taken = FastChecker(events), []
+    check_module._annotate_finishes(events)
+    for index, event in enumerate(events[1:], start=1):
+        checker.upcoming_finish = event.get("_finishes", {})
+        before = checker.fast_events
+        checker.feed(event)
+        if checker.fast_events > before:
+            taken.append(index)
+    return taken
+
+
+SCHEDULE_DAMAGES = ("start_up", "start_down", "n", "drop", "extra", "blocks", "samples", "preempt", "swap")
+COMPLETE_DAMAGES = ("stop", "two_tokens", "no_token", "batch", "stray_token")
+
+
+def damage(event: dict, kind: str, rng: random.Random) -> bool:
+    """Apply `kind` to a schedule or complete event; False where it does not apply."""
+    if event["ev"] == "schedule" and kind in SCHEDULE_DAMAGES:
+        entries = event["entries"]
+        entry = rng.choice(entries)
+        if kind in ("start_up", "start_down"):
+            entry["start"] += 1 if kind == "start_up" else -1
+        elif kind == "n":
+            entry["n"] += 1
+        elif kind == "drop":
+            entries.remove(entry)
+        elif kind == "extra":
+            entries.append(dict(entry, req=entry["req"] + "x"))
+        elif kind == "blocks":
+            entry["block_ids"] = list(entry.get("block_ids", [])) + [100_000]
+        elif kind == "samples":
+            entry["samples"] = not entry.get("samples", True)
+        elif kind == "preempt":
+            event["preempted"] = [entry["req"]]
+        elif kind == "swap" and len(entries) > 1:
+            entries.reverse()
+        else:
+            return False
+        return True
+    if event["ev"] == "complete" and kind in COMPLETE_DAMAGES and event.get("tokens"):
         tokens = event["tokens"]
         name = rng.choice(sorted(tokens))
-        damage = rng.choice(["stop", "extra", "none", "batch"])
-        if damage == "stop":
+        if kind == "stop":
             tokens[name] = [EOS]
-        elif damage == "extra":
+        elif kind == "two_tokens":
             tokens[name] = tokens[name] + [1001]
-        elif damage == "none":
+        elif kind == "no_token":
             del tokens[name]
-        elif event.get("batch") is not None:
+        elif kind == "batch" and event.get("batch") is not None:
             event["batch"] += 1
+        elif kind == "stray_token":
+            tokens[name + "x"] = [1001]
         else:
-            continue
-        return events, index
-    raise AssertionError("no damage applied")
+            return False
+        return True
+    return False
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), block_size=st.sampled_from([1, 4, 16]), caching=st.booleans())
-def test_fast_path_agrees_on_traces_damaged_where_it_runs(seed, block_size, caching):
-    events = long_events(6, 400, seed=seed % 50, prefix_caching=caching, block_size=block_size,
-                         repeated_prompts=0.3, pool_share=0.6)
-    bad, index = damaged_at_fast_event(events, random.Random(seed))
-    verdict = assert_fast_agrees(bad)
+def damaged_where_fast(events: list[dict], kind: str, rng: random.Random) -> tuple[list[dict], int]:
+    """A copy with one damage of `kind` at an event the fast path takes on
+    the undamaged trace, past the first quarter: the copy and its index."""
+    taken = [i for i in fast_indices(events) if i > len(events) // 4]
+    assert taken, "the fast path took no event"
+    for _ in range(200):
+        index = rng.choice(taken)
+        copy = [json.loads(json.dumps(e)) for e in events]
+        if damage(copy[index], kind, rng):
+            return copy, index
+    raise AssertionError(f"no {kind} damage applied")
+
+
+@functools.lru_cache(maxsize=8)
+def base_trace(seed: int, block_size: int, caching: bool) -> tuple[dict, ...]:
+    return tuple(long_events(10, 300, seed=seed, prefix_caching=caching, block_size=block_size,
+                             repeated_prompts=0.3, pool_share=0.6))
+
+
+def assert_damage_caught_alike(events: list[dict], index: int) -> tuple:
+    verdict = assert_fast_agrees(events)
     if verdict[0] is False:
         assert verdict[2] >= index              # nothing before the damage is rejected
+    return verdict
+
+
+@pytest.mark.parametrize("kind", SCHEDULE_DAMAGES + COMPLETE_DAMAGES)
+def test_fast_path_reports_a_damage_where_it_runs_as_the_spec_does(kind):
+    events = list(base_trace(1, 4, True))
+    bad, index = damaged_where_fast(events, kind, random.Random(kind))
+    verdict = assert_damage_caught_alike(bad, index)
+    if kind not in ("stray_token", "start_down"):
+        # caught at the damaged event (a stop token: at the next, which is not its finish)
+        assert verdict[:1] == (False,) and verdict[2] == index + (kind == "stop")
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 3), block_size=st.sampled_from([4, 16]), caching=st.booleans(),
+       kind=st.sampled_from(SCHEDULE_DAMAGES + COMPLETE_DAMAGES), where=st.integers(0, 2**32))
+def test_fast_path_agrees_on_traces_damaged_where_it_runs(seed, block_size, caching, kind, where):
+    events = list(base_trace(seed, block_size, caching))
+    bad, index = damaged_where_fast(events, kind, random.Random(where))
+    assert_damage_caught_alike(bad, index)
+
+
+def assert_same_records(fast: FastChecker, slow, where: int) -> None:
+    """The spec state the fast checker hands over, and the incremental
+    checker's own records, are the incremental checker's."""
+    a, b = slow.state, fast.state
+    assert tuple(a.requests) == tuple(b.requests), where
+    assert (a.waiting, a.running, a.in_flight, a.scheduled_ids) == (b.waiting, b.running, b.in_flight,
+                                                                    b.scheduled_ids), where
+    for name in ("ref_counts", "labels", "free_queue", "duplicates"):
+        assert getattr(a.pool, name) == getattr(b.pool, name), (where, name)
+    assert +slow.holders == +fast.holders, where
+    assert slow.output_labels == fast.output_labels, where
+    assert (slow.block_map, slow.batch_ids, slow.unchecked) == (fast.block_map, fast.batch_ids, fast.unchecked)
+
+
+@pytest.mark.parametrize("every", [1, 7])
+def test_fast_path_hands_over_the_incremental_checkers_state_and_records(every):
+    events = long_events(12, 600, seed=5, block_size=4, repeated_prompts=0.3, pool_share=0.6)
+    fast, slow = FastChecker(events), check_module.IncrementalChecker(events)
+    check_module._annotate_finishes(events)
+    for index, event in enumerate(events[1:], start=1):
+        fast.upcoming_finish = slow.upcoming_finish = event.get("_finishes", {})
+        slow.feed(event)
+        fast.feed(event)
+        if index % every == 0 or index == len(events) - 1:     # a hand-over, then the mirror again
+            assert_same_records(fast, slow, index)
+    assert fast.fast_events > 50 and any(fast.output_labels.values())
