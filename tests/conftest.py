@@ -88,7 +88,7 @@ def _with_state_before(events: list, profile: str | None, fast: bool) -> tuple:
 
 
 def differential_check_events(events: list, profile: str | None = None, full: bool = False,
-                              progress=None) -> _check.CheckResult:
+                              progress=None, fast: bool = False) -> _check.CheckResult:
     """check_events, after asserting that the incremental checker and the full
     replay agree on these events (under the same profile), that the fast
     path (fast.py) gives the incremental checker's outcome, state before a
@@ -101,7 +101,7 @@ def differential_check_events(events: list, profile: str | None = None, full: bo
     streamed = streamed_outcome(events, profile)
     assert streamed is None or streamed_agrees(*streamed, _comparable(incremental)), \
         f"streaming checker {streamed} != whole-trace checker {_comparable(incremental)}"
-    return _original_check_events(events, profile, full=full, progress=progress)
+    return _original_check_events(events, profile, full=full, progress=progress, fast=fast)
 
 
 def streamed_outcome(events: list, profile: str | None) -> tuple[tuple, int | None] | None:

@@ -23,7 +23,11 @@ from flightcheck.verification.traces import check as check_module
 from flightcheck.verification.traces.check import FastChecker, MalformedTrace, read_events
 from flightcheck.verification.traces.stream import check_lines
 
+from .conftest import _original_check_events
 from .fixtures import load_benchmark
+
+# checks traces (its own comparisons call the checker's function directly)
+pytestmark = pytest.mark.usefixtures("both_checkers")
 
 write_long_trace = load_benchmark("long_traces").write_long_trace
 EOS = load_benchmark("long_traces").EOS
@@ -41,7 +45,7 @@ def long_events(concurrency: int, num_events: int, seed: int, profile: str = "vl
 
 def whole_outcome(events: list[dict], fast: bool) -> tuple:
     try:
-        r = check_module.check_events([dict(e) for e in events], fast=fast)
+        r = _original_check_events([dict(e) for e in events], fast=fast)
     except MalformedTrace as err:
         return ("malformed", str(err))
     return (r.ok, r.events, r.event_index, r.property, r.message, tuple(r.unchecked), r.line, r.event,

@@ -75,17 +75,21 @@ _NOTES = ("empty_batch", "empty_batches_before", "engine_step", "kv_loads", "dro
 
 
 class _Mirror:
-    """The mutable copy of the state the handled events change (module docstring)."""
+    """The mutable copy of the state the handled events change (module
+    docstring): per running request its known tokens (prompt and outputs),
+    num_computed, table, cached prefix and length cap."""
 
-    __slots__ = ("base", "comp", "out", "table", "cached", "in_flight", "pool", "num_slots")
+    __slots__ = ("base", "known", "comp", "table", "cached", "cap", "in_flight", "pool", "num_slots")
 
-    def __init__(self, base: State, in_flight: deque) -> None:
+    def __init__(self, base: State, in_flight: deque, max_model_len: int) -> None:
         self.base = base
         requests = base.requests
+        self.known = {r: requests[r].num_tokens for r in base.running}
         self.comp = {r: requests[r].num_computed for r in base.running}
-        self.out = {r: requests[r].num_output for r in base.running}
         self.table = {r: list(requests[r].block_table) for r in base.running}
         self.cached = {r: _cached_prefix(base.pool, requests[r].block_table) for r in base.running}
+        # known tokens at which a request finishes by length (0.8.x's check_stop)
+        self.cap = {r: min(max_model_len, requests[r].prompt_len + requests[r].max_tokens) for r in base.running}
         self.in_flight = in_flight
         self.pool = base.pool
         self.num_slots = len(requests)
@@ -178,7 +182,7 @@ class FastPath:
             q = requests[r]
             if q.status is not Status.RUNNING or q.num_drafts or q.placeholders or q.decode_countdown:
                 return False
-        self._mirror = _Mirror(s, in_flight)
+        self._mirror = _Mirror(s, in_flight, self.cfg.max_model_len)  # type: ignore[attr-defined]
         return True
 
     def _leave(self) -> None:
@@ -188,10 +192,10 @@ class FastPath:
         requests = list(m.base.requests)
         for r in m.base.running:
             q = requests[r]
-            table = m.table[r]
-            if q.num_computed != m.comp[r] or q.num_output != m.out[r] or len(q.block_table) != len(table):
+            table, out = m.table[r], m.known[r] - q.prompt_len
+            if q.num_computed != m.comp[r] or q.num_output != out or len(q.block_table) != len(table):
                 kept = q.block_table if len(q.block_table) == len(table) else tuple(table)
-                requests[r] = evolve(q, num_computed=m.comp[r], num_output=m.out[r], block_table=kept)
+                requests[r] = evolve(q, num_computed=m.comp[r], num_output=out, block_table=kept)
         in_flight = tuple(tuple(Entry(r, start, n, samples, 0) for r, start, n, samples in batch)
                           for batch in m.in_flight)
         self._state = evolve(m.base, requests=tuple(requests), in_flight=in_flight, pool=m.pool)
@@ -231,14 +235,15 @@ class FastPath:
         bs, budget, pool = cfg.block_size, cfg.max_num_batched_tokens, m.pool
         threshold = _threshold_in_force(m.base, cfg)
         room_cap = cfg.max_model_len - cfg.rules.sampled_token_slot
-        requests, comp, out, tables = m.base.requests, m.comp, m.out, m.table
+        caching = cfg.prefix_caching
+        known_of, comp, tables, cached = m.known, m.comp, m.table, m.cached
         plan: list = []
         for r in m.base.running:
             if budget <= 0:
                 break
-            q = requests[r]
-            c = comp[r]
-            known = q.prompt_len + out[r]
+            c, known = comp[r], known_of[r]
+            if c >= known:
+                continue                        # its sampled token is in flight
             num_new = known - c
             if 0 < threshold < num_new:
                 num_new = threshold
@@ -249,26 +254,24 @@ class FastPath:
                 return None
             total = c + num_new
             table = tables[r]
-            num_fresh = max(0, -(-total // bs) - len(table))
             fresh: tuple[int, ...] = ()
-            if num_fresh:
+            if total > len(table) * bs:
+                num_fresh = -(-total // bs) - len(table)
                 if num_fresh > blocks.num_free(pool):
                     return None
                 pool, fresh = blocks.pop_fresh(pool, num_fresh)
             tried: list = []
-            if cfg.prefix_caching:
-                pool = self._cache_full_blocks(m, r, q, table, fresh, total // bs, pool, tried)
+            if caching and cached[r] < total // bs:
+                pool = self._cache_full_blocks(m, r, table, fresh, total // bs, pool, tried)
             plan.append((r, c, num_new, total >= known, fresh, tried))
             budget -= num_new
         return plan, pool
 
-    def _cache_full_blocks(self, m: _Mirror, r: int, q: Any, table: list, fresh: tuple, num_full: int,
+    def _cache_full_blocks(self, m: _Mirror, r: int, table: list, fresh: tuple, num_full: int,
                            pool: Any, tried: list) -> Any:
         """`_allocate`'s caching of the full blocks, on those not known cached
         (`tried` gets the (block, label) pairs it offered)."""
-        start = m.cached[r]
-        if start >= num_full:
-            return pool
+        start, q = m.cached[r], m.base.requests[r]
         whole = table + list(fresh) if fresh else table
         bs, n_slots, plen = self.cfg.block_size, m.num_slots, q.prompt_len  # type: ignore[attr-defined]
         for i in range(start, num_full):
@@ -287,7 +290,10 @@ class FastPath:
             return True
         try:
             for (_, _, _, _, fresh, _), x in zip(plan, entries):
-                self._match_blocks(x["req"], list(x["block_ids"]), fresh)  # type: ignore[attr-defined]
+                if fresh:
+                    self._match_blocks(x["req"], list(x["block_ids"]), fresh)  # type: ignore[attr-defined]
+                elif x["block_ids"]:
+                    return False                # more blocks than the spec's: its message says so
         except _Violation:
             return False
         return True
@@ -316,7 +322,7 @@ class FastPath:
 
     def _fast_complete(self, event: dict[str, Any]) -> bool:
         """A completion in which no request finishes; False: hand it over."""
-        m, cfg = self._mirror, self.cfg  # type: ignore[attr-defined]
+        m = self._mirror
         assert m is not None
         if not m.in_flight:
             return False
@@ -324,32 +330,26 @@ class FastPath:
         if event.get("batch") is not None and oldest is not None and event["batch"] != oldest:
             return False
         tokens = event.get("tokens", {})
-        names, stops, requests = self.names, self.stops, m.base.requests  # type: ignore[attr-defined]
-        upcoming = getattr(self, "upcoming_finish", {})
-        max_len = cfg.max_model_len
+        names, stops, known, cap = self.names, self.stops, m.known, m.cap  # type: ignore[attr-defined]
         applied = []
         for r, _, _, samples in m.in_flight[0]:
-            name = names[r]
-            returned = tokens.get(name)
+            returned = tokens.get(names[r])
             if not samples:
                 if returned:
                     return False                    # a partial chunk's tokens: the spec says which property
                 continue
-            if not returned or len(returned) != 1:
-                return False
-            stop_ids, known = stops[r]
-            if not known:
+            if not returned or len(returned) != 1 or known[r] + 1 >= cap[r]:
+                return False                        # no token, drafts, or a length cap: it finishes
+            stop_ids, stops_known = stops[r]
+            if not stops_known:
                 self.unchecked.add(STOPS_UNCHECKED)  # type: ignore[attr-defined]
-                if upcoming.get(name) == "stop":
+                if getattr(self, "upcoming_finish", {}).get(names[r]) == "stop":
                     return False
             elif returned[0] in stop_ids:
                 return False
-            q, out = requests[r], m.out[r] + 1
-            if q.prompt_len + out >= max_len or out >= q.max_tokens:
-                return False                        # a length cap: it finishes
             applied.append(r)
         for r in applied:
-            m.out[r] += 1
+            known[r] += 1
         m.in_flight.popleft()
         self.batch_ids.pop(0)  # type: ignore[attr-defined]
         return True
