@@ -189,11 +189,10 @@ def workloads(args: argparse.Namespace) -> int:
         print(f"error: {missing_venv_message(VLLM_VERSION)}", file=sys.stderr)
         return 2
     # decode-4096's pool has 2^20 blocks (the cost benchmark's: room for every
-    # request at max_model_len), over check-trace's bound (schema.MAX_POOL_BLOCKS,
-    # set when every allocation copied the pool): raised here, and said so in the rows
+    # request at max_model_len), check-trace's bound (schema.MAX_POOL_BLOCKS);
+    # the rows say both (`pool_bound`: equal now; it was raised here when the bound was 2^18)
     from flightcheck.verification.traces import configuration
     bound = configuration.MAX_POOL_BLOCKS
-    configuration.MAX_POOL_BLOCKS = max(bound, 1 << 21)
     load_before = os.getloadavg()
     started = time.perf_counter()
     vllm = VllmSide()

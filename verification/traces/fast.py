@@ -66,10 +66,11 @@ from flightcheck.spec import blocks
 from flightcheck.spec.schedule import _threshold_in_force
 from flightcheck.spec.state import Entry, Fate, evolve
 
-from .replay import _Violation
+from .replay import REASONS, _Violation
 
 BLOCK_IDS_UNCHECKED = "block identity (schedule entries carry no block_ids)"
 STOPS_UNCHECKED = "stop tokens (no eos_token_id or stop_token_ids in the trace)"
+_HANDLERS = {"schedule": "_fast_schedule", "complete": "_fast_complete", "finish": "_fast_finish"}
 # keys of a schedule or complete event that the fast path leaves to the spec
 _NOTES = ("empty_batch", "empty_batches_before", "engine_step", "kv_loads", "dropped", "next_drafts")
 
@@ -79,20 +80,32 @@ class _Mirror:
     docstring): per running request its known tokens (prompt and outputs),
     num_computed, table, cached prefix and length cap."""
 
-    __slots__ = ("base", "known", "comp", "table", "cached", "cap", "in_flight", "pool", "num_slots")
+    __slots__ = ("base", "running", "finished", "known", "comp", "table", "cached", "cap", "in_flight", "pool",
+                 "num_slots")
 
     def __init__(self, base: State, in_flight: deque, max_model_len: int) -> None:
         self.base = base
         requests = base.requests
+        self.running = list(base.running)
+        self.finished: dict[int, Status] = {}      # requests finished here: their status
         self.known = {r: requests[r].num_tokens for r in base.running}
         self.comp = {r: requests[r].num_computed for r in base.running}
         self.table = {r: list(requests[r].block_table) for r in base.running}
-        self.cached = {r: _cached_prefix(base.pool, requests[r].block_table) for r in base.running}
+        self.cached: dict[int, int] = {}           # filled when first needed (cached_of)
         # known tokens at which a request finishes by length (0.8.x's check_stop)
         self.cap = {r: min(max_model_len, requests[r].prompt_len + requests[r].max_tokens) for r in base.running}
         self.in_flight = in_flight
         self.pool = base.pool
         self.num_slots = len(requests)
+
+
+    def cached_of(self, r: int, pool: Any) -> int:
+        """How many of r's leading table blocks are known to be cached (read
+        in `pool`, the newest version: a label of a held block is never evicted)."""
+        known = self.cached.get(r)
+        if known is None:
+            self.cached[r] = known = _cached_prefix(pool, self.table[r])
+        return known
 
 
 def _cached_prefix(pool: Any, table: Any, start: int = 0) -> int:
@@ -126,8 +139,9 @@ class FastPath:
 
     def feed(self, event: dict[str, Any]) -> None:
         kind = event["ev"]
-        if kind in ("schedule", "complete") and self._fast_allowed(event) and self._enter():
-            taken = self._fast_schedule(event) if kind == "schedule" else self._fast_complete(event)
+        if kind in _HANDLERS and self._fast_allowed(event) and \
+                (self._mirror is not None or (kind != "finish" and self._enter())):
+            taken = getattr(self, _HANDLERS[kind])(event)
             if taken:
                 self.fast_events += 1
                 return
@@ -142,8 +156,9 @@ class FastPath:
 
     def num_live(self) -> int:
         """Requests waiting or running, without leaving the mirror."""
-        state = self._mirror.base if self._mirror is not None else self._state
-        return len(state.waiting) + len(state.running)
+        if self._mirror is not None:
+            return len(self._mirror.base.waiting) + len(self._mirror.running)
+        return len(self._state.waiting) + len(self._state.running)
 
     # -- entering and leaving -------------------------------------------------
 
@@ -154,8 +169,10 @@ class FastPath:
             self._static_ok = _static_domain(self.cfg)  # type: ignore[attr-defined]
             if not self._static_ok:
                 return False
-        if self.ended or self.finished_now or self.just_aborted is not None:  # type: ignore[attr-defined]
+        if self.ended or self.just_aborted is not None:  # type: ignore[attr-defined]
             return False
+        if self.finished_now and event["ev"] != "finish":  # type: ignore[attr-defined]
+            return False                            # a missing finish: the spec's message
         if self.numbers_engine_steps is not False:  # type: ignore[attr-defined]
             return False                           # replay.py's prelude decides (engine_steps.py)
         return not any(key in event for key in _NOTES)
@@ -165,7 +182,7 @@ class FastPath:
         if self._mirror is not None:
             return True
         s = self._state
-        if s.waiting or s.kv_holding or s.deferred_frees or s.scheduled_ids:
+        if s.kv_holding or s.deferred_frees or s.scheduled_ids:
             return False
         in_flight: deque = deque()
         for batch in s.in_flight:
@@ -190,7 +207,10 @@ class FastPath:
         m, self._mirror = self._mirror, None
         assert m is not None
         requests = list(m.base.requests)
-        for r in m.base.running:
+        for r, status in m.finished.items():
+            requests[r] = evolve(requests[r], status=status, num_output=m.known[r] - requests[r].prompt_len,
+                                 num_computed=0, num_drafts=0, block_table=())
+        for r in m.running:
             q = requests[r]
             table, out = m.table[r], m.known[r] - q.prompt_len
             if q.num_computed != m.comp[r] or q.num_output != out or len(q.block_table) != len(table):
@@ -198,7 +218,8 @@ class FastPath:
                 requests[r] = evolve(q, num_computed=m.comp[r], num_output=out, block_table=kept)
         in_flight = tuple(tuple(Entry(r, start, n, samples, 0) for r, start, n, samples in batch)
                           for batch in m.in_flight)
-        self._state = evolve(m.base, requests=tuple(requests), in_flight=in_flight, pool=m.pool)
+        self._state = evolve(m.base, requests=tuple(requests), in_flight=in_flight, pool=m.pool,
+                             running=tuple(m.running))
 
     # -- schedule ---------------------------------------------------------------
 
@@ -207,8 +228,8 @@ class FastPath:
         m, cfg = self._mirror, self.cfg  # type: ignore[attr-defined]
         assert m is not None
         entries = event["entries"]
-        if event.get("preempted") or not entries or len(m.in_flight) >= cfg.queue_depth:
-            return False
+        if event.get("preempted") or not entries or len(m.in_flight) >= cfg.queue_depth or m.base.waiting:
+            return False                        # a waiting loop to run: the spec's
         planned = self._plan_running(m, len(entries))
         if planned is None:
             return False
@@ -233,12 +254,13 @@ class FastPath:
         or the batch is longer than the trace's."""
         cfg = self.cfg  # type: ignore[attr-defined]
         bs, budget, pool = cfg.block_size, cfg.max_num_batched_tokens, m.pool
-        threshold = _threshold_in_force(m.base, cfg)
+        threshold = _threshold_in_force(evolve(m.base, running=tuple(m.running)), cfg) \
+            if m.finished else _threshold_in_force(m.base, cfg)
         room_cap = cfg.max_model_len - cfg.rules.sampled_token_slot
         caching = cfg.prefix_caching
-        known_of, comp, tables, cached = m.known, m.comp, m.table, m.cached
+        known_of, comp, tables = m.known, m.comp, m.table
         plan: list = []
-        for r in m.base.running:
+        for r in m.running:
             if budget <= 0:
                 break
             c, known = comp[r], known_of[r]
@@ -261,7 +283,7 @@ class FastPath:
                     return None
                 pool, fresh = blocks.pop_fresh(pool, num_fresh)
             tried: list = []
-            if caching and cached[r] < total // bs:
+            if caching and m.cached_of(r, pool) < total // bs:
                 pool = self._cache_full_blocks(m, r, table, fresh, total // bs, pool, tried)
             plan.append((r, c, num_new, total >= known, fresh, tried))
             budget -= num_new
@@ -271,7 +293,7 @@ class FastPath:
                            pool: Any, tried: list) -> Any:
         """`_allocate`'s caching of the full blocks, on those not known cached
         (`tried` gets the (block, label) pairs it offered)."""
-        start, q = m.cached[r], m.base.requests[r]
+        start, q = m.cached_of(r, pool), m.base.requests[r]
         whole = table + list(fresh) if fresh else table
         bs, n_slots, plen = self.cfg.block_size, m.num_slots, q.prompt_len  # type: ignore[attr-defined]
         for i in range(start, num_full):
@@ -309,7 +331,7 @@ class FastPath:
                 table.extend(fresh)
                 holders.update(fresh)
             if tried:
-                m.cached[r] = _cached_prefix(pool, table, m.cached[r])
+                m.cached[r] = _cached_prefix(pool, table, m.cached_of(r, pool))
                 for b, label in tried:                  # the output labels it cached (incremental.py)
                     if label < 0 and blocks.label_of(pool, b) == label:
                         output_labels.setdefault(r, {})[b] = label
@@ -321,7 +343,8 @@ class FastPath:
     # -- complete ---------------------------------------------------------------
 
     def _fast_complete(self, event: dict[str, Any]) -> bool:
-        """A completion in which no request finishes; False: hand it over."""
+        """A completion whose every sampling entry returned one token; the
+        requests it finishes are finished on the mirror. False: hand it over."""
         m = self._mirror
         assert m is not None
         if not m.in_flight:
@@ -329,29 +352,70 @@ class FastPath:
         oldest = self.batch_ids[0]  # type: ignore[attr-defined]
         if event.get("batch") is not None and oldest is not None and event["batch"] != oldest:
             return False
-        tokens = event.get("tokens", {})
+        outcomes = self._outcomes(m, event.get("tokens", {}))
+        if outcomes is None:
+            return False
+        m.in_flight.popleft()
+        self.batch_ids.pop(0)  # type: ignore[attr-defined]
+        finished = []
+        for r, status in outcomes:
+            m.known[r] += 1
+            if status is not None:
+                self._finish_on_mirror(m, r, status)
+                finished.append(r)
+        for r in finished:                      # as incremental.py and replay.py note them
+            self.finished_slots[r] = None  # type: ignore[attr-defined]
+        for r in sorted(finished, key=self.arrival_number.__getitem__):  # type: ignore[attr-defined]
+            self.finished_now[r] = m.finished[r]  # type: ignore[attr-defined]
+        return True
+
+    def _outcomes(self, m: _Mirror, tokens: dict[str, Any]) -> list[tuple[int, Status | None]] | None:
+        """(request, the status its token finishes it with, or None) for each
+        sampling entry of the oldest batch; None where the spec must judge."""
         names, stops, known, cap = self.names, self.stops, m.known, m.cap  # type: ignore[attr-defined]
-        applied = []
+        stops_first = self.cfg.rules.stop_tokens_before_length  # type: ignore[attr-defined]
+        outcomes: list[tuple[int, Status | None]] = []
         for r, _, _, samples in m.in_flight[0]:
             returned = tokens.get(names[r])
             if not samples:
                 if returned:
-                    return False                    # a partial chunk's tokens: the spec says which property
+                    return None                     # a partial chunk's tokens: the spec says which property
                 continue
-            if not returned or len(returned) != 1 or known[r] + 1 >= cap[r]:
-                return False                        # no token, drafts, or a length cap: it finishes
+            if not returned or len(returned) != 1:
+                return None                         # no token, or drafts accepted (there are none)
             stop_ids, stops_known = stops[r]
-            if not stops_known:
+            if stops_known:
+                stop = returned[0] in stop_ids
+            else:
                 self.unchecked.add(STOPS_UNCHECKED)  # type: ignore[attr-defined]
-                if getattr(self, "upcoming_finish", {}).get(names[r]) == "stop":
-                    return False
-            elif returned[0] in stop_ids:
-                return False
-            applied.append(r)
-        for r in applied:
-            known[r] += 1
-        m.in_flight.popleft()
-        self.batch_ids.pop(0)  # type: ignore[attr-defined]
+                stop = getattr(self, "upcoming_finish", {}).get(names[r]) == "stop"
+            # actions.py's _stop_reason after one appended token
+            status = (Status.FINISHED_STOPPED if stop and stops_first else Status.FINISHED_LENGTH
+                      if known[r] + 1 >= cap[r] else Status.FINISHED_STOPPED if stop else None)
+            if status is not None and any(e[0] == r for batch in list(m.in_flight)[1:] for e in batch):
+                return None                         # entries behind it to supersede: the spec's
+            outcomes.append((r, status))
+        return outcomes
+
+    def _finish_on_mirror(self, m: _Mirror, r: int, status: Status) -> None:
+        """actions.py's `_finish` without a connector: the table freed in the
+        profile's order, out of `running` (nothing of it left in flight)."""
+        cfg = self.cfg  # type: ignore[attr-defined]
+        table = m.table[r]
+        m.pool = blocks.free_table(m.pool, tuple(table), cfg.release_order, cfg.rules.unhashed_blocks_to_head)
+        self.holders.subtract(table)  # type: ignore[attr-defined]
+        m.running.remove(r)
+        m.finished[r] = status
+        m.table[r], m.comp[r] = [], 0
+        m.cached.pop(r, None)
+
+    def _fast_finish(self, event: dict[str, Any]) -> bool:
+        """The finish event of a request the mirror finished, with its reason."""
+        r = self.slot.get(event["req"])  # type: ignore[attr-defined]
+        finished_now = self.finished_now  # type: ignore[attr-defined]
+        if r is None or finished_now.get(r) is not REASONS.get(event["reason"]):
+            return False
+        del finished_now[r]
         return True
 
 
