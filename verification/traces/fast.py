@@ -13,7 +13,7 @@ trace gets wrong) is handed over: the mirror becomes a spec `State` again
 (`_leave`) and the incremental checker (incremental.py) runs the event, so
 its verdict, message and state before it are the spec's own.
 
-The mirror (`_Mirror`) holds what the handled events change, per running
+The mirror (`Mirror`) holds what the handled events change, per running
 request: num_computed, num_output, the block table (a list) and how many of
 the table's leading blocks are known to be cached; the batches in flight as
 tuples; and the pool, which it advances with the spec's own operations
@@ -66,64 +66,26 @@ from flightcheck.spec import blocks
 from flightcheck.spec.schedule import _threshold_in_force
 from flightcheck.spec.state import Entry, Fate, evolve
 
+from .fast_admission import FastAdmission, Queues
+from .fast_mirror import Mirror, cached_prefix
 from .replay import REASONS, _Violation
 
 BLOCK_IDS_UNCHECKED = "block identity (schedule entries carry no block_ids)"
 STOPS_UNCHECKED = "stop tokens (no eos_token_id or stop_token_ids in the trace)"
-_HANDLERS = {"schedule": "_fast_schedule", "complete": "_fast_complete", "finish": "_fast_finish"}
+_HANDLERS = {"schedule": "_fast_schedule", "complete": "_fast_complete", "finish": "_fast_finish",
+             "arrive": "_fast_arrive"}
 # keys of a schedule or complete event that the fast path leaves to the spec
 _NOTES = ("empty_batch", "empty_batches_before", "engine_step", "kv_loads", "dropped", "next_drafts")
 
 
-class _Mirror:
-    """The mutable copy of the state the handled events change (module
-    docstring): per running request its known tokens (prompt and outputs),
-    num_computed, table, cached prefix and length cap."""
-
-    __slots__ = ("base", "running", "finished", "known", "comp", "table", "cached", "cap", "in_flight", "pool",
-                 "num_slots")
-
-    def __init__(self, base: State, in_flight: deque, max_model_len: int) -> None:
-        self.base = base
-        requests = base.requests
-        self.running = list(base.running)
-        self.finished: dict[int, Status] = {}      # requests finished here: their status
-        self.known = {r: requests[r].num_tokens for r in base.running}
-        self.comp = {r: requests[r].num_computed for r in base.running}
-        self.table = {r: list(requests[r].block_table) for r in base.running}
-        self.cached: dict[int, int] = {}           # filled when first needed (cached_of)
-        # known tokens at which a request finishes by length (0.8.x's check_stop)
-        self.cap = {r: min(max_model_len, requests[r].prompt_len + requests[r].max_tokens) for r in base.running}
-        self.in_flight = in_flight
-        self.pool = base.pool
-        self.num_slots = len(requests)
-
-
-    def cached_of(self, r: int, pool: Any) -> int:
-        """How many of r's leading table blocks are known to be cached (read
-        in `pool`, the newest version: a label of a held block is never evicted)."""
-        known = self.cached.get(r)
-        if known is None:
-            self.cached[r] = known = _cached_prefix(pool, self.table[r])
-        return known
-
-
-def _cached_prefix(pool: Any, table: Any, start: int = 0) -> int:
-    """How many of `table`'s leading blocks carry a label (from `start`, known cached)."""
-    i = start
-    while i < len(table) and blocks.label_of(pool, table[i]) is not None:
-        i += 1
-    return i
-
-
-class FastPath:
+class FastPath(FastAdmission):
     """A mixin before incremental.py's checker (check.IncrementalChecker):
     `feed` takes the fast path where it can, else hands the event to the
     spec. `state` reads the spec state (leaving the mirror) wherever the
     checker or its caller reads it; `last_before` is the state before the
     event the spec path last took (what a violation is reported with)."""
 
-    _mirror: _Mirror | None = None
+    _mirror: Mirror | None = None
     fast_events = 0                         # events the fast path took (for the tests and benchmarks)
 
     @property  # type: ignore[override]
@@ -140,7 +102,7 @@ class FastPath:
     def feed(self, event: dict[str, Any]) -> None:
         kind = event["ev"]
         if kind in _HANDLERS and self._fast_allowed(event) and \
-                (self._mirror is not None or (kind != "finish" and self._enter())):
+                (self._mirror is not None or (kind in ("schedule", "complete") and self._enter())):
             taken = getattr(self, _HANDLERS[kind])(event)
             if taken:
                 self.fast_events += 1
@@ -157,7 +119,7 @@ class FastPath:
     def num_live(self) -> int:
         """Requests waiting or running, without leaving the mirror."""
         if self._mirror is not None:
-            return len(self._mirror.base.waiting) + len(self._mirror.running)
+            return len(self._mirror.waiting) + len(self._mirror.running)
         return len(self._state.waiting) + len(self._state.running)
 
     # -- entering and leaving -------------------------------------------------
@@ -199,47 +161,36 @@ class FastPath:
             q = requests[r]
             if q.status is not Status.RUNNING or q.num_drafts or q.placeholders or q.decode_countdown:
                 return False
-        self._mirror = _Mirror(s, in_flight, self.cfg.max_model_len)  # type: ignore[attr-defined]
+        if any(requests[r].status is not Status.WAITING for r in s.waiting):
+            return False                    # a preempted request: its orphans are the spec's
+        self._mirror = Mirror(s, in_flight, self.cfg.max_model_len)  # type: ignore[attr-defined]
         return True
 
     def _leave(self) -> None:
         """The mirror as a spec State again (the checker reads the spec's from here on)."""
         m, self._mirror = self._mirror, None
         assert m is not None
-        requests = list(m.base.requests)
-        for r, status in m.finished.items():
-            requests[r] = evolve(requests[r], status=status, num_output=m.known[r] - requests[r].prompt_len,
-                                 num_computed=0, num_drafts=0, block_table=())
-        for r in m.running:
-            q = requests[r]
-            table, out = m.table[r], m.known[r] - q.prompt_len
-            if q.num_computed != m.comp[r] or q.num_output != out or len(q.block_table) != len(table):
-                kept = q.block_table if len(q.block_table) == len(table) else tuple(table)
-                requests[r] = evolve(q, num_computed=m.comp[r], num_output=out, block_table=kept)
-        in_flight = tuple(tuple(Entry(r, start, n, samples, 0) for r, start, n, samples in batch)
-                          for batch in m.in_flight)
-        self._state = evolve(m.base, requests=tuple(requests), in_flight=in_flight, pool=m.pool,
-                             running=tuple(m.running))
+        self._state = m.to_state()
 
     # -- schedule ---------------------------------------------------------------
 
     def _fast_schedule(self, event: dict[str, Any]) -> bool:
-        """A schedule event the spec's running loop alone forms; False: hand it over."""
+        """A schedule event the spec forms without preempting or resuming; False: hand it over."""
         m, cfg = self._mirror, self.cfg  # type: ignore[attr-defined]
         assert m is not None
         entries = event["entries"]
-        if event.get("preempted") or not entries or len(m.in_flight) >= cfg.queue_depth or m.base.waiting:
-            return False                        # a waiting loop to run: the spec's
-        planned = self._plan_running(m, len(entries))
+        if event.get("preempted") or not entries or len(m.in_flight) >= cfg.queue_depth:
+            return False
+        planned = self._plan(m, len(entries))
         if planned is None:
             return False
         plan, pool = planned
         names = self.names  # type: ignore[attr-defined]
         if len(plan) != len(entries):
             return False
-        for (r, start, n, samples, _, _), x in zip(plan, entries):
+        for (r, start, n, cached, samples, _, _, _), x in zip(plan, entries):
             got_samples = x.get("samples")
-            if (x["req"] != names[r] or x["start"] != start or x["n"] != n or x.get("cached", 0) != 0
+            if (x["req"] != names[r] or x["start"] != start or x["n"] != n or x.get("cached", 0) != cached
                     or x.get("drafts", 0) != 0 or x.get("external", 0) != 0
                     or (got_samples is not None and bool(got_samples) != samples)):
                 return False
@@ -248,14 +199,16 @@ class FastPath:
         self._commit_schedule(m, plan, pool, event)
         return True
 
-    def _plan_running(self, m: _Mirror, most: int) -> tuple[list, Any] | None:
-        """The running loop on the mirror: (entry plan, pool after it), or None
-        where the spec would do more (an allocation that fails: a preemption)
-        or the batch is longer than the trace's."""
+    def _plan(self, m: Mirror, most: int) -> tuple[list, Any] | None:
+        """The running loop, then the waiting loop, on the mirror: (entry
+        plan, pool after it), or None where the spec must judge (an allocation
+        that fails in the running loop: a preemption; a resumption) or the
+        batch is longer than the trace's. A plan entry: (request, start, n,
+        cached, samples, new blocks, (block, label) offered for caching,
+        whether it is an admission)."""
         cfg = self.cfg  # type: ignore[attr-defined]
         bs, budget, pool = cfg.block_size, cfg.max_num_batched_tokens, m.pool
-        threshold = _threshold_in_force(evolve(m.base, running=tuple(m.running)), cfg) \
-            if m.finished else _threshold_in_force(m.base, cfg)
+        threshold = _threshold_in_force(Queues(m.waiting, m.running), cfg)  # type: ignore[arg-type]
         room_cap = cfg.max_model_len - cfg.rules.sampled_token_slot
         caching = cfg.prefix_caching
         known_of, comp, tables = m.known, m.comp, m.table
@@ -285,15 +238,19 @@ class FastPath:
             tried: list = []
             if caching and m.cached_of(r, pool) < total // bs:
                 pool = self._cache_full_blocks(m, r, table, fresh, total // bs, pool, tried)
-            plan.append((r, c, num_new, total >= known, fresh, tried))
+            plan.append((r, c, num_new, 0, total >= known, fresh, tried, False))
             budget -= num_new
+        if m.waiting:
+            pool = self._plan_waiting(m, plan, pool, budget, threshold, most)  # type: ignore[attr-defined]
+            if pool is None:
+                return None
         return plan, pool
 
-    def _cache_full_blocks(self, m: _Mirror, r: int, table: list, fresh: tuple, num_full: int,
+    def _cache_full_blocks(self, m: Mirror, r: int, table: list, fresh: tuple, num_full: int,
                            pool: Any, tried: list) -> Any:
         """`_allocate`'s caching of the full blocks, on those not known cached
         (`tried` gets the (block, label) pairs it offered)."""
-        start, q = m.cached_of(r, pool), m.base.requests[r]
+        start, q = m.cached_of(r, pool), m.record(r)
         whole = table + list(fresh) if fresh else table
         bs, n_slots, plen = self.cfg.block_size, m.num_slots, q.prompt_len  # type: ignore[attr-defined]
         for i in range(start, num_full):
@@ -311,27 +268,29 @@ class FastPath:
             self.unchecked.add(BLOCK_IDS_UNCHECKED)  # type: ignore[attr-defined]
             return True
         try:
-            for (_, _, _, _, fresh, _), x in zip(plan, entries):
-                if fresh:
-                    self._match_blocks(x["req"], list(x["block_ids"]), fresh)  # type: ignore[attr-defined]
+            for (_, _, _, _, _, new, _, _), x in zip(plan, entries):
+                if new:
+                    self._match_blocks(x["req"], list(x["block_ids"]), new)  # type: ignore[attr-defined]
                 elif x["block_ids"]:
                     return False                # more blocks than the spec's: its message says so
         except _Violation:
             return False
         return True
 
-    def _commit_schedule(self, m: _Mirror, plan: list, pool: Any, event: dict[str, Any]) -> None:
+    def _commit_schedule(self, m: Mirror, plan: list, pool: Any, event: dict[str, Any]) -> None:
         """The batch is the spec's: advance the mirror and the checker's records."""
         holders, output_labels = self.holders, self.output_labels  # type: ignore[attr-defined]
         batch = []
-        for r, start, n, samples, fresh, tried in plan:
+        for r, start, n, _, samples, new, tried, admitted in plan:
+            if admitted:
+                self._admit_on_mirror(m, r, start)  # type: ignore[attr-defined]
             m.comp[r] = start + n
             table = m.table[r]
-            if fresh:
-                table.extend(fresh)
-                holders.update(fresh)
+            if new:
+                table.extend(new)
+                holders.update(new)
             if tried:
-                m.cached[r] = _cached_prefix(pool, table, m.cached_of(r, pool))
+                m.cached[r] = cached_prefix(pool, table, m.cached_of(r, pool))
                 for b, label in tried:                  # the output labels it cached (incremental.py)
                     if label < 0 and blocks.label_of(pool, b) == label:
                         output_labels.setdefault(r, {})[b] = label
@@ -369,7 +328,7 @@ class FastPath:
             self.finished_now[r] = m.finished[r]  # type: ignore[attr-defined]
         return True
 
-    def _outcomes(self, m: _Mirror, tokens: dict[str, Any]) -> list[tuple[int, Status | None]] | None:
+    def _outcomes(self, m: Mirror, tokens: dict[str, Any]) -> list[tuple[int, Status | None]] | None:
         """(request, the status its token finishes it with, or None) for each
         sampling entry of the oldest batch; None where the spec must judge."""
         names, stops, known, cap = self.names, self.stops, m.known, m.cap  # type: ignore[attr-defined]
@@ -397,7 +356,7 @@ class FastPath:
             outcomes.append((r, status))
         return outcomes
 
-    def _finish_on_mirror(self, m: _Mirror, r: int, status: Status) -> None:
+    def _finish_on_mirror(self, m: Mirror, r: int, status: Status) -> None:
         """actions.py's `_finish` without a connector: the table freed in the
         profile's order, out of `running` (nothing of it left in flight)."""
         cfg = self.cfg  # type: ignore[attr-defined]

@@ -127,10 +127,12 @@ class _CountedLabels(dict):
         self[key] = default
         return default
 
-    def prune_if_grown(self, state: Any) -> None:
-        """Forget dead labels once the stored ones have doubled since the last prune."""
+    def prune_if_grown(self, checker: Any) -> None:
+        """Forget dead labels once the stored ones have doubled since the last
+        prune (the checker's state is read only then: the fast path's mirror stays)."""
         if dict.__len__(self) <= max(PRUNE_LABELS_FROM, 2 * self.kept_after_prune):
             return
+        state = checker.state
         live = {label for label in state.pool.labels if label is not None}
         for q in state.requests:
             live.update(q.prompt_labels)
@@ -274,7 +276,7 @@ class _Run:
         except _Violation as v:
             yield from self._violated(v, c.describe(c.last_before if fast else before), line, index, event["ev"])
         if event["ev"] == "arrive":
-            c.labels.prune_if_grown(c.state)
+            c.labels.prune_if_grown(c)
         if self.on_progress is not None and index % PROGRESS_EVERY == 0:
             self.on_progress(index, c.num_live() if fast else len(c.state.waiting) + len(c.state.running))
 
