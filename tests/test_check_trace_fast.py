@@ -119,6 +119,7 @@ def fast_indices(events: list[dict]) -> list[int]:
 
 SCHEDULE_DAMAGES = ("start_up", "start_down", "n", "drop", "extra", "blocks", "samples", "preempt", "swap")
 COMPLETE_DAMAGES = ("stop", "two_tokens", "no_token", "batch", "stray_token")
+ARRIVE_DAMAGES = ("arrive_reused", "arrive_too_long")
 
 
 def damage(event: dict, kind: str, rng: random.Random) -> bool:
@@ -144,6 +145,10 @@ def damage(event: dict, kind: str, rng: random.Random) -> bool:
             entries.reverse()
         else:
             return False
+        return True
+    if event["ev"] == "arrive" and kind == "arrive_too_long":
+        event["prompt_len"] = 10**6                 # past max_model_len: the spec refuses the arrival
+        event.pop("prompt_token_ids", None)
         return True
     if event["ev"] == "complete" and kind in COMPLETE_DAMAGES and event.get("tokens"):
         tokens = event["tokens"]
@@ -172,6 +177,10 @@ def damaged_where_fast(events: list[dict], kind: str, rng: random.Random) -> tup
     for _ in range(200):
         index = rng.choice(taken)
         copy = [json.loads(json.dumps(e)) for e in events]
+        if kind == "arrive_reused" and copy[index]["ev"] == "arrive":
+            running = next(e["entries"] for e in reversed(copy[:index]) if e["ev"] == "schedule" and e["entries"])
+            copy[index]["req"] = running[-1]["req"]     # an id still active arrives again
+            return copy, index
         if damage(copy[index], kind, rng):
             return copy, index
     raise AssertionError(f"no {kind} damage applied")
@@ -190,7 +199,7 @@ def assert_damage_caught_alike(events: list[dict], index: int) -> tuple:
     return verdict
 
 
-@pytest.mark.parametrize("kind", SCHEDULE_DAMAGES + COMPLETE_DAMAGES)
+@pytest.mark.parametrize("kind", SCHEDULE_DAMAGES + COMPLETE_DAMAGES + ARRIVE_DAMAGES)
 def test_fast_path_reports_a_damage_where_it_runs_as_the_spec_does(kind):
     events = list(base_trace(1, 4, True))
     bad, index = damaged_where_fast(events, kind, random.Random(kind))
@@ -202,7 +211,7 @@ def test_fast_path_reports_a_damage_where_it_runs_as_the_spec_does(kind):
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 3), block_size=st.sampled_from([4, 16]), caching=st.booleans(),
-       kind=st.sampled_from(SCHEDULE_DAMAGES + COMPLETE_DAMAGES), where=st.integers(0, 2**32))
+       kind=st.sampled_from(SCHEDULE_DAMAGES + COMPLETE_DAMAGES + ARRIVE_DAMAGES), where=st.integers(0, 2**32))
 def test_fast_path_agrees_on_traces_damaged_where_it_runs(seed, block_size, caching, kind, where):
     events = list(base_trace(seed, block_size, caching))
     bad, index = damaged_where_fast(events, kind, random.Random(where))

@@ -1,26 +1,32 @@
-"""The fast path of the incremental checker: the steady state of decoding
+"""The fast path of the incremental checker: the common events of a run
 checked on a mutable mirror of the spec's state, at a cost per entry close
 to the scheduler's own, and everything else handed back to the spec.
 
-What it handles: `schedule` events whose batch the spec forms in its running
-loop alone (nothing waiting, no allocation failure, so no preemption and no
-admission) and `complete` events in which no request finishes, under a
-profile without a KV connector, drafts, asynchronous scheduling, vLLM
-0.8.4's engine gate, stale-output counters, preallocation or the step fence
-(`_static_domain`), on a trace that numbers no engine steps. Every other
-event (arrivals, finishes, aborts, preemptions, admissions, anything the
-trace gets wrong) is handed over: the mirror becomes a spec `State` again
-(`_leave`) and the incremental checker (incremental.py) runs the event, so
-its verdict, message and state before it are the spec's own.
+What it handles, under a profile without a KV connector, drafts,
+asynchronous scheduling, vLLM 0.8.4's engine gate, stale-output counters,
+preallocation, the step fence or cache-aware admission (`_static_domain`: in
+practice vLLM 0.8.5's), on a trace that numbers no engine steps:
+* `schedule` events the spec forms without preempting or resuming: the
+  running loop with every allocation succeeding, then the waiting loop's
+  admissions of new requests (fast_admission.py);
+* `complete` events whose every sampling entry returned one token, the
+  requests they finish (by a stop token or a length cap) finished on the
+  mirror, while another batch stays in flight;
+* the `finish` events of those requests, and arrivals while a batch is in
+  flight (fast_admission.py).
+Every other event (aborts, preemptions, resumptions, drafts, anything the
+trace gets wrong, an event with engine-step notes) is handed over: the
+mirror becomes a spec `State` again (`_leave`, fast_mirror.py) and the
+incremental checker (incremental.py) runs the event, so its verdict, message
+and state before it are the spec's own.
 
-The mirror (`Mirror`) holds what the handled events change, per running
-request: num_computed, num_output, the block table (a list) and how many of
-the table's leading blocks are known to be cached; the batches in flight as
-tuples; and the pool, which it advances with the spec's own operations
-(blocks.pop_fresh, blocks.cache_labels: in place on a large pool, pool_store.py).
-Every other field of the state is the `State` the mirror was entered from,
-unchanged by the handled events (the queues, every record but those three
-counters, the slots).
+The mirror (fast_mirror.py) holds what the handled events change: per
+running request its known tokens, num_computed, block table (a list) and how
+many of the table's leading blocks are known to be cached; the records of
+requests that arrived, were admitted, reset or finished; the queues as
+lists; the batches in flight as tuples; and the pool, which it advances
+with the spec's own operations (blocks.pop_fresh, touch, cache_labels,
+free_table, uncache: in place on a large pool, pool_store.py).
 
 Why its acceptance is the spec's:
 
@@ -31,24 +37,29 @@ Why its acceptance is the spec's:
   `_allocate` takes (none preallocated), the same block caching (the full
   blocks not yet cached, in table order: `cache_labels` skips the cached
   ones itself, and a block of a running table cannot lose its label, since
-  only a pop of a free block evicts one), no preemption, and an empty
-  waiting loop (nothing waits). The trace's block ids are matched with the
-  same `_match_blocks`. A `complete` event is accepted only if every
-  sampling entry returned exactly one token (no drafts), none stops and
-  none reaches a length cap, and no partial chunk returned tokens: then
-  `complete_oldest` appends one output to each sampling entry's request and
-  changes nothing else.
+  only a pop of a free block evicts one), no preemption, then the waiting
+  loop's admissions with their prefix hits. The trace's block ids are
+  matched with the same `_match_blocks`. A `complete` event is accepted
+  only if every sampling entry returned exactly one token (no drafts) and
+  no partial chunk returned tokens: `complete_oldest` then appends one
+  output to each sampling entry's request and finishes those that stop or
+  reach a length cap (`_stop_reason`'s order), freeing their tables as
+  `_finish` does (nothing of theirs is left in flight, or it is handed over).
 * **Properties.** The events accepted are spec transitions from a state the
-  checks before it accepted; within this domain each invariant's touched
+  checks before it accepted, and leave a batch in flight (a completion that
+  would drain the FIFO, and an arrival onto an idle engine, are handed over:
+  L2 runs `schedule` there). Within this domain each invariant's touched
   parts follow from the transition itself (counters advance by the entry, a
   request keeps one sampling entry last, the pool's counts are the tables'
-  as pop_fresh sets them, no request changes status, nothing finishes, L2 and
-  L3 read a non-empty FIFO of live entries), which is what the spec's
-  model-checked inductiveness says; the transition properties (S4, S12, S13)
-  hold of transitions that change no snapshot, status or fate.
+  as the spec's pool operations set them, statuses move WAITING -> RUNNING
+  -> finished, every entry in flight is live, L3 reads live entries), which
+  is what the spec's model-checked inductiveness says; the transition
+  properties (S4, S12, S13) hold of transitions that change no snapshot or
+  fate and move statuses only forward, with no preemption.
 * **The incremental checker's own records** are kept as it keeps them: the
-  holders of each block (a popped block gains its table), and the output
-  labels each slot cached (`output_labels`, noted as they are cached).
+  holders of each block, the output labels each slot cached
+  (`output_labels`, noted as they are cached), the finished slots in the
+  order it notes them, arrival numbers, names and retired names.
 
 tests/test_check_trace_fast.py and tests/conftest.py compare this checker
 with the incremental one (and through it the full replay) on every trace the
@@ -311,6 +322,8 @@ class FastPath(FastAdmission):
         oldest = self.batch_ids[0]  # type: ignore[attr-defined]
         if event.get("batch") is not None and oldest is not None and event["batch"] != oldest:
             return False
+        if len(m.in_flight) == 1 and (m.waiting or m.running):
+            return False                        # the FIFO drains: L2 reads `schedule` there (the spec's)
         outcomes = self._outcomes(m, event.get("tokens", {}))
         if outcomes is None:
             return False

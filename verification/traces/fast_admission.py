@@ -50,6 +50,8 @@ class FastAdmission:
         """An arrival onto the mirror (module docstring); False: hand it over."""
         m, cfg = self._mirror, self.cfg  # type: ignore[attr-defined]
         assert m is not None
+        if not m.in_flight:
+            return False                            # onto an idle engine: L2 reads `schedule` (the spec's)
         name, prompt_len, tokens = event["req"], event["prompt_len"], event.get("prompt_token_ids")
         old = self.slot.get(name)  # type: ignore[attr-defined]
         if old is not None and m.status(old).is_active:
