@@ -142,10 +142,10 @@ class FastAdmission:
             table = hit + fresh
             tried: list = []
             if caching:
-                for i in range(total // bs):
-                    if blocks.label_of(pool, table[i]) is None:
-                        tried.append((table[i], q.prompt_labels[i] if (i + 1) * bs <= q.prompt_len
-                                      else -(1 + r + m.num_slots * i)))
+                # the hit's blocks carry their labels; the fresh ones none (a pop evicts)
+                for i in range(len(hit), total // bs):
+                    tried.append((table[i], q.prompt_labels[i] if (i + 1) * bs <= q.prompt_len
+                                  else -(1 + r + m.num_slots * i)))
                 if tried:
                     pool = blocks.cache_labels(pool, tuple(b for b, _ in tried), [label for _, label in tried],
                                                cfg.cache_duplicate_blocks)
