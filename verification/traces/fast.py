@@ -295,6 +295,7 @@ class FastPath(FastAdmission):
         for r, start, n, _, samples, new, tried, admitted in plan:
             if admitted:
                 self._admit_on_mirror(m, r, start)  # type: ignore[attr-defined]
+                m.cached[r] = start // self.cfg.block_size  # type: ignore[attr-defined]  # the hit: cached
             m.comp[r] = start + n
             table = m.table[r]
             if new:
