@@ -80,8 +80,8 @@ def fast_events_taken(events: list[dict]) -> int:
 
 @pytest.mark.parametrize("profile, prefix_caching", PROFILES)
 def test_fast_path_agrees_on_long_traces_of_each_profile(profile, prefix_caching):
-    events = long_events(10, 500, seed=2, profile=profile, prefix_caching=prefix_caching,
-                         block_size=4, repeated_prompts=0.3, pool_share=0.6)
+    events = long_events(10, 500 if profile == "vllm-0.8.5" else 250, seed=2, profile=profile,
+                         prefix_caching=prefix_caching, block_size=4, repeated_prompts=0.3, pool_share=0.6)
     assert assert_fast_agrees(events)[0] is True
     taken = fast_events_taken(events)
     if profile == "vllm-0.8.5":
@@ -99,7 +99,7 @@ def decode_events(num_requests: int, batches: int) -> tuple[list[dict], int]:
 
 
 def test_fast_path_takes_the_steady_decode_state_and_agrees():
-    events, warm_up = decode_events(24, 12)
+    events, warm_up = decode_events(16, 8)
     assert assert_fast_agrees(events)[0] is True
     assert fast_events_taken(events) >= len(events) - warm_up      # every timed event on the fast path
 
@@ -209,7 +209,7 @@ def test_fast_path_reports_a_damage_where_it_runs_as_the_spec_does(kind):
         assert verdict[:1] == (False,) and verdict[2] == index + (kind == "stop")
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 3), block_size=st.sampled_from([4, 16]), caching=st.booleans(),
        kind=st.sampled_from(SCHEDULE_DAMAGES + COMPLETE_DAMAGES + ARRIVE_DAMAGES), where=st.integers(0, 2**32))
 def test_fast_path_agrees_on_traces_damaged_where_it_runs(seed, block_size, caching, kind, where):
