@@ -143,6 +143,7 @@ class ConnectorEvents:
         output = self.kv_output
         if output is None or not output.continued_by(self.state, event):
             output = self.kv_output = KvOutput(self.state, _output_key(event))
+        output.seen += 1
         name, from_block = event["req"], event["from_block"]
         found = self._report_slot(name, lambda r: FailKvLoad(r, from_block), output.before)
         if found is None and self._failure_of_finished_load(name, output.before):
@@ -161,7 +162,7 @@ class ConnectorEvents:
         joint = FailKvOutput(tuple(f for f, _ in output.failures) + (label,))
         after = step(output.before, self.cfg, joint) if output.failures else alone
         if after is None:            # two carrying batches: not one output after all
-            self.kv_output = None
+            self.kv_output = KvOutput(self.state, _output_key(event))
             return self._on_kv_failed(event)
         for prop in CONTRACT_PROPERTIES if output.failures else ():
             if not prop.holds(output.before, alone, label, self.cfg):   # the contract, as alone
@@ -183,8 +184,7 @@ class ConnectorEvents:
             if not a.status.is_finished and a.num_computed < b.num_computed:
                 self.rolled_back[h] = (a.num_computed, a.placeholders)
                 output.noted.add(h)
-        last = output.failures[-1][1]
-        if len(output.failures) < last.get("of", 1):
+        if output.seen < output.failures[-1][1].get("of", 1):
             return
         for label, event in output.failures:
             q = self.state.requests[label.req]
@@ -378,6 +378,7 @@ class KvOutput:
         self.failures: list[tuple[FailKvLoad, dict]] = failures or []
         self.after: State | None = None            # the state after its last kv_failed
         self.noted: set[int] = set()               # slots it put in rolled_back
+        self.seen = len(self.failures)             # its kv_failed events read (some change nothing)
 
     def continued_by(self, state: State, event: dict) -> bool:
         """`event` is a failure of this output: nothing changed the state
