@@ -11,7 +11,8 @@ the explicit search's successors):
   output, covers every output with several); on the model where a loader's
   and a sharer's sync loads fail together, in one order only: applied in the
   other, the sharer's own report is refused (the false C2 rejection of
-  vLLM 0.34's campaign --all-features seed 2, index 191).
+  vLLM 0.34.0 on workload 191 of the all-features seed 2 set: its trace is
+  tests/data/kv/vllm/034_joint_failures_loader_and_sharer.jsonl).
 """
 
 from __future__ import annotations

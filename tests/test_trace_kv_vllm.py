@@ -55,6 +55,11 @@ EXPECTED = {
     # own first invalid block, 6), as the spec's joint action does (a false
     # C2_reports_own_blocks before: r0's failure alone rolled r3 back as a sharer)
     "034_joint_failures_loader_and_sharer.jsonl": (True, None, None),
+    # the same workload replayed with r0 aborted at engine step 9, during the wait
+    # for batch 1 (hand-edited: abort_step 9): the loader is not scanned, so r3,
+    # the first holder of r0's invalid block, is cut there (4 tokens), not at its
+    # own (each failure written with `of`; vLLM's ground truth: legal)
+    "034_joint_failures_aborted_loader.jsonl": (True, None, None),
     # vLLM wrong, its ground truth flags it: #49250, the rollback keeps the
     # placeholders (index 13, async) ...
     "034_async_rollback_keeps_placeholders_pr49250.jsonl": (False, 9, "KV3_rollback_restores_counters"),
