@@ -48,6 +48,15 @@ def test_each_feature_lands_in_about_its_share_and_only_where_its_release_has_it
         assert {f.name for f in features_of(version)} >= {n for w in workloads for n in w["features"]}
 
 
+def test_features_that_exclude_each_other_never_meet() -> None:
+    features = registered()
+    pairs = {(f.name, x) for f in features for x in f.excludes}
+    assert pairs, "no exclusion to test"
+    for workload in campaign_workloads(4, 300, features_of="0.34.0"):
+        names = set(workload["features"])
+        assert not any(a in names and b in names for a, b in pairs), workload["features"]
+
+
 def test_every_generated_all_features_workload_is_a_valid_workload() -> None:
     for workload in campaign_workloads(11, 300, features_of="0.34.0") + campaign_workloads(5, 300, features_of="0.33.0"):
         workload_from_json(workload)

@@ -38,6 +38,9 @@ class Feature:
     versions: tuple[str, ...]                  # the vLLM releases that have it
     share: float                               # of --all-features workloads that get it, in (0, 1]
     apply: Callable[[Picker, dict[str, Any]], None]   # adds its keys to a generated workload, in place
+    # features it is never combined with (either way round): what the spec and
+    # the reference do not model together, e.g. a KV connector with drafts
+    excludes: tuple[str, ...] = ()
 
 
 # The modules that define a `FEATURE`, in the order features are applied
@@ -64,12 +67,15 @@ def features_of(version: str) -> list[Feature]:
     return [f for f in registered() if version in f.versions]
 
 
-def with_features(pick: Picker, workload: dict[str, Any], version: str) -> list[str]:
+def with_features(pick: Picker, workload: dict[str, Any], version: str) -> dict[str, Any]:
     """Turn on, in `workload`, each feature `version` has, each with its
-    share; return the names turned on (also written as `features`)."""
-    chosen = []
-    for feature in registered():
+    share, and list their names as its `features`; return the workload."""
+    chosen: list[str] = []
+    features = registered()
+    for feature in features:
         drawn = pick.integer(1, SHARE_RESOLUTION)     # drawn for every feature: the draws stay aligned
+        if _excluded(feature, chosen, features):
+            continue
         if version in feature.versions and drawn <= round(feature.share * SHARE_RESOLUTION):
             feature.apply(pick, workload)
             chosen.append(feature.name)
@@ -79,7 +85,13 @@ def with_features(pick: Picker, workload: dict[str, Any], version: str) -> list[
         # whole max_model_len, which a later feature may have raised
         config["max_num_batched_tokens"] = max(config["max_num_batched_tokens"], config["max_model_len"])
     workload["features"] = chosen
-    return chosen
+    return workload
+
+
+def _excluded(feature: Feature, chosen: list[str], features: list[Feature]) -> bool:
+    """Whether a feature already turned on excludes `feature`, or it them."""
+    return any(name in feature.excludes or feature.name in f.excludes
+               for name in chosen for f in features if f.name == name)
 
 
 def all_features_versions() -> tuple[str, ...]:
