@@ -218,24 +218,26 @@ def shared_holders(state: State, cfg: Config, r: int, from_block: int) -> list[i
 def _fail_holders_of_finished(state: State, cfg: Config, r: int, from_block: int) -> State | None:
     """r finished (aborted) while the batch carrying its sync load was in
     flight: its report changes nothing for r, but vLLM's scan still finds
-    the running requests sharing the invalid blocks; the first marks them
-    (and, under the fail policy, its blocks from there leave the cache).
-    None when no request shares them."""
+    the requests sharing the invalid blocks. Its pass over parked loads and
+    its pass over `running` mark apart: recompute cuts each parked holder at
+    its first invalid block and the first running holder there, the later
+    running holders keep them (`_scan_invalid_blocks`); the fail policy
+    finishes every holder, the first running one's blocks from there leaving
+    the cache (only the pass over `running` evicts). None when no request
+    shares them."""
     holders = shared_holders(state, cfg, r, from_block)
     if not holders:
         return None
-    first, invalid = holders[0], _invalid_blocks(state, cfg, r, from_block)
-    index = next(i for i, b in enumerate(_computed_blocks(state, cfg, first)) if b in invalid)
-    if cfg.kv_connector.load_failure_policy == "fail":
+    if cfg.kv_connector.load_failure_policy == "recompute":
+        return _scan_invalid_blocks(state, cfg, ((r, from_block),))
+    invalid = _invalid_blocks(state, cfg, r, from_block)
+    first = next((h for h in holders if state.requests[h].status is Status.RUNNING), None)
+    if first is not None:
+        index = next(i for i, b in enumerate(_computed_blocks(state, cfg, first)) if b in invalid)
         state = replace(state, pool=uncache(state.pool, state.requests[first].block_table[index:]))
-        carrier = _carrier(state, r)
-        for h in holders:
-            state = _fail_past_carrier(state, cfg, h, carrier)
-        return state
+    carrier = _carrier(state, r)
     for h in holders:
-        marks = h == first and state.requests[h].status is Status.RUNNING
-        state = rollback(state, cfg, h, index * cfg.block_size) if marks else \
-            _recompute_holder(state, cfg, h, r, from_block)
+        state = _fail_past_carrier(state, cfg, h, carrier)
     return state
 
 

@@ -60,6 +60,12 @@ EXPECTED = {
     # the first holder of r0's invalid block, is cut there (4 tokens), not at its
     # own (each failure written with `of`; vLLM's ground truth: legal)
     "034_joint_failures_aborted_loader.jsonl": (True, None, None),
+    # `campaign --all-features --versions 0.34.0 --seed 2` (main at c265f6d), index 83:
+    # an aborted loader's invalid block held by a parked load (r2) and a running
+    # request (r3): vLLM's two passes mark apart, so r3, the first running holder,
+    # recomputes from it (16 tokens; a false KV3 rejection before: the parked
+    # holder took the mark and r3 kept its hit)
+    "034_aborted_loader_parked_and_running_holders.jsonl": (True, None, None),
     # vLLM wrong, its ground truth flags it: #49250, the rollback keeps the
     # placeholders (index 13, async) ...
     "034_async_rollback_keeps_placeholders_pr49250.jsonl": (False, 9, "KV3_rollback_restores_counters"),
