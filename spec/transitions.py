@@ -14,7 +14,7 @@ from typing import Callable, Union
 from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest, finish_request
 from .config import Config
 from .connector_contract import Labels, contract_clauses
-from .kv_reports import fail_kv_load, receive_kv, send_kv
+from .kv_reports import fail_kv_load, fail_kv_output, receive_kv, send_kv
 from .schedule import Scheduled, schedule
 from .session_invariants import ss1_old_output_never_bound
 from .sessions import has_sessions, send_input
@@ -96,6 +96,20 @@ class FailKvLoad:
 
 
 @dataclass(frozen=True)
+class FailKvOutput:
+    """The load failures one batch output reports, judged jointly
+    (kv_reports.fail_kv_output); with one failure it is that `FailKvLoad`.
+    The trace checker's label for an output's several `kv_failed` events;
+    the explicit search and the Z3 encodings explore `FailKvLoad`
+    (docs/kv-connector.md, "One output, several failures")."""
+
+    failures: tuple[FailKvLoad, ...]
+
+    def __str__(self) -> str:
+        return "kv loads failed " + ", ".join(f"r{f.req} from block {f.from_block}" for f in self.failures)
+
+
+@dataclass(frozen=True)
 class SendKv:
     """The KV connector's `finished_sending` for r (kv_reports.send_kv)."""
 
@@ -119,7 +133,8 @@ class SendInput:
 # The connector's reports: environment actions, each enabled only with a connector.
 KV_REPORTS = (ReceiveKv, FailKvLoad, SendKv)
 
-Action = Union[Arrive, ArriveAs, Schedule, CompleteOldest, Abort, ReceiveKv, FailKvLoad, SendKv, SendInput]
+Action = Union[Arrive, ArriveAs, Schedule, CompleteOldest, Abort, ReceiveKv, FailKvLoad, FailKvOutput, SendKv,
+               SendInput]
 
 
 def step(state: State, cfg: Config, action: Action) -> State | None:
@@ -139,6 +154,8 @@ def step(state: State, cfg: Config, action: Action) -> State | None:
         return receive_kv(state, cfg, action.req)
     if isinstance(action, FailKvLoad):
         return fail_kv_load(state, cfg, action.req, action.from_block)
+    if isinstance(action, FailKvOutput):
+        return fail_kv_output(state, cfg, tuple((f.req, f.from_block) for f in action.failures))
     if isinstance(action, SendKv):
         return send_kv(state, cfg, action.req)
     if isinstance(action, SendInput):
@@ -215,14 +232,27 @@ def s7p_binding_by_incarnation(before: State, after: State, action: Action, cfg:
 
 def kv3_rollback_restores_counters(before: State, after: State, action: Action, cfg: Config) -> bool:
     """KV3: after a recompute rollback of a failed load, num_computed is the valid prefix, no live entry of the request reaches past it, and its in-flight, stale and placeholder counters count exactly the entries still live (vLLM #49250: placeholders)."""
-    if not isinstance(action, FailKvLoad) or cfg.kv_connector is None:
+    if not isinstance(action, (FailKvLoad, FailKvOutput)) or cfg.kv_connector is None:
         return True
     if cfg.kv_connector.load_failure_policy != "recompute":
         return True
+    if isinstance(action, FailKvOutput):
+        return all(_kv3_restored(after, f, cfg, joint=True) for f in action.failures)
+    return _kv3_restored(after, action, cfg, joint=False)
+
+
+def _kv3_restored(after: State, action: FailKvLoad, cfg: Config, joint: bool) -> bool:
+    """KV3 for one failure. Alone, the request's valid prefix is its failed
+    block's start; in an output with others (kv_reports.fail_kv_output) it
+    may be earlier (an invalid block of another load it holds) or, where an
+    earlier holder took every invalid block it holds, past it: it keeps them
+    and loses only the carrying batch's tokens (no entry left live)."""
     r, q = action.req, after.requests[action.req]
     if q.status.is_finished:
         return True                     # a loader aborted since: the failure rolls back only its sharers
-    if q.num_computed != action.from_block * cfg.block_size:
+    valid = action.from_block * cfg.block_size
+    kept = joint and (q.num_computed < valid or not after.entries_of(r))
+    if q.num_computed != valid and not kept:
         return False
     live = after.entries_of(r)
     if any(e.end > q.num_computed for e in live):

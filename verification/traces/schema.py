@@ -378,6 +378,7 @@ KV_FAILED = Record({
     "from_block": (COUNT, True),           # the first invalid block's index in req's table; 0: the whole load
     "computed": (COUNT, False),            # req's computed tokens once the failure was processed
     "placeholders": (COUNT, False),        # async: its output placeholders then
+    "of": (COUNT, False),                  # the kv_failed events its output writes (all judged together)
 })
 KV_SENT = Record({**COMMON, "req": (REQUEST_ID, True)})
 
