@@ -1,9 +1,10 @@
 """The constants of the spec: the scheduler's configuration.
 
 Abstracted away: everything about the model (layers, weights, dtypes), the
-encoder budgets, LoRA, structured output and priorities (asynchronous
+encoder budgets, LoRA and structured output (asynchronous
 scheduling is a profile, `vllm-0.33-async`; a KV connector is
-`Config.kv_connector`, docs/kv-connector.md). None of them changes how many tokens are in flight for whom, which
+`Config.kv_connector`, docs/kv-connector.md; priorities are
+`Config.policy`, docs/request-states.md). None of them changes how many tokens are in flight for whom, which
 is all this spec is about.
 
 Where vLLM versions differ, `profile` names the version (`profiles.py`) and the
@@ -27,6 +28,7 @@ from .profiles import DEFAULT_PROFILE, Profile, ReleaseOrder, profile as profile
 
 StaleMode = Literal["deliver", "drop"]
 LoadFailurePolicy = Literal["recompute", "fail"]
+SchedulingPolicy = Literal["fcfs", "priority"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,11 @@ class Config:
     # The KV connector (docs/kv-connector.md); None: no connector, the spec
     # exactly as without one (every state count unchanged).
     kv_connector: KvConnector | None = None
+    # vLLM's `SchedulerConfig.policy` (docs/request-states.md, "Priority
+    # scheduling"): "fcfs" (the default: the spec exactly as without it) or
+    # "priority" (spec/priority.py), only where the profile has it
+    # (`Profile.priority_policy`).
+    policy: SchedulingPolicy = "fcfs"
 
     def __post_init__(self) -> None:
         self._resolve_profile()
@@ -128,6 +135,10 @@ class Config:
         if self.stale_mode not in ("deliver", "drop"):
             raise ValueError(f"stale_mode must be 'deliver' or 'drop', got {self.stale_mode!r}")
         self._check_admission_knobs()
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        if self.policy == "priority" and not self.rules.priority_policy:
+            raise ValueError(f"profile {self.profile} has no priority policy (vLLM 0.33 and later)")
 
     def _check_admission_knobs(self) -> None:
         """vLLM's `SchedulerConfig` bounds: the budget holds a whole

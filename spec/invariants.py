@@ -24,6 +24,7 @@ from .kv_invariants import (holds_kv_blocks, kv1_no_reuse_under_transfer, kv2_lo
                             kv4_deferred_frees_drain, kv4_finished_holds_nothing, kv5_loaded_not_starved,
                             kv6_load_limit, may_hold_table, moves_a_load, transfers_in_flight)
 from .pool_store import label_list
+from .priority_invariants import waiting_in_priority_order
 from .state import WAITING_STATUSES, Batch, BlockPool, Fate, State, Status, content_label
 
 
@@ -481,6 +482,9 @@ KV_INVARIANTS: tuple[Invariant, ...] = (
     Invariant("KV5_loaded_not_starved", (kv5_loaded_not_starved.__doc__ or "").strip(),
               of_state=kv5_loaded_not_starved, kind="liveness"),
 )
+# Under the priority policy (priority_invariants.py).
+PRIORITY_ORDER = Invariant("PR1_waiting_in_priority_order", (waiting_in_priority_order.__doc__ or "").strip(),
+                           of_state=waiting_in_priority_order)
 KV_LOAD_LIMIT = Invariant("KV6_load_limit", (kv6_load_limit.__doc__ or "").strip(), of_state=kv6_load_limit)
 
 
@@ -488,7 +492,8 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
     """The invariants of cfg's profile: every profile's, IF0-IF3 where vLLM
     keeps stale-output counters, under async scheduling S3, S5, S6 and L2
     restated (`ASYNC_REPLACEMENTS`) with IA1 and IA2, and with a KV
-    connector KV1, KV2, KV4, KV5 (and KV6 under vLLM 0.34's load limit)."""
+    connector KV1, KV2, KV4, KV5 (and KV6 under vLLM 0.34's load limit);
+    PR1 under the priority policy."""
     chosen = INVARIANTS + (COUNTER_INVARIANTS if cfg.rules.stale_output_counters else ())
     if cfg.rules.output_placeholders:
         chosen = tuple(ASYNC_REPLACEMENTS.get(i.name, i) for i in chosen) + ASYNC_INVARIANTS
@@ -496,6 +501,8 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
         chosen += KV_INVARIANTS
         if cfg.rules.kv_inflight_load_limit and cfg.kv_connector.max_inflight_loads is not None:
             chosen += (KV_LOAD_LIMIT,)
+    if cfg.policy == "priority":
+        chosen += (PRIORITY_ORDER,)
     return chosen
 
 

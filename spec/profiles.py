@@ -262,6 +262,15 @@ class Profile:
     # self.requires_kv_delivery)`: a producer's preempted request drops its
     # in-flight output (0.33, 0.34).
     kv_producer_drops_stale_output: bool = False
+    # `SchedulingPolicy.PRIORITY` (`Config.policy`, docs/request-states.md):
+    # `waiting` is a `PriorityRequestQueue` (a heap by `Request.__lt__`:
+    # priority, then arrival time), and `schedule()`'s running loop preempts
+    # `max(running, key=(priority, arrival_time))`, handing back what a victim
+    # scheduled earlier in the call got (its tokens, budget, blocks and
+    # drafts), moving `req_index` back when the victim sat before it, and going
+    # on past a request that preempted itself (0.33, 0.34: the same code in
+    # both). 0.8.x's V1 scheduler has no priority policy.
+    priority_policy: bool = False
     # The profile of the release this one follows, when this one's spec rules
     # are that one's with some constants changed: verification checks this
     # one with everything it checks the older one with
@@ -312,7 +321,7 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     stale_output_counters=True, empty_batches=True, mid_step_inputs=("abort",),
                     unchunked_prefill_stops_admission=True,
                     cache_settled_blocks_on_output=True, draft_source="submission",
-                    pads_admitted_decodes=True, **_KV_CONNECTOR_0_33)
+                    pads_admitted_decodes=True, priority_policy=True, **_KV_CONNECTOR_0_33)
 
 # vLLM 0.33.0 with asynchronous scheduling, the default for single-node
 # pipeline parallelism (`AsyncScheduler`, the V2 model runner, the mp
