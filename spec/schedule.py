@@ -208,6 +208,7 @@ def _preempt_victim(step: _Step, victim: int, i: int) -> int:
     priority.hand_back(step, victim)
     step.state = priority.to_tail(step.state, victim)
     _preempt(step, victim)
+    step.state = priority.in_priority_order(step.state, step.cfg)
     _mark_stale_output(step, victim)
     return i
 
@@ -480,7 +481,6 @@ def _preempt(step: _Step, victim: int) -> None:
     step.state = state.with_request(victim, status=Status.PREEMPTED, num_computed=0,
                                     num_drafts=0, block_table=())
     step.preempted.append(victim)
-    step.state = priority.in_priority_order(step.state, step.cfg)
 
 
 def _admit(step: _Step, r: int, hit_tokens: int, num_new: int) -> None:
