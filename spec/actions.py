@@ -43,7 +43,7 @@ class Prompt:
     # and whether they load asynchronously (`get_num_new_matched_tokens`).
     external_hit: int = 0
     load_async: bool = False
-    # vLLM's `Request.priority` (read only under `Config.policy` "priority").
+    # vLLM's `Request.priority` (read only under `Config.scheduling_policy` "priority").
     priority: int = 0
 
 

@@ -29,7 +29,7 @@ def is_reorder_in_force(state: State, cfg: Config) -> bool:
     threshold."""
     if not cfg.rules.cache_aware_admission or cfg.cache_aware_admission_window == 0:
         return False
-    if cfg.policy != "fcfs":
+    if cfg.scheduling_policy != "fcfs":
         return False                    # vLLM keeps the window only under FCFS (`cache_aware_window`)
     if not cfg.prefix_caching or len(state.waiting) < 2:
         return False

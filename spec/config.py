@@ -4,7 +4,7 @@ Abstracted away: everything about the model (layers, weights, dtypes), the
 encoder budgets, LoRA and structured output (asynchronous
 scheduling is a profile, `vllm-0.33-async`; a KV connector is
 `Config.kv_connector`, docs/kv-connector.md; priorities are
-`Config.policy`, docs/request-states.md). None of them changes how many tokens are in flight for whom, which
+`Config.scheduling_policy`, docs/request-states.md). None of them changes how many tokens are in flight for whom, which
 is all this spec is about.
 
 Where vLLM versions differ, `profile` names the version (`profiles.py`) and the
@@ -113,7 +113,7 @@ class Config:
     # scheduling"): "fcfs" (the default: the spec exactly as without it) or
     # "priority" (spec/priority.py), only where the profile has it
     # (`Profile.priority_policy`).
-    policy: SchedulingPolicy = "fcfs"
+    scheduling_policy: SchedulingPolicy = "fcfs"
 
     def __post_init__(self) -> None:
         self._resolve_profile()
@@ -135,9 +135,9 @@ class Config:
         if self.stale_mode not in ("deliver", "drop"):
             raise ValueError(f"stale_mode must be 'deliver' or 'drop', got {self.stale_mode!r}")
         self._check_admission_knobs()
-        if self.policy not in ("fcfs", "priority"):
-            raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
-        if self.policy == "priority" and not self.rules.priority_policy:
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
+        if self.scheduling_policy == "priority" and not self.rules.priority_policy:
             raise ValueError(f"profile {self.profile} has no priority policy (vLLM 0.33 and later)")
 
     def _check_admission_knobs(self) -> None:

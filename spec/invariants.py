@@ -501,7 +501,7 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
         chosen += KV_INVARIANTS
         if cfg.rules.kv_inflight_load_limit and cfg.kv_connector.max_inflight_loads is not None:
             chosen += (KV_LOAD_LIMIT,)
-    if cfg.policy == "priority":
+    if cfg.scheduling_policy == "priority":
         chosen += (PRIORITY_ORDER,)
     return chosen
 

@@ -1,5 +1,5 @@
 """The priority scheduling policy: vLLM's `SchedulingPolicy.PRIORITY`
-(`Config.policy == "priority"`, `Profile.priority_policy`: 0.33 and 0.34,
+(`Config.scheduling_policy == "priority"`, `Profile.priority_policy`: 0.33 and 0.34,
 the same code in both; docs/request-states.md, "Priority scheduling").
 
 * The waiting queue is vLLM's `PriorityRequestQueue`: a heap ordered by
@@ -47,7 +47,7 @@ class StepUnderConstruction(Protocol):
 
 
 def is_priority(cfg: Config) -> bool:
-    return cfg.policy == "priority"
+    return cfg.scheduling_policy == "priority"
 
 
 def rank(state: State, r: int) -> tuple[int, int]:

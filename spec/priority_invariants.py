@@ -1,5 +1,5 @@
 """The priority policy's named properties (docs/request-states.md, "Priority
-scheduling"), each checked only under `Config.policy == "priority"`:
+scheduling"), each checked only under `Config.scheduling_policy == "priority"`:
 
 * PR1_waiting_in_priority_order (safety, a state invariant): `waiting` is in
   (priority, arrival) order, as vLLM's heap yields it, and every queued
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 def waiting_in_priority_order(s: State, cfg: Config) -> bool:
     """PR1: under the priority policy `waiting` is sorted by (priority, arrival), and every waiting or running request's arrival is recorded."""
-    if cfg.policy != "priority":
+    if cfg.scheduling_policy != "priority":
         return True
     arrived = set(s.arrivals)
     if not (s.waiting_set | s.running_set) <= arrived:

@@ -262,7 +262,7 @@ class Profile:
     # self.requires_kv_delivery)`: a producer's preempted request drops its
     # in-flight output (0.33, 0.34).
     kv_producer_drops_stale_output: bool = False
-    # `SchedulingPolicy.PRIORITY` (`Config.policy`, docs/request-states.md):
+    # `SchedulingPolicy.PRIORITY` (`Config.scheduling_policy`, docs/request-states.md):
     # `waiting` is a `PriorityRequestQueue` (a heap by `Request.__lt__`:
     # priority, then arrival time), and `schedule()`'s running loop preempts
     # `max(running, key=(priority, arrival_time))`, handing back what a victim

@@ -119,7 +119,7 @@ class Request:
     load: Load = Load.NONE
     external: int = 0
     held: bool = False
-    # The priority policy (`Config.policy`, spec/priority.py; 0 under FCFS):
+    # The priority policy (`Config.scheduling_policy`, spec/priority.py; 0 under FCFS):
     # vLLM's `Request.priority`, given at arrival (lower runs first).
     priority: int = 0
 

@@ -296,7 +296,7 @@ def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
     the profile has load failures), P_KV_preemption_frees and the
     connector's contract (C1-C5); under the priority policy PR2 and PR3 first."""
     chosen = TRANSITION_PROPERTIES + (INCARNATION_PROPERTIES if cfg.rules.stale_output_counters else ())
-    if cfg.policy == "priority":
+    if cfg.scheduling_policy == "priority":
         chosen = PRIORITY_PROPERTIES + chosen
     if cfg.kv_connector is not None:
         chosen += tuple(p for p in KV_TRANSITION_PROPERTIES

@@ -100,7 +100,7 @@ def test_a_victim_scheduled_earlier_in_the_step_is_handed_back():
 
 
 def test_the_waiting_queue_is_in_priority_then_arrival_order():
-    cfg = Config(profile="vllm-0.34", policy="priority", prefix_caching=False)
+    cfg = Config(profile="vllm-0.34", scheduling_policy="priority", prefix_caching=False)
     state = explicit.initial(Model("w", cfg, (Prompt(1, 1),) * 3))
     for r, priority in ((0, 2), (1, 0), (2, 2)):
         state = step(state, cfg, Arrive(r, Prompt(1, 1, priority=priority)))
@@ -117,7 +117,7 @@ def test_fcfs_checks_none_of_the_policys_properties_and_0_8_has_no_policy():
     names = {i.name for i in invariants_for(Config())} | {p.name for p in transition_properties_for(Config())}
     assert not PROPERTIES & names
     with pytest.raises(ValueError, match="no priority policy"):
-        Config(profile="vllm-0.8.5", policy="priority")
+        Config(profile="vllm-0.8.5", scheduling_policy="priority")
     with pytest.raises(ValueError, match="policy must be"):
-        Config(profile="vllm-0.34", policy="lifo")
+        Config(profile="vllm-0.34", scheduling_policy="lifo")
 

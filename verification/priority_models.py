@@ -35,14 +35,14 @@ PRIO_VICTIM_K2 = Model(
     "prio-victim-k2",
     Config(num_stages=2, max_num_batched_tokens=4, max_num_seqs=2, block_size=2, num_blocks=3,
            max_model_len=6, prefix_caching=False, num_spec_tokens=1, profile=PRIORITY_PROFILE,
-           policy="priority"),
+           scheduling_policy="priority"),
     (Prompt(2, 3, priority=1), Prompt(1, 3, priority=0)),
     allow_stop=False, skip_targets=_PRIORITY_SKIPPED,
 )
 PRIO_SKIP_K2 = Model(
     "prio-skip-k2",
     Config(num_stages=2, max_num_batched_tokens=4, max_num_seqs=3, block_size=2, num_blocks=4,
-           max_model_len=6, prefix_caching=False, profile=PRIORITY_PROFILE, policy="priority"),
+           max_model_len=6, prefix_caching=False, profile=PRIORITY_PROFILE, scheduling_policy="priority"),
     (Prompt(2, 3, priority=1), Prompt(1, 3, priority=0), Prompt(1, 3, priority=0)),
     allow_stop=False, allow_abort=False, skip_targets=_PRIORITY_SKIPPED,
 )

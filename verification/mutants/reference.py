@@ -306,7 +306,7 @@ KV_CONNECTOR: tuple[ReferenceMutant, ...] = (
             "a victim whose free the step fence defers is preempted anyway: the preemption frees nothing "
             "for the request it makes room for (vLLM issue #49674)",
             _edit("scheduler.Scheduler._allocate_or_preempt", """
-                  if self._defer_block_free and not self._request_blocks_can_be_freed(self.running[-1]):
+                  if self._defer_block_free and not self._request_blocks_can_be_freed(victim):
                       return None""", ""),
             profile="vllm-0.34-async"),
     _mutant("rollback_keeps_placeholders_pr49250",
