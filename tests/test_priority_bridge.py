@@ -98,7 +98,7 @@ def test_the_reference_hands_a_victim_scheduled_in_the_same_call_back(monkeypatc
 def test_the_references_priority_traces_are_legal_for_the_spec(raw, profile, tmp_path: Path):
     run = run_reference(raw if "async" not in profile else
                         {**raw, "config": {**raw["config"], "async_scheduling": True}}, profile)
-    assert run.ending == "done"
+    assert run.ending == "done" and _preempted(run.events) == [["r0"]]
     trace = tmp_path / "trace.jsonl"
     trace.write_text("".join(json.dumps(e) + "\n" for e in run.events))
     verdict = check_trace(trace).to_json()
@@ -130,6 +130,6 @@ def test_vllm_agrees_with_the_reference_and_check_trace_accepts_it(running, raw,
     profile = f"vllm-{version.rsplit('.', 1)[0]}" + ("-async" if async_scheduling else "")
     reference = run_reference(raw, profile).events
     assert decisions(events) == decisions(reference, block_offset=1)
-    assert _preempted(events) == _preempted(reference)
+    assert _preempted(events) == _preempted(reference) == [["r0"]]
     verdict = check_trace(trace).to_json()
     assert verdict["ok"], verdict
