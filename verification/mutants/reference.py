@@ -30,6 +30,7 @@ REFERENCE_MODULES: dict[str, str] = {
     "update": "flightcheck.reference.update",
     "kv_transfer": "flightcheck.reference.kv_transfer",      # the KV connector's steps
     "kv_waiting": "flightcheck.reference.kv_waiting",
+    "priority": "flightcheck.reference.priority",            # the priority policy
 }
 
 
@@ -317,10 +318,35 @@ KV_CONNECTOR: tuple[ReferenceMutant, ...] = (
 )
 
 
+# The priority policy's historical bugs (docs/request-states.md), caught by
+# the priority refinement fuzzer (verification/refinement/priority_machine.py)
+# under vLLM 0.34; not fuzzed by the default runs (no priority there).
+PRIORITY: tuple[ReferenceMutant, ...] = (
+    _mutant("victim_kept_in_batch_pr23347",
+            "the priority victim, scheduled earlier in the same call, keeps its entry, tokens and budget "
+            "in the batch (vLLM issue #23347)",
+            _edit("priority.PriorityPolicy._remove_priority_victim", """
+                  if victim.request_id in batch.num_scheduled_tokens:
+                      hand_back(batch, victim)""", ""),
+            profile="vllm-0.34"),
+    _mutant("preempted_drafts_kept_pr28558",
+            "the hand-back of a priority victim leaves its scheduled drafts in the batch (vLLM PR #28558)",
+            _edit("priority.hand_back", "batch.spec_decode_tokens.pop(req_id, None)", "pass"),
+            profile="vllm-0.34"),
+    _mutant("victim_index_not_adjusted_pr49097",
+            "the running loop's index moves back only for a victim scheduled in the same call, not for one "
+            "visited and skipped before it (vLLM issue #49097)",
+            _edit("priority.PriorityPolicy._remove_priority_victim",
+                  "victim_index < self.running.index(request)",
+                  "victim_index < self.running.index(request) and victim.request_id in batch.num_scheduled_tokens"),
+            profile="vllm-0.34"),
+)
+
+
 # -- the registry: by name, and by the profile each is fuzzed under -----------------
 
 REFERENCE_MUTANTS: dict[str, ReferenceMutant] = {m.name: m for m in EVERY_PROFILE + COUNTERS_0_33 + ASYNC_0_33
-                                                 + KV_CONNECTOR}
+                                                 + KV_CONNECTOR + PRIORITY}
 # the KV connector's (not fuzzed: no fuzzer run has a connector)
 KV_MUTANTS: dict[str, str] = {m.name: m.history for m in KV_CONNECTOR}
 
@@ -330,8 +356,11 @@ MUTANTS: dict[str, str] = {m.name: m.history for m in EVERY_PROFILE}
 PROFILE_MUTANTS: dict[str, dict[str, str]] = {}
 for _m in COUNTERS_0_33 + ASYNC_0_33:
     PROFILE_MUTANTS.setdefault(_m.profile or "", {})[_m.name] = _m.history
-# every fuzzed mutant (the KV connector's are not: KV_MUTANTS)
-ALL_MUTANTS: dict[str, str] = {name: m.history for name, m in REFERENCE_MUTANTS.items() if name not in KV_MUTANTS}
+# the priority policy's (fuzzed only by the priority fuzzer)
+PRIORITY_MUTANTS: dict[str, str] = {m.name: m.history for m in PRIORITY}
+# every fuzzed mutant (the KV connector's are not: KV_MUTANTS; nor the priority policy's)
+ALL_MUTANTS: dict[str, str] = {name: m.history for name, m in REFERENCE_MUTANTS.items()
+                               if name not in KV_MUTANTS and name not in PRIORITY_MUTANTS}
 
 
 def reference_mutant(name: str) -> ReferenceMutant:
