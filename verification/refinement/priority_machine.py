@@ -1,7 +1,8 @@
 """The refinement fuzzer under the priority policy (docs/request-states.md,
 "Priority scheduling"): machine.py's machine with every configuration under
 `SchedulerConfig.scheduling_policy = "priority"` and each arrival given a
-priority from 0..2 and an arrival time in the order of arrival (its slot),
+priority (earlier arrivals leaning to lower ones: `_before_add`) and an
+arrival time in the order of arrival (its slot),
 so that the reference's waiting order, victims, hand-backs and loop index
 are checked against the spec's step by step (`PRIORITY_FUZZED_PROFILES`:
 vLLM 0.33 and 0.34, sync and async).
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
 
 from flightcheck.reference import Request
+from flightcheck.reference.outputs import SchedulerOutput
 from flightcheck.verification.mutants.patching import reference_applied
 from flightcheck.verification.refinement.budget import Budget, BudgetSpent
 from flightcheck.verification.refinement.fuzz import _fixed_constant_pool
@@ -53,8 +55,24 @@ class PriorityRefinementMachine(RefinementMachine):
                                  max_tokens=max_tokens, reuse=reuse)
 
     def _before_add(self, request: Request, slot: int) -> None:
-        request.priority = self._next_priority
+        """Earlier arrivals lean to lower priorities (larger numbers): the
+        draw `d` gives `max(0, 3 - slot - d)`, so that victims often sit
+        before the request the running loop allocates for (already scheduled
+        in the call, or skipped: #23347, #49097); `d` = 0 (what shrinking
+        reaches) makes the priorities fall with every arrival."""
+        request.priority = max(0, 3 - slot - self._next_priority)
         request.arrival_time = float(slot + 1)
+
+    def _check_request_data(self, before: Any, output: SchedulerOutput) -> None:
+        """The batch vLLM's workers would get: drafts only for requests it
+        schedules (#28558), and its token count the sum of theirs."""
+        RefinementMachine._check_request_data(self, before, output)
+        strays = set(output.scheduled_spec_decode_tokens) - set(output.num_scheduled_tokens)
+        if strays:
+            self._fail(f"batch {output.batch_id} carries drafts of {sorted(strays)}, which it does not schedule")
+        if sum(output.num_scheduled_tokens.values()) != output.total_num_scheduled_tokens:
+            self._fail(f"batch {output.batch_id} counts {output.total_num_scheduled_tokens} tokens, "
+                       f"its requests {sum(output.num_scheduled_tokens.values())}")
 
 
 @functools.cache
