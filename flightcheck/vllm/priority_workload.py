@@ -92,4 +92,4 @@ def _priority_feature(pick: Picker, workload: dict[str, Any]) -> None:
         config["max_num_seqs"] = max(config.get("max_num_seqs", 1), 3)
 
 
-FEATURE = Feature("priority", priority_versions(), 0.5, _priority_feature)
+FEATURE = Feature("priority", priority_versions(), 0.5, _priority_feature, excludes=("kv-connector",))
