@@ -177,7 +177,7 @@ class RecordingMixin(GroundTruthMixin):
 
     def _fc_policy_config(self) -> dict[str, Any]:
         """The scheduling policy, written only when it is not FCFS (0.33+: `Scheduler.policy`)."""
-        policy = getattr(getattr(self, "policy", None), "value", "fcfs")
+        policy = compat.scheduling_policy(self)
         return {"scheduling_policy": policy} if policy != "fcfs" else {}
 
     def _fc_admission_config(self) -> dict[str, Any]:
@@ -228,7 +228,7 @@ class RecordingMixin(GroundTruthMixin):
         """The order vLLM's running loop preempts in: from the tail of
         `running`; under the priority policy the largest (priority,
         arrival_time) first (`max` keeps the first of equal keys)."""
-        if getattr(getattr(self, "policy", None), "value", "fcfs") == "priority":
+        if compat.scheduling_policy(self) == "priority":
             return sorted(running, key=lambda r: (-r.priority, -r.arrival_time))
         return list(reversed(running))
 
@@ -242,7 +242,7 @@ class RecordingMixin(GroundTruthMixin):
             "max_tokens": request.max_tokens, "prompt_token_ids": list(request.prompt_token_ids),
             "eos_token_id": eos, "ignore_eos": bool(params.ignore_eos),
             "stop_token_ids": list(params.stop_token_ids or ()),
-            **({"priority": request.priority} if getattr(request, "priority", 0) else {}),
+            **({"priority": compat.request_priority(request)} if compat.request_priority(request) else {}),
         })
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
