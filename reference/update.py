@@ -50,6 +50,7 @@ class OutputUpdate:
     _drafts_with_output: bool
     _settles_blocks_with_drafts: bool
     connector: Any
+    _handle_stopped: Any
 
     def fate_of(self, entry: RequestData) -> Fate:
         """What becomes of this in-flight entry's output if it completed now."""
@@ -111,6 +112,8 @@ class OutputUpdate:
                 proposed_drafts = model_runner_output.drafts_of(entry.req_id) \
                     if model_runner_output.spec_token_ids is not None else ()
             outputs.append(self._apply_sampled(request, entry, token_ids, fate, proposed_drafts))
+            if request.is_finished() and request.resumable and not self._handle_stopped(request, was_running):
+                continue                      # a streaming session's turn ended (sessions.py)
             if request.is_finished():
                 if was_running:
                     finished_running = True   # leaves `running` in one pass below

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import blocks
+from . import blocks, sessions
 from .config import Config
 from .drafts import drafts_come_with_output
 from .kv_fence import drain_deferred_frees, finish_with_connector
@@ -45,6 +45,10 @@ class Prompt:
     load_async: bool = False
     # vLLM's `Request.priority` (read only under `Config.scheduling_policy` "priority").
     priority: int = 0
+    # A streaming session (spec/sessions.py; read only with
+    # `Config.streaming_sessions`): the inputs its client sends after this
+    # prompt, each `(new tokens, max_tokens)`, the last `(0, 0)` (the end).
+    session: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ def arrive(state: State, cfg: Config, r: int, prompt: Prompt) -> State | None:
     state = replace(state, waiting=state.waiting + (r,))
     state = state.with_request(r, status=Status.WAITING, prompt_len=prompt.prompt_len,
                                max_tokens=prompt.max_tokens, prompt_labels=labels, num_computed=0)
+    state = sessions.open_session(state, cfg, r, prompt.session)
     state = _offer_of_connector(state, cfg, r, prompt)
     return arrive_with_priority(state, cfg, r, prompt.priority)
 
@@ -286,12 +291,22 @@ def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate,
         trimmed = s.num_accepted - j           # tokens after a stop, not appended
         state = _cache_settled_blocks(state, cfg, r, req.num_computed - trimmed - req.num_in_flight)
     if finish is not None:
-        state = state.with_request(r, num_output=req.num_output, num_computed=req.num_computed)
-        return _forget_counters(_finish(state, cfg, r, finish), r)
+        state = state.with_request(r, num_output=req.num_output, num_computed=req.num_computed,
+                                   placeholders=req.placeholders)
+        if req.resumable:      # num_computed covers the kept tokens but the last (`_update_request_with_output`)
+            trimmed = s.num_accepted - j if fate is Fate.LIVE else 0
+            return sessions.stop_session(state.with_request(r, num_computed=req.num_computed - trimmed), cfg, r, finish,
+                                         end_by_stop)
+        return end_by_stop(state, cfg, r, finish)
     if fate is Fate.LIVE and drafts_come_with_output(cfg):
         req = evolve(req, num_drafts=s.next_drafts)       # the drafts proposed for its next step
     return state.with_request(r, num_output=req.num_output, num_computed=req.num_computed,
                               num_drafts=req.num_drafts, placeholders=req.placeholders)
+
+
+def end_by_stop(state: State, cfg: Config, r: int, finish: Status) -> State:
+    """r finished by a stop or its length (a session: at the end of its last turn)."""
+    return _forget_counters(_finish(state, cfg, r, finish), r)
 
 
 def _settle_rejected_placeholders(req: Request, rejected: int) -> Request:
@@ -360,6 +375,8 @@ def _finish(state: State, cfg: Config, r: int, status: Status) -> State:
                                                   cfg.rules.unhashed_blocks_to_head),
                     waiting=tuple(x for x in state.waiting if x != r),
                     running=tuple(x for x in state.running if x != r),
+                    kv_holding=tuple(x for x in state.kv_holding if x != r),   # a session holding blocks
                     scheduled_ids=state.scheduled_ids - {r})
     state = retire_entries(state, r, frozenset({Fate.LIVE, Fate.ORPHANED}), Fate.SUPERSEDED)
-    return state.with_request(r, status=status, num_computed=0, num_drafts=0, block_table=())
+    return state.with_request(r, status=status, num_computed=0, num_drafts=0, block_table=(),
+                              queued_inputs=(), inputs_to_send=())

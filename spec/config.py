@@ -114,6 +114,10 @@ class Config:
     # "priority" (spec/priority.py), only where the profile has it
     # (`Profile.priority_policy`).
     scheduling_policy: SchedulingPolicy = "fcfs"
+    # Streaming sessions (spec/sessions.py; vLLM's resumable requests, where
+    # the profile has them: `Profile.streaming_sessions`). Off: no request is
+    # resumable, the spec exactly as without them.
+    streaming_sessions: bool = False
 
     def __post_init__(self) -> None:
         self._resolve_profile()
@@ -139,6 +143,9 @@ class Config:
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
         if self.scheduling_policy == "priority" and not self.rules.priority_policy:
             raise ValueError(f"profile {self.profile} has no priority policy (vLLM 0.33 and later)")
+        if self.streaming_sessions and self.prefix_caching:
+            raise ValueError("streaming sessions are modelled without prefix caching (a turn's kept "
+                             "outputs become prompt blocks, which block labels do not follow)")
 
     def _check_admission_knobs(self) -> None:
         """vLLM's `SchedulerConfig` bounds: the budget holds a whole

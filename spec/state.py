@@ -44,6 +44,9 @@ class Status(enum.Enum):
     # landed and not yet promoted; a request failed by the "fail" policy.
     WAITING_FOR_REMOTE_KVS = "WAITING_FOR_REMOTE_KVS"
     FINISHED_ERROR = "FINISHED_ERROR"
+    # A streaming session (docs/request-states.md, "Streaming sessions"):
+    # stopped at the end of its turn, waiting for the client's next input.
+    WAITING_FOR_STREAMING_REQ = "WAITING_FOR_STREAMING_REQ"
 
     @property
     def is_finished(self) -> bool:
@@ -54,12 +57,20 @@ class Status(enum.Enum):
         """Arrived and not finished."""
         return self in ACTIVE
 
+    @property
+    def awaits_client(self) -> bool:
+        """Unfinished, but nothing for the engine to do until the client sends
+        more (vLLM's `get_num_unfinished_requests` leaves such sessions out)."""
+        return self is Status.WAITING_FOR_STREAMING_REQ
+
 
 FINISHED = frozenset({Status.FINISHED_STOPPED, Status.FINISHED_LENGTH, Status.FINISHED_ABORTED,
                       Status.FINISHED_ERROR})
-ACTIVE = frozenset({Status.WAITING, Status.RUNNING, Status.PREEMPTED, Status.WAITING_FOR_REMOTE_KVS})
+ACTIVE = frozenset({Status.WAITING, Status.RUNNING, Status.PREEMPTED, Status.WAITING_FOR_REMOTE_KVS,
+                    Status.WAITING_FOR_STREAMING_REQ})
 # The statuses of a request in a waiting queue (`waiting` or `kv_holding`).
-WAITING_STATUSES = frozenset({Status.WAITING, Status.PREEMPTED, Status.WAITING_FOR_REMOTE_KVS})
+WAITING_STATUSES = frozenset({Status.WAITING, Status.PREEMPTED, Status.WAITING_FOR_REMOTE_KVS,
+                              Status.WAITING_FOR_STREAMING_REQ})
 
 
 class Load(enum.Enum):
@@ -122,6 +133,17 @@ class Request:
     # The priority policy (`Config.scheduling_policy`, spec/priority.py; 0 under FCFS):
     # vLLM's `Request.priority`, given at arrival (lower runs first).
     priority: int = 0
+    # A streaming session (spec/sessions.py; all at their defaults for any
+    # other request): resumable, the inputs its client will still send, in
+    # order (each `(new tokens, max_tokens)`, `(0, 0)` the end of the
+    # session), the ones sent while it was not waiting for them (vLLM's
+    # `streaming_queue`), and its turn: how many times it stopped and went
+    # on (the session's re-add is the same request in a new turn, where a
+    # reused name is a new request, a new slot).
+    resumable: bool = False
+    inputs_to_send: tuple[tuple[int, int], ...] = ()
+    queued_inputs: tuple[tuple[int, int], ...] = ()
+    turn: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -149,6 +171,9 @@ class Entry:
     # request's table when scheduled, the blocks the batch writes.
     external: int = 0
     blocks: tuple[int, ...] = ()
+    # A streaming session's turn when scheduled (spec/sessions.py): an entry
+    # of an earlier turn than its request's is the old input's work.
+    turn: int = 0
 
     @property
     def lookup_name(self) -> int:
@@ -315,7 +340,8 @@ def retire_entries(state: State, r: int, from_fates: frozenset[Fate], to: Fate) 
 def describe_request(q: Request) -> str:
     """A request's status and counters as step tables print them, without its
     label: "RUNN c=4/8+1d o=0 b=[1] ..." (zero counters left out)."""
-    status = "RKVS" if q.status is Status.WAITING_FOR_REMOTE_KVS else q.status.value[:4]
+    status = {Status.WAITING_FOR_REMOTE_KVS: "RKVS", Status.WAITING_FOR_STREAMING_REQ: "WSTR"}.get(
+        q.status, q.status.value[:4])
     return (f"{status} c={q.num_computed}/{q.num_tokens}"
             f"{f'+{q.num_drafts}d' if q.num_drafts else ''} o={q.num_output}"
             f" b={list(q.block_table)}"
@@ -324,7 +350,8 @@ def describe_request(q: Request) -> str:
             f"{f' ph={q.placeholders}' if q.placeholders else ''}"
             f"{f' wait={q.decode_countdown}' if q.decode_countdown else ''}"
             f"{f' load={q.load.value}' if q.load is not Load.NONE else ''}"
-            f"{f' ext={q.external}' if q.external else ''}{' held' if q.held else ''}")
+            f"{f' ext={q.external}' if q.external else ''}{' held' if q.held else ''}"
+            f"{f' turn={q.turn}' if q.turn else ''}{f' queued={list(q.queued_inputs)}' if q.queued_inputs else ''}")
 
 
 def describe(state: State) -> str:

@@ -11,12 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest
+from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest, finish_request
 from .config import Config
 from .connector_contract import Labels, contract_clauses
 from .kv_reports import fail_kv_load, receive_kv, send_kv
 from .priority_invariants import running_loop_skips_nothing, victim_leaves_no_trace
 from .schedule import Scheduled, schedule
+from .session_invariants import ss1_old_output_never_bound
+from .sessions import has_sessions, send_input
 from .state import FINISHED, Entry, Fate, Request, State, Status
 
 
@@ -104,10 +106,21 @@ class SendKv:
         return f"kv sent r{self.req}"
 
 
+@dataclass(frozen=True)
+class SendInput:
+    """A streaming session's client sends its next input: vLLM's
+    `add_request` under the session's live id (sessions.send_input)."""
+
+    req: int
+
+    def __str__(self) -> str:
+        return f"send input r{self.req}"
+
+
 # The connector's reports: environment actions, each enabled only with a connector.
 KV_REPORTS = (ReceiveKv, FailKvLoad, SendKv)
 
-Action = Union[Arrive, ArriveAs, Schedule, CompleteOldest, Abort, ReceiveKv, FailKvLoad, SendKv]
+Action = Union[Arrive, ArriveAs, Schedule, CompleteOldest, Abort, ReceiveKv, FailKvLoad, SendKv, SendInput]
 
 
 def step(state: State, cfg: Config, action: Action) -> State | None:
@@ -129,6 +142,8 @@ def step(state: State, cfg: Config, action: Action) -> State | None:
         return fail_kv_load(state, cfg, action.req, action.from_block)
     if isinstance(action, SendKv):
         return send_kv(state, cfg, action.req)
+    if isinstance(action, SendInput):
+        return send_input(state, cfg, action.req, finish_request)
     raise TypeError(f"not an action: {action!r}")
 
 
@@ -245,6 +260,15 @@ def pr3_running_loop_skips_nothing(before: State, after: State, action: Action, 
     return not isinstance(action, Schedule) or running_loop_skips_nothing(before, after, schedule(before, cfg), cfg)
 
 
+def ss1_session_binding(before: State, after: State, action: Action, cfg: Config) -> bool:
+    if not isinstance(action, CompleteOldest) or not before.in_flight:
+        return True
+    return ss1_old_output_never_bound(before, after, before.in_flight[0], cfg)
+
+
+ss1_session_binding.__doc__ = ss1_old_output_never_bound.__doc__
+
+
 @dataclass(frozen=True)
 class TransitionProperty:
     name: str
@@ -302,4 +326,6 @@ def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
         chosen += tuple(p for p in KV_TRANSITION_PROPERTIES
                         if p.name != "KV3_rollback_restores_counters" or cfg.rules.kv_load_failures)
         chosen += CONTRACT_PROPERTIES
+    if has_sessions(cfg):
+        chosen += (TransitionProperty("SS1_old_output_never_bound", ss1_session_binding),)
     return chosen

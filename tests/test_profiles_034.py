@@ -60,6 +60,8 @@ SAME_AS_033_IN: dict[str, str] = {
     "priority_policy": "Scheduler.schedule, running loop (SchedulingPolicy.PRIORITY: max(running, "
                        "key=(priority, arrival_time)), the hand-back, victim_index < req_index) / "
                        "PriorityRequestQueue (request_queue.py, the same in both)",
+    "streaming_sessions": "Scheduler.add_request / _update_request_as_session / _handle_stopped_request "
+                          "(WAITING_FOR_STREAMING_REQ, num_waiting_for_streaming_input in the admission cap)",
 }
 # Fields that are not vLLM rules.
 NOT_RULES = {"name", "follows"}

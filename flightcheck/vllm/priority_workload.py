@@ -16,8 +16,9 @@ as the spec's arrival order is.
 The feature (`--all-features`): the priority policy with each request's
 priority drawn from 0..2, one time in two with seats for three and a pool of
 one request's worth (preemptions among running requests of several
-priorities), on the releases that have the policy; a workload with a KV
-connector keeps FCFS (the spec's connector queues are FCFS).
+priorities), on the releases that have the policy; never with a KV
+connector or streaming sessions (`excludes`: the spec's connector queues
+and session re-adds are FCFS).
 Standard library only.
 """
 
@@ -92,4 +93,4 @@ def _priority_feature(pick: Picker, workload: dict[str, Any]) -> None:
         config["max_num_seqs"] = max(config.get("max_num_seqs", 1), 3)
 
 
-FEATURE = Feature("priority", priority_versions(), 0.5, _priority_feature, excludes=("kv-connector",))
+FEATURE = Feature("priority", priority_versions(), 0.5, _priority_feature, excludes=("kv-connector", "streaming-sessions"))

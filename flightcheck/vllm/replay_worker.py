@@ -341,6 +341,8 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
 
     def add(spec: RequestSpec) -> None:
         request = make_request(spec, workload)
+        if spec.resumable:
+            request.resumable = True                 # a streaming session (session_workload.py)
         kv_replay.before_add(transfers, spec, request)
         clock.stamp(request, spec.priority)
         scheduler.add_request(request)

@@ -80,6 +80,11 @@
 * `config.policy` (`"fcfs"`, the default, or `"priority"`; vLLM 0.33 and
   0.34) and each request's `priority` (an integer, lower runs first, 0 by
   default): vLLM's priority scheduling (priority_workload.py).
+* A request's `session` (vLLM 0.33 and 0.34): a streaming session, the
+  request resumable, its later inputs sent at engine steps
+  (`{"inputs": [{"step", "tokens", "max_tokens"}], "end_step"}`);
+  session_workload.py documents it. The replay and the reference take the
+  same decisions on such workloads; check-trace does not read them yet.
 
 Every key is checked with its type and range before a token is drawn
 (WorkloadError, one line naming the key path: `requests[3].prompt_len: must
@@ -101,6 +106,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .session_workload import SessionInput, SessionWorkloadError, session_from_json
 from .kv_workload import NO_KV, KVConnectorConfig, KVRequestSpec, KVWorkloadError, kv_connector_from_json, \
     kv_request_from_json
 from .priority_workload import PriorityWorkloadError, policy_from_json, priority_from_json
@@ -161,6 +167,11 @@ class RequestSpec:
     kv: KVRequestSpec = NO_KV
     # Its priority under the priority policy (priority_workload.py; lower first).
     priority: int = 0
+    # A streaming session (session_workload.py): the inputs its client sends,
+    # the end last; and whether vLLM gets it resumable (the session's first
+    # request and each input but the end).
+    session: tuple[SessionInput, ...] = ()
+    resumable: bool = False
 
     @property
     def key(self) -> str:
@@ -293,9 +304,11 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int], tokens_l
     try:
         kv = kv_request_from_json(raw.get("kv"), f"{where}.kv")
         priority = priority_from_json(raw.get("priority", 0), where)
-    except (KVWorkloadError, PriorityWorkloadError) as err:
+        session = session_from_json(raw.get("session"), f"{where}.session", seed, req_id,
+                                    (FIRST_ORDINARY_TOKEN, VOCAB_SIZE))
+    except (KVWorkloadError, PriorityWorkloadError, SessionWorkloadError) as err:
         raise WorkloadError(str(err)) from None
-    return RequestSpec(
+    return RequestSpec(session=session, resumable=bool(session),
         req_id=req_id if reuse is None else reuse, name="" if reuse is None else req_id,
         abort_via_aborts_queue=abort_via == "aborts_queue", abort_during_wait=abort_via == "wait",
         arrival_during_wait=arrival_via == "wait",

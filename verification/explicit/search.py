@@ -33,6 +33,7 @@ from flightcheck.spec import (
     ReceiveKv,
     Sample,
     Schedule,
+    SendInput,
     SendKv,
     Sometimes,
     State,
@@ -88,11 +89,14 @@ def actions(model: Model, state: State) -> Iterator[Action]:
                 yield Abort(r)
     if model.cfg.kv_connector is not None:
         yield from kv_reports(model, state)
+    if model.cfg.streaming_sessions:
+        yield from (SendInput(r) for r, q in enumerate(state.requests) if q.inputs_to_send and q.status.is_active)
 
 
 # The connector's reports the scheduler waits for: a fair connector makes
-# each in the end, so liveness counts them as the system's steps.
-SYSTEM_STEPS = (Schedule, CompleteOldest, ReceiveKv, SendKv)
+# each in the end, so liveness counts them as the system's steps; so is a
+# streaming session's next input (its client sends each, the end included).
+SYSTEM_STEPS = (Schedule, CompleteOldest, ReceiveKv, SendKv, SendInput)
 
 
 def kv_reports(model: Model, state: State) -> Iterator[Action]:
@@ -358,7 +362,8 @@ def _check_liveness(graph: _Graph, result: SearchResult) -> None:
             f"after step {graph.depth[worst]} no run of the scheduler finishes every request; "
             "the trace goes on to where it gets stuck"))
     # Kahn's algorithm on the scheduler-step subgraph: a leftover node lies on a cycle.
-    fair = _fair_system_edges(graph) if result.model.cfg.kv_connector is not None else graph.system_edges
+    cfg = result.model.cfg
+    fair = _fair_system_edges(graph) if cfg.kv_connector is not None or cfg.streaming_sessions else graph.system_edges
     indegree = {s: 0 for s in graph.parent}
     for outs in fair.values():
         for t in outs:
@@ -394,14 +399,20 @@ def _transfer_pending(s: State) -> bool:
     return any(q.held or q.load.in_transfer for q in s.requests)
 
 
+def _input_pending(s: State) -> bool:
+    """A streaming session waits for an input its client has still to send."""
+    return any(q.status.awaits_client and q.inputs_to_send for q in s.requests)
+
+
 def _fair_system_edges(graph: _Graph) -> dict[State, list[State]]:
-    """The system edges a fair connector leaves: while a load or send is
-    pending its report stays enabled (and no schedule or completion ends
-    it), so a run that only schedules and completes around it -- the
-    engine spinning while it waits for the transfer -- is unfair and not
-    a lasso. Without a connector, every system edge."""
+    """The system edges a fair connector (and a fair session client) leaves:
+    while a load or send is pending its report stays enabled (and no
+    schedule or completion ends it), so a run that only schedules and
+    completes around it -- the engine spinning while it waits for the
+    transfer -- is unfair and not a lasso; so is one spinning while a
+    session waits for its next input. Without either, every system edge."""
     return {s: [t for a, t in graph.labelled_system_edges.get(s, [])
-                if isinstance(a, (ReceiveKv, SendKv)) or not _transfer_pending(s)]
+                if isinstance(a, (ReceiveKv, SendKv, SendInput)) or not (_transfer_pending(s) or _input_pending(s))]
             for s in graph.system_edges}
 
 

@@ -37,6 +37,8 @@ SPEC_MODULES: dict[str, str] = {
     "search": "flightcheck.verification.explicit.search",
     # the priority policy (priority.py's mutants)
     "priority": "flightcheck.spec.priority",
+    # streaming sessions (sessions.py's mutants)
+    "sessions": "flightcheck.spec.sessions",
 }
 
 
