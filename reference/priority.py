@@ -46,17 +46,17 @@ class PriorityPolicy:
             self._victims_before += 1
         del self.running[victim_index]
         if victim.request_id in batch.num_scheduled_tokens:
-            hand_back(batch, victim)
+            self._hand_back(batch, victim)
 
+    def _hand_back(self, batch: Batch, victim: Request) -> None:
+        """The victim leaves the batch under construction: its entry, its
+        scheduled tokens (back to the budget) and its scheduled drafts
+        (`scheduled_spec_decode_tokens`)."""
+        req_id = victim.request_id
+        index = next(i for i, r in enumerate(batch.requests) if r is victim)
+        entry = batch.entries[index]
+        del batch.requests[index], batch.entries[index]
+        (batch.new_reqs if entry in batch.new_reqs else batch.cached_reqs).remove(entry)  # type: ignore[arg-type]
+        batch.token_budget += batch.num_scheduled_tokens.pop(req_id)
+        batch.spec_decode_tokens.pop(req_id, None)
 
-def hand_back(batch: Batch, victim: Request) -> None:
-    """The victim leaves the batch under construction: its entry, its
-    scheduled tokens (back to the budget) and its scheduled drafts
-    (`scheduled_spec_decode_tokens`)."""
-    req_id = victim.request_id
-    index = next(i for i, r in enumerate(batch.requests) if r is victim)
-    entry = batch.entries[index]
-    del batch.requests[index], batch.entries[index]
-    (batch.new_reqs if entry in batch.new_reqs else batch.cached_reqs).remove(entry)  # type: ignore[arg-type]
-    batch.token_budget += batch.num_scheduled_tokens.pop(req_id)
-    batch.spec_decode_tokens.pop(req_id, None)

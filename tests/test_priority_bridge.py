@@ -80,9 +80,10 @@ def test_the_feature_sets_the_policy_and_priorities_and_leaves_a_connector_fcfs(
 
 def test_the_reference_hands_a_victim_scheduled_in_the_same_call_back(monkeypatch, tmp_path: Path):
     handed_back: list[str] = []
-    original = reference_priority.hand_back
-    monkeypatch.setattr(reference_priority, "hand_back",
-                        lambda batch, victim: (handed_back.append(victim.request_id), original(batch, victim)))
+    original = reference_priority.PriorityPolicy._hand_back
+    monkeypatch.setattr(reference_priority.PriorityPolicy, "_hand_back",
+                        lambda self, batch, victim: (handed_back.append(victim.request_id),
+                                                     original(self, batch, victim)))
     run = run_reference(VICTIM_SCHEDULED, "vllm-0.34")
     assert run.ending == "done"
     assert handed_back and set(handed_back) == {"r0"}

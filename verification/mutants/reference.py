@@ -328,11 +328,11 @@ PRIORITY: tuple[ReferenceMutant, ...] = (
             "in the batch (vLLM issue #23347)",
             _edit("priority.PriorityPolicy._remove_priority_victim", """
                   if victim.request_id in batch.num_scheduled_tokens:
-                      hand_back(batch, victim)""", ""),
+                      self._hand_back(batch, victim)""", ""),
             profile="vllm-0.34"),
     _mutant("preempted_drafts_kept_pr28558",
             "the hand-back of a priority victim leaves its scheduled drafts in the batch (vLLM PR #28558)",
-            _edit("priority.hand_back", "batch.spec_decode_tokens.pop(req_id, None)", "pass"),
+            _edit("priority.PriorityPolicy._hand_back", "batch.spec_decode_tokens.pop(req_id, None)", "pass"),
             profile="vllm-0.34"),
     _mutant("victim_index_not_adjusted_pr49097",
             "the running loop's index moves back only for a victim scheduled in the same call, not for one "
