@@ -24,7 +24,7 @@ from typing import Any, Mapping
 MAX_COUNT = 2**31 - 1          # token counts, ids and budgets: vLLM holds them in int32
 MAX_STAGES = 1024              # pipeline stages
 MAX_MODEL_LEN = 2**24          # tokens per request (16 Mi): bounds the labels built per prompt
-MAX_POOL_BLOCKS = 2**18        # blocks the checker models: its pool is materialised, O(pool) per event
+MAX_POOL_BLOCKS = 2**20        # blocks the checker models (vLLM's pools are under 1 Mi): O(pool) to build, O(blocks taken) per event
 MAX_LABEL = 2**63 - 1          # prompt block labels (stand-ins for block hashes)
 
 
