@@ -15,6 +15,7 @@ from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest, 
 from .config import Config
 from .connector_contract import Labels, contract_clauses
 from .kv_reports import fail_kv_load, fail_kv_output, receive_kv, send_kv
+from .priority_invariants import running_loop_skips_nothing, victim_leaves_no_trace
 from .schedule import Scheduled, schedule
 from .session_invariants import ss1_old_output_never_bound
 from .sessions import has_sessions, send_input
@@ -276,6 +277,19 @@ def p_kv_preemption_frees(before: State, after: State, action: Action, cfg: Conf
     return len(after.deferred_frees) == len(before.deferred_frees)
 
 
+# --- the priority policy's step properties (priority_invariants.py)
+
+
+def pr2_victim_leaves_no_trace(before: State, after: State, action: Action, cfg: Config) -> bool:
+    """PR2: a request preempted in a schedule step leaves no trace in the batch it forms: no entry (tokens or drafts), no block, and the batch within the budget (vLLM #23347, #28558)."""
+    return not isinstance(action, Schedule) or victim_leaves_no_trace(after, schedule(before, cfg), cfg)
+
+
+def pr3_running_loop_skips_nothing(before: State, after: State, action: Action, cfg: Config) -> bool:
+    """PR3 (progress): a running request left out of a schedule step's batch had nothing to schedule, or the step spent its token budget (vLLM #49097: a request passed over when the victim sat before the loop's index)."""
+    return not isinstance(action, Schedule) or running_loop_skips_nothing(before, after, schedule(before, cfg), cfg)
+
+
 def ss1_session_binding(before: State, after: State, action: Action, cfg: Config) -> bool:
     if not isinstance(action, CompleteOldest) or not before.in_flight:
         return True
@@ -317,6 +331,12 @@ KV_TRANSITION_PROPERTIES: tuple[TransitionProperty, ...] = (
     TransitionProperty("P_KV_preemption_frees", p_kv_preemption_frees),
 )
 
+# Under the priority policy (checked first: a victim left in the batch breaks S12 too).
+PRIORITY_PROPERTIES: tuple[TransitionProperty, ...] = (
+    TransitionProperty("PR2_victim_leaves_no_trace", pr2_victim_leaves_no_trace),
+    TransitionProperty("PR3_running_loop_skips_nothing", pr3_running_loop_skips_nothing),
+)
+
 # The KV connector's contract (connector_contract.py): properties of the
 # environment, checked on every step of a configuration with a connector.
 CONTRACT_PROPERTIES: tuple[TransitionProperty, ...] = tuple(
@@ -328,8 +348,10 @@ def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
     """The transition properties of cfg's profile: every profile's, S7'
     where outputs are looked up by name, and with a KV connector KV3 (where
     the profile has load failures), P_KV_preemption_frees and the
-    connector's contract (C1-C5)."""
+    connector's contract (C1-C5); under the priority policy PR2 and PR3 first."""
     chosen = TRANSITION_PROPERTIES + (INCARNATION_PROPERTIES if cfg.rules.stale_output_counters else ())
+    if cfg.scheduling_policy == "priority":
+        chosen = PRIORITY_PROPERTIES + chosen
     if cfg.kv_connector is not None:
         chosen += tuple(p for p in KV_TRANSITION_PROPERTIES
                         if p.name != "KV3_rollback_restores_counters" or cfg.rules.kv_load_failures)

@@ -402,4 +402,6 @@ def _static_domain(cfg: Any) -> bool:
             # the waiting loop's rules fast_admission.py does not take (vLLM 0.33's)
             and not rules.full_sequence_admission and not rules.defer_resume_while_stale
             and not rules.pads_admitted_decodes
-            and (cfg.enable_chunked_prefill or not rules.unchunked_prefill_stops_admission))
+            and (cfg.enable_chunked_prefill or not rules.unchunked_prefill_stops_admission)
+            # the priority policy's waiting order and victims (spec/priority.py) are the spec's
+            and cfg.scheduling_policy == "fcfs")

@@ -296,6 +296,8 @@ CONFIG = Record({
     "notes_empty_batches": (Flag(), False),
     # the KV connector (docs/kv-connector.md); absent or null: none
     "kv_connector": (Nullable(KV_CONNECTOR), False),
+    # vLLM's scheduling policy (docs/request-states.md, "Priority scheduling")
+    "scheduling_policy": (Choice(("fcfs", "priority")), False),
 })
 
 ARRIVE = Record({
@@ -311,6 +313,8 @@ ARRIVE = Record({
     # what the KV connector offers this request (kv_connector only)
     "external_hit": (COUNT, False),
     "load_async": (Flag(), False),
+    # vLLM's `Request.priority` (read under scheduling_policy "priority")
+    "priority": (Integer(-(2**31), 2**31 - 1), False),
 })
 
 ENTRY = Record({
