@@ -107,6 +107,11 @@ class Config:
     # The KV connector (docs/kv-connector.md); None: no connector, the spec
     # exactly as without one (every state count unchanged).
     kv_connector: KvConnector | None = None
+    # The environment may reset the prefix cache (dropping the running
+    # requests' in-flight output) and pause the scheduler between steps
+    # (reset_pause.py; `Profile.reset_drops_running_output`, `pause_states`).
+    # Off: neither action is enabled, the spec exactly as before.
+    reset_and_pause: bool = False
 
     def __post_init__(self) -> None:
         self._resolve_profile()
@@ -128,6 +133,10 @@ class Config:
         if self.stale_mode not in ("deliver", "drop"):
             raise ValueError(f"stale_mode must be 'deliver' or 'drop', got {self.stale_mode!r}")
         self._check_admission_knobs()
+        if self.reset_and_pause and not (self.rules.reset_drops_running_output and self.rules.pause_states):
+            raise ValueError(f"reset_and_pause needs a profile with reset and pause (vLLM 0.33 on), not {self.profile}")
+        if self.reset_and_pause and self.kv_connector is not None:
+            raise ValueError("reset_and_pause is not modelled with a KV connector")
 
     def _check_admission_knobs(self) -> None:
         """vLLM's `SchedulerConfig` bounds: the budget holds a whole

@@ -24,6 +24,7 @@ from .kv_invariants import (holds_kv_blocks, kv1_no_reuse_under_transfer, kv2_lo
                             kv4_deferred_frees_drain, kv4_finished_holds_nothing, kv5_loaded_not_starved,
                             kv6_load_limit, may_hold_table, moves_a_load, transfers_in_flight)
 from .pool_store import label_list
+from .reset_pause import num_unfinished_requests
 from .state import WAITING_STATUSES, Batch, BlockPool, Fate, State, Status, content_label
 
 
@@ -257,7 +258,7 @@ def running_request_unblocked(s: State, cfg: Config, r: int) -> bool:
 def l2_no_deadlock(s: State, cfg: Config) -> bool:
     """L2 as safety: with nothing in flight and a request unfinished, schedule is enabled and forms a batch or preempts (with a KV connector: nothing in flight includes no load or send to be reported)."""
     from .schedule import is_empty_step, schedule
-    if any(s.in_flight) or not any(q.status.is_active for q in s.requests) or transfers_in_flight(s):
+    if any(s.in_flight) or not num_unfinished_requests(s) or transfers_in_flight(s):
         return True
     # vLLM 0.33's empty batches change nothing when they complete: the state
     # they drain to must form a batch or preempt (or start or promote a KV load)
@@ -359,7 +360,7 @@ def placeholders_within_max_tokens(s: State, cfg: Config, r: int) -> bool:
 def l2_async_no_deadlock(s: State, cfg: Config) -> bool:
     """L2 under async: with nothing in flight and a request unfinished, schedule forms a batch or preempts within stagger + 1 calls, the empty batches between draining at once (with a KV connector: nothing in flight includes no load or send to be reported)."""
     from .schedule import is_empty_step, schedule
-    if any(s.in_flight) or not any(q.status.is_active for q in s.requests) or transfers_in_flight(s):
+    if any(s.in_flight) or not num_unfinished_requests(s) or transfers_in_flight(s):
         return True
     state = replace(s, in_flight=())
     for _ in range(cfg.stagger + 1):

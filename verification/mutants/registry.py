@@ -18,6 +18,7 @@ from flightcheck.spec.profiles import PROFILES
 from flightcheck.verification.mutants.kv_connector import KV_CONNECTOR
 from flightcheck.verification.mutants.patch import MutantNoLongerApplies, edited_code
 from flightcheck.verification.mutants.reference import ReferenceMutant
+from flightcheck.verification.mutants.reset_pause import RESET_PAUSE
 from flightcheck.verification.mutants.spec import (ASYNC_0_33, COUNTERS_0_33, HISTORICAL, SPEC_MODULES, SYNTHETIC,
                                                    Mutant)
 
@@ -37,7 +38,9 @@ for _name, _profile in PROFILES.items():
 # connector's models (`flightcheck verify --kv-connector`), never in a run
 # without a connector, so kept out of MUTANTS and PROFILE_MUTANTS.
 KV_MUTANTS: dict[str, Mutant] = {m.name: m for m in KV_CONNECTOR}
-ALL_MUTANTS: dict[str, Mutant] = MUTANTS | {m.name: m for m in _ONE_PROFILE} | KV_MUTANTS
+# Reset and pause's (reset_pause.py): hunted only on their own models, likewise.
+RESET_PAUSE_MUTANTS: dict[str, Mutant] = {m.name: m for m in RESET_PAUSE}
+ALL_MUTANTS: dict[str, Mutant] = MUTANTS | {m.name: m for m in _ONE_PROFILE} | KV_MUTANTS | RESET_PAUSE_MUTANTS
 
 
 def spec_function(target: str) -> FunctionType:
