@@ -57,6 +57,10 @@ SAME_AS_033_IN: dict[str, str] = {
     "kv_holding_first": "Scheduler.schedule, waiting loop (kv_holding_waiting drained before waiting)",
     "kv_producer_drops_stale_output": "Scheduler.schedule, running loop "
                                       "(_preempt_request(drop_stale_output=self.requires_kv_delivery))",
+    "reset_drops_running_output": "Scheduler.reset_prefix_cache (reset_running_requests: "
+                                  "_preempt_request(drop_stale_output=True), then BlockPool.reset_prefix_cache)",
+    "pause_states": "Scheduler.set_pause_state / schedule (PAUSED_ALL: token_budget = 0; waiting loop "
+                    "UNPAUSED only) / get_num_unfinished_requests",
 }
 # Fields that are not vLLM rules.
 NOT_RULES = {"name", "follows"}
