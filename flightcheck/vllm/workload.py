@@ -98,6 +98,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .reset_pause_workload import WorkloadEvent, events_from_json
 from .kv_workload import NO_KV, KVConnectorConfig, KVRequestSpec, KVWorkloadError, kv_connector_from_json, \
     kv_request_from_json
 from .workload_limits import MAX_COUNT, MAX_NUM_BLOCKS, MAX_PROMPT_LEN, MAX_REQUESTS, MAX_SEED, MAX_SPEC_TOKENS, \
@@ -175,6 +176,8 @@ class Workload:
     max_steps: int
     # The chance that each scheduled draft is accepted (after the one before it).
     draft_acceptance: float = 0.5
+    # Reset and pause events at given engine steps (reset_pause_workload.py).
+    events: tuple[WorkloadEvent, ...] = ()
 
 
 CONFIG_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "block_size": 16, "max_model_len": 2048,
@@ -332,7 +335,7 @@ def _workload_from_json(raw: Any, default_name: str) -> Workload:
                     eos_token_id=_int("eos_token_id", raw.get("eos_token_id", EOS_TOKEN_ID)),
                     max_steps=_int("max_steps", raw.get("max_steps", 100_000), 1, MAX_STEPS,
                                    "every step is a call into vLLM's scheduler"),
-                    draft_acceptance=acceptance)
+                    draft_acceptance=acceptance, events=events_from_json(raw.get("events", [])))
 
 
 def _check_ids(specs: list[RequestSpec]) -> None:
