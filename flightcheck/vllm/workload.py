@@ -77,6 +77,10 @@
   "fail_from_block": int|null, "fail_whole": bool, "send_steps": n}`;
   kv_workload.py documents every key and the timing rule. Without
   `kv_connector`, vLLM runs without a connector and `kv` is refused.
+* `events` (vLLM 0.33 and 0.34): resets and pauses handed to the scheduler
+  before given engine steps, after that step's arrivals and aborts:
+  `[{"step": 7, "reset": {"running": true}}, {"step": 9, "pause": "all"}]`
+  (reset_pause_workload.py).
 
 Every key is checked with its type and range before a token is drawn
 (WorkloadError, one line naming the key path: `requests[3].prompt_len: must
