@@ -10,7 +10,7 @@ flight at most of them:
   every workload ends unpaused (a run that ended paused would leave its
   requests unfinished).
 
-A workload with a KV connector gets none: reset and pause are not modelled
+Never beside a KV connector (`excludes`): reset and pause are not modelled
 with one (spec/reset_pause.py). Standard library only.
 """
 
@@ -31,7 +31,7 @@ class Picker(Protocol):                        # generate.Picker
 
 
 def with_reset_and_pause(pick: Picker, workload: dict[str, Any]) -> None:
-    """Add `events` to `workload` (in place), unless it has a KV connector."""
+    """Add `events` to `workload` (in place)."""
     events: list[dict[str, Any]] = []
     for _ in range(pick.integer(1, 4)):
         step = pick.integer(1, 20)
@@ -46,8 +46,6 @@ def with_reset_and_pause(pick: Picker, workload: dict[str, Any]) -> None:
             events.append({"step": lifted, "pause": "new"})
             lifted += pick.integer(1, 3)
         events.append({"step": lifted, "pause": "none"})
-    if workload["config"].get("kv_connector") is not None or workload.get("kv_connector") is not None:
-        return                                 # drawn all the same: the seed's draws stay aligned
     events.sort(key=lambda e: e["step"])       # stable: a step's pause before its lift
     workload["events"] = _ending_unpaused(events)
 
@@ -63,4 +61,4 @@ def _ending_unpaused(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # vLLM 0.33 and 0.34 have both (the releases with the connector API are those).
-FEATURE = Feature("reset-pause", kv_connector_versions(), 0.5, with_reset_and_pause)
+FEATURE = Feature("reset-pause", kv_connector_versions(), 0.5, with_reset_and_pause, excludes=("kv-connector",))
