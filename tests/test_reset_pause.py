@@ -100,12 +100,6 @@ def test_pause_new_admits_no_waiting_request_not_even_a_preempted_one():
     assert step(step(s, cfg, SetPause(Pause.UNPAUSED)), cfg, Schedule()).running == (0,)
 
 
-def test_the_sync_model_is_searched_exhaustively_without_a_violation():
-    r = search(RESET_PAUSE_K2)
-    assert r.complete and r.num_states == 9279
-    assert not r.violations and all(r.liveness.values())
-
-
 @pytest.mark.slow
 def test_the_async_model_is_searched_exhaustively_without_a_violation():
     r = search(RESET_PAUSE_K2_ASYNC)
@@ -126,3 +120,26 @@ def test_every_reset_pause_mutant_is_killed_by_its_property(name):
     result = hunt_mutant(name, model=reset_pause_mutant_model(name))
     assert result.killed and result.property not in SOMETIMES_NAMES
     assert (result.property, result.trace_length) == KILLS[name]
+
+
+def test_verify_reset_pause_proves_the_models_properties_and_refuses_other_profiles():
+    """`flightcheck verify --profile vllm-0.34 --reset-pause`: the sync model
+    searched exhaustively (9,279 states), every property proved, liveness
+    included (the mutants are hunted under vllm-0.34-async, above); 0.8.x
+    has neither."""
+    import subprocess
+    import sys
+
+    from flightcheck.verification.suite import SuiteOptions, run_suite
+
+    result = run_suite(SuiteOptions(profile="vllm-0.34", reset_pause=True, use_z3=False))
+    report = result.to_json()
+    assert report["ok"] and report["reset_pause"] and not report["mutants"]
+    assert {p["method"] for p in report["properties"]} == {"exhaustive reset-pause-k2 (9279 states, depth 24)"}
+    assert RESET_PAUSE_K2.name == "reset-pause-k2"
+    names = {p["name"] for p in report["properties"]}
+    assert {"RP1_paused_schedules_nothing", "RP2_reset_drops_in_flight", "RP3_reset_output_never_applied",
+            "RP4_prefix_cache_reset", "L1_L3_every_request_can_finish"} <= names
+    out = subprocess.run([sys.executable, "-m", "flightcheck.cli", "verify", "--profile", "vllm-0.8.5",
+                          "--reset-pause"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--reset-pause" in out.stderr

@@ -141,6 +141,7 @@ class SuiteResult:
     allow_name_reuse: bool = False
     explicit_only: str | None = None      # why Z3 is not run under this profile, if it is not
     kv_connector: bool = False            # the KV connector's models (`--kv-connector`)
+    reset_pause: bool = False             # reset and pause's models (`--reset-pause`)
 
     @property
     def ok(self) -> bool:
@@ -167,7 +168,8 @@ class SuiteResult:
         } | ({"moot_mutants": dict(self.moot)} if self.moot else {}) | (
             {"explicit_only": self.explicit_only} if self.explicit_only else {}) | (
             {"allow_name_reuse": True, "counterexamples": [to_json(cx) for cx in self.counterexamples]}
-            if self.allow_name_reuse else {}) | ({"kv_connector": True} if self.kv_connector else {})
+            if self.allow_name_reuse else {}) | ({"kv_connector": True} if self.kv_connector else {}) | (
+            {"reset_pause": True} if self.reset_pause else {})
 
 
 def all_property_names(cfg: Config | None = None) -> list[str]:
@@ -248,7 +250,8 @@ class SuiteOptions:
     `mutants` None hunts every mutant of the profile (its moot ones listed,
     not hunted), a list only those; `inferred` adds the inferred-invariant
     proof; `allow_name_reuse` searches the profile's name-reuse models
-    instead, `kv_connector` its KV connector models."""
+    instead, `kv_connector` its KV connector models, `reset_pause` its
+    reset-and-pause models (reset_pause_suite.py)."""
     model: Model = VERIFY_MODEL
     depth: int = VERIFY_DEPTH
     use_z3: bool = True
@@ -258,6 +261,7 @@ class SuiteOptions:
     profile: str = DEFAULT_PROFILE
     allow_name_reuse: bool = False
     kv_connector: bool = False
+    reset_pause: bool = False
 
     @property
     def runs_z3(self) -> bool:
@@ -286,6 +290,9 @@ def run_suite(options: SuiteOptions = SuiteOptions(), progress: Progress | None 
         return _name_reuse_suite(options, say)
     if options.kv_connector:
         return _kv_connector_suite(options, say)
+    if options.reset_pause:
+        from flightcheck.verification.reset_pause_suite import reset_pause_suite
+        return reset_pause_suite(options, say)
     t0 = time.perf_counter()
     moot = MOOT_MUTANTS.get(profile, {}) if options.mutants is None else {}
     hunted_names = (list(options.mutants) if options.mutants is not None
