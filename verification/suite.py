@@ -41,6 +41,7 @@ from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES
 from flightcheck.spec.sometimes import sometimes_for
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.kv_models import KV_MUTANT_MODELS, KV_PROFILE_MODELS
+from flightcheck.verification.reset_pause_models import RESET_PAUSE_MODELS, reset_pause_mutant_model
 from flightcheck.verification.models import (
     NAME_REUSE_MODELS,
     NAME_REUSE_MUTANT_MODELS,
@@ -50,6 +51,7 @@ from flightcheck.verification.models import (
     mutant_model,
 )
 from flightcheck.verification.mutants import mutants_of
+from flightcheck.verification.mutants.registry import RESET_PAUSE_MUTANTS
 from flightcheck.verification.results import (
     LIVENESS_GRAPH,
     SOMETIMES_NAMES,
@@ -251,7 +253,7 @@ class SuiteOptions:
     not hunted), a list only those; `inferred` adds the inferred-invariant
     proof; `allow_name_reuse` searches the profile's name-reuse models
     instead, `kv_connector` its KV connector models, `reset_pause` its
-    reset-and-pause models (reset_pause_suite.py)."""
+    reset-and-pause models."""
     model: Model = VERIFY_MODEL
     depth: int = VERIFY_DEPTH
     use_z3: bool = True
@@ -291,8 +293,7 @@ def run_suite(options: SuiteOptions = SuiteOptions(), progress: Progress | None 
     if options.kv_connector:
         return _kv_connector_suite(options, say)
     if options.reset_pause:
-        from flightcheck.verification.reset_pause_suite import reset_pause_suite
-        return reset_pause_suite(options, say)
+        return _reset_pause_suite(options, say)
     t0 = time.perf_counter()
     moot = MOOT_MUTANTS.get(profile, {}) if options.mutants is None else {}
     hunted_names = (list(options.mutants) if options.mutants is not None
@@ -410,6 +411,31 @@ def _kv_connector_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
         hunted.append(hunt_mutant(name, model=small))
     return SuiteResult(time.perf_counter() - t0, rows, hunted, profile, kv_connector=True,
                        explicit_only=KV_EXPLICIT_ONLY if options.use_z3 and not z3_rows else None)
+
+
+RESET_PAUSE_EXPLICIT_ONLY = "the Z3 encoding has no reset and pause: their models are searched exhaustively"
+
+
+def _reset_pause_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
+    """`--reset-pause` (spec/reset_pause.py): the exhaustive search of the
+    profile's reset-and-pause model, every invariant, transition property
+    (RP1-RP4 among them), liveness property and target of it, and, under
+    `vllm-0.34-async`, reset and pause's mutants, each on its model."""
+    profile = options.profile
+    if profile not in RESET_PAUSE_MODELS:
+        raise ValueError(f"profile {profile!r} has no reset-and-pause model; known: {', '.join(RESET_PAUSE_MODELS)}")
+    t0 = time.perf_counter()
+    rows: list[PropertyResult] = []
+    for small in RESET_PAUSE_MODELS[profile]:
+        say(f"exhaustive search of {small.name} ({profile}, reset and pause)")
+        rows += exhaustive_rows(small)
+    hunted = []
+    for name, m in RESET_PAUSE_MUTANTS.items():
+        if m.profile == profile and (options.mutants is None or name in options.mutants):
+            say(f"hunting mutant {name} ({profile}, reset and pause)")
+            hunted.append(hunt_mutant(name, model=reset_pause_mutant_model(name)))
+    return SuiteResult(time.perf_counter() - t0, rows, hunted, profile, reset_pause=True,
+                       explicit_only=RESET_PAUSE_EXPLICIT_ONLY if options.use_z3 else None)
 
 
 def _kv_encoded(profile: str) -> bool:
