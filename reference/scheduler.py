@@ -69,6 +69,7 @@ from .kv_transfer import KvTransfers
 from .kv_waiting import KvWaiting
 from .priority import PriorityPolicy
 from .sessions import StreamingSessions
+from .reset_pause import ResetPause
 from .update import OutputUpdate
 from .waiting import WaitingLoop
 
@@ -76,7 +77,7 @@ __all__ = ["Fate", "Scheduler"]
 
 
 class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop, StreamingSessions,
-                PriorityPolicy):
+                PriorityPolicy, ResetPause):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv_cache_manager = KVCacheManager(
@@ -138,6 +139,7 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         self._one_batch_per_request = not config.continue_prefill
         self._init_kv(config)                 # the KV connector (kv_transfer.py), if any
         self.num_waiting_for_streaming_input = 0   # parked streaming sessions (sessions.py)
+        self._init_reset_pause(profile)       # reset and pause (reset_pause.py)
 
     # ------------------------------------------------------------------
     # Requests in and out
@@ -227,10 +229,10 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
             self.num_waiting_for_streaming_input
 
     def has_requests(self) -> bool:
-        """vLLM's `SchedulerInterface.has_requests`: unfinished requests, or
-        finished ids no batch has carried to the workers yet (vLLM 0.33's
-        engine schedules while this holds)."""
-        return bool(self.has_unfinished_requests() or self.finished_req_ids or self.kv_held)
+        """vLLM's `SchedulerInterface.has_requests`: unfinished requests (as
+        a pause counts them), or finished ids no batch has carried to the
+        workers yet (vLLM 0.33's engine schedules while this holds)."""
+        return bool(self.get_num_unfinished_requests() or self.finished_req_ids or self.kv_held)
 
     def get_num_unscheduled_requests(self) -> int:
         """vLLM <= 0.8.4's engine gate for the one-batch-per-request policy."""
@@ -245,8 +247,9 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         self.current_step += 1
         batch = Batch(self.config.max_num_batched_tokens)
         self._threshold = self._threshold_in_force()
-        self._schedule_running(batch)
-        if not batch.preempted:               # no admission in a step that preempted
+        if self._runs_running_loop():         # the pause (reset_pause.py)
+            self._schedule_running(batch)
+        if not batch.preempted and self._runs_waiting_loop():   # no admission in a step that preempted
             self._schedule_waiting(batch)
         output = self._make_output(batch)
         self._update_after_schedule(batch)

@@ -118,6 +118,11 @@ class Config:
     # the profile has them: `Profile.streaming_sessions`). Off: no request is
     # resumable, the spec exactly as without them.
     streaming_sessions: bool = False
+    # The environment may reset the prefix cache (dropping the running
+    # requests' in-flight output) and pause the scheduler between steps
+    # (reset_pause.py; `Profile.reset_drops_running_output`, `pause_states`).
+    # Off: neither action is enabled, the spec exactly as before.
+    reset_and_pause: bool = False
 
     def __post_init__(self) -> None:
         self._resolve_profile()
@@ -146,6 +151,10 @@ class Config:
         if self.streaming_sessions and self.prefix_caching:
             raise ValueError("streaming sessions are modelled without prefix caching (a turn's kept "
                              "outputs become prompt blocks, which block labels do not follow)")
+        if self.reset_and_pause and not (self.rules.reset_drops_running_output and self.rules.pause_states):
+            raise ValueError(f"reset_and_pause needs a profile with reset and pause (vLLM 0.33 on), not {self.profile}")
+        if self.reset_and_pause and self.kv_connector is not None:
+            raise ValueError("reset_and_pause is not modelled with a KV connector")
 
     def _check_admission_knobs(self) -> None:
         """vLLM's `SchedulerConfig` bounds: the budget holds a whole

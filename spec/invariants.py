@@ -28,6 +28,7 @@ from .priority_invariants import waiting_in_priority_order
 from .session_invariants import (ss2_old_turn_given_up, ss3_waiting_session_holds_blocks,
                                  ss4_waiting_session_keeps_seat)
 from .sessions import has_sessions, waiting_for_input
+from .reset_pause import num_unfinished_requests
 from .state import WAITING_STATUSES, Batch, BlockPool, Fate, State, Status, content_label
 
 
@@ -263,7 +264,7 @@ def running_request_unblocked(s: State, cfg: Config, r: int) -> bool:
 def l2_no_deadlock(s: State, cfg: Config) -> bool:
     """L2 as safety: with nothing in flight and a request unfinished, schedule is enabled and forms a batch or preempts (with a KV connector: nothing in flight includes no load or send to be reported; with streaming sessions: no session waiting for input)."""
     from .schedule import is_empty_step, schedule
-    if any(s.in_flight) or not any(q.status.is_active for q in s.requests) or transfers_in_flight(s):
+    if any(s.in_flight) or not num_unfinished_requests(s) or transfers_in_flight(s):
         return True
     if waiting_for_input(s):              # a session waits for its client: so may the scheduler
         return True
@@ -367,7 +368,7 @@ def placeholders_within_max_tokens(s: State, cfg: Config, r: int) -> bool:
 def l2_async_no_deadlock(s: State, cfg: Config) -> bool:
     """L2 under async: with nothing in flight and a request unfinished, schedule forms a batch or preempts within stagger + 1 calls, the empty batches between draining at once (with a KV connector: nothing in flight includes no load or send to be reported)."""
     from .schedule import is_empty_step, schedule
-    if any(s.in_flight) or not any(q.status.is_active for q in s.requests) or transfers_in_flight(s):
+    if any(s.in_flight) or not num_unfinished_requests(s) or transfers_in_flight(s):
         return True
     if waiting_for_input(s):              # a session waits for its client: so may the scheduler
         return True

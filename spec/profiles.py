@@ -279,6 +279,15 @@ class Profile:
     # its seat in the admission cap (`num_waiting_for_streaming_input`)
     # (0.33, 0.34: the same rules in both).
     streaming_sessions: bool = False
+    # `Scheduler.reset_prefix_cache(reset_running_requests=True)`: every
+    # running request preempted with `_preempt_request(drop_stale_output=True)`
+    # (its in-flight output dropped), then `BlockPool.reset_prefix_cache`
+    # (reset_pause.py) (0.33, 0.34).
+    reset_drops_running_output: bool = False
+    # `PauseState` and `Scheduler.set_pause_state`: PAUSED_ALL schedules
+    # nothing, PAUSED_NEW admits only `kv_holding_waiting`
+    # (`schedule`, `get_num_unfinished_requests`) (0.33, 0.34).
+    pause_states: bool = False
     # The profile of the release this one follows, when this one's spec rules
     # are that one's with some constants changed: verification checks this
     # one with everything it checks the older one with
@@ -330,6 +339,7 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     unchunked_prefill_stops_admission=True,
                     cache_settled_blocks_on_output=True, draft_source="submission",
                     pads_admitted_decodes=True, priority_policy=True, streaming_sessions=True,
+                    reset_drops_running_output=True, pause_states=True,
                     **_KV_CONNECTOR_0_33)
 
 # vLLM 0.33.0 with asynchronous scheduling, the default for single-node

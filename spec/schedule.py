@@ -38,6 +38,7 @@ from .drafts import padded_admission
 from .kv_fence import can_free_now, requires_kv_delivery
 from .launch import ScheduledEntry, count_down, count_in_flight, snapshot
 from .profiles import num_preallocate_blocks
+from .reset_pause import has_requests, runs_running_loop, runs_waiting_loop
 from .state import Batch, BlockPool, Fate, Load, Request, State, Status, content_label, evolve, retire_entries
 
 
@@ -92,8 +93,9 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
     if not is_schedule_enabled(state, cfg):
         return None
     step = _Step(state, cfg)
-    _schedule_running(step)
-    if not step.preempted:
+    if runs_running_loop(state):
+        _schedule_running(step)
+    if not step.preempted and runs_waiting_loop(state):
         _schedule_waiting(step)
     if not step.entries and not step.preempted:
         return _idle(state, cfg, step)   # 0.34's reorder and a KV connector's loads stay
@@ -102,18 +104,16 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
 
 def _idle(state: State, cfg: Config, step: _Step | None = None) -> Scheduled | None:
     """A step that forms nothing. vLLM 0.33 `EngineCore.step_with_batch_queue`
-    calls `schedule()` whenever `Scheduler.has_requests()` (an unfinished
-    request) and queues its result even with 0 tokens
-    (`Profile.empty_batches`): an empty batch takes a queue slot. The spec
-    lets `schedule` and `complete_oldest` interleave freely, so this one rule
-    covers every engine step that schedules nothing; it stays finite because
-    the queue holds at most K batches, empty ones included (a KV connector's
-    finished request held for a transfer keeps the engine stepping:
-    `has_finished_requests`). 0.8.x: nothing. `step`: the call's own, counted
-    down, with what its waiting loop changed; None: a call on `state` alone."""
+    calls `schedule()` whenever `Scheduler.has_requests()` (reset_pause.py:
+    an unfinished request, none under PAUSED_ALL; or a KV connector's finished
+    request held for a transfer) and queues its result even with 0 tokens
+    (`Profile.empty_batches`): an empty batch takes a queue slot. The spec lets
+    `schedule` and `complete_oldest` interleave freely, so this one rule covers
+    every engine step that schedules nothing; it stays finite because the queue
+    holds at most K batches, empty ones included. 0.8.x: nothing. `step`: the
+    call's own, counted down, with its waiting loop's changes; None: on `state`."""
     counted = count_down(state, cfg) if step is None else step.state
-    if not cfg.rules.empty_batches or not any((q.status.is_active and not q.status.awaits_client) or q.held
-                                              for q in counted.requests):
+    if not cfg.rules.empty_batches or not has_requests(counted):
         return None
     return Scheduled(replace(counted, in_flight=counted.in_flight + ((),)), (), (),
                      () if step is None else tuple(step.kv_loads))

@@ -88,6 +88,14 @@ class Load(enum.Enum):
         return self in (Load.IN_FLIGHT, Load.FAILED)
 
 
+class Pause(enum.Enum):
+    """vLLM's `PauseState` (reset_pause.py): the scheduler's pause state."""
+
+    UNPAUSED = "none"
+    PAUSED_NEW = "new"         # no waiting request admitted; running ones go on
+    PAUSED_ALL = "all"         # nothing scheduled
+
+
 class Fate(enum.Enum):
     LIVE = "live"              # its request is the incarnation it was scheduled for
     ORPHANED = "orphaned"      # request preempted since, not rescheduled: tokens kept
@@ -174,6 +182,10 @@ class Entry:
     # A streaming session's turn when scheduled (spec/sessions.py): an entry
     # of an earlier turn than its request's is the old input's work.
     turn: int = 0
+    # A ghost (reset_pause.py): the entry was in flight when a
+    # `reset_prefix_cache(reset_running_requests=True)` preempted its request;
+    # its output must be dropped, never applied.
+    reset: bool = False
 
     @property
     def lookup_name(self) -> int:
@@ -240,6 +252,8 @@ class State:
     kv_holding: tuple[int, ...] = ()
     deferred_frees: tuple[tuple[int, tuple[int, ...]], ...] = ()
     arrivals: tuple[int, ...] = ()
+    # vLLM's `PauseState` (reset_pause.py; UNPAUSED without `Config.reset_and_pause`).
+    pause: Pause = Pause.UNPAUSED
 
     def with_request(self, r: int, **changes) -> "State":
         old = self.requests[r]
@@ -363,9 +377,10 @@ def describe(state: State) -> str:
         reqs.append(f"r{i}{f'(as r{q.name})' if q.name is not None else ''}:{describe_request(q)}")
     batches = ["[" + " ".join(f"r{e.req}{'' if e.name is None else f'(as r{e.name})'}"
                               f"@{e.start}+{e.n}{'*' if e.samples else ''}"
-                              f"{'' if e.fate is Fate.LIVE else '~' + e.fate.value[0]}"
+                              f"{'' if e.fate is Fate.LIVE else '~' + e.fate.value[0]}{'!' if e.reset else ''}"
                               for e in b) + "]" for b in state.in_flight]
     kv = (f"{f' H={list(state.kv_holding)}' if state.kv_holding else ''}"
           f"{f' deferred={[list(d) for d in state.deferred_frees]}' if state.deferred_frees else ''}")
+    kv += "" if state.pause is Pause.UNPAUSED else f" paused={state.pause.value}"
     return (f"{'; '.join(reqs) or '-'} | W={list(state.waiting)} R={list(state.running)}{kv}"
             f" | Q={' '.join(batches) or '-'} | free={list(state.pool.free_queue)}")

@@ -57,7 +57,7 @@ def minimal_event(kind: str) -> dict[str, Any]:
     if kind == "config":
         return dict(CONFIG)
     values = {"req": "a", "prompt_len": 1, "max_tokens": 1, "entries": [], "batch": 0, "stage": 0,
-              "t0": 0, "t1": 1, "reason": "stop", "from_block": 0, "count": 1}
+              "t0": 0, "t1": 1, "reason": "stop", "from_block": 0, "count": 1, "running": True, "state": "none"}
     record: Record = EVENTS[kind]
     return {"ev": kind, **{f: values[f] for f, (_, required) in record.fields.items() if required}}
 

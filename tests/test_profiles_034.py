@@ -62,6 +62,10 @@ SAME_AS_033_IN: dict[str, str] = {
                        "PriorityRequestQueue (request_queue.py, the same in both)",
     "streaming_sessions": "Scheduler.add_request / _update_request_as_session / _handle_stopped_request "
                           "(WAITING_FOR_STREAMING_REQ, num_waiting_for_streaming_input in the admission cap)",
+    "reset_drops_running_output": "Scheduler.reset_prefix_cache (reset_running_requests: "
+                                  "_preempt_request(drop_stale_output=True), then BlockPool.reset_prefix_cache)",
+    "pause_states": "Scheduler.set_pause_state / schedule (PAUSED_ALL: token_budget = 0; waiting loop "
+                    "UNPAUSED only) / get_num_unfinished_requests",
 }
 # Fields that are not vLLM rules.
 NOT_RULES = {"name", "follows"}

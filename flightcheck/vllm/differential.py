@@ -212,6 +212,10 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
             errors.release(finishes)
         elif kind == "abort":
             out.append(("abort", event["req"]))
+        elif kind == "reset":                     # reset and pause (reset_pause_workload.py)
+            out.append(("reset", event["running"], tuple(event.get("preempted", ())), event.get("ok")))
+        elif kind == "pause":
+            out.append(("pause", event["state"]))
     out.extend(sorted(reports))
     errors.release(finishes)
     flush()

@@ -64,6 +64,7 @@ from typing import Any
 
 from . import compat
 from .ground_truth import BatchRecord, EntrySnapshot, GroundTruthMixin, status_name
+from .reset_pause_recording import ResetPauseRecording
 from .sinks import TraceWriter, open_trace_from_env
 
 STAGES_ENV = "FLIGHTCHECK_NUM_STAGES"
@@ -94,7 +95,7 @@ def _block_ids(value: Any) -> list[int]:
     return value
 
 
-class RecordingMixin(GroundTruthMixin):
+class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
     """Put in front of a vLLM scheduler class: `class R(RecordingMixin, Scheduler)`."""
 
     # Set by the concrete class (recorder.py): the vLLM version it runs under,

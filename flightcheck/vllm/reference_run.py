@@ -36,6 +36,7 @@ from flightcheck.verification.mutants.patching import reference_applied
 from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV034, FabricatedModel, RunOutcome,
                      run_busy_loop)
 from .priority_workload import ArrivalClock
+from .reset_pause_workload import call_event
 from .versions import BATCH_QUEUE_V033_LOOPS, RELEASES, release, release_of_profile
 from .workload import Workload, workload_from_json
 
@@ -304,7 +305,8 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
     def abort(req_id: str) -> None:
         scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
 
-    outcome: RunOutcome = run_busy_loop(engine, workload, add, abort)
+    outcome: RunOutcome = run_busy_loop(engine, workload, add, abort,
+                                        (lambda event: call_event(scheduler, event)) if workload.events else None)
     events = [json.loads(line) for line in sink.getvalue().splitlines() if line.strip()]
     return ReferenceRun(events, outcome.ending, outcome.exception, side.saw_duplicate_cached_block)
 

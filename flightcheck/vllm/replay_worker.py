@@ -100,6 +100,7 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from . import RECORDER, kv_replay, priority_workload  # noqa: E402
+from .reset_pause_workload import call_event  # noqa: E402
 from .compat import resolve_obj_by_qualname  # noqa: E402
 from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV034,  # noqa: E402
                      FabricatedModel, run_busy_loop)
@@ -307,6 +308,12 @@ def _make_engine(scheduler: Any, model: FabricatedModel, workload: Workload) -> 
     return engine(scheduler, model, depth, abort_all, drafts)
 
 
+def _event_caller(scheduler: Any) -> Any:
+    """Reset and pause events (reset_pause_workload.py), on vLLM 0.33 and 0.34."""
+    from vllm.v1.core.sched.interface import PauseState
+    return lambda event: call_event(scheduler, event, PauseState)
+
+
 def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]:
     workload = workload_from_json(job["workload"])
     assert RELEASE is not None
@@ -347,7 +354,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         clock.stamp(request, spec.priority)
         scheduler.add_request(request)
 
-    outcome = run_busy_loop(engine, workload, add, abort)
+    outcome = run_busy_loop(engine, workload, add, abort, _event_caller(scheduler) if workload.events else None)
     if recording:
         # A run cut short by an exception has no end: the trace stops where vLLM did.
         scheduler.flightcheck_end(complete=outcome.ending != "exception" and outcome.ending != "step_limit")

@@ -85,6 +85,10 @@
   (`{"inputs": [{"step", "tokens", "max_tokens"}], "end_step"}`);
   session_workload.py documents it. The replay and the reference take the
   same decisions on such workloads; check-trace does not read them yet.
+* `events` (vLLM 0.33 and 0.34): resets and pauses handed to the scheduler
+  before given engine steps, after that step's arrivals and aborts:
+  `[{"step": 7, "reset": {"running": true}}, {"step": 9, "pause": "all"}]`
+  (reset_pause_workload.py).
 
 Every key is checked with its type and range before a token is drawn
 (WorkloadError, one line naming the key path: `requests[3].prompt_len: must
@@ -107,6 +111,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .session_workload import SessionInput, SessionWorkloadError, session_from_json
+from .reset_pause_workload import WorkloadEvent, events_from_json
 from .kv_workload import NO_KV, KVConnectorConfig, KVRequestSpec, KVWorkloadError, kv_connector_from_json, \
     kv_request_from_json
 from .priority_workload import PriorityWorkloadError, policy_from_json, priority_from_json
@@ -194,6 +199,8 @@ class Workload:
     max_steps: int
     # The chance that each scheduled draft is accepted (after the one before it).
     draft_acceptance: float = 0.5
+    # Reset and pause events at given engine steps (reset_pause_workload.py).
+    events: tuple[WorkloadEvent, ...] = ()
 
 
 CONFIG_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "block_size": 16, "max_model_len": 2048,
@@ -358,7 +365,7 @@ def _workload_from_json(raw: Any, default_name: str) -> Workload:
                     eos_token_id=_int("eos_token_id", raw.get("eos_token_id", EOS_TOKEN_ID)),
                     max_steps=_int("max_steps", raw.get("max_steps", 100_000), 1, MAX_STEPS,
                                    "every step is a call into vLLM's scheduler"),
-                    draft_acceptance=acceptance)
+                    draft_acceptance=acceptance, events=events_from_json(raw.get("events", [])))
 
 
 def _check_ids(specs: list[RequestSpec]) -> None:

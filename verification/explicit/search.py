@@ -30,11 +30,14 @@ from flightcheck.spec import (
     ArriveAs,
     CompleteOldest,
     FailKvLoad,
+    Pause,
     ReceiveKv,
+    Reset,
     Sample,
     Schedule,
     SendInput,
     SendKv,
+    SetPause,
     Sometimes,
     State,
     describe,
@@ -91,12 +94,22 @@ def actions(model: Model, state: State) -> Iterator[Action]:
         yield from kv_reports(model, state)
     if model.cfg.streaming_sessions:
         yield from (SendInput(r) for r, q in enumerate(state.requests) if q.inputs_to_send and q.status.is_active)
+    if model.cfg.reset_and_pause:
+        yield from (Reset(running) for running in (True, False))
+        yield from (SetPause(pause) for pause in Pause)
 
 
 # The connector's reports the scheduler waits for: a fair connector makes
 # each in the end, so liveness counts them as the system's steps; so is a
 # streaming session's next input (its client sends each, the end included).
 SYSTEM_STEPS = (Schedule, CompleteOldest, ReceiveKv, SendKv, SendInput)
+
+
+def is_system_step(action: Action) -> bool:
+    """The system's steps, and a resume: liveness asks that every request
+    can finish once the environment lifts a pause (reset_pause.py), not
+    while it holds it."""
+    return isinstance(action, SYSTEM_STEPS) or (isinstance(action, SetPause) and action.pause is Pause.UNPAUSED)
 
 
 def kv_reports(model: Model, state: State) -> Iterator[Action]:
@@ -245,7 +258,7 @@ class _Search:
         for action, nxt in successors(self.model, s):
             result.num_edges += 1
             edges.append(nxt)
-            if isinstance(action, SYSTEM_STEPS):
+            if is_system_step(action):
                 sys_edges.append(nxt)
                 labelled.append((action, nxt))
             fresh = nxt not in graph.parent

@@ -69,7 +69,9 @@ from flightcheck.spec import (
     CompleteOldest,
     Invariant,
     Request,
+    Reset,
     Schedule,
+    SetPause,
     State,
 )
 from flightcheck.spec import pool_store, request_store
@@ -208,6 +210,9 @@ class Incremental:
                               if b is not a and r not in failing]
         if isinstance(action, (Arrive, Abort) + KV_REPORTS):
             return [action.req]
+        if isinstance(action, (Reset, SetPause)):
+            # a reset preempts every running request (spec/reset_pause.py); a pause touches none
+            return [r for r, (b, a) in enumerate(zip(before.requests, after.requests)) if b is not a]
         if isinstance(action, Schedule):
             assert self.scheduled is not None
             if self.cfg.kv_connector is not None:

@@ -56,6 +56,7 @@ from .engine_steps import EngineSteps
 from .explain import why_left_out, why_nothing_scheduled
 from .named_state import describe_named, quoted
 from .reading import MalformedTrace
+from .reset_pause import ResetPauseEvents
 from .schema import one_line, show
 
 REASONS = {"stop": Status.FINISHED_STOPPED, "length": Status.FINISHED_LENGTH,
@@ -75,7 +76,7 @@ class EventsDropped(MalformedTrace):
     event before it was checked (exit 2, the message says so)."""
 
 
-class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents):
+class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, ResetPauseEvents):
     """Replays events one by one on the spec; `feed` raises _Violation."""
 
     def __init__(self, events: list[dict[str, Any]], profile: str | None = None) -> None:

@@ -386,6 +386,17 @@ KV_FAILED = Record({
 })
 KV_SENT = Record({**COMMON, "req": (REQUEST_ID, True)})
 
+# Reset and pause (vLLM 0.33 on, spec/reset_pause.py): `reset_prefix_cache`
+# (the running requests it preempted, tail first; whether the cache was
+# reset) and `set_pause_state`, called between engine steps.
+RESET = Record({
+    **COMMON,
+    "running": (Flag(), True),             # reset_running_requests
+    "preempted": (ListOf(REQUEST_ID), False),
+    "ok": (Flag(), False),                 # its return value
+})
+PAUSE = Record({**COMMON, "state": (Choice(("none", "new", "all")), True)})
+
 # A streaming recorder's marker: `count` events were lost here (its buffer
 # was full, or its sink refused them); nothing after it can be judged.
 DROPPED = Record({**COMMON, "count": (POSITIVE, True)})
@@ -393,7 +404,7 @@ DROPPED = Record({**COMMON, "count": (POSITIVE, True)})
 EVENTS: dict[str, Record] = {"config": CONFIG, "arrive": ARRIVE, "schedule": SCHEDULE, "stage": STAGE,
                              "complete": COMPLETE, "finish": FINISH, "abort": ABORT, "end": END,
                              "kv_received": KV_RECEIVED, "kv_failed": KV_FAILED, "kv_sent": KV_SENT,
-                             "dropped": DROPPED}
+                             "reset": RESET, "pause": PAUSE, "dropped": DROPPED}
 KV_EVENTS = frozenset({"kv_received", "kv_failed", "kv_sent"})
 EVENT_KIND = Choice(tuple(EVENTS))
 
