@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import blocks, kv_loads
+from . import blocks, grammar, kv_loads
 from .admission_order import reorder_waiting
 from .config import Config
 from .drafts import padded_admission, placeholder_drafts
@@ -91,8 +91,8 @@ def _threshold_in_force(state: State, cfg: Config) -> int:
 def is_schedule_enabled(state: State, cfg: Config) -> bool:
     """Room in the batch queue (D = K, or K + 1 under async scheduling), and
     (one-batch-per-request) vLLM 0.8.4's engine gate."""
-    if len(state.in_flight) >= cfg.queue_depth:
-        return False
+    if len(state.in_flight) >= cfg.queue_depth or grammar.mask_pending(state):
+        return False                    # (a deferred bitmask waits for the oldest output: grammar.py)
     if not cfg.continue_prefill:
         unscheduled = len(state.waiting) + len(state.running) - len(state.scheduled_ids)
         return unscheduled > 0
@@ -241,7 +241,8 @@ def _schedule_waiting(step: _Step) -> None:
     i = 0                                   # requests before i were skipped: they keep their place
     while i < len(step.state.waiting) and step.budget > 0 and _has_free_seat(step):
         r = step.state.waiting[i]
-        if _is_resumption_deferred(step.state, cfg, r):
+        step.state, blocked = grammar.blocked_on_grammar(step.state, r)     # structured output
+        if blocked or _is_resumption_deferred(step.state, cfg, r):
             i += 1
             continue
         hit = _prefix_hit(step.state, cfg, r)
@@ -516,7 +517,8 @@ def _snapshot(state: State, cfg: Config, e: ScheduledEntry) -> Entry:
     """The in-flight entry for e, with the name its output will be looked up
     by, a sync load's external tokens, and (under the step fence) the blocks it writes."""
     return Entry(e.req, e.start, e.n, e.samples, e.drafts, name=state.requests[e.req].name,
-                 external=e.external, blocks=state.requests[e.req].block_table if cfg.fences_freed_blocks else ())
+                 external=e.external, blocks=state.requests[e.req].block_table if cfg.fences_freed_blocks else (),
+                 mask=grammar.mask_of(state, cfg, e.req, e.samples, e.drafts))
 
 
 def _count_in_flight(state: State, cfg: Config, e: ScheduledEntry) -> State:

@@ -44,6 +44,8 @@ class Status(enum.Enum):
     # landed and not yet promoted; a request failed by the "fail" policy.
     WAITING_FOR_REMOTE_KVS = "WAITING_FOR_REMOTE_KVS"
     FINISHED_ERROR = "FINISHED_ERROR"
+    # Structured output (grammar.py): waiting for its grammar to compile.
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
 
     @property
     def is_finished(self) -> bool:
@@ -57,9 +59,11 @@ class Status(enum.Enum):
 
 FINISHED = frozenset({Status.FINISHED_STOPPED, Status.FINISHED_LENGTH, Status.FINISHED_ABORTED,
                       Status.FINISHED_ERROR})
-ACTIVE = frozenset({Status.WAITING, Status.RUNNING, Status.PREEMPTED, Status.WAITING_FOR_REMOTE_KVS})
+ACTIVE = frozenset({Status.WAITING, Status.RUNNING, Status.PREEMPTED, Status.WAITING_FOR_REMOTE_KVS,
+                    Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR})
 # The statuses of a request in a waiting queue (`waiting` or `kv_holding`).
-WAITING_STATUSES = frozenset({Status.WAITING, Status.PREEMPTED, Status.WAITING_FOR_REMOTE_KVS})
+WAITING_STATUSES = frozenset({Status.WAITING, Status.PREEMPTED, Status.WAITING_FOR_REMOTE_KVS,
+                              Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR})
 
 
 class Load(enum.Enum):
@@ -75,6 +79,16 @@ class Load(enum.Enum):
     def in_transfer(self) -> bool:
         """The worker may still write the request's blocks."""
         return self in (Load.IN_FLIGHT, Load.FAILED)
+
+
+class Grammar(enum.Enum):
+    """A request's structured-output grammar (grammar.py)."""
+
+    NONE = "none"              # no structured output
+    COMPILING = "compiling"    # compiling in the background
+    READY = "ready"            # compiled: the FSM is at `Request.fsm`
+    FAILED = "failed"          # compilation failed (the grammar is an Exception)
+    REJECTED = "rejected"      # the FSM refused a token ("Failed to advance FSM"): G3 says never
 
 
 class Fate(enum.Enum):
@@ -119,6 +133,10 @@ class Request:
     load: Load = Load.NONE
     external: int = 0
     held: bool = False
+    # Structured output (grammar.py; NONE and 0 without it): the grammar's
+    # state and the tokens its FSM has accepted.
+    grammar: Grammar = Grammar.NONE
+    fsm: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -146,6 +164,9 @@ class Entry:
     # request's table when scheduled, the blocks the batch writes.
     external: int = 0
     blocks: tuple[int, ...] = ()
+    # Structured output: the FSM position this entry's bitmask was built at
+    # (grammar.DEFERRED while it waits for the oldest output; None: no mask).
+    mask: int | None = None
 
     @property
     def lookup_name(self) -> int:
@@ -211,6 +232,9 @@ class State:
     kv_holding: tuple[int, ...] = ()
     deferred_frees: tuple[tuple[int, tuple[int, ...]], ...] = ()
     arrivals: tuple[int, ...] = ()
+    # Structured output: vLLM's `grammar_compile_error_reqs` (failed grammars
+    # the waiting loop met, finished by the next completion).
+    grammar_errors: frozenset[int] = frozenset()
 
     def with_request(self, r: int, **changes) -> "State":
         old = self.requests[r]
@@ -311,7 +335,7 @@ def retire_entries(state: State, r: int, from_fates: frozenset[Fate], to: Fate) 
 def describe_request(q: Request) -> str:
     """A request's status and counters as step tables print them, without its
     label: "RUNN c=4/8+1d o=0 b=[1] ..." (zero counters left out)."""
-    status = "RKVS" if q.status is Status.WAITING_FOR_REMOTE_KVS else q.status.value[:4]
+    status = _SHORT_STATUS.get(q.status, q.status.value[:4])
     return (f"{status} c={q.num_computed}/{q.num_tokens}"
             f"{f'+{q.num_drafts}d' if q.num_drafts else ''} o={q.num_output}"
             f" b={list(q.block_table)}"
@@ -320,7 +344,11 @@ def describe_request(q: Request) -> str:
             f"{f' ph={q.placeholders}' if q.placeholders else ''}"
             f"{f' wait={q.decode_countdown}' if q.decode_countdown else ''}"
             f"{f' load={q.load.value}' if q.load is not Load.NONE else ''}"
-            f"{f' ext={q.external}' if q.external else ''}{' held' if q.held else ''}")
+            f"{f' ext={q.external}' if q.external else ''}{' held' if q.held else ''}"
+            f"{f' grammar={q.grammar.value} fsm={q.fsm}' if q.grammar is not Grammar.NONE else ''}")
+
+
+_SHORT_STATUS = {Status.WAITING_FOR_REMOTE_KVS: "RKVS", Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR: "GRMR"}
 
 
 def describe(state: State) -> str:

@@ -14,6 +14,7 @@ from typing import Callable, Union
 from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest
 from .config import Config
 from .connector_contract import Labels, contract_clauses
+from .grammar import compile_grammar, fail_grammar
 from .kv_reports import fail_kv_load, receive_kv, send_kv
 from .schedule import Scheduled, schedule
 from .state import FINISHED, Entry, Fate, Request, State, Status
@@ -59,6 +60,8 @@ class CompleteOldest:
                 bits.append(f"stop@{s.stop_at}")
             if s.next_drafts:
                 bits.append(f"drafts={s.next_drafts}")
+            if s.illegal_from is not None:
+                bits.append(f"illegal@{s.illegal_from}")
             parts.append(",".join(bits) or "tok")
         return "complete oldest" + (f" [{'; '.join(parts)}]" if parts else "")
 
@@ -106,7 +109,32 @@ class SendKv:
 # The connector's reports: environment actions, each enabled only with a connector.
 KV_REPORTS = (ReceiveKv, FailKvLoad, SendKv)
 
-Action = Union[Arrive, ArriveAs, Schedule, CompleteOldest, Abort, ReceiveKv, FailKvLoad, SendKv]
+
+@dataclass(frozen=True)
+class CompileGrammar:
+    """r's structured-output grammar compiled (grammar.compile_grammar)."""
+
+    req: int
+
+    def __str__(self) -> str:
+        return f"grammar compiled r{self.req}"
+
+
+@dataclass(frozen=True)
+class FailGrammar:
+    """r's structured-output grammar failed to compile (grammar.fail_grammar)."""
+
+    req: int
+
+    def __str__(self) -> str:
+        return f"grammar failed r{self.req}"
+
+
+# The grammar backend's events: environment actions, enabled only with structured output.
+GRAMMAR_EVENTS = (CompileGrammar, FailGrammar)
+
+Action = Union[Arrive, ArriveAs, Schedule, CompleteOldest, Abort, ReceiveKv, FailKvLoad, SendKv,
+               CompileGrammar, FailGrammar]
 
 
 def step(state: State, cfg: Config, action: Action) -> State | None:
@@ -128,6 +156,10 @@ def step(state: State, cfg: Config, action: Action) -> State | None:
         return fail_kv_load(state, cfg, action.req, action.from_block)
     if isinstance(action, SendKv):
         return send_kv(state, cfg, action.req)
+    if isinstance(action, CompileGrammar):
+        return compile_grammar(state, cfg, action.req)
+    if isinstance(action, FailGrammar):
+        return fail_grammar(state, cfg, action.req)
     raise TypeError(f"not an action: {action!r}")
 
 

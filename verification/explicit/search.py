@@ -29,6 +29,8 @@ from flightcheck.spec import (
     Arrive,
     ArriveAs,
     CompleteOldest,
+    Config,
+    Entry,
     FailKvLoad,
     ReceiveKv,
     Sample,
@@ -45,6 +47,7 @@ from flightcheck.spec import (
 )
 from flightcheck.spec.sometimes import sometimes_for
 from flightcheck.spec.state import name_of
+from flightcheck.spec.transitions import CompileGrammar, FailGrammar
 from flightcheck.spec.actions import max_next_drafts
 from flightcheck.spec.kv_reports import failable_blocks
 from flightcheck.verification.models import Model
@@ -63,9 +66,28 @@ def sample_choices(model: Model, state: State) -> Iterator[tuple[Sample, ...]]:
                 stops = [None] + (list(range(accepted + 1)) if model.allow_stop else [])
                 for stop_at in stops:
                     drafts = range(max_next_drafts(cfg) + 1) if live and stop_at is None else [0]
-                    options.extend(Sample(accepted, stop_at, d) for d in drafts)
+                    options.extend(Sample(accepted, stop_at, d, illegal)
+                                   for d in drafts for illegal in illegal_draft_choices(cfg, e, accepted))
             per_entry.append(options)
     return itertools.product(*per_entry)
+
+
+def illegal_draft_choices(cfg: Config, e: Entry, accepted: int) -> list[int | None]:
+    """Where the grammar refuses e's drafts (grammar.py: structured output
+    only, and only where the profile lets an illegal draft reach a batch):
+    none, or any of them; `complete_oldest`'s guard (the verifier accepts no
+    draft from the first illegal one on) disables those below `accepted`."""
+    if not (cfg.structured_output and cfg.rules.schedules_illegal_drafts) or e.mask is None:
+        return [None]
+    return [None, *range(e.drafts)]
+
+
+def grammar_events(model: Model, state: State) -> Iterator[Action]:
+    """The grammar backend's events: a compiling grammar compiles, or fails."""
+    for r, q in enumerate(state.requests):
+        if q.grammar.value == "compiling" and q.status.is_active:
+            yield CompileGrammar(r)
+            yield FailGrammar(r)
 
 
 def actions(model: Model, state: State) -> Iterator[Action]:
@@ -88,11 +110,14 @@ def actions(model: Model, state: State) -> Iterator[Action]:
                 yield Abort(r)
     if model.cfg.kv_connector is not None:
         yield from kv_reports(model, state)
+    if model.cfg.structured_output:
+        yield from grammar_events(model, state)
 
 
 # The connector's reports the scheduler waits for: a fair connector makes
 # each in the end, so liveness counts them as the system's steps.
-SYSTEM_STEPS = (Schedule, CompleteOldest, ReceiveKv, SendKv)
+# So are a grammar backend's events: a grammar compiles or fails in the end.
+SYSTEM_STEPS = (Schedule, CompleteOldest, ReceiveKv, SendKv, CompileGrammar, FailGrammar)
 
 
 def kv_reports(model: Model, state: State) -> Iterator[Action]:
@@ -358,7 +383,8 @@ def _check_liveness(graph: _Graph, result: SearchResult) -> None:
             f"after step {graph.depth[worst]} no run of the scheduler finishes every request; "
             "the trace goes on to where it gets stuck"))
     # Kahn's algorithm on the scheduler-step subgraph: a leftover node lies on a cycle.
-    fair = _fair_system_edges(graph) if result.model.cfg.kv_connector is not None else graph.system_edges
+    cfg = result.model.cfg
+    fair = _fair_system_edges(graph) if cfg.kv_connector is not None or cfg.structured_output else graph.system_edges
     indegree = {s: 0 for s in graph.parent}
     for outs in fair.values():
         for t in outs:
@@ -390,8 +416,9 @@ def _check_liveness(graph: _Graph, result: SearchResult) -> None:
 
 
 def _transfer_pending(s: State) -> bool:
-    """A KV connector's load or send is still to be reported."""
-    return any(q.held or q.load.in_transfer for q in s.requests)
+    """A KV connector's load or send is still to be reported, or a grammar
+    is still compiling (its backend's event, like a report, ends the wait)."""
+    return any(q.held or q.load.in_transfer or q.grammar.value == "compiling" for q in s.requests)
 
 
 def _fair_system_edges(graph: _Graph) -> dict[State, list[State]]:
@@ -401,7 +428,7 @@ def _fair_system_edges(graph: _Graph) -> dict[State, list[State]]:
     engine spinning while it waits for the transfer -- is unfair and not
     a lasso. Without a connector, every system edge."""
     return {s: [t for a, t in graph.labelled_system_edges.get(s, [])
-                if isinstance(a, (ReceiveKv, SendKv)) or not _transfer_pending(s)]
+                if isinstance(a, (ReceiveKv, SendKv, CompileGrammar, FailGrammar)) or not _transfer_pending(s)]
             for s in graph.system_edges}
 
 

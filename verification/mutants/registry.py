@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from types import FunctionType
 
 from flightcheck.spec.profiles import PROFILES
+from flightcheck.verification.mutants.grammar import GRAMMAR_BUGS
 from flightcheck.verification.mutants.kv_connector import KV_CONNECTOR
 from flightcheck.verification.mutants.patch import MutantNoLongerApplies, edited_code
 from flightcheck.verification.mutants.reference import ReferenceMutant
@@ -37,7 +38,9 @@ for _name, _profile in PROFILES.items():
 # connector's models (`flightcheck verify --kv-connector`), never in a run
 # without a connector, so kept out of MUTANTS and PROFILE_MUTANTS.
 KV_MUTANTS: dict[str, Mutant] = {m.name: m for m in KV_CONNECTOR}
-ALL_MUTANTS: dict[str, Mutant] = MUTANTS | {m.name: m for m in _ONE_PROFILE} | KV_MUTANTS
+# Structured output's bugs (grammar.py): hunted only on the grammar models.
+GRAMMAR_MUTANTS: dict[str, Mutant] = {m.name: m for m in GRAMMAR_BUGS}
+ALL_MUTANTS: dict[str, Mutant] = MUTANTS | {m.name: m for m in _ONE_PROFILE} | KV_MUTANTS | GRAMMAR_MUTANTS
 
 
 def spec_function(target: str) -> FunctionType:
