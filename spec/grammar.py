@@ -28,10 +28,10 @@ The abstraction:
   returns (`Sample.illegal_from`: the first draft the grammar refuses); the
   verifier never accepts it (0.33: the scheduler pads it to -1 in
   `update_draft_token_ids_in_output`; 0.34: the sampler's grammar bitmask
-  over the draft positions rejects it). Where the profile never schedules an
-  illegal draft (`Profile.schedules_illegal_drafts`, 0.33 sync:
-  `update_draft_token_ids` cuts the drafts to their grammar-valid prefix)
-  there is nothing to choose.
+  over the draft positions rejects it). Where no illegal draft reaches a
+  batch (`illegal_drafts_scheduled`: 0.33 sync, whose
+  `update_draft_token_ids` cuts the drafts to their grammar-valid prefix,
+  `Profile.scheduler_validates_drafts`) there is nothing to choose.
 * compile time is the environment's: `compile_grammar` and `fail_grammar`
   may happen between any two actions.
 
@@ -137,9 +137,16 @@ def verifier_accepts(cfg: Config, e: Entry, num_accepted: int, illegal_from: int
     schedules one there is no illegal draft to report."""
     if illegal_from is None:
         return True
-    if not cfg.structured_output or not cfg.rules.schedules_illegal_drafts or not 0 <= illegal_from < e.drafts:
+    if not illegal_drafts_scheduled(cfg) or not 0 <= illegal_from < e.drafts:
         return False
     return num_accepted <= illegal_from
+
+
+def illegal_drafts_scheduled(cfg: Config) -> bool:
+    """Whether a grammar-illegal draft may reach a batch
+    (`Profile.scheduler_validates_drafts`): 0.34 always; 0.33 only under async
+    scheduling, as a -1 slot."""
+    return cfg.structured_output and (not cfg.rules.scheduler_validates_drafts or cfg.rules.output_placeholders)
 
 
 def fsm_accepts(e: Entry, fsm: int, num_accepted: int, illegal_from: int | None) -> bool:

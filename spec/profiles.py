@@ -264,14 +264,15 @@ class Profile:
     kv_producer_drops_stale_output: bool = False
     # --- structured output (spec/grammar.py; read only with
     # `Config.structured_output`, which the 0.8.x profiles do not model).
-    # Whether a grammar-illegal draft may reach a batch: 0.33 sync cuts a
-    # structured request's drafts to their grammar-valid prefix
-    # (`update_draft_token_ids` -> `StructuredOutputManager.validate_tokens`),
-    # 0.33 async keeps the slot padded to -1 (`update_draft_token_ids_in_output`),
-    # 0.34 keeps the first illegal draft in sync (`trim_spec_tokens`:
-    # `len_validated + 1`) and does not validate in async ("rejection sampling
-    # handles grammar violations"): the verifier must reject it.
-    schedules_illegal_drafts: bool = False
+    # Whether the scheduler checks a structured request's drafts against the
+    # grammar: 0.33 does (`update_draft_token_ids` cuts them to their
+    # grammar-valid prefix with `validate_tokens`; async,
+    # `update_draft_token_ids_in_output` pads each illegal one to -1, a slot
+    # the verifier rejects); 0.34 does not (sync `trim_spec_tokens` keeps the
+    # first illegal draft, `len_validated + 1`; async preserves every slot,
+    # "rejection sampling handles grammar violations"). Where it checks and
+    # runs sync, no illegal draft reaches a batch (`grammar.illegal_drafts_scheduled`).
+    scheduler_validates_drafts: bool = False
     # The profile of the release this one follows, when this one's spec rules
     # are that one's with some constants changed: verification checks this
     # one with everything it checks the older one with
@@ -322,7 +323,7 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     stale_output_counters=True, empty_batches=True, mid_step_inputs=("abort",),
                     unchunked_prefill_stops_admission=True,
                     cache_settled_blocks_on_output=True, draft_source="submission",
-                    pads_admitted_decodes=True, **_KV_CONNECTOR_0_33)
+                    pads_admitted_decodes=True, scheduler_validates_drafts=True, **_KV_CONNECTOR_0_33)
 
 # vLLM 0.33.0 with asynchronous scheduling, the default for single-node
 # pipeline parallelism (`AsyncScheduler`, the V2 model runner, the mp
@@ -332,7 +333,7 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
 # deferred sampling they cause) are not modelled, nor is the XPU stagger of 1.
 VLLM_0_33_ASYNC = replace(VLLM_0_33, name="vllm-0.33-async", output_placeholders=True,
                           extra_queued_batches=1, decode_stagger_is_pipeline_depth=True,
-                          draft_source="placeholders", schedules_illegal_drafts=True)
+                          draft_source="placeholders")
 
 # vLLM 0.33 with the two cheap guards docs/vllm-0.33-id-reuse.md proposes
 # against a reused request id (no vLLM release; a what-if for its
@@ -366,7 +367,7 @@ VLLM_0_33_HARDENED = replace(VLLM_0_33, name="vllm-0.33-hardened", stale_test="p
 # And the connector's `async_kv_waiting` queue, loads-only mode and
 # `max_num_inflight_kv_loads` (`_next_waiting_queue`, `_admits_inflight_kv_load`).
 _VLLM_0_34_RULES = {"threshold_needs_chunked_prefill": True, "cache_aware_admission": True,
-                    "kv_inflight_load_limit": True, "schedules_illegal_drafts": True}
+                    "kv_inflight_load_limit": True, "scheduler_validates_drafts": False}
 # 0.34's `EngineCoreProc._wait_for_output` handles ADD and ABORT while it
 # spins on a step's output before a deadline (`_INPUTS_HANDLED_DURING_STEP`):
 # an arrival, too, may land between a step's `schedule()` and its completion.

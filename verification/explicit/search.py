@@ -49,6 +49,7 @@ from flightcheck.spec.sometimes import sometimes_for
 from flightcheck.spec.state import name_of
 from flightcheck.spec.transitions import CompileGrammar, FailGrammar
 from flightcheck.spec.actions import max_next_drafts
+from flightcheck.spec.grammar import illegal_drafts_scheduled
 from flightcheck.spec.kv_reports import failable_blocks
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
@@ -77,7 +78,7 @@ def illegal_draft_choices(cfg: Config, e: Entry, accepted: int) -> list[int | No
     only, and only where the profile lets an illegal draft reach a batch):
     none, or any of them; `complete_oldest`'s guard (the verifier accepts no
     draft from the first illegal one on) disables those below `accepted`."""
-    if not (cfg.structured_output and cfg.rules.schedules_illegal_drafts) or e.mask is None:
+    if not illegal_drafts_scheduled(cfg) or e.mask is None:
         return [None]
     return [None, *range(e.drafts)]
 
