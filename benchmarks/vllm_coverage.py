@@ -1,6 +1,6 @@
 """How much of vLLM's real scheduler the project's vLLM campaign runs.
 
-    python benchmarks/vllm_coverage.py --versions 0.34.0 [--kv-connector]
+    python benchmarks/vllm_coverage.py --versions 0.34.0 [--kv-connector | --all-features]
         [--workloads N] [--seed S] [--modes sync,async] [--functions f1,f2] [--json PATH]
 
 For each version it runs the differential campaign (flightcheck/vllm/
@@ -10,8 +10,11 @@ replay worker under Python's `coverage`, and measures the statements of
 vLLM's `vllm/v1/core/sched/scheduler.py` that ran, both modes together.
 It prints, per function of that file, its body statements, how many ran
 and the percentage, then the functions none of whose statements ran, and
-with `--functions` the figure for that set of functions (the issue's
-acceptance set: `--functions kv`).
+with `--functions` the figure for that set of functions (the connector
+issue's acceptance set: `--functions kv`). Every report also gives the
+request-states cut: the functions of that file whose names contain none of
+`CUT_NAME_PARTS` (encoder, multimodal, mamba, statistics, ...), and
+`PriorityRequestQueue` of `request_queue.py` (measured beside it).
 
 Where `coverage` comes from. The vLLM venvs in ~/.cache/flightcheck are
 never modified (no `pip install` into them). The first run installs
@@ -71,6 +74,15 @@ KV_FUNCTIONS = ("_update_waiting_for_remote_kv", "_update_from_kv_xfer_finished"
                 "_drain_deferred_frees", "_connector_finished", "_admits_inflight_kv_load",
                 "_next_waiting_queue", "_request_blocks_can_be_freed")
 FUNCTION_SETS = {"kv": KV_FUNCTIONS}
+
+# The request-states issue's cut (`--cut`): every function of the scheduler's
+# file except those whose qualified name contains one of these (encoder and
+# multimodal inputs, mamba, statistics, metrics, KV events, shutdown, perf:
+# parts vLLM cannot run here, or that decide nothing), and the priority
+# queue's class of request_queue.py.
+CUT_NAME_PARTS = ("encoder", "_mm_", "multimodal", "mamba", "stats", "metrics", "_events", "shutdown", "perf")
+QUEUE_FILE = "vllm/v1/core/sched/request_queue.py"
+QUEUE_CLASS = "PriorityRequestQueue"
 
 
 # ---------------------------------------------------------------------------
@@ -246,7 +258,8 @@ def write_launcher(folder: Path, python: Path, tools: Path, data: Path) -> Path:
         "#!/bin/sh\n"
         f"PYTHONPATH=\"${{PYTHONPATH:+$PYTHONPATH:}}{tools}\"\nexport PYTHONPATH\n"
         f"exec {shlex.quote(str(python))} -m coverage run --parallel-mode "
-        f"--data-file={shlex.quote(str(data / 'worker'))} --include='*/{SCHEDULER_FILE}' \"$@\"\n")
+        f"--data-file={shlex.quote(str(data / 'worker'))} --include='*/{SCHEDULER_FILE},*/{QUEUE_FILE}' "
+        "\"$@\"\n")
     launcher.chmod(0o755)
     return launcher
 
@@ -270,13 +283,13 @@ def launcher_for(version: str, python: Path, tools: Path, data: Path) -> Iterato
 
 def campaign_runs(version: str, options: argparse.Namespace) -> list[tuple[str, list[str]]]:
     """The campaigns to run, one per mode: (label, the campaign's argv).
-    With `--kv-connector` the campaign itself runs each version sync and
+    With `--kv-connector` (or `--all-features`) the campaign itself runs each version sync and
     async unless `--async` asks for async alone, so sync and async together
     are one campaign there (and sync alone is not available)."""
     common = ["--versions", version, "--workloads", str(options.workloads), "--seed", str(options.seed),
               "--no-mutants"]
-    if options.kv_connector:
-        common.append("--kv-connector")
+    if options.kv_connector or getattr(options, "all_features", False):
+        common.append("--kv-connector" if options.kv_connector else "--all-features")
         if options.modes == ["async"]:
             return [("async", [*common, "--async"])]
         return [("sync+async", common)]
@@ -302,17 +315,17 @@ def run_campaigns(version: str, options: argparse.Namespace, data: Path) -> dict
     return statuses
 
 
-def read_measurement(version: str, data: Path) -> dict[str, Any]:
-    """The scheduler file's statements and the ones that ran, as the vLLM
-    venv's coverage reads its data."""
+def read_measurement(version: str, data: Path, file: str = SCHEDULER_FILE) -> dict[str, Any]:
+    """One measured file's statements (the scheduler's by default) and the
+    ones that ran, as the vLLM venv's coverage reads its data."""
     python = venv_python(version)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
     env["PYTHONPATH"] = str(tools_folder(python))
-    done = subprocess.run([str(python), "-c", _ANALYSE, str(data), SCHEDULER_FILE], capture_output=True,
+    done = subprocess.run([str(python), "-c", _ANALYSE, str(data), file], capture_output=True,
                           text=True, env=env, check=True)
     found = json.loads(done.stdout)
     if len(found) != 1:
-        raise RuntimeError(f"vLLM {version}: expected one measured {SCHEDULER_FILE}, found {found}")
+        raise RuntimeError(f"vLLM {version}: expected one measured {file}, found {found}")
     measured = found[0]
     executed = sorted(set(measured["statements"]) - set(measured["missing"]))
     return {"path": measured["path"], "statements": measured["statements"], "executed": executed}
@@ -323,11 +336,27 @@ def measure(version: str, options: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="flightcheck-coverage-data-") as data:
         statuses = run_campaigns(version, options, Path(data))
         measured = read_measurement(version, Path(data))
+        queue = read_measurement(version, Path(data), QUEUE_FILE)
     source = Path(measured["path"]).read_text()
     rows = per_function(source, measured["statements"], measured["executed"])
+    queue_rows = [r for r in per_function(Path(queue["path"]).read_text(), queue["statements"], queue["executed"])
+                  if r.name.startswith(QUEUE_CLASS + ".")]
     return {"version": version, "modes": list(options.modes), "campaign_exit": statuses,
             "file": SCHEDULER_FILE, "statements": len(measured["statements"]),
-            "run": len(measured["executed"]), "rows": rows}
+            "run": len(measured["executed"]), "rows": rows, "queue_rows": queue_rows}
+
+
+def in_cut(row: FunctionCoverage) -> bool:
+    """Whether a function of the scheduler's file counts in the cut."""
+    return not any(part in row.name.lower() for part in CUT_NAME_PARTS)
+
+
+def cut_lines(result: dict[str, Any]) -> list[str]:
+    """The cut's two figures: the scheduler's functions kept, the priority queue's."""
+    kept = [r for r in result["rows"] if in_cut(r)]
+    return [figure(f"the cut ({len(kept)} functions of {len(result['rows'])}; names without "
+                   f"{', '.join(CUT_NAME_PARTS)})", kept),
+            figure(f"{QUEUE_CLASS} ({QUEUE_FILE})", result.get("queue_rows", []))]
 
 
 # ---------------------------------------------------------------------------
@@ -338,8 +367,8 @@ def report_lines(result: dict[str, Any], functions: list[str]) -> list[str]:
     rows: list[FunctionCoverage] = result["rows"]
     percent = 100.0 * result["run"] / result["statements"] if result["statements"] else 100.0
     lines = [f"vLLM {result['version']} ({' + '.join(result['modes'])}): {result['run']} of "
-             f"{result['statements']} statements of {result['file']} run ({percent:.1f} %)", *table(rows),
-             "uncovered functions: " + (", ".join(uncovered(rows)) or "none")]
+             f"{result['statements']} statements of {result['file']} run ({percent:.1f} %)", *cut_lines(result),
+             *table(rows), "uncovered functions: " + (", ".join(uncovered(rows)) or "none")]
     if functions:
         picked, unknown = chosen(rows, functions)
         lines.append(figure("chosen functions (" + ", ".join(r.short_name for r in picked) + ")", picked))
@@ -351,8 +380,14 @@ def report_lines(result: dict[str, Any], functions: list[str]) -> list[str]:
 
 def result_json(result: dict[str, Any], functions: list[str]) -> dict[str, Any]:
     rows: list[FunctionCoverage] = result["rows"]
-    out = {k: v for k, v in result.items() if k != "rows"}
+    out = {k: v for k, v in result.items() if k not in ("rows", "queue_rows")}
     out["functions"] = [{"name": r.name, "statements": r.statements, "run": r.run} for r in rows]
+    kept = [r for r in rows if in_cut(r)]
+    queue = result.get("queue_rows", [])
+    out["cut"] = {"statements": total(kept)[0], "run": total(kept)[1],
+                  "missing": {r.name: list(r.missing) for r in kept if r.missing}}
+    out["priority_queue"] = {"statements": total(queue)[0], "run": total(queue)[1],
+                             "missing": {r.name: list(r.missing) for r in queue if r.missing}}
     out["uncovered"] = uncovered(rows)
     if functions:
         picked, unknown = chosen(rows, functions)
@@ -375,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/vllm_coverage.py", description=__doc__.split("\n")[0])
     parser.add_argument("--versions", default="0.34.0")
     parser.add_argument("--kv-connector", action="store_true", help="the campaign's --kv-connector")
+    parser.add_argument("--all-features", action="store_true", help="the campaign's --all-features")
     parser.add_argument("--workloads", type=_positive, default=100, help="workloads per version and mode")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--modes", default="sync,async", help="sync, async or both (one measurement)")
@@ -389,8 +425,11 @@ def main(argv: list[str] | None = None) -> int:
             release(version)
     except UnknownRelease as err:
         parser.error(str(err))
-    if options.kv_connector and options.modes == ["sync"]:
-        parser.error("--kv-connector runs sync and async together (or --modes async): no sync alone")
+    if (options.kv_connector or options.all_features) and options.modes == ["sync"]:
+        parser.error("--kv-connector and --all-features run sync and async together (or --modes async): "
+                     "no sync alone")
+    if options.kv_connector and options.all_features:
+        parser.error("--all-features includes the connector: not both")
     functions = parse_functions(options.functions)
     results = []
     for version in options.versions.split(","):
@@ -403,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     if options.json:
         Path(options.json).write_text(json.dumps({"seed": options.seed, "workloads": options.workloads,
                                                   "kv_connector": options.kv_connector,
+                                                  "all_features": options.all_features,
                                                   "results": results}, indent=1))
     return 0
 

@@ -41,7 +41,8 @@ and skips a request past its max_tokens or inside its decode stagger
 (`_settle_placeholders`), preemption resets them.
 
 With a KV connector (`config.kv_connector`) the connector's steps are
-kv_transfer.py's and the waiting loop kv_waiting.py's. The policy is
+kv_transfer.py's and the waiting loop kv_waiting.py's (without one,
+waiting.py's). The policy is
 written as small named steps, and nothing else: it writes no trace (`TracingScheduler` in trace.py observes the public calls) and knows
 no mutant (the verification's mutants are small edits of these named steps,
 compiled and swapped in from outside: verification/mutants/reference.py).
@@ -56,7 +57,6 @@ import sys
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from .admission_order import reorder_by_cached_prefix
 from .batch import Batch, new_request_data
 from .block_pool import KVCacheBlock
 from .completion import Fate
@@ -68,11 +68,12 @@ from .drafts import DraftSources
 from .kv_transfer import KvTransfers
 from .kv_waiting import KvWaiting
 from .update import OutputUpdate
+from .waiting import WaitingLoop
 
 __all__ = ["Fate", "Scheduler"]
 
 
-class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting):
+class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv_cache_manager = KVCacheManager(
@@ -427,64 +428,6 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting):
         """`_preempt_request` also resets the output placeholders (async only;
         0 otherwise): the outputs they stood for are stale now."""
         request.num_output_placeholders = 0
-
-    def _schedule_waiting(self, batch: Batch) -> None:
-        """FCFS admission (vLLM `Scheduler.schedule`, waiting loop): the first
-        request not skipped blocks everything behind it when it cannot be
-        admitted. vLLM 0.33 skips a preempted request whose deliver-mode stale
-        output is in flight (`_is_resumption_deferred`, `skip_request`: it
-        keeps its place, and those behind it may be admitted; 0.8.x keeps no
-        stale count, so nothing is skipped and the head blocks), and admits
-        only with room for the whole sequence (`full_sequence_admission`,
-        `allocate_slots(full_sequence_must_fit=...)`)."""
-        if self.connector is not None:
-            return self._schedule_waiting_kv(batch)   # kv_waiting.py
-        kv = self.kv_cache_manager
-        if self._cache_aware_window:          # vLLM 0.34, opt-in (admission_order.py)
-            reorder_by_cached_prefix(self.waiting, kv, self._cache_aware_window,
-                                     self.config.cache_aware_admission_threshold)
-        index = 0                             # requests before it were skipped
-        while index < len(self.waiting) and batch.token_budget > 0:
-            if len(self.running) >= self.config.max_num_seqs:
-                break
-            request = self.waiting[index]
-            if self._is_resumption_deferred(request):
-                index += 1
-                continue
-            computed_blocks, num_hit_tokens = kv.get_computed_blocks(request)
-            padded = self._padded_decode(request, num_hit_tokens, batch) if self._pads_admitted_decodes else 0
-            wanted = padded if padded > 0 else request.num_tokens - num_hit_tokens
-            if self._stops_unchunked(wanted, batch.token_budget):
-                break
-            num_new_tokens = self._clip(wanted,
-                                        request.num_computed_tokens, batch.token_budget)
-            if num_new_tokens == 0:
-                break
-            if padded < 0:
-                break                         # vLLM: "Prefer to not schedule than schedule un-padded"
-            if self._full_sequence_admission and not kv.fits_whole_sequence(
-                    request, computed_blocks, self.config.max_model_len):
-                break
-            new_blocks = self._allocate(request, num_new_tokens, computed_blocks, 0)
-            if new_blocks is None:
-                break
-            del self.waiting[index]
-            entry = self._admit(request, num_hit_tokens, num_new_tokens, new_blocks)
-            if padded:                        # its placeholder drafts: those the clip left
-                entry.spec_token_ids = (-1,) * min(self.config.num_spec_tokens, num_new_tokens - 1)
-                if not self._drafts_emptied_when_scheduled:
-                    request.spec_token_ids = entry.spec_token_ids    # held as scheduled drafts are
-            self._add_to_batch(batch, request, entry)
-
-    def _stops_unchunked(self, num_new_tokens: int, token_budget: int) -> bool:
-        """Chunked prefill off (vLLM 0.33, 0.34 `Scheduler.schedule`, waiting
-        loop): the new tokens, cut by the threshold in force, exceed the
-        budget left, so the request would be admitted with a chunk: stop."""
-        if not self._stops_unchunked_prefill:
-            return False
-        if 0 < self._threshold < num_new_tokens:
-            num_new_tokens = self._threshold
-        return num_new_tokens > token_budget
 
     def _is_resumption_deferred(self, request: Request) -> bool:
         """vLLM 0.33's waiting loop (`Scheduler.schedule`): `if

@@ -19,8 +19,12 @@ The action is deterministic: given the state, the batch is fixed.
 With a KV connector, the waiting loop asks it for hits, parks async loads
 and promotes landed ones (kv_loads.py); a fenced victim is not preempted.
 
-Abstracted away: encoder inputs and budgets, LoRA limits, structured-output
-grammars (WAITING_FOR_FSM), priorities, and the detail that
+Structured output (grammar.py): the waiting loop skips a request whose
+grammar still compiles and records one whose grammar failed
+(`_handle_blocked_waiting_request`); no call schedules while a batch's
+bitmask waits for the oldest output.
+
+Abstracted away: encoder inputs and budgets, LoRA limits, priorities, and the detail that
 vLLM trims a request's draft list only when some drafts were scheduled: here
 the unscheduled drafts are always dropped, so a clipped decode cannot leave
 drafts behind to be scheduled as a second sampling entry.
@@ -33,24 +37,11 @@ from dataclasses import dataclass, replace
 from . import blocks, grammar, kv_loads
 from .admission_order import reorder_waiting
 from .config import Config
-from .drafts import padded_admission, placeholder_drafts
+from .drafts import padded_admission
 from .kv_fence import can_free_now, requires_kv_delivery
+from .launch import ScheduledEntry, count_down, count_in_flight, snapshot
 from .profiles import num_preallocate_blocks
-from .state import Batch, BlockPool, Entry, Fate, Load, Request, State, Status, content_label, evolve, retire_entries
-
-
-@dataclass(frozen=True)
-class ScheduledEntry:
-    """What the batch records for one request, as the trace format writes it."""
-
-    req: int
-    start: int
-    n: int
-    cached: int                 # prefix-cache hit, for an admission or resumption
-    drafts: int
-    samples: bool
-    block_ids: tuple[int, ...]  # blocks appended to the request's table
-    external: int = 0           # tokens of `cached` a synchronous KV connector load brings
+from .state import Batch, BlockPool, Fate, Load, Request, State, Status, content_label, evolve, retire_entries
 
 
 @dataclass(frozen=True)
@@ -65,7 +56,7 @@ class _Step:
     """The batch under construction (local to one `schedule` call)."""
 
     def __init__(self, state: State, cfg: Config) -> None:
-        self.state, self.cfg = _count_down(state, cfg), cfg
+        self.state, self.cfg = count_down(state, cfg), cfg
         self.budget = cfg.max_num_batched_tokens
         self.entries: list[ScheduledEntry] = []
         self.preempted: list[int] = []
@@ -123,32 +114,11 @@ def _idle(state: State, cfg: Config, step: _Step | None = None) -> Scheduled | N
     finished request held for a transfer keeps the engine stepping:
     `has_finished_requests`). 0.8.x: nothing. `step`: the call's own, counted
     down, with what its waiting loop changed; None: a call on `state` alone."""
-    counted = _count_down(state, cfg) if step is None else step.state
+    counted = count_down(state, cfg) if step is None else step.state
     if not cfg.rules.empty_batches or not any(q.status.is_active or q.held for q in counted.requests):
         return None
     return Scheduled(replace(counted, in_flight=counted.in_flight + ((),)), (), (),
                      () if step is None else tuple(step.kv_loads))
-
-
-def _count_down(state: State, cfg: Config) -> State:
-    """vLLM 0.33 `Scheduler.schedule` begins with `current_step += 1`, which
-    brings every request one call nearer its `next_decode_eligible_step`.
-
-    The abstraction: vLLM compares `current_step` (unbounded) with
-    `next_decode_eligible_step = s + stagger`, set when the request's last
-    sampling entry was scheduled at call s. Only `current_step - s` matters,
-    and only whether it is below the stagger; past the stagger every value
-    behaves alike. So a countdown `max(0, stagger - (current_step - s))`,
-    set to the stagger by the sampling entry and decremented (floored at 0)
-    at the start of every call, empty ones included, skips exactly the calls
-    vLLM skips, in 0..stagger. It is not reset by preemption (vLLM keeps
-    `next_decode_eligible_step`), and a new request starts at 0 (vLLM's 0)."""
-    if not cfg.stagger:
-        return state
-    for r, q in enumerate(state.requests):
-        if q.decode_countdown > 0:
-            state = state.with_request(r, decode_countdown=q.decode_countdown - 1)
-    return state
 
 
 def is_empty_step(scheduled: Scheduled | None) -> bool:
@@ -222,7 +192,7 @@ def _placeholders_reach_max_tokens(step: _Step, r: int) -> bool:
 def _stagger_pending(step: _Step, r: int) -> bool:
     """vLLM 0.33 (V2 runner, PP, async): `current_step <
     next_decode_eligible_step` skips the request, a prefill chunk included;
-    here, its countdown (`_count_down`) has not reached 0."""
+    here, its countdown (`count_down`) has not reached 0."""
     return step.state.requests[r].decode_countdown > 0
 
 
@@ -504,46 +474,13 @@ def _launch(step: _Step) -> State:
     state = step.state
     for e in step.entries:
         state = _advance_counter(state, e)
-        state = _count_in_flight(state, step.cfg, e)
+        state = count_in_flight(state, step.cfg, e)
         if not step.cfg.continue_prefill:
             state = replace(state, scheduled_ids=state.scheduled_ids | {e.req})
     if not step.entries and not step.cfg.rules.empty_batches:
         return state                    # the step only preempted: nothing to run (0.33 queues it empty)
-    batch: Batch = tuple(_snapshot(state, step.cfg, e) for e in step.entries)
+    batch: Batch = tuple(snapshot(state, step.cfg, e) for e in step.entries)
     return replace(state, in_flight=state.in_flight + (batch,))
-
-
-def _snapshot(state: State, cfg: Config, e: ScheduledEntry) -> Entry:
-    """The in-flight entry for e, with the name its output will be looked up
-    by, a sync load's external tokens, and (under the step fence) the blocks it writes."""
-    return Entry(e.req, e.start, e.n, e.samples, e.drafts, name=state.requests[e.req].name,
-                 external=e.external, blocks=state.requests[e.req].block_table if cfg.fences_freed_blocks else (),
-                 mask=grammar.mask_of(state, cfg, e.req, e.samples, e.drafts))
-
-
-def _count_in_flight(state: State, cfg: Config, e: ScheduledEntry) -> State:
-    """vLLM 0.33 `Scheduler._update_after_schedule`: `num_in_flight_tokens += n`
-    for every scheduled request. 0.8.x: no counter. Under async scheduling,
-    `AsyncScheduler._update_after_schedule` too (`_add_placeholders`)."""
-    if not cfg.rules.stale_output_counters:
-        return state
-    state = state.with_request(e.req, num_in_flight=state.requests[e.req].num_in_flight + e.n)
-    return _add_placeholders(state, cfg, e)
-
-
-def _add_placeholders(state: State, cfg: Config, e: ScheduledEntry) -> State:
-    """`AsyncScheduler._update_after_schedule`: an entry that is not a prefill
-    chunk (`is_prefill_chunk` = num_computed < num_tokens + placeholders after
-    the update; here `e.samples`, the same test) adds `1 + #drafts scheduled`
-    placeholders and, with the V2 runner, makes the request wait the stagger
-    (`next_decode_eligible_step = current_step + decode_stagger`)."""
-    if not cfg.rules.output_placeholders or not e.samples:
-        return state
-    req = state.requests[e.req]
-    drafts = placeholder_drafts(cfg)           # k placeholder drafts for its next step (drafts.py)
-    return state.with_request(e.req, placeholders=req.placeholders + 1 + e.drafts,
-                              decode_countdown=cfg.stagger,
-                              num_drafts=req.num_drafts if drafts is None else drafts)
 
 
 def _advance_counter(state: State, e: ScheduledEntry) -> State:

@@ -127,14 +127,27 @@ def test_kv_names_the_issues_acceptance_set() -> None:
     assert "_drain_deferred_loads" not in names and "_handle_invalid_blocks" in names
 
 
-def test_the_launcher_runs_the_worker_under_coverage_of_the_scheduler_file_alone(tmp_path: Path) -> None:
+def test_the_launcher_runs_the_worker_under_coverage_of_the_scheduler_and_queue_files_alone(tmp_path: Path) -> None:
     module = coverage_module()
     launcher = module.write_launcher(tmp_path, Path("/venv/bin/python"), Path("/tools"), tmp_path / "data")
     text = launcher.read_text()
     assert text.startswith("#!/bin/sh\n") and launcher.stat().st_mode & 0o111
     assert "/tools\"\nexport PYTHONPATH" in text
     assert f"exec /venv/bin/python -m coverage run --parallel-mode --data-file={tmp_path / 'data' / 'worker'} " \
-           f"--include='*/{module.SCHEDULER_FILE}' \"$@\"" in text
+           f"--include='*/{module.SCHEDULER_FILE},*/{module.QUEUE_FILE}' \"$@\"" in text
+
+
+def test_the_cut_leaves_out_functions_by_name_and_keeps_the_rest() -> None:
+    module = coverage_module()
+    rows = [module.FunctionCoverage("Scheduler.schedule", 10, 8), module.FunctionCoverage("Scheduler.make_stats", 5, 0),
+            module.FunctionCoverage("Scheduler._try_schedule_encoder_inputs", 9, 0),
+            module.FunctionCoverage("Scheduler._mamba_block_aligned_split", 4, 0),
+            module.FunctionCoverage("Scheduler.update_from_output", 10, 6)]
+    assert [r.name for r in rows if module.in_cut(r)] == ["Scheduler.schedule", "Scheduler.update_from_output"]
+    queue = [module.FunctionCoverage("PriorityRequestQueue.add_request", 3, 3)]
+    lines = module.cut_lines({"rows": rows, "queue_rows": queue})
+    assert lines[0].endswith("14 of 20 body statements run (70.0 %)") and "2 functions of 5" in lines[0]
+    assert lines[1] == f"PriorityRequestQueue ({module.QUEUE_FILE}): 3 of 3 body statements run (100.0 %)"
 
 
 def test_the_real_schedulers_file_maps_every_kv_function() -> None:
@@ -188,3 +201,5 @@ def test_the_campaigns_run_per_mode_and_once_with_a_connector() -> None:
     assert module.campaign_runs("0.34.0", both) == [("sync+async", [*common, "--kv-connector"])]
     only_async = argparse.Namespace(workloads=5, seed=2, kv_connector=True, modes=["async"])
     assert module.campaign_runs("0.34.0", only_async) == [("async", [*common, "--kv-connector", "--async"])]
+    every = argparse.Namespace(workloads=5, seed=2, kv_connector=False, all_features=True, modes=["sync", "async"])
+    assert module.campaign_runs("0.34.0", every) == [("sync+async", [*common, "--all-features"])]

@@ -70,6 +70,7 @@ from . import ASYNC_RECORDER
 from .differential import (Comparison, ReferenceRun, compare, decisions, first_difference, profile_for,
                            read_trace, run_reference)
 from .generate import FAMILIES, campaign_workloads
+from .features import all_features_versions
 from .kv_workload import has_kv_connector
 from .replay import Interpreter, ReplayError, ReplayWorker, findings, probe_interpreter, use_interpreter
 from .versions import UnknownRelease, kv_connector_versions, release
@@ -342,6 +343,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                              "in vLLM 0.33.0/0.34.0's real scheduler, each version sync and async (only async "
                              "with --async); the differential is reported as not run until the reference has "
                              "a connector")
+    parser.add_argument("--all-features", action="store_true",
+                        help="every feature the bridge models (features.py: the KV connector, and each "
+                             "request state added since), each in a seeded share of the workloads, for the "
+                             "features each version has; each version sync and async (only async with --async); "
+                             "default versions: every release with a feature")
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--keep-disagreements", type=Path, metavar="DIR",
                         help="copy every trace (and its workload) on which check-trace and vLLM's ground "
@@ -359,8 +365,9 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
         if args.family not in (None, "kv-connector"):
             error("--kv-connector runs the kv-connector family: no other --family")
         args.family = "kv-connector"
-    versions = (args.versions or (",".join(kv_connector_versions()) if args.kv_connector
-                                  else "0.8.5,0.8.4")).split(",")
+    if args.all_features and (args.family or args.kv_connector):
+        error("--all-features already turns on every feature: no --family or --kv-connector beside it")
+    versions = (args.versions or _default_versions(args)).split(",")
     interpreter: Interpreter | None = None
     try:
         if args.vllm_python:
@@ -380,8 +387,11 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
     mid_step_inputs = args.mid_step_inputs
     if mid_step_inputs is None:
         mid_step_inputs = all(row.engine_loop == "0.34" for row in rows)
-    workloads = campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens, args.family,
-                                   mid_step_inputs=mid_step_inputs)
+
+    def workloads(version: str) -> list[dict[str, Any]]:
+        return campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens, args.family,
+                                  mid_step_inputs=mid_step_inputs,
+                                  features_of=release(version).version if args.all_features else None)
     try:
         with use_interpreter(interpreter) if interpreter else nullcontext():
             reports = _run_versions(args, versions, workloads, interpreter)
@@ -399,15 +409,22 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
     return 1 if any(r.unexplained for r in reports) else 0
 
 
-def _run_versions(args: argparse.Namespace, versions: list[str], workloads: list[dict[str, Any]],
+def _default_versions(args: argparse.Namespace) -> str:
+    if args.all_features:
+        return ",".join(all_features_versions())
+    return ",".join(kv_connector_versions()) if args.kv_connector else "0.8.5,0.8.4"
+
+
+def _run_versions(args: argparse.Namespace, versions: list[str],
+                  workloads: Callable[[str], list[dict[str, Any]]],
                   interpreter: Interpreter | None) -> list[VersionReport]:
     reports = []
-    # --kv-connector: each version sync and async (only async with --async)
-    modes = [False, True] if getattr(args, "kv_connector", False) and not args.async_scheduling \
-        else [args.async_scheduling]
+    # --kv-connector, --all-features: each version sync and async (only async with --async)
+    both = getattr(args, "kv_connector", False) or getattr(args, "all_features", False)
+    modes = [False, True] if both and not args.async_scheduling else [args.async_scheduling]
     for version in versions:
         for async_scheduling in modes:
-            report = run_version(version, workloads, args.seed, not args.no_mutants,
+            report = run_version(version, workloads(version), args.seed, not args.no_mutants,
                                  lambda line: print(line, flush=True), async_scheduling,
                                  args.keep_disagreements)
             if interpreter is not None and not interpreter.is_release:

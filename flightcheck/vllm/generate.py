@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
+from .features import with_features
 from .kv_generate import kv_connector_family
 
 T = TypeVar("T")
@@ -52,13 +53,15 @@ def cdiv(a: int, b: int) -> int:
 
 def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = False,
                       spec_tokens: int = 0, family: str | None = None,
-                      mid_step_inputs: bool = False) -> dict[str, Any]:
+                      mid_step_inputs: bool = False, features_of: str | None = None) -> dict[str, Any]:
     """One workload (the JSON `workload.py` reads). `spec_tokens` k > 0:
     speculative decoding with k drafts, the acceptance picked last (so the
     rest of a seed's workload is what it is without drafts); `family` (one
     of `FAMILIES`) after it. `mid_step_inputs`: each arrival and abort, one
     time in two, arrives while its step waits for a batch's output (`via
-    "wait"`: vLLM 0.34's `_wait_for_output`), picked after everything else."""
+    "wait"`: vLLM 0.34's `_wait_for_output`), picked after everything else.
+    `features_of` (a release): `--all-features`, the features that release
+    has, each in its share (features.py), picked after the rest."""
     num_stages = pick.integer(2, 4)
     block_size = pick.choice([4, 2, 8])
     prefix_len = pick.choice([0, block_size, 2 * block_size, block_size + 1])
@@ -106,6 +109,8 @@ def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = Fals
         (FAMILIES.get(family) or CONNECTOR_FAMILIES[family])(pick, workload)
     if mid_step_inputs:
         _place_inputs_during_waits(pick, requests)
+    if features_of is not None:
+        with_features(pick, workload, features_of)
     return workload
 
 
@@ -207,15 +212,17 @@ def _maybe_reuse_an_id(pick: Picker, requests: list[dict[str, Any]]) -> None:
 
 def campaign_workloads(seed: int, count: int, reuse_ids: bool = False,
                        spec_tokens: int = 0, family: str | None = None,
-                       mid_step_inputs: bool = False) -> list[dict[str, Any]]:
+                       mid_step_inputs: bool = False, features_of: str | None = None) -> list[dict[str, Any]]:
     """Workloads seed-0 .. seed-(count-1) of a campaign; each is a function
     of (seed, index) alone, so a failure is replayed from its name (with
     drafts: `diff-spec{k}-...`; of a family: `diff-{family}-...`; with inputs
-    during waits: `diff-wait-...`)."""
+    during waits: `diff-wait-...`; with a release's features:
+    `diff-all-{release}-...`)."""
     label = ((f"spec{spec_tokens}-" if spec_tokens else "") + (f"{family}-" if family else "")
-             + ("wait-" if mid_step_inputs else ""))
+             + ("wait-" if mid_step_inputs else "") + (f"all-{features_of}-" if features_of else ""))
     return [generate_workload(RandomPicker(hash_seed(seed, index)), f"diff-{label}{seed}-{index}",
-                              hash_seed(seed, index), reuse_ids, spec_tokens, family, mid_step_inputs)
+                              hash_seed(seed, index), reuse_ids, spec_tokens, family, mid_step_inputs,
+                              features_of)
             for index in range(count)]
 
 

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence, TypeVar
 
+from .features import Feature
+from .versions import kv_connector_versions
+
 T = TypeVar("T")
 
 
@@ -36,6 +39,14 @@ class Picker(Protocol):                        # generate.Picker (this module is
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _connector_feature(pick: Picker, workload: dict[str, Any]) -> None:
+    """`--all-features`: always a connector (the control is the workloads the draw leaves without)."""
+    _with_connector(pick, workload)
+
+
+FEATURE = Feature("kv-connector", kv_connector_versions(), 0.5, _connector_feature)
 
 
 def kv_connector_family(pick: Picker, workload: dict[str, Any]) -> None:

@@ -97,8 +97,8 @@ HISTORICAL: tuple[Mutant, ...] = (
             "one snapshot object per request, overwritten by the next batch while the previous "
             "one is in flight (CachedRequestData reused before vLLM 0.8.5): the request's live "
             "in-flight entries take the new snapshot's values and return tokens for the wrong range",
-            _edit("schedule._launch", "state = _count_in_flight(state, step.cfg, e)", """
-                  state = _count_in_flight(state, step.cfg, e)
+            _edit("schedule._launch", "state = count_in_flight(state, step.cfg, e)", """
+                  state = count_in_flight(state, step.cfg, e)
                   state = replace(state, in_flight=tuple(
                       tuple(replace(x, start=e.start, n=e.n, samples=e.samples, drafts=e.drafts)
                             if x.req == e.req and x.fate is Fate.LIVE else x for x in b)

@@ -1,0 +1,63 @@
+"""The campaign's feature registry (flightcheck/vllm/features.py) and
+`--all-features`' workloads: seeded, per release, each feature in its share."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from flightcheck.vllm import campaign
+from flightcheck.vllm.features import FEATURE_MODULES, SHARE_RESOLUTION, features_of, registered
+from flightcheck.vllm.generate import campaign_workloads
+from flightcheck.vllm.workload import workload_from_json
+
+
+def test_every_listed_module_defines_one_feature_with_a_sane_share() -> None:
+    features = registered()
+    assert len(features) == len(FEATURE_MODULES)
+    assert len({f.name for f in features}) == len(features)
+    for feature in features:
+        assert 0 < feature.share <= 1 and feature.versions, feature.name
+
+
+def test_all_features_workloads_are_a_function_of_seed_index_and_release() -> None:
+    first = campaign_workloads(7, 40, features_of="0.34.0")
+    assert first == campaign_workloads(7, 40, features_of="0.34.0")
+    assert all(w["name"].startswith("diff-all-0.34.0-7-") for w in first)
+    plain = campaign_workloads(7, 40)
+    # the features are drawn after everything else: the plain workload's requests stay
+    assert [(w["config"]["num_stages"], w["config"]["block_size"], [r["id"] for r in w["requests"]])
+            for w in first] == [(w["config"]["num_stages"], w["config"]["block_size"],
+                                 [r["id"] for r in w["requests"]]) for w in plain]
+
+
+def test_each_feature_lands_in_about_its_share_and_only_where_its_release_has_it() -> None:
+    count = 400
+    for version in ("0.8.5", "0.33.0", "0.34.0"):
+        workloads = campaign_workloads(3, count, features_of=version)
+        for feature in registered():
+            hits = sum(feature.name in w["features"] for w in workloads)
+            if version not in feature.versions:
+                assert hits == 0, (feature.name, version)
+            else:
+                expected = count * round(feature.share * SHARE_RESOLUTION) / SHARE_RESOLUTION
+                assert abs(hits - expected) < 0.25 * count, (feature.name, version, hits)
+        assert {f.name for f in features_of(version)} >= {n for w in workloads for n in w["features"]}
+
+
+def test_every_generated_all_features_workload_is_a_valid_workload() -> None:
+    for workload in campaign_workloads(11, 60, features_of="0.34.0"):
+        workload_from_json(workload)
+
+
+def test_all_features_refuses_a_family_beside_it() -> None:
+    parser = argparse.ArgumentParser()
+    campaign.add_options(parser)
+    args = parser.parse_args(["--all-features", "--kv-connector", "--workloads", "1"])
+
+    def error(message: str) -> None:
+        raise SystemExit(message)
+
+    with pytest.raises(SystemExit, match="no --family or --kv-connector"):
+        campaign.run_campaign(args, error)
