@@ -19,6 +19,9 @@ class RequestStatus(enum.IntEnum):
     # A KV connector's async load is in flight, or landed and not yet
     # promoted (vLLM's `WAITING_FOR_REMOTE_KVS`; connector.py).
     WAITING_FOR_REMOTE_KVS = enum.auto()
+    # Structured output: its grammar still compiles, or failed and is not
+    # yet finished (vLLM's `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`; grammar.py).
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     # Everything after PREEMPTED is finished (vLLM's ordering trick).
@@ -91,7 +94,7 @@ class Request:
         "num_in_flight_tokens", "num_stale_output_tokens", "drop_stale_output",
         "num_output_placeholders", "next_decode_eligible_step", "is_prefill_chunk",
         "kv_offer", "kv_load", "last_sched_seq", "inflight_prefill", "status_before_load",
-        "parked_reservation", "kv_external", "kv_rolled_back",
+        "parked_reservation", "kv_external", "kv_rolled_back", "grammar", "fsm",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
@@ -162,6 +165,10 @@ class Request:
         self.parked_reservation = False       # vLLM's `_parked_reservations`
         self.kv_external = 0                  # tokens past its local hit an async load in flight brings
         self.kv_rolled_back = False           # a KV load's rollback: its next entry resets the worker
+        # Structured output (grammar.py): None, or "compiling" / "ready" /
+        # "failed"; and the tokens its FSM has accepted.
+        self.grammar: str | None = None
+        self.fsm = 0
         self.status_before_load = RequestStatus.WAITING
 
     @property

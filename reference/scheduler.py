@@ -68,12 +68,13 @@ from .drafts import DraftSources
 from .kv_transfer import KvTransfers
 from .kv_waiting import KvWaiting
 from .update import OutputUpdate
+from .grammar import Grammars
 from .waiting import WaitingLoop
 
 __all__ = ["Fate", "Scheduler"]
 
 
-class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop):
+class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop, Grammars):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv_cache_manager = KVCacheManager(
@@ -126,6 +127,8 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop)
         self.scheduled_req_ids: set[str] = set()
         # Finished since the last batch was built; sent to the workers with it.
         self.finished_req_ids: set[str] = set()
+        # Structured output: failed grammars the waiting loop met (grammar.py).
+        self.grammar_compile_error_reqs: set[str] = set()
         self._incarnations = itertools.count()
         self._next_batch_id = 1
         self.num_steps = 0            # schedule() + update_from_output() calls
@@ -239,6 +242,7 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop)
             self._count_in_flight(batch)
         if self._async:
             self._add_placeholders(batch)
+            self._mark_pending_structured_output(output, batch)    # grammar.py
         return output
 
     def _threshold_in_force(self) -> int:

@@ -36,7 +36,7 @@ class WaitingLoop:
             if len(self.running) >= self.config.max_num_seqs:
                 break
             request = self.waiting[index]
-            if self._is_resumption_deferred(request):
+            if self._blocked_on_grammar(request) or self._is_resumption_deferred(request):   # grammar.py
                 index += 1
                 continue
             computed_blocks, num_hit_tokens = kv.get_computed_blocks(request)

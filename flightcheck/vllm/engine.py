@@ -216,8 +216,9 @@ class BatchQueueEngineV033(BatchQueueEngine):
     (`VllmConfig.max_concurrent_batches`: the pipeline size when scheduling
     is synchronous). Our copy of `EngineCore.step_with_batch_queue`: the
     queue is appended on the left and popped on the right (oldest first), as
-    there; structured-output sampling deferral and pooling are not modelled
-    (a replay has neither)."""
+    there; a structured-output batch whose sampling is deferred
+    (`pending_structured_output_tokens`) waits for the oldest output first;
+    pooling is not modelled (a replay has none)."""
 
     busy_while_in_flight = True      # EngineCoreProc.has_work counts the batch queue
 
@@ -281,7 +282,12 @@ class BatchQueueEngineV033(BatchQueueEngine):
             if model_executed:
                 self.batches.append(dict(scheduler_output.num_scheduled_tokens))
             self.batch_queue.appendleft((scheduler_output, result))      # empty or not
-            if len(self.batch_queue) < self.depth and (model_executed or self.scheduler.has_requests()):
+            # A batch whose sampling waits for a structured request's earlier
+            # output (`pending_structured_output_tokens`, async) never returns
+            # early: the oldest output is processed first, then its bitmask built.
+            deferred = getattr(scheduler_output, "pending_structured_output_tokens", False)
+            if len(self.batch_queue) < self.depth and (model_executed or self.scheduler.has_requests()) \
+                    and not deferred:
                 record["queue"] = len(self.batch_queue)
                 return model_executed
         elif not self.batch_queue:

@@ -43,6 +43,7 @@ class Feature:
 # (a new feature goes at the end: the seeds' earlier choices stay as they were).
 FEATURE_MODULES: tuple[str, ...] = (
     "flightcheck.vllm.kv_generate",
+    "flightcheck.vllm.grammar_generate",
 )
 
 SHARE_RESOLUTION = 1000                        # a share is drawn as an integer in 1..1000

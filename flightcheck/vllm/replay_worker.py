@@ -99,7 +99,7 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from . import RECORDER, kv_replay  # noqa: E402
+from . import RECORDER, grammar_replay, kv_replay  # noqa: E402
 from .compat import resolve_obj_by_qualname  # noqa: E402
 from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV034,  # noqa: E402
                      FabricatedModel, run_busy_loop)
@@ -250,6 +250,8 @@ class SchedulerFactory:
 def make_request(spec: RequestSpec, workload: Workload) -> Request:
     """A vLLM Request as `EngineCore.add_request` makes one."""
     params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
+    if spec.grammar is not None:                                                      # structured output
+        grammar_replay.structured_sampling_params(params)
     if "eos_token_id" not in inspect.signature(Request.__init__).parameters:       # 0.33
         # The input processor sets EOS in the sampling params
         # (SamplingParams.update_from_generation_config); the engine core adds
@@ -325,6 +327,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         raise TypeError(f"{qualified_name} resolves to {scheduler_class}, not a recorder")
     transfers = kv_replay.start(workload)                  # the KV connector's ledger (None: none)
     scheduler = factory.build(scheduler_class, workload.config)
+    grammars = grammar_replay.start(workload, scheduler)       # the fabricated grammar backend (None: none)
     if recording and scheduler._fc_trace is not None:
         scheduler._fc_trace.record_time = False          # replays are deterministic, times are not
     model = FabricatedModel(workload, _model_runner_output,
@@ -340,6 +343,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         request = make_request(spec, workload)
         kv_replay.before_add(transfers, spec, request)
         scheduler.add_request(request)
+        grammar_replay.after_add(grammars, spec, request)       # EngineCore.add_request -> grammar_init
 
     outcome = run_busy_loop(engine, workload, add, abort)
     if recording:
@@ -361,6 +365,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         "waits_in_flight": engine.waits_in_flight, "gated_completions": engine.gated_completions,
         "copy_errors": engine.copy_errors[:1],
         **({"kv_reports": kv_worker.reports} if kv_worker is not None else {}),
+        **({"grammars": grammars.report()} if grammars is not None else {}),
     }
 
 

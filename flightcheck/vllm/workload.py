@@ -98,6 +98,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .grammar_workload import GrammarSpec, GrammarWorkloadError, grammar_from_json
 from .kv_workload import NO_KV, KVConnectorConfig, KVRequestSpec, KVWorkloadError, kv_connector_from_json, \
     kv_request_from_json
 from .workload_limits import MAX_COUNT, MAX_NUM_BLOCKS, MAX_PROMPT_LEN, MAX_REQUESTS, MAX_SEED, MAX_SPEC_TOKENS, \
@@ -153,6 +154,8 @@ class RequestSpec:
     abort_during_wait: bool = False
     # What the KV connector offers it and when its transfers end (kv_workload.py).
     kv: KVRequestSpec = NO_KV
+    # Structured output: its fabricated grammar's timing (grammar_workload.py); None: none.
+    grammar: GrammarSpec | None = None
 
     @property
     def key(self) -> str:
@@ -280,7 +283,8 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int], tokens_l
     abort = raw.get("abort_step")
     try:
         kv = kv_request_from_json(raw.get("kv"), f"{where}.kv")
-    except KVWorkloadError as err:
+        grammar = grammar_from_json(raw.get("grammar"), f"{where}.grammar")
+    except (KVWorkloadError, GrammarWorkloadError) as err:
         raise WorkloadError(str(err)) from None
     return RequestSpec(
         req_id=req_id if reuse is None else reuse, name="" if reuse is None else req_id,
@@ -290,7 +294,7 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int], tokens_l
         arrival_step=_int(f"{where}.arrival_step", raw.get("arrival_step", 0)),
         abort_step=None if abort is None else _int(f"{where}.abort_step", abort),
         eos_probability=share(f"{where}.eos_probability", raw.get("eos_probability", 0.0)),
-        ignore_eos=flag(f"{where}.ignore_eos", raw.get("ignore_eos", False)), kv=kv,
+        ignore_eos=flag(f"{where}.ignore_eos", raw.get("ignore_eos", False)), kv=kv, grammar=grammar,
         prompt_token_ids=tuple(_prompt(raw, where, seed, prefixes, req_id, tokens_left)))
 
 
