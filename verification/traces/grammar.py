@@ -1,0 +1,44 @@
+"""check-trace's reading of structured output (docs/trace-format.md,
+`grammar_compiled`, `grammar_failed`; spec/grammar.py): a mixin of
+`TraceChecker`.
+
+A trace whose config says `structured_output: true` is checked with the
+spec's grammars: an arrival with `structured: true` waits for its grammar,
+`grammar_compiled` / `grammar_failed` are the backend's events (written
+before the `schedule()` call that may first see them), and a failed
+grammar's finish by "error" follows the `complete` event of the update that
+finished it. An empty `schedule()` call the trace only notes
+(`empty_batches_before`, synchronous scheduling) may still meet a failed
+grammar: its record is taken from the spec's step (`note_grammar_errors`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from flightcheck.spec.schedule import Scheduled
+from flightcheck.spec.state import State
+from flightcheck.spec.transitions import CompileGrammar, FailGrammar, step
+
+
+class GrammarEvents:
+    state: State
+    cfg: Any
+
+    def _on_grammar_compiled(self, event: dict) -> None:
+        self._grammar_event(event, CompileGrammar)
+
+    def _on_grammar_failed(self, event: dict) -> None:
+        self._grammar_event(event, FailGrammar)
+
+    def _grammar_event(self, event: dict, kind: type) -> None:
+        r = self._req(event)                                     # type: ignore[attr-defined]
+        action = kind(r)
+        self._apply(action, step(self.state, self.cfg, action), event["ev"])   # type: ignore[attr-defined]
+
+    def note_grammar_errors(self, scheduled: Scheduled | None) -> None:
+        """An empty schedule() call the trace notes but the checker does not
+        replay: the failed grammars its waiting loop met are recorded."""
+        if scheduled is not None and scheduled.state.grammar_errors != self.state.grammar_errors:
+            self.state = replace(self.state, grammar_errors=scheduled.state.grammar_errors)
