@@ -219,10 +219,10 @@ def _complete_by_name(state: State, cfg: Config, samples: tuple[Sample, ...],
         if stale and holder in dropped:
             continue
         state = _apply_sample(state, cfg, e, sample, Fate.ORPHANED if stale else Fate.LIVE, holder)
-    return _after_output(state, cfg)
+    return after_output(state, cfg)
 
 
-def _after_output(state: State, cfg: Config) -> State:
+def after_output(state: State, cfg: Config) -> State:
     """The end of `update_from_output` with structured output: failed
     grammars the waiting loop met finish with FINISHED_ERROR
     (`grammar_compile_error_reqs`), and a deferred bitmask is built from the

@@ -51,13 +51,9 @@ class FabricatedGrammar:
         return True
 
     def validate_tokens(self, tokens: list[int]) -> list[int]:
-        """The longest prefix the FSM would accept from here (no advance)."""
-        valid = []
-        for i, token in enumerate(tokens):
-            if token != self.expected(self.position + i):
-                break
-            valid.append(token)
-        return valid
+        """Every draft is grammar-legal here (the fabricated model proposes the
+        request's own future tokens; the spec explores illegal drafts)."""
+        return list(tokens)
 
     def is_terminated(self) -> bool:
         return False

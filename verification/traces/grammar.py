@@ -9,7 +9,9 @@ before the `schedule()` call that may first see them), and a failed
 grammar's finish by "error" follows the `complete` event of the update that
 finished it. An empty `schedule()` call the trace only notes
 (`empty_batches_before`, synchronous scheduling) may still meet a failed
-grammar: its record is taken from the spec's step (`note_grammar_errors`).
+grammar: its record is taken from the spec's step (`note_grammar_errors`);
+and the noted completion of an empty batch finishes those recorded
+(`finish_grammar_errors_at_empty_completion`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from flightcheck.spec.actions import after_output
 from flightcheck.spec.schedule import Scheduled
 from flightcheck.spec.state import State
 from flightcheck.spec.transitions import CompileGrammar, FailGrammar, step
@@ -42,3 +45,14 @@ class GrammarEvents:
         replay: the failed grammars its waiting loop met are recorded."""
         if scheduled is not None and scheduled.state.grammar_errors != self.state.grammar_errors:
             self.state = replace(self.state, grammar_errors=scheduled.state.grammar_errors)
+
+    def finish_grammar_errors_at_empty_completion(self) -> None:
+        """A noted empty batch's completion (synchronous scheduling): the end
+        of its `update_from_output` finishes the failed grammars recorded."""
+        if not self.state.grammar_errors:
+            return
+        before, after = self.state, after_output(self.state, self.cfg)
+        self.state = after
+        for r, (b, a) in enumerate(zip(before.requests, after.requests)):
+            if a.status.is_finished and not b.status.is_finished:
+                self.finished_now[r] = a.status                  # type: ignore[attr-defined]

@@ -216,6 +216,8 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             self.unchecked.add("the admission order after empty schedule() calls (the trace notes none; "
                                "vLLM 0.34's cache-aware reorder runs in them)")
         for note in event.get("empty_batches_before") or ():
+            if isinstance(note, dict) and note.get("ev") == "complete":
+                self.finish_grammar_errors_at_empty_completion()    # grammar.py
             if not isinstance(note, dict) or note.get("ev") != "schedule":
                 continue
             if self.cfg.rules.output_placeholders:
