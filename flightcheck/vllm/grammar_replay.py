@@ -14,10 +14,10 @@ exception for a grammar that fails. The scheduler asks its manager only
 `accept_tokens` (every output's new tokens), `trim_spec_tokens` (0.34) or
 `validate_tokens` (0.33) for drafts, and `grammar_bitmask` (which the
 engine, not the scheduler, calls: our engine copy does not); the
-`FabricatedGrammarManager` answers those. The FSM accepts exactly the tokens
-the fabricated model samples at each position; it counts what it accepted
-and what it refused, so a run can tell whether every output advanced it
-exactly once.
+`FabricatedGrammarManager` answers those. The FSM accepts the seeded set of
+tokens the fabricated model may sample for its request; it counts what it
+accepted and what it refused, so a run can tell whether every output
+advanced it exactly once and no output of another request reached it.
 
 Imports vLLM only inside its functions (the replay worker is the only user).
 """
@@ -32,19 +32,20 @@ from .workload import RequestSpec, Workload, sampled_token
 
 
 class FabricatedGrammar:
-    """One request's FSM: the position it has reached, and the tokens it expects."""
+    """One request's FSM: it accepts the tokens of a seeded set (every token
+    the fabricated model may sample for this request, at any position: so a
+    token bound to the wrong request is refused, while the model's own
+    positions, which it fabricates, are not judged), and counts them."""
 
     def __init__(self, workload: Workload, spec: RequestSpec) -> None:
-        self._workload, self._spec = workload, spec
+        positions = workload.config.max_model_len + workload.config.num_spec_tokens + 1
+        self._legal = {sampled_token(workload, spec, p) for p in range(positions)}
         self.position = 0                     # output tokens accepted
         self.refused: list[int] = []          # positions where a token was refused
 
-    def expected(self, position: int) -> int:
-        return sampled_token(self._workload, self._spec, len(self._spec.prompt_token_ids) + position)
-
     def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
         for token in tokens:
-            if token != self.expected(self.position):
+            if token not in self._legal:
                 self.refused.append(self.position)
                 return False                   # "Failed to advance FSM"
             self.position += 1

@@ -9,11 +9,13 @@ A request with `grammar` asks for structured output: it arrives waiting for
 its grammar (`WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`), which compiles, or
 fails to compile when `fails`, once `compile_steps` `schedule()` calls have
 begun since its arrival (0: compiled before the first call after it
-arrives). Its FSM accepts exactly the tokens the fabricated model samples
-(`sampled_token` at each output position), so a token reaches it out of
-place only if an output is bound to the wrong position or request; drafts
-are the request's own future tokens, always grammar-legal (the bridge
-fabricates no illegal draft). Only vLLM 0.33 and 0.34 are driven with it.
+arrives). Its FSM accepts a seeded token set, the tokens the fabricated
+model may sample for that request (`sampled_token` at any position): a
+token of another request's output is refused; the fabricated model's own
+positions are not judged (after a rejected draft under async scheduling it
+does not shift its later samples as vLLM's runner does). Drafts are the
+request's own future tokens, always grammar-legal (the bridge fabricates
+no illegal draft). Only vLLM 0.33 and 0.34 are driven with it.
 
 Standard library only.
 """

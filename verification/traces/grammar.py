@@ -11,7 +11,10 @@ finished it. An empty `schedule()` call the trace only notes
 (`empty_batches_before`, synchronous scheduling) may still meet a failed
 grammar: its record is taken from the spec's step (`note_grammar_errors`);
 and the noted completion of an empty batch finishes those recorded
-(`finish_grammar_errors_at_empty_completion`).
+(`finish_grammar_errors_at_empty_completion`). Under async scheduling the
+checker moves empty batches itself: a finish by "error" of a request whose
+grammar failed is caught up with the empty call and completion that
+finished it (`catch_up_grammar_error`).
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from dataclasses import replace
 from typing import Any
 
 from flightcheck.spec.actions import after_output
-from flightcheck.spec.schedule import Scheduled
-from flightcheck.spec.state import State
+from flightcheck.spec.schedule import Scheduled, schedule
+from flightcheck.spec.state import Grammar, State
 from flightcheck.spec.transitions import CompileGrammar, FailGrammar, step
 
 
@@ -56,3 +59,19 @@ class GrammarEvents:
         for r, (b, a) in enumerate(zip(before.requests, after.requests)):
             if a.status.is_finished and not b.status.is_finished:
                 self.finished_now[r] = a.status                  # type: ignore[attr-defined]
+
+    def catch_up_grammar_error(self, event: dict) -> None:
+        """A finish by "error" the spec has not made yet, of a request whose
+        grammar failed: an empty schedule() call met it and an empty batch's
+        completion finished it (calls the checker does not replay one by
+        one); taken here if the spec's waiting loop reaches the request."""
+        r = self.slot.get(event["req"])                          # type: ignore[attr-defined]
+        if event["reason"] != "error" or not self.cfg.structured_output or r is None \
+                or r in self.finished_now:                       # type: ignore[attr-defined]
+            return
+        q = self.state.requests[r]
+        if q.grammar is not Grammar.FAILED or not q.status.is_active:
+            return
+        if r not in self.state.grammar_errors:
+            self.note_grammar_errors(schedule(self.state, self.cfg))
+        self.finish_grammar_errors_at_empty_completion()

@@ -461,6 +461,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         return n - 1 if upcoming.get(self._name(r)) == "stop" else None
 
     def _on_finish(self, event: dict) -> None:
+        self.catch_up_grammar_error(event)                 # grammar.py
         r = self._req(event)
         reason = event["reason"]
         status = self.finished_now.pop(r, None)
