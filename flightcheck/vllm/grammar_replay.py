@@ -19,7 +19,8 @@ tokens the fabricated model may sample for its request; it counts what it
 accepted and what it refused, so a run can tell whether every output
 advanced it exactly once and no output of another request reached it.
 
-Imports vLLM only inside its functions (the replay worker is the only user).
+Imports no vLLM (the replay worker, its only user, sets the request's
+`structured_outputs`).
 """
 
 from __future__ import annotations
@@ -97,12 +98,6 @@ class FabricatedGrammarManager:
 
     def clear_backend(self) -> None:
         pass
-
-
-def structured_sampling_params(params: Any) -> None:
-    """Ask for structured output (any constraint: the backend is ours)."""
-    from vllm.sampling_params import StructuredOutputsParams
-    params.structured_outputs = StructuredOutputsParams(regex="fabricated")
 
 
 class GrammarBackend:

@@ -251,8 +251,9 @@ class SchedulerFactory:
 def make_request(spec: RequestSpec, workload: Workload) -> Request:
     """A vLLM Request as `EngineCore.add_request` makes one."""
     params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
-    if spec.grammar is not None:                                                      # structured output
-        grammar_replay.structured_sampling_params(params)
+    if spec.grammar is not None:          # structured output (any constraint: the backend is ours, grammar_replay.py)
+        from vllm.sampling_params import StructuredOutputsParams
+        params.structured_outputs = StructuredOutputsParams(regex="fabricated")
     if "eos_token_id" not in inspect.signature(Request.__init__).parameters:       # 0.33
         # The input processor sets EOS in the sampling params
         # (SamplingParams.update_from_generation_config); the engine core adds
