@@ -45,6 +45,10 @@ EXPECTED = {
     "034_async_park_beside_reservations.jsonl": (True, None, None),
     # index 152 (async): the long-prefill threshold counts kv_holding_waiting
     "034_async_threshold_counts_kv_holding.jsonl": (True, None, None),
+    # `campaign --all-features --versions 0.34.0 --seed 1`, index 5 (inputs during
+    # waits): a landed load promoted by one call and admitted by a later one
+    # lists its held table first in `block_ids`, as one admitted at promotion does
+    "034_promoted_load_admitted_later.jsonl": (True, None, None),
     # vLLM wrong, its ground truth flags it: #49250, the rollback keeps the
     # placeholders (index 13, async) ...
     "034_async_rollback_keeps_placeholders_pr49250.jsonl": (False, 9, "KV3_rollback_restores_counters"),

@@ -12,10 +12,12 @@ from flightcheck.vllm.features import FEATURE_MODULES, SHARE_RESOLUTION, feature
 from flightcheck.vllm.generate import campaign_workloads
 from flightcheck.vllm.workload import workload_from_json
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # names the campaign: both checkers compared
+
 
 def test_every_listed_module_defines_one_feature_with_a_sane_share() -> None:
     features = registered()
-    assert len(features) == len(FEATURE_MODULES)
+    assert len(features) >= len(FEATURE_MODULES)
     assert len({f.name for f in features}) == len(features)
     for feature in features:
         assert 0 < feature.share <= 1 and feature.versions, feature.name
@@ -46,8 +48,17 @@ def test_each_feature_lands_in_about_its_share_and_only_where_its_release_has_it
         assert {f.name for f in features_of(version)} >= {n for w in workloads for n in w["features"]}
 
 
+def test_features_that_exclude_each_other_never_meet() -> None:
+    features = registered()
+    pairs = {(f.name, x) for f in features for x in f.excludes}
+    assert pairs, "no exclusion to test"
+    for workload in campaign_workloads(4, 300, features_of="0.34.0"):
+        names = set(workload["features"])
+        assert not any(a in names and b in names for a, b in pairs), workload["features"]
+
+
 def test_every_generated_all_features_workload_is_a_valid_workload() -> None:
-    for workload in campaign_workloads(11, 60, features_of="0.34.0"):
+    for workload in campaign_workloads(11, 300, features_of="0.34.0") + campaign_workloads(5, 300, features_of="0.33.0"):
         workload_from_json(workload)
 
 

@@ -109,9 +109,7 @@ def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = Fals
         (FAMILIES.get(family) or CONNECTOR_FAMILIES[family])(pick, workload)
     if mid_step_inputs:
         _place_inputs_during_waits(pick, requests)
-    if features_of is not None:
-        with_features(pick, workload, features_of)
-    return workload
+    return workload if features_of is None else with_features(pick, workload, features_of)
 
 
 def _place_inputs_during_waits(pick: Picker, requests: list[dict[str, Any]]) -> None:

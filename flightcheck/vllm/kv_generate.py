@@ -46,7 +46,8 @@ def _connector_feature(pick: Picker, workload: dict[str, Any]) -> None:
     _with_connector(pick, workload)
 
 
-FEATURE = Feature("kv-connector", kv_connector_versions(), 0.5, _connector_feature)
+# The spec and the reference model a connector without drafts (reference/config.py).
+FEATURE = Feature("kv-connector", kv_connector_versions(), 0.5, _connector_feature, excludes=("spec-decoding",))
 
 
 def kv_connector_family(pick: Picker, workload: dict[str, Any]) -> None:

@@ -263,11 +263,15 @@ class ConnectorEvents:
 
     def _parked_table(self, r: int) -> tuple[int, ...]:
         """The table r holds before this schedule call for its async load
-        (a promoted request is admitted with it: `block_ids` lists it first).
-        A load that left nothing valid gives its table back at promotion
-        (`_update_waiting_for_remote_kv` frees it): the admission allocates anew."""
+        (a promoted request is admitted with it: `block_ids` lists it first),
+        parked still or promoted by an earlier call and not admitted then (it
+        keeps its table in `kv_holding_waiting`, its load RECEIVED until it
+        runs). A load that left nothing valid gives its table back at
+        promotion (`_update_waiting_for_remote_kv` frees it): the admission
+        allocates anew."""
         q = self.state.requests[r]
-        return q.block_table if loading(q) and q.num_computed > 0 else ()
+        promoted = q.status is Status.WAITING and q.load is Load.RECEIVED
+        return q.block_table if (loading(q) or promoted) and q.num_computed > 0 else ()
 
     def _diagnose_block_under_transfer(self, name: str, trace_block: Any, spec_block: int) -> None:
         """A block handed out again (the trace's id already names spec block
