@@ -53,12 +53,12 @@ def test_the_feature_is_registered_and_skips_a_kv_connector() -> None:
     plain = campaign_workloads(5, 1)[0]
     with_grammars(RandomPicker(hash_seed(5, 0)), plain)
     assert any("grammar" in r for r in plain["requests"])
-    connected = json.loads(json.dumps(plain))
-    for r in connected["requests"]:
-        r.pop("grammar", None)
-    connected["config"]["kv_connector"] = {"consumer": True}
-    with_grammars(RandomPicker(1), connected)
-    assert not any("grammar" in r for r in connected["requests"])
+    grammar = next(f for f in features.registered() if f.name == "grammar")
+    assert grammar.excludes == ("kv-connector",)
+    for seed in range(40):
+        drawn = features.with_features(RandomPicker(seed), campaign_workloads(seed, 1)[0], "0.34.0")
+        assert not {"grammar", "kv-connector"} <= set(drawn["features"])
+        assert ("grammar" in drawn["features"]) == any("grammar" in r for r in drawn["requests"])
 
 
 @pytest.mark.parametrize("profile", ["vllm-0.34", "vllm-0.34-async", "vllm-0.33", "vllm-0.33-async"])

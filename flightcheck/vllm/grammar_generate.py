@@ -4,8 +4,7 @@ for structured output, each with its fabricated grammar's compile delay (in
 `schedule()` calls) and, one in five, a compile failure
 (grammar_workload.py). vLLM 0.33.0 and 0.34.0 only (the releases whose
 engine loop the bridge copies with its deferred sampling), and never in a
-workload with a KV connector (its `features` then names "grammar" though no
-request asks for one: features.py lists every feature drawn).
+workload with a KV connector (`Feature.excludes`).
 
 Standard library only.
 """
@@ -32,11 +31,7 @@ def grammar_versions() -> tuple[str, ...]:
 
 
 def with_grammars(pick: Picker, workload: dict[str, Any]) -> None:
-    """Each request, one in two (at least one), asks for structured output.
-    Not beside a KV connector (the spec and the reference model structured
-    output only without one): such a workload is left as it is."""
-    if workload["config"].get("kv_connector") is not None or workload.get("kv_connector") is not None:
-        return
+    """Each request, one in two (at least one), asks for structured output."""
     requests = workload["requests"]
     chosen = [pick.choice([False, True]) for _ in requests]
     if requests and not any(chosen):
@@ -47,4 +42,6 @@ def with_grammars(pick: Picker, workload: dict[str, Any]) -> None:
                                   "fails": pick.integer(1, 5) == 1}
 
 
-FEATURE = Feature("grammar", grammar_versions(), 0.5, with_grammars)
+# Never beside a KV connector: the spec and the reference model structured
+# output only without one.
+FEATURE = Feature("grammar", grammar_versions(), 0.5, with_grammars, excludes=("kv-connector",))
