@@ -77,6 +77,10 @@
   "fail_from_block": int|null, "fail_whole": bool, "send_steps": n}`;
   kv_workload.py documents every key and the timing rule. Without
   `kv_connector`, vLLM runs without a connector and `kv` is refused.
+* a request's `grammar` (vLLM 0.33 and 0.34): it asks for structured
+  output, with a fabricated grammar backend: `{"compile_steps": n,
+  "fails": bool}`, the grammar settling once n `schedule()` calls have begun
+  since its arrival (grammar_workload.py).
 
 Every key is checked with its type and range before a token is drawn
 (WorkloadError, one line naming the key path: `requests[3].prompt_len: must
