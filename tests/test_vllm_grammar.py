@@ -131,3 +131,41 @@ def test_structured_workloads_differential_and_verdicts_against_vllm(version: st
         assert report.workloads == 24 and not report.unexplained, report.unexplained
         disagreements = {k: n for k, n in report.verdicts.items() if k in DISAGREEMENTS}
         assert not disagreements, (version, async_scheduling, dict(report.verdict_details))
+
+
+# vLLM's `update_draft_token_ids_in_output` on one structured request whose
+# grammar (our stand-in manager) allows only the first of its two drafts.
+_DRAFT_PROBE = """
+import json
+from types import SimpleNamespace
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import DraftTokenIds
+scheduler = object.__new__(Scheduler)
+scheduler.requests = {"r": SimpleNamespace(is_finished=lambda: False, use_structured_output=True)}
+scheduler.structured_output_manager = SimpleNamespace(validate_tokens=lambda request, tokens: tokens[:1])
+output = SimpleNamespace(scheduled_spec_decode_tokens={"r": [-1, -1]}, num_invalid_spec_tokens=None)
+scheduler.update_draft_token_ids_in_output(DraftTokenIds(["r"], [[5, 6]]), output)
+print(json.dumps([output.scheduled_spec_decode_tokens["r"], output.num_invalid_spec_tokens]))
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize(("version", "profile", "expected"), [
+    ("0.33.0", "vllm-0.33-async", [[5, -1], {"r": 1}]),     # the illegal draft padded to -1, counted
+    ("0.34.0", "vllm-0.34-async", [[5, 6], {}]),            # passed to the worker as it is
+])
+def test_which_vllm_checks_drafts_against_the_grammar_is_the_profiles_constant(version, profile, expected):
+    """`Profile.scheduler_validates_drafts`, read in vLLM itself: 0.33's
+    scheduler marks a grammar-illegal draft, 0.34's leaves it to the sampler."""
+    import subprocess
+
+    from flightcheck.spec.profiles import PROFILES
+    from flightcheck.vllm.replay import venv_python
+
+    from .vllm_support import require_venv
+    require_venv(version)
+    proc = subprocess.run([str(venv_python(version)), "-c", _DRAFT_PROBE], capture_output=True, text=True,
+                          timeout=300)
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == expected, proc.stderr[-2000:]
+    assert PROFILES[profile].scheduler_validates_drafts == (version == "0.33.0")
