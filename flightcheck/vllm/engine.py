@@ -269,7 +269,7 @@ class BatchQueueEngineV033(BatchQueueEngine):
     def _step_with_batch_queue(self) -> bool:
         record: dict[str, Any] = {"scheduled": None, "completed": None}
         self.steps.append(record)
-        model_executed = False
+        model_executed, deferred, scheduled = False, False, None
         assert len(self.batch_queue) < self.depth
         if self.scheduler.has_requests():
             scheduler_output = self.scheduler.schedule()
@@ -286,6 +286,9 @@ class BatchQueueEngineV033(BatchQueueEngine):
             # output (`pending_structured_output_tokens`, async) never returns
             # early: the oldest output is processed first, then its bitmask built.
             deferred = getattr(scheduler_output, "pending_structured_output_tokens", False)
+            scheduled = scheduler_output
+            if model_executed and not deferred:
+                self.grammar_bitmask(scheduler_output)
             if len(self.batch_queue) < self.depth and (model_executed or self.scheduler.has_requests()) \
                     and not deferred:
                 record["queue"] = len(self.batch_queue)
@@ -299,9 +302,19 @@ class BatchQueueEngineV033(BatchQueueEngine):
         completed = dict(scheduler_output.num_scheduled_tokens)
         reported = self.kv_worker is not None and self.kv_worker.attach(scheduler_output, result)
         self._record_outputs(self.scheduler.update_from_output(scheduler_output, result))
+        if deferred:
+            self.grammar_bitmask(scheduled)      # the deferred batch's bitmask, from the FSM as it now is
         record["completed"] = completed
         record["queue"] = len(self.batch_queue)
         return model_executed or bool(completed) or reported
+
+    def grammar_bitmask(self, scheduler_output: Any) -> None:
+        """`EngineCore`: the batch's grammar bitmask before it samples
+        (`Scheduler.get_grammar_bitmask`; the fabricated model samples
+        without it). The reference's side has no bitmask to build."""
+        build = getattr(self.scheduler, "get_grammar_bitmask", None)
+        if build is not None:
+            build(scheduler_output)
 
     def transfers_in_flight(self) -> int:
         """KV transfers the fabricated connector has not reported yet (the
