@@ -31,11 +31,12 @@ def consistency_errors(scheduler: Scheduler) -> list[str]:
         if r.status != RequestStatus.RUNNING:
             errors.append(f"{r.request_id} in running with status {r.status.name}")
     for r in scheduler.waiting:
-        if r.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+        if r.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.WAITING_FOR_STREAMING_REQ):
             errors.append(f"{r.request_id} in waiting with status {r.status.name}")
         if kv.req_to_blocks.get(r.request_id):
             errors.append(f"{r.request_id} waits but holds blocks")
     errors += _kv_connector_errors(scheduler)
+    errors += _session_errors(scheduler)
     if len(scheduler.running) > cfg.max_num_seqs:
         errors.append(f"{len(scheduler.running)} running > max_num_seqs {cfg.max_num_seqs}")
     for r in scheduler.requests.values():
@@ -112,7 +113,8 @@ def _kv_connector_errors(scheduler: Scheduler) -> list[str]:
     blocks wait behind the fence."""
     errors: list[str] = []
     kv = scheduler.kv_cache_manager
-    allowed = (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.WAITING_FOR_REMOTE_KVS)
+    allowed = (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.WAITING_FOR_REMOTE_KVS,
+               RequestStatus.WAITING_FOR_STREAMING_REQ)
     for r in scheduler.kv_holding_waiting:
         if r.status not in allowed:
             errors.append(f"{r.request_id} in a KV waiting queue with status {r.status.name}")
@@ -127,4 +129,23 @@ def _kv_connector_errors(scheduler: Scheduler) -> list[str]:
     fences = [fence for fence, _ in scheduler.deferred_frees]
     if any(fence > scheduler.sched_step_seq for fence in fences):
         errors.append(f"a deferred free waits for a step never scheduled: {fences}")
+    return errors
+
+
+def _session_errors(scheduler: Scheduler) -> list[str]:
+    """Streaming sessions (sessions.py): the parked-session count is the
+    parked sessions; a session between turns waits in `kv_holding_waiting`
+    exactly while it has computed tokens; a parked one has no queued input
+    and at most every token but its last sampled one computed."""
+    errors: list[str] = []
+    parked = [r for r in scheduler.requests.values() if r.status == RequestStatus.WAITING_FOR_STREAMING_REQ]
+    if len(parked) != scheduler.num_waiting_for_streaming_input:
+        errors.append(f"{len(parked)} parked sessions, counted {scheduler.num_waiting_for_streaming_input}")
+    for r in [*scheduler.waiting, *scheduler.kv_holding_waiting]:
+        if r.resumable and r.status != RequestStatus.PREEMPTED and \
+                (r in scheduler.kv_holding_waiting) != (r.num_computed_tokens > 0):
+            errors.append(f"session {r.request_id} in the wrong waiting queue")
+    for r in parked:
+        if r.streaming_queue or r.num_computed_tokens > r.num_tokens - 1:
+            errors.append(f"parked session {r.request_id}: queued input or too many tokens computed")
     return errors

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from collections import deque
 from dataclasses import dataclass
 
 
@@ -22,6 +23,9 @@ class RequestStatus(enum.IntEnum):
     # Structured output: its grammar still compiles, or failed and is not
     # yet finished (vLLM's `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`; grammar.py).
     WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()
+    # A streaming session parked between turns, waiting for its client's
+    # next input (vLLM's `WAITING_FOR_STREAMING_REQ`; sessions.py).
+    WAITING_FOR_STREAMING_REQ = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     # Everything after PREEMPTED is finished (vLLM's ordering trick).
@@ -95,6 +99,7 @@ class Request:
         "num_output_placeholders", "next_decode_eligible_step", "is_prefill_chunk",
         "kv_offer", "kv_load", "last_sched_seq", "inflight_prefill", "status_before_load",
         "parked_reservation", "kv_external", "kv_rolled_back", "grammar", "fsm",
+        "resumable", "streaming_queue",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
@@ -150,6 +155,10 @@ class Request:
         self.next_decode_eligible_step = 0
         self.is_prefill_chunk = False
         self._init_kv_fields()
+        # A streaming session (sessions.py): resumable, and the inputs its
+        # client sent while it was not waiting for them (None: the end).
+        self.resumable = False
+        self.streaming_queue: deque = deque()
 
     def _init_kv_fields(self) -> None:
         """The KV connector's (connector.py, kv_transfer.py; untouched

@@ -67,6 +67,7 @@ from .request import Request, RequestStatus
 from .drafts import DraftSources
 from .kv_transfer import KvTransfers
 from .kv_waiting import KvWaiting
+from .sessions import StreamingSessions
 from .update import OutputUpdate
 from .grammar import Grammars
 from .waiting import WaitingLoop
@@ -74,7 +75,7 @@ from .waiting import WaitingLoop
 __all__ = ["Fate", "Scheduler"]
 
 
-class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop, Grammars):
+class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop, StreamingSessions, Grammars):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv_cache_manager = KVCacheManager(
@@ -134,13 +135,18 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         self.num_steps = 0            # schedule() + update_from_output() calls
         self._one_batch_per_request = not config.continue_prefill
         self._init_kv(config)                 # the KV connector (kv_transfer.py), if any
+        self.num_waiting_for_streaming_input = 0   # parked streaming sessions (sessions.py)
 
     # ------------------------------------------------------------------
     # Requests in and out
     # ------------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        """Queue a new request; a bad one raises ValueError and changes nothing."""
+        """Queue a new request; a bad one raises ValueError and changes nothing.
+        Under a live streaming session's id: the session's next input (sessions.py)."""
+        session = self.requests.get(request.request_id)
+        if session is not None and session.resumable:
+            return self.add_session_input(request)
         self._validate_new_request(request)
         request.incarnation = request.first_incarnation = next(self._incarnations)
         self.requests[request.request_id] = request
@@ -182,6 +188,8 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
                 self.running.remove(request)          # O(n), but aborts are rare
             else:
                 self._remove_waiting(request)
+                if request.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+                    self.num_waiting_for_streaming_input -= 1
             load_held = self.connector is not None and self._load_outlives_abort(request)
             request.status = finished_status
             request.incarnation = next(self._incarnations)
@@ -210,7 +218,9 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
             self.scheduled_req_ids.discard(request.request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running or self.kv_holding_waiting)
+        """vLLM's `get_num_unfinished_requests() > 0`: parked streaming sessions left out."""
+        return len(self.waiting) + len(self.running) + len(self.kv_holding_waiting) > \
+            self.num_waiting_for_streaming_input
 
     def has_requests(self) -> bool:
         """vLLM's `SchedulerInterface.has_requests`: unfinished requests, or

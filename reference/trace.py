@@ -318,9 +318,11 @@ class TracingScheduler(Scheduler):
                 self.trace.kv_report(seen, req_id, from_block, self.num_steps)
 
     def _trace_finishes_and_kv_reports(self, outputs: list[EngineCoreOutput]) -> None:
-        """The finishes (`held` for a send), then the landed loads and sends."""
+        """The finishes (`held` for a send; a streaming session's turn that
+        ended with its request going on is none), then the landed loads and sends."""
         for output in outputs:
-            if output.finish_reason is not None:
+            live = self.requests.get(output.request_id)
+            if output.finish_reason is not None and (live is None or live.is_finished()):
                 self.trace.finish(output.request_id, output.finish_reason, self.num_steps,
                                   output.request_id in self.kv_held)
         self._trace_kv_reports("")

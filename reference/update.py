@@ -50,6 +50,7 @@ class OutputUpdate:
     _drafts_with_output: bool
     _settles_blocks_with_drafts: bool
     connector: Any
+    _handle_stopped: Any
 
     def fate_of(self, entry: RequestData) -> Fate:
         """What becomes of this in-flight entry's output if it completed now."""
@@ -112,6 +113,8 @@ class OutputUpdate:
                     if model_runner_output.spec_token_ids is not None else ()
             outputs.append(self._apply_sampled(request, entry, token_ids, fate, proposed_drafts))
             self._advance_grammar(request, outputs[-1].new_token_ids)        # grammar.py
+            if request.is_finished() and request.resumable and not self._handle_stopped(request, was_running):
+                continue                      # a streaming session's turn ended (sessions.py)
             if request.is_finished():
                 if was_running:
                     finished_running = True   # leaves `running` in one pass below

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from .admission_order import reorder_by_cached_prefix
 from .batch import Batch
+from .request import RequestStatus
 
 
 class WaitingLoop:
@@ -31,12 +32,15 @@ class WaitingLoop:
         if self._cache_aware_window:          # vLLM 0.34, opt-in (admission_order.py)
             reorder_by_cached_prefix(self.waiting, kv, self._cache_aware_window,
                                      self.config.cache_aware_admission_threshold)
+        if self.kv_holding_waiting and not self._schedule_held_sessions(batch):
+            return                            # streaming sessions between turns first (sessions.py)
         index = 0                             # requests before it were skipped
         while index < len(self.waiting) and batch.token_budget > 0:
-            if len(self.running) >= self.config.max_num_seqs:
+            if self._seats_taken() >= self.config.max_num_seqs:     # parked sessions keep theirs (sessions.py)
                 break
             request = self.waiting[index]
-            if self._blocked_on_grammar(request) or self._is_resumption_deferred(request):   # grammar.py
+            if (self._blocked_on_grammar(request) or self._is_resumption_deferred(request)   # grammar.py
+                    or request.status == RequestStatus.WAITING_FOR_STREAMING_REQ):
                 index += 1
                 continue
             computed_blocks, num_hit_tokens = kv.get_computed_blocks(request)

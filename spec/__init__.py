@@ -13,11 +13,11 @@ from .schedule import Scheduled, ScheduledEntry, schedule
 from .sometimes import SOMETIMES, Sometimes
 from .state import BlockPool, Entry, Fate, Load, Request, State, Status, describe, initial_state
 from .transitions import (TRANSITION_PROPERTIES, Abort, Action, Arrive, ArriveAs, CompleteOldest,
-                          FailKvLoad, ReceiveKv, Schedule, SendKv, step, transition_properties_for)
+                          FailKvLoad, ReceiveKv, Schedule, SendInput, SendKv, step, transition_properties_for)
 
 __all__ = [
     "Abort", "Action", "Arrive", "ArriveAs", "BlockPool", "CompleteOldest", "Config", "DEFAULT_PROFILE", "Entry", "Fate",
-    "FailKvLoad", "KvConnector", "Load", "ReceiveKv", "SendKv", "fail_kv_load", "receive_kv", "send_kv",
+    "FailKvLoad", "KvConnector", "Load", "ReceiveKv", "SendInput", "SendKv", "fail_kv_load", "receive_kv", "send_kv",
     "INVARIANTS", "Invariant", "PROFILES", "Profile", "Prompt", "Request", "Sample", "SOMETIMES",
     "Schedule", "Scheduled", "ScheduledEntry", "Sometimes", "State", "Status",
     "TRANSITION_PROPERTIES", "COUNTER_INVARIANTS", "invariants_for", "transition_properties_for", "abort", "arrive", "complete_oldest", "describe",

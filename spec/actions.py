@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import blocks, grammar
+from . import blocks, grammar, sessions
 from .config import Config
 from .drafts import drafts_come_with_output
 from .kv_fence import drain_deferred_frees, finish_with_connector
@@ -44,6 +44,10 @@ class Prompt:
     load_async: bool = False
     # Structured output (grammar.py; read only with `Config.structured_output`).
     structured: bool = False
+    # A streaming session (spec/sessions.py; read only with
+    # `Config.streaming_sessions`): the inputs its client sends after this
+    # prompt, each `(new tokens, max_tokens)`, the last `(0, 0)` (the end).
+    session: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ def arrive(state: State, cfg: Config, r: int, prompt: Prompt) -> State | None:
     state = state.with_request(r, status=Status.WAITING, prompt_len=prompt.prompt_len,
                                max_tokens=prompt.max_tokens, prompt_labels=labels, num_computed=0)
     state = grammar.arrive_structured(state, cfg, r, prompt.structured)
+    state = sessions.open_session(state, cfg, r, prompt.session)
     return _offer_of_connector(state, cfg, r, prompt)
 
 
@@ -303,12 +308,21 @@ def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate,
         state = _cache_settled_blocks(state, cfg, r, req.num_computed - trimmed - req.num_in_flight)
     if finish is not None:
         state = state.with_request(r, num_output=req.num_output, num_computed=req.num_computed,
-                                   grammar=req.grammar, fsm=req.fsm)
-        return _forget_counters(_finish(state, cfg, r, finish), r)
+                                   placeholders=req.placeholders, grammar=req.grammar, fsm=req.fsm)
+        if req.resumable:      # num_computed covers the kept tokens but the last (`_update_request_with_output`)
+            trimmed = s.num_accepted - j if fate is Fate.LIVE else 0
+            return sessions.stop_session(state.with_request(r, num_computed=req.num_computed - trimmed), cfg, r, finish,
+                                         end_by_stop)
+        return end_by_stop(state, cfg, r, finish)
     if fate is Fate.LIVE and drafts_come_with_output(cfg):
         req = evolve(req, num_drafts=s.next_drafts)       # the drafts proposed for its next step
     return state.with_request(r, num_output=req.num_output, num_computed=req.num_computed,
                               num_drafts=req.num_drafts, placeholders=req.placeholders, fsm=req.fsm)
+
+
+def end_by_stop(state: State, cfg: Config, r: int, finish: Status) -> State:
+    """r finished by a stop or its length (a session: at the end of its last turn)."""
+    return _forget_counters(_finish(state, cfg, r, finish), r)
 
 
 def _settle_rejected_placeholders(req: Request, rejected: int) -> Request:
@@ -377,6 +391,8 @@ def _finish(state: State, cfg: Config, r: int, status: Status) -> State:
                                                   cfg.rules.unhashed_blocks_to_head),
                     waiting=tuple(x for x in state.waiting if x != r),
                     running=tuple(x for x in state.running if x != r),
+                    kv_holding=tuple(x for x in state.kv_holding if x != r),   # a session holding blocks
                     scheduled_ids=state.scheduled_ids - {r})
     state = retire_entries(state, r, frozenset({Fate.LIVE, Fate.ORPHANED}), Fate.SUPERSEDED)
-    return state.with_request(r, status=status, num_computed=0, num_drafts=0, block_table=())
+    return state.with_request(r, status=status, num_computed=0, num_drafts=0, block_table=(),
+                              queued_inputs=(), inputs_to_send=())

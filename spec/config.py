@@ -111,6 +111,10 @@ class Config:
     # wait for their grammar and advance an FSM. Off: the spec as before.
     # Only the profiles with stale-output counters (vLLM 0.33, 0.34) model it.
     structured_output: bool = False
+    # Streaming sessions (spec/sessions.py; vLLM's resumable requests, where
+    # the profile has them: `Profile.streaming_sessions`). Off: no request is
+    # resumable, the spec exactly as without them.
+    streaming_sessions: bool = False
 
     def __post_init__(self) -> None:
         self._resolve_profile()
@@ -132,6 +136,9 @@ class Config:
         if self.stale_mode not in ("deliver", "drop"):
             raise ValueError(f"stale_mode must be 'deliver' or 'drop', got {self.stale_mode!r}")
         self._check_admission_knobs()
+        if self.streaming_sessions and self.prefix_caching:
+            raise ValueError("streaming sessions are modelled without prefix caching (a turn's kept "
+                             "outputs become prompt blocks, which block labels do not follow)")
 
     def _check_admission_knobs(self) -> None:
         """vLLM's `SchedulerConfig` bounds: the budget holds a whole

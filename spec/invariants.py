@@ -25,6 +25,9 @@ from .kv_invariants import (holds_kv_blocks, kv1_no_reuse_under_transfer, kv2_lo
                             kv4_deferred_frees_drain, kv4_finished_holds_nothing, kv5_loaded_not_starved,
                             kv6_load_limit, may_hold_table, moves_a_load, transfers_in_flight)
 from .pool_store import label_list
+from .session_invariants import (ss2_old_turn_given_up, ss3_waiting_session_holds_blocks,
+                                 ss4_waiting_session_keeps_seat)
+from .sessions import has_sessions, waiting_for_input
 from .state import WAITING_STATUSES, Batch, BlockPool, Fate, State, Status, content_label
 
 
@@ -52,6 +55,8 @@ def within_length_caps(s: State, cfg: Config, r: int) -> bool:
     q = s.requests[r]
     if q.num_output > max(q.max_tokens, 0) or q.num_tokens > cfg.max_model_len:
         return False
+    if q.status.awaits_client:
+        return True                       # a session stopped at the end of its turn
     return not (q.status.is_active and (q.num_output >= q.max_tokens or q.num_tokens >= cfg.max_model_len))
 
 
@@ -256,9 +261,11 @@ def running_request_unblocked(s: State, cfg: Config, r: int) -> bool:
 
 
 def l2_no_deadlock(s: State, cfg: Config) -> bool:
-    """L2 as safety: with nothing in flight and a request unfinished, schedule is enabled and forms a batch or preempts (with a KV connector: nothing in flight includes no load or send to be reported; with structured output, no grammar compiling)."""
+    """L2 as safety: with nothing in flight and a request unfinished, schedule is enabled and forms a batch or preempts (with a KV connector: nothing in flight includes no load or send to be reported; with streaming sessions: no session waiting for input; with structured output, no grammar compiling)."""
     from .schedule import is_empty_step, schedule
     if any(s.in_flight) or not any(q.status.is_active for q in s.requests) or _waits_on_environment(s):
+        return True
+    if waiting_for_input(s):              # a session waits for its client: so may the scheduler
         return True
     # vLLM 0.33's empty batches change nothing when they complete: the state
     # they drain to must form a batch or preempt (or start or promote a KV load)
@@ -375,6 +382,8 @@ def l2_async_no_deadlock(s: State, cfg: Config) -> bool:
     """L2 under async: with nothing in flight and a request unfinished, schedule forms a batch or preempts within stagger + 1 calls, the empty batches between draining at once (with a KV connector: nothing in flight includes no load or send to be reported; with structured output, no grammar compiling)."""
     from .schedule import is_empty_step, schedule
     if any(s.in_flight) or not any(q.status.is_active for q in s.requests) or _waits_on_environment(s):
+        return True
+    if waiting_for_input(s):              # a session waits for its client: so may the scheduler
         return True
     state = replace(s, in_flight=())
     for _ in range(cfg.stagger + 1):
@@ -496,6 +505,15 @@ KV_INVARIANTS: tuple[Invariant, ...] = (
     Invariant("KV5_loaded_not_starved", (kv5_loaded_not_starved.__doc__ or "").strip(),
               of_state=kv5_loaded_not_starved, kind="liveness"),
 )
+# With streaming sessions (docs/request-states.md, "Streaming sessions"; the
+# predicates are in session_invariants.py; SS1 is a transition property).
+SESSION_INVARIANTS: tuple[Invariant, ...] = (
+    Invariant("SS2_old_turn_given_up", (ss2_old_turn_given_up.__doc__ or "").strip(), of_request=ss2_old_turn_given_up),
+    Invariant("SS3_waiting_session_holds_blocks", (ss3_waiting_session_holds_blocks.__doc__ or "").strip(),
+              of_request=ss3_waiting_session_holds_blocks),
+    Invariant("SS4_waiting_session_keeps_seat", (ss4_waiting_session_keeps_seat.__doc__ or "").strip(),
+              of_state=ss4_waiting_session_keeps_seat),
+)
 KV_LOAD_LIMIT = Invariant("KV6_load_limit", (kv6_load_limit.__doc__ or "").strip(), of_state=kv6_load_limit)
 
 # With structured output (grammar.py).
@@ -521,6 +539,8 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
             chosen += (KV_LOAD_LIMIT,)
     if cfg.structured_output:
         chosen += GRAMMAR_INVARIANTS
+    if has_sessions(cfg):
+        chosen += SESSION_INVARIANTS
     return chosen
 
 

@@ -17,13 +17,16 @@ from dataclasses import replace
 from .config import Config
 from .kv_fence import batches_in_flight
 from .kv_loads import load_limit, loads_in_flight
+from .sessions import session_holds_blocks
 from .state import Load, Request, State, Status
 
 
 def holds_kv_blocks(q: Request) -> bool:
     """A waiting request that holds blocks (vLLM's `_holds_kv_blocks`): a
-    parked load, or a landed one promoted and not yet running."""
-    return q.status is Status.WAITING_FOR_REMOTE_KVS or (q.status is Status.WAITING and q.load is Load.RECEIVED)
+    parked load, or a landed one promoted and not yet running, or a
+    streaming session between turns (spec/sessions.py)."""
+    return (q.status is Status.WAITING_FOR_REMOTE_KVS or (q.status is Status.WAITING and q.load is Load.RECEIVED)
+            or session_holds_blocks(q))
 
 
 def may_hold_table(q: Request) -> bool:

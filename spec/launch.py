@@ -61,10 +61,12 @@ def count_down(state: State, cfg: Config) -> State:
 
 def snapshot(state: State, cfg: Config, e: ScheduledEntry) -> Entry:
     """The in-flight entry for e, with the name its output will be looked up
-    by, a sync load's external tokens, and (under the step fence) the blocks it writes."""
+    by, a sync load's external tokens, (under the step fence) the blocks it
+    writes, and a streaming session's turn (sessions.py)."""
     return Entry(e.req, e.start, e.n, e.samples, e.drafts, name=state.requests[e.req].name,
                  external=e.external, blocks=state.requests[e.req].block_table if cfg.fences_freed_blocks else (),
-                 mask=grammar.mask_of(state, cfg, e.req, e.samples, e.drafts))
+                 mask=grammar.mask_of(state, cfg, e.req, e.samples, e.drafts),
+                 turn=state.requests[e.req].turn)
 
 
 def count_in_flight(state: State, cfg: Config, e: ScheduledEntry) -> State:

@@ -273,6 +273,14 @@ class Profile:
     # "rejection sampling handles grammar violations"). Where it checks and
     # runs sync, no illegal draft reaches a batch (`grammar.illegal_drafts_scheduled`).
     scheduler_validates_drafts: bool = False
+    # Streaming sessions (resumable requests; spec/sessions.py):
+    # `add_request` under a live id queues or applies a streaming update
+    # (`_update_request_as_session`), a stop parks the session in
+    # WAITING_FOR_STREAMING_REQ (`_handle_stopped_request`, which drops the
+    # turn's in-flight output), and a parked session keeps its blocks and
+    # its seat in the admission cap (`num_waiting_for_streaming_input`)
+    # (0.33, 0.34: the same rules in both).
+    streaming_sessions: bool = False
     # The profile of the release this one follows, when this one's spec rules
     # are that one's with some constants changed: verification checks this
     # one with everything it checks the older one with
@@ -323,7 +331,8 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     stale_output_counters=True, empty_batches=True, mid_step_inputs=("abort",),
                     unchunked_prefill_stops_admission=True,
                     cache_settled_blocks_on_output=True, draft_source="submission",
-                    pads_admitted_decodes=True, scheduler_validates_drafts=True, **_KV_CONNECTOR_0_33)
+                    pads_admitted_decodes=True, scheduler_validates_drafts=True, streaming_sessions=True,
+                    **_KV_CONNECTOR_0_33)
 
 # vLLM 0.33.0 with asynchronous scheduling, the default for single-node
 # pipeline parallelism (`AsyncScheduler`, the V2 model runner, the mp

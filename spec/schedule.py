@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import blocks, grammar, kv_loads
+from . import blocks, grammar, kv_loads, sessions
 from .admission_order import reorder_waiting
 from .config import Config
 from .drafts import padded_admission
@@ -115,7 +115,8 @@ def _idle(state: State, cfg: Config, step: _Step | None = None) -> Scheduled | N
     `has_finished_requests`). 0.8.x: nothing. `step`: the call's own, counted
     down, with what its waiting loop changed; None: a call on `state` alone."""
     counted = count_down(state, cfg) if step is None else step.state
-    if not cfg.rules.empty_batches or not any(q.status.is_active or q.held for q in counted.requests):
+    if not cfg.rules.empty_batches or not any((q.status.is_active and not q.status.awaits_client) or q.held
+                                              for q in counted.requests):
         return None
     return Scheduled(replace(counted, in_flight=counted.in_flight + ((),)), (), (),
                      () if step is None else tuple(step.kv_loads))
@@ -209,24 +210,31 @@ def _schedule_waiting(step: _Step) -> None:
     step.state = reorder_waiting(step.state, cfg)       # vLLM 0.34, opt-in (admission_order.py)
     running_entries = [e.req for e in step.entries]    # what the running loop scheduled
     i = 0                                   # requests before i were skipped: they keep their place
-    while i < len(step.state.waiting) and step.budget > 0 and _has_free_seat(step):
-        r = step.state.waiting[i]
+    while i < len(queue := _waiting_order(step.state)) and step.budget > 0 and _has_free_seat(step):
+        r = queue[i]
         step.state, blocked = grammar.blocked_on_grammar(step.state, r)     # structured output
-        if blocked or _is_resumption_deferred(step.state, cfg, r):
+        if blocked or _is_resumption_deferred(step.state, cfg, r) or sessions.waits_for_input(step.state, r):
             i += 1
             continue
-        hit = _prefix_hit(step.state, cfg, r)
-        padded = padded_admission(step.state, cfg, r, len(hit) * cfg.block_size, running_entries, step.budget)
+        held = step.state.requests[r].num_computed      # a session's next turn: its computed tokens (else 0)
+        hit = _prefix_hit(step.state, cfg, r) if held == 0 else ()
+        padded = padded_admission(step.state, cfg, r, held + len(hit) * cfg.block_size, running_entries, step.budget)
         if padded < 0:
             break                                       # vLLM 0.33: not scheduled un-padded
         num_new = _clip(step, r, padded) if padded else _num_new_waiting(step, r, hit)
-        if _needs_a_chunk(step, r, hit):
+        if _needs_a_chunk(step, r, hit, held):
             break                                       # chunked prefill off: whole or not at all
         if num_new == 0 or not _fits_whole(step, r, hit) or not _allocate(step, r, num_new, hit):
             break                                       # FCFS: head-of-line blocks
         if padded:                                      # its k placeholder drafts (drafts.py)
             step.state = step.state.with_request(r, num_drafts=cfg.num_spec_tokens)
-        _admit(step, r, len(hit) * cfg.block_size, num_new)
+        _admit(step, r, held + len(hit) * cfg.block_size, num_new)
+
+
+def _waiting_order(state: State) -> tuple[int, ...]:
+    """The waiting loop's order without a connector: `kv_holding` (streaming
+    sessions between turns that hold blocks, sessions.py) before `waiting`."""
+    return state.kv_holding + state.waiting if state.kv_holding else state.waiting
 
 
 def _schedule_waiting_with_connector(step: _Step) -> None:
@@ -366,11 +374,15 @@ def _fits_whole(step: _Step, r: int, hit: tuple[int, ...]) -> bool:
 
 def _num_new_waiting(step: _Step, r: int, hit: tuple[int, ...]) -> int:
     """What waiting request r can be admitted with: its known tokens past the hit, clipped."""
+    if held := step.state.requests[r].num_computed:    # a session's next turn (sessions.py)
+        return _clip(step, r, step.state.requests[r].num_tokens - held)
     return _clip(step, r, step.state.requests[r].num_tokens - len(hit) * step.cfg.block_size)
 
 
 def _has_free_seat(step: _Step) -> bool:
-    """Fewer than max_num_seqs requests running."""
+    """Fewer than max_num_seqs requests running (and sessions waiting for input: sessions.py)."""
+    if step.cfg.streaming_sessions and sessions.seats_taken(step.state) >= step.cfg.max_num_seqs:
+        return False
     return len(step.state.running) < step.cfg.max_num_seqs
 
 

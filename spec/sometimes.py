@@ -10,6 +10,8 @@ from typing import Callable
 
 from .blocks import cdiv
 from .config import Config
+from .session_invariants import (finished_after_a_later_turn, runs_beside_old_output, seat_held_for_input,
+                                 waits_with_old_output_in_flight)
 from .state import State, Status
 
 RequestPredicate = Callable[[State, Config, int], bool]
@@ -199,8 +201,23 @@ KV_SOMETIMES: tuple[Sometimes, ...] = (
 )
 
 
+# The targets of streaming sessions (spec/sessions.py; predicates in session_invariants.py).
+SESSION_SOMETIMES: tuple[Sometimes, ...] = (
+    # only under async scheduling: a synchronous engine schedules a
+    # request's next token only once its output is back, so a stop leaves
+    # nothing of the turn in flight
+    Sometimes("session_waits_with_old_output_in_flight", waits_with_old_output_in_flight, needs="async"),
+    Sometimes("session_runs_beside_old_output", runs_beside_old_output, needs="async"),
+    Sometimes("session_holds_seat_for_input", seat_held_for_input),
+    Sometimes("session_finishes_in_a_later_turn", finished_after_a_later_turn),
+)
+
+
 def sometimes_for(cfg: Config) -> tuple[Sometimes, ...]:
     """The targets of cfg's profile: every profile's, under async scheduling
-    ASYNC_SOMETIMES, and with a KV connector KV_SOMETIMES."""
+    ASYNC_SOMETIMES, with a KV connector KV_SOMETIMES, and with streaming
+    sessions SESSION_SOMETIMES."""
+    from .sessions import has_sessions
     return (SOMETIMES + (ASYNC_SOMETIMES if cfg.rules.output_placeholders else ())
-            + (KV_SOMETIMES if cfg.kv_connector is not None else ()))
+            + (KV_SOMETIMES if cfg.kv_connector is not None else ())
+            + (SESSION_SOMETIMES if has_sessions(cfg) else ()))

@@ -46,6 +46,9 @@ class Status(enum.Enum):
     FINISHED_ERROR = "FINISHED_ERROR"
     # Structured output (grammar.py): waiting for its grammar to compile.
     WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
+    # A streaming session (docs/request-states.md, "Streaming sessions"):
+    # stopped at the end of its turn, waiting for the client's next input.
+    WAITING_FOR_STREAMING_REQ = "WAITING_FOR_STREAMING_REQ"
 
     @property
     def is_finished(self) -> bool:
@@ -56,14 +59,20 @@ class Status(enum.Enum):
         """Arrived and not finished."""
         return self in ACTIVE
 
+    @property
+    def awaits_client(self) -> bool:
+        """Unfinished, but nothing for the engine to do until the client sends
+        more (vLLM's `get_num_unfinished_requests` leaves such sessions out)."""
+        return self is Status.WAITING_FOR_STREAMING_REQ
+
 
 FINISHED = frozenset({Status.FINISHED_STOPPED, Status.FINISHED_LENGTH, Status.FINISHED_ABORTED,
                       Status.FINISHED_ERROR})
 ACTIVE = frozenset({Status.WAITING, Status.RUNNING, Status.PREEMPTED, Status.WAITING_FOR_REMOTE_KVS,
-                    Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR})
+                    Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, Status.WAITING_FOR_STREAMING_REQ})
 # The statuses of a request in a waiting queue (`waiting` or `kv_holding`).
 WAITING_STATUSES = frozenset({Status.WAITING, Status.PREEMPTED, Status.WAITING_FOR_REMOTE_KVS,
-                              Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR})
+                              Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, Status.WAITING_FOR_STREAMING_REQ})
 
 
 class Load(enum.Enum):
@@ -137,6 +146,17 @@ class Request:
     # state and the tokens its FSM has accepted.
     grammar: Grammar = Grammar.NONE
     fsm: int = 0
+    # A streaming session (spec/sessions.py; all at their defaults for any
+    # other request): resumable, the inputs its client will still send, in
+    # order (each `(new tokens, max_tokens)`, `(0, 0)` the end of the
+    # session), the ones sent while it was not waiting for them (vLLM's
+    # `streaming_queue`), and its turn: how many times it stopped and went
+    # on (the session's re-add is the same request in a new turn, where a
+    # reused name is a new request, a new slot).
+    resumable: bool = False
+    inputs_to_send: tuple[tuple[int, int], ...] = ()
+    queued_inputs: tuple[tuple[int, int], ...] = ()
+    turn: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -167,6 +187,9 @@ class Entry:
     # Structured output: the FSM position this entry's bitmask was built at
     # (grammar.DEFERRED while it waits for the oldest output; None: no mask).
     mask: int | None = None
+    # A streaming session's turn when scheduled (spec/sessions.py): an entry
+    # of an earlier turn than its request's is the old input's work.
+    turn: int = 0
 
     @property
     def lookup_name(self) -> int:
@@ -345,10 +368,12 @@ def describe_request(q: Request) -> str:
             f"{f' wait={q.decode_countdown}' if q.decode_countdown else ''}"
             f"{f' load={q.load.value}' if q.load is not Load.NONE else ''}"
             f"{f' ext={q.external}' if q.external else ''}{' held' if q.held else ''}"
+            f"{f' turn={q.turn}' if q.turn else ''}{f' queued={list(q.queued_inputs)}' if q.queued_inputs else ''}"
             f"{f' grammar={q.grammar.value} fsm={q.fsm}' if q.grammar is not Grammar.NONE else ''}")
 
 
-_SHORT_STATUS = {Status.WAITING_FOR_REMOTE_KVS: "RKVS", Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR: "GRMR"}
+_SHORT_STATUS = {Status.WAITING_FOR_REMOTE_KVS: "RKVS", Status.WAITING_FOR_STREAMING_REQ: "WSTR",
+                 Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR: "GRMR"}
 
 
 def describe(state: State) -> str:

@@ -11,12 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest
+from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest, finish_request
 from .config import Config
 from .connector_contract import Labels, contract_clauses
 from .grammar import compile_grammar, fail_grammar
 from .kv_reports import fail_kv_load, receive_kv, send_kv
 from .schedule import Scheduled, schedule
+from .session_invariants import ss1_old_output_never_bound
+from .sessions import has_sessions, send_input
 from .state import FINISHED, Entry, Fate, Request, State, Status
 
 
@@ -106,6 +108,17 @@ class SendKv:
         return f"kv sent r{self.req}"
 
 
+@dataclass(frozen=True)
+class SendInput:
+    """A streaming session's client sends its next input: vLLM's
+    `add_request` under the session's live id (sessions.send_input)."""
+
+    req: int
+
+    def __str__(self) -> str:
+        return f"send input r{self.req}"
+
+
 # The connector's reports: environment actions, each enabled only with a connector.
 KV_REPORTS = (ReceiveKv, FailKvLoad, SendKv)
 
@@ -133,7 +146,7 @@ class FailGrammar:
 # The grammar backend's events: environment actions, enabled only with structured output.
 GRAMMAR_EVENTS = (CompileGrammar, FailGrammar)
 
-Action = Union[Arrive, ArriveAs, Schedule, CompleteOldest, Abort, ReceiveKv, FailKvLoad, SendKv,
+Action = Union[Arrive, ArriveAs, Schedule, CompleteOldest, Abort, ReceiveKv, FailKvLoad, SendKv, SendInput,
                CompileGrammar, FailGrammar]
 
 
@@ -160,6 +173,8 @@ def step(state: State, cfg: Config, action: Action) -> State | None:
         return compile_grammar(state, cfg, action.req)
     if isinstance(action, FailGrammar):
         return fail_grammar(state, cfg, action.req)
+    if isinstance(action, SendInput):
+        return send_input(state, cfg, action.req, finish_request)
     raise TypeError(f"not an action: {action!r}")
 
 
@@ -263,6 +278,15 @@ def p_kv_preemption_frees(before: State, after: State, action: Action, cfg: Conf
     return len(after.deferred_frees) == len(before.deferred_frees)
 
 
+def ss1_session_binding(before: State, after: State, action: Action, cfg: Config) -> bool:
+    if not isinstance(action, CompleteOldest) or not before.in_flight:
+        return True
+    return ss1_old_output_never_bound(before, after, before.in_flight[0], cfg)
+
+
+ss1_session_binding.__doc__ = ss1_old_output_never_bound.__doc__
+
+
 @dataclass(frozen=True)
 class TransitionProperty:
     name: str
@@ -312,4 +336,6 @@ def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
         chosen += tuple(p for p in KV_TRANSITION_PROPERTIES
                         if p.name != "KV3_rollback_restores_counters" or cfg.rules.kv_load_failures)
         chosen += CONTRACT_PROPERTIES
+    if has_sessions(cfg):
+        chosen += (TransitionProperty("SS1_old_output_never_bound", ss1_session_binding),)
     return chosen

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import traceback
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from .engine_truth import note_gated_completion, note_wait
@@ -376,13 +376,14 @@ class InputQueue:
     arrivals come before aborts, and an arrival that reuses an id after them
     (an abort, then a new request under the same id)."""
 
-    ARRIVE, ABORT, REARRIVE = 0, 1, 2
+    ARRIVE, ABORT, REARRIVE, SESSION_INPUT = 0, 1, 2, 3
 
     def __init__(self, workload: Workload) -> None:
         inputs = sorted([(spec.arrival_step, self.REARRIVE if spec.reuses_id else self.ARRIVE, spec.req_id, spec)
                          for spec in workload.requests]
                         + [(spec.abort_step, self.ABORT, spec.req_id, spec) for spec in workload.requests
-                           if spec.abort_step is not None], key=lambda x: (x[0], x[1]))
+                           if spec.abort_step is not None]
+                        + session_inputs(workload, self.SESSION_INPUT), key=lambda x: (x[0], x[1]))
         self.pending = deque(inputs)
 
     def next_step(self) -> int:
@@ -399,7 +400,9 @@ class InputQueue:
         during_step: list[str] = []
         while self.pending and self.pending[0][0] <= step:
             _, kind, req_id, spec = self.pending.popleft()
-            handover = _handover(kind == self.ABORT, spec, add_request, abort_request, bind)
+            # a session's input keeps the model bound to the session's own request
+            handover = _handover(kind == self.ABORT, spec, add_request, abort_request,
+                                 None if kind == self.SESSION_INPUT else bind)
             if kind == self.ABORT and spec.abort_via_aborts_queue:
                 during_step.append(req_id)
             elif during_wait is not None and (spec.abort_during_wait if kind == self.ABORT
@@ -408,6 +411,19 @@ class InputQueue:
             else:
                 handover()
         return during_step
+
+
+def session_inputs(workload: Workload, kind: int) -> list[tuple[int, int, str, RequestSpec]]:
+    """Each session input as an input of the queue: an `add_request` under
+    the session's id (session_workload.py), resumable but for the end."""
+    found = []
+    for spec in workload.requests:
+        for inp in spec.session:
+            update = replace(spec, prompt_token_ids=inp.prompt_token_ids or spec.prompt_token_ids[:1],
+                             max_tokens=inp.max_tokens, session=(), resumable=not inp.ends_session,
+                             arrival_step=inp.step, arrival_during_wait=False)
+            found.append((inp.step, kind, spec.req_id, update))
+    return found
 
 
 def _handover(is_abort: bool, spec: RequestSpec, add_request: Callable[[RequestSpec], None],

@@ -312,9 +312,14 @@ class GroundTruthMixin:
         if not self.records_async_scheduling:
             return
         in_flight: dict[int, int] = {}
+        # a streaming session's entries of an ended turn (its stale share, oldest first) hold no placeholder
+        stale_left = {id(r): r.num_stale_output_tokens for r in self.running if getattr(r, "resumable", False)}
         for batch in self._fc_in_flight.values():
             drafts = batch.output.scheduled_spec_decode_tokens
             for entry in batch.entries:
+                if stale_left.get(id(entry.request), 0) > 0:
+                    stale_left[id(entry.request)] -= entry.n
+                    continue
                 if entry.samples:      # the sampled token's placeholder and its drafts'
                     in_flight[id(entry.request)] = (in_flight.get(id(entry.request), 0)
                                                     + 1 + len(drafts.get(entry.req_id, ())))

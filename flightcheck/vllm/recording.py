@@ -73,6 +73,14 @@ FINISH_REASONS = {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH_CAPPED": "length"
                   "FINISHED_ERROR": "error"}
 
 
+def _turn_ended(request: Any, stale_before: int) -> bool:
+    """A streaming session's (vLLM 0.33, 0.34 resumable request) live output
+    that ended its turn: applied, though the request's outputs were then
+    cleared for its next input or it parked (docs/request-states.md)."""
+    return (bool(getattr(request, "resumable", False)) and stale_before <= 0 and not request.is_finished()
+            and status_name(request) in ("WAITING", "WAITING_FOR_STREAMING_REQ"))
+
+
 def _block_ids(value: Any) -> list[int]:
     """Block ids as the trace has them: vLLM <= 0.8 gives a list; later
     versions a tuple with one list per KV cache group (None: no new blocks)."""
@@ -381,7 +389,8 @@ class RecordingMixin(GroundTruthMixin):
             outputs_before, finished_before, stale_before = before[entry.req_id]
             if stale_before > 0:
                 stale.append(entry.req_id)     # vLLM counted it against the preempted share
-            applied = bool(tokens) and target.num_output_tokens > outputs_before
+            applied = bool(tokens) and (target.num_output_tokens > outputs_before
+                                        or _turn_ended(target, stale_before))
             if finished_before or (tokens and not applied):
                 dropped.append(entry.req_id)
             elif applied and (target is not entry.request or self._fc_admitted(target) != entry.incarnation):

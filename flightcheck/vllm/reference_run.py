@@ -295,6 +295,7 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
     def add(spec: Any) -> None:
         params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
         request = Request(spec.req_id, list(spec.prompt_token_ids), params, eos_token_id=workload.eos_token_id)
+        request.resumable = spec.resumable            # a streaming session (session_workload.py)
         if kv.offers:
             request.kv_offer = kv.offers.get(spec.key)
         if spec.grammar is None:

@@ -344,6 +344,8 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
 
     def add(spec: RequestSpec) -> None:
         request = make_request(spec, workload)
+        if spec.resumable:
+            request.resumable = True                 # a streaming session (session_workload.py)
         kv_replay.before_add(transfers, spec, request)
         scheduler.add_request(request)
         grammar_replay.after_add(grammars, spec, request)       # EngineCore.add_request -> grammar_init

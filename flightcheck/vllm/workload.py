@@ -81,6 +81,11 @@
   output, with a fabricated grammar backend: `{"compile_steps": n,
   "fails": bool}`, the grammar settling once n `schedule()` calls have begun
   since its arrival (grammar_workload.py).
+* A request's `session` (vLLM 0.33 and 0.34): a streaming session, the
+  request resumable, its later inputs sent at engine steps
+  (`{"inputs": [{"step", "tokens", "max_tokens"}], "end_step"}`);
+  session_workload.py documents it. The replay and the reference take the
+  same decisions on such workloads; check-trace does not read them yet.
 
 Every key is checked with its type and range before a token is drawn
 (WorkloadError, one line naming the key path: `requests[3].prompt_len: must
@@ -103,6 +108,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .grammar_workload import GrammarSpec, GrammarWorkloadError, grammar_from_json
+from .session_workload import SessionInput, SessionWorkloadError, session_from_json
 from .kv_workload import NO_KV, KVConnectorConfig, KVRequestSpec, KVWorkloadError, kv_connector_from_json, \
     kv_request_from_json
 from .workload_limits import MAX_COUNT, MAX_NUM_BLOCKS, MAX_PROMPT_LEN, MAX_REQUESTS, MAX_SEED, MAX_SPEC_TOKENS, \
@@ -160,6 +166,11 @@ class RequestSpec:
     kv: KVRequestSpec = NO_KV
     # Structured output: its fabricated grammar's timing (grammar_workload.py); None: none.
     grammar: GrammarSpec | None = None
+    # A streaming session (session_workload.py): the inputs its client sends,
+    # the end last; and whether vLLM gets it resumable (the session's first
+    # request and each input but the end).
+    session: tuple[SessionInput, ...] = ()
+    resumable: bool = False
 
     @property
     def key(self) -> str:
@@ -288,9 +299,11 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int], tokens_l
     try:
         kv = kv_request_from_json(raw.get("kv"), f"{where}.kv")
         grammar = grammar_from_json(raw.get("grammar"), f"{where}.grammar")
-    except (KVWorkloadError, GrammarWorkloadError) as err:
+        session = session_from_json(raw.get("session"), f"{where}.session", seed, req_id,
+                                    (FIRST_ORDINARY_TOKEN, VOCAB_SIZE))
+    except (KVWorkloadError, GrammarWorkloadError, SessionWorkloadError) as err:
         raise WorkloadError(str(err)) from None
-    return RequestSpec(
+    return RequestSpec(session=session, resumable=bool(session),
         req_id=req_id if reuse is None else reuse, name="" if reuse is None else req_id,
         abort_via_aborts_queue=abort_via == "aborts_queue", abort_during_wait=abort_via == "wait",
         arrival_during_wait=arrival_via == "wait",

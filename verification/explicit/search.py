@@ -35,6 +35,7 @@ from flightcheck.spec import (
     ReceiveKv,
     Sample,
     Schedule,
+    SendInput,
     SendKv,
     Sometimes,
     State,
@@ -113,12 +114,15 @@ def actions(model: Model, state: State) -> Iterator[Action]:
         yield from kv_reports(model, state)
     if model.cfg.structured_output:
         yield from grammar_events(model, state)
+    if model.cfg.streaming_sessions:
+        yield from (SendInput(r) for r, q in enumerate(state.requests) if q.inputs_to_send and q.status.is_active)
 
 
 # The connector's reports the scheduler waits for: a fair connector makes
-# each in the end, so liveness counts them as the system's steps.
-# So are a grammar backend's events: a grammar compiles or fails in the end.
-SYSTEM_STEPS = (Schedule, CompleteOldest, ReceiveKv, SendKv, CompileGrammar, FailGrammar)
+# each in the end, so liveness counts them as the system's steps; so is a
+# streaming session's next input (its client sends each, the end included),
+# and a grammar backend's event (a grammar compiles or fails in the end).
+SYSTEM_STEPS = (Schedule, CompleteOldest, ReceiveKv, SendKv, SendInput, CompileGrammar, FailGrammar)
 
 
 def kv_reports(model: Model, state: State) -> Iterator[Action]:
@@ -385,7 +389,8 @@ def _check_liveness(graph: _Graph, result: SearchResult) -> None:
             "the trace goes on to where it gets stuck"))
     # Kahn's algorithm on the scheduler-step subgraph: a leftover node lies on a cycle.
     cfg = result.model.cfg
-    fair = _fair_system_edges(graph) if cfg.kv_connector is not None or cfg.structured_output else graph.system_edges
+    fair = (_fair_system_edges(graph) if cfg.kv_connector is not None or cfg.streaming_sessions
+            or cfg.structured_output else graph.system_edges)
     indegree = {s: 0 for s in graph.parent}
     for outs in fair.values():
         for t in outs:
@@ -422,14 +427,21 @@ def _transfer_pending(s: State) -> bool:
     return any(q.held or q.load.in_transfer or q.grammar.value == "compiling" for q in s.requests)
 
 
+def _input_pending(s: State) -> bool:
+    """A streaming session waits for an input its client has still to send."""
+    return any(q.status.awaits_client and q.inputs_to_send for q in s.requests)
+
+
 def _fair_system_edges(graph: _Graph) -> dict[State, list[State]]:
-    """The system edges a fair connector leaves: while a load or send is
-    pending its report stays enabled (and no schedule or completion ends
-    it), so a run that only schedules and completes around it -- the
-    engine spinning while it waits for the transfer -- is unfair and not
-    a lasso. Without a connector, every system edge."""
+    """The system edges a fair connector (and a fair session client) leaves:
+    while a load or send is pending its report stays enabled (and no
+    schedule or completion ends it), so a run that only schedules and
+    completes around it -- the engine spinning while it waits for the
+    transfer -- is unfair and not a lasso; so is one spinning while a
+    session waits for its next input. Without either, every system edge."""
     return {s: [t for a, t in graph.labelled_system_edges.get(s, [])
-                if isinstance(a, (ReceiveKv, SendKv, CompileGrammar, FailGrammar)) or not _transfer_pending(s)]
+                if isinstance(a, (ReceiveKv, SendKv, SendInput, CompileGrammar, FailGrammar))
+                or not (_transfer_pending(s) or _input_pending(s))]
             for s in graph.system_edges}
 
 

@@ -30,6 +30,7 @@ REFERENCE_MODULES: dict[str, str] = {
     "update": "flightcheck.reference.update",
     "kv_transfer": "flightcheck.reference.kv_transfer",      # the KV connector's steps
     "kv_waiting": "flightcheck.reference.kv_waiting",
+    "sessions": "flightcheck.reference.sessions",             # streaming sessions' steps
 }
 
 
@@ -317,10 +318,47 @@ KV_CONNECTOR: tuple[ReferenceMutant, ...] = (
 )
 
 
+# Streaming sessions' bugs in the reference (reference/sessions.py), named as
+# the spec's (verification/mutants/sessions.py). The fuzzer has no sessions,
+# so they are not fuzzed: each is caught by the spec and the reference run in
+# lockstep on random sessions (tests/test_sessions_lockstep.py).
+SESSIONS: tuple[ReferenceMutant, ...] = (
+    _mutant("continuation_applied_while_running_pr52693",
+            "an input sent while the session runs is applied at once and the session enqueued: it is in "
+            "running and a waiting queue at once (vLLM issue #52693)",
+            _edit("sessions.StreamingSessions.add_session_input", "session.streaming_queue.append(update)", """
+                  if session.status == RequestStatus.RUNNING and update is not None:
+                      self._take_input(session, update)
+                      session.status = RequestStatus.RUNNING
+                      self.waiting.append(session)
+                  else:
+                      session.streaming_queue.append(update)"""),
+            profile="vllm-0.34-async"),
+    _mutant("turn_output_not_dropped_pr52765",
+            "at a turn's end the old turn's in-flight output is not marked stale: it is appended to the "
+            "next turn (vLLM PR #52765)",
+            _edit("sessions.StreamingSessions._handle_stopped", "request.drop_stale_output = True", ""),
+            _edit("sessions.StreamingSessions._handle_stopped",
+                  "request.num_stale_output_tokens = request.num_in_flight_tokens", ""),
+            profile="vllm-0.34-async"),
+    _mutant("stop_keeps_optimistic_tokens_omni5183",
+            "a stop under async scheduling clears the placeholders but keeps their tokens computed "
+            "(vllm-omni PR #5183)",
+            _edit("sessions.StreamingSessions._handle_stopped",
+                  "request.num_computed_tokens -= request.num_output_placeholders", ""),
+            profile="vllm-0.34-async"),
+    _mutant("waiting_session_seat_freed",
+            "the admission cap counts only running requests, not parked sessions (synthetic)",
+            _edit("sessions.StreamingSessions._seats_taken",
+                  "len(self.running) + self.num_waiting_for_streaming_input", "len(self.running)"),
+            profile="vllm-0.34-async"),
+)
+
+
 # -- the registry: by name, and by the profile each is fuzzed under -----------------
 
 REFERENCE_MUTANTS: dict[str, ReferenceMutant] = {m.name: m for m in EVERY_PROFILE + COUNTERS_0_33 + ASYNC_0_33
-                                                 + KV_CONNECTOR}
+                                                 + KV_CONNECTOR + SESSIONS}
 # the KV connector's (not fuzzed: no fuzzer run has a connector)
 KV_MUTANTS: dict[str, str] = {m.name: m.history for m in KV_CONNECTOR}
 
@@ -330,8 +368,11 @@ MUTANTS: dict[str, str] = {m.name: m.history for m in EVERY_PROFILE}
 PROFILE_MUTANTS: dict[str, dict[str, str]] = {}
 for _m in COUNTERS_0_33 + ASYNC_0_33:
     PROFILE_MUTANTS.setdefault(_m.profile or "", {})[_m.name] = _m.history
-# every fuzzed mutant (the KV connector's are not: KV_MUTANTS)
-ALL_MUTANTS: dict[str, str] = {name: m.history for name, m in REFERENCE_MUTANTS.items() if name not in KV_MUTANTS}
+# streaming sessions' (not fuzzed either: no fuzzer run has a session)
+SESSION_MUTANTS: dict[str, str] = {m.name: m.history for m in SESSIONS}
+# every fuzzed mutant (the KV connector's and the sessions' are not)
+ALL_MUTANTS: dict[str, str] = {name: m.history for name, m in REFERENCE_MUTANTS.items()
+                               if name not in KV_MUTANTS and name not in SESSION_MUTANTS}
 
 
 def reference_mutant(name: str) -> ReferenceMutant:

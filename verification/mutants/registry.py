@@ -19,6 +19,7 @@ from flightcheck.verification.mutants.grammar import GRAMMAR_BUGS
 from flightcheck.verification.mutants.kv_connector import KV_CONNECTOR
 from flightcheck.verification.mutants.patch import MutantNoLongerApplies, edited_code
 from flightcheck.verification.mutants.reference import ReferenceMutant
+from flightcheck.verification.mutants.sessions import SESSION_MUTANTS as _SESSION_MUTANTS
 from flightcheck.verification.mutants.spec import (ASYNC_0_33, COUNTERS_0_33, HISTORICAL, SPEC_MODULES, SYNTHETIC,
                                                    Mutant)
 
@@ -38,9 +39,13 @@ for _name, _profile in PROFILES.items():
 # connector's models (`flightcheck verify --kv-connector`), never in a run
 # without a connector, so kept out of MUTANTS and PROFILE_MUTANTS.
 KV_MUTANTS: dict[str, Mutant] = {m.name: m for m in KV_CONNECTOR}
+# Streaming sessions' bugs (sessions.py): hunted only on the session models
+# (`flightcheck verify --sessions`), as the connector's are.
+SESSION_MUTANTS: dict[str, Mutant] = {m.name: m for m in _SESSION_MUTANTS}
 # Structured output's bugs (grammar.py): hunted only on the grammar models.
 GRAMMAR_MUTANTS: dict[str, Mutant] = {m.name: m for m in GRAMMAR_BUGS}
-ALL_MUTANTS: dict[str, Mutant] = MUTANTS | {m.name: m for m in _ONE_PROFILE} | KV_MUTANTS | GRAMMAR_MUTANTS
+ALL_MUTANTS: dict[str, Mutant] = (MUTANTS | {m.name: m for m in _ONE_PROFILE} | KV_MUTANTS | SESSION_MUTANTS
+                                  | GRAMMAR_MUTANTS)
 
 
 def spec_function(target: str) -> FunctionType:

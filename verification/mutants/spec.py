@@ -37,6 +37,8 @@ SPEC_MODULES: dict[str, str] = {
     # structured output (grammar.py's mutants)
     "grammar": "flightcheck.spec.grammar",
     "search": "flightcheck.verification.explicit.search",
+    # streaming sessions (sessions.py's mutants)
+    "sessions": "flightcheck.spec.sessions",
 }
 
 

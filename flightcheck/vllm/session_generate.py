@@ -1,0 +1,63 @@
+"""Streaming sessions in generated workloads (`--all-features`): the seed's
+plain workload with one or two of its requests turned into sessions
+(session_workload.py's `session` key): each sends one to three more inputs
+(1 to 8 new tokens, the next turn stopping after 1 to 4 outputs) at engine
+steps after its arrival, then the end of the session. A session request
+keeps no abort (an input sent after it would name a new request) and no id
+another request reuses; the workload runs without prefix caching (the spec
+models sessions without it).
+
+`FEATURE` is defined but not yet in features.FEATURE_MODULES: vLLM and the
+reference replay session workloads alike (tests/test_vllm_sessions.py), but
+check-trace does not read a session's later inputs yet
+(docs/request-states.md, "Not done yet"), so `--all-features` would report
+its verdicts against the ground truth as disagreements.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence, TypeVar
+
+from .features import Feature
+
+T = TypeVar("T")
+
+
+class Picker(Protocol):                        # generate.Picker
+    def integer(self, low: int, high: int) -> int: ...
+
+    def choice(self, options: Sequence[T]) -> T: ...
+
+
+def with_sessions(pick: Picker, workload: dict[str, Any]) -> None:
+    """Turn one or two requests of `workload` into streaming sessions, in place."""
+    requests = workload["requests"]
+    reused = {r.get("reuse_id") for r in requests}
+    candidates = [r for r in requests if r.get("reuse_id") is None and r.get("id") not in reused]
+    if not candidates:
+        return
+    workload["config"]["prefix_caching"] = False
+    for _ in range(min(len(candidates), pick.integer(1, 2))):
+        request = pick.choice(candidates)
+        candidates.remove(request)
+        request.pop("abort_step", None)
+        request.pop("abort_via", None)
+        step, inputs = request.get("arrival_step", 0), []
+        # the session's most tokens stay below max_model_len (vLLM does not check them: a finding,
+        # docs/request-states.md); the prompt given by its token ids or its length
+        room = workload["config"]["max_model_len"] - 1 - len(request.get("prompt_token_ids", ())) \
+            - request.get("prompt_len", 0) - request.get("max_tokens", 16)
+        for _ in range(pick.integer(1, 3)):
+            tokens, max_tokens = pick.integer(1, 8), pick.integer(1, 4)
+            if tokens + max_tokens > room:
+                break
+            room -= tokens + max_tokens
+            step += pick.integer(1, 12)
+            inputs.append({"step": step, "tokens": tokens, "max_tokens": max_tokens})
+        request["session"] = {"inputs": inputs, "end_step": step + pick.integer(1, 10)}
+
+
+FEATURE = Feature("streaming-sessions", ("0.33.0", "0.34.0"), 0.3, with_sessions,
+                  excludes=("kv-connector", "spec-decoding", "cache-aware"))

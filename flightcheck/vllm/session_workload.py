@@ -1,0 +1,76 @@
+"""A replay workload's streaming sessions (docs/request-states.md,
+"Streaming sessions"; vLLM 0.33 and 0.34): a request's `session` key.
+
+    {"id": "s0", "prompt_len": 6, "max_tokens": 2,
+     "session": {"inputs": [{"step": 5, "tokens": 3, "max_tokens": 2}], "end_step": 9}}
+
+The request is resumable: each stop (EOS, or the turn's `max_tokens`; the
+first turn's is the request's) ends a turn. Each input is sent at engine
+step `step` as vLLM's front end sends one, an `add_request` of a resumable
+request under the session's id, with `tokens` new prompt tokens (drawn from
+the seed) and the next turn's `max_tokens`; at `end_step` (default: one step
+after the last input) the end of the session, an `add_request` under the id
+of a request that is not resumable. An input sent after the session has
+finished (aborted) would name a new request; the generator never does that.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from .workload_limits import MAX_PROMPT_LEN, LimitError, show, whole
+
+MAX_SESSION_INPUTS = 64
+
+
+class SessionWorkloadError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SessionInput:
+    step: int                            # the engine step it is sent at
+    prompt_token_ids: tuple[int, ...]    # its new tokens; () for the end of the session
+    max_tokens: int                      # the next turn's
+
+    @property
+    def ends_session(self) -> bool:
+        return not self.prompt_token_ids
+
+
+def session_from_json(raw: Any, where: str, seed: int, req_id: str, vocab: tuple[int, int]) -> tuple[SessionInput, ...]:
+    """A request's `session` (None: not a session), validated; the end of
+    the session last."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or set(raw) - {"inputs", "end_step"}:
+        raise SessionWorkloadError(f"{where}: must be an object with 'inputs' and optionally 'end_step', "
+                                   f"got {show(raw)}")
+    inputs = raw.get("inputs", [])
+    if not isinstance(inputs, list) or len(inputs) > MAX_SESSION_INPUTS:
+        raise SessionWorkloadError(f"{where}.inputs: must be a list of at most {MAX_SESSION_INPUTS} inputs")
+    found: list[SessionInput] = []
+    for i, item in enumerate(inputs):
+        at = f"{where}.inputs[{i}]"
+        if not isinstance(item, dict) or set(item) - {"step", "tokens", "max_tokens"}:
+            raise SessionWorkloadError(f"{at}: must be an object with step, tokens and max_tokens")
+        try:
+            step = whole(f"{at}.step", item.get("step"), 0, 10**6)
+            n = whole(f"{at}.tokens", item.get("tokens"), 1, MAX_PROMPT_LEN)
+            max_tokens = whole(f"{at}.max_tokens", item.get("max_tokens", 1), 1, MAX_PROMPT_LEN)
+        except LimitError as err:
+            raise SessionWorkloadError(str(err)) from None
+        rng = random.Random(f"{seed}/session/{req_id}/{i}")
+        found.append(SessionInput(step, tuple(rng.randrange(*vocab) for _ in range(n)), max_tokens))
+    last = found[-1].step if found else 0
+    try:
+        end = whole(f"{where}.end_step", raw.get("end_step", last + 1), 0, 10**6)
+    except LimitError as err:
+        raise SessionWorkloadError(str(err)) from None
+    if any(b.step < a.step for a, b in zip(found, found[1:])) or end < last:
+        raise SessionWorkloadError(f"{where}: inputs and the end must come in step order")
+    return tuple(found) + (SessionInput(end, (), 1),)

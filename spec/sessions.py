@@ -1,0 +1,173 @@
+"""Streaming sessions: vLLM's resumable requests (docs/request-states.md,
+"Streaming sessions"), read in vLLM 0.34.0's `vllm/v1/core/sched/scheduler.py`
+(0.33.0 has the same rules).
+
+A session is one request (one slot, one name) whose input arrives in turns.
+Its client sends the first input as an ordinary arrival, marked resumable;
+each later input is an `add_request` under the session's live id, which
+vLLM does not refuse (`Scheduler.add_request` finds `existing`): it is a
+streaming update of the same request, not a new one. Where an id is reused
+after its request finished (`Config.allow_name_reuse`, `actions.arrive_as`)
+the spec brings in a new slot, a new incarnation; a session's update stays
+in its slot and starts a new *turn* (`Request.turn`; each batch entry
+records the turn it was scheduled in, `Entry.turn`).
+
+The lifecycle: RUNNING -> (a stop: a stop token or the turn's max_tokens)
+WAITING_FOR_STREAMING_REQ -> (the next input) WAITING -> RUNNING -> ... ->
+(the end of the session) finished. A stop that finds an input already sent
+(`streaming_queue`) goes on at once; the end of the session sent while the
+session waits finishes it (`finish_requests(FINISHED_ABORTED)`), sent before
+its stop finishes it at the stop.
+
+At a stop (`_handle_stopped_request`) the turn's work still in flight is
+given up: `num_computed_tokens` falls back to what is materialized
+(placeholders taken off), drafts are dropped, and every token in flight
+becomes stale output in drop mode (`drop_stale_output = True`,
+`num_stale_output_tokens = num_in_flight_tokens`), so the outputs of the
+batches launched before the stop are discarded when they return
+(`update_from_output`). The session keeps its blocks (it is not freed) and,
+while it waits for input, its seat: the waiting loop admits nobody while
+`len(running) + num_waiting_for_streaming_input >= max_num_seqs`. The next
+input (`_update_request_as_session`) keeps every output token but the last
+sampled one (its KV was never computed) as prompt, appends the new tokens,
+takes the update's max_tokens, and clears the outputs: the turn starts with
+no output.
+
+Abstracted away: token ids (an input is its length), multimodal features,
+sampling parameters other than max_tokens, block hashes and prefix caching
+(a session model has prefix caching off: `Config.__post_init__`), the
+engine's front end (it delivers each input as an `add_request`), and the
+pause states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from .blocks import cdiv
+from .config import Config
+from .state import Fate, Request, State, Status, retire_entries
+
+# How a request finishes (actions.finish_request, actions.end_by_stop),
+# passed in: the actions call into this module, not the other way.
+Finish = Callable[[State, Config, int, Status], State]
+
+# The end of a session, as an input: vLLM's `StreamingUpdate.from_request`
+# of a request that is not resumable (None in `streaming_queue`).
+END_OF_SESSION = (0, 0)
+
+
+def has_sessions(cfg: Config) -> bool:
+    """Sessions are on and the profile has them (vLLM 0.33, 0.34)."""
+    return cfg.streaming_sessions and cfg.rules.streaming_sessions
+
+
+def open_session(state: State, cfg: Config, r: int, inputs: tuple[tuple[int, int], ...]) -> State:
+    """r arrived resumable (`Request.resumable`; `add_request` gives it a
+    `streaming_queue`): the client will send `inputs` after its prompt."""
+    if not has_sessions(cfg) or not inputs:
+        return state
+    return state.with_request(r, resumable=True, inputs_to_send=inputs)
+
+
+def waiting_for_input(state: State) -> int:
+    """vLLM's `num_waiting_for_streaming_input`: the sessions parked for input."""
+    return sum(1 for q in state.requests if q.status is Status.WAITING_FOR_STREAMING_REQ)
+
+
+def seats_taken(state: State) -> int:
+    """What the waiting loop counts against max_num_seqs: the running
+    requests and the sessions waiting for input (`Scheduler.schedule`:
+    paused sessions still hold a model-runner slot)."""
+    return len(state.running) + waiting_for_input(state)
+
+
+def is_send_enabled(state: State, cfg: Config, r: int) -> bool:
+    """The client may send r's next input: r is an unfinished session with
+    inputs left (an input sent to a finished session is not modelled: its
+    id would name a new request)."""
+    if not has_sessions(cfg) or not 0 <= r < len(state.requests):
+        return False
+    q = state.requests[r]
+    return q.resumable and q.status.is_active and bool(q.inputs_to_send)
+
+
+def send_input(state: State, cfg: Config, r: int, finish: Finish) -> State | None:
+    """vLLM `Scheduler.add_request` under r's live id: while r waits for
+    input the update applies at once (the end of the session finishes it,
+    `finish`: `finish_requests`); otherwise it is queued (`streaming_queue`)
+    for r's next stop."""
+    if not is_send_enabled(state, cfg, r):
+        return None
+    q = state.requests[r]
+    sent, rest = q.inputs_to_send[0], q.inputs_to_send[1:]
+    state = state.with_request(r, inputs_to_send=rest)
+    if q.status is not Status.WAITING_FOR_STREAMING_REQ:
+        return state.with_request(r, queued_inputs=q.queued_inputs + (sent,))
+    if sent == END_OF_SESSION:
+        return finish(state, cfg, r, Status.FINISHED_ABORTED)
+    return _take_input(state, r, sent)
+
+
+def _take_input(state: State, r: int, sent: tuple[int, int]) -> State:
+    """vLLM `_update_request_as_session`: the outputs but the last sampled
+    one become prompt (its KV was never computed), the new tokens join it,
+    the turn's outputs start again from none under the update's max_tokens,
+    and r waits to be scheduled (in the queue it already is in)."""
+    q = state.requests[r]
+    kept = q.num_tokens - 1         # vLLM asserts kept >= num_computed_tokens: SS3 states it
+    new_tokens, max_tokens = sent
+    return state.with_request(r, prompt_len=kept + new_tokens, num_output=0, max_tokens=max_tokens,
+                              status=Status.WAITING)
+
+
+def stop_session(state: State, cfg: Config, r: int, stop: Status, finish: Finish) -> State:
+    """vLLM `_handle_stopped_request` and the re-enqueueing after it in
+    `update_from_output`: r stopped (`stop`, FINISHED_STOPPED or _LENGTH, as
+    `check_stop` set it). Its turn's in-flight work is given up (drop-mode
+    stale output); an input already queued starts the next turn at once
+    (the end of the session finishes r with `stop`, `finish`), else r waits for one.
+    Either way it leaves the queue it was in for the tail of `kv_holding`
+    (it holds blocks) or `waiting` (`_enqueue_waiting_request`)."""
+    q = state.requests[r]
+    state = retire_entries(state, r, frozenset({Fate.LIVE, Fate.ORPHANED}), Fate.SUPERSEDED)
+    state = state.with_request(r, num_computed=q.num_computed - q.placeholders, num_drafts=0,
+                               drop_stale=True, num_stale=q.num_in_flight, placeholders=0,
+                               turn=q.turn + 1)
+    if q.queued_inputs and q.queued_inputs[0] == END_OF_SESSION:
+        return finish(state.with_request(r, queued_inputs=q.queued_inputs[1:]), cfg, r, stop)
+    state = _requeue(state, r)
+    if not q.queued_inputs:
+        return state.with_request(r, status=Status.WAITING_FOR_STREAMING_REQ)
+    state = state.with_request(r, queued_inputs=q.queued_inputs[1:])
+    return _take_input(state, r, q.queued_inputs[0])
+
+
+def _requeue(state: State, r: int) -> State:
+    """Out of `running` (or, stopped by a stale output while preempted, out
+    of the waiting queues) and onto the tail of `kv_holding` if r holds
+    blocks (`_holds_kv_blocks`: computed tokens), else of `waiting`."""
+    state = replace(state, running=tuple(x for x in state.running if x != r),
+                    waiting=tuple(x for x in state.waiting if x != r),
+                    kv_holding=tuple(x for x in state.kv_holding if x != r))
+    if state.requests[r].num_computed > 0:
+        return replace(state, kv_holding=state.kv_holding + (r,))
+    return replace(state, waiting=state.waiting + (r,))
+
+
+def waits_for_input(state: State, r: int) -> bool:
+    """The waiting loop skips r (`_handle_blocked_waiting_request` returns
+    False for WAITING_FOR_STREAMING_REQ); it keeps its place."""
+    return state.requests[r].status is Status.WAITING_FOR_STREAMING_REQ
+
+
+def session_holds_blocks(q: Request) -> bool:
+    """A session between turns that keeps its computed tokens' blocks
+    (vLLM's `_holds_kv_blocks`: num_computed_tokens > 0)."""
+    return q.resumable and q.status in (Status.WAITING, Status.WAITING_FOR_STREAMING_REQ) and q.num_computed > 0
+
+
+def table_covers(state: State, cfg: Config, r: int) -> bool:
+    q = state.requests[r]
+    return len(q.block_table) >= cdiv(q.num_computed, cfg.block_size)
