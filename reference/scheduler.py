@@ -71,13 +71,14 @@ from .priority import PriorityPolicy
 from .sessions import StreamingSessions
 from .reset_pause import ResetPause
 from .update import OutputUpdate
+from .grammar import Grammars
 from .waiting import WaitingLoop
 
 __all__ = ["Fate", "Scheduler"]
 
 
 class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop, StreamingSessions,
-                PriorityPolicy, ResetPause):
+                PriorityPolicy, ResetPause, Grammars):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv_cache_manager = KVCacheManager(
@@ -133,6 +134,8 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         self.scheduled_req_ids: set[str] = set()
         # Finished since the last batch was built; sent to the workers with it.
         self.finished_req_ids: set[str] = set()
+        # Structured output: failed grammars the waiting loop met (grammar.py).
+        self.grammar_compile_error_reqs: set[str] = set()
         self._incarnations = itertools.count()
         self._next_batch_id = 1
         self.num_steps = 0            # schedule() + update_from_output() calls
@@ -259,6 +262,7 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
             self._count_in_flight(batch)
         if self._async:
             self._add_placeholders(batch)
+            self._mark_pending_structured_output(output, batch)    # grammar.py
         return output
 
     def _threshold_in_force(self) -> int:

@@ -114,6 +114,10 @@ class Config:
     # "priority" (spec/priority.py), only where the profile has it
     # (`Profile.priority_policy`).
     scheduling_policy: SchedulingPolicy = "fcfs"
+    # Structured output (spec/grammar.py): requests whose prompt asks for it
+    # wait for their grammar and advance an FSM. Off: the spec as before.
+    # Only the profiles with stale-output counters (vLLM 0.33, 0.34) model it.
+    structured_output: bool = False
     # Streaming sessions (spec/sessions.py; vLLM's resumable requests, where
     # the profile has them: `Profile.streaming_sessions`). Off: no request is
     # resumable, the spec exactly as without them.
@@ -168,6 +172,9 @@ class Config:
             raise ValueError("cache_aware_admission_window must be >= 0")
         if not 0.0 <= self.cache_aware_admission_threshold <= 1.0:
             raise ValueError("cache_aware_admission_threshold must be in [0, 1]")
+        if self.structured_output and (not self.rules.stale_output_counters or self.kv_connector is not None):
+            raise ValueError("structured_output is modelled only under the vLLM 0.33 and 0.34 profiles, "
+                             "without a KV connector")
 
     def _resolve_profile(self) -> None:
         """Fill every field left at None from the profile (frozen: set through object)."""

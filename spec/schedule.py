@@ -20,8 +20,12 @@ The action is deterministic: given the state, the batch is fixed.
 With a KV connector, the waiting loop asks it for hits, parks async loads
 and promotes landed ones (kv_loads.py); a fenced victim is not preempted.
 
-Abstracted away: encoder inputs and budgets, LoRA limits, structured-output
-grammars (WAITING_FOR_FSM), and the detail that
+Structured output (grammar.py): the waiting loop skips a request whose
+grammar still compiles and records one whose grammar failed
+(`_handle_blocked_waiting_request`); no call schedules while a batch's
+bitmask waits for the oldest output.
+
+Abstracted away: encoder inputs and budgets, LoRA limits, and the detail that
 vLLM trims a request's draft list only when some drafts were scheduled: here
 the unscheduled drafts are always dropped, so a clipped decode cannot leave
 drafts behind to be scheduled as a second sampling entry.
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import blocks, kv_loads, priority, sessions
+from . import blocks, grammar, kv_loads, priority, sessions
 from .admission_order import reorder_waiting
 from .config import Config
 from .drafts import padded_admission
@@ -80,8 +84,8 @@ def _threshold_in_force(state: State, cfg: Config) -> int:
 def is_schedule_enabled(state: State, cfg: Config) -> bool:
     """Room in the batch queue (D = K, or K + 1 under async scheduling), and
     (one-batch-per-request) vLLM 0.8.4's engine gate."""
-    if len(state.in_flight) >= cfg.queue_depth:
-        return False
+    if len(state.in_flight) >= cfg.queue_depth or grammar.mask_pending(state):
+        return False                    # (a deferred bitmask waits for the oldest output: grammar.py)
     if not cfg.continue_prefill:
         unscheduled = len(state.waiting) + len(state.running) - len(state.scheduled_ids)
         return unscheduled > 0
@@ -223,7 +227,8 @@ def _schedule_waiting(step: _Step) -> None:
     i = 0                                   # requests before i were skipped: they keep their place
     while i < len(queue := _waiting_order(step.state)) and step.budget > 0 and _has_free_seat(step):
         r = queue[i]
-        if _is_resumption_deferred(step.state, cfg, r) or sessions.waits_for_input(step.state, r):
+        step.state, blocked = grammar.blocked_on_grammar(step.state, r)     # structured output
+        if blocked or _is_resumption_deferred(step.state, cfg, r) or sessions.waits_for_input(step.state, r):
             i += 1
             continue
         held = step.state.requests[r].num_computed      # a session's next turn: its computed tokens (else 0)

@@ -14,6 +14,7 @@ from typing import Callable, Union
 from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest, finish_request
 from .config import Config
 from .connector_contract import Labels, contract_clauses
+from .grammar import compile_grammar, fail_grammar
 from .kv_reports import fail_kv_load, fail_kv_output, receive_kv, send_kv
 from .priority_invariants import running_loop_skips_nothing, victim_leaves_no_trace
 from .reset_pause import (reset, rp1_paused_schedules_nothing, rp2_reset_drops_in_flight,
@@ -64,6 +65,8 @@ class CompleteOldest:
                 bits.append(f"stop@{s.stop_at}")
             if s.next_drafts:
                 bits.append(f"drafts={s.next_drafts}")
+            if s.illegal_from is not None:
+                bits.append(f"illegal@{s.illegal_from}")
             parts.append(",".join(bits) or "tok")
         return "complete oldest" + (f" [{'; '.join(parts)}]" if parts else "")
 
@@ -157,8 +160,31 @@ class SetPause:
         return f"pause {self.pause.value}"
 
 
+@dataclass(frozen=True)
+class CompileGrammar:
+    """r's structured-output grammar compiled (grammar.compile_grammar)."""
+
+    req: int
+
+    def __str__(self) -> str:
+        return f"grammar compiled r{self.req}"
+
+
+@dataclass(frozen=True)
+class FailGrammar:
+    """r's structured-output grammar failed to compile (grammar.fail_grammar)."""
+
+    req: int
+
+    def __str__(self) -> str:
+        return f"grammar failed r{self.req}"
+
+
+# The grammar backend's events: environment actions, enabled only with structured output.
+GRAMMAR_EVENTS = (CompileGrammar, FailGrammar)
+
 Action = Union[Arrive, ArriveAs, Schedule, CompleteOldest, Abort, ReceiveKv, FailKvLoad, FailKvOutput, SendKv,
-               SendInput, Reset, SetPause]
+               SendInput, Reset, SetPause, CompileGrammar, FailGrammar]
 
 
 def step(state: State, cfg: Config, action: Action) -> State | None:
@@ -182,6 +208,10 @@ def step(state: State, cfg: Config, action: Action) -> State | None:
         return fail_kv_output(state, cfg, tuple((f.req, f.from_block) for f in action.failures))
     if isinstance(action, SendKv):
         return send_kv(state, cfg, action.req)
+    if isinstance(action, CompileGrammar):
+        return compile_grammar(state, cfg, action.req)
+    if isinstance(action, FailGrammar):
+        return fail_grammar(state, cfg, action.req)
     if isinstance(action, SendInput):
         return send_input(state, cfg, action.req, finish_request)
     if isinstance(action, Reset):

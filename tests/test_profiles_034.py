@@ -77,6 +77,9 @@ CHANGED_IN_034: dict[str, str] = {
                        "output before a deadline; 0.33: aborts only, EngineCore._process_aborts_queue)",
     "kv_inflight_load_limit": "Scheduler._next_waiting_queue / _admits_inflight_kv_load (async_kv_waiting, "
                               "loads-only mode, max_num_inflight_kv_loads; 0.33 has none)",
+    "scheduler_validates_drafts": "Scheduler.update_draft_token_ids (trim_spec_tokens keeps the first illegal "
+                                  "draft) / update_draft_token_ids_in_output (no validate_tokens: rejection "
+                                  "sampling handles grammar violations)",
     # the reference's name for the same rule
     "kv_async_waiting_queue": "Scheduler._enqueue_waiting_request / _next_waiting_queue / "
                               "_admits_inflight_kv_load (0.33 has no async_kv_waiting)",

@@ -216,8 +216,9 @@ class BatchQueueEngineV033(BatchQueueEngine):
     (`VllmConfig.max_concurrent_batches`: the pipeline size when scheduling
     is synchronous). Our copy of `EngineCore.step_with_batch_queue`: the
     queue is appended on the left and popped on the right (oldest first), as
-    there; structured-output sampling deferral and pooling are not modelled
-    (a replay has neither)."""
+    there; a structured-output batch whose sampling is deferred
+    (`pending_structured_output_tokens`) waits for the oldest output first;
+    pooling is not modelled (a replay has none)."""
 
     busy_while_in_flight = True      # EngineCoreProc.has_work counts the batch queue
 
@@ -268,7 +269,7 @@ class BatchQueueEngineV033(BatchQueueEngine):
     def _step_with_batch_queue(self) -> bool:
         record: dict[str, Any] = {"scheduled": None, "completed": None}
         self.steps.append(record)
-        model_executed = False
+        model_executed, deferred, scheduled = False, False, None
         assert len(self.batch_queue) < self.depth
         if self.scheduler.has_requests():
             scheduler_output = self.scheduler.schedule()
@@ -281,7 +282,15 @@ class BatchQueueEngineV033(BatchQueueEngine):
             if model_executed:
                 self.batches.append(dict(scheduler_output.num_scheduled_tokens))
             self.batch_queue.appendleft((scheduler_output, result))      # empty or not
-            if len(self.batch_queue) < self.depth and (model_executed or self.scheduler.has_requests()):
+            # A batch whose sampling waits for a structured request's earlier
+            # output (`pending_structured_output_tokens`, async) never returns
+            # early: the oldest output is processed first, then its bitmask built.
+            deferred = getattr(scheduler_output, "pending_structured_output_tokens", False)
+            scheduled = scheduler_output
+            if model_executed and not deferred:
+                self.grammar_bitmask(scheduler_output)
+            if len(self.batch_queue) < self.depth and (model_executed or self.scheduler.has_requests()) \
+                    and not deferred:
                 record["queue"] = len(self.batch_queue)
                 return model_executed
         elif not self.batch_queue:
@@ -293,9 +302,19 @@ class BatchQueueEngineV033(BatchQueueEngine):
         completed = dict(scheduler_output.num_scheduled_tokens)
         reported = self.kv_worker is not None and self.kv_worker.attach(scheduler_output, result)
         self._record_outputs(self.scheduler.update_from_output(scheduler_output, result))
+        if deferred:
+            self.grammar_bitmask(scheduled)      # the deferred batch's bitmask, from the FSM as it now is
         record["completed"] = completed
         record["queue"] = len(self.batch_queue)
         return model_executed or bool(completed) or reported
+
+    def grammar_bitmask(self, scheduler_output: Any) -> None:
+        """`EngineCore`: the batch's grammar bitmask before it samples
+        (`Scheduler.get_grammar_bitmask`; the fabricated model samples
+        without it). The reference's side has no bitmask to build."""
+        build = getattr(self.scheduler, "get_grammar_bitmask", None)
+        if build is not None:
+            build(scheduler_output)
 
     def transfers_in_flight(self) -> int:
         """KV transfers the fabricated connector has not reported yet (the

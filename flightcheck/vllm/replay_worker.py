@@ -99,11 +99,12 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from . import RECORDER, kv_replay, priority_workload  # noqa: E402
+from . import RECORDER, grammar_replay, kv_replay, priority_workload  # noqa: E402
 from .reset_pause_workload import call_event  # noqa: E402
 from .compat import resolve_obj_by_qualname  # noqa: E402
 from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV034,  # noqa: E402
                      FabricatedModel, run_busy_loop)
+from .grammar_recording import STRUCTURED_ENV  # noqa: E402
 from .recording import STAGES_ENV, RecordingMixin  # noqa: E402
 from .trace import TRACE_ENV  # noqa: E402
 from .versions import BATCH_QUEUE_V033_LOOPS, UnknownRelease, nearest_release  # noqa: E402
@@ -252,6 +253,9 @@ class SchedulerFactory:
 def make_request(spec: RequestSpec, workload: Workload) -> Request:
     """A vLLM Request as `EngineCore.add_request` makes one."""
     params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
+    if spec.grammar is not None:          # structured output (any constraint: the backend is ours, grammar_replay.py)
+        from vllm.sampling_params import StructuredOutputsParams
+        params.structured_outputs = StructuredOutputsParams(regex="fabricated")
     if "eos_token_id" not in inspect.signature(Request.__init__).parameters:       # 0.33
         # The input processor sets EOS in the sampling params
         # (SamplingParams.update_from_generation_config); the engine core adds
@@ -326,6 +330,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     if trace_path:
         os.environ[TRACE_ENV] = trace_path
     os.environ[STAGES_ENV] = str(workload.config.num_stages)
+    os.environ[STRUCTURED_ENV] = "1" if any(s.grammar is not None for s in workload.requests) else "0"
     qualified_name = job.get("scheduler_cls") or (
         RECORDER if recording else PLAIN_ASYNC_SCHEDULER if workload.config.async_scheduling else PLAIN_SCHEDULER)
     scheduler_class = resolve_obj_by_qualname(qualified_name)
@@ -333,6 +338,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         raise TypeError(f"{qualified_name} resolves to {scheduler_class}, not a recorder")
     transfers = kv_replay.start(workload)                  # the KV connector's ledger (None: none)
     scheduler = factory.build(scheduler_class, workload.config)
+    grammars = grammar_replay.start(workload, scheduler)       # the fabricated grammar backend (None: none)
     if recording and scheduler._fc_trace is not None:
         scheduler._fc_trace.record_time = False          # replays are deterministic, times are not
     model = FabricatedModel(workload, _model_runner_output,
@@ -353,6 +359,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         kv_replay.before_add(transfers, spec, request)
         clock.stamp(request, spec.priority)
         scheduler.add_request(request)
+        grammar_replay.after_add(grammars, spec, request)       # EngineCore.add_request -> grammar_init
 
     outcome = run_busy_loop(engine, workload, add, abort, _event_caller(scheduler) if workload.events else None)
     if recording:
@@ -374,6 +381,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         "waits_in_flight": engine.waits_in_flight, "gated_completions": engine.gated_completions,
         "copy_errors": engine.copy_errors[:1],
         **({"kv_reports": kv_worker.reports} if kv_worker is not None else {}),
+        **({"grammars": grammars.report()} if grammars is not None else {}),
     }
 
 

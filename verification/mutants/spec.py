@@ -34,6 +34,8 @@ SPEC_MODULES: dict[str, str] = {
     "kv_loads": "flightcheck.spec.kv_loads",
     "kv_fence": "flightcheck.spec.kv_fence",
     "kv_reports": "flightcheck.spec.kv_reports",
+    # structured output (grammar.py's mutants)
+    "grammar": "flightcheck.spec.grammar",
     "search": "flightcheck.verification.explicit.search",
     # the priority policy (priority.py's mutants)
     "priority": "flightcheck.spec.priority",

@@ -101,7 +101,8 @@ def config_from_event(event: dict, profile: str | None = None) -> Config:
         cache_aware_admission_window=event.get("cache_aware_admission_window", 0),
         cache_aware_admission_threshold=event.get("cache_aware_admission_threshold", 0.5),
         kv_connector=connector_from_event(event),
-        scheduling_policy=event.get("scheduling_policy", "fcfs"))
+        scheduling_policy=event.get("scheduling_policy", "fcfs"),
+        structured_output=event.get("structured_output", False))
 
 
 def modelled_pool(cfg: Config, events: list[dict[str, Any]]) -> Config:
