@@ -44,7 +44,11 @@ def test_each_feature_lands_in_about_its_share_and_only_where_its_release_has_it
                 assert hits == 0, (feature.name, version)
             else:
                 expected = count * round(feature.share * SHARE_RESOLUTION) / SHARE_RESOLUTION
-                assert abs(hits - expected) < 0.25 * count, (feature.name, version, hits)
+                excluded = feature.excludes or any(feature.name in f.excludes for f in registered())
+                if excluded:        # drawn where no feature it excludes was: fewer, never none
+                    assert 0 < hits < expected + 0.25 * count, (feature.name, version, hits)
+                else:
+                    assert abs(hits - expected) < 0.25 * count, (feature.name, version, hits)
         assert {f.name for f in features_of(version)} >= {n for w in workloads for n in w["features"]}
 
 
