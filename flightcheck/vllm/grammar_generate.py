@@ -44,4 +44,7 @@ def with_grammars(pick: Picker, workload: dict[str, Any]) -> None:
 
 # Never beside a KV connector: the spec and the reference model structured
 # output only without one.
-FEATURE = Feature("grammar", grammar_versions(), 0.5, with_grammars, excludes=("kv-connector",))
+# Nor beside the priority policy: the spec meets a failed grammar where its
+# FCFS waiting loop would (campaign --all-features seed 6 index 87: vLLM's
+# priority heap met it first; not modelled together yet).
+FEATURE = Feature("grammar", grammar_versions(), 0.5, with_grammars, excludes=("kv-connector", "priority"))
