@@ -103,7 +103,7 @@ from . import RECORDER, kv_replay  # noqa: E402
 from .compat import resolve_obj_by_qualname  # noqa: E402
 from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV034,  # noqa: E402
                      FabricatedModel, run_busy_loop)
-from .recording import STAGES_ENV, RecordingMixin  # noqa: E402
+from .recording import SESSIONS_ENV, STAGES_ENV, RecordingMixin  # noqa: E402
 from .trace import TRACE_ENV  # noqa: E402
 from .versions import BATCH_QUEUE_V033_LOOPS, UnknownRelease, nearest_release  # noqa: E402
 from .workload import VOCAB_SIZE, ReplayConfig, RequestSpec, Workload, workload_from_json  # noqa: E402
@@ -318,6 +318,9 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     if trace_path:
         os.environ[TRACE_ENV] = trace_path
     os.environ[STAGES_ENV] = str(workload.config.num_stages)
+    os.environ.pop(SESSIONS_ENV, None)
+    if any(spec.session for spec in workload.requests):
+        os.environ[SESSIONS_ENV] = "1"
     qualified_name = job.get("scheduler_cls") or (
         RECORDER if recording else PLAIN_ASYNC_SCHEDULER if workload.config.async_scheduling else PLAIN_SCHEDULER)
     scheduler_class = resolve_obj_by_qualname(qualified_name)

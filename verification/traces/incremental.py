@@ -75,7 +75,7 @@ from flightcheck.spec import (
 from flightcheck.spec import pool_store, request_store
 from flightcheck.spec.blocks import group_duplicates
 from flightcheck.spec.state import Batch
-from flightcheck.spec.transitions import (KV_REPORTS, FailKvLoad, s12_no_admission_after_preemption,
+from flightcheck.spec.transitions import (KV_REPORTS, FailKvLoad, SendInput, s12_no_admission_after_preemption,
                                           status_only_moves_forward)
 
 from .connector import transfer_pending
@@ -204,7 +204,7 @@ class Incremental:
             # its invalid blocks (spec/kv_reports.py, shared_holders)
             return [action.req] + [r for r, (b, a) in enumerate(zip(before.requests, after.requests))
                                    if b is not a and r != action.req]
-        if isinstance(action, (Arrive, Abort) + KV_REPORTS):
+        if isinstance(action, (Arrive, Abort, SendInput) + KV_REPORTS):
             return [action.req]
         if isinstance(action, Schedule):
             assert self.scheduled is not None
