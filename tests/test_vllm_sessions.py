@@ -21,7 +21,7 @@ from flightcheck.vllm.replay import venv_python
 
 from .vllm_support import require_venv
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("both_checkers")]   # checks traces: both checkers compared
 
 
 def _observe(version: str, async_scheduling: bool) -> dict:
