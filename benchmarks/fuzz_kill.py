@@ -9,6 +9,11 @@ running then (the default run drives every profile in turn; fuzz.py
 worst steps and seconds to kill.
 
     python benchmarks/fuzz_kill.py [--steps 20000] [--seeds 10] [--first-seed 0] [--mutant NAME] [--json]
+        [--executor local|ray] [--ray-address ADDR] [--jobs N]
+
+Each mutant × seed is a task of the executor (verification/executors; local
+processes, --jobs of them, or a Ray cluster: docs/cluster.md); the rows come
+out by mutant and seed whichever finished first.
 
 (--first-seed 10 measures ten seeds the strategies were not tuned on.)
 """
@@ -17,23 +22,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
 import time
 
+from flightcheck.verification import executors
 from flightcheck.verification.refinement.fuzz import fuzz, list_mutants
 
 
-def measure(mutant: str, seeds: list[int], steps: int) -> dict:
-    runs = []
-    for s in seeds:
-        result = fuzz(steps, s, mutant, shrink=False)
-        runs.append({"seed": s, "killed": result.failed, "steps": result.steps_run,
-                     "seconds": result.seconds_to_failure if result.failed else result.seconds,
-                     "profile": result.profiles[-1] if result.profiles else None})
+def kill_run(mutant: str, seed: int, steps: int) -> dict:
+    """One task: the mutant fuzzed from one seed until it is caught or the steps run out."""
+    result = fuzz(steps, seed, mutant, shrink=False)
+    return {"seed": seed, "killed": result.failed, "steps": result.steps_run,
+            "seconds": result.seconds_to_failure if result.failed else result.seconds,
+            "profile": result.profiles[-1] if result.profiles else None}
+
+
+def row_of(mutant: str, runs: list[dict]) -> dict:
     killed = [r for r in runs if r["killed"]]
-    row = {"mutant": mutant, "kills": len(killed), "seeds": len(seeds), "runs": runs}
+    row = {"mutant": mutant, "kills": len(killed), "seeds": len(runs), "runs": runs}
     if killed:
         row["median_steps"] = statistics.median(r["steps"] for r in killed)
         row["max_steps"] = max(r["steps"] for r in killed)
@@ -49,19 +58,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-seed", type=int, default=0, help="seeds FIRST..FIRST+N-1")
     parser.add_argument("--mutant", action="append", help="only these mutants")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="local processes (default: one per core)")
+    executors.add_options(parser)
     args = parser.parse_args(argv)
+    refused = executors.configure_from(args)
+    if refused:
+        parser.error(refused)
     mutants = args.mutant or list_mutants()
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     t0 = time.perf_counter()
-    rows = []
-    for mutant in mutants:
-        rows.append(measure(mutant, seeds, args.steps))
-        if not args.json:
-            _print_row(rows[-1])
+    tasks = [executors.Task((m, s), kill_run, (mutant, seed, args.steps), f"{mutant} seed {seed}")
+             for m, mutant in enumerate(mutants) for s, seed in enumerate(seeds)]
+    runs = executors.run_tasks(tasks, args.jobs, executors.progress_printer("fuzz_kill"))
+    rows = [row_of(mutant, runs[m * len(seeds):(m + 1) * len(seeds)]) for m, mutant in enumerate(mutants)]
     if args.json:
-        print(json.dumps({"machine": platform.processor() or platform.machine(),
-                          "steps": args.steps, "seeds": seeds, "rows": rows}, indent=1))
+        print(json.dumps({"machine": platform.processor() or platform.machine(), "executor": args.executor,
+                          "tasks": len(tasks), "steps": args.steps, "seeds": seeds, "rows": rows}, indent=1))
     else:
+        for row in rows:
+            _print_row(row)
         print(f"# {len(seeds)} seeds, at most {args.steps} steps each; "
               f"{time.perf_counter() - t0:.0f} s in all")
     return 0 if all(r["kills"] == r["seeds"] for r in rows) else 1

@@ -14,7 +14,11 @@ forever, count as killed).
     python benchmarks/mutation_score.py [--steps 2000] [--seeds 0,1]
         [--profiles default,vllm-0.33,vllm-0.33-async] [--file reference/scheduler.py]
         [--function NAME] [--reuse RECORD --reuse-commit COMMIT]
-        [--json] [--min-score 0.9]
+        [--json] [--min-score 0.9] [--jobs N] [--executor local|ray] [--ray-address ADDR]
+
+Each mutant is a task of the executor (verification/executors: --jobs local
+processes, default 1, or a Ray cluster: docs/cluster.md); fates are printed
+in mutant order once all are known, the same whichever executor ran them.
 
 For each seed a mutant meets the default fuzz run (every profile in turn:
 vllm-0.8.5, then a ninth of the steps each for vllm-0.8.4, vllm-0.33 and
@@ -52,6 +56,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from flightcheck.commands.common import positive_int, seed_int
+from flightcheck.verification import executors
 from flightcheck.reference.profiles import get_profile
 from flightcheck.verification.refinement.fuzz import PROFILES
 from flightcheck.verification.refinement.mutation import (
@@ -95,6 +100,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="the git commit whose reference/ the --reuse record measured")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--min-score", type=float, default=None)
+    parser.add_argument("--jobs", type=positive_int, default=1, help="local processes (default 1)")
+    executors.add_options(parser)
     return parser
 
 
@@ -170,6 +177,9 @@ def _judge(mutant: Mutant, scoring: Scoring) -> tuple[MutantResult, bool]:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    refused = executors.configure_from(args)
+    if refused:
+        parser.error(refused)
     seeds, profiles = _runs(parser, args)
     recorded, unchanged = _recorded(parser, args, seeds, profiles)
     scoring = Scoring(args, seeds, profiles, read_triage(), recorded, unchanged)
@@ -186,14 +196,13 @@ def main(argv: list[str] | None = None) -> int:
         for line in broken:
             print(f"the fuzzer fails on the unmutated reference: {line}", file=sys.stderr)
         return 2
-    results: list[MutantResult] = []
-    reused: set[str] = set()
-    for mutant in mutants:
-        result, taken = _judge(mutant, scoring)
-        results.append(result)
-        if taken:
-            reused.add(mutant.key)
-        if not args.json:
+    judged = executors.run_tasks([executors.Task((index,), _judge, (mutant, scoring), mutant.key)
+                                  for index, mutant in enumerate(mutants)], args.jobs,
+                                 executors.progress_printer("mutation_score"))
+    results = [result for result, _ in judged]
+    reused = {result.mutant.key for result, taken in judged if taken}
+    if not args.json:
+        for result, taken in judged:
             _print_result(result, taken)
     summary = score(results)
     _report(scoring, results, reused, stale, summary, time.perf_counter() - t0)

@@ -29,8 +29,6 @@ less proves nothing.
 
 from __future__ import annotations
 
-import concurrent.futures
-import multiprocessing
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -39,6 +37,7 @@ from flightcheck.spec import (INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES, Conf
                              transition_properties_for)
 from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES
 from flightcheck.spec.sometimes import sometimes_for
+from flightcheck.verification import executors
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.kv_models import KV_MUTANT_MODELS, KV_PROFILE_MODELS
 from flightcheck.verification.models import (
@@ -141,6 +140,9 @@ class SuiteResult:
     allow_name_reuse: bool = False
     explicit_only: str | None = None      # why Z3 is not run under this profile, if it is not
     kv_connector: bool = False            # the KV connector's models (`--kv-connector`)
+    executor: str = "local"               # where its tasks ran (verification/executors)
+    tasks: int = 0                        # how many tasks it ran there (none: all in this process)
+    retried: int = 0                      # tasks run again after their worker was lost
 
     @property
     def ok(self) -> bool:
@@ -161,6 +163,9 @@ class SuiteResult:
             "seconds": round(self.seconds, 3),
             "ok": self.ok,
             "properties": [asdict(p) | {"seconds": round(p.seconds, 3)} for p in self.properties],
+            "executor": self.executor,
+            "tasks": self.tasks,
+            "retried": self.retried,
             "mutants": [{"name": m.name, "killed": m.killed, "trace_length": m.trace_length,
                          "seconds": round(m.seconds, 3), "property": m.property, "model": m.model,
                          "method": m.method} for m in self.mutants],
@@ -277,48 +282,64 @@ def run_suite(options: SuiteOptions = SuiteOptions(), progress: Progress | None 
     """The suite under `options.profile`: exhaustive search of the profile's
     small models, Z3 proofs and BMC on `options.model` (profiles the encoding
     covers), and every mutant hunted; or, with `allow_name_reuse`, the
-    name-reuse search (`_name_reuse_suite`)."""
+    name-reuse search (`_name_reuse_suite`). Its tasks (the explicit part
+    beside the Z3 engines, the Houdini rounds) run on the configured
+    executor (verification/executors), counted in the result."""
     profile = options.profile
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
     say = progress or _silent
+    before = executors.counts()
     if options.allow_name_reuse:
-        return _name_reuse_suite(options, say)
-    if options.kv_connector:
-        return _kv_connector_suite(options, say)
+        result = _name_reuse_suite(options, say)
+    elif options.kv_connector:
+        result = _kv_connector_suite(options, say)
+    else:
+        result = _profile_suite(options, say)
+    ran = executors.ran_since(before)
+    result.executor, result.tasks, result.retried = ran["executor"], ran["tasks"], ran["retried"]
+    return result
+
+
+def _profile_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
+    """The suite proper (run_suite without name reuse or a KV connector)."""
+    profile = options.profile
     t0 = time.perf_counter()
     moot = MOOT_MUTANTS.get(profile, {}) if options.mutants is None else {}
     hunted_names = (list(options.mutants) if options.mutants is not None
                     else [m for m in mutants_of(profile) if m not in moot])
+    if options.runs_z3 and options.jobs > 1:
+        return _explicit_beside_z3(options, hunted_names, moot, say)
     rows: list[PropertyResult] = []
-    beside_z3 = options.runs_z3 and options.jobs > 1
-    if beside_z3:
-        # The explicit part (exhaustive search and mutant hunt: one process)
-        # runs in a process of its own while the Z3 engines run here, so it
-        # fills the time a core would otherwise wait on the engines' slowest
-        # share; same searches, same rows, only when they run changes.
-        say(f"exhaustive search of {', '.join(m.name for m in PROFILE_MODELS[profile])} and the mutant hunt "
-            f"({profile}) in a second process, beside the Z3 engines")
-        context = multiprocessing.get_context("spawn")      # Z3 contexts do not survive a fork
-        explicit_pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=context)
-        explicit_part = explicit_pool.submit(_explicit_part, profile, hunted_names)
-    else:
-        for small in PROFILE_MODELS[profile]:
-            say(f"exhaustive search of {small.name} ({profile})")
-            rows += exhaustive_rows(small)
+    for small in PROFILE_MODELS[profile]:
+        say(f"exhaustive search of {small.name} ({profile})")
+        rows += exhaustive_rows(small)
     if options.runs_z3:
         rows += _z3_rows(options, say)
-    if beside_z3:
-        say("waiting for the exhaustive search and the mutant hunt")
-        with explicit_pool:
-            explicit_rows, results = explicit_part.result()
-        return SuiteResult(time.perf_counter() - t0, explicit_rows + rows, results, profile, moot)
     results = []
     for name in hunted_names:
         say(f"hunting mutant {name} ({profile})")
         results.append(hunt_mutant(name, profile=profile))
     return SuiteResult(time.perf_counter() - t0, rows, results, profile, moot,
                        explicit_only=EXPLICIT_ONLY_PROFILES.get(profile) if options.use_z3 else None)
+
+
+def _explicit_beside_z3(options: SuiteOptions, hunted_names: list[str], moot: dict[str, str],
+                        say: Progress) -> SuiteResult:
+    """The explicit part (exhaustive search and mutant hunt) as one task of
+    the executor while the Z3 engines run here, so it fills the time a core
+    would otherwise wait on the engines' slowest share; same searches, same
+    rows, only when and where they run changes."""
+    profile, t0 = options.profile, time.perf_counter()
+    say(f"exhaustive search of {', '.join(m.name for m in PROFILE_MODELS[profile])} and the mutant hunt "
+        f"({profile}) as a task of the {executors.configured()} executor, beside the Z3 engines")
+    with executors.open_executor(1) as executor:
+        explicit_part = executor.stream([executors.Task((profile,), _explicit_part, (profile, hunted_names),
+                                                        f"exhaustive search and mutant hunt ({profile})")])
+        rows = _z3_rows(options, say)
+        say("waiting for the exhaustive search and the mutant hunt")
+        explicit_rows, results = next(explicit_part).result
+    return SuiteResult(time.perf_counter() - t0, explicit_rows + rows, results, profile, moot)
 
 
 def _z3_rows(options: SuiteOptions, say: Progress) -> list[PropertyResult]:

@@ -3,6 +3,7 @@
     flightcheck fuzz --steps N --seed S [--mutant NAME] [--profile NAME] [--json]
     flightcheck fuzz --kv-connector --steps N --seed S [--mutant NAME] [--profile NAME] [--json]
     flightcheck fuzz --list-mutants
+    flightcheck fuzz --seeds 0-99 [--executor local|ray] [--ray-address ADDR] [--jobs N] ... [--json]
 
 A run drives the reference and the spec under every version profile the
 reference models, in turn: vllm-0.8.5 first, then vllm-0.8.4, vllm-0.33 and
@@ -20,22 +21,42 @@ vllm-0.34 and vllm-0.34-async, a quarter of the steps each (--profile: all
 under one); its --mutant is one of the connector's (KV_MUTANTS in
 verification/mutants/reference.py).
 
+--seeds A-B (or a list: 0,5,9-12) runs one fuzz per seed, each a task of
+the executor (verification/executors: `--executor local`, a pool of --jobs
+processes, or `--executor ray`, a Ray cluster, docs/cluster.md); each seed's
+run is the one `--seed` gives. Progress goes to stderr as the seeds finish;
+--json prints `{"executor", "tasks", "retried", "runs": [one per seed, by
+seed], ...}`.
+
 Exit 0 when no step failed (with --mutant: exactly when the mutant was
-caught), 1 otherwise, 2 on bad arguments.
+caught; with --seeds, by every seed), 1 otherwise, 2 on bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import time
+from typing import Any
 
-from .common import bad, positive_int, seed_int
+from flightcheck.verification import executors
+
+from .common import bad, int_in, positive_int, seed_int
+
+# --seeds A-B runs this many fuzz runs at most (each a task).
+MAX_SEEDS = 100_000
 
 
 def add_parser(sub) -> None:
     fuzz = sub.add_parser("fuzz", help="drive the reference scheduler against the spec (Hypothesis)")
     fuzz.add_argument("--steps", type=positive_int, default=2000, help="rule steps in all (default 2000)")
     fuzz.add_argument("--seed", type=seed_int, default=0, help="the run's seed (default 0)")
+    fuzz.add_argument("--seeds", type=seed_list, metavar="A-B",
+                      help="one run per seed (a range A-B, or a list: 0,5,9-12), each a task of --executor")
+    fuzz.add_argument("--jobs", type=int_in(1, 4 * (os.cpu_count() or 1)), default=os.cpu_count() or 1,
+                      help="processes for --seeds with the local executor (default: one per core)")
+    executors.add_options(fuzz)
     fuzz.add_argument("--mutant", help="switch on a reference mutant (see --list-mutants)")
     fuzz.add_argument("--profile", help="run every step under this version profile "
                       "(default: every profile in turn, vllm-0.8.5 first, a ninth of the "
@@ -47,13 +68,30 @@ def add_parser(sub) -> None:
     fuzz.set_defaults(func=run)
 
 
+def seed_list(text: str) -> list[int]:
+    """`--seeds`: `A-B` (both included), or a comma-separated list of seeds
+    and ranges; each seed once, in increasing order."""
+    seeds: set[int] = set()
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        first = seed_int(low)
+        last = seed_int(high) if dash else first
+        if last < first:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r}: the range ends before it starts")
+        if last - first + len(seeds) >= MAX_SEEDS:
+            raise argparse.ArgumentTypeError(f"at most {MAX_SEEDS} seeds")
+        seeds.update(range(first, last + 1))
+    return sorted(seeds)
+
+
 def run(args: argparse.Namespace) -> int:
-    from flightcheck.verification.refinement.fuzz import (list_mutants, list_profile_mutants,
-                                                          list_profiles, run_fuzz)
+    from flightcheck.verification.refinement.fuzz import list_mutants, list_profile_mutants, list_profiles
 
     if args.list_mutants:
         print("\n".join(list_mutants()))
         return 0
+    if args.seeds is None and (args.executor != "local" or args.ray_address):
+        return bad("--executor and --ray-address run the seeds of --seeds")
     if args.kv_connector:
         return run_kv(args)
     from flightcheck.verification.mutants.reference import KV_MUTANTS
@@ -69,54 +107,102 @@ def run(args: argparse.Namespace) -> int:
     if own_profile is not None and args.profile not in (None, own_profile):
         return bad(f"--mutant {args.mutant} is a mutant of {own_profile}'s rules; "
                    f"run it with --profile {own_profile}")
-    result = run_fuzz(args.steps, args.seed, args.mutant, args.profile)
-    if args.json:
-        print(json.dumps(result, indent=1))
-    else:
-        what = f"mutant {args.mutant}" if args.mutant else "the reference"
-        verdict = "a step FAILED" if result["failed"] else "no step failed"
-        print(f"{what}: {verdict} (budget {result['steps']} steps, seed {result['seed']}, "
-              f"{result['seconds']:.1f} s; profiles {', '.join(result['profiles'])})")
-        if result["failure"]:
-            print(result["failure"])
-    if args.mutant:
-        return 0 if result["failed"] else 1
-    return 1 if result["failed"] else 0
+    return _run_and_report(args)
 
 
 def run_kv(args: argparse.Namespace) -> int:
     """`fuzz --kv-connector`: the connector's refinement machine, each
     profile with a connector in turn (or --profile alone)."""
-    import time
-
     from flightcheck.verification.mutants.reference import KV_MUTANTS
-    from flightcheck.verification.refinement.kv_machine import KV_FUZZED_PROFILES, kv_fuzz
+    from flightcheck.verification.refinement.kv_machine import KV_FUZZED_PROFILES
 
     if args.mutant is not None and args.mutant not in KV_MUTANTS:
         return bad(f"unknown KV connector --mutant {args.mutant!r}; known: {', '.join(KV_MUTANTS)}")
     if args.profile is not None and args.profile not in KV_FUZZED_PROFILES:
         return bad(f"--kv-connector runs under {', '.join(KV_FUZZED_PROFILES)}, not {args.profile!r}")
-    profiles = [args.profile] if args.profile else list(KV_FUZZED_PROFILES)
+    return _run_and_report(args)
+
+
+def fuzz_one(kv_connector: bool, steps: int, seed: int, mutant: str | None, profile: str | None) -> dict[str, Any]:
+    """One fuzz run's result (`--json`'s object): the task of each seed of --seeds."""
+    if kv_connector:
+        return _kv_result(steps, seed, mutant, profile)
+    from flightcheck.verification.refinement.fuzz import run_fuzz
+    return run_fuzz(steps, seed, mutant, profile)
+
+
+def _kv_result(steps: int, seed: int, mutant: str | None, profile: str | None) -> dict[str, Any]:
+    from flightcheck.verification.refinement.kv_machine import KV_FUZZED_PROFILES, kv_fuzz
+
+    profiles = [profile] if profile else list(KV_FUZZED_PROFILES)
     started, failure, ran = time.perf_counter(), None, []
-    for index, profile in enumerate(profiles):
-        share = args.steps // len(profiles) + (index < args.steps % len(profiles))
+    for index, each in enumerate(profiles):
+        share = steps // len(profiles) + (index < steps % len(profiles))
         if share == 0:
             continue
-        ran.append(profile)
-        failure = kv_fuzz(share, args.seed, profile, mutant=args.mutant)
+        ran.append(each)
+        failure = kv_fuzz(share, seed, each, mutant=mutant)
         if failure:
             break
-    result = {"kv_connector": True, "mutant": args.mutant, "steps": args.steps, "seed": args.seed,
-              "profiles": ran, "failed": failure is not None, "failure": failure,
-              "seconds": round(time.perf_counter() - started, 3)}
+    return {"kv_connector": True, "mutant": mutant, "steps": steps, "seed": seed,
+            "profiles": ran, "failed": failure is not None, "failure": failure,
+            "seconds": round(time.perf_counter() - started, 3)}
+
+
+def _run_and_report(args: argparse.Namespace) -> int:
+    """One seed in this process (--seed), or every seed of --seeds as tasks."""
+    if args.seeds is not None:
+        return _run_seeds(args)
+    result = fuzz_one(args.kv_connector, args.steps, args.seed, args.mutant, args.profile)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        what = f"mutant {args.mutant}" if args.mutant else "the reference with a KV connector"
-        print(f"{what}: {'a step FAILED' if failure else 'no step failed'} (budget {args.steps} steps, "
-              f"seed {args.seed}, {result['seconds']:.1f} s; profiles {', '.join(ran)})")
-        if failure:
-            print(failure)
-    if args.mutant:
-        return 0 if failure else 1
-    return 1 if failure else 0
+        print(_summary(args, result))
+        if result["failure"]:
+            print(result["failure"])
+    return _exit_code(args.mutant, [result])
+
+
+def _summary(args: argparse.Namespace, result: dict[str, Any]) -> str:
+    default = "the reference with a KV connector" if args.kv_connector else "the reference"
+    what = f"mutant {args.mutant}" if args.mutant else default
+    verdict = "a step FAILED" if result["failed"] else "no step failed"
+    return (f"{what}: {verdict} (budget {result['steps']} steps, seed {result['seed']}, "
+            f"{result['seconds']:.1f} s; profiles {', '.join(result['profiles'])})")
+
+
+def _exit_code(mutant: str | None, results: list[dict[str, Any]]) -> int:
+    """0 when no step failed; with a mutant, when every run caught it."""
+    if mutant:
+        return 0 if all(result["failed"] for result in results) else 1
+    return 1 if any(result["failed"] for result in results) else 0
+
+
+def _run_seeds(args: argparse.Namespace) -> int:
+    """--seeds: one task per seed on the executor, progress on stderr as
+    they finish, the runs reported by seed."""
+    refused = executors.configure_from(args)
+    if refused:
+        return bad(refused)
+    tasks = [executors.Task((seed,), fuzz_one, (args.kv_connector, args.steps, seed, args.mutant, args.profile),
+                            f"seed {seed}") for seed in args.seeds]
+    before, started = executors.counts(), time.perf_counter()
+    try:
+        runs = executors.run_tasks(tasks, min(args.jobs, len(tasks)), executors.progress_printer("flightcheck fuzz"))
+    except (executors.ExecutorUnavailable, executors.TaskLost) as err:
+        return bad(str(err))
+    report = {**executors.ran_since(before), "kv_connector": args.kv_connector,
+              "mutant": args.mutant, "steps": args.steps, "seeds": args.seeds,
+              "failed": [run["seed"] for run in runs if run["failed"]],
+              "seconds": round(time.perf_counter() - started, 3), "runs": runs}
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        for result in runs:
+            print(_summary(args, result))
+            if result["failure"]:
+                print(result["failure"])
+        print(f"{len(runs)} seeds on the {report['executor']} executor in {report['seconds']:.1f} s: "
+              f"{len(report['failed'])} with a failed step"
+              + (f"; {report['retried']} tasks run again after their worker was lost" if report["retried"] else ""))
+    return _exit_code(args.mutant, runs)

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES
 
+from flightcheck.verification import executors
 from flightcheck.verification.suite import VERIFY_DEPTH, VERIFY_MODEL
 
 from .common import PP_PER_CORE, bad, int_in
@@ -54,6 +55,7 @@ def add_parser(sub) -> None:
                              "(about 2 more minutes on the default model, 2 processes)")
     verify.add_argument("--list-configs", action="store_true", help="print the model names and exit")
     verify.add_argument("--json", action="store_true", help="print machine-readable results")
+    executors.add_options(verify)
     verify.set_defaults(func=run)
 
 
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         for name, model in MODELS.items():
             print(f"{name}: {model.describe()}")
         return 0
-    problem = _refusal(args)
+    problem = _refusal(args) or executors.configure_from(args)
     if problem:
         return bad(problem)
     stream = sys.stderr if args.json else sys.stdout
@@ -140,8 +142,11 @@ def _run_profiles(args: argparse.Namespace, console: Console) -> int:
         options = SuiteOptions(MODELS[args.config], args.depth, use_z3=not args.no_z3, jobs=args.jobs,
                                inferred=args.inferred, profile=profile, allow_name_reuse=args.allow_name_reuse,
                                kv_connector=args.kv_connector)
-        with PhaseProgress(f"flightcheck verify ({profile})") as progress:
-            suites.append(run_suite(options, progress.phase))
+        try:
+            with PhaseProgress(f"flightcheck verify ({profile})") as progress:
+                suites.append(run_suite(options, progress.phase))
+        except (executors.ExecutorUnavailable, executors.TaskLost) as err:
+            return bad(str(err))
         if not args.json:
             _print_suite(console, suites[-1])
     seconds = time.perf_counter() - started

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from flightcheck.output_files import write_text
+from flightcheck.verification import executors
 from flightcheck.verification.mutants.patch import MutantNoLongerApplies
 from flightcheck.verification.mutants.reference import MUTANTS
 
@@ -188,44 +189,94 @@ def with_async_scheduling(raw: dict[str, Any]) -> dict[str, Any]:
 def run_version(version: str, workloads: list[dict[str, Any]], seed: int, mutants: bool,
                 say: Callable[[str], None], async_scheduling: bool = False,
                 keep_disagreements: Path | None = None) -> VersionReport:
+    """One version's campaign in this process, workload after workload (the
+    command runs the same steps as tasks of an executor: `_run_versions`)."""
     started = time.monotonic()
     report = VersionReport(version, async_scheduling=async_scheduling)
-    profile = profile_for(version, async_scheduling)
-    scheduler_cls = ASYNC_RECORDER if async_scheduling else None
     if async_scheduling:
         workloads = [with_async_scheduling(raw) for raw in workloads]
     compared: list[Compared] = []
-    with ReplayWorker(version) as worker, tempfile.TemporaryDirectory() as scratch:
+    with ReplayWorker(version) as worker:
         for index, raw in enumerate(workloads):
-            trace = Path(scratch) / f"{index}.jsonl"
-            result = worker.replay(raw, trace=str(trace), scheduler_cls=scheduler_cls)
-            events = read_trace(trace)
-            report.workloads += 1
-            report.endings[result["ending"]] += 1
-            # vLLM 0.34's engine handed an input over while it waited for a batch's output
-            if result.get("inputs_during_wait"):
-                report.coverage["input_during_wait"] += 1
-            if differential_runs(raw):
-                comparison, reference = compare_workload(raw, result, events, profile)
-                compared.append(Compared(raw, decisions(events), reference))
-                _tally(report, comparison, raw, result, f"seed {seed} index {index}", say)
-            else:
-                report.differential_not_run += 1
-            # an unreleased vLLM (--vllm-python) is checked under its release's profile
-            unreleased = worker.version.split("+", 1)[0] != version
-            category, detail = verdict(result, check_verdict(trace, profile if unreleased else None))
-            if keep_disagreements is not None and category in DISAGREEMENTS:
-                # the trace and its workload, to look at after the scratch folder is gone
-                keep_disagreements.mkdir(parents=True, exist_ok=True)
-                stem = f"{version}{'-async' if async_scheduling else ''}-seed{seed}-{index}"
-                shutil.copy(trace, keep_disagreements / f"{stem}.jsonl")
-                (keep_disagreements / f"{stem}.workload.json").write_text(json.dumps(raw))
-            report.verdicts[category] += 1
-            report.verdict_details[detail] += 1
+            replayed = replay_workload(worker, ReplayJob(version, async_scheduling, index, raw, seed,
+                                                         keep_disagreements))
+            tally_workload(report, replayed, seed, say)
+            if replayed.compared is not None:
+                compared.append(replayed.compared)
     if mutants:
-        report.mutants_flagged = flag_mutants(profile, compared)
+        report.mutants_flagged = flag_mutants(profile_for(version, async_scheduling), compared)
     report.seconds = time.monotonic() - started
     return report
+
+
+@dataclass(frozen=True)
+class ReplayJob:
+    """One workload of one version and mode: a campaign task's input (`raw`
+    already with async scheduling where `async_scheduling`)."""
+    version: str
+    async_scheduling: bool
+    index: int
+    raw: dict[str, Any]
+    seed: int
+    keep_disagreements: Path | None = None
+    python: Path | None = None            # --vllm-python's interpreter, else the release's venv
+
+
+@dataclass
+class Replayed:
+    """What one workload gave: vLLM's result, the differential (None where it
+    does not run) and check-trace's verdict against the ground truth."""
+    index: int
+    raw: dict[str, Any]
+    result: dict[str, Any]
+    comparison: Comparison | None
+    compared: Compared | None
+    category: str
+    detail: str
+    seconds: float
+
+
+def replay_workload(worker: ReplayWorker, job: ReplayJob) -> Replayed:
+    """Replay one workload on `worker`, compare it with the reference, and
+    judge check-trace's verdict; its trace kept where they disagree."""
+    started = time.monotonic()
+    profile = profile_for(job.version, job.async_scheduling)
+    scheduler_cls = ASYNC_RECORDER if job.async_scheduling else None
+    comparison = compared = None
+    with tempfile.TemporaryDirectory() as scratch:
+        trace = Path(scratch) / f"{job.index}.jsonl"
+        result = worker.replay(job.raw, trace=str(trace), scheduler_cls=scheduler_cls)
+        events = read_trace(trace)
+        if differential_runs(job.raw):
+            comparison, reference = compare_workload(job.raw, result, events, profile)
+            compared = Compared(job.raw, decisions(events), reference)
+        # an unreleased vLLM (--vllm-python) is checked under its release's profile
+        unreleased = worker.version.split("+", 1)[0] != job.version
+        category, detail = verdict(result, check_verdict(trace, profile if unreleased else None))
+        if job.keep_disagreements is not None and category in DISAGREEMENTS:
+            # the trace and its workload, to look at after the scratch folder is gone
+            job.keep_disagreements.mkdir(parents=True, exist_ok=True)
+            stem = f"{job.version}{'-async' if job.async_scheduling else ''}-seed{job.seed}-{job.index}"
+            shutil.copy(trace, job.keep_disagreements / f"{stem}.jsonl")
+            (job.keep_disagreements / f"{stem}.workload.json").write_text(json.dumps(job.raw))
+    return Replayed(job.index, job.raw, result, comparison, compared, category, detail,
+                    time.monotonic() - started)
+
+
+def tally_workload(report: VersionReport, replayed: Replayed, seed: int, say: Callable[[str], None]) -> None:
+    """One replayed workload in its version's report (in workload order)."""
+    report.workloads += 1
+    report.endings[replayed.result["ending"]] += 1
+    # vLLM 0.34's engine handed an input over while it waited for a batch's output
+    if replayed.result.get("inputs_during_wait"):
+        report.coverage["input_during_wait"] += 1
+    if replayed.comparison is not None:
+        _tally(report, replayed.comparison, replayed.raw, replayed.result, f"seed {seed} index {replayed.index}",
+               say)
+    else:
+        report.differential_not_run += 1
+    report.verdicts[replayed.category] += 1
+    report.verdict_details[replayed.detail] += 1
 
 
 def differential_runs(raw: dict[str, Any]) -> bool:
@@ -349,6 +400,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                              "features each version has; each version sync and async (only async with --async); "
                              "default versions: every release with a feature")
     parser.add_argument("--json", help="write the report here")
+    parser.add_argument("--jobs", type=int_in(1, 64), default=1,
+                        help="processes for the local executor, each with its own replay worker (default 1)")
+    executors.add_options(parser)
     parser.add_argument("--keep-disagreements", type=Path, metavar="DIR",
                         help="copy every trace (and its workload) on which check-trace and vLLM's ground "
                              "truth disagree into DIR")
@@ -361,6 +415,10 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
         error(f"--keep-disagreements {args.keep_disagreements}: not a directory")
     if args.spec_tokens < 0:
         error("--spec-tokens must be >= 0")
+    refused = executors.configure_from(args)
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
     if args.kv_connector:
         if args.family not in (None, "kv-connector"):
             error("--kv-connector runs the kv-connector family: no other --family")
@@ -392,16 +450,17 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
         return campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens, args.family,
                                   mid_step_inputs=mid_step_inputs,
                                   features_of=release(version).version if args.all_features else None)
+    before = executors.counts()
     try:
         with use_interpreter(interpreter) if interpreter else nullcontext():
             reports = _run_versions(args, versions, workloads, interpreter)
-    except ReplayError as err:
+    except (ReplayError, executors.ExecutorUnavailable, executors.TaskLost) as err:
         print(err, file=sys.stderr)
         return 2
     if args.json:
         try:                   # whole or not at all (output_files.write_whole)
-            write_text(args.json, json.dumps({"seed": args.seed, "reports": [r.to_json() for r in reports]},
-                                             indent=1))
+            write_text(args.json, json.dumps({"seed": args.seed, **executors.ran_since(before),
+                                              "reports": [r.to_json() for r in reports]}, indent=1))
         except OSError as err:
             print(f"flightcheck: error: --json {args.json}: {err.strerror or err}; the report was not written "
                   f"(a file there before is as it was); the campaign itself finished", file=sys.stderr)
@@ -418,20 +477,53 @@ def _default_versions(args: argparse.Namespace) -> str:
 def _run_versions(args: argparse.Namespace, versions: list[str],
                   workloads: Callable[[str], list[dict[str, Any]]],
                   interpreter: Interpreter | None) -> list[VersionReport]:
-    reports = []
+    """Every version and mode's campaign: one task per workload on the
+    executor (verification/executors), then one per version and mode
+    flagging the mutants; each report folded in workload order."""
     # --kv-connector, --all-features: each version sync and async (only async with --async)
     both = getattr(args, "kv_connector", False) or getattr(args, "all_features", False)
     modes = [False, True] if both and not args.async_scheduling else [args.async_scheduling]
-    for version in versions:
-        for async_scheduling in modes:
-            report = run_version(version, workloads(version), args.seed, not args.no_mutants,
-                                 lambda line: print(line, flush=True), async_scheduling,
-                                 args.keep_disagreements)
-            if interpreter is not None and not interpreter.is_release:
-                report.version = f"{interpreter.version} (as {interpreter.release})"
-            reports.append(report)
-            print("\n".join(report.lines()), flush=True)
+    runs = [(version, mode, workloads(version)) for version in versions for mode in modes]
+    python = interpreter.python if interpreter is not None else None
+    tasks = [executors.Task((run, index), replay_task,
+                            (ReplayJob(version, mode, index, with_async_scheduling(raw) if mode else raw, args.seed,
+                                       args.keep_disagreements, python),),
+                            f"vLLM {version}{' async' if mode else ''} workload {index}")
+             for run, (version, mode, loads) in enumerate(runs) for index, raw in enumerate(loads)]
+    jobs = getattr(args, "jobs", 1)
+    replayed = iter(executors.run_tasks(tasks, jobs, executors.progress_printer("flightcheck vllm campaign")))
+    reports, compared = [], []
+    for version, mode, loads in runs:                    # the results come by (run, workload)
+        report = VersionReport(version, async_scheduling=mode)
+        mine = [next(replayed) for _ in loads]
+        for each in mine:
+            tally_workload(report, each, args.seed, lambda line: print(line, flush=True))
+            report.seconds += each.seconds
+        reports.append(report)
+        compared.append([each.compared for each in mine if each.compared is not None])
+    if not args.no_mutants:
+        flags = executors.run_tasks([executors.Task((run,), flag_task, (profile_for(version, mode), compared[run]),
+                                                    f"mutants of vLLM {version}{' async' if mode else ''}")
+                                     for run, (version, mode, _) in enumerate(runs)], jobs)
+        for report, (flagged, seconds) in zip(reports, flags):
+            report.mutants_flagged, report.seconds = flagged, report.seconds + seconds
+    for report in reports:
+        if interpreter is not None and not interpreter.is_release:
+            report.version = f"{interpreter.version} (as {interpreter.release})"
+        print("\n".join(report.lines()), flush=True)
     return reports
+
+
+def replay_task(job: ReplayJob) -> Replayed:
+    """A campaign task: one workload, on the replay worker this process keeps for its version."""
+    from .worker_cache import replay_worker
+    return replay_workload(replay_worker(job.version, job.python), job)
+
+
+def flag_task(profile: str, compared: list[Compared]) -> tuple[dict[str, str], float]:
+    """A campaign task: one version and mode's mutants flagged, and the seconds it took."""
+    started = time.monotonic()
+    return flag_mutants(profile, compared), time.monotonic() - started
 
 
 def main(argv: list[str] | None = None) -> int:

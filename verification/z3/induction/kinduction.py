@@ -28,7 +28,10 @@ action whole, each transition property, then the other actions conjunct by
 conjunct), the union of their drops leaves, and a round that drops nothing
 ends it; its transition-property rows, proved with what was alive assumed,
 are the result's. When the conjunction is inductive as given (the
-strengthening invariants), that is a single round.
+strengthening invariants), that is a single round. The processes are the
+command's executor's (verification/executors: `jobs` local processes, or
+Ray workers with `--executor ray`), each keeping its step(k) for the next
+round's tasks.
 
 step(k)'s solvers and queries, and the micro-step chains, are built in
 step.py; this module runs the proof on them.
@@ -36,15 +39,14 @@ step.py; this module runs the proof on them.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import multiprocessing
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import z3
 from flightcheck.spec import Action, State
+from flightcheck.verification import executors
 from flightcheck.verification.models import Model
 from flightcheck.verification.results import kind_of
 from flightcheck.verification.z3.encoding.actions import COMPLETE, SCHEDULE
@@ -233,14 +235,16 @@ def _parallel_houdini(model: Model, k: int, alive: list[str], rows: dict[str, En
     round's (which drops nothing) are returned."""
     names = tuple(alive)
     processes = min(jobs, len(ACTIONS))
-    context = multiprocessing.get_context("spawn")      # Z3 contexts do not survive a fork
-    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
-        while True:
+    with executors.open_executor(processes) as pool:       # the command's executor (verification/executors)
+        for round_number in range(1, len(names) + 2):      # each round but the last drops one at least
             dropped: dict[str, EngineVerdict] = {}
             transition_rows: list[EngineVerdict] = []
             tasks = _round_tasks(alive)
-            arguments = [(model, k, names, list(alive), action, claims) for action, claims in tasks]
-            for (action, _), task_rows in zip(tasks, pool.map(_houdini_task, *zip(*arguments))):
+            work = [executors.Task((round_number, index), _houdini_task,
+                                   (model, k, names, list(alive), action, claims),
+                                   f"Houdini round {round_number}: {_task_name(action, claims)}")
+                    for index, (action, claims) in enumerate(tasks)]
+            for (action, _), task_rows in zip(tasks, pool.map(work)):
                 if isinstance(action, str):
                     transition_rows += [dataclasses.replace(row, seconds=time.perf_counter() - started)
                                         for row in task_rows.values()]
@@ -254,6 +258,13 @@ def _parallel_houdini(model: Model, k: int, alive: list[str], rows: dict[str, En
                 rows[name] = dataclasses.replace(row, seconds=time.perf_counter() - started)
             tell(f"{time.perf_counter() - started:6.1f} s  a round in {processes} processes drops "
                  f"{_some(list(dropped))}; {len(alive)} left")
+    raise AssertionError("a Houdini round that dropped nothing ends the loop")
+
+
+def _task_name(action: int | str, claims: list[str] | None) -> str:
+    """A Houdini task as progress and errors name it."""
+    what = action if isinstance(action, str) else ACTIONS[action]
+    return what if claims is None else f"{what} keeps {', '.join(claims)}"
 
 
 def prove_by_induction(model: Model, k: int = 1, invariants: Iterable[str] | None = None,
