@@ -48,6 +48,7 @@ class Feature:
 FEATURE_MODULES: tuple[str, ...] = (
     "flightcheck.vllm.family_features",        # reshape the plain workload: first
     "flightcheck.vllm.kv_generate",
+    "flightcheck.vllm.session_generate",
 )
 
 SHARE_RESOLUTION = 1000                        # a share is drawn as an integer in 1..1000

@@ -7,11 +7,10 @@ keeps no abort (an input sent after it would name a new request) and no id
 another request reuses; the workload runs without prefix caching (the spec
 models sessions without it).
 
-`FEATURE` is defined but not yet in features.FEATURE_MODULES: vLLM and the
-reference replay session workloads alike (tests/test_vllm_sessions.py), but
-check-trace does not read a session's later inputs yet
-(docs/request-states.md, "Not done yet"), so `--all-features` would report
-its verdicts against the ground truth as disagreements.
+`FEATURE` is registered in features.FEATURE_MODULES (`--all-features`),
+never combined with a KV connector, drafts or the cache-aware admission
+order (it needs prefix caching): the spec and the reference model sessions
+without them.
 
 Standard library only.
 """
