@@ -58,5 +58,5 @@ def with_sessions(pick: Picker, workload: dict[str, Any]) -> None:
         request["session"] = {"inputs": inputs, "end_step": step + pick.integer(1, 10)}
 
 
-FEATURE = Feature("streaming-sessions", ("0.33.0", "0.34.0"), 0.3, with_sessions,
+FEATURE = Feature("streaming-sessions", ("0.33.0", "0.34.0"), 0.6, with_sessions,
                   excludes=("kv-connector", "spec-decoding", "cache-aware"))
