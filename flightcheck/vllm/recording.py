@@ -233,8 +233,8 @@ class RecordingMixin(GroundTruthMixin):
     # -- the four calls ------------------------------------------------------------
 
     def add_request(self, request: Any) -> None:
-        if request.request_id in self.requests:          # a live streaming session's next input
-            self._fc_session_input(request)
+        if getattr(self.requests.get(request.request_id), "resumable", False):
+            self._fc_session_input(request)              # a live streaming session's next input
             return
         super().add_request(request)
         self.flightcheck_observations.counts_in_flight |= compat.counts_in_flight(request)
