@@ -48,6 +48,10 @@ def add_parser(sub) -> None:
                              "vllm-0.34, vllm-0.34-async; under a minute), hunt the "
                              "connector's mutants, and prove KV1, KV2, KV4 by k-induction and BMC on the Z3 "
                              "connector models (about 3 min of CPU; --no-z3 skips them)")
+    verify.add_argument("--streaming-sessions", action="store_true",
+                        help="search the profile's streaming session models exhaustively (SS1-SS4 and every "
+                             "other property; vllm-0.33, vllm-0.33-async, vllm-0.34, vllm-0.34-async; seconds) "
+                             "and, under vllm-0.34-async, hunt the sessions' mutants; no Z3 engine models sessions")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--inferred", action="store_true",
@@ -106,6 +110,18 @@ def _refusal(args: argparse.Namespace) -> str | None:
     if args.kv_connector and (args.all_profiles or args.mutant or args.inferred or args.allow_name_reuse):
         return ("--kv-connector searches one profile's connector models; it cannot go with "
                 "--all-profiles, --mutant, --inferred or --allow-name-reuse")
+    return _sessions_usage_error(args)
+
+
+def _sessions_usage_error(args: argparse.Namespace) -> str | None:
+    from flightcheck.verification.session_models import SESSION_PROFILE_MODELS
+
+    if args.streaming_sessions and args.profile not in SESSION_PROFILE_MODELS:
+        return f"--streaming-sessions needs a profile with streaming sessions: {', '.join(SESSION_PROFILE_MODELS)}"
+    if args.streaming_sessions and (args.all_profiles or args.mutant or args.inferred or args.allow_name_reuse
+                                    or args.kv_connector):
+        return ("--streaming-sessions searches one profile's session models; it cannot go with "
+                "--all-profiles, --mutant, --inferred, --allow-name-reuse or --kv-connector")
     return None
 
 
@@ -141,7 +157,7 @@ def _run_profiles(args: argparse.Namespace, console: Console) -> int:
     for profile in profiles:
         options = SuiteOptions(MODELS[args.config], args.depth, use_z3=not args.no_z3, jobs=args.jobs,
                                inferred=args.inferred, profile=profile, allow_name_reuse=args.allow_name_reuse,
-                               kv_connector=args.kv_connector)
+                               kv_connector=args.kv_connector, streaming_sessions=args.streaming_sessions)
         try:
             with PhaseProgress(f"flightcheck verify ({profile})") as progress:
                 suites.append(run_suite(options, progress.phase))
