@@ -10,8 +10,9 @@ time on the workload's trace set beside the time vLLM 0.8.5's real
 * vLLM: the cost benchmark's worker in the vLLM venv (flightcheck/vllm/
   cost_worker.py) runs the same workload to the steady state, then
   --batches timed batches per turn (schedule() plus update_from_output());
-* the checker: this tree's default check-trace (the incremental checker),
-  in this process, replays the warm-up untimed, freezes the heap (as both
+* the checker: this tree's default check-trace (the incremental checker
+  with the fast path for the steady state, verification/traces/fast.py;
+  `--no-fast`: the incremental checker alone), in this process, replays the warm-up untimed, freezes the heap (as both
   schedulers' sides do), then is timed on the events of the --batches
   batches: `feed` per event (the spec's transition, the decision checks and
   the properties). Reading the same lines (JSON and the schema) is timed
@@ -76,9 +77,8 @@ events = check.read_events(open(path).read().split("\n"))
 parsed = time.perf_counter()
 if mode == "full" or "full" not in check.check_events.__code__.co_varnames:
     checker = check.TraceChecker(events)
-else:
-    from flightcheck.verification.traces.check import IncrementalChecker
-    checker = IncrementalChecker(events)
+else:   # the default check-trace: with the fast path where the tree has one
+    checker = getattr(check, "FastChecker", check.IncrementalChecker)(events)
 check._annotate_finishes(events)
 verdict = "legal"
 for index, event in enumerate(events[1:], start=1):
@@ -116,22 +116,24 @@ def run_checker(tree: Path, trace: Path, mode: str, limit: float) -> dict:
             "peak_mb": None}
 
 
-def workload_turn_checker(events: list, trace: "WorkloadTrace", lines: list[str]) -> dict:
+def workload_turn_checker(events: list, trace: "WorkloadTrace", lines: list[str], fast: bool = True) -> dict:
     """One checker turn on a workload trace: the warm-up replayed untimed,
     then the timed batches' events fed one by one and timed; reading the
     timed lines (JSON and schema) timed apart."""
     from flightcheck.verification.traces import check
-    checker = check.IncrementalChecker(events)
+    checker = (check.FastChecker if fast else check.IncrementalChecker)(events)
     warm = trace.warm_up_events
     for event in events[1:warm]:
         checker.feed(event)
     gc.collect()
     gc.freeze()                           # as both schedulers' sides do after their warm-up
+    warm_fast = getattr(checker, "fast_events", 0)
     try:
         started = time.perf_counter()
         for event in events[warm:]:
             checker.feed(event)
         fed = time.perf_counter() - started
+        taken = getattr(checker, "fast_events", 0) - warm_fast     # timed events on the fast path
         started = time.perf_counter()
         check.read_events(lines[:1] + lines[warm:])
         read = time.perf_counter() - started
@@ -139,10 +141,10 @@ def workload_turn_checker(events: list, trace: "WorkloadTrace", lines: list[str]
         gc.unfreeze()
     del checker
     gc.collect()
-    return {"check_s": fed, "read_s": read}
+    return {"check_s": fed, "read_s": read, "fast_events": taken}
 
 
-def workload_row(case: str, batches: int, turns: int, vllm) -> dict:
+def workload_row(case: str, batches: int, turns: int, vllm, fast: bool = True) -> dict:
     """One workload: its trace, then `turns` turns of vLLM and the checker."""
     from workload_traces import write_workload_trace
     from flightcheck.verification.traces import check
@@ -162,7 +164,7 @@ def workload_row(case: str, batches: int, turns: int, vllm) -> dict:
                     records = vllm.ask({"batches": batches})["records"]
                     vllm_turns.append(sum(r[0] + r[1] for r in records) / 1e9)
                 else:
-                    checker_turns.append(workload_turn_checker(events, trace, lines))
+                    checker_turns.append(workload_turn_checker(events, trace, lines, fast))
     finally:
         vllm.ask({"stop": True})
     ratios = [c["check_s"] / v for c, v in zip(checker_turns, vllm_turns)]
@@ -174,7 +176,9 @@ def workload_row(case: str, batches: int, turns: int, vllm) -> dict:
             "reading_us_per_batch": round(statistics.median(c["read_s"] for c in checker_turns) * per_batch),
             "vllm_us_per_batch": round(statistics.median(vllm_turns) * per_batch),
             "ratios": [round(r, 3) for r in ratios], "batches": batches, "turns": turns,
-            "trace_events": trace.events, "timed_events": trace.events - trace.warm_up_events}
+            "trace_events": trace.events, "timed_events": trace.events - trace.warm_up_events,
+            "checker": "fast" if fast else "incremental",
+            "fast_path_events": checker_turns[0]["fast_events"]}
 
 
 def workloads(args: argparse.Namespace) -> int:
@@ -185,18 +189,17 @@ def workloads(args: argparse.Namespace) -> int:
         print(f"error: {missing_venv_message(VLLM_VERSION)}", file=sys.stderr)
         return 2
     # decode-4096's pool has 2^20 blocks (the cost benchmark's: room for every
-    # request at max_model_len), over check-trace's bound (schema.MAX_POOL_BLOCKS,
-    # set when every allocation copied the pool): raised here, and said so in the rows
+    # request at max_model_len), check-trace's bound (schema.MAX_POOL_BLOCKS);
+    # the rows say both (`pool_bound`: equal now; it was raised here when the bound was 2^18)
     from flightcheck.verification.traces import configuration
     bound = configuration.MAX_POOL_BLOCKS
-    configuration.MAX_POOL_BLOCKS = max(bound, 1 << 21)
     load_before = os.getloadavg()
     started = time.perf_counter()
     vllm = VllmSide()
     rows = []
     try:
         for case in args.cases:
-            rows.append(workload_row(case, args.batches, args.turns, vllm))
+            rows.append(workload_row(case, args.batches, args.turns, vllm, not args.no_fast))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     finally:
         vllm.close()
@@ -226,6 +229,8 @@ def main() -> int:
                                                        "prefill-mix"])
     parser.add_argument("--batches", type=int, default=100, help="workloads: timed batches per turn")
     parser.add_argument("--turns", type=int, default=3, help="workloads: turns per side")
+    parser.add_argument("--no-fast", action="store_true",
+                        help="workloads: the incremental checker without the fast path (fast.py)")
     parser.add_argument("--sizes", type=int, nargs="+", help="long traces of these concurrencies instead")
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--old", type=Path, help="a tree with the checker to compare against")

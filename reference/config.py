@@ -59,6 +59,10 @@ class SchedulerConfig:
     # order. vLLM iterates a set of ids, whose order follows the process's
     # hash seed; the differential replays the order vLLM took.
     kv_error_order: tuple[str, ...] = ()
+    # vLLM's `SchedulerConfig.policy` (`policy` here is the trace's name for
+    # continue-prefill): "fcfs" or "priority" (priority.py; only where the
+    # profile has it, `priority_policy`).
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
@@ -94,6 +98,10 @@ class SchedulerConfig:
                              f"counters; {self.profile} has none")
         if self.kv_connector is not None and (self.num_spec_tokens or not self.continue_prefill):
             raise ValueError("a KV connector is modelled without drafts and with continue-prefill only")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
+        if self.scheduling_policy == "priority" and not profile.priority_policy:
+            raise ValueError(f"profile {self.profile} has no priority policy (vLLM 0.33 and later)")
         if not isinstance(self.num_preallocate_tokens, int) or self.num_preallocate_tokens < 0:
             raise ValueError("num_preallocate_tokens must be >= 0, "
                              f"got {self.num_preallocate_tokens!r}")

@@ -198,6 +198,12 @@ class Profile:
     # `_preempt_request(drop_stale_output=self.requires_kv_delivery)`: a
     # producer's preemption drops the victim's in-flight output.
     kv_producer_drops_stale: bool = False
+    # `SchedulingPolicy.PRIORITY` (`SchedulerConfig.scheduling_policy`, priority.py):
+    # `waiting` in (priority, arrival time) order (`PriorityRequestQueue`),
+    # the running loop's victim `max(running, key=(priority, arrival_time))`
+    # with the hand-back of what it got in the same call and
+    # `victim_index < req_index` (0.33, 0.34: the same code). 0.8.x: none.
+    priority_policy: bool = False
     # 0.34 only: `async_kv_waiting` (`_enqueue_waiting_request`,
     # `_next_waiting_queue`), loads-only mode when no running slot or budget
     # is left, `max_num_inflight_kv_loads` (`_admits_inflight_kv_load`, the
@@ -325,7 +331,7 @@ PROFILES: dict[str, Profile] = {
 KV_CONNECTOR_0_33: dict[str, bool] = {
     "kv_async_loads": True, "kv_load_failures": True, "kv_send_after_finish": True,
     "kv_aborted_load_held": True, "kv_step_fence": True, "kv_holding_first": True,
-    "kv_load_reservation": True, "kv_producer_drops_stale": True}
+    "kv_load_reservation": True, "kv_producer_drops_stale": True, "priority_policy": True}
 PROFILES["vllm-0.33"] = replace(PROFILES["vllm-0.33"], **KV_CONNECTOR_0_33)
 PROFILES["vllm-0.33-async"] = replace(PROFILES["vllm-0.33"], name="vllm-0.33-async",
                                       async_scheduling=True, placeholder_drafts=True,

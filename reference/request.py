@@ -96,13 +96,14 @@ class Request:
         "num_output_placeholders", "next_decode_eligible_step", "is_prefill_chunk",
         "kv_offer", "kv_load", "last_sched_seq", "inflight_prefill", "status_before_load",
         "parked_reservation", "kv_external", "kv_rolled_back",
-        "resumable", "streaming_queue",
+        "resumable", "streaming_queue", "priority",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
                  sampling_params: SamplingParams | None = None,
-                 eos_token_id: int | None = None, arrival_time: float = 0.0) -> None:
+                 eos_token_id: int | None = None, arrival_time: float = 0.0, priority: int = 0) -> None:
         self.request_id = request_id
+        self.priority = priority                     # the priority policy's (lower runs first)
         self.prompt_token_ids: list[int] = list(prompt_token_ids)
         self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
         self.eos_token_id = eos_token_id

@@ -67,6 +67,7 @@ from .request import Request, RequestStatus
 from .drafts import DraftSources
 from .kv_transfer import KvTransfers
 from .kv_waiting import KvWaiting
+from .priority import PriorityPolicy
 from .sessions import StreamingSessions
 from .update import OutputUpdate
 from .waiting import WaitingLoop
@@ -74,7 +75,8 @@ from .waiting import WaitingLoop
 __all__ = ["Fate", "Scheduler"]
 
 
-class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop, StreamingSessions):
+class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop, StreamingSessions,
+                PriorityPolicy):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv_cache_manager = KVCacheManager(
@@ -100,8 +102,11 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
                                          and not config.enable_chunked_prefill)
         self._threshold_off_unchunked = (profile.threshold_needs_chunked_prefill
                                          and not config.enable_chunked_prefill)
+        self._priority = config.scheduling_policy == "priority"                     # priority.py
+        self._victims_before = 0
         self._cache_aware_window = (config.cache_aware_admission_window
-                                    if profile.cache_aware_admission and config.enable_prefix_caching else 0)
+                                    if profile.cache_aware_admission and config.enable_prefix_caching
+                                    and not self._priority else 0)
         # vLLM as released (all off but with `config.as_released`).
         self._outputs_to_running_by_id = profile.outputs_to_running_by_id      # _bound_fate
         self._worker_decides_sampling = profile.worker_decides_sampling        # _tokens_taken
@@ -148,6 +153,8 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         request.incarnation = request.first_incarnation = next(self._incarnations)
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        if self._priority:
+            self._order_waiting()
 
     def _validate_new_request(self, request: Request) -> None:
         if not isinstance(request, Request):
@@ -313,9 +320,13 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
                 continue
             num_drafts = self._num_scheduled_drafts(request, num_new_tokens) \
                 if request.spec_token_ids else 0
+            self._victims_before = 0
             new_blocks = self._allocate_or_preempt(request, num_new_tokens, num_drafts, batch)
+            req_index -= self._victims_before  # priority: victims it had passed (vLLM #49097)
             if new_blocks is None:
-                return                        # the request preempted itself
+                if self._priority and request.status == RequestStatus.PREEMPTED:
+                    continue                  # priority: the next request now sits at req_index
+                return                        # the request preempted itself (or a fenced victim)
             entry = self._cached_entry(request, request.num_computed_tokens, num_new_tokens,
                                        num_drafts, new_blocks, resumed=False)
             # Drafts the budget clipped are dropped (the spec drops them always,
@@ -383,16 +394,23 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
 
     def _allocate_or_preempt(self, request: Request, num_new_tokens: int, num_drafts: int,
                              batch: Batch) -> list[KVCacheBlock] | None:
-        """Blocks for the request, preempting the last running request until
-        they fit; None if the request itself had to go."""
+        """Blocks for the request, preempting the last running request (under
+        the priority policy, priority.py's victim) until they fit; None if
+        the request itself had to go."""
         while True:
             new_blocks = self._allocate(request, num_new_tokens, (), num_drafts)
             if new_blocks is not None:
                 return new_blocks
-            if self._defer_block_free and not self._request_blocks_can_be_freed(self.running[-1]):
+            victim = self._priority_victim() if self._priority else self.running[-1]
+            if self._defer_block_free and not self._request_blocks_can_be_freed(victim):
                 return None                   # vLLM: "A deferred free will not help"
-            victim = self.running.pop()
+            if self._priority:
+                self._remove_priority_victim(victim, request, batch)
+            else:
+                self.running.pop()
             self._preempt(victim)
+            if self._priority:
+                self._order_waiting()
             if self._stale_output_counters:
                 self._mark_stale(victim)
             batch.preempted.append(victim.request_id)

@@ -103,6 +103,8 @@ class TraceWriter:
                          decode_stagger=cfg.decode_stagger, notes_empty_batches=True)
         if cfg.kv_connector is not None:
             event["kv_connector"] = cfg.kv_connector.to_json()
+        if cfg.scheduling_policy != "fcfs":
+            event["scheduling_policy"] = cfg.scheduling_policy
         self._write(event)
 
     def arrive(self, request: Request, step: int, kv_connector: bool = False) -> None:
@@ -119,6 +121,8 @@ class TraceWriter:
             offer = request.kv_offer
             event.update(external_hit=offer.hit if offer is not None else 0,
                          load_async=bool(offer is not None and offer.load_async))
+        if request.priority:
+            event["priority"] = request.priority
         if request.resumable:
             event["resumable"] = True          # a streaming session's first input
         self._write(event)

@@ -26,6 +26,7 @@ from . import blocks, sessions
 from .config import Config
 from .drafts import drafts_come_with_output
 from .kv_fence import drain_deferred_frees, finish_with_connector
+from .priority import arrive_with_priority
 from .schedule import Scheduled, schedule  # noqa: F401  (re-exported: the fourth action)
 from .state import Entry, Fate, Request, State, Status, content_label, evolve, holder_of, name_of, retire_entries
 
@@ -42,6 +43,8 @@ class Prompt:
     # and whether they load asynchronously (`get_num_new_matched_tokens`).
     external_hit: int = 0
     load_async: bool = False
+    # vLLM's `Request.priority` (read only under `Config.scheduling_policy` "priority").
+    priority: int = 0
     # A streaming session (spec/sessions.py; read only with
     # `Config.streaming_sessions`): the inputs its client sends after this
     # prompt, each `(new tokens, max_tokens)`, the last `(0, 0)` (the end).
@@ -58,7 +61,8 @@ class Sample:
 
 
 def arrive(state: State, cfg: Config, r: int, prompt: Prompt) -> State | None:
-    """Request r arrives and joins the tail of `waiting`."""
+    """Request r arrives and joins the tail of `waiting` (its place, under
+    the priority policy)."""
     if not (0 <= r < len(state.requests)) or state.requests[r].status is not Status.NEW:
         return None
     if not (1 <= prompt.prompt_len < cfg.max_model_len) or prompt.max_tokens < 1:
@@ -72,7 +76,8 @@ def arrive(state: State, cfg: Config, r: int, prompt: Prompt) -> State | None:
     state = state.with_request(r, status=Status.WAITING, prompt_len=prompt.prompt_len,
                                max_tokens=prompt.max_tokens, prompt_labels=labels, num_computed=0)
     state = sessions.open_session(state, cfg, r, prompt.session)
-    return _offer_of_connector(state, cfg, r, prompt)
+    state = _offer_of_connector(state, cfg, r, prompt)
+    return arrive_with_priority(state, cfg, r, prompt.priority)
 
 
 def _offer_of_connector(state: State, cfg: Config, r: int, prompt: Prompt) -> State:

@@ -8,8 +8,8 @@ cache is used enough. The reorder is part of the `schedule` action: it runs
 at the start of the waiting phase of a call that preempted nobody, and the
 new order stays, whether or not anyone is then admitted.
 
-Abstracted away: the scheduling policy (vLLM reorders only under FCFS, the
-only policy the spec has), vLLM's other waiting queues (KV-connector loads)
+Under the priority policy there is no reorder (vLLM keeps the window only
+under FCFS). Abstracted away: vLLM's other waiting queues (KV-connector loads)
 and its DP prefill deferral (which skips the reorder): none is modelled.
 """
 
@@ -29,6 +29,8 @@ def is_reorder_in_force(state: State, cfg: Config) -> bool:
     threshold."""
     if not cfg.rules.cache_aware_admission or cfg.cache_aware_admission_window == 0:
         return False
+    if cfg.scheduling_policy != "fcfs":
+        return False                    # vLLM keeps the window only under FCFS (`cache_aware_window`)
     if not cfg.prefix_caching or len(state.waiting) < 2:
         return False
     return kv_cache_usage(state, cfg) >= cfg.cache_aware_admission_threshold

@@ -1,9 +1,10 @@
 """The constants of the spec: the scheduler's configuration.
 
 Abstracted away: everything about the model (layers, weights, dtypes), the
-encoder budgets, LoRA, structured output and priorities (asynchronous
+encoder budgets, LoRA and structured output (asynchronous
 scheduling is a profile, `vllm-0.33-async`; a KV connector is
-`Config.kv_connector`, docs/kv-connector.md). None of them changes how many tokens are in flight for whom, which
+`Config.kv_connector`, docs/kv-connector.md; priorities are
+`Config.scheduling_policy`, docs/request-states.md). None of them changes how many tokens are in flight for whom, which
 is all this spec is about.
 
 Where vLLM versions differ, `profile` names the version (`profiles.py`) and the
@@ -27,6 +28,7 @@ from .profiles import DEFAULT_PROFILE, Profile, ReleaseOrder, profile as profile
 
 StaleMode = Literal["deliver", "drop"]
 LoadFailurePolicy = Literal["recompute", "fail"]
+SchedulingPolicy = Literal["fcfs", "priority"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,11 @@ class Config:
     # The KV connector (docs/kv-connector.md); None: no connector, the spec
     # exactly as without one (every state count unchanged).
     kv_connector: KvConnector | None = None
+    # vLLM's `SchedulerConfig.policy` (docs/request-states.md, "Priority
+    # scheduling"): "fcfs" (the default: the spec exactly as without it) or
+    # "priority" (spec/priority.py), only where the profile has it
+    # (`Profile.priority_policy`).
+    scheduling_policy: SchedulingPolicy = "fcfs"
     # Streaming sessions (spec/sessions.py; vLLM's resumable requests, where
     # the profile has them: `Profile.streaming_sessions`). Off: no request is
     # resumable, the spec exactly as without them.
@@ -132,6 +139,10 @@ class Config:
         if self.stale_mode not in ("deliver", "drop"):
             raise ValueError(f"stale_mode must be 'deliver' or 'drop', got {self.stale_mode!r}")
         self._check_admission_knobs()
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
+        if self.scheduling_policy == "priority" and not self.rules.priority_policy:
+            raise ValueError(f"profile {self.profile} has no priority policy (vLLM 0.33 and later)")
         if self.streaming_sessions and self.prefix_caching:
             raise ValueError("streaming sessions are modelled without prefix caching (a turn's kept "
                              "outputs become prompt blocks, which block labels do not follow)")

@@ -24,6 +24,7 @@ from .kv_invariants import (holds_kv_blocks, kv1_no_reuse_under_transfer, kv2_lo
                             kv4_deferred_frees_drain, kv4_finished_holds_nothing, kv5_loaded_not_starved,
                             kv6_load_limit, may_hold_table, moves_a_load, transfers_in_flight)
 from .pool_store import label_list
+from .priority_invariants import waiting_in_priority_order
 from .session_invariants import (ss2_old_turn_given_up, ss3_waiting_session_holds_blocks,
                                  ss4_waiting_session_keeps_seat)
 from .sessions import has_sessions, waiting_for_input
@@ -490,6 +491,9 @@ KV_INVARIANTS: tuple[Invariant, ...] = (
     Invariant("KV5_loaded_not_starved", (kv5_loaded_not_starved.__doc__ or "").strip(),
               of_state=kv5_loaded_not_starved, kind="liveness"),
 )
+# Under the priority policy (priority_invariants.py).
+PRIORITY_ORDER = Invariant("PR1_waiting_in_priority_order", (waiting_in_priority_order.__doc__ or "").strip(),
+                           of_state=waiting_in_priority_order)
 # With streaming sessions (docs/request-states.md, "Streaming sessions"; the
 # predicates are in session_invariants.py; SS1 is a transition property).
 SESSION_INVARIANTS: tuple[Invariant, ...] = (
@@ -506,7 +510,8 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
     """The invariants of cfg's profile: every profile's, IF0-IF3 where vLLM
     keeps stale-output counters, under async scheduling S3, S5, S6 and L2
     restated (`ASYNC_REPLACEMENTS`) with IA1 and IA2, and with a KV
-    connector KV1, KV2, KV4, KV5 (and KV6 under vLLM 0.34's load limit)."""
+    connector KV1, KV2, KV4, KV5 (and KV6 under vLLM 0.34's load limit);
+    PR1 under the priority policy."""
     chosen = INVARIANTS + (COUNTER_INVARIANTS if cfg.rules.stale_output_counters else ())
     if cfg.rules.output_placeholders:
         chosen = tuple(ASYNC_REPLACEMENTS.get(i.name, i) for i in chosen) + ASYNC_INVARIANTS
@@ -514,6 +519,8 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
         chosen += KV_INVARIANTS
         if cfg.rules.kv_inflight_load_limit and cfg.kv_connector.max_inflight_loads is not None:
             chosen += (KV_LOAD_LIMIT,)
+    if cfg.scheduling_policy == "priority":
+        chosen += (PRIORITY_ORDER,)
     if has_sessions(cfg):
         chosen += SESSION_INVARIANTS
     return chosen

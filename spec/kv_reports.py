@@ -27,9 +27,21 @@ hit (the loader recomputes the shared blocks) and loses only its entry in
 the batch that carried the load (and every later one: the intended rule,
 as for the loader).
 
+One output may report several loads' failures (its `failed_recving` and
+`invalid_block_ids`): vLLM judges them jointly, in one scan over every
+block any of them made invalid (`fail_kv_output`): in scan order, a request
+recomputes from its first invalid block no earlier request marked, and one
+whose invalid blocks all were marked keeps them and loses only the carrying
+batch's tokens. `fail_kv_load` is that action for an output with one
+failure, the one the explicit search and the Z3 encodings explore (an
+output with several reaches what its failures reach one by one in the
+reverse of the scan order: docs/kv-connector.md, "One output, several
+failures").
+
 Abstracted away: a load reported failed twice (one failure per load; a
-second report is refused), a holder scanned before the loader (one admitted
-earlier, whose hit then marks the block first), and connector statistics.
+second report is refused), the marks among parked holders of a sync load's
+invalid blocks (vLLM's async pass marks too: each parked holder is cut at
+its first invalid block here), and connector statistics.
 Under the fail policy a sync load's invalid blocks, and the loader's blocks
 after them, leave the prefix cache (`evict_blocks`) before the requests
 finish.
@@ -125,6 +137,71 @@ def fail_kv_load(state: State, cfg: Config, r: int, from_block: int) -> State | 
     return rollback(state, cfg, r, valid)
 
 
+def fail_kv_output(state: State, cfg: Config, failures: tuple[tuple[int, int], ...]) -> State | None:
+    """The load failures one batch output reports, `(request, from_block)`
+    each, judged jointly as vLLM's `update_from_output` does. Guards: each
+    request once, and each failure one the connector may report in the
+    state before the output (`fail_kv_load` enabled there: C2-C4 read
+    there, not after another failure of the same output rolled its request
+    back). One failure: `fail_kv_load`. The fail policy finishes every
+    request holding an invalid block (the order only orders the finishes);
+    recompute: `_scan_invalid_blocks`."""
+    if not failures or len({r for r, _ in failures}) < len(failures):
+        return None
+    if any(fail_kv_load(state, cfg, r, from_block) is None for r, from_block in failures):
+        return None
+    if len(failures) == 1:
+        return fail_kv_load(state, cfg, *failures[0])
+    if cfg.kv_connector.load_failure_policy == "fail":
+        for r, from_block in failures:        # one an earlier failure finished: nothing left to do
+            state = fail_kv_load(state, cfg, r, from_block) or state
+        return state
+    return _scan_invalid_blocks(state, cfg, failures)
+
+
+def _scan_invalid_blocks(state: State, cfg: Config, failures: tuple[tuple[int, int], ...]) -> State | None:
+    """Recompute, for an output's failures together (vLLM's
+    `_handle_invalid_blocks`: `_update_requests_with_invalid_blocks` over
+    parked loads, then over `running`). Parked loads: each cut at its own
+    failed block or its first block among the sync loads' invalid ones,
+    whichever comes first, its load failed. Running requests, in order, one
+    set of marks: each holder of an invalid block recomputes from its first
+    one no earlier holder marked, and marks every invalid block it holds;
+    a holder whose invalid blocks all were marked keeps them
+    (`_revert_to_carrier`). None if the sync loads' failures name two
+    carrying batches (one output carries one batch's)."""
+    bs = cfg.block_size
+    parked = {r: b for r, b in failures if state.requests[r].status is Status.WAITING_FOR_REMOTE_KVS}
+    sync = [(r, b) for r, b in failures if r not in parked]
+    carriers = {_carrier(state, r) for r, _ in sync}
+    if len(carriers) > 1:
+        return None
+    carrier = next(iter(carriers), None)
+    invalid: set[int] = set().union(*(_invalid_blocks(state, cfg, r, b) for r, b in sync))
+    for h in _parked_loads(state):
+        blocks = _computed_blocks(state, cfg, h)
+        cuts = [parked[h]] if h in parked else []
+        cuts += [i for i, block in enumerate(blocks) if block in invalid][:1]
+        if cuts:
+            state = state.with_request(h, num_computed=min(cuts) * bs, load=Load.FAILED)
+    marked: set[int] = set()
+    for h in state.running:
+        blocks = _computed_blocks(state, cfg, h)
+        hits = [i for i, block in enumerate(blocks) if block in invalid]
+        fresh = [i for i in hits if blocks[i] not in marked]
+        marked.update(blocks[i] for i in hits)
+        if fresh:
+            state = rollback(state, cfg, h, fresh[0] * bs)
+        elif hits:
+            state = _revert_to_carrier(state, cfg, h, carrier)
+    return state
+
+
+def _parked_loads(state: State) -> list[int]:
+    """vLLM's `kv_holding_waiting` requests still in WAITING_FOR_REMOTE_KVS, in order."""
+    return [h for h in state.kv_holding if state.requests[h].status is Status.WAITING_FOR_REMOTE_KVS]
+
+
 def shared_holders(state: State, cfg: Config, r: int, from_block: int) -> list[int]:
     """The requests vLLM's `_handle_invalid_blocks` finds holding an invalid
     block of r's sync load (its table from `from_block` to the load's end)
@@ -134,32 +211,33 @@ def shared_holders(state: State, cfg: Config, r: int, from_block: int) -> list[i
     invalid = _invalid_blocks(state, cfg, r, from_block)
     if not invalid:
         return []
-    parked = [h for h in state.kv_holding if state.requests[h].status is Status.WAITING_FOR_REMOTE_KVS]
-    return [h for h in parked + list(state.running)
+    return [h for h in _parked_loads(state) + list(state.running)
             if h == r or invalid.intersection(_computed_blocks(state, cfg, h))]
 
 
 def _fail_holders_of_finished(state: State, cfg: Config, r: int, from_block: int) -> State | None:
     """r finished (aborted) while the batch carrying its sync load was in
     flight: its report changes nothing for r, but vLLM's scan still finds
-    the running requests sharing the invalid blocks; the first marks them
-    (and, under the fail policy, its blocks from there leave the cache).
-    None when no request shares them."""
+    the requests sharing the invalid blocks. Its pass over parked loads and
+    its pass over `running` mark apart: recompute cuts each parked holder at
+    its first invalid block and the first running holder there, the later
+    running holders keep them (`_scan_invalid_blocks`); the fail policy
+    finishes every holder, the first running one's blocks from there leaving
+    the cache (only the pass over `running` evicts). None when no request
+    shares them."""
     holders = shared_holders(state, cfg, r, from_block)
     if not holders:
         return None
-    first, invalid = holders[0], _invalid_blocks(state, cfg, r, from_block)
-    index = next(i for i, b in enumerate(_computed_blocks(state, cfg, first)) if b in invalid)
-    if cfg.kv_connector.load_failure_policy == "fail":
+    if cfg.kv_connector.load_failure_policy == "recompute":
+        return _scan_invalid_blocks(state, cfg, ((r, from_block),))
+    invalid = _invalid_blocks(state, cfg, r, from_block)
+    first = next((h for h in holders if state.requests[h].status is Status.RUNNING), None)
+    if first is not None:
+        index = next(i for i, b in enumerate(_computed_blocks(state, cfg, first)) if b in invalid)
         state = replace(state, pool=uncache(state.pool, state.requests[first].block_table[index:]))
-        carrier = _carrier(state, r)
-        for h in holders:
-            state = _fail_past_carrier(state, cfg, h, carrier)
-        return state
+    carrier = _carrier(state, r)
     for h in holders:
-        marks = h == first and state.requests[h].status is Status.RUNNING
-        state = rollback(state, cfg, h, index * cfg.block_size) if marks else \
-            _recompute_holder(state, cfg, h, r, from_block)
+        state = _fail_past_carrier(state, cfg, h, carrier)
     return state
 
 
@@ -202,7 +280,14 @@ def _recompute_holder(state: State, cfg: Config, h: int, r: int, from_block: int
     if q.status is Status.WAITING_FOR_REMOTE_KVS:
         first = next(i for i, b in enumerate(_computed_blocks(state, cfg, h)) if b in invalid)
         return state.with_request(h, num_computed=first * bs, load=Load.FAILED)
-    carrier = _carrier(state, r)
+    return _revert_to_carrier(state, cfg, h, _carrier(state, r))
+
+
+def _revert_to_carrier(state: State, cfg: Config, h: int, carrier: int | None) -> State:
+    """A running holder whose invalid blocks another request recomputes: it
+    keeps them as computed and loses its entry in the carrying batch and
+    every later one (vLLM: back to `num_computed_tokens -
+    num_scheduled_tokens`); none there: nothing changes."""
     batch = state.in_flight[carrier] if carrier is not None else ()
     mine = next((x for x in batch if x.req == h and x.fate is Fate.LIVE), None)
     return state if mine is None else rollback(state, cfg, h, mine.start)

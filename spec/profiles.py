@@ -262,6 +262,15 @@ class Profile:
     # self.requires_kv_delivery)`: a producer's preempted request drops its
     # in-flight output (0.33, 0.34).
     kv_producer_drops_stale_output: bool = False
+    # `SchedulingPolicy.PRIORITY` (`Config.scheduling_policy`, docs/request-states.md):
+    # `waiting` is a `PriorityRequestQueue` (a heap by `Request.__lt__`:
+    # priority, then arrival time), and `schedule()`'s running loop preempts
+    # `max(running, key=(priority, arrival_time))`, handing back what a victim
+    # scheduled earlier in the call got (its tokens, budget, blocks and
+    # drafts), moving `req_index` back when the victim sat before it, and going
+    # on past a request that preempted itself (0.33, 0.34: the same code in
+    # both). 0.8.x's V1 scheduler has no priority policy.
+    priority_policy: bool = False
     # Streaming sessions (resumable requests; spec/sessions.py):
     # `add_request` under a live id queues or applies a streaming update
     # (`_update_request_as_session`), a stop parks the session in
@@ -320,7 +329,8 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     stale_output_counters=True, empty_batches=True, mid_step_inputs=("abort",),
                     unchunked_prefill_stops_admission=True,
                     cache_settled_blocks_on_output=True, draft_source="submission",
-                    pads_admitted_decodes=True, streaming_sessions=True, **_KV_CONNECTOR_0_33)
+                    pads_admitted_decodes=True, priority_policy=True, streaming_sessions=True,
+                    **_KV_CONNECTOR_0_33)
 
 # vLLM 0.33.0 with asynchronous scheduling, the default for single-node
 # pipeline parallelism (`AsyncScheduler`, the V2 model runner, the mp

@@ -2,7 +2,8 @@
 
 Running requests first, in order, each skipped when it has nothing left to
 schedule (`num_new_tokens == 0`: its known tokens are all in flight, or it
-waits for its sampled token); when blocks run out, the last running request is
+waits for its sampled token); when blocks run out, the last running request
+(under the priority policy, the lowest-priority one: priority.py) is
 preempted (recompute) until the current one fits. Then, only if nothing was
 preempted, FCFS admission from the head of `waiting` with prefix-cache hits.
 `num_computed` is advanced once the batch is formed, so the snapshot records
@@ -20,7 +21,7 @@ With a KV connector, the waiting loop asks it for hits, parks async loads
 and promotes landed ones (kv_loads.py); a fenced victim is not preempted.
 
 Abstracted away: encoder inputs and budgets, LoRA limits, structured-output
-grammars (WAITING_FOR_FSM), priorities, and the detail that
+grammars (WAITING_FOR_FSM), and the detail that
 vLLM trims a request's draft list only when some drafts were scheduled: here
 the unscheduled drafts are always dropped, so a clipped decode cannot leave
 drafts behind to be scheduled as a second sampling entry.
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import blocks, kv_loads, sessions
+from . import blocks, kv_loads, priority, sessions
 from .admission_order import reorder_waiting
 from .config import Config
 from .drafts import padded_admission
@@ -154,15 +155,29 @@ def _schedule_running(step: _Step) -> None:
             i += 1          # all known tokens in flight, or waiting for its token
             continue
         while not _allocate(step, r, num_new, hit=()):
-            victim = step.state.running[-1]
+            victim = priority.choose_victim(step.state, step.cfg)
             if not _victim_frees_at_once(step, victim):
                 return
-            _preempt(step, victim)
-            _mark_stale_output(step, victim)
+            i = _preempt_victim(step, victim, i)
             if victim == r:
-                return
-        _add_entry(step, r, num_new, cached=0)
-        i += 1
+                if not priority.is_priority(step.cfg):
+                    return
+                break       # priority: r preempted itself; i already points past it
+        else:
+            _add_entry(step, r, num_new, cached=0)
+            i += 1
+
+
+def _preempt_victim(step: _Step, victim: int, i: int) -> int:
+    """The victim leaves `running` (and, under the priority policy, the batch
+    it was scheduled into: `priority.hand_back`); the loop's index after it."""
+    i = priority.index_after_removal(step.state, victim, i)
+    priority.hand_back(step, victim)
+    step.state = priority.to_tail(step.state, victim)
+    _preempt(step, victim)
+    step.state = priority.in_priority_order(step.state, step.cfg)
+    _mark_stale_output(step, victim)
+    return i
 
 
 def _victim_frees_at_once(step: _Step, victim: int) -> bool:

@@ -130,6 +130,9 @@ class Request:
     load: Load = Load.NONE
     external: int = 0
     held: bool = False
+    # The priority policy (`Config.scheduling_policy`, spec/priority.py; 0 under FCFS):
+    # vLLM's `Request.priority`, given at arrival (lower runs first).
+    priority: int = 0
     # A streaming session (spec/sessions.py; all at their defaults for any
     # other request): resumable, the inputs its client will still send, in
     # order (each `(new tokens, max_tokens)`, `(0, 0)` the end of the
@@ -232,7 +235,8 @@ class State:
     # first, each (non-empty batches still in flight, blocks freed while they
     # were: `sched_step_seq - processed_step_seq`), drained in order
     # (`_drain_deferred_frees`); and, only under vLLM 0.34's load limit, the
-    # order of arrival (`_next_waiting_queue` compares arrival times).
+    # order of arrival (`_next_waiting_queue` compares arrival times), and
+    # under the priority policy (`Request.__lt__`: arrival breaks a tie).
     kv_holding: tuple[int, ...] = ()
     deferred_frees: tuple[tuple[int, tuple[int, ...]], ...] = ()
     arrivals: tuple[int, ...] = ()

@@ -14,7 +14,8 @@ from typing import Callable, Union
 from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest, finish_request
 from .config import Config
 from .connector_contract import Labels, contract_clauses
-from .kv_reports import fail_kv_load, receive_kv, send_kv
+from .kv_reports import fail_kv_load, fail_kv_output, receive_kv, send_kv
+from .priority_invariants import running_loop_skips_nothing, victim_leaves_no_trace
 from .schedule import Scheduled, schedule
 from .session_invariants import ss1_old_output_never_bound
 from .sessions import has_sessions, send_input
@@ -96,6 +97,20 @@ class FailKvLoad:
 
 
 @dataclass(frozen=True)
+class FailKvOutput:
+    """The load failures one batch output reports, judged jointly
+    (kv_reports.fail_kv_output); with one failure it is that `FailKvLoad`.
+    The trace checker's label for an output's several `kv_failed` events;
+    the explicit search and the Z3 encodings explore `FailKvLoad`
+    (docs/kv-connector.md, "One output, several failures")."""
+
+    failures: tuple[FailKvLoad, ...]
+
+    def __str__(self) -> str:
+        return "kv loads failed " + ", ".join(f"r{f.req} from block {f.from_block}" for f in self.failures)
+
+
+@dataclass(frozen=True)
 class SendKv:
     """The KV connector's `finished_sending` for r (kv_reports.send_kv)."""
 
@@ -119,7 +134,8 @@ class SendInput:
 # The connector's reports: environment actions, each enabled only with a connector.
 KV_REPORTS = (ReceiveKv, FailKvLoad, SendKv)
 
-Action = Union[Arrive, ArriveAs, Schedule, CompleteOldest, Abort, ReceiveKv, FailKvLoad, SendKv, SendInput]
+Action = Union[Arrive, ArriveAs, Schedule, CompleteOldest, Abort, ReceiveKv, FailKvLoad, FailKvOutput, SendKv,
+               SendInput]
 
 
 def step(state: State, cfg: Config, action: Action) -> State | None:
@@ -139,6 +155,8 @@ def step(state: State, cfg: Config, action: Action) -> State | None:
         return receive_kv(state, cfg, action.req)
     if isinstance(action, FailKvLoad):
         return fail_kv_load(state, cfg, action.req, action.from_block)
+    if isinstance(action, FailKvOutput):
+        return fail_kv_output(state, cfg, tuple((f.req, f.from_block) for f in action.failures))
     if isinstance(action, SendKv):
         return send_kv(state, cfg, action.req)
     if isinstance(action, SendInput):
@@ -215,14 +233,27 @@ def s7p_binding_by_incarnation(before: State, after: State, action: Action, cfg:
 
 def kv3_rollback_restores_counters(before: State, after: State, action: Action, cfg: Config) -> bool:
     """KV3: after a recompute rollback of a failed load, num_computed is the valid prefix, no live entry of the request reaches past it, and its in-flight, stale and placeholder counters count exactly the entries still live (vLLM #49250: placeholders)."""
-    if not isinstance(action, FailKvLoad) or cfg.kv_connector is None:
+    if not isinstance(action, (FailKvLoad, FailKvOutput)) or cfg.kv_connector is None:
         return True
     if cfg.kv_connector.load_failure_policy != "recompute":
         return True
+    if isinstance(action, FailKvOutput):
+        return all(_kv3_restored(after, f, cfg, joint=True) for f in action.failures)
+    return _kv3_restored(after, action, cfg, joint=False)
+
+
+def _kv3_restored(after: State, action: FailKvLoad, cfg: Config, joint: bool) -> bool:
+    """KV3 for one failure. Alone, the request's valid prefix is its failed
+    block's start; in an output with others (kv_reports.fail_kv_output) it
+    may be earlier (an invalid block of another load it holds) or, where an
+    earlier holder took every invalid block it holds, past it: it keeps them
+    and loses only the carrying batch's tokens (no entry left live)."""
     r, q = action.req, after.requests[action.req]
     if q.status.is_finished:
         return True                     # a loader aborted since: the failure rolls back only its sharers
-    if q.num_computed != action.from_block * cfg.block_size:
+    valid = action.from_block * cfg.block_size
+    kept = joint and (q.num_computed < valid or not after.entries_of(r))
+    if q.num_computed != valid and not kept:
         return False
     live = after.entries_of(r)
     if any(e.end > q.num_computed for e in live):
@@ -244,6 +275,19 @@ def p_kv_preemption_frees(before: State, after: State, action: Action, cfg: Conf
     if scheduled is None or not scheduled.preempted:
         return True
     return len(after.deferred_frees) == len(before.deferred_frees)
+
+
+# --- the priority policy's step properties (priority_invariants.py)
+
+
+def pr2_victim_leaves_no_trace(before: State, after: State, action: Action, cfg: Config) -> bool:
+    """PR2: a request preempted in a schedule step leaves no trace in the batch it forms: no entry (tokens or drafts), no block, and the batch within the budget (vLLM #23347, #28558)."""
+    return not isinstance(action, Schedule) or victim_leaves_no_trace(after, schedule(before, cfg), cfg)
+
+
+def pr3_running_loop_skips_nothing(before: State, after: State, action: Action, cfg: Config) -> bool:
+    """PR3 (progress): a running request left out of a schedule step's batch had nothing to schedule, or the step spent its token budget (vLLM #49097: a request passed over when the victim sat before the loop's index)."""
+    return not isinstance(action, Schedule) or running_loop_skips_nothing(before, after, schedule(before, cfg), cfg)
 
 
 def ss1_session_binding(before: State, after: State, action: Action, cfg: Config) -> bool:
@@ -287,6 +331,12 @@ KV_TRANSITION_PROPERTIES: tuple[TransitionProperty, ...] = (
     TransitionProperty("P_KV_preemption_frees", p_kv_preemption_frees),
 )
 
+# Under the priority policy (checked first: a victim left in the batch breaks S12 too).
+PRIORITY_PROPERTIES: tuple[TransitionProperty, ...] = (
+    TransitionProperty("PR2_victim_leaves_no_trace", pr2_victim_leaves_no_trace),
+    TransitionProperty("PR3_running_loop_skips_nothing", pr3_running_loop_skips_nothing),
+)
+
 # The KV connector's contract (connector_contract.py): properties of the
 # environment, checked on every step of a configuration with a connector.
 CONTRACT_PROPERTIES: tuple[TransitionProperty, ...] = tuple(
@@ -298,8 +348,10 @@ def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
     """The transition properties of cfg's profile: every profile's, S7'
     where outputs are looked up by name, and with a KV connector KV3 (where
     the profile has load failures), P_KV_preemption_frees and the
-    connector's contract (C1-C5)."""
+    connector's contract (C1-C5); under the priority policy PR2 and PR3 first."""
     chosen = TRANSITION_PROPERTIES + (INCARNATION_PROPERTIES if cfg.rules.stale_output_counters else ())
+    if cfg.scheduling_policy == "priority":
+        chosen = PRIORITY_PROPERTIES + chosen
     if cfg.kv_connector is not None:
         chosen += tuple(p for p in KV_TRANSITION_PROPERTIES
                         if p.name != "KV3_rollback_restores_counters" or cfg.rules.kv_load_failures)

@@ -54,9 +54,9 @@ settings.register_profile("thorough", max_examples=2_000, deadline=None,
 
 
 # -- the two checkers, compared where a module asks for it ---------------------
-# check-trace's default checker is incremental (verification/traces/incremental.py);
-# its claim is the full replay's verdict, property, event and message on every
-# trace. A test module that checks traces in this process (directly, through
+# check-trace's default checker is incremental (verification/traces/incremental.py),
+# with fast.py's path for the steady state; its claim is the full replay's
+# verdict, property, event and message on every trace. A test module that checks traces in this process (directly, through
 # the CLI, the refinement fuzzer or the vLLM bridge) declares
 #     pytestmark = pytest.mark.usefixtures("both_checkers")
 # and every check_events call its tests make then runs both checkers and
@@ -67,26 +67,42 @@ settings.register_profile("thorough", max_examples=2_000, deadline=None,
 _original_check_events = _check.check_events
 
 
-def _outcome(events: list, profile: str | None, full: bool) -> tuple:
+def _outcome(events: list, profile: str | None, full: bool, fast: bool = False) -> tuple:
     try:
-        result = _original_check_events([dict(e) for e in events], profile, full=full)
+        result = _original_check_events([dict(e) for e in events], profile, full=full, fast=fast)
     except _check.MalformedTrace as err:
         return ("malformed", str(err))
     return ("checked", result.ok, result.events, result.event_index, result.property, result.message,
             tuple(result.unchecked), result.profile)
 
 
+def _with_state_before(events: list, profile: str | None, fast: bool) -> tuple:
+    """The incremental checker's outcome (fast.py's path or not) with the
+    state before a violation and its line."""
+    try:
+        result = _original_check_events([dict(e) for e in events], profile, fast=fast)
+    except _check.MalformedTrace as err:
+        return ("malformed", str(err))
+    return ("checked", result.ok, result.events, result.event_index, result.property, result.message,
+            tuple(result.unchecked), result.profile, result.line, result.state_before)
+
+
 def differential_check_events(events: list, profile: str | None = None, full: bool = False,
-                              progress=None) -> _check.CheckResult:
+                              progress=None, fast: bool = False) -> _check.CheckResult:
     """check_events, after asserting that the incremental checker and the full
-    replay agree on these events (under the same profile), and that the
-    streaming checker (stream.py) agrees with them on the lines they came from."""
-    incremental, whole = _outcome(events, profile, full=False), _outcome(events, profile, full=True)
+    replay agree on these events (under the same profile), that the fast
+    path (fast.py) gives the incremental checker's outcome, state before a
+    violation included, and that the streaming checker (stream.py, with the
+    fast path: its default) agrees with them on the lines they came from."""
+    slow = _with_state_before(events, profile, fast=False)
+    incremental, whole = slow[:8], _outcome(events, profile, full=True)
     assert incremental == whole, f"incremental checker {incremental} != full replay {whole}"
+    fast = _with_state_before(events, profile, fast=True)
+    assert fast == slow, f"fast path {fast} != incremental checker {slow}"
     streamed = streamed_outcome(events, profile)
     assert streamed is None or streamed_agrees(*streamed, _comparable(incremental)), \
         f"streaming checker {streamed} != whole-trace checker {_comparable(incremental)}"
-    return _original_check_events(events, profile, full=full, progress=progress)
+    return _original_check_events(events, profile, full=full, progress=progress, fast=fast)
 
 
 def streamed_outcome(events: list, profile: str | None) -> tuple[tuple, int | None] | None:

@@ -21,6 +21,8 @@ from flightcheck.verification.executors import Task, probes
 
 from .test_ctrl_c import wait_until_sigint_is_caught
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # runs fuzz/campaign checks: both checkers compared
+
 FLIGHTCHECK = [sys.executable, "-m", "flightcheck.cli"]
 
 

@@ -21,6 +21,8 @@ from flightcheck.verification.executors import Task, probes
 
 from .test_executor import FLIGHTCHECK, fuzz_json, napping_tasks, strip_times
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # runs fuzz/campaign checks: both checkers compared
+
 ray = pytest.importorskip("ray")
 
 # A Ray cluster authenticates its drivers by the token in ~/.ray/auth_token

@@ -57,6 +57,9 @@ SAME_AS_033_IN: dict[str, str] = {
     "kv_holding_first": "Scheduler.schedule, waiting loop (kv_holding_waiting drained before waiting)",
     "kv_producer_drops_stale_output": "Scheduler.schedule, running loop "
                                       "(_preempt_request(drop_stale_output=self.requires_kv_delivery))",
+    "priority_policy": "Scheduler.schedule, running loop (SchedulingPolicy.PRIORITY: max(running, "
+                       "key=(priority, arrival_time)), the hand-back, victim_index < req_index) / "
+                       "PriorityRequestQueue (request_queue.py, the same in both)",
     "streaming_sessions": "Scheduler.add_request / _update_request_as_session / _handle_stopped_request "
                           "(WAITING_FOR_STREAMING_REQ, num_waiting_for_streaming_input in the admission cap)",
 }

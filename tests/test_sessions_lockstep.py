@@ -20,6 +20,8 @@ from flightcheck.reference.scheduler import Scheduler
 from flightcheck.spec import (Arrive, CompleteOldest, Config, Prompt, Sample, Schedule, SendInput, State, Status,
                               initial_state, invariants_for, sampling_entries, step)
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # runs fuzz/campaign checks: both checkers compared
+
 EOS = 2
 
 

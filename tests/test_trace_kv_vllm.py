@@ -49,6 +49,23 @@ EXPECTED = {
     # waits): a landed load promoted by one call and admitted by a later one
     # lists its held table first in `block_ids`, as one admitted at promotion does
     "034_promoted_load_admitted_later.jsonl": (True, None, None),
+    # `campaign --all-features --versions 0.34.0 --seed 2`, index 191: one output
+    # reports two loads' invalid blocks, r0's (a prefix block r3 holds through its
+    # hit) and r3's own; vLLM judges them in one scan (r0 to 4 tokens, r3 to its
+    # own first invalid block, 6), as the spec's joint action does (a false
+    # C2_reports_own_blocks before: r0's failure alone rolled r3 back as a sharer)
+    "034_joint_failures_loader_and_sharer.jsonl": (True, None, None),
+    # the same workload replayed with r0 aborted at engine step 9, during the wait
+    # for batch 1 (hand-edited: abort_step 9): the loader is not scanned, so r3,
+    # the first holder of r0's invalid block, is cut there (4 tokens), not at its
+    # own (each failure written with `of`; vLLM's ground truth: legal)
+    "034_joint_failures_aborted_loader.jsonl": (True, None, None),
+    # `campaign --all-features --versions 0.34.0 --seed 2` (main at c265f6d), index 83:
+    # an aborted loader's invalid block held by a parked load (r2) and a running
+    # request (r3): vLLM's two passes mark apart, so r3, the first running holder,
+    # recomputes from it (16 tokens; a false KV3 rejection before: the parked
+    # holder took the mark and r3 kept its hit)
+    "034_aborted_loader_parked_and_running_holders.jsonl": (True, None, None),
     # vLLM wrong, its ground truth flags it: #49250, the rollback keeps the
     # placeholders (index 13, async) ...
     "034_async_rollback_keeps_placeholders_pr49250.jsonl": (False, 9, "KV3_rollback_restores_counters"),

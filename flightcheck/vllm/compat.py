@@ -116,6 +116,9 @@ NEEDED: tuple[Needed, ...] = (
            "the pipeline depth (0.8.4: FLIGHTCHECK_NUM_STAGES, its scheduler is not given it)"),
     Needed("vllm.config:SchedulerConfig", "async_scheduling", "0.33.0-0.34.0",
            "whether the engine schedules asynchronously (0.8.x: never)"),
+    Needed(SCHED, "policy", "0.33.0-0.34.0",
+           "the scheduling policy (FCFS or priority; 0.8.x's V1 scheduler: FCFS only)"),
+    Needed(REQUEST, "priority", "0.33.0-0.34.0", "an arrival's priority under the priority policy"),
     # -- helpers the replay and the cost worker call
     Needed("vllm.utils:resolve_obj_by_qualname", "", "0.8.4-0.8.5", "resolving --scheduler-cls"),
     Needed("vllm.utils.import_utils:resolve_obj_by_qualname", "", "0.33.0-0.34.0", "resolving --scheduler-cls"),
@@ -270,6 +273,17 @@ def max_concurrent_batches(vllm_config: Any) -> int:
     if value is None:
         raise missing("VllmConfig.max_concurrent_batches")
     return int(value)
+
+
+def scheduling_policy(scheduler: Any) -> str:
+    """"fcfs" or "priority": `Scheduler.policy` (0.33 on); 0.8.x's V1
+    scheduler has no policy (FCFS)."""
+    return str(getattr(getattr(scheduler, "policy", None), "value", "fcfs"))
+
+
+def request_priority(request: Any) -> int:
+    """`Request.priority` (0.33 on; 0.8.x's requests have none: 0)."""
+    return int(getattr(request, "priority", 0))
 
 
 def one_batch_per_request(scheduler: Any) -> bool:

@@ -48,6 +48,7 @@ class Feature:
 FEATURE_MODULES: tuple[str, ...] = (
     "flightcheck.vllm.family_features",        # reshape the plain workload: first
     "flightcheck.vllm.kv_generate",
+    "flightcheck.vllm.priority_workload",
     "flightcheck.vllm.session_generate",
 )
 

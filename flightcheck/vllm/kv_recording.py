@@ -24,7 +24,9 @@ otherwise:
   the first event of the update (the
   completion, or a finish by `"error"`): vLLM handles failures first in
   `update_from_output`; under the recompute policy with `computed` (and,
-  async, `placeholders`): the request's counters once vLLM rolled it back;
+  async, `placeholders`): the request's counters once vLLM rolled it back
+  (vLLM handles an output's failures in one scan: where an output has
+  several, each carries `of`, their number);
   `kv_received` / `kv_sent` (`req`) after the completion and its finishes:
   vLLM handles `finished_recving`, then `finished_sending`, at the end of
   `update_from_output`;
@@ -222,6 +224,8 @@ class KVRecordingMixin:
                 self._fc_note_superseded(req_id, request)
         self._fc_kv_computed_before = {}
         for failure in pending:
+            if len(pending) > 1:             # one output's: the checker judges them together
+                failure["of"] = len(pending)
             request = self.requests.get(failure["req"])
             if recompute and request is not None and not request.is_finished():
                 failure["computed"] = int(request.num_computed_tokens)

@@ -183,10 +183,15 @@ class RecordingMixin(GroundTruthMixin):
             "policy": "one-batch-per-request" if compat.one_batch_per_request(self) else "continue-prefill",
             "num_preallocate_tokens": compat.num_preallocate_tokens(self.kv_cache_manager),
             "vllm_version": self.vllm_version, "writer": "flightcheck.vllm.recorder",
-            **self._fc_async_config(), **self._fc_admission_config(),
+            **self._fc_async_config(), **self._fc_admission_config(), **self._fc_policy_config(),
             # an engine serving streaming sessions says so (its `input` events)
             **({"streaming_sessions": True} if os.environ.get(SESSIONS_ENV) == "1" else {}),
         }
+
+    def _fc_policy_config(self) -> dict[str, Any]:
+        """The scheduling policy, written only when it is not FCFS (0.33+: `Scheduler.policy`)."""
+        policy = compat.scheduling_policy(self)
+        return {"scheduling_policy": policy} if policy != "fcfs" else {}
 
     def _fc_admission_config(self) -> dict[str, Any]:
         """Chunked prefill off, and vLLM 0.34's cache-aware admission window
@@ -232,6 +237,14 @@ class RecordingMixin(GroundTruthMixin):
 
     # -- the four calls ------------------------------------------------------------
 
+    def _fc_in_preemption_order(self, running: list[Any]) -> list[Any]:
+        """The order vLLM's running loop preempts in: from the tail of
+        `running`; under the priority policy the largest (priority,
+        arrival_time) first (`max` keeps the first of equal keys)."""
+        if compat.scheduling_policy(self) == "priority":
+            return sorted(running, key=lambda r: (-r.priority, -r.arrival_time))
+        return list(reversed(running))
+
     def add_request(self, request: Any) -> None:
         if getattr(self.requests.get(request.request_id), "resumable", False):
             self._fc_session_input(request)              # a live streaming session's next input
@@ -245,6 +258,7 @@ class RecordingMixin(GroundTruthMixin):
             "max_tokens": request.max_tokens, "prompt_token_ids": list(request.prompt_token_ids),
             "eos_token_id": eos, "ignore_eos": bool(params.ignore_eos),
             "stop_token_ids": list(params.stop_token_ids or ()),
+            **({"priority": compat.request_priority(request)} if compat.request_priority(request) else {}),
         }
         if getattr(request, "resumable", False):
             event["resumable"] = True                    # a streaming session's first input
@@ -274,8 +288,9 @@ class RecordingMixin(GroundTruthMixin):
                          if getattr(r, "spec_token_ids", None)}
         output = super().schedule(*args, **kwargs)
         self.flightcheck_step += 1
-        # vLLM preempts from the tail of `running` (Scheduler.schedule, running loop).
-        preempted = [r.request_id for r in reversed(running_before) if status_name(r) == "PREEMPTED"]
+        # vLLM preempts from the tail of `running` (Scheduler.schedule, running loop), or by priority.
+        preempted = [r.request_id for r in self._fc_in_preemption_order(running_before)
+                     if status_name(r) == "PREEMPTED"]
         entries = self._fc_entries(output)
         batch_id = None
         empty: int | None = None

@@ -35,6 +35,7 @@ from flightcheck.verification.mutants.patching import reference_applied
 
 from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV034, FabricatedModel, RunOutcome,
                      run_busy_loop)
+from .priority_workload import ArrivalClock
 from .versions import BATCH_QUEUE_V033_LOOPS, RELEASES, release, release_of_profile
 from .workload import Workload, workload_from_json
 
@@ -211,7 +212,8 @@ def reference_config(workload: Workload, profile: str, as_released: bool = False
         enable_chunked_prefill=config.enable_chunked_prefill,
         cache_aware_admission_window=config.cache_aware_admission_window,
         cache_aware_admission_threshold=config.cache_aware_admission_threshold,
-        profile=profile, as_released=as_released, kv_connector=kv_connector, kv_error_order=kv_error_order)
+        profile=profile, as_released=as_released, kv_connector=kv_connector, kv_error_order=kv_error_order,
+        scheduling_policy=config.policy)
 
 
 def engine_loop_of(profile: str) -> str:
@@ -290,12 +292,15 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
                                   workload.config.num_stages,
                                   schedules_only_unscheduled=not scheduler.config.continue_prefill)
 
+    clock = ArrivalClock(workload.config.policy)
+
     def add(spec: Any) -> None:
         params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
         request = Request(spec.req_id, list(spec.prompt_token_ids), params, eos_token_id=workload.eos_token_id)
         request.resumable = spec.resumable            # a streaming session (session_workload.py)
         if kv.offers:
             request.kv_offer = kv.offers.get(spec.key)
+        clock.stamp(request, spec.priority)
         scheduler.add_request(request)
 
     def abort(req_id: str) -> None:

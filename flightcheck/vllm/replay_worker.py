@@ -99,7 +99,7 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from . import RECORDER, kv_replay  # noqa: E402
+from . import RECORDER, kv_replay, priority_workload  # noqa: E402
 from .compat import resolve_obj_by_qualname  # noqa: E402
 from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV034,  # noqa: E402
                      FabricatedModel, run_busy_loop)
@@ -192,6 +192,7 @@ class SchedulerFactory:
         if _accepts(SchedulerConfig, "is_encoder_decoder"):                         # 0.33: required
             scheduler_arguments["is_encoder_decoder"] = model_config.is_encoder_decoder
         scheduler_arguments.update(kv_replay.scheduler_arguments(config))
+        scheduler_arguments.update(priority_workload.scheduler_arguments(config.policy))
         scheduler_config = SchedulerConfig(**scheduler_arguments)
         cache_arguments: dict[str, Any] = dict(
             block_size=config.block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
@@ -339,11 +340,14 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     engine = _make_engine(scheduler, model, workload)
     kv_worker = kv_replay.attach_worker(engine, transfers)
 
+    clock = priority_workload.ArrivalClock(workload.config.policy)
+
     def add(spec: RequestSpec) -> None:
         request = make_request(spec, workload)
         if spec.resumable:
             request.resumable = True                 # a streaming session (session_workload.py)
         kv_replay.before_add(transfers, spec, request)
+        clock.stamp(request, spec.priority)
         scheduler.add_request(request)
 
     outcome = run_busy_loop(engine, workload, add, abort)

@@ -77,6 +77,9 @@
   "fail_from_block": int|null, "fail_whole": bool, "send_steps": n}`;
   kv_workload.py documents every key and the timing rule. Without
   `kv_connector`, vLLM runs without a connector and `kv` is refused.
+* `config.policy` (`"fcfs"`, the default, or `"priority"`; vLLM 0.33 and
+  0.34) and each request's `priority` (an integer, lower runs first, 0 by
+  default): vLLM's priority scheduling (priority_workload.py).
 * A request's `session` (vLLM 0.33 and 0.34): a streaming session, the
   request resumable, its later inputs sent at engine steps
   (`{"inputs": [{"step", "tokens", "max_tokens"}], "end_step"}`);
@@ -106,6 +109,7 @@ from typing import Any, Callable
 from .session_workload import SessionInput, SessionWorkloadError, session_from_json
 from .kv_workload import NO_KV, KVConnectorConfig, KVRequestSpec, KVWorkloadError, kv_connector_from_json, \
     kv_request_from_json
+from .priority_workload import PriorityWorkloadError, policy_from_json, priority_from_json
 from .workload_limits import MAX_COUNT, MAX_NUM_BLOCKS, MAX_PROMPT_LEN, MAX_REQUESTS, MAX_SEED, MAX_SPEC_TOKENS, \
     MAX_STAGES, MAX_STEPS, MAX_WORKLOAD_FILE_BYTES, MAX_WORKLOAD_TOKENS, LimitError, flag, key, name, share, \
     show, unknown_keys, whole
@@ -140,6 +144,8 @@ class ReplayConfig:
     cache_aware_admission_threshold: float = 0.5
     # A fabricated KV connector (kv_workload.py); None: none.
     kv_connector: KVConnectorConfig | None = None
+    # vLLM's scheduling policy, "fcfs" or "priority" (priority_workload.py).
+    policy: str = "fcfs"
 
 
 @dataclass(frozen=True)
@@ -159,6 +165,8 @@ class RequestSpec:
     abort_during_wait: bool = False
     # What the KV connector offers it and when its transfers end (kv_workload.py).
     kv: KVRequestSpec = NO_KV
+    # Its priority under the priority policy (priority_workload.py; lower first).
+    priority: int = 0
     # A streaming session (session_workload.py): the inputs its client sends,
     # the end last; and whether vLLM gets it resumable (the session's first
     # request and each input but the end).
@@ -192,7 +200,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "block_size": 16, "max_m
                                    "long_prefill_token_threshold": 0, "prefix_caching": True,
                                    "async_scheduling": False, "num_spec_tokens": 0,
                                    "enable_chunked_prefill": True, "cache_aware_admission_window": 0,
-                                   "cache_aware_admission_threshold": 0.5}
+                                   "cache_aware_admission_threshold": 0.5, "policy": "fcfs"}
 
 
 # Each integer of the configuration: (least, most[, why]); workload_limits.py says why.
@@ -225,7 +233,11 @@ def _config(raw: Any) -> ReplayConfig:
         flag(f"config.{switch}", merged[switch])
     values = {name: _int(f"config.{name}", merged[name], *bounds) for name, bounds in CONFIG_RANGES.items()}
     _check_admission(merged, values)
-    return ReplayConfig(prefix_caching=merged["prefix_caching"], async_scheduling=merged["async_scheduling"],
+    try:
+        policy = policy_from_json(merged["policy"])
+    except PriorityWorkloadError as err:
+        raise WorkloadError(str(err)) from None
+    return ReplayConfig(policy=policy, prefix_caching=merged["prefix_caching"], async_scheduling=merged["async_scheduling"],
                         enable_chunked_prefill=merged["enable_chunked_prefill"],
                         cache_aware_admission_threshold=float(merged["cache_aware_admission_threshold"]),
                         kv_connector=connector, **values)
@@ -291,9 +303,10 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int], tokens_l
     abort = raw.get("abort_step")
     try:
         kv = kv_request_from_json(raw.get("kv"), f"{where}.kv")
+        priority = priority_from_json(raw.get("priority", 0), where)
         session = session_from_json(raw.get("session"), f"{where}.session", seed, req_id,
                                     (FIRST_ORDINARY_TOKEN, VOCAB_SIZE))
-    except (KVWorkloadError, SessionWorkloadError) as err:
+    except (KVWorkloadError, PriorityWorkloadError, SessionWorkloadError) as err:
         raise WorkloadError(str(err)) from None
     return RequestSpec(session=session, resumable=bool(session),
         req_id=req_id if reuse is None else reuse, name="" if reuse is None else req_id,
@@ -303,7 +316,7 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int], tokens_l
         arrival_step=_int(f"{where}.arrival_step", raw.get("arrival_step", 0)),
         abort_step=None if abort is None else _int(f"{where}.abort_step", abort),
         eos_probability=share(f"{where}.eos_probability", raw.get("eos_probability", 0.0)),
-        ignore_eos=flag(f"{where}.ignore_eos", raw.get("ignore_eos", False)), kv=kv,
+        ignore_eos=flag(f"{where}.ignore_eos", raw.get("ignore_eos", False)), kv=kv, priority=priority,
         prompt_token_ids=tuple(_prompt(raw, where, seed, prefixes, req_id, tokens_left)))
 
 

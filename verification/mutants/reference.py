@@ -30,6 +30,7 @@ REFERENCE_MODULES: dict[str, str] = {
     "update": "flightcheck.reference.update",
     "kv_transfer": "flightcheck.reference.kv_transfer",      # the KV connector's steps
     "kv_waiting": "flightcheck.reference.kv_waiting",
+    "priority": "flightcheck.reference.priority",            # the priority policy
     "sessions": "flightcheck.reference.sessions",             # streaming sessions' steps
 }
 
@@ -307,7 +308,7 @@ KV_CONNECTOR: tuple[ReferenceMutant, ...] = (
             "a victim whose free the step fence defers is preempted anyway: the preemption frees nothing "
             "for the request it makes room for (vLLM issue #49674)",
             _edit("scheduler.Scheduler._allocate_or_preempt", """
-                  if self._defer_block_free and not self._request_blocks_can_be_freed(self.running[-1]):
+                  if self._defer_block_free and not self._request_blocks_can_be_freed(victim):
                       return None""", ""),
             profile="vllm-0.34-async"),
     _mutant("rollback_keeps_placeholders_pr49250",
@@ -317,6 +318,30 @@ KV_CONNECTOR: tuple[ReferenceMutant, ...] = (
             profile="vllm-0.34-async"),
 )
 
+
+# The priority policy's historical bugs (docs/request-states.md), caught by
+# the priority refinement fuzzer (verification/refinement/priority_machine.py)
+# under vLLM 0.34; not fuzzed by the default runs (no priority there).
+PRIORITY: tuple[ReferenceMutant, ...] = (
+    _mutant("victim_kept_in_batch_pr23347",
+            "the priority victim, scheduled earlier in the same call, keeps its entry, tokens and budget "
+            "in the batch (vLLM issue #23347)",
+            _edit("priority.PriorityPolicy._remove_priority_victim", """
+                  if victim.request_id in batch.num_scheduled_tokens:
+                      self._hand_back(batch, victim)""", ""),
+            profile="vllm-0.34"),
+    _mutant("preempted_drafts_kept_pr28558",
+            "the hand-back of a priority victim leaves its scheduled drafts in the batch (vLLM PR #28558)",
+            _edit("priority.PriorityPolicy._hand_back", "batch.spec_decode_tokens.pop(req_id, None)", "pass"),
+            profile="vllm-0.34"),
+    _mutant("victim_index_not_adjusted_pr49097",
+            "the running loop's index moves back only for a victim scheduled in the same call, not for one "
+            "visited and skipped before it (vLLM issue #49097)",
+            _edit("priority.PriorityPolicy._remove_priority_victim",
+                  "victim_index < self.running.index(request)",
+                  "victim_index < self.running.index(request) and victim.request_id in batch.num_scheduled_tokens"),
+            profile="vllm-0.34"),
+)
 
 # Streaming sessions' bugs in the reference (reference/sessions.py), named as
 # the spec's (verification/mutants/sessions.py). The fuzzer has no sessions,
@@ -358,7 +383,7 @@ SESSIONS: tuple[ReferenceMutant, ...] = (
 # -- the registry: by name, and by the profile each is fuzzed under -----------------
 
 REFERENCE_MUTANTS: dict[str, ReferenceMutant] = {m.name: m for m in EVERY_PROFILE + COUNTERS_0_33 + ASYNC_0_33
-                                                 + KV_CONNECTOR + SESSIONS}
+                                                 + KV_CONNECTOR + PRIORITY + SESSIONS}
 # the KV connector's (not fuzzed: no fuzzer run has a connector)
 KV_MUTANTS: dict[str, str] = {m.name: m.history for m in KV_CONNECTOR}
 
@@ -368,11 +393,14 @@ MUTANTS: dict[str, str] = {m.name: m.history for m in EVERY_PROFILE}
 PROFILE_MUTANTS: dict[str, dict[str, str]] = {}
 for _m in COUNTERS_0_33 + ASYNC_0_33:
     PROFILE_MUTANTS.setdefault(_m.profile or "", {})[_m.name] = _m.history
+# the priority policy's (fuzzed only by the priority fuzzer)
+PRIORITY_MUTANTS: dict[str, str] = {m.name: m.history for m in PRIORITY}
 # streaming sessions' (not fuzzed either: no fuzzer run has a session)
 SESSION_MUTANTS: dict[str, str] = {m.name: m.history for m in SESSIONS}
-# every fuzzed mutant (the KV connector's and the sessions' are not)
+# every fuzzed mutant (the KV connector's, the priority policy's and the sessions' are not)
 ALL_MUTANTS: dict[str, str] = {name: m.history for name, m in REFERENCE_MUTANTS.items()
-                               if name not in KV_MUTANTS and name not in SESSION_MUTANTS}
+                               if name not in KV_MUTANTS and name not in PRIORITY_MUTANTS
+                               and name not in SESSION_MUTANTS}
 
 
 def reference_mutant(name: str) -> ReferenceMutant:

@@ -17,6 +17,7 @@ from types import FunctionType
 from flightcheck.spec.profiles import PROFILES
 from flightcheck.verification.mutants.kv_connector import KV_CONNECTOR
 from flightcheck.verification.mutants.patch import MutantNoLongerApplies, edited_code
+from flightcheck.verification.mutants.priority import PRIORITY_BUGS
 from flightcheck.verification.mutants.reference import ReferenceMutant
 from flightcheck.verification.mutants.sessions import SESSION_MUTANTS as _SESSION_MUTANTS
 from flightcheck.verification.mutants.spec import (ASYNC_0_33, COUNTERS_0_33, HISTORICAL, SPEC_MODULES, SYNTHETIC,
@@ -38,10 +39,14 @@ for _name, _profile in PROFILES.items():
 # connector's models (`flightcheck verify --kv-connector`), never in a run
 # without a connector, so kept out of MUTANTS and PROFILE_MUTANTS.
 KV_MUTANTS: dict[str, Mutant] = {m.name: m for m in KV_CONNECTOR}
+# The priority policy's historical bugs (priority.py): hunted only on the
+# policy's models, kept out of the runs without it as the connector's are.
+PRIORITY_MUTANTS: dict[str, Mutant] = {m.name: m for m in PRIORITY_BUGS}
 # Streaming sessions' bugs (sessions.py): hunted only on the session models
 # (`flightcheck verify --sessions`), as the connector's are.
 SESSION_MUTANTS: dict[str, Mutant] = {m.name: m for m in _SESSION_MUTANTS}
-ALL_MUTANTS: dict[str, Mutant] = MUTANTS | {m.name: m for m in _ONE_PROFILE} | KV_MUTANTS | SESSION_MUTANTS
+ALL_MUTANTS: dict[str, Mutant] = (MUTANTS | {m.name: m for m in _ONE_PROFILE} | KV_MUTANTS | PRIORITY_MUTANTS
+                                  | SESSION_MUTANTS)
 
 
 def spec_function(target: str) -> FunctionType:

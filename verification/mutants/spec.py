@@ -35,6 +35,8 @@ SPEC_MODULES: dict[str, str] = {
     "kv_fence": "flightcheck.spec.kv_fence",
     "kv_reports": "flightcheck.spec.kv_reports",
     "search": "flightcheck.verification.explicit.search",
+    # the priority policy (priority.py's mutants)
+    "priority": "flightcheck.spec.priority",
     # streaming sessions (sessions.py's mutants)
     "sessions": "flightcheck.spec.sessions",
 }

@@ -41,6 +41,7 @@ where their vocabularies meet:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from flightcheck.reference import Engine, Request, RequestStatus, Scheduler
 from flightcheck.reference.block_pool import hash_block_tokens
@@ -97,7 +98,8 @@ def spec_config(cfg, allow_name_reuse: bool = False) -> Config:
                   continue_prefill=cfg.continue_prefill,
                   num_preallocate_tokens=cfg.num_preallocate_tokens,
                   stale_mode="drop" if cfg.drop_stale_output else "deliver",
-                  allow_name_reuse=allow_name_reuse, kv_connector=_kv_connector(cfg))
+                  allow_name_reuse=allow_name_reuse, kv_connector=_kv_connector(cfg),
+                  scheduling_policy=cfg.scheduling_policy)
 
 
 def _kv_connector(cfg) -> KvConnector | None:
@@ -144,7 +146,8 @@ class Ledger:
         self._first_slot.setdefault(request.request_id, slot)
         self.prompt_labels.append(tuple(labels))
         self._hashes.append([])
-        return slot, Prompt(request.num_prompt_tokens, request.max_tokens, tuple(labels))
+        return slot, Prompt(request.num_prompt_tokens, request.max_tokens, tuple(labels),
+                            priority=request.priority)
 
     def record_batch(self, scheduler: Scheduler, output: SchedulerOutput) -> None:
         """Bind each entry's (request id, incarnation) to its slot, right
@@ -222,7 +225,16 @@ def abstract(scheduler: Scheduler, engine: Engine | Iterable[SchedulerOutput],
                  waiting=tuple(ledger.slot_of(r) for r in scheduler.waiting),
                  running=tuple(ledger.slot_of(r) for r in scheduler.running),
                  in_flight=in_flight, pool=_pool(scheduler, ledger, state),
-                 scheduled_ids=scheduled, **kv_abstraction.queues(scheduler, ledger))
+                 scheduled_ids=scheduled, **_queues(scheduler, ledger))
+
+
+def _queues(scheduler: Scheduler, ledger: Ledger) -> dict[str, Any]:
+    """The KV connector's queues, and the order of arrival under the priority
+    policy (a slot is the order of arrival)."""
+    queues = kv_abstraction.queues(scheduler, ledger)
+    if scheduler.config.scheduling_policy == "priority":
+        queues["arrivals"] = tuple(range(len(ledger.requests)))
+    return queues
 
 
 def _request(scheduler: Scheduler, ledger: Ledger, slot: int, r: Request,
@@ -230,7 +242,7 @@ def _request(scheduler: Scheduler, ledger: Ledger, slot: int, r: Request,
     status = STATUS[r.status]
     labels = ledger.prompt_labels[slot] if ledger.prefix_caching else ()
     common = dict(status=status, prompt_len=r.num_prompt_tokens, max_tokens=r.max_tokens,
-                  prompt_labels=labels, num_output=r.num_output_tokens,
+                  prompt_labels=labels, num_output=r.num_output_tokens, priority=r.priority,
                   name=ledger.name_of(slot) if named else None)
     if scheduler.connector is not None:       # the KV connector's fields (kv_abstraction.py)
         common.update(kv_abstraction.request_fields(scheduler, r))

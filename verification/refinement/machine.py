@@ -210,10 +210,14 @@ class RefinementMachine(RefinementChecks, RuleBasedStateMachine):
             length = 1 + (prompt_len - 1) % max(1, self.cfg.max_model_len // 2)
         request = Request(name, prompt_tokens(slot, family, max(0, length - tail), length),
                           SamplingParams(max_tokens=max_tokens), eos_token_id=EOS)
+        self._before_add(request, slot)
         self.engine.add_request(request)
         _, prompt = self.ledger.arrive(request)
         name = self.ledger.name_of(slot) if self.by_name else None
         self._check(spec.Arrive(slot, prompt) if name is None else spec.ArriveAs(slot, prompt, name))
+
+    def _before_add(self, request: Request, slot: int) -> None:
+        """A subclass's hook on a request about to arrive (priority_machine.py)."""
 
     @precondition(lambda self: self.engine is not None and self.engine.can_schedule()
                   and self._spec_schedules())

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from flightcheck.spec.profiles import DEFAULT_PROFILE
 
+from .fast import FastPath
 from .configuration import ASYNC_PROFILES, UnknownVersion, config_from_event, modelled_pool, select_profile
 from .incremental import Incremental
 from .reading import (MalformedTrace, NumberedEvents, line_of, parse_line, read_events, read_trace_file,
@@ -32,7 +33,7 @@ from .replay import REASONS, TraceChecker, _Violation
 
 # What callers import from here (the parts' names included, so that a caller
 # needs one module): the entry points, the result, the errors, the parts.
-__all__ = ["ASYNC_PROFILES", "CheckResult", "IncrementalChecker", "MalformedTrace", "NumberedEvents",
+__all__ = ["ASYNC_PROFILES", "CheckResult", "FastChecker", "IncrementalChecker", "MalformedTrace", "NumberedEvents",
            "PROGRESS_EVERY", "REASONS", "TraceChecker", "UnknownVersion", "check_events", "check_trace",
            "config_from_event", "modelled_pool", "parse_line", "read_events", "read_trace_file",
            "select_profile", "validate_events"]
@@ -63,31 +64,40 @@ class IncrementalChecker(Incremental, TraceChecker):
     event touches (incremental.py)."""
 
 
+class FastChecker(FastPath, IncrementalChecker):
+    """The incremental checker with the fast path for the steady state of
+    decoding (fast.py): the same verdicts, differential-tested."""
+
+
 PROGRESS_EVERY = 1000
 
 
 def check_events(events: list[dict[str, Any]], profile: str | None = None, full: bool = False,
-                 progress: Callable[[int, int], None] | None = None) -> CheckResult:
+                 progress: Callable[[int, int], None] | None = None, fast: bool = False) -> CheckResult:
     """Validate the events (MalformedTrace), then replay them on the spec under
     `profile` (None: the one the trace selects).
 
     By default only what each event touches is checked (incremental.py),
     with the same verdict; `full` re-checks every property of the whole state
-    after every event, the definition the incremental checker is tested against.
+    after every event, the definition the incremental checker is tested against;
+    `fast` (not with `full`) adds fast.py's path for the steady state.
     `progress(done, total)` is called every PROGRESS_EVERY events. Lines are
     those `read_events` numbered, or event i on line i + 1 for a plain list."""
     validate_events(events)
-    checker = TraceChecker(events, profile) if full else IncrementalChecker(events, profile)
+    kind = TraceChecker if full else FastChecker if fast else IncrementalChecker
+    checker = kind(events, profile)
+    fast = isinstance(checker, FastPath)
     _annotate_finishes(events)
     for index, event in enumerate(events[1:], start=1):
-        before = checker.state             # states are immutable: describe it only if needed
+        # states are immutable: describe it only if needed (the fast path's: the one it handed over)
+        before = None if fast else checker.state
         checker.upcoming_finish = event.get("_finishes", {})
         if progress is not None and index % PROGRESS_EVERY == 0:
             progress(index, len(events))
         try:
             checker.feed(event)
         except _Violation as v:
-            return _rejected(events, index, v, checker, before)
+            return _rejected(events, index, v, checker, checker.last_before if fast else before)
     if checker.finished_now:
         r, status = next(iter(checker.finished_now.items()))
         missing = _Violation("missing_finish", f"{checker._name(r)} finished ({status.value}) but the trace "

@@ -27,7 +27,7 @@ from flightcheck.spec import Config, Scheduled, State, Status, step
 from flightcheck.spec.config import KvConnector
 from flightcheck.spec.kv_loads import admits_inflight_load
 from flightcheck.spec.state import Load
-from flightcheck.spec.transitions import FailKvLoad, ReceiveKv, SendKv
+from flightcheck.spec.transitions import CONTRACT_PROPERTIES, FailKvLoad, FailKvOutput, ReceiveKv, SendKv
 
 from .named_state import quoted, transfer_pending
 
@@ -78,19 +78,24 @@ class ConnectorEvents:
         # slots the fail policy finished at a kv_failed whose finish event may
         # still wait for the update's outputs (until the next complete)
         self.errors_after_outputs: set[int] = set()
+        # the kv_failed events of the output being read (KvOutput), judged jointly
+        self.kv_output: KvOutput | None = None
 
     # -- the reports ----------------------------------------------------------
 
-    def _report_slot(self, name: str, action: Callable[[int], Any]) -> tuple[int, Any, State] | None:
+    def _report_slot(self, name: str, action: Callable[[int], Any],
+                     state: State | None = None) -> tuple[int, Any, State] | None:
         """The incarnation of `name` the report is for: the newest one whose
-        action the spec enables (an older one may still hold a transfer while a
-        newer holds the name). None if none does."""
+        action the spec enables in `state` (default: the current one; an older
+        incarnation may still hold a transfer while a newer holds the name).
+        None if none does."""
+        state = self.state if state is None else state
         current = self.slot.get(name)
         candidates = [current] if current is not None else []
         candidates += [r for r in range(len(self.names) - 1, -1, -1) if self.names[r] == name and r != current]
         for r in candidates:
             label = action(r)
-            after = step(self.state, self.cfg, label)
+            after = step(state, self.cfg, label)
             if after is not None:
                 return r, label, after
         return None
@@ -103,7 +108,7 @@ class ConnectorEvents:
         for x, q in enumerate(after.requests):
             if q.status.is_finished and not before.requests[x].status.is_finished:
                 self.finished_now[x] = q.status
-                if isinstance(label, FailKvLoad):
+                if isinstance(label, (FailKvLoad, FailKvOutput)):
                     self.errors_after_outputs.add(x)
 
     def _error_finish_may_wait(self, event: dict) -> bool:
@@ -133,9 +138,16 @@ class ConnectorEvents:
         self._apply_report(*found)
 
     def _on_kv_failed(self, event: dict) -> None:
+        """A failure of the output being read: judged with the output's
+        earlier ones, from the state before the output (`KvOutput`)."""
+        output = self.kv_output
+        if output is None or not output.continued_by(self.state, event):
+            output = self.kv_output = KvOutput(self.state, _output_key(event))
+        output.seen += 1
         name, from_block = event["req"], event["from_block"]
-        found = self._report_slot(name, lambda r: FailKvLoad(r, from_block))
-        if found is None and self._failure_of_finished_load(name):
+        found = self._report_slot(name, lambda r: FailKvLoad(r, from_block), output.before)
+        if found is None and self._failure_of_finished_load(name, output.before):
+            output.after = self.state
             return
         if found is None:
             why = (f"{self.cfg.profile} has no KV load failures" if not self.cfg.rules.kv_load_failures
@@ -143,19 +155,45 @@ class ConnectorEvents:
             raise self._violation("C2_reports_own_blocks", f"{CONTRACT}: kv_failed for {quoted(name)} from "
                                   f"block {from_block}, which is not a block of a KV load of its own in "
                                   f"flight ({why})")
-        r = found[0]
-        before = self.state
-        self._apply_report(*found)
-        for h, (b, a) in enumerate(zip(before.requests, self.state.requests)):
-            if h != r and not a.status.is_finished and a.num_computed < b.num_computed:
-                self.rolled_back[h] = (a.num_computed, a.placeholders)   # it shared r's invalid blocks
-        q = self.state.requests[r]
-        if q.status.is_finished:
-            return
-        self.rolled_back[r] = (q.num_computed, q.placeholders)
-        self._check_rollback_counters(r, event)
+        r, label, alone = found
+        joint = FailKvOutput(tuple(f for f, _ in output.failures) + (label,))
+        after = step(output.before, self.cfg, joint) if output.failures else alone
+        if after is None:
+            # a second report of one load (the spec's connector makes none), or
+            # two carrying batches: read it after the others, as a later output's
+            self.kv_output = KvOutput(self.state, _output_key(event))
+            return self._on_kv_failed(event)
+        for prop in CONTRACT_PROPERTIES if output.failures else ():
+            if not prop.holds(output.before, alone, label, self.cfg):   # the contract, as alone
+                raise self._violation(prop.name, prop.statement)
+        output.failures.append((label, event))
+        self._apply_report(r, label if len(output.failures) == 1 else joint, after)
+        output.after = self.state
+        self._note_rollbacks(output)
 
-    def _failure_of_finished_load(self, name: str) -> bool:
+    def _note_rollbacks(self, output: "KvOutput") -> None:
+        """Every request the output's failures rolled back so far (KV3 at
+        its next entry or park), and the failing requests' counters against
+        their events (KV3 at the event): at each event, or, where the writer
+        says how many failures the output has (`of`), once all are read."""
+        for h in output.noted:
+            self.rolled_back.pop(h, None)
+        output.noted = set()
+        for h, (b, a) in enumerate(zip(output.before.requests, self.state.requests)):
+            if not a.status.is_finished and a.num_computed < b.num_computed:
+                self.rolled_back[h] = (a.num_computed, a.placeholders)
+                output.noted.add(h)
+        if output.seen < output.failures[-1][1].get("of", 1):
+            return
+        for label, event in output.failures:
+            q = self.state.requests[label.req]
+            if q.status.is_finished:
+                continue
+            self.rolled_back[label.req] = (q.num_computed, q.placeholders)
+            output.noted.add(label.req)
+            self._check_rollback_counters(label.req, event)
+
+    def _failure_of_finished_load(self, name: str, state: State) -> bool:
         """A failure reported for the load of a request that finished (aborted,
         or failed before) while the load or the batch carrying it was in
         flight, or of a parked load already failed: the connector reports
@@ -166,7 +204,7 @@ class ConnectorEvents:
         r = self.slot.get(name)
         if r is None:
             return False
-        q = self.state.requests[r]
+        q = state.requests[r]
         # a parked load another request's failure already failed (it shared
         # the invalid blocks): its own report reaches past the valid prefix
         # vLLM's scan reads (`num_computed_tokens`), and changes nothing
@@ -324,6 +362,31 @@ class ConnectorEvents:
         if not event["held"] and q.held and not q.load.in_transfer:
             raise self._violation("KV1_no_reuse_under_transfer", f"{self._quoted_name(r)} finishes with its "
                                   "blocks freed; the spec holds them until its KV is sent")
+
+
+class KvOutput:
+    """The `kv_failed` events of one batch output, read so far: vLLM judges
+    an output's failures together (kv_reports.fail_kv_output), so each is
+    replayed as the joint action of the output's failures so far from the
+    state before the output. A writer writes them one after another, with
+    one `step` and `engine_step` (docs/trace-format.md, "kv_failed")."""
+
+    def __init__(self, before: State, key: tuple, failures: list | None = None) -> None:
+        self.before = before                       # the state before the output's failures
+        self.key = key
+        self.failures: list[tuple[FailKvLoad, dict]] = failures or []
+        self.after: State | None = None            # the state after its last kv_failed
+        self.noted: set[int] = set()               # slots it put in rolled_back
+        self.seen = len(self.failures)             # its kv_failed events read (some change nothing)
+
+    def continued_by(self, state: State, event: dict) -> bool:
+        """`event` is a failure of this output: nothing changed the state
+        since its last kv_failed, and it has the same step and engine step."""
+        return state is self.after and _output_key(event) == self.key
+
+
+def _output_key(event: dict) -> tuple:
+    return event.get("step"), event.get("engine_step")
 
 
 def _fmt_loads(loads: list[tuple[str, int]]) -> str:

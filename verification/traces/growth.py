@@ -111,8 +111,13 @@ class Growing:
                                  f"to {wanted} blocks of the pool (num_blocks {self.whole_pool_blocks}); the "
                                  f"checker models pools of at most {MAX_POOL_BLOCKS} blocks")
         if wanted > cfg.num_blocks:
-            self.state = replace(self.state, pool=_grown_pool(self.state.pool, wanted))
-            self.cfg = replace(cfg, num_blocks=wanted)  # type: ignore[attr-defined]
+            # at least doubled (within the whole pool and the bound): each growth
+            # copies the pool, so arrivals that each need a little more cost
+            # O(pool) in all, not per arrival; a larger cut changes no decision
+            # (no allocation fails in a pool the arrivals cannot fill)
+            size = min(self.whole_pool_blocks, MAX_POOL_BLOCKS, max(wanted, 2 * cfg.num_blocks))
+            self.state = replace(self.state, pool=_grown_pool(self.state.pool, size))
+            self.cfg = replace(cfg, num_blocks=size)  # type: ignore[attr-defined]
 
 
 def _output_label_renaming(old_slots: int, new_slots: int):

@@ -75,8 +75,8 @@ from flightcheck.spec import (
 from flightcheck.spec import pool_store, request_store
 from flightcheck.spec.blocks import group_duplicates
 from flightcheck.spec.state import Batch
-from flightcheck.spec.transitions import (KV_REPORTS, FailKvLoad, SendInput, s12_no_admission_after_preemption,
-                                          status_only_moves_forward)
+from flightcheck.spec.transitions import (KV_REPORTS, FailKvLoad, FailKvOutput, SendInput,
+                                          s12_no_admission_after_preemption, status_only_moves_forward)
 
 from .connector import transfer_pending
 from .schema import show
@@ -199,11 +199,13 @@ class Incremental:
     # -- checking -------------------------------------------------------------
 
     def _touched(self, before: State, action: Action, after: State) -> list[int]:
-        if isinstance(action, FailKvLoad):
+        if isinstance(action, (FailKvLoad, FailKvOutput)):
             # a failed sync load also fails or rolls back the requests sharing
-            # its invalid blocks (spec/kv_reports.py, shared_holders)
-            return [action.req] + [r for r, (b, a) in enumerate(zip(before.requests, after.requests))
-                                   if b is not a and r != action.req]
+            # its invalid blocks (spec/kv_reports.py, shared_holders); an
+            # output's failures together (fail_kv_output): every one's
+            failing = [f.req for f in action.failures] if isinstance(action, FailKvOutput) else [action.req]
+            return failing + [r for r, (b, a) in enumerate(zip(before.requests, after.requests))
+                              if b is not a and r not in failing]
         if isinstance(action, (Arrive, Abort, SendInput) + KV_REPORTS):
             return [action.req]
         if isinstance(action, Schedule):

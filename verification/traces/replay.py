@@ -253,7 +253,8 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         else:
             self.names[r] = name
         self.slot[name] = r
-        prompt = Prompt(event["prompt_len"], event["max_tokens"], self._labels(event), **prompt_offer(event))
+        prompt = Prompt(event["prompt_len"], event["max_tokens"], self._labels(event), **prompt_offer(event),
+                        priority=event.get("priority", 0))
         stop_ids = set(event.get("stop_token_ids") or ())
         eos = event.get("eos_token_id", self.eos)
         if not event.get("ignore_eos", False) and eos is not None:

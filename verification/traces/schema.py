@@ -24,7 +24,7 @@ from typing import Any, Mapping
 MAX_COUNT = 2**31 - 1          # token counts, ids and budgets: vLLM holds them in int32
 MAX_STAGES = 1024              # pipeline stages
 MAX_MODEL_LEN = 2**24          # tokens per request (16 Mi): bounds the labels built per prompt
-MAX_POOL_BLOCKS = 2**18        # blocks the checker models: its pool is materialised, O(pool) per event
+MAX_POOL_BLOCKS = 2**20        # blocks the checker models (vLLM's pools are under 1 Mi): O(pool) to build, O(blocks taken) per event
 MAX_LABEL = 2**63 - 1          # prompt block labels (stand-ins for block hashes)
 
 
@@ -298,6 +298,8 @@ CONFIG = Record({
     "kv_connector": (Nullable(KV_CONNECTOR), False),
     # streaming sessions (docs/request-states.md): `resumable` arrivals and `input` events
     "streaming_sessions": (Flag(), False),
+    # vLLM's scheduling policy (docs/request-states.md, "Priority scheduling")
+    "scheduling_policy": (Choice(("fcfs", "priority")), False),
 })
 
 ARRIVE = Record({
@@ -315,6 +317,8 @@ ARRIVE = Record({
     "load_async": (Flag(), False),
     # a streaming session's first input (streaming_sessions only)
     "resumable": (Flag(), False),
+    # vLLM's `Request.priority` (read under scheduling_policy "priority")
+    "priority": (Integer(-(2**31), 2**31 - 1), False),
 })
 
 ENTRY = Record({
@@ -393,6 +397,7 @@ KV_FAILED = Record({
     "from_block": (COUNT, True),           # the first invalid block's index in req's table; 0: the whole load
     "computed": (COUNT, False),            # req's computed tokens once the failure was processed
     "placeholders": (COUNT, False),        # async: its output placeholders then
+    "of": (COUNT, False),                  # the kv_failed events its output writes (all judged together)
 })
 KV_SENT = Record({**COMMON, "req": (REQUEST_ID, True)})
 

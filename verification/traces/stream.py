@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .check import CheckResult, IncrementalChecker, TraceChecker
+from .fast import FastPath
 from .growth import Growing
 from .line_reader import MAX_BLANK_RUN, Follow, LineReader, open_lines
 from .reading import MalformedTrace, parse_line, validate_numbered
@@ -126,10 +127,12 @@ class _CountedLabels(dict):
         self[key] = default
         return default
 
-    def prune_if_grown(self, state: Any) -> None:
-        """Forget dead labels once the stored ones have doubled since the last prune."""
+    def prune_if_grown(self, checker: Any) -> None:
+        """Forget dead labels once the stored ones have doubled since the last
+        prune (the checker's state is read only then: the fast path's mirror stays)."""
         if dict.__len__(self) <= max(PRUNE_LABELS_FROM, 2 * self.kept_after_prune):
             return
+        state = checker.state
         live = {label for label in state.pool.labels if label is not None}
         for q in state.requests:
             live.update(q.prompt_labels)
@@ -142,19 +145,25 @@ class StreamingIncremental(Growing, IncrementalChecker):
     """The default checker (check.IncrementalChecker), built from the config alone."""
 
 
+class StreamingFast(Growing, FastPath, IncrementalChecker):
+    """The default checker with fast.py's path for the steady state of decoding."""
+
+
 class StreamingFull(Growing, TraceChecker):
     """The full replay (`--full`), built from the config alone."""
 
 
 def check_lines(lines: Iterable[str], profile: str | None = None, *, keep_going: bool = False,
-                full: bool = False, on_progress: Progress | None = None) -> Iterator[Verdict]:
+                full: bool = False, on_progress: Progress | None = None, fast: bool = True) -> Iterator[Verdict]:
     """Check the trace whose lines (without newlines) `lines` gives, as they
     come: a Verdict per violation under `keep_going`, then a final one (the
     only one without). `profile`: as check.check_events (None: the trace's).
     `on_progress(events, live requests)` every PROGRESS_EVERY events. If
     `lines` has `drain()` (line_reader.LineReader following a file), the lines
-    after the `end` event are read from it without waiting."""
-    run = _Run(profile, full, keep_going, on_progress)
+    after the `end` event are read from it without waiting. `fast` (the
+    default; not with `full`): the incremental checker with fast.py's path
+    for the steady state, else the incremental checker alone."""
+    run = _Run(profile, full, keep_going, on_progress, fast)
     try:
         yield from run.check(lines)
     except MalformedTrace as err:
@@ -162,8 +171,10 @@ def check_lines(lines: Iterable[str], profile: str | None = None, *, keep_going:
 
 
 class _Run:
-    def __init__(self, profile: str | None, full: bool, keep_going: bool, on_progress: Progress | None) -> None:
+    def __init__(self, profile: str | None, full: bool, keep_going: bool, on_progress: Progress | None,
+                 fast: bool = True) -> None:
         self.profile, self.full, self.keep_going, self.on_progress = profile, full, keep_going, on_progress
+        self.fast = fast
         self.checker: Any = None
         self.count = 0                        # events read
         self.violations = 0
@@ -222,7 +233,7 @@ class _Run:
             raise MalformedTrace("the trace is empty (the first event must be 'config')")
 
     def _start(self, config: dict[str, Any]) -> None:
-        kind = StreamingFull if self.full else StreamingIncremental
+        kind = StreamingFull if self.full else StreamingFast if self.fast else StreamingIncremental
         checker = kind([config], self.profile)
         checker.labels = _CountedLabels()
         cfg = checker.cfg                         # modelled_pool cuts the pool unless the reorder reads it whole
@@ -234,7 +245,8 @@ class _Run:
         """Whether a request of a batch in flight names no stop token (its
         stop is read from the finish events after the complete)."""
         c = self.checker
-        return any(not c.stops[e.req][1] for batch in c.state.in_flight for e in batch if e.req in c.stops)
+        slots = c.in_flight_slots() if isinstance(c, FastPath) else [e.req for b in c.state.in_flight for e in b]
+        return any(not c.stops[r][1] for r in slots if r in c.stops)
 
     def _release(self) -> Iterator[Verdict]:
         """Feed the held complete event, with the finish reasons after it, then those finishes."""
@@ -255,17 +267,18 @@ class _Run:
         if event["ev"] == "arrive":
             _refuse_huge_prompt(event, c.cfg.block_size, line)
             c.grow_pool_for(event, line)
-        before = c.state
+        fast = isinstance(c, FastPath)
+        before = None if fast else c.state            # the fast path's: the state it handed over
         c.upcoming_finish = upcoming or {}
         self.last = (line, index, event["ev"])
         try:
             c.feed(event)
         except _Violation as v:
-            yield from self._violated(v, c.describe(before), line, index, event["ev"])
+            yield from self._violated(v, c.describe(c.last_before if fast else before), line, index, event["ev"])
         if event["ev"] == "arrive":
-            c.labels.prune_if_grown(c.state)
+            c.labels.prune_if_grown(c)
         if self.on_progress is not None and index % PROGRESS_EVERY == 0:
-            self.on_progress(index, len(c.state.waiting) + len(c.state.running))
+            self.on_progress(index, c.num_live() if fast else len(c.state.waiting) + len(c.state.running))
 
     def _violated(self, v: _Violation, state_before: str, line: int, index: int, kind: str) -> Iterator[Verdict]:
         c = self.checker

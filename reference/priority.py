@@ -1,0 +1,62 @@
+"""The priority scheduling policy (vLLM's `SchedulingPolicy.PRIORITY`,
+`SchedulerConfig.scheduling_policy == "priority"`, profiles `priority_policy`), as a
+mixin of the scheduler.
+
+`waiting` stays a deque, kept in `PriorityRequestQueue`'s order: by
+priority (lower first), then arrival time, then request id (the heap's
+`Request.__lt__`); a request joins at its place when it arrives and when it
+is preempted. The running loop's victim is the running request of the
+largest (priority, arrival time), wherever it sits in `running`: if the
+loop already scheduled it in this call, everything it got goes back (its
+entry, tokens, budget, drafts; its blocks go with the preemption), and if
+it sat before the loop's index, the index moves back by one.
+"""
+
+from __future__ import annotations
+
+from .batch import Batch
+from .request import Request
+
+
+class PriorityPolicy:
+    """Mixed into `Scheduler` (reads its `waiting`, `running`)."""
+
+    waiting: "deque[Request]"  # noqa: F821  (the scheduler's)
+    running: list[Request]
+    _victims_before: int      # victims removed from before the loop's index, this allocation
+
+    def _order_waiting(self) -> None:
+        """`waiting` in (priority, arrival time, id) order, as the heap pops it."""
+        if len(self.waiting) > 1:
+            ordered = sorted(self.waiting, key=lambda r: (r.priority, r.arrival_time, r.request_id))
+            self.waiting.clear()
+            self.waiting.extend(ordered)
+
+    def _priority_victim(self) -> Request:
+        """`max(running, key=(priority, arrival_time))`: the first of the largest key."""
+        return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+
+    def _remove_priority_victim(self, victim: Request, request: Request, batch: Batch) -> None:
+        """`del self.running[victim_index]`, the index moved back when the
+        victim sat before the request being scheduled (`victim_index <
+        req_index`: the request is still at `req_index` while it is being
+        allocated), and the hand-back of what the victim got in this call."""
+        victim_index = self.running.index(victim)
+        if victim_index < self.running.index(request):
+            self._victims_before += 1
+        del self.running[victim_index]
+        if victim.request_id in batch.num_scheduled_tokens:
+            self._hand_back(batch, victim)
+
+    def _hand_back(self, batch: Batch, victim: Request) -> None:
+        """The victim leaves the batch under construction: its entry, its
+        scheduled tokens (back to the budget) and its scheduled drafts
+        (`scheduled_spec_decode_tokens`)."""
+        req_id = victim.request_id
+        index = next(i for i, r in enumerate(batch.requests) if r is victim)
+        entry = batch.entries[index]
+        del batch.requests[index], batch.entries[index]
+        (batch.new_reqs if entry in batch.new_reqs else batch.cached_reqs).remove(entry)  # type: ignore[arg-type]
+        batch.token_budget += batch.num_scheduled_tokens.pop(req_id)
+        batch.spec_decode_tokens.pop(req_id, None)
+

@@ -1,0 +1,113 @@
+"""The priority scheduling policy: vLLM's `SchedulingPolicy.PRIORITY`
+(`Config.scheduling_policy == "priority"`, `Profile.priority_policy`: 0.33 and 0.34,
+the same code in both; docs/request-states.md, "Priority scheduling").
+
+* The waiting queue is vLLM's `PriorityRequestQueue`: a heap ordered by
+  `Request.__lt__`, priority first (lower runs first), then arrival time.
+  Here `waiting` is kept sorted by that key (`rank`): a request joins at its
+  place when it arrives and when it is preempted (`prepend_request` is a
+  heap push). The waiting loop's skipped requests are put back with the
+  same push, so iterating the sorted tuple and skipping in place is the
+  loop's order.
+* The running loop's victim is `max(running, key=(priority,
+  arrival_time))` (`choose_victim`), not the tail: it may be a request the
+  loop already scheduled in this call, whose entry, token budget, new
+  blocks and scheduled drafts are handed back (`hand_back`); or one it
+  visited and skipped (its tokens all in flight), before the current index,
+  which then moves back by one (`victim_index < req_index`). A request that
+  preempts itself leaves the loop at the next request instead of stopping it.
+* `running` keeps admission order, as vLLM's list does.
+
+The environment gives a request its priority at arrival (`Prompt.priority`,
+a small domain per model). The arrival order is `State.arrivals`.
+
+Abstracted away: `Request.__lt__`'s last tie-breaks (request id, then
+object identity: the spec's arrival order is total), the encoder budget a
+victim gives back (no encoder inputs here), and priority order in a KV
+connector's queues (`kv_holding`, `async_kv_waiting` stay FCFS here: the
+bridge does not combine the two).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Protocol
+
+from .config import Config
+from .state import State
+
+
+class StepUnderConstruction(Protocol):
+    """What `hand_back` reads and writes of `schedule`'s batch under
+    construction (`schedule._Step`)."""
+
+    state: State
+    budget: int
+    entries: list  # list[schedule.ScheduledEntry]
+
+
+def is_priority(cfg: Config) -> bool:
+    return cfg.scheduling_policy == "priority"
+
+
+def rank(state: State, r: int) -> tuple[int, int]:
+    """`Request.__lt__`'s key: (priority, arrival)."""
+    return state.requests[r].priority, state.arrivals.index(r)
+
+
+def arrive_with_priority(state: State, cfg: Config, r: int, priority: int) -> State:
+    """`Scheduler.add_request` under the priority policy: r keeps its
+    priority and its arrival, and joins `waiting` at its place
+    (`PriorityRequestQueue.add_request`). FCFS: nothing changes."""
+    if not is_priority(cfg):
+        return state
+    if r not in state.arrivals:
+        state = replace(state, arrivals=state.arrivals + (r,))
+    return in_priority_order(state.with_request(r, priority=priority), cfg)
+
+
+def in_priority_order(state: State, cfg: Config) -> State:
+    """`waiting` as the heap yields it: sorted by `rank` (a push after a
+    preemption or an arrival). FCFS: unchanged."""
+    if not is_priority(cfg) or len(state.waiting) < 2:
+        return state
+    ordered = tuple(sorted(state.waiting, key=lambda r: rank(state, r)))
+    return state if ordered == state.waiting else replace(state, waiting=ordered)
+
+
+def choose_victim(state: State, cfg: Config) -> int:
+    """The running loop's victim: the tail under FCFS, the running request
+    of the largest (priority, arrival) under the priority policy."""
+    if not is_priority(cfg):
+        return state.running[-1]
+    return max(state.running, key=lambda r: rank(state, r))
+
+
+def to_tail(state: State, victim: int) -> State:
+    """`running` with the victim moved last, the others in their order, so
+    that a preemption (which takes the tail) takes it: the `del
+    self.running[victim_index]` of vLLM's priority branch."""
+    if state.running[-1] == victim:
+        return state
+    return replace(state, running=tuple(r for r in state.running if r != victim) + (victim,))
+
+
+def index_after_removal(state: State, victim: int, i: int) -> int:
+    """The running loop's index once the victim is removed from `running`:
+    one less when the victim sat before it (`victim_index < req_index`,
+    vLLM #49097), else the same."""
+    return i - 1 if state.running.index(victim) < i else i
+
+
+def hand_back(step: StepUnderConstruction, victim: int) -> None:
+    """A victim the loop already scheduled in this call leaves the batch:
+    its entry (its tokens, its drafts: `num_scheduled_tokens`,
+    `scheduled_spec_decode_tokens`) is dropped and its tokens return to the
+    budget (`token_budget += restored`). Its new blocks go back with its
+    table in the preemption; its counter moves only at launch, so nothing
+    else of the entry remains."""
+    kept = [e for e in step.entries if e.req != victim]
+    if len(kept) == len(step.entries):
+        return
+    step.budget += sum(e.n for e in step.entries if e.req == victim)
+    step.entries[:] = kept

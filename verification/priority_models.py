@@ -1,0 +1,66 @@
+"""The priority policy's model-checking constants (docs/request-states.md,
+"Priority scheduling"), kept apart from the spec as `models.py` and
+`kv_models.py` keep theirs: two small models, each searched under vLLM 0.33
+and 0.34, sync and async, and the model each priority mutant is hunted on.
+
+* `prio-victim-k2`: a low-priority request admitted first and a
+  high-priority one behind it in a pool of 3 blocks, drafts on: the victim
+  is the low-priority request, often scheduled earlier in the same call
+  (its tokens and drafts handed back, #23347, #28558).
+* `prio-skip-k2`: a low-priority request admitted first and two
+  high-priority ones, in a pool of 4: the low-priority one, visited and
+  skipped with its token in flight, is the victim of a request behind it
+  (the index moved back, #49097).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from flightcheck.spec import Config, Prompt
+from flightcheck.verification.models import Model
+from flightcheck.verification.mutants.priority import PRIORITY_BUGS, PRIORITY_PROFILE
+
+# Targets of every profile these models are too small (or too short of stop
+# tokens) to reach; the profile's own models reach them.
+_PRIORITY_SKIPPED = ("stopped_with_output_in_flight", "two_prefill_chunks_in_flight")
+
+
+def _under(model: Model, profile: str) -> Model:
+    """`model` under `profile`, renamed after it ("prio-skip-k2@vllm-0.33")."""
+    return replace(model.under_profile(profile), name=f"{model.name}@{profile}")
+
+
+PRIO_VICTIM_K2 = Model(
+    "prio-victim-k2",
+    Config(num_stages=2, max_num_batched_tokens=4, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=6, prefix_caching=False, num_spec_tokens=1, profile=PRIORITY_PROFILE,
+           scheduling_policy="priority"),
+    (Prompt(2, 3, priority=1), Prompt(1, 3, priority=0)),
+    allow_stop=False, skip_targets=_PRIORITY_SKIPPED,
+)
+PRIO_SKIP_K2 = Model(
+    "prio-skip-k2",
+    Config(num_stages=2, max_num_batched_tokens=4, max_num_seqs=3, block_size=2, num_blocks=4,
+           max_model_len=6, prefix_caching=False, profile=PRIORITY_PROFILE, scheduling_policy="priority"),
+    (Prompt(2, 3, priority=1), Prompt(1, 3, priority=0), Prompt(1, 3, priority=0)),
+    allow_stop=False, allow_abort=False, skip_targets=_PRIORITY_SKIPPED,
+)
+_MODELS = (PRIO_VICTIM_K2, PRIO_SKIP_K2)
+PRIORITY_PROFILE_MODELS: dict[str, tuple[Model, ...]] = {
+    profile: tuple(m if profile == PRIORITY_PROFILE else _under(m, profile) for m in _MODELS)
+    for profile in ("vllm-0.33", "vllm-0.33-async", "vllm-0.34", "vllm-0.34-async")
+}
+
+# Each mutant's model: the one whose scenario its bug needs.
+PRIORITY_MUTANT_MODELS: dict[str, Model] = {
+    "victim_kept_in_batch_pr23347": PRIO_VICTIM_K2,
+    "preempted_drafts_kept_pr28558": PRIO_VICTIM_K2,
+    "victim_index_not_adjusted_pr49097": PRIO_SKIP_K2,
+}
+assert set(PRIORITY_MUTANT_MODELS) == {m.name for m in PRIORITY_BUGS}
+
+
+def priority_mutant_model(name: str) -> Model:
+    """The model the priority mutant `name` is hunted on, with it in force."""
+    return PRIORITY_MUTANT_MODELS[name].with_mutant(name)

@@ -1,0 +1,118 @@
+"""The refinement fuzzer under the priority policy (docs/request-states.md,
+"Priority scheduling"): machine.py's machine with every configuration under
+`SchedulerConfig.scheduling_policy = "priority"` and each arrival given a
+priority (earlier arrivals leaning to lower ones: `_before_add`) and an
+arrival time in the order of arrival (its slot),
+so that the reference's waiting order, victims, hand-backs and loop index
+are checked against the spec's step by step (`PRIORITY_FUZZED_PROFILES`:
+vLLM 0.33 and 0.34, sync and async).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, Verbosity
+from hypothesis import seed as hypothesis_seed
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
+
+from flightcheck.reference import Request
+from flightcheck.reference.outputs import SchedulerOutput
+from flightcheck.verification.mutants.patching import reference_applied
+from flightcheck.verification.refinement.budget import Budget, BudgetSpent
+from flightcheck.verification.refinement.fuzz import _fixed_constant_pool
+from flightcheck.verification.refinement.machine import RefinementMachine
+from flightcheck.verification.refinement.strategies import NEAR_CAP, configs
+
+PRIORITY_FUZZED_PROFILES: tuple[str, ...] = ("vllm-0.34", "vllm-0.34-async", "vllm-0.33", "vllm-0.33-async")
+
+
+class PriorityRefinementMachine(RefinementMachine):
+    """RefinementMachine under the priority policy (the module doc)."""
+
+    profile = PRIORITY_FUZZED_PROFILES[0]
+
+    @initialize(data=st.data(), sample_every_chunk=st.booleans())
+    def setup(self, data: Any, sample_every_chunk: bool) -> None:
+        cfg = replace(data.draw(configs(self.profile)), scheduling_policy="priority")
+        RefinementMachine.setup(self, cfg=cfg, sample_every_chunk=sample_every_chunk)
+        self._next_priority = 0
+
+    @precondition(lambda self: self.engine is not None and self._may_arrive())
+    @rule(prompt_len=st.integers(1, 4) | st.integers(1, 15 + NEAR_CAP), family=st.integers(0, 1),
+          tail=st.integers(0, 4), max_tokens=st.integers(6, 20), reuse=st.integers(0, 3),
+          priority=st.integers(0, 2))
+    def arrive(self, prompt_len: int, family: int, tail: int, max_tokens: int, reuse: int,
+               priority: int) -> None:
+        """machine.py's arrival, with a priority."""
+        self._next_priority = priority
+        RefinementMachine.arrive(self, prompt_len=prompt_len, family=family, tail=tail,
+                                 max_tokens=max_tokens, reuse=reuse)
+
+    def _before_add(self, request: Request, slot: int) -> None:
+        """Earlier arrivals lean to lower priorities (larger numbers): the
+        draw `d` gives `max(0, 3 - slot - d)`, so that victims often sit
+        before the request the running loop allocates for (already scheduled
+        in the call, or skipped: #23347, #49097); `d` = 0 (what shrinking
+        reaches) makes the priorities fall with every arrival."""
+        request.priority = max(0, 3 - slot - self._next_priority)
+        request.arrival_time = float(slot + 1)
+
+    def _check_request_data(self, before: Any, output: SchedulerOutput) -> None:
+        """The batch vLLM's workers would get: drafts only for requests it
+        schedules (#28558), and its token count the sum of theirs."""
+        RefinementMachine._check_request_data(self, before, output)
+        strays = set(output.scheduled_spec_decode_tokens) - set(output.num_scheduled_tokens)
+        if strays:
+            self._fail(f"batch {output.batch_id} carries drafts of {sorted(strays)}, which it does not schedule")
+        if sum(output.num_scheduled_tokens.values()) != output.total_num_scheduled_tokens:
+            self._fail(f"batch {output.batch_id} counts {output.total_num_scheduled_tokens} tokens, "
+                       f"its requests {sum(output.num_scheduled_tokens.values())}")
+
+
+@functools.cache
+def priority_machine(profile: str) -> type[PriorityRefinementMachine]:
+    """The machine with every configuration under `profile`."""
+    if profile not in PRIORITY_FUZZED_PROFILES:
+        raise ValueError(f"no priority refinement under {profile}; known: {PRIORITY_FUZZED_PROFILES}")
+    return type(f"PriorityRefinementMachine[{profile}]", (PriorityRefinementMachine,), {"profile": profile})
+
+
+def priority_machine_factory(profile: str, budget: Budget | None = None,
+                             mutant: str | None = None) -> Callable[[], PriorityRefinementMachine]:
+    machine = priority_machine(profile)
+
+    def make() -> PriorityRefinementMachine:
+        return machine(mutant, budget, False, False)
+    return make
+
+
+def priority_fuzz(steps: int, seed: int, profile: str, steps_per_program: int = 60,
+                  shrink: bool = True, mutant: str | None = None) -> str | None:
+    """A refinement run under the priority policy and `profile`, `steps`
+    rule steps from `seed`, the reference's `mutant` in force if given; the
+    failure (the program, shrunk unless `shrink` is off, and its message),
+    or None."""
+    budget = Budget(steps)
+    factory = hypothesis_seed(seed)(priority_machine_factory(profile, budget, mutant=mutant))
+    run_settings = hypothesis_settings(max_examples=10**9, stateful_step_count=steps_per_program,
+                                       database=None, deadline=None,
+                                       phases=(Phase.generate, Phase.shrink) if shrink else (Phase.generate,),
+                                       suppress_health_check=list(HealthCheck), print_blob=False,
+                                       report_multiple_bugs=False, verbosity=Verbosity.quiet)
+    try:
+        with _fixed_constant_pool(), reference_applied(mutant):   # a seed names one run
+            run_state_machine_as_test(factory, settings=run_settings)
+    except BudgetSpent:
+        return None
+    except Exception as err:
+        if not budget.failure_seen and budget.used >= budget.steps:
+            return None                       # stopped mid-program by the budget
+        notes = [n for n in getattr(err, "__notes__", ()) if not n.startswith("Failing test case")]
+        return "\n".join([*notes, f"{type(err).__name__}: {err}"])
+    return None
