@@ -118,7 +118,8 @@ class KvWaiting:
     def _admit_or_park(self, request: Request, batch: Batch, loads_only: bool) -> str:
         """One request of the loop (vLLM's loop body): promoted, skipped,
         parked for an async load, admitted, or the queue stops."""
-        if not self._promote_if_landed(request) or self._is_resumption_deferred(request):
+        if (not self._promote_if_landed(request) or self._blocked_on_grammar(request)    # grammar.py
+                or self._is_resumption_deferred(request)):
             return _SKIP
         landed = request.num_computed_tokens > 0
         lookup = self._kv_lookup(request)

@@ -96,6 +96,8 @@ class SchedulerOutput:
     preempted_req_ids: list[str]
     finished_req_ids: set[str]                # finished since the last batch: workers drop state
     kv_loads: list[tuple[str, int]]           # (request, start): parked for an async KV load here
+    # Async scheduling: a structured request's earlier output is in flight (grammar.py).
+    pending_structured_output_tokens: bool = False
 
     @property
     def is_empty(self) -> bool:

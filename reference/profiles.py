@@ -209,6 +209,14 @@ class Profile:
     # is left, `max_num_inflight_kv_loads` (`_admits_inflight_kv_load`, the
     # aborted loads `_aborted_kv_loads` counted against it).
     kv_async_waiting_queue: bool = False
+    # `reset_prefix_cache(reset_running_requests=True)`: every running
+    # request preempted with `_preempt_request(drop_stale_output=True)`, then
+    # `BlockPool.reset_prefix_cache` (reset_pause.py) (0.33, 0.34).
+    reset_drops_running_output: bool = False
+    # `PauseState` / `set_pause_state`: PAUSED_ALL schedules nothing,
+    # PAUSED_NEW admits only `kv_holding_waiting` (`schedule`,
+    # `get_num_unfinished_requests`) (0.33, 0.34).
+    pause_states: bool = False
     # --- vLLM as released, where the reference carries a later fix (its
     # named deviations, reference/README.md). Off in every profile; a
     # released variant (`released_profile`, `SchedulerConfig(as_released=True)`)
@@ -332,7 +340,8 @@ KV_CONNECTOR_0_33: dict[str, bool] = {
     "kv_async_loads": True, "kv_load_failures": True, "kv_send_after_finish": True,
     "kv_aborted_load_held": True, "kv_step_fence": True, "kv_holding_first": True,
     "kv_load_reservation": True, "kv_producer_drops_stale": True, "priority_policy": True}
-PROFILES["vllm-0.33"] = replace(PROFILES["vllm-0.33"], **KV_CONNECTOR_0_33)
+PROFILES["vllm-0.33"] = replace(PROFILES["vllm-0.33"], **KV_CONNECTOR_0_33,
+                               reset_drops_running_output=True, pause_states=True)
 PROFILES["vllm-0.33-async"] = replace(PROFILES["vllm-0.33"], name="vllm-0.33-async",
                                       async_scheduling=True, placeholder_drafts=True,
                                       engine_loop="vllm-0.33-async")

@@ -20,6 +20,9 @@ class RequestStatus(enum.IntEnum):
     # A KV connector's async load is in flight, or landed and not yet
     # promoted (vLLM's `WAITING_FOR_REMOTE_KVS`; connector.py).
     WAITING_FOR_REMOTE_KVS = enum.auto()
+    # Structured output: its grammar still compiles, or failed and is not
+    # yet finished (vLLM's `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`; grammar.py).
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()
     # A streaming session parked between turns, waiting for its client's
     # next input (vLLM's `WAITING_FOR_STREAMING_REQ`; sessions.py).
     WAITING_FOR_STREAMING_REQ = enum.auto()
@@ -95,7 +98,7 @@ class Request:
         "num_in_flight_tokens", "num_stale_output_tokens", "drop_stale_output",
         "num_output_placeholders", "next_decode_eligible_step", "is_prefill_chunk",
         "kv_offer", "kv_load", "last_sched_seq", "inflight_prefill", "status_before_load",
-        "parked_reservation", "kv_external", "kv_rolled_back",
+        "parked_reservation", "kv_external", "kv_rolled_back", "grammar", "fsm",
         "resumable", "streaming_queue", "priority",
     )
 
@@ -172,6 +175,10 @@ class Request:
         self.parked_reservation = False       # vLLM's `_parked_reservations`
         self.kv_external = 0                  # tokens past its local hit an async load in flight brings
         self.kv_rolled_back = False           # a KV load's rollback: its next entry resets the worker
+        # Structured output (grammar.py): None, or "compiling" / "ready" /
+        # "failed"; and the tokens its FSM has accepted.
+        self.grammar: str | None = None
+        self.fsm = 0
         self.status_before_load = RequestStatus.WAITING
 
     @property

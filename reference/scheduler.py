@@ -69,14 +69,16 @@ from .kv_transfer import KvTransfers
 from .kv_waiting import KvWaiting
 from .priority import PriorityPolicy
 from .sessions import StreamingSessions
+from .reset_pause import ResetPause
 from .update import OutputUpdate
+from .grammar import Grammars
 from .waiting import WaitingLoop
 
 __all__ = ["Fate", "Scheduler"]
 
 
 class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop, StreamingSessions,
-                PriorityPolicy):
+                PriorityPolicy, ResetPause, Grammars):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv_cache_manager = KVCacheManager(
@@ -132,12 +134,15 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         self.scheduled_req_ids: set[str] = set()
         # Finished since the last batch was built; sent to the workers with it.
         self.finished_req_ids: set[str] = set()
+        # Structured output: failed grammars the waiting loop met (grammar.py).
+        self.grammar_compile_error_reqs: set[str] = set()
         self._incarnations = itertools.count()
         self._next_batch_id = 1
         self.num_steps = 0            # schedule() + update_from_output() calls
         self._one_batch_per_request = not config.continue_prefill
         self._init_kv(config)                 # the KV connector (kv_transfer.py), if any
         self.num_waiting_for_streaming_input = 0   # parked streaming sessions (sessions.py)
+        self._init_reset_pause(profile)       # reset and pause (reset_pause.py)
 
     # ------------------------------------------------------------------
     # Requests in and out
@@ -227,10 +232,10 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
             self.num_waiting_for_streaming_input
 
     def has_requests(self) -> bool:
-        """vLLM's `SchedulerInterface.has_requests`: unfinished requests, or
-        finished ids no batch has carried to the workers yet (vLLM 0.33's
-        engine schedules while this holds)."""
-        return bool(self.has_unfinished_requests() or self.finished_req_ids or self.kv_held)
+        """vLLM's `SchedulerInterface.has_requests`: unfinished requests (as
+        a pause counts them), or finished ids no batch has carried to the
+        workers yet (vLLM 0.33's engine schedules while this holds)."""
+        return bool(self.get_num_unfinished_requests() or self.finished_req_ids or self.kv_held)
 
     def get_num_unscheduled_requests(self) -> int:
         """vLLM <= 0.8.4's engine gate for the one-batch-per-request policy."""
@@ -245,8 +250,9 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         self.current_step += 1
         batch = Batch(self.config.max_num_batched_tokens)
         self._threshold = self._threshold_in_force()
-        self._schedule_running(batch)
-        if not batch.preempted:               # no admission in a step that preempted
+        if self._runs_running_loop():         # the pause (reset_pause.py)
+            self._schedule_running(batch)
+        if not batch.preempted and self._runs_waiting_loop():   # no admission in a step that preempted
             self._schedule_waiting(batch)
         output = self._make_output(batch)
         self._update_after_schedule(batch)
@@ -256,6 +262,7 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
             self._count_in_flight(batch)
         if self._async:
             self._add_placeholders(batch)
+            self._mark_pending_structured_output(output, batch)    # grammar.py
         return output
 
     def _threshold_in_force(self) -> int:

@@ -51,6 +51,7 @@ from .completion import Fate
 from .config import SchedulerConfig
 from .outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from .request import Request, RequestStatus
+from .reset_pause import PauseState
 from .scheduler import Scheduler
 
 
@@ -200,6 +201,15 @@ class TraceWriter:
             event["from_block"] = from_block
         self._write(event)
 
+    def reset(self, running: bool, preempted: list[str], ok: bool, step: int) -> None:
+        """`reset_prefix_cache` (reset_pause.py): the running requests it
+        preempted, tail first, and whether the cache was reset."""
+        self._write({"ev": "reset", "running": running, "preempted": preempted, "ok": ok, "step": step})
+
+    def pause(self, state: str, step: int) -> None:
+        """`set_pause_state`: "none", "new" or "all"."""
+        self._write({"ev": "pause", "state": state, "step": step})
+
     def end(self) -> None:
         self._write({"ev": "end"})
         self._sink.flush()
@@ -270,6 +280,16 @@ class TracingScheduler(Scheduler):
             else:
                 self.trace.finish(request.request_id, request.get_finished_reason(),
                                   self.num_steps)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        preempted = [r.request_id for r in reversed(self.running)] if reset_running_requests else []
+        ok = super().reset_prefix_cache(reset_running_requests)
+        self.trace.reset(reset_running_requests, preempted, ok, self.num_steps)
+        return ok
+
+    def set_pause_state(self, pause_state: PauseState | int) -> None:
+        super().set_pause_state(pause_state)
+        self.trace.pause(("none", "new", "all")[int(pause_state)], self.num_steps)
 
     def schedule(self) -> SchedulerOutput:
         output = super().schedule()

@@ -112,6 +112,7 @@ class OutputUpdate:
                 proposed_drafts = model_runner_output.drafts_of(entry.req_id) \
                     if model_runner_output.spec_token_ids is not None else ()
             outputs.append(self._apply_sampled(request, entry, token_ids, fate, proposed_drafts))
+            self._advance_grammar(request, outputs[-1].new_token_ids)        # grammar.py
             if request.is_finished() and request.resumable and not self._handle_stopped(request, was_running):
                 continue                      # a streaming session's turn ended (sessions.py)
             if request.is_finished():
@@ -125,7 +126,7 @@ class OutputUpdate:
             self.running = [r for r in self.running if not r.is_finished()]
         if kv_skipped is not None:            # errors, landed loads, finished sends
             outputs.extend(self._finish_kv_reports(scheduler_output))
-        return outputs
+        return outputs + self._finish_grammar_errors()
 
     def _bound_fate(self, entry: RequestData, request: Request | None) -> Fate:
         """The fate without vLLM 0.33's counters: by incarnation (`_fate`),

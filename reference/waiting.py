@@ -39,7 +39,8 @@ class WaitingLoop:
             if self._seats_taken() >= self.config.max_num_seqs:     # parked sessions keep theirs (sessions.py)
                 break
             request = self.waiting[index]
-            if self._is_resumption_deferred(request) or request.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+            if (self._blocked_on_grammar(request) or self._is_resumption_deferred(request)   # grammar.py
+                    or request.status == RequestStatus.WAITING_FOR_STREAMING_REQ):
                 index += 1
                 continue
             computed_blocks, num_hit_tokens = kv.get_computed_blocks(request)

@@ -11,15 +11,16 @@ from .invariants import COUNTER_INVARIANTS, INVARIANTS, Invariant, invariants_fo
 from .profiles import DEFAULT_PROFILE, PROFILES, Profile
 from .schedule import Scheduled, ScheduledEntry, schedule
 from .sometimes import SOMETIMES, Sometimes
-from .state import BlockPool, Entry, Fate, Load, Request, State, Status, describe, initial_state
+from .state import BlockPool, Entry, Fate, Load, Pause, Request, State, Status, describe, initial_state
 from .transitions import (TRANSITION_PROPERTIES, Abort, Action, Arrive, ArriveAs, CompleteOldest,
-                          FailKvLoad, FailKvOutput, ReceiveKv, Schedule, SendInput, SendKv, step,
+                          FailKvLoad, FailKvOutput, ReceiveKv, Reset, Schedule, SendInput, SendKv, SetPause,
+                          step,
                           transition_properties_for)
 
 __all__ = [
     "Abort", "Action", "Arrive", "ArriveAs", "BlockPool", "CompleteOldest", "Config", "DEFAULT_PROFILE", "Entry", "Fate",
-    "FailKvLoad", "FailKvOutput", "KvConnector", "Load", "ReceiveKv", "SendInput", "SendKv", "fail_kv_load",
-    "fail_kv_output", "receive_kv", "send_kv",
+    "FailKvLoad", "FailKvOutput", "KvConnector", "Load", "Pause", "Reset", "SetPause", "ReceiveKv", "SendInput",
+    "SendKv", "fail_kv_load", "fail_kv_output", "receive_kv", "send_kv",
     "INVARIANTS", "Invariant", "PROFILES", "Profile", "Prompt", "Request", "Sample", "SOMETIMES",
     "Schedule", "Scheduled", "ScheduledEntry", "Sometimes", "State", "Status",
     "TRANSITION_PROPERTIES", "COUNTER_INVARIANTS", "invariants_for", "transition_properties_for", "abort", "arrive", "complete_oldest", "describe",

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import blocks, sessions
+from . import blocks, grammar, sessions
 from .config import Config
 from .drafts import drafts_come_with_output
 from .kv_fence import drain_deferred_frees, finish_with_connector
 from .priority import arrive_with_priority
 from .schedule import Scheduled, schedule  # noqa: F401  (re-exported: the fourth action)
-from .state import Entry, Fate, Request, State, Status, content_label, evolve, holder_of, name_of, retire_entries
+from .state import Entry, Fate, Grammar, Request, State, Status, content_label, evolve, holder_of, name_of, retire_entries
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ class Prompt:
     load_async: bool = False
     # vLLM's `Request.priority` (read only under `Config.scheduling_policy` "priority").
     priority: int = 0
+    # Structured output (grammar.py; read only with `Config.structured_output`).
+    structured: bool = False
     # A streaming session (spec/sessions.py; read only with
     # `Config.streaming_sessions`): the inputs its client sends after this
     # prompt, each `(new tokens, max_tokens)`, the last `(0, 0)` (the end).
@@ -58,6 +60,7 @@ class Sample:
     num_accepted: int = 0          # drafts accepted (0..entry.drafts)
     stop_at: int | None = None     # index among the generated tokens of a stop token
     next_drafts: int = 0           # drafts proposed for the request's next step (0..k)
+    illegal_from: int | None = None  # structured output: the first grammar-illegal draft (grammar.py)
 
 
 def arrive(state: State, cfg: Config, r: int, prompt: Prompt) -> State | None:
@@ -75,6 +78,7 @@ def arrive(state: State, cfg: Config, r: int, prompt: Prompt) -> State | None:
     state = replace(state, waiting=state.waiting + (r,))
     state = state.with_request(r, status=Status.WAITING, prompt_len=prompt.prompt_len,
                                max_tokens=prompt.max_tokens, prompt_labels=labels, num_computed=0)
+    state = grammar.arrive_structured(state, cfg, r, prompt.structured)
     state = sessions.open_session(state, cfg, r, prompt.session)
     state = _offer_of_connector(state, cfg, r, prompt)
     return arrive_with_priority(state, cfg, r, prompt.priority)
@@ -164,7 +168,8 @@ def max_next_drafts(cfg: Config) -> int:
 def is_valid_sample(cfg: Config, e: Entry, s: Sample) -> bool:
     return (0 <= s.num_accepted <= e.drafts
             and (s.stop_at is None or 0 <= s.stop_at <= s.num_accepted)
-            and 0 <= s.next_drafts <= max_next_drafts(cfg))
+            and 0 <= s.next_drafts <= max_next_drafts(cfg)
+            and grammar.verifier_accepts(cfg, e, s.num_accepted, s.illegal_from))
 
 
 def is_complete_enabled(state: State) -> bool:
@@ -224,7 +229,19 @@ def _complete_by_name(state: State, cfg: Config, samples: tuple[Sample, ...],
         if stale and holder in dropped:
             continue
         state = _apply_sample(state, cfg, e, sample, Fate.ORPHANED if stale else Fate.LIVE, holder)
-    return state
+    return after_output(state, cfg)
+
+
+def after_output(state: State, cfg: Config) -> State:
+    """The end of `update_from_output` with structured output: failed
+    grammars the waiting loop met finish with FINISHED_ERROR
+    (`grammar_compile_error_reqs`), and a deferred bitmask is built from the
+    FSM as the output left it (`step_with_batch_queue`)."""
+    if not cfg.structured_output:
+        return state
+    for r in grammar.errored_requests(state):
+        state = finish_request(state, cfg, r, Status.FINISHED_ERROR)
+    return grammar.build_deferred_masks(replace(state, grammar_errors=frozenset()))
 
 
 def _drains_stale(req: Request) -> bool:
@@ -278,11 +295,15 @@ def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate,
         req = replace(req, num_computed=req.num_computed - (e.drafts - s.num_accepted))
         req = _settle_rejected_placeholders(req, e.drafts - s.num_accepted)
     finish: Status | None = None
+    before = req
     for j in range(s.num_accepted + 1):
         req = evolve(req, num_output=req.num_output + 1)
         finish = _stop_reason(cfg, req, j, s)
         if finish is not None:
             break
+    req = grammar.advance_fsm(before, req, e, s.num_accepted, s.illegal_from)
+    if req.grammar is Grammar.REJECTED:
+        finish = Status.FINISHED_ERROR          # "Failed to advance FSM": the request is terminated
     if fate is Fate.LIVE:
         # every returned token settles a placeholder, those trimmed at a stop too
         req = _settle_returned_placeholders(req, s.num_accepted + 1)
@@ -292,7 +313,7 @@ def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate,
         state = _cache_settled_blocks(state, cfg, r, req.num_computed - trimmed - req.num_in_flight)
     if finish is not None:
         state = state.with_request(r, num_output=req.num_output, num_computed=req.num_computed,
-                                   placeholders=req.placeholders)
+                                   placeholders=req.placeholders, grammar=req.grammar, fsm=req.fsm)
         if req.resumable:      # num_computed covers the kept tokens but the last (`_update_request_with_output`)
             trimmed = s.num_accepted - j if fate is Fate.LIVE else 0
             return sessions.stop_session(state.with_request(r, num_computed=req.num_computed - trimmed), cfg, r, finish,
@@ -301,7 +322,7 @@ def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate,
     if fate is Fate.LIVE and drafts_come_with_output(cfg):
         req = evolve(req, num_drafts=s.next_drafts)       # the drafts proposed for its next step
     return state.with_request(r, num_output=req.num_output, num_computed=req.num_computed,
-                              num_drafts=req.num_drafts, placeholders=req.placeholders)
+                              num_drafts=req.num_drafts, placeholders=req.placeholders, fsm=req.fsm)
 
 
 def end_by_stop(state: State, cfg: Config, r: int, finish: Status) -> State:

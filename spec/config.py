@@ -114,10 +114,19 @@ class Config:
     # "priority" (spec/priority.py), only where the profile has it
     # (`Profile.priority_policy`).
     scheduling_policy: SchedulingPolicy = "fcfs"
+    # Structured output (spec/grammar.py): requests whose prompt asks for it
+    # wait for their grammar and advance an FSM. Off: the spec as before.
+    # Only the profiles with stale-output counters (vLLM 0.33, 0.34) model it.
+    structured_output: bool = False
     # Streaming sessions (spec/sessions.py; vLLM's resumable requests, where
     # the profile has them: `Profile.streaming_sessions`). Off: no request is
     # resumable, the spec exactly as without them.
     streaming_sessions: bool = False
+    # The environment may reset the prefix cache (dropping the running
+    # requests' in-flight output) and pause the scheduler between steps
+    # (reset_pause.py; `Profile.reset_drops_running_output`, `pause_states`).
+    # Off: neither action is enabled, the spec exactly as before.
+    reset_and_pause: bool = False
 
     def __post_init__(self) -> None:
         self._resolve_profile()
@@ -146,6 +155,10 @@ class Config:
         if self.streaming_sessions and self.prefix_caching:
             raise ValueError("streaming sessions are modelled without prefix caching (a turn's kept "
                              "outputs become prompt blocks, which block labels do not follow)")
+        if self.reset_and_pause and not (self.rules.reset_drops_running_output and self.rules.pause_states):
+            raise ValueError(f"reset_and_pause needs a profile with reset and pause (vLLM 0.33 on), not {self.profile}")
+        if self.reset_and_pause and self.kv_connector is not None:
+            raise ValueError("reset_and_pause is not modelled with a KV connector")
 
     def _check_admission_knobs(self) -> None:
         """vLLM's `SchedulerConfig` bounds: the budget holds a whole
@@ -159,6 +172,9 @@ class Config:
             raise ValueError("cache_aware_admission_window must be >= 0")
         if not 0.0 <= self.cache_aware_admission_threshold <= 1.0:
             raise ValueError("cache_aware_admission_threshold must be in [0, 1]")
+        if self.structured_output and (not self.rules.stale_output_counters or self.kv_connector is not None):
+            raise ValueError("structured_output is modelled only under the vLLM 0.33 and 0.34 profiles, "
+                             "without a KV connector")
 
     def _resolve_profile(self) -> None:
         """Fill every field left at None from the profile (frozen: set through object)."""

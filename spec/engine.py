@@ -51,6 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .config import Config
+from .reset_pause import num_unfinished_requests
 from .schedule import schedule
 from .state import Fate, State
 
@@ -79,8 +80,10 @@ def token_batches_in_flight(state: State) -> int:
 
 
 def has_requests(state: State) -> bool:
-    """`Scheduler.has_requests()`, as the spec sees it: some request is unfinished."""
-    return any(q.status.is_active for q in state.requests)
+    """`Scheduler.has_requests()`, as the spec sees it: some request is
+    unfinished, as `get_num_unfinished_requests` counts them (none under
+    PAUSED_ALL, whatever is in flight: reset_pause.py)."""
+    return num_unfinished_requests(state) > 0
 
 
 def with_true_in_flight_set(state: State, cfg: Config) -> State:

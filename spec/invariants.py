@@ -20,6 +20,7 @@ from typing import Callable
 
 from .blocks import cdiv
 from .config import Config
+from .grammar import g1_no_run_while_compiling, g2_fsm_tracks_output, g3_fsm_never_refuses, grammar_compiling
 from .kv_invariants import (holds_kv_blocks, kv1_no_reuse_under_transfer, kv2_loading_not_scheduled,
                             kv4_deferred_frees_drain, kv4_finished_holds_nothing, kv5_loaded_not_starved,
                             kv6_load_limit, may_hold_table, moves_a_load, transfers_in_flight)
@@ -28,6 +29,7 @@ from .priority_invariants import waiting_in_priority_order
 from .session_invariants import (ss2_old_turn_given_up, ss3_waiting_session_holds_blocks,
                                  ss4_waiting_session_keeps_seat)
 from .sessions import has_sessions, waiting_for_input
+from .reset_pause import num_unfinished_requests
 from .state import WAITING_STATUSES, Batch, BlockPool, Fate, State, Status, content_label
 
 
@@ -261,16 +263,30 @@ def running_request_unblocked(s: State, cfg: Config, r: int) -> bool:
 
 
 def l2_no_deadlock(s: State, cfg: Config) -> bool:
-    """L2 as safety: with nothing in flight and a request unfinished, schedule is enabled and forms a batch or preempts (with a KV connector: nothing in flight includes no load or send to be reported; with streaming sessions: no session waiting for input)."""
+    """L2 as safety: with nothing in flight and a request unfinished, schedule is enabled and forms a batch or preempts (with a KV connector: nothing in flight includes no load or send to be reported; with streaming sessions: no session waiting for input; with structured output, no grammar compiling)."""
     from .schedule import is_empty_step, schedule
-    if any(s.in_flight) or not any(q.status.is_active for q in s.requests) or transfers_in_flight(s):
+    if any(s.in_flight) or not num_unfinished_requests(s) or _waits_on_environment(s):
         return True
     if waiting_for_input(s):              # a session waits for its client: so may the scheduler
         return True
     # vLLM 0.33's empty batches change nothing when they complete: the state
     # they drain to must form a batch or preempt (or start or promote a KV load)
     scheduled = schedule(replace(s, in_flight=()), cfg)
-    return not is_empty_step(scheduled) or (scheduled is not None and moves_a_load(s, scheduled.state))
+    return not is_empty_step(scheduled) or (scheduled is not None and _moves_a_wait(s, scheduled.state))
+
+
+def _waits_on_environment(s: State) -> bool:
+    """A KV transfer is still to be reported, or a grammar still compiles:
+    the scheduler alone may have to wait (its report or event ends the wait);
+    or a failed grammar is recorded, which the next completion finishes (an
+    empty batch's completion then changes something)."""
+    return transfers_in_flight(s) or grammar_compiling(s) or bool(s.grammar_errors)
+
+
+def _moves_a_wait(before: State, after: State) -> bool:
+    """An empty step still moves on: it starts or promotes a KV load, or
+    meets a failed grammar (which the empty batch's completion finishes)."""
+    return moves_a_load(before, after) or bool(after.grammar_errors - before.grammar_errors)
 
 
 def l3_drain(s: State, cfg: Config) -> bool:
@@ -365,16 +381,16 @@ def placeholders_within_max_tokens(s: State, cfg: Config, r: int) -> bool:
 
 
 def l2_async_no_deadlock(s: State, cfg: Config) -> bool:
-    """L2 under async: with nothing in flight and a request unfinished, schedule forms a batch or preempts within stagger + 1 calls, the empty batches between draining at once (with a KV connector: nothing in flight includes no load or send to be reported)."""
+    """L2 under async: with nothing in flight and a request unfinished, schedule forms a batch or preempts within stagger + 1 calls, the empty batches between draining at once (with a KV connector: nothing in flight includes no load or send to be reported; with structured output, no grammar compiling)."""
     from .schedule import is_empty_step, schedule
-    if any(s.in_flight) or not any(q.status.is_active for q in s.requests) or transfers_in_flight(s):
+    if any(s.in_flight) or not num_unfinished_requests(s) or _waits_on_environment(s):
         return True
     if waiting_for_input(s):              # a session waits for its client: so may the scheduler
         return True
     state = replace(s, in_flight=())
     for _ in range(cfg.stagger + 1):
         scheduled = schedule(state, cfg)
-        if not is_empty_step(scheduled) or (scheduled is not None and moves_a_load(state, scheduled.state)):
+        if not is_empty_step(scheduled) or (scheduled is not None and _moves_a_wait(state, scheduled.state)):
             return True
         if scheduled is None:
             return False
@@ -505,13 +521,20 @@ SESSION_INVARIANTS: tuple[Invariant, ...] = (
 )
 KV_LOAD_LIMIT = Invariant("KV6_load_limit", (kv6_load_limit.__doc__ or "").strip(), of_state=kv6_load_limit)
 
+# With structured output (grammar.py).
+GRAMMAR_INVARIANTS: tuple[Invariant, ...] = tuple(
+    Invariant(name, (predicate.__doc__ or "").strip(), of_state=predicate)
+    for name, predicate in (("G1_no_run_while_compiling", g1_no_run_while_compiling),
+                            ("G2_fsm_tracks_output", g2_fsm_tracks_output),
+                            ("G3_fsm_never_refuses", g3_fsm_never_refuses)))
+
 
 def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
     """The invariants of cfg's profile: every profile's, IF0-IF3 where vLLM
     keeps stale-output counters, under async scheduling S3, S5, S6 and L2
     restated (`ASYNC_REPLACEMENTS`) with IA1 and IA2, and with a KV
     connector KV1, KV2, KV4, KV5 (and KV6 under vLLM 0.34's load limit);
-    PR1 under the priority policy."""
+    PR1 under the priority policy; with structured output G1-G3."""
     chosen = INVARIANTS + (COUNTER_INVARIANTS if cfg.rules.stale_output_counters else ())
     if cfg.rules.output_placeholders:
         chosen = tuple(ASYNC_REPLACEMENTS.get(i.name, i) for i in chosen) + ASYNC_INVARIANTS
@@ -521,6 +544,8 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
             chosen += (KV_LOAD_LIMIT,)
     if cfg.scheduling_policy == "priority":
         chosen += (PRIORITY_ORDER,)
+    if cfg.structured_output:
+        chosen += GRAMMAR_INVARIANTS
     if has_sessions(cfg):
         chosen += SESSION_INVARIANTS
     return chosen

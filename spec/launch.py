@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import grammar
 from .config import Config
 from .drafts import placeholder_drafts
 from .state import Entry, State
@@ -64,6 +65,7 @@ def snapshot(state: State, cfg: Config, e: ScheduledEntry) -> Entry:
     writes, and a streaming session's turn (sessions.py)."""
     return Entry(e.req, e.start, e.n, e.samples, e.drafts, name=state.requests[e.req].name,
                  external=e.external, blocks=state.requests[e.req].block_table if cfg.fences_freed_blocks else (),
+                 mask=grammar.mask_of(state, cfg, e.req, e.samples, e.drafts),
                  turn=state.requests[e.req].turn)
 
 

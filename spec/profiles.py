@@ -271,6 +271,17 @@ class Profile:
     # on past a request that preempted itself (0.33, 0.34: the same code in
     # both). 0.8.x's V1 scheduler has no priority policy.
     priority_policy: bool = False
+    # --- structured output (spec/grammar.py; read only with
+    # `Config.structured_output`, which the 0.8.x profiles do not model).
+    # Whether the scheduler checks a structured request's drafts against the
+    # grammar: 0.33 does (`update_draft_token_ids` cuts them to their
+    # grammar-valid prefix with `validate_tokens`; async,
+    # `update_draft_token_ids_in_output` pads each illegal one to -1, a slot
+    # the verifier rejects); 0.34 does not (sync `trim_spec_tokens` keeps the
+    # first illegal draft, `len_validated + 1`; async preserves every slot,
+    # "rejection sampling handles grammar violations"). Where it checks and
+    # runs sync, no illegal draft reaches a batch (`grammar.illegal_drafts_scheduled`).
+    scheduler_validates_drafts: bool = False
     # Streaming sessions (resumable requests; spec/sessions.py):
     # `add_request` under a live id queues or applies a streaming update
     # (`_update_request_as_session`), a stop parks the session in
@@ -279,6 +290,15 @@ class Profile:
     # its seat in the admission cap (`num_waiting_for_streaming_input`)
     # (0.33, 0.34: the same rules in both).
     streaming_sessions: bool = False
+    # `Scheduler.reset_prefix_cache(reset_running_requests=True)`: every
+    # running request preempted with `_preempt_request(drop_stale_output=True)`
+    # (its in-flight output dropped), then `BlockPool.reset_prefix_cache`
+    # (reset_pause.py) (0.33, 0.34).
+    reset_drops_running_output: bool = False
+    # `PauseState` and `Scheduler.set_pause_state`: PAUSED_ALL schedules
+    # nothing, PAUSED_NEW admits only `kv_holding_waiting`
+    # (`schedule`, `get_num_unfinished_requests`) (0.33, 0.34).
+    pause_states: bool = False
     # The profile of the release this one follows, when this one's spec rules
     # are that one's with some constants changed: verification checks this
     # one with everything it checks the older one with
@@ -330,6 +350,7 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     unchunked_prefill_stops_admission=True,
                     cache_settled_blocks_on_output=True, draft_source="submission",
                     pads_admitted_decodes=True, priority_policy=True, streaming_sessions=True,
+                    reset_drops_running_output=True, pause_states=True, scheduler_validates_drafts=True,
                     **_KV_CONNECTOR_0_33)
 
 # vLLM 0.33.0 with asynchronous scheduling, the default for single-node
@@ -374,7 +395,7 @@ VLLM_0_33_HARDENED = replace(VLLM_0_33, name="vllm-0.33-hardened", stale_test="p
 # And the connector's `async_kv_waiting` queue, loads-only mode and
 # `max_num_inflight_kv_loads` (`_next_waiting_queue`, `_admits_inflight_kv_load`).
 _VLLM_0_34_RULES = {"threshold_needs_chunked_prefill": True, "cache_aware_admission": True,
-                    "kv_inflight_load_limit": True}
+                    "kv_inflight_load_limit": True, "scheduler_validates_drafts": False}
 # 0.34's `EngineCoreProc._wait_for_output` handles ADD and ABORT while it
 # spins on a step's output before a deadline (`_INPUTS_HANDLED_DURING_STEP`):
 # an arrival, too, may land between a step's `schedule()` and its completion.

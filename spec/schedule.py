@@ -20,8 +20,12 @@ The action is deterministic: given the state, the batch is fixed.
 With a KV connector, the waiting loop asks it for hits, parks async loads
 and promotes landed ones (kv_loads.py); a fenced victim is not preempted.
 
-Abstracted away: encoder inputs and budgets, LoRA limits, structured-output
-grammars (WAITING_FOR_FSM), and the detail that
+Structured output (grammar.py): the waiting loop skips a request whose
+grammar still compiles and records one whose grammar failed
+(`_handle_blocked_waiting_request`); no call schedules while a batch's
+bitmask waits for the oldest output.
+
+Abstracted away: encoder inputs and budgets, LoRA limits, and the detail that
 vLLM trims a request's draft list only when some drafts were scheduled: here
 the unscheduled drafts are always dropped, so a clipped decode cannot leave
 drafts behind to be scheduled as a second sampling entry.
@@ -31,13 +35,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import blocks, kv_loads, priority, sessions
+from . import blocks, grammar, kv_loads, priority, sessions
 from .admission_order import reorder_waiting
 from .config import Config
 from .drafts import padded_admission
 from .kv_fence import can_free_now, requires_kv_delivery
 from .launch import ScheduledEntry, count_down, count_in_flight, snapshot
 from .profiles import num_preallocate_blocks
+from .reset_pause import has_requests, runs_running_loop, runs_waiting_loop
 from .state import Batch, BlockPool, Fate, Load, Request, State, Status, content_label, evolve, retire_entries
 
 
@@ -79,8 +84,8 @@ def _threshold_in_force(state: State, cfg: Config) -> int:
 def is_schedule_enabled(state: State, cfg: Config) -> bool:
     """Room in the batch queue (D = K, or K + 1 under async scheduling), and
     (one-batch-per-request) vLLM 0.8.4's engine gate."""
-    if len(state.in_flight) >= cfg.queue_depth:
-        return False
+    if len(state.in_flight) >= cfg.queue_depth or grammar.mask_pending(state):
+        return False                    # (a deferred bitmask waits for the oldest output: grammar.py)
     if not cfg.continue_prefill:
         unscheduled = len(state.waiting) + len(state.running) - len(state.scheduled_ids)
         return unscheduled > 0
@@ -92,8 +97,9 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
     if not is_schedule_enabled(state, cfg):
         return None
     step = _Step(state, cfg)
-    _schedule_running(step)
-    if not step.preempted:
+    if runs_running_loop(state):
+        _schedule_running(step)
+    if not step.preempted and runs_waiting_loop(state):
         _schedule_waiting(step)
     if not step.entries and not step.preempted:
         return _idle(state, cfg, step)   # 0.34's reorder and a KV connector's loads stay
@@ -102,18 +108,16 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
 
 def _idle(state: State, cfg: Config, step: _Step | None = None) -> Scheduled | None:
     """A step that forms nothing. vLLM 0.33 `EngineCore.step_with_batch_queue`
-    calls `schedule()` whenever `Scheduler.has_requests()` (an unfinished
-    request) and queues its result even with 0 tokens
-    (`Profile.empty_batches`): an empty batch takes a queue slot. The spec
-    lets `schedule` and `complete_oldest` interleave freely, so this one rule
-    covers every engine step that schedules nothing; it stays finite because
-    the queue holds at most K batches, empty ones included (a KV connector's
-    finished request held for a transfer keeps the engine stepping:
-    `has_finished_requests`). 0.8.x: nothing. `step`: the call's own, counted
-    down, with what its waiting loop changed; None: a call on `state` alone."""
+    calls `schedule()` whenever `Scheduler.has_requests()` (reset_pause.py:
+    an unfinished request, none under PAUSED_ALL; or a KV connector's finished
+    request held for a transfer) and queues its result even with 0 tokens
+    (`Profile.empty_batches`): an empty batch takes a queue slot. The spec lets
+    `schedule` and `complete_oldest` interleave freely, so this one rule covers
+    every engine step that schedules nothing; it stays finite because the queue
+    holds at most K batches, empty ones included. 0.8.x: nothing. `step`: the
+    call's own, counted down, with its waiting loop's changes; None: on `state`."""
     counted = count_down(state, cfg) if step is None else step.state
-    if not cfg.rules.empty_batches or not any((q.status.is_active and not q.status.awaits_client) or q.held
-                                              for q in counted.requests):
+    if not cfg.rules.empty_batches or not has_requests(counted):
         return None
     return Scheduled(replace(counted, in_flight=counted.in_flight + ((),)), (), (),
                      () if step is None else tuple(step.kv_loads))
@@ -223,7 +227,8 @@ def _schedule_waiting(step: _Step) -> None:
     i = 0                                   # requests before i were skipped: they keep their place
     while i < len(queue := _waiting_order(step.state)) and step.budget > 0 and _has_free_seat(step):
         r = queue[i]
-        if _is_resumption_deferred(step.state, cfg, r) or sessions.waits_for_input(step.state, r):
+        step.state, blocked = grammar.blocked_on_grammar(step.state, r)     # structured output
+        if blocked or _is_resumption_deferred(step.state, cfg, r) or sessions.waits_for_input(step.state, r):
             i += 1
             continue
         held = step.state.requests[r].num_computed      # a session's next turn: its computed tokens (else 0)

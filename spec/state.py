@@ -44,6 +44,8 @@ class Status(enum.Enum):
     # landed and not yet promoted; a request failed by the "fail" policy.
     WAITING_FOR_REMOTE_KVS = "WAITING_FOR_REMOTE_KVS"
     FINISHED_ERROR = "FINISHED_ERROR"
+    # Structured output (grammar.py): waiting for its grammar to compile.
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
     # A streaming session (docs/request-states.md, "Streaming sessions"):
     # stopped at the end of its turn, waiting for the client's next input.
     WAITING_FOR_STREAMING_REQ = "WAITING_FOR_STREAMING_REQ"
@@ -67,10 +69,10 @@ class Status(enum.Enum):
 FINISHED = frozenset({Status.FINISHED_STOPPED, Status.FINISHED_LENGTH, Status.FINISHED_ABORTED,
                       Status.FINISHED_ERROR})
 ACTIVE = frozenset({Status.WAITING, Status.RUNNING, Status.PREEMPTED, Status.WAITING_FOR_REMOTE_KVS,
-                    Status.WAITING_FOR_STREAMING_REQ})
+                    Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, Status.WAITING_FOR_STREAMING_REQ})
 # The statuses of a request in a waiting queue (`waiting` or `kv_holding`).
 WAITING_STATUSES = frozenset({Status.WAITING, Status.PREEMPTED, Status.WAITING_FOR_REMOTE_KVS,
-                              Status.WAITING_FOR_STREAMING_REQ})
+                              Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, Status.WAITING_FOR_STREAMING_REQ})
 
 
 class Load(enum.Enum):
@@ -86,6 +88,24 @@ class Load(enum.Enum):
     def in_transfer(self) -> bool:
         """The worker may still write the request's blocks."""
         return self in (Load.IN_FLIGHT, Load.FAILED)
+
+
+class Pause(enum.Enum):
+    """vLLM's `PauseState` (reset_pause.py): the scheduler's pause state."""
+
+    UNPAUSED = "none"
+    PAUSED_NEW = "new"         # no waiting request admitted; running ones go on
+    PAUSED_ALL = "all"         # nothing scheduled
+
+
+class Grammar(enum.Enum):
+    """A request's structured-output grammar (grammar.py)."""
+
+    NONE = "none"              # no structured output
+    COMPILING = "compiling"    # compiling in the background
+    READY = "ready"            # compiled: the FSM is at `Request.fsm`
+    FAILED = "failed"          # compilation failed (the grammar is an Exception)
+    REJECTED = "rejected"      # the FSM refused a token ("Failed to advance FSM"): G3 says never
 
 
 class Fate(enum.Enum):
@@ -133,6 +153,10 @@ class Request:
     # The priority policy (`Config.scheduling_policy`, spec/priority.py; 0 under FCFS):
     # vLLM's `Request.priority`, given at arrival (lower runs first).
     priority: int = 0
+    # Structured output (grammar.py; NONE and 0 without it): the grammar's
+    # state and the tokens its FSM has accepted.
+    grammar: Grammar = Grammar.NONE
+    fsm: int = 0
     # A streaming session (spec/sessions.py; all at their defaults for any
     # other request): resumable, the inputs its client will still send, in
     # order (each `(new tokens, max_tokens)`, `(0, 0)` the end of the
@@ -171,9 +195,16 @@ class Entry:
     # request's table when scheduled, the blocks the batch writes.
     external: int = 0
     blocks: tuple[int, ...] = ()
+    # Structured output: the FSM position this entry's bitmask was built at
+    # (grammar.DEFERRED while it waits for the oldest output; None: no mask).
+    mask: int | None = None
     # A streaming session's turn when scheduled (spec/sessions.py): an entry
     # of an earlier turn than its request's is the old input's work.
     turn: int = 0
+    # A ghost (reset_pause.py): the entry was in flight when a
+    # `reset_prefix_cache(reset_running_requests=True)` preempted its request;
+    # its output must be dropped, never applied.
+    reset: bool = False
 
     @property
     def lookup_name(self) -> int:
@@ -240,6 +271,11 @@ class State:
     kv_holding: tuple[int, ...] = ()
     deferred_frees: tuple[tuple[int, tuple[int, ...]], ...] = ()
     arrivals: tuple[int, ...] = ()
+    # vLLM's `PauseState` (reset_pause.py; UNPAUSED without `Config.reset_and_pause`).
+    pause: Pause = Pause.UNPAUSED
+    # Structured output: vLLM's `grammar_compile_error_reqs` (failed grammars
+    # the waiting loop met, finished by the next completion).
+    grammar_errors: frozenset[int] = frozenset()
 
     def with_request(self, r: int, **changes) -> "State":
         old = self.requests[r]
@@ -340,8 +376,7 @@ def retire_entries(state: State, r: int, from_fates: frozenset[Fate], to: Fate) 
 def describe_request(q: Request) -> str:
     """A request's status and counters as step tables print them, without its
     label: "RUNN c=4/8+1d o=0 b=[1] ..." (zero counters left out)."""
-    status = {Status.WAITING_FOR_REMOTE_KVS: "RKVS", Status.WAITING_FOR_STREAMING_REQ: "WSTR"}.get(
-        q.status, q.status.value[:4])
+    status = _SHORT_STATUS.get(q.status, q.status.value[:4])
     return (f"{status} c={q.num_computed}/{q.num_tokens}"
             f"{f'+{q.num_drafts}d' if q.num_drafts else ''} o={q.num_output}"
             f" b={list(q.block_table)}"
@@ -351,7 +386,12 @@ def describe_request(q: Request) -> str:
             f"{f' wait={q.decode_countdown}' if q.decode_countdown else ''}"
             f"{f' load={q.load.value}' if q.load is not Load.NONE else ''}"
             f"{f' ext={q.external}' if q.external else ''}{' held' if q.held else ''}"
-            f"{f' turn={q.turn}' if q.turn else ''}{f' queued={list(q.queued_inputs)}' if q.queued_inputs else ''}")
+            f"{f' turn={q.turn}' if q.turn else ''}{f' queued={list(q.queued_inputs)}' if q.queued_inputs else ''}"
+            f"{f' grammar={q.grammar.value} fsm={q.fsm}' if q.grammar is not Grammar.NONE else ''}")
+
+
+_SHORT_STATUS = {Status.WAITING_FOR_REMOTE_KVS: "RKVS", Status.WAITING_FOR_STREAMING_REQ: "WSTR",
+                 Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR: "GRMR"}
 
 
 def describe(state: State) -> str:
@@ -363,9 +403,10 @@ def describe(state: State) -> str:
         reqs.append(f"r{i}{f'(as r{q.name})' if q.name is not None else ''}:{describe_request(q)}")
     batches = ["[" + " ".join(f"r{e.req}{'' if e.name is None else f'(as r{e.name})'}"
                               f"@{e.start}+{e.n}{'*' if e.samples else ''}"
-                              f"{'' if e.fate is Fate.LIVE else '~' + e.fate.value[0]}"
+                              f"{'' if e.fate is Fate.LIVE else '~' + e.fate.value[0]}{'!' if e.reset else ''}"
                               for e in b) + "]" for b in state.in_flight]
     kv = (f"{f' H={list(state.kv_holding)}' if state.kv_holding else ''}"
           f"{f' deferred={[list(d) for d in state.deferred_frees]}' if state.deferred_frees else ''}")
+    kv += "" if state.pause is Pause.UNPAUSED else f" paused={state.pause.value}"
     return (f"{'; '.join(reqs) or '-'} | W={list(state.waiting)} R={list(state.running)}{kv}"
             f" | Q={' '.join(batches) or '-'} | free={list(state.pool.free_queue)}")

@@ -14,12 +14,15 @@ from typing import Callable, Union
 from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest, finish_request
 from .config import Config
 from .connector_contract import Labels, contract_clauses
+from .grammar import compile_grammar, fail_grammar
 from .kv_reports import fail_kv_load, fail_kv_output, receive_kv, send_kv
 from .priority_invariants import running_loop_skips_nothing, victim_leaves_no_trace
+from .reset_pause import (reset, rp1_paused_schedules_nothing, rp2_reset_drops_in_flight,
+                          rp3_reset_output_never_applied, rp4_prefix_cache_reset, set_pause)
 from .schedule import Scheduled, schedule
 from .session_invariants import ss1_old_output_never_bound
 from .sessions import has_sessions, send_input
-from .state import FINISHED, Entry, Fate, Request, State, Status
+from .state import FINISHED, Entry, Fate, Pause, Request, State, Status
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,8 @@ class CompleteOldest:
                 bits.append(f"stop@{s.stop_at}")
             if s.next_drafts:
                 bits.append(f"drafts={s.next_drafts}")
+            if s.illegal_from is not None:
+                bits.append(f"illegal@{s.illegal_from}")
             parts.append(",".join(bits) or "tok")
         return "complete oldest" + (f" [{'; '.join(parts)}]" if parts else "")
 
@@ -134,8 +139,52 @@ class SendInput:
 # The connector's reports: environment actions, each enabled only with a connector.
 KV_REPORTS = (ReceiveKv, FailKvLoad, SendKv)
 
+
+@dataclass(frozen=True)
+class Reset:
+    """`reset_prefix_cache(reset_running_requests=running)` (reset_pause.reset)."""
+
+    running: bool
+
+    def __str__(self) -> str:
+        return "reset prefix cache" + (" and running requests" if self.running else "")
+
+
+@dataclass(frozen=True)
+class SetPause:
+    """`set_pause_state(pause)` (reset_pause.set_pause)."""
+
+    pause: Pause
+
+    def __str__(self) -> str:
+        return f"pause {self.pause.value}"
+
+
+@dataclass(frozen=True)
+class CompileGrammar:
+    """r's structured-output grammar compiled (grammar.compile_grammar)."""
+
+    req: int
+
+    def __str__(self) -> str:
+        return f"grammar compiled r{self.req}"
+
+
+@dataclass(frozen=True)
+class FailGrammar:
+    """r's structured-output grammar failed to compile (grammar.fail_grammar)."""
+
+    req: int
+
+    def __str__(self) -> str:
+        return f"grammar failed r{self.req}"
+
+
+# The grammar backend's events: environment actions, enabled only with structured output.
+GRAMMAR_EVENTS = (CompileGrammar, FailGrammar)
+
 Action = Union[Arrive, ArriveAs, Schedule, CompleteOldest, Abort, ReceiveKv, FailKvLoad, FailKvOutput, SendKv,
-               SendInput]
+               SendInput, Reset, SetPause, CompileGrammar, FailGrammar]
 
 
 def step(state: State, cfg: Config, action: Action) -> State | None:
@@ -159,8 +208,16 @@ def step(state: State, cfg: Config, action: Action) -> State | None:
         return fail_kv_output(state, cfg, tuple((f.req, f.from_block) for f in action.failures))
     if isinstance(action, SendKv):
         return send_kv(state, cfg, action.req)
+    if isinstance(action, CompileGrammar):
+        return compile_grammar(state, cfg, action.req)
+    if isinstance(action, FailGrammar):
+        return fail_grammar(state, cfg, action.req)
     if isinstance(action, SendInput):
         return send_input(state, cfg, action.req, finish_request)
+    if isinstance(action, Reset):
+        return reset(state, cfg, action.running)
+    if isinstance(action, SetPause):
+        return set_pause(state, cfg, action.pause)
     raise TypeError(f"not an action: {action!r}")
 
 
@@ -299,6 +356,32 @@ def ss1_session_binding(before: State, after: State, action: Action, cfg: Config
 ss1_session_binding.__doc__ = ss1_old_output_never_bound.__doc__
 
 
+# --- reset and pause (reset_pause.py): RP1-RP4 on their labelled actions
+
+
+def rp1_pause(before: State, after: State, action: Action, cfg: Config) -> bool:
+    """RP1_paused_schedules_nothing: under PAUSED_ALL a schedule forms no entry and preempts nobody; under PAUSED_NEW it schedules only requests that were RUNNING before it."""
+    if not isinstance(action, Schedule) or before.pause is Pause.UNPAUSED:
+        return True
+    scheduled = schedule(before, cfg)
+    return scheduled is None or rp1_paused_schedules_nothing(before, after, scheduled.entries, scheduled.preempted)
+
+
+def rp2_reset(before: State, after: State, action: Action, cfg: Config) -> bool:
+    """RP2_reset_drops_in_flight: after a reset of the running requests none runs, and each one reset has every entry in flight marked and not live, drop mode on, stale = in flight, no placeholders."""
+    return not isinstance(action, Reset) or rp2_reset_drops_in_flight(before, after, action.running)
+
+
+def rp3_reset_output(before: State, after: State, action: Action, cfg: Config) -> bool:
+    """RP3_reset_output_never_applied: a completion applies no output of an entry in flight at its request's reset."""
+    return not isinstance(action, CompleteOldest) or rp3_reset_output_never_applied(before, after)
+
+
+def rp4_cache(before: State, after: State, action: Action, cfg: Config) -> bool:
+    """RP4_prefix_cache_reset: after a reset of the running requests no block is held and no label cached; without them, every label cleared or (a block held) nothing changed."""
+    return not isinstance(action, Reset) or rp4_prefix_cache_reset(before, after, action.running)
+
+
 @dataclass(frozen=True)
 class TransitionProperty:
     name: str
@@ -344,11 +427,21 @@ CONTRACT_PROPERTIES: tuple[TransitionProperty, ...] = tuple(
     for name, clause in contract_clauses(Labels(Schedule, ReceiveKv, FailKvLoad, SendKv)))
 
 
+# With `Config.reset_and_pause`.
+RESET_PAUSE_PROPERTIES: tuple[TransitionProperty, ...] = (
+    TransitionProperty("RP1_paused_schedules_nothing", rp1_pause),
+    TransitionProperty("RP2_reset_drops_in_flight", rp2_reset),
+    TransitionProperty("RP3_reset_output_never_applied", rp3_reset_output),
+    TransitionProperty("RP4_prefix_cache_reset", rp4_cache),
+)
+
+
 def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
     """The transition properties of cfg's profile: every profile's, S7'
     where outputs are looked up by name, and with a KV connector KV3 (where
     the profile has load failures), P_KV_preemption_frees and the
-    connector's contract (C1-C5); under the priority policy PR2 and PR3 first."""
+    connector's contract (C1-C5); under the priority policy PR2 and PR3 first, SS1
+    with streaming sessions, and RP1-RP4 with reset and pause."""
     chosen = TRANSITION_PROPERTIES + (INCARNATION_PROPERTIES if cfg.rules.stale_output_counters else ())
     if cfg.scheduling_policy == "priority":
         chosen = PRIORITY_PROPERTIES + chosen
@@ -358,4 +451,6 @@ def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
         chosen += CONTRACT_PROPERTIES
     if has_sessions(cfg):
         chosen += (TransitionProperty("SS1_old_output_never_bound", ss1_session_binding),)
+    if cfg.reset_and_pause:
+        chosen += RESET_PAUSE_PROPERTIES
     return chosen

@@ -11,6 +11,8 @@ import pytest
 from flightcheck.verification.mutants.reference import ALL_MUTANTS, PRIORITY_MUTANTS
 from flightcheck.verification.refinement.priority_machine import PRIORITY_FUZZED_PROFILES, priority_fuzz
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # a refinement fuzzer: both checkers compared
+
 # mutant -> (seed, steps) of a run that catches it (measured 2026-12-06: 0.5 to 2.1 s each)
 CAUGHT_FROM = {
     "victim_kept_in_batch_pr23347": (2, 6000),

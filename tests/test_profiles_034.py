@@ -62,6 +62,10 @@ SAME_AS_033_IN: dict[str, str] = {
                        "PriorityRequestQueue (request_queue.py, the same in both)",
     "streaming_sessions": "Scheduler.add_request / _update_request_as_session / _handle_stopped_request "
                           "(WAITING_FOR_STREAMING_REQ, num_waiting_for_streaming_input in the admission cap)",
+    "reset_drops_running_output": "Scheduler.reset_prefix_cache (reset_running_requests: "
+                                  "_preempt_request(drop_stale_output=True), then BlockPool.reset_prefix_cache)",
+    "pause_states": "Scheduler.set_pause_state / schedule (PAUSED_ALL: token_budget = 0; waiting loop "
+                    "UNPAUSED only) / get_num_unfinished_requests",
 }
 # Fields that are not vLLM rules.
 NOT_RULES = {"name", "follows"}
@@ -73,6 +77,9 @@ CHANGED_IN_034: dict[str, str] = {
                        "output before a deadline; 0.33: aborts only, EngineCore._process_aborts_queue)",
     "kv_inflight_load_limit": "Scheduler._next_waiting_queue / _admits_inflight_kv_load (async_kv_waiting, "
                               "loads-only mode, max_num_inflight_kv_loads; 0.33 has none)",
+    "scheduler_validates_drafts": "Scheduler.update_draft_token_ids (trim_spec_tokens keeps the first illegal "
+                                  "draft) / update_draft_token_ids_in_output (no validate_tokens: rejection "
+                                  "sampling handles grammar violations)",
     # the reference's name for the same rule
     "kv_async_waiting_queue": "Scheduler._enqueue_waiting_request / _next_waiting_queue / "
                               "_admits_inflight_kv_load (0.33 has no async_kv_waiting)",

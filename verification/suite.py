@@ -40,6 +40,7 @@ from flightcheck.spec.sometimes import sometimes_for
 from flightcheck.verification import executors
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.kv_models import KV_MUTANT_MODELS, KV_PROFILE_MODELS
+from flightcheck.verification.reset_pause_models import RESET_PAUSE_MODELS, reset_pause_mutant_model
 from flightcheck.verification.session_models import SESSION_MUTANT_MODELS, SESSION_PROFILE, SESSION_PROFILE_MODELS
 from flightcheck.verification.models import (
     NAME_REUSE_MODELS,
@@ -50,6 +51,7 @@ from flightcheck.verification.models import (
     mutant_model,
 )
 from flightcheck.verification.mutants import mutants_of
+from flightcheck.verification.mutants.registry import RESET_PAUSE_MUTANTS
 from flightcheck.verification.results import (
     LIVENESS_GRAPH,
     SOMETIMES_NAMES,
@@ -145,6 +147,7 @@ class SuiteResult:
     executor: str = "local"               # where its tasks ran (verification/executors)
     tasks: int = 0                        # how many tasks it ran there (none: all in this process)
     retried: int = 0                      # tasks run again after their worker was lost
+    reset_pause: bool = False             # reset and pause's models (`--reset-pause`)
 
     @property
     def ok(self) -> bool:
@@ -175,7 +178,9 @@ class SuiteResult:
             {"explicit_only": self.explicit_only} if self.explicit_only else {}) | (
             {"allow_name_reuse": True, "counterexamples": [to_json(cx) for cx in self.counterexamples]}
             if self.allow_name_reuse else {}) | ({"kv_connector": True} if self.kv_connector else {}) | (
-            {"streaming_sessions": True} if self.streaming_sessions else {})
+            {"reset_pause": True} if self.reset_pause else {}) | (
+
+{"streaming_sessions": True} if self.streaming_sessions else {})
 
 
 def all_property_names(cfg: Config | None = None) -> list[str]:
@@ -256,8 +261,8 @@ class SuiteOptions:
     `mutants` None hunts every mutant of the profile (its moot ones listed,
     not hunted), a list only those; `inferred` adds the inferred-invariant
     proof; `allow_name_reuse` searches the profile's name-reuse models
-    instead, `kv_connector` its KV connector models, `streaming_sessions`
-    its streaming sessions' models."""
+    instead, `kv_connector` its KV connector models, `reset_pause` its
+    reset-and-pause models, `streaming_sessions` its streaming sessions' models."""
     model: Model = VERIFY_MODEL
     depth: int = VERIFY_DEPTH
     use_z3: bool = True
@@ -267,6 +272,7 @@ class SuiteOptions:
     profile: str = DEFAULT_PROFILE
     allow_name_reuse: bool = False
     kv_connector: bool = False
+    reset_pause: bool = False
     streaming_sessions: bool = False
 
     @property
@@ -299,6 +305,8 @@ def run_suite(options: SuiteOptions = SuiteOptions(), progress: Progress | None 
         result = _name_reuse_suite(options, say)
     elif options.kv_connector:
         result = _kv_connector_suite(options, say)
+    elif options.reset_pause:
+        result = _reset_pause_suite(options, say)
     elif options.streaming_sessions:
         result = _sessions_suite(options, say)
     else:
@@ -309,7 +317,7 @@ def run_suite(options: SuiteOptions = SuiteOptions(), progress: Progress | None 
 
 
 def _profile_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
-    """The suite proper (run_suite without name reuse or a KV connector)."""
+    """The suite proper (run_suite without name reuse, a KV connector, or reset and pause)."""
     profile = options.profile
     t0 = time.perf_counter()
     moot = MOOT_MUTANTS.get(profile, {}) if options.mutants is None else {}
@@ -431,6 +439,31 @@ def _kv_connector_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
         hunted.append(hunt_mutant(name, model=small))
     return SuiteResult(time.perf_counter() - t0, rows, hunted, profile, kv_connector=True,
                        explicit_only=KV_EXPLICIT_ONLY if options.use_z3 and not z3_rows else None)
+
+
+RESET_PAUSE_EXPLICIT_ONLY = "the Z3 encoding has no reset and pause: their models are searched exhaustively"
+
+
+def _reset_pause_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
+    """`--reset-pause` (spec/reset_pause.py): the exhaustive search of the
+    profile's reset-and-pause model, every invariant, transition property
+    (RP1-RP4 among them), liveness property and target of it, and, under
+    `vllm-0.34-async`, reset and pause's mutants, each on its model."""
+    profile = options.profile
+    if profile not in RESET_PAUSE_MODELS:
+        raise ValueError(f"profile {profile!r} has no reset-and-pause model; known: {', '.join(RESET_PAUSE_MODELS)}")
+    t0 = time.perf_counter()
+    rows: list[PropertyResult] = []
+    for small in RESET_PAUSE_MODELS[profile]:
+        say(f"exhaustive search of {small.name} ({profile}, reset and pause)")
+        rows += exhaustive_rows(small)
+    hunted = []
+    for name, m in RESET_PAUSE_MUTANTS.items():
+        if m.profile == profile and (options.mutants is None or name in options.mutants):
+            say(f"hunting mutant {name} ({profile}, reset and pause)")
+            hunted.append(hunt_mutant(name, model=reset_pause_mutant_model(name)))
+    return SuiteResult(time.perf_counter() - t0, rows, hunted, profile, reset_pause=True,
+                       explicit_only=RESET_PAUSE_EXPLICIT_ONLY if options.use_z3 else None)
 
 
 # Why `--streaming-sessions` runs no Z3 engine (docs/request-states.md, "Not done yet").

@@ -52,6 +52,10 @@ def add_parser(sub) -> None:
                         help="search the profile's streaming session models exhaustively (SS1-SS4 and every "
                              "other property; vllm-0.33, vllm-0.33-async, vllm-0.34, vllm-0.34-async; seconds) "
                              "and, under vllm-0.34-async, hunt the sessions' mutants; no Z3 engine models sessions")
+    verify.add_argument("--reset-pause", action="store_true",
+                        help="search the profile's reset-and-pause model exhaustively (resets of the prefix "
+                             "cache and pauses between steps; vllm-0.33, vllm-0.33-async, vllm-0.34, "
+                             "vllm-0.34-async), and under vllm-0.34-async hunt reset and pause's mutants")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--inferred", action="store_true",
@@ -87,6 +91,7 @@ def _refusal(args: argparse.Namespace) -> str | None:
     from flightcheck.verification.kv_models import KV_PROFILE_MODELS
     from flightcheck.verification.models import MODELS, NAME_REUSE_MODELS
     from flightcheck.verification.mutants import MUTANTS
+    from flightcheck.verification.reset_pause_models import RESET_PAUSE_MODELS
 
     if args.config not in MODELS:
         return f"unknown --config {args.config!r}; known: {', '.join(MODELS)}"
@@ -110,6 +115,10 @@ def _refusal(args: argparse.Namespace) -> str | None:
     if args.kv_connector and (args.all_profiles or args.mutant or args.inferred or args.allow_name_reuse):
         return ("--kv-connector searches one profile's connector models; it cannot go with "
                 "--all-profiles, --mutant, --inferred or --allow-name-reuse")
+    if args.reset_pause and (args.kv_connector or args.all_profiles or args.mutant or args.inferred
+                             or args.allow_name_reuse or args.profile not in RESET_PAUSE_MODELS):
+        return (f"--reset-pause searches one profile's reset-and-pause model ({', '.join(RESET_PAUSE_MODELS)}); "
+                "it cannot go with --kv-connector, --all-profiles, --mutant, --inferred or --allow-name-reuse")
     return _sessions_usage_error(args)
 
 
@@ -122,6 +131,8 @@ def _sessions_usage_error(args: argparse.Namespace) -> str | None:
                                     or args.kv_connector):
         return ("--streaming-sessions searches one profile's session models; it cannot go with "
                 "--all-profiles, --mutant, --inferred, --allow-name-reuse or --kv-connector")
+    if args.streaming_sessions and args.reset_pause:
+        return "--streaming-sessions and --reset-pause search different models; name one"
     return None
 
 
@@ -157,7 +168,8 @@ def _run_profiles(args: argparse.Namespace, console: Console) -> int:
     for profile in profiles:
         options = SuiteOptions(MODELS[args.config], args.depth, use_z3=not args.no_z3, jobs=args.jobs,
                                inferred=args.inferred, profile=profile, allow_name_reuse=args.allow_name_reuse,
-                               kv_connector=args.kv_connector, streaming_sessions=args.streaming_sessions)
+                               kv_connector=args.kv_connector, reset_pause=args.reset_pause,
+                               streaming_sessions=args.streaming_sessions)
         try:
             with PhaseProgress(f"flightcheck verify ({profile})") as progress:
                 suites.append(run_suite(options, progress.phase))

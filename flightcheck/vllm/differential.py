@@ -182,6 +182,8 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
 
     for event in events:
         kind = event.get("ev")
+        if kind in ("grammar_compiled", "grammar_failed"):
+            continue                # the backend's events (vLLM's recorder writes them; the reference, none)
         if kind in KV_REPORTS:
             reports.append(kv_decision(event))
             # (a failure opens an update: its finishes by error come before its completion)
@@ -212,6 +214,10 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
             errors.release(finishes)
         elif kind == "abort":
             out.append(("abort", event["req"]))
+        elif kind == "reset":                     # reset and pause (reset_pause_workload.py)
+            out.append(("reset", event["running"], tuple(event.get("preempted", ())), event.get("ok")))
+        elif kind == "pause":
+            out.append(("pause", event["state"]))
     out.extend(sorted(reports))
     errors.release(finishes)
     flush()

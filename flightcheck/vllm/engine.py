@@ -216,8 +216,9 @@ class BatchQueueEngineV033(BatchQueueEngine):
     (`VllmConfig.max_concurrent_batches`: the pipeline size when scheduling
     is synchronous). Our copy of `EngineCore.step_with_batch_queue`: the
     queue is appended on the left and popped on the right (oldest first), as
-    there; structured-output sampling deferral and pooling are not modelled
-    (a replay has neither)."""
+    there; a structured-output batch whose sampling is deferred
+    (`pending_structured_output_tokens`) waits for the oldest output first;
+    pooling is not modelled (a replay has none)."""
 
     busy_while_in_flight = True      # EngineCoreProc.has_work counts the batch queue
 
@@ -268,7 +269,7 @@ class BatchQueueEngineV033(BatchQueueEngine):
     def _step_with_batch_queue(self) -> bool:
         record: dict[str, Any] = {"scheduled": None, "completed": None}
         self.steps.append(record)
-        model_executed = False
+        model_executed, deferred, scheduled = False, False, None
         assert len(self.batch_queue) < self.depth
         if self.scheduler.has_requests():
             scheduler_output = self.scheduler.schedule()
@@ -281,7 +282,15 @@ class BatchQueueEngineV033(BatchQueueEngine):
             if model_executed:
                 self.batches.append(dict(scheduler_output.num_scheduled_tokens))
             self.batch_queue.appendleft((scheduler_output, result))      # empty or not
-            if len(self.batch_queue) < self.depth and (model_executed or self.scheduler.has_requests()):
+            # A batch whose sampling waits for a structured request's earlier
+            # output (`pending_structured_output_tokens`, async) never returns
+            # early: the oldest output is processed first, then its bitmask built.
+            deferred = getattr(scheduler_output, "pending_structured_output_tokens", False)
+            scheduled = scheduler_output
+            if model_executed and not deferred:
+                self.grammar_bitmask(scheduler_output)
+            if len(self.batch_queue) < self.depth and (model_executed or self.scheduler.has_requests()) \
+                    and not deferred:
                 record["queue"] = len(self.batch_queue)
                 return model_executed
         elif not self.batch_queue:
@@ -293,9 +302,19 @@ class BatchQueueEngineV033(BatchQueueEngine):
         completed = dict(scheduler_output.num_scheduled_tokens)
         reported = self.kv_worker is not None and self.kv_worker.attach(scheduler_output, result)
         self._record_outputs(self.scheduler.update_from_output(scheduler_output, result))
+        if deferred:
+            self.grammar_bitmask(scheduled)      # the deferred batch's bitmask, from the FSM as it now is
         record["completed"] = completed
         record["queue"] = len(self.batch_queue)
         return model_executed or bool(completed) or reported
+
+    def grammar_bitmask(self, scheduler_output: Any) -> None:
+        """`EngineCore`: the batch's grammar bitmask before it samples
+        (`Scheduler.get_grammar_bitmask`; the fabricated model samples
+        without it). The reference's side has no bitmask to build."""
+        build = getattr(self.scheduler, "get_grammar_bitmask", None)
+        if build is not None:
+            build(scheduler_output)
 
     def transfers_in_flight(self) -> int:
         """KV transfers the fabricated connector has not reported yet (the
@@ -357,14 +376,16 @@ class InputQueue:
     arrivals come before aborts, and an arrival that reuses an id after them
     (an abort, then a new request under the same id)."""
 
-    ARRIVE, ABORT, REARRIVE, SESSION_INPUT = 0, 1, 2, 3
+    ARRIVE, ABORT, REARRIVE, SESSION_INPUT, EVENT = 0, 1, 2, 3, 4   # EVENT: a reset or a pause, after the step's requests
 
     def __init__(self, workload: Workload) -> None:
         inputs = sorted([(spec.arrival_step, self.REARRIVE if spec.reuses_id else self.ARRIVE, spec.req_id, spec)
                          for spec in workload.requests]
                         + [(spec.abort_step, self.ABORT, spec.req_id, spec) for spec in workload.requests
                            if spec.abort_step is not None]
-                        + session_inputs(workload, self.SESSION_INPUT), key=lambda x: (x[0], x[1]))
+                        + session_inputs(workload, self.SESSION_INPUT)
+                        + [(event.step, self.EVENT, "", event) for event in workload.events],
+                        key=lambda x: (x[0], x[1]))
         self.pending = deque(inputs)
 
     def next_step(self) -> int:
@@ -373,7 +394,8 @@ class InputQueue:
 
     def deliver(self, step: int, add_request: Callable[[RequestSpec], None], abort_request: Callable[[str], None],
                 bind: Callable[[RequestSpec], None] | None,
-                during_wait: list[Callable[[], None]] | None = None) -> list[str]:
+                during_wait: list[Callable[[], None]] | None = None,
+                call_event: Callable[[Any], None] | None = None) -> list[str]:
         """Hand over every input due by `step`; returns the aborts that go
         `abort_via` the aborts queue instead (0.33), in order. Inputs that
         arrive during the step's wait for output (0.34, `via "wait"`) are
@@ -381,6 +403,11 @@ class InputQueue:
         during_step: list[str] = []
         while self.pending and self.pending[0][0] <= step:
             _, kind, req_id, spec = self.pending.popleft()
+            if kind == self.EVENT:                 # reset_pause_workload.py: handed over at once
+                if call_event is None:
+                    raise ValueError("this engine takes no reset or pause events")
+                call_event(spec)
+                continue
             # a session's input keeps the model bound to the session's own request
             handover = _handover(kind == self.ABORT, spec, add_request, abort_request,
                                  None if kind == self.SESSION_INPUT else bind)
@@ -422,7 +449,8 @@ def _handover(is_abort: bool, spec: RequestSpec, add_request: Callable[[RequestS
 
 
 def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
-                  add_request: Callable[[RequestSpec], None], abort_request: Callable[[str], None]) -> RunOutcome:
+                  add_request: Callable[[RequestSpec], None], abort_request: Callable[[str], None],
+                  call_event: Callable[[Any], None] | None = None) -> RunOutcome:
     """vLLM's busy loop, with input delivered at the workload's steps
     (`InputQueue`). An abort `abort_via` the aborts queue (0.33) is handed
     to the engine while that step runs (`BatchQueueEngineV033.aborts_queue`);
@@ -444,7 +472,7 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
             for handover in waiting:                       # from the input queue, in order
                 handover()
             waiting = []
-            during_step = inputs.deliver(step, add_request, abort_request, bind, waiting)
+            during_step = inputs.deliver(step, add_request, abort_request, bind, waiting, call_event)
             in_flight = engine.busy_while_in_flight and bool(engine.batch_queue)
             if not scheduler.has_requests() and not in_flight and not during_step:
                 if waiting:                                # no step to wait in: the input queue has them

@@ -49,6 +49,8 @@ FEATURE_MODULES: tuple[str, ...] = (
     "flightcheck.vllm.family_features",        # reshape the plain workload: first
     "flightcheck.vllm.kv_generate",
     "flightcheck.vllm.priority_workload",
+    "flightcheck.vllm.reset_pause_generate",
+    "flightcheck.vllm.grammar_generate",
     "flightcheck.vllm.session_generate",
 )
 

@@ -320,7 +320,10 @@ class GroundTruthMixin:
                 if stale_left.get(id(entry.request), 0) > 0:
                     stale_left[id(entry.request)] -= entry.n
                     continue
-                if entry.samples:      # the sampled token's placeholder and its drafts'
+                # the sampled token's placeholder and its drafts', for the
+                # incarnation running now (a request reset in drop mode runs
+                # again while its old entries are still in flight)
+                if entry.samples and entry.incarnation == self._fc_admitted(entry.request):  # type: ignore[attr-defined]
                     in_flight[id(entry.request)] = (in_flight.get(id(entry.request), 0)
                                                     + 1 + len(drafts.get(entry.req_id, ())))
         spec = bool(getattr(self, "num_spec_tokens", 0))

@@ -62,8 +62,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import compat
+from . import compat, grammar_recording
 from .ground_truth import BatchRecord, EntrySnapshot, GroundTruthMixin, status_name
+from .reset_pause_recording import ResetPauseRecording
 from .sinks import TraceWriter, open_trace_from_env
 
 STAGES_ENV = "FLIGHTCHECK_NUM_STAGES"
@@ -95,7 +96,7 @@ def _block_ids(value: Any) -> list[int]:
     return value
 
 
-class RecordingMixin(GroundTruthMixin):
+class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
     """Put in front of a vLLM scheduler class: `class R(RecordingMixin, Scheduler)`."""
 
     # Set by the concrete class (recorder.py): the vLLM version it runs under,
@@ -132,6 +133,7 @@ class RecordingMixin(GroundTruthMixin):
         self.flightcheck_step = 0                      # schedule() + update_from_output() calls
         self._fc_start_ground_truth(spec_decoding=self._fc_num_spec_tokens() > 0)
         self._fc_next_empty = 1
+        self._fc_grammars_reported: set[str] = set()     # grammar events written (grammar_recording.py)
         # Empty batches scheduled and completed since the last event written.
         self._fc_empty_log: list[dict[str, Any]] = []
         self._fc_empty_in_flight: dict[int, tuple[int, Any]] = {}   # id(SchedulerOutput) -> (number, it)
@@ -184,6 +186,7 @@ class RecordingMixin(GroundTruthMixin):
             "num_preallocate_tokens": compat.num_preallocate_tokens(self.kv_cache_manager),
             "vllm_version": self.vllm_version, "writer": "flightcheck.vllm.recorder",
             **self._fc_async_config(), **self._fc_admission_config(), **self._fc_policy_config(),
+            **grammar_recording.config_fields(),
             # an engine serving streaming sessions says so (its `input` events)
             **({"streaming_sessions": True} if os.environ.get(SESSIONS_ENV) == "1" else {}),
         }
@@ -257,7 +260,7 @@ class RecordingMixin(GroundTruthMixin):
             "ev": "arrive", "req": request.request_id, "prompt_len": request.num_prompt_tokens,
             "max_tokens": request.max_tokens, "prompt_token_ids": list(request.prompt_token_ids),
             "eos_token_id": eos, "ignore_eos": bool(params.ignore_eos),
-            "stop_token_ids": list(params.stop_token_ids or ()),
+            "stop_token_ids": list(params.stop_token_ids or ()), **grammar_recording.arrive_fields(request),
             **({"priority": compat.request_priority(request)} if compat.request_priority(request) else {}),
         }
         if getattr(request, "resumable", False):
@@ -286,6 +289,8 @@ class RecordingMixin(GroundTruthMixin):
         # Requests holding drafts, and whether only drafts are left to schedule.
         drafts_before = {id(r): r.num_tokens == r.num_computed_tokens for r in running_before
                          if getattr(r, "spec_token_ids", None)}
+        for event in grammar_recording.settled_grammars(self.requests, self._fc_grammars_reported):
+            self._fc_write(event)
         output = super().schedule(*args, **kwargs)
         self.flightcheck_step += 1
         # vLLM preempts from the tail of `running` (Scheduler.schedule, running loop), or by priority.
@@ -374,7 +379,9 @@ class RecordingMixin(GroundTruthMixin):
         index, sampled = compat.output_index(model_runner_output), model_runner_output.sampled_token_ids
         returned = {e.req_id: (list(sampled[index[e.req_id]]) if e.req_id in index else []) for e in entries}
         self._fc_finish_written = set()
+        self._fc_grammar_finishes: list[dict[str, Any]] | None = []    # written after the complete event
         result = super().update_from_output(scheduler_output, model_runner_output)
+        grammar_finishes, self._fc_grammar_finishes = self._fc_grammar_finishes, None
         self.flightcheck_step += 1
         dropped, stale = self._fc_applied(record, returned, targets, before) if record is not None else ([], [])
         next_drafts = self._fc_drafts_after(targets, dropped, model_runner_output)
@@ -382,6 +389,8 @@ class RecordingMixin(GroundTruthMixin):
             self._fc_write_completion(record.batch_id, returned, dropped, stale, next_drafts)
         elif empty is not None:
             self._fc_empty_log.append({"ev": "complete", "empty_batch": empty[0], "step": self.flightcheck_step})
+        for event in grammar_finishes:
+            self._fc_write(event)
         # Without a batch queue (PP = 1) the engine's step() also hands an
         # empty SchedulerOutput back; no batch was in flight, so no event.
         for req_id, request in watched.values():
@@ -469,6 +478,11 @@ class RecordingMixin(GroundTruthMixin):
             ids = self._fc_scan_order(ids)
         live = [i for i in ids if i in self.requests and not self.requests[i].is_finished()]
         self._fc_finish_written.update(id(self.requests[i]) for i in live)
+        reason = FINISH_REASONS.get(finished_status.name, finished_status.name)
+        # a failed grammar's finish, inside an update: written after its complete event
+        deferred = getattr(self, "_fc_grammar_finishes", None)
+        grammar_errors = {i for i in live if deferred is not None
+                          and grammar_recording.is_grammar_error(self.requests[i], reason)}
         # vLLM's result is returned as is (0.34's update_from_output iterates
         # the requests it finished with FINISHED_ERROR on a KV load failure).
         # A set (a KV load failure's requests) vLLM frees in the set's order,
@@ -481,7 +495,6 @@ class RecordingMixin(GroundTruthMixin):
             finished = []
             for req_id in ids:             # (no super() inside a comprehension before Python 3.12)
                 finished.extend(super().finish_requests(req_id, finished_status))
-        reason = FINISH_REASONS.get(finished_status.name, finished_status.name)
         for req_id in live:
             self._fc_forget(self._fc_admissions.get(req_id, (None, 0))[0])
             if self._fc_in_session_input:
@@ -490,6 +503,9 @@ class RecordingMixin(GroundTruthMixin):
                 self._fc_write({"ev": "abort", "req": req_id})
             # vLLM reports the request as finished with this status (docs/trace-format.md, `finish`:
             # a writer may follow an abort with a finish of reason abort).
+            if req_id in grammar_errors:
+                deferred.append({"ev": "finish", "req": req_id, "reason": reason})
+                continue
             self._fc_write({"ev": "finish", "req": req_id, "reason": reason})
         self._fc_check_in_flight_set()
         return finished

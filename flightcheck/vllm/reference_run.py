@@ -36,6 +36,8 @@ from flightcheck.verification.mutants.patching import reference_applied
 from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV034, FabricatedModel, RunOutcome,
                      run_busy_loop)
 from .priority_workload import ArrivalClock
+from .reset_pause_workload import call_event
+from .grammar_workload import CompileClock
 from .versions import BATCH_QUEUE_V033_LOOPS, RELEASES, release, release_of_profile
 from .workload import Workload, workload_from_json
 
@@ -77,6 +79,7 @@ class _BatchView:
         self.total_num_scheduled_tokens = output.total_num_scheduled_tokens
         self.scheduled_spec_decode_tokens = output.scheduled_spec_decode_tokens
         self.finished_req_ids = output.finished_req_ids
+        self.pending_structured_output_tokens = output.pending_structured_output_tokens
 
 
 def _outputs_when_scheduled(request: Request, entry: RequestData) -> int:
@@ -293,6 +296,7 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
                                   schedules_only_unscheduled=not scheduler.config.continue_prefill)
 
     clock = ArrivalClock(workload.config.policy)
+    grammars = reference_grammars(side, scheduler)      # the workload's compile clock (grammar_workload.py)
 
     def add(spec: Any) -> None:
         params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
@@ -301,14 +305,37 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
         if kv.offers:
             request.kv_offer = kv.offers.get(spec.key)
         clock.stamp(request, spec.priority)
-        scheduler.add_request(request)
+        if spec.grammar is None:
+            scheduler.add_request(request)
+            return
+        grammars.arrive(spec.req_id, spec.grammar)
+        scheduler.add_structured_request(request)
 
     def abort(req_id: str) -> None:
         scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
 
-    outcome: RunOutcome = run_busy_loop(engine, workload, add, abort)
+    outcome: RunOutcome = run_busy_loop(engine, workload, add, abort,
+                                        (lambda event: call_event(scheduler, event)) if workload.events else None)
     events = [json.loads(line) for line in sink.getvalue().splitlines() if line.strip()]
     return ReferenceRun(events, outcome.ending, outcome.exception, side.saw_duplicate_cached_block)
+
+
+def reference_grammars(side: _ReferenceSide, scheduler: TracingScheduler) -> CompileClock:
+    """The reference's grammar backend: the same compile clock as the
+    replay's (grammar_replay.py), settling grammars at the start of each
+    `schedule()` call."""
+    clock = CompileClock()
+    schedule = side.schedule
+
+    def schedule_after_compiles() -> Any:
+        for req_id, fails in clock.tick():
+            request = scheduler.requests.get(req_id)
+            if request is not None and request.grammar == "compiling":
+                request.grammar = "failed" if fails else "ready"
+        return schedule()
+
+    side.schedule = schedule_after_compiles         # type: ignore[method-assign]
+    return clock
 
 
 def _draft_hand_off(config: SchedulerConfig) -> Any:

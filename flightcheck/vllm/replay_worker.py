@@ -99,10 +99,12 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from . import RECORDER, kv_replay, priority_workload  # noqa: E402
+from . import RECORDER, grammar_replay, kv_replay, priority_workload  # noqa: E402
+from .reset_pause_workload import call_event  # noqa: E402
 from .compat import resolve_obj_by_qualname  # noqa: E402
 from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV034,  # noqa: E402
                      FabricatedModel, run_busy_loop)
+from .grammar_recording import STRUCTURED_ENV  # noqa: E402
 from .recording import SESSIONS_ENV, STAGES_ENV, RecordingMixin  # noqa: E402
 from .trace import TRACE_ENV  # noqa: E402
 from .versions import BATCH_QUEUE_V033_LOOPS, UnknownRelease, nearest_release  # noqa: E402
@@ -251,6 +253,9 @@ class SchedulerFactory:
 def make_request(spec: RequestSpec, workload: Workload) -> Request:
     """A vLLM Request as `EngineCore.add_request` makes one."""
     params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
+    if spec.grammar is not None:          # structured output (any constraint: the backend is ours, grammar_replay.py)
+        from vllm.sampling_params import StructuredOutputsParams
+        params.structured_outputs = StructuredOutputsParams(regex="fabricated")
     if "eos_token_id" not in inspect.signature(Request.__init__).parameters:       # 0.33
         # The input processor sets EOS in the sampling params
         # (SamplingParams.update_from_generation_config); the engine core adds
@@ -307,6 +312,12 @@ def _make_engine(scheduler: Any, model: FabricatedModel, workload: Workload) -> 
     return engine(scheduler, model, depth, abort_all, drafts)
 
 
+def _event_caller(scheduler: Any) -> Any:
+    """Reset and pause events (reset_pause_workload.py), on vLLM 0.33 and 0.34."""
+    from vllm.v1.core.sched.interface import PauseState
+    return lambda event: call_event(scheduler, event, PauseState)
+
+
 def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]:
     workload = workload_from_json(job["workload"])
     assert RELEASE is not None
@@ -319,6 +330,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     if trace_path:
         os.environ[TRACE_ENV] = trace_path
     os.environ[STAGES_ENV] = str(workload.config.num_stages)
+    os.environ[STRUCTURED_ENV] = "1" if any(s.grammar is not None for s in workload.requests) else "0"
     os.environ.pop(SESSIONS_ENV, None)
     if any(spec.session for spec in workload.requests):
         os.environ[SESSIONS_ENV] = "1"
@@ -329,6 +341,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         raise TypeError(f"{qualified_name} resolves to {scheduler_class}, not a recorder")
     transfers = kv_replay.start(workload)                  # the KV connector's ledger (None: none)
     scheduler = factory.build(scheduler_class, workload.config)
+    grammars = grammar_replay.start(workload, scheduler)       # the fabricated grammar backend (None: none)
     if recording and scheduler._fc_trace is not None:
         scheduler._fc_trace.record_time = False          # replays are deterministic, times are not
     model = FabricatedModel(workload, _model_runner_output,
@@ -349,8 +362,9 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         kv_replay.before_add(transfers, spec, request)
         clock.stamp(request, spec.priority)
         scheduler.add_request(request)
+        grammar_replay.after_add(grammars, spec, request)       # EngineCore.add_request -> grammar_init
 
-    outcome = run_busy_loop(engine, workload, add, abort)
+    outcome = run_busy_loop(engine, workload, add, abort, _event_caller(scheduler) if workload.events else None)
     if recording:
         # A run cut short by an exception has no end: the trace stops where vLLM did.
         scheduler.flightcheck_end(complete=outcome.ending != "exception" and outcome.ending != "step_limit")
@@ -370,6 +384,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         "waits_in_flight": engine.waits_in_flight, "gated_completions": engine.gated_completions,
         "copy_errors": engine.copy_errors[:1],
         **({"kv_reports": kv_worker.reports} if kv_worker is not None else {}),
+        **({"grammars": grammars.report()} if grammars is not None else {}),
     }
 
 

@@ -80,11 +80,19 @@
 * `config.policy` (`"fcfs"`, the default, or `"priority"`; vLLM 0.33 and
   0.34) and each request's `priority` (an integer, lower runs first, 0 by
   default): vLLM's priority scheduling (priority_workload.py).
+* a request's `grammar` (vLLM 0.33 and 0.34): it asks for structured
+  output, with a fabricated grammar backend: `{"compile_steps": n,
+  "fails": bool}`, the grammar settling once n `schedule()` calls have begun
+  since its arrival (grammar_workload.py).
 * A request's `session` (vLLM 0.33 and 0.34): a streaming session, the
   request resumable, its later inputs sent at engine steps
   (`{"inputs": [{"step", "tokens", "max_tokens"}], "end_step"}`);
   session_workload.py documents it. The replay and the reference take the
   same decisions on such workloads; check-trace does not read them yet.
+* `events` (vLLM 0.33 and 0.34): resets and pauses handed to the scheduler
+  before given engine steps, after that step's arrivals and aborts:
+  `[{"step": 7, "reset": {"running": true}}, {"step": 9, "pause": "all"}]`
+  (reset_pause_workload.py).
 
 Every key is checked with its type and range before a token is drawn
 (WorkloadError, one line naming the key path: `requests[3].prompt_len: must
@@ -106,7 +114,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .grammar_workload import GrammarSpec, GrammarWorkloadError, grammar_from_json
 from .session_workload import SessionInput, SessionWorkloadError, session_from_json
+from .reset_pause_workload import WorkloadEvent, events_from_json
 from .kv_workload import NO_KV, KVConnectorConfig, KVRequestSpec, KVWorkloadError, kv_connector_from_json, \
     kv_request_from_json
 from .priority_workload import PriorityWorkloadError, policy_from_json, priority_from_json
@@ -167,6 +177,8 @@ class RequestSpec:
     kv: KVRequestSpec = NO_KV
     # Its priority under the priority policy (priority_workload.py; lower first).
     priority: int = 0
+    # Structured output: its fabricated grammar's timing (grammar_workload.py); None: none.
+    grammar: GrammarSpec | None = None
     # A streaming session (session_workload.py): the inputs its client sends,
     # the end last; and whether vLLM gets it resumable (the session's first
     # request and each input but the end).
@@ -194,6 +206,8 @@ class Workload:
     max_steps: int
     # The chance that each scheduled draft is accepted (after the one before it).
     draft_acceptance: float = 0.5
+    # Reset and pause events at given engine steps (reset_pause_workload.py).
+    events: tuple[WorkloadEvent, ...] = ()
 
 
 CONFIG_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "block_size": 16, "max_model_len": 2048,
@@ -304,9 +318,10 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int], tokens_l
     try:
         kv = kv_request_from_json(raw.get("kv"), f"{where}.kv")
         priority = priority_from_json(raw.get("priority", 0), where)
+        grammar = grammar_from_json(raw.get("grammar"), f"{where}.grammar")
         session = session_from_json(raw.get("session"), f"{where}.session", seed, req_id,
                                     (FIRST_ORDINARY_TOKEN, VOCAB_SIZE))
-    except (KVWorkloadError, PriorityWorkloadError, SessionWorkloadError) as err:
+    except (KVWorkloadError, PriorityWorkloadError, GrammarWorkloadError, SessionWorkloadError) as err:
         raise WorkloadError(str(err)) from None
     return RequestSpec(session=session, resumable=bool(session),
         req_id=req_id if reuse is None else reuse, name="" if reuse is None else req_id,
@@ -317,6 +332,7 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int], tokens_l
         abort_step=None if abort is None else _int(f"{where}.abort_step", abort),
         eos_probability=share(f"{where}.eos_probability", raw.get("eos_probability", 0.0)),
         ignore_eos=flag(f"{where}.ignore_eos", raw.get("ignore_eos", False)), kv=kv, priority=priority,
+        grammar=grammar,
         prompt_token_ids=tuple(_prompt(raw, where, seed, prefixes, req_id, tokens_left)))
 
 
@@ -358,7 +374,7 @@ def _workload_from_json(raw: Any, default_name: str) -> Workload:
                     eos_token_id=_int("eos_token_id", raw.get("eos_token_id", EOS_TOKEN_ID)),
                     max_steps=_int("max_steps", raw.get("max_steps", 100_000), 1, MAX_STEPS,
                                    "every step is a call into vLLM's scheduler"),
-                    draft_acceptance=acceptance)
+                    draft_acceptance=acceptance, events=events_from_json(raw.get("events", [])))
 
 
 def _check_ids(specs: list[RequestSpec]) -> None:

@@ -21,7 +21,9 @@ searches every engine model and prints each one's verdict: 0.8.5's and
 0.8.4's loops as released break E-a (a wait with an aborted request's batch
 in flight); 0.8.4's stale `scheduled_req_ids` (the spec mutant
 `inflight_set_not_cleared_on_preemption`) breaks E-b; the corrected loops
-and 0.33's keep both.
+and 0.33's keep both. With reset and pause between steps (spec/reset_pause.py),
+0.34's loop keeps both, and a loop that waited on `has_requests()` alone
+breaks E-a under PAUSED_ALL with a batch in flight.
 """
 
 from __future__ import annotations
@@ -32,13 +34,15 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Iterator
 
-from flightcheck.spec import Abort, Arrive, CompleteOldest, State, describe, initial_state, schedule
+from flightcheck.spec import Abort, Arrive, CompleteOldest, Pause, Reset, SetPause, State, describe, initial_state, schedule
 from flightcheck.spec.actions import abort, arrive, complete_oldest
+from flightcheck.spec.reset_pause import reset, set_pause
 from flightcheck.spec.engine import (E_A, E_B, EngineLoop, corrected, has_requests, loop_calls_schedule,
                                      loop_completes_after, loop_of, loop_waits, may_complete, may_wait)
 from flightcheck.verification.explicit.search import sample_choices
 from flightcheck.verification.models import ONE_BATCH, SINGLE_SEQ, TIGHT_K2, Model, mutant_model
 from flightcheck.verification.mutants import applied
+from flightcheck.verification.reset_pause_models import RESET_PAUSE_K2
 
 Phase = str          # "between" | "waiting" | "mid"
 Node = tuple[State, Phase]
@@ -89,6 +93,13 @@ def _inputs(model: Model, state: State, kinds: tuple[str, ...]) -> Iterator[tupl
             nxt = abort(state, cfg, r)
             if nxt is not None:
                 yield str(Abort(r)), nxt
+    if "pause" in kinds and cfg.reset_and_pause:          # reset and pause (spec/reset_pause.py)
+        for pause in Pause:
+            if (nxt := set_pause(state, cfg, pause)) is not None:
+                yield str(SetPause(pause)), nxt
+        for running in (True, False):
+            if (nxt := reset(state, cfg, running)) is not None and nxt != state:
+                yield str(Reset(running)), nxt
 
 
 def _engine_step(model: Model, loop: EngineLoop, state: State) -> tuple[str, State, bool] | None:
@@ -120,7 +131,7 @@ def successors(em: EngineModel, node: Node) -> Iterator[tuple[str, Node, str | N
             if nxt is not None:
                 yield str(CompleteOldest(samples)), (nxt, "between"), None
         return
-    for label, nxt in _inputs(model, state, ("arrive", "abort")):
+    for label, nxt in _inputs(model, state, ("arrive", "abort", "pause")):
         yield label, (nxt, "between"), None
     if phase == "waiting":
         return
@@ -193,6 +204,14 @@ ENGINE_MODELS: tuple[EngineModel, ...] = (
     EngineModel("0.33-loop", TIGHT_K2.under_profile("vllm-0.33"), _loop(TIGHT_K2.under_profile("vllm-0.33")), None),
     # 0.34's mid-step arrivals and aborts (`EngineCoreProc._wait_for_output`) trip neither property
     EngineModel("0.34-loop", TIGHT_K2.under_profile("vllm-0.34"), _loop(TIGHT_K2.under_profile("vllm-0.34")), None),
+    # Reset and pause between steps: 0.34's loop completes every batch in
+    # flight while `has_requests()` says 0 under PAUSED_ALL (`has_work`
+    # counts the batch queue); a loop that waited on `has_requests()` alone
+    # would leave them in flight (no abort or stop in the model: only the pause
+    # makes `has_requests()` false with a batch in flight)
+    EngineModel("0.34-loop+reset-pause", RESET_PAUSE_K2, _loop(RESET_PAUSE_K2), None),
+    EngineModel("0.34-loop-waiting-on-has-requests+reset-pause", RESET_PAUSE_K2,
+                replace(_loop(RESET_PAUSE_K2), waits_with_batch_in_flight=True), E_A, 4),
 )
 
 

@@ -29,12 +29,17 @@ from flightcheck.spec import (
     Arrive,
     ArriveAs,
     CompleteOldest,
+    Config,
+    Entry,
     FailKvLoad,
+    Pause,
     ReceiveKv,
+    Reset,
     Sample,
     Schedule,
     SendInput,
     SendKv,
+    SetPause,
     Sometimes,
     State,
     describe,
@@ -46,7 +51,9 @@ from flightcheck.spec import (
 )
 from flightcheck.spec.sometimes import sometimes_for
 from flightcheck.spec.state import name_of
+from flightcheck.spec.transitions import CompileGrammar, FailGrammar
 from flightcheck.spec.actions import max_next_drafts
+from flightcheck.spec.grammar import illegal_drafts_scheduled
 from flightcheck.spec.kv_reports import failable_blocks
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
@@ -64,9 +71,28 @@ def sample_choices(model: Model, state: State) -> Iterator[tuple[Sample, ...]]:
                 stops = [None] + (list(range(accepted + 1)) if model.allow_stop else [])
                 for stop_at in stops:
                     drafts = range(max_next_drafts(cfg) + 1) if live and stop_at is None else [0]
-                    options.extend(Sample(accepted, stop_at, d) for d in drafts)
+                    options.extend(Sample(accepted, stop_at, d, illegal)
+                                   for d in drafts for illegal in illegal_draft_choices(cfg, e, accepted))
             per_entry.append(options)
     return itertools.product(*per_entry)
+
+
+def illegal_draft_choices(cfg: Config, e: Entry, accepted: int) -> list[int | None]:
+    """Where the grammar refuses e's drafts (grammar.py: structured output
+    only, and only where the profile lets an illegal draft reach a batch):
+    none, or any of them; `complete_oldest`'s guard (the verifier accepts no
+    draft from the first illegal one on) disables those below `accepted`."""
+    if not illegal_drafts_scheduled(cfg) or e.mask is None:
+        return [None]
+    return [None, *range(e.drafts)]
+
+
+def grammar_events(model: Model, state: State) -> Iterator[Action]:
+    """The grammar backend's events: a compiling grammar compiles, or fails."""
+    for r, q in enumerate(state.requests):
+        if q.grammar.value == "compiling" and q.status.is_active:
+            yield CompileGrammar(r)
+            yield FailGrammar(r)
 
 
 def actions(model: Model, state: State) -> Iterator[Action]:
@@ -89,14 +115,27 @@ def actions(model: Model, state: State) -> Iterator[Action]:
                 yield Abort(r)
     if model.cfg.kv_connector is not None:
         yield from kv_reports(model, state)
+    if model.cfg.structured_output:
+        yield from grammar_events(model, state)
     if model.cfg.streaming_sessions:
         yield from (SendInput(r) for r, q in enumerate(state.requests) if q.inputs_to_send and q.status.is_active)
+    if model.cfg.reset_and_pause:
+        yield from (Reset(running) for running in (True, False))
+        yield from (SetPause(pause) for pause in Pause)
 
 
 # The connector's reports the scheduler waits for: a fair connector makes
 # each in the end, so liveness counts them as the system's steps; so is a
-# streaming session's next input (its client sends each, the end included).
-SYSTEM_STEPS = (Schedule, CompleteOldest, ReceiveKv, SendKv, SendInput)
+# streaming session's next input (its client sends each, the end included),
+# and a grammar backend's event (a grammar compiles or fails in the end).
+SYSTEM_STEPS = (Schedule, CompleteOldest, ReceiveKv, SendKv, SendInput, CompileGrammar, FailGrammar)
+
+
+def is_system_step(action: Action) -> bool:
+    """The system's steps, and a resume: liveness asks that every request
+    can finish once the environment lifts a pause (reset_pause.py), not
+    while it holds it."""
+    return isinstance(action, SYSTEM_STEPS) or (isinstance(action, SetPause) and action.pause is Pause.UNPAUSED)
 
 
 def kv_reports(model: Model, state: State) -> Iterator[Action]:
@@ -245,7 +284,7 @@ class _Search:
         for action, nxt in successors(self.model, s):
             result.num_edges += 1
             edges.append(nxt)
-            if isinstance(action, SYSTEM_STEPS):
+            if is_system_step(action):
                 sys_edges.append(nxt)
                 labelled.append((action, nxt))
             fresh = nxt not in graph.parent
@@ -363,7 +402,8 @@ def _check_liveness(graph: _Graph, result: SearchResult) -> None:
             "the trace goes on to where it gets stuck"))
     # Kahn's algorithm on the scheduler-step subgraph: a leftover node lies on a cycle.
     cfg = result.model.cfg
-    fair = _fair_system_edges(graph) if cfg.kv_connector is not None or cfg.streaming_sessions else graph.system_edges
+    fair = (_fair_system_edges(graph) if cfg.kv_connector is not None or cfg.streaming_sessions
+            or cfg.structured_output else graph.system_edges)
     indegree = {s: 0 for s in graph.parent}
     for outs in fair.values():
         for t in outs:
@@ -395,8 +435,9 @@ def _check_liveness(graph: _Graph, result: SearchResult) -> None:
 
 
 def _transfer_pending(s: State) -> bool:
-    """A KV connector's load or send is still to be reported."""
-    return any(q.held or q.load.in_transfer for q in s.requests)
+    """A KV connector's load or send is still to be reported, or a grammar
+    is still compiling (its backend's event, like a report, ends the wait)."""
+    return any(q.held or q.load.in_transfer or q.grammar.value == "compiling" for q in s.requests)
 
 
 def _input_pending(s: State) -> bool:
@@ -412,7 +453,8 @@ def _fair_system_edges(graph: _Graph) -> dict[State, list[State]]:
     transfer -- is unfair and not a lasso; so is one spinning while a
     session waits for its next input. Without either, every system edge."""
     return {s: [t for a, t in graph.labelled_system_edges.get(s, [])
-                if isinstance(a, (ReceiveKv, SendKv, SendInput)) or not (_transfer_pending(s) or _input_pending(s))]
+                if isinstance(a, (ReceiveKv, SendKv, SendInput, CompileGrammar, FailGrammar))
+                or not (_transfer_pending(s) or _input_pending(s))]
             for s in graph.system_edges}
 
 

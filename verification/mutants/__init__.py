@@ -9,10 +9,11 @@ recompiled with the edit, the function's code object swapped)."""
 
 from flightcheck.verification.mutants.patch import Edit, MutantNoLongerApplies
 from flightcheck.verification.mutants.patching import active, active_reference, applied, reference_applied
-from flightcheck.verification.mutants.registry import (ALL_MUTANTS, KV_MUTANTS, MUTANTS, PROFILE_MUTANTS, SESSION_MUTANTS,
-                                                       Mutant, drifted,
+from flightcheck.verification.mutants.registry import (ALL_MUTANTS, GRAMMAR_MUTANTS, KV_MUTANTS, MUTANTS, PROFILE_MUTANTS,
+                                                       SESSION_MUTANTS, Mutant, drifted,
                                                        kv_mutants_of, mutant, mutants_of, stale_fingerprints)
 
-__all__ = ["ALL_MUTANTS", "KV_MUTANTS", "MUTANTS", "PROFILE_MUTANTS", "SESSION_MUTANTS", "Edit", "Mutant", "MutantNoLongerApplies", "active",
+__all__ = ["ALL_MUTANTS", "GRAMMAR_MUTANTS", "KV_MUTANTS", "MUTANTS", "PROFILE_MUTANTS", "SESSION_MUTANTS", "Edit", "Mutant",
+           "MutantNoLongerApplies", "active",
            "active_reference", "applied", "drifted", "kv_mutants_of", "mutant", "mutants_of", "reference_applied",
            "stale_fingerprints"]

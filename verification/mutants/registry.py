@@ -15,11 +15,13 @@ from collections.abc import Iterator, Mapping
 from types import FunctionType
 
 from flightcheck.spec.profiles import PROFILES
+from flightcheck.verification.mutants.grammar import GRAMMAR_BUGS
 from flightcheck.verification.mutants.kv_connector import KV_CONNECTOR
 from flightcheck.verification.mutants.patch import MutantNoLongerApplies, edited_code
 from flightcheck.verification.mutants.priority import PRIORITY_BUGS
 from flightcheck.verification.mutants.reference import ReferenceMutant
 from flightcheck.verification.mutants.sessions import SESSION_MUTANTS as _SESSION_MUTANTS
+from flightcheck.verification.mutants.reset_pause import RESET_PAUSE
 from flightcheck.verification.mutants.spec import (ASYNC_0_33, COUNTERS_0_33, HISTORICAL, SPEC_MODULES, SYNTHETIC,
                                                    Mutant)
 
@@ -45,8 +47,12 @@ PRIORITY_MUTANTS: dict[str, Mutant] = {m.name: m for m in PRIORITY_BUGS}
 # Streaming sessions' bugs (sessions.py): hunted only on the session models
 # (`flightcheck verify --sessions`), as the connector's are.
 SESSION_MUTANTS: dict[str, Mutant] = {m.name: m for m in _SESSION_MUTANTS}
+# Reset and pause's (reset_pause.py): hunted only on their own models, likewise.
+RESET_PAUSE_MUTANTS: dict[str, Mutant] = {m.name: m for m in RESET_PAUSE}
+# Structured output's bugs (grammar.py): hunted only on the grammar models.
+GRAMMAR_MUTANTS: dict[str, Mutant] = {m.name: m for m in GRAMMAR_BUGS}
 ALL_MUTANTS: dict[str, Mutant] = (MUTANTS | {m.name: m for m in _ONE_PROFILE} | KV_MUTANTS | PRIORITY_MUTANTS
-                                  | SESSION_MUTANTS)
+                                  | SESSION_MUTANTS | RESET_PAUSE_MUTANTS | GRAMMAR_MUTANTS)
 
 
 def spec_function(target: str) -> FunctionType:

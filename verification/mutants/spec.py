@@ -34,11 +34,15 @@ SPEC_MODULES: dict[str, str] = {
     "kv_loads": "flightcheck.spec.kv_loads",
     "kv_fence": "flightcheck.spec.kv_fence",
     "kv_reports": "flightcheck.spec.kv_reports",
+    # structured output (grammar.py's mutants)
+    "grammar": "flightcheck.spec.grammar",
     "search": "flightcheck.verification.explicit.search",
     # the priority policy (priority.py's mutants)
     "priority": "flightcheck.spec.priority",
     # streaming sessions (sessions.py's mutants)
     "sessions": "flightcheck.spec.sessions",
+    # reset and pause (reset_pause.py's mutants)
+    "reset_pause": "flightcheck.spec.reset_pause",
 }
 
 
@@ -200,9 +204,8 @@ SYNTHETIC: tuple[Mutant, ...] = (
     _mutant("admit_after_preemption", "synthetic",
             "admission runs in a step that preempted, so a request can be preempted and "
             "re-admitted in one step",
-            _edit("schedule.schedule", """
-                  if not step.preempted:
-                      _schedule_waiting(step)""", "_schedule_waiting(step)"),
+            _edit("schedule.schedule", "not step.preempted and runs_waiting_loop(state)",
+                  "runs_waiting_loop(state)"),
             killed_by="S12_status_monotonicity", shortest=5),
     _mutant("orphan_kept_after_reschedule", "synthetic",
             "a rescheduled request's orphaned entries stay orphaned, bound to a request that is "

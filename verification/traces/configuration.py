@@ -109,7 +109,9 @@ def _config(event: dict, profile: str, overrides: dict[str, Any]) -> Config:
         cache_aware_admission_threshold=event.get("cache_aware_admission_threshold", 0.5),
         kv_connector=connector_from_event(event),
         streaming_sessions=event.get("streaming_sessions", False),
-        scheduling_policy=event.get("scheduling_policy", "fcfs"))
+        
+        scheduling_policy=event.get("scheduling_policy", "fcfs"),
+        structured_output=event.get("structured_output", False))
 
 
 def modelled_pool(cfg: Config, events: list[dict[str, Any]]) -> Config:

@@ -69,14 +69,17 @@ from flightcheck.spec import (
     CompleteOldest,
     Invariant,
     Request,
+    Reset,
     Schedule,
+    SetPause,
     State,
 )
 from flightcheck.spec import pool_store, request_store
 from flightcheck.spec.blocks import group_duplicates
 from flightcheck.spec.state import Batch
-from flightcheck.spec.transitions import (KV_REPORTS, FailKvLoad, FailKvOutput, SendInput,
-                                          s12_no_admission_after_preemption, status_only_moves_forward)
+from flightcheck.spec.transitions import (GRAMMAR_EVENTS, KV_REPORTS, FailKvLoad, FailKvOutput, SendInput,
+                                          s12_no_admission_after_preemption,
+                                          status_only_moves_forward)
 
 from .connector import transfer_pending
 from .schema import show
@@ -206,8 +209,11 @@ class Incremental:
             failing = [f.req for f in action.failures] if isinstance(action, FailKvOutput) else [action.req]
             return failing + [r for r, (b, a) in enumerate(zip(before.requests, after.requests))
                               if b is not a and r not in failing]
-        if isinstance(action, (Arrive, Abort, SendInput) + KV_REPORTS):
+        if isinstance(action, (Arrive, Abort, SendInput) + KV_REPORTS + GRAMMAR_EVENTS):
             return [action.req]
+        if isinstance(action, (Reset, SetPause)):
+            # a reset preempts every running request (spec/reset_pause.py); a pause touches none
+            return [r for r, (b, a) in enumerate(zip(before.requests, after.requests)) if b is not a]
         if isinstance(action, Schedule):
             assert self.scheduled is not None
             if self.cfg.kv_connector is not None:
@@ -219,7 +225,8 @@ class Incremental:
                 return list(range(len(before.requests)))
             return list(dict.fromkeys([e.req for e in self.scheduled.entries] + list(self.scheduled.preempted)))
         if isinstance(action, CompleteOldest):
-            return list(dict.fromkeys(e.req for e in before.in_flight[0]))
+            # and the failed grammars the update finishes (spec/grammar.py)
+            return list(dict.fromkeys([e.req for e in before.in_flight[0]] + sorted(before.grammar_errors)))
         raise TypeError(f"not an action: {action!r}")
 
     def _check_properties(self, before: State, after: State, action: Action) -> None:
@@ -361,8 +368,8 @@ class Incremental:
 
     def _newly_finished(self, before: State, after: State) -> list[int]:
         batch = before.in_flight[0]
-        finished = {e.req for e in batch if after.requests[e.req].status.is_finished
-                    and not before.requests[e.req].status.is_finished}
+        finished = {r for r in [e.req for e in batch] + sorted(before.grammar_errors)    # (spec/grammar.py)
+                    if after.requests[r].status.is_finished and not before.requests[r].status.is_finished}
         return sorted(finished, key=self.arrival_number.__getitem__)
 
     def _arrival_order(self) -> list[int]:

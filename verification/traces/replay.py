@@ -50,12 +50,14 @@ from flightcheck.spec.schedule import Scheduled, is_empty_step
 
 from .asynchronous import EMPTY_BATCH, AsyncScheduling
 from .connector import ConnectorEvents, prompt_offer
+from .grammar import GrammarEvents
 from .drafts import DraftHandOff
 from .configuration import config_from_event, modelled_pool
 from .engine_steps import EngineSteps
 from .explain import why_left_out, why_nothing_scheduled
 from .named_state import describe_named, quoted
 from .reading import MalformedTrace
+from .reset_pause import ResetPauseEvents
 from .schema import one_line, show
 from .sessions import SessionEvents
 
@@ -76,7 +78,8 @@ class EventsDropped(MalformedTrace):
     event before it was checked (exit 2, the message says so)."""
 
 
-class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, SessionEvents):
+class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, ResetPauseEvents, GrammarEvents,
+                   SessionEvents):
     """Replays events one by one on the spec; `feed` raises _Violation."""
 
     def __init__(self, events: list[dict[str, Any]], profile: str | None = None) -> None:
@@ -192,8 +195,8 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             r, status = next(iter(self.finished_now.items()))
             raise _Violation("missing_finish", f"{self._name(r)} finished ({status.value}) in the spec "
                              "but the trace wrote no finish event for it")
-        if self.reorders_admission:
-            self._reorder_at_empty_calls(event)
+        if self.reorders_admission or (self.cfg.structured_output and not self.cfg.rules.output_placeholders):
+            self._reorder_at_empty_calls(event)      # (sync: an empty call may meet a failed grammar)
         self._engine_step_before(event)
         if self.cfg.rules.output_placeholders:
             self._note_empty_batches(event)
@@ -212,10 +215,12 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         not at all). Synchronous: that step must form nothing too. Async:
         the stagger's countdowns are caught up only at the next batch, so the
         reorder alone is taken (it reads no countdown)."""
-        if not self.writes_empty_batches:
+        if not self.writes_empty_batches and self.reorders_admission:
             self.unchecked.add("the admission order after empty schedule() calls (the trace notes none; "
                                "vLLM 0.34's cache-aware reorder runs in them)")
         for note in event.get("empty_batches_before") or ():
+            if isinstance(note, dict) and note.get("ev") == "complete":
+                self.finish_grammar_errors_at_empty_completion()    # grammar.py
             if not isinstance(note, dict) or note.get("ev") != "schedule":
                 continue
             if self.cfg.rules.output_placeholders:
@@ -224,6 +229,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             scheduled = schedule(self.state, self.cfg)
             if scheduled is None:
                 continue
+            self.note_grammar_errors(scheduled)                  # structured output (grammar.py)
             if not is_empty_step(scheduled):
                 want = self._fmt([(self._name(e.req), e.start, e.n, e.cached, e.drafts) for e in scheduled.entries])
                 raise _Violation("schedule_decision", f"the trace notes an empty schedule() call where the "
@@ -254,7 +260,8 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             self.names[r] = name
         self.slot[name] = r
         prompt = Prompt(event["prompt_len"], event["max_tokens"], self._labels(event), **prompt_offer(event),
-                        priority=event.get("priority", 0))
+                        priority=event.get("priority", 0),
+                        structured=event.get("structured", False))
         stop_ids = set(event.get("stop_token_ids") or ())
         eos = event.get("eos_token_id", self.eos)
         if not event.get("ignore_eos", False) and eos is not None:
@@ -460,6 +467,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         return n - 1 if upcoming.get(self._name(r)) == "stop" else None
 
     def _on_finish(self, event: dict) -> None:
+        self.catch_up_grammar_error(event)                 # grammar.py
         r = self._req(event)
         reason = event["reason"]
         status = self.finished_now.pop(r, None)

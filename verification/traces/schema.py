@@ -300,6 +300,8 @@ CONFIG = Record({
     "streaming_sessions": (Flag(), False),
     # vLLM's scheduling policy (docs/request-states.md, "Priority scheduling")
     "scheduling_policy": (Choice(("fcfs", "priority")), False),
+    # structured output (spec/grammar.py): requests may wait for a grammar
+    "structured_output": (Flag(), False),
 })
 
 ARRIVE = Record({
@@ -319,6 +321,8 @@ ARRIVE = Record({
     "resumable": (Flag(), False),
     # vLLM's `Request.priority` (read under scheduling_policy "priority")
     "priority": (Integer(-(2**31), 2**31 - 1), False),
+    # it asks for structured output (structured_output only)
+    "structured": (Flag(), False),
 })
 
 ENTRY = Record({
@@ -401,6 +405,20 @@ KV_FAILED = Record({
 })
 KV_SENT = Record({**COMMON, "req": (REQUEST_ID, True)})
 
+# Reset and pause (vLLM 0.33 on, spec/reset_pause.py): `reset_prefix_cache`
+# (the running requests it preempted, tail first; whether the cache was
+# reset) and `set_pause_state`, called between engine steps.
+RESET = Record({
+    **COMMON,
+    "running": (Flag(), True),             # reset_running_requests
+    "preempted": (ListOf(REQUEST_ID), False),
+    "ok": (Flag(), False),                 # its return value
+})
+PAUSE = Record({**COMMON, "state": (Choice(("none", "new", "all")), True)})
+# A structured request's grammar compiled, or failed to compile (structured_output only).
+GRAMMAR_COMPILED = Record({**COMMON, "req": (REQUEST_ID, True)})
+GRAMMAR_FAILED = Record({**COMMON, "req": (REQUEST_ID, True)})
+
 # A streaming recorder's marker: `count` events were lost here (its buffer
 # was full, or its sink refused them); nothing after it can be judged.
 DROPPED = Record({**COMMON, "count": (POSITIVE, True)})
@@ -408,7 +426,10 @@ DROPPED = Record({**COMMON, "count": (POSITIVE, True)})
 EVENTS: dict[str, Record] = {"config": CONFIG, "arrive": ARRIVE, "schedule": SCHEDULE, "stage": STAGE,
                              "complete": COMPLETE, "finish": FINISH, "abort": ABORT, "end": END,
                              "kv_received": KV_RECEIVED, "kv_failed": KV_FAILED, "kv_sent": KV_SENT,
-                             "dropped": DROPPED, "input": INPUT}
+                             "reset": RESET, "pause": PAUSE, "dropped": DROPPED,
+                             "grammar_compiled": GRAMMAR_COMPILED, "grammar_failed": GRAMMAR_FAILED,
+                             "input": INPUT}
+GRAMMAR_EVENTS = frozenset({"grammar_compiled", "grammar_failed"})
 KV_EVENTS = frozenset({"kv_received", "kv_failed", "kv_sent"})
 EVENT_KIND = Choice(tuple(EVENTS))
 
@@ -434,7 +455,9 @@ def validate_event(event: Any, config: dict[str, Any] | None) -> None:
         raise SchemaError("ev", f"ev: expected \"config\" on the first line, got {show(kind)}")
     else:
         if config.get("kv_connector") is None:
-            _refuse_kv_without_connector(event)
+            _refuse_kv_without_connector(event, bool(config.get("structured_output")))
+        if not config.get("structured_output"):
+            _refuse_grammar_without_structured_output(event)
         _check_session_fields(event, bool(config.get("streaming_sessions", False)))
         if kind == "arrive" and "prompt_token_ids" in event:
             if len(event["prompt_token_ids"]) != event["prompt_len"]:
@@ -457,7 +480,16 @@ def _check_session_fields(event: dict[str, Any], sessions: bool) -> None:
             raise SchemaError(missing, f"{missing}: missing (an input that does not end the session gives it)")
 
 
-def _refuse_kv_without_connector(event: dict[str, Any]) -> None:
+def _refuse_grammar_without_structured_output(event: dict[str, Any]) -> None:
+    """A grammar event or a structured arrival in a trace whose config does
+    not say `structured_output`: the checker would not model its grammar."""
+    found = "ev" if event["ev"] in GRAMMAR_EVENTS else "structured" if event.get("structured") else None
+    if found is not None:
+        raise SchemaError(found, f"{found}: expected no grammar event or structured request in a trace whose "
+                          f"config does not say structured_output, got {show(event['ev'])}")
+
+
+def _refuse_kv_without_connector(event: dict[str, Any], errors_allowed: bool = False) -> None:
     """A KV connector's event or field in a trace whose config names no
     connector: the checker could not give it a meaning (malformed)."""
     kind = event["ev"]
@@ -469,7 +501,8 @@ def _refuse_kv_without_connector(event: dict[str, Any]) -> None:
         found = "kv_loads" if "kv_loads" in event else next(
             (f"entries[{i}].external" for i, x in enumerate(event["entries"]) if "external" in x), None)
     elif kind == "finish":
-        found = "held" if "held" in event else "reason" if event["reason"] == "error" else None
+        found = "held" if "held" in event else \
+            "reason" if event["reason"] == "error" and not errors_allowed else None
     else:
         found = None
     if found is None:

@@ -96,6 +96,8 @@ class Layout:
             bound = max(bound, cfg.queue_depth * cfg.max_model_len)   # a request's tokens in flight
         _refuse_admission_knobs(model)
         refuse_unencoded_connector(model)
+        if cfg.reset_and_pause:     # spec/reset_pause.py: the explicit search checks them
+            raise ValueError(f"model {model.name}: the Z3 encoding has no reset and pause")
         width = max(8, (4 * bound).bit_length() + 1) if bitvectors else None
         distinct = all(len(set(p.labels)) == len(p.labels) for p in model.prompts)
         if cfg.rules.output_placeholders:

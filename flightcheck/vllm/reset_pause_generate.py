@@ -1,0 +1,64 @@
+"""The reset-and-pause feature of `--all-features` (features.py): the seed's
+plain workload with reset and pause events at engine steps
+(reset_pause_workload.py) while its requests run, so that batches are in
+flight at most of them:
+
+* 1 to 4 events in the first 20 steps: a reset of the running requests
+  (their output in flight dropped) twice as often as a reset without them
+  (which fails while a block is held), and pauses of either kind;
+* a pause is lifted 1 to 6 steps later, one time in two by PAUSED_NEW first;
+  every workload ends unpaused (a run that ended paused would leave its
+  requests unfinished).
+
+Never beside a KV connector (`excludes`): reset and pause are not modelled
+with one (spec/reset_pause.py). Standard library only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence, TypeVar
+
+from .features import Feature
+from .versions import kv_connector_versions
+
+T = TypeVar("T")
+
+
+class Picker(Protocol):                        # generate.Picker
+    def integer(self, low: int, high: int) -> int: ...
+
+    def choice(self, options: Sequence[T]) -> T: ...
+
+
+def with_reset_and_pause(pick: Picker, workload: dict[str, Any]) -> None:
+    """Add `events` to `workload` (in place)."""
+    events: list[dict[str, Any]] = []
+    for _ in range(pick.integer(1, 4)):
+        step = pick.integer(1, 20)
+        kind = pick.choice(["reset", "reset", "reset", "pause", "pause"])
+        if kind == "reset":
+            events.append({"step": step, "reset": {"running": pick.choice([True, True, False])}})
+            continue
+        state = pick.choice(["all", "new"])
+        events.append({"step": step, "pause": state})
+        lifted = step + pick.integer(1, 6)
+        if state == "all" and pick.choice([False, True]):
+            events.append({"step": lifted, "pause": "new"})
+            lifted += pick.integer(1, 3)
+        events.append({"step": lifted, "pause": "none"})
+    events.sort(key=lambda e: e["step"])       # stable: a step's pause before its lift
+    workload["events"] = _ending_unpaused(events)
+
+
+def _ending_unpaused(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events with a final unpause after the last pause, if any is left on."""
+    state = "none"
+    for event in events:
+        state = event.get("pause", state)
+    if state != "none":
+        events.append({"step": events[-1]["step"] + 1, "pause": "none"})
+    return events
+
+
+# vLLM 0.33 and 0.34 have both (the releases with the connector API are those).
+FEATURE = Feature("reset-pause", kv_connector_versions(), 0.5, with_reset_and_pause, excludes=("kv-connector",))

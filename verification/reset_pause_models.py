@@ -1,0 +1,46 @@
+"""Reset and pause's model-checking constants (spec/reset_pause.py,
+docs/request-states.md), kept apart from the spec as `models.py` keeps the
+others: small models where the environment may reset the prefix cache
+(with or without the running requests) and set any pause state between
+any two steps, searched under vLLM 0.34 sync and async, and the model each
+reset-and-pause mutant is hunted on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from flightcheck.spec import Config, Prompt
+from flightcheck.verification.models import Model
+from flightcheck.verification.mutants.reset_pause import RESET_PAUSE_PROFILE
+
+# Targets of every profile these models are too small to reach, or that the
+# drop mode of a reset makes moot (deliver-mode stale output).
+_SKIPPED = ("resumption_deferred", "stale_output_delivered", "stopped_with_output_in_flight",
+            "preempted_request_resumes_and_finishes", "decode_behind_decode")
+
+# K = 2, a pool of 3 blocks (the decode of one request preempts the other:
+# the running loop's preemption beside the reset's), two requests sharing
+# no prefix but each caching a block (so a reset has labels to clear).
+RESET_PAUSE_K2 = Model(
+    "reset-pause-k2",
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=6, prefix_caching=True, profile="vllm-0.34", reset_and_pause=True),
+    (Prompt(1, 3), Prompt(3, 2, (7,))),
+    allow_abort=False, allow_stop=False, skip_targets=_SKIPPED,
+)
+RESET_PAUSE_K2_ASYNC = replace(RESET_PAUSE_K2.under_profile("vllm-0.34-async"), name="reset-pause-k2-async")
+
+# The models `flightcheck verify` would search per profile, by profile.
+RESET_PAUSE_MODELS: dict[str, tuple[Model, ...]] = {
+    "vllm-0.34": (RESET_PAUSE_K2,),
+    "vllm-0.34-async": (RESET_PAUSE_K2_ASYNC,),
+    "vllm-0.33": (RESET_PAUSE_K2.under_profile("vllm-0.33"),),
+    "vllm-0.33-async": (RESET_PAUSE_K2.under_profile("vllm-0.33-async"),),
+}
+
+
+def reset_pause_mutant_model(name: str) -> Model:
+    """The model the reset-and-pause mutant `name` is hunted on, with it applied."""
+    assert RESET_PAUSE_K2_ASYNC.cfg.profile == RESET_PAUSE_PROFILE
+    return RESET_PAUSE_K2_ASYNC.with_mutant(name)
