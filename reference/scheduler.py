@@ -109,20 +109,7 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         self._cache_aware_window = (config.cache_aware_admission_window
                                     if profile.cache_aware_admission and config.enable_prefix_caching
                                     and not self._priority else 0)
-        # vLLM as released (all off but with `config.as_released`).
-        self._outputs_to_running_by_id = profile.outputs_to_running_by_id      # _bound_fate
-        self._worker_decides_sampling = profile.worker_decides_sampling        # _tokens_taken
-        self._drafts_from_every_output = profile.drafts_from_every_output      # update_from_output
-        self._unscheduled_drafts_kept = profile.unscheduled_drafts_kept        # _schedule_running
-        self._drafts_kept_through_preemption = profile.drafts_kept_through_preemption  # _preempt
-        self._held_drafts_left_uncached = profile.held_drafts_left_uncached    # _allocate
-        # _clip: the length a request is clipped to (0.8.4 as released: none).
-        self._clip_max_model_len = sys.maxsize if profile.no_max_model_len_clip else config.max_model_len
-        self._in_flight_mark_kept_off_running = profile.in_flight_mark_kept_off_running
-        # vLLM 0.33 as released: _fate_by_counters, _predicted_fate; a KV load's error (kv_transfer.py).
-        self._outputs_by_id_alone = profile.outputs_by_id_alone
-        self._kv_errors_after_outputs, self._kv_rollback_in_place = (profile.kv_errors_after_outputs,
-                                                                      profile.kv_rollback_in_place)
+        self._read_release_rules(config)      # vLLM as released (all off but with `config.as_released`)
         self._decode_stagger = config.decode_stagger
         self.current_step = 0                 # vLLM's: +1 every schedule() call, empty ones too
         # The long-prefill threshold in force for the current schedule() call.
@@ -143,6 +130,24 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         self._init_kv(config)                 # the KV connector (kv_transfer.py), if any
         self.num_waiting_for_streaming_input = 0   # parked streaming sessions (sessions.py)
         self._init_reset_pause(profile)       # reset and pause (reset_pause.py)
+
+    def _read_release_rules(self, config: SchedulerConfig) -> None:
+        """The profile's constants for vLLM as released (each off but with
+        `config.as_released`), read once, each at the step named beside it."""
+        profile = config.version_profile
+        self._outputs_to_running_by_id = profile.outputs_to_running_by_id      # _bound_fate
+        self._worker_decides_sampling = profile.worker_decides_sampling        # _tokens_taken
+        self._drafts_from_every_output = profile.drafts_from_every_output      # update_from_output
+        self._unscheduled_drafts_kept = profile.unscheduled_drafts_kept        # _schedule_running
+        self._drafts_kept_through_preemption = profile.drafts_kept_through_preemption  # _preempt
+        self._held_drafts_left_uncached = profile.held_drafts_left_uncached    # _allocate
+        # _clip: the length a request is clipped to (0.8.4 as released: none).
+        self._clip_max_model_len = sys.maxsize if profile.no_max_model_len_clip else config.max_model_len
+        self._in_flight_mark_kept_off_running = profile.in_flight_mark_kept_off_running
+        # vLLM 0.33 as released: _fate_by_counters, _predicted_fate; a KV load's error (kv_transfer.py).
+        self._outputs_by_id_alone = profile.outputs_by_id_alone
+        self._kv_errors_after_outputs, self._kv_rollback_in_place = (profile.kv_errors_after_outputs,
+                                                                      profile.kv_rollback_in_place)
 
     # ------------------------------------------------------------------
     # Requests in and out

@@ -15,21 +15,21 @@ request finished) needs the whole state graph and lives in
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from .blocks import cdiv
 from .config import Config
-from .grammar import g1_no_run_while_compiling, g2_fsm_tracks_output, g3_fsm_never_refuses, grammar_compiling
+from .grammar import g1_no_run_while_compiling, g2_fsm_tracks_output, g3_fsm_never_refuses
 from .kv_invariants import (holds_kv_blocks, kv1_no_reuse_under_transfer, kv2_loading_not_scheduled,
                             kv4_deferred_frees_drain, kv4_finished_holds_nothing, kv5_loaded_not_starved,
-                            kv6_load_limit, may_hold_table, moves_a_load, transfers_in_flight)
+                            kv6_load_limit, may_hold_table)
 from .pool_store import label_list
 from .priority_invariants import waiting_in_priority_order
 from .session_invariants import (ss2_old_turn_given_up, ss3_waiting_session_holds_blocks,
                                  ss4_waiting_session_keeps_seat)
-from .sessions import has_sessions, waiting_for_input
-from .reset_pause import num_unfinished_requests
+from .sessions import has_sessions
+from .deadlock import l2_async_no_deadlock, l2_no_deadlock, l3_drain
 from .state import WAITING_STATUSES, Batch, BlockPool, Fate, State, Status, content_label
 
 
@@ -262,42 +262,6 @@ def running_request_unblocked(s: State, cfg: Config, r: int) -> bool:
     return s.num_new_tokens(r) > 0 or bool(live and live[-1].samples)
 
 
-def l2_no_deadlock(s: State, cfg: Config) -> bool:
-    """L2 as safety: with nothing in flight and a request unfinished, schedule is enabled and forms a batch or preempts (with a KV connector: nothing in flight includes no load or send to be reported; with streaming sessions: no session waiting for input; with structured output, no grammar compiling)."""
-    from .schedule import is_empty_step, schedule
-    if any(s.in_flight) or not num_unfinished_requests(s) or _waits_on_environment(s):
-        return True
-    if waiting_for_input(s):              # a session waits for its client: so may the scheduler
-        return True
-    # vLLM 0.33's empty batches change nothing when they complete: the state
-    # they drain to must form a batch or preempt (or start or promote a KV load)
-    scheduled = schedule(replace(s, in_flight=()), cfg)
-    return not is_empty_step(scheduled) or (scheduled is not None and _moves_a_wait(s, scheduled.state))
-
-
-def _waits_on_environment(s: State) -> bool:
-    """A KV transfer is still to be reported, or a grammar still compiles:
-    the scheduler alone may have to wait (its report or event ends the wait);
-    or a failed grammar is recorded, which the next completion finishes (an
-    empty batch's completion then changes something)."""
-    return transfers_in_flight(s) or grammar_compiling(s) or bool(s.grammar_errors)
-
-
-def _moves_a_wait(before: State, after: State) -> bool:
-    """An empty step still moves on: it starts or promotes a KV load, or
-    meets a failed grammar (which the empty batch's completion finishes)."""
-    return moves_a_load(before, after) or bool(after.grammar_errors - before.grammar_errors)
-
-
-def l3_drain(s: State, cfg: Config) -> bool:
-    """L3 as safety: the oldest in-flight batch can always be consumed (complete_oldest is enabled)."""
-    from .actions import Sample, can_complete_oldest, sampling_entries
-    if not s.in_flight:
-        return True
-    samples = tuple(Sample() for _ in sampling_entries(s, cfg))
-    return can_complete_oldest(s, cfg, samples)   # complete_oldest's guard: is it enabled?
-
-
 # --- asynchronous scheduling (`Profile.output_placeholders`, vLLM 0.33's
 # AsyncScheduler): what S3, S5, S6 and L2 become, and IA1, IA2.
 
@@ -378,24 +342,6 @@ def placeholders_within_max_tokens(s: State, cfg: Config, r: int) -> bool:
     if not q.status.is_active:
         return True
     return q.num_output + sum(1 for e in s.entries_of(r) if e.samples) <= q.max_tokens
-
-
-def l2_async_no_deadlock(s: State, cfg: Config) -> bool:
-    """L2 under async: with nothing in flight and a request unfinished, schedule forms a batch or preempts within stagger + 1 calls, the empty batches between draining at once (with a KV connector: nothing in flight includes no load or send to be reported; with structured output, no grammar compiling)."""
-    from .schedule import is_empty_step, schedule
-    if any(s.in_flight) or not num_unfinished_requests(s) or _waits_on_environment(s):
-        return True
-    if waiting_for_input(s):              # a session waits for its client: so may the scheduler
-        return True
-    state = replace(s, in_flight=())
-    for _ in range(cfg.stagger + 1):
-        scheduled = schedule(state, cfg)
-        if not is_empty_step(scheduled) or (scheduled is not None and _moves_a_wait(state, scheduled.state)):
-            return True
-        if scheduled is None:
-            return False
-        state = replace(scheduled.state, in_flight=())   # the empty batch completes: it changes nothing
-    return False
 
 
 RequestPart = Callable[[State, Config, int], bool]

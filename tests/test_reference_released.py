@@ -194,8 +194,9 @@ def test_0_33s_released_constants_change_the_async_run_too(monkeypatch):
 def test_the_scheduler_copies_every_released_constant_once():
     """Each constant is read from the profile by `Scheduler.__init__` alone
     (the steps test the copy), so a released profile reaches every step; the
-    draft rules in the one helper it calls for them (drafts.py)."""
-    reads = {node.attr for reader in (Scheduler.__init__, Scheduler._read_draft_rules)
+    draft rules and the released rules in the helpers it calls for them
+    (drafts.py, `_read_release_rules`)."""
+    reads = {node.attr for reader in (Scheduler.__init__, Scheduler._read_draft_rules, Scheduler._read_release_rules)
              for node in ast.walk(ast.parse(inspect.getsource(reader).strip()))
              if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
              and node.value.id == "profile"}

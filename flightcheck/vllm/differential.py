@@ -212,16 +212,21 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
         elif kind == "complete":
             out.append(_complete_decision(event))
             errors.release(finishes)
-        elif kind == "abort":
-            out.append(("abort", event["req"]))
-        elif kind == "reset":                     # reset and pause (reset_pause_workload.py)
-            out.append(("reset", event["running"], tuple(event.get("preempted", ())), event.get("ok")))
-        elif kind == "pause":
-            out.append(("pause", event["state"]))
+        elif kind in ("abort", "reset", "pause"):
+            out.append(_input_decision(event))
     out.extend(sorted(reports))
     errors.release(finishes)
     flush()
     return out
+
+
+def _input_decision(event: dict[str, Any]) -> tuple[Any, ...]:
+    """An abort, or a reset or a pause (reset_pause_workload.py), as a decision."""
+    if event["ev"] == "abort":
+        return ("abort", event["req"])
+    if event["ev"] == "reset":
+        return ("reset", event["running"], tuple(event.get("preempted", ())), event.get("ok"))
+    return ("pause", event["state"])
 
 
 def _schedule_decision(event: dict[str, Any], block_offset: int, kv: bool) -> tuple[Any, ...]:

@@ -318,6 +318,18 @@ def _event_caller(scheduler: Any) -> Any:
     return lambda event: call_event(scheduler, event, PauseState)
 
 
+def _set_recorder_environment(workload: Workload, trace_path: str | None) -> None:
+    """The recorder reads its settings the way a deployment sets them: its
+    trace file, the pipeline's stages, whether grammars are fabricated,
+    whether the engine serves streaming sessions."""
+    os.environ.pop(TRACE_ENV, None)
+    if trace_path:
+        os.environ[TRACE_ENV] = trace_path
+    os.environ[STAGES_ENV] = str(workload.config.num_stages)
+    os.environ[STRUCTURED_ENV] = "1" if any(s.grammar is not None for s in workload.requests) else "0"
+    os.environ[SESSIONS_ENV] = "1" if any(s.session for s in workload.requests) else "0"
+
+
 def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]:
     workload = workload_from_json(job["workload"])
     assert RELEASE is not None
@@ -325,15 +337,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         raise ValueError(f"abort_via 'aborts_queue': vLLM {vllm.__version__}'s engine has no aborts queue")
     recording = job.get("recorder", True)
     trace_path = job.get("trace") if recording else None
-    # The recorder reads its settings the way a deployment sets them.
-    os.environ.pop(TRACE_ENV, None)
-    if trace_path:
-        os.environ[TRACE_ENV] = trace_path
-    os.environ[STAGES_ENV] = str(workload.config.num_stages)
-    os.environ[STRUCTURED_ENV] = "1" if any(s.grammar is not None for s in workload.requests) else "0"
-    os.environ.pop(SESSIONS_ENV, None)
-    if any(spec.session for spec in workload.requests):
-        os.environ[SESSIONS_ENV] = "1"
+    _set_recorder_environment(workload, trace_path)
     qualified_name = job.get("scheduler_cls") or (
         RECORDER if recording else PLAIN_ASYNC_SCHEDULER if workload.config.async_scheduling else PLAIN_SCHEDULER)
     scheduler_class = resolve_obj_by_qualname(qualified_name)
