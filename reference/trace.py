@@ -29,6 +29,9 @@ Events this writer produces (every one carries `"step"`, the number of
 * `finish` (reason `stop` or `length`) after the `complete` that caused it;
 * `abort` for every abort that changed something (an abort is not also
   written as a `finish`);
+* `input` per later input of a streaming session (its first, an `arrive`
+  with `resumable: true`); the end of a session that finishes it at once
+  writes no `finish` or `abort` besides;
 * `end` when the writer is told the run is over.
 Under async scheduling (`vllm-0.33-async`) every empty batch the engine
 queues is noted as vLLM's recorder notes it (`notes_empty_batches: true` in
@@ -121,6 +124,19 @@ class TraceWriter:
                          load_async=bool(offer is not None and offer.load_async))
         if request.priority:
             event["priority"] = request.priority
+        if request.resumable:
+            event["resumable"] = True          # a streaming session's first input
+        self._write(event)
+
+    def session_input(self, request: Request, step: int) -> None:
+        """A streaming session's next input: `request` added under the
+        session's live id (its new tokens and max_tokens; not resumable: the
+        end of the session)."""
+        event: dict[str, Any] = {"ev": "input", "req": request.request_id, "step": step}
+        if request.resumable:
+            event.update(num_tokens=request.num_prompt_tokens, max_tokens=request.sampling_params.max_tokens)
+        else:
+            event["end_of_session"] = True
         self._write(event)
 
     def empty_batch(self, ev: str, number: int, step: int) -> None:
@@ -230,10 +246,23 @@ class TracingScheduler(Scheduler):
         self._next_empty_batch = 1
         # Inside update_from_output: finishes are written from its outputs.
         self._in_update = False
+        # Inside a session input's add_request: its event stands for a finish.
+        self._in_session_input = False
 
     def add_request(self, request: Request) -> None:
-        super().add_request(request)
-        self.trace.arrive(request, self.num_steps, self.connector is not None)
+        session = self.requests.get(request.request_id)
+        if session is None or not session.resumable:
+            super().add_request(request)
+            self.trace.arrive(request, self.num_steps, self.connector is not None)
+            return
+        # a live session's next input: its `input` event stands for the finish
+        # the end of the session may cause (docs/trace-format.md)
+        self.trace.session_input(request, self.num_steps)
+        self._in_session_input = True
+        try:
+            super().add_request(request)
+        finally:
+            self._in_session_input = False
 
     def finish_requests(self, request_ids: str | Iterable[str],
                         finished_status: RequestStatus) -> None:
@@ -242,7 +271,7 @@ class TracingScheduler(Scheduler):
         finishing = [self.requests[req_id] for req_id in dict.fromkeys(request_ids)
                      if req_id in self.requests]
         super().finish_requests(request_ids, finished_status)
-        if self._in_update:
+        if self._in_update or self._in_session_input:
             return                            # a KV load's error: written with the outputs
         for request in finishing:
             if finished_status == RequestStatus.FINISHED_ABORTED:

@@ -59,15 +59,18 @@ def minimal_event(kind: str) -> dict[str, Any]:
     values = {"req": "a", "prompt_len": 1, "max_tokens": 1, "entries": [], "batch": 0, "stage": 0,
               "t0": 0, "t1": 1, "reason": "stop", "from_block": 0, "count": 1, "running": True, "state": "none"}
     record: Record = EVENTS[kind]
-    return {"ev": kind, **{f: values[f] for f, (_, required) in record.fields.items() if required}}
+    event = {"ev": kind, **{f: values[f] for f, (_, required) in record.fields.items() if required}}
+    if kind == "input":
+        event["end_of_session"] = True        # (an input that goes on gives num_tokens and max_tokens)
+    return event
 
 
 @pytest.mark.parametrize("kind, field", number_fields())
 @pytest.mark.parametrize("value", [HUGE_INT, -HUGE_INT], ids=["1e309", "-1e309"])
 def test_a_number_field_past_float_range_is_malformed_naming_the_field(kind, field, value):
-    # a config under which every event is allowed: a connector's, a grammar's
+    # a config under which every event is allowed: a connector's, a grammar's, a session's
     config = None if kind == "config" else {**CONFIG, "kv_connector": {"consumer": True, "producer": True},
-                                            "structured_output": True}
+                                            "structured_output": True, "streaming_sessions": True}
     event = {**minimal_event(kind), field: value}
     if kind != "config":
         validate_event(minimal_event(kind), config)           # the event is valid without the number

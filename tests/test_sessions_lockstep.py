@@ -4,7 +4,7 @@ same schedule() calls (where the spec's engine may call it), the same
 outputs (EOS or not, per request per batch) and the same inputs at the same
 moments; after every step each request's status, counters, outputs and
 table length, and each batch's entries, agree. A randomized check of the
-reference against the spec for sessions, short of the refinement fuzzer."""
+reference against the spec for sessions, the one such run that has sessions so far."""
 
 from __future__ import annotations
 

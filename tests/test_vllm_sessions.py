@@ -21,7 +21,7 @@ from flightcheck.vllm.replay import venv_python
 
 from .vllm_support import require_venv
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("both_checkers")]   # checks traces: both checkers compared
 
 
 def _observe(version: str, async_scheduling: bool) -> dict:
@@ -102,8 +102,8 @@ def test_session_workloads_replay_alike_on_vllm_and_the_reference(running, tmp_p
                                                                   async_scheduling: bool, path: Path):
     """Replay workloads with streaming sessions (a request's `session` key:
     inputs sent at engine steps, session_workload.py): vLLM's real scheduler
-    and the reference take the same decisions, and vLLM's ground truth flags
-    nothing."""
+    and the reference take the same decisions, vLLM's ground truth flags
+    nothing, and check-trace accepts vLLM's trace."""
     from flightcheck.vllm import ASYNC_RECORDER
     from flightcheck.vllm.differential import decisions, read_trace, run_reference
     from flightcheck.vllm.replay import findings
@@ -117,6 +117,10 @@ def test_session_workloads_replay_alike_on_vllm_and_the_reference(running, tmp_p
     reference = run_reference(raw, profile)
     assert reference.ending == "done"
     assert decisions(read_trace(trace)) == decisions(reference.events, block_offset=1)
+    # check-trace reads vLLM's session trace (its `input` events) and agrees with the ground truth
+    from flightcheck.verification.traces.check import check_events
+    checked = check_events(read_trace(trace))
+    assert checked.ok, (checked.property, checked.message)
 
 
 @pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])

@@ -7,11 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flightcheck.spec import COUNTER_INVARIANTS, INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES
-from flightcheck.spec.invariants import ASYNC_INVARIANTS, ASYNC_REPLACEMENTS, KV_INVARIANTS, KV_LOAD_LIMIT
-from flightcheck.spec.sometimes import ASYNC_SOMETIMES, KV_SOMETIMES
+from flightcheck.spec.invariants import (ASYNC_INVARIANTS, ASYNC_REPLACEMENTS, KV_INVARIANTS, KV_LOAD_LIMIT,
+                                         SESSION_INVARIANTS)
+from flightcheck.spec.sometimes import ASYNC_SOMETIMES, KV_SOMETIMES, SESSION_SOMETIMES
 from flightcheck.spec.transitions import CONTRACT_PROPERTIES, INCARNATION_PROPERTIES, KV_TRANSITION_PROPERTIES
 
-SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES + ASYNC_SOMETIMES + KV_SOMETIMES)
+SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES + ASYNC_SOMETIMES + KV_SOMETIMES + SESSION_SOMETIMES)
+# The streaming sessions' transition property (spec/transitions.py `transition_properties_for`).
+SESSION_TRANSITION_PROPERTY = "SS1_old_output_never_bound"
 # Liveness proper, decided on the whole state graph by explicit search.
 LIVENESS_GRAPH = ("L1_L3_every_request_can_finish", "L4_every_run_terminates")
 
@@ -35,10 +38,10 @@ def kind_of(name: str) -> str:
     if name in LIVENESS_GRAPH:
         return "liveness"
     for inv in (INVARIANTS + COUNTER_INVARIANTS + ASYNC_INVARIANTS + tuple(ASYNC_REPLACEMENTS.values())
-                + KV_INVARIANTS + (KV_LOAD_LIMIT,)):
+                + KV_INVARIANTS + (KV_LOAD_LIMIT,) + SESSION_INVARIANTS):
         if inv.name == name:
             return inv.kind
     if any(p.name == name for p in TRANSITION_PROPERTIES + INCARNATION_PROPERTIES + KV_TRANSITION_PROPERTIES
-                                   + CONTRACT_PROPERTIES):
+                                   + CONTRACT_PROPERTIES) or name == SESSION_TRANSITION_PROPERTY:
         return "invariant"
     return "auxiliary"

@@ -41,6 +41,7 @@ from flightcheck.verification import executors
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.kv_models import KV_MUTANT_MODELS, KV_PROFILE_MODELS
 from flightcheck.verification.reset_pause_models import RESET_PAUSE_MODELS, reset_pause_mutant_model
+from flightcheck.verification.session_models import SESSION_MUTANT_MODELS, SESSION_PROFILE, SESSION_PROFILE_MODELS
 from flightcheck.verification.models import (
     NAME_REUSE_MODELS,
     NAME_REUSE_MUTANT_MODELS,
@@ -142,6 +143,7 @@ class SuiteResult:
     allow_name_reuse: bool = False
     explicit_only: str | None = None      # why Z3 is not run under this profile, if it is not
     kv_connector: bool = False            # the KV connector's models (`--kv-connector`)
+    streaming_sessions: bool = False      # the streaming sessions' models (`--streaming-sessions`)
     executor: str = "local"               # where its tasks ran (verification/executors)
     tasks: int = 0                        # how many tasks it ran there (none: all in this process)
     retried: int = 0                      # tasks run again after their worker was lost
@@ -176,7 +178,9 @@ class SuiteResult:
             {"explicit_only": self.explicit_only} if self.explicit_only else {}) | (
             {"allow_name_reuse": True, "counterexamples": [to_json(cx) for cx in self.counterexamples]}
             if self.allow_name_reuse else {}) | ({"kv_connector": True} if self.kv_connector else {}) | (
-            {"reset_pause": True} if self.reset_pause else {})
+            {"reset_pause": True} if self.reset_pause else {}) | (
+
+{"streaming_sessions": True} if self.streaming_sessions else {})
 
 
 def all_property_names(cfg: Config | None = None) -> list[str]:
@@ -258,7 +262,7 @@ class SuiteOptions:
     not hunted), a list only those; `inferred` adds the inferred-invariant
     proof; `allow_name_reuse` searches the profile's name-reuse models
     instead, `kv_connector` its KV connector models, `reset_pause` its
-    reset-and-pause models."""
+    reset-and-pause models, `streaming_sessions` its streaming sessions' models."""
     model: Model = VERIFY_MODEL
     depth: int = VERIFY_DEPTH
     use_z3: bool = True
@@ -269,6 +273,7 @@ class SuiteOptions:
     allow_name_reuse: bool = False
     kv_connector: bool = False
     reset_pause: bool = False
+    streaming_sessions: bool = False
 
     @property
     def runs_z3(self) -> bool:
@@ -302,6 +307,8 @@ def run_suite(options: SuiteOptions = SuiteOptions(), progress: Progress | None 
         result = _kv_connector_suite(options, say)
     elif options.reset_pause:
         result = _reset_pause_suite(options, say)
+    elif options.streaming_sessions:
+        result = _sessions_suite(options, say)
     else:
         result = _profile_suite(options, say)
     ran = executors.ran_since(before)
@@ -457,6 +464,34 @@ def _reset_pause_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
             hunted.append(hunt_mutant(name, model=reset_pause_mutant_model(name)))
     return SuiteResult(time.perf_counter() - t0, rows, hunted, profile, reset_pause=True,
                        explicit_only=RESET_PAUSE_EXPLICIT_ONLY if options.use_z3 else None)
+
+
+# Why `--streaming-sessions` runs no Z3 engine (docs/request-states.md, "Not done yet").
+SESSIONS_EXPLICIT_ONLY = "the Z3 encoding does not model streaming sessions: their models are searched exhaustively"
+
+
+def _sessions_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
+    """With streaming sessions: the exhaustive search of the profile's
+    session models (`SESSION_PROFILE_MODELS`), every invariant, transition
+    property, liveness property and target of each (SS1-SS4 among them),
+    and, under SESSION_PROFILE, the sessions' mutants (`SESSION_MUTANT_MODELS`),
+    each on its own model."""
+    profile = options.profile
+    if profile not in SESSION_PROFILE_MODELS:
+        raise ValueError(f"profile {profile!r} has no streaming sessions; known: {', '.join(SESSION_PROFILE_MODELS)}")
+    t0 = time.perf_counter()
+    rows: list[PropertyResult] = []
+    for small in SESSION_PROFILE_MODELS[profile]:
+        say(f"exhaustive search of {small.name} ({profile}, streaming sessions)")
+        rows += exhaustive_rows(small)
+    hunted = []
+    for name, small in (SESSION_MUTANT_MODELS.items() if profile == SESSION_PROFILE else ()):
+        if options.mutants is not None and name not in options.mutants:
+            continue
+        say(f"hunting mutant {name} ({profile}, streaming sessions)")
+        hunted.append(hunt_mutant(name, model=small))
+    return SuiteResult(time.perf_counter() - t0, rows, hunted, profile, streaming_sessions=True,
+                       explicit_only=SESSIONS_EXPLICIT_ONLY if options.use_z3 else None)
 
 
 def _kv_encoded(profile: str) -> bool:

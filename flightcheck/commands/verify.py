@@ -48,6 +48,10 @@ def add_parser(sub) -> None:
                              "vllm-0.34, vllm-0.34-async; under a minute), hunt the "
                              "connector's mutants, and prove KV1, KV2, KV4 by k-induction and BMC on the Z3 "
                              "connector models (about 3 min of CPU; --no-z3 skips them)")
+    verify.add_argument("--streaming-sessions", action="store_true",
+                        help="search the profile's streaming session models exhaustively (SS1-SS4 and every "
+                             "other property; vllm-0.33, vllm-0.33-async, vllm-0.34, vllm-0.34-async; seconds) "
+                             "and, under vllm-0.34-async, hunt the sessions' mutants; no Z3 engine models sessions")
     verify.add_argument("--reset-pause", action="store_true",
                         help="search the profile's reset-and-pause model exhaustively (resets of the prefix "
                              "cache and pauses between steps; vllm-0.33, vllm-0.33-async, vllm-0.34, "
@@ -115,6 +119,20 @@ def _refusal(args: argparse.Namespace) -> str | None:
                              or args.allow_name_reuse or args.profile not in RESET_PAUSE_MODELS):
         return (f"--reset-pause searches one profile's reset-and-pause model ({', '.join(RESET_PAUSE_MODELS)}); "
                 "it cannot go with --kv-connector, --all-profiles, --mutant, --inferred or --allow-name-reuse")
+    return _sessions_usage_error(args)
+
+
+def _sessions_usage_error(args: argparse.Namespace) -> str | None:
+    from flightcheck.verification.session_models import SESSION_PROFILE_MODELS
+
+    if args.streaming_sessions and args.profile not in SESSION_PROFILE_MODELS:
+        return f"--streaming-sessions needs a profile with streaming sessions: {', '.join(SESSION_PROFILE_MODELS)}"
+    if args.streaming_sessions and (args.all_profiles or args.mutant or args.inferred or args.allow_name_reuse
+                                    or args.kv_connector):
+        return ("--streaming-sessions searches one profile's session models; it cannot go with "
+                "--all-profiles, --mutant, --inferred, --allow-name-reuse or --kv-connector")
+    if args.streaming_sessions and args.reset_pause:
+        return "--streaming-sessions and --reset-pause search different models; name one"
     return None
 
 
@@ -150,7 +168,8 @@ def _run_profiles(args: argparse.Namespace, console: Console) -> int:
     for profile in profiles:
         options = SuiteOptions(MODELS[args.config], args.depth, use_z3=not args.no_z3, jobs=args.jobs,
                                inferred=args.inferred, profile=profile, allow_name_reuse=args.allow_name_reuse,
-                               kv_connector=args.kv_connector, reset_pause=args.reset_pause)
+                               kv_connector=args.kv_connector, reset_pause=args.reset_pause,
+                               streaming_sessions=args.streaming_sessions)
         try:
             with PhaseProgress(f"flightcheck verify ({profile})") as progress:
                 suites.append(run_suite(options, progress.phase))

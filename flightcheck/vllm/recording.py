@@ -68,6 +68,7 @@ from .reset_pause_recording import ResetPauseRecording
 from .sinks import TraceWriter, open_trace_from_env
 
 STAGES_ENV = "FLIGHTCHECK_NUM_STAGES"
+SESSIONS_ENV = "FLIGHTCHECK_STREAMING_SESSIONS"     # "1": the engine serves streaming sessions
 FINISH_REASONS = {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH_CAPPED": "length",
                   "FINISHED_ABORTED": "abort", "FINISHED_IGNORED": "length",
                   # a KV load failed under kv_load_failure_policy "fail" (kv_recording.py)
@@ -144,6 +145,8 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
         # progress (vLLM 0.33/0.34 finish a KV load's errors inside
         # update_from_output): the update writes no second finish for them
         self._fc_finish_written: set[int] = set()
+        # inside a streaming session's input (add_request under a live id)
+        self._fc_in_session_input = False
         # FLIGHTCHECK_TRACE's file and/or FLIGHTCHECK_TRACE_SINK's stream (sinks.py)
         self._fc_trace: TraceWriter | None = open_trace_from_env()
         if self._fc_trace is not None:
@@ -184,6 +187,8 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
             "vllm_version": self.vllm_version, "writer": "flightcheck.vllm.recorder",
             **self._fc_async_config(), **self._fc_admission_config(), **self._fc_policy_config(),
             **grammar_recording.config_fields(),
+            # an engine serving streaming sessions says so (its `input` events)
+            **({"streaming_sessions": True} if os.environ.get(SESSIONS_ENV) == "1" else {}),
         }
 
     def _fc_policy_config(self) -> dict[str, Any]:
@@ -244,17 +249,39 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
         return list(reversed(running))
 
     def add_request(self, request: Any) -> None:
+        if getattr(self.requests.get(request.request_id), "resumable", False):
+            self._fc_session_input(request)              # a live streaming session's next input
+            return
         super().add_request(request)
         self.flightcheck_observations.counts_in_flight |= compat.counts_in_flight(request)
         params = request.sampling_params
         eos = compat.eos_token_id(request)
-        self._fc_write({
+        event = {
             "ev": "arrive", "req": request.request_id, "prompt_len": request.num_prompt_tokens,
             "max_tokens": request.max_tokens, "prompt_token_ids": list(request.prompt_token_ids),
             "eos_token_id": eos, "ignore_eos": bool(params.ignore_eos),
             "stop_token_ids": list(params.stop_token_ids or ()), **grammar_recording.arrive_fields(request),
             **({"priority": compat.request_priority(request)} if compat.request_priority(request) else {}),
-        })
+        }
+        if getattr(request, "resumable", False):
+            event["resumable"] = True                    # a streaming session's first input
+        self._fc_write(event)
+
+    def _fc_session_input(self, request: Any) -> None:
+        """vLLM 0.33/0.34 `Scheduler.add_request` under a live id: a streaming
+        session's next input (`StreamingUpdate`; not resumable: the end of
+        the session). Written first; the finish the end may cause at once
+        (`finish_requests`) is written by nothing else (docs/trace-format.md)."""
+        if getattr(request, "resumable", False):
+            self._fc_write({"ev": "input", "req": request.request_id, "num_tokens": request.num_prompt_tokens,
+                            "max_tokens": request.max_tokens})
+        else:
+            self._fc_write({"ev": "input", "req": request.request_id, "end_of_session": True})
+        self._fc_in_session_input = True
+        try:
+            super().add_request(request)
+        finally:
+            self._fc_in_session_input = False
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         # 0.33's schedule(throttle_prefills=False) is passed through as given.
@@ -470,6 +497,8 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
                 finished.extend(super().finish_requests(req_id, finished_status))
         for req_id in live:
             self._fc_forget(self._fc_admissions.get(req_id, (None, 0))[0])
+            if self._fc_in_session_input:
+                continue                    # the end of a session: its `input` event stands for it
             if reason == "abort":
                 self._fc_write({"ev": "abort", "req": req_id})
             # vLLM reports the request as finished with this status (docs/trace-format.md, `finish`:

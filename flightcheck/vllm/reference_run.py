@@ -267,8 +267,10 @@ class _KvSetup:
 def _run_reference(workload: Workload, profile: str, mutant: str | None,
                    vllm_outputs: bool, kv: _KvSetup = _KvSetup()) -> ReferenceRun:
     sink = io.StringIO()
-    trace = TraceWriter(sink, eos_token_id=workload.eos_token_id,
-                        extra={"mutant": mutant} if mutant is not None else None)
+    extra: dict[str, Any] = {"mutant": mutant} if mutant is not None else {}
+    if any(spec.session for spec in workload.requests):
+        extra["streaming_sessions"] = True        # its sessions' `input` events (docs/trace-format.md)
+    trace = TraceWriter(sink, eos_token_id=workload.eos_token_id, extra=extra or None)
     # The version's engine: 0.33's loop queues empty batches (engine.py), K
     # batches deep, or K + 1 under async scheduling (`batch_queue_depth`);
     # 0.34's handles inputs while it waits for a batch's output.

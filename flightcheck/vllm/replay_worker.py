@@ -105,7 +105,7 @@ from .compat import resolve_obj_by_qualname  # noqa: E402
 from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV034,  # noqa: E402
                      FabricatedModel, run_busy_loop)
 from .grammar_recording import STRUCTURED_ENV  # noqa: E402
-from .recording import STAGES_ENV, RecordingMixin  # noqa: E402
+from .recording import SESSIONS_ENV, STAGES_ENV, RecordingMixin  # noqa: E402
 from .trace import TRACE_ENV  # noqa: E402
 from .versions import BATCH_QUEUE_V033_LOOPS, UnknownRelease, nearest_release  # noqa: E402
 from .workload import VOCAB_SIZE, ReplayConfig, RequestSpec, Workload, workload_from_json  # noqa: E402
@@ -320,12 +320,14 @@ def _event_caller(scheduler: Any) -> Any:
 
 def _set_recorder_environment(workload: Workload, trace_path: str | None) -> None:
     """The recorder reads its settings the way a deployment sets them: its
-    trace file, the pipeline's stages, whether grammars are fabricated."""
+    trace file, the pipeline's stages, whether grammars are fabricated,
+    whether the engine serves streaming sessions."""
     os.environ.pop(TRACE_ENV, None)
     if trace_path:
         os.environ[TRACE_ENV] = trace_path
     os.environ[STAGES_ENV] = str(workload.config.num_stages)
     os.environ[STRUCTURED_ENV] = "1" if any(s.grammar is not None for s in workload.requests) else "0"
+    os.environ[SESSIONS_ENV] = "1" if any(s.session for s in workload.requests) else "0"
 
 
 def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]:

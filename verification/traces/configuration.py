@@ -87,8 +87,15 @@ def config_from_event(event: dict, profile: str | None = None) -> Config:
     for key in _OVERRIDES:
         if key in event:
             overrides[key] = event[key]
+    if event.get("streaming_sessions") and event.get("prefix_caching"):
+        raise MalformedTrace("line 1: config event: streaming_sessions: the spec models streaming sessions "
+                             "without prefix caching (a turn's kept outputs become prompt blocks)")
+    return _config(event, select_profile(event, profile), overrides)
+
+
+def _config(event: dict, profile: str, overrides: dict[str, Any]) -> Config:
     return Config(
-        profile=select_profile(event, profile), **overrides,
+        profile=profile, **overrides,
         num_stages=event["num_stages"],
         max_num_batched_tokens=event["max_num_batched_tokens"],
         max_num_seqs=event.get("max_num_seqs", 256), block_size=event["block_size"],
@@ -101,6 +108,8 @@ def config_from_event(event: dict, profile: str | None = None) -> Config:
         cache_aware_admission_window=event.get("cache_aware_admission_window", 0),
         cache_aware_admission_threshold=event.get("cache_aware_admission_threshold", 0.5),
         kv_connector=connector_from_event(event),
+        streaming_sessions=event.get("streaming_sessions", False),
+        
         scheduling_policy=event.get("scheduling_policy", "fcfs"),
         structured_output=event.get("structured_output", False))
 
@@ -147,6 +156,8 @@ def arrival_blocks(cfg: Config, arrive: dict[str, Any]) -> int:
     # a KV load that fails can free a request's table and take it again (one load per incarnation)
     again = 2 if cfg.kv_connector is not None else 1
     tokens = min(cfg.max_model_len, arrive["prompt_len"] + arrive["max_tokens"] + 2 * k + 1)
+    if arrive.get("resumable"):        # a streaming session's turns grow it up to max_model_len
+        tokens = cfg.max_model_len + 2 * k + 1
     return again * (max(cdiv(tokens, bs), ahead) + 1)
 
 

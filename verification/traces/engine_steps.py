@@ -38,7 +38,7 @@ from typing import Any, Callable
 from flightcheck.spec import Config, State
 from flightcheck.spec.engine import E_A, E_B, loop_of, may_complete, token_batches_in_flight
 
-INPUTS = ("arrive", "abort", "reset", "pause")   # reset and pause: utility calls between steps
+INPUTS = ("arrive", "abort", "reset", "pause", "input")   # reset and pause: utility calls between steps; input: a streaming session's next input
 # The KV connector's reports: processed in a step's `update_from_output`,
 # after its `schedule()` (so E-b judges the step from the state before them)
 KV_REPORTS = ("kv_received", "kv_failed", "kv_sent")

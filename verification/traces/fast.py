@@ -404,4 +404,6 @@ def _static_domain(cfg: Any) -> bool:
             and not rules.pads_admitted_decodes
             and (cfg.enable_chunked_prefill or not rules.unchunked_prefill_stops_admission)
             # the priority policy's waiting order and victims (spec/priority.py) are the spec's
-            and cfg.scheduling_policy == "fcfs")
+            and cfg.scheduling_policy == "fcfs"
+            # a session's turn ends where a request would finish; its inputs are the spec's (`SendInput`)
+            and not cfg.streaming_sessions)

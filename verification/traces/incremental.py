@@ -77,7 +77,7 @@ from flightcheck.spec import (
 from flightcheck.spec import pool_store, request_store
 from flightcheck.spec.blocks import group_duplicates
 from flightcheck.spec.state import Batch
-from flightcheck.spec.transitions import (GRAMMAR_EVENTS, KV_REPORTS, FailKvLoad, FailKvOutput,
+from flightcheck.spec.transitions import (GRAMMAR_EVENTS, KV_REPORTS, FailKvLoad, FailKvOutput, SendInput,
                                           s12_no_admission_after_preemption,
                                           status_only_moves_forward)
 
@@ -209,7 +209,7 @@ class Incremental:
             failing = [f.req for f in action.failures] if isinstance(action, FailKvOutput) else [action.req]
             return failing + [r for r, (b, a) in enumerate(zip(before.requests, after.requests))
                               if b is not a and r not in failing]
-        if isinstance(action, (Arrive, Abort) + KV_REPORTS + GRAMMAR_EVENTS):
+        if isinstance(action, (Arrive, Abort, SendInput) + KV_REPORTS + GRAMMAR_EVENTS):
             return [action.req]
         if isinstance(action, (Reset, SetPause)):
             # a reset preempts every running request (spec/reset_pause.py); a pause touches none

@@ -59,6 +59,7 @@ from .named_state import describe_named, quoted
 from .reading import MalformedTrace
 from .reset_pause import ResetPauseEvents
 from .schema import one_line, show
+from .sessions import SessionEvents
 
 REASONS = {"stop": Status.FINISHED_STOPPED, "length": Status.FINISHED_LENGTH,
            "abort": Status.FINISHED_ABORTED, "error": Status.FINISHED_ERROR}
@@ -77,7 +78,8 @@ class EventsDropped(MalformedTrace):
     event before it was checked (exit 2, the message says so)."""
 
 
-class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, ResetPauseEvents, GrammarEvents):
+class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, ResetPauseEvents, GrammarEvents,
+                   SessionEvents):
     """Replays events one by one on the spec; `feed` raises _Violation."""
 
     def __init__(self, events: list[dict[str, Any]], profile: str | None = None) -> None:
@@ -266,6 +268,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             stop_ids.add(eos)
         self.stops[r] = (stop_ids, eos is not None or bool(stop_ids))
         self._apply(Arrive(r, prompt), step(self.state, self.cfg, Arrive(r, prompt)), "arrive")
+        self._open_session(r, event)
 
     def _on_schedule(self, event: dict) -> None:
         entries = event["entries"]
@@ -357,7 +360,8 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             return
         for e, x in zip(spec_entries, trace_entries):
             # a promoted KV load is admitted with its whole table, the load's blocks first
-            ours = self._parked_table(e.req) + tuple(e.block_ids)
+            # (a session's next turn too, its table kept from the turn before)
+            ours = self._parked_table(e.req) + self._session_table(e.req) + tuple(e.block_ids)
             self._match_blocks(x["req"], list(x["block_ids"]), ours)
 
     def _match_blocks(self, name: str, theirs: list, ours: tuple[int, ...]) -> None:

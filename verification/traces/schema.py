@@ -296,6 +296,8 @@ CONFIG = Record({
     "notes_empty_batches": (Flag(), False),
     # the KV connector (docs/kv-connector.md); absent or null: none
     "kv_connector": (Nullable(KV_CONNECTOR), False),
+    # streaming sessions (docs/request-states.md): `resumable` arrivals and `input` events
+    "streaming_sessions": (Flag(), False),
     # vLLM's scheduling policy (docs/request-states.md, "Priority scheduling")
     "scheduling_policy": (Choice(("fcfs", "priority")), False),
     # structured output (spec/grammar.py): requests may wait for a grammar
@@ -315,6 +317,8 @@ ARRIVE = Record({
     # what the KV connector offers this request (kv_connector only)
     "external_hit": (COUNT, False),
     "load_async": (Flag(), False),
+    # a streaming session's first input (streaming_sessions only)
+    "resumable": (Flag(), False),
     # vLLM's `Request.priority` (read under scheduling_policy "priority")
     "priority": (Integer(-(2**31), 2**31 - 1), False),
     # it asks for structured output (structured_output only)
@@ -376,6 +380,17 @@ FINISH = Record({
 })
 
 ABORT = Record({**COMMON, "req": (REQUEST_ID, True)})
+
+# A streaming session's later input (streaming_sessions only): vLLM's
+# `add_request` under the session's live id. Its new prompt tokens and the
+# next turn's max_tokens, or the end of the session (`end_of_session`).
+INPUT = Record({
+    **COMMON,
+    "req": (REQUEST_ID, True),
+    "num_tokens": (Integer(0, MAX_MODEL_LEN), False),
+    "max_tokens": (COUNT, False),
+    "end_of_session": (Flag(), False),
+})
 END = Record(dict(COMMON))
 
 # The KV connector's reports, where the scheduler processed them.
@@ -412,7 +427,8 @@ EVENTS: dict[str, Record] = {"config": CONFIG, "arrive": ARRIVE, "schedule": SCH
                              "complete": COMPLETE, "finish": FINISH, "abort": ABORT, "end": END,
                              "kv_received": KV_RECEIVED, "kv_failed": KV_FAILED, "kv_sent": KV_SENT,
                              "reset": RESET, "pause": PAUSE, "dropped": DROPPED,
-                             "grammar_compiled": GRAMMAR_COMPILED, "grammar_failed": GRAMMAR_FAILED}
+                             "grammar_compiled": GRAMMAR_COMPILED, "grammar_failed": GRAMMAR_FAILED,
+                             "input": INPUT}
 GRAMMAR_EVENTS = frozenset({"grammar_compiled", "grammar_failed"})
 KV_EVENTS = frozenset({"kv_received", "kv_failed", "kv_sent"})
 EVENT_KIND = Choice(tuple(EVENTS))
@@ -442,10 +458,26 @@ def validate_event(event: Any, config: dict[str, Any] | None) -> None:
             _refuse_kv_without_connector(event, bool(config.get("structured_output")))
         if not config.get("structured_output"):
             _refuse_grammar_without_structured_output(event)
+        _check_session_fields(event, bool(config.get("streaming_sessions", False)))
         if kind == "arrive" and "prompt_token_ids" in event:
             if len(event["prompt_token_ids"]) != event["prompt_len"]:
                 raise SchemaError("prompt_token_ids", f"prompt_token_ids: expected prompt_len "
                                   f"({event['prompt_len']}) token ids, got {len(event['prompt_token_ids'])}")
+
+
+def _check_session_fields(event: dict[str, Any], sessions: bool) -> None:
+    """A session's `input` or `resumable` arrival needs `streaming_sessions`
+    in the config (the checker picks its model by it); an input that does
+    not end the session gives its tokens and max_tokens."""
+    kind = event["ev"]
+    found = "ev" if kind == "input" else "resumable" if kind == "arrive" and event.get("resumable") else None
+    if found is not None and not sessions:
+        raise SchemaError(found, f"{found}: expected no streaming session's input or resumable arrival in a "
+                          f"trace whose config has no streaming_sessions, got {show(kind)}")
+    if kind == "input" and not event.get("end_of_session", False):
+        missing = next((k for k in ("num_tokens", "max_tokens") if k not in event), None)
+        if missing is not None:
+            raise SchemaError(missing, f"{missing}: missing (an input that does not end the session gives it)")
 
 
 def _refuse_grammar_without_structured_output(event: dict[str, Any]) -> None:
