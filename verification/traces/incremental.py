@@ -197,7 +197,10 @@ class Incremental:
             # a copy evicted here leaves `duplicates` as a pop would (blocks.pop_fresh)
             duplicates = group_duplicates([b for b in pool.duplicates if labels[b] is not None], labels)
             pool = replace(pool, labels=tuple(labels), duplicates=duplicates)
-        self.state = replace(self.state, pool=pool).with_request(r, **_fresh_request_fields())
+        # a reused slot arrives anew: its old place in the arrival order
+        # (the priority policy's rank, 0.34's load limit) goes with it
+        arrivals = tuple(x for x in self.state.arrivals if x != r)
+        self.state = replace(self.state, pool=pool, arrivals=arrivals).with_request(r, **_fresh_request_fields())
 
     # -- checking -------------------------------------------------------------
 
