@@ -43,10 +43,12 @@ from flightcheck.bench.plots.timeline import draw_timeline
 from flightcheck.bench.plots.trace_reader import read_timeline
 from flightcheck.bench.simulation import SimConfig, simulate
 from flightcheck.bench.workload import RequestSpec, Workload
-from flightcheck.spec import (Abort, Arrive, ArriveAs, CompleteOldest, FailKvLoad, ReceiveKv, Sample, SendKv, State,
+from flightcheck.spec import (Abort, Arrive, ArriveAs, CompleteOldest, FailKvLoad, ReceiveKv, Sample, Schedule, SendKv, State,
                               describe, initial_state, sampling_entries, schedule, step)
 from flightcheck.verification.explicit.search import initial, successors
+from flightcheck.verification.grammar_models import GRAMMAR_K2
 from flightcheck.verification.kv_models import KV_LOAD_ERROR_K2, KV_LOAD_FAIL_K2
+from flightcheck.verification.session_models import SESSION_K2
 from flightcheck.verification.models import ENGINE_TEST, MODELS, Model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +76,13 @@ def action_name(action) -> str:
         return "fail_kv_load"
     if isinstance(action, SendKv):
         return "send_kv"
+    if not isinstance(action, Schedule):       # a session's input, a grammar's event: their own names
+        return _snake(type(action).__name__)
     return "schedule"
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
 def _entry_edges(before: State, after: State, name: str) -> set[tuple[str, str, str]]:
@@ -128,19 +136,30 @@ def state_machine_text(model: Model) -> tuple[str, list, list]:
 CONNECTOR_MODELS = (KV_LOAD_FAIL_K2, KV_LOAD_ERROR_K2)
 
 
-def connector_state_machine_text(base_statuses: list, base_fates: list) -> str:
+def more_state_machine_text(title: str, models: tuple, base_statuses: list, base_fates: list) -> str:
+    """The changes the models of a feature add to the base machine's, under `title`."""
     statuses, fates, counts = set(), set(), []
-    for model in CONNECTOR_MODELS:
+    for model in models:
         more_statuses, more_fates, num_states = state_machine(model)
         statuses |= set(more_statuses) - set(base_statuses)
         fates |= set(more_fates) - set(base_fates)
         counts.append(f"{model.name} ({num_states} states, profile {model.cfg.profile})")
-    lines = [f"# With a KV connector, by exhaustive search of {' and '.join(counts)}: the changes it adds.",
+    lines = [f"# {title}, by exhaustive search of {' and '.join(counts)}: the changes it adds.",
              "# request status: before -> after (action)"]
     lines += [f"{a} -> {b} ({n})" for a, b, n in sorted(statuses)]
     lines.append("# batch entry fate: before -> after (action)")
     lines += [f"{a} -> {b} ({n})" for a, b, n in sorted(fates)]
     return "\n".join(lines) + "\n"
+
+
+def connector_state_machine_text(base_statuses: list, base_fates: list) -> str:
+    return more_state_machine_text("With a KV connector", CONNECTOR_MODELS, base_statuses, base_fates)
+
+
+def request_states_text(base_statuses: list, base_fates: list) -> str:
+    """Streaming sessions' and structured output's changes (docs/request-states.md)."""
+    return (more_state_machine_text("With streaming sessions", (SESSION_K2,), base_statuses, base_fates)
+            + more_state_machine_text("With structured output", (GRAMMAR_K2,), base_statuses, base_fates))
 
 
 # Where each node sits in the picture (layout only: which edges exist is derived).
@@ -372,7 +391,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     into: Path = args.into
     text, statuses, fates = state_machine_text(MODELS[STATE_MACHINE_MODEL])
-    write(into / OUT / "state-machine.txt", text + connector_state_machine_text(statuses, fates))
+    write(into / OUT / "state-machine.txt", text + connector_state_machine_text(statuses, fates)
+          + request_states_text(statuses, fates))
     draw_state_machine(statuses, fates, into / FIGURES / "walkthrough-state-machine.png")
     advance = command_output("verify", "--mutant", "advance_at_completion")
     write(into / OUT / "advance-at-completion.txt", advance)

@@ -231,7 +231,7 @@ def _schedule_waiting(step: _Step) -> None:
         if blocked or _is_resumption_deferred(step.state, cfg, r) or sessions.waits_for_input(step.state, r):
             i += 1
             continue
-        held = step.state.requests[r].num_computed      # a session's next turn: its computed tokens (else 0)
+        held = _session_computed(step, r)               # a session's next turn: its computed tokens (else 0)
         hit = _prefix_hit(step.state, cfg, r) if held == 0 else ()
         padded = padded_admission(step.state, cfg, r, held + len(hit) * cfg.block_size, running_entries, step.budget)
         if padded < 0:
@@ -387,9 +387,15 @@ def _fits_whole(step: _Step, r: int, hit: tuple[int, ...]) -> bool:
     return blocks.can_allocate(step.state.pool, max(0, whole - len(hit) - held), hit)
 
 
+def _session_computed(step: _Step, r: int) -> int:
+    """A waiting session's computed tokens, kept between its turns (sessions.py);
+    0 without sessions, where a waiting request has computed nothing."""
+    return step.state.requests[r].num_computed if step.cfg.streaming_sessions else 0
+
+
 def _num_new_waiting(step: _Step, r: int, hit: tuple[int, ...]) -> int:
     """What waiting request r can be admitted with: its known tokens past the hit, clipped."""
-    if held := step.state.requests[r].num_computed:    # a session's next turn (sessions.py)
+    if held := _session_computed(step, r):             # a session's next turn (sessions.py)
         return _clip(step, r, step.state.requests[r].num_tokens - held)
     return _clip(step, r, step.state.requests[r].num_tokens - len(hit) * step.cfg.block_size)
 

@@ -216,8 +216,8 @@ def test_the_differential_flags_the_drafts_mutant_on_workloads_with_drafts(runni
 
 
 KEEP_DRAFTS_MUTANTS = ("scheduler.py::Scheduler._schedule_running::And->Or#3",
-                       "scheduler.py::Scheduler._schedule_running::0->1#5",
-                       "scheduler.py::Scheduler._schedule_running::Eq->NotEq#2")
+                       "scheduler.py::Scheduler._schedule_running::0->1#6",
+                       "scheduler.py::Scheduler._schedule_running::Eq->NotEq#3")
 
 
 @pytest.mark.vllm

@@ -50,6 +50,7 @@ EQUIVALENTS_FILE = REPO_ROOT / "docs" / "mutation-equivalents.toml"
 # The files the acceptance figure covers, and the module each is imported as.
 TARGETS: dict[str, str] = {
     "reference/scheduler.py": "flightcheck.reference.scheduler",
+    "reference/waiting.py": "flightcheck.reference.waiting",      # the waiting loop, once scheduler.py's
     "reference/update.py": "flightcheck.reference.update",
     "reference/kv_cache_manager.py": "flightcheck.reference.kv_cache_manager",
 }
