@@ -15,17 +15,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, Verbosity
-from hypothesis import seed as hypothesis_seed
-from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import initialize, precondition, rule
 
 from flightcheck.reference import Request
 from flightcheck.reference.outputs import SchedulerOutput
-from flightcheck.verification.mutants.patching import reference_applied
-from flightcheck.verification.refinement.budget import Budget, BudgetSpent
-from flightcheck.verification.refinement.fuzz import _fixed_constant_pool
+from flightcheck.verification.refinement.budget import Budget
+from flightcheck.verification.refinement.bounded_run import bounded_run
 from flightcheck.verification.refinement.machine import RefinementMachine
 from flightcheck.verification.refinement.strategies import NEAR_CAP, configs
 
@@ -98,21 +94,5 @@ def priority_fuzz(steps: int, seed: int, profile: str, steps_per_program: int = 
     rule steps from `seed`, the reference's `mutant` in force if given; the
     failure (the program, shrunk unless `shrink` is off, and its message),
     or None."""
-    budget = Budget(steps)
-    factory = hypothesis_seed(seed)(priority_machine_factory(profile, budget, mutant=mutant))
-    run_settings = hypothesis_settings(max_examples=10**9, stateful_step_count=steps_per_program,
-                                       database=None, deadline=None,
-                                       phases=(Phase.generate, Phase.shrink) if shrink else (Phase.generate,),
-                                       suppress_health_check=list(HealthCheck), print_blob=False,
-                                       report_multiple_bugs=False, verbosity=Verbosity.quiet)
-    try:
-        with _fixed_constant_pool(), reference_applied(mutant):   # a seed names one run
-            run_state_machine_as_test(factory, settings=run_settings)
-    except BudgetSpent:
-        return None
-    except Exception as err:
-        if not budget.failure_seen and budget.used >= budget.steps:
-            return None                       # stopped mid-program by the budget
-        notes = [n for n in getattr(err, "__notes__", ()) if not n.startswith("Failing test case")]
-        return "\n".join([*notes, f"{type(err).__name__}: {err}"])
-    return None
+    return bounded_run(lambda budget: priority_machine_factory(profile, budget, mutant=mutant), steps, seed,
+                       steps_per_program, shrink, mutant)
