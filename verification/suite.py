@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from flightcheck.spec import (INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES, Config, invariants_for,
                              transition_properties_for)
@@ -452,18 +452,29 @@ def _reset_pause_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
     profile = options.profile
     if profile not in RESET_PAUSE_MODELS:
         raise ValueError(f"profile {profile!r} has no reset-and-pause model; known: {', '.join(RESET_PAUSE_MODELS)}")
+    mutants = [(name, reset_pause_mutant_model(name)) for name, m in RESET_PAUSE_MUTANTS.items()
+               if m.profile == profile]
+    return _explicit_feature_suite(options, say, "reset and pause", RESET_PAUSE_MODELS[profile], mutants,
+                                   RESET_PAUSE_EXPLICIT_ONLY, reset_pause=True)
+
+
+def _explicit_feature_suite(options: SuiteOptions, say: Progress, feature: str, models: Sequence[Model],
+                            mutants: Sequence[tuple[str, Model]], explicit_only: str, **flags: bool) -> SuiteResult:
+    """A request state's suite without a Z3 engine: the exhaustive search of
+    each of its models, then each of its mutants hunted on its own model."""
+    profile = options.profile
     t0 = time.perf_counter()
     rows: list[PropertyResult] = []
-    for small in RESET_PAUSE_MODELS[profile]:
-        say(f"exhaustive search of {small.name} ({profile}, reset and pause)")
+    for small in models:
+        say(f"exhaustive search of {small.name} ({profile}, {feature})")
         rows += exhaustive_rows(small)
     hunted = []
-    for name, m in RESET_PAUSE_MUTANTS.items():
-        if m.profile == profile and (options.mutants is None or name in options.mutants):
-            say(f"hunting mutant {name} ({profile}, reset and pause)")
-            hunted.append(hunt_mutant(name, model=reset_pause_mutant_model(name)))
-    return SuiteResult(time.perf_counter() - t0, rows, hunted, profile, reset_pause=True,
-                       explicit_only=RESET_PAUSE_EXPLICIT_ONLY if options.use_z3 else None)
+    for name, small in mutants:
+        if options.mutants is None or name in options.mutants:
+            say(f"hunting mutant {name} ({profile}, {feature})")
+            hunted.append(hunt_mutant(name, model=small))
+    return SuiteResult(time.perf_counter() - t0, rows, hunted, profile,
+                       explicit_only=explicit_only if options.use_z3 else None, **flags)
 
 
 # Why `--streaming-sessions` runs no Z3 engine (docs/request-states.md, "Not done yet").
@@ -479,19 +490,9 @@ def _sessions_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
     profile = options.profile
     if profile not in SESSION_PROFILE_MODELS:
         raise ValueError(f"profile {profile!r} has no streaming sessions; known: {', '.join(SESSION_PROFILE_MODELS)}")
-    t0 = time.perf_counter()
-    rows: list[PropertyResult] = []
-    for small in SESSION_PROFILE_MODELS[profile]:
-        say(f"exhaustive search of {small.name} ({profile}, streaming sessions)")
-        rows += exhaustive_rows(small)
-    hunted = []
-    for name, small in (SESSION_MUTANT_MODELS.items() if profile == SESSION_PROFILE else ()):
-        if options.mutants is not None and name not in options.mutants:
-            continue
-        say(f"hunting mutant {name} ({profile}, streaming sessions)")
-        hunted.append(hunt_mutant(name, model=small))
-    return SuiteResult(time.perf_counter() - t0, rows, hunted, profile, streaming_sessions=True,
-                       explicit_only=SESSIONS_EXPLICIT_ONLY if options.use_z3 else None)
+    mutants = list(SESSION_MUTANT_MODELS.items()) if profile == SESSION_PROFILE else []
+    return _explicit_feature_suite(options, say, "streaming sessions", SESSION_PROFILE_MODELS[profile], mutants,
+                                   SESSIONS_EXPLICIT_ONLY, streaming_sessions=True)
 
 
 def _kv_encoded(profile: str) -> bool:
