@@ -25,10 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .workload_limits import LimitError
+
 MAX_COMPILE_STEPS = 64
 
 
-class GrammarWorkloadError(ValueError):
+class GrammarWorkloadError(LimitError):
     pass
 
 

@@ -75,8 +75,8 @@ from .workload_limits import MAX_COUNT, LimitError, show, unknown_keys, whole
 POLICIES = ("recompute", "fail")
 
 
-class KVWorkloadError(ValueError):
-    """A bad `kv_connector` or `kv` (the workload reader turns it into WorkloadError)."""
+class KVWorkloadError(LimitError):
+    """A bad `kv_connector` or `kv` (a LimitError: the workload reader turns it into WorkloadError)."""
 
 
 @dataclass(frozen=True)

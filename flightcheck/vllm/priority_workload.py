@@ -28,13 +28,13 @@ from typing import Any
 
 from .features import Feature, Picker
 from .versions import SUPPORTED_VERSIONS
-from .workload_limits import MAX_COUNT
+from .workload_limits import MAX_COUNT, LimitError
 
 POLICIES = ("fcfs", "priority")
 
 
-class PriorityWorkloadError(ValueError):
-    """A priority key that is not one (workload.py turns it into a WorkloadError)."""
+class PriorityWorkloadError(LimitError):
+    """A priority key that is not one (a LimitError: workload.py turns it into a WorkloadError)."""
 
 
 def policy_from_json(value: Any) -> str:

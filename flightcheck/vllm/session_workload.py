@@ -27,7 +27,7 @@ from .workload_limits import MAX_PROMPT_LEN, LimitError, show, whole
 MAX_SESSION_INPUTS = 64
 
 
-class SessionWorkloadError(ValueError):
+class SessionWorkloadError(LimitError):
     pass
 
 

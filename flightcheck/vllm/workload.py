@@ -114,12 +114,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .grammar_workload import GrammarSpec, GrammarWorkloadError, grammar_from_json
-from .session_workload import SessionInput, SessionWorkloadError, session_from_json
+from .grammar_workload import GrammarSpec, grammar_from_json
+from .session_workload import SessionInput, session_from_json
 from .reset_pause_workload import WorkloadEvent, events_from_json
-from .kv_workload import NO_KV, KVConnectorConfig, KVRequestSpec, KVWorkloadError, kv_connector_from_json, \
+from .kv_workload import NO_KV, KVConnectorConfig, KVRequestSpec, kv_connector_from_json, \
     kv_request_from_json
-from .priority_workload import PriorityWorkloadError, policy_from_json, priority_from_json
+from .priority_workload import policy_from_json, priority_from_json
 from .workload_limits import MAX_COUNT, MAX_NUM_BLOCKS, MAX_PROMPT_LEN, MAX_REQUESTS, MAX_SEED, MAX_SPEC_TOKENS, \
     MAX_STAGES, MAX_STEPS, MAX_WORKLOAD_FILE_BYTES, MAX_WORKLOAD_TOKENS, LimitError, flag, key, name, share, \
     show, unknown_keys, whole
@@ -233,10 +233,7 @@ def _config(raw: Any) -> ReplayConfig:
     if not isinstance(raw, dict):
         raise WorkloadError("'config' must be an object")
     merged = {**CONFIG_DEFAULTS, **raw}
-    try:
-        connector = kv_connector_from_json(merged.pop("kv_connector", None))
-    except KVWorkloadError as err:
-        raise WorkloadError(str(err)) from None
+    connector = kv_connector_from_json(merged.pop("kv_connector", None))    # each feature's reader: LimitError
     unknown = set(merged) - set(ReplayConfig.__dataclass_fields__)
     if unknown:
         raise WorkloadError(unknown_keys("config", unknown))
@@ -247,11 +244,7 @@ def _config(raw: Any) -> ReplayConfig:
         flag(f"config.{switch}", merged[switch])
     values = {name: _int(f"config.{name}", merged[name], *bounds) for name, bounds in CONFIG_RANGES.items()}
     _check_admission(merged, values)
-    try:
-        policy = policy_from_json(merged["policy"])
-    except PriorityWorkloadError as err:
-        raise WorkloadError(str(err)) from None
-    return ReplayConfig(policy=policy, prefix_caching=merged["prefix_caching"], async_scheduling=merged["async_scheduling"],
+    return ReplayConfig(policy=policy_from_json(merged["policy"]), prefix_caching=merged["prefix_caching"], async_scheduling=merged["async_scheduling"],
                         enable_chunked_prefill=merged["enable_chunked_prefill"],
                         cache_aware_admission_threshold=float(merged["cache_aware_admission_threshold"]),
                         kv_connector=connector, **values)
@@ -315,14 +308,11 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int], tokens_l
     if arrival_via not in ("input", "wait"):
         raise WorkloadError(f"{where}.arrival_via: must be 'input' or 'wait', got {show(arrival_via)}")
     abort = raw.get("abort_step")
-    try:
-        kv = kv_request_from_json(raw.get("kv"), f"{where}.kv")
-        priority = priority_from_json(raw.get("priority", 0), where)
-        grammar = grammar_from_json(raw.get("grammar"), f"{where}.grammar")
-        session = session_from_json(raw.get("session"), f"{where}.session", seed, req_id,
-                                    (FIRST_ORDINARY_TOKEN, VOCAB_SIZE))
-    except (KVWorkloadError, PriorityWorkloadError, GrammarWorkloadError, SessionWorkloadError) as err:
-        raise WorkloadError(str(err)) from None
+    kv = kv_request_from_json(raw.get("kv"), f"{where}.kv")              # LimitErrors, naming the key path
+    priority = priority_from_json(raw.get("priority", 0), where)
+    grammar = grammar_from_json(raw.get("grammar"), f"{where}.grammar")
+    session = session_from_json(raw.get("session"), f"{where}.session", seed, req_id,
+                                (FIRST_ORDINARY_TOKEN, VOCAB_SIZE))
     return RequestSpec(session=session, resumable=bool(session),
         req_id=req_id if reuse is None else reuse, name="" if reuse is None else req_id,
         abort_via_aborts_queue=abort_via == "aborts_queue", abort_during_wait=abort_via == "wait",
