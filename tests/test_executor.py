@@ -28,7 +28,7 @@ FLIGHTCHECK = [sys.executable, "-m", "flightcheck.cli"]
 
 def napping_tasks() -> list[Task]:
     """Three tasks that finish in the reverse of their key order."""
-    return [Task((key,), probes.nap, (0.6 - 0.25 * key, f"result {key}"), f"task {key}") for key in range(3)]
+    return [Task((key,), probes.nap, (1.0 - 0.45 * key, f"result {key}"), f"task {key}") for key in range(3)]
 
 
 def test_local_results_come_back_by_key_and_progress_in_completion_order():

@@ -77,14 +77,25 @@ def test_fuzz_seeds_on_ray_equals_the_local_run(on_ray, capsys):
     assert strip_times(local) == strip_times(on_cluster)
 
 
+def _wait_for_free_cpus(wanted: float, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0) != wanted and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def test_ctrl_c_cancels_the_clusters_tasks_and_is_one_line_exit_130(on_ray):
+    # An earlier test's finished tasks can hold their CPUs a moment longer (Ray
+    # keeps a worker's lease briefly): wait until both are free, or "the
+    # command's tasks hold the CPUs" below would be true before the command
+    # even started, and the SIGINT would reach it while Python loads (a bare
+    # death by SIGINT, -2, as CI saw once).
+    _wait_for_free_cpus(2)
+    assert ray.available_resources().get("CPU", 0) == 2, "an earlier test's tasks still hold the CPUs"
     proc = subprocess.Popen([*FLIGHTCHECK, "fuzz", "--seeds", "0-3", "--steps", "100000000",
                              "--executor", "ray", "--ray-address", on_ray],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env=TOKEN_AUTH)
-    deadline = time.monotonic() + 60
-    while ray.available_resources().get("CPU", 0) > 0 and time.monotonic() < deadline:
-        time.sleep(0.2)                                          # until its tasks hold the two CPUs
+    _wait_for_free_cpus(0)                                       # until its tasks hold the two CPUs
     assert ray.available_resources().get("CPU", 0) == 0, "the tasks never started"   # (a key used up is absent)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=30)
@@ -92,9 +103,7 @@ def test_ctrl_c_cancels_the_clusters_tasks_and_is_one_line_exit_130(on_ray):
     lines = [line for line in err.splitlines() if line.startswith("flightcheck")]
     assert lines == ["flightcheck fuzz: interrupted (Ctrl-C); nothing more was written"], err
     assert "Traceback" not in err
-    deadline = time.monotonic() + 30
-    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)                                          # the cancelled tasks give their CPUs back
+    _wait_for_free_cpus(2, timeout_s=30)                         # the cancelled tasks give their CPUs back
     assert ray.available_resources().get("CPU", 0) == 2, "the cluster's tasks were not cancelled"
 
 
