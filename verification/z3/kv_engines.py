@@ -34,7 +34,8 @@ from flightcheck.verification.mutants import applied
 from flightcheck.verification.results import kind_of
 from flightcheck.verification.z3.encoding.actions import SCHEDULE
 from flightcheck.verification.z3.encoding.invariants import well_formed
-from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY, KV_FORMULAS
+from flightcheck.verification.z3.encoding.feature_formulas import AUXILIARY, FORMULAS
+from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.results import EngineResult, EngineVerdict, ReplayMismatch, replay
 
@@ -42,8 +43,10 @@ WF = "WF_encoding"
 
 
 def kv_properties(model: Model) -> list[str]:
-    """The KV invariants the model's profile has (spec.invariants_for), in the spec's order."""
-    return [inv.name for inv in invariants_for(model.cfg) if inv.name in KV_FORMULAS]
+    """The feature invariants (the connector's, and every other feature's in
+    encoding/feature_formulas.py) the model's profile has
+    (spec.invariants_for), in the spec's order."""
+    return [inv.name for inv in invariants_for(model.cfg) if inv.name in FORMULAS]
 
 
 def _formula(system: System, name: str, tag: int) -> z3.BoolRef:
@@ -51,11 +54,14 @@ def _formula(system: System, name: str, tag: int) -> z3.BoolRef:
 
 
 def _kind(name: str) -> str:
-    """A KV invariant's kind as the spec registers it; WF and the auxiliary ones: auxiliary."""
-    from flightcheck.spec.invariants import KV_INVARIANTS, KV_LOAD_LIMIT
-    for inv in (*KV_INVARIANTS, KV_LOAD_LIMIT):
-        if inv.name == name:
-            return inv.kind
+    """A feature invariant's kind as the spec registers it (any tuple or
+    single Invariant spec/invariants.py defines); WF and the auxiliary ones:
+    auxiliary."""
+    from flightcheck.spec import invariants as spec_invariants
+    for value in vars(spec_invariants).values():
+        for inv in (value if isinstance(value, tuple) else (value,)):
+            if isinstance(inv, spec_invariants.Invariant) and inv.name == name:
+                return inv.kind
     return kind_of(name)
 
 
@@ -195,7 +201,7 @@ def _on(system: System, name: str, state) -> z3.BoolRef:
         return system.build(well_formed, state)
     if name.startswith(CANDIDATE):
         return system.build(_candidates(system.layout.cfg)[name], state)
-    return system.build({**KV_FORMULAS, **KV_AUXILIARY}[name], state)
+    return system.build({**FORMULAS, **AUXILIARY}[name], state)
 
 
 # The encoding's formulas of the S-invariants and its strengthening

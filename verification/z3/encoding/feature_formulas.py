@@ -1,0 +1,24 @@
+"""Every request feature's invariants in Z3, by the spec's invariant name:
+the table the feature engines (z3/kv_engines.py) read. A feature beyond the
+plain scheduler (the KV connector; priority, structured output, streaming
+sessions, reset and pause) writes its formulas in a module of its own, clause
+for clause after the spec's predicates, and adds them here: one line per
+feature, so the engines need no edit for a new one.
+
+FORMULAS: the feature invariants a model's profile has (spec.invariants_for)
+and the engines prove or bound. AUXILIARY: the feature's helper invariants,
+which make them inductive on its models (proved alongside, reported as
+auxiliary).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY, KV_FORMULAS
+from flightcheck.verification.z3.encoding.state import Layout, SState
+
+Formula = Callable[[Layout, SState], Any]
+
+FORMULAS: dict[str, Formula] = {**KV_FORMULAS}
+AUXILIARY: dict[str, Formula] = {**KV_AUXILIARY}
