@@ -21,6 +21,7 @@ from typing import Any, Callable
 import z3
 from flightcheck.spec import Config
 from flightcheck.verification.z3.encoding.actions import complete_guard, is_active
+from flightcheck.verification.z3.encoding.structured_output_state import grammar_well_formed
 from flightcheck.verification.z3.encoding.entries import (
     has_live,
     last_live_samples,
@@ -485,5 +486,5 @@ def well_formed(layout: Layout, s: SState) -> Any:
             used = conj(le(0, e.req), lt(e.req, layout.N), le(0, e.fate), lt(e.fate, len(FATE)))
             pad = conj(eq(e.req, P), eq(e.start, 0), eq(e.n, 0), neg(e.samples), eq(e.drafts, 0), eq(e.fate, 0))
             out.append(ite(lt(j, b.length), used, pad))
-    return conj(*out, kv_well_formed(layout, s))
+    return conj(*out, kv_well_formed(layout, s), grammar_well_formed(layout, s))
 
