@@ -10,7 +10,8 @@ from dataclasses import replace
 
 import pytest
 import z3
-from flightcheck.spec import Grammar, Status
+from flightcheck.spec import Status
+from flightcheck.spec.state import Grammar
 from flightcheck.spec.invariants import GRAMMAR_INVARIANTS
 from flightcheck.verification.z3.encoding.crosscheck import CrossChecker, CrossReport, reachable
 from flightcheck.verification.z3.encoding.structured_output_invariants import GRAMMAR_AUXILIARY, GRAMMAR_FORMULAS

@@ -71,7 +71,7 @@ Formula = Callable[[Layout, SState, SchedResult], Any]
 
 
 def _active(s: SState, r: int) -> Any:
-    return is_active(s.reqs[r].status)
+    return is_active(s.reqs[r].status, grammar=bool(s.grammar))     # waiting for a grammar: active too
 
 
 def _placeholders(s: SState, r: int) -> Any:

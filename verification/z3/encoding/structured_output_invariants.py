@@ -97,8 +97,9 @@ _FINISHED = (F_STOPPED, F_LENGTH, F_ABORTED, F_ERROR)
 
 def ga1_grammar_by_status(layout: Layout, s: SState) -> Any:
     """A structured request has no grammar before it arrives and one after;
-    it waits for it (G_WAIT) exactly while it compiles or failed and the
-    request is unfinished; a failed grammar is recorded only for a request
+    an unfinished one whose grammar compiles or failed waits for it (G_WAIT),
+    and one that waits has a grammar (compiled, until the waiting loop
+    meets it: then WAITING) and has never run; a failed grammar is recorded only for a request
     whose grammar failed; no frame holds a connector's status."""
     g, out = s.grammar[0], []
     for r, q in enumerate(s.reqs):
@@ -108,8 +109,10 @@ def ga1_grammar_by_status(layout: Layout, s: SState) -> Any:
         if structured(layout, r):
             out.append(z3.Implies(neg(eq(q.status, NEW)), neg(eq(code, G_NONE))))
         unready = disj(eq(code, G_COMPILING), eq(code, G_FAILED))
-        out.append(z3.Implies(_active(q.status), eq(eq(q.status, G_WAIT), unready)
-                              if layout.cfg.structured_output else z3.BoolVal(True)))
+        out.append(z3.Implies(conj(_active(q.status), unready), eq(q.status, G_WAIT)))
+        out.append(z3.Implies(eq(q.status, G_WAIT), conj(disj(unready, eq(code, G_READY)), eq(q.num_output, 0),
+                                                         eq(q.num_computed, 0), eq(q.num_drafts, 0),
+                                                         eq(q.table_len, 0))))
         out.append(z3.Implies(g.errors[r], eq(code, G_FAILED)))
         out.append(z3.Implies(eq(code, G_REJECTED), eq(q.status, F_ERROR)))
     return conj(out)
