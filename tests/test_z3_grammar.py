@@ -50,12 +50,12 @@ def test_the_encoding_refuses_what_it_leaves_out() -> None:
 
 
 def test_crosscheck_on_a_sample_of_reachable_states(states: list) -> None:
-    """Both ways, every 12th reachable state (the whole set: the slow test below)."""
+    """Both ways, every 30th reachable state (the whole set: the slow test below)."""
     checker, report = CrossChecker(GRAMMAR_Z3), CrossReport()
-    for s in states[::12]:
+    for s in states[::30]:
         checker.check(s, report)
     assert report.problems == []
-    assert report.states == len(states[::12])
+    assert report.states == len(states[::30])
 
 
 def test_crosscheck_on_every_reachable_state(states: list) -> None:
@@ -89,14 +89,14 @@ def _perturbed(states: list) -> list:
 
 def test_g1_g3_formulas_agree_with_the_spec(states: list) -> None:
     system = System(GRAMMAR_Z3)
-    perturbed = _perturbed(states[::3])
-    broken = 0
-    for s in states[::3] + perturbed:
+    perturbed = _perturbed(states[::10])
+    broken = {inv.name: 0 for inv in GRAMMAR_INVARIANTS}
+    for s in states[::10] + perturbed:
         for inv in GRAMMAR_INVARIANTS:
             spec = inv.holds(s, GRAMMAR_Z3.cfg)
             assert _holds(system, inv.name, s) == spec, (inv.name, s)
-            broken += not spec
-    assert broken > 100      # the perturbed states break them, and the formulas see it
+            broken[inv.name] += not spec
+    assert all(n > 0 for n in broken.values()), broken     # each is broken somewhere, and the formula sees it
 
 
 def test_auxiliary_invariants_hold_on_every_reachable_state(states: list) -> None:

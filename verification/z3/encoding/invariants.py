@@ -38,6 +38,7 @@ from flightcheck.verification.z3.encoding.requests import (
 from flightcheck.verification.z3.encoding.schedule import SchedResult
 from flightcheck.verification.z3.encoding.state import (
     FATE,
+    G_WAIT,
     LIVE,
     ORPHANED,
     PAD,
@@ -72,6 +73,11 @@ Formula = Callable[[Layout, SState, SchedResult], Any]
 
 def _active(s: SState, r: int) -> Any:
     return is_active(s.reqs[r].status, grammar=bool(s.grammar))     # waiting for a grammar: active too
+
+
+def _grammar_waits(s: SState, q: Any) -> list:
+    """[q waits for its grammar] in a frame with structured output, else []."""
+    return [eq(q.status, G_WAIT)] if s.grammar else []
 
 
 def _placeholders(s: SState, r: int) -> Any:
@@ -217,7 +223,7 @@ def s10_queues_and_budgets(layout: Layout, s: SState, sch: SchedResult) -> Any:
     cfg = layout.cfg
     out = [_queue_is(layout, s.running, s.running_len, [eq(q.status, RUNNING) for q in s.reqs]),
            _queue_is(layout, s.waiting, s.waiting_len,
-                     [disj(eq(q.status, WAITING), eq(q.status, PREEMPTED)) for q in s.reqs]),
+                     [disj(eq(q.status, WAITING), eq(q.status, PREEMPTED), *_grammar_waits(s, q)) for q in s.reqs]),
            le(s.running_len, cfg.max_num_seqs)]
     for k, b in enumerate(s.batches):
         used = [lt(j, b.length) for j in range(layout.E)]

@@ -135,16 +135,42 @@ def ga2_queues(layout: Layout, s: SState) -> Any:
 def ga3_masks_at_the_fsm(layout: Layout, s: SState) -> Any:
     """Each in-flight entry's mask: none for an entry that does not sample
     or whose request's grammar was not compiled when it was scheduled; the
-    FSM's position now for a sampling entry, live or orphaned, of a request
-    whose grammar is compiled (the FSM has not moved since: no other output
-    of the request is applied before it)."""
+    FSM's position now for a sampling entry of an unfinished request whose
+    grammar is compiled, whatever its fate (under vLLM 0.33's counters an
+    output is looked up by name, its fate not read: a superseded entry's
+    stale output is delivered too, unless dropped), since the FSM has not
+    moved since: no other output of the request is applied before it."""
     g, out = s.grammar[0], []
     for e, mask, used in _entries(s):
         code = pick(g.grammar, e.req, V(G_NONE))
         unready = disj(eq(code, G_NONE), eq(code, G_COMPILING), eq(code, G_FAILED))
         out.append(z3.Implies(conj(used, disj(neg(e.samples), unready)), eq(mask, NO_MASK)))
-        pending = conj(used, e.samples, disj(eq(e.fate, LIVE), eq(e.fate, ORPHANED)), eq(code, G_READY))
+        status = pick([q.status for q in s.reqs], e.req, V(NEW))
+        pending = conj(used, e.samples, _active(status), eq(code, G_READY))
         out.append(z3.Implies(pending, eq(mask, pick(g.fsm, e.req, V(0)))))
+    return conj(out)
+
+
+def ga4_entries_and_counters(layout: Layout, s: SState) -> Any:
+    """Each in-flight entry's start, n and end within max_model_len, each
+    bounded alone first (so the bit-vector sum cannot wrap); an unfinished
+    request's counters are its entries' tokens in flight (IF1, IF2 with the
+    grammar-waiting status among the unfinished), bounded."""
+    from flightcheck.verification.z3.encoding.terms import le, sum_terms
+    cfg, out = layout.cfg, []
+    mml = cfg.max_model_len
+    for e, _, used in _entries(s):
+        bounds = [le(0, e.start), le(e.start, mml), le(1, e.n), le(e.n, mml), le(e.start + e.n, mml)]
+        if not cfg.num_spec_tokens:
+            bounds.append(eq(e.drafts, 0))
+        out.append(z3.Implies(used, conj(bounds)))
+    for r, (q, c) in enumerate(zip(s.reqs, s.counters)):
+        mine = [(e, conj(used, eq(e.req, r))) for e, _, used in _entries(s)]
+        tokens = sum_terms([z3.If(m, e.n, V(0)) for e, m in mine])
+        stale = sum_terms([z3.If(conj(m, neg(eq(e.fate, LIVE))), e.n, V(0)) for e, m in mine])
+        out.append(z3.Implies(_active(q.status), conj(eq(c.in_flight, tokens), eq(c.stale, stale), le(0, c.stale),
+                                                      le(c.stale, c.in_flight))))
+        out.append(le(c.in_flight, layout.K * layout.E * mml))
     return conj(out)
 
 
@@ -152,4 +178,5 @@ GRAMMAR_AUXILIARY: dict[str, GrammarFormula] = {
     "GA1_grammar_by_status": ga1_grammar_by_status,
     "GA2_queues": ga2_queues,
     "GA3_masks_at_the_fsm": ga3_masks_at_the_fsm,
+    "GA4_entries_and_counters": ga4_entries_and_counters,
 }
