@@ -264,7 +264,7 @@ def complete_oldest(layout: Layout, builder: Builder, s: SState, ch: Choices) ->
 
         st = builder.step(st, apply_by_name if by_name else apply_by_fate, f"entry{j}", micro)
     if s.grammar:   # spec.actions.after_output: failed grammars finish with FINISHED_ERROR
-        st = builder.snap(grammar.after_output(layout, st), "after_output")
+        st = builder.snap(grammar.after_output(layout, st, finish), "after_output")
     return Completion(st, flags, conj(*oks), start, micro)
 
 

@@ -24,11 +24,13 @@ so no other model's relation changes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import z3
 from flightcheck.spec import Action
 from flightcheck.spec.transitions import CompileGrammar, FailGrammar
+from flightcheck.verification.z3.encoding.requests import req_at, with_req
+from flightcheck.verification.z3.encoding.state import F_ERROR, G_WAIT, PREEMPTED, RUNNING, WAITING
 from flightcheck.verification.z3.encoding.structured_output_state import (
     G_COMPILING,
     G_FAILED,
@@ -39,7 +41,7 @@ from flightcheck.verification.z3.encoding.structured_output_state import (
     SGrammar,
     structured,
 )
-from flightcheck.verification.z3.encoding.terms import V, conj, disj, eq, ite, le, lt, neg, pick, put
+from flightcheck.verification.z3.encoding.terms import V, clone, conj, disj, eq, ite, le, lt, neg, pick, put
 
 # The action codes of the grammar backend's events (after spec actions 0-3).
 COMPILE, FAIL = 4, 5
@@ -50,7 +52,6 @@ def _with(g: SGrammar, **fields: Any) -> SGrammar:
 
 
 def _set_grammar(st, g: SGrammar):
-    from flightcheck.verification.z3.encoding.terms import clone
     out = clone(st)
     out.grammar = [g]
     return out
@@ -59,8 +60,6 @@ def _set_grammar(st, g: SGrammar):
 def arrive_structured(layout, st, r: Any) -> Any:
     """grammar.arrive_structured on `arrive`'s effect: request r (a term)
     waits for its grammar if its prompt asks for structured output."""
-    from flightcheck.verification.z3.encoding.requests import with_req
-    from flightcheck.verification.z3.encoding.state import G_WAIT
     asks = pick([z3.BoolVal(structured(layout, k)) for k in range(layout.N)], r)
     st = with_req(st, r, asks, status=V(G_WAIT))
     g = st.grammar[0]
@@ -68,8 +67,8 @@ def arrive_structured(layout, st, r: Any) -> Any:
 
 
 def _active(layout, status: Any) -> Any:
-    from flightcheck.verification.z3.encoding.actions import is_active
-    return is_active(status, grammar=True)
+    """spec Status.is_active in a frame with structured output (actions.is_active(grammar=True))."""
+    return disj(eq(status, WAITING), eq(status, RUNNING), eq(status, PREEMPTED), eq(status, G_WAIT))
 
 
 def grammar_transitions(layout, s, ch) -> tuple[list, list, list]:
@@ -97,8 +96,6 @@ def blocked_on_grammar(layout, st, r: Any, active: Any) -> tuple[Any, Any]:
     """grammar.blocked_on_grammar for the request r at the waiting loop's
     position (when the loop is `active`): the state after it, and whether r
     is skipped."""
-    from flightcheck.verification.z3.encoding.requests import req_at, with_req
-    from flightcheck.verification.z3.encoding.state import G_WAIT, WAITING
     g = st.grammar[0]
     waits = conj(active, eq(req_at(st, r).status, G_WAIT))
     code = pick(g.grammar, r, V(G_NONE))
@@ -145,12 +142,10 @@ def advance_fsm(st, applied, r: Any, appended: Any, mask: Any) -> tuple[Any, Any
     return _set_grammar(applied, new), refused
 
 
-def after_output(layout, st) -> Any:
+def after_output(layout, st, finish: Callable[..., Any]) -> Any:
     """actions.after_output (sync): each recorded failed grammar whose
-    request is unfinished finishes with FINISHED_ERROR, in request order,
-    and the record is cleared."""
-    from flightcheck.verification.z3.encoding.actions import finish
-    from flightcheck.verification.z3.encoding.state import F_ERROR
+    request is unfinished finishes with FINISHED_ERROR (by `finish`,
+    actions.finish), in request order, and the record is cleared."""
     for r in range(layout.N):
         errored = conj(st.grammar[0].errors[r], _active(layout, st.reqs[r].status))
         st = finish(layout, st, V(r), V(F_ERROR), errored)

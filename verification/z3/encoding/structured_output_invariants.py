@@ -23,6 +23,7 @@ from flightcheck.verification.z3.encoding.state import (
     PREEMPTED,
     REMOTE_KVS,
     RUNNING,
+    SUPERSEDED,
     WAITING,
     Layout,
     SState,
@@ -36,7 +37,7 @@ from flightcheck.verification.z3.encoding.structured_output_state import (
     NO_MASK,
     structured,
 )
-from flightcheck.verification.z3.encoding.terms import V, conj, count, disj, eq, lt, member, neg, pick
+from flightcheck.verification.z3.encoding.terms import V, conj, count, disj, eq, le, lt, member, neg, pick
 
 GrammarFormula = Callable[[Layout, SState], Any]
 
@@ -136,17 +137,19 @@ def ga3_masks_at_the_fsm(layout: Layout, s: SState) -> Any:
     """Each in-flight entry's mask: none for an entry that does not sample
     or whose request's grammar was not compiled when it was scheduled; the
     FSM's position now for a sampling entry of an unfinished request whose
-    grammar is compiled, whatever its fate (under vLLM 0.33's counters an
-    output is looked up by name, its fate not read: a superseded entry's
-    stale output is delivered too, unless dropped), since the FSM has not
-    moved since: no other output of the request is applied before it."""
+    grammar is compiled and whose output will be applied (under vLLM 0.33's
+    counters an output is looked up by name, its fate not read: a
+    superseded entry's stale output is applied too, unless in drop mode),
+    since the FSM has not moved since: no other output of the request is
+    applied before it."""
     g, out = s.grammar[0], []
     for e, mask, used in _entries(s):
         code = pick(g.grammar, e.req, V(G_NONE))
         unready = disj(eq(code, G_NONE), eq(code, G_COMPILING), eq(code, G_FAILED))
         out.append(z3.Implies(conj(used, disj(neg(e.samples), unready)), eq(mask, NO_MASK)))
         status = pick([q.status for q in s.reqs], e.req, V(NEW))
-        pending = conj(used, e.samples, _active(status), eq(code, G_READY))
+        delivered = disj(neg(eq(e.fate, SUPERSEDED)), neg(pick([c.drop for c in s.counters], e.req)))
+        pending = conj(used, e.samples, _active(status), eq(code, G_READY), delivered)
         out.append(z3.Implies(pending, eq(mask, pick(g.fsm, e.req, V(0)))))
     return conj(out)
 
@@ -156,7 +159,7 @@ def ga4_entries_and_counters(layout: Layout, s: SState) -> Any:
     bounded alone first (so the bit-vector sum cannot wrap); an unfinished
     request's counters are its entries' tokens in flight (IF1, IF2 with the
     grammar-waiting status among the unfinished), bounded."""
-    from flightcheck.verification.z3.encoding.terms import le, sum_terms
+    from flightcheck.verification.z3.encoding.terms import sum_terms
     cfg, out = layout.cfg, []
     mml = cfg.max_model_len
     for e, _, used in _entries(s):
@@ -174,9 +177,28 @@ def ga4_entries_and_counters(layout: Layout, s: SState) -> Any:
     return conj(out)
 
 
+def ga5_one_sampling_entry(layout: Layout, s: SState) -> Any:
+    """An unfinished request has at most one sampling entry in flight that
+    is live or orphaned (sync: its next token is scheduled only once the
+    previous one is back), and a superseded entry only in drop mode (a
+    preempted request in deliver mode resumes only once its stale output
+    is back), so no second output moves the FSM under an entry's mask; in
+    deliver mode (`Config.stale_mode`) no request is ever in drop mode."""
+    out = []
+    for r, (q, c) in enumerate(zip(s.reqs, s.counters)):
+        mine = [(e, conj(used, eq(e.req, r))) for e, _, used in _entries(s)]
+        sampling = count(conj(m, e.samples, neg(eq(e.fate, SUPERSEDED))) for e, m in mine)
+        superseded = disj(*[conj(m, eq(e.fate, SUPERSEDED)) for e, m in mine])
+        out.append(z3.Implies(_active(q.status), conj(le(sampling, 1), z3.Implies(superseded, c.drop))))
+        if layout.cfg.stale_mode != "drop":
+            out.append(neg(c.drop))
+    return conj(out)
+
+
 GRAMMAR_AUXILIARY: dict[str, GrammarFormula] = {
     "GA1_grammar_by_status": ga1_grammar_by_status,
     "GA2_queues": ga2_queues,
     "GA3_masks_at_the_fsm": ga3_masks_at_the_fsm,
     "GA4_entries_and_counters": ga4_entries_and_counters,
+    "GA5_one_sampling_entry": ga5_one_sampling_entry,
 }
