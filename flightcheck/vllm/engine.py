@@ -83,11 +83,7 @@ class FabricatedModel:
         self._specs[spec.req_id] = spec
 
     def execute(self, scheduler_output: Any) -> Any:
-        for req_id in scheduler_output.finished_req_ids:
-            self._known_tokens.pop(req_id, None)
-        if self.draft_handler is not None:       # the runner's finish_requests (0.34: preempted too)
-            for req_id in [*scheduler_output.finished_req_ids, *getattr(scheduler_output, "preempted_req_ids", ())]:
-                self.draft_handler.discard(req_id)
+        self._forget_finished(scheduler_output)
         starts: dict[str, int] = {}
         for data in scheduler_output.scheduled_new_reqs:
             # 0.33 with the V2 runner sends resumed requests as new ones, with
@@ -144,6 +140,15 @@ class FabricatedModel:
                                  sampled_token_ids=sampled,
                                  spec_token_ids=proposed if self._workload.config.num_spec_tokens else None,
                                  logprobs=None, prompt_logprobs_dict={})
+
+    def _forget_finished(self, scheduler_output: Any) -> None:
+        """The runner drops the batch's finished requests (and, from its
+        drafts, the preempted ones: the V2 runner's `finish_requests`)."""
+        for req_id in scheduler_output.finished_req_ids:
+            self._known_tokens.pop(req_id, None)
+        if self.draft_handler is not None:
+            for req_id in [*scheduler_output.finished_req_ids, *getattr(scheduler_output, "preempted_req_ids", ())]:
+                self.draft_handler.discard(req_id)
 
     def _drafter_row(self, req_id: str, start: int) -> list[int]:
         """The V2 runner's row of drafts for a request of a batch: k wide,
@@ -255,10 +260,9 @@ class BatchQueueEngineV033(BatchQueueEngine):
         # `update_draft_token_ids` after every step that ran the model
         # (EngineCore.post_step); None without drafts.
         self._draft_token_ids = draft_token_ids
-        # Speculative decoding (`check_for_draft_tokens`, sync or async): builds
-        # the DraftTokenIds handed to `update_draft_token_ids_in_output` for a
-        # deferred batch (`deferred_drafts`); None without drafts, or where the
-        # scheduler has no such call (the reference's side).
+        # With drafts (`check_for_draft_tokens`, sync or async): the DraftTokenIds
+        # for a deferred batch (`deferred_drafts`); None without, or on the
+        # reference's side (no such call).
         self._deferred_draft_token_ids = deferred_draft_token_ids
         self.deferred_drafts_handed = 0      # calls made, over the run
         if deferred_draft_token_ids is not None:
@@ -538,10 +542,8 @@ def _unfinished(scheduler: Any) -> list[str]:
 
 
 def _queued(queue: Any) -> list[Any]:
-    """A waiting queue's requests, read without its iterator: vLLM's
-    `PriorityRequestQueue.__iter__` (which vLLM itself calls only on a KV
-    connector's block-load failure) would otherwise run for the bridge's
-    bookkeeping and count as vLLM's own in benchmarks/vllm_coverage.py; its
-    heap holds the same requests (the result is sorted by the caller)."""
+    """A waiting queue's requests, read off vLLM's priority heap without
+    `PriorityRequestQueue.__iter__` (vLLM itself calls it only on a KV load
+    failure): the bridge's bookkeeping must not count as vLLM's coverage."""
     heap = getattr(queue, "_heap", None)
     return list(heap) if isinstance(heap, list) else list(queue)

@@ -385,14 +385,21 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         "ending": outcome.ending, "steps": outcome.steps, "batches_in_flight": outcome.batches_in_flight,
         "exception": outcome.exception, "unfinished": outcome.unfinished,
         "ground_truth": observations, "batches": engine.batches,
-        "outputs": [list(x) for x in engine.outputs], "trace": trace_path,
-        **({"engine_steps": engine.steps} if isinstance(engine, BatchQueueEngineV033) else {}),
-        **({"inputs_during_wait": engine.inputs_during_wait} if isinstance(engine, BatchQueueEngineV034) else {}),
-        **({"deferred_drafts": engine.deferred_drafts_handed} if getattr(model, "draft_handler", None) else {}),
-        "waits_in_flight": engine.waits_in_flight, "gated_completions": engine.gated_completions,
-        "copy_errors": engine.copy_errors[:1],
+        "outputs": [list(x) for x in engine.outputs], "trace": trace_path, **_engine_report(engine, model),
         **({"kv_reports": kv_worker.reports} if kv_worker is not None else {}),
         **({"grammars": grammars.report()} if grammars is not None else {}),
+    }
+
+
+def _engine_report(engine: BatchQueueEngine, model: FabricatedModel) -> dict[str, Any]:
+    """What the engine copy itself saw (engine_truth.py and the 0.33/0.34 loops' own counts)."""
+    return {
+        **({"engine_steps": engine.steps} if isinstance(engine, BatchQueueEngineV033) else {}),
+        **({"inputs_during_wait": engine.inputs_during_wait} if isinstance(engine, BatchQueueEngineV034) else {}),
+        # update_draft_token_ids_in_output calls (with drafts, on 0.33 and 0.34)
+        **({"deferred_drafts": engine.deferred_drafts_handed} if model.draft_handler is not None else {}),
+        "waits_in_flight": engine.waits_in_flight, "gated_completions": engine.gated_completions,
+        "copy_errors": engine.copy_errors[:1],
     }
 
 
