@@ -8,11 +8,14 @@ The runner's answer is the V2 runner's `DraftTokensHandler`, per version."""
 
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from flightcheck.vllm.compat import queued_requests
 from flightcheck.vllm.draft_handler import DraftHandler
 from flightcheck.vllm.engine import BatchQueueEngineV033, BatchQueueEngineV034, _unfinished
 
@@ -106,6 +109,11 @@ def test_without_drafts_a_deferred_batch_gets_only_its_bitmask() -> None:
                                                "update_from_output", "get_grammar_bitmask"]
 
 
+@dataclass(order=True)
+class _Request:
+    request_id: str                     # ordered as vLLM's Request.__lt__ orders (a total order)
+
+
 class _Heap:
     """A priority queue as vLLM's: its iterator must not run for the bridge's bookkeeping."""
 
@@ -117,10 +125,12 @@ class _Heap:
 
 
 def test_the_unfinished_requests_are_read_without_the_priority_queues_iterator() -> None:
-    scheduler = SimpleNamespace(waiting=_Heap([SimpleNamespace(request_id="b"), SimpleNamespace(request_id="a")]),
-                                running=[SimpleNamespace(request_id="c")])
+    scheduler = SimpleNamespace(waiting=_Heap([_Request("b"), _Request("a")]), running=[_Request("c")])
     assert _unfinished(scheduler) == ["a", "b", "c"]
     assert _unfinished(SimpleNamespace(waiting=[SimpleNamespace(request_id="x")], running=[])) == ["x"]
+    # the heap read in the queue's own order (what its iterator yields: ascending)
+    assert queued_requests(_Heap([3, 1, 2])) == [1, 2, 3]
+    assert queued_requests(deque([3, 1, 2])) == [3, 1, 2]
 
 
 @pytest.mark.vllm

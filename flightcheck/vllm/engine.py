@@ -46,6 +46,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .compat import queued_requests
 from .draft_handler import DraftHandler
 from .engine_truth import note_gated_completion, note_wait
 from .inputs import InputQueue
@@ -538,12 +539,4 @@ def _where(err: Exception) -> str:
 
 
 def _unfinished(scheduler: Any) -> list[str]:
-    return sorted(r.request_id for r in _queued(scheduler.waiting) + list(scheduler.running))
-
-
-def _queued(queue: Any) -> list[Any]:
-    """A waiting queue's requests, read off vLLM's priority heap without
-    `PriorityRequestQueue.__iter__` (vLLM itself calls it only on a KV load
-    failure): the bridge's bookkeeping must not count as vLLM's coverage."""
-    heap = getattr(queue, "_heap", None)
-    return list(heap) if isinstance(heap, list) else list(queue)
+    return sorted(r.request_id for r in queued_requests(scheduler.waiting) + list(scheduler.running))
