@@ -17,9 +17,9 @@ from typing import Any
 
 import z3
 from flightcheck.verification.z3.encoding import blocks as zb
+from flightcheck.verification.z3.encoding import structured_output as grammar
 from flightcheck.verification.z3.encoding.connector import drain_deferred_frees, finish_with_connector, shift_entries
 from flightcheck.verification.z3.encoding.drafts import drafts_come_with_output, next_drafts_cap
-from flightcheck.verification.z3.encoding import structured_output as grammar
 from flightcheck.verification.z3.encoding.requests import (
     async_at,
     at,
@@ -39,12 +39,12 @@ from flightcheck.verification.z3.encoding.state import (
     F_ERROR,
     F_LENGTH,
     F_STOPPED,
+    G_WAIT,
     LIVE,
     NEW,
     ORPHANED,
     PAD,
     PREEMPTED,
-    G_WAIT,
     REMOTE_KVS,
     RUNNING,
     SUPERSEDED,

@@ -60,10 +60,10 @@ from flightcheck.verification.z3.encoding.requests import (
 from flightcheck.verification.z3.encoding.requests import max_tokens as max_tokens_of
 from flightcheck.verification.z3.encoding.requests import prompt_len as prompt_len_of
 from flightcheck.verification.z3.encoding.state import (
+    G_WAIT,
     LIVE,
     ORPHANED,
     PAD,
-    G_WAIT,
     PREEMPTED,
     RUNNING,
     SUPERSEDED,
