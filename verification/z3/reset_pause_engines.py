@@ -135,3 +135,31 @@ def rp_induction(model: Model, time_budget: float | None = None) -> EngineResult
     return EngineResult(model.name, method, seconds, 1, rows + invariant.properties,
                         notes=[f"inductive invariant: {len(kept)} conjuncts kept ({WF} and "
                                f"{', '.join(n for n in kept if n in RP_AUXILIARY) or 'no RPA'} among them)"])
+
+
+# --- the rows of `flightcheck verify --reset-pause`
+
+# The profile whose rules the Z3 model is checked under, for each profile
+# `--reset-pause` takes: the model is vLLM 0.34's (reset_pause_models.RP_Z3);
+# an async profile's rows are its synchronous twin's, and the method says so.
+RP_ENCODED_PROFILE = {"vllm-0.34": "vllm-0.34", "vllm-0.34-async": "vllm-0.34"}
+
+# How deep BMC of the model goes (the proof is unbounded; BMC gives each of
+# RP1-RP4 a second, independent method).
+RP_BMC_DEPTH = 5
+
+
+def reset_pause_rows(profile: str, depth: int = RP_BMC_DEPTH, time_budget: float | None = None) -> list:
+    """RP1-RP4 on the model by k-induction and one step, and by BMC to
+    `depth`, under `profile`'s synchronous rules; the method names the model
+    and the profile."""
+    from flightcheck.verification.results import PropertyResult, kind_of
+    from flightcheck.verification.z3.reset_pause_models import RP_Z3
+    encoded = RP_ENCODED_PROFILE[profile]
+    note = "" if encoded == profile else f"; {profile}'s async scheduling not encoded"
+    where = f" [{RP_Z3.name}@{encoded}{note}]"
+    rows = []
+    for result in (rp_induction(RP_Z3, time_budget), rp_bmc(RP_Z3, depth, time_budget=time_budget)):
+        rows += [PropertyResult(p.name, kind_of(p.name), p.status, p.method + where, p.depth, p.seconds)
+                 for p in result.properties if p.name in RP_PROPERTIES]
+    return rows

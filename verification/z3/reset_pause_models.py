@@ -4,18 +4,18 @@ every reachable state (tests/test_z3_reset_pause.py), large enough that
 every part of the feature acts in it.
 
 RP_Z3 (vLLM 0.34, sync, K = 2): two requests in a pool of 2 blocks with
-prefix caching, so the running loop preempts one request for the other's
-decode (its output in flight kept in deliver mode) beside the reset's drop
-mode; request 1's prompt fills a block, so a reset has a label to clear.
-The environment may reset (with or without the running requests) and set
-any pause state between any two steps. 1,479 reachable states: resets
-with one or two batches in flight, a reset request resumed while its old
-output is still in flight, a reset refused while a block is held, the
-empty batch under PAUSED_NEW and none under PAUSED_ALL.
+prefix caching, so the running loop preempts request 1 for request 0's
+last decode (its output in flight then stale in deliver mode) beside the
+reset's drop mode; request 1's prompt fills a block, so a reset has a
+label to clear. The environment may reset (with or without the running
+requests) and set any pause state between any two steps. 2,124 reachable
+states: resets with one or two batches in flight, a reset request resumed
+while its old output is still in flight, a reset refused while a block is
+held, the empty batch under PAUSED_NEW and none under PAUSED_ALL.
 
 It is the explicit model reset-pause-k2 (verification/reset_pause_models.py,
-9,279 states) shrunk: a budget of 2 tokens, 2 blocks, max_model_len 4 and
-shorter requests, so every reachable state fits the cross-check's time.
+9,279 states) shrunk: 2 blocks, max_model_len 4 and shorter requests, so
+every reachable state fits the cross-check's time.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from flightcheck.verification.reset_pause_models import _SKIPPED
 
 RP_Z3 = Model(
     "reset-pause-z3-k2",
-    Config(num_stages=2, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=2,
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=2,
            max_model_len=4, prefix_caching=True, profile="vllm-0.34", reset_and_pause=True),
-    (Prompt(1, 2), Prompt(2, 1, (7,))),
+    (Prompt(1, 3), Prompt(2, 1, (7,))),
     allow_abort=False, allow_stop=False, skip_targets=_SKIPPED,
 )
 
