@@ -23,9 +23,10 @@ import time
 from typing import Iterable
 
 import z3
-from flightcheck.spec import transition_properties_for
+from flightcheck.spec import invariants_for, transition_properties_for
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
+from flightcheck.verification.z3.encoding.invariants import NEEDS_SCHEDULE, invariant_formulas_for
 from flightcheck.verification.z3.encoding.reset_pause_invariants import RP_AUXILIARY, RP_TRANSITION_FORMULAS
 from flightcheck.verification.z3.encoding.system import Step, System
 from flightcheck.verification.z3.kv_engines import WF, _formula, candidate_names, kv_induction
@@ -41,23 +42,32 @@ def rp_auxiliary(model: Model) -> list[str]:
 
 
 def _holds(system: System, name: str, st: Step) -> z3.BoolRef:
-    return system.build(RP_TRANSITION_FORMULAS[name], st)
+    """RP1-RP4 on the step; a spec state invariant (the encoding's formula,
+    invariants.invariant_formulas_for) on the state after it."""
+    if name in RP_TRANSITION_FORMULAS:
+        return system.build(RP_TRANSITION_FORMULAS[name], st)
+    formula = invariant_formulas_for(system.layout.cfg)[name]
+    return system.build(lambda layout, s: formula(layout, s, None), st.after)
 
 
 def _spec_breaks(model: Model, name: str, states: list, actions: list) -> bool:
-    """The spec's own transition property `name` fails on the trace's last step."""
+    """The spec's own property `name` fails on the trace's last step or state."""
     with applied(model.mutant):
         return any(p.name == name and not p.holds(states[-2], states[-1], actions[-1], model.cfg)
-                   for p in transition_properties_for(model.cfg))
+                   for p in transition_properties_for(model.cfg)) or \
+            any(inv.name == name and not inv.holds(states[-1], model.cfg) for inv in invariants_for(model.cfg))
 
 
 def rp_bmc(model: Model, depth: int, properties: Iterable[str] = RP_PROPERTIES,
            time_budget: float | None = None) -> EngineResult:
-    """Each of RP1-RP4 holds on every step of every path of up to `depth`
-    steps from the initial state, or is violated at the shortest such step
-    (its trace replayed on the spec)."""
+    """Each of RP1-RP4 (or a spec state invariant the encoding has, named
+    among `properties`, on the state after each step) holds on every step
+    of every path of up to `depth` steps from the initial state, or is
+    violated at the shortest such step (its trace replayed on the spec)."""
     started = time.perf_counter()
     names = list(properties)
+    if any(n in NEEDS_SCHEDULE for n in names):
+        raise ValueError(f"rp_bmc does not check {sorted(NEEDS_SCHEDULE)}")
     system = System(model)
     solver = z3.SolverFor("QF_BV")
     solver.add(system.init(0))
@@ -95,7 +105,8 @@ def _violation(system: System, model: Model, name: str, t: int, steps: list[Step
     concrete = replay(model, actions, states)
     if not _spec_breaks(model, name, concrete, actions):
         raise ReplayMismatch(f"{name}: the encoding's violation at depth {t} holds in the spec")
-    return EngineVerdict(name, "transition", "violated", "bmc", t, time.perf_counter() - started,
+    kind = "transition" if name in RP_TRANSITION_FORMULAS else "invariant"
+    return EngineVerdict(name, kind, "violated", "bmc", t, time.perf_counter() - started,
                          trace=actions, states=concrete)
 
 

@@ -20,6 +20,8 @@ every reachable state fits the cross-check's time.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from flightcheck.spec import Config, Prompt
 from flightcheck.verification.models import Model
 from flightcheck.verification.reset_pause_models import _SKIPPED
@@ -33,3 +35,8 @@ RP_Z3 = Model(
 )
 
 RP_Z3_MODELS: tuple[Model, ...] = (RP_Z3,)
+
+# The same model under vLLM 0.34 with async scheduling (5,799 states), where
+# vLLM #38624 (placeholders kept on the running loop's preemption) breaks
+# IA1 in 8 steps, as on the explicit model.
+RP_Z3_ASYNC = replace(RP_Z3.under_profile("vllm-0.34-async"), name=RP_Z3.name + "-async")

@@ -345,6 +345,8 @@ def _preempt_last(layout: Layout, builder: Builder, st: SState) -> tuple[SState,
         drop = z3.BoolVal(True) if drops else conj(c.drop, lt(0, c.stale))
         p = with_counters(p, victim, stale=c.in_flight, drop=drop)
     # spec.schedule._reset_placeholders (vLLM 0.33 `_preempt_request`); the countdown is kept
+    if layout.is_mutant("placeholders_kept_on_preemption_pr38624"):    # vLLM #38624 (mutants/reset_pause.py)
+        return p, victim
     return with_async(p, victim, placeholders=V(0)), victim
 
 
