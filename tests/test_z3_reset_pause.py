@@ -39,7 +39,7 @@ from flightcheck.verification.z3.encoding.state import NotRepresentable
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.encoding.terms import leaves
 from flightcheck.verification.z3.reset_pause_engines import RP_PROPERTIES, rp_bmc, rp_induction
-from flightcheck.verification.z3.reset_pause_models import RP_Z3
+from flightcheck.verification.z3.reset_pause_models import RP_Z3, RP_Z3_ASYNC
 from flightcheck.verification.z3.results import ReplayMismatch
 
 MODEL = RP_Z3
@@ -277,6 +277,28 @@ def test_each_encoded_mutant_is_found_by_bmc_at_its_depth(name):
     rows = result.by_name()
     assert (rows[prop].status, rows[prop].depth) == ("violated", depth)
     assert rp_bmc(MODEL.with_mutant(name), depth - 1, [prop]).by_name()[prop].status == "bounded"
+
+
+def test_the_encoding_is_spec_step_under_async_scheduling_on_sampled_states():
+    """The model under vllm-0.34-async (placeholders, the decode stagger, a
+    queue of K + 1) with reset and pause: the relation is spec.step's on 16
+    sampled states, half of them with placeholders beside a pause or a reset mark."""
+    states, rng = list(reachable(RP_Z3_ASYNC)), random.Random(0)
+    marked = [s for s in states if any(q.placeholders for q in s.requests) and _interesting(s)]
+    checker, report = CrossChecker(RP_Z3_ASYNC), CrossReport()
+    for s in rng.sample(marked, 8) + rng.sample(states, 8):
+        checker.check(s, report)
+    assert report.problems == [] and len(states) == 5799
+
+
+def test_vllm_38624_is_found_by_bmc_at_its_explicit_length():
+    """placeholders_kept_on_preemption_pr38624 (vLLM #38624: the running
+    loop's preemption keeps the victim's placeholders) on the async model:
+    BMC breaks IA1 in 8 steps, the explicit search's kill length, and the
+    trace replays on the mutated spec, whose IA1 fails at its end."""
+    result = rp_bmc(RP_Z3_ASYNC.with_mutant("placeholders_kept_on_preemption_pr38624"), 8, ["IA1_placeholders"])
+    (row,) = result.properties
+    assert (row.status, row.depth, len(row.trace)) == ("violated", 8, 8)
 
 
 def test_an_encoding_that_keeps_deliver_mode_at_a_reset_is_refused_by_the_replay(monkeypatch):
