@@ -324,3 +324,9 @@ def test_an_unrepresentable_pause_is_refused_in_a_model_without_the_feature():
     paused = dataclasses.replace(explicit.initial(plain), pause=Pause.PAUSED_ALL)
     with pytest.raises(NotRepresentable):
         System(plain).constant(paused)
+
+
+def test_rp1_to_rp4_are_reported_as_invariants_not_auxiliary():
+    from flightcheck.verification.results import kind_of
+    assert {kind_of(name) for name in RP_PROPERTIES} == {"invariant"}
+    assert {kind_of(name) for name in RP_AUXILIARY} == {"auxiliary"}
