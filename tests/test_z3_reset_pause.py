@@ -107,7 +107,7 @@ def test_the_relation_is_spec_step_on_every_reachable_reset_pause_state():
     states = _reachable()
     report = _cross_check(states)
     assert report.problems == []
-    assert report.states == len(states) == 2124
+    assert (report.states, report.edges) == (len(states), 10149) and len(states) == 2124
 
 
 # --- the formulas against the concrete predicates
