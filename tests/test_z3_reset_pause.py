@@ -38,7 +38,13 @@ from flightcheck.verification.z3.encoding.reset_pause_invariants import (
 from flightcheck.verification.z3.encoding.state import NotRepresentable
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.encoding.terms import leaves
-from flightcheck.verification.z3.reset_pause_engines import RP_PROPERTIES, rp_bmc, rp_induction
+from flightcheck.verification.z3.reset_pause_engines import (
+    RP_ENCODED_PROFILE,
+    RP_PROPERTIES,
+    rp_bmc,
+    rp_induction,
+    rp_model,
+)
 from flightcheck.verification.z3.reset_pause_models import RP_Z3, RP_Z3_ASYNC
 from flightcheck.verification.z3.results import ReplayMismatch
 
@@ -103,11 +109,14 @@ def test_the_relation_is_spec_step_on_sampled_reset_pause_states():
     assert report.edges > report.states
 
 
-def test_the_relation_is_spec_step_on_every_reachable_reset_pause_state():
-    states = _reachable()
-    report = _cross_check(states)
+@pytest.mark.parametrize("profile", ["vllm-0.34", "vllm-0.33"])
+def test_the_relation_is_spec_step_on_every_reachable_reset_pause_state(profile):
+    model = rp_model(profile)
+    checker, report = CrossChecker(model), CrossReport()
+    for s in reachable(model):
+        checker.check(s, report)
     assert report.problems == []
-    assert (report.states, report.edges) == (len(states), 10149) and len(states) == 2124
+    assert (report.states, report.edges) == (2124, 10149)
 
 
 # --- the formulas against the concrete predicates
@@ -231,8 +240,9 @@ def test_each_rp_formula_agrees_with_the_spec_on_steps_and_perturbed_steps():
 # --- the engines
 
 
-def test_k_induction_keeps_every_conjunct_and_rp1_to_rp4_follow_in_one_step():
-    result = rp_induction(MODEL)
+@pytest.mark.parametrize("profile", ["vllm-0.34", "vllm-0.33"])
+def test_k_induction_keeps_every_conjunct_and_rp1_to_rp4_follow_in_one_step(profile):
+    result = rp_induction(rp_model(profile))
     rows = result.by_name()
     assert {name: rows[name].status for name in RP_PROPERTIES} == {name: "proved" for name in RP_PROPERTIES}
     assert rows["WF_encoding"].status == "proved"
@@ -326,7 +336,12 @@ def test_an_unrepresentable_pause_is_refused_in_a_model_without_the_feature():
         System(plain).constant(paused)
 
 
-def test_rp1_to_rp4_are_reported_as_invariants_not_auxiliary():
+def test_verify_rows_come_from_the_model_under_each_profiles_sync_rules_as_invariants():
+    from flightcheck.verification.reset_pause_models import RESET_PAUSE_MODELS
     from flightcheck.verification.results import kind_of
+    assert set(RP_ENCODED_PROFILE) == set(RESET_PAUSE_MODELS)
+    assert {p: rp_model(p).cfg.profile for p in RP_ENCODED_PROFILE} == \
+        {"vllm-0.33": "vllm-0.33", "vllm-0.33-async": "vllm-0.33", "vllm-0.34": "vllm-0.34",
+         "vllm-0.34-async": "vllm-0.34"}
     assert {kind_of(name) for name in RP_PROPERTIES} == {"invariant"}
     assert {kind_of(name) for name in RP_AUXILIARY} == {"auxiliary"}

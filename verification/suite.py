@@ -441,7 +441,7 @@ def _kv_connector_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
                        explicit_only=KV_EXPLICIT_ONLY if options.use_z3 and not z3_rows else None)
 
 
-RESET_PAUSE_EXPLICIT_ONLY = "the Z3 model of reset and pause is vLLM 0.34's: under this profile its models are searched exhaustively"
+RESET_PAUSE_EXPLICIT_ONLY = "the Z3 model of reset and pause does not cover this profile: its models are searched exhaustively"
 
 
 def _reset_pause_suite(options: SuiteOptions, say: Progress) -> SuiteResult:

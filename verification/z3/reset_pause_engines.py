@@ -151,9 +151,20 @@ def rp_induction(model: Model, time_budget: float | None = None) -> EngineResult
 # --- the rows of `flightcheck verify --reset-pause`
 
 # The profile whose rules the Z3 model is checked under, for each profile
-# `--reset-pause` takes: the model is vLLM 0.34's (reset_pause_models.RP_Z3);
-# an async profile's rows are its synchronous twin's, and the method says so.
-RP_ENCODED_PROFILE = {"vllm-0.34": "vllm-0.34", "vllm-0.34-async": "vllm-0.34"}
+# `--reset-pause` takes: vLLM 0.34's (reset_pause_models.RP_Z3) or 0.33's
+# (the same model under that profile: the same 2,124 states); an async
+# profile's rows are its synchronous twin's, and the method says so.
+RP_ENCODED_PROFILE = {"vllm-0.33": "vllm-0.33", "vllm-0.33-async": "vllm-0.33",
+                      "vllm-0.34": "vllm-0.34", "vllm-0.34-async": "vllm-0.34"}
+
+
+def rp_model(profile: str) -> Model:
+    """The Z3 model under `profile`'s synchronous rules (RP_ENCODED_PROFILE)."""
+    from flightcheck.verification.z3.profiles import profile_model
+    from flightcheck.verification.z3.reset_pause_models import RP_Z3
+    encoded = RP_ENCODED_PROFILE[profile]
+    return RP_Z3 if RP_Z3.cfg.profile == encoded else profile_model(RP_Z3, encoded)
+
 
 # How deep BMC of the model goes (the proof is unbounded; BMC gives each of
 # RP1-RP4 a second, independent method).
@@ -165,12 +176,11 @@ def reset_pause_rows(profile: str, depth: int = RP_BMC_DEPTH, time_budget: float
     `depth`, under `profile`'s synchronous rules; the method names the model
     and the profile."""
     from flightcheck.verification.results import PropertyResult, kind_of
-    from flightcheck.verification.z3.reset_pause_models import RP_Z3
-    encoded = RP_ENCODED_PROFILE[profile]
+    chosen, encoded = rp_model(profile), RP_ENCODED_PROFILE[profile]
     note = "" if encoded == profile else f"; {profile}'s async scheduling not encoded"
-    where = f" [{RP_Z3.name}@{encoded}{note}]"
+    where = f" [{chosen.name.split('@')[0]}@{encoded}{note}]"
     rows = []
-    for result in (rp_induction(RP_Z3, time_budget), rp_bmc(RP_Z3, depth, time_budget=time_budget)):
+    for result in (rp_induction(chosen, time_budget), rp_bmc(chosen, depth, time_budget=time_budget)):
         rows += [PropertyResult(p.name, kind_of(p.name), p.status, p.method + where, p.depth, p.seconds)
                  for p in result.properties if p.name in RP_PROPERTIES]
     return rows
