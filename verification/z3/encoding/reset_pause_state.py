@@ -42,7 +42,9 @@ def refuse_unencoded_reset_pause(model) -> None:
     that needs it is the explicit search's, never checked by a partial
     relation. Config already refuses reset and pause with a KV connector
     (so `reset_connector` and PAUSED_NEW's `kv_holding_waiting` cannot
-    arise); the other request features have no encoding at all."""
+    arise); beside the other request features (the priority policy's
+    preemption order, sessions' parked requests in the pause's count,
+    grammars) the reset is not encoded."""
     cfg = model.cfg
     if not cfg.reset_and_pause:
         return
