@@ -153,7 +153,8 @@ def rp_induction(model: Model, time_budget: float | None = None) -> EngineResult
 # The profile whose rules the Z3 model is checked under, for each profile
 # `--reset-pause` takes: vLLM 0.34's (reset_pause_models.RP_Z3) or 0.33's
 # (the same model under that profile: the same 2,124 states); an async
-# profile's rows are its synchronous twin's, and the method says so.
+# profile's rows are its synchronous twin's (the proof is not run under
+# async scheduling), and the method says so.
 RP_ENCODED_PROFILE = {"vllm-0.33": "vllm-0.33", "vllm-0.33-async": "vllm-0.33",
                       "vllm-0.34": "vllm-0.34", "vllm-0.34-async": "vllm-0.34"}
 
@@ -177,7 +178,7 @@ def reset_pause_rows(profile: str, depth: int = RP_BMC_DEPTH, time_budget: float
     and the profile."""
     from flightcheck.verification.results import PropertyResult, kind_of
     chosen, encoded = rp_model(profile), RP_ENCODED_PROFILE[profile]
-    note = "" if encoded == profile else f"; {profile}'s async scheduling not encoded"
+    note = "" if encoded == profile else f"; {profile}'s synchronous twin"
     where = f" [{chosen.name.split('@')[0]}@{encoded}{note}]"
     rows = []
     for result in (rp_induction(chosen, time_budget), rp_bmc(chosen, depth, time_budget=time_budget)):
