@@ -135,3 +135,14 @@ def held_with_nothing_to_run(state: State, cfg: Config, r: int) -> bool:
 def backed_up_release(state: State, cfg: Config, r: int) -> bool:
     """The last release left the waiting queue backed up while r waits: the hold is lifted."""
     return r in state.waiting and is_on(cfg) and state.prefill_capacity_bound and state.prefill_hold > 0
+
+
+def carry_empty_call(state: State, called: State) -> State:
+    """What an empty `schedule()` call leaves of the cadence (`called`: the
+    spec's state after that call): the capacity-bound flag its waiting loop
+    recorded and the requests it skipped; the hold does not move (no step
+    was executed)."""
+    for r in called.waiting:
+        if called.requests[r].deferred_waiting and r < len(state.requests):
+            state = state.with_request(r, deferred_waiting=True)
+    return replace(state, prefill_capacity_bound=called.prefill_capacity_bound)
