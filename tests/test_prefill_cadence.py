@@ -8,7 +8,6 @@ to the reference and accepted by check-trace (sync and async)."""
 from __future__ import annotations
 
 import os
-import random
 from dataclasses import replace
 
 import pytest
@@ -20,21 +19,12 @@ from flightcheck.verification.explicit.search import search
 from flightcheck.verification.mutants.registry import CADENCE_MUTANTS
 from flightcheck.verification.traces.check import MalformedTrace, check_events
 from flightcheck.vllm.differential import run_reference
-from flightcheck.vllm.generate import campaign_workloads
+from flightcheck.vllm.cadence_generate import cadence_workloads
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # the reference's traces are checked
 
 CADENCE = ("CAD1_deferred_call_carries_no_prefill", "CAD2_backed_up_queue_not_held",
            "CAD3_hold_restarts_after_prefill")
-
-
-def cadence_workloads(seed: int, count: int) -> list[dict]:
-    """The campaign's plain workloads (inputs placed during waits too), each
-    with an interval of 2 to 4."""
-    workloads = campaign_workloads(seed, count, mid_step_inputs=True)
-    for index, workload in enumerate(workloads):
-        workload["config"]["prefill_schedule_interval"] = random.Random(f"{seed}/{index}").choice([2, 3, 4])
-    return workloads
 
 
 def test_off_by_default_and_refused_where_not_modelled():
