@@ -136,9 +136,11 @@ def _refuse_admission_knobs(model: Model) -> None:
     unchunked = not cfg.enable_chunked_prefill and (rules.unchunked_prefill_stops_admission
                                                     or rules.threshold_needs_chunked_prefill)
     reordered = cfg.cache_aware_admission_window > 0 and rules.cache_aware_admission and cfg.prefix_caching
-    if unchunked or reordered:
-        raise ValueError(f"model {model.name}: the Z3 encoding admits with chunked prefill on and in FCFS "
-                         "order; the explicit search explores chunked prefill off and the cache-aware reorder")
+    cadenced = cfg.prefill_schedule_interval > 1 and rules.prefill_cadence        # spec/cadence.py
+    if unchunked or reordered or cadenced:
+        raise ValueError(f"model {model.name}: the Z3 encoding admits with chunked prefill on, in FCFS "
+                         "order and without a prefill cadence; the explicit search explores chunked prefill "
+                         "off, the cache-aware reorder and the cadence")
 
 
 def num_statuses(layout: Layout) -> int:
