@@ -301,6 +301,15 @@ def test_the_encoding_is_spec_step_under_async_scheduling_on_sampled_states():
     assert report.problems == [] and len(states) == 5799
 
 
+def test_k_induction_proves_rp1_to_rp4_under_async_scheduling_too():
+    """On reset-pause-z3-k2-async (vllm-0.34-async) the same conjuncts, with
+    the async formulas in place of S3, S5, S6 and IA1, IA2 beside them, are
+    all kept, and RP1-RP4 follow in one step."""
+    result = rp_induction(RP_Z3_ASYNC)
+    assert [(p.name, p.status) for p in result.properties if p.status != "proved"] == []
+    assert {"RPA1_reset_entries_dropped", "candidate:IA1_placeholders"} <= set(result.by_name())
+
+
 def test_vllm_38624_is_found_by_bmc_at_its_explicit_length():
     """placeholders_kept_on_preemption_pr38624 (vLLM #38624: the running
     loop's preemption keeps the victim's placeholders) on the async model:
