@@ -224,6 +224,26 @@ class ConnectorEvents:
             self.rolled_back[label.req] = (q.num_computed, q.placeholders)
             output.noted.add(label.req)
             self._check_rollback_counters(label.req, event)
+        for holder in output.failures[-1][1].get("holders", ()):
+            self._check_holder_counters(holder)
+
+    def _check_holder_counters(self, holder: dict) -> None:
+        """KV3 at the event for a request the output rolled back besides the
+        failing ones (`holders`: it shares their invalid blocks), against the
+        spec's rollback of it; without them a holder aborted before its next
+        entry is never checked (0.33.0 async `campaign --all-features --seed 1`
+        index 64: #49250's placeholders on a sharer)."""
+        r = self.slot.get(holder["req"])
+        q = None if r is None else self.state.requests[r]
+        if q is None or q.status.is_finished or r not in self.rolled_back:
+            raise self._violation("KV3_rollback_restores_counters",
+                                  f"the trace rolls {quoted(holder['req'])} back with the failed loads, the "
+                                  f"spec does not ({'no such request' if q is None else self._transfer_state(holder['req'])})")
+        for key, attr in (("computed", "num_computed"), ("placeholders", "placeholders")):
+            if key in holder and holder[key] != getattr(q, attr):
+                raise self._violation("KV3_rollback_restores_counters",
+                                      f"{self._quoted_name(r)}, which shares the failed blocks, has {key} "
+                                      f"{holder[key]} after the rollback in the trace, {getattr(q, attr)} in the spec")
 
     def _failure_of_finished_load(self, name: str, state: State) -> bool:
         """A failure reported for the load of a request that finished (aborted,
