@@ -12,7 +12,10 @@ vLLM's source and settled (docs/kv-connector.md, "Disagreements read"):
   async, seed 3 index 14 and 150, seed 2 index 114): a false S9_kv_ownership;
 * a parked load cut by a sharer's failure, then failing whole itself (0.34.0
   sync, seed 1 index 173, cache-aware admission on, and the same without it):
-  a false KV3.
+  a false KV3;
+* #49250's placeholders on a request sharing the failed blocks, aborted
+  before its next entry (0.33.0 async, seed 1 index 64): the bug missed,
+  until the recorder wrote such requests' counters (`kv_failed.holders`).
 
 The first group's vLLM traces are kept (tests/data/kv/vllm/open_cases), so
 the differential is checked without vLLM; every workload is replayed on
@@ -42,7 +45,10 @@ REPLAYED = {stem: "0.33.0" for stem in FENCED_ERROR_FREES} | {
     "033_async_failed_load_seed2_114": "0.33.0",
     "034_cache_aware_parked_load_cut_seed1_173": "0.34.0",
     "034_parked_load_cut_seed1_173_no_cache_aware": "0.34.0",
+    "033_async_sharer_placeholders_seed1_64": "0.33.0",
 }
+# vLLM wrong (#49250 on a request sharing the failed blocks): rejected, as its ground truth says
+REJECTED = {"033_async_sharer_placeholders_seed1_64"}
 
 
 def _saved(stem: str) -> dict:
@@ -82,6 +88,7 @@ def test_each_case_replayed_on_vllm_is_accepted_and_explained(version):
             raw = _saved(stem)["workload"]
             job = ReplayJob(version, bool(raw["config"].get("async_scheduling")), index, raw, 0)
             replayed = replay_workload(worker, job)
-            assert replayed.category == "accepted, correct run", (stem, replayed.detail)
+            expected = "rejected, real bug" if stem in REJECTED else "accepted, correct run"
+            assert replayed.category == expected, (stem, replayed.detail)
             assert replayed.comparison is not None and replayed.comparison.explained, \
                 (stem, replayed.comparison.describe())
