@@ -201,6 +201,8 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         if self.reorders_admission or self.cadenced or (self.cfg.structured_output
                                                         and not self.cfg.rules.output_placeholders):
             self._reorder_at_empty_calls(event)      # (sync: an empty call may meet a failed grammar)
+        if self.cfg.kv_connector is not None:
+            self._promote_at_empty_calls(event)      # connector.py
         self._engine_step_before(event)
         if self.cfg.rules.output_placeholders:
             self._note_empty_batches(event)
