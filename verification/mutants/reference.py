@@ -346,9 +346,11 @@ PRIORITY: tuple[ReferenceMutant, ...] = (
 )
 
 # Streaming sessions' bugs in the reference (reference/sessions.py), named as
-# the spec's (verification/mutants/sessions.py). The fuzzer has no sessions,
-# so they are not fuzzed: each is caught by the spec and the reference run in
-# lockstep on random sessions (tests/test_sessions_lockstep.py).
+# the spec's (verification/mutants/sessions.py). Not fuzzed by the default
+# runs (no session there): each is caught by the sessions refinement fuzzer
+# (verification/refinement/sessions_machine.py, tests/test_sessions_refinement.py)
+# and by the spec and the reference run in lockstep on random sessions
+# (tests/test_sessions_lockstep.py).
 SESSIONS: tuple[ReferenceMutant, ...] = (
     _mutant("continuation_applied_while_running_pr52693",
             "an input sent while the session runs is applied at once and the session enqueued: it is in "
@@ -447,7 +449,7 @@ for _m in COUNTERS_0_33 + ASYNC_0_33:
     PROFILE_MUTANTS.setdefault(_m.profile or "", {})[_m.name] = _m.history
 # the priority policy's (fuzzed only by the priority fuzzer)
 PRIORITY_MUTANTS: dict[str, str] = {m.name: m.history for m in PRIORITY}
-# streaming sessions' (not fuzzed either: no fuzzer run has a session)
+# streaming sessions' (fuzzed only by the sessions fuzzer)
 SESSION_MUTANTS: dict[str, str] = {m.name: m.history for m in SESSIONS}
 # structured output's and reset-and-pause's (fuzzed only by their own fuzzers)
 GRAMMAR_MUTANTS: dict[str, str] = {m.name: m.history for m in GRAMMAR}
