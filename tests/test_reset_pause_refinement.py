@@ -15,7 +15,6 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # a refinement fuzzer: b
 
 # mutant -> (seed, steps) of a run that catches it (measured 2026-12-06: 0.5 to 2 s each)
 CAUGHT_FROM = {
-    "pause_clear_cache_keeps_running_pr34382": (1, 3000),
     "reset_delivers_stale_output": (2, 3000),
     "paused_all_runs_running_loop": (1, 3000),
     "paused_new_admits_waiting": (2, 3000),

@@ -408,14 +408,6 @@ GRAMMAR: tuple[ReferenceMutant, ...] = (
 # reset-and-pause refinement fuzzer (verification/refinement/reset_pause_machine.py,
 # tests/test_reset_pause_refinement.py), not by the default runs (no reset there).
 RESET_PAUSE: tuple[ReferenceMutant, ...] = (
-    _mutant("pause_clear_cache_keeps_running_pr34382",
-            "a reset asked to take the running requests leaves them running, their blocks held, so the "
-            "prefix cache cannot be reset (vLLM PR #34382: the pause's clear_cache reset without "
-            "reset_running_requests)",
-            _edit("reset_pause.ResetPause.reset_prefix_cache", """
-                  while self.running:
-                      self._preempt_dropping_output(self.running.pop())""", "pass"),
-            profile="vllm-0.34-async"),
     _mutant("reset_delivers_stale_output",
             "a reset of the running requests preempts them in deliver mode: their outputs in flight are "
             "applied when they return (synthetic)",
