@@ -42,9 +42,12 @@ class WaitingLoop:
             request = self.waiting[index]
             if (self._blocked_on_grammar(request) or self._is_resumption_deferred(request)   # grammar.py
                     or request.status == RequestStatus.WAITING_FOR_STREAMING_REQ):
+                self._note_skipped(request)   # the prefill cadence's deferred_waiting (cadence.py)
                 index += 1
                 continue
             computed_blocks, num_hit_tokens = kv.get_computed_blocks(request)
+            if self._held_at_admission(request, num_hit_tokens):
+                break                         # the prefill cadence holds prefills (cadence.py)
             padded = self._padded_decode(request, num_hit_tokens, batch) if self._pads_admitted_decodes else 0
             wanted = padded if padded > 0 else request.num_tokens - num_hit_tokens
             if self._stops_unchunked(wanted, batch.token_budget):

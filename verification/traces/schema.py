@@ -281,6 +281,8 @@ CONFIG = Record({
     "enable_chunked_prefill": (Flag(), False),
     "cache_aware_admission_window": (COUNT, False),
     "cache_aware_admission_threshold": (Share(), False),
+    # vLLM 0.33/0.34's local prefill cadence (1 = off; spec/cadence.py)
+    "prefill_schedule_interval": (POSITIVE, False),
     "policy": (Choice(("continue-prefill", "one-batch-per-request")), False),
     "num_preallocate_tokens": (COUNT, False),
     "release_order": (Choice(("reverse", "forward")), False),
