@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from .admission_order import reorder_by_cached_prefix
 from .batch import Batch
-from .request import RequestStatus
+from .outputs import RequestData
+from .request import Request, RequestStatus
 
 
 class WaitingLoop:
@@ -65,11 +66,15 @@ class WaitingLoop:
                 break
             del self.waiting[index]
             entry = self._admit(request, num_hit_tokens, num_new_tokens, new_blocks)
-            if padded:                        # its placeholder drafts: those the clip left
-                entry.spec_token_ids = (-1,) * min(self.config.num_spec_tokens, num_new_tokens - 1)
-                if not self._drafts_emptied_when_scheduled:
-                    request.spec_token_ids = entry.spec_token_ids    # held as scheduled drafts are
+            if padded:
+                self._pad_drafts(request, entry, num_new_tokens)
             self._add_to_batch(batch, request, entry)
+
+    def _pad_drafts(self, request: Request, entry: RequestData, num_new_tokens: int) -> None:
+        """A padded admission's placeholder drafts: those the clip left."""
+        entry.spec_token_ids = (-1,) * min(self.config.num_spec_tokens, num_new_tokens - 1)
+        if not self._drafts_emptied_when_scheduled:
+            request.spec_token_ids = entry.spec_token_ids    # held as scheduled drafts are
 
     def _stops_unchunked(self, num_new_tokens: int, token_budget: int) -> bool:
         """Chunked prefill off (vLLM 0.33, 0.34 `Scheduler.schedule`, waiting
