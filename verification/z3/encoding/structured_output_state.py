@@ -59,6 +59,8 @@ def refuse_unencoded_grammar(model) -> None:
         why.append("asynchronous scheduling (deferred bitmasks: vLLM #29379)")
     if cfg.num_spec_tokens:
         why.append("drafts (grammar-illegal drafts: vLLM #49694)")
+    if cfg.reset_and_pause or cfg.kv_connector is not None:
+        why.append("reset and pause or a KV connector beside it (their actions take the same codes)")
     if why:
         raise ValueError(f"model {model.name}: the Z3 encoding of structured output leaves out "
                          f"{'; '.join(why)}; the explicit search covers them (verification/grammar_models.py)")
