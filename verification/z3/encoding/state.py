@@ -45,6 +45,7 @@ from flightcheck.verification.z3.encoding.reset_pause_state import (
     rp_entry_fields,
     rp_frame,
     rp_state_fields,
+)
 from flightcheck.verification.z3.encoding.structured_output_state import (
     grammar_constant,
     grammar_entry_fields,
