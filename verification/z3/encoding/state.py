@@ -39,14 +39,28 @@ from flightcheck.verification.z3.encoding.kv_state import (  # noqa: F401  (NotR
     kv_state_fields,
     refuse_unencoded_connector,
 )
+from flightcheck.verification.z3.encoding.session_state import (
+    has_sessions,
+    is_resumable_slot,
+    refuse_unencoded_sessions,
+    session_constant,
+    session_entry_fields,
+    session_frame,
+    session_req_constant,
+    session_req_frame,
+    session_request_fields,
+    session_state_fields,
+)
 from flightcheck.verification.z3.encoding.terms import V, leaves, value_of, var
 
 STATUS: tuple[Status, ...] = (Status.NEW, Status.WAITING, Status.RUNNING, Status.PREEMPTED,
                               Status.FINISHED_STOPPED, Status.FINISHED_LENGTH,
                               Status.FINISHED_ABORTED,
                               # only with a KV connector (kv_state.py; `num_statuses`)
-                              Status.WAITING_FOR_REMOTE_KVS, Status.FINISHED_ERROR)
-NEW, WAITING, RUNNING, PREEMPTED, F_STOPPED, F_LENGTH, F_ABORTED, REMOTE_KVS, F_ERROR = range(9)
+                              Status.WAITING_FOR_REMOTE_KVS, Status.FINISHED_ERROR,
+                              # only with streaming sessions (session_state.py)
+                              Status.WAITING_FOR_STREAMING_REQ)
+NEW, WAITING, RUNNING, PREEMPTED, F_STOPPED, F_LENGTH, F_ABORTED, REMOTE_KVS, F_ERROR, PARKED = range(10)
 FATE: tuple[Fate, ...] = (Fate.LIVE, Fate.ORPHANED, Fate.SUPERSEDED)
 LIVE, ORPHANED, SUPERSEDED = range(3)
 PAD = -1          # unused slot of a block, request or queue array
@@ -96,6 +110,7 @@ class Layout:
             bound = max(bound, cfg.queue_depth * cfg.max_model_len)   # a request's tokens in flight
         _refuse_admission_knobs(model)
         refuse_unencoded_connector(model)
+        refuse_unencoded_sessions(model)
         if cfg.reset_and_pause:     # spec/reset_pause.py: the explicit search checks them
             raise ValueError(f"model {model.name}: the Z3 encoding has no reset and pause")
         width = max(8, (4 * bound).bit_length() + 1) if bitvectors else None
@@ -136,8 +151,12 @@ def _refuse_admission_knobs(model: Model) -> None:
 
 
 def num_statuses(layout: Layout) -> int:
-    """The status codes a frame may hold: the last two only with a connector."""
-    return len(STATUS) if has_kv(layout) else F_ABORTED + 1
+    """The status codes a frame may hold: REMOTE_KVS and F_ERROR only with a
+    connector, PARKED only with sessions (whose frames hold no connector code:
+    session_state.session_well_formed)."""
+    if has_sessions(layout):
+        return PARKED + 1
+    return F_ERROR + 1 if has_kv(layout) else F_ABORTED + 1
 
 
 def has_counters(layout: Layout) -> bool:
@@ -169,6 +188,7 @@ class SReq:
     num_drafts: Any
     table_len: Any
     table: list
+    session: list = field(default_factory=list)   # [SSessionReq] with streaming sessions, else []
 
 
 @dataclass
@@ -238,6 +258,7 @@ class SState:
     counters: list = field(default_factory=list)   # SCounters per request; [] without stale-output counters
     asyncs: list = field(default_factory=list)     # SAsync per request; [] without output placeholders
     kv: list = field(default_factory=list)         # [SKv] with a KV connector (kv_state.py), else []
+    sess: list = field(default_factory=list)       # [SSessions] with streaming sessions (session_state.py), else []
 
 
 def frame(layout: Layout, tag: str) -> SState:
@@ -249,7 +270,8 @@ def frame(layout: Layout, tag: str) -> SState:
 
     reqs = [SReq(I(f"status[{r}]@{tag}"), I(f"num_output[{r}]@{tag}"),
                  I(f"num_computed[{r}]@{tag}"), I(f"num_drafts[{r}]@{tag}"),
-                 I(f"table_len[{r}]@{tag}"), ints(f"table[{r}]", layout.T)) for r in range(layout.N)]
+                 I(f"table_len[{r}]@{tag}"), ints(f"table[{r}]", layout.T), session_req_frame(layout, r, tag))
+            for r in range(layout.N)]
     batches = []
     for k in range(layout.K):
         entries = [SEntry(*(I(f"b{k}.e{j}.{f}@{tag}") for f in ("req", "start", "n")),
@@ -267,7 +289,7 @@ def frame(layout: Layout, tag: str) -> SState:
                    for r in range(layout.N)] if has_counters(layout) else [],
                   [SAsync(I(f"placeholders[{r}]@{tag}"), I(f"decode_countdown[{r}]@{tag}"))
                    for r in range(layout.N)] if has_placeholders(layout) else [],
-                  kv_frame(layout, tag))
+                  kv_frame(layout, tag), session_frame(layout, tag))
 
 
 def variables(s: SState, ghost: bool = True) -> list[z3.ExprRef]:
@@ -292,6 +314,8 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
         p = layout.model.prompts[r]
         want = (0, 0, ()) if q.status is Status.NEW else \
             (p.prompt_len, p.max_tokens, p.labels if cfg.prefix_caching else ())
+        if has_sessions(layout):        # a session's prompt and max_tokens change by turn: variables
+            want = (q.prompt_len, q.max_tokens, want[2])
         if (q.prompt_len, q.max_tokens, q.prompt_labels) != want:
             raise NotRepresentable(f"request {r} has a prompt other than the model's")
         if kv_offer(layout, r, q.status is not Status.NEW) != kv_offer_of(q):
@@ -304,7 +328,7 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
             raise NotRepresentable(f"request {r} has placeholders under a profile without them")
         reqs.append(SReq(V(STATUS.index(q.status)), V(q.num_output), V(q.num_computed),
                          V(q.num_drafts), V(len(q.block_table)),
-                         padded(q.block_table, layout.T, f"r{r}'s block table")))
+                         padded(q.block_table, layout.T, f"r{r}'s block table"), session_req_constant(layout, r, q)))
     if len(state.in_flight) > layout.K:
         raise NotRepresentable("too many batches in flight")
     batches = []
@@ -333,7 +357,7 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
                   if has_counters(layout) else [],
                   [SAsync(V(q.placeholders), V(q.decode_countdown)) for q in state.requests]
                   if has_placeholders(layout) else [],
-                  kv_constant(layout, state))
+                  kv_constant(layout, state), session_constant(layout, state))
 
 
 def _check_ranks_can_hold(pool: BlockPool) -> None:
@@ -421,13 +445,17 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
             a = f.asyncs[r]
             fixed.update(placeholders=iv(a.placeholders), decode_countdown=iv(a.countdown))
         fixed.update(kv_offer(layout, r, status is not Status.NEW), **kv_request_fields(layout, f.kv, r, iv, bv))
+        if q.session:
+            fixed.update(session_request_fields(layout, q.session, r, iv),
+                         resumable=is_resumable_slot(layout, r) and status is not Status.NEW)
         reqs.append(Request(status=status, num_output=iv(q.num_output), num_computed=iv(q.num_computed),
                             num_drafts=iv(q.num_drafts), block_table=table, **fixed))
     in_flight = []
     for b in f.batches[:iv(f.num_batches)]:
         k = len(in_flight)
         in_flight.append(tuple(Entry(iv(e.req), iv(e.start), iv(e.n), bv(e.samples), iv(e.drafts),
-                                     code(e.fate, FATE, "fate"), **kv_entry_fields(f.kv, k, j, iv))
+                                     code(e.fate, FATE, "fate"), **kv_entry_fields(f.kv, k, j, iv),
+                                     **session_entry_fields(f.sess, k, j, iv))
                                for j, e in enumerate(b.entries[:iv(b.length)])))
     labels = tuple(None if iv(x) == layout.none_label else iv(x) for x in f.pool.label)
     pool = BlockPool(tuple(iv(c) for c in f.pool.ref), labels,
@@ -437,7 +465,7 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
                  running=tuple(iv(x) for x in f.running[:iv(f.running_len)]),
                  in_flight=tuple(in_flight), pool=pool,
                  scheduled_ids=frozenset(r for r in range(layout.N) if bv(f.scheduled[r])),
-                 **kv_state_fields(f.kv, iv))
+                 **kv_state_fields(f.kv, iv), **session_state_fields(f.sess, iv))
 
 
 def dump(m: z3.ModelRef, f: SState) -> str:

@@ -25,6 +25,7 @@ from flightcheck.spec import (
     CompleteOldest,
     Sample,
     Schedule,
+    SendInput,
     State,
 )
 from flightcheck.verification.models import Model
@@ -43,9 +44,11 @@ from flightcheck.verification.z3.encoding.actions import (
     choices,
     complete_guard,
     complete_oldest,
+    finish,
 )
 from flightcheck.verification.z3.encoding.connector import connector_action, connector_transitions
 from flightcheck.verification.z3.encoding.schedule import SchedResult, schedule
+from flightcheck.verification.z3.encoding.sessions import send_guard, send_input
 from flightcheck.verification.z3.encoding.state import (
     PREEMPTED,
     Layout,
@@ -174,6 +177,9 @@ class System:
             if s.kv:        # the connector's reports (connector.py): actions 4, 5, 6
                 kv_guards, kv_effects, kv_legal = connector_transitions(layout, builder, s, ch)
                 guards, effects, legal = guards + kv_guards, effects + kv_effects, legal + kv_legal
+            if s.sess:      # the client's next input (sessions.py): action 4
+                guards.append(send_guard(layout, s, ch.req))
+                effects.append(builder.snap(send_input(layout, s, ch.req, finish), "send"))
             legal = [le(0, ch.act), le(ch.act, len(guards) - 1)] + legal
         self._trans[t0] = Transitions(s, ch, sched, comp, guards, effects, list(schedule_definitions), builder.defs, legal)
         return self._trans[t0]
@@ -223,6 +229,8 @@ class System:
             return Schedule()
         if act == ABORT:
             return Abort(r)
+        if act == SEND_INPUT and self.layout.cfg.kv_connector is None:
+            return SendInput(r)
         if act >= len(ACTION_CODE):
             return connector_action(act, r, iv(st.choices.from_block))
         samples = []
@@ -233,6 +241,9 @@ class System:
                                       iv(st.choices.next_drafts[j])))
         return CompleteOldest(tuple(samples))
 
+
+# The action code of `SendInput` in a frame with sessions (which has no connector's reports).
+SEND_INPUT = 4
 
 # The encoding's action code of each spec action class (`Choices.act`).
 ACTION_CODE: dict[type, int] = {Arrive: ARRIVE, Schedule: SCHEDULE, CompleteOldest: COMPLETE, Abort: ABORT}
