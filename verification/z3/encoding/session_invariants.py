@@ -18,9 +18,9 @@ from flightcheck.spec.blocks import cdiv
 from flightcheck.verification.z3.encoding.actions import COMPLETE, is_active
 from flightcheck.verification.z3.encoding.entries import positions
 from flightcheck.verification.z3.encoding.requests import num_tokens
-from flightcheck.verification.z3.encoding.session_state import is_resumable_slot
+from flightcheck.verification.z3.encoding.session_state import is_resumable_slot, session_inputs
 from flightcheck.verification.z3.encoding.sessions import parked_count
-from flightcheck.verification.z3.encoding.state import LIVE, PARKED, RUNNING, WAITING, Layout, SState
+from flightcheck.verification.z3.encoding.state import LIVE, NEW, PARKED, WAITING, Layout, SState
 from flightcheck.verification.z3.encoding.terms import (
     V,
     conj,
@@ -162,6 +162,27 @@ def sa2_session_queues(layout: Layout, s: SState) -> Any:
     return conj(out)
 
 
+def sa4_turns_count_inputs(layout: Layout, s: SState) -> Any:
+    """A NEW request's session fields are pristine, a finished one sends and
+    queues nothing, and an unfinished session has stopped once per input it
+    took (once more while parked): turn = inputs consumed (+1 parked)."""
+    if not s.sess:
+        return z3.BoolVal(True)
+    out = []
+    for r, q in enumerate(s.reqs):
+        x, n = q.session[0], len(session_inputs(layout, r))
+        new = eq(q.status, NEW)
+        out.append(z3.Implies(new, conj(eq(x.prompt_len, 0), eq(x.max_tokens, 0), eq(x.turn, 0), eq(x.to_send, 0),
+                                        eq(x.queued, 0), eq(q.num_output, 0))))
+        out.append(z3.Implies(neg(disj(new, is_active(q.status, parked=True))),
+                              conj(eq(x.to_send, 0), eq(x.queued, 0), le(x.turn, n))))
+        consumed = n - x.to_send - x.queued
+        out.append(z3.Implies(is_active(q.status, parked=True),
+                              conj(eq(x.turn, consumed + ite(eq(q.status, PARKED), V(1), V(0))),
+                                   lt(0, x.prompt_len), lt(0, x.max_tokens))))
+    return conj(out)
+
+
 def sa3_session_lengths(layout: Layout, s: SState) -> Any:
     """A session's prompt and outputs stay within the model length, a
     WAITING request with computed tokens is a session's next turn (fewer
@@ -181,4 +202,5 @@ SESSION_AUXILIARY = {
     "SA1_turns_not_ahead": sa1_turns_not_ahead,
     "SA2_session_queues": sa2_session_queues,
     "SA3_session_lengths": sa3_session_lengths,
+    "SA4_turns_count_inputs": sa4_turns_count_inputs,
 }

@@ -164,7 +164,7 @@ def session_well_formed(layout, s, parked: int) -> Any:
     for r, q in enumerate(s.reqs):
         x, n = q.session[0], len(session_inputs(layout, r))
         out += [disj(lt(q.status, 7), eq(q.status, parked)), le(0, x.prompt_len), le(0, x.max_tokens),
-                le(0, x.turn), le(0, x.to_send), le(0, x.queued), le(x.to_send + x.queued, n)]
+                le(0, x.turn), le(0, x.to_send), le(x.to_send, n), le(0, x.queued), le(x.queued, n - x.to_send)]
     out += [le(0, ss.holding_len), le(ss.holding_len, layout.N)]
     out += [ite(lt(j, ss.holding_len), conj(le(0, x), lt(x, layout.N)), eq(x, P)) for j, x in enumerate(ss.holding)]
     for k, (b, row) in enumerate(zip(s.batches, ss.entry_turn)):
