@@ -20,10 +20,11 @@ from flightcheck.verification.z3.encoding.entries import positions
 from flightcheck.verification.z3.encoding.requests import num_tokens
 from flightcheck.verification.z3.encoding.session_state import is_resumable_slot, session_inputs
 from flightcheck.verification.z3.encoding.sessions import parked_count
-from flightcheck.verification.z3.encoding.state import LIVE, NEW, PARKED, WAITING, Layout, SState
+from flightcheck.verification.z3.encoding.state import LIVE, NEW, PARKED, RUNNING, WAITING, Layout, SState
 from flightcheck.verification.z3.encoding.terms import (
     V,
     conj,
+    count,
     disj,
     div_const,
     eq,
@@ -198,9 +199,107 @@ def sa3_session_lengths(layout: Layout, s: SState) -> Any:
     return conj(out)
 
 
+def sa5_one_queue_per_request(layout: Layout, s: SState) -> Any:
+    """Each unfinished request sits in exactly one of `running`, `waiting`,
+    `kv_holding` (in `running` exactly when RUNNING), a NEW or finished one
+    in none (spec S10 with kv_holding and parked sessions)."""
+    if not s.sess:
+        return z3.BoolVal(True)
+    ss, out = s.sess[0], []
+    for r, q in enumerate(s.reqs):
+        def times(xs: list, n: Any) -> Any:
+            return sum_terms(ite(conj(lt(j, n), eq(x, r)), V(1), V(0)) for j, x in enumerate(xs))
+        total = times(s.running, s.running_len) + times(s.waiting, s.waiting_len) + times(ss.holding, ss.holding_len)
+        active = is_active(q.status, parked=True)
+        out += [eq(total, ite(active, V(1), V(0))),
+                eq(times(s.running, s.running_len), ite(eq(q.status, RUNNING), V(1), V(0)))]
+    return conj(out)
+
+
+def sa6_session_counters(layout: Layout, s: SState) -> Any:
+    """IF0-IF2 with parked sessions among the unfinished requests: the
+    in-flight counter is the tokens of the request's entries in flight, the
+    stale counter those of its entries no longer live; a NEW or finished
+    request has no counters, placeholders or countdown (spec A10)."""
+    if not s.sess:
+        return z3.BoolVal(True)
+    out = []
+    for r, (q, c) in enumerate(zip(s.reqs, s.counters)):
+        mine = [(e, conj(u, eq(e.req, r))) for e, u in positions(None, s)]
+        in_flight = sum_terms(ite(m, e.n, V(0)) for e, m in mine)
+        stale = sum_terms(ite(conj(m, neg(eq(e.fate, LIVE))), e.n, V(0)) for e, m in mine)
+        a = s.asyncs[r] if s.asyncs else None
+        idle = conj(eq(c.in_flight, 0), eq(c.stale, 0), neg(c.drop),
+                    *([eq(a.placeholders, 0), eq(a.countdown, 0)] if a is not None else []))
+        out += [z3.Implies(is_active(q.status, parked=True), conj(eq(c.in_flight, in_flight), eq(c.stale, stale))),
+                z3.Implies(neg(is_active(q.status, parked=True)), idle)]
+        out += [conj(le(0, e.n), le(e.n, layout.cfg.max_model_len)) for e, m in mine]
+    return conj(out)
+
+
+def _holds_table(layout: Layout, s: SState, r: int) -> Any:
+    """Who may hold blocks: a RUNNING request, or a session between turns
+    (WAITING or parked) that computed tokens (sessions.session_holds_blocks)."""
+    q = s.reqs[r]
+    between = conj(z3.BoolVal(is_resumable_slot(layout, r)), disj(eq(q.status, WAITING), eq(q.status, PARKED)),
+                   lt(0, q.num_computed))
+    return disj(eq(q.status, RUNNING), between)
+
+
+def sa7_pool_ownership(layout: Layout, s: SState) -> Any:
+    """S9's partition read with sessions: a block's reference count is the
+    number of tables holding it, at most one, and it is in the free queue,
+    once, exactly when nobody holds it; only a running request or a session
+    between turns holds a table, which covers its computed tokens; without
+    prefix caching no block caches a label."""
+    bs, out = layout.cfg.block_size, []
+    out += [conj(eq(lab, layout.none_label), eq(rank, 0)) for lab, rank in zip(s.pool.label, s.pool.copy_rank)]
+    for b in range(layout.B):
+        held = count(conj(lt(t, q.table_len), eq(x, b)) for q in s.reqs for t, x in enumerate(q.table))
+        out += [eq(s.pool.ref[b], held), le(held, 1),
+                eq(count(conj(lt(j, s.pool.free_len), eq(x, b)) for j, x in enumerate(s.pool.free)),
+                   ite(eq(held, 0), V(1), V(0)))]
+    for r, q in enumerate(s.reqs):
+        out += [z3.Implies(lt(0, q.table_len), _holds_table(layout, s, r)),
+                z3.Implies(_holds_table(layout, s, r), le(div_const(q.num_computed + (bs - 1), bs), q.table_len))]
+    return conj(out)
+
+
+def sa8_counters(layout: Layout, s: SState) -> Any:
+    """S1 and S2 read with sessions: 0 <= num_computed <= the known tokens
+    (and drafts, placeholders), 0 unless the request holds a table;
+    0 <= num_output <= max_tokens, below it (and the tokens below
+    max_model_len) while unfinished and not parked; no drafts without spec
+    decode; every in-flight entry starts at >= 0, holds 1 to max_model_len
+    tokens and ends within max_model_len."""
+    from flightcheck.verification.z3.encoding.requests import max_tokens
+    cfg, out = layout.cfg, []
+    for r, q in enumerate(s.reqs):
+        known = num_tokens(layout, q, r) + (s.asyncs[r].placeholders if s.asyncs else V(0))
+        cap = max_tokens(layout, q, r)
+        going = conj(is_active(q.status, parked=True), neg(eq(q.status, PARKED)))
+        out += [le(0, q.num_computed), le(q.num_computed, known + q.num_drafts),
+                z3.Implies(neg(_holds_table(layout, s, r)), eq(q.num_computed, 0)),
+                le(0, q.num_output), le(q.num_output, cap),
+                z3.Implies(going, conj(lt(q.num_output, cap), lt(num_tokens(layout, q, r), cfg.max_model_len)))]
+        if not cfg.num_spec_tokens:
+            out.append(eq(q.num_drafts, 0))
+    for e, used in positions(None, s):
+        mml = cfg.max_model_len          # each bounded alone first: the bit-vector sum cannot wrap
+        bounds = [le(0, e.start), le(e.start, mml), le(1, e.n), le(e.n, mml), le(e.start + e.n, mml)]
+        if not cfg.num_spec_tokens:
+            bounds.append(eq(e.drafts, 0))
+        out.append(z3.Implies(used, conj(bounds)))
+    return conj(out)
+
+
 SESSION_AUXILIARY = {
     "SA1_turns_not_ahead": sa1_turns_not_ahead,
     "SA2_session_queues": sa2_session_queues,
     "SA3_session_lengths": sa3_session_lengths,
     "SA4_turns_count_inputs": sa4_turns_count_inputs,
+    "SA5_one_queue_per_request": sa5_one_queue_per_request,
+    "SA6_session_counters": sa6_session_counters,
+    "SA7_pool_ownership": sa7_pool_ownership,
+    "SA8_counters": sa8_counters,
 }

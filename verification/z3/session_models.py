@@ -1,0 +1,42 @@
+"""The streaming-session models the Z3 engines check (kv_engines.py with
+the session formulas of encoding/session_invariants.py): small enough that
+the cross-check compares the encoding with the spec on every reachable
+state (tests/test_z3_sessions.py).
+
+SESSION_SOLO (vLLM 0.34, K = 2, one seat): the session of the explicit
+model session-k2 alone (a prompt of 2 that stops by 2 outputs, then 1 new
+token and 2 outputs, then the end of the session), aborts and stop tokens
+on. k-induction proves SS2-SS4 on it and SS1 follows in one step. Alone,
+it is never preempted for want of blocks (a model's request always fits
+the pool), which the proof of SS4 needs; beside a second request it needs
+the pool's accounting too, which the auxiliary invariants do not state
+(docs/proofs.md, "Streaming sessions").
+
+SESSION_K2 (the explicit model session-k2 under vLLM 0.34, and under
+vllm-0.34-async for the mutants): the session beside a plain request; the
+cross-check covers every reachable state of it, BMC bounds SS2-SS4 on it,
+and the session mutants are hunted on it by BMC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from flightcheck.verification.models import Model
+from flightcheck.verification.session_models import SESSION_MUTANT_MODELS, SESSION_PROFILE_MODELS
+
+SESSION_K2 = SESSION_PROFILE_MODELS["vllm-0.34"][0]
+SESSION_K2_ASYNC = SESSION_PROFILE_MODELS["vllm-0.34-async"][0]
+
+SESSION_SOLO = replace(SESSION_K2, name="session-solo-k2@vllm-0.34", prompts=SESSION_K2.prompts[:1])
+
+SESSION_Z3_MODELS: tuple[Model, ...] = (SESSION_SOLO, SESSION_K2)
+
+# The session mutants BMC finds on session-k2 (vllm-0.34-async), with the
+# property that breaks and the depth it breaks at (the explicit search's
+# shortest counterexample, verification/mutants/sessions.py).
+SESSION_Z3_MUTANTS: dict[str, tuple[str, int]] = {}
+
+
+def session_z3_mutant_model(name: str) -> Model:
+    return SESSION_MUTANT_MODELS[name].with_mutant(name)
