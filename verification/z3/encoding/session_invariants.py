@@ -33,6 +33,7 @@ from flightcheck.verification.z3.encoding.terms import (
     lt,
     member,
     neg,
+    pick,
     sum_terms,
 )
 
@@ -127,15 +128,19 @@ def ss1_old_output_never_bound(layout: Layout, st) -> Any:
 
 def sa1_turns_not_ahead(layout: Layout, s: SState) -> Any:
     """Every entry in flight was scheduled in its request's turn or an
-    earlier one, a live one in the turn itself (a stop supersedes the rest)."""
+    earlier one, a live one in the turn itself (a stop supersedes the rest);
+    a WAITING or parked request has none of its turn (it has not been
+    scheduled since its stop, or since it arrived)."""
     if not s.sess:
         return z3.BoolVal(True)
     out = []
     for e, u, t in _entries(s):
         for r in range(layout.N):
-            turn = s.reqs[r].session[0].turn
+            q = s.reqs[r]
+            turn = q.session[0].turn
             mine = conj(u, eq(e.req, r))
-            out += [z3.Implies(mine, le(t, turn)), z3.Implies(conj(mine, eq(e.fate, LIVE)), eq(t, turn))]
+            out += [z3.Implies(mine, le(t, turn)), z3.Implies(conj(mine, eq(e.fate, LIVE)), eq(t, turn)),
+                    z3.Implies(conj(mine, disj(eq(q.status, WAITING), eq(q.status, PARKED))), lt(t, turn))]
     return conj(out)
 
 
@@ -293,6 +298,37 @@ def sa8_counters(layout: Layout, s: SState) -> Any:
     return conj(out)
 
 
+def _turn_bounds(layout: Layout, r: int) -> tuple[list[int], list[int]]:
+    """Request r's max_tokens in each turn (its prompt's, then each input's)
+    and the longest prompt it can have in each (what the previous turn kept,
+    at most its prompt and max_tokens less the last sampled token, within
+    max_model_len, plus the input's new tokens)."""
+    p, L = layout.model.prompts[r], layout.cfg.max_model_len
+    caps, longest = [p.max_tokens], [p.prompt_len]
+    for new, cap in session_inputs(layout, r):
+        longest.append(min(longest[-1] + caps[-1], L) - 1 + new)
+        caps.append(cap)
+    return caps, longest
+
+
+def sa9_turn_prompts(layout: Layout, s: SState) -> Any:
+    """An unfinished request's max_tokens is its current turn's (the
+    prompt's in turn 0, then its last input's), and its prompt is at least 1
+    and at most the longest that turn can have (turns taken: the turn, less
+    one while parked)."""
+    if not s.sess:
+        return z3.BoolVal(True)
+    out = []
+    for r, q in enumerate(s.reqs):
+        x = q.session[0]
+        caps, longest = _turn_bounds(layout, r)
+        taken = x.turn - ite(eq(q.status, PARKED), V(1), V(0))
+        ok = conj(le(0, taken), lt(taken, len(caps)), eq(x.max_tokens, pick([V(c) for c in caps], taken)),
+                  le(1, x.prompt_len), le(x.prompt_len, pick([V(n) for n in longest], taken)))
+        out.append(z3.Implies(is_active(q.status, parked=True), ok))
+    return conj(out)
+
+
 SESSION_AUXILIARY = {
     "SA1_turns_not_ahead": sa1_turns_not_ahead,
     "SA2_session_queues": sa2_session_queues,
@@ -302,4 +338,5 @@ SESSION_AUXILIARY = {
     "SA6_session_counters": sa6_session_counters,
     "SA7_pool_ownership": sa7_pool_ownership,
     "SA8_counters": sa8_counters,
+    "SA9_turn_prompts": sa9_turn_prompts,
 }
