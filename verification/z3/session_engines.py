@@ -15,6 +15,7 @@ sessions"), on the engines of kv_engines.py:
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import z3
 from flightcheck.spec import transition_properties_for
@@ -114,3 +115,32 @@ def _ss1_violation(system: System, model: Model, steps: list, witness: z3.ModelR
             raise ReplayMismatch(f"SS1: the encoding's violation at depth {t} holds in the spec")
     return EngineVerdict(SS1, "transition", "violated", "bmc", t, time.perf_counter() - started,
                          trace=actions, states=concrete)
+
+
+# How deep BMC of the session model goes (the k-induction proof is unbounded;
+# BMC gives each property a second, independent method).
+SESSION_BMC_DEPTH = 6
+
+# The profiles whose session model the Z3 rows cover (z3.session_models:
+# the session alone, vLLM 0.34's rules; 0.33 has the same session rules).
+SESSION_Z3_PROFILES: tuple[str, ...] = ("vllm-0.33", "vllm-0.34")
+
+
+def session_rows(profile: str, depth: int = SESSION_BMC_DEPTH, time_budget: float | None = None) -> list:
+    """SS2-SS4 by 1-induction and by BMC to `depth`, and SS1 as a one-step
+    consequence of the inductive invariant and by BMC, on the session model
+    under `profile` (a synchronous profile of SESSION_Z3_PROFILES; else no
+    rows); the method names the model."""
+    from flightcheck.verification.results import PropertyResult
+    from flightcheck.verification.z3.profiles import profile_model
+    from flightcheck.verification.z3.session_models import SESSION_SOLO
+    if profile not in SESSION_Z3_PROFILES:
+        return []
+    model = SESSION_SOLO if SESSION_SOLO.cfg.profile == profile else \
+        replace(profile_model(SESSION_SOLO, profile), name=f"session-solo-k2@{profile}")
+    where = f" [{model.name}]"
+    induction = session_induction(model, time_budget)
+    verdicts = [*induction.properties, ss1_one_step(model, induction),
+                *session_bmc(model, depth, time_budget).properties, ss1_bmc(model, depth, time_budget)]
+    return [PropertyResult(p.name, p.kind, p.status, p.method + where, p.depth, p.seconds)
+            for p in verdicts if p.kind != "auxiliary" and p.name != WF]

@@ -29,6 +29,8 @@ SESSION_K2 = SESSION_PROFILE_MODELS["vllm-0.34"][0]
 SESSION_K2_ASYNC = SESSION_PROFILE_MODELS["vllm-0.34-async"][0]
 
 SESSION_SOLO = replace(SESSION_K2, name="session-solo-k2@vllm-0.34", prompts=SESSION_K2.prompts[:1])
+SESSION_SOLO_ASYNC = replace(SESSION_K2_ASYNC, name="session-solo-k2@vllm-0.34-async",
+                             prompts=SESSION_K2_ASYNC.prompts[:1])
 
 SESSION_Z3_MODELS: tuple[Model, ...] = (SESSION_SOLO, SESSION_K2)
 
@@ -38,5 +40,10 @@ SESSION_Z3_MODELS: tuple[Model, ...] = (SESSION_SOLO, SESSION_K2)
 SESSION_Z3_MUTANTS: dict[str, tuple[str, int]] = {}
 
 
-def session_z3_mutant_model(name: str) -> Model:
-    return SESSION_MUTANT_MODELS[name].with_mutant(name)
+def session_z3_mutant_model(name: str, solo: bool = False) -> Model:
+    """The model BMC hunts session mutant `name` on: session-k2 as the
+    explicit search does, or (`solo`) the session alone, under the same profile."""
+    model = SESSION_MUTANT_MODELS[name]
+    if solo:
+        model = replace(model, name=model.name.replace("session-k2", "session-solo-k2"), prompts=model.prompts[:1])
+    return model.with_mutant(name)
