@@ -3,8 +3,8 @@ sessions"), on the engines of kv_engines.py:
 
 * SS2-SS4 by k-induction (k = 1, `session_induction`): WF, the three
   session invariants, the auxiliary invariants SA1-SA9
-  (encoding/session_invariants.py) and the S/A candidates that hold beside
-  sessions (`SESSION_CANDIDATES`), one Houdini loop;
+  (encoding/session_invariants.py) and the S/A candidates that read the
+  same beside sessions (`session_candidates`), one Houdini loop;
 * SS1, a transition property, as a one-step consequence of what that loop
   kept (`ss1_one_step`): I(s) and T(s, s') imply SS1(s, s'), I the
   inductive conjunction, so SS1 holds on every step from a reachable state;
@@ -26,32 +26,37 @@ from flightcheck.verification.z3.encoding.session_invariants import (
     SESSION_FORMULAS,
     ss1_old_output_never_bound,
 )
-from flightcheck.verification.z3.kv_engines import CANDIDATE, WF, _on, kv_bmc, kv_induction
+from flightcheck.verification.z3.kv_engines import CANDIDATE, WF, _on, candidate_names, kv_bmc, kv_induction
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.results import EngineResult, EngineVerdict, ReplayMismatch, replay
 
 SS1 = "SS1_old_output_never_bound"
 
-# The encoding's S/A formulas (z3.induction.strengthening) that hold beside
-# sessions as they are written; S1, S9, S10, IF0-IF2, A2, A4 and A10 read
-# otherwise with sessions and are restated in SA5-SA8.
-SESSION_CANDIDATES: tuple[str, ...] = tuple(CANDIDATE + n for n in (
-    "S2_length_cap", "S3_contiguous_coverage", "S5_one_sample_per_prefill", "S6_decode_gating",
-    "S7_output_binding", "S8_spec_accounting", "S11_pipeline_depth", "L1_running_request_unblocked", "L3_drain",
-    "IF3_no_stale_resumption", "A1_new_is_pristine", "A3_finished_is_released", "A5_snapshots_well_formed",
-    "A6_drafts_ride_on_last_live_entry", "A7_unlabelled_blocks_are_private", "A8_one_live_entry_per_request",
-    "A9_held_blocks_are_not_free", "A11_stale_entries_come_first"))
+# The encoding's S/A formulas (z3.induction.strengthening) that read
+# otherwise beside sessions (a session between turns keeps computed tokens
+# and blocks while WAITING or parked, and a parked session is unfinished):
+# SA5-SA8 restate them. Every other candidate of the profile is offered to
+# the Houdini loop as it is written (kv_engines.candidate_names).
+SESSION_RESTATED: tuple[str, ...] = (
+    "S1_counter_bounds", "S9_kv_ownership", "S10_queues_and_budgets", "IF0_in_flight_never_negative",
+    "IF1_in_flight_counter", "IF2_stale_counter", "A2_waiting_never_ran", "A4_counts_nonnegative",
+    "A10_inactive_has_no_counters")
+
+
+def session_candidates(cfg) -> list[str]:
+    return [n for n in candidate_names(cfg) if n[len(CANDIDATE):] not in SESSION_RESTATED]
+
 
 SESSION_PROPERTIES: tuple[str, ...] = tuple(SESSION_FORMULAS)
 
 
-def session_auxiliary() -> list[str]:
-    return [*SESSION_AUXILIARY, *SESSION_CANDIDATES]
+def session_auxiliary(cfg) -> list[str]:
+    return [*SESSION_AUXILIARY, *session_candidates(cfg)]
 
 
 def session_induction(model: Model, time_budget: float | None = None) -> EngineResult:
-    """SS2-SS4 by 1-induction with SA1-SA9 and SESSION_CANDIDATES."""
-    return kv_induction(model, 1, list(SESSION_PROPERTIES), session_auxiliary(), time_budget)
+    """SS2-SS4 by 1-induction with SA1-SA9 and the session candidates of the profile."""
+    return kv_induction(model, 1, list(SESSION_PROPERTIES), session_auxiliary(model.cfg), time_budget)
 
 
 def session_bmc(model: Model, depth: int, time_budget: float | None = None) -> EngineResult:
