@@ -198,3 +198,22 @@ def test_bmc_finds_the_freed_seat_mutant_and_the_spec_agrees():
     verdict = session_bmc(zs.session_z3_mutant_model("waiting_session_seat_freed"), 5).by_name()[
         "SS4_waiting_session_keeps_seat"]
     assert (verdict.status, verdict.depth) == ("violated", 5)
+
+
+def test_verify_runs_the_z3_session_rows_only_under_the_encoded_profiles():
+    from flightcheck.verification.z3.session_engines import SESSION_Z3_PROFILES, session_rows
+    assert SESSION_Z3_PROFILES == ("vllm-0.33", "vllm-0.34")
+    assert session_rows("vllm-0.34-async") == [] and session_rows("vllm-0.8.5") == []
+
+
+@pytest.mark.slow
+def test_verify_streaming_sessions_reports_the_z3_rows_by_method():
+    from flightcheck.verification.suite import SuiteOptions, run_suite
+    result = run_suite(SuiteOptions(profile="vllm-0.34", streaming_sessions=True))
+    assert result.ok and result.explicit_only is None
+    rows = {(p.name, p.method): p.status for p in result.properties if "session-solo-k2" in p.method}
+    where = " [session-solo-k2@vllm-0.34]"
+    for name in SESSION_FORMULAS:
+        assert rows[name, "k-induction (k=1)" + where] == "proved" and rows[name, "bmc" + where] == "bounded"
+    assert rows[SS1, "one step of the k-induction invariant" + where] == "proved"
+    assert rows[SS1, "bmc" + where] == "bounded"

@@ -32,15 +32,18 @@ from flightcheck.verification.z3.results import EngineResult, EngineVerdict, Rep
 
 SS1 = "SS1_old_output_never_bound"
 
-# The encoding's S/A formulas (z3.induction.strengthening) that read
-# otherwise beside sessions (a session between turns keeps computed tokens
-# and blocks while WAITING or parked, and a parked session is unfinished):
-# SA5-SA8 restate them. Every other candidate of the profile is offered to
-# the Houdini loop as it is written (kv_engines.candidate_names).
+# The encoding's S/A formulas (z3.induction.strengthening) left out of the
+# session proof: those that read otherwise beside sessions (a session
+# between turns keeps computed tokens and blocks while WAITING or parked,
+# and a parked session is unfinished), which SA5-SA8 restate, and under
+# async scheduling S6p and IA2, which the Houdini loop drops beside sessions
+# (an old turn's decode still in flight behind a parked session; a new
+# turn's max_tokens below the placeholders of the old one's). Every other
+# candidate of the profile is offered as it is written (kv_engines.candidate_names).
 SESSION_RESTATED: tuple[str, ...] = (
     "S1_counter_bounds", "S9_kv_ownership", "S10_queues_and_budgets", "IF0_in_flight_never_negative",
     "IF1_in_flight_counter", "IF2_stale_counter", "A2_waiting_never_ran", "A4_counts_nonnegative",
-    "A10_inactive_has_no_counters")
+    "A10_inactive_has_no_counters", "S6p_async_decode_gating", "IA2_placeholders_within_max_tokens")
 
 
 def session_candidates(cfg) -> list[str]:
