@@ -493,6 +493,7 @@ def _sessions_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
     if profile not in SESSION_PROFILE_MODELS:
         raise ValueError(f"profile {profile!r} has no streaming sessions; known: {', '.join(SESSION_PROFILE_MODELS)}")
     mutants = list(SESSION_MUTANT_MODELS.items()) if profile == SESSION_PROFILE else []
+    t0 = time.perf_counter()
     result = _explicit_feature_suite(options, say, "streaming sessions", SESSION_PROFILE_MODELS[profile], mutants,
                                      SESSIONS_EXPLICIT_ONLY, streaming_sessions=True)
     from flightcheck.verification.z3.session_engines import SESSION_Z3_PROFILES, session_rows
@@ -500,6 +501,7 @@ def _sessions_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
         say(f"k-induction and bounded model checking of the Z3 session model ({profile})")
         result.properties += session_rows(profile)
         result.explicit_only = None
+        result.seconds = time.perf_counter() - t0
     return result
 
 
