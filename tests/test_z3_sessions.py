@@ -70,7 +70,7 @@ def test_what_the_encoding_of_sessions_leaves_out_is_refused():
 @pytest.mark.parametrize("model", [zs.SESSION_SOLO, zs.SESSION_K2_ASYNC], ids=lambda m: m.name)
 def test_the_relation_is_spec_step_on_sampled_session_states(model):
     states = _reachable(model)
-    sample = random.Random(0).sample(states, 4)
+    sample = random.Random(0).sample(states, 3)
     report = _cross_check(model, sample)
     assert report.problems == []
     assert report.edges >= report.states
@@ -84,7 +84,7 @@ def test_the_relation_is_spec_step_on_every_reachable_session_state(model):
     report = _cross_check(model, states)
     assert report.problems == []
     assert report.states == len(states) == {"session-solo-k2@vllm-0.34": 136,
-                                            "session-solo-k2@vllm-0.34-async": len(states),
+                                            "session-solo-k2@vllm-0.34-async": 264,
                                             "session-k2@vllm-0.34": 901}[model.name]
 
 
@@ -149,11 +149,12 @@ def test_each_formula_agrees_with_the_spec_on_perturbed_states():
 
 
 @pytest.mark.slow
-def test_k_induction_proves_each_session_invariant_and_ss1_follows_in_one_step():
-    result = session_induction(zs.SESSION_SOLO)
+@pytest.mark.parametrize("model", [zs.SESSION_SOLO, zs.SESSION_SOLO_ASYNC], ids=lambda m: m.name)
+def test_k_induction_proves_each_session_invariant_and_ss1_follows_in_one_step(model):
+    result = session_induction(model)
     assert {p.name: p.status for p in result.properties if p.status != "proved"} == {}
-    assert [p.name for p in result.properties if p.kind != "auxiliary"][1:] == list(SESSION_FORMULAS)
-    assert ss1_one_step(zs.SESSION_SOLO, result).status == "proved"
+    assert [p.name for p in result.properties if p.kind != "auxiliary"] == list(SESSION_FORMULAS)
+    assert ss1_one_step(model, result).status == "proved"
 
 
 def test_ss1_does_not_follow_from_a_weaker_invariant():
