@@ -77,7 +77,8 @@ def test_the_relation_is_spec_step_on_sampled_session_states(model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", [zs.SESSION_SOLO, zs.SESSION_SOLO_ASYNC, zs.SESSION_K2],
+@pytest.mark.parametrize("model", [zs.SESSION_SOLO, zs.SESSION_SOLO_ASYNC, zs.SESSION_K2,
+                                   zs.session_solo("vllm-0.33"), zs.session_solo("vllm-0.33-async")],
                          ids=lambda m: m.name)
 def test_the_relation_is_spec_step_on_every_reachable_session_state(model):
     states = _reachable(model)
@@ -85,7 +86,9 @@ def test_the_relation_is_spec_step_on_every_reachable_session_state(model):
     assert report.problems == []
     assert report.states == len(states) == {"session-solo-k2@vllm-0.34": 136,
                                             "session-solo-k2@vllm-0.34-async": 264,
-                                            "session-k2@vllm-0.34": 901}[model.name]
+                                            "session-k2@vllm-0.34": 901,
+                                            "session-solo-k2@vllm-0.33": 136,
+                                            "session-solo-k2@vllm-0.33-async": 264}[model.name]
 
 
 def _formula_holds(system: System, formula, state) -> bool:
@@ -203,8 +206,8 @@ def test_bmc_finds_the_freed_seat_mutant_and_the_spec_agrees():
 
 def test_verify_runs_the_z3_session_rows_only_under_the_encoded_profiles():
     from flightcheck.verification.z3.session_engines import SESSION_Z3_PROFILES, session_rows
-    assert SESSION_Z3_PROFILES == ("vllm-0.33", "vllm-0.34")
-    assert session_rows("vllm-0.34-async") == [] and session_rows("vllm-0.8.5") == []
+    assert SESSION_Z3_PROFILES == ("vllm-0.33", "vllm-0.34", "vllm-0.33-async", "vllm-0.34-async")
+    assert session_rows("vllm-0.8.5") == []
 
 
 @pytest.mark.slow

@@ -15,7 +15,6 @@ sessions"), on the engines of kv_engines.py:
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import z3
 from flightcheck.spec import transition_properties_for
@@ -131,7 +130,7 @@ SESSION_BMC_DEPTH = 6
 
 # The profiles whose session model the Z3 rows cover (z3.session_models:
 # the session alone, vLLM 0.34's rules; 0.33 has the same session rules).
-SESSION_Z3_PROFILES: tuple[str, ...] = ("vllm-0.33", "vllm-0.34")
+SESSION_Z3_PROFILES: tuple[str, ...] = ("vllm-0.33", "vllm-0.34", "vllm-0.33-async", "vllm-0.34-async")
 
 
 def session_rows(profile: str, depth: int = SESSION_BMC_DEPTH, time_budget: float | None = None) -> list:
@@ -140,12 +139,10 @@ def session_rows(profile: str, depth: int = SESSION_BMC_DEPTH, time_budget: floa
     under `profile` (a synchronous profile of SESSION_Z3_PROFILES; else no
     rows); the method names the model."""
     from flightcheck.verification.results import PropertyResult
-    from flightcheck.verification.z3.profiles import profile_model
-    from flightcheck.verification.z3.session_models import SESSION_SOLO
+    from flightcheck.verification.z3.session_models import session_solo
     if profile not in SESSION_Z3_PROFILES:
         return []
-    model = SESSION_SOLO if SESSION_SOLO.cfg.profile == profile else \
-        replace(profile_model(SESSION_SOLO, profile), name=f"session-solo-k2@{profile}")
+    model = session_solo(profile)
     where = f" [{model.name}]"
     induction = session_induction(model, time_budget)
     verdicts = [*induction.properties, ss1_one_step(model, induction),

@@ -34,6 +34,14 @@ SESSION_SOLO_ASYNC = replace(SESSION_K2_ASYNC, name="session-solo-k2@vllm-0.34-a
 
 SESSION_Z3_MODELS: tuple[Model, ...] = (SESSION_SOLO, SESSION_K2)
 
+
+def session_solo(profile: str) -> Model:
+    """session-solo-k2 under `profile` (a profile with streaming sessions)."""
+    from flightcheck.verification.z3.profiles import profile_model
+    if profile == SESSION_SOLO.cfg.profile:
+        return SESSION_SOLO
+    return replace(profile_model(SESSION_SOLO, profile), name=f"session-solo-k2@{profile}")
+
 # The session mutants BMC finds on session-k2 (vllm-0.34-async), with the
 # property that breaks and the depth it breaks at (the explicit search's
 # shortest counterexample, verification/mutants/sessions.py).
