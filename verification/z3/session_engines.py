@@ -129,15 +129,15 @@ def _ss1_violation(system: System, model: Model, steps: list, witness: z3.ModelR
 SESSION_BMC_DEPTH = 6
 
 # The profiles whose session model the Z3 rows cover (z3.session_models:
-# the session alone, vLLM 0.34's rules; 0.33 has the same session rules).
+# the session alone under each profile with sessions, sync and async).
 SESSION_Z3_PROFILES: tuple[str, ...] = ("vllm-0.33", "vllm-0.34", "vllm-0.33-async", "vllm-0.34-async")
 
 
 def session_rows(profile: str, depth: int = SESSION_BMC_DEPTH, time_budget: float | None = None) -> list:
     """SS2-SS4 by 1-induction and by BMC to `depth`, and SS1 as a one-step
     consequence of the inductive invariant and by BMC, on the session model
-    under `profile` (a synchronous profile of SESSION_Z3_PROFILES; else no
-    rows); the method names the model."""
+    under `profile` (one of SESSION_Z3_PROFILES; else no rows); the method
+    names the model."""
     from flightcheck.verification.results import PropertyResult
     from flightcheck.verification.z3.session_models import session_solo
     if profile not in SESSION_Z3_PROFILES:
