@@ -203,6 +203,10 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
         event: dict[str, Any] = {}
         if not getattr(self.scheduler_config, "enable_chunked_prefill", True):
             event["enable_chunked_prefill"] = False
+        interval = int(getattr(self, "local_prefill_interval", 1) or 1)
+        if interval > 1:
+            # its capacity bound is recorded in empty schedule() calls too: every one is noted
+            event.update(prefill_schedule_interval=interval, notes_empty_batches=bool(self.queues_empty_batches))
         window = int(getattr(self, "cache_aware_window", 0) or 0)
         if window:
             # the reorder runs in empty schedule() calls too: every one is noted
@@ -513,7 +517,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
     def _fc_scan_order(self, ids: list[str]) -> list[str]:
         """`ids` as `_handle_invalid_blocks` scans requests: parked loads
         (`kv_holding_waiting`, 0.33 on), then `running`, then any other by name."""
-        queue = [r.request_id for r in getattr(self, "kv_holding_waiting", ())]
+        queue = [r.request_id for r in compat.queued_requests(getattr(self, "kv_holding_waiting", ()))]
         order = {req_id: i for i, req_id in enumerate(queue + [r.request_id for r in self.running])}
         return sorted(ids, key=lambda i: (order.get(i, len(order)), i))
 

@@ -47,6 +47,7 @@ from flightcheck.verification.z3.encoding.actions import (
     finish,
 )
 from flightcheck.verification.z3.encoding.connector import connector_action, connector_transitions
+from flightcheck.verification.z3.encoding.reset_pause import rp_action, rp_transitions
 from flightcheck.verification.z3.encoding.schedule import SchedResult, schedule
 from flightcheck.verification.z3.encoding.sessions import send_guard, send_input
 from flightcheck.verification.z3.encoding.state import (
@@ -180,6 +181,9 @@ class System:
             if s.sess:      # the client's next input (sessions.py): action 4
                 guards.append(send_guard(layout, s, ch.req))
                 effects.append(builder.snap(send_input(layout, s, ch.req, finish), "send"))
+            if s.rp:        # reset and pause (reset_pause.py): actions 4 to 8
+                rp_guards, rp_effects, rp_legal = rp_transitions(layout, builder, s, ch)
+                guards, effects, legal = guards + rp_guards, effects + rp_effects, legal + rp_legal
             legal = [le(0, ch.act), le(ch.act, len(guards) - 1)] + legal
         self._trans[t0] = Transitions(s, ch, sched, comp, guards, effects, list(schedule_definitions), builder.defs, legal)
         return self._trans[t0]
@@ -229,8 +233,10 @@ class System:
             return Schedule()
         if act == ABORT:
             return Abort(r)
-        if act == SEND_INPUT and self.layout.cfg.kv_connector is None:
+        if act == SEND_INPUT and st.before.sess:
             return SendInput(r)
+        if act >= len(ACTION_CODE) and st.before.rp:
+            return rp_action(act)
         if act >= len(ACTION_CODE):
             return connector_action(act, r, iv(st.choices.from_block))
         samples = []
