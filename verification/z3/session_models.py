@@ -42,12 +42,6 @@ def session_solo(profile: str) -> Model:
         return SESSION_SOLO
     return replace(profile_model(SESSION_SOLO, profile), name=f"session-solo-k2@{profile}")
 
-# The session mutants BMC finds on session-k2 (vllm-0.34-async), with the
-# property that breaks and the depth it breaks at (the explicit search's
-# shortest counterexample, verification/mutants/sessions.py).
-SESSION_Z3_MUTANTS: dict[str, tuple[str, int]] = {}
-
-
 def session_z3_mutant_model(name: str, solo: bool = False) -> Model:
     """The model BMC hunts session mutant `name` on: session-k2 as the
     explicit search does, or (`solo`) the session alone, under the same profile."""
