@@ -35,6 +35,13 @@ from flightcheck.verification.z3.encoding.requests import (
     with_counters,
     with_req,
 )
+from flightcheck.verification.z3.encoding.sessions import (
+    arrival_fields,
+    finish_session,
+    resumable,
+    shift_session_entries,
+    stop_session,
+)
 from flightcheck.verification.z3.encoding.state import (
     F_ABORTED,
     F_ERROR,
@@ -45,6 +52,7 @@ from flightcheck.verification.z3.encoding.state import (
     NEW,
     ORPHANED,
     PAD,
+    PARKED,
     PREEMPTED,
     REMOTE_KVS,
     RUNNING,
@@ -99,12 +107,15 @@ def choices(layout: Layout, tag: str) -> Choices:
                    I(f"from_block@{tag}") if layout.cfg.kv_connector is not None else None)
 
 
-def is_active(status: Any, kv: bool = False, grammar: bool = False) -> Any:
+def is_active(status: Any, kv: bool = False, grammar: bool = False, parked: bool = False) -> Any:
     """spec Status.is_active: WAITING_FOR_REMOTE_KVS too in a frame with a
     connector (`kv`), WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR in one with
-    structured output (`grammar`)."""
+    structured output (`grammar`), WAITING_FOR_STREAMING_REQ in one with
+    sessions (`parked`). (Each feature's encoding refuses the other two.)"""
     if grammar:
         return disj(eq(status, WAITING), eq(status, RUNNING), eq(status, PREEMPTED), eq(status, G_WAIT))
+    if parked:
+        return disj(eq(status, WAITING), eq(status, RUNNING), eq(status, PREEMPTED), eq(status, PARKED))
     if kv:
         return disj(eq(status, WAITING), eq(status, RUNNING), eq(status, PREEMPTED), eq(status, REMOTE_KVS))
     return disj(eq(status, WAITING), eq(status, RUNNING), eq(status, PREEMPTED))
@@ -135,6 +146,7 @@ def finish(layout: Layout, s: SState, r: Any, status: Any, when: Any = True, is_
     # spec.actions._forget_counters: both callers of _finish drop the counters
     st = with_counters(st, r, in_flight=V(0), stale=V(0), drop=z3.BoolVal(False))
     st = with_async(st, r, placeholders=V(0), countdown=V(0))
+    st = finish_session(st, r)
     return merge(when, st, s)
 
 
@@ -157,15 +169,15 @@ def arrive(layout: Layout, s: SState, ch: Choices) -> SState:
     st.waiting = put(s.waiting, s.waiting_len, ch.req)
     st.waiting_len = s.waiting_len + 1
     if layout.is_mutant("arrival_counter_stale"):
-        return with_req(st, ch.req, status=V(WAITING), num_computed=V(1))
-    st = with_req(st, ch.req, status=V(WAITING))
+        return with_req(st, ch.req, status=V(WAITING), num_computed=V(1), **arrival_fields(layout, ch.req))
+    st = with_req(st, ch.req, status=V(WAITING), **arrival_fields(layout, ch.req))
     return grammar.arrive_structured(layout, st, ch.req) if s.grammar else st
 
 
 def abort_guard(layout: Layout, s: SState, ch: Choices) -> Any:
     if not layout.model.allow_abort:
         return z3.BoolVal(False)
-    return conj(le(0, ch.req), lt(ch.req, layout.N), at(layout, s, ch.req, lambda q, k: is_active(q.status, bool(s.kv), bool(s.grammar))))
+    return conj(le(0, ch.req), lt(ch.req, layout.N), at(layout, s, ch.req, lambda q, k: is_active(q.status, bool(s.kv), bool(s.grammar), bool(s.sess))))
 
 
 def abort(layout: Layout, s: SState, ch: Choices) -> SState:
@@ -234,6 +246,7 @@ def complete_oldest(layout: Layout, builder: Builder, s: SState, ch: Choices) ->
     st.num_batches = s.num_batches - 1
     if s.kv:        # spec.kv_fence.drain_deferred_frees, before the outputs are applied
         st = shift_entries(layout, drain_deferred_frees(layout, st, lt(0, b0.length)))
+    st = shift_session_entries(st)
     if s.rp:        # the oldest batch's reset marks leave with it (reset_pause_state.py)
         st = shift_reset_flags(layout, st)
     if s.grammar:   # the oldest batch's masks go with it (structured_output.py)
@@ -276,7 +289,7 @@ def _output_applied(layout: Layout, s: SState, e) -> Any:
     unfinished, e samples, and its output is not stale in drop mode; read on
     the state before the batch."""
     c = counters_at(s, e.req)
-    unfinished = at(layout, s, e.req, lambda q, k: is_active(q.status, bool(s.kv), bool(s.grammar)))
+    unfinished = at(layout, s, e.req, lambda q, k: is_active(q.status, bool(s.kv), bool(s.grammar), bool(s.sess)))
     return conj(unfinished, entry_samples(layout, s, e), neg(conj(lt(0, c.stale), c.drop)))
 
 
@@ -287,7 +300,8 @@ def _apply_by_name(layout: Layout, builder: Builder, st: SState, e, valid: Any, 
     and stale -= n while it has stale output), and a token it returns is
     applied as an orphan's (stale) or as a live one."""
     unfinished = builder.let("unfinished", conj(valid, at(layout, st, e.req,
-                                                           lambda q, k: is_active(q.status, bool(st.kv), bool(st.grammar)))))
+                                                           lambda q, k: is_active(q.status, bool(st.kv), bool(st.grammar),
+                                                                                  bool(st.sess)))))
     c = builder.snap(counters_at(st, e.req), "c")
     stale = builder.let("stale", lt(0, c.stale))
     in_flight = c.in_flight - e.n
@@ -355,6 +369,10 @@ def _apply_sample(layout: Layout, builder: Builder, st: SState, e, returned: Ret
                                                                       num_computed, subtract, is_live),
                                        applied, z3.BoolVal(False))
     done = finish(layout, applied, r, status)
+    if st.sess:         # a session's stop (sessions.stop_session), its kept tokens but the last computed
+        trimmed = with_req(applied, r, num_computed=req_at(applied, r).num_computed - ite(is_live, acc - appended, V(0)))
+        done = merge(resumable(layout, r), stop_session(layout, builder.snap(trimmed, "trimmed"), r, status, finish),
+                     done)
     return merge(here, merge(finished, done, applied), st)
 
 

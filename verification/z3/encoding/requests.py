@@ -16,15 +16,23 @@ from flightcheck.verification.z3.encoding.state import (
     SReq,
     SState,
 )
+from flightcheck.verification.z3.encoding.session_state import SSessionReq
 from flightcheck.verification.z3.encoding.terms import V, eq, ite, pick
+
+SESSION_REQ_FIELDS = ("prompt_len", "max_tokens", "turn", "to_send", "queued")
 
 
 def prompt_len(layout: Layout, q: SReq, k: int) -> Any:
-    """Request k's prompt length: the model's once it has arrived, 0 before."""
+    """Request k's prompt length: the model's once it has arrived, 0 before
+    (with streaming sessions a variable: a session's next input changes it)."""
+    if q.session:
+        return q.session[0].prompt_len
     return ite(eq(q.status, NEW), V(0), V(layout.prompt_len(k)))
 
 
 def max_tokens(layout: Layout, q: SReq, k: int) -> Any:
+    if q.session:
+        return q.session[0].max_tokens
     return ite(eq(q.status, NEW), V(0), V(layout.max_tokens(k)))
 
 
@@ -45,7 +53,9 @@ def req_at(s: SState, r: Any) -> SReq:
     return SReq(pick([q.status for q in qs], r), pick([q.num_output for q in qs], r),
                 pick([q.num_computed for q in qs], r), pick([q.num_drafts for q in qs], r),
                 pick([q.table_len for q in qs], r),
-                [pick([q.table[t] for q in qs], r) for t in range(len(qs[0].table))])
+                [pick([q.table[t] for q in qs], r) for t in range(len(qs[0].table))],
+                [SSessionReq(*(pick([getattr(q.session[0], f) for q in qs], r) for f in SESSION_REQ_FIELDS))]
+                if qs[0].session else [])
 
 
 def at(layout: Layout, s: SState, r: Any, fn) -> Any:
@@ -70,8 +80,12 @@ def with_req(s: SState, r: Any, when: Any = True, **fields: Any) -> SState:
     reqs = []
     for k, q in enumerate(s.reqs):
         c = conj(when, eq(r, k))
-        new = SReq(q.status, q.num_output, q.num_computed, q.num_drafts, q.table_len, list(q.table))
+        new = SReq(q.status, q.num_output, q.num_computed, q.num_drafts, q.table_len, list(q.table),
+                   [SSessionReq(*(getattr(q.session[0], f) for f in SESSION_REQ_FIELDS))] if q.session else [])
         for name, value in fields.items():
+            if name in SESSION_REQ_FIELDS:          # a session field (session_state.SSessionReq)
+                setattr(new.session[0], name, ite(c, value, getattr(q.session[0], name)))
+                continue
             old = getattr(q, name)
             if isinstance(old, list):
                 setattr(new, name, [ite(c, v, o) for v, o in zip(value, old)])

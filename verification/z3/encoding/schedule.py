@@ -44,6 +44,8 @@ from flightcheck.verification.z3.encoding.kv_schedule import (
     unfinished_or_held,
     victim_is_fenced,
 )
+from flightcheck.verification.z3.encoding.session_schedule import session_waiting_step
+from flightcheck.verification.z3.encoding.sessions import session_launch
 from flightcheck.verification.z3.encoding.reset_pause import has_requests, running_budget, waiting_gate
 from flightcheck.verification.z3.encoding.requests import (
     async_at,
@@ -174,9 +176,9 @@ def schedule(layout: Layout, builder: Builder, s: SState) -> SchedResult:
               acc.position, z3.BoolVal(False), V(0))
     pads = pad_context(layout, s, acc.count, acc.entries)
     waiting_step = _waiting_step
-    if s.kv:        # the connector's path (kv_schedule.py), with this loop's parts
-        waiting_step = functools.partial(kv_waiting_step, parts=LoopParts(BatchInProgress, _add, _clip,
-                                                                          _is_resumption_deferred))
+    if s.kv or s.sess:      # the connector's path (kv_schedule.py) or sessions' (session_schedule.py)
+        waiting_step = functools.partial(kv_waiting_step if s.kv else session_waiting_step,
+                                         parts=LoopParts(BatchInProgress, _add, _clip, _is_resumption_deferred))
     for m in range(layout.N):
         acc = advance(acc, lambda a: waiting_step(layout, builder, a, phase, threshold_on, pads), f"wait{m}")
     first = len(builder.defs)
@@ -242,6 +244,8 @@ def threshold_in_force(layout: Layout, s: SState) -> Any:
         return z3.BoolVal(False)
     if not layout.cfg.rules.threshold_needs_company:
         return z3.BoolVal(True)
+    if s.sess:          # spec.schedule: waiting counts kv_holding too
+        return lt(1, s.running_len + s.waiting_len + s.sess[0].holding_len)
     return lt(1, s.running_len + s.waiting_len)
 
 
@@ -532,6 +536,7 @@ def _launch(layout: Layout, acc: BatchInProgress) -> SState:
         st = kv_launch(layout, st, acc, put_batch)
     if st.grammar:      # each entry's bitmask position (structured_output.py)
         st = grammar.launch_masks(layout, st, acc, put_batch)
+    st = session_launch(layout, st, acc, put_batch)
     st.batches = [merge(conj(put_batch, eq(st.num_batches, k)), batch, b) for k, b in enumerate(st.batches)]
     st.num_batches = ite(put_batch, st.num_batches + 1, st.num_batches)
     return st

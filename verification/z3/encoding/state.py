@@ -55,6 +55,18 @@ from flightcheck.verification.z3.encoding.structured_output_state import (
     has_grammar,
     refuse_unencoded_grammar,
 )
+from flightcheck.verification.z3.encoding.session_state import (
+    has_sessions,
+    is_resumable_slot,
+    refuse_unencoded_sessions,
+    session_constant,
+    session_entry_fields,
+    session_frame,
+    session_req_constant,
+    session_req_frame,
+    session_request_fields,
+    session_state_fields,
+)
 from flightcheck.verification.z3.encoding.terms import V, leaves, value_of, var
 
 STATUS: tuple[Status, ...] = (Status.NEW, Status.WAITING, Status.RUNNING, Status.PREEMPTED,
@@ -63,8 +75,10 @@ STATUS: tuple[Status, ...] = (Status.NEW, Status.WAITING, Status.RUNNING, Status
                               # only with a KV connector (kv_state.py; `num_statuses`)
                               Status.WAITING_FOR_REMOTE_KVS, Status.FINISHED_ERROR,
                               # only with structured output (structured_output_state.py)
-                              Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR)
-NEW, WAITING, RUNNING, PREEMPTED, F_STOPPED, F_LENGTH, F_ABORTED, REMOTE_KVS, F_ERROR, G_WAIT = range(10)
+                              Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
+                              # only with streaming sessions (session_state.py)
+                              Status.WAITING_FOR_STREAMING_REQ)
+NEW, WAITING, RUNNING, PREEMPTED, F_STOPPED, F_LENGTH, F_ABORTED, REMOTE_KVS, F_ERROR, G_WAIT, PARKED = range(11)
 FATE: tuple[Fate, ...] = (Fate.LIVE, Fate.ORPHANED, Fate.SUPERSEDED)
 LIVE, ORPHANED, SUPERSEDED = range(3)
 PAD = -1          # unused slot of a block, request or queue array
@@ -114,6 +128,7 @@ class Layout:
             bound = max(bound, cfg.queue_depth * cfg.max_model_len)   # a request's tokens in flight
         _refuse_admission_knobs(model)
         refuse_unencoded_connector(model)
+        refuse_unencoded_sessions(model)
         refuse_unencoded_reset_pause(model)
         refuse_unencoded_grammar(model)
         width = max(8, (4 * bound).bit_length() + 1) if bitvectors else None
@@ -158,7 +173,10 @@ def _refuse_admission_knobs(model: Model) -> None:
 def num_statuses(layout: Layout) -> int:
     """The status codes a frame may hold: REMOTE_KVS and F_ERROR only with a
     connector; F_ERROR and G_WAIT with structured output (REMOTE_KVS, code 7,
-    is then in range but never reached)."""
+    is then in range but never reached); PARKED only with sessions (whose
+    frames hold no connector or grammar code: session_state.session_well_formed)."""
+    if has_sessions(layout):
+        return PARKED + 1
     if has_grammar(layout):
         return G_WAIT + 1
     return F_ERROR + 1 if has_kv(layout) else F_ABORTED + 1
@@ -193,6 +211,7 @@ class SReq:
     num_drafts: Any
     table_len: Any
     table: list
+    session: list = field(default_factory=list)   # [SSessionReq] with streaming sessions, else []
 
 
 @dataclass
@@ -262,6 +281,7 @@ class SState:
     counters: list = field(default_factory=list)   # SCounters per request; [] without stale-output counters
     asyncs: list = field(default_factory=list)     # SAsync per request; [] without output placeholders
     kv: list = field(default_factory=list)         # [SKv] with a KV connector (kv_state.py), else []
+    sess: list = field(default_factory=list)       # [SSessions] with streaming sessions (session_state.py), else []
     rp: list = field(default_factory=list)         # [SResetPause] with reset and pause (reset_pause_state.py)
     grammar: list = field(default_factory=list)    # [SGrammar] with structured output, else []
 
@@ -275,7 +295,8 @@ def frame(layout: Layout, tag: str) -> SState:
 
     reqs = [SReq(I(f"status[{r}]@{tag}"), I(f"num_output[{r}]@{tag}"),
                  I(f"num_computed[{r}]@{tag}"), I(f"num_drafts[{r}]@{tag}"),
-                 I(f"table_len[{r}]@{tag}"), ints(f"table[{r}]", layout.T)) for r in range(layout.N)]
+                 I(f"table_len[{r}]@{tag}"), ints(f"table[{r}]", layout.T), session_req_frame(layout, r, tag))
+            for r in range(layout.N)]
     batches = []
     for k in range(layout.K):
         entries = [SEntry(*(I(f"b{k}.e{j}.{f}@{tag}") for f in ("req", "start", "n")),
@@ -293,7 +314,7 @@ def frame(layout: Layout, tag: str) -> SState:
                    for r in range(layout.N)] if has_counters(layout) else [],
                   [SAsync(I(f"placeholders[{r}]@{tag}"), I(f"decode_countdown[{r}]@{tag}"))
                    for r in range(layout.N)] if has_placeholders(layout) else [],
-                  kv_frame(layout, tag), rp_frame(layout, tag), grammar_frame(layout, tag))
+                  kv_frame(layout, tag), session_frame(layout, tag), rp_frame(layout, tag), grammar_frame(layout, tag))
 
 
 def variables(s: SState, ghost: bool = True) -> list[z3.ExprRef]:
@@ -318,6 +339,8 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
         p = layout.model.prompts[r]
         want = (0, 0, ()) if q.status is Status.NEW else \
             (p.prompt_len, p.max_tokens, p.labels if cfg.prefix_caching else ())
+        if has_sessions(layout):        # a session's prompt and max_tokens change by turn: variables
+            want = (q.prompt_len, q.max_tokens, want[2])
         if (q.prompt_len, q.max_tokens, q.prompt_labels) != want:
             raise NotRepresentable(f"request {r} has a prompt other than the model's")
         if kv_offer(layout, r, q.status is not Status.NEW) != kv_offer_of(q):
@@ -330,7 +353,7 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
             raise NotRepresentable(f"request {r} has placeholders under a profile without them")
         reqs.append(SReq(V(STATUS.index(q.status)), V(q.num_output), V(q.num_computed),
                          V(q.num_drafts), V(len(q.block_table)),
-                         padded(q.block_table, layout.T, f"r{r}'s block table")))
+                         padded(q.block_table, layout.T, f"r{r}'s block table"), session_req_constant(layout, r, q)))
     if len(state.in_flight) > layout.K:
         raise NotRepresentable("too many batches in flight")
     batches = []
@@ -359,7 +382,8 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
                   if has_counters(layout) else [],
                   [SAsync(V(q.placeholders), V(q.decode_countdown)) for q in state.requests]
                   if has_placeholders(layout) else [],
-                  kv_constant(layout, state), rp_constant(layout, state), grammar_constant(layout, state))
+                  kv_constant(layout, state), session_constant(layout, state), rp_constant(layout, state),
+                  grammar_constant(layout, state))
 
 
 def _check_ranks_can_hold(pool: BlockPool) -> None:
@@ -448,6 +472,9 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
             fixed.update(placeholders=iv(a.placeholders), decode_countdown=iv(a.countdown))
         fixed.update(kv_offer(layout, r, status is not Status.NEW), **kv_request_fields(layout, f.kv, r, iv, bv),
                      **grammar_request_fields(f.grammar, r, iv))
+        if q.session:
+            fixed.update(session_request_fields(layout, q.session, r, iv),
+                         resumable=is_resumable_slot(layout, r) and status is not Status.NEW)
         reqs.append(Request(status=status, num_output=iv(q.num_output), num_computed=iv(q.num_computed),
                             num_drafts=iv(q.num_drafts), block_table=table, **fixed))
     in_flight = []
@@ -455,6 +482,7 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
         k = len(in_flight)
         in_flight.append(tuple(Entry(iv(e.req), iv(e.start), iv(e.n), bv(e.samples), iv(e.drafts),
                                      code(e.fate, FATE, "fate"), **kv_entry_fields(f.kv, k, j, iv),
+                                     **session_entry_fields(f.sess, k, j, iv),
                                      **rp_entry_fields(f.rp, k, j, bv), **grammar_entry_fields(f.grammar, k, j, iv))
                                for j, e in enumerate(b.entries[:iv(b.length)])))
     labels = tuple(None if iv(x) == layout.none_label else iv(x) for x in f.pool.label)
@@ -465,7 +493,8 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
                  running=tuple(iv(x) for x in f.running[:iv(f.running_len)]),
                  in_flight=tuple(in_flight), pool=pool,
                  scheduled_ids=frozenset(r for r in range(layout.N) if bv(f.scheduled[r])),
-                 **kv_state_fields(f.kv, iv), **rp_state_fields(f.rp, iv), **grammar_state_fields(f.grammar, bv))
+                 **kv_state_fields(f.kv, iv), **session_state_fields(f.sess, iv), **rp_state_fields(f.rp, iv),
+                 **grammar_state_fields(f.grammar, bv))
 
 
 def dump(m: z3.ModelRef, f: SState) -> str:

@@ -25,6 +25,7 @@ from flightcheck.spec import (
     CompleteOldest,
     Sample,
     Schedule,
+    SendInput,
     State,
 )
 from flightcheck.verification.models import Model
@@ -43,11 +44,13 @@ from flightcheck.verification.z3.encoding.actions import (
     choices,
     complete_guard,
     complete_oldest,
+    finish,
 )
 from flightcheck.verification.z3.encoding.connector import connector_action, connector_transitions
 from flightcheck.verification.z3.encoding.reset_pause import rp_action, rp_transitions
 from flightcheck.verification.z3.encoding.schedule import SchedResult, schedule
 from flightcheck.verification.z3.encoding.structured_output import grammar_action, grammar_transitions
+from flightcheck.verification.z3.encoding.sessions import send_guard, send_input
 from flightcheck.verification.z3.encoding.state import (
     PREEMPTED,
     Layout,
@@ -176,6 +179,9 @@ class System:
             if s.kv:        # the connector's reports (connector.py): actions 4, 5, 6
                 kv_guards, kv_effects, kv_legal = connector_transitions(layout, builder, s, ch)
                 guards, effects, legal = guards + kv_guards, effects + kv_effects, legal + kv_legal
+            if s.sess:      # the client's next input (sessions.py): action 4
+                guards.append(send_guard(layout, s, ch.req))
+                effects.append(builder.snap(send_input(layout, s, ch.req, finish), "send"))
             if s.rp:        # reset and pause (reset_pause.py): actions 4 to 8
                 rp_guards, rp_effects, rp_legal = rp_transitions(layout, builder, s, ch)
                 guards, effects, legal = guards + rp_guards, effects + rp_effects, legal + rp_legal
@@ -231,6 +237,8 @@ class System:
             return Schedule()
         if act == ABORT:
             return Abort(r)
+        if act == SEND_INPUT and st.before.sess:
+            return SendInput(r)
         if act >= len(ACTION_CODE) and st.before.rp:
             return rp_action(act)
         if act >= len(ACTION_CODE) and st.before.grammar:
@@ -245,6 +253,9 @@ class System:
                                       iv(st.choices.next_drafts[j])))
         return CompleteOldest(tuple(samples))
 
+
+# The action code of `SendInput` in a frame with sessions (which has no connector's reports).
+SEND_INPUT = 4
 
 # The encoding's action code of each spec action class (`Choices.act`).
 ACTION_CODE: dict[type, int] = {Arrive: ARRIVE, Schedule: SCHEDULE, CompleteOldest: COMPLETE, Abort: ABORT}

@@ -1,0 +1,51 @@
+"""The streaming-session models the Z3 engines check (kv_engines.py with
+the session formulas of encoding/session_invariants.py): small enough that
+the cross-check compares the encoding with the spec on every reachable
+state (tests/test_z3_sessions.py).
+
+SESSION_SOLO (vLLM 0.34, K = 2, one seat): the session of the explicit
+model session-k2 alone (a prompt of 2 that stops by 2 outputs, then 1 new
+token and 2 outputs, then the end of the session), aborts and stop tokens
+on. k-induction proves SS2-SS4 on it and SS1 follows in one step. Alone,
+it is never preempted for want of blocks (a model's request always fits
+the pool), which the proof of SS4 needs; beside a second request it needs
+the pool's accounting too, which the auxiliary invariants do not state
+(docs/proofs.md, "Streaming sessions").
+
+SESSION_K2 (the explicit model session-k2 under vLLM 0.34, and under
+vllm-0.34-async for the mutants): the session beside a plain request; the
+cross-check covers every reachable state of it, BMC bounds SS2-SS4 on it,
+and the session mutants are hunted on it by BMC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from flightcheck.verification.models import Model
+from flightcheck.verification.session_models import SESSION_MUTANT_MODELS, SESSION_PROFILE_MODELS
+
+SESSION_K2 = SESSION_PROFILE_MODELS["vllm-0.34"][0]
+SESSION_K2_ASYNC = SESSION_PROFILE_MODELS["vllm-0.34-async"][0]
+
+SESSION_SOLO = replace(SESSION_K2, name="session-solo-k2@vllm-0.34", prompts=SESSION_K2.prompts[:1])
+SESSION_SOLO_ASYNC = replace(SESSION_K2_ASYNC, name="session-solo-k2@vllm-0.34-async",
+                             prompts=SESSION_K2_ASYNC.prompts[:1])
+
+SESSION_Z3_MODELS: tuple[Model, ...] = (SESSION_SOLO, SESSION_K2)
+
+
+def session_solo(profile: str) -> Model:
+    """session-solo-k2 under `profile` (a profile with streaming sessions)."""
+    from flightcheck.verification.z3.profiles import profile_model
+    if profile == SESSION_SOLO.cfg.profile:
+        return SESSION_SOLO
+    return replace(profile_model(SESSION_SOLO, profile), name=f"session-solo-k2@{profile}")
+
+def session_z3_mutant_model(name: str, solo: bool = False) -> Model:
+    """The model BMC hunts session mutant `name` on: session-k2 as the
+    explicit search does, or (`solo`) the session alone, under the same profile."""
+    model = SESSION_MUTANT_MODELS[name]
+    if solo:
+        model = replace(model, name=model.name.replace("session-k2", "session-solo-k2"), prompts=model.prompts[:1])
+    return model.with_mutant(name)
