@@ -195,8 +195,8 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             r, status = next(iter(self.finished_now.items()))
             raise _Violation("missing_finish", f"{self._name(r)} finished ({status.value}) in the spec "
                              "but the trace wrote no finish event for it")
-        if self.reorders_admission or (self.cfg.structured_output and not self.cfg.rules.output_placeholders):
-            self._reorder_at_empty_calls(event)      # (sync: an empty call may meet a failed grammar)
+        if self.reorders_admission or self.cfg.structured_output:
+            self._reorder_at_empty_calls(event)      # (an empty call may meet a failed grammar)
         self._engine_step_before(event)
         if self.cfg.rules.output_placeholders:
             self._note_empty_batches(event)
@@ -224,6 +224,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             if not isinstance(note, dict) or note.get("ev") != "schedule":
                 continue
             if self.cfg.rules.output_placeholders:
+                self.note_grammar_errors_at_async_empty_call()       # grammar.py
                 self.state = reorder_waiting(self.state, self.cfg)
                 continue
             scheduled = schedule(self.state, self.cfg)

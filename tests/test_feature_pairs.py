@@ -1,0 +1,47 @@
+"""Features of `--all-features` that meet in one workload (docs/request-states.md,
+"Features together"): each pair no longer excluded meets in generated
+workloads, and the traces of vLLM's real scheduler that a pair's campaign
+found check-trace wrong on are accepted by both checkers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flightcheck.verification.traces.check import check_events
+from flightcheck.verification.traces.reading import read_trace_file
+from flightcheck.vllm.features import registered
+from flightcheck.vllm.generate import campaign_workloads
+
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
+DATA = Path(__file__).parent / "data" / "vllm" / "pairs"
+
+# Pairs that were excluded and now meet, with the release they are drawn on.
+MEETING = [("grammar", "priority", "0.34.0"), ("grammar", "priority", "0.33.0")]
+
+
+@pytest.mark.parametrize("first,second,version", MEETING)
+def test_the_pair_is_no_longer_excluded_and_meets(first: str, second: str, version: str) -> None:
+    features = {f.name: f for f in registered()}
+    assert second not in features[first].excludes and first not in features[second].excludes
+    met = sum({first, second} <= set(w["features"]) for w in campaign_workloads(6, 120, features_of=version))
+    assert met >= 3, (first, second, version, met)
+
+
+# (trace, what the checker said before the fix)
+TRACES = [
+    # vLLM 0.34.0 async, campaign --all-features --versions 0.34.0 seed 6 index 87: r0's grammar
+    # fails before any schedule(); the empty calls before r2 arrives meet it and an empty
+    # batch's completion finishes it; r2 (priority 0) ranks ahead of r0, so a catch-up at the
+    # finish no longer reaches r0 (was: a false finish_decision)
+    "034_async_priority_grammar_failed_before_arrival.jsonl",
+]
+
+
+@pytest.mark.parametrize("name", TRACES)
+@pytest.mark.parametrize("full", [False, True])
+def test_check_trace_accepts_vllms_trace_of_the_pair(name: str, full: bool) -> None:
+    result = check_events(read_trace_file(DATA / name), None, full=full)
+    assert result.ok, (result.property, result.message)
