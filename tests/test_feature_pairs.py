@@ -5,12 +5,14 @@ found check-trace wrong on are accepted by both checkers."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from flightcheck.verification.traces.check import check_events
 from flightcheck.verification.traces.reading import read_trace_file
+from flightcheck.vllm.differential import decisions, read_trace, run_reference
 from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
 
@@ -19,7 +21,8 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both ch
 DATA = Path(__file__).parent / "data" / "vllm" / "pairs"
 
 # Pairs that were excluded and now meet, with the release they are drawn on.
-MEETING = [("grammar", "priority", "0.34.0"), ("grammar", "priority", "0.33.0")]
+MEETING = [("grammar", "priority", "0.34.0"), ("grammar", "priority", "0.33.0"),
+           ("reset-pause", "priority", "0.34.0"), ("reset-pause", "priority", "0.33.0")]
 
 
 @pytest.mark.parametrize("first,second,version", MEETING)
@@ -37,6 +40,11 @@ TRACES = [
     # batch's completion finishes it; r2 (priority 0) ranks ahead of r0, so a catch-up at the
     # finish no longer reaches r0 (was: a false finish_decision)
     "034_async_priority_grammar_failed_before_arrival.jsonl",
+    # vLLM 0.34.0 sync and async, seed 5 indexes 42 and 64: a reset of the running requests
+    # under the priority policy pushes each on the heap (`prepend_request`), so `waiting` is
+    # in priority order after it (was: a false PR1_waiting_in_priority_order)
+    "034_priority_reset_order.jsonl",
+    "034_async_priority_reset_order.jsonl",
 ]
 
 
@@ -45,3 +53,18 @@ TRACES = [
 def test_check_trace_accepts_vllms_trace_of_the_pair(name: str, full: bool) -> None:
     result = check_events(read_trace_file(DATA / name), None, full=full)
     assert result.ok, (result.property, result.message)
+
+
+# (workload, vLLM's trace, the reference's profile)
+WORKLOADS = [
+    # seed 5 index 42 (sync): after the reset r1 (priority 1) is admitted before r0 (priority 2);
+    # the reference put the reset requests back at the head of `waiting` in running order
+    ("034_priority_reset_order.workload.json", "034_priority_reset_order.jsonl", "vllm-0.34"),
+]
+
+
+@pytest.mark.parametrize("workload,trace,profile", WORKLOADS)
+def test_the_reference_decides_as_vllm_did(workload: str, trace: str, profile: str) -> None:
+    raw = json.loads((DATA / workload).read_text())
+    ours = decisions(run_reference(raw, profile).events, block_offset=1)
+    assert ours == decisions(read_trace(DATA / trace))
