@@ -45,6 +45,11 @@ TRACES = [
     # in priority order after it (was: a false PR1_waiting_in_priority_order)
     "034_priority_reset_order.jsonl",
     "034_async_priority_reset_order.jsonl",
+    # vLLM 0.33.0 async, seed 5 index 104 (grammar, pause, priority): an empty batch queued
+    # while PAUSED_NEW completes before r1's grammar fails; the checker queued it later, and
+    # its drain after batch 1's schedule() finished r1 an update early (was: a false
+    # finish_decision, then missing_finish)
+    "033_async_grammar_pause_empty_batch_completed.jsonl",
 ]
 
 

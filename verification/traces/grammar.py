@@ -65,6 +65,21 @@ class GrammarEvents:
         if scheduled is not None and is_empty_step(scheduled):
             self.note_grammar_errors(scheduled)
 
+    def complete_noted_empty_batch(self) -> None:
+        """A noted empty batch's completion. Under async scheduling, where
+        the spec's oldest batch in flight is an empty one the checker queued,
+        it completes here, as vLLM's did (else a later drain would finish a
+        grammar failed meanwhile an update too early); otherwise the failed
+        grammars recorded are finished as its update would, and under async
+        scheduling the empty batch the checker queues for that call later
+        completes as soon as it is queued (`_catch_up_empty_calls`)."""
+        if self.cfg.rules.output_placeholders:
+            if self.state.in_flight and not self.state.in_flight[0]:
+                self._drain_empty_batches(oldest_only=True)      # type: ignore[attr-defined]
+                return
+            self.pending_empty_completions += 1                  # type: ignore[attr-defined]
+        self.finish_grammar_errors_at_empty_completion()
+
     def finish_grammar_errors_at_empty_completion(self) -> None:
         """A noted empty batch's completion (synchronous scheduling): the end
         of its `update_from_output` finishes the failed grammars recorded."""

@@ -104,6 +104,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         # by the config key `notes_empty_batches`, else learnt at the first note
         self.writes_empty_batches = bool(events[0].get("notes_empty_batches", False))
         self.pending_empty_calls = 0              # empty schedule() calls noted since the last batch
+        self.pending_empty_completions = 0        # of those, completions noted before the checker queued them
         # vLLM 0.34's cache-aware admission order can change `waiting` in an empty schedule() call
         self.reorders_admission = bool(self.cfg.rules.cache_aware_admission and self.cfg.prefix_caching
                                        and self.cfg.cache_aware_admission_window)
@@ -220,7 +221,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
                                "vLLM 0.34's cache-aware reorder runs in them)")
         for note in event.get("empty_batches_before") or ():
             if isinstance(note, dict) and note.get("ev") == "complete":
-                self.finish_grammar_errors_at_empty_completion()    # grammar.py
+                self.complete_noted_empty_batch()                   # grammar.py
             if not isinstance(note, dict) or note.get("ev") != "schedule":
                 continue
             if self.cfg.rules.output_placeholders:
