@@ -23,7 +23,8 @@ DATA = Path(__file__).parent / "data" / "vllm" / "pairs"
 
 # Pairs that were excluded and now meet, with the release they are drawn on.
 MEETING = [("grammar", "priority", "0.34.0"), ("grammar", "priority", "0.33.0"),
-           ("reset-pause", "priority", "0.34.0"), ("reset-pause", "priority", "0.33.0")]
+           ("reset-pause", "priority", "0.34.0"), ("reset-pause", "priority", "0.33.0"),
+           ("reset-pause", "grammar", "0.34.0"), ("reset-pause", "grammar", "0.33.0")]
 
 
 @pytest.mark.parametrize("first,second,version", MEETING)
