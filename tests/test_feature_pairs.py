@@ -6,6 +6,7 @@ found check-trace wrong on are accepted by both checkers."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,8 @@ DATA = Path(__file__).parent / "data" / "vllm" / "pairs"
 # Pairs that were excluded and now meet, with the release they are drawn on.
 MEETING = [("grammar", "priority", "0.34.0"), ("grammar", "priority", "0.33.0"),
            ("reset-pause", "priority", "0.34.0"), ("reset-pause", "priority", "0.33.0"),
-           ("reset-pause", "grammar", "0.34.0"), ("reset-pause", "grammar", "0.33.0")]
+           ("reset-pause", "grammar", "0.34.0"), ("reset-pause", "grammar", "0.33.0"),
+           ("reset-pause", "spec-decoding", "0.34.0"), ("reset-pause", "spec-decoding", "0.33.0")]
 
 
 @pytest.mark.parametrize("first,second,version", MEETING)
@@ -86,3 +88,28 @@ def test_the_reference_decides_as_vllm_did(workload: str, trace: str, profile: s
 def test_the_streaming_checker_accepts_it_too(name: str) -> None:
     lines = (DATA / name).read_text().splitlines()
     assert list(check_lines(lines))[-1].result.ok
+
+
+# The campaign workloads (seed, index) where each pair's fixes were found, on
+# the release and with the inputs during waits of that campaign: the pair meets
+# in each, and vLLM's real scheduler agrees with the reference and check-trace.
+FOUND = {("0.34.0", True): [(6, 87), (5, 42), (5, 64), (5, 8)],
+         ("0.33.0", False): [(5, 94), (5, 104)]}
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("version,mid_step_inputs", sorted(FOUND))
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_the_pairs_workloads_agree_with_vllm(version: str, mid_step_inputs: bool, async_scheduling: bool) -> None:
+    if os.environ.get("FLIGHTCHECK_SKIP_VLLM"):
+        pytest.skip("FLIGHTCHECK_SKIP_VLLM")
+    from flightcheck.vllm.campaign import DISAGREEMENTS, run_version
+
+    workloads = [campaign_workloads(seed, index + 1, mid_step_inputs=mid_step_inputs, features_of=version)[index]
+                 for seed, index in FOUND[(version, mid_step_inputs)]]
+    assert all(len(set(w["features"]) & {"priority", "grammar", "reset-pause", "spec-decoding"}) >= 2
+               for w in workloads)
+    report = run_version(version, workloads, 0, False, lambda line: None, async_scheduling)
+    assert report.workloads == len(workloads) and report.unexplained == []
+    assert not set(report.verdicts) & DISAGREEMENTS, dict(report.verdict_details)

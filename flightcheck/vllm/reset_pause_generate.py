@@ -65,10 +65,9 @@ def _ending_unpaused(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # reset puts its requests back at their place in the heap's order (spec and
 # reference; campaign --all-features seed 5 indexes 42 and 64). Beside
 # grammars since check-trace follows a paused engine's empty batches and a
-# reset's second tables (docs/request-states.md, "Features together"). Beside
-# streaming sessions or drafts neither the spec nor the reference was read
-# for what a reset or a pause does to them (campaign --all-features seed 5
-# showed each pairing differ: under async scheduling vLLM keeps a reset
-# request's next drafts).
+# reset's second tables, and beside drafts since the recorder reads no drafts
+# off a reset request's dropped output (docs/request-states.md, "Features
+# together"). Beside streaming sessions neither the spec nor the reference was
+# read for what a reset or a pause does to them.
 FEATURE = Feature("reset-pause", kv_connector_versions(), 0.5, with_reset_and_pause,
-                  excludes=("kv-connector", "streaming-sessions", "spec-decoding"))
+                  excludes=("kv-connector", "streaming-sessions"))
