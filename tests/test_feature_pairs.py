@@ -26,8 +26,7 @@ DATA = Path(__file__).parent / "data" / "vllm" / "pairs"
 MEETING = [("grammar", "priority", "0.34.0"), ("grammar", "priority", "0.33.0"),
            ("reset-pause", "priority", "0.34.0"), ("reset-pause", "priority", "0.33.0"),
            ("reset-pause", "grammar", "0.34.0"), ("reset-pause", "grammar", "0.33.0"),
-           ("reset-pause", "spec-decoding", "0.34.0"), ("reset-pause", "spec-decoding", "0.33.0"),
-           ("cache-aware", "kv-connector", "0.34.0")]
+           ("reset-pause", "spec-decoding", "0.34.0"), ("reset-pause", "spec-decoding", "0.33.0")]
 
 
 @pytest.mark.parametrize("first,second,version", MEETING)
