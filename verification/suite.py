@@ -148,6 +148,7 @@ class SuiteResult:
     tasks: int = 0                        # how many tasks it ran there (none: all in this process)
     retried: int = 0                      # tasks run again after their worker was lost
     reset_pause: bool = False             # reset and pause's models (`--reset-pause`)
+    structured_output: bool = False       # structured output's models (`--structured-output`)
 
     @property
     def ok(self) -> bool:
@@ -179,6 +180,7 @@ class SuiteResult:
             {"allow_name_reuse": True, "counterexamples": [to_json(cx) for cx in self.counterexamples]}
             if self.allow_name_reuse else {}) | ({"kv_connector": True} if self.kv_connector else {}) | (
             {"reset_pause": True} if self.reset_pause else {}) | (
+            {"structured_output": True} if self.structured_output else {}) | (
 
 {"streaming_sessions": True} if self.streaming_sessions else {})
 
@@ -274,6 +276,7 @@ class SuiteOptions:
     kv_connector: bool = False
     reset_pause: bool = False
     streaming_sessions: bool = False
+    structured_output: bool = False
 
     @property
     def runs_z3(self) -> bool:
@@ -309,6 +312,8 @@ def run_suite(options: SuiteOptions = SuiteOptions(), progress: Progress | None 
         result = _reset_pause_suite(options, say)
     elif options.streaming_sessions:
         result = _sessions_suite(options, say)
+    elif options.structured_output:
+        result = _structured_output_suite(options, say)
     else:
         result = _profile_suite(options, say)
     ran = executors.ran_since(before)
@@ -515,3 +520,27 @@ def _explicit_part(profile: str, mutants: list[str]) -> tuple[list[PropertyResul
     of its models, then each of `mutants` hunted (run_suite's second process)."""
     rows = [row for small in PROFILE_MODELS[profile] for row in exhaustive_rows(small)]
     return rows, [hunt_mutant(name, profile=profile) for name in mutants]
+
+
+def _structured_output_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
+    """`--structured-output` (spec/grammar.py): the exhaustive search of the
+    profile's grammar models, under `vllm-0.34-async` the grammar's mutants,
+    each on its model, and (unless --no-z3) G1-G3 by k-induction and BMC on
+    the Z3 grammar model (z3.grammar_models, vLLM 0.34 sync, whatever the profile)."""
+    from flightcheck.verification.grammar_models import GRAMMAR_MODELS, grammar_mutant_model
+    from flightcheck.verification.mutants.registry import GRAMMAR_MUTANTS
+    from flightcheck.verification.z3 import suite as z3_suite
+    profile = options.profile
+    models = [m for m in GRAMMAR_MODELS if m.cfg.profile == profile]
+    if not models:
+        raise ValueError(f"profile {profile!r} has no structured-output model")
+    mutants = [(name, grammar_mutant_model(name)) for name, m in GRAMMAR_MUTANTS.items() if m.profile == profile]
+    result = _explicit_feature_suite(options, say, "structured output", models, mutants, "", structured_output=True)
+    if options.use_z3:
+        t0 = time.perf_counter()
+        say("k-induction and BMC of G1-G3 on the Z3 grammar model")
+        result.properties += z3_suite.grammar_rows()
+        result.seconds += time.perf_counter() - t0
+    result.explicit_only = None
+    return result
+

@@ -57,6 +57,11 @@ def add_parser(sub) -> None:
                              "cache and pauses between steps; vllm-0.33, vllm-0.33-async, vllm-0.34, "
                              "vllm-0.34-async), under vllm-0.34-async hunt reset and pause's mutants, and prove "
                              "RP1-RP4 by k-induction and BMC of a Z3 model (about 5 min at load; --no-z3 skips it)")
+    verify.add_argument("--structured-output", action="store_true",
+                        help="search the profile's structured-output models exhaustively (grammars compiling "
+                             "or failing, the FSM with batches in flight; vllm-0.33, vllm-0.33-async, vllm-0.34, "
+                             "vllm-0.34-async), under vllm-0.34-async hunt the grammar's mutants, and prove G1-G3 "
+                             "by k-induction and BMC on the Z3 grammar model (minutes of CPU; --no-z3 skips them)")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--inferred", action="store_true",
@@ -134,6 +139,18 @@ def _sessions_usage_error(args: argparse.Namespace) -> str | None:
                 "--all-profiles, --mutant, --inferred, --allow-name-reuse or --kv-connector")
     if args.streaming_sessions and args.reset_pause:
         return "--streaming-sessions and --reset-pause search different models; name one"
+    return _grammar_usage_error(args)
+
+
+def _grammar_usage_error(args: argparse.Namespace) -> str | None:
+    from flightcheck.verification.grammar_models import GRAMMAR_PROFILES
+
+    if args.structured_output and args.profile not in GRAMMAR_PROFILES:
+        return f"--structured-output needs a profile with structured output: {', '.join(GRAMMAR_PROFILES)}"
+    if args.structured_output and (args.all_profiles or args.mutant or args.inferred or args.allow_name_reuse
+                                   or args.kv_connector or args.streaming_sessions or args.reset_pause):
+        return ("--structured-output searches one profile's grammar models; it cannot go with --all-profiles, "
+                "--mutant, --inferred, --allow-name-reuse, --kv-connector, --streaming-sessions or --reset-pause")
     return None
 
 
@@ -170,7 +187,7 @@ def _run_profiles(args: argparse.Namespace, console: Console) -> int:
         options = SuiteOptions(MODELS[args.config], args.depth, use_z3=not args.no_z3, jobs=args.jobs,
                                inferred=args.inferred, profile=profile, allow_name_reuse=args.allow_name_reuse,
                                kv_connector=args.kv_connector, reset_pause=args.reset_pause,
-                               streaming_sessions=args.streaming_sessions)
+                               streaming_sessions=args.streaming_sessions, structured_output=args.structured_output)
         try:
             with PhaseProgress(f"flightcheck verify ({profile})") as progress:
                 suites.append(run_suite(options, progress.phase))
