@@ -5,7 +5,8 @@ scheduler.py's Scheduler; the profile's `reset_drops_running_output` and
 * `reset_prefix_cache(reset_running_requests)`: with running requests
   reset, each is popped from the tail of `running` and preempted with its
   tokens in flight dropped (`_preempt_request(drop_stale_output=True)`):
-  blocks freed, back to the head of `waiting`, a new incarnation, its stale
+  blocks freed, back to the head of `waiting` (under the priority policy
+  at its place in the heap's order), a new incarnation, its stale
   share the tokens in flight, in drop mode, no placeholders. Then the pool
   forgets every cached hash, if no block is held (else False; with running
   requests reset that cannot happen without a KV connector, and raises).
@@ -41,6 +42,7 @@ class ResetPause:
     kv_cache_manager: Any
     kv_holding_waiting: Any
     _stale_output_counters: bool
+    _priority: bool
     num_waiting_for_streaming_input: int
 
     def _init_reset_pause(self, profile: Any) -> None:
@@ -60,6 +62,8 @@ class ResetPause:
                 raise NotImplementedError("this vLLM version cannot reset running requests")
             while self.running:
                 self._preempt_dropping_output(self.running.pop())
+            if self._priority:                                   # `prepend_request` pushes on the heap
+                self._order_waiting()                            # type: ignore[attr-defined]
         reset = self.kv_cache_manager.reset_prefix_cache()
         if reset_running_requests and not reset:
             raise RuntimeError("the prefix cache could not be reset with every running request preempted")

@@ -5,7 +5,9 @@ the scheduler does under them (vLLM 0.33 and 0.34, `Config.reset_and_pause`).
   running)`. With `running`, every running request is preempted, from the
   tail of `running` to its head (`self.running.pop()`, each prepended to
   `waiting`, so `waiting` starts with them in their running order), by
-  `_preempt_request(drop_stale_output=True)`: its blocks freed, its tokens
+  `_preempt_request(drop_stale_output=True)`: under the priority policy
+  `prepend_request` is a heap push, so each takes its place by rank
+  (`PriorityRequestQueue.prepend_request`); its blocks freed, its tokens
   in flight become stale output in drop mode (`num_stale_output_tokens =
   num_in_flight_tokens`, `drop_stale_output`), its placeholders 0. Then
   `BlockPool.reset_prefix_cache`: when no block is held it drops every
@@ -50,7 +52,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from . import blocks
+from . import blocks, priority
 from .config import Config
 from .state import Entry, Fate, Pause, State, Status
 
@@ -65,6 +67,7 @@ def reset(state: State, cfg: Config, running: bool) -> State | None:
     if running:
         while state.running:
             state = _preempt_dropping_output(state, cfg, state.running[-1])
+        state = priority.in_priority_order(state, cfg)   # the priority heap: each pushed at its rank
     return _reset_prefix_cache(state)
 
 

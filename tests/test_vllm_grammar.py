@@ -54,7 +54,7 @@ def test_the_feature_is_registered_and_skips_a_kv_connector() -> None:
     with_grammars(RandomPicker(hash_seed(5, 0)), plain)
     assert any("grammar" in r for r in plain["requests"])
     grammar = next(f for f in features.registered() if f.name == "grammar")
-    assert grammar.excludes == ("kv-connector", "priority")
+    assert grammar.excludes == ("kv-connector",)
     for seed in range(40):
         drawn = features.with_features(RandomPicker(seed), campaign_workloads(seed, 1)[0], "0.34.0")
         assert not {"grammar", "kv-connector"} <= set(drawn["features"])

@@ -388,7 +388,9 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
         grammar_finishes, self._fc_grammar_finishes = self._fc_grammar_finishes, None
         self.flightcheck_step += 1
         dropped, stale = self._fc_applied(record, returned, targets, before) if record is not None else ([], [])
-        next_drafts = self._fc_drafts_after(targets, dropped, model_runner_output)
+        # a drop-mode stale output (a reset request's) reaches nothing, its drafts included
+        discarded = dropped + [r for r in stale if getattr(targets.get(r), "drop_stale_output", False)]
+        next_drafts = self._fc_drafts_after(targets, discarded, model_runner_output)
         if record is not None:
             self._fc_write_completion(record.batch_id, returned, dropped, stale, next_drafts)
         elif empty is not None:

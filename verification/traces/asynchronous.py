@@ -36,7 +36,10 @@ class AsyncScheduling:
     last_call_step: int | None
     writes_empty_batches: bool
     pending_empty_calls: int
+    pending_empty_completions: int
+    finished_now: dict[int, Status]
     _apply: Callable[[Action, State | None, str], None]
+    _newly_finished: Callable[[State, State], list[int]]
     _violation: Callable[[str, str], Exception]
 
     def _catch_up_empty_calls(self, event: dict) -> None:
@@ -77,6 +80,10 @@ class AsyncScheduling:
             self.scheduled = idle
             self._apply(Schedule(), idle.state, "schedule")
             self.batch_ids.append(EMPTY_BATCH)
+            if self.pending_empty_completions and len(self.state.in_flight) == 1:
+                self.pending_empty_completions -= 1        # its completion was noted already (grammar.py)
+                self._drain_empty_batches(oldest_only=True)
+        self.pending_empty_completions = 0          # (noted completions of batches still in flight here)
         self._drain_empty_batches(keep_room=True)
         self.unchecked.add("queue slots of empty batches (the checker completes an empty batch whenever a "
                            "slot or a completion needs it)")
@@ -119,13 +126,19 @@ class AsyncScheduling:
             state = replace(state, in_flight=state.in_flight[1:])
         return state
 
-    def _drain_empty_batches(self, keep_room: bool = False) -> None:
+    def _drain_empty_batches(self, keep_room: bool = False, oldest_only: bool = False) -> None:
         """Complete leading empty batches (they change no request): all of
         them, or with `keep_room` only while the queue is full."""
         while self.state.in_flight and not self.state.in_flight[0] and (
                 not keep_room or len(self.state.in_flight) >= self.cfg.queue_depth):
             self.batch_ids.pop(0)
+            before = self.state
             self._apply(CompleteOldest(()), complete_oldest(self.state, self.cfg, ()), "complete")
+            # its update finishes the failed grammars recorded (spec/grammar.py): their finish events follow
+            for r in self._newly_finished(before, self.state):
+                self.finished_now[r] = self.state.requests[r].status
+            if oldest_only:
+                return
 
     def _check_placeholders(self, scheduled: Scheduled, entries: list[dict]) -> None:
         """An entry's `placeholders` (async writers): the request's

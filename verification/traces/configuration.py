@@ -134,13 +134,19 @@ def modelled_pool(cfg: Config, events: list[dict[str, Any]]) -> Config:
     blocks" never binds in the cut pool unless it binds in the whole one.
     With a KV connector each request counts twice: a failed load may free
     its table and the request take a new one (the connector promises one
-    load per incarnation, C1). Only `state_before` differs: it lists the
+    load per incarnation, C1), and each reset of the running requests
+    (`reset` with `running`) lets every request take its table once more: a
+    preemption with the pool far from full. Only `state_before` differs: it lists the
     cut pool's free queue.
     With vLLM 0.34's cache-aware admission window open the pool is not cut:
     the reorder reads the cache's usage, a share of the whole pool."""
     if cfg.cache_aware_admission_window and cfg.rules.cache_aware_admission:
         return _whole_pool(cfg)
-    most = 1 + sum(arrival_blocks(cfg, e) for e in events if e["ev"] == "arrive")
+    arrivals = sum(arrival_blocks(cfg, e) for e in events if e["ev"] == "arrive")
+    # a reset of the running requests preempts them with the pool far from full:
+    # each request may take its table again, once per such reset
+    resets = sum(1 for e in events if e["ev"] == "reset" and e.get("running"))
+    most = 1 + (1 + resets) * arrivals
     num_blocks = min(cfg.num_blocks, most)
     if num_blocks > MAX_POOL_BLOCKS:
         raise MalformedTrace(f"line 1: config event: num_blocks: this trace's arrivals can take up to "

@@ -14,7 +14,9 @@ and the noted completion of an empty batch finishes those recorded
 (`finish_grammar_errors_at_empty_completion`). Under async scheduling the
 checker moves empty batches itself: a finish by "error" of a request whose
 grammar failed is caught up with the empty call and completion that
-finished it (`catch_up_grammar_error`).
+finished it (`catch_up_grammar_error`), unless a noted empty call whose
+spec step forms nothing too met it first
+(`note_grammar_errors_at_async_empty_call`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from flightcheck.spec.actions import after_output
-from flightcheck.spec.schedule import Scheduled, schedule
+from flightcheck.spec.schedule import Scheduled, is_empty_step, schedule
 from flightcheck.spec.state import Grammar, State
 from flightcheck.spec.transitions import CompileGrammar, FailGrammar, step
 
@@ -48,6 +50,35 @@ class GrammarEvents:
         replay: the failed grammars its waiting loop met are recorded."""
         if scheduled is not None and scheduled.state.grammar_errors != self.state.grammar_errors:
             self.state = replace(self.state, grammar_errors=scheduled.state.grammar_errors)
+
+    def note_grammar_errors_at_async_empty_call(self) -> None:
+        """An empty schedule() call noted under async scheduling: where the
+        spec's step at this state forms nothing too, the failed grammars its
+        waiting loop meets are recorded then, as vLLM's call recorded them
+        (under the priority policy a request arriving later may rank ahead
+        of the failed one, so that the catch-up at the finish would no longer
+        reach it). Otherwise the catch-up at the finish decides."""
+        if not self.cfg.structured_output or not any(q.grammar is Grammar.FAILED and q.status.is_active
+                                                     for q in self.state.requests):
+            return
+        scheduled = schedule(self.state, self.cfg)
+        if scheduled is not None and is_empty_step(scheduled):
+            self.note_grammar_errors(scheduled)
+
+    def complete_noted_empty_batch(self) -> None:
+        """A noted empty batch's completion. Under async scheduling, where
+        the spec's oldest batch in flight is an empty one the checker queued,
+        it completes here, as vLLM's did (else a later drain would finish a
+        grammar failed meanwhile an update too early); otherwise the failed
+        grammars recorded are finished as its update would, and under async
+        scheduling the empty batch the checker queues for that call later
+        completes as soon as it is queued (`_catch_up_empty_calls`)."""
+        if self.cfg.rules.output_placeholders:
+            if self.state.in_flight and not self.state.in_flight[0]:
+                self._drain_empty_batches(oldest_only=True)      # type: ignore[attr-defined]
+                return
+            self.pending_empty_completions += 1                  # type: ignore[attr-defined]
+        self.finish_grammar_errors_at_empty_completion()
 
     def finish_grammar_errors_at_empty_completion(self) -> None:
         """A noted empty batch's completion (synchronous scheduling): the end

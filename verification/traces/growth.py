@@ -60,6 +60,7 @@ class Growing:
         self.whole_pool_blocks = whole_pool_blocks
         self.cut_pool = cut
         self.demand = 1                      # blocks the arrivals so far can take, plus one
+        self.arrivals_demand = 0             # of those, one table of each arrival so far
 
     def describe(self, state: State) -> str:
         """As the checker's `describe`; a state from before the slots grew
@@ -100,14 +101,21 @@ class Growing:
     # -- blocks ---------------------------------------------------------------
 
     def grow_pool_for(self, event: dict[str, Any], line: int) -> None:
-        """Before an arrival is applied: the pool holds what it can take."""
+        """Before an arrival is applied: the pool holds what it can take.
+        Before a reset of the running requests: what every request so far
+        can take once more (each may be preempted and take its table again,
+        as configuration.modelled_pool counts it)."""
         if not self.cut_pool:
             return
         cfg = self.cfg  # type: ignore[attr-defined]
-        self.demand += arrival_blocks(cfg, event)
+        if event["ev"] == "reset":
+            self.demand += self.arrivals_demand
+        else:
+            self.arrivals_demand += arrival_blocks(cfg, event)
+            self.demand += arrival_blocks(cfg, event)
         wanted = min(self.whole_pool_blocks, self.demand)
         if wanted > MAX_POOL_BLOCKS:
-            raise MalformedTrace(f"line {line}: arrive event: the trace's arrivals up to this one can take up "
+            raise MalformedTrace(f"line {line}: {event['ev']} event: the trace's arrivals up to this one can take up "
                                  f"to {wanted} blocks of the pool (num_blocks {self.whole_pool_blocks}); the "
                                  f"checker models pools of at most {MAX_POOL_BLOCKS} blocks")
         if wanted > cfg.num_blocks:

@@ -105,6 +105,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         # by the config key `notes_empty_batches`, else learnt at the first note
         self.writes_empty_batches = bool(events[0].get("notes_empty_batches", False))
         self.pending_empty_calls = 0              # empty schedule() calls noted since the last batch
+        self.pending_empty_completions = 0        # of those, completions noted before the checker queued them
         # vLLM 0.34's cache-aware admission order can change `waiting` in an empty schedule() call
         self.reorders_admission = bool(self.cfg.rules.cache_aware_admission and self.cfg.prefix_caching
                                        and self.cfg.cache_aware_admission_window)
@@ -198,9 +199,8 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             r, status = next(iter(self.finished_now.items()))
             raise _Violation("missing_finish", f"{self._name(r)} finished ({status.value}) in the spec "
                              "but the trace wrote no finish event for it")
-        if self.reorders_admission or self.cadenced or (self.cfg.structured_output
-                                                        and not self.cfg.rules.output_placeholders):
-            self._reorder_at_empty_calls(event)      # (sync: an empty call may meet a failed grammar)
+        if self.reorders_admission or self.cadenced or self.cfg.structured_output:
+            self._reorder_at_empty_calls(event)      # (an empty call may meet a failed grammar)
         if self.cfg.kv_connector is not None:
             self._promote_at_empty_calls(event)      # connector.py
         self._engine_step_before(event)
@@ -229,10 +229,11 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
                                "notes none; their waiting loop records it)")
         for note in event.get("empty_batches_before") or ():
             if isinstance(note, dict) and note.get("ev") == "complete":
-                self.finish_grammar_errors_at_empty_completion()    # grammar.py
+                self.complete_noted_empty_batch()                   # grammar.py
             if not isinstance(note, dict) or note.get("ev") != "schedule":
                 continue
             if self.cfg.rules.output_placeholders:
+                self.note_grammar_errors_at_async_empty_call()       # grammar.py
                 self._cadence_at_empty_call()
                 self.state = reorder_waiting(self.state, self.cfg)
                 continue

@@ -267,6 +267,8 @@ class _Run:
         if event["ev"] == "arrive":
             _refuse_huge_prompt(event, c.cfg.block_size, line)
             c.grow_pool_for(event, line)
+        elif event["ev"] == "reset" and event.get("running"):
+            c.grow_pool_for(event, line)              # each request may take its table again
         fast = isinstance(c, FastPath)
         before = None if fast else c.state            # the fast path's: the state it handed over
         c.upcoming_finish = upcoming or {}
