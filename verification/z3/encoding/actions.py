@@ -19,6 +19,7 @@ import z3
 from flightcheck.verification.z3.encoding import blocks as zb
 from flightcheck.verification.z3.encoding.connector import drain_deferred_frees, finish_with_connector, shift_entries
 from flightcheck.verification.z3.encoding.drafts import drafts_come_with_output, next_drafts_cap
+from flightcheck.verification.z3.encoding.priority import arrive_with_priority
 from flightcheck.verification.z3.encoding.requests import (
     async_at,
     at,
@@ -149,8 +150,8 @@ def arrive(layout: Layout, s: SState, ch: Choices) -> SState:
     st.waiting = put(s.waiting, s.waiting_len, ch.req)
     st.waiting_len = s.waiting_len + 1
     if layout.is_mutant("arrival_counter_stale"):
-        return with_req(st, ch.req, status=V(WAITING), num_computed=V(1))
-    return with_req(st, ch.req, status=V(WAITING))
+        return arrive_with_priority(layout, s, with_req(st, ch.req, status=V(WAITING), num_computed=V(1)), ch.req)
+    return arrive_with_priority(layout, s, with_req(st, ch.req, status=V(WAITING)), ch.req)   # FCFS: unchanged
 
 
 def abort_guard(layout: Layout, s: SState, ch: Choices) -> Any:

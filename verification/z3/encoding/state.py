@@ -39,6 +39,13 @@ from flightcheck.verification.z3.encoding.kv_state import (  # noqa: F401  (NotR
     kv_state_fields,
     refuse_unencoded_connector,
 )
+from flightcheck.verification.z3.encoding.priority_state import (
+    prio_constant,
+    prio_frame,
+    prio_request_fields,
+    prio_state_fields,
+    refuse_unencoded_priority,
+)
 from flightcheck.verification.z3.encoding.terms import V, leaves, value_of, var
 
 STATUS: tuple[Status, ...] = (Status.NEW, Status.WAITING, Status.RUNNING, Status.PREEMPTED,
@@ -96,6 +103,7 @@ class Layout:
             bound = max(bound, cfg.queue_depth * cfg.max_model_len)   # a request's tokens in flight
         _refuse_admission_knobs(model)
         refuse_unencoded_connector(model)
+        refuse_unencoded_priority(model)
         if cfg.reset_and_pause:     # spec/reset_pause.py: the explicit search checks them
             raise ValueError(f"model {model.name}: the Z3 encoding has no reset and pause")
         width = max(8, (4 * bound).bit_length() + 1) if bitvectors else None
@@ -238,6 +246,7 @@ class SState:
     counters: list = field(default_factory=list)   # SCounters per request; [] without stale-output counters
     asyncs: list = field(default_factory=list)     # SAsync per request; [] without output placeholders
     kv: list = field(default_factory=list)         # [SKv] with a KV connector (kv_state.py), else []
+    prio: list = field(default_factory=list)       # [SPrio] under the priority policy (priority_state.py), else []
 
 
 def frame(layout: Layout, tag: str) -> SState:
@@ -267,7 +276,7 @@ def frame(layout: Layout, tag: str) -> SState:
                    for r in range(layout.N)] if has_counters(layout) else [],
                   [SAsync(I(f"placeholders[{r}]@{tag}"), I(f"decode_countdown[{r}]@{tag}"))
                    for r in range(layout.N)] if has_placeholders(layout) else [],
-                  kv_frame(layout, tag))
+                  kv_frame(layout, tag), prio_frame(layout, tag))
 
 
 def variables(s: SState, ghost: bool = True) -> list[z3.ExprRef]:
@@ -333,7 +342,7 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
                   if has_counters(layout) else [],
                   [SAsync(V(q.placeholders), V(q.decode_countdown)) for q in state.requests]
                   if has_placeholders(layout) else [],
-                  kv_constant(layout, state))
+                  kv_constant(layout, state), prio_constant(layout, state))
 
 
 def _check_ranks_can_hold(pool: BlockPool) -> None:
@@ -420,7 +429,8 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
         if f.asyncs:
             a = f.asyncs[r]
             fixed.update(placeholders=iv(a.placeholders), decode_countdown=iv(a.countdown))
-        fixed.update(kv_offer(layout, r, status is not Status.NEW), **kv_request_fields(layout, f.kv, r, iv, bv))
+        fixed.update(kv_offer(layout, r, status is not Status.NEW), **kv_request_fields(layout, f.kv, r, iv, bv),
+                     **prio_request_fields(layout, r, status is not Status.NEW))
         reqs.append(Request(status=status, num_output=iv(q.num_output), num_computed=iv(q.num_computed),
                             num_drafts=iv(q.num_drafts), block_table=table, **fixed))
     in_flight = []
@@ -437,7 +447,7 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
                  running=tuple(iv(x) for x in f.running[:iv(f.running_len)]),
                  in_flight=tuple(in_flight), pool=pool,
                  scheduled_ids=frozenset(r for r in range(layout.N) if bv(f.scheduled[r])),
-                 **kv_state_fields(f.kv, iv))
+                 **kv_state_fields(f.kv, iv), **prio_state_fields(f.prio, iv))
 
 
 def dump(m: z3.ModelRef, f: SState) -> str:
