@@ -16,9 +16,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY, KV_FORMULAS
+from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY, PRIORITY_FORMULAS
 from flightcheck.verification.z3.encoding.state import Layout, SState
 
 Formula = Callable[[Layout, SState], Any]
 
-FORMULAS: dict[str, Formula] = {**KV_FORMULAS}
-AUXILIARY: dict[str, Formula] = {**KV_AUXILIARY}
+FORMULAS: dict[str, Formula] = {**KV_FORMULAS, **PRIORITY_FORMULAS}
+AUXILIARY: dict[str, Formula] = {**KV_AUXILIARY, **PRIORITY_AUXILIARY}
