@@ -51,7 +51,9 @@ from flightcheck.verification.models import (
     mutant_model,
 )
 from flightcheck.verification.mutants import mutants_of
+from flightcheck.verification.mutants.priority import PRIORITY_BUGS, PRIORITY_PROFILE
 from flightcheck.verification.mutants.registry import RESET_PAUSE_MUTANTS
+from flightcheck.verification.priority_models import PRIORITY_PROFILE_MODELS, priority_mutant_model
 from flightcheck.verification.results import (
     LIVENESS_GRAPH,
     SOMETIMES_NAMES,
@@ -148,6 +150,7 @@ class SuiteResult:
     tasks: int = 0                        # how many tasks it ran there (none: all in this process)
     retried: int = 0                      # tasks run again after their worker was lost
     reset_pause: bool = False             # reset and pause's models (`--reset-pause`)
+    priority: bool = False                # the priority policy's models (`--priority`)
 
     @property
     def ok(self) -> bool:
@@ -180,7 +183,7 @@ class SuiteResult:
             if self.allow_name_reuse else {}) | ({"kv_connector": True} if self.kv_connector else {}) | (
             {"reset_pause": True} if self.reset_pause else {}) | (
 
-{"streaming_sessions": True} if self.streaming_sessions else {})
+{"streaming_sessions": True} if self.streaming_sessions else {}) | ({"priority": True} if self.priority else {})
 
 
 def all_property_names(cfg: Config | None = None) -> list[str]:
@@ -262,7 +265,8 @@ class SuiteOptions:
     not hunted), a list only those; `inferred` adds the inferred-invariant
     proof; `allow_name_reuse` searches the profile's name-reuse models
     instead, `kv_connector` its KV connector models, `reset_pause` its
-    reset-and-pause models, `streaming_sessions` its streaming sessions' models."""
+    reset-and-pause models, `streaming_sessions` its streaming sessions' models,
+    `priority` the priority policy's models."""
     model: Model = VERIFY_MODEL
     depth: int = VERIFY_DEPTH
     use_z3: bool = True
@@ -274,6 +278,7 @@ class SuiteOptions:
     kv_connector: bool = False
     reset_pause: bool = False
     streaming_sessions: bool = False
+    priority: bool = False
 
     @property
     def runs_z3(self) -> bool:
@@ -309,6 +314,8 @@ def run_suite(options: SuiteOptions = SuiteOptions(), progress: Progress | None 
         result = _reset_pause_suite(options, say)
     elif options.streaming_sessions:
         result = _sessions_suite(options, say)
+    elif options.priority:
+        result = _priority_suite(options, say)
     else:
         result = _profile_suite(options, say)
     ran = executors.ran_since(before)
@@ -493,6 +500,33 @@ def _sessions_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
     mutants = list(SESSION_MUTANT_MODELS.items()) if profile == SESSION_PROFILE else []
     return _explicit_feature_suite(options, say, "streaming sessions", SESSION_PROFILE_MODELS[profile], mutants,
                                    SESSIONS_EXPLICIT_ONLY, streaming_sessions=True)
+
+
+# Why `--priority` runs no Z3 engine under a profile other than PRIORITY_PROFILE (z3/priority_models.py).
+PRIORITY_EXPLICIT_ONLY = (f"the Z3 encoding of the priority policy covers {PRIORITY_PROFILE} only: this "
+                          "profile's priority models are searched exhaustively")
+
+
+def _priority_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
+    """`--priority` (spec/priority.py): the exhaustive search of the profile's
+    priority models, every property of each (PR1-PR3 among them); under
+    PRIORITY_PROFILE the policy's mutants, each on its model, and the Z3
+    rows of the priority model (z3/priority_engines.priority_rows)."""
+    profile = options.profile
+    if profile not in PRIORITY_PROFILE_MODELS:
+        raise ValueError(f"profile {profile!r} has no priority policy; known: {', '.join(PRIORITY_PROFILE_MODELS)}")
+    ours = profile == PRIORITY_PROFILE
+    mutants = [(m.name, priority_mutant_model(m.name)) for m in PRIORITY_BUGS] if ours else []
+    result = _explicit_feature_suite(options, say, "priority", PRIORITY_PROFILE_MODELS[profile], mutants,
+                                     PRIORITY_EXPLICIT_ONLY, priority=True)
+    if options.use_z3 and ours:
+        from flightcheck.verification.z3.priority_engines import PRIORITY_BMC_DEPTH, priority_rows
+        say(f"k-induction and bounded model checking of the Z3 priority model ({profile})")
+        t0 = time.perf_counter()
+        result.properties += priority_rows(PRIORITY_BMC_DEPTH)
+        result.seconds += time.perf_counter() - t0
+        result.explicit_only = None
+    return result
 
 
 def _kv_encoded(profile: str) -> bool:

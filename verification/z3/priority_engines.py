@@ -27,7 +27,7 @@ import z3
 from flightcheck.spec import transition_properties_for
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
-from flightcheck.verification.results import kind_of
+from flightcheck.verification.results import PropertyResult, kind_of
 from flightcheck.verification.z3.encoding.actions import SCHEDULE
 from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY, PRIORITY_STEP_FORMULAS
 from flightcheck.verification.z3.encoding.system import System
@@ -137,3 +137,22 @@ def _violation(system: System, model: Model, name: str, t: int, steps: list, wit
         raise ReplayMismatch(f"{name}: the encoding's violation at depth {t} holds in the spec")
     return EngineVerdict(name, _kind(name), "violated", "bmc", t, time.perf_counter() - started,
                          trace=actions, states=concrete)
+
+
+# How deep BMC of the priority model goes in `flightcheck verify --priority`
+# (the proofs are unbounded; BMC gives each property a second method).
+PRIORITY_BMC_DEPTH = 4
+
+
+def priority_rows(depth: int = PRIORITY_BMC_DEPTH, time_budget: float | None = None) -> list[PropertyResult]:
+    """PR1-PR3 of the Z3 priority model by k-induction (PR2, PR3: one step
+    from its invariant) and by BMC to `depth`; the method names the model."""
+    from flightcheck.verification.z3.priority_models import PRIORITY_Z3_MODEL
+
+    where = f" [{PRIORITY_Z3_MODEL.name}@{PRIORITY_Z3_MODEL.cfg.profile}]"
+    rows = []
+    for result in (priority_induction(PRIORITY_Z3_MODEL, 1, time_budget=time_budget),
+                   priority_bmc(PRIORITY_Z3_MODEL, depth, time_budget=time_budget)):
+        rows += [PropertyResult(p.name, p.kind, p.status, p.method + where, p.depth, p.seconds)
+                 for p in result.properties if p.kind != "auxiliary"]
+    return rows
