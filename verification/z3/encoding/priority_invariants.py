@@ -12,13 +12,15 @@ frames); its order compares (priority, place) of neighbours, the spec's
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import z3
 from flightcheck.verification.z3.encoding.actions import SCHEDULE
 from flightcheck.verification.z3.encoding.priority_state import PAD, place_of, rank_below
 from flightcheck.verification.z3.encoding.requests import at, num_tokens
-from flightcheck.verification.z3.encoding.state import NEW, Layout, SState
+from flightcheck.verification.z3.encoding.invariants import well_formed
+from flightcheck.verification.z3.encoding.state import NEW, PREEMPTED, RUNNING, WAITING, Layout, SState, initial
 from flightcheck.verification.z3.encoding.terms import V, conj, disj, eq, le, lt, neg, sum_terms
 
 TRUE = z3.BoolVal(True)
@@ -38,6 +40,10 @@ def pr1_waiting_in_priority_order(layout: Layout, s: SState) -> Any:
     return conj(out)
 
 
+# --- the auxiliary invariants: the queues' shape, which PR1's proof needs and
+# which, unlike WF_encoding, does not read the block pool (whose own
+# well-formedness needs the pool's invariants, S9 and A9, to be inductive).
+
 def pa1_arrived_iff_placed(layout: Layout, s: SState) -> Any:
     """PA1 (auxiliary): a request has a place in the arrival order iff it has arrived (status not NEW)."""
     if not s.prio:
@@ -45,8 +51,37 @@ def pa1_arrived_iff_placed(layout: Layout, s: SState) -> Any:
     return conj([eq(q.status, NEW) == eq(x, PAD) for q, x in zip(s.reqs, s.prio[0].place)])
 
 
+def pa2_well_formed_but_the_pool(layout: Layout, s: SState) -> Any:
+    """PA2 (auxiliary): WF_encoding's clauses on everything but the block
+    pool (its pool taken as the initial one's, whose clauses fold to True)."""
+    if not s.prio:
+        return TRUE
+    return well_formed(layout, replace(s, pool=initial(layout).pool))
+
+
+def _queued(s: SState, r: int, xs: list, n: Any) -> Any:
+    return disj(*[conj(lt(j, n), eq(x, r)) for j, x in enumerate(xs)])
+
+
+def pa3_queues_match_statuses(layout: Layout, s: SState) -> Any:
+    """PA3 (auxiliary): no request twice in `waiting` and `running`
+    together; a request is in `waiting` iff WAITING or PREEMPTED, in
+    `running` iff RUNNING."""
+    if not s.prio:
+        return TRUE
+    slots = [(x, lt(j, s.waiting_len)) for j, x in enumerate(s.waiting)] + \
+        [(x, lt(j, s.running_len)) for j, x in enumerate(s.running)]
+    out = [z3.Implies(conj(u, v), neg(eq(x, y))) for i, (x, u) in enumerate(slots) for y, v in slots[i + 1:]]
+    for r, q in enumerate(s.reqs):
+        out.append(_queued(s, r, s.waiting, s.waiting_len) == disj(eq(q.status, WAITING), eq(q.status, PREEMPTED)))
+        out.append(_queued(s, r, s.running, s.running_len) == eq(q.status, RUNNING))
+    return conj(out)
+
+
 PRIORITY_FORMULAS = {"PR1_waiting_in_priority_order": pr1_waiting_in_priority_order}
-PRIORITY_AUXILIARY = {"PA1_arrived_iff_placed": pa1_arrived_iff_placed}
+PRIORITY_AUXILIARY = {"PA1_arrived_iff_placed": pa1_arrived_iff_placed,
+                      "PA2_well_formed_but_the_pool": pa2_well_formed_but_the_pool,
+                      "PA3_queues_match_statuses": pa3_queues_match_statuses}
 
 
 # --- PR2, PR3: formulas of a step (st.before, st.after, st.choices, st.sched) -------
