@@ -72,12 +72,15 @@ def step_consequences(model: Model, kept: list[str], names: Iterable[str]) -> li
     solver.add(tr.guards[SCHEDULE], tr.choices.act == SCHEDULE)
     st = SimpleNamespace(before=s, after=tr.effects[SCHEDULE], choices=tr.choices, sched=tr.sched)
     method = "one step from the k-induction invariant"
+    if solver.check() != z3.sat:        # I(s) and a schedule step from s: never vacuous
+        return [EngineVerdict(n, kind_of(n), "unknown", method, 1, time.perf_counter() - started,
+                              message="I(s) admits no schedule step") for n in names]
     out = []
     for name in names:
         goal = system.build(PRIORITY_STEP_FORMULAS[name], st)
         answer = solver.check(z3.Not(goal))
         status = "proved" if answer == z3.unsat else "unknown"
-        message = None if answer == z3.unsat else f"{answer}: from {system.decode_or_dump(solver.model(), 0)}" \
+        message = "" if answer == z3.unsat else f"{answer}: from {system.decode_or_dump(solver.model(), 0)}" \
             if answer == z3.sat else "solver gave up"
         out.append(EngineVerdict(name, kind_of(name), status, method, 1,
                                  time.perf_counter() - started, message=message))

@@ -51,12 +51,14 @@ def pa1_arrived_iff_placed(layout: Layout, s: SState) -> Any:
     return conj([eq(q.status, NEW) == eq(x, PAD) for q, x in zip(s.reqs, s.prio[0].place)])
 
 
-def pa2_well_formed_but_the_pool(layout: Layout, s: SState) -> Any:
-    """PA2 (auxiliary): WF_encoding's clauses on everything but the block
-    pool (its pool taken as the initial one's, whose clauses fold to True)."""
+def pa2_well_formed_but_the_blocks(layout: Layout, s: SState) -> Any:
+    """PA2 (auxiliary): WF_encoding's clauses on everything but the blocks
+    (the pool taken as the initial one's and every table as empty, whose
+    clauses fold to True): statuses, queues, batches, arrival places."""
     if not s.prio:
         return TRUE
-    return well_formed(layout, replace(s, pool=initial(layout).pool))
+    no_tables = [replace(q, table_len=V(0), table=[V(PAD)] * len(q.table)) for q in s.reqs]
+    return well_formed(layout, replace(s, pool=initial(layout).pool, reqs=no_tables))
 
 
 def _queued(s: SState, r: int, xs: list, n: Any) -> Any:
@@ -80,7 +82,7 @@ def pa3_queues_match_statuses(layout: Layout, s: SState) -> Any:
 
 PRIORITY_FORMULAS = {"PR1_waiting_in_priority_order": pr1_waiting_in_priority_order}
 PRIORITY_AUXILIARY = {"PA1_arrived_iff_placed": pa1_arrived_iff_placed,
-                      "PA2_well_formed_but_the_pool": pa2_well_formed_but_the_pool,
+                      "PA2_well_formed_but_the_blocks": pa2_well_formed_but_the_blocks,
                       "PA3_queues_match_statuses": pa3_queues_match_statuses}
 
 
