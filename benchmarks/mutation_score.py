@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.function:
         mutants = [m for m in mutants if any(f in m.function for f in args.function)]
 
-    t0 = time.perf_counter()
+    t0, before = time.perf_counter(), executors.counts()
     broken = baseline_failures(args.steps, seeds, profiles)
     if broken:
         for line in broken:
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         for result, taken in judged:
             _print_result(result, taken)
     summary = score(results)
-    _report(scoring, results, reused, stale, summary, time.perf_counter() - t0)
+    _report(scoring, results, reused, stale, summary, time.perf_counter() - t0, executors.ran_since(before))
     if stale:
         return 1
     if args.min_score is not None and (summary["score"] or 0) < args.min_score:
@@ -214,12 +214,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(scoring: Scoring, results: list[MutantResult], reused: set[str], stale: list[str],
-            summary: dict, seconds: float) -> None:
+            summary: dict, seconds: float, ran: dict) -> None:
     args, seeds, profiles = scoring.args, scoring.seeds, scoring.profiles
     fresh = sum(1 for r in results if r.status in ("killed", "timeout", "survived")
                 and r.mutant.key not in reused)
     if args.json:
-        print(json.dumps({"steps": args.steps, "seeds": seeds,
+        print(json.dumps({**ran, "steps": args.steps, "seeds": seeds,
                           "profiles": [p or "default" for p in profiles], "summary": summary,
                           "stale_triage": stale, "seconds": round(seconds, 1),
                           "reused": {"record": str(args.reuse), "commit": args.reuse_commit,

@@ -7,6 +7,7 @@ run's, and a Ctrl-C that cancels the cluster's tasks. Skipped without Ray
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -16,6 +17,7 @@ import time
 
 import pytest
 
+from flightcheck.cli import main
 from flightcheck.verification import executors
 from flightcheck.verification.executors import Task, probes
 
@@ -190,3 +192,15 @@ def forget_cluster(port: int) -> None:
     left = Path("/tmp/ray/ray_current_cluster")
     if left.exists() and left.read_text().strip().endswith(f":{port}"):
         left.unlink()
+
+
+def test_check_trace_of_many_traces_on_ray_equals_the_local_run(on_ray, capsys):
+    from .test_check_trace_many import LEGAL, VIOLATED
+
+    def report(*argv: str) -> dict:
+        assert main(["check-trace", str(VIOLATED), str(LEGAL), "--json", *argv]) == 1
+        return json.loads(capsys.readouterr().out)
+
+    local, on_cluster = report("--jobs", "2"), report("--executor", "ray")
+    assert (local["executor"], on_cluster["executor"], on_cluster["tasks"]) == ("local", "ray", 2)
+    assert strip_times(local) == strip_times(on_cluster)

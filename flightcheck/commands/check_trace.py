@@ -1,4 +1,5 @@
 """`flightcheck check-trace FILE`: replay a trace against the spec, as it is read.
+(Several files, or a directory: check_trace_many.py, each trace a task.)
 
 The trace is checked under the spec's version profile its config event
 selects (`vllm_version`; explicit keys override), or under `--profile NAME`.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -32,12 +34,16 @@ from contextlib import contextmanager, nullcontext
 
 from flightcheck.spec.profiles import PROFILES
 
-from .common import bad, internal_error, real
+from flightcheck.verification import executors
+
+from .common import bad, internal_error, positive_int, real
 
 
 def add_parser(sub) -> None:
-    check = sub.add_parser("check-trace", help="replay a trace file against the spec")
-    check.add_argument("file", help="a JSON Lines trace (docs/trace-format.md); - reads standard input")
+    check = sub.add_parser("check-trace", help="replay a trace file (or many) against the spec")
+    check.add_argument("files", nargs="+", metavar="FILE",
+                       help="a JSON Lines trace (docs/trace-format.md); - reads standard input; several "
+                            "files or a directory (its *.jsonl) are checked as tasks of --executor")
     check.add_argument("--profile", metavar="NAME",
                        help="check under this version profile (default: the one the trace's vllm_version "
                             f"selects; {', '.join(PROFILES)})")
@@ -53,11 +59,20 @@ def add_parser(sub) -> None:
                        help="with --follow: stop after this many seconds without a new line")
     check.add_argument("--keep-going", action="store_true",
                        help="report every violation and carry on, instead of stopping at the first")
+    check.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, metavar="N",
+                       help="processes for several traces with the local executor (default: one per core)")
+    executors.add_options(check)
     check.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if len(args.files) > 1 or os.path.isdir(args.files[0]):
+            from .check_trace_many import run_many      # the checker loads only when a trace is checked
+            return run_many(args)
+        args.file = args.files[0]
+        if args.executor != "local" or args.ray_address:
+            return bad("--executor and --ray-address run several traces: one trace is checked here")
         return _check(args)
     except Exception as err:                  # not a verdict: say it is ours and where to look
         message, code = internal_error(err, "check-trace")

@@ -1,6 +1,6 @@
 """Where a campaign's independent tasks run: the one seam every
-campaign-shaped command goes through (`flightcheck fuzz --seeds`, `flightcheck
-vllm campaign`, `verify`'s task pools).
+campaign-shaped command goes through (`flightcheck fuzz --seeds`, `check-trace`
+of many traces, `flightcheck vllm campaign`, `verify`'s task pools).
 
     with open_executor(workers=2) as executor:
         rows = executor.map([Task((seed,), run_one, (seed,), f"seed {seed}") for seed in seeds])
