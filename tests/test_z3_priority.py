@@ -19,6 +19,7 @@ of PR1-PR3 on the priority model (verification/z3/priority_models.py):
 from __future__ import annotations
 
 import functools
+import json
 import random
 from dataclasses import replace
 
@@ -28,7 +29,7 @@ import z3
 from flightcheck.spec import Config, Prompt, schedule, transition_properties_for
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
-from flightcheck.verification.priority_models import PRIO_VICTIM_K2, priority_mutant_model
+from flightcheck.verification.priority_models import priority_mutant_model
 from flightcheck.verification.z3.encoding.actions import SCHEDULE
 from flightcheck.verification.z3.encoding.crosscheck import CrossChecker, CrossReport, reachable
 from flightcheck.verification.z3.encoding.invariants import well_formed
@@ -195,3 +196,35 @@ def test_models_the_encoding_leaves_out_are_refused_and_fcfs_frames_have_no_prio
     arrived = _states()[1]
     with pytest.raises(NotRepresentable):
         System(MODEL).constant(replace(arrived, requests=tuple(replace(q, priority=7) for q in arrived.requests)))
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--profile", "vllm-0.8.5"], "--priority needs a profile with the priority policy"),
+    (["--profile", "vllm-0.34", "--reset-pause"], "cannot go with"),
+    (["--profile", "vllm-0.34", "--kv-connector"], "cannot go with"),
+])
+def test_verify_priority_refuses_other_profiles_and_other_features(args, fragment, capsys):
+    from flightcheck.cli import main
+    assert main(["verify", "--priority", *args]) == 2
+    assert fragment in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_verify_priority_under_0_34_gives_the_z3_rows_and_kills_the_mutants(capsys):
+    from flightcheck.cli import main
+    assert main(["verify", "--profile", "vllm-0.34", "--priority", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["priority"] and "explicit_only" not in report
+    z3_rows = {(p["name"], p["status"], p["method"], p["depth"]) for p in report["properties"]
+               if "prio-victim-k2@vllm-0.34" in p["method"]}
+    where = " [prio-victim-k2@vllm-0.34]"
+    assert z3_rows == {
+        ("PR1_waiting_in_priority_order", "proved", "k-induction (k=1)" + where, 1),
+        ("PR2_victim_leaves_no_trace", "proved", "one step from the k-induction invariant" + where, 1),
+        ("PR3_running_loop_skips_nothing", "proved", "one step from the k-induction invariant" + where, 1),
+        *((name, "bounded", "bmc" + where, 4) for name in ("PR1_waiting_in_priority_order",
+                                                          "PR2_victim_leaves_no_trace",
+                                                          "PR3_running_loop_skips_nothing"))}
+    assert {m["name"]: m["killed"] for m in report["mutants"]} == {
+        "victim_kept_in_batch_pr23347": True, "preempted_drafts_kept_pr28558": True,
+        "victim_index_not_adjusted_pr49097": True}

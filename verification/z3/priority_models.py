@@ -6,21 +6,16 @@ request, often one the running loop scheduled earlier in the same call
 (its tokens and drafts handed back: vLLM #23347, #28558). 3,162 reachable
 states, each cross-checked against the spec (tests/test_z3_priority.py).
 
-`prio-skip-k2` (three requests, #49097's scenario at 13 steps) is left to
-the explicit search: BMC to its depth is out of reach on this machine.
+BMC finds the mutants of #23347 and #28558 on it at depth 7, the explicit
+search's shortest (verification/priority_models.PRIORITY_MUTANT_MODELS
+names it for both). `prio-skip-k2` (three requests, #49097's scenario at
+13 steps) is left to the explicit search: BMC to that depth is out of
+reach on this machine.
 """
 
 from __future__ import annotations
 
 from flightcheck.verification.models import Model
-from flightcheck.verification.priority_models import PRIO_VICTIM_K2, priority_mutant_model
+from flightcheck.verification.priority_models import PRIO_VICTIM_K2
 
 PRIORITY_Z3_MODEL: Model = PRIO_VICTIM_K2
-
-# The mutants BMC catches on the model, each with the depth of its shortest trace.
-PRIORITY_Z3_MUTANTS: dict[str, int] = {"victim_kept_in_batch_pr23347": 7, "preempted_drafts_kept_pr28558": 7}
-
-
-def priority_z3_mutant_model(name: str) -> Model:
-    """The Z3 model with the priority mutant `name` in force."""
-    return priority_mutant_model(name)
