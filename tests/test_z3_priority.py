@@ -161,12 +161,12 @@ KEPT = ["PR1_waiting_in_priority_order", *PRIORITY_AUXILIARY]
 
 
 @pytest.mark.slow
-def test_the_one_step_check_is_not_vacuous_pr3_fails_under_49097s_index_edit():
-    # the invariant admits a state from which the mutant's schedule passes a request over
-    # (no reachable one on this model: the explicit search finds #49097 on prio-skip-k2)
-    model = MODEL.with_mutant("victim_index_not_adjusted_pr49097")
-    rows = {v.name: v.status for v in step_consequences(model, KEPT, PRIORITY_STEP_FORMULAS)}
-    assert rows == {"PR2_victim_leaves_no_trace": "proved", "PR3_running_loop_skips_nothing": "unknown"}
+def test_the_one_step_check_is_not_vacuous_pr2_fails_under_23347s_edit():
+    # the invariant admits a schedule step of the mutant's that keeps the victim's entry (a reachable one:
+    # BMC finds it at depth 7)
+    model = MODEL.with_mutant("victim_kept_in_batch_pr23347")
+    rows = {v.name: v.status for v in step_consequences(model, KEPT, ["PR2_victim_leaves_no_trace"])}
+    assert rows == {"PR2_victim_leaves_no_trace": "unknown"}
 
 
 def test_bmc_bounds_pr1_pr2_pr3():
@@ -228,3 +228,20 @@ def test_verify_priority_under_0_34_gives_the_z3_rows_and_kills_the_mutants(caps
     assert {m["name"]: m["killed"] for m in report["mutants"]} == {
         "victim_kept_in_batch_pr23347": True, "preempted_drafts_kept_pr28558": True,
         "victim_index_not_adjusted_pr49097": True}
+
+
+@pytest.mark.slow
+def test_pr3s_formula_breaks_where_49097s_mutant_breaks_it_on_the_three_request_model():
+    # prio-skip-k2: a victim visited and skipped before the loop's index (the explicit search's #49097 model)
+    from flightcheck.spec import Schedule, step
+    model = priority_mutant_model("victim_index_not_adjusted_pr49097")
+    with applied(model.mutant):
+        broken = [s for s in reachable(model) if (after := step(s, model.cfg, Schedule())) is not None
+                  and not _spec_step_properties(model, s)["PR3_running_loop_skips_nothing"]]
+        assert after is not None or broken
+    assert len(broken) == 4
+    assert _step_formulas_on(model, broken[0]) == {"PR2_victim_leaves_no_trace": True,
+                                                   "PR3_running_loop_skips_nothing": False}
+    checker, report = CrossChecker(model), CrossReport()
+    checker.check(broken[0], report)                 # the mutant's relation is its spec's there too
+    assert report.problems == [] and report.edges > 1

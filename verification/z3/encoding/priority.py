@@ -13,10 +13,11 @@ frame then has no `SPrio`, and every circuit is the one it was).
   position moves back by one when the victim sat before it (vLLM
   `victim_index < req_index`), and a request that preempts itself does not
   stop the loop.
-* a retry after a preemption keeps the request's `num_new` of its first
-  try (`BatchInProgress.pending`): the spec computes it once, before its
-  inner `while not _allocate` loop, and a hand-back raises the budget in
-  between.
+* a retry after a preemption is of the same request with the `num_new` of
+  its first try (`BatchInProgress.retried`, `pending`): the spec computes
+  it once, before its inner `while not _allocate` loop, and a hand-back
+  raises the budget in between; the position is not read (under #49097's
+  mutant it need not point at the request any more).
 
 The unrolled running loop takes 2N micro-steps under the policy: an
 advance moves the position up by one, a preemption shrinks `running` by
@@ -110,6 +111,16 @@ def requeue(layout, before, preempted, victim: Any):
     return out
 
 
+def retry_or(layout, acc, term: Any, retried: Any = None) -> Any:
+    """The running micro-step's `active` (retried None) or request: during a
+    retry, active as long as the loop goes on, and the retried request (the
+    spec's inner loop reads neither the position nor the budget); FCFS: term."""
+    if not has_priority(layout):
+        return term
+    retrying = lt(0, acc.pending)
+    return ite(retrying, retried, term) if retried is not None else disj(term, conj(retrying, neg(acc.done)))
+
+
 def retried_num_new(layout, acc, num_new: Any) -> Any:
     """A retry keeps its first try's num_new (FCFS: num_new)."""
     if not has_priority(layout):
@@ -137,7 +148,7 @@ def running_result(layout, builder, acc, out, moves: dict):
     retrying = conj(do_pre, neg(eq(victim, moves["r"])))
     return replace(out, entries=entries, count=count, budget=budget,
                    position=ite(moved_back, acc.position - 1, out.position), done=acc.done,
-                   pending=ite(retrying, moves["num_new"], V(0)))
+                   pending=ite(retrying, moves["num_new"], V(0)), retried=ite(retrying, moves["r"], V(PAD)))
 
 
 def _hand_back(layout, acc, out, in_batch: Any, h: Any, handed: Any) -> tuple[list, Any, Any]:

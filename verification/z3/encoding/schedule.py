@@ -115,6 +115,7 @@ class BatchInProgress:
                                     # deferred resumptions, `Profile.defer_resume_while_stale`); 0 in 0.8.x
     held_skipped: Any = 0           # with a KV connector, the requests of `kv_holding` passed over (kv_schedule.py)
     pending: Any = 0                # under the priority policy, a retry's num_new (priority.py)
+    retried: Any = -1               # and its request
 
 
 @dataclass
@@ -261,8 +262,10 @@ def _add(layout: Layout, acc: BatchInProgress, entry: SEntry, when: Any) -> tupl
 def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, threshold_on: Any) -> BatchInProgress:
     """One iteration of _schedule_running's loops (skip, allocate or preempt)."""
     cfg, st = layout.cfg, acc.state
-    active = builder.let("active", conj(neg(acc.done), lt(acc.position, st.running_len), lt(0, acc.budget)))
-    r = builder.let("r", pick(st.running, acc.position, V(PAD)))
+    # (priority.py: a retry goes on with its request, wherever the position is)
+    active = builder.let("active", prio.retry_or(layout, acc, conj(neg(acc.done), lt(acc.position, st.running_len),
+                                                                   lt(0, acc.budget))))
+    r = builder.let("r", prio.retry_or(layout, acc, pick(st.running, acc.position, V(PAD)), acc.retried))
     q = builder.snap(req_at(st, r), "q")
     c = candidate(st, r, q, builder.let("tokens", tokens_at(layout, st, r)))
     skip_sid = z3.BoolVal(False) if cfg.continue_prefill else pick(st.scheduled, r, z3.BoolVal(False))
