@@ -286,6 +286,18 @@ def request_priority(request: Any) -> int:
     return int(getattr(request, "priority", 0))
 
 
+def queued_requests(queue: Any) -> list[Any]:
+    """A waiting queue's requests in its own order, for the bridge's
+    bookkeeping, without calling vLLM's `PriorityRequestQueue.__iter__`:
+    vLLM itself iterates a waiting queue only on a KV load failure
+    (`_handle_invalid_blocks`), and the bridge's reads must not count as
+    vLLM's in benchmarks/vllm_coverage.py. The iterator pops a copy of
+    `_heap`; `Request.__lt__` is a total order, so sorting the heap gives the
+    same sequence. A FCFS deque (or a list) is read as it is."""
+    heap = getattr(queue, "_heap", None)
+    return sorted(heap) if isinstance(heap, list) else list(queue)
+
+
 def one_batch_per_request(scheduler: Any) -> bool:
     """0.8.4's policy: a scheduler that keeps `scheduled_req_ids` runs one
     batch per request; without it (0.8.5, "[V1][PP] Continue scheduling

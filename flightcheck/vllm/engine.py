@@ -46,6 +46,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .compat import queued_requests
+from .draft_handler import DraftHandler
 from .engine_truth import note_gated_completion, note_wait
 from .inputs import InputQueue
 from .workload import RequestSpec, Workload, draft_outcome, sampled_token
@@ -73,14 +75,16 @@ class FabricatedModel:
         self._make_output = make_output
         self._known_tokens: dict[str, int] = {}
         self.latest_drafts: tuple[list[str], list[list[int]]] | None = None
+        # The V2 runner's drafts for a deferred grammar bitmask (draft_handler.py;
+        # the engine sets it with drafts on 0.33 and 0.34, else None).
+        self.draft_handler: DraftHandler | None = None
 
     def bind(self, spec: RequestSpec) -> None:
         """The request about to be added under `spec.req_id`."""
         self._specs[spec.req_id] = spec
 
     def execute(self, scheduler_output: Any) -> Any:
-        for req_id in scheduler_output.finished_req_ids:
-            self._known_tokens.pop(req_id, None)
+        self._forget_finished(scheduler_output)
         starts: dict[str, int] = {}
         for data in scheduler_output.scheduled_new_reqs:
             # 0.33 with the V2 runner sends resumed requests as new ones, with
@@ -110,8 +114,10 @@ class FabricatedModel:
         scheduled_drafts = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
         sampled: list[list[int]] = []
         proposed: list[list[int]] = []
+        next_index: dict[str, int] = {}          # per request, the index its next token will have
         for req_id in req_ids:
             end = starts[req_id] + scheduler_output.num_scheduled_tokens[req_id]
+            next_index[req_id] = end
             # The runner compares with its known tokens, drafts excluded
             # (GPUModelRunner.execute_model, 0.8.5: `seq_len < req_state.num_tokens`
             # discards; `num_scheduled_tokens` counts the drafts).
@@ -119,6 +125,7 @@ class FabricatedModel:
                 tokens, next_drafts = self._sample(req_id, end, len(scheduled_drafts.get(req_id, ())))
                 sampled.append(tokens)
                 proposed.append(next_drafts)
+                next_index[req_id] = end - len(scheduled_drafts.get(req_id, ())) + len(tokens)
                 if self._caches_sampled_tokens:
                     self._known_tokens[req_id] += len(tokens)
             else:
@@ -128,10 +135,28 @@ class FabricatedModel:
         # just run (EngineCore.post_step -> take_draft_token_ids; the n-gram
         # runner answers with its latest batch's `req_ids` and drafts).
         self.latest_drafts = (req_ids, proposed)
+        if self.draft_handler is not None and req_ids:
+            self.draft_handler.submitted({r: self._drafter_row(r, next_index[r]) for r in req_ids})
         return self._make_output(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                  sampled_token_ids=sampled,
                                  spec_token_ids=proposed if self._workload.config.num_spec_tokens else None,
                                  logprobs=None, prompt_logprobs_dict={})
+
+    def _forget_finished(self, scheduler_output: Any) -> None:
+        """The runner drops the batch's finished requests (and, from its
+        drafts, the preempted ones: the V2 runner's `finish_requests`)."""
+        for req_id in scheduler_output.finished_req_ids:
+            self._known_tokens.pop(req_id, None)
+        if self.draft_handler is not None:
+            for req_id in [*scheduler_output.finished_req_ids, *getattr(scheduler_output, "preempted_req_ids", ())]:
+                self.draft_handler.discard(req_id)
+
+    def _drafter_row(self, req_id: str, start: int) -> list[int]:
+        """The V2 runner's row of drafts for a request of a batch: k wide,
+        the request's own tokens from index `start` on (what the fabricated
+        proposer would offer in full)."""
+        spec = self._specs[req_id]
+        return [sampled_token(self._workload, spec, start + i) for i in range(self._workload.config.num_spec_tokens)]
 
     def _sample(self, req_id: str, end: int, num_drafts: int) -> tuple[list[int], list[int]]:
         """An entry that samples, ending at token index `end` with `num_drafts`
@@ -222,16 +247,27 @@ class BatchQueueEngineV033(BatchQueueEngine):
     pooling is not modelled (a replay has none)."""
 
     busy_while_in_flight = True      # EngineCoreProc.has_work counts the batch queue
+    # The V2 runner's `DraftTokensHandler` (draft_handler.py): 0.33 keeps the
+    # latest sampled batch's rows only; 0.34 each live request's latest row.
+    drafts_retained_per_request = False
 
     def __init__(self, scheduler: Any, model: FabricatedModel, depth: int,
                  abort: Callable[[list[str]], None],
-                 draft_token_ids: Callable[[list[str], list[list[int]]], Any] | None = None) -> None:
+                 draft_token_ids: Callable[[list[str], list[list[int]]], Any] | None = None,
+                 deferred_draft_token_ids: Callable[[list[str], list[list[int]]], Any] | None = None) -> None:
         super().__init__(scheduler, model, depth, schedules_only_unscheduled=False)
         self._abort = abort
         # Speculative decoding (sync): builds vLLM's DraftTokenIds for
         # `update_draft_token_ids` after every step that ran the model
         # (EngineCore.post_step); None without drafts.
         self._draft_token_ids = draft_token_ids
+        # With drafts (`check_for_draft_tokens`, sync or async): the DraftTokenIds
+        # for a deferred batch (`deferred_drafts`); None without, or on the
+        # reference's side (no such call).
+        self._deferred_draft_token_ids = deferred_draft_token_ids
+        self.deferred_drafts_handed = 0      # calls made, over the run
+        if deferred_draft_token_ids is not None:
+            model.draft_handler = DraftHandler(self.drafts_retained_per_request)
         # Aborts that arrived while the current step runs the model
         # (EngineCore.aborts_queue); drained right before update_from_output.
         self.aborts_queue: list[str] = []
@@ -304,10 +340,24 @@ class BatchQueueEngineV033(BatchQueueEngine):
         reported = self.kv_worker is not None and self.kv_worker.attach(scheduler_output, result)
         self._record_outputs(self.scheduler.update_from_output(scheduler_output, result))
         if deferred:
+            self.deferred_drafts(scheduled)
             self.grammar_bitmask(scheduled)      # the deferred batch's bitmask, from the FSM as it now is
         record["completed"] = completed
         record["queue"] = len(self.batch_queue)
         return model_executed or bool(completed) or reported
+
+    def deferred_drafts(self, scheduler_output: Any) -> None:
+        """`EngineCore.step_with_batch_queue` (0.33, 0.34), a deferred batch
+        with `check_for_draft_tokens`: after the oldest output, before the
+        bitmask, the runner's drafts (`take_draft_token_ids`, never None from
+        the V2 runner) go to `Scheduler.update_draft_token_ids_in_output`."""
+        handler = self.model.draft_handler
+        if self._deferred_draft_token_ids is None or handler is None:
+            return
+        req_ids, drafts = handler.take(scheduler_output)
+        self.deferred_drafts_handed += 1
+        self.scheduler.update_draft_token_ids_in_output(self._deferred_draft_token_ids(req_ids, drafts),
+                                                        scheduler_output)
 
     def grammar_bitmask(self, scheduler_output: Any) -> None:
         """`EngineCore`: the batch's grammar bitmask before it samples
@@ -346,6 +396,8 @@ class BatchQueueEngineV034(BatchQueueEngineV033):
     current step's wait (run_busy_loop sets them), handed over in order if
     the step waits; those left (the step only scheduled) go to the input
     queue, as an input after the spin deadline does."""
+
+    drafts_retained_per_request = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -487,4 +539,4 @@ def _where(err: Exception) -> str:
 
 
 def _unfinished(scheduler: Any) -> list[str]:
-    return sorted(r.request_id for r in list(scheduler.waiting) + list(scheduler.running))
+    return sorted(r.request_id for r in queued_requests(scheduler.waiting) + list(scheduler.running))

@@ -513,7 +513,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
     def _fc_scan_order(self, ids: list[str]) -> list[str]:
         """`ids` as `_handle_invalid_blocks` scans requests: parked loads
         (`kv_holding_waiting`, 0.33 on), then `running`, then any other by name."""
-        queue = [r.request_id for r in getattr(self, "kv_holding_waiting", ())]
+        queue = [r.request_id for r in compat.queued_requests(getattr(self, "kv_holding_waiting", ()))]
         order = {req_id: i for i, req_id in enumerate(queue + [r.request_id for r in self.running])}
         return sorted(ids, key=lambda i: (order.get(i, len(order)), i))
 

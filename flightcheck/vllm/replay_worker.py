@@ -303,13 +303,16 @@ def _make_engine(scheduler: Any, model: FabricatedModel, workload: Workload) -> 
     # vLLM's own depth: K, or K + 1 with async scheduling and the V2 runner.
     depth = compat.max_concurrent_batches(scheduler.vllm_config)
     drafts = None
-    if workload.config.num_spec_tokens and not workload.config.async_scheduling:
+    if workload.config.num_spec_tokens:            # EngineCore.check_for_draft_tokens
         from vllm.v1.outputs import DraftTokenIds
 
         def drafts(req_ids: list[str], draft_token_ids: list[list[int]]) -> Any:
             return DraftTokenIds(req_ids, draft_token_ids)
     engine = BatchQueueEngineV034 if RELEASE.engine_loop == "0.34" else BatchQueueEngineV033
-    return engine(scheduler, model, depth, abort_all, drafts)
+    # post_step hands drafts over only under sync scheduling; a deferred
+    # structured-output batch takes them under either (engine.deferred_drafts).
+    return engine(scheduler, model, depth, abort_all, None if workload.config.async_scheduling else drafts,
+                  deferred_draft_token_ids=drafts)
 
 
 def _event_caller(scheduler: Any) -> Any:
@@ -382,13 +385,21 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         "ending": outcome.ending, "steps": outcome.steps, "batches_in_flight": outcome.batches_in_flight,
         "exception": outcome.exception, "unfinished": outcome.unfinished,
         "ground_truth": observations, "batches": engine.batches,
-        "outputs": [list(x) for x in engine.outputs], "trace": trace_path,
-        **({"engine_steps": engine.steps} if isinstance(engine, BatchQueueEngineV033) else {}),
-        **({"inputs_during_wait": engine.inputs_during_wait} if isinstance(engine, BatchQueueEngineV034) else {}),
-        "waits_in_flight": engine.waits_in_flight, "gated_completions": engine.gated_completions,
-        "copy_errors": engine.copy_errors[:1],
+        "outputs": [list(x) for x in engine.outputs], "trace": trace_path, **_engine_report(engine, model),
         **({"kv_reports": kv_worker.reports} if kv_worker is not None else {}),
         **({"grammars": grammars.report()} if grammars is not None else {}),
+    }
+
+
+def _engine_report(engine: BatchQueueEngine, model: FabricatedModel) -> dict[str, Any]:
+    """What the engine copy itself saw (engine_truth.py and the 0.33/0.34 loops' own counts)."""
+    return {
+        **({"engine_steps": engine.steps} if isinstance(engine, BatchQueueEngineV033) else {}),
+        **({"inputs_during_wait": engine.inputs_during_wait} if isinstance(engine, BatchQueueEngineV034) else {}),
+        # update_draft_token_ids_in_output calls (with drafts, on 0.33 and 0.34)
+        **({"deferred_drafts": engine.deferred_drafts_handed} if model.draft_handler is not None else {}),
+        "waits_in_flight": engine.waits_in_flight, "gated_completions": engine.gated_completions,
+        "copy_errors": engine.copy_errors[:1],
     }
 
 
