@@ -204,6 +204,10 @@ class Profile:
     # with the hand-back of what it got in the same call and
     # `victim_index < req_index` (0.33, 0.34: the same code). 0.8.x: none.
     priority_policy: bool = False
+    # `Scheduler.__init__` / `schedule` (0.33, 0.34): the local prefill cadence
+    # (`SchedulerConfig.prefill_schedule_interval` > 1 without data
+    # parallelism; cadence.py). 0.8.x: none.
+    prefill_cadence: bool = False
     # 0.34 only: `async_kv_waiting` (`_enqueue_waiting_request`,
     # `_next_waiting_queue`), loads-only mode when no running slot or budget
     # is left, `max_num_inflight_kv_loads` (`_admits_inflight_kv_load`, the
@@ -341,7 +345,7 @@ KV_CONNECTOR_0_33: dict[str, bool] = {
     "kv_aborted_load_held": True, "kv_step_fence": True, "kv_holding_first": True,
     "kv_load_reservation": True, "kv_producer_drops_stale": True, "priority_policy": True}
 PROFILES["vllm-0.33"] = replace(PROFILES["vllm-0.33"], **KV_CONNECTOR_0_33,
-                               reset_drops_running_output=True, pause_states=True)
+                               reset_drops_running_output=True, pause_states=True, prefill_cadence=True)
 PROFILES["vllm-0.33-async"] = replace(PROFILES["vllm-0.33"], name="vllm-0.33-async",
                                       async_scheduling=True, placeholder_drafts=True,
                                       engine_loop="vllm-0.33-async")

@@ -41,6 +41,7 @@ class ResetPause:
     kv_cache_manager: Any
     kv_holding_waiting: Any
     _stale_output_counters: bool
+    num_waiting_for_streaming_input: int
 
     def _init_reset_pause(self, profile: Any) -> None:
         self._has_reset, self._has_pause = profile.reset_drops_running_output, profile.pause_states
@@ -83,10 +84,14 @@ class ResetPause:
         return self.pause_state == PauseState.UNPAUSED
 
     def get_num_unfinished_requests(self) -> int:
-        """0 under PAUSED_ALL; running and KV-holding requests under PAUSED_NEW."""
+        """0 under PAUSED_ALL; running and KV-holding requests under
+        PAUSED_NEW; less, in both, the streaming sessions parked for input
+        (vLLM 0.33's and 0.34's `Scheduler.get_num_unfinished_requests`
+        subtracts `num_waiting_for_streaming_input` from the waiting count,
+        so an engine with only parked sessions has no request: its
+        `has_requests()` is false and it queues no empty batch)."""
         if self.pause_state == PauseState.PAUSED_ALL:
             return 0
         holding = len(self.kv_holding_waiting or ())
-        if self.pause_state == PauseState.PAUSED_NEW:
-            return len(self.running) + holding
-        return len(self.running) + len(self.waiting) + holding
+        waiting = holding if self.pause_state == PauseState.PAUSED_NEW else len(self.waiting) + holding
+        return len(self.running) + waiting - self.num_waiting_for_streaming_input

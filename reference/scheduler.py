@@ -73,12 +73,13 @@ from .reset_pause import ResetPause
 from .update import OutputUpdate
 from .grammar import Grammars
 from .waiting import WaitingLoop
+from .cadence import PrefillCadence
 
 __all__ = ["Fate", "Scheduler"]
 
 
 class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop, StreamingSessions,
-                PriorityPolicy, ResetPause, Grammars):
+                PriorityPolicy, ResetPause, Grammars, PrefillCadence):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv_cache_manager = KVCacheManager(
@@ -130,6 +131,7 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         self._init_kv(config)                 # the KV connector (kv_transfer.py), if any
         self.num_waiting_for_streaming_input = 0   # parked streaming sessions (sessions.py)
         self._init_reset_pause(profile)       # reset and pause (reset_pause.py)
+        self._init_cadence(config.prefill_schedule_interval, profile.prefill_cadence)   # cadence.py
 
     def _read_release_rules(self, config: SchedulerConfig) -> None:
         """The profile's constants for vLLM as released (each off but with
@@ -255,10 +257,13 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         self.current_step += 1
         batch = Batch(self.config.max_num_batched_tokens)
         self._threshold = self._threshold_in_force()
+        self._start_cadence()                 # the prefill cadence (cadence.py)
         if self._runs_running_loop():         # the pause (reset_pause.py)
             self._schedule_running(batch)
         if not batch.preempted and self._runs_waiting_loop():   # no admission in a step that preempted
             self._schedule_waiting(batch)
+            self._after_waiting_loop()
+        self._end_cadence(batch)
         output = self._make_output(batch)
         self._update_after_schedule(batch)
         if self.connector is not None:
@@ -323,8 +328,8 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         req_index = 0
         while req_index < len(self.running) and batch.token_budget > 0:
             request = self.running[req_index]
-            if self._async and self._is_async_skipped(request):
-                req_index += 1
+            if (self._async and self._is_async_skipped(request)) or self._held_in_running_loop(request):
+                req_index += 1                # (a prefill chunk the cadence holds: cadence.py)
                 continue
             num_new_tokens = self._num_new_tokens_running(request, batch.token_budget)
             if num_new_tokens == 0:
@@ -529,5 +534,6 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         can go into the very next batch."""
         for request, entry in zip(batch.requests, batch.entries):
             request.num_computed_tokens += entry.num_new_tokens
-        if (self._drafts_at_submission or self._pads_admitted_decodes) and not self._async:
+        if (self._drafts_at_submission or self._pads_admitted_decodes
+                or self.local_prefill_interval > 1) and not self._async:
             self._mark_prefill_chunks(batch)      # (async: _add_placeholders marks them)

@@ -54,6 +54,9 @@ class StreamingSessions:
     _allocate: Any
     _admit: Any
     _add_to_batch: Any
+    _padded_decode: Any
+    _pads_admitted_decodes: bool
+    _pad_drafts: Any
 
     def add_session_input(self, request: Request) -> None:
         """vLLM `add_request` of a request whose id names a live session:
@@ -88,12 +91,16 @@ class StreamingSessions:
                 index += 1
                 continue
             computed = request.num_computed_tokens
-            wanted = request.num_tokens - computed
+            # a next turn of one new token is a decode, padded with k drafts as
+            # any admission (vLLM 0.34 `Scheduler.schedule`: a resuming session
+            # goes through the same waiting-loop branch; drafts.py)
+            padded = self._padded_decode(request, computed, batch) if self._pads_admitted_decodes else 0
+            wanted = padded if padded > 0 else request.num_tokens - computed
             if self._stops_unchunked(wanted, batch.token_budget):
                 return False
             num_new_tokens = self._clip(wanted, computed, batch.token_budget)
-            if num_new_tokens == 0 or (self._full_sequence_admission and not self.kv_cache_manager.
-                                       fits_whole_sequence(request, (), self.config.max_model_len)):
+            if num_new_tokens == 0 or padded < 0 or (self._full_sequence_admission and not self.kv_cache_manager.
+                                                     fits_whole_sequence(request, (), self.config.max_model_len)):
                 return False
             new_blocks = self._allocate(request, num_new_tokens, (), 0)
             if new_blocks is None:
@@ -101,7 +108,10 @@ class StreamingSessions:
             del self.kv_holding_waiting[index]
             # vLLM sends the next turn as new-request data: its whole table
             table = list(self.kv_cache_manager.req_to_blocks.get(request.request_id, new_blocks))
-            self._add_to_batch(batch, request, self._admit(request, computed, num_new_tokens, table))
+            entry = self._admit(request, computed, num_new_tokens, table)
+            if padded:                        # its placeholder drafts, as the waiting loop gives them
+                self._pad_drafts(request, entry, num_new_tokens)
+            self._add_to_batch(batch, request, entry)
         return True
 
     def _handle_stopped(self, request: Request, was_running: bool) -> bool:

@@ -94,6 +94,8 @@ class TraceWriter:
         event.update(self._extra)
         if not cfg.enable_chunked_prefill:
             event["enable_chunked_prefill"] = False
+        if cfg.prefill_schedule_interval > 1 and cfg.version_profile.prefill_cadence:
+            event.update(prefill_schedule_interval=cfg.prefill_schedule_interval, notes_empty_batches=True)
         if cfg.cache_aware_admission_window:
             event.update(cache_aware_admission_window=cfg.cache_aware_admission_window,
                          cache_aware_admission_threshold=cfg.cache_aware_admission_threshold)

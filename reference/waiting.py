@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from .admission_order import reorder_by_cached_prefix
 from .batch import Batch
-from .request import RequestStatus
+from .outputs import RequestData
+from .request import Request, RequestStatus
 
 
 class WaitingLoop:
@@ -41,9 +42,12 @@ class WaitingLoop:
             request = self.waiting[index]
             if (self._blocked_on_grammar(request) or self._is_resumption_deferred(request)   # grammar.py
                     or request.status == RequestStatus.WAITING_FOR_STREAMING_REQ):
+                self._note_skipped(request)   # the prefill cadence's deferred_waiting (cadence.py)
                 index += 1
                 continue
             computed_blocks, num_hit_tokens = kv.get_computed_blocks(request)
+            if self._held_at_admission(request, num_hit_tokens):
+                break                         # the prefill cadence holds prefills (cadence.py)
             padded = self._padded_decode(request, num_hit_tokens, batch) if self._pads_admitted_decodes else 0
             wanted = padded if padded > 0 else request.num_tokens - num_hit_tokens
             if self._stops_unchunked(wanted, batch.token_budget):
@@ -62,11 +66,15 @@ class WaitingLoop:
                 break
             del self.waiting[index]
             entry = self._admit(request, num_hit_tokens, num_new_tokens, new_blocks)
-            if padded:                        # its placeholder drafts: those the clip left
-                entry.spec_token_ids = (-1,) * min(self.config.num_spec_tokens, num_new_tokens - 1)
-                if not self._drafts_emptied_when_scheduled:
-                    request.spec_token_ids = entry.spec_token_ids    # held as scheduled drafts are
+            if padded:
+                self._pad_drafts(request, entry, num_new_tokens)
             self._add_to_batch(batch, request, entry)
+
+    def _pad_drafts(self, request: Request, entry: RequestData, num_new_tokens: int) -> None:
+        """A padded admission's placeholder drafts: those the clip left."""
+        entry.spec_token_ids = (-1,) * min(self.config.num_spec_tokens, num_new_tokens - 1)
+        if not self._drafts_emptied_when_scheduled:
+            request.spec_token_ids = entry.spec_token_ids    # held as scheduled drafts are
 
     def _stops_unchunked(self, num_new_tokens: int, token_budget: int) -> bool:
         """Chunked prefill off (vLLM 0.33, 0.34 `Scheduler.schedule`, waiting

@@ -106,6 +106,10 @@ class Config:
     # with prefix caching on (admission_order.py).
     cache_aware_admission_window: int = 0
     cache_aware_admission_threshold: float = 0.5
+    # vLLM 0.33/0.34's local prefill cadence (`SchedulerConfig.
+    # prefill_schedule_interval`, 1 = off; cadence.py), read only under
+    # `Profile.prefill_cadence`.
+    prefill_schedule_interval: int = 1
     # The KV connector (docs/kv-connector.md); None: no connector, the spec
     # exactly as without one (every state count unchanged).
     kv_connector: KvConnector | None = None
@@ -170,6 +174,12 @@ class Config:
                              f"({self.max_model_len})")
         if self.cache_aware_admission_window < 0:
             raise ValueError("cache_aware_admission_window must be >= 0")
+        if self.prefill_schedule_interval < 1:
+            raise ValueError("prefill_schedule_interval must be >= 1")
+        if self.prefill_schedule_interval > 1 and (self.kv_connector is not None or self.structured_output
+                                                   or self.streaming_sessions or self.reset_and_pause):
+            raise ValueError("prefill_schedule_interval > 1 is modelled without a KV connector, structured "
+                             "output, streaming sessions, reset and pause")
         if not 0.0 <= self.cache_aware_admission_threshold <= 1.0:
             raise ValueError("cache_aware_admission_threshold must be in [0, 1]")
         if self.structured_output and (not self.rules.stale_output_counters or self.kv_connector is not None):

@@ -137,6 +137,25 @@ def fail_kv_load(state: State, cfg: Config, r: int, from_block: int) -> State | 
     return rollback(state, cfg, r, valid)
 
 
+def fail_cut_parked_load(state: State, cfg: Config, r: int, from_block: int) -> State | None:
+    """The own failure of a parked load that another load's failure already
+    cut (it held that load's invalid blocks: its load FAILED). Recompute: vLLM
+    cuts it again where its own failure is shorter (`_handle_failed_recving`
+    zeroes `num_computed_tokens` of a request in WAITING_FOR_REMOTE_KVS, its
+    request-level report here `from_block` 0; `_update_requests_with_invalid_blocks`
+    cuts at the first invalid block of its computed prefix), and its promotion
+    frees a table left with nothing valid. Not an action of the spec's
+    connector, which offers a FAILED load no failure (a load fails once):
+    check-trace replays it where a recorded connector reports one
+    (verification/traces/connector.py). The fail policy finished the load
+    at the first failure: None."""
+    req = state.requests[r]
+    if cfg.kv_connector is None or cfg.kv_connector.load_failure_policy != "recompute" \
+            or req.status is not Status.WAITING_FOR_REMOTE_KVS or req.load is not Load.FAILED:
+        return None
+    return state.with_request(r, num_computed=min(req.num_computed, from_block * cfg.block_size))
+
+
 def fail_kv_output(state: State, cfg: Config, failures: tuple[tuple[int, int], ...]) -> State | None:
     """The load failures one batch output reports, `(request, from_block)`
     each, judged jointly as vLLM's `update_from_output` does. Guards: each

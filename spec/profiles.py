@@ -199,6 +199,14 @@ class Profile:
     # arrival order breaking ties, in the slots they held; the others keep
     # theirs. 0.33 and 0.8.x: no such knob (FCFS only).
     cache_aware_admission: bool = False
+    # `Scheduler.__init__` / `Scheduler.schedule` (0.33, 0.34): the local
+    # prefill cadence (`SchedulerConfig.prefill_schedule_interval` > 1 on an
+    # engine without data parallelism: `local_prefill_interval`): a call
+    # within the interval of the last prefill-carrying step defers every
+    # prefill while some running request decodes, unless the last release
+    # could not drain the waiting queue (`prefill_capacity_bound`, #44558).
+    # spec/cadence.py. 0.8.x: no such knob.
+    prefill_cadence: bool = False
     # --- the engine loop around the scheduler (spec/engine.py reads these at
     # one seam, `engine.loop_of`; the trace checker's E-a/E-b are stated for
     # a correct engine whatever these say).
@@ -351,7 +359,7 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     cache_settled_blocks_on_output=True, draft_source="submission",
                     pads_admitted_decodes=True, priority_policy=True, streaming_sessions=True,
                     reset_drops_running_output=True, pause_states=True, scheduler_validates_drafts=True,
-                    **_KV_CONNECTOR_0_33)
+                    prefill_cadence=True, **_KV_CONNECTOR_0_33)
 
 # vLLM 0.33.0 with asynchronous scheduling, the default for single-node
 # pipeline parallelism (`AsyncScheduler`, the V2 model runner, the mp

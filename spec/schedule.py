@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import blocks, grammar, kv_loads, priority, sessions
+from . import blocks, cadence, grammar, kv_loads, priority, sessions
 from .admission_order import reorder_waiting
 from .config import Config
 from .drafts import padded_admission
@@ -65,6 +65,8 @@ class _Step:
         self.new_blocks: tuple[int, ...] = ()   # set by the last successful _allocate
         self.kv_loads: list[tuple[int, int]] = []
         self.threshold = _threshold_in_force(state, cfg)
+        self.defers_prefills = cadence.defers_prefills(state, cfg)     # the prefill cadence (cadence.py)
+        self.carried_prefill = False
 
 
 def _threshold_in_force(state: State, cfg: Config) -> int:
@@ -101,6 +103,7 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
         _schedule_running(step)
     if not step.preempted and runs_waiting_loop(state):
         _schedule_waiting(step)
+        step.state = cadence.after_waiting_loop(step.state, cfg, step.defers_prefills)
     if not step.entries and not step.preempted:
         return _idle(state, cfg, step)   # 0.34's reorder and a KV connector's loads stay
     return Scheduled(_launch(step), tuple(step.entries), tuple(step.preempted), tuple(step.kv_loads))
@@ -168,6 +171,7 @@ def _schedule_running(step: _Step) -> None:
                     return
                 break       # priority: r preempted itself; i already points past it
         else:
+            step.carried_prefill |= cadence.carries_prefill(step.state, r, 0, admitted=False)
             _add_entry(step, r, num_new, cached=0)
             i += 1
 
@@ -192,8 +196,10 @@ def _victim_frees_at_once(step: _Step, victim: int) -> bool:
 
 def _is_held_back(step: _Step, r: int) -> bool:
     """The running loop's async skips (vLLM 0.33 `Scheduler.schedule`, before
-    `num_new_tokens`): the max_tokens guard, then the decode stagger."""
-    return _placeholders_reach_max_tokens(step, r) or _stagger_pending(step, r)
+    `num_new_tokens`): the max_tokens guard, then the decode stagger; and a
+    prefill chunk while the call defers prefills (cadence.py)."""
+    return (_placeholders_reach_max_tokens(step, r) or _stagger_pending(step, r)
+            or cadence.skips_running(step.state, r, step.defers_prefills))
 
 
 def _placeholders_reach_max_tokens(step: _Step, r: int) -> bool:
@@ -229,10 +235,13 @@ def _schedule_waiting(step: _Step) -> None:
         r = queue[i]
         step.state, blocked = grammar.blocked_on_grammar(step.state, r)     # structured output
         if blocked or _is_resumption_deferred(step.state, cfg, r) or sessions.waits_for_input(step.state, r):
+            step.state = cadence.note_skipped(step.state, cfg, r)
             i += 1
             continue
         held = _session_computed(step, r)               # a session's next turn: its computed tokens (else 0)
         hit = _prefix_hit(step.state, cfg, r) if held == 0 else ()
+        if cadence.stops_admission(step.state, r, held + len(hit) * cfg.block_size, step.defers_prefills):
+            break                                       # the prefill cadence holds prefills (cadence.py)
         padded = padded_admission(step.state, cfg, r, held + len(hit) * cfg.block_size, running_entries, step.budget)
         if padded < 0:
             break                                       # vLLM 0.33: not scheduled un-padded
@@ -475,6 +484,7 @@ def _preempt(step: _Step, victim: int) -> None:
 def _admit(step: _Step, r: int, hit_tokens: int, num_new: int) -> None:
     state = step.state
     was_preempted = state.requests[r].status is Status.PREEMPTED
+    step.carried_prefill |= cadence.carries_prefill(state, r, hit_tokens, admitted=True)
     state = replace(state, waiting=tuple(x for x in state.waiting if x != r), running=state.running + (r,),
                     kv_holding=tuple(x for x in state.kv_holding if x != r))
     if was_preempted:
@@ -507,9 +517,11 @@ def _launch(step: _Step) -> State:
     state = step.state
     for e in step.entries:
         state = _advance_counter(state, e)
+        state = cadence.mark_prefill_chunk(state, step.cfg, e.req)    # before its placeholders
         state = count_in_flight(state, step.cfg, e)
         if not step.cfg.continue_prefill:
             state = replace(state, scheduled_ids=state.scheduled_ids | {e.req})
+    state = cadence.after_schedule(state, step.cfg, bool(step.entries), step.carried_prefill)
     if not step.entries and not step.cfg.rules.empty_batches:
         return state                    # the step only preempted: nothing to run (0.33 queues it empty)
     batch: Batch = tuple(snapshot(state, step.cfg, e) for e in step.entries)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from . import cadence
 from .blocks import cdiv
 from .config import Config
 from .session_invariants import (finished_after_a_later_turn, runs_beside_old_output, seat_held_for_input,
@@ -213,11 +214,20 @@ SESSION_SOMETIMES: tuple[Sometimes, ...] = (
 )
 
 
+# The targets of the prefill cadence (spec/cadence.py; predicates there).
+CADENCE_SOMETIMES: tuple[Sometimes, ...] = (
+    Sometimes("prefill_held_for_a_decode", cadence.prefill_held),
+    Sometimes("prefill_held_with_nothing_to_run", cadence.held_with_nothing_to_run, needs="pipeline"),
+    Sometimes("backed_up_queue_released", cadence.backed_up_release),
+)
+
+
 def sometimes_for(cfg: Config) -> tuple[Sometimes, ...]:
     """The targets of cfg's profile: every profile's, under async scheduling
     ASYNC_SOMETIMES, with a KV connector KV_SOMETIMES, and with streaming
-    sessions SESSION_SOMETIMES."""
+    sessions SESSION_SOMETIMES, with the prefill cadence CADENCE_SOMETIMES."""
     from .sessions import has_sessions
     return (SOMETIMES + (ASYNC_SOMETIMES if cfg.rules.output_placeholders else ())
             + (KV_SOMETIMES if cfg.kv_connector is not None else ())
-            + (SESSION_SOMETIMES if has_sessions(cfg) else ()))
+            + (SESSION_SOMETIMES if has_sessions(cfg) else ())
+            + (CADENCE_SOMETIMES if cadence.is_on(cfg) else ()))

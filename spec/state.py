@@ -168,6 +168,10 @@ class Request:
     inputs_to_send: tuple[tuple[int, int], ...] = ()
     queued_inputs: tuple[tuple[int, int], ...] = ()
     turn: int = 0
+    # vLLM's `Request.is_prefill_chunk` and membership of `deferred_waiting`
+    # (cadence.py; False while the cadence is off).
+    is_prefill_chunk: bool = False
+    deferred_waiting: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -276,6 +280,11 @@ class State:
     # Structured output: vLLM's `grammar_compile_error_reqs` (failed grammars
     # the waiting loop met, finished by the next completion).
     grammar_errors: frozenset[int] = frozenset()
+    # vLLM 0.33/0.34's local prefill cadence (cadence.py; 0 and False while
+    # `Config.prefill_schedule_interval` is 1): the executed steps the hold
+    # still lasts, and `prefill_capacity_bound`.
+    prefill_hold: int = 0
+    prefill_capacity_bound: bool = False
 
     def with_request(self, r: int, **changes) -> "State":
         old = self.requests[r]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Union
 
+from . import cadence_properties
 from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest, finish_request
 from .config import Config
 from .connector_contract import Labels, contract_clauses
@@ -382,6 +383,33 @@ def rp4_cache(before: State, after: State, action: Action, cfg: Config) -> bool:
     return not isinstance(action, Reset) or rp4_prefix_cache_reset(before, after, action.running)
 
 
+# --- the prefill cadence (cadence.py, cadence_properties.py): on each schedule step
+
+
+def cad1(before: State, after: State, action: Action, cfg: Config) -> bool:
+    return _on_schedule(before, action, cfg, cadence_properties.cad1_deferred_call_carries_no_prefill)
+
+
+def cad2(before: State, after: State, action: Action, cfg: Config) -> bool:
+    return _on_schedule(before, action, cfg, cadence_properties.cad2_backed_up_queue_not_held)
+
+
+def _on_schedule(before: State, action: Action, cfg: Config, prop: Callable) -> bool:
+    if not isinstance(action, Schedule):
+        return True
+    scheduled = schedule(before, cfg)
+    return scheduled is None or prop(before, scheduled, cfg)
+
+
+def cad3(before: State, after: State, action: Action, cfg: Config) -> bool:
+    return _on_schedule(before, action, cfg, cadence_properties.cad3_hold_restarts_after_prefill)
+
+
+cad1.__doc__ = cadence_properties.cad1_deferred_call_carries_no_prefill.__doc__
+cad2.__doc__ = cadence_properties.cad2_backed_up_queue_not_held.__doc__
+cad3.__doc__ = cadence_properties.cad3_hold_restarts_after_prefill.__doc__
+
+
 @dataclass(frozen=True)
 class TransitionProperty:
     name: str
@@ -436,6 +464,14 @@ RESET_PAUSE_PROPERTIES: tuple[TransitionProperty, ...] = (
 )
 
 
+# With the prefill cadence (`Config.prefill_schedule_interval` > 1).
+CADENCE_PROPERTIES: tuple[TransitionProperty, ...] = (
+    TransitionProperty("CAD1_deferred_call_carries_no_prefill", cad1),
+    TransitionProperty("CAD2_backed_up_queue_not_held", cad2),
+    TransitionProperty("CAD3_hold_restarts_after_prefill", cad3),
+)
+
+
 def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
     """The transition properties of cfg's profile: every profile's, S7'
     where outputs are looked up by name, and with a KV connector KV3 (where
@@ -453,4 +489,6 @@ def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
         chosen += (TransitionProperty("SS1_old_output_never_bound", ss1_session_binding),)
     if cfg.reset_and_pause:
         chosen += RESET_PAUSE_PROPERTIES
+    if cfg.prefill_schedule_interval > 1 and cfg.rules.prefill_cadence:
+        chosen += CADENCE_PROPERTIES
     return chosen

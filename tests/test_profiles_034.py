@@ -66,6 +66,8 @@ SAME_AS_033_IN: dict[str, str] = {
                                   "_preempt_request(drop_stale_output=True), then BlockPool.reset_prefix_cache)",
     "pause_states": "Scheduler.set_pause_state / schedule (PAUSED_ALL: token_budget = 0; waiting loop "
                     "UNPAUSED only) / get_num_unfinished_requests",
+    "prefill_cadence": "Scheduler.__init__ (local_prefill_interval) / schedule (defer_prefills, "
+                       "prefill_capacity_bound, last_prefill_step): the same code",
 }
 # Fields that are not vLLM rules.
 NOT_RULES = {"name", "follows"}

@@ -42,10 +42,14 @@ def test_every_named_mutant_has_edits_of_the_reference_and_a_profile_it_runs_und
     assert set(ALL_MUTANTS) == set(MUTANTS) | {name for own in PROFILE_MUTANTS.values() for name in own}
     # the KV connector's are not fuzzed (no fuzzer run has a connector): tests/test_kv_mutants.py;
     # nor are streaming sessions' (no fuzzer run has a session): tests/test_sessions_lockstep.py;
-    # the priority policy's run in its own fuzzer: tests/test_priority_refinement.py
-    from flightcheck.verification.mutants.reference import PRIORITY_MUTANTS, SESSION_MUTANTS
-    assert set(REFERENCE_MUTANTS) == set(ALL_MUTANTS) | set(KV_MUTANTS) | set(SESSION_MUTANTS) | set(PRIORITY_MUTANTS)
-    assert not set(ALL_MUTANTS) & (set(KV_MUTANTS) | set(SESSION_MUTANTS) | set(PRIORITY_MUTANTS))
+    # the priority policy's, structured output's and reset-and-pause's run in their own fuzzers:
+    # tests/test_priority_refinement.py, test_grammar_refinement.py, test_reset_pause_refinement.py
+    from flightcheck.verification.mutants.reference import (GRAMMAR_MUTANTS, PRIORITY_MUTANTS, RESET_PAUSE_MUTANTS,
+                                                            SESSION_MUTANTS)
+    own_fuzzers = (set(KV_MUTANTS) | set(SESSION_MUTANTS) | set(PRIORITY_MUTANTS) | set(GRAMMAR_MUTANTS)
+                   | set(RESET_PAUSE_MUTANTS))
+    assert set(REFERENCE_MUTANTS) == set(ALL_MUTANTS) | own_fuzzers
+    assert not set(ALL_MUTANTS) & own_fuzzers
     for m in REFERENCE_MUTANTS.values():
         assert m.edits and m.history, m.name
         assert {e.module for e in m.edits} <= set(REFERENCE_MODULES.values()), m.name

@@ -66,6 +66,25 @@ EXPECTED = {
     # recomputes from it (16 tokens; a false KV3 rejection before: the parked
     # holder took the mark and r3 kept its hit)
     "034_aborted_loader_parked_and_running_holders.jsonl": (True, None, None),
+    # `campaign --all-features --versions 0.33.0 --seed 3`, index 150 (async): a
+    # load that failed whole is promoted by a schedule() call that formed nothing
+    # (its table to the free queue's head), before a completion drains r1's fenced
+    # frees ahead of it; the next batch allocates r1's blocks first (a false
+    # S9_kv_ownership before: the checker promoted it only at that batch)
+    "033_async_failed_load_promoted_at_empty_call.jsonl": (True, None, None),
+    # the same at seed 2, index 114 (chunked prefill off, a producer): the empty
+    # call's promotion comes before a held request's table frees
+    "033_async_failed_load_promoted_before_a_send.jsonl": (True, None, None),
+    # `campaign --all-features --versions 0.34.0 --seed 1`, index 173 (cache-aware
+    # admission on): r1's async load holds r0's sync-loaded prefix block; r0's load
+    # fails, which cuts parked r1 to 2 tokens; then r1's own load fails whole
+    # (request-level failed_recving), and vLLM zeroes it (`_handle_failed_recving`),
+    # frees its table at promotion and takes a fresh prefix hit (a false KV3 before:
+    # the checker took the second failure as changing nothing) ...
+    "034_cache_aware_parked_load_cut_then_its_own_failure.jsonl": (True, None, None),
+    # ... the same workload without cache-aware admission: the same trace shape
+    # (the reorder is not the cause)
+    "034_parked_load_cut_then_its_own_failure.jsonl": (True, None, None),
     # vLLM wrong, its ground truth flags it: #49250, the rollback keeps the
     # placeholders (index 13, async) ...
     "034_async_rollback_keeps_placeholders_pr49250.jsonl": (False, 9, "KV3_rollback_restores_counters"),
@@ -77,6 +96,10 @@ EXPECTED = {
     # which counts its later batch in flight (index 233, two stages)
     "034_sharer_rollback_base_counts_later_batch.jsonl": (False, 8, "KV3_rollback_restores_counters"),
     "033_sharer_rollback_base_counts_later_batch.jsonl": (False, 8, "KV3_rollback_restores_counters"),
+    # ... and #49250 on a request sharing the failed blocks (`campaign --all-features
+    # --versions 0.33.0 --seed 1`, index 64, async): aborted before its next entry, so
+    # only the kv_failed's `holders` show its counters (accepted, the bug missed, before)
+    "033_async_sharer_rollback_keeps_placeholders_pr49250.jsonl": (False, 8, "KV3_rollback_restores_counters"),
 }
 
 

@@ -11,7 +11,7 @@ from flightcheck.spec.invariants import (ASYNC_INVARIANTS, ASYNC_REPLACEMENTS, K
                                          PRIORITY_ORDER, SESSION_INVARIANTS)
 from flightcheck.spec.sometimes import ASYNC_SOMETIMES, KV_SOMETIMES, SESSION_SOMETIMES
 from flightcheck.spec.transitions import (CONTRACT_PROPERTIES, INCARNATION_PROPERTIES, KV_TRANSITION_PROPERTIES,
-                                         PRIORITY_PROPERTIES)
+                                         PRIORITY_PROPERTIES, RESET_PAUSE_PROPERTIES)
 
 SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES + ASYNC_SOMETIMES + KV_SOMETIMES + SESSION_SOMETIMES)
 # The streaming sessions' transition property (spec/transitions.py `transition_properties_for`).
@@ -43,6 +43,7 @@ def kind_of(name: str) -> str:
         if inv.name == name:
             return inv.kind
     if any(p.name == name for p in TRANSITION_PROPERTIES + INCARNATION_PROPERTIES + KV_TRANSITION_PROPERTIES
-                                   + CONTRACT_PROPERTIES + PRIORITY_PROPERTIES) or name == SESSION_TRANSITION_PROPERTY:
+                                   + CONTRACT_PROPERTIES + PRIORITY_PROPERTIES + RESET_PAUSE_PROPERTIES) \
+            or name == SESSION_TRANSITION_PROPERTY:
         return "invariant"
     return "auxiliary"

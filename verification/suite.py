@@ -30,7 +30,7 @@ less proves nothing.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence
 
 from flightcheck.spec import (INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES, Config, invariants_for,
@@ -448,7 +448,7 @@ def _kv_connector_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
                        explicit_only=KV_EXPLICIT_ONLY if options.use_z3 and not z3_rows else None)
 
 
-RESET_PAUSE_EXPLICIT_ONLY = "the Z3 encoding has no reset and pause: their models are searched exhaustively"
+RESET_PAUSE_EXPLICIT_ONLY = "the Z3 model of reset and pause does not cover this profile: its models are searched exhaustively"
 
 
 def _reset_pause_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
@@ -461,12 +461,21 @@ def _reset_pause_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
         raise ValueError(f"profile {profile!r} has no reset-and-pause model; known: {', '.join(RESET_PAUSE_MODELS)}")
     mutants = [(name, reset_pause_mutant_model(name)) for name, m in RESET_PAUSE_MUTANTS.items()
                if m.profile == profile]
-    return _explicit_feature_suite(options, say, "reset and pause", RESET_PAUSE_MODELS[profile], mutants,
-                                   RESET_PAUSE_EXPLICIT_ONLY, reset_pause=True)
+    from flightcheck.verification.z3.reset_pause_engines import RP_ENCODED_PROFILE, reset_pause_rows
+    z3_rows = options.use_z3 and profile in RP_ENCODED_PROFILE
+    result = _explicit_feature_suite(options, say, "reset and pause", RESET_PAUSE_MODELS[profile], mutants,
+                                     None if z3_rows else RESET_PAUSE_EXPLICIT_ONLY, reset_pause=True)
+    if z3_rows:         # RP1-RP4 by k-induction and BMC of the Z3 model (z3/reset_pause_engines.py)
+        say(f"k-induction and bounded model checking of the Z3 reset-and-pause model ({profile})")
+        t0 = time.perf_counter()
+        rows = reset_pause_rows(profile)
+        result = replace(result, properties=result.properties + rows,
+                                     seconds=result.seconds + time.perf_counter() - t0)
+    return result
 
 
 def _explicit_feature_suite(options: SuiteOptions, say: Progress, feature: str, models: Sequence[Model],
-                            mutants: Sequence[tuple[str, Model]], explicit_only: str, **flags: bool) -> SuiteResult:
+                            mutants: Sequence[tuple[str, Model]], explicit_only: str | None, **flags: bool) -> SuiteResult:
     """A request state's suite without a Z3 engine: the exhaustive search of
     each of its models, then each of its mutants hunted on its own model."""
     profile = options.profile

@@ -55,7 +55,8 @@ def add_parser(sub) -> None:
     verify.add_argument("--reset-pause", action="store_true",
                         help="search the profile's reset-and-pause model exhaustively (resets of the prefix "
                              "cache and pauses between steps; vllm-0.33, vllm-0.33-async, vllm-0.34, "
-                             "vllm-0.34-async), and under vllm-0.34-async hunt reset and pause's mutants")
+                             "vllm-0.34-async), under vllm-0.34-async hunt reset and pause's mutants, and prove "
+                             "RP1-RP4 by k-induction and BMC of a Z3 model (about 5 min at load; --no-z3 skips it)")
     verify.add_argument("--priority", action="store_true",
                         help="search the profile's priority-policy models exhaustively (PR1-PR3 and every other "
                              "property; vllm-0.33, vllm-0.33-async, vllm-0.34, vllm-0.34-async) and, under vllm-0.34, "

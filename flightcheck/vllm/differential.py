@@ -288,7 +288,7 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
              reference: list[tuple[Any, ...]], index: int) -> str | None:
     """The named deviation that explains the first difference, at `index`, or None."""
     named = _classify(vllm_result, vllm, reference, index)
-    if named is not None:
+    if named is not None and _version_may_name(vllm_result, named):
         return named
     truth = vllm_result.get("ground_truth") or {}
     held = {item["req"] for item in truth.get("drafts_held_at_admission", ())}
@@ -298,8 +298,9 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     if errored and (_concerns(theirs, ours) & errored or any(
             event[0] == "finish" and event[2] == "error" for event in vllm[:index])):
         # A KV load failed under the fail policy: the reference finished the
-        # request at once, vLLM after the batch's outputs (and from there the
-        # blocks it freed return to the pool in another order).
+        # request at once, vLLM after the batch's outputs: the blocks it frees
+        # return in another order, or at once under the step fence (the reference
+        # waits for that batch: it completes where vLLM schedules).
         return "kv_error_finished_at_once"
     if any(event[0] == "kv_failed" for event in vllm[:index]):
         # A KV load failed under the recompute policy: vLLM rolled the request
@@ -312,7 +313,14 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
         # drafts kept through its preemption: 0.8.x's allocate_slots cached
         # fewer of its blocks, so a later prefix hit is smaller.
         return "unscheduled_drafts_dropped"
-    return None
+    return named
+
+
+def _version_may_name(vllm_result: dict[str, Any], deviation: str) -> bool:
+    """Whether the replayed vLLM's release has `deviation` (another's, e.g.
+    0.8.x's engine_blocked_in_flight on 0.33, gives way to classify's later rules)."""
+    row = _release_of(vllm_result)
+    return row is None or deviation in VERSION_DEVIATIONS.get(row.version, tuple(DEVIATIONS))
 
 
 def _classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
@@ -473,9 +481,7 @@ def compare(name: str, vllm_result: dict[str, Any], vllm_events: list[dict[str, 
     if deviation is None and index == len(theirs) == len(ours):
         where = f"the runs ended {vllm_result['ending']} (vLLM) and {reference_run.ending} (reference)"
     # A deviation of another version's (0.8.4's mark on a 0.33 run, say) explains nothing.
-    row = _release_of(vllm_result)
-    explained = deviation is not None and deviation in (
-        VERSION_DEVIATIONS.get(row.version, tuple(DEVIATIONS)) if row is not None else tuple(DEVIATIONS))
+    explained = deviation is not None and _version_may_name(vllm_result, deviation)
     if explained and conforming_run is not None:
         conforming = decisions(conforming_run.events, block_offset=1)
         if vllm_result["ending"] == "exception":

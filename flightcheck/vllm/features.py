@@ -52,6 +52,7 @@ FEATURE_MODULES: tuple[str, ...] = (
     "flightcheck.vllm.reset_pause_generate",
     "flightcheck.vllm.grammar_generate",
     "flightcheck.vllm.session_generate",
+    "flightcheck.vllm.cadence_generate",
 )
 
 SHARE_RESOLUTION = 1000                        # a share is drawn as an integer in 1..1000

@@ -219,20 +219,32 @@ class KVRecordingMixin:
         under the recompute policy."""
         pending, self._fc_kv_failures = self._fc_kv_failures, []
         recompute = bool(getattr(self, "recompute_kv_load_failures", False))
+        holders = []
         for req_id, (request, computed) in self._fc_kv_computed_before.items():
             if recompute and not request.is_finished() and request.num_computed_tokens < computed:
                 self._fc_note_superseded(req_id, request)
+                if all(failure["req"] != req_id for failure in pending):
+                    holders.append(self._fc_counters({"req": req_id}, request))
         self._fc_kv_computed_before = {}
+        if holders and pending:               # the requests sharing the failed blocks, on the output's last
+            pending[-1]["holders"] = sorted(holders, key=lambda holder: holder["req"])
         for failure in pending:
             if len(pending) > 1:             # one output's: the checker judges them together
                 failure["of"] = len(pending)
             request = self.requests.get(failure["req"])
             if recompute and request is not None and not request.is_finished():
-                failure["computed"] = int(request.num_computed_tokens)
+                self._fc_counters(failure, request)
                 if self.records_async_scheduling:  # type: ignore[attr-defined]
-                    failure["placeholders"] = int(request.num_output_placeholders)
                     self._fc_check_rollback(failure)
             self._fc_write(failure)
+
+    def _fc_counters(self, record: dict[str, Any], request: Any) -> dict[str, Any]:
+        """A rolled-back request's computed tokens (and, async, its output
+        placeholders), added to `record`."""
+        record["computed"] = int(request.num_computed_tokens)
+        if self.records_async_scheduling:  # type: ignore[attr-defined]
+            record["placeholders"] = int(request.num_output_placeholders)
+        return record
 
     def _fc_note_superseded(self, req_id: str, request: Any) -> None:
         """The batches still in flight with an entry of a request vLLM just

@@ -203,6 +203,10 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
         event: dict[str, Any] = {}
         if not getattr(self.scheduler_config, "enable_chunked_prefill", True):
             event["enable_chunked_prefill"] = False
+        interval = int(getattr(self, "local_prefill_interval", 1) or 1)
+        if interval > 1:
+            # its capacity bound is recorded in empty schedule() calls too: every one is noted
+            event.update(prefill_schedule_interval=interval, notes_empty_batches=bool(self.queues_empty_batches))
         window = int(getattr(self, "cache_aware_window", 0) or 0)
         if window:
             # the reorder runs in empty schedule() calls too: every one is noted

@@ -215,6 +215,7 @@ def reference_config(workload: Workload, profile: str, as_released: bool = False
         enable_chunked_prefill=config.enable_chunked_prefill,
         cache_aware_admission_window=config.cache_aware_admission_window,
         cache_aware_admission_threshold=config.cache_aware_admission_threshold,
+        prefill_schedule_interval=config.prefill_schedule_interval,
         profile=profile, as_released=as_released, kv_connector=kv_connector, kv_error_order=kv_error_order,
         scheduling_policy=config.policy)
 

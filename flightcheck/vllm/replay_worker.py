@@ -143,9 +143,12 @@ def _admission_order_arguments(config: ReplayConfig) -> dict[str, Any]:
     """vLLM 0.34's cache-aware admission knobs, passed to a vLLM that has
     them; one without admits FCFS, and its trace says so (no window), so the
     same workload tells the versions apart."""
+    arguments: dict[str, Any] = {}
+    if _accepts(SchedulerConfig, "prefill_schedule_interval") and config.prefill_schedule_interval > 1:
+        arguments["prefill_schedule_interval"] = config.prefill_schedule_interval     # 0.33, 0.34
     if not _accepts(SchedulerConfig, "cache_aware_admission_window"):            # 0.34
-        return {}
-    return {"cache_aware_admission_window": config.cache_aware_admission_window,
+        return arguments
+    return {**arguments, "cache_aware_admission_window": config.cache_aware_admission_window,
             "cache_aware_admission_threshold": config.cache_aware_admission_threshold}
 
 

@@ -30,6 +30,9 @@
 * `config.cache_aware_admission_window` (default 0 = off) and
   `config.cache_aware_admission_threshold` (default 0.5): vLLM 0.34's
   cache-aware admission order; passed only to a vLLM that has the knobs.
+* `config.prefill_schedule_interval` (default 1 = off): vLLM 0.33/0.34's
+  `SchedulerConfig.prefill_schedule_interval`, the local prefill cadence
+  (spec/cadence.py); passed only to a vLLM that has it.
 * `config.async_scheduling` (vLLM 0.33 and 0.34, default false): build the engine
   with async scheduling; the synchronous recorder refuses to stand in for
   its `AsyncScheduler`, so such a replay stops with that error.
@@ -152,6 +155,8 @@ class ReplayConfig:
     enable_chunked_prefill: bool = True
     cache_aware_admission_window: int = 0
     cache_aware_admission_threshold: float = 0.5
+    # vLLM 0.33/0.34's local prefill cadence (1 = off; spec/cadence.py).
+    prefill_schedule_interval: int = 1
     # A fabricated KV connector (kv_workload.py); None: none.
     kv_connector: KVConnectorConfig | None = None
     # vLLM's scheduling policy, "fcfs" or "priority" (priority_workload.py).
@@ -214,7 +219,8 @@ CONFIG_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "block_size": 16, "max_m
                                    "long_prefill_token_threshold": 0, "prefix_caching": True,
                                    "async_scheduling": False, "num_spec_tokens": 0,
                                    "enable_chunked_prefill": True, "cache_aware_admission_window": 0,
-                                   "cache_aware_admission_threshold": 0.5, "policy": "fcfs"}
+                                   "cache_aware_admission_threshold": 0.5, "policy": "fcfs",
+                                   "prefill_schedule_interval": 1}
 
 
 # Each integer of the configuration: (least, most[, why]); workload_limits.py says why.
@@ -222,7 +228,8 @@ CONFIG_RANGES: dict[str, tuple[Any, ...]] = {
     "num_stages": (1, MAX_STAGES), "max_num_batched_tokens": (1, MAX_COUNT), "max_num_seqs": (1, MAX_COUNT),
     "block_size": (1, MAX_PROMPT_LEN), "num_blocks": (2, MAX_NUM_BLOCKS, "vLLM keeps an object per block"),
     "max_model_len": (1, MAX_PROMPT_LEN), "long_prefill_token_threshold": (0, MAX_COUNT),
-    "num_spec_tokens": (0, MAX_SPEC_TOKENS), "cache_aware_admission_window": (0, MAX_COUNT)}
+    "num_spec_tokens": (0, MAX_SPEC_TOKENS), "cache_aware_admission_window": (0, MAX_COUNT),
+    "prefill_schedule_interval": (1, MAX_COUNT)}
 
 
 def _int(where: str, value: Any, minimum: int = 0, maximum: int = MAX_COUNT, why: str = "") -> int:

@@ -32,6 +32,8 @@ REFERENCE_MODULES: dict[str, str] = {
     "kv_waiting": "flightcheck.reference.kv_waiting",
     "priority": "flightcheck.reference.priority",            # the priority policy
     "sessions": "flightcheck.reference.sessions",             # streaming sessions' steps
+    "grammar": "flightcheck.reference.grammar",               # structured output's steps
+    "reset_pause": "flightcheck.reference.reset_pause",       # the reset and the pause
 }
 
 
@@ -344,9 +346,11 @@ PRIORITY: tuple[ReferenceMutant, ...] = (
 )
 
 # Streaming sessions' bugs in the reference (reference/sessions.py), named as
-# the spec's (verification/mutants/sessions.py). The fuzzer has no sessions,
-# so they are not fuzzed: each is caught by the spec and the reference run in
-# lockstep on random sessions (tests/test_sessions_lockstep.py).
+# the spec's (verification/mutants/sessions.py). Not fuzzed by the default
+# runs (no session there): each is caught by the sessions refinement fuzzer
+# (verification/refinement/sessions_machine.py, tests/test_sessions_refinement.py)
+# and by the spec and the reference run in lockstep on random sessions
+# (tests/test_sessions_lockstep.py).
 SESSIONS: tuple[ReferenceMutant, ...] = (
     _mutant("continuation_applied_while_running_pr52693",
             "an input sent while the session runs is applied at once and the session enqueued: it is in "
@@ -380,10 +384,52 @@ SESSIONS: tuple[ReferenceMutant, ...] = (
 )
 
 
+# Structured output's bugs in the reference (reference/grammar.py), named as
+# the spec's (verification/mutants/grammar.py); each caught by the grammar
+# refinement fuzzer (verification/refinement/grammar_machine.py,
+# tests/test_grammar_refinement.py), not by the default runs (no grammar there).
+GRAMMAR: tuple[ReferenceMutant, ...] = (
+    _mutant("stale_fsm_bitmask_29379",
+            "a structured request scheduled again with its output in flight does not defer the batch's "
+            "bitmask: the engine builds it at once from an FSM that output has not advanced yet (vLLM issue "
+            "#29379)",
+            _edit("grammar.Grammars._mark_pending_structured_output",
+                  "request.num_output_placeholders > 1 + len(entry.spec_token_ids)", "False"),
+            profile="vllm-0.34-async"),
+    _mutant("compiling_grammar_scheduled",
+            "the waiting loop takes a request whose grammar still compiles for a ready one (synthetic)",
+            _edit("grammar.Grammars._blocked_on_grammar", "request.grammar == READY",
+                  "request.grammar in (READY, COMPILING)"),
+            profile="vllm-0.34-async"),
+)
+
+# Reset's and pause's bugs in the reference (reference/reset_pause.py), named as
+# the spec's (verification/mutants/reset_pause.py); each caught by the
+# reset-and-pause refinement fuzzer (verification/refinement/reset_pause_machine.py,
+# tests/test_reset_pause_refinement.py), not by the default runs (no reset there).
+RESET_PAUSE: tuple[ReferenceMutant, ...] = (
+    _mutant("reset_delivers_stale_output",
+            "a reset of the running requests preempts them in deliver mode: their outputs in flight are "
+            "applied when they return (synthetic)",
+            _edit("reset_pause.ResetPause._preempt_dropping_output", "request.drop_stale_output = True", "pass"),
+            profile="vllm-0.34-async"),
+    _mutant("paused_all_runs_running_loop",
+            "PAUSED_ALL keeps the running loop's token budget: running requests go on (synthetic)",
+            _edit("reset_pause.ResetPause._runs_running_loop",
+                  "return self.pause_state != PauseState.PAUSED_ALL", "return True"),
+            profile="vllm-0.34-async"),
+    _mutant("paused_new_admits_waiting",
+            "PAUSED_NEW admits waiting requests as if unpaused (synthetic)",
+            _edit("reset_pause.ResetPause._runs_waiting_loop",
+                  "return self.pause_state == PauseState.UNPAUSED",
+                  "return self.pause_state != PauseState.PAUSED_ALL"),
+            profile="vllm-0.34-async"),
+)
+
 # -- the registry: by name, and by the profile each is fuzzed under -----------------
 
 REFERENCE_MUTANTS: dict[str, ReferenceMutant] = {m.name: m for m in EVERY_PROFILE + COUNTERS_0_33 + ASYNC_0_33
-                                                 + KV_CONNECTOR + PRIORITY + SESSIONS}
+                                                 + KV_CONNECTOR + PRIORITY + SESSIONS + GRAMMAR + RESET_PAUSE}
 # the KV connector's (not fuzzed: no fuzzer run has a connector)
 KV_MUTANTS: dict[str, str] = {m.name: m.history for m in KV_CONNECTOR}
 
@@ -395,12 +441,17 @@ for _m in COUNTERS_0_33 + ASYNC_0_33:
     PROFILE_MUTANTS.setdefault(_m.profile or "", {})[_m.name] = _m.history
 # the priority policy's (fuzzed only by the priority fuzzer)
 PRIORITY_MUTANTS: dict[str, str] = {m.name: m.history for m in PRIORITY}
-# streaming sessions' (not fuzzed either: no fuzzer run has a session)
+# streaming sessions' (fuzzed only by the sessions fuzzer)
 SESSION_MUTANTS: dict[str, str] = {m.name: m.history for m in SESSIONS}
-# every fuzzed mutant (the KV connector's, the priority policy's and the sessions' are not)
+# structured output's and reset-and-pause's (fuzzed only by their own fuzzers)
+GRAMMAR_MUTANTS: dict[str, str] = {m.name: m.history for m in GRAMMAR}
+RESET_PAUSE_MUTANTS: dict[str, str] = {m.name: m.history for m in RESET_PAUSE}
+# every mutant the default runs fuzz (the KV connector's, the priority policy's,
+# the sessions', structured output's and reset-and-pause's are not)
 ALL_MUTANTS: dict[str, str] = {name: m.history for name, m in REFERENCE_MUTANTS.items()
                                if name not in KV_MUTANTS and name not in PRIORITY_MUTANTS
-                               and name not in SESSION_MUTANTS}
+                               and name not in SESSION_MUTANTS and name not in GRAMMAR_MUTANTS
+                               and name not in RESET_PAUSE_MUTANTS}
 
 
 def reference_mutant(name: str) -> ReferenceMutant:

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from types import FunctionType
 
 from flightcheck.spec.profiles import PROFILES
+from flightcheck.verification.mutants.cadence import CADENCE
 from flightcheck.verification.mutants.grammar import GRAMMAR_BUGS
 from flightcheck.verification.mutants.kv_connector import KV_CONNECTOR
 from flightcheck.verification.mutants.patch import MutantNoLongerApplies, edited_code
@@ -51,8 +52,10 @@ SESSION_MUTANTS: dict[str, Mutant] = {m.name: m for m in _SESSION_MUTANTS}
 RESET_PAUSE_MUTANTS: dict[str, Mutant] = {m.name: m for m in RESET_PAUSE}
 # Structured output's bugs (grammar.py): hunted only on the grammar models.
 GRAMMAR_MUTANTS: dict[str, Mutant] = {m.name: m for m in GRAMMAR_BUGS}
+# The prefill cadence's (cadence.py): hunted only on the cadence models.
+CADENCE_MUTANTS: dict[str, Mutant] = {m.name: m for m in CADENCE}
 ALL_MUTANTS: dict[str, Mutant] = (MUTANTS | {m.name: m for m in _ONE_PROFILE} | KV_MUTANTS | PRIORITY_MUTANTS
-                                  | SESSION_MUTANTS | RESET_PAUSE_MUTANTS | GRAMMAR_MUTANTS)
+                                  | SESSION_MUTANTS | RESET_PAUSE_MUTANTS | GRAMMAR_MUTANTS | CADENCE_MUTANTS)
 
 
 def spec_function(target: str) -> FunctionType:

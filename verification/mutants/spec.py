@@ -43,6 +43,8 @@ SPEC_MODULES: dict[str, str] = {
     "sessions": "flightcheck.spec.sessions",
     # reset and pause (reset_pause.py's mutants)
     "reset_pause": "flightcheck.spec.reset_pause",
+    # the prefill cadence (cadence.py's mutants)
+    "cadence": "flightcheck.spec.cadence",
 }
 
 

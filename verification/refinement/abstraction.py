@@ -61,6 +61,8 @@ STATUS: dict[RequestStatus, Status] = {
     RequestStatus.FINISHED_ABORTED: Status.FINISHED_ABORTED,
     RequestStatus.WAITING_FOR_REMOTE_KVS: Status.WAITING_FOR_REMOTE_KVS,
     RequestStatus.FINISHED_ERROR: Status.FINISHED_ERROR,
+    RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR: Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
+    RequestStatus.WAITING_FOR_STREAMING_REQ: Status.WAITING_FOR_STREAMING_REQ,
 }
 FATE: dict[str, Fate] = {f.value: f for f in Fate}
 

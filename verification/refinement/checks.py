@@ -65,7 +65,7 @@ class RefinementChecks:
             expected = spec.step(before, self.spec_cfg, action)
             if expected is None:            # disabled in the spec: the reference must not move
                 expected = before
-        after = abstract(self.scheduler, self.engine, self.ledger)
+        after = self._abstract()
         self.history.append((action, after))
         if by_incarnation is not None and after == by_incarnation and after != expected:
             self.num_reused_id_outputs_dropped += 1   # the named deviation: checked below
@@ -94,6 +94,11 @@ class RefinementChecks:
                        f"the spec disagrees, in {spec.describe(after)}")
         self.state = after
 
+    def _abstract(self) -> spec.State:
+        """The spec state the reference is in (a feature's machine adds
+        the fields its abstraction keeps: grammar_machine.py, ...)."""
+        return abstract(self.scheduler, self.engine, self.ledger)
+
     def _check_engine_counts(self, after: spec.State) -> None:
         """The counts the engine loops gate on (drive.py's EngineLoop), from
         the spec's state: whether any request is unfinished, how many are not
@@ -107,7 +112,7 @@ class RefinementChecks:
             self._fail(f"get_num_unscheduled_requests() is "
                        f"{self.scheduler.get_num_unscheduled_requests()}, the spec has "
                        f"{unscheduled} in {spec.describe(after)}")
-        if self.scheduler.has_requests() != (unfinished or bool(self.finished_unreported)):
+        if self.scheduler.has_requests() != self._expected_has_requests(after):
             self._fail(f"has_requests() is {self.scheduler.has_requests()} with "
                        f"{'' if unfinished else 'no '}unfinished requests and finished ones "
                        f"{sorted(self.finished_unreported)} not yet carried to the workers, in "
@@ -115,6 +120,11 @@ class RefinementChecks:
         ids = [out.batch_id for out, _ in self.engine.batch_queue if out.batch_id is not None]
         if ids != list(range(self.num_batches - len(ids) + 1, self.num_batches + 1)):
             self._fail(f"batch ids in flight {ids}, {self.num_batches} batches submitted")
+
+    def _expected_has_requests(self, after: spec.State) -> bool:
+        """`has_requests()` by the spec's state: an unfinished request, or a
+        finished one no batch has carried to the workers yet."""
+        return bool(after.waiting or after.running) or bool(self.finished_unreported)
 
     def _check_predicted_fates(self, after: spec.State) -> None:
         """vLLM 0.33: what the reference says becomes of each in-flight

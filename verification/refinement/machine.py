@@ -422,14 +422,18 @@ class RefinementMachine(RefinementChecks, RuleBasedStateMachine):
             slot = slot_of.get(output.request_id)
             if slot is None and output.finish_reason == "error" and not output.new_token_ids:
                 continue                      # a KV load's error (kv_machine.py): no batch entry
-            slot = slot_of[output.request_id]
-            appended = list(self.ledger.requests[slot].output_token_ids[num_output[slot]:])
-            if list(output.new_token_ids) != appended:
-                self._fail(f"batch {completed.batch_id} returns {list(output.new_token_ids)} for "
-                           f"r{slot}, which it appended {appended}")
+            self._check_streamed(completed.batch_id, output, slot_of[output.request_id], num_output)
         names = [self.ledger.requests[e.req].request_id for e in sampling]
         samples = tuple(self.calls.get(name, spec.Sample()) for name in names)
         self._check(spec.CompleteOldest(samples))
+
+    def _check_streamed(self, batch_id: int | None, output, slot: int, num_output: dict[int, int]) -> None:
+        """What the engine streams to the client for r`slot`: exactly the
+        tokens this batch appended to it (`num_output`: its outputs before)."""
+        appended = list(self.ledger.requests[slot].output_token_ids[num_output[slot]:])
+        if list(output.new_token_ids) != appended:
+            self._fail(f"batch {batch_id} returns {list(output.new_token_ids)} for "
+                       f"r{slot}, which it appended {appended}")
 
     def _receiver(self, entry) -> int:
         """The slot an entry's output would be applied to: its own, or

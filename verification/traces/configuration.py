@@ -107,6 +107,7 @@ def _config(event: dict, profile: str, overrides: dict[str, Any]) -> Config:
         enable_chunked_prefill=event.get("enable_chunked_prefill", True),
         cache_aware_admission_window=event.get("cache_aware_admission_window", 0),
         cache_aware_admission_threshold=event.get("cache_aware_admission_threshold", 0.5),
+        prefill_schedule_interval=event.get("prefill_schedule_interval", 1),
         kv_connector=connector_from_event(event),
         streaming_sessions=event.get("streaming_sessions", False),
         

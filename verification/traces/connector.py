@@ -23,9 +23,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from flightcheck.spec import Config, Scheduled, State, Status, step
+from flightcheck.spec import Config, Schedule, Scheduled, State, Status, schedule, step
 from flightcheck.spec.config import KvConnector
-from flightcheck.spec.kv_loads import admits_inflight_load
+from flightcheck.spec.kv_loads import admits_inflight_load, promote
+from flightcheck.spec.kv_reports import fail_cut_parked_load
+from flightcheck.spec.schedule import is_empty_step
 from flightcheck.spec.state import Load
 from flightcheck.spec.transitions import CONTRACT_PROPERTIES, FailKvLoad, FailKvOutput, ReceiveKv, SendKv
 
@@ -70,6 +72,8 @@ class ConnectorEvents:
     _check_properties: Callable[..., None]
     _arrival_order: Callable[[], list[int]]
     _match_blocks: Callable[[str, list, tuple[int, ...]], None]
+    _with_queue_slot: Callable[[], State]
+    scheduled: Scheduled | None
 
     def _start_connector(self) -> None:
         # slot -> the spec's (computed, placeholders) after its recompute
@@ -80,6 +84,33 @@ class ConnectorEvents:
         self.errors_after_outputs: set[int] = set()
         # the kv_failed events of the output being read (KvOutput), judged jointly
         self.kv_output: KvOutput | None = None
+
+    def _promote_at_empty_calls(self, event: dict) -> None:
+        """A schedule() call that formed nothing still ran its waiting loop,
+        which promotes a landed load at the head of kv_holding_waiting before
+        failing to admit it (`_handle_blocked_waiting_request`,
+        `_update_waiting_for_remote_kv`: the table of a load that left nothing
+        valid goes back to the free queue's head, a valid prefix is cached).
+        So at an event noting such calls (`empty_batches_before`), the
+        promotions of the spec's step there are taken now, when the calls were
+        made: taken at the next batch, after a completion drained fenced frees
+        ahead of them, the freed table would be allocated first (a false S9,
+        0.33.0 async `campaign --all-features --seed 3` index 150)."""
+        notes = event.get("empty_batches_before")
+        if not isinstance(notes, list) or not any(isinstance(n, dict) and n.get("ev") == "schedule" for n in notes):
+            return
+        now = self._with_queue_slot() if self.cfg.rules.output_placeholders else self.state
+        scheduled = schedule(now, self.cfg)
+        if scheduled is None or not is_empty_step(scheduled) or scheduled.kv_loads:
+            return                   # (a call that formed or parked something: the trace's next batch says)
+        after = self.state
+        for r in [x for x in scheduled.state.kv_holding + scheduled.state.waiting
+                  if loading(self.state.requests[x]) and not loading(scheduled.state.requests[x])]:
+            after = promote(after, self.cfg, r)
+        if after is not self.state:
+            self.scheduled = scheduled
+            before, self.state = self.state, after
+            self._check_properties(before, after, Schedule())
 
     # -- the reports ----------------------------------------------------------
 
@@ -147,6 +178,7 @@ class ConnectorEvents:
         name, from_block = event["req"], event["from_block"]
         found = self._report_slot(name, lambda r: FailKvLoad(r, from_block), output.before)
         if found is None and self._failure_of_finished_load(name, output.before):
+            self._cut_parked_load_again(name, event)
             output.after = self.state
             return
         if found is None:
@@ -192,6 +224,26 @@ class ConnectorEvents:
             self.rolled_back[label.req] = (q.num_computed, q.placeholders)
             output.noted.add(label.req)
             self._check_rollback_counters(label.req, event)
+        for holder in output.failures[-1][1].get("holders", ()):
+            self._check_holder_counters(holder)
+
+    def _check_holder_counters(self, holder: dict) -> None:
+        """KV3 at the event for a request the output rolled back besides the
+        failing ones (`holders`: it shares their invalid blocks), against the
+        spec's rollback of it; without them a holder aborted before its next
+        entry is never checked (0.33.0 async `campaign --all-features --seed 1`
+        index 64: #49250's placeholders on a sharer)."""
+        r = self.slot.get(holder["req"])
+        q = None if r is None else self.state.requests[r]
+        if q is None or q.status.is_finished or r not in self.rolled_back:
+            raise self._violation("KV3_rollback_restores_counters",
+                                  f"the trace rolls {quoted(holder['req'])} back with the failed loads, the "
+                                  f"spec does not ({'no such request' if q is None else self._transfer_state(holder['req'])})")
+        for key, attr in (("computed", "num_computed"), ("placeholders", "placeholders")):
+            if key in holder and holder[key] != getattr(q, attr):
+                raise self._violation("KV3_rollback_restores_counters",
+                                      f"{self._quoted_name(r)}, which shares the failed blocks, has {key} "
+                                      f"{holder[key]} after the rollback in the trace, {getattr(q, attr)} in the spec")
 
     def _failure_of_finished_load(self, name: str, state: State) -> bool:
         """A failure reported for the load of a request that finished (aborted,
@@ -210,6 +262,23 @@ class ConnectorEvents:
         # vLLM's scan reads (`num_computed_tokens`), and changes nothing
         shared_failure = q.status is Status.WAITING_FOR_REMOTE_KVS and q.load is Load.FAILED
         return shared_failure or (q.status.is_finished and q.load is not Load.NONE)
+
+    def _cut_parked_load_again(self, name: str, event: dict) -> None:
+        """The own failure of a parked load another load's failure cut before
+        (`_failure_of_finished_load`): vLLM cuts it again where its own failure
+        is shorter (kv_reports.fail_cut_parked_load: a request-level report
+        zeroes it; 0.34.0 `campaign --all-features --seed 1` index 173, a false
+        KV3 before). Only a parked request's computed tokens go down (no table,
+        queue or batch changes, so no invariant can break); as before, no
+        contract clause is read (the spec's FAILED load does not tell a sharer's
+        cut from its own failure); KV3 here and at its next entry or park."""
+        r = self.slot[name]
+        after = fail_cut_parked_load(self.state, self.cfg, r, event["from_block"])
+        if after is None or after.requests[r].num_computed == self.state.requests[r].num_computed:
+            return
+        self.state = after
+        self.rolled_back[r] = (after.requests[r].num_computed, after.requests[r].placeholders)
+        self._check_rollback_counters(r, event)
 
     def _check_rollback_counters(self, r: int, event: dict) -> None:
         """KV3 at the event: the counters the trace says the rollback left."""

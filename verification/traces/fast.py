@@ -399,6 +399,7 @@ def _static_domain(cfg: Any) -> bool:
             and not rules.stale_output_counters and not rules.output_placeholders and not cfg.stagger
             and cfg.num_preallocate_tokens == 0 and not cfg.fences_freed_blocks and not rules.empty_batches
             and not (rules.cache_aware_admission and cfg.prefix_caching and cfg.cache_aware_admission_window)
+            and cfg.prefill_schedule_interval == 1                  # the prefill cadence (spec/cadence.py)
             # the waiting loop's rules fast_admission.py does not take (vLLM 0.33's)
             and not rules.full_sequence_admission and not rules.defer_resume_while_stale
             and not rules.pads_admitted_decodes

@@ -44,6 +44,7 @@ from flightcheck.spec import (
     schedule,
     step,
 )
+from flightcheck.spec import cadence
 from flightcheck.spec.actions import complete_oldest, max_next_drafts
 from flightcheck.spec.admission_order import reorder_waiting
 from flightcheck.spec.schedule import Scheduled, is_empty_step
@@ -107,6 +108,8 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         # vLLM 0.34's cache-aware admission order can change `waiting` in an empty schedule() call
         self.reorders_admission = bool(self.cfg.rules.cache_aware_admission and self.cfg.prefix_caching
                                        and self.cfg.cache_aware_admission_window)
+        # and the prefill cadence's capacity-bound flag (spec/cadence.py)
+        self.cadenced = cadence.is_on(self.cfg)
         self._start_engine_steps()                # the engine's choices (engine_steps.py)
         self._start_connector()                   # the KV connector's events (connector.py)
 
@@ -195,8 +198,11 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             r, status = next(iter(self.finished_now.items()))
             raise _Violation("missing_finish", f"{self._name(r)} finished ({status.value}) in the spec "
                              "but the trace wrote no finish event for it")
-        if self.reorders_admission or (self.cfg.structured_output and not self.cfg.rules.output_placeholders):
+        if self.reorders_admission or self.cadenced or (self.cfg.structured_output
+                                                        and not self.cfg.rules.output_placeholders):
             self._reorder_at_empty_calls(event)      # (sync: an empty call may meet a failed grammar)
+        if self.cfg.kv_connector is not None:
+            self._promote_at_empty_calls(event)      # connector.py
         self._engine_step_before(event)
         if self.cfg.rules.output_placeholders:
             self._note_empty_batches(event)
@@ -218,12 +224,16 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         if not self.writes_empty_batches and self.reorders_admission:
             self.unchecked.add("the admission order after empty schedule() calls (the trace notes none; "
                                "vLLM 0.34's cache-aware reorder runs in them)")
+        if not self.writes_empty_batches and self.cadenced:
+            self.unchecked.add("the prefill cadence's capacity bound after empty schedule() calls (the trace "
+                               "notes none; their waiting loop records it)")
         for note in event.get("empty_batches_before") or ():
             if isinstance(note, dict) and note.get("ev") == "complete":
                 self.finish_grammar_errors_at_empty_completion()    # grammar.py
             if not isinstance(note, dict) or note.get("ev") != "schedule":
                 continue
             if self.cfg.rules.output_placeholders:
+                self._cadence_at_empty_call()
                 self.state = reorder_waiting(self.state, self.cfg)
                 continue
             scheduled = schedule(self.state, self.cfg)
@@ -235,6 +245,16 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
                 raise _Violation("schedule_decision", f"the trace notes an empty schedule() call where the "
                                  f"spec schedules {want or 'a preemption'}")
             self.state = replace(self.state, waiting=scheduled.state.waiting)
+            if self.cadenced:
+                self.state = cadence.carry_empty_call(self.state, scheduled.state)
+
+    def _cadence_at_empty_call(self) -> None:
+        """Async: an empty call's waiting loop records the capacity bound (the
+        stagger's countdowns, caught up only at the next batch, do not reach
+        the waiting loop of a call that scheduled nothing)."""
+        scheduled = schedule(self.state, self.cfg) if self.cadenced else None
+        if scheduled is not None:
+            self.state = cadence.carry_empty_call(self.state, scheduled.state)
 
     def _reports_abort(self, event: dict, r: int) -> bool:
         """vLLM reports an aborted request as finished with reason abort

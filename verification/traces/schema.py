@@ -281,6 +281,8 @@ CONFIG = Record({
     "enable_chunked_prefill": (Flag(), False),
     "cache_aware_admission_window": (COUNT, False),
     "cache_aware_admission_threshold": (Share(), False),
+    # vLLM 0.33/0.34's local prefill cadence (1 = off; spec/cadence.py)
+    "prefill_schedule_interval": (POSITIVE, False),
     "policy": (Choice(("continue-prefill", "one-batch-per-request")), False),
     "num_preallocate_tokens": (COUNT, False),
     "release_order": (Choice(("reverse", "forward")), False),
@@ -395,6 +397,12 @@ END = Record(dict(COMMON))
 
 # The KV connector's reports, where the scheduler processed them.
 KV_RECEIVED = Record({**COMMON, "req": (REQUEST_ID, True)})
+# A request an output's failures rolled back besides the failing ones (it shares their blocks).
+KV_HOLDER = Record({
+    "req": (REQUEST_ID, True),
+    "computed": (COUNT, True),             # its computed tokens once the failures were processed
+    "placeholders": (COUNT, False),        # async: its output placeholders then
+}, expected="an object (a request rolled back with a failed load)")
 KV_FAILED = Record({
     **COMMON,
     "req": (REQUEST_ID, True),
@@ -402,6 +410,7 @@ KV_FAILED = Record({
     "computed": (COUNT, False),            # req's computed tokens once the failure was processed
     "placeholders": (COUNT, False),        # async: its output placeholders then
     "of": (COUNT, False),                  # the kv_failed events its output writes (all judged together)
+    "holders": (ListOf(KV_HOLDER), False), # (on the output's last) the other requests it rolled back
 })
 KV_SENT = Record({**COMMON, "req": (REQUEST_ID, True)})
 

@@ -20,6 +20,7 @@ from flightcheck.verification.z3.encoding import blocks as zb
 from flightcheck.verification.z3.encoding.connector import drain_deferred_frees, finish_with_connector, shift_entries
 from flightcheck.verification.z3.encoding.drafts import drafts_come_with_output, next_drafts_cap
 from flightcheck.verification.z3.encoding.priority import arrive_with_priority
+from flightcheck.verification.z3.encoding.reset_pause_state import shift_reset_flags
 from flightcheck.verification.z3.encoding.requests import (
     async_at,
     at,
@@ -225,6 +226,8 @@ def complete_oldest(layout: Layout, builder: Builder, s: SState, ch: Choices) ->
     st.num_batches = s.num_batches - 1
     if s.kv:        # spec.kv_fence.drain_deferred_frees, before the outputs are applied
         st = shift_entries(layout, drain_deferred_frees(layout, st, lt(0, b0.length)))
+    if s.rp:        # the oldest batch's reset marks leave with it (reset_pause_state.py)
+        st = shift_reset_flags(layout, st)
     flags, oks, micro, start = [], [], [], st
     by_name = bool(s.counters)
     for j, e in enumerate(b0.entries):

@@ -17,9 +17,10 @@ from typing import Any, Callable
 
 from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY, KV_FORMULAS
 from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY, PRIORITY_FORMULAS
+from flightcheck.verification.z3.encoding.reset_pause_invariants import RP_AUXILIARY
 from flightcheck.verification.z3.encoding.state import Layout, SState
 
 Formula = Callable[[Layout, SState], Any]
 
 FORMULAS: dict[str, Formula] = {**KV_FORMULAS, **PRIORITY_FORMULAS}
-AUXILIARY: dict[str, Formula] = {**KV_AUXILIARY, **PRIORITY_AUXILIARY}
+AUXILIARY: dict[str, Formula] = {**KV_AUXILIARY, **RP_AUXILIARY, **PRIORITY_AUXILIARY}

@@ -44,6 +44,7 @@ from flightcheck.verification.z3.encoding.kv_schedule import (
     unfinished_or_held,
     victim_is_fenced,
 )
+from flightcheck.verification.z3.encoding.reset_pause import has_requests, running_budget, waiting_gate
 from flightcheck.verification.z3.encoding.requests import (
     async_at,
     at,
@@ -154,7 +155,8 @@ def is_enabled(layout: Layout, s: SState) -> Any:
 def schedule(layout: Layout, builder: Builder, s: SState) -> SchedResult:
     """Form the next batch from s (spec.schedule.schedule)."""
     cfg = layout.cfg
-    acc = BatchInProgress(_count_down(layout, clone(s)), V(cfg.max_num_batched_tokens), V(0), [pad_entry() for _ in range(layout.E)],
+    budget = running_budget(layout, s, V(cfg.max_num_batched_tokens))     # PAUSED_ALL: 0 (reset_pause.py)
+    acc = BatchInProgress(_count_down(layout, clone(s)), budget, V(0), [pad_entry() for _ in range(layout.E)],
               [z3.BoolVal(False)] * layout.N, [z3.BoolVal(False)] * layout.N, [z3.BoolVal(False)] * layout.N,
               z3.BoolVal(False), V(0), z3.BoolVal(False), V(0))
     trail, micro = [acc], []
@@ -168,6 +170,7 @@ def schedule(layout: Layout, builder: Builder, s: SState) -> SchedResult:
     for m in range(prio.running_micro_steps(layout)):
         acc = advance(acc, lambda a: _running_step(layout, builder, a, threshold_on), f"run{m}")
     phase = z3.BoolVal(True) if layout.is_mutant("admit_after_preemption") else neg(acc.any_preempted)
+    phase = waiting_gate(layout, s, phase)      # paused: no admission (reset_pause.py)
     acc = BatchInProgress(acc.state, acc.budget, acc.count, acc.entries, acc.preempted, acc.admitted_from_preempted, acc.admitted, acc.any_preempted,
               acc.position, z3.BoolVal(False), V(0))
     pads = pad_context(layout, s, acc.count, acc.entries)
@@ -219,6 +222,8 @@ def _forms_a_batch(layout: Layout, s: SState, acc: BatchInProgress) -> Any:
         return formed
     if s.kv:
         return disj(formed, *[unfinished_or_held(layout, s, r) for r in range(layout.N)])
+    if s.rp:        # the pause's count of unfinished requests (reset_pause.py)
+        return disj(formed, has_requests(s))
     return disj(formed, *[_unfinished(q.status) for q in s.reqs])
 
 
@@ -349,6 +354,8 @@ def _preempt_last(layout: Layout, builder: Builder, st: SState) -> tuple[SState,
         drop = z3.BoolVal(True) if drops else conj(c.drop, lt(0, c.stale))
         p = with_counters(p, victim, stale=c.in_flight, drop=drop)
     # spec.schedule._reset_placeholders (vLLM 0.33 `_preempt_request`); the countdown is kept
+    if layout.is_mutant("placeholders_kept_on_preemption_pr38624"):    # vLLM #38624 (mutants/reset_pause.py)
+        return p, victim
     return with_async(p, victim, placeholders=V(0)), victim
 
 

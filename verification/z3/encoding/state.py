@@ -45,6 +45,12 @@ from flightcheck.verification.z3.encoding.priority_state import (
     prio_request_fields,
     prio_state_fields,
     refuse_unencoded_priority,
+from flightcheck.verification.z3.encoding.reset_pause_state import (
+    refuse_unencoded_reset_pause,
+    rp_constant,
+    rp_entry_fields,
+    rp_frame,
+    rp_state_fields,
 )
 from flightcheck.verification.z3.encoding.terms import V, leaves, value_of, var
 
@@ -104,8 +110,7 @@ class Layout:
         _refuse_admission_knobs(model)
         refuse_unencoded_connector(model)
         refuse_unencoded_priority(model)
-        if cfg.reset_and_pause:     # spec/reset_pause.py: the explicit search checks them
-            raise ValueError(f"model {model.name}: the Z3 encoding has no reset and pause")
+        refuse_unencoded_reset_pause(model)
         width = max(8, (4 * bound).bit_length() + 1) if bitvectors else None
         distinct = all(len(set(p.labels)) == len(p.labels) for p in model.prompts)
         if cfg.rules.output_placeholders:
@@ -138,9 +143,11 @@ def _refuse_admission_knobs(model: Model) -> None:
     unchunked = not cfg.enable_chunked_prefill and (rules.unchunked_prefill_stops_admission
                                                     or rules.threshold_needs_chunked_prefill)
     reordered = cfg.cache_aware_admission_window > 0 and rules.cache_aware_admission and cfg.prefix_caching
-    if unchunked or reordered:
-        raise ValueError(f"model {model.name}: the Z3 encoding admits with chunked prefill on and in FCFS "
-                         "order; the explicit search explores chunked prefill off and the cache-aware reorder")
+    cadenced = cfg.prefill_schedule_interval > 1 and rules.prefill_cadence        # spec/cadence.py
+    if unchunked or reordered or cadenced:
+        raise ValueError(f"model {model.name}: the Z3 encoding admits with chunked prefill on, in FCFS "
+                         "order and without a prefill cadence; the explicit search explores chunked prefill "
+                         "off, the cache-aware reorder and the cadence")
 
 
 def num_statuses(layout: Layout) -> int:
@@ -246,6 +253,7 @@ class SState:
     counters: list = field(default_factory=list)   # SCounters per request; [] without stale-output counters
     asyncs: list = field(default_factory=list)     # SAsync per request; [] without output placeholders
     kv: list = field(default_factory=list)         # [SKv] with a KV connector (kv_state.py), else []
+    rp: list = field(default_factory=list)         # [SResetPause] with reset and pause (reset_pause_state.py)
     prio: list = field(default_factory=list)       # [SPrio] under the priority policy (priority_state.py), else []
 
 
@@ -276,7 +284,7 @@ def frame(layout: Layout, tag: str) -> SState:
                    for r in range(layout.N)] if has_counters(layout) else [],
                   [SAsync(I(f"placeholders[{r}]@{tag}"), I(f"decode_countdown[{r}]@{tag}"))
                    for r in range(layout.N)] if has_placeholders(layout) else [],
-                  kv_frame(layout, tag), prio_frame(layout, tag))
+                  kv_frame(layout, tag), rp_frame(layout, tag), prio_frame(layout, tag))
 
 
 def variables(s: SState, ghost: bool = True) -> list[z3.ExprRef]:
@@ -342,7 +350,7 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
                   if has_counters(layout) else [],
                   [SAsync(V(q.placeholders), V(q.decode_countdown)) for q in state.requests]
                   if has_placeholders(layout) else [],
-                  kv_constant(layout, state), prio_constant(layout, state))
+                  kv_constant(layout, state), rp_constant(layout, state), prio_constant(layout, state))
 
 
 def _check_ranks_can_hold(pool: BlockPool) -> None:
@@ -437,7 +445,8 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
     for b in f.batches[:iv(f.num_batches)]:
         k = len(in_flight)
         in_flight.append(tuple(Entry(iv(e.req), iv(e.start), iv(e.n), bv(e.samples), iv(e.drafts),
-                                     code(e.fate, FATE, "fate"), **kv_entry_fields(f.kv, k, j, iv))
+                                     code(e.fate, FATE, "fate"), **kv_entry_fields(f.kv, k, j, iv),
+                                     **rp_entry_fields(f.rp, k, j, bv))
                                for j, e in enumerate(b.entries[:iv(b.length)])))
     labels = tuple(None if iv(x) == layout.none_label else iv(x) for x in f.pool.label)
     pool = BlockPool(tuple(iv(c) for c in f.pool.ref), labels,
@@ -447,7 +456,7 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
                  running=tuple(iv(x) for x in f.running[:iv(f.running_len)]),
                  in_flight=tuple(in_flight), pool=pool,
                  scheduled_ids=frozenset(r for r in range(layout.N) if bv(f.scheduled[r])),
-                 **kv_state_fields(f.kv, iv), **prio_state_fields(f.prio, iv))
+                 **kv_state_fields(f.kv, iv), **rp_state_fields(f.rp, iv), **prio_state_fields(f.prio, iv))
 
 
 def dump(m: z3.ModelRef, f: SState) -> str:

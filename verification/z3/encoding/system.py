@@ -45,6 +45,7 @@ from flightcheck.verification.z3.encoding.actions import (
     complete_oldest,
 )
 from flightcheck.verification.z3.encoding.connector import connector_action, connector_transitions
+from flightcheck.verification.z3.encoding.reset_pause import rp_action, rp_transitions
 from flightcheck.verification.z3.encoding.schedule import SchedResult, schedule
 from flightcheck.verification.z3.encoding.state import (
     PREEMPTED,
@@ -174,6 +175,9 @@ class System:
             if s.kv:        # the connector's reports (connector.py): actions 4, 5, 6
                 kv_guards, kv_effects, kv_legal = connector_transitions(layout, builder, s, ch)
                 guards, effects, legal = guards + kv_guards, effects + kv_effects, legal + kv_legal
+            if s.rp:        # reset and pause (reset_pause.py): actions 4 to 8
+                rp_guards, rp_effects, rp_legal = rp_transitions(layout, builder, s, ch)
+                guards, effects, legal = guards + rp_guards, effects + rp_effects, legal + rp_legal
             legal = [le(0, ch.act), le(ch.act, len(guards) - 1)] + legal
         self._trans[t0] = Transitions(s, ch, sched, comp, guards, effects, list(schedule_definitions), builder.defs, legal)
         return self._trans[t0]
@@ -223,6 +227,8 @@ class System:
             return Schedule()
         if act == ABORT:
             return Abort(r)
+        if act >= len(ACTION_CODE) and st.before.rp:
+            return rp_action(act)
         if act >= len(ACTION_CODE):
             return connector_action(act, r, iv(st.choices.from_block))
         samples = []

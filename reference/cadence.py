@@ -1,0 +1,69 @@
+"""vLLM 0.33/0.34's local prefill cadence, a mixin of `Scheduler`
+(`SchedulerConfig.prefill_schedule_interval` > 1 on an engine without data
+parallelism; vLLM `Scheduler.__init__`, `Scheduler.schedule`).
+
+A call made within the interval of the last prefill-carrying executed step
+defers prefills while some running request decodes: the running loop skips
+prefill chunks, the waiting loop stops at a request with more than one
+token left to compute. The escape (vLLM PR #44558): a call that did not
+defer records whether the waiting queue stayed backed up
+(`prefill_capacity_bound`), and while it did, no call defers.
+"""
+
+from __future__ import annotations
+
+from .batch import Batch
+from .request import Request
+
+
+class PrefillCadence:
+    def _init_cadence(self, interval: int, in_profile: bool) -> None:
+        self.local_prefill_interval = interval if in_profile else 1
+        self.last_prefill_step = -self.local_prefill_interval   # the first step is never held
+        self.num_executed_steps = 0
+        self.prefill_capacity_bound = False
+        self.deferred_waiting: set[str] = set()     # waiting requests skipped since their admission
+        self.defer_prefills = False
+
+    def _start_cadence(self) -> None:
+        """`defer_prefills` for this call, and what it must know after it."""
+        self.defer_prefills = (
+            self.local_prefill_interval > 1 and not self.prefill_capacity_bound
+            and (self.num_executed_steps + 1) - self.last_prefill_step < self.local_prefill_interval
+            and any(not r.is_prefill_chunk for r in self.running))
+        self._running_prefill_chunks = {r.request_id for r in self.running if r.is_prefill_chunk}
+        self._was_running = {r.request_id for r in self.running}
+
+    def _held_in_running_loop(self, request: Request) -> bool:
+        return self.defer_prefills and request.is_prefill_chunk
+
+    def _held_at_admission(self, request: Request, num_computed: int) -> bool:
+        return self.defer_prefills and num_computed < request.num_tokens - 1
+
+    def _note_skipped(self, request: Request) -> None:
+        if self.local_prefill_interval > 1:
+            self.deferred_waiting.add(request.request_id)
+
+    def _after_waiting_loop(self) -> None:
+        if self.local_prefill_interval > 1 and not self.defer_prefills:
+            num_waiting = len(self.waiting) + len(self.kv_holding_waiting)
+            deferred = sum(1 for r in self.waiting if r.request_id in self.deferred_waiting)
+            self.prefill_capacity_bound = num_waiting > deferred
+
+    def _end_cadence(self, batch: Batch) -> None:
+        """Count the executed step; restart the interval from one that carried
+        a prefill (a running prefill chunk, or an admission with more than one
+        token left to compute). Runs before the counters advance."""
+        if self.local_prefill_interval == 1:
+            return
+        carried = False
+        for request, entry in zip(batch.requests, batch.entries):
+            self.deferred_waiting.discard(request.request_id)
+            if request.request_id in self._running_prefill_chunks:
+                carried = True
+            elif request.request_id not in self._was_running:     # admitted: its hit is its start
+                carried |= entry.num_computed_tokens < request.num_tokens - 1
+        if batch.total_num_scheduled_tokens > 0:
+            self.num_executed_steps += 1
+        if carried:
+            self.last_prefill_step = self.num_executed_steps

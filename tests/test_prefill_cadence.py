@@ -1,0 +1,102 @@
+"""vLLM 0.33/0.34's local prefill cadence (spec/cadence.py, reference/cadence.py,
+`prefill_schedule_interval`): off by default and refused where it is not
+modelled; the explicit search of the cadence models (CAD1-CAD3 hold, every
+target reached, the held call with nothing to run among them); each bug a
+killed mutant; the reference's traces legal; vLLM's real scheduler identical
+to the reference and accepted by check-trace (sync and async)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+
+from flightcheck.spec import Config, KvConnector
+from flightcheck.spec.transitions import transition_properties_for
+from flightcheck.verification.cadence_models import CADENCE_K2, CADENCE_K2_ASYNC
+from flightcheck.verification.explicit.search import search
+from flightcheck.verification.mutants.registry import CADENCE_MUTANTS
+from flightcheck.verification.traces.check import MalformedTrace, check_events
+from flightcheck.vllm.differential import run_reference
+from flightcheck.vllm.cadence_generate import cadence_workloads
+
+pytestmark = pytest.mark.usefixtures("both_checkers")   # the reference's traces are checked
+
+CADENCE = ("CAD1_deferred_call_carries_no_prefill", "CAD2_backed_up_queue_not_held",
+           "CAD3_hold_restarts_after_prefill")
+
+
+def test_off_by_default_and_refused_where_not_modelled():
+    plain = Config(profile="vllm-0.34")
+    assert plain.prefill_schedule_interval == 1
+    assert not any(p.name in CADENCE for p in transition_properties_for(plain))
+    assert [p.name for p in transition_properties_for(CADENCE_K2.cfg)][-3:] == list(CADENCE)
+    assert not any(p.name in CADENCE for p in transition_properties_for(replace(CADENCE_K2.cfg, profile="vllm-0.8.5")))
+    with pytest.raises(ValueError, match="prefill_schedule_interval must be >= 1"):
+        Config(prefill_schedule_interval=0)
+    with pytest.raises(ValueError, match="without a KV connector"):
+        Config(profile="vllm-0.34", prefill_schedule_interval=2, kv_connector=KvConnector())
+
+
+@pytest.mark.parametrize("model", [CADENCE_K2, CADENCE_K2_ASYNC], ids=lambda m: m.name)
+def test_the_cadence_models_keep_every_property_and_reach_every_target(model):
+    result = search(model)
+    assert result.violations == []
+    assert result.num_states == {"cadence-k2": 1334, "cadence-k2-async": 2556}[model.name]
+
+
+@pytest.mark.parametrize("name", sorted(CADENCE_MUTANTS))
+def test_each_cadence_bug_is_killed_by_its_property_at_its_shortest(name):
+    mutant = CADENCE_MUTANTS[name]
+    result = search(replace(CADENCE_K2, mutant=name))
+    killed = [v for v in result.violations if v.property == mutant.killed_by]
+    assert killed and len(killed[0].path) == mutant.shortest, result.violations
+
+
+@pytest.mark.parametrize("profile", ["vllm-0.34", "vllm-0.34-async", "vllm-0.33", "vllm-0.33-async"])
+def test_the_references_cadence_traces_are_legal_and_hold_prefills(profile):
+    held = 0
+    for workload in cadence_workloads(3, 10):
+        run = run_reference(workload, profile)
+        assert run.ending == "done" and run.events[0]["prefill_schedule_interval"] >= 2
+        assert check_events(run.events).ok, workload["name"]
+        plain = run_reference({**workload, "config": {**workload["config"], "prefill_schedule_interval": 1}},
+                              profile)
+        held += [e for e in run.events if e["ev"] == "schedule"] != [e for e in plain.events if e["ev"] == "schedule"]
+    assert held >= 3                        # the cadence changed the batches of several (3 or 4 of 10)
+
+
+def test_an_interval_below_one_is_a_malformed_trace():
+    events = [{"ev": "config", "num_stages": 2, "max_num_batched_tokens": 8, "block_size": 2, "num_blocks": 8,
+               "max_model_len": 16, "vllm_version": "0.34.0", "prefill_schedule_interval": 0}, {"ev": "end"}]
+    with pytest.raises(MalformedTrace, match="prefill_schedule_interval"):
+        check_events(events)
+
+
+def _agree_with_vllm(version: str, async_scheduling: bool, count: int) -> None:
+    if os.environ.get("FLIGHTCHECK_SKIP_VLLM"):
+        pytest.skip("FLIGHTCHECK_SKIP_VLLM")
+    from flightcheck.vllm.campaign import run_version
+
+    workloads = cadence_workloads(5, count)
+    report = run_version(version, workloads, 5, False, lambda line: None, async_scheduling)
+    assert report.workloads == len(workloads) and report.unexplained == []
+    assert report.identical == len(workloads)
+    assert set(report.verdicts) == {"accepted, correct run"}
+
+
+@pytest.mark.vllm
+def test_cadence_workloads_agree_with_vllm_034_async() -> None:
+    """Four cadence workloads through vLLM 0.34.0's AsyncScheduler:
+    identical to the reference, check-trace's verdict its ground truth."""
+    _agree_with_vllm("0.34.0", True, 4)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_cadence_workloads_agree_with_vllm(version: str, async_scheduling: bool) -> None:
+    """Eight cadence workloads, each release and mode."""
+    _agree_with_vllm(version, async_scheduling, 8)

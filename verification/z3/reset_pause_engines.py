@@ -1,0 +1,187 @@
+"""RP1-RP4 (spec/reset_pause.py) proved on the Z3 encoding
+(encoding/reset_pause.py), on the model of reset_pause_models.py.
+
+RP1-RP4 are transition properties, so they are proved as one-step
+consequences of an inductive invariant I:
+
+    I(s) AND T(s, s') AND not P(s, s')      unsat for each P
+
+I is what kv_engines.kv_induction (k-induction, k = 1, the Houdini loop)
+keeps of WF_encoding, the auxiliary invariant RPA1
+(encoding/reset_pause_invariants.py) and the encoding's own formulas of the
+spec's invariants and strengthening invariants (kv_engines' candidates):
+each kept conjunct holds in every reachable state, so every step from a
+reachable state satisfies P. BMC bounds each P on the steps of every
+path up to a depth; a violation (a mutant's) is decoded into spec actions,
+replayed on the concrete spec state for state, and must break the spec's
+own predicate on its last step (z3.results.replay, concrete_check).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+import z3
+from flightcheck.spec import invariants_for, transition_properties_for
+from flightcheck.verification.models import Model
+from flightcheck.verification.mutants import applied
+from flightcheck.verification.z3.encoding.invariants import NEEDS_SCHEDULE, invariant_formulas_for
+from flightcheck.verification.z3.encoding.reset_pause_invariants import RP_AUXILIARY, RP_TRANSITION_FORMULAS
+from flightcheck.verification.z3.encoding.system import Step, System
+from flightcheck.verification.z3.kv_engines import WF, _formula, candidate_names, kv_induction
+from flightcheck.verification.z3.results import EngineResult, EngineVerdict, ReplayMismatch, replay
+
+RP_PROPERTIES: tuple[str, ...] = tuple(RP_TRANSITION_FORMULAS)
+
+
+def rp_auxiliary(model: Model) -> list[str]:
+    """The conjuncts offered to the Houdini loop: RPA1, then the encoding's
+    formulas of the spec's invariants and strengthening invariants."""
+    return [*RP_AUXILIARY, *candidate_names(model.cfg)]
+
+
+def _holds(system: System, name: str, st: Step) -> z3.BoolRef:
+    """RP1-RP4 on the step; a spec state invariant (the encoding's formula,
+    invariants.invariant_formulas_for) on the state after it."""
+    if name in RP_TRANSITION_FORMULAS:
+        return system.build(RP_TRANSITION_FORMULAS[name], st)
+    formula = invariant_formulas_for(system.layout.cfg)[name]
+    return system.build(lambda layout, s: formula(layout, s, None), st.after)
+
+
+def _spec_breaks(model: Model, name: str, states: list, actions: list) -> bool:
+    """The spec's own property `name` fails on the trace's last step or state."""
+    with applied(model.mutant):
+        return any(p.name == name and not p.holds(states[-2], states[-1], actions[-1], model.cfg)
+                   for p in transition_properties_for(model.cfg)) or \
+            any(inv.name == name and not inv.holds(states[-1], model.cfg) for inv in invariants_for(model.cfg))
+
+
+def rp_bmc(model: Model, depth: int, properties: Iterable[str] = RP_PROPERTIES,
+           time_budget: float | None = None) -> EngineResult:
+    """Each of RP1-RP4 (or a spec state invariant the encoding has, named
+    among `properties`, on the state after each step) holds on every step
+    of every path of up to `depth` steps from the initial state, or is
+    violated at the shortest such step (its trace replayed on the spec)."""
+    started = time.perf_counter()
+    names = list(properties)
+    if any(n in NEEDS_SCHEDULE for n in names):
+        raise ValueError(f"rp_bmc does not check {sorted(NEEDS_SCHEDULE)}")
+    system = System(model)
+    solver = z3.SolverFor("QF_BV")
+    solver.add(system.init(0))
+    rows: dict[str, EngineVerdict] = {}
+    steps: list[Step] = []
+    reached = 0
+    for t in range(1, depth + 1):
+        st = system.step(t - 1, t)
+        steps.append(st)
+        solver.add(st.constraints)
+        if time_budget is not None:
+            solver.set("timeout", max(1, int((time_budget - (time.perf_counter() - started)) * 1000)))
+        while True:
+            goals = {n: _holds(system, n, st) for n in names if n not in rows}
+            answer = solver.check(z3.Not(z3.And(list(goals.values())))) if goals else z3.unsat
+            if answer == z3.unknown:
+                return _result(model, names, rows, "bmc", reached, started, budget_out=True)
+            if answer == z3.unsat:
+                solver.add(*goals.values())
+                break
+            witness = solver.model()
+            for n, goal in goals.items():
+                if not z3.is_true(witness.eval(goal, model_completion=True)):
+                    rows[n] = _violation(system, model, n, t, steps, witness, started)
+        reached = t
+    return _result(model, names, rows, "bmc", reached, started)
+
+
+def _violation(system: System, model: Model, name: str, t: int, steps: list[Step], witness: z3.ModelRef,
+               started: float) -> EngineVerdict:
+    actions = [system.decode_action(witness, st) for st in steps]
+    states = [system.decode_or_dump(witness, i) for i in range(t + 1)]
+    if any(isinstance(s, str) for s in states):
+        raise ReplayMismatch(f"{name}: the solver's trace holds a frame that is not a spec state: {states}")
+    concrete = replay(model, actions, states)
+    if not _spec_breaks(model, name, concrete, actions):
+        raise ReplayMismatch(f"{name}: the encoding's violation at depth {t} holds in the spec")
+    kind = "transition" if name in RP_TRANSITION_FORMULAS else "invariant"
+    return EngineVerdict(name, kind, "violated", "bmc", t, time.perf_counter() - started,
+                         trace=actions, states=concrete)
+
+
+def _result(model: Model, names: list[str], rows: dict[str, EngineVerdict], method: str, depth: int,
+            started: float, budget_out: bool = False) -> EngineResult:
+    seconds = time.perf_counter() - started
+    verdicts = [rows.get(n) or EngineVerdict(n, "transition", "unknown" if budget_out else "bounded", method,
+                                             depth, seconds) for n in names]
+    return EngineResult(model.name, method, seconds, depth, verdicts)
+
+
+def rp_induction(model: Model, time_budget: float | None = None) -> EngineResult:
+    """The inductive invariant (k-induction, k = 1, Houdini over WF, RPA1 and
+    the candidates), then RP1-RP4 as one-step consequences of it. The rows:
+    RP1-RP4 (proved, or unknown with the step that breaks them under I),
+    then every conjunct of I offered (proved: kept; unknown: dropped)."""
+    started = time.perf_counter()
+    invariant = kv_induction(model, 1, properties=[], auxiliary=rp_auxiliary(model), time_budget=time_budget)
+    kept = [p.name for p in invariant.properties if p.status == "proved"]
+    system = System(model)
+    st = system.step(0, 1)
+    solver = z3.SolverFor("QF_BV")
+    solver.add(*st.constraints, *[_formula(system, n, 0) for n in kept])
+    method = "k-induction (k=1), one step"
+    rows = []
+    for name in RP_PROPERTIES:
+        if time_budget is not None:
+            solver.set("timeout", max(1, int((started + time_budget - time.perf_counter()) * 1000)))
+        answer = solver.check(z3.Not(_holds(system, name, st)))
+        status = "proved" if answer == z3.unsat else "unknown"
+        message = "" if answer == z3.unsat else f"I(s) and T(s, s') do not imply it ({answer})"
+        if answer == z3.sat:
+            message += f": from {system.decode_or_dump(solver.model(), 0)} by {system.decode_action(solver.model(), st)}"
+        rows.append(EngineVerdict(name, "transition", status, method, 1, time.perf_counter() - started,
+                                  message=message))
+    seconds = time.perf_counter() - started
+    return EngineResult(model.name, method, seconds, 1, rows + invariant.properties,
+                        notes=[f"inductive invariant: {len(kept)} conjuncts kept ({WF} and "
+                               f"{', '.join(n for n in kept if n in RP_AUXILIARY) or 'no RPA'} among them)"])
+
+
+# --- the rows of `flightcheck verify --reset-pause`
+
+# The profile whose rules the Z3 model is checked under, for each profile
+# `--reset-pause` takes: vLLM 0.34's (reset_pause_models.RP_Z3) or 0.33's
+# (the same model under that profile: the same 2,124 states); an async
+# profile's rows are its synchronous twin's (the proof is not run under
+# async scheduling), and the method says so.
+RP_ENCODED_PROFILE = {"vllm-0.33": "vllm-0.33", "vllm-0.33-async": "vllm-0.33",
+                      "vllm-0.34": "vllm-0.34", "vllm-0.34-async": "vllm-0.34"}
+
+
+def rp_model(profile: str) -> Model:
+    """The Z3 model under `profile`'s synchronous rules (RP_ENCODED_PROFILE)."""
+    from flightcheck.verification.z3.profiles import profile_model
+    from flightcheck.verification.z3.reset_pause_models import RP_Z3
+    encoded = RP_ENCODED_PROFILE[profile]
+    return RP_Z3 if RP_Z3.cfg.profile == encoded else profile_model(RP_Z3, encoded)
+
+
+# How deep BMC of the model goes (the proof is unbounded; BMC gives each of
+# RP1-RP4 a second, independent method).
+RP_BMC_DEPTH = 5
+
+
+def reset_pause_rows(profile: str, depth: int = RP_BMC_DEPTH, time_budget: float | None = None) -> list:
+    """RP1-RP4 on the model by k-induction and one step, and by BMC to
+    `depth`, under `profile`'s synchronous rules; the method names the model
+    and the profile."""
+    from flightcheck.verification.results import PropertyResult, kind_of
+    chosen, encoded = rp_model(profile), RP_ENCODED_PROFILE[profile]
+    note = "" if encoded == profile else f"; {profile}'s synchronous twin"
+    where = f" [{chosen.name.split('@')[0]}@{encoded}{note}]"
+    rows = []
+    for result in (rp_induction(chosen, time_budget), rp_bmc(chosen, depth, time_budget=time_budget)):
+        rows += [PropertyResult(p.name, kind_of(p.name), p.status, p.method + where, p.depth, p.seconds)
+                 for p in result.properties if p.name in RP_PROPERTIES]
+    return rows
