@@ -45,6 +45,7 @@ from flightcheck.verification.z3.encoding.priority_state import (
     prio_request_fields,
     prio_state_fields,
     refuse_unencoded_priority,
+)
 from flightcheck.verification.z3.encoding.reset_pause_state import (
     refuse_unencoded_reset_pause,
     rp_constant,
