@@ -51,9 +51,7 @@ from flightcheck.verification.models import (
     mutant_model,
 )
 from flightcheck.verification.mutants import mutants_of
-from flightcheck.verification.mutants.priority import PRIORITY_BUGS, PRIORITY_PROFILE
 from flightcheck.verification.mutants.registry import RESET_PAUSE_MUTANTS
-from flightcheck.verification.priority_models import PRIORITY_PROFILE_MODELS, priority_mutant_model
 from flightcheck.verification.results import (
     LIVENESS_GRAPH,
     SOMETIMES_NAMES,
@@ -150,6 +148,7 @@ class SuiteResult:
     tasks: int = 0                        # how many tasks it ran there (none: all in this process)
     retried: int = 0                      # tasks run again after their worker was lost
     reset_pause: bool = False             # reset and pause's models (`--reset-pause`)
+    structured_output: bool = False       # structured output's models (`--structured-output`)
     priority: bool = False                # the priority policy's models (`--priority`)
 
     @property
@@ -182,6 +181,7 @@ class SuiteResult:
             {"allow_name_reuse": True, "counterexamples": [to_json(cx) for cx in self.counterexamples]}
             if self.allow_name_reuse else {}) | ({"kv_connector": True} if self.kv_connector else {}) | (
             {"reset_pause": True} if self.reset_pause else {}) | (
+            {"structured_output": True} if self.structured_output else {}) | (
 
 {"streaming_sessions": True} if self.streaming_sessions else {}) | ({"priority": True} if self.priority else {})
 
@@ -264,9 +264,8 @@ class SuiteOptions:
     `mutants` None hunts every mutant of the profile (its moot ones listed,
     not hunted), a list only those; `inferred` adds the inferred-invariant
     proof; `allow_name_reuse` searches the profile's name-reuse models
-    instead, `kv_connector` its KV connector models, `reset_pause` its
-    reset-and-pause models, `streaming_sessions` its streaming sessions' models,
-    `priority` the priority policy's models."""
+    instead, `kv_connector` its KV connector models, `reset_pause` its reset-and-pause
+    models, `streaming_sessions` its sessions', `priority` (priority_suite.py) its policy's."""
     model: Model = VERIFY_MODEL
     depth: int = VERIFY_DEPTH
     use_z3: bool = True
@@ -278,6 +277,7 @@ class SuiteOptions:
     kv_connector: bool = False
     reset_pause: bool = False
     streaming_sessions: bool = False
+    structured_output: bool = False
     priority: bool = False
 
     @property
@@ -314,8 +314,10 @@ def run_suite(options: SuiteOptions = SuiteOptions(), progress: Progress | None 
         result = _reset_pause_suite(options, say)
     elif options.streaming_sessions:
         result = _sessions_suite(options, say)
+    elif options.structured_output:
+        result = _structured_output_suite(options, say)
     elif options.priority:
-        result = _priority_suite(options, say)
+        raise ValueError("the priority suite is verification.priority_suite.run_priority_suite")
     else:
         result = _profile_suite(options, say)
     ran = executors.ran_since(before)
@@ -511,33 +513,6 @@ def _sessions_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
                                    SESSIONS_EXPLICIT_ONLY, streaming_sessions=True)
 
 
-# Why `--priority` runs no Z3 engine under a profile other than PRIORITY_PROFILE (z3/priority_models.py).
-PRIORITY_EXPLICIT_ONLY = (f"the Z3 encoding of the priority policy covers {PRIORITY_PROFILE} only: this "
-                          "profile's priority models are searched exhaustively")
-
-
-def _priority_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
-    """`--priority` (spec/priority.py): the exhaustive search of the profile's
-    priority models, every property of each (PR1-PR3 among them); under
-    PRIORITY_PROFILE the policy's mutants, each on its model, and the Z3
-    rows of the priority model (z3/priority_engines.priority_rows)."""
-    profile = options.profile
-    if profile not in PRIORITY_PROFILE_MODELS:
-        raise ValueError(f"profile {profile!r} has no priority policy; known: {', '.join(PRIORITY_PROFILE_MODELS)}")
-    ours = profile == PRIORITY_PROFILE
-    mutants = [(m.name, priority_mutant_model(m.name)) for m in PRIORITY_BUGS] if ours else []
-    result = _explicit_feature_suite(options, say, "priority", PRIORITY_PROFILE_MODELS[profile], mutants,
-                                     PRIORITY_EXPLICIT_ONLY, priority=True)
-    if options.use_z3 and ours:
-        from flightcheck.verification.z3.priority_engines import PRIORITY_BMC_DEPTH, priority_rows
-        say(f"k-induction and bounded model checking of the Z3 priority model ({profile})")
-        t0 = time.perf_counter()
-        result.properties += priority_rows(PRIORITY_BMC_DEPTH)
-        result.seconds += time.perf_counter() - t0
-        result.explicit_only = None
-    return result
-
-
 def _kv_encoded(profile: str) -> bool:
     """The Z3 encoding of the connector covers `profile` (z3.suite.KV_ENCODED_PROFILE)."""
     from flightcheck.verification.z3.suite import KV_ENCODED_PROFILE
@@ -549,3 +524,27 @@ def _explicit_part(profile: str, mutants: list[str]) -> tuple[list[PropertyResul
     of its models, then each of `mutants` hunted (run_suite's second process)."""
     rows = [row for small in PROFILE_MODELS[profile] for row in exhaustive_rows(small)]
     return rows, [hunt_mutant(name, profile=profile) for name in mutants]
+
+
+def _structured_output_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
+    """`--structured-output` (spec/grammar.py): the exhaustive search of the
+    profile's grammar models, under `vllm-0.34-async` the grammar's mutants,
+    each on its model, and (unless --no-z3) G1-G3 by k-induction and BMC on
+    the Z3 grammar model (z3.grammar_models, vLLM 0.34 sync, whatever the profile)."""
+    from flightcheck.verification.grammar_models import GRAMMAR_MODELS, grammar_mutant_model
+    from flightcheck.verification.mutants.registry import GRAMMAR_MUTANTS
+    from flightcheck.verification.z3 import suite as z3_suite
+    profile = options.profile
+    models = [m for m in GRAMMAR_MODELS if m.cfg.profile == profile]
+    if not models:
+        raise ValueError(f"profile {profile!r} has no structured-output model")
+    mutants = [(name, grammar_mutant_model(name)) for name, m in GRAMMAR_MUTANTS.items() if m.profile == profile]
+    result = _explicit_feature_suite(options, say, "structured output", models, mutants, "", structured_output=True)
+    if options.use_z3:
+        t0 = time.perf_counter()
+        say("k-induction and BMC of G1-G3 on the Z3 grammar model")
+        result.properties += z3_suite.grammar_rows()
+        result.seconds += time.perf_counter() - t0
+    result.explicit_only = None
+    return result
+

@@ -57,6 +57,11 @@ def add_parser(sub) -> None:
                              "cache and pauses between steps; vllm-0.33, vllm-0.33-async, vllm-0.34, "
                              "vllm-0.34-async), under vllm-0.34-async hunt reset and pause's mutants, and prove "
                              "RP1-RP4 by k-induction and BMC of a Z3 model (about 5 min at load; --no-z3 skips it)")
+    verify.add_argument("--structured-output", action="store_true",
+                        help="search the profile's structured-output models exhaustively (grammars compiling "
+                             "or failing, the FSM with batches in flight; vllm-0.33, vllm-0.33-async, vllm-0.34, "
+                             "vllm-0.34-async), under vllm-0.34-async hunt the grammar's mutants, and prove G1-G3 "
+                             "by k-induction and BMC on the Z3 grammar model (minutes of CPU; --no-z3 skips them)")
     verify.add_argument("--priority", action="store_true",
                         help="search the profile's priority-policy models exhaustively (PR1-PR3 and every other "
                              "property; vllm-0.33, vllm-0.33-async, vllm-0.34, vllm-0.34-async) and, under vllm-0.34, "
@@ -139,7 +144,7 @@ def _sessions_usage_error(args: argparse.Namespace) -> str | None:
                 "--all-profiles, --mutant, --inferred, --allow-name-reuse or --kv-connector")
     if args.streaming_sessions and args.reset_pause:
         return "--streaming-sessions and --reset-pause search different models; name one"
-    return _priority_usage_error(args)
+    return _priority_usage_error(args) or _grammar_usage_error(args)
 
 
 def _priority_usage_error(args: argparse.Namespace) -> str | None:
@@ -150,9 +155,22 @@ def _priority_usage_error(args: argparse.Namespace) -> str | None:
     if args.profile not in PRIORITY_PROFILE_MODELS:
         return f"--priority needs a profile with the priority policy: {', '.join(PRIORITY_PROFILE_MODELS)}"
     if (args.all_profiles or args.mutant or args.inferred or args.allow_name_reuse or args.kv_connector
-            or args.streaming_sessions or args.reset_pause):
+            or args.streaming_sessions or args.reset_pause or args.structured_output):
         return ("--priority searches one profile's priority models; it cannot go with --all-profiles, --mutant, "
-                "--inferred, --allow-name-reuse, --kv-connector, --streaming-sessions or --reset-pause")
+                "--inferred, --allow-name-reuse, --kv-connector, --streaming-sessions, --reset-pause or "
+                "--structured-output")
+    return None
+
+
+def _grammar_usage_error(args: argparse.Namespace) -> str | None:
+    from flightcheck.verification.grammar_models import GRAMMAR_PROFILES
+
+    if args.structured_output and args.profile not in GRAMMAR_PROFILES:
+        return f"--structured-output needs a profile with structured output: {', '.join(GRAMMAR_PROFILES)}"
+    if args.structured_output and (args.all_profiles or args.mutant or args.inferred or args.allow_name_reuse
+                                   or args.kv_connector or args.streaming_sessions or args.reset_pause):
+        return ("--structured-output searches one profile's grammar models; it cannot go with --all-profiles, "
+                "--mutant, --inferred, --allow-name-reuse, --kv-connector, --streaming-sessions or --reset-pause")
     return None
 
 
@@ -180,6 +198,7 @@ def _hunt_one(args: argparse.Namespace, console: Console) -> int:
 def _run_profiles(args: argparse.Namespace, console: Console) -> int:
     """The suite under each profile asked for: a table each (or JSON), progress on stderr."""
     from flightcheck.verification.models import MODELS
+    from flightcheck.verification.priority_suite import run_priority_suite
     from flightcheck.verification.suite import SuiteOptions, run_suite
 
     profiles = list(PROFILES) if args.all_profiles else [args.profile]
@@ -189,10 +208,11 @@ def _run_profiles(args: argparse.Namespace, console: Console) -> int:
         options = SuiteOptions(MODELS[args.config], args.depth, use_z3=not args.no_z3, jobs=args.jobs,
                                inferred=args.inferred, profile=profile, allow_name_reuse=args.allow_name_reuse,
                                kv_connector=args.kv_connector, reset_pause=args.reset_pause,
-                               streaming_sessions=args.streaming_sessions, priority=args.priority)
+                               streaming_sessions=args.streaming_sessions, structured_output=args.structured_output,
+                               priority=args.priority)
         try:
             with PhaseProgress(f"flightcheck verify ({profile})") as progress:
-                suites.append(run_suite(options, progress.phase))
+                suites.append((run_priority_suite if args.priority else run_suite)(options, progress.phase))
         except (executors.ExecutorUnavailable, executors.TaskLost) as err:
             return bad(str(err))
         if not args.json:

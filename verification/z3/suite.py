@@ -134,3 +134,20 @@ def kv_rows(profile: str, depth: int = KV_BMC_DEPTH, time_budget: float | None =
             rows += [PropertyResult(p.name, p.kind, p.status, p.method + where, p.depth, p.seconds)
                      for p in result.properties if p.kind != "auxiliary"]
     return rows
+
+
+# --- structured output (spec/grammar.py) -----------------------------------------
+
+def grammar_rows(time_budget: float | None = None) -> list:
+    """G1-G3 on the grammar model (z3.grammar_models.GRAMMAR_Z3, vLLM 0.34
+    sync) by 1-induction with the grammar's auxiliary invariants, and by BMC
+    to GRAMMAR_Z3_BMC_DEPTH; the method names the model."""
+    from flightcheck.verification.z3.grammar_models import GRAMMAR_Z3, GRAMMAR_Z3_BMC_DEPTH, grammar_z3_auxiliary
+    from flightcheck.verification.z3.kv_engines import kv_bmc, kv_induction
+    where = f" [{GRAMMAR_Z3.name}]"
+    rows = []
+    for result in (kv_induction(GRAMMAR_Z3, 1, auxiliary=grammar_z3_auxiliary(), time_budget=time_budget),
+                   kv_bmc(GRAMMAR_Z3, GRAMMAR_Z3_BMC_DEPTH, time_budget=time_budget)):
+        rows += [PropertyResult(p.name, p.kind, p.status, p.method + where, p.depth, p.seconds)
+                 for p in result.properties if p.kind != "auxiliary"]
+    return rows

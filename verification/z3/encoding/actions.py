@@ -17,6 +17,7 @@ from typing import Any
 
 import z3
 from flightcheck.verification.z3.encoding import blocks as zb
+from flightcheck.verification.z3.encoding import structured_output as grammar
 from flightcheck.verification.z3.encoding.connector import drain_deferred_frees, finish_with_connector, shift_entries
 from flightcheck.verification.z3.encoding.drafts import drafts_come_with_output, next_drafts_cap
 from flightcheck.verification.z3.encoding.priority import arrive_with_priority
@@ -37,8 +38,10 @@ from flightcheck.verification.z3.encoding.requests import (
 )
 from flightcheck.verification.z3.encoding.state import (
     F_ABORTED,
+    F_ERROR,
     F_LENGTH,
     F_STOPPED,
+    G_WAIT,
     LIVE,
     NEW,
     ORPHANED,
@@ -97,8 +100,12 @@ def choices(layout: Layout, tag: str) -> Choices:
                    I(f"from_block@{tag}") if layout.cfg.kv_connector is not None else None)
 
 
-def is_active(status: Any, kv: bool = False) -> Any:
-    """spec Status.is_active: WAITING_FOR_REMOTE_KVS too in a frame with a connector (`kv`)."""
+def is_active(status: Any, kv: bool = False, grammar: bool = False) -> Any:
+    """spec Status.is_active: WAITING_FOR_REMOTE_KVS too in a frame with a
+    connector (`kv`), WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR in one with
+    structured output (`grammar`)."""
+    if grammar:
+        return disj(eq(status, WAITING), eq(status, RUNNING), eq(status, PREEMPTED), eq(status, G_WAIT))
     if kv:
         return disj(eq(status, WAITING), eq(status, RUNNING), eq(status, PREEMPTED), eq(status, REMOTE_KVS))
     return disj(eq(status, WAITING), eq(status, RUNNING), eq(status, PREEMPTED))
@@ -152,13 +159,15 @@ def arrive(layout: Layout, s: SState, ch: Choices) -> SState:
     st.waiting_len = s.waiting_len + 1
     if layout.is_mutant("arrival_counter_stale"):
         return arrive_with_priority(layout, s, with_req(st, ch.req, status=V(WAITING), num_computed=V(1)), ch.req)
-    return arrive_with_priority(layout, s, with_req(st, ch.req, status=V(WAITING)), ch.req)   # FCFS: unchanged
+    st = with_req(st, ch.req, status=V(WAITING))
+    st = grammar.arrive_structured(layout, st, ch.req) if s.grammar else st
+    return arrive_with_priority(layout, s, st, ch.req)      # FCFS: unchanged
 
 
 def abort_guard(layout: Layout, s: SState, ch: Choices) -> Any:
     if not layout.model.allow_abort:
         return z3.BoolVal(False)
-    return conj(le(0, ch.req), lt(ch.req, layout.N), at(layout, s, ch.req, lambda q, k: is_active(q.status, bool(s.kv))))
+    return conj(le(0, ch.req), lt(ch.req, layout.N), at(layout, s, ch.req, lambda q, k: is_active(q.status, bool(s.kv), bool(s.grammar))))
 
 
 def abort(layout: Layout, s: SState, ch: Choices) -> SState:
@@ -198,6 +207,7 @@ class Returned:
     accepted: Any
     stop_at: Any
     next_drafts: Any
+    mask: Any = None          # structured output: the FSM position the entry's bitmask was built at
 
 
 @dataclass(frozen=True)
@@ -228,6 +238,8 @@ def complete_oldest(layout: Layout, builder: Builder, s: SState, ch: Choices) ->
         st = shift_entries(layout, drain_deferred_frees(layout, st, lt(0, b0.length)))
     if s.rp:        # the oldest batch's reset marks leave with it (reset_pause_state.py)
         st = shift_reset_flags(layout, st)
+    if s.grammar:   # the oldest batch's masks go with it (structured_output.py)
+        st = grammar.shift_masks(layout, st)
     flags, oks, micro, start = [], [], [], st
     by_name = bool(s.counters)
     for j, e in enumerate(b0.entries):
@@ -246,7 +258,7 @@ def complete_oldest(layout: Layout, builder: Builder, s: SState, ch: Choices) ->
         oks.append(ite(conj(eq(ch.act, COMPLETE), here), good, canonical))
         live = conj(valid, eq(e.fate, LIVE))
 
-        returned = Returned(acc, stop, nd)
+        returned = Returned(acc, stop, nd, s.grammar[0].masks[0][j] if s.grammar else None)
 
         def apply_by_fate(st: SState, e=e, live=live, here=here, returned=returned) -> SState:
             rule = OutputRule(here, eq(e.fate, LIVE), eq(e.fate, ORPHANED))
@@ -256,6 +268,8 @@ def complete_oldest(layout: Layout, builder: Builder, s: SState, ch: Choices) ->
             return _apply_by_name(layout, builder, st, e, valid, here, returned)
 
         st = builder.step(st, apply_by_name if by_name else apply_by_fate, f"entry{j}", micro)
+    if s.grammar:   # spec.actions.after_output: failed grammars finish with FINISHED_ERROR
+        st = builder.snap(grammar.after_output(layout, st, finish), "after_output")
     return Completion(st, flags, conj(*oks), start, micro)
 
 
@@ -264,7 +278,7 @@ def _output_applied(layout: Layout, s: SState, e) -> Any:
     unfinished, e samples, and its output is not stale in drop mode; read on
     the state before the batch."""
     c = counters_at(s, e.req)
-    unfinished = at(layout, s, e.req, lambda q, k: is_active(q.status, bool(s.kv)))
+    unfinished = at(layout, s, e.req, lambda q, k: is_active(q.status, bool(s.kv), bool(s.grammar)))
     return conj(unfinished, entry_samples(layout, s, e), neg(conj(lt(0, c.stale), c.drop)))
 
 
@@ -274,7 +288,8 @@ def _apply_by_name(layout: Layout, builder: Builder, st: SState, e, valid: Any, 
     read. If e's request is unfinished its counters settle (in flight -= n,
     and stale -= n while it has stale output), and a token it returns is
     applied as an orphan's (stale) or as a live one."""
-    unfinished = builder.let("unfinished", conj(valid, at(layout, st, e.req, lambda q, k: is_active(q.status, bool(st.kv)))))
+    unfinished = builder.let("unfinished", conj(valid, at(layout, st, e.req,
+                                                           lambda q, k: is_active(q.status, bool(st.kv), bool(st.grammar)))))
     c = builder.snap(counters_at(st, e.req), "c")
     stale = builder.let("stale", lt(0, c.stale))
     in_flight = c.in_flight - e.n
@@ -331,6 +346,9 @@ def _apply_sample(layout: Layout, builder: Builder, st: SState, e, returned: Ret
     # a completion brings drafts where the profile says so (spec.drafts.drafts_come_with_output)
     drafts = ite(is_live, nd, q.num_drafts) if drafts_come_with_output(cfg) else q.num_drafts
     applied = with_req(st, r, num_output=num_output, num_computed=num_computed, num_drafts=drafts)
+    if st.grammar:      # spec.grammar.advance_fsm: a token the FSM refuses finishes r with FINISHED_ERROR
+        applied, refused = grammar.advance_fsm(st, applied, r, num_output - q.num_output, returned.mask)
+        finished, status = disj(finished, refused), ite(refused, V(F_ERROR), status)
     if st.asyncs:
         applied = _settle_placeholders(layout, builder, SampleApplied(st, applied, q, e, acc, appended,
                                                                       num_computed, subtract, is_live))

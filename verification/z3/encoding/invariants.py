@@ -21,6 +21,7 @@ from typing import Any, Callable
 import z3
 from flightcheck.spec import Config
 from flightcheck.verification.z3.encoding.actions import complete_guard, is_active
+from flightcheck.verification.z3.encoding.structured_output_state import grammar_well_formed
 from flightcheck.verification.z3.encoding.entries import (
     has_live,
     last_live_samples,
@@ -37,6 +38,7 @@ from flightcheck.verification.z3.encoding.requests import (
 from flightcheck.verification.z3.encoding.schedule import SchedResult
 from flightcheck.verification.z3.encoding.state import (
     FATE,
+    G_WAIT,
     LIVE,
     ORPHANED,
     PAD,
@@ -72,7 +74,12 @@ Formula = Callable[[Layout, SState, SchedResult], Any]
 
 
 def _active(s: SState, r: int) -> Any:
-    return is_active(s.reqs[r].status)
+    return is_active(s.reqs[r].status, grammar=bool(s.grammar))     # waiting for a grammar: active too
+
+
+def _grammar_waits(s: SState, q: Any) -> list:
+    """[q waits for its grammar] in a frame with structured output, else []."""
+    return [eq(q.status, G_WAIT)] if s.grammar else []
 
 
 def _placeholders(s: SState, r: int) -> Any:
@@ -218,7 +225,7 @@ def s10_queues_and_budgets(layout: Layout, s: SState, sch: SchedResult) -> Any:
     cfg = layout.cfg
     out = [_queue_is(layout, s.running, s.running_len, [eq(q.status, RUNNING) for q in s.reqs]),
            _queue_is(layout, s.waiting, s.waiting_len,
-                     [disj(eq(q.status, WAITING), eq(q.status, PREEMPTED)) for q in s.reqs]),
+                     [disj(eq(q.status, WAITING), eq(q.status, PREEMPTED), *_grammar_waits(s, q)) for q in s.reqs]),
            le(s.running_len, cfg.max_num_seqs)]
     for k, b in enumerate(s.batches):
         used = [lt(j, b.length) for j in range(layout.E)]
@@ -487,5 +494,6 @@ def well_formed(layout: Layout, s: SState) -> Any:
             used = conj(le(0, e.req), lt(e.req, layout.N), le(0, e.fate), lt(e.fate, len(FATE)))
             pad = conj(eq(e.req, P), eq(e.start, 0), eq(e.n, 0), neg(e.samples), eq(e.drafts, 0), eq(e.fate, 0))
             out.append(ite(lt(j, b.length), used, pad))
-    return conj(*out, kv_well_formed(layout, s), rp_well_formed(layout, s), prio_well_formed(layout, s))
+    return conj(*out, kv_well_formed(layout, s), rp_well_formed(layout, s), grammar_well_formed(layout, s),
+                prio_well_formed(layout, s))
 

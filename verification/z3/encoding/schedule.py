@@ -27,6 +27,7 @@ from typing import Any
 import z3
 from flightcheck.verification.z3.encoding import blocks as zb
 from flightcheck.verification.z3.encoding import priority as prio
+from flightcheck.verification.z3.encoding import structured_output as grammar
 from flightcheck.verification.z3.encoding.drafts import PadContext, pad_context, padded, placeholder_drafts
 from flightcheck.verification.z3.encoding.allocation import (
     Candidate,
@@ -61,6 +62,7 @@ from flightcheck.verification.z3.encoding.requests import (
 from flightcheck.verification.z3.encoding.requests import max_tokens as max_tokens_of
 from flightcheck.verification.z3.encoding.requests import prompt_len as prompt_len_of
 from flightcheck.verification.z3.encoding.state import (
+    G_WAIT,
     LIVE,
     ORPHANED,
     PAD,
@@ -224,11 +226,13 @@ def _forms_a_batch(layout: Layout, s: SState, acc: BatchInProgress) -> Any:
         return disj(formed, *[unfinished_or_held(layout, s, r) for r in range(layout.N)])
     if s.rp:        # the pause's count of unfinished requests (reset_pause.py)
         return disj(formed, has_requests(s))
-    return disj(formed, *[_unfinished(q.status) for q in s.reqs])
+    return disj(formed, *[_unfinished(q.status, bool(s.grammar)) for q in s.reqs])
 
 
-def _unfinished(status: Any) -> Any:
-    """Arrived and not finished (spec Status.is_active)."""
+def _unfinished(status: Any, grammar: bool = False) -> Any:
+    """Arrived and not finished (spec Status.is_active; waiting for a grammar too with structured output)."""
+    if grammar:
+        return disj(eq(status, WAITING), eq(status, RUNNING), eq(status, PREEMPTED), eq(status, G_WAIT))
     return disj(eq(status, WAITING), eq(status, RUNNING), eq(status, PREEMPTED))
 
 
@@ -390,8 +394,12 @@ def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase:
     active = builder.let("active", conj(phase, neg(acc.done), lt(acc.skipped, st.waiting_len), lt(0, acc.budget),
                                         seats))
     r = builder.let("r", pick(st.waiting, acc.skipped, V(PAD)))
+    blocked = z3.BoolVal(False)
+    if st.grammar:      # structured output: a request waiting for its grammar (structured_output.py)
+        st, blocked = grammar.blocked_on_grammar(layout, st, r, active)
+        blocked = builder.let("blocked", blocked)
     q = builder.snap(req_at(st, r), "q")
-    deferred = _is_resumption_deferred(layout, builder, st, r, q)
+    deferred = disj(blocked, _is_resumption_deferred(layout, builder, st, r, q))
     c = candidate(st, r, q, builder.let("tokens", tokens_at(layout, st, r)))
     if cfg.prefix_caching:
         labels = [label_at(layout, st, r, i) for i in range(layout.T)]
@@ -531,6 +539,8 @@ def _launch(layout: Layout, acc: BatchInProgress) -> SState:
     batch = SBatch(acc.count, [SEntry(e.req, e.start, e.n, e.samples, e.drafts, e.fate) for e in new])
     if st.kv:
         st = kv_launch(layout, st, acc, put_batch)
+    if st.grammar:      # each entry's bitmask position (structured_output.py)
+        st = grammar.launch_masks(layout, st, acc, put_batch)
     st.batches = [merge(conj(put_batch, eq(st.num_batches, k)), batch, b) for k, b in enumerate(st.batches)]
     st.num_batches = ite(put_batch, st.num_batches + 1, st.num_batches)
     return st

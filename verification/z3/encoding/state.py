@@ -53,14 +53,25 @@ from flightcheck.verification.z3.encoding.reset_pause_state import (
     rp_frame,
     rp_state_fields,
 )
+from flightcheck.verification.z3.encoding.structured_output_state import (
+    grammar_constant,
+    grammar_entry_fields,
+    grammar_frame,
+    grammar_request_fields,
+    grammar_state_fields,
+    has_grammar,
+    refuse_unencoded_grammar,
+)
 from flightcheck.verification.z3.encoding.terms import V, leaves, value_of, var
 
 STATUS: tuple[Status, ...] = (Status.NEW, Status.WAITING, Status.RUNNING, Status.PREEMPTED,
                               Status.FINISHED_STOPPED, Status.FINISHED_LENGTH,
                               Status.FINISHED_ABORTED,
                               # only with a KV connector (kv_state.py; `num_statuses`)
-                              Status.WAITING_FOR_REMOTE_KVS, Status.FINISHED_ERROR)
-NEW, WAITING, RUNNING, PREEMPTED, F_STOPPED, F_LENGTH, F_ABORTED, REMOTE_KVS, F_ERROR = range(9)
+                              Status.WAITING_FOR_REMOTE_KVS, Status.FINISHED_ERROR,
+                              # only with structured output (structured_output_state.py)
+                              Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR)
+NEW, WAITING, RUNNING, PREEMPTED, F_STOPPED, F_LENGTH, F_ABORTED, REMOTE_KVS, F_ERROR, G_WAIT = range(10)
 FATE: tuple[Fate, ...] = (Fate.LIVE, Fate.ORPHANED, Fate.SUPERSEDED)
 LIVE, ORPHANED, SUPERSEDED = range(3)
 PAD = -1          # unused slot of a block, request or queue array
@@ -112,6 +123,7 @@ class Layout:
         refuse_unencoded_connector(model)
         refuse_unencoded_priority(model)
         refuse_unencoded_reset_pause(model)
+        refuse_unencoded_grammar(model)
         width = max(8, (4 * bound).bit_length() + 1) if bitvectors else None
         distinct = all(len(set(p.labels)) == len(p.labels) for p in model.prompts)
         if cfg.rules.output_placeholders:
@@ -152,8 +164,12 @@ def _refuse_admission_knobs(model: Model) -> None:
 
 
 def num_statuses(layout: Layout) -> int:
-    """The status codes a frame may hold: the last two only with a connector."""
-    return len(STATUS) if has_kv(layout) else F_ABORTED + 1
+    """The status codes a frame may hold: REMOTE_KVS and F_ERROR only with a
+    connector; F_ERROR and G_WAIT with structured output (REMOTE_KVS, code 7,
+    is then in range but never reached)."""
+    if has_grammar(layout):
+        return G_WAIT + 1
+    return F_ERROR + 1 if has_kv(layout) else F_ABORTED + 1
 
 
 def has_counters(layout: Layout) -> bool:
@@ -255,6 +271,7 @@ class SState:
     asyncs: list = field(default_factory=list)     # SAsync per request; [] without output placeholders
     kv: list = field(default_factory=list)         # [SKv] with a KV connector (kv_state.py), else []
     rp: list = field(default_factory=list)         # [SResetPause] with reset and pause (reset_pause_state.py)
+    grammar: list = field(default_factory=list)    # [SGrammar] with structured output, else []
     prio: list = field(default_factory=list)       # [SPrio] under the priority policy (priority_state.py), else []
 
 
@@ -285,7 +302,7 @@ def frame(layout: Layout, tag: str) -> SState:
                    for r in range(layout.N)] if has_counters(layout) else [],
                   [SAsync(I(f"placeholders[{r}]@{tag}"), I(f"decode_countdown[{r}]@{tag}"))
                    for r in range(layout.N)] if has_placeholders(layout) else [],
-                  kv_frame(layout, tag), rp_frame(layout, tag), prio_frame(layout, tag))
+                  kv_frame(layout, tag), rp_frame(layout, tag), grammar_frame(layout, tag), prio_frame(layout, tag))
 
 
 def variables(s: SState, ghost: bool = True) -> list[z3.ExprRef]:
@@ -351,7 +368,8 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
                   if has_counters(layout) else [],
                   [SAsync(V(q.placeholders), V(q.decode_countdown)) for q in state.requests]
                   if has_placeholders(layout) else [],
-                  kv_constant(layout, state), rp_constant(layout, state), prio_constant(layout, state))
+                  kv_constant(layout, state), rp_constant(layout, state), grammar_constant(layout, state),
+                  prio_constant(layout, state))
 
 
 def _check_ranks_can_hold(pool: BlockPool) -> None:
@@ -439,7 +457,7 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
             a = f.asyncs[r]
             fixed.update(placeholders=iv(a.placeholders), decode_countdown=iv(a.countdown))
         fixed.update(kv_offer(layout, r, status is not Status.NEW), **kv_request_fields(layout, f.kv, r, iv, bv),
-                     **prio_request_fields(layout, r, status is not Status.NEW))
+                     **grammar_request_fields(f.grammar, r, iv), **prio_request_fields(layout, r, status is not Status.NEW))
         reqs.append(Request(status=status, num_output=iv(q.num_output), num_computed=iv(q.num_computed),
                             num_drafts=iv(q.num_drafts), block_table=table, **fixed))
     in_flight = []
@@ -447,7 +465,7 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
         k = len(in_flight)
         in_flight.append(tuple(Entry(iv(e.req), iv(e.start), iv(e.n), bv(e.samples), iv(e.drafts),
                                      code(e.fate, FATE, "fate"), **kv_entry_fields(f.kv, k, j, iv),
-                                     **rp_entry_fields(f.rp, k, j, bv))
+                                     **rp_entry_fields(f.rp, k, j, bv), **grammar_entry_fields(f.grammar, k, j, iv))
                                for j, e in enumerate(b.entries[:iv(b.length)])))
     labels = tuple(None if iv(x) == layout.none_label else iv(x) for x in f.pool.label)
     pool = BlockPool(tuple(iv(c) for c in f.pool.ref), labels,
@@ -457,7 +475,8 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
                  running=tuple(iv(x) for x in f.running[:iv(f.running_len)]),
                  in_flight=tuple(in_flight), pool=pool,
                  scheduled_ids=frozenset(r for r in range(layout.N) if bv(f.scheduled[r])),
-                 **kv_state_fields(f.kv, iv), **rp_state_fields(f.rp, iv), **prio_state_fields(f.prio, iv))
+                 **kv_state_fields(f.kv, iv), **rp_state_fields(f.rp, iv), **grammar_state_fields(f.grammar, bv),
+                 **prio_state_fields(f.prio, iv))
 
 
 def dump(m: z3.ModelRef, f: SState) -> str:

@@ -47,6 +47,7 @@ from flightcheck.verification.z3.encoding.actions import (
 from flightcheck.verification.z3.encoding.connector import connector_action, connector_transitions
 from flightcheck.verification.z3.encoding.reset_pause import rp_action, rp_transitions
 from flightcheck.verification.z3.encoding.schedule import SchedResult, schedule
+from flightcheck.verification.z3.encoding.structured_output import grammar_action, grammar_transitions
 from flightcheck.verification.z3.encoding.state import (
     PREEMPTED,
     Layout,
@@ -178,6 +179,9 @@ class System:
             if s.rp:        # reset and pause (reset_pause.py): actions 4 to 8
                 rp_guards, rp_effects, rp_legal = rp_transitions(layout, builder, s, ch)
                 guards, effects, legal = guards + rp_guards, effects + rp_effects, legal + rp_legal
+            if s.grammar:   # the grammar backend's events (structured_output.py): actions 4, 5
+                g_guards, g_effects, g_legal = grammar_transitions(layout, s, ch)
+                guards, effects, legal = guards + g_guards, effects + g_effects, legal + g_legal
             legal = [le(0, ch.act), le(ch.act, len(guards) - 1)] + legal
         self._trans[t0] = Transitions(s, ch, sched, comp, guards, effects, list(schedule_definitions), builder.defs, legal)
         return self._trans[t0]
@@ -229,6 +233,8 @@ class System:
             return Abort(r)
         if act >= len(ACTION_CODE) and st.before.rp:
             return rp_action(act)
+        if act >= len(ACTION_CODE) and st.before.grammar:
+            return grammar_action(act, r)
         if act >= len(ACTION_CODE):
             return connector_action(act, r, iv(st.choices.from_block))
         samples = []
