@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from flightcheck.spec import COUNTER_INVARIANTS, INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES
 from flightcheck.spec.invariants import (ASYNC_INVARIANTS, ASYNC_REPLACEMENTS, GRAMMAR_INVARIANTS, KV_INVARIANTS,
-                                         KV_LOAD_LIMIT, SESSION_INVARIANTS)
+                                         KV_LOAD_LIMIT, PRIORITY_ORDER, SESSION_INVARIANTS)
 from flightcheck.spec.sometimes import ASYNC_SOMETIMES, KV_SOMETIMES, SESSION_SOMETIMES
 from flightcheck.spec.transitions import (CONTRACT_PROPERTIES, INCARNATION_PROPERTIES, KV_TRANSITION_PROPERTIES,
-                                          RESET_PAUSE_PROPERTIES)
+                                         PRIORITY_PROPERTIES, RESET_PAUSE_PROPERTIES)
 
 SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES + ASYNC_SOMETIMES + KV_SOMETIMES + SESSION_SOMETIMES)
 # The streaming sessions' transition property (spec/transitions.py `transition_properties_for`).
@@ -39,10 +39,11 @@ def kind_of(name: str) -> str:
     if name in LIVENESS_GRAPH:
         return "liveness"
     for inv in (INVARIANTS + COUNTER_INVARIANTS + ASYNC_INVARIANTS + tuple(ASYNC_REPLACEMENTS.values())
-                + KV_INVARIANTS + (KV_LOAD_LIMIT,) + SESSION_INVARIANTS + GRAMMAR_INVARIANTS):
+                + KV_INVARIANTS + (KV_LOAD_LIMIT,) + SESSION_INVARIANTS + GRAMMAR_INVARIANTS + (PRIORITY_ORDER,)):
         if inv.name == name:
             return inv.kind
     if any(p.name == name for p in TRANSITION_PROPERTIES + INCARNATION_PROPERTIES + KV_TRANSITION_PROPERTIES
-                                   + CONTRACT_PROPERTIES + RESET_PAUSE_PROPERTIES) or name == SESSION_TRANSITION_PROPERTY:
+                                   + CONTRACT_PROPERTIES + PRIORITY_PROPERTIES + RESET_PAUSE_PROPERTIES) \
+            or name == SESSION_TRANSITION_PROPERTY:
         return "invariant"
     return "auxiliary"

@@ -149,6 +149,7 @@ class SuiteResult:
     retried: int = 0                      # tasks run again after their worker was lost
     reset_pause: bool = False             # reset and pause's models (`--reset-pause`)
     structured_output: bool = False       # structured output's models (`--structured-output`)
+    priority: bool = False                # the priority policy's models (`--priority`)
 
     @property
     def ok(self) -> bool:
@@ -182,7 +183,7 @@ class SuiteResult:
             {"reset_pause": True} if self.reset_pause else {}) | (
             {"structured_output": True} if self.structured_output else {}) | (
 
-{"streaming_sessions": True} if self.streaming_sessions else {})
+{"streaming_sessions": True} if self.streaming_sessions else {}) | ({"priority": True} if self.priority else {})
 
 
 def all_property_names(cfg: Config | None = None) -> list[str]:
@@ -263,8 +264,8 @@ class SuiteOptions:
     `mutants` None hunts every mutant of the profile (its moot ones listed,
     not hunted), a list only those; `inferred` adds the inferred-invariant
     proof; `allow_name_reuse` searches the profile's name-reuse models
-    instead, `kv_connector` its KV connector models, `reset_pause` its
-    reset-and-pause models, `streaming_sessions` its streaming sessions' models."""
+    instead, `kv_connector` its KV connector models, `reset_pause` its reset-and-pause
+    models, `streaming_sessions` its sessions', `priority` (priority_suite.py) its policy's."""
     model: Model = VERIFY_MODEL
     depth: int = VERIFY_DEPTH
     use_z3: bool = True
@@ -277,6 +278,7 @@ class SuiteOptions:
     reset_pause: bool = False
     streaming_sessions: bool = False
     structured_output: bool = False
+    priority: bool = False
 
     @property
     def runs_z3(self) -> bool:
@@ -314,6 +316,8 @@ def run_suite(options: SuiteOptions = SuiteOptions(), progress: Progress | None 
         result = _sessions_suite(options, say)
     elif options.structured_output:
         result = _structured_output_suite(options, say)
+    elif options.priority:
+        raise ValueError("the priority suite is verification.priority_suite.run_priority_suite")
     else:
         result = _profile_suite(options, say)
     ran = executors.ran_since(before)

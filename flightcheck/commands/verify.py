@@ -62,6 +62,11 @@ def add_parser(sub) -> None:
                              "or failing, the FSM with batches in flight; vllm-0.33, vllm-0.33-async, vllm-0.34, "
                              "vllm-0.34-async), under vllm-0.34-async hunt the grammar's mutants, and prove G1-G3 "
                              "by k-induction and BMC on the Z3 grammar model (minutes of CPU; --no-z3 skips them)")
+    verify.add_argument("--priority", action="store_true",
+                        help="search the profile's priority-policy models exhaustively (PR1-PR3 and every other "
+                             "property; vllm-0.33, vllm-0.33-async, vllm-0.34, vllm-0.34-async) and, under vllm-0.34, "
+                             "hunt the policy's mutants and prove PR1-PR3 by k-induction and BMC on the Z3 "
+                             "priority model (minutes of CPU; --no-z3 skips them)")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--inferred", action="store_true",
@@ -139,7 +144,22 @@ def _sessions_usage_error(args: argparse.Namespace) -> str | None:
                 "--all-profiles, --mutant, --inferred, --allow-name-reuse or --kv-connector")
     if args.streaming_sessions and args.reset_pause:
         return "--streaming-sessions and --reset-pause search different models; name one"
-    return _grammar_usage_error(args)
+    return _priority_usage_error(args) or _grammar_usage_error(args)
+
+
+def _priority_usage_error(args: argparse.Namespace) -> str | None:
+    from flightcheck.verification.priority_models import PRIORITY_PROFILE_MODELS
+
+    if not args.priority:
+        return None
+    if args.profile not in PRIORITY_PROFILE_MODELS:
+        return f"--priority needs a profile with the priority policy: {', '.join(PRIORITY_PROFILE_MODELS)}"
+    if (args.all_profiles or args.mutant or args.inferred or args.allow_name_reuse or args.kv_connector
+            or args.streaming_sessions or args.reset_pause or args.structured_output):
+        return ("--priority searches one profile's priority models; it cannot go with --all-profiles, --mutant, "
+                "--inferred, --allow-name-reuse, --kv-connector, --streaming-sessions, --reset-pause or "
+                "--structured-output")
+    return None
 
 
 def _grammar_usage_error(args: argparse.Namespace) -> str | None:
@@ -178,6 +198,7 @@ def _hunt_one(args: argparse.Namespace, console: Console) -> int:
 def _run_profiles(args: argparse.Namespace, console: Console) -> int:
     """The suite under each profile asked for: a table each (or JSON), progress on stderr."""
     from flightcheck.verification.models import MODELS
+    from flightcheck.verification.priority_suite import run_priority_suite
     from flightcheck.verification.suite import SuiteOptions, run_suite
 
     profiles = list(PROFILES) if args.all_profiles else [args.profile]
@@ -187,10 +208,11 @@ def _run_profiles(args: argparse.Namespace, console: Console) -> int:
         options = SuiteOptions(MODELS[args.config], args.depth, use_z3=not args.no_z3, jobs=args.jobs,
                                inferred=args.inferred, profile=profile, allow_name_reuse=args.allow_name_reuse,
                                kv_connector=args.kv_connector, reset_pause=args.reset_pause,
-                               streaming_sessions=args.streaming_sessions, structured_output=args.structured_output)
+                               streaming_sessions=args.streaming_sessions, structured_output=args.structured_output,
+                               priority=args.priority)
         try:
             with PhaseProgress(f"flightcheck verify ({profile})") as progress:
-                suites.append(run_suite(options, progress.phase))
+                suites.append((run_priority_suite if args.priority else run_suite)(options, progress.phase))
         except (executors.ExecutorUnavailable, executors.TaskLost) as err:
             return bad(str(err))
         if not args.json:

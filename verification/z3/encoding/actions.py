@@ -20,6 +20,7 @@ from flightcheck.verification.z3.encoding import blocks as zb
 from flightcheck.verification.z3.encoding import structured_output as grammar
 from flightcheck.verification.z3.encoding.connector import drain_deferred_frees, finish_with_connector, shift_entries
 from flightcheck.verification.z3.encoding.drafts import drafts_come_with_output, next_drafts_cap
+from flightcheck.verification.z3.encoding.priority import arrive_with_priority
 from flightcheck.verification.z3.encoding.reset_pause_state import shift_reset_flags
 from flightcheck.verification.z3.encoding.requests import (
     async_at,
@@ -169,9 +170,11 @@ def arrive(layout: Layout, s: SState, ch: Choices) -> SState:
     st.waiting = put(s.waiting, s.waiting_len, ch.req)
     st.waiting_len = s.waiting_len + 1
     if layout.is_mutant("arrival_counter_stale"):
-        return with_req(st, ch.req, status=V(WAITING), num_computed=V(1), **arrival_fields(layout, ch.req))
+        return arrive_with_priority(layout, s, with_req(st, ch.req, status=V(WAITING), num_computed=V(1),
+                                                        **arrival_fields(layout, ch.req)), ch.req)
     st = with_req(st, ch.req, status=V(WAITING), **arrival_fields(layout, ch.req))
-    return grammar.arrive_structured(layout, st, ch.req) if s.grammar else st
+    st = grammar.arrive_structured(layout, st, ch.req) if s.grammar else st
+    return arrive_with_priority(layout, s, st, ch.req)      # FCFS: unchanged
 
 
 def abort_guard(layout: Layout, s: SState, ch: Choices) -> Any:

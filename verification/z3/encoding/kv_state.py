@@ -138,7 +138,8 @@ def kv_constant(layout, state: State) -> list:
     if not has_kv(layout):
         pristine = all((q.load, q.external, q.held) == (Load.NONE, 0, False) for q in state.requests) and \
             all(e.external == 0 and not e.blocks for b in state.in_flight for e in b)
-        if state.deferred_frees or state.arrivals or not pristine:     # kv_holding: session_state.py
+        kept_arrivals = state.arrivals and layout.cfg.scheduling_policy != "priority"   # priority_state.py's
+        if state.deferred_frees or kept_arrivals or not pristine:     # kv_holding: session_state.py
             raise NotRepresentable("connector state in a model without a connector")
         return []
     if state.arrivals and not keeps_arrivals(layout):

@@ -26,6 +26,7 @@ from typing import Any
 
 import z3
 from flightcheck.verification.z3.encoding import blocks as zb
+from flightcheck.verification.z3.encoding import priority as prio
 from flightcheck.verification.z3.encoding import structured_output as grammar
 from flightcheck.verification.z3.encoding.drafts import PadContext, pad_context, padded, placeholder_drafts
 from flightcheck.verification.z3.encoding.allocation import (
@@ -118,6 +119,8 @@ class BatchInProgress:
     skipped: Any                    # the waiting loop's position: requests it passed over (vLLM 0.33's
                                     # deferred resumptions, `Profile.defer_resume_while_stale`); 0 in 0.8.x
     held_skipped: Any = 0           # with a KV connector, the requests of `kv_holding` passed over (kv_schedule.py)
+    pending: Any = 0                # under the priority policy, a retry's num_new (priority.py)
+    retried: Any = -1               # and its request
 
 
 @dataclass
@@ -168,7 +171,7 @@ def schedule(layout: Layout, builder: Builder, s: SState) -> SchedResult:
         trail.append(after)
         return after
 
-    for m in range(layout.N):
+    for m in range(prio.running_micro_steps(layout)):
         acc = advance(acc, lambda a: _running_step(layout, builder, a, threshold_on), f"run{m}")
     phase = z3.BoolVal(True) if layout.is_mutant("admit_after_preemption") else neg(acc.any_preempted)
     phase = waiting_gate(layout, s, phase)      # paused: no admission (reset_pause.py)
@@ -272,8 +275,10 @@ def _add(layout: Layout, acc: BatchInProgress, entry: SEntry, when: Any) -> tupl
 def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, threshold_on: Any) -> BatchInProgress:
     """One iteration of _schedule_running's loops (skip, allocate or preempt)."""
     cfg, st = layout.cfg, acc.state
-    active = builder.let("active", conj(neg(acc.done), lt(acc.position, st.running_len), lt(0, acc.budget)))
-    r = builder.let("r", pick(st.running, acc.position, V(PAD)))
+    # (priority.py: a retry goes on with its request, wherever the position is)
+    active = builder.let("active", prio.retry_or(layout, acc, conj(neg(acc.done), lt(acc.position, st.running_len),
+                                                                   lt(0, acc.budget))))
+    r = builder.let("r", prio.retry_or(layout, acc, pick(st.running, acc.position, V(PAD)), acc.retried))
     q = builder.snap(req_at(st, r), "q")
     c = candidate(st, r, q, builder.let("tokens", tokens_at(layout, st, r)))
     skip_sid = z3.BoolVal(False) if cfg.continue_prefill else pick(st.scheduled, r, z3.BoolVal(False))
@@ -285,7 +290,7 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, thresh
     if layout.is_mutant("decode_while_token_in_flight"):
         anyway = conj(q.num_computed >= c.tokens, q.num_computed < cfg.max_model_len)
     skip = disj(skip_sid, conj(zero, neg(anyway)))
-    num_new = builder.let("num_new", ite(zero, V(1), num_new0))
+    num_new = prio.retried_num_new(layout, acc, builder.let("num_new", ite(zero, V(1), num_new0)))
     num_fresh = builder.let("num_fresh", imax(V(0), blocks_for(layout, q.num_computed + num_new) - q.table_len))
     fits = le(num_fresh, st.pool.free_len)
     do_skip = builder.let("skip", conj(active, skip))
@@ -293,15 +298,19 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, thresh
     do_pre = builder.let("preempt", conj(active, neg(skip), neg(fits)))
     a, entry = _allocate_running(layout, builder, c, num_new, num_fresh, acc.budget)
     entries, cnt, budget = _add(layout, acc, entry, do_alloc)
-    p, victim = _preempt_last(layout, builder, st)
+    tail, victim_index = prio.victim_to_tail(layout, builder, st)    # FCFS: st, its last slot
+    p, victim = _preempt_last(layout, builder, tail)
+    p = prio.requeue(layout, st, p, victim)
     fenced = z3.BoolVal(False)
     if st.kv:       # under the step fence a victim with a batch in flight stops the loop instead
         fenced = builder.let("fenced", conj(do_pre, _victim_is_fenced(layout, st, victim)))
         do_pre = builder.let("preempt_unfenced", conj(do_pre, neg(fenced)))
-    return BatchInProgress(merge(do_alloc, a, merge(do_pre, p, st)), budget, cnt, entries,
+    out = BatchInProgress(merge(do_alloc, a, merge(do_pre, p, st)), budget, cnt, entries,
               put_flag(acc.preempted, victim, z3.BoolVal(True), do_pre), acc.admitted_from_preempted, acc.admitted,
               disj(acc.any_preempted, do_pre), ite(disj(do_skip, do_alloc), acc.position + 1, acc.position),
               disj(acc.done, conj(do_pre, eq(victim, r)), fenced), acc.skipped)
+    return prio.running_result(layout, builder, acc, out, dict(preempt=do_pre, victim=victim, index=victim_index,
+                                                                 r=r, num_new=num_new))
 
 
 def _victim_is_fenced(layout: Layout, st: SState, victim: Any) -> Any:

@@ -39,6 +39,13 @@ from flightcheck.verification.z3.encoding.kv_state import (  # noqa: F401  (NotR
     kv_state_fields,
     refuse_unencoded_connector,
 )
+from flightcheck.verification.z3.encoding.priority_state import (
+    prio_constant,
+    prio_frame,
+    prio_request_fields,
+    prio_state_fields,
+    refuse_unencoded_priority,
+)
 from flightcheck.verification.z3.encoding.reset_pause_state import (
     refuse_unencoded_reset_pause,
     rp_constant,
@@ -129,6 +136,7 @@ class Layout:
         _refuse_admission_knobs(model)
         refuse_unencoded_connector(model)
         refuse_unencoded_sessions(model)
+        refuse_unencoded_priority(model)
         refuse_unencoded_reset_pause(model)
         refuse_unencoded_grammar(model)
         width = max(8, (4 * bound).bit_length() + 1) if bitvectors else None
@@ -284,6 +292,7 @@ class SState:
     sess: list = field(default_factory=list)       # [SSessions] with streaming sessions (session_state.py), else []
     rp: list = field(default_factory=list)         # [SResetPause] with reset and pause (reset_pause_state.py)
     grammar: list = field(default_factory=list)    # [SGrammar] with structured output, else []
+    prio: list = field(default_factory=list)       # [SPrio] under the priority policy (priority_state.py), else []
 
 
 def frame(layout: Layout, tag: str) -> SState:
@@ -314,7 +323,8 @@ def frame(layout: Layout, tag: str) -> SState:
                    for r in range(layout.N)] if has_counters(layout) else [],
                   [SAsync(I(f"placeholders[{r}]@{tag}"), I(f"decode_countdown[{r}]@{tag}"))
                    for r in range(layout.N)] if has_placeholders(layout) else [],
-                  kv_frame(layout, tag), session_frame(layout, tag), rp_frame(layout, tag), grammar_frame(layout, tag))
+                  kv_frame(layout, tag), session_frame(layout, tag), rp_frame(layout, tag), grammar_frame(layout, tag),
+                  prio_frame(layout, tag))
 
 
 def variables(s: SState, ghost: bool = True) -> list[z3.ExprRef]:
@@ -383,7 +393,7 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
                   [SAsync(V(q.placeholders), V(q.decode_countdown)) for q in state.requests]
                   if has_placeholders(layout) else [],
                   kv_constant(layout, state), session_constant(layout, state), rp_constant(layout, state),
-                  grammar_constant(layout, state))
+                  grammar_constant(layout, state), prio_constant(layout, state))
 
 
 def _check_ranks_can_hold(pool: BlockPool) -> None:
@@ -471,7 +481,7 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
             a = f.asyncs[r]
             fixed.update(placeholders=iv(a.placeholders), decode_countdown=iv(a.countdown))
         fixed.update(kv_offer(layout, r, status is not Status.NEW), **kv_request_fields(layout, f.kv, r, iv, bv),
-                     **grammar_request_fields(f.grammar, r, iv))
+                     **grammar_request_fields(f.grammar, r, iv), **prio_request_fields(layout, r, status is not Status.NEW))
         if q.session:
             fixed.update(session_request_fields(layout, q.session, r, iv),
                          resumable=is_resumable_slot(layout, r) and status is not Status.NEW)
@@ -494,7 +504,7 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
                  in_flight=tuple(in_flight), pool=pool,
                  scheduled_ids=frozenset(r for r in range(layout.N) if bv(f.scheduled[r])),
                  **kv_state_fields(f.kv, iv), **session_state_fields(f.sess, iv), **rp_state_fields(f.rp, iv),
-                 **grammar_state_fields(f.grammar, bv))
+                 **grammar_state_fields(f.grammar, bv), **prio_state_fields(f.prio, iv))
 
 
 def dump(m: z3.ModelRef, f: SState) -> str:

@@ -1,0 +1,165 @@
+"""BMC and k-induction of the priority policy's properties on the priority
+model (verification/z3/priority_models.py), on the encoding of
+z3/encoding/priority.py and priority_state.py.
+
+* PR1 (a state invariant) and the auxiliary invariants: `kv_engines.kv_induction`
+  (k-induction, the Houdini way) with `priority_auxiliary(cfg)`: PA1 and the
+  encoding's formulas of the spec's S-invariants and strengthening
+  invariants as candidates, each kept only when the others make it inductive.
+* PR2 and PR3 (properties of a schedule step) as one-step consequences of
+  what that proof kept: I(s) AND T(s, s') AND NOT P(s, s') is unsat, I being
+  the conjunction of every conjunct proved (`step_consequences`).
+* BMC (`priority_bmc`): every state formula on each frame and every step
+  formula on each step, to a depth; a violation's trace is decoded into spec
+  actions and replayed on the concrete spec (with the model's mutant), which
+  must agree state for state and break the same property
+  (z3.results.replay), so the encoding cannot report a bug the spec does
+  not have.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Iterable
+
+import z3
+from flightcheck.spec import transition_properties_for
+from flightcheck.verification.models import Model
+from flightcheck.verification.mutants import applied
+from flightcheck.verification.results import PropertyResult, kind_of
+from flightcheck.verification.z3.encoding.actions import SCHEDULE
+from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY, PRIORITY_STEP_FORMULAS
+from flightcheck.verification.z3.encoding.system import System
+from flightcheck.verification.z3.kv_engines import WF, _kind, _on, _result, _spec_breaks, kv_induction
+from flightcheck.verification.z3.results import EngineResult, EngineVerdict, ReplayMismatch, replay
+
+STATE_PROPERTIES = ("PR1_waiting_in_priority_order",)
+STEP_PROPERTIES = tuple(PRIORITY_STEP_FORMULAS)
+
+
+def priority_auxiliary(cfg) -> list[str]:
+    """PA1-PA3 (encoding/priority_invariants.py). The encoding's formulas of
+    the S-invariants and strengthening invariants are left out: as
+    candidates of one Houdini loop (kv_engines.CANDIDATE) they fall
+    together on this model (the counters' IF0 and IF2 first, under
+    `schedule`), and PR1 needs none of them."""
+    return list(PRIORITY_AUXILIARY)
+
+
+def priority_induction(model: Model, k: int = 1, time_budget: float | None = None) -> EngineResult:
+    """PR1 and the auxiliary conjuncts by k-induction (kv_engines.kv_induction),
+    then PR2 and PR3 as one-step consequences of the conjuncts it proved."""
+    started = time.perf_counter()
+    res = kv_induction(model, k, STATE_PROPERTIES, priority_auxiliary(model.cfg), time_budget)
+    kept = [p.name for p in res.properties if p.status == "proved"]
+    steps = step_consequences(model, kept, STEP_PROPERTIES)
+    seconds = time.perf_counter() - started
+    return EngineResult(model.name, res.method, seconds, k, [*res.properties, *steps])
+
+
+def step_consequences(model: Model, kept: list[str], names: Iterable[str]) -> list[EngineVerdict]:
+    """Each step property P proved when I(s) AND schedule's guard and effect
+    from s AND NOT P is unsat (P is true of every other action by its first
+    clause); else unknown, with the state the solver found."""
+    started = time.perf_counter()
+    system = System(model)
+    s = system.frame(0)
+    tr = system.transitions(0)
+    solver = z3.SolverFor("QF_BV")
+    solver.add(tr.sched_defs + tr.defs + tr.legal)
+    solver.add([_on(system, n, s) for n in kept])
+    solver.add(tr.guards[SCHEDULE], tr.choices.act == SCHEDULE)
+    st = SimpleNamespace(before=s, after=tr.effects[SCHEDULE], choices=tr.choices, sched=tr.sched)
+    method = "one step from the k-induction invariant"
+    if solver.check() != z3.sat:        # I(s) and a schedule step from s: never vacuous
+        return [EngineVerdict(n, kind_of(n), "unknown", method, 1, time.perf_counter() - started,
+                              message="I(s) admits no schedule step") for n in names]
+    out = []
+    for name in names:
+        goal = system.build(PRIORITY_STEP_FORMULAS[name], st)
+        answer = solver.check(z3.Not(goal))
+        status = "proved" if answer == z3.unsat else "unknown"
+        message = "" if answer == z3.unsat else f"{answer}: from {system.decode_or_dump(solver.model(), 0)}" \
+            if answer == z3.sat else "solver gave up"
+        out.append(EngineVerdict(name, kind_of(name), status, method, 1,
+                                 time.perf_counter() - started, message=message))
+    return out
+
+
+def priority_bmc(model: Model, depth: int, time_budget: float | None = None) -> EngineResult:
+    """WF and PR1 on every frame, PR2 and PR3 on every step, to `depth`
+    steps from the initial state, or each violated at its smallest depth."""
+    started = time.perf_counter()
+    names = [WF, *STATE_PROPERTIES, *STEP_PROPERTIES]
+    system = System(model)
+    solver = z3.SolverFor("QF_BV")
+    solver.add(system.init(0))
+    rows: dict[str, EngineVerdict] = {}
+    steps: list = []
+    reached = 0
+    for t in range(depth + 1):
+        if t > 0:
+            steps.append(system.step(t - 1, t))
+            solver.add(steps[-1].constraints)
+        if time_budget is not None:
+            solver.set("timeout", max(1, int((time_budget - (time.perf_counter() - started)) * 1000)))
+        while True:
+            goals = {n: _goal(system, n, t, steps) for n in names if n not in rows}
+            answer = solver.check(z3.Not(z3.And(list(goals.values())))) if goals else z3.unsat
+            if answer == z3.unknown:
+                return _result(model, names, rows, "bmc", reached, started, budget_out=True)
+            if answer == z3.unsat:
+                solver.add(*goals.values())
+                break
+            witness = solver.model()
+            for n, goal in goals.items():
+                if not z3.is_true(witness.eval(goal, model_completion=True)):
+                    rows[n] = _violation(system, model, n, t, steps, witness, started)
+        reached = t
+    return _result(model, names, rows, "bmc", reached, started)
+
+
+def _goal(system: System, name: str, t: int, steps: list) -> z3.BoolRef:
+    if name in PRIORITY_STEP_FORMULAS:
+        return system.build(PRIORITY_STEP_FORMULAS[name], steps[-1]) if steps else z3.BoolVal(True)
+    return _on(system, name, system.frame(t))
+
+
+def _violation(system: System, model: Model, name: str, t: int, steps: list, witness: z3.ModelRef,
+               started: float) -> EngineVerdict:
+    """The verdict for a violation at depth t, its trace replayed on the spec."""
+    actions = [system.decode_action(witness, step) for step in steps]
+    states = [system.decode_or_dump(witness, i) for i in range(t + 1)]
+    if any(isinstance(s, str) for s in states):
+        raise ReplayMismatch(f"{name}: the solver's trace holds a frame that is not a spec state: {states}")
+    concrete = replay(model, actions, states)
+    if name in PRIORITY_STEP_FORMULAS:
+        with applied(model.mutant):
+            broken = any(p.name == name and not p.holds(concrete[-2], concrete[-1], actions[-1], model.cfg)
+                         for p in transition_properties_for(model.cfg))
+    else:
+        broken = name == WF or _spec_breaks(model, name, concrete[-1])
+    if not broken:
+        raise ReplayMismatch(f"{name}: the encoding's violation at depth {t} holds in the spec")
+    return EngineVerdict(name, _kind(name), "violated", "bmc", t, time.perf_counter() - started,
+                         trace=actions, states=concrete)
+
+
+# How deep BMC of the priority model goes in `flightcheck verify --priority`
+# (the proofs are unbounded; BMC gives each property a second method).
+PRIORITY_BMC_DEPTH = 4
+
+
+def priority_rows(depth: int = PRIORITY_BMC_DEPTH, time_budget: float | None = None) -> list[PropertyResult]:
+    """PR1-PR3 of the Z3 priority model by k-induction (PR2, PR3: one step
+    from its invariant) and by BMC to `depth`; the method names the model."""
+    from flightcheck.verification.z3.priority_models import PRIORITY_Z3_MODEL
+
+    where = f" [{PRIORITY_Z3_MODEL.name}@{PRIORITY_Z3_MODEL.cfg.profile}]"
+    rows = []
+    for result in (priority_induction(PRIORITY_Z3_MODEL, 1, time_budget=time_budget),
+                   priority_bmc(PRIORITY_Z3_MODEL, depth, time_budget=time_budget)):
+        rows += [PropertyResult(p.name, p.kind, p.status, p.method + where, p.depth, p.seconds)
+                 for p in result.properties if p.kind != "auxiliary"]
+    return rows
