@@ -535,11 +535,10 @@ def _launch(layout: Layout, acc: BatchInProgress) -> SState:
                     alias = conj(valid[j], eq(n.req, e.req), eq(e.fate, LIVE))
                     e.start, e.n = ite(alias, n.start, e.start), ite(alias, n.n, e.n)
                     e.samples, e.drafts = ite(alias, n.samples, e.samples), ite(alias, n.drafts, e.drafts)
-    put_batch = lt(0, acc.count)
-    if cfg.rules.empty_batches:
-        put_batch = z3.BoolVal(True)       # vLLM 0.33 queues every step's batch, empty ones included
-    if layout.is_mutant("empty_batch_submitted"):
-        put_batch = z3.BoolVal(True)       # only reached when something was scheduled or preempted
+    # vLLM 0.33 queues every step's batch, empty ones included (the mutant: only
+    # reached when something was scheduled or preempted)
+    put_batch = z3.BoolVal(True) if cfg.rules.empty_batches or layout.is_mutant("empty_batch_submitted") \
+        else lt(0, acc.count)
     batch = SBatch(acc.count, [SEntry(e.req, e.start, e.n, e.samples, e.drafts, e.fate) for e in new])
     if st.kv:
         st = kv_launch(layout, st, acc, put_batch)

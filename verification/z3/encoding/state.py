@@ -335,8 +335,6 @@ def variables(s: SState, ghost: bool = True) -> list[z3.ExprRef]:
 
 def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...] | None = None) -> SState:
     """The concrete `state` as a symbolic state of literals."""
-    cfg = layout.cfg
-
     def padded(xs: tuple, n: int, what: str) -> list:
         if len(xs) > n:
             raise NotRepresentable(f"{what} holds {len(xs)} > {n}")
@@ -344,26 +342,7 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
 
     if len(state.requests) != layout.N or len(state.pool.ref_counts) != layout.B:
         raise NotRepresentable("another number of requests or blocks")
-    reqs = []
-    for r, q in enumerate(state.requests):
-        p = layout.model.prompts[r]
-        want = (0, 0, ()) if q.status is Status.NEW else \
-            (p.prompt_len, p.max_tokens, p.labels if cfg.prefix_caching else ())
-        if has_sessions(layout):        # a session's prompt and max_tokens change by turn: variables
-            want = (q.prompt_len, q.max_tokens, want[2])
-        if (q.prompt_len, q.max_tokens, q.prompt_labels) != want:
-            raise NotRepresentable(f"request {r} has a prompt other than the model's")
-        if kv_offer(layout, r, q.status is not Status.NEW) != kv_offer_of(q):
-            raise NotRepresentable(f"request {r} is offered other than its model prompt's KV")
-        if q.name is not None:
-            raise NotRepresentable(f"request {r} arrived under a reused name")
-        if not has_counters(layout) and (q.num_in_flight, q.num_stale, q.drop_stale) != (0, 0, False):
-            raise NotRepresentable(f"request {r} has stale-output counters under a profile without them")
-        if not has_placeholders(layout) and (q.placeholders, q.decode_countdown) != (0, 0):
-            raise NotRepresentable(f"request {r} has placeholders under a profile without them")
-        reqs.append(SReq(V(STATUS.index(q.status)), V(q.num_output), V(q.num_computed),
-                         V(q.num_drafts), V(len(q.block_table)),
-                         padded(q.block_table, layout.T, f"r{r}'s block table"), session_req_constant(layout, r, q)))
+    reqs = [_constant_request(layout, r, q, padded) for r, q in enumerate(state.requests)]
     if len(state.in_flight) > layout.K:
         raise NotRepresentable("too many batches in flight")
     batches = []
@@ -394,6 +373,31 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
                   if has_placeholders(layout) else [],
                   kv_constant(layout, state), session_constant(layout, state), rp_constant(layout, state),
                   grammar_constant(layout, state), prio_constant(layout, state))
+
+
+def _constant_request(layout: Layout, r: int, q: Any, padded: Any) -> "SReq":
+    """Request r of a concrete state as literals, refused where the encoding
+    cannot hold it (another prompt than the model's, a reused name, counters
+    or placeholders its profile lacks)."""
+    cfg = layout.cfg
+    p = layout.model.prompts[r]
+    want = (0, 0, ()) if q.status is Status.NEW else \
+        (p.prompt_len, p.max_tokens, p.labels if cfg.prefix_caching else ())
+    if has_sessions(layout):        # a session's prompt and max_tokens change by turn: variables
+        want = (q.prompt_len, q.max_tokens, want[2])
+    if (q.prompt_len, q.max_tokens, q.prompt_labels) != want:
+        raise NotRepresentable(f"request {r} has a prompt other than the model's")
+    if kv_offer(layout, r, q.status is not Status.NEW) != kv_offer_of(q):
+        raise NotRepresentable(f"request {r} is offered other than its model prompt's KV")
+    if q.name is not None:
+        raise NotRepresentable(f"request {r} arrived under a reused name")
+    if not has_counters(layout) and (q.num_in_flight, q.num_stale, q.drop_stale) != (0, 0, False):
+        raise NotRepresentable(f"request {r} has stale-output counters under a profile without them")
+    if not has_placeholders(layout) and (q.placeholders, q.decode_countdown) != (0, 0):
+        raise NotRepresentable(f"request {r} has placeholders under a profile without them")
+    return SReq(V(STATUS.index(q.status)), V(q.num_output), V(q.num_computed),
+                V(q.num_drafts), V(len(q.block_table)),
+                padded(q.block_table, layout.T, f"r{r}'s block table"), session_req_constant(layout, r, q))
 
 
 def _check_ranks_can_hold(pool: BlockPool) -> None:
