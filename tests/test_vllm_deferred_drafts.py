@@ -19,6 +19,8 @@ from flightcheck.vllm.compat import queued_requests
 from flightcheck.vllm.draft_handler import DraftHandler
 from flightcheck.vllm.engine import BatchQueueEngineV033, BatchQueueEngineV034, _unfinished
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # its vLLM runs are checked: both checkers compared
+
 
 def _output(spec: dict[str, list[int]], deferred: bool) -> SimpleNamespace:
     return SimpleNamespace(num_scheduled_tokens={r: 1 + len(d) for r, d in spec.items()},
