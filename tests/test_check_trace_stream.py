@@ -221,12 +221,29 @@ def test_follow_ends_at_the_end_event_and_reads_what_was_already_written_after_i
     assert code == 1 and verdict["property"] == "event_after_end" and verdict["line"] == 3
 
 
+def _wait_until_it_follows(pid: int, path, timeout_s: float = 60) -> None:
+    """Until process `pid` holds `path` open (Linux's /proc; elsewhere a plain wait)."""
+    deadline = time.monotonic() + timeout_s
+    fds = f"/proc/{pid}/fd"
+    if not os.path.isdir(fds):
+        time.sleep(3)
+        return
+    while time.monotonic() < deadline:
+        try:
+            if any(os.path.realpath(os.path.join(fds, fd)) == os.path.realpath(path) for fd in os.listdir(fds)):
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_ends_follow_with_the_verdict_so_far(tmp_path, sig):
     path = write_trace(tmp_path / "t.jsonl", [CONFIG, arrive("a")])
     checker = subprocess.Popen(CLI + ["--follow", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, cwd=ROOT)
-    time.sleep(1.5)
+    _wait_until_it_follows(checker.pid, path)        # not while Python still loads (a loaded machine: seconds)
+    time.sleep(0.5)
     checker.send_signal(sig)
     stdout, stderr = checker.communicate(timeout=20)
     assert checker.returncode == 0, stderr

@@ -250,6 +250,7 @@ def test_k_induction_keeps_every_conjunct_and_rp1_to_rp4_follow_in_one_step(prof
     assert [p.name for p in result.properties if p.status != "proved"] == []
 
 
+@pytest.mark.slow               # 9 s at load 12 (under slow_tests.txt's 10 s line, over the default's share)
 def test_bmc_bounds_rp1_to_rp4():
     result = rp_bmc(MODEL, 4)
     assert [(p.name, p.status, p.depth) for p in result.properties] == \
@@ -280,6 +281,7 @@ BMC_KILLS = {
 }
 
 
+@pytest.mark.slow               # 7-36 s each at load 12
 @pytest.mark.parametrize("name", BMC_KILLS)
 def test_each_encoded_mutant_is_found_by_bmc_at_its_depth(name):
     prop, depth = BMC_KILLS[name]
