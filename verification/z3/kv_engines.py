@@ -25,7 +25,7 @@ connector (S1, S9 and S10 read differently with one: spec/kv_invariants.py).
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 import z3
 from flightcheck.spec import invariants_for
@@ -71,12 +71,32 @@ def _spec_breaks(model: Model, name: str, state) -> bool:
         return any(inv.name == name and not inv.holds(state, model.cfg) for inv in invariants_for(model.cfg))
 
 
+# A property's goal at depth t, given the steps so far (a state formula on
+# frame t, or a step formula on the last step), and whether the spec itself
+# breaks it on the replayed trace (its states and actions): a feature whose
+# properties are of steps (priority, reset and pause) passes its own.
+Goal = Callable[[System, str, int, list], z3.BoolRef]
+Breaks = Callable[[Model, str, list, list], bool]
+
+
+def _state_goal(system: System, name: str, t: int, steps: list) -> z3.BoolRef:
+    return _formula(system, name, t)
+
+
+def _state_breaks(model: Model, name: str, states: list, actions: list) -> bool:
+    return name == WF or _spec_breaks(model, name, states[-1])
+
+
 def kv_bmc(model: Model, depth: int, properties: Iterable[str] | None = None,
-           time_budget: float | None = None) -> EngineResult:
-    """Each property bounded to `depth` steps from the initial state, or
-    violated at the smallest depth (its trace replayed on the spec)."""
+           time_budget: float | None = None, *, goal: Goal = _state_goal, breaks: Breaks = _state_breaks,
+           kind: Callable[[str], str] | None = None, with_wf: bool = True) -> EngineResult:
+    """Each property (and WF, `with_wf`) bounded to `depth` steps from the
+    initial state, or violated at the smallest depth (its trace replayed on
+    the spec, which must break it too: `breaks`); `kind` names a row's kind
+    (default: the spec's)."""
     started = time.perf_counter()
-    names = [WF, *(kv_properties(model) if properties is None else properties)]
+    names = [WF] * with_wf + [*(kv_properties(model) if properties is None else properties)]
+    kind = kind or _kind
     system = System(model)
     solver = z3.SolverFor("QF_BV")
     solver.add(system.init(0))
@@ -92,39 +112,40 @@ def kv_bmc(model: Model, depth: int, properties: Iterable[str] | None = None,
             solver.set("timeout", max(1, int((time_budget - (time.perf_counter() - started)) * 1000)))
         while True:             # one query for every open property; a model names those it breaks
             open_names = [n for n in names if n not in rows]
-            goals = {n: _formula(system, n, t) for n in open_names}
+            goals = {n: goal(system, n, t, steps) for n in open_names}
             answer = solver.check(z3.Not(z3.And(list(goals.values())))) if goals else z3.unsat
             if answer == z3.unknown:
-                return _result(model, names, rows, "bmc", reached, started, budget_out=True)
+                return _result(model, names, rows, "bmc", reached, started, budget_out=True, kind=kind)
             if answer == z3.unsat:
                 solver.add(*goals.values())     # they hold at depth t: lemmas for the deeper queries
                 break
             witness = solver.model()
-            for n, goal in goals.items():
-                if not z3.is_true(witness.eval(goal, model_completion=True)):
-                    rows[n] = _violation(system, model, n, t, steps, witness, started)
+            for n, formula in goals.items():
+                if not z3.is_true(witness.eval(formula, model_completion=True)):
+                    rows[n] = _violation(system, model, n, t, steps, witness, started, breaks, kind)
         reached = t
-    return _result(model, names, rows, "bmc", reached, started)
+    return _result(model, names, rows, "bmc", reached, started, kind=kind)
 
 
 def _violation(system: System, model: Model, name: str, t: int, steps: list, witness: z3.ModelRef,
-               started: float) -> EngineVerdict:
+               started: float, breaks: Breaks = _state_breaks, kind: Callable[[str], str] | None = None) -> EngineVerdict:
     """The verdict for a violation at depth t, its trace replayed on the spec."""
     actions = [system.decode_action(witness, step) for step in steps]
     states = [system.decode_or_dump(witness, i) for i in range(t + 1)]
     if any(isinstance(s, str) for s in states):
         raise ReplayMismatch(f"{name}: the solver's trace holds a frame that is not a spec state: {states}")
     concrete = replay(model, actions, states)
-    if name != WF and not _spec_breaks(model, name, concrete[-1]):
+    if not breaks(model, name, concrete, actions):
         raise ReplayMismatch(f"{name}: the encoding's violation at depth {t} holds in the spec")
-    return EngineVerdict(name, _kind(name), "violated", "bmc", t, time.perf_counter() - started,
+    return EngineVerdict(name, (kind or _kind)(name), "violated", "bmc", t, time.perf_counter() - started,
                          trace=actions, states=concrete)
 
 
 def _result(model: Model, names: list[str], rows: dict[str, EngineVerdict], method: str, depth: int,
-            started: float, budget_out: bool = False) -> EngineResult:
+            started: float, budget_out: bool = False, kind: Callable[[str], str] | None = None) -> EngineResult:
     seconds = time.perf_counter() - started
-    verdicts = [rows.get(name) or EngineVerdict(name, _kind(name), "unknown" if budget_out else "bounded", method,
+    kind = kind or _kind
+    verdicts = [rows.get(name) or EngineVerdict(name, kind(name), "unknown" if budget_out else "bounded", method,
                                                 depth, seconds) for name in names]
     return EngineResult(model.name, method, seconds, depth, verdicts)
 

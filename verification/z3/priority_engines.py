@@ -31,8 +31,8 @@ from flightcheck.verification.results import PropertyResult, kind_of
 from flightcheck.verification.z3.encoding.actions import SCHEDULE
 from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY, PRIORITY_STEP_FORMULAS
 from flightcheck.verification.z3.encoding.system import System
-from flightcheck.verification.z3.kv_engines import WF, _kind, _on, _result, _spec_breaks, kv_induction
-from flightcheck.verification.z3.results import EngineResult, EngineVerdict, ReplayMismatch, replay
+from flightcheck.verification.z3.kv_engines import WF, _on, _spec_breaks, kv_bmc, kv_induction
+from flightcheck.verification.z3.results import EngineResult, EngineVerdict
 
 STATE_PROPERTIES = ("PR1_waiting_in_priority_order",)
 STEP_PROPERTIES = tuple(PRIORITY_STEP_FORMULAS)
@@ -89,35 +89,9 @@ def step_consequences(model: Model, kept: list[str], names: Iterable[str]) -> li
 
 def priority_bmc(model: Model, depth: int, time_budget: float | None = None) -> EngineResult:
     """WF and PR1 on every frame, PR2 and PR3 on every step, to `depth`
-    steps from the initial state, or each violated at its smallest depth."""
-    started = time.perf_counter()
-    names = [WF, *STATE_PROPERTIES, *STEP_PROPERTIES]
-    system = System(model)
-    solver = z3.SolverFor("QF_BV")
-    solver.add(system.init(0))
-    rows: dict[str, EngineVerdict] = {}
-    steps: list = []
-    reached = 0
-    for t in range(depth + 1):
-        if t > 0:
-            steps.append(system.step(t - 1, t))
-            solver.add(steps[-1].constraints)
-        if time_budget is not None:
-            solver.set("timeout", max(1, int((time_budget - (time.perf_counter() - started)) * 1000)))
-        while True:
-            goals = {n: _goal(system, n, t, steps) for n in names if n not in rows}
-            answer = solver.check(z3.Not(z3.And(list(goals.values())))) if goals else z3.unsat
-            if answer == z3.unknown:
-                return _result(model, names, rows, "bmc", reached, started, budget_out=True)
-            if answer == z3.unsat:
-                solver.add(*goals.values())
-                break
-            witness = solver.model()
-            for n, goal in goals.items():
-                if not z3.is_true(witness.eval(goal, model_completion=True)):
-                    rows[n] = _violation(system, model, n, t, steps, witness, started)
-        reached = t
-    return _result(model, names, rows, "bmc", reached, started)
+    steps from the initial state, or each violated at its smallest depth
+    (kv_engines.kv_bmc with the step properties' goals)."""
+    return kv_bmc(model, depth, [*STATE_PROPERTIES, *STEP_PROPERTIES], time_budget, goal=_goal, breaks=_breaks)
 
 
 def _goal(system: System, name: str, t: int, steps: list) -> z3.BoolRef:
@@ -126,24 +100,13 @@ def _goal(system: System, name: str, t: int, steps: list) -> z3.BoolRef:
     return _on(system, name, system.frame(t))
 
 
-def _violation(system: System, model: Model, name: str, t: int, steps: list, witness: z3.ModelRef,
-               started: float) -> EngineVerdict:
-    """The verdict for a violation at depth t, its trace replayed on the spec."""
-    actions = [system.decode_action(witness, step) for step in steps]
-    states = [system.decode_or_dump(witness, i) for i in range(t + 1)]
-    if any(isinstance(s, str) for s in states):
-        raise ReplayMismatch(f"{name}: the solver's trace holds a frame that is not a spec state: {states}")
-    concrete = replay(model, actions, states)
+def _breaks(model: Model, name: str, states: list, actions: list) -> bool:
+    """The spec breaks `name` on the replayed trace: a step property on its last step."""
     if name in PRIORITY_STEP_FORMULAS:
         with applied(model.mutant):
-            broken = any(p.name == name and not p.holds(concrete[-2], concrete[-1], actions[-1], model.cfg)
-                         for p in transition_properties_for(model.cfg))
-    else:
-        broken = name == WF or _spec_breaks(model, name, concrete[-1])
-    if not broken:
-        raise ReplayMismatch(f"{name}: the encoding's violation at depth {t} holds in the spec")
-    return EngineVerdict(name, _kind(name), "violated", "bmc", t, time.perf_counter() - started,
-                         trace=actions, states=concrete)
+            return any(p.name == name and not p.holds(states[-2], states[-1], actions[-1], model.cfg)
+                       for p in transition_properties_for(model.cfg))
+    return name == WF or _spec_breaks(model, name, states[-1])
 
 
 # How deep BMC of the priority model goes in `flightcheck verify --priority`

@@ -29,8 +29,8 @@ from flightcheck.verification.mutants import applied
 from flightcheck.verification.z3.encoding.invariants import NEEDS_SCHEDULE, invariant_formulas_for
 from flightcheck.verification.z3.encoding.reset_pause_invariants import RP_AUXILIARY, RP_TRANSITION_FORMULAS
 from flightcheck.verification.z3.encoding.system import Step, System
-from flightcheck.verification.z3.kv_engines import WF, _formula, candidate_names, kv_induction
-from flightcheck.verification.z3.results import EngineResult, EngineVerdict, ReplayMismatch, replay
+from flightcheck.verification.z3.kv_engines import WF, _formula, candidate_names, kv_bmc, kv_induction
+from flightcheck.verification.z3.results import EngineResult, EngineVerdict
 
 RP_PROPERTIES: tuple[str, ...] = tuple(RP_TRANSITION_FORMULAS)
 
@@ -63,59 +63,20 @@ def rp_bmc(model: Model, depth: int, properties: Iterable[str] = RP_PROPERTIES,
     """Each of RP1-RP4 (or a spec state invariant the encoding has, named
     among `properties`, on the state after each step) holds on every step
     of every path of up to `depth` steps from the initial state, or is
-    violated at the shortest such step (its trace replayed on the spec)."""
-    started = time.perf_counter()
+    violated at the shortest such step (its trace replayed on the spec;
+    kv_engines.kv_bmc with the steps' goals)."""
     names = list(properties)
     if any(n in NEEDS_SCHEDULE for n in names):
         raise ValueError(f"rp_bmc does not check {sorted(NEEDS_SCHEDULE)}")
-    system = System(model)
-    solver = z3.SolverFor("QF_BV")
-    solver.add(system.init(0))
-    rows: dict[str, EngineVerdict] = {}
-    steps: list[Step] = []
-    reached = 0
-    for t in range(1, depth + 1):
-        st = system.step(t - 1, t)
-        steps.append(st)
-        solver.add(st.constraints)
-        if time_budget is not None:
-            solver.set("timeout", max(1, int((time_budget - (time.perf_counter() - started)) * 1000)))
-        while True:
-            goals = {n: _holds(system, n, st) for n in names if n not in rows}
-            answer = solver.check(z3.Not(z3.And(list(goals.values())))) if goals else z3.unsat
-            if answer == z3.unknown:
-                return _result(model, names, rows, "bmc", reached, started, budget_out=True)
-            if answer == z3.unsat:
-                solver.add(*goals.values())
-                break
-            witness = solver.model()
-            for n, goal in goals.items():
-                if not z3.is_true(witness.eval(goal, model_completion=True)):
-                    rows[n] = _violation(system, model, n, t, steps, witness, started)
-        reached = t
-    return _result(model, names, rows, "bmc", reached, started)
+    return kv_bmc(model, depth, names, time_budget, goal=_goal, breaks=_spec_breaks, kind=_kind_of, with_wf=False)
 
 
-def _violation(system: System, model: Model, name: str, t: int, steps: list[Step], witness: z3.ModelRef,
-               started: float) -> EngineVerdict:
-    actions = [system.decode_action(witness, st) for st in steps]
-    states = [system.decode_or_dump(witness, i) for i in range(t + 1)]
-    if any(isinstance(s, str) for s in states):
-        raise ReplayMismatch(f"{name}: the solver's trace holds a frame that is not a spec state: {states}")
-    concrete = replay(model, actions, states)
-    if not _spec_breaks(model, name, concrete, actions):
-        raise ReplayMismatch(f"{name}: the encoding's violation at depth {t} holds in the spec")
-    kind = "transition" if name in RP_TRANSITION_FORMULAS else "invariant"
-    return EngineVerdict(name, kind, "violated", "bmc", t, time.perf_counter() - started,
-                         trace=actions, states=concrete)
+def _goal(system: System, name: str, t: int, steps: list[Step]) -> z3.BoolRef:
+    return _holds(system, name, steps[-1]) if steps else z3.BoolVal(True)      # properties of steps
 
 
-def _result(model: Model, names: list[str], rows: dict[str, EngineVerdict], method: str, depth: int,
-            started: float, budget_out: bool = False) -> EngineResult:
-    seconds = time.perf_counter() - started
-    verdicts = [rows.get(n) or EngineVerdict(n, "transition", "unknown" if budget_out else "bounded", method,
-                                             depth, seconds) for n in names]
-    return EngineResult(model.name, method, seconds, depth, verdicts)
+def _kind_of(name: str) -> str:
+    return "transition" if name in RP_TRANSITION_FORMULAS else "invariant"
 
 
 def rp_induction(model: Model, time_budget: float | None = None) -> EngineResult:
