@@ -7,7 +7,7 @@ request, often one the running loop scheduled earlier in the same call
 states, each cross-checked against the spec (tests/test_z3_priority.py).
 
 BMC finds the mutants of #23347 and #28558 on it at depth 7, the explicit
-search's shortest (verification/priority_models.PRIORITY_MUTANT_MODELS
+search's shortest (`PRIORITY_MUTANT_MODELS` (verification/priority_models.py)
 names it for both). `prio-skip-k2` (three requests, #49097's scenario at
 13 steps) is left to the explicit search: BMC to that depth is out of
 reach on this machine.
