@@ -15,11 +15,8 @@ from dataclasses import dataclass
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.models import mutant_model
 from flightcheck.verification.mutants import MUTANTS
-from flightcheck.verification.suite import (
-    LIVENESS_GRAPH,
-    SOMETIMES_NAMES,
-    all_property_names,
-)
+from flightcheck.verification.explicit_rows import all_property_names
+from flightcheck.verification.results import LIVENESS_GRAPH, SOMETIMES_NAMES
 
 
 @dataclass
