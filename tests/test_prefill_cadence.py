@@ -67,6 +67,15 @@ def test_the_references_cadence_traces_are_legal_and_hold_prefills(profile):
     assert held >= 3                        # the cadence changed the batches of several (3 or 4 of 10)
 
 
+def test_a_cadence_beside_a_connector_is_a_malformed_trace_not_an_internal_error():
+    events = [{"ev": "config", "num_stages": 2, "max_num_batched_tokens": 8, "block_size": 2, "num_blocks": 8,
+               "max_model_len": 16, "vllm_version": "0.34.0", "prefill_schedule_interval": 2,
+               "kv_connector": {"consumer": True, "producer": False}}, {"ev": "end"}]
+    with pytest.raises(MalformedTrace, match="^line 1: config event: prefill_schedule_interval > 1 is modelled "
+                                             "without a KV connector"):
+        check_events(events)
+
+
 def test_an_interval_below_one_is_a_malformed_trace():
     events = [{"ev": "config", "num_stages": 2, "max_num_batched_tokens": 8, "block_size": 2, "num_blocks": 8,
                "max_model_len": 16, "vllm_version": "0.34.0", "prefill_schedule_interval": 0}, {"ev": "end"}]

@@ -90,7 +90,13 @@ def config_from_event(event: dict, profile: str | None = None) -> Config:
     if event.get("streaming_sessions") and event.get("prefix_caching"):
         raise MalformedTrace("line 1: config event: streaming_sessions: the spec models streaming sessions "
                              "without prefix caching (a turn's kept outputs become prompt blocks)")
-    return _config(event, select_profile(event, profile), overrides)
+    chosen = select_profile(event, profile)
+    try:
+        return _config(event, chosen, overrides)
+    except MalformedTrace:
+        raise
+    except ValueError as err:         # a combination the spec does not model (Config's own checks)
+        raise MalformedTrace(f"line 1: config event: {err}") from None
 
 
 def _config(event: dict, profile: str, overrides: dict[str, Any]) -> Config:
