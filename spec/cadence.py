@@ -37,6 +37,11 @@ steps the hold still lasts: interval - 1 after a prefill-carrying step, one
 less per executed step, floored at 0 (a call defers iff it is > 0). It
 starts at 0 (vLLM starts `last_prefill_step` a full interval back: "the first
 step is never gated"). `Request.deferred_waiting` is vLLM's set membership.
+`Request.is_prefill_chunk` is kept, not derived as drafts.py derives it
+for the padding rule (from the newest entry in flight): with none in
+flight that derivation reads a prefill chunk that stopped one token short
+as a decode, and the cadence's gate reads the flag on every running
+request, so it must be exact.
 
 Abstracted away: the data-parallel throttle (`throttle_prefills`, driven by
 the DP engine core; one engine here, so never), and the combinations
