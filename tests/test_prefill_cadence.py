@@ -76,6 +76,19 @@ def test_a_cadence_beside_a_connector_is_a_malformed_trace_not_an_internal_error
         check_events(events)
 
 
+@pytest.mark.parametrize("version", ["0.8.5", "0.8.4"])
+def test_an_interval_under_a_version_without_the_cadence_is_refused_not_checked_as_absent(version):
+    """0.8.x has no prefill cadence: checking such a trace as if prefill ran
+    every step would reject a writer that held prefill, or pass one that did
+    not, without a word; the config is refused, naming the knob."""
+    events = [{"ev": "config", "num_stages": 2, "max_num_batched_tokens": 8, "block_size": 2, "num_blocks": 8,
+               "max_model_len": 16, "vllm_version": version, "prefill_schedule_interval": 3}, {"ev": "end"}]
+    with pytest.raises(MalformedTrace, match="^line 1: config event: prefill_schedule_interval: 3 under profile "
+                                             "vllm-0.8.[45], which has no prefill cadence"):
+        check_events(events)
+    assert check_events([{**events[0], "prefill_schedule_interval": 1}, events[1]]).ok
+
+
 def test_an_interval_below_one_is_a_malformed_trace():
     events = [{"ev": "config", "num_stages": 2, "max_num_batched_tokens": 8, "block_size": 2, "num_blocks": 8,
                "max_model_len": 16, "vllm_version": "0.34.0", "prefill_schedule_interval": 0}, {"ev": "end"}]

@@ -17,7 +17,7 @@ from typing import Any
 
 from flightcheck.spec import Config
 from flightcheck.spec.blocks import cdiv
-from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES, profile_for_version
+from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES, profile as profile_named, profile_for_version
 
 from .connector import connector_from_event
 from .reading import MalformedTrace
@@ -91,12 +91,26 @@ def config_from_event(event: dict, profile: str | None = None) -> Config:
         raise MalformedTrace("line 1: config event: streaming_sessions: the spec models streaming sessions "
                              "without prefix caching (a turn's kept outputs become prompt blocks)")
     chosen = select_profile(event, profile)
+    _refuse_knobs_the_profile_lacks(event, chosen)
     try:
         return _config(event, chosen, overrides)
     except MalformedTrace:
         raise
     except ValueError as err:         # a combination the spec does not model (Config's own checks)
         raise MalformedTrace(f"line 1: config event: {err}") from None
+
+
+def _refuse_knobs_the_profile_lacks(event: dict, profile: str) -> None:
+    """A knob the chosen version does not have cannot be checked under it:
+    the spec reads `prefill_schedule_interval` only where
+    `Profile.prefill_cadence` is on (vLLM 0.33's `Scheduler.__init__` brought
+    `local_prefill_interval`), so a 0.8.x trace with an interval above 1 would
+    be checked as if prefill ran every step. Refused, naming the knob."""
+    interval = event.get("prefill_schedule_interval", 1)
+    if interval > 1 and not profile_named(profile).prefill_cadence:
+        raise MalformedTrace(f"line 1: config event: prefill_schedule_interval: {interval} under profile "
+                             f"{profile}, which has no prefill cadence (vLLM 0.33 and later); name a "
+                             "profile that has one with --profile, or drop the key")
 
 
 def _config(event: dict, profile: str, overrides: dict[str, Any]) -> Config:
@@ -116,7 +130,6 @@ def _config(event: dict, profile: str, overrides: dict[str, Any]) -> Config:
         prefill_schedule_interval=event.get("prefill_schedule_interval", 1),
         kv_connector=connector_from_event(event),
         streaming_sessions=event.get("streaming_sessions", False),
-        
         scheduling_policy=event.get("scheduling_policy", "fcfs"),
         structured_output=event.get("structured_output", False))
 
