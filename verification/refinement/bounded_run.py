@@ -1,6 +1,8 @@
 """One bounded, seeded refinement run of a feature's state machine (the KV
-connector's, the priority policy's): `steps` rule steps from `seed`, the
-reference's mutant in force if given, the failure as text or None.
+connector's, the priority policy's, structured output's, reset and pause's,
+streaming sessions'): `steps` rule steps from `seed`, the reference's mutant
+in force if given, the failure as text or None; and the one way each feature
+makes its machine for a profile.
 
 The plain fuzzer (fuzz.py) has its own loop, which also reports progress and
 bounds Hypothesis' example cache; the features' machines share this one.
@@ -8,7 +10,8 @@ bounds Hypothesis' example cache; the features' machines share this one.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import functools
+from typing import Any, Callable, TypeVar
 
 from hypothesis import HealthCheck, Phase, Verbosity
 from hypothesis import seed as hypothesis_seed
@@ -18,6 +21,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from flightcheck.verification.mutants.patching import reference_applied
 from flightcheck.verification.refinement.budget import Budget, BudgetSpent
 from flightcheck.verification.refinement.fuzz import _fixed_constant_pool
+
+M = TypeVar("M")
 
 
 def bounded_run(make_factory: Callable[[Budget], Callable[[], Any]], steps: int, seed: int,
@@ -43,3 +48,24 @@ def bounded_run(make_factory: Callable[[Budget], Callable[[], Any]], steps: int,
         notes = [n for n in getattr(err, "__notes__", ()) if not n.startswith("Failing test case")]
         return "\n".join([*notes, f"{type(err).__name__}: {err}"])
     return None
+
+
+def machine_per_profile(base: type[M], feature: str, profiles: tuple[str, ...]) -> Callable[[str], type[M]]:
+    """The feature's machine under a profile, one class per profile (Hypothesis
+    keys its rules on the class), refused for a profile the feature's
+    fuzzer does not cover, naming the feature and the profiles it does."""
+    @functools.cache
+    def machine(profile: str) -> type[M]:
+        if profile not in profiles:
+            raise ValueError(f"no {feature} refinement under {profile}; known: {profiles}")
+        return type(f"{base.__name__}[{profile}]", (base,), {"profile": profile})
+    return machine
+
+
+def fuzz_machine(machine: Callable[..., Any], steps: int, seed: int, steps_per_program: int,
+                 shrink: bool, mutant: str | None) -> str | None:
+    """`bounded_run` of a feature's machine class: each program a fresh
+    machine with `mutant` in force, sharing the run's budget, without trace
+    checks or tracing."""
+    return bounded_run(lambda budget: lambda: machine(mutant, budget, False, False), steps, seed,
+                       steps_per_program, shrink, mutant)

@@ -34,8 +34,6 @@ abstracts draft validation away (every draft it is given is legal).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -49,8 +47,7 @@ from flightcheck.spec.grammar import DEFERRED
 from flightcheck.spec.state import Grammar, evolve
 from flightcheck.spec.transitions import CompileGrammar, FailGrammar
 from flightcheck.verification.refinement.abstraction import Ledger, abstract
-from flightcheck.verification.refinement.bounded_run import bounded_run
-from flightcheck.verification.refinement.budget import Budget
+from flightcheck.verification.refinement.bounded_run import fuzz_machine, machine_per_profile
 from flightcheck.verification.refinement.machine import RefinementMachine, _step
 from flightcheck.verification.refinement.strategies import EOS, NEAR_CAP, NUM_SLOTS, configs, prompt_tokens
 
@@ -197,21 +194,8 @@ class GrammarRefinementMachine(RefinementMachine):
         return mask
 
 
-@functools.cache
-def grammar_machine(profile: str) -> type[GrammarRefinementMachine]:
-    """The machine with every configuration under `profile`."""
-    if profile not in GRAMMAR_FUZZED_PROFILES:
-        raise ValueError(f"no structured-output refinement under {profile}; known: {GRAMMAR_FUZZED_PROFILES}")
-    return type(f"GrammarRefinementMachine[{profile}]", (GrammarRefinementMachine,), {"profile": profile})
-
-
-def grammar_machine_factory(profile: str, budget: Budget | None = None,
-                            mutant: str | None = None) -> Callable[[], GrammarRefinementMachine]:
-    machine = grammar_machine(profile)
-
-    def make() -> GrammarRefinementMachine:
-        return machine(mutant, budget, False, False)
-    return make
+# The machine with every configuration under a profile (refused outside GRAMMAR_FUZZED_PROFILES).
+grammar_machine = machine_per_profile(GrammarRefinementMachine, "structured-output", GRAMMAR_FUZZED_PROFILES)
 
 
 def grammar_fuzz(steps: int, seed: int, profile: str, steps_per_program: int = 60,
@@ -220,5 +204,4 @@ def grammar_fuzz(steps: int, seed: int, profile: str, steps_per_program: int = 6
     steps from `seed`, the reference's `mutant` in force if given; the
     failure (the program, shrunk unless `shrink` is off, and its message),
     or None."""
-    return bounded_run(lambda budget: grammar_machine_factory(profile, budget, mutant=mutant), steps, seed,
-                       steps_per_program, shrink, mutant)
+    return fuzz_machine(grammar_machine(profile), steps, seed, steps_per_program, shrink, mutant)

@@ -32,8 +32,6 @@ abstracts that away).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -44,8 +42,7 @@ from flightcheck import spec
 from flightcheck.reference import Request, SamplingParams, SchedulerConfig
 from flightcheck.reference.connector import KvConnectorConfig, KvConnectorOutput, KvOffer
 from flightcheck.spec.kv_reports import failable_blocks
-from flightcheck.verification.refinement.budget import Budget
-from flightcheck.verification.refinement.bounded_run import bounded_run
+from flightcheck.verification.refinement.bounded_run import fuzz_machine, machine_per_profile
 from flightcheck.verification.refinement.machine import RefinementMachine, _step
 from flightcheck.verification.refinement.strategies import EOS, NEAR_CAP, configs, outcomes, prompt_tokens
 
@@ -224,21 +221,8 @@ class KvRefinementMachine(RefinementMachine):
             self._fail(f"has_requests() is {self.scheduler.has_requests()} in {spec.describe(after)}")
 
 
-@functools.cache
-def kv_machine(profile: str) -> type[KvRefinementMachine]:
-    """The machine with every configuration under `profile`."""
-    if profile not in KV_FUZZED_PROFILES:
-        raise ValueError(f"no KV connector refinement under {profile}; known: {KV_FUZZED_PROFILES}")
-    return type(f"KvRefinementMachine[{profile}]", (KvRefinementMachine,), {"profile": profile})
-
-
-def kv_machine_factory(profile: str, budget: Budget | None = None, check_traces: bool = False,
-                       mutant: str | None = None) -> Callable[[], KvRefinementMachine]:
-    machine = kv_machine(profile)
-
-    def make() -> KvRefinementMachine:
-        return machine(mutant, budget, check_traces, False)
-    return make
+# The machine with every configuration under a profile (refused outside KV_FUZZED_PROFILES).
+kv_machine = machine_per_profile(KvRefinementMachine, "KV connector", KV_FUZZED_PROFILES)
 
 
 def kv_fuzz(steps: int, seed: int, profile: str, steps_per_program: int = 60,
@@ -247,5 +231,4 @@ def kv_fuzz(steps: int, seed: int, profile: str, steps_per_program: int = 60,
     from `seed`, the reference's `mutant` (a KV one: KV_MUTANTS) in force if
     given; the failure (the program, shrunk unless `shrink` is off, and its
     message), or None."""
-    return bounded_run(lambda budget: kv_machine_factory(profile, budget, mutant=mutant), steps, seed,
-                       steps_per_program, shrink, mutant)
+    return fuzz_machine(kv_machine(profile), steps, seed, steps_per_program, shrink, mutant)

@@ -10,8 +10,6 @@ vLLM 0.33 and 0.34, sync and async).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -20,8 +18,7 @@ from hypothesis.stateful import initialize, precondition, rule
 
 from flightcheck.reference import Request
 from flightcheck.reference.outputs import SchedulerOutput
-from flightcheck.verification.refinement.budget import Budget
-from flightcheck.verification.refinement.bounded_run import bounded_run
+from flightcheck.verification.refinement.bounded_run import fuzz_machine, machine_per_profile
 from flightcheck.verification.refinement.machine import RefinementMachine
 from flightcheck.verification.refinement.strategies import NEAR_CAP, configs
 
@@ -71,21 +68,8 @@ class PriorityRefinementMachine(RefinementMachine):
                        f"its requests {sum(output.num_scheduled_tokens.values())}")
 
 
-@functools.cache
-def priority_machine(profile: str) -> type[PriorityRefinementMachine]:
-    """The machine with every configuration under `profile`."""
-    if profile not in PRIORITY_FUZZED_PROFILES:
-        raise ValueError(f"no priority refinement under {profile}; known: {PRIORITY_FUZZED_PROFILES}")
-    return type(f"PriorityRefinementMachine[{profile}]", (PriorityRefinementMachine,), {"profile": profile})
-
-
-def priority_machine_factory(profile: str, budget: Budget | None = None,
-                             mutant: str | None = None) -> Callable[[], PriorityRefinementMachine]:
-    machine = priority_machine(profile)
-
-    def make() -> PriorityRefinementMachine:
-        return machine(mutant, budget, False, False)
-    return make
+# The machine with every configuration under a profile (refused outside PRIORITY_FUZZED_PROFILES).
+priority_machine = machine_per_profile(PriorityRefinementMachine, "priority", PRIORITY_FUZZED_PROFILES)
 
 
 def priority_fuzz(steps: int, seed: int, profile: str, steps_per_program: int = 60,
@@ -94,5 +78,4 @@ def priority_fuzz(steps: int, seed: int, profile: str, steps_per_program: int = 
     rule steps from `seed`, the reference's `mutant` in force if given; the
     failure (the program, shrunk unless `shrink` is off, and its message),
     or None."""
-    return bounded_run(lambda budget: priority_machine_factory(profile, budget, mutant=mutant), steps, seed,
-                       steps_per_program, shrink, mutant)
+    return fuzz_machine(priority_machine(profile), steps, seed, steps_per_program, shrink, mutant)

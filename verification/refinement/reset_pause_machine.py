@@ -28,8 +28,6 @@ carried to the workers).
 from __future__ import annotations
 
 import copy
-import functools
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -40,8 +38,7 @@ from flightcheck import spec
 from flightcheck.reference.reset_pause import PauseState
 from flightcheck.spec import reset_pause
 from flightcheck.verification.refinement.abstraction import abstract
-from flightcheck.verification.refinement.bounded_run import bounded_run
-from flightcheck.verification.refinement.budget import Budget
+from flightcheck.verification.refinement.bounded_run import fuzz_machine, machine_per_profile
 from flightcheck.verification.refinement.machine import RefinementMachine, _step
 from flightcheck.verification.refinement.strategies import Outcome, configs
 
@@ -145,21 +142,8 @@ class ResetPauseRefinementMachine(RefinementMachine):
         return reset_pause.has_requests(after) or bool(self.finished_unreported)
 
 
-@functools.cache
-def reset_pause_machine(profile: str) -> type[ResetPauseRefinementMachine]:
-    """The machine with every configuration under `profile`."""
-    if profile not in RESET_PAUSE_FUZZED_PROFILES:
-        raise ValueError(f"no reset-and-pause refinement under {profile}; known: {RESET_PAUSE_FUZZED_PROFILES}")
-    return type(f"ResetPauseRefinementMachine[{profile}]", (ResetPauseRefinementMachine,), {"profile": profile})
-
-
-def reset_pause_machine_factory(profile: str, budget: Budget | None = None,
-                                mutant: str | None = None) -> Callable[[], ResetPauseRefinementMachine]:
-    machine = reset_pause_machine(profile)
-
-    def make() -> ResetPauseRefinementMachine:
-        return machine(mutant, budget, False, False)
-    return make
+# The machine with every configuration under a profile (refused outside RESET_PAUSE_FUZZED_PROFILES).
+reset_pause_machine = machine_per_profile(ResetPauseRefinementMachine, "reset-and-pause", RESET_PAUSE_FUZZED_PROFILES)
 
 
 def reset_pause_fuzz(steps: int, seed: int, profile: str, steps_per_program: int = 60,
@@ -168,5 +152,4 @@ def reset_pause_fuzz(steps: int, seed: int, profile: str, steps_per_program: int
     steps from `seed`, the reference's `mutant` in force if given; the
     failure (the program, shrunk unless `shrink` is off, and its message),
     or None."""
-    return bounded_run(lambda budget: reset_pause_machine_factory(profile, budget, mutant=mutant), steps, seed,
-                       steps_per_program, shrink, mutant)
+    return fuzz_machine(reset_pause_machine(profile), steps, seed, steps_per_program, shrink, mutant)

@@ -44,8 +44,6 @@ counts are the spec's as a parked session leaves it out
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -60,8 +58,7 @@ from flightcheck.spec import reset_pause
 from flightcheck.spec.sessions import END_OF_SESSION
 from flightcheck.spec.state import evolve
 from flightcheck.verification.refinement.abstraction import abstract
-from flightcheck.verification.refinement.bounded_run import bounded_run
-from flightcheck.verification.refinement.budget import Budget
+from flightcheck.verification.refinement.bounded_run import fuzz_machine, machine_per_profile
 from flightcheck.verification.refinement.machine import RefinementMachine, _step
 from flightcheck.verification.refinement.strategies import EOS, NUM_SLOTS, configs, prompt_tokens
 
@@ -207,21 +204,8 @@ class SessionsRefinementMachine(RefinementMachine):
             self._fail(f"batch ids in flight {ids}, {self.num_batches} batches submitted")
 
 
-@functools.cache
-def sessions_machine(profile: str) -> type[SessionsRefinementMachine]:
-    """The machine with every configuration under `profile`."""
-    if profile not in SESSIONS_FUZZED_PROFILES:
-        raise ValueError(f"no streaming-session refinement under {profile}; known: {SESSIONS_FUZZED_PROFILES}")
-    return type(f"SessionsRefinementMachine[{profile}]", (SessionsRefinementMachine,), {"profile": profile})
-
-
-def sessions_machine_factory(profile: str, budget: Budget | None = None,
-                             mutant: str | None = None) -> Callable[[], SessionsRefinementMachine]:
-    machine = sessions_machine(profile)
-
-    def make() -> SessionsRefinementMachine:
-        return machine(mutant, budget, False, False)
-    return make
+# The machine with every configuration under a profile (refused outside SESSIONS_FUZZED_PROFILES).
+sessions_machine = machine_per_profile(SessionsRefinementMachine, "streaming-session", SESSIONS_FUZZED_PROFILES)
 
 
 def sessions_fuzz(steps: int, seed: int, profile: str, steps_per_program: int = 60,
@@ -230,5 +214,4 @@ def sessions_fuzz(steps: int, seed: int, profile: str, steps_per_program: int = 
     steps from `seed`, the reference's `mutant` in force if given; the
     failure (the program, shrunk unless `shrink` is off, and its message),
     or None."""
-    return bounded_run(lambda budget: sessions_machine_factory(profile, budget, mutant=mutant), steps, seed,
-                       steps_per_program, shrink, mutant)
+    return fuzz_machine(sessions_machine(profile), steps, seed, steps_per_program, shrink, mutant)
