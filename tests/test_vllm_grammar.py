@@ -75,6 +75,41 @@ def test_the_reference_waits_for_grammars_and_fails_a_broken_one(profile: str) -
     assert not any(d[0] == "schedule" and any(e[0] == "c" for e in d[1]) for d in ours)
 
 
+# One request alone, whose grammar compiles over more schedule() calls than the
+# replay's idle count allows (engine.py IDLE_STEPS_FOR_STUCK): vLLM's loop spins
+# on has_requests() until the Future settles, so the run is not stuck.
+SLOW_COMPILE = {"name": "grammar-slow-compile", "seed": 1,
+                "config": {"num_stages": 2, "max_num_seqs": 4, "block_size": 2, "max_model_len": 16,
+                           "max_num_batched_tokens": 16, "num_blocks": 11, "prefix_caching": False},
+                "requests": [{"id": "r0", "prompt_len": 1, "max_tokens": 2,
+                              "grammar": {"compile_steps": 8, "fails": False}}]}
+
+
+@pytest.mark.parametrize("profile", ["vllm-0.34", "vllm-0.34-async", "vllm-0.33", "vllm-0.33-async"])
+def test_a_grammar_still_compiling_is_not_an_idle_engine(profile: str) -> None:
+    raw = json.loads(json.dumps(SLOW_COMPILE))
+    raw["config"]["async_scheduling"] = profile.endswith("async")
+    run = run_reference(raw, profile)
+    assert run.ending == "done"
+    assert ("finish", "r0", "length") in decisions(run.events, block_offset=1)
+    assert check_events(run.events).ok
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.usefixtures("both_checkers")
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+def test_vllm_waiting_for_a_slow_grammar_is_a_correct_run_not_stuck(version: str) -> None:
+    from flightcheck.vllm.campaign import run_version
+
+    from .vllm_support import require_venv
+    require_venv(version)
+    for async_scheduling in (False, True):
+        report = run_version(version, [json.loads(json.dumps(SLOW_COMPILE))], 1, False, lambda line: None,
+                             async_scheduling)
+        assert not report.unexplained and set(report.verdicts) == {"accepted, correct run"}, report.verdicts
+
+
 TRACE = [
     {"ev": "config", "num_stages": 2, "max_num_batched_tokens": 32, "block_size": 4, "num_blocks": 32,
      "max_model_len": 64, "vllm_version": "0.34.0", "structured_output": True},

@@ -190,6 +190,8 @@ class BatchQueueEngine:
         # The engine-step number run_busy_loop is at, and the engine's own
         # ground truth about its choices (engine_truth.py).
         self.current_step = 0
+        # grammars whose compile has not settled (the workload's compile clock, grammar_workload.py)
+        self.grammars_compiling: Callable[[], int] = lambda: 0
         self.waits_in_flight: list[dict[str, Any]] = []
         self.gated_completions: list[dict[str, Any]] = []
         self.copy_errors: list[str] = []
@@ -461,8 +463,10 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
             progressed, during_step, waiting = _step_with_inputs(engine, during_step, waiting)
             step += 1
             idle = 0 if progressed else idle + 1
-            if getattr(engine, "transfers_in_flight", lambda: 0)():
-                idle = 0                                   # a KV transfer is still to be reported
+            if getattr(engine, "transfers_in_flight", lambda: 0)() or engine.grammars_compiling():
+                # a KV transfer is still to be reported, or a grammar still compiles: vLLM's
+                # loop spins on `has_requests()` until the transfer or the Future settles
+                idle = 0
             if idle >= IDLE_STEPS_FOR_STUCK and engine.batches_in_flight() == 0:
                 if inputs.pending or during_step or waiting:   # it spins until the input arrives
                     step, idle = max(step, inputs.next_step() if inputs.pending else step), 0

@@ -298,6 +298,7 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
 
     clock = ArrivalClock(workload.config.policy)
     grammars = reference_grammars(side, scheduler)      # the workload's compile clock (grammar_workload.py)
+    engine.grammars_compiling = grammars.pending
 
     def add(spec: Any) -> None:
         params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)

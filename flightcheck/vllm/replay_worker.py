@@ -362,6 +362,8 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
 
     engine = _make_engine(scheduler, model, workload)
     kv_worker = kv_replay.attach_worker(engine, transfers)
+    if grammars is not None:
+        engine.grammars_compiling = grammars.clock.pending
 
     clock = priority_workload.ArrivalClock(workload.config.policy)
 
