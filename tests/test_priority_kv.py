@@ -7,8 +7,10 @@ connector's invariants are checked together, and the pair's mutants."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -21,8 +23,11 @@ from flightcheck.verification.mutants.registry import PRIORITY_KV_MUTANTS, PRIOR
 from flightcheck.verification.priority_kv_models import (PRIO_KV_K2, PRIORITY_KV_MUTANT_MODELS,
                                                          PRIORITY_KV_PROFILE_MODELS)
 from flightcheck.verification.suite import hunt_mutant
+from flightcheck.verification.traces.check import check_events
 from flightcheck.verification.traces.counterexample import broken_at, replay
-from flightcheck.vllm.differential import decisions, run_reference
+from flightcheck.verification.traces.reading import read_trace_file
+from flightcheck.verification.traces.stream import check_lines
+from flightcheck.vllm.differential import decisions, read_trace, run_reference
 from flightcheck.vllm.features import registered
 
 # (states, edges, max depth) -- change only with a reviewed change of semantics.
@@ -152,6 +157,33 @@ def test_the_reference_runs_the_landed_load_of_the_better_rank_first(policy: str
 
 def _scheduled_requests(event: dict) -> list[str]:
     return [entry["req"] for entry in event.get("entries", event.get("reqs", []))]
+
+
+DATA = Path(__file__).parent / "data" / "vllm" / "pairs"
+# (workload, vLLM 0.34.0's trace of it), each showing one rule of the pair;
+# with the connector's queues FCFS (main before this pair met) the reference
+# decided otherwise on both, and check-trace rejected the second (a false
+# KV2_loading_not_scheduled).
+VLLM_RUNS = [
+    # --all-features seed 6 index 132 (inputs during waits): r0 (priority 1)
+    # waits plain, r1 (priority 0, arrived later) in async_kv_waiting; vLLM
+    # 0.34's _next_waiting_queue takes r1 first (async_head < head), which
+    # allocates its load's blocks before r0's chunk
+    ("034_priority_async_head_ranked.workload.json", "034_priority_async_head_ranked.jsonl"),
+    # _two_loads("priority"): both loads land together; kv_holding_waiting pops r1 first
+    ("034_priority_two_loads_ranked.workload.json", "034_priority_two_loads_ranked.jsonl"),
+]
+
+
+@pytest.mark.usefixtures("both_checkers")
+@pytest.mark.parametrize("workload,trace", VLLM_RUNS)
+def test_vllms_run_of_the_pair_is_the_references_and_check_trace_accepts_it(workload: str, trace: str) -> None:
+    raw = json.loads((DATA / workload).read_text())
+    assert decisions(run_reference(raw, "vllm-0.34").events, block_offset=1) == decisions(read_trace(DATA / trace))
+    for full in (False, True):
+        result = check_events(read_trace_file(DATA / trace), None, full=full)
+        assert result.ok, (result.property, result.message)
+    assert list(check_lines((DATA / trace).read_text().splitlines()))[-1].result.ok
 
 
 @pytest.mark.vllm
