@@ -34,8 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .batch import Batch
-from .priority import priority_key
 from .block_pool import KVCacheBlock
+from .priority import priority_key
 from .request import KvLoad, Request, RequestStatus
 
 PARKED = RequestStatus.WAITING_FOR_REMOTE_KVS
