@@ -13,7 +13,10 @@ unchanged.
   keeps its place, and each queue's order is its view's. A load started
   joins the back of `kv_holding_waiting` (0.34's `step_started_kv_loads`;
   0.33 puts it back with the skipped block-holders, which comes to the
-  same: every one of them was looked at first).
+  same: every one of them was looked at first). Under the priority policy
+  both queues are heaps (priority.py): `kv_holding_waiting` is kept in rank
+  order and a started load joins at its place; the heads are compared by
+  rank.
 * **Each request** (`_admit_or_park`): a parked one goes on only once its
   load has landed (`_promote_if_landed`); a fresh one (nothing computed)
   asks the connector for tokens beyond its local prefix hit: a sync hit is
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 
 from .batch import Batch
 from .block_pool import KVCacheBlock
+from .priority import priority_key
 from .request import KvLoad, Request, RequestStatus
 
 PARKED = RequestStatus.WAITING_FOR_REMOTE_KVS
@@ -56,6 +60,8 @@ _ADMITTED, _SKIP, _STOP, _STOP_ASYNC = "admitted", "skip", "stop", "stop-async"
 
 
 class KvWaiting:
+    _priority: bool          # the scheduler's (priority.py)
+
     def _schedule_waiting_kv(self, batch: Batch) -> None:
         if self._cache_aware_window:
             from .admission_order import reorder_by_cached_prefix
@@ -101,10 +107,16 @@ class KvWaiting:
         if held is not None:
             return held, False
         plain = next((r for r in self.waiting if r not in skipped and not self._may_load_async(r)), None)
-        if take_async_kv and async_head is not None and (
-                plain is None or async_head.first_incarnation < plain.first_incarnation):
+        if take_async_kv and async_head is not None and (plain is None or self._async_goes_first(async_head, plain)):
             return async_head, True
         return None if plain is None else (plain, False)
+
+    def _async_goes_first(self, async_head: Request, plain: Request) -> bool:
+        """`_next_waiting_queue`: `async_head < head` under the priority
+        policy (`Request.__lt__`), else the earlier arrival."""
+        if self._priority:
+            return priority_key(async_head) < priority_key(plain)
+        return async_head.first_incarnation < plain.first_incarnation
 
     def _kv_lookup(self, request: Request) -> _Lookup:
         """A fresh request's local prefix hit and the connector's offer on
@@ -175,5 +187,7 @@ class KvWaiting:
         request.kv_external = lookup.num_external
         self._remove_waiting(request)
         self.kv_holding_waiting.append(request)   # vLLM's `step_started_kv_loads`
+        if self._priority:
+            self._order_waiting()                  # type: ignore[attr-defined]  (a heap push)
         batch.kv_loads.append((request.request_id, lookup.num_computed))
         return _SKIP

@@ -10,12 +10,25 @@ largest (priority, arrival time), wherever it sits in `running`: if the
 loop already scheduled it in this call, everything it got goes back (its
 entry, tokens, budget, drafts; its blocks go with the preemption), and if
 it sat before the loop's index, the index moves back by one.
+
+With a KV connector its queues are heaps too (`Scheduler.__init__`:
+`create_request_queue(self.policy)` for `kv_holding_waiting` and
+`async_kv_waiting`): `kv_holding_waiting` is kept in the same order (a load
+started in a call joins at its place), and `async_kv_waiting`'s head goes
+before `waiting`'s when it ranks first (`_next_waiting_queue`: `async_head <
+head`), which, both being views of the one sorted `waiting`, is whichever
+comes first in it.
 """
 
 from __future__ import annotations
 
 from .batch import Batch
 from .request import Request
+
+
+def priority_key(request: Request) -> tuple[int, float, str]:
+    """`Request.__lt__`: priority (lower first), arrival time, request id."""
+    return request.priority, request.arrival_time, request.request_id
 
 
 class PriorityPolicy:
@@ -26,11 +39,13 @@ class PriorityPolicy:
     _victims_before: int      # victims removed from before the loop's index, this allocation
 
     def _order_waiting(self) -> None:
-        """`waiting` in (priority, arrival time, id) order, as the heap pops it."""
-        if len(self.waiting) > 1:
-            ordered = sorted(self.waiting, key=lambda r: (r.priority, r.arrival_time, r.request_id))
-            self.waiting.clear()
-            self.waiting.extend(ordered)
+        """`waiting` (and a connector's `kv_holding_waiting`) in (priority,
+        arrival time, id) order, as the heap pops it."""
+        for queue in (self.waiting, getattr(self, "kv_holding_waiting", ())):
+            if len(queue) > 1:
+                ordered = sorted(queue, key=priority_key)
+                queue.clear()
+                queue.extend(ordered)
 
     def _priority_victim(self) -> Request:
         """`max(running, key=(priority, arrival_time))`: the first of the largest key."""

@@ -25,7 +25,7 @@ from .kv_invariants import (holds_kv_blocks, kv1_no_reuse_under_transfer, kv2_lo
                             kv4_deferred_frees_drain, kv4_finished_holds_nothing, kv5_loaded_not_starved,
                             kv6_load_limit, may_hold_table)
 from .pool_store import label_list
-from .priority_invariants import waiting_in_priority_order
+from .priority_invariants import kv_holding_in_priority_order, waiting_in_priority_order
 from .session_invariants import (ss2_old_turn_given_up, ss3_waiting_session_holds_blocks,
                                  ss4_waiting_session_keeps_seat)
 from .sessions import has_sessions
@@ -456,6 +456,10 @@ KV_INVARIANTS: tuple[Invariant, ...] = (
 # Under the priority policy (priority_invariants.py).
 PRIORITY_ORDER = Invariant("PR1_waiting_in_priority_order", (waiting_in_priority_order.__doc__ or "").strip(),
                            of_state=waiting_in_priority_order)
+# Under the priority policy with a KV connector (its queues are heaps too).
+PRIORITY_KV_ORDER = Invariant("PR4_kv_holding_in_priority_order",
+                              (kv_holding_in_priority_order.__doc__ or "").strip(),
+                              of_state=kv_holding_in_priority_order)
 # With streaming sessions (docs/request-states.md, "Streaming sessions"; the
 # predicates are in session_invariants.py; SS1 is a transition property).
 SESSION_INVARIANTS: tuple[Invariant, ...] = (
@@ -480,7 +484,8 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
     keeps stale-output counters, under async scheduling S3, S5, S6 and L2
     restated (`ASYNC_REPLACEMENTS`) with IA1 and IA2, and with a KV
     connector KV1, KV2, KV4, KV5 (and KV6 under vLLM 0.34's load limit);
-    PR1 under the priority policy; with structured output G1-G3."""
+    PR1 under the priority policy (PR4 too with a KV connector); with
+    structured output G1-G3."""
     chosen = INVARIANTS + (COUNTER_INVARIANTS if cfg.rules.stale_output_counters else ())
     if cfg.rules.output_placeholders:
         chosen = tuple(ASYNC_REPLACEMENTS.get(i.name, i) for i in chosen) + ASYNC_INVARIANTS
@@ -490,6 +495,8 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
             chosen += (KV_LOAD_LIMIT,)
     if cfg.scheduling_policy == "priority":
         chosen += (PRIORITY_ORDER,)
+        if cfg.kv_connector is not None and cfg.rules.priority_orders_kv_holding:
+            chosen += (PRIORITY_KV_ORDER,)
     if cfg.structured_output:
         chosen += GRAMMAR_INVARIANTS
     if has_sessions(cfg):

@@ -30,8 +30,9 @@ where it agrees).
 Abstracted away: the connector's own matching (its offer is the
 environment's, fixed at arrival), partial-tail hits, HiSparse's deferred
 loads and parked reservations (`_reserve_parked`), the DSV4 replay window,
-the pause states, the encoder connector, and priority order between the
-queues (FCFS by arrival); vLLM 0.34's cache-aware reorder of `waiting`
+the pause states and the encoder connector. Under the priority policy
+the queues are heaps (priority.py: `kv_holding` sorted by rank, the heads
+compared by rank); vLLM 0.34's cache-aware reorder of `waiting`
 (admission_order.py) here also moves the requests that vLLM keeps apart in
 `async_kv_waiting` (only with the load limit and the reorder both on).
 """
@@ -40,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from . import blocks
+from . import blocks, priority
 from .config import Config
 from .state import Load, State, Status, content_label
 
@@ -98,9 +99,15 @@ def next_candidate(state: State, cfg: Config, walk: Walk, loads_only: bool) -> t
     if held is not None:
         return held, "holding"
     plain = _head(tuple(r for r in state.waiting if not may_load_async(state, cfg, r)), walk)
-    if walk.take_async and async_head is not None and (plain is None or _arrived_before(state, async_head, plain)):
+    if walk.take_async and async_head is not None and (plain is None or _goes_first(state, cfg, async_head, plain)):
         return async_head, "async"
     return None if plain is None else (plain, "waiting")
+
+
+def _goes_first(state: State, cfg: Config, async_head: int, plain: int) -> bool:
+    """`_next_waiting_queue`: FCFS by arrival time, or by rank under the priority policy."""
+    ranked = priority.async_head_first(state, cfg, async_head, plain)
+    return _arrived_before(state, async_head, plain) if ranked is None else ranked
 
 
 def _arrived_before(state: State, a: int, b: int) -> bool:
@@ -146,12 +153,14 @@ def fits_beside_reservations(state: State, cfg: Config, r: int, hit: tuple[int, 
 
 def park(state: State, cfg: Config, r: int, computed: int, external: int) -> State:
     """An async load starts: WAITING_FOR_REMOTE_KVS with `num_computed`
-    set to local + external tokens; it joins `kv_holding`'s tail."""
+    set to local + external tokens; it joins `kv_holding`'s tail (under
+    the priority policy its place by rank: a heap push)."""
     if cfg.rules.kv_holding_first:
         state = replace(state, waiting=tuple(x for x in state.waiting if x != r),
                         kv_holding=state.kv_holding + (r,))
-    return state.with_request(r, status=Status.WAITING_FOR_REMOTE_KVS, num_computed=computed,
-                              load=Load.IN_FLIGHT, external=external)
+    state = state.with_request(r, status=Status.WAITING_FOR_REMOTE_KVS, num_computed=computed,
+                               load=Load.IN_FLIGHT, external=external)
+    return priority.in_priority_order(state, cfg)
 
 
 def promote(state: State, cfg: Config, r: int) -> State:

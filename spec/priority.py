@@ -21,11 +21,18 @@ the same code in both; docs/request-states.md, "Priority scheduling").
 The environment gives a request its priority at arrival (`Prompt.priority`,
 a small domain per model). The arrival order is `State.arrivals`.
 
+* With a KV connector (the profile's `priority_orders_kv_holding`,
+  `priority_orders_async_kv`, read here only): `kv_holding` is a heap too,
+  kept sorted by `rank` (`kv_holding_ranked`: a parked load joins at its
+  place, not the tail), and the head of `async_kv_waiting` goes before
+  `waiting`'s when it ranks first (`async_head_first`), not when it
+  arrived first. The victim rule above does not change with a connector:
+  the step fence's "a deferred free will not help" is asked of the
+  priority victim (schedule.py `_victim_frees_at_once`).
+
 Abstracted away: `Request.__lt__`'s last tie-breaks (request id, then
-object identity: the spec's arrival order is total), the encoder budget a
-victim gives back (no encoder inputs here), and priority order in a KV
-connector's queues (`kv_holding`, `async_kv_waiting` stay FCFS here: the
-bridge does not combine the two).
+object identity: the spec's arrival order is total), and the encoder
+budget a victim gives back (no encoder inputs here).
 """
 
 from __future__ import annotations
@@ -68,11 +75,35 @@ def arrive_with_priority(state: State, cfg: Config, r: int, priority: int) -> St
 
 def in_priority_order(state: State, cfg: Config) -> State:
     """`waiting` as the heap yields it: sorted by `rank` (a push after a
-    preemption or an arrival). FCFS: unchanged."""
-    if not is_priority(cfg) or len(state.waiting) < 2:
+    preemption or an arrival); `kv_holding` too where it is a heap
+    (`kv_holding_ranked`). FCFS: unchanged."""
+    if not is_priority(cfg):
         return state
-    ordered = tuple(sorted(state.waiting, key=lambda r: rank(state, r)))
-    return state if ordered == state.waiting else replace(state, waiting=ordered)
+    if len(state.waiting) > 1:
+        ordered = tuple(sorted(state.waiting, key=lambda r: rank(state, r)))
+        if ordered != state.waiting:
+            state = replace(state, waiting=ordered)
+    if kv_holding_ranked(cfg) and len(state.kv_holding) > 1:
+        ordered = tuple(sorted(state.kv_holding, key=lambda r: rank(state, r)))
+        if ordered != state.kv_holding:
+            state = replace(state, kv_holding=ordered)
+    return state
+
+
+def kv_holding_ranked(cfg: Config) -> bool:
+    """`kv_holding_waiting` is a `PriorityRequestQueue` (`Scheduler.__init__`:
+    `create_request_queue(self.policy)`; `Profile.priority_orders_kv_holding`)."""
+    return is_priority(cfg) and cfg.rules.priority_orders_kv_holding
+
+
+def async_head_first(state: State, cfg: Config, async_head: int, plain: int) -> bool | None:
+    """`_next_waiting_queue` under the priority policy: `async_kv_waiting`'s
+    head goes first when `async_head < head` (`Request.__lt__`: `rank`;
+    `Profile.priority_orders_async_kv`). None: the FCFS rule (arrival time)
+    applies."""
+    if not (is_priority(cfg) and cfg.rules.priority_orders_async_kv):
+        return None
+    return rank(state, async_head) < rank(state, plain)
 
 
 def choose_victim(state: State, cfg: Config) -> int:

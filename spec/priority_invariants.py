@@ -4,6 +4,10 @@ scheduling"), each checked only under `Config.scheduling_policy == "priority"`:
 * PR1_waiting_in_priority_order (safety, a state invariant): `waiting` is in
   (priority, arrival) order, as vLLM's heap yields it, and every queued
   request's arrival is known.
+* PR4_kv_holding_in_priority_order (safety, a state invariant; with a KV
+  connector whose `kv_holding_waiting` is a heap): the waiting requests
+  that hold KV blocks (parked and landed loads) are in (priority, arrival)
+  order, so the waiting loop takes the first-ranked load first.
 * PR2_victim_leaves_no_trace (safety, of a `schedule` step): a request the
   step preempted has no entry in the batch it forms (no tokens, no drafts:
   vLLM #23347, #28558), holds no block, and the batch stays within the
@@ -38,6 +42,16 @@ def waiting_in_priority_order(s: State, cfg: Config) -> bool:
     if not (s.waiting_set | s.running_set) <= arrived:
         return False
     keys = [(s.requests[r].priority, s.arrivals.index(r)) for r in s.waiting]
+    return keys == sorted(keys)
+
+
+def kv_holding_in_priority_order(s: State, cfg: Config) -> bool:
+    """PR4: under the priority policy with a KV connector, the waiting requests that hold KV blocks (parked and landed loads, `kv_holding_waiting`) are sorted by (priority, arrival), and each one's arrival is recorded."""
+    if cfg.scheduling_policy != "priority" or cfg.kv_connector is None or not cfg.rules.priority_orders_kv_holding:
+        return True
+    if not set(s.kv_holding) <= set(s.arrivals):
+        return False
+    keys = [(s.requests[r].priority, s.arrivals.index(r)) for r in s.kv_holding]
     return keys == sorted(keys)
 
 

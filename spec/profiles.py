@@ -279,6 +279,22 @@ class Profile:
     # on past a request that preempted itself (0.33, 0.34: the same code in
     # both). 0.8.x's V1 scheduler has no priority policy.
     priority_policy: bool = False
+    # Where the priority policy meets the KV connector (docs/request-states.md,
+    # "Features together"; read only under `Config.scheduling_policy ==
+    # "priority"`, at one seam: spec/priority.py `kv_holding_ranked`,
+    # `async_head_first`). `Scheduler.__init__` makes `kv_holding_waiting`
+    # with `create_request_queue(self.policy)`: a `PriorityRequestQueue`, so
+    # the waiting loop takes parked and landed loads by (priority, arrival),
+    # a load started in the call (`step_started_kv_loads`: `add_request`)
+    # and a skipped block-holder (`prepend_requests`) are pushed at their
+    # rank, not the tail and the head, and `_handle_invalid_blocks` walks the
+    # parked loads in that order (`PriorityRequestQueue.__iter__`) (0.33, 0.34).
+    priority_orders_kv_holding: bool = False
+    # `async_kv_waiting` is a `PriorityRequestQueue` too, and
+    # `_next_waiting_queue` takes its head before `waiting`'s when
+    # `async_head < head` (`Request.__lt__`: priority, then arrival) instead
+    # of comparing arrival times (0.34 only: 0.33 has no such queue).
+    priority_orders_async_kv: bool = False
     # --- structured output (spec/grammar.py; read only with
     # `Config.structured_output`, which the 0.8.x profiles do not model).
     # Whether the scheduler checks a structured request's drafts against the
@@ -335,7 +351,8 @@ VLLM_0_8_4 = Profile(name="vllm-0.8.4", policy="one-batch-per-request",
 # 0.34 load limit, each re-read in `vllm/v1/core/sched/scheduler.py`.
 _KV_CONNECTOR_0_33 = {"kv_sync_hits": True, "kv_async_loads": True, "kv_load_failures": True,
                       "kv_send_hold": True, "kv_aborted_load_held": True, "kv_step_fence": True,
-                      "kv_holding_first": True, "kv_producer_drops_stale_output": True}
+                      "kv_holding_first": True, "kv_producer_drops_stale_output": True,
+                      "priority_orders_kv_holding": True}
 
 # vLLM 0.33.0 with synchronous scheduling (the V1 model runner under
 # pipeline parallelism, deliver mode, no KV connector). `KVCacheManager.free`
@@ -401,9 +418,11 @@ VLLM_0_33_HARDENED = replace(VLLM_0_33, name="vllm-0.33-hardened", stale_test="p
 # (`Scheduler._reorder_waiting_by_cached_prefix`); chunked prefill off still
 # stops the waiting loop as in 0.33 (`Scheduler.schedule`, waiting loop).
 # And the connector's `async_kv_waiting` queue, loads-only mode and
-# `max_num_inflight_kv_loads` (`_next_waiting_queue`, `_admits_inflight_kv_load`).
+# `max_num_inflight_kv_loads` (`_next_waiting_queue`, `_admits_inflight_kv_load`),
+# a priority heap under the priority policy (`priority_orders_async_kv`).
 _VLLM_0_34_RULES = {"threshold_needs_chunked_prefill": True, "cache_aware_admission": True,
-                    "kv_inflight_load_limit": True, "scheduler_validates_drafts": False}
+                    "kv_inflight_load_limit": True, "scheduler_validates_drafts": False,
+                    "priority_orders_async_kv": True}
 # 0.34's `EngineCoreProc._wait_for_output` handles ADD and ABORT while it
 # spins on a step's output before a deadline (`_INPUTS_HANDLED_DURING_STEP`):
 # an arrival, too, may land between a step's `schedule()` and its completion.

@@ -65,7 +65,7 @@ def test_the_workload_keys_are_read_and_checked():
         workload_from_json(bad)
 
 
-def test_the_feature_sets_the_policy_and_priorities_and_leaves_a_connector_fcfs():
+def test_the_feature_sets_the_policy_and_priorities_and_keeps_a_connectors_pool():
     assert FEATURE.name in {f.name for f in features_of("0.34.0")} and FEATURE.name in {f.name for f in features_of("0.33.0")}
     assert FEATURE.name not in {f.name for f in features_of("0.8.5")}
     raw = json.loads(json.dumps(VICTIM_SKIPPED))
@@ -73,9 +73,15 @@ def test_the_feature_sets_the_policy_and_priorities_and_leaves_a_connector_fcfs(
     FEATURE.apply(RandomPicker(3), raw)
     assert raw["config"]["policy"] == "priority" and all(0 <= r["priority"] <= 2 for r in raw["requests"])
     workload_from_json(raw)
-    with_connector = {**raw, "config": {"num_stages": 2, "kv_connector": {}}, "requests": [{}]}
-    FEATURE.apply(RandomPicker(3), with_connector)
-    assert "policy" not in with_connector["config"] and "priority" not in with_connector["requests"][0]
+    # with a KV connector (the pair meets: docs/request-states.md, "Features together"):
+    # the policy and priorities, the connector's pool and seats left as they are
+    config = {"num_stages": 2, "kv_connector": {}, "max_model_len": 32, "block_size": 4, "num_blocks": 40,
+              "max_num_seqs": 1}
+    for seed in range(8):
+        with_connector = {**raw, "config": dict(config), "requests": [{}, {}]}
+        FEATURE.apply(RandomPicker(seed), with_connector)
+        assert with_connector["config"] == {**config, "policy": "priority"}
+        assert all(0 <= r["priority"] <= 2 for r in with_connector["requests"])
 
 
 def test_the_reference_hands_a_victim_scheduled_in_the_same_call_back(monkeypatch, tmp_path: Path):

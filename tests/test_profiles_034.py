@@ -60,6 +60,10 @@ SAME_AS_033_IN: dict[str, str] = {
     "priority_policy": "Scheduler.schedule, running loop (SchedulingPolicy.PRIORITY: max(running, "
                        "key=(priority, arrival_time)), the hand-back, victim_index < req_index) / "
                        "PriorityRequestQueue (request_queue.py, the same in both)",
+    "priority_orders_kv_holding": "Scheduler.__init__ (kv_holding_waiting = create_request_queue(self.policy): "
+                                  "a PriorityRequestQueue under SchedulingPolicy.PRIORITY) / schedule, waiting "
+                                  "loop (step_started_kv_loads add_request, prepend_requests) / "
+                                  "_handle_invalid_blocks (iterates kv_holding_waiting)",
     "streaming_sessions": "Scheduler.add_request / _update_request_as_session / _handle_stopped_request "
                           "(WAITING_FOR_STREAMING_REQ, num_waiting_for_streaming_input in the admission cap)",
     "reset_drops_running_output": "Scheduler.reset_prefix_cache (reset_running_requests: "
@@ -82,6 +86,9 @@ CHANGED_IN_034: dict[str, str] = {
     "scheduler_validates_drafts": "Scheduler.update_draft_token_ids (trim_spec_tokens keeps the first illegal "
                                   "draft) / update_draft_token_ids_in_output (no validate_tokens: rejection "
                                   "sampling handles grammar violations)",
+    "priority_orders_async_kv": "Scheduler.__init__ (async_kv_waiting = create_request_queue(self.policy)) / "
+                                "_next_waiting_queue (async_head < head under SchedulingPolicy.PRIORITY; 0.33 "
+                                "has no async_kv_waiting)",
     # the reference's name for the same rule
     "kv_async_waiting_queue": "Scheduler._enqueue_waiting_request / _next_waiting_queue / "
                               "_admits_inflight_kv_load (0.33 has no async_kv_waiting)",

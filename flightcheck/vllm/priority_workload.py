@@ -16,9 +16,12 @@ as the spec's arrival order is.
 The feature (`--all-features`): the priority policy with each request's
 priority drawn from 0..2, one time in two with seats for three and a pool of
 one request's worth (preemptions among running requests of several
-priorities), on the releases that have the policy; never with a KV
-connector or streaming sessions (`excludes`: the spec's connector queues
-and session re-adds are FCFS).
+priorities), on the releases that have the policy; never with streaming
+sessions (`excludes`: the spec's session re-adds are FCFS). With a KV
+connector the connector's queues are priority heaps too
+(docs/request-states.md, "Features together"); there the pool is the
+connector's own (its tight pool, one time in two, already preempts
+requests whose loads have landed), so a load's blocks still fit.
 Standard library only.
 """
 
@@ -77,13 +80,13 @@ def priority_versions() -> tuple[str, ...]:
 
 
 def _priority_feature(pick: Picker, workload: dict[str, Any]) -> None:
-    """The policy, and a priority from 0..2 for each request (left FCFS with a KV connector)."""
+    """The policy, and a priority from 0..2 for each request (with a KV connector, its pool)."""
     config = workload.setdefault("config", {})
-    if "kv_connector" in config or "kv_connector" in workload:
-        return
     config["policy"] = "priority"
     for request in workload.get("requests", []):
         request["priority"] = pick.integer(0, 2)
+    if "kv_connector" in config or "kv_connector" in workload:
+        return
     if pick.choice([False, True]) and "max_model_len" in config and "block_size" in config:
         # Seats for several and a pool of one request's worth (+ 0 or 1 block,
         # + vLLM's null block): the victim is often a request already
@@ -93,4 +96,4 @@ def _priority_feature(pick: Picker, workload: dict[str, Any]) -> None:
         config["max_num_seqs"] = max(config.get("max_num_seqs", 1), 3)
 
 
-FEATURE = Feature("priority", priority_versions(), 0.5, _priority_feature, excludes=("kv-connector", "streaming-sessions"))
+FEATURE = Feature("priority", priority_versions(), 0.5, _priority_feature, excludes=("streaming-sessions",))

@@ -20,6 +20,7 @@ from flightcheck.verification.mutants.grammar import GRAMMAR_BUGS
 from flightcheck.verification.mutants.kv_connector import KV_CONNECTOR
 from flightcheck.verification.mutants.patch import MutantNoLongerApplies, edited_code
 from flightcheck.verification.mutants.priority import PRIORITY_BUGS
+from flightcheck.verification.mutants.priority_kv import PRIORITY_KV_BUGS
 from flightcheck.verification.mutants.reference import ReferenceMutant
 from flightcheck.verification.mutants.sessions import SESSION_MUTANTS as _SESSION_MUTANTS
 from flightcheck.verification.mutants.reset_pause import RESET_PAUSE
@@ -45,6 +46,9 @@ KV_MUTANTS: dict[str, Mutant] = {m.name: m for m in KV_CONNECTOR}
 # The priority policy's historical bugs (priority.py): hunted only on the
 # policy's models, kept out of the runs without it as the connector's are.
 PRIORITY_MUTANTS: dict[str, Mutant] = {m.name: m for m in PRIORITY_BUGS}
+# Where the policy meets the connector (priority_kv.py): hunted only on the
+# models that have both (priority_kv_models.py), likewise.
+PRIORITY_KV_MUTANTS: dict[str, Mutant] = {m.name: m for m in PRIORITY_KV_BUGS}
 # Streaming sessions' bugs (sessions.py): hunted only on the session models
 # (`flightcheck verify --sessions`), as the connector's are.
 SESSION_MUTANTS: dict[str, Mutant] = {m.name: m for m in _SESSION_MUTANTS}
@@ -55,7 +59,7 @@ GRAMMAR_MUTANTS: dict[str, Mutant] = {m.name: m for m in GRAMMAR_BUGS}
 # The prefill cadence's (cadence.py): hunted only on the cadence models.
 CADENCE_MUTANTS: dict[str, Mutant] = {m.name: m for m in CADENCE}
 ALL_MUTANTS: dict[str, Mutant] = (MUTANTS | {m.name: m for m in _ONE_PROFILE} | KV_MUTANTS | PRIORITY_MUTANTS
-                                  | SESSION_MUTANTS | RESET_PAUSE_MUTANTS | GRAMMAR_MUTANTS | CADENCE_MUTANTS)
+                                  | PRIORITY_KV_MUTANTS | SESSION_MUTANTS | RESET_PAUSE_MUTANTS | GRAMMAR_MUTANTS | CADENCE_MUTANTS)
 
 
 def spec_function(target: str) -> FunctionType:

@@ -14,8 +14,8 @@ are one bijection on well-formed frames (`prio_well_formed`: the places of
 the arrived requests are 0 .. num_arrivals - 1, each once).
 
 What the encoding of the policy leaves out is refused, not approximated
-(`refuse_unencoded_priority`): a KV connector (whose queues stay FCFS in
-the spec), asynchronous scheduling and the other request states of issue
+(`refuse_unencoded_priority`): a KV connector (whose queues the spec
+ranks under the policy, spec/priority.py; not encoded), asynchronous scheduling and the other request states of issue
 39 (structured output, streaming sessions), none cross-checked with it.
 """
 
