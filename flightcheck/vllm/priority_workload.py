@@ -17,8 +17,12 @@ The feature (`--all-features`): the priority policy with each request's
 priority drawn from 0..2, one time in two with seats for three and a pool of
 one request's worth (preemptions among running requests of several
 priorities), on the releases that have the policy; never with a KV
-connector or streaming sessions (`excludes`: the spec's connector queues
-and session re-adds are FCFS).
+connector (`excludes`: the spec's connector queues are FCFS). Beside
+streaming sessions, a session's later input is stamped when it is sent
+(`ArrivalClock.stamp`), as vLLM's front end stamps each `add_request`:
+the session takes that arrival time with the input
+(`_update_request_as_session`) and keeps its first input's priority
+(docs/request-states.md, "Features together").
 Standard library only.
 """
 
@@ -93,4 +97,4 @@ def _priority_feature(pick: Picker, workload: dict[str, Any]) -> None:
         config["max_num_seqs"] = max(config.get("max_num_seqs", 1), 3)
 
 
-FEATURE = Feature("priority", priority_versions(), 0.5, _priority_feature, excludes=("kv-connector", "streaming-sessions"))
+FEATURE = Feature("priority", priority_versions(), 0.5, _priority_feature, excludes=("kv-connector",))

@@ -1,0 +1,110 @@
+"""The priority policy beside streaming sessions (docs/request-states.md,
+"Features together"), in the spec and the reference, as vLLM 0.33.0 and
+0.34.0 read: a session keeps its first input's priority and takes each
+input's arrival time when it takes the input (`_update_request_as_session`:
+`session.arrival_time = update.arrival_time`, stamped when the client sent
+it); a stop pushes it onto its queue at its rank; an input taken while it is
+parked changes its arrival time inside its heap, which vLLM does not re-sort
+(the finding SS5 states; tests/test_vllm_sessions.py shows it on vLLM)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flightcheck.reference.config import SchedulerConfig
+from flightcheck.reference.outputs import ModelRunnerOutput
+from flightcheck.reference.request import Request, SamplingParams
+from flightcheck.reference.scheduler import Scheduler
+from flightcheck.spec import (Arrive, CompleteOldest, Config, Prompt, Sample, Schedule, SendInput, State,
+                              initial_state, invariants_for, step)
+from flightcheck.spec.priority import rank
+
+PROFILES = ["vllm-0.34", "vllm-0.33"]
+SESSION = Prompt(4, 1, session=((2, 1), (0, 0)))
+
+
+def _cfg(profile: str, policy: str = "priority") -> Config:
+    return Config(num_stages=1, max_num_batched_tokens=16, max_num_seqs=4, block_size=4, num_blocks=16,
+                  max_model_len=64, prefix_caching=False, profile=profile, streaming_sessions=True,
+                  scheduling_policy=policy)
+
+
+def _broken(s: State, cfg: Config) -> list[str]:
+    return [i.name for i in invariants_for(cfg) if not i.holds(s, cfg)]
+
+
+def _two_parked(cfg: Config) -> State:
+    """r0, then r1: each runs its first turn (one token) and parks in kv_holding."""
+    s = initial_state(2, cfg.num_blocks)
+    for r in (0, 1):
+        s = step(s, cfg, Arrive(r, SESSION))
+        s = step(step(s, cfg, Schedule()), cfg, CompleteOldest((Sample(),)))
+    assert s.kv_holding == (0, 1)
+    return s
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_an_input_taken_while_parked_changes_the_rank_in_place_and_ss5_flags_it(profile):
+    cfg = _cfg(profile)
+    s = step(_two_parked(cfg), cfg, SendInput(1))         # r1 is behind r0: its later arrival keeps the order
+    assert s.kv_holding == (0, 1) and not _broken(s, cfg)
+    s = step(s, cfg, SendInput(0))                        # r0 now arrived last, and stays at the head
+    assert rank(s, 1) < rank(s, 0) and s.kv_holding == (0, 1)
+    assert _broken(s, cfg) == ["SS5_session_queues_in_priority_order"]
+    assert [e.req for e in step(s, cfg, Schedule()).in_flight[-1]] == [0, 1]     # vLLM's heap order
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_a_queued_input_takes_the_arrival_of_its_sending_not_of_the_stop(profile):
+    cfg = _cfg(profile)
+    for plain_first in (False, True):
+        s = step(initial_state(2, cfg.num_blocks), cfg, Arrive(0, SESSION))
+        s = step(s, cfg, Schedule())                      # r0 runs its first turn
+        if plain_first:
+            s = step(s, cfg, Arrive(1, Prompt(4, 2)))
+        s = step(s, cfg, SendInput(0))                    # queued: r0 is running
+        if not plain_first:
+            s = step(s, cfg, Arrive(1, Prompt(4, 2)))
+        s = step(s, cfg, CompleteOldest((Sample(),)))     # the stop takes it
+        assert s.requests[0].status.name == "WAITING" and not _broken(s, cfg)
+        assert (rank(s, 0) < rank(s, 1)) == (not plain_first), plain_first
+
+
+def test_under_fcfs_an_input_changes_no_arrival():
+    cfg = _cfg("vllm-0.34", "fcfs")
+    s = step(step(_two_parked(cfg), cfg, SendInput(1)), cfg, SendInput(0))
+    assert s.arrivals == () and not _broken(s, cfg)
+
+
+def _session(name: str, tokens: list[int], arrival: float, resumable: bool = True) -> Request:
+    request = Request(name, tokens, SamplingParams(max_tokens=1, ignore_eos=True), arrival_time=arrival)
+    request.resumable = resumable
+    return request
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_reference_takes_the_inputs_arrival_in_place_as_vllm_does(profile):
+    ref = Scheduler(SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4, max_model_len=64, block_size=4,
+                                    num_blocks=16, enable_prefix_caching=False, profile=profile,
+                                    scheduling_policy="priority"))
+    for arrival, name in enumerate(("s0", "s1"), start=1):
+        ref.add_request(_session(name, [10, 11, 12, 13], float(arrival)))
+        ref.update_from_output(ref.schedule(), ModelRunnerOutput.from_tokens({name: [7]}))
+    ref.add_request(_session("s1", [20, 21], 3.0))
+    ref.add_request(_session("s0", [22, 23], 4.0))
+    assert [r.request_id for r in ref.kv_holding_waiting] == ["s0", "s1"]
+    assert (ref.requests["s0"].arrival_time, ref.requests["s0"].priority) == (4.0, 0)
+    assert list(ref.schedule().num_scheduled_tokens) == ["s0", "s1"]
+
+
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
+def test_the_campaign_draws_priority_beside_sessions(version: str):
+    from flightcheck.vllm.features import registered
+    from flightcheck.vllm.generate import campaign_workloads
+
+    features = {f.name: f for f in registered()}
+    assert "streaming-sessions" not in features["priority"].excludes
+    assert "priority" not in features["streaming-sessions"].excludes
+    met = [w for w in campaign_workloads(4, 80, features_of=version)
+           if {"priority", "streaming-sessions"} <= set(w["features"])]
+    assert len(met) >= 3 and all(w["config"]["policy"] == "priority" for w in met), len(met)
