@@ -16,7 +16,7 @@ from flightcheck.reference.outputs import ModelRunnerOutput
 from flightcheck.reference.request import Request, SamplingParams
 from flightcheck.reference.scheduler import Scheduler
 from flightcheck.spec import (Arrive, CompleteOldest, Config, Prompt, Sample, Schedule, SendInput, State,
-                              initial_state, invariants_for, step)
+                              initial_state, invariants_for, sampling_entries, step)
 from flightcheck.spec.priority import rank
 
 PROFILES = ["vllm-0.34", "vllm-0.33"]
@@ -156,3 +156,83 @@ def test_two_sessions_break_only_ss5_when_a_parked_ones_input_is_taken(profile):
     result = search(_model("prio-two-sessions-k1", cfg, prompts, profile))
     assert _violated(result) == {"SS5_session_queues_in_priority_order"}
     assert min(len(v.path) for v in result.violations if v.property.startswith("SS5")) == 5
+
+
+# -- the spec and the reference in lockstep on random sessions under the policy ------
+
+def _views(s: State, ref: Scheduler, names: list[str]) -> tuple[dict, dict]:
+    spec_view = {name: (s.requests[r].status.name, s.requests[r].num_computed, s.requests[r].num_tokens,
+                        s.requests[r].num_output, len(s.requests[r].block_table))
+                 for r, name in enumerate(names) if s.requests[r].status.is_active}
+    ref_view = {name: (r.status.name, r.num_computed_tokens, r.num_tokens, r.num_output_tokens,
+                       len(ref.kv_cache_manager.req_to_blocks.get(name, ()))) for name, r in ref.requests.items()}
+    spec_view["queues"] = ([names[r] for r in s.waiting], [names[r] for r in s.kv_holding])
+    ref_view["queues"] = ([r.request_id for r in ref.waiting], [r.request_id for r in ref.kv_holding_waiting])
+    return spec_view, ref_view
+
+
+def _lockstep(profile: str, seed: int) -> int:
+    """One random run (the sessions lockstep's shape, tests/test_sessions_lockstep.py,
+    with priorities 0..2 and arrival times: each arrival and each input stamped in
+    order); returns how many steps left a queue out of rank order (SS5, vLLM's own)."""
+    import random
+
+    rng = random.Random(seed)
+    sizes = dict(max_num_batched_tokens=6, max_num_seqs=2, block_size=2, max_model_len=24)
+    cfg = Config(num_stages=2, num_blocks=12, prefix_caching=False, profile=profile, streaming_sessions=True,
+                 scheduling_policy="priority", **sizes)
+    ref = Scheduler(SchedulerConfig(num_blocks=12, enable_prefix_caching=False, num_pipeline_stages=2,
+                                    profile=profile, scheduling_policy="priority", **sizes))
+    names, clock, out_of_order = [f"r{i}" for i in range(3)], 0, 0
+    s, outputs = initial_state(3, cfg.num_blocks), []
+    for r in rng.sample(range(3), 3):               # arrivals in a random order, random priorities
+        inputs = tuple((rng.randint(1, 3), rng.randint(1, 2)) for _ in range(rng.randint(1, 2))) if r != 1 else ()
+        p = Prompt(rng.randint(1, 4), rng.randint(1, 2), session=inputs + ((0, 0),) if r != 1 else (),
+                   priority=rng.randint(0, 2))
+        s, clock = step(s, cfg, Arrive(r, p)), clock + 1
+        request = Request(names[r], [10 * r + 10 + i for i in range(p.prompt_len)],
+                          SamplingParams(max_tokens=p.max_tokens), eos_token_id=2, arrival_time=float(clock),
+                          priority=p.priority)
+        request.resumable = bool(p.session)
+        ref.add_request(request)
+    for _ in range(300):
+        senders = [r for r, q in enumerate(s.requests) if q.inputs_to_send and q.status.is_active]
+        choice = rng.random()
+        if senders and choice < 0.25:
+            r = rng.choice(senders)
+            tokens, max_tokens = s.requests[r].inputs_to_send[0]
+            s, clock = step(s, cfg, SendInput(r)), clock + 1
+            update = Request(names[r], [50] * max(tokens, 1), SamplingParams(max_tokens=max(max_tokens, 1)),
+                             eos_token_id=2, arrival_time=float(clock))
+            update.resumable = tokens > 0
+            ref.add_request(update)
+        elif choice < 0.6 and (nxt := step(s, cfg, Schedule())) is not None:
+            s, out = nxt, ref.schedule()
+            assert [(e.req_id, e.num_new_tokens) for e in out.entries] == [(names[e.req], e.n) for e in s.in_flight[-1]]
+            outputs.append(out)
+        elif s.in_flight:
+            eos = {name: rng.random() < 0.35 for name in names}
+            samples = tuple(Sample(stop_at=0 if eos[names[e.req]] else None) for e in sampling_entries(s, cfg))
+            s = step(s, cfg, CompleteOldest(samples))
+            out = outputs.pop(0)
+            ref.update_from_output(out, ModelRunnerOutput.from_tokens(
+                {e.req_id: [2 if eos[e.req_id] else 7] for e in out.entries}))
+        else:
+            continue
+        broken = _broken(s, cfg)
+        out_of_order += broken == ["SS5_session_queues_in_priority_order"]
+        assert broken in ([], ["SS5_session_queues_in_priority_order"]), broken
+        spec_view, ref_view = _views(s, ref, names)
+        assert ref_view == spec_view
+        if not s.in_flight and not any(q.status.is_active for q in s.requests):
+            return out_of_order
+    raise AssertionError("the run did not finish in 300 steps")
+
+
+@pytest.mark.parametrize("profile", ["vllm-0.34", "vllm-0.34-async", "vllm-0.33", "vllm-0.33-async"])
+def test_spec_and_reference_agree_on_random_sessions_under_the_policy(profile):
+    """After every step the requests, the batches (in order) and both queues
+    (in order) agree; some seeds take a parked session's input in place and
+    leave a queue out of rank order (measured 2026-12-06: 3 or 4 of these 40
+    seeds per profile; 300 seeds per profile agree too)."""
+    assert sum(_lockstep(profile, seed) > 0 for seed in range(40)) >= 2
