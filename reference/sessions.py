@@ -89,8 +89,9 @@ class StreamingSessions:
 
     def _schedule_held_sessions(self, batch: Any) -> bool:
         """vLLM's waiting loop drains `kv_holding_waiting` first: sessions
-        between turns that hold blocks, FCFS, a parked one skipped (it keeps
-        its place), each admitted with its computed tokens (no prefix-cache
+        between turns that hold blocks, in queue order (FCFS; the heap's
+        under the priority policy), a parked one skipped (it keeps its
+        place), each admitted with its computed tokens (no prefix-cache
         lookup). False: admission stops here (the head cannot be admitted)."""
         index = 0
         while index < len(self.kv_holding_waiting) and batch.token_budget > 0:
