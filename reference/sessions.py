@@ -13,6 +13,13 @@ entry of the old turn is superseded), and the session takes its next input
 or parks in WAITING_FOR_STREAMING_REQ, keeping its blocks (in
 `kv_holding_waiting` while it has computed tokens) and its seat
 (`num_waiting_for_input`).
+
+Under the priority policy a session keeps its first input's priority and
+takes each input's arrival time when it takes the input; a stop pushes it
+onto its queue at its (priority, arrival time) place, and an input taken
+while it is parked changes its arrival time where it sits (vLLM's
+`_update_request_as_session` inside a `PriorityRequestQueue`, not
+re-sorted).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ class StreamingUpdate:
 
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
+    arrival_time: float = 0.0      # when the client sent it (the priority policy's key)
 
 
 class StreamingSessions:
@@ -57,17 +65,19 @@ class StreamingSessions:
     _padded_decode: Any
     _pads_admitted_decodes: bool
     _pad_drafts: Any
+    _priority: bool
 
     def add_session_input(self, request: Request) -> None:
         """vLLM `add_request` of a request whose id names a live session:
         its next input (the end of the session if `request` is not resumable)."""
         session = self.requests[request.request_id]
-        update = (StreamingUpdate(tuple(request.prompt_token_ids), request.max_tokens)
+        update = (StreamingUpdate(tuple(request.prompt_token_ids), request.max_tokens, request.arrival_time)
                   if request.resumable else None)
         if session.status != PARKED:
             session.streaming_queue.append(update)       # taken at its next stop
         elif update is not None:
             self.num_waiting_for_streaming_input -= 1
+            # in place: its new arrival time is not re-sorted into a priority queue (as vLLM's heap)
             self._take_input(session, update)
         else:
             self.finish_requests(session.request_id, RequestStatus.FINISHED_ABORTED)
@@ -79,8 +89,9 @@ class StreamingSessions:
 
     def _schedule_held_sessions(self, batch: Any) -> bool:
         """vLLM's waiting loop drains `kv_holding_waiting` first: sessions
-        between turns that hold blocks, FCFS, a parked one skipped (it keeps
-        its place), each admitted with its computed tokens (no prefix-cache
+        between turns that hold blocks, in queue order (FCFS; the heap's
+        under the priority policy), a parked one skipped (it keeps its
+        place), each admitted with its computed tokens (no prefix-cache
         lookup). False: admission stops here (the head cannot be admitted)."""
         index = 0
         while index < len(self.kv_holding_waiting) and batch.token_budget > 0:
@@ -141,6 +152,10 @@ class StreamingSessions:
             self.num_waiting_for_streaming_input += 1
         queue = self.kv_holding_waiting if request.num_computed_tokens > 0 else self.waiting
         queue.append(request)
+        if self._priority:                               # a heap push: at its (priority, arrival) place
+            ordered = sorted(queue, key=lambda r: (r.priority, r.arrival_time, r.request_id))
+            queue.clear()
+            queue.extend(ordered)
         return False
 
     @staticmethod
@@ -155,5 +170,6 @@ class StreamingSessions:
         session.prompt_token_ids = list(session.all_token_ids)
         session.num_prompt_tokens = len(session.all_token_ids)
         session.max_tokens = update.max_tokens
+        session.arrival_time = update.arrival_time       # its priority stays the first input's
         session.block_hashes.clear()
         session.status = RequestStatus.WAITING

@@ -27,7 +27,7 @@ from .kv_invariants import (holds_kv_blocks, kv1_no_reuse_under_transfer, kv2_lo
 from .pool_store import label_list
 from .priority_invariants import kv_holding_in_priority_order, waiting_in_priority_order
 from .session_invariants import (ss2_old_turn_given_up, ss3_waiting_session_holds_blocks,
-                                 ss4_waiting_session_keeps_seat)
+                                 ss4_waiting_session_keeps_seat, ss5_session_queues_in_priority_order)
 from .sessions import has_sessions
 from .deadlock import l2_async_no_deadlock, l2_no_deadlock, l3_drain
 from .state import WAITING_STATUSES, Batch, BlockPool, Fate, State, Status, content_label
@@ -469,6 +469,10 @@ SESSION_INVARIANTS: tuple[Invariant, ...] = (
     Invariant("SS4_waiting_session_keeps_seat", (ss4_waiting_session_keeps_seat.__doc__ or "").strip(),
               of_state=ss4_waiting_session_keeps_seat),
 )
+# ... and under the priority policy (sessions.py: an input taken in place).
+SESSION_PRIORITY_ORDER = Invariant("SS5_session_queues_in_priority_order",
+                                   (ss5_session_queues_in_priority_order.__doc__ or "").strip(),
+                                   of_state=ss5_session_queues_in_priority_order)
 KV_LOAD_LIMIT = Invariant("KV6_load_limit", (kv6_load_limit.__doc__ or "").strip(), of_state=kv6_load_limit)
 
 # With structured output (grammar.py).
@@ -500,7 +504,7 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
     if cfg.structured_output:
         chosen += GRAMMAR_INVARIANTS
     if has_sessions(cfg):
-        chosen += SESSION_INVARIANTS
+        chosen += SESSION_INVARIANTS + ((SESSION_PRIORITY_ORDER,) if cfg.scheduling_policy == "priority" else ())
     return chosen
 
 

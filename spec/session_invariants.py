@@ -1,6 +1,6 @@
 """The named properties of streaming sessions (spec/sessions.py;
 docs/request-states.md, "Streaming sessions"), each read from vLLM 0.34.0's
-scheduler: the predicates of SS2-SS4 (invariants, registered in
+scheduler: the predicates of SS2-SS5 (invariants, registered in
 invariants.py) and of SS1 (a transition property, registered in
 transitions.py). Each applies only where `sessions.has_sessions(cfg)`.
 
@@ -9,6 +9,7 @@ Abstracted away: what spec/sessions.py abstracts.
 
 from __future__ import annotations
 
+from . import priority
 from .config import Config
 from .sessions import seats_taken, table_covers
 from .state import Fate, Request, State, Status
@@ -53,6 +54,17 @@ def ss3_waiting_session_holds_blocks(s: State, cfg: Config, r: int) -> bool:
 def ss4_waiting_session_keeps_seat(s: State, cfg: Config) -> bool:
     """SS4: the sessions waiting for input keep their seats: running requests plus sessions waiting for input never exceed max_num_seqs (`num_waiting_for_streaming_input` in the waiting loop's admission cap)."""
     return seats_taken(s) <= cfg.max_num_seqs
+
+
+def ss5_session_queues_in_priority_order(s: State, cfg: Config) -> bool:
+    """SS5: under the priority policy the queues a session waits in (`waiting` and `kv_holding_waiting`, both `PriorityRequestQueue`s) stay in (priority, arrival) order: a session's input taken while it is parked (`_update_request_as_session`: `session.arrival_time = update.arrival_time`) must not leave its heap out of order."""
+    if not priority.is_priority(cfg):
+        return True
+    for queue in (s.waiting, s.kv_holding):
+        keys = [priority.rank(s, r) for r in queue]
+        if keys != sorted(keys):
+            return False
+    return True
 
 
 # "Sometimes" targets (registered in sometimes.py): the states a session

@@ -33,6 +33,18 @@ sampled one (its KV was never computed) as prompt, appends the new tokens,
 takes the update's max_tokens, and clears the outputs: the turn starts with
 no output.
 
+Under the priority policy (spec/priority.py) a session keeps the priority
+of its first input (a `StreamingUpdate` carries none) and takes each
+input's arrival time when it takes the input (`_update_request_as_session`:
+`session.arrival_time = update.arrival_time`, the time the client sent it),
+which the running loop's victim and every later push onto a queue read.
+Its queues are `PriorityRequestQueue`s (`kv_holding_waiting` too): a stop
+pushes it at its rank; an input taken while it is parked changes its
+arrival time where it sits, and vLLM does not re-sort the heap, so the spec
+leaves it in place too and SS5 (session_invariants.py) flags a queue left
+out of order (docs/request-states.md, "Finding: a session's input reorders
+a priority heap").
+
 Abstracted away: token ids (an input is its length), multimodal features,
 sampling parameters other than max_tokens, block hashes and prefix caching
 (a session model has prefix caching off: `Config.__post_init__`), the
@@ -45,6 +57,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
+from . import priority
 from .blocks import cdiv
 from .config import Config
 from .state import Fate, Request, State, Status, retire_entries
@@ -102,24 +115,57 @@ def send_input(state: State, cfg: Config, r: int, finish: Finish) -> State | Non
         return None
     q = state.requests[r]
     sent, rest = q.inputs_to_send[0], q.inputs_to_send[1:]
-    state = state.with_request(r, inputs_to_send=rest)
+    state = _stamp_input(state.with_request(r, inputs_to_send=rest), cfg, r, sent)
     if q.status is not Status.WAITING_FOR_STREAMING_REQ:
         return state.with_request(r, queued_inputs=q.queued_inputs + (sent,))
     if sent == END_OF_SESSION:
         return finish(state, cfg, r, Status.FINISHED_ABORTED)
-    return _take_input(state, r, sent)
+    # in place: vLLM leaves r where it sits in its queue (a heap under the
+    # priority policy, not re-sorted: SS5 flags a queue left out of order)
+    return _take_input(state, cfg, r, sent)
 
 
-def _take_input(state: State, r: int, sent: tuple[int, int]) -> State:
+def _stamp_input(state: State, cfg: Config, r: int, sent: tuple[int, int]) -> State:
+    """Under the priority policy: the input's arrival time (vLLM's
+    `StreamingUpdate.arrival_time`, the time the client sent it; the end of
+    the session is no update and has none), recorded as a later place of r
+    in `arrivals`. r's first place stays its arrival time (`priority.rank`)
+    until the input is taken (`_take_input`). FCFS: nothing."""
+    if not priority.is_priority(cfg) or sent == END_OF_SESSION:
+        return state
+    return replace(state, arrivals=state.arrivals + (r,))
+
+
+def _take_input(state: State, cfg: Config, r: int, sent: tuple[int, int]) -> State:
     """vLLM `_update_request_as_session`: the outputs but the last sampled
     one become prompt (its KV was never computed), the new tokens join it,
     the turn's outputs start again from none under the update's max_tokens,
-    and r waits to be scheduled (in the queue it already is in)."""
+    and r waits to be scheduled (in the queue it already is in). Under the
+    priority policy r takes the input's arrival time (`session.arrival_time
+    = update.arrival_time`: r's first place in `arrivals` goes, its next is
+    the input's) and keeps its priority (the update carries none)."""
     q = state.requests[r]
     kept = q.num_tokens - 1         # vLLM asserts kept >= num_computed_tokens: SS3 states it
     new_tokens, max_tokens = sent
+    if priority.is_priority(cfg):
+        first = state.arrivals.index(r)
+        state = replace(state, arrivals=state.arrivals[:first] + state.arrivals[first + 1:])
     return state.with_request(r, prompt_len=kept + new_tokens, num_output=0, max_tokens=max_tokens,
                               status=Status.WAITING)
+
+
+def _in_rank_order(state: State, cfg: Config) -> State:
+    """Under the priority policy `waiting` and `kv_holding_waiting` are
+    `PriorityRequestQueue`s (`Scheduler.__init__`: `create_request_queue(
+    self.policy)` for both): a session pushed onto one (`add_request`)
+    takes its place by `priority.rank`. (A session whose input is taken
+    while it waits in one changes its arrival time in place, not re-sorted:
+    `send_input`.) FCFS: unchanged."""
+    if not priority.is_priority(cfg):
+        return state
+    state = priority.in_priority_order(state, cfg)
+    ordered = tuple(sorted(state.kv_holding, key=lambda x: priority.rank(state, x)))
+    return state if ordered == state.kv_holding else replace(state, kv_holding=ordered)
 
 
 def stop_session(state: State, cfg: Config, r: int, stop: Status, finish: Finish) -> State:
@@ -137,23 +183,25 @@ def stop_session(state: State, cfg: Config, r: int, stop: Status, finish: Finish
                                turn=q.turn + 1)
     if q.queued_inputs and q.queued_inputs[0] == END_OF_SESSION:
         return finish(state.with_request(r, queued_inputs=q.queued_inputs[1:]), cfg, r, stop)
-    state = _requeue(state, r)
     if not q.queued_inputs:
-        return state.with_request(r, status=Status.WAITING_FOR_STREAMING_REQ)
+        return _requeue(state, cfg, r).with_request(r, status=Status.WAITING_FOR_STREAMING_REQ)
+    # the input is taken before the re-enqueueing (`_handle_stopped_request`
+    # returns, then `_enqueue_waiting_request`): r is pushed with its new arrival
     state = state.with_request(r, queued_inputs=q.queued_inputs[1:])
-    return _take_input(state, r, q.queued_inputs[0])
+    return _requeue(_take_input(state, cfg, r, q.queued_inputs[0]), cfg, r)
 
 
-def _requeue(state: State, r: int) -> State:
+def _requeue(state: State, cfg: Config, r: int) -> State:
     """Out of `running` (or, stopped by a stale output while preempted, out
     of the waiting queues) and onto the tail of `kv_holding` if r holds
-    blocks (`_holds_kv_blocks`: computed tokens), else of `waiting`."""
+    blocks (`_holds_kv_blocks`: computed tokens), else of `waiting`
+    (`_enqueue_waiting_request`; at its rank under the priority policy)."""
     state = replace(state, running=tuple(x for x in state.running if x != r),
                     waiting=tuple(x for x in state.waiting if x != r),
                     kv_holding=tuple(x for x in state.kv_holding if x != r))
     if state.requests[r].num_computed > 0:
-        return replace(state, kv_holding=state.kv_holding + (r,))
-    return replace(state, waiting=state.waiting + (r,))
+        return _in_rank_order(replace(state, kv_holding=state.kv_holding + (r,)), cfg)
+    return _in_rank_order(replace(state, waiting=state.waiting + (r,)), cfg)
 
 
 def waits_for_input(state: State, r: int) -> bool:

@@ -4,7 +4,8 @@ spec step by step with sessions whose inputs come at any moment (queued while
 the session runs, taken at once while it is parked); each reference mutant
 of sessions is caught from a pinned seed. And the two refinement mismatches
 the fuzzer found, each fixed in the reference as vLLM 0.34 reads, and the
-liveness hole it found in the spec and the reference alike."""
+two liveness holes it found in the spec and the reference alike (vLLM's
+own, tests/test_vllm_sessions.py)."""
 
 from __future__ import annotations
 
@@ -114,8 +115,10 @@ def test_finding_a_one_token_turn_is_never_admitted_below_the_padding_budget():
     computed tokens, so a turn of one token is a padded decode, admitted only
     when 1 + k fits the budget ("Prefer to not schedule than schedule
     un-padded"). With a budget below 1 + k it never is: nothing runs and
-    nothing ever will (vLLM 0.33 and 0.34 read alike; not checked against
-    vLLM). The fuzzer draws budgets of at least 1 + k."""
+    nothing ever will. vLLM 0.33 and 0.34 stall the same way on their real
+    scheduler (tests/test_vllm_sessions.py,
+    `test_finding_vllm_stalls_a_sessions_next_turn_as_the_spec_does`). The
+    fuzzer draws budgets of at least 1 + k."""
     cfg = Config(num_stages=1, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=8,
                  max_model_len=16, num_spec_tokens=3, prefix_caching=False, profile="vllm-0.34",
                  streaming_sessions=True)
@@ -136,7 +139,8 @@ def test_finding_two_sessions_that_fill_the_pool_between_turns_wait_for_each_oth
     alike; L2 breaks): a session keeps its blocks between turns and the
     waiting loop never preempts, so two sessions that fill the pool and are
     each sent a next input that needs one more block are never admitted
-    again (vLLM 0.33 and 0.34 read alike; not checked against vLLM). The
+    again. vLLM 0.33 and 0.34 stall the same way on their real scheduler
+    (tests/test_vllm_sessions.py; vLLM's open PR #49439 describes it). The
     fuzzer keeps at most two sessions unfinished, with a pool for three."""
     cfg = Config(num_stages=1, max_num_batched_tokens=8, max_num_seqs=2, block_size=1, num_blocks=4,
                  max_model_len=4, prefix_caching=False, profile="vllm-0.34", streaming_sessions=True)

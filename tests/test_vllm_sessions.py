@@ -137,3 +137,115 @@ def test_finding_a_session_update_takes_vllm_past_max_model_len(running, tmp_pat
     events = [json.loads(line) for line in trace.read_text().splitlines()]
     ends = [x["start"] + x["n"] for e in events if e["ev"] == "schedule" for x in e.get("entries", ())]
     assert max(ends) == 18 > raw["config"]["max_model_len"]
+
+
+# -- the two stalls the sessions fuzzer found on the spec and the reference --------
+
+SESSION_STALLS = {"session-stall-below-padding-budget": ["s0"], "session-stall-pool-full-between-turns": ["a", "b"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("name", list(SESSION_STALLS))
+def test_finding_vllm_stalls_a_sessions_next_turn_as_the_spec_does(running, tmp_path, version: str,
+                                                                   async_scheduling: bool, name: str):
+    """Finding (docs/request-states.md, "Finding: two stalls of a session's
+    next turn"): the two liveness holes the sessions fuzzer found on the spec
+    and the reference are vLLM's too. A one-token next turn with a budget
+    below 1 + k (`Scheduler.schedule`'s waiting loop breaks rather than
+    schedule a decode un-padded), and two sessions that fill the pool
+    between turns (the waiting loop's `allocate_slots` fails and it breaks;
+    only the running loop preempts, and nothing runs): vLLM schedules
+    nothing ever again, the reference ends stuck with the same decisions,
+    and check-trace rejects vLLM's trace for L2_no_deadlock."""
+    from flightcheck.vllm import ASYNC_RECORDER
+    from flightcheck.vllm.differential import decisions, read_trace, run_reference
+    from flightcheck.verification.traces.check import check_events
+
+    path = Path(__file__).parent / "data" / "vllm" / "sessions-findings" / f"{name}.json"
+    raw = json.loads(path.read_text())
+    raw = {**raw, "config": {**raw["config"], "async_scheduling": async_scheduling}}
+    trace = tmp_path / "trace.jsonl"
+    result = running[version].replay(raw, trace=str(trace), scheduler_cls=ASYNC_RECORDER if async_scheduling else None)
+    assert result["ending"] == "stuck" and result["unfinished"] == SESSION_STALLS[name], result
+    scheduled = [step["scheduled"] for step in result["engine_steps"]]
+    assert scheduled[0] and not any(scheduled[1:]), scheduled          # the first turn, then nothing
+    profile = ("vllm-0.34" if version == "0.34.0" else "vllm-0.33") + ("-async" if async_scheduling else "")
+    reference = run_reference(raw, profile)
+    assert reference.ending == "stuck"
+    assert decisions(read_trace(trace)) == decisions(reference.events, block_offset=1)
+    checked = check_events(read_trace(trace))
+    assert not checked.ok and checked.property == "L2_no_deadlock", (checked.property, checked.message)
+
+
+# -- the priority policy beside streaming sessions --------------------------------
+
+PRIORITY_SESSION_WORKLOADS = sorted((Path(__file__).parent / "data" / "vllm" / "priority-sessions").glob("*.json"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("path", PRIORITY_SESSION_WORKLOADS, ids=lambda p: p.stem)
+def test_priority_sessions_replay_alike_on_vllm_and_the_reference(running, tmp_path, version: str,
+                                                                  async_scheduling: bool, path: Path):
+    """Sessions under the priority policy (docs/request-states.md, "Features
+    together"): a session takes its input's arrival time
+    (`_update_request_as_session`), so vLLM's victim (`max(running,
+    key=(priority, arrival_time))`) is the session resumed by a later input
+    (session-priority-takes-input-arrival), and a preempted session waits
+    behind a request that arrived before its input (campaign seed 1 index
+    55, a false `schedule_decision` before the spec and the reference read
+    it). vLLM and the reference take the same decisions, the ground truth
+    flags nothing, check-trace accepts vLLM's trace."""
+    from flightcheck.vllm import ASYNC_RECORDER
+    from flightcheck.vllm.differential import decisions, read_trace, run_reference
+    from flightcheck.vllm.replay import findings
+    from flightcheck.verification.traces.check import check_events
+
+    raw = json.loads(path.read_text())
+    raw = {**raw, "config": {**raw["config"], "async_scheduling": async_scheduling}}
+    trace = tmp_path / "trace.jsonl"
+    result = running[version].replay(raw, trace=str(trace), scheduler_cls=ASYNC_RECORDER if async_scheduling else None)
+    assert result["ending"] == "done" and not findings(result), result
+    events = read_trace(trace)
+    if path.stem == "session-priority-takes-input-arrival":
+        assert [e["preempted"] for e in events if e["ev"] == "schedule" and e.get("preempted")][0] == ["s"]
+    profile = ("vllm-0.34" if version == "0.34.0" else "vllm-0.33") + ("-async" if async_scheduling else "")
+    assert decisions(events) == decisions(run_reference(raw, profile).events, block_offset=1)
+    checked = check_events(events)
+    assert checked.ok, (checked.property, checked.message)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_finding_a_sessions_input_leaves_vllms_priority_heap_out_of_order(running, tmp_path, version: str,
+                                                                         async_scheduling: bool):
+    """Finding (docs/request-states.md, "Finding: a session's input reorders
+    a priority heap"): s0 then s1 park in `kv_holding_waiting` (a
+    `PriorityRequestQueue`); s1's input, then s0's, are taken at once, and
+    `_update_request_as_session` sets s0's arrival_time (now the later)
+    where s0 sits, at the heap's root. vLLM admits s0 before s1 against its
+    own (priority, arrival) order; the ground truth flags the heap, the
+    reference (in place, as vLLM) takes the same decisions, and check-trace
+    rejects vLLM's trace for SS5 at s0's input."""
+    from flightcheck.vllm import ASYNC_RECORDER
+    from flightcheck.vllm.differential import decisions, read_trace, run_reference
+    from flightcheck.vllm.replay import findings
+    from flightcheck.verification.traces.check import check_events
+
+    path = Path(__file__).parent / "data" / "vllm" / "sessions-findings" / "session-input-reorders-priority-heap.json"
+    raw = json.loads(path.read_text())
+    raw = {**raw, "config": {**raw["config"], "async_scheduling": async_scheduling}}
+    trace = tmp_path / "trace.jsonl"
+    result = running[version].replay(raw, trace=str(trace), scheduler_cls=ASYNC_RECORDER if async_scheduling else None)
+    assert [f for f in findings(result) if "out of heap order" in f] == findings(result) != [], findings(result)
+    events = read_trace(trace)
+    after_inputs = [e for e in events if e["ev"] == "schedule" and len(e["entries"]) == 2][0]
+    assert [x["req"] for x in after_inputs["entries"]] == ["s0", "s1"]
+    profile = ("vllm-0.34" if version == "0.34.0" else "vllm-0.33") + ("-async" if async_scheduling else "")
+    assert decisions(events) == decisions(run_reference(raw, profile).events, block_offset=1)
+    checked = check_events(events)
+    assert not checked.ok and checked.property == "SS5_session_queues_in_priority_order", checked.property

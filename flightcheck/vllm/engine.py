@@ -543,4 +543,10 @@ def _where(err: Exception) -> str:
 
 
 def _unfinished(scheduler: Any) -> list[str]:
-    return sorted(r.request_id for r in queued_requests(scheduler.waiting) + list(scheduler.running))
+    """Every request still in a queue: 0.33 and 0.34 keep a request that
+    holds blocks (a parked or resumed streaming session, a finished KV load)
+    in `kv_holding_waiting`, and 0.34 an async load in `async_kv_waiting`."""
+    queues = [scheduler.waiting] + [getattr(scheduler, name) for name in ("kv_holding_waiting", "async_kv_waiting")
+                                    if getattr(scheduler, name, None) is not None]
+    waiting = [r for queue in queues for r in queued_requests(queue)]
+    return sorted(r.request_id for r in waiting + list(scheduler.running))

@@ -14,7 +14,9 @@
   (`_fc_check_placeholders`);
 * (speculative decoding) drafts left over, positions sampled twice, entries
   of fewer than 0 tokens or past `max_model_len`, and drafts held when slots
-  are allocated (`_fc_watch_allocations`, `_fc_watch_drafts`).
+  are allocated (`_fc_watch_allocations`, `_fc_watch_drafts`);
+* (0.33, 0.34, the priority policy) a `PriorityRequestQueue` left out of
+  heap order by a streaming session's input (`_fc_check_priority_heaps`).
 
 `GroundTruthMixin` holds those checks; it only reads vLLM's state (the one
 method it wraps, `KVCacheManager.allocate_slots`, is called with the same
@@ -105,6 +107,10 @@ class Observations:
     # ... and a token of a batch in flight at the rollback appended to the
     # request (the failing batch's own output is skipped, later ones not).
     kv_superseded_tokens: list[dict[str, Any]] = field(default_factory=list)
+    # Under the priority policy, a waiting queue whose heap a streaming
+    # session's input left out of order (`_update_request_as_session` sets
+    # the parked session's arrival_time where it sits in the heap).
+    priority_heaps_out_of_order: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -126,6 +132,8 @@ class Observations:
                          kv_blocks_leaked_at_end=self.kv_blocks_leaked_at_end,
                          kv_rollback_placeholders=self.kv_rollback_placeholders,
                          kv_superseded_tokens=self.kv_superseded_tokens)
+        if self.priority_heaps_out_of_order:
+            found.update(priority_heaps_out_of_order=self.priority_heaps_out_of_order)
         return found
 
 
@@ -163,6 +171,16 @@ class GroundTruthMixin:
         # id(Request) -> why the drafts it holds are left over (not proposed by
         # its latest completion): see Observations.leftover_drafts.
         self._fc_leftover_drafts: dict[int, str] = {}
+
+    def _fc_check_priority_heaps(self, req_id: str) -> None:
+        """After a streaming session's input: every `PriorityRequestQueue`
+        (`_heap`) still a heap by `Request.__lt__` (no child before its parent)."""
+        for name in ("waiting", "kv_holding_waiting"):
+            heap = getattr(getattr(self, name, None), "_heap", None)
+            if isinstance(heap, list) and any(heap[i] < heap[(i - 1) // 2] for i in range(1, len(heap))):
+                self.flightcheck_observations.priority_heaps_out_of_order.append(
+                    {"step": self.flightcheck_step, "req": req_id, "queue": name,
+                     "order": [r.request_id for r in heap]})
 
     # -- speculative decoding ---------------------------------------------------------
 

@@ -16,12 +16,16 @@ as the spec's arrival order is.
 The feature (`--all-features`): the priority policy with each request's
 priority drawn from 0..2, one time in two with seats for three and a pool of
 one request's worth (preemptions among running requests of several
-priorities), on the releases that have the policy; never with streaming
-sessions (`excludes`: the spec's session re-adds are FCFS). With a KV
+priorities), on the releases that have the policy. With a KV
 connector the connector's queues are priority heaps too
 (docs/request-states.md, "Features together"); there the pool is the
 connector's own (its tight pool, one time in two, already preempts
 requests whose loads have landed), so a load's blocks still fit.
+Beside streaming sessions, a session's later input is stamped when it is
+sent (`ArrivalClock.stamp`), as vLLM's front end stamps each
+`add_request`: the session takes that arrival time with the input
+(`_update_request_as_session`) and keeps its first input's priority
+(docs/request-states.md, "Features together").
 Standard library only.
 """
 
@@ -96,4 +100,4 @@ def _priority_feature(pick: Picker, workload: dict[str, Any]) -> None:
         config["max_num_seqs"] = max(config.get("max_num_seqs", 1), 3)
 
 
-FEATURE = Feature("priority", priority_versions(), 0.5, _priority_feature, excludes=("streaming-sessions",))
+FEATURE = Feature("priority", priority_versions(), 0.5, _priority_feature)

@@ -286,6 +286,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
             super().add_request(request)
         finally:
             self._fc_in_session_input = False
+        self._fc_check_priority_heaps(request.request_id)     # ground_truth.py
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         # 0.33's schedule(throttle_prefills=False) is passed through as given.

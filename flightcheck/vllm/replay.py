@@ -296,6 +296,9 @@ def findings(result: dict[str, Any]) -> list[str]:
     for beyond in truth.get("beyond_max_model_len", []):
         found.append(f"{beyond['req']} was scheduled up to position {beyond['end']}, past max_model_len, at step "
                      f"{beyond['step']}")
+    for heap in truth.get("priority_heaps_out_of_order", []):
+        found.append(f"{heap['req']}'s input left the priority queue {heap['queue']} out of heap order "
+                     f"({', '.join(heap['order'])}; step {heap['step']})")
     for wait in result.get("waits_in_flight", []):
         found.append(f"the engine waited for input with {wait['batches_in_flight']} batches in flight from step "
                      f"{wait['step']} to step {wait['until']} (step {wait['step']})")

@@ -12,8 +12,8 @@ never combined with a KV connector, drafts or the cache-aware admission
 order (it needs prefix caching): the spec and the reference model sessions
 without them; nor, for now, with grammars or reset and pause, which the
 campaign found to disagree beside sessions (docs/request-states.md, "In
-the campaign"). The priority policy excludes it. Every workload left open
-to it gets it (share 1).
+the campaign"). It meets the priority policy. Every workload left open to
+it gets it (share 1).
 
 Standard library only.
 """

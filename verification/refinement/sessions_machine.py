@@ -27,7 +27,8 @@ holds that many requests' blocks and one more: a session keeps its blocks
 between turns and the waiting loop never preempts, so two sessions that
 fill the pool between turns are never admitted again (L2 breaks). Both
 are L2 failures of the spec and the reference alike, so no refinement
-failure (tests/test_sessions_refinement.py pins them). A session's turns
+failure (tests/test_sessions_refinement.py pins them), and vLLM's own
+(tests/test_vllm_sessions.py runs both on its real scheduler). A session's turns
 are short (max_tokens 1 to 3), so that turns end often, by their length or
 by EOS.
 
