@@ -13,7 +13,9 @@ unchanged.
   keeps its place, and each queue's order is its view's. A load started
   joins the back of `kv_holding_waiting` (0.34's `step_started_kv_loads`;
   0.33 puts it back with the skipped block-holders, which comes to the
-  same: every one of them was looked at first).
+  same: every one of them was looked at first). 0.34's cache-aware reorder
+  (`_reorder_waiting_by_cached_prefix`) reads `waiting` proper alone: the
+  view's `async_kv_waiting` requests keep their order.
 * **Each request** (`_admit_or_park`): a parked one goes on only once its
   load has landed (`_promote_if_landed`); a fresh one (nothing computed)
   asks the connector for tokens beyond its local prefix hit: a sync hit is
@@ -60,7 +62,8 @@ class KvWaiting:
         if self._cache_aware_window:
             from .admission_order import reorder_by_cached_prefix
             reorder_by_cached_prefix(self.waiting, self.kv_cache_manager, self._cache_aware_window,
-                                     self.config.cache_aware_admission_threshold)
+                                     self.config.cache_aware_admission_threshold,
+                                     lambda request: not self._may_load_async(request))   # vLLM's `waiting` proper
         skipped: set[Request] = set()         # looked at in this pass: each keeps its place
         take_async_kv = True
         while True:

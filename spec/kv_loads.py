@@ -31,9 +31,9 @@ Abstracted away: the connector's own matching (its offer is the
 environment's, fixed at arrival), partial-tail hits, HiSparse's deferred
 loads and parked reservations (`_reserve_parked`), the DSV4 replay window,
 the pause states, the encoder connector, and priority order between the
-queues (FCFS by arrival); vLLM 0.34's cache-aware reorder of `waiting`
-(admission_order.py) here also moves the requests that vLLM keeps apart in
-`async_kv_waiting` (only with the load limit and the reorder both on).
+queues (FCFS by arrival). vLLM 0.34's cache-aware reorder
+(admission_order.py) reorders `waiting` proper alone: `async_kv_waiting`'s
+requests, a view of `waiting` here, keep their order.
 """
 
 from __future__ import annotations
