@@ -131,11 +131,13 @@ class KvWaiting:
             return _STOP_ASYNC
         if lookup.load_async:
             return self._park(request, lookup, batch)
-        wanted = request.num_tokens - lookup.num_computed
+        # a landed load, or a sync one, with one token left: padded as any admission (waiting.py)
+        padded = self._padded_decode(request, lookup.num_computed, batch) if self._pads_admitted_decodes else 0
+        wanted = padded if padded > 0 else request.num_tokens - lookup.num_computed
         if self._stops_unchunked(wanted, batch.token_budget):
             return _STOP
         num_new_tokens = self._clip(wanted, lookup.num_computed, batch.token_budget)
-        if num_new_tokens == 0:
+        if num_new_tokens == 0 or padded < 0:
             return _STOP
         kv = self.kv_cache_manager
         if self._full_sequence_admission and not kv.fits_whole_sequence(
@@ -154,6 +156,8 @@ class KvWaiting:
         entry = self._admit(request, lookup.num_computed, num_new_tokens,
                             list(kv.req_to_blocks.get(request.request_id, ())))
         entry.external = 0 if landed else lookup.num_external   # of its start: this batch loads them
+        if padded:
+            self._pad_drafts(request, entry, num_new_tokens)
         self._add_to_batch(batch, request, entry)
         return _ADMITTED
 
