@@ -98,8 +98,8 @@ class SchedulerConfig:
         if self.drop_stale_output and not profile.stale_output_counters:
             raise ValueError(f"drop_stale_output needs a profile with vLLM 0.33's stale-output "
                              f"counters; {self.profile} has none")
-        if self.kv_connector is not None and (self.num_spec_tokens or not self.continue_prefill):
-            raise ValueError("a KV connector is modelled without drafts and with continue-prefill only")
+        if self.kv_connector is not None and not self.continue_prefill:
+            raise ValueError("a KV connector is modelled with continue-prefill only")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
         if self.scheduling_policy == "priority" and not profile.priority_policy:

@@ -398,15 +398,22 @@ class KvTransfers:
 
     def _remaining_blocks(self, request: Request) -> int:
         """vLLM `_request_remaining_blocks`: blocks the request still needs
-        for its whole sequence."""
-        whole = -(-min(request.num_tokens, self.config.max_model_len) // self.config.block_size)
+        for its whole sequence, with drafts and one step of 1 + k tokens past it."""
+        k = self.config.num_spec_tokens
+        tokens = min(request.num_tokens, self.config.max_model_len) + (1 + k if k else 0)
+        whole = -(-tokens // self.config.block_size)
         return max(0, whole - len(self.kv_cache_manager.req_to_blocks.get(request.request_id, ())))
 
     def _reserved_blocks(self) -> int:
-        """vLLM `_inflight_prefill_reserved_blocks`: what parked loads and
-        running prefills still need (an async load may not take it)."""
+        """What an async load may not take (vLLM's waiting loop, `reserved_blocks`
+        of a `load_kv_async` admission): `_inflight_prefill_reserved_blocks`,
+        what parked loads and running prefills still need, and with drafts
+        `_spec_decode_step_blocks`, the blocks of one step of 1 + k tokens
+        (the bridge's n-gram drafter has no look-ahead slots)."""
         if not self._kv_load_reservation:
             return 0
         holders = [r for r in self.kv_holding_waiting if r.parked_reservation]
         holders += [r for r in self.running if r.inflight_prefill]
-        return sum(self._remaining_blocks(r) for r in holders)
+        k = self.config.num_spec_tokens
+        spec_step_blocks = -(-(1 + k) // self.config.block_size) if k else 0
+        return sum(self._remaining_blocks(r) for r in holders) + spec_step_blocks

@@ -16,7 +16,9 @@ unchanged.
   same: every one of them was looked at first). Under the priority policy
   both queues are heaps (priority.py): `kv_holding_waiting` is kept in rank
   order and a started load joins at its place; the heads are compared by
-  rank.
+  rank. 0.34's cache-aware reorder (`_reorder_waiting_by_cached_prefix`)
+  reads `waiting` proper alone: the view's `async_kv_waiting` requests keep
+  their order.
 * **Each request** (`_admit_or_park`): a parked one goes on only once its
   load has landed (`_promote_if_landed`); a fresh one (nothing computed)
   asks the connector for tokens beyond its local prefix hit: a sync hit is
@@ -66,7 +68,8 @@ class KvWaiting:
         if self._cache_aware_window:
             from .admission_order import reorder_by_cached_prefix
             reorder_by_cached_prefix(self.waiting, self.kv_cache_manager, self._cache_aware_window,
-                                     self.config.cache_aware_admission_threshold)
+                                     self.config.cache_aware_admission_threshold,
+                                     lambda request: not self._may_load_async(request))   # vLLM's `waiting` proper
         skipped: set[Request] = set()         # looked at in this pass: each keeps its place
         take_async_kv = True
         while True:
@@ -140,11 +143,13 @@ class KvWaiting:
             return _STOP_ASYNC
         if lookup.load_async:
             return self._park(request, lookup, batch)
-        wanted = request.num_tokens - lookup.num_computed
+        # a landed load, or a sync one, with one token left: padded as any admission (waiting.py)
+        padded = self._padded_decode(request, lookup.num_computed, batch) if self._pads_admitted_decodes else 0
+        wanted = padded if padded > 0 else request.num_tokens - lookup.num_computed
         if self._stops_unchunked(wanted, batch.token_budget):
             return _STOP
         num_new_tokens = self._clip(wanted, lookup.num_computed, batch.token_budget)
-        if num_new_tokens == 0:
+        if num_new_tokens == 0 or padded < 0:
             return _STOP
         kv = self.kv_cache_manager
         if self._full_sequence_admission and not kv.fits_whole_sequence(
@@ -163,6 +168,8 @@ class KvWaiting:
         entry = self._admit(request, lookup.num_computed, num_new_tokens,
                             list(kv.req_to_blocks.get(request.request_id, ())))
         entry.external = 0 if landed else lookup.num_external   # of its start: this batch loads them
+        if padded:
+            self._pad_drafts(request, entry, num_new_tokens)
         self._add_to_batch(batch, request, entry)
         return _ADMITTED
 

@@ -329,6 +329,8 @@ class TracingScheduler(Scheduler):
             if fate is Fate.SUPERSEDED or entry.req_id in kv_skipped:
                 taken[entry.req_id] = list(model_runner_output.tokens_of(entry.req_id))
                 dropped.append(entry.req_id)
+                if entry.req_id in kv_skipped and not taken[entry.req_id] and request is not None:
+                    kept.append(request)      # rolled back in place, nothing to drop: its drafts stay
                 continue
             assert request is not None
             taken[entry.req_id] = list(self._tokens_taken(entry, request, fate,

@@ -9,8 +9,12 @@ at the start of the waiting phase of a call that preempted nobody, and the
 new order stays, whether or not anyone is then admitted.
 
 Under the priority policy there is no reorder (vLLM keeps the window only
-under FCFS). Abstracted away: vLLM's other waiting queues (KV-connector loads)
-and its DP prefill deferral (which skips the reorder): none is modelled.
+under FCFS). Beside a KV connector the reorder reads vLLM's `waiting` proper:
+the requests that hold blocks are in `kv_holding`, and those a load limit
+sets apart in `async_kv_waiting` (`kv_loads.may_load_async`, a view of
+`waiting` here) keep their order, as vLLM's reorder never touches that queue;
+its window and its two-request guard count `waiting` proper alone.
+Abstracted away: vLLM's DP prefill deferral (which skips the reorder).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import replace
 
 from . import blocks
 from .config import Config
+from .kv_loads import may_load_async
 from .state import State, Status, content_label
 
 
@@ -31,9 +36,16 @@ def is_reorder_in_force(state: State, cfg: Config) -> bool:
         return False
     if cfg.scheduling_policy != "fcfs":
         return False                    # vLLM keeps the window only under FCFS (`cache_aware_window`)
-    if not cfg.prefix_caching or len(state.waiting) < 2:
+    if not cfg.prefix_caching or len(reorderable(state, cfg)) < 2:
         return False
     return kv_cache_usage(state, cfg) >= cfg.cache_aware_admission_threshold
+
+
+def reorderable(state: State, cfg: Config) -> tuple[int, ...]:
+    """vLLM's `waiting` queue proper, in order: `waiting` less the requests
+    of `async_kv_waiting` (a view of `waiting` here, kv_loads.py), the only
+    queue `_reorder_waiting_by_cached_prefix` reads and reorders."""
+    return tuple(r for r in state.waiting if not may_load_async(state, cfg, r))
 
 
 def kv_cache_usage(state: State, cfg: Config) -> float:
@@ -54,12 +66,13 @@ def num_cached_tokens(state: State, cfg: Config, r: int) -> int:
 
 def reorder_waiting(state: State, cfg: Config) -> State:
     """The fresh requests (WAITING, never scheduled) among the first `window`
-    of `waiting`, sorted by cached prefix, deepest first, arrival order
-    (their place) breaking ties, into the slots they held; preempted
-    requests keep theirs. Nothing moves when fewer than two are fresh."""
+    of vLLM's `waiting` (`reorderable`), sorted by cached prefix, deepest
+    first, arrival order (their place) breaking ties, into the slots they
+    held; preempted requests keep theirs, and so does every request of
+    `async_kv_waiting`. Nothing moves when fewer than two are fresh."""
     if not is_reorder_in_force(state, cfg):
         return state
-    head = state.waiting[:cfg.cache_aware_admission_window]
+    head = reorderable(state, cfg)[:cfg.cache_aware_admission_window]
     slots = [i for i, r in enumerate(head) if state.requests[r].status is Status.WAITING]
     if len(slots) < 2:
         return state
@@ -68,4 +81,5 @@ def reorder_waiting(state: State, cfg: Config) -> State:
     reordered = list(head)
     for slot, source in zip(slots, order):
         reordered[slot] = head[source]
-    return replace(state, waiting=tuple(reordered) + state.waiting[len(head):])
+    moved = iter(reordered)                 # the window's places in `waiting`, refilled in the new order
+    return replace(state, waiting=tuple(next(moved) if r in head else r for r in state.waiting))

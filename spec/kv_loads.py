@@ -32,9 +32,9 @@ environment's, fixed at arrival), partial-tail hits, HiSparse's deferred
 loads and parked reservations (`_reserve_parked`), the DSV4 replay window,
 the pause states and the encoder connector. Under the priority policy
 the queues are heaps (priority.py: `kv_holding` sorted by rank, the heads
-compared by rank); vLLM 0.34's cache-aware reorder of `waiting`
-(admission_order.py) here also moves the requests that vLLM keeps apart in
-`async_kv_waiting` (only with the load limit and the reorder both on).
+compared by rank). vLLM 0.34's cache-aware reorder (admission_order.py)
+reorders `waiting` proper alone: `async_kv_waiting`'s requests, a view of
+`waiting` here, keep their order.
 """
 
 from __future__ import annotations
@@ -140,12 +140,16 @@ def fits_beside_reservations(state: State, cfg: Config, r: int, hit: tuple[int, 
     """An async load's allocation leaves the blocks other loads and prefills
     in flight still need (`allocate_slots(reserved_blocks=...)` with
     `_inflight_prefill_reserved_blocks`: parked and landed loads, and running
-    requests still prefilling, each short of its whole sequence's blocks)."""
-    reserved = 0
+    requests still prefilling, each short of its whole sequence's blocks,
+    `_request_remaining_blocks`), and with drafts the blocks of one step of
+    1 + k tokens (`_spec_decode_step_blocks`; each holder's whole sequence
+    then counts one such step past it too; no look-ahead slots are modelled)."""
+    k = cfg.num_spec_tokens                # with drafts, one step's blocks (`_spec_decode_step_blocks`)
+    reserved = blocks.cdiv(1 + k, cfg.block_size) if k else 0
     for h, q in enumerate(state.requests):
         prefilling = q.status is Status.RUNNING and q.num_computed < q.num_tokens - 1
         if h != r and (h in state.kv_holding_set or prefilling):
-            whole = blocks.cdiv(min(q.num_tokens, cfg.max_model_len), cfg.block_size)
+            whole = blocks.cdiv(min(q.num_tokens, cfg.max_model_len) + (1 + k if k else 0), cfg.block_size)
             reserved += max(0, whole - len(q.block_table))
     fresh = max(0, blocks.cdiv(computed, cfg.block_size) - len(hit))
     return blocks.can_allocate(state.pool, fresh + reserved, hit)

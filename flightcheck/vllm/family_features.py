@@ -36,11 +36,9 @@ def _spec_decoding(pick: Picker, workload: dict[str, Any]) -> None:
 # switch. The reorder is 0.34's `_reorder_waiting_by_cached_prefix`.
 FEATURES = (
     Feature("unchunked", ("0.33.0", "0.34.0"), 0.2, _unchunked),
-    # not beside a KV connector: the reorder with the connector's queues
-    # differs from vLLM's (campaign --all-features --versions 0.34.0,0.33.0
-    # seed 22 index 35, sync and async; not read yet). The false rejection
-    # once taken for it (seed 1 index 173) is the connector's alone
-    # (docs/request-states.md, "Features together").
-    Feature("cache-aware", ("0.34.0",), 0.2, _cache_aware, excludes=("kv-connector",)),
+    # Beside a KV connector the reorder reads vLLM's `waiting` proper, not
+    # its `async_kv_waiting` (spec/admission_order.py `reorderable`; found on
+    # campaign --all-features --versions 0.34.0,0.33.0 seed 22 index 35).
+    Feature("cache-aware", ("0.34.0",), 0.2, _cache_aware),
     Feature("spec-decoding", ("0.8.5", "0.8.4", "0.33.0", "0.34.0"), 0.25, _spec_decoding),
 )

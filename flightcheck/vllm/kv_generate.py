@@ -46,8 +46,9 @@ def _connector_feature(pick: Picker, workload: dict[str, Any]) -> None:
     _with_connector(pick, workload)
 
 
-# The spec and the reference model a connector without drafts (reference/config.py).
-FEATURE = Feature("kv-connector", kv_connector_versions(), 0.5, _connector_feature, excludes=("spec-decoding",))
+# Beside drafts too (docs/request-states.md, "Features together": a landed or sync load's
+# padded admission, the async load's spec-decode reservation, the drafts a rollback keeps).
+FEATURE = Feature("kv-connector", kv_connector_versions(), 0.5, _connector_feature)
 
 
 def kv_connector_family(pick: Picker, workload: dict[str, Any]) -> None:
