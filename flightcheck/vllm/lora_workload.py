@@ -84,8 +84,8 @@ def _with_prompt_logprobs(pick: Picker, workload: dict[str, Any]) -> None:
 
 
 FEATURES = (
-    Feature("lora", ("0.33.0", "0.34.0"), 0.3, _with_loras, excludes=("kv-connector", "streaming-sessions")),
-    Feature("prompt-logprobs", ("0.33.0", "0.34.0"), 0.3, _with_prompt_logprobs,
+    Feature("lora", ("0.33.0", "0.34.0"), 0.5, _with_loras, excludes=("kv-connector", "streaming-sessions")),
+    Feature("prompt-logprobs", ("0.33.0", "0.34.0"), 0.5, _with_prompt_logprobs,
             excludes=("kv-connector", "streaming-sessions")),
 )
 
