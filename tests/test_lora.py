@@ -146,3 +146,18 @@ def test_lora_workloads_agree_with_vllm(version: str, async_scheduling: bool) ->
     """Eight LoRA / prompt-logprobs workloads, each release and mode:
     identical to the reference, check-trace's verdict its ground truth."""
     _agree_with_vllm(version, async_scheduling, 8)
+
+
+def test_without_the_lora_features_a_seeds_workloads_are_as_before_them(monkeypatch):
+    """Both features are drawn last, so leaving their keys out gives the
+    workloads the generator made before they were registered (the other
+    features' tests replay those)."""
+    from flightcheck.vllm import features
+    from flightcheck.vllm.generate import campaign_workloads
+    from flightcheck.vllm.lora_workload import without_lora_features
+
+    now = [without_lora_features(w) for w in campaign_workloads(5, 40, features_of="0.34.0")]
+    assert sum("max_loras" in w["config"] for w in campaign_workloads(5, 40, features_of="0.34.0")) >= 5
+    monkeypatch.setattr(features, "FEATURE_MODULES",
+                        tuple(m for m in features.FEATURE_MODULES if m != "flightcheck.vllm.lora_workload"))
+    assert now == campaign_workloads(5, 40, features_of="0.34.0")

@@ -90,6 +90,19 @@ FEATURES = (
 )
 
 
+def without_lora_features(workload: dict[str, Any]) -> dict[str, Any]:
+    """`workload` as the generator made it before the `lora` and
+    `prompt-logprobs` features were registered: both are drawn last
+    (features.FEATURE_MODULES), so leaving out their keys gives the earlier
+    features' workload exactly (for tests that replay a seed's workload
+    where a bug of another feature was found)."""
+    config = {k: v for k, v in workload["config"].items() if k != "max_loras"}
+    requests = [{k: v for k, v in r.items() if k not in ("lora", "prompt_logprobs")} for r in workload["requests"]]
+    features = [f for f in workload.get("features", ()) if f not in ("lora", "prompt-logprobs")]
+    return {**workload, "config": config, "requests": requests,
+            **({"features": features} if "features" in workload else {})}
+
+
 class _SeededPicker:
     """A `Picker` over `random.Random` (for `lora_workloads`)."""
 
