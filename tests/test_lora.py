@@ -161,3 +161,22 @@ def test_without_the_lora_features_a_seeds_workloads_are_as_before_them(monkeypa
     monkeypatch.setattr(features, "FEATURE_MODULES",
                         tuple(m for m in features.FEATURE_MODULES if m != "flightcheck.vllm.lora_workload"))
     assert now == campaign_workloads(5, 40, features_of="0.34.0")
+
+
+def test_a_reset_that_uncaches_duplicate_copies_is_checked_as_the_full_replay_checks_it():
+    """vLLM 0.34.0 async, `--all-features` seed 23 index 70 (prompt logprobs,
+    LoRA, reset and pause): a prompt-logprobs request caches its own copies
+    of a prefix another request cached (it read none of them), then
+    `reset_prefix_cache` uncaches every copy. The incremental checker looked
+    at the caching clause only on the touched requests' blocks (none, at a
+    reset), saw the duplicates list emptied and rejected a correct run (a
+    false S9_kv_ownership); a reset is now checked on the whole pool."""
+    from pathlib import Path
+
+    from flightcheck.verification.traces.check import check_events
+    from flightcheck.verification.traces.reading import read_trace_file
+
+    trace = read_trace_file(Path(__file__).parent / "data" / "vllm" / "lora" / "034_async_reset_with_duplicate_copies.jsonl")
+    for full in (False, True):
+        result = check_events(trace, None, full=full)
+        assert result.ok, (full, result.property, result.message)
