@@ -9,6 +9,7 @@ Abstracted away: what lora.py abstracts away.
 
 from __future__ import annotations
 
+from .admission_order import is_reorder_in_force
 from .config import Config
 from .lora import held_requests, without_waiting
 from .schedule import Scheduled, schedule
@@ -24,8 +25,11 @@ def _admitted(before: State, scheduled: Scheduled) -> tuple[tuple[int, int, int]
 def lora2_held_request_is_passed_over(before: State, scheduled: Scheduled, cfg: Config) -> bool:
     """LORA2: a waiting request whose LoRA the cap cannot take is passed
     over, not a stop: it stays waiting, and the call admits exactly what it
-    admits with that request out of the queue."""
-    if not scheduled.entries and not scheduled.preempted:
+    admits with that request out of the queue. (Not stated under vLLM 0.34's
+    cache-aware order when it is in force: the held request's place in the
+    reordered window is part of the order, so leaving it out is no second
+    computation of the same walk.)"""
+    if (not scheduled.entries and not scheduled.preempted) or is_reorder_in_force(before, cfg):
         return True
     admitted = _admitted(before, scheduled)
     for w in held_requests(before, cfg):

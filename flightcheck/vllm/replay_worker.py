@@ -86,12 +86,13 @@ if __name__ == "__main__":
     compat.exit_if_incompatible()
 
 import vllm  # noqa: E402
-from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.config import CacheConfig, LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig  # noqa: E402
 
 try:
     from vllm.config import DeviceConfig  # noqa: E402
 except ImportError:  # pragma: no cover - every version read has it
     DeviceConfig = None  # type: ignore[assignment,misc]
+from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
@@ -216,7 +217,7 @@ class SchedulerFactory:
         if speculative_config is not None and _accepts(VllmConfig, "speculative_config"):
             vllm_arguments["speculative_config"] = speculative_config
         vllm_config = VllmConfig(**vllm_arguments, **kv_replay.vllm_arguments(config),
-                                 **lora_replay.vllm_arguments(config))
+                                 **lora_replay.vllm_arguments(config, LoRAConfig))
         # The KV cache's dtype is the model's, as vLLM's "auto" cache dtype.
         if _accepts(KVCacheConfig, "kv_cache_tensors"):                             # 0.33
             spec = FullAttentionSpec(block_size=config.block_size, num_kv_heads=1, head_size=1,
@@ -269,7 +270,8 @@ def make_request(spec: RequestSpec, workload: Workload) -> Request:
         params.update_from_generation_config({}, workload.eos_token_id)
         return Request(request_id=spec.req_id, prompt_token_ids=list(spec.prompt_token_ids),
                        sampling_params=params, pooling_params=None, arrival_time=0.0,
-                       lora_request=lora_replay.lora_request(spec), block_hasher=_block_hasher(workload.config.block_size) if workload.config.prefix_caching
+                       lora_request=lora_replay.lora_request(spec, LoRARequest),
+                       block_hasher=_block_hasher(workload.config.block_size) if workload.config.prefix_caching
                        else None)
     arguments: dict[str, Any] = dict(
         request_id=spec.req_id, prompt_token_ids=list(spec.prompt_token_ids), multi_modal_inputs=None,
