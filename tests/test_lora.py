@@ -180,3 +180,14 @@ def test_a_reset_that_uncaches_duplicate_copies_is_checked_as_the_full_replay_ch
     for full in (False, True):
         result = check_events(trace, None, full=full)
         assert result.ok, (full, result.property, result.message)
+
+
+def test_the_z3_encoding_refuses_the_cap_and_the_limit():
+    """The encoding has no LoRA and no prompt logprobs: it refuses a model
+    with either rather than check a different scheduler (the explicit
+    search checks them)."""
+    from flightcheck.verification.z3.encoding.state import Layout
+
+    for model in (LORA_K2, PROMPT_LOGPROBS_K2):
+        with pytest.raises(ValueError, match="a LoRA cap or prompt logprobs"):
+            Layout.of(model)
