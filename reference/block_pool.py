@@ -28,11 +28,13 @@ from collections.abc import Iterable, Sequence
 _ROOT_HASH = hash("flightcheck-root")
 
 
-def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
+def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int], lora: int = 0) -> int:
     """Chained hash of one full block: the prefix is identified by the parent's
     hash, so equal hashes mean equal prefixes (up to hash collisions, which, as
-    in vLLM's default hash, are not guarded against)."""
-    return hash((_ROOT_HASH if parent_hash is None else parent_hash, tuple(token_ids)))
+    in vLLM's default hash, are not guarded against). A LoRA request's blocks
+    carry its LoRA (vLLM's extra keys, `generate_block_hash_extra_keys`)."""
+    parent = _ROOT_HASH if parent_hash is None else parent_hash
+    return hash((parent, tuple(token_ids))) if not lora else hash((parent, tuple(token_ids), lora))
 
 
 class KVCacheBlock:

@@ -52,6 +52,10 @@ class SchedulerConfig:
     cache_aware_admission_threshold: float = 0.5
     # vLLM 0.33/0.34's `prefill_schedule_interval` (1: off; cadence.py).
     prefill_schedule_interval: int = 1
+    # vLLM's `LoRAConfig.max_loras` (0: no LoRA config; lora.py), and
+    # whether requests may ask for prompt logprobs (the trace says so).
+    max_loras: int = 0
+    prompt_logprobs: bool = False
     kv_connector: KvConnectorConfig | None = None  # connector.py; None: no connector
     # None: the profile's; False: async loads need no reservation (the spec
     # abstracts vLLM's `_inflight_prefill_reserved_blocks` away: the refinement fuzzer's).
@@ -115,6 +119,8 @@ class SchedulerConfig:
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
                              f"max_model_len ({self.max_model_len}) with chunked prefill off")
+        if not isinstance(self.max_loras, int) or self.max_loras < 0:
+            raise ValueError(f"max_loras must be >= 0, got {self.max_loras!r}")
         if not isinstance(self.prefill_schedule_interval, int) or self.prefill_schedule_interval < 1:
             raise ValueError(f"prefill_schedule_interval must be >= 1, got {self.prefill_schedule_interval!r}")
         if not isinstance(self.cache_aware_admission_window, int) or self.cache_aware_admission_window < 0:

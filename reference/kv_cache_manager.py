@@ -71,8 +71,10 @@ class KVCacheManager:
         return self.get_computed_blocks(request)[1]
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        """The prefix-cache hit: (blocks, number of tokens they hold)."""
-        if not self.enable_caching:
+        """The prefix-cache hit: (blocks, number of tokens they hold); none
+        for a request that asks for prompt logprobs (vLLM 0.33/0.34
+        `prefix_cache_lookup_enabled`: the cache holds no prompt logits)."""
+        if not self.enable_caching or request.prompt_logprobs:
             return [], 0
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = self._block_hashes(request, max_blocks)
@@ -190,7 +192,7 @@ class KVCacheManager:
         while len(hashes) < num_blocks:
             i = len(hashes)
             hashes.append(hash_block_tokens(hashes[i - 1] if i else None,
-                                            tokens[i * bs:(i + 1) * bs]))
+                                            tokens[i * bs:(i + 1) * bs], request.lora_int_id))
         return hashes
 
     def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock],

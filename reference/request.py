@@ -99,7 +99,7 @@ class Request:
         "num_output_placeholders", "next_decode_eligible_step", "is_prefill_chunk",
         "kv_offer", "kv_load", "last_sched_seq", "inflight_prefill", "status_before_load",
         "parked_reservation", "kv_external", "kv_rolled_back", "grammar", "fsm",
-        "resumable", "streaming_queue", "priority",
+        "resumable", "streaming_queue", "priority", "lora_int_id", "prompt_logprobs",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
@@ -107,6 +107,10 @@ class Request:
                  eos_token_id: int | None = None, arrival_time: float = 0.0, priority: int = 0) -> None:
         self.request_id = request_id
         self.priority = priority                     # the priority policy's (lower runs first)
+        # Its LoRA (vLLM's `lora_request.lora_int_id`; 0: none) and whether it
+        # asks for prompt logprobs (it then reads no prefix cache); lora.py.
+        self.lora_int_id = 0
+        self.prompt_logprobs = False
         self.prompt_token_ids: list[int] = list(prompt_token_ids)
         self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
         self.eos_token_id = eos_token_id

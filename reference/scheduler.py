@@ -74,12 +74,13 @@ from .update import OutputUpdate
 from .grammar import Grammars
 from .waiting import WaitingLoop
 from .cadence import PrefillCadence
+from .lora import LoraCap
 
 __all__ = ["Fate", "Scheduler"]
 
 
 class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop, StreamingSessions,
-                PriorityPolicy, ResetPause, Grammars, PrefillCadence):
+                PriorityPolicy, ResetPause, Grammars, PrefillCadence, LoraCap):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv_cache_manager = KVCacheManager(

@@ -98,8 +98,8 @@ class StreamingSessions:
             if self._seats_taken() >= self.config.max_num_seqs:
                 return False
             request = self.kv_holding_waiting[index]
-            if request.status == PARKED or self._is_resumption_deferred(request):
-                index += 1
+            if request.status == PARKED or self._is_resumption_deferred(request) or self._held_by_lora_cap(request):
+                index += 1                    # (max_loras: lora.py; the same loop in vLLM)
                 continue
             computed = request.num_computed_tokens
             # a next turn of one new token is a decode, padded with k drafts as

@@ -108,6 +108,10 @@ class TraceWriter:
             event["kv_connector"] = cfg.kv_connector.to_json()
         if cfg.scheduling_policy != "fcfs":
             event["scheduling_policy"] = cfg.scheduling_policy
+        if cfg.max_loras:
+            event["max_loras"] = cfg.max_loras            # a LoRA config (lora.py)
+        if cfg.prompt_logprobs:
+            event["prompt_logprobs"] = True
         self._write(event)
 
     def arrive(self, request: Request, step: int, kv_connector: bool = False) -> None:
@@ -126,6 +130,10 @@ class TraceWriter:
                          load_async=bool(offer is not None and offer.load_async))
         if request.priority:
             event["priority"] = request.priority
+        if request.lora_int_id:
+            event["lora"] = request.lora_int_id              # its LoRA (lora.py)
+        if request.prompt_logprobs:
+            event["prompt_logprobs"] = True
         if request.resumable:
             event["resumable"] = True          # a streaming session's first input
         self._write(event)

@@ -5,7 +5,7 @@ nothing. With a connector, kv_waiting.py's loop runs instead.
 
 The version differences it reads are the scheduler's profile constants
 (profiles.py), copied by `Scheduler.__init__`: 0.33's deferred resumption
-and full-sequence gate, 0.33/0.34's stop at a prompt that would need a chunk
+and full-sequence gate, 0.33/0.34's LoRA cap (lora.py), 0.33/0.34's stop at a prompt that would need a chunk
 with chunked prefill off, 0.34's opt-in reorder by cached prefix.
 """
 
@@ -41,7 +41,8 @@ class WaitingLoop:
                 break
             request = self.waiting[index]
             if (self._blocked_on_grammar(request) or self._is_resumption_deferred(request)   # grammar.py
-                    or request.status == RequestStatus.WAITING_FOR_STREAMING_REQ):
+                    or request.status == RequestStatus.WAITING_FOR_STREAMING_REQ
+                    or self._held_by_lora_cap(request)):          # max_loras (lora.py)
                 self._note_skipped(request)   # the prefill cadence's deferred_waiting (cadence.py)
                 index += 1
                 continue

@@ -26,6 +26,7 @@ from . import blocks, grammar, sessions
 from .config import Config
 from .drafts import drafts_come_with_output
 from .kv_fence import drain_deferred_frees, finish_with_connector
+from .lora import arrive_with_lora
 from .priority import arrive_with_priority
 from .schedule import Scheduled, schedule  # noqa: F401  (re-exported: the fourth action)
 from .state import Entry, Fate, Grammar, Request, State, Status, content_label, evolve, holder_of, name_of, retire_entries
@@ -51,6 +52,10 @@ class Prompt:
     # `Config.streaming_sessions`): the inputs its client sends after this
     # prompt, each `(new tokens, max_tokens)`, the last `(0, 0)` (the end).
     session: tuple[tuple[int, int], ...] = ()
+    # Its LoRA (0: none; read only with `Config.max_loras`) and whether it
+    # asks for prompt logprobs (spec/lora.py).
+    lora: int = 0
+    prompt_logprobs: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,7 @@ def arrive(state: State, cfg: Config, r: int, prompt: Prompt) -> State | None:
     state = grammar.arrive_structured(state, cfg, r, prompt.structured)
     state = sessions.open_session(state, cfg, r, prompt.session)
     state = _offer_of_connector(state, cfg, r, prompt)
+    state = arrive_with_lora(state, cfg, r, prompt.lora, prompt.prompt_logprobs)
     return arrive_with_priority(state, cfg, r, prompt.priority)
 
 

@@ -58,8 +58,10 @@ def kv_cache_usage(state: State, cfg: Config) -> float:
 def num_cached_tokens(state: State, cfg: Config, r: int) -> int:
     """vLLM `KVCacheManager.get_num_cached_tokens`: the tokens of r's cached
     prefix, its last token left out (as an admission's hit), probed without
-    touching the pool."""
+    touching the pool; 0 for a prompt-logprobs request (its lookup is off: lora.py)."""
     req = state.requests[r]
+    if req.prompt_logprobs:
+        return 0
     labels = [content_label(state, r, i, cfg.block_size) for i in range(req.num_tokens // cfg.block_size)]
     return len(blocks.lookup_hit(state.pool, labels, (req.num_tokens - 1) // cfg.block_size)) * cfg.block_size
 

@@ -131,6 +131,14 @@ class Config:
     # (reset_pause.py; `Profile.reset_drops_running_output`, `pause_states`).
     # Off: neither action is enabled, the spec exactly as before.
     reset_and_pause: bool = False
+    # vLLM's `LoRAConfig.max_loras` (0: no LoRA config, the spec exactly as
+    # without it): the waiting loop passes over a request whose LoRA would
+    # make the running requests hold more (spec/lora.py).
+    max_loras: int = 0
+    # Requests may ask for prompt logprobs (spec/lora.py): such a request
+    # reads nothing from the prefix cache. Off: the flag of an arrival is
+    # dropped, the spec exactly as without it.
+    prompt_logprobs: bool = False
 
     def __post_init__(self) -> None:
         self._resolve_profile()
@@ -163,6 +171,12 @@ class Config:
             raise ValueError(f"reset_and_pause needs a profile with reset and pause (vLLM 0.33 on), not {self.profile}")
         if self.reset_and_pause and self.kv_connector is not None:
             raise ValueError("reset_and_pause is not modelled with a KV connector")
+        if self.max_loras < 0:
+            raise ValueError("max_loras must be >= 0")
+        if (self.max_loras or self.prompt_logprobs) and (not self.rules.stale_output_counters
+                                                         or self.kv_connector is not None):
+            raise ValueError("max_loras and prompt_logprobs are modelled only under the vLLM 0.33 and 0.34 "
+                             "profiles, without a KV connector")
 
     def _check_admission_knobs(self) -> None:
         """vLLM's `SchedulerConfig` bounds: the budget holds a whole

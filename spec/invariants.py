@@ -21,6 +21,7 @@ from typing import Callable
 from .blocks import cdiv
 from .config import Config
 from .grammar import g1_no_run_while_compiling, g2_fsm_tracks_output, g3_fsm_never_refuses
+from .lora import has_lora_cap, lora1_loras_within_cap
 from .kv_invariants import (holds_kv_blocks, kv1_no_reuse_under_transfer, kv2_loading_not_scheduled,
                             kv4_deferred_frees_drain, kv4_finished_holds_nothing, kv5_loaded_not_starved,
                             kv6_load_limit, may_hold_table)
@@ -482,6 +483,10 @@ GRAMMAR_INVARIANTS: tuple[Invariant, ...] = tuple(
                             ("G2_fsm_tracks_output", g2_fsm_tracks_output),
                             ("G3_fsm_never_refuses", g3_fsm_never_refuses)))
 
+# With a LoRA cap (`Config.max_loras`; lora.py).
+LORA_CAP = Invariant("LORA1_loras_within_cap", (lora1_loras_within_cap.__doc__ or "").strip(),
+                     of_state=lora1_loras_within_cap)
+
 
 def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
     """The invariants of cfg's profile: every profile's, IF0-IF3 where vLLM
@@ -489,7 +494,7 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
     restated (`ASYNC_REPLACEMENTS`) with IA1 and IA2, and with a KV
     connector KV1, KV2, KV4, KV5 (and KV6 under vLLM 0.34's load limit);
     PR1 under the priority policy (PR4 too with a KV connector); with
-    structured output G1-G3."""
+    structured output G1-G3; with a LoRA cap LORA1."""
     chosen = INVARIANTS + (COUNTER_INVARIANTS if cfg.rules.stale_output_counters else ())
     if cfg.rules.output_placeholders:
         chosen = tuple(ASYNC_REPLACEMENTS.get(i.name, i) for i in chosen) + ASYNC_INVARIANTS
@@ -505,6 +510,8 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
         chosen += GRAMMAR_INVARIANTS
     if has_sessions(cfg):
         chosen += SESSION_INVARIANTS + ((SESSION_PRIORITY_ORDER,) if cfg.scheduling_policy == "priority" else ())
+    if has_lora_cap(cfg):
+        chosen += (LORA_CAP,)
     return chosen
 
 

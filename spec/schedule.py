@@ -25,7 +25,8 @@ grammar still compiles and records one whose grammar failed
 (`_handle_blocked_waiting_request`); no call schedules while a batch's
 bitmask waits for the oldest output.
 
-Abstracted away: encoder inputs and budgets, LoRA limits, and the detail that
+Abstracted away: encoder inputs and budgets, LoRA adapters beyond the
+`max_loras` skip (lora.py), and the detail that
 vLLM trims a request's draft list only when some drafts were scheduled: here
 the unscheduled drafts are always dropped, so a clipped decode cannot leave
 drafts behind to be scheduled as a second sampling entry.
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import blocks, cadence, grammar, kv_loads, priority, sessions
+from . import blocks, cadence, grammar, kv_loads, lora, priority, sessions
 from .admission_order import reorder_waiting
 from .config import Config
 from .drafts import padded_admission
@@ -238,6 +239,10 @@ def _schedule_waiting(step: _Step) -> None:
             step.state = cadence.note_skipped(step.state, cfg, r)
             i += 1
             continue
+        if lora.held_by_lora_cap(step.state, cfg, r, step.state.running):
+            step.state = cadence.note_skipped(step.state, cfg, r)
+            i += 1
+            continue                                    # passed over: max_loras (lora.py)
         held = _session_computed(step, r)               # a session's next turn: its computed tokens (else 0)
         hit = _prefix_hit(step.state, cfg, r) if held == 0 else ()
         if cadence.stops_admission(step.state, r, held + len(hit) * cfg.block_size, step.defers_prefills):
@@ -417,8 +422,9 @@ def _has_free_seat(step: _Step) -> bool:
 
 
 def _prefix_hit(state: State, cfg: Config, r: int) -> tuple[int, ...]:
-    """Cached blocks of r's known tokens, never all of them (the last token is recomputed)."""
-    if not cfg.prefix_caching:
+    """Cached blocks of r's known tokens, never all of them (the last token is
+    recomputed); none for a prompt-logprobs request (lora.py)."""
+    if not cfg.prefix_caching or not lora.reads_prefix_cache(state, r):
         return ()
     req = state.requests[r]
     labels = [content_label(state, r, i, cfg.block_size) for i in range(req.num_tokens // cfg.block_size)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import cadence
+from . import cadence, lora
 from .blocks import cdiv
 from .config import Config
 from .session_invariants import (finished_after_a_later_turn, runs_beside_old_output, seat_held_for_input,
@@ -222,12 +222,21 @@ CADENCE_SOMETIMES: tuple[Sometimes, ...] = (
 )
 
 
+# The targets of LoRA's cap (spec/lora.py; predicates there).
+LORA_SOMETIMES: tuple[Sometimes, ...] = (
+    Sometimes("lora_request_passed_over", lora.held_while_later_runs),
+    Sometimes("lora_held_while_its_holder_is_in_flight", lora.held_with_lora_in_flight, needs="pipeline"),
+)
+
+
 def sometimes_for(cfg: Config) -> tuple[Sometimes, ...]:
     """The targets of cfg's profile: every profile's, under async scheduling
     ASYNC_SOMETIMES, with a KV connector KV_SOMETIMES, and with streaming
-    sessions SESSION_SOMETIMES, with the prefill cadence CADENCE_SOMETIMES."""
+    sessions SESSION_SOMETIMES, with the prefill cadence CADENCE_SOMETIMES,
+    with a LoRA cap LORA_SOMETIMES."""
     from .sessions import has_sessions
     return (SOMETIMES + (ASYNC_SOMETIMES if cfg.rules.output_placeholders else ())
             + (KV_SOMETIMES if cfg.kv_connector is not None else ())
             + (SESSION_SOMETIMES if has_sessions(cfg) else ())
-            + (CADENCE_SOMETIMES if cadence.is_on(cfg) else ()))
+            + (CADENCE_SOMETIMES if cadence.is_on(cfg) else ())
+            + (LORA_SOMETIMES if lora.has_lora_cap(cfg) else ()))

@@ -172,6 +172,11 @@ class Request:
     # (cadence.py; False while the cadence is off).
     is_prefill_chunk: bool = False
     deferred_waiting: bool = False
+    # vLLM's `lora_request.lora_int_id` (0: none; kept only with
+    # `Config.max_loras`) and whether it asks for prompt logprobs (it then
+    # reads nothing from the prefix cache); lora.py.
+    lora: int = 0
+    prompt_logprobs: bool = False
 
     @property
     def num_tokens(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from . import cadence_properties
+from . import cadence_properties, lora_properties
 from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest, finish_request
 from .config import Config
 from .connector_contract import Labels, contract_clauses
@@ -405,6 +405,16 @@ def cad3(before: State, after: State, action: Action, cfg: Config) -> bool:
     return _on_schedule(before, action, cfg, cadence_properties.cad3_hold_restarts_after_prefill)
 
 
+def lora2(before: State, after: State, action: Action, cfg: Config) -> bool:
+    return _on_schedule(before, action, cfg, lora_properties.lora2_held_request_is_passed_over)
+
+
+def pl1(before: State, after: State, action: Action, cfg: Config) -> bool:
+    return _on_schedule(before, action, cfg, lora_properties.pl1_prompt_logprobs_read_no_cache)
+
+
+lora2.__doc__ = lora_properties.lora2_held_request_is_passed_over.__doc__
+pl1.__doc__ = lora_properties.pl1_prompt_logprobs_read_no_cache.__doc__
 cad1.__doc__ = cadence_properties.cad1_deferred_call_carries_no_prefill.__doc__
 cad2.__doc__ = cadence_properties.cad2_backed_up_queue_not_held.__doc__
 cad3.__doc__ = cadence_properties.cad3_hold_restarts_after_prefill.__doc__
@@ -477,7 +487,8 @@ def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
     where outputs are looked up by name, and with a KV connector KV3 (where
     the profile has load failures), P_KV_preemption_frees and the
     connector's contract (C1-C5); under the priority policy PR2 and PR3 first, SS1
-    with streaming sessions, and RP1-RP4 with reset and pause."""
+    with streaming sessions, and RP1-RP4 with reset and pause; LORA2 with a
+    LoRA cap and PL1 where requests may ask for prompt logprobs."""
     chosen = TRANSITION_PROPERTIES + (INCARNATION_PROPERTIES if cfg.rules.stale_output_counters else ())
     if cfg.scheduling_policy == "priority":
         chosen = PRIORITY_PROPERTIES + chosen
@@ -491,4 +502,8 @@ def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
         chosen += RESET_PAUSE_PROPERTIES
     if cfg.prefill_schedule_interval > 1 and cfg.rules.prefill_cadence:
         chosen += CADENCE_PROPERTIES
+    if cfg.max_loras:
+        chosen += (TransitionProperty("LORA2_held_request_is_passed_over", lora2),)
+    if cfg.prompt_logprobs and cfg.prefix_caching:
+        chosen += (TransitionProperty("PL1_prompt_logprobs_read_no_cache", pl1),)
     return chosen

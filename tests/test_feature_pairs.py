@@ -104,7 +104,10 @@ AS_DRAWN = {("0.34.0", 5, 42): "034_priority_reset_order.workload.json",
 def _found_workload(version: str, mid_step_inputs: bool, seed: int, index: int) -> dict:
     if (version, seed, index) in AS_DRAWN:
         return json.loads((DATA / AS_DRAWN[(version, seed, index)]).read_text())
-    return campaign_workloads(seed, index + 1, mid_step_inputs=mid_step_inputs, features_of=version)[index]
+    from flightcheck.vllm.lora_workload import without_lora_features   # the workloads as found
+
+    return without_lora_features(campaign_workloads(seed, index + 1, mid_step_inputs=mid_step_inputs,
+                                                    features_of=version)[index])
 
 
 @pytest.mark.vllm

@@ -53,6 +53,7 @@ FEATURE_MODULES: tuple[str, ...] = (
     "flightcheck.vllm.grammar_generate",
     "flightcheck.vllm.session_generate",
     "flightcheck.vllm.cadence_generate",
+    "flightcheck.vllm.lora_workload",
 )
 
 SHARE_RESOLUTION = 1000                        # a share is drawn as an integer in 1..1000

@@ -62,7 +62,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import compat, grammar_recording
+from . import compat, grammar_recording, lora_recording
 from .ground_truth import BatchRecord, EntrySnapshot, GroundTruthMixin, status_name
 from .reset_pause_recording import ResetPauseRecording
 from .sinks import TraceWriter, open_trace_from_env
@@ -186,7 +186,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
             "num_preallocate_tokens": compat.num_preallocate_tokens(self.kv_cache_manager),
             "vllm_version": self.vllm_version, "writer": "flightcheck.vllm.recorder",
             **self._fc_async_config(), **self._fc_admission_config(), **self._fc_policy_config(),
-            **grammar_recording.config_fields(),
+            **grammar_recording.config_fields(), **lora_recording.config_fields(self),
             # an engine serving streaming sessions says so (its `input` events)
             **({"streaming_sessions": True} if os.environ.get(SESSIONS_ENV) == "1" else {}),
         }
@@ -265,6 +265,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
             "max_tokens": request.max_tokens, "prompt_token_ids": list(request.prompt_token_ids),
             "eos_token_id": eos, "ignore_eos": bool(params.ignore_eos),
             "stop_token_ids": list(params.stop_token_ids or ()), **grammar_recording.arrive_fields(request),
+            **lora_recording.arrive_fields(request),
             **({"priority": compat.request_priority(request)} if compat.request_priority(request) else {}),
         }
         if getattr(request, "resumable", False):

@@ -216,6 +216,7 @@ def reference_config(workload: Workload, profile: str, as_released: bool = False
         cache_aware_admission_window=config.cache_aware_admission_window,
         cache_aware_admission_threshold=config.cache_aware_admission_threshold,
         prefill_schedule_interval=config.prefill_schedule_interval,
+        max_loras=config.max_loras, prompt_logprobs=any(spec.prompt_logprobs for spec in workload.requests),
         profile=profile, as_released=as_released, kv_connector=kv_connector, kv_error_order=kv_error_order,
         scheduling_policy=config.policy)
 
@@ -307,6 +308,7 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
         if kv.offers:
             request.kv_offer = kv.offers.get(spec.key)
         clock.stamp(request, spec.priority)
+        request.lora_int_id, request.prompt_logprobs = spec.lora, spec.prompt_logprobs     # lora_workload.py
         if spec.grammar is None:
             scheduler.add_request(request)
             return

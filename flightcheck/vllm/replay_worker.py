@@ -86,12 +86,13 @@ if __name__ == "__main__":
     compat.exit_if_incompatible()
 
 import vllm  # noqa: E402
-from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.config import CacheConfig, LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig  # noqa: E402
 
 try:
     from vllm.config import DeviceConfig  # noqa: E402
 except ImportError:  # pragma: no cover - every version read has it
     DeviceConfig = None  # type: ignore[assignment,misc]
+from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
@@ -99,12 +100,13 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from . import RECORDER, grammar_replay, kv_replay, priority_workload  # noqa: E402
+from . import RECORDER, grammar_replay, kv_replay, lora_replay, priority_workload  # noqa: E402
 from .reset_pause_workload import call_event  # noqa: E402
 from .compat import resolve_obj_by_qualname  # noqa: E402
 from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV034,  # noqa: E402
                      FabricatedModel, run_busy_loop)
 from .grammar_recording import STRUCTURED_ENV  # noqa: E402
+from .lora_recording import PROMPT_LOGPROBS_ENV  # noqa: E402
 from .recording import SESSIONS_ENV, STAGES_ENV, RecordingMixin  # noqa: E402
 from .trace import TRACE_ENV  # noqa: E402
 from .versions import BATCH_QUEUE_V033_LOOPS, UnknownRelease, nearest_release  # noqa: E402
@@ -214,7 +216,8 @@ class SchedulerFactory:
         speculative_config = self.speculative_config(config, model_config, parallel_config)
         if speculative_config is not None and _accepts(VllmConfig, "speculative_config"):
             vllm_arguments["speculative_config"] = speculative_config
-        vllm_config = VllmConfig(**vllm_arguments, **kv_replay.vllm_arguments(config))
+        vllm_config = VllmConfig(**vllm_arguments, **kv_replay.vllm_arguments(config),
+                                 **lora_replay.vllm_arguments(config, LoRAConfig))
         # The KV cache's dtype is the model's, as vLLM's "auto" cache dtype.
         if _accepts(KVCacheConfig, "kv_cache_tensors"):                             # 0.33
             spec = FullAttentionSpec(block_size=config.block_size, num_kv_heads=1, head_size=1,
@@ -255,7 +258,8 @@ class SchedulerFactory:
 
 def make_request(spec: RequestSpec, workload: Workload) -> Request:
     """A vLLM Request as `EngineCore.add_request` makes one."""
-    params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
+    params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos,
+                            **lora_replay.sampling_arguments(spec))
     if spec.grammar is not None:          # structured output (any constraint: the backend is ours, grammar_replay.py)
         from vllm.sampling_params import StructuredOutputsParams
         params.structured_outputs = StructuredOutputsParams(regex="fabricated")
@@ -266,6 +270,7 @@ def make_request(spec: RequestSpec, workload: Workload) -> Request:
         params.update_from_generation_config({}, workload.eos_token_id)
         return Request(request_id=spec.req_id, prompt_token_ids=list(spec.prompt_token_ids),
                        sampling_params=params, pooling_params=None, arrival_time=0.0,
+                       lora_request=lora_replay.lora_request(spec, LoRARequest),
                        block_hasher=_block_hasher(workload.config.block_size) if workload.config.prefix_caching
                        else None)
     arguments: dict[str, Any] = dict(
@@ -334,6 +339,7 @@ def _set_recorder_environment(workload: Workload, trace_path: str | None) -> Non
     os.environ[STAGES_ENV] = str(workload.config.num_stages)
     os.environ[STRUCTURED_ENV] = "1" if any(s.grammar is not None for s in workload.requests) else "0"
     os.environ[SESSIONS_ENV] = "1" if any(s.session for s in workload.requests) else "0"
+    os.environ[PROMPT_LOGPROBS_ENV] = "1" if any(s.prompt_logprobs for s in workload.requests) else "0"
 
 
 def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]:

@@ -83,6 +83,9 @@
 * `config.policy` (`"fcfs"`, the default, or `"priority"`; vLLM 0.33 and
   0.34) and each request's `priority` (an integer, lower runs first, 0 by
   default): vLLM's priority scheduling (priority_workload.py).
+* `config.max_loras` (0, the default: no LoRA config), each request's `lora`
+  (its adapter's id, 0 = none) and `prompt_logprobs` (true: it reads no
+  prefix cache): lora_workload.py.
 * a request's `grammar` (vLLM 0.33 and 0.34): it asks for structured
   output, with a fabricated grammar backend: `{"compile_steps": n,
   "fails": bool}`, the grammar settling once n `schedule()` calls have begun
@@ -122,6 +125,7 @@ from .session_workload import SessionInput, session_from_json
 from .reset_pause_workload import WorkloadEvent, events_from_json
 from .kv_workload import NO_KV, KVConnectorConfig, KVRequestSpec, kv_connector_from_json, \
     kv_request_from_json
+from .lora_workload import MAX_LORAS, check_loras, lora_from_json, prompt_logprobs_from_json
 from .priority_workload import policy_from_json, priority_from_json
 from .workload_limits import MAX_COUNT, MAX_NUM_BLOCKS, MAX_PROMPT_LEN, MAX_REQUESTS, MAX_SEED, MAX_SPEC_TOKENS, \
     MAX_STAGES, MAX_STEPS, MAX_WORKLOAD_FILE_BYTES, MAX_WORKLOAD_TOKENS, LimitError, flag, key, name, share, \
@@ -161,6 +165,8 @@ class ReplayConfig:
     kv_connector: KVConnectorConfig | None = None
     # vLLM's scheduling policy, "fcfs" or "priority" (priority_workload.py).
     policy: str = "fcfs"
+    # vLLM's `LoRAConfig.max_loras` (0: no LoRA config; lora_workload.py).
+    max_loras: int = 0
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,9 @@ class RequestSpec:
     # request and each input but the end).
     session: tuple[SessionInput, ...] = ()
     resumable: bool = False
+    # Its LoRA (0: none) and whether it asks for prompt logprobs (lora_workload.py).
+    lora: int = 0
+    prompt_logprobs: bool = False
 
     @property
     def key(self) -> str:
@@ -220,7 +229,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "block_size": 16, "max_m
                                    "async_scheduling": False, "num_spec_tokens": 0,
                                    "enable_chunked_prefill": True, "cache_aware_admission_window": 0,
                                    "cache_aware_admission_threshold": 0.5, "policy": "fcfs",
-                                   "prefill_schedule_interval": 1}
+                                   "prefill_schedule_interval": 1, "max_loras": 0}
 
 
 # Each integer of the configuration: (least, most[, why]); workload_limits.py says why.
@@ -229,7 +238,8 @@ CONFIG_RANGES: dict[str, tuple[Any, ...]] = {
     "block_size": (1, MAX_PROMPT_LEN), "num_blocks": (2, MAX_NUM_BLOCKS, "vLLM keeps an object per block"),
     "max_model_len": (1, MAX_PROMPT_LEN), "long_prefill_token_threshold": (0, MAX_COUNT),
     "num_spec_tokens": (0, MAX_SPEC_TOKENS), "cache_aware_admission_window": (0, MAX_COUNT),
-    "prefill_schedule_interval": (1, MAX_COUNT)}
+    "prefill_schedule_interval": (1, MAX_COUNT),
+    "max_loras": (0, MAX_LORAS, "a LoRA slot per adapter")}
 
 
 def _int(where: str, value: Any, minimum: int = 0, maximum: int = MAX_COUNT, why: str = "") -> int:
@@ -329,7 +339,8 @@ def _request(raw: Any, index: int, seed: int, prefixes: dict[str, int], tokens_l
         abort_step=None if abort is None else _int(f"{where}.abort_step", abort),
         eos_probability=share(f"{where}.eos_probability", raw.get("eos_probability", 0.0)),
         ignore_eos=flag(f"{where}.ignore_eos", raw.get("ignore_eos", False)), kv=kv, priority=priority,
-        grammar=grammar,
+        grammar=grammar, lora=lora_from_json(raw.get("lora", 0), where),
+        prompt_logprobs=prompt_logprobs_from_json(raw.get("prompt_logprobs", False), where),
         prompt_token_ids=tuple(_prompt(raw, where, seed, prefixes, req_id, tokens_left)))
 
 
@@ -364,6 +375,7 @@ def _workload_from_json(raw: Any, default_name: str) -> Workload:
         tokens_left -= len(specs[-1].prompt_token_ids)
     _check_ids(specs)
     acceptance = share("draft_acceptance", raw.get("draft_acceptance", 0.5))
+    check_loras(config.max_loras, [spec.lora for spec in specs])
     if config.kv_connector is None and any(spec.kv != NO_KV for spec in specs):
         raise WorkloadError("a request has 'kv' but the workload has no kv_connector")
     return Workload(name=name("name", raw.get("name", default_name)), seed=seed, config=config,

@@ -18,6 +18,7 @@ from flightcheck.spec.profiles import PROFILES
 from flightcheck.verification.mutants.cadence import CADENCE
 from flightcheck.verification.mutants.grammar import GRAMMAR_BUGS
 from flightcheck.verification.mutants.kv_connector import KV_CONNECTOR
+from flightcheck.verification.mutants.lora import LORA
 from flightcheck.verification.mutants.patch import MutantNoLongerApplies, edited_code
 from flightcheck.verification.mutants.priority import PRIORITY_BUGS
 from flightcheck.verification.mutants.priority_kv import PRIORITY_KV_BUGS
@@ -58,8 +59,11 @@ RESET_PAUSE_MUTANTS: dict[str, Mutant] = {m.name: m for m in RESET_PAUSE}
 GRAMMAR_MUTANTS: dict[str, Mutant] = {m.name: m for m in GRAMMAR_BUGS}
 # The prefill cadence's (cadence.py): hunted only on the cadence models.
 CADENCE_MUTANTS: dict[str, Mutant] = {m.name: m for m in CADENCE}
+# LoRA's cap and the prompt-logprobs limit (lora.py): hunted only on the LoRA models.
+LORA_MUTANTS: dict[str, Mutant] = {m.name: m for m in LORA}
 ALL_MUTANTS: dict[str, Mutant] = (MUTANTS | {m.name: m for m in _ONE_PROFILE} | KV_MUTANTS | PRIORITY_MUTANTS
-                                  | PRIORITY_KV_MUTANTS | SESSION_MUTANTS | RESET_PAUSE_MUTANTS | GRAMMAR_MUTANTS | CADENCE_MUTANTS)
+                                  | PRIORITY_KV_MUTANTS | SESSION_MUTANTS | RESET_PAUSE_MUTANTS | GRAMMAR_MUTANTS
+                                  | CADENCE_MUTANTS | LORA_MUTANTS)
 
 
 def spec_function(target: str) -> FunctionType:

@@ -45,6 +45,8 @@ SPEC_MODULES: dict[str, str] = {
     "reset_pause": "flightcheck.spec.reset_pause",
     # the prefill cadence (cadence.py's mutants)
     "cadence": "flightcheck.spec.cadence",
+    # LoRA's cap and the prompt-logprobs limit (lora.py's mutants edit schedule.py)
+    "lora": "flightcheck.spec.lora",
 }
 
 

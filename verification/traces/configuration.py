@@ -131,7 +131,8 @@ def _config(event: dict, profile: str, overrides: dict[str, Any]) -> Config:
         kv_connector=connector_from_event(event),
         streaming_sessions=event.get("streaming_sessions", False),
         scheduling_policy=event.get("scheduling_policy", "fcfs"),
-        structured_output=event.get("structured_output", False))
+        structured_output=event.get("structured_output", False),
+        max_loras=event.get("max_loras", 0), prompt_logprobs=event.get("prompt_logprobs", False))
 
 
 def modelled_pool(cfg: Config, events: list[dict[str, Any]]) -> Config:

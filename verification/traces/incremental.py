@@ -260,7 +260,10 @@ class Incremental:
         cfg, s, before = self.cfg, event.after, event.before
         if inv.of_state is not None:
             if inv.name == "S9_kv_ownership":
-                if not self._pool_holds(before, s, event.blocks, event.touched):
+                # a reset of the prefix cache uncaches blocks no touched request
+                # holds (duplicate copies among them): the whole clause then
+                whole = isinstance(event.action, Reset)
+                if not (inv.of_state(s, cfg) if whole else self._pool_holds(before, s, event.blocks, event.touched)):
                     return False
             elif inv.name == "L3_drain" and _same_head(before, s):
                 pass                   # it held of `before`, and reads only the oldest batch

@@ -162,9 +162,10 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             if self.cfg.prefix_caching:
                 self.unchecked.add("prefix-cache hits across requests (arrivals carry no prompt content)")
             return tuple(self._fresh_label() for _ in range(event["prompt_len"] // bs))
-        labels, parent = [], None
+        labels, parent, lora = [], None, event.get("lora", 0)
         for i in range(len(tokens) // bs):
-            key = (parent, tuple(tokens[i * bs:(i + 1) * bs]))
+            key = (parent, tuple(tokens[i * bs:(i + 1) * bs]))     # (vLLM keys a LoRA's blocks by it too)
+            key = key + (lora,) if lora else key
             parent = self.labels.setdefault(key, len(self.labels) + 1)
             labels.append(parent)
         return tuple(labels)
@@ -282,7 +283,8 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         self.slot[name] = r
         prompt = Prompt(event["prompt_len"], event["max_tokens"], self._labels(event), **prompt_offer(event),
                         priority=event.get("priority", 0),
-                        structured=event.get("structured", False))
+                        structured=event.get("structured", False),
+                        lora=event.get("lora", 0), prompt_logprobs=event.get("prompt_logprobs", False))
         stop_ids = set(event.get("stop_token_ids") or ())
         eos = event.get("eos_token_id", self.eos)
         if not event.get("ignore_eos", False) and eos is not None:

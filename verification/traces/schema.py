@@ -304,6 +304,10 @@ CONFIG = Record({
     "scheduling_policy": (Choice(("fcfs", "priority")), False),
     # structured output (spec/grammar.py): requests may wait for a grammar
     "structured_output": (Flag(), False),
+    # vLLM's `LoRAConfig.max_loras` (absent or 0: no LoRA config; spec/lora.py)
+    "max_loras": (COUNT, False),
+    # requests may ask for prompt logprobs (`prompt_logprobs` arrivals; spec/lora.py)
+    "prompt_logprobs": (Flag(), False),
 })
 
 ARRIVE = Record({
@@ -325,6 +329,10 @@ ARRIVE = Record({
     "priority": (Integer(-(2**31), 2**31 - 1), False),
     # it asks for structured output (structured_output only)
     "structured": (Flag(), False),
+    # its LoRA (`lora_request.lora_int_id`; absent or 0: none) and whether it
+    # asks for prompt logprobs (spec/lora.py)
+    "lora": (COUNT, False),
+    "prompt_logprobs": (Flag(), False),
 })
 
 ENTRY = Record({

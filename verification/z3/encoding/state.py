@@ -172,10 +172,12 @@ def _refuse_admission_knobs(model: Model) -> None:
                                                     or rules.threshold_needs_chunked_prefill)
     reordered = cfg.cache_aware_admission_window > 0 and rules.cache_aware_admission and cfg.prefix_caching
     cadenced = cfg.prefill_schedule_interval > 1 and rules.prefill_cadence        # spec/cadence.py
-    if unchunked or reordered or cadenced:
+    capped = cfg.max_loras > 0 or cfg.prompt_logprobs                              # spec/lora.py
+    if unchunked or reordered or cadenced or capped:
         raise ValueError(f"model {model.name}: the Z3 encoding admits with chunked prefill on, in FCFS "
-                         "order and without a prefill cadence; the explicit search explores chunked prefill "
-                         "off, the cache-aware reorder and the cadence")
+                         "order, without a prefill cadence, a LoRA cap or prompt logprobs; the explicit search "
+                         "explores chunked prefill off, the cache-aware reorder, the cadence, the cap and the "
+                         "prompt-logprobs limit")
 
 
 def num_statuses(layout: Layout) -> int:
