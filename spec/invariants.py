@@ -26,8 +26,8 @@ from .kv_invariants import (holds_kv_blocks, kv1_no_reuse_under_transfer, kv2_lo
                             kv6_load_limit, may_hold_table)
 from .pool_store import label_list
 from .priority_invariants import waiting_in_priority_order
-from .session_invariants import (ss2_old_turn_given_up, ss3_waiting_session_holds_blocks,
-                                 ss4_waiting_session_keeps_seat)
+from .session_invariants import (sa10_applies, sa10_stale_preemption_leaves_a_seat, ss2_old_turn_given_up,
+                                 ss3_waiting_session_holds_blocks, ss4_waiting_session_keeps_seat)
 from .sessions import has_sessions
 from .deadlock import l2_async_no_deadlock, l2_no_deadlock, l3_drain
 from .state import WAITING_STATUSES, Batch, BlockPool, Fate, State, Status, content_label
@@ -465,6 +465,13 @@ SESSION_INVARIANTS: tuple[Invariant, ...] = (
     Invariant("SS4_waiting_session_keeps_seat", (ss4_waiting_session_keeps_seat.__doc__ or "").strip(),
               of_state=ss4_waiting_session_keeps_seat),
 )
+# The auxiliary session invariant the k-induction proof of SS4 needs beside a
+# second request (docs/proofs.md, "Streaming sessions"): a fact of the
+# session models with at most two batches in flight, checked there by the
+# explicit search like any invariant.
+SESSION_SEAT_AUXILIARY = Invariant("SA10_stale_preemption_leaves_a_seat",
+                                   (sa10_stale_preemption_leaves_a_seat.__doc__ or "").strip(),
+                                   of_request=sa10_stale_preemption_leaves_a_seat)
 KV_LOAD_LIMIT = Invariant("KV6_load_limit", (kv6_load_limit.__doc__ or "").strip(), of_state=kv6_load_limit)
 
 # With structured output (grammar.py).
@@ -480,7 +487,8 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
     keeps stale-output counters, under async scheduling S3, S5, S6 and L2
     restated (`ASYNC_REPLACEMENTS`) with IA1 and IA2, and with a KV
     connector KV1, KV2, KV4, KV5 (and KV6 under vLLM 0.34's load limit);
-    PR1 under the priority policy; with structured output G1-G3."""
+    PR1 under the priority policy; with structured output G1-G3; with
+    streaming sessions SS2-SS4 (and SA10 with at most two batches in flight)."""
     chosen = INVARIANTS + (COUNTER_INVARIANTS if cfg.rules.stale_output_counters else ())
     if cfg.rules.output_placeholders:
         chosen = tuple(ASYNC_REPLACEMENTS.get(i.name, i) for i in chosen) + ASYNC_INVARIANTS
@@ -493,7 +501,7 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
     if cfg.structured_output:
         chosen += GRAMMAR_INVARIANTS
     if has_sessions(cfg):
-        chosen += SESSION_INVARIANTS
+        chosen += SESSION_INVARIANTS + ((SESSION_SEAT_AUXILIARY,) if sa10_applies(cfg) else ())
     return chosen
 
 
