@@ -356,7 +356,7 @@ class Invariant:
     of_request: RequestPart | None = None
     of_batch: BatchPart | None = None
     of_state: StatePart | None = None
-    kind: str = "invariant"              # invariant | liveness (its safety form)
+    kind: str = "invariant"              # invariant | liveness (its safety form) | auxiliary (a proof's helper)
 
     def holds(self, s: State, cfg: Config) -> bool:
         """The conjunction of its parts: the state part, the request part of
@@ -471,7 +471,7 @@ SESSION_INVARIANTS: tuple[Invariant, ...] = (
 # explicit search like any invariant.
 SESSION_SEAT_AUXILIARY = Invariant("SA10_stale_preemption_leaves_a_seat",
                                    (sa10_stale_preemption_leaves_a_seat.__doc__ or "").strip(),
-                                   of_request=sa10_stale_preemption_leaves_a_seat)
+                                   of_request=sa10_stale_preemption_leaves_a_seat, kind="auxiliary")
 KV_LOAD_LIMIT = Invariant("KV6_load_limit", (kv6_load_limit.__doc__ or "").strip(), of_state=kv6_load_limit)
 
 # With structured output (grammar.py).

@@ -18,7 +18,9 @@ chunk returns with its one token: the stop parks r1
 (WAITING_FOR_STREAMING_REQ) beside two running requests. At each step it
 records what SS4 reads (`len(running)`, `num_waiting_for_streaming_input`)
 and the session's state; tests/test_vllm_session_seats.py compares it with
-the spec's run.
+the spec's run. Then r0's decode returns (r0 finishes) and a fourth
+request r3 arrives: the next call admits nobody, the model runner holding
+r2 alone (r1's slot went with its preemption, `preempted_req_ids`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 
 from .replay_worker import (PLAIN_ASYNC_SCHEDULER, PLAIN_SCHEDULER, SchedulerFactory, make_request,  # noqa: E402
                             resolve_obj_by_qualname)
-from .workload import workload_from_json  # noqa: E402
+from .workload import RequestSpec, workload_from_json  # noqa: E402
 from . import compat  # noqa: E402
 
 
@@ -88,6 +90,14 @@ def probe(async_scheduling: bool) -> dict[str, Any]:
     seen["admitted_past"] = _seats(scheduler)
     _complete(scheduler, outputs[1], {"r1": [9]})       # r1's last chunk: one token, its max_tokens
     seen["stopped_while_preempted"] = _seats(scheduler)
+    for output in outputs[2:]:                          # up to r0's decode: r0 finishes, r2 still runs
+        _complete(scheduler, output, {"r0": [8]})
+        if "r0" in output.num_scheduled_tokens:
+            break
+    late = RequestSpec(**{**workload.requests[2].__dict__, "req_id": "r3"})
+    scheduler.add_request(make_request(late, workload))
+    schedule()                                          # r3 waits: r2 and the parked r1 fill the count
+    seen["seat_lost"] = _seats(scheduler)
     return seen
 
 
