@@ -1,7 +1,7 @@
 """SS4 proved by k-induction beside a second request (docs/proofs.md,
 "Streaming sessions"): on session-k2 (the session beside a plain request,
 K = 2, sync) the Houdini loop keeps SS4 once SA10 is offered
-(spec/session_invariants.sa10_stale_preemption_leaves_a_seat; Z3:
+(sa10_stale_preemption_leaves_a_seat in spec/session_invariants.py; Z3:
 encoding/session_invariants.py, registered through SESSION_AUXILIARY), and
 drops it without. SA10's formula agrees with the spec's predicate on the
 states where its premise holds (session-pressure-k2, a session preempted

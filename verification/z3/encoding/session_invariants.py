@@ -331,7 +331,7 @@ def sa9_turn_prompts(layout: Layout, s: SState) -> Any:
 
 
 def sa10_stale_preemption_leaves_a_seat(layout: Layout, s: SState) -> Any:
-    """spec/session_invariants.sa10_stale_preemption_leaves_a_seat, with at
+    """sa10_stale_preemption_leaves_a_seat of spec/session_invariants.py, with at
     most two batches in flight (`sa10_applies`; true elsewhere): a request
     PREEMPTED with deliver-mode stale output in flight (stale > 0, not
     drop) has the batch queue full, no entry in flight outside the oldest
