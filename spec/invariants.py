@@ -27,8 +27,9 @@ from .kv_invariants import (holds_kv_blocks, kv1_no_reuse_under_transfer, kv2_lo
                             kv6_load_limit, may_hold_table)
 from .pool_store import label_list
 from .priority_invariants import kv_holding_in_priority_order, waiting_in_priority_order
-from .session_invariants import (ss2_old_turn_given_up, ss3_waiting_session_holds_blocks,
-                                 ss4_waiting_session_keeps_seat, ss5_session_queues_in_priority_order)
+from .session_invariants import (sa10_applies, sa10_stale_preemption_leaves_a_seat, ss2_old_turn_given_up,
+                                 ss3_waiting_session_holds_blocks, ss4_waiting_session_keeps_seat,
+                                 ss5_session_queues_in_priority_order)
 from .sessions import has_sessions
 from .deadlock import l2_async_no_deadlock, l2_no_deadlock, l3_drain
 from .state import WAITING_STATUSES, Batch, BlockPool, Fate, State, Status, content_label
@@ -357,7 +358,7 @@ class Invariant:
     of_request: RequestPart | None = None
     of_batch: BatchPart | None = None
     of_state: StatePart | None = None
-    kind: str = "invariant"              # invariant | liveness (its safety form)
+    kind: str = "invariant"              # invariant | liveness (its safety form) | auxiliary (a proof's helper)
 
     def holds(self, s: State, cfg: Config) -> bool:
         """The conjunction of its parts: the state part, the request part of
@@ -474,6 +475,13 @@ SESSION_INVARIANTS: tuple[Invariant, ...] = (
 SESSION_PRIORITY_ORDER = Invariant("SS5_session_queues_in_priority_order",
                                    (ss5_session_queues_in_priority_order.__doc__ or "").strip(),
                                    of_state=ss5_session_queues_in_priority_order)
+# The auxiliary session invariant the k-induction proof of SS4 needs beside a
+# second request (docs/proofs.md, "Streaming sessions"): a fact of the
+# session models with at most two batches in flight, checked there by the
+# explicit search like any invariant.
+SESSION_SEAT_AUXILIARY = Invariant("SA10_stale_preemption_leaves_a_seat",
+                                   (sa10_stale_preemption_leaves_a_seat.__doc__ or "").strip(),
+                                   of_request=sa10_stale_preemption_leaves_a_seat, kind="auxiliary")
 KV_LOAD_LIMIT = Invariant("KV6_load_limit", (kv6_load_limit.__doc__ or "").strip(), of_state=kv6_load_limit)
 
 # With structured output (grammar.py).
@@ -494,7 +502,9 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
     restated (`ASYNC_REPLACEMENTS`) with IA1 and IA2, and with a KV
     connector KV1, KV2, KV4, KV5 (and KV6 under vLLM 0.34's load limit);
     PR1 under the priority policy (PR4 too with a KV connector); with
-    structured output G1-G3; with a LoRA cap LORA1."""
+    structured output G1-G3; with streaming sessions SS2-SS4 (SS5 under the
+    priority policy, and SA10 with at most two batches in flight); with a
+    LoRA cap LORA1."""
     chosen = INVARIANTS + (COUNTER_INVARIANTS if cfg.rules.stale_output_counters else ())
     if cfg.rules.output_placeholders:
         chosen = tuple(ASYNC_REPLACEMENTS.get(i.name, i) for i in chosen) + ASYNC_INVARIANTS
@@ -510,6 +520,7 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
         chosen += GRAMMAR_INVARIANTS
     if has_sessions(cfg):
         chosen += SESSION_INVARIANTS + ((SESSION_PRIORITY_ORDER,) if cfg.scheduling_policy == "priority" else ())
+        chosen += (SESSION_SEAT_AUXILIARY,) if sa10_applies(cfg) else ()
     if has_lora_cap(cfg):
         chosen += (LORA_CAP,)
     return chosen

@@ -67,6 +67,20 @@ def ss5_session_queues_in_priority_order(s: State, cfg: Config) -> bool:
     return True
 
 
+def sa10_stale_preemption_leaves_a_seat(s: State, cfg: Config, r: int) -> bool:
+    """SA10 (auxiliary: with at most two batches in flight): a request preempted with deliver-mode stale output in flight (`_preempt_request`: num_stale_output_tokens = num_in_flight_tokens, drop_stale_output False) left its seat free, and nothing takes it before that output returns: the preempting call filled the batch queue (the call before it left one batch out, holding every token of the request in flight, and a call that preempts skips the waiting loop), so every entry of the request in flight is in the oldest batch, and running requests plus sessions waiting for input stay below max_num_seqs. (With a third batch a call between the preemption and the return may admit a request past the deferred resumption, and a stop by that output then breaks SS4: session-seats-k3.)"""
+    q = s.requests[r]
+    if q.status is not Status.PREEMPTED or q.num_stale <= 0 or q.drop_stale:
+        return True
+    return (len(s.in_flight) == cfg.queue_depth and all(e.req != r for batch in s.in_flight[1:] for e in batch)
+            and seats_taken(s) < cfg.max_num_seqs)
+
+
+def sa10_applies(cfg: Config) -> bool:
+    """SA10 is a fact of the session models with at most two batches in flight."""
+    return cfg.queue_depth <= 2
+
+
 # "Sometimes" targets (registered in sometimes.py): the states a session
 # model must reach, so that SS1-SS4 are not checked vacuously.
 def waits_with_old_output_in_flight(s: State, cfg: Config, r: int) -> bool:

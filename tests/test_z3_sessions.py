@@ -8,7 +8,7 @@ session_engines.py; docs/proofs.md, "Streaming sessions"):
 * the transition relation is spec.step's on the session models' states
   (every successor both ways, the Z3 action replaying on the spec): on a
   sample here, on every reachable state in the slow tests;
-* SS2-SS4 and the auxiliary SA1-SA9 agree with the spec's predicates (the
+* SS2-SS4 and the auxiliary SA1-SA10 agree with the spec's predicates (the
   auxiliary ones: hold) on every reachable state, and SS2-SS4 on perturbed
   states where the spec's predicates break;
 * k-induction proves SS2-SS4 and every auxiliary invariant, SS1 follows in

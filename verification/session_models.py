@@ -71,6 +71,28 @@ SESSION_PROFILE_MODELS: dict[str, tuple[Model, ...]] = {
     for profile in ("vllm-0.33", "vllm-0.33-async", "vllm-0.34", "vllm-0.34-async")
 }
 
+# Three requests, two seats, three batches in flight, a pool of 3 blocks of
+# 2: the session (a prompt of 3, one output, then 1 new token and one
+# output) is preempted by the first request's decode while its last prefill
+# chunk is in flight (deliver-mode stale output), the third request is
+# admitted past its deferred resumption, and the stale output's token stops
+# the session: it parks beside two running requests and SS4 breaks, as it
+# does in vLLM 0.33 and 0.34 (docs/request-states.md, "Finding: a session
+# stopped while preempted counts a seat it gave up"). A finding's model,
+# not one of the suite's: the search must find that violation.
+SESSION_SEATS_K3 = Model(
+    "session-seats-k3",
+    Config(num_stages=3, max_num_batched_tokens=4, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=8, prefix_caching=False, profile="vllm-0.34", streaming_sessions=True),
+    (Prompt(2, 2), _session(3, 1, (1, 1)), Prompt(1, 1)),
+    allow_abort=False, skip_targets=_SESSION_SKIPPED + ("session_waits_with_old_output_in_flight",
+                                                        "session_runs_beside_old_output"),   # not reached async
+)
+SESSION_FINDING_MODELS: dict[str, Model] = {
+    profile: _under(SESSION_SEATS_K3, profile)
+    for profile in ("vllm-0.33", "vllm-0.33-async", "vllm-0.34", "vllm-0.34-async")
+}
+
 _AT_PROFILE = {m.name.split("@")[0]: m for m in SESSION_PROFILE_MODELS[SESSION_PROFILE]}
 
 # The session mutants (verification/mutants/sessions.py) and the model each

@@ -2,7 +2,7 @@
 sessions"), on the engines of kv_engines.py:
 
 * SS2-SS4 by k-induction (k = 1, `session_induction`): WF, the three
-  session invariants, the auxiliary invariants SA1-SA9
+  session invariants, the auxiliary invariants SA1-SA10
   (encoding/session_invariants.py) and the S/A candidates that read the
   same beside sessions (`session_candidates`), one Houdini loop;
 * SS1, a transition property, as a one-step consequence of what that loop
@@ -57,7 +57,7 @@ def session_auxiliary(cfg) -> list[str]:
 
 
 def session_induction(model: Model, time_budget: float | None = None) -> EngineResult:
-    """SS2-SS4 by 1-induction with SA1-SA9 and the session candidates of the profile."""
+    """SS2-SS4 by 1-induction with SA1-SA10 and the session candidates of the profile."""
     return kv_induction(model, 1, list(SESSION_PROPERTIES), session_auxiliary(model.cfg), time_budget)
 
 

@@ -6,16 +6,18 @@ state (tests/test_z3_sessions.py).
 SESSION_SOLO (vLLM 0.34, K = 2, one seat): the session of the explicit
 model session-k2 alone (a prompt of 2 that stops by 2 outputs, then 1 new
 token and 2 outputs, then the end of the session), aborts and stop tokens
-on. k-induction proves SS2-SS4 on it and SS1 follows in one step. Alone,
-it is never preempted for want of blocks (a model's request always fits
-the pool), which the proof of SS4 needs; beside a second request it needs
-the pool's accounting too, which the auxiliary invariants do not state
-(docs/proofs.md, "Streaming sessions").
+on. k-induction proves SS2-SS4 on it and SS1 follows in one step.
 
 SESSION_K2 (the explicit model session-k2 under vLLM 0.34, and under
 vllm-0.34-async for the mutants): the session beside a plain request; the
 cross-check covers every reachable state of it, BMC bounds SS2-SS4 on it,
-and the session mutants are hunted on it by BMC.
+the session mutants are hunted on it by BMC, and k-induction proves
+SS2-SS4 on it under the sync profiles with SA10 among the auxiliary
+invariants (two batches in flight at most: a session preempted with
+deliver-mode stale output leaves its seat free until that output returns;
+tests/test_z3_sessions_seats.py). Under async scheduling (three batches)
+SA10 does not apply and SS4 beside a second request stays unproved by
+k-induction (docs/proofs.md, "Streaming sessions").
 """
 
 from __future__ import annotations

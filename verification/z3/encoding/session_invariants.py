@@ -15,12 +15,13 @@ from typing import Any
 
 import z3
 from flightcheck.spec.blocks import cdiv
+from flightcheck.spec.session_invariants import sa10_applies
 from flightcheck.verification.z3.encoding.actions import COMPLETE, is_active
 from flightcheck.verification.z3.encoding.entries import positions
 from flightcheck.verification.z3.encoding.requests import num_tokens
 from flightcheck.verification.z3.encoding.session_state import is_resumable_slot, session_inputs
 from flightcheck.verification.z3.encoding.sessions import parked_count
-from flightcheck.verification.z3.encoding.state import LIVE, NEW, PARKED, RUNNING, WAITING, Layout, SState
+from flightcheck.verification.z3.encoding.state import LIVE, NEW, PARKED, PREEMPTED, RUNNING, WAITING, Layout, SState
 from flightcheck.verification.z3.encoding.terms import (
     V,
     conj,
@@ -329,6 +330,24 @@ def sa9_turn_prompts(layout: Layout, s: SState) -> Any:
     return conj(out)
 
 
+def sa10_stale_preemption_leaves_a_seat(layout: Layout, s: SState) -> Any:
+    """sa10_stale_preemption_leaves_a_seat of spec/session_invariants.py, with at
+    most two batches in flight (`sa10_applies`; true elsewhere): a request
+    PREEMPTED with deliver-mode stale output in flight (stale > 0, not
+    drop) has the batch queue full, no entry in flight outside the oldest
+    batch, and running plus parked below max_num_seqs."""
+    if not s.sess or not sa10_applies(layout.cfg) or not s.counters:
+        return z3.BoolVal(True)
+    out = []
+    for r, (q, c) in enumerate(zip(s.reqs, s.counters)):
+        later = [conj(lt(k, s.num_batches), lt(j, b.length), eq(e.req, r))
+                 for k, b in enumerate(s.batches) if k > 0 for j, e in enumerate(b.entries)]
+        ok = conj(eq(s.num_batches, layout.K), *[neg(x) for x in later],
+                  lt(s.running_len + parked_count(s), layout.cfg.max_num_seqs))
+        out.append(z3.Implies(conj(eq(q.status, PREEMPTED), lt(0, c.stale), neg(c.drop)), ok))
+    return conj(out)
+
+
 SESSION_AUXILIARY = {
     "SA1_turns_not_ahead": sa1_turns_not_ahead,
     "SA2_session_queues": sa2_session_queues,
@@ -339,4 +358,5 @@ SESSION_AUXILIARY = {
     "SA7_pool_ownership": sa7_pool_ownership,
     "SA8_counters": sa8_counters,
     "SA9_turn_prompts": sa9_turn_prompts,
+    "SA10_stale_preemption_leaves_a_seat": sa10_stale_preemption_leaves_a_seat,
 }
