@@ -496,7 +496,7 @@ LORA_CAP = Invariant("LORA1_loras_within_cap", (lora1_loras_within_cap.__doc__ o
                      of_state=lora1_loras_within_cap)
 
 
-def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
+def invariants_for(cfg: Config, auxiliary: bool = True) -> tuple[Invariant, ...]:
     """The invariants of cfg's profile: every profile's, IF0-IF3 where vLLM
     keeps stale-output counters, under async scheduling S3, S5, S6 and L2
     restated (`ASYNC_REPLACEMENTS`) with IA1 and IA2, and with a KV
@@ -504,7 +504,9 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
     PR1 under the priority policy (PR4 too with a KV connector); with
     structured output G1-G3; with streaming sessions SS2-SS4 (SS5 under the
     priority policy, and SA10 with at most two batches in flight); with a
-    LoRA cap LORA1."""
+    LoRA cap LORA1. Without `auxiliary`, less the proofs' helpers
+    (kind "auxiliary", SA10): facts of the models they are proved on, not
+    claims about every run, so a trace of another shape is not held to them."""
     chosen = INVARIANTS + (COUNTER_INVARIANTS if cfg.rules.stale_output_counters else ())
     if cfg.rules.output_placeholders:
         chosen = tuple(ASYNC_REPLACEMENTS.get(i.name, i) for i in chosen) + ASYNC_INVARIANTS
@@ -523,7 +525,7 @@ def invariants_for(cfg: Config) -> tuple[Invariant, ...]:
         chosen += (SESSION_SEAT_AUXILIARY,) if sa10_applies(cfg) else ()
     if has_lora_cap(cfg):
         chosen += (LORA_CAP,)
-    return chosen
+    return chosen if auxiliary else tuple(i for i in chosen if i.kind != "auxiliary")
 
 
 def violated(s: State, cfg: Config) -> list[Invariant]:

@@ -19,6 +19,8 @@ from flightcheck.spec import (Arrive, CompleteOldest, Config, Prompt, Sample, Sc
                               initial_state, invariants_for, sampling_entries, step)
 from flightcheck.spec.priority import rank
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # its campaign draws: both checkers compared
+
 PROFILES = ["vllm-0.34", "vllm-0.33"]
 SESSION = Prompt(4, 1, session=((2, 1), (0, 0)))
 

@@ -64,7 +64,7 @@ def broken_at(model: Model, states: list[State], actions: list[Action], i: int) 
     """Names of the properties step i (1-based, into states[i]) breaks."""
     cfg, s = model.cfg, states[i]
     with applied(model.mutant):     # L2 and L3 run the spec's actions
-        names = [inv.name for inv in invariants_for(cfg) if not inv.holds(s, cfg)]
+        names = [inv.name for inv in invariants_for(cfg, auxiliary=False) if not inv.holds(s, cfg)]
         names += [p.name for p in transition_properties_for(cfg)
                   if not p.holds(states[i - 1], s, actions[i - 1], cfg)]
     return names

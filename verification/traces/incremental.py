@@ -242,7 +242,7 @@ class Incremental:
         for r in touched:
             if after.requests[r].status.is_finished and not before.requests[r].status.is_finished:
                 self.finished_slots[r] = None
-        for inv in invariants_for(self.cfg):
+        for inv in invariants_for(self.cfg, auxiliary=False):
             if not self._holds(inv, footprint):
                 raise self._violation(inv.name, inv.statement)
         for prop in transition_properties_for(self.cfg):

@@ -175,7 +175,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         return label
 
     def _check_properties(self, before: State, after: State, action: Action) -> None:
-        for inv in invariants_for(self.cfg):
+        for inv in invariants_for(self.cfg, auxiliary=False):
             if not inv.holds(after, self.cfg):
                 raise _Violation(inv.name, inv.statement)
         for prop in transition_properties_for(self.cfg):
