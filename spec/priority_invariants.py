@@ -14,8 +14,9 @@ scheduling"), each checked only under `Config.scheduling_policy == "priority"`:
   token budget.
 * PR3_running_loop_skips_nothing (progress, of a `schedule` step): once the
   step is formed, every request still running that was left out of the
-  batch had nothing to schedule (its tokens in flight, the async guards),
-  or the step's token budget is spent (vLLM #49097: a request skipped
+  batch had nothing to schedule (its tokens in flight, the async guards, a
+  prefill chunk the prefill cadence holds back: cadence.py), or the step's
+  token budget is spent (vLLM #49097: a request skipped
   because the victim sat before the loop's index).
 
 The step properties read the step's own record (`Scheduled`), as S12 does;
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from . import cadence
 from .config import Config
 from .state import Request, State
 
@@ -90,5 +92,6 @@ def running_loop_skips_nothing(before: State, after: State, scheduled: Scheduled
     if sum(e.n for e in scheduled.entries) >= cfg.max_num_batched_tokens:
         return True
     in_batch = {e.req for e in scheduled.entries}
-    return all(_nothing_to_schedule(before, after.requests[r], r, cfg)
+    defers = cadence.defers_prefills(before, cfg)     # a call that defers prefills skips their chunks
+    return all(_nothing_to_schedule(before, after.requests[r], r, cfg) or cadence.skips_running(before, r, defers)
                for r in after.running if r not in in_batch)

@@ -7,8 +7,10 @@ to the reference and accepted by check-trace (sync and async)."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +24,15 @@ from flightcheck.vllm.differential import run_reference
 from flightcheck.vllm.cadence_generate import cadence_workloads
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # the reference's traces are checked
+
+# --all-features workloads where the cadence met the priority policy (0.34.0,
+# seed 21 index 46 sync: cache-aware order; seed 24 index 78 async: drafts):
+# a call that defers prefills skips a running request's chunk, which PR3 took
+# for a request the running loop wrongly passed over (a false rejection of
+# vLLM's runs, and of the reference's).
+CADENCE_DATA = Path(__file__).parent / "data" / "vllm" / "cadence"
+PRIORITY_CADENCE = ["034_priority_cadence_seed21_46.workload.json",
+                    "034_async_priority_drafts_cadence_seed24_78.workload.json"]
 
 CADENCE = ("CAD1_deferred_call_carries_no_prefill", "CAD2_backed_up_queue_not_held",
            "CAD3_hold_restarts_after_prefill")
@@ -87,6 +98,29 @@ def test_an_interval_under_a_version_without_the_cadence_is_refused_not_checked_
                                              "vllm-0.8.[45], which has no prefill cadence"):
         check_events(events)
     assert check_events([{**events[0], "prefill_schedule_interval": 1}, events[1]]).ok
+
+
+@pytest.mark.parametrize("name", PRIORITY_CADENCE)
+def test_a_chunk_the_cadence_holds_is_not_a_running_request_passed_over(name: str) -> None:
+    raw = json.loads((CADENCE_DATA / name).read_text())
+    profile = "vllm-0.34-async" if raw["config"].get("async_scheduling") else "vllm-0.34"
+    assert raw["config"]["policy"] == "priority" and raw["config"]["prefill_schedule_interval"] > 1
+    run = run_reference(raw, profile)
+    assert run.ending == "done"
+    assert check_events(run.events).ok
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_runs_of_priority_beside_the_cadence_are_accepted() -> None:
+    if os.environ.get("FLIGHTCHECK_SKIP_VLLM"):
+        pytest.skip("FLIGHTCHECK_SKIP_VLLM")
+    from flightcheck.vllm.campaign import DISAGREEMENTS, run_version
+
+    for name in PRIORITY_CADENCE:
+        raw = json.loads((CADENCE_DATA / name).read_text())
+        report = run_version("0.34.0", [raw], 0, False, lambda line: None, bool(raw["config"].get("async_scheduling")))
+        assert not report.unexplained and not set(report.verdicts) & DISAGREEMENTS, dict(report.verdict_details)
 
 
 def test_an_interval_below_one_is_a_malformed_trace():
