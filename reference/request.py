@@ -107,10 +107,6 @@ class Request:
                  eos_token_id: int | None = None, arrival_time: float = 0.0, priority: int = 0) -> None:
         self.request_id = request_id
         self.priority = priority                     # the priority policy's (lower runs first)
-        # Its LoRA (vLLM's `lora_request.lora_int_id`; 0: none) and whether it
-        # asks for prompt logprobs (it then reads no prefix cache); lora.py.
-        self.lora_int_id = 0
-        self.prompt_logprobs = False
         self.prompt_token_ids: list[int] = list(prompt_token_ids)
         self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
         self.eos_token_id = eos_token_id
@@ -160,10 +156,18 @@ class Request:
         self.next_decode_eligible_step = 0
         self.is_prefill_chunk = False
         self._init_kv_fields()
+        self._init_feature_fields()
+
+    def _init_feature_fields(self) -> None:
+        """The request-state features' own fields, each off by default."""
         # A streaming session (sessions.py): resumable, and the inputs its
         # client sent while it was not waiting for them (None: the end).
         self.resumable = False
         self.streaming_queue: deque = deque()
+        # Its LoRA (vLLM's `lora_request.lora_int_id`; 0: none) and whether it
+        # asks for prompt logprobs (it then reads no prefix cache); lora.py.
+        self.lora_int_id = 0
+        self.prompt_logprobs = False
 
     def _init_kv_fields(self) -> None:
         """The KV connector's (connector.py, kv_transfer.py; untouched

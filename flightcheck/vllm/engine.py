@@ -190,8 +190,7 @@ class BatchQueueEngine:
         # The engine-step number run_busy_loop is at, and the engine's own
         # ground truth about its choices (engine_truth.py).
         self.current_step = 0
-        # grammars whose compile has not settled (the workload's compile clock, grammar_workload.py)
-        self.grammars_compiling: Callable[[], int] = lambda: 0
+        self.grammars_compiling: Callable[[], int] = lambda: 0     # unsettled (grammar_workload.py)
         self.waits_in_flight: list[dict[str, Any]] = []
         self.gated_completions: list[dict[str, Any]] = []
         self.copy_errors: list[str] = []
@@ -464,9 +463,7 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
             step += 1
             idle = 0 if progressed else idle + 1
             if getattr(engine, "transfers_in_flight", lambda: 0)() or engine.grammars_compiling():
-                # a KV transfer is still to be reported, or a grammar still compiles: vLLM's
-                # loop spins on `has_requests()` until the transfer or the Future settles
-                idle = 0
+                idle = 0        # vLLM spins on has_requests() until a KV transfer or a grammar settles
             if idle >= IDLE_STEPS_FOR_STUCK and engine.batches_in_flight() == 0:
                 if inputs.pending or during_step or waiting:   # it spins until the input arrives
                     step, idle = max(step, inputs.next_step() if inputs.pending else step), 0
