@@ -114,12 +114,21 @@ def _take_input(state: State, r: int, sent: tuple[int, int]) -> State:
     """vLLM `_update_request_as_session`: the outputs but the last sampled
     one become prompt (its KV was never computed), the new tokens join it,
     the turn's outputs start again from none under the update's max_tokens,
-    and r waits to be scheduled (in the queue it already is in)."""
+    and r waits to be scheduled (in the queue it already is in).
+
+    A structured session keeps its grammar and its FSM where the last turn
+    left it (`_update_request_as_session` replaces the sampling parameters
+    but not `structured_output_request`; the FSM accepted every output of
+    the turn, the last sampled one too, before `_handle_stopped_request`).
+    The spec's FSM counts from the turn's start (`fsm` back to 0 with the
+    outputs): a mask is compared only with the FSM of its own turn, since
+    an earlier turn's entries are dropped (SS1), so the offset is not
+    state."""
     q = state.requests[r]
     kept = q.num_tokens - 1         # vLLM asserts kept >= num_computed_tokens: SS3 states it
     new_tokens, max_tokens = sent
     return state.with_request(r, prompt_len=kept + new_tokens, num_output=0, max_tokens=max_tokens,
-                              status=Status.WAITING)
+                              status=Status.WAITING, fsm=0)
 
 
 def stop_session(state: State, cfg: Config, r: int, stop: Status, finish: Finish) -> State:

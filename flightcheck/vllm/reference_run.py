@@ -306,7 +306,9 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
         if kv.offers:
             request.kv_offer = kv.offers.get(spec.key)
         clock.stamp(request, spec.priority)
-        if spec.grammar is None:
+        # a session's next input keeps the session's own grammar (`_update_request_as_session`)
+        live = scheduler.requests.get(spec.req_id)
+        if spec.grammar is None or (live is not None and live.resumable):
             scheduler.add_request(request)
             return
         grammars.arrive(spec.req_id, spec.grammar)
