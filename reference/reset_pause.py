@@ -84,11 +84,11 @@ class ResetPause:
         return self.pause_state != PauseState.PAUSED_ALL
 
     def _runs_waiting_loop(self) -> bool:
-        """The waiting loop has something to look at: UNPAUSED, or PAUSED_NEW
-        with requests holding KV blocks (`kv_holding_waiting`: without a KV
-        connector, streaming sessions between turns)."""
-        return self.pause_state == PauseState.UNPAUSED or (
-            self.pause_state == PauseState.PAUSED_NEW and bool(self.kv_holding_waiting))
+        """The waiting loop runs but under PAUSED_ALL; under PAUSED_NEW it
+        looks only at the requests holding KV blocks (`_takes_waiting_queue`;
+        `kv_holding_waiting`: without a KV connector, streaming sessions
+        between turns)."""
+        return self.pause_state != PauseState.PAUSED_ALL
 
     def _takes_waiting_queue(self) -> bool:
         """The waiting loop goes on to `waiting` only UNPAUSED (vLLM: PAUSED_NEW

@@ -31,7 +31,8 @@ the scheduler does under them (vLLM 0.33 and 0.34, `Config.reset_and_pause`).
 Named properties (transition properties of the labelled actions):
 * `RP1_paused_schedules_nothing`: under PAUSED_ALL a `schedule` forms no
   entry and preempts nobody; under PAUSED_NEW it schedules only requests
-  that were RUNNING before it (no admission, no resumption).
+  that were RUNNING before it, or that hold KV blocks in `kv_holding` (a
+  streaming session's next turn): no admission, no resumption.
 * `RP2_reset_drops_in_flight`: after a reset with `running`, no request
   runs, and each one reset has every entry in flight marked (the ghost
   `Entry.reset`) and not LIVE, drop mode on, stale = in flight, no
@@ -120,11 +121,11 @@ def runs_running_loop(state: State) -> bool:
 
 
 def runs_waiting_loop(state: State) -> bool:
-    """`schedule()`'s waiting loop has something to look at: UNPAUSED, or
-    PAUSED_NEW with `kv_holding_waiting` not empty (vLLM 0.33 and 0.34 drain
-    the requests that hold KV blocks first, and under PAUSED_NEW only them:
-    without a connector, the streaming sessions between turns, sessions.py)."""
-    return state.pause is Pause.UNPAUSED or (state.pause is Pause.PAUSED_NEW and bool(state.kv_holding))
+    """`schedule()`'s waiting loop runs: not PAUSED_ALL. vLLM 0.33 and 0.34
+    drain the requests that hold KV blocks (`kv_holding_waiting`) first, and
+    under PAUSED_NEW only them (`takes_waiting_queue`): without a connector,
+    the streaming sessions between turns (sessions.py)."""
+    return state.pause is not Pause.PAUSED_ALL
 
 
 def takes_waiting_queue(state: State) -> bool:
@@ -158,11 +159,12 @@ def has_requests(state: State) -> bool:
 
 
 def rp1_paused_schedules_nothing(before: State, after: State, scheduled_entries: tuple, preempted: tuple) -> bool:
-    """RP1: under PAUSED_ALL a schedule forms no entry and preempts nobody; under PAUSED_NEW it schedules only requests that were RUNNING before it (no admission, no resumption)."""
+    """RP1: under PAUSED_ALL a schedule forms no entry and preempts nobody; under PAUSED_NEW it schedules only requests that were RUNNING before it or hold KV blocks in `kv_holding` (a streaming session's next turn): no admission, no resumption."""
     if before.pause is Pause.PAUSED_ALL:
         return not scheduled_entries and not preempted
     if before.pause is Pause.PAUSED_NEW:
-        return all(before.requests[e.req].status is Status.RUNNING for e in scheduled_entries)
+        return all(before.requests[e.req].status is Status.RUNNING or e.req in before.kv_holding_set
+                   for e in scheduled_entries)
     return True
 
 
