@@ -6,19 +6,26 @@ campaign workloads where the pair's fixes were found."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from flightcheck.spec import (Arrive, CompleteOldest, Config, Prompt, Sample, Schedule, SendInput, State, Status,
-                              initial_state, invariants_for, step, transition_properties_for)
+from flightcheck.spec import (Arrive, CompleteOldest, Config, Pause, Prompt, Reset, Sample, Schedule, SendInput,
+                              SetPause, State, Status, initial_state, invariants_for, step, transition_properties_for)
 from flightcheck.spec.state import Grammar
 from flightcheck.spec.transitions import CompileGrammar
 from flightcheck.verification.explicit.search import search
 from flightcheck.verification.models import Model
+from flightcheck.verification.traces.check import check_events
+from flightcheck.verification.traces.reading import read_trace_file
+from flightcheck.vllm.differential import run_reference
 from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
+
+DATA = Path(__file__).parent / "data" / "vllm" / "pairs"
 
 
 def _cfg(profile: str) -> Config:
@@ -124,3 +131,81 @@ def test_the_structured_session_workloads_agree_with_vllm(version: str, async_sc
     report = run_version(version, workloads, 0, False, lambda line: None, async_scheduling)
     assert report.workloads == len(workloads) and report.unexplained == []
     assert not set(report.verdicts) & DISAGREEMENTS, dict(report.verdict_details)
+
+
+# --- reset and pause beside streaming sessions
+
+def _reset_cfg() -> Config:
+    return Config(num_stages=1, max_num_batched_tokens=4, max_num_seqs=2, block_size=2, num_blocks=6,
+                  max_model_len=8, prefix_caching=False, profile="vllm-0.34", streaming_sessions=True,
+                  reset_and_pause=True)
+
+
+SESSION = Prompt(2, 1, session=((1, 1), (0, 0)))
+
+
+def test_under_paused_new_a_sessions_next_turn_is_admitted_and_a_new_request_is_not():
+    """vLLM 0.33/0.34 `schedule()`: under PAUSED_NEW the waiting loop takes
+    `kv_holding_waiting` (a session between turns holds its blocks there)
+    and never `waiting`."""
+    cfg = _reset_cfg()
+    states = _run(cfg, (SESSION, Prompt(1, 1)), [
+        Arrive(0, SESSION), Schedule(), CompleteOldest((Sample(),)),     # turn 0 ends at max_tokens: parked
+        SetPause(Pause.PAUSED_NEW), Arrive(1, Prompt(1, 1)), SendInput(0), Schedule()])
+    parked, after = states[2], states[-1]
+    assert parked.requests[0].status is Status.WAITING_FOR_STREAMING_REQ and parked.kv_holding == (0,)
+    assert after.requests[0].status is Status.RUNNING and after.requests[1].status is Status.WAITING
+    assert [e.req for e in after.in_flight[-1]] == [0]
+
+
+def test_a_reset_of_the_running_requests_beside_a_parked_session_breaks_rp4():
+    """The finding (docs/request-states.md, "Finding: a reset fails while a
+    session waits for input"): the parked session's blocks stay held, so
+    the cache cannot be reset; vLLM raises there."""
+    cfg = _reset_cfg()
+    state = _run(cfg, (SESSION,), [Arrive(0, SESSION), Schedule(), CompleteOldest((Sample(),))])[-1]
+    assert state.requests[0].status is Status.WAITING_FOR_STREAMING_REQ and state.requests[0].block_table
+    after = step(state, cfg, Reset(True))
+    assert after is not None and after.requests[0].block_table
+    broken = [p.name for p in transition_properties_for(cfg) if not p.holds(state, after, Reset(True), cfg)]
+    assert broken == ["RP4_prefix_cache_reset"]
+
+
+FINDING = DATA / "session-reset-fails.workload.json"
+
+
+def test_the_reference_raises_where_vllm_does_and_writes_the_reset_first():
+    run = run_reference(json.loads(FINDING.read_text()), "vllm-0.34")
+    assert run.ending == "exception" and "RuntimeError" in run.exception
+    assert run.events[-1] == {"ev": "reset", "running": True, "preempted": ["r1"], "ok": False, "step": 12}
+
+
+@pytest.mark.usefixtures("both_checkers")
+@pytest.mark.parametrize("full", [False, True])
+def test_check_trace_rejects_vllms_failed_reset_with_rp4(full: bool):
+    """vLLM 0.34.0's trace of the finding's workload (the replay worker's
+    recorder writes the reset, ok false, before vLLM's RuntimeError)."""
+    result = check_events(read_trace_file(DATA / "034_session_reset_fails.jsonl"), None, full=full)
+    assert not result.ok and result.property == "RP4_prefix_cache_reset"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
+def test_finding_vllm_raises_at_a_reset_of_the_running_requests_beside_a_parked_session(version: str, tmp_path):
+    """vLLM 0.33.0 and 0.34.0 `Scheduler.reset_prefix_cache(reset_running_requests=True)`:
+    the running request r1 is preempted, then `BlockPool.reset_prefix_cache` finds the
+    parked session's blocks held and the scheduler raises RuntimeError."""
+    if os.environ.get("FLIGHTCHECK_SKIP_VLLM"):
+        pytest.skip("FLIGHTCHECK_SKIP_VLLM")
+    from flightcheck.vllm.replay import ReplayWorker
+
+    trace = tmp_path / "trace.jsonl"
+    with ReplayWorker(version) as worker:
+        out = worker.replay(json.loads(FINDING.read_text()), trace=str(trace))
+    assert out["ending"] == "exception" and "Failed to reset KV cache" in out["exception"]
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert {k: events[-1][k] for k in ("ev", "running", "preempted", "ok")} == \
+        {"ev": "reset", "running": True, "preempted": ["r1"], "ok": False}
+    result = check_events(read_trace_file(trace), None, full=True)
+    assert not result.ok and result.property == "RP4_prefix_cache_reset"
