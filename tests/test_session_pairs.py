@@ -21,6 +21,7 @@ from flightcheck.verification.explicit.search import search
 from flightcheck.verification.models import Model
 from flightcheck.verification.traces.check import check_events
 from flightcheck.verification.traces.reading import read_trace_file
+from flightcheck.verification.traces.stream import check_lines
 from flightcheck.vllm.differential import run_reference
 from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
@@ -115,19 +116,27 @@ def test_grammar_and_sessions_are_no_longer_excluded_and_meet():
 # session whose grammar fails, then its end of session names a new request
 # (the recorder did not report that request's grammar: a false finish_decision).
 FOUND = {"0.34.0": [(5, 81), (5, 147)], "0.33.0": [(5, 81), (5, 147)]}
+# And where reset and pause met sessions: seed 7 index 58 (PAUSED_NEW admits a
+# session's next turn), seed 5 index 50 (a reset beside a parked session: vLLM
+# raises, the finding, rejected with RP4 as a real bug).
+FOUND_RESET = {"0.34.0": [(7, 58), (5, 50)], "0.33.0": [(7, 58), (5, 50)]}
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.parametrize("version", sorted(FOUND))
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_the_structured_session_workloads_agree_with_vllm(version: str, async_scheduling: bool) -> None:
+def test_the_session_pairs_workloads_agree_with_vllm(version: str, async_scheduling: bool) -> None:
     if os.environ.get("FLIGHTCHECK_SKIP_VLLM"):
         pytest.skip("FLIGHTCHECK_SKIP_VLLM")
     from flightcheck.vllm.campaign import DISAGREEMENTS, run_version
 
     workloads = [campaign_workloads(seed, index + 1, features_of=version)[index] for seed, index in FOUND[version]]
     assert all({"grammar", "streaming-sessions"} <= set(w["features"]) for w in workloads)
+    resets = [campaign_workloads(seed, index + 1, features_of=version)[index]
+              for seed, index in FOUND_RESET[version]]
+    assert all({"reset-pause", "streaming-sessions"} <= set(w["features"]) for w in resets)
+    workloads += resets
     report = run_version(version, workloads, 0, False, lambda line: None, async_scheduling)
     assert report.workloads == len(workloads) and report.unexplained == []
     assert not set(report.verdicts) & DISAGREEMENTS, dict(report.verdict_details)
@@ -172,6 +181,26 @@ def test_a_reset_of_the_running_requests_beside_a_parked_session_breaks_rp4():
 
 
 FINDING = DATA / "session-reset-fails.workload.json"
+
+# vLLM 0.34.0's traces (sync and async) of campaign --all-features --versions
+# 0.34.0,0.33.0 seed 7 index 58 (grammar, sessions, reset and pause): under
+# PAUSED_NEW a session's next turn is admitted from `kv_holding_waiting`
+# (was: a false RP1_paused_schedules_nothing)
+PAUSED_NEW_TRACES = ["034_session_turn_admitted_paused_new.jsonl",
+                     "034_async_session_turn_admitted_paused_new.jsonl"]
+
+
+@pytest.mark.usefixtures("both_checkers")
+@pytest.mark.parametrize("name", PAUSED_NEW_TRACES)
+@pytest.mark.parametrize("full", [False, True])
+def test_check_trace_accepts_a_sessions_turn_admitted_under_paused_new(name: str, full: bool):
+    result = check_events(read_trace_file(DATA / name), None, full=full)
+    assert result.ok, (result.property, result.message)
+
+
+@pytest.mark.parametrize("name", PAUSED_NEW_TRACES)
+def test_the_streaming_checker_accepts_it_too(name: str):
+    assert list(check_lines((DATA / name).read_text().splitlines()))[-1].result.ok
 
 
 def test_the_reference_raises_where_vllm_does_and_writes_the_reset_first():
