@@ -9,11 +9,12 @@ scheduler.py's Scheduler; the profile's `reset_drops_running_output` and
   at its place in the heap's order), a new incarnation, its stale
   share the tokens in flight, in drop mode, no placeholders. Then the pool
   forgets every cached hash, if no block is held (else False; with running
-  requests reset that cannot happen without a KV connector, and raises).
+  requests reset it raises, which without a KV connector happens only
+  while a streaming session between turns holds blocks, sessions.py).
 * `set_pause_state`: PAUSED_ALL gives `schedule()` no token budget and no
   waiting loop; PAUSED_NEW looks only at `kv_holding_waiting` in the
-  waiting loop (here: no admission from `waiting`, a preempted request
-  included); `get_num_unfinished_requests` counts accordingly, and with it
+  waiting loop (here: a streaming session's next turn; no admission from
+  `waiting`, a preempted request included); `get_num_unfinished_requests` counts accordingly, and with it
   `has_requests` (the engine must still complete the batches in flight).
 """
 
@@ -83,8 +84,15 @@ class ResetPause:
         return self.pause_state != PauseState.PAUSED_ALL
 
     def _runs_waiting_loop(self) -> bool:
-        """The waiting loop takes `waiting` only UNPAUSED (PAUSED_NEW: only
-        `kv_holding_waiting`, which holds nothing without a KV connector)."""
+        """The waiting loop runs but under PAUSED_ALL; under PAUSED_NEW it
+        looks only at the requests holding KV blocks (`_takes_waiting_queue`;
+        `kv_holding_waiting`: without a KV connector, streaming sessions
+        between turns)."""
+        return self.pause_state != PauseState.PAUSED_ALL
+
+    def _takes_waiting_queue(self) -> bool:
+        """The waiting loop goes on to `waiting` only UNPAUSED (vLLM: PAUSED_NEW
+        admits only the requests holding KV blocks)."""
         return self.pause_state == PauseState.UNPAUSED
 
     def get_num_unfinished_requests(self) -> int:

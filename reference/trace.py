@@ -293,7 +293,11 @@ class TracingScheduler(Scheduler):
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         preempted = [r.request_id for r in reversed(self.running)] if reset_running_requests else []
-        ok = super().reset_prefix_cache(reset_running_requests)
+        try:
+            ok = super().reset_prefix_cache(reset_running_requests)
+        except RuntimeError:              # raised after the preemptions: the reset happened, not ok
+            self.trace.reset(reset_running_requests, preempted, False, self.num_steps)
+            raise
         self.trace.reset(reset_running_requests, preempted, ok, self.num_steps)
         return ok
 

@@ -35,6 +35,8 @@ class WaitingLoop:
                                      self.config.cache_aware_admission_threshold)
         if self.kv_holding_waiting and not self._schedule_held_sessions(batch):
             return                            # streaming sessions between turns first (sessions.py)
+        if not self._takes_waiting_queue():
+            return                            # PAUSED_NEW: only those (reset_pause.py)
         index = 0                             # requests before it were skipped
         while index < len(self.waiting) and batch.token_budget > 0:
             if self._seats_taken() >= self.config.max_num_seqs:     # parked sessions keep theirs (sessions.py)

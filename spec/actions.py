@@ -320,7 +320,9 @@ def _apply_sample(state: State, cfg: Config, e: Entry, s: Sample, fate: Fate,
     if finish is not None:
         state = state.with_request(r, num_output=req.num_output, num_computed=req.num_computed,
                                    placeholders=req.placeholders, grammar=req.grammar, fsm=req.fsm)
-        if req.resumable:      # num_computed covers the kept tokens but the last (`_update_request_with_output`)
+        # num_computed covers the kept tokens but the last (`_update_request_with_output`); a token
+        # the FSM refuses ends a session too (`update_from_output` sets `resumable = False`)
+        if req.resumable and finish is not Status.FINISHED_ERROR:
             trimmed = s.num_accepted - j if fate is Fate.LIVE else 0
             return sessions.stop_session(state.with_request(r, num_computed=req.num_computed - trimmed), cfg, r, finish,
                                          end_by_stop)

@@ -194,7 +194,7 @@ def g1_no_run_while_compiling(s: State, cfg: Config) -> bool:
 
 
 def g2_fsm_tracks_output(s: State, cfg: Config) -> bool:
-    """G2: a structured request's FSM has advanced by exactly its accepted output tokens (never by a dropped or stale-and-discarded output, never past a rejected draft), and not at all before its grammar compiled."""
+    """G2: a structured request's FSM has advanced by exactly its accepted output tokens (never by a dropped or stale-and-discarded output, never past a rejected draft), and not at all before its grammar compiled (a streaming session's: since its turn began)."""
     for q in s.requests:
         if q.grammar is Grammar.READY and q.fsm != q.num_output:
             return False

@@ -12,8 +12,12 @@ the scheduler does under them (vLLM 0.33 and 0.34, `Config.reset_and_pause`).
   num_in_flight_tokens`, `drop_stale_output`), its placeholders 0. Then
   `BlockPool.reset_prefix_cache`: when no block is held it drops every
   cached label (the free queue keeps its order); otherwise it fails and
-  changes nothing (vLLM returns False; with `running` it would raise, which
-  without a KV connector cannot happen: only running requests hold blocks).
+  changes nothing (vLLM returns False). With `running` vLLM then raises
+  (RuntimeError, after the preemptions, which stay): without a KV
+  connector only a streaming session between turns holds blocks without
+  running (sessions.py), and the reset leaves its blocks held, which RP4
+  flags (docs/request-states.md, "Finding: a reset fails while a session
+  waits for input").
 * `set_pause(pause)`: `Scheduler.set_pause_state`. Under PAUSED_ALL
   `schedule()` takes a token budget of 0 (the running loop schedules
   nothing) and skips the waiting loop; under PAUSED_NEW the waiting loop
@@ -27,7 +31,8 @@ the scheduler does under them (vLLM 0.33 and 0.34, `Config.reset_and_pause`).
 Named properties (transition properties of the labelled actions):
 * `RP1_paused_schedules_nothing`: under PAUSED_ALL a `schedule` forms no
   entry and preempts nobody; under PAUSED_NEW it schedules only requests
-  that were RUNNING before it (no admission, no resumption).
+  that were RUNNING before it, or that hold KV blocks in `kv_holding` (a
+  streaming session's next turn): no admission, no resumption.
 * `RP2_reset_drops_in_flight`: after a reset with `running`, no request
   runs, and each one reset has every entry in flight marked (the ghost
   `Entry.reset`) and not LIVE, drop mode on, stale = in flight, no
@@ -37,7 +42,8 @@ Named properties (transition properties of the labelled actions):
   change by it).
 * `RP4_prefix_cache_reset`: after a reset with `running` no block is held
   and no label is cached; without `running`, either that, or (a block was
-  held) nothing changed.
+  held) nothing changed. vLLM breaks it, and raises, when a streaming
+  session between turns holds blocks (the reset above).
 
 Abstracted away: the KV connector (reset_connector, loads that hold blocks
 across a reset, PAUSED_NEW's admission of `kv_holding_waiting`: Config
@@ -115,8 +121,16 @@ def runs_running_loop(state: State) -> bool:
 
 
 def runs_waiting_loop(state: State) -> bool:
-    """`schedule()`'s waiting loop admits from `waiting`: UNPAUSED only
-    (PAUSED_NEW looks only at `kv_holding_waiting`, empty without a connector)."""
+    """`schedule()`'s waiting loop runs: not PAUSED_ALL. vLLM 0.33 and 0.34
+    drain the requests that hold KV blocks (`kv_holding_waiting`) first, and
+    under PAUSED_NEW only them (`takes_waiting_queue`): without a connector,
+    the streaming sessions between turns (sessions.py)."""
+    return state.pause is not Pause.PAUSED_ALL
+
+
+def takes_waiting_queue(state: State) -> bool:
+    """The waiting loop goes on from `kv_holding_waiting` to `waiting`: only
+    UNPAUSED (`request_queue = self.waiting` only under UNPAUSED)."""
     return state.pause is Pause.UNPAUSED
 
 
@@ -145,11 +159,12 @@ def has_requests(state: State) -> bool:
 
 
 def rp1_paused_schedules_nothing(before: State, after: State, scheduled_entries: tuple, preempted: tuple) -> bool:
-    """RP1: under PAUSED_ALL a schedule forms no entry and preempts nobody; under PAUSED_NEW it schedules only requests that were RUNNING before it (no admission, no resumption)."""
+    """RP1: under PAUSED_ALL a schedule forms no entry and preempts nobody; under PAUSED_NEW it schedules only requests that were RUNNING before it or hold KV blocks in `kv_holding` (a streaming session's next turn): no admission, no resumption."""
     if before.pause is Pause.PAUSED_ALL:
         return not scheduled_entries and not preempted
     if before.pause is Pause.PAUSED_NEW:
-        return all(before.requests[e.req].status is Status.RUNNING for e in scheduled_entries)
+        return all(before.requests[e.req].status is Status.RUNNING or e.req in before.kv_holding_set
+                   for e in scheduled_entries)
     return True
 
 

@@ -43,7 +43,7 @@ from .drafts import padded_admission
 from .kv_fence import can_free_now, requires_kv_delivery
 from .launch import ScheduledEntry, count_down, count_in_flight, snapshot
 from .profiles import num_preallocate_blocks
-from .reset_pause import has_requests, runs_running_loop, runs_waiting_loop
+from .reset_pause import has_requests, runs_running_loop, runs_waiting_loop, takes_waiting_queue
 from .state import Batch, BlockPool, Fate, Load, Request, State, Status, content_label, evolve, retire_entries
 
 
@@ -262,7 +262,10 @@ def _schedule_waiting(step: _Step) -> None:
 
 def _waiting_order(state: State) -> tuple[int, ...]:
     """The waiting loop's order without a connector: `kv_holding` (streaming
-    sessions between turns that hold blocks, sessions.py) before `waiting`."""
+    sessions between turns that hold blocks, sessions.py) before `waiting`
+    (under PAUSED_NEW, `kv_holding` alone: reset_pause.py)."""
+    if not takes_waiting_queue(state):
+        return state.kv_holding
     return state.kv_holding + state.waiting if state.kv_holding else state.waiting
 
 

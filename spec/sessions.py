@@ -143,7 +143,16 @@ def _take_input(state: State, cfg: Config, r: int, sent: tuple[int, int]) -> Sta
     and r waits to be scheduled (in the queue it already is in). Under the
     priority policy r takes the input's arrival time (`session.arrival_time
     = update.arrival_time`: r's first place in `arrivals` goes, its next is
-    the input's) and keeps its priority (the update carries none)."""
+    the input's) and keeps its priority (the update carries none).
+
+    A structured session keeps its grammar and its FSM where the last turn
+    left it (`_update_request_as_session` replaces the sampling parameters
+    but not `structured_output_request`; the FSM accepted every output of
+    the turn, the last sampled one too, before `_handle_stopped_request`).
+    The spec's FSM counts from the turn's start (`fsm` back to 0 with the
+    outputs): a mask is compared only with the FSM of its own turn, since
+    an earlier turn's entries are dropped (SS1), so the offset is not
+    state."""
     q = state.requests[r]
     kept = q.num_tokens - 1         # vLLM asserts kept >= num_computed_tokens: SS3 states it
     new_tokens, max_tokens = sent
@@ -151,7 +160,7 @@ def _take_input(state: State, cfg: Config, r: int, sent: tuple[int, int]) -> Sta
         first = state.arrivals.index(r)
         state = replace(state, arrivals=state.arrivals[:first] + state.arrivals[first + 1:])
     return state.with_request(r, prompt_len=kept + new_tokens, num_output=0, max_tokens=max_tokens,
-                              status=Status.WAITING)
+                              status=Status.WAITING, fsm=0)
 
 
 def _in_rank_order(state: State, cfg: Config) -> State:

@@ -361,7 +361,7 @@ ss1_session_binding.__doc__ = ss1_old_output_never_bound.__doc__
 
 
 def rp1_pause(before: State, after: State, action: Action, cfg: Config) -> bool:
-    """RP1_paused_schedules_nothing: under PAUSED_ALL a schedule forms no entry and preempts nobody; under PAUSED_NEW it schedules only requests that were RUNNING before it."""
+    """RP1_paused_schedules_nothing: under PAUSED_ALL a schedule forms no entry and preempts nobody; under PAUSED_NEW it schedules only requests that were RUNNING before it or hold KV blocks (a session's next turn)."""
     if not isinstance(action, Schedule) or before.pause is Pause.UNPAUSED:
         return True
     scheduled = schedule(before, cfg)

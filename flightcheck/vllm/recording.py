@@ -257,6 +257,9 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
             self._fc_session_input(request)              # a live streaming session's next input
             return
         super().add_request(request)
+        # a new request under an id used before (a session's input after a failed grammar finished it)
+        # has a grammar of its own to report
+        self._fc_grammars_reported.discard(request.request_id)
         self.flightcheck_observations.counts_in_flight |= compat.counts_in_flight(request)
         params = request.sampling_params
         eos = compat.eos_token_id(request)

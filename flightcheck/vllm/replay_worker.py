@@ -379,8 +379,10 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
             request.resumable = True                 # a streaming session (session_workload.py)
         kv_replay.before_add(transfers, spec, request)
         clock.stamp(request, spec.priority)
+        update = spec.req_id in scheduler.requests    # a streaming session's next input, under its live id
         scheduler.add_request(request)
-        grammar_replay.after_add(grammars, spec, request)       # EngineCore.add_request -> grammar_init
+        if not update:     # an update's grammar, compiled too, is never read (`_update_request_as_session`)
+            grammar_replay.after_add(grammars, spec, request)       # EngineCore.add_request -> grammar_init
 
     outcome = run_busy_loop(engine, workload, add, abort, _event_caller(scheduler) if workload.events else None)
     if recording:

@@ -67,7 +67,8 @@ def _ending_unpaused(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # grammars since check-trace follows a paused engine's empty batches and a
 # reset's second tables, and beside drafts since the recorder reads no drafts
 # off a reset request's dropped output (docs/request-states.md, "Features
-# together"). Beside streaming sessions neither the spec nor the reference was
-# read for what a reset or a pause does to them.
+# together"). Beside streaming sessions since the spec and the reference admit
+# a session's next turn under PAUSED_NEW (`kv_holding_waiting`) and keep a
+# reset that fails beside a session holding blocks.
 FEATURE = Feature("reset-pause", kv_connector_versions(), 0.5, with_reset_and_pause,
-                  excludes=("kv-connector", "streaming-sessions"))
+                  excludes=("kv-connector",))

@@ -17,7 +17,14 @@ class ResetPauseRecording:
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         preempted = [r.request_id for r in reversed(self.running)] if reset_running_requests else []
-        ok = super().reset_prefix_cache(reset_running_requests, reset_connector)   # type: ignore[misc]
+        try:
+            ok = super().reset_prefix_cache(reset_running_requests, reset_connector)   # type: ignore[misc]
+        except RuntimeError:
+            # with the running requests reset, a cache vLLM could not reset raises, after the
+            # preemptions (a streaming session between turns holds blocks): the reset happened, not ok
+            self._fc_write({"ev": "reset", "running": bool(reset_running_requests), "preempted": preempted,
+                            "ok": False})
+            raise
         self._fc_write({"ev": "reset", "running": bool(reset_running_requests), "preempted": preempted,
                         "ok": bool(ok)})
         return ok

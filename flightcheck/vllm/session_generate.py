@@ -10,10 +10,13 @@ models sessions without it).
 `FEATURE` is registered in features.FEATURE_MODULES (`--all-features`),
 never combined with a KV connector, drafts or the cache-aware admission
 order (it needs prefix caching): the spec and the reference model sessions
-without them; nor, for now, with grammars or reset and pause, which the
-campaign found to disagree beside sessions (docs/request-states.md, "In
-the campaign"). It meets the priority policy. Every workload left open to
-it gets it (share 1).
+without them. Beside grammars (a structured session keeps its grammar and
+FSM across turns; a session whose grammar fails finishes before its inputs,
+which then name new requests) and beside reset and pause (PAUSED_NEW
+admits a session's next turn; a reset of the running requests raises while
+a session holds blocks between turns, a finding): docs/request-states.md,
+"Features together". It meets the priority policy. Every workload left
+open to it gets it (share 1).
 
 Standard library only.
 """
@@ -62,4 +65,4 @@ def with_sessions(pick: Picker, workload: dict[str, Any]) -> None:
 
 
 FEATURE = Feature("streaming-sessions", ("0.33.0", "0.34.0"), 1.0, with_sessions,
-                  excludes=("kv-connector", "spec-decoding", "cache-aware", "grammar", "reset-pause"))
+                  excludes=("kv-connector", "spec-decoding", "cache-aware"))

@@ -420,7 +420,7 @@ RESET_PAUSE: tuple[ReferenceMutant, ...] = (
             profile="vllm-0.34-async"),
     _mutant("paused_new_admits_waiting",
             "PAUSED_NEW admits waiting requests as if unpaused (synthetic)",
-            _edit("reset_pause.ResetPause._runs_waiting_loop",
+            _edit("reset_pause.ResetPause._takes_waiting_queue",
                   "return self.pause_state == PauseState.UNPAUSED",
                   "return self.pause_state != PauseState.PAUSED_ALL"),
             profile="vllm-0.34-async"),

@@ -63,7 +63,7 @@ RESET_PAUSE: tuple[Mutant, ...] = (
     _rp("paused_new_admits_waiting", "synthetic",
         "PAUSED_NEW takes the waiting queue too (the `_pause_state == UNPAUSED` test of the waiting "
         "loop left out): a paused engine admits new requests",
-        _edit("reset_pause.runs_waiting_loop", "state.pause is Pause.UNPAUSED",
+        _edit("reset_pause.takes_waiting_queue", "state.pause is Pause.UNPAUSED",
               "state.pause is not Pause.PAUSED_ALL"),
         killed_by="RP1_paused_schedules_nothing", shortest=3),
 )
