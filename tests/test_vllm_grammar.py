@@ -8,6 +8,7 @@ structured workloads (with and without drafts, inputs during waits) under
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -123,6 +124,18 @@ TRACE = [
     {"ev": "finish", "req": "c", "reason": "error"},
     {"ev": "end"},
 ]
+
+
+def test_a_grammar_error_recorded_after_an_empty_batchs_noted_completion_waits_for_a_later_update() -> None:
+    """vLLM 0.34.0 async (--all-features seed 1 index 2): empty batches 1
+    and 2 complete (steps 2, 4), then empty call 3 meets r4's failed grammar
+    (step 5) and r2 is scheduled in 3-token chunks (r4 still counts for the
+    long-prefill threshold) before empty batch 3's update finishes r4. The
+    checker queues its own copies of those empty batches late: completing
+    one must not finish r4 (a false schedule_decision, r2 @0+8, before)."""
+    trace = Path(__file__).parent / "data" / "vllm" / "grammar" / "034_async_error_recorded_after_a_noted_completion.jsonl"
+    events = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    assert check_events(events).ok
 
 
 @pytest.mark.usefixtures("both_checkers")

@@ -82,11 +82,22 @@ class AsyncScheduling:
             self.batch_ids.append(EMPTY_BATCH)
             if self.pending_empty_completions and len(self.state.in_flight) == 1:
                 self.pending_empty_completions -= 1        # its completion was noted already (grammar.py)
-                self._drain_empty_batches(oldest_only=True)
+                self._drain_noted_empty_batch()
         self.pending_empty_completions = 0          # (noted completions of batches still in flight here)
         self._drain_empty_batches(keep_room=True)
         self.unchecked.add("queue slots of empty batches (the checker completes an empty batch whenever a "
                            "slot or a completion needs it)")
+
+    def _drain_noted_empty_batch(self) -> None:
+        """Complete the empty batch queued for a call whose completion the
+        trace noted earlier: its update ran then, and finished the failed
+        grammars recorded before it (`finish_grammar_errors_at_empty_completion`);
+        a grammar error recorded since (by a later empty call) waits for a
+        later update, so this late replay of the completion leaves it."""
+        recorded_since = self.state.grammar_errors
+        self.state = replace(self.state, grammar_errors=frozenset())
+        self._drain_empty_batches(oldest_only=True)
+        self.state = replace(self.state, grammar_errors=self.state.grammar_errors | recorded_since)
 
     def _diagnose_async(self, entries: list[dict]) -> None:
         """A batch the spec does not form, under async scheduling: name the
