@@ -30,7 +30,7 @@ from flightcheck.verification.cadence_models import CADENCE_K2, CADENCE_K2_ASYNC
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
 from flightcheck.verification.mutants.cadence import CADENCE
-from flightcheck.verification.z3.cadence_models import CADENCE_K3_TIGHT
+from flightcheck.verification.z3.cadence_models import CADENCE_K3_TIGHT, CADENCE_Z3
 from flightcheck.verification.z3.cadence_engines import CAD_BMC_DEPTH, CAD_PROPERTIES, cad_bmc, cad_induction, cad_model
 from flightcheck.verification.z3.encoding.actions import SCHEDULE
 from flightcheck.verification.z3.encoding.cadence_invariants import (
@@ -113,8 +113,8 @@ def test_the_relation_is_spec_step_on_sampled_cadence_states():
     assert report.problems == []
 
 
-@pytest.mark.slow               # 558 s and 1,319 s at load 10-20
-@pytest.mark.parametrize("model", [CADENCE_K2, CADENCE_K3_TIGHT], ids=lambda m: m.name)
+@pytest.mark.slow               # 558 s, 1,319 s and 12 s at load 10-20
+@pytest.mark.parametrize("model", [CADENCE_K2, CADENCE_K3_TIGHT, CADENCE_Z3], ids=lambda m: m.name)
 def test_the_relation_is_spec_step_on_every_reachable_cadence_state(model):
     report = _cross_check(model, reachable(model))
     assert report.problems == []
@@ -122,7 +122,7 @@ def test_the_relation_is_spec_step_on_every_reachable_cadence_state(model):
 
 
 # Every reachable state and its spec successors (edges), cross-checked both ways.
-CROSS_CHECKED = {"cadence-k2": (1334, 2179), "cadence-k3-tight": (2109, 3859)}
+CROSS_CHECKED = {"cadence-k2": (1334, 2179), "cadence-k3-tight": (2109, 3859), "cadence-z3-k2": (87, 130)}
 
 
 @pytest.mark.slow
@@ -323,6 +323,9 @@ def test_verify_prefill_cadence_kills_both_mutants_and_prints_the_z3_rows_proved
     assert report["ok"] and report["prefill_cadence"]
     assert {m["name"]: (m["killed"], m["property"], m["trace_length"]) for m in report["mutants"]} == \
         {m.name: (True, m.killed_by, m.shortest) for m in CADENCE}
-    z3_rows = [p for p in report["properties"] if p["method"].endswith("[cadence-k2@vllm-0.34]")]
-    assert sorted((p["name"], p["status"], p["depth"]) for p in z3_rows) == sorted(
-        [(name, "proved", 1) for name in CAD_PROPERTIES] + [(name, "bounded", CAD_BMC_DEPTH) for name in CAD_PROPERTIES])
+    proved = [(p["name"], p["status"], p["depth"]) for p in report["properties"]
+              if p["method"].endswith("[cadence-z3-k2@vllm-0.34]")]
+    bounded = [(p["name"], p["status"], p["depth"]) for p in report["properties"]
+               if p["method"] == "bmc [cadence-k2@vllm-0.34]"]
+    assert sorted(proved) == [(name, "proved", 1) for name in CAD_PROPERTIES]
+    assert sorted(bounded) == [(name, "bounded", CAD_BMC_DEPTH) for name in CAD_PROPERTIES]

@@ -1,6 +1,8 @@
-"""CAD1-CAD3 (spec/cadence_properties.py) proved on the Z3 encoding
-(encoding/cadence.py, cadence_state.py), on the explicit model cadence-k2
-(verification/cadence_models.py: 1,334 states, every one cross-checked).
+"""CAD1-CAD3 (spec/cadence_properties.py) on the Z3 encoding
+(encoding/cadence.py, cadence_state.py): proved by k-induction on
+cadence-z3-k2 (z3/cadence_models.py, 87 states), bounded by BMC on the
+explicit model cadence-k2 (verification/cadence_models.py: 1,334 states),
+where BMC finds both cadence mutants; every state of both cross-checked.
 
 CAD1-CAD3 are properties of a schedule step, so they are proved as
 one-step consequences of an inductive invariant I:
@@ -93,23 +95,27 @@ CAD_ENCODED_PROFILE = {"vllm-0.33": "vllm-0.33", "vllm-0.33-async": "vllm-0.33",
 CAD_BMC_DEPTH = 4
 
 
-def cad_model(profile: str) -> Model:
-    """cadence-k2 under `profile`'s synchronous rules (CAD_ENCODED_PROFILE)."""
+def cad_model(profile: str, proof: bool = True) -> Model:
+    """The model of the proof (cadence-z3-k2), or of BMC (cadence-k2), under
+    `profile`'s synchronous rules (CAD_ENCODED_PROFILE)."""
     from flightcheck.verification.cadence_models import CADENCE_K2
-    encoded = CAD_ENCODED_PROFILE[profile]
-    return CADENCE_K2 if CADENCE_K2.cfg.profile == encoded else CADENCE_K2.under_profile(encoded)
+    from flightcheck.verification.z3.cadence_models import CADENCE_Z3
+    model, encoded = CADENCE_Z3 if proof else CADENCE_K2, CAD_ENCODED_PROFILE[profile]
+    return model if model.cfg.profile == encoded else model.under_profile(encoded)
 
 
 def cadence_rows(profile: str, depth: int = CAD_BMC_DEPTH, time_budget: float | None = None) -> list:
-    """CAD1-CAD3 on cadence-k2 by k-induction and one step, and by BMC to
-    `depth`, under `profile`'s synchronous rules; the method names the model
-    and the profile."""
+    """CAD1-CAD3 by k-induction and one step on cadence-z3-k2, and by BMC to
+    `depth` on cadence-k2, under `profile`'s synchronous rules; each method
+    names its model and the profile."""
     from flightcheck.verification.results import PropertyResult, kind_of
-    chosen, encoded = cad_model(profile), CAD_ENCODED_PROFILE[profile]
+    encoded = CAD_ENCODED_PROFILE[profile]
     note = "" if encoded == profile else f"; {profile}'s synchronous twin"
-    where = f" [{chosen.name.split('@')[0]}@{encoded}{note}]"
+    proof, bounded = cad_model(profile), cad_model(profile, proof=False)
     rows = []
-    for result in (cad_induction(chosen, time_budget), cad_bmc(chosen, depth, time_budget=time_budget)):
+    for model, result in ((proof, cad_induction(proof, time_budget)),
+                          (bounded, cad_bmc(bounded, depth, time_budget=time_budget))):
+        where = f" [{model.name.split('@')[0]}@{encoded}{note}]"
         rows += [PropertyResult(p.name, kind_of(p.name), p.status, p.method + where, p.depth, p.seconds)
                  for p in result.properties if p.name in CAD_PROPERTIES]
     return rows
