@@ -70,8 +70,8 @@ def add_parser(sub) -> None:
     verify.add_argument("--prefill-cadence", action="store_true",
                         help="search the profile's prefill-cadence model exhaustively (CAD1-CAD3 and every other "
                              "property; vllm-0.33, vllm-0.33-async, vllm-0.34, vllm-0.34-async) and, under vllm-0.34, "
-                             "hunt the cadence's mutants; prove CAD1-CAD3 by k-induction and BMC on cadence-k2 "
-                             "(minutes of CPU; --no-z3 skips them)")
+                             "hunt the cadence's mutants; check CAD1-CAD3 by k-induction on a small Z3 model and by "
+                             "BMC on cadence-k2 (long: docs/proofs.md; --no-z3 skips them)")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--inferred", action="store_true",
