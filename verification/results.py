@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from flightcheck.spec import COUNTER_INVARIANTS, INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES
 from flightcheck.spec.invariants import (ASYNC_INVARIANTS, ASYNC_REPLACEMENTS, GRAMMAR_INVARIANTS, KV_INVARIANTS,
                                          KV_LOAD_LIMIT, PRIORITY_ORDER, SESSION_INVARIANTS)
-from flightcheck.spec.sometimes import ASYNC_SOMETIMES, KV_SOMETIMES, SESSION_SOMETIMES
-from flightcheck.spec.transitions import (CONTRACT_PROPERTIES, INCARNATION_PROPERTIES, KV_TRANSITION_PROPERTIES,
-                                         PRIORITY_PROPERTIES, RESET_PAUSE_PROPERTIES)
+from flightcheck.spec.sometimes import ASYNC_SOMETIMES, CADENCE_SOMETIMES, KV_SOMETIMES, SESSION_SOMETIMES
+from flightcheck.spec.transitions import (CADENCE_PROPERTIES, CONTRACT_PROPERTIES, INCARNATION_PROPERTIES,
+                                         KV_TRANSITION_PROPERTIES, PRIORITY_PROPERTIES, RESET_PAUSE_PROPERTIES)
 
-SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES + ASYNC_SOMETIMES + KV_SOMETIMES + SESSION_SOMETIMES)
+SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES + ASYNC_SOMETIMES + KV_SOMETIMES + SESSION_SOMETIMES
+                            + CADENCE_SOMETIMES)
 # The streaming sessions' transition property (spec/transitions.py `transition_properties_for`).
 SESSION_TRANSITION_PROPERTY = "SS1_old_output_never_bound"
 # Liveness proper, decided on the whole state graph by explicit search.
@@ -43,7 +44,8 @@ def kind_of(name: str) -> str:
         if inv.name == name:
             return inv.kind
     if any(p.name == name for p in TRANSITION_PROPERTIES + INCARNATION_PROPERTIES + KV_TRANSITION_PROPERTIES
-                                   + CONTRACT_PROPERTIES + PRIORITY_PROPERTIES + RESET_PAUSE_PROPERTIES) \
+                                   + CONTRACT_PROPERTIES + PRIORITY_PROPERTIES + RESET_PAUSE_PROPERTIES
+                                   + CADENCE_PROPERTIES) \
             or name == SESSION_TRANSITION_PROPERTY:
         return "invariant"
     return "auxiliary"

@@ -130,6 +130,7 @@ class SuiteResult:
     reset_pause: bool = False             # reset and pause's models (`--reset-pause`)
     structured_output: bool = False       # structured output's models (`--structured-output`)
     priority: bool = False                # the priority policy's models (`--priority`)
+    prefill_cadence: bool = False         # the prefill cadence's models (`--prefill-cadence`)
 
     @property
     def ok(self) -> bool:
@@ -163,7 +164,8 @@ class SuiteResult:
             {"reset_pause": True} if self.reset_pause else {}) | (
             {"structured_output": True} if self.structured_output else {}) | (
             {"streaming_sessions": True} if self.streaming_sessions else {}) | (
-            {"priority": True} if self.priority else {})
+            {"priority": True} if self.priority else {}) | (
+            {"prefill_cadence": True} if self.prefill_cadence else {})
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,11 @@ def add_parser(sub) -> None:
                              "property; vllm-0.33, vllm-0.33-async, vllm-0.34, vllm-0.34-async) and, under vllm-0.34, "
                              "hunt the policy's mutants and prove PR1-PR3 by k-induction and BMC on the Z3 "
                              "priority model (minutes of CPU; --no-z3 skips them)")
+    verify.add_argument("--prefill-cadence", action="store_true",
+                        help="search the profile's prefill-cadence model exhaustively (CAD1-CAD3 and every other "
+                             "property; vllm-0.33, vllm-0.33-async, vllm-0.34, vllm-0.34-async) and, under vllm-0.34, "
+                             "hunt the cadence's mutants; check CAD1-CAD3 by k-induction on a small Z3 model and by "
+                             "BMC on cadence-k2 (long: docs/proofs.md; --no-z3 skips them)")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--inferred", action="store_true",
@@ -144,7 +149,7 @@ def _sessions_usage_error(args: argparse.Namespace) -> str | None:
                 "--all-profiles, --mutant, --inferred, --allow-name-reuse or --kv-connector")
     if args.streaming_sessions and args.reset_pause:
         return "--streaming-sessions and --reset-pause search different models; name one"
-    return _priority_usage_error(args) or _grammar_usage_error(args)
+    return _priority_usage_error(args) or _grammar_usage_error(args) or _cadence_usage_error(args)
 
 
 def _priority_usage_error(args: argparse.Namespace) -> str | None:
@@ -174,6 +179,21 @@ def _grammar_usage_error(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _cadence_usage_error(args: argparse.Namespace) -> str | None:
+    from flightcheck.verification.cadence_models import CADENCE_MODELS
+
+    if not args.prefill_cadence:
+        return None
+    if args.profile not in CADENCE_MODELS:
+        return f"--prefill-cadence needs a profile with the prefill cadence: {', '.join(CADENCE_MODELS)}"
+    if (args.all_profiles or args.mutant or args.inferred or args.allow_name_reuse or args.kv_connector
+            or args.streaming_sessions or args.reset_pause or args.structured_output or args.priority):
+        return ("--prefill-cadence searches one profile's cadence model; it cannot go with --all-profiles, "
+                "--mutant, --inferred, --allow-name-reuse, --kv-connector, --streaming-sessions, --reset-pause, "
+                "--structured-output or --priority")
+    return None
+
+
 def _hunt_one(args: argparse.Namespace, console: Console) -> int:
     """`--mutant NAME`: its shortest counterexample, as a step table or JSON."""
     from flightcheck.verification.suite import hunt_mutant
@@ -198,6 +218,7 @@ def _hunt_one(args: argparse.Namespace, console: Console) -> int:
 def _run_profiles(args: argparse.Namespace, console: Console) -> int:
     """The suite under each profile asked for: a table each (or JSON), progress on stderr."""
     from flightcheck.verification.models import MODELS
+    from flightcheck.verification.cadence_suite import run_cadence_suite
     from flightcheck.verification.priority_suite import run_priority_suite
     from flightcheck.verification.suite import SuiteOptions, run_suite
 
@@ -212,7 +233,9 @@ def _run_profiles(args: argparse.Namespace, console: Console) -> int:
                                priority=args.priority)
         try:
             with PhaseProgress(f"flightcheck verify ({profile})") as progress:
-                suites.append((run_priority_suite if args.priority else run_suite)(options, progress.phase))
+                runner = run_priority_suite if args.priority else run_cadence_suite if args.prefill_cadence \
+                    else run_suite
+                suites.append(runner(options, progress.phase))
         except (executors.ExecutorUnavailable, executors.TaskLost) as err:
             return bad(str(err))
         if not args.json:

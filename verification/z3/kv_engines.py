@@ -255,3 +255,31 @@ KV_CANDIDATES: tuple[str, ...] = tuple(CANDIDATE + n for n in (
     "A4_counts_nonnegative", "A5_snapshots_well_formed", "A6_drafts_ride_on_last_live_entry",
     "A7_unlabelled_blocks_are_private", "A8_one_live_entry_per_request", "A9_held_blocks_are_not_free",
     "A11_stale_entries_come_first"))
+
+
+def step_consequences(model: Model, kept: list[str], formulas: dict) -> list[EngineVerdict]:
+    """Each schedule-step property P of `formulas` (name -> formula of a step)
+    proved when I(s) AND schedule's guard and effect from s AND NOT P is
+    unsat, I the conjuncts `kept` (P holds of every other action by its first
+    clause); else unknown, with the state the solver found. Never vacuous: I(s)
+    must admit a schedule step."""
+    from types import SimpleNamespace
+    started = time.perf_counter()
+    system = System(model)
+    s, tr = system.frame(0), system.transitions(0)
+    solver = z3.SolverFor("QF_BV")
+    solver.add(tr.sched_defs + tr.defs + tr.legal + [_on(system, n, s) for n in kept])
+    solver.add(tr.guards[SCHEDULE], tr.choices.act == SCHEDULE)
+    st = SimpleNamespace(before=s, after=tr.effects[SCHEDULE], choices=tr.choices, sched=tr.sched)
+    method = "one step from the k-induction invariant"
+    if solver.check() != z3.sat:
+        return [EngineVerdict(n, "transition", "unknown", method, 1, time.perf_counter() - started,
+                              message="I(s) admits no schedule step") for n in formulas]
+    out = []
+    for name, formula in formulas.items():
+        answer = solver.check(z3.Not(system.build(formula, st)))
+        message = "" if answer == z3.unsat else "solver gave up" if answer == z3.unknown else \
+            f"I(s) and a schedule step do not imply it: from {system.decode_or_dump(solver.model(), 0)}"
+        out.append(EngineVerdict(name, "transition", "proved" if answer == z3.unsat else "unknown", method, 1,
+                                 time.perf_counter() - started, message=message))
+    return out

@@ -52,6 +52,7 @@ from flightcheck.verification.z3.encoding.state import (
     num_statuses,
 )
 from flightcheck.verification.z3.encoding.kv_state import kv_well_formed
+from flightcheck.verification.z3.encoding.cadence_state import cad_well_formed
 from flightcheck.verification.z3.encoding.session_state import session_well_formed
 from flightcheck.verification.z3.encoding.priority_state import prio_well_formed
 from flightcheck.verification.z3.encoding.reset_pause_state import rp_well_formed
@@ -497,5 +498,5 @@ def well_formed(layout: Layout, s: SState) -> Any:
             pad = conj(eq(e.req, P), eq(e.start, 0), eq(e.n, 0), neg(e.samples), eq(e.drafts, 0), eq(e.fate, 0))
             out.append(ite(lt(j, b.length), used, pad))
     return conj(*out, kv_well_formed(layout, s), session_well_formed(layout, s, PARKED), rp_well_formed(layout, s),
-                grammar_well_formed(layout, s), prio_well_formed(layout, s))
+                grammar_well_formed(layout, s), prio_well_formed(layout, s), cad_well_formed(layout, s))
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import z3
-from flightcheck.verification.z3.encoding import blocks as zb
+from flightcheck.verification.z3.encoding import blocks as zb, cadence as cad
 from flightcheck.verification.z3.encoding import priority as prio
 from flightcheck.verification.z3.encoding import structured_output as grammar
 from flightcheck.verification.z3.encoding.drafts import PadContext, pad_context, padded, placeholder_drafts
@@ -164,28 +164,27 @@ def schedule(layout: Layout, builder: Builder, s: SState) -> SchedResult:
               [z3.BoolVal(False)] * layout.N, [z3.BoolVal(False)] * layout.N, [z3.BoolVal(False)] * layout.N,
               z3.BoolVal(False), V(0), z3.BoolVal(False), V(0))
     trail, micro = [acc], []
-    threshold_on = threshold_in_force(layout, s)
+    threshold_on, defers = threshold_in_force(layout, s), cad.defers_prefills(layout, s)   # (cadence.py)
 
     def advance(acc: BatchInProgress, step, name: str) -> BatchInProgress:
-        after = builder.step(acc, step, name, micro)
-        trail.append(after)
+        trail.append(after := builder.step(acc, step, name, micro))
         return after
 
     for m in range(prio.running_micro_steps(layout)):
-        acc = advance(acc, lambda a: _running_step(layout, builder, a, threshold_on), f"run{m}")
+        acc = advance(acc, lambda a: _running_step(layout, builder, a, threshold_on, defers), f"run{m}")
     phase = z3.BoolVal(True) if layout.is_mutant("admit_after_preemption") else neg(acc.any_preempted)
     phase = waiting_gate(layout, s, phase)      # paused: no admission (reset_pause.py)
     acc = BatchInProgress(acc.state, acc.budget, acc.count, acc.entries, acc.preempted, acc.admitted_from_preempted, acc.admitted, acc.any_preempted,
               acc.position, z3.BoolVal(False), V(0))
     pads = pad_context(layout, s, acc.count, acc.entries)
-    waiting_step = _waiting_step
+    waiting_step = functools.partial(_waiting_step, defers=defers)
     if s.kv or s.sess:      # the connector's path (kv_schedule.py) or sessions' (session_schedule.py)
         waiting_step = functools.partial(kv_waiting_step if s.kv else session_waiting_step,
                                          parts=LoopParts(BatchInProgress, _add, _clip, _is_resumption_deferred))
     for m in range(layout.N):
         acc = advance(acc, lambda a: waiting_step(layout, builder, a, phase, threshold_on, pads), f"wait{m}")
     first = len(builder.defs)
-    state = builder.snap(_launch(layout, acc), "launch")
+    state = builder.snap(cad.after_launch(layout, s, acc, _launch(layout, acc), defers), "launch")
     return SchedResult(state, is_enabled(layout, s), _forms_a_batch(layout, s, acc),
                        acc.preempted, acc.admitted, acc.any_preempted, acc.count, acc.entries, trail, micro,
                        builder.defs[first:], acc.skipped)
@@ -272,7 +271,7 @@ def _add(layout: Layout, acc: BatchInProgress, entry: SEntry, when: Any) -> tupl
     return entries, ite(when, acc.count + 1, acc.count), budget
 
 
-def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, threshold_on: Any) -> BatchInProgress:
+def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, threshold_on: Any, defers: Any) -> BatchInProgress:
     """One iteration of _schedule_running's loops (skip, allocate or preempt)."""
     cfg, st = layout.cfg, acc.state
     # (priority.py: a retry goes on with its request, wherever the position is)
@@ -282,7 +281,7 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, thresh
     q = builder.snap(req_at(st, r), "q")
     c = candidate(st, r, q, builder.let("tokens", tokens_at(layout, st, r)))
     skip_sid = z3.BoolVal(False) if cfg.continue_prefill else pick(st.scheduled, r, z3.BoolVal(False))
-    skip_sid = disj(skip_sid, _held_back(layout, builder, st, r, q))
+    skip_sid = disj(skip_sid, _held_back(layout, builder, st, r, q), cad.skips_running(layout, st, r, defers))
     num_new0 = builder.let("num_new0", _clip(layout, acc.budget, q.num_computed,
                                          c.known + q.num_drafts - q.num_computed, False, threshold_on))
     zero = eq(num_new0, 0)
@@ -389,7 +388,7 @@ def _has_orphans(layout: Layout, st: SState, r: Any) -> Any:
 
 
 def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase: Any,
-                  threshold_on: Any = True, pads: PadContext | None = None) -> BatchInProgress:
+                  threshold_on: Any = True, pads: PadContext | None = None, defers: Any = False) -> BatchInProgress:
     """One iteration of _schedule_waiting: admit the request at the loop's
     position, skip it (vLLM 0.33: a deferred resumption, which keeps its
     place), or break. In 0.8.x the position is always the head."""
@@ -430,10 +429,11 @@ def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase:
         whole = blocks_for(layout, imin(c.tokens, V(cfg.max_model_len)))
         fits = conj(zb.can_allocate(st.pool, imax(V(0), whole - num_hit), hit, num_hit), fits)
     skip = builder.let("defer", conj(active, deferred))
-    ok = builder.let("admit", conj(active, neg(deferred), neg(over), neg(eq(num_new, 0)), fits))
+    held = cad.stops_admission(layout, st, r, hit_tokens, defers)       # the prefill cadence holds prefills
+    ok = builder.let("admit", conj(active, neg(deferred), neg(over), neg(eq(num_new, 0)), fits, neg(held)))
     a, entry = _admit(layout, builder, c, _Hit(hit, num_hit), num_new, num_fresh, acc)
     entries, cnt, budget = _add(layout, acc, entry, ok)
-    return BatchInProgress(merge(ok, a, st), budget, cnt, entries, acc.preempted,
+    return BatchInProgress(merge(ok, a, cad.note_skipped(layout, st, r, skip)), budget, cnt, entries, acc.preempted,
                put_flag(acc.admitted_from_preempted, r, eq(q.status, PREEMPTED), ok),
                put_flag(acc.admitted, r, z3.BoolVal(True), ok), acc.any_preempted, acc.position,
                disj(acc.done, conj(active, neg(ok), neg(skip))), ite(skip, acc.skipped + 1, acc.skipped))

@@ -27,6 +27,13 @@ from flightcheck.spec import BlockPool, Config, Entry, Fate, Request, State, Sta
 from flightcheck.spec.blocks import cdiv
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import mutant as registered_mutant
+from flightcheck.verification.z3.encoding.cadence_state import (
+    cad_constant,
+    cad_frame,
+    cad_request_fields,
+    cad_state_fields,
+    refuse_unencoded_cadence,
+)
 from flightcheck.verification.z3.encoding.kv_state import (  # noqa: F401  (NotRepresentable re-exported)
     NotRepresentable,
     has_kv,
@@ -139,6 +146,7 @@ class Layout:
         refuse_unencoded_priority(model)
         refuse_unencoded_reset_pause(model)
         refuse_unencoded_grammar(model)
+        refuse_unencoded_cadence(model)
         width = max(8, (4 * bound).bit_length() + 1) if bitvectors else None
         distinct = all(len(set(p.labels)) == len(p.labels) for p in model.prompts)
         if cfg.rules.output_placeholders:
@@ -166,18 +174,17 @@ def _refuse_name_reuse(model: Model) -> None:
 def _refuse_admission_knobs(model: Model) -> None:
     """The encoding admits as vLLM does with chunked prefill on, in FCFS
     order: chunked prefill off (vLLM 0.33, 0.34) and 0.34's cache-aware
-    reorder, where the profile has them, are the explicit search's."""
+    reorder, where the profile has them, are the explicit search's (the
+    prefill cadence is encoded: cadence_state.py)."""
     cfg, rules = model.cfg, model.cfg.rules
     unchunked = not cfg.enable_chunked_prefill and (rules.unchunked_prefill_stops_admission
                                                     or rules.threshold_needs_chunked_prefill)
     reordered = cfg.cache_aware_admission_window > 0 and rules.cache_aware_admission and cfg.prefix_caching
-    cadenced = cfg.prefill_schedule_interval > 1 and rules.prefill_cadence        # spec/cadence.py
     capped = cfg.max_loras > 0 or cfg.prompt_logprobs                              # spec/lora.py
-    if unchunked or reordered or cadenced or capped:
+    if unchunked or reordered or capped:
         raise ValueError(f"model {model.name}: the Z3 encoding admits with chunked prefill on, in FCFS "
-                         "order, without a prefill cadence, a LoRA cap or prompt logprobs; the explicit search "
-                         "explores chunked prefill off, the cache-aware reorder, the cadence, the cap and the "
-                         "prompt-logprobs limit")
+                         "order, without a LoRA cap or prompt logprobs; the explicit search explores chunked "
+                         "prefill off, the cache-aware reorder, the cap and the prompt-logprobs limit")
 
 
 def num_statuses(layout: Layout) -> int:
@@ -295,6 +302,7 @@ class SState:
     rp: list = field(default_factory=list)         # [SResetPause] with reset and pause (reset_pause_state.py)
     grammar: list = field(default_factory=list)    # [SGrammar] with structured output, else []
     prio: list = field(default_factory=list)       # [SPrio] under the priority policy (priority_state.py), else []
+    cad: list = field(default_factory=list)        # [SCadence] with the prefill cadence (cadence_state.py), else []
 
 
 def frame(layout: Layout, tag: str) -> SState:
@@ -326,7 +334,7 @@ def frame(layout: Layout, tag: str) -> SState:
                   [SAsync(I(f"placeholders[{r}]@{tag}"), I(f"decode_countdown[{r}]@{tag}"))
                    for r in range(layout.N)] if has_placeholders(layout) else [],
                   kv_frame(layout, tag), session_frame(layout, tag), rp_frame(layout, tag), grammar_frame(layout, tag),
-                  prio_frame(layout, tag))
+                  prio_frame(layout, tag), cad_frame(layout, tag))
 
 
 def variables(s: SState, ghost: bool = True) -> list[z3.ExprRef]:
@@ -374,7 +382,7 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
                   [SAsync(V(q.placeholders), V(q.decode_countdown)) for q in state.requests]
                   if has_placeholders(layout) else [],
                   kv_constant(layout, state), session_constant(layout, state), rp_constant(layout, state),
-                  grammar_constant(layout, state), prio_constant(layout, state))
+                  grammar_constant(layout, state), prio_constant(layout, state), cad_constant(layout, state))
 
 
 def _constant_request(layout: Layout, r: int, q: Any, padded: Any) -> "SReq":
@@ -487,7 +495,8 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
             a = f.asyncs[r]
             fixed.update(placeholders=iv(a.placeholders), decode_countdown=iv(a.countdown))
         fixed.update(kv_offer(layout, r, status is not Status.NEW), **kv_request_fields(layout, f.kv, r, iv, bv),
-                     **grammar_request_fields(f.grammar, r, iv), **prio_request_fields(layout, r, status is not Status.NEW))
+                     **grammar_request_fields(f.grammar, r, iv), **prio_request_fields(layout, r, status is not Status.NEW),
+                     **cad_request_fields(f.cad, r, bv))
         if q.session:
             fixed.update(session_request_fields(layout, q.session, r, iv),
                          resumable=is_resumable_slot(layout, r) and status is not Status.NEW)
@@ -510,7 +519,8 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
                  in_flight=tuple(in_flight), pool=pool,
                  scheduled_ids=frozenset(r for r in range(layout.N) if bv(f.scheduled[r])),
                  **kv_state_fields(f.kv, iv), **session_state_fields(f.sess, iv), **rp_state_fields(f.rp, iv),
-                 **grammar_state_fields(f.grammar, bv), **prio_state_fields(f.prio, iv))
+                 **grammar_state_fields(f.grammar, bv), **prio_state_fields(f.prio, iv),
+                 **cad_state_fields(f.cad, iv, bv))
 
 
 def dump(m: z3.ModelRef, f: SState) -> str:

@@ -1,0 +1,100 @@
+"""The prefill cadence's part of a Z3 frame (spec/cadence.py,
+docs/request-states.md "Prefill cadence"): spec State's `prefill_hold` and
+`prefill_capacity_bound`, and each request's `is_prefill_chunk` and
+`deferred_waiting`, with `encode`/`decode` for them and their
+well-formedness.
+
+A frame has this part only when the cadence is in force
+(`spec.cadence.is_on`: a profile with the cadence and
+`Config.prefill_schedule_interval` > 1); every other frame is as it was
+(`SState.cad` is []), so no state count, proof or cross-check of a model
+without it changes. The hooks test the layout, not the frame, so that
+CAD2's second computation (the same frame scheduled with the interval set
+to 1: cadence_properties.py) runs with the cadence off on a frame that has
+the part.
+
+What the encoding of the cadence leaves out is refused, not approximated
+(`refuse_unencoded_cadence`). `Config` already refuses the cadence beside
+a KV connector, structured output, streaming sessions, and reset and
+pause; beside the priority policy (its victim handed back from the batch,
+which the cadence's `carried prefill` would have to forget) it is not
+encoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import z3
+from flightcheck.spec import State
+from flightcheck.spec.cadence import is_on
+from flightcheck.verification.z3.encoding.kv_state import NotRepresentable
+from flightcheck.verification.z3.encoding.terms import V, conj, le, var
+
+
+@dataclass
+class SCadence:
+    hold: Any                 # State.prefill_hold: the executed steps the hold still lasts
+    bound: Any                # Bool: State.prefill_capacity_bound
+    chunk: list               # Bool per request: Request.is_prefill_chunk
+    deferred: list            # Bool per request: Request.deferred_waiting
+
+
+def has_cadence(layout) -> bool:
+    """Whether the model's cadence is in force (the frame has an `SCadence`
+    and the schedule's hooks act)."""
+    return is_on(layout.cfg)
+
+
+def refuse_unencoded_cadence(model) -> None:
+    """The combinations the encoding of the cadence leaves to the explicit
+    search: a model that needs one is refused."""
+    cfg = model.cfg
+    if not is_on(cfg):
+        return
+    if cfg.scheduling_policy != "fcfs":
+        raise ValueError(f"model {model.name}: the Z3 encoding of the prefill cadence leaves out the priority "
+                         "policy; the explicit search covers it")
+
+
+def cad_frame(layout, tag: str) -> list:
+    """[SCadence of fresh variables], or [] without the cadence."""
+    if not has_cadence(layout):
+        return []
+    return [SCadence(var(f"cad.hold@{tag}"), z3.Bool(f"cad.bound@{tag}"),
+                     [z3.Bool(f"cad.chunk[{r}]@{tag}") for r in range(layout.N)],
+                     [z3.Bool(f"cad.deferred[{r}]@{tag}") for r in range(layout.N)])]
+
+
+def cad_constant(layout, state: State) -> list:
+    """The cadence part of a concrete state, as literals ([] without it)."""
+    if not has_cadence(layout):
+        if state.prefill_hold or state.prefill_capacity_bound or any(
+                q.is_prefill_chunk or q.deferred_waiting for q in state.requests):
+            raise NotRepresentable("a prefill cadence's hold or flags in a model without the cadence")
+        return []
+    return [SCadence(V(state.prefill_hold), z3.BoolVal(state.prefill_capacity_bound),
+                     [z3.BoolVal(q.is_prefill_chunk) for q in state.requests],
+                     [z3.BoolVal(q.deferred_waiting) for q in state.requests])]
+
+
+def cad_request_fields(cad: list, r: int, bv) -> dict:
+    """Request r's `is_prefill_chunk` and `deferred_waiting` decoded ({} without the cadence)."""
+    return dict(is_prefill_chunk=bv(cad[0].chunk[r]), deferred_waiting=bv(cad[0].deferred[r])) if cad else {}
+
+
+def cad_state_fields(cad: list, iv, bv) -> dict:
+    """The State's hold and capacity bound decoded ({} without the cadence)."""
+    if not cad:
+        return {}
+    return dict(prefill_hold=iv(cad[0].hold), prefill_capacity_bound=bv(cad[0].bound))
+
+
+def cad_well_formed(layout, s) -> Any:
+    """The hold within [0, interval - 1] (what spec.cadence.after_schedule
+    can set; True without the cadence)."""
+    if not s.cad:
+        return z3.BoolVal(True)
+    hold = s.cad[0].hold
+    return conj(le(0, hold), le(hold, layout.cfg.prefill_schedule_interval - 1))
