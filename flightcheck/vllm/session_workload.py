@@ -11,7 +11,10 @@ request under the session's id, with `tokens` new prompt tokens (drawn from
 the seed) and the next turn's `max_tokens`; at `end_step` (default: one step
 after the last input) the end of the session, an `add_request` under the id
 of a request that is not resumable. An input sent after the session has
-finished (aborted) would name a new request; the generator never does that.
+finished names a new request: the generator never aborts a session before
+its inputs, but beside grammars a session whose grammar fails finishes with
+an error before they arrive, and they then name new requests under its id
+(docs/request-states.md, "Features together").
 
 Standard library only.
 """
