@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Collection, Sequence
 
 from rich.console import Console
 
@@ -104,7 +105,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _refusal(args: argparse.Namespace) -> str | None:
     """Why these flags cannot go together (None if they can)."""
-    from flightcheck.verification.kv_models import KV_PROFILE_MODELS
     from flightcheck.verification.models import MODELS, NAME_REUSE_MODELS
     from flightcheck.verification.mutants import MUTANTS
     from flightcheck.verification.reset_pause_models import RESET_PAUSE_MODELS
@@ -121,16 +121,14 @@ def _refusal(args: argparse.Namespace) -> str | None:
         return f"unknown --profile {args.profile!r}; known: {', '.join(PROFILES)}"
     if args.all_profiles and (args.mutant or args.profile != DEFAULT_PROFILE):
         return "--all-profiles runs every profile; it cannot go with --mutant or --profile"
-    if args.allow_name_reuse and args.profile not in NAME_REUSE_MODELS:
-        return f"--allow-name-reuse needs a profile that looks outputs up by name: {', '.join(NAME_REUSE_MODELS)}"
-    if args.allow_name_reuse and (args.all_profiles or args.mutant or args.inferred):
-        return ("--allow-name-reuse searches one profile's name-reuse model; it cannot go with "
-                "--all-profiles, --mutant or --inferred")
-    if args.kv_connector and args.profile not in KV_PROFILE_MODELS:
-        return f"--kv-connector needs a profile with a KV connector's async loads: {', '.join(KV_PROFILE_MODELS)}"
-    if args.kv_connector and (args.all_profiles or args.mutant or args.inferred or args.allow_name_reuse):
-        return ("--kv-connector searches one profile's connector models; it cannot go with "
-                "--all-profiles, --mutant, --inferred or --allow-name-reuse")
+    from flightcheck.verification.kv_models import KV_PROFILE_MODELS
+
+    refused = (_one_search_error(args, "--allow-name-reuse", NAME_REUSE_MODELS, "a profile that looks outputs up "
+                                 "by name", "name-reuse model", ("all_profiles", "mutant", "inferred"))
+               or _one_search_error(args, "--kv-connector", KV_PROFILE_MODELS, "a profile with a KV connector's "
+                                    "async loads", "connector models", _SEARCHES[:4]))
+    if refused:
+        return refused
     if args.reset_pause and (args.kv_connector or args.all_profiles or args.mutant or args.inferred
                              or args.allow_name_reuse or args.profile not in RESET_PAUSE_MODELS):
         return (f"--reset-pause searches one profile's reset-and-pause model ({', '.join(RESET_PAUSE_MODELS)}); "
@@ -138,60 +136,45 @@ def _refusal(args: argparse.Namespace) -> str | None:
     return _sessions_usage_error(args)
 
 
+# The flags that each pick a search of their own (one profile's models).
+_SEARCHES = ("all_profiles", "mutant", "inferred", "allow_name_reuse", "kv_connector")
+
+
+def _one_search_error(args: argparse.Namespace, flag: str, profiles: Collection[str], needs: str,
+                      searches: str, conflicts: Sequence[str]) -> str | None:
+    """Why `flag`, a search of one profile's `searches`, cannot run here: its
+    profile lacks the feature, or another flag in `conflicts` picks a search
+    of its own (None if it can, or if `flag` is not given)."""
+    if not getattr(args, flag.removeprefix("--").replace("-", "_")):
+        return None
+    if args.profile not in profiles:
+        return f"{flag} needs {needs}: {', '.join(profiles)}"
+    if any(getattr(args, name) for name in conflicts):
+        names = [f"--{name.replace('_', '-')}" for name in conflicts]
+        return f"{flag} searches one profile's {searches}; it cannot go with {', '.join(names[:-1])} or {names[-1]}"
+    return None
+
+
 def _sessions_usage_error(args: argparse.Namespace) -> str | None:
+    from flightcheck.verification.cadence_models import CADENCE_MODELS
+    from flightcheck.verification.grammar_models import GRAMMAR_PROFILES
+    from flightcheck.verification.priority_models import PRIORITY_PROFILE_MODELS
     from flightcheck.verification.session_models import SESSION_PROFILE_MODELS
 
-    if args.streaming_sessions and args.profile not in SESSION_PROFILE_MODELS:
-        return f"--streaming-sessions needs a profile with streaming sessions: {', '.join(SESSION_PROFILE_MODELS)}"
-    if args.streaming_sessions and (args.all_profiles or args.mutant or args.inferred or args.allow_name_reuse
-                                    or args.kv_connector):
-        return ("--streaming-sessions searches one profile's session models; it cannot go with "
-                "--all-profiles, --mutant, --inferred, --allow-name-reuse or --kv-connector")
+    refused = _one_search_error(args, "--streaming-sessions", SESSION_PROFILE_MODELS,
+                                "a profile with streaming sessions", "session models", _SEARCHES)
+    if refused:
+        return refused
     if args.streaming_sessions and args.reset_pause:
         return "--streaming-sessions and --reset-pause search different models; name one"
-    return _priority_usage_error(args) or _grammar_usage_error(args) or _cadence_usage_error(args)
-
-
-def _priority_usage_error(args: argparse.Namespace) -> str | None:
-    from flightcheck.verification.priority_models import PRIORITY_PROFILE_MODELS
-
-    if not args.priority:
-        return None
-    if args.profile not in PRIORITY_PROFILE_MODELS:
-        return f"--priority needs a profile with the priority policy: {', '.join(PRIORITY_PROFILE_MODELS)}"
-    if (args.all_profiles or args.mutant or args.inferred or args.allow_name_reuse or args.kv_connector
-            or args.streaming_sessions or args.reset_pause or args.structured_output):
-        return ("--priority searches one profile's priority models; it cannot go with --all-profiles, --mutant, "
-                "--inferred, --allow-name-reuse, --kv-connector, --streaming-sessions, --reset-pause or "
-                "--structured-output")
-    return None
-
-
-def _grammar_usage_error(args: argparse.Namespace) -> str | None:
-    from flightcheck.verification.grammar_models import GRAMMAR_PROFILES
-
-    if args.structured_output and args.profile not in GRAMMAR_PROFILES:
-        return f"--structured-output needs a profile with structured output: {', '.join(GRAMMAR_PROFILES)}"
-    if args.structured_output and (args.all_profiles or args.mutant or args.inferred or args.allow_name_reuse
-                                   or args.kv_connector or args.streaming_sessions or args.reset_pause):
-        return ("--structured-output searches one profile's grammar models; it cannot go with --all-profiles, "
-                "--mutant, --inferred, --allow-name-reuse, --kv-connector, --streaming-sessions or --reset-pause")
-    return None
-
-
-def _cadence_usage_error(args: argparse.Namespace) -> str | None:
-    from flightcheck.verification.cadence_models import CADENCE_MODELS
-
-    if not args.prefill_cadence:
-        return None
-    if args.profile not in CADENCE_MODELS:
-        return f"--prefill-cadence needs a profile with the prefill cadence: {', '.join(CADENCE_MODELS)}"
-    if (args.all_profiles or args.mutant or args.inferred or args.allow_name_reuse or args.kv_connector
-            or args.streaming_sessions or args.reset_pause or args.structured_output or args.priority):
-        return ("--prefill-cadence searches one profile's cadence model; it cannot go with --all-profiles, "
-                "--mutant, --inferred, --allow-name-reuse, --kv-connector, --streaming-sessions, --reset-pause, "
-                "--structured-output or --priority")
-    return None
+    return (_one_search_error(args, "--priority", PRIORITY_PROFILE_MODELS, "a profile with the priority policy",
+                              "priority models", (*_SEARCHES, "streaming_sessions", "reset_pause",
+                                                  "structured_output"))
+            or _one_search_error(args, "--structured-output", GRAMMAR_PROFILES, "a profile with structured output",
+                                 "grammar models", (*_SEARCHES, "streaming_sessions", "reset_pause"))
+            or _one_search_error(args, "--prefill-cadence", CADENCE_MODELS, "a profile with the prefill cadence",
+                                 "cadence model", (*_SEARCHES, "streaming_sessions", "reset_pause",
+                                                   "structured_output", "priority")))
 
 
 def _hunt_one(args: argparse.Namespace, console: Console) -> int:
