@@ -257,7 +257,8 @@ KV_CANDIDATES: tuple[str, ...] = tuple(CANDIDATE + n for n in (
     "A11_stale_entries_come_first"))
 
 
-def step_consequences(model: Model, kept: list[str], formulas: dict) -> list[EngineVerdict]:
+def step_consequences(model: Model, kept: list[str], formulas: dict,
+                      kind: Callable[[str], str] = lambda name: "transition") -> list[EngineVerdict]:
     """Each schedule-step property P of `formulas` (name -> formula of a step)
     proved when I(s) AND schedule's guard and effect from s AND NOT P is
     unsat, I the conjuncts `kept` (P holds of every other action by its first
@@ -273,13 +274,13 @@ def step_consequences(model: Model, kept: list[str], formulas: dict) -> list[Eng
     st = SimpleNamespace(before=s, after=tr.effects[SCHEDULE], choices=tr.choices, sched=tr.sched)
     method = "one step from the k-induction invariant"
     if solver.check() != z3.sat:
-        return [EngineVerdict(n, "transition", "unknown", method, 1, time.perf_counter() - started,
+        return [EngineVerdict(n, kind(n), "unknown", method, 1, time.perf_counter() - started,
                               message="I(s) admits no schedule step") for n in formulas]
     out = []
     for name, formula in formulas.items():
         answer = solver.check(z3.Not(system.build(formula, st)))
         message = "" if answer == z3.unsat else "solver gave up" if answer == z3.unknown else \
             f"I(s) and a schedule step do not imply it: from {system.decode_or_dump(solver.model(), 0)}"
-        out.append(EngineVerdict(name, "transition", "proved" if answer == z3.unsat else "unknown", method, 1,
+        out.append(EngineVerdict(name, kind(name), "proved" if answer == z3.unsat else "unknown", method, 1,
                                  time.perf_counter() - started, message=message))
     return out

@@ -20,7 +20,6 @@ z3/encoding/priority.py and priority_state.py.
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 from typing import Iterable
 
 import z3
@@ -28,10 +27,10 @@ from flightcheck.spec import transition_properties_for
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
 from flightcheck.verification.results import PropertyResult, kind_of
-from flightcheck.verification.z3.encoding.actions import SCHEDULE
 from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY, PRIORITY_STEP_FORMULAS
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.kv_engines import WF, _on, _spec_breaks, kv_bmc, kv_induction
+from flightcheck.verification.z3.kv_engines import step_consequences as kv_step_consequences
 from flightcheck.verification.z3.results import EngineResult, EngineVerdict
 
 STATE_PROPERTIES = ("PR1_waiting_in_priority_order",)
@@ -61,30 +60,9 @@ def priority_induction(model: Model, k: int = 1, time_budget: float | None = Non
 def step_consequences(model: Model, kept: list[str], names: Iterable[str]) -> list[EngineVerdict]:
     """Each step property P proved when I(s) AND schedule's guard and effect
     from s AND NOT P is unsat (P is true of every other action by its first
-    clause); else unknown, with the state the solver found."""
-    started = time.perf_counter()
-    system = System(model)
-    s = system.frame(0)
-    tr = system.transitions(0)
-    solver = z3.SolverFor("QF_BV")
-    solver.add(tr.sched_defs + tr.defs + tr.legal)
-    solver.add([_on(system, n, s) for n in kept])
-    solver.add(tr.guards[SCHEDULE], tr.choices.act == SCHEDULE)
-    st = SimpleNamespace(before=s, after=tr.effects[SCHEDULE], choices=tr.choices, sched=tr.sched)
-    method = "one step from the k-induction invariant"
-    if solver.check() != z3.sat:        # I(s) and a schedule step from s: never vacuous
-        return [EngineVerdict(n, kind_of(n), "unknown", method, 1, time.perf_counter() - started,
-                              message="I(s) admits no schedule step") for n in names]
-    out = []
-    for name in names:
-        goal = system.build(PRIORITY_STEP_FORMULAS[name], st)
-        answer = solver.check(z3.Not(goal))
-        status = "proved" if answer == z3.unsat else "unknown"
-        message = "" if answer == z3.unsat else f"{answer}: from {system.decode_or_dump(solver.model(), 0)}" \
-            if answer == z3.sat else "solver gave up"
-        out.append(EngineVerdict(name, kind_of(name), status, method, 1,
-                                 time.perf_counter() - started, message=message))
-    return out
+    clause); else unknown, with the state the solver found (the one query of
+    kv_engines.step_consequences, on the priority policy's step formulas)."""
+    return kv_step_consequences(model, kept, {n: PRIORITY_STEP_FORMULAS[n] for n in names}, kind_of)
 
 
 def priority_bmc(model: Model, depth: int, time_budget: float | None = None) -> EngineResult:
