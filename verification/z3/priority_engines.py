@@ -27,6 +27,7 @@ from flightcheck.spec import transition_properties_for
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
 from flightcheck.verification.results import PropertyResult, kind_of
+from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY
 from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY, PRIORITY_STEP_FORMULAS
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.kv_engines import WF, _on, _spec_breaks, kv_bmc, kv_induction
@@ -87,6 +88,31 @@ def _breaks(model: Model, name: str, states: list, actions: list) -> bool:
     return name == WF or _spec_breaks(model, name, states[-1])
 
 
+# --- the policy beside the KV connector (PR4) on PRIORITY_KV_Z3_MODEL ----------------
+
+KV_STATE_PROPERTIES = ("PR1_waiting_in_priority_order", "PR4_kv_holding_in_priority_order")
+
+
+def priority_kv_auxiliary() -> list[str]:
+    """The few candidates PR4's proof offers the Houdini loop: PA1 (a
+    holder's place is known), PA2 (the frame's shape but the blocks) and the
+    connector's auxiliary invariants (KV_AUXILIARY: queues, loads, counters,
+    entries, pool); no S-invariant candidates (kv_engines.KV_CANDIDATES)."""
+    return ["PA1_arrived_iff_placed", "PA2_well_formed_but_the_blocks", *KV_AUXILIARY]
+
+
+def priority_kv_induction(model: Model, k: int = 1, time_budget: float | None = None) -> EngineResult:
+    """PR1 and PR4 with the connector (kv_engines.kv_induction, the Houdini
+    way) on `priority_kv_auxiliary()`'s candidates."""
+    return kv_induction(model, k, KV_STATE_PROPERTIES, priority_kv_auxiliary(), time_budget)
+
+
+def priority_kv_bmc(model: Model, depth: int, time_budget: float | None = None) -> EngineResult:
+    """WF, PR1 and PR4 on every frame to `depth` steps (kv_engines.kv_bmc;
+    a violation's trace replayed on the spec)."""
+    return kv_bmc(model, depth, KV_STATE_PROPERTIES, time_budget)
+
+
 # How deep BMC of the priority model goes in `flightcheck verify --priority`
 # (the proofs are unbounded; BMC gives each property a second method).
 PRIORITY_BMC_DEPTH = 4
@@ -94,7 +120,8 @@ PRIORITY_BMC_DEPTH = 4
 
 def priority_rows(depth: int = PRIORITY_BMC_DEPTH, time_budget: float | None = None) -> list[PropertyResult]:
     """PR1-PR3 of the Z3 priority model by k-induction (PR2, PR3: one step
-    from its invariant) and by BMC to `depth`; the method names the model."""
+    from its invariant) and by BMC to `depth`, then PR4 of the model beside
+    the connector (`priority_kv_rows`); the method names the model."""
     from flightcheck.verification.z3.priority_models import PRIORITY_Z3_MODEL
 
     where = f" [{PRIORITY_Z3_MODEL.name}@{PRIORITY_Z3_MODEL.cfg.profile}]"
@@ -103,4 +130,22 @@ def priority_rows(depth: int = PRIORITY_BMC_DEPTH, time_budget: float | None = N
                    priority_bmc(PRIORITY_Z3_MODEL, depth, time_budget=time_budget)):
         rows += [PropertyResult(p.name, p.kind, p.status, p.method + where, p.depth, p.seconds)
                  for p in result.properties if p.kind != "auxiliary"]
+    return rows + priority_kv_rows(time_budget=time_budget)
+
+
+# How deep BMC of the model beside the connector goes in `flightcheck verify --priority`.
+PRIORITY_KV_BMC_DEPTH = 4
+
+
+def priority_kv_rows(depth: int = PRIORITY_KV_BMC_DEPTH, time_budget: float | None = None) -> list[PropertyResult]:
+    """PR4 of PRIORITY_KV_Z3_MODEL by k-induction and by BMC to `depth`
+    (PR1 is proved there too: tests/test_z3_priority_pairs.py)."""
+    from flightcheck.verification.z3.priority_models import PRIORITY_KV_Z3_MODEL
+
+    where = f" [{PRIORITY_KV_Z3_MODEL.name}@{PRIORITY_KV_Z3_MODEL.cfg.profile}]"
+    rows = []
+    for result in (priority_kv_induction(PRIORITY_KV_Z3_MODEL, 1, time_budget=time_budget),
+                   priority_kv_bmc(PRIORITY_KV_Z3_MODEL, depth, time_budget=time_budget)):
+        rows += [PropertyResult(p.name, p.kind, p.status, p.method + where, p.depth, p.seconds)
+                 for p in result.properties if p.name == "PR4_kv_holding_in_priority_order"]
     return rows

@@ -15,7 +15,26 @@ reach on this machine.
 
 from __future__ import annotations
 
+from flightcheck.spec import Config, KvConnector, Prompt
 from flightcheck.verification.models import Model
+from flightcheck.verification.mutants.priority_kv import PRIORITY_KV_PROFILE
 from flightcheck.verification.priority_models import PRIO_VICTIM_K2
 
 PRIORITY_Z3_MODEL: Model = PRIO_VICTIM_K2
+
+# The priority policy beside the KV connector (PR4): `prio-kv-z3`, the
+# explicit search's `prio-kv-k2` (verification/priority_kv_models.py)
+# without vLLM 0.34's load limit (which the connector's encoding refuses),
+# failed loads or aborts (241 reachable states, 36 of them with both loads
+# in `kv_holding`; each cross-checked, tests/test_z3_priority_pairs.py): two async loads of two priorities, the later
+# arrival of the better rank, parked in `kv_holding` at their rank, landed,
+# promoted and admitted by rank, under the step fence (K = 2).
+PRIORITY_KV_Z3_MODEL: Model = Model(
+    "prio-kv-z3",
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=4,
+           max_model_len=6, prefix_caching=False, profile=PRIORITY_KV_PROFILE, scheduling_policy="priority",
+           kv_connector=KvConnector()),
+    (Prompt(2, 1, external_hit=2, load_async=True, priority=1),
+     Prompt(3, 1, external_hit=2, load_async=True, priority=0)),
+    allow_stop=False, allow_abort=False,
+)

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from flightcheck.verification.z3.encoding.cadence_invariants import CAD_AUXILIARY
 from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY, KV_FORMULAS
 from flightcheck.verification.z3.encoding.session_invariants import SESSION_AUXILIARY, SESSION_FORMULAS
-from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY, PRIORITY_FORMULAS
+from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY, PRIORITY_FORMULAS, PRIORITY_KV_AUXILIARY
 from flightcheck.verification.z3.encoding.reset_pause_invariants import RP_AUXILIARY
 from flightcheck.verification.z3.encoding.state import Layout, SState
 from flightcheck.verification.z3.encoding.structured_output_invariants import GRAMMAR_AUXILIARY, GRAMMAR_FORMULAS
@@ -28,4 +28,5 @@ Formula = Callable[[Layout, SState], Any]
 FORMULAS: dict[str, Formula] = {**KV_FORMULAS, **SESSION_FORMULAS, **PRIORITY_FORMULAS}
 AUXILIARY: dict[str, Formula] = {**KV_AUXILIARY, **SESSION_AUXILIARY, **RP_AUXILIARY, **PRIORITY_AUXILIARY}
 FORMULAS.update(GRAMMAR_FORMULAS); AUXILIARY.update(GRAMMAR_AUXILIARY)     # structured output (G1-G3)
+AUXILIARY.update(PRIORITY_KV_AUXILIARY)     # the priority policy beside the connector (PR4's proof)
 AUXILIARY.update(CAD_AUXILIARY)     # the prefill cadence (CAD1-CAD3 are of steps: z3/cadence_engines.py)

@@ -6,7 +6,8 @@ loop's fence gate, and the connector fields of the batch `_launch` queues.
 The waiting loop looks at the first request of `kv_holding` it has not
 passed over in this call, else the first such of `waiting`; since it only
 reaches `waiting` once every holder is passed over, and a parked request
-joins `kv_holding`'s tail passed over, the passed-over requests of each
+joins `kv_holding` passed over (at the tail, or at its rank's place under
+the priority policy: priority.join_kv_holding), the passed-over requests of each
 queue are a prefix of it: two counters (`BatchInProgress.skipped` for
 `waiting`, `held_skipped` for `kv_holding`) say where each loop stands.
 
@@ -28,6 +29,7 @@ from flightcheck.verification.z3.encoding import blocks as zb
 from flightcheck.verification.z3.encoding.allocation import blocks_for, candidate, snapshot_entry
 from flightcheck.verification.z3.encoding.connector import has_batch_in_flight, kv_of, load_at, with_kv
 from flightcheck.verification.z3.encoding.kv_state import L_DONE, L_IN_FLIGHT, L_NONE, L_RECEIVED, SKvEntry
+from flightcheck.verification.z3.encoding.priority import join_kv_holding
 from flightcheck.verification.z3.encoding.requests import empty_table, put_flag, req_at, tokens_at, with_req
 from flightcheck.verification.z3.encoding.state import (
     PAD,
@@ -158,7 +160,7 @@ def kv_waiting_step(layout: Layout, builder: Builder, acc, phase: Any, threshold
     park = builder.let("park", conj(going, is_async, fits_whole, park_fits))
     parked.waiting, parked.waiting_len = remove(st1.waiting, st1.waiting_len, r)
     pk = kv_of(parked)
-    pk.holding, pk.holding_len = put(pk.holding, pk.holding_len, r), pk.holding_len + 1
+    pk.holding, pk.holding_len = join_kv_holding(layout, st1, pk.holding, pk.holding_len, r), pk.holding_len + 1
     parked = with_req(parked, r, status=V(REMOTE_KVS), num_computed=q1.num_computed + external)
     parked = with_kv(parked, r, load=V(L_IN_FLIGHT), external=external)
     # otherwise an admission from its computed tokens (no hit was asked for, or none offered)

@@ -142,8 +142,8 @@ def kv_constant(layout, state: State) -> list:
         if state.deferred_frees or kept_arrivals or not pristine:     # kv_holding: session_state.py
             raise NotRepresentable("connector state in a model without a connector")
         return []
-    if state.arrivals and not keeps_arrivals(layout):
-        raise NotRepresentable("arrivals kept without the load limit")
+    if state.arrivals and not keeps_arrivals(layout) and layout.cfg.scheduling_policy != "priority":
+        raise NotRepresentable("arrivals kept without the load limit")     # priority: priority_state.py's
     fenced = layout.cfg.fences_freed_blocks
     entries = []
     for k in range(layout.K):
@@ -162,8 +162,15 @@ def kv_constant(layout, state: State) -> list:
     qs = state.requests
     return [SKv([V(LOAD.index(q.load)) for q in qs], [V(q.external) for q in qs],
                 [z3.BoolVal(q.held) for q in qs], _padded(state.kv_holding, layout.N, "kv_holding"),
-                V(len(state.kv_holding)), _padded(state.arrivals, layout.N, "arrivals"), V(len(state.arrivals)),
+                V(len(state.kv_holding)), *_arrivals(layout, state),
                 entries, deferred, V(len(state.deferred_frees)))]
+
+
+def _arrivals(layout, state: State) -> tuple[list, Any]:
+    """The arrival order's slots and length: kept here only under the load
+    limit (under the priority policy priority_state.py holds it)."""
+    arrivals = state.arrivals if keeps_arrivals(layout) else ()
+    return _padded(arrivals, layout.N, "arrivals"), V(len(arrivals))
 
 
 def pad_kv_entry(layout) -> SKvEntry:
@@ -212,8 +219,8 @@ def kv_state_fields(kv: list, iv) -> dict:
         return {}
     s = kv[0]
     deferred = tuple((iv(d.left), tuple(iv(b) for b in d.blocks[:iv(d.length)])) for d in s.deferred[:iv(s.deferred_len)])
-    return dict(kv_holding=tuple(iv(x) for x in s.holding[:iv(s.holding_len)]),
-                arrivals=tuple(iv(x) for x in s.arrivals[:iv(s.arrivals_len)]), deferred_frees=deferred)
+    kept = {"arrivals": tuple(iv(x) for x in s.arrivals[:iv(s.arrivals_len)])} if iv(s.arrivals_len) else {}
+    return dict(kv_holding=tuple(iv(x) for x in s.holding[:iv(s.holding_len)]), deferred_frees=deferred, **kept)
 
 
 def kv_well_formed(layout, s) -> Any:

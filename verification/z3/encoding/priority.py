@@ -28,7 +28,9 @@ passes `running`'s length, so advances <= initial length and preemptions
 The three historical bugs of verification/mutants/priority.py are encoded
 as the spec's edits are (`Layout.is_mutant`): #23347 hands nothing back,
 #28558 leaves the victim's drafts in the batch on an entry of no tokens
-moved last, #49097 moves the position back only for a victim in the batch.
+moved last, #49097 moves the position back only for a victim in the batch;
+and of verification/mutants/priority_kv.py the synthetic
+`parked_load_joins_tail_under_priority`: a parked load joins `kv_holding`'s tail.
 """
 
 from __future__ import annotations
@@ -72,6 +74,17 @@ def arrive_with_priority(layout, before, after, r: Any):
     st.prio = [SPrio(put(p.place, r, p.num_arrivals), p.num_arrivals + 1)]
     st.waiting = insert_at_place(layout, st, before.waiting, before.waiting_len, r)
     return st
+
+
+def join_kv_holding(layout, s, holding: list, length: Any, r: Any) -> list:
+    """`kv_holding` with a parked load r joined (spec.kv_loads.park): at its
+    rank's place under the policy (`PriorityRequestQueue.add_request`; the
+    spec sorts the whole queue, PR4 keeps it sorted, so the two agree), at
+    the tail under FCFS. The waiting loop parks only once every holder is
+    passed over, so the passed-over holders stay a prefix (kv_schedule.py)."""
+    if not has_priority(layout) or layout.is_mutant("parked_load_joins_tail_under_priority"):
+        return put(holding, length, r)
+    return insert_at_place(layout, s, holding, length, r)
 
 
 def running_micro_steps(layout) -> int:
@@ -131,8 +144,9 @@ def retried_num_new(layout, acc, num_new: Any) -> Any:
 def running_result(layout, builder, acc, out, moves: dict):
     """The running micro-step's result under the policy: `out` (what FCFS
     would give) with the victim handed back, the position moved back when
-    the victim sat before it, the loop going on after a self-preemption,
-    and a retry's num_new kept. `moves`: preempt, victim, index, r, num_new.
+    the victim sat before it, the loop going on after a self-preemption
+    (stopping at a victim the step fence keeps, with a connector), and a
+    retry's num_new kept. `moves`: preempt, victim, index, r, num_new, fenced.
     FCFS: `out`."""
     if not has_priority(layout):
         return out
@@ -146,8 +160,9 @@ def running_result(layout, builder, acc, out, moves: dict):
     if layout.is_mutant("victim_index_not_adjusted_pr49097"):
         moved_back = conj(moved_back, in_batch)
     retrying = conj(do_pre, neg(eq(victim, moves["r"])))
+    done = disj(acc.done, moves["fenced"]) if acc.state.kv else acc.done    # a fenced victim stops the loop
     return replace(out, entries=entries, count=count, budget=budget,
-                   position=ite(moved_back, acc.position - 1, out.position), done=acc.done,
+                   position=ite(moved_back, acc.position - 1, out.position), done=done,
                    pending=ite(retrying, moves["num_new"], V(0)), retried=ite(retrying, moves["r"], V(PAD)))
 
 

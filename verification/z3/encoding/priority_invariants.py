@@ -1,4 +1,4 @@
-"""spec/priority_invariants.py in Z3: PR1 as a formula of a frame, PR2 and
+"""spec/priority_invariants.py in Z3: PR1 and PR4 as formulas of a frame, PR2 and
 PR3 as formulas of one step, each clause for clause after the spec's
 predicate, and the auxiliary invariants that make PR1 inductive on the
 priority model (verification/z3/priority_models.py). Each is True on a
@@ -40,6 +40,19 @@ def pr1_waiting_in_priority_order(layout: Layout, s: SState) -> Any:
     return conj(out)
 
 
+def pr4_kv_holding_in_priority_order(layout: Layout, s: SState) -> Any:
+    """PR4: with a KV connector whose `kv_holding` is a heap under the
+    policy, every holder's arrival recorded, and `kv_holding` in
+    (priority, arrival) order (each key <= the next)."""
+    if not s.prio or not s.kv or not layout.cfg.rules.priority_orders_kv_holding:
+        return TRUE
+    kv = s.kv[0]
+    h, n = kv.holding, kv.holding_len
+    out = [z3.Implies(lt(j, n), neg(eq(place_of(s, x), PAD))) for j, x in enumerate(h)]
+    out += [z3.Implies(lt(j + 1, n), neg(rank_below(layout, s, h[j + 1], h[j]))) for j in range(len(h) - 1)]
+    return conj(out)
+
+
 # --- the auxiliary invariants: the queues' shape, which PR1's proof needs and
 # which, unlike WF_encoding, does not read the block pool (whose own
 # well-formedness needs the pool's invariants, S9 and A9, to be inductive).
@@ -61,6 +74,19 @@ def pa2_well_formed_but_the_blocks(layout: Layout, s: SState) -> Any:
     return well_formed(layout, replace(s, pool=initial(layout).pool, reqs=no_tables))
 
 
+def pa4_well_formed_but_every_block(layout: Layout, s: SState) -> Any:
+    """PA4 (auxiliary, with a connector): PA2 with the connector's blocks
+    left out too (each in-flight entry's recorded table and each deferred
+    free taken as empty), whose clauses, under the step fence, would need
+    the pool's invariants as well: the frame's shape, PR4's proof needs no more."""
+    if not s.prio or not s.kv:
+        return TRUE
+    kv = s.kv[0]
+    entries = [[replace(e, blocks_len=V(0), blocks=[V(PAD)] * len(e.blocks)) for e in row] for row in kv.entries]
+    deferred = [replace(d, length=V(0), blocks=[V(PAD)] * len(d.blocks)) for d in kv.deferred]
+    return pa2_well_formed_but_the_blocks(layout, replace(s, kv=[replace(kv, entries=entries, deferred=deferred)]))
+
+
 def _queued(s: SState, r: int, xs: list, n: Any) -> Any:
     return disj(*[conj(lt(j, n), eq(x, r)) for j, x in enumerate(xs)])
 
@@ -80,10 +106,12 @@ def pa3_queues_match_statuses(layout: Layout, s: SState) -> Any:
     return conj(out)
 
 
-PRIORITY_FORMULAS = {"PR1_waiting_in_priority_order": pr1_waiting_in_priority_order}
+PRIORITY_FORMULAS = {"PR1_waiting_in_priority_order": pr1_waiting_in_priority_order,
+                     "PR4_kv_holding_in_priority_order": pr4_kv_holding_in_priority_order}
 PRIORITY_AUXILIARY = {"PA1_arrived_iff_placed": pa1_arrived_iff_placed,
                       "PA2_well_formed_but_the_blocks": pa2_well_formed_but_the_blocks,
                       "PA3_queues_match_statuses": pa3_queues_match_statuses}
+PRIORITY_KV_AUXILIARY = {"PA4_well_formed_but_every_block": pa4_well_formed_but_every_block}   # PR4's (with a connector)
 
 
 # --- PR2, PR3: formulas of a step (st.before, st.after, st.choices, st.sched) -------

@@ -13,10 +13,16 @@ Places instead of the spec's tuple keep the rank comparison local:
 are one bijection on well-formed frames (`prio_well_formed`: the places of
 the arrived requests are 0 .. num_arrivals - 1, each once).
 
+With a KV connector `kv_holding` is a heap too (`Profile.priority_orders_kv_holding`):
+a parked load joins it at its rank's place (priority.py `join_kv_holding`),
+PR4 orders it (priority_invariants.py). `async_kv_waiting`'s ranked head
+(`priority_orders_async_kv`) needs vLLM 0.34's load limit, which the
+connector's encoding refuses (kv_state.refuse_unencoded_connector).
+
 What the encoding of the policy leaves out is refused, not approximated
-(`refuse_unencoded_priority`): a KV connector (whose queues the spec
-ranks under the policy, spec/priority.py; not encoded), asynchronous scheduling and the other request states of issue
-39 (structured output, streaming sessions), none cross-checked with it.
+(`refuse_unencoded_priority`): a connector whose `kv_holding` is not ranked
+under the policy, asynchronous scheduling and the other request states of
+issue 39 (structured output, streaming sessions), none cross-checked with it.
 """
 
 from __future__ import annotations
@@ -48,8 +54,8 @@ def refuse_unencoded_priority(model) -> None:
     if cfg.scheduling_policy != "priority":
         return
     why = []
-    if cfg.kv_connector is not None:
-        why.append("a KV connector")
+    if cfg.kv_connector is not None and not cfg.rules.priority_orders_kv_holding:
+        why.append("a KV connector whose kv_holding is not a priority heap")
     if cfg.rules.output_placeholders:
         why.append("asynchronous scheduling")
     if cfg.streaming_sessions or cfg.structured_output:

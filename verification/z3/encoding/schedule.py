@@ -309,7 +309,7 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, thresh
               disj(acc.any_preempted, do_pre), ite(disj(do_skip, do_alloc), acc.position + 1, acc.position),
               disj(acc.done, conj(do_pre, eq(victim, r)), fenced), acc.skipped)
     return prio.running_result(layout, builder, acc, out, dict(preempt=do_pre, victim=victim, index=victim_index,
-                                                                 r=r, num_new=num_new))
+                                                                 r=r, num_new=num_new, fenced=fenced))
 
 
 def _victim_is_fenced(layout: Layout, st: SState, victim: Any) -> Any:

@@ -518,8 +518,8 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
                  running=tuple(iv(x) for x in f.running[:iv(f.running_len)]),
                  in_flight=tuple(in_flight), pool=pool,
                  scheduled_ids=frozenset(r for r in range(layout.N) if bv(f.scheduled[r])),
-                 **kv_state_fields(f.kv, iv), **session_state_fields(f.sess, iv), **rp_state_fields(f.rp, iv),
-                 **grammar_state_fields(f.grammar, bv), **prio_state_fields(f.prio, iv),
+                 **{**kv_state_fields(f.kv, iv), **prio_state_fields(f.prio, iv)},     # priority's arrivals win
+                 **session_state_fields(f.sess, iv), **rp_state_fields(f.rp, iv), **grammar_state_fields(f.grammar, bv),
                  **cad_state_fields(f.cad, iv, bv))
 
 

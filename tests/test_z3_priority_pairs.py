@@ -1,0 +1,125 @@
+"""The Z3 encoding of the priority policy beside the KV connector
+(verification/z3/encoding/priority.py `join_kv_holding`, priority_invariants.py
+PR4) against the spec, and PR4's proof on `prio-kv-z3`
+(verification/z3/priority_models.py PRIORITY_KV_Z3_MODEL):
+
+* the transition relation is spec.step's on the model's states (every
+  successor both ways, the Z3 action replaying on the spec): on the states
+  with two parked loads and a sample here, on every reachable state in the
+  slow test;
+* PR4's formula agrees with the spec's predicate on reachable states and on
+  perturbed ones (`kv_holding` reversed, the arrival order turned);
+* k-induction proves PR1 and PR4 (on few candidates); BMC bounds them; BMC
+  finds the synthetic tail-join mutant at the explicit search's depth, its
+  trace replayed on the spec;
+* what the encoding leaves out beside the policy is refused (0.34's load
+  limit; streaming sessions: SS5 stays with the explicit search)."""
+
+from __future__ import annotations
+
+import functools
+import random
+from dataclasses import replace
+
+import pytest
+import z3
+
+from flightcheck.spec.priority_invariants import kv_holding_in_priority_order
+from flightcheck.verification.priority_kv_models import PRIO_KV_K2
+from flightcheck.verification.z3.encoding.crosscheck import CrossChecker, CrossReport, reachable
+from flightcheck.verification.z3.encoding.priority_invariants import pr4_kv_holding_in_priority_order
+from flightcheck.verification.z3.encoding.system import System
+from flightcheck.verification.z3.kv_engines import kv_properties
+from flightcheck.verification.z3.priority_engines import priority_kv_bmc, priority_kv_induction
+from flightcheck.verification.z3.priority_models import PRIORITY_KV_Z3_MODEL
+
+MODEL = PRIORITY_KV_Z3_MODEL
+STATES = 241
+
+
+@functools.lru_cache(maxsize=None)
+def _states() -> tuple:
+    return tuple(reachable(MODEL))
+
+
+def _two_holders() -> list:
+    return [s for s in _states() if len(s.kv_holding) > 1]
+
+
+def test_the_model_is_small_and_parks_both_loads_in_rank_order():
+    states = _states()
+    assert len(states) == STATES
+    both = _two_holders()
+    assert both and all(s.kv_holding == (1, 0) for s in both)     # request 1 ranks first (priority 0)
+    assert any(s.arrivals.index(0) < s.arrivals.index(1) for s in both)   # ... though it arrived second
+    assert kv_properties(MODEL) == ["KV1_no_reuse_under_transfer", "KV2_loading_not_scheduled", "KV4_no_leak",
+                                    "PR1_waiting_in_priority_order", "PR4_kv_holding_in_priority_order"]
+
+
+def _cross_check(states) -> CrossReport:
+    checker, report = CrossChecker(MODEL), CrossReport()
+    for s in states:
+        checker.check(s, report)
+    return report
+
+
+def test_the_relation_is_spec_step_on_states_with_two_parked_loads_and_a_sample():
+    rng = random.Random(0)
+    report = _cross_check(rng.sample(_two_holders(), 2) + rng.sample(_states(), 2))
+    assert report.problems == []
+    assert report.edges > report.states == 4
+
+
+@pytest.mark.slow
+def test_the_relation_is_spec_step_on_every_reachable_state():
+    report = _cross_check(_states())
+    assert report.problems == []
+    assert report.states == STATES
+
+
+def _holds(system: System, state) -> bool:
+    return z3.is_true(z3.simplify(system.build(pr4_kv_holding_in_priority_order, system.constant(state))))
+
+
+def test_pr4_agrees_with_the_spec_on_reachable_and_perturbed_states():
+    system = System(MODEL)
+    both = _two_holders()
+    states = random.Random(2).sample(_states(), 30) + both[:4]
+    perturbed = [replace(s, kv_holding=tuple(reversed(s.kv_holding))) for s in both[:6]]
+    perturbed += [replace(s, arrivals=tuple(reversed(s.arrivals))) for s in both[:6]]
+    assert any(not kv_holding_in_priority_order(s, MODEL.cfg) for s in perturbed)
+    for s in states + perturbed:
+        assert _holds(system, s) == kv_holding_in_priority_order(s, MODEL.cfg), s
+
+
+def test_models_the_encoding_leaves_out_beside_the_policy_are_refused():
+    with pytest.raises(ValueError, match="load limit"):          # prio-kv-k2: 0.34's async_kv_waiting
+        System(PRIO_KV_K2)
+    with pytest.raises(ValueError, match="asynchronous scheduling"):
+        System(MODEL.under_profile("vllm-0.34-async"))
+    from flightcheck.verification.session_models import SESSION_PROFILE_MODELS
+    sessions = SESSION_PROFILE_MODELS["vllm-0.34"][0]
+    prio_sessions = replace(sessions, cfg=replace(sessions.cfg, scheduling_policy="priority"))
+    with pytest.raises(ValueError, match="priority policy"):       # SS5: the explicit search's
+        System(prio_sessions)
+
+
+@pytest.mark.slow
+def test_bmc_bounds_pr1_and_pr4():
+    res = priority_kv_bmc(MODEL, BMC_DEPTH)
+    assert {p.name: (p.status, p.depth) for p in res.properties} == {
+        name: ("bounded", BMC_DEPTH) for name in ("WF_encoding", "PR1_waiting_in_priority_order",
+                                                "PR4_kv_holding_in_priority_order")}
+
+
+BMC_DEPTH = 4
+
+
+@pytest.mark.slow
+def test_bmc_finds_the_parked_load_at_the_tail_and_the_spec_agrees():
+    model = MODEL.with_mutant("parked_load_joins_tail_under_priority")
+    res = priority_kv_bmc(model, 4)
+    row = {p.name: p for p in res.properties}["PR4_kv_holding_in_priority_order"]
+    assert (row.status, row.depth) == ("violated", 4)       # the explicit search's shortest
+    assert len(row.trace) == 4 and len(row.states) == 5      # replayed on the spec by the engine
+    assert not kv_holding_in_priority_order(row.states[-1], model.cfg)
