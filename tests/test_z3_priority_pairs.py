@@ -18,6 +18,7 @@ PR4) against the spec, and PR4's proof on `prio-kv-z3`
 from __future__ import annotations
 
 import functools
+import importlib
 import random
 from dataclasses import replace
 
@@ -27,10 +28,14 @@ import z3
 from flightcheck.spec.priority_invariants import kv_holding_in_priority_order
 from flightcheck.verification.priority_kv_models import PRIO_KV_K2
 from flightcheck.verification.z3.encoding.crosscheck import CrossChecker, CrossReport, reachable
-from flightcheck.verification.z3.encoding.priority_invariants import pr4_kv_holding_in_priority_order
+from flightcheck.verification.z3.encoding.priority_invariants import (
+    pa1_arrived_iff_placed,
+    pa4_well_formed_but_every_block,
+    pr4_kv_holding_in_priority_order,
+)
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.kv_engines import kv_properties
-from flightcheck.verification.z3.priority_engines import priority_kv_bmc, priority_kv_induction
+from flightcheck.verification.z3.priority_engines import PRIORITY_KV_BMC_DEPTH, priority_kv_bmc, priority_kv_induction
 from flightcheck.verification.z3.priority_models import PRIORITY_KV_Z3_MODEL
 
 MODEL = PRIORITY_KV_Z3_MODEL
@@ -77,8 +82,8 @@ def test_the_relation_is_spec_step_on_every_reachable_state():
     assert report.states == STATES
 
 
-def _holds(system: System, state) -> bool:
-    return z3.is_true(z3.simplify(system.build(pr4_kv_holding_in_priority_order, system.constant(state))))
+def _holds(system: System, state, formula=pr4_kv_holding_in_priority_order) -> bool:
+    return z3.is_true(z3.simplify(system.build(formula, system.constant(state))))
 
 
 def test_pr4_agrees_with_the_spec_on_reachable_and_perturbed_states():
@@ -90,6 +95,8 @@ def test_pr4_agrees_with_the_spec_on_reachable_and_perturbed_states():
     assert any(not kv_holding_in_priority_order(s, MODEL.cfg) for s in perturbed)
     for s in states + perturbed:
         assert _holds(system, s) == kv_holding_in_priority_order(s, MODEL.cfg), s
+    for s in states:            # the auxiliary invariants PR4's proof offers hold where PR4 does
+        assert _holds(system, s, pa1_arrived_iff_placed) and _holds(system, s, pa4_well_formed_but_every_block)
 
 
 def test_models_the_encoding_leaves_out_beside_the_policy_are_refused():
@@ -106,13 +113,10 @@ def test_models_the_encoding_leaves_out_beside_the_policy_are_refused():
 
 @pytest.mark.slow
 def test_bmc_bounds_pr1_and_pr4():
-    res = priority_kv_bmc(MODEL, BMC_DEPTH)
+    res = priority_kv_bmc(MODEL, PRIORITY_KV_BMC_DEPTH)
     assert {p.name: (p.status, p.depth) for p in res.properties} == {
-        name: ("bounded", BMC_DEPTH) for name in ("WF_encoding", "PR1_waiting_in_priority_order",
-                                                "PR4_kv_holding_in_priority_order")}
-
-
-BMC_DEPTH = 4
+        name: ("bounded", PRIORITY_KV_BMC_DEPTH) for name in ("WF_encoding", "PR1_waiting_in_priority_order",
+                                                            "PR4_kv_holding_in_priority_order")}
 
 
 @pytest.mark.slow
@@ -123,3 +127,28 @@ def test_bmc_finds_the_parked_load_at_the_tail_and_the_spec_agrees():
     assert (row.status, row.depth) == ("violated", 4)       # the explicit search's shortest
     assert len(row.trace) == 4 and len(row.states) == 5      # replayed on the spec by the engine
     assert not kv_holding_in_priority_order(row.states[-1], model.cfg)
+
+
+@pytest.mark.slow
+def test_the_relation_is_spec_step_where_the_step_fence_keeps_the_priority_victim(monkeypatch):
+    # prio-kv-z3 never preempts (its pool suffices); with 2 blocks and shorter prompts the policy preempts,
+    # and in 2 of 315 states the fence keeps its victim (spec.schedule._victim_frees_at_once: the loop stops)
+    from flightcheck.spec import Prompt
+    spec_schedule = importlib.import_module("flightcheck.spec.schedule")     # the package exports the function
+    model = replace(MODEL, name="prio-kv-fence", cfg=replace(MODEL.cfg, num_blocks=2),
+                    prompts=(Prompt(1, 3, priority=1), Prompt(1, 3, external_hit=1, load_async=True, priority=0)))
+    states = list(reachable(model))
+    kept = []
+    frees_at_once = spec_schedule._victim_frees_at_once
+    monkeypatch.setattr(spec_schedule, "_victim_frees_at_once",
+                        lambda step, victim: frees_at_once(step, victim) or kept.append(victim) or False)
+    fenced, preempting = [], []
+    for s in states:
+        before, sch = len(kept), spec_schedule.schedule(s, model.cfg)
+        (fenced if len(kept) > before else preempting if sch is not None and sch.preempted else []).append(s)
+    monkeypatch.undo()
+    assert (len(states), len(fenced)) == (315, 2) and preempting
+    checker, report = CrossChecker(model), CrossReport()
+    for s in fenced + preempting[:4]:
+        checker.check(s, report)
+    assert report.problems == [] and report.states == 6
