@@ -35,11 +35,17 @@ from flightcheck.verification.z3.encoding.priority_invariants import (
 )
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.kv_engines import kv_properties
-from flightcheck.verification.z3.priority_engines import PRIORITY_KV_BMC_DEPTH, priority_kv_bmc, priority_kv_induction
+from flightcheck.verification.z3.priority_engines import (
+    PRIORITY_KV_BMC_DEPTH,
+    priority_kv_auxiliary,
+    priority_kv_bmc,
+    priority_kv_induction,
+    priority_kv_rows,
+)
 from flightcheck.verification.z3.priority_models import PRIORITY_KV_Z3_MODEL
 
 MODEL = PRIORITY_KV_Z3_MODEL
-STATES = 241
+STATES = 117
 
 
 @functools.lru_cache(maxsize=None)
@@ -112,6 +118,23 @@ def test_models_the_encoding_leaves_out_beside_the_policy_are_refused():
 
 
 @pytest.mark.slow
+def test_k_induction_proves_pr1_and_pr4_with_every_conjunct_kept():
+    res = priority_kv_induction(MODEL)
+    assert {p.name: p.status for p in res.properties} == {
+        name: "proved" for name in ("WF_encoding", "PR1_waiting_in_priority_order", "PR4_kv_holding_in_priority_order",
+                                    *priority_kv_auxiliary())}
+    assert res.depth == 1        # k
+
+
+@pytest.mark.slow
+def test_the_verify_rows_prove_and_bound_pr4_on_the_model():
+    where = f" [prio-kv-z3@{MODEL.cfg.profile}]"
+    assert {(r.name, r.status, r.method, r.depth) for r in priority_kv_rows()} == {
+        ("PR4_kv_holding_in_priority_order", "proved", "k-induction (k=1)" + where, 1),
+        ("PR4_kv_holding_in_priority_order", "bounded", "bmc" + where, PRIORITY_KV_BMC_DEPTH)}
+
+
+@pytest.mark.slow
 def test_bmc_bounds_pr1_and_pr4():
     res = priority_kv_bmc(MODEL, PRIORITY_KV_BMC_DEPTH)
     assert {p.name: (p.status, p.depth) for p in res.properties} == {
@@ -122,20 +145,23 @@ def test_bmc_bounds_pr1_and_pr4():
 @pytest.mark.slow
 def test_bmc_finds_the_parked_load_at_the_tail_and_the_spec_agrees():
     model = MODEL.with_mutant("parked_load_joins_tail_under_priority")
-    res = priority_kv_bmc(model, 4)
+    res = priority_kv_bmc(model, 5)
     row = {p.name: p for p in res.properties}["PR4_kv_holding_in_priority_order"]
-    assert (row.status, row.depth) == ("violated", 4)       # the explicit search's shortest
-    assert len(row.trace) == 4 and len(row.states) == 5      # replayed on the spec by the engine
+    # arrive, park, the empty batch completes (K = 1), arrive, park: the shortest on this model (a breadth-first
+    # search's too; the explicit search's 4 is on prio-kv-k2, where K = 2 spares the completion)
+    assert (row.status, row.depth) == ("violated", 5)
+    assert len(row.trace) == 5 and len(row.states) == 6      # replayed on the spec by the engine
     assert not kv_holding_in_priority_order(row.states[-1], model.cfg)
 
 
 @pytest.mark.slow
 def test_the_relation_is_spec_step_where_the_step_fence_keeps_the_priority_victim(monkeypatch):
-    # prio-kv-z3 never preempts (its pool suffices); with 2 blocks and shorter prompts the policy preempts,
-    # and in 2 of 315 states the fence keeps its victim (spec.schedule._victim_frees_at_once: the loop stops)
+    # prio-kv-z3 never preempts (its pool suffices) and has no fence (K = 1); with K = 2, 2 blocks and shorter
+    # prompts the policy preempts, and in 2 of 315 states the fence keeps its victim
+    # (spec.schedule._victim_frees_at_once: the running loop stops)
     from flightcheck.spec import Prompt
     spec_schedule = importlib.import_module("flightcheck.spec.schedule")     # the package exports the function
-    model = replace(MODEL, name="prio-kv-fence", cfg=replace(MODEL.cfg, num_blocks=2),
+    model = replace(MODEL, name="prio-kv-fence", cfg=replace(MODEL.cfg, num_stages=2, num_blocks=2),
                     prompts=(Prompt(1, 3, priority=1), Prompt(1, 3, external_hit=1, load_async=True, priority=0)))
     states = list(reachable(model))
     kept = []

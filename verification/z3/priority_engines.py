@@ -30,7 +30,7 @@ from flightcheck.verification.results import PropertyResult, kind_of
 from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY
 from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY, PRIORITY_STEP_FORMULAS
 from flightcheck.verification.z3.encoding.system import System
-from flightcheck.verification.z3.kv_engines import WF, _on, _spec_breaks, kv_bmc, kv_induction
+from flightcheck.verification.z3.kv_engines import KV_CANDIDATES, WF, _on, _spec_breaks, kv_bmc, kv_induction
 from flightcheck.verification.z3.kv_engines import step_consequences as kv_step_consequences
 from flightcheck.verification.z3.results import EngineResult, EngineVerdict
 
@@ -94,11 +94,13 @@ KV_STATE_PROPERTIES = ("PR1_waiting_in_priority_order", "PR4_kv_holding_in_prior
 
 
 def priority_kv_auxiliary() -> list[str]:
-    """The few candidates PR4's proof offers the Houdini loop: PA1 (a
-    holder's place is known), PA2 (the frame's shape but the blocks) and the
-    connector's auxiliary invariants (KV_AUXILIARY: queues, loads, counters,
-    entries, pool); no S-invariant candidates (kv_engines.KV_CANDIDATES)."""
-    return ["PA1_arrived_iff_placed", "PA2_well_formed_but_the_blocks", *KV_AUXILIARY]
+    """PR4's conjuncts beside PR1 and PR4: PA1 (a holder's place is known),
+    PA4 (the frame's shape but every block) and the KV proof's own
+    (KV_AUXILIARY and kv_engines.KV_CANDIDATES). Fewer do not make it
+    inductive: with PA1, PA4 and KV_AUXILIARY alone the counters' KVA7 and
+    KVA8 fall under `complete_oldest` (they need the S-candidates), and the
+    rest with them (docs/proofs.md, "Beside the KV connector (PR4)")."""
+    return ["PA1_arrived_iff_placed", "PA4_well_formed_but_every_block", *KV_AUXILIARY, *KV_CANDIDATES]
 
 
 def priority_kv_induction(model: Model, k: int = 1, time_budget: float | None = None) -> EngineResult:
@@ -134,7 +136,7 @@ def priority_rows(depth: int = PRIORITY_BMC_DEPTH, time_budget: float | None = N
 
 
 # How deep BMC of the model beside the connector goes in `flightcheck verify --priority`.
-PRIORITY_KV_BMC_DEPTH = 4
+PRIORITY_KV_BMC_DEPTH = 5
 
 
 def priority_kv_rows(depth: int = PRIORITY_KV_BMC_DEPTH, time_budget: float | None = None) -> list[PropertyResult]:

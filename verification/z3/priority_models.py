@@ -25,13 +25,16 @@ PRIORITY_Z3_MODEL: Model = PRIO_VICTIM_K2
 # The priority policy beside the KV connector (PR4): `prio-kv-z3`, the
 # explicit search's `prio-kv-k2` (verification/priority_kv_models.py)
 # without vLLM 0.34's load limit (which the connector's encoding refuses),
-# failed loads or aborts (241 reachable states, 36 of them with both loads
-# in `kv_holding`; each cross-checked, tests/test_z3_priority_pairs.py): two async loads of two priorities, the later
-# arrival of the better rank, parked in `kv_holding` at their rank, landed,
-# promoted and admitted by rank, under the step fence (K = 2).
+# failed loads or aborts, and with one batch in flight (K = 1: the proof
+# of PR4 with every conjunct of the KV proof takes minutes, at K = 2 it
+# did not finish in 30; docs/proofs.md): two async loads of two
+# priorities, the later arrival of the better rank, parked in `kv_holding`
+# at their rank, landed, promoted and admitted by rank. 117 reachable
+# states, 24 of them with both loads in `kv_holding`; each cross-checked
+# (tests/test_z3_priority_pairs.py).
 PRIORITY_KV_Z3_MODEL: Model = Model(
     "prio-kv-z3",
-    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=4,
+    Config(num_stages=1, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=4,
            max_model_len=6, prefix_caching=False, profile=PRIORITY_KV_PROFILE, scheduling_policy="priority",
            kv_connector=KvConnector()),
     (Prompt(2, 1, external_hit=2, load_async=True, priority=1),
