@@ -9,7 +9,7 @@ CAD1-CAD3 on cadence-k2 (verification/cadence_models.py, 1,334 states):
   and CAD1-CAD3's formulas with the spec's transition properties, on the
   model's states, on perturbed ones and under both cadence mutants (where
   they break);
-* k-induction keeps WF, CADA1 and CADA2 and CAD1-CAD3 follow in one step,
+* k-induction keeps WF and CADA1-CADA3 and CAD1-CAD3 follow in one step,
   BMC bounds CAD1-CAD3, and both cadence mutants are found by BMC at their
   explicit kill lengths with their traces replayed on the spec (slow)."""
 
@@ -185,11 +185,25 @@ def _perturbed(s: State, rng: random.Random) -> State:
                        s.with_request(r, deferred_waiting=not q.deferred_waiting)])
 
 
+def _stretched(s: State, rng: random.Random) -> list[State]:
+    """s with one entry in flight starting, or holding, one past max_model_len ([] with none in flight)."""
+    slots = [(k, j) for k, batch in enumerate(s.in_flight) for j in range(len(batch))]
+    if not slots:
+        return []
+    k, j = rng.choice(slots)
+    e = s.in_flight[k][j]
+    e = rng.choice([dataclasses.replace(e, start=MODEL.cfg.max_model_len + 1),
+                    dataclasses.replace(e, n=MODEL.cfg.max_model_len + 1)])
+    batch = s.in_flight[k][:j] + (e,) + s.in_flight[k][j + 1:]
+    return [dataclasses.replace(s, in_flight=s.in_flight[:k] + (batch,) + s.in_flight[k + 1:])]
+
+
 def test_each_auxiliary_formula_agrees_with_its_predicate():
     rng = random.Random(1)
     states = _sample(30)
     broken = {name: 0 for name in CAD_AUXILIARY}
-    for s in states + [_perturbed(s, rng) for s in states for _ in range(3)]:
+    perturbed = [_perturbed(s, rng) for s in states for _ in range(3)]
+    for s in states + perturbed + [t for s in states for t in _stretched(s, rng)]:
         truth = _auxiliary_truth(s)
         for name, holds in CAD_AUXILIARY_PREDICATES.items():
             expected = holds(s, MODEL.cfg)
