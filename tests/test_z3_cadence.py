@@ -30,7 +30,7 @@ from flightcheck.verification.cadence_models import CADENCE_K2, CADENCE_K2_ASYNC
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
 from flightcheck.verification.mutants.cadence import CADENCE
-from flightcheck.verification.z3.cadence_models import CADENCE_K3_TIGHT, CADENCE_Z3
+from flightcheck.verification.z3.cadence_models import CADENCE_K3_TIGHT, CADENCE_Z3, CADENCE_Z3_ASYNC
 from flightcheck.verification.z3.cadence_engines import CAD_BMC_DEPTH, CAD_PROPERTIES, cad_bmc, cad_induction, cad_model
 from flightcheck.verification.z3.encoding.actions import SCHEDULE
 from flightcheck.verification.z3.encoding.cadence_invariants import (
@@ -113,16 +113,18 @@ def test_the_relation_is_spec_step_on_sampled_cadence_states():
     assert report.problems == []
 
 
-@pytest.mark.slow               # 558 s, 1,319 s and 12 s at load 10-20
-@pytest.mark.parametrize("model", [CADENCE_K2, CADENCE_K3_TIGHT, CADENCE_Z3], ids=lambda m: m.name)
+@pytest.mark.slow               # 558 s, 1,319 s, 12 s and 50 s at load 10-20
+@pytest.mark.parametrize("model", [CADENCE_K2, CADENCE_K3_TIGHT, CADENCE_Z3, CADENCE_Z3_ASYNC], ids=lambda m: m.name)
 def test_the_relation_is_spec_step_on_every_reachable_cadence_state(model):
     report = _cross_check(model, reachable(model))
     assert report.problems == []
     assert (report.states, report.edges) == CROSS_CHECKED[model.name]
 
 
-# Every reachable state and its spec successors (edges), cross-checked both ways.
-CROSS_CHECKED = {"cadence-k2": (1334, 2179), "cadence-k3-tight": (2109, 3859), "cadence-z3-k2": (87, 130)}
+# Every reachable state and its spec successors (edges), cross-checked both ways; the last under
+# vLLM 0.34's async scheduling (placeholders beside the hold in 63 of its states).
+CROSS_CHECKED = {"cadence-k2": (1334, 2179), "cadence-k3-tight": (2109, 3859), "cadence-z3-k2": (87, 130),
+                 "cadence-z3-k2-async": (177, 289)}
 
 
 @pytest.mark.slow
