@@ -272,6 +272,23 @@ def test_k_induction_keeps_the_cadence_conjuncts_and_cad1_to_cad3_follow_in_one_
     assert all(rows[name].status == "proved" for name in CAD_AUXILIARY)
 
 
+@pytest.mark.slow               # 6 s at load 9
+def test_without_cada3_a_schedule_step_breaks_if2_through_a_wrapped_sum_and_with_it_none_does():
+    """Why CADA3 is offered: with every other conjunct of the proof assumed,
+    a schedule step still breaks IF2 from a frame with an entry in flight
+    longer than the model (S2's and S10's sums wrap round in bit-vectors);
+    with CADA3 assumed too, no schedule step breaks it."""
+    from flightcheck.verification.z3.cadence_engines import cad_auxiliary
+    from flightcheck.verification.z3.kv_engines import CANDIDATE, WF, _formula, _step_solvers
+    cada3, if2 = "CADA3_entries_within_the_model_length", CANDIDATE + "IF2_stale_counter"
+    system = System(CADENCE_Z3)
+    names = [WF, *cad_auxiliary(CADENCE_Z3)]
+    solver, assume, goal = _step_solvers(system, 1, names)[SCHEDULE]
+    assert solver.check(*[assume[n] for n in names if n != cada3], z3.Not(goal[if2])) == z3.sat
+    assert z3.is_false(solver.model().eval(_formula(system, cada3, 0), model_completion=True))
+    assert solver.check(*[assume[n] for n in names], z3.Not(goal[if2])) == z3.unsat
+
+
 @pytest.mark.slow
 def test_bmc_bounds_cad1_to_cad3():
     result = cad_bmc(MODEL, 4)
