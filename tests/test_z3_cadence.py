@@ -1,6 +1,7 @@
 """The prefill cadence in the Z3 encoding (verification/z3/encoding/cadence.py,
 cadence_state.py, cadence_invariants.py) against the spec, and the proofs of
-CAD1-CAD3 on cadence-k2 (verification/cadence_models.py, 1,334 states):
+CAD1-CAD3: BMC on cadence-k2 (verification/cadence_models.py, 1,334
+states), k-induction on cadence-z3-k2 (z3/cadence_models.py, 87 states):
 
 * the transition relation is spec.step's on the model's states (every
   successor both ways, the Z3 action replaying on the spec): on a sample
@@ -113,7 +114,7 @@ def test_the_relation_is_spec_step_on_sampled_cadence_states():
     assert report.problems == []
 
 
-@pytest.mark.slow               # 558 s, 1,319 s, 12 s and 50 s at load 10-20
+@pytest.mark.slow               # 558 s, 1,319 s, 12 s and 23-50 s at load 9-20
 @pytest.mark.parametrize("model", [CADENCE_K2, CADENCE_K3_TIGHT, CADENCE_Z3, CADENCE_Z3_ASYNC], ids=lambda m: m.name)
 def test_the_relation_is_spec_step_on_every_reachable_cadence_state(model):
     report = _cross_check(model, reachable(model))
@@ -263,7 +264,7 @@ def test_each_cad_formula_agrees_with_the_spec_on_schedule_steps_perturbed_and_m
 # --- the engines
 
 
-@pytest.mark.slow
+@pytest.mark.slow               # 80 s and 73 s at load 9-10
 def test_k_induction_keeps_the_cadence_conjuncts_and_cad1_to_cad3_follow_in_one_step():
     result = cad_induction(cad_model("vllm-0.34"))
     rows = result.by_name()
