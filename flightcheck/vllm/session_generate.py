@@ -66,4 +66,4 @@ def with_sessions(pick: Picker, workload: dict[str, Any]) -> None:
 
 
 FEATURE = Feature("streaming-sessions", ("0.33.0", "0.34.0"), 1.0, with_sessions,
-                  excludes=("kv-connector", "spec-decoding"))
+                  excludes=("kv-connector",))
