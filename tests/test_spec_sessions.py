@@ -133,3 +133,25 @@ def test_each_session_mutant_is_killed_by_its_recorded_property_at_its_length(na
 def test_each_issue_bug_is_a_mutant_named_for_its_number():
     for number in ("52693", "52765", "42655", "5183"):
         assert any(name.endswith(number) for name in SESSION_MUTANTS)
+
+
+# session-cache-k2 under the priority policy, the session of priority 1 beside
+# the plain request of priority 0 (states per profile): SS5 beside prefix caching.
+PRIORITY_CACHE_STATES = {"vllm-0.34": (1610, 3296), "vllm-0.34-async": (4140, 9105),
+                         "vllm-0.33": (1610, 3296), "vllm-0.33-async": (4140, 9105)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", sorted(PRIORITY_CACHE_STATES))
+def test_with_prefix_caching_and_priorities_a_session_keeps_ss1_to_ss5(profile: str):
+    from dataclasses import replace
+
+    from flightcheck.verification.session_models import SESSION_CACHE_K2
+
+    cfg = replace(SESSION_CACHE_K2.cfg, scheduling_policy="priority")
+    prompts = (Prompt(1, 2, session=((2, 1), (0, 0)), priority=1), Prompt(2, 2, labels=(1,)))
+    model = replace(SESSION_CACHE_K2, name="prio-session-cache-k2", cfg=cfg, prompts=prompts)
+    result = search(replace(model.under_profile(profile), name=f"prio-session-cache-k2@{profile}"))
+    assert result.ok and all(result.liveness.values()), [(v.property, v.message) for v in result.violations]
+    assert (result.num_states, result.num_edges) == PRIORITY_CACHE_STATES[profile]
+    assert "SS5_session_queues_in_priority_order" in {i.name for i in invariants_for(cfg)}
