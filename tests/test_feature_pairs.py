@@ -96,9 +96,13 @@ def test_the_streaming_checker_accepts_it_too(name: str) -> None:
 FOUND = {("0.34.0", True): [(6, 87), (5, 42), (5, 64), (5, 8)],
          ("0.33.0", False): [(5, 94), (5, 104)]}
 # Those the generator now draws otherwise (the KV connector has met cache-aware order and
-# drafts since: tests/test_kv_feature_pairs.py), kept as that campaign drew them.
+# drafts since: tests/test_kv_feature_pairs.py; sessions have met prefix caching and drafts:
+# tests/test_vllm_session_cache_pairs.py), kept as that campaign drew them.
 AS_DRAWN = {("0.34.0", 5, 42): "034_priority_reset_order.workload.json",
-            ("0.34.0", 5, 8): "034_reset_drafts_seed5_8.workload.json"}
+            ("0.34.0", 5, 8): "034_reset_drafts_seed5_8.workload.json",
+            ("0.34.0", 6, 87): "034_grammar_priority_seed6_87.workload.json",
+            ("0.33.0", 5, 94): "033_reset_tables_seed5_94.workload.json",
+            ("0.33.0", 5, 104): "033_grammar_pause_empty_batch_seed5_104.workload.json"}
 
 
 def _found_workload(version: str, mid_step_inputs: bool, seed: int, index: int) -> dict:
