@@ -15,6 +15,9 @@ z3/encoding/priority.py and priority_state.py.
   must agree state for state and break the same property
   (z3.results.replay), so the encoding cannot report a bug the spec does
   not have.
+* Beside the KV connector (`PRIORITY_KV_Z3_MODEL`): PR1 and PR4 by
+  k-induction on `priority_kv_auxiliary()` (`priority_kv_induction`) and
+  by BMC (`priority_kv_bmc`); `priority_kv_rows` gives PR4's rows.
 """
 
 from __future__ import annotations

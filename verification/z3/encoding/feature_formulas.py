@@ -18,7 +18,8 @@ from typing import Any, Callable
 from flightcheck.verification.z3.encoding.cadence_invariants import CAD_AUXILIARY
 from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY, KV_FORMULAS
 from flightcheck.verification.z3.encoding.session_invariants import SESSION_AUXILIARY, SESSION_FORMULAS
-from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY, PRIORITY_FORMULAS, PRIORITY_KV_AUXILIARY
+from flightcheck.verification.z3.encoding.priority_invariants import (PRIORITY_AUXILIARY, PRIORITY_FORMULAS,
+                                                                    PRIORITY_KV_AUXILIARY)
 from flightcheck.verification.z3.encoding.reset_pause_invariants import RP_AUXILIARY
 from flightcheck.verification.z3.encoding.state import Layout, SState
 from flightcheck.verification.z3.encoding.structured_output_invariants import GRAMMAR_AUXILIARY, GRAMMAR_FORMULAS

@@ -219,7 +219,8 @@ def kv_state_fields(kv: list, iv) -> dict:
         return {}
     s = kv[0]
     deferred = tuple((iv(d.left), tuple(iv(b) for b in d.blocks[:iv(d.length)])) for d in s.deferred[:iv(s.deferred_len)])
-    kept = {"arrivals": tuple(iv(x) for x in s.arrivals[:iv(s.arrivals_len)])} if iv(s.arrivals_len) else {}
+    arrivals = tuple(iv(x) for x in s.arrivals[:iv(s.arrivals_len)])
+    kept = {"arrivals": arrivals} if arrivals else {}       # under the priority policy priority_state.py's
     return dict(kv_holding=tuple(iv(x) for x in s.holding[:iv(s.holding_len)]), deferred_frees=deferred, **kept)
 
 

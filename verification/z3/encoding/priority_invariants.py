@@ -111,7 +111,8 @@ PRIORITY_FORMULAS = {"PR1_waiting_in_priority_order": pr1_waiting_in_priority_or
 PRIORITY_AUXILIARY = {"PA1_arrived_iff_placed": pa1_arrived_iff_placed,
                       "PA2_well_formed_but_the_blocks": pa2_well_formed_but_the_blocks,
                       "PA3_queues_match_statuses": pa3_queues_match_statuses}
-PRIORITY_KV_AUXILIARY = {"PA4_well_formed_but_every_block": pa4_well_formed_but_every_block}   # PR4's (with a connector)
+# PR4's (with a connector; priority_engines.priority_kv_auxiliary)
+PRIORITY_KV_AUXILIARY = {"PA4_well_formed_but_every_block": pa4_well_formed_but_every_block}
 
 
 # --- PR2, PR3: formulas of a step (st.before, st.after, st.choices, st.sched) -------
