@@ -336,7 +336,7 @@ def describe_difference(expected: State, actual: State) -> str:
             x, y = getattr(a, name), getattr(b, name)
             if x != y:
                 diffs.append(f"r{r}.{name}: spec {x!r}, reference {y!r}")
-    for name in ("waiting", "running", "scheduled_ids"):
+    for name in ("waiting", "running", "scheduled_ids", "kv_holding", "arrivals"):
         if getattr(expected, name) != getattr(actual, name):
             diffs.append(f"{name}: spec {getattr(expected, name)}, reference {getattr(actual, name)}")
     if len(expected.in_flight) != len(actual.in_flight):
