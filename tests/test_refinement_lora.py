@@ -83,3 +83,40 @@ def test_the_reference_refines_the_spec_with_a_lora_cap_and_prompt_logprobs(monk
 def test_a_longer_lora_run_passes_from_two_seeds(profile):
     for seed in (2, 3):
         assert lora_fuzz(3000, seed, profile) is None, (profile, seed)
+
+
+# -- `flightcheck fuzz --feature` ---------------------------------------------------
+
+def test_fuzz_feature_names_every_features_machine_and_its_mutants():
+    from flightcheck.commands.fuzz import FEATURES
+    from flightcheck.verification.mutants import reference
+    from flightcheck.verification.refinement.feature_fuzzers import FEATURE_FUZZERS
+
+    assert set(FEATURES) == set(FEATURE_FUZZERS)
+    assert FEATURE_FUZZERS["lora"].fuzz is lora_fuzz and FEATURE_FUZZERS["lora"].profiles == LORA_FUZZED_PROFILES
+    own = {m for fuzzer in FEATURE_FUZZERS.values() for m in fuzzer.mutants}
+    assert own == (set(reference.PRIORITY_MUTANTS) | set(reference.GRAMMAR_MUTANTS) | set(reference.SESSION_MUTANTS)
+                   | set(reference.RESET_PAUSE_MUTANTS) | set(LORA_MUTANTS) | set(reference.PRIORITY_SESSION_MUTANTS))
+
+
+def test_fuzz_feature_lora_drives_each_profile_and_reports_the_feature(capsys):
+    import json
+
+    from flightcheck.cli import main
+
+    assert main(["fuzz", "--feature", "lora", "--steps", "40", "--seed", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["feature"] == "lora" and report["profiles"] == list(LORA_FUZZED_PROFILES)
+    assert not report["failed"] and report["failure"] is None and report["steps"] == 40
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--feature", "lora", "--mutant", "shared_snapshot"], "unknown --feature lora --mutant 'shared_snapshot'"),
+    (["--feature", "lora", "--profile", "vllm-0.8.5"], "--feature lora runs under vllm-0.34"),
+    (["--feature", "lora", "--kv-connector"], "--kv-connector and --feature pick different machines"),
+])
+def test_fuzz_feature_refuses_what_its_machine_does_not_run(argv, message, capsys):
+    from flightcheck.cli import main
+
+    assert main(["fuzz", *argv, "--steps", "10"]) == 2
+    assert message in capsys.readouterr().err
