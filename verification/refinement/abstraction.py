@@ -25,7 +25,9 @@ where their vocabularies meet:
   0.33): under 0.8.x the spec binds by incarnation and a slot has no name;
 * a cached block's hash becomes the spec's content label: a prompt block by a
   chained-hash -> int table shared by all requests (a shared prefix shares
-  labels, and the spec's `Prompt.labels` come from the same table), a block
+  labels, and the spec's `Prompt.labels` come from the same table; the hash
+  takes the request's LoRA, as the reference's and vLLM's do, so requests
+  of different LoRAs share no label), a block
   holding output tokens by `content_label`, which the spec makes unique per
   (request, block index). That is sound only if two requests never share an
   output-containing block's content, so a driver must sample tokens unique to
