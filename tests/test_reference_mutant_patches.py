@@ -42,12 +42,14 @@ def test_every_named_mutant_has_edits_of_the_reference_and_a_profile_it_runs_und
     assert set(ALL_MUTANTS) == set(MUTANTS) | {name for own in PROFILE_MUTANTS.values() for name in own}
     # the KV connector's are not fuzzed (no fuzzer run has a connector): tests/test_kv_mutants.py;
     # nor are streaming sessions' (no fuzzer run has a session): tests/test_sessions_lockstep.py;
-    # the priority policy's, structured output's and reset-and-pause's run in their own fuzzers:
-    # tests/test_priority_refinement.py, test_grammar_refinement.py, test_reset_pause_refinement.py
-    from flightcheck.verification.mutants.reference import (GRAMMAR_MUTANTS, PRIORITY_MUTANTS, RESET_PAUSE_MUTANTS,
+    # the priority policy's, structured output's, reset-and-pause's, LoRA's and the priority-sessions
+    # pair's run in their own fuzzers: tests/test_priority_refinement.py, test_grammar_refinement.py,
+    # test_reset_pause_refinement.py, test_refinement_lora.py, test_refinement_priority_sessions.py
+    from flightcheck.verification.mutants.reference import (GRAMMAR_MUTANTS, LORA_MUTANTS, PRIORITY_MUTANTS,
+                                                            PRIORITY_SESSION_MUTANTS, RESET_PAUSE_MUTANTS,
                                                             SESSION_MUTANTS)
     own_fuzzers = (set(KV_MUTANTS) | set(SESSION_MUTANTS) | set(PRIORITY_MUTANTS) | set(GRAMMAR_MUTANTS)
-                   | set(RESET_PAUSE_MUTANTS))
+                   | set(RESET_PAUSE_MUTANTS) | set(LORA_MUTANTS) | set(PRIORITY_SESSION_MUTANTS))
     assert set(REFERENCE_MUTANTS) == set(ALL_MUTANTS) | own_fuzzers
     assert not set(ALL_MUTANTS) & own_fuzzers
     for m in REFERENCE_MUTANTS.values():
@@ -112,8 +114,11 @@ def test_a_mutant_is_in_force_for_its_class_subclasses_and_instances_inside_its_
         assert active_reference() == name
         for function in functions:
             assert function.__code__ is not originals[function]
-            method = getattr(traced, function.__name__).__func__
-            assert method is function and getattr(Scheduler, function.__name__) is function
+            # a step of the scheduler, or (the prompt-logprobs limit) of its cache manager
+            owner, owner_class = ((traced, Scheduler) if hasattr(Scheduler, function.__name__)
+                                  else (traced.kv_cache_manager, type(traced.kv_cache_manager)))
+            method = getattr(owner, function.__name__)
+            assert getattr(method, "__func__", method) is function     # (a static method has none) and getattr(owner_class, function.__name__) is function
         with pytest.raises(RuntimeError, match=f"reference mutant {name} is applied"):
             with reference_applied("shared_snapshot" if name != "shared_snapshot" else "output_bound_by_name"):
                 pass

@@ -2,6 +2,7 @@
 
     flightcheck fuzz --steps N --seed S [--mutant NAME] [--profile NAME] [--json]
     flightcheck fuzz --kv-connector --steps N --seed S [--mutant NAME] [--profile NAME] [--json]
+    flightcheck fuzz --feature NAME --steps N --seed S [--mutant NAME] [--profile NAME] [--json]
     flightcheck fuzz --list-mutants
     flightcheck fuzz --seeds 0-99 [--executor local|ray] [--ray-address ADDR] [--jobs N] ... [--json]
 
@@ -20,6 +21,15 @@ alone; --list-mutants lists the every-profile ones.
 vllm-0.34 and vllm-0.34-async, a quarter of the steps each (--profile: all
 under one); its --mutant is one of the connector's (KV_MUTANTS in
 verification/mutants/reference.py).
+
+--feature NAME drives a feature's refinement machine
+(verification/refinement/feature_fuzzers.py): priority, grammar,
+streaming-sessions, reset-pause, lora (LoRA's max_loras cap and prompt
+logprobs) or priority-sessions (the priority policy beside streaming
+sessions), each under vllm-0.33 and vllm-0.34, sync and async, a quarter of
+the steps each (--profile: all under one); its --mutant is one of the
+feature's, run under the mutant's own profile unless --profile names one;
+--json adds "feature".
 
 --seeds A-B (or a list: 0,5,9-12) runs one fuzz per seed, each a task of
 the executor (verification/executors: `--executor local`, a pool of --jobs
@@ -46,6 +56,8 @@ from .common import bad, int_in, positive_int, seed_int
 
 # --seeds A-B runs this many fuzz runs at most (each a task).
 MAX_SEEDS = 100_000
+# --feature's names (verification/refinement/feature_fuzzers.py FEATURE_FUZZERS)
+FEATURES = ("priority", "grammar", "streaming-sessions", "reset-pause", "lora", "priority-sessions")
 
 
 def add_parser(sub) -> None:
@@ -63,6 +75,8 @@ def add_parser(sub) -> None:
                       "steps for each other)")
     fuzz.add_argument("--kv-connector", action="store_true",
                       help="with a fabricated KV connector, under the profiles that have one")
+    fuzz.add_argument("--feature", choices=FEATURES,
+                      help="a feature's refinement machine, under vllm-0.33 and vllm-0.34, sync and async")
     fuzz.add_argument("--list-mutants", action="store_true", help="print the reference mutants and exit")
     fuzz.add_argument("--json", action="store_true", help="print machine-readable results")
     fuzz.set_defaults(func=run)
@@ -92,8 +106,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.seeds is None and (args.executor != "local" or args.ray_address):
         return bad("--executor and --ray-address run the seeds of --seeds")
+    if args.kv_connector and args.feature:
+        return bad("--kv-connector and --feature pick different machines: give one")
     if args.kv_connector:
         return run_kv(args)
+    if args.feature:
+        return run_feature(args)
     from flightcheck.verification.mutants.reference import KV_MUTANTS
     if args.mutant in KV_MUTANTS:
         return bad(f"--mutant {args.mutant} is a mutant of the KV connector: add --kv-connector")
@@ -123,8 +141,25 @@ def run_kv(args: argparse.Namespace) -> int:
     return _run_and_report(args)
 
 
-def fuzz_one(kv_connector: bool, steps: int, seed: int, mutant: str | None, profile: str | None) -> dict[str, Any]:
+def run_feature(args: argparse.Namespace) -> int:
+    """`fuzz --feature NAME`: the feature's refinement machine, each of its
+    profiles in turn (or --profile alone; with --mutant, the mutant's)."""
+    from flightcheck.verification.refinement.feature_fuzzers import FEATURE_FUZZERS
+
+    fuzzer = FEATURE_FUZZERS[args.feature]
+    if args.mutant is not None and args.mutant not in fuzzer.mutants:
+        return bad(f"unknown --feature {args.feature} --mutant {args.mutant!r}; known: {', '.join(fuzzer.mutants)}")
+    if args.profile is not None and args.profile not in fuzzer.profiles:
+        return bad(f"--feature {args.feature} runs under {', '.join(fuzzer.profiles)}, not {args.profile!r}")
+    return _run_and_report(args)
+
+
+def fuzz_one(kv_connector: bool, steps: int, seed: int, mutant: str | None, profile: str | None,
+             feature: str | None = None) -> dict[str, Any]:
     """One fuzz run's result (`--json`'s object): the task of each seed of --seeds."""
+    if feature is not None:
+        from flightcheck.verification.refinement.feature_fuzzers import feature_fuzz
+        return feature_fuzz(feature, steps, seed, mutant, profile)
     if kv_connector:
         return _kv_result(steps, seed, mutant, profile)
     from flightcheck.verification.refinement.fuzz import run_fuzz
@@ -153,7 +188,7 @@ def _run_and_report(args: argparse.Namespace) -> int:
     """One seed in this process (--seed), or every seed of --seeds as tasks."""
     if args.seeds is not None:
         return _run_seeds(args)
-    result = fuzz_one(args.kv_connector, args.steps, args.seed, args.mutant, args.profile)
+    result = fuzz_one(args.kv_connector, args.steps, args.seed, args.mutant, args.profile, args.feature)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
@@ -164,7 +199,8 @@ def _run_and_report(args: argparse.Namespace) -> int:
 
 
 def _summary(args: argparse.Namespace, result: dict[str, Any]) -> str:
-    default = "the reference with a KV connector" if args.kv_connector else "the reference"
+    default = ("the reference with a KV connector" if args.kv_connector
+               else f"the reference with {args.feature}" if args.feature else "the reference")
     what = f"mutant {args.mutant}" if args.mutant else default
     verdict = "a step FAILED" if result["failed"] else "no step failed"
     return (f"{what}: {verdict} (budget {result['steps']} steps, seed {result['seed']}, "
@@ -184,7 +220,8 @@ def _run_seeds(args: argparse.Namespace) -> int:
     refused = executors.configure_from(args)
     if refused:
         return bad(refused)
-    tasks = [executors.Task((seed,), fuzz_one, (args.kv_connector, args.steps, seed, args.mutant, args.profile),
+    tasks = [executors.Task((seed,), fuzz_one, (args.kv_connector, args.steps, seed, args.mutant, args.profile,
+                                                args.feature),
                             f"seed {seed}") for seed in args.seeds]
     before, started = executors.counts(), time.perf_counter()
     try:
@@ -192,7 +229,7 @@ def _run_seeds(args: argparse.Namespace) -> int:
     except (executors.ExecutorUnavailable, executors.TaskLost) as err:
         return bad(str(err))
     report = {**executors.ran_since(before), "kv_connector": args.kv_connector,
-              "mutant": args.mutant, "steps": args.steps, "seeds": args.seeds,
+              **({"feature": args.feature} if args.feature else {}), "mutant": args.mutant, "steps": args.steps, "seeds": args.seeds,
               "failed": [run["seed"] for run in runs if run["failed"]],
               "seconds": round(time.perf_counter() - started, 3), "runs": runs}
     if args.json:

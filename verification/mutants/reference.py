@@ -34,6 +34,9 @@ REFERENCE_MODULES: dict[str, str] = {
     "sessions": "flightcheck.reference.sessions",             # streaming sessions' steps
     "grammar": "flightcheck.reference.grammar",               # structured output's steps
     "reset_pause": "flightcheck.reference.reset_pause",       # the reset and the pause
+    "lora": "flightcheck.reference.lora",                     # LoRA's max_loras cap
+    "waiting": "flightcheck.reference.waiting",               # the waiting loop (the cap's skip)
+    "kv_cache_manager": "flightcheck.reference.kv_cache_manager",   # the prompt-logprobs limit
 }
 
 
@@ -426,10 +429,72 @@ RESET_PAUSE: tuple[ReferenceMutant, ...] = (
             profile="vllm-0.34-async"),
 )
 
+# LoRA's cap and the prompt-logprobs limit in the reference (reference/lora.py,
+# the waiting loop, the cache manager's lookup), named as the spec's
+# (verification/mutants/lora.py); each caught by the LoRA refinement fuzzer
+# (verification/refinement/lora_machine.py, tests/test_refinement_lora.py),
+# not by the default runs (no LoRA there).
+LORA: tuple[ReferenceMutant, ...] = (
+    _mutant("lora_no_admission_cap_issue14495",
+            "nothing at admission keeps a step's LoRAs within max_loras: the waiting loop never passes a "
+            "request over for its LoRA (vLLM issue #14495, \"No free lora slots\")",
+            _edit("lora.LoraCap._held_by_lora_cap",
+                  "len(loras) == max_loras and request.lora_int_id not in loras", "False"),
+            profile="vllm-0.34"),
+    _mutant("lora_cap_stops_admission_pr15422",
+            "the waiting loop stops at a request whose LoRA the cap cannot take, instead of passing it over: "
+            "the requests behind it wait (before vLLM PR #15422)",
+            _edit("waiting.WaitingLoop._schedule_waiting", "request = self.waiting[index]", """
+                  request = self.waiting[index]
+                  if self._held_by_lora_cap(request):
+                      break"""),
+            profile="vllm-0.34"),
+    _mutant("lora_cap_counts_scheduled_running_v0_8_5",
+            "the cap counts the LoRAs of the requests scheduled in this step only, not of every running one: "
+            "a running request with its tokens in flight frees its adapter's slot (vLLM 0.8.5 and 0.8.4)",
+            _edit("waiting.WaitingLoop._schedule_waiting", "self._held_by_lora_cap(request)", """
+                  (self.config.max_loras > 0 and request.lora_int_id > 0
+                   and len({r.lora_int_id for r in self.running if r.lora_int_id > 0
+                            and r.request_id in batch.num_scheduled_tokens}) == self.config.max_loras
+                   and request.lora_int_id not in {r.lora_int_id for r in self.running
+                                                   if r.request_id in batch.num_scheduled_tokens})"""),
+            profile="vllm-0.34"),
+    _mutant("prompt_logprobs_read_prefix_cache_issue3251",
+            "a request that asks for prompt logprobs reads its cached prefix: the logits of the cached "
+            "positions are never computed (vLLM issue #3251)",
+            _edit("kv_cache_manager.KVCacheManager.get_computed_blocks",
+                  "not self.enable_caching or request.prompt_logprobs", "not self.enable_caching"),
+            profile="vllm-0.34"),
+)
+
+# Where the priority policy meets streaming sessions (reference/sessions.py
+# under `_priority`): synthetic, as no vLLM bug of the pair's rules is known
+# (its one finding, a parked session's input re-keying a heap, is vLLM's own
+# behaviour, which the reference keeps); each caught by the priority-sessions
+# refinement fuzzer (verification/refinement/priority_sessions_machine.py,
+# tests/test_refinement_priority_sessions.py).
+PRIORITY_SESSIONS: tuple[ReferenceMutant, ...] = (
+    _mutant("stopped_session_joins_tail_under_priority",
+            "under the priority policy a stopping session joins the tail of its queue instead of being "
+            "pushed at its (priority, arrival) place (synthetic)",
+            _edit("sessions.StreamingSessions._handle_stopped", """
+                  if self._priority:
+                      ordered = sorted(queue, key=lambda r: (r.priority, r.arrival_time, r.request_id))
+                      queue.clear()
+                      queue.extend(ordered)""", ""),
+            profile="vllm-0.34"),
+    _mutant("session_input_keeps_first_arrival",
+            "a session taking an input keeps its first arrival time, not the input's (synthetic; vLLM's "
+            "`_update_request_as_session` takes `update.arrival_time`)",
+            _edit("sessions.StreamingSessions._take_input", "session.arrival_time = update.arrival_time", ""),
+            profile="vllm-0.34"),
+)
+
 # -- the registry: by name, and by the profile each is fuzzed under -----------------
 
 REFERENCE_MUTANTS: dict[str, ReferenceMutant] = {m.name: m for m in EVERY_PROFILE + COUNTERS_0_33 + ASYNC_0_33
-                                                 + KV_CONNECTOR + PRIORITY + SESSIONS + GRAMMAR + RESET_PAUSE}
+                                                 + KV_CONNECTOR + PRIORITY + SESSIONS + GRAMMAR + RESET_PAUSE
+                                                 + LORA + PRIORITY_SESSIONS}
 # the KV connector's (not fuzzed: no fuzzer run has a connector)
 KV_MUTANTS: dict[str, str] = {m.name: m.history for m in KV_CONNECTOR}
 
@@ -446,12 +511,18 @@ SESSION_MUTANTS: dict[str, str] = {m.name: m.history for m in SESSIONS}
 # structured output's and reset-and-pause's (fuzzed only by their own fuzzers)
 GRAMMAR_MUTANTS: dict[str, str] = {m.name: m.history for m in GRAMMAR}
 RESET_PAUSE_MUTANTS: dict[str, str] = {m.name: m.history for m in RESET_PAUSE}
+# LoRA's cap and the prompt-logprobs limit (fuzzed only by the LoRA fuzzer)
+LORA_MUTANTS: dict[str, str] = {m.name: m.history for m in LORA}
+# the priority policy's beside sessions (fuzzed only by the priority-sessions fuzzer)
+PRIORITY_SESSION_MUTANTS: dict[str, str] = {m.name: m.history for m in PRIORITY_SESSIONS}
 # every mutant the default runs fuzz (the KV connector's, the priority policy's,
-# the sessions', structured output's and reset-and-pause's are not)
+# the sessions', structured output's, reset-and-pause's, LoRA's and the
+# priority-sessions pair's are not)
 ALL_MUTANTS: dict[str, str] = {name: m.history for name, m in REFERENCE_MUTANTS.items()
                                if name not in KV_MUTANTS and name not in PRIORITY_MUTANTS
                                and name not in SESSION_MUTANTS and name not in GRAMMAR_MUTANTS
-                               and name not in RESET_PAUSE_MUTANTS}
+                               and name not in RESET_PAUSE_MUTANTS and name not in LORA_MUTANTS
+                               and name not in PRIORITY_SESSION_MUTANTS}
 
 
 def reference_mutant(name: str) -> ReferenceMutant:

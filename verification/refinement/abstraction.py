@@ -25,7 +25,9 @@ where their vocabularies meet:
   0.33): under 0.8.x the spec binds by incarnation and a slot has no name;
 * a cached block's hash becomes the spec's content label: a prompt block by a
   chained-hash -> int table shared by all requests (a shared prefix shares
-  labels, and the spec's `Prompt.labels` come from the same table), a block
+  labels, and the spec's `Prompt.labels` come from the same table; the hash
+  takes the request's LoRA, as the reference's and vLLM's do, so requests
+  of different LoRAs share no label), a block
   holding output tokens by `content_label`, which the spec makes unique per
   (request, block index). That is sound only if two requests never share an
   output-containing block's content, so a driver must sample tokens unique to
@@ -101,7 +103,8 @@ def spec_config(cfg, allow_name_reuse: bool = False) -> Config:
                   num_preallocate_tokens=cfg.num_preallocate_tokens,
                   stale_mode="drop" if cfg.drop_stale_output else "deliver",
                   allow_name_reuse=allow_name_reuse, kv_connector=_kv_connector(cfg),
-                  scheduling_policy=cfg.scheduling_policy)
+                  scheduling_policy=cfg.scheduling_policy, max_loras=cfg.max_loras,
+                  prompt_logprobs=cfg.prompt_logprobs)
 
 
 def _kv_connector(cfg) -> KvConnector | None:
@@ -142,7 +145,7 @@ class Ledger:
         tokens = request.prompt_token_ids
         labels, parent = [], None
         for i in range(len(tokens) // bs):
-            parent = hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs])
+            parent = hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs], request.lora_int_id)
             labels.append(self._prompt_label.setdefault(parent, len(self._prompt_label) + 1))
         self.requests.append(request)
         self._slot_by_object[id(request)] = slot
@@ -150,7 +153,8 @@ class Ledger:
         self.prompt_labels.append(tuple(labels))
         self._hashes.append([])
         return slot, Prompt(request.num_prompt_tokens, request.max_tokens, tuple(labels),
-                            priority=request.priority)
+                            priority=request.priority, lora=request.lora_int_id,
+                            prompt_logprobs=request.prompt_logprobs)
 
     def record_batch(self, scheduler: Scheduler, output: SchedulerOutput) -> None:
         """Bind each entry's (request id, incarnation) to its slot, right
@@ -211,7 +215,7 @@ class Ledger:
             while len(hashes) < len(tokens) // bs:
                 i = len(hashes)
                 hashes.append(hash_block_tokens(hashes[-1] if hashes else None,
-                                                tokens[i * bs:(i + 1) * bs]))
+                                                tokens[i * bs:(i + 1) * bs], request.lora_int_id))
                 if i >= len(self.prompt_labels[slot]):        # spec content_label: not its first prompt's
                     self._output_label[hashes[-1]] = content_label(state, slot, i, bs)
             if request.resumable:
@@ -262,7 +266,7 @@ def _request(scheduler: Scheduler, ledger: Ledger, slot: int, r: Request,
     labels = ledger.prompt_labels[slot] if ledger.prefix_caching else ()
     common = dict(status=status, prompt_len=r.num_prompt_tokens, max_tokens=r.max_tokens,
                   prompt_labels=labels, num_output=r.num_output_tokens, priority=r.priority,
-                  name=ledger.name_of(slot) if named else None)
+                  name=ledger.name_of(slot) if named else None, **_lora_fields(scheduler, r))
     if scheduler.connector is not None:       # the KV connector's fields (kv_abstraction.py)
         common.update(kv_abstraction.request_fields(scheduler, r))
     if status.is_finished:
@@ -273,6 +277,15 @@ def _request(scheduler: Scheduler, ledger: Ledger, slot: int, r: Request,
                        num_drafts=len(r.spec_token_ids), block_table=table,
                        num_in_flight=r.num_in_flight_tokens, num_stale=r.num_stale_output_tokens,
                        drop_stale=r.drop_stale_output, **_async_counters(scheduler, r))
+
+
+def _lora_fields(scheduler: Scheduler, r: Request) -> dict[str, Any]:
+    """A request's LoRA and prompt-logprobs flag, as the spec keeps them
+    (spec/lora.py `arrive_with_lora`): the LoRA only with a LoRA config, the
+    flag only with prompt logprobs and prefix caching (the one thing it changes)."""
+    cfg = scheduler.config
+    return {"lora": r.lora_int_id if cfg.max_loras else 0,
+            "prompt_logprobs": r.prompt_logprobs and cfg.prompt_logprobs and cfg.enable_prefix_caching}
 
 
 # -- asynchronous scheduling (vllm-0.33-async) ----------------------------------
@@ -342,7 +355,7 @@ def describe_difference(expected: State, actual: State) -> str:
             x, y = getattr(a, name), getattr(b, name)
             if x != y:
                 diffs.append(f"r{r}.{name}: spec {x!r}, reference {y!r}")
-    for name in ("waiting", "running", "scheduled_ids"):
+    for name in ("waiting", "running", "scheduled_ids", "kv_holding", "arrivals"):
         if getattr(expected, name) != getattr(actual, name):
             diffs.append(f"{name}: spec {getattr(expected, name)}, reference {getattr(actual, name)}")
     if len(expected.in_flight) != len(actual.in_flight):

@@ -76,7 +76,8 @@ class RefinementChecks:
                        f"  reference: {spec.describe(after)}\n"
                        f"  {describe_difference(expected, after)}")
         cfg = self.spec_cfg
-        broken = [inv.name for inv in spec.invariants_for(cfg) if not inv.holds(after, cfg)]
+        broken = [inv.name for inv in spec.invariants_for(cfg)
+                  if not inv.holds(after, cfg) and inv.name not in self._vllms_own_breaks(after)]
         if not isinstance(action, AbortMany):
             broken += [p.name for p in spec.transition_properties_for(cfg)
                        if not p.holds(before, after, action, cfg)]
@@ -93,6 +94,13 @@ class RefinementChecks:
             self._fail(f"the engine {'can' if self.engine.can_schedule() else 'cannot'} schedule, "
                        f"the spec disagrees, in {spec.describe(after)}")
         self.state = after
+
+    def _vllms_own_breaks(self, after: spec.State) -> frozenset[str]:
+        """The invariants `after` breaks the way vLLM itself does, which the
+        spec (vLLM's reading) and the correct reference reach alike: not a
+        refinement failure (a feature's machine names them where it has
+        any: priority_sessions_machine.py; none here)."""
+        return frozenset()
 
     def _abstract(self) -> spec.State:
         """The spec state the reference is in (a feature's machine adds

@@ -217,7 +217,9 @@ class RefinementMachine(RefinementChecks, RuleBasedStateMachine):
         self._check(spec.Arrive(slot, prompt) if name is None else spec.ArriveAs(slot, prompt, name))
 
     def _before_add(self, request: Request, slot: int) -> None:
-        """A subclass's hook on a request about to arrive (priority_machine.py)."""
+        """A subclass's hook on a request about to be added: an arrival, or
+        (sessions_machine.py) a session's next input under its id
+        (priority_machine.py, lora_machine.py, priority_sessions_machine.py)."""
 
     @precondition(lambda self: self.engine is not None and self.engine.can_schedule()
                   and self._spec_schedules())

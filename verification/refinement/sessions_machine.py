@@ -55,7 +55,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from flightcheck import spec
-from flightcheck.reference import Request, SamplingParams
+from flightcheck.reference import Request, SamplingParams, SchedulerConfig
 from flightcheck.reference.config import cdiv
 from flightcheck.reference.outputs import SchedulerOutput
 from flightcheck.spec import reset_pause
@@ -78,15 +78,7 @@ class SessionsRefinementMachine(RefinementMachine):
 
     @initialize(data=st.data(), sample_every_chunk=st.booleans())
     def setup(self, data: Any, sample_every_chunk: bool) -> None:
-        cfg = data.draw(configs(self.profile))
-        # a budget of at least 1 + k: below it a session's next turn of one
-        # token is never admitted (the padding's liveness hole, module doc)
-        # and a pool that holds MAX_SESSIONS sessions' blocks and one more
-        # request's: sessions keep their blocks between turns, and two that
-        # fill the pool wait for each other for ever (the module doc)
-        per_request = cdiv(cfg.max_model_len, cfg.block_size)
-        cfg = replace(cfg, num_blocks=max(cfg.num_blocks, (MAX_SESSIONS + 1) * per_request),
-                      max_num_batched_tokens=max(cfg.max_num_batched_tokens, 1 + cfg.num_spec_tokens))
+        cfg = self._configured(data.draw(configs(self.profile)))
         RefinementMachine.setup(self, cfg=cfg, sample_every_chunk=sample_every_chunk)
         self.spec_cfg = replace(self.spec_cfg, streaming_sessions=True)
         self.inputs_to_send: dict[int, list[tuple[int, int]]] = {}   # per session: what its client still sends
@@ -99,6 +91,18 @@ class SessionsRefinementMachine(RefinementMachine):
                 self.turns[request.request_id] = self.turns.get(request.request_id, 0) + 1
             return handle_stopped(request, was_running)
         self.scheduler._handle_stopped = counted
+
+    def _configured(self, cfg: SchedulerConfig) -> SchedulerConfig:
+        """The drawn configuration as sessions need it (the module doc; a
+        subclass adds its own: priority_sessions_machine.py)."""
+        # a budget of at least 1 + k: below it a session's next turn of one
+        # token is never admitted (the padding's liveness hole, module doc)
+        # and a pool that holds MAX_SESSIONS sessions' blocks and one more
+        # request's: sessions keep their blocks between turns, and two that
+        # fill the pool wait for each other for ever (the module doc)
+        per_request = cdiv(cfg.max_model_len, cfg.block_size)
+        return replace(cfg, num_blocks=max(cfg.num_blocks, (MAX_SESSIONS + 1) * per_request),
+                       max_num_batched_tokens=max(cfg.max_num_batched_tokens, 1 + cfg.num_spec_tokens))
 
     @precondition(lambda self: self.engine is not None and self._may_arrive())
     @rule(prompt_len=st.integers(1, 6), tail=st.integers(0, 4), max_tokens=st.integers(1, 3),
@@ -124,6 +128,7 @@ class SessionsRefinementMachine(RefinementMachine):
             session = (*kept, END_OF_SESSION)
             request.resumable = True
             self.inputs_to_send[slot] = list(session)
+        self._before_add(request, slot)
         self.engine.add_request(request)
         _, prompt = self.ledger.arrive(request)
         self._check(spec.Arrive(slot, replace(prompt, session=session)))
@@ -143,6 +148,7 @@ class SessionsRefinementMachine(RefinementMachine):
                          [INPUT_TOKEN_BASE + slot * 1000 + turn * 10 + i for i in range(max(tokens, 1))],
                          SamplingParams(max_tokens=max(max_tokens, 1)), eos_token_id=EOS)
         update.resumable = (tokens, max_tokens) != END_OF_SESSION
+        self._before_add(update, slot)
         self.engine.add_request(update)
         self._check(spec.SendInput(slot))
 
