@@ -53,7 +53,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .config import Config
-from .state import State
+from .state import State, Status
 
 
 def is_on(cfg: Config) -> bool:
@@ -84,12 +84,30 @@ def note_skipped(state: State, cfg: Config, r: int) -> State:
     return state.with_request(r, deferred_waiting=True) if is_on(cfg) else state
 
 
+def note_enqueued(state: State, cfg: Config, r: int) -> State:
+    """`_enqueue_waiting_request`: r joins a waiting queue (on arrival, or a
+    streaming session's stop) and is in `deferred_waiting` iff its status
+    blocks it (`_is_blocked_waiting_status`: a grammar still to be looked at,
+    a session waiting for input). A stopped session leaves the set first
+    (`update_from_output`: `deferred_waiting.difference_update(
+    stopped_preempted_reqs)`; a running one was never in it)."""
+    if not is_on(cfg):
+        return state
+    blocked = state.requests[r].status in (Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
+                                           Status.WAITING_FOR_STREAMING_REQ)
+    return state.with_request(r, deferred_waiting=blocked)
+
+
 def after_waiting_loop(state: State, cfg: Config, defers: bool) -> State:
-    """A call that did not defer records whether the queue stayed backed up."""
+    """A call that did not defer records whether the queue stayed backed up:
+    `get_request_counts()`'s waiting count (`waiting` and
+    `kv_holding_waiting`) against `len(deferred_waiting)`, whose members all
+    sit in one of the two (each leaves the set when admitted or finished)."""
     if not is_on(cfg) or defers:
         return state
-    num_deferred = sum(1 for r in state.waiting if state.requests[r].deferred_waiting)
-    return replace(state, prefill_capacity_bound=len(state.waiting) + len(state.kv_holding) > num_deferred)
+    queued = state.waiting + state.kv_holding
+    num_deferred = sum(1 for r in queued if state.requests[r].deferred_waiting)
+    return replace(state, prefill_capacity_bound=len(queued) > num_deferred)
 
 
 def carries_prefill(state: State, r: int, computed: int, admitted: bool) -> bool:
@@ -147,7 +165,7 @@ def carry_empty_call(state: State, called: State) -> State:
     spec's state after that call): the capacity-bound flag its waiting loop
     recorded and the requests it skipped; the hold does not move (no step
     was executed)."""
-    for r in called.waiting:
+    for r in called.waiting + called.kv_holding:
         if called.requests[r].deferred_waiting and r < len(state.requests):
             state = state.with_request(r, deferred_waiting=True)
     return replace(state, prefill_capacity_bound=called.prefill_capacity_bound)
