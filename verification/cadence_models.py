@@ -13,6 +13,7 @@ from flightcheck.spec import Config, Prompt
 from flightcheck.verification.models import Model
 from flightcheck.verification.grammar_models import _GRAMMAR_SKIPPED
 from flightcheck.verification.reset_pause_models import _SKIPPED as _RESET_PAUSE_SKIPPED
+from flightcheck.verification.session_models import _SESSION_SKIPPED, _session
 
 # Targets of every profile these models are too small to reach.
 _SKIPPED = ("resumption_deferred", "stale_output_delivered", "stopped_with_output_in_flight",
@@ -65,4 +66,23 @@ CADENCE_GRAMMAR_K2 = Model(
            structured_output=True),
     (Prompt(1, 2), Prompt(3, 1, structured=True), Prompt(2, 1, structured=True)),
     allow_abort=False, allow_stop=False, skip_targets=tuple(sorted(set(_SKIPPED) | set(_GRAMMAR_SKIPPED))),
+)
+
+# The cadence beside streaming sessions, interval 2 (no prefix caching:
+# sessions are modelled without it): a session of two turns (a prompt of
+# 2 and one output, then 2 new tokens: a next turn with more than one
+# token left, which a held call stops at) beside a one-token prompt that
+# decodes twice and a two-token prompt whose prefill restarts the hold; two
+# seats. A parked session is deferred (`_enqueue_waiting_request`), and
+# stays so once its input is taken, until admitted.
+CADENCE_SESSIONS_K2 = Model(
+    "cadence-sessions-k2",
+    Config(num_stages=2, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=4,
+           max_model_len=8, prefix_caching=False, profile="vllm-0.34", prefill_schedule_interval=2,
+           streaming_sessions=True),
+    (_session(2, 1, (2, 1)), Prompt(1, 2), Prompt(2, 1)),
+    allow_abort=False, allow_stop=False,
+    skip_targets=tuple(sorted(set(_SKIPPED) | set(_SESSION_SKIPPED) | {
+        "session_holds_seat_for_input", "session_waits_with_old_output_in_flight",
+        "session_runs_beside_old_output"})),       # session-k2 reaches them
 )

@@ -21,7 +21,7 @@ def _with_cadence(pick: Picker, workload: dict[str, Any]) -> None:
 
 
 FEATURE = Feature("prefill-cadence", ("0.33.0", "0.34.0"), 0.3, _with_cadence,
-                  excludes=("kv-connector", "streaming-sessions"))
+                  excludes=("kv-connector",))
 
 
 def cadence_workloads(seed: int, count: int) -> list[dict[str, Any]]:
