@@ -43,6 +43,15 @@ flight that derivation reads a prefill chunk that stopped one token short
 as a decode, and the cadence's gate reads the flag on every running
 request, so it must be exact.
 
+Beside the other features (docs/request-states.md, "Beside reset and
+pause, grammars and sessions"): `deferred_waiting` also takes a request
+enqueued in a blocked status (`_enqueue_waiting_request`: a grammar to wait
+for, a parked session; `note_enqueued`), every member sits in `waiting` or
+`kv_holding`, and a session's next turn meets the same gate with its
+computed tokens (schedule.py). A pause or a reset needs no hook: PAUSED_ALL
+runs no waiting loop, PAUSED_NEW's records the bound over a `waiting` it
+never walked, and a reset's preemptions touch neither hold nor bound.
+
 Abstracted away: the data-parallel throttle (`throttle_prefills`, driven by
 the DP engine core; one engine here, so never), and the combinations
 `Config` refuses: a KV connector (its queues and loads-only mode).
