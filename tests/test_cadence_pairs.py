@@ -242,13 +242,14 @@ def test_the_references_traces_of_the_pair_are_legal(pair: str):
 @pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_vllm_agrees_on_the_pair(pair: str, version: str, async_scheduling: bool) -> None:
-    """The `--all-features` workloads of seeds 1-6 (80 each) that hold the
-    cadence and `pair`: identical to the reference, each verdict its ground truth."""
+    """The `--all-features` workloads of seeds 1 and 2 (80 each) that hold
+    the cadence and `pair` (8 to 15 per release): identical to the reference
+    but for named deviations, each verdict its ground truth."""
     if os.environ.get("FLIGHTCHECK_SKIP_VLLM"):
         pytest.skip("FLIGHTCHECK_SKIP_VLLM")
     from flightcheck.vllm.campaign import DISAGREEMENTS, run_version
 
-    workloads = _pair_workloads(pair, version, range(1, 7), 80)
+    workloads = _pair_workloads(pair, version, range(1, 3), 80)
     assert workloads
     report = run_version(version, workloads, 0, False, lambda line: None, async_scheduling)
     assert report.workloads == len(workloads) and report.unexplained == []
