@@ -68,8 +68,8 @@ CADENCE_GRAMMAR_K2 = Model(
     allow_abort=False, allow_stop=False, skip_targets=tuple(sorted(set(_SKIPPED) | set(_GRAMMAR_SKIPPED))),
 )
 
-# The cadence beside streaming sessions, interval 2 (no prefix caching:
-# sessions are modelled without it): a session of two turns (a prompt of
+# The cadence beside streaming sessions, interval 2 (no prefix caching, to
+# keep the model small): a session of two turns (a prompt of
 # 2 and one output, then 2 new tokens: a next turn with more than one
 # token left, which a held call stops at) beside a one-token prompt that
 # decodes twice and a two-token prompt whose prefill restarts the hold; two

@@ -15,10 +15,10 @@ the part.
 
 What the encoding of the cadence leaves out is refused, not approximated
 (`refuse_unencoded_cadence`). `Config` already refuses the cadence beside
-a KV connector, structured output, streaming sessions, and reset and
-pause; beside the priority policy (its victim handed back from the batch,
-which the cadence's `carried prefill` would have to forget) it is not
-encoded.
+a KV connector; beside the priority policy (its victim handed back from
+the batch, which the cadence's `carried prefill` would have to forget),
+structured output, streaming sessions, and reset and pause it is not
+encoded (the explicit search covers those pairs).
 """
 
 from __future__ import annotations
