@@ -13,7 +13,7 @@ defer records whether the waiting queue stayed backed up
 from __future__ import annotations
 
 from .batch import Batch
-from .request import Request
+from .request import Request, RequestStatus
 
 
 class PrefillCadence:
@@ -44,11 +44,27 @@ class PrefillCadence:
         if self.local_prefill_interval > 1:
             self.deferred_waiting.add(request.request_id)
 
+    def _note_enqueued(self, request: Request) -> None:
+        """`_enqueue_waiting_request`: a request joining a waiting queue (on
+        arrival, or a streaming session's stop) is deferred iff its status
+        blocks it (a grammar to wait for, a session parked for input); a
+        stopped session leaves the set first."""
+        if self.local_prefill_interval == 1:
+            return
+        if request.status in (RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
+                              RequestStatus.WAITING_FOR_STREAMING_REQ):
+            self.deferred_waiting.add(request.request_id)
+        else:
+            self.deferred_waiting.discard(request.request_id)
+
     def _after_waiting_loop(self) -> None:
+        """vLLM: `num_waiting > len(deferred_waiting)`, both over `waiting` and
+        `kv_holding_waiting` (a deferred request leaves the set when admitted
+        or finished; ids of finished ones are not counted here)."""
         if self.local_prefill_interval > 1 and not self.defer_prefills:
-            num_waiting = len(self.waiting) + len(self.kv_holding_waiting)
-            deferred = sum(1 for r in self.waiting if r.request_id in self.deferred_waiting)
-            self.prefill_capacity_bound = num_waiting > deferred
+            queued = [*self.waiting, *self.kv_holding_waiting]
+            deferred = sum(1 for r in queued if r.request_id in self.deferred_waiting)
+            self.prefill_capacity_bound = len(queued) > deferred
 
     def _end_cadence(self, batch: Batch) -> None:
         """Count the executed step; restart the interval from one that carried

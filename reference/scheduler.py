@@ -166,6 +166,7 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         request.incarnation = request.first_incarnation = next(self._incarnations)
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        self._note_enqueued(request)          # a grammar to wait for is deferred (cadence.py)
         if self._priority:
             self._order_waiting()
 

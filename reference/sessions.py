@@ -66,6 +66,9 @@ class StreamingSessions:
     _pads_admitted_decodes: bool
     _pad_drafts: Any
     _priority: bool
+    _note_skipped: Any
+    _note_enqueued: Any
+    _held_at_admission: Any
 
     def add_session_input(self, request: Request) -> None:
         """vLLM `add_request` of a request whose id names a live session:
@@ -99,9 +102,12 @@ class StreamingSessions:
                 return False
             request = self.kv_holding_waiting[index]
             if request.status == PARKED or self._is_resumption_deferred(request) or self._held_by_lora_cap(request):
-                index += 1                    # (max_loras: lora.py; the same loop in vLLM)
+                self._note_skipped(request)   # (max_loras: lora.py; the same loop in vLLM; cadence.py)
+                index += 1
                 continue
             computed = request.num_computed_tokens
+            if self._held_at_admission(request, computed):
+                return False                  # the prefill cadence holds a multi-token turn (cadence.py)
             # a next turn of one new token is a decode, padded with k drafts as
             # any admission (vLLM 0.34 `Scheduler.schedule`: a resuming session
             # goes through the same waiting-loop branch; drafts.py)
@@ -152,6 +158,7 @@ class StreamingSessions:
             self.num_waiting_for_streaming_input += 1
         queue = self.kv_holding_waiting if request.num_computed_tokens > 0 else self.waiting
         queue.append(request)
+        self._note_enqueued(request)                     # parked: deferred (cadence.py)
         if self._priority:                               # a heap push: at its (priority, arrival) place
             ordered = sorted(queue, key=lambda r: (r.priority, r.arrival_time, r.request_id))
             queue.clear()

@@ -249,9 +249,11 @@ class TracingScheduler(Scheduler):
         super().__init__(config)
         self.trace = trace
         trace.config(config)
-        # async, or vLLM 0.34's admission reorder (which runs in empty calls
-        # too): the empty batches in flight, by their output, and the next number
-        self._notes_empty_batches = config.async_scheduling or reorders_admission(config)
+        # async, vLLM 0.34's admission reorder or the prefill cadence (whose
+        # capacity bound an empty call's waiting loop records: the config
+        # event says so): the empty batches in flight, by their output, and the next number
+        cadenced = config.prefill_schedule_interval > 1 and config.version_profile.prefill_cadence
+        self._notes_empty_batches = config.async_scheduling or reorders_admission(config) or cadenced
         self._empty_batch_numbers: dict[int, int] = {}
         self._next_empty_batch = 1
         # Inside update_from_output: finishes are written from its outputs.

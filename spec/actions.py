@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import blocks, grammar, sessions
+from . import blocks, cadence, grammar, sessions
 from .config import Config
 from .drafts import drafts_come_with_output
 from .kv_fence import drain_deferred_frees, finish_with_connector
@@ -87,6 +87,7 @@ def arrive(state: State, cfg: Config, r: int, prompt: Prompt) -> State | None:
     state = sessions.open_session(state, cfg, r, prompt.session)
     state = _offer_of_connector(state, cfg, r, prompt)
     state = arrive_with_lora(state, cfg, r, prompt.lora, prompt.prompt_logprobs)
+    state = cadence.note_enqueued(state, cfg, r)        # a grammar to wait for is deferred (cadence.py)
     return arrive_with_priority(state, cfg, r, prompt.priority)
 
 

@@ -43,6 +43,15 @@ flight that derivation reads a prefill chunk that stopped one token short
 as a decode, and the cadence's gate reads the flag on every running
 request, so it must be exact.
 
+Beside the other features (docs/request-states.md, "Beside reset and
+pause, grammars and sessions"): `deferred_waiting` also takes a request
+enqueued in a blocked status (`_enqueue_waiting_request`: a grammar to wait
+for, a parked session; `note_enqueued`), every member sits in `waiting` or
+`kv_holding`, and a session's next turn meets the same gate with its
+computed tokens (schedule.py). A pause or a reset needs no hook: PAUSED_ALL
+runs no waiting loop, PAUSED_NEW's records the bound over a `waiting` it
+never walked, and a reset's preemptions touch neither hold nor bound.
+
 Abstracted away: the data-parallel throttle (`throttle_prefills`, driven by
 the DP engine core; one engine here, so never), and the combinations
 `Config` refuses: a KV connector (its queues and loads-only mode).
@@ -53,7 +62,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .config import Config
-from .state import State
+from .state import State, Status
 
 
 def is_on(cfg: Config) -> bool:
@@ -84,12 +93,30 @@ def note_skipped(state: State, cfg: Config, r: int) -> State:
     return state.with_request(r, deferred_waiting=True) if is_on(cfg) else state
 
 
+def note_enqueued(state: State, cfg: Config, r: int) -> State:
+    """`_enqueue_waiting_request`: r joins a waiting queue (on arrival, or a
+    streaming session's stop) and is in `deferred_waiting` iff its status
+    blocks it (`_is_blocked_waiting_status`: a grammar still to be looked at,
+    a session waiting for input). A stopped session leaves the set first
+    (`update_from_output`: `deferred_waiting.difference_update(
+    stopped_preempted_reqs)`; a running one was never in it)."""
+    if not is_on(cfg):
+        return state
+    blocked = state.requests[r].status in (Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
+                                           Status.WAITING_FOR_STREAMING_REQ)
+    return state.with_request(r, deferred_waiting=blocked)
+
+
 def after_waiting_loop(state: State, cfg: Config, defers: bool) -> State:
-    """A call that did not defer records whether the queue stayed backed up."""
+    """A call that did not defer records whether the queue stayed backed up:
+    `get_request_counts()`'s waiting count (`waiting` and
+    `kv_holding_waiting`) against `len(deferred_waiting)`, whose members all
+    sit in one of the two (each leaves the set when admitted or finished)."""
     if not is_on(cfg) or defers:
         return state
-    num_deferred = sum(1 for r in state.waiting if state.requests[r].deferred_waiting)
-    return replace(state, prefill_capacity_bound=len(state.waiting) + len(state.kv_holding) > num_deferred)
+    queued = state.waiting + state.kv_holding
+    num_deferred = sum(1 for r in queued if state.requests[r].deferred_waiting)
+    return replace(state, prefill_capacity_bound=len(queued) > num_deferred)
 
 
 def carries_prefill(state: State, r: int, computed: int, admitted: bool) -> bool:
@@ -147,7 +174,7 @@ def carry_empty_call(state: State, called: State) -> State:
     spec's state after that call): the capacity-bound flag its waiting loop
     recorded and the requests it skipped; the hold does not move (no step
     was executed)."""
-    for r in called.waiting:
+    for r in called.waiting + called.kv_holding:
         if called.requests[r].deferred_waiting and r < len(state.requests):
             state = state.with_request(r, deferred_waiting=True)
     return replace(state, prefill_capacity_bound=called.prefill_capacity_bound)

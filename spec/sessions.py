@@ -76,7 +76,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from . import priority
+from . import cadence, priority
 from .blocks import cdiv
 from .config import Config
 from .state import Fate, Request, State, Status, retire_entries
@@ -212,11 +212,12 @@ def stop_session(state: State, cfg: Config, r: int, stop: Status, finish: Finish
     if q.queued_inputs and q.queued_inputs[0] == END_OF_SESSION:
         return finish(state.with_request(r, queued_inputs=q.queued_inputs[1:]), cfg, r, stop)
     if not q.queued_inputs:
-        return _requeue(state, cfg, r).with_request(r, status=Status.WAITING_FOR_STREAMING_REQ)
+        parked = _requeue(state, cfg, r).with_request(r, status=Status.WAITING_FOR_STREAMING_REQ)
+        return cadence.note_enqueued(parked, cfg, r)    # parked: in `deferred_waiting` (cadence.py)
     # the input is taken before the re-enqueueing (`_handle_stopped_request`
     # returns, then `_enqueue_waiting_request`): r is pushed with its new arrival
     state = state.with_request(r, queued_inputs=q.queued_inputs[1:])
-    return _requeue(_take_input(state, cfg, r, q.queued_inputs[0]), cfg, r)
+    return cadence.note_enqueued(_requeue(_take_input(state, cfg, r, q.queued_inputs[0]), cfg, r), cfg, r)
 
 
 def _requeue(state: State, cfg: Config, r: int) -> State:

@@ -1,6 +1,8 @@
 """The prefill cadence's model-checking constants (spec/cadence.py): small
 models with `prefill_schedule_interval` 2 under vLLM 0.34, sync and async,
-where a decode and a later prefill meet, and where the queue backs up.
+where a decode and a later prefill meet, and where the queue backs up; and
+one model per feature the cadence meets (docs/request-states.md, "Features
+together"): reset and pause, structured output, streaming sessions.
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from dataclasses import replace
 
 from flightcheck.spec import Config, Prompt
 from flightcheck.verification.models import Model
+from flightcheck.verification.grammar_models import _GRAMMAR_SKIPPED
+from flightcheck.verification.reset_pause_models import _SKIPPED as _RESET_PAUSE_SKIPPED
+from flightcheck.verification.session_models import _SESSION_SKIPPED, _session
 
 # Targets of every profile these models are too small to reach.
 _SKIPPED = ("resumption_deferred", "stale_output_delivered", "stopped_with_output_in_flight",
@@ -33,3 +38,51 @@ CADENCE_MODELS: dict[str, tuple[Model, ...]] = {
     "vllm-0.33": (CADENCE_K2.under_profile("vllm-0.33"),),
     "vllm-0.33-async": (CADENCE_K2.under_profile("vllm-0.33-async"),),
 }
+
+# The cadence beside reset and pause, interval 2: a one-token prompt that
+# decodes while a three-token prompt (two chunks under a budget of 2) waits
+# or runs; the environment resets (a prefill chunk preempted mid-prompt)
+# and pauses between any two steps (a PAUSED_NEW call's untouched waiting
+# queue counts as backed up; a PAUSED_ALL call moves neither hold nor bound).
+CADENCE_RESET_PAUSE_K2 = Model(
+    "cadence-reset-pause-k2",
+    Config(num_stages=2, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=4, prefix_caching=True, profile="vllm-0.34", prefill_schedule_interval=2,
+           reset_and_pause=True),
+    (Prompt(1, 1), Prompt(3, 1, (5,))),
+    allow_abort=False, allow_stop=False, skip_targets=tuple(sorted(set(_SKIPPED) | set(_RESET_PAUSE_SKIPPED))),
+)
+
+# The cadence beside structured output, interval 2: a one-token prompt that
+# decodes twice, and two structured prompts (three tokens, two chunks under
+# a budget of 2; two tokens) whose grammars compile or fail at any time:
+# a request waiting for its grammar is deferred from its arrival
+# (`_enqueue_waiting_request`) until admitted, held calls skip it, and a
+# queue of such requests is not backed up.
+CADENCE_GRAMMAR_K2 = Model(
+    "cadence-grammar-k2",
+    Config(num_stages=2, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=4,
+           max_model_len=5, prefix_caching=False, profile="vllm-0.34", prefill_schedule_interval=2,
+           structured_output=True),
+    (Prompt(1, 2), Prompt(3, 1, structured=True), Prompt(2, 1, structured=True)),
+    allow_abort=False, allow_stop=False, skip_targets=tuple(sorted(set(_SKIPPED) | set(_GRAMMAR_SKIPPED))),
+)
+
+# The cadence beside streaming sessions, interval 2 (no prefix caching, to
+# keep the model small): a session of two turns (a prompt of
+# 2 and one output, then 2 new tokens: a next turn with more than one
+# token left, which a held call stops at) beside a one-token prompt that
+# decodes twice and a two-token prompt whose prefill restarts the hold; two
+# seats. A parked session is deferred (`_enqueue_waiting_request`), and
+# stays so once its input is taken, until admitted.
+CADENCE_SESSIONS_K2 = Model(
+    "cadence-sessions-k2",
+    Config(num_stages=2, max_num_batched_tokens=2, max_num_seqs=2, block_size=2, num_blocks=4,
+           max_model_len=8, prefix_caching=False, profile="vllm-0.34", prefill_schedule_interval=2,
+           streaming_sessions=True),
+    (_session(2, 1, (2, 1)), Prompt(1, 2), Prompt(2, 1)),
+    allow_abort=False, allow_stop=False,
+    skip_targets=tuple(sorted(set(_SKIPPED) | set(_SESSION_SKIPPED) | {
+        "session_holds_seat_for_input", "session_waits_with_old_output_in_flight",
+        "session_runs_beside_old_output"})),       # session-k2 reaches them
+)

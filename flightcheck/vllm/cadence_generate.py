@@ -1,9 +1,8 @@
 """vLLM 0.33/0.34's local prefill cadence as an `--all-features` feature
 (features.py): `config.prefill_schedule_interval` 2 to 4 (spec/cadence.py;
 vLLM's `SchedulerConfig.prefill_schedule_interval`, applied by a scheduler
-without data parallelism). Not beside a KV connector, structured output,
-streaming sessions or reset and pause: the spec models the cadence without
-them (`Config` refuses the combinations).
+without data parallelism). Not beside a KV connector: the spec models the
+cadence without one (`Config` refuses the combination).
 
 Standard library only.
 """
@@ -21,7 +20,7 @@ def _with_cadence(pick: Picker, workload: dict[str, Any]) -> None:
 
 
 FEATURE = Feature("prefill-cadence", ("0.33.0", "0.34.0"), 0.3, _with_cadence,
-                  excludes=("kv-connector", "grammar", "streaming-sessions", "reset-pause"))
+                  excludes=("kv-connector",))
 
 
 def cadence_workloads(seed: int, count: int) -> list[dict[str, Any]]:

@@ -15,10 +15,10 @@ the part.
 
 What the encoding of the cadence leaves out is refused, not approximated
 (`refuse_unencoded_cadence`). `Config` already refuses the cadence beside
-a KV connector, structured output, streaming sessions, and reset and
-pause; beside the priority policy (its victim handed back from the batch,
-which the cadence's `carried prefill` would have to forget) it is not
-encoded.
+a KV connector; beside the priority policy (its victim handed back from
+the batch, which the cadence's `carried prefill` would have to forget),
+structured output, streaming sessions, and reset and pause it is not
+encoded (the explicit search covers those pairs).
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ def refuse_unencoded_cadence(model) -> None:
     if cfg.scheduling_policy != "fcfs":
         raise ValueError(f"model {model.name}: the Z3 encoding of the prefill cadence leaves out the priority "
                          "policy; the explicit search covers it")
+    if cfg.reset_and_pause or cfg.structured_output or cfg.streaming_sessions:
+        raise ValueError(f"model {model.name}: the Z3 encoding of the prefill cadence leaves out reset and pause, "
+                         "structured output and streaming sessions; the explicit search covers them")
 
 
 def cad_frame(layout, tag: str) -> list:
