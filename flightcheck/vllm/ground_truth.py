@@ -107,6 +107,9 @@ class Observations:
     # ... and a token of a batch in flight at the rollback appended to the
     # request (the failing batch's own output is skipped, later ones not).
     kv_superseded_tokens: list[dict[str, Any]] = field(default_factory=list)
+    # ... and a request sharing the invalid blocks whose rollback counts its
+    # batches still in flight as computed (the base of one batch in flight).
+    kv_holder_base_counts_later_batches: list[dict[str, Any]] = field(default_factory=list)
     # Under the priority policy, a waiting queue whose heap a streaming
     # session's input left out of order (`_update_request_as_session` sets
     # the parked session's arrival_time where it sits in the heap).
@@ -131,7 +134,8 @@ class Observations:
             found.update(kv_blocks_freed_under_transfer=self.kv_blocks_freed_under_transfer,
                          kv_blocks_leaked_at_end=self.kv_blocks_leaked_at_end,
                          kv_rollback_placeholders=self.kv_rollback_placeholders,
-                         kv_superseded_tokens=self.kv_superseded_tokens)
+                         kv_superseded_tokens=self.kv_superseded_tokens,
+                         kv_holder_base_counts_later_batches=self.kv_holder_base_counts_later_batches)
         if self.priority_heaps_out_of_order:
             found.update(priority_heaps_out_of_order=self.priority_heaps_out_of_order)
         return found

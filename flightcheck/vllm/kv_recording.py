@@ -225,6 +225,7 @@ class KVRecordingMixin:
                 self._fc_note_superseded(req_id, request)
                 if all(failure["req"] != req_id for failure in pending):
                     holders.append(self._fc_counters({"req": req_id}, request))
+                    self._fc_check_holder_base(req_id, request)
         self._fc_kv_computed_before = {}
         if holders and pending:               # the requests sharing the failed blocks, on the output's last
             pending[-1]["holders"] = sorted(holders, key=lambda holder: holder["req"])
@@ -264,6 +265,20 @@ class KVRecordingMixin:
             if tokens and req_id not in dropped and (event.get("batch"), req_id) in self._fc_kv_superseded:
                 self.flightcheck_observations.kv_superseded_tokens.append({  # type: ignore[attr-defined]
                     "step": self.flightcheck_step, "req": req_id, "batch": event["batch"]})  # type: ignore
+
+    def _fc_check_holder_base(self, req_id: str, request: Any) -> None:
+        """Ground truth: a request sharing the invalid blocks, which another
+        recomputes, goes back to the start of its entry in the failing batch
+        (the KV it computed there read them); vLLM's
+        `_update_requests_with_invalid_blocks` takes `num_computed_tokens`
+        less that entry's tokens, which counts its later batches still in
+        flight as computed (`kv_rollback_base_assumes_one_batch`)."""
+        later = [record.batch_id for record in self._fc_in_flight.values()  # type: ignore[attr-defined]
+                 if any(e.request is request for e in record.entries)]
+        if later:
+            self.flightcheck_observations.kv_holder_base_counts_later_batches.append({  # type: ignore
+                "step": self.flightcheck_step, "req": req_id,  # type: ignore[attr-defined]
+                "computed": int(request.num_computed_tokens), "batches": later})
 
     def _fc_check_rollback(self, failure: dict[str, Any]) -> None:
         """Ground truth: the intended rollback supersedes every live entry of

@@ -326,6 +326,10 @@ def _kv_connector_findings(truth: dict[str, Any]) -> list[str]:
     for kept in truth.get("kv_rollback_placeholders", []):
         found.append(f"{kept['req']}'s rollback to {kept['computed']} tokens after its failed KV load keeps "
                      f"{kept['placeholders']} output placeholders (vLLM #49250; step {kept['step']})")
+    for held in truth.get("kv_holder_base_counts_later_batches", []):
+        found.append(f"{held['req']}, sharing the invalid blocks of a failed KV load, was set back to "
+                     f"{held['computed']} tokens, counting its batches {held['batches']} still in flight "
+                     f"(step {held['step']})")
     for late in truth.get("kv_superseded_tokens", []):
         found.append(f"batch {late['batch']}'s token was appended to {late['req']}, though a failed KV load "
                      f"rolled it back while the batch was in flight (step {late['step']})")
