@@ -31,7 +31,12 @@ from flightcheck.spec import transition_properties_for
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
 from flightcheck.verification.results import PropertyResult
-from flightcheck.verification.z3.encoding.lora_invariants import LORA_AUXILIARY, LORA_STEP_FORMULAS
+from flightcheck.verification.z3.encoding.lora_invariants import (
+    LORA_AUXILIARY,
+    LORA_STEP_FORMULAS,
+    held_candidates,
+    lora2_of,
+)
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.kv_engines import (
     WF,
@@ -41,10 +46,11 @@ from flightcheck.verification.z3.kv_engines import (
     kv_induction,
     step_consequences,
 )
-from flightcheck.verification.z3.results import EngineResult
+from flightcheck.verification.z3.results import EngineResult, EngineVerdict
 
 STATE_PROPERTIES = ("LORA1_loras_within_cap",)
 STEP_PROPERTIES = tuple(LORA_STEP_FORMULAS)
+LORA2 = "LORA2_held_request_is_passed_over"
 
 
 def lora_kind(name: str) -> str:
@@ -77,10 +83,24 @@ def lora_induction(model: Model, k: int = 1, time_budget: float | None = None) -
     state, steps = lora_properties(model)
     res = kv_induction(model, k, state, lora_auxiliary(model), time_budget)
     kept = [p.name for p in res.properties if p.status == "proved"]
-    rows = step_consequences(model, kept, {n: LORA_STEP_FORMULAS[n] for n in steps}, lora_kind)
+    rows = [_one_step(model, kept, n) for n in steps]
     seconds = time.perf_counter() - started
     return EngineResult(model.name, res.method, seconds, k, [*res.properties, *rows],
                         notes=[f"inductive invariant: {len(kept)} conjuncts kept"])
+
+
+def _one_step(model: Model, kept: list[str], name: str) -> EngineVerdict:
+    """`name` one step from the invariant `kept`; LORA2 clause by clause
+    (`lora2_of`: one held request, one second schedule, per query), proved
+    when every clause is."""
+    if name != LORA2:
+        return step_consequences(model, kept, {name: LORA_STEP_FORMULAS[name]}, lora_kind)[0]
+    started = time.perf_counter()
+    parts = step_consequences(model, kept, {f"{name}[{w}]": lora2_of(w) for w in held_candidates(System(model).layout)},
+                              lora_kind)
+    failed = [p for p in parts if p.status != "proved"]
+    return EngineVerdict(name, "invariant", failed[0].status if failed else "proved", parts[0].method, 1,
+                         time.perf_counter() - started, message="; ".join(f"{p.name}: {p.message}" for p in failed))
 
 
 def lora_bmc(model: Model, depth: int, properties: Iterable[str] | None = None,

@@ -170,18 +170,20 @@ def _admitted(before: SState, sch) -> tuple[Any, list]:
     return count(flags), out
 
 
-def lora2_held_request_is_passed_over(layout: Layout, st) -> Any:
+def lora2_held_request_is_passed_over(layout: Layout, st, held: tuple[int, ...] | None = None) -> Any:
     """LORA2: a waiting request whose LoRA the cap cannot take is passed
     over, not a stop: it stays waiting, and the call admits exactly what it
     admits with that request out of the queue. The second schedules'
-    definitions are the antecedent: they fix their auxiliary variables."""
+    definitions are the antecedent: they fix their auxiliary variables.
+    `held`: only the clauses of these requests (`lora2_of`; default every
+    request with a LoRA, the only ones the cap can hold)."""
     if not has_lora_cap(layout):
         return z3.BoolVal(True)
     before, sch = st.before, st.sched
     formed = disj(lt(0, sch.count), sch.any_preempted)
     num, admitted = _admitted(before, sch)
     defs, out = [], []
-    for w in (r for r, p in enumerate(layout.model.prompts) if p.lora > 0):
+    for w in (held_candidates(layout) if held is None else held):
         alone, alone_defs = alone_schedule(layout, before, w)
         defs += alone_defs
         alone_num, alone_admitted = _admitted(before, alone)
@@ -190,6 +192,17 @@ def lora2_held_request_is_passed_over(layout: Layout, st) -> Any:
         stays = member(V(w), sch.state.waiting, sch.state.waiting_len)
         out.append(z3.Implies(held_request(layout, before, w), conj(stays, ite(alone.result, same, eq(num, 0)))))
     return z3.Implies(conj(*defs), z3.Implies(conj(_scheduled(st), formed), conj(out)))
+
+
+def held_candidates(layout: Layout) -> tuple[int, ...]:
+    """The requests the cap can hold: those whose prompt has a LoRA."""
+    return tuple(r for r, p in enumerate(layout.model.prompts) if p.lora > 0)
+
+
+def lora2_of(w: int) -> Callable[[Layout, Any], Any]:
+    """LORA2's clause of request w alone (LORA2 is their conjunction): one
+    second schedule per query (z3/lora_engines.py proves them one by one)."""
+    return lambda layout, st: lora2_held_request_is_passed_over(layout, st, (w,))
 
 
 def pl1_prompt_logprobs_read_no_cache(layout: Layout, st) -> Any:
