@@ -34,7 +34,7 @@ from flightcheck.verification.results import PropertyResult
 from flightcheck.verification.z3.encoding.lora_invariants import (
     LORA_AUXILIARY,
     LORA_STEP_FORMULAS,
-    held_candidates,
+    lora2_parts,
     lora2_of,
 )
 from flightcheck.verification.z3.encoding.system import System
@@ -91,13 +91,13 @@ def lora_induction(model: Model, k: int = 1, time_budget: float | None = None) -
 
 def _one_step(model: Model, kept: list[str], name: str) -> EngineVerdict:
     """`name` one step from the invariant `kept`; LORA2 clause by clause
-    (`lora2_of`: one held request, one second schedule, per query), proved
-    when every clause is."""
+    (`lora2_parts`: one held request at one slot, one second schedule, per
+    query), proved when every clause is."""
     if name != LORA2:
         return step_consequences(model, kept, {name: LORA_STEP_FORMULAS[name]}, lora_kind)[0]
     started = time.perf_counter()
-    parts = step_consequences(model, kept, {f"{name}[{w}]": lora2_of(w) for w in held_candidates(System(model).layout)},
-                              lora_kind)
+    parts = step_consequences(model, kept, {f"{name}[{w}@{'dup' if at is None else at}]": lora2_of((w, at))
+                                            for w, at in lora2_parts(System(model).layout)}, lora_kind)
     failed = [p for p in parts if p.status != "proved"]
     return EngineVerdict(name, "invariant", failed[0].status if failed else "proved", parts[0].method, 1,
                          time.perf_counter() - started, message="; ".join(f"{p.name}: {p.message}" for p in failed))
