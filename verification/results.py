@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from flightcheck.spec import COUNTER_INVARIANTS, INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES
 from flightcheck.spec.invariants import (ASYNC_INVARIANTS, ASYNC_REPLACEMENTS, GRAMMAR_INVARIANTS, KV_INVARIANTS,
                                          KV_LOAD_LIMIT, PRIORITY_ORDER, SESSION_INVARIANTS)
-from flightcheck.spec.sometimes import ASYNC_SOMETIMES, CADENCE_SOMETIMES, KV_SOMETIMES, LORA_SOMETIMES, SESSION_SOMETIMES
+from flightcheck.spec.sometimes import (ASYNC_SOMETIMES, CADENCE_SOMETIMES, KV_SOMETIMES, LORA_SOMETIMES,
+                                       SESSION_SOMETIMES)
 from flightcheck.spec.transitions import (CADENCE_PROPERTIES, CONTRACT_PROPERTIES, INCARNATION_PROPERTIES,
                                          KV_TRANSITION_PROPERTIES, PRIORITY_PROPERTIES, RESET_PAUSE_PROPERTIES)
 

@@ -73,11 +73,8 @@ def add_parser(sub) -> None:
                              "property; vllm-0.33, vllm-0.33-async, vllm-0.34, vllm-0.34-async) and, under vllm-0.34, "
                              "hunt the cadence's mutants; check CAD1-CAD3 by k-induction on a small Z3 model and by "
                              "BMC on cadence-k2 (long: docs/proofs.md; --no-z3 skips them)")
-    verify.add_argument("--lora", action="store_true",
-                        help="search the profile's LoRA-cap and prompt-logprobs models exhaustively (LORA1, LORA2, "
-                             "PL1 and every other property; vllm-0.33, vllm-0.33-async, vllm-0.34, vllm-0.34-async) "
-                             "and, under vllm-0.34, hunt their mutants; prove LORA1, LORA2, PL1 by k-induction and "
-                             "bound them by BMC on the Z3 LoRA models (minutes of CPU; --no-z3 skips them)")
+    verify.add_argument("--lora", action="store_true", help="search the profile's LoRA and prompt-logprobs models; "
+                        "under vllm-0.34 hunt their mutants; LORA1, LORA2, PL1 by k-induction and BMC (--no-z3 skips)")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--inferred", action="store_true",

@@ -39,7 +39,20 @@ from flightcheck.verification.z3.encoding.lora import (
 )
 from flightcheck.verification.z3.encoding.invariants import well_formed
 from flightcheck.verification.z3.encoding.state import PAD, PREEMPTED, RUNNING, WAITING, Layout, SState, initial
-from flightcheck.verification.z3.encoding.terms import V, Builder, clone, conj, count, disj, eq, ite, le, lt, member, neg
+from flightcheck.verification.z3.encoding.terms import (
+    V,
+    Builder,
+    clone,
+    conj,
+    count,
+    disj,
+    eq,
+    ite,
+    le,
+    lt,
+    member,
+    neg,
+)
 
 # --- LORA1 and its auxiliary invariant
 
