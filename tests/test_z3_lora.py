@@ -39,7 +39,6 @@ from flightcheck.verification.z3.encoding.lora_invariants import (
     LORA_FORMULAS,
     LORA_STEP_FORMULAS,
     alone_schedule,
-    lora2_parts,
 )
 from flightcheck.verification.z3.encoding.state import NotRepresentable
 from flightcheck.verification.z3.encoding.system import System
@@ -165,9 +164,9 @@ class _Evaluator:
         self.transition = {n: self.system.build(LORA_STEP_FORMULAS[n], self.step) for n in lora_properties(model)[1]}
         self.solver = z3.Solver()
         self.solver.add(*self.system.sched(0)[1])
-        for w, at in lora2_parts(self.system.layout) if model.cfg.max_loras else ():
-            defs = self.system.build(lambda layout, s, w=w, at=at: alone_schedule(layout, s, w, at)[1], frame)
-            self.solver.add(*defs)
+        for w, p in enumerate(model.prompts):
+            if p.lora > 0 and model.cfg.max_loras:
+                self.solver.add(*self.system.build(lambda layout, s, w=w: alone_schedule(layout, s, w)[1], frame))
         self.solver.add(self.step.choices.act == SCHEDULE)
 
     def schedule_step(self, s: State) -> dict[str, bool]:

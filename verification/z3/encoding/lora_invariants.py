@@ -151,7 +151,7 @@ def without_waiting(layout: Layout, s: SState, w: int) -> SState:
     out = clone(s)
     out.waiting = []
     for slot in range(len(s.waiting)):
-        v = V(-1)
+        v = V(PAD)
         for j in range(slot, len(s.waiting)):
             v = ite(conj(keep[j], eq(place[j], slot)), s.waiting[j], v)
         out.waiting.append(v)
@@ -159,25 +159,12 @@ def without_waiting(layout: Layout, s: SState, w: int) -> SState:
     return out
 
 
-def without_waiting_at(layout: Layout, s: SState, p: int) -> SState:
-    """Frame s with the waiting slot p left out (the slots after it moved
-    up, PAD past the new length): spec.lora.without_waiting where the
-    request left out sits at slot p and nowhere else."""
-    out = clone(s)
-    shifted = s.waiting[:p] + s.waiting[p + 1:]
-    out.waiting = [ite(lt(j, s.waiting_len - 1), x, V(PAD)) for j, x in enumerate(shifted)] + [V(PAD)]
-    out.waiting_len = s.waiting_len - 1
-    return out
-
-
-def alone_schedule(layout: Layout, s: SState, w: int, at: int | None = None) -> tuple[Any, list]:
-    """spec `schedule(without_waiting(before, w))` on frame s (w left out of
-    every slot, or, `at` given, of slot `at` only), and the definitions of
-    its auxiliary variables (named after the frame, w and the slot)."""
+def alone_schedule(layout: Layout, s: SState, w: int) -> tuple[Any, list]:
+    """spec `schedule(without_waiting(before, w))` on frame s, and the
+    definitions of its auxiliary variables (named after the frame and w)."""
     from flightcheck.verification.z3.encoding.schedule import schedule
-    builder = Builder(f"lora2[{w}.{'' if at is None else at}][{s.num_batches}]")
-    frame = without_waiting(layout, s, w) if at is None else without_waiting_at(layout, s, at)
-    return schedule(layout, builder, frame), builder.defs
+    builder = Builder(f"lora2[{w}][{s.num_batches}]")
+    return schedule(layout, builder, without_waiting(layout, s, w)), builder.defs
 
 
 def _admitted(before: SState, sch) -> tuple[Any, list]:
@@ -196,48 +183,27 @@ def _admitted(before: SState, sch) -> tuple[Any, list]:
     return count(flags), out
 
 
-def lora2_held_request_is_passed_over(layout: Layout, st, parts: tuple | None = None) -> Any:
+def lora2_held_request_is_passed_over(layout: Layout, st) -> Any:
     """LORA2: a waiting request whose LoRA the cap cannot take is passed
     over, not a stop: it stays waiting, and the call admits exactly what it
-    admits with that request out of the queue. The second schedules'
-    definitions are the antecedent: they fix their auxiliary variables.
-
-    The clauses, one per (w, where): w a request with a LoRA (the only ones
-    the cap can hold); `where` a waiting slot p (w sits at p and at no other
-    slot: its second schedule reads the queue shifted up from p) or None (w
-    sits at two slots or more: its second schedule reads the queue filtered).
-    Their conjunction is LORA2; `parts` names some (`lora2_parts`: one second
-    schedule per query, z3/lora_engines.py)."""
+    admits with that request out of the queue (a clause per request with a
+    LoRA, the only ones the cap can hold). The second schedules'
+    definitions are the antecedent: they fix their auxiliary variables."""
     if not has_lora_cap(layout):
         return z3.BoolVal(True)
     before, sch = st.before, st.sched
     formed = disj(lt(0, sch.count), sch.any_preempted)
     num, admitted = _admitted(before, sch)
     defs, out = [], []
-    for w, where in (lora2_parts(layout) if parts is None else parts):
-        slots = [conj(lt(j, before.waiting_len), eq(x, w)) for j, x in enumerate(before.waiting)]
-        case = lt(1, count(slots)) if where is None else conj(slots[where], *[neg(x) for j, x in enumerate(slots)
-                                                                           if j != where])
-        alone, alone_defs = alone_schedule(layout, before, w, where)
+    for w in (r for r, p in enumerate(layout.model.prompts) if p.lora > 0):
+        alone, alone_defs = alone_schedule(layout, before, w)
         defs += alone_defs
         alone_num, alone_admitted = _admitted(before, alone)
         same = conj(eq(num, alone_num), *[z3.Implies(lt(k, num), conj([eq(x, y) for x, y in zip(a, b)]))
                                           for k, (a, b) in enumerate(zip(admitted, alone_admitted))])
         stays = member(V(w), sch.state.waiting, sch.state.waiting_len)
-        out.append(z3.Implies(conj(case, held_request(layout, before, w)),
-                              conj(stays, ite(alone.result, same, eq(num, 0)))))
+        out.append(z3.Implies(held_request(layout, before, w), conj(stays, ite(alone.result, same, eq(num, 0)))))
     return z3.Implies(conj(*defs), z3.Implies(conj(_scheduled(st), formed), conj(out)))
-
-
-def lora2_parts(layout: Layout) -> tuple[tuple[int, int | None], ...]:
-    """LORA2's clauses: (w, slot) for each request w with a LoRA and each waiting slot, then (w, None)."""
-    held = [r for r, p in enumerate(layout.model.prompts) if p.lora > 0]
-    return tuple((w, where) for w in held for where in (*range(layout.N), None))
-
-
-def lora2_of(*parts: tuple[int, int | None]) -> Callable[[Layout, Any], Any]:
-    """The conjunction of LORA2's clauses `parts` (LORA2 is the conjunction of them all)."""
-    return lambda layout, st: lora2_held_request_is_passed_over(layout, st, parts)
 
 
 def pl1_prompt_logprobs_read_no_cache(layout: Layout, st) -> Any:
