@@ -285,3 +285,30 @@ def test_verify_lora_refuses_a_profile_without_it_and_a_flag_it_cannot_go_with(c
         assert main(["verify", "--profile", "vllm-0.34", "--lora", other]) == 2
         assert "--lora searches one profile's LoRA models" in capsys.readouterr().err
 
+
+
+@pytest.mark.slow               # about 3 min at load 10
+def test_verify_lora_kills_the_mutants_and_prints_the_z3_rows_proved_and_bounded():
+    """`flightcheck verify --profile vllm-0.34 --lora --json`: the explicit
+    rows, the four LoRA mutants killed, and LORA1 proved by k-induction,
+    LORA2 and PL1 one step from its invariant, all three bounded by BMC,
+    each row naming its model."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "flightcheck.cli", "verify", "--profile", "vllm-0.34", "--lora",
+                          "--json"], capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    assert report["ok"] and report["lora"]
+    assert {m["name"]: m["killed"] for m in report["mutants"]} == {m.name: True for m in LORA}
+    z3_rows = {(p["name"], p["status"], p["method"]) for p in report["properties"] if "@vllm-0.34]" in p["method"]}
+    assert z3_rows == {
+        (LORA1, "proved", "k-induction (k=1) [lora-k2@vllm-0.34]"),
+        ("LORA2_held_request_is_passed_over", "proved", "one step from the k-induction invariant [lora-k2@vllm-0.34]"),
+        ("PL1_prompt_logprobs_read_no_cache", "proved",
+         "one step from the k-induction invariant [prompt-logprobs-k2@vllm-0.34]"),
+        (LORA1, "bounded", "bmc [lora-k2@vllm-0.34]"),
+        ("LORA2_held_request_is_passed_over", "bounded", "bmc [lora-k2@vllm-0.34]"),
+        ("PL1_prompt_logprobs_read_no_cache", "bounded", "bmc [prompt-logprobs-k2@vllm-0.34]")}
