@@ -102,14 +102,14 @@ def holds_lora(layout, s, lora: int, holder: Any) -> Any:
     return disj(*[conj(eq(holder, r), neg(eq(s.reqs[r].status, NEW))) for r in _of_lora(layout, lora)])
 
 
-def lora_count(layout, s, holders: list, length: Any) -> Any:
-    """How many distinct LoRAs the first `length` of `holders` hold (spec.lora.loras_of)."""
-    return count(disj(*[conj(lt(j, length), holds_lora(layout, s, lora, h)) for j, h in enumerate(holders)])
-                 for lora in loras(layout))
-
-
 def among(layout, s, lora: int, holders: list, length: Any) -> Any:
+    """One of the first `length` of `holders` holds `lora` (it is in spec.lora.loras_of)."""
     return disj(*[conj(lt(j, length), holds_lora(layout, s, lora, h)) for j, h in enumerate(holders)])
+
+
+def lora_count(layout, s, holders: list, length: Any) -> Any:
+    """How many distinct LoRAs the first `length` of `holders` hold (len(spec.lora.loras_of))."""
+    return count(among(layout, s, lora, holders, length) for lora in loras(layout))
 
 
 def held_by_cap(layout, s, r: Any, holders: list, length: Any) -> Any:
