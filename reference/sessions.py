@@ -171,5 +171,7 @@ class StreamingSessions:
         session.num_prompt_tokens = len(session.all_token_ids)
         session.max_tokens = update.max_tokens
         session.arrival_time = update.arrival_time       # its priority stays the first input's
+        # rehashed lazily from the tokens: the blocks before keep_end's get the
+        # hashes vLLM keeps (`del block_hashes[keep_end // hash_block_size:]`)
         session.block_hashes.clear()
         session.status = RequestStatus.WAITING

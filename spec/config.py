@@ -164,9 +164,6 @@ class Config:
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
         if self.scheduling_policy == "priority" and not self.rules.priority_policy:
             raise ValueError(f"profile {self.profile} has no priority policy (vLLM 0.33 and later)")
-        if self.streaming_sessions and self.prefix_caching:
-            raise ValueError("streaming sessions are modelled without prefix caching (a turn's kept "
-                             "outputs become prompt blocks, which block labels do not follow)")
         if self.reset_and_pause and not (self.rules.reset_drops_running_output and self.rules.pause_states):
             raise ValueError(f"reset_and_pause needs a profile with reset and pause (vLLM 0.33 on), not {self.profile}")
         if self.reset_and_pause and self.kv_connector is not None:

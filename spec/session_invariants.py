@@ -9,10 +9,10 @@ Abstracted away: what spec/sessions.py abstracts.
 
 from __future__ import annotations
 
-from . import priority
+from . import blocks, priority
 from .config import Config
 from .sessions import seats_taken, table_covers
-from .state import Fate, Request, State, Status
+from .state import Fate, Request, State, Status, content_label
 
 
 def _is_session(q: Request) -> bool:
@@ -100,6 +100,15 @@ def seat_held_for_input(s: State, cfg: Config, r: int) -> bool:
     """Session r, waiting for input, holds the seat a waiting request would take."""
     return (s.requests[r].status is Status.WAITING_FOR_STREAMING_REQ and len(s.running) < cfg.max_num_seqs
             <= seats_taken(s) and any(q.status is Status.WAITING and not q.resumable for q in s.requests))
+
+
+def kept_output_cached_for_its_lookup(s: State, cfg: Config, r: int) -> bool:
+    """Session r, in a later turn and holding no computed tokens (preempted, or stopped while preempted), would hit in the prefix cache a prompt block past the prompt it arrived with: a block of its kept outputs, cached when it was an output block."""
+    q = s.requests[r]
+    if not (q.resumable and q.turn > 0 and q.num_computed == 0 and q.status in (Status.WAITING, Status.PREEMPTED)):
+        return False
+    labels = [content_label(s, r, i, cfg.block_size) for i in range(q.num_tokens // cfg.block_size)]
+    return len(blocks.lookup_hit(s.pool, labels, (q.num_tokens - 1) // cfg.block_size)) > len(q.prompt_labels)
 
 
 def finished_after_a_later_turn(s: State, cfg: Config, r: int) -> bool:

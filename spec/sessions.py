@@ -45,11 +45,30 @@ leaves it in place too and SS5 (session_invariants.py) flags a queue left
 out of order (docs/request-states.md, "Finding: a session's input reorders
 a priority heap").
 
-Abstracted away: token ids (an input is its length), multimodal features,
-sampling parameters other than max_tokens, block hashes and prefix caching
-(a session model has prefix caching off: `Config.__post_init__`), the
-engine's front end (it delivers each input as an `add_request`), and the
-pause states.
+With prefix caching on, a turn's kept outputs and the next input become
+prompt tokens (`_update_request_as_session` extends `prompt_token_ids` and
+`_all_token_ids`, drops the block hashes from the block of the discarded
+last token on, `del block_hashes[keep_end // hash_block_size:]`, and hashes
+the new full blocks, `update_block_hashes`). The hashes of the full blocks
+before that one stay: their tokens did not change. The spec's labels follow
+that (state.py `content_label`): a session's prompt blocks past the prompt
+it arrived with keep the label unique to (session, block) they had as
+output blocks, and a block that fills up in a later turn gets that label
+then. No block with such a label is cached before its tokens are final: a
+block is cached when every token in it is known and scheduled
+(`allocate_slots`, `cache_blocks`), and the discarded token's KV was never
+computed (SS3: `num_computed <= num_tokens - 1` while the session waits).
+A parked session keeps its blocks and its computed tokens, so its next turn
+is admitted from them without a prefix lookup (the waiting loop looks up
+only a request with `num_computed_tokens == 0`); a session preempted
+before its stop looks up its whole prompt, kept outputs included, and hits
+the blocks it cached as outputs.
+
+Abstracted away: token ids (an input is its length, and its tokens are
+taken to be the session's own: no other request's prompt shares a block
+with them), multimodal features, sampling parameters other than
+max_tokens, the hash function, the engine's front end (it delivers each
+input as an `add_request`), and the pause states.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from typing import Callable
 from . import cadence, lora
 from .blocks import cdiv
 from .config import Config
-from .session_invariants import (finished_after_a_later_turn, runs_beside_old_output, seat_held_for_input,
-                                 waits_with_old_output_in_flight)
+from .session_invariants import (finished_after_a_later_turn, kept_output_cached_for_its_lookup,
+                                 runs_beside_old_output, seat_held_for_input, waits_with_old_output_in_flight)
 from .state import State, Status
 
 RequestPredicate = Callable[[State, Config, int], bool]
@@ -134,6 +134,8 @@ class Sometimes:
             return cfg.rules.empty_batches
         if self.needs == "async":
             return cfg.rules.output_placeholders and cfg.queue_depth > cfg.stagger
+        if self.needs == "prefix_caching":
+            return cfg.prefix_caching
         return _kv_applicable(self.needs, cfg)
 
 
@@ -211,6 +213,8 @@ SESSION_SOMETIMES: tuple[Sometimes, ...] = (
     Sometimes("session_runs_beside_old_output", runs_beside_old_output, needs="async"),
     Sometimes("session_holds_seat_for_input", seat_held_for_input),
     Sometimes("session_finishes_in_a_later_turn", finished_after_a_later_turn),
+    # with prefix caching: a turn's kept outputs are prompt blocks its lookup hits
+    Sometimes("session_hits_its_kept_outputs", kept_output_cached_for_its_lookup, needs="prefix_caching"),
 )
 
 

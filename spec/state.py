@@ -6,7 +6,8 @@ Abstracted away:
   caching, one content label per full prompt block (fixed at arrival; requests
   that share a prefix share labels). Blocks that hold output tokens get a label
   unique to their request and position (`content_label`), since two requests'
-  sampled continuations are taken to differ.
+  sampled continuations are taken to differ; so do a streaming session's
+  prompt blocks past its first prompt (its kept outputs and later inputs).
 * request names, mostly. Requests are slots 0..N-1 that arrive at most once,
   so the state is finite, and a slot is an incarnation. A slot's name is its
   own index unless it arrived under a finished slot's name (`Request.name`,
@@ -373,9 +374,15 @@ def initial_state(num_requests: int, num_blocks: int) -> State:
 
 def content_label(state: State, r: int, block_index: int, block_size: int) -> int:
     """The content of r's block `block_index`: its prompt label if the block is
-    all prompt, otherwise a label unique to (r, block_index)."""
+    all of the prompt it arrived with, otherwise a label unique to
+    (r, block_index). A streaming session's later prompt blocks (the kept
+    outputs and the inputs of its next turns, spec/sessions.py `_take_input`)
+    take the unique label too: vLLM's chained hash of such a block runs
+    through r's own sampled tokens (or its own inputs), and the block's
+    tokens never change once it is full of computed ones, so the label it
+    was cached under as an output block is still its hash as a prompt block."""
     req = state.requests[r]
-    if (block_index + 1) * block_size <= req.prompt_len:
+    if block_index < len(req.prompt_labels) and (block_index + 1) * block_size <= req.prompt_len:
         return req.prompt_labels[block_index]
     return -(1 + r + len(state.requests) * block_index)
 

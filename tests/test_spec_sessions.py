@@ -10,7 +10,7 @@ import pytest
 
 from flightcheck.spec import (Arrive, CompleteOldest, Config, Prompt, Sample, Schedule, SendInput, State, Status,
                               initial_state, invariants_for, step, transition_properties_for)
-from flightcheck.spec.state import Fate
+from flightcheck.spec.state import Fate, content_label
 from flightcheck.verification.explicit.search import search
 from flightcheck.verification.mutants import SESSION_MUTANTS
 from flightcheck.verification.session_models import (SESSION_MUTANT_MODELS, SESSION_PROFILE_MODELS,
@@ -19,7 +19,9 @@ from flightcheck.verification.session_models import (SESSION_MUTANT_MODELS, SESS
 # (states, edges) of each session model, per profile.
 STATE_COUNTS = {
     "session-k2": (901, 2272), "session-pressure-k2": (568, 1229), "session-drafts-k2": (80, 245),
+    "session-cache-k2": (1047, 2234),
     "session-k2@async": (2068, 5261), "session-pressure-k2@async": (1317, 2906), "session-drafts-k2@async": (131, 324),
+    "session-cache-k2@async": (2845, 6497),
 }
 
 
@@ -84,9 +86,28 @@ def test_without_sessions_a_resumable_prompt_is_an_ordinary_request():
     assert step(state, cfg, SendInput(0)) is None
 
 
-def test_sessions_are_modelled_without_prefix_caching():
-    with pytest.raises(ValueError, match="prefix caching"):
-        Config(prefix_caching=True, streaming_sessions=True)
+def test_with_prefix_caching_a_kept_output_block_keeps_the_label_it_was_cached_under_as_a_prompt_block():
+    cfg = Config(num_stages=1, max_num_batched_tokens=4, max_num_seqs=1, block_size=2, num_blocks=4,
+                 max_model_len=8, prefix_caching=True, profile="vllm-0.34", streaming_sessions=True)
+    session = Prompt(1, 3, session=((2, 1), (0, 0)))
+    states = _run(cfg, (session,), [Arrive(0, session), Schedule(), CompleteOldest((Sample(),)),
+                                    Schedule(), CompleteOldest((Sample(),)),     # [p, o1] full and computed: cached
+                                    Schedule(), CompleteOldest((Sample(),)),     # o3: the turn's length, a stop
+                                    SendInput(0)])                               # p, o1, o2 kept, then 2 new tokens
+    parked, resumed = states[-2], states[-1]
+    assert parked.requests[0].status is Status.WAITING_FOR_STREAMING_REQ and parked.requests[0].num_computed == 3
+    q = resumed.requests[0]
+    assert q.status is Status.WAITING and q.prompt_len == 5 and q.num_output == 0 and q.prompt_labels == ()
+    first = q.block_table[0]
+    # the block of [p, o1] is a prompt block now, under the label it was cached under as an output block
+    assert resumed.pool.labels[first] == content_label(resumed, 0, 0, cfg.block_size) == parked.pool.labels[first]
+    # [o2, n1] was never full of computed tokens under its old content: nothing caches its label
+    assert content_label(resumed, 0, 1, cfg.block_size) not in resumed.pool.labels
+    finished = _run(cfg, (session,), [Arrive(0, session), Schedule(), CompleteOldest((Sample(),)), Schedule(),
+                                      CompleteOldest((Sample(),)), Schedule(), CompleteOldest((Sample(),)),
+                                      SendInput(0), Schedule(), CompleteOldest((Sample(),)), SendInput(0)])[-1]
+    assert finished.requests[0].status is Status.FINISHED_ABORTED
+    assert content_label(finished, 0, 1, cfg.block_size) in finished.pool.labels   # its next turn cached it
 
 
 @pytest.mark.parametrize("profile", ["vllm-0.34", "vllm-0.34-async"])
@@ -112,3 +133,25 @@ def test_each_session_mutant_is_killed_by_its_recorded_property_at_its_length(na
 def test_each_issue_bug_is_a_mutant_named_for_its_number():
     for number in ("52693", "52765", "42655", "5183"):
         assert any(name.endswith(number) for name in SESSION_MUTANTS)
+
+
+# session-cache-k2 under the priority policy, the session of priority 1 beside
+# the plain request of priority 0 (states per profile): SS5 beside prefix caching.
+PRIORITY_CACHE_STATES = {"vllm-0.34": (1610, 3296), "vllm-0.34-async": (4140, 9105),
+                         "vllm-0.33": (1610, 3296), "vllm-0.33-async": (4140, 9105)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", sorted(PRIORITY_CACHE_STATES))
+def test_with_prefix_caching_and_priorities_a_session_keeps_ss1_to_ss5(profile: str):
+    from dataclasses import replace
+
+    from flightcheck.verification.session_models import SESSION_CACHE_K2
+
+    cfg = replace(SESSION_CACHE_K2.cfg, scheduling_policy="priority")
+    prompts = (Prompt(1, 2, session=((2, 1), (0, 0)), priority=1), Prompt(2, 2, labels=(1,)))
+    model = replace(SESSION_CACHE_K2, name="prio-session-cache-k2", cfg=cfg, prompts=prompts)
+    result = search(replace(model.under_profile(profile), name=f"prio-session-cache-k2@{profile}"))
+    assert result.ok and all(result.liveness.values()), [(v.property, v.message) for v in result.violations]
+    assert (result.num_states, result.num_edges) == PRIORITY_CACHE_STATES[profile]
+    assert "SS5_session_queues_in_priority_order" in {i.name for i in invariants_for(cfg)}

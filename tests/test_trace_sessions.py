@@ -3,7 +3,8 @@
 checkers under every profile with sessions; a trace that misplaces a
 session's next turn, or an input for a request that is not a session,
 rejected; an input or a resumable arrival without `streaming_sessions` in
-the config malformed; the reference's session mutants' traces rejected."""
+the config malformed; the reference's session traces with prefix caching
+accepted; the reference's session mutants' traces rejected."""
 
 from __future__ import annotations
 
@@ -84,9 +85,15 @@ def test_session_events_need_streaming_sessions_in_the_config(drop: str, where: 
         check_events(events)
 
 
-def test_sessions_with_prefix_caching_are_malformed():
-    with pytest.raises(MalformedTrace, match="prefix caching"):
-        check_events([{**CONFIG, "prefix_caching": True}] + SESSION[1:])
+@pytest.mark.parametrize("path", sorted(SESSIONS.glob("*.json")), ids=lambda p: p.stem)
+def test_the_references_session_traces_with_prefix_caching_are_legal(path: Path):
+    # a session's kept outputs are prompt blocks now, labelled as the spec's content_label labels them
+    raw = json.loads(path.read_text())
+    raw["config"]["prefix_caching"] = True
+    run = run_reference(raw, "vllm-0.34-async")
+    assert run.ending == "done" and run.events[0]["prefix_caching"] is True
+    assert _check(run.events) == (True, None, None)
+    assert _check([{**CONFIG, "prefix_caching": True}] + SESSION[1:]) == (True, None, None)
 
 
 @pytest.mark.parametrize("mutant, workload, index, prop", [

@@ -22,9 +22,15 @@ def test_the_session_suite_proves_ss1_to_ss4_and_kills_every_session_mutant():
     assert result.ok and result.streaming_sessions
     rows = {(p.name, p.method.split()[1]): p for p in result.properties}
     for name in SESSION_PROPERTIES:
-        for model in ("session-k2@vllm-0.34-async", "session-pressure-k2@vllm-0.34-async"):
+        for model in ("session-k2@vllm-0.34-async", "session-pressure-k2@vllm-0.34-async",
+                      "session-cache-k2@vllm-0.34-async"):
             assert rows[name, model].kind == "invariant" and rows[name, model].status == "proved"
     assert rows["session_finishes_in_a_later_turn", "session-k2@vllm-0.34-async"].kind == "sometimes"
+    # with prefix caching: a kept output's block is hit again, and the cache's S9 holds beside sessions
+    hits = rows["session_hits_its_kept_outputs", "session-cache-k2@vllm-0.34-async"]
+    assert hits.kind == "sometimes" and hits.status == rows["session_finishes_in_a_later_turn",
+                                                             "session-k2@vllm-0.34-async"].status
+    assert rows["S9_kv_ownership", "session-cache-k2@vllm-0.34-async"].status == "proved"
     killed = {m.name: m.property for m in result.mutants}
     assert killed == {"continuation_applied_while_running_pr52693": "S10_queues_and_budgets",
                       "turn_output_not_dropped_pr52765": "IF2_stale_counter",

@@ -26,7 +26,7 @@ import z3
 
 from flightcheck.spec import Fate, Status, invariants_for
 from flightcheck.verification.models import MODELS
-from flightcheck.verification.session_models import SESSION_DRAFTS_K2
+from flightcheck.verification.session_models import SESSION_CACHE_K2, SESSION_DRAFTS_K2
 from flightcheck.verification.z3 import session_models as zs
 from flightcheck.verification.z3.encoding.crosscheck import CrossChecker, CrossReport, reachable
 from flightcheck.verification.z3.encoding.invariants import well_formed
@@ -65,6 +65,8 @@ def test_a_model_without_sessions_keeps_its_frames():
 def test_what_the_encoding_of_sessions_leaves_out_is_refused():
     with pytest.raises(ValueError, match="drafts"):
         System(SESSION_DRAFTS_K2)
+    with pytest.raises(ValueError, match="prefix caching beside sessions"):
+        System(SESSION_CACHE_K2)
 
 
 @pytest.mark.parametrize("model", [zs.SESSION_SOLO, zs.SESSION_K2_ASYNC], ids=lambda m: m.name)

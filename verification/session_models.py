@@ -65,7 +65,21 @@ SESSION_DRAFTS_K2 = Model(
     (_session(2, 2, (1, 1)),),
     allow_abort=False, skip_targets=_SESSION_SKIPPED + ("session_holds_seat_for_input",),
 )
-_SESSION_MODELS = (SESSION_K2, SESSION_PRESSURE_K2, SESSION_DRAFTS_K2)
+# Prefix caching on (vLLM's default), two seats, a pool of 3 blocks of 2:
+# the session (a prompt of 1 that stops after 2 outputs, then 2 new tokens
+# and 1 output) caches a block of its prompt and first output, which its
+# next turn keeps as prompt (`_update_request_as_session`); preempted by the
+# plain request's decode, it looks up its whole prompt on readmission and
+# hits that block (`session_hits_its_kept_outputs`), and the plain request
+# (a prompt of one full block) looks up its own label beside it.
+SESSION_CACHE_K2 = Model(
+    "session-cache-k2",
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=8, prefix_caching=True, profile="vllm-0.34", streaming_sessions=True),
+    (_session(1, 2, (2, 1)), Prompt(2, 2, labels=(1,))),
+    allow_abort=False, skip_targets=_SESSION_SKIPPED + ("session_holds_seat_for_input",),
+)
+_SESSION_MODELS = (SESSION_K2, SESSION_PRESSURE_K2, SESSION_DRAFTS_K2, SESSION_CACHE_K2)
 SESSION_PROFILE_MODELS: dict[str, tuple[Model, ...]] = {
     profile: tuple(_under(m, profile) for m in _SESSION_MODELS)
     for profile in ("vllm-0.33", "vllm-0.33-async", "vllm-0.34", "vllm-0.34-async")

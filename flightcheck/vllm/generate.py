@@ -81,23 +81,7 @@ def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = Fals
         requests.append(request)
     if reuse_ids:
         _maybe_reuse_an_id(pick, requests)
-    longest = max(r["prompt_len"] + r["max_tokens"] for r in requests)
-    max_model_len = longest + pick.integer(0, 6)
-    one_request = cdiv(max_model_len, block_size)
-    if pick.choice(["tight", "roomy"]) == "tight":
-        usable = one_request + pick.integer(0, 3)
-    else:
-        usable = sum(cdiv(r["prompt_len"] + r["max_tokens"], block_size) for r in requests) + 4
-        usable = max(usable, one_request)
-    config = {"num_stages": num_stages, "max_num_batched_tokens": pick.choice([8, 4, 16, 32]),
-              "max_num_seqs": pick.integer(1, 4), "block_size": block_size,
-              "num_blocks": usable + 1,                  # + vLLM's null block
-              "max_model_len": max_model_len,
-              # vLLM 0.33's SchedulerConfig refuses a threshold above
-              # max_model_len; there it never binds (no chunk is longer), so
-              # capping it changes no decision of any version.
-              "long_prefill_token_threshold": min(pick.choice([0, 3, 6]), max_model_len),
-              "prefix_caching": pick.choice([True, False])}
+    config = _engine_config(pick, requests, num_stages, block_size)
     workload: dict[str, Any] = {"name": name, "seed": seed, "config": config, "requests": requests,
                                 "max_steps": 3000}
     if prefix_len:
@@ -109,7 +93,11 @@ def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = Fals
         (FAMILIES.get(family) or CONNECTOR_FAMILIES[family])(pick, workload)
     if mid_step_inputs:
         _place_inputs_during_waits(pick, requests)
-    return workload if features_of is None else with_features(pick, workload, features_of)
+    if features_of is not None:
+        with_features(pick, workload, features_of)
+    if reuse_ids:
+        _reuses_after_their_aborts(requests)
+    return workload
 
 
 def _place_inputs_during_waits(pick: Picker, requests: list[dict[str, Any]]) -> None:
@@ -206,6 +194,49 @@ def _maybe_reuse_an_id(pick: Picker, requests: list[dict[str, Any]]) -> None:
     requests.append({"id": f"r{len(requests)}", "reuse_id": old["id"],
                      "prompt_len": pick.integer(1, 24), "max_tokens": pick.integer(1, 12),
                      "arrival_step": old["abort_step"] + pick.choice([0, pick.integer(0, 3)])})
+
+
+def _engine_config(pick: Picker, requests: list[dict[str, Any]], num_stages: int,
+                   block_size: int) -> dict[str, Any]:
+    """The workload's engine: max_model_len a little above its longest
+    request, a pool tight (one request and up to 3 blocks) or roomy (every
+    request at once), the rest picked."""
+    longest = max(r["prompt_len"] + r["max_tokens"] for r in requests)
+    max_model_len = longest + pick.integer(0, 6)
+    one_request = cdiv(max_model_len, block_size)
+    if pick.choice(["tight", "roomy"]) == "tight":
+        usable = one_request + pick.integer(0, 3)
+    else:
+        usable = sum(cdiv(r["prompt_len"] + r["max_tokens"], block_size) for r in requests) + 4
+        usable = max(usable, one_request)
+    return {"num_stages": num_stages, "max_num_batched_tokens": pick.choice([8, 4, 16, 32]),
+              "max_num_seqs": pick.integer(1, 4), "block_size": block_size,
+              "num_blocks": usable + 1,                  # + vLLM's null block
+              "max_model_len": max_model_len,
+              # vLLM 0.33's SchedulerConfig refuses a threshold above
+              # max_model_len; there it never binds (no chunk is longer), so
+              # capping it changes no decision of any version.
+              "long_prefill_token_threshold": min(pick.choice([0, 3, 6]), max_model_len),
+              "prefix_caching": pick.choice([True, False])}
+
+
+def _reuses_after_their_aborts(requests: list[dict[str, Any]]) -> None:
+    """A request reusing an id arrives no earlier than the request it takes
+    the id from, nor than that request's abort: a family or feature that
+    moved arrivals (every one at step 0, say) may have put it first. Moved,
+    it arrives at the abort as that abort does (in the same wait, when the
+    abort comes in one), as `_place_inputs_during_waits` orders them."""
+    by_id = {r["id"]: r for r in requests}
+    for request in requests:
+        old = by_id.get(request.get("reuse_id", ""))
+        if old is None:
+            continue
+        earliest = max(old["arrival_step"], old.get("abort_step", 0))
+        if request["arrival_step"] >= earliest:
+            continue
+        request["arrival_step"] = earliest
+        if old.get("abort_via") == "wait" and earliest == old.get("abort_step"):
+            request["arrival_via"] = "wait"
 
 
 def campaign_workloads(seed: int, count: int, reuse_ids: bool = False,

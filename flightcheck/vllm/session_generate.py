@@ -4,8 +4,10 @@ plain workload with one or two of its requests turned into sessions
 (1 to 8 new tokens, the next turn stopping after 1 to 4 outputs) at engine
 steps after its arrival, then the end of the session. A session request
 keeps no abort (an input sent after it would name a new request) and no id
-another request reuses; the workload runs without prefix caching (the spec
-models sessions without it).
+another request reuses. Prefix caching stays the seed's choice (on or off,
+generate.py; vLLM's default is on): a turn's kept outputs become prompt
+blocks, which the spec labels as the session's own (spec/state.py
+`content_label`) and vLLM hashes from the same tokens.
 
 `FEATURE` is registered in features.FEATURE_MODULES (`--all-features`),
 never combined with a KV connector, drafts or the cache-aware admission
@@ -43,7 +45,6 @@ def with_sessions(pick: Picker, workload: dict[str, Any]) -> None:
     candidates = [r for r in requests if r.get("reuse_id") is None and r.get("id") not in reused]
     if not candidates:
         return
-    workload["config"]["prefix_caching"] = False
     for _ in range(min(len(candidates), pick.integer(1, 2))):
         request = pick.choice(candidates)
         candidates.remove(request)
@@ -65,4 +66,4 @@ def with_sessions(pick: Picker, workload: dict[str, Any]) -> None:
 
 
 FEATURE = Feature("streaming-sessions", ("0.33.0", "0.34.0"), 1.0, with_sessions,
-                  excludes=("kv-connector", "spec-decoding", "cache-aware"))
+                  excludes=("kv-connector",))

@@ -127,6 +127,7 @@ class Ledger:
         self._prompt_label: dict[int, int] = {}       # chained hash of a prompt block -> label
         self._output_label: dict[int, int] = {}       # hash of an output-containing block -> label
         self._hashes: list[list[int]] = []            # per slot: chained hashes of its full blocks
+        self._hashed: dict[int, list[int]] = {}       # per session slot: the tokens those hashes cover
         self._first_slot: dict[str, int] = {}          # request id -> the first slot that arrived under it
 
     # -- recording ----------------------------------------------------------
@@ -198,17 +199,33 @@ class Ledger:
 
     def refresh_output_labels(self, state: State) -> None:
         """Extend each request's chained hashes to its full blocks and label
-        the output-containing ones (token ids only grow, so this is incremental)."""
+        the ones past the prompt it arrived with (incremental: token ids only
+        grow, but for a streaming session's next input, which replaces its
+        last sampled token: `_rehash_from`)."""
         bs = self.block_size
         for slot, request in enumerate(self.requests):
             hashes = self._hashes[slot]
             tokens = request.all_token_ids
+            if request.resumable:
+                del hashes[self._rehash_from(slot, tokens):]
             while len(hashes) < len(tokens) // bs:
                 i = len(hashes)
                 hashes.append(hash_block_tokens(hashes[-1] if hashes else None,
                                                 tokens[i * bs:(i + 1) * bs]))
-                if (i + 1) * bs > request.num_prompt_tokens:
+                if i >= len(self.prompt_labels[slot]):        # spec content_label: not its first prompt's
                     self._output_label[hashes[-1]] = content_label(state, slot, i, bs)
+            if request.resumable:
+                self._hashed[slot] = list(tokens[:len(hashes) * bs])
+
+    def _rehash_from(self, slot: int, tokens: list[int]) -> int:
+        """The blocks of a session whose hashes still hold: those before the
+        first whose tokens changed since they were hashed (a next input
+        replaced the last sampled token, `_update_request_as_session`)."""
+        hashed, bs = self._hashed.get(slot, []), self.block_size
+        same = 0
+        while same + bs <= len(hashed) and hashed[same:same + bs] == tokens[same:same + bs]:
+            same += bs
+        return same // bs
 
 
 def abstract(scheduler: Scheduler, engine: Engine | Iterable[SchedulerOutput],

@@ -16,8 +16,11 @@ The environment's choices beyond machine.py's:
   next one (`send_input`): an `add_request` under the session's live id,
   not resumable for the end of the session (the spec's `SendInput`).
 
-Configurations are machine.py's without prefix caching (the spec models
-sessions without it) and with a token budget of at least 1 + k: a session's
+Configurations are machine.py's (prefix caching on or off: with it, a
+session's kept outputs are prompt blocks its later lookups hit, labelled as
+the spec's `content_label` labels them: abstraction.py's ledger rehashes a
+session's blocks from the one its next input changed) and with a token
+budget of at least 1 + k: a session's
 next turn always has computed tokens, so a turn of one token is a decode
 that vLLM 0.33's and 0.34's waiting loop pads with k drafts, and admits only
 when the padding fits the budget ("Prefer to not schedule than schedule
@@ -82,7 +85,7 @@ class SessionsRefinementMachine(RefinementMachine):
         # request's: sessions keep their blocks between turns, and two that
         # fill the pool wait for each other for ever (the module doc)
         per_request = cdiv(cfg.max_model_len, cfg.block_size)
-        cfg = replace(cfg, enable_prefix_caching=False, num_blocks=max(cfg.num_blocks, (MAX_SESSIONS + 1) * per_request),
+        cfg = replace(cfg, num_blocks=max(cfg.num_blocks, (MAX_SESSIONS + 1) * per_request),
                       max_num_batched_tokens=max(cfg.max_num_batched_tokens, 1 + cfg.num_spec_tokens))
         RefinementMachine.setup(self, cfg=cfg, sample_every_chunk=sample_every_chunk)
         self.spec_cfg = replace(self.spec_cfg, streaming_sessions=True)

@@ -87,9 +87,6 @@ def config_from_event(event: dict, profile: str | None = None) -> Config:
     for key in _OVERRIDES:
         if key in event:
             overrides[key] = event[key]
-    if event.get("streaming_sessions") and event.get("prefix_caching"):
-        raise MalformedTrace("line 1: config event: streaming_sessions: the spec models streaming sessions "
-                             "without prefix caching (a turn's kept outputs become prompt blocks)")
     chosen = select_profile(event, profile)
     _refuse_knobs_the_profile_lacks(event, chosen)
     try:

@@ -10,7 +10,7 @@ one-step consequences of an inductive invariant I:
     I(s) AND guard_schedule(s) AND s' = schedule(s) AND not P(s, s')      unsat
 
 I is what kv_engines.kv_induction (k-induction, k = 1, the Houdini loop)
-keeps of WF_encoding, the cadence's auxiliary invariants CADA1 and CADA2
+keeps of WF_encoding, the cadence's auxiliary invariants CADA1-CADA3
 (encoding/cadence_invariants.py) and the encoding's own formulas of the
 spec's invariants and strengthening invariants (kv_engines' candidates):
 each kept conjunct holds in every reachable state, so every schedule step
@@ -39,14 +39,18 @@ CAD_PROPERTIES: tuple[str, ...] = tuple(CAD_TRANSITION_FORMULAS)
 
 
 def cad_auxiliary(model: Model) -> list[str]:
-    """The conjuncts offered to the Houdini loop: CADA1, CADA2, then the
-    encoding's formulas of the spec's invariants and strengthening invariants."""
+    """The conjuncts offered to the Houdini loop: CADA1-CADA3, then the
+    encoding's formulas of the spec's invariants and strengthening
+    invariants. All of them, not a chosen few: on cadence-z3-k2 the loop
+    keeps every one in a single round, and a smaller set (without S3,
+    S5-S8, L1, L3, IF3, A6, A7 and A11) is not inductive (S9 falls under
+    schedule, then WF): docs/proofs.md, "Prefill cadence"."""
     return [*CAD_AUXILIARY, *candidate_names(model.cfg)]
 
 
 def cad_induction(model: Model, time_budget: float | None = None) -> EngineResult:
-    """The inductive invariant (k-induction, k = 1, Houdini over WF, CADA1,
-    CADA2 and the candidates), then CAD1-CAD3 as one-step consequences of
+    """The inductive invariant (k-induction, k = 1, Houdini over WF,
+    CADA1-CADA3 and the candidates), then CAD1-CAD3 as one-step consequences of
     it. The rows: CAD1-CAD3 (proved, or unknown with the state that breaks
     them under I), then every conjunct offered (proved: kept; unknown: dropped)."""
     started = time.perf_counter()

@@ -1,7 +1,8 @@
 """The prefill cadence's Z3 models beside cadence-k2
 (verification/cadence_models.py, where BMC bounds CAD1-CAD3 and finds both
-mutants): a second model for the cross-check, and the model of the proof
-(z3/cadence_engines.py).
+mutants): a second model for the cross-check, the model of the proof
+(z3/cadence_engines.py), and the latter under async scheduling, small
+enough to cross-check every one of its states.
 
 cadence-k2 never reaches a request passed over by the waiting loop
 (`Request.deferred_waiting`, spec cadence.note_skipped), nor a preemption:
@@ -40,3 +41,10 @@ CADENCE_Z3 = Model(
     (Prompt(1, 2), Prompt(4, 1, (1, 2))),
     allow_abort=False, allow_stop=False, skip_targets=_SKIPPED,
 )
+
+# The same model under vLLM 0.34's async scheduling, for the cross-check of
+# every reachable state (tests/test_z3_cadence.py; cadence-k2-async's 2,556
+# states are cross-checked on a sample only): 177 states, 63 with a hold
+# beside output placeholders, prefill chunks running, calls held with a
+# request waiting and the queue backed up while the hold lasts.
+CADENCE_Z3_ASYNC = replace(CADENCE_Z3.under_profile("vllm-0.34-async"), name="cadence-z3-k2-async")

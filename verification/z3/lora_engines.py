@@ -65,11 +65,11 @@ def lora_properties(model: Model) -> tuple[list[str], list[str]]:
 
 
 def lora_auxiliary(model: Model) -> list[str]:
-    """The conjuncts offered to the Houdini loop: LORAA1-LORAA3 only. The
-    encoding's S-formulas and strengthening invariants are left out (as
-    candidates of one Houdini loop they did not settle on the cadence's
-    model, docs/proofs.md) and WF_encoding, always offered, needs the pool's
-    invariants to be inductive: LORA1, LORA2 and PL1 need none of them."""
+    """The conjuncts offered to the Houdini loop: LORAA1-LORAA3 only, as
+    the priority proof offers its own only (the encoding's S-formulas and
+    strengthening invariants as candidates: more conjuncts, more queries).
+    WF_encoding, always offered, needs the pool's invariants to be
+    inductive: LORA1, LORA2 and PL1 need none of them."""
     return list(LORA_AUXILIARY)
 
 

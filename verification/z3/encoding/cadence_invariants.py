@@ -59,13 +59,35 @@ def cada2_holds(state: State) -> bool:
     return all(not q.deferred_waiting for q in state.requests if q.status is Status.RUNNING)
 
 
+def cada3_entries_within_the_model_length(layout: Layout, s: SState) -> Any:
+    """CADA3: every entry in flight, whatever its fate, starts at most at
+    max_model_len and holds at most max_model_len tokens: async scheduling's
+    A12 (z3.induction.strengthening), which the sync profiles' proofs do
+    not offer, needed on cadence-z3-k2 as RPA2 is on the reset-pause model.
+    S2 and S10 bound sums of starts and lengths, and in bit-vectors a start
+    and a length near the top of the range wrap round to a small sum:
+    without CADA3 the Houdini loop's first counterexample to induction was
+    a schedule step resuming a preempted request (drop mode) beside its
+    orphaned entry of 127 tokens, its in-flight counter of 127 pushed to
+    -128 by the new entry (IF0 and IF2 broken), and every other conjunct
+    fell after them."""
+    from flightcheck.verification.z3.induction.strengthening import a12_snapshots_within_the_model_length
+    return a12_snapshots_within_the_model_length(layout, s)
+
+
+def cada3_holds(state: State, max_model_len: int) -> bool:
+    return all(e.start <= max_model_len and e.n <= max_model_len for b in state.in_flight for e in b)
+
+
 CAD_AUXILIARY: dict[str, Callable[[Layout, SState], Any]] = {
     "CADA1_new_request_unmarked": cada1_new_request_unmarked,
     "CADA2_running_request_not_deferred": cada2_running_request_not_deferred,
+    "CADA3_entries_within_the_model_length": cada3_entries_within_the_model_length,
 }
 CAD_AUXILIARY_PREDICATES: dict[str, Callable[[State, Any], bool]] = {
     "CADA1_new_request_unmarked": lambda s, cfg: cada1_holds(s),
     "CADA2_running_request_not_deferred": lambda s, cfg: cada2_holds(s),
+    "CADA3_entries_within_the_model_length": lambda s, cfg: cada3_holds(s, cfg.max_model_len),
 }
 
 # --- CAD1-CAD3 on one step

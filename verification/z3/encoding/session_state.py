@@ -57,6 +57,8 @@ def refuse_unencoded_sessions(model) -> None:
         why.append("a KV connector beside sessions")
     if cfg.num_spec_tokens:
         why.append("drafts (a session's next turn admitted with padded drafts)")
+    if cfg.prefix_caching:
+        why.append("prefix caching beside sessions (a turn's kept outputs become prompt blocks)")
     if cfg.scheduling_policy != "fcfs" or cfg.structured_output or cfg.reset_and_pause:
         why.append("the priority policy, structured output or reset and pause beside sessions")
     if why:
