@@ -1,7 +1,7 @@
 """LoRA's cap and the prompt-logprobs limit: their properties in Z3
 (spec/lora.py, spec/lora_properties.py), clause for clause after the spec's
-predicates, and the one auxiliary invariant that makes LORA1 inductive,
-with its concrete predicate beside it (formulas and predicates are compared
+predicates, and the auxiliary invariants LORAA1-LORAA3 that make LORA1
+inductive, with their concrete predicates beside them (formulas and predicates are compared
 on the models' states and steps, perturbed and mutated ones included:
 tests/test_z3_lora.py).
 
