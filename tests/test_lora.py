@@ -182,12 +182,15 @@ def test_a_reset_that_uncaches_duplicate_copies_is_checked_as_the_full_replay_ch
         assert result.ok, (full, result.property, result.message)
 
 
-def test_the_z3_encoding_refuses_the_cap_and_the_limit():
-    """The encoding has no LoRA and no prompt logprobs: it refuses a model
-    with either rather than check a different scheduler (the explicit
-    search checks them)."""
+def test_the_z3_encoding_takes_the_cap_and_the_limit_and_refuses_what_it_leaves_out():
+    """The encoding has the cap and the limit (verification/z3/encoding/lora.py;
+    tests/test_z3_lora.py checks it against the spec); a model that needs
+    what it leaves out, here the prefill cadence, is refused rather than
+    checked as a different scheduler (the explicit search checks it)."""
     from flightcheck.verification.z3.encoding.state import Layout
 
     for model in (LORA_K2, PROMPT_LOGPROBS_K2):
-        with pytest.raises(ValueError, match="a LoRA cap or prompt logprobs"):
-            Layout.of(model)
+        assert Layout.of(model).N == len(model.prompts)
+    cadence = replace(LORA_K2, cfg=replace(LORA_K2.cfg, prefill_schedule_interval=2))
+    with pytest.raises(ValueError, match="LoRA cap and of prompt logprobs leaves out the prefill cadence"):
+        Layout.of(cadence)

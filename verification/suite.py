@@ -131,6 +131,7 @@ class SuiteResult:
     structured_output: bool = False       # structured output's models (`--structured-output`)
     priority: bool = False                # the priority policy's models (`--priority`)
     prefill_cadence: bool = False         # the prefill cadence's models (`--prefill-cadence`)
+    lora: bool = False                    # the LoRA cap's and prompt logprobs' models (`--lora`)
 
     @property
     def ok(self) -> bool:
@@ -165,7 +166,7 @@ class SuiteResult:
             {"structured_output": True} if self.structured_output else {}) | (
             {"streaming_sessions": True} if self.streaming_sessions else {}) | (
             {"priority": True} if self.priority else {}) | (
-            {"prefill_cadence": True} if self.prefill_cadence else {})
+            {"prefill_cadence": True} if self.prefill_cadence else {}) | ({"lora": True} if self.lora else {})
 
 
 @dataclass(frozen=True)

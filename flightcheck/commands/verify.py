@@ -74,6 +74,8 @@ def add_parser(sub) -> None:
                              "property; vllm-0.33, vllm-0.33-async, vllm-0.34, vllm-0.34-async) and, under vllm-0.34, "
                              "hunt the cadence's mutants; check CAD1-CAD3 by k-induction on a small Z3 model and by "
                              "BMC on cadence-k2 (long: docs/proofs.md; --no-z3 skips them)")
+    verify.add_argument("--lora", action="store_true", help="search the profile's LoRA and prompt-logprobs models; "
+                        "under vllm-0.34 hunt their mutants; LORA1, LORA2, PL1 by k-induction and BMC (--no-z3 skips)")
     verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
     verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
     verify.add_argument("--inferred", action="store_true",
@@ -159,6 +161,7 @@ def _one_search_error(args: argparse.Namespace, flag: str, profiles: Collection[
 def _sessions_usage_error(args: argparse.Namespace) -> str | None:
     from flightcheck.verification.cadence_models import CADENCE_MODELS
     from flightcheck.verification.grammar_models import GRAMMAR_PROFILES
+    from flightcheck.verification.lora_models import LORA_MODELS
     from flightcheck.verification.priority_models import PRIORITY_PROFILE_MODELS
     from flightcheck.verification.session_models import SESSION_PROFILE_MODELS
 
@@ -175,7 +178,10 @@ def _sessions_usage_error(args: argparse.Namespace) -> str | None:
                                  "grammar models", (*_SEARCHES, "streaming_sessions", "reset_pause"))
             or _one_search_error(args, "--prefill-cadence", CADENCE_MODELS, "a profile with the prefill cadence",
                                  "cadence model", (*_SEARCHES, "streaming_sessions", "reset_pause",
-                                                   "structured_output", "priority")))
+                                                   "structured_output", "priority"))
+            or _one_search_error(args, "--lora", LORA_MODELS, "a profile with the LoRA cap", "LoRA models",
+                                 (*_SEARCHES, "streaming_sessions", "reset_pause", "structured_output", "priority",
+                                  "prefill_cadence")))
 
 
 def _hunt_one(args: argparse.Namespace, console: Console) -> int:
@@ -203,6 +209,7 @@ def _run_profiles(args: argparse.Namespace, console: Console) -> int:
     """The suite under each profile asked for: a table each (or JSON), progress on stderr."""
     from flightcheck.verification.models import MODELS
     from flightcheck.verification.cadence_suite import run_cadence_suite
+    from flightcheck.verification.lora_suite import run_lora_suite
     from flightcheck.verification.priority_suite import run_priority_suite
     from flightcheck.verification.suite import SuiteOptions, run_suite
 
@@ -218,7 +225,7 @@ def _run_profiles(args: argparse.Namespace, console: Console) -> int:
         try:
             with PhaseProgress(f"flightcheck verify ({profile})") as progress:
                 runner = run_priority_suite if args.priority else run_cadence_suite if args.prefill_cadence \
-                    else run_suite
+                    else run_lora_suite if args.lora else run_suite
                 suites.append(runner(options, progress.phase))
         except (executors.ExecutorUnavailable, executors.TaskLost) as err:
             return bad(str(err))

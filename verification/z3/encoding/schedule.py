@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import z3
-from flightcheck.verification.z3.encoding import blocks as zb, cadence as cad
+from flightcheck.verification.z3.encoding import blocks as zb, cadence as cad, lora
 from flightcheck.verification.z3.encoding import priority as prio
 from flightcheck.verification.z3.encoding import structured_output as grammar
 from flightcheck.verification.z3.encoding.drafts import PadContext, pad_context, padded, placeholder_drafts
@@ -402,12 +402,12 @@ def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase:
         st, blocked = grammar.blocked_on_grammar(layout, st, r, active)
         blocked = builder.let("blocked", blocked)
     q = builder.snap(req_at(st, r), "q")
-    deferred = disj(blocked, _is_resumption_deferred(layout, builder, st, r, q))
+    deferred = disj(blocked, _is_resumption_deferred(layout, builder, st, r, q), lora.passed_over(layout, acc, r))
     c = candidate(st, r, q, builder.let("tokens", tokens_at(layout, st, r)))
     if cfg.prefix_caching:
         labels = [label_at(layout, st, r, i) for i in range(layout.T)]
         num_hit, hit = zb.lookup_hit(layout, builder, st.pool, labels, div_const(c.tokens, bs),
-                                     div_const(c.tokens - 1, bs))
+                                     lora.cache_read_limit(layout, st, r, div_const(c.tokens - 1, bs)))
         num_hit = builder.let("num_hit", num_hit)
     else:
         num_hit, hit = V(0), []
@@ -429,7 +429,7 @@ def _waiting_step(layout: Layout, builder: Builder, acc: BatchInProgress, phase:
         whole = blocks_for(layout, imin(c.tokens, V(cfg.max_model_len)))
         fits = conj(zb.can_allocate(st.pool, imax(V(0), whole - num_hit), hit, num_hit), fits)
     skip = builder.let("defer", conj(active, deferred))
-    held = cad.stops_admission(layout, st, r, hit_tokens, defers)       # the prefill cadence holds prefills
+    held = disj(cad.stops_admission(layout, st, r, hit_tokens, defers), lora.stops_admission(layout, acc, r))
     ok = builder.let("admit", conj(active, neg(deferred), neg(over), neg(eq(num_new, 0)), fits, neg(held)))
     a, entry = _admit(layout, builder, c, _Hit(hit, num_hit), num_new, num_fresh, acc)
     entries, cnt, budget = _add(layout, acc, entry, ok)

@@ -46,6 +46,7 @@ from flightcheck.verification.z3.encoding.kv_state import (  # noqa: F401  (NotR
     kv_state_fields,
     refuse_unencoded_connector,
 )
+from flightcheck.verification.z3.encoding.lora import lora_request_fields, refuse_other_lora, refuse_unencoded_lora
 from flightcheck.verification.z3.encoding.priority_state import (
     prio_constant,
     prio_frame,
@@ -147,6 +148,7 @@ class Layout:
         refuse_unencoded_reset_pause(model)
         refuse_unencoded_grammar(model)
         refuse_unencoded_cadence(model)
+        refuse_unencoded_lora(model)
         width = max(8, (4 * bound).bit_length() + 1) if bitvectors else None
         distinct = all(len(set(p.labels)) == len(p.labels) for p in model.prompts)
         if cfg.rules.output_placeholders:
@@ -175,16 +177,15 @@ def _refuse_admission_knobs(model: Model) -> None:
     """The encoding admits as vLLM does with chunked prefill on, in FCFS
     order: chunked prefill off (vLLM 0.33, 0.34) and 0.34's cache-aware
     reorder, where the profile has them, are the explicit search's (the
-    prefill cadence is encoded: cadence_state.py)."""
+    prefill cadence, the LoRA cap and prompt logprobs are encoded:
+    cadence_state.py, lora.py)."""
     cfg, rules = model.cfg, model.cfg.rules
     unchunked = not cfg.enable_chunked_prefill and (rules.unchunked_prefill_stops_admission
                                                     or rules.threshold_needs_chunked_prefill)
     reordered = cfg.cache_aware_admission_window > 0 and rules.cache_aware_admission and cfg.prefix_caching
-    capped = cfg.max_loras > 0 or cfg.prompt_logprobs                              # spec/lora.py
-    if unchunked or reordered or capped:
+    if unchunked or reordered:
         raise ValueError(f"model {model.name}: the Z3 encoding admits with chunked prefill on, in FCFS "
-                         "order, without a LoRA cap or prompt logprobs; the explicit search explores chunked "
-                         "prefill off, the cache-aware reorder, the cap and the prompt-logprobs limit")
+                         "order; the explicit search explores chunked prefill off and the cache-aware reorder")
 
 
 def num_statuses(layout: Layout) -> int:
@@ -405,6 +406,7 @@ def _constant_request(layout: Layout, r: int, q: Any, padded: Any) -> "SReq":
         raise NotRepresentable(f"request {r} has stale-output counters under a profile without them")
     if not has_placeholders(layout) and (q.placeholders, q.decode_countdown) != (0, 0):
         raise NotRepresentable(f"request {r} has placeholders under a profile without them")
+    refuse_other_lora(layout, r, q)
     return SReq(V(STATUS.index(q.status)), V(q.num_output), V(q.num_computed),
                 V(q.num_drafts), V(len(q.block_table)),
                 padded(q.block_table, layout.T, f"r{r}'s block table"), session_req_constant(layout, r, q))
@@ -496,7 +498,7 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
             fixed.update(placeholders=iv(a.placeholders), decode_countdown=iv(a.countdown))
         fixed.update(kv_offer(layout, r, status is not Status.NEW), **kv_request_fields(layout, f.kv, r, iv, bv),
                      **grammar_request_fields(f.grammar, r, iv), **prio_request_fields(layout, r, status is not Status.NEW),
-                     **cad_request_fields(f.cad, r, bv))
+                     **cad_request_fields(f.cad, r, bv), **lora_request_fields(layout, r, status is not Status.NEW))
         if q.session:
             fixed.update(session_request_fields(layout, q.session, r, iv),
                          resumable=is_resumable_slot(layout, r) and status is not Status.NEW)
