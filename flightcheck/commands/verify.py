@@ -38,6 +38,20 @@ def add_parser(sub) -> None:
                              f"{', '.join(PROFILES)})")
     verify.add_argument("--all-profiles", action="store_true",
                         help="verify every profile in turn and state the time it took")
+    _add_feature_flags(verify)
+    verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
+    verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
+    verify.add_argument("--inferred", action="store_true",
+                        help="also prove every invariant with an inferred invariant, none hand-written "
+                             "(about 2 more minutes on the default model, 2 processes)")
+    verify.add_argument("--list-configs", action="store_true", help="print the model names and exit")
+    verify.add_argument("--json", action="store_true", help="print machine-readable results")
+    executors.add_options(verify)
+    verify.set_defaults(func=run)
+
+
+def _add_feature_flags(verify) -> None:
+    """The flags that search (and prove) one feature's models instead of the default run."""
     verify.add_argument("--allow-name-reuse", action="store_true",
                         help="search the profile's model in which a new request may arrive under a finished "
                              "one's name while its batches are in flight (vllm-0.33, vllm-0.33-hardened), and print "
@@ -76,15 +90,6 @@ def add_parser(sub) -> None:
                              "BMC on cadence-k2 (long: docs/proofs.md; --no-z3 skips them)")
     verify.add_argument("--lora", action="store_true", help="search the profile's LoRA and prompt-logprobs models; "
                         "under vllm-0.34 hunt their mutants; LORA1, LORA2, PL1 by k-induction and BMC (--no-z3 skips)")
-    verify.add_argument("--mutant", help="hunt only this mutant and print its counterexample")
-    verify.add_argument("--no-z3", action="store_true", help="skip the Z3 engines")
-    verify.add_argument("--inferred", action="store_true",
-                        help="also prove every invariant with an inferred invariant, none hand-written "
-                             "(about 2 more minutes on the default model, 2 processes)")
-    verify.add_argument("--list-configs", action="store_true", help="print the model names and exit")
-    verify.add_argument("--json", action="store_true", help="print machine-readable results")
-    executors.add_options(verify)
-    verify.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
