@@ -29,6 +29,9 @@ unchanged.
   only `async_kv_waiting` is read, to start loads (they take neither); a
   load beyond `max_inflight_loads`, or a request that needs a slot then,
   stops that queue (`take_async_kv`), other queues go on.
+* **Under PAUSED_NEW** (reset_pause.py) the loop reads `kv_holding_waiting`
+  alone: a landed load is promoted and admitted, no load starts (vLLM goes
+  on to the waiting queues, loads-only mode included, only UNPAUSED).
 """
 
 from __future__ import annotations
@@ -104,11 +107,13 @@ class KvWaiting:
         (`_next_waiting_queue`, arrival order: `first_incarnation`); in
         loads-only mode `async_kv_waiting` alone. None: the loop ends."""
         async_head = next((r for r in self.waiting if r not in skipped and self._may_load_async(r)), None)
+        # PAUSED_NEW: `kv_holding_waiting` alone (reset_pause.py)
+        unpaused = self._takes_waiting_queue()     # type: ignore[attr-defined]
         if loads_only:
-            return (async_head, True) if take_async_kv and async_head is not None else None
+            return (async_head, True) if unpaused and take_async_kv and async_head is not None else None
         held = next((r for r in self.kv_holding_waiting if r not in skipped), None)
-        if held is not None:
-            return held, False
+        if held is not None or not unpaused:
+            return None if held is None else (held, False)
         plain = next((r for r in self.waiting if r not in skipped and not self._may_load_async(r)), None)
         if take_async_kv and async_head is not None and (plain is None or self._async_goes_first(async_head, plain)):
             return async_head, True

@@ -169,8 +169,6 @@ class Config:
                              "outputs become prompt blocks, which block labels do not follow)")
         if self.reset_and_pause and not (self.rules.reset_drops_running_output and self.rules.pause_states):
             raise ValueError(f"reset_and_pause needs a profile with reset and pause (vLLM 0.33 on), not {self.profile}")
-        if self.reset_and_pause and self.kv_connector is not None:
-            raise ValueError("reset_and_pause is not modelled with a KV connector")
         if self.max_loras < 0:
             raise ValueError("max_loras must be >= 0")
         if (self.max_loras or self.prompt_logprobs) and (not self.rules.stale_output_counters

@@ -29,8 +29,10 @@ where it agrees).
 
 Abstracted away: the connector's own matching (its offer is the
 environment's, fixed at arrival), partial-tail hits, HiSparse's deferred
-loads and parked reservations (`_reserve_parked`), the DSV4 replay window,
-the pause states and the encoder connector. Under the priority policy
+loads and parked reservations (`_reserve_parked`), the DSV4 replay window
+and the encoder connector. Under PAUSED_NEW the loop takes
+`kv_holding_waiting` alone and starts no load (`request_queue` goes on to
+the waiting queues, loads-only mode included, only UNPAUSED; reset_pause.py). Under the priority policy
 the queues are heaps (priority.py: `kv_holding` sorted by rank, the heads
 compared by rank). vLLM 0.34's cache-aware reorder (admission_order.py)
 reorders `waiting` proper alone: `async_kv_waiting`'s requests, a view of
@@ -43,6 +45,7 @@ from dataclasses import dataclass, field, replace
 
 from . import blocks, priority
 from .config import Config
+from .reset_pause import takes_waiting_queue
 from .state import Load, State, Status, content_label
 
 
@@ -93,11 +96,12 @@ def next_candidate(state: State, cfg: Config, walk: Walk, loads_only: bool) -> t
     """The request the loop looks at next and its queue ("holding", "async",
     "waiting"), or None: the loop ends (its queue is empty)."""
     async_head = _head(tuple(r for r in state.waiting if may_load_async(state, cfg, r)), walk)
+    unpaused = takes_waiting_queue(state)            # under PAUSED_NEW: `kv_holding_waiting` alone
     if loads_only:
-        return (async_head, "async") if walk.take_async and async_head is not None else None
+        return (async_head, "async") if unpaused and walk.take_async and async_head is not None else None
     held = _head(state.kv_holding, walk)
-    if held is not None:
-        return held, "holding"
+    if held is not None or not unpaused:
+        return None if held is None else (held, "holding")
     plain = _head(tuple(r for r in state.waiting if not may_load_async(state, cfg, r)), walk)
     if walk.take_async and async_head is not None and (plain is None or _goes_first(state, cfg, async_head, plain)):
         return async_head, "async"
