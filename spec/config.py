@@ -194,9 +194,8 @@ class Config:
                              "output, streaming sessions, reset and pause")
         if not 0.0 <= self.cache_aware_admission_threshold <= 1.0:
             raise ValueError("cache_aware_admission_threshold must be in [0, 1]")
-        if self.structured_output and (not self.rules.stale_output_counters or self.kv_connector is not None):
-            raise ValueError("structured_output is modelled only under the vLLM 0.33 and 0.34 profiles, "
-                             "without a KV connector")
+        if self.structured_output and not self.rules.stale_output_counters:
+            raise ValueError("structured_output is modelled only under the vLLM 0.33 and 0.34 profiles")
 
     def _resolve_profile(self) -> None:
         """Fill every field left at None from the profile (frozen: set through object)."""
