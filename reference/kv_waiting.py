@@ -133,6 +133,8 @@ class KvWaiting:
             return _Lookup([], 0, request.num_computed_tokens, False)
         blocks, num_local = self.kv_cache_manager.get_computed_blocks(request)
         num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_local)
+        if request.prompt_logprobs:           # vLLM: `skip_reading_external_kv` (0.33: `skip_reading_prefix_cache`)
+            num_external, load_async = 0, False
         return _Lookup(blocks, num_local, num_external, load_async)
 
     def _admit_or_park(self, request: Request, batch: Batch, loads_only: bool) -> str:
@@ -140,6 +142,9 @@ class KvWaiting:
         parked for an async load, admitted, or the queue stops."""
         if (not self._promote_if_landed(request) or self._blocked_on_grammar(request)    # grammar.py
                 or self._is_resumption_deferred(request)):
+            return _SKIP
+        if self._held_by_lora_cap(request):   # max_loras (lora.py): after the promotion
+            self._pass_over_emptied_load(request)
             return _SKIP
         landed = request.num_computed_tokens > 0
         lookup = self._kv_lookup(request)
@@ -177,6 +182,16 @@ class KvWaiting:
             self._pad_drafts(request, entry, num_new_tokens)
         self._add_to_batch(batch, request, entry)
         return _ADMITTED
+
+    def _pass_over_emptied_load(self, request: Request) -> None:
+        """vLLM's `skip_request`: a promoted load that kept no block (nothing
+        valid) goes back to `waiting`, at its head (`step_skipped_waiting`
+        is prepended), not to `kv_holding_waiting`."""
+        if request in self.kv_holding_waiting and not self.kv_cache_manager.req_to_blocks.get(request.request_id):
+            self.kv_holding_waiting.remove(request)
+            self.waiting.appendleft(request)
+            if self._priority:
+                self._order_waiting()                  # type: ignore[attr-defined]  (a heap push)
 
     def _park(self, request: Request, lookup: _Lookup, batch: Batch) -> str:
         """An async load: blocks for the local hit and the load (none cached

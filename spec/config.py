@@ -171,10 +171,9 @@ class Config:
             raise ValueError(f"reset_and_pause needs a profile with reset and pause (vLLM 0.33 on), not {self.profile}")
         if self.max_loras < 0:
             raise ValueError("max_loras must be >= 0")
-        if (self.max_loras or self.prompt_logprobs) and (not self.rules.stale_output_counters
-                                                         or self.kv_connector is not None):
+        if (self.max_loras or self.prompt_logprobs) and not self.rules.stale_output_counters:
             raise ValueError("max_loras and prompt_logprobs are modelled only under the vLLM 0.33 and 0.34 "
-                             "profiles, without a KV connector")
+                             "profiles")
 
     def _check_admission_knobs(self) -> None:
         """vLLM's `SchedulerConfig` bounds: the budget holds a whole

@@ -128,9 +128,11 @@ def is_blocked(state: State, r: int) -> bool:
 
 
 def connector_offer(state: State, cfg: Config, r: int, local_tokens: int) -> tuple[int, bool]:
-    """`get_num_new_matched_tokens`: (external tokens, load async)."""
+    """`get_num_new_matched_tokens`: (external tokens, load async); a
+    prompt-logprobs request drops the offer (0.33 `skip_reading_prefix_cache`,
+    0.34 `skip_reading_external_kv`: its cache-hit limit is 0)."""
     q = state.requests[r]
-    if cfg.kv_connector is None or q.load is not Load.NONE or q.external_hit == 0:
+    if cfg.kv_connector is None or q.load is not Load.NONE or q.external_hit == 0 or q.prompt_logprobs:
         return 0, False
     if q.load_async:
         external = min(q.external_hit, q.num_tokens - local_tokens)
@@ -138,6 +140,17 @@ def connector_offer(state: State, cfg: Config, r: int, local_tokens: int) -> tup
     external = min(q.external_hit, q.num_tokens - 1 - local_tokens)
     external -= external % cfg.block_size
     return max(0, external), False
+
+
+def pass_over(state: State, cfg: Config, r: int) -> State:
+    """`skip_request` of a request the LoRA cap passes over: it keeps its
+    place, but a promoted load that left no block (nothing valid) leaves
+    `kv_holding_waiting` for the head of `waiting` (`step_skipped_waiting`,
+    prepended: looked at first, it goes first; under the policy a heap push)."""
+    if r not in state.kv_holding or state.requests[r].block_table:
+        return state
+    state = replace(state, kv_holding=tuple(x for x in state.kv_holding if x != r), waiting=(r,) + state.waiting)
+    return priority.in_priority_order(state, cfg)
 
 
 def fits_beside_reservations(state: State, cfg: Config, r: int, hit: tuple[int, ...], computed: int) -> bool:
