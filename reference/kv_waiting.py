@@ -94,10 +94,12 @@ class KvWaiting:
     def _may_load_async(self, request: Request) -> bool:
         """In vLLM 0.34's `async_kv_waiting` (`_enqueue_waiting_request`):
         under the load limit, a fresh request the connector may load
-        asynchronously (`may_load_async`). Kept in `waiting`, in its place:
-        the two queues are views of one."""
-        return (self._max_inflight_loads is not None and request.status == RequestStatus.WAITING
-                and request.num_computed_tokens == 0 and self.connector.may_load_async(request))
+        asynchronously (`may_load_async`; one whose grammar still compiles
+        too: vLLM decides at arrival). Kept in `waiting`, in its place: the
+        two queues are views of one."""
+        return (self._max_inflight_loads is not None and request.num_computed_tokens == 0
+                and request.status in (RequestStatus.WAITING, RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR)
+                and self.connector.may_load_async(request))
 
     def _next_candidate(self, skipped: set[Request], take_async_kv: bool,
                         loads_only: bool) -> tuple[Request, bool] | None:

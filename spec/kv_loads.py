@@ -67,11 +67,12 @@ def load_limit(cfg: Config) -> int | None:
 
 def may_load_async(state: State, cfg: Config, r: int) -> bool:
     """r belongs to `async_kv_waiting`: under the load limit, a fresh
-    request (WAITING, never asked) offered an async load
-    (`_enqueue_waiting_request`: `connector.may_load_async`)."""
+    request (never asked) offered an async load (`_enqueue_waiting_request`:
+    `connector.may_load_async`, at arrival, whatever its status: one whose
+    grammar still compiles joins it too, and the loop meets it there)."""
     q = state.requests[r]
-    return (load_limit(cfg) is not None and q.status is Status.WAITING and q.load is Load.NONE
-            and q.load_async and q.num_computed == 0)
+    return (load_limit(cfg) is not None and q.load is Load.NONE and q.load_async and q.num_computed == 0
+            and q.status in (Status.WAITING, Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR))
 
 
 def loads_in_flight(state: State) -> int:

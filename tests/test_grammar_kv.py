@@ -27,7 +27,7 @@ from flightcheck.vllm.generate import campaign_workloads
 pytestmark = pytest.mark.usefixtures("both_checkers")   # the campaign's check-trace runs (slow test)
 
 # (states, edges, max depth) -- change only with a reviewed change of semantics.
-PINNED = {"grammar-kv-limit-k2": (513, 1058, 14), "grammar-kv-k2": (639, 1312, 16)}
+PINNED = {"grammar-kv-limit-k2": (347, 674, 13), "grammar-kv-k2": (639, 1312, 16)}
 PROPERTIES = {"G1_no_run_while_compiling", "G2_fsm_tracks_output", "G3_fsm_never_refuses",
               "KV1_no_reuse_under_transfer", "KV2_loading_not_scheduled", "KV4_no_leak",
               "KV5_loaded_not_starved", "S9_kv_ownership", "L2_no_deadlock"}
@@ -82,6 +82,21 @@ def test_a_failed_grammar_never_loads_and_finishes_with_an_error() -> None:
                           CompleteOldest((Sample(),))])
     q = state.requests[0]
     assert q.status is Status.FINISHED_ERROR and not q.block_table and not q.held
+
+
+def test_loads_only_mode_parks_a_compiled_grammar_from_async_kv_waiting() -> None:
+    """vLLM 0.34 `_enqueue_waiting_request` puts a request the connector may
+    load asynchronously into `async_kv_waiting` at arrival, its grammar
+    compiling or not; with the seat taken, loads-only mode reads that queue,
+    promotes the compiled grammar (`_handle_blocked_waiting_request`) and
+    starts its load (campaign --all-features seed 31 index 68, 0.34.0: the
+    spec and the reference kept it out of the queue until it was WAITING)."""
+    cfg = GRAMMAR_KV_LIMIT_K2.cfg
+    load, plain = GRAMMAR_KV_LIMIT_K2.prompts
+    state = _run(cfg, 2, [Arrive(1, plain), Arrive(0, load), Schedule()])
+    assert state.running == (1,) and state.requests[0].status is Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    state = _run(cfg, 2, [Arrive(1, plain), Arrive(0, load), Schedule(), CompileGrammar(0), Schedule()])
+    assert state.requests[0].status is Status.WAITING_FOR_REMOTE_KVS and state.running == (1,)
 
 
 def _gateless_connector_loop(monkeypatch: pytest.MonkeyPatch) -> None:

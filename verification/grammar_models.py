@@ -76,16 +76,17 @@ _ON_SPEC_DECODE = ("stale_fsm_bitmask_29379", "illegal_draft_verified_49694", "f
 # loads. Targets these models are too small to reach, beside the above:
 _GRAMMAR_KV_SKIPPED = _GRAMMAR_SKIPPED + ("empty_batch_in_queue",)
 
-# vLLM 0.34's load limit (one load at a time): a structured request offered
-# an async load of its prompt beside a plain one offered the same, either
-# load allowed to fail: the grammar's compile or failure before, during and
-# after the other's load, a landed load's first sampled token masked.
+# vLLM 0.34's load limit with one seat: a structured request offered an
+# async load of its prompt (in `async_kv_waiting` from its arrival, its
+# grammar compiling or not) beside a plain request that takes the seat: in
+# loads-only mode it is skipped while its grammar compiles (or failed) and
+# parks once compiled; the load may fail; its first sampled token masked.
 GRAMMAR_KV_LIMIT_K2 = Model(
     "grammar-kv-limit-k2",
-    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=4,
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=1, block_size=2, num_blocks=4,
            max_model_len=6, prefix_caching=False, profile="vllm-0.34", structured_output=True,
            kv_connector=KvConnector(max_inflight_loads=1)),
-    (Prompt(2, 1, external_hit=2, load_async=True, structured=True), Prompt(2, 1, external_hit=2, load_async=True)),
+    (Prompt(2, 1, external_hit=2, load_async=True, structured=True), Prompt(1, 2)),
     allow_stop=False, allow_abort=False, kv_failures=True, skip_targets=_GRAMMAR_KV_SKIPPED,
 )
 # Two structured requests, an async load and a sync one (its failure rolls
