@@ -127,3 +127,25 @@ def test_without_the_gate_the_model_runs_a_compiling_grammar(monkeypatch: pytest
     first = r.violations[0]
     assert (first.property, [type(a).__name__ for a, _ in first.path]) == ("G1_no_run_while_compiling",
                                                                           ["Arrive", "Schedule"])
+
+
+# campaign --all-features --versions 0.34.0,0.33.0: seed 31 index 68 on 0.34.0 (a
+# structured request's async load started in loads-only mode: the fix above), and the
+# first workloads of seed 1 with the pair on each release
+FOUND = {"0.34.0": [(31, 68), (1, 8), (1, 65)], "0.33.0": [(1, 8), (1, 40), (1, 65)]}
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("version", sorted(FOUND))
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_the_pairs_campaign_workloads_agree_with_vllm(version: str, async_scheduling: bool) -> None:
+    if os.environ.get("FLIGHTCHECK_SKIP_VLLM"):
+        pytest.skip("FLIGHTCHECK_SKIP_VLLM")
+    from flightcheck.vllm.campaign import DISAGREEMENTS, run_version
+
+    workloads = [campaign_workloads(seed, index + 1, features_of=version)[index] for seed, index in FOUND[version]]
+    assert all({"grammar", "kv-connector"} <= set(w["features"]) for w in workloads)
+    report = run_version(version, workloads, 0, False, lambda line: None, async_scheduling)
+    assert report.workloads == len(workloads) and report.unexplained == []
+    assert not set(report.verdicts) & DISAGREEMENTS, dict(report.verdict_details)

@@ -110,7 +110,11 @@ def test_without_the_dropped_offer_pl1_breaks(monkeypatch: pytest.MonkeyPatch) -
 
 
 # campaign --all-features --versions 0.34.0,0.33.0 seed 1 (80 workloads): the first
-# workloads with each pair on each release
+# workloads with each pair on each release; and those where the cap passed a promoted
+# load over (seeds 5 to 7: the only ones of 150 per seed)
+PROMOTED_LOAD_CAPPED = {"0.34.0": [(5, 117), (6, 138), (7, 40)], "0.33.0": [(6, 138), (7, 40)]}
+
+
 def _found(version: str, feature: str, count: int = 3) -> list[dict]:
     return [w for w in campaign_workloads(1, 80, features_of=version)
             if {feature, "kv-connector"} <= set(w["features"])][:count]
@@ -125,7 +129,9 @@ def test_the_pairs_campaign_workloads_agree_with_vllm(version: str, async_schedu
         pytest.skip("FLIGHTCHECK_SKIP_VLLM")
     from flightcheck.vllm.campaign import DISAGREEMENTS, run_version
 
-    workloads = _found(version, "lora") + _found(version, "prompt-logprobs")
+    workloads = _found(version, "lora") + _found(version, "prompt-logprobs") + [
+        campaign_workloads(seed, index + 1, features_of=version)[index]
+        for seed, index in PROMOTED_LOAD_CAPPED[version]]
     report = run_version(version, workloads, 0, False, lambda line: None, async_scheduling)
     assert report.workloads == len(workloads) and report.unexplained == []
     assert not set(report.verdicts) & DISAGREEMENTS, dict(report.verdict_details)
