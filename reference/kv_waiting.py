@@ -114,8 +114,10 @@ class KvWaiting:
         if loads_only:
             return (async_head, True) if unpaused and take_async_kv and async_head is not None else None
         held = next((r for r in self.kv_holding_waiting if r not in skipped), None)
-        if held is not None or not unpaused:
-            return None if held is None else (held, False)
+        if held is not None:
+            return held, False
+        if not unpaused:
+            return None
         plain = next((r for r in self.waiting if r not in skipped and not self._may_load_async(r)), None)
         if take_async_kv and async_head is not None and (plain is None or self._async_goes_first(async_head, plain)):
             return async_head, True

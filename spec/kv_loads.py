@@ -101,8 +101,10 @@ def next_candidate(state: State, cfg: Config, walk: Walk, loads_only: bool) -> t
     if loads_only:
         return (async_head, "async") if unpaused and walk.take_async and async_head is not None else None
     held = _head(state.kv_holding, walk)
-    if held is not None or not unpaused:
-        return None if held is None else (held, "holding")
+    if held is not None:
+        return held, "holding"
+    if not unpaused:
+        return None
     plain = _head(tuple(r for r in state.waiting if not may_load_async(state, cfg, r)), walk)
     if walk.take_async and async_head is not None and (plain is None or _goes_first(state, cfg, async_head, plain)):
         return async_head, "async"
