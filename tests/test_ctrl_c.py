@@ -102,6 +102,25 @@ def test_ctrl_c_on_a_long_trace_is_one_line_and_exit_130(argv, after_s, long_tra
     assert_one_line_130(argv, *interrupt(argv, after_s))
 
 
+def test_a_ctrl_c_caught_on_its_way_out_of_exec_code_is_still_exit_130(tmp_path):
+    """CPython notes a KeyboardInterrupt that leaves code run by `exec` of a
+    string (as dataclasses define their methods) as uncaught, even once
+    flightcheck catches it, and a program run by `python -m` then ends by
+    SIGINT after its one line: exit -2, not 130 (one fuzz Ctrl-C in about
+    twelve under load, before the fix)."""
+    (tmp_path / "ctrl_c_in_exec.py").write_text(
+        "import sys\n"
+        "sys.argv = ['flightcheck', 'fuzz', '--steps', '1']\n"
+        "from flightcheck import cli\n"
+        "from flightcheck.commands import fuzz\n"
+        "fuzz.fuzz_one = lambda *args: exec('raise KeyboardInterrupt')\n"
+        "sys.exit(cli.main())\n")
+    proc = subprocess.run([sys.executable, "-m", "ctrl_c_in_exec"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr)
+    assert proc.stderr == "flightcheck fuzz: interrupted (Ctrl-C); nothing more was written\n"
+
+
 def test_a_full_standard_output_is_one_line_and_exit_2_not_a_bug(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"ev": "config", "num_stages": 2, "max_num_batched_tokens": 8, "block_size": 4, '

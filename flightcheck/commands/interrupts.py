@@ -232,6 +232,24 @@ def answered() -> None:
     as_the_command = _settings["exit_after_s"] is not None      # not a test calling main()
     if as_the_command and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _forget_the_interpreters_uncaught_ctrl_c()
+
+
+def _forget_the_interpreters_uncaught_ctrl_c() -> None:
+    """CPython notes a KeyboardInterrupt that leaves code run by `exec` or
+    `eval` of a string as uncaught, even when a caller catches it (Hypothesis
+    builds the fuzzers' wrappers by `exec`, dataclasses their methods as a
+    module loads), and a program run by `python -m` then ends by SIGINT
+    after finalization instead of with its exit code (`_Py_UnhandledKeyboardInterrupt`, read by
+    `Py_RunMain`; bpo-1054041). Answered here, the Ctrl-C is caught: clear
+    the note, so the exit code stays 130. Elsewhere than CPython: nothing to
+    clear."""
+    try:
+        import ctypes
+
+        ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 0
+    except (ImportError, AttributeError, ValueError, OSError):
+        pass
 
 
 _said = threading.Lock()

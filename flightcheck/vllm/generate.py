@@ -109,7 +109,11 @@ def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = Fals
         (FAMILIES.get(family) or CONNECTOR_FAMILIES[family])(pick, workload)
     if mid_step_inputs:
         _place_inputs_during_waits(pick, requests)
-    return workload if features_of is None else with_features(pick, workload, features_of)
+    if features_of is not None:
+        with_features(pick, workload, features_of)
+    if reuse_ids:
+        _reuses_after_their_aborts(requests)
+    return workload
 
 
 def _place_inputs_during_waits(pick: Picker, requests: list[dict[str, Any]]) -> None:
@@ -206,6 +210,25 @@ def _maybe_reuse_an_id(pick: Picker, requests: list[dict[str, Any]]) -> None:
     requests.append({"id": f"r{len(requests)}", "reuse_id": old["id"],
                      "prompt_len": pick.integer(1, 24), "max_tokens": pick.integer(1, 12),
                      "arrival_step": old["abort_step"] + pick.choice([0, pick.integer(0, 3)])})
+
+
+def _reuses_after_their_aborts(requests: list[dict[str, Any]]) -> None:
+    """A request reusing an id arrives no earlier than the request it takes
+    the id from, nor than that request's abort: a family or feature that
+    moved arrivals (every one at step 0, say) may have put it first. Moved,
+    it arrives at the abort as that abort does (in the same wait, when the
+    abort comes in one), as `_place_inputs_during_waits` orders them."""
+    by_id = {r["id"]: r for r in requests}
+    for request in requests:
+        old = by_id.get(request.get("reuse_id", ""))
+        if old is None:
+            continue
+        earliest = max(old["arrival_step"], old.get("abort_step", 0))
+        if request["arrival_step"] >= earliest:
+            continue
+        request["arrival_step"] = earliest
+        if old.get("abort_via") == "wait" and earliest == old.get("abort_step"):
+            request["arrival_via"] = "wait"
 
 
 def campaign_workloads(seed: int, count: int, reuse_ids: bool = False,
