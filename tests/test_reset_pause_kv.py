@@ -216,3 +216,22 @@ def test_the_pairs_campaign_workloads_agree_with_vllm(version: str, async_schedu
     report = run_version(version, workloads, 0, False, lambda line: None, async_scheduling)
     assert report.workloads == len(workloads) and report.unexplained == []
     assert not set(report.verdicts) & DISAGREEMENTS, dict(report.verdict_details)
+
+
+def test_the_z3_encodings_keep_refusing_the_pairs_models() -> None:
+    """The Z3 encodings leave every connector pair to the explicit search."""
+    from flightcheck.verification.grammar_models import GRAMMAR_KV_MODELS
+    from flightcheck.verification.lora_models import LORA_KV_MODELS
+    from flightcheck.verification.z3.encoding.reset_pause_state import refuse_unencoded_reset_pause
+    from flightcheck.verification.z3.encoding.state import Layout
+    from flightcheck.verification.z3.encoding.structured_output_state import refuse_unencoded_grammar
+
+    for model in (RESET_KV_SYNC_K1, RESET_KV_ASYNC_K2):
+        with pytest.raises(ValueError, match="a KV connector"):
+            refuse_unencoded_reset_pause(model)
+    for model in GRAMMAR_KV_MODELS:
+        with pytest.raises(ValueError, match="a KV connector"):
+            refuse_unencoded_grammar(model)
+    for model in (RESET_KV_SYNC_K1, RESET_KV_ASYNC_K2, *GRAMMAR_KV_MODELS, *LORA_KV_MODELS):
+        with pytest.raises(ValueError):
+            Layout.of(model)
