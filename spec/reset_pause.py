@@ -22,8 +22,7 @@ the scheduler does under them (vLLM 0.33 and 0.34, `Config.reset_and_pause`).
   flight (`_free_request_blocks`), and parked loads, an aborted load's
   table and a producer's finished requests hold theirs until their
   transfer is reported: each makes the reset fail, and RP4 flags it too
-  (docs/vllm-kv-connector-findings.md, "A reset of the running requests
-  under the step fence").
+  (docs/vllm-kv-connector-findings.md, finding 3).
 * `set_pause(pause)`: `Scheduler.set_pause_state`. Under PAUSED_ALL
   `schedule()` takes a token budget of 0 (the running loop schedules
   nothing) and skips the waiting loop; under PAUSED_NEW the waiting loop
