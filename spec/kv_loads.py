@@ -33,10 +33,11 @@ loads and parked reservations (`_reserve_parked`), the DSV4 replay window
 and the encoder connector. Under PAUSED_NEW the loop takes
 `kv_holding_waiting` alone and starts no load (`request_queue` goes on to
 the waiting queues, loads-only mode included, only UNPAUSED;
-reset_pause.py). Under the priority policy the queues are heaps (priority.py: `kv_holding` sorted by rank, the heads
-compared by rank). vLLM 0.34's cache-aware reorder (admission_order.py)
-reorders `waiting` proper alone: `async_kv_waiting`'s requests, a view of
-`waiting` here, keep their order.
+reset_pause.py). Under the priority policy the queues are heaps
+(priority.py: `kv_holding` sorted by rank, the heads compared by rank).
+vLLM 0.34's cache-aware reorder (admission_order.py) reorders `waiting`
+proper alone: `async_kv_waiting`'s requests, a view of `waiting` here,
+keep their order.
 """
 
 from __future__ import annotations
