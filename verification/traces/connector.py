@@ -248,8 +248,7 @@ class ConnectorEvents:
     def _failure_of_finished_load(self, name: str, state: State) -> bool:
         """A failure reported for the load of a request that finished (aborted,
         or failed before) while the load or the batch carrying it was in
-        flight, or of a parked load already failed, or of a sync load whose
-        request a reset preempted with it in flight: the connector reports
+        flight, or of a parked load already failed: the connector reports
         what it knew, and vLLM acts on no finished request (`_handle_failed_recving` takes only requests in
         WAITING_FOR_REMOTE_KVS, `_update_requests_with_invalid_blocks` only
         parked and running ones). The spec's state is unchanged; an aborted
@@ -262,11 +261,7 @@ class ConnectorEvents:
         # the invalid blocks): its own report reaches past the valid prefix
         # vLLM's scan reads (`num_computed_tokens`), and changes nothing
         shared_failure = q.status is Status.WAITING_FOR_REMOTE_KVS and q.load is Load.FAILED
-        # a sync load whose request a reset preempted while the batch carrying
-        # it was in flight: the request waits in `waiting`, which vLLM's scan
-        # does not read (a successful reset left no cached block to share)
-        reset_load = q.status is Status.PREEMPTED and any(e.reset and e.external for e in state.entries_of(r, fate=None))
-        return shared_failure or reset_load or (q.status.is_finished and q.load is not Load.NONE)
+        return shared_failure or (q.status.is_finished and q.load is not Load.NONE)
 
     def _cut_parked_load_again(self, name: str, event: dict) -> None:
         """The own failure of a parked load another load's failure cut before
