@@ -29,6 +29,9 @@ unchanged.
   only `async_kv_waiting` is read, to start loads (they take neither); a
   load beyond `max_inflight_loads`, or a request that needs a slot then,
   stops that queue (`take_async_kv`), other queues go on.
+* **Under PAUSED_NEW** (reset_pause.py) the loop reads `kv_holding_waiting`
+  alone: a landed load is promoted and admitted, no load starts (vLLM goes
+  on to the waiting queues, loads-only mode included, only UNPAUSED).
 """
 
 from __future__ import annotations
@@ -91,10 +94,12 @@ class KvWaiting:
     def _may_load_async(self, request: Request) -> bool:
         """In vLLM 0.34's `async_kv_waiting` (`_enqueue_waiting_request`):
         under the load limit, a fresh request the connector may load
-        asynchronously (`may_load_async`). Kept in `waiting`, in its place:
-        the two queues are views of one."""
-        return (self._max_inflight_loads is not None and request.status == RequestStatus.WAITING
-                and request.num_computed_tokens == 0 and self.connector.may_load_async(request))
+        asynchronously (`may_load_async`; one whose grammar still compiles
+        too: vLLM decides at arrival). Kept in `waiting`, in its place: the
+        two queues are views of one."""
+        return (self._max_inflight_loads is not None and request.num_computed_tokens == 0
+                and request.status in (RequestStatus.WAITING, RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR)
+                and self.connector.may_load_async(request))
 
     def _next_candidate(self, skipped: set[Request], take_async_kv: bool,
                         loads_only: bool) -> tuple[Request, bool] | None:
@@ -104,11 +109,15 @@ class KvWaiting:
         (`_next_waiting_queue`, arrival order: `first_incarnation`); in
         loads-only mode `async_kv_waiting` alone. None: the loop ends."""
         async_head = next((r for r in self.waiting if r not in skipped and self._may_load_async(r)), None)
+        # PAUSED_NEW: `kv_holding_waiting` alone (reset_pause.py)
+        unpaused = self._takes_waiting_queue()     # type: ignore[attr-defined]
         if loads_only:
-            return (async_head, True) if take_async_kv and async_head is not None else None
+            return (async_head, True) if unpaused and take_async_kv and async_head is not None else None
         held = next((r for r in self.kv_holding_waiting if r not in skipped), None)
         if held is not None:
             return held, False
+        if not unpaused:
+            return None
         plain = next((r for r in self.waiting if r not in skipped and not self._may_load_async(r)), None)
         if take_async_kv and async_head is not None and (plain is None or self._async_goes_first(async_head, plain)):
             return async_head, True
@@ -128,6 +137,8 @@ class KvWaiting:
             return _Lookup([], 0, request.num_computed_tokens, False)
         blocks, num_local = self.kv_cache_manager.get_computed_blocks(request)
         num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_local)
+        if request.prompt_logprobs:           # vLLM: `skip_reading_external_kv` (0.33: `skip_reading_prefix_cache`)
+            num_external, load_async = 0, False
         return _Lookup(blocks, num_local, num_external, load_async)
 
     def _admit_or_park(self, request: Request, batch: Batch, loads_only: bool) -> str:
@@ -135,6 +146,9 @@ class KvWaiting:
         parked for an async load, admitted, or the queue stops."""
         if (not self._promote_if_landed(request) or self._blocked_on_grammar(request)    # grammar.py
                 or self._is_resumption_deferred(request)):
+            return _SKIP
+        if self._held_by_lora_cap(request):   # max_loras (lora.py): after the promotion
+            self._pass_over_emptied_load(request)
             return _SKIP
         landed = request.num_computed_tokens > 0
         lookup = self._kv_lookup(request)
@@ -172,6 +186,16 @@ class KvWaiting:
             self._pad_drafts(request, entry, num_new_tokens)
         self._add_to_batch(batch, request, entry)
         return _ADMITTED
+
+    def _pass_over_emptied_load(self, request: Request) -> None:
+        """vLLM's `skip_request`: a promoted load that kept no block (nothing
+        valid) goes back to `waiting`, at its head (`step_skipped_waiting`
+        is prepended), not to `kv_holding_waiting`."""
+        if request in self.kv_holding_waiting and not self.kv_cache_manager.req_to_blocks.get(request.request_id):
+            self.kv_holding_waiting.remove(request)
+            self.waiting.appendleft(request)
+            if self._priority:
+                self._order_waiting()                  # type: ignore[attr-defined]  (a heap push)
 
     def _park(self, request: Request, lookup: _Lookup, batch: Batch) -> str:
         """An async load: blocks for the local hit and the load (none cached

@@ -9,12 +9,14 @@ scheduler.py's Scheduler; the profile's `reset_drops_running_output` and
   at its place in the heap's order), a new incarnation, its stale
   share the tokens in flight, in drop mode, no placeholders. Then the pool
   forgets every cached hash, if no block is held (else False; with running
-  requests reset it raises, which without a KV connector happens only
-  while a streaming session between turns holds blocks, sessions.py).
+  requests reset it raises: while a streaming session between turns holds
+  blocks, sessions.py, or, with a KV connector, a parked load, a held send
+  or a table a preemption put behind the step fence, kv_transfer.py).
 * `set_pause_state`: PAUSED_ALL gives `schedule()` no token budget and no
   waiting loop; PAUSED_NEW looks only at `kv_holding_waiting` in the
-  waiting loop (here: a streaming session's next turn; no admission from
-  `waiting`, a preempted request included); `get_num_unfinished_requests` counts accordingly, and with it
+  waiting loop (a streaming session's next turn, a landed KV load; no
+  admission from `waiting`, a preempted request included, and no load
+  started: kv_waiting.py); `get_num_unfinished_requests` counts accordingly, and with it
   `has_requests` (the engine must still complete the batches in flight).
 """
 

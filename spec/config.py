@@ -166,14 +166,11 @@ class Config:
             raise ValueError(f"profile {self.profile} has no priority policy (vLLM 0.33 and later)")
         if self.reset_and_pause and not (self.rules.reset_drops_running_output and self.rules.pause_states):
             raise ValueError(f"reset_and_pause needs a profile with reset and pause (vLLM 0.33 on), not {self.profile}")
-        if self.reset_and_pause and self.kv_connector is not None:
-            raise ValueError("reset_and_pause is not modelled with a KV connector")
         if self.max_loras < 0:
             raise ValueError("max_loras must be >= 0")
-        if (self.max_loras or self.prompt_logprobs) and (not self.rules.stale_output_counters
-                                                         or self.kv_connector is not None):
+        if (self.max_loras or self.prompt_logprobs) and not self.rules.stale_output_counters:
             raise ValueError("max_loras and prompt_logprobs are modelled only under the vLLM 0.33 and 0.34 "
-                             "profiles, without a KV connector")
+                             "profiles")
 
     def _check_admission_knobs(self) -> None:
         """vLLM's `SchedulerConfig` bounds: the budget holds a whole
@@ -191,9 +188,8 @@ class Config:
             raise ValueError("prefill_schedule_interval > 1 is modelled without a KV connector")
         if not 0.0 <= self.cache_aware_admission_threshold <= 1.0:
             raise ValueError("cache_aware_admission_threshold must be in [0, 1]")
-        if self.structured_output and (not self.rules.stale_output_counters or self.kv_connector is not None):
-            raise ValueError("structured_output is modelled only under the vLLM 0.33 and 0.34 profiles, "
-                             "without a KV connector")
+        if self.structured_output and not self.rules.stale_output_counters:
+            raise ValueError("structured_output is modelled only under the vLLM 0.33 and 0.34 profiles")
 
     def _resolve_profile(self) -> None:
         """Fill every field left at None from the profile (frozen: set through object)."""

@@ -89,11 +89,12 @@ def kv4_deferred_frees_drain(s: State, cfg: Config) -> bool:
 
 
 def kv5_loaded_not_starved(s: State, cfg: Config) -> bool:
-    """KV5 as safety, checked like L2: with no batch in flight and a load landed, schedule promotes a landed request, or the running requests leave no seat or budget, or the loop met no plain waiting request before the landed ones (a blocked plain waiting request never keeps a landed load waiting: the deadlock of vLLM #45388)."""
+    """KV5 as safety, checked like L2: with no batch in flight and a load landed, schedule promotes a landed request, or the running requests leave no seat or budget, or the loop met no plain waiting request before the landed ones (a blocked plain waiting request never keeps a landed load waiting: the deadlock of vLLM #45388), or the loop does not run (PAUSED_ALL)."""
+    from .reset_pause import runs_waiting_loop
     from .schedule import schedule
     landed = {r for r, q in enumerate(s.requests)
               if q.status is Status.WAITING_FOR_REMOTE_KVS and q.load is Load.RECEIVED}
-    if any(s.in_flight) or not landed:
+    if any(s.in_flight) or not landed or not runs_waiting_loop(s):
         return True
     scheduled = schedule(replace(s, in_flight=()), cfg)
     if scheduled is None:

@@ -29,12 +29,15 @@ where it agrees).
 
 Abstracted away: the connector's own matching (its offer is the
 environment's, fixed at arrival), partial-tail hits, HiSparse's deferred
-loads and parked reservations (`_reserve_parked`), the DSV4 replay window,
-the pause states and the encoder connector. Under the priority policy
-the queues are heaps (priority.py: `kv_holding` sorted by rank, the heads
-compared by rank). vLLM 0.34's cache-aware reorder (admission_order.py)
-reorders `waiting` proper alone: `async_kv_waiting`'s requests, a view of
-`waiting` here, keep their order.
+loads and parked reservations (`_reserve_parked`), the DSV4 replay window
+and the encoder connector. Under PAUSED_NEW the loop takes
+`kv_holding_waiting` alone and starts no load (`request_queue` goes on to
+the waiting queues, loads-only mode included, only UNPAUSED;
+reset_pause.py). Under the priority policy the queues are heaps
+(priority.py: `kv_holding` sorted by rank, the heads compared by rank).
+vLLM 0.34's cache-aware reorder (admission_order.py) reorders `waiting`
+proper alone: `async_kv_waiting`'s requests, a view of `waiting` here,
+keep their order.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from dataclasses import dataclass, field, replace
 
 from . import blocks, priority
 from .config import Config
+from .reset_pause import takes_waiting_queue
 from .state import Load, State, Status, content_label
 
 
@@ -64,11 +68,12 @@ def load_limit(cfg: Config) -> int | None:
 
 def may_load_async(state: State, cfg: Config, r: int) -> bool:
     """r belongs to `async_kv_waiting`: under the load limit, a fresh
-    request (WAITING, never asked) offered an async load
-    (`_enqueue_waiting_request`: `connector.may_load_async`)."""
+    request (never asked) offered an async load (`_enqueue_waiting_request`:
+    `connector.may_load_async`, at arrival, whatever its status: one whose
+    grammar still compiles joins it too, and the loop meets it there)."""
     q = state.requests[r]
-    return (load_limit(cfg) is not None and q.status is Status.WAITING and q.load is Load.NONE
-            and q.load_async and q.num_computed == 0)
+    return (load_limit(cfg) is not None and q.load is Load.NONE and q.load_async and q.num_computed == 0
+            and q.status in (Status.WAITING, Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR))
 
 
 def loads_in_flight(state: State) -> int:
@@ -93,11 +98,14 @@ def next_candidate(state: State, cfg: Config, walk: Walk, loads_only: bool) -> t
     """The request the loop looks at next and its queue ("holding", "async",
     "waiting"), or None: the loop ends (its queue is empty)."""
     async_head = _head(tuple(r for r in state.waiting if may_load_async(state, cfg, r)), walk)
+    unpaused = takes_waiting_queue(state)            # under PAUSED_NEW: `kv_holding_waiting` alone
     if loads_only:
-        return (async_head, "async") if walk.take_async and async_head is not None else None
+        return (async_head, "async") if unpaused and walk.take_async and async_head is not None else None
     held = _head(state.kv_holding, walk)
     if held is not None:
         return held, "holding"
+    if not unpaused:
+        return None
     plain = _head(tuple(r for r in state.waiting if not may_load_async(state, cfg, r)), walk)
     if walk.take_async and async_head is not None and (plain is None or _goes_first(state, cfg, async_head, plain)):
         return async_head, "async"
@@ -124,9 +132,11 @@ def is_blocked(state: State, r: int) -> bool:
 
 
 def connector_offer(state: State, cfg: Config, r: int, local_tokens: int) -> tuple[int, bool]:
-    """`get_num_new_matched_tokens`: (external tokens, load async)."""
+    """`get_num_new_matched_tokens`: (external tokens, load async); a
+    prompt-logprobs request drops the offer (0.33 `skip_reading_prefix_cache`,
+    0.34 `skip_reading_external_kv`: its cache-hit limit is 0)."""
     q = state.requests[r]
-    if cfg.kv_connector is None or q.load is not Load.NONE or q.external_hit == 0:
+    if cfg.kv_connector is None or q.load is not Load.NONE or q.external_hit == 0 or q.prompt_logprobs:
         return 0, False
     if q.load_async:
         external = min(q.external_hit, q.num_tokens - local_tokens)
@@ -134,6 +144,17 @@ def connector_offer(state: State, cfg: Config, r: int, local_tokens: int) -> tup
     external = min(q.external_hit, q.num_tokens - 1 - local_tokens)
     external -= external % cfg.block_size
     return max(0, external), False
+
+
+def pass_over(state: State, cfg: Config, r: int) -> State:
+    """`skip_request` of a request the LoRA cap passes over: it keeps its
+    place, but a promoted load that left no block (nothing valid) leaves
+    `kv_holding_waiting` for the head of `waiting` (`step_skipped_waiting`,
+    prepended: looked at first, it goes first; under the policy a heap push)."""
+    if r not in state.kv_holding or state.requests[r].block_table:
+        return state
+    state = replace(state, kv_holding=tuple(x for x in state.kv_holding if x != r), waiting=(r,) + state.waiting)
+    return priority.in_priority_order(state, cfg)
 
 
 def fits_beside_reservations(state: State, cfg: Config, r: int, hit: tuple[int, ...], computed: int) -> bool:

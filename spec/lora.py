@@ -29,7 +29,12 @@ True for it, and `KVCacheManager.prefix_cache_lookup_enabled` is False;
 0.34: `Request.get_prefix_cache_hit_limit` is 0 for it, and
 `prefix_cache_lookup_enabled` tests `prefix_cache_hit_limit != 0`). Its own
 full blocks are still cached for others. A KV connector's offer is dropped
-too (`skip_reading_external_kv`); the spec models the limit without one.
+too, after the connector was asked (0.33: `skip_reading_prefix_cache`; 0.34:
+`skip_reading_external_kv`, the limit not None; kv_loads.connector_offer),
+with or without prefix caching. Beside a connector the cap is tested after
+a landed load's promotion (`_handle_blocked_waiting_request` comes first)
+and before the connector is asked (schedule.py
+`_schedule_waiting_with_connector`).
 
 The abstraction: a request's LoRA is an integer, 0 = none (`Request.lora`);
 the adapter's slots, loading and rank are abstracted away (the cap is the
@@ -80,11 +85,11 @@ def reads_prefix_cache(state: State, r: int) -> bool:
 
 def arrive_with_lora(state: State, cfg: Config, r: int, lora: int, prompt_logprobs: bool) -> State:
     """An arrival's LoRA (kept only with a cap) and its prompt-logprobs flag
-    (kept only with `Config.prompt_logprobs` and prefix caching, the one
-    thing it changes)."""
+    (kept only with `Config.prompt_logprobs` and prefix caching or a KV
+    connector, the two things it changes)."""
     if lora and has_lora_cap(cfg):
         state = state.with_request(r, lora=lora)
-    keep = prompt_logprobs and cfg.prompt_logprobs and cfg.prefix_caching
+    keep = prompt_logprobs and cfg.prompt_logprobs and (cfg.prefix_caching or cfg.kv_connector is not None)
     return state.with_request(r, prompt_logprobs=True) if keep else state
 
 

@@ -42,7 +42,8 @@ def lora2_held_request_is_passed_over(before: State, scheduled: Scheduled, cfg: 
 
 
 def pl1_prompt_logprobs_read_no_cache(before: State, scheduled: Scheduled, cfg: Config) -> bool:
-    """PL1: a request that asks for prompt logprobs is admitted with no
-    prefix-cache hit: its entry starts at token 0 and counts nothing cached."""
-    return all(e.cached == 0 and e.start == 0 for e in scheduled.entries
-               if before.requests[e.req].prompt_logprobs and e.req in before.waiting)
+    """PL1: a request that asks for prompt logprobs is admitted with no prefix-cache hit and no KV connector load: its entry starts at token 0 and counts nothing cached, and it never parks for an async load."""
+    waiting = before.waiting_set | before.kv_holding_set
+    return (all(e.cached == 0 and e.start == 0 for e in scheduled.entries
+                if before.requests[e.req].prompt_logprobs and e.req in waiting)
+            and not any(before.requests[r].prompt_logprobs for r, _ in scheduled.kv_loads))

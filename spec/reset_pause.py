@@ -17,12 +17,18 @@ the scheduler does under them (vLLM 0.33 and 0.34, `Config.reset_and_pause`).
   connector only a streaming session between turns holds blocks without
   running (sessions.py), and the reset leaves its blocks held, which RP4
   flags (docs/request-states.md, "Finding: a reset fails while a session
-  waits for input").
+  waits for input"). With a KV connector (kv_fence.py) a preempted
+  request's table goes behind the step fence while a batch of it is in
+  flight (`_free_request_blocks`), and parked loads, an aborted load's
+  table and a producer's finished requests hold theirs until their
+  transfer is reported: each makes the reset fail, and RP4 flags it too
+  (docs/vllm-kv-connector-findings.md, finding 3).
 * `set_pause(pause)`: `Scheduler.set_pause_state`. Under PAUSED_ALL
   `schedule()` takes a token budget of 0 (the running loop schedules
   nothing) and skips the waiting loop; under PAUSED_NEW the waiting loop
-  looks only at `kv_holding_waiting` (no KV connector here: it admits
-  nobody, a preempted request included). `get_num_unfinished_requests()`
+  looks only at `kv_holding_waiting` (landed loads are promoted and
+  admitted, no load starts, nobody from `waiting` is admitted, a preempted
+  request included; kv_loads.py). `get_num_unfinished_requests()`
   is 0 under PAUSED_ALL and counts only running (and KV-holding) requests
   under PAUSED_NEW, so the engine's `has_requests()` may be false while
   batches are still in flight: the engine must still complete them
@@ -45,9 +51,8 @@ Named properties (transition properties of the labelled actions):
   held) nothing changed. vLLM breaks it, and raises, when a streaming
   session between turns holds blocks (the reset above).
 
-Abstracted away: the KV connector (reset_connector, loads that hold blocks
-across a reset, PAUSED_NEW's admission of `kv_holding_waiting`: Config
-refuses both at once), the model runner's persistent batch (0.33's
+Abstracted away: the connector's own cache (`reset_connector`,
+`reset_connector_cache`), the model runner's persistent batch (0.33's
 `prev_step_scheduled_req_ids.clear()`), the engine's pause modes
 ("abort" is `abort` of every request then PAUSED_NEW; "keep" is
 PAUSED_ALL; "wait" is PAUSED_NEW) and `clear_cache` (a `reset(True)` once
@@ -60,6 +65,7 @@ from dataclasses import replace
 
 from . import blocks, priority
 from .config import Config
+from .kv_fence import release_table
 from .state import Entry, Fate, Pause, State, Status
 
 
@@ -89,8 +95,8 @@ def _preempt_dropping_output(state: State, cfg: Config, victim: int) -> State:
     head of `waiting`, its live entries orphaned (and marked as reset),
     its tokens in flight stale output to be dropped, no placeholders."""
     req = state.requests[victim]
-    pool = blocks.free_table(state.pool, req.block_table, cfg.release_order, cfg.rules.unhashed_blocks_to_head)
-    state = replace(state, pool=pool, running=state.running[:-1], waiting=(victim,) + state.waiting,
+    state = release_table(state, cfg, victim, req.block_table)     # `_free_request_blocks`: behind the fence
+    state = replace(state, running=state.running[:-1], waiting=(victim,) + state.waiting,
                     scheduled_ids=state.scheduled_ids - {victim}, in_flight=tuple(
                         tuple(_orphan_at_reset(e) if e.req == victim else e for e in batch)
                         for batch in state.in_flight))

@@ -278,11 +278,16 @@ def _schedule_waiting_with_connector(step: _Step) -> None:
     walk = kv_loads.Walk()
     while (pick := kv_loads.next_candidate(step.state, cfg, walk, _loads_only(step))) is not None:
         r, queue = pick
-        if kv_loads.is_blocked(step.state, r) or _is_resumption_deferred(step.state, cfg, r):
+        step.state, blocked = grammar.blocked_on_grammar(step.state, r)     # structured output
+        if blocked or kv_loads.is_blocked(step.state, r) or _is_resumption_deferred(step.state, cfg, r):
             walk.skipped.add(r)
             continue
         if step.state.requests[r].status is Status.WAITING_FOR_REMOTE_KVS:
             step.state = kv_loads.promote(step.state, cfg, r)
+        if lora.held_by_lora_cap(step.state, cfg, r, step.state.running):
+            step.state = kv_loads.pass_over(step.state, cfg, r)
+            walk.skipped.add(r)
+            continue                                    # max_loras (lora.py), after the promotion
         computed = step.state.requests[r].num_computed
         hit = _prefix_hit(step.state, cfg, r) if computed == 0 else ()
         external, is_async = kv_loads.connector_offer(step.state, cfg, r, len(hit) * cfg.block_size)

@@ -33,8 +33,7 @@ def test_off_by_default_and_refused_where_not_modelled():
         Config(profile="vllm-0.34", max_loras=-1)
     with pytest.raises(ValueError, match="only under the vLLM 0.33 and 0.34"):
         Config(profile="vllm-0.8.5", max_loras=1)
-    with pytest.raises(ValueError, match="without a KV connector"):
-        Config(profile="vllm-0.34", prompt_logprobs=True, kv_connector=KvConnector())
+    Config(profile="vllm-0.34", prompt_logprobs=True, max_loras=1, kv_connector=KvConnector())   # the pairs meet
 
 
 # The default suite searches vLLM 0.34's two models; the other profiles' are slow.
@@ -113,14 +112,16 @@ def test_the_references_lora_traces_are_legal_and_the_cap_binds(profile):
     assert changed >= 1                     # the cap changed the batches of one at least (1 of 4, seed 1)
 
 
-def test_a_cap_beside_a_connector_is_a_malformed_trace():
+def test_a_cap_beside_a_connector_is_checked_and_before_0_33_malformed():
+    """The pair meets (tests/test_lora_kv.py); the 0.8.x profiles have no cap."""
     from flightcheck.verification.traces.check import MalformedTrace, check_events
 
     events = [{"ev": "config", "num_stages": 2, "max_num_batched_tokens": 8, "block_size": 2, "num_blocks": 8,
                "max_model_len": 16, "vllm_version": "0.34.0", "max_loras": 1,
                "kv_connector": {"consumer": True, "producer": False}}, {"ev": "end"}]
+    assert check_events(events).ok
     with pytest.raises(MalformedTrace, match="^line 1: config event: max_loras and prompt_logprobs are modelled"):
-        check_events(events)
+        check_events([{**events[0], "vllm_version": "0.8.5"}, events[1]])
 
 
 def _agree_with_vllm(version: str, async_scheduling: bool, count: int) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from flightcheck.spec import Config, Prompt
+from flightcheck.spec import Config, KvConnector, Prompt
 from flightcheck.verification.models import Model
 
 # Targets of every profile these models are too small to reach.
@@ -48,3 +48,35 @@ LORA_MODELS: dict[str, tuple[Model, ...]] = {
     "vllm-0.33-async": (LORA_K2.under_profile("vllm-0.33-async"),
                         PROMPT_LOGPROBS_K2.under_profile("vllm-0.33-async")),
 }
+
+
+# --- beside a KV connector (vLLM 0.34; 0.33 reads alike). Targets these
+# models are too small to reach, beside the above:
+_KV_SKIPPED = _SKIPPED + ("preempted_request_resumes_and_finishes", "decode_behind_decode",
+                          "two_prefill_chunks_in_flight", "blocks_freed_behind_fence", "empty_batch_in_queue")
+
+# A cap of one LoRA, a request of LoRA 1 and an async load of LoRA 2 that
+# may fail: the load parks while LoRA 1 is admitted beside it, lands, is
+# promoted and then passed over by the cap (vLLM tests it after
+# `_handle_blocked_waiting_request`), and runs once LoRA 1 is done.
+LORA_KV_K2 = Model(
+    "lora-kv-k2",
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=4,
+           max_model_len=6, prefix_caching=False, profile="vllm-0.34", max_loras=1,
+           kv_connector=KvConnector()),
+    (Prompt(1, 2, lora=1), Prompt(2, 1, external_hit=2, load_async=True, lora=2)),
+    allow_abort=False, allow_stop=False, kv_failures=True, skip_targets=_KV_SKIPPED,
+)
+# A prompt-logprobs request offered an async load of a prefix another request
+# loads and caches: it drops the offer (`skip_reading_external_kv`) and the
+# cached prefix, never parks.
+PROMPT_LOGPROBS_KV_K2 = Model(
+    "prompt-logprobs-kv-k2",
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=4,
+           max_model_len=6, prefix_caching=True, profile="vllm-0.34", prompt_logprobs=True,
+           kv_connector=KvConnector()),
+    (Prompt(2, 1, (3,), external_hit=2, load_async=True),
+     Prompt(3, 1, (3,), external_hit=2, load_async=True, prompt_logprobs=True)),
+    allow_abort=False, allow_stop=False, kv_failures=True, skip_targets=_KV_SKIPPED,
+)
+LORA_KV_MODELS = (LORA_KV_K2, PROMPT_LOGPROBS_KV_K2)

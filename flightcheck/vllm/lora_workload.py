@@ -14,10 +14,10 @@
 The features (`--all-features`, 0.33.0 and 0.34.0): `lora` gives a cap of 1
 or 2 and most requests one of up to three LoRAs; `prompt-logprobs` makes one
 or two requests of a prefix-caching workload ask for prompt logprobs, a
-request that shares a prefix first. Neither beside a KV connector (the spec
-models them without one: `Config` refuses it); `prompt-logprobs` not beside
-streaming sessions (they run without prefix caching, where the flag changes
-nothing).
+request that shares a prefix first. Both beside a KV connector (the cap is
+tested after a landed load's promotion; a prompt-logprobs request drops the
+connector's offer: spec/lora.py); `prompt-logprobs` not beside streaming
+sessions (they run without prefix caching, where the flag changes nothing).
 
 Standard library only.
 """
@@ -83,9 +83,8 @@ def _with_prompt_logprobs(pick: Picker, workload: dict[str, Any]) -> None:
 
 
 FEATURES = (
-    Feature("lora", ("0.33.0", "0.34.0"), 0.5, _with_loras, excludes=("kv-connector",)),
-    Feature("prompt-logprobs", ("0.33.0", "0.34.0"), 0.5, _with_prompt_logprobs,
-            excludes=("kv-connector", "streaming-sessions")),
+    Feature("lora", ("0.33.0", "0.34.0"), 0.5, _with_loras),
+    Feature("prompt-logprobs", ("0.33.0", "0.34.0"), 0.5, _with_prompt_logprobs, excludes=("streaming-sessions",)),
 )
 
 

@@ -10,8 +10,10 @@ flight at most of them:
   every workload ends unpaused (a run that ended paused would leave its
   requests unfinished).
 
-Never beside a KV connector (`excludes`): reset and pause are not modelled
-with one (spec/reset_pause.py). Standard library only.
+Beside a KV connector too: a reset of the running requests fails, and
+vLLM raises, while a load, a send or a fenced free holds blocks
+(spec/reset_pause.py; docs/vllm-kv-connector-findings.md). Standard
+library only.
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ def _ending_unpaused(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # vLLM 0.33 and 0.34 have both (the releases with the connector API are those).
-# With a KV connector the spec refuses it. Beside the priority policy since a
+# Beside a KV connector since the spec and the reference take only
+# `kv_holding_waiting` under PAUSED_NEW (no load starts) and put a reset
+# request's table behind the step fence (`_free_request_blocks`). Beside the priority policy since a
 # reset puts its requests back at their place in the heap's order (spec and
 # reference; campaign --all-features seed 5 indexes 42 and 64). Beside
 # grammars since check-trace follows a paused engine's empty batches and a
@@ -70,5 +74,4 @@ def _ending_unpaused(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # together"). Beside streaming sessions since the spec and the reference admit
 # a session's next turn under PAUSED_NEW (`kv_holding_waiting`) and keep a
 # reset that fails beside a session holding blocks.
-FEATURE = Feature("reset-pause", kv_connector_versions(), 0.5, with_reset_and_pause,
-                  excludes=("kv-connector",))
+FEATURE = Feature("reset-pause", kv_connector_versions(), 0.5, with_reset_and_pause)

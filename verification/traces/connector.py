@@ -26,9 +26,9 @@ from typing import Any, Callable
 from flightcheck.spec import Config, Schedule, Scheduled, State, Status, schedule, step
 from flightcheck.spec.config import KvConnector
 from flightcheck.spec.kv_loads import admits_inflight_load, promote
-from flightcheck.spec.kv_reports import fail_cut_parked_load
+from flightcheck.spec.kv_reports import fail_cut_parked_load, rollback
 from flightcheck.spec.schedule import is_empty_step
-from flightcheck.spec.state import Load
+from flightcheck.spec.state import Fate, Load
 from flightcheck.spec.transitions import CONTRACT_PROPERTIES, FailKvLoad, FailKvOutput, ReceiveKv, SendKv
 
 from .named_state import quoted, transfer_pending
@@ -84,6 +84,8 @@ class ConnectorEvents:
         self.errors_after_outputs: set[int] = set()
         # the kv_failed events of the output being read (KvOutput), judged jointly
         self.kv_output: KvOutput | None = None
+        # slots whose own load's failure was applied (a second report of it is no cut)
+        self.own_load_failed: set[int] = set()
 
     def _promote_at_empty_calls(self, event: dict) -> None:
         """A schedule() call that formed nothing still ran its waiting loop,
@@ -181,6 +183,9 @@ class ConnectorEvents:
             self._cut_parked_load_again(name, event)
             output.after = self.state
             return
+        if found is None and self._cut_running_load_again(name, event):
+            output.after = self.state
+            return
         if found is None:
             why = (f"{self.cfg.profile} has no KV load failures" if not self.cfg.rules.kv_load_failures
                    else self._transfer_state(name))
@@ -199,6 +204,7 @@ class ConnectorEvents:
             if not prop.holds(output.before, alone, label, self.cfg):   # the contract, as alone
                 raise self._violation(prop.name, prop.statement)
         output.failures.append((label, event))
+        self.own_load_failed.add(r)
         self._apply_report(r, label if len(output.failures) == 1 else joint, after)
         output.after = self.state
         self._note_rollbacks(output)
@@ -279,6 +285,28 @@ class ConnectorEvents:
         self.state = after
         self.rolled_back[r] = (after.requests[r].num_computed, after.requests[r].placeholders)
         self._check_rollback_counters(r, event)
+
+    def _cut_running_load_again(self, name: str, event: dict) -> bool:
+        """The own failure of a running request's sync load whose entry another
+        load's failure superseded (it held that load's blocks and was rolled
+        back), reported with the batch that carried it: vLLM's scan over
+        `running` (`_update_requests_with_invalid_blocks`) cuts the request
+        again where it has computed past the failed block since (0.34.0
+        `campaign --all-features` seed 33 index 27, a false C2 before); the
+        intended rollback from there (kv_reports.rollback), KV3 at the event.
+        False: not such a report (a second report of a load already failed
+        is none: the spec's connector makes none, C2)."""
+        r = self.slot.get(name)
+        if r is None or r in self.own_load_failed or self.state.requests[r].status is not Status.RUNNING:
+            return False
+        if not any(e.external and e.fate is Fate.SUPERSEDED for e in self.state.entries_of(r, fate=None)):
+            return False
+        valid = event["from_block"] * self.cfg.block_size
+        if self.state.requests[r].num_computed > valid:
+            self.state = rollback(self.state, self.cfg, r, valid)
+            self.rolled_back[r] = (valid, self.state.requests[r].placeholders)
+            self._check_rollback_counters(r, event)
+        return True
 
     def _check_rollback_counters(self, r: int, event: dict) -> None:
         """KV3 at the event: the counters the trace says the rollback left."""

@@ -36,9 +36,9 @@ class ResetPauseEvents:
         if self.cfg.reset_and_pause:
             return
         rules = self.cfg.rules
-        if not (rules.reset_drops_running_output and rules.pause_states) or self.cfg.kv_connector is not None:
+        if not (rules.reset_drops_running_output and rules.pause_states):
             raise self._violation("illegal_transition", f"{what}: profile {self.cfg.profile} has no reset and "
-                                  "pause (or runs a KV connector, with which they are not modelled)")
+                                  "pause")
         self.cfg = replace(self.cfg, reset_and_pause=True)
 
     def _on_reset(self, event: dict[str, Any]) -> None:

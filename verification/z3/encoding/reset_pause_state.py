@@ -40,11 +40,10 @@ def has_reset_pause(layout) -> bool:
 def refuse_unencoded_reset_pause(model) -> None:
     """What the encoding of reset and pause leaves out, refused: a model
     that needs it is the explicit search's, never checked by a partial
-    relation. Config already refuses reset and pause with a KV connector
-    (so `reset_connector` and PAUSED_NEW's `kv_holding_waiting` cannot
-    arise); beside the other request features (the priority policy's
+    relation. Beside the other request features (the priority policy's
     preemption order, sessions' parked requests in the pause's count,
-    grammars) the reset is not encoded."""
+    grammars, a KV connector's held tables and fenced frees) the reset is
+    not encoded."""
     cfg = model.cfg
     if not cfg.reset_and_pause:
         return
@@ -55,6 +54,8 @@ def refuse_unencoded_reset_pause(model) -> None:
         why.append("streaming sessions")
     if cfg.structured_output:
         why.append("structured output")
+    if cfg.kv_connector is not None:
+        why.append("a KV connector (loads held across a reset, the fence on its frees, PAUSED_NEW's loads)")
     if why:
         raise ValueError(f"model {model.name}: the Z3 encoding of reset and pause leaves out "
                          f"{'; '.join(why)}; the explicit search covers them")
