@@ -92,7 +92,8 @@ DEVIATIONS: dict[str, str] = {
         "vLLM 0.33: a batch scheduled for a request whose id was since given to a new request "
         "(an abort, then a request under the same id, request-id randomization off) is looked "
         "up by id and applied to the new request, whose num_in_flight_tokens then goes "
-        "negative (the id-reuse bug: a wrong binding, then a hang or an assertion); the "
+        "negative (the id-reuse bug: a wrong binding, then a hang or an assertion; 0.34 with async "
+        "scheduling and drafts: _update_request_with_output's placeholder assert, vLLM #42492); the "
         "reference drops it and leaves the new request's counters alone",
     "drafts_handed_over_at_submission":
         "vLLM 0.33 (synchronous scheduling): the engine hands the scheduler the drafts proposed for a "
