@@ -511,7 +511,11 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
             tuple([b.block_id for b in new_blocks]) if new_blocks else (),
             start, num_new_tokens, request.num_cached_tokens if resumed else 0,
             request.spec_token_ids[:num_drafts] if num_drafts else (),
-            start + num_known >= len(request.all_token_ids))
+            # drafts count, as in vLLM's `_update_after_schedule` (`is_prefill_chunk`
+            # from the count moved by the whole entry): the same whenever drafts
+            # follow every known token, and not under a released profile after a
+            # reused id's older batch rolled the new request's count back
+            start + num_new_tokens >= len(request.all_token_ids))
 
     def _add_to_batch(self, batch: Batch, request: Request, entry: RequestData) -> None:
         batch.add(request, entry)

@@ -242,8 +242,11 @@ class OutputUpdate:
 
     def _subtract_rejections(self, request: Request, fate: Fate, num_rejected: int) -> None:
         """Rejected drafts were counted as computed at schedule time; only a
-        live entry's count still stands (preemption reset an orphan's)."""
-        if fate is Fate.LIVE:
+        live entry's count still stands (preemption reset an orphan's). vLLM
+        0.33 and 0.34 as released bind outputs by id alone and guard it with
+        `> 0` (`update_from_output`): a reused id's new request still waiting,
+        handed an older batch's output, keeps its 0."""
+        if fate is Fate.LIVE and not (self._outputs_by_id_alone and request.num_computed_tokens <= 0):
             request.num_computed_tokens -= num_rejected
 
 

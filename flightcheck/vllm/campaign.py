@@ -173,12 +173,23 @@ DISAGREEMENTS = frozenset({"rejected, FALSE", "accepted, MISSED bug", "malformed
 
 def check_verdict(trace: Path, profile: str | None = None) -> dict[str, Any]:
     """What `flightcheck check-trace --json` says of a trace (`--profile
-    profile` when given: a vLLM version with no profile of its own)."""
-    from flightcheck.verification.traces.check import MalformedTrace, check_trace
+    profile` when given: a vLLM version with no profile of its own), read as
+    the command reads it, line by line (verification/traces/stream.py): a
+    violation before a line the format refuses is the verdict. (vLLM 0.33
+    and 0.34 with drafts and a reused id: an older request's rejected drafts
+    rolled back the new request's num_computed_tokens below 0 in
+    `update_from_output`, and its next schedule entry starts there, after the
+    complete event that check-trace rejects as S7.)"""
+    from flightcheck.verification.traces.stream import MalformedTrace, check_lines, open_lines
     try:
-        return check_trace(trace, profile).to_json()
+        lines = open_lines(str(trace))
     except MalformedTrace as err:
         return {"ok": False, "malformed": str(err)}
+    with lines:
+        final = list(check_lines(lines, profile))[-1]
+    if final.result is None:
+        return {"ok": False, "malformed": final.malformed or ""}
+    return final.result.to_json()
 
 
 def with_async_scheduling(raw: dict[str, Any]) -> dict[str, Any]:

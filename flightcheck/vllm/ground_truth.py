@@ -274,6 +274,20 @@ class GroundTruthMixin:
             if request.spec_token_ids and not self.records_async_scheduling:
                 self._fc_leftover_drafts.setdefault(id(request), "proposed before its preemption")
 
+    def _fc_drafts_after(self, targets: dict[str, Any], dropped: list[str], model_runner_output: Any) -> dict[str, int]:
+        """The drafts vLLM now holds for each request this output was applied
+        to and that goes on (0.8.x: `update_from_output` sets `spec_token_ids`
+        from the model's output), read from vLLM's requests, not the output;
+        drafts just proposed replace any left over."""
+        next_drafts = {req_id: len(target.spec_token_ids) for req_id, target in targets.items()
+                       if target is not None and req_id not in dropped and not target.is_finished()
+                       and getattr(target, "spec_token_ids", None)}
+        if getattr(model_runner_output, "spec_token_ids", None) is not None:
+            for req_id, target in targets.items():
+                if target is not None and req_id not in dropped:
+                    self._fc_leftover_drafts.pop(id(target), None)
+        return next_drafts
+
     # -- vLLM's counters and sets against the batches in flight ---------------------
 
     def _fc_check_in_flight_set(self) -> None:

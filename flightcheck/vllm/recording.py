@@ -393,7 +393,17 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
         returned = {e.req_id: (list(sampled[index[e.req_id]]) if e.req_id in index else []) for e in entries}
         self._fc_finish_written = set()
         self._fc_grammar_finishes: list[dict[str, Any]] | None = []    # written after the complete event
-        result = super().update_from_output(scheduler_output, model_runner_output)
+        try:
+            result = super().update_from_output(scheduler_output, model_runner_output)
+        except Exception:
+            # vLLM raised mid-update (0.34: a reused id's older batch, bound to
+            # the new request, trips `_update_request_with_output`'s assert on
+            # its placeholders after appending its tokens): what it applied is written.
+            self.flightcheck_step += 1
+            if record is not None:
+                self._fc_write_completion(record.batch_id, returned, *self._fc_applied(record, returned, targets,
+                                                                                         before), {})
+            raise
         grammar_finishes, self._fc_grammar_finishes = self._fc_grammar_finishes, None
         self.flightcheck_step += 1
         dropped, stale = self._fc_applied(record, returned, targets, before) if record is not None else ([], [])
@@ -464,20 +474,6 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
                     "step": self.flightcheck_step, "batch": record.batch_id, "req": entry.req_id,
                     "end": entry.start + entry.n})
         return dropped, stale
-
-    def _fc_drafts_after(self, targets: dict[str, Any], dropped: list[str], model_runner_output: Any) -> dict[str, int]:
-        """The drafts vLLM now holds for each request this output was applied
-        to and that goes on (0.8.x: `update_from_output` sets `spec_token_ids`
-        from the model's output), read from vLLM's requests, not the output;
-        drafts just proposed replace any left over."""
-        next_drafts = {req_id: len(target.spec_token_ids) for req_id, target in targets.items()
-                       if target is not None and req_id not in dropped and not target.is_finished()
-                       and getattr(target, "spec_token_ids", None)}
-        if getattr(model_runner_output, "spec_token_ids", None) is not None:
-            for req_id, target in targets.items():
-                if target is not None and req_id not in dropped:
-                    self._fc_leftover_drafts.pop(id(target), None)
-        return next_drafts
 
     def _fc_write_completion(self, batch_id: int, returned: dict[str, list[int]], dropped: list[str],
                              stale: list[str], next_drafts: dict[str, int]) -> None:

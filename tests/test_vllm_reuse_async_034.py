@@ -1,0 +1,113 @@
+"""vLLM 0.34.0 with async scheduling, drafts (K = 2) and a reused request id
+(campaign `--versions 0.34.0 --async --reuse-ids --spec-tokens 2`, seeds 32
+and 33): the id-reuse bug (docs/vllm-0.33-id-reuse.md, "vLLM 0.34, async
+scheduling and drafts") binds an aborted request's batch to the new request
+of its id, and three things on our side hid or misjudged it. Each trace
+below was recorded on vLLM 0.34.0's `AsyncScheduler` (tests/data/vllm/reuse-ids/,
+with its workload):
+
+* `placeholder-assert` (seed 32 index 27): vLLM raises in
+  `_update_request_with_output` (`num_output_placeholders >= 0`) after
+  appending the old batch's tokens to the new r1; the recorder writes that
+  completion before the exception goes on (check-trace: S7 there), and the
+  reference's run with vLLM's behaviour, which raises at the same update,
+  agrees up to it;
+* `count-rolled-below-zero` (seed 32 index 54; 0.33.0 too): the old batch's
+  two rejected drafts, rolled back on the new r2 (`update_from_output`),
+  take its num_computed_tokens to -1, and its next entry starts there: a
+  line the format refuses, after the completion check-trace rejects. The
+  campaign reads the trace line by line as check-trace does;
+* `rollback-while-waiting` (seed 33 index 4): the old batch completes while
+  the new r2 still waits (vLLM 0.34 rolls back only a count above 0), then
+  another rolls the scheduled r2 back under its drafts; the reference as
+  released follows both (reference/update.py `_subtract_rejections`,
+  reference/scheduler.py `_cached_entry`'s sampling rule).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flightcheck.verification.traces.check import MalformedTrace, check_trace
+from flightcheck.vllm.campaign import check_verdict, verdict
+from flightcheck.vllm.differential import compare, decisions, profile_for, read_trace, run_reference
+from flightcheck.vllm.replay import ReplayWorker
+
+from .vllm_support import DATA, require_venv
+
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
+REUSE = DATA / "reuse-ids"
+PROFILE = profile_for("0.34.0", True)
+
+
+def recorded(name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A recorded case: its workload and vLLM's trace."""
+    return (json.loads((REUSE / f"034-async-drafts-{name}.workload.json").read_text()),
+            read_trace(REUSE / f"034-async-drafts-{name}.jsonl"))
+
+
+def vllm_result(ending: str, stale: list[tuple[str, int]]) -> dict[str, Any]:
+    """What the replay said of the recorded run (the ground truth's stale
+    tokens: request, batch), as far as the comparison and verdict read it."""
+    return {"vllm_version": "0.34.0", "async_scheduling": True, "ending": ending, "batches_in_flight": 0,
+            "ground_truth": {"stale_tokens": [{"req": req, "batch": batch, "step": 0, "why": "aborted and re-added"}
+                                              for req, batch in stale]}}
+
+
+def test_the_completion_vllm_raised_in_is_rejected_and_explained() -> None:
+    raw, events = recorded("placeholder-assert")
+    assert events[-1]["ev"] == "complete" and events[-1]["tokens"]["r1"] and "r1" not in events[-1]["dropped"]
+    check = check_verdict(REUSE / "034-async-drafts-placeholder-assert.jsonl")
+    assert (check["ok"], check["property"], check["line"]) == (False, "S7_output_binding", len(events))
+    conforming = run_reference(raw, PROFILE, vllm_outputs=True)
+    assert conforming.ending == "exception" and "placeholders below 0" in str(conforming.exception)
+    comparison = compare(raw["name"], vllm_result("exception", [("r1", 6)]), events, run_reference(raw, PROFILE),
+                         conforming)
+    assert comparison.explained and comparison.deviation == "reused_id_output_dropped", comparison.describe()
+    # without the completion vLLM raised in, nothing is rejected and nothing explained
+    assert not compare(raw["name"], vllm_result("exception", [("r1", 6)]), events[:-1], run_reference(raw, PROFILE),
+                       conforming).explained
+
+
+def test_a_violation_before_a_line_the_format_refuses_is_the_campaign_s_verdict() -> None:
+    trace = REUSE / "034-async-drafts-count-rolled-below-zero.jsonl"
+    events = read_trace(trace)
+    negative = next(i for i, e in enumerate(events, 1) if e["ev"] == "schedule"
+                    and any(x["start"] < 0 for x in e["entries"]))
+    with pytest.raises(MalformedTrace, match="start"):
+        check_trace(trace)                                   # the whole-file reader refuses it first
+    check = check_verdict(trace)
+    assert (check["ok"], check["property"]) == (False, "S7_output_binding") and check["line"] < negative
+    category, _ = verdict(vllm_result("done", [("r2", 8)]), check)
+    assert category == "rejected, real bug"
+
+
+def test_the_released_reference_rolls_back_as_vllm_0_34_does() -> None:
+    raw, events = recorded("rollback-while-waiting")
+    conforming = run_reference(raw, PROFILE, vllm_outputs=True)
+    assert decisions(conforming.events, block_offset=1) == decisions(events)
+    comparison = compare(raw["name"], vllm_result("done", [("r2", 5)]), events, run_reference(raw, PROFILE), conforming)
+    assert comparison.explained and comparison.deviation == "reused_id_output_dropped", comparison.describe()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_0_34_raises_on_a_reused_id_s_older_batch_and_check_trace_flags_it(tmp_path: Path) -> None:
+    require_venv("0.34.0")
+    raw, _ = recorded("placeholder-assert")
+    trace = tmp_path / "trace.jsonl"
+    from flightcheck.vllm import ASYNC_RECORDER
+    with ReplayWorker("0.34.0") as worker:
+        result = worker.replay(raw, trace=str(trace), scheduler_cls=ASYNC_RECORDER)
+    assert result["ending"] == "exception" and "num_output_placeholders >= 0" in result["exception"]
+    category, detail = verdict(result, check_verdict(trace))
+    assert category == "rejected, real bug" and detail.endswith("S7_output_binding"), detail
+    events = read_trace(trace)
+    comparison = compare(raw["name"], result, events, run_reference(raw, PROFILE),
+                         run_reference(raw, PROFILE, vllm_outputs=True))
+    assert comparison.explained and comparison.deviation == "reused_id_output_dropped", comparison.describe()
