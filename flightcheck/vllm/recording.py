@@ -75,12 +75,15 @@ FINISH_REASONS = {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH_CAPPED": "length"
                   "FINISHED_ERROR": "error"}
 
 
-def _turn_ended(request: Any, stale_before: int) -> bool:
-    """A streaming session's (vLLM 0.33, 0.34 resumable request) live output
-    that ended its turn: applied, though the request's outputs were then
-    cleared for its next input or it parked (docs/request-states.md)."""
-    return (bool(getattr(request, "resumable", False)) and stale_before <= 0 and not request.is_finished()
-            and status_name(request) in ("WAITING", "WAITING_FOR_STREAMING_REQ"))
+def _turn_ended(request: Any, stale_before: int, drop_before: bool) -> bool:
+    """A streaming session's (vLLM 0.33, 0.34 resumable request) output that
+    ended its turn: applied, though the request's outputs were then cleared
+    for its next input or it parked (docs/request-states.md). Live output, or
+    a preempted request's deliver-mode stale output (`update_from_output`
+    appends it, `is_stale`, and a stop there goes to `_handle_stopped_request`
+    too); drop-mode stale output is skipped before it reaches anything."""
+    return (bool(getattr(request, "resumable", False)) and (stale_before <= 0 or not drop_before)
+            and not request.is_finished() and status_name(request) in ("WAITING", "WAITING_FOR_STREAMING_REQ"))
 
 
 def _block_ids(value: Any) -> list[int]:
@@ -378,7 +381,8 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
         empty = self._fc_empty_in_flight.pop(id(scheduler_output), None)
         entries = record.entries if record is not None else []
         targets = self._fc_targets(entries)
-        before = {req_id: (t.num_output_tokens, t.is_finished(), getattr(t, "num_stale_output_tokens", 0))
+        before = {req_id: (t.num_output_tokens, t.is_finished(), getattr(t, "num_stale_output_tokens", 0),
+                           bool(getattr(t, "drop_stale_output", False)))
                   for req_id, t in targets.items() if t is not None}
         # Requests whose finish this output may cause: those its batch was
         # scheduled for, and those vLLM will apply it to (another incarnation
@@ -429,7 +433,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
         return targets
 
     def _fc_applied(self, record: BatchRecord, returned: dict[str, list[int]], targets: dict[str, Any],
-                    before: dict[str, tuple[int, bool, int]]) -> tuple[list[str], list[str]]:
+                    before: dict[str, tuple[int, bool, int, bool]]) -> tuple[list[str], list[str]]:
         """After vLLM applied a batch's output: its entries whose tokens vLLM
         dropped, and those it counted against a preempted share (stale); a
         token applied to another incarnation, or for a chunk that did not
@@ -441,11 +445,11 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
             if target is None:
                 dropped.append(entry.req_id)
                 continue
-            outputs_before, finished_before, stale_before = before[entry.req_id]
+            outputs_before, finished_before, stale_before, drop_before = before[entry.req_id]
             if stale_before > 0:
                 stale.append(entry.req_id)     # vLLM counted it against the preempted share
             applied = bool(tokens) and (target.num_output_tokens > outputs_before
-                                        or _turn_ended(target, stale_before))
+                                        or _turn_ended(target, stale_before, drop_before))
             if finished_before or (tokens and not applied):
                 dropped.append(entry.req_id)
             elif applied and (target is not entry.request or self._fc_admitted(target) != entry.incarnation):
