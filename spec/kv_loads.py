@@ -39,7 +39,9 @@ reorders `waiting` proper alone: `async_kv_waiting`'s requests, a view of
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from . import blocks, priority
 from .config import Config
@@ -136,18 +138,26 @@ def connector_offer(state: State, cfg: Config, r: int, local_tokens: int) -> tup
     return max(0, external), False
 
 
-def fits_beside_reservations(state: State, cfg: Config, r: int, hit: tuple[int, ...], computed: int) -> bool:
+def fits_beside_reservations(state: State, cfg: Config, r: int, hit: tuple[int, ...], computed: int,
+                             admitted: Sequence[Any] = ()) -> bool:
     """An async load's allocation leaves the blocks other loads and prefills
     in flight still need (`allocate_slots(reserved_blocks=...)` with
     `_inflight_prefill_reserved_blocks`: parked and landed loads, and running
     requests still prefilling, each short of its whole sequence's blocks,
     `_request_remaining_blocks`), and with drafts the blocks of one step of
     1 + k tokens (`_spec_decode_step_blocks`; each holder's whole sequence
-    then counts one such step past it too; no look-ahead slots are modelled)."""
+    then counts one such step past it too; no look-ahead slots are modelled).
+    `admitted`: the entries this call's waiting loop admitted so far; each
+    counts only if its chunk stops short of the request's tokens (vLLM adds
+    it to `_inflight_prefills` when `num_computed_tokens + num_new_tokens <
+    num_tokens`, before `_update_after_schedule` moves its count)."""
     k = cfg.num_spec_tokens                # with drafts, one step's blocks (`_spec_decode_step_blocks`)
     reserved = blocks.cdiv(1 + k, cfg.block_size) if k else 0
+    chunk_ends = {entry.req: entry.start + entry.n for entry in admitted}
     for h, q in enumerate(state.requests):
         prefilling = q.status is Status.RUNNING and q.num_computed < q.num_tokens - 1
+        if h in chunk_ends:
+            prefilling = chunk_ends[h] < q.num_tokens
         if h != r and (h in state.kv_holding_set or prefilling):
             whole = blocks.cdiv(min(q.num_tokens, cfg.max_model_len) + (1 + k if k else 0), cfg.block_size)
             reserved += max(0, whole - len(q.block_table))
