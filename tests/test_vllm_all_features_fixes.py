@@ -22,7 +22,13 @@
   num_tokens` is false), so it reserves no blocks for it; the spec counted
   it by its count before the call and parked nothing (`kv_load_decision`,
   a false rejection: `--spec-tokens 2 --reuse-ids` seed 32 index 4, 0.33 and
-  0.34 async).
+  0.34 async);
+* an older request's output bound by its reused id to a new structured
+  request (vLLM's `update_from_output` looks it up by id alone): the
+  bridge's grammar refuses another request's tokens, so vLLM finishes the
+  new request with FINISHED_ERROR (`accept_tokens` false); the reference's
+  conforming run (vLLM as released) now does too, where it said `length`
+  (`--spec-tokens 2 --reuse-ids` seed 32 index 29, 0.33).
 
 The default tests read the kept traces; the slow ones replay the workloads
 on vLLM 0.34.
@@ -49,6 +55,7 @@ pytestmark = pytest.mark.usefixtures("both_checkers")       # checks traces: bot
 HERE = DATA / "all-features"
 STALE_STOP = "034_async_session_stale_stop_ends_turn"
 REUSED_PRODUCER = "034_async_reused_id_finishes_waiting_producer"
+REFUSED = "033_reused_id_output_refused_by_grammar"
 PROFILE = "vllm-0.34-async"
 
 
@@ -91,6 +98,17 @@ def test_a_request_admitted_whole_in_the_same_call_reserves_nothing_for_a_later_
     assert [(load["req"], load["start"]) for load in first["kv_loads"]] == [("r2", 20)]
     checked = check_events(events)
     assert checked.ok, (checked.property, checked.message)
+
+
+def test_as_released_an_older_requests_output_refused_by_the_new_requests_grammar_finishes_it_with_an_error():
+    raw = _workload(REFUSED)
+    theirs = decisions(read_trace(HERE / f"{REFUSED}.jsonl"))
+    assert ("finish", "r1", "error") in theirs
+    conforming = decisions(run_reference(raw, "vllm-0.33", vllm_outputs=True).events, block_offset=1)
+    assert conforming[:len(theirs)] == theirs           # vLLM's run stops at its assertion
+    # the reference itself drops that output: the new r1 runs to its own length cap
+    ours = decisions(run_reference(raw, "vllm-0.33").events, block_offset=1)
+    assert ("finish", "r1", "error") not in ours and ("finish", "r1", "length") in ours
 
 
 def test_a_producer_holds_no_table_for_a_request_finished_without_blocks():
