@@ -87,6 +87,16 @@ def test_vllms_trace_of_the_stale_stop_is_legal_and_equals_the_reference():
     assert decisions(events) == decisions(run_reference(_workload(STALE_STOP), PROFILE).events, block_offset=1)
 
 
+def test_a_parked_load_admitted_in_the_same_call_keeps_its_reservation():
+    """vLLM adds a promoted load it admits to `_inflight_prefills` whatever its
+    chunk (`request in self._parked_reservations`): r2's 4 remaining tokens
+    complete its prompt, and r1's load of 20 tokens still does not fit beside
+    r2's reservation (seed 32 index 9, 0.34 async)."""
+    events = read_trace(HERE / "034_async_kv_drafts_admitted_parked_load_keeps_its_reservation.jsonl")
+    checked = check_events(events)
+    assert checked.ok, (checked.property, checked.message)
+
+
 @pytest.mark.parametrize("stem", ["034_async_kv_drafts_admitted_whole_prompt_reserves_nothing",
                                   "033_async_kv_drafts_admitted_whole_prompt_reserves_nothing"])
 def test_a_request_admitted_whole_in_the_same_call_reserves_nothing_for_a_later_async_load(stem: str):
