@@ -28,7 +28,14 @@
   bridge's grammar refuses another request's tokens, so vLLM finishes the
   new request with FINISHED_ERROR (`accept_tokens` false); the reference's
   conforming run (vLLM as released) now does too, where it said `length`
-  (`--spec-tokens 2 --reuse-ids` seed 32 index 29, 0.33).
+  (`--spec-tokens 2 --reuse-ids` seed 32 index 29, 0.33);
+* vLLM's run ending in its `num_stale_output_tokens >= 0` assertion after
+  older batches, looked up by a reused id, moved the new request's counters
+  (the ground truth's counter mismatch): the differential named nothing (the
+  difference is where vLLM's run ended); it now names
+  `reused_id_output_dropped`, and the conforming run raises there too
+  (seed 32 index 25, 0.33 and 0.34 async; a change to the differential's
+  classification that any campaign with reused ids shares).
 
 The default tests read the kept traces; the slow ones replay the workloads
 on vLLM 0.34.
@@ -56,6 +63,7 @@ HERE = DATA / "all-features"
 STALE_STOP = "034_async_session_stale_stop_ends_turn"
 REUSED_PRODUCER = "034_async_reused_id_finishes_waiting_producer"
 REFUSED = "033_reused_id_output_refused_by_grammar"
+CRASHED = "034_async_reused_id_stale_share_assert"
 PROFILE = "vllm-0.34-async"
 
 
@@ -119,6 +127,18 @@ def test_as_released_an_older_requests_output_refused_by_the_new_requests_gramma
     # the reference itself drops that output: the new r1 runs to its own length cap
     ours = decisions(run_reference(raw, "vllm-0.33").events, block_offset=1)
     assert ("finish", "r1", "error") not in ours and ("finish", "r1", "length") in ours
+
+
+def test_vllms_assertion_after_a_reused_ids_counter_drift_is_the_id_reuse_bug():
+    raw, events = _workload(CRASHED), read_trace(HERE / f"{CRASHED}.jsonl")
+    result = {"vllm_version": "0.34.0", "async_scheduling": True, "ending": "exception",
+              "ground_truth": {"in_flight_counter_mismatches": [{"step": 34, "req": "r2", "num_in_flight_tokens": 2,
+                                                                  "in_flight": 3}]}}
+    conforming = run_reference(raw, PROFILE, vllm_outputs=True)
+    assert conforming.ending == "exception"             # the reference's own stale-share assertion
+    comparison = compare(raw["name"], result, events, run_reference(raw, PROFILE), conforming)
+    assert comparison.explained and comparison.deviation == "reused_id_output_dropped", comparison.describe()
+    assert "still differs" not in comparison.describe()
 
 
 def test_a_producer_holds_no_table_for_a_request_finished_without_blocks():
