@@ -21,7 +21,7 @@ bridge's drafts are all grammar-legal).
 from __future__ import annotations
 
 from .batch import Batch
-from .outputs import EngineCoreOutput, SchedulerOutput
+from .outputs import EngineCoreOutput, RequestData, SchedulerOutput
 from .request import Request, RequestStatus
 
 COMPILING, READY, FAILED = "compiling", "ready", "failed"
@@ -48,10 +48,19 @@ class Grammars:
             self.grammar_compile_error_reqs.add(request.request_id)
         return True
 
-    def _advance_grammar(self, request: Request, new_token_ids: list[int]) -> None:
-        """`StructuredOutputManager.accept_tokens` on the tokens appended."""
-        if request.grammar == READY and new_token_ids:
-            request.fsm += len(new_token_ids)
+    def _advance_grammar(self, request: Request, entry: RequestData, output: EngineCoreOutput) -> None:
+        """`StructuredOutputManager.accept_tokens` on the tokens appended. As
+        vLLM 0.33/0.34 released (`outputs_by_id_alone`), an older request's
+        output looked up by its reused id reaches a structured request: the
+        FSM refuses tokens sampled for another request (the bridge's grammar
+        accepts a request's own tokens alone, flightcheck/vllm/grammar_replay.py),
+        and `update_from_output` finishes it with FINISHED_ERROR, not resumable."""
+        if request.grammar != READY or not output.new_token_ids:
+            return
+        if entry.incarnation < request.first_incarnation:
+            request.status, request.resumable, output.finish_reason = RequestStatus.FINISHED_ERROR, False, "error"
+            return
+        request.fsm += len(output.new_token_ids)
 
     def _finish_grammar_errors(self) -> list[EngineCoreOutput]:
         """The end of `update_from_output`: the failed grammars met since the

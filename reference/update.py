@@ -112,7 +112,7 @@ class OutputUpdate:
                 proposed_drafts = model_runner_output.drafts_of(entry.req_id) \
                     if model_runner_output.spec_token_ids is not None else ()
             outputs.append(self._apply_sampled(request, entry, token_ids, fate, proposed_drafts))
-            self._advance_grammar(request, outputs[-1].new_token_ids)        # grammar.py
+            self._advance_grammar(request, entry, outputs[-1])               # grammar.py
             if request.is_finished() and request.resumable and not self._handle_stopped(request, was_running):
                 continue                      # a streaming session's turn ended (sessions.py)
             if request.is_finished():

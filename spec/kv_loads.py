@@ -42,7 +42,9 @@ keep their order.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from . import blocks, priority
 from .config import Config
@@ -58,6 +60,8 @@ class Walk:
 
     skipped: set[int] = field(default_factory=set)
     take_async: bool = True
+    # Taken from `kv_holding`: vLLM's `_parked_reservations` keeps each until it is admitted.
+    parked: set[int] = field(default_factory=set)
 
 
 def load_limit(cfg: Config) -> int | None:
@@ -103,6 +107,7 @@ def next_candidate(state: State, cfg: Config, walk: Walk, loads_only: bool) -> t
         return (async_head, "async") if unpaused and walk.take_async and async_head is not None else None
     held = _head(state.kv_holding, walk)
     if held is not None:
+        walk.parked.add(held)
         return held, "holding"
     if not unpaused:
         return None
@@ -157,18 +162,27 @@ def pass_over(state: State, cfg: Config, r: int) -> State:
     return priority.in_priority_order(state, cfg)
 
 
-def fits_beside_reservations(state: State, cfg: Config, r: int, hit: tuple[int, ...], computed: int) -> bool:
+def fits_beside_reservations(state: State, cfg: Config, r: int, hit: tuple[int, ...], computed: int,
+                             admitted: Sequence[Any] = (), parked: Collection[int] = ()) -> bool:
     """An async load's allocation leaves the blocks other loads and prefills
     in flight still need (`allocate_slots(reserved_blocks=...)` with
     `_inflight_prefill_reserved_blocks`: parked and landed loads, and running
     requests still prefilling, each short of its whole sequence's blocks,
     `_request_remaining_blocks`), and with drafts the blocks of one step of
     1 + k tokens (`_spec_decode_step_blocks`; each holder's whole sequence
-    then counts one such step past it too; no look-ahead slots are modelled)."""
+    then counts one such step past it too; no look-ahead slots are modelled).
+    `admitted`: the entries this call's waiting loop admitted so far; each
+    counts only if its chunk stops short of the request's tokens or it was a
+    parked load (`parked`): vLLM adds it to `_inflight_prefills` when
+    `num_computed_tokens + num_new_tokens < num_tokens` or it is in
+    `_parked_reservations`, before `_update_after_schedule` moves its count."""
     k = cfg.num_spec_tokens                # with drafts, one step's blocks (`_spec_decode_step_blocks`)
     reserved = blocks.cdiv(1 + k, cfg.block_size) if k else 0
+    chunk_ends = {entry.req: entry.start + entry.n for entry in admitted}
     for h, q in enumerate(state.requests):
         prefilling = q.status is Status.RUNNING and q.num_computed < q.num_tokens - 1
+        if h in chunk_ends:
+            prefilling = chunk_ends[h] < q.num_tokens or h in parked
         if h != r and (h in state.kv_holding_set or prefilling):
             whole = blocks.cdiv(min(q.num_tokens, cfg.max_model_len) + (1 + k if k else 0), cfg.block_size)
             reserved += max(0, whole - len(q.block_table))

@@ -298,7 +298,8 @@ def _schedule_waiting_with_connector(step: _Step) -> None:
             continue
         computed += len(hit) * cfg.block_size + external
         if is_async:
-            if not (_fits_whole(step, r, hit) and kv_loads.fits_beside_reservations(step.state, cfg, r, hit, computed)
+            if not (_fits_whole(step, r, hit) and kv_loads.fits_beside_reservations(
+                    step.state, cfg, r, hit, computed, step.entries[len(running_entries):], walk.parked)
                     and _allocate(step, r, 0, hit, external, cache=False)):
                 break
             step.state = kv_loads.park(step.state, cfg, r, computed, external)

@@ -330,11 +330,11 @@ def _classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     truth = vllm_result.get("ground_truth") or {}
     theirs = vllm[index] if index < len(vllm) else None
     ours = reference[index] if index < len(reference) else None
-    if _binds_by_id(vllm_result) and _concerns(theirs, ours) & _drifted(truth):
-        # An older request's batch, looked up by a reused id, moved the new
-        # request's counters without (or before) applying a token: vLLM then
-        # defers its resumption on a negative stale count (the hang) or trips
-        # its assertion, where the reference, whose counters are intact, goes on.
+    crashed = theirs is None and vllm_result.get("ending") == "exception"
+    if _binds_by_id(vllm_result) and (crashed and _drifted(truth) or _concerns(theirs, ours) & _drifted(truth)):
+        # An older request's batch, looked up by a reused id, moved the new request's
+        # counters without (or before) applying a token: vLLM then defers its resumption on
+        # a negative stale count (the hang) or trips its assertion (its run ends there).
         return "reused_id_output_dropped"
     if _binds_by_id(vllm_result) and theirs is not None and theirs[0] == "schedule" \
             and _preempted_since(vllm[:index]) & _drifted(truth):

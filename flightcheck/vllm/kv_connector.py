@@ -64,7 +64,7 @@ class FlightcheckKVConnector(KVConnectorBase_V1):
         return FlightcheckKVMetadata(self.transfers.take_started())
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        return self.transfers.finished(request, request.status.name), None
+        return self.transfers.finished(request, request.status.name, block_ids), None
 
     def may_load_async(self, request: Any) -> bool:
         return self.transfers.may_load_async(request)

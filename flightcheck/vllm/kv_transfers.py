@@ -133,9 +133,15 @@ class KVTransfers:
         started, self._started = self._started, []
         return started
 
-    def finished(self, request: Any, status: str) -> bool:
-        """`request_finished`: whether vLLM must hold the request's blocks for a send."""
-        if not self.config.producer or status not in SENT_STATUSES:
+    def finished(self, request: Any, status: str, block_ids: list[int]) -> bool:
+        """`request_finished`: whether vLLM must hold the request's blocks for a
+        send. As vLLM's producers hold a table only when it has blocks
+        (NixlConnector's and MooncakeConnector's `request_finished`:
+        `delay_free_blocks` only when a group has any): vLLM 0.33/0.34 finish
+        a waiting request that never had blocks by the length cap when an older
+        request's output, looked up by its reused id, reaches it
+        (`reused_id_output_dropped`), and there is nothing to send."""
+        if not self.config.producer or status not in SENT_STATUSES or not block_ids:
             return False
         spec = self.spec(request.request_id)
         self._due.append((self.updates + spec.send_steps, "send", request.request_id))
