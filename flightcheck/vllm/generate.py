@@ -96,7 +96,7 @@ def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = Fals
     if features_of is not None:
         with_features(pick, workload, features_of)
     if reuse_ids:
-        _reuses_after_their_aborts(requests)
+        _reuses_after_their_aborts(requests, connector="kv_connector" in config)
     return workload
 
 
@@ -220,16 +220,23 @@ def _engine_config(pick: Picker, requests: list[dict[str, Any]], num_stages: int
               "prefix_caching": pick.choice([True, False])}
 
 
-def _reuses_after_their_aborts(requests: list[dict[str, Any]]) -> None:
+def _reuses_after_their_aborts(requests: list[dict[str, Any]], connector: bool) -> None:
     """A request reusing an id arrives no earlier than the request it takes
     the id from, nor than that request's abort: a family or feature that
     moved arrivals (every one at step 0, say) may have put it first. Moved,
     it arrives at the abort as that abort does (in the same wait, when the
-    abort comes in one), as `_place_inputs_during_waits` orders them."""
+    abort comes in one), as `_place_inputs_during_waits` orders them. Beside
+    a KV connector no id is reused: an aborted request whose load or send is
+    in flight stays in the scheduler's `requests` until the connector
+    reports it, and vLLM's `Scheduler.add_request` refuses its id ("duplicate
+    request id"), as its front end would (the id is still live)."""
     by_id = {r["id"]: r for r in requests}
     for request in requests:
         old = by_id.get(request.get("reuse_id", ""))
         if old is None:
+            continue
+        if connector:
+            del request["reuse_id"]
             continue
         earliest = max(old["arrival_step"], old.get("abort_step", 0))
         if request["arrival_step"] >= earliest:
