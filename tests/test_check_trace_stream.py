@@ -67,6 +67,13 @@ def same_verdict(streamed: dict, whole: dict) -> bool:
     """The verdict, property, line, event, message, profile and what is not
     checked; `state_before` but for the free queue (the streamed pool is cut
     to the arrivals read so far); `events` when legal."""
+    if "malformed" in whole and "malformed" not in streamed and not streamed["ok"]:
+        # the whole-trace checker reads every line before it checks; a stream
+        # stops at its first violation, before a malformed line further on
+        # (vLLM 0.34 sent a negative start after the id-reuse bug it shows:
+        # tests/data/vllm/reuse-ids)
+        malformed_at = int(whole["malformed"].split(":")[0].removeprefix("line "))
+        return streamed["line"] < malformed_at
     if "malformed" in whole or "malformed" in streamed:
         return streamed == whole
     def before(result: dict) -> str | None:
@@ -108,7 +115,7 @@ def test_every_trace_of_the_suite_streamed_from_a_file_or_followed_gets_the_whol
         whole = whole_trace_verdict(path)
         code, streamed = cli_json(str(path))
         assert same_verdict(streamed, whole), (path, streamed, whole)
-        assert code == (0 if whole["ok"] else 2 if "malformed" in whole else 1), path
+        assert code == (0 if streamed["ok"] else 2 if "malformed" in streamed else 1), path
         code, followed = cli_json("--follow", "--idle", "0", str(path))
         assert same_verdict(followed, whole), (path, followed, whole)
 

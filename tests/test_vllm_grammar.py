@@ -48,18 +48,20 @@ def test_the_compile_clock_settles_after_the_calls_it_was_given() -> None:
     assert clock.tick() == [("a", False)] and clock.pending() == 0
 
 
-def test_the_feature_is_registered_and_skips_a_kv_connector() -> None:
+def test_the_feature_is_registered_and_meets_a_kv_connector() -> None:
     assert "grammar" in [f.name for f in features.registered()]
     assert {"0.33.0", "0.34.0"} <= set(features.features_of("0.34.0")[-1].versions)
     plain = campaign_workloads(5, 1)[0]
     with_grammars(RandomPicker(hash_seed(5, 0)), plain)
     assert any("grammar" in r for r in plain["requests"])
     grammar = next(f for f in features.registered() if f.name == "grammar")
-    assert grammar.excludes == ("kv-connector",)
+    assert grammar.excludes == ()          # grammar + kv-connector meet (docs/request-states.md)
+    met = 0
     for seed in range(40):
         drawn = features.with_features(RandomPicker(seed), campaign_workloads(seed, 1)[0], "0.34.0")
-        assert not {"grammar", "kv-connector"} <= set(drawn["features"])
+        met += {"grammar", "kv-connector"} <= set(drawn["features"])
         assert ("grammar" in drawn["features"]) == any("grammar" in r for r in drawn["requests"])
+    assert met > 0
 
 
 @pytest.mark.parametrize("profile", ["vllm-0.34", "vllm-0.34-async", "vllm-0.33", "vllm-0.33-async"])
