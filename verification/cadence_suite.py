@@ -10,19 +10,14 @@ from __future__ import annotations
 
 import time
 
-from flightcheck.verification import executors
 from flightcheck.verification.cadence_models import CADENCE_K2, CADENCE_MODELS
 from flightcheck.verification.mutants.cadence import CADENCE, CADENCE_PROFILE
-from flightcheck.verification.suite import Progress, SuiteOptions, SuiteResult, _explicit_feature_suite, _silent
+from flightcheck.verification.suite import Progress, SuiteOptions, SuiteResult, _explicit_feature_suite, counted_suite
 
 
 def run_cadence_suite(options: SuiteOptions, progress: Progress | None = None) -> SuiteResult:
     """The cadence suite under `options.profile`, its tasks counted as run_suite counts them."""
-    before = executors.counts()
-    result = _cadence_suite(options, progress or _silent)
-    ran = executors.ran_since(before)
-    result.executor, result.tasks, result.retried = ran["executor"], ran["tasks"], ran["retried"]
-    return result
+    return counted_suite(_cadence_suite, options, progress)
 
 
 # Why `--prefill-cadence` runs no Z3 engine under a profile the Z3 model does not cover (none of the four today).

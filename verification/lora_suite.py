@@ -11,19 +11,14 @@ from __future__ import annotations
 
 import time
 
-from flightcheck.verification import executors
 from flightcheck.verification.lora_models import LORA_K2, LORA_MODELS, PROMPT_LOGPROBS_K2
 from flightcheck.verification.mutants.lora import LORA, LORA_PROFILE
-from flightcheck.verification.suite import Progress, SuiteOptions, SuiteResult, _explicit_feature_suite, _silent
+from flightcheck.verification.suite import Progress, SuiteOptions, SuiteResult, _explicit_feature_suite, counted_suite
 
 
 def run_lora_suite(options: SuiteOptions, progress: Progress | None = None) -> SuiteResult:
     """The LoRA suite under `options.profile`, its tasks counted as run_suite counts them."""
-    before = executors.counts()
-    result = _lora_suite(options, progress or _silent)
-    ran = executors.ran_since(before)
-    result.executor, result.tasks, result.retried = ran["executor"], ran["tasks"], ran["retried"]
-    return result
+    return counted_suite(_lora_suite, options, progress)
 
 
 # Why `--lora` runs no Z3 engine under a profile the Z3 models do not cover (none of the four today).

@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import time
 
-from flightcheck.verification import executors
 from flightcheck.verification.mutants.priority import PRIORITY_BUGS, PRIORITY_PROFILE
 from flightcheck.verification.priority_models import PRIORITY_PROFILE_MODELS, priority_mutant_model
-from flightcheck.verification.suite import Progress, SuiteOptions, SuiteResult, _explicit_feature_suite, _silent
+from flightcheck.verification.suite import Progress, SuiteOptions, SuiteResult, _explicit_feature_suite, counted_suite
 
 
 def run_priority_suite(options: SuiteOptions, progress: Progress | None = None) -> SuiteResult:
     """The priority suite under `options.profile`, its tasks counted as run_suite counts them."""
-    before = executors.counts()
-    result = _priority_suite(options, progress or _silent)
-    ran = executors.ran_since(before)
-    result.executor, result.tasks, result.retried = ran["executor"], ran["tasks"], ran["retried"]
-    return result
+    return counted_suite(_priority_suite, options, progress)
 
 
 # Why `--priority` runs no Z3 engine under a profile other than PRIORITY_PROFILE (z3/priority_models.py).

@@ -206,6 +206,17 @@ def _silent(_phase: str) -> None:
     pass
 
 
+def counted_suite(suite: Callable[[SuiteOptions, Progress], SuiteResult], options: SuiteOptions,
+                  progress: Progress | None = None) -> SuiteResult:
+    """`suite(options, progress)`, its tasks counted in the result (the
+    executor, how many ran, how many ran again after a lost worker)."""
+    before = executors.counts()
+    result = suite(options, progress or _silent)
+    ran = executors.ran_since(before)
+    result.executor, result.tasks, result.retried = ran["executor"], ran["tasks"], ran["retried"]
+    return result
+
+
 def run_suite(options: SuiteOptions = SuiteOptions(), progress: Progress | None = None) -> SuiteResult:
     """The suite under `options.profile`: exhaustive search of the profile's
     small models, Z3 proofs and BMC on `options.model` (profiles the encoding
@@ -213,28 +224,27 @@ def run_suite(options: SuiteOptions = SuiteOptions(), progress: Progress | None 
     name-reuse search (`_name_reuse_suite`). Its tasks (the explicit part
     beside the Z3 engines, the Houdini rounds) run on the configured
     executor (verification/executors), counted in the result."""
-    profile = options.profile
-    if profile not in PROFILES:
-        raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
-    say = progress or _silent
-    before = executors.counts()
+    if options.profile not in PROFILES:
+        raise ValueError(f"unknown profile {options.profile!r}; known: {', '.join(PROFILES)}")
+    return counted_suite(_chosen_suite, options, progress)
+
+
+def _chosen_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
+    """The suite the options choose: one feature's, or the profile's."""
     if options.allow_name_reuse:
-        result = _name_reuse_suite(options, say)
+        return _name_reuse_suite(options, say)
     elif options.kv_connector:
-        result = _kv_connector_suite(options, say)
+        return _kv_connector_suite(options, say)
     elif options.reset_pause:
-        result = _reset_pause_suite(options, say)
+        return _reset_pause_suite(options, say)
     elif options.streaming_sessions:
-        result = _sessions_suite(options, say)
+        return _sessions_suite(options, say)
     elif options.structured_output:
-        result = _structured_output_suite(options, say)
+        return _structured_output_suite(options, say)
     elif options.priority:
         raise ValueError("the priority suite is verification.priority_suite.run_priority_suite")
     else:
-        result = _profile_suite(options, say)
-    ran = executors.ran_since(before)
-    result.executor, result.tasks, result.retried = ran["executor"], ran["tasks"], ran["retried"]
-    return result
+        return _profile_suite(options, say)
 
 
 def _profile_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
