@@ -37,11 +37,11 @@ steps the hold still lasts: interval - 1 after a prefill-carrying step, one
 less per executed step, floored at 0 (a call defers iff it is > 0). It
 starts at 0 (vLLM starts `last_prefill_step` a full interval back: "the first
 step is never gated"). `Request.deferred_waiting` is vLLM's set membership.
-`Request.is_prefill_chunk` is kept, not derived as drafts.py derives it
-for the padding rule (from the newest entry in flight): with none in
-flight that derivation reads a prefill chunk that stopped one token short
-as a decode, and the cadence's gate reads the flag on every running
-request, so it must be exact.
+`Request.is_prefill_chunk` is kept, not derived from the counters: with no
+entry in flight a prefill chunk that stopped one token short of the prompt
+looks like a decode, and the cadence's gate reads the flag on every running
+request, so it must be exact (drafts.py's padding rule reads it too, and
+keeps it with drafts under the profiles that pad).
 
 Beside the other features (docs/request-states.md, "Beside reset and
 pause, grammars and sessions"): `deferred_waiting` also takes a request
@@ -62,6 +62,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .config import Config
+from .drafts import keeps_prefill_chunk_flag
 from .state import State, Status
 
 
@@ -131,8 +132,9 @@ def carries_prefill(state: State, r: int, computed: int, admitted: bool) -> bool
 def mark_prefill_chunk(state: State, cfg: Config, r: int) -> State:
     """`_update_after_schedule`: scheduled request r's `is_prefill_chunk`, on
     its counter just advanced and before async scheduling adds this entry's
-    placeholders; admitted, it has left `deferred_waiting`."""
-    if not is_on(cfg):
+    placeholders; admitted, it has left `deferred_waiting`. Kept under the
+    cadence and wherever the padding rule reads it (drafts.py)."""
+    if not is_on(cfg) and not keeps_prefill_chunk_flag(cfg):
         return state
     req = state.requests[r]
     return state.with_request(r, is_prefill_chunk=req.num_computed < req.num_tokens + req.placeholders,

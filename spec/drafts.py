@@ -76,17 +76,30 @@ def hand_over_drafts(state: State, cfg: Config, r: int, count: int) -> State | N
     return state.with_request(r, num_drafts=max(count, scheduled))
 
 
+def keeps_prefill_chunk_flag(cfg: Config) -> bool:
+    """Whether the padding rule reads `Request.is_prefill_chunk`, so the
+    state keeps it (cadence.mark_prefill_chunk sets it where vLLM's
+    `Scheduler._update_after_schedule` does): a profile that pads admitted
+    decodes, with drafts. Elsewhere the flag stays False (no state count of
+    a model without drafts, or under 0.8.x, moves)."""
+    return cfg.rules.pads_admitted_decodes and cfg.num_spec_tokens > 0
+
+
 def padded_admission(state: State, cfg: Config, r: int, hit_tokens: int,
                      running_entries: Sequence[int], budget: int) -> int:
-    """vLLM 0.33's waiting loop (`Profile.pads_admitted_decodes`): `1 + k`
-    when r, with exactly one token left past its hit, is admitted padded with
-    k placeholder drafts; -1 when that padding exceeds the budget left
-    (admission stops there); 0 otherwise. `running_entries`: the requests the
-    running loop scheduled in this call."""
+    """vLLM 0.33/0.34's waiting loop (`Scheduler.schedule`,
+    `Profile.pads_admitted_decodes`): `1 + k` when r, with exactly one token
+    left past its hit, is admitted padded with k placeholder drafts; -1 when
+    that padding exceeds the budget left (admission stops there: "prefer not
+    to schedule than schedule un-padded"); 0 otherwise. `running_entries`:
+    the requests the running loop scheduled in this call; the running loop's
+    `prefill_scheduled |= request.is_prefill_chunk` reads the flag each one's
+    previous schedule left (`_update_after_schedule`), kept in the state
+    (`keeps_prefill_chunk_flag`) and set only when this call launches."""
     req = state.requests[r]
-    if not cfg.rules.pads_admitted_decodes or not cfg.num_spec_tokens or req.num_tokens - hit_tokens != 1:
+    if not keeps_prefill_chunk_flag(cfg) or req.num_tokens - hit_tokens != 1:
         return 0
-    if any(_last_entry_was_prefill_chunk(state, x) for x in running_entries):
+    if any(state.requests[x].is_prefill_chunk for x in running_entries):
         return 0
     if not running_entries and hit_tokens == 0:
         return 0
@@ -94,17 +107,3 @@ def padded_admission(state: State, cfg: Config, r: int, hit_tokens: int,
     if hit_tokens + padded + 1 > cfg.max_model_len:
         return 0
     return -1 if padded > budget else padded
-
-
-def _last_entry_was_prefill_chunk(state: State, r: int) -> bool:
-    """vLLM's `request.is_prefill_chunk` as the request's previous entry left
-    it (`Scheduler._update_after_schedule`), read before this call's entry:
-    its newest live entry in flight did not sample; with none in flight,
-    its counter stops more than one token short of its known tokens (a
-    completed sampling entry leaves it exactly one short; the abstraction: a
-    completed prefill chunk that also stopped one short reads as a decode)."""
-    live = state.entries_of(r)
-    if live:
-        return not live[-1].samples
-    req = state.requests[r]
-    return req.num_computed < req.num_tokens + req.placeholders - 1

@@ -170,7 +170,8 @@ class Request:
     queued_inputs: tuple[tuple[int, int], ...] = ()
     turn: int = 0
     # vLLM's `Request.is_prefill_chunk` and membership of `deferred_waiting`
-    # (cadence.py; False while the cadence is off).
+    # (cadence.py; the flag also under a profile that pads admissions, with
+    # drafts: drafts.py; both False elsewhere).
     is_prefill_chunk: bool = False
     deferred_waiting: bool = False
     # vLLM's `lora_request.lora_int_id` (0: none; kept only with

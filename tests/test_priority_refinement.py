@@ -17,7 +17,11 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # a refinement fuzzer: b
 CAUGHT_FROM = {
     "victim_kept_in_batch_pr23347": (2, 6000),
     "preempted_drafts_kept_pr28558": (2, 6000),
-    "victim_index_not_adjusted_pr49097": (4, 3000),
+    # seed 4 "caught" it through the spec's padding bug (a prefill chunk one
+    # token short read as a decode: spec/drafts.py, fixed), not the index
+    # shift; seed 7 catches the shift itself (the loop skips the request after
+    # the victim), and the correct reference passes it (2026-12-07)
+    "victim_index_not_adjusted_pr49097": (7, 3000),
 }
 
 

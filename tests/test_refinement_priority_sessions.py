@@ -130,11 +130,8 @@ def test_a_longer_pair_run_passes_from_two_seeds(profile):
         assert priority_sessions_fuzz(3000, seed, profile) is None, (profile, seed)
 
 
-# -- the pair fuzzer's finding: the spec pads an admission after a prefill chunk ------
+# -- the pair fuzzer's finding (fixed): the spec padded an admission after a prefill chunk
 
-@pytest.mark.xfail(strict=True, reason="spec bug found by the priority-sessions fuzzer (seed 7, vllm-0.34, "
-                   "2,000 steps), not fixed yet: spec/drafts.py `_last_entry_was_prefill_chunk` reads a "
-                   "completed prefill chunk that stopped one token short as a decode")
 def test_an_admission_beside_a_prompts_last_token_is_not_padded():
     """vLLM 0.34 `Scheduler.schedule`: the running loop's `prefill_scheduled
     |= request.is_prefill_chunk` reads the flag `_update_after_schedule` left
@@ -142,9 +139,10 @@ def test_an_admission_beside_a_prompts_last_token_is_not_padded():
     num_output_placeholders`): a request whose last chunk stopped one token
     short of its prompt is still a prefill when its last prompt token is
     scheduled, so the waiting loop pads no admitted decode beside it and
-    admits a one-token prompt unpadded. The reference does so; the spec
-    (no entry in flight: it derives the flag from the counters) pads, finds
-    1 + k over the budget left and stops."""
+    admits a one-token prompt unpadded. The reference does so; the spec did
+    not (found by the pair fuzzer, seed 7): with no entry in flight it derived
+    the flag from the counters, padded, found 1 + k over the budget left and
+    stopped. It now keeps the flag (spec/drafts.py keeps_prefill_chunk_flag)."""
     from flightcheck.reference.outputs import ModelRunnerOutput
     from flightcheck.reference.request import Request, SamplingParams
     from flightcheck.reference.scheduler import Scheduler

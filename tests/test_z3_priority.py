@@ -61,7 +61,7 @@ def _preempting(model: Model = MODEL) -> list:
 
 def test_the_model_is_small_and_its_schedule_hands_victims_back():
     states = _states()
-    assert len(states) == 3162
+    assert len(states) == 3183         # 3162 until the spec kept is_prefill_chunk (spec/drafts.py)
     handed_back = 0
     with applied("victim_kept_in_batch_pr23347"):       # the victim's entry stays: it had been scheduled
         for s in _preempting():
@@ -86,7 +86,7 @@ def test_the_relation_is_spec_step_on_every_reachable_priority_state():
     for s in _states():
         checker.check(s, report)
     assert report.problems == []
-    assert report.states == 3162
+    assert report.states == 3183
 
 
 def _holds(system: System, fn, state) -> bool:

@@ -266,7 +266,8 @@ def _request(scheduler: Scheduler, ledger: Ledger, slot: int, r: Request,
     labels = ledger.prompt_labels[slot] if ledger.prefix_caching else ()
     common = dict(status=status, prompt_len=r.num_prompt_tokens, max_tokens=r.max_tokens,
                   prompt_labels=labels, num_output=r.num_output_tokens, priority=r.priority,
-                  name=ledger.name_of(slot) if named else None, **_lora_fields(scheduler, r))
+                  name=ledger.name_of(slot) if named else None, **_lora_fields(scheduler, r),
+                  **_prefill_chunk_flag(scheduler, r))
     if scheduler.connector is not None:       # the KV connector's fields (kv_abstraction.py)
         common.update(kv_abstraction.request_fields(scheduler, r))
     if status.is_finished:
@@ -277,6 +278,17 @@ def _request(scheduler: Scheduler, ledger: Ledger, slot: int, r: Request,
                        num_drafts=len(r.spec_token_ids), block_table=table,
                        num_in_flight=r.num_in_flight_tokens, num_stale=r.num_stale_output_tokens,
                        drop_stale=r.drop_stale_output, **_async_counters(scheduler, r))
+
+
+def _prefill_chunk_flag(scheduler: Scheduler, r: Request) -> dict[str, bool]:
+    """vLLM's `is_prefill_chunk` as the request's last schedule left it, where
+    the spec keeps it for the padding rule (spec/drafts.py
+    `keeps_prefill_chunk_flag`: a profile that pads admissions, with drafts).
+    Neither side clears it when the request finishes."""
+    cfg = scheduler.config
+    if not (cfg.version_profile.pads_admitted_decodes and cfg.num_spec_tokens > 0):
+        return {}
+    return {"is_prefill_chunk": r.is_prefill_chunk}
 
 
 def _lora_fields(scheduler: Scheduler, r: Request) -> dict[str, Any]:

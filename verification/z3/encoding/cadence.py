@@ -11,7 +11,8 @@ cadence is off, cadence_state.has_cadence).
   the requests it passes over (`note_skipped`);
 * after the waiting loop, a call that did not defer records whether the
   queue stayed backed up (`after_waiting_loop`);
-* after `_launch`, every scheduled request's `is_prefill_chunk` (its counter
+* after `_launch`, every scheduled request's `is_prefill_chunk` (also where
+  only the padding rule reads it: cadence_state.has_chunk_flags; its counter
   just advanced, against its tokens and the placeholders before this
   batch's) and the hold: interval - 1 after a batch that carried a prefill,
   else one less after an executed step, floored at 0 (`after_launch`).
@@ -32,7 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 import z3
-from flightcheck.verification.z3.encoding.cadence_state import SCadence, has_cadence
+from flightcheck.verification.z3.encoding.cadence_state import SCadence, has_cadence, has_chunk_flags
 from flightcheck.verification.z3.encoding.requests import at, num_tokens, prompt_len, tokens_at
 from flightcheck.verification.z3.encoding.state import Layout, SState
 from flightcheck.verification.z3.encoding.terms import (
@@ -122,10 +123,11 @@ def after_launch(layout: Layout, s: SState, acc: Any, launched: SState, defers: 
     cadence.mark_prefill_chunk for every scheduled request (on its counter
     after `_launch`, against its tokens and its placeholders before this
     batch) and cadence.after_schedule's hold."""
-    if not has_cadence(layout):
+    if not has_chunk_flags(layout):
         return launched
     out, cfg = clone(launched), layout.cfg
-    out.cad[0].bound = after_waiting_loop(layout, replace(acc, state=launched), defers).state.cad[0].bound
+    if has_cadence(layout):
+        out.cad[0].bound = after_waiting_loop(layout, replace(acc, state=launched), defers).state.cad[0].bound
     c = out.cad[0]
     for k, q in enumerate(out.reqs):
         mine = disj(*[conj(lt(j, acc.count), eq(e.req, k)) for j, e in enumerate(acc.entries)])
@@ -134,6 +136,8 @@ def after_launch(layout: Layout, s: SState, acc: Any, launched: SState, defers: 
             known = known + acc.state.asyncs[k].placeholders
         c.chunk[k] = ite(mine, lt(q.num_computed, known), c.chunk[k])
         c.deferred[k] = ite(mine, z3.BoolVal(False), c.deferred[k])
+    if not has_cadence(layout):
+        return out                  # the flags alone (the padding rule's: spec.drafts.keeps_prefill_chunk_flag)
     hold = s.cad[0].hold
     aged = ite(lt(0, acc.count), ite(lt(0, hold), hold - 1, V(0)), hold)
     c.hold = ite(carried_prefill(layout, s, acc), V(cfg.prefill_schedule_interval - 1), aged)

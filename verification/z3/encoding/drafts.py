@@ -7,8 +7,10 @@ profile (`Profile.draft_source`) and vLLM 0.33's padded admissions
   none (`next_drafts_cap` 0, actions.py);
 * padded admissions: `pad_context` reads, once the running loop is done,
   whether it scheduled anything and whether one of those requests' previous
-  entry was a prefill chunk (spec.drafts._last_entry_was_prefill_chunk, on
-  the state before the call); `padded` decides an admission's padding from it.
+  schedule left it a prefill chunk (its `is_prefill_chunk` on the frame
+  before the call, which the frame keeps under such a profile:
+  cadence_state.has_chunk_flags, set by cadence.after_launch); `padded`
+  decides an admission's padding from it.
 """
 
 from __future__ import annotations
@@ -18,9 +20,8 @@ from typing import Any
 
 import z3
 from flightcheck.spec.drafts import drafts_come_with_output, placeholder_drafts
-from flightcheck.verification.z3.encoding.requests import tokens_at
-from flightcheck.verification.z3.encoding.state import LIVE, Layout, SState
-from flightcheck.verification.z3.encoding.terms import V, conj, disj, eq, ite, le, lt, neg, pick
+from flightcheck.verification.z3.encoding.state import Layout, SState
+from flightcheck.verification.z3.encoding.terms import V, conj, disj, eq, le, lt, neg, pick
 
 __all__ = ["PadContext", "drafts_come_with_output", "next_drafts_cap", "pad_context", "padded",
            "placeholder_drafts"]
@@ -46,21 +47,9 @@ def pad_context(layout: Layout, s: SState, count: Any, entries: list) -> PadCont
     cfg = layout.cfg
     if not cfg.rules.pads_admitted_decodes or not cfg.num_spec_tokens:
         return None
-    chunk = [_last_entry_was_prefill_chunk(layout, s, k) for k in range(layout.N)]
+    chunk = s.cad[0].chunk                # Request.is_prefill_chunk (spec.drafts.keeps_prefill_chunk_flag)
     scheduled = [conj(lt(j, count), pick(chunk, e.req, z3.BoolVal(False))) for j, e in enumerate(entries)]
     return PadContext(lt(0, count), disj(*scheduled))
-
-
-def _last_entry_was_prefill_chunk(layout: Layout, s: SState, k: int) -> Any:
-    """spec.drafts._last_entry_was_prefill_chunk for request k."""
-    q = s.reqs[k]
-    placeholders = s.asyncs[k].placeholders if s.asyncs else V(0)
-    flag = lt(q.num_computed, tokens_at(layout, s, V(k)) + placeholders - 1)
-    for b, batch in enumerate(s.batches):
-        for i, e in enumerate(batch.entries):
-            mine = conj(lt(b, s.num_batches), lt(i, batch.length), eq(e.req, k), eq(e.fate, LIVE))
-            flag = ite(mine, neg(e.samples), flag)
-    return flag
 
 
 def padded(layout: Layout, ctx: PadContext, tokens: Any, hit_tokens: Any, budget: Any) -> tuple[Any, Any]:
