@@ -74,8 +74,8 @@ def test_the_timing_rule_counts_every_update_from_the_step_that_started_the_tran
     assert transfers.offer(a, 0) == (0, False)                  # promised once per incarnation
     first = transfers.report(started)                           # update 1: b's batch, its sync failure
     assert first.invalid_block_ids == {20, 21} and not first.finished_recving
-    assert transfers.finished(b, "FINISHED_LENGTH_CAPPED")     # held, sent at update 1 + 3
-    assert not transfers.finished(a, "FINISHED_ABORTED")
+    assert transfers.finished(b, "FINISHED_LENGTH_CAPPED", [20, 21])    # held, sent at update 1 + 3
+    assert not transfers.finished(a, "FINISHED_ABORTED", [10, 11, 12, 13, 14])
     second = transfers.report([])                               # update 2 = 0 + load_steps
     assert second.finished_recving == {"a"} and second.invalid_block_ids == {11, 12}
     assert not transfers.report([]) and transfers.report([]).finished_sending == {"b"}
