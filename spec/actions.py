@@ -51,7 +51,7 @@ class Prompt:
     # A streaming session (spec/sessions.py; read only with
     # `Config.streaming_sessions`): the inputs its client sends after this
     # prompt, each `(new tokens, max_tokens)`, the last `(0, 0)` (the end).
-    session: tuple[tuple[int, int], ...] = ()
+    session: tuple[tuple[int, ...], ...] = ()
     # Its LoRA (0: none; read only with `Config.max_loras`) and whether it
     # asks for prompt logprobs (spec/lora.py).
     lora: int = 0
