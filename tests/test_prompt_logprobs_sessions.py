@@ -196,3 +196,22 @@ def test_the_workloads_replay_alike_on_vllm_and_the_reference(tmp_path, version:
                 assert _readmission_start(events) == READMITTED_AT[(name, version[:4])]
     finally:
         running.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["vllm-0.34", "vllm-0.33", "vllm-0.34-async", "vllm-0.33-async"])
+def test_the_references_traces_of_the_workloads_are_accepted(profile: str) -> None:
+    """The reference replays both workloads under each profile; check-trace
+    (the spec) accepts its traces, and the async runs readmit the session
+    where the release's rule says."""
+    from flightcheck.vllm.differential import run_reference
+
+    for name in ("a", "b"):
+        raw = json.loads((DATA / f"pl-session-{name}.workload.json").read_text())
+        raw = {**raw, "config": {**raw["config"], "async_scheduling": profile.endswith("async")}}
+        run = run_reference(raw, profile)
+        assert run.ending == "done"
+        checked = check_events(run.events)
+        assert checked.ok, (checked.property, checked.message)
+        if profile.endswith("async"):
+            assert _readmission_start(run.events) == READMITTED_AT[(name, profile[5:9])]
