@@ -37,11 +37,15 @@ PARKED = RequestStatus.WAITING_FOR_STREAMING_REQ
 @dataclass(frozen=True)
 class StreamingUpdate:
     """A session's next input (vLLM's `StreamingUpdate`, less what the
-    reference has no use for: multimodal features, sampling parameters)."""
+    reference has no use for: multimodal features, sampling parameters but
+    max_tokens and the prompt-logprobs flag)."""
 
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     arrival_time: float = 0.0      # when the client sent it (the priority policy's key)
+    # whether its sampling parameters ask for prompt logprobs, where taking
+    # it sets the session's prefix-cache limit (0.34); None: it does not (0.33)
+    prompt_logprobs: bool | None = None
 
 
 class StreamingSessions:
@@ -74,7 +78,11 @@ class StreamingSessions:
         """vLLM `add_request` of a request whose id names a live session:
         its next input (the end of the session if `request` is not resumable)."""
         session = self.requests[request.request_id]
-        update = (StreamingUpdate(tuple(request.prompt_token_ids), request.max_tokens, request.arrival_time)
+        # 0.34's `_update_request_as_session` recomputes `prefix_cache_hit_limit` from
+        # the update's sampling parameters; 0.33's keeps the first input's skip
+        sets_limit = self.config.version_profile.session_input_sets_cache_limit
+        update = (StreamingUpdate(tuple(request.prompt_token_ids), request.max_tokens, request.arrival_time,
+                                  request.prompt_logprobs if sets_limit else None)
                   if request.resumable else None)
         if session.status != PARKED:
             session.streaming_queue.append(update)       # taken at its next stop
@@ -177,6 +185,8 @@ class StreamingSessions:
         session.prompt_token_ids = list(session.all_token_ids)
         session.num_prompt_tokens = len(session.all_token_ids)
         session.max_tokens = update.max_tokens
+        if update.prompt_logprobs is not None:           # 0.34: the input's prefix-cache limit
+            session.prompt_logprobs = update.prompt_logprobs
         session.arrival_time = update.arrival_time       # its priority stays the first input's
         # rehashed lazily from the tokens: the blocks before keep_end's get the
         # hashes vLLM keeps (`del block_hashes[keep_end // hash_block_size:]`)

@@ -145,6 +145,8 @@ class TraceWriter:
         event: dict[str, Any] = {"ev": "input", "req": request.request_id, "step": step}
         if request.resumable:
             event.update(num_tokens=request.num_prompt_tokens, max_tokens=request.sampling_params.max_tokens)
+            if request.prompt_logprobs:
+                event["prompt_logprobs"] = True      # its sampling parameters ask for them (lora.py)
         else:
             event["end_of_session"] = True
         self._write(event)

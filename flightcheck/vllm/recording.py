@@ -285,7 +285,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
         (`finish_requests`) is written by nothing else (docs/trace-format.md)."""
         if getattr(request, "resumable", False):
             self._fc_write({"ev": "input", "req": request.request_id, "num_tokens": request.num_prompt_tokens,
-                            "max_tokens": request.max_tokens})
+                            "max_tokens": request.max_tokens, **lora_recording.input_fields(request)})
         else:
             self._fc_write({"ev": "input", "req": request.request_id, "end_of_session": True})
         self._fc_in_session_input = True

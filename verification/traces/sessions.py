@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from flightcheck.spec import Config, SendInput, State, Status, step
-from flightcheck.spec.sessions import END_OF_SESSION, has_sessions, session_holds_blocks
+from flightcheck.spec.sessions import ASKS_PROMPT_LOGPROBS, END_OF_SESSION, has_sessions, session_holds_blocks
 
 
 class SessionEvents:
@@ -50,6 +50,8 @@ class SessionEvents:
             sent = END_OF_SESSION
         else:
             sent = (event["num_tokens"], event["max_tokens"])
+            if event.get("prompt_logprobs", False):
+                sent += (ASKS_PROMPT_LOGPROBS,)          # spec/lora.py `take_input_logprobs`
             if sent == END_OF_SESSION:
                 raise self._violation("illegal_transition", "input: no new tokens and max_tokens 0 (the end of a "
                                       "session is written `end_of_session: true`)")
