@@ -160,3 +160,17 @@ def test_the_verify_rows_prove_and_bound_ss5_on_the_model():
     rows = {p.method: p.status for p in ss5_rows("vllm-0.34")}
     where = f" [{PRIO_SESSIONS.name}]"
     assert rows == {"k-induction (k=1)" + where: "proved", "bmc" + where: "bounded"}
+
+
+@pytest.mark.slow
+def test_past_the_guard_bmc_reaches_vllms_heap_break_on_two_sessions_of_one_priority(monkeypatch):
+    """The guard is what keeps SS5 provable, not a blind spot of the
+    encoding: let through, the encoding of PRIO_SESSIONS_BREAK (exact up to
+    the first queue out of order) breaks SS5 at the explicit search's depth
+    (both sessions park, the one at `kv_holding`'s head takes its input in place), and the
+    trace replays on the spec, which breaks SS5 there too."""
+    from flightcheck.verification.z3.encoding import priority_state
+    monkeypatch.setattr(priority_state, "sessions_keys_distinct", lambda model: True)
+    verdict = ss5_bmc(PRIO_SESSIONS_BREAK, 5).by_name()[SS5]
+    assert (verdict.status, verdict.depth) == ("violated", 5)
+    assert type(verdict.trace[-1]).__name__ == "SendInput"
