@@ -18,7 +18,7 @@ is reachable and stays the explicit search's (SS5 broken in 5 steps).
 from __future__ import annotations
 
 from flightcheck.verification.models import Model
-from flightcheck.verification.z3.kv_engines import WF, kv_bmc, kv_induction, kv_properties
+from flightcheck.verification.z3.kv_engines import kv_bmc, kv_induction, kv_properties
 from flightcheck.verification.z3.results import EngineResult
 from flightcheck.verification.z3.session_engines import session_auxiliary
 
@@ -62,5 +62,4 @@ def ss5_rows(profile: str, depth: int = SS5_BMC_DEPTH, time_budget: float | None
             for p in verdicts if p.name == SS5]
 
 
-__all__ = ["SS5", "SS5_BMC_DEPTH", "SS5_Z3_PROFILES", "ss5_auxiliary", "ss5_bmc", "ss5_induction", "ss5_rows",
-           "WF"]
+__all__ = ["SS5", "SS5_BMC_DEPTH", "SS5_Z3_PROFILES", "ss5_auxiliary", "ss5_bmc", "ss5_induction", "ss5_rows"]
