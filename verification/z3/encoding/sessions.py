@@ -6,6 +6,10 @@ session, the finish that closes it, the seats parked sessions hold, the
 turn `_launch` records on each entry and the shift of those turns when the
 oldest batch returns.
 
+Under the priority policy (encoded beside sessions only where every
+session's priority is its own) an input also takes its arrival and a
+stopped session is pushed at its rank: priority_sessions.py.
+
 Each function is a no-op (or returns its input) on a frame without
 sessions, so the hooks in actions.py and schedule.py leave every other
 model's formulas as they were. A finish is passed in (`Finish`), as the
