@@ -16,8 +16,9 @@ sessions", "SS5 under the priority policy"):
   slow test;
 * SS5's formula agrees with the spec's predicate on reachable states and on
   perturbed ones (a queue reversed), PS1 and PA1 hold on reachable states;
-* k-induction proves SS5 (with PR1, SS2-SS4 and every auxiliary kept), BMC
-  bounds it, and the verify rows name the model."""
+* k-induction proves SS5 (with PR1, SS2-SS4 and every auxiliary kept)
+  under vllm-0.34 and vllm-0.33, BMC bounds it, and the verify rows name
+  the model."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ from flightcheck.verification.z3.priority_session_engines import (
     ss5_induction,
     ss5_rows,
 )
-from flightcheck.verification.z3.session_models import PRIO_SESSIONS, PRIO_SESSIONS_BREAK
+from flightcheck.verification.z3.session_models import PRIO_SESSIONS, PRIO_SESSIONS_BREAK, prio_sessions
 
 STATES = 573
 
@@ -98,9 +99,11 @@ def test_the_relation_is_spec_step_on_stamped_and_sampled_states():
 
 
 @pytest.mark.slow
-def test_the_relation_is_spec_step_on_every_reachable_state():
-    checker, report = CrossChecker(PRIO_SESSIONS), CrossReport()
-    for s in _states():
+@pytest.mark.parametrize("profile", ["vllm-0.34", "vllm-0.33"])
+def test_the_relation_is_spec_step_on_every_reachable_state(profile):
+    model = prio_sessions(profile)
+    checker, report = CrossChecker(model), CrossReport()
+    for s in (_states() if model is PRIO_SESSIONS else reachable(model)):
         checker.check(s, report)
     assert report.problems == [] and report.states == STATES
 
@@ -140,14 +143,16 @@ def test_the_explicit_search_keeps_ss5_on_the_model_and_breaks_it_where_two_sess
 
 
 @pytest.mark.slow
-def test_k_induction_proves_ss5_with_every_conjunct_kept():
-    result = ss5_induction(PRIO_SESSIONS)
+@pytest.mark.parametrize("profile", ["vllm-0.34", "vllm-0.33"])
+def test_k_induction_proves_ss5_with_every_conjunct_kept(profile):
+    result = ss5_induction(prio_sessions(profile))
     assert {p.name: p.status for p in result.properties if p.status != "proved"} == {}
     assert result.by_name()[SS5].status == "proved"
 
 
-def test_the_ss5_rows_cover_vllm_0_34_only():
-    assert ss5_rows("vllm-0.33") == [] and ss5_rows("vllm-0.34-async") == []
+def test_the_ss5_rows_cover_the_synchronous_session_profiles_only():
+    assert ss5_rows("vllm-0.34-async") == [] and ss5_rows("vllm-0.33-async") == [] and ss5_rows("vllm-0.8.5") == []
+    assert prio_sessions("vllm-0.33").name == "prio-sessions-k1@vllm-0.33"
 
 
 @pytest.mark.slow

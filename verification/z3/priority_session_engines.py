@@ -29,8 +29,8 @@ PRIORITY_SESSION_AUXILIARY_NAMES = ("PA1_arrived_iff_placed", "PS1_stamps_are_qu
 # break on the equal-priority model is 5 steps deep).
 SS5_BMC_DEPTH = 5
 
-# The profile the Z3 rows of SS5 cover (the priority encoding's: synchronous vLLM 0.34).
-SS5_Z3_PROFILES: tuple[str, ...] = ("vllm-0.34",)
+# The profiles the Z3 rows of SS5 cover (synchronous ones: the priority encoding refuses async).
+SS5_Z3_PROFILES: tuple[str, ...] = ("vllm-0.33", "vllm-0.34")
 
 
 def ss5_auxiliary(model: Model) -> list[str]:
@@ -52,12 +52,12 @@ def ss5_rows(profile: str, depth: int = SS5_BMC_DEPTH, time_budget: float | None
     `profile` (one of SS5_Z3_PROFILES; else no rows); the method names the
     model. (PR1 and SS2-SS4, proved alongside, have their own models' rows.)"""
     from flightcheck.verification.results import PropertyResult
-    from flightcheck.verification.z3.session_models import PRIO_SESSIONS
+    from flightcheck.verification.z3.session_models import prio_sessions
     if profile not in SS5_Z3_PROFILES:
         return []
-    where = f" [{PRIO_SESSIONS.name}]"
-    verdicts = [*ss5_induction(PRIO_SESSIONS, time_budget).properties,
-                *ss5_bmc(PRIO_SESSIONS, depth, time_budget).properties]
+    model = prio_sessions(profile)
+    where = f" [{model.name}]"
+    verdicts = [*ss5_induction(model, time_budget).properties, *ss5_bmc(model, depth, time_budget).properties]
     return [PropertyResult(p.name, p.kind, p.status, p.method + where, p.depth, p.seconds)
             for p in verdicts if p.name == SS5]
 

@@ -56,7 +56,8 @@ def session_z3_mutant_model(name: str, solo: bool = False) -> Model:
 # The priority policy beside sessions (docs/proofs.md, "Streaming sessions",
 # SS5): two sessions of one turn each (a prompt of 1 and 1 output, then 1
 # new token and 1 output, then the end of the session), K = 1, two seats, 4
-# blocks of 2, under vllm-0.34 (sync: the priority encoding's profile).
+# blocks of 2, under vllm-0.34 (and vllm-0.33: `prio_sessions`; synchronous,
+# as the priority encoding is).
 # PRIO_SESSIONS_BREAK gives both priority 0: the explicit search breaks SS5
 # there in 5 steps (a parked session's input re-keys `kv_holding` in place,
 # vLLM's heap break), and the encoding refuses it. PRIO_SESSIONS gives them
@@ -73,3 +74,10 @@ def _prio_sessions(name: str, priorities: tuple[int, int]) -> Model:
 
 PRIO_SESSIONS = _prio_sessions("prio-sessions-k1", (0, 1))
 PRIO_SESSIONS_BREAK = _prio_sessions("prio-two-sessions-k1", (0, 0))
+
+
+def prio_sessions(profile: str) -> Model:
+    """PRIO_SESSIONS under `profile` (vllm-0.34 or vllm-0.33)."""
+    if profile == PRIO_SESSIONS.cfg.profile:
+        return PRIO_SESSIONS
+    return replace(PRIO_SESSIONS.under_profile(profile), name=f"prio-sessions-k1@{profile}")
