@@ -71,7 +71,7 @@ def arrive_with_priority(layout, before, after, r: Any):
         return after
     p = before.prio[0]
     st = clone(after)
-    st.prio = [SPrio(put(p.place, r, p.num_arrivals), p.num_arrivals + 1)]
+    st.prio = [SPrio(put(p.place, r, p.num_arrivals), p.num_arrivals + 1, p.stamps)]
     st.waiting = insert_at_place(layout, st, before.waiting, before.waiting_len, r)
     return st
 
