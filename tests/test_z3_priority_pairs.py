@@ -16,6 +16,10 @@ PR4) against the spec, and PR4's proof on `prio-kv-z3`
   cross-checked, PR4 proved on the queues' conjuncts alone (each of them
   needed, and PR4 not kept under the tail-join mutant), BMC finding that
   mutant at the explicit search's depth;
+* #57841's mutant (`prio-kv-hold-k2`): L2 with the connector's waits
+  (`kv_l2_no_deadlock`) agrees with the spec's L2 on every reachable state
+  with and without the mutant, the mutant's relation is its spec's, and BMC
+  finds it at the explicit search's depth, its trace replayed on the spec;
 * what the encoding leaves out beside the policy is refused (0.34's load
   limit; streaming sessions: SS5 stays with the explicit search)."""
 
@@ -48,6 +52,7 @@ from flightcheck.verification.z3.priority_engines import (
     priority_kv_bmc,
     priority_kv_induction,
     priority_kv_k2_rows,
+    priority_kv_l2_bmc,
     priority_kv_queue_induction,
     priority_kv_rows,
 )
@@ -260,3 +265,83 @@ def test_bmc_at_k2_finds_the_parked_load_at_the_tail_at_the_explicit_searchs_dep
     row = {p.name: p for p in res.properties}["PR4_kv_holding_in_priority_order"]
     assert (row.status, row.depth) == ("violated", 4)      # arrive, park, arrive, park: K = 2 spares the completion
     assert not kv_holding_in_priority_order(row.states[-1], model.cfg)
+
+
+# --- #57841's mutant: L2 with the connector's waits, on prio-kv-hold-k2 ---------------
+
+PR57841 = "load_ranked_behind_new_request_pr57841"
+
+
+def _hold_model(mutant: bool):
+    from flightcheck.verification.priority_kv_models import PRIO_KV_HOLD_K2, priority_kv_mutant_model
+    return priority_kv_mutant_model(PR57841) if mutant else PRIO_KV_HOLD_K2
+
+
+@functools.lru_cache(maxsize=None)
+def _hold_states(mutant: bool) -> tuple:
+    from flightcheck.verification.mutants import applied
+    model = _hold_model(mutant)
+    with applied(model.mutant):
+        return tuple(reachable(model))
+
+
+def _l2_agrees(model, states) -> list:
+    """The states where kv_l2_no_deadlock (on the state's own schedule) and the spec's L2 differ."""
+    from flightcheck.spec.deadlock import l2_no_deadlock
+    from flightcheck.verification.mutants import applied
+    from flightcheck.verification.z3.encoding.kv_invariants import kv_l2_no_deadlock
+    system, out = System(model), []
+    for i, s in enumerate(states):
+        with applied(model.mutant):
+            spec = l2_no_deadlock(s, model.cfg)
+        frame = system.constant(s)
+        sch, definitions = system.schedule_of(frame, f"l2@{i}")
+        solver = z3.Solver()
+        solver.add(definitions)
+        ours = solver.check(z3.Not(system.build(kv_l2_no_deadlock, frame, sch))) == z3.unsat
+        if ours != spec:
+            out.append((s, spec, ours))
+    return out
+
+
+def _l2_broken(mutant: bool) -> list:
+    from flightcheck.spec.deadlock import l2_no_deadlock
+    from flightcheck.verification.mutants import applied
+    model = _hold_model(mutant)
+    with applied(model.mutant):
+        return [s for s in _hold_states(mutant) if not l2_no_deadlock(s, model.cfg)]
+
+
+def test_l2_with_the_connectors_waits_breaks_where_57841s_mutant_deadlocks():
+    broken = _l2_broken(True)
+    assert len(broken) == 3 and not _l2_broken(False)
+    model = _hold_model(True)
+    assert _l2_agrees(model, broken[:2] + [_hold_states(True)[0]]) == []      # false on two, true on the first
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant", [False, True])
+def test_l2_with_the_connectors_waits_is_the_specs_on_every_state_of_the_hold_model(mutant):
+    states = _hold_states(mutant)
+    assert len(states) == 64
+    assert _l2_agrees(_hold_model(mutant), states) == []
+
+
+@pytest.mark.slow
+def test_the_relation_is_57841s_mutant_spec_step_on_every_state_of_the_hold_model():
+    model = _hold_model(True)
+    checker, report = CrossChecker(model), CrossReport()
+    for s in _hold_states(True):
+        checker.check(s, report)
+    assert report.problems == [] and report.states == 64
+
+
+@pytest.mark.slow
+def test_bmc_finds_57841s_deadlock_at_the_explicit_searchs_depth_and_bounds_the_correct_spec():
+    row = {p.name: p for p in priority_kv_l2_bmc(_hold_model(True), 4).properties}["L2_no_deadlock"]
+    assert (row.status, row.depth) == ("violated", 4)      # arrive, park; the other arrives, the load lands (either order)
+    assert sorted(type(a).__name__ for a in row.trace) == ["Arrive", "Arrive", "ReceiveKv", "Schedule"]
+    assert len(row.states) == 5 and row.states[-1] in _l2_broken(True)       # replayed on the spec: its L2 breaks
+    res = priority_kv_l2_bmc(_hold_model(False), 4)
+    assert {p.name: (p.status, p.depth) for p in res.properties} == {
+        "WF_encoding": ("bounded", 4), "L2_no_deadlock": ("bounded", 4)}

@@ -33,7 +33,7 @@ from flightcheck.spec import transition_properties_for
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
 from flightcheck.verification.results import PropertyResult, kind_of
-from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY
+from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY, kv_l2_no_deadlock
 from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY, PRIORITY_STEP_FORMULAS
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.kv_engines import KV_CANDIDATES, WF, _on, _spec_breaks, kv_bmc, kv_induction
@@ -140,6 +140,26 @@ def priority_kv_bmc(model: Model, depth: int, time_budget: float | None = None) 
     """WF, PR1 and PR4 on every frame to `depth` steps (kv_engines.kv_bmc;
     a violation's trace replayed on the spec)."""
     return kv_bmc(model, depth, KV_STATE_PROPERTIES, time_budget)
+
+
+# --- #57841's mutant: L2 with the connector's waits (kv_invariants.kv_l2_no_deadlock) -----
+
+L2 = "L2_no_deadlock"
+
+
+def priority_kv_l2_bmc(model: Model, depth: int, time_budget: float | None = None) -> EngineResult:
+    """WF and L2 with the connector's waits on every frame to `depth` steps
+    (kv_engines.kv_bmc; L2 reads the frame's own schedule, whose definitions
+    it assumes); a violation's trace is replayed on the spec, whose own L2
+    must break on its last state."""
+    return kv_bmc(model, depth, [L2], time_budget, goal=_l2_goal)
+
+
+def _l2_goal(system: System, name: str, t: int, steps: list) -> z3.BoolRef:
+    if name != L2:
+        return _on(system, name, system.frame(t))
+    sch, definitions = system.sched(t)
+    return z3.Implies(z3.And(definitions), system.build(kv_l2_no_deadlock, system.frame(t), sch))
 
 
 # How deep BMC of the priority model goes in `flightcheck verify --priority`
