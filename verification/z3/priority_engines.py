@@ -169,8 +169,9 @@ PRIORITY_BMC_DEPTH = 4
 
 def priority_rows(depth: int = PRIORITY_BMC_DEPTH, time_budget: float | None = None) -> list[PropertyResult]:
     """PR1-PR3 of the Z3 priority model by k-induction (PR2, PR3: one step
-    from its invariant) and by BMC to `depth`, then PR4 of the model beside
-    the connector (`priority_kv_rows`); the method names the model."""
+    from its invariant) and by BMC to `depth`, then PR4 of the models beside
+    the connector (`priority_kv_rows`: K = 1; `priority_kv_k2_rows`: K = 2);
+    the method names the model."""
     from flightcheck.verification.z3.priority_models import PRIORITY_Z3_MODEL
 
     where = f" [{PRIORITY_Z3_MODEL.name}@{PRIORITY_Z3_MODEL.cfg.profile}]"
