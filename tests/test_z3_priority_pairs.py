@@ -21,7 +21,9 @@ PR4) against the spec, and PR4's proof on `prio-kv-z3`
   with and without the mutant, the mutant's relation is its spec's, and BMC
   finds it at the explicit search's depth, its trace replayed on the spec;
 * what the encoding leaves out beside the policy is refused (0.34's load
-  limit; streaming sessions: SS5 stays with the explicit search)."""
+  limit; streaming sessions sharing a priority with another request, where SS5
+  stays with the explicit search: test_z3_priority_sessions.py proves it where
+  each session's priority is its own)."""
 
 from __future__ import annotations
 
@@ -127,7 +129,7 @@ def test_models_the_encoding_leaves_out_beside_the_policy_are_refused():
     from flightcheck.verification.session_models import SESSION_PROFILE_MODELS
     sessions = SESSION_PROFILE_MODELS["vllm-0.34"][0]
     prio_sessions = replace(sessions, cfg=replace(sessions.cfg, scheduling_policy="priority"))
-    with pytest.raises(ValueError, match="priority policy"):       # SS5: the explicit search's
+    with pytest.raises(ValueError, match="priority policy"):   # shared priorities: SS5 is explicit-only
         System(prio_sessions)
 
 

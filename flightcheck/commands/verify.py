@@ -84,7 +84,7 @@ def _add_feature_flags(verify) -> None:
                         help="search the profile's priority-policy models exhaustively (PR1-PR3 and every other "
                              "property; vllm-0.33, vllm-0.33-async, vllm-0.34, vllm-0.34-async) and, under vllm-0.34, "
                              "hunt the policy's mutants and prove PR1-PR3 by k-induction and BMC on the Z3 "
-                             "priority model, and PR4 on its model beside the KV connector (minutes of CPU; "
+                             "priority model, and PR4 on its models beside the KV connector, one and two batches in flight (minutes of CPU; "
                              "--no-z3 skips them)")
     verify.add_argument("--prefill-cadence", action="store_true",
                         help="search the profile's prefill-cadence model exhaustively (CAD1-CAD3 and every other "
