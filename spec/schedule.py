@@ -261,9 +261,8 @@ def _schedule_waiting(step: _Step) -> None:
 
 
 def _waiting_order(state: State) -> tuple[int, ...]:
-    """The waiting loop's order without a connector: `kv_holding` (streaming
-    sessions between turns that hold blocks, sessions.py) before `waiting`
-    (under PAUSED_NEW, `kv_holding` alone: reset_pause.py)."""
+    """The order without a connector: `kv_holding` (sessions between turns holding
+    blocks, sessions.py) before `waiting` (PAUSED_NEW: `kv_holding` alone, reset_pause.py)."""
     if not takes_waiting_queue(state):
         return state.kv_holding
     return state.kv_holding + state.waiting if state.kv_holding else state.waiting
@@ -306,8 +305,10 @@ def _schedule_waiting_with_connector(step: _Step) -> None:
             step.kv_loads.append((r, computed))
             walk.skipped.add(r)
             continue
-        if not _admit_with_connector(step, r, hit, external, computed, running_entries):
-            break
+        if cadence.stops_admission(step.state, r, computed, step.defers_prefills) or not _admit_with_connector(
+                step, r, hit, external, computed, running_entries):
+            break                                       # (the prefill cadence holds a sync or landed load: cadence.py)
+    step.state = cadence.note_all_skipped(step.state, cfg, walk.skipped)
 
 
 def _admit_with_connector(step: _Step, r: int, hit: tuple[int, ...], external: int, computed: int,
