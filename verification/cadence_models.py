@@ -98,7 +98,7 @@ CADENCE_KV_K2 = Model(
     Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=6,
            max_model_len=6, prefix_caching=False, profile="vllm-0.34", prefill_schedule_interval=2,
            kv_connector=KvConnector()),
-    (Prompt(1, 2), Prompt(4, 1, external_hit=2, load_async=True), Prompt(3, 1, external_hit=2)),
+    (Prompt(2, 2), Prompt(4, 1, external_hit=2, load_async=True), Prompt(3, 1, external_hit=2)),
     allow_abort=False, allow_stop=False, kv_failures=True,
     skip_targets=tuple(sorted(set(_SKIPPED) | {"blocks_freed_behind_fence"})),
 )
