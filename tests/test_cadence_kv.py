@@ -13,8 +13,10 @@ checked, and (vLLM, slow) the campaign's workloads with the pair."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +29,8 @@ from flightcheck.spec.transitions import CompleteOldest, Schedule as ScheduleAct
 from flightcheck.verification.cadence_models import CADENCE_KV_FAIL_K2, CADENCE_KV_K2
 from flightcheck.verification.explicit.search import initial, search, successors
 from flightcheck.verification.traces.check import check_events
+from flightcheck.verification.traces.reading import read_trace_file
+from flightcheck.vllm.differential import decisions, read_trace
 from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
 from flightcheck.vllm.reference_run import run_reference
@@ -95,6 +99,26 @@ def test_a_call_that_defers_prefills_does_not_reorder_by_cached_prefix() -> None
     held = held.with_request(1, status=Status.WAITING).with_request(2, status=Status.WAITING)
     assert defers_prefills(held, cfg) and not is_reorder_in_force(held, cfg)
     assert is_reorder_in_force(replace(held, prefill_hold=0), cfg)
+
+
+# `--all-features` seed 10 index 15, vLLM 0.34.0 async (cache-aware order and the
+# cadence, no connector): a held call where the window would move r3 (a prefix
+# hit) ahead; vLLM's reorder runs only `if self.cache_aware_window and not
+# defer_prefills`, so r0 decodes alone. Without the guard the reference admitted
+# r3 (an unexplained differential) and check-trace rejected vLLM's run (a false
+# schedule_decision).
+HELD_NO_REORDER = ("034_cache_aware_cadence_no_reorder_seed10_15.workload.json",
+                   "034_async_cache_aware_cadence_no_reorder_seed10_15.jsonl")
+
+
+def test_vllms_held_call_runs_no_cache_aware_reorder() -> None:
+    data = Path(__file__).parent / "data" / "vllm" / "cadence"
+    raw = json.loads((data / HELD_NO_REORDER[0]).read_text())
+    trace = data / HELD_NO_REORDER[1]
+    assert decisions(run_reference(raw, "vllm-0.34-async").events, block_offset=1) == decisions(read_trace(trace))
+    for full in (False, True):
+        result = check_events(read_trace_file(trace), None, full=full)
+        assert result.ok, (result.property, result.message)
 
 
 def test_the_pairs_model_keeps_every_property_and_takes_the_pairs_steps() -> None:
