@@ -217,3 +217,47 @@ def test_the_pairs_campaign_workloads_agree_with_vllm(version: str, async_schedu
     report = run_version(version, workloads, 0, False, lambda line: None, async_scheduling)
     assert report.workloads == len(workloads) and report.unexplained == []
     assert not set(report.verdicts) & DISAGREEMENTS, dict(report.verdict_details)
+
+
+# docs/vllm-kv-connector-findings.md, finding 4: r0 decodes under an interval of
+# 4; r1's sync load of 8 tokens leaves one to compute (admitted in a held call),
+# then fails from block 0; the rollback in place (`_update_requests_with_invalid_blocks`)
+# leaves r1 `is_prefill_chunk` False, so the next held call schedules its
+# recompute of all 9 tokens and restarts no hold.
+ROLLBACK_RECOMPUTE = "cadence_kv_rollback_recompute_held.workload.json"
+
+
+def test_a_rolled_back_requests_recompute_runs_in_a_held_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    cadence = importlib.import_module("flightcheck.reference.cadence")
+    calls: list[tuple[bool, list[tuple[str, int]], int]] = []
+    end = cadence.PrefillCadence._end_cadence
+
+    def noted(self, batch) -> None:
+        calls.append((self.defer_prefills, [(r.request_id, e.num_new_tokens)
+                                            for r, e in zip(batch.requests, batch.entries)], self.last_prefill_step))
+        end(self, batch)
+
+    monkeypatch.setattr(cadence.PrefillCadence, "_end_cadence", noted)
+    raw = json.loads((Path(__file__).parent / "data" / "vllm" / "cadence" / ROLLBACK_RECOMPUTE).read_text())
+    run = run_reference(raw, "vllm-0.34")
+    assert run.ending == "done" and check_events(run.events).ok
+    assert any(e["ev"] == "kv_failed" and e["req"] == "r1" for e in run.events)
+    held, entries, last_prefill = calls[2]
+    assert held and entries == [("r0", 1), ("r1", 9)] and last_prefill == 1     # held, yet a 9-token prefill
+    assert calls[3][2] == 1                                  # and the hold was not restarted by it
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
+def test_vllm_recomputes_a_rolled_back_request_in_a_held_call(version: str) -> None:
+    """vLLM makes the reference's decisions on the finding's workload (sync;
+    under async scheduling #49250's placeholders are flagged first), so its
+    held call runs the recompute; check-trace accepts (no property breaks)."""
+    if os.environ.get("FLIGHTCHECK_SKIP_VLLM"):
+        pytest.skip("FLIGHTCHECK_SKIP_VLLM")
+    from flightcheck.vllm.campaign import run_version
+
+    raw = json.loads((Path(__file__).parent / "data" / "vllm" / "cadence" / ROLLBACK_RECOMPUTE).read_text())
+    report = run_version(version, [raw], 0, False, lambda line: None)
+    assert (report.identical, report.unexplained, dict(report.verdict_details)) == (1, [], {"accepted": 1})
