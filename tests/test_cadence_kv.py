@@ -169,6 +169,12 @@ def test_with_failing_loads_a_rolled_back_request_recomputes_in_a_held_call() ->
     pytest.fail("no held call recomputed a rolled-back request")
 
 
+def test_the_z3_encoding_leaves_the_pair_to_the_explicit_search() -> None:
+    from flightcheck.verification.z3.encoding.cadence_state import refuse_unencoded_cadence
+    with pytest.raises(ValueError, match="streaming sessions and the KV connector; the explicit search covers"):
+        refuse_unencoded_cadence(CADENCE_KV_K2)
+
+
 def test_without_the_gate_in_the_connectors_loop_cad1_breaks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.import_module("flightcheck.spec.cadence"), "stops_admission", lambda *a: False)
     r = search(CADENCE_KV_K2, stop_at_first=True)
