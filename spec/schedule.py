@@ -13,9 +13,8 @@ Under vLLM 0.33 (`Config.rules`): the long-prefill threshold only with more
 than one request, a running request's tokens clipped one short of
 max_model_len, admission only when the whole sequence fits, and a preempted
 request with orphaned entries in flight skipped (not a stop: the waiting
-requests behind it may be admitted; its resumption is deferred).
-
-The action is deterministic: given the state, the batch is fixed.
+requests behind it may be admitted; its resumption is deferred). The action
+is deterministic: given the state, the batch is fixed.
 
 With a KV connector, the waiting loop asks it for hits, parks async loads
 and promotes landed ones (kv_loads.py); a fenced victim is not preempted.
@@ -305,9 +304,10 @@ def _schedule_waiting_with_connector(step: _Step) -> None:
             step.kv_loads.append((r, computed))
             walk.skipped.add(r)
             continue
-        if cadence.stops_admission(step.state, r, computed, step.defers_prefills) or not _admit_with_connector(
-                step, r, hit, external, computed, running_entries):
-            break                                       # (the prefill cadence holds a sync or landed load: cadence.py)
+        if cadence.stops_admission(step.state, r, computed, step.defers_prefills):
+            break                                       # the prefill cadence holds a sync or landed load (cadence.py)
+        if not _admit_with_connector(step, r, hit, external, computed, running_entries):
+            break
     step.state = cadence.note_all_skipped(step.state, cfg, walk.skipped)
 
 
