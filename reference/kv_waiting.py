@@ -68,7 +68,7 @@ class KvWaiting:
     _priority: bool          # the scheduler's (priority.py)
 
     def _schedule_waiting_kv(self, batch: Batch) -> None:
-        if self._cache_aware_window:
+        if self._cache_aware_window and not self.defer_prefills:      # a held call does not reorder (cadence.py)
             from .admission_order import reorder_by_cached_prefix
             reorder_by_cached_prefix(self.waiting, self.kv_cache_manager, self._cache_aware_window,
                                      self.config.cache_aware_admission_threshold,
@@ -86,6 +86,7 @@ class KvWaiting:
             outcome = self._admit_or_park(request, batch, loads_only)
             if outcome == _SKIP:
                 skipped.add(request)
+                self._note_skipped(request)       # `skip_request`: the prefill cadence's deferred_waiting (cadence.py)
             elif outcome == _STOP_ASYNC and from_async:
                 take_async_kv = False
             elif outcome in (_STOP, _STOP_ASYNC):
@@ -156,7 +157,9 @@ class KvWaiting:
                 loads_only and not lookup.load_async):
             return _STOP_ASYNC
         if lookup.load_async:
-            return self._park(request, lookup, batch)
+            return self._park(request, lookup, batch)     # in a held call too: it computes nothing (cadence.py)
+        if self._held_at_admission(request, lookup.num_computed):
+            return _STOP                      # the prefill cadence holds a sync or landed load (cadence.py)
         # a landed load, or a sync one, with one token left: padded as any admission (waiting.py)
         padded = self._padded_decode(request, lookup.num_computed, batch) if self._pads_admitted_decodes else 0
         wanted = padded if padded > 0 else request.num_tokens - lookup.num_computed

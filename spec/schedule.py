@@ -13,9 +13,8 @@ Under vLLM 0.33 (`Config.rules`): the long-prefill threshold only with more
 than one request, a running request's tokens clipped one short of
 max_model_len, admission only when the whole sequence fits, and a preempted
 request with orphaned entries in flight skipped (not a stop: the waiting
-requests behind it may be admitted; its resumption is deferred).
-
-The action is deterministic: given the state, the batch is fixed.
+requests behind it may be admitted; its resumption is deferred). The action
+is deterministic: given the state, the batch is fixed.
 
 With a KV connector, the waiting loop asks it for hits, parks async loads
 and promotes landed ones (kv_loads.py); a fenced victim is not preempted.
@@ -261,9 +260,8 @@ def _schedule_waiting(step: _Step) -> None:
 
 
 def _waiting_order(state: State) -> tuple[int, ...]:
-    """The waiting loop's order without a connector: `kv_holding` (streaming
-    sessions between turns that hold blocks, sessions.py) before `waiting`
-    (under PAUSED_NEW, `kv_holding` alone: reset_pause.py)."""
+    """The order without a connector: `kv_holding` (sessions between turns holding
+    blocks, sessions.py) before `waiting` (PAUSED_NEW: `kv_holding` alone, reset_pause.py)."""
     if not takes_waiting_queue(state):
         return state.kv_holding
     return state.kv_holding + state.waiting if state.kv_holding else state.waiting
@@ -306,8 +304,11 @@ def _schedule_waiting_with_connector(step: _Step) -> None:
             step.kv_loads.append((r, computed))
             walk.skipped.add(r)
             continue
+        if cadence.stops_admission(step.state, r, computed, step.defers_prefills):
+            break                                       # the prefill cadence holds a sync or landed load (cadence.py)
         if not _admit_with_connector(step, r, hit, external, computed, running_entries):
             break
+    step.state = cadence.note_all_skipped(step.state, cfg, walk.skipped)
 
 
 def _admit_with_connector(step: _Step, r: int, hit: tuple[int, ...], external: int, computed: int,

@@ -8,8 +8,10 @@ them.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,18 @@ def workers() -> Iterator[Workers]:
         yield shared
     finally:
         shared.close()
+
+
+# `--all-features` workloads that tests replay by (release, seed, index) and that
+# the generator draws otherwise since the prefill cadence meets the KV connector
+# (flightcheck/vllm/cadence_generate.py): kept as their campaigns drew them.
+KEPT_BEFORE_CADENCE_MET_KV = DATA / "pairs" / "kv_pairs_before_cadence_as_drawn.json"
+
+
+def found_workload(version: str, seed: int, index: int) -> dict[str, Any]:
+    """Campaign workload `index` of `seed` on `version`, as the campaign that found it drew it."""
+    kept = json.loads(KEPT_BEFORE_CADENCE_MET_KV.read_text())
+    if f"{version}/{seed}/{index}" in kept:
+        return kept[f"{version}/{seed}/{index}"]
+    from flightcheck.vllm.generate import campaign_workloads
+    return campaign_workloads(seed, index + 1, features_of=version)[index]
