@@ -65,5 +65,4 @@ def with_sessions(pick: Picker, workload: dict[str, Any]) -> None:
         request["session"] = {"inputs": inputs, "end_step": step + pick.integer(1, 10)}
 
 
-FEATURE = Feature("streaming-sessions", ("0.33.0", "0.34.0"), 1.0, with_sessions,
-                  excludes=("kv-connector",))
+FEATURE = Feature("streaming-sessions", ("0.33.0", "0.34.0"), 1.0, with_sessions)
