@@ -49,6 +49,7 @@ class StreamingSessions:
     waiting: deque[Request]
     running: list[Request]
     kv_holding_waiting: deque[Request]
+    kv_held: dict[str, Request]
     _incarnations: itertools.count
     num_waiting_for_streaming_input: int
     _remove_waiting: Any
@@ -70,12 +71,26 @@ class StreamingSessions:
     _note_enqueued: Any
     _held_at_admission: Any
 
+    def session_under(self, req_id: str) -> Request | None:
+        """The session vLLM's `add_request` finds under `req_id` (`existing`,
+        resumable): a live one, or a finished one whose blocks the KV
+        connector still holds (an aborted or failed load's, a send's: vLLM
+        keeps it in `requests` until the transfer is reported; here `kv_held`)."""
+        found = self.requests.get(req_id) or self.kv_held.get(req_id)
+        return found if found is not None and found.resumable else None
+
     def add_session_input(self, request: Request) -> None:
-        """vLLM `add_request` of a request whose id names a live session:
-        its next input (the end of the session if `request` is not resumable)."""
-        session = self.requests[request.request_id]
+        """vLLM `add_request` of a request whose id names a session: its next
+        input (the end of the session if `request` is not resumable)."""
+        session = self.session_under(request.request_id)
+        assert session is not None
         update = (StreamingUpdate(tuple(request.prompt_token_ids), request.max_tokens, request.arrival_time)
                   if request.resumable else None)
+        if RequestStatus.is_finished(session.status):
+            # held for the connector: vLLM queues the update onto the finished request, where
+            # nothing takes it (an input is lost: docs/vllm-kv-connector-findings.md, finding 4)
+            session.streaming_queue.append(update)
+            return
         if session.status != PARKED:
             session.streaming_queue.append(update)       # taken at its next stop
         elif update is not None:
