@@ -27,6 +27,11 @@ where it agrees).
   whose valid prefix is empty frees them; a load that covered every token
   leaves the last one to compute (`num_tokens - 1`).
 
+A streaming session (sessions.py) is asked at its first turn only: its
+later turns keep their blocks in `kv_holding` (no lookup); waiting for
+input it is skipped, keeps its seat (loads-only mode) and reserves nothing
+beside an async load (`_holds_load`).
+
 Abstracted away: the connector's own matching (its offer is the
 environment's, fixed at arrival), partial-tail hits, HiSparse's deferred
 loads and parked reservations (`_reserve_parked`), the DSV4 replay window

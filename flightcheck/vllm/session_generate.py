@@ -9,16 +9,19 @@ generate.py; vLLM's default is on): a turn's kept outputs become prompt
 blocks, which the spec labels as the session's own (spec/state.py
 `content_label`) and vLLM hashes from the same tokens.
 
-`FEATURE` is registered in features.FEATURE_MODULES (`--all-features`),
-never combined with a KV connector, drafts or the cache-aware admission
-order (it needs prefix caching): the spec and the reference model sessions
-without them. Beside grammars (a structured session keeps its grammar and
-FSM across turns; a session whose grammar fails finishes before its inputs,
-which then name new requests) and beside reset and pause (PAUSED_NEW
-admits a session's next turn; a reset of the running requests raises while
-a session holds blocks between turns, a finding): docs/request-states.md,
-"Features together". It meets the priority policy. Every workload left
-open to it gets it (share 1).
+`FEATURE` is registered in features.FEATURE_MODULES (`--all-features`) and
+excludes nothing itself (prompt logprobs exclude it: lora_workload.py). It
+meets a KV connector (the connector is asked at a session's first turn
+only, a later turn keeps its blocks; an input sent while the session's
+finished request is held for a transfer is lost in vLLM, a finding:
+docs/vllm-kv-connector-findings.md), drafts, the cache-aware admission
+order (with prefix caching), the priority policy, grammars (a structured
+session keeps its grammar and FSM across turns; a session whose grammar
+fails finishes before its inputs, which then name new requests) and reset
+and pause (PAUSED_NEW admits a session's next turn; a reset of the running
+requests raises while a session holds blocks between turns, a finding):
+docs/request-states.md, "Features together". Every workload left open to
+it gets it (share 1).
 
 Standard library only.
 """
