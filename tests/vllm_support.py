@@ -55,3 +55,21 @@ def workers() -> Iterator[Workers]:
         yield shared
     finally:
         shared.close()
+
+
+def drawn_apart(seed: int, count: int, **options: object) -> list[dict]:
+    """`campaign_workloads(seed, count, **options)` as the generator drew them
+    while streaming sessions were kept apart from the KV connector (before
+    the kvsess branch): the (seed, index) pairs the connector pairs' tests
+    name were found then (tests/test_session_kv.py has the pair's own)."""
+    import dataclasses
+
+    from flightcheck.vllm import session_generate
+    from flightcheck.vllm.generate import campaign_workloads
+
+    met = session_generate.FEATURE
+    session_generate.FEATURE = dataclasses.replace(met, excludes=("kv-connector",))
+    try:
+        return campaign_workloads(seed, count, **options)   # type: ignore[arg-type]
+    finally:
+        session_generate.FEATURE = met

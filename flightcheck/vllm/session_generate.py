@@ -41,8 +41,14 @@ class Picker(Protocol):                        # generate.Picker
     def choice(self, options: Sequence[T]) -> T: ...
 
 
-def with_sessions(pick: Picker, workload: dict[str, Any]) -> None:
-    """Turn one or two requests of `workload` into streaming sessions, in place."""
+def with_sessions(pick: Picker, workload: dict[str, Any]) -> bool | None:
+    """Turn one or two requests of `workload` into streaming sessions, in place.
+    Beside a KV connector one time in two only, by the workload's seed and
+    with no draw (False: declined, the workload as it was while the pair was
+    excluded), so that the features that exclude sessions (prompt logprobs)
+    still meet the connector."""
+    if "kv_connector" in workload["config"] and workload["seed"] % 2 == 0:
+        return False
     requests = workload["requests"]
     reused = {r.get("reuse_id") for r in requests}
     candidates = [r for r in requests if r.get("reuse_id") is None and r.get("id") not in reused]
