@@ -157,6 +157,21 @@ INPUT_LOST = DATA / "034_session_kv_input_lost.jsonl"
 END_ON_HELD = DATA / "034_async_session_kv_end_on_held_seed5_78.jsonl"
 
 
+# vLLM 0.34.0's sync trace of campaign --all-features --reuse-ids --versions 0.34.0,0.33.0
+# seed 12 index 13 (async the same): r2's async load lands, then r0's (a session's) sync
+# load fails from a block r2 shares, before r2 is promoted; the fail policy finishes r2,
+# whose load was reported (`finished_recving_kv_req_ids`), so `finish_requests` frees its
+# table at once. The spec held it as if its report were still to come (spec/kv_reports.py
+# `_fail_request`), and the session's next turn found no room: a false illegal_schedule.
+LANDED_HOLDER_FAILED = DATA / "034_kv_fail_landed_holder_seed12_13.jsonl"
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_check_trace_frees_a_landed_holders_table_at_its_failure(full: bool) -> None:
+    result = _check(LANDED_HOLDER_FAILED, full)
+    assert result.ok, (result.property, result.message)
+
+
 @pytest.mark.parametrize("full", [False, True])
 def test_check_trace_accepts_a_sessions_first_turn_from_its_landed_load(full: bool) -> None:
     result = _check(LANDED_FIRST_TURN, full)
