@@ -86,13 +86,10 @@ class StreamingSessions:
         assert session is not None
         update = (StreamingUpdate(tuple(request.prompt_token_ids), request.max_tokens, request.arrival_time)
                   if request.resumable else None)
-        if RequestStatus.is_finished(session.status):
-            # held for the connector: vLLM queues the update onto the finished request, where
-            # nothing takes it (an input is lost: docs/vllm-kv-connector-findings.md, finding 4)
-            session.streaming_queue.append(update)
-            return
         if session.status != PARKED:
-            session.streaming_queue.append(update)       # taken at its next stop
+            # taken at its next stop; a finished session held for the connector has none: vLLM
+            # queues onto it all the same (an input is lost: docs/vllm-kv-connector-findings.md, finding 4)
+            session.streaming_queue.append(update)
         elif update is not None:
             self.num_waiting_for_streaming_input -= 1
             # in place: its new arrival time is not re-sorted into a priority queue (as vLLM's heap)
