@@ -76,7 +76,9 @@ class KvWaiting:
         skipped: set[Request] = set()         # looked at in this pass: each keeps its place
         take_async_kv = True
         while True:
-            loads_only = len(self.running) >= self.config.max_num_seqs or batch.token_budget <= 0
+            # parked streaming sessions keep their seats (sessions.py: `num_waiting_for_streaming_input`)
+            seats = self._seats_taken()       # type: ignore[attr-defined]
+            loads_only = seats >= self.config.max_num_seqs or batch.token_budget <= 0
             if loads_only and not self._kv_async_queue:
                 break                         # vLLM 0.33: `while token_budget > 0`, max_num_seqs
             pick = self._next_candidate(skipped, take_async_kv, loads_only)
@@ -146,7 +148,8 @@ class KvWaiting:
         """One request of the loop (vLLM's loop body): promoted, skipped,
         parked for an async load, admitted, or the queue stops."""
         if (not self._promote_if_landed(request) or self._blocked_on_grammar(request)    # grammar.py
-                or self._is_resumption_deferred(request)):
+                or self._is_resumption_deferred(request)
+                or request.status == RequestStatus.WAITING_FOR_STREAMING_REQ):     # sessions.py
             return _SKIP
         if self._held_by_lora_cap(request):   # max_loras (lora.py): after the promotion
             self._pass_over_emptied_load(request)

@@ -264,8 +264,7 @@ class TracingScheduler(Scheduler):
         self._in_session_input = False
 
     def add_request(self, request: Request) -> None:
-        session = self.requests.get(request.request_id)
-        if session is None or not session.resumable:
+        if self.session_under(request.request_id) is None:
             super().add_request(request)
             self.trace.arrive(request, self.num_steps, self.connector is not None)
             return

@@ -277,7 +277,8 @@ def _schedule_waiting_with_connector(step: _Step) -> None:
     while (pick := kv_loads.next_candidate(step.state, cfg, walk, _loads_only(step))) is not None:
         r, queue = pick
         step.state, blocked = grammar.blocked_on_grammar(step.state, r)     # structured output
-        if blocked or kv_loads.is_blocked(step.state, r) or _is_resumption_deferred(step.state, cfg, r):
+        if (blocked or kv_loads.is_blocked(step.state, r) or _is_resumption_deferred(step.state, cfg, r)
+                or sessions.waits_for_input(step.state, r)):            # a parked session (sessions.py)
             walk.skipped.add(r)
             continue
         if step.state.requests[r].status is Status.WAITING_FOR_REMOTE_KVS:

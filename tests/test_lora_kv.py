@@ -118,7 +118,7 @@ PROMOTED_LOAD_CAPPED = {"0.34.0": [(5, 117), (6, 138), (7, 40)], "0.33.0": [(6, 
 
 
 def _found(version: str, feature: str, count: int = 3) -> list[dict]:
-    return [w for w in campaign_workloads(1, 80, features_of=version)
+    return [w for w in drawn_apart(1, 80, features_of=version)
             if {feature, "kv-connector"} <= set(w["features"])][:count]
 
 

@@ -114,6 +114,10 @@ class Observations:
     # session's input left out of order (`_update_request_as_session` sets
     # the parked session's arrival_time where it sits in the heap).
     priority_heaps_out_of_order: list[dict[str, Any]] = field(default_factory=list)
+    # A streaming session's input that `add_request` queued onto the session's
+    # finished request, kept in `requests` while the KV connector holds its
+    # blocks: nothing ever takes it (docs/vllm-kv-connector-findings.md, finding 5).
+    session_inputs_lost: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -138,6 +142,8 @@ class Observations:
                          kv_holder_base_counts_later_batches=self.kv_holder_base_counts_later_batches)
         if self.priority_heaps_out_of_order:
             found.update(priority_heaps_out_of_order=self.priority_heaps_out_of_order)
+        if self.session_inputs_lost:
+            found.update(session_inputs_lost=self.session_inputs_lost)
         return found
 
 
@@ -185,6 +191,15 @@ class GroundTruthMixin:
                 self.flightcheck_observations.priority_heaps_out_of_order.append(
                     {"step": self.flightcheck_step, "req": req_id, "queue": name,
                      "order": [r.request_id for r in heap]})
+
+    def _fc_check_input_reaches_session(self, request: Any) -> None:
+        """Before a streaming session's input: a real input (resumable) that
+        `add_request` will queue onto a finished request (`existing` is still
+        in `requests`, its blocks held for the KV connector) is lost."""
+        existing = self.requests.get(request.request_id)     # type: ignore[attr-defined]
+        if getattr(request, "resumable", False) and existing is not None and existing.is_finished():
+            self.flightcheck_observations.session_inputs_lost.append(
+                {"step": self.flightcheck_step, "req": request.request_id, "status": status_name(existing)})
 
     # -- speculative decoding ---------------------------------------------------------
 

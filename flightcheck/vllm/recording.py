@@ -288,6 +288,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
                             "max_tokens": request.max_tokens, **lora_recording.input_fields(request)})
         else:
             self._fc_write({"ev": "input", "req": request.request_id, "end_of_session": True})
+        self._fc_check_input_reaches_session(request)          # ground_truth.py
         self._fc_in_session_input = True
         try:
             super().add_request(request)

@@ -311,8 +311,7 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
         clock.stamp(request, spec.priority)
         request.lora_int_id, request.prompt_logprobs = spec.lora, spec.prompt_logprobs     # lora_workload.py
         # a session's next input keeps the session's own grammar (`_update_request_as_session`)
-        live = scheduler.requests.get(spec.req_id)
-        if spec.grammar is None or (live is not None and live.resumable):
+        if spec.grammar is None or scheduler.session_under(spec.req_id) is not None:
             scheduler.add_request(request)
             return
         grammars.arrive(spec.req_id, spec.grammar)

@@ -383,8 +383,9 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             return
         for e, x in zip(spec_entries, trace_entries):
             # a promoted KV load is admitted with its whole table, the load's blocks first
-            # (a session's next turn too, its table kept from the turn before)
-            ours = self._parked_table(e.req) + self._session_table(e.req) + tuple(e.block_ids)
+            # (a session's next turn too, its table kept from the turn before; a session's
+            # first turn promoted from its load is the load's table, once)
+            ours = (self._parked_table(e.req) or self._session_table(e.req)) + tuple(e.block_ids)
             self._match_blocks(x["req"], list(x["block_ids"]), ours)
 
     def _match_blocks(self, name: str, theirs: list, ours: tuple[int, ...]) -> None:

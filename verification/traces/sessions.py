@@ -43,6 +43,16 @@ class SessionEvents:
     def _on_input(self, event: dict[str, Any]) -> None:
         r = self._req(event)
         q = self.state.requests[r]
+        if q.resumable and q.status.is_finished and q.held:
+            # vLLM's `add_request` finds the finished session still in `requests` (the KV
+            # connector holds its blocks) and queues the update onto it, where nothing takes it:
+            # harmless for the end of the session, a lost input otherwise (a finding:
+            # docs/vllm-kv-connector-findings.md, finding 5)
+            if event.get("end_of_session", False):
+                return
+            raise self._violation("illegal_transition", f"input: {self._quoted_name(r)} finished "
+                                  f"({q.status.value}) while the KV connector holds its blocks: vLLM queues "
+                                  "the input onto the finished request, where it never runs")
         if not (q.resumable and q.status.is_active):
             raise self._violation("illegal_transition", f"input: {self._quoted_name(r)} is not a live streaming "
                                   f"session ({'not resumable' if not q.resumable else q.status.value})")
