@@ -7,7 +7,17 @@ shows of it:
 
 * a completion's `next_drafts` (the drafts each of its requests holds once
   it is applied, read by vLLM's recorder from the requests) are the
-  completion's drafts, as for any profile;
+  completion's drafts, as for any profile, but with one batch in flight at
+  most (D = 1): the engine step that completes a batch is the one that
+  submitted it, and its `post_step` hands the scheduler that batch's drafts
+  after the completion, replacing what its requests held when the output
+  was applied (`update_draft_token_ids` sets or clears every one that is not
+  finished). What they held then is a leftover: a streaming session parked
+  by its turn's last token is given that batch's drafts while it waits
+  (`update_draft_token_ids` skips only finished requests), the waiting loop
+  admits its next turn without reading them, and they are still there when
+  that turn's first batch completes. The completion then brings none, and
+  the next `schedule` shows post_step's count (`_backfill_drafts`);
 * a `schedule` entry with drafts for a request whose sampling entry is
   still in flight schedules drafts handed over before that entry completed.
   The spec then schedules that entry too, and its invariants judge the
@@ -32,6 +42,14 @@ class DraftHandOff:
 
     def _takes_drafts_at_submission(self) -> bool:
         return self.cfg.rules.draft_source == "submission" and self.cfg.num_spec_tokens > 0
+
+    def _drafts_after_completion(self, count: int) -> int:
+        """The drafts a sampling entry's completion leaves its request: the
+        trace's `next_drafts`, or none where they are replaced right after
+        (drafts at submission, D = 1: `post_step` follows the completion)."""
+        if self._takes_drafts_at_submission() and self.cfg.queue_depth == 1:
+            return 0
+        return count
 
     def _hand_over_scheduled_drafts(self, entries: list[dict[str, Any]]) -> None:
         """Before a `schedule`: drafts the trace schedules for a request with
