@@ -114,6 +114,13 @@ class Observations:
     # session's input left out of order (`_update_request_as_session` sets
     # the parked session's arrival_time where it sits in the heap).
     priority_heaps_out_of_order: list[dict[str, Any]] = field(default_factory=list)
+    # With streaming sessions (vLLM 0.33, 0.34), running requests plus sessions
+    # waiting for input (`num_waiting_for_streaming_input`, which the waiting
+    # loop counts as holding model-runner slots) above max_num_seqs: a session
+    # a deliver-mode stale output stopped while PREEMPTED is parked and counted
+    # though its slot went with the preemption (docs/request-states.md, "a
+    # session stopped while preempted counts a seat it gave up"; SS4).
+    session_seats_overcounted: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -138,6 +145,8 @@ class Observations:
                          kv_holder_base_counts_later_batches=self.kv_holder_base_counts_later_batches)
         if self.priority_heaps_out_of_order:
             found.update(priority_heaps_out_of_order=self.priority_heaps_out_of_order)
+        if self.session_seats_overcounted:
+            found.update(session_seats_overcounted=self.session_seats_overcounted)
         return found
 
 
@@ -175,6 +184,28 @@ class GroundTruthMixin:
         # id(Request) -> why the drafts it holds are left over (not proposed by
         # its latest completion): see Observations.leftover_drafts.
         self._fc_leftover_drafts: dict[int, str] = {}
+        self._fc_seats_over = False      # running + parked sessions above max_num_seqs now
+
+    def _fc_check_state(self) -> None:
+        """After every schedule() and update_from_output: vLLM's sets and
+        counters against the batches in flight, and its seats."""
+        self._fc_check_in_flight_set()
+        self._fc_check_counters()
+        self._fc_check_placeholders()
+        self._fc_check_session_seats()
+
+    def _fc_check_session_seats(self) -> None:
+        """Running requests plus sessions waiting for input within
+        `max_num_running_reqs` (max_num_seqs); each time they go above it,
+        recorded once (Observations.session_seats_overcounted)."""
+        parked = getattr(self, "num_waiting_for_streaming_input", 0) or 0
+        seats = getattr(self, "max_num_running_reqs", None)
+        over = seats is not None and len(self.running) + parked > seats
+        if over and not self._fc_seats_over:
+            self.flightcheck_observations.session_seats_overcounted.append(
+                {"step": self.flightcheck_step, "running": len(self.running), "parked": parked,
+                 "max_num_seqs": seats})
+        self._fc_seats_over = over
 
     def _fc_check_priority_heaps(self, req_id: str) -> None:
         """After a streaming session's input: every `PriorityRequestQueue`
