@@ -30,6 +30,7 @@ Standard library only: this module never imports vLLM.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 from . import compat
@@ -186,11 +187,14 @@ class GroundTruthMixin:
         self._fc_leftover_drafts: dict[int, str] = {}
         self._fc_seats_over = False      # running + parked sessions above max_num_seqs now
 
-    def _fc_check_state(self) -> None:
+    def _fc_check_state(self, bound: Iterable[Any] = ()) -> None:
         """After every schedule() and update_from_output: vLLM's sets and
-        counters against the batches in flight, and its seats."""
+        counters against the batches in flight, and its seats. `bound`: the
+        requests an output was applied to (looked up by id), whose counters
+        are read even where vLLM finished and dropped them in the same update
+        (a reused id's new request, failed by its grammar there)."""
         self._fc_check_in_flight_set()
-        self._fc_check_counters()
+        self._fc_check_counters(bound)
         self._fc_check_placeholders()
         self._fc_check_session_seats()
 
@@ -338,7 +342,7 @@ class GroundTruthMixin:
                                    "extra": sorted(set(recorded) - truth),
                                    "missing": sorted(truth - set(recorded))})
 
-    def _fc_check_counters(self) -> None:
+    def _fc_check_counters(self, bound: Iterable[Any] = ()) -> None:
         """vLLM 0.33 keeps, per request, `num_in_flight_tokens` (the tokens of
         its batches scheduled and not yet processed; += in
         `Scheduler._update_after_schedule`, -= in `update_from_output`, looked
@@ -347,7 +351,9 @@ class GroundTruthMixin:
         with the tokens of this very Request object's batches in flight (it
         fails when an id is reused while the old request's batch is in flight)."""
         observations = self.flightcheck_observations
-        for request in self.requests.values():
+        live = {id(request): request for request in self.requests.values()}
+        dropped = [request for request in bound if request is not None and id(request) not in live]
+        for request in [*live.values(), *dropped]:
             if not compat.counts_in_flight(request):
                 return
             observations.counts_in_flight = True

@@ -421,7 +421,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
                 self._fc_forget(request)
                 self._fc_write({"ev": "finish", "req": req_id,
                                 "reason": FINISH_REASONS.get(status_name(request), status_name(request))})
-        self._fc_check_state()             # ground_truth.py
+        self._fc_check_state(targets.values())             # ground_truth.py
         return result
 
     def _fc_targets(self, entries: list[EntrySnapshot]) -> dict[str, Any]:
