@@ -333,9 +333,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
             self._fc_write(event)
         elif empty is not None:
             self._fc_empty_log.append({"ev": "schedule", "empty_batch": empty, "step": self.flightcheck_step})
-        self._fc_check_in_flight_set()
-        self._fc_check_counters()
-        self._fc_check_placeholders()
+        self._fc_check_state()             # ground_truth.py
         return output
 
     def _fc_entries(self, output: Any) -> list[tuple[EntrySnapshot, dict[str, Any]]]:
@@ -424,9 +422,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
                 self._fc_forget(request)
                 self._fc_write({"ev": "finish", "req": req_id,
                                 "reason": FINISH_REASONS.get(status_name(request), status_name(request))})
-        self._fc_check_in_flight_set()
-        self._fc_check_counters()
-        self._fc_check_placeholders()
+        self._fc_check_state(targets.values())             # ground_truth.py
         return result
 
     def _fc_targets(self, entries: list[EntrySnapshot]) -> dict[str, Any]:

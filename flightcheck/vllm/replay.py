@@ -302,6 +302,10 @@ def findings(result: dict[str, Any]) -> list[str]:
     for lost in truth.get("session_inputs_lost", []):
         found.append(f"{lost['req']}'s input was queued onto its finished request ({lost['status']}, its blocks "
                      f"held for the KV connector), where it never runs (step {lost['step']})")
+    for seats in truth.get("session_seats_overcounted", []):
+        found.append(f"{seats['running']} running requests and {seats['parked']} sessions waiting for input hold "
+                     f"more than max_num_seqs = {seats['max_num_seqs']} seats (a session stopped while preempted "
+                     f"counts a seat it gave up; step {seats['step']})")
     for wait in result.get("waits_in_flight", []):
         found.append(f"the engine waited for input with {wait['batches_in_flight']} batches in flight from step "
                      f"{wait['step']} to step {wait['until']} (step {wait['step']})")

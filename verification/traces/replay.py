@@ -297,6 +297,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         entries = event["entries"]
         self._backfill_drafts(entries)
         self._hand_over_scheduled_drafts(entries)
+        self._hand_over_unseen_drafts(event)
         if self.cfg.rules.output_placeholders:
             self._catch_up_empty_calls(event)
         scheduled = schedule(self.state, self.cfg)
@@ -426,7 +427,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
                 if not returned:
                     raise _Violation("S5_one_sample_per_prefill",
                                      f"{name}'s batch reaches its known tokens but returned no token")
-                samples.append(self._sample(e, returned, next_drafts.get(name, 0)))
+                samples.append(self._sample(e, returned, self._drafts_after_completion(next_drafts.get(name, 0))))
             elif returned and name not in dropped:
                 what = "a partial prefill chunk" if e.fate.value == "live" else "a superseded entry"
                 raise _Violation("S5_one_sample_per_prefill" if e.fate.value == "live" else "S7_output_binding",
