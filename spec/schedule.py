@@ -41,9 +41,8 @@ from .config import Config
 from .drafts import padded_admission
 from .kv_fence import can_free_now, requires_kv_delivery
 from .launch import ScheduledEntry, count_down, count_in_flight, snapshot
-from .profiles import num_preallocate_blocks
 from .reset_pause import has_requests, runs_running_loop, runs_waiting_loop, takes_waiting_queue
-from .state import Batch, BlockPool, Fate, Load, Request, State, Status, content_label, evolve, retire_entries
+from .state import Batch, Fate, Load, Request, State, Status, content_label, evolve, retire_entries
 
 
 @dataclass(frozen=True)
@@ -460,7 +459,7 @@ def _allocate(step: _Step, r: int, num_new: int, hit: tuple[int, ...], external:
     if not blocks.can_allocate(state.pool, num_fresh, hit):
         return False
     pool = blocks.touch(state.pool, hit)
-    num_fresh += _num_preallocated(cfg, pool, num_fresh, len(req.block_table) + len(hit))
+    num_fresh += blocks.num_preallocated_under(cfg, pool, num_fresh, len(req.block_table) + len(hit))
     pool, fresh = blocks.pop_fresh(pool, num_fresh)
     table = req.block_table + hit + fresh
     if cfg.prefix_caching and cache:
@@ -471,16 +470,6 @@ def _allocate(step: _Step, r: int, num_new: int, hit: tuple[int, ...], external:
     step.state = evolve(state, pool=pool).with_request(r, block_table=table)
     step.new_blocks = hit + fresh
     return True
-
-
-def _num_preallocated(cfg: Config, pool: BlockPool, num_fresh: int, table_len: int) -> int:
-    """vLLM 0.8.4's blocks ahead of need, taken only when new blocks are needed.
-    No lookahead tokens: vLLM passes them only for EAGLE drafters, whose KV the
-    spec does not model; the spec's drafts (as ngram's) are scheduled tokens."""
-    if cfg.num_preallocate_tokens == 0:
-        return 0
-    extra = num_preallocate_blocks(cfg.num_preallocate_tokens, cfg.block_size)
-    return blocks.num_preallocated(pool, num_fresh, table_len, extra, cfg.max_blocks_per_request)
 
 
 def _preempt(step: _Step, victim: int) -> None:
