@@ -1,0 +1,83 @@
+"""vLLM 0.8.x with one pipeline stage (the campaign's generator draws 2-4;
+an adversarial hunt drew 1): what it showed, kept as regression tests.
+
+* vLLM 0.8.4 at k=1 (one stage, budget 3, long-prefill threshold 2): r4's
+  decode holds its draft while the budget leaves its entry 1 token and no
+  draft; 0.8.x's `KVCacheManager.allocate_slots` caches the computed tokens
+  less the drafts held (`num_computed_tokens + num_tokens -
+  len(request.spec_token_ids)`), so r4's full first block is not cached;
+  r4 is preempted and readmitted with no prefix hit (vLLM) where the
+  reference, which drops unscheduled drafts, hits 2 tokens. The ground truth
+  names the cause (`drafts_held_at_allocation`), and the differential called
+  the first difference unexplained: it named `unscheduled_drafts_dropped`
+  only for a request admitted holding drafts (`drafts_held_at_admission`).
+  After it vLLM's runner samples a chunk its scheduler scheduled as partial
+  (a real bug); check-trace rejects the run one event earlier, at the
+  schedule whose prefix hit is smaller than the spec's (the known early
+  position of held drafts on 0.8.4).
+
+The default tests read the kept trace and vLLM's result; the slow one
+replays the workload on vLLM 0.8.4.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from flightcheck.verification.traces.check import check_events
+from flightcheck.verification.traces.ground_truth import expected_verdict
+from flightcheck.vllm.differential import compare, decisions, read_trace, run_reference
+
+from .vllm_support import DATA, Workers, workers
+
+pytestmark = pytest.mark.usefixtures("both_checkers")       # checks traces: both checkers compared
+
+HERE = DATA / "one-stage"
+HELD = "084_held_draft_left_uncached"
+
+
+def _kept(stem: str) -> tuple[dict, dict, list[dict]]:
+    return (json.loads((HERE / f"{stem}.workload.json").read_text()),
+            json.loads((HERE / f"{stem}.result.json").read_text()), read_trace(HERE / f"{stem}.jsonl"))
+
+
+def test_a_draft_held_at_allocation_explains_a_smaller_prefix_hit_after_preemption():
+    raw, result, events = _kept(HELD)
+    assert [held["req"] for held in result["ground_truth"]["drafts_held_at_allocation"]] == ["r4"]
+    assert not result["ground_truth"]["drafts_held_at_admission"]
+    comparison = compare(raw["name"], result, events, run_reference(raw, "vllm-0.8.4"),
+                         run_reference(raw, "vllm-0.8.4", vllm_outputs=True))
+    assert comparison.explained and comparison.deviation == "unscheduled_drafts_dropped", comparison.describe()
+
+
+def test_check_trace_rejects_the_run_no_later_than_the_partial_chunks_token():
+    """The ground truth puts the bug at batch 5's completion (the partial
+    chunk's token); check-trace rejects one event before, at batch 5's
+    schedule, whose prefix hit (none) is smaller than the spec's (2 tokens):
+    the spec drops unscheduled drafts and caches r4's first block. A smaller
+    hit is no finding of the ground truth's (flightcheck/vllm/README.md, the
+    0.8.4 false rejections of held drafts): a known early position."""
+    _, result, events = _kept(HELD)
+    verdict = check_events(events)
+    expected = expected_verdict(result, events)
+    assert expected.kind == "bug" and expected.earliest == 13 and events[13]["ev"] == "complete"
+    assert not verdict.ok and verdict.property == "schedule_decision" and verdict.event_index == 12
+    assert events[12]["ev"] == "schedule" and events[12]["entries"][0]["cached"] == 0
+
+
+@pytest.fixture(scope="module")
+def running() -> Iterator[Workers]:
+    yield from workers()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_0_8_4_replays_the_kept_trace(running: Workers, tmp_path: Path):
+    raw, kept, events = _kept(HELD)
+    trace = tmp_path / "held.jsonl"
+    result = running["0.8.4"].replay(raw, trace=str(trace))
+    assert result["ground_truth"] == kept["ground_truth"] and decisions(read_trace(trace)) == decisions(events)
