@@ -451,7 +451,9 @@ def _drifted(truth: dict[str, Any]) -> set[str]:
 
 
 def _concerns(*events: tuple[Any, ...] | None) -> set[str]:
-    """The requests a `decisions` item names (entries, preemptions, tokens)."""
+    """The requests a `decisions` item names (entries, preemptions; tokens,
+    drops and the drafts a completion leaves: an older batch bound by a
+    reused id may differ only in the new request's drafts)."""
     names: set[str] = set()
     for event in events:
         if event is None:
@@ -460,6 +462,7 @@ def _concerns(*events: tuple[Any, ...] | None) -> set[str]:
             names |= {entry[0] for entry in event[1]} | set(event[2])
         elif event[0] == "complete":
             names |= {req for req, _ in event[1]} | set(event[2])
+            names |= {req for req, _ in (event[3] if len(event) > 3 else ())}
         else:
             names.add(event[1])
     return names

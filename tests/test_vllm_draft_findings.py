@@ -1,5 +1,6 @@
-"""vLLM 0.8.x with one pipeline stage (the campaign's generator draws 2-4;
-an adversarial hunt drew 1): what it showed, kept as regression tests.
+"""Differentials with drafts that named nothing, kept as regression tests:
+vLLM 0.8.x with one pipeline stage (the campaign's generator draws 2-4; an
+adversarial hunt drew 1), and a reused id under 0.33's async scheduling.
 
 * vLLM 0.8.4 at k=1 (one stage, budget 3, long-prefill threshold 2): r4's
   decode holds its draft while the budget leaves its entry 1 token and no
@@ -81,3 +82,20 @@ def test_vllm_0_8_4_replays_the_kept_trace(running: Workers, tmp_path: Path):
     trace = tmp_path / "held.jsonl"
     result = running["0.8.4"].replay(raw, trace=str(trace))
     assert result["ground_truth"] == kept["ground_truth"] and decisions(read_trace(trace)) == decisions(events)
+
+
+def test_an_older_batch_bound_by_a_reused_id_that_differs_only_in_drafts_is_the_id_reuse_bug():
+    """vLLM 0.33 async, k=1 (campaign `--all-features --async --reuse-ids
+    --spec-tokens 1` seed 92 index 4): the aborted r2's prefill batch
+    completes while the new r2's batch is in flight; `update_from_output`
+    binds it by id, moves the new r2's counters (below 0) and the completion
+    leaves the new r2 a draft: the first difference names r2 only in the
+    drafts, which the differential did not read, so it was unexplained."""
+    stem = "033-async-reused-id-drafts-only"
+    where = DATA / "reuse-ids"
+    raw = json.loads((where / f"{stem}.workload.json").read_text())
+    result = json.loads((where / f"{stem}.result.json").read_text())
+    events = read_trace(where / f"{stem}.jsonl")
+    comparison = compare(raw["name"], result, events, run_reference(raw, "vllm-0.33-async"),
+                         run_reference(raw, "vllm-0.33-async", vllm_outputs=True))
+    assert comparison.explained and comparison.deviation == "reused_id_output_dropped", comparison.describe()
