@@ -99,3 +99,22 @@ def test_an_older_batch_bound_by_a_reused_id_that_differs_only_in_drafts_is_the_
     comparison = compare(raw["name"], result, events, run_reference(raw, "vllm-0.33-async"),
                          run_reference(raw, "vllm-0.33-async", vllm_outputs=True))
     assert comparison.explained and comparison.deviation == "reused_id_output_dropped", comparison.describe()
+
+
+def test_a_hand_off_after_the_last_completion_sets_the_drafts_a_schedule_shows():
+    """vLLM 0.33 sync, one stage, k=1 (an adversarial workload: threshold 2,
+    streaming sessions): r8, admitted for its session's next turn holding
+    the draft handed over for its previous entry, still holds it when batch
+    40 completes (`next_drafts`: 1); that step's `post_step` hands over the
+    drafts proposed for batch 40 (none), after `update_from_output`, and
+    vLLM schedules r8 alone at batch 41. check-trace took a hand-off only for
+    a request with an entry in flight and rejected batch 41
+    (`schedule_decision`, the spec scheduling r8 with its old draft); the
+    spec's `hand_over_drafts` allows any count there, which the entry shows."""
+    events = read_trace(HERE / "033_session_drafts_handed_over_after_completion.jsonl")
+    (held,) = [e for e in events if e["ev"] == "complete" and e.get("batch") == 40]
+    (taken,) = [e for e in events if e["ev"] == "schedule" and e.get("batch") == 41]
+    assert held["next_drafts"] == {"r8": 1}
+    assert [(x["req"], x["n"], x["drafts"]) for x in taken["entries"] if x["req"] == "r8"] == [("r8", 1, 0)]
+    checked = check_events(events)
+    assert checked.ok, (checked.property, checked.message, checked.event_index)

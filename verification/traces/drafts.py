@@ -11,7 +11,10 @@ shows of it:
 * a `schedule` entry with drafts for a request whose sampling entry is
   still in flight schedules drafts handed over before that entry completed.
   The spec then schedules that entry too, and its invariants judge the
-  second sampling entry in flight (S6).
+  second sampling entry in flight (S6);
+* a `schedule` entry of a request with nothing in flight whose drafts
+  differ from those it holds: the hand-off after its last completion (the
+  engine step's `post_step`) gave it that many.
 """
 
 from __future__ import annotations
@@ -40,9 +43,18 @@ class DraftHandOff:
             return
         for x in entries:
             r, drafts = self.slot.get(x.get("req")), x.get("drafts", 0)
-            if r is None or not drafts or not self.state.entries_of(r):
+            if r is None:
                 continue
-            self._hand_over(r, drafts)
+            if self.state.entries_of(r):
+                if drafts:
+                    self._hand_over(r, drafts)
+            elif drafts != self.state.requests[r].num_drafts:
+                # Nothing of r in flight: the last `post_step` may have handed
+                # over another count after the completion that wrote r's
+                # `next_drafts` (with one stage it runs after
+                # `update_from_output`; a request admitted holding drafts
+                # keeps them through that completion): the entry shows it.
+                self._hand_over(r, drafts)
 
     def _hand_over(self, r: int, count: int) -> None:
         after = hand_over_drafts(self.state, self.cfg, r, min(count, self.cfg.num_spec_tokens))
