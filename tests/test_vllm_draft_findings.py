@@ -118,3 +118,20 @@ def test_a_hand_off_after_the_last_completion_sets_the_drafts_a_schedule_shows()
     assert [(x["req"], x["n"], x["drafts"]) for x in taken["entries"] if x["req"] == "r8"] == [("r8", 1, 0)]
     checked = check_events(events)
     assert checked.ok, (checked.property, checked.message, checked.event_index)
+
+
+def test_drafts_handed_over_after_the_last_completion_may_preempt_with_no_entry_showing_them():
+    """vLLM 0.33 sync, one stage, k=2 (an adversarial workload: priority,
+    sessions, LoRA; 5 tokens of budget): r7's batch 35 completes with no
+    `next_drafts`; that step's `post_step` hands it the drafts proposed for
+    batch 35, and at batch 36 the slots for them find no room, so vLLM
+    preempts r7 (the trace lists it, with no entry showing its drafts).
+    check-trace, with r7 holding none, scheduled it and rejected the run
+    (`schedule_decision`); the spec's `hand_over_drafts` allows the count
+    that makes its schedule vLLM's."""
+    events = read_trace(HERE / "033_drafts_handed_over_preempt_their_holder.jsonl")
+    (complete,) = [e for e in events if e["ev"] == "complete" and e.get("batch") == 35]
+    (preempting,) = [e for e in events if e["ev"] == "schedule" and e.get("batch") == 36]
+    assert "next_drafts" not in complete and preempting["preempted"] == ["r7"]
+    checked = check_events(events)
+    assert checked.ok, (checked.property, checked.message, checked.event_index)

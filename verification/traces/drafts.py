@@ -14,14 +14,19 @@ shows of it:
   second sampling entry in flight (S6);
 * a `schedule` entry of a request with nothing in flight whose drafts
   differ from those it holds: the hand-off after its last completion (the
-  engine step's `post_step`) gave it that many.
+  engine step's `post_step`) gave it that many;
+* a request the `schedule` preempts, with nothing in flight: the hand-off
+  may have given it drafts whose slots found no room (it preempted itself,
+  or another), which no entry shows; the checker takes the first count
+  (0..k each) under which the spec's schedule is the trace's.
 """
 
 from __future__ import annotations
 
+from itertools import product
 from typing import Any
 
-from flightcheck.spec import Config, State
+from flightcheck.spec import Config, State, Status, schedule
 from flightcheck.spec.drafts import hand_over_drafts
 
 
@@ -32,6 +37,7 @@ class DraftHandOff:
     state: State
     cfg: Config
     slot: dict[str, int]
+    names: list[str]
 
     def _takes_drafts_at_submission(self) -> bool:
         return self.cfg.rules.draft_source == "submission" and self.cfg.num_spec_tokens > 0
@@ -60,3 +66,32 @@ class DraftHandOff:
         after = hand_over_drafts(self.state, self.cfg, r, min(count, self.cfg.num_spec_tokens))
         if after is not None:
             self.state = after
+
+    def _hand_over_to_preempted(self, event: dict[str, Any]) -> None:
+        """Before a `schedule` that preempts requests: if the spec's schedule
+        is not the trace's, the counts handed over to the preempted requests
+        with nothing in flight (RUNNING) that make it so, if any."""
+        if not self._takes_drafts_at_submission():
+            return
+        held = [r for r in (self.slot.get(name) for name in event.get("preempted", ()))
+                if r is not None and not self.state.entries_of(r)
+                and self.state.requests[r].status is Status.RUNNING]
+        if not held or self._schedules_as(self.state, event):
+            return
+        for counts in product(range(self.cfg.num_spec_tokens + 1), repeat=len(held)):
+            state: State | None = self.state
+            for r, count in zip(held, counts):
+                state = hand_over_drafts(state, self.cfg, r, count) if state is not None else None
+            if state is not None and self._schedules_as(state, event):
+                self.state = state
+                return
+
+    def _schedules_as(self, state: State, event: dict[str, Any]) -> bool:
+        """Whether the spec's schedule from `state` has the trace's entries
+        (request, start, tokens, drafts) and preemptions."""
+        scheduled = schedule(state, self.cfg)
+        if scheduled is None:
+            return False
+        want = [(self.names[e.req], e.start, e.n, e.drafts) for e in scheduled.entries]
+        got = [(x["req"], x["start"], x["n"], x.get("drafts", 0)) for x in event["entries"]]
+        return want == got and [self.names[r] for r in scheduled.preempted] == list(event.get("preempted", ()))
