@@ -135,3 +135,22 @@ def test_drafts_handed_over_after_the_last_completion_may_preempt_with_no_entry_
     assert "next_drafts" not in complete and preempting["preempted"] == ["r7"]
     checked = check_events(events)
     assert checked.ok, (checked.property, checked.message, checked.event_index)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_reused_ids_counter_below_zero_is_seen_when_vllm_finishes_the_request_in_that_update(running: Workers):
+    """vLLM 0.33 async (campaign `--all-features --reuse-ids --spec-tokens 1`
+    seed 99 index 43): the aborted r2's batch completes while the new r2,
+    whose grammar failed, waits; `update_from_output` looks it up by id and
+    takes its 3 tokens off the new r2's `num_in_flight_tokens` (-3), then vLLM
+    finishes it with an error and drops it from `requests`. check-trace
+    rejects there (IF1); the ground truth checked only the requests still in
+    `requests` and called the run correct (a false rejection, by it)."""
+    from flightcheck.vllm.campaign import ReplayJob, replay_workload
+
+    raw = json.loads((DATA / "reuse-ids" / "033-async-reused-id-error-finish-counter.workload.json").read_text())
+    replayed = replay_workload(running["0.33.0"], ReplayJob("0.33.0", True, 0, raw, 0))
+    negative = replayed.result["ground_truth"]["negative_counters"]
+    assert [(n["req"], n["counter"], n["value"]) for n in negative] == [("r2", "num_in_flight_tokens", -3)]
+    assert replayed.category == "rejected, real bug", replayed.detail

@@ -307,16 +307,20 @@ class GroundTruthMixin:
                                    "extra": sorted(set(recorded) - truth),
                                    "missing": sorted(truth - set(recorded))})
 
-    def _fc_check_counters(self) -> None:
+    def _fc_check_counters(self, also: tuple[Any, ...] = ()) -> None:
         """vLLM 0.33 keeps, per request, `num_in_flight_tokens` (the tokens of
         its batches scheduled and not yet processed; += in
         `Scheduler._update_after_schedule`, -= in `update_from_output`, looked
         up by id) and `num_stale_output_tokens` (`_preempt_request`). Record
         each counter that goes negative, and the in-flight counter disagreeing
         with the tokens of this very Request object's batches in flight (it
-        fails when an id is reused while the old request's batch is in flight)."""
+        fails when an id is reused while the old request's batch is in flight).
+        `also`: the requests an update just applied output to, which vLLM may
+        have finished and dropped from `requests` in that update (a reused
+        id's new request finished with an error: its counter went below 0
+        all the same)."""
         observations = self.flightcheck_observations
-        for request in self.requests.values():
+        for request in {id(r): r for r in (*self.requests.values(), *also)}.values():
             if not compat.counts_in_flight(request):
                 return
             observations.counts_in_flight = True

@@ -424,7 +424,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
                 self._fc_write({"ev": "finish", "req": req_id,
                                 "reason": FINISH_REASONS.get(status_name(request), status_name(request))})
         self._fc_check_in_flight_set()
-        self._fc_check_counters()
+        self._fc_check_counters(tuple(t for t in targets.values() if t is not None))
         self._fc_check_placeholders()
         return result
 
