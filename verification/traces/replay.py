@@ -297,7 +297,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         entries = event["entries"]
         self._backfill_drafts(entries)
         self._hand_over_scheduled_drafts(entries)
-        self._hand_over_unseen_drafts(event)
+        self._hand_over_to_preempted(event)
         if self.cfg.rules.output_placeholders:
             self._catch_up_empty_calls(event)
         scheduled = schedule(self.state, self.cfg)
