@@ -5,8 +5,9 @@ batch by name (`actions._output_applied`, `_complete_by_name`). The lookup
 used to walk every request slot, so checking a realistic trace (hundreds of
 requests waiting behind a full engine, a batch of dozens of entries per
 step) cost entries x requests per completion: check-trace's seconds per
-1,000 events grew with the trace (5.7 at 100 requests, 17.6 at 1,200 on a
-vLLM 0.34.0 replay). These tests pin the answer against the plain
+1,000 events grew with the trace (4.0 at 400 requests, 10.0 at 1,200 on a
+vLLM 0.34.0 replay; 2.4 and 2.9 since: flightcheck/vllm/README.md, "At a
+deployment's scale"). These tests pin the answer against the plain
 definition, on states with reused names, and that a lookup no longer costs
 the whole state.
 """

@@ -18,9 +18,11 @@ engine, see `realistic_workload`.)
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
+
+from .vllm_support import Workers, workers
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # check-trace verdicts on vLLM's traces
 
@@ -101,19 +103,20 @@ CASES = [("0.34.0", False, 1), ("0.34.0", False, 2), ("0.34.0", True, 3), ("0.34
          ("0.8.5", False, 9), ("0.8.5", False, 10), ("0.8.4", False, 11), ("0.8.4", False, 33)]
 
 
+@pytest.fixture(scope="module")
+def running() -> Iterator[Workers]:
+    yield from workers()
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.parametrize("version,async_scheduling,seed", CASES)
-def test_check_trace_agrees_with_vllms_ground_truth_at_scale(version: str, async_scheduling: bool,
-                                                              seed: int) -> None:
+def test_check_trace_agrees_with_vllms_ground_truth_at_scale(running: Workers, version: str,
+                                                              async_scheduling: bool, seed: int) -> None:
     from flightcheck.vllm.campaign import DISAGREEMENTS, ReplayJob, replay_workload
-    from flightcheck.vllm.replay import ReplayWorker
 
-    from .vllm_support import require_venv
-    require_venv(version)
     workload = realistic_workload(seed, version, async_scheduling)
-    with ReplayWorker(version) as worker:
-        replayed = replay_workload(worker, ReplayJob(version, async_scheduling, seed, workload, seed))
+    replayed = replay_workload(running[version], ReplayJob(version, async_scheduling, seed, workload, seed))
     assert replayed.result["ending"] == "done", replayed.result["ending"]
     assert replayed.category not in DISAGREEMENTS, replayed.detail
     comparison = replayed.comparison
