@@ -17,7 +17,11 @@ from __future__ import annotations
 import random
 import time
 
+import pytest
+
 from flightcheck.spec.state import ACTIVE, Request, State, Status, evolve, holder_of
+
+pytestmark = pytest.mark.usefixtures("both_checkers")   # (it names check-trace; it checks no trace itself)
 
 STATUSES = (Status.NEW, Status.WAITING, Status.RUNNING, Status.PREEMPTED, Status.FINISHED_STOPPED,
             Status.FINISHED_ABORTED)
