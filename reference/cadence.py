@@ -8,6 +8,12 @@ prefill chunks, the waiting loop stops at a request with more than one
 token left to compute. The escape (vLLM PR #44558): a call that did not
 defer records whether the waiting queue stayed backed up
 (`prefill_capacity_bound`), and while it did, no call defers.
+
+Beside a KV connector (kv_waiting.py): a skipped or parked request joins
+`deferred_waiting` (`skip_request`); an async load starts in a held call
+(it computes nothing, and restarts no interval); a sync or landed load
+meets the same gate with its computed tokens. A held call does not run
+vLLM 0.34's cache-aware reorder (`not defer_prefills`).
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ class PrefillCadence:
         if self.local_prefill_interval == 1:
             return
         if request.status in (RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
-                              RequestStatus.WAITING_FOR_STREAMING_REQ):
+                              RequestStatus.WAITING_FOR_STREAMING_REQ, RequestStatus.WAITING_FOR_REMOTE_KVS):
             self.deferred_waiting.add(request.request_id)
         else:
             self.deferred_waiting.discard(request.request_id)

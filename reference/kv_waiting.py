@@ -68,7 +68,7 @@ class KvWaiting:
     _priority: bool          # the scheduler's (priority.py)
 
     def _schedule_waiting_kv(self, batch: Batch) -> None:
-        if self._cache_aware_window:
+        if self._cache_aware_window and not self.defer_prefills:      # a held call does not reorder (cadence.py)
             from .admission_order import reorder_by_cached_prefix
             reorder_by_cached_prefix(self.waiting, self.kv_cache_manager, self._cache_aware_window,
                                      self.config.cache_aware_admission_threshold,
@@ -76,7 +76,9 @@ class KvWaiting:
         skipped: set[Request] = set()         # looked at in this pass: each keeps its place
         take_async_kv = True
         while True:
-            loads_only = len(self.running) >= self.config.max_num_seqs or batch.token_budget <= 0
+            # parked streaming sessions keep their seats (sessions.py: `num_waiting_for_streaming_input`)
+            seats = self._seats_taken()       # type: ignore[attr-defined]
+            loads_only = seats >= self.config.max_num_seqs or batch.token_budget <= 0
             if loads_only and not self._kv_async_queue:
                 break                         # vLLM 0.33: `while token_budget > 0`, max_num_seqs
             pick = self._next_candidate(skipped, take_async_kv, loads_only)
@@ -86,6 +88,7 @@ class KvWaiting:
             outcome = self._admit_or_park(request, batch, loads_only)
             if outcome == _SKIP:
                 skipped.add(request)
+                self._note_skipped(request)       # `skip_request`: the prefill cadence's deferred_waiting (cadence.py)
             elif outcome == _STOP_ASYNC and from_async:
                 take_async_kv = False
             elif outcome in (_STOP, _STOP_ASYNC):
@@ -145,7 +148,8 @@ class KvWaiting:
         """One request of the loop (vLLM's loop body): promoted, skipped,
         parked for an async load, admitted, or the queue stops."""
         if (not self._promote_if_landed(request) or self._blocked_on_grammar(request)    # grammar.py
-                or self._is_resumption_deferred(request)):
+                or self._is_resumption_deferred(request)
+                or request.status == RequestStatus.WAITING_FOR_STREAMING_REQ):     # sessions.py
             return _SKIP
         if self._held_by_lora_cap(request):   # max_loras (lora.py): after the promotion
             self._pass_over_emptied_load(request)
@@ -156,7 +160,9 @@ class KvWaiting:
                 loads_only and not lookup.load_async):
             return _STOP_ASYNC
         if lookup.load_async:
-            return self._park(request, lookup, batch)
+            return self._park(request, lookup, batch)     # in a held call too: it computes nothing (cadence.py)
+        if self._held_at_admission(request, lookup.num_computed):
+            return _STOP                      # the prefill cadence holds a sync or landed load (cadence.py)
         # a landed load, or a sync one, with one token left: padded as any admission (waiting.py)
         padded = self._padded_decode(request, lookup.num_computed, batch) if self._pads_admitted_decodes else 0
         wanted = padded if padded > 0 else request.num_tokens - lookup.num_computed

@@ -213,6 +213,11 @@ class Profile:
     # is left, `max_num_inflight_kv_loads` (`_admits_inflight_kv_load`, the
     # aborted loads `_aborted_kv_loads` counted against it).
     kv_async_waiting_queue: bool = False
+    # 0.34 only: a session's next input sets its prefix-cache limit from the
+    # input's sampling parameters (`_update_request_as_session` recomputes
+    # `prefix_cache_hit_limit`); 0.33 keeps `skip_reading_prefix_cache` as
+    # the first input set it (sessions.py `_take_input`).
+    session_input_sets_cache_limit: bool = False
     # `reset_prefix_cache(reset_running_requests=True)`: every running
     # request preempted with `_preempt_request(drop_stale_output=True)`, then
     # `BlockPool.reset_prefix_cache` (reset_pause.py) (0.33, 0.34).
@@ -357,7 +362,7 @@ PROFILES["vllm-0.33-async"] = replace(PROFILES["vllm-0.33"], name="vllm-0.33-asy
 # 0.34's own (`Scheduler.schedule`, `_reorder_waiting_by_cached_prefix`):
 # the threshold only with chunked prefill, and the cache-aware admission order.
 VLLM_0_34_RULES: dict[str, bool] = {"threshold_needs_chunked_prefill": True, "cache_aware_admission": True,
-                                    "kv_async_waiting_queue": True}
+                                    "kv_async_waiting_queue": True, "session_input_sets_cache_limit": True}
 PROFILES["vllm-0.34"] = replace(PROFILES["vllm-0.33"], name="vllm-0.34", **VLLM_0_34_RULES)
 PROFILES["vllm-0.34-async"] = replace(PROFILES["vllm-0.33-async"], name="vllm-0.34-async", **VLLM_0_34_RULES)
 

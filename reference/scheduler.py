@@ -158,9 +158,8 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
 
     def add_request(self, request: Request) -> None:
         """Queue a new request; a bad one raises ValueError and changes nothing.
-        Under a live streaming session's id: the session's next input (sessions.py)."""
-        session = self.requests.get(request.request_id)
-        if session is not None and session.resumable:
+        Under a streaming session's id (live, or held by the connector): its next input (sessions.py)."""
+        if self.session_under(request.request_id) is not None:
             return self.add_session_input(request)
         self._validate_new_request(request)
         request.incarnation = request.first_incarnation = next(self._incarnations)

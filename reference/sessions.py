@@ -37,11 +37,15 @@ PARKED = RequestStatus.WAITING_FOR_STREAMING_REQ
 @dataclass(frozen=True)
 class StreamingUpdate:
     """A session's next input (vLLM's `StreamingUpdate`, less what the
-    reference has no use for: multimodal features, sampling parameters)."""
+    reference has no use for: multimodal features, sampling parameters but
+    max_tokens and the prompt-logprobs flag)."""
 
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     arrival_time: float = 0.0      # when the client sent it (the priority policy's key)
+    # whether its sampling parameters ask for prompt logprobs, where taking
+    # it sets the session's prefix-cache limit (0.34); None: it does not (0.33)
+    prompt_logprobs: bool | None = None
 
 
 class StreamingSessions:
@@ -49,6 +53,7 @@ class StreamingSessions:
     waiting: deque[Request]
     running: list[Request]
     kv_holding_waiting: deque[Request]
+    kv_held: dict[str, Request]
     _incarnations: itertools.count
     num_waiting_for_streaming_input: int
     _remove_waiting: Any
@@ -70,14 +75,29 @@ class StreamingSessions:
     _note_enqueued: Any
     _held_at_admission: Any
 
+    def session_under(self, req_id: str) -> Request | None:
+        """The session vLLM's `add_request` finds under `req_id` (`existing`,
+        resumable): a live one, or a finished one whose blocks the KV
+        connector still holds (an aborted or failed load's, a send's: vLLM
+        keeps it in `requests` until the transfer is reported; here `kv_held`)."""
+        found = self.requests.get(req_id) or self.kv_held.get(req_id)
+        return found if found is not None and found.resumable else None
+
     def add_session_input(self, request: Request) -> None:
-        """vLLM `add_request` of a request whose id names a live session:
-        its next input (the end of the session if `request` is not resumable)."""
-        session = self.requests[request.request_id]
-        update = (StreamingUpdate(tuple(request.prompt_token_ids), request.max_tokens, request.arrival_time)
+        """vLLM `add_request` of a request whose id names a session: its next
+        input (the end of the session if `request` is not resumable)."""
+        session = self.session_under(request.request_id)
+        assert session is not None
+        # 0.34's `_update_request_as_session` recomputes `prefix_cache_hit_limit` from
+        # the update's sampling parameters; 0.33's keeps the first input's skip
+        sets_limit = self.config.version_profile.session_input_sets_cache_limit
+        update = (StreamingUpdate(tuple(request.prompt_token_ids), request.max_tokens, request.arrival_time,
+                                  request.prompt_logprobs if sets_limit else None)
                   if request.resumable else None)
         if session.status != PARKED:
-            session.streaming_queue.append(update)       # taken at its next stop
+            # taken at its next stop; a finished session held for the connector has none: vLLM
+            # queues onto it all the same (an input is lost: docs/vllm-kv-connector-findings.md, finding 5)
+            session.streaming_queue.append(update)
         elif update is not None:
             self.num_waiting_for_streaming_input -= 1
             # in place: its new arrival time is not re-sorted into a priority queue (as vLLM's heap)
@@ -177,6 +197,8 @@ class StreamingSessions:
         session.prompt_token_ids = list(session.all_token_ids)
         session.num_prompt_tokens = len(session.all_token_ids)
         session.max_tokens = update.max_tokens
+        if update.prompt_logprobs is not None:           # 0.34: the input's prefix-cache limit
+            session.prompt_logprobs = update.prompt_logprobs
         session.arrival_time = update.arrival_time       # its priority stays the first input's
         # rehashed lazily from the tokens: the blocks before keep_end's get the
         # hashes vLLM keeps (`del block_hashes[keep_end // hash_block_size:]`)

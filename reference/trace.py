@@ -145,6 +145,8 @@ class TraceWriter:
         event: dict[str, Any] = {"ev": "input", "req": request.request_id, "step": step}
         if request.resumable:
             event.update(num_tokens=request.num_prompt_tokens, max_tokens=request.sampling_params.max_tokens)
+            if request.prompt_logprobs:
+                event["prompt_logprobs"] = True      # its sampling parameters ask for them (lora.py)
         else:
             event["end_of_session"] = True
         self._write(event)
@@ -262,8 +264,7 @@ class TracingScheduler(Scheduler):
         self._in_session_input = False
 
     def add_request(self, request: Request) -> None:
-        session = self.requests.get(request.request_id)
-        if session is None or not session.resumable:
+        if self.session_under(request.request_id) is None:
             super().add_request(request)
             self.trace.arrive(request, self.num_steps, self.connector is not None)
             return

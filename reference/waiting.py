@@ -30,7 +30,7 @@ class WaitingLoop:
         if self.connector is not None:
             return self._schedule_waiting_kv(batch)   # kv_waiting.py
         kv = self.kv_cache_manager
-        if self._cache_aware_window:          # vLLM 0.34, opt-in (admission_order.py)
+        if self._cache_aware_window and not self.defer_prefills:   # vLLM 0.34, opt-in; not in a held call
             reorder_by_cached_prefix(self.waiting, kv, self._cache_aware_window,
                                      self.config.cache_aware_admission_threshold)
         if self.kv_holding_waiting and not self._schedule_held_sessions(batch):

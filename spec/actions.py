@@ -50,8 +50,9 @@ class Prompt:
     structured: bool = False
     # A streaming session (spec/sessions.py; read only with
     # `Config.streaming_sessions`): the inputs its client sends after this
-    # prompt, each `(new tokens, max_tokens)`, the last `(0, 0)` (the end).
-    session: tuple[tuple[int, int], ...] = ()
+    # prompt, each `(new tokens, max_tokens)` (a third element 1: it asks for
+    # prompt logprobs, sessions.py), the last `(0, 0)` (the end).
+    session: tuple[tuple[int, ...], ...] = ()
     # Its LoRA (0: none; read only with `Config.max_loras`) and whether it
     # asks for prompt logprobs (spec/lora.py).
     lora: int = 0

@@ -14,7 +14,9 @@ the requests that hold blocks are in `kv_holding`, and those a load limit
 sets apart in `async_kv_waiting` (`kv_loads.may_load_async`, a view of
 `waiting` here) keep their order, as vLLM's reorder never touches that queue;
 its window and its two-request guard count `waiting` proper alone.
-Abstracted away: vLLM's DP prefill deferral (which skips the reorder).
+A call that defers prefills does not reorder (`if self.cache_aware_window
+and not defer_prefills`): the local prefill cadence's hold (cadence.py).
+Abstracted away: vLLM's DP prefill deferral (which skips the reorder too).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from . import blocks
+from .cadence import defers_prefills
 from .config import Config
 from .kv_loads import may_load_async
 from .state import State, Status, content_label
@@ -30,10 +33,12 @@ from .state import State, Status, content_label
 def is_reorder_in_force(state: State, cfg: Config) -> bool:
     """The guards, in vLLM's order: the profile has the knob, the window is
     open (`cache_aware_admission_window > 0`, kept only with prefix caching
-    on), two requests wait at least, and the cache's usage has reached the
-    threshold."""
+    on), the call does not defer prefills (the cadence), two requests wait
+    at least, and the cache's usage has reached the threshold."""
     if not cfg.rules.cache_aware_admission or cfg.cache_aware_admission_window == 0:
         return False
+    if defers_prefills(state, cfg):
+        return False                    # `not defer_prefills` (vLLM 0.34 `Scheduler.schedule`)
     if cfg.scheduling_policy != "fcfs":
         return False                    # vLLM keeps the window only under FCFS (`cache_aware_window`)
     if not cfg.prefix_caching or len(reorderable(state, cfg)) < 2:

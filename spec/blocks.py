@@ -36,7 +36,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from . import pool_store
+from .config import Config
 from .pool_store import label_list, label_of, num_free, ref_count  # noqa: F401  (the spec's readers import them from here)
+from .profiles import num_preallocate_blocks
 from .state import BlockPool
 
 
@@ -77,6 +79,17 @@ def can_allocate(pool: BlockPool, num_new_blocks: int, hit: tuple[int, ...]) -> 
     """vLLM: fail when the new blocks exceed the free ones not being hit."""
     num_evictable_hit = sum(1 for b in hit if ref_count(pool, b) == 0)
     return num_new_blocks <= num_free(pool) - num_evictable_hit
+
+
+def num_preallocated_under(cfg: Config, pool: BlockPool, num_fresh: int, table_len: int) -> int:
+    """`num_preallocated` under `cfg`: vLLM 0.8.4's blocks ahead of need, taken
+    only when new blocks are needed. No lookahead tokens: vLLM passes them only
+    for EAGLE drafters, whose KV the spec does not model; the spec's drafts (as
+    ngram's) are scheduled tokens."""
+    if cfg.num_preallocate_tokens == 0:
+        return 0
+    extra = num_preallocate_blocks(cfg.num_preallocate_tokens, cfg.block_size)
+    return num_preallocated(pool, num_fresh, table_len, extra, cfg.max_blocks_per_request)
 
 
 def num_preallocated(pool_after_touch: BlockPool, num_new_blocks: int, table_len: int,

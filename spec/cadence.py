@@ -52,9 +52,22 @@ computed tokens (schedule.py). A pause or a reset needs no hook: PAUSED_ALL
 runs no waiting loop, PAUSED_NEW's records the bound over a `waiting` it
 never walked, and a reset's preemptions touch neither hold nor bound.
 
+Beside a KV connector (docs/request-states.md, "Beside the KV connector"):
+the loop's skips (a load still in flight, a parked load, the LoRA cap)
+join `deferred_waiting` (`skip_request`), so a parked load is deferred
+until admitted and never backs the queue up; an async load starts in a
+held call (the `load_kv_async` branch comes before the gate, and
+`num_new_tokens = 0` is no prefill: it never restarts the hold); a sync
+load's admission, and a landed load's once promoted, meet the gate with
+their computed tokens (the load's counted): a held call stops there, a
+load that left one token is admitted and restarts nothing. A request
+rolled back by a failed load keeps the `is_prefill_chunk` its last
+schedule left (vLLM resets it only in `_update_after_schedule`), so its
+recompute is not held as a chunk. vLLM 0.34's cache-aware reorder does not
+run in a call that defers (admission_order.py).
+
 Abstracted away: the data-parallel throttle (`throttle_prefills`, driven by
-the DP engine core; one engine here, so never), and the combinations
-`Config` refuses: a KV connector (its queues and loads-only mode).
+the DP engine core; one engine here, so never).
 """
 
 from __future__ import annotations
@@ -94,6 +107,14 @@ def note_skipped(state: State, cfg: Config, r: int) -> State:
     return state.with_request(r, deferred_waiting=True) if is_on(cfg) else state
 
 
+def note_all_skipped(state: State, cfg: Config, skipped: set[int]) -> State:
+    """The connector's waiting loop skipped (or parked) each of `skipped`:
+    each joins `deferred_waiting` (vLLM's `skip_request`)."""
+    for r in sorted(skipped):
+        state = note_skipped(state, cfg, r)
+    return state
+
+
 def note_enqueued(state: State, cfg: Config, r: int) -> State:
     """`_enqueue_waiting_request`: r joins a waiting queue (on arrival, or a
     streaming session's stop) and is in `deferred_waiting` iff its status
@@ -104,7 +125,7 @@ def note_enqueued(state: State, cfg: Config, r: int) -> State:
     if not is_on(cfg):
         return state
     blocked = state.requests[r].status in (Status.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
-                                           Status.WAITING_FOR_STREAMING_REQ)
+                                           Status.WAITING_FOR_STREAMING_REQ, Status.WAITING_FOR_REMOTE_KVS)
     return state.with_request(r, deferred_waiting=blocked)
 
 
@@ -169,6 +190,29 @@ def held_with_nothing_to_run(state: State, cfg: Config, r: int) -> bool:
 def backed_up_release(state: State, cfg: Config, r: int) -> bool:
     """The last release left the waiting queue backed up while r waits: the hold is lifted."""
     return r in state.waiting and is_on(cfg) and state.prefill_capacity_bound and state.prefill_hold > 0
+
+
+# --- beside a KV connector: transitions (`Sometimes.on_step`) the pair's models must take
+
+
+def load_parked_while_held(before: State, after: State, action: object, cfg: Config, r: int) -> bool:
+    """A call that defers prefills starts r's async KV load (the load computes nothing: not held)."""
+    return (defers_prefills(before, cfg) and before.requests[r].status is not Status.WAITING_FOR_REMOTE_KVS
+            and after.requests[r].status is Status.WAITING_FOR_REMOTE_KVS)
+
+
+def landed_load_held(before: State, after: State, action: object, cfg: Config, r: int) -> bool:
+    """A call that defers prefills promotes r's landed load and stops there: more than one token left."""
+    req = after.requests[r]
+    return (defers_prefills(before, cfg) and before.requests[r].status is Status.WAITING_FOR_REMOTE_KVS
+            and req.status is Status.WAITING and req.num_computed < req.num_tokens - 1)
+
+
+def one_token_load_admitted_while_held(before: State, after: State, action: object, cfg: Config, r: int) -> bool:
+    """A call that defers prefills admits r, whose KV connector offers all its tokens but the last."""
+    req = after.requests[r]
+    return (defers_prefills(before, cfg) and r not in before.running_set and r in after.running_set
+            and req.external_hit >= req.num_tokens - 1 > 0)
 
 
 def carry_empty_call(state: State, called: State) -> State:

@@ -184,8 +184,6 @@ class Config:
             raise ValueError("cache_aware_admission_window must be >= 0")
         if self.prefill_schedule_interval < 1:
             raise ValueError("prefill_schedule_interval must be >= 1")
-        if self.prefill_schedule_interval > 1 and self.kv_connector is not None:
-            raise ValueError("prefill_schedule_interval > 1 is modelled without a KV connector")
         if not 0.0 <= self.cache_aware_admission_threshold <= 1.0:
             raise ValueError("cache_aware_admission_threshold must be in [0, 1]")
         if self.structured_output and not self.rules.stale_output_counters:

@@ -27,6 +27,11 @@ where it agrees).
   whose valid prefix is empty frees them; a load that covered every token
   leaves the last one to compute (`num_tokens - 1`).
 
+A streaming session (sessions.py) is asked at its first turn only: its
+later turns keep their blocks in `kv_holding` (no lookup); waiting for
+input it is skipped, keeps its seat (loads-only mode) and reserves nothing
+beside an async load (`_holds_load`).
+
 Abstracted away: the connector's own matching (its offer is the
 environment's, fixed at arrival), partial-tail hits, HiSparse's deferred
 loads and parked reservations (`_reserve_parked`), the DSV4 replay window
@@ -183,11 +188,18 @@ def fits_beside_reservations(state: State, cfg: Config, r: int, hit: tuple[int, 
         prefilling = q.status is Status.RUNNING and q.num_computed < q.num_tokens - 1
         if h in chunk_ends:
             prefilling = chunk_ends[h] < q.num_tokens or h in parked
-        if h != r and (h in state.kv_holding_set or prefilling):
+        if h != r and (_holds_load(state, h) or prefilling):
             whole = blocks.cdiv(min(q.num_tokens, cfg.max_model_len) + (1 + k if k else 0), cfg.block_size)
             reserved += max(0, whole - len(q.block_table))
     fresh = max(0, blocks.cdiv(computed, cfg.block_size) - len(hit))
     return blocks.can_allocate(state.pool, fresh + reserved, hit)
+
+
+def _holds_load(state: State, h: int) -> bool:
+    """h waits in `kv_holding` with a load parked or landed (`_parked_reservations`,
+    kept from the park to its admission); a streaming session between turns
+    holds blocks there too but reserves nothing (sessions.py)."""
+    return h in state.kv_holding_set and state.requests[h].load not in (Load.NONE, Load.DONE)
 
 
 def park(state: State, cfg: Config, r: int, computed: int, external: int) -> State:

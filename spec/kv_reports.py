@@ -298,7 +298,7 @@ def _recompute_holder(state: State, cfg: Config, h: int, r: int, from_block: int
     invalid = _invalid_blocks(state, cfg, r, from_block)
     if q.status is Status.WAITING_FOR_REMOTE_KVS:
         first = next(i for i, b in enumerate(_computed_blocks(state, cfg, h)) if b in invalid)
-        return state.with_request(h, num_computed=first * bs, load=Load.FAILED)
+        return state.with_request(h, num_computed=first * bs, load=_failed(q.load))
     return _revert_to_carrier(state, cfg, h, _carrier(state, r))
 
 
@@ -341,10 +341,20 @@ def _fail_past_carrier(state: State, cfg: Config, x: int, carrier: int | None) -
 
 def _fail_request(state: State, cfg: Config, r: int) -> State:
     """The fail policy: `finish_requests(..., FINISHED_ERROR)`; a parked
-    request's load is marked failed, its report still to come."""
-    if state.requests[r].status is Status.WAITING_FOR_REMOTE_KVS:
-        state = state.with_request(r, load=Load.FAILED)
+    request's load is marked failed, its report still to come (one already
+    reported, landed and not yet promoted, is not held: `finish_requests`'
+    `delay_free_blocks` is off for a request in `finished_recving_kv_req_ids`)."""
+    q = state.requests[r]
+    if q.status is Status.WAITING_FOR_REMOTE_KVS:
+        state = state.with_request(r, load=_failed(q.load))
     return finish_request(state, cfg, r, Status.FINISHED_ERROR)
+
+
+def _failed(load: Load) -> Load:
+    """A parked load another load's failure reaches: FAILED while its report
+    is to come; one that landed (its `finished_recving` seen) stays RECEIVED,
+    its cut counters promoted by the next waiting loop."""
+    return Load.FAILED if load is Load.IN_FLIGHT else load
 
 
 def rollback(state: State, cfg: Config, r: int, valid: int) -> State:

@@ -40,7 +40,9 @@ The abstraction: a request's LoRA is an integer, 0 = none (`Request.lora`);
 the adapter's slots, loading and rank are abstracted away (the cap is the
 only scheduling rule they make). 0.34's `prompt_logprob_start`, which bounds
 the hit instead of zeroing it, is not modelled: a prompt-logprobs request
-here scores its whole prompt (`Request.prompt_logprobs`).
+here scores its whole prompt (`Request.prompt_logprobs`). A streaming
+session's flag across turns: the input's under 0.34, the first input's
+under 0.33 (`take_input_logprobs`).
 """
 
 from __future__ import annotations
@@ -91,6 +93,24 @@ def arrive_with_lora(state: State, cfg: Config, r: int, lora: int, prompt_logpro
         state = state.with_request(r, lora=lora)
     keep = prompt_logprobs and cfg.prompt_logprobs and (cfg.prefix_caching or cfg.kv_connector is not None)
     return state.with_request(r, prompt_logprobs=True) if keep else state
+
+
+def take_input_logprobs(state: State, cfg: Config, r: int, asks: bool) -> State:
+    """Session r takes its next input (sessions.py `_take_input`), which asks
+    for prompt logprobs or not. vLLM 0.34's `_update_request_as_session`
+    recomputes `prefix_cache_hit_limit` from the input's sampling parameters
+    (`Request.get_prefix_cache_hit_limit`): the flag is the input's (kept as
+    an arrival's is, `arrive_with_lora`). 0.33's replaces the sampling
+    parameters but not `Request.skip_reading_prefix_cache`, which
+    `Request.__init__` set from the first input's
+    (`get_skip_reading_prefix_cache`): the flag stays the first input's.
+    The flag is read only at a lookup, and a session's next turn is admitted
+    from its kept blocks without one (sessions.py): it counts once the turn
+    is preempted and looks up its whole prompt again."""
+    if not cfg.rules.session_input_sets_cache_limit:
+        return state
+    keep = asks and cfg.prompt_logprobs and (cfg.prefix_caching or cfg.kv_connector is not None)
+    return state.with_request(r, prompt_logprobs=keep) if keep != state.requests[r].prompt_logprobs else state
 
 
 # --- properties

@@ -42,8 +42,9 @@ def lora2_held_request_is_passed_over(before: State, scheduled: Scheduled, cfg: 
 
 
 def pl1_prompt_logprobs_read_no_cache(before: State, scheduled: Scheduled, cfg: Config) -> bool:
-    """PL1: a request that asks for prompt logprobs is admitted with no prefix-cache hit and no KV connector load: its entry starts at token 0 and counts nothing cached, and it never parks for an async load."""
+    """PL1: a request that asks for prompt logprobs is admitted with no prefix-cache hit and no KV connector load: its entry starts at token 0 and counts nothing cached, and it never parks for an async load. (A streaming session's next turn, admitted from the blocks it kept over its stop, looks nothing up: only an admission from no computed tokens is one.)"""
     waiting = before.waiting_set | before.kv_holding_set
     return (all(e.cached == 0 and e.start == 0 for e in scheduled.entries
-                if before.requests[e.req].prompt_logprobs and e.req in waiting)
+                if before.requests[e.req].prompt_logprobs and e.req in waiting
+                and before.requests[e.req].num_computed == 0)
             and not any(before.requests[r].prompt_logprobs for r, _ in scheduled.kv_loads))

@@ -314,6 +314,13 @@ class Profile:
     # its seat in the admission cap (`num_waiting_for_streaming_input`)
     # (0.33, 0.34: the same rules in both).
     streaming_sessions: bool = False
+    # A session's next input sets its prefix-cache limit from the input's own
+    # sampling parameters: 0.34's `_update_request_as_session` recomputes
+    # `prefix_cache_hit_limit = get_prefix_cache_hit_limit()` after taking
+    # `update.sampling_params`; 0.33's takes them but leaves
+    # `skip_reading_prefix_cache` as `Request.__init__` set it from the
+    # session's first input (spec/lora.py `take_input_logprobs`).
+    session_input_sets_cache_limit: bool = False
     # `Scheduler.reset_prefix_cache(reset_running_requests=True)`: every
     # running request preempted with `_preempt_request(drop_stale_output=True)`
     # (its in-flight output dropped), then `BlockPool.reset_prefix_cache`
@@ -422,7 +429,7 @@ VLLM_0_33_HARDENED = replace(VLLM_0_33, name="vllm-0.33-hardened", stale_test="p
 # a priority heap under the priority policy (`priority_orders_async_kv`).
 _VLLM_0_34_RULES = {"threshold_needs_chunked_prefill": True, "cache_aware_admission": True,
                     "kv_inflight_load_limit": True, "scheduler_validates_drafts": False,
-                    "priority_orders_async_kv": True}
+                    "priority_orders_async_kv": True, "session_input_sets_cache_limit": True}
 # 0.34's `EngineCoreProc._wait_for_output` handles ADD and ABORT while it
 # spins on a step's output before a deadline (`_INPUTS_HANDLED_DURING_STEP`):
 # an arrival, too, may land between a step's `schedule()` and its completion.

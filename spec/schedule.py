@@ -13,9 +13,8 @@ Under vLLM 0.33 (`Config.rules`): the long-prefill threshold only with more
 than one request, a running request's tokens clipped one short of
 max_model_len, admission only when the whole sequence fits, and a preempted
 request with orphaned entries in flight skipped (not a stop: the waiting
-requests behind it may be admitted; its resumption is deferred).
-
-The action is deterministic: given the state, the batch is fixed.
+requests behind it may be admitted; its resumption is deferred). The action
+is deterministic: given the state, the batch is fixed.
 
 With a KV connector, the waiting loop asks it for hits, parks async loads
 and promotes landed ones (kv_loads.py); a fenced victim is not preempted.
@@ -42,9 +41,8 @@ from .config import Config
 from .drafts import padded_admission
 from .kv_fence import can_free_now, requires_kv_delivery
 from .launch import ScheduledEntry, count_down, count_in_flight, snapshot
-from .profiles import num_preallocate_blocks
 from .reset_pause import has_requests, runs_running_loop, runs_waiting_loop, takes_waiting_queue
-from .state import Batch, BlockPool, Fate, Load, Request, State, Status, content_label, evolve, retire_entries
+from .state import Batch, Fate, Load, Request, State, Status, content_label, evolve, retire_entries
 
 
 @dataclass(frozen=True)
@@ -261,9 +259,8 @@ def _schedule_waiting(step: _Step) -> None:
 
 
 def _waiting_order(state: State) -> tuple[int, ...]:
-    """The waiting loop's order without a connector: `kv_holding` (streaming
-    sessions between turns that hold blocks, sessions.py) before `waiting`
-    (under PAUSED_NEW, `kv_holding` alone: reset_pause.py)."""
+    """The order without a connector: `kv_holding` (sessions between turns holding
+    blocks, sessions.py) before `waiting` (PAUSED_NEW: `kv_holding` alone, reset_pause.py)."""
     if not takes_waiting_queue(state):
         return state.kv_holding
     return state.kv_holding + state.waiting if state.kv_holding else state.waiting
@@ -279,7 +276,8 @@ def _schedule_waiting_with_connector(step: _Step) -> None:
     while (pick := kv_loads.next_candidate(step.state, cfg, walk, _loads_only(step))) is not None:
         r, queue = pick
         step.state, blocked = grammar.blocked_on_grammar(step.state, r)     # structured output
-        if blocked or kv_loads.is_blocked(step.state, r) or _is_resumption_deferred(step.state, cfg, r):
+        if (blocked or kv_loads.is_blocked(step.state, r) or _is_resumption_deferred(step.state, cfg, r)
+                or sessions.waits_for_input(step.state, r)):            # a parked session (sessions.py)
             walk.skipped.add(r)
             continue
         if step.state.requests[r].status is Status.WAITING_FOR_REMOTE_KVS:
@@ -306,8 +304,11 @@ def _schedule_waiting_with_connector(step: _Step) -> None:
             step.kv_loads.append((r, computed))
             walk.skipped.add(r)
             continue
+        if cadence.stops_admission(step.state, r, computed, step.defers_prefills):
+            break                                       # the prefill cadence holds a sync or landed load (cadence.py)
         if not _admit_with_connector(step, r, hit, external, computed, running_entries):
             break
+    step.state = cadence.note_all_skipped(step.state, cfg, walk.skipped)
 
 
 def _admit_with_connector(step: _Step, r: int, hit: tuple[int, ...], external: int, computed: int,
@@ -458,7 +459,7 @@ def _allocate(step: _Step, r: int, num_new: int, hit: tuple[int, ...], external:
     if not blocks.can_allocate(state.pool, num_fresh, hit):
         return False
     pool = blocks.touch(state.pool, hit)
-    num_fresh += _num_preallocated(cfg, pool, num_fresh, len(req.block_table) + len(hit))
+    num_fresh += blocks.num_preallocated_under(cfg, pool, num_fresh, len(req.block_table) + len(hit))
     pool, fresh = blocks.pop_fresh(pool, num_fresh)
     table = req.block_table + hit + fresh
     if cfg.prefix_caching and cache:
@@ -469,16 +470,6 @@ def _allocate(step: _Step, r: int, num_new: int, hit: tuple[int, ...], external:
     step.state = evolve(state, pool=pool).with_request(r, block_table=table)
     step.new_blocks = hit + fresh
     return True
-
-
-def _num_preallocated(cfg: Config, pool: BlockPool, num_fresh: int, table_len: int) -> int:
-    """vLLM 0.8.4's blocks ahead of need, taken only when new blocks are needed.
-    No lookahead tokens: vLLM passes them only for EAGLE drafters, whose KV the
-    spec does not model; the spec's drafts (as ngram's) are scheduled tokens."""
-    if cfg.num_preallocate_tokens == 0:
-        return 0
-    extra = num_preallocate_blocks(cfg.num_preallocate_tokens, cfg.block_size)
-    return blocks.num_preallocated(pool, num_fresh, table_len, extra, cfg.max_blocks_per_request)
 
 
 def _preempt(step: _Step, victim: int) -> None:

@@ -67,7 +67,7 @@ the blocks it cached as outputs.
 Abstracted away: token ids (an input is its length, and its tokens are
 taken to be the session's own: no other request's prompt shares a block
 with them), multimodal features, sampling parameters other than
-max_tokens, the hash function, the engine's front end (it delivers each
+max_tokens and whether prompt logprobs are asked for, the hash function, the engine's front end (it delivers each
 input as an `add_request`), and the pause states.
 """
 
@@ -79,6 +79,7 @@ from typing import Callable
 from . import cadence, priority
 from .blocks import cdiv
 from .config import Config
+from .lora import take_input_logprobs
 from .state import Fate, Request, State, Status, retire_entries
 
 # How a request finishes (actions.finish_request, actions.end_by_stop),
@@ -89,13 +90,22 @@ Finish = Callable[[State, Config, int, Status], State]
 # of a request that is not resumable (None in `streaming_queue`).
 END_OF_SESSION = (0, 0)
 
+# An input is `(new tokens, max_tokens)`, or `(new tokens, max_tokens, 1)`
+# when its sampling parameters ask for prompt logprobs (spec/lora.py).
+ASKS_PROMPT_LOGPROBS = 1
+
+
+def asks_prompt_logprobs(sent: tuple[int, ...]) -> bool:
+    """Whether an input's sampling parameters ask for prompt logprobs."""
+    return len(sent) > 2 and sent[2] == ASKS_PROMPT_LOGPROBS
+
 
 def has_sessions(cfg: Config) -> bool:
     """Sessions are on and the profile has them (vLLM 0.33, 0.34)."""
     return cfg.streaming_sessions and cfg.rules.streaming_sessions
 
 
-def open_session(state: State, cfg: Config, r: int, inputs: tuple[tuple[int, int], ...]) -> State:
+def open_session(state: State, cfg: Config, r: int, inputs: tuple[tuple[int, ...], ...]) -> State:
     """r arrived resumable (`Request.resumable`; `add_request` gives it a
     `streaming_queue`): the client will send `inputs` after its prompt."""
     if not has_sessions(cfg) or not inputs:
@@ -144,7 +154,7 @@ def send_input(state: State, cfg: Config, r: int, finish: Finish) -> State | Non
     return _take_input(state, cfg, r, sent)
 
 
-def _stamp_input(state: State, cfg: Config, r: int, sent: tuple[int, int]) -> State:
+def _stamp_input(state: State, cfg: Config, r: int, sent: tuple[int, ...]) -> State:
     """Under the priority policy: the input's arrival time (vLLM's
     `StreamingUpdate.arrival_time`, the time the client sent it; the end of
     the session is no update and has none), recorded as a later place of r
@@ -155,7 +165,7 @@ def _stamp_input(state: State, cfg: Config, r: int, sent: tuple[int, int]) -> St
     return replace(state, arrivals=state.arrivals + (r,))
 
 
-def _take_input(state: State, cfg: Config, r: int, sent: tuple[int, int]) -> State:
+def _take_input(state: State, cfg: Config, r: int, sent: tuple[int, ...]) -> State:
     """vLLM `_update_request_as_session`: the outputs but the last sampled
     one become prompt (its KV was never computed), the new tokens join it,
     the turn's outputs start again from none under the update's max_tokens,
@@ -171,15 +181,17 @@ def _take_input(state: State, cfg: Config, r: int, sent: tuple[int, int]) -> Sta
     The spec's FSM counts from the turn's start (`fsm` back to 0 with the
     outputs): a mask is compared only with the FSM of its own turn, since
     an earlier turn's entries are dropped (SS1), so the offset is not
-    state."""
+    state. Its prompt-logprobs flag: the input's under vLLM 0.34, the
+    first input's under 0.33 (spec/lora.py `take_input_logprobs`)."""
     q = state.requests[r]
     kept = q.num_tokens - 1         # vLLM asserts kept >= num_computed_tokens: SS3 states it
-    new_tokens, max_tokens = sent
+    new_tokens, max_tokens = sent[0], sent[1]
     if priority.is_priority(cfg):
         first = state.arrivals.index(r)
         state = replace(state, arrivals=state.arrivals[:first] + state.arrivals[first + 1:])
-    return state.with_request(r, prompt_len=kept + new_tokens, num_output=0, max_tokens=max_tokens,
-                              status=Status.WAITING, fsm=0)
+    state = state.with_request(r, prompt_len=kept + new_tokens, num_output=0, max_tokens=max_tokens,
+                               status=Status.WAITING, fsm=0)
+    return take_input_logprobs(state, cfg, r, asks_prompt_logprobs(sent))
 
 
 def _in_rank_order(state: State, cfg: Config) -> State:

@@ -226,6 +226,15 @@ CADENCE_SOMETIMES: tuple[Sometimes, ...] = (
 )
 
 
+# The prefill cadence beside a KV connector (spec/cadence.py; transitions there).
+CADENCE_KV_SOMETIMES: tuple[Sometimes, ...] = (
+    Sometimes("load_parked_while_held", only_on_a_step, on_step=cadence.load_parked_while_held),
+    Sometimes("landed_load_held", only_on_a_step, on_step=cadence.landed_load_held),
+    Sometimes("one_token_load_admitted_while_held", only_on_a_step,
+              on_step=cadence.one_token_load_admitted_while_held),
+)
+
+
 # The targets of LoRA's cap (spec/lora.py; predicates there).
 LORA_SOMETIMES: tuple[Sometimes, ...] = (
     Sometimes("lora_request_passed_over", lora.held_while_later_runs),
@@ -236,11 +245,12 @@ LORA_SOMETIMES: tuple[Sometimes, ...] = (
 def sometimes_for(cfg: Config) -> tuple[Sometimes, ...]:
     """The targets of cfg's profile: every profile's, under async scheduling
     ASYNC_SOMETIMES, with a KV connector KV_SOMETIMES, and with streaming
-    sessions SESSION_SOMETIMES, with the prefill cadence CADENCE_SOMETIMES,
-    with a LoRA cap LORA_SOMETIMES."""
+    sessions SESSION_SOMETIMES, with the prefill cadence CADENCE_SOMETIMES
+    (and CADENCE_KV_SOMETIMES beside a connector), with a LoRA cap LORA_SOMETIMES."""
     from .sessions import has_sessions
     return (SOMETIMES + (ASYNC_SOMETIMES if cfg.rules.output_placeholders else ())
             + (KV_SOMETIMES if cfg.kv_connector is not None else ())
             + (SESSION_SOMETIMES if has_sessions(cfg) else ())
             + (CADENCE_SOMETIMES if cadence.is_on(cfg) else ())
+            + (CADENCE_KV_SOMETIMES if cadence.is_on(cfg) and cfg.kv_connector is not None else ())
             + (LORA_SOMETIMES if lora.has_lora_cap(cfg) else ()))

@@ -166,8 +166,8 @@ class Request:
     # on (the session's re-add is the same request in a new turn, where a
     # reused name is a new request, a new slot).
     resumable: bool = False
-    inputs_to_send: tuple[tuple[int, int], ...] = ()
-    queued_inputs: tuple[tuple[int, int], ...] = ()
+    inputs_to_send: tuple[tuple[int, ...], ...] = ()     # sessions.py: (tokens, max_tokens[, prompt logprobs])
+    queued_inputs: tuple[tuple[int, ...], ...] = ()
     turn: int = 0
     # vLLM's `Request.is_prefill_chunk` and membership of `deferred_waiting`
     # (cadence.py; the flag also under a profile that pads admissions, with

@@ -55,12 +55,12 @@ def _witnesses(model: Model, wanted: dict[str, Witness], limit: int = 20_000) ->
     return found
 
 
-def test_the_cadence_meets_every_feature_but_the_connector():
+def test_the_cadence_meets_every_feature():
     for knob in ("reset_and_pause", "structured_output", "streaming_sessions"):
         assert Config(profile="vllm-0.34", prefill_schedule_interval=2, prefix_caching=False,
                       **{knob: True}).prefill_schedule_interval == 2
-    with pytest.raises(ValueError, match="without a KV connector"):
-        Config(profile="vllm-0.34", prefill_schedule_interval=2, kv_connector=KvConnector())
+    assert Config(profile="vllm-0.34", prefill_schedule_interval=2,          # the connector too (test_cadence_kv.py)
+                  kv_connector=KvConnector()).prefill_schedule_interval == 2
     for model in (CADENCE_RESET_PAUSE_K2, CADENCE_GRAMMAR_K2, CADENCE_SESSIONS_K2):      # the Z3 encoding leaves the pairs to the explicit search
         with pytest.raises(ValueError, match="prefill cadence leaves out reset and pause, structured output"):
             refuse_unencoded_cadence(model)

@@ -25,6 +25,8 @@ from flightcheck.verification.grammar_models import GRAMMAR_KV_K2, GRAMMAR_KV_LI
 from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
 
+from .vllm_support import found_workload
+
 pytestmark = pytest.mark.usefixtures("both_checkers")   # the campaign's check-trace runs (slow test)
 
 # (states, edges, max depth) -- change only with a reviewed change of semantics.
@@ -146,7 +148,7 @@ def test_the_pairs_campaign_workloads_agree_with_vllm(version: str, async_schedu
         pytest.skip("FLIGHTCHECK_SKIP_VLLM")
     from flightcheck.vllm.campaign import DISAGREEMENTS, run_version
 
-    workloads = [campaign_workloads(seed, index + 1, features_of=version)[index] for seed, index in FOUND[version]]
+    workloads = [found_workload(version, seed, index) for seed, index in FOUND[version]]
     assert all({"grammar", "kv-connector"} <= set(w["features"]) for w in workloads)
     report = run_version(version, workloads, 0, False, lambda line: None, async_scheduling)
     assert report.workloads == len(workloads) and report.unexplained == []

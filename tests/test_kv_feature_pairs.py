@@ -36,6 +36,8 @@ from flightcheck.vllm.differential import decisions, read_trace, run_reference
 from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
 
+from .vllm_support import found_workload
+
 pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
 
 DATA = Path(__file__).parent / "data" / "vllm" / "pairs"
@@ -161,7 +163,7 @@ def _found_workload(version: str, seed: int, index: int) -> dict:
     drawn = json.loads(AS_DRAWN.read_text())
     if (version, seed) == ("0.34.0", 22) and str(index) in drawn:
         return drawn[str(index)]
-    return campaign_workloads(seed, index + 1, features_of=version)[index]
+    return found_workload(version, seed, index)
 
 
 @pytest.mark.vllm

@@ -23,6 +23,8 @@ from flightcheck.verification.lora_models import LORA_KV_K2, PROMPT_LOGPROBS_KV_
 from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
 
+from .vllm_support import found_workload
+
 pytestmark = pytest.mark.usefixtures("both_checkers")   # the campaign's check-trace runs (slow test)
 
 # (states, edges, max depth) -- change only with a reviewed change of semantics.
@@ -116,7 +118,7 @@ PROMOTED_LOAD_CAPPED = {"0.34.0": [(5, 117), (6, 138), (7, 40)], "0.33.0": [(6, 
 
 
 def _found(version: str, feature: str, count: int = 3) -> list[dict]:
-    return [w for w in campaign_workloads(1, 80, features_of=version)
+    return [w for w in drawn_apart(1, 80, features_of=version)
             if {feature, "kv-connector"} <= set(w["features"])][:count]
 
 
@@ -130,7 +132,7 @@ def test_the_pairs_campaign_workloads_agree_with_vllm(version: str, async_schedu
     from flightcheck.vllm.campaign import DISAGREEMENTS, run_version
 
     workloads = _found(version, "lora") + _found(version, "prompt-logprobs") + [
-        campaign_workloads(seed, index + 1, features_of=version)[index]
+        found_workload(version, seed, index)
         for seed, index in PROMOTED_LOAD_CAPPED[version]]
     report = run_version(version, workloads, 0, False, lambda line: None, async_scheduling)
     assert report.workloads == len(workloads) and report.unexplained == []

@@ -40,3 +40,12 @@ def test_the_priority_fuzzer_catches_each_priority_bug_of_the_reference(name):
 @pytest.mark.parametrize("profile", PRIORITY_FUZZED_PROFILES)
 def test_the_reference_refines_the_spec_under_the_priority_policy(profile):
     assert priority_fuzz(600, 1, profile) is None
+
+
+@pytest.mark.slow
+def test_the_priority_fuzzer_follows_vllms_stall_below_the_padding_budget():
+    """Seed 11 reaches vLLM's stall below the padding budget (k = 3, a budget
+    of 3: tests/test_refinement.py, docs/request-states.md): L2 breaks on the
+    spec and the correct reference alike, which the machine names instead of
+    failing (`stalls_below_padding_budget`; without it this run fails)."""
+    assert priority_fuzz(3000, 11, "vllm-0.34") is None

@@ -89,6 +89,9 @@ CHANGED_IN_034: dict[str, str] = {
     "priority_orders_async_kv": "Scheduler.__init__ (async_kv_waiting = create_request_queue(self.policy)) / "
                                 "_next_waiting_queue (async_head < head under SchedulingPolicy.PRIORITY; 0.33 "
                                 "has no async_kv_waiting)",
+    "session_input_sets_cache_limit": "Scheduler._update_request_as_session (prefix_cache_hit_limit = "
+                                      "get_prefix_cache_hit_limit() from the update's sampling_params; 0.33 "
+                                      "leaves skip_reading_prefix_cache as Request.__init__ set it)",
     # the reference's name for the same rule
     "kv_async_waiting_queue": "Scheduler._enqueue_waiting_request / _next_waiting_queue / "
                               "_admits_inflight_kv_load (0.33 has no async_kv_waiting)",

@@ -4,6 +4,8 @@ spec part ways (CI profile here; the thorough profile behind `slow`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from flightcheck import spec
@@ -372,3 +374,31 @@ def test_refinement_thorough_profile_finds_no_failure():
 def test_refinement_holds_from_more_seeds(seed):
     result = fuzz(20_000, seed)
     assert not result.failed, result.failure
+
+
+# -- vLLM's own stall below the padding budget, named by the machine ----------------
+
+def _stall_below_padding_budget(budget: int) -> tuple[spec.State, spec.Config]:
+    """The priority fuzzer's seed 11 (vllm-0.34, k = 3), as spec actions:
+    r0's batch is dropped by its abort, but its block stays cached; r1 hits
+    it and has one token left, which vLLM's waiting loop pads to 1 + k."""
+    cfg = spec.Config(num_stages=2, max_num_batched_tokens=budget, max_num_seqs=2, block_size=1, num_blocks=8,
+                      max_model_len=8, num_spec_tokens=3, prefix_caching=True, profile="vllm-0.34")
+    s = spec.initial_state(2, cfg.num_blocks)
+    for action in (spec.Arrive(0, spec.Prompt(1, 6, (1,))), spec.Schedule(), spec.Schedule(), spec.Abort(0),
+                   spec.Arrive(1, spec.Prompt(2, 6, (1, 2))), spec.CompleteOldest(())):
+        s = spec.step(s, cfg, action)
+        assert s is not None, action
+    return s, cfg
+
+
+def test_vllms_stall_below_the_padding_budget_is_named_and_only_it():
+    from flightcheck.verification.refinement.checks import stalls_below_padding_budget
+    stuck, cfg = _stall_below_padding_budget(budget=3)
+    l2 = {inv.name: inv for inv in spec.invariants_for(cfg)}["L2_no_deadlock"]
+    assert stuck.waiting == (1,) and not stuck.running and not l2.holds(stuck, cfg)
+    assert stalls_below_padding_budget(stuck, cfg)
+    live, roomy = _stall_below_padding_budget(budget=4)          # 1 + k fits: r1 is admitted padded
+    assert l2.holds(live, roomy) and not stalls_below_padding_budget(live, roomy)
+    admitted = spec.schedule(replace(live, in_flight=()), roomy)
+    assert admitted is not None and admitted.state.running == (1,)

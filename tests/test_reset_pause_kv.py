@@ -27,6 +27,8 @@ from flightcheck.vllm.differential import run_reference
 from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
 
+from .vllm_support import found_workload
+
 pytestmark = pytest.mark.usefixtures("both_checkers")   # the campaign's check-trace runs (slow test)
 
 # (states, edges, max depth) -- change only with a reviewed change of semantics.
@@ -211,7 +213,7 @@ def test_the_pairs_campaign_workloads_agree_with_vllm(version: str, async_schedu
         pytest.skip("FLIGHTCHECK_SKIP_VLLM")
     from flightcheck.vllm.campaign import DISAGREEMENTS, run_version
 
-    workloads = [campaign_workloads(seed, index + 1, features_of=version)[index] for seed, index in FOUND[version]]
+    workloads = [found_workload(version, seed, index) for seed, index in FOUND[version]]
     assert all({"reset-pause", "kv-connector"} <= set(w["features"]) for w in workloads)
     report = run_version(version, workloads, 0, False, lambda line: None, async_scheduling)
     assert report.workloads == len(workloads) and report.unexplained == []

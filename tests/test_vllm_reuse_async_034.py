@@ -21,7 +21,16 @@ with its workload):
   the new r2 still waits (vLLM 0.34 rolls back only a count above 0), then
   another rolls the scheduled r2 back under its drafts; the reference as
   released follows both (reference/update.py `_subtract_rejections`,
-  reference/scheduler.py `_cached_entry`'s sampling rule).
+  reference/scheduler.py `_cached_entry`'s sampling rule);
+* `chunks-bound-to-new-id` (minimised from campaign `--versions 0.34.0
+  --all-features --async --reuse-ids --spec-tokens 3`, seed 49, indexes 17,
+  22, 29): the aborted r1's three prefill chunks complete after the new r1
+  was scheduled with its k placeholder drafts; bound to it by id they apply
+  nothing but take its in-flight counter down, and the recorder writes the
+  drafts the new r1 holds (`next_drafts`) on each. The reference drops
+  those outputs and writes none, so the first difference names no request
+  in its tokens: the differential called it unexplained until it read the
+  requests of `next_drafts` too (differential.py `_concerns`).
 """
 
 from __future__ import annotations
@@ -93,6 +102,21 @@ def test_the_released_reference_rolls_back_as_vllm_0_34_does() -> None:
     assert decisions(conforming.events, block_offset=1) == decisions(events)
     comparison = compare(raw["name"], vllm_result("done", [("r2", 5)]), events, run_reference(raw, PROFILE), conforming)
     assert comparison.explained and comparison.deviation == "reused_id_output_dropped", comparison.describe()
+
+
+def test_an_older_batchs_drafts_read_off_the_new_request_are_the_id_reuse_bug() -> None:
+    raw, events = recorded("chunks-bound-to-new-id")
+    old_chunk = next(e for e in events if e["ev"] == "complete" and e["batch"] == 2)
+    assert old_chunk["tokens"] == {"r1": []} and old_chunk["next_drafts"] == {"r1": 3}
+    result = {**vllm_result("done", []), "ground_truth": {
+        "in_flight_counter_mismatches": [{"step": 8, "req": "r1", "num_in_flight_tokens": 0, "in_flight": 3}],
+        "negative_counters": [{"step": 10, "req": "r1", "counter": "num_in_flight_tokens", "value": -3}]}}
+    comparison = compare(raw["name"], result, events, run_reference(raw, PROFILE),
+                         run_reference(raw, PROFILE, vllm_outputs=True))
+    assert comparison.explained and comparison.deviation == "reused_id_output_dropped", comparison.describe()
+    check = check_verdict(REUSE / "034-async-drafts-chunks-bound-to-new-id.jsonl")
+    assert (check["ok"], check["property"]) == (False, "IF1_in_flight_counter")
+    assert verdict(result, check)[0] == "rejected, real bug"
 
 
 @pytest.mark.vllm

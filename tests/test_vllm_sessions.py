@@ -159,16 +159,39 @@ def test_finding_vllm_stalls_a_sessions_next_turn_as_the_spec_does(running, tmp_
     only the running loop preempts, and nothing runs): vLLM schedules
     nothing ever again, the reference ends stuck with the same decisions,
     and check-trace rejects vLLM's trace for L2_no_deadlock."""
+    path = Path(__file__).parent / "data" / "vllm" / "sessions-findings" / f"{name}.json"
+    _stalls_alike(running[version], path, SESSION_STALLS[name], version, async_scheduling, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_finding_vllm_stalls_a_prefix_hit_below_the_padding_budget(running, tmp_path, version: str,
+                                                                   async_scheduling: bool):
+    """Finding (docs/request-states.md, "Finding: a one-token admission
+    below the padding budget"): the first stall above needs no session. A
+    plain request whose prefix hit leaves it one token is padded to 1 + k
+    as well (`num_computed_tokens > 0`), so with k = 3 and a budget of 3 b
+    is never admitted once a has finished (the priority fuzzer's seed 11
+    reached it first, as L2 on the spec and the reference alike)."""
+    path = Path(__file__).parent / "data" / "vllm" / "spec-decode-findings" / "prefix-hit-stall-below-padding-budget.json"
+    _stalls_alike(running[version], path, ["b"], version, async_scheduling, tmp_path)
+
+
+def _stalls_alike(worker, path: Path, unfinished: list[str], version: str, async_scheduling: bool,
+                  tmp_path: Path) -> None:
+    """vLLM's run of the workload at `path` ends stuck with `unfinished` left
+    after its first step, the reference stuck with the same decisions, and
+    check-trace rejects vLLM's trace for L2_no_deadlock."""
     from flightcheck.vllm import ASYNC_RECORDER
     from flightcheck.vllm.differential import decisions, read_trace, run_reference
     from flightcheck.verification.traces.check import check_events
 
-    path = Path(__file__).parent / "data" / "vllm" / "sessions-findings" / f"{name}.json"
     raw = json.loads(path.read_text())
     raw = {**raw, "config": {**raw["config"], "async_scheduling": async_scheduling}}
     trace = tmp_path / "trace.jsonl"
-    result = running[version].replay(raw, trace=str(trace), scheduler_cls=ASYNC_RECORDER if async_scheduling else None)
-    assert result["ending"] == "stuck" and result["unfinished"] == SESSION_STALLS[name], result
+    result = worker.replay(raw, trace=str(trace), scheduler_cls=ASYNC_RECORDER if async_scheduling else None)
+    assert result["ending"] == "stuck" and result["unfinished"] == unfinished, result
     scheduled = [step["scheduled"] for step in result["engine_steps"]]
     assert scheduled[0] and not any(scheduled[1:]), scheduled          # the first turn, then nothing
     profile = ("vllm-0.34" if version == "0.34.0" else "vllm-0.33") + ("-async" if async_scheduling else "")

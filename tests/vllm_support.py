@@ -8,8 +8,10 @@ them.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,37 @@ def workers() -> Iterator[Workers]:
         yield shared
     finally:
         shared.close()
+
+
+# `--all-features` workloads that tests replay by (release, seed, index) and that
+# the generator draws otherwise since the prefill cadence meets the KV connector
+# (flightcheck/vllm/cadence_generate.py): kept as their campaigns drew them.
+KEPT_BEFORE_CADENCE_MET_KV = DATA / "pairs" / "kv_pairs_before_cadence_as_drawn.json"
+
+
+def found_workload(version: str, seed: int, index: int) -> dict[str, Any]:
+    """Campaign workload `index` of `seed` on `version`, as the campaign that
+    found it drew it: kept, or drawn with streaming sessions apart from the
+    KV connector (`drawn_apart`)."""
+    kept = json.loads(KEPT_BEFORE_CADENCE_MET_KV.read_text())
+    if f"{version}/{seed}/{index}" in kept:
+        return kept[f"{version}/{seed}/{index}"]
+    return drawn_apart(seed, index + 1, features_of=version)[index]
+
+
+def drawn_apart(seed: int, count: int, **options: object) -> list[dict]:
+    """`campaign_workloads(seed, count, **options)` as the generator drew them
+    while streaming sessions were kept apart from the KV connector (before
+    the kvsess branch): the (seed, index) pairs the connector pairs' tests
+    name were found then (tests/test_session_kv.py has the pair's own)."""
+    import dataclasses
+
+    from flightcheck.vllm import session_generate
+    from flightcheck.vllm.generate import campaign_workloads
+
+    met = session_generate.FEATURE
+    session_generate.FEATURE = dataclasses.replace(met, excludes=("kv-connector",))
+    try:
+        return campaign_workloads(seed, count, **options)   # type: ignore[arg-type]
+    finally:
+        session_generate.FEATURE = met

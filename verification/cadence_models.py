@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from flightcheck.spec import Config, Prompt
+from flightcheck.spec import Config, KvConnector, Prompt
 from flightcheck.verification.models import Model
 from flightcheck.verification.grammar_models import _GRAMMAR_SKIPPED
 from flightcheck.verification.reset_pause_models import _SKIPPED as _RESET_PAUSE_SKIPPED
@@ -86,3 +86,22 @@ CADENCE_SESSIONS_K2 = Model(
         "session_holds_seat_for_input", "session_waits_with_old_output_in_flight",
         "session_runs_beside_old_output"})),       # session-k2 reaches them
 )
+
+# The cadence beside a KV connector, interval 2 (vLLM 0.34, sync; the
+# profile variants are the same model): a two-token prompt (its prefill
+# restarts the hold) that decodes once, a four-token prompt offered an async
+# load of two (it may start in a held call, and once landed it has two
+# tokens left: a held call stops at it) and a three-token prompt offered a
+# sync load of two (one token left: admitted in a held call, restarting
+# nothing). `cadence-kv-fail-k2`: the same with loads that fail (a
+# rollback in place keeps the `is_prefill_chunk` its last schedule left).
+CADENCE_KV_K2 = Model(
+    "cadence-kv-k2",
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=6,
+           max_model_len=6, prefix_caching=False, profile="vllm-0.34", prefill_schedule_interval=2,
+           kv_connector=KvConnector()),
+    (Prompt(2, 2), Prompt(4, 1, external_hit=2, load_async=True), Prompt(3, 1, external_hit=2)),
+    allow_abort=False, allow_stop=False,
+    skip_targets=tuple(sorted(set(_SKIPPED) | {"blocks_freed_behind_fence"})),
+)
+CADENCE_KV_FAIL_K2 = replace(CADENCE_KV_K2, name="cadence-kv-fail-k2", kv_failures=True)

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from flightcheck.spec import COUNTER_INVARIANTS, INVARIANTS, SOMETIMES, TRANSITION_PROPERTIES
 from flightcheck.spec.invariants import (ASYNC_INVARIANTS, ASYNC_REPLACEMENTS, GRAMMAR_INVARIANTS, KV_INVARIANTS,
                                          KV_LOAD_LIMIT, PRIORITY_ORDER, SESSION_INVARIANTS)
-from flightcheck.spec.sometimes import (ASYNC_SOMETIMES, CADENCE_SOMETIMES, KV_SOMETIMES, LORA_SOMETIMES,
-                                       SESSION_SOMETIMES)
+from flightcheck.spec.sometimes import (ASYNC_SOMETIMES, CADENCE_KV_SOMETIMES, CADENCE_SOMETIMES, KV_SOMETIMES,
+                                       LORA_SOMETIMES, SESSION_SOMETIMES)
 from flightcheck.spec.transitions import (CADENCE_PROPERTIES, CONTRACT_PROPERTIES, INCARNATION_PROPERTIES,
                                          KV_TRANSITION_PROPERTIES, PRIORITY_PROPERTIES, RESET_PAUSE_PROPERTIES)
 
 SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES + ASYNC_SOMETIMES + KV_SOMETIMES + SESSION_SOMETIMES
-                            + CADENCE_SOMETIMES + LORA_SOMETIMES)
+                            + CADENCE_SOMETIMES + CADENCE_KV_SOMETIMES + LORA_SOMETIMES)
 # The streaming sessions' transition property (spec/transitions.py `transition_properties_for`).
 SESSION_TRANSITION_PROPERTY = "SS1_old_output_never_bound"
 # LoRA's cap and the prompt-logprobs limit (spec/lora.py): LORA1, and the transition properties LORA2 and PL1.

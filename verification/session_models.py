@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from flightcheck.spec import Config, Prompt
+from flightcheck.spec import Config, KvConnector, Prompt
 from flightcheck.verification.models import Model
 
 # The profile every session mutant is hunted under.
@@ -29,9 +29,12 @@ def _under(model: Model, profile: str) -> Model:
     return replace(model.under_profile(profile), name=f"{model.name}@{profile}")
 
 
-def _session(prompt_len: int, max_tokens: int, *inputs: tuple[int, int]) -> Prompt:
-    """A session's first prompt, then its client's inputs; the end of the session last."""
-    return Prompt(prompt_len, max_tokens, session=inputs + ((0, 0),))
+def _session(prompt_len: int, max_tokens: int, *inputs: tuple[int, int], external_hit: int = 0,
+             load_async: bool = False) -> Prompt:
+    """A session's first prompt, then its client's inputs; the end of the session last
+    (with a KV connector: what it offers the first prompt)."""
+    return Prompt(prompt_len, max_tokens, session=inputs + ((0, 0),), external_hit=external_hit,
+                  load_async=load_async)
 
 
 # One session of two turns (a prompt of 2 that stops by 2 outputs, then
@@ -123,3 +126,41 @@ SESSION_MUTANT_MODELS: dict[str, Model] = {
 def session_mutant_model(name: str) -> Model:
     """The model the session mutant `name` is hunted on, with it applied."""
     return SESSION_MUTANT_MODELS[name].with_mutant(name)
+
+
+# --- beside a KV connector (vLLM 0.34; 0.33 reads alike; docs/request-states.md,
+# "Features together"): the connector's waiting loop skips a session waiting for
+# input (`_handle_blocked_waiting_request`), counts its seat (`num_running` has
+# `num_waiting_for_streaming_input`, so loads-only mode starts), and reserves
+# nothing for it beside an async load (`_inflight_prefill_reserved_blocks` reads
+# `_inflight_prefills` and `_parked_reservations` only). The connector offers a
+# session once, at its first turn (contract C1): a later turn keeps its blocks.
+_SESSION_KV_SKIPPED = _SESSION_SKIPPED + ("empty_batch_in_queue", "session_holds_seat_for_input",
+                                          "session_waits_with_old_output_in_flight",
+                                          "session_runs_beside_old_output")
+
+# A session whose first turn loads its prompt asynchronously (the load may
+# fail), then one more input, beside a plain request, two seats: the load
+# parks, lands (or fails) and is promoted; the session stops, waits for input
+# in `kv_holding_waiting` holding its blocks, and its next turn is admitted from
+# them. Without the skip the loop admits the waiting session (S2 in 7 steps).
+SESSION_KV_K2 = Model(
+    "session-kv-k2",
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=4,
+           max_model_len=6, prefix_caching=False, profile="vllm-0.34", streaming_sessions=True,
+           kv_connector=KvConnector()),
+    (_session(2, 1, (1, 1), external_hit=2, load_async=True), Prompt(1, 1)),
+    allow_stop=False, allow_abort=False, kv_failures=True, skip_targets=_SESSION_KV_SKIPPED,
+)
+# vLLM 0.34's load limit with one seat: the session parks for input holding the
+# seat, so the loop runs in loads-only mode and starts the plain request's async
+# load from `async_kv_waiting` beside it (the load may fail).
+SESSION_KV_LIMIT_K2 = Model(
+    "session-kv-limit-k2",
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=1, block_size=2, num_blocks=4,
+           max_model_len=6, prefix_caching=False, profile="vllm-0.34", streaming_sessions=True,
+           kv_connector=KvConnector(max_inflight_loads=1)),
+    (_session(1, 1, (1, 1)), Prompt(2, 1, external_hit=2, load_async=True)),
+    allow_stop=False, allow_abort=False, kv_failures=True, skip_targets=_SESSION_KV_SKIPPED,
+)
+SESSION_KV_MODELS = (SESSION_KV_K2, SESSION_KV_LIMIT_K2)

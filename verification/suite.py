@@ -439,6 +439,10 @@ def _sessions_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
     if options.use_z3 and profile in SESSION_Z3_PROFILES:      # the Z3 session model (z3/session_models.py)
         say(f"k-induction and bounded model checking of the Z3 session model ({profile})")
         result.properties += session_rows(profile)
+        from flightcheck.verification.z3.priority_session_engines import SS5_Z3_PROFILES, ss5_rows
+        if profile in SS5_Z3_PROFILES:      # SS5: the priority policy beside sessions (z3/session_models.PRIO_SESSIONS)
+            say(f"k-induction and bounded model checking of SS5 on the Z3 priority-sessions model ({profile})")
+            result.properties += ss5_rows(profile)
         result.explicit_only = None
         result.seconds = time.perf_counter() - t0
     return result

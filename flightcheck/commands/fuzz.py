@@ -25,8 +25,9 @@ verification/mutants/reference.py).
 --feature NAME drives a feature's refinement machine
 (verification/refinement/feature_fuzzers.py): priority, grammar,
 streaming-sessions, reset-pause, lora (LoRA's max_loras cap and prompt
-logprobs) or priority-sessions (the priority policy beside streaming
-sessions), each under vllm-0.33 and vllm-0.34, sync and async, a quarter of
+logprobs), priority-sessions (the priority policy beside streaming
+sessions) or cadence-kv (the prefill cadence beside the KV connector; no
+mutant of its own), each under vllm-0.33 and vllm-0.34, sync and async, a quarter of
 the steps each (--profile: all under one); its --mutant is one of the
 feature's, run under the mutant's own profile unless --profile names one;
 --json adds "feature".
@@ -57,7 +58,7 @@ from .common import bad, int_in, positive_int, seed_int
 # --seeds A-B runs this many fuzz runs at most (each a task).
 MAX_SEEDS = 100_000
 # --feature's names (verification/refinement/feature_fuzzers.py FEATURE_FUZZERS)
-FEATURES = ("priority", "grammar", "streaming-sessions", "reset-pause", "lora", "priority-sessions")
+FEATURES = ("priority", "grammar", "streaming-sessions", "reset-pause", "lora", "priority-sessions", "cadence-kv")
 
 
 def add_parser(sub) -> None:

@@ -67,7 +67,9 @@ def _add_feature_flags(verify) -> None:
                         help="search the profile's streaming session models exhaustively (SS1-SS4 and every "
                              "other property; vllm-0.33, vllm-0.33-async, vllm-0.34, vllm-0.34-async; seconds) "
                              "and, under vllm-0.34-async, hunt the sessions' mutants; prove SS1-SS4 by k-induction "
-                             "and BMC on the Z3 session model under the profiles it covers (--no-z3 skips it)")
+                             "and BMC on the Z3 session model under the profiles it covers, and under vllm-0.33 and "
+                             "vllm-0.34 SS5 (the priority policy beside sessions) on a Z3 model of two sessions of "
+                             "distinct priorities (--no-z3 skips them)")
     verify.add_argument("--reset-pause", action="store_true",
                         help="search the profile's reset-and-pause model exhaustively (resets of the prefix "
                              "cache and pauses between steps; vllm-0.33, vllm-0.33-async, vllm-0.34, "
@@ -82,7 +84,7 @@ def _add_feature_flags(verify) -> None:
                         help="search the profile's priority-policy models exhaustively (PR1-PR3 and every other "
                              "property; vllm-0.33, vllm-0.33-async, vllm-0.34, vllm-0.34-async) and, under vllm-0.34, "
                              "hunt the policy's mutants and prove PR1-PR3 by k-induction and BMC on the Z3 "
-                             "priority model, and PR4 on its model beside the KV connector (minutes of CPU; "
+                             "priority model, and PR4 on its models beside the KV connector, one and two batches in flight (minutes of CPU; "
                              "--no-z3 skips them)")
     verify.add_argument("--prefill-cadence", action="store_true",
                         help="search the profile's prefill-cadence model exhaustively (CAD1-CAD3 and every other "

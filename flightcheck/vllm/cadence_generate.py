@@ -1,8 +1,8 @@
 """vLLM 0.33/0.34's local prefill cadence as an `--all-features` feature
 (features.py): `config.prefill_schedule_interval` 2 to 4 (spec/cadence.py;
 vLLM's `SchedulerConfig.prefill_schedule_interval`, applied by a scheduler
-without data parallelism). Not beside a KV connector: the spec models the
-cadence without one (`Config` refuses the combination).
+without data parallelism), beside every other feature, the KV connector
+included (docs/request-states.md, "Features together").
 
 Standard library only.
 """
@@ -19,8 +19,7 @@ def _with_cadence(pick: Picker, workload: dict[str, Any]) -> None:
     workload["config"]["prefill_schedule_interval"] = pick.choice([2, 3, 2, 4])
 
 
-FEATURE = Feature("prefill-cadence", ("0.33.0", "0.34.0"), 0.3, _with_cadence,
-                  excludes=("kv-connector",))
+FEATURE = Feature("prefill-cadence", ("0.33.0", "0.34.0"), 0.3, _with_cadence)
 
 
 def cadence_workloads(seed: int, count: int) -> list[dict[str, Any]]:

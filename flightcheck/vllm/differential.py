@@ -455,6 +455,9 @@ def _concerns(*events: tuple[Any, ...] | None) -> set[str]:
             names |= {entry[0] for entry in event[1]} | set(event[2])
         elif event[0] == "complete":
             names |= {req for req, _ in event[1]} | set(event[2])
+            # the drafts its requests hold once it is applied: under a reused id
+            # vLLM reads the new request's (an older batch bound to it by id)
+            names |= {req for req, _ in (event[3] if len(event) > 3 else ())}
         else:
             names.add(event[1])
     return names

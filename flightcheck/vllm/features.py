@@ -37,7 +37,9 @@ class Feature:
     name: str                                  # as reports and workload names write it
     versions: tuple[str, ...]                  # the vLLM releases that have it
     share: float                               # of --all-features workloads that get it, in (0, 1]
-    apply: Callable[[Picker, dict[str, Any]], None]   # adds its keys to a generated workload, in place
+    # adds its keys to a generated workload, in place; False: it declined (the
+    # workload untouched, the feature not listed: the features it excludes may come)
+    apply: Callable[[Picker, dict[str, Any]], bool | None]
     # features it is never combined with (either way round): what the spec and
     # the reference do not model together, e.g. a KV connector with drafts
     excludes: tuple[str, ...] = ()
@@ -83,8 +85,8 @@ def with_features(pick: Picker, workload: dict[str, Any], version: str) -> dict[
         if _excluded(feature, chosen, features):
             continue
         if version in feature.versions and drawn <= round(feature.share * SHARE_RESOLUTION):
-            feature.apply(pick, workload)
-            chosen.append(feature.name)
+            if feature.apply(pick, workload) is not False:
+                chosen.append(feature.name)
     config = workload["config"]
     if config.get("enable_chunked_prefill") is False:
         # vLLM's SchedulerConfig: without chunked prefill the budget holds a

@@ -30,6 +30,7 @@ Standard library only: this module never imports vLLM.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 from . import compat
@@ -114,6 +115,17 @@ class Observations:
     # session's input left out of order (`_update_request_as_session` sets
     # the parked session's arrival_time where it sits in the heap).
     priority_heaps_out_of_order: list[dict[str, Any]] = field(default_factory=list)
+    # A streaming session's input that `add_request` queued onto the session's
+    # finished request, kept in `requests` while the KV connector holds its
+    # blocks: nothing ever takes it (docs/vllm-kv-connector-findings.md, finding 5).
+    session_inputs_lost: list[dict[str, Any]] = field(default_factory=list)
+    # With streaming sessions (vLLM 0.33, 0.34), running requests plus sessions
+    # waiting for input (`num_waiting_for_streaming_input`, which the waiting
+    # loop counts as holding model-runner slots) above max_num_seqs: a session
+    # a deliver-mode stale output stopped while PREEMPTED is parked and counted
+    # though its slot went with the preemption (docs/request-states.md, "a
+    # session stopped while preempted counts a seat it gave up"; SS4).
+    session_seats_overcounted: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -138,6 +150,10 @@ class Observations:
                          kv_holder_base_counts_later_batches=self.kv_holder_base_counts_later_batches)
         if self.priority_heaps_out_of_order:
             found.update(priority_heaps_out_of_order=self.priority_heaps_out_of_order)
+        if self.session_inputs_lost:
+            found.update(session_inputs_lost=self.session_inputs_lost)
+        if self.session_seats_overcounted:
+            found.update(session_seats_overcounted=self.session_seats_overcounted)
         return found
 
 
@@ -175,6 +191,31 @@ class GroundTruthMixin:
         # id(Request) -> why the drafts it holds are left over (not proposed by
         # its latest completion): see Observations.leftover_drafts.
         self._fc_leftover_drafts: dict[int, str] = {}
+        self._fc_seats_over = False      # running + parked sessions above max_num_seqs now
+
+    def _fc_check_state(self, bound: Iterable[Any] = ()) -> None:
+        """After every schedule() and update_from_output: vLLM's sets and
+        counters against the batches in flight, and its seats. `bound`: the
+        requests an output was applied to (looked up by id), whose counters
+        are read even where vLLM finished and dropped them in the same update
+        (a reused id's new request, failed by its grammar there)."""
+        self._fc_check_in_flight_set()
+        self._fc_check_counters(bound)
+        self._fc_check_placeholders()
+        self._fc_check_session_seats()
+
+    def _fc_check_session_seats(self) -> None:
+        """Running requests plus sessions waiting for input within
+        `max_num_running_reqs` (max_num_seqs); each time they go above it,
+        recorded once (Observations.session_seats_overcounted)."""
+        parked = getattr(self, "num_waiting_for_streaming_input", 0) or 0
+        seats = getattr(self, "max_num_running_reqs", None)
+        over = seats is not None and len(self.running) + parked > seats
+        if over and not self._fc_seats_over:
+            self.flightcheck_observations.session_seats_overcounted.append(
+                {"step": self.flightcheck_step, "running": len(self.running), "parked": parked,
+                 "max_num_seqs": seats})
+        self._fc_seats_over = over
 
     def _fc_check_priority_heaps(self, req_id: str) -> None:
         """After a streaming session's input: every `PriorityRequestQueue`
@@ -185,6 +226,15 @@ class GroundTruthMixin:
                 self.flightcheck_observations.priority_heaps_out_of_order.append(
                     {"step": self.flightcheck_step, "req": req_id, "queue": name,
                      "order": [r.request_id for r in heap]})
+
+    def _fc_check_input_reaches_session(self, request: Any) -> None:
+        """Before a streaming session's input: a real input (resumable) that
+        `add_request` will queue onto a finished request (`existing` is still
+        in `requests`, its blocks held for the KV connector) is lost."""
+        existing = self.requests.get(request.request_id)     # type: ignore[attr-defined]
+        if getattr(request, "resumable", False) and existing is not None and existing.is_finished():
+            self.flightcheck_observations.session_inputs_lost.append(
+                {"step": self.flightcheck_step, "req": request.request_id, "status": status_name(existing)})
 
     # -- speculative decoding ---------------------------------------------------------
 
@@ -307,7 +357,7 @@ class GroundTruthMixin:
                                    "extra": sorted(set(recorded) - truth),
                                    "missing": sorted(truth - set(recorded))})
 
-    def _fc_check_counters(self) -> None:
+    def _fc_check_counters(self, bound: Iterable[Any] = ()) -> None:
         """vLLM 0.33 keeps, per request, `num_in_flight_tokens` (the tokens of
         its batches scheduled and not yet processed; += in
         `Scheduler._update_after_schedule`, -= in `update_from_output`, looked
@@ -316,7 +366,9 @@ class GroundTruthMixin:
         with the tokens of this very Request object's batches in flight (it
         fails when an id is reused while the old request's batch is in flight)."""
         observations = self.flightcheck_observations
-        for request in self.requests.values():
+        live = {id(request): request for request in self.requests.values()}
+        dropped = [request for request in bound if request is not None and id(request) not in live]
+        for request in [*live.values(), *dropped]:
             if not compat.counts_in_flight(request):
                 return
             observations.counts_in_flight = True

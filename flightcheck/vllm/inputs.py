@@ -77,6 +77,7 @@ def session_inputs(workload: Workload, kind: int) -> list[tuple[int, int, str, R
         for inp in spec.session:
             update = replace(spec, prompt_token_ids=inp.prompt_token_ids or spec.prompt_token_ids[:1],
                              max_tokens=inp.max_tokens, session=(), resumable=not inp.ends_session,
+                             prompt_logprobs=inp.prompt_logprobs,     # the update's own sampling params
                              arrival_step=inp.step, arrival_during_wait=False)
             found.append((inp.step, kind, spec.req_id, update))
     return found

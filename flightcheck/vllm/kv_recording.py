@@ -65,6 +65,9 @@ class KVRecordingMixin:
     # (batch, request id): entries in flight when vLLM rolled the request back
     _fc_kv_superseded: frozenset[tuple[Any, str]] = frozenset()
     _fc_kv_computed_before: dict[str, tuple[Any, int]] = {}
+    # a holder's over-counted rollback, by request: where its KV stops being
+    # valid, and the observation a later cut to there withdraws
+    _fc_holder_bases: dict[str, tuple[int, dict[str, Any]]] = {}
 
     def _fc_connector(self) -> Any:
         return getattr(self, "connector", None)
@@ -222,6 +225,7 @@ class KVRecordingMixin:
         holders = []
         for req_id, (request, computed) in self._fc_kv_computed_before.items():
             if recompute and not request.is_finished() and request.num_computed_tokens < computed:
+                self._fc_withdraw_repaired_base(req_id, request)
                 self._fc_note_superseded(req_id, request)
                 if all(failure["req"] != req_id for failure in pending):
                     holders.append(self._fc_counters({"req": req_id}, request))
@@ -272,13 +276,33 @@ class KVRecordingMixin:
         (the KV it computed there read them); vLLM's
         `_update_requests_with_invalid_blocks` takes `num_computed_tokens`
         less that entry's tokens, which counts its later batches still in
-        flight as computed (`kv_rollback_base_assumes_one_batch`)."""
-        later = [record.batch_id for record in self._fc_in_flight.values()  # type: ignore[attr-defined]
-                 if any(e.request is request for e in record.entries)]
+        flight as computed (`kv_rollback_base_assumes_one_batch`): an entry
+        in flight starting below that base (one of an earlier admission,
+        from past a preemption's reset, starts above it and counts nothing)."""
+        base = int(request.num_computed_tokens)
+        later = [(record.batch_id, e.start) for record in self._fc_in_flight.values()  # type: ignore[attr-defined]
+                 for e in record.entries if e.request is request and e.start < base]
         if later:
-            self.flightcheck_observations.kv_holder_base_counts_later_batches.append({  # type: ignore
-                "step": self.flightcheck_step, "req": req_id,  # type: ignore[attr-defined]
-                "computed": int(request.num_computed_tokens), "batches": later})
+            observed = {"step": self.flightcheck_step, "req": req_id,  # type: ignore[attr-defined]
+                        "computed": base, "batches": [b for b, _ in later]}
+            self.flightcheck_observations.kv_holder_base_counts_later_batches.append(observed)  # type: ignore
+            failing_entry = self._fc_kv_computed_before[req_id][1] - base
+            valid_up_to = min(start for _, start in later) - failing_entry
+            self._fc_holder_bases = {**self._fc_holder_bases, req_id: (valid_up_to, observed)}
+
+    def _fc_withdraw_repaired_base(self, req_id: str, request: Any) -> None:
+        """A holder rolled back over its later batches is cut again, by a
+        failure of its own or another's, to where its KV was still valid:
+        every over-counted token is recomputed before any use, so the run
+        is not wrong there (campaign seed 33 index 27, grammar +
+        kv-connector: r1's own load failure cuts it below the batches its
+        holder rollback counted). A token sampled from those batches is
+        the superseded output's own ground truth (`_fc_check_superseded_output`)."""
+        noted = self._fc_holder_bases.get(req_id)
+        if noted is not None and request.num_computed_tokens <= noted[0]:
+            self._fc_holder_bases = {k: v for k, v in self._fc_holder_bases.items() if k != req_id}
+            observations = self.flightcheck_observations.kv_holder_base_counts_later_batches  # type: ignore
+            observations[:] = [o for o in observations if o is not noted[1]]
 
     def _fc_check_rollback(self, failure: dict[str, Any]) -> None:
         """Ground truth: the intended rollback supersedes every live entry of

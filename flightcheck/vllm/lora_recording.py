@@ -7,7 +7,8 @@ logprobs and the prefix cache"), as hooks recording.py calls:
   deployment says so (`FLIGHTCHECK_PROMPT_LOGPROBS=1`; the replay worker
   sets it for a workload with such a request): the checker then models them;
 * an arrival carries its `lora` (`lora_request.lora_int_id`, when it has an
-  adapter) and `prompt_logprobs: true` when its sampling params ask for them.
+  adapter) and `prompt_logprobs: true` when its sampling params ask for them;
+  so does a streaming session's next input (an `input` event).
 
 Imports no vLLM.
 """
@@ -35,8 +36,16 @@ def arrive_fields(request: Any) -> dict[str, Any]:
     lora = getattr(request, "lora_request", None)
     if lora is not None and lora.lora_int_id > 0:
         fields["lora"] = int(lora.lora_int_id)
+    return {**fields, **input_fields(request)}
+
+
+def input_fields(request: Any) -> dict[str, Any]:
+    """`prompt_logprobs: true` for an arrival or a streaming session's next
+    input whose sampling params ask for them (the checker applies the
+    release's rule for a session's input: 0.34 reads it, 0.33 keeps the
+    first input's; spec/lora.py `take_input_logprobs`)."""
     params = getattr(request, "sampling_params", None)
     if params is not None and (params.prompt_logprobs is not None
                                or getattr(params, "prompt_logprob_token_ids", None) is not None):
-        fields["prompt_logprobs"] = True
-    return fields
+        return {"prompt_logprobs": True}
+    return {}

@@ -9,15 +9,18 @@
   with that `lora_int_id` (its blocks are hashed with the adapter's name).
 * a request's `prompt_logprobs` (true/false, default false): it asks for
   prompt logprobs (`SamplingParams(prompt_logprobs=0)`), so it reads nothing
-  from the prefix cache.
+  from the prefix cache; a streaming session's later input may ask too
+  (its `session.inputs[i].prompt_logprobs`, session_workload.py).
 
 The features (`--all-features`, 0.33.0 and 0.34.0): `lora` gives a cap of 1
 or 2 and most requests one of up to three LoRAs; `prompt-logprobs` makes one
 or two requests of a prefix-caching workload ask for prompt logprobs, a
 request that shares a prefix first. Both beside a KV connector (the cap is
 tested after a landed load's promotion; a prompt-logprobs request drops the
-connector's offer: spec/lora.py); `prompt-logprobs` not beside streaming
-sessions (they run without prefix caching, where the flag changes nothing).
+connector's offer: spec/lora.py); `prompt-logprobs` beside streaming
+sessions too, each later input of a session asking one time in two (vLLM
+0.34 sets the session's prefix-cache limit from each input, 0.33 keeps the
+first input's: spec/lora.py `take_input_logprobs`).
 
 Standard library only.
 """
@@ -44,6 +47,12 @@ def lora_from_json(value: Any, where: str) -> int:
 
 def prompt_logprobs_from_json(value: Any, where: str) -> bool:
     return flag(f"{where}.prompt_logprobs", value)
+
+
+def asks_prompt_logprobs(spec: Any) -> bool:
+    """A `RequestSpec` asks for prompt logprobs: its first input, or a later
+    input of its streaming session (session_workload.py)."""
+    return spec.prompt_logprobs or any(inp.prompt_logprobs for inp in spec.session)
 
 
 def check_loras(max_loras: int, loras: list[int]) -> None:
@@ -80,11 +89,24 @@ def _with_prompt_logprobs(pick: Picker, workload: dict[str, Any]) -> None:
             request["lora"] = sharers[0]["lora"]
         elif sharers:
             request.pop("lora", None)
+    _with_session_inputs_asking(pick, requests)
+
+
+def _with_session_inputs_asking(pick: Picker, requests: list[dict[str, Any]]) -> None:
+    """Each later input of a streaming session asks for prompt logprobs one
+    time in two, so that a session's flag changes across turns (vLLM 0.34
+    takes the input's, 0.33 keeps the first input's: spec/lora.py
+    `take_input_logprobs`). No draw in a workload without sessions: its
+    choices stay as they were before sessions met prompt logprobs."""
+    for request in requests:
+        for item in (request.get("session") or {}).get("inputs", ()):
+            if pick.integer(0, 1):
+                item["prompt_logprobs"] = True
 
 
 FEATURES = (
     Feature("lora", ("0.33.0", "0.34.0"), 0.5, _with_loras),
-    Feature("prompt-logprobs", ("0.33.0", "0.34.0"), 0.5, _with_prompt_logprobs, excludes=("streaming-sessions",)),
+    Feature("prompt-logprobs", ("0.33.0", "0.34.0"), 0.5, _with_prompt_logprobs),
 )
 
 
@@ -95,10 +117,19 @@ def without_lora_features(workload: dict[str, Any]) -> dict[str, Any]:
     features' workload exactly (for tests that replay a seed's workload
     where a bug of another feature was found)."""
     config = {k: v for k, v in workload["config"].items() if k != "max_loras"}
-    requests = [{k: v for k, v in r.items() if k not in ("lora", "prompt_logprobs")} for r in workload["requests"]]
+    requests = [_without_session_logprobs({k: v for k, v in r.items() if k not in ("lora", "prompt_logprobs")})
+                for r in workload["requests"]]
     features = [f for f in workload.get("features", ()) if f not in ("lora", "prompt-logprobs")]
     return {**workload, "config": config, "requests": requests,
             **({"features": features} if "features" in workload else {})}
+
+
+def _without_session_logprobs(request: dict[str, Any]) -> dict[str, Any]:
+    session = request.get("session")
+    if not session or not any("prompt_logprobs" in item for item in session.get("inputs", ())):
+        return request
+    inputs = [{k: v for k, v in item.items() if k != "prompt_logprobs"} for item in session["inputs"]]
+    return {**request, "session": {**session, "inputs": inputs}}
 
 
 class _SeededPicker:

@@ -285,9 +285,10 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
         (`finish_requests`) is written by nothing else (docs/trace-format.md)."""
         if getattr(request, "resumable", False):
             self._fc_write({"ev": "input", "req": request.request_id, "num_tokens": request.num_prompt_tokens,
-                            "max_tokens": request.max_tokens})
+                            "max_tokens": request.max_tokens, **lora_recording.input_fields(request)})
         else:
             self._fc_write({"ev": "input", "req": request.request_id, "end_of_session": True})
+        self._fc_check_input_reaches_session(request)          # ground_truth.py
         self._fc_in_session_input = True
         try:
             super().add_request(request)
@@ -332,9 +333,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
             self._fc_write(event)
         elif empty is not None:
             self._fc_empty_log.append({"ev": "schedule", "empty_batch": empty, "step": self.flightcheck_step})
-        self._fc_check_in_flight_set()
-        self._fc_check_counters()
-        self._fc_check_placeholders()
+        self._fc_check_state()             # ground_truth.py
         return output
 
     def _fc_entries(self, output: Any) -> list[tuple[EntrySnapshot, dict[str, Any]]]:
@@ -423,9 +422,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
                 self._fc_forget(request)
                 self._fc_write({"ev": "finish", "req": req_id,
                                 "reason": FINISH_REASONS.get(status_name(request), status_name(request))})
-        self._fc_check_in_flight_set()
-        self._fc_check_counters()
-        self._fc_check_placeholders()
+        self._fc_check_state(targets.values())             # ground_truth.py
         return result
 
     def _fc_targets(self, entries: list[EntrySnapshot]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV03
 from .priority_workload import ArrivalClock
 from .reset_pause_workload import call_event
 from .grammar_workload import CompileClock
+from .lora_workload import asks_prompt_logprobs
 from .versions import BATCH_QUEUE_V033_LOOPS, RELEASES, release, release_of_profile
 from .workload import Workload, workload_from_json
 
@@ -216,7 +217,7 @@ def reference_config(workload: Workload, profile: str, as_released: bool = False
         cache_aware_admission_window=config.cache_aware_admission_window,
         cache_aware_admission_threshold=config.cache_aware_admission_threshold,
         prefill_schedule_interval=config.prefill_schedule_interval,
-        max_loras=config.max_loras, prompt_logprobs=any(spec.prompt_logprobs for spec in workload.requests),
+        max_loras=config.max_loras, prompt_logprobs=any(asks_prompt_logprobs(spec) for spec in workload.requests),
         profile=profile, as_released=as_released, kv_connector=kv_connector, kv_error_order=kv_error_order,
         scheduling_policy=config.policy)
 
@@ -310,8 +311,7 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
         clock.stamp(request, spec.priority)
         request.lora_int_id, request.prompt_logprobs = spec.lora, spec.prompt_logprobs     # lora_workload.py
         # a session's next input keeps the session's own grammar (`_update_request_as_session`)
-        live = scheduler.requests.get(spec.req_id)
-        if spec.grammar is None or (live is not None and live.resumable):
+        if spec.grammar is None or scheduler.session_under(spec.req_id) is not None:
             scheduler.add_request(request)
             return
         grammars.arrive(spec.req_id, spec.grammar)

@@ -299,6 +299,13 @@ def findings(result: dict[str, Any]) -> list[str]:
     for heap in truth.get("priority_heaps_out_of_order", []):
         found.append(f"{heap['req']}'s input left the priority queue {heap['queue']} out of heap order "
                      f"({', '.join(heap['order'])}; step {heap['step']})")
+    for lost in truth.get("session_inputs_lost", []):
+        found.append(f"{lost['req']}'s input was queued onto its finished request ({lost['status']}, its blocks "
+                     f"held for the KV connector), where it never runs (step {lost['step']})")
+    for seats in truth.get("session_seats_overcounted", []):
+        found.append(f"{seats['running']} running requests and {seats['parked']} sessions waiting for input hold "
+                     f"more than max_num_seqs = {seats['max_num_seqs']} seats (a session stopped while preempted "
+                     f"counts a seat it gave up; step {seats['step']})")
     for wait in result.get("waits_in_flight", []):
         found.append(f"the engine waited for input with {wait['batches_in_flight']} batches in flight from step "
                      f"{wait['step']} to step {wait['until']} (step {wait['step']})")

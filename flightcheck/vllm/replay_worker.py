@@ -107,6 +107,7 @@ from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV03
                      FabricatedModel, run_busy_loop)
 from .grammar_recording import STRUCTURED_ENV  # noqa: E402
 from .lora_recording import PROMPT_LOGPROBS_ENV  # noqa: E402
+from .lora_workload import asks_prompt_logprobs  # noqa: E402
 from .recording import SESSIONS_ENV, STAGES_ENV, RecordingMixin  # noqa: E402
 from .trace import TRACE_ENV  # noqa: E402
 from .versions import BATCH_QUEUE_V033_LOOPS, UnknownRelease, nearest_release  # noqa: E402
@@ -339,7 +340,7 @@ def _set_recorder_environment(workload: Workload, trace_path: str | None) -> Non
     os.environ[STAGES_ENV] = str(workload.config.num_stages)
     os.environ[STRUCTURED_ENV] = "1" if any(s.grammar is not None for s in workload.requests) else "0"
     os.environ[SESSIONS_ENV] = "1" if any(s.session for s in workload.requests) else "0"
-    os.environ[PROMPT_LOGPROBS_ENV] = "1" if any(s.prompt_logprobs for s in workload.requests) else "0"
+    os.environ[PROMPT_LOGPROBS_ENV] = "1" if any(asks_prompt_logprobs(s) for s in workload.requests) else "0"
 
 
 def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]:

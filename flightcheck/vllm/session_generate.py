@@ -9,16 +9,20 @@ generate.py; vLLM's default is on): a turn's kept outputs become prompt
 blocks, which the spec labels as the session's own (spec/state.py
 `content_label`) and vLLM hashes from the same tokens.
 
-`FEATURE` is registered in features.FEATURE_MODULES (`--all-features`),
-never combined with a KV connector, drafts or the cache-aware admission
-order (it needs prefix caching): the spec and the reference model sessions
-without them. Beside grammars (a structured session keeps its grammar and
-FSM across turns; a session whose grammar fails finishes before its inputs,
-which then name new requests) and beside reset and pause (PAUSED_NEW
-admits a session's next turn; a reset of the running requests raises while
-a session holds blocks between turns, a finding): docs/request-states.md,
-"Features together". It meets the priority policy. Every workload left
-open to it gets it (share 1).
+`FEATURE` is registered in features.FEATURE_MODULES (`--all-features`) and
+excludes nothing, and nothing excludes it: it meets prompt logprobs (a later
+input may ask for them: lora_workload.py), a KV connector in one workload in
+two (the connector is asked at a session's first turn
+only, a later turn keeps its blocks; an input sent while the session's
+finished request is held for a transfer is lost in vLLM, a finding:
+docs/vllm-kv-connector-findings.md), drafts, the cache-aware admission
+order (with prefix caching), the priority policy, grammars (a structured
+session keeps its grammar and FSM across turns; a session whose grammar
+fails finishes before its inputs, which then name new requests) and reset
+and pause (PAUSED_NEW admits a session's next turn; a reset of the running
+requests raises while a session holds blocks between turns, a finding):
+docs/request-states.md, "Features together". Every workload left open to
+it gets it (share 1).
 
 Standard library only.
 """
@@ -38,8 +42,14 @@ class Picker(Protocol):                        # generate.Picker
     def choice(self, options: Sequence[T]) -> T: ...
 
 
-def with_sessions(pick: Picker, workload: dict[str, Any]) -> None:
-    """Turn one or two requests of `workload` into streaming sessions, in place."""
+def with_sessions(pick: Picker, workload: dict[str, Any]) -> bool | None:
+    """Turn one or two requests of `workload` into streaming sessions, in place.
+    Beside a KV connector one time in two only, by the workload's seed and
+    with no draw (False: declined, the workload as it was while the pair was
+    excluded), so that the features that exclude sessions (prompt logprobs)
+    still meet the connector."""
+    if "kv_connector" in workload["config"] and workload["seed"] % 2 == 0:
+        return False
     requests = workload["requests"]
     reused = {r.get("reuse_id") for r in requests}
     candidates = [r for r in requests if r.get("reuse_id") is None and r.get("id") not in reused]
@@ -65,5 +75,4 @@ def with_sessions(pick: Picker, workload: dict[str, Any]) -> None:
         request["session"] = {"inputs": inputs, "end_step": step + pick.integer(1, 10)}
 
 
-FEATURE = Feature("streaming-sessions", ("0.33.0", "0.34.0"), 1.0, with_sessions,
-                  excludes=("kv-connector",))
+FEATURE = Feature("streaming-sessions", ("0.33.0", "0.34.0"), 1.0, with_sessions)

@@ -8,7 +8,8 @@ The request is resumable: each stop (EOS, or the turn's `max_tokens`; the
 first turn's is the request's) ends a turn. Each input is sent at engine
 step `step` as vLLM's front end sends one, an `add_request` of a resumable
 request under the session's id, with `tokens` new prompt tokens (drawn from
-the seed) and the next turn's `max_tokens`; at `end_step` (default: one step
+the seed) and the next turn's `max_tokens` (and `"prompt_logprobs": true`
+when its sampling params ask for prompt logprobs, lora_workload.py); at `end_step` (default: one step
 after the last input) the end of the session, an `add_request` under the id
 of a request that is not resumable. An input sent after the session has
 finished names a new request: the generator never aborts a session before
@@ -25,7 +26,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from .workload_limits import MAX_PROMPT_LEN, LimitError, show, whole
+from .workload_limits import MAX_PROMPT_LEN, LimitError, flag, show, whole
 
 MAX_SESSION_INPUTS = 64
 
@@ -39,6 +40,7 @@ class SessionInput:
     step: int                            # the engine step it is sent at
     prompt_token_ids: tuple[int, ...]    # its new tokens; () for the end of the session
     max_tokens: int                      # the next turn's
+    prompt_logprobs: bool = False        # its sampling params ask for prompt logprobs (lora_workload.py)
 
     @property
     def ends_session(self) -> bool:
@@ -59,16 +61,18 @@ def session_from_json(raw: Any, where: str, seed: int, req_id: str, vocab: tuple
     found: list[SessionInput] = []
     for i, item in enumerate(inputs):
         at = f"{where}.inputs[{i}]"
-        if not isinstance(item, dict) or set(item) - {"step", "tokens", "max_tokens"}:
-            raise SessionWorkloadError(f"{at}: must be an object with step, tokens and max_tokens")
+        if not isinstance(item, dict) or set(item) - {"step", "tokens", "max_tokens", "prompt_logprobs"}:
+            raise SessionWorkloadError(f"{at}: must be an object with step, tokens, max_tokens and optionally "
+                                       f"prompt_logprobs")
         try:
             step = whole(f"{at}.step", item.get("step"), 0, 10**6)
             n = whole(f"{at}.tokens", item.get("tokens"), 1, MAX_PROMPT_LEN)
             max_tokens = whole(f"{at}.max_tokens", item.get("max_tokens", 1), 1, MAX_PROMPT_LEN)
+            logprobs = flag(f"{at}.prompt_logprobs", item.get("prompt_logprobs", False))
         except LimitError as err:
             raise SessionWorkloadError(str(err)) from None
         rng = random.Random(f"{seed}/session/{req_id}/{i}")
-        found.append(SessionInput(step, tuple(rng.randrange(*vocab) for _ in range(n)), max_tokens))
+        found.append(SessionInput(step, tuple(rng.randrange(*vocab) for _ in range(n)), max_tokens, logprobs))
     last = found[-1].step if found else 0
     try:
         end = whole(f"{where}.end_step", raw.get("end_step", last + 1), 0, 10**6)

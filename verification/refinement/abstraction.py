@@ -104,7 +104,7 @@ def spec_config(cfg, allow_name_reuse: bool = False) -> Config:
                   stale_mode="drop" if cfg.drop_stale_output else "deliver",
                   allow_name_reuse=allow_name_reuse, kv_connector=_kv_connector(cfg),
                   scheduling_policy=cfg.scheduling_policy, max_loras=cfg.max_loras,
-                  prompt_logprobs=cfg.prompt_logprobs)
+                  prompt_logprobs=cfg.prompt_logprobs, prefill_schedule_interval=cfg.prefill_schedule_interval)
 
 
 def _kv_connector(cfg) -> KvConnector | None:
@@ -248,7 +248,18 @@ def abstract(scheduler: Scheduler, engine: Engine | Iterable[SchedulerOutput],
                  waiting=tuple(ledger.slot_of(r) for r in scheduler.waiting),
                  running=tuple(ledger.slot_of(r) for r in scheduler.running),
                  in_flight=in_flight, pool=_pool(scheduler, ledger, state),
-                 scheduled_ids=scheduled, **_queues(scheduler, ledger))
+                 scheduled_ids=scheduled, **_queues(scheduler, ledger), **_cadence(scheduler))
+
+
+def _cadence(scheduler: Scheduler) -> dict[str, Any]:
+    """The prefill cadence's hold and capacity bound (spec/cadence.py: the
+    executed steps the hold still lasts, read off vLLM's two counters)."""
+    interval = scheduler.local_prefill_interval
+    if interval == 1:
+        return {}
+    since = scheduler.num_executed_steps - scheduler.last_prefill_step
+    return {"prefill_hold": max(0, interval - 1 - since),
+            "prefill_capacity_bound": scheduler.prefill_capacity_bound}
 
 
 def _queues(scheduler: Scheduler, ledger: Ledger) -> dict[str, Any]:
@@ -282,10 +293,13 @@ def _request(scheduler: Scheduler, ledger: Ledger, slot: int, r: Request,
 
 def _prefill_chunk_flag(scheduler: Scheduler, r: Request) -> dict[str, bool]:
     """vLLM's `is_prefill_chunk` as the request's last schedule left it, where
-    the spec keeps it for the padding rule (spec/drafts.py
+    the spec keeps it: under the prefill cadence (with `deferred_waiting`'s
+    membership: spec/cadence.py), or for the padding rule (spec/drafts.py
     `keeps_prefill_chunk_flag`: a profile that pads admissions, with drafts).
-    Neither side clears it when the request finishes."""
+    Neither side clears them when the request finishes."""
     cfg = scheduler.config
+    if scheduler.local_prefill_interval > 1:        # the prefill cadence's flags (spec/cadence.py)
+        return {"is_prefill_chunk": r.is_prefill_chunk, "deferred_waiting": r.request_id in scheduler.deferred_waiting}
     if not (cfg.version_profile.pads_admitted_decodes and cfg.num_spec_tokens > 0):
         return {}
     return {"is_prefill_chunk": r.is_prefill_chunk}

@@ -54,6 +54,7 @@ class RefinementChecks:
     sink: io.StringIO | None
     num_batches: int
     num_reused_id_outputs_dropped: int
+    num_padding_stalls: int
     finished_unreported: set[int]
 
     def _check(self, action: spec.Action | AbortMany, expected: spec.State | None = None) -> None:
@@ -98,8 +99,12 @@ class RefinementChecks:
     def _vllms_own_breaks(self, after: spec.State) -> frozenset[str]:
         """The invariants `after` breaks the way vLLM itself does, which the
         spec (vLLM's reading) and the correct reference reach alike: not a
-        refinement failure (a feature's machine names them where it has
-        any: priority_sessions_machine.py; none here)."""
+        refinement failure. Here L2 in vLLM's stall below the padding budget
+        (`stalls_below_padding_budget`), counted; a feature's machine adds
+        its own (priority_sessions_machine.py)."""
+        if stalls_below_padding_budget(after, self.spec_cfg):
+            self.num_padding_stalls += 1
+            return frozenset((NO_DEADLOCK,))
         return frozenset()
 
     def _abstract(self) -> spec.State:
@@ -244,3 +249,22 @@ class RefinementChecks:
                           for i, (a, s) in enumerate(self.history, start=1))
         raise AssertionError(f"{message}\nspec actions and abstract states:\n{steps}")
 
+
+
+NO_DEADLOCK = "L2_no_deadlock"
+
+
+def stalls_below_padding_budget(s: spec.State, cfg: spec.Config) -> bool:
+    """vLLM 0.33's and 0.34's stall below the padding budget
+    (docs/request-states.md, "Finding: a one-token admission below the
+    padding budget"): with k drafts and a budget of k tokens or fewer (which
+    `VllmConfig._set_max_num_scheduled_tokens` takes for the n-gram
+    proposer), `Scheduler.schedule`'s waiting loop pads a head with one
+    token past its prefix hit to 1 + k tokens and breaks rather than admit
+    it un-padded, every call. It is that stall when L2 breaks in `s` and
+    holds in `s` under a budget of 1 + k, where the padding fits."""
+    if not 0 < cfg.num_spec_tokens >= cfg.max_num_batched_tokens:
+        return False
+    room = replace(cfg, max_num_batched_tokens=cfg.num_spec_tokens + 1)
+    l2 = {inv.name: inv for inv in spec.invariants_for(cfg)}[NO_DEADLOCK]
+    return not l2.holds(s, cfg) and l2.holds(s, room)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from flightcheck.verification.mutants import reference as mutants
+from flightcheck.verification.refinement.cadence_kv_machine import CADENCE_KV_FUZZED_PROFILES, cadence_kv_fuzz
 from flightcheck.verification.refinement.grammar_machine import GRAMMAR_FUZZED_PROFILES, grammar_fuzz
 from flightcheck.verification.refinement.lora_machine import LORA_FUZZED_PROFILES, lora_fuzz
 from flightcheck.verification.refinement.priority_machine import PRIORITY_FUZZED_PROFILES, priority_fuzz
@@ -39,6 +40,8 @@ FEATURE_FUZZERS: dict[str, FeatureFuzzer] = {
     "lora": FeatureFuzzer(lora_fuzz, LORA_FUZZED_PROFILES, tuple(mutants.LORA_MUTANTS)),
     "priority-sessions": FeatureFuzzer(priority_sessions_fuzz, PRIORITY_SESSIONS_FUZZED_PROFILES,
                                        tuple(mutants.PRIORITY_SESSION_MUTANTS)),
+    # the prefill cadence beside the KV connector: no reference mutant of its own
+    "cadence-kv": FeatureFuzzer(cadence_kv_fuzz, CADENCE_KV_FUZZED_PROFILES, ()),
 }
 
 

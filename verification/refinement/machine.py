@@ -140,6 +140,7 @@ class RefinementMachine(RefinementChecks, RuleBasedStateMachine):
         self.mutant, self.budget, self.check_traces = mutant, budget, check_traces
         self.allow_name_reuse = allow_name_reuse
         self.num_reused_id_outputs_dropped = 0   # the reference's named deviation, seen
+        self.num_padding_stalls = 0              # L2 broken as vLLM stalls (checks.py `_vllms_own_breaks`)
         self.engine: Engine | None = None
         self.broken = False           # this program failed: teardown checks nothing more
 

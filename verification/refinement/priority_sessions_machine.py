@@ -136,8 +136,8 @@ class PrioritySessionsRefinementMachine(SessionsRefinementMachine):
         """SS5 where vLLM's heap breaks it (the module doc)."""
         if ss5_holds(after, self.spec_cfg, self.rekeyed):
             self.num_vllm_heap_breaks += 1
-            return frozenset((SS5,))
-        return frozenset()
+            return frozenset((SS5,)) | SessionsRefinementMachine._vllms_own_breaks(self, after)
+        return SessionsRefinementMachine._vllms_own_breaks(self, after)
 
 
 def ss5_holds(s: spec.State, cfg: spec.Config, rekeyed: set[int]) -> bool:

@@ -297,6 +297,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         entries = event["entries"]
         self._backfill_drafts(entries)
         self._hand_over_scheduled_drafts(entries)
+        self._hand_over_unseen_drafts(event)
         if self.cfg.rules.output_placeholders:
             self._catch_up_empty_calls(event)
         scheduled = schedule(self.state, self.cfg)
@@ -383,8 +384,9 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             return
         for e, x in zip(spec_entries, trace_entries):
             # a promoted KV load is admitted with its whole table, the load's blocks first
-            # (a session's next turn too, its table kept from the turn before)
-            ours = self._parked_table(e.req) + self._session_table(e.req) + tuple(e.block_ids)
+            # (a session's next turn too, its table kept from the turn before; a session's
+            # first turn promoted from its load is the load's table, once)
+            ours = (self._parked_table(e.req) or self._session_table(e.req)) + tuple(e.block_ids)
             self._match_blocks(x["req"], list(x["block_ids"]), ours)
 
     def _match_blocks(self, name: str, theirs: list, ours: tuple[int, ...]) -> None:
@@ -425,7 +427,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
                 if not returned:
                     raise _Violation("S5_one_sample_per_prefill",
                                      f"{name}'s batch reaches its known tokens but returned no token")
-                samples.append(self._sample(e, returned, next_drafts.get(name, 0)))
+                samples.append(self._sample(e, returned, self._drafts_after_completion(next_drafts.get(name, 0))))
             elif returned and name not in dropped:
                 what = "a partial prefill chunk" if e.fate.value == "live" else "a superseded entry"
                 raise _Violation("S5_one_sample_per_prefill" if e.fate.value == "live" else "S7_output_binding",

@@ -400,6 +400,8 @@ INPUT = Record({
     "num_tokens": (Integer(0, MAX_MODEL_LEN), False),
     "max_tokens": (COUNT, False),
     "end_of_session": (Flag(), False),
+    # its sampling parameters ask for prompt logprobs (spec/lora.py `take_input_logprobs`)
+    "prompt_logprobs": (Flag(), False),
 })
 END = Record(dict(COMMON))
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from flightcheck.spec import Config, SendInput, State, Status, step
-from flightcheck.spec.sessions import END_OF_SESSION, has_sessions, session_holds_blocks
+from flightcheck.spec.sessions import ASKS_PROMPT_LOGPROBS, END_OF_SESSION, has_sessions, session_holds_blocks
 
 
 class SessionEvents:
@@ -43,6 +43,16 @@ class SessionEvents:
     def _on_input(self, event: dict[str, Any]) -> None:
         r = self._req(event)
         q = self.state.requests[r]
+        if q.resumable and q.status.is_finished and q.held:
+            # vLLM's `add_request` finds the finished session still in `requests` (the KV
+            # connector holds its blocks) and queues the update onto it, where nothing takes it:
+            # harmless for the end of the session, a lost input otherwise (a finding:
+            # docs/vllm-kv-connector-findings.md, finding 5)
+            if event.get("end_of_session", False):
+                return
+            raise self._violation("illegal_transition", f"input: {self._quoted_name(r)} finished "
+                                  f"({q.status.value}) while the KV connector holds its blocks: vLLM queues "
+                                  "the input onto the finished request, where it never runs")
         if not (q.resumable and q.status.is_active):
             raise self._violation("illegal_transition", f"input: {self._quoted_name(r)} is not a live streaming "
                                   f"session ({'not resumable' if not q.resumable else q.status.value})")
@@ -50,6 +60,8 @@ class SessionEvents:
             sent = END_OF_SESSION
         else:
             sent = (event["num_tokens"], event["max_tokens"])
+            if event.get("prompt_logprobs", False):
+                sent += (ASKS_PROMPT_LOGPROBS,)          # spec/lora.py `take_input_logprobs`
             if sent == END_OF_SESSION:
                 raise self._violation("illegal_transition", "input: no new tokens and max_tokens 0 (the end of a "
                                       "session is written `end_of_session: true`)")

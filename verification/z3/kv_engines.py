@@ -151,7 +151,8 @@ def _result(model: Model, names: list[str], rows: dict[str, EngineVerdict], meth
 
 
 def kv_induction(model: Model, k: int = 1, properties: Iterable[str] | None = None,
-                 auxiliary: Iterable[str] | None = None, time_budget: float | None = None) -> EngineResult:
+                 auxiliary: Iterable[str] | None = None, time_budget: float | None = None,
+                 with_wf: bool = True) -> EngineResult:
     """Prove WF, the KV invariants and the auxiliary ones by k-induction, the
     Houdini way: base(k) drops (as violated) what fails within k-1 steps,
     step(k) drops (as unknown, with the counterexample to induction) what
@@ -159,12 +160,14 @@ def kv_induction(model: Model, k: int = 1, properties: Iterable[str] | None = No
     by action: frames 0..k-1 joined by T, the conjuncts assumed on them, the
     action's guard on frame k-1, and each conjunct on the action's effect (a
     term of frame k-1 and the step's choices), so each query holds one
-    action's circuit only (z3.induction.kinduction does the same)."""
+    action's circuit only (z3.induction.kinduction does the same). Without
+    `with_wf` WF_encoding is not offered: the conjuncts must be inductive
+    on frames the encoding's well-formedness does not constrain."""
     started = time.perf_counter()
-    names = [WF, *(kv_properties(model) if properties is None else properties),
+    names = [WF] * with_wf + [*(kv_properties(model) if properties is None else properties),
              *([*KV_AUXILIARY, *KV_CANDIDATES] if auxiliary is None else auxiliary)]
     method = f"k-induction (k={k})"
-    base = kv_bmc(model, k - 1, [n for n in names if n != WF], time_budget)
+    base = kv_bmc(model, k - 1, [n for n in names if n != WF], time_budget, with_wf=with_wf)
     rows = {p.name: p for p in base.properties if p.status == "violated"}
     alive = [n for n in names if n not in rows]
     system = System(model)

@@ -17,7 +17,10 @@ z3/encoding/priority.py and priority_state.py.
   not have.
 * Beside the KV connector (`PRIORITY_KV_Z3_MODEL`): PR1 and PR4 by
   k-induction on `priority_kv_auxiliary()` (`priority_kv_induction`) and
-  by BMC (`priority_kv_bmc`); `priority_kv_rows` gives PR4's rows.
+  by BMC (`priority_kv_bmc`); `priority_kv_rows` gives PR4's rows. With two
+  batches in flight (`PRIORITY_KV_Z3_K2_MODEL`): PR1 and PR4 by k-induction
+  on the queues' conjuncts only (`priority_kv_queue_induction`);
+  `priority_kv_k2_rows` gives PR4's row.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from flightcheck.spec import transition_properties_for
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
 from flightcheck.verification.results import PropertyResult, kind_of
-from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY
+from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY, kv_l2_no_deadlock
 from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY, PRIORITY_STEP_FORMULAS
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.kv_engines import KV_CANDIDATES, WF, _on, _spec_breaks, kv_bmc, kv_induction
@@ -112,10 +115,51 @@ def priority_kv_induction(model: Model, k: int = 1, time_budget: float | None = 
     return kv_induction(model, k, KV_STATE_PROPERTIES, priority_kv_auxiliary(), time_budget)
 
 
+# PR4's conjuncts on the model with two batches in flight (PRIORITY_KV_Z3_K2_MODEL):
+# the queues' only. PR4 reads `kv_holding` and the arrival places; only
+# `arrive` writes a place (PA1: never a holder's, which is placed; PA5: a
+# new one), only the waiting loop writes `kv_holding` (a park inserts a
+# request of `waiting`, placed by PR1, at its rank's place; an admission
+# removes one), and PA6 with KVA5 keep every queue within its slots, so no
+# insert falls off the end. No conjunct reads the block pool, a table, a
+# batch or a counter, so the step fence's deferred frees, which make the
+# KV proof's pool conjuncts (KVA1 first) slow at K = 2, are not asked about.
+PRIORITY_KV_QUEUE_AUXILIARY = ("PA1_arrived_iff_placed", "PA5_places_numbered_once",
+                               "PA6_queues_within_their_slots", "KVA5_queues")
+
+
+def priority_kv_queue_induction(model: Model, k: int = 1, time_budget: float | None = None) -> EngineResult:
+    """PR1 and PR4 by k-induction (kv_engines.kv_induction, the Houdini way)
+    on PRIORITY_KV_QUEUE_AUXILIARY alone, WF_encoding not offered (it reads
+    the pool): the conjuncts are inductive on every frame, well-formed or
+    not, so what the loop keeps holds in every reachable state."""
+    return kv_induction(model, k, KV_STATE_PROPERTIES, PRIORITY_KV_QUEUE_AUXILIARY, time_budget, with_wf=False)
+
+
 def priority_kv_bmc(model: Model, depth: int, time_budget: float | None = None) -> EngineResult:
     """WF, PR1 and PR4 on every frame to `depth` steps (kv_engines.kv_bmc;
     a violation's trace replayed on the spec)."""
     return kv_bmc(model, depth, KV_STATE_PROPERTIES, time_budget)
+
+
+# --- #57841's mutant: L2 with the connector's waits (kv_invariants.kv_l2_no_deadlock) -----
+
+L2 = "L2_no_deadlock"
+
+
+def priority_kv_l2_bmc(model: Model, depth: int, time_budget: float | None = None) -> EngineResult:
+    """WF and L2 with the connector's waits on every frame to `depth` steps
+    (kv_engines.kv_bmc; L2 reads the frame's own schedule, whose definitions
+    it assumes); a violation's trace is replayed on the spec, whose own L2
+    must break on its last state."""
+    return kv_bmc(model, depth, [L2], time_budget, goal=_l2_goal)
+
+
+def _l2_goal(system: System, name: str, t: int, steps: list) -> z3.BoolRef:
+    if name != L2:
+        return _on(system, name, system.frame(t))
+    sch, definitions = system.sched(t)
+    return z3.Implies(z3.And(definitions), system.build(kv_l2_no_deadlock, system.frame(t), sch))
 
 
 # How deep BMC of the priority model goes in `flightcheck verify --priority`
@@ -125,8 +169,9 @@ PRIORITY_BMC_DEPTH = 4
 
 def priority_rows(depth: int = PRIORITY_BMC_DEPTH, time_budget: float | None = None) -> list[PropertyResult]:
     """PR1-PR3 of the Z3 priority model by k-induction (PR2, PR3: one step
-    from its invariant) and by BMC to `depth`, then PR4 of the model beside
-    the connector (`priority_kv_rows`); the method names the model."""
+    from its invariant) and by BMC to `depth`, then PR4 of the models beside
+    the connector (`priority_kv_rows`: K = 1; `priority_kv_k2_rows`: K = 2);
+    the method names the model."""
     from flightcheck.verification.z3.priority_models import PRIORITY_Z3_MODEL
 
     where = f" [{PRIORITY_Z3_MODEL.name}@{PRIORITY_Z3_MODEL.cfg.profile}]"
@@ -135,7 +180,7 @@ def priority_rows(depth: int = PRIORITY_BMC_DEPTH, time_budget: float | None = N
                    priority_bmc(PRIORITY_Z3_MODEL, depth, time_budget=time_budget)):
         rows += [PropertyResult(p.name, p.kind, p.status, p.method + where, p.depth, p.seconds)
                  for p in result.properties if p.kind != "auxiliary"]
-    return rows + priority_kv_rows(time_budget=time_budget)
+    return rows + priority_kv_rows(time_budget=time_budget) + priority_kv_k2_rows(time_budget)
 
 
 # How deep BMC of the model beside the connector goes in `flightcheck verify --priority`.
@@ -154,3 +199,16 @@ def priority_kv_rows(depth: int = PRIORITY_KV_BMC_DEPTH, time_budget: float | No
         rows += [PropertyResult(p.name, p.kind, p.status, p.method + where, p.depth, p.seconds)
                  for p in result.properties if p.name == "PR4_kv_holding_in_priority_order"]
     return rows
+
+
+def priority_kv_k2_rows(time_budget: float | None = None) -> list[PropertyResult]:
+    """PR4 of PRIORITY_KV_Z3_K2_MODEL (K = 2) by k-induction on the queues'
+    conjuncts (`priority_kv_queue_induction`; seconds, where the K = 1 proof's
+    every conjunct takes minutes); BMC at K = 2 is the slow tests'."""
+    from flightcheck.verification.z3.priority_models import PRIORITY_KV_Z3_K2_MODEL
+
+    model = PRIORITY_KV_Z3_K2_MODEL
+    where = f" [{model.name}@{model.cfg.profile}]"
+    result = priority_kv_queue_induction(model, 1, time_budget=time_budget)
+    return [PropertyResult(p.name, p.kind, p.status, p.method + where, p.depth, p.seconds)
+            for p in result.properties if p.name == "PR4_kv_holding_in_priority_order"]

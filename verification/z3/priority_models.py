@@ -15,6 +15,8 @@ reach on this machine.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from flightcheck.spec import Config, KvConnector, Prompt
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants.priority_kv import PRIORITY_KV_PROFILE
@@ -25,9 +27,9 @@ PRIORITY_Z3_MODEL: Model = PRIO_VICTIM_K2
 # The priority policy beside the KV connector (PR4): `prio-kv-z3`, the
 # explicit search's `prio-kv-k2` (verification/priority_kv_models.py)
 # without vLLM 0.34's load limit (which the connector's encoding refuses),
-# failed loads or aborts, and with one batch in flight (K = 1: the proof
-# of PR4 with every conjunct of the KV proof takes minutes, at K = 2 it
-# did not finish in 30; docs/proofs.md): two async loads of two
+# failed loads or aborts, and with one batch in flight (K = 1; its proof
+# of PR4 offers every conjunct of the KV proof: minutes; the K = 2 twin
+# below has a proof of its own): two async loads of two
 # priorities, the later arrival of the better rank, parked in `kv_holding`
 # at their rank, landed, promoted and admitted by rank. 117 reachable
 # states, 24 of them with both loads in `kv_holding`; each cross-checked
@@ -41,3 +43,11 @@ PRIORITY_KV_Z3_MODEL: Model = Model(
      Prompt(3, 1, external_hit=2, load_async=True, priority=0)),
     allow_stop=False, allow_abort=False,
 )
+
+# The same with two batches in flight (K = 2, the step fence in force): 241
+# reachable states, each cross-checked (tests/test_z3_priority_pairs.py).
+# PR4 is proved on it with the queues' conjuncts only
+# (priority_engines.priority_kv_queue_induction): the proof offering every
+# conjunct of the KV proof gave no answer in 33 minutes (docs/proofs.md).
+PRIORITY_KV_Z3_K2_MODEL: Model = replace(PRIORITY_KV_Z3_MODEL, name="prio-kv-z3-k2",
+                                         cfg=replace(PRIORITY_KV_Z3_MODEL.cfg, num_stages=2))

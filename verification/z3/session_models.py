@@ -51,3 +51,33 @@ def session_z3_mutant_model(name: str, solo: bool = False) -> Model:
     if solo:
         model = replace(model, name=model.name.replace("session-k2", "session-solo-k2"), prompts=model.prompts[:1])
     return model.with_mutant(name)
+
+
+# The priority policy beside sessions (docs/proofs.md, "Streaming sessions",
+# SS5): two sessions of one turn each (a prompt of 1 and 1 output, then 1
+# new token and 1 output, then the end of the session), K = 1, two seats, 4
+# blocks of 2, under vllm-0.34 (and vllm-0.33: `prio_sessions`; synchronous,
+# as the priority encoding is).
+# PRIO_SESSIONS_BREAK gives both priority 0: the explicit search breaks SS5
+# there in 5 steps (a parked session's input re-keys `kv_holding` in place,
+# vLLM's heap break), and the encoding refuses it. PRIO_SESSIONS gives them
+# priorities 0 and 1, each its own: an input then never reorders a queue
+# (encoding/priority_state.py), and k-induction proves SS5 on it.
+def _prio_sessions(name: str, priorities: tuple[int, int]) -> Model:
+    from flightcheck.spec import Config, Prompt
+    cfg = Config(num_stages=1, max_num_batched_tokens=4, max_num_seqs=2, block_size=2, num_blocks=4, max_model_len=8,
+                 prefix_caching=False, profile="vllm-0.34", streaming_sessions=True, scheduling_policy="priority")
+    prompts = tuple(Prompt(1, 1, session=((1, 1), (0, 0)), priority=p) for p in priorities)
+    model = Model(name, cfg, prompts, allow_abort=False, skip_targets=())
+    return replace(model.under_profile("vllm-0.34"), name=f"{name}@vllm-0.34")
+
+
+PRIO_SESSIONS = _prio_sessions("prio-sessions-k1", (0, 1))
+PRIO_SESSIONS_BREAK = _prio_sessions("prio-two-sessions-k1", (0, 0))
+
+
+def prio_sessions(profile: str) -> Model:
+    """PRIO_SESSIONS under `profile` (vllm-0.34 or vllm-0.33)."""
+    if profile == PRIO_SESSIONS.cfg.profile:
+        return PRIO_SESSIONS
+    return replace(PRIO_SESSIONS.under_profile(profile), name=f"prio-sessions-k1@{profile}")

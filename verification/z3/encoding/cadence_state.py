@@ -66,9 +66,9 @@ def refuse_unencoded_cadence(model) -> None:
     if cfg.scheduling_policy != "fcfs":
         raise ValueError(f"model {model.name}: the Z3 encoding of the prefill cadence leaves out the priority "
                          "policy; the explicit search covers it")
-    if cfg.reset_and_pause or cfg.structured_output or cfg.streaming_sessions:
+    if cfg.reset_and_pause or cfg.structured_output or cfg.streaming_sessions or cfg.kv_connector is not None:
         raise ValueError(f"model {model.name}: the Z3 encoding of the prefill cadence leaves out reset and pause, "
-                         "structured output and streaming sessions; the explicit search covers them")
+                         "structured output, streaming sessions and the KV connector; the explicit search covers them")
 
 
 def cad_frame(layout, tag: str) -> list:

@@ -1,7 +1,7 @@
 """Every request feature's invariants in Z3, by the spec's invariant name:
 the table the feature engines (z3/kv_engines.py) read. A feature beyond the
 plain scheduler (the KV connector; priority, structured output, streaming
-sessions, reset and pause, the prefill cadence, the LoRA cap) writes its formulas in a
+sessions and priority beside them, reset and pause, the prefill cadence, the LoRA cap) writes its formulas in a
 module of its own, clause for clause after the spec's predicates, and adds
 them here: one line per feature, so the engines need no edit for a new one.
 
@@ -21,6 +21,8 @@ from flightcheck.verification.z3.encoding.lora_invariants import LORA_AUXILIARY,
 from flightcheck.verification.z3.encoding.session_invariants import SESSION_AUXILIARY, SESSION_FORMULAS
 from flightcheck.verification.z3.encoding.priority_invariants import (PRIORITY_AUXILIARY, PRIORITY_FORMULAS,
                                                                     PRIORITY_KV_AUXILIARY)
+from flightcheck.verification.z3.encoding.priority_session_invariants import (PRIORITY_SESSION_AUXILIARY,
+                                                                            PRIORITY_SESSION_FORMULAS)
 from flightcheck.verification.z3.encoding.reset_pause_invariants import RP_AUXILIARY
 from flightcheck.verification.z3.encoding.state import Layout, SState
 from flightcheck.verification.z3.encoding.structured_output_invariants import GRAMMAR_AUXILIARY, GRAMMAR_FORMULAS
@@ -33,3 +35,4 @@ FORMULAS.update(GRAMMAR_FORMULAS); AUXILIARY.update(GRAMMAR_AUXILIARY)     # str
 AUXILIARY.update(PRIORITY_KV_AUXILIARY)     # the priority policy beside the connector (PR4's proof)
 AUXILIARY.update(CAD_AUXILIARY)     # the prefill cadence (CAD1-CAD3 are of steps: z3/cadence_engines.py)
 FORMULAS.update(LORA_FORMULAS); AUXILIARY.update(LORA_AUXILIARY)   # the LoRA cap (LORA1; LORA2, PL1: z3/lora_engines.py)
+FORMULAS.update(PRIORITY_SESSION_FORMULAS); AUXILIARY.update(PRIORITY_SESSION_AUXILIARY)   # priority beside sessions (SS5)

@@ -120,6 +120,28 @@ def kv6_load_limit(layout: Layout, s: SState) -> Any:
     return le(loads, limit)
 
 
+def kv_l2_no_deadlock(layout: Layout, s: SState, sch: Any) -> Any:
+    """spec.deadlock.l2_no_deadlock with a connector, under the rules of
+    vLLM 0.33 and 0.34 (empty batches; the connector's encoding takes no
+    other): with only empty batches in flight, a request unfinished and no
+    load or send to be reported, the drained state's schedule (`sch`, s's
+    own: an empty batch holds no victim and is no deferred free's) forms a
+    batch, preempts, or starts or promotes a load (`moves_a_load`: a
+    request's load or status changes). Not in KV_FORMULAS: the connector
+    models' rows do not read it; BMC of #57841's mutant does
+    (priority_engines.priority_kv_l2_bmc)."""
+    if not layout.cfg.rules.empty_batches or s.grammar or s.sess or s.rp:
+        raise ValueError("kv_l2_no_deadlock reads a connector frame under empty batches, without other waits")
+    kv, after = kv_of(s), kv_of(sch.state)
+    unfinished = disj(*[disj(*[eq(q.status, c) for c in (WAITING, RUNNING, PREEMPTED, REMOTE_KVS)]) for q in s.reqs])
+    waits = disj(*[disj(in_transfer(kv.load[r]), kv.held[r]) for r in range(layout.N)])
+    drained = conj(*[z3.Implies(lt(k, s.num_batches), eq(b.length, 0)) for k, b in enumerate(s.batches)])
+    forms = disj(lt(0, sch.count), sch.any_preempted)
+    moved = disj(*[disj(neg(eq(a.status, b.status)), neg(eq(after.load[r], kv.load[r])))
+                   for r, (a, b) in enumerate(zip(sch.state.reqs, s.reqs))])
+    return z3.Implies(conj(drained, unfinished, neg(waits)), disj(forms, moved))
+
+
 KV_FORMULAS: dict[str, KvFormula] = {
     "KV1_no_reuse_under_transfer": kv1_no_reuse_under_transfer,
     "KV2_loading_not_scheduled": kv2_loading_not_scheduled,

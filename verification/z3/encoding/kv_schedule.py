@@ -29,7 +29,7 @@ from flightcheck.verification.z3.encoding import blocks as zb
 from flightcheck.verification.z3.encoding.allocation import blocks_for, candidate, snapshot_entry
 from flightcheck.verification.z3.encoding.connector import has_batch_in_flight, kv_of, load_at, with_kv
 from flightcheck.verification.z3.encoding.kv_state import L_DONE, L_IN_FLIGHT, L_NONE, L_RECEIVED, SKvEntry
-from flightcheck.verification.z3.encoding.priority import join_kv_holding
+from flightcheck.verification.z3.encoding.priority import holder_looked_at_first, join_kv_holding
 from flightcheck.verification.z3.encoding.requests import empty_table, put_flag, req_at, tokens_at, with_req
 from flightcheck.verification.z3.encoding.state import (
     PAD,
@@ -141,10 +141,12 @@ def kv_waiting_step(layout: Layout, builder: Builder, acc, phase: Any, threshold
     kv = kv_of(st)
     if isinstance(acc.held_skipped, int):               # the loop's first iteration: a literal
         acc = replace(acc, held_skipped=V(acc.held_skipped))
-    from_holding = builder.let("from_holding", lt(acc.held_skipped, kv.holding_len))
+    held, plain = pick(kv.holding, acc.held_skipped, V(PAD)), pick(st.waiting, acc.skipped, V(PAD))
+    first = holder_looked_at_first(layout, st, held, plain, lt(acc.skipped, st.waiting_len))
+    from_holding = builder.let("from_holding", conj(lt(acc.held_skipped, kv.holding_len), first))
     active = builder.let("active", conj(phase, neg(acc.done), lt(0, acc.budget), lt(st.running_len, cfg.max_num_seqs),
                                         disj(from_holding, lt(acc.skipped, st.waiting_len))))
-    r = builder.let("r", ite(from_holding, pick(kv.holding, acc.held_skipped, V(PAD)), pick(st.waiting, acc.skipped, V(PAD))))
+    r = builder.let("r", ite(from_holding, held, plain))
     q = builder.snap(req_at(st, r), "q")
     tokens = builder.let("tokens", tokens_at(layout, st, r))
     blocked = conj(eq(q.status, REMOTE_KVS), neg(eq(load_at(st, r), L_RECEIVED)))

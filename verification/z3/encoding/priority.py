@@ -30,7 +30,9 @@ as the spec's edits are (`Layout.is_mutant`): #23347 hands nothing back,
 #28558 leaves the victim's drafts in the batch on an entry of no tokens
 moved last, #49097 moves the position back only for a victim in the batch;
 and of verification/mutants/priority_kv.py the synthetic
-`parked_load_joins_tail_under_priority`: a parked load joins `kv_holding`'s tail.
+`parked_load_joins_tail_under_priority` (a parked load joins `kv_holding`'s
+tail) and #57841's (`holder_looked_at_first`: a waiting request of a better
+rank is looked at before the landed loads).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def arrive_with_priority(layout, before, after, r: Any):
         return after
     p = before.prio[0]
     st = clone(after)
-    st.prio = [SPrio(put(p.place, r, p.num_arrivals), p.num_arrivals + 1)]
+    st.prio = [SPrio(put(p.place, r, p.num_arrivals), p.num_arrivals + 1, p.stamps)]
     st.waiting = insert_at_place(layout, st, before.waiting, before.waiting_len, r)
     return st
 
@@ -85,6 +87,19 @@ def join_kv_holding(layout, s, holding: list, length: Any, r: Any) -> list:
     if not has_priority(layout) or layout.is_mutant("parked_load_joins_tail_under_priority"):
         return put(holding, length, r)
     return insert_at_place(layout, s, holding, length, r)
+
+
+def holder_looked_at_first(layout, s, held: Any, plain: Any, plain_left: Any) -> Any:
+    """Whether the connector's waiting loop looks at `kv_holding`'s next
+    holder before `waiting`'s next request: always (vLLM 0.33 and 0.34 drain
+    `kv_holding_waiting` first); under the mutant
+    `load_ranked_behind_new_request_pr57841` only when `waiting` has none
+    left (`plain_left` false) or the holder ranks first (its edit of
+    spec.kv_loads.next_candidate; without the load limit no waiting request
+    belongs to `async_kv_waiting`, so `waiting`'s next is the edit's `better`)."""
+    if not layout.is_mutant("load_ranked_behind_new_request_pr57841"):
+        return z3.BoolVal(True)
+    return disj(neg(plain_left), rank_below(layout, s, held, plain))
 
 
 def running_micro_steps(layout) -> int:

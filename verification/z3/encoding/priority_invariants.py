@@ -17,7 +17,7 @@ from typing import Any
 
 import z3
 from flightcheck.verification.z3.encoding.actions import SCHEDULE
-from flightcheck.verification.z3.encoding.priority_state import PAD, place_of, rank_below
+from flightcheck.verification.z3.encoding.priority_state import PAD, place_of, prio_well_formed, rank_below
 from flightcheck.verification.z3.encoding.requests import at, num_tokens
 from flightcheck.verification.z3.encoding.invariants import well_formed
 from flightcheck.verification.z3.encoding.state import NEW, PREEMPTED, RUNNING, WAITING, Layout, SState, initial
@@ -87,6 +87,29 @@ def pa4_well_formed_but_every_block(layout: Layout, s: SState) -> Any:
     return pa2_well_formed_but_the_blocks(layout, replace(s, kv=[replace(kv, entries=entries, deferred=deferred)]))
 
 
+def pa5_places_numbered_once(layout: Layout, s: SState) -> Any:
+    """PA5 (auxiliary): the arrived requests' places are 0 .. num_arrivals - 1,
+    each once, every other place PAD (priority_state.prio_well_formed, the
+    part of WF_encoding that `arrive` needs: the next place is a new one)."""
+    if not s.prio:
+        return TRUE
+    return prio_well_formed(layout, s)
+
+
+def pa6_queues_within_their_slots(layout: Layout, s: SState) -> Any:
+    """PA6 (auxiliary, with a connector): `waiting`, `running` and
+    `kv_holding` each have a length between 0 and their slots, and each
+    used slot names a request (WF_encoding's bounds on the queues, which
+    unlike the rest of it read no block and no batch)."""
+    if not s.prio or not s.kv:
+        return TRUE
+    kv, out = s.kv[0], []
+    for xs, n in ((s.waiting, s.waiting_len), (s.running, s.running_len), (kv.holding, kv.holding_len)):
+        out += [le(0, n), le(n, len(xs))]
+        out += [z3.Implies(lt(j, n), conj(le(0, x), lt(x, layout.N))) for j, x in enumerate(xs)]
+    return conj(out)
+
+
 def _queued(s: SState, r: int, xs: list, n: Any) -> Any:
     return disj(*[conj(lt(j, n), eq(x, r)) for j, x in enumerate(xs)])
 
@@ -112,7 +135,9 @@ PRIORITY_AUXILIARY = {"PA1_arrived_iff_placed": pa1_arrived_iff_placed,
                       "PA2_well_formed_but_the_blocks": pa2_well_formed_but_the_blocks,
                       "PA3_queues_match_statuses": pa3_queues_match_statuses}
 # PR4's (with a connector; priority_engines.priority_kv_auxiliary)
-PRIORITY_KV_AUXILIARY = {"PA4_well_formed_but_every_block": pa4_well_formed_but_every_block}
+PRIORITY_KV_AUXILIARY = {"PA4_well_formed_but_every_block": pa4_well_formed_but_every_block,
+                         "PA5_places_numbered_once": pa5_places_numbered_once,
+                         "PA6_queues_within_their_slots": pa6_queues_within_their_slots}
 
 
 # --- PR2, PR3: formulas of a step (st.before, st.after, st.choices, st.sched) -------

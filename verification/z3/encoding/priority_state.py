@@ -19,15 +19,33 @@ PR4 orders it (priority_invariants.py). `async_kv_waiting`'s ranked head
 (`priority_orders_async_kv`) needs vLLM 0.34's load limit, which the
 connector's encoding refuses (kv_state.refuse_unencoded_connector).
 
+Beside streaming sessions (spec/sessions.py) a session's input is stamped
+when the client sends it, a later place of the session in `State.arrivals`
+(the tuple then names it twice), and taking the input drops its first
+place (`_take_input`): its rank moves to the stamp's. Each session request
+has one stamp slot per input of its model prompt that is not the end of
+the session (`SPrio.stamps`, ascending after its place, PAD-padded; other
+requests have none), so the places and stamps together are the tuple.
+An input taken while the session waits in a queue changes its rank there
+(vLLM re-keys its heap entry in place), which leaves the heap out of order
+when another request of the session's priority sits beside it (SS5; the
+finding of docs/request-states.md): the encoding's push inserts at a rank's
+place where the spec sorts the queue, the two agreeing only on queues in
+order. So the policy beside sessions is encoded only where every session's
+priority is its own (no other prompt of the model has it): the rank of a
+session against any other request is then its priority's, which an input
+never changes, and two other requests keep their relative places, so no
+queue leaves rank order (`sessions_keys_distinct`).
+
 What the encoding of the policy leaves out is refused, not approximated
 (`refuse_unencoded_priority`): a connector whose `kv_holding` is not ranked
-under the policy, asynchronous scheduling and the other request states of
-issue 39 (structured output, streaming sessions), none cross-checked with it.
+under the policy, asynchronous scheduling, structured output, and sessions
+whose priority another request shares (above), none cross-checked with it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import z3
@@ -58,8 +76,10 @@ def refuse_unencoded_priority(model) -> None:
         why.append("a KV connector whose kv_holding is not a priority heap")
     if cfg.rules.output_placeholders:
         why.append("asynchronous scheduling")
-    if cfg.streaming_sessions or cfg.structured_output:
-        why.append("streaming sessions or structured output")
+    if cfg.structured_output:
+        why.append("structured output")
+    if cfg.streaming_sessions and not sessions_keys_distinct(model):
+        why.append("streaming sessions whose priority another request shares (an input re-keys a heap in place: SS5)")
     if not cfg.continue_prefill:
         why.append("one batch per request")
     if why:
@@ -67,17 +87,35 @@ def refuse_unencoded_priority(model) -> None:
                          f"{'; '.join(why)}; the explicit search covers them")
 
 
+def sessions_keys_distinct(model) -> bool:
+    """Every session's priority is its own: no other prompt of the model has
+    it (module docstring: then no input reorders a queue)."""
+    prios = [p.priority for p in model.prompts]
+    return all(prios.count(p.priority) == 1 for p in model.prompts if p.session)
+
+
+def stamp_slots(layout, r: int) -> int:
+    """How many later places request r may hold in the arrival order: its
+    session's inputs that are not the end of the session (0 without sessions)."""
+    if not layout.cfg.streaming_sessions:
+        return 0
+    return sum(1 for x in layout.model.prompts[r].session if x != (0, 0))
+
+
 @dataclass
 class SPrio:
-    place: list               # per request: its index in State.arrivals, PAD before it arrives
+    place: list               # per request: its first index in State.arrivals, PAD before it arrives
     num_arrivals: Any
+    stamps: list = field(default_factory=list)    # per request: its later indices (sessions' stamped inputs), PAD-padded
 
 
 def prio_frame(layout, tag: str) -> list:
     """[SPrio of fresh variables], or [] under FCFS."""
     if not has_priority(layout):
         return []
-    return [SPrio([var(f"prio.place[{r}]@{tag}") for r in range(layout.N)], var(f"prio.num_arrivals@{tag}"))]
+    return [SPrio([var(f"prio.place[{r}]@{tag}") for r in range(layout.N)], var(f"prio.num_arrivals@{tag}"),
+                  [[var(f"prio.stamp[{r}][{i}]@{tag}") for i in range(stamp_slots(layout, r))]
+                   for r in range(layout.N)])]
 
 
 def priority_of(layout, r: int, arrived: bool) -> int:
@@ -94,9 +132,11 @@ def prio_constant(layout, state: State) -> list:
     if not has_priority(layout):
         return []
     arrivals = state.arrivals
-    if len(set(arrivals)) != len(arrivals) or any(not 0 <= r < layout.N for r in arrivals):
-        raise PriorityNotRepresentable(f"arrivals {arrivals} repeat a request or name an unknown one")
-    return [SPrio([V(arrivals.index(r)) if r in arrivals else V(PAD) for r in range(layout.N)], V(len(arrivals)))]
+    if any(not 0 <= r < layout.N or arrivals.count(r) > 1 + stamp_slots(layout, r) for r in arrivals):
+        raise PriorityNotRepresentable(f"arrivals {arrivals} repeat a request past its stamps or name an unknown one")
+    at = {r: [j for j, x in enumerate(arrivals) if x == r] for r in range(layout.N)}
+    stamps = [[V(j) for j in at[r][1:]] + [V(PAD)] * (stamp_slots(layout, r) - len(at[r][1:])) for r in range(layout.N)]
+    return [SPrio([V(at[r][0]) if at[r] else V(PAD) for r in range(layout.N)], V(len(arrivals)), stamps)]
 
 
 def prio_request_fields(layout, r: int, arrived: bool) -> dict:
@@ -108,21 +148,29 @@ def prio_state_fields(prio: list, iv) -> dict:
     """`State.arrivals` decoded from the places ({} under FCFS)."""
     if not prio:
         return {}
-    places = {r: iv(x) for r, x in enumerate(prio[0].place) if iv(x) != PAD}
-    return dict(arrivals=tuple(sorted(places, key=places.__getitem__)))
+    p = prio[0]
+    places = [(iv(x), r) for r, x in enumerate(p.place) if iv(x) != PAD]
+    places += [(iv(x), r) for r, row in enumerate(p.stamps) for x in row if iv(x) != PAD]
+    return dict(arrivals=tuple(r for _, r in sorted(places)))
 
 
 def prio_well_formed(layout, s) -> Any:
-    """The places of the arrived requests are 0 .. num_arrivals - 1, each
-    once; every other place is PAD (True under FCFS)."""
+    """The places (and stamps) of the arrived requests are 0 .. num_arrivals
+    - 1, each once; every other place is PAD (True under FCFS). A request's
+    stamps follow its place in ascending order, the unused ones last."""
     if not s.prio:
         return z3.BoolVal(True)
     p, out = s.prio[0], []
-    out += [le(0, p.num_arrivals), le(p.num_arrivals, layout.N),
-            eq(count([neg(eq(x, PAD)) for x in p.place]), p.num_arrivals)]
-    for a, x in enumerate(p.place):
+    stamps = [x for row in p.stamps for x in row]
+    every = p.place + stamps
+    out += [le(0, p.num_arrivals), le(p.num_arrivals, layout.N + len(stamps)),
+            eq(count([neg(eq(x, PAD)) for x in every]), p.num_arrivals)]
+    for a, x in enumerate(every):
         out.append(disj(eq(x, PAD), conj(le(0, x), lt(x, p.num_arrivals))))
-        out += [disj(eq(x, PAD), neg(eq(x, y))) for y in p.place[a + 1:]]
+        out += [disj(eq(x, PAD), neg(eq(x, y))) for y in every[a + 1:]]
+    for x, row in zip(p.place, p.stamps):
+        for before, y in zip([x] + row, row):
+            out.append(disj(eq(y, PAD), conj(neg(eq(before, PAD)), lt(before, y))))
     return conj(out)
 
 

@@ -59,8 +59,10 @@ def refuse_unencoded_sessions(model) -> None:
         why.append("drafts (a session's next turn admitted with padded drafts)")
     if cfg.prefix_caching:
         why.append("prefix caching beside sessions (a turn's kept outputs become prompt blocks)")
-    if cfg.scheduling_policy != "fcfs" or cfg.structured_output or cfg.reset_and_pause:
-        why.append("the priority policy, structured output or reset and pause beside sessions")
+    if cfg.structured_output or cfg.reset_and_pause:
+        why.append("structured output or reset and pause beside sessions")
+    # the priority policy beside sessions: only where every session's priority
+    # is its own (priority_state.refuse_unencoded_priority says why)
     if why:
         raise ValueError(f"model {model.name}: the Z3 encoding of streaming sessions leaves out "
                          f"{'; '.join(why)}; the explicit search covers them")

@@ -6,6 +6,10 @@ session, the finish that closes it, the seats parked sessions hold, the
 turn `_launch` records on each entry and the shift of those turns when the
 oldest batch returns.
 
+Under the priority policy (encoded beside sessions only where every
+session's priority is its own) an input also takes its arrival and a
+stopped session is pushed at its rank: priority_sessions.py.
+
 Each function is a no-op (or returns its input) on a frame without
 sessions, so the hooks in actions.py and schedule.py leave every other
 model's formulas as they were. A finish is passed in (`Finish`), as the
@@ -17,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import z3
+from flightcheck.verification.z3.encoding.priority_sessions import push_at_rank, stamp_input, take_arrival
 from flightcheck.verification.z3.encoding.requests import async_at, at, counters_at, req_at, with_async, with_counters, with_req
 from flightcheck.verification.z3.encoding.session_state import PAD, has_sessions, is_resumable_slot, session_inputs
 from flightcheck.verification.z3.encoding.state import (
@@ -135,7 +140,7 @@ def send_input(layout: Layout, s: SState, req: Any, finish: Finish) -> SState:
     q = req_at(s, req)
     x = q.session[0]
     new, cap = _next_to_send(layout, s, req)
-    st = with_req(s, req, to_send=x.to_send - 1)
+    st = stamp_input(with_req(s, req, to_send=x.to_send - 1), req, neg(_is_end(new, cap)))   # priority: its arrival
     queued = with_req(st, req, queued=x.queued + 1)
     if layout.is_mutant("continuation_applied_while_running_pr52693"):
         applied = clone(st)
@@ -143,7 +148,8 @@ def send_input(layout: Layout, s: SState, req: Any, finish: Finish) -> SState:
         applied = with_req(applied, req, prompt_len=x.prompt_len + q.num_output - 1 + new, num_output=V(0),
                            max_tokens=cap)
         queued = merge(conj(eq(q.status, RUNNING), neg(_is_end(new, cap))), applied, queued)
-    taken = merge(_is_end(new, cap), finish(layout, st, req, V(F_ABORTED)), _take_input(st, req, new, cap))
+    taken = merge(_is_end(new, cap), finish(layout, st, req, V(F_ABORTED)),
+                  _take_input(take_arrival(st, req), req, new, cap))
     return merge(eq(q.status, PARKED), taken, queued)
 
 
@@ -184,7 +190,7 @@ def stop_session(layout: Layout, st: SState, r: Any, stop: Any, finish: Finish) 
     has_queued = lt(0, x.queued)
     dequeued = with_req(out, r, queued=x.queued - 1)
     ended = finish(layout, dequeued, r, stop)
-    requeued = _requeue(layout, dequeued, r)
+    requeued = _requeue(layout, take_arrival(dequeued, r), r)     # pushed at the input's arrival
     parked = with_req(_requeue(layout, out, r), r, status=V(PARKED))
     return merge(conj(has_queued, _is_end(new, cap)), ended,
                  merge(has_queued, _take_input(requeued, r, new, cap), parked))
@@ -192,16 +198,19 @@ def stop_session(layout: Layout, st: SState, r: Any, stop: Any, finish: Finish) 
 
 def _requeue(layout: Layout, st: SState, r: Any) -> SState:
     """sessions._requeue: out of `running` and the waiting queues, onto the
-    tail of `kv_holding` if r computed tokens, else of `waiting`."""
+    tail of `kv_holding` if r computed tokens, else of `waiting` (at r's
+    rank under the priority policy: priority_sessions.push_at_rank)."""
     out = clone(st)
     ss = out.sess[0]
     out.running, out.running_len = remove(st.running, st.running_len, r)
     waiting, waiting_len = remove(st.waiting, st.waiting_len, r)
     holding, holding_len = remove(st.sess[0].holding, st.sess[0].holding_len, r)
     holds = lt(0, req_at(st, r).num_computed)
-    ss.holding = [ite(holds, v, h) for v, h in zip(put(holding, holding_len, r), holding)]
+    pushed_holding = push_at_rank(layout, st, holding, holding_len, r, put(holding, holding_len, r))
+    pushed_waiting = push_at_rank(layout, st, waiting, waiting_len, r, put(waiting, waiting_len, r))
+    ss.holding = [ite(holds, v, h) for v, h in zip(pushed_holding, holding)]
     ss.holding_len = ite(holds, holding_len + 1, holding_len)
-    out.waiting = [ite(holds, w, v) for v, w in zip(put(waiting, waiting_len, r), waiting)]
+    out.waiting = [ite(holds, w, v) for v, w in zip(pushed_waiting, waiting)]
     out.waiting_len = ite(holds, waiting_len, waiting_len + 1)
     return out
 
