@@ -1,4 +1,5 @@
-"""An open false rejection: vLLM 0.8.x's held drafts and the blocks it caches.
+"""The known false rejection of vLLM 0.8.x's held drafts (flightcheck/vllm/README.md,
+"Speculative decoding"; tests/test_vllm_spec_decode.py replays it), at its smallest.
 
 vLLM 0.8.x keeps a request's unscheduled drafts, through preemption too
 (`Scheduler.schedule` trims `spec_token_ids` only when some were scheduled;
@@ -14,11 +15,12 @@ it clears a preempted request's drafts and leaves only the scheduled drafts
 uncached, so check-trace rejects vLLM's correct run (schedule_decision at
 the second resumption: the spec hits 8 tokens, vLLM 6).
 
-Found at a deployment's scale (tests/test_vllm_realistic_scale.py, vLLM
-0.8.4, one draft, a tight pool), reached again by the campaign's own
-generator (`campaign_workloads(5, 60, spec_tokens=2)` index 57 on 0.8.4) and
-cut to three requests; its trace and workload are kept in
-tests/data/vllm/held-drafts. Strict xfail until the spec models held drafts.
+Reached again at a deployment's scale (tests/test_vllm_realistic_scale.py,
+vLLM 0.8.4, one draft, a tight pool) and by the campaign's own generator
+(`campaign_workloads(5, 60, spec_tokens=2)` index 57 on 0.8.4), that one cut
+to three requests and 43 events; its trace and workload are kept in
+tests/data/vllm/held-drafts, so this strict xfail needs no vLLM. It flips
+when the spec models held drafts.
 """
 
 from __future__ import annotations
