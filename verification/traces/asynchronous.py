@@ -70,6 +70,12 @@ class AsyncScheduling:
                                "called schedule() only until the spec forms a batch")
         if step is not None:
             self.last_call_step = step
+        self._replay_empty_calls(count, exact)
+
+    def _replay_empty_calls(self, count: int, exact: bool) -> None:
+        """Queue `count` schedule() calls as the spec's empty batches (each
+        counts every countdown down); when the count is not `exact`, only
+        while the spec's own call would form nothing."""
         for _ in range(min(count, self.cfg.stagger)):
             if not exact and not is_empty_step(schedule(self._with_queue_slot(), self.cfg)):
                 break
@@ -129,6 +135,14 @@ class AsyncScheduling:
             return
         self.writes_empty_batches = True
         self.pending_empty_calls += sum(1 for x in noted if isinstance(x, dict) and x.get("ev") == "schedule")
+        if event["ev"] != "schedule":
+            # the calls ran before this event: vLLM 0.34's `EngineCore.step_with_batch_queue`
+            # calls schedule() and queues its batch before it pops the oldest for
+            # `update_from_output`, so a call noted on a completion precedes it, and one
+            # noted on an input ran in an engine step before it; replayed later, the
+            # spec's call would read a state vLLM's call never saw (PR3 would judge it)
+            count, self.pending_empty_calls = self.pending_empty_calls, 0
+            self._replay_empty_calls(count, exact=True)
 
     def _with_queue_slot(self) -> State:
         """The state with leading empty batches completed while the queue is full."""
