@@ -5,8 +5,9 @@ has (the decode stagger S6', placeholders IA1/IA2).
 Under async scheduling every schedule() call counts for the decode stagger,
 the empty ones included, and an empty batch takes a queue slot. Before each
 batch the checker replays the calls the trace does not show as the spec's
-empty batches (how many: `_catch_up_empty_calls`), and completes an empty
-batch whenever a queue slot or a completion needs it.
+empty batches (how many: `_catch_up_empty_calls`; a call the trace notes on
+another event, before that event: `_note_empty_batches`), and completes an
+empty batch whenever a queue slot or a completion needs it.
 docs/trace-format.md, "Asynchronous scheduling".
 """
 
@@ -129,7 +130,9 @@ class AsyncScheduling:
     def _note_empty_batches(self, event: dict) -> None:
         """The empty schedule() calls a writer notes on any event
         (`empty_batches_before`, the vLLM 0.33 recorder's annotation): once a
-        trace notes one, it is taken to note them all."""
+        trace notes one, it is taken to note them all. Those noted on a
+        schedule event are replayed by its catch-up; those noted on any
+        other event, here, before it."""
         noted = event.get("empty_batches_before")
         if not isinstance(noted, list):
             return
