@@ -73,17 +73,20 @@ class AsyncScheduling:
             self.last_call_step = step
         self._replay_empty_calls(count, exact)
 
-    def _replay_empty_calls(self, count: int, exact: bool) -> None:
+    def _replay_empty_calls(self, count: int, exact: bool) -> int:
         """Queue `count` schedule() calls as the spec's empty batches (each
         counts every countdown down); when the count is not `exact`, only
-        while the spec's own call would form nothing."""
-        for _ in range(min(count, self.cfg.stagger)):
+        while the spec's own call would form nothing. Returns how many of
+        the first `stagger` calls found no queue slot (or no request)."""
+        left = min(count, self.cfg.stagger)
+        while left:
             if not exact and not is_empty_step(schedule(self._with_queue_slot(), self.cfg)):
                 break
             self._drain_empty_batches(keep_room=True)
             idle = _idle(self.state, self.cfg) if len(self.state.in_flight) < self.cfg.queue_depth else None
             if idle is None:
                 break
+            left -= 1
             self.scheduled = idle
             self._apply(Schedule(), idle.state, "schedule")
             self.batch_ids.append(EMPTY_BATCH)
@@ -94,6 +97,7 @@ class AsyncScheduling:
         self._drain_empty_batches(keep_room=True)
         self.unchecked.add("queue slots of empty batches (the checker completes an empty batch whenever a "
                            "slot or a completion needs it)")
+        return left
 
     def _drain_noted_empty_batch(self) -> None:
         """Complete the empty batch queued for a call whose completion the
@@ -144,8 +148,8 @@ class AsyncScheduling:
             # `update_from_output`, so a call noted on a completion precedes it, and one
             # noted on an input ran in an engine step before it; replayed later, the
             # spec's call would read a state vLLM's call never saw (PR3 would judge it)
-            count, self.pending_empty_calls = self.pending_empty_calls, 0
-            self._replay_empty_calls(count, exact=True)
+            # (a call that finds no slot here waits for the next batch's catch-up, as before)
+            self.pending_empty_calls = self._replay_empty_calls(self.pending_empty_calls, exact=True)
 
     def _with_queue_slot(self) -> State:
         """The state with leading empty batches completed while the queue is full."""
