@@ -16,12 +16,19 @@ ends a trace before a false rejection later in it can be seen.
   does not roll back.
 * 0.33.0 and 0.34.0 async, seed 3 index 53 (`*_async_cadence_hold_at_preemption`):
   prefill cadence (interval 2), priority, grammar, streaming sessions and
-  drafts; at line 36 the schedule of batch 12 runs r3's decode and preempts
-  r1, a running prefill chunk (18 of 20 computed), and check-trace rejects
-  it as CAD3_hold_restarts_after_prefill while vLLM's ground truth has no
-  finding. Not settled: a strict xfail until the cadence's hold at a
-  preemption is read in vLLM's `Scheduler.schedule` (`last_prefill_step`,
-  `prefill_scheduled`).
+  drafts. At line 36 the waiting queue is backed up (prefill_capacity_bound,
+  so the hold of 1 defers nothing): `Scheduler.schedule` schedules r1, a
+  running prefill chunk (18 of 20), then r3's decode finds no block and the
+  priority preemption takes r1 back out of the batch
+  (`scheduled_running_reqs.remove`), leaving `prefill_scheduled` set, so
+  `last_prefill_step` restarts from a batch without a prefill. The spec's
+  action does the same (spec/schedule.py: `carried_prefill` stays set), but
+  CAD3's `_carries_prefill` (spec/cadence_properties.py) reads only the
+  batch's final entries and wants the hold one less: a false
+  CAD3_hold_restarts_after_prefill (vLLM's ground truth has no finding).
+  Open (the property and its Z3 encoding, verification/z3/encoding/
+  cadence_invariants.py, must count a running prefill chunk the call
+  scheduled and then took back): a strict xfail.
 """
 
 from __future__ import annotations
@@ -91,8 +98,9 @@ def test_a_holder_is_a_request_vllms_scan_rolled_back_not_one_that_lost_drafts()
     assert shares.written[0]["holders"] == [{"req": "r1", "computed": 24}]
 
 
-@pytest.mark.xfail(strict=True, reason="open: CAD3 at a preemption beside a decode (0.33/0.34 async, "
-                                       "seed 3 index 53 of --stages 1), vLLM's ground truth has no finding")
+@pytest.mark.xfail(strict=True, reason="open: CAD3 reads only the final entries, not a prefill chunk a "
+                                       "priority preemption took back out of the batch (vLLM keeps "
+                                       "prefill_scheduled): 0.33/0.34 async, seed 3 index 53 of --stages 1")
 @pytest.mark.parametrize("stem", CADENCE_AT_PREEMPTION)
 def test_cadence_hold_at_a_preemption_is_accepted(stem):
     verdict = _verdict(DATA / f"{stem}.jsonl")
