@@ -180,7 +180,15 @@ class SchedulerFactory:
                 skip_tokenizer_init=True)
             if _accepts(ModelConfig, "task"):                                       # 0.8.x
                 arguments["task"] = "generate"
-            self._model_configs[max_model_len] = ModelConfig(**arguments)
+            model_config = ModelConfig(**arguments)
+            # 0.8.x: V0's async output processor, which the V1 scheduler never
+            # reads. `ModelConfig.verify_async_output_proc` turns it off itself
+            # under pipeline parallelism; with one stage it asks the platform,
+            # which the replay has none of (NotImplementedError), so it is off
+            # from the start, as every multi-stage build already left it.
+            if getattr(model_config, "use_async_output_proc", False):
+                model_config.use_async_output_proc = False
+            self._model_configs[max_model_len] = model_config
         return self._model_configs[max_model_len]
 
     def build(self, scheduler_class: type, config: ReplayConfig) -> Any:
