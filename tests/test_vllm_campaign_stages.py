@@ -63,3 +63,22 @@ def test_a_bad_stage_count_is_refused_in_one_line(capsys, value, said):
     assert exited.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("flightcheck: error: argument --stages:") and said in err[-1]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.8.4", "0.8.5"])
+def test_a_one_stage_workload_replays_on_0_8(version):
+    """0.8.x built no one-stage engine (its V0 async output check asked the
+    platform: NotImplementedError); the worker turns that processor off."""
+    from flightcheck.vllm.campaign import DISAGREEMENTS, ReplayJob, replay_workload
+    from flightcheck.vllm.replay import ReplayWorker
+
+    from .vllm_support import require_venv
+
+    require_venv(version)
+    raw = campaign_workloads(1, 1, stages=1)[0]
+    with ReplayWorker(version) as worker:
+        replayed = replay_workload(worker, ReplayJob(version, False, 0, raw, 1))
+    assert replayed.category not in DISAGREEMENTS, replayed.detail
+    assert replayed.comparison is not None and replayed.comparison.explained, replayed.comparison.describe()
