@@ -102,7 +102,6 @@ def _spec_run_as_trace(seed: int, num_stages: int, num_blocks: int) -> list[dict
     import random
 
     from flightcheck.spec import Abort, Arrive, step
-    from flightcheck.spec.actions import sampling_entries
 
     rng = random.Random(seed)
     cfg = Config(num_stages=num_stages, max_num_batched_tokens=3, max_num_seqs=2, block_size=2,
@@ -136,19 +135,7 @@ def _spec_run_as_trace(seed: int, num_stages: int, num_blocks: int) -> list[dict
                                             "placeholders": state.requests[e.req].placeholders}
                                            for e in scheduled.entries]})
         elif choice < 0.95 and state.in_flight:
-            head = state.in_flight[0]
-            sampling = sampling_entries(state, cfg)
-            samples = tuple(Sample(stop_at=0 if rng.random() < 0.2 else None) for _ in sampling)
-            before = state
-            state = complete_oldest(state, cfg, samples)
-            if head:
-                events.append({"ev": "complete", "batch": None, "tokens": {
-                    f"r{e.req}": [0 if s.stop_at == 0 else 5] for e, s in zip(sampling, samples)},
-                    "dropped": [f"r{e.req}" for e in head if e.samples and e not in sampling]})
-            for r, (b, a) in enumerate(zip(before.requests, state.requests)):
-                if a.status.is_finished and not b.status.is_finished:
-                    events.append({"ev": "finish", "req": f"r{r}",
-                                   "reason": "stop" if a.status.value == "FINISHED_STOPPED" else "length"})
+            state = _complete_as_trace(state, cfg, rng, events)
         elif choice >= 0.95:
             active = [r for r, q in enumerate(state.requests) if q.status.is_active]
             if active:
@@ -156,6 +143,27 @@ def _spec_run_as_trace(seed: int, num_stages: int, num_blocks: int) -> list[dict
                 state = step(state, cfg, Abort(r))
                 events.append({"ev": "abort", "req": f"r{r}"})
     return events
+
+
+def _complete_as_trace(state, cfg: Config, rng, events: list[dict]):
+    """Complete the oldest batch with random samples (a fifth of them EOS),
+    writing its completion (unless the batch is empty) and any finishes."""
+    from flightcheck.spec.actions import sampling_entries
+
+    head = state.in_flight[0]
+    sampling = sampling_entries(state, cfg)
+    samples = tuple(Sample(stop_at=0 if rng.random() < 0.2 else None) for _ in sampling)
+    before = state
+    state = complete_oldest(state, cfg, samples)
+    if head:
+        events.append({"ev": "complete", "batch": None, "tokens": {
+            f"r{e.req}": [0 if s.stop_at == 0 else 5] for e, s in zip(sampling, samples)},
+            "dropped": [f"r{e.req}" for e in head if e.samples and e not in sampling]})
+    for r, (b, a) in enumerate(zip(before.requests, state.requests)):
+        if a.status.is_finished and not b.status.is_finished:
+            events.append({"ev": "finish", "req": f"r{r}",
+                           "reason": "stop" if a.status.value == "FINISHED_STOPPED" else "length"})
+    return state
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -80,6 +80,14 @@ def test_engine_pipelines_prefill_chunks_and_alternates_decodes_with_two_batches
 
     # 9. From here even steps consume one output (alternating requests, one
     #    more token each time) and odd steps schedule.
+    _alternate_decodes_until_one_finishes(engine, sched)
+    engine.run()
+    assert leak_errors(sched) == []
+
+
+def _alternate_decodes_until_one_finishes(engine: Engine, sched: Scheduler) -> None:
+    """Even steps consume one output, alternating requests, one more token
+    each time; odd steps schedule and return None."""
     expected = [sched.requests["0"].num_tokens + 1, sched.requests["1"].num_tokens + 1]
     step, req = 0, 0
     while len(sched.waiting) + len(sched.running) == 2:
@@ -94,8 +102,6 @@ def test_engine_pipelines_prefill_chunks_and_alternates_decodes_with_two_batches
         else:
             assert outputs is None
         step += 1
-    engine.run()
-    assert leak_errors(sched) == []
 
 
 # ---------------------------------------------------------------------------
