@@ -150,11 +150,12 @@ PROFILE_SHARE = 9
 # on and the cache-aware admission window closed (`SchedulerConfig`'s
 # defaults), where these rules change nothing (tests/test_admission_rules.py
 # checks them; the vLLM campaign's families drive them).
-# (The fuzzer's machine has no KV connector, so the connector's rules are
-# inert too: tests/test_reference_kv_refinement.py fuzzes them.)
+# (The fuzzer's machine has no KV connector and no streaming sessions, so
+# the connector's rules and 0.34's session input rule are inert too:
+# tests/test_reference_kv_refinement.py and the sessions' machine fuzz them.)
 INERT_UNDER_FUZZ: dict[str, bool] = {"unchunked_prefill_stops_admission": False,
                                      "threshold_needs_chunked_prefill": False, "cache_aware_admission": False,
-                                     "kv_async_waiting_queue": False}
+                                     "kv_async_waiting_queue": False, "session_input_sets_cache_limit": False}
 
 
 def distinct_rule_sets(profiles: dict[str, VersionProfile]) -> tuple[str, ...]:
