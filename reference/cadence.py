@@ -37,8 +37,15 @@ class PrefillCadence:
             self.local_prefill_interval > 1 and not self.prefill_capacity_bound
             and (self.num_executed_steps + 1) - self.last_prefill_step < self.local_prefill_interval
             and any(not r.is_prefill_chunk for r in self.running))
-        self._running_prefill_chunks = {r.request_id for r in self.running if r.is_prefill_chunk}
+        self._prefill_scheduled = False
         self._was_running = {r.request_id for r in self.running}
+
+    def _note_scheduled_running(self, request: Request) -> None:
+        """The running loop scheduled `request` (vLLM `prefill_scheduled |=
+        request.is_prefill_chunk`): noted as it is scheduled, so a chunk a
+        priority preemption later takes back out of the batch (priority.py
+        `_hand_back`) still restarts the interval, as in vLLM 0.33/0.34."""
+        self._prefill_scheduled |= request.is_prefill_chunk
 
     def _held_in_running_loop(self, request: Request) -> bool:
         return self.defer_prefills and request.is_prefill_chunk
@@ -74,16 +81,15 @@ class PrefillCadence:
 
     def _end_cadence(self, batch: Batch) -> None:
         """Count the executed step; restart the interval from one that carried
-        a prefill (a running prefill chunk, or an admission with more than one
-        token left to compute). Runs before the counters advance."""
+        a prefill (a running prefill chunk scheduled, even if taken back, or an
+        admission with more than one token left to compute). Runs before the
+        counters advance."""
         if self.local_prefill_interval == 1:
             return
-        carried = False
+        carried = self._prefill_scheduled
         for request, entry in zip(batch.requests, batch.entries):
             self.deferred_waiting.discard(request.request_id)
-            if request.request_id in self._running_prefill_chunks:
-                carried = True
-            elif request.request_id not in self._was_running:     # admitted: its hit is its start
+            if request.request_id not in self._was_running:     # admitted: its hit is its start
                 carried |= entry.num_computed_tokens < request.num_tokens - 1
         if batch.total_num_scheduled_tokens > 0:
             self.num_executed_steps += 1

@@ -357,6 +357,7 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
             if self._drafts_emptied_when_scheduled and request.spec_token_ids:
                 request.spec_token_ids = ()   # vLLM 0.33: `request.spec_token_ids = []`
             self._add_to_batch(batch, request, entry)
+            self._note_scheduled_running(request)   # `prefill_scheduled` (cadence.py)
             req_index += 1
 
     def _num_new_tokens_running(self, request: Request, token_budget: int) -> int:

@@ -13,10 +13,16 @@
   is suppressed").
 
 * CAD3_hold_restarts_after_prefill: after a call, the hold is interval - 1
-  if the batch carried a prefill (a running prefill chunk, or an admission
+  if the call scheduled a prefill (a running prefill chunk, or an admission
   with more than one token left to compute: the deferral's own test, which
   vLLM's `prefill_admitted` must use), else one less after an executed step
-  (floored at 0), else unchanged.
+  (floored at 0), else unchanged. A running prefill chunk counts even when
+  a priority preemption took it back out of the batch later in the call
+  (`Scheduled.taken_back`): vLLM 0.33/0.34 `Scheduler.schedule` sets
+  `prefill_scheduled` as it schedules the chunk, and the hand-back
+  (`scheduled_running_reqs.remove`) restores the budget but not the flag,
+  so `last_prefill_step` is stamped all the same. The executed step is
+  counted on what stays in the batch (`total_num_scheduled_tokens`).
 
 Stated against a second computation, not the cadence's own functions: CAD2
 compares with the spec's step under `prefill_schedule_interval = 1`.
@@ -58,6 +64,11 @@ def cad2_backed_up_queue_not_held(before: State, scheduled: Scheduled, cfg: Conf
 
 
 def _carries_prefill(before: State, scheduled: Scheduled) -> bool:
+    """The call scheduled a prefill: an entry of its batch, or a running
+    request it took back (every one was a running entry: only the running
+    loop preempts, and the waiting loop does not run after a preemption)."""
+    if any(before.requests[r].is_prefill_chunk for r in scheduled.taken_back):
+        return True
     for e in scheduled.entries:
         req = before.requests[e.req]
         if (req.is_prefill_chunk if e.req in before.running_set else e.cached < req.num_tokens - 1):
@@ -66,7 +77,7 @@ def _carries_prefill(before: State, scheduled: Scheduled) -> bool:
 
 
 def cad3_hold_restarts_after_prefill(before: State, scheduled: Scheduled, cfg: Config) -> bool:
-    """CAD3_hold_restarts_after_prefill: after a call the hold is interval - 1 if its batch carried a prefill (a running prefill chunk, or an admission with more than one token left to compute), else one less after a call that scheduled tokens (floored at 0), else unchanged."""
+    """CAD3_hold_restarts_after_prefill: after a call the hold is interval - 1 if it scheduled a prefill (a running prefill chunk, kept in its batch or taken back by a priority preemption, or an admission with more than one token left to compute), else one less after a call that scheduled tokens (floored at 0), else unchanged."""
     if not is_on(cfg):
         return True
     if _carries_prefill(before, scheduled):

@@ -51,6 +51,7 @@ class StepUnderConstruction(Protocol):
     state: State
     budget: int
     entries: list  # list[schedule.ScheduledEntry]
+    taken_back: list  # list[int]: the requests handed back (schedule.Scheduled.taken_back)
 
 
 def is_priority(cfg: Config) -> bool:
@@ -136,9 +137,11 @@ def hand_back(step: StepUnderConstruction, victim: int) -> None:
     `scheduled_spec_decode_tokens`) is dropped and its tokens return to the
     budget (`token_budget += restored`). Its new blocks go back with its
     table in the preemption; its counter moves only at launch, so nothing
-    else of the entry remains."""
+    else of the entry remains, but the call keeps having scheduled it
+    (`taken_back`: vLLM's `prefill_scheduled` is not undone)."""
     kept = [e for e in step.entries if e.req != victim]
     if len(kept) == len(step.entries):
         return
     step.budget += sum(e.n for e in step.entries if e.req == victim)
     step.entries[:] = kept
+    step.taken_back.append(victim)

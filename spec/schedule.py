@@ -51,6 +51,7 @@ class Scheduled:
     entries: tuple[ScheduledEntry, ...]
     preempted: tuple[int, ...]
     kv_loads: tuple[tuple[int, int], ...] = ()   # (request, start): async KV loads parked in this call
+    taken_back: tuple[int, ...] = ()   # scheduled, then taken back out by a priority preemption (priority.hand_back)
 
 
 class _Step:
@@ -63,6 +64,7 @@ class _Step:
         self.preempted: list[int] = []
         self.new_blocks: tuple[int, ...] = ()   # set by the last successful _allocate
         self.kv_loads: list[tuple[int, int]] = []
+        self.taken_back: list[int] = []
         self.threshold = _threshold_in_force(state, cfg)
         self.defers_prefills = cadence.defers_prefills(state, cfg)     # the prefill cadence (cadence.py)
         self.carried_prefill = False
@@ -105,7 +107,8 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
         step.state = cadence.after_waiting_loop(step.state, cfg, step.defers_prefills)
     if not step.entries and not step.preempted:
         return _idle(state, cfg, step)   # 0.34's reorder and a KV connector's loads stay
-    return Scheduled(_launch(step), tuple(step.entries), tuple(step.preempted), tuple(step.kv_loads))
+    return Scheduled(_launch(step), tuple(step.entries), tuple(step.preempted), tuple(step.kv_loads),
+                     tuple(step.taken_back))
 
 
 def _idle(state: State, cfg: Config, step: _Step | None = None) -> Scheduled | None:

@@ -16,7 +16,10 @@ import pytest
 
 from flightcheck.spec import Config, KvConnector
 from flightcheck.spec.transitions import transition_properties_for
-from flightcheck.verification.cadence_models import CADENCE_K2, CADENCE_K2_ASYNC
+from flightcheck.spec import schedule
+from flightcheck.verification.cadence_models import (CADENCE_K2, CADENCE_K2_ASYNC, CADENCE_MODELS, CADENCE_PRIO_K1_ASYNC,
+                                                     CADENCE_PRIO_K2, cadence_mutant_model)
+from flightcheck.verification.z3.encoding.crosscheck import reachable
 from flightcheck.verification.explicit.search import search
 from flightcheck.verification.mutants.registry import CADENCE_MUTANTS
 from flightcheck.verification.traces.check import MalformedTrace, check_events
@@ -60,9 +63,41 @@ def test_the_cadence_models_keep_every_property_and_reach_every_target(model):
 @pytest.mark.parametrize("name", sorted(CADENCE_MUTANTS))
 def test_each_cadence_bug_is_killed_by_its_property_at_its_shortest(name):
     mutant = CADENCE_MUTANTS[name]
-    result = search(replace(CADENCE_K2, mutant=name))
+    result = search(replace(cadence_mutant_model(name), mutant=name))
     killed = [v for v in result.violations if v.property == mutant.killed_by]
     assert killed and len(killed[0].path) == mutant.shortest, result.violations
+
+
+def _taken_back_chunks(model) -> int:
+    """Schedule steps of the model that take a running prefill chunk back out of their batch."""
+    return sum(1 for s in reachable(model) if (scheduled := schedule(s, model.cfg))
+               and any(s.requests[r].is_prefill_chunk for r in scheduled.taken_back))
+
+
+@pytest.mark.parametrize("profile", sorted(CADENCE_MODELS))
+def test_beside_priority_a_chunk_taken_back_still_restarts_the_hold_and_cad3_counts_it(profile):
+    """vLLM 0.33/0.34 `Scheduler.schedule`: `prefill_scheduled` stays set when
+    a priority preemption takes the chunk back out of the batch. The priority
+    models of the cadence take a chunk back (not vacuous) and keep every
+    property, CAD3 among them; the edit that reads only the final batch
+    (`cadence_stamp_undone_by_hand_back`) breaks CAD3 under each profile."""
+    (model,) = [m for m in CADENCE_MODELS[profile] if m.cfg.scheduling_policy == "priority"]
+    assert model.name == (CADENCE_PRIO_K1_ASYNC if "async" in profile else CADENCE_PRIO_K2).name
+    result = search(model)
+    assert result.violations == [] and result.num_states == (137 if "async" in profile else 196)
+    assert _taken_back_chunks(model) == (2 if "async" in profile else 1)
+    mutated = search(model.with_mutant("cadence_stamp_undone_by_hand_back"))
+    assert {v.property for v in mutated.violations} == {"CAD3_hold_restarts_after_prefill"}
+
+
+def test_under_fcfs_nothing_is_taken_back_and_the_hand_back_mutant_survives():
+    """FCFS preempts the tail of `running`, never a request the call already
+    scheduled: cadence-k2 takes nothing back, so the hand-back mutant is
+    hunted on cadence-prio-k2, and the Z3 encoding (which refuses the
+    priority policy beside the cadence) needs no taken-back record."""
+    assert _taken_back_chunks(CADENCE_K2) == 0
+    assert all(not scheduled.taken_back for s in reachable(CADENCE_K2) if (scheduled := schedule(s, CADENCE_K2.cfg)))
+    assert search(CADENCE_K2.with_mutant("cadence_stamp_undone_by_hand_back")).violations == []
 
 
 @pytest.mark.parametrize("profile", ["vllm-0.34", "vllm-0.34-async", "vllm-0.33", "vllm-0.33-async"])
@@ -121,6 +156,46 @@ def test_vllm_runs_of_priority_beside_the_cadence_are_accepted() -> None:
         raw = json.loads((CADENCE_DATA / name).read_text())
         report = run_version("0.34.0", [raw], 0, False, lambda line: None, bool(raw["config"].get("async_scheduling")))
         assert not report.unexplained and not set(report.verdicts) & DISAGREEMENTS, dict(report.verdict_details)
+
+
+# vLLM 0.33/0.34 `Scheduler.schedule`: r0 (low priority) runs a prefill chunk;
+# r1's decode finds no block and the priority preemption takes r0's chunk
+# back out of the batch; `prefill_scheduled` stays set, so the next call is
+# held and r2 (two tokens) waits a call. The reference noted the chunk only
+# from the final batch before (`_end_cadence`) and admitted r2 a call early:
+# check-trace rejected its run (schedule_decision).
+TAKEN_BACK = CADENCE_DATA / "cadence_priority_chunk_taken_back.workload.json"
+
+
+def _batches(events) -> list[tuple[list[tuple[str, int, int]], list[str]]]:
+    return [([(e["req"], e["start"], e["n"]) for e in ev["entries"]], ev["preempted"])
+            for ev in events if ev["ev"] == "schedule" and "entries" in ev]
+
+
+@pytest.mark.parametrize("profile", ["vllm-0.34", "vllm-0.34-async", "vllm-0.33", "vllm-0.33-async"])
+def test_the_reference_holds_the_call_after_a_chunk_taken_back(profile):
+    run = run_reference(json.loads(TAKEN_BACK.read_text()), profile)
+    assert run.ending == "done" and check_events(run.events).ok
+    batches = _batches(run.events)
+    taken = next(i for i, (entries, preempted) in enumerate(batches) if preempted == ["r0"])
+    assert batches[taken][0] == [("r1", 2, 1)]                  # r0's chunk taken back, r1 decodes
+    assert batches[taken + 1][0] == [("r1", 3, 1)]              # held: r2 (two tokens, waiting) is not admitted
+    assert batches[taken + 2][0][0] == ("r2", 0, 1)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
+def test_vllm_holds_the_call_after_a_chunk_taken_back_as_the_reference_does(version: str) -> None:
+    if os.environ.get("FLIGHTCHECK_SKIP_VLLM"):
+        pytest.skip("FLIGHTCHECK_SKIP_VLLM")
+    from flightcheck.vllm.campaign import DISAGREEMENTS, run_version
+
+    raw = json.loads(TAKEN_BACK.read_text())
+    for async_scheduling in (False, True):
+        report = run_version(version, [raw], 0, False, lambda line: None, async_scheduling)
+        assert report.identical == 1 and not report.unexplained, report.lines()
+        assert not set(report.verdicts) & DISAGREEMENTS, dict(report.verdict_details)
 
 
 def test_an_interval_below_one_is_a_malformed_trace():

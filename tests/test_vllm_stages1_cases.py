@@ -23,12 +23,16 @@ ends a trace before a false rejection later in it can be seen.
   (`scheduled_running_reqs.remove`), leaving `prefill_scheduled` set, so
   `last_prefill_step` restarts from a batch without a prefill. The spec's
   action does the same (spec/schedule.py: `carried_prefill` stays set), but
-  CAD3's `_carries_prefill` (spec/cadence_properties.py) reads only the
-  batch's final entries and wants the hold one less: a false
+  CAD3's `_carries_prefill` (spec/cadence_properties.py) read only the
+  batch's final entries and wanted the hold one less: a false
   CAD3_hold_restarts_after_prefill (vLLM's ground truth has no finding).
-  Open (the property and its Z3 encoding, verification/z3/encoding/
-  cadence_invariants.py, must count a running prefill chunk the call
-  scheduled and then took back): a strict xfail.
+  Fixed: the action records what it took back (`Scheduled.taken_back`,
+  filled by `priority.hand_back`) and CAD3 counts a running chunk among
+  them; cadence-prio-k2 (verification/cadence_models.py) reaches such a
+  step, and the mutant `cadence_stamp_undone_by_hand_back` (the hold aged
+  where vLLM restarts it) is killed by CAD3 there (tests/test_prefill_cadence.py).
+  The Z3 encoding of the cadence refuses the priority policy, and under
+  FCFS nothing is taken back (cadence_invariants.py says why).
 * 0.8.5 and 0.8.4 sync with drafts, seed 2 index 14 and 25 of
   `--versions 0.8.5,0.8.4 --spec-tokens 2 --stages 1`: vLLM crashes inside
   `schedule()` (0.8.5: `assert blk.block_hash is None` in
@@ -105,9 +109,6 @@ def test_a_holder_is_a_request_vllms_scan_rolled_back_not_one_that_lost_drafts()
     assert shares.written[0]["holders"] == [{"req": "r1", "computed": 24}]
 
 
-@pytest.mark.xfail(strict=True, reason="open: CAD3 reads only the final entries, not a prefill chunk a "
-                                       "priority preemption took back out of the batch (vLLM keeps "
-                                       "prefill_scheduled): 0.33/0.34 async, seed 3 index 53 of --stages 1")
 @pytest.mark.parametrize("stem", CADENCE_AT_PREEMPTION)
 def test_cadence_hold_at_a_preemption_is_accepted(stem):
     verdict = _verdict(DATA / f"{stem}.jsonl")

@@ -32,11 +32,34 @@ CADENCE_K2 = Model(
 )
 CADENCE_K2_ASYNC = replace(CADENCE_K2.under_profile("vllm-0.34-async"), name="cadence-k2-async")
 
+# The cadence beside the priority policy, interval 2: a six-token prompt of
+# low priority, cut into chunks (the threshold of 1 binds once it has
+# company), and a one-token prompt of high priority that decodes three
+# times, 4 blocks of 2. Admitted beside the chunked prompt, the decode holds
+# the next call; in the call after it the running loop schedules the
+# low-priority chunk, then the decode finds no block and the priority
+# preemption takes the chunk back out of the batch (`priority.hand_back`):
+# the call still restarts the hold (vLLM 0.33/0.34 `Scheduler.schedule`:
+# `prefill_scheduled` stays set; CAD3 reads `Scheduled.taken_back`).
+# Sync at K = 2 (196 states); async at K = 1 (137 states; at K = 2 the
+# chunk is never taken back). No third request: the queue never backs up.
+CADENCE_PRIO_K2 = Model(
+    "cadence-prio-k2",
+    Config(num_stages=2, max_num_batched_tokens=4, long_prefill_token_threshold=1, max_num_seqs=2, block_size=2,
+           num_blocks=4, max_model_len=8, prefix_caching=False, profile="vllm-0.34", prefill_schedule_interval=2,
+           scheduling_policy="priority"),
+    (Prompt(6, 1, priority=1), Prompt(1, 3, priority=0)),
+    allow_abort=False, allow_stop=False, skip_targets=_SKIPPED + ("backed_up_queue_released",),
+)
+_PRIO_ASYNC = CADENCE_PRIO_K2.under_profile("vllm-0.34-async")
+CADENCE_PRIO_K1_ASYNC = replace(_PRIO_ASYNC, name="cadence-prio-k1-async", cfg=replace(_PRIO_ASYNC.cfg, num_stages=1))
+
 CADENCE_MODELS: dict[str, tuple[Model, ...]] = {
-    "vllm-0.34": (CADENCE_K2,),
-    "vllm-0.34-async": (CADENCE_K2_ASYNC,),
-    "vllm-0.33": (CADENCE_K2.under_profile("vllm-0.33"),),
-    "vllm-0.33-async": (CADENCE_K2.under_profile("vllm-0.33-async"),),
+    "vllm-0.34": (CADENCE_K2, CADENCE_PRIO_K2),
+    "vllm-0.34-async": (CADENCE_K2_ASYNC, CADENCE_PRIO_K1_ASYNC),
+    "vllm-0.33": (CADENCE_K2.under_profile("vllm-0.33"), CADENCE_PRIO_K2.under_profile("vllm-0.33")),
+    "vllm-0.33-async": (CADENCE_K2.under_profile("vllm-0.33-async"),
+                        CADENCE_PRIO_K1_ASYNC.under_profile("vllm-0.33-async")),
 }
 
 # The cadence beside reset and pause, interval 2: a one-token prompt that
@@ -105,3 +128,12 @@ CADENCE_KV_K2 = Model(
     skip_targets=tuple(sorted(set(_SKIPPED) | {"blocks_freed_behind_fence"})),
 )
 CADENCE_KV_FAIL_K2 = replace(CADENCE_KV_K2, name="cadence-kv-fail-k2", kv_failures=True)
+
+# Each cadence mutant's model (verification/mutants/cadence.py): cadence-k2,
+# but cadence-prio-k2 for the one whose bug needs a priority preemption.
+CADENCE_MUTANT_MODELS: dict[str, Model] = {"cadence_stamp_undone_by_hand_back": CADENCE_PRIO_K2}
+
+
+def cadence_mutant_model(name: str) -> Model:
+    """The model the cadence mutant `name` is hunted on (without it in force)."""
+    return CADENCE_MUTANT_MODELS.get(name, CADENCE_K2)

@@ -87,8 +87,9 @@ def _add_feature_flags(verify) -> None:
                              "priority model, and PR4 on its models beside the KV connector, one and two batches in flight (minutes of CPU; "
                              "--no-z3 skips them)")
     verify.add_argument("--prefill-cadence", action="store_true",
-                        help="search the profile's prefill-cadence model exhaustively (CAD1-CAD3 and every other "
-                             "property; vllm-0.33, vllm-0.33-async, vllm-0.34, vllm-0.34-async) and, under vllm-0.34, "
+                        help="search the profile's prefill-cadence models (alone and beside priority) exhaustively "
+                             "(CAD1-CAD3 and every other property; vllm-0.33, vllm-0.33-async, vllm-0.34, "
+                             "vllm-0.34-async) and, under vllm-0.34, "
                              "hunt the cadence's mutants; check CAD1-CAD3 by k-induction on a small Z3 model and by "
                              "BMC on cadence-k2 (long: docs/proofs.md; --no-z3 skips them)")
     verify.add_argument("--lora", action="store_true", help="search the profile's LoRA and prompt-logprobs models; "

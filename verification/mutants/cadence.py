@@ -2,7 +2,8 @@
 named edit of the spec function the bug lives in, named for the vLLM pull
 request that reports it, with what broke and the property that kills it.
 Hunted on the cadence models (verification/cadence_models.py) only, as
-the other features' mutants are on theirs.
+the other features' mutants are on theirs: each on cadence-k2, but one
+that needs the priority policy on cadence-prio-k2 (`CADENCE_MUTANT_MODELS`).
 """
 
 from __future__ import annotations
@@ -37,4 +38,15 @@ CADENCE: tuple[Mutant, ...] = (
          _edit("cadence.carries_prefill", "computed < state.requests[r].num_tokens - 1",
                "computed < state.requests[r].prompt_len"),
          killed_by="CAD3_hold_restarts_after_prefill", shortest=2),
+    _cad("cadence_stamp_undone_by_hand_back", "synthetic",
+         "vLLM 0.33/0.34 `Scheduler.schedule` sets `prefill_scheduled` as the running loop schedules a "
+         "prefill chunk; when a priority preemption later takes that request back out of the batch "
+         "(`scheduled_running_reqs.remove`) the flag stays set and `last_prefill_step` is stamped all "
+         "the same. The edit recomputes the flag from what stays in the batch after the hand-back, as "
+         "a scheduler reading only the final batch would: the hold ages where vLLM restarts it. Hunted "
+         "on cadence-prio-k2 (the priority policy: under FCFS no scheduled request is a victim)",
+         _edit("schedule._preempt_victim", "priority.hand_back(step, victim)", """
+               priority.hand_back(step, victim)
+               step.carried_prefill = any(step.state.requests[e.req].is_prefill_chunk for e in step.entries)"""),
+         killed_by="CAD3_hold_restarts_after_prefill", shortest=9),
 )

@@ -103,7 +103,9 @@ def after_waiting_loop(layout: Layout, acc: Any, defers: Any) -> Any:
 def carried_prefill(layout: Layout, s: SState, acc: Any) -> Any:
     """Whether the batch `acc` formed from frame s carried a prefill (spec
     cadence.carries_prefill over its entries: an admission more than one
-    token short, or a running prefill chunk)."""
+    token short, or a running prefill chunk). Its entries are all the call
+    scheduled: the spec's chunks taken back by a priority preemption do not
+    arise, the policy being refused beside the cadence (cadence_state.py)."""
     out = []
     for j, e in enumerate(acc.entries):
         admitted = pick(acc.admitted, e.req, z3.BoolVal(False))

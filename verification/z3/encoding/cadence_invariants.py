@@ -155,10 +155,19 @@ def cad2_backed_up_queue_not_held(layout: Layout, st) -> Any:
 
 
 def cad3_hold_restarts_after_prefill(layout: Layout, st) -> Any:
-    """CAD3: after a call the hold is interval - 1 if its batch carried a
+    """CAD3: after a call the hold is interval - 1 if it scheduled a
     prefill (a running prefill chunk, or an admission with more than one
     token left), else one less after a call that scheduled tokens (floored
-    at 0), else unchanged."""
+    at 0), else unchanged. The spec's predicate also counts a running chunk
+    a priority preemption took back out of the batch (`Scheduled.taken_back`);
+    the encoding's batch keeps no such record, and needs none: the cadence's
+    encoding refuses the priority policy (`refuse_unencoded_cadence`, in
+    `Layout.of`), and under FCFS the victim is the tail of `running`, at or
+    past the loop's position, never a request the call already scheduled,
+    so every request the call scheduled is in its batch (on cadence-k2 no
+    step takes anything back: tests/test_prefill_cadence.py). Lifting the
+    refusal needs the hand-back's chunk here and in encoding/cadence.py's
+    `carried_prefill`."""
     before, sch = st.before, st.sched
     c = before.cad[0]
     carried = disj(*[conj(lt(j, sch.count), ite(_was_running(st, e), pick(c.chunk, e.req, z3.BoolVal(False)),
