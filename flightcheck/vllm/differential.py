@@ -414,12 +414,14 @@ def compare(name: str, vllm_result: dict[str, Any], vllm_events: list[dict[str, 
             # 0` after a stale completion cleared a newer batch's mark); the
             # reference has no such assert: it must agree up to the crash.
             conforming = conforming[:len(theirs)]
-            if conforming_run.ending == "exception" and len(conforming) == len(theirs) - 1 \
-                    and theirs[-1][0] == "complete":
+            raised_in = _update_raised_in(theirs)
+            if conforming_run.ending == "exception" and raised_in and len(conforming) == len(theirs) - raised_in:
                 # Both raised in the same update (0.34: a reused id's older batch
-                # bound to the new request, placeholders below 0); vLLM's recorder
-                # writes the completion it raised in, the reference's tracer none.
-                theirs = theirs[:-1]
+                # bound to the new request, placeholders below 0; 0.33: its stale
+                # count below 0, in an update that also reported a failed KV load):
+                # vLLM's recorder writes the completion it raised in and the load
+                # failures written before it, the reference's tracer none.
+                theirs = theirs[:-raised_in]
         negative = _first_negative_schedule(theirs)
         if negative is not None:
             # vLLM 0.8.x scheduled a negative number of tokens (its
@@ -436,6 +438,15 @@ def compare(name: str, vllm_result: dict[str, Any], vllm_events: list[dict[str, 
             where += (f"; with the deviations switched to vLLM's behaviour it still differs at event "
                       f"{rest}: vLLM {_at(theirs, rest)}, reference {_at(conforming, rest)}")
     return Comparison(name, False, deviation, where, explained, coverage)
+
+
+def _update_raised_in(vllm: list[tuple[Any, ...]]) -> int:
+    """How many of vLLM's last decisions are the update it raised in: its
+    completion and the `kv_failed` reports written before it; 0 if the last is
+    no completion (update_from_output takes the failed loads first)."""
+    if not vllm or vllm[-1][0] != "complete":
+        return 0
+    return 1 + next((i for i, event in enumerate(reversed(vllm[:-1])) if event[0] != "kv_failed"), len(vllm) - 1)
 
 
 def _in_vllms_error_order(vllm: list[tuple[Any, ...]], rerun: Callable[[tuple[str, ...]], ReferenceRun]) -> bool:
