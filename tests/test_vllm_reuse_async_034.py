@@ -43,7 +43,16 @@ with its workload):
   second is still out: r0 heads the queue, does not fit and stops the loop;
   the reference, counting right, still skips r0 and admits r1 behind it.
   The differential named the deferral only where vLLM was the side that
-  scheduled (differential.py `_classify`).
+  scheduled (differential.py `_classify`);
+* `reused-id-reset-stale-assert-seed52_70` (the same campaign, seed 52
+  index 70, async on both releases): two resets of the running requests
+  preempt the new r2 in drop mode, and the aborted r2's batch (6 tokens),
+  bound to it by id, drains its stale share (2) below 0: `update_from_output`
+  raises (`num_stale_output_tokens >= 0`) before the replay's ground truth
+  read the counters, so it named nothing and the differential nothing
+  either. The recorder now reads them when vLLM raises (recording.py). The
+  trace still shows that completion as dropped and stale, which check-trace
+  accepts: a miss the campaign names (`accepted, MISSED bug`), open.
 """
 
 from __future__ import annotations
@@ -158,6 +167,36 @@ def test_a_stale_count_cut_short_by_a_reused_id_ends_the_deferral_early(stem: st
     check = check_verdict(REUSE / f"{stem}.jsonl")
     assert (check["ok"], check["property"]) == (False, "IF1_in_flight_counter")
     assert verdict(result, check)[0] == "rejected, real bug"
+
+
+RESET_ASSERT = "034-async-reused-id-reset-stale-assert-seed52_70"
+
+
+def test_an_older_batch_that_drains_a_reset_requests_share_below_0_is_the_id_reuse_bug() -> None:
+    raw, result, events = kept(RESET_ASSERT)
+    assert "num_stale_output_tokens >= 0" in result["exception"]
+    assert {"req": "r2", "counter": "num_stale_output_tokens", "value": -4, "step": 29} \
+        in result["ground_truth"]["negative_counters"]
+    conforming = run_reference(raw, PROFILE, vllm_outputs=True)
+    assert conforming.ending == "exception" and "stale share below 0 (-4)" in str(conforming.exception)
+    comparison = compare(raw["name"], result, events, run_reference(raw, PROFILE), conforming)
+    assert comparison.explained and comparison.deviation == "reused_id_output_dropped", comparison.describe()
+    truthless = {**result, "ground_truth": {}}          # what the replay said before it read the counters
+    assert not compare(raw["name"], truthless, events, run_reference(raw, PROFILE), conforming).explained
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_recorder_reads_the_counters_vllm_moved_before_it_raised(tmp_path: Path) -> None:
+    require_venv("0.34.0")
+    raw, result, events = kept(RESET_ASSERT)
+    trace = tmp_path / "trace.jsonl"
+    from flightcheck.vllm import ASYNC_RECORDER
+    with ReplayWorker("0.34.0") as worker:
+        replayed = worker.replay(raw, trace=str(trace), scheduler_cls=ASYNC_RECORDER)
+    assert replayed["exception"] == result["exception"]
+    assert {k: v for k, v in replayed["ground_truth"].items() if v} == result["ground_truth"]
+    assert decisions(read_trace(trace)) == decisions(events)
 
 
 @pytest.mark.vllm
