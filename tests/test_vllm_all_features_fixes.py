@@ -46,7 +46,16 @@
   reports the new r0's failed load. The conforming run raises in that update
   too, but vLLM's recorder writes the update's `kv_failed` before the
   completion it raised in: the differential trimmed only a completion
-  (differential.py `_update_raised_in`).
+  (differential.py `_update_raised_in`);
+* a session whose grammar failed finishes with an error before its client's
+  end of session arrives, which then names a new structured request under
+  its id, whose grammar fails in turn (seed 51 index 24, async on both
+  releases): the reference marks it at its first `schedule()` and would
+  finish it at the next `update_from_output`, but the replay's loop had
+  counted the steps before the arrival as idle and ended the run `stuck`
+  there (vLLM's side, whose grammar settled a step later, went on). An
+  input handed over is new work now (engine.py `run_busy_loop`), as one
+  handed over inside a wait already was.
 
 The default tests read the kept traces; the slow ones replay the workloads
 on vLLM 0.34.
@@ -76,6 +85,7 @@ REUSED_PRODUCER = "034_async_reused_id_finishes_waiting_producer"
 REFUSED = "033_reused_id_output_refused_by_grammar"
 CRASHED = "034_async_reused_id_stale_share_assert"
 STALE_ASSERT_033 = "033_session_reused_id_stale_assert_beside_kv_failed"
+END_AFTER_ERROR = "034_async_session_end_after_grammar_error_seed51_24"
 PROFILE = "vllm-0.34-async"
 
 
@@ -190,6 +200,14 @@ def test_vllms_raise_in_an_update_that_reported_a_failed_load_is_trimmed_whole()
     comparison = compare(raw["name"], result, events, run_reference(raw, "vllm-0.33"), conforming)
     assert comparison.explained and comparison.deviation == "drafts_handed_over_at_submission", \
         comparison.describe()
+
+
+def test_an_arrival_after_idle_steps_is_not_a_stuck_run():
+    raw, events = _workload(END_AFTER_ERROR), read_trace(HERE / f"{END_AFTER_ERROR}.jsonl")
+    errors = [e for e in events if e["ev"] == "finish" and e["req"] == "r1" and e["reason"] == "error"]
+    assert len(errors) == 2 and events[-1]["ev"] == "end"          # the session, then the new request
+    ours = run_reference(raw, PROFILE)
+    assert ours.ending == "done" and decisions(ours.events, block_offset=1) == decisions(events)
 
 
 @pytest.fixture(scope="module")
