@@ -35,7 +35,27 @@
   difference is where vLLM's run ended); it now names
   `reused_id_output_dropped`, and the conforming run raises there too
   (seed 32 index 25, 0.33 and 0.34 async; a change to the differential's
-  classification that any campaign with reused ids shares).
+  classification that any campaign with reused ids shares);
+* the same assertion on 0.33.0 sync (`--versions 0.34.0,0.33.0
+  --all-features --spec-tokens 2 --reuse-ids --workloads 80` seed 49 index
+  46): session r0's KV load fails (fail policy) with batch 7 in flight, its
+  client's next input arrives under the id as a new r0, batch 7's token
+  reaches it by id and stops its one-token turn with a stale count of 2
+  (`_handle_stopped_request` copies `num_in_flight_tokens`, short by batch
+  7's 2), and batch 8's 4 tokens take it below 0 in the update that also
+  reports the new r0's failed load. The conforming run raises in that update
+  too, but vLLM's recorder writes the update's `kv_failed` before the
+  completion it raised in: the differential trimmed only a completion
+  (differential.py `_update_raised_in`);
+* a session whose grammar failed finishes with an error before its client's
+  end of session arrives, which then names a new structured request under
+  its id, whose grammar fails in turn (seed 51 index 24, async on both
+  releases): the reference marks it at its first `schedule()` and would
+  finish it at the next `update_from_output`, but the replay's loop had
+  counted the steps before the arrival as idle and ended the run `stuck`
+  there (vLLM's side, whose grammar settled a step later, went on). An
+  input handed over is new work now (engine.py `run_busy_loop`), as one
+  handed over inside a wait already was.
 
 The default tests read the kept traces; the slow ones replay the workloads
 on vLLM 0.34.
@@ -64,6 +84,8 @@ STALE_STOP = "034_async_session_stale_stop_ends_turn"
 REUSED_PRODUCER = "034_async_reused_id_finishes_waiting_producer"
 REFUSED = "033_reused_id_output_refused_by_grammar"
 CRASHED = "034_async_reused_id_stale_share_assert"
+STALE_ASSERT_033 = "033_session_reused_id_stale_assert_beside_kv_failed"
+END_AFTER_ERROR = "034_async_session_end_after_grammar_error_seed51_24"
 PROFILE = "vllm-0.34-async"
 
 
@@ -167,6 +189,27 @@ def test_the_reused_ids_waiting_producer_is_explained_by_the_id_reuse_alone():
     assert "still differs" not in comparison.describe()
 
 
+def test_vllms_raise_in_an_update_that_reported_a_failed_load_is_trimmed_whole():
+    raw, events = _workload(STALE_ASSERT_033), read_trace(HERE / f"{STALE_ASSERT_033}.jsonl")
+    result = json.loads((HERE / f"{STALE_ASSERT_033}.result.json").read_text())
+    assert [e["ev"] for e in events[-2:]] == ["kv_failed", "complete"] and result["ending"] == "exception"
+    conforming = run_reference(raw, "vllm-0.33", vllm_outputs=True)
+    assert conforming.ending == "exception" and "stale share below 0" in str(conforming.exception)
+    theirs = decisions(events)
+    assert decisions(conforming.events, block_offset=1) == theirs[:-2]      # equal up to that update
+    comparison = compare(raw["name"], result, events, run_reference(raw, "vllm-0.33"), conforming)
+    assert comparison.explained and comparison.deviation == "drafts_handed_over_at_submission", \
+        comparison.describe()
+
+
+def test_an_arrival_after_idle_steps_is_not_a_stuck_run():
+    raw, events = _workload(END_AFTER_ERROR), read_trace(HERE / f"{END_AFTER_ERROR}.jsonl")
+    errors = [e for e in events if e["ev"] == "finish" and e["req"] == "r1" and e["reason"] == "error"]
+    assert len(errors) == 2 and events[-1]["ev"] == "end"          # the session, then the new request
+    ours = run_reference(raw, PROFILE)
+    assert ours.ending == "done" and decisions(ours.events, block_offset=1) == decisions(events)
+
+
 @pytest.fixture(scope="module")
 def running():
     yield from workers()
@@ -191,3 +234,14 @@ def test_the_kept_workloads_replay_on_vllm_to_the_kept_traces_decisions(running,
     category, detail = verdict(result, check_verdict(trace))
     assert category in ("accepted, correct run", "rejected, real bug"), detail
     assert comparison.equal == (stem == STALE_STOP)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_0_33_raises_in_the_update_that_reports_the_failed_load(running, tmp_path):
+    raw, trace = _workload(STALE_ASSERT_033), tmp_path / "trace.jsonl"
+    result = running["0.33.0"].replay(raw, trace=str(trace))
+    kept = json.loads((HERE / f"{STALE_ASSERT_033}.result.json").read_text())
+    assert result["exception"] == kept["exception"]
+    assert {k: v for k, v in result["ground_truth"].items() if v} == kept["ground_truth"]
+    assert decisions(read_trace(trace)) == decisions(read_trace(HERE / f"{STALE_ASSERT_033}.jsonl"))

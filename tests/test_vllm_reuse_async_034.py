@@ -30,7 +30,29 @@ with its workload):
   drafts the new r1 holds (`next_drafts`) on each. The reference drops
   those outputs and writes none, so the first difference names no request
   in its tokens: the differential called it unexplained until it read the
-  requests of `next_drafts` too (differential.py `_concerns`).
+  requests of `next_drafts` too (differential.py `_concerns`);
+* `drift-ends-deferral-early` (campaign `--versions 0.34.0,0.33.0
+  --all-features --spec-tokens 2 --reuse-ids --workloads 80 --seed 46`,
+  index 58, async on both releases, kept as `...-seed46_58`; minimised with
+  the reference alone, then replayed on both): the aborted r0's last
+  prefill chunk, bound to the new r0 by id, takes 3 off its in-flight
+  count; r2's decode then preempts the new r0 with two batches of its own
+  in flight, and `_preempt_request` copies the short count into
+  `num_stale_output_tokens`. The count runs out when the first of them
+  returns, so the waiting loop stops deferring r0's resumption while its
+  second is still out: r0 heads the queue, does not fit and stops the loop;
+  the reference, counting right, still skips r0 and admits r1 behind it.
+  The differential named the deferral only where vLLM was the side that
+  scheduled (differential.py `_classify`);
+* `reused-id-reset-stale-assert-seed52_70` (the same campaign, seed 52
+  index 70, async on both releases): two resets of the running requests
+  preempt the new r2 in drop mode, and the aborted r2's batch (6 tokens),
+  bound to it by id, drains its stale share (2) below 0: `update_from_output`
+  raises (`num_stale_output_tokens >= 0`) before the replay's ground truth
+  read the counters, so it named nothing and the differential nothing
+  either. The recorder now reads them when vLLM raises (recording.py). The
+  trace still shows that completion as dropped and stale, which check-trace
+  accepts: a miss the campaign names (`accepted, MISSED bug`), open.
 """
 
 from __future__ import annotations
@@ -43,7 +65,8 @@ import pytest
 
 from flightcheck.verification.traces.check import MalformedTrace, check_trace
 from flightcheck.vllm.campaign import check_verdict, verdict
-from flightcheck.vllm.differential import compare, decisions, profile_for, read_trace, run_reference
+from flightcheck.vllm.differential import (compare, decisions, first_difference, profile_for, read_trace,
+                                           run_reference)
 from flightcheck.vllm.replay import ReplayWorker
 
 from .vllm_support import DATA, require_venv
@@ -117,6 +140,77 @@ def test_an_older_batchs_drafts_read_off_the_new_request_are_the_id_reuse_bug() 
     check = check_verdict(REUSE / "034-async-drafts-chunks-bound-to-new-id.jsonl")
     assert (check["ok"], check["property"]) == (False, "IF1_in_flight_counter")
     assert verdict(result, check)[0] == "rejected, real bug"
+
+
+DRIFT = "async-drafts-drift-ends-deferral-early"
+DRIFT_KEPT = [f"034-{DRIFT}", f"033-{DRIFT}", f"034-{DRIFT}-seed46_58"]
+
+
+def kept(stem: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """A kept case: its workload, what the replay said of vLLM's run, and vLLM's trace."""
+    return (json.loads((REUSE / f"{stem}.workload.json").read_text()),
+            json.loads((REUSE / f"{stem}.result.json").read_text()), read_trace(REUSE / f"{stem}.jsonl"))
+
+
+@pytest.mark.parametrize("stem", DRIFT_KEPT)
+def test_a_stale_count_cut_short_by_a_reused_id_ends_the_deferral_early(stem: str) -> None:
+    raw, result, events = kept(stem)
+    profile = profile_for(result["vllm_version"], True)
+    ours, conforming = run_reference(raw, profile), run_reference(raw, profile, vllm_outputs=True)
+    theirs, mine = decisions(events), decisions(ours.events, block_offset=1)
+    assert decisions(conforming.events, block_offset=1) == theirs          # vLLM's run, event for event
+    index = first_difference(theirs, mine)
+    assert index is not None and theirs[index][0] == "complete"             # vLLM admits nothing
+    assert mine[index][0] == "schedule" and [entry[0] for entry in mine[index][1]] == ["r1"]
+    comparison = compare(raw["name"], result, events, ours, conforming)
+    assert comparison.explained and comparison.deviation == "reused_id_output_dropped", comparison.describe()
+    check = check_verdict(REUSE / f"{stem}.jsonl")
+    assert (check["ok"], check["property"]) == (False, "IF1_in_flight_counter")
+    assert verdict(result, check)[0] == "rejected, real bug"
+
+
+RESET_ASSERT = "034-async-reused-id-reset-stale-assert-seed52_70"
+
+
+def test_an_older_batch_that_drains_a_reset_requests_share_below_0_is_the_id_reuse_bug() -> None:
+    raw, result, events = kept(RESET_ASSERT)
+    assert "num_stale_output_tokens >= 0" in result["exception"]
+    assert {"req": "r2", "counter": "num_stale_output_tokens", "value": -4, "step": 29} \
+        in result["ground_truth"]["negative_counters"]
+    conforming = run_reference(raw, PROFILE, vllm_outputs=True)
+    assert conforming.ending == "exception" and "stale share below 0 (-4)" in str(conforming.exception)
+    comparison = compare(raw["name"], result, events, run_reference(raw, PROFILE), conforming)
+    assert comparison.explained and comparison.deviation == "reused_id_output_dropped", comparison.describe()
+    truthless = {**result, "ground_truth": {}}          # what the replay said before it read the counters
+    assert not compare(raw["name"], truthless, events, run_reference(raw, PROFILE), conforming).explained
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_recorder_reads_the_counters_vllm_moved_before_it_raised(tmp_path: Path) -> None:
+    require_venv("0.34.0")
+    raw, result, events = kept(RESET_ASSERT)
+    trace = tmp_path / "trace.jsonl"
+    from flightcheck.vllm import ASYNC_RECORDER
+    with ReplayWorker("0.34.0") as worker:
+        replayed = worker.replay(raw, trace=str(trace), scheduler_cls=ASYNC_RECORDER)
+    assert replayed["exception"] == result["exception"]
+    assert {k: v for k, v in replayed["ground_truth"].items() if v} == result["ground_truth"]
+    assert decisions(read_trace(trace)) == decisions(events)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
+def test_vllm_ends_the_deferral_early_on_the_minimal_workload(version: str, tmp_path: Path) -> None:
+    require_venv(version)
+    raw, result, events = kept(f"{version[:4].replace('.', '')}-{DRIFT}")
+    trace = tmp_path / "trace.jsonl"
+    from flightcheck.vllm import ASYNC_RECORDER
+    with ReplayWorker(version) as worker:
+        replayed = worker.replay(raw, trace=str(trace), scheduler_cls=ASYNC_RECORDER)
+    assert {k: v for k, v in replayed["ground_truth"].items() if v} == result["ground_truth"]
+    assert decisions(read_trace(trace)) == decisions(events)
 
 
 @pytest.mark.vllm

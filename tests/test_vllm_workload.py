@@ -117,6 +117,26 @@ def test_a_request_reusing_an_id_keeps_its_own_name_prompt_and_tokens():
     assert old.prompt_token_ids != new.prompt_token_ids
 
 
+@pytest.mark.parametrize("mid_step_inputs", [False, True])
+def test_a_reused_id_is_aborted_before_its_reuse_arrives_whatever_moved_its_arrival(mid_step_inputs: bool):
+    """The cache-aware family moved r1's arrival (step 1) past its abort
+    (step 0) in seed 51 index 56 (`--all-features --reuse-ids`, 0.34.0): r1
+    was never aborted and r2, under its id at step 1, met vLLM's "duplicate
+    request id" assertion."""
+    from flightcheck.vllm.generate import campaign_workloads
+    for seed in (51, 52):
+        for workload in campaign_workloads(seed, 80, True, 2, mid_step_inputs=mid_step_inputs,
+                                           features_of="0.34.0"):
+            by_id = {r["id"]: r for r in workload["requests"]}
+            for request in workload["requests"]:
+                old = by_id.get(request.get("reuse_id", ""))
+                if old is not None:
+                    assert old["arrival_step"] <= old["abort_step"] <= request["arrival_step"], workload["name"]
+    drawn = campaign_workloads(51, 57, True, 2, features_of="0.34.0")[56]["requests"]
+    assert [(r["id"], r["arrival_step"], r.get("abort_step")) for r in drawn] == [("r0", 0, None), ("r1", 1, 1),
+                                                                                   ("r2", 1, None)]
+
+
 def test_the_0_33_runner_knows_the_tokens_it_sampled_and_follows_the_scheduler_s_count():
     """vLLM 0.33's last-rank runner appends what it samples at once and cuts
     its outputs back to the scheduler's num_output_tokens."""

@@ -448,7 +448,8 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
             for handover in waiting:                       # from the input queue, in order
                 handover()
             waiting = []
-            during_step = inputs.deliver(step, add_request, abort_request, bind, waiting, call_event)
+            due, during_step = len(inputs.pending), inputs.deliver(step, add_request, abort_request, bind, waiting,
+                                                                   call_event)
             in_flight = engine.busy_while_in_flight and bool(engine.batch_queue)
             if not scheduler.has_requests() and not in_flight and not during_step:
                 if waiting:                                # no step to wait in: the input queue has them
@@ -461,7 +462,7 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
                 return RunOutcome(ending, step, engine.batches_in_flight())
             progressed, during_step, waiting = _step_with_inputs(engine, during_step, waiting)
             step += 1
-            idle = 0 if progressed else idle + 1
+            idle = 0 if progressed or len(inputs.pending) < due else idle + 1    # an input handed over: new work
             if getattr(engine, "transfers_in_flight", lambda: 0)() or engine.grammars_compiling():
                 idle = 0        # vLLM spins on has_requests() until a KV transfer or a grammar settles
             if idle >= IDLE_STEPS_FOR_STUCK and engine.batches_in_flight() == 0:

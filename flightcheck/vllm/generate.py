@@ -234,7 +234,11 @@ def _reuses_after_their_aborts(requests: list[dict[str, Any]], connector: bool) 
     a KV connector no id is reused: an aborted request whose load or send is
     in flight stays in the scheduler's `requests` until the connector
     reports it, and vLLM's `Scheduler.add_request` refuses its id ("duplicate
-    request id"), as its front end would (the id is still live)."""
+    request id"), as its front end would (the id is still live). A family
+    that moved the older request's arrival past its abort (`_cache_aware`,
+    `_unchunked`) left it no abort at all, and its id live when the reuse
+    came (seed 51 index 56, vLLM's assertion): it is aborted once it has
+    arrived, then."""
     by_id = {r["id"]: r for r in requests}
     for request in requests:
         old = by_id.get(request.get("reuse_id", ""))
@@ -243,6 +247,9 @@ def _reuses_after_their_aborts(requests: list[dict[str, Any]], connector: bool) 
         if connector:
             del request["reuse_id"]
             continue
+        if old.get("abort_step", old["arrival_step"]) < old["arrival_step"]:
+            old["abort_step"] = old["arrival_step"] + (1 if old.get("arrival_via") == "wait" else 0)
+            old.pop("abort_via", None)
         earliest = max(old["arrival_step"], old.get("abort_step", 0))
         if request["arrival_step"] >= earliest:
             continue

@@ -402,6 +402,9 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
             if record is not None:
                 self._fc_write_completion(record.batch_id, returned, *self._fc_applied(record, returned, targets,
                                                                                          before), {})
+            # and the counters it moved before raising (0.33, 0.34: the older batch drained
+            # the new request's stale share below 0, `num_stale_output_tokens >= 0`)
+            self._fc_check_counters(targets.values())          # ground_truth.py
             raise
         grammar_finishes, self._fc_grammar_finishes = self._fc_grammar_finishes, None
         self.flightcheck_step += 1
