@@ -253,13 +253,16 @@ class Profile:
     # (`unscheduled_drafts_dropped`).
     unscheduled_drafts_kept: bool = False
     # 0.8.x `Scheduler.schedule`, preemption: only the status and
-    # `num_computed_tokens` are reset; the reference (as 0.33's
-    # `_preempt_request`) clears the drafts too (`unscheduled_drafts_dropped`).
+    # `num_computed_tokens` are reset, so the request holds its drafts to its
+    # resumption (0.33's `_preempt_request` clears them). On in the 0.8.x
+    # profiles, as in the spec's (`Profile.held_drafts_left_uncached`): the
+    # resumption's allocation leaves them uncached; the admission then drops
+    # them unless `unscheduled_drafts_kept` (`_admit`).
     drafts_kept_through_preemption: bool = False
     # 0.8.x `KVCacheManager.allocate_slots` caches `num_computed_tokens +
     # num_tokens - len(request.spec_token_ids)` tokens: every draft the
-    # request holds is left out, scheduled or not; the reference leaves out
-    # the drafts scheduled (`unscheduled_drafts_dropped`).
+    # request holds is left out, scheduled or not (0.33 leaves out the
+    # drafts scheduled). On in the 0.8.x profiles, as in the spec's.
     held_drafts_left_uncached: bool = False
     # 0.8.4 `Scheduler.schedule`, running loop: no `max_model_len -
     # num_computed_tokens` clip (0.8.5 added it, "necessary when using spec
@@ -316,12 +319,14 @@ PROFILES: dict[str, Profile] = {
     "vllm-0.8.5": Profile("vllm-0.8.5", num_preallocate_tokens=0,
                           release_reversed_with_caching=True,
                           release_reversed_without_caching=False,
-                          cache_duplicate_blocks=True, continue_prefill=True),
+                          cache_duplicate_blocks=True, continue_prefill=True,
+                          drafts_kept_through_preemption=True, held_drafts_left_uncached=True),
     "vllm-0.8.4": Profile("vllm-0.8.4", num_preallocate_tokens=64,
                           release_reversed_with_caching=True,
                           release_reversed_without_caching=False,
                           cache_duplicate_blocks=True, continue_prefill=False,
-                          engine_loop="vllm-0.8.4"),
+                          engine_loop="vllm-0.8.4",
+                          drafts_kept_through_preemption=True, held_drafts_left_uncached=True),
     # vLLM 0.33.0, synchronous scheduling (the V1 model runner under pipeline
     # parallelism; deliver mode unless `SchedulerConfig.drop_stale_output`).
     # `SingleTypeKVCacheManager.free` reverses the table with prefix caching
@@ -375,7 +380,6 @@ PROFILES["vllm-0.34-async"] = replace(PROFILES["vllm-0.33-async"], name="vllm-0.
 RELEASED_0_8_X: dict[str, bool] = {
     "outputs_to_running_by_id": True, "worker_decides_sampling": True,
     "drafts_from_every_output": True, "unscheduled_drafts_kept": True,
-    "drafts_kept_through_preemption": True, "held_drafts_left_uncached": True,
     "flush_finished_every_schedule": True}
 # vLLM 0.33.0 as released: outputs bound by id alone, and the model runner
 # decides what sampled (after a wrong binding the request holds a token its

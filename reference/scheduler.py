@@ -141,7 +141,7 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         self._outputs_to_running_by_id = profile.outputs_to_running_by_id      # _bound_fate
         self._worker_decides_sampling = profile.worker_decides_sampling        # _tokens_taken
         self._drafts_from_every_output = profile.drafts_from_every_output      # update_from_output
-        self._unscheduled_drafts_kept = profile.unscheduled_drafts_kept        # _schedule_running
+        self._unscheduled_drafts_kept = profile.unscheduled_drafts_kept        # _schedule_running, _admit
         self._drafts_kept_through_preemption = profile.drafts_kept_through_preemption  # _preempt
         self._held_drafts_left_uncached = profile.held_drafts_left_uncached    # _allocate
         # _clip: the length a request is clipped to (0.8.4 as released: none).
@@ -439,9 +439,9 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
     def _allocate(self, request: Request, num_new_tokens: int,
                   computed_blocks: Sequence[KVCacheBlock], num_drafts: int) -> list[KVCacheBlock] | None:
         """`KVCacheManager.allocate_slots`; the scheduled drafts' tokens are
-        not cached (they may be rejected). vLLM 0.8.x as released leaves out
-        every draft the request holds, scheduled or not
-        (`held_drafts_left_uncached`)."""
+        not cached (they may be rejected). vLLM 0.8.x leaves out every draft
+        the request holds, scheduled or not (`held_drafts_left_uncached`, on
+        in the 0.8.x profiles)."""
         if self._held_drafts_left_uncached:
             num_drafts = max(num_drafts, len(request.spec_token_ids))
         return self.kv_cache_manager.allocate_slots(request, num_new_tokens, computed_blocks,
@@ -450,8 +450,8 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: blocks freed, back to the head of `waiting`.
         Its in-flight entries become orphaned (a new incarnation begins). Its
-        drafts are cleared (as vLLM 0.33's `_preempt_request`; 0.8.x as
-        released keeps them: `drafts_kept_through_preemption`)."""
+        drafts are cleared (as vLLM 0.33's `_preempt_request`; 0.8.x keeps
+        them: `drafts_kept_through_preemption`, on in the 0.8.x profiles)."""
         self._free_request_blocks(request)
         request.inflight_prefill = False
         request.status = RequestStatus.PREEMPTED
@@ -491,6 +491,8 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         request.num_computed_tokens = num_hit_tokens
         request.num_cached_tokens = num_hit_tokens
         request.orphaned_incarnation = None   # rescheduled: old entries are superseded
+        if was_preempted and request.spec_token_ids and not self._unscheduled_drafts_kept:
+            request.spec_token_ids = ()       # drafts held through the preemption: none scheduled
         if was_preempted:
             return self._cached_entry(request, num_hit_tokens, num_new_tokens, 0, new_blocks,
                                       resumed=True)

@@ -20,6 +20,17 @@ profile (`Profile.draft_source`), and vLLM 0.33's padded admissions.
   (`AsyncScheduler._update_after_schedule`); the worker fills them in, and
   the completion brings none (`placeholder_drafts`, read by schedule.py).
 
+What held drafts do to caching (`Profile.held_drafts_left_uncached`, read
+here only): under vLLM 0.8.x every draft a request holds is left out of the
+blocks an allocation caches, scheduled or not, and a preempted request holds
+its drafts to its resumption (`drafts_left_uncached`,
+`drafts_after_preemption`); elsewhere only the scheduled drafts are left out
+and a preemption clears them. The admission that resumes the request
+schedules none of them and drops them (schedule.py's `_add_entry`), as the
+running loop drops the drafts a clip leaves unscheduled: vLLM 0.8.x keeps
+both until the completion replaces them, which only pipeline parallelism
+can tell apart (README "Speculative decoding": the drafts scheduled twice).
+
 Abstracted away: the drafts' token values (only their number matters to the
 scheduler), structured outputs' grammar checks of drafts
 (`update_draft_token_ids_in_output`, `validate_tokens`), dynamic draft
@@ -74,6 +85,27 @@ def hand_over_drafts(state: State, cfg: Config, r: int, count: int) -> State | N
         return None
     scheduled = max((e.drafts for e in live), default=0)
     return state.with_request(r, num_drafts=max(count, scheduled))
+
+
+def drafts_left_uncached(cfg: Config, num_drafts_held: int, num_drafts_scheduled: int) -> int:
+    """The drafts an allocation leaves out of the blocks it caches (they may
+    be rejected). vLLM 0.8.4/0.8.5 `KVCacheManager.allocate_slots`: all the
+    request holds, `len(request.spec_token_ids)` at the call (the running
+    loop trims them after it, the waiting loop not at all); 0.33
+    `allocate_slots` (`min(num_computed_tokens + num_new_tokens,
+    request.num_tokens)`): only those scheduled."""
+    if cfg.rules.held_drafts_left_uncached:
+        return max(num_drafts_held, num_drafts_scheduled)
+    return num_drafts_scheduled
+
+
+def drafts_after_preemption(cfg: Config, num_drafts_held: int) -> int:
+    """The drafts a preempted request keeps. vLLM 0.8.4/0.8.5
+    `Scheduler.schedule`, preemption branch: only `status` and
+    `num_computed_tokens` are reset, so all of them (its resumption's
+    allocation leaves them uncached: `drafts_left_uncached`); 0.33
+    `_preempt_request`: `spec_token_ids = []`."""
+    return num_drafts_held if cfg.rules.held_drafts_left_uncached else 0
 
 
 def keeps_prefill_chunk_flag(cfg: Config) -> bool:

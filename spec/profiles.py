@@ -162,6 +162,19 @@ class Profile:
     # rewritten by `update_draft_token_ids_in_output` only for structured
     # outputs, not modelled); the completion brings none.
     draft_source: DraftSource = "completion"
+    # What a request's held drafts do to its cached blocks (spec/drafts.py
+    # reads it; the seam is `drafts_left_uncached` / `drafts_after_preemption`).
+    # vLLM 0.8.4 and 0.8.5: `KVCacheManager.allocate_slots` caches
+    # `(num_computed_tokens + num_tokens - len(request.spec_token_ids)) //
+    # block_size` full blocks: every draft the request holds is left out,
+    # scheduled or not; and `Scheduler.schedule`'s preemption branch resets
+    # only `status` and `num_computed_tokens`, so a preempted request holds
+    # its drafts to its resumption, whose allocation leaves them out too
+    # (one block fewer cached where they cross a block boundary). 0.33:
+    # `_preempt_request` clears the drafts and `allocate_slots` caches
+    # `min(num_computed_tokens + num_new_tokens, request.num_tokens)`: only
+    # the scheduled drafts are left out.
+    held_drafts_left_uncached: bool = False
     # `Scheduler.schedule`, waiting loop (0.33: "Pad new decode requests to
     # uniform spec decoding size"): with k > 0 an admission with exactly one
     # token to compute is scheduled as 1 + k tokens, k placeholder drafts,
@@ -346,13 +359,14 @@ VLLM_0_8_5 = Profile(name="vllm-0.8.5", policy="continue-prefill",
                      release_order_with_prefix_caching="reverse",
                      release_order_without_prefix_caching="forward",
                      num_preallocate_tokens=0, cache_duplicate_blocks=True,
-                     waits_with_batch_in_flight=True, kv_sync_hits=True)
+                     waits_with_batch_in_flight=True, kv_sync_hits=True,
+                     held_drafts_left_uncached=True)
 
 VLLM_0_8_4 = Profile(name="vllm-0.8.4", policy="one-batch-per-request",
                      release_order_with_prefix_caching="reverse",
                      release_order_without_prefix_caching="forward",
                      num_preallocate_tokens=64, cache_duplicate_blocks=True,
-                     waits_with_batch_in_flight=True)
+                     waits_with_batch_in_flight=True, held_drafts_left_uncached=True)
 
 # The KV connector rows of 0.33.0 (docs/kv-connector.md): everything but the
 # 0.34 load limit, each re-read in `vllm/v1/core/sched/scheduler.py`.

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from . import blocks, cadence, grammar, kv_loads, lora, priority, sessions
 from .admission_order import reorder_waiting
 from .config import Config
-from .drafts import padded_admission
+from .drafts import drafts_after_preemption, drafts_left_uncached, padded_admission
 from .kv_fence import can_free_now, requires_kv_delivery
 from .launch import ScheduledEntry, count_down, count_in_flight, snapshot
 from .reset_pause import has_requests, runs_running_loop, runs_waiting_loop, takes_waiting_queue
@@ -466,8 +466,8 @@ def _allocate(step: _Step, r: int, num_new: int, hit: tuple[int, ...], external:
     pool, fresh = blocks.pop_fresh(pool, num_fresh)
     table = req.block_table + hit + fresh
     if cfg.prefix_caching and cache:
-        drafts = max(0, total - req.num_tokens)
-        num_full = (total - drafts) // cfg.block_size
+        drafts = drafts_left_uncached(cfg, req.num_drafts, max(0, total - req.num_tokens))
+        num_full = max(0, total - drafts) // cfg.block_size
         labels = [blocks.label_of(pool, b) is None and content_label(state, r, i, cfg.block_size) for i, b in enumerate(table[:num_full])]
         pool = blocks.cache_labels(pool, table, labels, cfg.cache_duplicate_blocks)
     step.state = evolve(state, pool=pool).with_request(r, block_table=table)
@@ -486,7 +486,7 @@ def _preempt(step: _Step, victim: int) -> None:
                     scheduled_ids=state.scheduled_ids - {victim})
     state = retire_entries(state, victim, frozenset({Fate.LIVE}), Fate.ORPHANED)
     step.state = state.with_request(victim, status=Status.PREEMPTED, num_computed=0,
-                                    num_drafts=0, block_table=())
+                                    num_drafts=drafts_after_preemption(step.cfg, req.num_drafts), block_table=())
     step.preempted.append(victim)
 
 

@@ -59,7 +59,7 @@ def test_a_changed_line_of_the_edited_code_refuses_the_mutant_and_names_it_and_t
 
 def test_old_text_found_twice_is_refused_too(monkeypatch):
     m = MUTANTS["preempt_keeps_counter"]
-    twice = dataclasses.replace(m, edits=(dataclasses.replace(m.edits[0], old="step.cfg", new="cfg"),))
+    twice = dataclasses.replace(m, edits=(dataclasses.replace(m.edits[0], old="Fate", new="Fates"),))
     monkeypatch.setitem(registry.ALL_MUTANTS, m.name, twice)
     with pytest.raises(MutantNoLongerApplies, match=r"spec.schedule._preempt holds its old text 2 times"):
         with applied(m.name):

@@ -42,6 +42,9 @@ SAME_AS_033_IN: dict[str, str] = {
                     "AsyncScheduler._update_after_schedule (async: spec_token_ids = placeholders)",
     "pads_admitted_decodes": "Scheduler.schedule, waiting loop (\"Pad new decode requests to uniform "
                              "spec decoding size\")",
+    "held_drafts_left_uncached": "Scheduler._preempt_request (spec_token_ids = []) / "
+                                 "KVCacheManager.allocate_slots (min(total_computed_tokens + num_new_tokens, "
+                                 "request.num_tokens) cached)",
     "unchunked_prefill_stops_admission": "Scheduler.schedule, waiting loop (not enable_chunked_prefill and "
                                          "num_new_tokens > request_token_budget: break)",
     "waits_with_batch_in_flight": "EngineCoreProc._process_input_queue (blocks only while not has_work(), "

@@ -26,8 +26,7 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both ch
 
 VLLM = Path(__file__).resolve().parent.parent / "flightcheck" / "vllm"
 
-DRAFTS_0_8 = {"unscheduled_drafts_kept", "drafts_kept_through_preemption",
-              "drafts_from_every_output", "held_drafts_left_uncached"}
+DRAFTS_0_8 = {"unscheduled_drafts_kept", "drafts_from_every_output"}
 OUTPUTS_0_8 = {"outputs_to_running_by_id", "worker_decides_sampling", "flush_finished_every_schedule"}
 # profile -> the constants its released variant switches (and nothing else).
 RELEASED_CONSTANTS: dict[str, set[str]] = {
@@ -57,14 +56,20 @@ CHANGES_A_RUN: dict[str, tuple[str, int, int, bool, int]] = {
     "flush_finished_every_schedule": ("vllm-0.8.5", 0, 0, False, 41),
     "drafts_from_every_output": ("vllm-0.8.5", 0, 2, False, 31),
     "unscheduled_drafts_kept": ("vllm-0.8.5", 0, 2, False, 10),
-    "drafts_kept_through_preemption": ("vllm-0.8.5", 1, 2, False, 3),
-    "held_drafts_left_uncached": ("vllm-0.8.4", 3, 2, False, 7),
     "no_max_model_len_clip": ("vllm-0.8.4", 0, 2, False, 7),
     "in_flight_mark_kept_off_running": ("vllm-0.8.4", 0, 0, False, 31),
     "outputs_by_id_alone": ("vllm-0.33", 0, 0, True, 0),
     "drafts_handed_over_at_submission": ("vllm-0.33", 0, 2, False, 0),
 }
 
+# The held drafts' rule is vLLM 0.8.x's in the profiles themselves, the
+# reference's as the spec's (`Profile.held_drafts_left_uncached`): constant ->
+# a generated workload (as above) on which the conforming run changes when
+# that constant alone goes back to 0.33's rule (off).
+HELD_DRAFTS_0_8: dict[str, tuple[str, int, int, bool, int]] = {
+    "drafts_kept_through_preemption": ("vllm-0.8.5", 1, 2, False, 3),
+    "held_drafts_left_uncached": ("vllm-0.8.4", 3, 2, False, 7),
+}
 
 # constant -> (released profile, workload): the same for a KV connector's
 # constants, on a replay workload with a connector (not a campaign's): a sync
@@ -172,6 +177,23 @@ def test_each_released_constant_changes_the_conforming_run(constant, monkeypatch
     monkeypatch.setitem(profiles.RELEASED, name,
                         replace(released, **{constant: getattr(profiles.PROFILES[name], constant)}))
     assert _conforming(raw, name) != as_released, f"{constant} changes nothing on {raw['name']}"
+
+
+@pytest.mark.parametrize("constant", sorted(HELD_DRAFTS_0_8))
+def test_each_held_drafts_constant_changes_the_conforming_run(constant, monkeypatch):
+    name, seed, spec_tokens, reuse_ids, index = HELD_DRAFTS_0_8[constant]
+    raw = campaign_workloads(seed, index + 1, reuse_ids=reuse_ids, spec_tokens=spec_tokens)[index]
+    as_released = _conforming(raw, name)
+    monkeypatch.setitem(profiles.RELEASED, name, replace(profiles.RELEASED[name], **{constant: False}))
+    assert _conforming(raw, name) != as_released, f"{constant} changes nothing on {raw['name']}"
+
+
+def test_the_held_drafts_constants_are_the_specs_in_every_profile():
+    from flightcheck.spec import profiles as spec_profiles
+    for name, profile in profiles.PROFILES.items():
+        rule = spec_profiles.PROFILES[name].held_drafts_left_uncached
+        assert [getattr(profile, c) for c in HELD_DRAFTS_0_8] == [rule, rule], name
+        assert [getattr(profiles.RELEASED[name], c) for c in HELD_DRAFTS_0_8] == [rule, rule], name
 
 
 @pytest.mark.parametrize("constant", sorted(CHANGES_A_KV_RUN))

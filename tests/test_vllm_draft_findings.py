@@ -7,15 +7,16 @@ adversarial hunt drew 1), and a reused id under 0.33's async scheduling.
   draft; 0.8.x's `KVCacheManager.allocate_slots` caches the computed tokens
   less the drafts held (`num_computed_tokens + num_tokens -
   len(request.spec_token_ids)`), so r4's full first block is not cached;
-  r4 is preempted and readmitted with no prefix hit (vLLM) where the
-  reference, which drops unscheduled drafts, hits 2 tokens. The ground truth
-  names the cause (`drafts_held_at_allocation`), and the differential called
-  the first difference unexplained: it named `unscheduled_drafts_dropped`
-  only for a request admitted holding drafts (`drafts_held_at_admission`).
-  After it vLLM's runner samples a chunk its scheduler scheduled as partial
-  (a real bug); check-trace rejects the run one event earlier, at the
-  schedule whose prefix hit is smaller than the spec's (the known early
-  position of held drafts on 0.8.4).
+  r4 is preempted and readmitted with no prefix hit. The ground truth
+  names the cause (`drafts_held_at_allocation`). The reference and the spec
+  hit 2 tokens there while they left only scheduled drafts uncached (the
+  differential first called that unexplained, then named it
+  `unscheduled_drafts_dropped`, and check-trace rejected that schedule, one
+  event early); since their 0.8.x profiles leave every held draft uncached
+  (`held_drafts_left_uncached`) they find no hit either. After it vLLM's
+  runner samples a chunk its scheduler scheduled as partial (a real bug):
+  the differential names that (`partial_chunk_token_dropped`), and
+  check-trace rejects that completion, where the ground truth puts the bug.
 
 The default tests read the kept trace and vLLM's result; the slow one
 replays the workload on vLLM 0.8.4.
@@ -52,22 +53,23 @@ def test_a_draft_held_at_allocation_explains_a_smaller_prefix_hit_after_preempti
     assert not result["ground_truth"]["drafts_held_at_admission"]
     comparison = compare(raw["name"], result, events, run_reference(raw, "vllm-0.8.4"),
                          run_reference(raw, "vllm-0.8.4", vllm_outputs=True))
-    assert comparison.explained and comparison.deviation == "unscheduled_drafts_dropped", comparison.describe()
+    assert comparison.explained and comparison.deviation == "partial_chunk_token_dropped", comparison.describe()
 
 
-def test_check_trace_rejects_the_run_no_later_than_the_partial_chunks_token():
+def test_check_trace_rejects_the_run_at_the_partial_chunks_token():
     """The ground truth puts the bug at batch 5's completion (the partial
-    chunk's token); check-trace rejects one event before, at batch 5's
-    schedule, whose prefix hit (none) is smaller than the spec's (2 tokens):
-    the spec drops unscheduled drafts and caches r4's first block. A smaller
-    hit is no finding of the ground truth's (flightcheck/vllm/README.md, the
-    0.8.4 false rejections of held drafts): a known early position."""
+    chunk's token), and check-trace rejects it there. Batch 5's schedule,
+    whose prefix hit (none) is smaller than the 2 tokens r4's first block
+    would give had it been cached, is accepted: the spec leaves r4's held
+    draft uncached as 0.8.4 does (`held_drafts_left_uncached`; before, it
+    rejected that schedule, one event early)."""
     _, result, events = _kept(HELD)
     verdict = check_events(events)
     expected = expected_verdict(result, events)
     assert expected.kind == "bug" and expected.earliest == 13 and events[13]["ev"] == "complete"
-    assert not verdict.ok and verdict.property == "schedule_decision" and verdict.event_index == 12
     assert events[12]["ev"] == "schedule" and events[12]["entries"][0]["cached"] == 0
+    assert not verdict.ok and verdict.property == "S5_one_sample_per_prefill" and verdict.event_index == 13
+    assert expected.agrees(verdict), (expected, verdict.to_json())
 
 
 @pytest.fixture(scope="module")

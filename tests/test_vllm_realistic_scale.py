@@ -96,11 +96,13 @@ def test_the_workloads_are_at_a_deployments_scale() -> None:
 
 # (release, async scheduling, seed): seeds drawn to cover one stage, drafts,
 # priorities, chunked prefill off and tight pools between them. Seed 12 on
-# 0.8.4 draws the open false rejection of held drafts
-# (tests/test_check_trace_held_drafts_084.py keeps its minimal case).
+# 0.8.4 resumes a request holding drafts, which check-trace rejected before
+# the spec modelled held drafts (tests/test_check_trace_held_drafts_084.py
+# keeps its minimal case).
 CASES = [("0.34.0", False, 1), ("0.34.0", False, 2), ("0.34.0", True, 3), ("0.34.0", True, 4),
          ("0.33.0", False, 5), ("0.33.0", False, 6), ("0.33.0", True, 7), ("0.33.0", True, 8),
-         ("0.8.5", False, 9), ("0.8.5", False, 10), ("0.8.4", False, 11), ("0.8.4", False, 33)]
+         ("0.8.5", False, 9), ("0.8.5", False, 10), ("0.8.4", False, 11), ("0.8.4", False, 12),
+         ("0.8.4", False, 33)]
 
 
 @pytest.fixture(scope="module")

@@ -95,6 +95,45 @@ def test_the_profile_models_exercise_what_the_profiles_change():
     assert any(s.pool.duplicates for s in reachable(duplicating))
 
 
+def _holding_drafts(model) -> list[State]:
+    return [s for s in reachable(model) if any(q.num_drafts for q in s.requests)]
+
+
+@pytest.mark.parametrize("profile", ["vllm-0.8.5", "vllm-0.8.4"])
+def test_relation_equals_spec_where_a_request_holds_drafts_under_0_8(profile):
+    """vLLM 0.8.x's held drafts (`Profile.held_drafts_left_uncached`): every
+    reachable state of tiny-preempt in which a request holds drafts, where
+    the preemptions that keep them and the allocations that leave them
+    uncached start (its exhaustive cross-check is slow, below)."""
+    model = profile_model(TINY_PREEMPT, profile)
+    states = _holding_drafts(model)
+    report = _check_all(model, states)
+    assert report.problems == []
+    assert report.states == len(states) > 0
+
+
+def _preempted_drafts_cleared(states) -> set[State]:
+    return {dataclasses.replace(s, requests=tuple(dataclasses.replace(q, num_drafts=0)
+                                                  if q.status.name == "PREEMPTED" else q for q in s.requests))
+            for s in states}
+
+
+def test_tiny_preempt_exercises_the_held_drafts_rule(monkeypatch):
+    """Control for the test above: under vLLM 0.8.5 a preempted request of
+    tiny-preempt holds drafts, and without the rule (0.33's: drafts cleared
+    at a preemption, only the scheduled ones uncached) other states are
+    reached even with the preempted requests' drafts set aside: the blocks
+    an allocation caches differ."""
+    model = profile_model(TINY_PREEMPT, "vllm-0.8.5")
+    held = set(reachable(model))
+    assert any(q.status.name == "PREEMPTED" and q.num_drafts for s in held for q in s.requests)
+    off = dataclasses.replace(spec_profiles.VLLM_0_8_5, name="vllm-0.8.5-without-held-drafts",
+                              held_drafts_left_uncached=False)
+    monkeypatch.setitem(spec_profiles.PROFILES, off.name, off)
+    cleared = dataclasses.replace(model, cfg=dataclasses.replace(model.cfg, profile=off.name))
+    assert _preempted_drafts_cleared(reachable(cleared)) != _preempted_drafts_cleared(held)
+
+
 # vLLM 0.33's rules (Config.rules), each of which changes the reachable states
 # of at least one of these models (the control below): the deferral model
 # (every rule), tiny-preempt (full-sequence admission with prefix caching),

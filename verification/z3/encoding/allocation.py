@@ -11,6 +11,7 @@ from typing import Any
 import z3
 from flightcheck.spec.profiles import num_preallocate_blocks
 from flightcheck.verification.z3.encoding import blocks as zb
+from flightcheck.verification.z3.encoding.drafts import uncached_drafts
 from flightcheck.verification.z3.encoding.requests import async_at, label_at
 from flightcheck.verification.z3.encoding.state import LIVE, PAD, Layout, SEntry, SReq, SState
 from flightcheck.verification.z3.encoding.terms import (
@@ -74,11 +75,12 @@ def candidate(st: SState, r: Any, q: SReq, tokens: Any) -> Candidate:
 
 
 def cache_full_blocks(layout: Layout, c: Candidate, pool, table: list, table_len: Any, total: Any):
-    """_allocate's label caching: the full blocks of known tokens (drafts left out)."""
+    """_allocate's label caching: the full blocks of known tokens (drafts
+    left out: under vLLM 0.8.x every draft held, drafts.uncached_drafts)."""
     if not layout.cfg.prefix_caching:
         return pool
-    drafts = imax(V(0), total - c.tokens)
-    num_full = div_const(total - drafts, layout.cfg.block_size)
+    drafts = uncached_drafts(layout, c.q.num_drafts, imax(V(0), total - c.tokens))
+    num_full = div_const(imax(V(0), total - drafts), layout.cfg.block_size)
     labels = [label_at(layout, c.st, c.r, i) for i in range(layout.T)]
     return zb.cache_labels(layout, pool, table, table_len, labels, num_full)
 

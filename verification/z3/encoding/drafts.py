@@ -10,7 +10,12 @@ profile (`Profile.draft_source`) and vLLM 0.33's padded admissions
   schedule left it a prefill chunk (its `is_prefill_chunk` on the frame
   before the call, which the frame keeps under such a profile:
   cadence_state.has_chunk_flags, set by cadence.after_launch); `padded`
-  decides an admission's padding from it.
+  decides an admission's padding from it;
+* held drafts (vLLM 0.8.x, `Profile.held_drafts_left_uncached`): an
+  allocation leaves every draft its request holds out of the blocks it
+  caches (`uncached_drafts`, read by allocation.cache_full_blocks) and a
+  preemption keeps them (`drafts_after_preemption`, read by schedule's
+  preemption).
 """
 
 from __future__ import annotations
@@ -21,16 +26,28 @@ from typing import Any
 import z3
 from flightcheck.spec.drafts import drafts_come_with_output, placeholder_drafts
 from flightcheck.verification.z3.encoding.state import Layout, SState
-from flightcheck.verification.z3.encoding.terms import V, conj, disj, eq, le, lt, neg, pick
+from flightcheck.verification.z3.encoding.terms import V, conj, disj, eq, imax, le, lt, neg, pick
 
-__all__ = ["PadContext", "drafts_come_with_output", "next_drafts_cap", "pad_context", "padded",
-           "placeholder_drafts"]
+__all__ = ["PadContext", "drafts_after_preemption", "drafts_come_with_output", "next_drafts_cap", "pad_context",
+           "padded", "placeholder_drafts", "uncached_drafts"]
 
 
 def next_drafts_cap(layout: Layout, cap: int) -> int:
     """The most drafts a completion's Sample may propose (spec.actions.max_next_drafts):
     `cap` where drafts come with the output, else 0."""
     return cap if drafts_come_with_output(layout.cfg) else 0
+
+
+def uncached_drafts(layout: Layout, held: Any, scheduled: Any) -> Any:
+    """spec.drafts.drafts_left_uncached: the drafts an allocation leaves out
+    of the blocks it caches, all those held under vLLM 0.8.x, else those scheduled."""
+    return imax(held, scheduled) if layout.cfg.rules.held_drafts_left_uncached else scheduled
+
+
+def drafts_after_preemption(layout: Layout, held: Any) -> Any:
+    """spec.drafts.drafts_after_preemption: a preempted request keeps its
+    drafts under vLLM 0.8.x, else none."""
+    return held if layout.cfg.rules.held_drafts_left_uncached else V(0)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import z3
-from flightcheck.verification.z3.encoding import blocks as zb, cadence as cad, lora
+from flightcheck.verification.z3.encoding import blocks as zb, cadence as cad, drafts as zd, lora
 from flightcheck.verification.z3.encoding import priority as prio
 from flightcheck.verification.z3.encoding import structured_output as grammar
 from flightcheck.verification.z3.encoding.drafts import PadContext, pad_context, padded, placeholder_drafts
@@ -345,12 +345,12 @@ def _preempt_last(layout: Layout, builder: Builder, st: SState) -> tuple[SState,
     p.pool = zb.free_table(layout, st.pool, v.table, v.table_len)
     p.running = put(st.running, st.running_len - 1, V(PAD))
     p.running_len = st.running_len - 1
-    p.waiting = [victim] + st.waiting[:-1]
-    p.waiting_len = st.waiting_len + 1
+    p.waiting, p.waiting_len = [victim] + st.waiting[:-1], st.waiting_len + 1
     if not layout.is_mutant("inflight_set_not_cleared_on_preemption"):
         p.scheduled = put_flag(st.scheduled, victim, z3.BoolVal(False))
     keep = v.num_computed if layout.is_mutant("preempt_keeps_counter") else V(0)
-    p = with_req(p, victim, status=V(PREEMPTED), num_computed=keep, num_drafts=V(0), table_len=V(0),
+    p = with_req(p, victim, status=V(PREEMPTED), num_computed=keep,
+                 num_drafts=zd.drafts_after_preemption(layout, v.num_drafts), table_len=V(0),
                  table=empty_table(layout))
     if p.counters:
         # spec.schedule._mark_stale_output (vLLM 0.33 `_preempt_request`): the victim's

@@ -52,12 +52,17 @@ def a1_new_is_pristine(layout: Layout, s: SState) -> Any:
 
 
 def a2_waiting_never_ran(layout: Layout, s: SState) -> Any:
-    """A WAITING request has no output and nothing in flight; WAITING and PREEMPTED ones propose no drafts."""
+    """A WAITING request has no output and nothing in flight; WAITING ones propose no drafts, nor do
+    PREEMPTED ones but under vLLM 0.8.x, where a preempted request keeps its drafts
+    (`Profile.held_drafts_left_uncached`): at most k there."""
     out = []
+    held = layout.cfg.rules.held_drafts_left_uncached
     for r, q in enumerate(s.reqs):
         mine = disj(*[conj(u, eq(e.req, r)) for e, u in positions(layout, s)])
         out.append(z3.Implies(eq(q.status, WAITING), conj(eq(q.num_output, 0), neg(mine))))
-        out.append(z3.Implies(disj(eq(q.status, WAITING), eq(q.status, PREEMPTED)), eq(q.num_drafts, 0)))
+        out.append(z3.Implies(eq(q.status, WAITING), eq(q.num_drafts, 0)))
+        out.append(z3.Implies(eq(q.status, PREEMPTED),
+                              le(q.num_drafts, layout.cfg.num_spec_tokens) if held else eq(q.num_drafts, 0)))
     return conj(out)
 
 

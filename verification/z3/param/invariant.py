@@ -74,7 +74,8 @@ def local_conjuncts(ops: Ops, x: ParamState, cfg: ParamConfig, r: Any) -> dict[s
         "aux.new_is_blank": ops.implies(st == ops.status("NEW"), ops.and_(
             p == 0, o == 0, c == 0, dr == 0, *[ops.not_(q) for q in present])),
         "aux.counts_nonnegative": ops.and_(p >= 0, o >= 0, ops.implies(active, dr >= 0)),
-        "aux.no_drafts_unless_running": ops.implies(ops.and_(active, ops.not_(running)), dr == 0),
+        "aux.no_drafts_unless_running": ops.implies(ops.and_(active, ops.not_(running), *(
+            [st == ops.status("WAITING")] if cfg.drafts_kept_through_preemption else [])), dr == 0),
         "aux.behind_unless_sampling": ops.implies(ops.and_(running, ops.not_(live_sampling)), c < t),
     }
     for i in range(K):

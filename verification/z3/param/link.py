@@ -77,7 +77,8 @@ Call = tuple[str, tuple]          # (micro-step name, its arguments: a request n
 
 def abstract_config(cfg: Config, nobody: Any = 0) -> ParamConfig:
     return ParamConfig(cfg.num_stages, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len,
-                   cfg.num_spec_tokens, cfg.long_prefill_token_threshold, nobody)
+                       cfg.num_spec_tokens, cfg.long_prefill_token_threshold, nobody,
+                       drafts_kept_through_preemption=cfg.rules.held_drafts_left_uncached)
 
 
 class OutsideParamModel(ValueError):

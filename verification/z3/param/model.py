@@ -211,6 +211,9 @@ class ParamConfig:
     threshold: Any              # long_prefill_token_threshold, 0 = off
     nobody: Any                 # a Req: the `first` ghost of a batch nobody has joined yet
     mutant: str | None = None
+    # a preempted request keeps its drafts (spec.drafts.drafts_after_preemption):
+    # the default profile's, vLLM 0.8.x's `held_drafts_left_uncached`
+    drafts_kept_through_preemption: bool = True
 
     def assumptions(self) -> list[Formula]:
         """What spec/config.py's Config validates."""

@@ -85,7 +85,7 @@ class _Instance:
         self.ops = Symbolic(self.sort, self.domain)
         self.cfg = ParamConfig(self.K, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len,
                                cfg.num_spec_tokens, cfg.long_prefill_token_threshold, self.domain[0],
-                               model.mutant)
+                               model.mutant, cfg.rules.held_drafts_left_uncached)
         self.prompts = model.prompts
         self.variables = self._scalars()
 

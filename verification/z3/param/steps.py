@@ -55,13 +55,14 @@ def abort(ops: Ops, x: ParamState, cfg: ParamConfig, d: int, r: Any) -> GuardedU
 
 def preempt(ops: Ops, x: ParamState, cfg: ParamConfig, d: int, r: Any) -> GuardedUpdate:
     """depth = d ∧ status[r] = RUNNING (any running request, at any time: the pool is abstracted)
-    ⟹ status' = status[r ↦ PREEMPTED], C' = C[r ↦ 0], D' = D[r ↦ 0],
+    ⟹ status' = status[r ↦ PREEMPTED], C' = C[r ↦ 0], D' = D (vLLM 0.8.x) or D[r ↦ 0],
        every slot's live entry of r orphaned, num_running' = num_running − 1"""
     guard = ops.and_(x.depth == d, x.status[r] == ops.status("RUNNING"))
     keep = cfg.mutant == "preempt_keeps_counter"
     x = retire(ops, x, r, True, ("live",), "orphaned")
     x = replace(x, num_running=x.num_running - 1)
-    return guard, with_request(ops, x, r, status=ops.status("PREEMPTED"), num_drafts=0,
+    drafts = x.num_drafts[r] if cfg.drafts_kept_through_preemption else 0
+    return guard, with_request(ops, x, r, status=ops.status("PREEMPTED"), num_drafts=drafts,
                                num_computed=x.num_computed[r] if keep else 0)
 
 
