@@ -147,3 +147,19 @@ def test_error_order_is_tried_after_any_deviation_not_only_the_error_finish() ->
                          lambda order: run_reference(raw, name, vllm_outputs=True, kv_error_order=order))
     assert comparison.deviation == "drafts_handed_over_at_submission"
     assert comparison.explained, comparison.first_difference
+
+
+def test_empty_batches_still_queued_take_their_steps_before_the_input_wait() -> None:
+    # `--versions 0.34.0 --kv-connector --async --seed 72`, index 19: four idle
+    # steps left one empty batch queued; the loop jumped to r2's arrival (step
+    # 11) with it still there, so r2 arrived inside step 11's wait and ran a
+    # step late, and after its rollback the decode stagger held its recompute
+    # past its abort at step 20; vLLM's engine steps through the queue
+    # (EngineCoreProc.has_work), takes r2 before step 11 and recomputes it at 19
+    raw = campaign_workloads(72, 20, family="kv-connector", mid_step_inputs=True)[19]
+    raw = {**raw, "config": {**raw["config"], "async_scheduling": True}}
+    events = run_reference(raw, profile_for("0.34.0", True), vllm_outputs=True).events
+    order = [(e["ev"], e.get("batch")) for e in events
+             if e["ev"] == "abort" and e["req"] == "r2"
+             or e["ev"] == "schedule" and any(x["req"] == "r2" and x["start"] == 0 for x in e["entries"])]
+    assert order[0] == ("schedule", 3)

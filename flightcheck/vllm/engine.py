@@ -464,7 +464,9 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
             idle = 0 if progressed else idle + 1
             if getattr(engine, "transfers_in_flight", lambda: 0)() or engine.grammars_compiling():
                 idle = 0        # vLLM spins on has_requests() until a KV transfer or a grammar settles
-            if idle >= IDLE_STEPS_FOR_STUCK and engine.batches_in_flight() == 0:
+            # (empty batches still queued each take a step first: EngineCoreProc.has_work)
+            if idle >= IDLE_STEPS_FOR_STUCK and engine.batches_in_flight() == 0 \
+                    and not (engine.busy_while_in_flight and engine.batch_queue):
                 if inputs.pending or during_step or waiting:   # it spins until the input arrives
                     step, idle = max(step, inputs.next_step() if inputs.pending else step), 0
                     continue
