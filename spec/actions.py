@@ -223,10 +223,13 @@ def _complete_by_name(state: State, cfg: Config, samples: tuple[Sample, ...],
     agree with it (IF1, IF2); with a reused name they need not."""
     batch = state.in_flight[0]
     applied = [_output_applied(state, cfg, e) for e in batch]
+    # Looked up on the state before the batch, as `_output_applied` decides:
+    # the batch's names are distinct, and applying an entry changes only its
+    # own holder's status, so no entry's holder moves while the batch applies.
+    holders = [holder_of(state, e.lookup_name) for e in batch]
     remaining = iter(samples)
     state = drain_deferred_frees(replace(state, in_flight=state.in_flight[1:]), cfg, batch)
-    for e, has_output in zip(batch, applied):
-        holder = holder_of(state, e.lookup_name)
+    for e, holder, has_output in zip(batch, holders, applied):
         if holder is None:
             continue                                   # finished or never arrived: dropped
         stale = _drains_stale(state.requests[holder])

@@ -319,6 +319,17 @@ class State:
         return frozenset(self.kv_holding)
 
     @cached_property
+    def holders(self) -> dict[int, int]:
+        """Each name's holder (`holder_of`), found in one pass per state: a
+        completion looks up every entry of its batch by name, and a long
+        trace's state holds hundreds of requests."""
+        found: dict[int, int] = {}
+        for r, q in enumerate(self.requests):
+            if q.status in ACTIVE:
+                found.setdefault(r if q.name is None else q.name, r)
+        return found
+
+    @cached_property
     def _entries_by_request(self) -> dict[int, list[Entry]]:
         """Every in-flight entry, grouped by request in FIFO order: built once
         per state, so asking for each request's entries costs what they hold
@@ -363,10 +374,15 @@ def holder_of(state: State, name: int) -> int | None:
     """The slot that holds `name` now: the unfinished request arrived under it
     (vLLM's `self.requests.get(req_id)`; a finished request is gone from
     that dict), or None."""
-    for r, q in enumerate(state.requests):
-        if q.status.is_active and (r if q.name is None else q.name) == name:
-            return r
-    return None
+    requests = state.requests
+    if 0 <= name < len(requests):
+        own = requests[name]
+        if own.name is None and own.status in ACTIVE:
+            # the name's first slot, unfinished: no other slot can hold the
+            # name (`arrive_as` takes a name only once its holder finished,
+            # and a finished slot never runs again)
+            return name
+    return state.holders.get(name)
 
 
 def initial_state(num_requests: int, num_blocks: int) -> State:

@@ -181,3 +181,34 @@ def test_the_same_runs_with_the_empty_calls_erased_from_their_steps_are_rejected
         assert not result.ok and result.property == "S6p_async_decode_gating"
         rejected += 1
     assert rejected >= 10
+
+
+VLLM_034 = Path(__file__).parent / "data" / "vllm" / "traces-0.34"
+NOTED_BEFORE_COMPLETION = VLLM_034 / "async-noted-empty-call-replayed-after-completion.jsonl"
+
+
+def _noted_before_completion() -> list[dict]:
+    """vLLM 0.34.0's own async run (campaign `--versions 0.34.0 --all-features
+    --spec-tokens 1 --async`, seed 64, index 15; a correct run): its empty
+    schedule() call at recorder step 48 ran while r1's last chunk was in
+    flight, before batch 14's completion (step 49) in the same engine step;
+    the next call (step 50) preempted r1."""
+    return [json.loads(line) for line in NOTED_BEFORE_COMPLETION.read_text().splitlines() if line.strip()]
+
+
+def test_an_empty_call_noted_on_a_completion_is_replayed_before_that_completion():
+    events = _noted_before_completion()
+    assert events[0]["vllm_version"] == "0.34.0"
+    result = check_events(events)
+    assert result.ok, (result.event_index, result.property, result.message)
+
+
+def test_the_same_empty_call_noted_after_the_completion_is_rejected_by_the_running_loop_rule():
+    # moved onto the next event, the call runs after batch 14 completed: r1 is then
+    # running with nothing in flight and needs a block, so a call that formed nothing
+    # left it out (PR3): the checker reads where the trace notes the call
+    events = _noted_before_completion()
+    i = next(i for i, e in enumerate(events) if e["ev"] == "complete" and e.get("batch") == 14)
+    events[i + 1]["empty_batches_before"] = events[i].pop("empty_batches_before")
+    result = check_events(events)
+    assert not result.ok and result.property == "PR3_running_loop_skips_nothing", (result.property, result.message)

@@ -183,3 +183,22 @@ def test_0_8_5_appends_a_token_sampled_for_a_chunk_it_scheduled_as_partial(repla
     # check-trace, independently, rejects the trace at that very event.
     verdict = check_trace(trace)
     assert (verdict.ok, verdict.event_index, verdict.property) == (False, applied, "S5_one_sample_per_prefill")
+
+
+@pytest.mark.slow
+def test_a_single_stage_engine_replays(replay: ReplayWorker, tmp_path: Path):
+    """One pipeline stage, no pipeline parallelism: 0.8.x's VllmConfig asks
+    the platform whether V0's async output processor is supported, which
+    raised NotImplementedError on a machine without one, and the replay
+    failed before vLLM's scheduler was built (the bridge now turns that
+    processor off: no V1 scheduler uses it)."""
+    workload = {"name": "one-stage", "seed": 3, "max_steps": 200,
+                "config": {"num_stages": 1, "max_num_batched_tokens": 8, "max_num_seqs": 1, "block_size": 4,
+                           "num_blocks": 6, "max_model_len": 16},
+                "requests": [{"id": "r0", "prompt_len": 6, "max_tokens": 3},
+                             {"id": "r1", "prompt_len": 3, "max_tokens": 2, "arrival_step": 1}]}
+    trace = tmp_path / "one-stage.jsonl"
+    recorded = replay.replay(workload, trace=str(trace))
+    assert recorded["ending"] == "done" and not findings(recorded)
+    assert events(trace)[0]["num_stages"] == 1
+    assert check_trace(trace).ok

@@ -4,13 +4,15 @@
     python -m flightcheck.vllm.campaign --workloads 300 --versions 0.8.4 --json results.json
     python -m flightcheck.vllm.campaign --workloads 200 --versions 0.33.0 --reuse-ids
     python -m flightcheck.vllm.campaign --workloads 300 --versions 0.33.0 --async
+    python -m flightcheck.vllm.campaign --workloads 40 --all-features --spec-tokens 2 --stages 1
     python -m flightcheck.vllm.campaign --workloads 300 --versions 0.34.0 [--async] [--reuse-ids]
     python -m flightcheck.vllm.campaign --workloads 300 --kv-connector [--versions 0.34.0]
     flightcheck vllm campaign --workloads 100 --vllm-python ~/src/vllm/.venv/bin/python
 
-`flightcheck vllm campaign` takes the same options (`add_options`) and runs
-the same function (`run_campaign`). `--vllm-python PATH` runs the vLLM of
-any interpreter in place of `--versions` (flightcheck/commands/vllm_campaign.py,
+`flightcheck vllm campaign` takes the same options (`add_options`,
+campaign_options.py) and runs the same function (`run_campaign`).
+`--vllm-python PATH` runs the vLLM of any interpreter in place of
+`--versions` (flightcheck/commands/vllm_campaign.py,
 docs/vllm-fit.md): its version is read from it, and one with no tables of its
 own runs as the nearest known release, said on stderr, with that release's
 profile for the reference and check-trace.
@@ -70,7 +72,8 @@ from flightcheck.verification.mutants.reference import MUTANTS
 from . import ASYNC_RECORDER
 from .differential import (Comparison, ReferenceRun, compare, decisions, first_difference, profile_for,
                            read_trace, run_reference)
-from .generate import FAMILIES, campaign_workloads
+from .campaign_options import add_options
+from .generate import campaign_workloads
 from .features import all_features_versions
 from .kv_workload import has_kv_connector
 from .replay import Interpreter, ReplayError, ReplayWorker, findings, probe_interpreter, use_interpreter
@@ -368,57 +371,6 @@ def flag_mutants(profile: str, compared: list[Compared]) -> dict[str, str]:
     return flagged
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
-    """The campaign's options: `python -m flightcheck.vllm.campaign` and
-    `flightcheck vllm campaign` take the same."""
-    from flightcheck.commands.common import int_in, seed_int
-
-    from .workload_limits import MAX_SPEC_TOKENS, MAX_WORKLOADS      # bounded: every workload is built first
-
-    parser.add_argument("--workloads", type=int_in(1, MAX_WORKLOADS), default=100, help="workloads per version")
-    parser.add_argument("--seed", type=seed_int, default=0)
-    parser.add_argument("--versions", default=None,
-                        help="comma-separated releases (default 0.8.5,0.8.4; with --kv-connector 0.33.0,0.34.0)")
-    parser.add_argument("--vllm-python", metavar="PATH",
-                        help="any Python where vLLM imports (a venv of any release, an editable checkout): "
-                             "its vllm.__version__ replaces --versions; a version with no tables of its own "
-                             "runs as the nearest known release (said on stderr)")
-    parser.add_argument("--no-mutants", action="store_true")
-    parser.add_argument("--reuse-ids", action="store_true",
-                        help="one workload in two also sends a request under an aborted request's id "
-                             "(for vLLM 0.33: the id-reuse bug; off, a seed's workloads are unchanged)")
-    parser.add_argument("--async", dest="async_scheduling", action="store_true",
-                        help="vLLM 0.33.0 or 0.34.0 with async scheduling (AsyncScheduler, V2 runner settings) "
-                             "against the reference's vllm-0.33-async (vllm-0.34-async) profile")
-    parser.add_argument("--spec-tokens", type=int_in(0, MAX_SPEC_TOKENS), default=0, metavar="K",
-                        help="speculative decoding with K drafts per step: the fabricated model proposes "
-                             "drafts and accepts some of each (seeded), vLLM's scheduler is configured for K")
-    parser.add_argument("--mid-step-inputs", action=argparse.BooleanOptionalAction, default=None,
-                        help="place arrivals and aborts, one in two, while a step waits for a batch's output "
-                             "(vLLM 0.34's _wait_for_output; earlier engines handle them after the step); "
-                             "default: on when every version runs 0.34's engine loop")
-    parser.add_argument("--family", choices=sorted(FAMILIES),
-                        help="every workload of that family (generate.py): chunked prefill off, or vLLM "
-                             "0.34's cache-aware admission order, the knobs that tell versions apart")
-    parser.add_argument("--kv-connector", action="store_true",
-                        help="the kv-connector family (generate.py, kv_generate.py): a fabricated KV connector "
-                             "in vLLM 0.33.0/0.34.0's real scheduler, each version sync and async (only async "
-                             "with --async); the differential is reported as not run until the reference has "
-                             "a connector")
-    parser.add_argument("--all-features", action="store_true",
-                        help="every feature the bridge models (features.py: the KV connector, and each "
-                             "request state added since), each in a seeded share of the workloads, for the "
-                             "features each version has; each version sync and async (only async with --async); "
-                             "default versions: every release with a feature")
-    parser.add_argument("--json", help="write the report here")
-    parser.add_argument("--jobs", type=int_in(1, 64), default=1,
-                        help="processes for the local executor, each with its own replay worker (default 1)")
-    executors.add_options(parser)
-    parser.add_argument("--keep-disagreements", type=Path, metavar="DIR",
-                        help="copy every trace (and its workload) on which check-trace and vLLM's ground "
-                             "truth disagree into DIR")
-
-
 def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
     """The campaign the options ask for; `error` refuses an option (exit 2)."""
     if args.keep_disagreements is not None and args.keep_disagreements.exists() \
@@ -460,7 +412,8 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
     def workloads(version: str) -> list[dict[str, Any]]:
         return campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens, args.family,
                                   mid_step_inputs=mid_step_inputs,
-                                  features_of=release(version).version if args.all_features else None)
+                                  features_of=release(version).version if args.all_features else None,
+                                  stages=getattr(args, "stages", None))
     before = executors.counts()
     try:
         with use_interpreter(interpreter) if interpreter else nullcontext():
@@ -470,7 +423,8 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
         return 2
     if args.json:
         try:                   # whole or not at all (output_files.write_whole)
-            write_text(args.json, json.dumps({"seed": args.seed, **executors.ran_since(before),
+            stages = {"stages": args.stages} if getattr(args, "stages", None) is not None else {}
+            write_text(args.json, json.dumps({"seed": args.seed, **stages, **executors.ran_since(before),
                                               "reports": [r.to_json() for r in reports]}, indent=1))
         except OSError as err:
             print(f"flightcheck: error: --json {args.json}: {err.strerror or err}; the report was not written "

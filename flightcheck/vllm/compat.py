@@ -119,6 +119,8 @@ NEEDED: tuple[Needed, ...] = (
     Needed(SCHED, "policy", "0.33.0-0.34.0",
            "the scheduling policy (FCFS or priority; 0.8.x's V1 scheduler: FCFS only)"),
     Needed(REQUEST, "priority", "0.33.0-0.34.0", "an arrival's priority under the priority policy"),
+    Needed(SCHED, "_update_requests_with_invalid_blocks", "0.33.0-0.34.0",
+           "the requests a KV load failure rolls back (kv_recording.py: a kv_failed event's holders)"),
     # -- helpers the replay and the cost worker call
     Needed("vllm.utils:resolve_obj_by_qualname", "", "0.8.4-0.8.5", "resolving --scheduler-cls"),
     Needed("vllm.utils.import_utils:resolve_obj_by_qualname", "", "0.33.0-0.34.0", "resolving --scheduler-cls"),

@@ -293,7 +293,11 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     if named is not None and _version_may_name(vllm_result, named):
         return named
     truth = vllm_result.get("ground_truth") or {}
-    held = {item["req"] for item in truth.get("drafts_held_at_admission", ())}
+    # requests admitted holding drafts kept through a preemption, or given
+    # slots holding more drafts than their entry scheduled (a threshold or
+    # budget clip): 0.8.x's allocate_slots left the held drafts uncached
+    held = {item["req"] for item in (*truth.get("drafts_held_at_admission", ()),
+                                     *truth.get("drafts_held_at_allocation", ()))}
     theirs = vllm[index] if index < len(vllm) else None
     ours = reference[index] if index < len(reference) else None
     errored = {event[1] for event in vllm + reference if event[0] == "finish" and event[2] == "error"}
@@ -311,9 +315,10 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
         return ("kv_rollback_keeps_placeholders_pr49250" if vllm_result.get("async_scheduling")
                 else "kv_rollback_base_assumes_one_batch")
     if held and _concerns(theirs, ours) & held:
-        # Nothing else explains it, and it concerns a request admitted holding
-        # drafts kept through its preemption: 0.8.x's allocate_slots cached
-        # fewer of its blocks, so a later prefix hit is smaller.
+        # Nothing else explains it, and it concerns a request admitted or
+        # given slots holding drafts its entry did not schedule: 0.8.x's
+        # allocate_slots cached fewer of its blocks, so a later prefix hit is
+        # smaller (or none, and the request fits where the reference's does not).
         return "unscheduled_drafts_dropped"
     return named
 
@@ -446,7 +451,9 @@ def _drifted(truth: dict[str, Any]) -> set[str]:
 
 
 def _concerns(*events: tuple[Any, ...] | None) -> set[str]:
-    """The requests a `decisions` item names (entries, preemptions, tokens)."""
+    """The requests a `decisions` item names (entries, preemptions; tokens,
+    drops and the drafts a completion leaves: an older batch bound by a
+    reused id may differ only in the new request's drafts)."""
     names: set[str] = set()
     for event in events:
         if event is None:

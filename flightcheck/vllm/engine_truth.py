@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import types
 from typing import Any
 
 
@@ -68,8 +69,23 @@ def _would_schedule_without(engine: Any, stale: list[str]) -> bool | None:
     finally:
         scheduler._fc_trace = trace
         sys.setrecursionlimit(limit)
+    _without_instance_overrides(twin)
+    _without_instance_overrides(twin.kv_cache_manager)
     twin.scheduled_req_ids.difference_update(stale)
     return twin.schedule().total_num_scheduled_tokens > 0
+
+
+def _without_instance_overrides(twin: Any) -> None:
+    """Drop from a copied object the functions set on the original instance
+    over its class's methods (the recorder's watch on
+    `KVCacheManager.allocate_slots`, ground_truth.py): deepcopy shares a
+    function, whose closure still calls the original's method, so the
+    twin's `schedule()` would allocate blocks in vLLM's own manager (a
+    request admitted in the probe then shows no new blocks when vLLM really
+    admits it) and note observations in the original's ground truth."""
+    for name, value in list(vars(twin).items()):
+        if isinstance(value, types.FunctionType) and hasattr(type(twin), name):
+            delattr(twin, name)
 
 
 def _shared_uncopyable(scheduler: Any) -> dict[int, Any]:

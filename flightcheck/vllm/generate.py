@@ -4,7 +4,7 @@ workload i of a seed is a function of the two alone) and Hypothesis
 (tests/test_vllm_differential.py, which shrinks a failure to a small
 workload). The generator asks a `Picker` for every choice.
 
-What it covers: K 2-4; block sizes 2-8; tight pools (one request's worth
+What it covers: K 2-4 (one or any other K with `stages`); block sizes 2-8; tight pools (one request's worth
 and a few blocks) and roomy ones; a shared prefix; long-prefill thresholds;
 aborts at any step, so often while a batch of the request is in flight;
 EOS; with `reuse_ids` (for vLLM 0.33, off by default so that the workloads
@@ -53,7 +53,8 @@ def cdiv(a: int, b: int) -> int:
 
 def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = False,
                       spec_tokens: int = 0, family: str | None = None,
-                      mid_step_inputs: bool = False, features_of: str | None = None) -> dict[str, Any]:
+                      mid_step_inputs: bool = False, features_of: str | None = None,
+                      stages: int | None = None) -> dict[str, Any]:
     """One workload (the JSON `workload.py` reads). `spec_tokens` k > 0:
     speculative decoding with k drafts, the acceptance picked last (so the
     rest of a seed's workload is what it is without drafts); `family` (one
@@ -61,7 +62,9 @@ def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = Fals
     time in two, arrives while its step waits for a batch's output (`via
     "wait"`: vLLM 0.34's `_wait_for_output`), picked after everything else.
     `features_of` (a release): `--all-features`, the features that release
-    has, each in its share (features.py), picked after the rest."""
+    has, each in its share (features.py), picked after the rest. `stages`:
+    that many pipeline stages in place of the drawn 2-4, set after every
+    pick (so the rest of the workload is the one drawn without it)."""
     num_stages = pick.integer(2, 4)
     block_size = pick.choice([4, 2, 8])
     prefix_len = pick.choice([0, block_size, 2 * block_size, block_size + 1])
@@ -97,6 +100,8 @@ def generate_workload(pick: Picker, name: str, seed: int, reuse_ids: bool = Fals
         with_features(pick, workload, features_of)
     if reuse_ids:
         _reuses_after_their_aborts(requests, connector="kv_connector" in config)
+    if stages is not None:
+        config["num_stages"] = stages
     return workload
 
 
@@ -248,17 +253,19 @@ def _reuses_after_their_aborts(requests: list[dict[str, Any]], connector: bool) 
 
 def campaign_workloads(seed: int, count: int, reuse_ids: bool = False,
                        spec_tokens: int = 0, family: str | None = None,
-                       mid_step_inputs: bool = False, features_of: str | None = None) -> list[dict[str, Any]]:
+                       mid_step_inputs: bool = False, features_of: str | None = None,
+                       stages: int | None = None) -> list[dict[str, Any]]:
     """Workloads seed-0 .. seed-(count-1) of a campaign; each is a function
     of (seed, index) alone, so a failure is replayed from its name (with
     drafts: `diff-spec{k}-...`; of a family: `diff-{family}-...`; with inputs
     during waits: `diff-wait-...`; with a release's features:
-    `diff-all-{release}-...`)."""
-    label = ((f"spec{spec_tokens}-" if spec_tokens else "") + (f"{family}-" if family else "")
-             + ("wait-" if mid_step_inputs else "") + (f"all-{features_of}-" if features_of else ""))
+    `diff-all-{release}-...`; with `stages` N: `diff-stages{N}-...`)."""
+    label = ((f"stages{stages}-" if stages is not None else "") + (f"spec{spec_tokens}-" if spec_tokens else "")
+             + (f"{family}-" if family else "") + ("wait-" if mid_step_inputs else "")
+             + (f"all-{features_of}-" if features_of else ""))
     return [generate_workload(RandomPicker(hash_seed(seed, index)), f"diff-{label}{seed}-{index}",
                               hash_seed(seed, index), reuse_ids, spec_tokens, family, mid_step_inputs,
-                              features_of)
+                              features_of, stages)
             for index in range(count)]
 
 

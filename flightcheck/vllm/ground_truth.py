@@ -364,7 +364,11 @@ class GroundTruthMixin:
         up by id) and `num_stale_output_tokens` (`_preempt_request`). Record
         each counter that goes negative, and the in-flight counter disagreeing
         with the tokens of this very Request object's batches in flight (it
-        fails when an id is reused while the old request's batch is in flight)."""
+        fails when an id is reused while the old request's batch is in flight).
+        `also`: the requests an update just applied output to, which vLLM may
+        have finished and dropped from `requests` in that update (a reused
+        id's new request finished with an error: its counter went below 0
+        all the same)."""
         observations = self.flightcheck_observations
         live = {id(request): request for request in self.requests.values()}
         dropped = [request for request in bound if request is not None and id(request) not in live]

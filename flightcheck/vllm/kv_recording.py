@@ -65,6 +65,8 @@ class KVRecordingMixin:
     # (batch, request id): entries in flight when vLLM rolled the request back
     _fc_kv_superseded: frozenset[tuple[Any, str]] = frozenset()
     _fc_kv_computed_before: dict[str, tuple[Any, int]] = {}
+    # ids vLLM's invalid-block scan rolled back during the update being read
+    _fc_kv_scanned_back: frozenset[str] = frozenset()
     # a holder's over-counted rollback, by request: where its KV stops being
     # valid, and the observation a later cut to there withdraws
     _fc_holder_bases: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -187,6 +189,7 @@ class KVRecordingMixin:
         self._fc_kv_computed_before = ({req_id: (request, int(request.num_computed_tokens))
                                         for req_id, request in self.requests.items()}
                                        if self._fc_kv_failures else {})
+        self._fc_kv_scanned_back = frozenset()
         result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
         self._fc_write_failures()
         for req_id in sorted(report.finished_recving or ()):
@@ -196,6 +199,13 @@ class KVRecordingMixin:
             self._fc_write({"ev": "kv_sent", "req": req_id})
         self._fc_check_transfer_holds()
         return result
+
+    def _update_requests_with_invalid_blocks(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's scan (0.33, 0.34), noting the requests it reports affected:
+        only those are rolled back by the failure (`_fc_write_failures`)."""
+        found = super()._update_requests_with_invalid_blocks(*args, **kwargs)  # type: ignore[misc]
+        self._fc_kv_scanned_back = self._fc_kv_scanned_back | set(found[0])
+        return found
 
     def _fc_failures(self, report: Any) -> list[dict[str, Any]]:
         """The `kv_failed` events of a report: a failed receive from block 0;
@@ -219,15 +229,23 @@ class KVRecordingMixin:
     def _fc_write_failures(self) -> None:
         """The pending `kv_failed` events, with the request's computed tokens
         (and, async, its output placeholders) once vLLM processed the failure
-        under the recompute policy."""
+        under the recompute policy. A request is rolled back when a failure
+        is its own or vLLM's `_update_requests_with_invalid_blocks` reported
+        it affected: any other whose counter fell lost rejected drafts in
+        `update_from_output` (0.34.0 sync, one stage, drafts: campaign seed
+        2 index 45 of `--all-features --spec-tokens 2 --stages 1`, a holder
+        beside another request's failed receive)."""
         pending, self._fc_kv_failures = self._fc_kv_failures, []
         recompute = bool(getattr(self, "recompute_kv_load_failures", False))
+        failing = {failure["req"] for failure in pending}
         holders = []
         for req_id, (request, computed) in self._fc_kv_computed_before.items():
+            if req_id not in failing | self._fc_kv_scanned_back:
+                continue
             if recompute and not request.is_finished() and request.num_computed_tokens < computed:
                 self._fc_withdraw_repaired_base(req_id, request)
                 self._fc_note_superseded(req_id, request)
-                if all(failure["req"] != req_id for failure in pending):
+                if req_id not in failing:
                     holders.append(self._fc_counters({"req": req_id}, request))
                     self._fc_check_holder_base(req_id, request)
         self._fc_kv_computed_before = {}

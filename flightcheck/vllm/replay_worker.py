@@ -180,6 +180,11 @@ class SchedulerFactory:
                 skip_tokenizer_init=True)
             if _accepts(ModelConfig, "task"):                                       # 0.8.x
                 arguments["task"] = "generate"
+            if _accepts(ModelConfig, "use_async_output_proc"):                      # 0.8.x
+                # V0's output processor, which no V1 scheduler uses: on, 0.8.x's
+                # `ModelConfig.verify_async_output_proc` asks the platform (none
+                # here: it raises NotImplementedError) when there is one stage
+                arguments["use_async_output_proc"] = False
             self._model_configs[max_model_len] = ModelConfig(**arguments)
         return self._model_configs[max_model_len]
 

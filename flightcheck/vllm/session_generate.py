@@ -42,13 +42,18 @@ class Picker(Protocol):                        # generate.Picker
     def choice(self, options: Sequence[T]) -> T: ...
 
 
+def declines(workload: dict[str, Any]) -> bool:
+    """Whether sessions pass over `workload`: a KV connector's, of an even
+    seed (no draw, so every other workload draws as before)."""
+    return "kv_connector" in workload["config"] and workload["seed"] % 2 == 0
+
+
 def with_sessions(pick: Picker, workload: dict[str, Any]) -> bool | None:
     """Turn one or two requests of `workload` into streaming sessions, in place.
-    Beside a KV connector one time in two only, by the workload's seed and
-    with no draw (False: declined, the workload as it was while the pair was
-    excluded), so that the features that exclude sessions (prompt logprobs)
-    still meet the connector."""
-    if "kv_connector" in workload["config"] and workload["seed"] % 2 == 0:
+    Beside a KV connector one time in two only (`declines`: False, the
+    workload as it was while the pair was excluded), so that half the
+    connector's workloads still meet its other features as they were drawn."""
+    if declines(workload):
         return False
     requests = workload["requests"]
     reused = {r.get("reuse_id") for r in requests}

@@ -5,8 +5,9 @@ has (the decode stagger S6', placeholders IA1/IA2).
 Under async scheduling every schedule() call counts for the decode stagger,
 the empty ones included, and an empty batch takes a queue slot. Before each
 batch the checker replays the calls the trace does not show as the spec's
-empty batches (how many: `_catch_up_empty_calls`), and completes an empty
-batch whenever a queue slot or a completion needs it.
+empty batches (how many: `_catch_up_empty_calls`; a call the trace notes on
+another event, before that event: `_note_empty_batches`), and completes an
+empty batch whenever a queue slot or a completion needs it.
 docs/trace-format.md, "Asynchronous scheduling".
 """
 
@@ -70,13 +71,22 @@ class AsyncScheduling:
                                "called schedule() only until the spec forms a batch")
         if step is not None:
             self.last_call_step = step
-        for _ in range(min(count, self.cfg.stagger)):
+        self._replay_empty_calls(count, exact)
+
+    def _replay_empty_calls(self, count: int, exact: bool) -> int:
+        """Queue `count` schedule() calls as the spec's empty batches (each
+        counts every countdown down); when the count is not `exact`, only
+        while the spec's own call would form nothing. Returns how many of
+        the first `stagger` calls found no queue slot (or no request)."""
+        left = min(count, self.cfg.stagger)
+        while left:
             if not exact and not is_empty_step(schedule(self._with_queue_slot(), self.cfg)):
                 break
             self._drain_empty_batches(keep_room=True)
             idle = _idle(self.state, self.cfg) if len(self.state.in_flight) < self.cfg.queue_depth else None
             if idle is None:
                 break
+            left -= 1
             self.scheduled = idle
             self._apply(Schedule(), idle.state, "schedule")
             self.batch_ids.append(EMPTY_BATCH)
@@ -87,6 +97,7 @@ class AsyncScheduling:
         self._drain_empty_batches(keep_room=True)
         self.unchecked.add("queue slots of empty batches (the checker completes an empty batch whenever a "
                            "slot or a completion needs it)")
+        return left
 
     def _drain_noted_empty_batch(self) -> None:
         """Complete the empty batch queued for a call whose completion the
@@ -123,12 +134,22 @@ class AsyncScheduling:
     def _note_empty_batches(self, event: dict) -> None:
         """The empty schedule() calls a writer notes on any event
         (`empty_batches_before`, the vLLM 0.33 recorder's annotation): once a
-        trace notes one, it is taken to note them all."""
+        trace notes one, it is taken to note them all. Those noted on a
+        schedule event are replayed by its catch-up; those noted on any
+        other event, here, before it."""
         noted = event.get("empty_batches_before")
         if not isinstance(noted, list):
             return
         self.writes_empty_batches = True
         self.pending_empty_calls += sum(1 for x in noted if isinstance(x, dict) and x.get("ev") == "schedule")
+        if event["ev"] != "schedule":
+            # the calls ran before this event: vLLM 0.34's `EngineCore.step_with_batch_queue`
+            # calls schedule() and queues its batch before it pops the oldest for
+            # `update_from_output`, so a call noted on a completion precedes it, and one
+            # noted on an input ran in an engine step before it; replayed later, the
+            # spec's call would read a state vLLM's call never saw (PR3 would judge it)
+            # (a call that finds no slot here waits for the next batch's catch-up, as before)
+            self.pending_empty_calls = self._replay_empty_calls(self.pending_empty_calls, exact=True)
 
     def _with_queue_slot(self) -> State:
         """The state with leading empty batches completed while the queue is full."""

@@ -22,18 +22,19 @@ shows of it:
   still in flight schedules drafts handed over before that entry completed.
   The spec then schedules that entry too, and its invariants judge the
   second sampling entry in flight (S6);
-* with one batch in flight at most (D = 1), no completion shows the drafts
-  `post_step` hands over after it, so a request the next `schedule` leaves
-  out shows none: the trace's batch is the only witness. When it preempts
-  such a request, which its drafts may have driven there (they are part of
-  what `allocate_slots` must find room for, and none was left), the checker
-  takes the counts (0..k each, the least first) under which the spec's
-  batch and preemptions are the trace's (`_hand_over_unseen_drafts`).
+* a `schedule` entry of a request with nothing in flight whose drafts
+  differ from those it holds: the hand-off after its last completion (the
+  engine step's `post_step`) gave it that many;
+* a request the `schedule` preempts, with nothing in flight: the hand-off
+  may have given it drafts whose slots found no room (it preempted itself,
+  or another), which no entry shows; the checker takes the first count
+  (0..k each, the least first) under which the spec's schedule is the
+  trace's (`_hand_over_to_preempted`).
 """
 
 from __future__ import annotations
 
-import itertools
+from itertools import product
 from typing import Any
 
 from flightcheck.spec import Config, State, Status, schedule
@@ -49,6 +50,7 @@ class DraftHandOff:
     slot: dict[str, int]
     # the unseen counts tried for one schedule at most ((k + 1) ** requests)
     UNSEEN_TRIES = 256
+    names: list[str]
 
     def _takes_drafts_at_submission(self) -> bool:
         return self.cfg.rules.draft_source == "submission" and self.cfg.num_spec_tokens > 0
@@ -61,36 +63,6 @@ class DraftHandOff:
             return 0
         return count
 
-    def _hand_over_unseen_drafts(self, event: dict[str, Any]) -> None:
-        """Before a `schedule` that preempts requests whose drafts no event
-        showed (drafts at submission, D = 1: a request running with no entry
-        in flight, whose last entry sampled): the least counts under which
-        the spec forms the trace's batch and preemptions, if any."""
-        if not (self._takes_drafts_at_submission() and self.cfg.queue_depth == 1):
-            return
-        unseen = [r for r in (self.slot.get(name) for name in event.get("preempted", []))
-                  if r is not None and self._drafts_unseen(r)]
-        k = self.cfg.num_spec_tokens
-        if not unseen or (k + 1) ** len(unseen) > self.UNSEEN_TRIES:
-            return
-        trace_batch = [(x.get("req"), x.get("start"), x.get("n"), x.get("drafts", 0)) for x in event["entries"]]
-        for counts in sorted(itertools.product(range(k + 1), repeat=len(unseen)), key=sum):
-            state = self.state
-            for r, count in zip(unseen, counts):
-                state = hand_over_drafts(state, self.cfg, r, count) or state
-            scheduled = schedule(state, self.cfg)
-            if scheduled is None:
-                continue
-            batch = [(self._name(e.req), e.start, e.n, e.drafts) for e in scheduled.entries]
-            if batch == trace_batch and [self._name(r) for r in scheduled.preempted] == event["preempted"]:
-                self.state = state
-                return
-
-    def _drafts_unseen(self, r: int) -> bool:
-        q = self.state.requests[r]
-        return (q.status is Status.RUNNING and q.num_drafts == 0 and q.num_output > 0
-                and not q.is_prefill_chunk and not self.state.entries_of(r))
-
     def _hand_over_scheduled_drafts(self, entries: list[dict[str, Any]]) -> None:
         """Before a `schedule`: drafts the trace schedules for a request with
         a sampling entry in flight were handed over at that entry's submission."""
@@ -98,11 +70,52 @@ class DraftHandOff:
             return
         for x in entries:
             r, drafts = self.slot.get(x.get("req")), x.get("drafts", 0)
-            if r is None or not drafts or not self.state.entries_of(r):
+            if r is None:
                 continue
-            self._hand_over(r, drafts)
+            if self.state.entries_of(r):
+                if drafts:
+                    self._hand_over(r, drafts)
+            elif drafts != self.state.requests[r].num_drafts:
+                # Nothing of r in flight: the last `post_step` may have handed
+                # over another count after the completion that wrote r's
+                # `next_drafts` (with one stage it runs after
+                # `update_from_output`; a request admitted holding drafts
+                # keeps them through that completion): the entry shows it.
+                self._hand_over(r, drafts)
 
     def _hand_over(self, r: int, count: int) -> None:
         after = hand_over_drafts(self.state, self.cfg, r, min(count, self.cfg.num_spec_tokens))
         if after is not None:
             self.state = after
+
+    def _hand_over_to_preempted(self, event: dict[str, Any]) -> None:
+        """Before a `schedule` that preempts requests: if the spec's schedule
+        is not the trace's, the least counts handed over to the preempted
+        requests with nothing in flight (RUNNING) that make it so, if any
+        (their drafts may have driven them there: they are part of what
+        `allocate_slots` must find room for)."""
+        if not self._takes_drafts_at_submission():
+            return
+        held = [r for r in (self.slot.get(name) for name in event.get("preempted", ()))
+                if r is not None and not self.state.entries_of(r)
+                and self.state.requests[r].status is Status.RUNNING]
+        k = self.cfg.num_spec_tokens
+        if not held or (k + 1) ** len(held) > self.UNSEEN_TRIES or self._schedules_as(self.state, event):
+            return
+        for counts in sorted(product(range(k + 1), repeat=len(held)), key=sum):
+            state: State | None = self.state
+            for r, count in zip(held, counts):
+                state = hand_over_drafts(state, self.cfg, r, count) if state is not None else None
+            if state is not None and self._schedules_as(state, event):
+                self.state = state
+                return
+
+    def _schedules_as(self, state: State, event: dict[str, Any]) -> bool:
+        """Whether the spec's schedule from `state` has the trace's entries
+        (request, start, tokens, drafts) and preemptions."""
+        scheduled = schedule(state, self.cfg)
+        if scheduled is None:
+            return False
+        want = [(self.names[e.req], e.start, e.n, e.drafts) for e in scheduled.entries]
+        got = [(x["req"], x["start"], x["n"], x.get("drafts", 0)) for x in event["entries"]]
+        return want == got and [self.names[r] for r in scheduled.preempted] == list(event.get("preempted", ()))

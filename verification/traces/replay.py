@@ -220,8 +220,8 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         schedule step at this state does, when that call was made (the
         checker's own empty batches come later, under async scheduling, or
         not at all). Synchronous: that step must form nothing too. Async:
-        the stagger's countdowns are caught up only at the next batch, so the
-        reorder alone is taken (it reads no countdown)."""
+        the stagger's countdowns are caught up after these notes are read
+        (`_note_empty_batches`), so the reorder alone is taken (it reads no countdown)."""
         if not self.writes_empty_batches and self.reorders_admission:
             self.unchecked.add("the admission order after empty schedule() calls (the trace notes none; "
                                "vLLM 0.34's cache-aware reorder runs in them)")
@@ -252,7 +252,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
 
     def _cadence_at_empty_call(self) -> None:
         """Async: an empty call's waiting loop records the capacity bound (the
-        stagger's countdowns, caught up only at the next batch, do not reach
+        stagger's countdowns, caught up after the notes are read, do not reach
         the waiting loop of a call that scheduled nothing)."""
         scheduled = schedule(self.state, self.cfg) if self.cadenced else None
         if scheduled is not None:
@@ -297,7 +297,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         entries = event["entries"]
         self._backfill_drafts(entries)
         self._hand_over_scheduled_drafts(entries)
-        self._hand_over_unseen_drafts(event)
+        self._hand_over_to_preempted(event)
         if self.cfg.rules.output_placeholders:
             self._catch_up_empty_calls(event)
         scheduled = schedule(self.state, self.cfg)
