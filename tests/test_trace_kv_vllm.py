@@ -96,6 +96,12 @@ EXPECTED = {
     # which counts its later batch in flight (index 233, two stages)
     "034_sharer_rollback_base_counts_later_batch.jsonl": (False, 8, "KV3_rollback_restores_counters"),
     "033_sharer_rollback_base_counts_later_batch.jsonl": (False, 8, "KV3_rollback_restores_counters"),
+    # ... also where the later batch's entry is no longer than the failing one's, so it
+    # starts at vLLM's base (r2: [2, 6) failing, [6, 10) in flight, set back to 6; the
+    # workload kept beside them, tests/test_vllm_holder_base.py: vLLM's ground truth
+    # missed it, and the rejection was counted false)
+    "034_sharer_rollback_base_counts_later_batch_of_equal_chunk.jsonl": (False, 6, "KV3_rollback_restores_counters"),
+    "033_sharer_rollback_base_counts_later_batch_of_equal_chunk.jsonl": (False, 6, "KV3_rollback_restores_counters"),
     # ... and #49250 on a request sharing the failed blocks (`campaign --all-features
     # --versions 0.33.0 --seed 1`, index 64, async): aborted before its next entry, so
     # only the kv_failed's `holders` show its counters (accepted, the bug missed, before)
