@@ -51,10 +51,11 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import blocks, priority
+from . import blocks, cadence, priority
 from .config import Config
+from .drafts import keeps_prefill_chunk_flag
 from .reset_pause import takes_waiting_queue
-from .state import Load, State, Status, content_label
+from .state import Load, Request, State, Status, content_label
 
 
 @dataclass
@@ -185,7 +186,7 @@ def fits_beside_reservations(state: State, cfg: Config, r: int, hit: tuple[int, 
     reserved = blocks.cdiv(1 + k, cfg.block_size) if k else 0
     chunk_ends = {entry.req: entry.start + entry.n for entry in admitted}
     for h, q in enumerate(state.requests):
-        prefilling = q.status is Status.RUNNING and q.num_computed < q.num_tokens - 1
+        prefilling = q.status is Status.RUNNING and _in_inflight_prefills(cfg, q)
         if h in chunk_ends:
             prefilling = chunk_ends[h] < q.num_tokens or h in parked
         if h != r and (_holds_load(state, h) or prefilling):
@@ -193,6 +194,24 @@ def fits_beside_reservations(state: State, cfg: Config, r: int, hit: tuple[int, 
             reserved += max(0, whole - len(q.block_table))
     fresh = max(0, blocks.cdiv(computed, cfg.block_size) - len(hit))
     return blocks.can_allocate(state.pool, fresh + reserved, hit)
+
+
+def _in_inflight_prefills(cfg: Config, q: Request) -> bool:
+    """A running request still in `_inflight_prefills`: its last chunk stopped
+    short of its tokens (`_update_after_schedule` drops it once
+    `is_prefill_chunk` turns False), so one whose chunk ended one token short
+    is still in. Where the state keeps `is_prefill_chunk` (the cadence, or
+    drafts that pad: drafts.keeps_prefill_chunk_flag) it is read, and a
+    failed load's victim keeps what its last schedule left, as vLLM's set
+    does; elsewhere a decoder at `num_tokens - 1` (an output counted, no
+    placeholder left) is told apart by its outputs (not modelled there: a
+    request resumed with outputs whose chunk ended one short, and a rollback's
+    victim the set had already dropped)."""
+    if cadence.is_on(cfg) or keeps_prefill_chunk_flag(cfg):
+        return q.is_prefill_chunk
+    if q.num_computed < q.num_tokens - 1:
+        return True
+    return q.num_computed == q.num_tokens - 1 and q.num_output == 0 and q.placeholders == 0
 
 
 def _holds_load(state: State, h: int) -> bool:

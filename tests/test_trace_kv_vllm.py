@@ -96,10 +96,26 @@ EXPECTED = {
     # which counts its later batch in flight (index 233, two stages)
     "034_sharer_rollback_base_counts_later_batch.jsonl": (False, 8, "KV3_rollback_restores_counters"),
     "033_sharer_rollback_base_counts_later_batch.jsonl": (False, 8, "KV3_rollback_restores_counters"),
+    # ... also where the later batch's entry is no longer than the failing one's, so it
+    # starts at vLLM's base (r2: [2, 6) failing, [6, 10) in flight, set back to 6; the
+    # workload kept beside them, tests/test_vllm_holder_base.py: vLLM's ground truth
+    # missed it, and the rejection was counted false)
+    "034_sharer_rollback_base_counts_later_batch_of_equal_chunk.jsonl": (False, 6, "KV3_rollback_restores_counters"),
+    "033_sharer_rollback_base_counts_later_batch_of_equal_chunk.jsonl": (False, 6, "KV3_rollback_restores_counters"),
     # ... and #49250 on a request sharing the failed blocks (`campaign --all-features
     # --versions 0.33.0 --seed 1`, index 64, async): aborted before its next entry, so
     # only the kv_failed's `holders` show its counters (accepted, the bug missed, before)
     "033_async_sharer_rollback_keeps_placeholders_pr49250.jsonl": (False, 8, "KV3_rollback_restores_counters"),
+    # `campaign --versions 0.34.0 --kv-connector --spec-tokens 1 --seed 59`, index 6:
+    # drafts handed over at submission sample r0 twice (vLLM's double sample; the
+    # differential's fixture for the fail policy's error order, test_vllm_differential_kv)
+    "034_fail_policy_errors_in_set_order_after_drafts_deviation.jsonl": (False, 7, "S5_one_sample_per_prefill"),
+    # `campaign --versions 0.33.0 --all-features --spec-tokens 2 --seed 11 --async`,
+    # index 12: r0's chunk stopped at 16 of 17 tokens, so it stays in
+    # `_inflight_prefills` (`_update_after_schedule`) and its 2 blocks stay
+    # reserved: r2's load (7 blocks, 9 free) does not park (a false
+    # kv_load_decision before: the spec let only `num_tokens - 1` and below count)
+    "033_async_chunk_one_short_still_reserves.jsonl": (True, None, None),
 }
 
 

@@ -126,3 +126,40 @@ def test_the_fail_policys_error_order_is_the_configured_one() -> None:
     assert by_id != reversed_
     assert decisions(run_reference(raw, name, vllm_outputs=True, kv_error_order=("r0",)).events,
                      block_offset=1) == by_id
+
+
+def test_error_order_is_tried_after_any_deviation_not_only_the_error_finish() -> None:
+    # vLLM 0.34.0, seed 59 index 6 of `--kv-connector --spec-tokens 1`: drafts
+    # handed over at submission come first; later r0, r3 and r2 fail (policy
+    # "fail") and vLLM finished them r0, r3, r2 (a set's order), so r2 freed
+    # the shared block 1 last: r1 is allocated (1, 9, 7, 6), not (9, 1, 7, 6)
+    import json
+    from pathlib import Path
+
+    from flightcheck.vllm.differential import compare, read_trace
+
+    stem = Path(__file__).parent / "data" / "kv" / "vllm" / "034_fail_policy_errors_in_set_order_after_drafts_deviation"
+    raw = json.loads(stem.with_suffix(".workload.json").read_text())
+    result = json.loads(stem.with_suffix(".result.json").read_text())
+    name = profile_for("0.34.0", False)
+    comparison = compare(raw["name"], result, read_trace(stem.with_suffix(".jsonl")), run_reference(raw, name),
+                         run_reference(raw, name, vllm_outputs=True),
+                         lambda order: run_reference(raw, name, vllm_outputs=True, kv_error_order=order))
+    assert comparison.deviation == "drafts_handed_over_at_submission"
+    assert comparison.explained, comparison.first_difference
+
+
+def test_empty_batches_still_queued_take_their_steps_before_the_input_wait() -> None:
+    # `--versions 0.34.0 --kv-connector --async --seed 72`, index 19: four idle
+    # steps left one empty batch queued; the loop jumped to r2's arrival (step
+    # 11) with it still there, so r2 arrived inside step 11's wait and ran a
+    # step late, and after its rollback the decode stagger held its recompute
+    # past its abort at step 20; vLLM's engine steps through the queue
+    # (EngineCoreProc.has_work), takes r2 before step 11 and recomputes it at 19
+    raw = campaign_workloads(72, 20, family="kv-connector", mid_step_inputs=True)[19]
+    raw = {**raw, "config": {**raw["config"], "async_scheduling": True}}
+    events = run_reference(raw, profile_for("0.34.0", True), vllm_outputs=True).events
+    order = [(e["ev"], e.get("batch")) for e in events
+             if e["ev"] == "abort" and e["req"] == "r2"
+             or e["ev"] == "schedule" and any(x["req"] == "r2" and x["start"] == 0 for x in e["entries"])]
+    assert order[0] == ("schedule", 3)

@@ -94,7 +94,7 @@ class _Recorder(KVRecordingMixin):
     def _fc_write(self, event: dict[str, Any]) -> None:
         self.written.append(event)
 
-    def _fc_check_holder_base(self, req_id: str, request: Any) -> None:
+    def _fc_check_holder_base(self, req_id: str, request: Any, superseded: frozenset) -> None:
         pass
 
 

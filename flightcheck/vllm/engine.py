@@ -434,8 +434,7 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
     next step. Inputs that arrive during a step's wait for output (0.34)
     are handed to an engine that handles them there (`wait_inputs`); the
     rest are handed over from the input queue before the next step."""
-    inputs = InputQueue(workload)
-    step, idle = 0, 0
+    inputs, step, idle = InputQueue(workload), 0, 0
     scheduler = engine.scheduler
     bind = getattr(engine.model, "bind", None)
     during_step: list[str] = []
@@ -466,10 +465,12 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
             if getattr(engine, "transfers_in_flight", lambda: 0)() or engine.grammars_compiling():
                 idle = 0        # vLLM spins on has_requests() until a KV transfer or a grammar settles
             if idle >= IDLE_STEPS_FOR_STUCK and engine.batches_in_flight() == 0:
-                if inputs.pending or during_step or waiting:   # it spins until the input arrives
+                if not (inputs.pending or during_step or waiting):     # vLLM would spin for ever
+                    return _idle_ending(engine, step)
+                # to the next input, once each queued empty batch took its step (0.33/0.34 EngineCoreProc.has_work)
+                if not (engine.busy_while_in_flight and engine.batch_queue):
                     step, idle = max(step, inputs.next_step() if inputs.pending else step), 0
                     continue
-                return _idle_ending(engine, step)
             if step >= workload.max_steps:
                 return RunOutcome("step_limit", step, engine.batches_in_flight(), unfinished=_unfinished(scheduler))
     except Exception as err:  # an exception inside vLLM ends the run, as it kills an engine core

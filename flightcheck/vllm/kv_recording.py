@@ -65,8 +65,11 @@ class KVRecordingMixin:
     # (batch, request id): entries in flight when vLLM rolled the request back
     _fc_kv_superseded: frozenset[tuple[Any, str]] = frozenset()
     _fc_kv_computed_before: dict[str, tuple[Any, int]] = {}
-    # ids vLLM's invalid-block scan rolled back during the update being read
+    # ids vLLM's invalid-block scan rolled back during the update being read,
+    # and those of them it set back by the failing batch's tokens (every
+    # invalid block they hold marked by a request before them in the pass)
     _fc_kv_scanned_back: frozenset[str] = frozenset()
+    _fc_kv_reverted: frozenset[str] = frozenset()
     # a holder's over-counted rollback, by request: where its KV stops being
     # valid, and the observation a later cut to there withdraws
     _fc_holder_bases: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -189,7 +192,7 @@ class KVRecordingMixin:
         self._fc_kv_computed_before = ({req_id: (request, int(request.num_computed_tokens))
                                         for req_id, request in self.requests.items()}
                                        if self._fc_kv_failures else {})
-        self._fc_kv_scanned_back = frozenset()
+        self._fc_kv_scanned_back = self._fc_kv_reverted = frozenset()
         result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
         self._fc_write_failures()
         for req_id in sorted(report.finished_recving or ()):
@@ -200,11 +203,29 @@ class KVRecordingMixin:
         self._fc_check_transfer_holds()
         return result
 
-    def _update_requests_with_invalid_blocks(self, *args: Any, **kwargs: Any) -> Any:
+    def _update_requests_with_invalid_blocks(self, requests: Any, invalid_block_ids: Any,
+                                             num_scheduled_tokens: Any, *args: Any, **kwargs: Any) -> Any:
         """vLLM's scan (0.33, 0.34), noting the requests it reports affected:
-        only those are rolled back by the failure (`_fc_write_failures`)."""
-        found = super()._update_requests_with_invalid_blocks(*args, **kwargs)  # type: ignore[misc]
+        only those are rolled back by the failure (`_fc_write_failures`);
+        and, read before it acts, those it sets back to `num_computed_tokens`
+        less the failing batch's tokens rather than to their first invalid
+        block: each of their invalid blocks among the computed ones (the
+        failing batch's tokens not counted) was marked by a request before
+        them in the pass (`marked_invalid_block_ids`)."""
+        requests = list(requests)            # vLLM passes a generator for the parked loads
+        marked: set[int] = set()
+        reverted = set()
+        for request in requests:
+            computed = int(request.num_computed_tokens) - int(num_scheduled_tokens.get(request.request_id, 0))
+            table = self._fc_block_table(request.request_id)[:max(0, -(-computed // self.block_size))]  # type: ignore
+            held = {block for block in table if block in invalid_block_ids}
+            if held and held <= marked:
+                reverted.add(request.request_id)
+            marked |= held
+        found = super()._update_requests_with_invalid_blocks(  # type: ignore[misc]
+            requests, invalid_block_ids, num_scheduled_tokens, *args, **kwargs)
         self._fc_kv_scanned_back = self._fc_kv_scanned_back | set(found[0])
+        self._fc_kv_reverted = self._fc_kv_reverted | reverted
         return found
 
     def _fc_failures(self, report: Any) -> list[dict[str, Any]]:
@@ -238,7 +259,7 @@ class KVRecordingMixin:
         pending, self._fc_kv_failures = self._fc_kv_failures, []
         recompute = bool(getattr(self, "recompute_kv_load_failures", False))
         failing = {failure["req"] for failure in pending}
-        holders = []
+        holders, superseded_before = [], self._fc_kv_superseded
         for req_id, (request, computed) in self._fc_kv_computed_before.items():
             if req_id not in failing | self._fc_kv_scanned_back:
                 continue
@@ -247,7 +268,7 @@ class KVRecordingMixin:
                 self._fc_note_superseded(req_id, request)
                 if req_id not in failing:
                     holders.append(self._fc_counters({"req": req_id}, request))
-                    self._fc_check_holder_base(req_id, request)
+                    self._fc_check_holder_base(req_id, request, superseded_before)
         self._fc_kv_computed_before = {}
         if holders and pending:               # the requests sharing the failed blocks, on the output's last
             pending[-1]["holders"] = sorted(holders, key=lambda holder: holder["req"])
@@ -288,24 +309,36 @@ class KVRecordingMixin:
                 self.flightcheck_observations.kv_superseded_tokens.append({  # type: ignore[attr-defined]
                     "step": self.flightcheck_step, "req": req_id, "batch": event["batch"]})  # type: ignore
 
-    def _fc_check_holder_base(self, req_id: str, request: Any) -> None:
+    def _fc_check_holder_base(self, req_id: str, request: Any, superseded: frozenset[tuple[Any, str]]) -> None:
         """Ground truth: a request sharing the invalid blocks, which another
         recomputes, goes back to the start of its entry in the failing batch
         (the KV it computed there read them); vLLM's
         `_update_requests_with_invalid_blocks` takes `num_computed_tokens`
         less that entry's tokens, which counts its later batches still in
-        flight as computed (`kv_rollback_base_assumes_one_batch`): an entry
-        in flight starting below that base (one of an earlier admission,
-        from past a preemption's reset, starts above it and counts nothing)."""
-        base = int(request.num_computed_tokens)
-        later = [(record.batch_id, e.start) for record in self._fc_in_flight.values()  # type: ignore[attr-defined]
-                 for e in record.entries if e.request is request and e.start < base]
+        flight as computed (`kv_rollback_base_assumes_one_batch`): for a
+        request it set back so (`_fc_kv_reverted`), any later entry of the
+        request's admission now that no earlier rollback superseded
+        (`superseded`), however it stands to the base (0.33.0 `--all-features
+        --spec-tokens 2 --seed 11` async index 41: r2's entry of the failing
+        batch and its later one both 3 tokens, so the later one starts at the
+        base); for a request cut at its first invalid block, an entry in
+        flight starting below it (one of an earlier admission, from past a
+        preemption's reset, starts above it and counts nothing)."""
+        base, admission = int(request.num_computed_tokens), self._fc_admitted(request)  # type: ignore[attr-defined]
+        reverted = req_id in self._fc_kv_reverted
+        later = [(record.batch_id, e.start, e.n) for record in self._fc_in_flight.values()  # type: ignore[attr-defined]
+                 for e in record.entries if e.request is request
+                 and (e.n > 0 and e.incarnation == admission and (record.batch_id, req_id) not in superseded
+                      if reverted else e.start < base)]
         if later:
             observed = {"step": self.flightcheck_step, "req": req_id,  # type: ignore[attr-defined]
-                        "computed": base, "batches": [b for b, _ in later]}
+                        "computed": base, "batches": [b for b, _, _ in later]}
             self.flightcheck_observations.kv_holder_base_counts_later_batches.append(observed)  # type: ignore
-            failing_entry = self._fc_kv_computed_before[req_id][1] - base
-            valid_up_to = min(start for _, start in later) - failing_entry
+            if reverted:                      # each later entry's tokens counted past the failing entry's start
+                valid_up_to = base - sum(n for _, _, n in later)
+            else:
+                failing_entry = self._fc_kv_computed_before[req_id][1] - base
+                valid_up_to = min(start for _, start, _ in later) - failing_entry
             self._fc_holder_bases = {**self._fc_holder_bases, req_id: (valid_up_to, observed)}
 
     def _fc_withdraw_repaired_base(self, req_id: str, request: Any) -> None:

@@ -1,0 +1,74 @@
+"""How the replay's busy loop (engine.py `run_busy_loop`) ends a run that
+idles on vLLM 0.33/0.34's engine loop: a request that can never be
+scheduled again keeps `scheduler.has_requests()` true, so the engine
+schedules an empty batch every step and, two batches deep, pops one every
+other step: one empty batch is always queued (`EngineCoreProc.has_work`,
+0.34.0 vllm/v1/engine/core.py, counts the batch queue, so vLLM spins for
+ever). With no input to come the run ends `stuck` after the idle steps; the
+fast-forward to the next input waits for the queued empty batches, which
+must not keep a run with nothing to come from ending. No vLLM: a scheduler
+that never schedules stands in for it.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from flightcheck.vllm.engine import IDLE_STEPS_FOR_STUCK, BatchQueueEngineV033, run_busy_loop
+from flightcheck.vllm.workload import ReplayConfig, RequestSpec, Workload
+
+MAX_STEPS = 200
+
+
+class _NeverSchedules:
+    """A scheduler holding one running request it never schedules again."""
+
+    def __init__(self) -> None:
+        self.waiting: list[Any] = []
+        self.running = [SimpleNamespace(request_id="a")]
+        self.calls = 0
+
+    def has_requests(self) -> bool:
+        return True
+
+    def schedule(self) -> Any:
+        self.calls += 1
+        return SimpleNamespace(total_num_scheduled_tokens=0, num_scheduled_tokens={},
+                               pending_structured_output_tokens=False)
+
+    def update_from_output(self, scheduler_output: Any, model_output: Any) -> dict[int, Any]:
+        return {}
+
+
+class _NoModel:
+    def execute(self, scheduler_output: Any) -> None:
+        return None
+
+
+def _idle_run(requests: tuple[RequestSpec, ...] = ()) -> tuple[Any, BatchQueueEngineV033, list[str]]:
+    config = ReplayConfig(num_stages=1, max_num_batched_tokens=8, max_num_seqs=4, block_size=4, num_blocks=8,
+                          max_model_len=32, long_prefill_token_threshold=0, prefix_caching=False,
+                          async_scheduling=True)
+    workload = Workload("idle", 0, config, requests, eos_token_id=0, max_steps=MAX_STEPS)
+    engine = BatchQueueEngineV033(_NeverSchedules(), _NoModel(), 2, abort=lambda req_ids: None)  # type: ignore[arg-type]
+    added: list[str] = []
+    outcome = run_busy_loop(engine, workload, lambda spec: added.append(spec.req_id), lambda req_id: None)
+    return outcome, engine, added
+
+
+def test_an_idle_run_with_nothing_to_come_ends_stuck_though_an_empty_batch_stays_queued() -> None:
+    outcome, engine, _ = _idle_run()
+    assert engine.batch_queue and engine.batches_in_flight() == 0     # the queued empty batch is there
+    assert (outcome.ending, outcome.unfinished) == ("stuck", ["a"])
+    assert outcome.steps <= 2 * IDLE_STEPS_FOR_STUCK < MAX_STEPS          # not run on to the step limit
+
+
+def test_an_idle_run_steps_through_to_an_input_to_come_then_ends_stuck() -> None:
+    late = RequestSpec("b", (1, 2, 3), max_tokens=1, arrival_step=60, abort_step=None, eos_probability=0.0,
+                       ignore_eos=True)
+    outcome, engine, added = _idle_run((late,))
+    assert added == ["b"]
+    # each step took its empty batch (no jump over the queue to step 60), then the idle steps ended it
+    assert engine.scheduler.calls == outcome.steps and 60 < outcome.steps <= 60 + 2 * IDLE_STEPS_FOR_STUCK
+    assert outcome.ending == "stuck"
