@@ -1,0 +1,99 @@
+"""What `flightcheck vllm campaign --versions 0.34.0 --all-features` found on
+vLLM 0.34.0's real scheduler over seeds 100 on (the flag mixes in each
+case's name); each kept trace is vLLM's, its workload beside it.
+
+* sync, `--spec-tokens 3 --stages 1`, seed 103 index 1
+  (`034_sync_fail_policy_frees_after_the_outputs`): under the connector's
+  fail policy r0's sync load fails in the output where r2 finishes by its
+  length. vLLM's `Scheduler.update_from_output` frees r2's table inside its
+  output loop and finishes r0 (`finish_requests(error_req_ids,
+  FINISHED_ERROR)`) after it, so r0's uncached blocks go to the head of the
+  free queue ahead of r2's (`BlockPool.free_blocks` prepends them), and r1
+  later gets blocks 4 and 3. The spec freed r0 at the failure, before the
+  output: a false S9_kv_ownership. Ours: the fail policy's table waits for
+  the end of its output's update (spec/kv_fence.py, `error_frees`).
+* async, `--spec-tokens 2 --stages 3`, seed 105 index 51
+  (`034_async_abort_in_wait_before_grammar_error`): r2's grammar failed;
+  four empty batches fill the queue (depth 4), and r2's abort arrives while
+  the engine waits for the oldest one's output (0.34's `_wait_for_output`),
+  before the update that would finish r2 by FINISHED_ERROR. check-trace
+  completed that empty batch as soon as the noted calls filled the queue,
+  before the abort: a false finish_decision. Ours: calls noted on an event
+  that is no schedule leave a full queue full (verification/traces/
+  asynchronous.py `_replay_empty_calls(make_room=False)`).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flightcheck.verification.traces.stream import check_lines, open_lines
+
+from .vllm_support import require_venv
+
+pytestmark = pytest.mark.usefixtures("both_checkers")   # check-trace on vLLM's traces
+
+DATA = Path(__file__).parent / "data" / "vllm" / "hunt34"
+FAIL_POLICY = "034_sync_fail_policy_frees_after_the_outputs_seed103_1"
+ABORT_IN_WAIT = "034_async_abort_in_wait_before_grammar_error_seed105_51"
+
+
+def _events(stem: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (DATA / f"{stem}.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _verdict(events: list[dict[str, Any]]) -> tuple[bool, str | None, int | None]:
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "trace.jsonl"
+        path.write_text("".join(json.dumps(e) + "\n" for e in events))
+        with open_lines(str(path)) as lines:
+            final = list(check_lines(lines, None))[-1]
+    assert final.result is not None, final.malformed
+    result = final.result.to_json()
+    return result["ok"], result.get("property"), result.get("line")
+
+
+def test_a_fail_policy_table_is_freed_after_the_outputs_finishes():
+    assert _verdict(_events(FAIL_POLICY)) == (True, None, None)
+
+
+def test_a_fail_policy_table_freed_before_the_outputs_finishes_is_rejected():
+    # the order the spec took before: r0's blocks freed at its failure, ahead of r2's
+    events = _events(FAIL_POLICY)
+    r1 = next(e for e in events if e["ev"] == "schedule" and e["entries"] and e["entries"][0]["req"] == "r1")
+    assert r1["entries"][0]["block_ids"] == [4, 3]
+    r1["entries"][0]["block_ids"] = [2, 4]
+    assert _verdict(events) == (False, "S9_kv_ownership", 15)
+
+
+def test_an_abort_during_the_wait_comes_before_the_grammar_error_finish():
+    assert _verdict(_events(ABORT_IN_WAIT)) == (True, None, None)
+
+
+def test_an_abort_after_the_empty_batchs_update_finds_the_grammar_error_finished():
+    # the oldest empty batch's completion noted before the abort: its update
+    # finished r2 by FINISHED_ERROR, so a finish by abort is wrong
+    events = _events(ABORT_IN_WAIT)
+    abort = next(e for e in events if e["ev"] == "abort" and e["req"] == "r2")
+    failed = next(e for e in events if e["ev"] == "kv_failed")
+    abort["empty_batches_before"].append(failed["empty_batches_before"].pop(0))
+    assert _verdict(events) == (False, "finish_decision", 10)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("stem,async_scheduling", [(FAIL_POLICY, False), (ABORT_IN_WAIT, True)])
+def test_the_cases_replayed_on_vllm_are_accepted_correct_runs(stem, async_scheduling):
+    require_venv("0.34.0")
+    from flightcheck.vllm.campaign import ReplayJob, replay_workload
+    from flightcheck.vllm.replay import ReplayWorker
+
+    raw = json.loads((DATA / f"{stem}.workload.json").read_text())
+    with ReplayWorker("0.34.0") as worker:
+        replayed = replay_workload(worker, ReplayJob("0.34.0", async_scheduling, 0, raw, 0))
+    assert replayed.category == "accepted, correct run", replayed.detail
