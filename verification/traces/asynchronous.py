@@ -73,11 +73,16 @@ class AsyncScheduling:
             self.last_call_step = step
         self._replay_empty_calls(count, exact)
 
-    def _replay_empty_calls(self, count: int, exact: bool) -> int:
+    def _replay_empty_calls(self, count: int, exact: bool, make_room: bool = True) -> int:
         """Queue `count` schedule() calls as the spec's empty batches (each
         counts every countdown down); when the count is not `exact`, only
         while the spec's own call would form nothing. Returns how many of
-        the first `stagger` calls found no queue slot (or no request)."""
+        the first `stagger` calls found no queue slot (or no request).
+        `make_room`: then leave the queue a slot for the batch that follows
+        (a schedule event's catch-up); calls noted on another event leave a
+        full queue full, as vLLM does until its next step pops the oldest (an
+        abort during the wait for that batch's output comes before its update
+        finishes the failed grammars it met)."""
         left = min(count, self.cfg.stagger)
         while left:
             if not exact and not is_empty_step(schedule(self._with_queue_slot(), self.cfg)):
@@ -94,7 +99,8 @@ class AsyncScheduling:
                 self.pending_empty_completions -= 1        # its completion was noted already (grammar.py)
                 self._drain_noted_empty_batch()
         self.pending_empty_completions = 0          # (noted completions of batches still in flight here)
-        self._drain_empty_batches(keep_room=True)
+        if make_room:
+            self._drain_empty_batches(keep_room=True)
         self.unchecked.add("queue slots of empty batches (the checker completes an empty batch whenever a "
                            "slot or a completion needs it)")
         return left
@@ -149,7 +155,8 @@ class AsyncScheduling:
             # noted on an input ran in an engine step before it; replayed later, the
             # spec's call would read a state vLLM's call never saw (PR3 would judge it)
             # (a call that finds no slot here waits for the next batch's catch-up, as before)
-            self.pending_empty_calls = self._replay_empty_calls(self.pending_empty_calls, exact=True)
+            self.pending_empty_calls = self._replay_empty_calls(self.pending_empty_calls, exact=True,
+                                                                make_room=False)
 
     def _with_queue_slot(self) -> State:
         """The state with leading empty batches completed while the queue is full."""
