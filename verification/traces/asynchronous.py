@@ -78,11 +78,9 @@ class AsyncScheduling:
         counts every countdown down); when the count is not `exact`, only
         while the spec's own call would form nothing. Returns how many of
         the first `stagger` calls found no queue slot (or no request).
-        `make_room`: then leave the queue a slot for the batch that follows
-        (a schedule event's catch-up); calls noted on another event leave a
-        full queue full, as vLLM does until its next step pops the oldest (an
-        abort during the wait for that batch's output comes before its update
-        finishes the failed grammars it met)."""
+        `make_room` (a schedule event's catch-up): then leave a slot for the
+        event's batch; else (calls noted on another event) see
+        `_drain_unnoted_empty_batches`."""
         left = min(count, self.cfg.stagger)
         while left:
             if not exact and not is_empty_step(schedule(self._with_queue_slot(), self.cfg)):
@@ -101,9 +99,23 @@ class AsyncScheduling:
         self.pending_empty_completions = 0          # (noted completions of batches still in flight here)
         if make_room:
             self._drain_empty_batches(keep_room=True)
+        elif self.state.in_flight and len(self.state.in_flight) >= self.cfg.queue_depth:
+            self._drain_unnoted_empty_batches()
         self.unchecked.add("queue slots of empty batches (the checker completes an empty batch whenever a "
                            "slot or a completion needs it)")
         return left
+
+    def _drain_unnoted_empty_batches(self) -> None:
+        """Make room after calls noted on an event that is no schedule: the
+        empty batches completed here are the checker's slack, not an update
+        the trace noted, so they finish no failed grammar; the next noted
+        completion does. vLLM's step pops the oldest batch and waits for its
+        output, and an abort arriving in that wait (0.34's `_wait_for_output`)
+        comes before that update finishes the request by FINISHED_ERROR."""
+        recorded = self.state.grammar_errors
+        self.state = replace(self.state, grammar_errors=frozenset())
+        self._drain_empty_batches(keep_room=True)
+        self.state = replace(self.state, grammar_errors=self.state.grammar_errors | recorded)
 
     def _drain_noted_empty_batch(self) -> None:
         """Complete the empty batch queued for a call whose completion the
