@@ -20,7 +20,12 @@ case's name); each kept trace is vLLM's, its workload beside it.
   completed that empty batch as soon as the noted calls filled the queue,
   before the abort: a false finish_decision. Ours: calls noted on an event
   that is no schedule leave a full queue full (verification/traces/
-  asynchronous.py `_replay_empty_calls(make_room=False)`).
+  asynchronous.py `_replay_empty_calls(make_room=False)`). The empty
+  batches the checker completes there to make room are its own slack and
+  finish no failed grammar (`_drain_unnoted_empty_batches`): without that,
+  seed 112 index 76 (`--reuse-ids --spec-tokens 2 --stages 2`, async,
+  `034_async_grammar_error_after_slack_empty_batches`), accepted before,
+  was rejected (finish_decision).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # check-trace on vLLM's 
 DATA = Path(__file__).parent / "data" / "vllm" / "hunt34"
 FAIL_POLICY = "034_sync_fail_policy_frees_after_the_outputs_seed103_1"
 ABORT_IN_WAIT = "034_async_abort_in_wait_before_grammar_error_seed105_51"
+SLACK_BATCHES = "034_async_grammar_error_after_slack_empty_batches_seed112_76"
 
 
 def _events(stem: str) -> list[dict[str, Any]]:
@@ -75,6 +81,10 @@ def test_an_abort_during_the_wait_comes_before_the_grammar_error_finish():
     assert _verdict(_events(ABORT_IN_WAIT)) == (True, None, None)
 
 
+def test_a_grammar_error_finishes_at_its_noted_completion_behind_slack_empty_batches():
+    assert _verdict(_events(SLACK_BATCHES)) == (True, None, None)
+
+
 def test_an_abort_after_the_empty_batchs_update_finds_the_grammar_error_finished():
     # the oldest empty batch's completion noted before the abort: its update
     # finished r2 by FINISHED_ERROR, so a finish by abort is wrong
@@ -87,7 +97,8 @@ def test_an_abort_after_the_empty_batchs_update_finds_the_grammar_error_finished
 
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("stem,async_scheduling", [(FAIL_POLICY, False), (ABORT_IN_WAIT, True)])
+@pytest.mark.parametrize("stem,async_scheduling", [(FAIL_POLICY, False), (ABORT_IN_WAIT, True),
+                                                          (SLACK_BATCHES, True)])
 def test_the_cases_replayed_on_vllm_are_accepted_correct_runs(stem, async_scheduling):
     require_venv("0.34.0")
     from flightcheck.vllm.campaign import ReplayJob, replay_workload
