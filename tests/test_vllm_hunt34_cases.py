@@ -26,6 +26,20 @@ case's name); each kept trace is vLLM's, its workload beside it.
   seed 112 index 76 (`--reuse-ids --spec-tokens 2 --stages 2`, async,
   `034_async_grammar_error_after_slack_empty_batches`), accepted before,
   was rejected (finish_decision).
+* sync and async, `--spec-tokens 2`, seed 101 index 75
+  (`034_sync_stall_ended_by_an_abort`): vLLM never admits r2, an async
+  load whose sequence needs the whole pool (4 blocks) beside the one spec
+  step it reserves for itself (`Scheduler.schedule`'s `reserved_blocks`:
+  `_spec_decode_step_blocks`; `KVCacheManager.allocate_slots` returns
+  None), and the waiting loop's `break` holds r1 behind it: nothing runs
+  until r2's abort. check-trace rejects L2_no_deadlock; the ground truth
+  saw no bug (the abort ended the idle, so the run was not `stuck`): a
+  false verdict of the ground truth. Ours: an idle only an input ends is a
+  stall (flightcheck/vllm/run_endings.py `stalled_until_input`), and
+  vLLM's liveness bug is named (docs/vllm-kv-connector-findings.md,
+  Finding 6); cut to two requests
+  (`034_async_load_never_fits_beside_its_spec_step`, 0.33.0 and 0.34.0,
+  sync and async).
 """
 
 from __future__ import annotations
@@ -33,11 +47,13 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from flightcheck.verification.traces.stream import check_lines, open_lines
+from flightcheck.vllm.run_endings import stalled_until_input
 
 from .vllm_support import require_venv
 
@@ -47,6 +63,8 @@ DATA = Path(__file__).parent / "data" / "vllm" / "hunt34"
 FAIL_POLICY = "034_sync_fail_policy_frees_after_the_outputs_seed103_1"
 ABORT_IN_WAIT = "034_async_abort_in_wait_before_grammar_error_seed105_51"
 SLACK_BATCHES = "034_async_grammar_error_after_slack_empty_batches_seed112_76"
+NEVER_FITS = "034_async_load_never_fits_beside_its_spec_step"
+STALL_ENDED_BY_ABORT = "034_sync_stall_ended_by_an_abort_seed101_75"
 
 
 def _events(stem: str) -> list[dict[str, Any]]:
@@ -93,6 +111,47 @@ def test_an_abort_after_the_empty_batchs_update_finds_the_grammar_error_finished
     failed = next(e for e in events if e["ev"] == "kv_failed")
     abort["empty_batches_before"].append(failed["empty_batches_before"].pop(0))
     assert _verdict(events) == (False, "finish_decision", 10)
+
+
+@pytest.mark.parametrize("stem,line", [(NEVER_FITS, 2), (STALL_ENDED_BY_ABORT, 7)])
+def test_vllms_stall_behind_a_load_that_never_fits_is_rejected(stem, line):
+    assert _verdict(_events(stem)) == (False, "L2_no_deadlock", line)
+
+
+def _scheduler(pause: str = "UNPAUSED", session: bool = False) -> SimpleNamespace:
+    def request(req_id: str, status: str) -> SimpleNamespace:
+        return SimpleNamespace(request_id=req_id, status=SimpleNamespace(name=status))
+    waiting = [request("r1", "WAITING")]
+    requests = {r.request_id: r for r in waiting}
+    if session:
+        requests["s"] = request("s", "WAITING_FOR_STREAMING_REQ")
+    return SimpleNamespace(waiting=waiting, running=[], requests=requests, pause_state=SimpleNamespace(name=pause))
+
+
+def test_an_idle_is_a_stall_unless_paused_or_a_session_waits_for_its_client():
+    assert stalled_until_input(_scheduler(), 2, 6) == [{"step": 2, "until": 6, "unfinished": ["r1"]}]
+    assert stalled_until_input(_scheduler(pause="PAUSED_NEW"), 2, 6) == []
+    assert stalled_until_input(_scheduler(session=True), 2, 6) == []
+    # the reference's side wraps its scheduler
+    assert stalled_until_input(SimpleNamespace(waiting=[], running=[], scheduler=_scheduler()), 2, 6) == []
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_finding_an_async_load_that_never_fits_stalls_vllm(version, async_scheduling):
+    require_venv(version)
+    from flightcheck.vllm.campaign import ReplayJob, replay_workload
+    from flightcheck.vllm.replay import ReplayWorker
+
+    raw = json.loads((DATA / f"{NEVER_FITS}.workload.json").read_text())
+    raw["config"]["async_scheduling"] = async_scheduling
+    with ReplayWorker(version) as worker:
+        replayed = replay_workload(worker, ReplayJob(version, async_scheduling, 0, raw, 0))
+    assert replayed.category == "rejected, real bug", replayed.detail
+    assert "schedule() formed nothing from step 0" in replayed.detail
+    assert replayed.detail.endswith("L2_no_deadlock")
 
 
 @pytest.mark.vllm
