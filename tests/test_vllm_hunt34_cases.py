@@ -52,6 +52,12 @@ case's name); each kept trace is vLLM's, its workload beside it.
   before it (check-trace: liveness unchecked, the known miss of such
   crashes); kept as a vLLM finding with its smallest workload
   (`prefix-hit-padded-past-long-prefill-threshold`, slow, `vllm`).
+* `--reuse-ids`, seeds 104 index 48, 108 index 63 and 112 index 28 (sync
+  and async): vLLM's "duplicate request id" assertion, the generator's
+  error: the streaming sessions' feature moved the aborted request's
+  arrival past its abort, which then aborted nothing, and the request
+  reusing its id arrived while it was live. The generator now aborts it as
+  it arrives (generate.py `_reuses_after_their_aborts`).
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ from typing import Any
 import pytest
 
 from flightcheck.verification.traces.stream import check_lines, open_lines
+from flightcheck.vllm.generate import campaign_workloads
 from flightcheck.vllm.run_endings import stalled_until_input
 
 from .vllm_support import require_venv
@@ -147,6 +154,17 @@ def test_an_idle_is_a_stall_unless_paused_or_a_session_waits_for_its_client():
     assert stalled_until_input(_scheduler(session=True), 2, 6) == []
     # the reference's side wraps its scheduler
     assert stalled_until_input(SimpleNamespace(waiting=[], running=[], scheduler=_scheduler()), 2, 6) == []
+
+
+@pytest.mark.parametrize("seed,index,spec_tokens", [(104, 48, 0), (108, 63, 3), (112, 28, 2)])
+def test_a_reused_id_arrives_after_an_abort_that_finds_its_request(seed, index, spec_tokens):
+    workload = campaign_workloads(seed, index + 1, reuse_ids=True, spec_tokens=spec_tokens, features_of="0.34.0",
+                                  mid_step_inputs=True)[index]
+    by_id = {r["id"]: r for r in workload["requests"]}
+    reused = [(by_id[r["reuse_id"]], r) for r in workload["requests"] if "reuse_id" in r]
+    assert reused and "streaming-sessions" in workload["features"]
+    for old, new in reused:
+        assert old["arrival_step"] <= old["abort_step"] <= new["arrival_step"]
 
 
 @pytest.mark.vllm
