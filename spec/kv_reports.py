@@ -162,8 +162,9 @@ def fail_kv_output(state: State, cfg: Config, failures: tuple[tuple[int, int], .
     request once, and each failure one the connector may report in the
     state before the output (`fail_kv_load` enabled there: C2-C4 read
     there, not after another failure of the same output rolled its request
-    back). One failure: `fail_kv_load`. The fail policy finishes every
-    request holding an invalid block (the order only orders the finishes);
+    back). One failure: `fail_kv_load`. The fail policy evicts every
+    failed load's invalid tail, then finishes every request holding an invalid
+    block, in the scan order (it orders the frees);
     recompute: `_scan_invalid_blocks`."""
     if not failures or len({r for r, _ in failures}) < len(failures):
         return None
@@ -172,8 +173,15 @@ def fail_kv_output(state: State, cfg: Config, failures: tuple[tuple[int, int], .
     if len(failures) == 1:
         return fail_kv_load(state, cfg, *failures[0])
     if cfg.kv_connector.load_failure_policy == "fail":
-        for r, from_block in failures:        # one an earlier failure finished: nothing left to do
-            state = fail_kv_load(state, cfg, r, from_block) or state
+        # finished (and their tables freed) in the order vLLM's recorder takes
+        # `finish_requests`' set: `kv_holding_waiting`, then `running`
+        scan = {x: i for i, x in enumerate(state.kv_holding + state.running)}
+        ordered = sorted(failures, key=lambda f: (scan.get(f[0], len(scan)), f[0]))
+        for r, from_block in ordered:     # every failed load's invalid tail leaves the cache first
+            if shared_holders(state, cfg, r, from_block):       # (`evict_blocks` before `finish_requests`)
+                state = replace(state, pool=uncache(state.pool, state.requests[r].block_table[from_block:]))
+        for r, from_block in ordered:
+            state = fail_kv_load(state, cfg, r, from_block) or state   # one an earlier failure finished: nothing
         return state
     return _scan_invalid_blocks(state, cfg, failures)
 

@@ -12,6 +12,17 @@ case's name); each kept trace is vLLM's, its workload beside it.
   later gets blocks 4 and 3. The spec freed r0 at the failure, before the
   output: a false S9_kv_ownership. Ours: the fail policy's table waits for
   the end of its output's update (spec/kv_fence.py, `error_frees`).
+* 0.33.0 sync, the same flags, seed 103 index 35
+  (`033_sync_fail_policy_joint_failures_evict_then_finish`): two sync
+  loads fail in one output, r0's from its fourth block and r2's from its
+  first, which r0 shares. vLLM's `_update_requests_with_invalid_blocks`
+  collects both invalid tails for eviction (r0's own from its fourth
+  block) before `finish_requests` frees either; the spec finished r0 as a
+  holder of r2's failure and then took r0's own failure as one of a
+  finished request, leaving r0's tail cached: its blocks went to the back
+  of the free queue (a false S9_kv_ownership, on lead too). Ours:
+  `fail_kv_output` evicts every failed load's tail first, then finishes in
+  the scan order (spec/kv_reports.py).
 * async, `--spec-tokens 2 --stages 3`, seed 105 index 51
   (`034_async_abort_in_wait_before_grammar_error`): r2's grammar failed;
   four empty batches fill the queue (depth 4), and r2's abort arrives while
@@ -80,6 +91,7 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # check-trace on vLLM's 
 
 DATA = Path(__file__).parent / "data" / "vllm" / "hunt34"
 FAIL_POLICY = "034_sync_fail_policy_frees_after_the_outputs_seed103_1"
+JOINT_FAILURES = "033_sync_fail_policy_joint_failures_evict_then_finish_seed103_35"
 ABORT_IN_WAIT = "034_async_abort_in_wait_before_grammar_error_seed105_51"
 SLACK_BATCHES = "034_async_grammar_error_after_slack_empty_batches_seed112_76"
 NEVER_FITS = "034_async_load_never_fits_beside_its_spec_step"
@@ -113,6 +125,15 @@ def test_a_fail_policy_table_freed_before_the_outputs_finishes_is_rejected():
     assert r1["entries"][0]["block_ids"] == [4, 3]
     r1["entries"][0]["block_ids"] = [2, 4]
     assert _verdict(events) == (False, "S9_kv_ownership", 15)
+
+
+def test_joint_fail_policy_failures_evict_every_tail_before_the_frees():
+    assert _verdict(_events(JOINT_FAILURES)) == (True, None, None)
+    events = _events(JOINT_FAILURES)         # r0's tail left cached would give r1 block 5 first
+    r1 = next(e for e in events if e["ev"] == "schedule" and e["entries"] and e["entries"][0]["req"] == "r1")
+    assert r1["entries"][0]["block_ids"] == [8, 7, 6, 3, 2, 1]
+    r1["entries"][0]["block_ids"] = [5, 4, 3, 2, 1, 8]
+    assert _verdict(events) == (False, "S9_kv_ownership", 11)
 
 
 def test_an_abort_during_the_wait_comes_before_the_grammar_error_finish():
@@ -188,15 +209,17 @@ def test_finding_an_async_load_that_never_fits_stalls_vllm(version, async_schedu
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.parametrize("stem,async_scheduling", [(FAIL_POLICY, False), (ABORT_IN_WAIT, True),
+                                                          (JOINT_FAILURES, False),
                                                           (SLACK_BATCHES, True)])
 def test_the_cases_replayed_on_vllm_are_accepted_correct_runs(stem, async_scheduling):
-    require_venv("0.34.0")
+    version = "0.33.0" if stem.startswith("033") else "0.34.0"
+    require_venv(version)
     from flightcheck.vllm.campaign import ReplayJob, replay_workload
     from flightcheck.vllm.replay import ReplayWorker
 
     raw = json.loads((DATA / f"{stem}.workload.json").read_text())
-    with ReplayWorker("0.34.0") as worker:
-        replayed = replay_workload(worker, ReplayJob("0.34.0", async_scheduling, 0, raw, 0))
+    with ReplayWorker(version) as worker:
+        replayed = replay_workload(worker, ReplayJob(version, async_scheduling, 0, raw, 0))
     assert replayed.category == "accepted, correct run", replayed.detail
 
 
