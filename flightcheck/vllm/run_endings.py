@@ -17,14 +17,18 @@ def stalled_until_input(scheduler: Any, since: int, until: int) -> list[dict]:
     nothing for the busy loop's IDLE_STEPS_FOR_STUCK steps. Without that
     input the run would have ended `stuck` (check-trace's L2, no deadlock,
     names it): one stall, or none where the idle is the environment's
-    (`_pause_state`, a session in WAITING_FOR_STREAMING_REQ)."""
+    (the pause state, a streaming session: none is judged while one lives)."""
     unfinished = unfinished_requests(scheduler)
     inner = getattr(scheduler, "scheduler", scheduler)     # the reference's side wraps its scheduler
     pause = getattr(inner, "pause_state", None)            # vLLM 0.33/0.34 and the reference alike
     if not unfinished or (pause is not None and getattr(pause, "name", "UNPAUSED") != "UNPAUSED"):
         return []
     requests = getattr(inner, "requests", {})
-    if any(getattr(r.status, "name", "") == "WAITING_FOR_STREAMING_REQ" for r in requests.values()):
+    if any(getattr(r.status, "name", "") == "WAITING_FOR_STREAMING_REQ" or getattr(r, "resumable", False)
+           for r in requests.values()):
+        # a session between turns may hold its seat or LoRA slot in ways not
+        # read here (an --all-features run, seed 108 index 76, idled on one
+        # that check-trace's L2 calls a wait for input): not judged
         return []
     return [{"step": since, "until": until, "unfinished": unfinished}]
 
