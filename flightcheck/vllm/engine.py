@@ -470,7 +470,8 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
             if idle >= IDLE_STEPS_FOR_STUCK and engine.batches_in_flight() == 0:
                 if inputs.pending or during_step or waiting:   # it spins until the input arrives
                     until = max(step, inputs.next_step() if inputs.pending else step)
-                    stalls.extend(stalled_until_input(scheduler, step - idle, until))
+                    if not any(spec.session for spec in workload.requests):   # (run_endings.py: sessions)
+                        stalls.extend(stalled_until_input(scheduler, step - idle, until))
                     step, idle = until, 0
                     continue
                 ending, unfinished = idle_ending(scheduler, engine.batches_in_flight())

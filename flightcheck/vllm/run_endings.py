@@ -28,7 +28,9 @@ def stalled_until_input(scheduler: Any, since: int, until: int) -> list[dict]:
            for r in requests.values()):
         # a session between turns may hold its seat or LoRA slot in ways not
         # read here (an --all-features run, seed 108 index 76, idled on one
-        # that check-trace's L2 calls a wait for input): not judged
+        # that check-trace's L2 calls a wait for input): not judged, nor is
+        # any run of a workload with sessions (engine.py; seed 109 index 11,
+        # --stages 1 async, idled so before its session arrived: open)
         return []
     return [{"step": since, "until": until, "unfinished": unfinished}]
 
