@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from . import blocks, cadence, grammar, sessions
 from .config import Config
 from .drafts import drafts_come_with_output
-from .kv_fence import drain_deferred_frees, finish_with_connector
+from .kv_fence import drain_deferred_frees, drain_error_frees, finish_with_connector
 from .lora import arrive_with_lora
 from .priority import arrive_with_priority
 from .schedule import Scheduled, schedule  # noqa: F401  (re-exported: the fourth action)
@@ -209,7 +209,7 @@ def complete_oldest(state: State, cfg: Config, samples: tuple[Sample, ...],
             sample = next(remaining)
             if not (e.fate is Fate.ORPHANED and e.req in dropped):
                 state = _apply_sample(state, cfg, e, sample, e.fate)
-    return state
+    return drain_error_frees(state, cfg, batch)
 
 
 def _complete_by_name(state: State, cfg: Config, samples: tuple[Sample, ...],
@@ -240,7 +240,7 @@ def _complete_by_name(state: State, cfg: Config, samples: tuple[Sample, ...],
         if stale and holder in dropped:
             continue
         state = _apply_sample(state, cfg, e, sample, Fate.ORPHANED if stale else Fate.LIVE, holder)
-    return after_output(state, cfg)
+    return after_output(drain_error_frees(state, cfg, batch), cfg)
 
 
 def after_output(state: State, cfg: Config) -> State:

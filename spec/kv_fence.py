@@ -13,6 +13,13 @@ at once, behind the step fence, or held for a transfer.
   are freed in order, stopping at the first that has not
   (`_drain_deferred_frees`, run in `update_from_output` before the
   batch's outputs are applied).
+* The fail policy's frees (`State.error_frees`): vLLM's
+  `update_from_output` finishes the requests whose load failed
+  (`failed_kv_load_req_ids`, FINISHED_ERROR) after its loop over the
+  batch's outputs, so their tables go back to the pool after those the
+  loop's own finishes freed (the free queue's order, which later
+  allocations read). The spec takes the failure before the output that
+  reports it: the table waits for that output's end.
 * Holding (`finish_requests`, `_free_request`, `_connector_finished`): a
   request aborted (or failed) while its async load is in flight keeps its
   table until the load's `finished_recving` (`Profile.kv_aborted_load_held`);
@@ -75,6 +82,30 @@ def drain_deferred_frees(state: State, cfg: Config, completed: tuple) -> State:
         pool = blocks.free_table(pool, pending[0][1], cfg.release_order, cfg.rules.unhashed_blocks_to_head)
         pending = pending[1:]
     return replace(state, pool=pool, deferred_frees=pending)
+
+
+def defer_to_output_end(state: State, r: int, carrier: int) -> State:
+    """r's table, taken out of r, waits for the end of the update of the
+    batch at index `carrier` in flight (`error_frees`)."""
+    table = state.requests[r].block_table
+    if not table:
+        return state
+    left = sum(1 for batch in state.in_flight[:carrier + 1] if batch)
+    state = replace(state, error_frees=state.error_frees + ((left, table),))
+    return state.with_request(r, block_table=())
+
+
+def drain_error_frees(state: State, cfg: Config, completed: tuple) -> State:
+    """The end of `update_from_output`: `finish_requests(failed_kv_load_req_ids,
+    FINISHED_ERROR)` after the output loop frees the tables of the requests
+    this output's failures finished, in the order they failed."""
+    if not completed or not state.error_frees:
+        return state
+    pending = tuple((left - 1, table) for left, table in state.error_frees)
+    pool = state.pool
+    for _, table in (f for f in pending if f[0] <= 0):
+        pool = blocks.free_table(pool, table, cfg.release_order, cfg.rules.unhashed_blocks_to_head)
+    return replace(state, pool=pool, error_frees=tuple(f for f in pending if f[0] > 0))
 
 
 def requires_kv_delivery(cfg: Config) -> bool:

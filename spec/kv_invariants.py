@@ -81,11 +81,11 @@ def kv4_finished_holds_nothing(s: State, cfg: Config, r: int) -> bool:
 
 
 def kv4_deferred_frees_drain(s: State, cfg: Config) -> bool:
-    """KV4: every deferred free waits only for batches still in flight (1 to the non-empty batches in flight), so it drains once they are done, and none is left when nothing is in flight; only under the fence."""
+    """KV4: every deferred free waits only for batches still in flight (1 to the non-empty batches in flight), so it drains once they are done, and none is left when nothing is in flight; only under the fence (a table the fail policy finished waits so for the end of its output's update, fence or none)."""
     if s.deferred_frees and not cfg.fences_freed_blocks:
         return False
     in_flight = batches_in_flight(s)
-    return all(1 <= left <= in_flight and table for left, table in s.deferred_frees)
+    return all(1 <= left <= in_flight and table for left, table in s.deferred_frees + s.error_frees)
 
 
 def kv5_loaded_not_starved(s: State, cfg: Config) -> bool:

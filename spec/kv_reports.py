@@ -54,7 +54,7 @@ from dataclasses import replace
 from .actions import finish_request
 from .blocks import cached_block, cdiv, uncache
 from .config import Config
-from .kv_fence import release_table
+from .kv_fence import defer_to_output_end, holds_for_transfer, release_table
 from .state import Entry, Fate, Load, State, Status, retire_entries
 
 
@@ -162,8 +162,9 @@ def fail_kv_output(state: State, cfg: Config, failures: tuple[tuple[int, int], .
     request once, and each failure one the connector may report in the
     state before the output (`fail_kv_load` enabled there: C2-C4 read
     there, not after another failure of the same output rolled its request
-    back). One failure: `fail_kv_load`. The fail policy finishes every
-    request holding an invalid block (the order only orders the finishes);
+    back). One failure: `fail_kv_load`. The fail policy evicts every
+    failed load's invalid tail, then finishes every request holding an invalid
+    block, in the scan order (it orders the frees);
     recompute: `_scan_invalid_blocks`."""
     if not failures or len({r for r, _ in failures}) < len(failures):
         return None
@@ -172,8 +173,15 @@ def fail_kv_output(state: State, cfg: Config, failures: tuple[tuple[int, int], .
     if len(failures) == 1:
         return fail_kv_load(state, cfg, *failures[0])
     if cfg.kv_connector.load_failure_policy == "fail":
-        for r, from_block in failures:        # one an earlier failure finished: nothing left to do
-            state = fail_kv_load(state, cfg, r, from_block) or state
+        # finished (and their tables freed) in the order vLLM's recorder takes
+        # `finish_requests`' set: `kv_holding_waiting`, then `running`
+        scan = {x: i for i, x in enumerate(state.kv_holding + state.running)}
+        ordered = sorted(failures, key=lambda f: (scan.get(f[0], len(scan)), f[0]))
+        for r, from_block in ordered:     # every failed load's invalid tail leaves the cache first
+            if shared_holders(state, cfg, r, from_block):       # (`evict_blocks` before `finish_requests`)
+                state = replace(state, pool=uncache(state.pool, state.requests[r].block_table[from_block:]))
+        for r, from_block in ordered:
+            state = fail_kv_load(state, cfg, r, from_block) or state   # one an earlier failure finished: nothing
         return state
     return _scan_invalid_blocks(state, cfg, failures)
 
@@ -320,23 +328,20 @@ def _carrier(state: State, r: int) -> int | None:
 
 
 def _fail_past_carrier(state: State, cfg: Config, x: int, carrier: int | None) -> State:
-    """The fail policy for x. vLLM handles the failures of a batch's output
-    after counting that batch processed (`update_from_output` opens with
-    `processed_step_seq += 1`): behind the step fence, x's table is freed
-    with the carrier's update when the carrier is x's last batch in flight
-    (here: put aside until the carrier completes)."""
-    deferred = len(state.deferred_frees)
-    state = _fail_request(state, cfg, x)
-    if carrier is None or len(state.deferred_frees) == deferred:
-        return state
-    if any(e.req == x for i, batch in enumerate(state.in_flight) if i != carrier for e in batch):
-        return state
-    # it drains with the carrier, after the frees due by then (vLLM drains
-    # those first): its place is behind them, ahead of those still pending
-    left = sum(1 for batch in state.in_flight[:carrier + 1] if batch)
-    (_, table), rest = state.deferred_frees[-1], state.deferred_frees[:-1]
-    due = sum(1 for waits, _ in rest if waits <= left)
-    return replace(state, deferred_frees=rest[:due] + ((left, table),) + rest[due:])
+    """The fail policy for x. vLLM finishes the requests of a batch's load
+    failures at the end of its `update_from_output`, after the output loop's
+    own finishes (`finish_requests(error_req_ids, FINISHED_ERROR)`): x's
+    table waits for the carrier's update to end (kv_fence.error_frees),
+    where it goes back to the pool, the fence's count having taken the
+    carrier processed (`processed_step_seq += 1` opens the update). Behind
+    the fence, a batch of x's after the carrier keeps its table fenced
+    (`_free_request_blocks`); a table held for a transfer stays held."""
+    later = carrier is not None and any(e.req == x for i, batch in enumerate(state.in_flight)
+                                        if i != carrier for e in batch)
+    if carrier is None or (later and cfg.fences_freed_blocks) \
+            or holds_for_transfer(state, cfg, x, Status.FINISHED_ERROR):
+        return _fail_request(state, cfg, x)
+    return _fail_request(defer_to_output_end(state, x, carrier), cfg, x)
 
 
 def _fail_request(state: State, cfg: Config, r: int) -> State:

@@ -281,6 +281,10 @@ class State:
     # under the priority policy (`Request.__lt__`: arrival breaks a tie).
     kv_holding: tuple[int, ...] = ()
     deferred_frees: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    # The fail policy's tables (kv_fence.py, `error_frees`): requests a load
+    # failure finished, each (non-empty batches in flight up to the output
+    # reporting it, blocks), freed at the end of that output's update.
+    error_frees: tuple[tuple[int, tuple[int, ...]], ...] = ()
     arrivals: tuple[int, ...] = ()
     # vLLM's `PauseState` (reset_pause.py; UNPAUSED without `Config.reset_and_pause`).
     pause: Pause = Pause.UNPAUSED
@@ -444,7 +448,8 @@ def describe(state: State) -> str:
                               f"{'' if e.fate is Fate.LIVE else '~' + e.fate.value[0]}{'!' if e.reset else ''}"
                               for e in b) + "]" for b in state.in_flight]
     kv = (f"{f' H={list(state.kv_holding)}' if state.kv_holding else ''}"
-          f"{f' deferred={[list(d) for d in state.deferred_frees]}' if state.deferred_frees else ''}")
+          f"{f' deferred={[list(d) for d in state.deferred_frees]}' if state.deferred_frees else ''}"
+          f"{f' error_frees={[list(d) for d in state.error_frees]}' if state.error_frees else ''}")
     kv += "" if state.pause is Pause.UNPAUSED else f" paused={state.pause.value}"
     return (f"{'; '.join(reqs) or '-'} | W={list(state.waiting)} R={list(state.running)}{kv}"
             f" | Q={' '.join(batches) or '-'} | free={list(state.pool.free_queue)}")

@@ -46,10 +46,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .compat import queued_requests
 from .draft_handler import DraftHandler
 from .engine_truth import note_gated_completion, note_wait
 from .inputs import InputQueue
+from .run_endings import idle_ending, stalled_until_input, unfinished_requests
 from .workload import RequestSpec, Workload, draft_outcome, sampled_token
 
 
@@ -419,6 +419,8 @@ class RunOutcome:
     batches_in_flight: int
     exception: str | None = None
     unfinished: list[str] = field(default_factory=list)
+    # idles an input ended: {step, until, unfinished} (`stalled_until_input`)
+    stalls: list[dict] = field(default_factory=list)
 
 
 IDLE_STEPS_FOR_STUCK = 4              # steps that neither schedule nor complete, nothing to come
@@ -435,6 +437,7 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
     are handed to an engine that handles them there (`wait_inputs`); the
     rest are handed over from the input queue before the next step."""
     inputs, step, idle = InputQueue(workload), 0, 0
+    stalls: list[dict] = []
     scheduler = engine.scheduler
     bind = getattr(engine.model, "bind", None)
     during_step: list[str] = []
@@ -458,7 +461,7 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
                     step = inputs.next_step()
                     continue
                 ending = "blocked_in_flight" if engine.batch_queue else "done"
-                return RunOutcome(ending, step, engine.batches_in_flight())
+                return RunOutcome(ending, step, engine.batches_in_flight(), stalls=stalls)
             progressed, during_step, waiting = _step_with_inputs(engine, during_step, waiting)
             step += 1
             idle = 0 if progressed or len(inputs.pending) < due else idle + 1    # an input handed over: new work
@@ -466,16 +469,22 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
                 idle = 0        # vLLM spins on has_requests() until a KV transfer or a grammar settles
             if idle >= IDLE_STEPS_FOR_STUCK and engine.batches_in_flight() == 0:
                 if not (inputs.pending or during_step or waiting):     # vLLM would spin for ever
-                    return _idle_ending(engine, step)
+                    ending, unfinished = idle_ending(scheduler, engine.batches_in_flight())
+                    return RunOutcome(ending, step, engine.batches_in_flight() if unfinished else 0,
+                                      unfinished=unfinished, stalls=stalls)
                 # to the next input, once each queued empty batch took its step (0.33/0.34 EngineCoreProc.has_work)
                 if not (engine.busy_while_in_flight and engine.batch_queue):
-                    step, idle = max(step, inputs.next_step() if inputs.pending else step), 0
+                    until = max(step, inputs.next_step() if inputs.pending else step)
+                    if not any(spec.session for spec in workload.requests):   # (run_endings.py: sessions)
+                        stalls.extend(stalled_until_input(scheduler, step - idle, until))
+                    step, idle = until, 0
                     continue
             if step >= workload.max_steps:
-                return RunOutcome("step_limit", step, engine.batches_in_flight(), unfinished=_unfinished(scheduler))
+                return RunOutcome("step_limit", step, engine.batches_in_flight(), unfinished=unfinished_requests(scheduler),
+                                  stalls=stalls)
     except Exception as err:  # an exception inside vLLM ends the run, as it kills an engine core
         return RunOutcome("exception", step, engine.batches_in_flight(), exception=_where(err),
-                          unfinished=_unfinished(scheduler))
+                          unfinished=unfinished_requests(scheduler), stalls=stalls)
 
 
 def _step_with_inputs(engine: BatchQueueEngine, during_step: list[str], waiting: list[Callable[[], None]]
@@ -518,17 +527,6 @@ def _step_with_aborts(engine: BatchQueueEngine, during_step: list[str]) -> tuple
     return progressed, during_step
 
 
-def _idle_ending(engine: BatchQueueEngine, step: int) -> RunOutcome:
-    """How a run ends that is idle with nothing in flight and no input to come."""
-    unfinished = _unfinished(engine.scheduler)
-    if not unfinished and engine.batches_in_flight() == 0:
-        # 0.8.4 flushes finished ids only in schedule(), which its gate no
-        # longer calls: has_requests() stays true and the engine spins idle
-        # until the next input. Nothing is left.
-        return RunOutcome("done", step, 0)
-    return RunOutcome("stuck", step, engine.batches_in_flight(), unfinished=unfinished)
-
-
 def _where(err: Exception) -> str:
     """The exception and the innermost line that raised it (an assert's
     message is often empty: the line says which one failed)."""
@@ -539,13 +537,3 @@ def _where(err: Exception) -> str:
     last = frames[-1]
     path = last.filename.split("site-packages/")[-1]
     return f"{text} at {path}:{last.lineno} in {last.name}: {(last.line or '').strip()}"
-
-
-def _unfinished(scheduler: Any) -> list[str]:
-    """Every request still in a queue: 0.33 and 0.34 keep a request that
-    holds blocks (a parked or resumed streaming session, a finished KV load)
-    in `kv_holding_waiting`, and 0.34 an async load in `async_kv_waiting`."""
-    queues = [scheduler.waiting] + [getattr(scheduler, name) for name in ("kv_holding_waiting", "async_kv_waiting")
-                                    if getattr(scheduler, name, None) is not None]
-    waiting = [r for queue in queues for r in queued_requests(queue)]
-    return sorted(r.request_id for r in waiting + list(scheduler.running))

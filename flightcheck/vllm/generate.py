@@ -228,7 +228,8 @@ def _engine_config(pick: Picker, requests: list[dict[str, Any]], num_stages: int
 def _reuses_after_their_aborts(requests: list[dict[str, Any]], connector: bool) -> None:
     """A request reusing an id arrives no earlier than the request it takes
     the id from, nor than that request's abort: a family or feature that
-    moved arrivals (every one at step 0, say) may have put it first. Moved,
+    moved arrivals (every one at step 0, say) may have put it first, or put
+    the old request's arrival after its abort (then aborted as it arrives). Moved,
     it arrives at the abort as that abort does (in the same wait, when the
     abort comes in one), as `_place_inputs_during_waits` orders them. Beside
     a KV connector no id is reused: an aborted request whose load or send is
@@ -248,6 +249,9 @@ def _reuses_after_their_aborts(requests: list[dict[str, Any]], connector: bool) 
             del request["reuse_id"]
             continue
         if old.get("abort_step", old["arrival_step"]) < old["arrival_step"]:
+            # a feature moved the old request's arrival past its abort (the
+            # streaming sessions'), which then aborts nothing and leaves the id
+            # live: it is aborted once it has arrived
             old["abort_step"] = old["arrival_step"] + (1 if old.get("arrival_via") == "wait" else 0)
             old.pop("abort_via", None)
         earliest = max(old["arrival_step"], old.get("abort_step", 0))

@@ -306,9 +306,7 @@ def findings(result: dict[str, Any]) -> list[str]:
         found.append(f"{seats['running']} running requests and {seats['parked']} sessions waiting for input hold "
                      f"more than max_num_seqs = {seats['max_num_seqs']} seats (a session stopped while preempted "
                      f"counts a seat it gave up; step {seats['step']})")
-    for wait in result.get("waits_in_flight", []):
-        found.append(f"the engine waited for input with {wait['batches_in_flight']} batches in flight from step "
-                     f"{wait['step']} to step {wait['until']} (step {wait['step']})")
+    found.extend(_idle_findings(result))
     for gated in result.get("gated_completions", []):
         if gated.get("would_schedule"):
             found.append(f"the engine completed a batch at step {gated['step']} because scheduled_req_ids held "
@@ -318,6 +316,20 @@ def findings(result: dict[str, Any]) -> list[str]:
     for mismatch in truth.get("in_flight_set_mismatches", []):
         found.append(f"scheduled_req_ids disagrees with the batches in flight at step {mismatch['step']}: "
                      f"extra {mismatch['extra']}, missing {mismatch['missing']}")
+    return found
+
+
+def _idle_findings(result: dict[str, Any]) -> list[str]:
+    """What the engine copy saw idle: a stall only an input ended (run_endings.py
+    `stalled_until_input`), a wait for input with batches in flight."""
+    found = []
+    for stall in result.get("stalls", []):
+        found.append(f"schedule() formed nothing from step {stall['step']} with nothing in flight and "
+                     f"{', '.join(stall['unfinished'])} unfinished, until an input at step {stall['until']} "
+                     f"(without it the run ends stuck; step {stall['step']})")
+    for wait in result.get("waits_in_flight", []):
+        found.append(f"the engine waited for input with {wait['batches_in_flight']} batches in flight from step "
+                     f"{wait['step']} to step {wait['until']} (step {wait['step']})")
     return found
 
 

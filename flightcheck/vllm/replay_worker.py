@@ -402,7 +402,7 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         "async_scheduling": bool(getattr(scheduler.scheduler_config, "async_scheduling", False)),
         "batch_queue_depth": getattr(engine, "depth", workload.config.num_stages),
         "ending": outcome.ending, "steps": outcome.steps, "batches_in_flight": outcome.batches_in_flight,
-        "exception": outcome.exception, "unfinished": outcome.unfinished,
+        "exception": outcome.exception, "unfinished": outcome.unfinished, "stalls": outcome.stalls,
         "ground_truth": observations, "batches": engine.batches,
         "outputs": [list(x) for x in engine.outputs], "trace": trace_path, **_engine_report(engine, model),
         **({"kv_reports": kv_worker.reports} if kv_worker is not None else {}),

@@ -73,11 +73,14 @@ class AsyncScheduling:
             self.last_call_step = step
         self._replay_empty_calls(count, exact)
 
-    def _replay_empty_calls(self, count: int, exact: bool) -> int:
+    def _replay_empty_calls(self, count: int, exact: bool, make_room: bool = True) -> int:
         """Queue `count` schedule() calls as the spec's empty batches (each
         counts every countdown down); when the count is not `exact`, only
         while the spec's own call would form nothing. Returns how many of
-        the first `stagger` calls found no queue slot (or no request)."""
+        the first `stagger` calls found no queue slot (or no request).
+        `make_room` (a schedule event's catch-up): then leave a slot for the
+        event's batch; else (calls noted on another event) see
+        `_drain_unnoted_empty_batches`."""
         left = min(count, self.cfg.stagger)
         while left:
             if not exact and not is_empty_step(schedule(self._with_queue_slot(), self.cfg)):
@@ -94,10 +97,25 @@ class AsyncScheduling:
                 self.pending_empty_completions -= 1        # its completion was noted already (grammar.py)
                 self._drain_noted_empty_batch()
         self.pending_empty_completions = 0          # (noted completions of batches still in flight here)
-        self._drain_empty_batches(keep_room=True)
+        if make_room:
+            self._drain_empty_batches(keep_room=True)
+        elif self.state.in_flight and len(self.state.in_flight) >= self.cfg.queue_depth:
+            self._drain_unnoted_empty_batches()
         self.unchecked.add("queue slots of empty batches (the checker completes an empty batch whenever a "
                            "slot or a completion needs it)")
         return left
+
+    def _drain_unnoted_empty_batches(self) -> None:
+        """Make room after calls noted on an event that is no schedule: the
+        empty batches completed here are the checker's slack, not an update
+        the trace noted, so they finish no failed grammar; the next noted
+        completion does. vLLM's step pops the oldest batch and waits for its
+        output, and an abort arriving in that wait (0.34's `_wait_for_output`)
+        comes before that update finishes the request by FINISHED_ERROR."""
+        recorded = self.state.grammar_errors
+        self.state = replace(self.state, grammar_errors=frozenset())
+        self._drain_empty_batches(keep_room=True)
+        self.state = replace(self.state, grammar_errors=self.state.grammar_errors | recorded)
 
     def _drain_noted_empty_batch(self) -> None:
         """Complete the empty batch queued for a call whose completion the
@@ -149,7 +167,8 @@ class AsyncScheduling:
             # noted on an input ran in an engine step before it; replayed later, the
             # spec's call would read a state vLLM's call never saw (PR3 would judge it)
             # (a call that finds no slot here waits for the next batch's catch-up, as before)
-            self.pending_empty_calls = self._replay_empty_calls(self.pending_empty_calls, exact=True)
+            self.pending_empty_calls = self._replay_empty_calls(self.pending_empty_calls, exact=True,
+                                                                make_room=False)
 
     def _with_queue_slot(self) -> State:
         """The state with leading empty batches completed while the queue is full."""

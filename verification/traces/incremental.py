@@ -287,7 +287,7 @@ class Incremental:
             self.holders.update(new)
             blocks.update(old)
             blocks.update(new)
-        if before.deferred_frees is not after.deferred_frees:
+        if before.deferred_frees is not after.deferred_frees or before.error_frees is not after.error_frees:
             # blocks freed behind the step fence (a KV connector) are held by
             # the fence until drained: still referenced, not yet free
             old_deferred, new_deferred = _deferred_blocks(before), _deferred_blocks(after)
@@ -420,8 +420,9 @@ class _KvTransfers:
 
 
 def _deferred_blocks(state: State) -> list[int]:
-    """Every block waiting in the step fence's deferred frees."""
-    return [b for _, table in state.deferred_frees for b in table]
+    """Every block waiting in the step fence's deferred frees, or for the
+    end of the update that finished its request by the fail policy."""
+    return [b for _, table in state.deferred_frees + state.error_frees for b in table]
 
 
 def _copies(labels: tuple[int | None, ...], label: int) -> list[int]:

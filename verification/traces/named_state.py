@@ -45,11 +45,14 @@ def describe_named(state: State, slots: Iterable[int], name: Namer) -> str:
 
 def _kv_queues(state: State, name: Namer) -> str:
     """A KV connector's queues, as spec `describe` prints them: `H=` the
-    waiting requests that hold blocks, `deferred=` the fenced frees."""
+    waiting requests that hold blocks, `deferred=` the fenced frees,
+    `error_frees=` the fail policy's tables waiting for their update's end."""
     held = f" H=[{', '.join(name(r) for r in state.kv_holding)}]" if state.kv_holding else ""
     deferred = f" deferred={[[left, list(table)] for left, table in state.deferred_frees]}" \
         if state.deferred_frees else ""
-    return held + deferred
+    failed = f" error_frees={[[left, list(table)] for left, table in state.error_frees]}" \
+        if state.error_frees else ""
+    return held + deferred + failed
 
 
 def transfer_pending(q: Request) -> bool:
