@@ -66,3 +66,21 @@ def read_module_as_rewritten(monkeypatch: Any, slot: Any, module_name: str, edit
         filename, text = real(module)
         return (filename, edit(text)) if module.__name__ == module_name else (filename, text)
     monkeypatch.setattr(patch, "module_source", source)
+
+
+def run_checked(cfg: Any, num_requests: int, actions: Sequence[Any]) -> Any:
+    """The spec's run of `actions` from the initial state of `num_requests`
+    requests, each action enabled and every invariant and transition
+    property of `cfg` holding after it; returns the last state."""
+    from flightcheck.spec import invariants_for, step, transition_properties_for
+    from flightcheck.spec.state import initial_state
+
+    state = initial_state(num_requests, cfg.num_blocks)
+    for action in actions:
+        nxt = step(state, cfg, action)
+        assert nxt is not None, f"{action} is disabled"
+        broken = ([i.name for i in invariants_for(cfg) if not i.holds(nxt, cfg)]
+                  + [p.name for p in transition_properties_for(cfg) if not p.holds(state, nxt, action, cfg)])
+        assert not broken, (action, broken)
+        state = nxt
+    return state

@@ -17,14 +17,15 @@ from pathlib import Path
 import pytest
 
 from flightcheck.spec import (Arrive, CompleteOldest, Config, KvConnector, Prompt, Sample, Schedule,
-                              invariants_for, step, transition_properties_for)
-from flightcheck.spec.state import Grammar, Load, Status, initial_state
+                              invariants_for, transition_properties_for)
+from flightcheck.spec.state import Grammar, Load, Status
 from flightcheck.spec.transitions import CompileGrammar, FailGrammar
 from flightcheck.verification.explicit.search import search
 from flightcheck.verification.grammar_models import GRAMMAR_KV_K2, GRAMMAR_KV_LIMIT_K2
 from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
 
+from .fixtures import run_checked
 from .vllm_support import found_workload
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # the campaign's check-trace runs (slow test)
@@ -45,15 +46,7 @@ def _cfg() -> Config:
 
 
 def _run(cfg: Config, n: int, actions: list):
-    state = initial_state(n, cfg.num_blocks)
-    for action in actions:
-        nxt = step(state, cfg, action)
-        assert nxt is not None, f"{action} is disabled"
-        broken = ([i.name for i in invariants_for(cfg) if not i.holds(nxt, cfg)]
-                  + [p.name for p in transition_properties_for(cfg) if not p.holds(state, nxt, action, cfg)])
-        assert not broken, (action, broken)
-        state = nxt
-    return state
+    return run_checked(cfg, n, actions)
 
 
 def test_config_takes_the_pair_and_the_campaign_draws_it() -> None:

@@ -23,6 +23,7 @@ from flightcheck.verification.lora_models import LORA_KV_K2, PROMPT_LOGPROBS_KV_
 from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
 
+from .fixtures import run_checked
 from .vllm_support import found_workload
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # the campaign's check-trace runs (slow test)
@@ -36,15 +37,7 @@ OWN = {"lora-kv-k2": {"LORA1_loras_within_cap", "LORA2_held_request_is_passed_ov
 
 
 def _run(cfg: Config, n: int, actions: list):
-    state = initial_state(n, cfg.num_blocks)
-    for action in actions:
-        nxt = step(state, cfg, action)
-        assert nxt is not None, f"{action} is disabled"
-        broken = ([i.name for i in invariants_for(cfg) if not i.holds(nxt, cfg)]
-                  + [p.name for p in transition_properties_for(cfg) if not p.holds(state, nxt, action, cfg)])
-        assert not broken, (action, broken)
-        state = nxt
-    return state
+    return run_checked(cfg, n, actions)
 
 
 @pytest.mark.parametrize("feature", ["lora", "prompt-logprobs"])

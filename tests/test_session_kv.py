@@ -22,12 +22,14 @@ from pathlib import Path
 import pytest
 
 from flightcheck.spec import (Arrive, CompleteOldest, Config, KvConnector, Prompt, ReceiveKv, Sample, Schedule,
-                              invariants_for, step, transition_properties_for)
-from flightcheck.spec.state import Load, Status, initial_state
+                              invariants_for, transition_properties_for)
+from flightcheck.spec.state import Load, Status
 from flightcheck.verification.explicit.search import search
 from flightcheck.verification.session_models import SESSION_KV_K2, SESSION_KV_LIMIT_K2
 from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
+
+from .fixtures import run_checked
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # check-trace runs on vLLM's traces
 
@@ -46,15 +48,7 @@ def _session(prompt_len: int, max_tokens: int, *inputs: tuple[int, int], **kv: o
 
 
 def _run(cfg: Config, n: int, actions: list):
-    state = initial_state(n, cfg.num_blocks)
-    for action in actions:
-        nxt = step(state, cfg, action)
-        assert nxt is not None, f"{action} is disabled"
-        broken = ([i.name for i in invariants_for(cfg) if not i.holds(nxt, cfg)]
-                  + [p.name for p in transition_properties_for(cfg) if not p.holds(state, nxt, action, cfg)])
-        assert not broken, (action, broken)
-        state = nxt
-    return state
+    return run_checked(cfg, n, actions)
 
 
 def test_the_pair_is_no_longer_excluded_and_the_campaign_draws_it() -> None:
