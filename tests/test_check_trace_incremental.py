@@ -75,8 +75,9 @@ def test_this_module_runs_both_checkers():
 # What reaches check_events in a test's own process: the checker's functions,
 # the check-trace command, the refinement fuzzer, the vLLM bridge's --check.
 _CHECKS_TRACES = re.compile(r"check_events|check_trace|check-trace|refinement|fuzz|campaign|--check")
-# Modules that name those only in prose or in subprocesses.
-_NAMES_ONLY = {"test_docs.py", "test_readme_commands.py", "test_walkthrough_outputs.py"}
+# Modules that name those only in prose or in subprocesses, or (the
+# workload module) only the campaign's workload generator.
+_NAMES_ONLY = {"test_docs.py", "test_readme_commands.py", "test_walkthrough_outputs.py", "test_vllm_workload.py"}
 
 
 def test_every_module_that_checks_traces_compares_both_checkers():

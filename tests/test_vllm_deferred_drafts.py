@@ -17,7 +17,8 @@ import pytest
 
 from flightcheck.vllm.compat import queued_requests
 from flightcheck.vllm.draft_handler import DraftHandler
-from flightcheck.vllm.engine import BatchQueueEngineV033, BatchQueueEngineV034, _unfinished
+from flightcheck.vllm.engine import BatchQueueEngineV033, BatchQueueEngineV034
+from flightcheck.vllm.run_endings import unfinished_requests
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # its vLLM runs are checked: both checkers compared
 
@@ -128,8 +129,8 @@ class _Heap:
 
 def test_the_unfinished_requests_are_read_without_the_priority_queues_iterator() -> None:
     scheduler = SimpleNamespace(waiting=_Heap([_Request("b"), _Request("a")]), running=[_Request("c")])
-    assert _unfinished(scheduler) == ["a", "b", "c"]
-    assert _unfinished(SimpleNamespace(waiting=[SimpleNamespace(request_id="x")], running=[])) == ["x"]
+    assert unfinished_requests(scheduler) == ["a", "b", "c"]
+    assert unfinished_requests(SimpleNamespace(waiting=[SimpleNamespace(request_id="x")], running=[])) == ["x"]
     # the heap read in the queue's own order (what its iterator yields: ascending)
     assert queued_requests(_Heap([3, 1, 2])) == [1, 2, 3]
     assert queued_requests(deque([3, 1, 2])) == [3, 1, 2]
