@@ -51,6 +51,21 @@ case's name); each kept trace is vLLM's, its workload beside it.
   Finding 6); cut to two requests
   (`034_async_load_never_fits_beside_its_spec_step`, 0.33.0 and 0.34.0,
   sync and async).
+* async, `--spec-tokens 2 --all-features`, seed 49 index 76 (0.33.0 and
+  0.34.0, the same trace; `03x_async_finished_ids_keep_paused_calls`):
+  under PAUSED_NEW vLLM calls `schedule()` at steps 4 and 7 with only
+  queued requests, because a request finished just before (r2 by its
+  failed grammar, r3 by its abort): `Scheduler.has_requests` is also true
+  while `has_finished_requests` (`_free_request` adds the id to
+  `finished_req_ids`, the next `schedule()` clears it). The spec leaves
+  that set out, so the checker did not queue those two noted empty batches
+  there but at the next batch's catch-up, where they filled the queue: the
+  slack completion that made room for batch 2 finished the new r2 (its
+  grammar failed, seen by batch 1's waiting loop) an update early, and the
+  threshold of 6 was dropped for a lone request (r1@6+8 against vLLM's
+  r1@6+6, a false schedule_decision). The checker now queues a noted empty
+  call after a finish event with no call since (asynchronous.py
+  `_empty_call`); vLLM scheduling 8 there is rejected.
 * `--spec-tokens 3 --stages 1`, seed 103 index 29 (sync and async) and
   index 76 (async: the differential's one unexplained run, vLLM having
   crashed where the reference schedules): vLLM 0.33.0 and 0.34.0 fail their
@@ -97,6 +112,7 @@ SLACK_BATCHES = "034_async_grammar_error_after_slack_empty_batches_seed112_76"
 NEVER_FITS = "034_async_load_never_fits_beside_its_spec_step"
 STALL_ENDED_BY_ABORT = "034_sync_stall_ended_by_an_abort_seed101_75"
 PADDED_PAST_THRESHOLD = "prefix-hit-padded-past-long-prefill-threshold"
+FINISHED_IDS = "{}_async_finished_ids_keep_paused_calls_seed49_76"
 
 
 def _events(stem: str) -> list[dict[str, Any]]:
@@ -152,6 +168,22 @@ def test_an_abort_after_the_empty_batchs_update_finds_the_grammar_error_finished
     failed = next(e for e in events if e["ev"] == "kv_failed")
     abort["empty_batches_before"].append(failed["empty_batches_before"].pop(0))
     assert _verdict(events) == (False, "finish_decision", 10)
+
+
+@pytest.mark.parametrize("version", ["033", "034"])
+def test_empty_calls_kept_by_finished_ids_under_paused_new_leave_the_threshold(version):
+    assert _verdict(_events(FINISHED_IDS.format(version))) == (True, None, None)
+
+
+@pytest.mark.parametrize("version", ["033", "034"])
+def test_a_chunk_past_the_threshold_while_the_failed_grammar_waits_is_rejected(version):
+    # r2 (grammar failed, seen by batch 1's waiting loop) still counts as
+    # waiting at batch 2: running + waiting = 2 keeps the threshold of 6
+    events = _events(FINISHED_IDS.format(version))
+    batch2 = next(e for e in events if e["ev"] == "schedule" and e.get("batch") == 2)
+    assert (batch2["entries"][0]["start"], batch2["entries"][0]["n"]) == (6, 6)
+    batch2["entries"][0]["n"] = 8
+    assert _verdict(events) == (False, "schedule_decision", 17)
 
 
 @pytest.mark.parametrize("stem,line", [(NEVER_FITS, 2), (STALL_ENDED_BY_ABORT, 7)])
@@ -210,7 +242,9 @@ def test_finding_an_async_load_that_never_fits_stalls_vllm(version, async_schedu
 @pytest.mark.slow
 @pytest.mark.parametrize("stem,async_scheduling", [(FAIL_POLICY, False), (ABORT_IN_WAIT, True),
                                                           (JOINT_FAILURES, False),
-                                                          (SLACK_BATCHES, True)])
+                                                          (SLACK_BATCHES, True),
+                                                          (FINISHED_IDS.format("034"), True),
+                                                          (FINISHED_IDS.format("033"), True)])
 def test_the_cases_replayed_on_vllm_are_accepted_correct_runs(stem, async_scheduling):
     version = "0.33.0" if stem.startswith("033") else "0.34.0"
     require_venv(version)

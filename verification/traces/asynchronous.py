@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from flightcheck.spec import Action, CompleteOldest, Config, Schedule, State, Status, schedule
 from flightcheck.spec.actions import complete_oldest
+from flightcheck.spec.launch import count_down
 from flightcheck.spec.schedule import Scheduled, _idle, is_empty_step
 
 EMPTY_BATCH = object()     # the batch id of an empty batch the checker queued
@@ -38,6 +39,7 @@ class AsyncScheduling:
     writes_empty_batches: bool
     pending_empty_calls: int
     pending_empty_completions: int
+    finished_unflushed: bool
     finished_now: dict[int, Status]
     _apply: Callable[[Action, State | None, str], None]
     _newly_finished: Callable[[State, State], list[int]]
@@ -86,7 +88,7 @@ class AsyncScheduling:
             if not exact and not is_empty_step(schedule(self._with_queue_slot(), self.cfg)):
                 break
             self._drain_empty_batches(keep_room=True)
-            idle = _idle(self.state, self.cfg) if len(self.state.in_flight) < self.cfg.queue_depth else None
+            idle = self._empty_call(exact)
             if idle is None:
                 break
             left -= 1
@@ -104,6 +106,24 @@ class AsyncScheduling:
         self.unchecked.add("queue slots of empty batches (the checker completes an empty batch whenever a "
                            "slot or a completion needs it)")
         return left
+
+    def _empty_call(self, exact: bool) -> Scheduled | None:
+        """The spec's empty batch for a call the trace shows (`exact`), or
+        None where it finds no queue slot or vLLM would not call. vLLM 0.33
+        and 0.34 `Scheduler.has_requests` is also true while
+        `has_finished_requests`: `_free_request` adds every finished id to
+        `finished_req_ids`, and only the next `schedule()` clears it; the
+        spec leaves that set out (spec/engine.py), so a shown call after a
+        finish event with no call since (say under PAUSED_NEW, where the
+        queued requests count for nothing) queues an empty batch even where
+        the spec's `_idle` sees no request."""
+        if len(self.state.in_flight) >= self.cfg.queue_depth:
+            return None
+        idle = _idle(self.state, self.cfg)
+        if idle is not None or not (exact and self.finished_unflushed and self.cfg.rules.empty_batches):
+            return idle
+        counted = count_down(self.state, self.cfg)
+        return Scheduled(replace(counted, in_flight=counted.in_flight + ((),)), (), (), ())
 
     def _drain_unnoted_empty_batches(self) -> None:
         """Make room after calls noted on an event that is no schedule: the
@@ -157,6 +177,7 @@ class AsyncScheduling:
         other event, here, before it."""
         noted = event.get("empty_batches_before")
         if not isinstance(noted, list):
+            self.finished_unflushed |= event["ev"] == "finish"
             return
         self.writes_empty_batches = True
         self.pending_empty_calls += sum(1 for x in noted if isinstance(x, dict) and x.get("ev") == "schedule")
@@ -169,6 +190,7 @@ class AsyncScheduling:
             # (a call that finds no slot here waits for the next batch's catch-up, as before)
             self.pending_empty_calls = self._replay_empty_calls(self.pending_empty_calls, exact=True,
                                                                 make_room=False)
+        self.finished_unflushed |= event["ev"] == "finish"        # (after the calls noted before it)
 
     def _with_queue_slot(self) -> State:
         """The state with leading empty batches completed while the queue is full."""

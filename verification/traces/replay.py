@@ -106,6 +106,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         self.writes_empty_batches = bool(events[0].get("notes_empty_batches", False))
         self.pending_empty_calls = 0              # empty schedule() calls noted since the last batch
         self.pending_empty_completions = 0        # of those, completions noted before the checker queued them
+        self.finished_unflushed = False           # a finish event since the last schedule() call (asynchronous.py)
         # vLLM 0.34's cache-aware admission order can change `waiting` in an empty schedule() call
         self.reorders_admission = bool(self.cfg.rules.cache_aware_admission and self.cfg.prefix_caching
                                        and self.cfg.cache_aware_admission_window)
@@ -187,6 +188,8 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             raise _Violation("illegal_transition", f"{what}: not enabled in the spec")
         before, self.state = self.state, new_state
         self._check_properties(before, new_state, action)
+        if isinstance(action, Schedule):
+            self.finished_unflushed = False       # schedule() hands the finished ids to the workers
 
     # -- events -------------------------------------------------------------
 
