@@ -43,6 +43,7 @@ class DraftSources:
         self._drafts_with_output = not self._drafts_emptied_when_scheduled      # update_from_output
         self._settles_blocks_with_drafts = profile.settles_blocks_with_drafts and k > 0   # _apply_sampled
         self._pads_admitted_decodes = profile.pads_admitted_decodes and k > 0             # _schedule_waiting
+        self._padding_asserted_whole = profile.padding_asserted_whole                     # _pad_drafts
 
     def update_draft_token_ids(self, req_ids: Sequence[str], draft_token_ids: Sequence[Sequence[int]]) -> None:
         """vLLM 0.33 `Scheduler.update_draft_token_ids`, which the sync engine

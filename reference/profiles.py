@@ -307,6 +307,13 @@ class Profile:
     # all its work in flight and resets the placeholders
     # (`kv_rollback_keeps_placeholders_pr49250`, `kv_rollback_base_assumes_one_batch`).
     kv_rollback_in_place: bool = False
+    # 0.33/0.34 `Scheduler.schedule`, waiting loop: an admission padded to
+    # 1 + k tokens is cut by `long_prefill_token_threshold` afterwards, and
+    # the loop then asserts `num_new_tokens == 1 + self.num_spec_tokens`
+    # (0.34.0 scheduler.py:1643, 0.33.0 :1579): schedule() raises and the
+    # engine dies. The reference schedules the cut admission with the drafts
+    # that fit (`padded_admission_cut_by_threshold`; waiting.py `_pad_drafts`).
+    padding_asserted_whole: bool = False
 
     def release_order(self, enable_prefix_caching: bool) -> str:
         """"reverse" or "forward": the order a released table joins the free queue."""
@@ -385,7 +392,8 @@ RELEASED_0_8_X: dict[str, bool] = {
 # decides what sampled (after a wrong binding the request holds a token its
 # snapshot did not count).
 RELEASED_0_33: dict[str, bool] = {"outputs_by_id_alone": True, "worker_decides_sampling": True,
-                                  "kv_errors_after_outputs": True, "kv_rollback_in_place": True}
+                                  "kv_errors_after_outputs": True, "kv_rollback_in_place": True,
+                                  "padding_asserted_whole": True}
 # ... and with synchronous scheduling, drafts handed over at submission.
 RELEASED_0_33_SYNC: dict[str, bool] = {**RELEASED_0_33, "drafts_handed_over_at_submission": True}
 RELEASED: dict[str, Profile] = {

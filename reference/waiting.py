@@ -74,7 +74,15 @@ class WaitingLoop:
             self._add_to_batch(batch, request, entry)
 
     def _pad_drafts(self, request: Request, entry: RequestData, num_new_tokens: int) -> None:
-        """A padded admission's placeholder drafts: those the clip left."""
+        """A padded admission's placeholder drafts: those the clip left (only
+        the threshold can cut it: a padding past the budget stops admission).
+        vLLM 0.33 and 0.34 as released assert it was not cut
+        (`Scheduler.schedule`, waiting loop: `assert num_new_tokens == 1 +
+        self.num_spec_tokens`; profiles.py `padding_asserted_whole`)."""
+        if self._padding_asserted_whole:
+            assert num_new_tokens == 1 + self.config.num_spec_tokens, (
+                f"{request.request_id}: padded admission cut to {num_new_tokens} tokens, "
+                "assert num_new_tokens == 1 + self.num_spec_tokens")
         entry.spec_token_ids = (-1,) * min(self.config.num_spec_tokens, num_new_tokens - 1)
         if not self._drafts_emptied_when_scheduled:
             request.spec_token_ids = entry.spec_token_ids    # held as scheduled drafts are

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from flightcheck.vllm.workload import workload_from_json
 pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
 
 VLLM = Path(__file__).resolve().parent.parent / "flightcheck" / "vllm"
+HUNT34 = Path(__file__).resolve().parent / "data" / "vllm" / "hunt34"
 
 DRAFTS_0_8 = {"unscheduled_drafts_kept", "drafts_from_every_output"}
 OUTPUTS_0_8 = {"outputs_to_running_by_id", "worker_decides_sampling", "flush_finished_every_schedule"}
@@ -35,17 +37,18 @@ RELEASED_CONSTANTS: dict[str, set[str]] = {
     # 0.33.0's sync `EngineCore.post_step` hands a batch's drafts over at submission.
     # A KV load's error finishes its request after the batch's outputs.
     # A failed sync load's recompute rolls back in place (#49250).
+    # A padded admission cut by the long-prefill threshold fails schedule()'s assertion.
     "vllm-0.33": {"outputs_by_id_alone", "worker_decides_sampling", "drafts_handed_over_at_submission",
-                  "kv_errors_after_outputs", "kv_rollback_in_place"},
+                  "kv_errors_after_outputs", "kv_rollback_in_place", "padding_asserted_whole"},
     "vllm-0.33-async": {"outputs_by_id_alone", "worker_decides_sampling", "kv_errors_after_outputs",
-                        "kv_rollback_in_place"},
+                        "kv_rollback_in_place", "padding_asserted_whole"},
     # 0.34.0's `Scheduler.update_from_output` still binds by id alone, its
     # model runner still decides what sampled, and its sync `post_step` still
     # hands drafts over at submission.
     "vllm-0.34": {"outputs_by_id_alone", "worker_decides_sampling", "drafts_handed_over_at_submission",
-                  "kv_errors_after_outputs", "kv_rollback_in_place"},
+                  "kv_errors_after_outputs", "kv_rollback_in_place", "padding_asserted_whole"},
     "vllm-0.34-async": {"outputs_by_id_alone", "worker_decides_sampling", "kv_errors_after_outputs",
-                        "kv_rollback_in_place"},
+                        "kv_rollback_in_place", "padding_asserted_whole"},
 }
 # constant -> (released profile, campaign seed, drafts per step, ids reused, workload index):
 # a generated workload on which the conforming run changes when that constant
@@ -71,8 +74,10 @@ HELD_DRAFTS_0_8: dict[str, tuple[str, int, int, bool, int]] = {
     "held_drafts_left_uncached": ("vllm-0.8.4", 3, 2, False, 7),
 }
 
-# constant -> (released profile, workload): the same for a KV connector's
-# constants, on a replay workload with a connector (not a campaign's): a sync
+# constant -> (released profile, workload): the same on a replay workload (not
+# a campaign's). The padding's assertion: the hunt's smallest workload
+# (tests/test_vllm_hunt34_cases.py), where vLLM 0.34 raises in schedule().
+# A KV connector's constants, on a workload with a connector: a sync
 # load fails under the fail policy while b finishes in the same batch; the
 # order their blocks are freed in shows in c's table.
 _KV_FAIL = {"hit": 4, "async": False, "load_steps": 1, "fail_from_block": 0, "fail_whole": False, "send_steps": 1}
@@ -91,6 +96,8 @@ CHANGES_A_KV_RUN: dict[str, tuple[str, dict]] = {
     # (recompute) with the request's placeholders out (#49250)
     "kv_rollback_in_place": ("vllm-0.34-async", with_async_scheduling(
         campaign_workloads(0, 5, family="kv-connector", mid_step_inputs=True)[4])),
+    "padding_asserted_whole": ("vllm-0.34", json.loads(
+        (HUNT34 / "prefix-hit-padded-past-long-prefill-threshold.workload.json").read_text())),
 }
 
 

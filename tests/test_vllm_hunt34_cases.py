@@ -67,8 +67,10 @@ case's name); each kept trace is vLLM's, its workload beside it.
   call after a finish event with no call since (asynchronous.py
   `_empty_call`); vLLM scheduling 8 there is rejected.
 * `--spec-tokens 3 --stages 1`, seed 103 index 29 (sync and async) and
-  index 76 (async: the differential's one unexplained run, vLLM having
-  crashed where the reference schedules): vLLM 0.33.0 and 0.34.0 fail their
+  index 76 (async: an unexplained run of the differential, vLLM having
+  crashed where the reference schedules; now the named deviation
+  `padded_admission_cut_by_threshold`, tests/test_vllm_padded_admission.py):
+  vLLM 0.33.0 and 0.34.0 fail their
   own assertion in `Scheduler.schedule`'s waiting loop (`assert
   num_new_tokens == 1 + self.num_spec_tokens`, 0.34.0 line 1643): an
   admission with one token left after its prefix hit is padded to 1 + k

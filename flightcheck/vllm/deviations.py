@@ -84,6 +84,13 @@ DEVIATIONS: dict[str, str] = {
         "less the failing batch's tokens, as if that batch were the request's only one in flight, and "
         "applies the outputs of its later batches, computed over the invalid blocks; the reference "
         "drops them (reference/profiles.py `kv_rollback_in_place`, a released constant)",
+    "padded_admission_cut_by_threshold":
+        "speculative decoding with a long-prefill threshold below 1 + k (in force: chunked prefill, more "
+        "than one request): vLLM 0.33 and 0.34's Scheduler.schedule pads an admission with one token left "
+        "to 1 + k tokens, the threshold then cuts it, and the waiting loop's own `assert num_new_tokens == "
+        "1 + self.num_spec_tokens` fails (0.34.0 scheduler.py:1643, 0.33.0 :1579): schedule() raises and "
+        "the engine dies; the reference schedules the cut admission with the drafts that fit "
+        "(reference/profiles.py `padding_asserted_whole`, a released constant)",
 }
 
 # The deviations each version's differential may name (the others cannot occur there).
@@ -97,8 +104,9 @@ VERSION_DEVIATIONS: dict[str, tuple[str, ...]] = {
     # after them the runner sampling a chunk the scheduler scheduled as partial.
     "0.33.0": ("reused_id_output_dropped", "drafts_handed_over_at_submission", "partial_chunk_token_dropped",
                "kv_error_finished_at_once", "kv_rollback_keeps_placeholders_pr49250",
-               "kv_rollback_base_assumes_one_batch"),
+               "kv_rollback_base_assumes_one_batch", "padded_admission_cut_by_threshold"),
     "0.34.0": ("reused_id_output_dropped",        # update_from_output still binds by id alone
                "drafts_handed_over_at_submission", "partial_chunk_token_dropped", "kv_error_finished_at_once",
-               "kv_rollback_keeps_placeholders_pr49250", "kv_rollback_base_assumes_one_batch"),
+               "kv_rollback_keeps_placeholders_pr49250", "kv_rollback_base_assumes_one_batch",
+               "padded_admission_cut_by_threshold"),
 }

@@ -196,6 +196,11 @@ def _at(events: list[tuple[Any, ...]], index: int) -> str:
 def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
              reference: list[tuple[Any, ...]], index: int) -> str | None:
     """The named deviation that explains the first difference, at `index`, or None."""
+    if index >= len(vllm) and vllm_result.get("ending") == "exception" \
+            and _raised_padding_assertion(vllm_result.get("exception")):
+        # vLLM raised in schedule() where the threshold cut a padded admission;
+        # the reference schedules it with the drafts that fit.
+        return "padded_admission_cut_by_threshold"
     named = _classify(vllm_result, vllm, reference, index)
     if named is not None and _version_may_name(vllm_result, named):
         return named
@@ -228,6 +233,25 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
         # smaller (or none, and the request fits where the reference's does not).
         return "unscheduled_drafts_dropped"
     return named
+
+
+# vLLM 0.33 and 0.34's assertion that a padded admission kept its 1 + k
+# tokens (`Scheduler.schedule`, waiting loop), as the replay reports it.
+PADDING_ASSERTION = "assert num_new_tokens == 1 + self.num_spec_tokens"
+
+
+def _raised_padding_assertion(run_exception: object) -> bool:
+    """Whether an exception (vLLM's, or the released reference's: profiles.py
+    `padding_asserted_whole`) is the padded admission's assertion."""
+    return PADDING_ASSERTION in str(run_exception or "")
+
+
+def _padding_not_reproduced(deviation: str | None, conforming_run: ReferenceRun, elsewhere: bool) -> bool:
+    """For `padded_admission_cut_by_threshold`: whether the released reference
+    failed to raise the padding's assertion, or raised it `elsewhere` than
+    vLLM (after another number of decisions)."""
+    return deviation == "padded_admission_cut_by_threshold" and (
+        elsewhere or not _raised_padding_assertion(conforming_run.exception))
 
 
 def _version_may_name(vllm_result: dict[str, Any], deviation: str) -> bool:
@@ -409,6 +433,8 @@ def compare(name: str, vllm_result: dict[str, Any], vllm_events: list[dict[str, 
     explained = deviation is not None and _version_may_name(vllm_result, deviation)
     if explained and conforming_run is not None:
         conforming = decisions(conforming_run.events, block_offset=1)
+        if _padding_not_reproduced(deviation, conforming_run, len(conforming) != len(theirs)):
+            explained, where = False, where + "; the reference as released did not fail the padding's assertion there"
         if vllm_result["ending"] == "exception":
             # vLLM's run stops at its crash (0.8.4's `assert num_new_tokens >
             # 0` after a stale completion cleared a newer batch's mark); the
