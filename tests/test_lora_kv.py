@@ -24,7 +24,7 @@ from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
 
 from .fixtures import run_checked
-from .vllm_support import found_workload
+from .vllm_support import drawn_apart, found_workload
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # the campaign's check-trace runs (slow test)
 
