@@ -84,3 +84,17 @@ def run_checked(cfg: Any, num_requests: int, actions: Sequence[Any]) -> Any:
         assert not broken, (action, broken)
         state = nxt
     return state
+
+
+def assert_model_proves(model: Any, properties: set[str], pinned: tuple[int, int, int]) -> None:
+    """`model`'s configuration checks every one of `properties`, and its
+    exhaustive search is complete, finds no violation and reaches the pinned
+    (states, edges, max depth)."""
+    from flightcheck.spec import invariants_for, transition_properties_for
+    from flightcheck.verification.explicit.search import search
+
+    names = {i.name for i in invariants_for(model.cfg)} | {p.name for p in transition_properties_for(model.cfg)}
+    assert properties <= names, properties - names
+    r = search(model)
+    assert r.complete and not r.violations, [(v.property, len(v.path)) for v in r.violations]
+    assert (r.num_states, r.num_edges, r.max_depth) == pinned

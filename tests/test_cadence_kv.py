@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from flightcheck.spec import Arrive, ReceiveKv, Schedule, invariants_for, step, transition_properties_for
+from flightcheck.spec import Arrive, ReceiveKv, Schedule
 from flightcheck.spec.actions import Sample
 from flightcheck.spec.admission_order import is_reorder_in_force
 from flightcheck.spec.cadence import defers_prefills
-from flightcheck.spec.state import Status, initial_state
+from flightcheck.spec.state import Status
 from flightcheck.spec.transitions import CompleteOldest, Schedule as ScheduleAction
 from flightcheck.verification.cadence_models import CADENCE_KV_FAIL_K2, CADENCE_KV_K2
 from flightcheck.verification.explicit.search import initial, search, successors
@@ -34,6 +34,8 @@ from flightcheck.vllm.differential import decisions, read_trace
 from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
 from flightcheck.vllm.reference_run import run_reference
+
+from .fixtures import run_checked
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # the reference's traces are checked
 
@@ -45,15 +47,7 @@ PAIR_TARGETS = ("load_parked_while_held", "landed_load_held", "one_token_load_ad
 
 
 def _run(*actions, n: int = 3):
-    state = initial_state(n, CFG.num_blocks)
-    for action in actions:
-        nxt = step(state, CFG, action)
-        assert nxt is not None, f"{action} is disabled"
-        broken = ([i.name for i in invariants_for(CFG) if not i.holds(nxt, CFG)]
-                  + [p.name for p in transition_properties_for(CFG) if not p.holds(state, nxt, action, CFG)])
-        assert not broken, (action, broken)
-        state = nxt
-    return state
+    return run_checked(CFG, n, actions)
 
 
 def test_the_pair_is_no_longer_excluded_and_meets() -> None:

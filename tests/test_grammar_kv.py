@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flightcheck.spec import (Arrive, CompleteOldest, Config, KvConnector, Prompt, Sample, Schedule,
-                              invariants_for, transition_properties_for)
+from flightcheck.spec import (Arrive, CompleteOldest, Config, KvConnector, Prompt, Sample, Schedule)
 from flightcheck.spec.state import Grammar, Load, Status
 from flightcheck.spec.transitions import CompileGrammar, FailGrammar
 from flightcheck.verification.explicit.search import search
@@ -25,7 +24,7 @@ from flightcheck.verification.grammar_models import GRAMMAR_KV_K2, GRAMMAR_KV_LI
 from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
 
-from .fixtures import run_checked
+from .fixtures import assert_model_proves, run_checked
 from .vllm_support import found_workload
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # the campaign's check-trace runs (slow test)
@@ -110,11 +109,7 @@ def _gateless_connector_loop(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("model", [GRAMMAR_KV_LIMIT_K2, pytest.param(GRAMMAR_KV_K2, marks=pytest.mark.slow)],
                          ids=lambda m: m.name)
 def test_the_pairs_models_prove_every_property_of_both_features(model) -> None:
-    names = {i.name for i in invariants_for(model.cfg)} | {p.name for p in transition_properties_for(model.cfg)}
-    assert PROPERTIES <= names, PROPERTIES - names
-    r = search(model)
-    assert r.complete and not r.violations, [(v.property, len(v.path)) for v in r.violations]
-    assert (r.num_states, r.num_edges, r.max_depth) == PINNED[model.name]
+    assert_model_proves(model, PROPERTIES, PINNED[model.name])
 
 
 def test_without_the_gate_the_model_runs_a_compiling_grammar(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,15 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from flightcheck.spec import (Arrive, CompleteOldest, Config, KvConnector, Prompt, ReceiveKv, Sample, Schedule,
-                              invariants_for, transition_properties_for)
+from flightcheck.spec import (Arrive, CompleteOldest, Config, KvConnector, Prompt, ReceiveKv, Sample, Schedule)
 from flightcheck.spec.state import Load, Status
 from flightcheck.verification.explicit.search import search
 from flightcheck.verification.session_models import SESSION_KV_K2, SESSION_KV_LIMIT_K2
 from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
 
-from .fixtures import run_checked
+from .fixtures import assert_model_proves, run_checked
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # check-trace runs on vLLM's traces
 
@@ -105,11 +104,7 @@ def test_a_session_between_turns_reserves_nothing_beside_an_async_load() -> None
 @pytest.mark.parametrize("model", [SESSION_KV_K2, pytest.param(SESSION_KV_LIMIT_K2, marks=pytest.mark.slow)],
                          ids=lambda m: m.name)
 def test_the_pairs_models_prove_every_property_of_both_features(model) -> None:
-    names = {i.name for i in invariants_for(model.cfg)} | {p.name for p in transition_properties_for(model.cfg)}
-    assert PROPERTIES <= names, PROPERTIES - names
-    r = search(model)
-    assert r.complete and not r.violations, [(v.property, len(v.path)) for v in r.violations]
-    assert (r.num_states, r.num_edges, r.max_depth) == PINNED[model.name]
+    assert_model_proves(model, PROPERTIES, PINNED[model.name])
 
 
 def test_without_the_skip_the_model_runs_a_session_waiting_for_input(monkeypatch: pytest.MonkeyPatch) -> None:
