@@ -3,9 +3,10 @@
 
 * CAD1_deferred_call_carries_no_prefill: a call that defers prefills
   schedules no prefill: no running request its last schedule left a prefill
-  chunk, no admission with more than one token to compute (vLLM 0.33/0.34
-  `Scheduler.schedule`: the running loop's skip and the waiting loop's
-  `break`).
+  chunk, not even one a priority preemption takes back out of the batch
+  later in the call (`Scheduled.taken_back`), no admission with more than
+  one token to compute (vLLM 0.33/0.34 `Scheduler.schedule`: the running
+  loop's skip and the waiting loop's `break`).
 * CAD2_backed_up_queue_not_held: a call made while the last release left
   the waiting queue backed up (`prefill_capacity_bound`) forms the batch the
   same call forms without a cadence (the saturation guard of vLLM PR #44558:
@@ -39,11 +40,13 @@ from .state import State
 
 
 def cad1_deferred_call_carries_no_prefill(before: State, scheduled: Scheduled, cfg: Config) -> bool:
-    """CAD1_deferred_call_carries_no_prefill: a call made within the interval, with a running request that is not a prefill chunk and the queue not backed up, schedules no running prefill chunk and admits no request with more than one token left to compute."""
+    """CAD1_deferred_call_carries_no_prefill: a call made within the interval, with a running request that is not a prefill chunk and the queue not backed up, schedules no running prefill chunk (kept in its batch or taken back by a priority preemption) and admits no request with more than one token left to compute."""
     held = (is_on(cfg) and before.prefill_hold > 0 and not before.prefill_capacity_bound
             and any(not before.requests[r].is_prefill_chunk for r in before.running))
     if not held:
         return True
+    if any(before.requests[r].is_prefill_chunk for r in scheduled.taken_back):
+        return False
     for e in scheduled.entries:
         req = before.requests[e.req]
         if e.req in before.running_set and req.is_prefill_chunk:

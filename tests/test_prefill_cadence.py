@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from flightcheck.spec import Config, KvConnector
+from flightcheck.spec.cadence_properties import cad1_deferred_call_carries_no_prefill
 from flightcheck.spec.transitions import transition_properties_for
 from flightcheck.spec import schedule
 from flightcheck.verification.cadence_models import (CADENCE_K2, CADENCE_K2_ASYNC, CADENCE_MODELS, CADENCE_PRIO_K1_ASYNC,
@@ -88,6 +89,22 @@ def test_beside_priority_a_chunk_taken_back_still_restarts_the_hold_and_cad3_cou
     assert _taken_back_chunks(model) == (2 if "async" in profile else 1)
     mutated = search(model.with_mutant("cadence_stamp_undone_by_hand_back"))
     assert {v.property for v in mutated.violations} == {"CAD3_hold_restarts_after_prefill"}
+
+
+def test_cad1_counts_a_chunk_taken_back_as_a_chunk_the_held_call_scheduled():
+    """A held call may not schedule a running prefill chunk even if a
+    priority preemption takes it back later in the call (vLLM's running
+    loop skips it before any victim is chosen). The one step of
+    cadence-prio-k2 that takes a chunk back, read as a held call, breaks
+    CAD1, and would not without its `taken_back` (the batch left holds only
+    a decode): CAD1 reads the hand-back, not just the final batch."""
+    steps = [(s, scheduled) for s in reachable(CADENCE_PRIO_K2) if (scheduled := schedule(s, CADENCE_PRIO_K2.cfg))
+             and any(s.requests[r].is_prefill_chunk for r in scheduled.taken_back)]
+    assert len(steps) == 1
+    state, scheduled = steps[0]
+    held = replace(state, prefill_hold=1, prefill_capacity_bound=False)
+    assert not cad1_deferred_call_carries_no_prefill(held, scheduled, CADENCE_PRIO_K2.cfg)
+    assert cad1_deferred_call_carries_no_prefill(held, replace(scheduled, taken_back=()), CADENCE_PRIO_K2.cfg)
 
 
 def test_under_fcfs_nothing_is_taken_back_and_the_hand_back_mutant_survives():
