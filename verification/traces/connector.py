@@ -401,12 +401,18 @@ class ConnectorEvents:
         (a promoted request is admitted with it: `block_ids` lists it first),
         parked still or promoted by an earlier call and not admitted then (it
         keeps its table in `kv_holding_waiting`, its load RECEIVED until it
-        runs). A load that left nothing valid gives its table back at
-        promotion (`_update_waiting_for_remote_kv` frees it): the admission
-        allocates anew."""
+        runs). What a parked load keeps is the spec's promotion's to say
+        (`kv_loads.promote`): a load that left nothing valid gives its table
+        back (vLLM 0.33.0/0.34.0 `Scheduler._update_waiting_for_remote_kv`
+        frees it, the admission allocates anew), one that covered every
+        token keeps it though `num_computed` drops to `num_tokens - 1`: 0
+        for a one-token prompt (campaign --kv-connector 0.33.0 async,
+        --spec-tokens 2, seed 11 index 19), so `num_computed` does not tell."""
         q = self.state.requests[r]
+        if loading(q):
+            return promote(self.state, self.cfg, r).requests[r].block_table
         promoted = q.status is Status.WAITING and q.load is Load.RECEIVED
-        return q.block_table if (loading(q) or promoted) and q.num_computed > 0 else ()
+        return q.block_table if promoted else ()
 
     def _diagnose_block_under_transfer(self, name: str, trace_block: Any, spec_block: int) -> None:
         """A block handed out again (the trace's id already names spec block
