@@ -9,7 +9,9 @@ skips it while it compiles; once ready it becomes WAITING and is admitted as
 any other; a failed grammar is recorded and the request finished with
 FINISHED_ERROR at the end of the next `update_from_output`. The tokens each
 output appends advance the request's FSM (`Request.fsm`, a count: the
-reference takes the model's tokens as the grammar allows them). Under async
+reference takes the model's tokens as the grammar allows them), unless the
+grammar refuses them (`grammar_accepts`, the backend's FSM where the caller
+has one). Under async
 scheduling, a batch with a structured request whose earlier output is still
 in flight says so (`SchedulerOutput.pending_structured_output_tokens`): the
 engine processes the oldest output before it samples this batch.
@@ -20,6 +22,8 @@ bridge's drafts are all grammar-legal).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from .batch import Batch
 from .outputs import EngineCoreOutput, RequestData, SchedulerOutput
 from .request import Request, RequestStatus
@@ -29,6 +33,13 @@ _WAITING_FOR_GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 
 
 class Grammars:
+    # The grammar backend's FSM, set by whoever compiles grammars (as
+    # `Request.grammar`): whether the request's grammar accepts these tokens
+    # now (vLLM `StructuredOutputManager.accept_tokens`). None: the
+    # abstraction, a grammar accepts the tokens sampled for its own request
+    # and refuses an older request's (`_fsm_accepts`).
+    grammar_accepts: Callable[[Request, Sequence[int]], bool] | None = None
+
     def add_structured_request(self, request: Request) -> None:
         """A request asking for structured output: it waits for its grammar."""
         request.grammar = COMPILING
@@ -49,18 +60,32 @@ class Grammars:
         return True
 
     def _advance_grammar(self, request: Request, entry: RequestData, output: EngineCoreOutput) -> None:
-        """`StructuredOutputManager.accept_tokens` on the tokens appended. As
-        vLLM 0.33/0.34 released (`outputs_by_id_alone`), an older request's
-        output looked up by its reused id reaches a structured request: the
-        FSM refuses tokens sampled for another request (the bridge's grammar
-        accepts a request's own tokens alone, flightcheck/vllm/grammar_replay.py),
-        and `update_from_output` finishes it with FINISHED_ERROR, not resumable."""
+        """`StructuredOutputManager.accept_tokens` on the tokens appended
+        (after the stop checks, as vLLM 0.33/0.34's `update_from_output`). A
+        refusal finishes the request with FINISHED_ERROR, not resumable. Only
+        vLLM as released (`outputs_by_id_alone`) meets one: an older
+        request's output looked up by its reused id reaches a structured
+        request, whose grammar may refuse tokens sampled for another."""
         if request.grammar != READY or not output.new_token_ids:
             return
-        if entry.incarnation < request.first_incarnation:
+        if not self._fsm_accepts(request, entry, output.new_token_ids):
             request.status, request.resumable, output.finish_reason = RequestStatus.FINISHED_ERROR, False, "error"
             return
         request.fsm += len(output.new_token_ids)
+
+    def _fsm_accepts(self, request: Request, entry: RequestData, token_ids: Sequence[int]) -> bool:
+        """The backend's FSM decides (`grammar_accepts`); without one, a
+        grammar accepts what was sampled for its own request and refuses an
+        older request's output. With the bridge's backend
+        (flightcheck/vllm/grammar_replay.py) a grammar accepts whatever the
+        fabricated model may sample for its request's workload entry: a
+        streaming session's input sent after the session finished is a new
+        request under the session's id and of the session's entry, so its
+        grammar accepts the finished session's tokens too (vLLM then
+        finishes it by its stop checks, not with an error)."""
+        if self.grammar_accepts is not None:
+            return self.grammar_accepts(request, token_ids)
+        return entry.incarnation >= request.first_incarnation
 
     def _finish_grammar_errors(self) -> list[EngineCoreOutput]:
         """The end of `update_from_output`: the failed grammars met since the

@@ -24,6 +24,7 @@ import io
 import json
 from dataclasses import dataclass
 from types import SimpleNamespace
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from flightcheck.reference import (ModelRunnerOutput, Request, RequestStatus, SamplingParams,
@@ -37,10 +38,11 @@ from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV03
                      run_busy_loop)
 from .priority_workload import ArrivalClock
 from .reset_pause_workload import call_event
+from .grammar_replay import FabricatedGrammar
 from .grammar_workload import CompileClock
 from .lora_workload import asks_prompt_logprobs
 from .versions import BATCH_QUEUE_V033_LOOPS, RELEASES, release, release_of_profile
-from .workload import Workload, workload_from_json
+from .workload import RequestSpec, Workload, workload_from_json
 
 
 class _BatchView:
@@ -301,6 +303,7 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
     clock = ArrivalClock(workload.config.policy)
     grammars = reference_grammars(side, scheduler)      # the workload's compile clock (grammar_workload.py)
     engine.grammars_compiling = grammars.pending
+    grammar_for = reference_fsms(workload, scheduler)   # and the replay's FSMs (grammar_replay.py)
 
     def add(spec: Any) -> None:
         params = SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
@@ -315,6 +318,7 @@ def _run_reference(workload: Workload, profile: str, mutant: str | None,
             scheduler.add_request(request)
             return
         grammars.arrive(spec.req_id, spec.grammar)
+        grammar_for(spec)
         scheduler.add_structured_request(request)
 
     def abort(req_id: str) -> None:
@@ -342,6 +346,26 @@ def reference_grammars(side: _ReferenceSide, scheduler: TracingScheduler) -> Com
 
     side.schedule = schedule_after_compiles         # type: ignore[method-assign]
     return clock
+
+
+def reference_fsms(workload: Workload, scheduler: TracingScheduler) -> Callable[[RequestSpec], None]:
+    """The reference's FSMs: the replay's (grammar_replay.py
+    `FabricatedGrammar`: a grammar accepts the tokens the fabricated model may
+    sample for its request's workload entry), one per structured request
+    added under an id (the returned call, at `add_request`), asked by the
+    reference's `grammar_accepts` (reference/grammar.py). They refuse only
+    another entry's tokens, which reach a request only as vLLM released
+    binds outputs (by a reused id: `reused_id_output_dropped`)."""
+    fsms: dict[str, FabricatedGrammar] = {}
+
+    def accepts(request: Request, token_ids: Sequence[int]) -> bool:
+        return fsms[request.request_id].accept_tokens(request.request_id, list(token_ids))
+
+    def grammar_for(spec: RequestSpec) -> None:
+        fsms[spec.req_id] = FabricatedGrammar(workload, spec)
+
+    scheduler.grammar_accepts = accepts
+    return grammar_for
 
 
 def _draft_hand_off(config: SchedulerConfig) -> Any:
