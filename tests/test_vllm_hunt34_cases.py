@@ -95,6 +95,16 @@ case's name); each kept trace is vLLM's, its workload beside it.
   FINISHED_ERROR at batch 3's update was a false finish_decision. Ours: an
   input that ends a session counts as a finish for that call
   (verification/traces/sessions.py `_on_input`).
+* 0.33.0 async, the same flags, seed 103 index 27
+  (`033_async_short_stall_ended_by_an_abort`; 0.34.0 alike): Finding 6 on
+  a one-block pool: r0's async load never fits beside its spec step; after
+  r2 finishes, nothing is scheduled for two steps until r0's abort.
+  check-trace rejects L2_no_deadlock at r2's completion; the ground truth
+  named no stall, the idle being shorter than the busy loop's count (a
+  false verdict of the ground truth). Ours: an idle an input ends sooner
+  is asked of vLLM itself, by replaying the workload without the inputs
+  from there on (flightcheck/vllm/run_endings.py `short_idle`,
+  replay_worker.py `_stays_idle`): it ends `stuck`, so the idle is a stall.
 * `--reuse-ids`, seeds 104 index 48, 108 index 63 and 112 index 28 (sync
   and async): vLLM's "duplicate request id" assertion, the generator's
   error: the streaming sessions' feature moved the aborted request's
@@ -131,6 +141,7 @@ STALL_ENDED_BY_ABORT = "034_sync_stall_ended_by_an_abort_seed101_75"
 PADDED_PAST_THRESHOLD = "prefix-hit-padded-past-long-prefill-threshold"
 FINISHED_IDS = "{}_async_finished_ids_keep_paused_calls_seed49_76"
 SESSION_END = "033_async_session_end_under_paused_all_calls_once_seed103_64"
+SHORT_STALL = "033_async_short_stall_ended_by_an_abort_seed103_27"
 
 
 def _events(stem: str) -> list[dict[str, Any]]:
@@ -234,6 +245,12 @@ def test_a_grammar_error_finished_with_no_call_meeting_it_is_rejected():
     assert _verdict(events) == (False, "finish_decision", 20)
 
 
+def test_a_stall_shorter_than_the_idle_count_is_rejected():
+    # check-trace's side of seed 103 index 27: after r2's completion nothing
+    # is in flight and r0's load never fits (the ground truth's: slow, below)
+    assert _verdict(_events(SHORT_STALL)) == (False, "L2_no_deadlock", 17)
+
+
 def _scheduler(pause: str = "UNPAUSED", session: bool = False) -> SimpleNamespace:
     def request(req_id: str, status: str) -> SimpleNamespace:
         return SimpleNamespace(request_id=req_id, status=SimpleNamespace(name=status))
@@ -277,7 +294,25 @@ def test_finding_an_async_load_that_never_fits_stalls_vllm(version, async_schedu
     with ReplayWorker(version) as worker:
         replayed = replay_workload(worker, ReplayJob(version, async_scheduling, 0, raw, 0))
     assert replayed.category == "rejected, real bug", replayed.detail
-    assert "schedule() formed nothing from step 0" in replayed.detail
+    # r1's arrival at step 1 is new work (engine.py `_idle_after_step`): the idle counts from step 2
+    assert replayed.result["stalls"] == [{"step": 2, "until": 6, "unfinished": ["r0", "r1"]}]
+    assert replayed.detail.endswith("L2_no_deadlock")
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
+def test_vllms_stall_ended_by_an_abort_before_the_idle_count_is_a_real_bug(version):
+    require_venv(version)
+    from flightcheck.vllm.campaign import ReplayJob, replay_workload
+    from flightcheck.vllm.replay import ReplayWorker
+
+    raw = json.loads((DATA / f"{SHORT_STALL}.workload.json").read_text())
+    with ReplayWorker(version) as worker:
+        replayed = replay_workload(worker, ReplayJob(version, True, 0, raw, 0))
+    assert replayed.category == "rejected, real bug", replayed.detail
+    # two idle steps, then r0's abort: vLLM replayed without it ends stuck
+    assert replayed.result["stalls"] == [{"step": 10, "until": 12, "unfinished": ["r0"]}]
     assert replayed.detail.endswith("L2_no_deadlock")
 
 
