@@ -6,8 +6,10 @@ other step: one empty batch is always queued (`EngineCoreProc.has_work`,
 0.34.0 vllm/v1/engine/core.py, counts the batch queue, so vLLM spins for
 ever). With no input to come the run ends `stuck` after the idle steps; the
 fast-forward to the next input waits for the queued empty batches, which
-must not keep a run with nothing to come from ending. No vLLM: a scheduler
-that never schedules stands in for it.
+must not keep a run with nothing to come from ending. An idle that an
+input ends before the count is left for the replay to judge by running vLLM
+again without that input (run_endings.py `short_idle`, `stays_idle`). No
+vLLM: a scheduler that never schedules stands in for it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from flightcheck.vllm.engine import IDLE_STEPS_FOR_STUCK, BatchQueueEngineV033, run_busy_loop
+from flightcheck.vllm.run_endings import stays_idle
 from flightcheck.vllm.workload import ReplayConfig, RequestSpec, Workload
 
 MAX_STEPS = 200
@@ -72,3 +75,30 @@ def test_an_idle_run_steps_through_to_an_input_to_come_then_ends_stuck() -> None
     # each step took its empty batch (no jump over the queue to step 60), then the idle steps ended it
     assert engine.scheduler.calls == outcome.steps and 60 < outcome.steps <= 60 + 2 * IDLE_STEPS_FOR_STUCK
     assert outcome.ending == "stuck"
+
+
+def test_an_idle_an_input_ends_before_the_count_is_left_for_the_replay_to_judge() -> None:
+    # two idle steps, then an arrival: too short for the count, so no stall
+    # yet; the replay asks vLLM without that input (run_endings.py `short_idle`)
+    soon = RequestSpec("b", (1, 2, 3), max_tokens=1, arrival_step=2, abort_step=None, eos_probability=0.0,
+                       ignore_eos=True)
+    outcome, _, added = _idle_run((soon,))
+    assert added == ["b"] and outcome.ending == "stuck"
+    assert outcome.short_idles == [{"step": 0, "until": 2, "unfinished": ["a"], "batches": 0}]
+    assert outcome.stalls == []
+
+
+def test_no_short_idle_without_an_input_due() -> None:
+    outcome, _, _ = _idle_run()
+    assert outcome.short_idles == [] and outcome.ending == "stuck"
+
+
+def test_a_short_idle_is_a_stall_only_if_the_run_without_its_input_stays_idle() -> None:
+    idle = {"step": 3, "until": 5, "unfinished": ["r0"], "batches": 2}
+    batches = [{"r1": 4}, {"r1": 1}, {"r0": 9}]               # the run's: r0 admitted after the input
+    assert stays_idle(idle, {"ending": "stuck", "batches": batches[:2]}, batches)
+    assert not stays_idle(idle, {"ending": "done", "batches": batches[:2]}, batches)
+    # it formed a batch after the idle by itself (a prefill cadence's step), then stuck elsewhere
+    assert not stays_idle(idle, {"ending": "stuck", "batches": batches[:2] + [{"r0": 9}]}, batches)
+    # not the same run up to the idle
+    assert not stays_idle(idle, {"ending": "stuck", "batches": [{"r1": 4}, {"r1": 2}]}, batches)

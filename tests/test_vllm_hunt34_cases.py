@@ -80,6 +80,31 @@ case's name); each kept trace is vLLM's, its workload beside it.
   before it (check-trace: liveness unchecked, the known miss of such
   crashes); kept as a vLLM finding with its smallest workload
   (`prefix-hit-padded-past-long-prefill-threshold`, slow, `vllm`).
+* 0.33.0 async, `--all-features --spec-tokens 3 --stages 1`, seed 103
+  index 64 (`033_async_session_end_under_paused_all_calls_once`; 0.34.0
+  replays the workload alike): r1's streaming session ends while it waits
+  for its client, under PAUSED_ALL. vLLM's `Scheduler.add_request` finishes
+  it (`finish_requests(FINISHED_ABORTED)`; `_free_request` adds its id to
+  `finished_req_ids`), so `has_requests()` stays true and the engine calls
+  `schedule()` once more under PAUSED_ALL (empty batch 4, noted on the
+  pause event after). The `input` event stands for that finish and no
+  `finish` event follows, so the checker took no call to be due: it queued
+  that empty batch at batch 3's catch-up, ahead of batch 3, where the
+  queue was full when the call noted before batch 3's completion came; that
+  call never met r2's failed grammar, and vLLM's finish of r2 by
+  FINISHED_ERROR at batch 3's update was a false finish_decision. Ours: an
+  input that ends a session counts as a finish for that call
+  (verification/traces/sessions.py `_on_input`).
+* 0.33.0 async, the same flags, seed 103 index 27
+  (`033_async_short_stall_ended_by_an_abort`; 0.34.0 alike): Finding 6 on
+  a one-block pool: r0's async load never fits beside its spec step; after
+  r2 finishes, nothing is scheduled for two steps until r0's abort.
+  check-trace rejects L2_no_deadlock at r2's completion; the ground truth
+  named no stall, the idle being shorter than the busy loop's count (a
+  false verdict of the ground truth). Ours: an idle an input ends sooner
+  is asked of vLLM itself, by replaying the workload without the inputs
+  from there on (flightcheck/vllm/run_endings.py `short_idle`,
+  replay_worker.py `_stays_idle`): it ends `stuck`, so the idle is a stall.
 * `--reuse-ids`, seeds 104 index 48, 108 index 63 and 112 index 28 (sync
   and async): vLLM's "duplicate request id" assertion, the generator's
   error: the streaming sessions' feature moved the aborted request's
@@ -115,6 +140,8 @@ NEVER_FITS = "034_async_load_never_fits_beside_its_spec_step"
 STALL_ENDED_BY_ABORT = "034_sync_stall_ended_by_an_abort_seed101_75"
 PADDED_PAST_THRESHOLD = "prefix-hit-padded-past-long-prefill-threshold"
 FINISHED_IDS = "{}_async_finished_ids_keep_paused_calls_seed49_76"
+SESSION_END = "033_async_session_end_under_paused_all_calls_once_seed103_64"
+SHORT_STALL = "033_async_short_stall_ended_by_an_abort_seed103_27"
 
 
 def _events(stem: str) -> list[dict[str, Any]]:
@@ -193,6 +220,37 @@ def test_vllms_stall_behind_a_load_that_never_fits_is_rejected(stem, line):
     assert _verdict(_events(stem)) == (False, "L2_no_deadlock", line)
 
 
+def test_the_end_of_a_waiting_session_calls_schedule_once_under_paused_all():
+    assert _verdict(_events(SESSION_END)) == (True, None, None)
+
+
+def test_a_call_under_paused_all_with_no_finish_to_flush_is_rejected():
+    # the session's end after the pause's noted call: nothing was finished
+    # when vLLM called, so it would not have called (the checker leaves the
+    # call out, and batch 3's update meets no failed grammar)
+    events = _events(SESSION_END)
+    at = next(i for i, e in enumerate(events) if e["ev"] == "input")
+    end = events.pop(at)
+    events[at]["empty_batches_before"] = end.pop("empty_batches_before")      # onto the pause (all)
+    paused_call = next(i for i, e in enumerate(events)
+                       if any(n.get("empty_batch") == 4 for n in e.get("empty_batches_before", [])))
+    events.insert(paused_call + 1, end)
+    assert _verdict(events) == (False, "finish_decision", 20)
+
+
+def test_a_grammar_error_finished_with_no_call_meeting_it_is_rejected():
+    events = _events(SESSION_END)
+    batch3 = next(e for e in events if e["ev"] == "complete" and e.get("batch") == 3)
+    assert [n["ev"] for n in batch3.pop("empty_batches_before")] == ["schedule"]
+    assert _verdict(events) == (False, "finish_decision", 20)
+
+
+def test_a_stall_shorter_than_the_idle_count_is_rejected():
+    # check-trace's side of seed 103 index 27: after r2's completion nothing
+    # is in flight and r0's load never fits (the ground truth's: slow, below)
+    assert _verdict(_events(SHORT_STALL)) == (False, "L2_no_deadlock", 17)
+
+
 def _scheduler(pause: str = "UNPAUSED", session: bool = False) -> SimpleNamespace:
     def request(req_id: str, status: str) -> SimpleNamespace:
         return SimpleNamespace(request_id=req_id, status=SimpleNamespace(name=status))
@@ -236,7 +294,25 @@ def test_finding_an_async_load_that_never_fits_stalls_vllm(version, async_schedu
     with ReplayWorker(version) as worker:
         replayed = replay_workload(worker, ReplayJob(version, async_scheduling, 0, raw, 0))
     assert replayed.category == "rejected, real bug", replayed.detail
-    assert "schedule() formed nothing from step 0" in replayed.detail
+    # r1's arrival at step 1 is new work (engine.py `_idle_after_step`): the idle counts from step 2
+    assert replayed.result["stalls"] == [{"step": 2, "until": 6, "unfinished": ["r0", "r1"]}]
+    assert replayed.detail.endswith("L2_no_deadlock")
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
+def test_vllms_stall_ended_by_an_abort_before_the_idle_count_is_a_real_bug(version):
+    require_venv(version)
+    from flightcheck.vllm.campaign import ReplayJob, replay_workload
+    from flightcheck.vllm.replay import ReplayWorker
+
+    raw = json.loads((DATA / f"{SHORT_STALL}.workload.json").read_text())
+    with ReplayWorker(version) as worker:
+        replayed = replay_workload(worker, ReplayJob(version, True, 0, raw, 0))
+    assert replayed.category == "rejected, real bug", replayed.detail
+    # two idle steps, then r0's abort: vLLM replayed without it ends stuck
+    assert replayed.result["stalls"] == [{"step": 10, "until": 12, "unfinished": ["r0"]}]
     assert replayed.detail.endswith("L2_no_deadlock")
 
 
@@ -246,7 +322,8 @@ def test_finding_an_async_load_that_never_fits_stalls_vllm(version, async_schedu
                                                           (JOINT_FAILURES, False),
                                                           (SLACK_BATCHES, True),
                                                           (FINISHED_IDS.format("034"), True),
-                                                          (FINISHED_IDS.format("033"), True)])
+                                                          (FINISHED_IDS.format("033"), True),
+                                                          (SESSION_END, True)])
 def test_the_cases_replayed_on_vllm_are_accepted_correct_runs(stem, async_scheduling):
     version = "0.33.0" if stem.startswith("033") else "0.34.0"
     require_venv(version)

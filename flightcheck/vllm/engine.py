@@ -49,7 +49,7 @@ from typing import Any, Callable
 from .draft_handler import DraftHandler
 from .engine_truth import note_gated_completion, note_wait
 from .inputs import InputQueue
-from .run_endings import idle_ending, stalled_until_input, unfinished_requests
+from .run_endings import idle_an_input_ends, idle_ending, stalled_until_input, unfinished_requests
 from .workload import RequestSpec, Workload, draft_outcome, sampled_token
 
 
@@ -421,6 +421,8 @@ class RunOutcome:
     unfinished: list[str] = field(default_factory=list)
     # idles an input ended: {step, until, unfinished} (`stalled_until_input`)
     stalls: list[dict] = field(default_factory=list)
+    # shorter idles an input ended: a stall if vLLM stays idle without it (run_endings.py `short_idle`)
+    short_idles: list[dict] = field(default_factory=list)
 
 
 IDLE_STEPS_FOR_STUCK = 4              # steps that neither schedule nor complete, nothing to come
@@ -428,16 +430,19 @@ IDLE_STEPS_FOR_STUCK = 4              # steps that neither schedule nor complete
 
 def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
                   add_request: Callable[[RequestSpec], None], abort_request: Callable[[str], None],
-                  call_event: Callable[[Any], None] | None = None) -> RunOutcome:
+                  call_event: Callable[[Any], None] | None = None, inputs_before: int | None = None) -> RunOutcome:
     """vLLM's busy loop, with input delivered at the workload's steps
     (`InputQueue`). An abort `abort_via` the aborts queue (0.33) is handed
     to the engine while that step runs (`BatchQueueEngineV033.aborts_queue`);
     one the step did not apply is applied from the input queue before the
     next step. Inputs that arrive during a step's wait for output (0.34)
     are handed to an engine that handles them there (`wait_inputs`); the
-    rest are handed over from the input queue before the next step."""
-    inputs, step, idle = InputQueue(workload), 0, 0
+    rest are handed over from the input queue before the next step.
+    `inputs_before`: the inputs due from that step on never come."""
+    inputs, step, idle = InputQueue(workload, inputs_before), 0, 0
     stalls: list[dict] = []
+    short_idles: list[dict] = []
+    sessions = any(spec.session for spec in workload.requests)     # no stall judged (run_endings.py)
     scheduler = engine.scheduler
     bind = getattr(engine.model, "bind", None)
     during_step: list[str] = []
@@ -450,6 +455,7 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
             for handover in waiting:                       # from the input queue, in order
                 handover()
             waiting = []
+            short_idles.extend(idle_an_input_ends(engine, inputs, step, idle) if not sessions else [])
             due, during_step = len(inputs.pending), inputs.deliver(step, add_request, abort_request, bind, waiting,
                                                                    call_event)
             in_flight = engine.busy_while_in_flight and bool(engine.batch_queue)
@@ -461,30 +467,35 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
                     step = inputs.next_step()
                     continue
                 ending = "blocked_in_flight" if engine.batch_queue else "done"
-                return RunOutcome(ending, step, engine.batches_in_flight(), stalls=stalls)
+                return RunOutcome(ending, step, engine.batches_in_flight(), stalls=stalls, short_idles=short_idles)
             progressed, during_step, waiting = _step_with_inputs(engine, during_step, waiting)
             step += 1
-            idle = 0 if progressed or len(inputs.pending) < due else idle + 1    # an input handed over: new work
-            if getattr(engine, "transfers_in_flight", lambda: 0)() or engine.grammars_compiling():
-                idle = 0        # vLLM spins on has_requests() until a KV transfer or a grammar settles
+            idle = _idle_after_step(engine, progressed or len(inputs.pending) < due, idle)
             if idle >= IDLE_STEPS_FOR_STUCK and engine.batches_in_flight() == 0:
                 if not (inputs.pending or during_step or waiting):     # vLLM would spin for ever
                     ending, unfinished = idle_ending(scheduler, engine.batches_in_flight())
                     return RunOutcome(ending, step, engine.batches_in_flight() if unfinished else 0,
-                                      unfinished=unfinished, stalls=stalls)
+                                      unfinished=unfinished, stalls=stalls, short_idles=short_idles)
                 # to the next input, once each queued empty batch took its step (0.33/0.34 EngineCoreProc.has_work)
                 if not (engine.busy_while_in_flight and engine.batch_queue):
                     until = max(step, inputs.next_step() if inputs.pending else step)
-                    if not any(spec.session for spec in workload.requests):   # (run_endings.py: sessions)
-                        stalls.extend(stalled_until_input(scheduler, step - idle, until))
+                    stalls.extend(stalled_until_input(scheduler, step - idle, until) if not sessions else [])
                     step, idle = until, 0
                     continue
             if step >= workload.max_steps:
                 return RunOutcome("step_limit", step, engine.batches_in_flight(), unfinished=unfinished_requests(scheduler),
-                                  stalls=stalls)
+                                  stalls=stalls, short_idles=short_idles)
     except Exception as err:  # an exception inside vLLM ends the run, as it kills an engine core
         return RunOutcome("exception", step, engine.batches_in_flight(), exception=_where(err),
-                          unfinished=unfinished_requests(scheduler), stalls=stalls)
+                          unfinished=unfinished_requests(scheduler), stalls=stalls, short_idles=short_idles)
+
+
+def _idle_after_step(engine: BatchQueueEngine, new_work: bool, idle: int) -> int:
+    """The idle count after a step: none after new work (progress, an input), nor while a KV
+    transfer or a grammar is to settle (vLLM spins on has_requests() until it does)."""
+    if new_work or getattr(engine, "transfers_in_flight", lambda: 0)() or engine.grammars_compiling():
+        return 0
+    return idle + 1
 
 
 def _step_with_inputs(engine: BatchQueueEngine, during_step: list[str], waiting: list[Callable[[], None]]

@@ -26,7 +26,9 @@ class InputQueue:
 
     ARRIVE, ABORT, REARRIVE, SESSION_INPUT, EVENT = 0, 1, 2, 3, 4   # EVENT: a reset or a pause, after the step's requests
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, before: int | None = None) -> None:
+        """`before`: only the inputs due before that step (a replay that asks
+        whether an idle an input ended would have lasted without it)."""
         inputs = sorted([(spec.arrival_step, self.REARRIVE if spec.reuses_id else self.ARRIVE, spec.req_id, spec)
                          for spec in workload.requests]
                         + [(spec.abort_step, self.ABORT, spec.req_id, spec) for spec in workload.requests
@@ -34,11 +36,15 @@ class InputQueue:
                         + session_inputs(workload, self.SESSION_INPUT)
                         + [(event.step, self.EVENT, "", event) for event in workload.events],
                         key=lambda x: (x[0], x[1]))
-        self.pending = deque(inputs)
+        self.pending = deque(x for x in inputs if before is None or x[0] < before)
 
     def next_step(self) -> int:
         """The step of the next input (there is one)."""
         return self.pending[0][0]
+
+    def due(self, step: int) -> bool:
+        """Whether an input is due by `step`."""
+        return bool(self.pending) and self.pending[0][0] <= step
 
     def deliver(self, step: int, add_request: Callable[[RequestSpec], None], abort_request: Callable[[str], None],
                 bind: Callable[[RequestSpec], None] | None,

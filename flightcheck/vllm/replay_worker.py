@@ -103,6 +103,7 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 from . import RECORDER, grammar_replay, kv_replay, lora_replay, priority_workload  # noqa: E402
 from .reset_pause_workload import call_event  # noqa: E402
 from .compat import resolve_obj_by_qualname  # noqa: E402
+from .run_endings import stays_idle  # noqa: E402
 from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV034,  # noqa: E402
                      FabricatedModel, run_busy_loop)
 from .grammar_recording import STRUCTURED_ENV  # noqa: E402
@@ -348,6 +349,16 @@ def _set_recorder_environment(workload: Workload, trace_path: str | None) -> Non
     os.environ[PROMPT_LOGPROBS_ENV] = "1" if any(asks_prompt_logprobs(s) for s in workload.requests) else "0"
 
 
+def _scheduler_class(job: dict[str, Any], workload: Workload, recording: bool) -> type:
+    """The job's scheduler class (a recorder unless the job records nothing)."""
+    qualified_name = job.get("scheduler_cls") or (
+        RECORDER if recording else PLAIN_ASYNC_SCHEDULER if workload.config.async_scheduling else PLAIN_SCHEDULER)
+    scheduler_class = resolve_obj_by_qualname(qualified_name)
+    if recording and not issubclass(scheduler_class, RecordingMixin):
+        raise TypeError(f"{qualified_name} resolves to {scheduler_class}, not a recorder")
+    return scheduler_class
+
+
 def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]:
     workload = workload_from_json(job["workload"])
     assert RELEASE is not None
@@ -356,13 +367,8 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     recording = job.get("recorder", True)
     trace_path = job.get("trace") if recording else None
     _set_recorder_environment(workload, trace_path)
-    qualified_name = job.get("scheduler_cls") or (
-        RECORDER if recording else PLAIN_ASYNC_SCHEDULER if workload.config.async_scheduling else PLAIN_SCHEDULER)
-    scheduler_class = resolve_obj_by_qualname(qualified_name)
-    if recording and not issubclass(scheduler_class, RecordingMixin):
-        raise TypeError(f"{qualified_name} resolves to {scheduler_class}, not a recorder")
     transfers = kv_replay.start(workload)                  # the KV connector's ledger (None: none)
-    scheduler = factory.build(scheduler_class, workload.config)
+    scheduler = factory.build(_scheduler_class(job, workload, recording), workload.config)
     grammars = grammar_replay.start(workload, scheduler)       # the fabricated grammar backend (None: none)
     if recording and scheduler._fc_trace is not None:
         scheduler._fc_trace.record_time = False          # replays are deterministic, times are not
@@ -390,11 +396,15 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         if not update:     # an update's grammar, compiled too, is never read (`_update_request_as_session`)
             grammar_replay.after_add(grammars, spec, request)       # EngineCore.add_request -> grammar_init
 
-    outcome = run_busy_loop(engine, workload, add, abort, _event_caller(scheduler) if workload.events else None)
+    outcome = run_busy_loop(engine, workload, add, abort, _event_caller(scheduler) if workload.events else None,
+                            job.get("inputs_before"))
     if recording:
         # A run cut short by an exception has no end: the trace stops where vLLM did.
         scheduler.flightcheck_end(complete=outcome.ending != "exception" and outcome.ending != "step_limit")
     observations = scheduler.flightcheck_observations.to_json() if recording else None
+    confirmed = [{key: value for key, value in idle.items() if key != "batches"}
+                 for idle in outcome.short_idles if _stays_idle(factory, job, idle, engine.batches)]
+    stalls = sorted(outcome.stalls + confirmed, key=lambda stall: stall["step"])
     return {
         "name": workload.name, "vllm_version": vllm.__version__, "recorder": recording,
         "scheduler_cls": f"{type(scheduler).__module__}.{type(scheduler).__qualname__}",
@@ -402,12 +412,22 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         "async_scheduling": bool(getattr(scheduler.scheduler_config, "async_scheduling", False)),
         "batch_queue_depth": getattr(engine, "depth", workload.config.num_stages),
         "ending": outcome.ending, "steps": outcome.steps, "batches_in_flight": outcome.batches_in_flight,
-        "exception": outcome.exception, "unfinished": outcome.unfinished, "stalls": outcome.stalls,
+        "exception": outcome.exception, "unfinished": outcome.unfinished, "stalls": stalls,
         "ground_truth": observations, "batches": engine.batches,
         "outputs": [list(x) for x in engine.outputs], "trace": trace_path, **_engine_report(engine, model),
         **({"kv_reports": kv_worker.reports} if kv_worker is not None else {}),
         **({"grammars": grammars.report()} if grammars is not None else {}),
     }
+
+
+def _stays_idle(factory: SchedulerFactory, job: dict[str, Any], idle: dict[str, Any],
+                batches: list[dict[str, int]]) -> bool:
+    """Whether vLLM, given no input from the end of a short idle on
+    (run_endings.py `short_idle`), would have stayed idle: the workload
+    replayed again, unrecorded, with the inputs from that step on cut."""
+    if job.get("inputs_before") is not None:     # a run asking this already: its own short idles are not judged
+        return False
+    return stays_idle(idle, replay_one(factory, {**job, "trace": None, "inputs_before": idle["until"]}), batches)
 
 
 def _engine_report(engine: BatchQueueEngine, model: FabricatedModel) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """How a replay's busy loop reads an idle engine (engine.py `run_busy_loop`):
 the requests still unfinished, an idle that only the next input ends (a
-stall: vLLM's ground truth, replay.py `findings`), and how a run ends that
-idles with no input to come. Standard library only."""
+stall: vLLM's ground truth, replay.py `findings`; one shorter than the idle
+count is judged by a replay without that input, `short_idle`), and how a
+run ends that idles with no input to come. Standard library only."""
 
 from __future__ import annotations
 
@@ -33,6 +34,37 @@ def stalled_until_input(scheduler: Any, since: int, until: int) -> list[dict]:
         # --stages 1 async, idled so before its session arrived: open)
         return []
     return [{"step": since, "until": until, "unfinished": unfinished}]
+
+
+def short_idle(scheduler: Any, batches_formed: int, since: int, until: int) -> list[dict]:
+    """An idle shorter than the busy loop's count that an input ends, where
+    `stalled_until_input` would judge a longer one: a stall only if vLLM,
+    given no input from `until` on, would never have formed a batch again.
+    The idle count cannot tell (a prefill cadence or a decode stagger idles
+    a step or two and goes on), so the replay asks vLLM itself: it runs the
+    workload again with the inputs cut at `until` (replay_worker.py
+    `_stays_idle`). `batches` is how many batches vLLM had formed by then.
+    (vLLM 0.33.0 async, --all-features --spec-tokens 3 seed 103 index 27:
+    Finding 6's never-admitted load idled two steps before its abort.)"""
+    return [{**stall, "batches": batches_formed} for stall in stalled_until_input(scheduler, since, until)]
+
+
+def stays_idle(idle: dict, rerun: dict[str, Any], batches: list[dict[str, int]]) -> bool:
+    """Whether the replay with the inputs from `idle`'s end on cut
+    (replay_worker.py `_stays_idle`) shows vLLM idle for good: it ended
+    `stuck` having formed the run's batches up to the idle and no more (a
+    replay is deterministic: the same batches up to there say it is the
+    same run). `batches`: the run's, as the engine formed them."""
+    return rerun["ending"] == "stuck" and rerun["batches"] == batches[:idle["batches"]]
+
+
+def idle_an_input_ends(engine: Any, inputs: Any, step: int, idle: int) -> list[dict]:
+    """An idle of fewer steps than the busy loop's count, with nothing in
+    flight, that an input due now is about to end (`short_idle`), read before
+    the input changes the scheduler (engine.py `run_busy_loop`)."""
+    if not idle or not inputs.due(step) or engine.batches_in_flight():
+        return []
+    return short_idle(engine.scheduler, len(engine.batches), step - idle, step)
 
 
 def idle_ending(scheduler: Any, batches_in_flight: int) -> tuple[str, list[str]]:

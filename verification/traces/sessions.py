@@ -33,6 +33,7 @@ class SessionEvents:
     _apply: Callable[..., None]
     _violation: Callable[[str, str], Exception]
     _quoted_name: Callable[[int], str]
+    finished_unflushed: bool
 
     def _open_session(self, r: int, event: dict[str, Any]) -> None:
         """A `resumable` arrival: r is a session whose inputs the trace gives
@@ -67,6 +68,12 @@ class SessionEvents:
                                       "session is written `end_of_session: true`)")
         self.state = self.state.with_request(r, inputs_to_send=(sent,))
         self._apply(SendInput(r), step(self.state, self.cfg, SendInput(r)), "input")
+        if self.state.requests[r].status.is_finished:
+            # the end of a session that waited for input: vLLM 0.33.0/0.34.0 `Scheduler.add_request`
+            # finishes it (`finish_requests` -> `_free_request` adds its id to `finished_req_ids`), so
+            # `has_requests()` stays true and the engine calls schedule() once more, even under
+            # PAUSED_ALL, as after a finish event (asynchronous.py `_empty_call`)
+            self.finished_unflushed = True
 
     def _session_table(self, r: int) -> tuple[int, ...]:
         """The table a session's next turn is admitted with before this
