@@ -51,8 +51,12 @@ with its workload):
   raises (`num_stale_output_tokens >= 0`) before the replay's ground truth
   read the counters, so it named nothing and the differential nothing
   either. The recorder now reads them when vLLM raises (recording.py). The
-  trace still shows that completion as dropped and stale, which check-trace
-  accepts: a miss the campaign names (`accepted, MISSED bug`), open.
+  trace shows that completion as dropped and stale (counted against a
+  stale share), which check-trace accepted (`accepted, MISSED bug`) until it
+  read `stale` for an older incarnation: the only share the older batch can
+  have drained is the new r2's (verification/traces/incarnations.py), so
+  the completion is rejected there, as IF2 (0.33.0's trace, kept beside it,
+  the same).
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ from typing import Any
 
 import pytest
 
-from flightcheck.verification.traces.check import MalformedTrace, check_trace
+from flightcheck.verification.traces.check import MalformedTrace, check_events, check_trace
 from flightcheck.vllm.campaign import check_verdict, verdict
 from flightcheck.vllm.differential import (compare, decisions, first_difference, profile_for, read_trace,
                                            run_reference)
@@ -183,6 +187,57 @@ def test_an_older_batch_that_drains_a_reset_requests_share_below_0_is_the_id_reu
     assert comparison.explained and comparison.deviation == "reused_id_output_dropped", comparison.describe()
     truthless = {**result, "ground_truth": {}}          # what the replay said before it read the counters
     assert not compare(raw["name"], truthless, events, run_reference(raw, PROFILE), conforming).explained
+
+
+RESET_ASSERT_TRACES = [REUSE / f"{release}-async-reused-id-reset-stale-assert-seed52_70.jsonl"
+                       for release in ("034", "033")]
+
+
+@pytest.mark.parametrize("trace", RESET_ASSERT_TRACES, ids=lambda path: path.name[:3])
+def test_check_trace_rejects_the_older_batch_counted_against_the_new_requests_stale_share(trace: Path) -> None:
+    _, result, _ = kept(RESET_ASSERT)
+    events = read_trace(trace)
+    last = events[-1]
+    assert (last["ev"], last["batch"], last["dropped"], last["stale"]) == ("complete", 5, ["r2"], ["r2"])
+    check = check_verdict(trace)
+    assert (check["ok"], check["property"], check["line"]) == (False, "IF2_stale_counter", len(events)), check
+    assert "share (2 tokens) drops to -4" in check["message"]
+    assert verdict(result, check)[0] == "rejected, real bug"
+
+
+def test_the_same_completion_dropped_without_a_stale_share_and_a_reset_beside_own_outputs_are_legal() -> None:
+    """The converse: the older batch dropped and counted against no share
+    (what a scheduler with an incarnation check writes) is legal, and so are
+    vLLM's runs whose reset left a request's own outputs in flight, each
+    listed in `stale` when it returned (tests/test_feature_pairs.py)."""
+    events = read_trace(RESET_ASSERT_TRACES[0])
+    unbound = events[:-1] + [{k: v for k, v in events[-1].items() if k != "stale"}]
+    said = check_events(unbound)
+    assert said.ok and said.events == len(events), said
+    for name in ("034_async_priority_reset_order", "033_reset_takes_tables_again"):
+        trace = DATA / "pairs" / f"{name}.jsonl"
+        own = read_trace(trace)
+        resets = [i for i, e in enumerate(own) if e["ev"] == "reset" and e.get("preempted")]
+        assert any(e["ev"] == "complete" and e.get("stale") for e in own[resets[0]:]), name
+        check = check_verdict(trace)
+        assert check["ok"], check
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
+def test_vllm_drains_the_reset_share_below_0_and_check_trace_rejects_it_there(version: str, tmp_path: Path) -> None:
+    require_venv(version)
+    raw, _, _ = kept(RESET_ASSERT)
+    trace = tmp_path / "trace.jsonl"
+    from flightcheck.vllm import ASYNC_RECORDER
+    with ReplayWorker(version) as worker:
+        replayed = worker.replay(raw, trace=str(trace), scheduler_cls=ASYNC_RECORDER)
+    assert replayed["ending"] == "exception" and "num_stale_output_tokens >= 0" in replayed["exception"]
+    events = read_trace(trace)
+    check = check_verdict(trace)
+    assert (check["ok"], check["property"], check["line"]) == (False, "IF2_stale_counter", len(events)), check
+    assert verdict(replayed, check)[0] == "rejected, real bug"
 
 
 @pytest.mark.vllm

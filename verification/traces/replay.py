@@ -52,6 +52,7 @@ from flightcheck.spec.schedule import Scheduled, is_empty_step
 from .asynchronous import EMPTY_BATCH, AsyncScheduling
 from .connector import ConnectorEvents, prompt_offer
 from .grammar import GrammarEvents
+from .incarnations import IncarnationOutputs
 from .drafts import DraftHandOff
 from .configuration import config_from_event, modelled_pool
 from .engine_steps import EngineSteps
@@ -80,7 +81,7 @@ class EventsDropped(MalformedTrace):
 
 
 class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, ResetPauseEvents, GrammarEvents,
-                   SessionEvents):
+                   SessionEvents, IncarnationOutputs):
     """Replays events one by one on the spec; `feed` raises _Violation."""
 
     def __init__(self, events: list[dict[str, Any]], profile: str | None = None) -> None:
@@ -416,6 +417,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             raise _Violation("S7_fifo_completion", f"batch {event['batch']} completed before the oldest, {oldest}")
         tokens = event.get("tokens", {})
         dropped = set(event.get("dropped", []))
+        stale = set(event.get("stale", []))          # the vLLM recorder's key: counted against a stale share
         next_drafts = event.get("next_drafts", {})
         batch = self.state.in_flight[0]
         sampling = {e.req for e in sampling_entries(self.state, self.cfg)}
@@ -435,18 +437,8 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
                 what = "a partial prefill chunk" if e.fate.value == "live" else "a superseded entry"
                 raise _Violation("S5_one_sample_per_prefill" if e.fate.value == "live" else "S7_output_binding",
                                  f"tokens of {what} of {name} were applied")
-            elif not returned and name not in dropped and self._name_held_by_another(e.req):
-                # vLLM 0.33 looks the output up by name: the newer incarnation's
-                # in-flight counter drops by tokens none of its own batches
-                # carried (the id-reuse bug, with no token to show for it). A
-                # scheduler that dropped the output says so in `dropped`.
-                holder = self.slot[name]
-                raise _Violation("IF1_in_flight_counter",
-                                 f"an older {name}'s batch ({e.n} tokens, no token sampled) completes "
-                                 f"while a newer {name} holds the name: looked up by name, the newer "
-                                 f"one's in-flight counter drops to "
-                                 f"{self.state.requests[holder].num_in_flight - e.n}, which its own "
-                                 f"batches in flight do not account for (not listed in `dropped`)")
+            else:                                      # incarnations.py
+                self._check_older_incarnation(e, bool(returned), name in dropped, name in stale)
         before = self.state
         after = complete_oldest(self.state, self.cfg, tuple(samples), dropped=frozenset(dropped_orphans))
         if after is None:
@@ -456,16 +448,6 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         self._apply(CompleteOldest(tuple(samples)), after, "complete")
         for r in self._newly_finished(before, after):
             self.finished_now[r] = after.requests[r].status
-
-    def _name_held_by_another(self, r: int) -> bool:
-        """Whether r's name is held now by another, unfinished incarnation
-        (the name was reused while r's batches were in flight), under a
-        profile that looks outputs up by name (vLLM 0.33): that request is
-        where vLLM binds r's output, counters included."""
-        if not self.cfg.rules.stale_output_counters:
-            return False
-        holder = self.slot.get(self._name(r))
-        return holder is not None and holder != r and self.state.requests[holder].status.is_active
 
     def _newly_finished(self, before: State, after: State) -> list[int]:
         """The requests a completion finished, in arrival order."""
