@@ -419,7 +419,7 @@ class RunOutcome:
     batches_in_flight: int
     exception: str | None = None
     unfinished: list[str] = field(default_factory=list)
-    # idles an input ended: {step, until, unfinished} (`stalled_until_input`)
+    # idles an input ended: {step, until, unfinished[, parked]} (`stalled_until_input`)
     stalls: list[dict] = field(default_factory=list)
 
 
@@ -450,6 +450,7 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
             for handover in waiting:                       # from the input queue, in order
                 handover()
             waiting = []
+            stalls.extend(_stall_an_input_ends(engine, inputs, step, idle))
             due, during_step = len(inputs.pending), inputs.deliver(step, add_request, abort_request, bind, waiting,
                                                                    call_event)
             in_flight = engine.busy_while_in_flight and bool(engine.batch_queue)
@@ -475,8 +476,7 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
                 # to the next input, once each queued empty batch took its step (0.33/0.34 EngineCoreProc.has_work)
                 if not (engine.busy_while_in_flight and engine.batch_queue):
                     until = max(step, inputs.next_step() if inputs.pending else step)
-                    if not any(spec.session for spec in workload.requests):   # (run_endings.py: sessions)
-                        stalls.extend(stalled_until_input(scheduler, step - idle, until))
+                    stalls.extend(stalled_until_input(scheduler, step - idle, until))
                     step, idle = until, 0
                     continue
             if step >= workload.max_steps:
@@ -485,6 +485,16 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
     except Exception as err:  # an exception inside vLLM ends the run, as it kills an engine core
         return RunOutcome("exception", step, engine.batches_in_flight(), exception=_where(err),
                           unfinished=unfinished_requests(scheduler), stalls=stalls)
+
+
+def _stall_an_input_ends(engine: BatchQueueEngine, inputs: InputQueue, step: int, idle: int) -> list[dict]:
+    """The stall an input due now ends, stepped through: under async scheduling
+    each idle step queues an empty batch (0.33/0.34 `EngineCoreProc.has_work`
+    counts the batch queue), so run_busy_loop never fast-forwards past it."""
+    if idle < IDLE_STEPS_FOR_STUCK or engine.batches_in_flight() or not engine.busy_while_in_flight \
+            or not engine.batch_queue or not inputs.pending or inputs.next_step() > step:
+        return []
+    return stalled_until_input(engine.scheduler, step - idle, step)
 
 
 def _step_with_inputs(engine: BatchQueueEngine, during_step: list[str], waiting: list[Callable[[], None]]
