@@ -72,3 +72,12 @@ def test_an_idle_run_steps_through_to_an_input_to_come_then_ends_stuck() -> None
     # each step took its empty batch (no jump over the queue to step 60), then the idle steps ended it
     assert engine.scheduler.calls == outcome.steps and 60 < outcome.steps <= 60 + 2 * IDLE_STEPS_FOR_STUCK
     assert outcome.ending == "stuck"
+
+
+def test_the_idle_an_input_ends_is_read_as_a_stall_where_the_loop_steps_through_it() -> None:
+    # an empty batch stays queued, so the loop takes each step to the input
+    # (no fast-forward); the input ends the idle: one stall, from the start
+    late = RequestSpec("b", (1, 2, 3), max_tokens=1, arrival_step=60, abort_step=None, eos_probability=0.0,
+                       ignore_eos=True)
+    outcome, _, _ = _idle_run((late,))
+    assert outcome.stalls == [{"step": 0, "until": 60, "unfinished": ["a"]}]
