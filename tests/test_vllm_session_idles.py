@@ -16,8 +16,9 @@ The kept traces (tests/data/vllm/session-idles/, vLLM 0.34.0):
 * `034_async_only_a_parked_session_seed108_45`: campaign `--versions
   0.34.0,0.33.0 --all-features --async --seed 108` index 45: r1's turn ends
   and it parks; the empty batches still queued keep the engine stepping
-  while nothing else is unfinished. The case the lead saw as seed 108
-  index 76 (an older numbering), which the ground truth called a stall.
+  while nothing else is unfinished: a stall to a ground truth that counts
+  r1 (it sits in `kv_holding_waiting`) once the workload-wide exemption
+  is gone; vLLM's `get_num_unfinished_requests` does not count it.
 * `034_async_parked_session_holds_the_blocks_seed108_31`: `--stages 1`
   index 31: r1 parks holding 6 of 17 blocks; r0 needs 12 free for its whole
   sequence (`scheduler_reserve_full_isl`) and 11 are: it waits for r1's
@@ -37,6 +38,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -47,7 +49,10 @@ from flightcheck.spec.schedule import is_empty_step, schedule
 from flightcheck.verification.traces.check import check_trace
 from flightcheck.verification.traces.reading import read_trace_file
 from flightcheck.verification.traces.replay import TraceChecker, _Violation
+from flightcheck.vllm.campaign import Replayed, ReplayJob, replay_workload, with_async_scheduling
 from flightcheck.vllm.run_endings import stalled_until_input
+
+from .vllm_support import Workers, workers
 
 pytestmark = pytest.mark.usefixtures("both_checkers")
 
@@ -185,3 +190,43 @@ def test_the_kept_workloads_are_the_ones_the_traces_ran() -> None:
         raw = json.loads((DATA / workload).read_text())
         arrivals = [e["req"] for e in _events(stem) if e["ev"] == "arrive"]
         assert sorted(set(arrivals)) == sorted(r["id"] for r in raw["requests"])
+
+
+# --- on vLLM itself (slow): the kept workloads, the ground truth and check-trace together
+
+
+@pytest.fixture(scope="module")
+def running() -> Iterator[Workers]:
+    yield from workers()
+
+
+def _replayed(running: Workers, version: str, async_scheduling: bool, workload: str) -> Replayed:
+    raw = json.loads((DATA / workload).read_text())
+    raw = with_async_scheduling(raw) if async_scheduling else raw
+    return replay_workload(running[version], ReplayJob(version, async_scheduling, 0, raw, raw.get("seed", 0)))
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_vllm_stalls_beside_a_parked_session_and_both_sides_say_so(running: Workers, version: str,
+                                                                    async_scheduling: bool) -> None:
+    stalled = _replayed(running, version, async_scheduling, "session-stall-beside-a-parked-session.json")
+    assert [(s["unfinished"], s.get("parked"), s["until"]) for s in stalled.result["stalls"]] == [
+        (["a", "b"], ["c"], 10)]                                      # until b's abort
+    assert stalled.category == "rejected, real bug", stalled.detail
+    assert stalled.detail.endswith("L2_no_deadlock"), stalled.detail
+    waited = _replayed(running, version, async_scheduling, "session-parked-holds-the-seat.json")
+    assert waited.result["stalls"] == [] and waited.result["ending"] == "done"
+    assert waited.category == "accepted, correct run", waited.detail
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("stem", [ONLY_PARKED, HOLDS_BLOCKS])
+def test_vllm_waits_for_a_parked_sessions_client_in_the_kept_campaign_runs(running: Workers, stem: str) -> None:
+    replayed = _replayed(running, "0.34.0", True, f"{stem}.workload.json")
+    assert replayed.result["stalls"] == [] and replayed.result["ending"] == "done"
+    assert replayed.category == "accepted, correct run", replayed.detail
+    assert replayed.comparison is not None and replayed.comparison.equal, replayed.comparison.describe()
