@@ -243,7 +243,8 @@ def test_finding_an_async_load_that_never_fits_stalls_vllm(version, async_schedu
     with ReplayWorker(version) as worker:
         replayed = replay_workload(worker, ReplayJob(version, async_scheduling, 0, raw, 0))
     assert replayed.category == "rejected, real bug", replayed.detail
-    assert "schedule() formed nothing from step 0" in replayed.detail
+    # from step 2: the step that handed r1's arrival over (step 1) is progress (755d38c)
+    assert "schedule() formed nothing from step 2" in replayed.detail
     assert replayed.detail.endswith("L2_no_deadlock")
 
 
