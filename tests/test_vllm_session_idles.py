@@ -50,6 +50,7 @@ from flightcheck.verification.traces.check import check_trace
 from flightcheck.verification.traces.reading import read_trace_file
 from flightcheck.verification.traces.replay import TraceChecker, _Violation
 from flightcheck.vllm.campaign import Replayed, ReplayJob, replay_workload, with_async_scheduling
+from flightcheck.vllm.replay import findings
 from flightcheck.vllm.run_endings import stalled_until_input
 
 from .vllm_support import Workers, workers
@@ -130,6 +131,12 @@ def test_a_request_that_runs_is_not_held_by_a_parked_session() -> None:
     parked = [_request("s", "WAITING_FOR_STREAMING_REQ", computed=4)]
     assert stalled_until_input(_vllm([], parked, free=0, seats=2, running=running), 2, 6) == [
         {"step": 2, "until": 6, "unfinished": ["x"], "parked": ["s"]}]
+
+
+def test_the_finding_names_the_parked_sessions_beside_the_stall() -> None:
+    (found,) = findings({"ending": "done", "stalls": [{"step": 4, "until": 10, "unfinished": ["a", "b"],
+                                                       "parked": ["c"]}]})
+    assert "a, b unfinished (beside c, parked for input), until an input at step 10" in found
 
 
 # --- check-trace on vLLM's kept traces
