@@ -116,6 +116,8 @@ def test_parked_sessions_holding_every_seat_is_their_clients_wait() -> None:
     assert stalled_until_input(_vllm(waiting, parked, free=8, seats=1), 2, 6) == []
     assert stalled_until_input(_vllm(waiting, parked, free=0, seats=2, held=1), 2, 6) == [
         {"step": 2, "until": 6, "unfinished": ["r"], "parked": ["s"]}]    # a free seat, and 1 block of 4
+    assert stalled_until_input(_vllm(waiting, parked, free=1, seats=1, held=1), 2, 6) == [
+        {"step": 2, "until": 6, "unfinished": ["r"], "parked": ["s"]}]    # its seat, but 2 blocks of 4
 
 
 def test_parked_sessions_blocks_are_their_clients_wait_only_where_they_would_admit_the_head() -> None:

@@ -14,10 +14,11 @@ session (`add_request` with no update: `finish_requests(FINISHED_ABORTED)`)
 gives both back; a next turn runs and parks again, holding them anew.
 
 So with nothing running (every unfinished request waits for the waiting
-loop, which never preempts) the parked sessions hold the way when they
-fill the seats, or when the head of the waiting loop's queues cannot get
-the blocks its next chunk needs from the free pool but could with theirs
-(`allocate_slots` returns None and the loop breaks). A request that runs
+loop, which never preempts) the parked sessions hold the way when the head
+of the waiting loop's queues could be admitted with their seats and blocks
+given back, and they fill the seats, or the head cannot get the blocks it
+needs from the free pool alone (`allocate_slots` returns None and the loop
+breaks). A request that runs
 is not stopped by either (the running loop counts no seat, and preempts
 when blocks are short): such an idle is a stall whatever is parked.
 
@@ -50,15 +51,14 @@ def parked_sessions_hold_the_way(scheduler: Any) -> bool:
     parked = [r for r in scheduler.requests.values() if getattr(r.status, "name", "") == PARKED]
     if not parked or scheduler.running:
         return False
-    seats = getattr(scheduler, "max_num_active_reqs", None) or getattr(scheduler, "max_num_running_reqs", None)
-    if seats is not None and len(parked) >= seats:
-        return True                            # nothing runs: the parked sessions hold every seat
     manager, head = scheduler.kv_cache_manager, admission_head(scheduler)
     if head is None:
         return False
-    free = int(manager.block_pool.get_num_free_blocks())
-    need = blocks_to_admit(scheduler, head)
-    return free < need <= free + blocks_only_parked_hold(manager, parked)
+    free, need = int(manager.block_pool.get_num_free_blocks()), blocks_to_admit(scheduler, head)
+    if need > free + blocks_only_parked_hold(manager, parked):
+        return False                           # their end would not admit the head either
+    seats = getattr(scheduler, "max_num_active_reqs", None) or getattr(scheduler, "max_num_running_reqs", None)
+    return (seats is not None and len(parked) >= seats) or free < need    # their seats, or their blocks
 
 
 def admission_head(scheduler: Any) -> Any | None:
