@@ -4,8 +4,28 @@ moves on) and drain (the oldest batch in flight can always complete).
 
 Abstracted away: time. "Moves on" is one schedule call (within the decode
 stagger's calls under async scheduling); the environment's own waits (a KV
-transfer to report, a grammar compiling, a streaming session's client) make
-L2 hold vacuously, since the scheduler may have to wait for them.
+transfer to report, a grammar compiling) make L2 hold vacuously, since the
+scheduler may have to wait for them.
+
+A streaming session's client is the environment too, but only for what its
+parked session holds (`_waits_on_a_client`). An idle with a session parked
+in WAITING_FOR_STREAMING_REQ is the client's (not a stall) when
+* nothing but parked sessions is unfinished: vLLM's
+  `get_num_unfinished_requests` (0.33.0/0.34.0 scheduler.py) leaves them
+  out, so the engine does not even step until an input comes; or
+* nothing runs and every request waits for admission, and the end of the
+  parked sessions would let schedule move on: what stops the waiting loop
+  is the seats they hold (`Scheduler.schedule`: `len(self.running) +
+  self.num_waiting_for_streaming_input >= max_num_active_reqs`) or their
+  KV blocks (`_handle_stopped_request` frees none; the waiting loop's
+  `allocate_slots` fails and it breaks), which only their clients give
+  back (the next turn runs and parks again; the end frees them).
+Any other idle is a stall, a session parked or not: a running request not
+scheduled (the running loop reads neither the seat count nor a parked
+session's blocks: it preempts when blocks are short), or a waiting request
+that the parked sessions' seats and blocks, given back, would still not
+admit (blocks held by sessions whose next input already came, a seat
+counted for no slot, ...).
 """
 
 from __future__ import annotations
@@ -15,22 +35,48 @@ from dataclasses import replace
 from .grammar import grammar_compiling
 from .kv_invariants import moves_a_load, transfers_in_flight
 from .reset_pause import num_unfinished_requests
-from .sessions import waiting_for_input
+from .sessions import end_parked_sessions, waiting_for_input
 from .config import Config
 from .state import State
 
 
 def l2_no_deadlock(s: State, cfg: Config) -> bool:
-    """L2 as safety: with nothing in flight and a request unfinished, schedule is enabled and forms a batch or preempts (with a KV connector: nothing in flight includes no load or send to be reported; with streaming sessions: no session waiting for input; with structured output, no grammar compiling)."""
-    from .schedule import is_empty_step, schedule
+    """L2 as safety: with nothing in flight and a request unfinished, schedule is enabled and forms a batch or preempts (with a KV connector: nothing in flight includes no load or send to be reported; with streaming sessions: unless nothing runs and the end of the sessions waiting for input would let it move on; with structured output, no grammar compiling)."""
     if any(s.in_flight) or not num_unfinished_requests(s) or _waits_on_environment(s):
         return True
-    if waiting_for_input(s):              # a session waits for its client: so may the scheduler
-        return True
-    # vLLM 0.33's empty batches change nothing when they complete: the state
-    # they drain to must form a batch or preempt (or start or promote a KV load)
+    return _moves_on(s, cfg) or (_waits_on_a_client(s) and _moves_on(_parked_ended(s, cfg), cfg))
+
+
+def _moves_on(s: State, cfg: Config) -> bool:
+    """One schedule call from s, its empty batches drained, forms a batch or
+    preempts, or moves a wait on. (vLLM 0.33's empty batches change nothing
+    when they complete: the state they drain to must form a batch or preempt,
+    or start or promote a KV load.)"""
+    from .schedule import is_empty_step, schedule
     scheduled = schedule(replace(s, in_flight=()), cfg)
     return not is_empty_step(scheduled) or (scheduled is not None and _moves_a_wait(s, scheduled.state))
+
+
+def _waits_on_a_client(s: State) -> bool:
+    """A session waits for its client's input while nothing runs: every
+    unfinished request waits for the waiting loop, whose admission the
+    parked sessions' seats and blocks can stop (module docstring)."""
+    return not s.running and waiting_for_input(s) > 0
+
+
+def parked_sessions_hold_the_way(s: State, cfg: Config) -> bool:
+    """The idle of s is the clients' wait of the module docstring's second
+    case: nothing runs, a session is parked, and with the parked sessions
+    ended schedule moves on within stagger + 1 calls (trace checker: a run
+    that ends so is no stall either)."""
+    return _waits_on_a_client(s) and _moves_on_within_stagger(_parked_ended(s, cfg), cfg)
+
+
+def _parked_ended(s: State, cfg: Config) -> State:
+    """s after the clients of the parked sessions ended them (what they hold
+    given back), nothing in flight."""
+    from .actions import finish_request
+    return end_parked_sessions(replace(s, in_flight=()), cfg, finish_request)
 
 
 def _waits_on_environment(s: State) -> bool:
@@ -57,12 +103,16 @@ def l3_drain(s: State, cfg: Config) -> bool:
 
 
 def l2_async_no_deadlock(s: State, cfg: Config) -> bool:
-    """L2 under async: with nothing in flight and a request unfinished, schedule forms a batch or preempts within stagger + 1 calls, the empty batches between draining at once (with a KV connector: nothing in flight includes no load or send to be reported; with structured output, no grammar compiling)."""
-    from .schedule import is_empty_step, schedule
+    """L2 under async: with nothing in flight and a request unfinished, schedule forms a batch or preempts within stagger + 1 calls, the empty batches between draining at once (with a KV connector: nothing in flight includes no load or send to be reported; with streaming sessions: unless nothing runs and the end of the sessions waiting for input would let it move on; with structured output, no grammar compiling)."""
     if any(s.in_flight) or not num_unfinished_requests(s) or _waits_on_environment(s):
         return True
-    if waiting_for_input(s):              # a session waits for its client: so may the scheduler
-        return True
+    return _moves_on_within_stagger(s, cfg) or parked_sessions_hold_the_way(s, cfg)
+
+
+def _moves_on_within_stagger(s: State, cfg: Config) -> bool:
+    """Schedule forms a batch or preempts (or moves a wait on) within
+    stagger + 1 calls from s, each call's empty batch completing at once."""
+    from .schedule import is_empty_step, schedule
     state = replace(s, in_flight=())
     for _ in range(cfg.stagger + 1):
         scheduled = schedule(state, cfg)

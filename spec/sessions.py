@@ -118,6 +118,20 @@ def waiting_for_input(state: State) -> int:
     return sum(1 for q in state.requests if q.status is Status.WAITING_FOR_STREAMING_REQ)
 
 
+def end_parked_sessions(state: State, cfg: Config, finish: Finish) -> State:
+    """The state after every parked session's client sent the end of its
+    session: vLLM `Scheduler.add_request` finds the session in
+    WAITING_FOR_STREAMING_REQ and `finish_requests(FINISHED_ABORTED)` frees
+    what it held between turns, its blocks (`_free_request`) and its seat
+    (`num_waiting_for_streaming_input -= 1`); it held no LoRA slot, which
+    the waiting loop counts from `running` alone (`scheduled_loras`).
+    Which idles wait on a client (deadlock.py, L2) reads this."""
+    for r, q in enumerate(state.requests):
+        if q.status is Status.WAITING_FOR_STREAMING_REQ:
+            state = finish(state, cfg, r, Status.FINISHED_ABORTED)
+    return state
+
+
 def seats_taken(state: State) -> int:
     """What the waiting loop counts against max_num_seqs: the running
     requests and the sessions waiting for input (`Scheduler.schedule`:

@@ -102,3 +102,12 @@ def test_a_short_idle_is_a_stall_only_if_the_run_without_its_input_stays_idle() 
     assert not stays_idle(idle, {"ending": "stuck", "batches": batches[:2] + [{"r0": 9}]}, batches)
     # not the same run up to the idle
     assert not stays_idle(idle, {"ending": "stuck", "batches": [{"r1": 4}, {"r1": 2}]}, batches)
+
+
+def test_the_idle_an_input_ends_is_read_as_a_stall_where_the_loop_steps_through_it() -> None:
+    # an empty batch stays queued, so the loop takes each step to the input
+    # (no fast-forward); the input ends the idle: one stall, from the start
+    late = RequestSpec("b", (1, 2, 3), max_tokens=1, arrival_step=60, abort_step=None, eos_probability=0.0,
+                       ignore_eos=True)
+    outcome, _, _ = _idle_run((late,))
+    assert outcome.stalls == [{"step": 0, "until": 60, "unfinished": ["a"]}]

@@ -261,10 +261,17 @@ def _scheduler(pause: str = "UNPAUSED", session: bool = False) -> SimpleNamespac
     return SimpleNamespace(waiting=waiting, running=[], requests=requests, pause_state=SimpleNamespace(name=pause))
 
 
-def test_an_idle_is_a_stall_unless_paused_or_a_session_waits_for_its_client():
+def test_an_idle_is_a_stall_unless_paused_or_only_sessions_wait_for_their_clients():
     assert stalled_until_input(_scheduler(), 2, 6) == [{"step": 2, "until": 6, "unfinished": ["r1"]}]
     assert stalled_until_input(_scheduler(pause="PAUSED_NEW"), 2, 6) == []
-    assert stalled_until_input(_scheduler(session=True), 2, 6) == []
+    # a parked session beside r1 holds nothing that stops it here (its seats
+    # and blocks: tests/test_vllm_session_idles.py); alone, it is its client's
+    assert stalled_until_input(_scheduler(session=True), 2, 6) == [
+        {"step": 2, "until": 6, "unfinished": ["r1"], "parked": ["s"]}]
+    alone = _scheduler(session=True)
+    del alone.requests["r1"]
+    alone.waiting = [alone.requests["s"]]          # the parked session waits in `waiting`, alone
+    assert stalled_until_input(alone, 2, 6) == []
     # the reference's side wraps its scheduler
     assert stalled_until_input(SimpleNamespace(waiting=[], running=[], scheduler=_scheduler()), 2, 6) == []
 

@@ -49,7 +49,8 @@ from typing import Any, Callable
 from .draft_handler import DraftHandler
 from .engine_truth import note_gated_completion, note_wait
 from .inputs import InputQueue
-from .run_endings import idle_an_input_ends, idle_ending, stalled_until_input, unfinished_requests
+from .run_endings import (IDLE_STEPS_FOR_STUCK, idle_an_input_ends, idle_ending, stall_stepped_through, stalled_until_input,
+                          unfinished_requests)
 from .workload import RequestSpec, Workload, draft_outcome, sampled_token
 
 
@@ -419,13 +420,12 @@ class RunOutcome:
     batches_in_flight: int
     exception: str | None = None
     unfinished: list[str] = field(default_factory=list)
-    # idles an input ended: {step, until, unfinished} (`stalled_until_input`)
+    # idles an input ended: {step, until, unfinished[, parked]} (`stalled_until_input`)
     stalls: list[dict] = field(default_factory=list)
     # shorter idles an input ended: a stall if vLLM stays idle without it (run_endings.py `short_idle`)
     short_idles: list[dict] = field(default_factory=list)
 
 
-IDLE_STEPS_FOR_STUCK = 4              # steps that neither schedule nor complete, nothing to come
 
 
 def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
@@ -442,7 +442,6 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
     inputs, step, idle = InputQueue(workload, inputs_before), 0, 0
     stalls: list[dict] = []
     short_idles: list[dict] = []
-    sessions = any(spec.session for spec in workload.requests)     # no stall judged (run_endings.py)
     scheduler = engine.scheduler
     bind = getattr(engine.model, "bind", None)
     during_step: list[str] = []
@@ -455,7 +454,8 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
             for handover in waiting:                       # from the input queue, in order
                 handover()
             waiting = []
-            short_idles.extend(idle_an_input_ends(engine, inputs, step, idle) if not sessions else [])
+            stalls.extend(stall_stepped_through(engine, inputs, step, idle))        # async: idles stepped through
+            short_idles.extend(idle_an_input_ends(engine, inputs, step, idle) if idle < IDLE_STEPS_FOR_STUCK else [])
             due, during_step = len(inputs.pending), inputs.deliver(step, add_request, abort_request, bind, waiting,
                                                                    call_event)
             in_flight = engine.busy_while_in_flight and bool(engine.batch_queue)
@@ -479,7 +479,7 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
                 # to the next input, once each queued empty batch took its step (0.33/0.34 EngineCoreProc.has_work)
                 if not (engine.busy_while_in_flight and engine.batch_queue):
                     until = max(step, inputs.next_step() if inputs.pending else step)
-                    stalls.extend(stalled_until_input(scheduler, step - idle, until) if not sessions else [])
+                    stalls.extend(stalled_until_input(scheduler, step - idle, until))
                     step, idle = until, 0
                     continue
             if step >= workload.max_steps:

@@ -324,8 +324,9 @@ def _idle_findings(result: dict[str, Any]) -> list[str]:
     `stalled_until_input`), a wait for input with batches in flight."""
     found = []
     for stall in result.get("stalls", []):
+        beside = f" (beside {', '.join(stall['parked'])}, parked for input)" if stall.get("parked") else ""
         found.append(f"schedule() formed nothing from step {stall['step']} with nothing in flight and "
-                     f"{', '.join(stall['unfinished'])} unfinished, until an input at step {stall['until']} "
+                     f"{', '.join(stall['unfinished'])} unfinished{beside}, until an input at step {stall['until']} "
                      f"(without it the run ends stuck; step {stall['step']})")
     for wait in result.get("waits_in_flight", []):
         found.append(f"the engine waited for input with {wait['batches_in_flight']} batches in flight from step "

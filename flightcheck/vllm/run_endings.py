@@ -2,7 +2,16 @@
 the requests still unfinished, an idle that only the next input ends (a
 stall: vLLM's ground truth, replay.py `findings`; one shorter than the idle
 count is judged by a replay without that input, `short_idle`), and how a
-run ends that idles with no input to come. Standard library only."""
+run ends that idles with no input to come. Standard library only.
+
+An idle beside a streaming session parked for input (WAITING_FOR_STREAMING_REQ)
+is read by the rule of check-trace's L2 (spec/deadlock.py), on vLLM's own
+state: it is the session's client's, not a stall, when nothing but parked
+sessions is unfinished (vLLM 0.33.0/0.34.0 scheduler.py
+`get_num_unfinished_requests` subtracts `num_waiting_for_streaming_input`,
+so the engine does not step for them), or when nothing runs and what the
+parked sessions hold is what stops the waiting loop (`session_idles.py`).
+Any other idle is a stall, a session alive or not."""
 
 from __future__ import annotations
 
@@ -10,30 +19,29 @@ from typing import Any
 
 from .compat import queued_requests
 
+IDLE_STEPS_FOR_STUCK = 4              # steps that neither schedule nor complete, nothing to come
+from .session_idles import PARKED, parked_sessions_hold_the_way
+
 
 def stalled_until_input(scheduler: Any, since: int, until: int) -> list[dict]:
     """An idle that only the next input ends: nothing in flight, no transfer
-    or grammar to settle, requests unfinished, the scheduler not paused and
-    no streaming session waiting for its client, yet schedule() formed
-    nothing for the busy loop's IDLE_STEPS_FOR_STUCK steps. Without that
-    input the run would have ended `stuck` (check-trace's L2, no deadlock,
-    names it): one stall, or none where the idle is the environment's
-    (the pause state, a streaming session: none is judged while one lives)."""
-    unfinished = unfinished_requests(scheduler)
+    or grammar to settle, requests unfinished, the scheduler not paused,
+    yet schedule() formed nothing for the busy loop's IDLE_STEPS_FOR_STUCK
+    steps. Without that input the run would have ended `stuck` (check-trace's
+    L2, no deadlock, names it): one stall, or none where the idle is the
+    environment's (the pause state; the client of a parked session, module
+    docstring). `unfinished` lists what vLLM counts unfinished (the parked
+    sessions left out), `parked` the parked sessions beside them."""
     inner = getattr(scheduler, "scheduler", scheduler)     # the reference's side wraps its scheduler
     pause = getattr(inner, "pause_state", None)            # vLLM 0.33/0.34 and the reference alike
-    if not unfinished or (pause is not None and getattr(pause, "name", "UNPAUSED") != "UNPAUSED"):
+    if pause is not None and getattr(pause, "name", "UNPAUSED") != "UNPAUSED":
         return []
     requests = getattr(inner, "requests", {})
-    if any(getattr(r.status, "name", "") == "WAITING_FOR_STREAMING_REQ" or getattr(r, "resumable", False)
-           for r in requests.values()):
-        # a session between turns may hold its seat or LoRA slot in ways not
-        # read here (an --all-features run, seed 108 index 76, idled on one
-        # that check-trace's L2 calls a wait for input): not judged, nor is
-        # any run of a workload with sessions (engine.py; seed 109 index 11,
-        # --stages 1 async, idled so before its session arrived: open)
+    parked = sorted(req_id for req_id, r in requests.items() if getattr(r.status, "name", "") == PARKED)
+    unfinished = [req_id for req_id in unfinished_requests(scheduler) if req_id not in parked]
+    if not unfinished or (parked and parked_sessions_hold_the_way(inner)):
         return []
-    return [{"step": since, "until": until, "unfinished": unfinished}]
+    return [{"step": since, "until": until, "unfinished": unfinished, **({"parked": parked} if parked else {})}]
 
 
 def short_idle(scheduler: Any, batches_formed: int, since: int, until: int) -> list[dict]:
@@ -65,6 +73,16 @@ def idle_an_input_ends(engine: Any, inputs: Any, step: int, idle: int) -> list[d
     if not idle or not inputs.due(step) or engine.batches_in_flight():
         return []
     return short_idle(engine.scheduler, len(engine.batches), step - idle, step)
+
+
+def stall_stepped_through(engine: Any, inputs: Any, step: int, idle: int) -> list[dict]:
+    """The stall an input due now ends, stepped through: under async scheduling
+    each idle step queues an empty batch (0.33/0.34 `EngineCoreProc.has_work`
+    counts the batch queue), so run_busy_loop never fast-forwards past it."""
+    if idle < IDLE_STEPS_FOR_STUCK or engine.batches_in_flight() or not engine.busy_while_in_flight \
+            or not engine.batch_queue or not inputs.pending or inputs.next_step() > step:
+        return []
+    return stalled_until_input(engine.scheduler, step - idle, step)
 
 
 def idle_ending(scheduler: Any, batches_in_flight: int) -> tuple[str, list[str]]:

@@ -76,6 +76,7 @@ from flightcheck.spec import (
 )
 from flightcheck.spec import pool_store, request_store
 from flightcheck.spec.blocks import group_duplicates
+from flightcheck.spec.sessions import waiting_for_input
 from flightcheck.spec.state import Batch
 from flightcheck.spec.transitions import (GRAMMAR_EVENTS, KV_REPORTS, FailKvLoad, FailKvOutput, SendInput,
                                           s12_no_admission_after_preemption,
@@ -451,9 +452,12 @@ def _arrival_behind_a_schedulable_queue(before: State, action: Action) -> bool:
     in order with the same budget, seats and pool, so it schedules or
     preempts everything it did before it reaches the newcomer, and is not
     None either. Without this, each of the arrivals that fill an idle engine
-    would re-run `schedule` over the whole queue."""
+    would re-run `schedule` over the whole queue. Not while a streaming
+    session waits for input: a parked session sits in a waiting queue
+    without counting as unfinished, and L2 may have held of `before` as its
+    client's wait (spec/deadlock.py), which says nothing of the newcomer."""
     return (isinstance(action, Arrive) and not before.in_flight
-            and bool(before.waiting or before.running))
+            and bool(before.waiting or before.running) and not waiting_for_input(before))
 
 
 def _same_head(before: State, after: State) -> bool:

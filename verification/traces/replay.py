@@ -506,7 +506,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             raise _Violation("L3_drain", f"{len(self.state.in_flight)} batches still in flight at the end")
         self._transfers_at_end()
         active = self._active_slots()
-        if not active:
+        if not active or self._left_to_clients(active):
             return
         names = ", ".join(self._name(r) for r in active)
         nxt = schedule(self.state, self.cfg)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from flightcheck.spec import Config, SendInput, State, Status, step
+from flightcheck.spec.deadlock import parked_sessions_hold_the_way
 from flightcheck.spec.sessions import ASKS_PROMPT_LOGPROBS, END_OF_SESSION, has_sessions, session_holds_blocks
 
 
@@ -74,6 +75,16 @@ class SessionEvents:
             # `has_requests()` stays true and the engine calls schedule() once more, even under
             # PAUSED_ALL, as after a finish event (asynchronous.py `_empty_call`)
             self.finished_unflushed = True
+
+    def _left_to_clients(self, active: list[int]) -> bool:
+        """A run that ends with `active` unfinished waits on its sessions'
+        clients, not on its scheduler (spec/deadlock.py, L2's rule): every
+        one is a session parked for input (vLLM's `get_num_unfinished_requests`
+        leaves them out), or nothing runs and only what the parked sessions
+        hold (their seats, their blocks) keeps the rest from admission."""
+        parked = Status.WAITING_FOR_STREAMING_REQ
+        return (all(self.state.requests[r].status is parked for r in active)
+                or parked_sessions_hold_the_way(self.state, self.cfg))
 
     def _session_table(self, r: int) -> tuple[int, ...]:
         """The table a session's next turn is admitted with before this

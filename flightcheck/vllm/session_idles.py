@@ -1,0 +1,119 @@
+"""Whether an idle of vLLM's scheduler beside a streaming session parked for
+input is that session's client's to end, read on vLLM's own state (the
+ground truth of run_endings.py `stalled_until_input`; check-trace's L2 reads
+the same rule in the spec: spec/deadlock.py). Standard library only.
+
+What a parked session holds, in vLLM 0.33.0 and 0.34.0
+(`vllm/v1/core/sched/scheduler.py`): its KV blocks (`_handle_stopped_request`
+frees none; it waits in `kv_holding_waiting` while it has computed tokens)
+and a seat (the waiting loop admits nobody while `len(self.running) +
+self.num_waiting_for_streaming_input >= self.max_num_active_reqs`, "Paused
+streaming sessions ... still hold a model-runner request slot"). No LoRA
+slot: `scheduled_loras` is read from `self.running` alone. The end of the
+session (`add_request` with no update: `finish_requests(FINISHED_ABORTED)`)
+gives both back; a next turn runs and parks again, holding them anew.
+
+So with nothing running (every unfinished request waits for the waiting
+loop, which never preempts) the parked sessions hold the way when the head
+of the waiting loop's queues could be admitted with their seats and blocks
+given back, and they fill the seats, or the head cannot get the blocks it
+needs from the free pool alone (`allocate_slots` returns None and the loop
+breaks). A request that runs
+is not stopped by either (the running loop counts no seat, and preempts
+when blocks are short): such an idle is a stall whatever is parked.
+
+Read approximately: the head's need is its whole sequence's blocks where
+`scheduler_reserve_full_isl` holds (the admission gate), else its next
+chunk's, its remaining tokens cut at the token budget and the static
+long-prefill threshold (vLLM's adaptive threshold and prefix-cache hits are
+not replayed here); the blocks the end would free are those only parked
+sessions reference (a KV connector that delays a finished request's free
+is not asked). check-trace's L2 is
+the exact rule; a difference would show in a campaign as a disagreement.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .compat import queued_requests
+
+PARKED = "WAITING_FOR_STREAMING_REQ"
+
+
+def parked_sessions_hold_the_way(scheduler: Any) -> bool:
+    """Nothing runs, a session is parked, and its seat or blocks are what
+    keeps the waiting loop from admitting (module docstring). False where
+    vLLM's state cannot be read so (the reference's scheduler)."""
+    if not all(hasattr(scheduler, name) for name in ("num_waiting_for_streaming_input", "block_size",
+                                                     "kv_cache_manager")):
+        return False                           # not vLLM's scheduler (the reference's keeps other names)
+    parked = [r for r in scheduler.requests.values() if getattr(r.status, "name", "") == PARKED]
+    if not parked or scheduler.running:
+        return False
+    manager, head = scheduler.kv_cache_manager, admission_head(scheduler)
+    if head is None:
+        return False
+    free, need = int(manager.block_pool.get_num_free_blocks()), blocks_to_admit(scheduler, head)
+    if need > free + blocks_only_parked_hold(manager, parked):
+        return False                           # their end would not admit the head either
+    seats = getattr(scheduler, "max_num_active_reqs", None) or getattr(scheduler, "max_num_running_reqs", None)
+    return (seats is not None and len(parked) >= seats) or free < need    # their seats, or their blocks
+
+
+def admission_head(scheduler: Any) -> Any | None:
+    """The first request the waiting loop would try to admit: the queues in
+    the loop's order (`kv_holding_waiting` drained first), passing over what
+    `_handle_blocked_waiting_request` holds back (a parked session, a
+    grammar or a remote KV load still to come) and a resumption deferred
+    behind deliver-mode stale output (`num_stale_output_tokens and not
+    drop_stale_output`)."""
+    for name in ("kv_holding_waiting", "waiting", "async_kv_waiting"):
+        queue = getattr(scheduler, name, None)
+        for request in queued_requests(queue) if queue is not None else ():
+            status = getattr(request.status, "name", "")
+            if status.startswith("WAITING_FOR_"):
+                continue
+            if getattr(request, "num_stale_output_tokens", 0) and not getattr(request, "drop_stale_output", False):
+                continue
+            return request
+    return None
+
+
+def blocks_to_admit(scheduler: Any, request: Any) -> int:
+    """Free blocks `allocate_slots` asks for to admit the request (nothing
+    running: no watermark): its next chunk's (remaining tokens cut at the
+    token budget and the static long-prefill threshold, plus the lookahead
+    slots) and, with `scheduler_reserve_full_isl`, its whole sequence's
+    (`full_sequence_must_fit`), less the blocks it holds."""
+    config = getattr(scheduler, "scheduler_config", None)
+    budget = getattr(scheduler, "max_num_scheduled_tokens", None) or getattr(config, "max_num_batched_tokens", 0)
+    threshold = int(getattr(config, "long_prefill_token_threshold", 0) or 0)
+    max_len = int(getattr(scheduler, "max_model_len", 0) or getattr(scheduler.kv_cache_manager, "max_model_len", 0))
+    computed, total = int(request.num_computed_tokens), int(request.num_tokens)
+    remaining = total - computed
+    chunk = min(x for x in (remaining, budget or remaining, threshold or remaining) if x > 0) if remaining > 0 else 0
+    end = computed + chunk + int(getattr(scheduler, "num_lookahead_tokens", 0) or 0)
+    if getattr(scheduler, "scheduler_reserve_full_isl", False):
+        end = max(end, total)
+    end = min(end, max_len) if max_len else end
+    held = _real_blocks(scheduler.kv_cache_manager, request.request_id)
+    return max(0, -(-end // int(scheduler.block_size)) - len(held))
+
+
+def blocks_only_parked_hold(manager: Any, parked: list[Any]) -> int:
+    """The blocks the end of every parked session would return to the free
+    pool: those no one but parked sessions references."""
+    holders: dict[int, int] = {}
+    blocks: dict[int, Any] = {}
+    for session in parked:
+        for block in _real_blocks(manager, session.request_id):
+            holders[block.block_id] = holders.get(block.block_id, 0) + 1
+            blocks[block.block_id] = block
+    return sum(1 for block_id, count in holders.items() if blocks[block_id].ref_cnt <= count)
+
+
+def _real_blocks(manager: Any, req_id: str) -> list[Any]:
+    """The request's blocks of the first KV cache group, the null block left out."""
+    groups = manager.get_blocks(req_id).blocks
+    return [block for block in (groups[0] if groups else ()) if not getattr(block, "is_null", False)]
