@@ -16,6 +16,17 @@ block case of seed 301 is tests/test_vllm_reuse_blocks.py).
   had an entry for the request, and called this preemption unexplained; it
   now reads the schedule's preemptions too (differential.py `_classify`).
   check-trace rejects the trace (illegal_schedule), a real bug.
+* 0.34.0 async, seed 329 index 208 (`--versions 0.34.0 --all-features
+  --async --spec-tokens 2 --stages 1 --reuse-ids --workloads 250`, inputs
+  during waits): vLLM's "duplicate request id" (`Scheduler.add_request`),
+  a miss, and the generator's error: the features moved r1's arrival and
+  r2's (which reuses r1's id) to r1's abort step, whose abort comes in the
+  step's wait (`abort_via`), and r2 arrived between steps, ahead of it.
+  A reuse at such a step now arrives in the wait too, after the abort
+  (generate.py `_reuses_after_their_aborts`). Of 32,960 workloads of seeds
+  1-59, 100-112 and 300-330 (80 each, with and without drafts, inputs
+  during waits, both releases' features) 4 changed, each one vLLM refused
+  with that assertion before.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import pytest
 
 from flightcheck.vllm.campaign import check_verdict
 from flightcheck.vllm.differential import compare, decisions, first_difference, profile_for, read_trace, run_reference
+from flightcheck.vllm.generate import _reuses_after_their_aborts, campaign_workloads
 
 from .vllm_support import DATA
 
@@ -72,3 +84,20 @@ def test_the_preemption_alone_is_not_named(missing: list[str]) -> None:
     comparison = compare(raw["name"], truth, events, run_reference(raw, profile),
                          run_reference(raw, profile, vllm_outputs=True))
     assert not comparison.explained, comparison.describe()
+
+
+def test_a_reuse_moved_to_an_abort_in_a_wait_arrives_in_that_wait() -> None:
+    workload = campaign_workloads(329, 209, reuse_ids=True, spec_tokens=2, mid_step_inputs=True,
+                                  features_of="0.34.0", stages=1)[208]
+    old, new = workload["requests"][1], workload["requests"][2]
+    assert (new["reuse_id"], old["abort_via"]) == ("r1", "wait")
+    assert new["arrival_step"] == old["abort_step"] == old["arrival_step"] and new["arrival_via"] == "wait"
+
+
+@pytest.mark.parametrize("abort_via,arrival,via", [("wait", 4, "wait"), ("wait", 5, None), (None, 4, None)])
+def test_only_a_reuse_at_the_step_of_an_abort_in_a_wait_is_moved_into_it(abort_via: str | None, arrival: int,
+                                                                          via: str | None) -> None:
+    old = {"id": "r1", "arrival_step": 4, "abort_step": 4, **({"abort_via": abort_via} if abort_via else {})}
+    new = {"id": "r2", "reuse_id": "r1", "arrival_step": arrival}
+    _reuses_after_their_aborts([old, new], connector=False)
+    assert (new["arrival_step"], new.get("arrival_via")) == (arrival, via)
