@@ -27,16 +27,31 @@ block case of seed 301 is tests/test_vllm_reuse_blocks.py).
   1-59, 100-112 and 300-330 (80 each, with and without drafts, inputs
   during waits, both releases' features) 4 changed, each one vLLM refused
   with that assertion before.
+* 0.34.0 sync, seed 303 index 145 (`--versions 0.34.0 --all-features
+  --stages 1 --reuse-ids --workloads 250`, inputs during waits): r3's
+  grammar fails; `Scheduler.schedule`'s waiting loop keeps the error by id
+  (`grammar_compile_error_reqs`); r3 is aborted in the step's wait and a new
+  request arrives under its id (no grammar); at the end of the update
+  `finish_requests(grammar_compile_error_reqs, FINISHED_ERROR)` finishes the
+  new r3 with the old one's error. check-trace rejected that finish
+  (finish_decision: the spec's r3 waits), a real bug the ground truth did
+  not name: a false rejection in the campaign. The recorder now reads
+  vLLM's pending grammar errors before each update and names a live request
+  under such an id whose own grammar did not fail
+  (ground_truth.py `_fc_check_grammar_errors`, `grammar_errors_bound_by_id`).
+  The reference binds the error by id too (identical to vLLM: open).
 """
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from flightcheck.vllm.campaign import check_verdict
+from flightcheck.vllm.campaign import check_verdict, verdict
+from flightcheck.vllm.ground_truth import GroundTruthMixin, Observations
 from flightcheck.vllm.differential import compare, decisions, first_difference, profile_for, read_trace, run_reference
 from flightcheck.vllm.generate import _reuses_after_their_aborts, campaign_workloads
 
@@ -46,6 +61,7 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both ch
 
 HUNT = DATA / "hunt300"
 MARK_CLEARED = "084_sync_mark_cleared_then_self_preempted_seed314_42"
+GRAMMAR_BY_ID = "034_sync_grammar_error_bound_by_reused_id_seed303_145"
 
 
 def _recorded(stem: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -101,3 +117,39 @@ def test_only_a_reuse_at_the_step_of_an_abort_in_a_wait_is_moved_into_it(abort_v
     new = {"id": "r2", "reuse_id": "r1", "arrival_step": arrival}
     _reuses_after_their_aborts([old, new], connector=False)
     assert (new["arrival_step"], new.get("arrival_via")) == (arrival, via)
+
+
+class _PendingErrors(GroundTruthMixin):
+    """vLLM's scheduler as far as the grammar-error check reads it."""
+
+    def __init__(self, requests: dict[str, Any], errors: dict[str, Any]) -> None:
+        self.flightcheck_step = 3
+        self.flightcheck_observations = Observations()
+        self.requests = requests
+        self.grammar_compile_error_reqs = errors
+
+
+def _request(grammar: object, finished: bool = False) -> SimpleNamespace:
+    structured = None if grammar is None else SimpleNamespace(grammar=grammar)
+    return SimpleNamespace(structured_output_request=structured, is_finished=lambda: finished)
+
+
+@pytest.mark.parametrize("request_under_id,named", [
+    (_request(None), True),                               # a new request without a grammar: the wrong one
+    (_request(ValueError("bad schema")), False),          # the request whose grammar failed
+    (_request(None, finished=True), False),               # finished already: finish_requests skips it
+])
+def test_a_pending_grammar_error_under_a_reused_id_is_named(request_under_id: SimpleNamespace, named: bool) -> None:
+    pending = _PendingErrors({"r3": request_under_id}, {"r3": "Invalid structured outputs"})
+    pending._fc_check_grammar_errors()
+    assert pending.flightcheck_observations.grammar_errors_bound_by_id == ([{"step": 3, "req": "r3"}] if named else [])
+    assert ("grammar_errors_bound_by_id" in pending.flightcheck_observations.to_json()) is named
+
+
+def test_the_finish_of_a_reused_id_by_an_older_grammar_error_is_a_real_bug() -> None:
+    check = check_verdict(HUNT / f"{GRAMMAR_BY_ID}.jsonl")
+    assert (check["ok"], check["property"], check["line"]) == (False, "finish_decision", 15)
+    result = {"vllm_version": "0.34.0", "ending": "done", "batches_in_flight": 0,
+              "ground_truth": {"grammar_errors_bound_by_id": [{"step": 3, "req": "r3"}]}}
+    assert verdict(result, check)[0] == "rejected, real bug"
+    assert verdict({**result, "ground_truth": {}}, check)[0] == "rejected, FALSE"
