@@ -266,13 +266,14 @@ def _classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
     truth = vllm_result.get("ground_truth") or {}
     theirs = vllm[index] if index < len(vllm) else None
     ours = reference[index] if index < len(reference) else None
-    crashed = theirs is None and vllm_result.get("ending") == "exception"
-    if _binds_by_id(vllm_result) and (crashed and _drifted(truth) or _concerns(theirs, ours) & _drifted(truth)):
-        # An older request's batch, looked up by a reused id, moved the new request's
-        # counters without (or before) applying a token: vLLM then defers its resumption on
-        # a negative stale count (the hang) or trips its assertion (its run ends there).
+    crashed, drifted = theirs is None and vllm_result.get("ending") == "exception", _drifted(truth)
+    if _binds_by_id(vllm_result) and (crashed and drifted or _concerns(theirs, ours) & drifted
+                                      or _drifted_blocks_moved(vllm[:index], theirs, ours, drifted)):
+        # An older request's batch, looked up by a reused id, moved the new request's counters
+        # without (or before) applying a token: vLLM defers its resumption on a negative stale
+        # count (the hang), trips its assertion (its run ends) or frees its blocks elsewhere.
         return "reused_id_output_dropped"
-    if _binds_by_id(vllm_result) and _preempted_since(vllm[:index]) & _drifted(truth) \
+    if _binds_by_id(vllm_result) and _preempted_since(vllm[:index]) & drifted \
             and any(event is not None and event[0] == "schedule" for event in (theirs, ours)):
         # The same deferral seen from behind, either way round: a preempted request
         # whose counters drifted waits, its stale count (`_preempt_request` copies
@@ -312,9 +313,9 @@ def _classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
                                                                or theirs[1] != ours[1]):
         return "inflight_mark_cleared_on_preemption"
     missing = {req for item in truth.get("in_flight_set_mismatches", ()) for req in item.get("missing", ())}
-    if missing and theirs is not None and theirs[0] == "schedule" and {entry[0] for entry in theirs[1]} & missing:
-        # vLLM 0.8.4 schedules again a request whose mark a stale completion
-        # cleared while its newer batch is in flight; the reference waits.
+    if missing and theirs is not None and theirs[0] == "schedule" and _concerns(theirs) & missing:
+        # vLLM 0.8.4 schedules again (or, out of room, preempts: seed 314 index 42) a request
+        # whose mark a stale completion cleared while its newer batch is in flight; the reference waits.
         return "inflight_mark_cleared_on_preemption"
     if theirs is None and vllm_result.get("ending") == "exception" and truth.get("in_flight_set_mismatches"):
         # vLLM 0.8.4 crashed on the mark a stale completion cleared; the reference runs on.
@@ -378,6 +379,28 @@ def _preempted_since(events: list[tuple[Any, ...]]) -> set[str]:
             waiting -= {entry[0] for entry in event[1]}
             waiting |= set(event[2])
     return waiting
+
+
+def _drifted_blocks_moved(before: list[tuple[Any, ...]], theirs: tuple[Any, ...] | None,
+                          ours: tuple[Any, ...] | None, drifted: set[str]) -> bool:
+    """Two schedules that differ in block ids alone, one of them a block a
+    drifted request held: vLLM 0.33/0.34 `Scheduler.update_from_output`
+    caches a live output's settled blocks (`cache_blocks(request,
+    num_computed_tokens - num_in_flight_tokens)`), so a num_in_flight_tokens
+    an older batch drove below 0 hashes blocks past the settled tokens (up to
+    `num_tokens`), and `BlockPool.free_blocks` appends a hashed block to the
+    free queue's tail where it prepends an unhashed one: a later allocation
+    takes another block (seed 301 index 2, async; tests/test_vllm_reuse_blocks.py)."""
+    if not drifted or theirs is None or ours is None or not theirs[0] == ours[0] == "schedule" \
+            or theirs[2:] != ours[2:] or len(theirs[1]) != len(ours[1]):
+        return False
+    pairs = list(zip(theirs[1], ours[1]))
+    if any(mine[:5] + mine[6:] != other[:5] + other[6:] for mine, other in pairs):
+        return False
+    differing = {block for mine, other in pairs for block in set(mine[5]) ^ set(other[5])}
+    held = {block for event in before if event[0] == "schedule"
+            for entry in event[1] if entry[0] in drifted for block in entry[5]}
+    return bool(differing & held)
 
 
 def _drifted(truth: dict[str, Any]) -> set[str]:

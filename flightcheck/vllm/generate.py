@@ -239,7 +239,8 @@ def _reuses_after_their_aborts(requests: list[dict[str, Any]], connector: bool) 
     that moved the older request's arrival past its abort (`_cache_aware`,
     `_unchunked`) left it no abort at all, and its id live when the reuse
     came (seed 51 index 56, vLLM's assertion): it is aborted once it has
-    arrived, then."""
+    arrived, then. A reuse at the step of an abort that comes in the step's
+    wait comes in it too, wherever the arrival was moved from."""
     by_id = {r["id"]: r for r in requests}
     for request in requests:
         old = by_id.get(request.get("reuse_id", ""))
@@ -254,11 +255,10 @@ def _reuses_after_their_aborts(requests: list[dict[str, Any]], connector: bool) 
             # live: it is aborted once it has arrived
             old["abort_step"] = old["arrival_step"] + (1 if old.get("arrival_via") == "wait" else 0)
             old.pop("abort_via", None)
-        earliest = max(old["arrival_step"], old.get("abort_step", 0))
-        if request["arrival_step"] >= earliest:
-            continue
-        request["arrival_step"] = earliest
-        if old.get("abort_via") == "wait" and earliest == old.get("abort_step"):
+        request["arrival_step"] = max(request["arrival_step"], old["arrival_step"], old.get("abort_step", 0))
+        if old.get("abort_via") == "wait" and request["arrival_step"] == old.get("abort_step"):
+            # an abort in the step's wait, and a feature moved the reuse to that
+            # step (seed 329 index 208): it arrives in the same wait, after it
             request["arrival_via"] = "wait"
 
 

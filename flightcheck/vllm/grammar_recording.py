@@ -53,3 +53,9 @@ def settled_grammars(requests: dict[str, Any], reported: set[str]) -> list[dict[
 def is_grammar_error(request: Any, reason: str) -> bool:
     """A finish by "error" of a request still waiting for its grammar (its grammar failed)."""
     return reason == "error" and request.status.name == WAITING_FOR_GRAMMAR
+
+
+def own_grammar_failed(request: Any) -> bool:
+    """Whether this request's own grammar failed to compile (a done Future settles)."""
+    structured = getattr(request, "structured_output_request", None)
+    return structured is not None and isinstance(structured.grammar, Exception)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from collections.abc import Iterable
 from typing import Any
 
-from . import compat
+from . import compat, grammar_recording
 
 
 @dataclass
@@ -126,6 +126,11 @@ class Observations:
     # though its slot went with the preemption (docs/request-states.md, "a
     # session stopped while preempted counts a seat it gave up"; SS4).
     session_seats_overcounted: list[dict[str, Any]] = field(default_factory=list)
+    # vLLM 0.33, 0.34: a grammar failure is kept by id (`grammar_compile_error_reqs`,
+    # filled in schedule()) and finished by id after the next update's outputs
+    # (`finish_requests(..., FINISHED_ERROR)`): a request re-added under the id
+    # of an aborted one whose grammar failed is finished with that error.
+    grammar_errors_bound_by_id: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -154,6 +159,8 @@ class Observations:
             found.update(session_inputs_lost=self.session_inputs_lost)
         if self.session_seats_overcounted:
             found.update(session_seats_overcounted=self.session_seats_overcounted)
+        if self.grammar_errors_bound_by_id:
+            found.update(grammar_errors_bound_by_id=self.grammar_errors_bound_by_id)
         return found
 
 
@@ -203,6 +210,18 @@ class GroundTruthMixin:
         self._fc_check_counters(bound)
         self._fc_check_placeholders()
         self._fc_check_session_seats()
+
+    def _fc_check_grammar_errors(self) -> None:
+        """Before an update: the grammar errors vLLM will finish by id at its
+        end (`Scheduler.update_from_output`: `grammar_compile_error_reqs` ->
+        `finish_requests(..., FINISHED_ERROR)`) whose id now names a live
+        request that is not the one whose grammar failed (a reused id)."""
+        for req_id in getattr(self, "grammar_compile_error_reqs", None) or {}:
+            request = self.requests.get(req_id)
+            if request is not None and not request.is_finished() \
+                    and not grammar_recording.own_grammar_failed(request):
+                self.flightcheck_observations.grammar_errors_bound_by_id.append(
+                    {"step": self.flightcheck_step, "req": req_id})
 
     def _fc_check_session_seats(self) -> None:
         """Running requests plus sessions waiting for input within

@@ -392,6 +392,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
         returned = {e.req_id: (list(sampled[index[e.req_id]]) if e.req_id in index else []) for e in entries}
         self._fc_finish_written = set()
         self._fc_grammar_finishes: list[dict[str, Any]] | None = []    # written after the complete event
+        self._fc_check_grammar_errors()                                # ground_truth.py
         try:
             result = super().update_from_output(scheduler_output, model_runner_output)
         except Exception:

@@ -306,6 +306,8 @@ def findings(result: dict[str, Any]) -> list[str]:
         found.append(f"{seats['running']} running requests and {seats['parked']} sessions waiting for input hold "
                      f"more than max_num_seqs = {seats['max_num_seqs']} seats (a session stopped while preempted "
                      f"counts a seat it gave up; step {seats['step']})")
+    found.extend(f"{bound['req']} was finished with an error for an earlier request's grammar under its id (step "
+                 f"{bound['step']})" for bound in truth.get("grammar_errors_bound_by_id", []))
     found.extend(_idle_findings(result))
     for gated in result.get("gated_completions", []):
         if gated.get("would_schedule"):
