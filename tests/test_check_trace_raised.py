@@ -12,8 +12,14 @@ async, 3 + 3 on 0.33.0). vLLM's recorder now ends such a trace with
 `raised` (flightcheck/vllm/raised_recording.py): the kept traces here are
 its, from index 76 on 0.34.0 async and index 33 on 0.33.0 sync (the same
 runs as tests/test_vllm_padded_admission.py's, whose traces stop before it).
-The recorder's own rules are checked on a stand-in for vLLM's scheduler; the
-slow test replays index 76 on vLLM 0.34.0.
+vLLM 0.8.4 with drafts and one stage raises in `schedule()` too, in
+`KVCacheManager.allocate_slots` (`assert num_new_blocks > 0`,
+kv_cache_manager.py:265) and `BlockPool.cache_full_blocks` (`assert
+blk.block_hash is None`, block_pool.py:120): `--versions 0.8.4 --spec-tokens
+3 --stages 1 --workloads 120 --seed 305` missed indices 3 and 41, kept in
+data/vllm/raised with the traces the recorder now writes. The recorder's
+own rules are checked on a stand-in for vLLM's scheduler; the slow tests
+replay index 76 on vLLM 0.34.0 and index 41 on 0.8.4.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ HUNT = DATA / "hunt34"
 KEPT = [("034_async_padded_admission_raised_seed103_76", 1643),
         ("033_sync_kv_padded_admission_raised_seed103_33", 1579)]
 PADDING = "assert num_new_tokens == 1 + self.num_spec_tokens"
+RAISED_084 = [("084_allocate_slots_seed305_3", "kv_cache_manager.py:265 in allocate_slots: assert num_new_blocks > 0"),
+              ("084_cache_full_blocks_seed305_41", "block_pool.py:120 in cache_full_blocks: assert blk.block_hash is None")]
 
 
 def _vllm_result(exception: str) -> dict[str, Any]:
@@ -81,6 +89,18 @@ def test_the_campaign_counts_the_rejection_a_real_bug(stem, line):
     category, detail = verdict(result, check_verdict(HUNT / f"{stem}.jsonl"))
     assert category == "rejected, real bug" and detail.endswith("scheduler_raised"), detail
     assert expected_verdict(result, events).agrees(check_events(events))
+
+
+@pytest.mark.parametrize("stem,where", RAISED_084)
+def test_vllm_0_8_4s_block_assertions_are_rejected_at_the_raised_event_and_not_before(stem, where):
+    events = read_trace(DATA / "raised" / f"{stem}.jsonl")
+    assert check_events(events[:-1]).ok                  # the trace as it stopped before: a miss
+    result = check_events(events)
+    assert (result.ok, result.property, result.event_index) == (False, "scheduler_raised", len(events) - 1)
+    assert f"raised in schedule(): AssertionError (vllm/v1/core/{where})" in result.message, result.message
+    category, _ = verdict(_vllm_result(f"AssertionError at vllm/v1/core/{where}"),
+                          check_verdict(DATA / "raised" / f"{stem}.jsonl"))
+    assert category == "rejected, real bug"
 
 
 # -- the checker's rule on small traces -------------------------------------------
@@ -215,15 +235,19 @@ def test_the_recorders_own_error_is_not_vllms():
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_0_34s_padded_admission_is_rejected_as_a_real_bug_at_the_raised_event():
-    require_venv("0.34.0")
+@pytest.mark.parametrize("version,async_scheduling,workload,assertion", [
+    ("0.34.0", True, HUNT / "034_async_padded_admission_cut_by_threshold_seed103_76.workload.json", PADDING),
+    ("0.8.4", False, DATA / "raised" / "084_cache_full_blocks_seed305_41.workload.json",
+     "assert blk.block_hash is None")])
+def test_a_run_vllm_raises_in_is_rejected_as_a_real_bug_at_the_raised_event(version, async_scheduling, workload,
+                                                                             assertion):
+    require_venv(version)
     from flightcheck.vllm.campaign import ReplayJob, replay_workload
     from flightcheck.vllm.replay import ReplayWorker
 
-    stem = "034_async_padded_admission_cut_by_threshold_seed103_76"
-    raw = json.loads((HUNT / f"{stem}.workload.json").read_text())
-    with ReplayWorker("0.34.0") as worker:
-        replayed = replay_workload(worker, ReplayJob("0.34.0", True, 0, raw, 0))
-    assert replayed.result["ending"] == "exception" and PADDING in replayed.result["exception"]
+    raw = json.loads(workload.read_text())
+    with ReplayWorker(version) as worker:
+        replayed = replay_workload(worker, ReplayJob(version, async_scheduling, 0, raw, 0))
+    assert replayed.result["ending"] == "exception" and assertion in replayed.result["exception"]
     assert replayed.category == "rejected, real bug", replayed.detail
     assert replayed.detail.endswith("scheduler_raised"), replayed.detail
