@@ -103,6 +103,19 @@ def test_vllm_0_8_4s_block_assertions_are_rejected_at_the_raised_event_and_not_b
     assert category == "rejected, real bug"
 
 
+def test_the_reference_never_writes_raised_not_even_where_it_raises_as_vllm_does():
+    """The released reference (reference/profiles.py `padding_asserted_whole`)
+    fails the padding's assertion at the same schedule: its trace stops
+    there, and the differential compares decisions, which `raised` is not."""
+    from flightcheck.vllm.differential import decisions, profile_for, run_reference
+
+    raw = json.loads((HUNT / "034_async_padded_admission_cut_by_threshold_seed103_76.workload.json").read_text())
+    released = run_reference(raw, profile_for("0.34.0", True), vllm_outputs=True)
+    assert released.ending == "exception" and PADDING in str(released.exception)
+    assert not any(event["ev"] == "raised" for event in released.events)
+    assert decisions(released.events, block_offset=1) == decisions(read_trace(HUNT / f"{KEPT[0][0]}.jsonl"))
+
+
 # -- the checker's rule on small traces -------------------------------------------
 
 CONFIG = {"ev": "config", "num_stages": 1, "max_num_batched_tokens": 8, "block_size": 4, "num_blocks": 8,
