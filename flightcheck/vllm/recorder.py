@@ -1,6 +1,8 @@
 """The recorder a deployment installs: vLLM's V1 `Scheduler` with
 `RecordingMixin` in front (recording.py says what it writes and why it
-changes no decision).
+changes no decision), and before them `RaisedRecording`, whose `raised`
+event ends the trace where vLLM raises in a scheduler call
+(raised_recording.py).
 
     FLIGHTCHECK_TRACE=/var/log/vllm-trace-{pid}.jsonl \
     vllm serve MODEL --pipeline-parallel-size 2 \
