@@ -57,7 +57,8 @@ def minimal_event(kind: str) -> dict[str, Any]:
     if kind == "config":
         return dict(CONFIG)
     values = {"req": "a", "prompt_len": 1, "max_tokens": 1, "entries": [], "batch": 0, "stage": 0,
-              "t0": 0, "t1": 1, "reason": "stop", "from_block": 0, "count": 1, "running": True, "state": "none"}
+              "t0": 0, "t1": 1, "reason": "stop", "from_block": 0, "count": 1, "running": True, "state": "none",
+              "in": "schedule", "error": "AssertionError"}
     record: Record = EVENTS[kind]
     event = {"ev": kind, **{f: values[f] for f, (_, required) in record.fields.items() if required}}
     if kind == "input":

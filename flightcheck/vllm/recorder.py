@@ -1,6 +1,8 @@
 """The recorder a deployment installs: vLLM's V1 `Scheduler` with
 `RecordingMixin` in front (recording.py says what it writes and why it
-changes no decision).
+changes no decision), and before them `RaisedRecording`, whose `raised`
+event ends the trace where vLLM raises in a scheduler call
+(raised_recording.py).
 
     FLIGHTCHECK_TRACE=/var/log/vllm-trace-{pid}.jsonl \
     vllm serve MODEL --pipeline-parallel-size 2 \
@@ -36,6 +38,7 @@ import vllm
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from .kv_recording import KVRecordingMixin
+from .raised_recording import RaisedRecording
 from .recording import RecordingMixin
 
 QUALIFIED_NAME = "flightcheck.vllm.recorder.RecordingScheduler"
@@ -46,7 +49,7 @@ def _release(version: str) -> tuple[int, int]:
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
-class RecordingScheduler(KVRecordingMixin, RecordingMixin, Scheduler):
+class RecordingScheduler(RaisedRecording, KVRecordingMixin, RecordingMixin, Scheduler):
     """vLLM's synchronous V1 scheduler, recording every call to a trace."""
 
     vllm_version = vllm.__version__
@@ -62,7 +65,8 @@ except ImportError:  # pragma: no cover - depends on the venv's vLLM
     AsyncScheduler = None  # type: ignore[assignment,misc]
 
 if AsyncScheduler is not None:
-    class RecordingAsyncScheduler(KVRecordingMixin, RecordingMixin, AsyncScheduler):  # type: ignore[misc,valid-type]
+    class RecordingAsyncScheduler(RaisedRecording, KVRecordingMixin, RecordingMixin,  # type: ignore[misc]
+                                  AsyncScheduler):  # type: ignore[valid-type]
         """vLLM 0.33's `AsyncScheduler` (output placeholders, the decode
         stagger), recording every call to a trace."""
 

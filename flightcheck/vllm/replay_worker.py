@@ -399,7 +399,8 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
     outcome = run_busy_loop(engine, workload, add, abort, _event_caller(scheduler) if workload.events else None,
                             job.get("inputs_before"))
     if recording:
-        # A run cut short by an exception has no end: the trace stops where vLLM did.
+        # A run cut short by an exception has no end: the trace stops where vLLM did
+        # (with `raised` where vLLM raised in a scheduler call: raised_recording.py).
         scheduler.flightcheck_end(complete=outcome.ending != "exception" and outcome.ending != "step_limit")
     observations = scheduler.flightcheck_observations.to_json() if recording else None
     confirmed = [{key: value for key, value in idle.items() if key != "batches"}

@@ -23,7 +23,8 @@ vLLM's own state"), independently of the checker.
 * a run that ends stuck (the counter drift) or blocked with batches in
   flight, with an `end` event: rejected at `end`;
 * an exception inside vLLM with none of the above before it: rejected at or
-  before the trace's last event (the trace stops where vLLM raised);
+  before the trace's last event (the trace stops where vLLM raised: with the
+  recorder's `raised` event where vLLM raised in a scheduler call);
 * none of these: legal.
 """
 

@@ -200,6 +200,8 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
                                 f"every event before it is legal, nothing after it is judged")
         if self.ended:
             raise _Violation("event_after_end", f"{event['ev']} after the end event")
+        if event["ev"] == "raised":          # before the prelude: nothing pending outranks it
+            self._on_raised(event)
         if self.finished_now and event["ev"] != "finish" and not self._error_finish_may_wait(event):
             r, status = next(iter(self.finished_now.items()))
             raise _Violation("missing_finish", f"{self._name(r)} finished ({status.value}) in the spec "
@@ -497,6 +499,15 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             return                                   # unknown or finished: a no-op, as in vLLM
         self._apply(Abort(r), step(self.state, self.cfg, Abort(r)), "abort")
         self.just_aborted = r
+
+    def _on_raised(self, event: dict) -> None:
+        """The scheduler raised inside a call of its engine's (the writer's
+        last event, docs/trace-format.md, `raised`). Every input before it
+        was checked legal, and every decision it made: a scheduler that
+        raises on legal input is wrong (vLLM's engine core dies of it)."""
+        at = f" ({event['at']})" if event.get("at") else ""
+        raise _Violation("scheduler_raised", f"the scheduler raised in {event['in']}(): {event['error']}{at}; "
+                         f"every event before it is legal, so it raised on legal input")
 
     def _on_end(self, event: dict) -> None:
         self.ended = True

@@ -438,6 +438,17 @@ PAUSE = Record({**COMMON, "state": (Choice(("none", "new", "all")), True)})
 GRAMMAR_COMPILED = Record({**COMMON, "req": (REQUEST_ID, True)})
 GRAMMAR_FAILED = Record({**COMMON, "req": (REQUEST_ID, True)})
 
+# vLLM raised inside one of the scheduler calls its engine makes (the
+# recorder's last event; the trace ends there, without `end`): which call,
+# the exception ("<type>: <first line of its message>"), where it was raised.
+RAISED_IN = ("schedule", "update_from_output", "finish_requests")
+RAISED = Record({
+    **COMMON,
+    "in": (Choice(RAISED_IN), True),
+    "error": (Text(expected="the exception: a string of valid Unicode"), True),
+    "at": (Text(expected="where it was raised: a string of valid Unicode"), False),
+})
+
 # A streaming recorder's marker: `count` events were lost here (its buffer
 # was full, or its sink refused them); nothing after it can be judged.
 DROPPED = Record({**COMMON, "count": (POSITIVE, True)})
@@ -447,7 +458,7 @@ EVENTS: dict[str, Record] = {"config": CONFIG, "arrive": ARRIVE, "schedule": SCH
                              "kv_received": KV_RECEIVED, "kv_failed": KV_FAILED, "kv_sent": KV_SENT,
                              "reset": RESET, "pause": PAUSE, "dropped": DROPPED,
                              "grammar_compiled": GRAMMAR_COMPILED, "grammar_failed": GRAMMAR_FAILED,
-                             "input": INPUT}
+                             "input": INPUT, "raised": RAISED}
 GRAMMAR_EVENTS = frozenset({"grammar_compiled", "grammar_failed"})
 KV_EVENTS = frozenset({"kv_received", "kv_failed", "kv_sent"})
 EVENT_KIND = Choice(tuple(EVENTS))
