@@ -31,6 +31,17 @@ The kept traces (tests/data/vllm/session-idles/, vLLM 0.34.0):
   between turns", vLLM's open PR #49439), while c, parked, holds 1 block:
   c's end would not admit either, so the idle is a stall, ended only by b's
   abort. Before, c's parking hid it from both sides.
+* `034_sync_grammar_ready_behind_a_parked_seat_seed309_78` and
+  `034_async_grammar_ready_behind_a_parked_seat_seed309_12`: campaign
+  `--versions 0.34.0,0.33.0 --all-features --reuse-ids --seed 309` indexes
+  78 (sync) and 12 (async, 0.34.0 and 0.33.0 alike): one seat, a session
+  parked on it, and a structured request whose grammar has compiled. vLLM
+  promotes a compiled grammar's request to WAITING only when its waiting
+  loop reaches it (`_handle_blocked_waiting_request`), and the seat keeps
+  the loop from reaching it, so its status still reads
+  WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR: the ground truth took it for held
+  back, found no head for the seat to stop, and judged a stall that
+  check-trace (rightly) did not.
 """
 
 from __future__ import annotations
@@ -52,6 +63,7 @@ from flightcheck.verification.traces.replay import TraceChecker, _Violation
 from flightcheck.vllm.campaign import Replayed, ReplayJob, replay_workload, with_async_scheduling
 from flightcheck.vllm.replay import findings
 from flightcheck.vllm.run_endings import stalled_until_input
+from flightcheck.vllm.session_idles import admission_head
 
 from .vllm_support import Workers, workers
 
@@ -62,6 +74,8 @@ ONLY_PARKED = "034_async_only_a_parked_session_seed108_45"
 HOLDS_BLOCKS = "034_async_parked_session_holds_the_blocks_seed108_31"
 HOLDS_SEAT = "034_sync_parked_session_holds_the_seat"
 STALL = "034_sync_stall_beside_a_parked_session"
+GRAMMAR_SYNC = "034_sync_grammar_ready_behind_a_parked_seat_seed309_78"
+GRAMMAR_ASYNC = "034_async_grammar_ready_behind_a_parked_seat_seed309_12"
 
 
 # --- the ground truth's reading, on a stand-in for vLLM's scheduler
@@ -128,6 +142,34 @@ def test_parked_sessions_blocks_are_their_clients_wait_only_where_they_would_adm
         {"step": 2, "until": 6, "unfinished": ["r"], "parked": ["s"]}]
 
 
+def _structured(req_id: str, grammar: Any) -> SimpleNamespace:
+    """A request vLLM still reads as waiting for its grammar; `grammar`:
+    what `structured_output_request.grammar` gives (None: compiling)."""
+    request = _request(req_id, "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR")
+    request.structured_output_request = SimpleNamespace(grammar=grammar)
+    return request
+
+
+def test_a_compiled_grammar_not_yet_promoted_is_the_head_a_parked_seat_stops() -> None:
+    parked = [_request("s", "WAITING_FOR_STREAMING_REQ", computed=4)]
+    ready = _structured("r", grammar=object())           # compiled: the loop would promote it
+    assert admission_head(_vllm([ready], parked, free=8, seats=1)) is ready
+    assert stalled_until_input(_vllm([ready], parked, free=8, seats=1), 2, 6) == []
+    assert stalled_until_input(_vllm([ready], parked, free=8, seats=2), 2, 6) == [     # a seat free
+        {"step": 2, "until": 6, "unfinished": ["r"], "parked": ["s"]}]
+    for held in (_structured("r", grammar=None), _structured("r", grammar=ValueError("bad"))):
+        assert admission_head(_vllm([held], parked, free=8, seats=1)) is None         # compiling, or failed
+
+
+def test_a_received_remote_load_not_yet_promoted_is_the_head() -> None:
+    parked = [_request("s", "WAITING_FOR_STREAMING_REQ", computed=4)]
+    load = _request("r", "WAITING_FOR_REMOTE_KVS")
+    scheduler = _vllm([load], parked, free=8, seats=1)
+    assert admission_head(scheduler) is None                        # its KV still to come
+    scheduler.finished_recving_kv_req_ids = {"r"}
+    assert admission_head(scheduler) is load and stalled_until_input(scheduler, 2, 6) == []
+
+
 def test_a_request_that_runs_is_not_held_by_a_parked_session() -> None:
     running = [_request("x", "RUNNING", computed=2)]
     parked = [_request("s", "WAITING_FOR_STREAMING_REQ", computed=4)]
@@ -153,7 +195,8 @@ def _first(events: list[dict[str, Any]], ev: str, req: str) -> int:
         e.get("req") == req or req in e.get("tokens", {}) or any(x["req"] == req for x in e.get("entries", ()))))
 
 
-@pytest.mark.parametrize("stem,waiter,session", [(HOLDS_SEAT, "r", "s"), (HOLDS_BLOCKS, "r0", "r1")])
+@pytest.mark.parametrize("stem,waiter,session", [(HOLDS_SEAT, "r", "s"), (HOLDS_BLOCKS, "r0", "r1"),
+                                                  (GRAMMAR_ASYNC, "r1", "r0")])
 def test_check_trace_accepts_a_wait_for_a_parked_sessions_client(stem: str, waiter: str, session: str) -> None:
     events = _events(stem)
     end = next(i for i, e in enumerate(events) if e["ev"] == "input" and e["req"] == session
@@ -167,6 +210,21 @@ def test_check_trace_accepts_a_wait_for_a_parked_sessions_client(stem: str, wait
     l2 = deadlock.l2_async_no_deadlock if events[0].get("async_scheduling") else deadlock.l2_no_deadlock
     assert is_empty_step(schedule(s, cfg)) and deadlock.parked_sessions_hold_the_way(s, cfg)
     assert l2(s, cfg)                              # by the client's wait alone
+
+
+def test_check_trace_accepts_a_compiled_grammar_waiting_for_a_parked_sessions_seat() -> None:
+    events = _events(GRAMMAR_SYNC)
+    assert events[0]["max_num_seqs"] == 1 and not events[0].get("async_scheduling")
+    parks = _first(events, "complete", "r1")                       # r1's first turn ends: it parks
+    assert _first(events, "grammar_compiled", "r2") < parks < _first(events, "schedule", "r2")
+    assert events[parks + 1]["ev"] == "input" and events[parks + 1]["req"] == "r1"   # nothing between
+    assert check_trace(DATA / f"{GRAMMAR_SYNC}.jsonl").ok
+    checker = TraceChecker(events)                 # the state the idle from step 8 sat in
+    for event in events[1:parks + 1]:
+        checker.feed(event)
+    s, cfg = replace(checker.state, in_flight=()), checker.cfg
+    assert is_empty_step(schedule(s, cfg)) and deadlock.parked_sessions_hold_the_way(s, cfg)
+    assert deadlock.l2_no_deadlock(s, cfg)          # by r1's seat alone
 
 
 def test_check_trace_accepts_an_idle_with_only_a_parked_session_unfinished() -> None:
@@ -195,7 +253,9 @@ def test_the_kept_workloads_are_the_ones_the_traces_ran() -> None:
     for stem, workload in [(HOLDS_SEAT, "session-parked-holds-the-seat.json"),
                            (STALL, "session-stall-beside-a-parked-session.json"),
                            (ONLY_PARKED, f"{ONLY_PARKED}.workload.json"),
-                           (HOLDS_BLOCKS, f"{HOLDS_BLOCKS}.workload.json")]:
+                           (HOLDS_BLOCKS, f"{HOLDS_BLOCKS}.workload.json"),
+                           (GRAMMAR_SYNC, f"{GRAMMAR_SYNC}.workload.json"),
+                           (GRAMMAR_ASYNC, f"{GRAMMAR_ASYNC}.workload.json")]:
         raw = json.loads((DATA / workload).read_text())
         arrivals = [e["req"] for e in _events(stem) if e["ev"] == "arrive"]
         assert sorted(set(arrivals)) == sorted(r["id"] for r in raw["requests"])
@@ -239,3 +299,38 @@ def test_vllm_waits_for_a_parked_sessions_client_in_the_kept_campaign_runs(runni
     assert replayed.result["stalls"] == [] and replayed.result["ending"] == "done"
     assert replayed.category == "accepted, correct run", replayed.detail
     assert replayed.comparison is not None and replayed.comparison.equal, replayed.comparison.describe()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("version,async_scheduling,stem", [("0.34.0", False, GRAMMAR_SYNC),
+                                                           ("0.34.0", True, GRAMMAR_ASYNC),
+                                                           ("0.33.0", True, GRAMMAR_ASYNC)])
+def test_vllm_admits_a_compiled_grammar_once_the_parked_seat_is_given_back(running: Workers, version: str,
+                                                                           async_scheduling: bool, stem: str) -> None:
+    replayed = _replayed(running, version, async_scheduling, f"{stem}.workload.json")
+    assert replayed.result["stalls"] == [] and replayed.result["ending"] == "done"
+    assert replayed.category == "accepted, correct run", replayed.detail
+    assert replayed.comparison is not None and replayed.comparison.equal, replayed.comparison.describe()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_admits_the_compiled_grammar_as_soon_as_the_seat_is_free(running: Workers, tmp_path: Path) -> None:
+    """Seed 309 index 78 with r1's second turn left out, so that its seat
+    alone keeps r2 waiting: ended at step 9 (where the input came), r2 is
+    the next batch; with a second seat, r2 is the next batch after r1
+    parks. (Never ended, the run idles to its step limit.)"""
+    raw = json.loads((DATA / f"{GRAMMAR_SYNC}.workload.json").read_text())
+    raw["requests"][1]["session"] = {"inputs": [], "end_step": 9}
+    two_seats = json.loads(json.dumps(raw))
+    two_seats["config"]["max_num_seqs"] = 2
+    for workload, after in ((raw, "input"), (two_seats, "complete")):
+        trace = tmp_path / f"{workload['config']['max_num_seqs']}.jsonl"
+        result = running["0.34.0"].replay(workload, trace=str(trace))
+        assert result["ending"] == "done" and result["stalls"] == []
+        events = read_trace_file(str(trace))
+        admits = _first(events, "schedule", "r2")
+        before = [e for e in events[:admits] if e["ev"] in ("schedule", "complete", "input")][-1]
+        assert (before["ev"], before.get("req") or [*before.get("tokens", {})]) == (after, "r1" if after == "input"
+                                                                                   else ["r1"])

@@ -25,11 +25,11 @@ when blocks are short): such an idle is a stall whatever is parked.
 Read approximately: the head's need is its whole sequence's blocks where
 `scheduler_reserve_full_isl` holds (the admission gate), else its next
 chunk's, its remaining tokens cut at the token budget and the static
-long-prefill threshold (vLLM's adaptive threshold and prefix-cache hits are
-not replayed here); the blocks the end would free are those only parked
-sessions reference (a KV connector that delays a finished request's free
-is not asked). check-trace's L2 is
-the exact rule; a difference would show in a campaign as a disagreement.
+long-prefill threshold where chunked prefill is on (vLLM's adaptive
+threshold and prefix-cache hits are not replayed here); the blocks the end
+would free are those only parked sessions reference (a KV connector that
+delays a finished request's free is not asked). check-trace's L2 is the
+exact rule; a difference would show in a campaign as a disagreement.
 """
 
 from __future__ import annotations
@@ -71,8 +71,7 @@ def admission_head(scheduler: Any) -> Any | None:
     for name in ("kv_holding_waiting", "waiting", "async_kv_waiting"):
         queue = getattr(scheduler, name, None)
         for request in queued_requests(queue) if queue is not None else ():
-            status = getattr(request.status, "name", "")
-            if status.startswith("WAITING_FOR_"):
+            if _held_back(scheduler, request):
                 continue
             if getattr(request, "num_stale_output_tokens", 0) and not getattr(request, "drop_stale_output", False):
                 continue
@@ -80,15 +79,36 @@ def admission_head(scheduler: Any) -> Any | None:
     return None
 
 
+def _held_back(scheduler: Any, request: Any) -> bool:
+    """Whether `_handle_blocked_waiting_request` (0.33.0/0.34.0) skips the
+    request: parked for input, its grammar not compiled (or failed), its
+    remote KV not received. A status is not enough: vLLM promotes a settled
+    grammar or a received load to WAITING only when the loop reaches the
+    request, so one the parked sessions' seats keep the loop from reaching
+    still reads WAITING_FOR_... (campaign --versions 0.34.0,0.33.0
+    --all-features --reuse-ids seed 309 index 78: r2's grammar compiled at
+    engine step 5, r1 parked holding the one seat from step 8)."""
+    status = getattr(request.status, "name", "")
+    if status == "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR":
+        structured = getattr(request, "structured_output_request", None)
+        grammar = None if structured is None else structured.grammar      # settles a done Future, as vLLM's read
+        return grammar is None or isinstance(grammar, Exception)
+    if status == "WAITING_FOR_REMOTE_KVS":
+        return request.request_id not in getattr(scheduler, "finished_recving_kv_req_ids", ())
+    return status.startswith("WAITING_FOR_")
+
+
 def blocks_to_admit(scheduler: Any, request: Any) -> int:
     """Free blocks `allocate_slots` asks for to admit the request (nothing
     running: no watermark): its next chunk's (remaining tokens cut at the
     token budget and the static long-prefill threshold, plus the lookahead
-    slots) and, with `scheduler_reserve_full_isl`, its whole sequence's
+    slots; the threshold only with `enable_chunked_prefill`, as `schedule()`
+    reads it) and, with `scheduler_reserve_full_isl`, its whole sequence's
     (`full_sequence_must_fit`), less the blocks it holds."""
     config = getattr(scheduler, "scheduler_config", None)
     budget = getattr(scheduler, "max_num_scheduled_tokens", None) or getattr(config, "max_num_batched_tokens", 0)
-    threshold = int(getattr(config, "long_prefill_token_threshold", 0) or 0)
+    chunked = getattr(config, "enable_chunked_prefill", True)     # unchunked, schedule() reads the threshold as 0
+    threshold = int(getattr(config, "long_prefill_token_threshold", 0) or 0) if chunked else 0
     max_len = int(getattr(scheduler, "max_model_len", 0) or getattr(scheduler.kv_cache_manager, "max_model_len", 0))
     computed, total = int(request.num_computed_tokens), int(request.num_tokens)
     remaining = total - computed
