@@ -109,7 +109,7 @@ class KvWaiting:
         """The request the loop looks at next, and whether it is
         `async_kv_waiting`'s: `kv_holding_waiting` first, then whichever of
         `waiting`'s and `async_kv_waiting`'s heads arrived first
-        (`_next_waiting_queue`, arrival order: `first_incarnation`); in
+        (`_next_waiting_queue`, arrival order: `arrival_order`); in
         loads-only mode `async_kv_waiting` alone. None: the loop ends."""
         async_head = next((r for r in self.waiting if r not in skipped and self._may_load_async(r)), None)
         # PAUSED_NEW: `kv_holding_waiting` alone (reset_pause.py)
@@ -128,10 +128,14 @@ class KvWaiting:
 
     def _async_goes_first(self, async_head: Request, plain: Request) -> bool:
         """`_next_waiting_queue`: `async_head < head` under the priority
-        policy (`Request.__lt__`), else the earlier arrival."""
+        policy (`Request.__lt__`), else the earlier `arrival_time`. A
+        session's is that of the input it took last (vLLM 0.34
+        `_update_request_as_session` sets `session.arrival_time =
+        update.arrival_time`): a session that took an input sent after a
+        request of the other queue arrived goes after it (`arrival_order`)."""
         if self._priority:
             return priority_key(async_head) < priority_key(plain)
-        return async_head.first_incarnation < plain.first_incarnation
+        return async_head.arrival_order < plain.arrival_order
 
     def _kv_lookup(self, request: Request) -> _Lookup:
         """A fresh request's local prefix hit and the connector's offer on

@@ -94,7 +94,7 @@ class Request:
         "request_id", "num_prompt_tokens", "max_tokens", "stop_token_set", "stop_reason",
         "orphaned_incarnation",
         "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
-        "num_cached_tokens", "block_hashes", "first_incarnation",
+        "num_cached_tokens", "block_hashes", "first_incarnation", "arrival_order",
         "num_in_flight_tokens", "num_stale_output_tokens", "drop_stale_output",
         "num_output_placeholders", "next_decode_eligible_step", "is_prefill_chunk",
         "kv_offer", "kv_load", "last_sched_seq", "inflight_prefill", "status_before_load",
@@ -136,6 +136,10 @@ class Request:
         # Set by Scheduler.add_request (scheduler-wide unique numbers).
         self.incarnation = -1
         self.first_incarnation = -1
+        # Where it stands in the order of arrival under FCFS (vLLM's wall-clock
+        # `arrival_time`): its add's number, then, in a session, that of the
+        # input it took last (`_update_request_as_session` takes the input's).
+        self.arrival_order = -1
         # The incarnation a preemption ended, until the request is rescheduled:
         # entries of that incarnation are orphaned, not superseded.
         self.orphaned_incarnation: int | None = None

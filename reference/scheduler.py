@@ -162,7 +162,7 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         if self.session_under(request.request_id) is not None:
             return self.add_session_input(request)
         self._validate_new_request(request)
-        request.incarnation = request.first_incarnation = next(self._incarnations)
+        request.incarnation = request.first_incarnation = request.arrival_order = next(self._incarnations)
         self.requests[request.request_id] = request
         self.waiting.append(request)
         self._note_enqueued(request)          # a grammar to wait for is deferred (cadence.py)

@@ -46,6 +46,9 @@ class StreamingUpdate:
     # whether its sampling parameters ask for prompt logprobs, where taking
     # it sets the session's prefix-cache limit (0.34); None: it does not (0.33)
     prompt_logprobs: bool | None = None
+    # its add's place in the order of arrival (`Request.arrival_order`; vLLM:
+    # the update's wall-clock `arrival_time`, which the session takes with it)
+    arrival_order: int = -1
 
 
 class StreamingSessions:
@@ -91,8 +94,9 @@ class StreamingSessions:
         # 0.34's `_update_request_as_session` recomputes `prefix_cache_hit_limit` from
         # the update's sampling parameters; 0.33's keeps the first input's skip
         sets_limit = self.config.version_profile.session_input_sets_cache_limit
+        # the input's arrival is numbered on the scheduler's clock of adds and turns (`_incarnations`)
         update = (StreamingUpdate(tuple(request.prompt_token_ids), request.max_tokens, request.arrival_time,
-                                  request.prompt_logprobs if sets_limit else None)
+                                  request.prompt_logprobs if sets_limit else None, next(self._incarnations))
                   if request.resumable else None)
         if session.status != PARKED:
             # taken at its next stop; a finished session held for the connector has none: vLLM
@@ -200,6 +204,7 @@ class StreamingSessions:
         if update.prompt_logprobs is not None:           # 0.34: the input's prefix-cache limit
             session.prompt_logprobs = update.prompt_logprobs
         session.arrival_time = update.arrival_time       # its priority stays the first input's
+        session.arrival_order = update.arrival_order     # FCFS: 0.34's `_next_waiting_queue` reads it (kv_waiting.py)
         # rehashed lazily from the tokens: the blocks before keep_end's get the
         # hashes vLLM keeps (`del block_hashes[keep_end // hash_block_size:]`)
         session.block_hashes.clear()

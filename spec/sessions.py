@@ -169,12 +169,15 @@ def send_input(state: State, cfg: Config, r: int, finish: Finish) -> State | Non
 
 
 def _stamp_input(state: State, cfg: Config, r: int, sent: tuple[int, ...]) -> State:
-    """Under the priority policy: the input's arrival time (vLLM's
-    `StreamingUpdate.arrival_time`, the time the client sent it; the end of
-    the session is no update and has none), recorded as a later place of r
-    in `arrivals`. r's first place stays its arrival time (`priority.rank`)
-    until the input is taken (`_take_input`). FCFS: nothing."""
-    if not priority.is_priority(cfg) or sent == END_OF_SESSION:
+    """Where r's arrival is kept (`arrivals`: under the priority policy, and
+    under FCFS beside vLLM 0.34's load limit, whose `_next_waiting_queue`
+    compares arrival times: actions.py `_offer_of_connector`): the input's
+    arrival time (vLLM's `StreamingUpdate.arrival_time`, the time the
+    client sent it; the end of the session is no update and has none),
+    recorded as a later place of r. r's first place stays its arrival time
+    (`priority.rank`, kv_loads.py `_arrived_before`) until the input is
+    taken (`_take_input`). Otherwise: nothing."""
+    if r not in state.arrivals or sent == END_OF_SESSION:
         return state
     return replace(state, arrivals=state.arrivals + (r,))
 
@@ -183,10 +186,12 @@ def _take_input(state: State, cfg: Config, r: int, sent: tuple[int, ...]) -> Sta
     """vLLM `_update_request_as_session`: the outputs but the last sampled
     one become prompt (its KV was never computed), the new tokens join it,
     the turn's outputs start again from none under the update's max_tokens,
-    and r waits to be scheduled (in the queue it already is in). Under the
-    priority policy r takes the input's arrival time (`session.arrival_time
+    and r waits to be scheduled (in the queue it already is in). Where its
+    arrival is kept r takes the input's arrival time (`session.arrival_time
     = update.arrival_time`: r's first place in `arrivals` goes, its next is
-    the input's) and keeps its priority (the update carries none).
+    the input's; under FCFS vLLM 0.34's `_next_waiting_queue` then puts r
+    behind an async load that arrived before the input) and keeps its
+    priority (the update carries none).
 
     A structured session keeps its grammar and its FSM where the last turn
     left it (`_update_request_as_session` replaces the sampling parameters
@@ -200,7 +205,7 @@ def _take_input(state: State, cfg: Config, r: int, sent: tuple[int, ...]) -> Sta
     q = state.requests[r]
     kept = q.num_tokens - 1         # vLLM asserts kept >= num_computed_tokens: SS3 states it
     new_tokens, max_tokens = sent[0], sent[1]
-    if priority.is_priority(cfg):
+    if state.arrivals.count(r) > 1:                  # the input was stamped (`_stamp_input`)
         first = state.arrivals.index(r)
         state = replace(state, arrivals=state.arrivals[:first] + state.arrivals[first + 1:])
     state = state.with_request(r, prompt_len=kept + new_tokens, num_output=0, max_tokens=max_tokens,

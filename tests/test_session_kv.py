@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from flightcheck.spec import (Arrive, CompleteOldest, Config, KvConnector, Prompt, ReceiveKv, Sample, Schedule)
+from flightcheck.spec import (Arrive, CompleteOldest, Config, KvConnector, Prompt, ReceiveKv, Sample, Schedule,
+                              SendInput)
 from flightcheck.spec.state import Load, Status
 from flightcheck.verification.explicit.search import search
 from flightcheck.verification.session_models import SESSION_KV_K2, SESSION_KV_LIMIT_K2
@@ -35,7 +36,9 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # check-trace runs on vL
 DATA = Path(__file__).parent / "data" / "vllm" / "pairs"
 
 # (states, edges, max depth) -- change only with a reviewed change of semantics.
-PINNED = {"session-kv-k2": (458, 1091, 14), "session-kv-limit-k2": (586, 1374, 14)}
+# session-kv-limit-k2: 586 states before a session's input was stamped into `arrivals` under FCFS
+# beside the load limit too (spec/sessions.py `_stamp_input`, seed 322 index 39)
+PINNED = {"session-kv-k2": (458, 1091, 14), "session-kv-limit-k2": (712, 1668, 14)}
 PROPERTIES = {"SS1_old_output_never_bound", "SS2_old_turn_given_up", "SS3_waiting_session_holds_blocks",
               "SS4_waiting_session_keeps_seat", "KV1_no_reuse_under_transfer", "KV2_loading_not_scheduled",
               "KV3_rollback_restores_counters", "KV4_no_leak", "KV5_loaded_not_starved", "S9_kv_ownership",
@@ -83,6 +86,21 @@ def test_loads_only_mode_counts_the_seat_of_a_session_waiting_for_input() -> Non
                           Schedule()])
     assert state.requests[0].status is Status.WAITING_FOR_STREAMING_REQ
     assert state.requests[1].status is Status.WAITING_FOR_REMOTE_KVS and state.running == ()
+
+
+def test_a_session_takes_its_inputs_arrival_against_the_async_loads() -> None:
+    """Under FCFS beside vLLM 0.34's load limit `_next_waiting_queue`
+    compares arrival times, and `_update_request_as_session` gives the
+    session its input's (`session.arrival_time = update.arrival_time`): the
+    input is stamped into `arrivals` when sent and the session's first place
+    goes when it takes it, behind the load that arrived before the input
+    (campaign seed 322 index 39: tests/test_vllm_session_input_arrival_behind_a_load.py)."""
+    cfg = SESSION_KV_LIMIT_K2.cfg
+    session, load = SESSION_KV_LIMIT_K2.prompts
+    before = [Arrive(0, session), Schedule(), CompleteOldest((Sample(),)), Arrive(1, load), Schedule()]
+    assert _run(cfg, 2, before).arrivals == (0, 1)
+    state = _run(cfg, 2, before + [SendInput(0)])
+    assert state.requests[0].status is Status.WAITING and state.arrivals == (1, 0)
 
 
 def test_a_session_between_turns_reserves_nothing_beside_an_async_load() -> None:
