@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .batch import Batch
-from .config import SchedulerConfig
+from .config import SchedulerConfig, cdiv
+from .kv_cache_manager import KVCacheManager
 from .outputs import CachedRequestData
 from .profiles import Profile
 from .request import Request
@@ -29,6 +30,8 @@ class DraftSources:
 
     config: SchedulerConfig
     requests: dict[str, Request]
+    kv_cache_manager: KVCacheManager
+    _threshold: int
 
     def _read_draft_rules(self, profile: Profile) -> None:
         """The profile's draft rules, read once (`Scheduler.__init__`): drafts
@@ -44,6 +47,26 @@ class DraftSources:
         self._settles_blocks_with_drafts = profile.settles_blocks_with_drafts and k > 0   # _apply_sampled
         self._pads_admitted_decodes = profile.pads_admitted_decodes and k > 0             # _schedule_waiting
         self._padding_asserted_whole = profile.padding_asserted_whole                     # _pad_drafts
+        self._demands_blocks_past_max_model_len = profile.demands_blocks_past_max_model_len  # _allocate_or_preempt
+
+    def _unclipped_demand_fits(self, request: Request, token_budget: int) -> bool:
+        """vLLM 0.8.4 `Scheduler.schedule`, running loop: `num_tokens_with_spec
+        - num_computed_tokens` clipped by the threshold and the budget only
+        (0.8.5 added the max_model_len clip), so `KVCacheManager.allocate_slots`
+        fails when the blocks for every held draft, past max_model_len too,
+        exceed the free ones: the request is then preempted (or preempts).
+        Always true elsewhere; where the blocks can be had the entry is
+        clipped (`_clip`: scheduling past max_model_len is 0.8.4's bug)."""
+        if not self._demands_blocks_past_max_model_len:
+            return True
+        wanted = len(request.all_token_ids) + len(request.spec_token_ids) - request.num_computed_tokens
+        if 0 < self._threshold < wanted:
+            wanted = self._threshold
+        wanted = min(wanted, token_budget)
+        manager = self.kv_cache_manager
+        needed = (cdiv(request.num_computed_tokens + wanted, self.config.block_size)
+                  - len(manager.req_to_blocks.get(request.request_id, ())))
+        return needed <= manager.get_num_free_blocks()
 
     def update_draft_token_ids(self, req_ids: Sequence[str], draft_token_ids: Sequence[Sequence[int]]) -> None:
         """vLLM 0.33 `Scheduler.update_draft_token_ids`, which the sync engine

@@ -264,6 +264,12 @@ class Profile:
     # request holds is left out, scheduled or not (0.33 leaves out the
     # drafts scheduled). On in the 0.8.x profiles, as in the spec's.
     held_drafts_left_uncached: bool = False
+    # The same missing clip seen from the blocks (on in the 0.8.4 profile, as
+    # in the spec's): `allocate_slots` is asked for blocks for every held
+    # draft, past max_model_len too, and a request that cannot have them is
+    # preempted; when it can, the entry is still clipped (drafts.py
+    # `_unclipped_demand_fits`).
+    demands_blocks_past_max_model_len: bool = False
     # 0.8.4 `Scheduler.schedule`, running loop: no `max_model_len -
     # num_computed_tokens` clip (0.8.5 added it, "necessary when using spec
     # decoding"), so drafts are scheduled past max_model_len
@@ -332,7 +338,7 @@ PROFILES: dict[str, Profile] = {
                           release_reversed_with_caching=True,
                           release_reversed_without_caching=False,
                           cache_duplicate_blocks=True, continue_prefill=False,
-                          engine_loop="vllm-0.8.4",
+                          engine_loop="vllm-0.8.4", demands_blocks_past_max_model_len=True,
                           drafts_kept_through_preemption=True, held_drafts_left_uncached=True),
     # vLLM 0.33.0, synchronous scheduling (the V1 model runner under pipeline
     # parallelism; deliver mode unless `SchedulerConfig.drop_stale_output`).

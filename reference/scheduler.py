@@ -417,7 +417,8 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         the priority policy, priority.py's victim) until they fit; None if
         the request itself had to go."""
         while True:
-            new_blocks = self._allocate(request, num_new_tokens, (), num_drafts)
+            fits = self._unclipped_demand_fits(request, batch.token_budget)    # 0.8.4 (drafts.py)
+            new_blocks = self._allocate(request, num_new_tokens, (), num_drafts) if fits else None
             if new_blocks is not None:
                 return new_blocks
             victim = self._priority_victim() if self._priority else self.running[-1]

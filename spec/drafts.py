@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from . import blocks
 from .config import Config
 from .state import State, Status
 
@@ -97,6 +98,25 @@ def drafts_left_uncached(cfg: Config, num_drafts_held: int, num_drafts_scheduled
     if cfg.rules.held_drafts_left_uncached:
         return max(num_drafts_held, num_drafts_scheduled)
     return num_drafts_scheduled
+
+
+def unclipped_demand_fits(state: State, cfg: Config, r: int, threshold: int, budget: int) -> bool:
+    """Whether the blocks vLLM 0.8.4's running loop asks for can be had
+    (`Profile.demands_blocks_past_max_model_len`; always true elsewhere):
+    `Scheduler.schedule` clips `num_tokens_with_spec - num_computed_tokens`
+    by the long-prefill threshold and the budget only, not by max_model_len,
+    and `KVCacheManager.allocate_slots` fails when the blocks for all of them
+    exceed the free ones: r's drafts past max_model_len can get it preempted
+    where 0.8.5 schedules it clipped."""
+    if not cfg.rules.demands_blocks_past_max_model_len:
+        return True
+    req = state.requests[r]
+    num_new = state.num_new_tokens(r)
+    if 0 < threshold < num_new:
+        num_new = threshold
+    num_new = min(num_new, budget)
+    needed = blocks.cdiv(req.num_computed + num_new, cfg.block_size) - len(req.block_table)
+    return blocks.can_allocate(state.pool, max(0, needed), ())
 
 
 def drafts_after_preemption(cfg: Config, num_drafts_held: int) -> int:

@@ -175,6 +175,14 @@ class Profile:
     # `min(num_computed_tokens + num_new_tokens, request.num_tokens)`: only
     # the scheduled drafts are left out.
     held_drafts_left_uncached: bool = False
+    # vLLM 0.8.4 `Scheduler.schedule`, running loop: no `max_model_len -
+    # num_computed_tokens` clip (0.8.5 added it, "necessary when using spec
+    # decoding"), so `KVCacheManager.allocate_slots` is asked for blocks for
+    # every held draft, past max_model_len too, and a request whose blocks
+    # cannot be had is preempted like any other. Scheduling those drafts when
+    # the blocks can be had is 0.8.4's bug (the ground truth's
+    # `beyond_max_model_len`), left out: the entry is then clipped as 0.8.5's.
+    demands_blocks_past_max_model_len: bool = False
     # `Scheduler.schedule`, waiting loop (0.33: "Pad new decode requests to
     # uniform spec decoding size"): with k > 0 an admission with exactly one
     # token to compute is scheduled as 1 + k tokens, k placeholder drafts,
@@ -366,7 +374,8 @@ VLLM_0_8_4 = Profile(name="vllm-0.8.4", policy="one-batch-per-request",
                      release_order_with_prefix_caching="reverse",
                      release_order_without_prefix_caching="forward",
                      num_preallocate_tokens=64, cache_duplicate_blocks=True,
-                     waits_with_batch_in_flight=True, held_drafts_left_uncached=True)
+                     waits_with_batch_in_flight=True, held_drafts_left_uncached=True,
+                     demands_blocks_past_max_model_len=True)
 
 # The KV connector rows of 0.33.0 (docs/kv-connector.md): everything but the
 # 0.34 load limit, each re-read in `vllm/v1/core/sched/scheduler.py`.

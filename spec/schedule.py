@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from . import blocks, cadence, grammar, kv_loads, lora, priority, sessions
 from .admission_order import reorder_waiting
 from .config import Config
-from .drafts import drafts_after_preemption, drafts_left_uncached, padded_admission
+from .drafts import drafts_after_preemption, drafts_left_uncached, padded_admission, unclipped_demand_fits
 from .kv_fence import can_free_now, requires_kv_delivery
 from .launch import ScheduledEntry, count_down, count_in_flight, snapshot
 from .reset_pause import has_requests, runs_running_loop, runs_waiting_loop, takes_waiting_queue
@@ -163,7 +163,8 @@ def _schedule_running(step: _Step) -> None:
         if num_new == 0:
             i += 1          # all known tokens in flight, or waiting for its token
             continue
-        while not _allocate(step, r, num_new, hit=()):
+        while not (unclipped_demand_fits(step.state, step.cfg, r, step.threshold, step.budget)
+                   and _allocate(step, r, num_new, hit=())):
             victim = priority.choose_victim(step.state, step.cfg)
             if not _victim_frees_at_once(step, victim):
                 return
