@@ -45,6 +45,9 @@ SAME_AS_033_IN: dict[str, str] = {
     "held_drafts_left_uncached": "Scheduler._preempt_request (spec_token_ids = []) / "
                                  "KVCacheManager.allocate_slots (min(total_computed_tokens + num_new_tokens, "
                                  "request.num_tokens) cached)",
+    "demands_blocks_past_max_model_len": "Scheduler.schedule, running loop (num_new_tokens clipped to "
+                                         "max_model_len - num_computed_tokens - num_sampled_tokens_per_step "
+                                         "before allocate_slots: no demand past it)",
     "unchunked_prefill_stops_admission": "Scheduler.schedule, waiting loop (not enable_chunked_prefill and "
                                          "num_new_tokens > request_token_budget: break)",
     "waits_with_batch_in_flight": "EngineCoreProc._process_input_queue (blocks only while not has_work(), "
