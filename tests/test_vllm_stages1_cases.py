@@ -37,9 +37,11 @@ ends a trace before a false rejection later in it can be seen.
   `--versions 0.8.5,0.8.4 --spec-tokens 2 --stages 1`: vLLM crashes inside
   `schedule()` (0.8.5: `assert blk.block_hash is None` in
   `BlockPool.cache_full_blocks`; 0.8.4: the assertion in
-  `KVCacheManager.allocate_slots`), the trace has no `end`, and check-trace
-  accepts it naming liveness unchecked: the misses flightcheck/vllm/README.md
-  reports for several stages, seen here with one. A strict xfail each.
+  `KVCacheManager.allocate_slots`). The trace used to stop before that call
+  (no `end`), and check-trace accepted it naming liveness unchecked: a miss.
+  vLLM's recorder now ends it with a `raised` event (the traces here are
+  re-recorded so: the same events, one line more), rejected there as
+  `scheduler_raised`; the trace cut before it is still accepted, as before.
 """
 
 from __future__ import annotations
@@ -115,14 +117,19 @@ def test_cadence_hold_at_a_preemption_is_accepted(stem):
     assert verdict["ok"], (verdict["property"], verdict["line"])
 
 
-@pytest.mark.xfail(strict=True, reason="a known miss: vLLM 0.8.x crashes inside schedule() with drafts, "
-                                       "nothing wrong in the trace before it (flightcheck/vllm/README.md)")
 @pytest.mark.parametrize("stem", ["085_sync_drafts_crash_in_cache_full_blocks_seed2_14",
                                   "084_sync_drafts_crash_in_allocate_slots_seed2_25"])
-def test_a_crash_of_0_8_with_drafts_and_one_stage_is_rejected(stem):
-    verdict = _verdict(DATA / f"{stem}.jsonl")
-    assert verdict["unchecked"] == ["liveness at the end (the trace has no end event)"]
-    assert not verdict["ok"]
+def test_a_crash_of_0_8_with_drafts_and_one_stage_is_rejected(stem, tmp_path):
+    trace = DATA / f"{stem}.jsonl"
+    lines = trace.read_text().splitlines()
+    assert json.loads(lines[-1])["ev"] == "raised"
+    verdict = _verdict(trace)
+    assert (verdict["ok"], verdict["property"], verdict["line"]) == (False, "scheduler_raised", len(lines))
+    # without the raised line the trace is the prefix it used to be: accepted, liveness unchecked
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("\n".join(lines[:-1]) + "\n")
+    before = _verdict(cut)
+    assert before["ok"] and before["unchecked"] == ["liveness at the end (the trace has no end event)"]
 
 
 @pytest.mark.vllm
