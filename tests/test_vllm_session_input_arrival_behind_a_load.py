@@ -36,7 +36,7 @@ import pytest
 from flightcheck.vllm.campaign import check_verdict, verdict
 from flightcheck.vllm.differential import compare, decisions, profile_for, read_trace, run_reference
 
-from .vllm_support import DATA, workers
+from .vllm_support import DATA, replay_kept_async, workers
 
 pytestmark = pytest.mark.usefixtures("both_checkers")       # judges check-trace's verdict
 
@@ -99,13 +99,10 @@ def running():
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_the_kept_workload_replays_on_vllm_to_an_explained_rejected_run(running, tmp_path):
-    from flightcheck.vllm import ASYNC_RECORDER
     from flightcheck.vllm.campaign import compare_workload
 
     raw, trace = _raw(), tmp_path / "trace.jsonl"
-    result = running["0.34.0"].replay(raw, trace=str(trace), scheduler_cls=ASYNC_RECORDER)
-    events = read_trace(trace)
-    assert decisions(events) == decisions(read_trace(STEM.with_suffix(".jsonl")))
+    result, events = replay_kept_async(running["0.34.0"], raw, STEM.with_suffix(".jsonl"), trace)
     comparison, _ = compare_workload(raw, result, events, PROFILE)
     assert comparison.explained and comparison.deviation == "reused_id_output_dropped", comparison.describe()
     category, detail = verdict(result, check_verdict(trace))

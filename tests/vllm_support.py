@@ -91,3 +91,17 @@ def drawn_apart(seed: int, count: int, **options: object) -> list[dict]:
         return campaign_workloads(seed, count, **options)   # type: ignore[arg-type]
     finally:
         session_generate.FEATURE = met
+
+
+def replay_kept_async(worker: ReplayWorker, raw: dict[str, Any], kept_trace: Path,
+                      trace: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Replay a kept async workload on `worker` into `trace` (vLLM's async
+    recorder) and check it makes the kept trace's decisions again: the
+    replay's result and its events."""
+    from flightcheck.vllm import ASYNC_RECORDER
+    from flightcheck.vllm.differential import decisions, read_trace
+
+    result = worker.replay(raw, trace=str(trace), scheduler_cls=ASYNC_RECORDER)
+    events = read_trace(trace)
+    assert decisions(events) == decisions(read_trace(kept_trace))
+    return result, events
