@@ -2,7 +2,9 @@
 plain workload with one or two of its requests turned into sessions
 (session_workload.py's `session` key): each sends one to three more inputs
 (1 to 8 new tokens, the next turn stopping after 1 to 4 outputs) at engine
-steps after its arrival, then the end of the session. A session request
+steps after its arrival, then the end of the session, except that one
+session in `CLIENT_GOES_AWAY_ONE_IN` never gets its end (its client goes
+away, `client_ends: false`). A session request
 keeps no abort (an input sent after it would name a new request) and no id
 another request reuses. Prefix caching stays the seed's choice (on or off,
 generate.py; vLLM's default is on): a turn's kept outputs become prompt
@@ -29,11 +31,23 @@ Standard library only.
 
 from __future__ import annotations
 
+import random
 from typing import Any, Protocol, Sequence, TypeVar
 
 from .features import Feature
 
 T = TypeVar("T")
+
+
+# One session in this many has a client that never sends the end of the
+# session: real clients abandon sessions, and a run that ends with a session
+# parked in WAITING_FOR_STREAMING_REQ is where the ground truth and
+# check-trace may read the end differently (vLLM 0.33/0.34
+# `get_num_unfinished_requests` leaves parked sessions out, so the engine
+# stops stepping for them). Small, so that most sessions still reach their end
+# and what follows it. Drawn from its own stream (`_client_goes_away`), so a
+# seed's other choices stay what they were before the share came.
+CLIENT_GOES_AWAY_ONE_IN = 8
 
 
 class Picker(Protocol):                        # generate.Picker
@@ -77,7 +91,17 @@ def with_sessions(pick: Picker, workload: dict[str, Any]) -> bool | None:
             room -= tokens + max_tokens
             step += pick.integer(1, 12)
             inputs.append({"step": step, "tokens": tokens, "max_tokens": max_tokens})
-        request["session"] = {"inputs": inputs, "end_step": step + pick.integer(1, 10)}
+        end_step = step + pick.integer(1, 10)
+        request["session"] = {"inputs": inputs, **({"client_ends": False} if _client_goes_away(workload, request)
+                                                   else {"end_step": end_step})}
+
+
+def _client_goes_away(workload: dict[str, Any], request: dict[str, Any]) -> bool:
+    """Whether the session's client never sends its end: one time in
+    `CLIENT_GOES_AWAY_ONE_IN`, from a stream of the workload's seed and the
+    request's id alone (not `pick`: every other draw stays as it was)."""
+    return random.Random(f"{workload['seed']}/client-goes-away/{request.get('id')}").randrange(
+        CLIENT_GOES_AWAY_ONE_IN) == 0
 
 
 FEATURE = Feature("streaming-sessions", ("0.33.0", "0.34.0"), 1.0, with_sessions)

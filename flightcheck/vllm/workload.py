@@ -92,7 +92,8 @@
   since its arrival (grammar_workload.py).
 * A request's `session` (vLLM 0.33 and 0.34): a streaming session, the
   request resumable, its later inputs sent at engine steps
-  (`{"inputs": [{"step", "tokens", "max_tokens"}], "end_step"}`);
+  (`{"inputs": [{"step", "tokens", "max_tokens"}], "end_step"}`, or
+  `"client_ends": false` in place of `end_step`: the end never sent);
   session_workload.py documents it. The replay and the reference take the
   same decisions on such workloads; check-trace does not read them yet.
 * `events` (vLLM 0.33 and 0.34): resets and pauses handed to the scheduler
