@@ -53,6 +53,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .run_endings import left_to_clients, unfinished_requests
+
 
 class KVRecordingMixin:
     """Put in front of RecordingMixin (recorder.py)."""
@@ -103,13 +105,28 @@ class KVRecordingMixin:
         """At the end of a complete run: every block back in the pool and no
         request kept (KV4), then RecordingMixin's end."""
         if complete and self._fc_connector() is not None:
-            pool = self.kv_cache_manager.block_pool  # type: ignore[attr-defined]
-            missing = int(self.kv_cache_config.num_blocks) - 1 - int(pool.get_num_free_blocks())  # type: ignore
-            kept = sorted(self.requests)
-            if missing or kept:
-                self.flightcheck_observations.kv_blocks_leaked_at_end.append({  # type: ignore[attr-defined]
-                    "step": self.flightcheck_step, "blocks": missing, "requests": kept})  # type: ignore
+            self._fc_check_returned_at_end()
         super().flightcheck_end(complete=complete)  # type: ignore[misc]
+
+    def _fc_check_returned_at_end(self) -> None:
+        """KV4 at the end: every block back in the pool, no request kept. A
+        run that ends waiting on the clients of sessions parked for input
+        (run_endings.py `left_to_clients`: a client that never sends the end
+        of its session) leaves its unfinished requests theirs: a parked
+        session keeps its blocks (vLLM 0.33.0/0.34.0 `_handle_stopped_request`
+        frees none) and what waits behind it keeps what it holds."""
+        pool = self.kv_cache_manager.block_pool  # type: ignore[attr-defined]
+        missing = int(self.kv_cache_config.num_blocks) - 1 - int(pool.get_num_free_blocks())  # type: ignore
+        kept = sorted(self.requests)
+        if left_to_clients(self):
+            unfinished = set(unfinished_requests(self))
+            held = {block.block_id for req_id in unfinished
+                    for block in (self.kv_cache_manager.get_blocks(req_id).blocks or [()])[0]  # type: ignore
+                    if not getattr(block, "is_null", False)}
+            missing, kept = missing - len(held), [req_id for req_id in kept if req_id not in unfinished]
+        if missing or kept:
+            self.flightcheck_observations.kv_blocks_leaked_at_end.append({  # type: ignore[attr-defined]
+                "step": self.flightcheck_step, "blocks": missing, "requests": kept})  # type: ignore
 
     def _fc_config_event(self) -> dict[str, Any]:
         event = super()._fc_config_event()  # type: ignore[misc]

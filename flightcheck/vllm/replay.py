@@ -261,12 +261,7 @@ def probe_interpreter(python: str | Path, known: tuple[str, ...] = SUPPORTED_VER
 
 def findings(result: dict[str, Any]) -> list[str]:
     """What vLLM's own state showed to be wrong in a run (empty: nothing)."""
-    found = []
-    if result["ending"] != "done":
-        detail = result.get("exception") or ", ".join(result.get("unfinished") or [])
-        found.append(f"the run ended {result['ending']}"
-                     + (f" with {result['batches_in_flight']} batches in flight" if result["batches_in_flight"] else "")
-                     + (f" ({detail})" if detail else ""))
+    found = _ending_findings(result)
     truth = result.get("ground_truth") or {}
     for stale in truth.get("stale_tokens", []):
         found.append(f"batch {stale['batch']}'s token was appended to {stale['req']} after it was "
@@ -319,6 +314,19 @@ def findings(result: dict[str, Any]) -> list[str]:
         found.append(f"scheduled_req_ids disagrees with the batches in flight at step {mismatch['step']}: "
                      f"extra {mismatch['extra']}, missing {mismatch['missing']}")
     return found
+
+
+def _ending_findings(result: dict[str, Any]) -> list[str]:
+    """A run that did not end `done`; not a `stuck` end that only the clients
+    of sessions parked for input can end (run_endings.py `left_to_clients`:
+    their wait, not a stall; vLLM 0.33.0/0.34.0 `get_num_unfinished_requests`
+    leaves the parked sessions out)."""
+    if result["ending"] == "done" or (result["ending"] == "stuck" and result.get("left_to_clients")):
+        return []
+    detail = result.get("exception") or ", ".join(result.get("unfinished") or [])
+    return [f"the run ended {result['ending']}"
+            + (f" with {result['batches_in_flight']} batches in flight" if result["batches_in_flight"] else "")
+            + (f" ({detail})" if detail else "")]
 
 
 def _idle_findings(result: dict[str, Any]) -> list[str]:

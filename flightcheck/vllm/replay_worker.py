@@ -103,7 +103,7 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 from . import RECORDER, grammar_replay, kv_replay, lora_replay, priority_workload  # noqa: E402
 from .reset_pause_workload import call_event  # noqa: E402
 from .compat import resolve_obj_by_qualname  # noqa: E402
-from .run_endings import stays_idle  # noqa: E402
+from .run_endings import left_to_clients, stays_idle  # noqa: E402
 from .engine import (BatchQueueEngine, BatchQueueEngineV033, BatchQueueEngineV034,  # noqa: E402
                      FabricatedModel, run_busy_loop)
 from .grammar_recording import STRUCTURED_ENV  # noqa: E402
@@ -440,6 +440,8 @@ def _engine_report(engine: BatchQueueEngine, model: FabricatedModel) -> dict[str
         **({"deferred_drafts": engine.deferred_drafts_handed} if model.draft_handler is not None else {}),
         "waits_in_flight": engine.waits_in_flight, "gated_completions": engine.gated_completions,
         "copy_errors": engine.copy_errors[:1],
+        # the parked sessions whose clients an idle end waits on (no stall where it is `stuck`)
+        "left_to_clients": left_to_clients(engine.scheduler),
     }
 
 

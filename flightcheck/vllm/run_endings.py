@@ -36,12 +36,34 @@ def stalled_until_input(scheduler: Any, since: int, until: int) -> list[dict]:
     pause = getattr(inner, "pause_state", None)            # vLLM 0.33/0.34 and the reference alike
     if pause is not None and getattr(pause, "name", "UNPAUSED") != "UNPAUSED":
         return []
-    requests = getattr(inner, "requests", {})
-    parked = sorted(req_id for req_id, r in requests.items() if getattr(r.status, "name", "") == PARKED)
+    parked = _parked(inner)
     unfinished = [req_id for req_id in unfinished_requests(scheduler) if req_id not in parked]
     if not unfinished or (parked and parked_sessions_hold_the_way(inner)):
         return []
     return [{"step": since, "until": until, "unfinished": unfinished, **({"parked": parked} if parked else {})}]
+
+
+def left_to_clients(scheduler: Any) -> list[str]:
+    """The sessions parked for input whose clients an idle end of the run
+    waits on (the module docstring's rule, as `stalled_until_input` reads
+    it mid-run): every unfinished request is such a session, or nothing
+    runs and what they hold keeps the rest from admission. Empty where no
+    session is parked or the idle is a stall beside them. A client that
+    never sends the end of its session (session_workload.py `client_ends`)
+    ends its run so: vLLM then has nothing else to do, or spins for ever
+    on requests only that client's end would admit."""
+    inner = getattr(scheduler, "scheduler", scheduler)
+    parked = _parked(inner)
+    if not parked:
+        return []
+    unfinished = [req_id for req_id in unfinished_requests(scheduler) if req_id not in parked]
+    return parked if not unfinished or parked_sessions_hold_the_way(inner) else []
+
+
+def _parked(scheduler: Any) -> list[str]:
+    """The ids of the sessions parked for input (WAITING_FOR_STREAMING_REQ)."""
+    requests = getattr(scheduler, "requests", {})
+    return sorted(req_id for req_id, r in requests.items() if getattr(r.status, "name", "") == PARKED)
 
 
 def short_idle(scheduler: Any, batches_formed: int, since: int, until: int) -> list[dict]:
@@ -87,7 +109,9 @@ def stall_stepped_through(engine: Any, inputs: Any, step: int, idle: int) -> lis
 
 def idle_ending(scheduler: Any, batches_in_flight: int) -> tuple[str, list[str]]:
     """How a run ends that is idle with nothing in flight and no input to
-    come: `done` or `stuck`, and the requests left unfinished."""
+    come: `done` or `stuck`, and the requests left unfinished (a `stuck`
+    that is the wait of parked sessions' clients is told by
+    `left_to_clients`: no stall)."""
     unfinished = unfinished_requests(scheduler)
     if not unfinished and batches_in_flight == 0:
         # 0.8.4 flushes finished ids only in schedule(), which its gate no

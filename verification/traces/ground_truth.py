@@ -21,7 +21,11 @@ vLLM's own state"), independently of the checker.
   completion 0.8.4's stale `scheduled_req_ids` forced where vLLM's own
   `schedule()` forms a batch without the stale ids (E-b);
 * a run that ends stuck (the counter drift) or blocked with batches in
-  flight, with an `end` event: rejected at `end`;
+  flight, with an `end` event: rejected at `end`; not a stuck end that
+  waits on the clients of sessions parked for input (the replay's
+  `left_to_clients`, flightcheck/vllm/run_endings.py: every unfinished
+  request is such a session, or nothing runs and what they hold keeps the
+  rest from admission; check-trace's L2 reads the same rule);
 * an exception inside vLLM with none of the above before it: rejected at or
   before the trace's last event (the trace stops where vLLM raised: with the
   recorder's `raised` event where vLLM raised in a scheduler call);
@@ -80,6 +84,8 @@ def expected_verdict(result: dict[str, Any], events: list[dict[str, Any]]) -> Ex
         return Expected("bug", min(exact), min(exact))    # at the event of the first bug, not before it
     if result["ending"] == "exception":
         return Expected("exception", None, last)          # the trace stops where vLLM raised
+    if result["ending"] == "stuck" and result.get("left_to_clients"):
+        return Expected("legal", None, None)              # parked sessions' clients' wait (run_endings.py)
     if result["ending"] in ("stuck", "blocked_in_flight") and events[-1]["ev"] == "end":
         return Expected(result["ending"], last, last)
     return Expected("legal", None, None)
