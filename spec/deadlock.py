@@ -37,7 +37,7 @@ from .kv_invariants import moves_a_load, transfers_in_flight
 from .reset_pause import num_unfinished_requests
 from .sessions import end_parked_sessions, waiting_for_input
 from .config import Config
-from .state import State
+from .state import State, Status
 
 
 def l2_no_deadlock(s: State, cfg: Config) -> bool:
@@ -70,6 +70,18 @@ def parked_sessions_hold_the_way(s: State, cfg: Config) -> bool:
     ended schedule moves on within stagger + 1 calls (trace checker: a run
     that ends so is no stall either)."""
     return _waits_on_a_client(s) and _moves_on_within_stagger(_parked_ended(s, cfg), cfg)
+
+
+def idles_on_clients(s: State, cfg: Config) -> bool:
+    """s idles (schedule neither forms a batch nor preempts nor moves a wait
+    on within stagger + 1 calls) and the idle is the clients' of the
+    sessions parked for input (the module docstring's two cases). What a
+    run that ends in s waits on; an idle from which schedule would move on
+    is a stall whatever is parked (trace checker, sessions.py)."""
+    if not waiting_for_input(s) or _moves_on_within_stagger(s, cfg):
+        return False
+    return not any(q.status.is_active and q.status is not Status.WAITING_FOR_STREAMING_REQ for q in s.requests) \
+        or parked_sessions_hold_the_way(s, cfg)
 
 
 def _parked_ended(s: State, cfg: Config) -> State:

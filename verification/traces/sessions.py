@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from flightcheck.spec import Config, SendInput, State, Status, step
-from flightcheck.spec.deadlock import parked_sessions_hold_the_way
+from flightcheck.spec.deadlock import idles_on_clients
 from flightcheck.spec.sessions import ASKS_PROMPT_LOGPROBS, END_OF_SESSION, has_sessions, session_holds_blocks
 
 
@@ -78,13 +78,15 @@ class SessionEvents:
 
     def _left_to_clients(self, active: list[int]) -> bool:
         """A run that ends with `active` unfinished waits on its sessions'
-        clients, not on its scheduler (spec/deadlock.py, L2's rule): every
-        one is a session parked for input (vLLM's `get_num_unfinished_requests`
-        leaves them out), or nothing runs and only what the parked sessions
-        hold (their seats, their blocks) keeps the rest from admission."""
-        parked = Status.WAITING_FOR_STREAMING_REQ
-        return (all(self.state.requests[r].status is parked for r in active)
-                or parked_sessions_hold_the_way(self.state, self.cfg))
+        clients, not on its scheduler (spec/deadlock.py `idles_on_clients`,
+        L2's rule): schedule would not move on, and every one is a session
+        parked for input (vLLM's `get_num_unfinished_requests` leaves them
+        out) or nothing runs and only what the parked sessions hold (their
+        seats, their blocks) keeps the rest from admission. A run whose
+        schedule would move on stalled, a parked session beside it or not
+        (a client that never ends its session: session_workload.py
+        `client_ends`)."""
+        return bool(active) and idles_on_clients(self.state, self.cfg)
 
     def _session_table(self, r: int) -> tuple[int, ...]:
         """The table a session's next turn is admitted with before this
