@@ -27,6 +27,14 @@ workloads as `campaign_workloads(1, ..., features_of="0.34.0")` draws them):
 * `034_kv_parked_session_holds_the_seat_seed1_58`: with a KV connector, r1
   parks on the one seat (max_num_seqs 1) holding 8 blocks; r2's async
   load waits.
+* `033_spec2_only_a_parked_session_left_seed1_78` (`--spec-tokens 2`, vLLM
+  0.33.0 async; the workload alone): r3, never ended, is left parked after
+  r1's KV send is reported. vLLM's engine drained its empty batches and
+  ended `done`; the reference's, which counts the step reporting the send
+  as idle, reached the busy loop's idle count first and ended `stuck`
+  (parked sessions counted unfinished): the differential's one UNEXPLAINED
+  on the campaign, until run_endings.idle_ending counted parked sessions
+  as vLLM does.
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from flightcheck.vllm.campaign import Replayed, ReplayJob, replay_workload, with
 from flightcheck.vllm.generate import campaign_workloads
 from flightcheck.vllm.inputs import session_inputs
 from flightcheck.vllm.replay import findings
-from flightcheck.vllm.run_endings import left_to_clients
+from flightcheck.vllm.run_endings import idle_ending, left_to_clients
 from flightcheck.vllm.workload import WorkloadError, workload_from_json
 
 from .vllm_support import Workers, workers
@@ -57,6 +65,7 @@ pytestmark = pytest.mark.usefixtures("both_checkers")
 DATA = Path(__file__).parent / "data" / "vllm" / "session-never-ended"
 HOLDS_BLOCKS = "034_parked_session_holds_the_blocks_seed1_54"
 KV_HOLDS_SEAT = "034_kv_parked_session_holds_the_seat_seed1_58"
+ONLY_PARKED_SPEC2 = "033_spec2_only_a_parked_session_left_seed1_78"
 
 
 # --- the workload format and the generator
@@ -183,6 +192,16 @@ def test_the_ground_truth_leaves_an_end_to_the_parked_sessions_clients_only_wher
     assert left_to_clients(_vllm(["r"], [], seats=1)) == []                     # none parked
 
 
+def test_an_idle_end_with_only_parked_sessions_left_is_done() -> None:
+    """vLLM counts no parked session unfinished: an engine left with them
+    alone stops once its queue drains, `done`, whether the busy loop's idle
+    count comes first or the drain (the reference's engine and vLLM's count
+    the step that reports a finished send apart: ONLY_PARKED_SPEC2)."""
+    assert idle_ending(_vllm([], ["s"], seats=2), 0) == ("done", [])
+    assert idle_ending(_vllm(["r"], ["s"], seats=1), 0) == ("stuck", ["r", "s"])
+    assert idle_ending(_vllm([], [], seats=1, running=["x"]), 0) == ("stuck", ["x"])
+
+
 def _result(ending: str, parked: list[str]) -> dict[str, Any]:
     return {"ending": ending, "unfinished": ["r", "s"], "batches_in_flight": 0, "left_to_clients": parked,
             "ground_truth": {"stale_tokens": [], "partial_chunk_tokens": [], "in_flight_set_mismatches": []}}
@@ -225,3 +244,13 @@ def test_vllm_idles_on_a_never_ended_session_and_both_sides_call_it_its_clients_
     assert findings(result) == []
     assert replayed.category == "accepted, correct run", replayed.detail
     assert replayed.comparison is None or replayed.comparison.equal, replayed.comparison.describe()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_and_the_reference_end_done_with_only_a_never_ended_session_left(running: Workers) -> None:
+    raw = with_async_scheduling(json.loads((DATA / f"{ONLY_PARKED_SPEC2}.workload.json").read_text()))
+    replayed = replay_workload(running["0.33.0"], ReplayJob("0.33.0", True, 0, raw, raw["seed"]))
+    assert replayed.result["ending"] == "done" and replayed.result["left_to_clients"] == ["r3"]
+    assert replayed.category == "accepted, correct run", replayed.detail
+    assert replayed.comparison is not None and replayed.comparison.equal, replayed.comparison.describe()
