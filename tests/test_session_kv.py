@@ -30,6 +30,7 @@ from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
 
 from .fixtures import assert_model_proves, run_checked
+from .vllm_support import drawn_before_clients_went_away
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # check-trace runs on vLLM's traces
 
@@ -217,7 +218,7 @@ def test_the_pairs_campaign_workloads_agree_with_vllm(version: str, async_schedu
     from flightcheck.vllm.campaign import DISAGREEMENTS, run_version
 
     workloads = [json.loads((DATA / name).read_text()) for name in KEPT]
-    workloads += [campaign_workloads(seed, index + 1, features_of=version)[index] for seed, index in FOUND]
+    workloads += [drawn_before_clients_went_away(seed, index + 1, features_of=version)[index] for seed, index in FOUND]
     assert all({"streaming-sessions", "kv-connector"} <= set(w["features"]) for w in workloads)
     report = run_version(version, workloads, 0, False, lambda line: None, async_scheduling)
     assert report.workloads == len(workloads) and report.unexplained == []

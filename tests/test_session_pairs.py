@@ -26,6 +26,8 @@ from flightcheck.vllm.differential import run_reference
 from flightcheck.vllm.features import registered
 from flightcheck.vllm.generate import campaign_workloads
 
+from .vllm_support import drawn_before_clients_went_away
+
 DATA = Path(__file__).parent / "data" / "vllm" / "pairs"
 
 
@@ -131,9 +133,9 @@ def test_the_session_pairs_workloads_agree_with_vllm(version: str, async_schedul
         pytest.skip("FLIGHTCHECK_SKIP_VLLM")
     from flightcheck.vllm.campaign import DISAGREEMENTS, run_version
 
-    workloads = [campaign_workloads(seed, index + 1, features_of=version)[index] for seed, index in FOUND[version]]
+    workloads = [drawn_before_clients_went_away(seed, index + 1, features_of=version)[index] for seed, index in FOUND[version]]
     assert all({"grammar", "streaming-sessions"} <= set(w["features"]) for w in workloads)
-    resets = [campaign_workloads(seed, index + 1, features_of=version)[index]
+    resets = [drawn_before_clients_went_away(seed, index + 1, features_of=version)[index]
               for seed, index in FOUND_RESET[version]]
     assert all({"reset-pause", "streaming-sessions"} <= set(w["features"]) for w in resets)
     workloads += resets

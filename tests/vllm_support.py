@@ -79,18 +79,34 @@ def drawn_apart(seed: int, count: int, **options: object) -> list[dict]:
     """`campaign_workloads(seed, count, **options)` as the generator drew them
     while streaming sessions were kept apart from the KV connector (before
     the kvsess branch): the (seed, index) pairs the connector pairs' tests
-    name were found then (tests/test_session_kv.py has the pair's own)."""
+    name were found then (tests/test_session_kv.py has the pair's own), and
+    with every session ended (`drawn_before_clients_went_away`)."""
     import dataclasses
 
     from flightcheck.vllm import session_generate
-    from flightcheck.vllm.generate import campaign_workloads
 
     met = session_generate.FEATURE
     session_generate.FEATURE = dataclasses.replace(met, excludes=("kv-connector",))
     try:
-        return campaign_workloads(seed, count, **options)   # type: ignore[arg-type]
+        return drawn_before_clients_went_away(seed, count, **options)
     finally:
         session_generate.FEATURE = met
+
+
+def drawn_before_clients_went_away(seed: int, count: int, **options: object) -> list[dict]:
+    """`campaign_workloads(seed, count, **options)` as the generator drew them
+    before one session in `CLIENT_GOES_AWAY_ONE_IN` lost its end
+    (session_generate.py; its own stream, so nothing else moved): the
+    (seed, index) pairs tests name were found with every session ended."""
+    from flightcheck.vllm import session_generate
+    from flightcheck.vllm.generate import campaign_workloads
+
+    share = session_generate.CLIENT_GOES_AWAY_ONE_IN
+    session_generate.CLIENT_GOES_AWAY_ONE_IN = 0
+    try:
+        return campaign_workloads(seed, count, **options)   # type: ignore[arg-type]
+    finally:
+        session_generate.CLIENT_GOES_AWAY_ONE_IN = share
 
 
 def replay_kept_async(worker: ReplayWorker, raw: dict[str, Any], kept_trace: Path,

@@ -46,7 +46,9 @@ T = TypeVar("T")
 # `get_num_unfinished_requests` leaves parked sessions out, so the engine
 # stops stepping for them). Small, so that most sessions still reach their end
 # and what follows it. Drawn from its own stream (`_client_goes_away`), so a
-# seed's other choices stay what they were before the share came.
+# seed's other choices stay what they were before the share came (0: every
+# client ends its session, the workloads as drawn before the share:
+# tests/vllm_support.py `drawn_before_clients_went_away`).
 CLIENT_GOES_AWAY_ONE_IN = 8
 
 
@@ -100,8 +102,8 @@ def _client_goes_away(workload: dict[str, Any], request: dict[str, Any]) -> bool
     """Whether the session's client never sends its end: one time in
     `CLIENT_GOES_AWAY_ONE_IN`, from a stream of the workload's seed and the
     request's id alone (not `pick`: every other draw stays as it was)."""
-    return random.Random(f"{workload['seed']}/client-goes-away/{request.get('id')}").randrange(
-        CLIENT_GOES_AWAY_ONE_IN) == 0
+    return CLIENT_GOES_AWAY_ONE_IN > 0 and random.Random(
+        f"{workload['seed']}/client-goes-away/{request.get('id')}").randrange(CLIENT_GOES_AWAY_ONE_IN) == 0
 
 
 FEATURE = Feature("streaming-sessions", ("0.33.0", "0.34.0"), 1.0, with_sessions)
