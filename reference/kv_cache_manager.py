@@ -133,14 +133,18 @@ class KVCacheManager:
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache the request's full blocks up to `num_computed_tokens` (capped
-        at its known tokens): vLLM 0.33 `KVCacheManager.cache_blocks`, which
-        `update_from_output` calls for the settled tokens under async
-        scheduling."""
+        at its known tokens, not at its table): vLLM 0.33/0.34
+        `KVCacheManager.cache_blocks`, which `update_from_output` calls for
+        the settled tokens under async scheduling or with drafts. A count
+        past the table happens only to a request whose `num_in_flight_tokens`
+        an older request's batch drove below 0 (a reused id, the released
+        profiles' `outputs_by_id_alone`); `_cache_full_blocks` then counts
+        blocks the table does not hold yet as cached, as vLLM does."""
         req_blocks = self.req_to_blocks.get(request.request_id)
         if not self.enable_caching or not req_blocks:
             return
         num_tokens = min(num_computed_tokens, len(request.all_token_ids))
-        self._cache_full_blocks(request, req_blocks, min(num_tokens // self.block_size, len(req_blocks)))
+        self._cache_full_blocks(request, req_blocks, num_tokens // self.block_size)
 
     def fits_whole_sequence(self, request: Request, new_computed_blocks: Sequence[KVCacheBlock],
                             max_model_len: int) -> bool:
@@ -199,13 +203,19 @@ class KVCacheManager:
                            num_full_blocks: int) -> None:
         """Cache table blocks from the first not yet cached up to `num_full_blocks`,
         in table order (vLLM `BlockPool.cache_full_blocks`; a hit block is
-        cached already, so it is skipped)."""
+        cached already, so it is skipped). The count becomes `num_full_blocks`
+        even where the table is shorter: vLLM 0.33/0.34
+        `SingleTypeKVCacheManager.cache_blocks` records it whatever
+        `cache_full_blocks`'s slice of the table held, so the blocks appended
+        later at those positions are never hashed and, freed, go to the free
+        queue's head (`BlockPool.free_blocks`; seed 302 index 134)."""
         req_id = request.request_id
         start = self.num_cached_block.get(req_id, 0)
         if num_full_blocks <= start:
             return                                    # the common decode step
         hashes = self._block_hashes(request, num_full_blocks)
-        for i in range(start, num_full_blocks):
+        num_held = len(req_blocks)
+        for i in range(start, num_full_blocks if num_full_blocks < num_held else num_held):
             block = req_blocks[i]
             if block.block_hash is None:
                 self.block_pool.cache_block(block, hashes[i])
