@@ -1,0 +1,157 @@
+"""Lookahead slots (vLLM 0.33/0.34 `VllmConfig.num_lookahead_tokens`): a
+workload's `config.num_lookahead_tokens`, the campaign's `--lookahead`, what
+the recorder writes (`num_lookahead_tokens`, `skip_drafts`), and the
+fabricated drafter, which proposes nothing after a batch marked
+`skip_drafts` (the V2 runner's `execute_model`: K = 0). The slow tests run
+vLLM 0.34.0's scheduler built with a draft-model `SpeculativeConfig`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from flightcheck.vllm import drafter_recording
+from flightcheck.vllm.draft_handler import DraftHandler
+from flightcheck.vllm.engine import FabricatedModel
+from flightcheck.vllm.generate import campaign_workloads
+from flightcheck.vllm.lookahead_workload import lookahead_workload, with_lookahead
+from flightcheck.vllm.workload import WorkloadError, draft_outcome, workload_from_json
+
+CONFIG = {"num_stages": 1, "max_num_batched_tokens": 16, "block_size": 4, "num_blocks": 40, "num_spec_tokens": 2}
+
+
+def _workload(**config: Any) -> Any:
+    return workload_from_json({"seed": 5, "draft_acceptance": 1.0, "config": {**CONFIG, **config},
+                               "requests": [{"id": "a", "prompt_len": 10, "max_tokens": 30}]})
+
+
+def test_lookahead_slots_are_none_by_default_and_k_when_asked():
+    assert _workload().config.num_lookahead_tokens == 0
+    assert _workload(num_lookahead_tokens=2).config.num_lookahead_tokens == 2
+
+
+@pytest.mark.parametrize("config, why", [
+    ({"num_lookahead_tokens": 1}, "must be 0 or config.num_spec_tokens"),
+    ({"num_spec_tokens": 0, "num_lookahead_tokens": 2}, "must be 0 or config.num_spec_tokens"),
+    ({"num_lookahead_tokens": 2, "max_num_batched_tokens": 2}, "must be above config.num_lookahead_tokens"),
+])
+def test_lookahead_slots_no_drafter_gives_are_refused(config: dict[str, Any], why: str):
+    with pytest.raises(WorkloadError, match=why):
+        _workload(**config)
+
+
+def test_the_campaigns_lookahead_gives_k_slots_to_workloads_with_drafts_only():
+    drawn = campaign_workloads(4, 3, spec_tokens=3)
+    plain = {**drawn[0], "config": {**drawn[0]["config"], "num_spec_tokens": 0}}
+    assert lookahead_workload(plain) is plain
+    changed = with_lookahead(drawn, True)
+    assert with_lookahead(drawn, False) is drawn
+    for before, after in zip(drawn, changed):
+        assert after["config"]["num_lookahead_tokens"] == 3 and "num_lookahead_tokens" not in before["config"]
+        assert after["config"]["max_num_batched_tokens"] == max(before["config"]["max_num_batched_tokens"], 4)
+        assert after["name"] == before["name"].replace("diff-", "diff-lookahead-", 1)
+        assert after["requests"] == before["requests"]
+        workload_from_json(after)                                  # a legal workload
+
+
+def test_the_budget_not_above_k_is_raised_to_k_plus_one():
+    raw = {"name": "w", "seed": 1, "config": {**CONFIG, "num_spec_tokens": 4, "max_num_batched_tokens": 4},
+           "requests": [{"id": "a", "prompt_len": 3}]}
+    changed = lookahead_workload(raw)
+    assert changed["config"]["max_num_batched_tokens"] == 5 and raw["config"]["max_num_batched_tokens"] == 4
+    assert changed["name"] == "lookahead-w"
+
+
+def test_the_recorder_writes_lookahead_and_skip_drafts_only_when_vllm_has_them():
+    assert drafter_recording.config_fields(SimpleNamespace(num_lookahead_tokens=2)) == {"num_lookahead_tokens": 2}
+    assert drafter_recording.config_fields(SimpleNamespace(num_lookahead_tokens=0)) == {}
+    assert drafter_recording.config_fields(SimpleNamespace()) == {}          # vLLM 0.8.x: no such attribute
+    assert drafter_recording.schedule_fields(SimpleNamespace(skip_drafts=True)) == {"skip_drafts": True}
+    assert drafter_recording.schedule_fields(SimpleNamespace(skip_drafts=False)) == {}
+    assert drafter_recording.schedule_fields(SimpleNamespace()) == {}
+
+
+def _decode(skip_drafts: bool) -> SimpleNamespace:
+    """r a's decode step at token 10 with 2 drafts (its prompt was computed)."""
+    return SimpleNamespace(finished_req_ids=set(), num_scheduled_tokens={"a": 3}, scheduled_new_reqs=[
+        SimpleNamespace(req_id="a", prompt_token_ids=[0] * 10, num_computed_tokens=10)],
+        scheduled_cached_reqs=[], scheduled_spec_decode_tokens={"a": [7, 8]}, skip_drafts=skip_drafts)
+
+
+def _run(skip_drafts: bool) -> tuple[FabricatedModel, Any, dict[str, list[int]]]:
+    """The model's output for the decode step, and the rows its V2 drafter
+    held for it (what a later deferred batch is handed: draft_handler.py)."""
+    model = FabricatedModel(_workload(num_lookahead_tokens=2), SimpleNamespace)
+    model.draft_handler = DraftHandler(retains_per_request=False)
+    out = model.execute(_decode(skip_drafts))
+    model.draft_handler.submitted({})                     # a later batch: the decode's rows are the ones held
+    req_ids, rows = model.draft_handler.take(SimpleNamespace())
+    return model, out, dict(zip(req_ids, rows))
+
+
+def test_the_fabricated_drafter_proposes_nothing_after_a_batch_marked_skip_drafts():
+    workload = _workload(num_lookahead_tokens=2)
+    _, expected = draft_outcome(workload, workload.requests[0], 10, 2)
+    assert expected > 0                     # the drafter would propose: the skip is what removes them
+    model, out, rows = _run(skip_drafts=False)
+    assert len(out.spec_token_ids[0]) == expected and len(model.latest_drafts[1][0]) == expected
+    assert len(rows["a"]) == 2
+    model, out, rows = _run(skip_drafts=True)
+    assert out.spec_token_ids == [[]] and model.latest_drafts == (["a"], [[]]) and rows == {"a": []}
+    assert out.sampled_token_ids == _run(skip_drafts=False)[1].sampled_token_ids    # sampling is unchanged
+
+
+# -- against vLLM 0.34.0 ---------------------------------------------------------------
+
+def _entries(trace: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    events = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    return events[0], [e for e in events if e["ev"] == "schedule"]
+
+
+def _lookahead_workloads(async_scheduling: bool) -> list[dict[str, Any]]:
+    workloads = with_lookahead(campaign_workloads(12, 6, spec_tokens=2, stages=1), True)
+    for workload in workloads:
+        workload["config"]["async_scheduling"] = async_scheduling
+    return workloads
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_vllm_reserves_k_lookahead_slots_and_marks_steps_whose_drafts_go_unused(async_scheduling: bool,
+                                                                                 tmp_path: Path):
+    """Every entry's table covers its tokens and k more (`allocate_slots(
+    num_lookahead_tokens=k)`, clipped at max_model_len), some entry needs a
+    block only for them, and some batch is marked `skip_drafts` (the first
+    chunk of a prompt longer than the budget, or a request's last token)."""
+    from flightcheck.vllm import ASYNC_RECORDER
+    from flightcheck.vllm.replay import ReplayWorker
+
+    from .vllm_support import require_venv
+    require_venv("0.34.0")
+    worker = ReplayWorker("0.34.0")
+    needed_a_block, skipped = 0, 0
+    try:
+        for workload in _lookahead_workloads(async_scheduling):
+            trace = tmp_path / f"{workload['name']}.jsonl"
+            result = worker.replay(workload, trace=str(trace),
+                                   scheduler_cls=ASYNC_RECORDER if async_scheduling else None)
+            assert result["ending"] == "done", result
+            config, schedules = _entries(trace)
+            assert config["num_lookahead_tokens"] == 2
+            bs, most = config["block_size"], config["max_model_len"]
+            tables: dict[str, int] = {}
+            for event in schedules:
+                skipped += bool(event.get("skip_drafts"))
+                for e in event["entries"]:
+                    admitted = e.get("cached", 0) or e["start"] == 0 or e["req"] not in tables
+                    tables[e["req"]] = (0 if admitted else tables[e["req"]]) + len(e["block_ids"])
+                    end = e["start"] + e["n"]
+                    assert tables[e["req"]] >= -(-min(end + 2, most) // bs), (workload["name"], event)
+                    needed_a_block += -(-min(end, most) // bs) < -(-min(end + 2, most) // bs)
+    finally:
+        worker.close()
+    assert needed_a_block > 0 and skipped > 0
