@@ -276,6 +276,7 @@ CONFIG = Record({
     "long_prefill_token_threshold": (COUNT, False),
     "num_spec_tokens": (COUNT, False),
     "num_lookahead_tokens": (COUNT, False),    # a drafter's KV slots past the scheduled tokens (vLLM 0.33+)
+    "draft_input_slots": (COUNT, False),       # the budget's input slots per entry for a draft model (0.33+)
     "prefix_caching": (Flag(), False),
     # vLLM's chunked prefill switch (default on) and 0.34's cache-aware
     # admission order (window 0 = off; the KV cache usage it waits for)
