@@ -18,6 +18,17 @@ import copy
 from typing import Any
 
 LABEL = "lookahead-"
+# The input slots a draft model takes per scheduled request from the batch's
+# budget: 0.34 `StandaloneARSpeculatorConfig.max_num_new_slots_for_drafting`
+# ("The autoregressive draft-model input retains one unsliced token"), the
+# drafter replay_worker.py builds for lookahead slots; 0.33's
+# `SpeculativeConfig.max_num_new_slots_for_drafting` gives the same.
+DRAFT_MODEL_INPUT_SLOTS = 1
+
+
+def draft_input_slots(config: Any) -> int:
+    """A workload config's draft input slots: the draft model's with lookahead slots, else none (n-gram)."""
+    return DRAFT_MODEL_INPUT_SLOTS if config.num_lookahead_tokens else 0
 
 
 def with_lookahead(workloads: list[dict[str, Any]], on: bool) -> list[dict[str, Any]]:
