@@ -2,7 +2,10 @@
 workload's `config.num_lookahead_tokens`, the campaign's `--lookahead`, what
 the recorder writes (`num_lookahead_tokens`, `skip_drafts`), and the
 fabricated drafter, which proposes nothing after a batch marked
-`skip_drafts` (the V2 runner's `execute_model`: K = 0). The slow tests run
+`skip_drafts` (the V2 runner's `execute_model`: K = 0); the spec's and the
+reference's rule for them (spec/lookahead.py, reference/batch.py and
+`allocate_slots`), against traces vLLM 0.34.0 wrote (tests/data/vllm/lookahead:
+workload diff-lookahead-stages1-spec2-7-4, sync and async). The slow tests run
 vLLM 0.34.0's scheduler built with a draft-model `SpeculativeConfig`."""
 
 from __future__ import annotations
@@ -14,13 +17,19 @@ from typing import Any
 
 import pytest
 
+from flightcheck.verification.traces.check import MalformedTrace, check_events
 from flightcheck.vllm import drafter_recording
+from flightcheck.vllm import lookahead_workload as lookahead_module
+from flightcheck.vllm.differential import decisions, read_trace, run_reference
 from flightcheck.vllm.draft_handler import DraftHandler
 from flightcheck.vllm.engine import FabricatedModel
 from flightcheck.vllm.generate import campaign_workloads
 from flightcheck.vllm.lookahead_workload import lookahead_workload, with_lookahead
 from flightcheck.vllm.workload import WorkloadError, draft_outcome, workload_from_json
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
+KEPT = Path(__file__).resolve().parent / "data" / "vllm" / "lookahead"
 CONFIG = {"num_stages": 1, "max_num_batched_tokens": 16, "block_size": 4, "num_blocks": 40, "num_spec_tokens": 2}
 
 
@@ -103,6 +112,63 @@ def test_the_fabricated_drafter_proposes_nothing_after_a_batch_marked_skip_draft
     model, out, rows = _run(skip_drafts=True)
     assert out.spec_token_ids == [[]] and model.latest_drafts == (["a"], [[]]) and rows == {"a": []}
     assert out.sampled_token_ids == _run(skip_drafts=False)[1].sampled_token_ids    # sampling is unchanged
+
+
+# -- the spec and the reference, on traces vLLM 0.34.0 wrote ----------------------------
+
+def _kept(mode: str, drop: str | None = None) -> list[dict[str, Any]]:
+    events = read_trace(KEPT / f"0.34.0-{mode}.jsonl")
+    if drop is not None:
+        events[0].pop(drop)
+    return events
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_check_trace_accepts_vllms_lookahead_slots_and_draft_input_slots(mode: str):
+    """vLLM reserved 2 lookahead slots per entry and charged each entry one
+    input slot: accepted; the same trace read without either rule is
+    rejected where the rule shows (so both rules are what accepts it)."""
+    events = _kept(mode)
+    assert events[0]["num_lookahead_tokens"] == 2 and events[0]["draft_input_slots"] == 1
+    assert any(e.get("skip_drafts") for e in events)
+    assert check_events(_kept(mode), None).ok
+    without_slots = check_events(_kept(mode, "num_lookahead_tokens"), None)
+    assert not without_slots.ok and without_slots.property == "S9_kv_ownership"
+    without_inputs = check_events(_kept(mode, "draft_input_slots"), None)
+    assert not without_inputs.ok and without_inputs.property == "schedule_decision"
+
+
+def test_a_batch_whose_input_slots_spent_the_budget_skips_nothing():
+    """PR3 under the priority policy (seed 12 index 2 of `--all-features
+    --spec-tokens 2 --lookahead --stages 1`): budget 4, r3's 3 tokens and
+    its input slot leave `input_budget - draft_slots` at -1, so vLLM's running
+    loop stops before r2; PR3 counted only the tokens and called r2 skipped."""
+    events = read_trace(KEPT / "0.34.0-priority-budget-spent.jsonl")
+    assert events[0]["scheduling_policy"] == "priority" and events[0]["max_num_batched_tokens"] == 4
+    batch_10 = next(e for e in events if e["ev"] == "schedule" and e["batch"] == 10)
+    assert [(x["req"], x["n"]) for x in batch_10["entries"]] == [("r3", 3)]     # r2, running, left out
+    assert check_events(events, None).ok
+
+
+def test_a_profile_without_lookahead_slots_refuses_them():
+    events = _kept("sync")
+    with pytest.raises(MalformedTrace, match="lookahead slots"):
+        check_events(events, "vllm-0.8.5")
+
+
+def _async_workload() -> dict[str, Any]:
+    raw = json.loads((KEPT / "workload.json").read_text())
+    raw["config"]["async_scheduling"] = True
+    return raw
+
+
+def test_the_reference_takes_vllms_decisions_with_lookahead_and_input_slots(monkeypatch: pytest.MonkeyPatch):
+    """Under vllm-0.34-async the reference schedules and allocates as vLLM
+    did, batch for batch; without the draft model's input slot it does not."""
+    vllm = decisions(read_trace(KEPT / "0.34.0-async.jsonl"))
+    assert decisions(run_reference(_async_workload(), "vllm-0.34-async").events, block_offset=1) == vllm
+    monkeypatch.setattr(lookahead_module, "DRAFT_MODEL_INPUT_SLOTS", 0)
+    assert decisions(run_reference(_async_workload(), "vllm-0.34-async").events, block_offset=1) != vllm
 
 
 # -- against vLLM 0.34.0 ---------------------------------------------------------------
