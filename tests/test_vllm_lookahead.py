@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
+from flightcheck.spec.state import Request, State
 from flightcheck.verification.traces.check import MalformedTrace, check_events
+from flightcheck.verification.traces.skip_drafts import SkipDrafts, drafts_sure_unused
 from flightcheck.vllm import drafter_recording
 from flightcheck.vllm import lookahead_workload as lookahead_module
 from flightcheck.vllm.differential import decisions, read_trace, run_reference
@@ -147,6 +149,80 @@ def test_a_batch_whose_input_slots_spent_the_budget_skips_nothing():
     assert events[0]["scheduling_policy"] == "priority" and events[0]["max_num_batched_tokens"] == 4
     batch_10 = next(e for e in events if e["ev"] == "schedule" and e["batch"] == 10)
     assert [(x["req"], x["n"]) for x in batch_10["entries"]] == [("r3", 3)]     # r2, running, left out
+    assert check_events(events, None).ok
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_batch_marked_skip_drafts_whose_drafts_may_be_used_violates_sd1(mode: str):
+    """SD1 (verification/traces/skip_drafts.py): vLLM's marks hold; the
+    first batch vLLM did not mark, marked, is rejected at that event (one of
+    its entries samples a token that is not its request's last)."""
+    events = _kept(mode)
+    unmarked = next(i for i, e in enumerate(events)
+                    if e["ev"] == "schedule" and e["entries"] and not e.get("skip_drafts"))
+    events[unmarked]["skip_drafts"] = True
+    result = check_events(events, None)
+    assert not result.ok and result.property == "SD1_skip_drafts_only_when_unused"
+    assert result.event_index == unmarked
+
+
+class _Checker(SkipDrafts):
+    """SD1's mixin on a spec state of its own (the trace checker's parts it reads)."""
+
+    def __init__(self, *requests: Request) -> None:
+        self.state = State(requests=requests)
+
+    @staticmethod
+    def _violation(prop: str, message: str) -> Exception:
+        return AssertionError(prop, message)
+
+    def _name(self, r: int) -> str:
+        return f"r{r}"
+
+
+def _entry(req: int, start: int, n: int, drafts: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(req=req, start=start, n=n, drafts=drafts)
+
+
+def test_sd1_judges_each_entry_of_a_marked_batch_by_vllms_drafts_unused():
+    checker = _Checker(Request(prompt_len=10, max_tokens=5), Request(prompt_len=4, num_output=4, max_tokens=5),
+                       Request(prompt_len=4, num_output=3, max_tokens=5, placeholders=1))
+    assert drafts_sure_unused(checker.state.requests[0], 0, 9)          # a non-final chunk
+    assert not drafts_sure_unused(checker.state.requests[0], 0, 10)     # the prompt's last token: an output follows
+    assert drafts_sure_unused(checker.state.requests[1], 8, 1)          # it samples its 5th and last output
+    assert drafts_sure_unused(checker.state.requests[2], 7, 1)          # async: 3 + 1 in flight + 1 reach 5
+    checker._check_skip_drafts({"skip_drafts": True}, [_entry(0, 0, 9), _entry(1, 8, 1), _entry(2, 7, 1)])
+    with pytest.raises(AssertionError, match="SD1_skip_drafts_only_when_unused"):
+        checker._check_skip_drafts({"skip_drafts": True}, [_entry(0, 0, 10)])
+
+
+def test_sd1_rejects_drafts_scheduled_right_after_a_marked_batch():
+    """The request's next entry verifies drafts: they were needed, whatever the mark's own entries said."""
+    checker = _Checker(Request(prompt_len=10, max_tokens=5))
+    checker._check_skip_drafts({"skip_drafts": True}, [_entry(0, 0, 9)])
+    with pytest.raises(AssertionError, match="SD1_skip_drafts_only_when_unused"):
+        checker._check_skip_drafts({}, [_entry(0, 9, 3, drafts=2)])
+    checker._check_skip_drafts({"skip_drafts": True}, [_entry(0, 0, 9)])
+    checker._check_skip_drafts({}, [_entry(0, 9, 1)])                   # no drafts: then drafts are free again
+    checker._check_skip_drafts({}, [_entry(0, 10, 3, drafts=2)])
+    session = _Checker(Request(prompt_len=4, num_output=4, max_tokens=5, resumable=True))
+    session._check_skip_drafts({"skip_drafts": True}, [_entry(0, 8, 1)])
+    session._check_skip_drafts({}, [_entry(0, 9, 3, drafts=2)])         # a session's next turn: not judged
+
+
+def test_a_sessions_next_turn_may_schedule_the_placeholders_of_a_turn_marked_skip_drafts():
+    """vLLM 0.34 async (seed 12 index 39 of `--all-features --spec-tokens 2
+    --lookahead`): r2's turn samples its last token in batch 4, marked
+    skip_drafts (`_drafts_unused`: max_tokens reached), but r2 is a streaming
+    session: it parks, keeps the 2 placeholder drafts of that entry, and its
+    next turn's first entry schedules them. Accepted (the second half of SD1
+    spares sessions: the open finding verification/traces/skip_drafts.py
+    names); a request that is no session would be rejected (the test above)."""
+    events = read_trace(KEPT / "0.34.0-async-session-placeholders.jsonl")
+    schedules = [e for e in events if e["ev"] == "schedule" and any(x["req"] == "r2" for x in e["entries"])]
+    marked = next(i for i, e in enumerate(schedules) if e.get("skip_drafts"))
+    assert schedules[marked]["batch"] == 4 and schedules[marked + 1]["entries"][0]["drafts"] == 2
+    assert next(e for e in events if e["ev"] == "arrive" and e["req"] == "r2")["resumable"]
     assert check_events(events, None).ok
 
 
