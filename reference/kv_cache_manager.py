@@ -37,6 +37,7 @@ class KVCacheManager:
         """`release_order` None: vLLM's (reverse with caching, forward without)."""
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.max_model_len = max_model_len
         if release_order is None:
             release_order = "reverse" if enable_caching else "forward"
         if release_order not in ("reverse", "forward"):
@@ -92,16 +93,23 @@ class KVCacheManager:
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: Sequence[KVCacheBlock] = (),
                        num_draft_tokens: int = 0, *, reserved_blocks: int = 0,
-                       delay_cache_blocks: bool = False) -> list[KVCacheBlock] | None:
+                       delay_cache_blocks: bool = False, num_lookahead_tokens: int = 0) -> list[KVCacheBlock] | None:
         """Blocks for `num_new_tokens` more tokens after the request's computed
         ones and the hit `new_computed_blocks`. Returns the blocks appended to
         its table (hit blocks first), or None, changing nothing, if they do not fit.
         A connector's async load (vLLM 0.33 `allocate_slots`) leaves
-        `reserved_blocks` free and caches nothing (`delay_cache_blocks`)."""
+        `reserved_blocks` free and caches nothing (`delay_cache_blocks`). A
+        drafter's `num_lookahead_tokens` slots are reserved past the tokens,
+        up to max_model_len (0.34 `allocate_slots`' `num_tokens_need_slot`)."""
         pool = self.block_pool
         req_blocks = self.req_to_blocks.get(request.request_id, ())
         num_computed_tokens = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        num_required = -(-(num_computed_tokens + num_new_tokens) // self.block_size)  # cdiv, inline
+        num_slots = num_computed_tokens + num_new_tokens
+        if num_lookahead_tokens:
+            num_slots += num_lookahead_tokens
+            if self.max_model_len is not None and num_slots > self.max_model_len:
+                num_slots = self.max_model_len
+        num_required = -(-num_slots // self.block_size)  # cdiv, inline
         # (Negative when the table holds more than needed. Comparisons here,
         # not min()/max(): those parse their arguments slowly on CPython 3.11.)
         num_new_blocks = num_required - len(req_blocks) - len(new_computed_blocks)

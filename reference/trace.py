@@ -91,6 +91,8 @@ class TraceWriter:
         }
         if self._eos_token_id is not None:
             event["eos_token_id"] = self._eos_token_id
+        if cfg.num_lookahead_tokens or cfg.draft_input_slots:      # a drafter with its own forward pass
+            event.update(num_lookahead_tokens=cfg.num_lookahead_tokens, draft_input_slots=cfg.draft_input_slots)
         event.update(self._extra)
         if not cfg.enable_chunked_prefill:
             event["enable_chunked_prefill"] = False

@@ -51,7 +51,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import blocks, cadence, priority
+from . import blocks, cadence, lookahead, priority
 from .config import Config
 from .drafts import keeps_prefill_chunk_flag
 from .reset_pause import takes_waiting_queue
@@ -182,15 +182,15 @@ def fits_beside_reservations(state: State, cfg: Config, r: int, hit: tuple[int, 
     parked load (`parked`): vLLM adds it to `_inflight_prefills` when
     `num_computed_tokens + num_new_tokens < num_tokens` or it is in
     `_parked_reservations`, before `_update_after_schedule` moves its count."""
-    k = cfg.num_spec_tokens                # with drafts, one step's blocks (`_spec_decode_step_blocks`)
-    reserved = blocks.cdiv(1 + k, cfg.block_size) if k else 0
+    step = lookahead.step_tokens(cfg)      # with drafts, one step's blocks (`_spec_decode_step_blocks`)
+    reserved = blocks.cdiv(step, cfg.block_size)
     chunk_ends = {entry.req: entry.start + entry.n for entry in admitted}
     for h, q in enumerate(state.requests):
         prefilling = q.status is Status.RUNNING and _in_inflight_prefills(cfg, q)
         if h in chunk_ends:
             prefilling = chunk_ends[h] < q.num_tokens or h in parked
         if h != r and (_holds_load(state, h) or prefilling):
-            whole = blocks.cdiv(min(q.num_tokens, cfg.max_model_len) + (1 + k if k else 0), cfg.block_size)
+            whole = blocks.cdiv(min(q.num_tokens, cfg.max_model_len) + step, cfg.block_size)
             reserved += max(0, whole - len(q.block_table))
     fresh = max(0, blocks.cdiv(computed, cfg.block_size) - len(hit))
     return blocks.can_allocate(state.pool, fresh + reserved, hit)
