@@ -30,7 +30,10 @@ where it agrees).
 A streaming session (sessions.py) is asked at its first turn only: its
 later turns keep their blocks in `kv_holding` (no lookup); waiting for
 input it is skipped, keeps its seat (loads-only mode) and reserves nothing
-beside an async load (`_holds_load`).
+beside an async load (`_holds_load`); admitted from there in the call that
+parks a load, it reserves only a chunk short of its tokens, as any
+admission (it is in neither 0.33's `_inflight_prefills` nor 0.34's
+`_parked_reservations`: `Walk.parked` holds loads alone).
 
 Abstracted away: the connector's own matching (its offer is the
 environment's, fixed at arrival), partial-tail hits, HiSparse's deferred
@@ -66,7 +69,9 @@ class Walk:
 
     skipped: set[int] = field(default_factory=set)
     take_async: bool = True
-    # Taken from `kv_holding`: vLLM's `_parked_reservations` keeps each until it is admitted.
+    # Loads taken from `kv_holding`: each keeps its reservation through its admission in this
+    # call (vLLM 0.34 `Scheduler.schedule`: `request in self._parked_reservations`; 0.33: in
+    # `_inflight_prefills` since its park). A session between turns there holds none.
     parked: set[int] = field(default_factory=set)
 
 
@@ -113,7 +118,8 @@ def next_candidate(state: State, cfg: Config, walk: Walk, loads_only: bool) -> t
         return (async_head, "async") if unpaused and walk.take_async and async_head is not None else None
     held = _head(state.kv_holding, walk)
     if held is not None:
-        walk.parked.add(held)
+        if _holds_load(state, held):        # a session between turns is in no reservation
+            walk.parked.add(held)
         return held, "holding"
     if not unpaused:
         return None
