@@ -159,6 +159,9 @@ def test_rp5_is_checked_beside_a_connector_only_and_holds_on_the_actions() -> No
     assert "RP5_connector_reset_forgets_offers" in names
     assert "RP5_connector_reset_forgets_offers" not in [p.name for p in transition_properties_for(
         _cfg(kv_connector=None))]
+    from flightcheck.verification.results import kind_of
+
+    assert kind_of("RP5_connector_reset_forgets_offers") == "invariant"     # the verify table's kind
     rp5 = next(p for p in transition_properties_for(_cfg()) if p.name == "RP5_connector_reset_forgets_offers")
     cfg = _cfg()
     before = _run(cfg, 2, [Arrive(0, SYNC), Reset(False, True), Arrive(1, ASYNC)])
