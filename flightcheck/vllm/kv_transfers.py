@@ -96,11 +96,14 @@ class KVTransfers:
 
     # -- the scheduler side ------------------------------------------------------------
 
-    def bind(self, req_id: str, spec: KVRequestSpec) -> None:
-        """The request about to be added under `req_id` (added after any
-        `reset_cache`: it offers what its workload says)."""
+    def bind(self, req_id: str, spec: KVRequestSpec, fresh: bool = True) -> None:
+        """The request about to be added under `req_id`: `fresh`, a new
+        request (added after any `reset_cache`: it offers what its workload
+        says); else a streaming session's next input under its live id,
+        the same Request (what a reset forgot of it stays forgotten)."""
         self._specs[req_id] = spec
-        self._forgotten.discard(req_id)
+        if fresh:
+            self._forgotten.discard(req_id)
 
     def reset_cache(self) -> bool:
         """`reset_cache`: the module doc's rule. The ids bound so far are
