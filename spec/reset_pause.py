@@ -68,8 +68,9 @@ Named properties (transition properties of the labelled actions):
   with, or parks for, an external load.
 
 Abstracted away: how the connector's store refills (its offers to later
-arrivals are the environment's, as ever), the aux output connector's reset
-(`aux_output_connector.reset()` after a successful reset), the model runner's persistent batch (0.33's
+arrivals are the environment's, as ever), the aux output connector's
+reset (`aux_output_connector.reset()` after a successful reset), the
+model runner's persistent batch (0.33's
 `prev_step_scheduled_req_ids.clear()`), the engine's pause modes
 ("abort" is `abort` of every request then PAUSED_NEW; "keep" is
 PAUSED_ALL; "wait" is PAUSED_NEW) and `clear_cache` (a `reset(True)` once
