@@ -405,9 +405,9 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         request = make_request(spec, workload)
         if spec.resumable:
             request.resumable = True                 # a streaming session (session_workload.py)
-        kv_replay.before_add(transfers, spec, request)
-        clock.stamp(request, spec.priority)
         update = spec.req_id in scheduler.requests    # a streaming session's next input, under its live id
+        kv_replay.before_add(transfers, spec, request, update)
+        clock.stamp(request, spec.priority)
         scheduler.add_request(request)
         if not update:     # an update's grammar, compiled too, is never read (`_update_request_as_session`)
             grammar_replay.after_add(grammars, spec, request)       # EngineCore.add_request -> grammar_init

@@ -104,7 +104,8 @@
   same decisions on such workloads; check-trace does not read them yet.
 * `events` (vLLM 0.33 and 0.34): resets and pauses handed to the scheduler
   before given engine steps, after that step's arrivals and aborts:
-  `[{"step": 7, "reset": {"running": true}}, {"step": 9, "pause": "all"}]`
+  `[{"step": 7, "reset": {"running": true}}, {"step": 9, "pause": "all"}]`;
+  a reset's `"connector": true` resets the KV connector's cache too
   (reset_pause_workload.py).
 
 Every key is checked with its type and range before a token is drawn

@@ -428,11 +428,12 @@ KV_FAILED = Record({
 KV_SENT = Record({**COMMON, "req": (REQUEST_ID, True)})
 
 # Reset and pause (vLLM 0.33 on, spec/reset_pause.py): `reset_prefix_cache`
-# (the running requests it preempted, tail first; whether the cache was
-# reset) and `set_pause_state`, called between engine steps.
+# (the running requests it preempted, tail first; whether the connector's
+# cache was reset too; whether the cache was reset) and `set_pause_state`, called between engine steps.
 RESET = Record({
     **COMMON,
     "running": (Flag(), True),             # reset_running_requests
+    "connector": (Flag(), False),          # reset_connector (missing: false)
     "preempted": (ListOf(REQUEST_ID), False),
     "ok": (Flag(), False),                 # its return value
 })
