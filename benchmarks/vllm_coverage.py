@@ -1,7 +1,8 @@
 """How much of vLLM's real scheduler the project's vLLM campaign runs.
 
     python benchmarks/vllm_coverage.py --versions 0.34.0 [--kv-connector | --all-features]
-        [--workloads N] [--seed S] [--modes sync,async] [--functions f1,f2] [--json PATH]
+        [--workloads N] [--seed S] [--modes sync,async] [--spec-tokens K [--lookahead]]
+        [--functions f1,f2] [--json PATH]
 
 For each version it runs the differential campaign (flightcheck/vllm/
 campaign.py, `run_campaign`, without the mutant hunt, which runs only the
@@ -288,6 +289,8 @@ def campaign_runs(version: str, options: argparse.Namespace) -> list[tuple[str, 
     are one campaign there (and sync alone is not available)."""
     common = ["--versions", version, "--workloads", str(options.workloads), "--seed", str(options.seed),
               "--no-mutants"]
+    if getattr(options, "spec_tokens", 0):           # drafts, and a drafter with lookahead slots
+        common += ["--spec-tokens", str(options.spec_tokens), *(["--lookahead"] if options.lookahead else [])]
     if options.kv_connector or getattr(options, "all_features", False):
         common.append("--kv-connector" if options.kv_connector else "--all-features")
         if options.modes == ["async"]:
@@ -412,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-connector", action="store_true", help="the campaign's --kv-connector")
     parser.add_argument("--all-features", action="store_true", help="the campaign's --all-features")
     parser.add_argument("--workloads", type=_positive, default=100, help="workloads per version and mode")
+    parser.add_argument("--spec-tokens", type=int, default=0, metavar="K", help="the campaign's --spec-tokens")
+    parser.add_argument("--lookahead", action="store_true", help="the campaign's --lookahead (with --spec-tokens)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--modes", default="sync,async", help="sync, async or both (one measurement)")
     parser.add_argument("--functions", help="comma-separated function names (or `kv`): their figure")

@@ -21,12 +21,25 @@ from .request import Request
 class Batch:
     """The batch under construction, local to one schedule() call."""
 
-    __slots__ = ("max_num_tokens", "token_budget", "requests", "entries", "new_reqs", "cached_reqs",
-                 "num_scheduled_tokens", "spec_decode_tokens", "preempted", "kv_loads")
+    __slots__ = ("max_num_tokens", "token_budget", "draft_slots", "drafts_needed", "requests", "entries",
+                 "new_reqs", "cached_reqs", "num_scheduled_tokens", "spec_decode_tokens", "preempted", "kv_loads")
 
-    def __init__(self, token_budget: int) -> None:
+    def __init__(self, token_budget: int, draft_slots: int = 0, can_skip_drafts: bool = False) -> None:
+        # vLLM 0.33/0.34 `Scheduler.schedule` keeps `input_budget` beside
+        # `token_budget` and charges each entry `num_new_tokens + draft_slots`
+        # to it (`max_num_new_slots_for_drafting`: 1 for a draft model), clips
+        # every entry to `input_budget - draft_slots` and stops its loops once
+        # that is <= 0: `token_budget` here is `input_budget - draft_slots`,
+        # which is vLLM's token_budget itself without a draft model.
         self.max_num_tokens = token_budget
-        self.token_budget = token_budget
+        self.draft_slots = draft_slots
+        self.token_budget = token_budget - draft_slots
+        # Whether a request of the batch can use the drafts proposed after it
+        # (vLLM 0.34 `Scheduler.schedule`'s `drafts_needed`, from
+        # `_drafts_unused`; it stays set when that request is preempted later
+        # in the call); `skip_drafts` is its negation. Set from the start
+        # when the scheduler cannot skip drafts (`can_skip_drafts`).
+        self.drafts_needed = not can_skip_drafts
         self.requests: list[Request] = []                    # placement order
         self.entries: list[RequestData] = []                 # the same order
         self.new_reqs: list[NewRequestData] = []
@@ -46,17 +59,41 @@ class Batch:
         self.num_scheduled_tokens[entry.req_id] = entry.num_new_tokens
         if entry.spec_token_ids:
             self.spec_decode_tokens[entry.req_id] = entry.spec_token_ids
-        self.token_budget -= entry.num_new_tokens
+        self.token_budget -= entry.num_new_tokens + self.draft_slots
+        if not self.drafts_needed and not drafts_unused(request, entry.num_computed_tokens, entry.num_new_tokens):
+            self.drafts_needed = True
+
+    def restore(self, req_id: str) -> None:
+        """A preempted entry's tokens back to the budget (`token_budget += restored`,
+        `input_budget += restored + draft_slots`)."""
+        self.token_budget += self.num_scheduled_tokens.pop(req_id) + self.draft_slots
+
+    @property
+    def tokens_left(self) -> int:
+        """vLLM's `token_budget` (0.34's `loads_only` reads it)."""
+        return self.token_budget + self.draft_slots * (len(self.num_scheduled_tokens) + 1)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
-        return self.max_num_tokens - self.token_budget
+        return self.max_num_tokens - self.tokens_left
 
     def to_output(self, batch_id: int | None, finished_req_ids: set[str]) -> SchedulerOutput:
         return SchedulerOutput(batch_id, self.entries, self.new_reqs, self.cached_reqs,
                                self.num_scheduled_tokens, self.total_num_scheduled_tokens,
                                self.spec_decode_tokens, self.preempted, finished_req_ids,
-                               self.kv_loads)
+                               self.kv_loads, skip_drafts=not self.drafts_needed)
+
+
+def drafts_unused(request: Request, num_computed_tokens: int, num_new_tokens: int) -> bool:
+    """vLLM 0.34 `Scheduler._drafts_unused`: the drafts proposed for
+    `request` after this entry are sure to go unused, because the entry is a
+    non-final prefill chunk (it samples nothing), or it samples the request's
+    last token under max_tokens even if every draft is rejected (counting
+    one more for a sampling entry still in flight under async scheduling)."""
+    if num_computed_tokens + num_new_tokens < len(request.all_token_ids):
+        return True
+    least_outputs = request.num_output_tokens + 1 + (1 if request.num_output_placeholders > 0 else 0)
+    return least_outputs >= request.max_tokens
 
 
 def _block_ids(blocks: Sequence[KVCacheBlock]) -> tuple[int, ...]:

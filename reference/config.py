@@ -25,6 +25,10 @@ class SchedulerConfig:
     num_pipeline_stages: int = 1           # PP size = engine batch queue depth
     long_prefill_token_threshold: int = 0  # 0: off; else cap of one request's chunk
     num_spec_tokens: int = 0               # k: drafts per request per step at most
+    # A drafter with its own forward pass (`Profile.lookahead_slots`): KV slots
+    # past each entry (0 or k) and the budget's input slots per entry (batch.py).
+    num_lookahead_tokens: int = 0
+    draft_input_slots: int = 0
     enable_prefix_caching: bool = True
     profile: str = DEFAULT_PROFILE         # the vLLM version modelled (profiles.py)
     # None: the profile's. False: one batch per request (vLLM <= 0.8.4).
@@ -108,6 +112,10 @@ class SchedulerConfig:
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
         if self.scheduling_policy == "priority" and not profile.priority_policy:
             raise ValueError(f"profile {self.profile} has no priority policy (vLLM 0.33 and later)")
+        if (self.num_lookahead_tokens or self.draft_input_slots) and not (profile.lookahead_slots
+                                                                          and self.num_spec_tokens):
+            raise ValueError(f"num_lookahead_tokens and draft_input_slots need drafts and a profile with "
+                             f"lookahead slots (vLLM 0.33 and later), not {self.profile}")
         if not isinstance(self.num_preallocate_tokens, int) or self.num_preallocate_tokens < 0:
             raise ValueError("num_preallocate_tokens must be >= 0, "
                              f"got {self.num_preallocate_tokens!r}")
@@ -128,6 +136,11 @@ class SchedulerConfig:
         if not 0.0 <= self.cache_aware_admission_threshold <= 1.0:
             raise ValueError("cache_aware_admission_threshold must be in [0, 1], "
                              f"got {self.cache_aware_admission_threshold!r}")
+
+    @property
+    def can_skip_drafts(self) -> bool:
+        """vLLM's `Scheduler.can_skip_drafts`: lookahead slots, where the profile skips drafts."""
+        return self.num_lookahead_tokens > 0 and self.version_profile.skips_unused_drafts
 
     @property
     def version_profile(self) -> Profile:

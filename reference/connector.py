@@ -31,12 +31,20 @@ offloads, statistics and KV events.
 * **Sends** (`request_finished`): a producer holds the blocks of a request
   that stopped by itself (stop or length) and holds any; aborts and errors
   send nothing.
+* **Reset** (`reset_cache`, vLLM's `KVConnectorBase_V1.reset_cache`, called
+  by `reset_prefix_cache(reset_connector=True)`): the store is emptied, so
+  every request already added whose promise is not spent is offered 0 from
+  then on; a request added later offers its own (the store refills from
+  other producers); loads already started land as scheduled and sends go
+  on. Its place in vLLM 0.34's `async_kv_waiting` does not change
+  (`may_load_async` is asked when a request is enqueued, before the reset):
+  met there, it is offered nothing. It always succeeds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from .request import Request, RequestStatus
 
@@ -143,6 +151,7 @@ class FabricatedConnector:
         self.load_failures = load_failures      # profiles.py `kv_load_failures`
         self.outputs_processed = 0
         self._promised: set[Request] = set()    # requests admitted or parked: offered 0 since
+        self._forgotten: set[Request] = set()   # requests unserved at a `reset_cache`: offered 0 since
         self._async_loads: list[_Load] = []
         self._sync_loads: dict[tuple[str, int], _Load] = {}
         self._sends: list[tuple[int, str]] = []  # (due output, request id)
@@ -156,7 +165,8 @@ class FabricatedConnector:
     def get_num_new_matched_tokens(self, request: Request, num_local: int) -> tuple[int, bool]:
         """(tokens the connector can load beyond `num_local`, asynchronously?)."""
         offer: KvOffer | None = request.kv_offer
-        if offer is None or not offer.hit or not self.config.consumer or request in self._promised:
+        if (offer is None or not offer.hit or not self.config.consumer or request in self._promised
+                or request in self._forgotten):
             return 0, False
         load_async = offer.load_async and self.async_loads
         if load_async:
@@ -173,8 +183,20 @@ class FabricatedConnector:
         promise is spent (it is offered 0 from now on)."""
         return request in self._promised
 
+    def forgot(self, request: Request) -> bool:
+        """A `reset_cache` emptied the store before the request was served."""
+        return request in self._forgotten
+
+    def reset_cache(self, added: Iterable[Request]) -> bool:
+        """`reset_cache` (the module doc): `added`, the scheduler's requests,
+        forgotten where their promise is not spent. True: it succeeded."""
+        self._forgotten |= {request for request in added if request not in self._promised}
+        return True
+
     def may_load_async(self, request: Request) -> bool:
-        """vLLM 0.34's `may_load_async`: the connector would load it async."""
+        """vLLM 0.34's `may_load_async`: the connector would load it async
+        (asked at the request's enqueue: a later `reset_cache` leaves the
+        answer, its place in `async_kv_waiting`, as it was)."""
         offer: KvOffer | None = request.kv_offer
         return (offer is not None and offer.hit > 0 and offer.load_async and self.async_loads
                 and self.config.consumer and request not in self._promised)

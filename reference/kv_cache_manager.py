@@ -37,6 +37,7 @@ class KVCacheManager:
         """`release_order` None: vLLM's (reverse with caching, forward without)."""
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.max_model_len = max_model_len
         if release_order is None:
             release_order = "reverse" if enable_caching else "forward"
         if release_order not in ("reverse", "forward"):
@@ -92,16 +93,23 @@ class KVCacheManager:
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: Sequence[KVCacheBlock] = (),
                        num_draft_tokens: int = 0, *, reserved_blocks: int = 0,
-                       delay_cache_blocks: bool = False) -> list[KVCacheBlock] | None:
+                       delay_cache_blocks: bool = False, num_lookahead_tokens: int = 0) -> list[KVCacheBlock] | None:
         """Blocks for `num_new_tokens` more tokens after the request's computed
         ones and the hit `new_computed_blocks`. Returns the blocks appended to
         its table (hit blocks first), or None, changing nothing, if they do not fit.
         A connector's async load (vLLM 0.33 `allocate_slots`) leaves
-        `reserved_blocks` free and caches nothing (`delay_cache_blocks`)."""
+        `reserved_blocks` free and caches nothing (`delay_cache_blocks`). A
+        drafter's `num_lookahead_tokens` slots are reserved past the tokens,
+        up to max_model_len (0.34 `allocate_slots`' `num_tokens_need_slot`)."""
         pool = self.block_pool
         req_blocks = self.req_to_blocks.get(request.request_id, ())
         num_computed_tokens = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        num_required = -(-(num_computed_tokens + num_new_tokens) // self.block_size)  # cdiv, inline
+        num_slots = num_computed_tokens + num_new_tokens
+        if num_lookahead_tokens:
+            num_slots += num_lookahead_tokens
+            if self.max_model_len is not None and num_slots > self.max_model_len:
+                num_slots = self.max_model_len
+        num_required = -(-num_slots // self.block_size)  # cdiv, inline
         # (Negative when the table holds more than needed. Comparisons here,
         # not min()/max(): those parse their arguments slowly on CPython 3.11.)
         num_new_blocks = num_required - len(req_blocks) - len(new_computed_blocks)
@@ -133,14 +141,18 @@ class KVCacheManager:
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache the request's full blocks up to `num_computed_tokens` (capped
-        at its known tokens): vLLM 0.33 `KVCacheManager.cache_blocks`, which
-        `update_from_output` calls for the settled tokens under async
-        scheduling."""
+        at its known tokens, not at its table): vLLM 0.33/0.34
+        `KVCacheManager.cache_blocks`, which `update_from_output` calls for
+        the settled tokens under async scheduling or with drafts. A count
+        past the table happens only to a request whose `num_in_flight_tokens`
+        an older request's batch drove below 0 (a reused id, the released
+        profiles' `outputs_by_id_alone`); `_cache_full_blocks` then counts
+        blocks the table does not hold yet as cached, as vLLM does."""
         req_blocks = self.req_to_blocks.get(request.request_id)
         if not self.enable_caching or not req_blocks:
             return
         num_tokens = min(num_computed_tokens, len(request.all_token_ids))
-        self._cache_full_blocks(request, req_blocks, min(num_tokens // self.block_size, len(req_blocks)))
+        self._cache_full_blocks(request, req_blocks, num_tokens // self.block_size)
 
     def fits_whole_sequence(self, request: Request, new_computed_blocks: Sequence[KVCacheBlock],
                             max_model_len: int) -> bool:
@@ -199,13 +211,19 @@ class KVCacheManager:
                            num_full_blocks: int) -> None:
         """Cache table blocks from the first not yet cached up to `num_full_blocks`,
         in table order (vLLM `BlockPool.cache_full_blocks`; a hit block is
-        cached already, so it is skipped)."""
+        cached already, so it is skipped). The count becomes `num_full_blocks`
+        even where the table is shorter: vLLM 0.33/0.34
+        `SingleTypeKVCacheManager.cache_blocks` records it whatever
+        `cache_full_blocks`'s slice of the table held, so the blocks appended
+        later at those positions are never hashed and, freed, go to the free
+        queue's head (`BlockPool.free_blocks`; seed 302 index 134)."""
         req_id = request.request_id
         start = self.num_cached_block.get(req_id, 0)
         if num_full_blocks <= start:
             return                                    # the common decode step
         hashes = self._block_hashes(request, num_full_blocks)
-        for i in range(start, num_full_blocks):
+        num_held = len(req_blocks)
+        for i in range(start, num_full_blocks if num_full_blocks < num_held else num_held):
             block = req_blocks[i]
             if block.block_hash is None:
                 self.block_pool.cache_block(block, hashes[i])

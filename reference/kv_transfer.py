@@ -399,8 +399,9 @@ class KvTransfers:
     def _remaining_blocks(self, request: Request) -> int:
         """vLLM `_request_remaining_blocks`: blocks the request still needs
         for its whole sequence, with drafts and one step of 1 + k tokens past it."""
-        k = self.config.num_spec_tokens
-        tokens = min(request.num_tokens, self.config.max_model_len) + (1 + k if k else 0)
+        k = self.config.num_spec_tokens       # and a drafter's lookahead slots (`1 + k + num_lookahead_tokens`)
+        tokens = min(request.num_tokens, self.config.max_model_len) + (1 + k + self.config.num_lookahead_tokens
+                                                                       if k else 0)
         whole = -(-tokens // self.config.block_size)
         return max(0, whole - len(self.kv_cache_manager.req_to_blocks.get(request.request_id, ())))
 
@@ -409,11 +410,11 @@ class KvTransfers:
         of a `load_kv_async` admission): `_inflight_prefill_reserved_blocks`,
         what parked loads and running prefills still need, and with drafts
         `_spec_decode_step_blocks`, the blocks of one step of 1 + k tokens
-        (the bridge's n-gram drafter has no look-ahead slots)."""
+        (and a drafter's lookahead slots: `1 + k + num_lookahead_tokens`)."""
         if not self._kv_load_reservation:
             return 0
         holders = [r for r in self.kv_holding_waiting if r.parked_reservation]
         holders += [r for r in self.running if r.inflight_prefill]
         k = self.config.num_spec_tokens
-        spec_step_blocks = -(-(1 + k) // self.config.block_size) if k else 0
+        spec_step_blocks = -(-(1 + k + self.config.num_lookahead_tokens) // self.config.block_size) if k else 0
         return sum(self._remaining_blocks(r) for r in holders) + spec_step_blocks

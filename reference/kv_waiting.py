@@ -78,9 +78,11 @@ class KvWaiting:
         while True:
             # parked streaming sessions keep their seats (sessions.py: `num_waiting_for_streaming_input`)
             seats = self._seats_taken()       # type: ignore[attr-defined]
-            loads_only = seats >= self.config.max_num_seqs or batch.token_budget <= 0
+            loads_only = seats >= self.config.max_num_seqs or batch.tokens_left <= 0
             if loads_only and not self._kv_async_queue:
                 break                         # vLLM 0.33: `while token_budget > 0`, max_num_seqs
+            if not loads_only and batch.token_budget <= 0:
+                break                         # `input_budget <= draft_slots` (batch.py)
             pick = self._next_candidate(skipped, take_async_kv, loads_only)
             if pick is None:
                 break

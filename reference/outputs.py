@@ -98,6 +98,9 @@ class SchedulerOutput:
     kv_loads: list[tuple[str, int]]           # (request, start): parked for an async KV load here
     # Async scheduling: a structured request's earlier output is in flight (grammar.py).
     pending_structured_output_tokens: bool = False
+    # The model runner proposes no drafts after this batch (vLLM 0.34
+    # `SchedulerOutput.skip_drafts`; batch.py `drafts_unused`).
+    skip_drafts: bool = False
 
     @property
     def is_empty(self) -> bool:

@@ -72,6 +72,6 @@ class PriorityPolicy:
         entry = batch.entries[index]
         del batch.requests[index], batch.entries[index]
         (batch.new_reqs if entry in batch.new_reqs else batch.cached_reqs).remove(entry)  # type: ignore[arg-type]
-        batch.token_budget += batch.num_scheduled_tokens.pop(req_id)
+        batch.restore(req_id)
         batch.spec_decode_tokens.pop(req_id, None)
 

@@ -208,6 +208,18 @@ class Profile:
     # (`SchedulerConfig.prefill_schedule_interval` > 1 without data
     # parallelism; cadence.py). 0.8.x: none.
     prefill_cadence: bool = False
+    # A drafter with its own forward pass (0.33, 0.34 `Scheduler.schedule`):
+    # `allocate_slots(num_lookahead_tokens=...)` past every entry but an async
+    # KV load's (`limit_lookahead_tokens`), and the draft model's
+    # `max_num_new_slots_for_drafting` charged to `input_budget` per entry
+    # (batch.py). `SchedulerConfig.num_lookahead_tokens` and
+    # `draft_input_slots` are refused under a profile without it. 0.8.x: none.
+    lookahead_slots: bool = False
+    # `Scheduler.can_skip_drafts` (lookahead slots on): `skip_drafts` when no
+    # entry can use the drafts proposed after the batch (batch.py
+    # `drafts_unused`). 0.34: always; 0.33: only with the V2 model runner
+    # (`vllm_config.use_v2_model_runner`), which the bridge runs async.
+    skips_unused_drafts: bool = False
     # 0.34 only: `async_kv_waiting` (`_enqueue_waiting_request`,
     # `_next_waiting_queue`), loads-only mode when no running slot or budget
     # is left, `max_num_inflight_kv_loads` (`_admits_inflight_kv_load`, the
@@ -368,10 +380,11 @@ KV_CONNECTOR_0_33: dict[str, bool] = {
     "kv_aborted_load_held": True, "kv_step_fence": True, "kv_holding_first": True,
     "kv_load_reservation": True, "kv_producer_drops_stale": True, "priority_policy": True}
 PROFILES["vllm-0.33"] = replace(PROFILES["vllm-0.33"], **KV_CONNECTOR_0_33,
-                               reset_drops_running_output=True, pause_states=True, prefill_cadence=True)
+                               reset_drops_running_output=True, pause_states=True, prefill_cadence=True,
+                               lookahead_slots=True)
 PROFILES["vllm-0.33-async"] = replace(PROFILES["vllm-0.33"], name="vllm-0.33-async",
                                       async_scheduling=True, placeholder_drafts=True,
-                                      engine_loop="vllm-0.33-async")
+                                      engine_loop="vllm-0.33-async", skips_unused_drafts=True)
 # vLLM 0.34.0, sync and async: 0.33.0's rules, each re-read in 0.34.0's source
 # (the spec's profiles.py VLLM_0_34 lists where); the engine loop is 0.33's
 # `step_with_batch_queue`, which 0.34 keeps but for how it waits for a
@@ -381,7 +394,12 @@ PROFILES["vllm-0.33-async"] = replace(PROFILES["vllm-0.33"], name="vllm-0.33-asy
 # the threshold only with chunked prefill, and the cache-aware admission order.
 VLLM_0_34_RULES: dict[str, bool] = {"threshold_needs_chunked_prefill": True, "cache_aware_admission": True,
                                     "kv_async_waiting_queue": True, "session_input_sets_cache_limit": True}
-PROFILES["vllm-0.34"] = replace(PROFILES["vllm-0.33"], name="vllm-0.34", **VLLM_0_34_RULES)
+# 0.34 removed the V1 model runner, so its sync scheduler skips unused drafts
+# too (`can_skip_drafts = num_lookahead_tokens > 0`; 0.33's also asks for
+# `use_v2_model_runner`, which only its async runs use): the one rule the
+# sync pair changes beyond VLLM_0_34_RULES (0.33-async has it already).
+VLLM_0_34_SYNC_RULES: dict[str, bool] = {"skips_unused_drafts": True}
+PROFILES["vllm-0.34"] = replace(PROFILES["vllm-0.33"], name="vllm-0.34", **VLLM_0_34_RULES, **VLLM_0_34_SYNC_RULES)
 PROFILES["vllm-0.34-async"] = replace(PROFILES["vllm-0.33-async"], name="vllm-0.34-async", **VLLM_0_34_RULES)
 
 

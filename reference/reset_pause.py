@@ -12,6 +12,11 @@ scheduler.py's Scheduler; the profile's `reset_drops_running_output` and
   requests reset it raises: while a streaming session between turns holds
   blocks, sessions.py, or, with a KV connector, a parked load, a held send
   or a table a preemption put behind the step fence, kv_transfer.py).
+  With `reset_connector` the KV connector's own cache is reset after the
+  pool's (`reset_connector_cache`, whose False would make the call's
+  result False; a no-op success without a connector): the fabricated
+  connector forgets the offers of the requests it has not served
+  (connector.py `reset_cache`).
 * `set_pause_state`: PAUSED_ALL gives `schedule()` no token budget and no
   waiting loop; PAUSED_NEW looks only at `kv_holding_waiting` in the
   waiting loop (a streaming session's next turn, a landed KV load; no
@@ -47,6 +52,8 @@ class ResetPause:
     _stale_output_counters: bool
     _priority: bool
     num_waiting_for_streaming_input: int
+    connector: Any                    # kv_transfer.py: the fabricated connector, or None
+    requests: dict[str, Request]
 
     def _init_reset_pause(self, profile: Any) -> None:
         self._has_reset, self._has_pause = profile.reset_drops_running_output, profile.pause_states
@@ -57,9 +64,12 @@ class ResetPause:
             raise NotImplementedError("this vLLM version has no pause states")
         self.pause_state = PauseState(pause_state)
 
-    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         """The prefix cache forgotten; the running requests first preempted
-        (their output in flight dropped) when asked. False: a block is held."""
+        (their output in flight dropped) when asked; then, when asked, the
+        connector's cache (vLLM 0.33/0.34 `Scheduler.reset_prefix_cache`:
+        `reset_connector_cache() and reset_successful`, after the raise).
+        False: a block is held (or the connector's reset failed)."""
         if reset_running_requests:
             if not self._has_reset:
                 raise NotImplementedError("this vLLM version cannot reset running requests")
@@ -70,6 +80,8 @@ class ResetPause:
         reset = self.kv_cache_manager.reset_prefix_cache()
         if reset_running_requests and not reset:
             raise RuntimeError("the prefix cache could not be reset with every running request preempted")
+        if reset_connector and self.connector is not None:
+            reset = self.connector.reset_cache(self.requests.values()) and reset
         return reset
 
     def _preempt_dropping_output(self, request: Request) -> None:

@@ -256,7 +256,7 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
     def schedule(self) -> SchedulerOutput:
         self.num_steps += 1
         self.current_step += 1
-        batch = Batch(self.config.max_num_batched_tokens)
+        batch = Batch(self.config.max_num_batched_tokens, self.config.draft_input_slots, self.config.can_skip_drafts)
         self._threshold = self._threshold_in_force()
         self._start_cadence()                 # the prefill cadence (cadence.py)
         if self._runs_running_loop():         # the pause (reset_pause.py)
@@ -445,8 +445,8 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
         in the 0.8.x profiles)."""
         if self._held_drafts_left_uncached:
             num_drafts = max(num_drafts, len(request.spec_token_ids))
-        return self.kv_cache_manager.allocate_slots(request, num_new_tokens, computed_blocks,
-                                                    num_draft_tokens=num_drafts)
+        return self.kv_cache_manager.allocate_slots(request, num_new_tokens, computed_blocks, num_draft_tokens=num_drafts,
+                                                    num_lookahead_tokens=self.config.num_lookahead_tokens)
 
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: blocks freed, back to the head of `waiting`.

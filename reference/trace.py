@@ -91,6 +91,8 @@ class TraceWriter:
         }
         if self._eos_token_id is not None:
             event["eos_token_id"] = self._eos_token_id
+        if cfg.num_lookahead_tokens or cfg.draft_input_slots:      # a drafter with its own forward pass
+            event.update(num_lookahead_tokens=cfg.num_lookahead_tokens, draft_input_slots=cfg.draft_input_slots)
         event.update(self._extra)
         if not cfg.enable_chunked_prefill:
             event["enable_chunked_prefill"] = False
@@ -213,10 +215,12 @@ class TraceWriter:
             event["from_block"] = from_block
         self._write(event)
 
-    def reset(self, running: bool, preempted: list[str], ok: bool, step: int) -> None:
+    def reset(self, running: bool, connector: bool, preempted: list[str], ok: bool, step: int) -> None:
         """`reset_prefix_cache` (reset_pause.py): the running requests it
-        preempted, tail first, and whether the cache was reset."""
-        self._write({"ev": "reset", "running": running, "preempted": preempted, "ok": ok, "step": step})
+        preempted, tail first, whether the KV connector's cache was reset
+        too, and whether the cache was reset."""
+        self._write({"ev": "reset", "running": running, "connector": connector, "preempted": preempted, "ok": ok,
+                     "step": step})
 
     def pause(self, state: str, step: int) -> None:
         """`set_pause_state`: "none", "new" or "all"."""
@@ -294,14 +298,14 @@ class TracingScheduler(Scheduler):
                 self.trace.finish(request.request_id, request.get_finished_reason(),
                                   self.num_steps)
 
-    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         preempted = [r.request_id for r in reversed(self.running)] if reset_running_requests else []
         try:
-            ok = super().reset_prefix_cache(reset_running_requests)
+            ok = super().reset_prefix_cache(reset_running_requests, reset_connector)
         except RuntimeError:              # raised after the preemptions: the reset happened, not ok
-            self.trace.reset(reset_running_requests, preempted, False, self.num_steps)
+            self.trace.reset(reset_running_requests, reset_connector, preempted, False, self.num_steps)
             raise
-        self.trace.reset(reset_running_requests, preempted, ok, self.num_steps)
+        self.trace.reset(reset_running_requests, reset_connector, preempted, ok, self.num_steps)
         return ok
 
     def set_pause_state(self, pause_state: PauseState | int) -> None:

@@ -70,6 +70,10 @@ class Config:
     max_model_len: int = 16                  # prompt + outputs at most
     long_prefill_token_threshold: int = 0    # 0 = off; else one request's chunk cap
     num_spec_tokens: int = 0                 # k: drafts proposed per step at most
+    # A drafter with its own forward pass (lookahead.py; `Profile.lookahead_slots`):
+    # KV slots reserved past each entry (0 or k) and the budget's input slots per entry.
+    num_lookahead_tokens: int = 0
+    draft_input_slots: int = 0
     prefix_caching: bool = True
     profile: str = DEFAULT_PROFILE           # the vLLM version modelled (profiles.py)
     # What a preempted request's output still in flight becomes, under a
@@ -168,9 +172,24 @@ class Config:
             raise ValueError(f"reset_and_pause needs a profile with reset and pause (vLLM 0.33 on), not {self.profile}")
         if self.max_loras < 0:
             raise ValueError("max_loras must be >= 0")
+        self._check_drafter()
         if (self.max_loras or self.prompt_logprobs) and not self.rules.stale_output_counters:
             raise ValueError("max_loras and prompt_logprobs are modelled only under the vLLM 0.33 and 0.34 "
                              "profiles")
+
+    def _check_drafter(self) -> None:
+        """Lookahead and draft input slots come with drafts, from a profile
+        that has them (vLLM 0.33 and 0.34: `Profile.lookahead_slots`), and
+        vLLM's `_set_max_num_scheduled_tokens` wants a budget above the slots."""
+        if self.num_lookahead_tokens < 0 or self.draft_input_slots < 0:
+            raise ValueError("num_lookahead_tokens and draft_input_slots must be >= 0")
+        if not (self.num_lookahead_tokens or self.draft_input_slots):
+            return
+        if not self.num_spec_tokens or not self.rules.lookahead_slots:
+            raise ValueError(f"num_lookahead_tokens and draft_input_slots need drafts and a profile with "
+                             f"lookahead slots (vLLM 0.33 and 0.34), not {self.profile}")
+        if self.max_num_batched_tokens <= max(self.num_lookahead_tokens, self.draft_input_slots):
+            raise ValueError("max_num_batched_tokens must be above num_lookahead_tokens and draft_input_slots")
 
     def _check_admission_knobs(self) -> None:
         """vLLM's `SchedulerConfig` bounds: the budget holds a whole

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from . import lookahead
 from .config import Config
 from .kv_fence import batches_in_flight
 from .kv_loads import load_limit, loads_in_flight
@@ -102,8 +103,8 @@ def kv5_loaded_not_starved(s: State, cfg: Config) -> bool:
     if scheduled.preempted or any(scheduled.state.requests[r].status is not Status.WAITING_FOR_REMOTE_KVS
                                   for r in landed):
         return True
-    used = sum(e.n for e in scheduled.entries if s.requests[e.req].status is Status.RUNNING)
-    if len(s.running) >= cfg.max_num_seqs or used >= cfg.max_num_batched_tokens:
+    used = [e.n for e in scheduled.entries if s.requests[e.req].status is Status.RUNNING]
+    if len(s.running) >= cfg.max_num_seqs or lookahead.budget_spent(cfg, used):      # lookahead.py
         return True
     order = s.kv_holding + s.waiting                # the waiting loop's order of queues
     first_landed = min(order.index(r) for r in landed)

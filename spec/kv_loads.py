@@ -30,7 +30,10 @@ where it agrees).
 A streaming session (sessions.py) is asked at its first turn only: its
 later turns keep their blocks in `kv_holding` (no lookup); waiting for
 input it is skipped, keeps its seat (loads-only mode) and reserves nothing
-beside an async load (`_holds_load`).
+beside an async load (`_holds_load`); admitted from there in the call that
+parks a load, it reserves only a chunk short of its tokens, as any
+admission (it is in neither 0.33's `_inflight_prefills` nor 0.34's
+`_parked_reservations`: `Walk.parked` holds loads alone).
 
 Abstracted away: the connector's own matching (its offer is the
 environment's, fixed at arrival), partial-tail hits, HiSparse's deferred
@@ -51,7 +54,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import blocks, cadence, priority
+from . import blocks, cadence, lookahead, priority
 from .config import Config
 from .drafts import keeps_prefill_chunk_flag
 from .reset_pause import takes_waiting_queue
@@ -66,7 +69,9 @@ class Walk:
 
     skipped: set[int] = field(default_factory=set)
     take_async: bool = True
-    # Taken from `kv_holding`: vLLM's `_parked_reservations` keeps each until it is admitted.
+    # Loads taken from `kv_holding`: each keeps its reservation through its admission in this
+    # call (vLLM 0.34 `Scheduler.schedule`: `request in self._parked_reservations`; 0.33: in
+    # `_inflight_prefills` since its park). A session between turns there holds none.
     parked: set[int] = field(default_factory=set)
 
 
@@ -113,7 +118,8 @@ def next_candidate(state: State, cfg: Config, walk: Walk, loads_only: bool) -> t
         return (async_head, "async") if unpaused and walk.take_async and async_head is not None else None
     held = _head(state.kv_holding, walk)
     if held is not None:
-        walk.parked.add(held)
+        if _holds_load(state, held):        # a session between turns is in no reservation
+            walk.parked.add(held)
         return held, "holding"
     if not unpaused:
         return None
@@ -182,15 +188,15 @@ def fits_beside_reservations(state: State, cfg: Config, r: int, hit: tuple[int, 
     parked load (`parked`): vLLM adds it to `_inflight_prefills` when
     `num_computed_tokens + num_new_tokens < num_tokens` or it is in
     `_parked_reservations`, before `_update_after_schedule` moves its count."""
-    k = cfg.num_spec_tokens                # with drafts, one step's blocks (`_spec_decode_step_blocks`)
-    reserved = blocks.cdiv(1 + k, cfg.block_size) if k else 0
+    step = lookahead.step_tokens(cfg)      # with drafts, one step's blocks (`_spec_decode_step_blocks`)
+    reserved = blocks.cdiv(step, cfg.block_size)
     chunk_ends = {entry.req: entry.start + entry.n for entry in admitted}
     for h, q in enumerate(state.requests):
         prefilling = q.status is Status.RUNNING and _in_inflight_prefills(cfg, q)
         if h in chunk_ends:
             prefilling = chunk_ends[h] < q.num_tokens or h in parked
         if h != r and (_holds_load(state, h) or prefilling):
-            whole = blocks.cdiv(min(q.num_tokens, cfg.max_model_len) + (1 + k if k else 0), cfg.block_size)
+            whole = blocks.cdiv(min(q.num_tokens, cfg.max_model_len) + step, cfg.block_size)
             reserved += max(0, whole - len(q.block_table))
     fresh = max(0, blocks.cdiv(computed, cfg.block_size) - len(hit))
     return blocks.can_allocate(state.pool, fresh + reserved, hit)

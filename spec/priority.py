@@ -49,6 +49,7 @@ class StepUnderConstruction(Protocol):
     construction (`schedule._Step`)."""
 
     state: State
+    cfg: Config
     budget: int
     entries: list  # list[schedule.ScheduledEntry]
     taken_back: list  # list[int]: the requests handed back (schedule.Scheduled.taken_back)
@@ -142,6 +143,6 @@ def hand_back(step: StepUnderConstruction, victim: int) -> None:
     kept = [e for e in step.entries if e.req != victim]
     if len(kept) == len(step.entries):
         return
-    step.budget += sum(e.n for e in step.entries if e.req == victim)
+    step.budget += sum(e.n + step.cfg.draft_input_slots for e in step.entries if e.req == victim)   # lookahead.py
     step.entries[:] = kept
     step.taken_back.append(victim)

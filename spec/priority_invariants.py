@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import cadence
+from . import cadence, lookahead
 from .config import Config
 from .state import Request, State
 
@@ -89,7 +89,7 @@ def running_loop_skips_nothing(before: State, after: State, scheduled: Scheduled
     """The step's record against PR3 (see the module's docstring)."""
     if scheduled is None or cfg.kv_connector is not None:
         return True
-    if sum(e.n for e in scheduled.entries) >= cfg.max_num_batched_tokens:
+    if lookahead.budget_spent(cfg, [e.n for e in scheduled.entries]):      # a draft model's slots too
         return True
     in_batch = {e.req for e in scheduled.entries}
     defers = cadence.defers_prefills(before, cfg)     # a call that defers prefills skips their chunks

@@ -327,6 +327,12 @@ class Profile:
     # "rejection sampling handles grammar violations"). Where it checks and
     # runs sync, no illegal draft reaches a batch (`grammar.illegal_drafts_scheduled`).
     scheduler_validates_drafts: bool = False
+    # A drafter with its own forward pass (spec/lookahead.py): `allocate_slots(
+    # num_lookahead_tokens=...)` past each entry but an async load's, and the
+    # draft model's input slots (`max_num_new_slots_for_drafting`) charged to
+    # the budget (0.33, 0.34 `Scheduler.schedule`; `Config.num_lookahead_tokens`,
+    # `draft_input_slots` are refused elsewhere).
+    lookahead_slots: bool = False
     # Streaming sessions (resumable requests; spec/sessions.py):
     # `add_request` under a live id queues or applies a streaming update
     # (`_update_request_as_session`), a stop parks the session in
@@ -406,7 +412,7 @@ VLLM_0_33 = Profile(name="vllm-0.33", policy="continue-prefill",
                     cache_settled_blocks_on_output=True, draft_source="submission",
                     pads_admitted_decodes=True, priority_policy=True, streaming_sessions=True,
                     reset_drops_running_output=True, pause_states=True, scheduler_validates_drafts=True,
-                    prefill_cadence=True, **_KV_CONNECTOR_0_33)
+                    prefill_cadence=True, lookahead_slots=True, **_KV_CONNECTOR_0_33)
 
 # vLLM 0.33.0 with asynchronous scheduling, the default for single-node
 # pipeline parallelism (`AsyncScheduler`, the V2 model runner, the mp

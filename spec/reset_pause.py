@@ -23,6 +23,19 @@ the scheduler does under them (vLLM 0.33 and 0.34, `Config.reset_and_pause`).
   table and a producer's finished requests hold theirs until their
   transfer is reported: each makes the reset fail, and RP4 flags it too
   (docs/vllm-kv-connector-findings.md, finding 3).
+* `reset(running, connector)`: with `reset_connector` too, after the
+  pool's reset (and only where vLLM did not raise) `reset_connector_cache`
+  resets the KV connector's own cache (`KVConnectorBase_V1.reset_cache`;
+  a no-op success without a connector; its False would make the call's
+  result False, which the fabricated connector never returns). The
+  connector forgets what it holds: every arrived request whose offer is
+  not yet taken (`Load.NONE`) is offered 0 from then on (`external_hit`
+  0, the ghost `Request.offer_reset` set); loads already started land as
+  scheduled and sends go on; a request arriving later offers its own (the
+  environment's choice at arrival: the store refills). Under vLLM 0.34's
+  load limit a request keeps its place in `async_kv_waiting`
+  (`may_load_async` is asked when it is enqueued, before the reset:
+  `load_async` stays), where it is met and offered nothing.
 * `set_pause(pause)`: `Scheduler.set_pause_state`. Under PAUSED_ALL
   `schedule()` takes a token budget of 0 (the running loop schedules
   nothing) and skips the waiting loop; under PAUSED_NEW the waiting loop
@@ -50,9 +63,14 @@ Named properties (transition properties of the labelled actions):
   and no label is cached; without `running`, either that, or (a block was
   held) nothing changed. vLLM breaks it, and raises, when a streaming
   session between turns holds blocks (the reset above).
+* `RP5_connector_reset_forgets_offers` (beside a KV connector): no
+  request whose offer a reset of the connector's cache forgot is admitted
+  with, or parks for, an external load.
 
-Abstracted away: the connector's own cache (`reset_connector`,
-`reset_connector_cache`), the model runner's persistent batch (0.33's
+Abstracted away: how the connector's store refills (its offers to later
+arrivals are the environment's, as ever), the aux output connector's
+reset (`aux_output_connector.reset()` after a successful reset), the
+model runner's persistent batch (0.33's
 `prev_step_scheduled_req_ids.clear()`), the engine's pause modes
 ("abort" is `abort` of every request then PAUSED_NEW; "keep" is
 PAUSED_ALL; "wait" is PAUSED_NEW) and `clear_cache` (a `reset(True)` once
@@ -66,21 +84,24 @@ from dataclasses import replace
 from . import blocks, priority
 from .config import Config
 from .kv_fence import release_table
-from .state import Entry, Fate, Pause, State, Status
+from .state import Entry, Fate, Load, Pause, State, Status
 
 
 # --- the actions
 
 
-def reset(state: State, cfg: Config, running: bool) -> State | None:
-    """`Scheduler.reset_prefix_cache(reset_running_requests=running)`."""
+def reset(state: State, cfg: Config, running: bool, connector: bool = False) -> State | None:
+    """`Scheduler.reset_prefix_cache(reset_running_requests=running, reset_connector=connector)`."""
     if not cfg.reset_and_pause:
         return None
     if running:
         while state.running:
             state = _preempt_dropping_output(state, cfg, state.running[-1])
         state = priority.in_priority_order(state, cfg)   # the priority heap: each pushed at its rank
-    return _reset_prefix_cache(state)
+        if any(state.pool.ref_counts):
+            return state               # the pool's reset fails and vLLM raises, before the connector's reset
+    after = _reset_prefix_cache(state)
+    return _forget_offers(after) if connector and cfg.kv_connector is not None else after
 
 
 def set_pause(state: State, cfg: Config, pause: Pause) -> State | None:
@@ -116,6 +137,16 @@ def _reset_prefix_cache(state: State) -> State:
     if any(pool.ref_counts):
         return state
     return replace(state, pool=blocks.uncache(pool, tuple(range(len(pool.ref_counts)))))
+
+
+def _forget_offers(state: State) -> State:
+    """`reset_connector_cache`: the connector offers 0 to every arrived
+    request whose offer is not taken (`Load.NONE`); `load_async` stays (its
+    queue was chosen at its arrival)."""
+    for r, q in enumerate(state.requests):
+        if q.status.is_active and q.load is Load.NONE and q.external_hit > 0:
+            state = state.with_request(r, external_hit=0, offer_reset=True)
+    return state
 
 
 # --- the scheduler's hooks
@@ -205,3 +236,10 @@ def rp4_prefix_cache_reset(before: State, after: State, running: bool) -> bool:
     if running:
         return cleared
     return cleared or (any(before.pool.ref_counts) and after.pool.labels == before.pool.labels)
+
+
+def rp5_connector_reset_forgets_offers(before: State, after: State, scheduled_entries: tuple) -> bool:
+    """RP5: no request whose offer a reset of the connector's cache forgot (the ghost `offer_reset`) is admitted with, or parks for, an external load."""
+    forgotten = {r for r, q in enumerate(before.requests) if q.offer_reset}
+    return (all(e.external == 0 for e in scheduled_entries if e.req in forgotten)
+            and all(not after.requests[r].load.in_transfer for r in forgotten))

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import blocks, cadence, grammar, kv_loads, lora, priority, sessions
+from . import blocks, cadence, grammar, kv_loads, lookahead, lora, priority, sessions
 from .admission_order import reorder_waiting
 from .config import Config
 from .drafts import drafts_after_preemption, drafts_left_uncached, padded_admission, unclipped_demand_fits
@@ -59,7 +59,7 @@ class _Step:
 
     def __init__(self, state: State, cfg: Config) -> None:
         self.state, self.cfg = count_down(state, cfg), cfg
-        self.budget = cfg.max_num_batched_tokens
+        self.budget = lookahead.initial_budget(cfg)      # input_budget - draft_slots (lookahead.py)
         self.entries: list[ScheduledEntry] = []
         self.preempted: list[int] = []
         self.new_blocks: tuple[int, ...] = ()   # set by the last successful _allocate
@@ -279,6 +279,8 @@ def _schedule_waiting_with_connector(step: _Step) -> None:
     walk = kv_loads.Walk()
     while (pick := kv_loads.next_candidate(step.state, cfg, walk, _loads_only(step))) is not None:
         r, queue = pick
+        if step.budget <= 0 and not _loads_only(step):
+            break                                       # `input_budget <= draft_slots` (lookahead.py)
         step.state, blocked = grammar.blocked_on_grammar(step.state, r)     # structured output
         if (blocked or kv_loads.is_blocked(step.state, r) or _is_resumption_deferred(step.state, cfg, r)
                 or sessions.waits_for_input(step.state, r)):            # a parked session (sessions.py)
@@ -338,7 +340,7 @@ def _admit_with_connector(step: _Step, r: int, hit: tuple[int, ...], external: i
 
 def _loads_only(step: _Step) -> bool:
     """vLLM 0.34's `loads_only`: no running slot or budget left (only async loads may start)."""
-    return step.budget <= 0 or not _has_free_seat(step)
+    return lookahead.tokens_left(step.cfg, step.budget, len(step.entries)) <= 0 or not _has_free_seat(step)
 
 
 def _is_resumption_deferred(state: State, cfg: Config, r: int) -> bool:
@@ -459,7 +461,8 @@ def _allocate(step: _Step, r: int, num_new: int, hit: tuple[int, ...], external:
     req = state.requests[r]
     computed = req.num_computed + len(hit) * cfg.block_size + external
     total = computed + num_new
-    num_fresh = max(0, _num_required_blocks(cfg, total) - len(req.block_table) - len(hit))
+    num_fresh = max(0, _num_required_blocks(cfg, lookahead.tokens_needing_slots(cfg, total, not cache))
+                    - len(req.block_table) - len(hit))
     if not blocks.can_allocate(state.pool, num_fresh, hit):
         return False
     pool = blocks.touch(state.pool, hit)
@@ -520,6 +523,7 @@ def _add_entry(step: _Step, r: int, num_new: int, cached: int) -> None:
                                        step.new_blocks))
     step.state = step.state.with_request(r, num_drafts=drafts if samples else 0)  # unscheduled drafts dropped
     step.budget -= num_new
+    step.budget -= lookahead.input_slots(step.cfg)     # a draft model's, per entry (lookahead.py)
 
 
 def _launch(step: _Step) -> State:

@@ -151,6 +151,9 @@ class Request:
     load: Load = Load.NONE
     external: int = 0
     held: bool = False
+    # A ghost (reset_pause.py): a reset of the connector's cache forgot this
+    # request's offer before it was taken (`external_hit` then 0; RP5).
+    offer_reset: bool = False
     # The priority policy (`Config.scheduling_policy`, spec/priority.py; 0 under FCFS):
     # vLLM's `Request.priority`, given at arrival (lower runs first).
     priority: int = 0

@@ -19,7 +19,8 @@ from .grammar import compile_grammar, fail_grammar
 from .kv_reports import fail_kv_load, fail_kv_output, receive_kv, send_kv
 from .priority_invariants import running_loop_skips_nothing, victim_leaves_no_trace
 from .reset_pause import (reset, rp1_paused_schedules_nothing, rp2_reset_drops_in_flight,
-                          rp3_reset_output_never_applied, rp4_prefix_cache_reset, set_pause)
+                          rp3_reset_output_never_applied, rp4_prefix_cache_reset,
+                          rp5_connector_reset_forgets_offers, set_pause)
 from .schedule import Scheduled, schedule
 from .session_invariants import ss1_old_output_never_bound
 from .sessions import has_sessions, send_input
@@ -143,12 +144,14 @@ KV_REPORTS = (ReceiveKv, FailKvLoad, SendKv)
 
 @dataclass(frozen=True)
 class Reset:
-    """`reset_prefix_cache(reset_running_requests=running)` (reset_pause.reset)."""
+    """`reset_prefix_cache(reset_running_requests=running, reset_connector=connector)` (reset_pause.reset)."""
 
     running: bool
+    connector: bool = False
 
     def __str__(self) -> str:
-        return "reset prefix cache" + (" and running requests" if self.running else "")
+        return ("reset prefix cache" + (" and running requests" if self.running else "")
+                + (" and the connector's cache" if self.connector else ""))
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,7 @@ def step(state: State, cfg: Config, action: Action) -> State | None:
     if isinstance(action, SendInput):
         return send_input(state, cfg, action.req, finish_request)
     if isinstance(action, Reset):
-        return reset(state, cfg, action.running)
+        return reset(state, cfg, action.running, action.connector)
     if isinstance(action, SetPause):
         return set_pause(state, cfg, action.pause)
     raise TypeError(f"not an action: {action!r}")
@@ -357,7 +360,7 @@ def ss1_session_binding(before: State, after: State, action: Action, cfg: Config
 ss1_session_binding.__doc__ = ss1_old_output_never_bound.__doc__
 
 
-# --- reset and pause (reset_pause.py): RP1-RP4 on their labelled actions
+# --- reset and pause (reset_pause.py): RP1-RP5 on their labelled actions
 
 
 def rp1_pause(before: State, after: State, action: Action, cfg: Config) -> bool:
@@ -381,6 +384,14 @@ def rp3_reset_output(before: State, after: State, action: Action, cfg: Config) -
 def rp4_cache(before: State, after: State, action: Action, cfg: Config) -> bool:
     """RP4_prefix_cache_reset: after a reset of the running requests no block is held and no label cached; without them, every label cleared or (a block held) nothing changed."""
     return not isinstance(action, Reset) or rp4_prefix_cache_reset(before, after, action.running)
+
+
+def rp5_connector_reset(before: State, after: State, action: Action, cfg: Config) -> bool:
+    """RP5_connector_reset_forgets_offers: no request whose offer a reset of the connector's cache forgot is admitted with, or parks for, an external load."""
+    if not isinstance(action, Schedule) or not any(q.offer_reset for q in before.requests):
+        return True
+    scheduled = schedule(before, cfg)
+    return scheduled is None or rp5_connector_reset_forgets_offers(before, after, scheduled.entries)
 
 
 # --- the prefill cadence (cadence.py, cadence_properties.py): on each schedule step
@@ -472,6 +483,8 @@ RESET_PAUSE_PROPERTIES: tuple[TransitionProperty, ...] = (
     TransitionProperty("RP3_reset_output_never_applied", rp3_reset_output),
     TransitionProperty("RP4_prefix_cache_reset", rp4_cache),
 )
+# With reset and pause beside a KV connector.
+CONNECTOR_RESET_PROPERTY = TransitionProperty("RP5_connector_reset_forgets_offers", rp5_connector_reset)
 
 
 # With the prefill cadence (`Config.prefill_schedule_interval` > 1).
@@ -487,7 +500,8 @@ def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
     where outputs are looked up by name, and with a KV connector KV3 (where
     the profile has load failures), P_KV_preemption_frees and the
     connector's contract (C1-C5); under the priority policy PR2 and PR3 first, SS1
-    with streaming sessions, and RP1-RP4 with reset and pause; LORA2 with a
+    with streaming sessions, and RP1-RP4 with reset and pause (RP5 beside a
+    connector); LORA2 with a
     LoRA cap and PL1 where requests may ask for prompt logprobs."""
     chosen = TRANSITION_PROPERTIES + (INCARNATION_PROPERTIES if cfg.rules.stale_output_counters else ())
     if cfg.scheduling_policy == "priority":
@@ -499,7 +513,7 @@ def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
     if has_sessions(cfg):
         chosen += (TransitionProperty("SS1_old_output_never_bound", ss1_session_binding),)
     if cfg.reset_and_pause:
-        chosen += RESET_PAUSE_PROPERTIES
+        chosen += RESET_PAUSE_PROPERTIES + ((CONNECTOR_RESET_PROPERTY,) if cfg.kv_connector is not None else ())
     if cfg.prefill_schedule_interval > 1 and cfg.rules.prefill_cadence:
         chosen += CADENCE_PROPERTIES
     if cfg.max_loras:

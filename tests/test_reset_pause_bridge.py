@@ -86,14 +86,18 @@ def test_reset_pause_workloads_agree_with_vllm(version: str, async_scheduling: b
     workloads.append(copy.deepcopy(WORKLOAD))
     report = run_version(version, workloads, 0, False, lambda line: None, async_scheduling)
     assert report.workloads == len(workloads) and report.unexplained == []
+    # every verdict is vLLM's ground truth: no false rejection, no miss
+    assert set(report.verdicts) <= {"accepted, correct run", "rejected, real bug"}
+    # the hand-written workload runs identically; the seed's draws combine reset and pause with
+    # other features, whose vLLM bugs are named deviations (a partial chunk's token dropped, sync;
+    # a KV rollback keeping placeholders, async), each a run check-trace rejects as the bug it is
+    deviated = {name for names in report.deviation_workloads.values() for name in names}
+    assert WORKLOAD["name"] not in deviated
+    assert report.identical == len(workloads) - len(deviated)
     # drafts beside reset and pause (docs/request-states.md, "Features together"): under
     # synchronous pipeline parallelism vLLM samples a drafted request's position twice
-    # (the drafts_handed_over_at_submission deviation), which check-trace rejects as the bug it is
+    # (the drafts_handed_over_at_submission deviation)
     double_sampled = report.deviation_workloads.get("drafts_handed_over_at_submission", [])
-    assert set(report.deviations) <= {"drafts_handed_over_at_submission"}
     assert not (async_scheduling and double_sampled)
     assert all("spec-decoding" in w.get("features", ()) for w in workloads if w["name"] in double_sampled)
-    assert report.identical == len(workloads) - len(double_sampled)
-    assert report.verdicts["accepted, correct run"] == report.identical
-    assert set(report.verdicts) <= {"accepted, correct run", "rejected, real bug"}
-    assert report.verdicts["rejected, real bug"] == len(double_sampled)
+    assert report.verdicts.get("rejected, real bug", 0) >= len(double_sampled)

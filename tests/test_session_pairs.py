@@ -208,7 +208,8 @@ def test_the_streaming_checker_accepts_it_too(name: str):
 def test_the_reference_raises_where_vllm_does_and_writes_the_reset_first():
     run = run_reference(json.loads(FINDING.read_text()), "vllm-0.34")
     assert run.ending == "exception" and "RuntimeError" in run.exception
-    assert run.events[-1] == {"ev": "reset", "running": True, "preempted": ["r1"], "ok": False, "step": 12}
+    assert run.events[-1] == {"ev": "reset", "running": True, "connector": False, "preempted": ["r1"], "ok": False,
+                              "step": 12}
 
 
 @pytest.mark.usefixtures("both_checkers")

@@ -203,3 +203,8 @@ def test_the_campaigns_run_per_mode_and_once_with_a_connector() -> None:
     assert module.campaign_runs("0.34.0", only_async) == [("async", [*common, "--kv-connector", "--async"])]
     every = argparse.Namespace(workloads=5, seed=2, kv_connector=False, all_features=True, modes=["sync", "async"])
     assert module.campaign_runs("0.34.0", every) == [("sync+async", [*common, "--all-features"])]
+    # drafts, and lookahead slots, passed on
+    drafted = argparse.Namespace(workloads=5, seed=2, kv_connector=False, all_features=True, modes=["sync", "async"],
+                                 spec_tokens=2, lookahead=True)
+    assert module.campaign_runs("0.34.0", drafted) == [
+        ("sync+async", [*common, "--spec-tokens", "2", "--lookahead", "--all-features"])]

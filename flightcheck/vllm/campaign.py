@@ -76,6 +76,7 @@ from .campaign_options import add_options
 from .generate import campaign_workloads
 from .features import all_features_versions
 from .kv_workload import has_kv_connector
+from .lookahead_workload import with_lookahead
 from .replay import Interpreter, ReplayError, ReplayWorker, findings, probe_interpreter, use_interpreter
 from .versions import UnknownRelease, kv_connector_versions, release
 
@@ -410,10 +411,10 @@ def run_campaign(args: argparse.Namespace, error: Callable[[str], None]) -> int:
         mid_step_inputs = all(row.engine_loop == "0.34" for row in rows)
 
     def workloads(version: str) -> list[dict[str, Any]]:
-        return campaign_workloads(args.seed, args.workloads, args.reuse_ids, args.spec_tokens, args.family,
-                                  mid_step_inputs=mid_step_inputs,
-                                  features_of=release(version).version if args.all_features else None,
-                                  stages=getattr(args, "stages", None))
+        return with_lookahead(campaign_workloads(
+            args.seed, args.workloads, args.reuse_ids, args.spec_tokens, args.family, mid_step_inputs=mid_step_inputs,
+            features_of=release(version).version if args.all_features else None,
+            stages=getattr(args, "stages", None)), getattr(args, "lookahead", False))
     before = executors.counts()
     try:
         with use_interpreter(interpreter) if interpreter else nullcontext():

@@ -39,6 +39,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec-tokens", type=int_in(0, MAX_SPEC_TOKENS), default=0, metavar="K",
                         help="speculative decoding with K drafts per step: the fabricated model proposes "
                              "drafts and accepts some of each (seeded), vLLM's scheduler is configured for K")
+    parser.add_argument("--lookahead", action="store_true",
+                        help="with drafts, a drafter with its own forward pass (vLLM 0.33/0.34's draft model: "
+                             "K lookahead KV slots, skip_drafts): every workload with K > 0 drafts gets "
+                             "config.num_lookahead_tokens K, set after the draw")
     parser.add_argument("--stages", type=int_in(1, MAX_STAGES), default=None, metavar="N",
                         help="every workload with N pipeline stages in place of the drawn 2-4, set after the "
                              "draw (the rest of each workload is the seed's own); 1: no pipeline, so no finding "

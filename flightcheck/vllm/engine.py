@@ -132,12 +132,14 @@ class FabricatedModel:
             else:
                 sampled.append([])              # a partial prefill: nothing sampled
                 proposed.append([])             # ... and nothing proposed (the n-gram proposer's [])
-        # vLLM 0.33 (sync): the engine takes the drafts of the batch it has
-        # just run (EngineCore.post_step -> take_draft_token_ids; the n-gram
-        # runner answers with its latest batch's `req_ids` and drafts).
+        skip = bool(getattr(scheduler_output, "skip_drafts", False))   # vLLM 0.33+: V2 execute_model drafts K=0
+        if skip:
+            proposed = [[] for _ in req_ids]
+        # vLLM 0.33 (sync): the engine takes the drafts of the batch it has just run (EngineCore.post_step
+        # -> take_draft_token_ids; the runner answers with its latest batch's `req_ids` and drafts).
         self.latest_drafts = (req_ids, proposed)
         if self.draft_handler is not None and req_ids:
-            self.draft_handler.submitted({r: self._drafter_row(r, next_index[r]) for r in req_ids})
+            self.draft_handler.submitted({r: [] if skip else self._drafter_row(r, next_index[r]) for r in req_ids})
         return self._make_output(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                  sampled_token_ids=sampled,
                                  spec_token_ids=proposed if self._workload.config.num_spec_tokens else None,
@@ -259,13 +261,11 @@ class BatchQueueEngineV033(BatchQueueEngine):
                  deferred_draft_token_ids: Callable[[list[str], list[list[int]]], Any] | None = None) -> None:
         super().__init__(scheduler, model, depth, schedules_only_unscheduled=False)
         self._abort = abort
-        # Speculative decoding (sync): builds vLLM's DraftTokenIds for
-        # `update_draft_token_ids` after every step that ran the model
-        # (EngineCore.post_step); None without drafts.
+        # Speculative decoding (sync): builds vLLM's DraftTokenIds for `update_draft_token_ids`
+        # after every step that ran the model (EngineCore.post_step); None without drafts.
         self._draft_token_ids = draft_token_ids
-        # With drafts (`check_for_draft_tokens`, sync or async): the DraftTokenIds
-        # for a deferred batch (`deferred_drafts`); None without, or on the
-        # reference's side (no such call).
+        # With drafts (`check_for_draft_tokens`, sync or async): the DraftTokenIds for a deferred
+        # batch (`deferred_drafts`); None without, or on the reference's side (no such call).
         self._deferred_draft_token_ids = deferred_draft_token_ids
         self.deferred_drafts_handed = 0      # calls made, over the run
         if deferred_draft_token_ids is not None:

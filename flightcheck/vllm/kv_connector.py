@@ -15,8 +15,9 @@ the same ledger, in the ModelRunnerOutput it hands to `update_from_output`.
 Scheduler-side methods (KVConnectorBase_V1, read in
 `vllm/distributed/kv_transfer/kv_connector/v1/base.py` of 0.33.0 and
 0.34.0): `get_num_new_matched_tokens`, `update_state_after_alloc`,
-`build_connector_meta`, `request_finished` and `may_load_async` (0.34's
-load limit queue); the rest keep the base class's defaults
+`build_connector_meta`, `request_finished`, `may_load_async` (0.34's
+load limit queue) and `reset_cache` (`reset_prefix_cache(reset_connector=
+True)`; kv_transfers.py states what it forgets); the rest keep the base class's defaults
 (`requires_kv_delivery`: the producer role). The worker-side abstract
 methods are never called on a scheduler-side instance: they do nothing.
 
@@ -68,6 +69,9 @@ class FlightcheckKVConnector(KVConnectorBase_V1):
 
     def may_load_async(self, request: Any) -> bool:
         return self.transfers.may_load_async(request)
+
+    def reset_cache(self) -> bool:
+        return self.transfers.reset_cache()
 
     def flightcheck_offer(self, request: Any) -> tuple[int, bool]:
         """What the workload offers this request (the recorder's `arrive`)."""

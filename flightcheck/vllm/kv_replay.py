@@ -86,12 +86,13 @@ def attach_worker(engine: Any, transfers: KVTransfers | None) -> KVWorker | None
     return engine.kv_worker
 
 
-def before_add(transfers: KVTransfers | None, spec: RequestSpec, request: Any) -> None:
-    """Bind the request's connector policy to its vLLM id, and give it an
-    arrival time in the order of arrival (the engine's is the wall clock:
+def before_add(transfers: KVTransfers | None, spec: RequestSpec, request: Any, update: bool = False) -> None:
+    """Bind the request's connector policy to its vLLM id (`update`: a
+    streaming session's next input, merged into the live Request), and give
+    it an arrival time in the order of arrival (the engine's is the wall clock:
     vLLM 0.34's `_next_waiting_queue` orders `waiting` and
     `async_kv_waiting` by it). Without a connector: nothing (arrival 0.0)."""
     if transfers is not None:
-        transfers.bind(spec.req_id, spec.kv)
+        transfers.bind(spec.req_id, spec.kv, fresh=not update)
         transfers.arrivals += 1
         request.arrival_time = float(transfers.arrivals)

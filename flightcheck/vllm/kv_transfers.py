@@ -18,6 +18,15 @@ module only keeps the ledger:
   update `updates + send_steps`.
 * `report`: the worker's `KVConnectorOutput` for the next update: the
   transfers due then, and the failures of the sync loads the batch carried.
+* `reset_cache`: `KVConnectorBase_V1.reset_cache` (vLLM 0.33/0.34
+  `Scheduler.reset_connector_cache`, called by `reset_prefix_cache(...,
+  reset_connector=True)`). The fabricated connector's rule: its store is
+  emptied, so every request already added whose promise is not yet spent
+  (never allocated) is offered 0 from then on (and may no longer load
+  asynchronously); a request added later offers what its workload says
+  (the store refills from other producers); loads already started land as
+  scheduled (their data left the store when the load began), and sends go
+  on. It always succeeds (True).
 
 Standard library only.
 """
@@ -82,24 +91,39 @@ class KVTransfers:
         self._served: dict[int, Any] = {}              # id(Request) -> it: promise used
         self._started: list[Load] = []                 # since the last take_started
         self._due: list[tuple[int, str, Any]] = []     # (update, "recv" | "send", Load | req_id)
+        self._forgotten: set[str] = set()              # ids added before a reset_cache: offered 0
+        self.cache_resets = 0                          # reset_cache calls
 
     # -- the scheduler side ------------------------------------------------------------
 
-    def bind(self, req_id: str, spec: KVRequestSpec) -> None:
-        """The request about to be added under `req_id`."""
+    def bind(self, req_id: str, spec: KVRequestSpec, fresh: bool = True) -> None:
+        """The request about to be added under `req_id`: `fresh`, a new
+        request (added after any `reset_cache`: it offers what its workload
+        says); else a streaming session's next input under its live id,
+        the same Request (what a reset forgot of it stays forgotten)."""
         self._specs[req_id] = spec
+        if fresh:
+            self._forgotten.discard(req_id)
+
+    def reset_cache(self) -> bool:
+        """`reset_cache`: the module doc's rule. The ids bound so far are
+        forgotten (a spent promise offers 0 anyway)."""
+        self._forgotten |= set(self._specs)
+        self.cache_resets += 1
+        return True
 
     def spec(self, req_id: str) -> KVRequestSpec:
         return self._specs.get(req_id, NO_KV)
 
     def may_load_async(self, request: Any) -> bool:
         spec = self.spec(request.request_id)
-        return self.config.consumer and spec.load_async and spec.hit > 0 and id(request) not in self._served
+        return (self.config.consumer and spec.load_async and spec.hit > 0 and id(request) not in self._served
+                and request.request_id not in self._forgotten)
 
     def offer(self, request: Any, num_local_tokens: int) -> tuple[int, bool]:
         """`get_num_new_matched_tokens`: (tokens, async)."""
         spec = self.spec(request.request_id)
-        if not self.config.consumer or id(request) in self._served:
+        if not self.config.consumer or id(request) in self._served or request.request_id in self._forgotten:
             return 0, False
         tokens = offered_tokens(spec, num_local_tokens, request.num_tokens, self.block_size)
         self._asked[id(request)] = (request, num_local_tokens)

@@ -62,7 +62,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import compat, grammar_recording, lora_recording
+from . import compat, drafter_recording, grammar_recording, lora_recording
 from .ground_truth import BatchRecord, EntrySnapshot, GroundTruthMixin, status_name
 from .reset_pause_recording import ResetPauseRecording
 from .sinks import TraceWriter, open_trace_from_env
@@ -183,7 +183,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
             "num_blocks": num_blocks, "usable_blocks": num_blocks - 1,
             "max_model_len": self.max_model_len,
             "long_prefill_token_threshold": scheduler_config.long_prefill_token_threshold,
-            "num_spec_tokens": self._fc_num_spec_tokens(),
+            "num_spec_tokens": self._fc_num_spec_tokens(), **drafter_recording.config_fields(self),
             "prefix_caching": bool(cache_config.enable_prefix_caching),
             "policy": "one-batch-per-request" if compat.one_batch_per_request(self) else "continue-prefill",
             "num_preallocate_tokens": compat.num_preallocate_tokens(self.kv_cache_manager),
@@ -327,7 +327,8 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
                 self._fc_empty_in_flight[id(output)] = (empty, output)
         if entries or preempted or self._fc_has_kv_loads():
             event: dict[str, Any] = {"ev": "schedule", "batch": batch_id,
-                                     "entries": [event for _, event in entries], "preempted": preempted}
+                                     "entries": [event for _, event in entries], "preempted": preempted,
+                                     **drafter_recording.schedule_fields(output)}
             if empty is not None:
                 event["empty_batch"] = empty
             self._fc_write(event)

@@ -40,6 +40,7 @@ from .priority_workload import ArrivalClock
 from .reset_pause_workload import call_event
 from .grammar_replay import FabricatedGrammar
 from .grammar_workload import CompileClock
+from .lookahead_workload import draft_input_slots
 from .lora_workload import asks_prompt_logprobs
 from .versions import BATCH_QUEUE_V033_LOOPS, RELEASES, release, release_of_profile
 from .workload import RequestSpec, Workload, workload_from_json
@@ -83,6 +84,7 @@ class _BatchView:
         self.scheduled_spec_decode_tokens = output.scheduled_spec_decode_tokens
         self.finished_req_ids = output.finished_req_ids
         self.pending_structured_output_tokens = output.pending_structured_output_tokens
+        self.skip_drafts = output.skip_drafts        # the fabricated drafter proposes nothing then
 
 
 def _outputs_when_scheduled(request: Request, entry: RequestData) -> int:
@@ -215,6 +217,7 @@ def reference_config(workload: Workload, profile: str, as_released: bool = False
         num_blocks=usable, num_pipeline_stages=config.num_stages,
         long_prefill_token_threshold=config.long_prefill_token_threshold,
         enable_prefix_caching=config.prefix_caching, num_spec_tokens=config.num_spec_tokens,
+        num_lookahead_tokens=config.num_lookahead_tokens, draft_input_slots=draft_input_slots(config),
         enable_chunked_prefill=config.enable_chunked_prefill,
         cache_aware_admission_window=config.cache_aware_admission_window,
         cache_aware_admission_threshold=config.cache_aware_admission_threshold,

@@ -220,7 +220,7 @@ class SchedulerFactory:
                                               cache_config=cache_config, parallel_config=parallel_config)
         if NEEDS_CPU_DEVICE:
             vllm_arguments["device_config"] = DeviceConfig(device="cpu")
-        speculative_config = self.speculative_config(config, model_config, parallel_config)
+        speculative_config = self.speculative_config(config, model_config, parallel_config, self._directory)
         if speculative_config is not None and _accepts(VllmConfig, "speculative_config"):
             vllm_arguments["speculative_config"] = speculative_config
         vllm_config = VllmConfig(**vllm_arguments, **kv_replay.vllm_arguments(config),
@@ -249,15 +249,31 @@ class SchedulerFactory:
         return scheduler_class(**arguments)
 
     @staticmethod
-    def speculative_config(config: ReplayConfig, model_config: ModelConfig, parallel_config: ParallelConfig) -> Any:
+    def speculative_config(config: ReplayConfig, model_config: ModelConfig, parallel_config: ParallelConfig,
+                           model_directory: str) -> Any:
         """k drafts per step, the minimal way the scheduler takes them: an
         n-gram `SpeculativeConfig` (no draft model to load; not EAGLE, so no
         look-ahead slots: `Scheduler.__init__` reads `num_speculative_tokens`
-        and `use_eagle()`, 0.8.5 and 0.8.4). None without drafts."""
+        and `use_eagle()`, 0.8.5 and 0.8.4). None without drafts.
+
+        With `num_lookahead_tokens` (k), a draft-model config instead, its
+        draft the same config-only Llama (nothing is loaded: only the
+        scheduler is built): vLLM derives k lookahead slots from it
+        (0.34 `VllmConfig.num_lookahead_tokens` ->
+        `StandaloneARSpeculatorConfig.num_lookahead_tokens`; 0.33: `uses_draft_model()`),
+        and, unlike EAGLE, no prefill lookahead, hash lookahead or trailing
+        block drop (`num_prefill_lookahead_tokens`, `use_eagle_block_drop`
+        stay 0 / False), so the lookahead slots are the only change."""
         if not config.num_spec_tokens:
             return None
         from vllm.config import SpeculativeConfig
 
+        if config.num_lookahead_tokens:
+            if not hasattr(VllmConfig, "num_lookahead_tokens"):                      # 0.8.x
+                raise ValueError(f"vLLM {vllm.__version__}: no lookahead slots from a draft model here")
+            return SpeculativeConfig(method="draft_model", model=model_directory,
+                                     num_speculative_tokens=config.num_spec_tokens,
+                                     target_model_config=model_config, target_parallel_config=parallel_config)
         return SpeculativeConfig(method="ngram", num_speculative_tokens=config.num_spec_tokens,
                                  prompt_lookup_max=config.num_spec_tokens,
                                  target_model_config=model_config, target_parallel_config=parallel_config)
@@ -389,9 +405,9 @@ def replay_one(factory: SchedulerFactory, job: dict[str, Any]) -> dict[str, Any]
         request = make_request(spec, workload)
         if spec.resumable:
             request.resumable = True                 # a streaming session (session_workload.py)
-        kv_replay.before_add(transfers, spec, request)
-        clock.stamp(request, spec.priority)
         update = spec.req_id in scheduler.requests    # a streaming session's next input, under its live id
+        kv_replay.before_add(transfers, spec, request, update)
+        clock.stamp(request, spec.priority)
         scheduler.add_request(request)
         if not update:     # an update's grammar, compiled too, is never read (`_update_request_as_session`)
             grammar_replay.after_add(grammars, spec, request)       # EngineCore.add_request -> grammar_init

@@ -12,12 +12,17 @@ flight at most of them:
 
 Beside a KV connector too: a reset of the running requests fails, and
 vLLM raises, while a load, a send or a fenced free holds blocks
-(spec/reset_pause.py; docs/vllm-kv-connector-findings.md). Standard
-library only.
+(spec/reset_pause.py; docs/vllm-kv-connector-findings.md). There one reset
+in two (`CONNECTOR_RESET_SHARE`) also resets the connector's cache
+(`"connector": true`: `reset_connector`), drawn from a stream of its own
+seeded by the workload's seed, so that every other draw of a seed, and
+every workload without a connector, stays as it was. Standard library
+only.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any, Protocol, Sequence, TypeVar
 
 from .features import Feature
@@ -49,7 +54,21 @@ def with_reset_and_pause(pick: Picker, workload: dict[str, Any]) -> None:
             lifted += pick.integer(1, 3)
         events.append({"step": lifted, "pause": "none"})
     events.sort(key=lambda e: e["step"])       # stable: a step's pause before its lift
+    if "kv_connector" in workload["config"]:
+        _with_connector_resets(workload, events)
     workload["events"] = _ending_unpaused(events)
+
+
+CONNECTOR_RESET_SHARE = 0.5                    # of the resets beside a KV connector
+
+
+def _with_connector_resets(workload: dict[str, Any], events: list[dict[str, Any]]) -> None:
+    """A share of the resets also reset the connector's cache, drawn from the
+    workload seed's own stream (the Picker's draws stay where they were)."""
+    stream = random.Random(f"reset-connector-{workload.get('seed', 0)}")
+    for event in events:
+        if "reset" in event and stream.random() < CONNECTOR_RESET_SHARE:
+            event["reset"]["connector"] = True
 
 
 def _ending_unpaused(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

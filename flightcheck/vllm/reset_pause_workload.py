@@ -2,12 +2,16 @@
 spec/reset_pause.py, docs/request-states.md):
 
     "events": [{"step": 7, "reset": {"running": true}},
+               {"step": 8, "reset": {"running": false, "connector": true}},
                {"step": 9, "pause": "all"}, {"step": 12, "pause": "none"}]
 
 Each event is handed to the scheduler before engine step `step`, after that
 step's arrivals and aborts (as `EngineCore.reset_prefix_cache` and
 `set_pause_state` run from the input queue between steps): `reset` calls
-`reset_prefix_cache(reset_running_requests=running)`, `pause`
+`reset_prefix_cache(reset_running_requests=running,
+reset_connector=connector)` (`connector` false unless given: with it the
+KV connector's own cache is reset too, `Scheduler.reset_connector_cache`,
+a no-op success without a connector; kv_transfers.py), `pause`
 `set_pause_state` with "none" (UNPAUSED), "new" (PAUSED_NEW) or "all"
 (PAUSED_ALL). Events of one step are handed over in the listed order. A
 workload that pauses should unpause by its last event: a run that ends
@@ -31,6 +35,7 @@ MAX_EVENTS = 10_000
 class WorkloadEvent:
     step: int
     reset_running: bool | None = None          # a reset: reset_running_requests
+    reset_connector: bool = False              # a reset: reset_connector
     pause: str | None = None                   # a pause: one of PAUSE_STATES
 
     @property
@@ -61,9 +66,11 @@ def _event(raw: Any, where: str) -> WorkloadEvent:
             raise LimitError(f"{where}.pause: must be one of {', '.join(PAUSE_STATES)}, got {show(raw['pause'])}")
         return WorkloadEvent(step, pause=raw["pause"])
     reset = raw["reset"]
-    if not isinstance(reset, dict) or set(reset) - {"running"}:
-        raise LimitError(f"{where}.reset: must be an object {{\"running\": bool}}, got {show(reset)}")
-    return WorkloadEvent(step, reset_running=flag(f"{where}.reset.running", reset.get("running", False)))
+    if not isinstance(reset, dict) or set(reset) - {"running", "connector"}:
+        raise LimitError(f"{where}.reset: must be an object {{\"running\": bool, \"connector\": bool}}, "
+                         f"got {show(reset)}")
+    return WorkloadEvent(step, reset_running=flag(f"{where}.reset.running", reset.get("running", False)),
+                         reset_connector=flag(f"{where}.reset.connector", reset.get("connector", False)))
 
 
 def call_event(scheduler: Any, event: WorkloadEvent, pause_state: Any = int) -> None:
@@ -72,4 +79,5 @@ def call_event(scheduler: Any, event: WorkloadEvent, pause_state: Any = int) -> 
     if event.pause is not None:
         scheduler.set_pause_state(pause_state(event.pause_value))
     else:
-        scheduler.reset_prefix_cache(reset_running_requests=bool(event.reset_running))
+        scheduler.reset_prefix_cache(reset_running_requests=bool(event.reset_running),
+                                     reset_connector=event.reset_connector)

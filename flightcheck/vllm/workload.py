@@ -23,6 +23,13 @@
   Drafts are the request's own future tokens, so an accepted draft is the
   token the model would have sampled there: the output does not depend on
   the acceptance, only the timing does.
+* `config.num_lookahead_tokens` (default 0; vLLM 0.33 and 0.34): 0, or k
+  (`num_spec_tokens`): a drafter with its own forward pass, whose KV slots
+  past the scheduled tokens the scheduler reserves (`VllmConfig.
+  num_lookahead_tokens`: k for a draft model or EAGLE, 0 for n-gram) and
+  which skips drafting in a step no request can use drafts from
+  (`SchedulerOutput.skip_drafts`). The replay configures a draft-model
+  `SpeculativeConfig` for it (replay_worker.py).
 * `config.enable_chunked_prefill` (default true): vLLM's
   `SchedulerConfig.enable_chunked_prefill`. Off, vLLM 0.33 and 0.34 admit a
   prompt whole or not at all (0.8.x's V1 scheduler ignores it), and vLLM
@@ -98,7 +105,8 @@
   same decisions on such workloads; check-trace does not read them yet.
 * `events` (vLLM 0.33 and 0.34): resets and pauses handed to the scheduler
   before given engine steps, after that step's arrivals and aborts:
-  `[{"step": 7, "reset": {"running": true}}, {"step": 9, "pause": "all"}]`
+  `[{"step": 7, "reset": {"running": true}}, {"step": 9, "pause": "all"}]`;
+  a reset's `"connector": true` resets the KV connector's cache too
   (reset_pause_workload.py).
 
 Every key is checked with its type and range before a token is drawn
@@ -156,6 +164,9 @@ class ReplayConfig:
     async_scheduling: bool = False
     # k: drafts per request per step at most (0: no speculative decoding).
     num_spec_tokens: int = 0
+    # KV slots reserved past the scheduled tokens for a drafter with its own
+    # forward pass (vLLM 0.33/0.34 `VllmConfig.num_lookahead_tokens`): 0 or k.
+    num_lookahead_tokens: int = 0
     # vLLM's chunked prefill switch, and 0.34's cache-aware admission knobs.
     enable_chunked_prefill: bool = True
     cache_aware_admission_window: int = 0
@@ -227,7 +238,7 @@ class Workload:
 
 CONFIG_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "block_size": 16, "max_model_len": 2048,
                                    "long_prefill_token_threshold": 0, "prefix_caching": True,
-                                   "async_scheduling": False, "num_spec_tokens": 0,
+                                   "async_scheduling": False, "num_spec_tokens": 0, "num_lookahead_tokens": 0,
                                    "enable_chunked_prefill": True, "cache_aware_admission_window": 0,
                                    "cache_aware_admission_threshold": 0.5, "policy": "fcfs",
                                    "prefill_schedule_interval": 1, "max_loras": 0}
@@ -238,7 +249,7 @@ CONFIG_RANGES: dict[str, tuple[Any, ...]] = {
     "num_stages": (1, MAX_STAGES), "max_num_batched_tokens": (1, MAX_COUNT), "max_num_seqs": (1, MAX_COUNT),
     "block_size": (1, MAX_PROMPT_LEN), "num_blocks": (2, MAX_NUM_BLOCKS, "vLLM keeps an object per block"),
     "max_model_len": (1, MAX_PROMPT_LEN), "long_prefill_token_threshold": (0, MAX_COUNT),
-    "num_spec_tokens": (0, MAX_SPEC_TOKENS), "cache_aware_admission_window": (0, MAX_COUNT),
+    "num_spec_tokens": (0, MAX_SPEC_TOKENS), "num_lookahead_tokens": (0, MAX_SPEC_TOKENS), "cache_aware_admission_window": (0, MAX_COUNT),
     "prefill_schedule_interval": (1, MAX_COUNT),
     "max_loras": (0, MAX_LORAS, "a LoRA slot per adapter")}
 
@@ -275,6 +286,21 @@ def _check_admission(merged: dict[str, Any], values: dict[str, int]) -> None:
         raise WorkloadError("config.max_num_batched_tokens must be at least config.max_model_len "
                             "with enable_chunked_prefill false")
     share("config.cache_aware_admission_threshold", merged["cache_aware_admission_threshold"])
+    _check_lookahead(values)
+
+
+def _check_lookahead(values: dict[str, int]) -> None:
+    """Lookahead slots are what a drafter with its own forward pass gives:
+    k for vLLM's draft model and EAGLE (`SpeculatorConfig.num_lookahead_tokens`,
+    0.34 `v1/worker/gpu/spec_decode`), none for n-gram; and `VllmConfig.
+    _set_max_num_scheduled_tokens` refuses a budget not above them."""
+    lookahead = values["num_lookahead_tokens"]
+    if lookahead not in (0, values["num_spec_tokens"]):
+        raise WorkloadError("config.num_lookahead_tokens: must be 0 or config.num_spec_tokens "
+                            f"({values['num_spec_tokens']}), the slots a drafter gives, got {lookahead}")
+    if lookahead and values["max_num_batched_tokens"] <= lookahead:
+        raise WorkloadError("config.max_num_batched_tokens must be above config.num_lookahead_tokens "
+                            "(vLLM's VllmConfig refuses it)")
 
 
 def _seeded_tokens(seed: int, label: str, count: int) -> list[int]:

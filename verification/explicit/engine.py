@@ -97,9 +97,11 @@ def _inputs(model: Model, state: State, kinds: tuple[str, ...]) -> Iterator[tupl
         for pause in Pause:
             if (nxt := set_pause(state, cfg, pause)) is not None:
                 yield str(SetPause(pause)), nxt
+        connector = (False, True) if cfg.kv_connector is not None else (False,)   # `reset_connector` beside one
         for running in (True, False):
-            if (nxt := reset(state, cfg, running)) is not None and nxt != state:
-                yield str(Reset(running)), nxt
+            for reset_connector in connector:
+                if (nxt := reset(state, cfg, running, reset_connector)) is not None and nxt != state:
+                    yield str(Reset(running, reset_connector)), nxt
 
 
 def _engine_step(model: Model, loop: EngineLoop, state: State) -> tuple[str, State, bool] | None:

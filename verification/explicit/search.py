@@ -120,7 +120,9 @@ def actions(model: Model, state: State) -> Iterator[Action]:
     if model.cfg.streaming_sessions:
         yield from (SendInput(r) for r, q in enumerate(state.requests) if q.inputs_to_send and q.status.is_active)
     if model.cfg.reset_and_pause:
-        yield from (Reset(running) for running in (True, False))
+        # the connector's cache reset too (`reset_connector`) only beside a connector: without one it is a no-op
+        connector = (False, True) if model.cfg.kv_connector is not None else (False,)
+        yield from (Reset(running, reset_connector) for running in (True, False) for reset_connector in connector)
         yield from (SetPause(pause) for pause in Pause)
 
 

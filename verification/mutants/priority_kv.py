@@ -35,11 +35,13 @@ PRIORITY_KV_BUGS: tuple[Mutant, ...] = (
         "with the plain waiting requests: a plain request of a better rank is looked at first",
         _edit("kv_loads.next_candidate", """
               if held is not None:
-                  walk.parked.add(held)
+                  if _holds_load(state, held):        # a session between turns is in no reservation
+                      walk.parked.add(held)
                   return held, "holding\"""", """
               better = _head(tuple(r for r in state.waiting if not may_load_async(state, cfg, r)), walk)
               if held is not None and (better is None or priority.rank(state, held) < priority.rank(state, better)):
-                  walk.parked.add(held)
+                  if _holds_load(state, held):
+                      walk.parked.add(held)
                   return held, "holding\""""),
         killed_by="L2_no_deadlock", shortest=4),
     _priority_kv(

@@ -5,7 +5,8 @@ connector (`SchedulerConfig.kv_connector` None).
 
 * The offer (`Request.external_hit`, `load_async`): the request's `KvOffer`
   as the spec keeps it from arrival: none for a producer-only connector, an
-  async flag only with a hit and where the profile has async loads.
+  async flag only with a hit and where the profile has async loads; a hit
+  a reset of the connector's cache forgot is 0 (`Request.offer_reset`).
 * The load (`Request.load`): the reference's `kv_load` (in flight, failed,
   landed: landed stays so until the request is scheduled, as the spec's
   RECEIVED), else DONE once the connector was asked and the request was
@@ -43,8 +44,9 @@ def request_fields(scheduler: Scheduler, r: Request) -> dict[str, Any]:
         load_async = offer.load_async and hit > 0 and connector.async_loads
     held = scheduler.kv_held.get(r.request_id) is r
     load = LOAD.get(r.kv_load, Load.DONE if connector.was_asked(r) else Load.NONE)
-    fields: dict[str, Any] = dict(external_hit=hit, load_async=load_async, load=load,
-                                  external=r.kv_external, held=held)
+    forgot = connector.forgot(r) and hit > 0
+    fields: dict[str, Any] = dict(external_hit=0 if forgot else hit, load_async=load_async, load=load,
+                                  external=r.kv_external, held=held, offer_reset=forgot)
     if held:
         fields["block_table"] = tuple(scheduler.kv_cache_manager.get_block_ids(r.request_id))
     return fields

@@ -120,6 +120,8 @@ def _config(event: dict, profile: str, overrides: dict[str, Any]) -> Config:
         max_model_len=event["max_model_len"],
         long_prefill_token_threshold=event.get("long_prefill_token_threshold", 0),
         num_spec_tokens=event.get("num_spec_tokens", 0),
+        num_lookahead_tokens=event.get("num_lookahead_tokens", 0),
+        draft_input_slots=event.get("draft_input_slots", 0),
         prefix_caching=event.get("prefix_caching", False),
         enable_chunked_prefill=event.get("enable_chunked_prefill", True),
         cache_aware_admission_window=event.get("cache_aware_admission_window", 0),
@@ -179,9 +181,10 @@ def arrival_blocks(cfg: Config, arrive: dict[str, Any]) -> int:
     ahead = cfg.max_blocks_per_request if cfg.num_preallocate_tokens > 0 else 0
     # a KV load that fails can free a request's table and take it again (one load per incarnation)
     again = 2 if cfg.kv_connector is not None else 1
-    tokens = min(cfg.max_model_len, arrive["prompt_len"] + arrive["max_tokens"] + 2 * k + 1)
+    ahead_slots = cfg.num_lookahead_tokens   # a drafter's lookahead slots (spec/lookahead.py)
+    tokens = min(cfg.max_model_len, arrive["prompt_len"] + arrive["max_tokens"] + 2 * k + 1 + ahead_slots)
     if arrive.get("resumable"):        # a streaming session's turns grow it up to max_model_len
-        tokens = cfg.max_model_len + 2 * k + 1
+        tokens = cfg.max_model_len + 2 * k + 1 + ahead_slots
     return again * (max(cdiv(tokens, bs), ahead) + 1)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Callable
 
 from flightcheck.spec import Config, State, Status
+from flightcheck.spec.lookahead import tokens_needing_slots
 from flightcheck.spec.schedule import (
     _allocate,
     _clip,
@@ -186,7 +187,7 @@ def _why_not_admitted(step: _Step, r: int) -> str:
                 f"beyond its prefix-cache hit, {_are_free(free)}")
     if not _allocate(_Step(state, cfg), r, num_new, hit):
         total = len(hit) * cfg.block_size + num_new
-        needed = _num_required_blocks(cfg, total) - len(hit)
+        needed = _num_required_blocks(cfg, tokens_needing_slots(cfg, total, async_load=False)) - len(hit)
         return (f"{what}: its first {num_new} tokens need {needed} new KV blocks, {_are_free(free)}")
     return "would be admitted (the spec's own schedule disagrees: a bug in check-trace)"
 

@@ -62,6 +62,7 @@ from .reading import MalformedTrace
 from .reset_pause import ResetPauseEvents
 from .schema import one_line, show
 from .sessions import SessionEvents
+from .skip_drafts import SkipDrafts
 
 REASONS = {"stop": Status.FINISHED_STOPPED, "length": Status.FINISHED_LENGTH,
            "abort": Status.FINISHED_ABORTED, "error": Status.FINISHED_ERROR}
@@ -81,7 +82,7 @@ class EventsDropped(MalformedTrace):
 
 
 class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, ResetPauseEvents, GrammarEvents,
-                   SessionEvents, IncarnationOutputs):
+                   SessionEvents, IncarnationOutputs, SkipDrafts):
     """Replays events one by one on the spec; `feed` raises _Violation."""
 
     def __init__(self, events: list[dict[str, Any]], profile: str | None = None) -> None:
@@ -337,6 +338,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
                              f"the spec preempts {want_pre}, the trace {event.get('preempted', [])}")
         self._check_block_ids(scheduled.entries, entries)
         self._check_placeholders(scheduled, entries)
+        self._check_skip_drafts(event, scheduled.entries)
         if self.cfg.kv_connector is not None:
             self._check_kv_loads(self.state, scheduled, event)
             self._settle_rollbacks([e.req for e in scheduled.entries] + parked)

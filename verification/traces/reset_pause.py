@@ -1,7 +1,9 @@
 """Reset and pause events for check.py's TraceChecker (a mixin;
 spec/reset_pause.py, docs/trace-format.md "Reset and pause").
 
-* `reset`: the spec's `Reset(running)`; the trace's `preempted` (the
+* `reset`: the spec's `Reset(running, connector)` (`connector`: the KV
+  connector's cache reset too; false where the key is missing, as in
+  traces written before it); the trace's `preempted` (the
   running requests it preempted, tail first) must be the spec's `running`
   reversed, and its `ok` (vLLM's return value) whether the spec's pool
   dropped every label.
@@ -48,8 +50,8 @@ class ResetPauseEvents:
         if "preempted" in event and list(event["preempted"]) != expected:
             raise self._violation("reset_decision", f"the reset preempted {event['preempted']}, the spec "
                                   f"preempts {expected} (the running requests, tail first)")
-        before = self.state
-        self._apply(Reset(running), step(before, self.cfg, Reset(running)), "reset")
+        action = Reset(running, bool(event.get("connector", False)))
+        self._apply(action, step(self.state, self.cfg, action), "reset")
         cleared = all(label is None for label in self.state.pool.labels) and not any(self.state.pool.ref_counts)
         if "ok" in event and bool(event["ok"]) != cleared:
             raise self._violation("reset_decision", f"vLLM's reset_prefix_cache returned {event['ok']}, "

@@ -275,6 +275,8 @@ CONFIG = Record({
     "max_model_len": (Integer(1, MAX_MODEL_LEN), True),
     "long_prefill_token_threshold": (COUNT, False),
     "num_spec_tokens": (COUNT, False),
+    "num_lookahead_tokens": (COUNT, False),    # a drafter's KV slots past the scheduled tokens (vLLM 0.33+)
+    "draft_input_slots": (COUNT, False),       # the budget's input slots per entry for a draft model (0.33+)
     "prefix_caching": (Flag(), False),
     # vLLM's chunked prefill switch (default on) and 0.34's cache-aware
     # admission order (window 0 = off; the KV cache usage it waits for)
@@ -363,6 +365,7 @@ SCHEDULE = Record({
     "entries": (ListOf(ENTRY), True),
     "preempted": (ListOf(REQUEST_ID), False),
     "kv_loads": (ListOf(KV_LOAD), False),   # requests parked for an async KV load in this call
+    "skip_drafts": (Flag(), False),         # the model runner proposes no drafts after this batch (vLLM 0.33+)
 })
 
 STAGE = Record({
@@ -425,11 +428,12 @@ KV_FAILED = Record({
 KV_SENT = Record({**COMMON, "req": (REQUEST_ID, True)})
 
 # Reset and pause (vLLM 0.33 on, spec/reset_pause.py): `reset_prefix_cache`
-# (the running requests it preempted, tail first; whether the cache was
-# reset) and `set_pause_state`, called between engine steps.
+# (the running requests it preempted, tail first; whether the connector's
+# cache was reset too; whether the cache was reset) and `set_pause_state`, called between engine steps.
 RESET = Record({
     **COMMON,
     "running": (Flag(), True),             # reset_running_requests
+    "connector": (Flag(), False),          # reset_connector (missing: false)
     "preempted": (ListOf(REQUEST_ID), False),
     "ok": (Flag(), False),                 # its return value
 })
