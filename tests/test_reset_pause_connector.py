@@ -33,6 +33,8 @@ from flightcheck.vllm.workload import WorkloadError, workload_from_json
 WORKLOAD_FILE = Path(__file__).parent / "data" / "vllm" / "pairs" / "kv-connector-reset.workload.json"
 PROFILES = ["vllm-0.34", "vllm-0.34-async", "vllm-0.33", "vllm-0.33-async"]
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # the reference's traces are checked
+
 
 def _workload() -> dict:
     return json.loads(WORKLOAD_FILE.read_text())
