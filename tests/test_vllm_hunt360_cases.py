@@ -36,6 +36,16 @@ the trace and workload of each case kept in tests/data/vllm/hunt360).
   `in_priority_order`, `kv_holding_in_rank_order`, sessions.py
   `_in_rank_order`), which had the same re-sort (after SS5's rejection at
   the input, so check-trace's verdicts do not move).
+* A ground-truth gap, 0.34.0 and 0.33.0 async: seed 335 index 35
+  (`--all-features --async`, a KV connector under the recompute policy).
+  r0's load fails whole after r0 was aborted; r4, whose prefix hit shares
+  r0's blocks, is rolled back to 0 computed tokens and keeps the 3 output
+  placeholders of its batch in flight (`_update_requests_with_invalid_blocks`,
+  vLLM #49250 on a sharer), then is aborted at once, so no later breach
+  showed it. check-trace rejects the trace at the `kv_failed` (KV3, its
+  `holders`), counted a false rejection: the recorder checked the rollback's
+  placeholders only on the request whose load failed; now on each holder
+  too (kv_recording.py `_fc_write_failures`, `_fc_check_rollback`).
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -54,6 +65,8 @@ from flightcheck.verification.traces.check import check_trace
 from flightcheck.verification.traces.reading import read_trace_file
 from flightcheck.verification.traces.replay import TraceChecker
 from flightcheck.vllm.campaign import Replayed, ReplayJob, replay_workload, with_async_scheduling
+from flightcheck.vllm.ground_truth import Observations
+from flightcheck.vllm.kv_recording import KVRecordingMixin
 from flightcheck.vllm.differential import compare, decisions, first_difference, profile_for, read_trace
 from flightcheck.vllm.reference_run import run_reference
 
@@ -65,6 +78,7 @@ HUNT = DATA / "hunt360"
 GRAMMAR_SYNC = "034_sync_failed_grammar_behind_a_parked_seat_seed331_12"
 GRAMMAR_ASYNC = "034_async_failed_grammar_behind_a_parked_seat_seed332_69"
 HEAP_LEFT = "034_sync_preemption_leaves_a_session_heap_unsorted_seed333_8"
+SHARER = "034_async_sharer_keeps_placeholders_aborted_at_once_seed335_35"
 
 
 def _events(stem: str) -> list[dict[str, Any]]:
@@ -121,6 +135,50 @@ def test_the_specs_push_onto_one_priority_heap_leaves_the_other_as_it_is() -> No
     assert priority.ranked(state, "kv_holding").kv_holding == (1, 0)
 
 
+class _FailureRecorder(KVRecordingMixin):
+    """The recorder as far as `_fc_write_failures` reads it: r0's load
+    failed (r0 finished), r4 was rolled back from 15 tokens for sharing its
+    blocks (`_update_requests_with_invalid_blocks`' report)."""
+
+    recompute_kv_load_failures = True
+
+    def __init__(self, holder: SimpleNamespace, async_scheduling: bool) -> None:
+        self.records_async_scheduling = async_scheduling
+        self.flightcheck_step, self.flightcheck_observations = 22, Observations()
+        self.requests, self.written = {"r4": holder}, []
+        self._fc_kv_failures = [{"ev": "kv_failed", "req": "r0", "from_block": 0}]
+        self._fc_kv_computed_before = {"r4": (holder, 15)}
+        self._fc_kv_scanned_back, self._fc_in_flight, self._fc_holder_bases = frozenset({"r4"}), {}, {}
+
+    def _fc_write(self, event: dict[str, Any]) -> None:
+        self.written.append(event)
+
+    def _fc_check_holder_base(self, *_: object) -> None:
+        """(Its own rule: the base a holder's rollback assumed.)"""
+
+
+@pytest.mark.parametrize("placeholders,async_scheduling,named", [(3, True, True), (0, True, False),
+                                                                  (3, False, False)])
+def test_a_sharers_rollback_that_keeps_placeholders_is_named(placeholders: int, async_scheduling: bool,
+                                                             named: bool) -> None:
+    holder = SimpleNamespace(is_finished=lambda: False, num_computed_tokens=0,
+                             num_output_placeholders=placeholders)
+    recorder = _FailureRecorder(holder, async_scheduling)
+    recorder._fc_write_failures()
+    (event,) = recorder.written
+    assert event["holders"][0]["req"] == "r4"
+    assert recorder.flightcheck_observations.kv_rollback_placeholders == (
+        [{"step": 22, "req": "r4", "computed": 0, "placeholders": 3}] if named else [])
+
+
+def test_check_trace_rejects_the_sharers_placeholders_at_the_failure() -> None:
+    result = check_trace(HUNT / f"{SHARER}.jsonl")
+    assert (result.ok, result.property, result.line) == (False, "KV3_rollback_restores_counters", 27)
+    events = _events(SHARER)
+    assert events[26]["holders"] == [{"req": "r4", "computed": 0, "placeholders": 3}]
+    assert [(e["ev"], e.get("req")) for e in events[28:30]] == [("abort", "r4"), ("finish", "r4")]
+
+
 # --- on vLLM itself (slow): the kept workloads, the ground truth and check-trace together
 
 
@@ -155,3 +213,13 @@ def test_vllm_admits_the_session_its_unsorted_heap_holds_first_and_the_reference
     replayed = _replayed(running, version, False, HEAP_LEFT)
     assert replayed.comparison is not None and replayed.comparison.explained, replayed.comparison.describe()
     assert replayed.comparison.deviation == "drafts_handed_over_at_submission", replayed.comparison.describe()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
+def test_vllm_keeps_a_sharers_placeholders_and_the_ground_truth_names_it(running: Workers, version: str) -> None:
+    replayed = _replayed(running, version, True, SHARER)
+    assert replayed.result["ground_truth"]["kv_rollback_placeholders"] == [
+        {"step": 22, "req": "r4", "computed": 0, "placeholders": 3}]
+    assert replayed.category == "rejected, real bug", replayed.detail
