@@ -46,6 +46,18 @@ the trace and workload of each case kept in tests/data/vllm/hunt360).
   `holders`), counted a false rejection: the recorder checked the rollback's
   placeholders only on the request whose load failed; now on each holder
   too (kv_recording.py `_fc_write_failures`, `_fc_check_rollback`).
+* A reference gap (and the spec's alike), 0.34.0 and 0.33.0 async: seed
+  350 index 60 (`--kv-connector --async --spec-tokens 1 --stages 1`, a
+  producer under the recompute policy). r0's own load fails from block 0;
+  vLLM rolls it back to 0 computed tokens and keeps its placeholders
+  (#49250, named), so the next batch's stop token finishes it.
+  `_connector_finished` hands the connector the blocks that cover the
+  computed tokens (`get_block_ids_for_computed_tokens`, 0.33.0/0.34.0):
+  none, so nothing is sent (`held` false); the reference handed it the whole
+  table and held it (unexplained after the named deviation). Now the
+  reference hands the computed tokens' blocks (reference/kv_transfer.py
+  `_connector_finished`) and the spec holds a table for a send only with a
+  token computed (spec/kv_fence.py `holds_for_transfer`).
 """
 
 from __future__ import annotations
@@ -79,6 +91,7 @@ GRAMMAR_SYNC = "034_sync_failed_grammar_behind_a_parked_seat_seed331_12"
 GRAMMAR_ASYNC = "034_async_failed_grammar_behind_a_parked_seat_seed332_69"
 HEAP_LEFT = "034_sync_preemption_leaves_a_session_heap_unsorted_seed333_8"
 SHARER = "034_async_sharer_keeps_placeholders_aborted_at_once_seed335_35"
+ROLLED_BACK_SEND = "034_async_send_of_a_request_rolled_back_to_nothing_seed350_60"
 
 
 def _events(stem: str) -> list[dict[str, Any]]:
@@ -179,6 +192,19 @@ def test_check_trace_rejects_the_sharers_placeholders_at_the_failure() -> None:
     assert [(e["ev"], e.get("req")) for e in events[28:30]] == [("abort", "r4"), ("finish", "r4")]
 
 
+def test_a_request_finished_with_nothing_computed_sends_nothing_as_vllm() -> None:
+    raw = json.loads((HUNT / f"{ROLLED_BACK_SEND}.workload.json").read_text())
+    events = read_trace(HUNT / f"{ROLLED_BACK_SEND}.jsonl")
+    failed = next(e for e in events if e["ev"] == "kv_failed" and e["req"] == "r0")
+    assert (failed["from_block"], failed["computed"], failed["placeholders"]) == (0, 0, 3)
+    assert next(e for e in events if e["ev"] == "finish" and e["req"] == "r0")["held"] is False
+    profile = profile_for("0.34.0", True)
+    conforming = run_reference(raw, profile, vllm_outputs=True)
+    assert first_difference(decisions(events), decisions(conforming.events, block_offset=1)) is None
+    finish = next(e for e in conforming.events if e["ev"] == "finish" and e["req"] == "r0")
+    assert finish["reason"] == "stop" and not finish.get("held")
+
+
 # --- on vLLM itself (slow): the kept workloads, the ground truth and check-trace together
 
 
@@ -222,4 +248,14 @@ def test_vllm_keeps_a_sharers_placeholders_and_the_ground_truth_names_it(running
     replayed = _replayed(running, version, True, SHARER)
     assert replayed.result["ground_truth"]["kv_rollback_placeholders"] == [
         {"step": 22, "req": "r4", "computed": 0, "placeholders": 3}]
+    assert replayed.category == "rejected, real bug", replayed.detail
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
+def test_vllm_sends_nothing_for_a_request_rolled_back_to_nothing_and_the_reference_follows(running: Workers,
+                                                                                         version: str) -> None:
+    replayed = _replayed(running, version, True, ROLLED_BACK_SEND)
+    assert replayed.comparison is not None and replayed.comparison.explained, replayed.comparison.describe()
     assert replayed.category == "rejected, real bug", replayed.detail
