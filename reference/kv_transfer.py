@@ -37,7 +37,7 @@ import itertools
 from collections import deque
 from typing import Any
 
-from .config import SchedulerConfig
+from .config import SchedulerConfig, cdiv
 from .connector import FabricatedConnector, KvConnectorOutput
 from .kv_cache_manager import KVCacheManager
 from .block_pool import KVCacheBlock
@@ -127,8 +127,14 @@ class KvTransfers:
     def _connector_finished(self, request: Request, delay_free_blocks: bool) -> bool:
         """vLLM `_free_request` / `_connector_finished`: whether the finished
         request's blocks stay held (an aborted load's, or a send's); a held
-        request waits in `kv_held` for its report."""
-        block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
+        request waits in `kv_held` for its report. The connector is handed
+        the blocks that cover the computed tokens
+        (`get_block_ids_for_computed_tokens`, 0.33/0.34): none, so no send,
+        for a request finished with none computed (hunt seed 350 index 60:
+        r0 rolled back to 0 by its failed load, #49250's placeholders kept,
+        then stopped by that batch's token)."""
+        table = self.kv_cache_manager.get_block_ids(request.request_id)
+        block_ids = table[:cdiv(request.num_computed_tokens, self.config.block_size)]
         if self._kv_send_after_finish and self.connector.request_finished(request, block_ids):
             delay_free_blocks = True
         request.inflight_prefill = request.parked_reservation = False

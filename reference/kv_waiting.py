@@ -231,6 +231,6 @@ class KvWaiting:
         self._remove_waiting(request)
         self.kv_holding_waiting.append(request)   # vLLM's `step_started_kv_loads`
         if self._priority:
-            self._order_waiting()                  # type: ignore[attr-defined]  (a heap push)
+            self._order_kv_holding()               # type: ignore[attr-defined]  (a heap push)
         batch.kv_loads.append((request.request_id, lookup.num_computed))
         return _SKIP

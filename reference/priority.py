@@ -22,6 +22,8 @@ comes first in it.
 
 from __future__ import annotations
 
+from collections import deque
+
 from .batch import Batch
 from .request import Request
 
@@ -29,6 +31,14 @@ from .request import Request
 def priority_key(request: Request) -> tuple[int, float, str]:
     """`Request.__lt__`: priority (lower first), arrival time, request id."""
     return request.priority, request.arrival_time, request.request_id
+
+
+def _sort_ranked(queue: deque[Request]) -> None:
+    """The queue in `priority_key` order, in place."""
+    if len(queue) > 1:
+        ordered = sorted(queue, key=priority_key)
+        queue.clear()
+        queue.extend(ordered)
 
 
 class PriorityPolicy:
@@ -39,13 +49,20 @@ class PriorityPolicy:
     _victims_before: int      # victims removed from before the loop's index, this allocation
 
     def _order_waiting(self) -> None:
-        """`waiting` (and a connector's `kv_holding_waiting`) in (priority,
-        arrival time, id) order, as the heap pops it."""
-        for queue in (self.waiting, getattr(self, "kv_holding_waiting", ())):
-            if len(queue) > 1:
-                ordered = sorted(queue, key=priority_key)
-                queue.clear()
-                queue.extend(ordered)
+        """`waiting` in (priority, arrival time, id) order, as its heap pops
+        it after a push onto it (an arrival, a preemption's
+        `prepend_request`). That heap only: `kv_holding_waiting` is a heap
+        of its own, which a push onto `waiting` leaves as it is, out of
+        order too where a parked session's input changed its key in place
+        (docs/request-states.md, "Finding: a session's input reorders a
+        priority heap"; hunt seed 333 index 8: a preemption re-sorted it
+        here, and r4 went ahead of the session vLLM admitted)."""
+        _sort_ranked(self.waiting)
+
+    def _order_kv_holding(self) -> None:
+        """`kv_holding_waiting` in that order after a push onto it (a load
+        started in the call: `step_started_kv_loads`)."""
+        _sort_ranked(self.kv_holding_waiting)      # type: ignore[attr-defined]  (the connector's)
 
     def _priority_victim(self) -> Request:
         """`max(running, key=(priority, arrival_time))`: the first of the largest key."""

@@ -126,7 +126,9 @@ def holds_for_transfer(state: State, cfg: Config, r: int, status: Status) -> boo
     if req.status is Status.WAITING_FOR_REMOTE_KVS and req.load.in_transfer:
         return cfg.rules.kv_aborted_load_held
     producer = cfg.kv_connector is not None and cfg.kv_connector.producer
-    return (producer and cfg.rules.kv_send_hold
+    # the send is handed the blocks covering the computed tokens
+    # (`get_block_ids_for_computed_tokens`): none where none is computed
+    return (producer and cfg.rules.kv_send_hold and req.num_computed > 0
             and status in (Status.FINISHED_STOPPED, Status.FINISHED_LENGTH))
 
 

@@ -236,7 +236,7 @@ def park(state: State, cfg: Config, r: int, computed: int, external: int) -> Sta
                         kv_holding=state.kv_holding + (r,))
     state = state.with_request(r, status=Status.WAITING_FOR_REMOTE_KVS, num_computed=computed,
                                load=Load.IN_FLIGHT, external=external)
-    return priority.in_priority_order(state, cfg)
+    return priority.kv_holding_in_rank_order(state, cfg)
 
 
 def promote(state: State, cfg: Config, r: int) -> State:

@@ -76,20 +76,26 @@ def arrive_with_priority(state: State, cfg: Config, r: int, priority: int) -> St
 
 
 def in_priority_order(state: State, cfg: Config) -> State:
-    """`waiting` as the heap yields it: sorted by `rank` (a push after a
-    preemption or an arrival); `kv_holding` too where it is a heap
-    (`kv_holding_ranked`). FCFS: unchanged."""
-    if not is_priority(cfg):
-        return state
-    if len(state.waiting) > 1:
-        ordered = tuple(sorted(state.waiting, key=lambda r: rank(state, r)))
-        if ordered != state.waiting:
-            state = replace(state, waiting=ordered)
-    if kv_holding_ranked(cfg) and len(state.kv_holding) > 1:
-        ordered = tuple(sorted(state.kv_holding, key=lambda r: rank(state, r)))
-        if ordered != state.kv_holding:
-            state = replace(state, kv_holding=ordered)
-    return state
+    """`waiting` as its heap yields it after a push onto it (a preemption,
+    an arrival): sorted by `rank`. `kv_holding` is a heap of its own, which
+    that push does not sift: it stays as it is, out of rank order too where
+    a parked session took an input in it (`sessions.send_input`; hunt seed
+    333 index 8: a preemption's push sorted it here, and a load went ahead
+    of the session vLLM admitted). FCFS: unchanged."""
+    return ranked(state, "waiting") if is_priority(cfg) else state
+
+
+def kv_holding_in_rank_order(state: State, cfg: Config) -> State:
+    """`kv_holding` as its heap yields it after a push onto it (a load
+    started), where it is a heap (`kv_holding_ranked`); `waiting` as it is."""
+    return ranked(state, "kv_holding") if kv_holding_ranked(cfg) else state
+
+
+def ranked(state: State, queue: str) -> State:
+    """The queue named (`waiting`, `kv_holding`) sorted by `rank`."""
+    requests: tuple[int, ...] = getattr(state, queue)
+    ordered = tuple(sorted(requests, key=lambda r: rank(state, r)))
+    return state if ordered == requests else replace(state, **{queue: ordered})
 
 
 def kv_holding_ranked(cfg: Config) -> bool:

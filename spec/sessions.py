@@ -213,18 +213,14 @@ def _take_input(state: State, cfg: Config, r: int, sent: tuple[int, ...]) -> Sta
     return take_input_logprobs(state, cfg, r, asks_prompt_logprobs(sent))
 
 
-def _in_rank_order(state: State, cfg: Config) -> State:
+def _in_rank_order(state: State, cfg: Config, queue: str) -> State:
     """Under the priority policy `waiting` and `kv_holding_waiting` are
     `PriorityRequestQueue`s (`Scheduler.__init__`: `create_request_queue(
     self.policy)` for both): a session pushed onto one (`add_request`)
-    takes its place by `priority.rank`. (A session whose input is taken
-    while it waits in one changes its arrival time in place, not re-sorted:
-    `send_input`.) FCFS: unchanged."""
-    if not priority.is_priority(cfg):
-        return state
-    state = priority.in_priority_order(state, cfg)
-    ordered = tuple(sorted(state.kv_holding, key=lambda x: priority.rank(state, x)))
-    return state if ordered == state.kv_holding else replace(state, kv_holding=ordered)
+    takes its place by `priority.rank`; the other heap is not sifted. (A
+    session whose input is taken while it waits in one changes its arrival
+    time in place, not re-sorted: `send_input`.) FCFS: unchanged."""
+    return priority.ranked(state, queue) if priority.is_priority(cfg) else state
 
 
 def stop_session(state: State, cfg: Config, r: int, stop: Status, finish: Finish) -> State:
@@ -260,8 +256,8 @@ def _requeue(state: State, cfg: Config, r: int) -> State:
                     waiting=tuple(x for x in state.waiting if x != r),
                     kv_holding=tuple(x for x in state.kv_holding if x != r))
     if state.requests[r].num_computed > 0:
-        return _in_rank_order(replace(state, kv_holding=state.kv_holding + (r,)), cfg)
-    return _in_rank_order(replace(state, waiting=state.waiting + (r,)), cfg)
+        return _in_rank_order(replace(state, kv_holding=state.kv_holding + (r,)), cfg, "kv_holding")
+    return _in_rank_order(replace(state, waiting=state.waiting + (r,)), cfg, "waiting")
 
 
 def waits_for_input(state: State, r: int) -> bool:

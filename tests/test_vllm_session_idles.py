@@ -157,8 +157,23 @@ def test_a_compiled_grammar_not_yet_promoted_is_the_head_a_parked_seat_stops() -
     assert stalled_until_input(_vllm([ready], parked, free=8, seats=1), 2, 6) == []
     assert stalled_until_input(_vllm([ready], parked, free=8, seats=2), 2, 6) == [     # a seat free
         {"step": 2, "until": 6, "unfinished": ["r"], "parked": ["s"]}]
-    for held in (_structured("r", grammar=None), _structured("r", grammar=ValueError("bad"))):
-        assert admission_head(_vllm([held], parked, free=8, seats=1)) is None         # compiling, or failed
+    compiling = _structured("r", grammar=None)
+    assert admission_head(_vllm([compiling], parked, free=8, seats=1)) is None
+
+
+def test_a_failed_grammar_is_the_head_a_parked_seat_stops_and_needs_no_blocks() -> None:
+    """The loop that reaches a failed grammar records its error and the next
+    update finishes it (`_handle_blocked_waiting_request`): no hold, and no
+    blocks asked (hunt seeds 331 index 12, 332 index 69)."""
+    parked = [_request("s", "WAITING_FOR_STREAMING_REQ", computed=4)]
+    behind = _request("w", "WAITING", tokens=8)                      # 4 blocks, none free
+    for free in (0, 8):
+        failed = _structured("r", grammar=ValueError("bad"))
+        assert admission_head(_vllm([failed, behind], parked, free=free, seats=1)) is failed
+        assert stalled_until_input(_vllm([failed, behind], parked, free=free, seats=1), 2, 6) == []
+    failed = _structured("r", grammar=ValueError("bad"))
+    assert stalled_until_input(_vllm([failed], parked, free=0, seats=2), 2, 6) == [        # a seat free
+        {"step": 2, "until": 6, "unfinished": ["r"], "parked": ["s"]}]
 
 
 def test_a_received_remote_load_not_yet_promoted_is_the_head() -> None:

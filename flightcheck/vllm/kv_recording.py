@@ -286,6 +286,8 @@ class KVRecordingMixin:
                 if req_id not in failing:
                     holders.append(self._fc_counters({"req": req_id}, request))
                     self._fc_check_holder_base(req_id, request, superseded_before)
+                    if self.records_async_scheduling:  # type: ignore[attr-defined]
+                        self._fc_check_rollback(holders[-1])      # #49250 on a sharer too
         self._fc_kv_computed_before = {}
         if holders and pending:               # the requests sharing the failed blocks, on the output's last
             pending[-1]["holders"] = sorted(holders, key=lambda holder: holder["req"])
@@ -375,7 +377,12 @@ class KVRecordingMixin:
     def _fc_check_rollback(self, failure: dict[str, Any]) -> None:
         """Ground truth: the intended rollback supersedes every live entry of
         the request, so none of its output placeholders is left; vLLM's
-        `_update_requests_with_invalid_blocks` leaves them (#49250)."""
+        `_update_requests_with_invalid_blocks` leaves them (#49250), on the
+        request whose load failed and on one rolled back for sharing its
+        blocks alike (campaign `--versions 0.34.0,0.33.0 --all-features
+        --async --seed 335` index 35: r4, holding r0's failed blocks, kept 3
+        placeholders and was aborted at once, so no later breach named it:
+        check-trace's KV3 at the `kv_failed` was counted a false rejection)."""
         if failure["placeholders"] > 0:
             self.flightcheck_observations.kv_rollback_placeholders.append({  # type: ignore[attr-defined]
                 "step": self.flightcheck_step, "req": failure["req"],  # type: ignore[attr-defined]

@@ -65,7 +65,7 @@ def admission_head(scheduler: Any) -> Any | None:
     """The first request the waiting loop would try to admit: the queues in
     the loop's order (`kv_holding_waiting` drained first), passing over what
     `_handle_blocked_waiting_request` holds back (a parked session, a
-    grammar or a remote KV load still to come) and a resumption deferred
+    grammar still compiling or a remote KV load still to come) and a resumption deferred
     behind deliver-mode stale output (`num_stale_output_tokens and not
     drop_stale_output`)."""
     for name in ("kv_holding_waiting", "waiting", "async_kv_waiting"):
@@ -81,21 +81,35 @@ def admission_head(scheduler: Any) -> Any | None:
 
 def _held_back(scheduler: Any, request: Any) -> bool:
     """Whether `_handle_blocked_waiting_request` (0.33.0/0.34.0) skips the
-    request: parked for input, its grammar not compiled (or failed), its
-    remote KV not received. A status is not enough: vLLM promotes a settled
-    grammar or a received load to WAITING only when the loop reaches the
-    request, so one the parked sessions' seats keep the loop from reaching
-    still reads WAITING_FOR_... (campaign --versions 0.34.0,0.33.0
-    --all-features --reuse-ids seed 309 index 78: r2's grammar compiled at
-    engine step 5, r1 parked holding the one seat from step 8)."""
+    request: parked for input, its grammar still compiling, its remote KV
+    not received. A status is not enough: vLLM promotes a settled grammar
+    or a received load to WAITING only when the loop reaches the request,
+    so one the parked sessions' seats keep the loop from reaching still
+    reads WAITING_FOR_... (campaign --versions 0.34.0,0.33.0 --all-features
+    --reuse-ids seed 309 index 78: r2's grammar compiled at engine step 5,
+    r1 parked holding the one seat from step 8). A failed grammar is no
+    hold either: the loop that reaches it records the error, which the next
+    update finishes (`_grammar_failed`), so a seat kept from it holds the
+    way (seeds 331 index 12, 332 index 69: r1's failed grammar behind the
+    one seat a parked session held, a stall to the ground truth until the
+    session's end, which the failed request's finish followed)."""
     status = getattr(request.status, "name", "")
     if status == "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR":
         structured = getattr(request, "structured_output_request", None)
-        grammar = None if structured is None else structured.grammar      # settles a done Future, as vLLM's read
-        return grammar is None or isinstance(grammar, Exception)
+        return structured is None or structured.grammar is None    # .grammar settles a done Future, as vLLM's read
     if status == "WAITING_FOR_REMOTE_KVS":
         return request.request_id not in getattr(scheduler, "finished_recving_kv_req_ids", ())
     return status.startswith("WAITING_FOR_")
+
+
+def _grammar_failed(request: Any) -> bool:
+    """Whether the request's grammar failed to compile: the waiting loop
+    that reaches it records the error (`_handle_blocked_waiting_request`:
+    `grammar_compile_error_reqs`) and the next `update_from_output`
+    finishes it, so it moves on with a seat and no blocks."""
+    structured = getattr(request, "structured_output_request", None)
+    return (getattr(request.status, "name", "") == "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
+            and structured is not None and isinstance(structured.grammar, Exception))
 
 
 def blocks_to_admit(scheduler: Any, request: Any) -> int:
@@ -104,7 +118,10 @@ def blocks_to_admit(scheduler: Any, request: Any) -> int:
     token budget and the static long-prefill threshold, plus the lookahead
     slots; the threshold only with `enable_chunked_prefill`, as `schedule()`
     reads it) and, with `scheduler_reserve_full_isl`, its whole sequence's
-    (`full_sequence_must_fit`), less the blocks it holds."""
+    (`full_sequence_must_fit`), less the blocks it holds. None for a request
+    whose grammar failed: the loop finishes it without allocating."""
+    if _grammar_failed(request):
+        return 0
     config = getattr(scheduler, "scheduler_config", None)
     budget = getattr(scheduler, "max_num_scheduled_tokens", None) or getattr(config, "max_num_batched_tokens", 0)
     chunked = getattr(config, "enable_chunked_prefill", True)     # unchunked, schedule() reads the threshold as 0

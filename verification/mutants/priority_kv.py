@@ -50,6 +50,6 @@ PRIORITY_KV_BUGS: tuple[Mutant, ...] = (
         "tail of `kv_holding` (the FCFS queue's `add_request`), where vLLM's `kv_holding_waiting` is a "
         "`PriorityRequestQueue` under the policy (`Scheduler.__init__`: `create_request_queue(self.policy)`) "
         "and pushes it at its rank. The edit leaves the parked load at the tail",
-        _edit("kv_loads.park", "return priority.in_priority_order(state, cfg)", "return state"),
+        _edit("kv_loads.park", "return priority.kv_holding_in_rank_order(state, cfg)", "return state"),
         killed_by="PR4_kv_holding_in_priority_order", shortest=4),
 )
