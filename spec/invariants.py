@@ -144,7 +144,7 @@ def pool_counts_and_free_queue_agree(s: State, cfg: Config) -> bool:
     holders: Counter[int] = Counter()
     for q in s.requests:
         holders.update(q.block_table)
-    for _, table in s.deferred_frees + s.error_frees:   # a KV connector's fenced and failed frees hold theirs
+    for _, table, *_ in s.deferred_frees + s.error_frees:   # a KV connector's fenced and failed frees hold theirs
         holders.update(table)
     if any(pool.ref_counts[b] != holders[b] for b in range(len(pool.ref_counts))):
         return False

@@ -19,7 +19,9 @@ at once, behind the step fence, or held for a transfer.
   batch's outputs, so their tables go back to the pool after those the
   loop's own finishes freed (the free queue's order, which later
   allocations read). The spec takes the failure before the output that
-  reports it: the table waits for that output's end.
+  reports it: the table waits for that output's end, and a request with a
+  later batch still in flight is put aside behind the fence only there,
+  after the loop's own fenced finishes.
 * Holding (`finish_requests`, `_free_request`, `_connector_finished`): a
   request aborted (or failed) while its async load is in flight keeps its
   table until the load's `finished_recving` (`Profile.kv_aborted_load_held`);
@@ -84,28 +86,37 @@ def drain_deferred_frees(state: State, cfg: Config, completed: tuple) -> State:
     return replace(state, pool=pool, deferred_frees=pending)
 
 
-def defer_to_output_end(state: State, r: int, carrier: int) -> State:
+def defer_to_output_end(state: State, r: int, carrier: int, fenced: bool = False) -> State:
     """r's table, taken out of r, waits for the end of the update of the
-    batch at index `carrier` in flight (`error_frees`)."""
+    batch at index `carrier` in flight (`error_frees`); `fenced`: a later
+    batch of r's is still in flight then, so the table goes from there
+    behind the step fence."""
     table = state.requests[r].block_table
     if not table:
         return state
     left = sum(1 for batch in state.in_flight[:carrier + 1] if batch)
-    state = replace(state, error_frees=state.error_frees + ((left, table),))
+    state = replace(state, error_frees=state.error_frees + ((left, table, fenced),))
     return state.with_request(r, block_table=())
 
 
 def drain_error_frees(state: State, cfg: Config, completed: tuple) -> State:
     """The end of `update_from_output`: `finish_requests(failed_kv_load_req_ids,
     FINISHED_ERROR)` after the output loop frees the tables of the requests
-    this output's failures finished, in the order they failed."""
+    this output's failures finished, in the order they failed; a table whose
+    request still has a batch in flight is put aside there
+    (`_free_request_blocks`), so its fenced entry comes after those the
+    output loop's own finishes put aside (vLLM 0.34 `_drain_deferred_frees`
+    returns them in that order)."""
     if not completed or not state.error_frees:
         return state
-    pending = tuple((left - 1, table) for left, table in state.error_frees)
-    pool = state.pool
-    for _, table in (f for f in pending if f[0] <= 0):
-        pool = blocks.free_table(pool, table, cfg.release_order, cfg.rules.unhashed_blocks_to_head)
-    return replace(state, pool=pool, error_frees=tuple(f for f in pending if f[0] > 0))
+    pending = tuple((left - 1, table, fenced) for left, table, fenced in state.error_frees)
+    pool, deferred = state.pool, state.deferred_frees
+    for _, table, fenced in (f for f in pending if f[0] <= 0):
+        if fenced:
+            deferred += ((batches_in_flight(state), table),)
+        else:
+            pool = blocks.free_table(pool, table, cfg.release_order, cfg.rules.unhashed_blocks_to_head)
+    return replace(state, pool=pool, deferred_frees=deferred, error_frees=tuple(f for f in pending if f[0] > 0))
 
 
 def requires_kv_delivery(cfg: Config) -> bool:

@@ -86,7 +86,7 @@ def kv4_deferred_frees_drain(s: State, cfg: Config) -> bool:
     if s.deferred_frees and not cfg.fences_freed_blocks:
         return False
     in_flight = batches_in_flight(s)
-    return all(1 <= left <= in_flight and table for left, table in s.deferred_frees + s.error_frees)
+    return all(1 <= left <= in_flight and table for left, table, *_ in s.deferred_frees + s.error_frees)
 
 
 def kv5_loaded_not_starved(s: State, cfg: Config) -> bool:

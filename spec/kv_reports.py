@@ -335,13 +335,15 @@ def _fail_past_carrier(state: State, cfg: Config, x: int, carrier: int | None) -
     where it goes back to the pool, the fence's count having taken the
     carrier processed (`processed_step_seq += 1` opens the update). Behind
     the fence, a batch of x's after the carrier keeps its table fenced
-    (`_free_request_blocks`); a table held for a transfer stays held."""
+    (`_free_request_blocks`), put aside at that same end, after the tables
+    the output loop's finishes put aside (vLLM 0.34 `update_from_output`,
+    `_drain_deferred_frees` returns them in that order); a table held for a
+    transfer stays held."""
     later = carrier is not None and any(e.req == x for i, batch in enumerate(state.in_flight)
                                         if i != carrier for e in batch)
-    if carrier is None or (later and cfg.fences_freed_blocks) \
-            or holds_for_transfer(state, cfg, x, Status.FINISHED_ERROR):
+    if carrier is None or holds_for_transfer(state, cfg, x, Status.FINISHED_ERROR):
         return _fail_request(state, cfg, x)
-    return _fail_request(defer_to_output_end(state, x, carrier), cfg, x)
+    return _fail_request(defer_to_output_end(state, x, carrier, later and cfg.fences_freed_blocks), cfg, x)
 
 
 def _fail_request(state: State, cfg: Config, r: int) -> State:

@@ -286,8 +286,9 @@ class State:
     deferred_frees: tuple[tuple[int, tuple[int, ...]], ...] = ()
     # The fail policy's tables (kv_fence.py, `error_frees`): requests a load
     # failure finished, each (non-empty batches in flight up to the output
-    # reporting it, blocks), freed at the end of that output's update.
-    error_frees: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    # reporting it, blocks, whether a later batch of the request fences it),
+    # freed at the end of that output's update, or fenced from there.
+    error_frees: tuple[tuple[int, tuple[int, ...], bool], ...] = ()
     arrivals: tuple[int, ...] = ()
     # vLLM's `PauseState` (reset_pause.py; UNPAUSED without `Config.reset_and_pause`).
     pause: Pause = Pause.UNPAUSED

@@ -423,7 +423,7 @@ class _KvTransfers:
 def _deferred_blocks(state: State) -> list[int]:
     """Every block waiting in the step fence's deferred frees, or for the
     end of the update that finished its request by the fail policy."""
-    return [b for _, table in state.deferred_frees + state.error_frees for b in table]
+    return [b for _, table, *_ in state.deferred_frees + state.error_frees for b in table]
 
 
 def _copies(labels: tuple[int | None, ...], label: int) -> list[int]:

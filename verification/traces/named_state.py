@@ -50,7 +50,7 @@ def _kv_queues(state: State, name: Namer) -> str:
     held = f" H=[{', '.join(name(r) for r in state.kv_holding)}]" if state.kv_holding else ""
     deferred = f" deferred={[[left, list(table)] for left, table in state.deferred_frees]}" \
         if state.deferred_frees else ""
-    failed = f" error_frees={[[left, list(table)] for left, table in state.error_frees]}" \
+    failed = f" error_frees={[[left, list(table)] for left, table, _ in state.error_frees]}" \
         if state.error_frees else ""
     return held + deferred + failed
 
