@@ -24,9 +24,6 @@ The spec now keeps r2's table in `error_frees` and fences it there
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
 
 from flightcheck.spec import kv_reports
@@ -34,20 +31,14 @@ from flightcheck.verification.traces.check import check_events
 from flightcheck.vllm.campaign import check_verdict, verdict
 from flightcheck.vllm.differential import compare, profile_for, read_trace, run_reference
 
-from .vllm_support import DATA, replay_kept_async, workers
+from .vllm_support import DATA, KeptCase, replay_kept_async, workers
 
 pytestmark = pytest.mark.usefixtures("both_checkers")       # judges check-trace's verdict
 
-STEM = DATA / "hunt300" / "034_async_failed_load_fenced_after_loop_finishes_seed2_76"
+CASE = KeptCase(DATA / "hunt300" / "034_async_failed_load_fenced_after_loop_finishes_seed2_76")
+STEM = CASE.stem
+_raw, _result = CASE.raw, CASE.result
 PROFILE = profile_for("0.34.0", True)
-
-
-def _raw() -> dict[str, Any]:
-    return json.loads(STEM.with_suffix(".workload.json").read_text())
-
-
-def _result() -> dict[str, Any]:
-    return json.loads(STEM.with_suffix(".result.json").read_text())
 
 
 def test_vllm_reuses_r2s_tail_block_before_r4s_after_the_fence() -> None:

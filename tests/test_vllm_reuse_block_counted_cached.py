@@ -25,7 +25,6 @@ reaches past the table, so only the drift can show it.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -35,20 +34,14 @@ from flightcheck.reference.kv_cache_manager import KVCacheManager
 from flightcheck.vllm.campaign import check_verdict, verdict
 from flightcheck.vllm.differential import compare, decisions, first_difference, profile_for, read_trace, run_reference
 
-from .vllm_support import DATA, workers
+from .vllm_support import DATA, KeptCase, workers
 
 pytestmark = pytest.mark.usefixtures("both_checkers")       # judges check-trace's verdict
 
-STEM = DATA / "hunt300" / "034_sync_reused_id_block_counted_cached_left_unhashed_seed302_134"
+CASE = KeptCase(DATA / "hunt300" / "034_sync_reused_id_block_counted_cached_left_unhashed_seed302_134")
+STEM = CASE.stem
+_raw, _result = CASE.raw, CASE.result
 PROFILE = profile_for("0.34.0", False)
-
-
-def _raw() -> dict[str, Any]:
-    return json.loads(STEM.with_suffix(".workload.json").read_text())
-
-
-def _result() -> dict[str, Any]:
-    return json.loads(STEM.with_suffix(".result.json").read_text())
 
 
 def _blocks_of(events: list[dict[str, Any]], req: str) -> list[tuple[int, int, list[int]]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 from pathlib import Path
 
@@ -20,6 +21,24 @@ from flightcheck.vllm.replay import ReplayWorker, missing_venv_message, venv_pyt
 
 SKIP_ENV = "FLIGHTCHECK_SKIP_VLLM"
 DATA = Path(__file__).resolve().parent / "data" / "vllm"
+
+
+@dataclass(frozen=True)
+class KeptCase:
+    """A vLLM run kept under tests/data/vllm: STEM.workload.json (what was
+    replayed), STEM.jsonl (vLLM's trace) and STEM.result.json (the replay's
+    result, its ground truth among it)."""
+    stem: Path
+
+    @property
+    def trace(self) -> Path:
+        return self.stem.with_suffix(".jsonl")
+
+    def raw(self) -> dict[str, Any]:
+        return json.loads(self.stem.with_suffix(".workload.json").read_text())
+
+    def result(self) -> dict[str, Any]:
+        return json.loads(self.stem.with_suffix(".result.json").read_text())
 
 
 def require_venv(version: str) -> None:
