@@ -105,10 +105,12 @@ def test_the_async_profile_is_0_33_plus_async_with_a_queue_one_deeper_and_the_st
     assert not sync.async_scheduling and sync.decode_stagger == 0 and sync.batch_queue_depth == 1
     assert async_.async_scheduling and async_.decode_stagger == 3 and async_.batch_queue_depth == 4
     for name, value in vars(sync.version_profile).items():
-        if name not in ("name", "async_scheduling", "placeholder_drafts", "engine_loop"):
+        if name not in ("name", "async_scheduling", "placeholder_drafts", "engine_loop", "skips_unused_drafts"):
             assert getattr(async_.version_profile, name) == value, name
     # async takes its drafts as placeholders (AsyncScheduler._update_after_schedule), sync with the output
     assert async_.version_profile.placeholder_drafts and not sync.version_profile.placeholder_drafts
+    # 0.33 marks skip_drafts only with the V2 model runner, which async scheduling runs (can_skip_drafts)
+    assert async_.version_profile.skips_unused_drafts and not sync.version_profile.skips_unused_drafts
     engine = Engine(Scheduler(async_), ScriptedExecutor(keeps_sampled_tokens=True))
     assert engine.loop is VLLM_0_33_ASYNC_LOOP and loop_for_config(async_) is VLLM_0_33_ASYNC_LOOP
     assert engine.max_concurrent_batches == 4

@@ -153,9 +153,13 @@ PROFILE_SHARE = 9
 # (The fuzzer's machine has no KV connector and no streaming sessions, so
 # the connector's rules and 0.34's session input rule are inert too:
 # tests/test_reference_kv_refinement.py and the sessions' machine fuzz them.)
+# Nor has it lookahead slots (`num_lookahead_tokens` 0, an n-gram drafter's), so
+# `skip_drafts` is never marked (`can_skip_drafts`): the vLLM campaign's
+# `--lookahead` drives it (tests/test_vllm_lookahead.py).
 INERT_UNDER_FUZZ: dict[str, bool] = {"unchunked_prefill_stops_admission": False,
                                      "threshold_needs_chunked_prefill": False, "cache_aware_admission": False,
-                                     "kv_async_waiting_queue": False, "session_input_sets_cache_limit": False}
+                                     "kv_async_waiting_queue": False, "session_input_sets_cache_limit": False,
+                                     "skips_unused_drafts": False}
 
 
 def distinct_rule_sets(profiles: dict[str, VersionProfile]) -> tuple[str, ...]:
