@@ -31,7 +31,7 @@ from flightcheck.verification.traces.check import check_events
 from flightcheck.vllm.campaign import check_verdict, verdict
 from flightcheck.vllm.differential import compare, profile_for, read_trace, run_reference
 
-from .vllm_support import DATA, KeptCase, replay_kept_async, workers
+from .vllm_support import DATA, KeptCase, replay_kept_case, workers
 
 pytestmark = pytest.mark.usefixtures("both_checkers")       # judges check-trace's verdict
 
@@ -102,11 +102,6 @@ def running():
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_the_kept_workload_replays_on_vllm_to_an_accepted_correct_run(running, tmp_path) -> None:
-    from flightcheck.vllm.campaign import compare_workload
-
-    raw, trace = _raw(), tmp_path / "trace.jsonl"
-    result, events = replay_kept_async(running["0.34.0"], raw, STEM.with_suffix(".jsonl"), trace)
-    comparison, _ = compare_workload(raw, result, events, PROFILE)
+    comparison, (category, detail) = replay_kept_case(running["0.34.0"], CASE, PROFILE, tmp_path / "trace.jsonl")
     assert comparison.explained, comparison.describe()
-    category, detail = verdict(result, check_verdict(trace))
     assert category == "accepted, correct run", detail

@@ -32,7 +32,7 @@ from flightcheck.verification.traces.check import check_events
 from flightcheck.vllm.campaign import check_verdict, verdict
 from flightcheck.vllm.differential import compare, decisions, first_difference, profile_for, read_trace, run_reference
 
-from .vllm_support import DATA, KeptCase, drawn_before_clients_went_away, replay_kept_async, workers
+from .vllm_support import DATA, KeptCase, replay_kept_case, drawn_before_clients_went_away, workers
 
 pytestmark = pytest.mark.usefixtures("both_checkers")       # judges check-trace's verdict
 
@@ -102,11 +102,6 @@ def running():
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_the_kept_workload_replays_on_vllm_to_an_accepted_correct_run(running, tmp_path) -> None:
-    from flightcheck.vllm.campaign import compare_workload
-
-    raw, trace = _raw(), tmp_path / "trace.jsonl"
-    result, events = replay_kept_async(running["0.33.0"], raw, STEM.with_suffix(".jsonl"), trace)
-    comparison, _ = compare_workload(raw, result, events, PROFILE)
+    comparison, (category, detail) = replay_kept_case(running["0.33.0"], CASE, PROFILE, tmp_path / "trace.jsonl")
     assert comparison.explained and comparison.deviation is None, comparison.describe()
-    category, detail = verdict(result, check_verdict(trace))
     assert category == "accepted, correct run", detail

@@ -140,3 +140,16 @@ def replay_kept_async(worker: ReplayWorker, raw: dict[str, Any], kept_trace: Pat
     events = read_trace(trace)
     assert decisions(events) == decisions(read_trace(kept_trace))
     return result, events
+
+
+def replay_kept_case(worker: ReplayWorker, case: KeptCase, profile: Any,
+                     trace: Path) -> tuple[Any, tuple[str, str]]:
+    """Replay an async kept case on `worker` (`replay_kept_async`), compare it
+    with the reference under `profile`, and judge its check-trace verdict
+    against the replay's ground truth: (the comparison, (category, detail))."""
+    from flightcheck.vllm.campaign import check_verdict, compare_workload, verdict
+
+    raw = case.raw()
+    result, events = replay_kept_async(worker, raw, case.trace, trace)
+    comparison, _ = compare_workload(raw, result, events, profile)
+    return comparison, verdict(result, check_verdict(trace))
