@@ -192,6 +192,55 @@ def test_a_request_that_runs_is_not_held_by_a_parked_session() -> None:
         {"step": 2, "until": 6, "unfinished": ["x"], "parked": ["s"]}]
 
 
+def _with_prefix_hit(scheduler: SimpleNamespace, hit: list[Any], spec_tokens: int, lookahead: int) -> None:
+    """`scheduler` with drafts (k = `spec_tokens`, `lookahead` slots) and a
+    prefix cache whose longest hit is `hit` (the coordinator's
+    `find_longest_cache_hit`, as session_idles.py reads it)."""
+    scheduler.num_spec_tokens, scheduler.num_lookahead_tokens, scheduler.dynamic_sd_lookup = spec_tokens, lookahead, None
+    scheduler.kv_cache_manager.enable_caching = True
+    scheduler.kv_cache_manager.coordinator = SimpleNamespace(
+        find_longest_cache_hit=lambda hashes, most: ((hit,), len(hit) * 2, 0))
+
+
+@pytest.mark.parametrize("spec_tokens,stall", [(3, False), (0, True)])
+def test_a_padded_admission_past_a_prefix_hit_is_what_the_parked_blocks_keep_out(spec_tokens: int,
+                                                                                 stall: bool) -> None:
+    """Seed 372 index 85 (`--all-features --spec-tokens 3 --lookahead
+    --stages 1`, 0.34.0 sync): preempted r4, 13 tokens, hits 12 in the cache
+    (6 evictable blocks), so one token is left, which the waiting loop pads
+    to 1 + k (`Scheduler.schedule`, "Pad new decode requests"): 12 + 4 + 3
+    lookahead slots need 10 blocks, 8 are free and the parked session holds
+    8. Unpadded (no drafts) 12 + 1 + 3 fit the 8 free: a stall."""
+    head = _request("r4", "PREEMPTED", tokens=13)
+    head.block_hashes = list(range(6))
+    parked = [_request("s", "WAITING_FOR_STREAMING_REQ", computed=10)]
+    scheduler = _vllm([head], parked, free=8, seats=4, held=8)
+    scheduler.max_num_scheduled_tokens = 28
+    _with_prefix_hit(scheduler, [SimpleNamespace(block_id=b, ref_cnt=0) for b in range(6)], spec_tokens, 3)
+    assert stalled_until_input(scheduler, 3, 6) == (
+        [{"step": 3, "until": 6, "unfinished": ["r4"], "parked": ["s"]}] if stall else [])
+
+
+def test_a_hit_on_blocks_a_parked_session_holds_asks_the_free_pool_only_for_the_rest() -> None:
+    """The hit's blocks the parked session references are adopted, not taken
+    from the free pool (`get_num_blocks_to_allocate` counts only an
+    evictable hit block): r's 8 tokens hit 6 on s's 3 blocks, so r asks 1
+    block of the pool, and 1 free admits it: s's blocks do not keep it out
+    (read as 4 blocks from nothing, they did). With none free, s's end frees
+    its 3, which r's whole sequence then asks with 1 more: no admission
+    either, so the idle is a stall both ways."""
+    head = _request("r", "WAITING", tokens=8)
+    head.block_hashes = list(range(3))
+    parked = [_request("s", "WAITING_FOR_STREAMING_REQ", computed=6)]
+    for free in (1, 0):
+        scheduler = _vllm([head], parked, free=free, seats=4, held=3)
+        _with_prefix_hit(scheduler, scheduler.kv_cache_manager.tables["s"], 0, 0)
+        assert stalled_until_input(scheduler, 2, 6) == [
+            {"step": 2, "until": 6, "unfinished": ["r"], "parked": ["s"]}], free
+    unread = _vllm([head], parked, free=1, seats=4, held=3)        # no coordinator: the hit not read
+    assert stalled_until_input(unread, 2, 6) == []
+
+
 def test_the_finding_names_the_parked_sessions_beside_the_stall() -> None:
     (found,) = findings({"ending": "done", "stalls": [{"step": 4, "until": 10, "unfinished": ["a", "b"],
                                                        "parked": ["c"]}]})

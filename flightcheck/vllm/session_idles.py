@@ -24,12 +24,14 @@ when blocks are short): such an idle is a stall whatever is parked.
 
 Read approximately: the head's need is its whole sequence's blocks where
 `scheduler_reserve_full_isl` holds (the admission gate), else its next
-chunk's, its remaining tokens cut at the token budget and the static
-long-prefill threshold where chunked prefill is on (vLLM's adaptive
-threshold and prefix-cache hits are not replayed here); the blocks the end
-would free are those only parked sessions reference (a KV connector that
-delays a finished request's free is not asked). check-trace's L2 is the
-exact rule; a difference would show in a campaign as a disagreement.
+chunk's, past its local prefix-cache hit (a fresh admission's lookup), its
+remaining tokens cut at the token budget and the static long-prefill
+threshold where chunked prefill is on, or padded to 1 + k with drafts
+(vLLM's adaptive threshold and a KV connector's external hit are not
+replayed here); the blocks the end would free are those only parked
+sessions reference (a KV connector that delays a finished request's free is
+not asked). check-trace's L2 is the exact rule; a difference would show in
+a campaign as a disagreement.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def parked_sessions_hold_the_way(scheduler: Any) -> bool:
     if need > free + blocks_only_parked_hold(manager, parked):
         return False                           # their end would not admit the head either
     seats = getattr(scheduler, "max_num_active_reqs", None) or getattr(scheduler, "max_num_running_reqs", None)
-    return (seats is not None and len(parked) >= seats) or free < need    # their seats, or their blocks
+    need_now = need - sum(1 for block in _prefix_hit(manager, head) if getattr(block, "ref_cnt", 0) > 0)
+    return (seats is not None and len(parked) >= seats) or free < need_now    # their seats, or their blocks
 
 
 def admission_head(scheduler: Any) -> Any | None:
@@ -114,12 +117,16 @@ def _grammar_failed(request: Any) -> bool:
 
 def blocks_to_admit(scheduler: Any, request: Any) -> int:
     """Free blocks `allocate_slots` asks for to admit the request (nothing
-    running: no watermark): its next chunk's (remaining tokens cut at the
-    token budget and the static long-prefill threshold, plus the lookahead
+    running: no watermark): its next chunk's past its prefix-cache hit
+    (`_prefix_hit`; remaining tokens cut at the token budget and the static
+    long-prefill threshold, or padded, `_padded_chunk`, plus the lookahead
     slots; the threshold only with `enable_chunked_prefill`, as `schedule()`
     reads it) and, with `scheduler_reserve_full_isl`, its whole sequence's
-    (`full_sequence_must_fit`), less the blocks it holds. None for a request
-    whose grammar failed: the loop finishes it without allocating."""
+    (`full_sequence_must_fit`), less the blocks it holds; the hit's blocks
+    counted as once the parked sessions' end frees them (a hit block another
+    request holds is not asked of the free pool: `get_num_blocks_to_allocate`
+    counts only an evictable one). 0 for a request whose grammar failed: the
+    loop finishes it without allocating."""
     if _grammar_failed(request):
         return 0
     config = getattr(scheduler, "scheduler_config", None)
@@ -127,15 +134,52 @@ def blocks_to_admit(scheduler: Any, request: Any) -> int:
     chunked = getattr(config, "enable_chunked_prefill", True)     # unchunked, schedule() reads the threshold as 0
     threshold = int(getattr(config, "long_prefill_token_threshold", 0) or 0) if chunked else 0
     max_len = int(getattr(scheduler, "max_model_len", 0) or getattr(scheduler.kv_cache_manager, "max_model_len", 0))
-    computed, total = int(request.num_computed_tokens), int(request.num_tokens)
+    hit_blocks = _prefix_hit(scheduler.kv_cache_manager, request)
+    computed = int(request.num_computed_tokens) or len(hit_blocks) * int(scheduler.block_size)
+    total = int(request.num_tokens)
     remaining = total - computed
     chunk = min(x for x in (remaining, budget or remaining, threshold or remaining) if x > 0) if remaining > 0 else 0
+    chunk = _padded_chunk(scheduler, computed, remaining, max_len) or chunk
     end = computed + chunk + int(getattr(scheduler, "num_lookahead_tokens", 0) or 0)
     if getattr(scheduler, "scheduler_reserve_full_isl", False):
         end = max(end, total)
     end = min(end, max_len) if max_len else end
     held = _real_blocks(scheduler.kv_cache_manager, request.request_id)
     return max(0, -(-end // int(scheduler.block_size)) - len(held))
+
+
+def _prefix_hit(manager: Any, request: Any) -> list[Any]:
+    """The blocks of the local prefix-cache hit the waiting loop would adopt:
+    looked up only for a request with nothing computed (`schedule()`'s
+    `get_computed_blocks`, the last token always recomputed), read with
+    the coordinator's `find_longest_cache_hit`, which takes no reference
+    (0.33.0/0.34.0 `KVCacheManager.get_computed_blocks`). Empty where the
+    lookup is off (prefix caching, a request that skips the cache) or the
+    manager cannot be read so."""
+    if int(request.num_computed_tokens) or not getattr(manager, "coordinator", None):
+        return []
+    enabled = getattr(manager, "prefix_cache_lookup_enabled", None)
+    if not (enabled(request) if enabled is not None else getattr(manager, "enable_caching", False)):
+        return []
+    groups, _, _ = manager.coordinator.find_longest_cache_hit(request.block_hashes, int(request.num_tokens) - 1)
+    return [block for block in (groups[0] if groups else ()) if not getattr(block, "is_null", False)]
+
+
+def _padded_chunk(scheduler: Any, computed: int, remaining: int, max_len: int) -> int:
+    """1 + k where the waiting loop pads an admission to a uniform spec
+    decode (0.33.0/0.34.0 `Scheduler.schedule`, "Pad new decode requests"):
+    drafts on (no dynamic schedule), one token left past something computed
+    (the hit, a landed load, a session's turn) and room for the sampled
+    token; nothing running or scheduled before it, as an idle is. Else 0.
+    (Seed 372 index 85, `--all-features --spec-tokens 3 --lookahead
+    --stages 1`, 0.34.0 sync: preempted r4's 12-token hit left 1 token,
+    padded to 4, with 3 lookahead slots 10 blocks where the 8 free and the
+    parked session's 8 were read as 8, a stall to the ground truth.)"""
+    k = int(getattr(scheduler, "num_spec_tokens", 0) or 0)
+    if k <= 0 or getattr(scheduler, "dynamic_sd_lookup", None) is not None or remaining != 1 or computed <= 0:
+        return 0
+    sampled = int(getattr(scheduler, "num_sampled_tokens_per_step", 1))
+    return 1 + k if sampled > 0 and (not max_len or computed + 1 + k + sampled <= max_len) else 0
 
 
 def blocks_only_parked_hold(manager: Any, parked: list[Any]) -> int:
