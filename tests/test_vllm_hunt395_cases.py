@@ -18,6 +18,19 @@ tests/data/vllm/hunt395).
   and called the idle a stall (a miss). session_idles.py `blocks_to_admit`
   now starts past the hit (`_prefix_hit`, the coordinator's
   `find_longest_cache_hit`) and pads as vLLM does (`_padded_chunk`).
+* A differential gap (the classifier), 0.34.0 and 0.33.0 sync: seed 375
+  index 41 (`--all-features --spec-tokens 3`, 3 stages), unexplained on
+  both. vLLM's sync engine hands r2's drafts over at submission
+  (`drafts_handed_over_at_submission`, named), so the next `schedule()`
+  asks blocks for r2's 1 + 3 tokens while the entry sampling its token is
+  still in flight and preempts r2 (decision 14), where the reference,
+  whose drafts come with the completion, completes an empty batch first;
+  the classifier knew the deviation only by a double sample or two
+  completions differing in drafts, read the empty completion as 0.8.x's
+  `engine_blocked_in_flight`, which 0.3x cannot name, and left it
+  unexplained. The conforming run (drafts at submission, then the padding's
+  assertion, `padded_admission_cut_by_threshold`'s) equals vLLM's to its
+  end. differential.py `_drafts_preempt_a_sampler_in_flight` now names it.
 """
 
 from __future__ import annotations
@@ -29,7 +42,8 @@ import pytest
 
 from flightcheck.verification.traces.check import check_trace
 from flightcheck.verification.traces.reading import read_trace_file
-from flightcheck.vllm.campaign import ReplayJob, replay_workload
+from flightcheck.vllm.campaign import ReplayJob, compare_workload, replay_workload
+from flightcheck.vllm.differential import classify, decisions, profile_for, read_trace
 
 from .vllm_support import DATA, KeptCase, Workers, workers
 
@@ -37,6 +51,8 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both ch
 
 HUNT = DATA / "hunt395"
 PADDED_BEHIND_PARKED = KeptCase(HUNT / "034_sync_padded_admission_past_a_hit_behind_parked_blocks_seed372_85")
+DRAFTS_PREEMPT = {version: KeptCase(HUNT / f"{tag}_sync_drafts_at_submission_preempt_a_sampler_in_flight_seed375_41")
+                  for version, tag in (("0.34.0", "034"), ("0.33.0", "033"))}
 
 
 def _index(events: list[dict[str, Any]], ev: str, req: str, **fields: object) -> int:
@@ -63,6 +79,30 @@ def test_the_kept_result_has_no_stall_and_leaves_nothing_to_the_client() -> None
     assert result["ground_truth"]["double_samples"] == []
 
 
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
+def test_drafts_handed_over_at_submission_that_preempt_a_sampler_in_flight_are_named(version: str) -> None:
+    case = DRAFTS_PREEMPT[version]
+    result, events = case.result(), read_trace(case.trace)
+    assert result["ending"] == "exception" and "1 + self.num_spec_tokens" in result["exception"]
+    comparison, ours = compare_workload(case.raw(), result, events, profile_for(version, False))
+    theirs = decisions(events)
+    assert (theirs[14], ours[14]) == (("schedule", (), ("r2",)), ("complete", (), ()))
+    assert theirs[12][1][0][:4] == ("r2", 21, 2, True)               # r2's sampling entry, still in flight
+    assert comparison.explained and comparison.deviation == "drafts_handed_over_at_submission", \
+        comparison.describe()
+
+
+def test_the_same_decisions_async_or_with_the_token_back_are_not_named_so() -> None:
+    case = DRAFTS_PREEMPT["0.34.0"]
+    result, theirs = case.result(), decisions(read_trace(case.trace))
+    ours = [*theirs[:14], ("complete", (), ())]
+    assert classify(result, theirs, ours, 14) == "drafts_handed_over_at_submission"
+    assert classify({**result, "async_scheduling": True}, theirs, ours, 14) != "drafts_handed_over_at_submission"
+    given_back = [*theirs[:14], ("complete", (("r2", (1,)),), ())]     # r2's token came back before
+    assert classify(result, [*given_back, theirs[14]], [*given_back, ("complete", (), ())], 15) \
+        != "drafts_handed_over_at_submission"
+
+
 # --- on vLLM itself (slow): the kept workload, the ground truth and check-trace together
 
 
@@ -79,3 +119,14 @@ def test_vllm_keeps_the_padded_admission_out_until_the_sessions_end_and_no_stall
     assert replayed.result["batches"] == PADDED_BEHIND_PARKED.result()["batches"]
     assert replayed.result["stalls"] == [] and replayed.result["ending"] == "done"
     assert replayed.category == "accepted, correct run", replayed.detail
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
+def test_vllm_preempts_the_sampler_its_early_drafts_grow_and_the_differential_names_it(running: Workers,
+                                                                                       version: str) -> None:
+    raw = DRAFTS_PREEMPT[version].raw()
+    replayed = replay_workload(running[version], ReplayJob(version, False, 0, raw, raw.get("seed", 0)))
+    assert replayed.comparison is not None and replayed.comparison.explained, replayed.comparison.describe()
+    assert replayed.comparison.deviation == "drafts_handed_over_at_submission"

@@ -285,7 +285,8 @@ def _classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
         # where the reference still skips it and admits the one behind (seed 46
         # index 58, async; tests/test_vllm_reuse_async_034.py keeps it).
         return "reused_id_output_dropped"
-    if _drafts_handed_over_early(vllm_result, theirs, ours):
+    if _drafts_handed_over_early(vllm_result, theirs, ours) or _drafts_preempt_a_sampler_in_flight(
+            vllm_result, vllm[:index], theirs, ours):
         return "drafts_handed_over_at_submission"
     beyond = {item["req"] for item in truth.get("beyond_max_model_len", ())}
     if beyond and _concerns(theirs, ours) & beyond:
@@ -363,6 +364,34 @@ def _drafts_handed_over_early(vllm_result: dict[str, Any], theirs: tuple[Any, ..
         return True
     return (theirs is not None and ours is not None and theirs[0] == ours[0] == "complete"
             and theirs[:3] == ours[:3])
+
+
+def _drafts_preempt_a_sampler_in_flight(vllm_result: dict[str, Any], before: list[tuple[Any, ...]],
+                                       theirs: tuple[Any, ...] | None, ours: tuple[Any, ...] | None) -> bool:
+    """vLLM 0.33/0.34's sync engine handed drafts over at submission, so its
+    next `schedule()` asked blocks for a request's 1 + k tokens while the
+    entry that sampled its token was still in flight, and preempted it (or
+    another) there, where the reference, whose drafts come with that
+    completion, completes a batch first (seed 375 index 41, `--all-features
+    --spec-tokens 3`, sync, both releases: r2's drafts preempt it at
+    decision 14). The conforming run must then equal vLLM's (`compare`)."""
+    if vllm_result.get("async_scheduling") or not str(vllm_result.get("vllm_version")).startswith("0.3"):
+        return False
+    if theirs is None or ours is None or theirs[0] != "schedule" or ours[0] != "complete":
+        return False
+    return bool(_concerns(theirs) & _sampling_in_flight(before))
+
+
+def _sampling_in_flight(events: list[tuple[Any, ...]]) -> set[str]:
+    """Requests whose last scheduled entry samples and that no completion
+    has given a token since (their token is still in flight)."""
+    waiting: set[str] = set()
+    for event in events:
+        if event[0] == "schedule":
+            waiting |= {entry[0] for entry in event[1] if entry[3]}
+        elif event[0] == "complete":
+            waiting -= {req for req, tokens in event[1] if tokens}
+    return waiting
 
 
 def _first_negative_schedule(events: list[tuple[Any, ...]]) -> int | None:
