@@ -285,8 +285,7 @@ def _classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
         # where the reference still skips it and admits the one behind (seed 46
         # index 58, async; tests/test_vllm_reuse_async_034.py keeps it).
         return "reused_id_output_dropped"
-    if _drafts_handed_over_early(vllm_result, theirs, ours) or _drafts_preempt_a_sampler_in_flight(
-            vllm_result, vllm[:index], theirs, ours):
+    if _drafts_handed_over_early(vllm_result, vllm[:index], theirs, ours):
         return "drafts_handed_over_at_submission"
     beyond = {item["req"] for item in truth.get("beyond_max_model_len", ())}
     if beyond and _concerns(theirs, ours) & beyond:
@@ -351,14 +350,18 @@ def _classify_tokens(vllm_result: dict[str, Any], theirs: tuple[Any, ...] | None
     return None
 
 
-def _drafts_handed_over_early(vllm_result: dict[str, Any], theirs: tuple[Any, ...] | None,
-                              ours: tuple[Any, ...] | None) -> bool:
+def _drafts_handed_over_early(vllm_result: dict[str, Any], before: list[tuple[Any, ...]],
+                              theirs: tuple[Any, ...] | None, ours: tuple[Any, ...] | None) -> bool:
     """vLLM 0.33's sync engine handed drafts over at submission and they
     showed before the request's sampling entry completed: vLLM scheduled them
     on top of it (the ground truth's double sample), or a completion shows
-    them (the two completions differ in their drafts alone)."""
+    them (the two completions differ in their drafts alone), or they
+    preempted a request whose token was still in flight
+    (`_drafts_preempt_a_sampler_in_flight`)."""
     if vllm_result.get("async_scheduling") or not str(vllm_result.get("vllm_version")).startswith("0.3"):
         return False
+    if _drafts_preempt_a_sampler_in_flight(vllm_result, before, theirs, ours):
+        return True
     doubles = {item["req"] for item in (vllm_result.get("ground_truth") or {}).get("double_samples", ())}
     if doubles and _concerns(theirs, ours) & doubles:
         return True
