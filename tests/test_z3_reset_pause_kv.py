@@ -224,16 +224,18 @@ def test_rp5s_formula_agrees_with_the_spec_on_steps_and_on_a_schedule_that_parks
 # --- the engines
 
 
-@pytest.mark.slow               # about a minute at load 10 (408 states, 1,840 edges)
-def test_the_relation_is_spec_step_on_every_reachable_state_of_the_connectors_reset():
-    checker, report = CrossChecker(MODEL), CrossReport()
-    for s in reachable(MODEL):
+@pytest.mark.slow               # 135 s each at load 13 (408 states, 1,840 edges; 0.33's with 36 empty batches)
+@pytest.mark.parametrize("profile", ["vllm-0.34", "vllm-0.33"])
+def test_the_relation_is_spec_step_on_every_reachable_state_of_the_connectors_reset(profile):
+    model = rp_kv_model(profile)
+    checker, report = CrossChecker(model), CrossReport()
+    for s in reachable(model):
         checker.check(s, report)
     assert report.problems == []
     assert (report.states, report.edges) == (408, 1840)
 
 
-@pytest.mark.slow               # 17 s at load 10
+@pytest.mark.slow               # 25 s at load 13
 def test_k_induction_keeps_every_conjunct_and_rp5_follows_in_one_step():
     result = rp_induction(MODEL)
     rows = result.by_name()
@@ -246,7 +248,7 @@ def test_k_induction_keeps_every_conjunct_and_rp5_follows_in_one_step():
         <= {p.name for p in result.properties}
 
 
-@pytest.mark.slow               # 17 s at load 10
+@pytest.mark.slow               # 14 s at load 13
 def test_bmc_bounds_rp5_and_breaks_rp4_where_a_parked_load_holds_its_blocks():
     """RP4 breaks in three steps as on the explicit reset-kv-async-k2 (vLLM
     raises: a reset of the running requests while a parked load holds
@@ -291,3 +293,33 @@ def test_the_verify_row_is_rp5_on_the_model_under_each_profiles_sync_rules():
     assert rp_kv_model("vllm-0.34") is RP_KV_Z3
     assert rp_kv_model("vllm-0.33-async").cfg.profile == "vllm-0.33"
     assert rp_kv_model("vllm-0.34-async").cfg.profile == "vllm-0.34"
+
+
+def test_the_reset_pause_rows_carry_rp5_from_the_model_beside_a_connector(monkeypatch):
+    """`flightcheck verify --reset-pause`'s Z3 rows (reset_pause_rows): RP1-RP4
+    from reset-pause-z3-k2 and RP5 from reset-kv-z3-k1, each by k-induction
+    and by BMC, the method naming the model and the encoded profile (the
+    engines stubbed: their own results are the slow tests')."""
+    from flightcheck.verification.z3 import reset_pause_engines as engines
+    from flightcheck.verification.z3.results import EngineResult, EngineVerdict
+    asked = []
+
+    def fake(method: str):
+        def run(model, *args, **kwargs):
+            names = args[1] if method == "bmc" and len(args) > 1 else rp_properties(model)
+            asked.append((method, model.name, tuple(names)))
+            return EngineResult(model.name, method, 0.0, 1, [EngineVerdict(n, "transition", "proved", method, 1, 0.0)
+                                                             for n in names])
+        return run
+
+    monkeypatch.setattr(engines, "rp_induction", fake("k-induction"))
+    monkeypatch.setattr(engines, "rp_bmc", fake("bmc"))
+    rows = engines.reset_pause_rows("vllm-0.33-async")
+    by_model = {}
+    for row in rows:
+        by_model.setdefault(row.method.split("[")[1].split("@")[0], set()).add(row.name)
+    assert by_model == {"reset-pause-z3-k2": set(engines.RP_PROPERTIES), "reset-kv-z3-k1": {RP5}}
+    assert {r.method for r in rows if r.name == RP5} == {
+        "k-induction [reset-kv-z3-k1@vllm-0.33; vllm-0.33-async's synchronous twin]",
+        "bmc [reset-kv-z3-k1@vllm-0.33; vllm-0.33-async's synchronous twin]"}
+    assert ("bmc", "reset-kv-z3-k1@vllm-0.33", (RP5,)) in asked
