@@ -41,6 +41,7 @@ from flightcheck.verification.z3.encoding.reset_pause_invariants import (
 from flightcheck.verification.z3.encoding.state import NotRepresentable
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.encoding.terms import clone, leaves
+from flightcheck.verification.z3.kv_engines import kv_bmc
 from flightcheck.verification.z3.reset_pause_engines import (
     RP_KV_PROPERTIES,
     rp_bmc,
@@ -257,6 +258,16 @@ def test_bmc_bounds_rp5_and_breaks_rp4_where_a_parked_load_holds_its_blocks():
     assert (rows["RP4_prefix_cache_reset"].status, rows["RP4_prefix_cache_reset"].depth) == ("violated", 3)
     assert {n: (rows[n].status, rows[n].depth) for n in rp_properties(MODEL) if n != "RP4_prefix_cache_reset"} == \
         {n: ("bounded", 6) for n in rp_properties(MODEL) if n != "RP4_prefix_cache_reset"}
+
+
+@pytest.mark.slow               # 155 s at load 12
+def test_bmc_bounds_the_connectors_invariants_the_model_carries_too():
+    """KV1, KV2, KV4 (kept by the k-induction above) and the encoding's
+    well-formedness, bounded to 6 by kv_engines.kv_bmc on the same model."""
+    result = kv_bmc(MODEL, 6)
+    assert [(p.name, p.status, p.depth) for p in result.properties] == [
+        (n, "bounded", 6) for n in ("WF_encoding", "KV1_no_reuse_under_transfer", "KV2_loading_not_scheduled",
+                                    "KV4_no_leak")]
 
 
 def test_a_reset_that_keeps_the_offer_is_found_by_bmc_and_replayed_on_the_spec(monkeypatch):
