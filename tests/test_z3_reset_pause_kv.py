@@ -225,7 +225,7 @@ def test_rp5s_formula_agrees_with_the_spec_on_steps_and_on_a_schedule_that_parks
 # --- the engines
 
 
-@pytest.mark.slow               # 135 s each at load 13 (408 states, 1,840 edges; 0.33's with 36 empty batches)
+@pytest.mark.slow               # 90-172 s each at load 12-13 (408 states, 1,840 edges; 0.33's: 36 empty batches)
 @pytest.mark.parametrize("profile", ["vllm-0.34", "vllm-0.33"])
 def test_the_relation_is_spec_step_on_every_reachable_state_of_the_connectors_reset(profile):
     model = rp_kv_model(profile)
@@ -236,7 +236,7 @@ def test_the_relation_is_spec_step_on_every_reachable_state_of_the_connectors_re
     assert (report.states, report.edges) == (408, 1840)
 
 
-@pytest.mark.slow               # 25 s at load 13
+@pytest.mark.slow               # 25-48 s at load 12-13
 def test_k_induction_keeps_every_conjunct_and_rp5_follows_in_one_step():
     result = rp_induction(MODEL)
     rows = result.by_name()
@@ -249,7 +249,7 @@ def test_k_induction_keeps_every_conjunct_and_rp5_follows_in_one_step():
         <= {p.name for p in result.properties}
 
 
-@pytest.mark.slow               # 14 s at load 13
+@pytest.mark.slow               # 14-45 s at load 12-13
 def test_bmc_bounds_rp5_and_breaks_rp4_where_a_parked_load_holds_its_blocks():
     """RP4 breaks in three steps as on the explicit reset-kv-async-k2 (vLLM
     raises: a reset of the running requests while a parked load holds
@@ -260,7 +260,7 @@ def test_bmc_bounds_rp5_and_breaks_rp4_where_a_parked_load_holds_its_blocks():
         {n: ("bounded", 6) for n in rp_properties(MODEL) if n != "RP4_prefix_cache_reset"}
 
 
-@pytest.mark.slow               # 155 s at load 12
+@pytest.mark.slow               # 95-155 s at load 12
 def test_bmc_bounds_the_connectors_invariants_the_model_carries_too():
     """KV1, KV2, KV4 (kept by the k-induction above) and the encoding's
     well-formedness, bounded to 6 by kv_engines.kv_bmc on the same model."""
