@@ -19,7 +19,20 @@ vLLM's own state"), independently of the checker.
 * a trace numbering engine steps (`engine_step`): the first event after
   the engine waited for input with batches in flight (E-a), and the
   completion 0.8.4's stale `scheduled_req_ids` forced where vLLM's own
-  `schedule()` forms a batch without the stale ids (E-b);
+  `schedule()` forms a batch without the stale ids (E-b). Not where that
+  `schedule()` forms nothing but preempts (the replay's `would_preempt`,
+  engine_truth.py): it can happen in 0.8.4 (`Scheduler.schedule`: a
+  running request with no batch in flight finds no block, preempts from
+  the tail of `running` down to itself, and the waiting loop does not run
+  after a preemption), and it breaks no property: with the gate open
+  `EngineCore.step_with_batch_queue` would call `schedule()`, form no batch
+  and complete the oldest batch in the same step, so the closed gate
+  delays no batch there (E-b, spec/engine.py `may_complete`: completing is
+  correct when nothing with tokens can be scheduled). What differs is the
+  state the next `schedule()` starts from (those requests still running,
+  their blocks held): a different choice of whom to preempt and when, not
+  a lost token, a block owned twice or a stall; a run it leaves `stuck`
+  is a finding by its end;
 * a run that ends stuck (the counter drift) or blocked with batches in
   flight, with an `end` event: rejected at `end`; not a stuck end that
   waits on the clients of sessions parked for input (the replay's
