@@ -21,10 +21,18 @@ vLLM's own state"), independently of the checker.
   completion 0.8.4's stale `scheduled_req_ids` forced where vLLM's own
   `schedule()` forms a batch without the stale ids (E-b). Not where that
   `schedule()` forms nothing but preempts (the replay's `would_preempt`,
-  engine_truth.py): it can happen in 0.8.4 (`Scheduler.schedule`: a
-  running request with no batch in flight finds no block, preempts from
-  the tail of `running` down to itself, and the waiting loop does not run
-  after a preemption), and it breaks no property: with the gate open
+  engine_truth.py): 0.8.4 allows it (`Scheduler.schedule`: a running
+  request with no batch in flight finds no block, preempts from the tail
+  of `running` down to itself, and the waiting loop does not run after a
+  preemption) only where a mark names a request in no queue: the gate
+  counts unmarked running and waiting requests less such marks, so without
+  one a closed gate leaves no running request to try (a running request's
+  mark is its batch's in flight: flightcheck/vllm/README.md, the extra
+  ids of 920 runs never on a running request), and the waiting loop never
+  preempts. Such a mark is a request preempted with its batch in
+  flight (`update_from_output` unmarks `running` only) and aborted before
+  it is admitted again (`finish_requests` unmarks a RUNNING request only).
+  It breaks no property: with the gate open
   `EngineCore.step_with_batch_queue` would call `schedule()`, form no batch
   and complete the oldest batch in the same step, so the closed gate
   delays no batch there (E-b, spec/engine.py `may_complete`: completing is
