@@ -300,6 +300,9 @@ class State:
     # still lasts, and `prefill_capacity_bound`.
     prefill_hold: int = 0
     prefill_capacity_bound: bool = False
+    # KV7 (kv_invalid.py): blocks a failed sync load left invalid under the
+    # recompute policy, until a batch recomputes them or they leave the cache.
+    invalid_kv: frozenset[int] = frozenset()
 
     def with_request(self, r: int, **changes) -> "State":
         old = self.requests[r]

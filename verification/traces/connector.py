@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from flightcheck.spec import Config, Schedule, Scheduled, State, Status, schedule, step
 from flightcheck.spec.config import KvConnector
+from flightcheck.spec.kv_invalid import kv7_reads
 from flightcheck.spec.kv_loads import admits_inflight_load, promote
 from flightcheck.spec.kv_reports import fail_cut_parked_load, rollback
 from flightcheck.spec.schedule import is_empty_step
@@ -362,6 +363,30 @@ class ConnectorEvents:
                 raise self._violation("KV5_loaded_not_starved", f"{self._quoted_name(e.req)}'s load has "
                                       "landed and the spec promotes and schedules it; the trace leaves it "
                                       "waiting while it schedules others")
+
+    def _check_invalid_kv(self, scheduled: Scheduled | None, trace_entries: list[dict]) -> None:
+        """KV7 at a schedule event, before its decisions are compared: an
+        entry of the trace's batch whose computed prefix holds a block a
+        failed load left invalid that the batch does not recompute
+        (spec/kv_invalid.py; vLLM #37827). The tables: the spec's after its
+        call, or before it where the spec's is shorter than the entry's start."""
+        invalid, bs = self.state.invalid_kv, self.cfg.block_size
+        if not invalid or not trace_entries:
+            return
+        after = scheduled.state if scheduled is not None else self.state
+        batch = []
+        for x in trace_entries:
+            r = self.slot.get(x["req"])
+            if r is not None:
+                table = after.requests[r].block_table
+                if len(table) * bs < x["start"]:
+                    table = self.state.requests[r].block_table
+                batch.append((r, x["start"], x["n"], table))
+        for r, blocks in kv7_reads(invalid, batch, bs):
+            x = next(x for x in trace_entries if self.slot.get(x["req"]) == r)
+            raise self._violation("KV7_no_compute_on_invalid_kv", f"{self._quoted_name(r)} is scheduled "
+                                  f"@{x['start']}+{x['n']} on blocks {blocks}, whose KV a failed load left "
+                                  "invalid and no batch has recomputed (vLLM #37827)")
 
     def _check_kv_loads(self, before: State, scheduled: Scheduled | None, event: dict) -> None:
         """The requests the spec's call from `before` parked for an async
