@@ -33,8 +33,9 @@ from .config import Config
 from .pool_store import label_of
 from .state import State
 
-# (request, start, tokens, its block table): one entry of a batch
-BatchEntry = tuple[int, int, int, tuple[int, ...]]
+# (request, start, tokens, its block table, tokens of `start` its sync load
+# brings in the batch): one entry of a batch
+BatchEntry = tuple[int, int, int, tuple[int, ...], int]
 
 
 def mark_invalid(state: State, blocks: Iterable[int]) -> State:
@@ -44,9 +45,10 @@ def mark_invalid(state: State, blocks: Iterable[int]) -> State:
 
 
 def rewritten(batch: Iterable[BatchEntry], block_size: int) -> frozenset[int]:
-    """The blocks whose first token an entry of the batch computes."""
-    return frozenset(block for _, start, n, table in batch
-                     for i, block in enumerate(table) if start <= i * block_size < start + n)
+    """The blocks whose first token an entry of the batch computes or its
+    sync load writes (`[start - external, start + n)`)."""
+    return frozenset(block for _, start, n, table, external in batch
+                     for i, block in enumerate(table) if start - external <= i * block_size < start + n)
 
 
 def kv7_reads(invalid: frozenset[int], batch: list[BatchEntry], block_size: int) -> list[tuple[int, list[int]]]:
@@ -55,7 +57,7 @@ def kv7_reads(invalid: frozenset[int], batch: list[BatchEntry], block_size: int)
     holds a block in `invalid` that the batch does not recompute."""
     stale = invalid - rewritten(batch, block_size)
     found = []
-    for r, start, _, table in batch:
+    for r, start, _, table, _ in batch:
         read = [b for b in table[:cdiv(start, block_size)] if b in stale]
         if read:
             found.append((r, read))
@@ -68,7 +70,7 @@ def forget_rewritten(state: State, cfg: Config, entries: Iterable) -> State:
     cache, are no longer invalid."""
     if not state.invalid_kv:
         return state
-    batch = [(e.req, e.start, e.n, state.requests[e.req].block_table) for e in entries]
+    batch = [(e.req, e.start, e.n, state.requests[e.req].block_table, e.external) for e in entries]
     gone = rewritten(batch, cfg.block_size)
     kept = frozenset(b for b in state.invalid_kv if b not in gone and label_of(state.pool, b) is not None)
     return replace(state, invalid_kv=kept)

@@ -19,7 +19,8 @@ name it (recompute policy) until a batch computes its first token, or it
 leaves the prefix cache (`block_hash` None: whoever is handed it next
 writes or loads it before reading it). A scheduled entry reads every
 block holding a token before its `start`; one reading an invalid block
-no entry of its own batch rewrites is a finding (same batch: each layer
+no entry of its own batch rewrites (computes its first token, or loads
+it by a sync load) is a finding (same batch: each layer
 writes the batch's KV before it attends, so the rewrite is seen).
 
 Standard library only: this module never imports vLLM.
@@ -35,11 +36,12 @@ def cdiv(a: int, b: int) -> int:
 
 
 def rewritten_blocks(entries: list[dict[str, Any]], tables: dict[str, list[int]], block_size: int) -> set[int]:
-    """The blocks whose first token an entry of the batch computes."""
+    """The blocks whose first token an entry of the batch computes or its
+    sync load writes (`external`: the tokens before `start` it brings)."""
     found: set[int] = set()
     for entry in entries:
         table = tables.get(entry["req"], [])
-        first, last = entry["start"], entry["start"] + entry["n"]
+        first, last = entry["start"] - entry.get("external", 0), entry["start"] + entry["n"]
         found.update(block for i, block in enumerate(table) if first <= i * block_size < last)
     return found
 

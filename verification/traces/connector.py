@@ -368,8 +368,9 @@ class ConnectorEvents:
         """KV7 at a schedule event, before its decisions are compared: an
         entry of the trace's batch whose computed prefix holds a block a
         failed load left invalid that the batch does not recompute
-        (spec/kv_invalid.py; vLLM #37827). The tables: the spec's after its
-        call, or before it where the spec's is shorter than the entry's start."""
+        (spec/kv_invalid.py; vLLM #37827), save a request whose rollback
+        KV3 checks at this entry. The tables: the spec's after its call, or
+        before it where the spec's is shorter than the entry's start."""
         invalid, bs = self.state.invalid_kv, self.cfg.block_size
         if not invalid or not trace_entries:
             return
@@ -381,8 +382,10 @@ class ConnectorEvents:
                 table = after.requests[r].block_table
                 if len(table) * bs < x["start"]:
                     table = self.state.requests[r].block_table
-                batch.append((r, x["start"], x["n"], table))
+                batch.append((r, x["start"], x["n"], table, x.get("external", 0)))
         for r, blocks in kv7_reads(invalid, batch, bs):
+            if r in self.rolled_back:
+                continue                  # its own rollback's start: KV3 (`_diagnose_kv_entries`) names it
             x = next(x for x in trace_entries if self.slot.get(x["req"]) == r)
             raise self._violation("KV7_no_compute_on_invalid_kv", f"{self._quoted_name(r)} is scheduled "
                                   f"@{x['start']}+{x['n']} on blocks {blocks}, whose KV a failed load left "
