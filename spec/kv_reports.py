@@ -270,6 +270,17 @@ def _fail_holders_of_finished(state: State, cfg: Config, r: int, from_block: int
     return state
 
 
+def mark_finished_load_invalid(state: State, cfg: Config, r: int, from_block: int) -> State:
+    """The failure of a finished (aborted) request's sync load, reported with
+    the batch that carried it, where no request holds its blocks: vLLM acts
+    on nobody (`_handle_invalid_blocks` finds no affected request and
+    returns), and under the recompute policy the blocks stay cached, invalid
+    (KV7, kv_invalid.py)."""
+    if cfg.kv_connector is None or cfg.kv_connector.load_failure_policy != "recompute":
+        return state
+    return mark_invalid(state, _invalid_blocks(state, cfg, r, from_block))
+
+
 def _load_entry(state: State, r: int) -> Entry | None:
     """r's entry in flight carrying its sync load: a live one while r runs,
     any once r finished (its fate changed, its batch still in flight)."""

@@ -18,9 +18,12 @@ back as one, r1 runs @17 on them: nobody ever recomputes them (vLLM
 entry and the ground truth called it correct: a false rejection. Now both
 name the first read, r3's hit (KV7 at trace line 34).
 
-The hand-written minimal run (three requests, one stage, no drafts):
-r0's sync load fails after its abort, r1 parked on the same prefix is
-rolled back to 0, r2 arrives and computes @4 on the invalid blocks.
+The hand-written minimal runs (one stage, no drafts; r0's sync load of a
+4-token prefix fails after r0's abort): with r1 parked on the same prefix,
+rolled back to 0, r2 arriving computes @4 on the invalid blocks, then r1
+(`computed_on_invalid_kv`); with no holder, vLLM's scan finds nobody
+affected and returns, the blocks stay cached and r2 computes on them
+(`stale_hit_after_aborted_loader`: two requests, the smallest).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # the checks read traces
 CASES = DATA / "invalid_kv"
 SEED362 = "async_sharers_compute_on_invalid_kv_seed362_27"
 MINIMAL = "computed_on_invalid_kv"
+STALE_HIT = "stale_hit_after_aborted_loader"
 KV7 = "KV7_no_compute_on_invalid_kv"
 
 
@@ -54,9 +58,10 @@ def test_check_trace_rejects_the_first_hit_on_the_invalid_blocks_not_the_sharers
 
 
 @pytest.mark.parametrize("release", ["034", "033"])
-def test_check_trace_rejects_the_minimal_run_at_the_new_requests_hit(release: str) -> None:
-    result = check_trace(CASES / f"{release}_{MINIMAL}.jsonl")
-    assert (result.ok, result.line, result.property) == (False, 11, KV7), result.message
+@pytest.mark.parametrize("stem,line", [(MINIMAL, 11), (STALE_HIT, 9)])
+def test_check_trace_rejects_the_minimal_runs_at_the_new_requests_hit(release: str, stem: str, line: int) -> None:
+    result = check_trace(CASES / f"{release}_{stem}.jsonl")
+    assert (result.ok, result.line, result.property) == (False, line, KV7), result.message
     assert '"r2" is scheduled @4+4' in result.message
 
 
@@ -109,8 +114,10 @@ def test_vllm_computes_on_the_invalid_blocks_and_the_ground_truth_names_it(runni
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
-def test_vllm_computes_the_minimal_run_on_the_invalid_blocks(running: Workers, version: str, tmp_path) -> None:
-    case = KeptCase(CASES / f"{version.replace('.', '')[:3]}_{MINIMAL}")
+@pytest.mark.parametrize("stem,readers", [(MINIMAL, ["r2", "r1"]), (STALE_HIT, ["r2"])])
+def test_vllm_computes_the_minimal_runs_on_the_invalid_blocks(running: Workers, version: str, stem: str,
+                                                             readers: list[str], tmp_path) -> None:
+    case = KeptCase(CASES / f"{version.replace('.', '')[:3]}_{stem}")
     result, _ = replay_kept_async(running[version], case.raw(), case.trace, tmp_path / "replayed.jsonl")
     reads = result["ground_truth"]["kv_computed_on_invalid_kv"]
-    assert [(read["req"], read["start"], read["blocks"]) for read in reads] == [("r2", 4, [1, 2]), ("r1", 4, [1, 2])]
+    assert [(read["req"], read["start"], read["blocks"]) for read in reads] == [(r, 4, [1, 2]) for r in readers]

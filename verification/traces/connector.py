@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 from flightcheck.spec import Config, Schedule, Scheduled, State, Status, schedule, step
 from flightcheck.spec.config import KvConnector
-from flightcheck.spec.kv_invalid import kv7_reads
+from flightcheck.spec.kv_invalid import kv7_reads, mark_invalid
 from flightcheck.spec.kv_loads import admits_inflight_load, promote
-from flightcheck.spec.kv_reports import fail_cut_parked_load, rollback
+from flightcheck.spec.kv_reports import fail_cut_parked_load, mark_finished_load_invalid, rollback
 from flightcheck.spec.schedule import is_empty_step
 from flightcheck.spec.state import Fate, Load
 from flightcheck.spec.transitions import CONTRACT_PROPERTIES, FailKvLoad, FailKvOutput, ReceiveKv, SendKv
@@ -181,6 +181,7 @@ class ConnectorEvents:
         name, from_block = event["req"], event["from_block"]
         found = self._report_slot(name, lambda r: FailKvLoad(r, from_block), output.before)
         if found is None and self._failure_of_finished_load(name, output.before):
+            self.state = mark_finished_load_invalid(self.state, self.cfg, self.slot[name], from_block)
             self._cut_parked_load_again(name, event)
             output.after = self.state
             return
@@ -300,9 +301,13 @@ class ConnectorEvents:
         r = self.slot.get(name)
         if r is None or r in self.own_load_failed or self.state.requests[r].status is not Status.RUNNING:
             return False
-        if not any(e.external and e.fate is Fate.SUPERSEDED for e in self.state.entries_of(r, fate=None)):
+        carried = [e for e in self.state.entries_of(r, fate=None) if e.external and e.fate is Fate.SUPERSEDED]
+        if not carried:
             return False
-        valid = event["from_block"] * self.cfg.block_size
+        valid, bs = event["from_block"] * self.cfg.block_size, self.cfg.block_size
+        if self.cfg.kv_connector.load_failure_policy == "recompute":   # KV7: its loaded blocks from there
+            table = self.state.requests[r].block_table
+            self.state = mark_invalid(self.state, table[event["from_block"]:-(-carried[-1].start // bs)])
         if self.state.requests[r].num_computed > valid:
             self.state = rollback(self.state, self.cfg, r, valid)
             self.rolled_back[r] = (valid, self.state.requests[r].placeholders)
