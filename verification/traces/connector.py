@@ -17,6 +17,9 @@ blocks freed under a send or held past it: KV1, KV4), else
 `kv_load_decision`. A report the spec's connector cannot make (its action
 disabled) is the connector's violation, not the scheduler's: it names the
 contract clause it breaks (C1-C3) and says the connector broke it.
+Every schedule event, whatever the spec decides: an entry computing on
+KV a failed load left invalid and nothing has recomputed (KV7,
+`_check_invalid_kv`; spec/kv_invalid.py).
 """
 
 from __future__ import annotations
