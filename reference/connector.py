@@ -150,6 +150,7 @@ class FabricatedConnector:
         self.async_loads = async_loads          # profiles.py `kv_async_loads`
         self.load_failures = load_failures      # profiles.py `kv_load_failures`
         self.outputs_processed = 0
+        self.outputs_reporting = 0              # outputs with a report (`worker_output`)
         self._promised: set[Request] = set()    # requests admitted or parked: offered 0 since
         self._forgotten: set[Request] = set()   # requests unserved at a `reset_cache`: offered 0 since
         self._async_loads: list[_Load] = []
@@ -235,8 +236,17 @@ class FabricatedConnector:
     # -- worker side -----------------------------------------------------------
 
     def worker_output(self, entries: list[Any]) -> KvConnectorOutput:
-        """The reports that come with the next output, the batch of `entries`."""
+        """The reports that come with the next output, the batch of `entries`;
+        `outputs_reporting` counts the outputs that carry any (an engine step
+        whose output reports a transfer has news: vLLM 0.33/0.34
+        `Scheduler._update_from_kv_xfer_finished` frees a finished send's
+        blocks and forgets the request; flightcheck/vllm/reference_run.py)."""
         self.outputs_processed += 1
+        out = self._reports_due(entries)
+        self.outputs_reporting += bool(out)
+        return out
+
+    def _reports_due(self, entries: list[Any]) -> KvConnectorOutput:
         if self.scripted:
             out, self.next_output = self.next_output or KvConnectorOutput(), None
             return out

@@ -55,6 +55,7 @@ from .actions import finish_request
 from .blocks import cached_block, cdiv, uncache
 from .config import Config
 from .kv_fence import defer_to_output_end, holds_for_transfer, release_table
+from .kv_invalid import mark_invalid
 from .state import Entry, Fate, Load, State, Status, retire_entries
 
 
@@ -131,6 +132,7 @@ def fail_kv_load(state: State, cfg: Config, r: int, from_block: int) -> State | 
     valid = from_block * cfg.block_size
     if parked:
         return state.with_request(r, num_computed=valid, load=Load.FAILED)
+    state = mark_invalid(state, _invalid_blocks(state, cfg, r, from_block))     # KV7 (kv_invalid.py)
     for h in holders:
         if h != r:
             state = _recompute_holder(state, cfg, h, r, from_block)
@@ -221,7 +223,7 @@ def _scan_invalid_blocks(state: State, cfg: Config, failures: tuple[tuple[int, i
             state = rollback(state, cfg, h, fresh[0] * bs)
         elif hits:
             state = _revert_to_carrier(state, cfg, h, carrier)
-    return state
+    return mark_invalid(state, invalid)                 # KV7 (kv_invalid.py)
 
 
 def _parked_loads(state: State) -> list[int]:
@@ -266,6 +268,17 @@ def _fail_holders_of_finished(state: State, cfg: Config, r: int, from_block: int
     for h in holders:
         state = _fail_past_carrier(state, cfg, h, carrier)
     return state
+
+
+def mark_finished_load_invalid(state: State, cfg: Config, r: int, from_block: int) -> State:
+    """The failure of a finished (aborted) request's sync load, reported with
+    the batch that carried it, where no request holds its blocks: vLLM acts
+    on nobody (`_handle_invalid_blocks` finds no affected request and
+    returns), and under the recompute policy the blocks stay cached, invalid
+    (KV7, kv_invalid.py)."""
+    if cfg.kv_connector is None or cfg.kv_connector.load_failure_policy != "recompute":
+        return state
+    return mark_invalid(state, _invalid_blocks(state, cfg, r, from_block))
 
 
 def _load_entry(state: State, r: int) -> Entry | None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import blocks, cadence, grammar, kv_loads, lookahead, lora, priority, sessions
+from . import blocks, cadence, grammar, kv_invalid, kv_loads, lookahead, lora, priority, sessions
 from .admission_order import reorder_waiting
 from .config import Config
 from .drafts import drafts_after_preemption, drafts_left_uncached, padded_admission, unclipped_demand_fits
@@ -107,8 +107,8 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
         step.state = cadence.after_waiting_loop(step.state, cfg, step.defers_prefills)
     if not step.entries and not step.preempted:
         return _idle(state, cfg, step)   # 0.34's reorder and a KV connector's loads stay
-    return Scheduled(_launch(step), tuple(step.entries), tuple(step.preempted), tuple(step.kv_loads),
-                     tuple(step.taken_back))
+    return Scheduled(kv_invalid.forget_rewritten(_launch(step), cfg, step.entries), tuple(step.entries),
+                     tuple(step.preempted), tuple(step.kv_loads), tuple(step.taken_back))
 
 
 def _idle(state: State, cfg: Config, step: _Step | None = None) -> Scheduled | None:
@@ -124,8 +124,8 @@ def _idle(state: State, cfg: Config, step: _Step | None = None) -> Scheduled | N
     counted = count_down(state, cfg) if step is None else step.state
     if not cfg.rules.empty_batches or not has_requests(counted):
         return None
-    return Scheduled(replace(counted, in_flight=counted.in_flight + ((),)), (), (),
-                     () if step is None else tuple(step.kv_loads))
+    queued = kv_invalid.forget_rewritten(replace(counted, in_flight=counted.in_flight + ((),)), cfg, ())
+    return Scheduled(queued, (), (), () if step is None else tuple(step.kv_loads))
 
 
 def is_empty_step(scheduled: Scheduled | None) -> bool:

@@ -300,6 +300,12 @@ class State:
     # still lasts, and `prefill_capacity_bound`.
     prefill_hold: int = 0
     prefill_capacity_bound: bool = False
+    # KV7 (kv_invalid.py): blocks a failed sync load left invalid under the
+    # recompute policy, until a batch recomputes them or they leave the cache.
+    # A history variable: no action of the spec reads it (the trace checker's
+    # KV7 does), so it takes no part in a state's identity (the explicit
+    # search's states and the Z3 encodings are those without it).
+    invalid_kv: frozenset[int] = field(default=frozenset(), compare=False)
 
     def with_request(self, r: int, **changes) -> "State":
         old = self.requests[r]

@@ -223,16 +223,22 @@ def test_the_pairs_campaign_workloads_agree_with_vllm(version: str, async_schedu
 
 
 def test_the_z3_encodings_keep_refusing_the_pairs_models() -> None:
-    """The Z3 encodings leave every connector pair to the explicit search."""
+    """The Z3 encodings leave every connector pair's explicit model to the
+    explicit search: reset and pause's takes a consumer with one batch in
+    flight only (its own model, z3/reset_pause_models.RP_KV_Z3), so it
+    refuses reset-kv-async-k2's step fence, and the connector's encoding
+    reset-kv-sync-k1's sync loads and prefix caching."""
     from flightcheck.verification.grammar_models import GRAMMAR_KV_MODELS
     from flightcheck.verification.lora_models import LORA_KV_MODELS
+    from flightcheck.verification.z3.encoding.kv_state import refuse_unencoded_connector
     from flightcheck.verification.z3.encoding.reset_pause_state import refuse_unencoded_reset_pause
     from flightcheck.verification.z3.encoding.state import Layout
     from flightcheck.verification.z3.encoding.structured_output_state import refuse_unencoded_grammar
 
-    for model in (RESET_KV_SYNC_K1, RESET_KV_ASYNC_K2):
-        with pytest.raises(ValueError, match="a KV connector"):
-            refuse_unencoded_reset_pause(model)
+    with pytest.raises(ValueError, match="a KV connector that .* fences its frees"):
+        refuse_unencoded_reset_pause(RESET_KV_ASYNC_K2)
+    with pytest.raises(ValueError, match="synchronous loads .*; prefix caching"):
+        refuse_unencoded_connector(RESET_KV_SYNC_K1)
     for model in GRAMMAR_KV_MODELS:
         with pytest.raises(ValueError, match="a KV connector"):
             refuse_unencoded_grammar(model)

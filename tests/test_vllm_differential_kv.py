@@ -4,12 +4,18 @@ campaign (docs/kv-connector.md, "Differential against vLLM")."""
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from flightcheck.vllm.differential import decisions, profile_for, run_reference
 from flightcheck.vllm.generate import campaign_workloads
+
+from .vllm_support import require_venv
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # the campaign checks traces
 
@@ -117,7 +123,8 @@ def test_the_long_prefill_threshold_counts_parked_loads_as_waiting() -> None:
 
 def test_the_fail_policys_error_order_is_the_configured_one() -> None:
     # r0 and r1 fail in one output; vLLM finishes them iterating a set (its
-    # hash seed's order), the differential replays either order
+    # hash seed's order, which the recorder fixes), the differential replays
+    # the order vLLM's trace shows
     raw = _workload(22)
     name = profile_for("0.34.0", False)
     by_id = decisions(run_reference(raw, name, vllm_outputs=True).events, block_offset=1)
@@ -131,11 +138,9 @@ def test_the_fail_policys_error_order_is_the_configured_one() -> None:
 def test_error_order_is_tried_after_any_deviation_not_only_the_error_finish() -> None:
     # vLLM 0.34.0, seed 59 index 6 of `--kv-connector --spec-tokens 1`: drafts
     # handed over at submission come first; later r0, r3 and r2 fail (policy
-    # "fail") and vLLM finished them r0, r3, r2 (a set's order), so r2 freed
-    # the shared block 1 last: r1 is allocated (1, 9, 7, 6), not (9, 1, 7, 6)
-    import json
-    from pathlib import Path
-
+    # "fail") and vLLM finished them r0, r3, r2 (the recorder's scan order of
+    # the set), so r2 freed the shared block 1 last: r1 is allocated
+    # (1, 9, 7, 6), not (9, 1, 7, 6); the conforming run is rerun in that order
     from flightcheck.vllm.differential import compare, read_trace
 
     stem = Path(__file__).parent / "data" / "kv" / "vllm" / "034_fail_policy_errors_in_set_order_after_drafts_deviation"
@@ -163,3 +168,68 @@ def test_empty_batches_still_queued_take_their_steps_before_the_input_wait() -> 
              if e["ev"] == "abort" and e["req"] == "r2"
              or e["ev"] == "schedule" and any(x["req"] == "r2" and x["start"] == 0 for x in e["entries"])]
     assert order[0] == ("schedule", 3)
+
+
+# vLLM 0.33.0 sync, `--all-features --spec-tokens 3` seed 103 index 35
+# (tests/test_vllm_hunt34_cases.py JOINT_FAILURES): r0's and r2's sync loads
+# fail in one output under the fail policy, and vLLM frees both tables in one
+# `finish_requests(error_req_ids, FINISHED_ERROR)` (0.33/0.34
+# `Scheduler.update_from_output`), iterating a set: its order would follow
+# the worker's PYTHONHASHSEED (`list({"r0", "r2"})` differs between seeds 0
+# and 1). The recorder hands vLLM the ids one by one in its scan order
+# (recording.py `_fc_scan_order`: running order here, r2 before r0), the
+# trace says so, and r1's later table depends on it.
+JOINT_FAILURES = Path(__file__).parent / "data" / "vllm" / "hunt34" / \
+    "033_sync_fail_policy_joint_failures_evict_then_finish_seed103_35"
+
+
+def test_two_failed_loads_freed_in_one_step_are_rerun_once_in_the_traces_order() -> None:
+    from flightcheck.vllm.differential import compare, errors_in_trace_order, first_difference, read_trace
+
+    raw = json.loads(JOINT_FAILURES.with_suffix(".workload.json").read_text())
+    events = read_trace(JOINT_FAILURES.with_suffix(".jsonl"))
+    assert errors_in_trace_order(events) == ("r2", "r0")           # not id order
+    theirs, name = decisions(events), profile_for("0.33.0", False)
+    in_id_order = run_reference(raw, name, vllm_outputs=True)
+    assert first_difference(theirs, decisions(in_id_order.events, block_offset=1)) is not None
+    asked: list[tuple[str, ...]] = []
+
+    def rerun(order: tuple[str, ...]) -> Any:
+        asked.append(order)
+        return run_reference(raw, name, vllm_outputs=True, kv_error_order=order)
+
+    result = {"ending": "done", "vllm_version": "0.33.0", "async_scheduling": False}
+    comparison = compare(raw["name"], result, events, run_reference(raw, name), in_id_order, rerun)
+    assert comparison.explained, comparison.first_difference
+    assert asked == [("r2", "r0")]                                 # one rerun, no search over orders
+    swapped = [dict(e, req="r0") if e.get("ev") == "finish" and e.get("req") == "r2" and e.get("reason") == "error"
+               else dict(e, req="r2") if e.get("ev") == "finish" and e.get("req") == "r0" and e.get("reason") == "error"
+               else e for e in events]
+    asked.clear()
+    assert not compare(raw["name"], result, swapped, run_reference(raw, name), in_id_order, rerun).explained
+    assert asked == []                       # the trace's order is id order: the conforming run already had it
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_recorders_error_order_does_not_follow_the_hash_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replay worker inherits the caller's environment and pins no
+    PYTHONHASHSEED: the order of two failed loads freed in one step is the
+    recorder's, the same trace under two seeds that iterate the set apart."""
+    require_venv("0.33.0")
+    from flightcheck.vllm.campaign import ReplayJob, replay_workload
+    from flightcheck.vllm.differential import errors_in_trace_order, read_trace
+    from flightcheck.vllm.replay import ReplayWorker
+
+    raw = json.loads(JOINT_FAILURES.with_suffix(".workload.json").read_text())
+    traces = []
+    for seed in ("0", "1"):                  # list({"r0", "r2"}) is r2, r0 under seed 0 and r0, r2 under 1
+        monkeypatch.setenv("PYTHONHASHSEED", seed)
+        with ReplayWorker("0.33.0") as worker, tempfile.TemporaryDirectory() as scratch:
+            trace = Path(scratch) / "trace.jsonl"
+            worker.replay(raw, trace=str(trace))
+            traces.append(trace.read_text().splitlines()[1:])            # the config line has a timestamp
+            assert errors_in_trace_order(read_trace(trace)) == ("r2", "r0"), seed
+            replayed = replay_workload(worker, ReplayJob("0.33.0", False, 0, raw, 0))
+        assert replayed.comparison is not None and replayed.comparison.explained, replayed.comparison.describe()
+    assert traces[0] == traces[1]

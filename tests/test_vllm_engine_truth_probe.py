@@ -65,6 +65,60 @@ def test_the_probe_schedules_on_its_copy_and_leaves_vllms_scheduler_as_it_was():
     assert scheduler.scheduled_req_ids == {"r1"} and scheduler._fc_trace == "trace"
 
 
+class _Request:
+    def __init__(self, req_id: str) -> None:
+        self.request_id, self.status = req_id, SimpleNamespace(name="RUNNING")
+
+
+class _PreemptingScheduler:
+    """0.8.4's `schedule()` where r0, running with no batch in flight, finds
+    no block: it preempts from the tail of `running` down to r0 itself and
+    forms nothing (the waiting loop does not run after a preemption)."""
+
+    def __init__(self) -> None:
+        self.kv_cache_manager = SimpleNamespace()
+        self.running = [_Request("r0"), _Request("r1")]
+        self.waiting: list[_Request] = []
+        self.scheduled_req_ids = {"r1", "r9"}            # r1 in flight; r9 stale (aborted while waiting)
+        self._fc_trace: Any = "trace"
+
+    def schedule(self) -> SimpleNamespace:
+        while self.running:
+            preempted = self.running.pop()
+            preempted.status = SimpleNamespace(name="PREEMPTED")
+            self.waiting.insert(0, preempted)
+            if preempted.request_id == "r0":
+                break
+        return SimpleNamespace(total_num_scheduled_tokens=0)
+
+
+def test_a_gated_step_whose_schedule_would_only_preempt_is_noted_and_no_finding():
+    """The gate closed by r9 (2 queued, 2 marked) where, without r9, vLLM
+    0.8.4's `schedule()` would preempt r1 and r0 and form nothing: the step
+    completes the oldest batch either way (E-b's `may_complete`), so the
+    ground truth notes the preemptions and finds nothing (ground_truth.py)."""
+    from flightcheck.verification.traces.ground_truth import expected_verdict
+    from flightcheck.vllm.engine_truth import note_gated_completion
+    from flightcheck.vllm.replay import findings
+
+    scheduler = _PreemptingScheduler()
+    in_flight = SimpleNamespace(num_scheduled_tokens={"r1": 1})
+    engine = SimpleNamespace(scheduler=scheduler, copy_errors=[], batch_queue=[(in_flight, None)],
+                             current_step=4, gated_completions=[])
+    note_gated_completion(engine)
+    assert engine.gated_completions == [{"step": 4, "stale": ["r9"], "would_schedule": False,
+                                         "would_preempt": ["r0", "r1"]}]
+    assert [r.request_id for r in scheduler.running] == ["r0", "r1"] and scheduler.waiting == []   # vLLM's own
+    result = {"vllm_version": "0.8.4", "ending": "done", "batches_in_flight": 0, "stalls": [],
+              "ground_truth": {"stale_tokens": [], "partial_chunk_tokens": [], "in_flight_set_mismatches": []},
+              "waits_in_flight": [], "gated_completions": engine.gated_completions}
+    events = [{"ev": "complete", "batch": 1, "tokens": {"r1": [7]}, "engine_step": 4}]
+    assert findings(result) == [] and expected_verdict(result, events).kind == "legal"
+    formed = [{**engine.gated_completions[0], "would_schedule": True}]
+    assert findings({**result, "gated_completions": formed}) != []       # one that forms a batch is one
+    assert expected_verdict({**result, "gated_completions": formed}, events).kind != "legal"
+
+
 HERE = DATA / "engine-truth"
 
 

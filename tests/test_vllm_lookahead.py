@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from flightcheck.spec import Config
 from flightcheck.spec.state import Request, State
 from flightcheck.verification.traces.check import MalformedTrace, check_events
 from flightcheck.verification.traces.skip_drafts import SkipDrafts, drafts_sure_unused
@@ -167,10 +168,12 @@ def test_a_batch_marked_skip_drafts_whose_drafts_may_be_used_violates_sd1(mode: 
 
 
 class _Checker(SkipDrafts):
-    """SD1's mixin on a spec state of its own (the trace checker's parts it reads)."""
+    """SD1's mixin on a spec state of its own (the trace checker's parts it
+    reads): k = 2, every request running (none is a padded admission)."""
 
     def __init__(self, *requests: Request) -> None:
-        self.state = State(requests=requests)
+        self.state = State(requests=requests, running=tuple(range(len(requests))))
+        self.cfg = Config(num_spec_tokens=2)
 
     @staticmethod
     def _violation(prop: str, message: str) -> Exception:
@@ -207,21 +210,24 @@ def test_sd1_rejects_drafts_scheduled_right_after_a_marked_batch():
     checker._check_skip_drafts({}, [_entry(0, 10, 3, drafts=2)])
     session = _Checker(Request(prompt_len=4, num_output=4, max_tokens=5, resumable=True))
     session._check_skip_drafts({"skip_drafts": True}, [_entry(0, 8, 1)])
-    session._check_skip_drafts({}, [_entry(0, 9, 3, drafts=2)])         # a session's next turn: not judged
+    with pytest.raises(AssertionError, match="SD1_skip_drafts_only_when_unused"):
+        session._check_skip_drafts({}, [_entry(0, 9, 3, drafts=2)])     # running: a session is judged alike
 
 
-def test_a_sessions_next_turn_may_schedule_the_placeholders_of_a_turn_marked_skip_drafts():
+def test_a_sessions_next_turn_admitted_padded_after_a_turn_marked_skip_drafts_is_accepted():
     """vLLM 0.34 async (seed 12 index 39 of `--all-features --spec-tokens 2
     --lookahead`): r2's turn samples its last token in batch 4, marked
-    skip_drafts (`_drafts_unused`: max_tokens reached), but r2 is a streaming
-    session: it parks, keeps the 2 placeholder drafts of that entry, and its
-    next turn's first entry schedules them. Accepted (the second half of SD1
-    spares sessions: the open finding verification/traces/skip_drafts.py
-    names); a request that is no session would be rejected (the test above)."""
+    skip_drafts (`_drafts_unused`: max_tokens reached); r2 is a streaming
+    session, and its next turn of one token is admitted padded with k
+    placeholder drafts (`Scheduler.schedule`'s waiting loop,
+    `pad_spec_decode`): no drafts the marked batch skipped, so SD1 accepts
+    them (verification/traces/skip_drafts.py; the minimal workload's tests:
+    tests/test_vllm_skip_drafts_padded_turn.py)."""
     events = read_trace(KEPT / "0.34.0-async-session-placeholders.jsonl")
     schedules = [e for e in events if e["ev"] == "schedule" and any(x["req"] == "r2" for x in e["entries"])]
     marked = next(i for i, e in enumerate(schedules) if e.get("skip_drafts"))
     assert schedules[marked]["batch"] == 4 and schedules[marked + 1]["entries"][0]["drafts"] == 2
+    assert schedules[marked + 1]["entries"][0]["cached"] == schedules[marked + 1]["entries"][0]["start"] == 11
     assert next(e for e in events if e["ev"] == "arrive" and e["req"] == "r2")["resumable"]
     assert check_events(events, None).ok
 

@@ -30,11 +30,14 @@ workloads as `campaign_workloads(1, ..., features_of="0.34.0")` draws them):
 * `033_spec2_only_a_parked_session_left_seed1_78` (`--spec-tokens 2`, vLLM
   0.33.0 async; the workload alone): r3, never ended, is left parked after
   r1's KV send is reported. vLLM's engine drained its empty batches and
-  ended `done`; the reference's, which counts the step reporting the send
+  ended `done`; the reference's, which counted the step reporting the send
   as idle, reached the busy loop's idle count first and ended `stuck`
   (parked sessions counted unfinished): the differential's one UNEXPLAINED
-  on the campaign, until run_endings.idle_ending counted parked sessions
-  as vLLM does.
+  on the campaign. run_endings.idle_ending first called any idle end with
+  only parked sessions left `done` (an allowance that hid the difference);
+  now the reference's engine counts that step as vLLM's does (reference_run
+  `_ReferenceSide.kv_reported`) and idle_ending is back to `done` only with
+  nothing left.
 """
 
 from __future__ import annotations
@@ -50,12 +53,14 @@ import pytest
 from flightcheck.verification.traces.check import check_events, check_trace
 from flightcheck.verification.traces.ground_truth import expected_verdict
 from flightcheck.verification.traces.reading import read_trace_file
-from flightcheck.vllm import session_generate
+from flightcheck.vllm import reference_run, session_generate
 from flightcheck.vllm.campaign import Replayed, ReplayJob, replay_workload, with_async_scheduling
 from flightcheck.vllm.generate import campaign_workloads
 from flightcheck.vllm.inputs import session_inputs
 from flightcheck.vllm.replay import findings
 from flightcheck.vllm.run_endings import idle_ending, left_to_clients
+from flightcheck.vllm.reference_run import run_reference
+from flightcheck.vllm.versions import RELEASES
 from flightcheck.vllm.workload import WorkloadError, workload_from_json
 
 from .vllm_support import Workers, workers
@@ -192,14 +197,40 @@ def test_the_ground_truth_leaves_an_end_to_the_parked_sessions_clients_only_wher
     assert left_to_clients(_vllm(["r"], [], seats=1)) == []                     # none parked
 
 
-def test_an_idle_end_with_only_parked_sessions_left_is_done() -> None:
-    """vLLM counts no parked session unfinished: an engine left with them
-    alone stops once its queue drains, `done`, whether the busy loop's idle
-    count comes first or the drain (the reference's engine and vLLM's count
-    the step that reports a finished send apart: ONLY_PARKED_SPEC2)."""
-    assert idle_ending(_vllm([], ["s"], seats=2), 0) == ("done", [])
+def test_an_idle_end_is_done_only_with_nothing_unfinished() -> None:
+    """The busy loop's idle count ends a run `done` only where nothing is
+    left (0.8.4's closed gate); a parked session left is not special there:
+    vLLM 0.33/0.34 leaves it out of `has_requests()`, so an engine left
+    with parked sessions alone stops at the top of the loop once its queue
+    drains, before the idle count, on vLLM's side and now on the
+    reference's (the next test)."""
+    assert idle_ending(_vllm([], [], seats=2), 0) == ("done", [])
+    assert idle_ending(_vllm([], ["s"], seats=2), 0) == ("stuck", ["s"])
     assert idle_ending(_vllm(["r"], ["s"], seats=1), 0) == ("stuck", ["r", "s"])
     assert idle_ending(_vllm([], [], seats=1, running=["x"]), 0) == ("stuck", ["x"])
+    assert idle_ending(_vllm([], [], seats=2), 1) == ("stuck", [])
+
+
+def test_the_reference_counts_the_step_reporting_a_finished_send_as_vllm_does(monkeypatch) -> None:
+    """ONLY_PARKED_SPEC2 on the reference alone (0.33.0 async): its engine
+    counts the step whose output reports r1's finished send as news, as the
+    bridge's does (`KVWorker.attach`; vLLM 0.33 `_update_from_kv_xfer_finished`
+    frees the blocks and forgets r1, so `has_requests()` turns false), and
+    ends `done` when its queue drains, as vLLM did. With that step counted
+    idle (the reference before), the idle count comes first: `stuck`."""
+    raw = with_async_scheduling(json.loads((DATA / f"{ONLY_PARKED_SPEC2}.workload.json").read_text()))
+    profile = RELEASES["0.33.0"].async_profile
+    assert run_reference(raw, profile, vllm_outputs=True).ending == "done"
+    assert run_reference(raw, profile).ending == "done"
+    update = reference_run._ReferenceSide.update_from_output
+
+    def counted_idle(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
+        outputs = update(self, scheduler_output, model_runner_output)
+        self.kv_reported = False
+        return outputs
+
+    monkeypatch.setattr(reference_run._ReferenceSide, "update_from_output", counted_idle)
+    assert run_reference(raw, profile, vllm_outputs=True).ending == "stuck"
 
 
 def _result(ending: str, parked: list[str]) -> dict[str, Any]:

@@ -389,7 +389,7 @@ def _reset_pause_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
     z3_rows = options.use_z3 and profile in RP_ENCODED_PROFILE
     result = _explicit_feature_suite(options, say, "reset and pause", RESET_PAUSE_MODELS[profile], mutants,
                                      None if z3_rows else RESET_PAUSE_EXPLICIT_ONLY, reset_pause=True)
-    if z3_rows:         # RP1-RP4 by k-induction and BMC of the Z3 model (z3/reset_pause_engines.py)
+    if z3_rows:         # RP1-RP4, RP5 beside a connector: k-induction and BMC (z3/reset_pause_engines.py)
         say(f"k-induction and bounded model checking of the Z3 reset-and-pause model ({profile})")
         t0 = time.perf_counter()
         rows = reset_pause_rows(profile)

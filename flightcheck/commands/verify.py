@@ -74,7 +74,8 @@ def _add_feature_flags(verify) -> None:
                         help="search the profile's reset-and-pause model exhaustively (resets of the prefix "
                              "cache and pauses between steps; vllm-0.33, vllm-0.33-async, vllm-0.34, "
                              "vllm-0.34-async), under vllm-0.34-async hunt reset and pause's mutants, and prove "
-                             "RP1-RP4 by k-induction and BMC of a Z3 model (about 5 min at load; --no-z3 skips it)")
+                             "RP1-RP4 by k-induction and BMC of a Z3 model, RP5 (the connector's cache reset) on "
+                             "one beside a KV connector (about 5 min at load; --no-z3 skips them)")
     verify.add_argument("--structured-output", action="store_true",
                         help="search the profile's structured-output models exhaustively (grammars compiling "
                              "or failing, the FSM with batches in flight; vllm-0.33, vllm-0.33-async, vllm-0.34, "

@@ -28,7 +28,6 @@ come from the replay worker (replay.py).
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -513,7 +512,7 @@ def compare(name: str, vllm_result: dict[str, Any], vllm_events: list[dict[str, 
         rest = first_difference(theirs, conforming)
         # vLLM's order of the fail policy's errors is a set's, whatever
         # deviation came first (drafts handed over at submission, say).
-        if rest is not None and rerun is not None and _in_vllms_error_order(theirs, rerun):
+        if rest is not None and rerun is not None and _in_vllms_error_order(vllm_events, theirs, rerun):
             rest = None
         if rest is not None:
             explained = False
@@ -531,17 +530,31 @@ def _update_raised_in(vllm: list[tuple[Any, ...]]) -> int:
     return 1 + next((i for i, event in enumerate(reversed(vllm[:-1])) if event[0] != "kv_failed"), len(vllm) - 1)
 
 
-def _in_vllms_error_order(vllm: list[tuple[Any, ...]], rerun: Callable[[tuple[str, ...]], ReferenceRun]) -> bool:
+def _in_vllms_error_order(events: list[dict[str, Any]], vllm: list[tuple[Any, ...]],
+                          rerun: Callable[[tuple[str, ...]], ReferenceRun]) -> bool:
     """Whether the conforming run equals vLLM with the fail policy's errors
-    finished in some other order: vLLM finishes them iterating a set of
-    request ids (`update_from_output`: `finish_requests(error_req_ids, ...)`),
-    whose order follows the process's hash seed, and the blocks they free
-    return to the pool in that order; tried for up to 4 failing requests."""
-    errored = sorted({event[1] for event in vllm if event[0] == "finish" and event[2] == "error"})
-    if not 1 < len(errored) <= 4:
+    finished in the order vLLM's trace finished them. vLLM 0.33/0.34
+    `update_from_output` finishes them with `finish_requests(error_req_ids,
+    ...)`, iterating a set whose order would follow the process's hash seed;
+    the recorder hands them to vLLM one by one in its scan order
+    (recording.py `_fc_scan_order`: one of the orders the set may take, the
+    same under every PYTHONHASHSEED), and its trace says which. The
+    reference takes them in id order unless told (`kv_error_order`): it is
+    rerun once, in the trace's order (its events': `vllm`, the decisions
+    compared, need not keep it), never searched over other orders."""
+    order = errors_in_trace_order(events)
+    if len(order) < 2 or list(order) == sorted(order):
         return False
-    return any(first_difference(vllm, decisions(rerun(order).events, block_offset=1)) is None
-               for order in itertools.permutations(errored) if list(order) != errored)
+    return first_difference(vllm, decisions(rerun(order).events, block_offset=1)) is None
+
+
+def errors_in_trace_order(events: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The requests a trace finishes by error, in the order it finished them
+    (each id once: vLLM's recorder may write an error's finish twice, and
+    `kv_error_order` ranks ids, so a reused id that errors twice takes its
+    first rank both times)."""
+    return tuple(dict.fromkeys(event["req"] for event in events
+                               if event.get("ev") == "finish" and event.get("reason") == "error"))
 
 
 def read_trace(path: str | Path) -> list[dict[str, Any]]:

@@ -285,8 +285,8 @@ class BatchQueueEngineV033(BatchQueueEngine):
         return sum(1 for output, _ in self.batch_queue if output.total_num_scheduled_tokens > 0)
 
     def step_with_batch_queue(self) -> bool:
-        """One call; True when it scheduled or completed a batch with tokens
-        (a step that only moves empty batches makes no progress). Then
+        """One call; True when it scheduled or completed a batch with tokens,
+        or its output reported a KV transfer (else it only moved empty batches). Then
         `post_step`: with drafts, and when this step ran the model, the
         drafts of the batch just run go to `update_draft_token_ids`."""
         self._model_executed = False
@@ -341,6 +341,7 @@ class BatchQueueEngineV033(BatchQueueEngine):
         completed = dict(scheduler_output.num_scheduled_tokens)
         reported = self.kv_worker is not None and self.kv_worker.attach(scheduler_output, result)
         self._record_outputs(self.scheduler.update_from_output(scheduler_output, result))
+        reported = reported or getattr(self.scheduler, "kv_reported", False)     # the reference's connector
         if deferred:
             self.deferred_drafts(scheduled)
             self.grammar_bitmask(scheduled)      # the deferred batch's bitmask, from the FSM as it now is
@@ -424,8 +425,6 @@ class RunOutcome:
     stalls: list[dict] = field(default_factory=list)
     # shorter idles an input ended: a stall if vLLM stays idle without it (run_endings.py `short_idle`)
     short_idles: list[dict] = field(default_factory=list)
-
-
 
 
 def run_busy_loop(engine: BatchQueueEngine, workload: Workload,

@@ -12,7 +12,8 @@ the engine's choices that spec/engine.py's properties judge (E-a, E-b):
   flight carries for its request (no batch carries it, or the request was
   preempted since), with whether vLLM's own `schedule()`, on a copy of the
   scheduler without those ids, forms a batch with tokens (None: the
-  scheduler could not be copied; `copy_errors` says why).
+  scheduler could not be copied; `copy_errors` says why) and, where that
+  call preempts, which requests (`would_preempt`).
 
 verification/traces/ground_truth.py turns them into the events where a
 correct checker must reject the trace. Standard library only.
@@ -48,14 +49,25 @@ def note_gated_completion(engine: Any) -> None:
     # was preempted since (the batch in flight carries an older incarnation)
     stale = sorted(req_id for req_id in marked if req_id not in in_flight or req_id not in running)
     if stale:
-        engine.gated_completions.append({"step": engine.current_step, "stale": stale,
-                                         "would_schedule": _would_schedule_without(engine, stale)})
+        probe = _probe_without(engine, stale)
+        noted = {"step": engine.current_step, "stale": stale, "would_schedule": None if probe is None else probe[0]}
+        # a call that forms nothing but preempts (0.8.4 `Scheduler.schedule`:
+        # a running request not in flight finds no block and preempts from
+        # the tail down to itself): noted, no finding (ground_truth.py, E-b)
+        engine.gated_completions.append({**noted, "would_preempt": probe[1]} if probe and probe[1] else noted)
 
 
 def _would_schedule_without(engine: Any, stale: list[str]) -> bool | None:
     """Whether vLLM's `schedule()`, on a copy of the scheduler whose
     `scheduled_req_ids` lacks `stale`, forms a batch with tokens; None when
     the scheduler cannot be copied."""
+    probe = _probe_without(engine, stale)
+    return None if probe is None else probe[0]
+
+
+def _probe_without(engine: Any, stale: list[str]) -> tuple[bool, list[str]] | None:
+    """`_would_schedule_without`, and the requests that copy's `schedule()`
+    preempted (running before the call, PREEMPTED after it)."""
     scheduler = engine.scheduler
     trace = scheduler._fc_trace
     limit = sys.getrecursionlimit()
@@ -72,7 +84,9 @@ def _would_schedule_without(engine: Any, stale: list[str]) -> bool | None:
     _without_instance_overrides(twin)
     _without_instance_overrides(twin.kv_cache_manager)
     twin.scheduled_req_ids.difference_update(stale)
-    return twin.schedule().total_num_scheduled_tokens > 0
+    running = list(getattr(twin, "running", ()))
+    formed = twin.schedule().total_num_scheduled_tokens > 0
+    return formed, sorted(r.request_id for r in running if getattr(r.status, "name", "") == "PREEMPTED")
 
 
 def _without_instance_overrides(twin: Any) -> None:

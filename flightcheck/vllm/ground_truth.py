@@ -111,6 +111,10 @@ class Observations:
     # ... and a request sharing the invalid blocks whose rollback counts its
     # batches still in flight as computed (the base of one batch in flight).
     kv_holder_base_counts_later_batches: list[dict[str, Any]] = field(default_factory=list)
+    # ... and an entry scheduled on a block a load reported invalid (recompute
+    # policy) before any batch recomputed it (kv_invalid_recording.py; vLLM
+    # #37827, the sharers of #49250).
+    kv_computed_on_invalid_kv: list[dict[str, Any]] = field(default_factory=list)
     # Under the priority policy, a waiting queue whose heap a streaming
     # session's input left out of order (`_update_request_as_session` sets
     # the parked session's arrival_time where it sits in the heap).
@@ -153,6 +157,8 @@ class Observations:
                          kv_rollback_placeholders=self.kv_rollback_placeholders,
                          kv_superseded_tokens=self.kv_superseded_tokens,
                          kv_holder_base_counts_later_batches=self.kv_holder_base_counts_later_batches)
+        if self.kv_computed_on_invalid_kv:
+            found.update(kv_computed_on_invalid_kv=self.kv_computed_on_invalid_kv)
         if self.priority_heaps_out_of_order:
             found.update(priority_heaps_out_of_order=self.priority_heaps_out_of_order)
         if self.session_inputs_lost:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import vllm
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from .kv_invalid_recording import InvalidKVRecordingMixin
 from .kv_recording import KVRecordingMixin
 from .raised_recording import RaisedRecording
 from .recording import RecordingMixin
@@ -49,7 +50,7 @@ def _release(version: str) -> tuple[int, int]:
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
-class RecordingScheduler(RaisedRecording, KVRecordingMixin, RecordingMixin, Scheduler):
+class RecordingScheduler(RaisedRecording, InvalidKVRecordingMixin, KVRecordingMixin, RecordingMixin, Scheduler):
     """vLLM's synchronous V1 scheduler, recording every call to a trace."""
 
     vllm_version = vllm.__version__
@@ -65,8 +66,8 @@ except ImportError:  # pragma: no cover - depends on the venv's vLLM
     AsyncScheduler = None  # type: ignore[assignment,misc]
 
 if AsyncScheduler is not None:
-    class RecordingAsyncScheduler(RaisedRecording, KVRecordingMixin, RecordingMixin,  # type: ignore[misc]
-                                  AsyncScheduler):  # type: ignore[valid-type]
+    class RecordingAsyncScheduler(RaisedRecording, InvalidKVRecordingMixin, KVRecordingMixin,  # type: ignore[misc]
+                                  RecordingMixin, AsyncScheduler):  # type: ignore[valid-type]
         """vLLM 0.33's `AsyncScheduler` (output placeholders, the decode
         stagger), recording every call to a trace."""
 

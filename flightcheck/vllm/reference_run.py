@@ -112,6 +112,7 @@ class _ReferenceSide:
         # The V2 model runner (0.33 async; 0.34 always, it has no other) is
         # told of a new request's tokens by `prefill_token_ids`.
         self.v2_runner = v2_runner
+        self.kv_reported = False           # the last update's output reported a transfer
 
     @property
     def waiting(self) -> Any:
@@ -151,10 +152,16 @@ class _ReferenceSide:
         self.scheduler.update_draft_token_ids(draft_token_ids.req_ids, draft_token_ids.draft_token_ids)
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        """The reference's update; `kv_reported`: its connector's output for
+        this update reported a transfer (engine.py counts the step as news,
+        as it does the bridge's worker's report, `KVWorker.attach`)."""
         if isinstance(scheduler_output, _BatchView):
             scheduler_output = scheduler_output.output
-        return SimpleNamespace(outputs=self.scheduler.update_from_output(scheduler_output,
-                                                                         model_runner_output))
+        connector = self.scheduler.connector
+        before = connector.outputs_reporting if connector is not None else 0
+        outputs = self.scheduler.update_from_output(scheduler_output, model_runner_output)
+        self.kv_reported = connector is not None and connector.outputs_reporting > before
+        return SimpleNamespace(outputs=outputs)
 
 
 def _model_output(req_ids: list[str], req_id_to_index: dict[str, int],

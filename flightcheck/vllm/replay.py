@@ -380,6 +380,10 @@ def _kv_connector_findings(truth: dict[str, Any]) -> list[str]:
         found.append(f"{held['req']}, sharing the invalid blocks of a failed KV load, was set back to "
                      f"{held['computed']} tokens, counting its batches {held['batches']} still in flight "
                      f"(step {held['step']})")
+    for read in truth.get("kv_computed_on_invalid_kv", []):
+        found.append(f"{read['req']} was scheduled @{read['start']} on blocks {read['blocks']}, whose KV a load "
+                     f"reported invalid (step {read['reported']}) and no batch has recomputed since "
+                     f"(computed_on_invalid_kv, vLLM #37827; step {read['step']})")
     for late in truth.get("kv_superseded_tokens", []):
         found.append(f"batch {late['batch']}'s token was appended to {late['req']}, though a failed KV load "
                      f"rolled it back while the batch was in flight (step {late['step']})")

@@ -113,17 +113,10 @@ def idle_ending(scheduler: Any, batches_in_flight: int) -> tuple[str, list[str]]
     that is the wait of parked sessions' clients is told by
     `left_to_clients`: no stall)."""
     unfinished = unfinished_requests(scheduler)
-    parked = _parked(getattr(scheduler, "scheduler", scheduler))
-    if all(req_id in parked for req_id in unfinished) and batches_in_flight == 0:
+    if not unfinished and batches_in_flight == 0:
         # 0.8.4 flushes finished ids only in schedule(), which its gate no
         # longer calls: has_requests() stays true and the engine spins idle
-        # until the next input. Nothing is left. Nor where only sessions
-        # parked for input are: vLLM 0.33/0.34 counts none of them
-        # (`get_num_unfinished_requests`), so its engine stops once its
-        # queue drains, whether the idle count or the drain comes first (the
-        # reference's engine counts the step that reports a finished send
-        # idle, vLLM's does not: --all-features --spec-tokens 2 seed 1 index
-        # 78, 0.33.0 async, ended done on vLLM and stuck on the reference).
+        # until the next input. Nothing is left.
         return "done", []
     return "stuck", unfinished
 

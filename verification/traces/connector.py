@@ -17,6 +17,9 @@ blocks freed under a send or held past it: KV1, KV4), else
 `kv_load_decision`. A report the spec's connector cannot make (its action
 disabled) is the connector's violation, not the scheduler's: it names the
 contract clause it breaks (C1-C3) and says the connector broke it.
+Every schedule event, whatever the spec decides: an entry computing on
+KV a failed load left invalid and nothing has recomputed (KV7,
+`_check_invalid_kv`; spec/kv_invalid.py).
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from typing import Any, Callable
 
 from flightcheck.spec import Config, Schedule, Scheduled, State, Status, schedule, step
 from flightcheck.spec.config import KvConnector
+from flightcheck.spec.kv_invalid import kv7_reads, mark_invalid
 from flightcheck.spec.kv_loads import admits_inflight_load, promote
-from flightcheck.spec.kv_reports import fail_cut_parked_load, rollback
+from flightcheck.spec.kv_reports import fail_cut_parked_load, mark_finished_load_invalid, rollback
 from flightcheck.spec.schedule import is_empty_step
 from flightcheck.spec.state import Fate, Load
 from flightcheck.spec.transitions import CONTRACT_PROPERTIES, FailKvLoad, FailKvOutput, ReceiveKv, SendKv
@@ -180,6 +184,7 @@ class ConnectorEvents:
         name, from_block = event["req"], event["from_block"]
         found = self._report_slot(name, lambda r: FailKvLoad(r, from_block), output.before)
         if found is None and self._failure_of_finished_load(name, output.before):
+            self.state = mark_finished_load_invalid(self.state, self.cfg, self.slot[name], from_block)
             self._cut_parked_load_again(name, event)
             output.after = self.state
             return
@@ -299,9 +304,13 @@ class ConnectorEvents:
         r = self.slot.get(name)
         if r is None or r in self.own_load_failed or self.state.requests[r].status is not Status.RUNNING:
             return False
-        if not any(e.external and e.fate is Fate.SUPERSEDED for e in self.state.entries_of(r, fate=None)):
+        carried = [e for e in self.state.entries_of(r, fate=None) if e.external and e.fate is Fate.SUPERSEDED]
+        if not carried:
             return False
-        valid = event["from_block"] * self.cfg.block_size
+        valid, bs = event["from_block"] * self.cfg.block_size, self.cfg.block_size
+        if self.cfg.kv_connector.load_failure_policy == "recompute":   # KV7: its loaded blocks from there
+            table = self.state.requests[r].block_table
+            self.state = mark_invalid(self.state, table[event["from_block"]:-(-carried[-1].start // bs)])
         if self.state.requests[r].num_computed > valid:
             self.state = rollback(self.state, self.cfg, r, valid)
             self.rolled_back[r] = (valid, self.state.requests[r].placeholders)
@@ -362,6 +371,33 @@ class ConnectorEvents:
                 raise self._violation("KV5_loaded_not_starved", f"{self._quoted_name(e.req)}'s load has "
                                       "landed and the spec promotes and schedules it; the trace leaves it "
                                       "waiting while it schedules others")
+
+    def _check_invalid_kv(self, scheduled: Scheduled | None, trace_entries: list[dict]) -> None:
+        """KV7 at a schedule event, before its decisions are compared: an
+        entry of the trace's batch whose computed prefix holds a block a
+        failed load left invalid that the batch does not recompute
+        (spec/kv_invalid.py; vLLM #37827), save a request whose rollback
+        KV3 checks at this entry. The tables: the spec's after its call, or
+        before it where the spec's is shorter than the entry's start."""
+        invalid, bs = self.state.invalid_kv, self.cfg.block_size
+        if not invalid or not trace_entries:
+            return
+        after = scheduled.state if scheduled is not None else self.state
+        batch = []
+        for x in trace_entries:
+            r = self.slot.get(x["req"])
+            if r is not None:
+                table = after.requests[r].block_table
+                if len(table) * bs < x["start"]:
+                    table = self.state.requests[r].block_table
+                batch.append((r, x["start"], x["n"], table, x.get("external", 0)))
+        for r, blocks in kv7_reads(invalid, batch, bs):
+            if r in self.rolled_back:
+                continue                  # its own rollback's start: KV3 (`_diagnose_kv_entries`) names it
+            x = next(x for x in trace_entries if self.slot.get(x["req"]) == r)
+            raise self._violation("KV7_no_compute_on_invalid_kv", f"{self._quoted_name(r)} is scheduled "
+                                  f"@{x['start']}+{x['n']} on blocks {blocks}, whose KV a failed load left "
+                                  "invalid and no batch has recomputed (vLLM #37827)")
 
     def _check_kv_loads(self, before: State, scheduled: Scheduled | None, event: dict) -> None:
         """The requests the spec's call from `before` parked for an async

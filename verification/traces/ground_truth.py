@@ -19,7 +19,28 @@ vLLM's own state"), independently of the checker.
 * a trace numbering engine steps (`engine_step`): the first event after
   the engine waited for input with batches in flight (E-a), and the
   completion 0.8.4's stale `scheduled_req_ids` forced where vLLM's own
-  `schedule()` forms a batch without the stale ids (E-b);
+  `schedule()` forms a batch without the stale ids (E-b). Not where that
+  `schedule()` forms nothing but preempts (the replay's `would_preempt`,
+  engine_truth.py): 0.8.4 allows it (`Scheduler.schedule`: a running
+  request with no batch in flight finds no block, preempts from the tail
+  of `running` down to itself, and the waiting loop does not run after a
+  preemption) only where a mark names a request in no queue: the gate
+  counts unmarked running and waiting requests less such marks, so without
+  one a closed gate leaves no running request to try (a running request's
+  mark is its batch's in flight: flightcheck/vllm/README.md, the extra
+  ids of 920 runs never on a running request), and the waiting loop never
+  preempts. Such a mark is a request preempted with its batch in
+  flight (`update_from_output` unmarks `running` only) and aborted before
+  it is admitted again (`finish_requests` unmarks a RUNNING request only).
+  It breaks no property: with the gate open
+  `EngineCore.step_with_batch_queue` would call `schedule()`, form no batch
+  and complete the oldest batch in the same step, so the closed gate
+  delays no batch there (E-b, spec/engine.py `may_complete`: completing is
+  correct when nothing with tokens can be scheduled). What differs is the
+  state the next `schedule()` starts from (those requests still running,
+  their blocks held): a different choice of whom to preempt and when, not
+  a lost token, a block owned twice or a stall; a run it leaves `stuck`
+  is a finding by its end;
 * a run that ends stuck (the counter drift) or blocked with batches in
   flight, with an `end` event: rejected at `end`; not a stuck end that
   waits on the clients of sessions parked for input (the replay's

@@ -308,6 +308,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
         if self.cfg.rules.output_placeholders:
             self._catch_up_empty_calls(event)
         scheduled = schedule(self.state, self.cfg)
+        self._check_invalid_kv(scheduled, entries)
         parked = [r for r, _ in scheduled.kv_loads] if scheduled is not None else []
         if is_empty_step(scheduled) and not parked:
             # vLLM 0.33 queues an empty batch here; a trace notes those apart

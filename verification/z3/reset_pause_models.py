@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from flightcheck.spec import Config, Prompt
+from flightcheck.spec import Config, KvConnector, Prompt
 from flightcheck.verification.models import Model
 from flightcheck.verification.reset_pause_models import _SKIPPED
 
@@ -40,3 +40,23 @@ RP_Z3_MODELS: tuple[Model, ...] = (RP_Z3,)
 # vLLM #38624 (placeholders kept on the running loop's preemption) breaks
 # IA1 in 8 steps, as on the explicit model.
 RP_Z3_ASYNC = replace(RP_Z3.under_profile("vllm-0.34-async"), name=RP_Z3.name + "-async")
+
+# Beside a KV connector (vLLM 0.34, sync, K = 1: no step fence), the
+# smallest model where a reset of the connector's cache meets an offer not
+# yet taken: request 0 is offered an async load of its whole prompt,
+# request 1 nothing, in a pool of 2 blocks. Within 408 reachable states:
+# a reset of the connector's cache before request 0's first schedule (its
+# offer forgotten, RP5: admitted with no load) and after it (its load
+# parked or landed, kept), a reset of the running requests beside a parked
+# load (vLLM raises: the blocks stay held, the connector's cache is not
+# reset, RP4 broken as on the explicit reset-kv-async-k2), PAUSED_NEW
+# promoting and admitting a landed load from `kv_holding` and nothing from
+# `waiting`.
+RP_KV_Z3 = Model(
+    "reset-kv-z3-k1",
+    Config(num_stages=1, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=2,
+           max_model_len=4, prefix_caching=False, profile="vllm-0.34", reset_and_pause=True,
+           kv_connector=KvConnector()),
+    (Prompt(2, 1, external_hit=2, load_async=True), Prompt(1, 1)),
+    allow_abort=False, allow_stop=False, skip_targets=_SKIPPED,
+)

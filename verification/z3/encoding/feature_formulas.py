@@ -23,7 +23,7 @@ from flightcheck.verification.z3.encoding.priority_invariants import (PRIORITY_A
                                                                     PRIORITY_KV_AUXILIARY)
 from flightcheck.verification.z3.encoding.priority_session_invariants import (PRIORITY_SESSION_AUXILIARY,
                                                                             PRIORITY_SESSION_FORMULAS)
-from flightcheck.verification.z3.encoding.reset_pause_invariants import RP_AUXILIARY
+from flightcheck.verification.z3.encoding.reset_pause_invariants import RP_AUXILIARY, RP_KV_AUXILIARY
 from flightcheck.verification.z3.encoding.state import Layout, SState
 from flightcheck.verification.z3.encoding.structured_output_invariants import GRAMMAR_AUXILIARY, GRAMMAR_FORMULAS
 
@@ -36,3 +36,4 @@ AUXILIARY.update(PRIORITY_KV_AUXILIARY)     # the priority policy beside the con
 AUXILIARY.update(CAD_AUXILIARY)     # the prefill cadence (CAD1-CAD3 are of steps: z3/cadence_engines.py)
 FORMULAS.update(LORA_FORMULAS); AUXILIARY.update(LORA_AUXILIARY)   # the LoRA cap (LORA1; LORA2, PL1: z3/lora_engines.py)
 FORMULAS.update(PRIORITY_SESSION_FORMULAS); AUXILIARY.update(PRIORITY_SESSION_AUXILIARY)   # priority beside sessions (SS5)
+AUXILIARY.update(RP_KV_AUXILIARY)   # reset and pause beside the connector (RP5's proof)

@@ -30,6 +30,7 @@ from flightcheck.verification.z3.encoding.allocation import blocks_for, candidat
 from flightcheck.verification.z3.encoding.connector import has_batch_in_flight, kv_of, load_at, with_kv
 from flightcheck.verification.z3.encoding.kv_state import L_DONE, L_IN_FLIGHT, L_NONE, L_RECEIVED, SKvEntry
 from flightcheck.verification.z3.encoding.priority import holder_looked_at_first, join_kv_holding
+from flightcheck.verification.z3.encoding.reset_pause_state import offered_by_prompt, takes_waiting_queue
 from flightcheck.verification.z3.encoding.requests import empty_table, put_flag, req_at, tokens_at, with_req
 from flightcheck.verification.z3.encoding.state import (
     PAD,
@@ -79,8 +80,8 @@ def unfinished_or_held(layout: Layout, s: SState, r: int) -> Any:
 def _offer(layout: Layout, st: SState, r: Any, tokens: Any) -> tuple[Any, Any]:
     """kv_loads.connector_offer with no local hit: (external tokens, async);
     every hit of a model the encoding takes is async (kv_state.refuse_unencoded_connector)."""
-    hits = [V(layout.model.prompts[k].external_hit if layout.cfg.rules.kv_sync_hits else 0)
-            for k in range(layout.N)]
+    hits = [ite(offered_by_prompt(layout, st, k), V(layout.model.prompts[k].external_hit), V(0))
+            if layout.cfg.rules.kv_sync_hits else V(0) for k in range(layout.N)]     # 0 once a reset took it
     hit = ite(eq(req_at(st, r).status, 0), V(0), pick(hits, r, V(0)))
     asks = conj(eq(load_at(st, r), L_NONE), lt(0, hit))
     external = imax(V(0), imin(hit, tokens))
@@ -142,10 +143,11 @@ def kv_waiting_step(layout: Layout, builder: Builder, acc, phase: Any, threshold
     if isinstance(acc.held_skipped, int):               # the loop's first iteration: a literal
         acc = replace(acc, held_skipped=V(acc.held_skipped))
     held, plain = pick(kv.holding, acc.held_skipped, V(PAD)), pick(st.waiting, acc.skipped, V(PAD))
-    first = holder_looked_at_first(layout, st, held, plain, lt(acc.skipped, st.waiting_len))
+    plain_left = conj(lt(acc.skipped, st.waiting_len), takes_waiting_queue(layout, st))   # PAUSED_NEW: holders only
+    first = holder_looked_at_first(layout, st, held, plain, plain_left)
     from_holding = builder.let("from_holding", conj(lt(acc.held_skipped, kv.holding_len), first))
     active = builder.let("active", conj(phase, neg(acc.done), lt(0, acc.budget), lt(st.running_len, cfg.max_num_seqs),
-                                        disj(from_holding, lt(acc.skipped, st.waiting_len))))
+                                        disj(from_holding, plain_left)))
     r = builder.let("r", ite(from_holding, held, plain))
     q = builder.snap(req_at(st, r), "q")
     tokens = builder.let("tokens", tokens_at(layout, st, r))

@@ -6,7 +6,9 @@ a frame with reset and pause): the running loop's budget, the waiting
 loop's gate and `has_requests` for the empty batch.
 
 Five action codes after the four of actions.py: reset without and with the
-running requests, then a pause state each. The reset of the running
+running requests, then a pause state each; beside a KV connector, after its
+three reports, seven: the two resets, the two with the connector's cache
+(`_forget_offers`: spec Request.offer_reset, RP5), then the pauses. The reset of the running
 requests is unrolled over N micro-steps, each preempting the tail of
 `running` while it is not empty (spec `while state.running`); each names
 its result (`Builder.snap`) so the solver sees N small circuits. A reset's
@@ -37,52 +39,81 @@ from flightcheck.verification.z3.encoding.reset_pause_state import (
     UNPAUSED,
     is_paused,
 )
-from flightcheck.verification.z3.encoding.state import LIVE, ORPHANED, PAD, PREEMPTED, RUNNING, WAITING, Layout, SState
+from flightcheck.verification.z3.encoding.actions import is_active
+from flightcheck.verification.z3.encoding.connector import load_at, release_table
+from flightcheck.verification.z3.encoding.kv_state import L_NONE, has_kv, kv_offer
+from flightcheck.verification.z3.encoding.state import (LIVE, ORPHANED, PAD, PREEMPTED, REMOTE_KVS, RUNNING, WAITING,
+                                                        Layout, SState)
 from flightcheck.verification.z3.encoding.terms import V, Builder, clone, conj, disj, eq, ite, lt, merge, neg, pick, put
 
-# The action codes (`Choices.act`) after arrive, schedule, complete_oldest, abort.
+# The action codes (`Choices.act`) after arrive, schedule, complete_oldest,
+# abort, and beside a connector its three reports (connector.py).
 FIRST_CODE = 4
-RP_ACTIONS: tuple[Action, ...] = (Reset(False), Reset(True), *(SetPause(p) for p in PAUSE))
+KV_REPORTS = 3
 
 
-def rp_action(code: int) -> Action:
+def rp_actions(layout: Layout | None = None) -> tuple[Action, ...]:
+    """The resets (beside a connector each with and without the connector's
+    cache, as the explicit search offers them), then a pause state each."""
+    connector = (False, True) if layout is not None and has_kv(layout) else (False,)
+    return (*(Reset(running, c) for c in connector for running in (False, True)), *(SetPause(p) for p in PAUSE))
+
+
+def first_code(layout: Layout | None = None) -> int:
+    return FIRST_CODE + (KV_REPORTS if layout is not None and has_kv(layout) else 0)
+
+
+def rp_action(code: int, layout: Layout | None = None) -> Action:
     """The spec action of a reset-and-pause action code."""
-    return RP_ACTIONS[code - FIRST_CODE]
+    return rp_actions(layout)[code - first_code(layout)]
 
 
-def rp_code(action: Action) -> int:
-    return FIRST_CODE + RP_ACTIONS.index(action)
+def rp_code(action: Action, layout: Layout | None = None) -> int:
+    return first_code(layout) + rp_actions(layout).index(action)
+
+
+def is_reset(layout: Layout, act: Any, running: bool) -> Any:
+    """The step is a reset with (or without) the running requests, the connector's cache or not."""
+    return disj(*[eq(act, rp_code(a, layout)) for a in rp_actions(layout)
+                  if isinstance(a, Reset) and a.running == running])
 
 
 def rp_transitions(layout: Layout, builder: Builder, s: SState, ch) -> tuple[list, list, list]:
-    """Guards, effects (one per code from FIRST_CODE) and the choices'
+    """Guards, effects (one per code from `first_code`) and the choices'
     canonical form: a reset or pause names no request."""
     guards, effects = [], []
-    for action in RP_ACTIONS:
+    for action in rp_actions(layout):
         if isinstance(action, Reset):
             guards.append(z3.BoolVal(True))
-            effects.append(builder.snap(reset(layout, builder, s, action.running), f"reset{int(action.running)}"))
+            effects.append(builder.snap(reset(layout, builder, s, action.running, action.connector),
+                                        f"reset{int(action.running)}{int(action.connector)}"))
         else:
             code = PAUSE.index(action.pause)
             guards.append(neg(is_paused(s, code)))
             effects.append(set_pause(s, code))
-    legal = [z3.Implies(neg(lt(ch.act, FIRST_CODE)), eq(ch.req, 0))]
+    legal = [z3.Implies(neg(lt(ch.act, first_code(layout))), eq(ch.req, 0))]
     return guards, effects, legal
 
 
 # --- the actions
 
 
-def reset(layout: Layout, builder: Builder, s: SState, running: bool) -> SState:
+def reset(layout: Layout, builder: Builder, s: SState, running: bool, connector: bool = False) -> SState:
     """spec reset_pause.reset: with `running`, every running request
-    preempted from the tail, dropping its output; then the prefix cache."""
+    preempted from the tail, dropping its output; then the prefix cache;
+    with `connector` (beside one) the connector's cache, unless a block is
+    still held after the preemptions (vLLM raises before it)."""
     if layout.is_mutant("pause_clear_cache_keeps_running_pr34382"):
         running = False
     st = s
     if running:
         for i in range(layout.N):
             st = builder.snap(merge(lt(0, st.running_len), _preempt_dropping_output(layout, st), st), f"pop{i}")
-    return _reset_prefix_cache(layout, st)
+    after = _reset_prefix_cache(layout, st)
+    if not connector or not st.kv:
+        return after
+    raised = disj(*[lt(0, c) for c in st.pool.ref]) if running else z3.BoolVal(False)
+    return merge(raised, after, _forget_offers(layout, after))
 
 
 def _preempt_dropping_output(layout: Layout, st: SState) -> SState:
@@ -93,8 +124,9 @@ def _preempt_dropping_output(layout: Layout, st: SState) -> SState:
     cfg = layout.cfg
     victim = pick(st.running, st.running_len - 1, V(PAD))
     v = req_at(st, victim)
-    p = clone(st)
-    p.pool = zb.free_table(layout, st.pool, v.table, v.table_len)
+    p = clone(st)       # `_free_request_blocks` (kv_fence.release_table beside a connector)
+    p.pool = release_table(layout, st, victim, v.table, v.table_len).pool if st.kv else \
+        zb.free_table(layout, st.pool, v.table, v.table_len)
     p.running = put(st.running, st.running_len - 1, V(PAD))
     p.running_len = st.running_len - 1
     p.waiting = [victim] + st.waiting[:-1]
@@ -128,6 +160,21 @@ def _reset_prefix_cache(layout: Layout, st: SState) -> SState:
     return out
 
 
+def _forget_offers(layout: Layout, st: SState) -> SState:
+    """spec reset_pause._forget_offers (`reset_connector_cache`): every
+    arrived, unfinished request whose offer is not taken (its load NONE)
+    and still > 0 is offered 0 from then on, the ghost `offer_reset` set."""
+    out = clone(st)
+    rp = out.rp[0]
+    for r, q in enumerate(st.reqs):
+        if kv_offer(layout, r, True)["external_hit"] <= 0:
+            continue
+        taken = conj(is_active(q.status, kv=True), eq(load_at(st, r), L_NONE), neg(st.rp[0].forgotten[r]))
+        rp.offer_reset[r] = z3.Or(rp.offer_reset[r], taken)
+        rp.forgotten[r] = z3.Or(rp.forgotten[r], taken)
+    return out
+
+
 def set_pause(s: SState, code: int) -> SState:
     """spec reset_pause.set_pause (guarded by a change: `rp_transitions`)."""
     out = clone(s)
@@ -152,15 +199,21 @@ def waiting_gate(layout: Layout, s: SState, phase: Any) -> Any:
     UNPAUSED (PAUSED_NEW looks only at `kv_holding_waiting`, empty here)."""
     if not s.rp:
         return phase
+    if s.kv:        # PAUSED_NEW: `kv_holding` alone (kv_schedule.py, reset_pause_state.takes_waiting_queue)
+        return conj(phase, neg(is_paused(s, PAUSED_ALL)))
     if layout.is_mutant("paused_new_admits_waiting"):
         return conj(phase, neg(is_paused(s, PAUSED_ALL)))
     return conj(phase, is_paused(s, UNPAUSED))
 
 
 def has_requests(s: SState) -> Any:
-    """spec reset_pause.has_requests without a connector or sessions:
-    `get_num_unfinished_requests() > 0` as the pause counts it (none under
-    PAUSED_ALL, the running ones under PAUSED_NEW)."""
-    active = disj(*[disj(eq(q.status, WAITING), eq(q.status, RUNNING), eq(q.status, PREEMPTED)) for q in s.reqs])
-    return ite(is_paused(s, PAUSED_ALL), z3.BoolVal(False),
-               ite(is_paused(s, PAUSED_NEW), lt(0, s.running_len), active))
+    """spec reset_pause.has_requests without sessions: `get_num_unfinished_requests()
+    > 0` as the pause counts it (none under PAUSED_ALL, the running ones and,
+    beside a connector, `kv_holding`'s under PAUSED_NEW), or a connector's
+    finished request held for a transfer."""
+    statuses = (WAITING, RUNNING, PREEMPTED, REMOTE_KVS) if s.kv else (WAITING, RUNNING, PREEMPTED)
+    active = disj(*[disj(*[eq(q.status, c) for c in statuses]) for q in s.reqs])
+    paused_new = disj(lt(0, s.running_len), *([lt(0, s.kv[0].holding_len)] if s.kv else []))
+    held = disj(*s.kv[0].held) if s.kv else z3.BoolVal(False)
+    counted = ite(is_paused(s, PAUSED_NEW), paused_new, active)
+    return disj(held, ite(is_paused(s, PAUSED_ALL), z3.BoolVal(False), counted))

@@ -1,5 +1,5 @@
 """Reset and pause's properties in Z3 (spec/reset_pause.py, spec/transitions.py):
-RP1-RP4, each a formula of one step (`st.before`, `st.after`, the step's
+RP1-RP4 (and RP5 beside a KV connector), each a formula of one step (`st.before`, `st.after`, the step's
 choices and schedule) clause for clause after the spec's predicate, and the
 auxiliary state invariant that makes RP3 a one-step consequence of an
 inductive invariant, with its concrete predicate beside it (the two are
@@ -25,9 +25,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import z3
-from flightcheck.spec import Fate, Reset, State
+from flightcheck.spec import Fate, State
+from flightcheck.spec.state import Load
 from flightcheck.verification.z3.encoding.actions import COMPLETE, SCHEDULE
-from flightcheck.verification.z3.encoding.reset_pause import rp_code
+from flightcheck.verification.z3.encoding.connector import in_transfer
+from flightcheck.verification.z3.encoding.kv_state import L_DONE, L_NONE
+from flightcheck.verification.z3.encoding.reset_pause import is_reset
 from flightcheck.verification.z3.encoding.reset_pause_state import PAUSED_ALL, PAUSED_NEW, is_paused
 from flightcheck.verification.z3.encoding.state import LIVE, PREEMPTED, RUNNING, WAITING, Layout, SState
 from flightcheck.verification.z3.encoding.terms import conj, disj, eq, lt, neg, pick
@@ -98,15 +101,43 @@ RP_AUXILIARY_PREDICATES: dict[str, Callable[[State, Any], bool]] = {
 }
 
 
-# --- RP1-RP4 as formulas of one step
+def rpa3_forgotten_offers_stay_unloaded(layout: Layout, s: SState) -> Any:
+    """RPA3 (beside a connector): a request whose offer a reset of the
+    connector's cache forgot is offered 0 (`forgotten`) and has no load
+    parked, in transfer or landed (NONE, or DONE once admitted): what makes
+    RP5 a one-step consequence (a schedule then offers it 0 tokens, so it
+    parks for none)."""
+    rp, kv = s.rp[0], s.kv[0]
+    return conj([z3.Implies(ghost, conj(gone, disj(eq(kv.load[r], L_NONE), eq(kv.load[r], L_DONE))))
+                 for r, (ghost, gone) in enumerate(zip(rp.offer_reset, rp.forgotten))])
+
+
+def rpa3_holds(state: State) -> bool:
+    """RPA3 on a concrete state."""
+    return all(q.external_hit == 0 and q.load in (Load.NONE, Load.DONE) for q in state.requests if q.offer_reset)
+
+
+RP_KV_AUXILIARY: dict[str, Callable[[Layout, SState], Any]] = {
+    "RPA3_forgotten_offers_stay_unloaded": rpa3_forgotten_offers_stay_unloaded,
+}
+RP_KV_AUXILIARY_PREDICATES: dict[str, Callable[[State, Any], bool]] = {
+    "RPA3_forgotten_offers_stay_unloaded": lambda state, cfg: rpa3_holds(state),
+}
+
+
+# --- RP1-RP5 as formulas of one step
 
 
 def rp1_paused_schedules_nothing(layout: Layout, st) -> Any:
     """RP1: under PAUSED_ALL a schedule forms no entry and preempts nobody;
-    under PAUSED_NEW it schedules only requests that were RUNNING before it."""
+    under PAUSED_NEW it schedules only requests that were RUNNING before it
+    or (beside a connector) in `kv_holding`."""
     before, sch = st.before, st.sched
-    running_before = [conj(lt(j, sch.count), neg(eq(pick([q.status for q in before.reqs], e.req), RUNNING)))
-                      for j, e in enumerate(sch.entries)]
+    holding = before.kv[0].holding[:layout.N] if before.kv else []      # kv_holding's slots (PAD past its length)
+    held = [disj(*[conj(lt(i, before.kv[0].holding_len), eq(x, r)) for i, x in enumerate(holding)])
+            for r in range(layout.N)] if before.kv else [z3.BoolVal(False)] * layout.N
+    running_before = [conj(lt(j, sch.count), neg(eq(pick([q.status for q in before.reqs], e.req), RUNNING)),
+                           neg(pick(held, e.req, z3.BoolVal(False)))) for j, e in enumerate(sch.entries)]
     holds = conj(z3.Implies(is_paused(before, PAUSED_ALL), conj(eq(sch.count, 0), neg(sch.any_preempted))),
                  z3.Implies(is_paused(before, PAUSED_NEW), neg(disj(*running_before))))
     return z3.Implies(eq(st.choices.act, SCHEDULE), holds)
@@ -128,7 +159,7 @@ def rp2_reset_drops_in_flight(layout: Layout, st) -> Any:
         if after.asyncs:
             clauses.append(eq(after.asyncs[r].placeholders, 0))
         out.append(z3.Implies(was_running, conj(clauses)))
-    return z3.Implies(eq(st.choices.act, rp_code(Reset(True))), conj(out))
+    return z3.Implies(is_reset(layout, st.choices.act, True), conj(out))
 
 
 def rp3_reset_output_never_applied(layout: Layout, st) -> Any:
@@ -151,8 +182,25 @@ def rp4_prefix_cache_reset(layout: Layout, st) -> Any:
     cleared = conj(*[eq(c, 0) for c in after.pool.ref], *[eq(x, layout.none_label) for x in after.pool.label])
     held = disj(*[lt(0, c) for c in before.pool.ref])
     unchanged = conj(*[eq(x, y) for x, y in zip(after.pool.label, before.pool.label)])
-    return conj(z3.Implies(eq(st.choices.act, rp_code(Reset(True))), cleared),
-                z3.Implies(eq(st.choices.act, rp_code(Reset(False))), disj(cleared, conj(held, unchanged))))
+    return conj(z3.Implies(is_reset(layout, st.choices.act, True), cleared),
+                z3.Implies(is_reset(layout, st.choices.act, False), disj(cleared, conj(held, unchanged))))
+
+
+def rp5_connector_reset_forgets_offers(layout: Layout, st) -> Any:
+    """RP5 (beside a connector): a schedule gives no request whose offer a
+    reset of the connector's cache forgot (the ghost `offer_reset` before
+    it) an entry with external tokens, nor leaves its load in transfer. The
+    batch the schedule launches is the after-frame's slot `num_batches`
+    before it (kv_schedule.kv_launch)."""
+    before, after, sch = st.before, st.after, st.sched
+    forgot, kv = before.rp[0].offer_reset, after.kv[0]
+    out = []
+    for k, row in enumerate(kv.entries):
+        for j, e in enumerate(sch.entries):
+            launched = conj(eq(before.num_batches, k), lt(j, sch.count), pick(forgot, e.req, z3.BoolVal(False)))
+            out.append(z3.Implies(launched, eq(row[j].external, 0)))
+    out += [z3.Implies(forgot[r], neg(in_transfer(kv.load[r]))) for r in range(layout.N)]
+    return z3.Implies(eq(st.choices.act, SCHEDULE), conj(out))
 
 
 RP_TRANSITION_FORMULAS: dict[str, Callable[[Layout, Any], Any]] = {
@@ -161,3 +209,12 @@ RP_TRANSITION_FORMULAS: dict[str, Callable[[Layout, Any], Any]] = {
     "RP3_reset_output_never_applied": rp3_reset_output_never_applied,
     "RP4_prefix_cache_reset": rp4_prefix_cache_reset,
 }
+# Beside a KV connector (spec.transitions.CONNECTOR_RESET_PROPERTY).
+RP5_FORMULA: dict[str, Callable[[Layout, Any], Any]] = {
+    "RP5_connector_reset_forgets_offers": rp5_connector_reset_forgets_offers,
+}
+
+
+def rp_transition_formulas(cfg) -> dict[str, Callable[[Layout, Any], Any]]:
+    """RP1-RP4, and RP5 beside a connector: the spec's (transition_properties_for)."""
+    return {**RP_TRANSITION_FORMULAS, **(RP5_FORMULA if cfg.kv_connector is not None else {})}

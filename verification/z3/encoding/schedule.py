@@ -223,10 +223,10 @@ def _forms_a_batch(layout: Layout, s: SState, acc: BatchInProgress) -> Any:
     formed = disj(lt(0, acc.count), acc.any_preempted)
     if not layout.cfg.rules.empty_batches:
         return formed
+    if s.rp:        # the pause's count of unfinished requests (reset_pause.py), a connector's held ones
+        return disj(formed, has_requests(s))
     if s.kv:
         return disj(formed, *[unfinished_or_held(layout, s, r) for r in range(layout.N)])
-    if s.rp:        # the pause's count of unfinished requests (reset_pause.py)
-        return disj(formed, has_requests(s))
     return disj(formed, *[_unfinished(q.status, bool(s.grammar)) for q in s.reqs])
 
 

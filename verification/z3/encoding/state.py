@@ -59,6 +59,7 @@ from flightcheck.verification.z3.encoding.reset_pause_state import (
     rp_constant,
     rp_entry_fields,
     rp_frame,
+    rp_request_fields,
     rp_state_fields,
 )
 from flightcheck.verification.z3.encoding.structured_output_state import (
@@ -398,7 +399,7 @@ def _constant_request(layout: Layout, r: int, q: Any, padded: Any) -> "SReq":
         want = (q.prompt_len, q.max_tokens, want[2])
     if (q.prompt_len, q.max_tokens, q.prompt_labels) != want:
         raise NotRepresentable(f"request {r} has a prompt other than the model's")
-    if kv_offer(layout, r, q.status is not Status.NEW) != kv_offer_of(q):
+    if kv_offer(layout, r, q.status is not Status.NEW) != kv_offer_of(q) and not q.offer_reset:   # rp_constant's
         raise NotRepresentable(f"request {r} is offered other than its model prompt's KV")
     if q.name is not None:
         raise NotRepresentable(f"request {r} arrived under a reused name")
@@ -498,7 +499,8 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
             fixed.update(placeholders=iv(a.placeholders), decode_countdown=iv(a.countdown))
         fixed.update(kv_offer(layout, r, status is not Status.NEW), **kv_request_fields(layout, f.kv, r, iv, bv),
                      **grammar_request_fields(f.grammar, r, iv), **prio_request_fields(layout, r, status is not Status.NEW),
-                     **cad_request_fields(f.cad, r, bv), **lora_request_fields(layout, r, status is not Status.NEW))
+                     **cad_request_fields(f.cad, r, bv), **lora_request_fields(layout, r, status is not Status.NEW),
+                     **rp_request_fields(f.rp, r, bv))
         if q.session:
             fixed.update(session_request_fields(layout, q.session, r, iv),
                          resumable=is_resumable_slot(layout, r) and status is not Status.NEW)

@@ -47,7 +47,7 @@ from flightcheck.verification.z3.encoding.actions import (
     finish,
 )
 from flightcheck.verification.z3.encoding.connector import connector_action, connector_transitions
-from flightcheck.verification.z3.encoding.reset_pause import rp_action, rp_transitions
+from flightcheck.verification.z3.encoding.reset_pause import first_code, rp_action, rp_transitions
 from flightcheck.verification.z3.encoding.schedule import SchedResult, schedule
 from flightcheck.verification.z3.encoding.structured_output import grammar_action, grammar_transitions
 from flightcheck.verification.z3.encoding.sessions import send_guard, send_input
@@ -182,7 +182,7 @@ class System:
             if s.sess:      # the client's next input (sessions.py): action 4
                 guards.append(send_guard(layout, s, ch.req))
                 effects.append(builder.snap(send_input(layout, s, ch.req, finish), "send"))
-            if s.rp:        # reset and pause (reset_pause.py): actions 4 to 8
+            if s.rp:        # reset and pause (reset_pause.py): actions 4 to 8 (7 to 13 after a connector's)
                 rp_guards, rp_effects, rp_legal = rp_transitions(layout, builder, s, ch)
                 guards, effects, legal = guards + rp_guards, effects + rp_effects, legal + rp_legal
             if s.grammar:   # the grammar backend's events (structured_output.py): actions 4, 5
@@ -239,8 +239,8 @@ class System:
             return Abort(r)
         if act == SEND_INPUT and st.before.sess:
             return SendInput(r)
-        if act >= len(ACTION_CODE) and st.before.rp:
-            return rp_action(act)
+        if st.before.rp and act >= first_code(self.layout):
+            return rp_action(act, self.layout)
         if act >= len(ACTION_CODE) and st.before.grammar:
             return grammar_action(act, r)
         if act >= len(ACTION_CODE):

@@ -1,0 +1,76 @@
+"""KV7: no batch computes on KV a load reported invalid
+(docs/kv-connector.md, "KV7").
+
+Under the recompute policy a failed sync load's blocks stay in the prefix
+cache (vLLM 0.33.0/0.34.0 `Scheduler._handle_invalid_blocks` evicts only
+under the fail policy: "blocks will be recomputed and reused by other
+requests sharing them"), and `_update_requests_with_invalid_blocks` lets a
+request whose invalid blocks an earlier one in its scan marked keep them
+as computed. The intended reading: a block a load reported invalid may be
+read (counted in a scheduled entry's computed prefix) only once a batch
+has recomputed it, that batch included (each layer writes the batch's KV
+before it attends). vLLM breaks it where nobody recomputes: a parked
+marker rolled back to nothing is freed and takes the stale blocks back as
+a prefix hit (`_update_waiting_for_remote_kv`, "There may be a local cache
+hit on retry"), and its sharers, parked or new, compute on them (vLLM
+#37827, closed unmerged; the sharer case of #49250).
+
+`State.invalid_kv`: the blocks a recompute failure of a sync load made
+invalid (kv_reports.py marks them), until a batch computes a block's first
+token or the block leaves the prefix cache (popped fresh: whoever gets it
+writes or loads it before reading it). The spec's own prefix hit still
+offers them (as vLLM does); KV7 is checked on the scheduler's batches by
+the trace checker (verification/traces/connector.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterable
+
+from .blocks import cdiv
+from .config import Config
+from .pool_store import label_of
+from .state import State
+
+# (request, start, tokens, its block table, tokens of `start` its sync load
+# brings in the batch): one entry of a batch
+BatchEntry = tuple[int, int, int, tuple[int, ...], int]
+
+
+def mark_invalid(state: State, blocks: Iterable[int]) -> State:
+    """The blocks a recompute failure reports invalid join `invalid_kv`."""
+    added = frozenset(blocks) - state.invalid_kv
+    return replace(state, invalid_kv=state.invalid_kv | added) if added else state
+
+
+def rewritten(batch: Iterable[BatchEntry], block_size: int) -> frozenset[int]:
+    """The blocks whose first token an entry of the batch computes or its
+    sync load writes (`[start - external, start + n)`)."""
+    return frozenset(block for _, start, n, table, external in batch
+                     for i, block in enumerate(table) if start - external <= i * block_size < start + n)
+
+
+def kv7_reads(invalid: frozenset[int], batch: list[BatchEntry], block_size: int) -> list[tuple[int, list[int]]]:
+    """KV7's breaches in a batch: (request, invalid blocks) for each entry
+    whose computed prefix (the blocks of the tokens before its start)
+    holds a block in `invalid` that the batch does not recompute."""
+    stale = invalid - rewritten(batch, block_size)
+    found = []
+    for r, start, _, table, _ in batch:
+        read = [b for b in table[:cdiv(start, block_size)] if b in stale]
+        if read:
+            found.append((r, read))
+    return found
+
+
+def forget_rewritten(state: State, cfg: Config, entries: Iterable) -> State:
+    """After a schedule call (`entries`: its ScheduledEntry list, `state`
+    the call's): the blocks it recomputes, and those out of the prefix
+    cache, are no longer invalid."""
+    if not state.invalid_kv:
+        return state
+    batch = [(e.req, e.start, e.n, state.requests[e.req].block_table, e.external) for e in entries]
+    gone = rewritten(batch, cfg.block_size)
+    kept = frozenset(b for b in state.invalid_kv if b not in gone and label_of(state.pool, b) is not None)
+    return replace(state, invalid_kv=kept)
