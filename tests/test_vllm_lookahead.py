@@ -268,6 +268,7 @@ def _lookahead_workloads(async_scheduling: bool) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.vllm
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_vllm_reserves_k_lookahead_slots_and_marks_steps_whose_drafts_go_unused(async_scheduling: bool,
                                                                                  tmp_path: Path):
