@@ -27,7 +27,8 @@ history. This checker differs in two ways, and in nothing else:
   per touched request, with the schedule step's own record instead of a
   second `schedule`. Two state parts are implied by their value before the
   event: L3 when the oldest batch is the same, L2 after an arrival onto an
-  idle engine that had a batch to form (`_arrival_behind_a_schedulable_queue`).
+  idle engine that had a batch to form, the newcomer at the tail of
+  `waiting` (`_arrival_behind_a_schedulable_queue`).
 
 * **Finished requests' slots are reused.** A slot whose request has
   finished and has nothing left in flight is given to a later arrival, so
@@ -67,6 +68,7 @@ from flightcheck.spec import (
     Arrive,
     BlockPool,
     CompleteOldest,
+    Config,
     Invariant,
     Request,
     Reset,
@@ -268,7 +270,7 @@ class Incremental:
                     return False
             elif inv.name == "L3_drain" and _same_head(before, s):
                 pass                   # it held of `before`, and reads only the oldest batch
-            elif inv.name == "L2_no_deadlock" and _arrival_behind_a_schedulable_queue(before, event.action):
+            elif inv.name == "L2_no_deadlock" and _arrival_behind_a_schedulable_queue(before, s, event.action, cfg):
                 pass                   # it held of `before` with a batch to form: see below
             elif not inv.of_state(s, cfg):
                 return False
@@ -440,24 +442,34 @@ def _copies(labels: tuple[int | None, ...], label: int) -> list[int]:
         found.append(start - 1)
 
 
-def _arrival_behind_a_schedulable_queue(before: State, action: Action) -> bool:
+def _arrival_behind_a_schedulable_queue(before: State, after: State, action: Action, cfg: Config) -> bool:
     """L2 after an arrival, from L2 before it. L2 held of `before` (a slot
     reset for the arrival changes nothing `schedule` reads: the evicted
     labels are the old incarnation's own, which no other request looks up); if
     `before` had nothing in flight and a request unfinished (all of them are
     in `waiting` or `running`, by S10), that says `schedule(before)` forms a
-    batch or preempts. An arrival only appends its request to the tail of
-    `waiting` (and, one batch per request, adds an unscheduled request to
-    vLLM 0.8.4's engine gate): `schedule` walks `running` and then `waiting`
-    in order with the same budget, seats and pool, so it schedules or
-    preempts everything it did before it reaches the newcomer, and is not
-    None either. Without this, each of the arrivals that fill an idle engine
-    would re-run `schedule` over the whole queue. Not while a streaming
-    session waits for input: a parked session sits in a waiting queue
-    without counting as unfinished, and L2 may have held of `before` as its
+    batch or preempts. An arrival that joins the tail of `waiting` (and, one
+    batch per request, adds an unscheduled request to vLLM 0.8.4's engine
+    gate) leaves `schedule` walking `running` and then `waiting` in order
+    with the same budget, seats and pool, so it schedules or preempts
+    everything it did before it reaches the newcomer, and is not None
+    either. Without this, each of the arrivals that fill an idle engine
+    would re-run `schedule` over the whole queue. Not for a newcomer that
+    goes ahead of a waiting request: under the priority policy it joins
+    `waiting` at its rank (`PriorityRequestQueue.add_request`), and a head
+    that can never be admitted stops the waiting loop for all behind it
+    (hunt seed 379 index 4: r1, priority 0, an async load of 6 blocks that
+    the reservation of vLLM 0.33/0.34 `Scheduler.schedule` leaves 5 for);
+    nor where vLLM 0.34's cache-aware reorder may move it ahead (its second
+    waiting request can open the window). Not while a streaming session
+    waits for input: a parked session sits in a waiting queue without
+    counting as unfinished, and L2 may have held of `before` as its
     client's wait (spec/deadlock.py), which says nothing of the newcomer."""
-    return (isinstance(action, Arrive) and not before.in_flight
-            and bool(before.waiting or before.running) and not waiting_for_input(before))
+    if not isinstance(action, Arrive) or before.in_flight or not (before.waiting or before.running):
+        return False
+    joins_the_tail = after.waiting == before.waiting + (action.req,)
+    may_reorder = cfg.rules.cache_aware_admission and cfg.cache_aware_admission_window > 0
+    return joins_the_tail and not may_reorder and not waiting_for_input(before)
 
 
 def _same_head(before: State, after: State) -> bool:
