@@ -135,6 +135,11 @@ class Observations:
     # (`finish_requests(..., FINISHED_ERROR)`): a request re-added under the id
     # of an aborted one whose grammar failed is finished with that error.
     grammar_errors_bound_by_id: list[dict[str, Any]] = field(default_factory=list)
+    # A request preempted LIVELOCK_REPEATS times in a row from the same state
+    # of every request (ids, tokens, statuses: no token appended, no input,
+    # no arrival or finish between): vLLM's scheduler is deterministic, so it
+    # admits, prefills and preempts it for ever (`_fc_check_livelock`).
+    admission_livelocks: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -167,8 +172,13 @@ class Observations:
             found.update(session_seats_overcounted=self.session_seats_overcounted)
         if self.grammar_errors_bound_by_id:
             found.update(grammar_errors_bound_by_id=self.grammar_errors_bound_by_id)
+        if self.admission_livelocks:
+            found.update(admission_livelocks=self.admission_livelocks)
         return found
 
+
+# Preemptions in a row from one state that name a livelock (Observations.admission_livelocks).
+LIVELOCK_REPEATS = 3
 
 # vLLM 0.33's per-request counters (`Request.__init__`), checked for sign.
 COUNTERS = ("num_in_flight_tokens", "num_stale_output_tokens")
@@ -205,17 +215,54 @@ class GroundTruthMixin:
         # its latest completion): see Observations.leftover_drafts.
         self._fc_leftover_drafts: dict[int, str] = {}
         self._fc_seats_over = False      # running + parked sessions above max_num_seqs now
+        # req_id -> (the state at its latest preemption, how many in a row found it so)
+        self._fc_preempted_from: dict[str, tuple[tuple, int]] = {}
 
-    def _fc_check_state(self, bound: Iterable[Any] = ()) -> None:
+    def _fc_check_state(self, bound: Iterable[Any] = (), preempted: Iterable[str] = ()) -> None:
         """After every schedule() and update_from_output: vLLM's sets and
         counters against the batches in flight, and its seats. `bound`: the
         requests an output was applied to (looked up by id), whose counters
         are read even where vLLM finished and dropped them in the same update
-        (a reused id's new request, failed by its grammar there)."""
+        (a reused id's new request, failed by its grammar there); `preempted`:
+        the ids schedule() just preempted."""
         self._fc_check_in_flight_set()
         self._fc_check_counters(bound)
         self._fc_check_placeholders()
         self._fc_check_session_seats()
+        for req_id in preempted:
+            self._fc_check_livelock(req_id)
+
+    def _fc_check_livelock(self, req_id: str) -> None:
+        """A preemption that finds every request as the same request's
+        previous preemption left them (`_fc_request_states`): nothing
+        progressed between, and vLLM's `Scheduler.schedule` is deterministic,
+        so from there it loops for ever. Recorded once a request, at the
+        LIVELOCK_REPEATS-th preemption in a row from that state, with the
+        blocks its whole sequence needs with and without the lookahead slots
+        (0.33.0/0.34.0 `KVCacheManager.allocate_slots`: the admission gate,
+        `full_sequence_must_fit`, counts `request.num_tokens` alone; every
+        chunk after asks `num_lookahead_tokens` slots more)."""
+        request = self.requests.get(req_id)          # type: ignore[attr-defined]
+        state = self._fc_request_states()
+        before, repeats = self._fc_preempted_from.get(req_id, ((), 0))
+        repeats = repeats + 1 if state == before else 1
+        self._fc_preempted_from[req_id] = (state, repeats)
+        if repeats != LIVELOCK_REPEATS or request is None:
+            return
+        block_size = self.cache_config.block_size    # type: ignore[attr-defined]
+        lookahead = int(getattr(self, "num_lookahead_tokens", 0) or 0)
+        self.flightcheck_observations.admission_livelocks.append({
+            "step": self.flightcheck_step, "req": req_id, "num_tokens": request.num_tokens, "repeats": repeats,
+            "num_lookahead_tokens": lookahead, "blocks_of_sequence": -(-request.num_tokens // block_size),
+            "blocks_with_lookahead": -(-(request.num_tokens + lookahead) // block_size),
+            "free_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks()})   # type: ignore[attr-defined]
+
+    def _fc_request_states(self) -> tuple:
+        """Every live request's identity, tokens, computed tokens and status:
+        equal at two points, nothing was appended, admitted past, input or
+        finished between (a token appended grows `num_tokens`)."""
+        return tuple(sorted((req_id, id(r), r.num_tokens, r.num_computed_tokens, status_name(r))
+                            for req_id, r in self.requests.items()))   # type: ignore[attr-defined]
 
     def _fc_check_grammar_errors(self) -> None:
         """Before an update: the grammar errors vLLM will finish by id at its

@@ -334,7 +334,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
             self._fc_write(event)
         elif empty is not None:
             self._fc_empty_log.append({"ev": "schedule", "empty_batch": empty, "step": self.flightcheck_step})
-        self._fc_check_state()             # ground_truth.py
+        self._fc_check_state(preempted=preempted)             # ground_truth.py
         return output
 
     def _fc_entries(self, output: Any) -> list[tuple[EntrySnapshot, dict[str, Any]]]:

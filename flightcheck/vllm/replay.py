@@ -261,8 +261,12 @@ def probe_interpreter(python: str | Path, known: tuple[str, ...] = SUPPORTED_VER
 
 def findings(result: dict[str, Any]) -> list[str]:
     """What vLLM's own state showed to be wrong in a run (empty: nothing)."""
-    found = _ending_findings(result)
     truth = result.get("ground_truth") or {}
+    found = [f"a livelock: {loop['req']} was preempted {loop['repeats']} times in a row from one state of every "
+             f"request (no token, input or finish between); its {loop['num_tokens']} tokens fit "
+             f"{loop['blocks_of_sequence']} blocks, with {loop['num_lookahead_tokens']} lookahead slots "
+             f"{loop['blocks_with_lookahead']} (step {loop['step']})" for loop in truth.get("admission_livelocks", [])]
+    found.extend(_ending_findings(result))
     for stale in truth.get("stale_tokens", []):
         found.append(f"batch {stale['batch']}'s token was appended to {stale['req']} after it was "
                      f"{stale['why']} (step {stale['step']})")
