@@ -33,8 +33,10 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool, *,
                  release_order: str | None = None, num_preallocate_tokens: int = 0,
                  max_model_len: int | None = None,
-                 unhashed_blocks_to_head: bool = False) -> None:
-        """`release_order` None: vLLM's (reverse with caching, forward without)."""
+                 unhashed_blocks_to_head: bool = False, caches_through_a_negative_count: bool = False) -> None:
+        """`release_order` None: vLLM's (reverse with caching, forward without).
+        `caches_through_a_negative_count`: the released 0.8.x profiles' slice
+        (reference/profiles.py; `_cache_through_a_negative_count`)."""
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.max_model_len = max_model_len
@@ -51,6 +53,7 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # Leading table blocks already cached, per request.
         self.num_cached_block: dict[str, int] = {}
+        self.caches_through_a_negative_count = caches_through_a_negative_count
 
     # -- queries ------------------------------------------------------------
 
@@ -219,6 +222,10 @@ class KVCacheManager:
         queue's head (`BlockPool.free_blocks`; seed 302 index 134)."""
         req_id = request.request_id
         start = self.num_cached_block.get(req_id, 0)
+        if self.caches_through_a_negative_count and (num_full_blocks < 0 or start < 0) \
+                and num_full_blocks != start:
+            self._cache_through_a_negative_count(request, req_blocks, start, num_full_blocks)
+            return
         if num_full_blocks <= start:
             return                                    # the common decode step
         hashes = self._block_hashes(request, num_full_blocks)
@@ -228,3 +235,27 @@ class KVCacheManager:
             if block.block_hash is None:
                 self.block_pool.cache_block(block, hashes[i])
         self.num_cached_block[req_id] = num_full_blocks
+
+    def _cache_through_a_negative_count(self, request: Request, req_blocks: list[KVCacheBlock],
+                                        start: int, num_full_blocks: int) -> None:
+        """vLLM 0.8.4/0.8.5 `KVCacheManager.allocate_slots` with a negative
+        count (`num_computed_tokens + num_tokens - len(request.spec_token_ids)`
+        floor-divided: a request resumed holding more drafts than it is given
+        tokens), or after one was recorded: `BlockPool.cache_full_blocks`
+        caches `blocks[num_cached_blocks:num_full_blocks]` with Python's
+        negative indices, so -1 caches every block but the table's last, and
+        the count is recorded as given. Each block takes its position's hash;
+        only blocks whose tokens are all known (past them vLLM's own
+        `len(block_tokens) == block_size` assertion fails). Not modelled: after
+        a recorded negative count vLLM takes the hashes from the end of the
+        request's hash list (`block_hashes[num_cached_blocks:]`)."""
+        num_known_blocks = len(request.all_token_ids) // self.block_size
+        positions = range(len(req_blocks))[start:num_full_blocks]
+        hashes = self._block_hashes(request, min(num_known_blocks, positions.stop))
+        for i in positions:
+            if i >= num_known_blocks:
+                break
+            block = req_blocks[i]
+            if block.block_hash is None:
+                self.block_pool.cache_block(block, hashes[i])
+        self.num_cached_block[request.request_id] = num_full_blocks

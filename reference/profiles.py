@@ -276,6 +276,15 @@ class Profile:
     # request holds is left out, scheduled or not (0.33 leaves out the
     # drafts scheduled). On in the 0.8.x profiles, as in the spec's.
     held_drafts_left_uncached: bool = False
+    # 0.8.x `KVCacheManager.allocate_slots` / `BlockPool.cache_full_blocks`
+    # (0.8.4 and 0.8.5 alike): that count can be negative (a request resumed
+    # holding more drafts than the tokens it is given), and the slice
+    # `blocks[num_cached_blocks:num_full_blocks]` then runs to that many
+    # blocks before the table's end, caching them; the count is recorded.
+    # The reference caches nothing for a count below the cached one. On in
+    # the released 0.8.x profiles (a vLLM bug: the blocks past the tokens
+    # scheduled can be cached before their KV is written).
+    caches_through_a_negative_count: bool = False
     # The same missing clip seen from the blocks (on in the 0.8.4 profile, as
     # in the spec's): `allocate_slots` is asked for blocks for every held
     # draft, past max_model_len too, and a request that cannot have them is
@@ -411,7 +420,7 @@ PROFILES["vllm-0.34-async"] = replace(PROFILES["vllm-0.33-async"], name="vllm-0.
 RELEASED_0_8_X: dict[str, bool] = {
     "outputs_to_running_by_id": True, "worker_decides_sampling": True,
     "drafts_from_every_output": True, "unscheduled_drafts_kept": True,
-    "flush_finished_every_schedule": True}
+    "flush_finished_every_schedule": True, "caches_through_a_negative_count": True}
 # vLLM 0.33.0 as released: outputs bound by id alone, and the model runner
 # decides what sampled (after a wrong binding the request holds a token its
 # snapshot did not count).

@@ -83,15 +83,16 @@ class Scheduler(OutputUpdate, DraftSources, KvTransfers, KvWaiting, WaitingLoop,
                 PriorityPolicy, ResetPause, Grammars, PrefillCadence, LoraCap):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
+        # The version's rules (profiles.py), read once: the steps test these
+        # named constants, never the version; each is tested at one step.
+        profile = config.version_profile
         self.kv_cache_manager = KVCacheManager(
             config.num_blocks, config.block_size, config.enable_prefix_caching,
             release_order=config.release_order,
             num_preallocate_tokens=config.num_preallocate_tokens,
             max_model_len=config.max_model_len,
-            unhashed_blocks_to_head=config.version_profile.unhashed_blocks_to_head)
-        # The version's rules (profiles.py), read once: the steps test these
-        # named constants, never the version; each is tested at one step.
-        profile = config.version_profile
+            unhashed_blocks_to_head=profile.unhashed_blocks_to_head,
+            caches_through_a_negative_count=profile.caches_through_a_negative_count)   # _cache_full_blocks
         self._threshold_needs_company = profile.threshold_needs_company   # _threshold_in_force
         self._sampled_token_slot = profile.sampled_token_slot             # _clip
         self._full_sequence_admission = profile.full_sequence_admission   # _schedule_waiting

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both ch
 VLLM = Path(__file__).resolve().parent.parent / "flightcheck" / "vllm"
 HUNT34 = Path(__file__).resolve().parent / "data" / "vllm" / "hunt34"
 
-DRAFTS_0_8 = {"unscheduled_drafts_kept", "drafts_from_every_output"}
+DRAFTS_0_8 = {"unscheduled_drafts_kept", "drafts_from_every_output", "caches_through_a_negative_count"}
 OUTPUTS_0_8 = {"outputs_to_running_by_id", "worker_decides_sampling", "flush_finished_every_schedule"}
 # profile -> the constants its released variant switches (and nothing else).
 RELEASED_CONSTANTS: dict[str, set[str]] = {
@@ -59,6 +59,8 @@ CHANGES_A_RUN: dict[str, tuple[str, int, int, bool, int]] = {
     "flush_finished_every_schedule": ("vllm-0.8.5", 0, 0, False, 41),
     "drafts_from_every_output": ("vllm-0.8.5", 0, 2, False, 31),
     "unscheduled_drafts_kept": ("vllm-0.8.5", 0, 2, False, 10),
+    # r1 resumed holding 3 drafts, given 2 tokens (tests/test_vllm_negative_slice_084.py)
+    "caches_through_a_negative_count": ("vllm-0.8.4", 376, 3, True, 149),
     "no_max_model_len_clip": ("vllm-0.8.4", 0, 2, False, 7),
     "in_flight_mark_kept_off_running": ("vllm-0.8.4", 0, 0, False, 31),
     "outputs_by_id_alone": ("vllm-0.33", 0, 0, True, 0),

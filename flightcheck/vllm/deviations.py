@@ -44,6 +44,15 @@ DEVIATIONS: dict[str, str] = {
         "num_computed_tokens) and schedules them in a later batch, with pipeline parallelism "
         "while the request's sampling entry is still in flight: that position is sampled twice "
         "and the token appended twice (the ground truth's double sample)",
+    "negative_count_caches_blocks":
+        "speculative decoding: vLLM 0.8.x's allocate_slots counts `(num_computed_tokens + "
+        "num_tokens - len(request.spec_token_ids)) // block_size` full blocks, negative for a "
+        "request resumed holding more drafts (kept through its preemption) than the tokens it "
+        "is given, and BlockPool.cache_full_blocks caches `blocks[num_cached_blocks:"
+        "num_full_blocks]`, every table block but the last ones, before their KV is written "
+        "where they lie past the tokens scheduled; the reference caches nothing there, so the "
+        "request's next admission hits less (reference/profiles.py "
+        "`caches_through_a_negative_count`, a released constant)",
     "drafts_clipped_to_max_model_len":
         "speculative decoding: the reference clips an entry to `max_model_len - "
         "num_computed_tokens`, as vLLM 0.8.5's Scheduler.schedule does (\"necessary when using "
@@ -96,10 +105,10 @@ DEVIATIONS: dict[str, str] = {
 # The deviations each version's differential may name (the others cannot occur there).
 VERSION_DEVIATIONS: dict[str, tuple[str, ...]] = {
     "0.8.5": ("orphaned_token_kept", "stale_token_dropped", "partial_chunk_token_dropped",
-              "engine_blocked_in_flight", "unscheduled_drafts_dropped"),
+              "engine_blocked_in_flight", "unscheduled_drafts_dropped", "negative_count_caches_blocks"),
     "0.8.4": ("orphaned_token_kept", "stale_token_dropped", "partial_chunk_token_dropped",
               "inflight_mark_cleared_on_preemption", "engine_blocked_in_flight", "unscheduled_drafts_dropped",
-              "drafts_clipped_to_max_model_len"),
+              "drafts_clipped_to_max_model_len", "negative_count_caches_blocks"),
     # 0.33 and 0.34 with drafts (sync): drafts handed over at submission, and
     # after them the runner sampling a chunk the scheduler scheduled as partial.
     "0.33.0": ("reused_id_output_dropped", "drafts_handed_over_at_submission", "partial_chunk_token_dropped",

@@ -37,6 +37,7 @@ from typing import Any
 # The named deviations (deviations.py) and the reference side (reference_run.py),
 # named here too for the callers.
 from .deviations import DEVIATIONS, VERSION_DEVIATIONS
+from .negative_count import cached_through_a_negative_count
 from .kv_differential import KV_REPORTS, ErrorFinishes, kv_decision
 from .run_coverage import coverage_of
 from .reference_run import (ASYNC_VERSION_PROFILES, VERSION_PROFILES, ReferenceRun, _model_output,
@@ -200,17 +201,19 @@ def classify(vllm_result: dict[str, Any], vllm: list[tuple[Any, ...]],
         # vLLM raised in schedule() where the threshold cut a padded admission;
         # the reference schedules it with the drafts that fit.
         return "padded_admission_cut_by_threshold"
+    truth = vllm_result.get("ground_truth") or {}
+    theirs = vllm[index] if index < len(vllm) else None
+    ours = reference[index] if index < len(reference) else None
+    if cached_through_a_negative_count(truth, vllm[:index], theirs, ours):
+        return "negative_count_caches_blocks"      # before the mark drift: 0.8.4's crash follows it
     named = _classify(vllm_result, vllm, reference, index)
     if named is not None and _version_may_name(vllm_result, named):
         return named
-    truth = vllm_result.get("ground_truth") or {}
     # requests admitted holding drafts kept through a preemption, or given
     # slots holding more drafts than their entry scheduled (a threshold or
     # budget clip): 0.8.x's allocate_slots left the held drafts uncached
     held = {item["req"] for item in (*truth.get("drafts_held_at_admission", ()),
                                      *truth.get("drafts_held_at_allocation", ()))}
-    theirs = vllm[index] if index < len(vllm) else None
-    ours = reference[index] if index < len(reference) else None
     errored = {event[1] for event in vllm + reference if event[0] == "finish" and event[2] == "error"}
     if errored and (_concerns(theirs, ours) & errored or any(
             event[0] == "finish" and event[2] == "error" for event in vllm[:index])):
