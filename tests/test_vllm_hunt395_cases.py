@@ -30,7 +30,7 @@ tests/data/vllm/hunt395).
   `engine_blocked_in_flight`, which 0.3x cannot name, and left it
   unexplained. The conforming run (drafts at submission, then the padding's
   assertion, `padded_admission_cut_by_threshold`'s) equals vLLM's to its
-  end. differential.py `_drafts_preempt_a_sampler_in_flight` now names it.
+  end. decision_rules.py `_drafts_preempt_a_sampler_in_flight` now names it.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ with its workload):
   drafts the new r1 holds (`next_drafts`) on each. The reference drops
   those outputs and writes none, so the first difference names no request
   in its tokens: the differential called it unexplained until it read the
-  requests of `next_drafts` too (differential.py `_concerns`);
+  requests of `next_drafts` too (decision_rules.py `_concerns`);
 * `drift-ends-deferral-early` (campaign `--versions 0.34.0,0.33.0
   --all-features --spec-tokens 2 --reuse-ids --workloads 80 --seed 46`,
   index 58, async on both releases, kept as `...-seed46_58`; minimised with

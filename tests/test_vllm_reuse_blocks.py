@@ -17,7 +17,7 @@ event 43, a schedule that names r4 alone. The differential named the
 id-reuse deviation only where the difference concerned the drifted request,
 so it called this one unexplained; it now names it where two schedules
 differ in block ids alone and a differing block was a drifted request's
-(flightcheck/vllm/differential.py `_drifted_blocks_moved`). The reference
+(flightcheck/vllm/decision_rules.py `_drifted_blocks_moved`). The reference
 as released (outputs bound by id) drifts the same way and equals vLLM's
 decisions throughout.
 """
@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 
 from flightcheck.vllm.campaign import check_verdict
-from flightcheck.vllm.differential import (_drifted_blocks_moved, compare, decisions, first_difference,
-                                           profile_for, read_trace, run_reference)
+from flightcheck.vllm.decision_rules import _drifted_blocks_moved
+from flightcheck.vllm.differential import compare, decisions, first_difference, profile_for, read_trace, run_reference
 
 from .vllm_support import DATA
 
