@@ -25,6 +25,8 @@ from flightcheck.vllm.differential import classify, decisions, profile_for, read
 
 from .vllm_support import DATA, KeptCase, Workers, workers
 
+pytestmark = pytest.mark.usefixtures("both_checkers")   # the slow replay checks its trace: both checkers compared
+
 CASE = KeptCase(DATA / "hunt395" / "084_sync_negative_count_caches_the_first_block_seed376_149")
 
 
