@@ -145,3 +145,21 @@ def test_vllm_computes_the_minimal_runs_on_the_invalid_blocks(running: Workers, 
     reads = result["ground_truth"]["kv_computed_on_invalid_kv"]
     assert [(read["req"], read["start"], read["blocks"]) for read in reads] == [(r, 4, [1, 2]) for r in readers]
 
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("mode", ["", "async_"])
+def test_vllm_runs_the_rolled_back_sharer_on_the_block_its_marker_has_not_rewritten(running: Workers, mode: str,
+                                                                                   tmp_path) -> None:
+    from flightcheck.vllm import ASYNC_RECORDER
+    from flightcheck.vllm.campaign import check_verdict, verdict
+    from flightcheck.vllm.differential import decisions, read_trace
+
+    case = KeptCase(CASES / f"034_{mode}{SEED379}")
+    trace = tmp_path / "replayed.jsonl"
+    result = running["0.34.0"].replay(case.raw(), trace=str(trace), scheduler_cls=ASYNC_RECORDER if mode else None)
+    assert decisions(read_trace(trace)) == decisions(read_trace(case.trace))
+    reads = result["ground_truth"]["kv_computed_on_invalid_kv"]
+    assert [(read["req"], read["start"], read["blocks"]) for read in reads] == [("r4", 8, [2])]
+    category, detail = verdict(result, check_verdict(trace))
+    assert category == "rejected, real bug" and KV7 in detail, detail
