@@ -24,6 +24,19 @@ rolled back to 0, r2 arriving computes @4 on the invalid blocks, then r1
 (`computed_on_invalid_kv`); with no holder, vLLM's scan finds nobody
 affected and returns, the blocks stay cached and r2 computes on them
 (`stale_hit_after_aborted_loader`: two requests, the smallest).
+
+A sync sharer read before its chunked marker rewrites (campaign `--versions
+0.34.0 --all-features --spec-tokens 2 --lookahead --stages 1 --reuse-ids
+--seed 379 --workloads 120` index 44, sync and async, kept as
+`sharer_reads_before_chunked_marker_rewrites_seed379_44`): r0's sync load
+of the 8-token prefix (blocks 1, 2) and r4's prefix hit on them share batch
+1; the load fails from block 0. `_update_requests_with_invalid_blocks`
+rolls r0 back to 0 (it marks both blocks) and r4 keeps its 8 cached tokens
+("will be recomputed by them"), but `long_prefill_token_threshold` 3
+chunks r0: batch 2 recomputes r0 @0+3 and runs r4 @8+3 on block 2, which r0
+rewrites only in batch 3. The ground truth named it; check-trace skipped
+every rolled-back request at KV7 (leaving it to KV3), r4 among them,
+though the spec rolls r4 back as vLLM does: a miss. Now KV7 at line 12.
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ SEED362 = "async_sharers_compute_on_invalid_kv_seed362_27"
 MINIMAL = "computed_on_invalid_kv"
 STALE_HIT = "stale_hit_after_aborted_loader"
 KV7 = "KV7_no_compute_on_invalid_kv"
+SEED379 = "sharer_reads_before_chunked_marker_rewrites_seed379_44"
 
 
 @pytest.mark.parametrize("release", ["034", "033"])
@@ -63,6 +77,15 @@ def test_check_trace_rejects_the_minimal_runs_at_the_new_requests_hit(release: s
     result = check_trace(CASES / f"{release}_{stem}.jsonl")
     assert (result.ok, result.line, result.property) == (False, line, KV7), result.message
     assert '"r2" is scheduled @4+4' in result.message
+
+
+@pytest.mark.parametrize("mode", ["", "async_"])
+def test_check_trace_rejects_a_rolled_back_sharer_read_before_its_chunked_marker_rewrites(mode: str) -> None:
+    trace = CASES / f"034_{mode}{SEED379}.jsonl"
+    incremental, full = check_trace(trace), check_trace(trace, full=True)
+    assert (incremental.ok, incremental.line, incremental.property) == (False, 12, KV7), incremental.message
+    assert '"r4" is scheduled @8+3' in incremental.message      # batch 2: r0 @0+3 rewrites block 1, not 2
+    assert incremental.to_json() == full.to_json()
 
 
 def test_a_batch_that_recomputes_the_block_may_read_it() -> None:
@@ -121,3 +144,22 @@ def test_vllm_computes_the_minimal_runs_on_the_invalid_blocks(running: Workers, 
     result, _ = replay_kept_async(running[version], case.raw(), case.trace, tmp_path / "replayed.jsonl")
     reads = result["ground_truth"]["kv_computed_on_invalid_kv"]
     assert [(read["req"], read["start"], read["blocks"]) for read in reads] == [(r, 4, [1, 2]) for r in readers]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("mode", ["", "async_"])
+def test_vllm_runs_the_rolled_back_sharer_on_the_block_its_marker_has_not_rewritten(running: Workers, mode: str,
+                                                                                   tmp_path) -> None:
+    from flightcheck.vllm import ASYNC_RECORDER
+    from flightcheck.vllm.campaign import check_verdict, verdict
+    from flightcheck.vllm.differential import decisions, read_trace
+
+    case = KeptCase(CASES / f"034_{mode}{SEED379}")
+    trace = tmp_path / "replayed.jsonl"
+    result = running["0.34.0"].replay(case.raw(), trace=str(trace), scheduler_cls=ASYNC_RECORDER if mode else None)
+    assert decisions(read_trace(trace)) == decisions(read_trace(case.trace))
+    reads = result["ground_truth"]["kv_computed_on_invalid_kv"]
+    assert [(read["req"], read["start"], read["blocks"]) for read in reads] == [("r4", 8, [2])]
+    category, detail = verdict(result, check_verdict(trace))
+    assert category == "rejected, real bug" and KV7 in detail, detail

@@ -376,9 +376,16 @@ class ConnectorEvents:
         """KV7 at a schedule event, before its decisions are compared: an
         entry of the trace's batch whose computed prefix holds a block a
         failed load left invalid that the batch does not recompute
-        (spec/kv_invalid.py; vLLM #37827), save a request whose rollback
-        KV3 checks at this entry. The tables: the spec's after its call, or
-        before it where the spec's is shorter than the entry's start."""
+        (spec/kv_invalid.py; vLLM #37827), save a rolled-back request whose
+        entry the spec's call does not make as the trace does (KV3 names its
+        start, `_diagnose_kv_entries`). A rolled-back sharer the spec
+        schedules alike is KV7's: vLLM 0.34.0 `_update_requests_with_invalid_blocks`
+        lets it keep blocks the marker recomputes later, and a chunked marker
+        (`long_prefill_token_threshold`) rewrites them batches after the
+        sharer reads them (0.34.0 `campaign --all-features --spec-tokens 2
+        --lookahead --reuse-ids --seed 379` index 44, a miss before). The
+        tables: the spec's after its call, or before it where the spec's is
+        shorter than the entry's start."""
         invalid, bs = self.state.invalid_kv, self.cfg.block_size
         if not invalid or not trace_entries:
             return
@@ -391,10 +398,11 @@ class ConnectorEvents:
                 if len(table) * bs < x["start"]:
                     table = self.state.requests[r].block_table
                 batch.append((r, x["start"], x["n"], table, x.get("external", 0)))
+        ours = {e.req: (e.start, e.n) for e in scheduled.entries} if scheduled is not None else {}
         for r, blocks in kv7_reads(invalid, batch, bs):
-            if r in self.rolled_back:
-                continue                  # its own rollback's start: KV3 (`_diagnose_kv_entries`) names it
             x = next(x for x in trace_entries if self.slot.get(x["req"]) == r)
+            if r in self.rolled_back and ours.get(r) != (x["start"], x["n"]):
+                continue                  # its rollback's start differs: KV3 (`_diagnose_kv_entries`) names it
             raise self._violation("KV7_no_compute_on_invalid_kv", f"{self._quoted_name(r)} is scheduled "
                                   f"@{x['start']}+{x['n']} on blocks {blocks}, whose KV a failed load left "
                                   "invalid and no batch has recomputed (vLLM #37827)")
