@@ -48,6 +48,8 @@ from flightcheck.verification.z3.reset_pause_engines import (
 from flightcheck.verification.z3.reset_pause_models import RP_Z3, RP_Z3_ASYNC
 from flightcheck.verification.z3.results import ReplayMismatch
 
+from .z3_formula_evaluator import FormulaEvaluator
+
 MODEL = RP_Z3
 
 
@@ -122,48 +124,9 @@ def test_the_relation_is_spec_step_on_every_reachable_reset_pause_state(profile)
 # --- the formulas against the concrete predicates
 
 
-class _Evaluator:
-    """Truth values of the formulas on concrete states and steps: the frames'
-    and the action's values substituted, so a perturbed successor is
-    evaluated as given (nothing of the relation asserted); RP1, which reads
-    the frame's schedule, by a solve with the schedule's definitions."""
-
-    def __init__(self) -> None:
-        self.system = System(MODEL)
-        self.step = self.system.step(0, 1)
-        frame = self.system.frame(0)
-        self.auxiliary = {n: self.system.build(f, frame) for n, f in RP_AUXILIARY.items()}
-        self.transition = {n: self.system.build(f, self.step) for n, f in RP_TRANSITION_FORMULAS.items()}
-        self.before = [v for _, v in leaves(frame)]
-        self.after = [v for _, v in leaves(self.system.frame(1))]
-        self.solver = z3.Solver()
-        self.solver.add(self.system.sched(0)[1])
-
-    def _values(self, s: State) -> list:
-        return [v for _, v in leaves(self.system.constant(s))]
-
-    def state(self, s: State, name: str) -> bool:
-        f = z3.substitute(self.auxiliary[name], *zip(self.before, self._values(s)))
-        return z3.is_true(z3.simplify(f))
-
-    def edge(self, s: State, code: int, t: State, name: str) -> bool:
-        pairs = [*zip(self.before, self._values(s)), *zip(self.after, self._values(t)),
-                 (self.step.choices.act, z3.IntVal(code) if self.system.layout.width is None
-                  else z3.BitVecVal(code, self.system.layout.width))]
-        f = z3.simplify(z3.substitute(self.transition[name], *pairs))
-        if z3.is_true(f) or z3.is_false(f):
-            return z3.is_true(f)
-        self.solver.push()              # the frame's schedule decides it (RP1)
-        self.solver.add(self.system.encode(s, 0))
-        assert self.solver.check() == z3.sat
-        truth = z3.is_true(self.solver.model().eval(f, model_completion=True))
-        self.solver.pop()
-        return truth
-
-
 @functools.lru_cache(maxsize=None)
-def _evaluator() -> _Evaluator:
-    return _Evaluator()
+def _evaluator() -> FormulaEvaluator:
+    return FormulaEvaluator(MODEL, RP_AUXILIARY, RP_TRANSITION_FORMULAS)
 
 
 def _perturbed_state(s: State, rng: random.Random) -> State:

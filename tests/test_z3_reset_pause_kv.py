@@ -40,7 +40,7 @@ from flightcheck.verification.z3.encoding.reset_pause_invariants import (
 )
 from flightcheck.verification.z3.encoding.state import NotRepresentable
 from flightcheck.verification.z3.encoding.system import System
-from flightcheck.verification.z3.encoding.terms import clone, leaves
+from flightcheck.verification.z3.encoding.terms import clone
 from flightcheck.verification.z3.kv_engines import kv_bmc
 from flightcheck.verification.z3.reset_pause_engines import (
     RP_KV_PROPERTIES,
@@ -50,6 +50,8 @@ from flightcheck.verification.z3.reset_pause_engines import (
     rp_properties,
 )
 from flightcheck.verification.z3.reset_pause_models import RP_KV_Z3
+
+from .z3_formula_evaluator import FormulaEvaluator
 
 MODEL = RP_KV_Z3
 RP5 = "RP5_connector_reset_forgets_offers"
@@ -131,44 +133,10 @@ def test_each_reset_code_is_its_spec_action_from_a_state_with_an_offer_not_taken
 # --- the formulas against the concrete predicates
 
 
-class _Evaluator:
-    """Truth values of RPA3 on states and RP5 on steps, the frames' and the
-    action's values substituted (RP5 reads the frame's schedule: a solve)."""
-
-    def __init__(self) -> None:
-        self.system = System(MODEL)
-        self.step = self.system.step(0, 1)
-        frame = self.system.frame(0)
-        self.auxiliary = {n: self.system.build(f, frame) for n, f in RP_KV_AUXILIARY.items()}
-        self.rp5 = self.system.build(RP5_FORMULA[RP5], self.step)
-        self.before = [v for _, v in leaves(frame)]
-        self.after = [v for _, v in leaves(self.system.frame(1))]
-        self.solver = z3.Solver()
-        self.solver.add(self.system.sched(0)[1])
-
-    def _values(self, s: State) -> list:
-        return [v for _, v in leaves(self.system.constant(s))]
-
-    def state(self, s: State, name: str) -> bool:
-        return z3.is_true(z3.simplify(z3.substitute(self.auxiliary[name], *zip(self.before, self._values(s)))))
-
-    def edge(self, s: State, code: int, t: State) -> bool:
-        pairs = [*zip(self.before, self._values(s)), *zip(self.after, self._values(t)),
-                 (self.step.choices.act, z3.BitVecVal(code, self.system.layout.width))]
-        f = z3.simplify(z3.substitute(self.rp5, *pairs))
-        if z3.is_true(f) or z3.is_false(f):
-            return z3.is_true(f)
-        self.solver.push()              # the frame's schedule decides it
-        self.solver.add(self.system.encode(s, 0))
-        assert self.solver.check() == z3.sat
-        truth = z3.is_true(self.solver.model().eval(f, model_completion=True))
-        self.solver.pop()
-        return truth
-
-
 @functools.lru_cache(maxsize=None)
-def _evaluator() -> _Evaluator:
-    return _Evaluator()
+def _evaluator() -> FormulaEvaluator:
+    """RPA3 on states and RP5 on steps (RP5 reads the frame's schedule: a solve)."""
+    return FormulaEvaluator(MODEL, RP_KV_AUXILIARY, {RP5: RP5_FORMULA[RP5]})
 
 
 def _kept_offer(s: State) -> State:
@@ -216,7 +184,7 @@ def test_rp5s_formula_agrees_with_the_spec_on_steps_and_on_a_schedule_that_parks
                 except NotRepresentable:
                     continue
                 expected = spec.holds(s, nxt, action, MODEL.cfg)
-                assert ev.edge(s, _code(action), nxt) == expected, (s, action, nxt)
+                assert ev.edge(s, _code(action), nxt, RP5) == expected, (s, action, nxt)
                 checked += 1
                 broken += not expected
     assert checked > 50 and broken
