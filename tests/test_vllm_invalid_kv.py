@@ -68,6 +68,8 @@ def test_check_trace_rejects_the_first_hit_on_the_invalid_blocks_not_the_sharers
     full = check_trace(CASES / f"{release}_{SEED362}.jsonl", full=True)
     assert (incremental.ok, incremental.line, incremental.property) == (False, 34, KV7), incremental.message
     assert '"r3" is scheduled @4+4' in incremental.message   # r3's hit, before r5's and r1's entries (line 57)
+    # the blocks by the trace's ids, as the ground truth names them ("r3 was scheduled @4 on blocks [16, 17]")
+    assert "on blocks [16, 17] (the trace's ids)" in incremental.message
     assert incremental.to_json() == full.to_json()
 
 

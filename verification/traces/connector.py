@@ -404,7 +404,8 @@ class ConnectorEvents:
             if r in self.rolled_back and ours.get(r) != (x["start"], x["n"]):
                 continue                  # its rollback's start differs: KV3 (`_diagnose_kv_entries`) names it
             raise self._violation("KV7_no_compute_on_invalid_kv", f"{self._quoted_name(r)} is scheduled "
-                                  f"@{x['start']}+{x['n']} on blocks {blocks}, whose KV a failed load left "
+                                  f"@{x['start']}+{x['n']} on blocks {[self._trace_id(b) for b in blocks]} "
+                                  "(the trace's ids), whose KV a failed load left "
                                   "invalid and no batch has recomputed (vLLM #37827)")
 
     def _check_kv_loads(self, before: State, scheduled: Scheduled | None, event: dict) -> None:
