@@ -143,6 +143,13 @@ class Config:
     # reads nothing from the prefix cache. Off: the flag of an arrival is
     # dropped, the spec exactly as without it.
     prompt_logprobs: bool = False
+    # KV7 checked by the explicit search (spec/kv_invalid.py): the history
+    # variable `State.invalid_kv` made part of a state's identity
+    # (`kv_invalid.InvalidKvState`, from the search's initial state) and KV7
+    # among the transition properties. Off: the spec, its properties and
+    # its state counts exactly as before. Needs a KV connector under the
+    # recompute policy (the only one that leaves blocks invalid).
+    check_invalid_kv: bool = False
 
     def __post_init__(self) -> None:
         self._resolve_profile()
@@ -172,6 +179,8 @@ class Config:
             raise ValueError(f"reset_and_pause needs a profile with reset and pause (vLLM 0.33 on), not {self.profile}")
         if self.max_loras < 0:
             raise ValueError("max_loras must be >= 0")
+        if self.check_invalid_kv and (self.kv_connector is None or self.kv_connector.load_failure_policy != "recompute"):
+            raise ValueError("check_invalid_kv (KV7) needs a KV connector under the recompute policy")
         self._check_drafter()
         if (self.max_loras or self.prompt_logprobs) and not self.rules.stale_output_counters:
             raise ValueError("max_loras and prompt_logprobs are modelled only under the vLLM 0.33 and 0.34 "

@@ -20,7 +20,14 @@ invalid (kv_reports.py marks them), until a batch computes a block's first
 token or the block leaves the prefix cache (popped fresh: whoever gets it
 writes or loads it before reading it). The spec's own prefix hit still
 offers them (as vLLM does); KV7 is checked on the scheduler's batches by
-the trace checker (verification/traces/connector.py).
+the trace checker (verification/traces/connector.py), and, where a model
+asks for it (`Config.check_invalid_kv`), by the explicit search as a
+transition property of `schedule` (`schedule_reads`). A history variable
+is no part of a state's identity, so a search that checks KV7 must make it
+one (`InvalidKvState`): the same scheduler state with and without stale
+blocks leads to different verdicts, and a breadth-first search that
+merged them would drop the second path (a failure that changes nothing
+but `invalid_kv`, an aborted loader's, reaches a state it already saw).
 """
 
 from __future__ import annotations
@@ -74,3 +81,36 @@ def forget_rewritten(state: State, cfg: Config, entries: Iterable) -> State:
     gone = rewritten(batch, cfg.block_size)
     kept = frozenset(b for b in state.invalid_kv if b not in gone and label_of(state.pool, b) is not None)
     return replace(state, invalid_kv=kept)
+
+
+def schedule_reads(before: State, after: State, cfg: Config) -> list[tuple[int, list[int]]]:
+    """KV7 on a `schedule` step from `before` to `after`: the breaches of the
+    batch it queued (`after.in_flight[-1]`, each entry with its request's
+    table after the call, where its blocks were allocated), against the
+    blocks invalid before the call (check-trace reads the same at a
+    schedule event: verification/traces/connector.py `_check_invalid_kv`)."""
+    if not before.invalid_kv or not after.in_flight:
+        return []
+    batch = [(e.req, e.start, e.n, after.requests[e.req].block_table, e.external) for e in after.in_flight[-1]]
+    return kv7_reads(before.invalid_kv, batch, cfg.block_size)
+
+
+class InvalidKvState(State):
+    """The spec's state with KV7's history variable in its identity (equal
+    and hashed with `invalid_kv`): the explicit search's states where KV7 is
+    checked (`Config.check_invalid_kv`). Every action keeps the class
+    (`state.evolve` and `dataclasses.replace` build the successor from the
+    same class), so only the initial state is made one."""
+
+    def __eq__(self, other: object) -> bool:
+        return State.__eq__(self, other) is True and self.invalid_kv == other.invalid_kv  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((State.__hash__(self), self.invalid_kv))
+
+
+def with_invalid_kv_identity(state: State) -> InvalidKvState:
+    """`state` as an `InvalidKvState` (the same fields)."""
+    tracked = object.__new__(InvalidKvState)
+    tracked.__dict__.update({name: getattr(state, name) for name in state.__dataclass_fields__})
+    return tracked

@@ -86,6 +86,19 @@ def send_kv(state: State, cfg: Config, r: int) -> State | None:
     return state.with_request(r, block_table=(), held=False)
 
 
+def finished_load_blocks(state: State, cfg: Config, r: int) -> range:
+    """The block indexes a failure of r's sync load may name after r
+    finished (aborted) with the batch carrying it in flight (vLLM reports it
+    with that batch's output: `_fail_holders_of_finished`), until its failure
+    is reported (a load fails once: its entry then brings nothing in,
+    `_report_taken`). Empty for a request not finished."""
+    q = state.requests[r]
+    e = _load_entry(state, r) if q.status.is_finished else None
+    if e is None:
+        return range(0)
+    return range((e.start - e.external) // cfg.block_size, cdiv(e.start, cfg.block_size))
+
+
 def loading_entry(state: State, r: int) -> Entry | None:
     """r's live entry in flight that carries a synchronous load, if any."""
     for e in state.entries_of(r):
@@ -132,11 +145,13 @@ def fail_kv_load(state: State, cfg: Config, r: int, from_block: int) -> State | 
     valid = from_block * cfg.block_size
     if parked:
         return state.with_request(r, num_computed=valid, load=Load.FAILED)
+    if quarantines_invalid_kv(cfg):           # the fix: no marks, every holder cut, the blocks evicted
+        return _scan_invalid_blocks(state, cfg, ((r, from_block),))
     state = mark_invalid(state, _invalid_blocks(state, cfg, r, from_block))     # KV7 (kv_invalid.py)
     for h in holders:
         if h != r:
             state = _recompute_holder(state, cfg, h, r, from_block)
-    return rollback(state, cfg, r, valid)
+    return _report_taken(rollback(state, cfg, r, valid), cfg, r)
 
 
 def fail_cut_parked_load(state: State, cfg: Config, r: int, from_block: int) -> State | None:
@@ -193,11 +208,15 @@ def _scan_invalid_blocks(state: State, cfg: Config, failures: tuple[tuple[int, i
     `_handle_invalid_blocks`: `_update_requests_with_invalid_blocks` over
     parked loads, then over `running`). Parked loads: each cut at its own
     failed block or its first block among the sync loads' invalid ones,
-    whichever comes first, its load failed. Running requests, in order, one
+    whichever comes first, its load failed (one that has landed stays
+    RECEIVED: `_failed`). Running requests, in order, one
     set of marks: each holder of an invalid block recomputes from its first
     one no earlier holder marked, and marks every invalid block it holds;
     a holder whose invalid blocks all were marked keeps them
-    (`_revert_to_carrier`). None if the sync loads' failures name two
+    (`_revert_to_carrier`). Under finding 7's fix (`quarantines_invalid_kv`)
+    no marks: every running holder recomputes from its own first invalid
+    block, and the invalid blocks, with each such holder's blocks after its
+    first, leave the prefix cache. None if the sync loads' failures name two
     carrying batches (one output carries one batch's)."""
     bs = cfg.block_size
     parked = {r: b for r, b in failures if state.requests[r].status is Status.WAITING_FOR_REMOTE_KVS}
@@ -212,17 +231,23 @@ def _scan_invalid_blocks(state: State, cfg: Config, failures: tuple[tuple[int, i
         cuts = [parked[h]] if h in parked else []
         cuts += [i for i, block in enumerate(blocks) if block in invalid][:1]
         if cuts:
-            state = state.with_request(h, num_computed=min(cuts) * bs, load=Load.FAILED)
+            state = state.with_request(h, num_computed=min(cuts) * bs, load=_failed(state.requests[h].load))
     marked: set[int] = set()
+    quarantine, evicted = quarantines_invalid_kv(cfg), set(invalid)
     for h in state.running:
         blocks = _computed_blocks(state, cfg, h)
         hits = [i for i, block in enumerate(blocks) if block in invalid]
-        fresh = [i for i in hits if blocks[i] not in marked]
+        fresh = hits if quarantine else [i for i in hits if blocks[i] not in marked]
         marked.update(blocks[i] for i in hits)
         if fresh:
             state = rollback(state, cfg, h, fresh[0] * bs)
+            evicted.update(state.requests[h].block_table[fresh[0]:])
         elif hits:
             state = _revert_to_carrier(state, cfg, h, carrier)
+    if quarantine:
+        state = replace(state, pool=uncache(state.pool, tuple(evicted)))
+    for r, _ in sync:
+        state = _report_taken(state, cfg, r)
     return mark_invalid(state, invalid)                 # KV7 (kv_invalid.py)
 
 
@@ -252,11 +277,17 @@ def _fail_holders_of_finished(state: State, cfg: Config, r: int, from_block: int
     its first invalid block and the first running holder there, the later
     running holders keep them (`_scan_invalid_blocks`); the fail policy
     finishes every holder, the first running one's blocks from there leaving
-    the cache (only the pass over `running` evicts). None when no request
-    shares them."""
+    the cache (only the pass over `running` evicts). When no request shares
+    them vLLM returns before anything (None), save for what the report
+    still changes: under finding 7's fix the blocks leave the cache, and
+    where KV7 is checked (`Config.check_invalid_kv`) they are invalid from
+    here (`mark_finished_load_invalid`; finding 7's stale hit after an
+    aborted loader)."""
     holders = shared_holders(state, cfg, r, from_block)
     if not holders:
-        return None
+        if _load_entry(state, r) is None or not (quarantines_invalid_kv(cfg) or cfg.check_invalid_kv):
+            return None
+        return _report_taken(mark_finished_load_invalid(state, cfg, r, from_block), cfg, r)
     if cfg.kv_connector.load_failure_policy == "recompute":
         return _scan_invalid_blocks(state, cfg, ((r, from_block),))
     invalid = _invalid_blocks(state, cfg, r, from_block)
@@ -278,7 +309,24 @@ def mark_finished_load_invalid(state: State, cfg: Config, r: int, from_block: in
     (KV7, kv_invalid.py)."""
     if cfg.kv_connector is None or cfg.kv_connector.load_failure_policy != "recompute":
         return state
-    return mark_invalid(state, _invalid_blocks(state, cfg, r, from_block))
+    invalid = _invalid_blocks(state, cfg, r, from_block)
+    if quarantines_invalid_kv(cfg):                     # the fix: they leave the cache
+        state = replace(state, pool=uncache(state.pool, tuple(invalid)))
+    return mark_invalid(state, invalid)
+
+
+def quarantines_invalid_kv(cfg: Config) -> bool:
+    """The seam of `Profile.kv_recompute_quarantines_invalid` (finding 7's
+    fix, no vLLM release): under the recompute policy, does a failure's scan
+    cut every holder at its own first invalid block and evict the invalid
+    blocks (with each cut running holder's blocks after them) from the
+    prefix cache? vLLM 0.33.0/0.34.0 `Scheduler._handle_invalid_blocks`
+    evicts only under the fail policy and `_update_requests_with_invalid_blocks`
+    lets a later holder keep a marked block: False in every released
+    profile. With it, no later prefix hit reaches an invalid block and no
+    holder's computed prefix keeps one, so KV7 holds (verification/kv_models.py)."""
+    return cfg.kv_connector is not None and cfg.kv_connector.load_failure_policy == "recompute" \
+        and cfg.rules.kv_recompute_quarantines_invalid
 
 
 def _load_entry(state: State, r: int) -> Entry | None:
@@ -289,6 +337,20 @@ def _load_entry(state: State, r: int) -> Entry | None:
     if state.requests[r].status.is_finished:
         return next((e for e in state.entries_of(r, fate=None) if e.external > 0), None)
     return None
+
+
+def _report_taken(state: State, cfg: Config, r: int) -> State:
+    """r's sync load has had its failure reported: where KV7's models offer
+    an aborted loader's report (`Config.check_invalid_kv`,
+    `finished_load_blocks`), the entry carrying it, live or not, brings
+    nothing in from here (`external` 0), so the load is not reported again
+    once r has finished (a load fails once, C3). Elsewhere nothing changes
+    (no search offers that report, and the state counts stay as they were)."""
+    e = next((x for x in state.entries_of(r, fate=None) if x.external > 0), None) if cfg.check_invalid_kv else None
+    if e is None:
+        return state
+    return replace(state, in_flight=tuple(tuple(replace(x, external=0) if x is e else x for x in batch)
+                                          for batch in state.in_flight))
 
 
 def _invalid_blocks(state: State, cfg: Config, r: int, from_block: int) -> set[int]:

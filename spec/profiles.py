@@ -291,6 +291,20 @@ class Profile:
     # self.requires_kv_delivery)`: a producer's preempted request drops its
     # in-flight output (0.33, 0.34).
     kv_producer_drops_stale_output: bool = False
+    # Under the recompute policy a sync load's invalid blocks stay in the
+    # prefix cache (`_handle_invalid_blocks` evicts only under the fail
+    # policy) and a later holder in `_update_requests_with_invalid_blocks`'
+    # scan keeps a block an earlier one marked ("this request can still
+    # consider this block as computed"): KV7 breaks where the marker never
+    # recomputes it (docs/vllm-kv-connector-findings.md, finding 7; 0.33,
+    # 0.34). True: the fix (no vLLM release): the invalid blocks and each
+    # affected running request's blocks after them leave the prefix cache
+    # under the recompute policy too (PR #53298 for #49250: "invalid blocks
+    # are quarantined from new prefix-cache users"), and every holder is cut
+    # at its own first invalid block, none keeping a block another marked
+    # (PR #37827's direction; PR #42461 drops the marks altogether). Read at
+    # one seam, kv_reports.quarantines_invalid_kv.
+    kv_recompute_quarantines_invalid: bool = False
     # `SchedulingPolicy.PRIORITY` (`Config.scheduling_policy`, docs/request-states.md):
     # `waiting` is a `PriorityRequestQueue` (a heap by `Request.__lt__`:
     # priority, then arrival time), and `schedule()`'s running loop preempts
@@ -465,6 +479,15 @@ _VLLM_0_34_RULES = {"threshold_needs_chunked_prefill": True, "cache_aware_admiss
 VLLM_0_34 = replace(VLLM_0_33, name="vllm-0.34", follows=VLLM_0_33.name, mid_step_inputs=("arrive", "abort"),
                     **_VLLM_0_34_RULES)
 
+# vLLM 0.34 with finding 7's fix (no vLLM release; a what-if, as the
+# hardened 0.33 variant): under the recompute policy a failed sync load's
+# invalid blocks leave the prefix cache and every holder recomputes from its
+# own first invalid block (`Profile.kv_recompute_quarantines_invalid`). KV7
+# holds on it (verification/kv_models.py, KV_INVALID_MODELS). It follows
+# vLLM 0.34 (`carry_over`): the fix is checked with everything 0.34 is.
+VLLM_0_34_INVALID_KV_FIXED = replace(VLLM_0_34, name="vllm-0.34-invalid-kv-fixed", follows=VLLM_0_34.name,
+                                     kv_recompute_quarantines_invalid=True)
+
 # vLLM 0.34.0 with asynchronous scheduling: 0.33's async rules unchanged
 # (`AsyncScheduler._update_after_schedule`; `next_decode_eligible_step` is
 # now set whenever pipeline parallelism runs async, with no V2-runner test;
@@ -475,7 +498,8 @@ VLLM_0_34_ASYNC = replace(VLLM_0_33_ASYNC, name="vllm-0.34-async", follows=VLLM_
 DEFAULT_PROFILE = VLLM_0_8_5.name
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (VLLM_0_8_5, VLLM_0_8_4, VLLM_0_33, VLLM_0_33_ASYNC,
-                                                    VLLM_0_33_HARDENED, VLLM_0_34, VLLM_0_34_ASYNC)}
+                                                    VLLM_0_33_HARDENED, VLLM_0_34, VLLM_0_34_ASYNC,
+                                                    VLLM_0_34_INVALID_KV_FIXED)}
 
 # `vllm.__version__` -> the profile that models it.
 VERSION_PROFILES: dict[str, str] = {"0.8.5": VLLM_0_8_5.name, "0.8.5.post1": VLLM_0_8_5.name,

@@ -16,6 +16,7 @@ from .actions import Prompt, Sample, abort, arrive, arrive_as, complete_oldest, 
 from .config import Config
 from .connector_contract import Labels, contract_clauses
 from .grammar import compile_grammar, fail_grammar
+from .kv_invalid import schedule_reads
 from .kv_reports import fail_kv_load, fail_kv_output, receive_kv, send_kv
 from .priority_invariants import running_loop_skips_nothing, victim_leaves_no_trace
 from .reset_pause import (reset, rp1_paused_schedules_nothing, rp2_reset_drops_in_flight,
@@ -338,6 +339,11 @@ def p_kv_preemption_frees(before: State, after: State, action: Action, cfg: Conf
     return len(after.deferred_frees) == len(before.deferred_frees)
 
 
+def kv7_no_compute_on_invalid_kv(before: State, after: State, action: Action, cfg: Config) -> bool:
+    """KV7: no entry of a batch computes on a block a failed sync load left invalid (in its computed prefix) unless the batch itself recomputes the block; checked where `Config.check_invalid_kv` makes `invalid_kv` part of the state (spec/kv_invalid.py; vLLM #37827, finding 7)."""
+    return not isinstance(action, Schedule) or not schedule_reads(before, after, cfg)
+
+
 # --- the priority policy's step properties (priority_invariants.py)
 
 
@@ -485,6 +491,8 @@ RESET_PAUSE_PROPERTIES: tuple[TransitionProperty, ...] = (
 )
 # With reset and pause beside a KV connector.
 CONNECTOR_RESET_PROPERTY = TransitionProperty("RP5_connector_reset_forgets_offers", rp5_connector_reset)
+# KV7, where a model makes `invalid_kv` part of the state (`Config.check_invalid_kv`).
+INVALID_KV_PROPERTY = TransitionProperty("KV7_no_compute_on_invalid_kv", kv7_no_compute_on_invalid_kv)
 
 
 # With the prefill cadence (`Config.prefill_schedule_interval` > 1).
@@ -510,6 +518,7 @@ def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
         chosen += tuple(p for p in KV_TRANSITION_PROPERTIES
                         if p.name != "KV3_rollback_restores_counters" or cfg.rules.kv_load_failures)
         chosen += CONTRACT_PROPERTIES
+        chosen += (INVALID_KV_PROPERTY,) if cfg.check_invalid_kv else ()
     if has_sessions(cfg):
         chosen += (TransitionProperty("SS1_old_output_never_bound", ss1_session_binding),)
     if cfg.reset_and_pause:

@@ -166,6 +166,43 @@ KV_MUTANT_MODELS[KV_PROFILE] = {
 }
 
 
+# --- KV7 (spec/kv_invalid.py; docs/vllm-kv-connector-findings.md, finding 7):
+# prefix caching and the recompute policy, KV7 checked (`Config.check_invalid_kv`:
+# `invalid_kv` in the state's identity, an aborted loader's failure offered).
+# Two requests share their first prompt block; r0 loads it by a sync load
+# that may fail. Under vLLM 0.33/0.34's rules KV7 breaks (shortest: r0's
+# failure marks the block and r1 keeps its hit, r0 is aborted before it
+# recomputes, r1's next entry reads the block); under the fix
+# (`vllm-0.34-invalid-kv-fixed`) it holds.
+KV_INVALID_K2 = Model(
+    "kv-invalid-k2",
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=6, prefix_caching=True, profile="vllm-0.34", kv_connector=KvConnector(),
+           check_invalid_kv=True),
+    (_kv_labelled(3, 1, 2, False, (1,)), _kv_labelled(3, 1, 0, False, (1,))),
+    allow_stop=False, kv_failures=True,
+    skip_targets=_MUTANT_SKIPPED + ("duplicate_cached_block", "load_lands_and_runs"),
+)
+# Finding 7's minimal run besides: a third request whose prompt shares the
+# block and whose second block loads asynchronously (a parked holder of the
+# invalid block, freed and retried when cut to nothing). Slow (about 30 s a
+# profile): tests/test_kv_invalid_search.py, marked slow.
+KV_INVALID_K3 = replace(
+    KV_INVALID_K2, name="kv-invalid-k3",
+    cfg=replace(KV_INVALID_K2.cfg, num_blocks=5),
+    prompts=(_kv_labelled(3, 1, 2, False, (1,)), _kv_labelled(5, 1, 2, True, (1, 2)),
+             _kv_labelled(3, 1, 0, False, (1,))),
+    skip_targets=_MUTANT_SKIPPED,
+)
+# `verify --kv-connector`'s KV7 rows, per profile: violated under vLLM
+# 0.34's rules (a vLLM bug; 0.33's are the same, tests/test_kv_invalid_search.py),
+# proved under the fix.
+KV_INVALID_MODELS: dict[str, tuple[Model, ...]] = {
+    profile: (_under(KV_INVALID_K2, profile),)
+    for profile in ("vllm-0.34", "vllm-0.34-invalid-kv-fixed")
+}
+
+
 def kv_mutant_model(name: str, profile: str = KV_PROFILE) -> Model:
     """The model the KV connector mutant `name` is hunted on under `profile`, with it applied."""
     return KV_MUTANT_MODELS[profile][name].with_mutant(name)

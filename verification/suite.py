@@ -37,7 +37,7 @@ from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES
 from flightcheck.verification import executors
 from flightcheck.verification.explicit_rows import (MutantResult, all_property_names, exhaustive_rows,  # noqa: F401
                                                     hunt_mutant, hunt_mutant_against_base)
-from flightcheck.verification.kv_models import KV_MUTANT_MODELS, KV_PROFILE_MODELS
+from flightcheck.verification.kv_models import KV_INVALID_MODELS, KV_MUTANT_MODELS, KV_PROFILE_MODELS
 from flightcheck.verification.reset_pause_models import RESET_PAUSE_MODELS, reset_pause_mutant_model
 from flightcheck.verification.session_models import SESSION_MUTANT_MODELS, SESSION_PROFILE, SESSION_PROFILE_MODELS
 from flightcheck.verification.models import (
@@ -64,7 +64,8 @@ VERIFY_DEPTH = 4
 # vllm-0.33-async among them since its auxiliary invariants (A12, A6's async
 # form: z3.induction.strengthening) made its k-induction go through.
 Z3_PROFILES: frozenset[str] = frozenset({DEFAULT_PROFILE, "vllm-0.8.4", "vllm-0.33", "vllm-0.33-hardened",
-                                         "vllm-0.33-async", "vllm-0.34", "vllm-0.34-async"})
+                                         "vllm-0.33-async", "vllm-0.34", "vllm-0.34-async",
+                                         "vllm-0.34-invalid-kv-fixed"})
 # Profiles `verify` runs no Z3 engine under, with why (encoded or not): it
 # proves their properties by exhaustive search of their models alone, and
 # says so. None today; kept for a profile whose encoding or proof lags.
@@ -162,6 +163,8 @@ class SuiteResult:
             {"explicit_only": self.explicit_only} if self.explicit_only else {}) | (
             {"allow_name_reuse": True, "counterexamples": [to_json(cx) for cx in self.counterexamples]}
             if self.allow_name_reuse else {}) | ({"kv_connector": True} if self.kv_connector else {}) | (
+            {"counterexamples": [to_json(cx) for cx in self.counterexamples]}    # KV7 under vLLM's rules
+            if self.counterexamples and not self.allow_name_reuse else {}) | (
             {"reset_pause": True} if self.reset_pause else {}) | (
             {"structured_output": True} if self.structured_output else {}) | (
             {"streaming_sessions": True} if self.streaming_sessions else {}) | (
@@ -350,13 +353,15 @@ def _kv_connector_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
     liveness property and target of each, and the connector's mutants
     (`KV_MUTANT_MODELS`), each on its own model."""
     profile = options.profile
-    if profile not in KV_PROFILE_MODELS:
-        raise ValueError(f"profile {profile!r} has no KV connector model; known: {', '.join(KV_PROFILE_MODELS)}")
+    if profile not in KV_PROFILE_MODELS and profile not in KV_INVALID_MODELS:
+        known = ', '.join(dict.fromkeys([*KV_PROFILE_MODELS, *KV_INVALID_MODELS]))
+        raise ValueError(f"profile {profile!r} has no KV connector model; known: {known}")
     t0 = time.perf_counter()
     rows: list[PropertyResult] = []
-    for small in KV_PROFILE_MODELS[profile]:
+    found: list[Counterexample] = []
+    for small in KV_PROFILE_MODELS.get(profile, ()) + KV_INVALID_MODELS.get(profile, ()):
         say(f"exhaustive search of {small.name} ({profile}, KV connector)")
-        rows += exhaustive_rows(small)
+        rows += exhaustive_rows(small, found)        # KV7 under the released rules: its counterexample
     z3_rows = options.use_z3 and _kv_encoded(profile)
     if z3_rows:
         from flightcheck.verification.z3 import suite as z3_suite
@@ -368,7 +373,7 @@ def _kv_connector_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
             continue
         say(f"hunting mutant {name} ({profile}, KV connector)")
         hunted.append(hunt_mutant(name, model=small))
-    return SuiteResult(time.perf_counter() - t0, rows, hunted, profile, kv_connector=True,
+    return SuiteResult(time.perf_counter() - t0, rows, hunted, profile, kv_connector=True, counterexamples=found,
                        explicit_only=KV_EXPLICIT_ONLY if options.use_z3 and not z3_rows else None)
 
 

@@ -302,6 +302,10 @@ def _print_suite(console: Console, suite) -> None:
     _print_mutants(console, suite, "Mutants")
     for name, why in suite.moot.items():
         console.print(Text(f"  not hunted under {suite.profile}: {name}: {why}"))
+    if suite.counterexamples:           # `--kv-connector`: KV7 under vLLM's released rules (finding 7)
+        from flightcheck.verification.traces.counterexample import render
+        for cx in suite.counterexamples:
+            render(cx, console)
 
     console.print(f"{'OK' if suite.ok else 'FAILED'} (profile {suite.profile}) in {suite.seconds:.1f} s")
 

@@ -54,7 +54,8 @@ from flightcheck.spec.state import name_of
 from flightcheck.spec.transitions import CompileGrammar, FailGrammar
 from flightcheck.spec.actions import max_next_drafts
 from flightcheck.spec.grammar import illegal_drafts_scheduled
-from flightcheck.spec.kv_reports import failable_blocks
+from flightcheck.spec.kv_invalid import with_invalid_kv_identity
+from flightcheck.spec.kv_reports import failable_blocks, finished_load_blocks
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
 
@@ -150,7 +151,10 @@ def kv_reports(model: Model, state: State) -> Iterator[Action]:
         elif q.held:
             yield SendKv(r)
         if model.kv_failures:
-            for block in sorted(set(failable_blocks(state, model.cfg, r)) | ({0} if q.load.value == "in_flight" else set())):
+            blocks = set(failable_blocks(state, model.cfg, r)) | ({0} if q.load.value == "in_flight" else set())
+            if model.cfg.check_invalid_kv:      # KV7's models: an aborted loader's failure too
+                blocks |= set(finished_load_blocks(state, model.cfg, r))
+            for block in sorted(blocks):
                 yield FailKvLoad(r, block)
 
 
@@ -164,7 +168,10 @@ def successors(model: Model, state: State) -> Iterator[tuple[Action, State]]:
 
 
 def initial(model: Model) -> State:
-    return initial_state(model.num_requests, model.cfg.num_blocks)
+    """The model's initial state; where KV7 is checked, with `invalid_kv`
+    in its identity and its successors' (spec/kv_invalid.py)."""
+    root = initial_state(model.num_requests, model.cfg.num_blocks)
+    return with_invalid_kv_identity(root) if model.cfg.check_invalid_kv else root
 
 
 @dataclass

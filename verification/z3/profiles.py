@@ -31,9 +31,13 @@ __all__ = ["DEFAULT_PROFILE", "DEFERRAL_MODEL", "ENCODED_PROFILES", "PROFILES", 
 # schedule._waiting_step and _resumption_deferred, the in-flight floor in
 # actions._apply_by_name); with unique names neither binds. vLLM 0.34's own
 # rules act only with chunked prefill off or the cache-aware window open,
-# which the encoding refuses (state._refuse_admission_knobs).
+# which the encoding refuses (state._refuse_admission_knobs). 0.34 with
+# finding 7's fix differs from 0.34 only where a sync load fails beside
+# prefix caching, which the connector's encoding refuses
+# (kv_state.refuse_unencoded_connector): 0.34's encoding is its.
 ENCODED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async",
-                                     "vllm-0.33-hardened", "vllm-0.34", "vllm-0.34-async")
+                                     "vllm-0.33-hardened", "vllm-0.34", "vllm-0.34-async",
+                                     "vllm-0.34-invalid-kv-fixed")
 
 
 def profile_config(cfg: Config, profile: str) -> Config:
