@@ -114,3 +114,21 @@ def with_invalid_kv_identity(state: State) -> InvalidKvState:
     tracked = object.__new__(InvalidKvState)
     tracked.__dict__.update({name: getattr(state, name) for name in state.__dataclass_fields__})
     return tracked
+
+
+def quarantined(state: State, cfg: Config) -> bool:
+    """KV7's strengthening under finding 7's fix (`Profile.kv_recompute_quarantines_invalid`):
+    every block in `invalid_kv` is out of the prefix cache and in no
+    request's computed prefix. From such a state no `schedule` breaks KV7:
+    an entry's computed prefix is its prefix before the call or a prefix hit,
+    and a block out of the cache is hit only once an entry of the call has
+    cached it again by computing it (so the batch rewrites it). The
+    auxiliary invariant a k-induction of KV7 would take (docs/proofs.md,
+    "KV7"); under vLLM's rules it fails at the first failure with a sharer
+    (the blocks stay cached)."""
+    if not state.invalid_kv:
+        return True
+    if any(label_of(state.pool, b) is not None for b in state.invalid_kv):
+        return False
+    return not any(state.invalid_kv.intersection(q.block_table[:cdiv(q.num_computed, cfg.block_size)])
+                   for q in state.requests)

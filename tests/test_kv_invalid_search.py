@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from flightcheck.spec import Config, KvConnector, Prompt, step
-from flightcheck.spec.kv_invalid import InvalidKvState, with_invalid_kv_identity
+from flightcheck.spec.kv_invalid import InvalidKvState, quarantined, with_invalid_kv_identity
 from flightcheck.spec.profiles import PROFILES, VERSION_PROFILES
 from flightcheck.spec.state import initial_state
 from flightcheck.spec.transitions import Abort, Arrive, FailKvLoad, Schedule, transition_properties_for
@@ -127,3 +127,27 @@ def test_three_requests_with_a_parked_holder(profile: str):
         assert not _safety(result) and all(result.liveness.values())
     else:
         assert [(v.property, len(v.path)) for v in _safety(result)] == [(KV7, 6)]
+
+
+def _reachable(model) -> list:
+    root = explicit.initial(model)
+    seen, frontier = {root}, [root]
+    while frontier:
+        s = frontier.pop()
+        for _, nxt in explicit.successors(model, s):
+            if nxt not in seen:
+                seen.add(nxt)
+                frontier.append(nxt)
+    return list(seen)
+
+
+def test_the_fix_keeps_invalid_blocks_quarantined_in_every_reachable_state():
+    """KV7's strengthening (`kv_invalid.quarantined`: invalid blocks out of
+    the cache and out of every computed prefix) holds in each of the fixed
+    model's states, and some state of vLLM's rules breaks it."""
+    (fixed,) = KV_INVALID_MODELS[FIXED]
+    (released,) = KV_INVALID_MODELS["vllm-0.34"]
+    states = _reachable(fixed)
+    assert len(states) == PINNED[fixed.name][0] and any(s.invalid_kv for s in states)
+    assert all(quarantined(s, fixed.cfg) for s in states)
+    assert not all(quarantined(s, released.cfg) for s in _reachable(released))
