@@ -19,7 +19,7 @@ from flightcheck.spec.profiles import PROFILES, VERSION_PROFILES
 from flightcheck.spec.state import initial_state
 from flightcheck.spec.transitions import Abort, Arrive, FailKvLoad, Schedule, transition_properties_for
 from flightcheck.verification.explicit import search as explicit
-from flightcheck.verification.kv_models import KV_INVALID_K2, KV_INVALID_K3, KV_INVALID_MODELS
+from flightcheck.verification.kv_models import KV_INVALID_K2, KV_INVALID_K3, KV_INVALID_MODELS, KV_PROFILE_MODELS
 from flightcheck.verification.results import SOMETIMES_NAMES, kind_of
 from flightcheck.verification.suite import SuiteOptions, run_suite
 from flightcheck.verification.traces.counterexample import broken_at, from_actions
@@ -151,3 +151,12 @@ def test_the_fix_keeps_invalid_blocks_quarantined_in_every_reachable_state():
     assert len(states) == PINNED[fixed.name][0] and any(s.invalid_kv for s in states)
     assert all(quarantined(s, fixed.cfg) for s in states)
     assert not all(quarantined(s, released.cfg) for s in _reachable(released))
+
+
+@pytest.mark.slow
+def test_the_connector_models_under_the_fix_reach_0_34s_states_and_keep_every_property():
+    """The fix changes nothing on the connector's models (no prefix caching:
+    a failed sync load has no holder but its loader), about 15 s."""
+    from tests.test_spec_kv_search import check
+    for model in KV_PROFILE_MODELS[FIXED]:
+        check(model)

@@ -39,6 +39,10 @@ PINNED = {
     "kv-send-k2@vllm-0.34-async": (1849, 3561, 22),
     "kv-fence-k2@vllm-0.34-async": (2814, 5837, 23),
     "kv-limit-k2@vllm-0.34-async": (1265, 2624, 17),
+    # finding 7's fix: 0.34's states (tests/test_kv_invalid_search.py, slow)
+    **{f"{name}@vllm-0.34-invalid-kv-fixed": counts for name, counts in (
+        ("kv-load-fail-k2", (1391, 3448, 16)), ("kv-load-error-k2", (547, 1246, 11)), ("kv-send-k2", (978, 1837, 16)),
+        ("kv-fence-k2", (1371, 2770, 17)), ("kv-limit-k2", (769, 1487, 16)))},
 }
 KV_NAMES = {"KV1_no_reuse_under_transfer", "KV2_loading_not_scheduled", "KV4_no_leak", "KV5_loaded_not_starved"}
 

@@ -86,6 +86,8 @@ KV_PROFILE_MODELS: dict[str, tuple[Model, ...]] = {
     "vllm-0.33-async": tuple(_under(m, "vllm-0.33-async") for m in _KV_MODELS),
     "vllm-0.34": tuple(_under(m, "vllm-0.34") for m in _KV_MODELS) + (KV_LIMIT_K2,),
     "vllm-0.34-async": tuple(_under(m, "vllm-0.34-async") for m in _KV_MODELS + (KV_LIMIT_K2,)),
+    # finding 7's fix is checked with everything 0.34 is (it reaches 0.34's states on them)
+    "vllm-0.34-invalid-kv-fixed": tuple(_under(m, "vllm-0.34-invalid-kv-fixed") for m in _KV_MODELS + (KV_LIMIT_K2,)),
 }
 
 # --- the models of the connector's mutants (verification/mutants/kv_connector.py,

@@ -111,7 +111,8 @@ def profile_rows(model: Model, profile: str, depth: int, time_budget: float | No
 # with a connector (kv_state.refuse_unencoded_connector), so an async
 # profile's rows are its synchronous twin's, and the method says so.
 KV_ENCODED_PROFILE = {"vllm-0.33": "vllm-0.33", "vllm-0.33-async": "vllm-0.33",
-                      "vllm-0.34": "vllm-0.34", "vllm-0.34-async": "vllm-0.34"}
+                      "vllm-0.34": "vllm-0.34", "vllm-0.34-async": "vllm-0.34",
+                      "vllm-0.34-invalid-kv-fixed": "vllm-0.34-invalid-kv-fixed"}
 
 # How deep BMC of the connector models goes (the k-induction proof is
 # unbounded; BMC gives each invariant a second, independent method).
