@@ -32,6 +32,7 @@ PINNED = {
     "kv-invalid-k2@vllm-0.33": (322, 633, 10),
     f"kv-invalid-k2@{FIXED}": (312, 601, 11),
 }
+PINNED_K3 = {"vllm-0.34": (15780, 40821, 17), FIXED: (17011, 42530, 19)}
 # finding 7's run, shortest: r0 sync-loads block 0, r1 hits it; the load
 # fails (r0 back to 0, r1 keeps the marked block); r0 is aborted; r1 reads it
 SHORTEST = ["arrive r0", "arrive r1", "schedule", "kv load failed r0 from block 0", "abort r0", "schedule"]
@@ -122,7 +123,7 @@ def test_three_requests_with_a_parked_holder(profile: str):
     steps, the fix keeps every property."""
     model = replace(KV_INVALID_K3.under_profile(profile), name=f"kv-invalid-k3@{profile}")
     result = explicit.search(model)
-    assert result.complete
+    assert result.complete and (result.num_states, result.num_edges, result.max_depth) == PINNED_K3[profile]
     if profile == FIXED:
         assert not _safety(result) and all(result.liveness.values())
     else:
