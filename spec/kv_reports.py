@@ -44,7 +44,10 @@ invalid blocks (vLLM's async pass marks too: each parked holder is cut at
 its first invalid block here), and connector statistics.
 Under the fail policy a sync load's invalid blocks, and the loader's blocks
 after them, leave the prefix cache (`evict_blocks`) before the requests
-finish.
+finish. Under the recompute policy they stay (KV7's breach, finding 7),
+but for finding 7's fix (`quarantines_invalid_kv`, no vLLM release): there
+they leave the cache too, and every holder recomputes from its own first
+invalid block (`_scan_invalid_blocks` with no marks).
 """
 
 from __future__ import annotations
