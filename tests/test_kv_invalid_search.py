@@ -16,7 +16,7 @@ import pytest
 from flightcheck.spec import Config, KvConnector, Prompt, step
 from flightcheck.spec.kv_invalid import InvalidKvState, quarantined, with_invalid_kv_identity
 from flightcheck.spec.profiles import PROFILES, VERSION_PROFILES
-from flightcheck.spec.state import initial_state
+from flightcheck.spec.state import Status, initial_state
 from flightcheck.spec.transitions import Abort, Arrive, FailKvLoad, Schedule, transition_properties_for
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.kv_models import KV_INVALID_K2, KV_INVALID_K3, KV_INVALID_MODELS, KV_PROFILE_MODELS
@@ -31,6 +31,8 @@ PINNED = {
     "kv-invalid-k2@vllm-0.34": (322, 633, 10),
     "kv-invalid-k2@vllm-0.33": (322, 633, 10),
     f"kv-invalid-k2@{FIXED}": (312, 601, 11),
+    "kv-invalid-preempt-k2@vllm-0.34": (158, 253, 11),
+    f"kv-invalid-preempt-k2@{FIXED}": (150, 243, 9),
 }
 PINNED_K3 = {"vllm-0.34": (15780, 40821, 17), FIXED: (17011, 42530, 19)}
 # finding 7's run, shortest: r0 sync-loads block 0, r1 hits it; the load
@@ -54,8 +56,27 @@ def test_the_released_rules_break_kv7_in_six_steps(profile: str):
     assert [broken_at(model, cx.states, cx.actions, i) for i in range(1, len(path) + 1)] == [[]] * 5 + [[KV7]]
 
 
-def test_the_fixed_rule_keeps_kv7_and_every_property_on_the_whole_graph():
-    (model,) = KV_INVALID_MODELS[FIXED]
+def test_without_an_abort_the_loader_preempted_before_it_recomputes_hits_its_own_invalid_block():
+    """kv-invalid-preempt-k2 under 0.34: r0's load of its second block fails
+    (r0 back to 2, the block left cached), r1's next chunk preempts r0, and
+    r0's resumption takes the block back as a prefix hit and reads it."""
+    (_, model) = KV_INVALID_MODELS["vllm-0.34"]
+    result = explicit.search(model)
+    assert result.complete and (result.num_states, result.num_edges, result.max_depth) == PINNED[model.name]
+    (violation,) = _safety(result)
+    path = [a for a, _ in violation.path]
+    assert violation.property == KV7 and [str(a).split(" (")[0] for a in path] == [
+        "arrive r1", "arrive r0", "schedule", "kv load failed r0 from block 1", "complete oldest", "schedule",
+        "complete oldest [tok]", "schedule"]
+    states = from_actions(model, KV7, path).states
+    assert states[6].requests[0].status is Status.PREEMPTED         # preempted by r1's chunk, not aborted
+    invalid = states[4].invalid_kv                                   # r0's own block 1, marked by its failure
+    assert invalid and set(states[-1].requests[0].block_table[:2]) >= invalid
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_the_fixed_rule_keeps_kv7_and_every_property_on_the_whole_graph(index: int):
+    model = KV_INVALID_MODELS[FIXED][index]
     result = explicit.search(model)
     assert result.complete and (result.num_states, result.num_edges, result.max_depth) == PINNED[model.name]
     assert not _safety(result) and all(result.liveness.values())
@@ -104,15 +125,16 @@ def test_invalid_kv_is_part_of_the_state_only_where_kv7_is_checked():
 def test_verify_kv_connector_gives_kv7_rows_and_the_released_counterexample(monkeypatch):
     """The suite's KV7 rows (its other connector models left out for time)."""
     from flightcheck.verification import suite
-    monkeypatch.setitem(suite.KV_PROFILE_MODELS, "vllm-0.34", ())
-    monkeypatch.setitem(suite.KV_MUTANT_MODELS, "vllm-0.34", {})
+    for profile in ("vllm-0.34", FIXED):
+        monkeypatch.setitem(suite.KV_PROFILE_MODELS, profile, ())
+        monkeypatch.setitem(suite.KV_MUTANT_MODELS, profile, {})
     released = run_suite(SuiteOptions(profile="vllm-0.34", use_z3=False, kv_connector=True))
     fixed = run_suite(SuiteOptions(profile=FIXED, use_z3=False, kv_connector=True))
     assert [(p.status, p.method.split(" (")[0]) for p in released.properties if p.name == KV7] == [
-        ("violated", "exhaustive kv-invalid-k2@vllm-0.34")]
-    assert not released.ok and [cx.length for cx in released.counterexamples] == [6]
-    assert released.to_json()["counterexamples"][0]["property"] == KV7
-    assert [p.status for p in fixed.properties if p.name == KV7] == ["proved"] and fixed.ok
+        ("violated", "exhaustive kv-invalid-k2@vllm-0.34"), ("violated", "exhaustive kv-invalid-preempt-k2@vllm-0.34")]
+    assert not released.ok and [cx.length for cx in released.counterexamples] == [6, 8]
+    assert {cx["property"] for cx in released.to_json()["counterexamples"]} == {KV7}
+    assert [p.status for p in fixed.properties if p.name == KV7] == ["proved", "proved"] and fixed.ok
 
 
 @pytest.mark.slow
@@ -146,12 +168,11 @@ def test_the_fix_keeps_invalid_blocks_quarantined_in_every_reachable_state():
     """KV7's strengthening (`kv_invalid.quarantined`: invalid blocks out of
     the cache and out of every computed prefix) holds in each of the fixed
     model's states, and some state of vLLM's rules breaks it."""
-    (fixed,) = KV_INVALID_MODELS[FIXED]
-    (released,) = KV_INVALID_MODELS["vllm-0.34"]
-    states = _reachable(fixed)
-    assert len(states) == PINNED[fixed.name][0] and any(s.invalid_kv for s in states)
-    assert all(quarantined(s, fixed.cfg) for s in states)
-    assert not all(quarantined(s, released.cfg) for s in _reachable(released))
+    for fixed, released in zip(KV_INVALID_MODELS[FIXED], KV_INVALID_MODELS["vllm-0.34"]):
+        states = _reachable(fixed)
+        assert len(states) == PINNED[fixed.name][0] and any(s.invalid_kv for s in states)
+        assert all(quarantined(s, fixed.cfg) for s in states)
+        assert not all(quarantined(s, released.cfg) for s in _reachable(released))
 
 
 @pytest.mark.slow

@@ -196,11 +196,24 @@ KV_INVALID_K3 = replace(
              _kv_labelled(3, 1, 0, False, (1,))),
     skip_targets=_MUTANT_SKIPPED,
 )
+# No abort and no sharer needed: two requests share both prompt blocks, r0
+# loading its second by a sync load, the long-prefill threshold 3. The
+# released rules break KV7 in 8 steps: r0's load fails (back to its valid
+# first block, its own block 1 left cached), r1's next chunk preempts r0
+# before it recomputes, and r0's resumption takes its own invalid block back
+# as a prefix hit (`get_cached_block` serves it: its hash was never dropped).
+KV_INVALID_PREEMPT_K2 = Model(
+    "kv-invalid-preempt-k2",
+    replace(KV_INVALID_K2.cfg, max_num_batched_tokens=4, num_blocks=4, long_prefill_token_threshold=3),
+    (_kv_labelled(5, 1, 4, False, (1, 2)), _kv_labelled(5, 1, 0, False, (1, 2))),
+    allow_stop=False, allow_abort=False, kv_failures=True,
+    skip_targets=_MUTANT_SKIPPED + ("duplicate_cached_block", "load_lands_and_runs"),
+)
 # `verify --kv-connector`'s KV7 rows, per profile: violated under vLLM
 # 0.34's rules (a vLLM bug; 0.33's are the same, tests/test_kv_invalid_search.py),
 # proved under the fix.
 KV_INVALID_MODELS: dict[str, tuple[Model, ...]] = {
-    profile: (_under(KV_INVALID_K2, profile),)
+    profile: (_under(KV_INVALID_K2, profile), _under(KV_INVALID_PREEMPT_K2, profile))
     for profile in ("vllm-0.34", "vllm-0.34-invalid-kv-fixed")
 }
 

@@ -133,8 +133,9 @@ class Model:
 
 
 def _under(model: Model, profile: str) -> Model:
-    """`model` under `profile`, renamed after it (vllm-0.34's copy of a 0.33 model: "deferred-k3@vllm-0.34")."""
-    return replace(model.under_profile(profile), name=f"{model.name}@{profile}")
+    """`model` under `profile`, renamed after it (vllm-0.34's copy of a 0.33 model: "deferred-k3@vllm-0.34";
+    a copy of a copy after its base model: "deferred-k3@vllm-0.34-invalid-kv-fixed")."""
+    return replace(model.under_profile(profile), name=f"{model.name.split('@')[0]}@{profile}")
 
 
 def _p(prompt_len: int, max_tokens: int, labels: tuple[int, ...] = ()) -> Prompt:
