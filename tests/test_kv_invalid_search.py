@@ -171,6 +171,7 @@ def test_the_fix_keeps_invalid_blocks_quarantined_in_every_reachable_state():
     for fixed, released in zip(KV_INVALID_MODELS[FIXED], KV_INVALID_MODELS["vllm-0.34"]):
         states = _reachable(fixed)
         assert len(states) == PINNED[fixed.name][0] and any(s.invalid_kv for s in states)
+        assert all(isinstance(s, InvalidKvState) for s in states)     # no action drops the identity
         assert all(quarantined(s, fixed.cfg) for s in states)
         assert not all(quarantined(s, released.cfg) for s in _reachable(released))
 
