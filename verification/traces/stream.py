@@ -275,7 +275,9 @@ class _Run:
         self.last = (line, index, event["ev"])
         try:
             c.feed(event)
+            c.watch_lasso(event, line)                 # L4 (lasso.py): every event, fast ones too
         except _Violation as v:
+            c.forget_lasso()                           # (keep going: a skipped event is no quiet one)
             yield from self._violated(v, c.describe(c.last_before if fast else before), line, index, event["ev"])
         if event["ev"] == "arrive":
             c.labels.prune_if_grown(c)
