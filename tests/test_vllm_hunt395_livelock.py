@@ -45,6 +45,7 @@ import pytest
 from flightcheck.verification.traces.check import check_events, check_trace
 from flightcheck.verification.traces.lasso import quiet_completion
 from flightcheck.verification.traces.reading import read_trace_file
+from flightcheck.verification.traces.stream import check_lines
 from flightcheck.vllm.campaign import ReplayJob, check_verdict, replay_workload, verdict
 from flightcheck.vllm.ground_truth import LIVELOCK_REPEATS, GroundTruthMixin, Observations
 from flightcheck.vllm.replay import findings
@@ -101,6 +102,10 @@ def test_check_trace_rejects_the_loop_where_the_lasso_closes(case: str) -> None:
     assert f'"{req}" is scheduled and preempted round this lasso for ever' in result.message
     events = read_trace_file(str(LIVELOCK[case].trace))
     assert events[again - 1]["preempted"] == events[first - 1]["preempted"] == [req]
+    # keep going: named once, not again each round (until something from the environment comes)
+    *found, final = check_lines(LIVELOCK[case].trace.read_text().splitlines(), keep_going=True)
+    assert [(v.result.property, v.result.line) for v in found] == [("L4_no_livelock", again)]
+    assert final.violations == 1
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -170,6 +175,17 @@ def test_an_event_of_the_environment_between_starts_again() -> None:
     result = check_events(_rounds(4, {1: unknown_abort}))
     assert (result.property, result.line) == ("L4_no_livelock", 31)
     assert "after line 17's preemption comes back at line 31" in result.message
+
+
+def test_a_loop_while_a_grammar_compiles_waits_on_the_environment() -> None:
+    events = _rounds(4)
+    assert check_events(events).property == "L4_no_livelock"
+    # "b"'s grammar compiles all along (no grammar_compiled): its backend's event may still change the
+    # state, as a KV transfer's report would (spec/deadlock.py waits_on_environment), so no lasso
+    events[0] = {**POOL_OF_TWO, "structured_output": True}
+    events.insert(2, {"ev": "arrive", "req": "b", "prompt_len": 2, "max_tokens": 1, "structured": True})
+    result = check_events(events)
+    assert result.ok, result
 
 
 def test_only_a_completion_that_returns_nothing_is_quiet() -> None:

@@ -59,6 +59,17 @@ cannot come back to its state: each non-empty batch advances the computed
 tokens, and only a preemption (or the environment: a reset, a failed load)
 takes them back; an idle cycle (empty batches) is L2's to judge.
 
+Beside the explicit search. Its L4_every_run_terminates (explicit/search.py
+`_check_liveness`) finds the same loop on a model of one request whose
+prompt fits the pool and whose lookahead slots do not (vLLM 0.33 and 0.34
+profiles; a pool below max_model_len, which vLLM refuses at start-up, and
+which the model's own size check, counting no lookahead slot, lets by),
+but not beside a parked session: a model's client always has
+its next input (the session's end at least) to send, and a spin while it
+waits is unfair there (`_fair_system_edges`). A trace's client may never
+send it (index 84's session is never ended), so here the spin is judged
+on what the trace shows: a lasso closed while the environment was quiet.
+
 Cost: one tuple of the live requests' counters per preempting schedule
 event in a quiet stretch (`_sketch`), the whole state compared only where
 a sketch recurs. Both checkers (full and incremental, whose reused slots
