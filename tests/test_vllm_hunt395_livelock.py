@@ -86,7 +86,7 @@ def test_the_kept_trace_loops_admit_prefill_preempt_with_nothing_appended() -> N
     assert events[-1]["ev"] == "schedule" and events[-1]["preempted"] == ["r4"]    # no end event
 
 
-# the lasso check-trace names: (request, the line of the first state, the line it comes back, schedule() calls)
+# the lasso check-trace names: (request, the line of the first state, the line it comes back, schedule events)
 LASSOS = {"0.34.0": ("r4", 94, 99, 3), "0.33.0": ("r2", 95, 125, 16),
           "0.34.0-async": ("r4", 102, 107, 3), "0.33.0-async": ("r2", 108, 138, 16)}
 
@@ -98,7 +98,7 @@ def test_check_trace_rejects_the_loop_where_the_lasso_closes(case: str) -> None:
     assert not result.ok
     assert (result.property, result.line, result.event) == ("L4_no_livelock", again, "schedule")
     assert f"after line {first}'s preemption comes back at line {again} ({again - first} lines, {calls} " \
-           f"schedule() calls later)" in result.message
+           f"schedule events later)" in result.message
     assert f'"{req}" is scheduled and preempted round this lasso for ever' in result.message
     events = read_trace_file(str(LIVELOCK[case].trace))
     assert events[again - 1]["preempted"] == events[first - 1]["preempted"] == [req]
@@ -161,7 +161,7 @@ def test_a_state_that_comes_back_with_nothing_between_is_a_lasso() -> None:
     result = check_events(_rounds(3))
     assert not result.ok and (result.property, result.line) == ("L4_no_livelock", 23)
     # (the free queue hands "a" its two blocks in the other order every other round: 2 rounds, 14 lines)
-    assert "after line 9's preemption comes back at line 23 (14 lines, 8 schedule() calls later)" in result.message
+    assert "after line 9's preemption comes back at line 23 (14 lines, 8 schedule events later)" in result.message
     assert '"a" is scheduled and preempted round this lasso for ever' in result.message
     assert check_events(_rounds(3)[:-1]).ok                   # one event short of the lasso: legal
 

@@ -153,7 +153,7 @@ class LassoWatch:
         who = ", ".join(quoted(n) for n in names)
         calls = self._lasso_schedules - first.schedules
         return (f"a livelock: the spec's state after line {first.line}'s preemption comes back at line {line} "
-                f"({line - first.line} lines, {calls} schedule() calls later), with no token sampled and "
+                f"({line - first.line} lines, {calls} schedule events later), with no token sampled and "
                 f"nothing from the environment between and nothing waiting on it: {who} "
                 f"{'is' if len(names) == 1 else 'are'} scheduled and preempted round this lasso for ever")
 
