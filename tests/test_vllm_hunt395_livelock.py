@@ -124,6 +124,29 @@ def test_the_ground_truth_names_the_livelock_and_the_lookahead_block(name: str) 
     assert category == "rejected, real bug" and detail.endswith("rejected, L4_no_livelock"), detail
 
 
+# Seed 388 index 43 (`--all-features --spec-tokens 1 --lookahead --stages 1 --reuse-ids`, 0.34.0 and
+# 0.33.0 sync): the same gate, ended by the clients after two rounds. r2 (7 tokens) is admitted into the
+# one free block (7 tokens fit it; 6 + 1 + 2 lookahead slots do not), prefills 6 and is preempted, from
+# the same state at lines 35 and 38, beside two sessions parked on the other 7 blocks; their clients end
+# them at lines 41 and 44, and r2 runs. check-trace names the lasso at line 38; the ground truth, which
+# asks 3 preemptions in a row from one state (its state at line 32's differs: r4 still ran), names
+# nothing, so the campaign counts a false rejection: the ground truth's miss, kept as it reads.
+LOOP_ENDED = KeptCase(HUNT / "034_sync_lookahead_loop_ended_by_the_clients_seed388_43")
+
+
+def test_a_loop_the_clients_end_after_two_rounds_is_named_where_the_ground_truth_counts_too_few() -> None:
+    result = check_trace(LOOP_ENDED.trace)
+    assert (result.property, result.line) == ("L4_no_livelock", 38)
+    assert "after line 35's preemption comes back at line 38" in result.message and '"r2"' in result.message
+    assert '"r2":RUNN c=6/7 o=1 b=[1]' in result.state_before and "free=[]" in result.state_before
+    events = read_trace_file(str(LOOP_ENDED.trace))
+    assert [i + 1 for i, e in enumerate(events) if e["ev"] == "input" and e.get("end_of_session")] == [41, 44]
+    assert _preemptions(events, "r2") == [31, 34, 37]        # lines 32, 35, 38
+    kept = LOOP_ENDED.result()
+    assert kept["ending"] == "done" and findings(kept) == []
+    assert verdict(kept, check_verdict(LOOP_ENDED.trace)) == ("rejected, FALSE", "false rejection: L4_no_livelock")
+
+
 # --- the rule on a hand-written minimal lasso (vLLM 0.34's gate, no session: a pool of 2 blocks)
 
 # "a", 15 tokens, fits the 2 blocks of the pool by the admission gate (`full_sequence_must_fit`), not
