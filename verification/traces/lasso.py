@@ -57,7 +57,12 @@ a grammar: their reports come, and a fair run ends the spin, as the
 explicit search's `_fair_system_edges`). A cycle without a preemption
 cannot come back to its state: each non-empty batch advances the computed
 tokens, and only a preemption (or the environment: a reset, a failed load)
-takes them back; an idle cycle (empty batches) is L2's to judge.
+takes them back; an idle cycle (empty batches) is L2's to judge. A lasso
+the environment breaks later was still closed while it was quiet, and is
+named (seed 388 index 43 of the hunt, tests/test_vllm_hunt395_livelock.py:
+two rounds of the lookahead gate's loop, then the parked sessions' clients
+end them; the ground truth, asking 3 preemptions from one state, names
+nothing there).
 
 Beside the explicit search. Its L4_every_run_terminates (explicit/search.py
 `_check_liveness`) finds the same loop on a model of one request whose
