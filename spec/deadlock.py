@@ -42,7 +42,7 @@ from .state import State, Status
 
 def l2_no_deadlock(s: State, cfg: Config) -> bool:
     """L2 as safety: with nothing in flight and a request unfinished, schedule is enabled and forms a batch or preempts (with a KV connector: nothing in flight includes no load or send to be reported; with streaming sessions: unless nothing runs and the end of the sessions waiting for input would let it move on; with structured output, no grammar compiling)."""
-    if any(s.in_flight) or not num_unfinished_requests(s) or _waits_on_environment(s):
+    if any(s.in_flight) or not num_unfinished_requests(s) or waits_on_environment(s):
         return True
     return _moves_on(s, cfg) or (_waits_on_a_client(s) and _moves_on(_parked_ended(s, cfg), cfg))
 
@@ -91,7 +91,7 @@ def _parked_ended(s: State, cfg: Config) -> State:
     return end_parked_sessions(replace(s, in_flight=()), cfg, finish_request)
 
 
-def _waits_on_environment(s: State) -> bool:
+def waits_on_environment(s: State) -> bool:
     """A KV transfer is still to be reported, or a grammar still compiles:
     the scheduler alone may have to wait (its report or event ends the wait);
     or a failed grammar is recorded, which the next completion finishes (an
@@ -116,7 +116,7 @@ def l3_drain(s: State, cfg: Config) -> bool:
 
 def l2_async_no_deadlock(s: State, cfg: Config) -> bool:
     """L2 under async: with nothing in flight and a request unfinished, schedule forms a batch or preempts within stagger + 1 calls, the empty batches between draining at once (with a KV connector: nothing in flight includes no load or send to be reported; with streaming sessions: unless nothing runs and the end of the sessions waiting for input would let it move on; with structured output, no grammar compiling)."""
-    if any(s.in_flight) or not num_unfinished_requests(s) or _waits_on_environment(s):
+    if any(s.in_flight) or not num_unfinished_requests(s) or waits_on_environment(s):
         return True
     return _moves_on_within_stagger(s, cfg) or parked_sessions_hold_the_way(s, cfg)
 

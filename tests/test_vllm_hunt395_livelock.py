@@ -17,13 +17,21 @@ every 6 steps to the step limit. Index 84 (0.33.0, prefix caching off): r2,
 24 tokens, 3 blocks, 4 with its lookahead slot, recomputed from 0 each time.
 
 The ground truth names it (ground_truth.py `_fc_check_livelock`: a request
-preempted 3 times in a row from one state of every request). check-trace
-cannot: its L2 (spec/deadlock.py `l2_no_deadlock`) counts a preemption as
-moving on, and every step is one the spec takes, so the run stays a miss
-whose trace has no end event ("liveness at the end" unchecked).
+preempted 3 times in a row from one state of every request). check-trace's
+L2 (spec/deadlock.py `l2_no_deadlock`) counts a preemption as moving on,
+and every step is one the spec takes; its progress rule
+(verification/traces/lasso.py, L4_no_livelock) rejects the run where the
+spec's whole state after a preemption comes back with nothing from the
+environment between: line 99 (the state after line 94's, one round of 5
+lines) on 0.34.0, line 125 on 0.33.0 (after line 95's: two rounds of 15
+lines, since the free queue hands r2 its blocks in the other order every
+other round).
 
 The kept workloads are the campaign's with `max_steps` cut from 3000 to 120
-(the loop is found at step 83 and 99; the step limit then ends the run).
+(the loop is found at step 83 and 99; the step limit then ends the run);
+the async traces are those workloads replayed with async scheduling
+(`with_async_scheduling`; named at step 96 and 128, rejected at lines 107
+and 138, with a batch in flight at each preemption).
 """
 
 from __future__ import annotations
@@ -34,9 +42,11 @@ from typing import Any
 
 import pytest
 
-from flightcheck.verification.traces.check import check_trace
+from flightcheck.verification.traces.check import check_events, check_trace
+from flightcheck.verification.traces.lasso import quiet_completion
 from flightcheck.verification.traces.reading import read_trace_file
-from flightcheck.vllm.campaign import ReplayJob, replay_workload, verdict
+from flightcheck.verification.traces.stream import check_lines
+from flightcheck.vllm.campaign import ReplayJob, check_verdict, replay_workload, verdict
 from flightcheck.vllm.ground_truth import LIVELOCK_REPEATS, GroundTruthMixin, Observations
 from flightcheck.vllm.replay import findings
 
@@ -46,9 +56,13 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both ch
 
 HUNT = DATA / "hunt395"
 LIVELOCK = {"0.34.0": KeptCase(HUNT / "034_sync_lookahead_admission_livelock_seed379_32"),
-            "0.33.0": KeptCase(HUNT / "033_sync_lookahead_admission_livelock_seed379_84")}
+            "0.33.0": KeptCase(HUNT / "033_sync_lookahead_admission_livelock_seed379_84"),
+            "0.34.0-async": KeptCase(HUNT / "034_async_lookahead_admission_livelock_seed379_32"),
+            "0.33.0-async": KeptCase(HUNT / "033_async_lookahead_admission_livelock_seed379_84")}
+CASES = list(LIVELOCK)
 # (request, tokens, blocks without and with the lookahead slots, the step the ground truth names it)
-LOOPS = {"0.34.0": ("r4", 15, 2, 3, 83), "0.33.0": ("r2", 24, 3, 4, 99)}
+LOOPS = {"0.34.0": ("r4", 15, 2, 3, 83), "0.33.0": ("r2", 24, 3, 4, 99),
+         "0.34.0-async": ("r4", 15, 2, 3, 96), "0.33.0-async": ("r2", 24, 3, 4, 128)}
 
 
 def _preemptions(events: list[dict[str, Any]], req: str) -> list[int]:
@@ -72,18 +86,33 @@ def test_the_kept_trace_loops_admit_prefill_preempt_with_nothing_appended() -> N
     assert events[-1]["ev"] == "schedule" and events[-1]["preempted"] == ["r4"]    # no end event
 
 
-@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
-def test_check_trace_accepts_the_loop_and_leaves_liveness_unchecked(version: str) -> None:
-    result = check_trace(LIVELOCK[version].trace)
-    assert result.ok, result
-    assert "liveness at the end (the trace has no end event)" in result.unchecked
+# the lasso check-trace names: (request, the line of the first state, the line it comes back, schedule events)
+LASSOS = {"0.34.0": ("r4", 94, 99, 3), "0.33.0": ("r2", 95, 125, 16),
+          "0.34.0-async": ("r4", 102, 107, 3), "0.33.0-async": ("r2", 108, 138, 16)}
 
 
-@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
-def test_the_ground_truth_names_the_livelock_and_the_lookahead_block(version: str) -> None:
-    case = LIVELOCK[version]
+@pytest.mark.parametrize("case", CASES)
+def test_check_trace_rejects_the_loop_where_the_lasso_closes(case: str) -> None:
+    req, first, again, calls = LASSOS[case]
+    result = check_trace(LIVELOCK[case].trace)               # both checkers, the fast path and the stream
+    assert not result.ok
+    assert (result.property, result.line, result.event) == ("L4_no_livelock", again, "schedule")
+    assert f"after line {first}'s preemption comes back at line {again} ({again - first} lines, {calls} " \
+           f"schedule events later)" in result.message
+    assert f'"{req}" is scheduled and preempted round this lasso for ever' in result.message
+    events = read_trace_file(str(LIVELOCK[case].trace))
+    assert events[again - 1]["preempted"] == events[first - 1]["preempted"] == [req]
+    # keep going: named once, not again each round (until something from the environment comes)
+    *found, final = check_lines(LIVELOCK[case].trace.read_text().splitlines(), keep_going=True)
+    assert [(v.result.property, v.result.line) for v in found] == [("L4_no_livelock", again)]
+    assert final.violations == 1
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_ground_truth_names_the_livelock_and_the_lookahead_block(name: str) -> None:
+    case = LIVELOCK[name]
     result = case.result()
-    req, tokens, blocks, with_lookahead, step = LOOPS[version]
+    req, tokens, blocks, with_lookahead, step = LOOPS[name]
     [loop] = result["ground_truth"]["admission_livelocks"]
     assert (loop["req"], loop["num_tokens"], loop["repeats"], loop["step"]) == (req, tokens, LIVELOCK_REPEATS, step)
     assert (loop["blocks_of_sequence"], loop["blocks_with_lookahead"], loop["free_blocks"]) \
@@ -91,8 +120,103 @@ def test_the_ground_truth_names_the_livelock_and_the_lookahead_block(version: st
     assert result["ending"] == "step_limit"
     named = findings(result)
     assert named[0].startswith(f"a livelock: {req} was preempted 3 times in a row")
-    category, detail = verdict(result, check_trace(case.trace).to_json())
-    assert category == "accepted, MISSED bug" and "(named unchecked): a livelock" in detail
+    category, detail = verdict(result, check_verdict(case.trace))     # the campaign's verdict (stream.py)
+    assert category == "rejected, real bug" and detail.endswith("rejected, L4_no_livelock"), detail
+
+
+# Seed 388 index 43 (`--all-features --spec-tokens 1 --lookahead --stages 1 --reuse-ids`, 0.34.0 and
+# 0.33.0 sync): the same gate, ended by the clients after two rounds. r2 (7 tokens) is admitted into the
+# one free block (7 tokens fit it; 6 + 1 + 2 lookahead slots do not), prefills 6 and is preempted, from
+# the same state at lines 35 and 38, beside two sessions parked on the other 7 blocks; their clients end
+# them at lines 41 and 44, and r2 runs. check-trace names the lasso at line 38; the ground truth, which
+# asks 3 preemptions in a row from one state (its state at line 32's differs: r4 still ran), names
+# nothing, so the campaign counts a false rejection: the ground truth's miss, kept as it reads.
+LOOP_ENDED = KeptCase(HUNT / "034_sync_lookahead_loop_ended_by_the_clients_seed388_43")
+
+
+def test_a_loop_the_clients_end_after_two_rounds_is_named_where_the_ground_truth_counts_too_few() -> None:
+    result = check_trace(LOOP_ENDED.trace)
+    assert (result.property, result.line) == ("L4_no_livelock", 38)
+    assert "after line 35's preemption comes back at line 38" in result.message and '"r2"' in result.message
+    assert '"r2":RUNN c=6/7 o=1 b=[1]' in result.state_before and "free=[]" in result.state_before
+    events = read_trace_file(str(LOOP_ENDED.trace))
+    assert [i + 1 for i, e in enumerate(events) if e["ev"] == "input" and e.get("end_of_session")] == [41, 44]
+    assert _preemptions(events, "r2") == [31, 34, 37]        # lines 32, 35, 38
+    kept = LOOP_ENDED.result()
+    assert kept["ending"] == "done" and findings(kept) == []
+    assert verdict(kept, check_verdict(LOOP_ENDED.trace)) == ("rejected, FALSE", "false rejection: L4_no_livelock")
+
+
+# --- the rule on a hand-written minimal lasso (vLLM 0.34's gate, no session: a pool of 2 blocks)
+
+# "a", 15 tokens, fits the 2 blocks of the pool by the admission gate (`full_sequence_must_fit`), not
+# with the 2 lookahead slots of its last chunk (12 + 3 + 2 = 17 slots, 3 blocks of 8): it prefills 12,
+# is preempted, and is admitted again from 0 (prefix caching off). (vLLM itself refuses a max_model_len
+# its pool cannot hold at start-up; the spec takes it, which makes the smallest lasso.)
+POOL_OF_TWO = {"ev": "config", "num_stages": 1, "max_num_batched_tokens": 4, "max_num_seqs": 2,
+               "block_size": 8, "num_blocks": 3, "usable_blocks": 2, "max_model_len": 32,
+               "num_spec_tokens": 2, "num_lookahead_tokens": 2, "prefix_caching": False,
+               "vllm_version": "0.34.0", "eos_token_id": 2}
+
+
+def _round(batch: int) -> list[dict[str, Any]]:
+    """One round of the loop: 3 chunks of 4 that sample nothing, then the preemption (7 lines)."""
+    chunks: list[dict[str, Any]] = []
+    for i, start in enumerate((0, 4, 8)):
+        chunks += [{"ev": "schedule", "batch": batch + i, "entries": [{"req": "a", "start": start, "n": 4}]},
+                   {"ev": "complete", "batch": batch + i, "tokens": {"a": []}}]
+    return chunks + [{"ev": "schedule", "batch": None, "entries": [], "preempted": ["a"]}]
+
+
+def _rounds(count: int, aside: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The config, a's arrival and `count` rounds (their preemptions on lines 9, 16, 23, ...), with
+    `aside[k]`, an event of the environment, after the first chunk of round k."""
+    events = [POOL_OF_TWO, {"ev": "arrive", "req": "a", "prompt_len": 15, "max_tokens": 4}]
+    for k in range(count):
+        this = _round(1 + 3 * k)
+        if aside and k in aside:
+            this.insert(2, aside[k])
+        events += this
+    return events
+
+
+def test_a_state_that_comes_back_with_nothing_between_is_a_lasso() -> None:
+    result = check_events(_rounds(3))
+    assert not result.ok and (result.property, result.line) == ("L4_no_livelock", 23)
+    # (the free queue hands "a" its two blocks in the other order every other round: 2 rounds, 14 lines)
+    assert "after line 9's preemption comes back at line 23 (14 lines, 8 schedule events later)" in result.message
+    assert '"a" is scheduled and preempted round this lasso for ever' in result.message
+    assert check_events(_rounds(3)[:-1]).ok                   # one event short of the lasso: legal
+
+
+def test_an_event_of_the_environment_between_starts_again() -> None:
+    unknown_abort = {"ev": "abort", "req": "b"}               # the client's, a no-op on the state
+    result = check_events(_rounds(3, {1: unknown_abort}))
+    assert result.ok, result
+    assert "liveness at the end (the trace has no end event)" in result.unchecked
+    # quiet again after it: the lasso closes two rounds after the first preemption past it (line 17)
+    result = check_events(_rounds(4, {1: unknown_abort}))
+    assert (result.property, result.line) == ("L4_no_livelock", 31)
+    assert "after line 17's preemption comes back at line 31" in result.message
+
+
+def test_a_loop_while_a_grammar_compiles_waits_on_the_environment() -> None:
+    events = _rounds(4)
+    assert check_events(events).property == "L4_no_livelock"
+    # "b"'s grammar compiles all along (no grammar_compiled): its backend's event may still change the
+    # state, as a KV transfer's report would (spec/deadlock.py waits_on_environment), so no lasso
+    events[0] = {**POOL_OF_TWO, "structured_output": True}
+    events.insert(2, {"ev": "arrive", "req": "b", "prompt_len": 2, "max_tokens": 1, "structured": True})
+    result = check_events(events)
+    assert result.ok, result
+
+
+def test_only_a_completion_that_returns_nothing_is_quiet() -> None:
+    assert quiet_completion({"ev": "complete", "batch": 3, "tokens": {"a": [], "b": []}})
+    assert quiet_completion({"ev": "complete", "batch": 3})
+    assert quiet_completion({"ev": "complete", "batch": 3, "tokens": {"a": []}, "stale": ["a"]})   # vLLM's count
+    for loud in ({"tokens": {"a": [], "b": [7]}}, {"dropped": ["a"]}, {"next_drafts": {"a": 2}}):
+        assert not quiet_completion({"ev": "complete", "batch": 3, **loud}), loud
 
 
 class _Scheduler(GroundTruthMixin):
@@ -149,14 +273,15 @@ def running() -> Iterator[Workers]:
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
-def test_vllm_loops_on_the_lookahead_block_and_the_ground_truth_names_it(running: Workers, version: str) -> None:
-    case = LIVELOCK[version]
+@pytest.mark.parametrize("name", CASES)
+def test_vllm_loops_on_the_lookahead_block_and_the_ground_truth_names_it(running: Workers, name: str) -> None:
+    case = LIVELOCK[name]
     raw = case.raw()
-    replayed = replay_workload(running[version], ReplayJob(version, False, 0, raw, raw.get("seed", 0)))
+    version, asynchronous = name.split("-")[0], name.endswith("-async")
+    replayed = replay_workload(running[version], ReplayJob(version, asynchronous, 0, raw, raw.get("seed", 0)))
     kept = case.result()
     assert replayed.result["batches"] == kept["batches"] and replayed.result["ending"] == "step_limit"
     assert replayed.result["ground_truth"]["admission_livelocks"] == kept["ground_truth"]["admission_livelocks"]
-    # check-trace accepts every step (its L2 counts a preemption as moving on): a miss, named unchecked
-    assert replayed.category == "accepted, MISSED bug", replayed.detail
-    assert "a livelock" in replayed.detail
+    # check-trace takes every step, and rejects the run where the spec's state comes back (L4)
+    assert replayed.category == "rejected, real bug", replayed.detail
+    assert replayed.detail.endswith("rejected, L4_no_livelock") and "a livelock" in replayed.detail

@@ -96,6 +96,7 @@ def check_events(events: list[dict[str, Any]], profile: str | None = None, full:
             progress(index, len(events))
         try:
             checker.feed(event)
+            checker.watch_lasso(event, line_of(events, index))     # L4 (lasso.py): every event, fast ones too
         except _Violation as v:
             return _rejected(events, index, v, checker, checker.last_before if fast else before)
     if checker.finished_now:

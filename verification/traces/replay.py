@@ -53,6 +53,7 @@ from .asynchronous import EMPTY_BATCH, AsyncScheduling
 from .connector import ConnectorEvents, prompt_offer
 from .grammar import GrammarEvents
 from .incarnations import IncarnationOutputs
+from .lasso import LassoWatch
 from .drafts import DraftHandOff
 from .configuration import config_from_event, modelled_pool
 from .engine_steps import EngineSteps
@@ -82,7 +83,7 @@ class EventsDropped(MalformedTrace):
 
 
 class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, ResetPauseEvents, GrammarEvents,
-                   SessionEvents, IncarnationOutputs, SkipDrafts):
+                   SessionEvents, IncarnationOutputs, SkipDrafts, LassoWatch):
     """Replays events one by one on the spec; `feed` raises _Violation."""
 
     def __init__(self, events: list[dict[str, Any]], profile: str | None = None) -> None:

@@ -63,6 +63,7 @@ from typing import Any
 from .check import CheckResult, IncrementalChecker, TraceChecker
 from .fast import FastPath
 from .growth import Growing
+from .lasso import LIVELOCK
 from .line_reader import MAX_BLANK_RUN, Follow, LineReader, open_lines
 from .reading import MalformedTrace, parse_line, validate_numbered
 from .replay import _Violation
@@ -275,7 +276,10 @@ class _Run:
         self.last = (line, index, event["ev"])
         try:
             c.feed(event)
+            c.watch_lasso(event, line)                 # L4 (lasso.py): every event, fast ones too
         except _Violation as v:
+            if v.prop != LIVELOCK:
+                c.forget_lasso()                       # (keep going: a skipped event is no quiet one)
             yield from self._violated(v, c.describe(c.last_before if fast else before), line, index, event["ev"])
         if event["ev"] == "arrive":
             c.labels.prune_if_grown(c)
