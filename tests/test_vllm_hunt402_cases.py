@@ -23,6 +23,20 @@ tests/data/vllm/hunt402; seeds 389-395 kept as 03x_<seed>_...).
   preempts r1 alike at step 14 and no bug follows: check-trace rejected a
   correct run. The spec's `hand_over_drafts` allows a request whose newest
   live entry samples; the checker now tries the hand-over for those too.
+* A ground-truth gap, 0.34.0 sync and async: seed 390 index 161
+  (`--versions 0.34.0 --all-features --spec-tokens 1 --lookahead --stages
+  1`; a KV connector, 3 usable blocks of 8). r0, a streaming session,
+  parks after its turn holding 2 blocks; r3 (2 tokens, both offered as an
+  async load: 1 block) heads the waiting loop with 1 block free, but
+  `allocate_slots(reserved_blocks=...)` admits an async load only into the
+  free blocks less `_inflight_prefill_reserved_blocks()` and
+  `_spec_decode_step_blocks` (cdiv(1 + 1 + 1, 8) = 1; 0.33.0/0.34.0
+  `Scheduler.schedule`, `load_kv_async`): r3 waits until the session's end
+  frees r0's blocks. check-trace's L2 read the idle as the session's
+  client's (spec/kv_loads.py `fits_beside_reservations`), the ground truth
+  (session_idles.py `blocks_to_admit`) counted r3's block without the margin
+  and called it a stall: a miss. It now reads the connector's async offer
+  and the reservation (`_async_load`).
 """
 
 from __future__ import annotations
@@ -45,6 +59,10 @@ HUNT = DATA / "hunt402"
 _STEM = "034_392_sync_drafts_handed_over_preempt_their_sampler_in_flight_seed392_47"
 MASKED = KeptCase(HUNT / _STEM)                              # the campaign's run: a double sample follows
 UNMASKED = KeptCase(HUNT / f"{_STEM}_model_seed_v24")        # another model seed: nothing follows
+
+
+MARGIN = {mode: KeptCase(HUNT / f"034_390_{mode}_async_load_behind_the_spec_margin_beside_a_parked_session_seed390_161")
+          for mode in ("sync", "async")}
 
 
 def _self_preemption(events: list[dict[str, Any]], req: str) -> tuple[int, int]:
@@ -86,6 +104,23 @@ def test_check_trace_rejects_the_campaign_run_at_the_double_sample_the_ground_tr
     assert result.line - 1 > _self_preemption(events, "r1")[0]     # past the preemption, not at it
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_check_trace_accepts_an_async_load_the_margin_keeps_behind_a_parked_session(mode: str) -> None:
+    case = MARGIN[mode]
+    events = read_trace_file(str(case.trace))
+    assert (events[0]["num_spec_tokens"], events[0]["num_lookahead_tokens"], events[0]["usable_blocks"],
+            events[0]["block_size"]) == (1, 1, 3, 8)
+    arrived = next(i for i, e in enumerate(events) if e["ev"] == "arrive" and e["req"] == "r3")
+    assert events[arrived]["prompt_len"] == 2 and events[arrived]["load_async"]
+    session_end = next(i for i, e in enumerate(events) if e["ev"] == "input" and e.get("end_of_session"))
+    load = next(i for i, e in enumerate(events) if e["ev"] == "schedule"
+                and any(x["req"] == "r3" for x in e.get("kv_loads", ())))
+    assert session_end < load                  # r3's load starts only once the session has ended
+    result = case.result()
+    assert (result["ending"], result["stalls"], findings(result)) == ("done", [], [])
+    assert check_trace(case.trace).ok
+
+
 # --- on vLLM itself (slow): the kept workload, the ground truth and check-trace together
 
 
@@ -102,3 +137,13 @@ def test_vllm_makes_the_kept_self_preemption_again_and_check_trace_accepts_it(ru
     assert replayed.result["batches"] == UNMASKED.result()["batches"]
     assert findings(replayed.result) == []
     assert replayed.category == "accepted, correct run", replayed.detail
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_vllm_keeps_the_async_load_behind_the_margin_and_no_stall_is_called(running: Workers, mode: str) -> None:
+    raw = MARGIN[mode].raw()
+    replayed = replay_workload(running["0.34.0"], ReplayJob("0.34.0", mode == "async", 0, raw, raw.get("seed", 0)))
+    assert replayed.result["batches"] == MARGIN[mode].result()["batches"]
+    assert replayed.result["stalls"] == [] and replayed.category == "accepted, correct run", replayed.detail
