@@ -23,6 +23,9 @@ tests/data/vllm/hunt402; seeds 389-395 kept as 03x_<seed>_...).
   preempts r1 alike at step 14 and no bug follows: check-trace rejected a
   correct run. The spec's `hand_over_drafts` allows a request whose newest
   live entry samples; the checker now tries the hand-over for those too.
+  The root, of the double sample too, is vLLM #52071 (open; PR #52179):
+  `Scheduler.schedule` keeps a request's decodes `pp_size` steps apart by
+  `next_decode_eligible_step`, which only `AsyncScheduler` sets.
 * A ground-truth gap, 0.34.0 sync and async: seed 390 index 161
   (`--versions 0.34.0 --all-features --spec-tokens 1 --lookahead --stages
   1`; a KV connector, 3 usable blocks of 8). r0, a streaming session,
