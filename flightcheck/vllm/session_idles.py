@@ -31,8 +31,9 @@ threshold where chunked prefill is on, or padded to 1 + k with drafts
 replayed here); an async load's need is its loaded tokens' blocks beside
 the blocks `allocate_slots(reserved_blocks=...)` keeps free (`_async_load`);
 the blocks the end would free are those only parked sessions reference (a
-KV connector that delays a finished request's free is not asked). check-trace's L2 is the exact rule; a difference would show in
-a campaign as a disagreement.
+KV connector that delays a finished request's free is not asked).
+check-trace's L2 is the exact rule; a difference would show in a campaign
+as a disagreement.
 """
 
 from __future__ import annotations
