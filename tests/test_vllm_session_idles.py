@@ -241,6 +241,41 @@ def test_a_hit_on_blocks_a_parked_session_holds_asks_the_free_pool_only_for_the_
     assert stalled_until_input(unread, 2, 6) == []
 
 
+class _Connector:
+    """The workload's KV connector as session_idles.py reads it: what it
+    offers (`flightcheck_offer`) and whether it still would load async."""
+
+    def __init__(self, hit: int, load_async: bool) -> None:
+        self.hit, self.load_async = hit, load_async
+
+    def flightcheck_offer(self, request: Any) -> tuple[int, bool]:
+        return self.hit, self.load_async
+
+    def may_load_async(self, request: Any) -> bool:
+        return self.load_async and self.hit > 0
+
+
+@pytest.mark.parametrize("load_async,margin,stall", [(True, 1, False), (True, 0, True), (False, 1, True)])
+def test_an_async_load_asks_its_blocks_beside_the_spec_decode_margin(load_async: bool, margin: int,
+                                                                     stall: bool) -> None:
+    """Seed 390 index 161 (`--versions 0.34.0 --all-features --spec-tokens 1
+    --lookahead --stages 1`): r3's 2 tokens, all offered as an async load,
+    need 1 block, and `allocate_slots(reserved_blocks=...)` keeps one
+    spec-decode step's blocks (`_spec_decode_step_blocks`) free beside it:
+    2 of the 1 free, so the parked session's blocks keep it out (its
+    client's wait). Without the margin, or offered a sync load (no
+    reservation; vLLM still schedules a token), 1 free admits it: a stall."""
+    head = _request("r3", "WAITING", tokens=2)
+    parked = [_request("s", "WAITING_FOR_STREAMING_REQ", computed=14)]
+    scheduler = _vllm([head], parked, free=1, seats=3, held=2)
+    scheduler.block_size, scheduler.scheduler_reserve_full_isl, scheduler.num_lookahead_tokens = 8, False, 0
+    scheduler.connector = _Connector(8, load_async)
+    scheduler._spec_decode_step_blocks = margin
+    scheduler._inflight_prefill_reserved_blocks = lambda: 0
+    assert stalled_until_input(scheduler, 7, 10) == (
+        [{"step": 7, "until": 10, "unfinished": ["r3"], "parked": ["s"]}] if stall else [])
+
+
 def test_the_finding_names_the_parked_sessions_beside_the_stall() -> None:
     (found,) = findings({"ending": "done", "stalls": [{"step": 4, "until": 10, "unfinished": ["a", "b"],
                                                        "parked": ["c"]}]})

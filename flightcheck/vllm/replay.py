@@ -286,8 +286,11 @@ def findings(result: dict[str, Any]) -> list[str]:
         found.append(f"{leftover['req']}'s {leftover['drafts']} drafts {leftover['why']} were scheduled at step "
                      f"{leftover['step']} (vLLM 0.33 clears them; outside the spec's model)")
     for double in truth.get("double_samples", []):
+        # vLLM #52071 (open; fix proposed in PR #52179): only AsyncScheduler sets
+        # `next_decode_eligible_step`, which 0.33.0/0.34.0 `Scheduler.schedule`
+        # reads to keep a request's decodes `pp_size` steps apart
         found.append(f"batch {double['batch']} samples {double['req']} while batch {double['in_flight']}, which "
-                     f"samples it too, is in flight: one position sampled twice (step {double['step']})")
+                     f"samples it too, is in flight: one position sampled twice, vLLM #52071 (step {double['step']})")
     for negative in truth.get("negative_schedules", []):
         found.append(f"{negative['req']} was scheduled {negative['n']} tokens at step {negative['step']}")
     # (drafts_held_at_admission is no finding by itself: it names the cause

@@ -27,11 +27,13 @@ Read approximately: the head's need is its whole sequence's blocks where
 chunk's, past its local prefix-cache hit (a fresh admission's lookup), its
 remaining tokens cut at the token budget and the static long-prefill
 threshold where chunked prefill is on, or padded to 1 + k with drafts
-(vLLM's adaptive threshold and a KV connector's external hit are not
-replayed here); the blocks the end would free are those only parked
-sessions reference (a KV connector that delays a finished request's free is
-not asked). check-trace's L2 is the exact rule; a difference would show in
-a campaign as a disagreement.
+(vLLM's adaptive threshold and a sync load's external hit are not
+replayed here); an async load's need is its loaded tokens' blocks beside
+the blocks `allocate_slots(reserved_blocks=...)` keeps free (`_async_load`);
+the blocks the end would free are those only parked sessions reference (a
+KV connector that delays a finished request's free is not asked).
+check-trace's L2 is the exact rule; a difference would show in a campaign
+as a disagreement.
 """
 
 from __future__ import annotations
@@ -141,11 +143,44 @@ def blocks_to_admit(scheduler: Any, request: Any) -> int:
     chunk = min(x for x in (remaining, budget or remaining, threshold or remaining) if x > 0) if remaining > 0 else 0
     chunk = _padded_chunk(scheduler, computed, remaining, max_len) or chunk
     end = computed + chunk + int(getattr(scheduler, "num_lookahead_tokens", 0) or 0)
+    loaded, reserved = _async_load(scheduler, request, computed)
+    if loaded:
+        end = computed + loaded                # no token scheduled, no lookahead slot during the load
     if getattr(scheduler, "scheduler_reserve_full_isl", False):
         end = max(end, total)
     end = min(end, max_len) if max_len else end
     held = _real_blocks(scheduler.kv_cache_manager, request.request_id)
-    return max(0, -(-end // int(scheduler.block_size)) - len(held))
+    return max(0, -(-end // int(scheduler.block_size)) - len(held)) + reserved
+
+
+def _async_load(scheduler: Any, request: Any, local: int) -> tuple[int, int]:
+    """(tokens, reserved blocks) of the async load the connector would start
+    for a fresh admission past `local` computed tokens; (0, 0) where it
+    starts none. The waiting loop (0.33.0/0.34.0 `Scheduler.schedule`,
+    `load_kv_async`) schedules no token and no lookahead slot then, and
+    `allocate_slots(reserved_blocks=...)` admits the load only into the free
+    blocks less the other loads' and prefills' reservation
+    (`_inflight_prefill_reserved_blocks`) and one spec-decode step's
+    blocks (`_spec_decode_step_blocks`, cdiv(1 + k + lookahead, block
+    size)). Read from the workload's connector (`flightcheck_offer`, what
+    it offers; `may_load_async`, whether it still would). (Seed 390 index
+    161, `--versions 0.34.0 --all-features --spec-tokens 1 --lookahead
+    --stages 1`: r3's 2-token load, 1 block, beside 1 free and the 1 block
+    of the margin, waited for a parked session's end, a stall to the ground
+    truth that check-trace's L2 rightly accepted.)"""
+    connector = getattr(scheduler, "connector", None)
+    if int(request.num_computed_tokens) or not all(hasattr(connector, name) for name in ("flightcheck_offer",
+                                                                                          "may_load_async")):
+        return 0, 0
+    hit, load_async = connector.flightcheck_offer(request)
+    if not (load_async and connector.may_load_async(request)):
+        return 0, 0
+    loaded = min(int(hit), int(request.num_tokens) - local)   # `local`: whole blocks, as the connector is shown
+    if loaded <= 0:
+        return 0, 0
+    in_flight = getattr(scheduler, "_inflight_prefill_reserved_blocks", None)
+    return loaded, (int(in_flight()) if in_flight is not None else 0) + int(
+        getattr(scheduler, "_spec_decode_step_blocks", 0) or 0)
 
 
 def _prefix_hit(manager: Any, request: Any) -> list[Any]:

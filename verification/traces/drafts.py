@@ -25,11 +25,17 @@ shows of it:
 * a `schedule` entry of a request with nothing in flight whose drafts
   differ from those it holds: the hand-off after its last completion (the
   engine step's `post_step`) gave it that many;
-* a request the `schedule` preempts, with nothing in flight: the hand-off
-  may have given it drafts whose slots found no room (it preempted itself,
-  or another), which no entry shows; the checker takes the first count
-  (0..k each, the least first) under which the spec's schedule is the
-  trace's (`_hand_over_to_preempted`).
+* a request the `schedule` preempts, with nothing in flight or with its
+  sampling entry in flight: the hand-off may have given it drafts whose
+  slots found no room (it preempted itself, or another), which no entry
+  shows; the checker takes the first count (0..k each, the least first)
+  under which the spec's schedule is the trace's (`_hand_over_to_preempted`).
+  With two stages the next `schedule()` counts the drafts proposed for the
+  entry in flight (0.33.0/0.34.0 `Scheduler.schedule`'s running loop:
+  `num_tokens_with_spec - num_computed_tokens`), `allocate_slots` finds no
+  room for them and their lookahead slots, and the loop preempts
+  `self.running[-1]`, the request itself (`_preempt_request`); the token in
+  flight comes back stale (seed 392 index 47, tests/test_vllm_hunt402_cases.py).
 """
 
 from __future__ import annotations
@@ -91,14 +97,14 @@ class DraftHandOff:
     def _hand_over_to_preempted(self, event: dict[str, Any]) -> None:
         """Before a `schedule` that preempts requests: if the spec's schedule
         is not the trace's, the least counts handed over to the preempted
-        requests with nothing in flight (RUNNING) that make it so, if any
-        (their drafts may have driven them there: they are part of what
-        `allocate_slots` must find room for)."""
+        RUNNING requests that make it so, if any (their drafts may have
+        driven them there: they are part of what `allocate_slots` must find
+        room for). One with an entry in flight qualifies where that entry
+        samples (`hand_over_drafts`' guard refuses the others)."""
         if not self._takes_drafts_at_submission():
             return
         held = [r for r in (self.slot.get(name) for name in event.get("preempted", ()))
-                if r is not None and not self.state.entries_of(r)
-                and self.state.requests[r].status is Status.RUNNING]
+                if r is not None and self.state.requests[r].status is Status.RUNNING]
         k = self.cfg.num_spec_tokens
         if not held or (k + 1) ** len(held) > self.UNSEEN_TRIES or self._schedules_as(self.state, event):
             return
