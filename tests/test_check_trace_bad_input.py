@@ -67,6 +67,23 @@ def test_a_bad_line_ended_by_its_newline_is_not_called_cut_short(tmp_path: Path)
     assert "the 9 events before it break no property" in err, err
 
 
+def test_a_last_line_that_is_json_is_not_called_cut_short(tmp_path: Path) -> None:
+    events = [json.loads(line) for line in KEPT.read_text().splitlines()]
+    array = tmp_path / "array.json"
+    array.write_text(json.dumps(events))              # one line, no newline: a JSON array of the events
+    err = _one_error_line(array)
+    assert "line 1: expected an event (a JSON object), got a list of 45 items" in err and "cut short" not in err
+
+
+def test_a_pretty_printed_file_is_told_a_trace_is_one_event_per_line(tmp_path: Path) -> None:
+    pretty = tmp_path / "pretty.json"
+    pretty.write_text(json.dumps(json.loads(KEPT.read_text().splitlines()[0]), indent=1) + "\n")
+    err = _one_error_line(pretty)
+    assert "line 1: not JSON" in err and "a trace is JSON Lines, one event per line" in err, err
+    with pytest.raises(MalformedTrace, match="one event per line"):
+        read_trace_file(pretty)
+
+
 def test_a_report_names_violations_already_reported_and_events_not_yet_checked() -> None:
     kept_going = Verdict(True, None, malformed="line 9: not JSON", violations=2, read_before=8, checked_before=8)
     assert kept_going.malformed_report() == "line 9: not JSON; 2 violations reported in the events before it"

@@ -59,7 +59,9 @@ def parse_line(line: str, number: int) -> Any:
     try:
         return json.loads(line)
     except json.JSONDecodeError as err:
-        raise MalformedTrace(f"line {number}: not JSON ({err.msg} at column {err.colno})") from None
+        # a pretty-printed file opens its first value alone on a line
+        hint = "; a trace is JSON Lines, one event per line" if line.strip() in ("{", "[") else ""
+        raise MalformedTrace(f"line {number}: not JSON ({err.msg} at column {err.colno}){hint}") from None
     except RecursionError:
         raise MalformedTrace(f"line {number}: not JSON this checker reads (nested too deeply)") from None
     except ValueError as err:                 # e.g. an integer of more digits than Python converts

@@ -189,7 +189,7 @@ def check_lines(lines: Iterable[str], profile: str | None = None, *, keep_going:
         cut_short = getattr(lines, "cut_short", None)
         yield Verdict(True, None, malformed=str(err), violations=run.violations, read_before=run.read_before,
                       checked_before=run.read_before - len(run.held),
-                      cut_short=cut_short is not None and cut_short == run.line)
+                      cut_short=cut_short == run.line and not run.line_parsed)
 
 
 class _Run:
@@ -200,6 +200,7 @@ class _Run:
         self.checker: Any = None
         self.count = 0                        # events read
         self.line, self.read_before = 0, 0    # the line being read, and the events read before it
+        self.line_parsed = False              # whether that line is JSON
         self.violations = 0
         self.first: CheckResult | None = None
         self.stopped = False
@@ -235,7 +236,7 @@ class _Run:
         while True:
             for text in source:
                 number += 1
-                self.line, self.read_before = number, self.count
+                self.line, self.read_before, self.line_parsed = number, self.count, False
                 if not text.strip():
                     blank_run += 1
                     if blank_run > MAX_BLANK_RUN:
@@ -244,6 +245,7 @@ class _Run:
                     continue
                 blank_run = 0
                 event = parse_line(text, number)
+                self.line_parsed = True               # JSON: no write cut it short
                 validate_numbered(event, config, number)
                 config = config or event
                 yield number, event
