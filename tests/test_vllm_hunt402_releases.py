@@ -18,6 +18,24 @@ trace, workload and replay result of each case kept in tests/data/vllm/hunt402.
   the replay's with that state holding what each batch in flight schedules
   (a change to the ground truth, not here: its owner's). A check-trace rule
   for livelocks must accept this run.
+* A differential gap, 1 unexplained, 0.34.0 sync: seed 402 index 37
+  (`--versions 0.34.0 --all-features --reuse-ids --spec-tokens 1`, inputs
+  during waits; four stages). r5, re-added under the aborted r0's id, fails
+  its grammar; vLLM finishes it at the end of the update of an empty batch
+  (0.34.0 `Scheduler.update_from_output`: `grammar_compile_error_reqs` ->
+  `finish_requests(..., FINISHED_ERROR)`), so its recorder writes the finish
+  with that empty completion in `empty_batches_before`, at its step. The
+  differential's reading (differential.py `decisions`, kv_differential.py
+  `ErrorFinishes`) took every error finish written after a schedule as one
+  of the fail policy's, written within an update before its batch's
+  `complete`, and moved it after the next completion (r4's batch 11), where
+  the reference, and vLLM, finish r0 first: the conforming run (drafts
+  handed over at submission) differed at event 26 and the run was
+  unexplained. An error finish written in an empty batch's update now stays
+  where it is (`in_an_empty_update`): named `drafts_handed_over_at_submission`.
+  (vLLM then fails `assert keep_end >= session.num_computed_tokens` in
+  `_update_request_as_session` after sampling r4 twice: a real bug,
+  rejected, S5.)
 """
 
 from __future__ import annotations
@@ -30,7 +48,9 @@ import pytest
 from flightcheck.verification.traces.check import check_trace
 from flightcheck.verification.traces.reading import read_trace_file
 
-from flightcheck.vllm.campaign import ReplayJob, replay_workload
+from flightcheck.vllm.campaign import ReplayJob, compare_workload, replay_workload
+from flightcheck.vllm.differential import decisions, profile_for, read_trace
+from flightcheck.vllm.kv_differential import ErrorFinishes, in_an_empty_update
 
 from .vllm_support import DATA, KeptCase, Workers, workers
 
@@ -38,6 +58,7 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both ch
 
 HUNT = DATA / "hunt402"
 ROTATION = KeptCase(HUNT / "085_sync_preempted_from_one_state_while_a_token_is_in_flight_seed396_76")
+EMPTY_UPDATE_ERROR = KeptCase(HUNT / "034_sync_grammar_error_finished_in_an_empty_update_seed402_37")
 REPEATS = 3            # the ground truth's LIVELOCK_REPEATS: preemptions in a row from one state
 
 
@@ -73,6 +94,38 @@ def test_check_trace_accepts_the_run_vllm_ended_done() -> None:
     assert kept["ending"] == "done" and kept["unfinished"] == [] and kept["stalls"] == []
 
 
+
+def test_the_kept_trace_finishes_r0_by_its_grammar_in_an_empty_batchs_update() -> None:
+    events = read_trace_file(str(EMPTY_UPDATE_ERROR.trace))
+    failed = next(i for i, e in enumerate(events) if e["ev"] == "finish" and e["reason"] == "error"
+                  and e["req"] == "r0")
+    finish, after = events[failed], events[failed + 1]
+    assert finish["empty_batches_before"][-1] == {"ev": "complete", "empty_batch": 8, "step": finish["step"]}
+    assert (after["ev"], after["batch"], after["tokens"]) == ("complete", 11, {"r4": [2227]})
+    theirs = decisions(events)
+    assert theirs.index(("finish", "r0", "error")) == theirs.index(("complete", (("r4", (2227,)),), ())) - 1
+
+
+def test_the_conforming_run_equals_vllms_and_the_differential_names_it() -> None:
+    case = EMPTY_UPDATE_ERROR
+    comparison, _ = compare_workload(case.raw(), case.result(), read_trace(case.trace), profile_for("0.34.0", False))
+    assert comparison.explained and comparison.deviation == "drafts_handed_over_at_submission", \
+        comparison.describe()
+
+
+def test_an_error_finish_before_its_batchs_completion_still_waits_for_it() -> None:
+    """The fail policy's finish, written within a real batch's update before
+    its `complete`, an empty batch completed at an earlier step before it."""
+    in_update = {"ev": "finish", "req": "r2", "reason": "error", "step": 12,
+                 "empty_batches_before": [{"ev": "complete", "empty_batch": 3, "step": 11}]}
+    assert not in_an_empty_update(in_update)
+    assert in_an_empty_update(in_update | {"step": 11})
+    errors, finishes = ErrorFinishes(), []
+    errors.take(in_update, finishes)
+    assert (finishes, errors.pending) == ([], [("finish", "r2", "error")])
+    errors.take({**in_update, "req": "r3", "step": 11}, finishes)
+    assert finishes == [("finish", "r3", "error")]
+
 # --- on vLLM itself (slow): the kept workload
 
 
@@ -89,3 +142,14 @@ def test_vllm_rotates_r0_through_the_pipeline_to_the_end(running: Workers) -> No
     assert replayed.result["batches"] == ROTATION.result()["batches"]
     assert replayed.result["ending"] == "done" and replayed.result["unfinished"] == []
     assert replayed.comparison is None or replayed.comparison.explained, replayed.comparison.describe()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_finishes_r0_in_the_empty_update_and_the_differential_names_the_run(running: Workers) -> None:
+    raw = EMPTY_UPDATE_ERROR.raw()
+    replayed = replay_workload(running["0.34.0"], ReplayJob("0.34.0", False, 0, raw, raw.get("seed", 0)))
+    assert replayed.result["batches"] == EMPTY_UPDATE_ERROR.result()["batches"]
+    assert replayed.comparison is not None and replayed.comparison.explained, replayed.comparison.describe()
+    assert replayed.comparison.deviation == "drafts_handed_over_at_submission"
+    assert replayed.category == "rejected, real bug", replayed.detail

@@ -105,7 +105,7 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
         if kind == "arrive":
             errors.seen.discard(event["req"])
         if kind == "finish" and event["reason"] == "error":
-            errors.take(event["req"], finishes)
+            errors.take(event, finishes)
             continue
         if kind != "complete":
             errors.release(finishes)

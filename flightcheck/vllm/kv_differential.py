@@ -37,11 +37,27 @@ class ErrorFinishes:
         self.seen: set[str] = set()                    # finished by error (until an arrival reuses the id)
         self.after_complete = False                    # the last decision was a completion
 
-    def take(self, req_id: str, finishes: list[tuple[Any, ...]]) -> None:
+    def take(self, event: dict[str, Any], finishes: list[tuple[Any, ...]]) -> None:
+        """A `finish` by error: after the completion before it, or pending
+        the next one. One written in an empty batch's update (a grammar
+        error, which vLLM 0.33/0.34 `Scheduler.update_from_output` finishes at
+        the end of any update, `grammar_compile_error_reqs`) follows that
+        empty completion, which no decision shows: no later batch's."""
+        req_id = event["req"]
         if req_id not in self.seen:
             self.seen.add(req_id)
-            (finishes if self.after_complete else self.pending).append(("finish", req_id, "error"))
+            after = self.after_complete or in_an_empty_update(event)
+            (finishes if after else self.pending).append(("finish", req_id, "error"))
 
     def release(self, finishes: list[tuple[Any, ...]]) -> None:
         finishes.extend(self.pending)
         self.pending.clear()
+
+
+def in_an_empty_update(event: dict[str, Any]) -> bool:
+    """Whether the writer wrote `event` in the update of an empty batch: the
+    last of its `empty_batches_before` is that batch's completion, at the
+    event's own `step` (a recorder writes an update's events at its step)."""
+    before = event.get("empty_batches_before") or []
+    return bool(before) and before[-1].get("ev") == "complete" and "step" in event \
+        and before[-1].get("step") == event["step"]
