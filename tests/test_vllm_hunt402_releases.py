@@ -31,8 +31,16 @@ trace, workload and replay result of each case kept in tests/data/vllm/hunt402.
   `complete`, and moved it after the next completion (r4's batch 11), where
   the reference, and vLLM, finish r0 first: the conforming run (drafts
   handed over at submission) differed at event 26 and the run was
-  unexplained. An error finish written in an empty batch's update now stays
-  where it is (`in_an_empty_update`): named `drafts_handed_over_at_submission`.
+  unexplained. Index 96 (a KV connector) is the same finish in an empty
+  batch's update, at step 5, batch 1's completion at step 9; the conforming
+  reference writes it at step 5 as well but notes no empty batch, so the
+  note alone cannot be the rule. A pending error finish now waits for the
+  next completion only if its step is that completion's update's (the
+  completion's step - 1: the recorder counts an update when it returns, and
+  writes the fail policy's finishes within it); one an earlier update wrote
+  (`ErrorFinishes.settle_before`), or noted in an empty batch's update
+  (`in_an_empty_update`), stays before it. Both named
+  `drafts_handed_over_at_submission`.
   (vLLM then fails `assert keep_end >= session.num_computed_tokens` in
   `_update_request_as_session` after sampling r4 twice: a real bug,
   rejected, S5.)
@@ -114,17 +122,38 @@ def test_the_conforming_run_equals_vllms_and_the_differential_names_it() -> None
 
 
 def test_an_error_finish_before_its_batchs_completion_still_waits_for_it() -> None:
-    """The fail policy's finish, written within a real batch's update before
-    its `complete`, an empty batch completed at an earlier step before it."""
+    """The fail policy's finish, written within a real batch's update (at
+    the completion's step - 1) before its `complete`, after an empty batch
+    completed at an earlier step; and one an earlier update wrote."""
     in_update = {"ev": "finish", "req": "r2", "reason": "error", "step": 12,
                  "empty_batches_before": [{"ev": "complete", "empty_batch": 3, "step": 11}]}
-    assert not in_an_empty_update(in_update)
-    assert in_an_empty_update(in_update | {"step": 11})
+    complete = {"ev": "complete", "batch": 4, "tokens": {}, "step": 13}
+    assert not in_an_empty_update(in_update) and in_an_empty_update(in_update | {"step": 11})
     errors, finishes = ErrorFinishes(), []
     errors.take(in_update, finishes)
-    assert (finishes, errors.pending) == ([], [("finish", "r2", "error")])
-    errors.take({**in_update, "req": "r3", "step": 11}, finishes)
-    assert finishes == [("finish", "r3", "error")]
+    errors.take({"ev": "finish", "req": "r3", "reason": "error", "step": 9}, finishes)   # unnoted, earlier
+    assert finishes == [] and len(errors.pending) == 2
+    errors.settle_before(complete, finishes)
+    assert finishes == [("finish", "r3", "error")]        # before the completion
+    errors.release(finishes)
+    assert finishes == [("finish", "r3", "error"), ("finish", "r2", "error")] and errors.pending == []
+
+
+def test_an_empty_updates_finish_the_reference_writes_unnoted_goes_before_the_completion_too() -> None:
+    """Seed 402 index 96 (`--all-features --spec-tokens 1`, 0.34.0 sync, a
+    KV connector): r0's grammar fails while it waits for its async load;
+    vLLM finishes it in empty batch 1's update (step 5), before batch 1
+    completes (step 9), and notes the empty completion; the conforming
+    reference writes the finish at step 5 too, with no note."""
+    case = KeptCase(HUNT / "034_sync_grammar_error_finished_in_an_empty_update_unnoted_by_the_reference_seed402_96")
+    events = read_trace(case.trace)
+    finish = next(e for e in events if e["ev"] == "finish" and e["reason"] == "error")
+    assert (finish["req"], finish["step"], in_an_empty_update(finish)) == ("r0", 5, True)
+    theirs = decisions(events)
+    assert theirs[2][0] == "finish" and theirs[3][0] == "complete"
+    comparison, _ = compare_workload(case.raw(), case.result(), events, profile_for("0.34.0", False))
+    assert comparison.explained and comparison.deviation == "drafts_handed_over_at_submission", \
+        comparison.describe()
 
 # --- on vLLM itself (slow): the kept workload
 

@@ -114,6 +114,8 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
                 finishes.append(("finish", event["req"], event["reason"])
                                 + ((bool(event.get("held")),) if kv else ()))
             continue
+        if kind == "complete":
+            errors.settle_before(event, finishes)
         flush()
         errors.after_complete = kind == "complete" or (errors.after_complete and kind == "arrive")
         if kind == "schedule":
