@@ -16,8 +16,10 @@ counted), for a violation as for a malformed line; requests are named by the
 trace's own ids.
 
 Exit codes: 0 legal, 1 a violation (the scheduler broke a property), 2 the
-file is malformed (one line naming the line, the field and what was expected),
-or names a vLLM version no profile covers and no `--profile` was given,
+file is malformed (one line naming the line, the field and what was expected;
+for a last line no newline ends, that the write was cut short; how many events
+before the line were checked without a violation; a compressed file by its
+format), or names a vLLM version no profile covers and no `--profile` was given,
 3 an unexpected exception inside flightcheck: a bug of ours, never a verdict
 on the trace, reported in one line with the path of the saved traceback.
 """
@@ -101,15 +103,16 @@ def _check(args: argparse.Namespace) -> int:
         for verdict in check_lines(lines, args.profile, keep_going=args.keep_going, full=args.full,
                                    on_progress=progress):
             if verdict.result is None:
-                return _malformed(args, name, verdict.malformed or "")
+                return _malformed(args, name, verdict.malformed_report(), verdict.checked_before)
             stopped = stop.why(verdict.result.events, lines.waited_out) if verdict.final else ""
             _print(args, name, verdict, stopped)
     return verdict.exit_code
 
 
-def _malformed(args: argparse.Namespace, name: str, message: str) -> int:
+def _malformed(args: argparse.Namespace, name: str, message: str, checked_before: int = 0) -> int:
     if args.json:
-        print(json.dumps({"ok": False, "malformed": message}))
+        print(json.dumps({"ok": False, "malformed": message}
+                         | ({"events_checked_before": checked_before} if checked_before else {})))
     return bad(f"{name}: {message}")
 
 

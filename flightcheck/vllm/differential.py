@@ -105,7 +105,7 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
         if kind == "arrive":
             errors.seen.discard(event["req"])
         if kind == "finish" and event["reason"] == "error":
-            errors.take(event["req"], finishes)
+            errors.take(event, finishes)
             continue
         if kind != "complete":
             errors.release(finishes)
@@ -114,6 +114,8 @@ def decisions(events: list[dict[str, Any]], block_offset: int = 0) -> list[tuple
                 finishes.append(("finish", event["req"], event["reason"])
                                 + ((bool(event.get("held")),) if kv else ()))
             continue
+        if kind == "complete":
+            errors.settle_before(event, finishes)
         flush()
         errors.after_complete = kind == "complete" or (errors.after_complete and kind == "arrive")
         if kind == "schedule":

@@ -24,24 +24,58 @@ def kv_decision(event: dict[str, Any]) -> tuple[Any, ...]:
 
 
 class ErrorFinishes:
-    """Finishes by "error" (a KV load failure under the fail policy), taken
-    after the completion of the failing batch: vLLM finishes the request
-    after the batch's tokens, but its recorder writes the finish within
+    """Finishes by "error", taken where each writer's update made them. A KV
+    load failure under the fail policy: vLLM finishes the request after the
+    batch's tokens, but its recorder writes the finish within
     update_from_output, before that batch's `complete` (and again when the
     update returns: counted once); the reference writes it after the
-    `complete`. Their `held` is left out: a request whose load is in flight
-    is held for the load's report, which the trace format leaves to the writer."""
+    `complete`: such a finish waits for the next completion (`pending`). A
+    finish written in an earlier update than that completion's stays before
+    it: a grammar error vLLM 0.33/0.34 `Scheduler.update_from_output`
+    finishes at the end of an empty batch's update (`grammar_compile_error_reqs`),
+    which no decision shows, is no later batch's. Their `held` is left out:
+    a request whose load is in flight is held for the load's report, which
+    the trace format leaves to the writer."""
 
     def __init__(self) -> None:
-        self.pending: list[tuple[Any, ...]] = []      # written before their batch's `complete`
+        # written before a `complete`, with the event that wrote each
+        self.pending: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         self.seen: set[str] = set()                    # finished by error (until an arrival reuses the id)
         self.after_complete = False                    # the last decision was a completion
 
-    def take(self, req_id: str, finishes: list[tuple[Any, ...]]) -> None:
+    def take(self, event: dict[str, Any], finishes: list[tuple[Any, ...]]) -> None:
+        req_id = event["req"]
         if req_id not in self.seen:
             self.seen.add(req_id)
-            (finishes if self.after_complete else self.pending).append(("finish", req_id, "error"))
+            decision = ("finish", req_id, "error")
+            if self.after_complete or in_an_empty_update(event):
+                finishes.append(decision)
+            else:
+                self.pending.append((decision, event))
+
+    def settle_before(self, complete: dict[str, Any], finishes: list[tuple[Any, ...]]) -> None:
+        """At a `complete`: the pending finishes an earlier update wrote
+        (their `step` before the one the completion's update wrote its own
+        at, `step` - 1: a recorder counts the update when it returns) go
+        before it; the rest wait for it."""
+        earlier = [(d, e) for d, e in self.pending if _before_update_of(e, complete)]
+        finishes.extend(d for d, _ in earlier)
+        self.pending = [(d, e) for d, e in self.pending if not _before_update_of(e, complete)]
 
     def release(self, finishes: list[tuple[Any, ...]]) -> None:
-        finishes.extend(self.pending)
+        finishes.extend(d for d, _ in self.pending)
         self.pending.clear()
+
+
+def _before_update_of(event: dict[str, Any], complete: dict[str, Any]) -> bool:
+    step, update = event.get("step"), complete.get("step")
+    return isinstance(step, int) and isinstance(update, int) and step < update - 1
+
+
+def in_an_empty_update(event: dict[str, Any]) -> bool:
+    """Whether the writer wrote `event` in the update of an empty batch: the
+    last of its `empty_batches_before` is that batch's completion, at the
+    event's own `step` (a recorder writes an update's events at its step)."""
+    before = event.get("empty_batches_before") or []
+    return bool(before) and before[-1].get("ev") == "complete" and "step" in event \
+        and before[-1].get("step") == event["step"]

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .reading import MalformedTrace
+from .reading import MalformedTrace, refuse_compressed
 
 MAX_LINE_BYTES = 1 << 24        # 16 MiB: a prompt of 2 Mi token ids (MAX_PROMPT_BLOCKS of 16 tokens) fits
 MAX_BLANK_RUN = 1 << 16         # blank lines in a row
@@ -59,6 +59,7 @@ class LineReader:
         self.buffer = bytearray()
         self.scanned = 0                     # bytes of the buffer known to hold no newline
         self.waited_out: float | None = None  # following: the idle seconds that ended it, if they did
+        self.cut_short: int | None = None    # the last line's number, if no newline ended it (a write cut short)
         self.waits = not stat.S_ISREG(os.fstat(fd).st_mode)   # a pipe, FIFO or terminal: select on it
 
     def __iter__(self) -> Iterator[str]:
@@ -67,11 +68,14 @@ class LineReader:
             if end < 0:
                 self.scanned = min(len(self.buffer), self.max_line)
                 if len(self.buffer) >= self.max_line:
+                    if self.number == 0:
+                        refuse_compressed(bytes(self.buffer[:8]))
                     raise MalformedTrace(f"line {self.number + 1}: longer than {self.max_line} bytes "
                                          "(the checker reads lines of at most that many)")
                 if self._read_more():
                     continue
                 if self.buffer:                  # the last line, with no newline after it
+                    self.cut_short = self.number + 1
                     yield self._line(len(self.buffer))
                 return
             yield self._line(end + 1)
@@ -84,6 +88,8 @@ class LineReader:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as err:
+            if self.number == 1:
+                refuse_compressed(raw)
             raise MalformedTrace(f"line {self.number}: not UTF-8 text (byte {self.offset + err.start}: "
                                  f"{err.reason})") from None
         self.offset += size

@@ -51,7 +51,7 @@ def check_one(path: str, profile: str | None, full: bool, keep_going: bool) -> d
     with lines:
         for verdict in check_lines(lines, profile, keep_going=keep_going, full=full):
             if verdict.result is None:
-                return {"file": path, "exit": 2, "malformed": verdict.malformed or ""}
+                return {"file": path, "exit": 2, "malformed": verdict.malformed_report()}
             final = verdict
     assert final is not None and final.final            # check_lines always ends with the final verdict
     return {"file": path, "exit": final.exit_code, "violations": final.violations,

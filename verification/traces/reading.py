@@ -23,6 +23,21 @@ class MalformedTrace(ValueError):
     """The file is not a trace in the format (exit code 2)."""
 
 
+# The leading bytes of compressed files a user may hand over for a trace (the
+# recorder writes plain JSON Lines only), and the command that decompresses each.
+_COMPRESSED = ((b"\x1f\x8b", "gzip", "zcat"), (b"BZh", "bzip2", "bzcat"), (b"\xfd7zXZ\x00", "xz", "xzcat"),
+               (b"\x28\xb5\x2f\xfd", "zstd", "zstdcat"))
+
+
+def refuse_compressed(first_bytes: bytes) -> None:
+    """MalformedTrace naming the compression if the input starts as a
+    compressed file does (read as text it is only a bad byte at line 1)."""
+    for magic, name, reader in _COMPRESSED:
+        if first_bytes.startswith(magic):
+            raise MalformedTrace(f"line 1: {name}-compressed data, not a JSON Lines trace: decompress it "
+                                 f"first ({reader} FILE | flightcheck check-trace -)")
+
+
 class NumberedEvents(list):
     """A trace's events, with the line of the file each came from
     (`line_numbers[i]` for event i). A plain list of events stands for a
@@ -44,7 +59,9 @@ def parse_line(line: str, number: int) -> Any:
     try:
         return json.loads(line)
     except json.JSONDecodeError as err:
-        raise MalformedTrace(f"line {number}: not JSON ({err.msg} at column {err.colno})") from None
+        # a pretty-printed file opens its first value alone on a line
+        hint = "; a trace is JSON Lines, one event per line" if line.strip() in ("{", "[") else ""
+        raise MalformedTrace(f"line {number}: not JSON ({err.msg} at column {err.colno}){hint}") from None
     except RecursionError:
         raise MalformedTrace(f"line {number}: not JSON this checker reads (nested too deeply)") from None
     except ValueError as err:                 # e.g. an integer of more digits than Python converts
@@ -97,6 +114,7 @@ def read_trace_file(path: str | Path) -> NumberedEvents:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
+        refuse_compressed(data)
         line = data.count(b"\n", 0, err.start) + 1
         raise MalformedTrace(f"line {line}: not UTF-8 text (byte {err.start}: {err.reason})") from None
     # split on newlines only: str.splitlines would also split inside strings at

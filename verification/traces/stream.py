@@ -90,6 +90,25 @@ class Verdict:
     result: CheckResult | None
     malformed: str | None = None
     violations: int = 0              # violations reported before and with this verdict
+    read_before: int = 0             # malformed: the events read before the malformed line
+    checked_before: int = 0          # ... of which the checker took (the rest wait for the finishes after them)
+    cut_short: bool = False          # malformed: the input's last line, with no newline after it
+
+    def malformed_report(self) -> str:
+        """`malformed` with what it would otherwise hide: that the line is
+        a write cut short (a recorder stopped mid-line), and how far the
+        check got before it (a verdict on those events, not on the trace)."""
+        report = self.malformed or ""
+        if self.cut_short:
+            report += "; it is the last line and no newline ends it: a write cut short"
+        if self.violations:
+            report += f"; {self.violations} violations reported in the events before it"
+        elif self.checked_before:
+            held = self.read_before - self.checked_before
+            events = f"{self.checked_before} event{'s' if self.checked_before != 1 else ''}"
+            report += (f"; the {events} before it break no property checked so far"
+                       f"{f' ({held} more read, not yet checked)' if held else ''}")
+        return report
 
     @property
     def exit_code(self) -> int:
@@ -168,7 +187,10 @@ def check_lines(lines: Iterable[str], profile: str | None = None, *, keep_going:
     try:
         yield from run.check(lines)
     except MalformedTrace as err:
-        yield Verdict(True, None, malformed=str(err), violations=run.violations)
+        cut_short = getattr(lines, "cut_short", None)
+        yield Verdict(True, None, malformed=str(err), violations=run.violations, read_before=run.read_before,
+                      checked_before=run.read_before - len(run.held),
+                      cut_short=cut_short == run.line and not run.line_parsed)
 
 
 class _Run:
@@ -178,6 +200,8 @@ class _Run:
         self.fast = fast
         self.checker: Any = None
         self.count = 0                        # events read
+        self.line, self.read_before = 0, 0    # the line being read, and the events read before it
+        self.line_parsed = False              # whether that line is JSON
         self.violations = 0
         self.first: CheckResult | None = None
         self.stopped = False
@@ -213,6 +237,7 @@ class _Run:
         while True:
             for text in source:
                 number += 1
+                self.line, self.read_before, self.line_parsed = number, self.count, False
                 if not text.strip():
                     blank_run += 1
                     if blank_run > MAX_BLANK_RUN:
@@ -221,6 +246,7 @@ class _Run:
                     continue
                 blank_run = 0
                 event = parse_line(text, number)
+                self.line_parsed = True               # JSON: no write cut it short
                 validate_numbered(event, config, number)
                 config = config or event
                 yield number, event
