@@ -17,7 +17,8 @@ every 6 steps to the step limit. Index 84 (0.33.0, prefix caching off): r2,
 24 tokens, 3 blocks, 4 with its lookahead slot, recomputed from 0 each time.
 
 The ground truth names it (ground_truth.py `_fc_check_livelock`: a request
-preempted 3 times in a row from one state of every request). check-trace's
+preempted twice in a row from one state of every request, the batches in
+flight, the queues and the free blocks). check-trace's
 L2 (spec/deadlock.py `l2_no_deadlock`) counts a preemption as moving on,
 and every step is one the spec takes; its progress rule
 (verification/traces/lasso.py, L4_no_livelock) rejects the run where the
@@ -61,8 +62,8 @@ LIVELOCK = {"0.34.0": KeptCase(HUNT / "034_sync_lookahead_admission_livelock_see
             "0.33.0-async": KeptCase(HUNT / "033_async_lookahead_admission_livelock_seed379_84")}
 CASES = list(LIVELOCK)
 # (request, tokens, blocks without and with the lookahead slots, the step the ground truth names it)
-LOOPS = {"0.34.0": ("r4", 15, 2, 3, 83), "0.33.0": ("r2", 24, 3, 4, 99),
-         "0.34.0-async": ("r4", 15, 2, 3, 96), "0.33.0-async": ("r2", 24, 3, 4, 128)}
+LOOPS = {"0.34.0": ("r4", 15, 2, 3, 77), "0.33.0": ("r2", 24, 3, 4, 83),
+         "0.34.0-async": ("r4", 15, 2, 3, 90), "0.33.0-async": ("r2", 24, 3, 4, 112)}
 
 
 def _preemptions(events: list[dict[str, Any]], req: str) -> list[int]:
@@ -119,7 +120,7 @@ def test_the_ground_truth_names_the_livelock_and_the_lookahead_block(name: str) 
         == (blocks, with_lookahead, blocks)          # the sequence fits what is free, its lookahead slots do not
     assert result["ending"] == "step_limit"
     named = findings(result)
-    assert named[0].startswith(f"a livelock: {req} was preempted 3 times in a row")
+    assert named[0].startswith(f"a livelock: {req} was preempted 2 times in a row")
     category, detail = verdict(result, check_verdict(case.trace))     # the campaign's verdict (stream.py)
     assert category == "rejected, real bug" and detail.endswith("rejected, L4_no_livelock"), detail
 
@@ -128,13 +129,13 @@ def test_the_ground_truth_names_the_livelock_and_the_lookahead_block(name: str) 
 # 0.33.0 sync): the same gate, ended by the clients after two rounds. r2 (7 tokens) is admitted into the
 # one free block (7 tokens fit it; 6 + 1 + 2 lookahead slots do not), prefills 6 and is preempted, from
 # the same state at lines 35 and 38, beside two sessions parked on the other 7 blocks; their clients end
-# them at lines 41 and 44, and r2 runs. check-trace names the lasso at line 38; the ground truth, which
-# asks 3 preemptions in a row from one state (its state at line 32's differs: r4 still ran), names
-# nothing, so the campaign counts a false rejection: the ground truth's miss, kept as it reads.
+# them at lines 41 and 44, and r2 runs. check-trace names the lasso at line 38, and so does the ground
+# truth at that preemption (step 31), since it asks one recurrence; asking 3 preemptions in a row (its
+# state at line 32's differs: r4 still ran), it named nothing, and the campaign counted a false rejection.
 LOOP_ENDED = KeptCase(HUNT / "034_sync_lookahead_loop_ended_by_the_clients_seed388_43")
 
 
-def test_a_loop_the_clients_end_after_two_rounds_is_named_where_the_ground_truth_counts_too_few() -> None:
+def test_a_loop_the_clients_end_after_two_rounds_is_named_by_both() -> None:
     result = check_trace(LOOP_ENDED.trace)
     assert (result.property, result.line) == ("L4_no_livelock", 38)
     assert "after line 35's preemption comes back at line 38" in result.message and '"r2"' in result.message
@@ -143,8 +144,13 @@ def test_a_loop_the_clients_end_after_two_rounds_is_named_where_the_ground_truth
     assert [i + 1 for i, e in enumerate(events) if e["ev"] == "input" and e.get("end_of_session")] == [41, 44]
     assert _preemptions(events, "r2") == [31, 34, 37]        # lines 32, 35, 38
     kept = LOOP_ENDED.result()
-    assert kept["ending"] == "done" and findings(kept) == []
-    assert verdict(kept, check_verdict(LOOP_ENDED.trace)) == ("rejected, FALSE", "false rejection: L4_no_livelock")
+    [loop] = kept["ground_truth"]["admission_livelocks"]
+    assert (loop["req"], loop["step"], loop["num_tokens"], loop["blocks_of_sequence"],
+            loop["blocks_with_lookahead"], loop["free_blocks"]) == ("r2", 31, 7, 1, 2, 1)
+    assert kept["ending"] == "done" and findings(kept)[0].startswith("a livelock: r2 was preempted 2 times")
+    assert verdict(kept, check_verdict(LOOP_ENDED.trace)) == ("rejected, real bug",
+                                                             "bug (a livelock: r2 was preempted 2 times in a row "
+                                                             "from one state): rejected, L4_no_livelock")
 
 
 # --- the rule on a hand-written minimal lasso (vLLM 0.34's gate, no session: a pool of 2 blocks)
@@ -230,6 +236,7 @@ class _Scheduler(GroundTruthMixin):
         self.cache_config = SimpleNamespace(block_size=8)
         self.kv_cache_manager = SimpleNamespace(block_pool=SimpleNamespace(get_num_free_blocks=lambda: 2))
         self.requests = {"r4": _request(15), "r2": _request(20, "WAITING_FOR_STREAMING_REQ")}
+        self.waiting, self.running = [self.requests["r4"]], []    # the queues the state reads, by request_id
 
     def preempt(self, req_id: str) -> None:
         self.flightcheck_step += 6
@@ -237,18 +244,31 @@ class _Scheduler(GroundTruthMixin):
 
 
 def _request(num_tokens: int, status: str = "PREEMPTED") -> SimpleNamespace:
-    return SimpleNamespace(num_tokens=num_tokens, num_computed_tokens=0, status=SimpleNamespace(name=status))
+    return SimpleNamespace(request_id=f"{num_tokens} tokens", num_tokens=num_tokens, num_computed_tokens=0,
+                           status=SimpleNamespace(name=status))
 
 
-def test_preemptions_from_one_state_are_named_once_at_the_third() -> None:
+def test_preemptions_from_one_state_are_named_once_at_the_second() -> None:
     scheduler = _Scheduler()
-    for _ in range(LIVELOCK_REPEATS - 1):
-        scheduler.preempt("r4")
+    assert LIVELOCK_REPEATS == 2               # one recurrence, as check-trace's L4_no_livelock
+    scheduler.preempt("r4")
     assert scheduler.flightcheck_observations.admission_livelocks == []
     for _ in range(3):
         scheduler.preempt("r4")
     [loop] = scheduler.flightcheck_observations.admission_livelocks
-    assert (loop["step"], loop["blocks_of_sequence"], loop["blocks_with_lookahead"]) == (18, 2, 3)
+    assert (loop["step"], loop["blocks_of_sequence"], loop["blocks_with_lookahead"]) == (12, 2, 3)
+
+
+def test_a_queue_reordered_or_a_block_freed_between_preemptions_is_another_state() -> None:
+    scheduler = _Scheduler()
+    scheduler.preempt("r4")
+    scheduler.waiting.append(scheduler.requests["r2"])           # the queue changed: not the same state
+    scheduler.preempt("r4")
+    scheduler.kv_cache_manager.block_pool.get_num_free_blocks = lambda: 1    # a block taken between
+    scheduler.preempt("r4")
+    assert scheduler.flightcheck_observations.admission_livelocks == []
+    scheduler.preempt("r4")
+    assert [loop["step"] for loop in scheduler.flightcheck_observations.admission_livelocks] == [24]
 
 
 def test_a_token_appended_between_preemptions_starts_the_count_again() -> None:

@@ -40,10 +40,10 @@ statistics only (0.34.0 scheduler.py `prefill_stats`,
 `connector_prefix_cache_stats`); arrival times, priorities and prompt
 content are fixed at arrival. Where the spec missed a deciding part, it
 would already reject correct runs there (campaigns check that). So one
-recurrence is a lasso; the ground truth's LIVELOCK_REPEATS (3 preemptions
-from one state, flightcheck/vllm/ground_truth.py `_fc_check_livelock`)
-guards its coarse state (tokens, computed tokens, statuses: no blocks, no
-queues), which this rule does not need.
+recurrence is a lasso, as for the ground truth's (flightcheck/vllm/
+ground_truth.py `_fc_check_livelock`: two preemptions in a row from one
+state of the requests, the batches in flight, the queues and the free
+blocks).
 
 Why a correct run never trips it. Every anchor's state has a request
 preempted: the cycle does work and throws it away. A scheduler that cannot
@@ -61,8 +61,7 @@ takes them back; an idle cycle (empty batches) is L2's to judge. A lasso
 the environment breaks later was still closed while it was quiet, and is
 named (seed 388 index 43 of the hunt, tests/test_vllm_hunt395_livelock.py:
 two rounds of the lookahead gate's loop, then the parked sessions' clients
-end them; the ground truth, asking 3 preemptions from one state, names
-nothing there).
+end them; the ground truth names it at the same preemption).
 
 Beside the explicit search. Its L4_every_run_terminates (explicit/search.py
 `_check_liveness`) finds the same loop on a model of one request whose
