@@ -12,13 +12,18 @@ of 3 blocks of 2 (one preallocated past them), and the slice caches blocks
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import pytest
 
 from flightcheck.vllm.engine_truth import _without_instance_overrides
 from flightcheck.vllm.ground_truth import Observations
 from flightcheck.vllm.replay import findings
 from flightcheck.vllm.unwritten_kv_recording import UnwrittenKV, UnwrittenKVRecordingMixin, newly_hashed
+
+from .vllm_support import DATA, KeptCase, Workers, workers
 
 R1_TABLE = [18, 19, 20]
 
@@ -210,3 +215,31 @@ def test_newly_hashed_reads_the_blocks_that_had_none() -> None:
 
 def test_no_observation_no_key() -> None:
     assert "hits_on_unwritten_kv" not in Observations().to_json()
+
+
+# --- on vLLM itself (slow)
+
+
+@pytest.fixture(scope="module")
+def running() -> Iterator[Workers]:
+    yield from workers()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_0_8_4s_negative_slice_in_the_kept_case_caches_a_written_block_no_finding(running: Workers,
+                                                                                       tmp_path) -> None:
+    """Seed 376 index 149 (tests/test_vllm_negative_slice_084.py): the slice
+    caches r1's first block, whose 2 tokens r1's own batch writes; r1's next
+    admission hits it. The watch sees the hit and names nothing."""
+    from flightcheck.vllm.differential import decisions, read_trace
+
+    case = KeptCase(DATA / "hunt395" / "084_sync_negative_count_caches_the_first_block_seed376_149")
+    trace = tmp_path / "replayed.jsonl"
+    result = running["0.8.4"].replay(case.raw(), trace=str(trace))
+    assert decisions(read_trace(trace)) == decisions(read_trace(case.trace))
+    hits = [entry for event in read_trace(trace) if event["ev"] == "schedule"
+            for entry in event["entries"] if entry["cached"] > 0]
+    assert [(entry["req"], entry["cached"]) for entry in hits] == [("r1", 2), ("r1", 2)]
+    truth = result["ground_truth"]
+    assert "hits_on_unwritten_kv" not in truth and "blocks_cached_unwritten" not in truth

@@ -97,4 +97,4 @@ def test_vllm_hits_the_unwritten_block_again_and_check_trace_misses_it(running: 
     assert decisions(read_trace(trace)) == decisions(read_trace(case.trace))
     assert hit_of(result) == [("r0", 16, 3, 4, "r0", 3, step)]
     category, detail = verdict(result, check_verdict(trace))
-    assert category == "accepted, MISSED bug" and "hit_on_unwritten_kv" in detail, detail
+    assert category == "accepted, MISSED bug" and "prefix hit of 16 tokens takes block 3" in detail, detail
