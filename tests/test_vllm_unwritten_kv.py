@@ -21,7 +21,8 @@ import pytest
 from flightcheck.vllm.engine_truth import _without_instance_overrides
 from flightcheck.vllm.ground_truth import Observations
 from flightcheck.vllm.replay import findings
-from flightcheck.vllm.unwritten_kv_recording import UnwrittenKV, UnwrittenKVRecordingMixin, newly_hashed
+from flightcheck.vllm.unwritten_kv_recording import (BlockIds, UnwrittenKV, UnwrittenKVRecordingMixin,
+                                                     newly_hashed, sliced_indexes)
 
 from .vllm_support import DATA, KeptCase, Workers, workers
 
@@ -206,11 +207,22 @@ def test_a_probe_twin_of_the_scheduler_allocates_in_its_own_pool() -> None:
     assert twin_manager.block_pool.free == list(range(20, 24))
 
 
-def test_newly_hashed_reads_the_blocks_that_had_none() -> None:
-    blocks = [FakeBlock(1, "a"), FakeBlock(2), FakeBlock(3)]
-    before = [block.block_hash is not None for block in blocks]
+def test_newly_hashed_reads_the_blocks_that_had_none_in_the_slice_vllm_takes() -> None:
+    blocks = [FakeBlock(1, "a"), FakeBlock(2), FakeBlock(3), FakeBlock(4)]
+    indexes = sliced_indexes(blocks, {"num_cached_blocks": 0, "num_full_blocks": -1})   # 0.8.x's negative count
+    assert list(indexes) == [0, 1, 2]
+    before = [blocks[index].block_hash is not None for index in indexes]
     blocks[1].block_hash = "b"
-    assert newly_hashed(blocks, before) == [(2, 1)]
+    assert newly_hashed(blocks, indexes, before) == [(2, 1)]
+    assert list(sliced_indexes(blocks, {"num_cached_blocks": 2, "num_full_blocks": 1})) == []
+    assert list(sliced_indexes(blocks, {})) == [0, 1, 2, 3]
+
+
+def test_block_ids_read_a_live_table_by_index() -> None:
+    table = [FakeBlock(7), FakeBlock(8)]
+    ids = BlockIds(table)
+    table.append(FakeBlock(9))                   # vLLM appends to the same list
+    assert (len(ids), ids[2], ids[:2]) == (3, 9, [7, 8])
 
 
 def test_no_observation_no_key() -> None:

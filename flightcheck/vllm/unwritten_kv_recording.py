@@ -19,7 +19,12 @@ num_full_blocks]`: every block of the table but the last, in 0.8.4 (its
 0.34.0 cap the tokens they cache at `request.num_tokens` and at the tokens
 computed and scheduled (`allocate_slots`: `num_tokens_to_cache`); a
 connector's async load is cached once it is received
-(`Scheduler._update_waiting_for_remote_kv`, `cache_blocks`).
+(`Scheduler._update_waiting_for_remote_kv`, `cache_blocks`). But under the
+priority policy their `Scheduler.schedule` may preempt a request its
+running loop already scheduled in the step (`if preempted_req in
+scheduled_running_reqs`: its tokens are taken back), after that request's
+`allocate_slots` cached the chunk's blocks: the chunk never runs and the
+blocks stay cached (docs/vllm-unwritten-kv-findings.md, finding 1).
 
 The watch, by block id (no tokens): how far into each block a batch
 scheduled, or a load, has written since the block was last handed out
@@ -39,8 +44,9 @@ Standard library only: this module never imports vLLM.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 
 @dataclass
@@ -65,14 +71,14 @@ class UnwrittenKV:
             self.cached_by[block] = {"req": req_id, "step": step, "index": index}
             self.just_cached.append(block)
 
-    def write(self, table: list[int], first: int, last: int) -> None:
+    def write(self, table: Sequence[int], first: int, last: int) -> None:
         """Tokens [first, last) of the request whose table it is are written."""
         bs = self.block_size
         for index in range(max(0, first) // bs, min(len(table), -(-last // bs))):
             block = table[index]
             self.written[block] = max(self.written.get(block, 0), min(bs, last - index * bs))
 
-    def write_batch(self, entries: list[dict[str, Any]], tables: dict[str, list[int]]) -> None:
+    def write_batch(self, entries: list[dict[str, Any]], tables: dict[str, Sequence[int]]) -> None:
         """A batch's entries (`req`, `start`, `n`; `external`: the tokens before
         `start` its sync load brings): each writes its tokens, drafts included
         (an accepted draft's KV is the token's)."""
@@ -80,7 +86,7 @@ class UnwrittenKV:
             self.write(tables.get(entry["req"], []), entry["start"] - entry.get("external", 0),
                        entry["start"] + entry["n"])
 
-    def unwritten_hits(self, entries: list[dict[str, Any]], tables: dict[str, list[int]],
+    def unwritten_hits(self, entries: list[dict[str, Any]], tables: dict[str, Sequence[int]],
                        step: int, batch: int | None) -> list[dict[str, Any]]:
         """Each admission's full blocks below its start (its prefix hit, and
         the tokens a load brought) not wholly written: one record a block."""
@@ -105,10 +111,44 @@ class UnwrittenKV:
         return short
 
 
-def newly_hashed(blocks: list[Any], before: list[bool]) -> list[tuple[int, int]]:
-    """(block id, index) of the blocks that had no hash before and have one now."""
-    return [(block.block_id, index) for index, (block, had) in enumerate(zip(blocks, before))
-            if not had and block.block_hash is not None]
+class BlockIds(Sequence[int]):
+    """A request's live block list read as block ids, one index at a time:
+    the watch touches only the blocks an entry writes or a hit takes, never
+    a whole table (a long context's runs to thousands of blocks)."""
+
+    def __init__(self, blocks: Sequence[Any]) -> None:
+        self._blocks = blocks
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return [block.block_id for block in self._blocks[index]]
+        return int(self._blocks[index].block_id)
+
+
+def newly_hashed(blocks: Sequence[Any], indexes: Sequence[int], before: list[bool]) -> list[tuple[int, int]]:
+    """(block id, index) of the blocks at `indexes` that had no hash before
+    (`before`, in the same order) and have one now."""
+    return [(blocks[index].block_id, index) for index, had in zip(indexes, before)
+            if not had and blocks[index].block_hash is not None]
+
+
+def sliced_indexes(blocks: Sequence[Any], kwargs: dict[str, Any]) -> Sequence[int]:
+    """The table indexes `cache_full_blocks` may hash: `blocks[num_cached_blocks:
+    num_full_blocks]` as vLLM slices them (0.8.x and 0.33/0.34 pass both by
+    keyword; a negative count slices from the end, as in 0.8.x), else every one."""
+    indexes = range(len(blocks))
+    if "num_cached_blocks" in kwargs and "num_full_blocks" in kwargs:
+        return indexes[kwargs["num_cached_blocks"]:kwargs["num_full_blocks"]]
+    return indexes
 
 
 class UnwrittenKVRecordingMixin:
@@ -141,25 +181,26 @@ class UnwrittenKVRecordingMixin:
 
         def caching(*args: Any, **kwargs: Any) -> Any:
             request = kwargs["request"] if "request" in kwargs else args[0]
-            blocks = list(kwargs["blocks"] if "blocks" in kwargs else args[1])
-            before = [block.block_hash is not None for block in blocks]
+            blocks = kwargs["blocks"] if "blocks" in kwargs else args[1]
+            indexes = sliced_indexes(blocks, kwargs)
+            before = [blocks[index].block_hash is not None for index in indexes]
             result = cache_full_blocks(*args, **kwargs)
             # the call in progress belongs to the event the recorder writes next
-            watch.cached(newly_hashed(blocks, before), request.request_id,
+            watch.cached(newly_hashed(blocks, indexes, before), request.request_id,
                          self.flightcheck_step + 1)  # type: ignore[attr-defined]
             return result
 
         pool.get_new_blocks, pool.cache_full_blocks = handing_out, caching
 
-    def _fc_table(self, req_id: str) -> list[int]:
-        """The request's block ids: 0.33/0.34 `get_block_ids` (one group),
-        0.8.x `req_to_blocks`."""
+    def _fc_table(self, req_id: str) -> BlockIds:
+        """The request's blocks, read lazily as ids: 0.8.x `req_to_blocks`,
+        0.33/0.34 `get_blocks` (one group: the coordinator's own lists)."""
         manager = self.kv_cache_manager  # type: ignore[attr-defined]
         tables = getattr(manager, "req_to_blocks", None)
         if tables is not None:
-            return [block.block_id for block in tables.get(req_id, ())]
-        groups = manager.get_block_ids(req_id)
-        return list(groups[0]) if groups else []
+            return BlockIds(tables.get(req_id, ()))
+        groups = manager.get_blocks(req_id).blocks
+        return BlockIds(groups[0] if groups else ())
 
     def _fc_entries(self, output: Any) -> list[tuple[Any, dict[str, Any]]]:
         """The call's entries written first (one batch), then its admissions' hits read."""
