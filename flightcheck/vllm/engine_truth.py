@@ -84,7 +84,9 @@ def _probe_without(engine: Any, stale: list[str]) -> tuple[bool, list[str]] | No
     _without_instance_overrides(twin)
     _without_instance_overrides(twin.kv_cache_manager)
     # (the block pool's `get_new_blocks` and `cache_full_blocks`: unwritten_kv_recording.py)
-    _without_instance_overrides(twin.kv_cache_manager.block_pool)
+    pool = getattr(twin.kv_cache_manager, "block_pool", None)
+    if pool is not None:
+        _without_instance_overrides(pool)
     twin.scheduled_req_ids.difference_update(stale)
     running = list(getattr(twin, "running", ()))
     formed = twin.schedule().total_num_scheduled_tokens > 0
