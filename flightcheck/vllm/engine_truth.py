@@ -83,6 +83,10 @@ def _probe_without(engine: Any, stale: list[str]) -> tuple[bool, list[str]] | No
         sys.setrecursionlimit(limit)
     _without_instance_overrides(twin)
     _without_instance_overrides(twin.kv_cache_manager)
+    # (the block pool's `get_new_blocks` and `cache_full_blocks`: unwritten_kv_recording.py)
+    pool = getattr(twin.kv_cache_manager, "block_pool", None)
+    if pool is not None:
+        _without_instance_overrides(pool)
     twin.scheduled_req_ids.difference_update(stale)
     running = list(getattr(twin, "running", ()))
     formed = twin.schedule().total_num_scheduled_tokens > 0
@@ -92,7 +96,8 @@ def _probe_without(engine: Any, stale: list[str]) -> tuple[bool, list[str]] | No
 def _without_instance_overrides(twin: Any) -> None:
     """Drop from a copied object the functions set on the original instance
     over its class's methods (the recorder's watch on
-    `KVCacheManager.allocate_slots`, ground_truth.py): deepcopy shares a
+    `KVCacheManager.allocate_slots`, ground_truth.py, and on the block pool,
+    unwritten_kv_recording.py): deepcopy shares a
     function, whose closure still calls the original's method, so the
     twin's `schedule()` would allocate blocks in vLLM's own manager (a
     request admitted in the probe then shows no new blocks when vLLM really

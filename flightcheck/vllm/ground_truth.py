@@ -115,6 +115,12 @@ class Observations:
     # policy) before any batch recomputed it (kv_invalid_recording.py; vLLM
     # #37827, the sharers of #49250).
     kv_computed_on_invalid_kv: list[dict[str, Any]] = field(default_factory=list)
+    # With prefix caching: an admission whose prefix hit takes a block no
+    # batch or load has wholly written (vLLM 0.8.x caching through a negative
+    # full-block count), and each block cached while its writing fell short
+    # of it (no finding by itself: the cause of such a hit); unwritten_kv_recording.py.
+    hits_on_unwritten_kv: list[dict[str, Any]] = field(default_factory=list)
+    blocks_cached_unwritten: list[dict[str, Any]] = field(default_factory=list)
     # Under the priority policy, a waiting queue whose heap a streaming
     # session's input left out of order (`_update_request_as_session` sets
     # the parked session's arrival_time where it sits in the heap).
@@ -165,6 +171,9 @@ class Observations:
                          kv_holder_base_counts_later_batches=self.kv_holder_base_counts_later_batches)
         if self.kv_computed_on_invalid_kv:
             found.update(kv_computed_on_invalid_kv=self.kv_computed_on_invalid_kv)
+        if self.hits_on_unwritten_kv or self.blocks_cached_unwritten:
+            found.update(hits_on_unwritten_kv=self.hits_on_unwritten_kv,
+                         blocks_cached_unwritten=self.blocks_cached_unwritten)
         if self.priority_heaps_out_of_order:
             found.update(priority_heaps_out_of_order=self.priority_heaps_out_of_order)
         if self.session_inputs_lost:

@@ -41,6 +41,7 @@ from .kv_invalid_recording import InvalidKVRecordingMixin
 from .kv_recording import KVRecordingMixin
 from .raised_recording import RaisedRecording
 from .recording import RecordingMixin
+from .unwritten_kv_recording import UnwrittenKVRecordingMixin
 
 QUALIFIED_NAME = "flightcheck.vllm.recorder.RecordingScheduler"
 
@@ -50,7 +51,8 @@ def _release(version: str) -> tuple[int, int]:
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
-class RecordingScheduler(RaisedRecording, InvalidKVRecordingMixin, KVRecordingMixin, RecordingMixin, Scheduler):
+class RecordingScheduler(RaisedRecording, UnwrittenKVRecordingMixin, InvalidKVRecordingMixin, KVRecordingMixin,
+                         RecordingMixin, Scheduler):
     """vLLM's synchronous V1 scheduler, recording every call to a trace."""
 
     vllm_version = vllm.__version__
@@ -66,7 +68,8 @@ except ImportError:  # pragma: no cover - depends on the venv's vLLM
     AsyncScheduler = None  # type: ignore[assignment,misc]
 
 if AsyncScheduler is not None:
-    class RecordingAsyncScheduler(RaisedRecording, InvalidKVRecordingMixin, KVRecordingMixin,  # type: ignore[misc]
+    class RecordingAsyncScheduler(RaisedRecording, UnwrittenKVRecordingMixin,  # type: ignore[misc]
+                                  InvalidKVRecordingMixin, KVRecordingMixin,
                                   RecordingMixin, AsyncScheduler):  # type: ignore[valid-type]
         """vLLM 0.33's `AsyncScheduler` (output placeholders, the decode
         stagger), recording every call to a trace."""

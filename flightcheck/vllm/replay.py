@@ -310,6 +310,7 @@ def findings(result: dict[str, Any]) -> list[str]:
                      f"counts a seat it gave up; step {seats['step']})")
     found.extend(f"{bound['req']} was finished with an error for an earlier request's grammar under its id (step "
                  f"{bound['step']})" for bound in truth.get("grammar_errors_bound_by_id", []))
+    found.extend(_unwritten_kv_findings(truth))
     found.extend(_idle_findings(result))
     for gated in result.get("gated_completions", []):
         if gated.get("would_schedule"):
@@ -318,6 +319,20 @@ def findings(result: dict[str, Any]) -> list[str]:
                          f"(step {gated['step']})")
     found.extend(_kv_connector_findings(truth))
     found.extend(_in_flight_set_findings(truth))
+    return found
+
+
+def _unwritten_kv_findings(truth: dict[str, Any]) -> list[str]:
+    """A prefix hit on a block no batch or load had wholly written
+    (unwritten_kv_recording.py); `blocks_cached_unwritten` is no finding by
+    itself: it names the cause of such a hit."""
+    found = []
+    for hit in truth.get("hits_on_unwritten_kv", []):
+        cacher = hit["cached_by"] or {}
+        found.append(f"{hit['req']}'s prefix hit of {hit['hit']} tokens takes block {hit['block']} (its block "
+                     f"{hit['index']}), of whose tokens batches have written {hit['written']} "
+                     f"(hit_on_unwritten_kv; cached by {cacher.get('req', 'unknown')} at step "
+                     f"{cacher.get('step', '?')}; step {hit['step']})")
     return found
 
 
