@@ -262,10 +262,7 @@ def probe_interpreter(python: str | Path, known: tuple[str, ...] = SUPPORTED_VER
 def findings(result: dict[str, Any]) -> list[str]:
     """What vLLM's own state showed to be wrong in a run (empty: nothing)."""
     truth = result.get("ground_truth") or {}
-    found = [f"a livelock: {loop['req']} was preempted {loop['repeats']} times in a row from one state of every "
-             f"request (no token, input or finish between); its {loop['num_tokens']} tokens fit "
-             f"{loop['blocks_of_sequence']} blocks, with {loop['num_lookahead_tokens']} lookahead slots "
-             f"{loop['blocks_with_lookahead']} (step {loop['step']})" for loop in truth.get("admission_livelocks", [])]
+    found = _livelock_findings(truth)
     found.extend(_ending_findings(result))
     for stale in truth.get("stale_tokens", []):
         found.append(f"batch {stale['batch']}'s token was appended to {stale['req']} after it was "
@@ -320,6 +317,16 @@ def findings(result: dict[str, Any]) -> list[str]:
     found.extend(_kv_connector_findings(truth))
     found.extend(_in_flight_set_findings(truth))
     return found
+
+
+def _livelock_findings(truth: dict[str, Any]) -> list[str]:
+    """A request preempted twice in a row from one state (ground_truth.py
+    `_fc_check_livelock`), with the blocks of its sequence without and with
+    the lookahead slots."""
+    return [f"a livelock: {loop['req']} was preempted {loop['repeats']} times in a row from one state of every "
+            f"request (no token, input or finish between); its {loop['num_tokens']} tokens fit "
+            f"{loop['blocks_of_sequence']} blocks, with {loop['num_lookahead_tokens']} lookahead slots "
+            f"{loop['blocks_with_lookahead']} (step {loop['step']})" for loop in truth.get("admission_livelocks", [])]
 
 
 def _unwritten_kv_findings(truth: dict[str, Any]) -> list[str]:
