@@ -49,6 +49,7 @@ from flightcheck.verification.traces.reading import read_trace_file
 from flightcheck.verification.traces.stream import check_lines
 from flightcheck.vllm.campaign import ReplayJob, check_verdict, replay_workload, verdict
 from flightcheck.vllm.ground_truth import LIVELOCK_REPEATS, GroundTruthMixin, Observations
+from flightcheck.vllm.livelock_recording import loud_event
 from flightcheck.vllm.replay import findings
 
 from .vllm_support import DATA, KeptCase, Workers, workers
@@ -269,6 +270,33 @@ def test_a_queue_reordered_or_a_block_freed_between_preemptions_is_another_state
     assert scheduler.flightcheck_observations.admission_livelocks == []
     scheduler.preempt("r4")
     assert [loop["step"] for loop in scheduler.flightcheck_observations.admission_livelocks] == [24]
+
+
+def test_an_event_of_the_environment_between_preemptions_is_another_state() -> None:
+    """Seed 388 index 40 (0.33.0, sync): r2 preempted at two schedule() calls from one state of the
+    requests, queues and blocks, with two resets of the running requests between that rolled every
+    request back to it; then r2 finished. The resets are the environment's: no loop."""
+    scheduler = _Scheduler()
+    scheduler.preempt("r4")
+    scheduler._fc_note_event({"ev": "reset", "running": True, "preempted": ["r4"]})
+    scheduler._fc_note_event({"ev": "schedule", "entries": [], "preempted": []})       # the scheduler's own
+    scheduler._fc_note_event({"ev": "complete", "batch": 3, "tokens": {"r4": []}})    # quiet
+    scheduler.preempt("r4")
+    assert scheduler.flightcheck_observations.admission_livelocks == []
+    scheduler._fc_note_event({"ev": "complete", "batch": 4, "tokens": {"r4": []}})
+    scheduler.preempt("r4")                                   # nothing loud since the last: the loop
+    assert [loop["step"] for loop in scheduler.flightcheck_observations.admission_livelocks] == [18]
+
+
+@pytest.mark.parametrize("event", [
+    {"ev": "complete", "tokens": {"a": []}}, {"ev": "complete", "tokens": {"a": [5]}},
+    {"ev": "complete", "tokens": {"a": []}, "dropped": ["a"]}, {"ev": "complete", "tokens": {}, "next_drafts": {"a": [1]}},
+    {"ev": "complete", "tokens": {"a": []}, "stale": ["a"]}])
+def test_the_ground_truth_and_check_trace_call_the_same_completions_quiet(event: dict[str, Any]) -> None:
+    assert loud_event(event) is not quiet_completion(event)
+    assert not loud_event({"ev": "schedule", "entries": [], "preempted": ["a"]})
+    assert all(loud_event({"ev": kind}) for kind in ("arrive", "abort", "finish", "input", "reset", "pause",
+                                                      "kv_failed", "grammar_compiled"))
 
 
 def test_a_token_appended_between_preemptions_starts_the_count_again() -> None:

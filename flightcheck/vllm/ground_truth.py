@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import compat, grammar_recording
+from .livelock_recording import LIVELOCK_REPEATS, LivelockWatch
 
 
 @dataclass
@@ -187,12 +188,6 @@ class Observations:
         return found
 
 
-# Preemptions in a row from one state that name a livelock (Observations.admission_livelocks):
-# the second, one recurrence, as check-trace's L4_no_livelock (verification/traces/lasso.py) names
-# it. Three let a loop the environment ends after two rounds go unnamed (seed 388 index 43 of the
-# hunt over seeds 364-395: the lookahead gate's loop, ended by two sessions' clients).
-LIVELOCK_REPEATS = 2
-
 # vLLM 0.33's per-request counters (`Request.__init__`), checked for sign.
 COUNTERS = ("num_in_flight_tokens", "num_stale_output_tokens")
 
@@ -202,7 +197,7 @@ def status_name(request: Any) -> str:
     return request.status.name
 
 
-class GroundTruthMixin:
+class GroundTruthMixin(LivelockWatch):
     """The recorder's checks of vLLM's state (see the module's docstring).
     Mixed into `RecordingMixin`, which calls them and owns the trace."""
 
@@ -228,8 +223,7 @@ class GroundTruthMixin:
         # its latest completion): see Observations.leftover_drafts.
         self._fc_leftover_drafts: dict[int, str] = {}
         self._fc_seats_over = False      # running + parked sessions above max_num_seqs now
-        # req_id -> (the state at its latest preemption, how many in a row found it so)
-        self._fc_preempted_from: dict[str, tuple[tuple, int]] = {}
+        self._fc_start_livelock_watch()
 
     def _fc_check_state(self, bound: Iterable[Any] = (), preempted: Iterable[str] = ()) -> None:
         """After every schedule() and update_from_output: vLLM's sets and
@@ -244,59 +238,6 @@ class GroundTruthMixin:
         self._fc_check_session_seats()
         for req_id in preempted:
             self._fc_check_livelock(req_id)
-
-    def _fc_check_livelock(self, req_id: str) -> None:
-        """A preemption that finds every request as the same request's
-        previous preemption left them (`_fc_request_states`): nothing
-        progressed between, and vLLM's `Scheduler.schedule` is deterministic,
-        so from there it loops for ever. Recorded once a request, at the
-        LIVELOCK_REPEATS-th preemption in a row from that state, with the
-        blocks its whole sequence needs with and without the lookahead slots
-        (0.33.0/0.34.0 `KVCacheManager.allocate_slots`: the admission gate,
-        `full_sequence_must_fit`, counts `request.num_tokens` alone; every
-        chunk after asks `num_lookahead_tokens` slots more)."""
-        request = self.requests.get(req_id)          # type: ignore[attr-defined]
-        state = self._fc_request_states()
-        before, repeats = self._fc_preempted_from.get(req_id, ((), 0))
-        repeats = repeats + 1 if state == before else 1
-        self._fc_preempted_from[req_id] = (state, repeats)
-        if repeats != LIVELOCK_REPEATS or request is None:
-            return
-        block_size = self.cache_config.block_size    # type: ignore[attr-defined]
-        lookahead = int(getattr(self, "num_lookahead_tokens", 0) or 0)
-        self.flightcheck_observations.admission_livelocks.append({
-            "step": self.flightcheck_step, "req": req_id, "num_tokens": request.num_tokens, "repeats": repeats,
-            "num_lookahead_tokens": lookahead, "blocks_of_sequence": -(-request.num_tokens // block_size),
-            "blocks_with_lookahead": -(-(request.num_tokens + lookahead) // block_size),
-            "free_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks()})   # type: ignore[attr-defined]
-
-    def _fc_request_states(self) -> tuple:
-        """Every live request's identity, tokens, computed tokens and status,
-        and what each batch in flight schedules, oldest first: equal at two
-        points, nothing was appended, admitted past, input or finished
-        between (a token appended grows `num_tokens`), and no batch in flight
-        brings a token the other point's did not. With batches in flight
-        (pipeline stages, async) the requests alone can repeat while a
-        token is on its way: 0.8.5 seed 396 index 76, four stages, r0
-        admitted and preempted for r2's decode blocks from one request state
-        three times while r2's sampling entry was in flight."""
-        requests = tuple(sorted((req_id, id(r), r.num_tokens, r.num_computed_tokens, status_name(r))
-                                for req_id, r in self.requests.items()))   # type: ignore[attr-defined]
-        batches = sorted(getattr(self, "_fc_in_flight", {}).values(), key=lambda record: record.batch_id)
-        in_flight = tuple(tuple((e.req_id, id(e.request), e.start, e.n, e.samples) for e in record.entries)
-                          for record in batches)
-        return requests, in_flight, self._fc_queues_and_free_blocks()
-
-    def _fc_queues_and_free_blocks(self) -> tuple:
-        """The queues' orders and the free blocks' count: what `schedule()`
-        reads beside the requests (which one it admits or preempts first,
-        whether a chunk's blocks fit), so that one recurrence of the whole
-        tuple is a loop (LIVELOCK_REPEATS = 2), not two states that differ
-        where the requests alone do not show it."""
-        queues = tuple(tuple(r.request_id for r in compat.queued_requests(getattr(self, name)))
-                       for name in ("waiting", "kv_holding_waiting") if hasattr(self, name))
-        running = tuple(r.request_id for r in self.running)                          # type: ignore[attr-defined]
-        return queues, running, self.kv_cache_manager.block_pool.get_num_free_blocks()  # type: ignore[attr-defined]
 
     def _fc_check_grammar_errors(self) -> None:
         """Before an update: the grammar errors vLLM will finish by id at its

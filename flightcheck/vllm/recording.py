@@ -237,6 +237,7 @@ class RecordingMixin(ResetPauseRecording, GroundTruthMixin):
                 "notes_empty_batches": bool(self.queues_empty_batches)}
 
     def _fc_write(self, event: dict[str, Any], with_step: bool = True) -> None:
+        self._fc_note_event(event)                   # the livelock watch's count of the environment's events
         if self._fc_trace is not None:
             if self._fc_empty_log:
                 event["empty_batches_before"] = self._fc_empty_log
