@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import blocks, cadence, grammar, kv_invalid, kv_loads, lookahead, lora, priority, sessions
+from . import blocks, cadence, grammar, kv_invalid, kv_loads, kv_unwritten, lookahead, lora, priority, sessions
 from .admission_order import reorder_waiting
 from .config import Config
 from .drafts import drafts_after_preemption, drafts_left_uncached, padded_admission, unclipped_demand_fits
@@ -107,7 +107,8 @@ def schedule(state: State, cfg: Config) -> Scheduled | None:
         step.state = cadence.after_waiting_loop(step.state, cfg, step.defers_prefills)
     if not step.entries and not step.preempted:
         return _idle(state, cfg, step)   # 0.34's reorder and a KV connector's loads stay
-    return Scheduled(kv_invalid.forget_rewritten(_launch(step), cfg, step.entries), tuple(step.entries),
+    launched = kv_unwritten.forget_written(_launch(step), cfg, step.entries)
+    return Scheduled(kv_invalid.forget_rewritten(launched, cfg, step.entries), tuple(step.entries),
                      tuple(step.preempted), tuple(step.kv_loads), tuple(step.taken_back))
 
 
@@ -183,6 +184,7 @@ def _preempt_victim(step: _Step, victim: int, i: int) -> int:
     """The victim leaves `running` (and, under the priority policy, the batch
     it was scheduled into: `priority.hand_back`); the loop's index after it."""
     i = priority.index_after_removal(step.state, victim, i)
+    step.state = kv_unwritten.mark_handed_back(step.state, step.cfg, victim, step.entries)   # KV8
     priority.hand_back(step, victim)
     step.state = priority.to_tail(step.state, victim)
     _preempt(step, victim)

@@ -306,6 +306,10 @@ class State:
     # KV7 does), so it takes no part in a state's identity (the explicit
     # search's states and the Z3 encodings are those without it).
     invalid_kv: frozenset[int] = field(default=frozenset(), compare=False)
+    # KV8 (kv_unwritten.py): (block, label) of blocks cached for a chunk a
+    # priority preemption took back in its own call, until a batch writes
+    # them or they lose that label. A history variable, like `invalid_kv`.
+    unwritten_kv: frozenset[tuple[int, int]] = field(default=frozenset(), compare=False)
 
     def with_request(self, r: int, **changes) -> "State":
         old = self.requests[r]

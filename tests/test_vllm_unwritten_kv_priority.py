@@ -15,9 +15,11 @@ preempts r0, the lowest priority, removing the chunk it had just scheduled
 (`scheduled_running_reqs.remove(preempted_req)`, `num_scheduled_tokens.pop`).
 `_preempt_request` frees r0's blocks with their hashes. At step 20 (21
 async) r0 is admitted again with a 16-token prefix hit on blocks 2 and 3:
-tokens 12-15 of block 3 were never computed. check-trace accepts every
-trace (its spec caches labels at allocation as vLLM does and has no notion
-of written KV): a miss.
+tokens 12-15 of block 3 were never computed. check-trace rejects every
+trace at that schedule event (KV8_no_hit_on_unwritten_kv: the spec's
+history variable `State.unwritten_kv` holds block 3 from the hand-back of
+step 3 on; spec/kv_unwritten.py, verification/traces/unwritten.py), with
+both checkers.
 """
 
 from __future__ import annotations
@@ -67,9 +69,16 @@ def test_the_trace_shows_the_chunk_unscheduled_and_the_hit(release: str, mode: s
 
 
 @pytest.mark.parametrize("release,mode,step", RUNS)
-def test_check_trace_accepts_it_a_miss(release: str, mode: str, step: int) -> None:
-    result = check_trace(KeptCase(CASES / f"{release}_{mode}_{STEM}").trace)
-    assert result.ok, result.message
+def test_check_trace_rejects_it_at_the_hit_kv8(release: str, mode: str, step: int) -> None:
+    import json
+
+    trace = KeptCase(CASES / f"{release}_{mode}_{STEM}").trace
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    hit_line = next(i for i, e in enumerate(lines, start=1) if e.get("ev") == "schedule" and e.get("step") == step)
+    result = check_trace(trace)
+    assert not result.ok
+    assert (result.property, result.line, result.event) == ("KV8_no_hit_on_unwritten_kv", hit_line, "schedule")
+    assert '"r0" is scheduled @16+2 with a prefix hit on blocks [3]' in result.message, result.message
 
 
 # --- on vLLM itself (slow)
@@ -83,7 +92,7 @@ def running() -> Iterator[Workers]:
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.parametrize("release,mode,step", RUNS)
-def test_vllm_hits_the_unwritten_block_again_and_check_trace_misses_it(running: Workers, release: str, mode: str,
+def test_vllm_hits_the_unwritten_block_again_and_check_trace_rejects_it(running: Workers, release: str, mode: str,
                                                                       step: int, tmp_path) -> None:
     from flightcheck.vllm import ASYNC_RECORDER
     from flightcheck.vllm.campaign import check_verdict, verdict
@@ -97,4 +106,5 @@ def test_vllm_hits_the_unwritten_block_again_and_check_trace_misses_it(running: 
     assert decisions(read_trace(trace)) == decisions(read_trace(case.trace))
     assert hit_of(result) == [("r0", 16, 3, 4, "r0", 3, step)]
     category, detail = verdict(result, check_verdict(trace))
-    assert category == "accepted, MISSED bug" and "prefix hit of 16 tokens takes block 3" in detail, detail
+    assert category == "rejected, real bug" and detail.endswith("): rejected, KV8_no_hit_on_unwritten_kv"), detail
+    assert "prefix hit of 16 tokens takes block 3" in detail, detail

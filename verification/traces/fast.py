@@ -155,7 +155,8 @@ class FastPath(FastAdmission):
         if self._mirror is not None:
             return True
         s = self._state
-        if s.kv_holding or s.deferred_frees or s.error_frees or s.scheduled_ids or s.invalid_kv:
+        if s.kv_holding or s.deferred_frees or s.error_frees or s.scheduled_ids or s.invalid_kv \
+                or s.unwritten_kv:
             return False
         in_flight: deque = deque()
         for batch in s.in_flight:

@@ -64,6 +64,7 @@ from .reset_pause import ResetPauseEvents
 from .schema import one_line, show
 from .sessions import SessionEvents
 from .skip_drafts import SkipDrafts
+from .unwritten import UnwrittenKv
 
 REASONS = {"stop": Status.FINISHED_STOPPED, "length": Status.FINISHED_LENGTH,
            "abort": Status.FINISHED_ABORTED, "error": Status.FINISHED_ERROR}
@@ -83,7 +84,7 @@ class EventsDropped(MalformedTrace):
 
 
 class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, ResetPauseEvents, GrammarEvents,
-                   SessionEvents, IncarnationOutputs, SkipDrafts, LassoWatch):
+                   SessionEvents, IncarnationOutputs, SkipDrafts, LassoWatch, UnwrittenKv):
     """Replays events one by one on the spec; `feed` raises _Violation."""
 
     def __init__(self, events: list[dict[str, Any]], profile: str | None = None) -> None:
@@ -310,6 +311,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
             self._catch_up_empty_calls(event)
         scheduled = schedule(self.state, self.cfg)
         self._check_invalid_kv(scheduled, entries)
+        self._check_unwritten_kv(scheduled, entries)
         parked = [r for r, _ in scheduled.kv_loads] if scheduled is not None else []
         if is_empty_step(scheduled) and not parked:
             # vLLM 0.33 queues an empty batch here; a trace notes those apart

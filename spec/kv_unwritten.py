@@ -1,0 +1,91 @@
+"""KV8: no prefix hit on KV no batch wrote (docs/vllm-unwritten-kv-findings.md,
+finding 1; the ground truth's `hits_on_unwritten_kv`).
+
+vLLM caches a block's hash inside `KVCacheManager.allocate_slots`, before the
+batch that writes its KV runs (0.33.0/0.34.0 kv_cache_manager.py: full
+blocks through `min(num_computed + num_new, num_tokens)`). That is sound
+while every block cached is covered by tokens some batch schedules. Under
+the priority policy, 0.33.0/0.34.0 `Scheduler.schedule`'s running loop may
+preempt a request it already scheduled in the same call (priority.py
+`hand_back`): its chunk leaves the batch, but its allocation had cached the
+blocks the chunk fills, and `_preempt_request` frees them with their hashes
+(`BlockPool.free_blocks`). A later prefix hit on such a block reads KV
+nobody computed.
+
+`State.unwritten_kv`: (block, label) for each block so cached past what the
+batches wrote: the handed-back victim's labelled blocks past its
+`num_computed` (the tokens of earlier batches, in flight included: they run
+first). A pair leaves it when a batch writes a token of the block (an
+entry's `[start - external, start + n)` over it) or the block no longer
+carries that label (evicted: popped fresh, or uncached). A history variable
+like KV7's `invalid_kv` (kv_invalid.py): no action reads it, it is no part
+of a state's identity; the trace checker reads it at each schedule event
+(verification/traces/unwritten.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterable
+
+from .blocks import cdiv
+from .config import Config
+from .pool_store import label_of
+from .state import State
+
+# (request, start, tokens, its block table, tokens of `start` its sync load
+# brings in the batch): one entry of a batch, as kv_invalid.BatchEntry
+BatchEntry = tuple[int, int, int, tuple[int, ...], int]
+
+
+def mark_handed_back(state: State, cfg: Config, victim: int, entries: Iterable) -> State:
+    """Before a priority victim scheduled in this call is handed back and
+    preempted (`entries`: the call's ScheduledEntry list so far): its
+    labelled blocks past its `num_computed` were cached for the chunk that
+    will not run."""
+    if not any(e.req == victim for e in entries):
+        return state
+    req, bs = state.requests[victim], cfg.block_size
+    cached = frozenset((b, label) for i, b in enumerate(req.block_table)
+                       if (i + 1) * bs > req.num_computed and (label := label_of(state.pool, b)) is not None)
+    return replace(state, unwritten_kv=state.unwritten_kv | cached) if cached - state.unwritten_kv else state
+
+
+def written(batch: Iterable[BatchEntry], block_size: int) -> frozenset[int]:
+    """The blocks of which an entry of the batch computes, or its sync load
+    writes, at least one token."""
+    return frozenset(block for _, start, n, table, external in batch
+                     for i, block in enumerate(table)
+                     if start - external < (i + 1) * block_size and i * block_size < start + n)
+
+
+def still_unwritten(state: State) -> frozenset[int]:
+    """The blocks of `unwritten_kv` that still carry the label they were
+    cached with (a prefix hit can still serve them)."""
+    return frozenset(b for b, label in state.unwritten_kv if label_of(state.pool, b) == label)
+
+
+def kv8_reads(unwritten: frozenset[int], batch: list[BatchEntry], block_size: int) -> list[tuple[int, list[int]]]:
+    """KV8's breaches in a batch: (request, blocks) for each entry whose
+    computed prefix (the blocks of the tokens before its start) holds a
+    block in `unwritten` that the batch does not write."""
+    unread = unwritten - written(batch, block_size)
+    found = []
+    for r, start, _, table, _ in batch:
+        read = [b for b in table[:cdiv(start, block_size)] if b in unread]
+        if read:
+            found.append((r, read))
+    return found
+
+
+def forget_written(state: State, cfg: Config, entries: Iterable) -> State:
+    """After a schedule call (`entries`: its ScheduledEntry list, `state`
+    the call's): the blocks it writes, and those relabelled or out of the
+    prefix cache, leave `unwritten_kv`."""
+    if not state.unwritten_kv:
+        return state
+    batch = [(e.req, e.start, e.n, state.requests[e.req].block_table, e.external) for e in entries]
+    gone = written(batch, cfg.block_size)
+    kept = frozenset((b, label) for b, label in state.unwritten_kv
+                     if b not in gone and label_of(state.pool, b) == label)
+    return state if kept == state.unwritten_kv else replace(state, unwritten_kv=kept)
