@@ -33,7 +33,7 @@ KILLS = {
 PINNED = {
     "prio-victim-k2": (3183, 7575, 18),       # 3162, 7543 until it kept is_prefill_chunk (spec/drafts.py)
     "prio-skip-k2": (4256, 6390, 22),
-    "prio-victim-k2@vllm-0.33": (3162, 7543, 18),
+    "prio-victim-k2@vllm-0.33": (3183, 7575, 18),   # the same (0.33 pads admitted decodes too), 6235f9a missed it
     "prio-skip-k2@vllm-0.33": (4256, 6390, 22),
     "prio-victim-k2@vllm-0.33-async": (4097, 7818, 22),
     "prio-skip-k2@vllm-0.33-async": (7484, 12093, 33),
