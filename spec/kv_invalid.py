@@ -62,10 +62,16 @@ def kv7_reads(invalid: frozenset[int], batch: list[BatchEntry], block_size: int)
     """KV7's breaches in a batch: (request, invalid blocks) for each entry
     whose computed prefix (the blocks of the tokens before its start)
     holds a block in `invalid` that the batch does not recompute."""
-    stale = invalid - rewritten(batch, block_size)
+    return prefix_reads(invalid - rewritten(batch, block_size), batch, block_size)
+
+
+def prefix_reads(blocks: frozenset[int], batch: list[BatchEntry], block_size: int) -> list[tuple[int, list[int]]]:
+    """(request, blocks read) for each entry of the batch whose computed
+    prefix (the blocks of the tokens before its start) holds one of `blocks`
+    (KV7's and KV8's reads, kv_unwritten.py)."""
     found = []
     for r, start, _, table, _ in batch:
-        read = [b for b in table[:cdiv(start, block_size)] if b in stale]
+        read = [b for b in table[:cdiv(start, block_size)] if b in blocks]
         if read:
             found.append((r, read))
     return found

@@ -28,14 +28,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterable
 
-from .blocks import cdiv
 from .config import Config
+from .kv_invalid import BatchEntry, prefix_reads
 from .pool_store import label_of
 from .state import State
 
-# (request, start, tokens, its block table, tokens of `start` its sync load
-# brings in the batch): one entry of a batch, as kv_invalid.BatchEntry
-BatchEntry = tuple[int, int, int, tuple[int, ...], int]
 
 
 def mark_handed_back(state: State, cfg: Config, victim: int, entries: Iterable) -> State:
@@ -69,13 +66,7 @@ def kv8_reads(unwritten: frozenset[int], batch: list[BatchEntry], block_size: in
     """KV8's breaches in a batch: (request, blocks) for each entry whose
     computed prefix (the blocks of the tokens before its start) holds a
     block in `unwritten` that the batch does not write."""
-    unread = unwritten - written(batch, block_size)
-    found = []
-    for r, start, _, table, _ in batch:
-        read = [b for b in table[:cdiv(start, block_size)] if b in unread]
-        if read:
-            found.append((r, read))
-    return found
+    return prefix_reads(unwritten - written(batch, block_size), batch, block_size)
 
 
 def forget_written(state: State, cfg: Config, entries: Iterable) -> State:

@@ -36,6 +36,7 @@ from flightcheck.spec.state import Fate, Load
 from flightcheck.spec.transitions import CONTRACT_PROPERTIES, FailKvLoad, FailKvOutput, ReceiveKv, SendKv
 
 from .named_state import quoted, transfer_pending
+from .unwritten import trace_batch
 
 CONTRACT = "the KV connector broke its contract"
 KV_LOAD_DECISION = "kv_load_decision"
@@ -389,15 +390,7 @@ class ConnectorEvents:
         invalid, bs = self.state.invalid_kv, self.cfg.block_size
         if not invalid or not trace_entries:
             return
-        after = scheduled.state if scheduled is not None else self.state
-        batch = []
-        for x in trace_entries:
-            r = self.slot.get(x["req"])
-            if r is not None:
-                table = after.requests[r].block_table
-                if len(table) * bs < x["start"]:
-                    table = self.state.requests[r].block_table
-                batch.append((r, x["start"], x["n"], table, x.get("external", 0)))
+        batch = trace_batch(self.slot, self.state, scheduled, trace_entries, bs)
         ours = {e.req: (e.start, e.n) for e in scheduled.entries} if scheduled is not None else {}
         for r, blocks in kv7_reads(invalid, batch, bs):
             x = next(x for x in trace_entries if self.slot.get(x["req"]) == r)

@@ -11,7 +11,25 @@ from typing import Any
 
 from flightcheck.spec import Scheduled, State
 from flightcheck.spec.config import Config
+from flightcheck.spec.kv_invalid import BatchEntry
 from flightcheck.spec.kv_unwritten import kv8_reads, still_unwritten
+
+
+def trace_batch(slot: dict[str, int], before: State, scheduled: Scheduled | None, trace_entries: list[dict],
+                block_size: int) -> list[BatchEntry]:
+    """The trace's batch as KV7's and KV8's reads take it: each entry with
+    the spec's block table after its call, or before it where the spec's is
+    shorter than the entry's start."""
+    after = scheduled.state if scheduled is not None else before
+    batch = []
+    for x in trace_entries:
+        r = slot.get(x["req"])
+        if r is not None:
+            table = after.requests[r].block_table
+            if len(table) * block_size < x["start"]:
+                table = before.requests[r].block_table
+            batch.append((r, x["start"], x["n"], table, x.get("external", 0)))
+    return batch
 
 
 class UnwrittenKv:
@@ -29,15 +47,7 @@ class UnwrittenKv:
         if not self.state.unwritten_kv or not trace_entries:
             return
         unwritten, bs = still_unwritten(self.state), self.cfg.block_size
-        after = scheduled.state if scheduled is not None else self.state
-        batch = []
-        for x in trace_entries:
-            r = self.slot.get(x["req"])
-            if r is not None:
-                table = after.requests[r].block_table
-                if len(table) * bs < x["start"]:
-                    table = self.state.requests[r].block_table
-                batch.append((r, x["start"], x["n"], table, x.get("external", 0)))
+        batch = trace_batch(self.slot, self.state, scheduled, trace_entries, bs)
         for r, blocks in kv8_reads(unwritten, batch, bs):
             x = next(x for x in trace_entries if self.slot.get(x["req"]) == r)
             raise self._violation("KV8_no_hit_on_unwritten_kv", f"{self._quoted_name(r)} is scheduled "
