@@ -40,6 +40,24 @@ tests/data/vllm/hunt402; seeds 389-395 kept as 03x_<seed>_...).
   (session_idles.py `blocks_to_admit`) counted r3's block without the margin
   and called it a stall: a miss. It now reads the connector's async offer
   and the reservation (`_async_load`).
+* A check-trace false rejection, 0.34.0 sync: seed 391 index 14
+  (`--versions 0.34.0,0.33.0 --all-features --spec-tokens 3 --lookahead
+  --stages 1`; the priority policy, prefix caching off, blocks of 2). r2
+  (priority 2) decodes after its prefill; the sync engine handed it 3
+  drafts at the prefill's submission (`EngineCore.post_step`), which no
+  event shows. The running loop schedules r2 first: 1 + 3 tokens and 3
+  lookahead slots take 2 new blocks (14, 15); r3 (priority 0) then finds
+  too few and the priority branch preempts r2, scheduled earlier in the
+  call: its entry is taken back and `KVCacheManager.free` returns its
+  table, last block first, to the head of the free queue (0.34.0
+  `BlockPool.free_blocks`: unhashed blocks `prepend_n`), so r3 gets
+  15, 14, 1. The checker tried the unseen hand-over only where the spec's
+  entries and preemptions differ from the trace's; here they agree and
+  only the blocks differ (without the drafts r2 takes 1 block and r3
+  gets 14, 1, 2): S9 at line 19, though the ground truth names nothing.
+  The search over unseen counts (verification/traces/drafts.py
+  `_schedules_as`) now compares the blocks too; every other kept trace
+  keeps its verdict.
 """
 
 from __future__ import annotations
@@ -63,6 +81,8 @@ _STEM = "034_392_sync_drafts_handed_over_preempt_their_sampler_in_flight_seed392
 MASKED = KeptCase(HUNT / _STEM)                              # the campaign's run: a double sample follows
 UNMASKED = KeptCase(HUNT / f"{_STEM}_model_seed_v24")        # another model seed: nothing follows
 
+
+VICTIM_DRAFTS = KeptCase(HUNT / "034_391_sync_priority_victim_drafts_took_two_blocks_seed391_14")
 
 MARGIN = {mode: KeptCase(HUNT / f"034_390_{mode}_async_load_behind_the_spec_margin_beside_a_parked_session_seed390_161")
           for mode in ("sync", "async")}
@@ -124,6 +144,20 @@ def test_check_trace_accepts_an_async_load_the_margin_keeps_behind_a_parked_sess
     assert check_trace(case.trace).ok
 
 
+def test_check_trace_accepts_the_blocks_a_priority_victims_unseen_drafts_took() -> None:
+    events = read_trace_file(str(VICTIM_DRAFTS.trace))
+    config = events[0]
+    assert (config["scheduling_policy"], config["num_spec_tokens"], config["num_lookahead_tokens"],
+            config["prefix_caching"]) == ("priority", 3, 3, False)
+    victim = events[18]                                          # line 19
+    assert victim["preempted"] == ["r2"] and [(x["req"], x["block_ids"]) for x in victim["entries"]] \
+        == [("r3", [15, 14, 1])]
+    assert not any(e.get("next_drafts") for e in events[:18] if e["ev"] == "complete")   # no drafts shown
+    result = VICTIM_DRAFTS.result()
+    assert findings(result) == [] and result["ending"] == "stuck"   # the ground truth names nothing
+    assert check_trace(VICTIM_DRAFTS.trace).ok
+
+
 # --- on vLLM itself (slow): the kept workload, the ground truth and check-trace together
 
 
@@ -150,3 +184,12 @@ def test_vllm_keeps_the_async_load_behind_the_margin_and_no_stall_is_called(runn
     replayed = replay_workload(running["0.34.0"], ReplayJob("0.34.0", mode == "async", 0, raw, raw.get("seed", 0)))
     assert replayed.result["batches"] == MARGIN[mode].result()["batches"]
     assert replayed.result["stalls"] == [] and replayed.category == "accepted, correct run", replayed.detail
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_gives_the_victims_blocks_first_and_check_trace_accepts_it(running: Workers) -> None:
+    raw = VICTIM_DRAFTS.raw()
+    replayed = replay_workload(running["0.34.0"], ReplayJob("0.34.0", False, 0, raw, raw.get("seed", 0)))
+    assert replayed.result["batches"] == VICTIM_DRAFTS.result()["batches"]
+    assert findings(replayed.result) == [] and replayed.category == "accepted, correct run", replayed.detail

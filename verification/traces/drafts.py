@@ -57,6 +57,10 @@ class DraftHandOff:
     # the unseen counts tried for one schedule at most ((k + 1) ** requests)
     UNSEEN_TRIES = 256
     names: list[str]
+    block_map: dict[int, int]       # replay.py's: trace block id -> spec block id
+    # (and, from the mixins after this one in TraceChecker's order, connector.py's
+    # `_parked_table` and sessions.py's `_session_table`: no stubs here, which would
+    # shadow them)
 
     def _takes_drafts_at_submission(self) -> bool:
         return self.cfg.rules.draft_source == "submission" and self.cfg.num_spec_tokens > 0
@@ -118,10 +122,32 @@ class DraftHandOff:
 
     def _schedules_as(self, state: State, event: dict[str, Any]) -> bool:
         """Whether the spec's schedule from `state` has the trace's entries
-        (request, start, tokens, drafts) and preemptions."""
+        (request, start, tokens, drafts), preemptions and, where the trace
+        names them, blocks: drafts a preempted request was handed, that no
+        entry shows (a priority victim's entry is taken back), can change
+        nothing but the blocks its own allocation took before the preemption
+        freed them back to the head of the free queue with its table (0.34.0
+        `campaign --versions 0.34.0 --all-features --spec-tokens 3
+        --lookahead --stages 1 --seed 391` index 14: r2's 3 drafts and 3
+        lookahead slots took 2 blocks, not 1, and r3 was given them first)."""
         scheduled = schedule(state, self.cfg)
         if scheduled is None:
             return False
         want = [(self.names[e.req], e.start, e.n, e.drafts) for e in scheduled.entries]
         got = [(x["req"], x["start"], x["n"], x.get("drafts", 0)) for x in event["entries"]]
-        return want == got and [self.names[r] for r in scheduled.preempted] == list(event.get("preempted", ()))
+        return want == got and [self.names[r] for r in scheduled.preempted] == list(event.get("preempted", ())) \
+            and self._blocks_as(scheduled.entries, event["entries"])
+
+    def _blocks_as(self, spec_entries: list[Any], trace_entries: list[dict[str, Any]]) -> bool:
+        """Whether the spec's entries take the trace's blocks under the
+        checker's renaming so far (replay.py `_check_block_ids`, without
+        raising); true where the trace names no blocks."""
+        if any("block_ids" not in x for x in trace_entries):
+            return True
+        renaming = dict(self.block_map)
+        for e, x in zip(spec_entries, trace_entries):
+            ours = (self._parked_table(e.req) or self._session_table(e.req)) + tuple(e.block_ids)  # type: ignore[attr-defined]
+            if len(ours) != len(x["block_ids"]) or any(renaming.setdefault(t, b) != b
+                                                       for t, b in zip(x["block_ids"], ours)):
+                return False
+        return True
