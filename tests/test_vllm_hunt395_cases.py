@@ -42,10 +42,10 @@ import pytest
 
 from flightcheck.verification.traces.check import check_trace
 from flightcheck.verification.traces.reading import read_trace_file
-from flightcheck.vllm.campaign import ReplayJob, compare_workload, replay_workload
+from flightcheck.vllm.campaign import compare_workload
 from flightcheck.vllm.differential import classify, decisions, profile_for, read_trace
 
-from .vllm_support import DATA, KeptCase, Workers, workers
+from .vllm_support import DATA, KeptCase, Workers, replay_kept_workload, workers
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
 
@@ -114,8 +114,7 @@ def running() -> Iterator[Workers]:
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_keeps_the_padded_admission_out_until_the_sessions_end_and_no_stall_is_called(running: Workers) -> None:
-    raw = PADDED_BEHIND_PARKED.raw()
-    replayed = replay_workload(running["0.34.0"], ReplayJob("0.34.0", False, 0, raw, raw.get("seed", 0)))
+    replayed = replay_kept_workload(running["0.34.0"], PADDED_BEHIND_PARKED, "0.34.0")
     assert replayed.result["batches"] == PADDED_BEHIND_PARKED.result()["batches"]
     assert replayed.result["stalls"] == [] and replayed.result["ending"] == "done"
     assert replayed.category == "accepted, correct run", replayed.detail
@@ -126,7 +125,6 @@ def test_vllm_keeps_the_padded_admission_out_until_the_sessions_end_and_no_stall
 @pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
 def test_vllm_preempts_the_sampler_its_early_drafts_grow_and_the_differential_names_it(running: Workers,
                                                                                        version: str) -> None:
-    raw = DRAFTS_PREEMPT[version].raw()
-    replayed = replay_workload(running[version], ReplayJob(version, False, 0, raw, raw.get("seed", 0)))
+    replayed = replay_kept_workload(running[version], DRAFTS_PREEMPT[version], version)
     assert replayed.comparison is not None and replayed.comparison.explained, replayed.comparison.describe()
     assert replayed.comparison.deviation == "drafts_handed_over_at_submission"

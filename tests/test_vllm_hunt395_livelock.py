@@ -47,12 +47,12 @@ from flightcheck.verification.traces.check import check_events, check_trace
 from flightcheck.verification.traces.lasso import quiet_completion
 from flightcheck.verification.traces.reading import read_trace_file
 from flightcheck.verification.traces.stream import check_lines
-from flightcheck.vllm.campaign import ReplayJob, check_verdict, replay_workload, verdict
+from flightcheck.vllm.campaign import check_verdict, verdict
 from flightcheck.vllm.ground_truth import LIVELOCK_REPEATS, GroundTruthMixin, Observations
 from flightcheck.vllm.livelock_recording import loud_event
 from flightcheck.vllm.replay import findings
 
-from .vllm_support import DATA, KeptCase, Workers, workers
+from .vllm_support import DATA, KeptCase, Workers, replay_kept_workload, workers
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
 
@@ -324,9 +324,8 @@ def running() -> Iterator[Workers]:
 @pytest.mark.parametrize("name", CASES)
 def test_vllm_loops_on_the_lookahead_block_and_the_ground_truth_names_it(running: Workers, name: str) -> None:
     case = LIVELOCK[name]
-    raw = case.raw()
     version, asynchronous = name.split("-")[0], name.endswith("-async")
-    replayed = replay_workload(running[version], ReplayJob(version, asynchronous, 0, raw, raw.get("seed", 0)))
+    replayed = replay_kept_workload(running[version], case, version, asynchronous)
     kept = case.result()
     assert replayed.result["batches"] == kept["batches"] and replayed.result["ending"] == "step_limit"
     assert replayed.result["ground_truth"]["admission_livelocks"] == kept["ground_truth"]["admission_livelocks"]

@@ -36,9 +36,8 @@ import pytest
 
 from flightcheck.verification.traces.check import check_trace
 from flightcheck.verification.traces.reading import read_trace_file
-from flightcheck.vllm.campaign import ReplayJob, replay_workload
 
-from .vllm_support import DATA, KeptCase, Workers, workers
+from .vllm_support import DATA, KeptCase, Workers, replay_kept_workload, workers
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
 
@@ -90,8 +89,7 @@ def running() -> Iterator[Workers]:
 @pytest.mark.vllm
 @pytest.mark.parametrize("version", VERSIONS)
 def test_vllm_idles_behind_the_head_and_the_campaign_calls_it_a_real_bug(running: Workers, version: str) -> None:
-    raw = HEAD_NEVER_FITS[version].raw()
-    replayed = replay_workload(running[version], ReplayJob(version, False, 0, raw, raw.get("seed", 0)))
+    replayed = replay_kept_workload(running[version], HEAD_NEVER_FITS[version], version)
     assert replayed.result["stalls"] == HEAD_NEVER_FITS[version].result()["stalls"]
     assert replayed.category == "rejected, real bug", replayed.detail
     assert "L2_no_deadlock" in replayed.detail

@@ -69,10 +69,9 @@ import pytest
 
 from flightcheck.verification.traces.check import check_trace
 from flightcheck.verification.traces.reading import read_trace_file
-from flightcheck.vllm.campaign import ReplayJob, replay_workload
 from flightcheck.vllm.replay import findings
 
-from .vllm_support import DATA, KeptCase, Workers, workers
+from .vllm_support import DATA, KeptCase, Workers, replay_kept_workload, workers
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
 
@@ -169,8 +168,7 @@ def running() -> Iterator[Workers]:
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_makes_the_kept_self_preemption_again_and_check_trace_accepts_it(running: Workers) -> None:
-    raw = UNMASKED.raw()
-    replayed = replay_workload(running["0.34.0"], ReplayJob("0.34.0", False, 0, raw, raw.get("seed", 0)))
+    replayed = replay_kept_workload(running["0.34.0"], UNMASKED, "0.34.0")
     assert replayed.result["batches"] == UNMASKED.result()["batches"]
     assert findings(replayed.result) == []
     assert replayed.category == "accepted, correct run", replayed.detail
@@ -180,8 +178,7 @@ def test_vllm_makes_the_kept_self_preemption_again_and_check_trace_accepts_it(ru
 @pytest.mark.vllm
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_vllm_keeps_the_async_load_behind_the_margin_and_no_stall_is_called(running: Workers, mode: str) -> None:
-    raw = MARGIN[mode].raw()
-    replayed = replay_workload(running["0.34.0"], ReplayJob("0.34.0", mode == "async", 0, raw, raw.get("seed", 0)))
+    replayed = replay_kept_workload(running["0.34.0"], MARGIN[mode], "0.34.0", mode == "async")
     assert replayed.result["batches"] == MARGIN[mode].result()["batches"]
     assert replayed.result["stalls"] == [] and replayed.category == "accepted, correct run", replayed.detail
 
@@ -189,7 +186,6 @@ def test_vllm_keeps_the_async_load_behind_the_margin_and_no_stall_is_called(runn
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_gives_the_victims_blocks_first_and_check_trace_accepts_it(running: Workers) -> None:
-    raw = VICTIM_DRAFTS.raw()
-    replayed = replay_workload(running["0.34.0"], ReplayJob("0.34.0", False, 0, raw, raw.get("seed", 0)))
+    replayed = replay_kept_workload(running["0.34.0"], VICTIM_DRAFTS, "0.34.0")
     assert replayed.result["batches"] == VICTIM_DRAFTS.result()["batches"]
     assert findings(replayed.result) == [] and replayed.category == "accepted, correct run", replayed.detail

@@ -56,11 +56,11 @@ import pytest
 from flightcheck.verification.traces.check import check_trace
 from flightcheck.verification.traces.reading import read_trace_file
 
-from flightcheck.vllm.campaign import ReplayJob, compare_workload, replay_workload
+from flightcheck.vllm.campaign import compare_workload
 from flightcheck.vllm.differential import decisions, profile_for, read_trace
 from flightcheck.vllm.kv_differential import ErrorFinishes, in_an_empty_update
 
-from .vllm_support import DATA, KeptCase, Workers, workers
+from .vllm_support import DATA, KeptCase, Workers, replay_kept_workload, workers
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
 
@@ -166,8 +166,7 @@ def running() -> Iterator[Workers]:
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_rotates_r0_through_the_pipeline_to_the_end(running: Workers) -> None:
-    raw = ROTATION.raw()
-    replayed = replay_workload(running["0.8.5"], ReplayJob("0.8.5", False, 0, raw, raw.get("seed", 0)))
+    replayed = replay_kept_workload(running["0.8.5"], ROTATION, "0.8.5")
     assert replayed.result["batches"] == ROTATION.result()["batches"]
     assert replayed.result["ending"] == "done" and replayed.result["unfinished"] == []
     assert replayed.comparison is None or replayed.comparison.explained, replayed.comparison.describe()
@@ -176,8 +175,7 @@ def test_vllm_rotates_r0_through_the_pipeline_to_the_end(running: Workers) -> No
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_finishes_r0_in_the_empty_update_and_the_differential_names_the_run(running: Workers) -> None:
-    raw = EMPTY_UPDATE_ERROR.raw()
-    replayed = replay_workload(running["0.34.0"], ReplayJob("0.34.0", False, 0, raw, raw.get("seed", 0)))
+    replayed = replay_kept_workload(running["0.34.0"], EMPTY_UPDATE_ERROR, "0.34.0")
     assert replayed.result["batches"] == EMPTY_UPDATE_ERROR.result()["batches"]
     assert replayed.comparison is not None and replayed.comparison.explained, replayed.comparison.describe()
     assert replayed.comparison.deviation == "drafts_handed_over_at_submission"

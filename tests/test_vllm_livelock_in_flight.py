@@ -15,12 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from flightcheck.vllm.campaign import ReplayJob, replay_workload
 from flightcheck.vllm.ground_truth import LIVELOCK_REPEATS, BatchRecord, EntrySnapshot, GroundTruthMixin, \
     Observations
 
 from .test_vllm_hunt402_releases import ROTATION
-from .vllm_support import Workers, workers
+from .vllm_support import Workers, replay_kept_workload, workers
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
 
@@ -104,8 +103,7 @@ def running() -> Iterator[Workers]:
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_rotates_r0_to_the_end_and_the_ground_truth_names_no_livelock(running: Workers) -> None:
-    raw = ROTATION.raw()
-    replayed = replay_workload(running["0.8.5"], ReplayJob("0.8.5", False, 0, raw, raw.get("seed", 0)))
+    replayed = replay_kept_workload(running["0.8.5"], ROTATION, "0.8.5")
     assert replayed.result["ending"] == "done"
     assert "admission_livelocks" not in replayed.result["ground_truth"]
     assert replayed.category == "accepted, correct run", replayed.detail

@@ -142,6 +142,15 @@ def replay_kept_async(worker: ReplayWorker, raw: dict[str, Any], kept_trace: Pat
     return result, events
 
 
+def replay_kept_workload(worker: ReplayWorker, case: KeptCase, version: str, asynchronous: bool = False) -> Any:
+    """Replay a kept case's workload as its campaign did (`campaign.replay_workload`
+    under the workload's own seed): the run, its comparison and its verdict."""
+    from flightcheck.vllm.campaign import ReplayJob, replay_workload
+
+    raw = case.raw()
+    return replay_workload(worker, ReplayJob(version, asynchronous, 0, raw, raw.get("seed", 0)))
+
+
 def replay_kept_case(worker: ReplayWorker, case: KeptCase, profile: Any,
                      trace: Path) -> tuple[Any, tuple[str, str]]:
     """Replay an async kept case on `worker` (`replay_kept_async`), compare it
