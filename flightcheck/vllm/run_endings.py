@@ -97,22 +97,22 @@ def stays_idle(idle: dict, rerun: dict[str, Any], batches: list[dict[str, int]])
 @dataclass
 class IdleCount:
     """The busy loop's two counts of steps that formed and completed nothing
-    (engine.py `run_busy_loop`), each reset by new work and while a KV
+    (engine.py `run_busy_loop`), each reset by progress and while a KV
     transfer or a grammar is to settle (vLLM spins on has_requests() until
     it does). `steps`, which ends a run `stuck` at IDLE_STEPS_FOR_STUCK,
-    counts an input handed over as new work: the steps before an arrival
+    counts any input handed over as new work: the steps before an arrival
     must not end the run before the arrival is served (a grammar error's
-    finish, seed 51 index 24). `quiet` counts the step whose schedule()
-    saw an input handed over before it and still formed nothing: that call
-    already read the input, so an idle can begin there (every stall begins
-    there; `idle_an_input_ends` judges by it) (vLLM 0.33.0/0.34.0 `EngineCore.step_with_batch_queue` calls
-    `schedule()` first whenever `has_requests()`); only an input handed to
-    the step itself, after its schedule() (an abort through the aborts
-    queue, an arrival inside the wait for output), is new work. Seed 391
-    index 51, 0.33.0: r1 arrived at step 0 and the waiting loop broke on
-    the padded admission ("Prefer to not schedule than schedule un-padded",
-    `Scheduler.schedule`) at once; a connector reset at step 1 ended it, so
-    `steps` was 0 there and the stall went unjudged."""
+    finish, seed 51 index 24). `quiet`, where every stall begins and by
+    which `idle_an_input_ends` judges, counts the step whose schedule()
+    read an input handed over before it and still formed nothing (vLLM
+    0.33.0/0.34.0 `EngineCore.step_with_batch_queue` calls `schedule()`
+    first whenever `has_requests()`): only an input handed to the step
+    itself, after its schedule() (an abort through the aborts queue, an
+    arrival inside the wait for output), is new work there. Seed 391 index
+    51, 0.33.0: r1 arrived at step 0 and the waiting loop broke on its
+    padded admission ("Prefer to not schedule than schedule un-padded",
+    `Scheduler.schedule`) from that step on; a connector reset at step 1
+    ended the idle, where `steps` was 0, so it went unjudged."""
     steps: int = 0
     quiet: int = 0
 
@@ -135,7 +135,7 @@ def idle_an_input_ends(engine: Any, inputs: Any, step: int, idle: IdleCount) -> 
     return short_idle(engine.scheduler, len(engine.batches), step - idle.quiet, step)
 
 
-def stall_stepped_through(engine: Any, inputs: Any, step: int, idle: "IdleCount") -> list[dict]:
+def stall_stepped_through(engine: Any, inputs: Any, step: int, idle: IdleCount) -> list[dict]:
     """The stall an input due now ends, stepped through: under async scheduling
     each idle step queues an empty batch (0.33/0.34 `EngineCoreProc.has_work`
     counts the batch queue), so run_busy_loop never fast-forwards past it.
