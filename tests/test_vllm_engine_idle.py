@@ -18,7 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from flightcheck.vllm.engine import IDLE_STEPS_FOR_STUCK, BatchQueueEngineV033, run_busy_loop
-from flightcheck.vllm.run_endings import stays_idle
+from flightcheck.vllm.run_endings import IdleCount, stays_idle
 from flightcheck.vllm.workload import ReplayConfig, RequestSpec, Workload
 
 MAX_STEPS = 200
@@ -88,6 +88,41 @@ def test_an_idle_an_input_ends_before_the_count_is_left_for_the_replay_to_judge(
     assert outcome.stalls == []
 
 
+def test_an_idle_that_begins_at_an_arrivals_step_is_left_for_the_replay_to_judge() -> None:
+    # b arrives at step 0, whose schedule() sees it and forms nothing; c at
+    # step 1 ends that one-step idle: the busy loop's count (an input is new
+    # work) is 0 there, the quiet count 1 (seed 391 index 51, IdleCount)
+    now = RequestSpec("b", (1, 2, 3), max_tokens=1, arrival_step=0, abort_step=None, eos_probability=0.0,
+                      ignore_eos=True)
+    soon = RequestSpec("c", (1, 2, 3), max_tokens=1, arrival_step=1, abort_step=None, eos_probability=0.0,
+                       ignore_eos=True)
+    outcome, _, added = _idle_run((now, soon))
+    assert added == ["b", "c"] and outcome.ending == "stuck"
+    assert outcome.short_idles == [{"step": 0, "until": 1, "unfinished": ["a"], "batches": 0}]
+
+
+class _Settled:
+    """An engine with no KV transfer or grammar to settle."""
+
+    def transfers_in_flight(self) -> int:
+        return 0
+
+    def grammars_compiling(self) -> bool:
+        return False
+
+
+def test_an_input_before_the_steps_schedule_starts_a_quiet_idle_one_handed_to_the_step_ends_it() -> None:
+    idle = IdleCount(steps=2, quiet=2)
+    idle.after_step(_Settled(), progressed=False, handed=True, handed_in_step=False)
+    assert (idle.steps, idle.quiet) == (0, 1)          # schedule() saw the input and formed nothing
+    idle.after_step(_Settled(), progressed=False, handed=False, handed_in_step=False)
+    assert (idle.steps, idle.quiet) == (1, 2)
+    idle.after_step(_Settled(), progressed=False, handed=True, handed_in_step=True)
+    assert (idle.steps, idle.quiet) == (0, 0)          # an abort applied after schedule(): new work
+    idle.after_step(_Settled(), progressed=True, handed=False, handed_in_step=False)
+    assert (idle.steps, idle.quiet) == (0, 0)
+
+
 def test_no_short_idle_without_an_input_due() -> None:
     outcome, _, _ = _idle_run()
     assert outcome.short_idles == [] and outcome.ending == "stuck"
@@ -98,6 +133,8 @@ def test_a_short_idle_is_a_stall_only_if_the_run_without_its_input_stays_idle() 
     batches = [{"r1": 4}, {"r1": 1}, {"r0": 9}]               # the run's: r0 admitted after the input
     assert stays_idle(idle, {"ending": "stuck", "batches": batches[:2]}, batches)
     assert not stays_idle(idle, {"ending": "done", "batches": batches[:2]}, batches)
+    # stuck, but the wait of a parked session's client: no stall (replay.py `findings`)
+    assert not stays_idle(idle, {"ending": "stuck", "batches": batches[:2], "left_to_clients": ["r3"]}, batches)
     # it formed a batch after the idle by itself (a prefill cadence's step), then stuck elsewhere
     assert not stays_idle(idle, {"ending": "stuck", "batches": batches[:2] + [{"r0": 9}]}, batches)
     # not the same run up to the idle

@@ -301,8 +301,11 @@ def test_finding_an_async_load_that_never_fits_stalls_vllm(version, async_schedu
     with ReplayWorker(version) as worker:
         replayed = replay_workload(worker, ReplayJob(version, async_scheduling, 0, raw, 0))
     assert replayed.category == "rejected, real bug", replayed.detail
-    # r1's arrival at step 1 is new work (engine.py `_idle_after_step`): the idle counts from step 2
-    assert replayed.result["stalls"] == [{"step": 2, "until": 6, "unfinished": ["r0", "r1"]}]
+    # r0 idles from its arrival's own step, whose schedule() read it (run_endings.py
+    # `IdleCount.quiet`); r1's arrival at step 1 splits the idle, each part a stall:
+    # vLLM replayed without the inputs from step 1 on stays idle too (`short_idle`)
+    assert replayed.result["stalls"] == [{"step": 0, "until": 1, "unfinished": ["r0"]},
+                                         {"step": 1, "until": 6, "unfinished": ["r0", "r1"]}]
     assert replayed.detail.endswith("L2_no_deadlock")
 
 

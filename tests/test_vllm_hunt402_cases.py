@@ -58,6 +58,20 @@ tests/data/vllm/hunt402; seeds 389-395 kept as 03x_<seed>_...).
   The search over unseen counts (verification/traces/drafts.py
   `_schedules_as`) now compares the blocks too; every other kept trace
   keeps its verdict.
+* A ground-truth gap, 0.33.0 sync and async: seed 391 index 51 (same
+  campaign; a KV connector, the priority policy, 4 tokens a step). r1 (13
+  tokens, offered 12 by a sync load) arrives at step 0 and heads the
+  waiting loop: its one token left is padded to 1 + 3 and the loop breaks,
+  since that exceeds `input_budget - draft_slots` = 4 - 1 (0.33.0
+  `Scheduler.schedule`, "Prefer to not schedule than schedule
+  un-padded"), so schedule() forms nothing, every call. A connector reset
+  at step 1 makes the connector offer nothing and r1 is admitted from 0.
+  check-trace rejects L2 at r1's arrival; the ground truth named nothing,
+  since its busy loop counted the arrival's step as new work, leaving a
+  zero-step idle for the short-idle replay. That step's schedule() had
+  read the arrival: the idle now begins there (run_endings.py
+  `IdleCount.quiet`), and vLLM replayed with the inputs from step 1 cut
+  ends stuck with no batch formed: a stall, vLLM's, from step 0.
 """
 
 from __future__ import annotations
@@ -82,6 +96,9 @@ UNMASKED = KeptCase(HUNT / f"{_STEM}_model_seed_v24")        # another model see
 
 
 VICTIM_DRAFTS = KeptCase(HUNT / "034_391_sync_priority_victim_drafts_took_two_blocks_seed391_14")
+
+PADDED_STALL = {mode: KeptCase(HUNT / f"035_391_{mode}_padded_admission_stall_ended_by_a_connector_reset_seed391_51")
+                for mode in ("sync", "async")}
 
 MARGIN = {mode: KeptCase(HUNT / f"034_390_{mode}_async_load_behind_the_spec_margin_beside_a_parked_session_seed390_161")
           for mode in ("sync", "async")}
@@ -157,6 +174,28 @@ def test_check_trace_accepts_the_blocks_a_priority_victims_unseen_drafts_took() 
     assert check_trace(VICTIM_DRAFTS.trace).ok
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_stall_from_the_arrivals_own_step_is_named_beside_check_traces_l2(mode: str) -> None:
+    case = PADDED_STALL[mode]
+    events = read_trace_file(str(case.trace))
+    config = events[0]
+    assert (config["max_num_batched_tokens"], config["num_spec_tokens"], config["draft_input_slots"]) == (4, 3, 1)
+    arrival = events[1]
+    assert (arrival["ev"], arrival["req"], arrival["prompt_len"], arrival["external_hit"], arrival["load_async"],
+            arrival["engine_step"]) == ("arrive", "r1", 13, 16, False, 0)
+    # engine step 0 formed nothing; the connector's reset at step 1 comes before r1's first entry
+    empty = next(e["empty_batches_before"] for e in events if "empty_batches_before" in e)
+    assert empty[0]["ev"] == "schedule" and empty[0]["step"] == 1
+    reset = next(i for i, e in enumerate(events) if e["ev"] == "reset")
+    first = next(i for i, e in enumerate(events) if e["ev"] == "schedule" and e["entries"])
+    assert events[reset]["connector"] and events[reset]["engine_step"] == 1 and reset < first
+    assert events[first]["entries"][0]["req"] == "r1" and events[first]["entries"][0]["start"] == 0
+    result = case.result()
+    assert result["stalls"] == [{"step": 0, "until": 1, "unfinished": ["r1", "r3"]}] and findings(result)
+    verdict = check_trace(case.trace)
+    assert (verdict.ok, verdict.property, verdict.line) == (False, "L2_no_deadlock", 2)     # at r1's arrival
+
+
 # --- on vLLM itself (slow): the kept workload, the ground truth and check-trace together
 
 
@@ -189,3 +228,14 @@ def test_vllm_gives_the_victims_blocks_first_and_check_trace_accepts_it(running:
     replayed = replay_kept_workload(running["0.34.0"], VICTIM_DRAFTS, "0.34.0")
     assert replayed.result["batches"] == VICTIM_DRAFTS.result()["batches"]
     assert findings(replayed.result) == [] and replayed.category == "accepted, correct run", replayed.detail
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_vllm_stays_idle_from_the_padded_arrival_without_the_reset_a_real_bug(running: Workers, mode: str) -> None:
+    replayed = replay_kept_workload(running["0.33.0"], PADDED_STALL[mode], "0.33.0", mode == "async")
+    assert replayed.result["batches"] == PADDED_STALL[mode].result()["batches"]
+    # the short idle's replay with the inputs from step 1 cut ended stuck, no batch formed
+    assert replayed.result["stalls"] == [{"step": 0, "until": 1, "unfinished": ["r1", "r3"]}]
+    assert replayed.category == "rejected, real bug" and replayed.detail.endswith("L2_no_deadlock"), replayed.detail

@@ -49,8 +49,8 @@ from typing import Any, Callable
 from .draft_handler import DraftHandler
 from .engine_truth import note_gated_completion, note_wait
 from .inputs import InputQueue
-from .run_endings import (IDLE_STEPS_FOR_STUCK, idle_an_input_ends, idle_ending, stall_stepped_through, stalled_until_input,
-                          unfinished_requests)
+from .run_endings import (IDLE_STEPS_FOR_STUCK, IdleCount, idle_an_input_ends, idle_ending, stall_stepped_through,
+                          stalled_until_input, unfinished_requests)
 from .workload import RequestSpec, Workload, draft_outcome, sampled_token
 
 
@@ -438,11 +438,10 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
     are handed to an engine that handles them there (`wait_inputs`); the
     rest are handed over from the input queue before the next step.
     `inputs_before`: the inputs due from that step on never come."""
-    inputs, step, idle = InputQueue(workload, inputs_before), 0, 0
+    inputs, step, idle = InputQueue(workload, inputs_before), 0, IdleCount()
     stalls: list[dict] = []
     short_idles: list[dict] = []
-    scheduler = engine.scheduler
-    bind = getattr(engine.model, "bind", None)
+    scheduler, bind = engine.scheduler, getattr(engine.model, "bind", None)
     during_step: list[str] = []
     waiting: list[Callable[[], None]] = []                # arrived during the last wait, not handled there
     try:
@@ -454,7 +453,7 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
                 handover()
             waiting = []
             stalls.extend(stall_stepped_through(engine, inputs, step, idle))        # async: idles stepped through
-            short_idles.extend(idle_an_input_ends(engine, inputs, step, idle) if idle < IDLE_STEPS_FOR_STUCK else [])
+            short_idles.extend(idle_an_input_ends(engine, inputs, step, idle))
             due, during_step = len(inputs.pending), inputs.deliver(step, add_request, abort_request, bind, waiting,
                                                                    call_event)
             in_flight = engine.busy_while_in_flight and bool(engine.batch_queue)
@@ -467,10 +466,11 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
                     continue
                 ending = "blocked_in_flight" if engine.batch_queue else "done"
                 return RunOutcome(ending, step, engine.batches_in_flight(), stalls=stalls, short_idles=short_idles)
+            in_step = bool(during_step or waiting)          # handed to the step, after its schedule()
             progressed, during_step, waiting = _step_with_inputs(engine, during_step, waiting)
             step += 1
-            idle = _idle_after_step(engine, progressed or len(inputs.pending) < due, idle)
-            if idle >= IDLE_STEPS_FOR_STUCK and engine.batches_in_flight() == 0:
+            idle.after_step(engine, progressed, len(inputs.pending) < due, in_step)
+            if idle.steps >= IDLE_STEPS_FOR_STUCK and engine.batches_in_flight() == 0:
                 if not (inputs.pending or during_step or waiting):     # vLLM would spin for ever
                     ending, unfinished = idle_ending(scheduler, engine.batches_in_flight())
                     return RunOutcome(ending, step, engine.batches_in_flight() if unfinished else 0,
@@ -478,8 +478,8 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
                 # to the next input, once each queued empty batch took its step (0.33/0.34 EngineCoreProc.has_work)
                 if not (engine.busy_while_in_flight and engine.batch_queue):
                     until = max(step, inputs.next_step() if inputs.pending else step)
-                    stalls.extend(stalled_until_input(scheduler, step - idle, until))
-                    step, idle = until, 0
+                    stalls.extend(stalled_until_input(scheduler, step - idle.quiet, until))
+                    step, idle = until, IdleCount()
                     continue
             if step >= workload.max_steps:
                 return RunOutcome("step_limit", step, engine.batches_in_flight(), unfinished=unfinished_requests(scheduler),
@@ -487,14 +487,6 @@ def run_busy_loop(engine: BatchQueueEngine, workload: Workload,
     except Exception as err:  # an exception inside vLLM ends the run, as it kills an engine core
         return RunOutcome("exception", step, engine.batches_in_flight(), exception=_where(err),
                           unfinished=unfinished_requests(scheduler), stalls=stalls, short_idles=short_idles)
-
-
-def _idle_after_step(engine: BatchQueueEngine, new_work: bool, idle: int) -> int:
-    """The idle count after a step: none after new work (progress, an input), nor while a KV
-    transfer or a grammar is to settle (vLLM spins on has_requests() until it does)."""
-    if new_work or getattr(engine, "transfers_in_flight", lambda: 0)() or engine.grammars_compiling():
-        return 0
-    return idle + 1
 
 
 def _step_with_inputs(engine: BatchQueueEngine, during_step: list[str], waiting: list[Callable[[], None]]

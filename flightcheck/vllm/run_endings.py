@@ -15,6 +15,7 @@ Any other idle is a stall, a session alive or not."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from .compat import queued_requests
@@ -84,27 +85,65 @@ def stays_idle(idle: dict, rerun: dict[str, Any], batches: list[dict[str, int]])
     (replay_worker.py `_stays_idle`) shows vLLM idle for good: it ended
     `stuck` having formed the run's batches up to the idle and no more (a
     replay is deterministic: the same batches up to there say it is the
-    same run). `batches`: the run's, as the engine formed them."""
-    return rerun["ending"] == "stuck" and rerun["batches"] == batches[:idle["batches"]]
+    same run), and that end is no wait of parked sessions' clients
+    (`left_to_clients`, as replay.py `findings` reads a `stuck` end: seed
+    391 index 30, sync, where a failed grammar's request, unfinished until
+    the next update, made the idle before the sessions' inputs look like
+    a stall). `batches`: the run's, as the engine formed them."""
+    return rerun["ending"] == "stuck" and not rerun.get("left_to_clients") \
+        and rerun["batches"] == batches[:idle["batches"]]
 
 
-def idle_an_input_ends(engine: Any, inputs: Any, step: int, idle: int) -> list[dict]:
+@dataclass
+class IdleCount:
+    """The busy loop's two counts of steps that formed and completed nothing
+    (engine.py `run_busy_loop`), each reset by progress and while a KV
+    transfer or a grammar is to settle (vLLM spins on has_requests() until
+    it does). `steps`, which ends a run `stuck` at IDLE_STEPS_FOR_STUCK,
+    counts any input handed over as new work: the steps before an arrival
+    must not end the run before the arrival is served (a grammar error's
+    finish, seed 51 index 24). `quiet`, where every stall begins and by
+    which `idle_an_input_ends` judges, counts the step whose schedule()
+    read an input handed over before it and still formed nothing (vLLM
+    0.33.0/0.34.0 `EngineCore.step_with_batch_queue` calls `schedule()`
+    first whenever `has_requests()`): only an input handed to the step
+    itself, after its schedule() (an abort through the aborts queue, an
+    arrival inside the wait for output), is new work there. Seed 391 index
+    51, 0.33.0: r1 arrived at step 0 and the waiting loop broke on its
+    padded admission ("Prefer to not schedule than schedule un-padded",
+    `Scheduler.schedule`) from that step on; a connector reset at step 1
+    ended the idle, where `steps` was 0, so it went unjudged."""
+    steps: int = 0
+    quiet: int = 0
+
+    def after_step(self, engine: Any, progressed: bool, handed: bool, handed_in_step: bool) -> None:
+        """Count the step just taken: `progressed` (it scheduled or completed
+        a batch), `handed` (inputs handed over this turn, before the step's
+        schedule() or to the step itself), `handed_in_step` (the latter)."""
+        settling = bool(getattr(engine, "transfers_in_flight", lambda: 0)()) or bool(engine.grammars_compiling())
+        self.steps = 0 if progressed or handed or settling else self.steps + 1
+        self.quiet = 0 if progressed or handed_in_step or settling else (0 if handed else self.quiet) + 1
+
+
+def idle_an_input_ends(engine: Any, inputs: Any, step: int, idle: IdleCount) -> list[dict]:
     """An idle of fewer steps than the busy loop's count, with nothing in
     flight, that an input due now is about to end (`short_idle`), read before
-    the input changes the scheduler (engine.py `run_busy_loop`)."""
-    if not idle or not inputs.due(step) or engine.batches_in_flight():
+    the input changes the scheduler (engine.py `run_busy_loop`); it begins at
+    the first of its `quiet` steps."""
+    if idle.steps >= IDLE_STEPS_FOR_STUCK or not idle.quiet or not inputs.due(step) or engine.batches_in_flight():
         return []
-    return short_idle(engine.scheduler, len(engine.batches), step - idle, step)
+    return short_idle(engine.scheduler, len(engine.batches), step - idle.quiet, step)
 
 
-def stall_stepped_through(engine: Any, inputs: Any, step: int, idle: int) -> list[dict]:
+def stall_stepped_through(engine: Any, inputs: Any, step: int, idle: IdleCount) -> list[dict]:
     """The stall an input due now ends, stepped through: under async scheduling
     each idle step queues an empty batch (0.33/0.34 `EngineCoreProc.has_work`
-    counts the batch queue), so run_busy_loop never fast-forwards past it."""
-    if idle < IDLE_STEPS_FOR_STUCK or engine.batches_in_flight() or not engine.busy_while_in_flight \
+    counts the batch queue), so run_busy_loop never fast-forwards past it.
+    It begins at the first of its `quiet` steps, as every stall does."""
+    if idle.steps < IDLE_STEPS_FOR_STUCK or engine.batches_in_flight() or not engine.busy_while_in_flight \
             or not engine.batch_queue or not inputs.pending or inputs.next_step() > step:
         return []
-    return stalled_until_input(engine.scheduler, step - idle, step)
+    return stalled_until_input(engine.scheduler, step - idle.quiet, step)
 
 
 def idle_ending(scheduler: Any, batches_in_flight: int) -> tuple[str, list[str]]:
