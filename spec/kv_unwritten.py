@@ -30,22 +30,47 @@ from typing import Iterable
 
 from .config import Config
 from .kv_invalid import BatchEntry, prefix_reads
+from .blocks import uncache
 from .pool_store import label_of
 from .state import State
 
 
 
-def mark_handed_back(state: State, cfg: Config, victim: int, entries: Iterable) -> State:
+def hand_back_blocks(state: State, cfg: Config, victim: int, entries: Iterable) -> State:
     """Before a priority victim scheduled in this call is handed back and
     preempted (`entries`: the call's ScheduledEntry list so far): its
     labelled blocks past its `num_computed` were cached for the chunk that
-    will not run."""
+    will not run. Under the fix they are uncached first
+    (`uncaches_handed_back`), and nothing is left to mark; else they join
+    `unwritten_kv`."""
     if not any(e.req == victim for e in entries):
         return state
-    req, bs = state.requests[victim], cfg.block_size
-    cached = frozenset((b, label) for i, b in enumerate(req.block_table)
-                       if (i + 1) * bs > req.num_computed and (label := label_of(state.pool, b)) is not None)
+    cached = cached_past_computed(state, cfg, victim)
+    if cached and uncaches_handed_back(cfg):
+        return replace(state, pool=uncache(state.pool, tuple(b for b, _ in cached)))
     return replace(state, unwritten_kv=state.unwritten_kv | cached) if cached - state.unwritten_kv else state
+
+
+def cached_past_computed(state: State, cfg: Config, r: int) -> frozenset[tuple[int, int]]:
+    """(block, label) for each labelled block of r's table that holds a
+    token at or past its `num_computed` (the tokens of earlier batches, in
+    flight included: the counter moves at launch). In the running loop no
+    request takes a prefix hit, so only r's own allocation in this call can
+    have cached them."""
+    req, bs = state.requests[r], cfg.block_size
+    return frozenset((b, label) for i, b in enumerate(req.block_table)
+                     if (i + 1) * bs > req.num_computed and (label := label_of(state.pool, b)) is not None)
+
+
+def uncaches_handed_back(cfg: Config) -> bool:
+    """The seam of `Profile.hand_back_uncaches_unwritten` (finding 1's fix,
+    no vLLM release; vLLM 0.33.0/0.34.0 `Scheduler.schedule`'s priority
+    branch pops the victim's `req_to_new_blocks` and `_preempt_request`
+    frees its blocks with the hashes `allocate_slots` gave them): the
+    victim's blocks cached for the chunk that will not run leave the prefix
+    cache (`BlockPool.evict_blocks`) before they are freed, so they join the
+    free queue's head as unhashed blocks (`BlockPool.free_blocks`)."""
+    return cfg.rules.hand_back_uncaches_unwritten
 
 
 def written(batch: Iterable[BatchEntry], block_size: int) -> frozenset[int]:
@@ -80,3 +105,4 @@ def forget_written(state: State, cfg: Config, entries: Iterable) -> State:
     kept = frozenset((b, label) for b, label in state.unwritten_kv
                      if b not in gone and label_of(state.pool, b) == label)
     return state if kept == state.unwritten_kv else replace(state, unwritten_kv=kept)
+
