@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Iterable
 
 from .config import Config
-from .kv_invalid import BatchEntry, prefix_reads
+from .kv_invalid import BatchEntry, prefix_reads, queued_batch
 from .blocks import uncache
 from .pool_store import label_of
 from .state import State
@@ -106,3 +106,38 @@ def forget_written(state: State, cfg: Config, entries: Iterable) -> State:
                      if b not in gone and label_of(state.pool, b) == label)
     return state if kept == state.unwritten_kv else replace(state, unwritten_kv=kept)
 
+
+def schedule_unwritten_reads(before: State, after: State, cfg: Config) -> list[tuple[int, list[int]]]:
+    """KV8 on a `schedule` step from `before` to `after`: the breaches of the
+    batch it queued (each entry with its request's table after the call),
+    against the blocks of `unwritten_kv` still labelled before the call
+    (check-trace reads the same at a schedule event:
+    verification/traces/unwritten.py). A block marked in the call itself is
+    read by no entry of it: after a preemption the waiting loop does not run,
+    and the running loop takes no prefix hit."""
+    if not before.unwritten_kv or not after.in_flight:
+        return []
+    return kv8_reads(still_unwritten(before), queued_batch(after), cfg.block_size)
+
+
+class UnwrittenKvState(State):
+    """The spec's state with KV8's history variable in its identity (equal
+    and hashed with `unwritten_kv`): the explicit search's states where KV8
+    is checked (`Config.check_unwritten_kv`). The same scheduler state is
+    reached with a block's KV written (the victim ran its chunk, then was
+    preempted) and unwritten (handed back in its own call): merged, the
+    second path would be dropped. Every action keeps the class, so only the
+    initial state is made one (as kv_invalid.InvalidKvState)."""
+
+    def __eq__(self, other: object) -> bool:
+        return State.__eq__(self, other) is True and self.unwritten_kv == other.unwritten_kv  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((State.__hash__(self), self.unwritten_kv))
+
+
+def with_unwritten_kv_identity(state: State) -> UnwrittenKvState:
+    """`state` as an `UnwrittenKvState` (the same fields)."""
+    tracked = object.__new__(UnwrittenKvState)
+    tracked.__dict__.update({name: getattr(state, name) for name in state.__dataclass_fields__})
+    return tracked
