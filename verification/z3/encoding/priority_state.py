@@ -82,8 +82,6 @@ def refuse_unencoded_priority(model) -> None:
         why.append("streaming sessions whose priority another request shares (an input re-keys a heap in place: SS5)")
     if not cfg.continue_prefill:
         why.append("one batch per request")
-    if cfg.prefix_caching and cfg.rules.hand_back_uncaches_unwritten:
-        why.append("prefix caching under the unwritten-KV fix (a handed-back victim's cached blocks uncached)")
     if why:
         raise ValueError(f"model {model.name}: the Z3 encoding of the priority policy leaves out "
                          f"{'; '.join(why)}; the explicit search covers them")

@@ -297,7 +297,7 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, thresh
     do_pre = builder.let("preempt", conj(active, neg(skip), neg(fits)))
     a, entry = _allocate_running(layout, builder, c, num_new, num_fresh, acc.budget)
     entries, cnt, budget = _add(layout, acc, entry, do_alloc)
-    tail, victim_index = prio.victim_to_tail(layout, builder, st)    # FCFS: st, its last slot
+    tail, victim_index = prio.victim_to_tail(layout, builder, st, acc)    # FCFS: st, its last slot
     p, victim = _preempt_last(layout, builder, tail)
     p = prio.requeue(layout, st, p, victim)
     fenced = z3.BoolVal(False)
