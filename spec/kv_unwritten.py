@@ -40,15 +40,18 @@ def hand_back_blocks(state: State, cfg: Config, victim: int, entries: Iterable) 
     """Before a priority victim scheduled in this call is handed back and
     preempted (`entries`: the call's ScheduledEntry list so far): its
     labelled blocks past its `num_computed` were cached for the chunk that
-    will not run. Under the fix they are uncached first
-    (`uncaches_handed_back`), and nothing is left to mark; else they join
-    `unwritten_kv`."""
+    will not run: they join `unwritten_kv`, under either rule (the history
+    observes, it does not know the fix). Under the fix they are then
+    uncached (`uncaches_handed_back`), so the call's `forget_written` drops
+    each pair again (its block lost the label) and no hit can serve them."""
     if not any(e.req == victim for e in entries):
         return state
     cached = cached_past_computed(state, cfg, victim)
+    if cached - state.unwritten_kv:
+        state = replace(state, unwritten_kv=state.unwritten_kv | cached)
     if cached and uncaches_handed_back(cfg):
-        return replace(state, pool=uncache(state.pool, tuple(b for b, _ in cached)))
-    return replace(state, unwritten_kv=state.unwritten_kv | cached) if cached - state.unwritten_kv else state
+        state = replace(state, pool=uncache(state.pool, tuple(b for b, _ in cached)))
+    return state
 
 
 def cached_past_computed(state: State, cfg: Config, r: int) -> frozenset[tuple[int, int]]:

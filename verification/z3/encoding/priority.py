@@ -49,7 +49,7 @@ from flightcheck.verification.z3.encoding.priority_state import (
     rank_below,
 )
 from flightcheck.verification.z3.encoding import blocks as zb
-from flightcheck.verification.z3.encoding.requests import req_at
+from flightcheck.verification.z3.encoding.unwritten import handed_back_blocks, mark
 from flightcheck.verification.z3.encoding.state import pad_entry
 from flightcheck.verification.z3.encoding.terms import (
     V,
@@ -111,9 +111,10 @@ def running_micro_steps(layout) -> int:
 
 def victim_to_tail(layout, builder, st, acc=None) -> tuple[Any, Any]:
     """(st with the victim moved last in `running`, the victim's slot):
-    spec.priority.choose_victim and to_tail; under the unwritten-KV fix, with
-    a handed-back victim's blocks cached past its computed tokens uncached
-    (`uncache_handed_back`). FCFS: st and its last slot."""
+    spec.priority.choose_victim and to_tail; a handed-back victim's blocks
+    cached past its computed tokens paired in KV8's history where the frame
+    has it (unwritten.py), then uncached under the unwritten-KV fix.
+    FCFS: st and its last slot."""
     if not has_priority(layout):
         return st, st.running_len - 1
     run, n = st.running, st.running_len
@@ -129,8 +130,12 @@ def victim_to_tail(layout, builder, st, acc=None) -> tuple[Any, Any]:
     out.running = [ite(lt(j, index), x, ite(lt(j, n - 1), run[j + 1] if j + 1 < len(run) else V(PAD),
                                              ite(eq(j, n - 1), victim, V(PAD))))
                    for j, x in enumerate(run)]
-    if acc is not None and uncaches_handed_back(layout):
-        out.pool = _uncache_handed_back(layout, acc, st, victim)
+    if acc is not None and (out.unw or uncaches_handed_back(layout)):
+        cached = handed_back_blocks(layout, acc, st, victim)       # spec.kv_unwritten.hand_back_blocks
+        if out.unw:
+            out.unw = mark(layout, st, cached)
+        if uncaches_handed_back(layout):
+            out.pool = zb.uncache(layout, st.pool, cached)
     return out, index
 
 
@@ -138,19 +143,6 @@ def uncaches_handed_back(layout) -> bool:
     """spec.kv_unwritten.uncaches_handed_back (`Profile.hand_back_uncaches_unwritten`),
     where there is a prefix cache to uncache from."""
     return has_priority(layout) and layout.cfg.prefix_caching and layout.cfg.rules.hand_back_uncaches_unwritten
-
-
-def _uncache_handed_back(layout, acc, st, victim: Any):
-    """spec.kv_unwritten.hand_back_blocks under the fix: a victim with an
-    entry in the batch so far has its labelled blocks that hold a token at
-    or past its num_computed uncached (spec `cached_past_computed`)."""
-    in_batch = disj(*[conj(lt(j, acc.count), eq(e.req, victim)) for j, e in enumerate(acc.entries)])
-    v, bs = req_at(st, victim), layout.cfg.block_size
-    gone = [conj(in_batch, neg(eq(st.pool.label[b], layout.none_label)),
-                 disj(*[conj(lt(i, v.table_len), eq(x, b), lt(v.num_computed, V((i + 1) * bs)))
-                        for i, x in enumerate(v.table)]))
-            for b in range(layout.B)]
-    return zb.uncache(layout, st.pool, gone)
 
 
 def requeue(layout, before, preempted, victim: Any):
