@@ -1,29 +1,29 @@
-"""KV8 (spec/kv_unwritten.py) by k-induction and BMC on the Z3 encoding of
-its history variable (z3/encoding/unwritten.py), on KV8's model
-`prio-unwritten-k3` (verification/priority_models.py `PRIORITY_UNWRITTEN_MODELS`).
+"""KV8 (spec/kv_unwritten.py) by k-induction on the Z3 encoding of its
+history variable (z3/encoding/unwritten.py), on KV8's model
+`prio-unwritten-k3` (verification/priority_models.py
+`PRIORITY_UNWRITTEN_MODELS`), under finding 1's fix
+(`vllm-0.34-unwritten-kv-fixed`).
 
-* Under finding 1's fix (`vllm-0.34-unwritten-kv-fixed`):
-  `KVU1_nothing_unwritten` by k-induction (kv_engines.kv_induction, the
-  Houdini way; WF_encoding not offered: KVU1 is inductive without it), then
-  KV8 as a one-step consequence of what it kept
-  (kv_engines.step_consequences): I(s) AND a schedule step AND NOT KV8 is
-  unsat.
-* Under vLLM 0.34's rules: BMC (`unwritten_bmc`) finds the violation; its
-  trace is decoded into spec actions and replayed on the concrete spec,
-  which must break KV8 on its last step (z3.results.replay).
+`unwritten_induction`: PR1, PA1-PA3 (the priority proof's conjuncts),
+`KVU1_nothing_unwritten` and `KVU2_cached_blocks_computed` by k-induction
+(kv_engines.kv_induction, the Houdini way, WF_encoding not offered), then
+KV8 as a one-step consequence of what it kept
+(kv_engines.step_consequences). Today it keeps PR1 and PA1-PA3 only: KVU1
+and KVU2 are not inductive without the block part of the state's
+well-formedness, which this model's proof does not have (docs/proofs.md,
+"KV8"), so KV8 stays unknown; the encoding of the history and of the fix
+is cross-checked against the spec (tests/test_z3_unwritten.py).
 """
 
 from __future__ import annotations
 
 import time
 
-import z3
-from flightcheck.spec import transition_properties_for
 from flightcheck.verification.models import Model
-from flightcheck.verification.results import PropertyResult, kind_of
-from flightcheck.verification.z3.encoding.system import System
+from flightcheck.verification.results import kind_of
+from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY
 from flightcheck.verification.z3.encoding.unwritten import UNWRITTEN_AUXILIARY, UNWRITTEN_STEP_FORMULAS
-from flightcheck.verification.z3.kv_engines import _on, kv_bmc, kv_induction
+from flightcheck.verification.z3.kv_engines import kv_induction
 from flightcheck.verification.z3.kv_engines import step_consequences as kv_step_consequences
 from flightcheck.verification.z3.results import EngineResult
 
@@ -31,35 +31,10 @@ KV8 = "KV8_no_hit_on_unwritten_kv"
 
 
 def unwritten_induction(model: Model, k: int = 1, time_budget: float | None = None) -> EngineResult:
-    """KVU1 by k-induction, then KV8 in one step from it."""
+    """PR1, PA1-PA3, KVU1 and KVU2 by k-induction, then KV8 in one step from what it kept."""
     started = time.perf_counter()
-    res = kv_induction(model, k, [], list(UNWRITTEN_AUXILIARY), time_budget, with_wf=False)
+    res = kv_induction(model, k, ["PR1_waiting_in_priority_order"], [*PRIORITY_AUXILIARY, *UNWRITTEN_AUXILIARY],
+                       time_budget, with_wf=False)
     kept = [p.name for p in res.properties if p.status == "proved"]
     steps = kv_step_consequences(model, kept, UNWRITTEN_STEP_FORMULAS, kind_of)
     return EngineResult(model.name, res.method, time.perf_counter() - started, k, [*res.properties, *steps])
-
-
-def unwritten_bmc(model: Model, depth: int, time_budget: float | None = None) -> EngineResult:
-    """KV8 on every step to `depth` steps from the initial state, or its
-    violation at its smallest depth, replayed on the spec."""
-    return kv_bmc(model, depth, [KV8], time_budget, goal=_goal, breaks=_breaks, with_wf=False)
-
-
-def _goal(system: System, name: str, t: int, steps: list) -> z3.BoolRef:
-    if name in UNWRITTEN_STEP_FORMULAS:
-        return system.build(UNWRITTEN_STEP_FORMULAS[name], steps[-1]) if steps else z3.BoolVal(True)
-    return _on(system, name, system.frame(t))
-
-
-def _breaks(model: Model, name: str, states: list, actions: list) -> bool:
-    """The spec breaks KV8 on the replayed trace's last step."""
-    return any(p.name == name and not p.holds(states[-2], states[-1], actions[-1], model.cfg)
-               for p in transition_properties_for(model.cfg))
-
-
-def unwritten_rows(model: Model, time_budget: float | None = None) -> list[PropertyResult]:
-    """KV8's row (and KVU1's) of the fixed model by k-induction; the method names the model."""
-    where = f" [{model.name}]"
-    result = unwritten_induction(model, 1, time_budget)
-    return [PropertyResult(p.name, p.kind, p.status, p.method + where, p.depth, p.seconds)
-            for p in result.properties]
