@@ -150,6 +150,12 @@ class Config:
     # its state counts exactly as before. Needs a KV connector under the
     # recompute policy (the only one that leaves blocks invalid).
     check_invalid_kv: bool = False
+    # KV8 checked by the explicit search (spec/kv_unwritten.py), as KV7:
+    # `State.unwritten_kv` in a state's identity (`kv_unwritten.UnwrittenKvState`)
+    # and KV8 among the transition properties. Off: exactly as before. Needs
+    # the priority policy and prefix caching (the only way to the history
+    # variable), and not KV7's flag beside it (one history variable a search).
+    check_unwritten_kv: bool = False
 
     def __post_init__(self) -> None:
         self._resolve_profile()
@@ -181,6 +187,10 @@ class Config:
             raise ValueError("max_loras must be >= 0")
         if self.check_invalid_kv and (self.kv_connector is None or self.kv_connector.load_failure_policy != "recompute"):
             raise ValueError("check_invalid_kv (KV7) needs a KV connector under the recompute policy")
+        if self.check_unwritten_kv and not (self.scheduling_policy == "priority" and self.prefix_caching
+                                            and not self.check_invalid_kv):
+            raise ValueError("check_unwritten_kv (KV8) needs the priority policy and prefix caching, "
+                             "without check_invalid_kv")
         self._check_drafter()
         if (self.max_loras or self.prompt_logprobs) and not self.rules.stale_output_counters:
             raise ValueError("max_loras and prompt_logprobs are modelled only under the vLLM 0.33 and 0.34 "

@@ -97,8 +97,14 @@ def schedule_reads(before: State, after: State, cfg: Config) -> list[tuple[int, 
     schedule event: verification/traces/connector.py `_check_invalid_kv`)."""
     if not before.invalid_kv or not after.in_flight:
         return []
-    batch = [(e.req, e.start, e.n, after.requests[e.req].block_table, e.external) for e in after.in_flight[-1]]
-    return kv7_reads(before.invalid_kv, batch, cfg.block_size)
+    return kv7_reads(before.invalid_kv, queued_batch(after), cfg.block_size)
+
+
+def queued_batch(after: State) -> list[BatchEntry]:
+    """The batch a `schedule` step queued (`after.in_flight[-1]`), each
+    entry with its request's table after the call, where its blocks were
+    allocated (KV7's and KV8's reads)."""
+    return [(e.req, e.start, e.n, after.requests[e.req].block_table, e.external) for e in after.in_flight[-1]]
 
 
 class InvalidKvState(State):

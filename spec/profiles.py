@@ -314,6 +314,18 @@ class Profile:
     # on past a request that preempted itself (0.33, 0.34: the same code in
     # both). 0.8.x's V1 scheduler has no priority policy.
     priority_policy: bool = False
+    # Under the priority policy the running loop may preempt a request it
+    # scheduled earlier in the same call (`priority_policy`); that request's
+    # `allocate_slots` had cached its full blocks through
+    # `min(total_computed_tokens + num_new_tokens, request.num_tokens)`
+    # and `_preempt_request` frees them with their hashes: a later prefix hit
+    # reads KV no batch wrote (KV8; docs/vllm-unwritten-kv-findings.md,
+    # finding 1; 0.33, 0.34: False). True: the fix (no vLLM release): the
+    # victim's blocks cached past its `num_computed_tokens` are uncached
+    # before they are freed (`BlockPool.evict_blocks`; PR #43569, open, rolls
+    # back every registration of an uncommitted step, a superset). Read at
+    # one seam, kv_unwritten.uncaches_handed_back.
+    hand_back_uncaches_unwritten: bool = False
     # Where the priority policy meets the KV connector (docs/request-states.md,
     # "Features together"; read only under `Config.scheduling_policy ==
     # "priority"`, at one seam: spec/priority.py `kv_holding_ranked`,
@@ -488,6 +500,15 @@ VLLM_0_34 = replace(VLLM_0_33, name="vllm-0.34", follows=VLLM_0_33.name, mid_ste
 VLLM_0_34_INVALID_KV_FIXED = replace(VLLM_0_34, name="vllm-0.34-invalid-kv-fixed", follows=VLLM_0_34.name,
                                      kv_recompute_quarantines_invalid=True)
 
+# vLLM 0.34 with finding 1's fix of the unwritten-KV findings (no vLLM
+# release; a what-if): a priority victim handed back in its own call has the
+# blocks its allocation cached past its computed tokens uncached before they
+# are freed (`Profile.hand_back_uncaches_unwritten`). KV8 holds on it
+# (verification/priority_models.py, PRIORITY_UNWRITTEN_MODELS). It follows
+# vLLM 0.34 (`carry_over`): the fix is checked with everything 0.34 is.
+VLLM_0_34_UNWRITTEN_KV_FIXED = replace(VLLM_0_34, name="vllm-0.34-unwritten-kv-fixed", follows=VLLM_0_34.name,
+                                       hand_back_uncaches_unwritten=True)
+
 # vLLM 0.34.0 with asynchronous scheduling: 0.33's async rules unchanged
 # (`AsyncScheduler._update_after_schedule`; `next_decode_eligible_step` is
 # now set whenever pipeline parallelism runs async, with no V2-runner test;
@@ -499,7 +520,7 @@ DEFAULT_PROFILE = VLLM_0_8_5.name
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (VLLM_0_8_5, VLLM_0_8_4, VLLM_0_33, VLLM_0_33_ASYNC,
                                                     VLLM_0_33_HARDENED, VLLM_0_34, VLLM_0_34_ASYNC,
-                                                    VLLM_0_34_INVALID_KV_FIXED)}
+                                                    VLLM_0_34_INVALID_KV_FIXED, VLLM_0_34_UNWRITTEN_KV_FIXED)}
 
 # `vllm.__version__` -> the profile that models it.
 VERSION_PROFILES: dict[str, str] = {"0.8.5": VLLM_0_8_5.name, "0.8.5.post1": VLLM_0_8_5.name,

@@ -184,7 +184,7 @@ def _preempt_victim(step: _Step, victim: int, i: int) -> int:
     """The victim leaves `running` (and, under the priority policy, the batch
     it was scheduled into: `priority.hand_back`); the loop's index after it."""
     i = priority.index_after_removal(step.state, victim, i)
-    step.state = kv_unwritten.mark_handed_back(step.state, step.cfg, victim, step.entries)   # KV8
+    step.state = kv_unwritten.hand_back_blocks(step.state, step.cfg, victim, step.entries)   # KV8
     priority.hand_back(step, victim)
     step.state = priority.to_tail(step.state, victim)
     _preempt(step, victim)

@@ -17,6 +17,7 @@ from .config import Config
 from .connector_contract import Labels, contract_clauses
 from .grammar import compile_grammar, fail_grammar
 from .kv_invalid import schedule_reads
+from .kv_unwritten import schedule_unwritten_reads
 from .kv_reports import fail_kv_load, fail_kv_output, receive_kv, send_kv
 from .priority_invariants import running_loop_skips_nothing, victim_leaves_no_trace
 from .reset_pause import (reset, rp1_paused_schedules_nothing, rp2_reset_drops_in_flight,
@@ -344,6 +345,11 @@ def kv7_no_compute_on_invalid_kv(before: State, after: State, action: Action, cf
     return not isinstance(action, Schedule) or not schedule_reads(before, after, cfg)
 
 
+def kv8_no_hit_on_unwritten_kv(before: State, after: State, action: Action, cfg: Config) -> bool:
+    """KV8: no entry of a batch has in its computed prefix a block cached for a chunk a priority preemption took back in its own call, unless the batch writes the block; checked where `Config.check_unwritten_kv` makes `unwritten_kv` part of the state (spec/kv_unwritten.py; docs/vllm-unwritten-kv-findings.md, finding 1)."""
+    return not isinstance(action, Schedule) or not schedule_unwritten_reads(before, after, cfg)
+
+
 # --- the priority policy's step properties (priority_invariants.py)
 
 
@@ -493,6 +499,8 @@ RESET_PAUSE_PROPERTIES: tuple[TransitionProperty, ...] = (
 CONNECTOR_RESET_PROPERTY = TransitionProperty("RP5_connector_reset_forgets_offers", rp5_connector_reset)
 # KV7, where a model makes `invalid_kv` part of the state (`Config.check_invalid_kv`).
 INVALID_KV_PROPERTY = TransitionProperty("KV7_no_compute_on_invalid_kv", kv7_no_compute_on_invalid_kv)
+# KV8, where a model makes `unwritten_kv` part of the state (`Config.check_unwritten_kv`).
+UNWRITTEN_KV_PROPERTY = TransitionProperty("KV8_no_hit_on_unwritten_kv", kv8_no_hit_on_unwritten_kv)
 
 
 # With the prefill cadence (`Config.prefill_schedule_interval` > 1).
@@ -513,7 +521,7 @@ def transition_properties_for(cfg: Config) -> tuple[TransitionProperty, ...]:
     LoRA cap and PL1 where requests may ask for prompt logprobs."""
     chosen = TRANSITION_PROPERTIES + (INCARNATION_PROPERTIES if cfg.rules.stale_output_counters else ())
     if cfg.scheduling_policy == "priority":
-        chosen = PRIORITY_PROPERTIES + chosen
+        chosen = PRIORITY_PROPERTIES + chosen + ((UNWRITTEN_KV_PROPERTY,) if cfg.check_unwritten_kv else ())
     if cfg.kv_connector is not None:
         chosen += tuple(p for p in KV_TRANSITION_PROPERTIES
                         if p.name != "KV3_rollback_restores_counters" or cfg.rules.kv_load_failures)

@@ -25,7 +25,8 @@ def test_the_default_profile_is_0_8_5_and_each_profile_resolves_its_constants():
     assert DEFAULT_PROFILE == "vllm-0.8.5" and set(PROFILES) == {"vllm-0.8.5", "vllm-0.8.4", "vllm-0.33",
                                                                   "vllm-0.33-async", "vllm-0.33-hardened",
                                                                   "vllm-0.34", "vllm-0.34-async",
-                                                                  "vllm-0.34-invalid-kv-fixed"}
+                                                                  "vllm-0.34-invalid-kv-fixed",
+                                                                  "vllm-0.34-unwritten-kv-fixed"}
     default = Config()
     assert (default.profile, default.continue_prefill, default.release_order,
             default.num_preallocate_tokens, default.cache_duplicate_blocks) == (

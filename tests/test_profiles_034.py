@@ -80,6 +80,9 @@ SAME_AS_033_IN: dict[str, str] = {
                     "UNPAUSED only) / get_num_unfinished_requests",
     "prefill_cadence": "Scheduler.__init__ (local_prefill_interval) / schedule (defer_prefills, "
                        "prefill_capacity_bound, last_prefill_step): the same code",
+    "hand_back_uncaches_unwritten": "Scheduler.schedule, running loop (the priority branch pops the victim's "
+                                    "req_to_new_blocks, _preempt_request frees its blocks with the hashes "
+                                    "KVCacheManager.allocate_slots gave them): the same code, no fix",
     "kv_recompute_quarantines_invalid": "Scheduler._handle_invalid_blocks (evict_blocks only when not "
                                         "recompute_kv_load_failures) / _update_requests_with_invalid_blocks "
                                         "(marked_invalid_block_ids kept computed): the same code, no fix",

@@ -11,6 +11,11 @@ and 0.34, sync and async, and the model each priority mutant is hunted on.
   high-priority ones, in a pool of 4: the low-priority one, visited and
   skipped with its token in flight, is the victim of a request behind it
   (the index moved back, #49097).
+* `prio-unwritten-k3`: KV8 (spec/kv_unwritten.py), prefix caching on: a
+  low-priority request chunked by the long-prefill threshold, handed back
+  from a chunk that caches a block it would have finished, then re-admitted
+  on that block as a prefix hit (docs/vllm-unwritten-kv-findings.md,
+  finding 1; `PRIORITY_UNWRITTEN_MODELS`).
 """
 
 from __future__ import annotations
@@ -47,9 +52,42 @@ PRIO_SKIP_K2 = Model(
     allow_stop=False, allow_abort=False, skip_targets=_PRIORITY_SKIPPED,
 )
 _MODELS = (PRIO_VICTIM_K2, PRIO_SKIP_K2)
+# vLLM 0.34 with finding 1's fix of the unwritten-KV findings: the policy's
+# models under it, and KV8's below.
+UNWRITTEN_KV_FIXED = "vllm-0.34-unwritten-kv-fixed"
 PRIORITY_PROFILE_MODELS: dict[str, tuple[Model, ...]] = {
     profile: tuple(m if profile == PRIORITY_PROFILE else _under(m, profile) for m in _MODELS)
-    for profile in ("vllm-0.33", "vllm-0.33-async", "vllm-0.34", "vllm-0.34-async")
+    for profile in ("vllm-0.33", "vllm-0.33-async", "vllm-0.34", "vllm-0.34-async", UNWRITTEN_KV_FIXED)
+}
+
+# --- KV8 (spec/kv_unwritten.py; docs/vllm-unwritten-kv-findings.md, finding 1):
+# the kept workload's shape (tests/data/vllm/unwritten) at blocks of 4 and a
+# threshold of 3. r0 (9 tokens, labels 1, 2, the worst rank) is admitted
+# behind r1 (1 token, the best: under 0.34 the threshold needs two eligible
+# requests) and chunked @0+3, @3+3; r2 (9 tokens, the same labels, the middle
+# rank) arrives after r0's admission and is admitted behind r0's second chunk,
+# with a hit on r0's first block (that batch writes its last token); it needs
+# a block for its next chunk when r0's @6+3 has taken the last one and cached
+# its second block (tokens 4-7, 6-7 never run): r0 is handed back, its
+# fresh partial block goes to the free queue's head and to r2, block 1 keeps
+# its label, and r0's re-admission reads it as a hit. Under vLLM 0.34's rules
+# (and 0.33's) KV8 breaks in 10 steps; under the fix
+# (`vllm-0.34-unwritten-kv-fixed`) it holds. `Config.check_unwritten_kv`
+# puts `unwritten_kv` in the state's identity.
+PRIO_UNWRITTEN_K3 = Model(
+    "prio-unwritten-k3",
+    Config(num_stages=3, max_num_batched_tokens=14, max_num_seqs=3, block_size=4, num_blocks=4,
+           max_model_len=10, prefix_caching=True, long_prefill_token_threshold=3, profile=PRIORITY_PROFILE,
+           scheduling_policy="priority", check_unwritten_kv=True),
+    (Prompt(9, 1, (1, 2), priority=2), Prompt(1, 1, priority=0), Prompt(9, 1, (1, 2), priority=1)),
+    allow_stop=False, allow_abort=False, skip_targets=("stale_output_delivered",),
+)
+# `verify --priority`'s KV8 rows, per profile: violated under vLLM 0.33's and
+# 0.34's rules (a vLLM bug), proved under the fix; the fix's profile has the
+# policy's other models too.
+PRIORITY_UNWRITTEN_MODELS: dict[str, tuple[Model, ...]] = {
+    profile: (PRIO_UNWRITTEN_K3 if profile == PRIORITY_PROFILE else _under(PRIO_UNWRITTEN_K3, profile),)
+    for profile in ("vllm-0.33", "vllm-0.34", UNWRITTEN_KV_FIXED)
 }
 
 # Each mutant's model: the one whose scenario its bug needs.

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 
 from flightcheck.verification.mutants.priority import PRIORITY_BUGS, PRIORITY_PROFILE
-from flightcheck.verification.priority_models import PRIORITY_PROFILE_MODELS, priority_mutant_model
+from flightcheck.verification.priority_models import (PRIORITY_PROFILE_MODELS, PRIORITY_UNWRITTEN_MODELS,
+                                                       priority_mutant_model)
 from flightcheck.verification.suite import Progress, SuiteOptions, SuiteResult, _explicit_feature_suite, counted_suite
 
 
@@ -26,7 +27,9 @@ PRIORITY_EXPLICIT_ONLY = (f"the Z3 encoding of the priority policy covers {PRIOR
 
 def _priority_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
     """`--priority` (spec/priority.py): the exhaustive search of the profile's
-    priority models, every property of each (PR1-PR3 among them); under
+    priority models, every property of each (PR1-PR3 among them), and KV8's
+    model where the profile has one (violated under vLLM 0.33's and 0.34's
+    rules, with its counterexample; proved under the fix); under
     PRIORITY_PROFILE the policy's mutants, each on its model, and the Z3
     rows of the priority model (z3/priority_engines.priority_rows)."""
     profile = options.profile
@@ -34,8 +37,8 @@ def _priority_suite(options: SuiteOptions, say: Progress) -> SuiteResult:
         raise ValueError(f"profile {profile!r} has no priority policy; known: {', '.join(PRIORITY_PROFILE_MODELS)}")
     ours = profile == PRIORITY_PROFILE
     mutants = [(m.name, priority_mutant_model(m.name)) for m in PRIORITY_BUGS] if ours else []
-    result = _explicit_feature_suite(options, say, "priority", PRIORITY_PROFILE_MODELS[profile], mutants,
-                                     PRIORITY_EXPLICIT_ONLY, priority=True)
+    models = PRIORITY_PROFILE_MODELS[profile] + PRIORITY_UNWRITTEN_MODELS.get(profile, ())   # KV8's rows
+    result = _explicit_feature_suite(options, say, "priority", models, mutants, PRIORITY_EXPLICIT_ONLY, priority=True)
     if options.use_z3 and ours:
         from flightcheck.verification.z3.priority_engines import PRIORITY_BMC_DEPTH, priority_rows
         say(f"k-induction and bounded model checking of the Z3 priority model ({profile})")

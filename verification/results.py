@@ -13,7 +13,7 @@ from flightcheck.spec.sometimes import (ASYNC_SOMETIMES, CADENCE_KV_SOMETIMES, C
                                        LORA_SOMETIMES, SESSION_SOMETIMES)
 from flightcheck.spec.transitions import (CADENCE_PROPERTIES, CONNECTOR_RESET_PROPERTY, CONTRACT_PROPERTIES,
                                          INCARNATION_PROPERTIES, INVALID_KV_PROPERTY, KV_TRANSITION_PROPERTIES,
-                                         PRIORITY_PROPERTIES, RESET_PAUSE_PROPERTIES)
+                                         PRIORITY_PROPERTIES, RESET_PAUSE_PROPERTIES, UNWRITTEN_KV_PROPERTY)
 
 SOMETIMES_NAMES = frozenset(s.name for s in SOMETIMES + ASYNC_SOMETIMES + KV_SOMETIMES + SESSION_SOMETIMES
                             + CADENCE_SOMETIMES + CADENCE_KV_SOMETIMES + LORA_SOMETIMES)
@@ -49,7 +49,7 @@ def kind_of(name: str) -> str:
             return inv.kind
     if any(p.name == name for p in TRANSITION_PROPERTIES + INCARNATION_PROPERTIES + KV_TRANSITION_PROPERTIES
                                    + CONTRACT_PROPERTIES + PRIORITY_PROPERTIES + RESET_PAUSE_PROPERTIES
-                                   + (CONNECTOR_RESET_PROPERTY, INVALID_KV_PROPERTY) + CADENCE_PROPERTIES) \
+                                   + (CONNECTOR_RESET_PROPERTY, INVALID_KV_PROPERTY, UNWRITTEN_KV_PROPERTY) + CADENCE_PROPERTIES) \
             or name == SESSION_TRANSITION_PROPERTY or name in LORA_PROPERTIES:
         return "invariant"
     return "auxiliary"

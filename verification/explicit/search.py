@@ -55,6 +55,7 @@ from flightcheck.spec.transitions import CompileGrammar, FailGrammar
 from flightcheck.spec.actions import max_next_drafts
 from flightcheck.spec.grammar import illegal_drafts_scheduled
 from flightcheck.spec.kv_invalid import with_invalid_kv_identity
+from flightcheck.spec.kv_unwritten import with_unwritten_kv_identity
 from flightcheck.spec.kv_reports import failable_blocks, finished_load_blocks
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
@@ -168,9 +169,12 @@ def successors(model: Model, state: State) -> Iterator[tuple[Action, State]]:
 
 
 def initial(model: Model) -> State:
-    """The model's initial state; where KV7 is checked, with `invalid_kv`
-    in its identity and its successors' (spec/kv_invalid.py)."""
+    """The model's initial state; where KV7 (KV8) is checked, with
+    `invalid_kv` (`unwritten_kv`) in its identity and its successors'
+    (spec/kv_invalid.py, spec/kv_unwritten.py)."""
     root = initial_state(model.num_requests, model.cfg.num_blocks)
+    if model.cfg.check_unwritten_kv:
+        return with_unwritten_kv_identity(root)
     return with_invalid_kv_identity(root) if model.cfg.check_invalid_kv else root
 
 

@@ -34,10 +34,13 @@ __all__ = ["DEFAULT_PROFILE", "DEFERRAL_MODEL", "ENCODED_PROFILES", "PROFILES", 
 # which the encoding refuses (state._refuse_admission_knobs). 0.34 with
 # finding 7's fix differs from 0.34 only where a sync load fails beside
 # prefix caching, which the connector's encoding refuses
-# (kv_state.refuse_unencoded_connector): 0.34's encoding is its.
+# (kv_state.refuse_unencoded_connector): 0.34's encoding is its. 0.34 with
+# finding 1's fix of the unwritten-KV findings differs from 0.34 only where a
+# priority victim is handed back beside prefix caching, which the priority
+# encoding refuses under it (priority_state.refuse_unencoded_priority).
 ENCODED_PROFILES: tuple[str, ...] = ("vllm-0.8.5", "vllm-0.8.4", "vllm-0.33", "vllm-0.33-async",
                                      "vllm-0.33-hardened", "vllm-0.34", "vllm-0.34-async",
-                                     "vllm-0.34-invalid-kv-fixed")
+                                     "vllm-0.34-invalid-kv-fixed", "vllm-0.34-unwritten-kv-fixed")
 
 
 def profile_config(cfg: Config, profile: str) -> Config:

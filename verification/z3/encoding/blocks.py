@@ -105,14 +105,26 @@ def pop_fresh(layout: Layout, pool: SPool, num: Any, max_num: int) -> tuple[SPoo
             if slot + d < layout.B:
                 v = ite(eq(num, d), pool.free[slot + d], v)
         free.append(ite(lt(slot, new_len), v, V(PAD)))
-    rank = [ite(popped[b], V(0), pool.copy_rank[b]) for b in range(layout.B)]
+    return SPool(ref, label, free, new_len, _ranks_without(layout, pool, popped)), taken
+
+
+def _ranks_without(layout: Layout, pool: SPool, gone: list) -> list:
+    """The copy ranks once the blocks flagged in `gone` lose their labels:
+    theirs 0, and each later copy of the same label moves up one."""
+    rank = [ite(gone[b], V(0), pool.copy_rank[b]) for b in range(layout.B)]
     if layout.cfg.cache_duplicate_blocks:
-        # an evicted copy leaves its label's ranks: every later copy moves up one
-        rank = [ite(popped[b], V(0), pool.copy_rank[b] - count(
-                    conj(popped[b2], eq(pool.label[b2], pool.label[b]), lt(pool.copy_rank[b2], pool.copy_rank[b]))
+        rank = [ite(gone[b], V(0), pool.copy_rank[b] - count(
+                    conj(gone[b2], eq(pool.label[b2], pool.label[b]), lt(pool.copy_rank[b2], pool.copy_rank[b]))
                     for b2 in range(layout.B) if b2 != b))
                 for b in range(layout.B)]
-    return SPool(ref, label, free, new_len, rank), taken
+    return rank
+
+
+def uncache(layout: Layout, pool: SPool, gone: list) -> SPool:
+    """spec.blocks.uncache (`BlockPool.evict_blocks`): the blocks flagged in
+    `gone` (a Bool per block) leave the prefix cache, held or free, where they are."""
+    label = [ite(gone[b], V(layout.none_label), pool.label[b]) for b in range(layout.B)]
+    return SPool(list(pool.ref), label, list(pool.free), pool.free_len, _ranks_without(layout, pool, gone))
 
 
 def cache_labels(layout: Layout, pool: SPool, table: list, table_len: Any, labels: list,

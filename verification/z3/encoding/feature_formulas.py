@@ -19,6 +19,7 @@ from flightcheck.verification.z3.encoding.cadence_invariants import CAD_AUXILIAR
 from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY, KV_FORMULAS
 from flightcheck.verification.z3.encoding.lora_invariants import LORA_AUXILIARY, LORA_FORMULAS
 from flightcheck.verification.z3.encoding.session_invariants import SESSION_AUXILIARY, SESSION_FORMULAS
+from flightcheck.verification.z3.encoding.unwritten import UNWRITTEN_AUXILIARY
 from flightcheck.verification.z3.encoding.priority_invariants import (PRIORITY_AUXILIARY, PRIORITY_FORMULAS,
                                                                     PRIORITY_KV_AUXILIARY)
 from flightcheck.verification.z3.encoding.priority_session_invariants import (PRIORITY_SESSION_AUXILIARY,
@@ -37,3 +38,4 @@ AUXILIARY.update(CAD_AUXILIARY)     # the prefill cadence (CAD1-CAD3 are of step
 FORMULAS.update(LORA_FORMULAS); AUXILIARY.update(LORA_AUXILIARY)   # the LoRA cap (LORA1; LORA2, PL1: z3/lora_engines.py)
 FORMULAS.update(PRIORITY_SESSION_FORMULAS); AUXILIARY.update(PRIORITY_SESSION_AUXILIARY)   # priority beside sessions (SS5)
 AUXILIARY.update(RP_KV_AUXILIARY)   # reset and pause beside the connector (RP5's proof)
+AUXILIARY.update(UNWRITTEN_AUXILIARY)   # KV8's under finding 1's fix (KVU1: z3/priority_engines.py)

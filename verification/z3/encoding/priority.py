@@ -48,6 +48,8 @@ from flightcheck.verification.z3.encoding.priority_state import (
     insert_at_place,
     rank_below,
 )
+from flightcheck.verification.z3.encoding import blocks as zb
+from flightcheck.verification.z3.encoding.unwritten import handed_back_blocks, mark
 from flightcheck.verification.z3.encoding.state import pad_entry
 from flightcheck.verification.z3.encoding.terms import (
     V,
@@ -107,9 +109,12 @@ def running_micro_steps(layout) -> int:
     return 2 * layout.N if has_priority(layout) else layout.N
 
 
-def victim_to_tail(layout, builder, st) -> tuple[Any, Any]:
+def victim_to_tail(layout, builder, st, acc=None) -> tuple[Any, Any]:
     """(st with the victim moved last in `running`, the victim's slot):
-    spec.priority.choose_victim and to_tail. FCFS: st and its last slot."""
+    spec.priority.choose_victim and to_tail; a handed-back victim's blocks
+    cached past its computed tokens paired in KV8's history where the frame
+    has it (unwritten.py), then uncached under the unwritten-KV fix.
+    FCFS: st and its last slot."""
     if not has_priority(layout):
         return st, st.running_len - 1
     run, n = st.running, st.running_len
@@ -125,7 +130,19 @@ def victim_to_tail(layout, builder, st) -> tuple[Any, Any]:
     out.running = [ite(lt(j, index), x, ite(lt(j, n - 1), run[j + 1] if j + 1 < len(run) else V(PAD),
                                              ite(eq(j, n - 1), victim, V(PAD))))
                    for j, x in enumerate(run)]
+    if acc is not None and (out.unw or uncaches_handed_back(layout)):
+        cached = handed_back_blocks(layout, acc, st, victim)       # spec.kv_unwritten.hand_back_blocks
+        if out.unw:
+            out.unw = mark(layout, st, cached)
+        if uncaches_handed_back(layout):
+            out.pool = zb.uncache(layout, st.pool, cached)
     return out, index
+
+
+def uncaches_handed_back(layout) -> bool:
+    """spec.kv_unwritten.uncaches_handed_back (`Profile.hand_back_uncaches_unwritten`),
+    where there is a prefix cache to uncache from."""
+    return has_priority(layout) and layout.cfg.prefix_caching and layout.cfg.rules.hand_back_uncaches_unwritten
 
 
 def requeue(layout, before, preempted, victim: Any):

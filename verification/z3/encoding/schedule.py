@@ -26,7 +26,7 @@ from typing import Any
 
 import z3
 from flightcheck.verification.z3.encoding import blocks as zb, cadence as cad, drafts as zd, lora
-from flightcheck.verification.z3.encoding import priority as prio
+from flightcheck.verification.z3.encoding import priority as prio, unwritten as unw
 from flightcheck.verification.z3.encoding import structured_output as grammar
 from flightcheck.verification.z3.encoding.drafts import PadContext, pad_context, padded, placeholder_drafts
 from flightcheck.verification.z3.encoding.allocation import (
@@ -297,7 +297,7 @@ def _running_step(layout: Layout, builder: Builder, acc: BatchInProgress, thresh
     do_pre = builder.let("preempt", conj(active, neg(skip), neg(fits)))
     a, entry = _allocate_running(layout, builder, c, num_new, num_fresh, acc.budget)
     entries, cnt, budget = _add(layout, acc, entry, do_alloc)
-    tail, victim_index = prio.victim_to_tail(layout, builder, st)    # FCFS: st, its last slot
+    tail, victim_index = prio.victim_to_tail(layout, builder, st, acc)    # FCFS: st, its last slot
     p, victim = _preempt_last(layout, builder, tail)
     p = prio.requeue(layout, st, p, victim)
     fenced = z3.BoolVal(False)
@@ -544,7 +544,7 @@ def _launch(layout: Layout, acc: BatchInProgress) -> SState:
         st = kv_launch(layout, st, acc, put_batch)
     if st.grammar:      # each entry's bitmask position (structured_output.py)
         st = grammar.launch_masks(layout, st, acc, put_batch)
-    st = session_launch(layout, st, acc, put_batch)
+    st = unw.forget_written(layout, session_launch(layout, st, acc, put_batch), acc)     # KV8's history
     st.batches = [merge(conj(put_batch, eq(st.num_batches, k)), batch, b) for k, b in enumerate(st.batches)]
     st.num_batches = ite(put_batch, st.num_batches + 1, st.num_batches)
     return st

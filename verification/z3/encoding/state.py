@@ -84,6 +84,8 @@ from flightcheck.verification.z3.encoding.session_state import (
     session_state_fields,
 )
 from flightcheck.verification.z3.encoding.terms import V, leaves, value_of, var
+from flightcheck.verification.z3.encoding.unwritten import (refuse_unencoded_unwritten, unw_constant, unw_frame,
+                                                            unw_state)
 
 STATUS: tuple[Status, ...] = (Status.NEW, Status.WAITING, Status.RUNNING, Status.PREEMPTED,
                               Status.FINISHED_STOPPED, Status.FINISHED_LENGTH,
@@ -146,6 +148,7 @@ class Layout:
         refuse_unencoded_connector(model)
         refuse_unencoded_sessions(model)
         refuse_unencoded_priority(model)
+        refuse_unencoded_unwritten(model)
         refuse_unencoded_reset_pause(model)
         refuse_unencoded_grammar(model)
         refuse_unencoded_cadence(model)
@@ -305,6 +308,7 @@ class SState:
     grammar: list = field(default_factory=list)    # [SGrammar] with structured output, else []
     prio: list = field(default_factory=list)       # [SPrio] under the priority policy (priority_state.py), else []
     cad: list = field(default_factory=list)        # [SCadence] with the prefill cadence (cadence_state.py), else []
+    unw: list = field(default_factory=list)        # [a label per block] where KV8 is checked (unwritten.py), else []
 
 
 def frame(layout: Layout, tag: str) -> SState:
@@ -336,7 +340,7 @@ def frame(layout: Layout, tag: str) -> SState:
                   [SAsync(I(f"placeholders[{r}]@{tag}"), I(f"decode_countdown[{r}]@{tag}"))
                    for r in range(layout.N)] if has_placeholders(layout) else [],
                   kv_frame(layout, tag), session_frame(layout, tag), rp_frame(layout, tag), grammar_frame(layout, tag),
-                  prio_frame(layout, tag), cad_frame(layout, tag))
+                  prio_frame(layout, tag), cad_frame(layout, tag), unw_frame(layout, tag))
 
 
 def variables(s: SState, ghost: bool = True) -> list[z3.ExprRef]:
@@ -384,7 +388,8 @@ def constant_state(layout: Layout, state: State, was_preempted: tuple[bool, ...]
                   [SAsync(V(q.placeholders), V(q.decode_countdown)) for q in state.requests]
                   if has_placeholders(layout) else [],
                   kv_constant(layout, state), session_constant(layout, state), rp_constant(layout, state),
-                  grammar_constant(layout, state), prio_constant(layout, state), cad_constant(layout, state))
+                  grammar_constant(layout, state), prio_constant(layout, state), cad_constant(layout, state),
+                  unw_constant(layout, state))
 
 
 def _constant_request(layout: Layout, r: int, q: Any, padded: Any) -> "SReq":
@@ -518,13 +523,13 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
     pool = BlockPool(tuple(iv(c) for c in f.pool.ref), labels,
                      tuple(iv(b) for b in f.pool.free[:iv(f.pool.free_len)]),
                      duplicates_of(labels, [iv(x) for x in f.pool.copy_rank]))
-    return State(requests=tuple(reqs), waiting=tuple(iv(x) for x in f.waiting[:iv(f.waiting_len)]),
+    return unw_state(layout, f.unw, iv, State(requests=tuple(reqs), waiting=tuple(iv(x) for x in f.waiting[:iv(f.waiting_len)]),
                  running=tuple(iv(x) for x in f.running[:iv(f.running_len)]),
                  in_flight=tuple(in_flight), pool=pool,
                  scheduled_ids=frozenset(r for r in range(layout.N) if bv(f.scheduled[r])),
                  **{**kv_state_fields(f.kv, iv), **prio_state_fields(f.prio, iv)},     # priority's arrivals win
                  **session_state_fields(f.sess, iv), **rp_state_fields(f.rp, iv), **grammar_state_fields(f.grammar, bv),
-                 **cad_state_fields(f.cad, iv, bv))
+                 **cad_state_fields(f.cad, iv, bv)))
 
 
 def dump(m: z3.ModelRef, f: SState) -> str:

@@ -1,0 +1,40 @@
+"""KV8 (spec/kv_unwritten.py) by k-induction on the Z3 encoding of its
+history variable (z3/encoding/unwritten.py), on KV8's model
+`prio-unwritten-k3` (verification/priority_models.py
+`PRIORITY_UNWRITTEN_MODELS`), under finding 1's fix
+(`vllm-0.34-unwritten-kv-fixed`).
+
+`unwritten_induction`: PR1, PA1-PA3 (the priority proof's conjuncts),
+`KVU1_nothing_unwritten` and `KVU2_cached_blocks_computed` by k-induction
+(kv_engines.kv_induction, the Houdini way, WF_encoding not offered), then
+KV8 as a one-step consequence of what it kept
+(kv_engines.step_consequences). Today it keeps PR1 and PA1-PA3 only: KVU1
+and KVU2 are not inductive without the block part of the state's
+well-formedness, which this model's proof does not have (docs/proofs.md,
+"KV8"), so KV8 stays unknown; the encoding of the history and of the fix
+is cross-checked against the spec (tests/test_z3_unwritten.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+from flightcheck.verification.models import Model
+from flightcheck.verification.results import kind_of
+from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY
+from flightcheck.verification.z3.encoding.unwritten import UNWRITTEN_AUXILIARY, UNWRITTEN_STEP_FORMULAS
+from flightcheck.verification.z3.kv_engines import kv_induction
+from flightcheck.verification.z3.kv_engines import step_consequences as kv_step_consequences
+from flightcheck.verification.z3.results import EngineResult
+
+KV8 = "KV8_no_hit_on_unwritten_kv"
+
+
+def unwritten_induction(model: Model, k: int = 1, time_budget: float | None = None) -> EngineResult:
+    """PR1, PA1-PA3, KVU1 and KVU2 by k-induction, then KV8 in one step from what it kept."""
+    started = time.perf_counter()
+    res = kv_induction(model, k, ["PR1_waiting_in_priority_order"], [*PRIORITY_AUXILIARY, *UNWRITTEN_AUXILIARY],
+                       time_budget, with_wf=False)
+    kept = [p.name for p in res.properties if p.status == "proved"]
+    steps = kv_step_consequences(model, kept, UNWRITTEN_STEP_FORMULAS, kind_of)
+    return EngineResult(model.name, res.method, time.perf_counter() - started, k, [*res.properties, *steps])
