@@ -351,9 +351,27 @@ def _classify_tokens(vllm_result: dict[str, Any], theirs: tuple[Any, ...] | None
         return "stale_token_dropped"
     if differing and differing <= partial and all(req not in ours_applied for req in differing):
         return "partial_chunk_token_dropped"
+    if not differing and _dropped_a_token_the_reference_never_sampled(theirs, ours):
+        return "partial_chunk_token_dropped"
     if differing and all(req in ours_applied and req in theirs[2] for req in differing):
         return "orphaned_token_kept"
     return None
+
+
+def _dropped_a_token_the_reference_never_sampled(theirs: tuple[Any, ...], ours: tuple[Any, ...]) -> bool:
+    """Two completions that apply the same tokens, where vLLM also dropped a
+    token of a request for which the reference had none: the schedules agree
+    up to here, so the reference's snapshot of that entry did not sample (a
+    partial chunk) and the token is the model runner's own (it samples when
+    the entry reaches the tokens it was told of, 0.8.5
+    `GPUModelRunner._update_states` and `execute_model`: engine.py); vLLM
+    dropped it because the request was preempted before the batch came back
+    (0.8.5 `Scheduler.update_from_output` walks `self.running`). Applied, the
+    same token is the ground truth's `partial_chunk_tokens` (seed 410 index
+    74, 0.8.5 sync, two stages: r1's resumed chunk 18-24 of 25 tokens, then
+    a preemption with no batch)."""
+    theirs_dropped, ours_dropped = set(theirs[2]), set(ours[2])
+    return theirs[3:] == ours[3:] and ours_dropped < theirs_dropped
 
 
 def compare(name: str, vllm_result: dict[str, Any], vllm_events: list[dict[str, Any]],
