@@ -1,0 +1,112 @@
+"""What the hunt over fresh seeds 403-409 found (campaigns of
+`python -m flightcheck.vllm.campaign ... --reuse-ids --jobs 1 --no-mutants`,
+the trace, workload and replay result of each case kept in
+tests/data/vllm/hunt409 as 04x_<seed>_..., x the release's minor: 044 for
+0.34.0).
+
+* A miss of check-trace's progress rule, and of the ground truth's own
+  livelock watch, 0.34.0 async: seed 403 index 48 (`--versions
+  0.34.0,0.33.0 --all-features --spec-tokens 2 --stages 3`; blocks of 2,
+  21 usable, 2 drafts, the priority policy). r0, a streaming session whose
+  client never ends it, parks holding 9 blocks. r4 (23 tokens, 12 blocks)
+  is admitted by `allocate_slots(full_sequence_must_fit=True)` (0.34.0
+  `Scheduler.schedule`, the waiting loop: the gate counts
+  `request.num_tokens` and no drafts), prefills beside r2 (preempted for r4's
+  blocks) and samples; the drafter proposes 2 drafts, and the next
+  `schedule()`, r4's token still in flight, finds no block for its 1 + 2
+  slots past the placeholder (13 blocks) and preempts r4 itself; the token
+  comes back dropped, and r4 is admitted again from 0. Round again to the
+  step limit (3,000 steps in the campaign). Both watches counted a
+  completion that returned a dropped token or proposed drafts as the
+  environment's, so neither closed the lasso; the ground truth named only
+  the step limit. A dropped token is applied to nothing, and the drafts a
+  request is proposed are the drafter's function of its tokens and
+  position, held in the state: both are quiet now
+  (verification/traces/lasso.py `quiet_completion`,
+  flightcheck/vllm/livelock_recording.py `loud_event`, and the ground
+  truth's state holds each request's drafts). Kept with `max_steps` 200:
+  the ground truth names the loop at steps 70 (r2) and 78 (r4), check-trace
+  rejects L4_no_livelock at line 252.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from flightcheck.verification.traces.check import check_trace
+from flightcheck.verification.traces.lasso import quiet_completion
+from flightcheck.verification.traces.reading import read_trace_file
+from flightcheck.vllm.livelock_recording import loud_event
+from flightcheck.vllm.replay import findings
+
+from .vllm_support import DATA, KeptCase, Workers, replay_kept_workload, workers
+
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
+HUNT = DATA / "hunt409"
+DROPPED_LASSO = KeptCase(HUNT / "044_403_async_dropped_token_and_drafts_lasso_beside_a_parked_session_seed403_48")
+
+
+def test_the_kept_trace_goes_round_admit_sample_preempt_with_the_token_dropped() -> None:
+    events = read_trace_file(str(DROPPED_LASSO.trace))
+    config = events[0]
+    assert (config["async_scheduling"], config["num_spec_tokens"], config["usable_blocks"],
+            config["block_size"]) == (True, 2, 21, 2)
+    self_preempted = [i for i, e in enumerate(events) if e["ev"] == "schedule" and e["preempted"] == ["r4"]
+                      and e["batch"] is None]
+    assert len(self_preempted) >= 5
+    for at in self_preempted:
+        drop = next(e for e in events[at:] if e["ev"] == "complete" and "r4" in e.get("dropped", ()))
+        assert drop["tokens"]["r4"] and not quiet_completion({**drop, "dropped": []})   # a token, dropped
+        assert quiet_completion(drop)
+    # nothing but schedules and completions that apply no token after the first round
+    later = events[self_preempted[0] + 2:]
+    assert {e["ev"] for e in later} == {"schedule", "complete"}
+    assert all(quiet_completion(e) for e in later if e["ev"] == "complete")
+    assert any(any(e.get("next_drafts", {}).values()) for e in later if e["ev"] == "complete")
+
+
+def test_check_trace_rejects_the_lasso_of_dropped_tokens_and_drafts() -> None:
+    result = check_trace(DROPPED_LASSO.trace)
+    assert (result.ok, result.property, result.line) == (False, "L4_no_livelock", 252), result
+    assert "after line 48's preemption comes back at line 252" in result.message
+    assert '"r4", "r2" are scheduled and preempted round this lasso for ever' in result.message
+
+
+def test_the_ground_truth_names_the_loop_before_the_step_limit() -> None:
+    result = DROPPED_LASSO.result()
+    assert result["ending"] == "step_limit"
+    loops = result["ground_truth"]["admission_livelocks"]
+    assert [(loop["req"], loop["step"], loop["blocks_of_sequence"], loop["free_blocks"]) for loop in loops] \
+        == [("r2", 70, 4, 1), ("r4", 78, 12, 12)]
+    assert findings(result)[0].startswith("a livelock: r2 was preempted 2 times in a row")
+
+
+@pytest.mark.parametrize("event, loud", [
+    ({"ev": "complete", "tokens": {"a": [5]}, "dropped": ["a"]}, False),            # applied to nothing
+    ({"ev": "complete", "tokens": {"a": [5], "b": [6]}, "dropped": ["a"]}, True),   # b's token applied
+    ({"ev": "complete", "tokens": {"a": []}, "next_drafts": {"a": 2}}, False),      # drafts: state
+    ({"ev": "complete", "tokens": {"a": [5]}, "next_drafts": {"a": 2}}, True)])
+def test_a_dropped_token_and_drafts_proposed_are_quiet_to_both_watches(event: dict, loud: bool) -> None:
+    assert quiet_completion(event) is not loud
+    assert loud_event(event) is loud
+
+
+# --- on vLLM itself (slow): the kept workload, the ground truth and check-trace together
+
+
+@pytest.fixture(scope="module")
+def running() -> Iterator[Workers]:
+    yield from workers()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_goes_round_the_lasso_again_and_both_name_it(running: Workers) -> None:
+    replayed = replay_kept_workload(running["0.34.0"], DROPPED_LASSO, "0.34.0", asynchronous=True)
+    assert replayed.result["batches"] == DROPPED_LASSO.result()["batches"]
+    assert replayed.result["ground_truth"]["admission_livelocks"] \
+        == DROPPED_LASSO.result()["ground_truth"]["admission_livelocks"]
+    assert replayed.category == "rejected, real bug" and "L4_no_livelock" in replayed.detail, replayed.detail
