@@ -249,7 +249,7 @@ class _Scheduler(GroundTruthMixin):
 
 def _request(num_tokens: int, status: str = "PREEMPTED") -> SimpleNamespace:
     return SimpleNamespace(request_id=f"{num_tokens} tokens", num_tokens=num_tokens, num_computed_tokens=0,
-                           status=SimpleNamespace(name=status))
+                           status=SimpleNamespace(name=status), is_finished=lambda: status.startswith("FINISHED"))
 
 
 def test_preemptions_from_one_state_are_named_once_at_the_second() -> None:

@@ -27,6 +27,15 @@ tests/data/vllm/hunt409 as 04x_<seed>_..., x the release's minor: 044 for
   truth's state holds each request's drafts). Kept with `max_steps` 200:
   the ground truth names the loop at steps 70 (r2) and 78 (r4), check-trace
   rejects L4_no_livelock at line 252.
+* A false finding that change made, closed: seed 405 index 125 (0.34.0
+  async, `--kv-connector --stages 1`, a producer). r3 is preempted twice
+  from one state (steps 26 and 30) for a block r2's send holds, its token
+  dropped each time, then admitted once the send is reported (step 33); the
+  run ends done. check-trace's L4 waits on the send (spec/deadlock.py
+  `waits_on_environment`); the ground truth's watch did not, and with the
+  dropped tokens quiet named a loop: a miss by the campaign's count. It now
+  names none while a load, a held request's send, a grammar or a failed
+  grammar's finish is to come (`_fc_waits_on_environment`).
 """
 
 from __future__ import annotations
@@ -41,12 +50,14 @@ from flightcheck.verification.traces.reading import read_trace_file
 from flightcheck.vllm.livelock_recording import loud_event
 from flightcheck.vllm.replay import findings
 
+from .test_vllm_hunt395_livelock import _request, _Scheduler
 from .vllm_support import DATA, KeptCase, Workers, replay_kept_workload, workers
 
 pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
 
 HUNT = DATA / "hunt409"
 DROPPED_LASSO = KeptCase(HUNT / "044_403_async_dropped_token_and_drafts_lasso_beside_a_parked_session_seed403_48")
+SEND_HOLDS = KeptCase(HUNT / "044_405_async_preempted_twice_for_a_block_a_send_holds_seed405_125")
 
 
 def test_the_kept_trace_goes_round_admit_sample_preempt_with_the_token_dropped() -> None:
@@ -94,6 +105,38 @@ def test_a_dropped_token_and_drafts_proposed_are_quiet_to_both_watches(event: di
     assert loud_event(event) is loud
 
 
+@pytest.mark.parametrize("waiting", ["WAITING_FOR_REMOTE_KVS", "FINISHED_LENGTH_CAPPED", "grammar error"])
+def test_the_ground_truth_names_no_loop_while_the_environment_has_a_report_to_make(waiting: str) -> None:
+    """Seed 405 index 125 (0.34.0 async, `--kv-connector --stages 1`): r3 preempted twice from one
+    state for a block r2's send held, its token dropped each time, then admitted when the send was
+    reported; the run ends done. With dropped tokens quiet, the ground truth named a loop there (a
+    false miss of check-trace, whose L4 waits on the send: spec/deadlock.py `waits_on_environment`)."""
+    scheduler = _Scheduler()
+    if waiting == "grammar error":
+        scheduler.grammar_compile_error_reqs = {"r2": "failed"}
+    else:
+        scheduler.requests["r2"] = _request(20, waiting)
+    for _ in range(3):
+        scheduler.preempt("r4")
+    assert scheduler.flightcheck_observations.admission_livelocks == []
+    scheduler.requests.pop("r2")
+    scheduler.__dict__.pop("grammar_compile_error_reqs", None)
+    scheduler.preempt("r4")
+    scheduler.preempt("r4")                              # the report made: a loop from here is named
+    assert [loop["step"] for loop in scheduler.flightcheck_observations.admission_livelocks] == [30]
+
+
+def test_the_kept_run_of_two_self_preemptions_for_a_send_is_correct_and_accepted() -> None:
+    events = read_trace_file(str(SEND_HOLDS.trace))
+    self_preempted = [e["step"] for e in events if e["ev"] == "schedule" and e["preempted"] == ["r3"]
+                      and e["batch"] is None]
+    sent = next(e["step"] for e in events if e["ev"] == "kv_sent" and e["req"] == "r2")
+    assert self_preempted == [26, 30] and sent == 33           # r2's send reported after both
+    result = SEND_HOLDS.result()
+    assert (result["ending"], findings(result)) == ("done", [])
+    assert check_trace(SEND_HOLDS.trace).ok
+
+
 # --- on vLLM itself (slow): the kept workload, the ground truth and check-trace together
 
 
@@ -110,3 +153,11 @@ def test_vllm_goes_round_the_lasso_again_and_both_name_it(running: Workers) -> N
     assert replayed.result["ground_truth"]["admission_livelocks"] \
         == DROPPED_LASSO.result()["ground_truth"]["admission_livelocks"]
     assert replayed.category == "rejected, real bug" and "L4_no_livelock" in replayed.detail, replayed.detail
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_waits_on_the_send_and_the_ground_truth_names_no_loop(running: Workers) -> None:
+    replayed = replay_kept_workload(running["0.34.0"], SEND_HOLDS, "0.34.0", asynchronous=True)
+    assert replayed.result["batches"] == SEND_HOLDS.result()["batches"]
+    assert replayed.category == "accepted, correct run", replayed.detail

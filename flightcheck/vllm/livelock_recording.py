@@ -88,6 +88,9 @@ class LivelockWatch:
         `full_sequence_must_fit`, counts `request.num_tokens` alone; every
         chunk after asks `num_lookahead_tokens` slots more)."""
         request = self.requests.get(req_id)          # type: ignore[attr-defined]
+        if self._fc_waits_on_environment():
+            self._fc_preempted_from.pop(req_id, None)   # its report may change what comes next
+            return
         state = self._fc_request_states()
         before, repeats = self._fc_preempted_from.get(req_id, ((), 0))
         repeats = repeats + 1 if state == before else 1
@@ -101,6 +104,22 @@ class LivelockWatch:
             "num_lookahead_tokens": lookahead, "blocks_of_sequence": -(-request.num_tokens // block_size),
             "blocks_with_lookahead": -(-(request.num_tokens + lookahead) // block_size),
             "free_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks()})   # type: ignore[attr-defined]
+
+    def _fc_waits_on_environment(self) -> bool:
+        """Something the environment still reports, as check-trace's
+        spec/deadlock.py `waits_on_environment` reads it: a KV load
+        (WAITING_FOR_REMOTE_KVS), a finished request whose blocks vLLM holds
+        for its connector (0.33.0/0.34.0 `Scheduler._free_request`: kept in
+        `requests` while `delay_free_blocks`), a grammar compiling, or a
+        failed grammar the next update finishes. A loop then may end at the
+        report: seed 405 index 125 of the hunt over seeds 403-409 (0.34.0
+        async, a producer), r3 preempted twice for a block r2's send
+        held, its token dropped each time, then admitted at the send's end."""
+        waiting = ("WAITING_FOR_REMOTE_KVS", "WAITING_FOR_FSM", "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR")
+        for request in self.requests.values():       # type: ignore[attr-defined]
+            if request.status.name in waiting or request.is_finished():
+                return True
+        return bool(getattr(self, "grammar_compile_error_reqs", None))
 
     def _fc_request_states(self) -> tuple:
         """Every live request's identity, tokens, computed tokens, status and
