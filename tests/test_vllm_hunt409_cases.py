@@ -36,6 +36,17 @@ tests/data/vllm/hunt409 as 04x_<seed>_..., x the release's minor: 044 for
   dropped tokens quiet named a loop: a miss by the campaign's count. It now
   names none while a load, a held request's send, a grammar or a failed
   grammar's finish is to come (`_fc_waits_on_environment`).
+* A check-trace false rejection, 0.33.0 sync and async: seed 409 index 106
+  (`--versions 0.33.0 --all-features --stages 2`). r0, a session whose
+  client never ends it, parks holding 3 of 4 blocks; r2 (18 tokens) has its
+  grammar compiled at line 15 and waits behind it to the end. The spec's
+  r2 is still WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR there, so
+  spec/deadlock.py `idles_on_clients` counted the next call's promotion
+  (`moves_a_load`: any status change) as moving on, called the idle no
+  client's, and the end raised L1_running_request_unblocked (the call
+  forms nothing). It now reads the state past the calls that only move a
+  wait on (`_past_waits_moved`); the ground truth (`left_to_clients`)
+  names nothing.
 """
 
 from __future__ import annotations
@@ -58,6 +69,7 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both ch
 HUNT = DATA / "hunt409"
 DROPPED_LASSO = KeptCase(HUNT / "044_403_async_dropped_token_and_drafts_lasso_beside_a_parked_session_seed403_48")
 SEND_HOLDS = KeptCase(HUNT / "044_405_async_preempted_twice_for_a_block_a_send_holds_seed405_125")
+PROMOTED_AT_END = KeptCase(HUNT / "043_409_sync_grammar_promoted_behind_a_parked_session_at_the_end_seed409_106")
 
 
 def test_the_kept_trace_goes_round_admit_sample_preempt_with_the_token_dropped() -> None:
@@ -137,6 +149,15 @@ def test_the_kept_run_of_two_self_preemptions_for_a_send_is_correct_and_accepted
     assert check_trace(SEND_HOLDS.trace).ok
 
 
+def test_check_trace_takes_a_grammar_promotion_that_admits_nothing_for_the_clients_wait() -> None:
+    events = read_trace_file(str(PROMOTED_AT_END.trace))
+    assert events[-1]["ev"] == "end" and events[14]["ev"] == "grammar_compiled" and events[14]["req"] == "r2"
+    result = PROMOTED_AT_END.result()
+    assert (result["ending"], findings(result), result["left_to_clients"]) == ("stuck", [], ["r0"])
+    checked = check_trace(PROMOTED_AT_END.trace)
+    assert checked.ok, checked
+
+
 # --- on vLLM itself (slow): the kept workload, the ground truth and check-trace together
 
 
@@ -160,4 +181,12 @@ def test_vllm_goes_round_the_lasso_again_and_both_name_it(running: Workers) -> N
 def test_vllm_waits_on_the_send_and_the_ground_truth_names_no_loop(running: Workers) -> None:
     replayed = replay_kept_workload(running["0.34.0"], SEND_HOLDS, "0.34.0", asynchronous=True)
     assert replayed.result["batches"] == SEND_HOLDS.result()["batches"]
+    assert replayed.category == "accepted, correct run", replayed.detail
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_leaves_r2_behind_the_parked_session_and_check_trace_accepts_it(running: Workers) -> None:
+    replayed = replay_kept_workload(running["0.33.0"], PROMOTED_AT_END, "0.33.0")
+    assert replayed.result["batches"] == PROMOTED_AT_END.result()["batches"]
     assert replayed.category == "accepted, correct run", replayed.detail
