@@ -218,11 +218,14 @@ def test_a_loop_while_a_grammar_compiles_waits_on_the_environment() -> None:
     assert result.ok, result
 
 
-def test_only_a_completion_that_returns_nothing_is_quiet() -> None:
+def test_only_a_completion_that_applies_a_token_is_loud() -> None:
     assert quiet_completion({"ev": "complete", "batch": 3, "tokens": {"a": [], "b": []}})
     assert quiet_completion({"ev": "complete", "batch": 3})
     assert quiet_completion({"ev": "complete", "batch": 3, "tokens": {"a": []}, "stale": ["a"]})   # vLLM's count
-    for loud in ({"tokens": {"a": [], "b": [7]}}, {"dropped": ["a"]}, {"next_drafts": {"a": 2}}):
+    # a dropped token is applied to nothing, drafts proposed are state (tests/test_vllm_hunt409_cases.py)
+    assert quiet_completion({"ev": "complete", "batch": 3, "tokens": {"a": [7]}, "dropped": ["a"]})
+    assert quiet_completion({"ev": "complete", "batch": 3, "tokens": {"a": []}, "next_drafts": {"a": 2}})
+    for loud in ({"tokens": {"a": [], "b": [7]}}, {"tokens": {"a": [7], "b": [7]}, "dropped": ["a"]}):
         assert not quiet_completion({"ev": "complete", "batch": 3, **loud}), loud
 
 
@@ -246,7 +249,7 @@ class _Scheduler(GroundTruthMixin):
 
 def _request(num_tokens: int, status: str = "PREEMPTED") -> SimpleNamespace:
     return SimpleNamespace(request_id=f"{num_tokens} tokens", num_tokens=num_tokens, num_computed_tokens=0,
-                           status=SimpleNamespace(name=status))
+                           status=SimpleNamespace(name=status), is_finished=lambda: status.startswith("FINISHED"))
 
 
 def test_preemptions_from_one_state_are_named_once_at_the_second() -> None:

@@ -56,7 +56,7 @@ class _Scheduler(GroundTruthMixin):
 
 def _request(num_tokens: int, status: str) -> SimpleNamespace:
     return SimpleNamespace(request_id=f"{num_tokens} tokens", num_tokens=num_tokens, num_computed_tokens=0,
-                           status=SimpleNamespace(name=status))
+                           status=SimpleNamespace(name=status), is_finished=lambda: status.startswith("FINISHED"))
 
 
 def test_batches_in_flight_that_rotate_are_no_repeat_of_the_state() -> None:

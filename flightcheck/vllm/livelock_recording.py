@@ -12,8 +12,13 @@ request back to the state a preemption left before (seed 388 index 40 of
 the hunt over seeds 389-402, 0.33.0: r2 preempted at two schedule() calls
 with two resets between, then it finished). The events that count are
 check-trace's (verification/traces/lasso.py `quiet_completion`): anything
-but a `schedule` and a completion that returned no token, dropped none and
-proposed no drafts.
+but a `schedule` and a completion that applied no token (every token it
+returned dropped). Drafts proposed are no event of the environment: the
+drafter's function of the request's tokens, held in the state (each
+request's `spec_token_ids`), as check-trace holds them (seed 403 index 48
+of the hunt over seeds 403-409, 0.34.0 async: r4 admitted, sampled,
+proposed 2 drafts and preempted for their slots, its token dropped, round
+again to the step limit, which neither named as a loop).
 
 Found first as vLLM 0.33.0/0.34.0's admission gate
 `KVCacheManager.allocate_slots(full_sequence_must_fit=True)` counting the
@@ -40,15 +45,15 @@ LIVELOCK_REPEATS = 2
 
 def loud_event(event: dict[str, Any]) -> bool:
     """An event of the environment, or progress: anything but a `schedule`
-    and a completion that returned no token, dropped none and proposed no
-    drafts (check-trace's `quiet_completion`)."""
+    and a completion whose every returned token was dropped (check-trace's
+    `quiet_completion`)."""
     kind = event.get("ev")
     if kind == "schedule":
         return False
     if kind != "complete":
         return True
-    return any(event.get("tokens", {}).values()) or bool(event.get("dropped")) \
-        or any(event.get("next_drafts", {}).values())
+    dropped = set(event.get("dropped") or ())
+    return any(tokens and req not in dropped for req, tokens in event.get("tokens", {}).items())
 
 
 class LivelockWatch:
@@ -83,6 +88,9 @@ class LivelockWatch:
         `full_sequence_must_fit`, counts `request.num_tokens` alone; every
         chunk after asks `num_lookahead_tokens` slots more)."""
         request = self.requests.get(req_id)          # type: ignore[attr-defined]
+        if self._fc_waits_on_environment():
+            self._fc_preempted_from.pop(req_id, None)   # its report may change what comes next
+            return
         state = self._fc_request_states()
         before, repeats = self._fc_preempted_from.get(req_id, ((), 0))
         repeats = repeats + 1 if state == before else 1
@@ -97,15 +105,32 @@ class LivelockWatch:
             "blocks_with_lookahead": -(-(request.num_tokens + lookahead) // block_size),
             "free_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks()})   # type: ignore[attr-defined]
 
+    def _fc_waits_on_environment(self) -> bool:
+        """Something the environment still reports, as check-trace's
+        spec/deadlock.py `waits_on_environment` reads it: a KV load
+        (WAITING_FOR_REMOTE_KVS), a finished request whose blocks vLLM holds
+        for its connector (0.33.0/0.34.0 `Scheduler._free_request`: kept in
+        `requests` while `delay_free_blocks`), a grammar compiling, or a
+        failed grammar the next update finishes. A loop then may end at the
+        report: seed 405 index 125 of the hunt over seeds 403-409 (0.34.0
+        async, a producer), r3 preempted twice for a block r2's send
+        held, its token dropped each time, then admitted at the send's end."""
+        waiting = ("WAITING_FOR_REMOTE_KVS", "WAITING_FOR_FSM", "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR")
+        for request in self.requests.values():       # type: ignore[attr-defined]
+            if request.status.name in waiting or request.is_finished():
+                return True
+        return bool(getattr(self, "grammar_compile_error_reqs", None))
+
     def _fc_request_states(self) -> tuple:
-        """Every live request's identity, tokens, computed tokens and status,
-        what each batch in flight schedules, oldest first, the queues and
+        """Every live request's identity, tokens, computed tokens, status and
+        drafts held, what each batch in flight schedules, oldest first, the queues and
         free blocks, and the environment's events so far. With batches in
         flight (pipeline stages, async) the requests alone can repeat while
         a token is on its way: 0.8.5 seed 396 index 76, four stages, r0
         admitted and preempted for r2's decode blocks from one request state
         three times while r2's sampling entry was in flight."""
-        requests = tuple(sorted((req_id, id(r), r.num_tokens, r.num_computed_tokens, r.status.name)
+        requests = tuple(sorted((req_id, id(r), r.num_tokens, r.num_computed_tokens, r.status.name,
+                                 len(getattr(r, "spec_token_ids", None) or ()))
                                 for req_id, r in self.requests.items()))   # type: ignore[attr-defined]
         batches = sorted(getattr(self, "_fc_in_flight", {}).values(), key=lambda record: record.batch_id)
         in_flight = tuple(tuple((e.req_id, id(e.request), e.start, e.n, e.samples) for e in record.entries)

@@ -6,23 +6,40 @@ The rule. At a `schedule` event that preempted a request (the anchor), the
 checker notes the spec's whole state after it (`State`, with the checker's
 own pending notes of empty schedule() calls). If a later anchor finds the
 same state, and every event between was the scheduler's own -- `schedule`
-events, and `complete` events that returned no token, dropped none and
-proposed no drafts (`quiet_completion`) -- and nothing waits on the environment
+events, and `complete` events that applied no token (`quiet_completion`:
+none returned, or only tokens the scheduler dropped) -- and nothing waits on the environment
 (spec/deadlock.py `waits_on_environment`: a KV load or send to be reported,
 a grammar compiling, a failed grammar to be finished), the run is on a
 lasso: rejected as L4_no_livelock at the second anchor, naming the requests
 preempted on the cycle, the lines of the two anchors and the cycle's length.
 Any other event (an arrival, an abort, a finish, a session's input, a reset
 or pause, a KV report, a grammar settled, a stage) is the environment's, or
-progress, and forgets every state noted; so does a completion that returned
+progress, and forgets every state noted; so does a completion that applied
 a token (progress, or the environment's choice of tokens).
+
+What a quiet completion may carry. A token the scheduler dropped (`dropped`:
+its request preempted, finished or aborted since the batch) is applied to
+nothing, so its value cannot steer what follows. Drafts proposed
+(`next_drafts`) are held in the spec's state (`Request.num_drafts`), and a
+drafter proposes as a function of the request's tokens and position (vLLM
+0.34.0 v1/worker/gpu/spec_decode/ngram/speculator.py `propose`: an n-gram
+match over the request's token ids; the campaign's fabricated proposer,
+flightcheck/vllm/workload.py `draft_outcome`, a function of request and
+position), which the lasso brings back: the same drafts come round again.
+Counting either as the environment's let a loop go by (seed 403 index 48
+of the hunt over seeds 403-409, 0.34.0 async, three stages: r4, 23
+tokens, is admitted beside a parked session whose client never ends, samples,
+is proposed 2 drafts, and the next `schedule()` finds no block for 1 + 2
+slots past its placeholder and preempts r4 itself; its token comes back
+dropped, and round again to the step limit).
 
 Why the loop is for ever (once suffices). Between the two anchors the
 spec's run is a function of its state: `schedule` is deterministic in
-(State, Config) (spec/schedule.py), a completion with no sampling entry is
-`complete_oldest(state, cfg, ())` (one that samples must return a token,
-S5, and is no quiet event), and the reorders and empty batches of empty
-schedule() calls are the spec's own steps from the state. So from the
+(State, Config) (spec/schedule.py), a quiet completion applies no token
+(one that samples a live entry must return one, S5, and is no quiet event;
+a stale entry's token is dropped whatever it is) and its drafts are the
+drafter's function of the state (below), and the reorders and empty batches
+of empty schedule() calls are the spec's own steps from the state. So from the
 second anchor the spec's run, the environment quiet, repeats the cycle for
 ever. The checker compared every decision of the writer with the spec's on
 the way, so the writer took the same cycle; it leaves it only by deciding
@@ -157,18 +174,19 @@ class LassoWatch:
         who = ", ".join(quoted(n) for n in names)
         calls = self._lasso_schedules - first.schedules
         return (f"a livelock: the spec's state after line {first.line}'s preemption comes back at line {line} "
-                f"({line - first.line} lines, {calls} schedule events later), with no token sampled and "
+                f"({line - first.line} lines, {calls} schedule events later), with no token applied and "
                 f"nothing from the environment between and nothing waiting on it: {who} "
                 f"{'is' if len(names) == 1 else 'are'} scheduled and preempted round this lasso for ever")
 
 
 def quiet_completion(complete: dict[str, Any]) -> bool:
-    """A completion that changes nothing the environment chooses: no token
-    returned (none sampled), none dropped, no drafts proposed. (The vLLM
-    recorder's `stale`, an entry of a preempted request counted against its
-    stale share, is vLLM's own bookkeeping: with no token, quiet.)"""
-    return not any(complete.get("tokens", {}).values()) and not complete.get("dropped") \
-        and not any(complete.get("next_drafts", {}).values())
+    """A completion that applies nothing the environment chose: every token
+    it returned was dropped (or none was returned); drafts it proposed are
+    state, a function of the request's tokens (the module docstring). (The
+    vLLM recorder's `stale`, an entry of a preempted request counted
+    against its stale share, is vLLM's own bookkeeping: quiet.)"""
+    dropped = set(complete.get("dropped") or ())
+    return all(req in dropped for req, tokens in complete.get("tokens", {}).items() if tokens)
 
 
 def _sketch(state: State) -> tuple:
