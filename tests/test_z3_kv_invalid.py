@@ -9,7 +9,12 @@ finding 7's fix:
   reachable state in the slow tests;
 * the sample holds what KV7 turns on (a sync load's entry, an invalid block,
   a failure of a running and of a finished loader), so it is no vacuous check;
-* what the encoding still leaves out is refused, never checked by a partial relation.
+* what the encoding still leaves out is refused, never checked by a partial relation;
+* KV7's step formula and KVA10 (`quarantined`) agree with the spec's
+  predicates on every schedule step and state of the model (a sample here,
+  all in the slow tests), and under vLLM 0.34 the formula is false on the
+  last step of the counterexample the explicit search finds (no vacuous
+  formula).
 """
 
 from __future__ import annotations
@@ -18,12 +23,18 @@ import dataclasses
 import random
 
 import pytest
+import z3
 
 from flightcheck.spec import Status
-from flightcheck.spec.transitions import FailKvLoad
+from flightcheck.spec.kv_invalid import quarantined, schedule_reads
+from flightcheck.spec.transitions import FailKvLoad, Schedule
+from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.kv_models import KV_INVALID_K2
 from flightcheck.verification.z3.encoding.crosscheck import CrossChecker, CrossReport, concrete_successors
+from flightcheck.verification.z3.encoding.actions import SCHEDULE
+from flightcheck.verification.z3.encoding.kv_invalid import kv7_no_compute_on_invalid_kv, kva10_invalid_kv_quarantined
 from flightcheck.verification.z3.encoding.kv_state import refuse_unencoded_connector
+from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.profiles import profile_model
 from tests.test_z3_kv import _reachable
 
@@ -95,3 +106,63 @@ def test_what_the_encoding_leaves_out_is_still_refused():
     prompts = (dataclasses.replace(KV_INVALID_K2.prompts[0], load_async=True), KV_INVALID_K2.prompts[1])
     with pytest.raises(ValueError, match="asynchronous loads or a producer beside"):
         refuse_unencoded_connector(dataclasses.replace(KV_INVALID_K2, prompts=prompts))
+
+
+class _StepTruth:
+    """KV7's step formula on a concrete schedule edge (both frames encoded:
+    exactly one of the formula and its negation is satisfiable)."""
+
+    def __init__(self, model) -> None:
+        self.system = System(model)
+        self.step = self.system.step(0, 1)
+        self.formula = self.system.build(kv7_no_compute_on_invalid_kv, self.step)
+        self.solver = z3.SolverFor("QF_BV")
+        self.solver.add(self.step.constraints)
+
+    def __call__(self, s, nxt) -> bool:
+        self.solver.push()
+        self.solver.add(*self.system.encode(s, 0), *self.system.encode(nxt, 1), self.step.choices.act == SCHEDULE)
+        holds, breaks = (self.solver.check(f) == z3.sat for f in (self.formula, z3.Not(self.formula)))
+        self.solver.pop()
+        assert holds != breaks, "the edge does not determine the formula"
+        return holds
+
+
+def _agreement(model, states) -> tuple[int, int]:
+    """(schedule edges, KV7 breaches) once every edge and state agreed with the spec."""
+    truth, edges, breaches = _StepTruth(model), 0, 0
+    for s in states:
+        kva10 = z3.simplify(truth.system.build(kva10_invalid_kv_quarantined, truth.system.constant(s)))
+        assert z3.is_true(kva10) == quarantined(s, model.cfg), s
+        for action, nxt in concrete_successors(model, s):
+            if isinstance(action, Schedule):
+                assert truth(s, nxt) == (not schedule_reads(s, nxt, model.cfg)), (s, nxt)
+                edges, breaches = edges + 1, breaches + bool(schedule_reads(s, nxt, model.cfg))
+    return edges, breaches
+
+
+@pytest.mark.parametrize("model", MODELS, ids=_name)
+def test_kv7_and_kva10_agree_with_the_spec_on_sampled_states(model):
+    edges, _ = _agreement(model, _kv7_states(model, 12, seed=1))
+    assert edges > 0
+
+
+@pytest.mark.parametrize("model", MODELS, ids=_name)
+def test_kv7_and_kva10_agree_with_the_spec_on_every_reachable_state(model):
+    edges, breaches = _agreement(model, _reachable(model))
+    assert edges > 70
+    assert (breaches > 0) == (model is KV_INVALID_K2)        # vLLM 0.34 breaks KV7, the fix does not
+
+
+def test_kv7_formula_is_false_on_the_last_step_of_the_searchs_counterexample():
+    result = explicit.search(KV_INVALID_K2)
+    violation = next(v for v in result.violations if v.property == "KV7_no_compute_on_invalid_kv")
+    state, states = explicit.initial(KV_INVALID_K2), []
+    for action, nxt in violation.path:
+        states.append((state, action, nxt))
+        state = nxt
+    truth = _StepTruth(KV_INVALID_K2)
+    before, action, after = states[-1]
+    assert isinstance(action, Schedule) and schedule_reads(before, after, KV_INVALID_K2.cfg)
+    assert not truth(before, after)
+    assert all(truth(b, a) for b, act, a in states[:-1] if isinstance(act, Schedule))
