@@ -35,6 +35,9 @@ from flightcheck.verification.z3.encoding.actions import SCHEDULE
 from flightcheck.verification.z3.encoding.kv_invalid import kv7_no_compute_on_invalid_kv, kva10_invalid_kv_quarantined
 from flightcheck.verification.z3.encoding.kv_state import refuse_unencoded_connector
 from flightcheck.verification.z3.encoding.system import System
+from flightcheck.verification.z3.kv_engines import WF, kv_properties
+from flightcheck.verification.z3.kv_invalid_engines import KV7, kv7_auxiliary, kv7_induction
+from flightcheck.verification.z3.kv_models import KV_INVALID_K1
 from flightcheck.verification.z3.profiles import profile_model
 from tests.test_z3_kv import _reachable
 
@@ -173,8 +176,6 @@ def _conjuncts(model) -> list[str]:
     every one but A7 (under the fix a failure uncaches a block two holders
     share: an unlabelled block no longer private) and, under vLLM 0.34's
     rules, KVA10 (its blocks stay cached)."""
-    from flightcheck.verification.z3.kv_engines import WF, kv_properties
-    from flightcheck.verification.z3.kv_invalid_engines import kv7_auxiliary
     dropped = {"candidate:A7_unlabelled_blocks_are_private"} | ({"KVA10_invalid_kv_quarantined"}
                                                                 if model is KV_INVALID_K2 else set())
     return [n for n in [WF, *kv_properties(model), *kv7_auxiliary()] if n not in dropped]
@@ -199,3 +200,54 @@ def test_the_induction_candidates_hold_on_sampled_kv7_states(model):
 @pytest.mark.parametrize("model", MODELS, ids=_name)
 def test_the_induction_candidates_hold_on_every_reachable_kv7_state(model):
     _conjuncts_hold(model, _reachable(model))
+
+
+# --- the model k-induction proves KV7 on: kv-invalid-k2 with one stage ----------------
+
+K1_MODELS = (profile_model(KV_INVALID_K1, "vllm-0.34"), profile_model(KV_INVALID_K1, "vllm-0.34-invalid-kv-fixed"))
+
+
+def test_kv_invalid_k1_is_searched_exhaustively():
+    """The smaller model is checked by exhaustive search too: vLLM 0.34 breaks
+    KV7 by finding 7's run (the carrier completed before the sharer's
+    schedule), the fix keeps every safety property."""
+    from flightcheck.verification.results import SOMETIMES_NAMES
+    found = {}
+    for model in K1_MODELS:
+        result = explicit.search(model)
+        safety = [v for v in result.violations if v.property not in SOMETIMES_NAMES]
+        found[model.cfg.profile] = (result.complete, result.num_states, result.num_edges, result.max_depth,
+                                    [(v.property, [str(a).split(" (")[0] for a, _ in v.path]) for v in safety])
+    assert found == {
+        "vllm-0.34": (True, 104, 175, 10, [("KV7_no_compute_on_invalid_kv", [
+            "arrive r0", "arrive r1", "schedule", "kv load failed r0 from block 0", "complete oldest", "abort r0",
+            "schedule"])]),
+        "vllm-0.34-invalid-kv-fixed": (True, 112, 178, 9, []),
+    }
+
+
+@pytest.mark.parametrize("model", K1_MODELS, ids=_name)
+def test_the_relation_is_spec_step_on_sampled_kv_invalid_k1_states(model):
+    assert _cross_check(model, _kv7_states(model, 4, seed=3)).problems == []
+
+
+@pytest.mark.parametrize("model", K1_MODELS, ids=_name)
+def test_the_relation_is_spec_step_on_every_reachable_kv_invalid_k1_state(model):
+    states = _reachable(model)
+    report = _cross_check(model, states)
+    assert report.problems == [] and report.states == len(states) > 100
+
+
+def test_k_induction_proves_kv7_on_kv_invalid_k1_under_the_fix():
+    result = kv7_induction(K1_MODELS[1], 1)
+    assert {p.name: p.status for p in result.properties} == \
+        {name: "proved" for name in [WF, *kv_properties(K1_MODELS[1]), *kv7_auxiliary(), KV7]}
+
+
+def test_under_vllm_0_34_kv7_is_not_proved_and_quarantined_not_inductive():
+    """No vacuous proof: the same conjuncts under vLLM's rule leave KV7
+    unproved (the solver's state reads an invalid block) and KVA10 falls
+    under `fail_kv_load` (the blocks stay cached)."""
+    rows = {p.name: p for p in kv7_induction(K1_MODELS[0], 1).properties}
+    assert rows[KV7].status == "unknown" and rows["KVA10_invalid_kv_quarantined"].status == "unknown"
+    assert "under action 5" in rows["KVA10_invalid_kv_quarantined"].message

@@ -30,12 +30,29 @@ from flightcheck.verification.z3.kv_engines import step_consequences
 from flightcheck.verification.z3.results import EngineResult
 
 KV7 = "KV7_no_compute_on_invalid_kv"
+FIXED = "vllm-0.34-invalid-kv-fixed"
 
 
 def kv7_auxiliary() -> list[str]:
     """KV7's conjuncts beside the connector's invariants: the connector proof's
-    own (KV_AUXILIARY, KV_CANDIDATES) and KVA10 (`quarantined`)."""
-    return [*KV_AUXILIARY, *KV_CANDIDATES, *KV7_AUXILIARY]
+    own (KV_AUXILIARY, KV_CANDIDATES) but A7, no invariant under the fix (a
+    failure uncaches a block two holders share), and KVA10 (`quarantined`)
+    with KVA11 (S9's caching clauses with shared blocks, kv_invalid.py)."""
+    return [*KV_AUXILIARY, *(n for n in KV_CANDIDATES if n != "candidate:A7_unlabelled_blocks_are_private"),
+            *KV7_AUXILIARY]
+
+
+def kv7_rows(time_budget: float | None = None) -> list:
+    """KV7 and the connector's invariants of KV_INVALID_K1 under finding 7's fix
+    by 1-induction (KV7 one step from it), for `flightcheck verify
+    --kv-connector --profile vllm-0.34-invalid-kv-fixed`; the method names the model."""
+    from flightcheck.verification.results import PropertyResult
+    from flightcheck.verification.z3.kv_models import KV_INVALID_K1
+    from flightcheck.verification.z3.profiles import profile_model
+    model = profile_model(KV_INVALID_K1, FIXED)
+    where = f" [{KV_INVALID_K1.name}@{FIXED}]"
+    return [PropertyResult(p.name, p.kind, p.status, p.method + where, p.depth, p.seconds)
+            for p in kv7_induction(model, 1, time_budget=time_budget).properties if p.kind != "auxiliary"]
 
 
 def kv7_induction(model: Model, k: int = 1, auxiliary: Iterable[str] | None = None,

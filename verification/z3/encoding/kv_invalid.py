@@ -99,5 +99,28 @@ def kva10_invalid_kv_quarantined(layout: Layout, s: SState) -> Any:
     return conj(*out)
 
 
+def kva11_cached_labels(layout: Layout, s: SState) -> Any:
+    """S9's caching clauses read beside the connector (invariants.kv_ownership_clauses
+    less those the fence's deferred frees and held tables change, which KVA1
+    and KVA2 restate): a table holds each block once, unlabelled or caching
+    its slot's content, and covers a running request's counter; the copies
+    of a label carry the ranks 0 .. copies - 1; the free queue lists blocks once."""
+    from flightcheck.verification.z3.encoding.invariants import kv_ownership_clauses
+    changed = ("held_only_when_running", "ref_is_holders", "free_iff_unheld")
+    out = [f for name, f in kv_ownership_clauses(layout, s).items() if not name.endswith(changed)]
+    # a block two tables hold came from a prefix hit: at the same slot, of the
+    # same content (an unlabelled one too: the fix uncaches a shared block)
+    for r, q in enumerate(s.reqs):
+        for r2 in range(r + 1, layout.N):
+            q2 = s.reqs[r2]
+            for t, x in enumerate(q.table):
+                for t2, y in enumerate(q2.table):
+                    shared = conj(lt(t, q.table_len), lt(t2, q2.table_len), eq(x, y))
+                    same = t == t2 and layout.content[r][t] == layout.content[r2][t2]
+                    out.append(z3.Implies(shared, conj(z3.BoolVal(same), neg(eq(q.status, 0)), neg(eq(q2.status, 0)))))
+    return conj(*out)
+
+
 KV7_STEP_FORMULAS = {"KV7_no_compute_on_invalid_kv": kv7_no_compute_on_invalid_kv}
-KV7_AUXILIARY = {"KVA10_invalid_kv_quarantined": kva10_invalid_kv_quarantined}
+KV7_AUXILIARY = {"KVA10_invalid_kv_quarantined": kva10_invalid_kv_quarantined,
+                 "KVA11_cached_labels": kva11_cached_labels}

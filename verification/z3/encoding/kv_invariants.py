@@ -262,7 +262,8 @@ def kva6_load_by_status(layout: Layout, s: SState) -> Any:
     flight, failed or landed while parked; only a parked request counts
     external tokens, at most its offer, all of them computed while its load
     is in flight (no local hit without prefix caching); an entry's sync
-    load is within its offer and its start (none without sync loads)."""
+    load is within its offer and its start (none without sync loads); a
+    model with sync loads parks nobody."""
     kv, out = kv_of(s), []
     for r, q in enumerate(s.reqs):
         load = kv.load[r]
@@ -274,7 +275,20 @@ def kva6_load_by_status(layout: Layout, s: SState) -> Any:
         out += [le(0, kv.external[r]), le(kv.external[r], max(hit, 0)),
                 z3.Implies(conj(eq(q.status, REMOTE_KVS), eq(load, L_IN_FLIGHT)), eq(q.num_computed, kv.external[r]))]
     out += [z3.Implies(used, _entry_load(layout, e, ke)) for _, e, ke, used in _entries(s)]
-    return conj(out)
+    return conj(out + _sync_only(layout, s))
+
+
+def _sync_only(layout: Layout, s: SState) -> list:
+    """A model whose loads are all synchronous (kv_sync.py; no async load
+    beside them, kv_state.refuse_unencoded_connector): nobody parks, so no
+    request waits for remote KV, none is in `kv_holding`, and a load is
+    never asked for or settled (NONE or DONE)."""
+    from flightcheck.verification.z3.encoding.kv_sync import has_sync_loads
+    if not has_sync_loads(layout):
+        return []
+    kv = kv_of(s)
+    return [eq(kv.holding_len, 0)] + [conj(neg(eq(q.status, REMOTE_KVS)), disj(eq(load, L_NONE), eq(load, L_DONE)))
+                                      for q, load in zip(s.reqs, kv.load)]
 
 
 def _entry_load(layout: Layout, e: Any, ke: Any) -> Any:
