@@ -36,7 +36,7 @@ from flightcheck.verification.z3.encoding.kv_invalid import kv7_no_compute_on_in
 from flightcheck.verification.z3.encoding.kv_state import refuse_unencoded_connector
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.kv_engines import WF, kv_properties
-from flightcheck.verification.z3.kv_invalid_engines import KV7, kv7_auxiliary, kv7_induction
+from flightcheck.verification.z3.kv_invalid_engines import KV7, kv7_auxiliary, kv7_bmc, kv7_induction
 from flightcheck.verification.z3.kv_models import KV_INVALID_K1
 from flightcheck.verification.z3.profiles import profile_model
 from tests.test_z3_kv import _reachable
@@ -251,3 +251,16 @@ def test_under_vllm_0_34_kv7_is_not_proved_and_quarantined_not_inductive():
     rows = {p.name: p for p in kv7_induction(K1_MODELS[0], 1).properties}
     assert rows[KV7].status == "unknown" and rows["KVA10_invalid_kv_quarantined"].status == "unknown"
     assert "under action 5" in rows["KVA10_invalid_kv_quarantined"].message
+
+
+def test_bmc_finds_finding_7_under_vllm_0_34_and_the_spec_replays_it():
+    """kv7_bmc on kv-invalid-k1 under vLLM 0.34: KV7 broken at depth 7 (the
+    trace replayed on the spec, which breaks KV7 on its last step: else
+    ReplayMismatch), KVA10 at depth 3 (the first failure leaves the block
+    cached); the connector's invariants bounded."""
+    rows = {p.name: p for p in kv7_bmc(K1_MODELS[0], 7).properties}
+    assert (rows[KV7].status, rows[KV7].depth) == ("violated", 7)
+    assert [str(a).split(" (")[0] for a in rows[KV7].trace] == [
+        "arrive r0", "arrive r1", "schedule", "kv load failed r0 from block 0", "abort r0", "complete oldest", "schedule"]
+    assert (rows["KVA10_invalid_kv_quarantined"].status, rows["KVA10_invalid_kv_quarantined"].depth) == ("violated", 3)
+    assert all(p.status == "bounded" for name, p in rows.items() if name.startswith(("WF", "KV1", "KV2", "KV4")))
