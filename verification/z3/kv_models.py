@@ -15,13 +15,24 @@ a finished request's table is held until its send is reported, a failed
 load finishes its request with FINISHED_ERROR (its table held for the
 load's report), a producer's preemption drops its in-flight output.
 
+KV_INVALID_K1 (vLLM 0.34, KV7's model for k-induction, kv_invalid_engines.py):
+verification/kv_models.py's kv-invalid-k2 with one stage (no step fence,
+so no deferred frees): r0 sync-loads the block r1 shares, prefix caching,
+recompute, failures and aborts. Searched exhaustively too
+(tests/test_z3_kv_invalid.py): under 0.34 KV7 breaks in 7 steps (104
+states), finding 7's run with the carrier completed before the sharer's
+schedule; under vllm-0.34-invalid-kv-fixed every property holds (112 states).
+
 What the encoding leaves out (kv_state.refuse_unencoded_connector) is
 listed there; the explicit search checks the spec's models that have it.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from flightcheck.spec import Config, KvConnector, Prompt
+from flightcheck.verification.kv_models import KV_INVALID_K2
 from flightcheck.verification.models import Model
 
 
@@ -39,3 +50,5 @@ KV_SEND = Model("kv-send", _config(KvConnector(consumer=True, producer=True, loa
                 _PROMPTS, kv_failures=True)
 
 KV_MODELS: tuple[Model, ...] = (KV_ASYNC, KV_SEND)
+
+KV_INVALID_K1 = replace(KV_INVALID_K2, name="kv-invalid-k1", cfg=replace(KV_INVALID_K2.cfg, num_stages=1))

@@ -134,6 +134,9 @@ def kv_rows(profile: str, depth: int = KV_BMC_DEPTH, time_budget: float | None =
         for result in (kv_induction(chosen, 1, time_budget=time_budget), kv_bmc(chosen, depth, time_budget=time_budget)):
             rows += [PropertyResult(p.name, p.kind, p.status, p.method + where, p.depth, p.seconds)
                      for p in result.properties if p.kind != "auxiliary"]
+    if encoded == "vllm-0.34-invalid-kv-fixed":      # KV7 by k-induction (about a minute)
+        from flightcheck.verification.z3.kv_invalid_engines import kv7_rows
+        rows += kv7_rows(time_budget)
     return rows
 
 

@@ -9,12 +9,15 @@ Each function is the spec function of the same name on a symbolic state,
 clause for clause; all of them act only on frames with a connector part
 (`SState.kv`), and the encoding calls them only there.
 
+A sync load's failure (a running loader's, or a finished one's reported
+with its carrier) is kv_sync.py's, built only where a prompt is offered one.
+
 Left out (the encoding refuses a model that needs them,
-kv_state.`refuse_unencoded_connector`): synchronous loads (a prompt's hit with
-`load_async` False), so an entry's `external` is always 0 and a failure
-names only an async load's blocks; vLLM 0.34's load limit with
-`max_inflight_loads` (the `arrivals` order and loads-only mode); prefix
-caching with a connector; asynchronous scheduling with a connector.
+kv_state.`refuse_unencoded_connector`): synchronous loads under the fail
+policy; async loads or a producer beside sync loads or prefix caching (no
+parked holder of a sync load's blocks, no promoted load's labels); vLLM
+0.34's load limit with `max_inflight_loads` (the `arrivals` order and
+loads-only mode); asynchronous scheduling with a connector.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from flightcheck.verification.z3.encoding.kv_state import (
     pad_deferred,
     pad_kv_entry,
 )
+from flightcheck.verification.z3.encoding.kv_sync import has_sync_loads, sync_failure
 from flightcheck.verification.z3.encoding.requests import (
     empty_table,
     put_flag,
@@ -267,17 +271,25 @@ def _floor_div(x: Any, d: int) -> Any:
 def fail_guard(layout: Layout, s: SState, r: Any, from_block: Any) -> Any:
     if not layout.cfg.rules.kv_load_failures or not fails_loads(layout.model):
         return z3.BoolVal(False)
-    return conj(le(0, r), lt(r, layout.N), failable(layout, s, r, from_block))
+    guard = failable(layout, s, r, from_block)
+    if has_sync_loads(layout):          # a sync load's, running or finished (kv_sync.py)
+        guard = disj(guard, sync_failure(layout, s, r, from_block)[0])
+    return conj(le(0, r), lt(r, layout.N), guard)
 
 
 def fail_kv_load(layout: Layout, s: SState, r: Any, from_block: Any) -> SState:
     """`fail_kv_load` of a parked async load: recompute rolls it back to
     `from_block * block_size` with its load FAILED; fail finishes it with
-    FINISHED_ERROR, its load FAILED (its table held for the report)."""
+    FINISHED_ERROR, its load FAILED (its table held for the report). A sync
+    load's failure: kv_sync.sync_failure."""
     failed = with_kv(s, r, load=V(L_FAILED))
     if layout.cfg.kv_connector.load_failure_policy == "fail":
         return finish_with_connector(layout, failed, r, V(F_ERROR))
-    return with_req(failed, r, num_computed=from_block * layout.cfg.block_size)
+    parked = with_req(failed, r, num_computed=from_block * layout.cfg.block_size)
+    if not has_sync_loads(layout):
+        return parked
+    sync, st = sync_failure(layout, s, r, from_block)
+    return merge(sync, st, parked)
 
 
 _FINISHED = (F_STOPPED, F_LENGTH, F_ABORTED, F_ERROR)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from flightcheck.verification.z3.encoding.cadence_invariants import CAD_AUXILIARY
+from flightcheck.verification.z3.encoding.kv_invalid import KV7_AUXILIARY
 from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY, KV_FORMULAS
 from flightcheck.verification.z3.encoding.lora_invariants import LORA_AUXILIARY, LORA_FORMULAS
 from flightcheck.verification.z3.encoding.session_invariants import SESSION_AUXILIARY, SESSION_FORMULAS
@@ -39,3 +40,4 @@ FORMULAS.update(LORA_FORMULAS); AUXILIARY.update(LORA_AUXILIARY)   # the LoRA ca
 FORMULAS.update(PRIORITY_SESSION_FORMULAS); AUXILIARY.update(PRIORITY_SESSION_AUXILIARY)   # priority beside sessions (SS5)
 AUXILIARY.update(RP_KV_AUXILIARY)   # reset and pause beside the connector (RP5's proof)
 AUXILIARY.update(UNWRITTEN_AUXILIARY)   # KV8's under finding 1's fix (KVU1: z3/priority_engines.py)
+AUXILIARY.update(KV7_AUXILIARY)     # KV7's strengthening (KV7 is of steps: z3/kv_invalid_engines.py)

@@ -163,16 +163,25 @@ def _holders(layout: Layout, s: SState, b: int) -> Any:
 
 def kva1_pool_ownership(layout: Layout, s: SState) -> Any:
     """A block's reference count is the number of tables and deferred frees
-    holding it, at most one; it is in the free queue, once, exactly when
-    nobody holds it (S9's partition, read with deferred frees); without
-    prefix caching no block caches a label."""
+    holding it, at most one (with prefix caching a hit shares it: no table
+    or deferred free holds it twice); it is in the free queue, once, exactly when nobody
+    holds it (S9's partition, read with deferred frees); without prefix
+    caching no block caches a label."""
     out = []
     free = s.pool.free
     if not layout.cfg.prefix_caching:      # nothing is ever cached: no label, no copy rank
         out += [conj(eq(lab, layout.none_label), eq(rank, 0)) for lab, rank in zip(s.pool.label, s.pool.copy_rank)]
+    else:                                  # no table, nor deferred free, holds a block twice
+        kv = kv_of(s)
+        tables = [_table(q) for q in s.reqs]
+        tables += [[(x, conj(lt(d, kv.deferred_len), lt(t, slot.length))) for t, x in enumerate(slot.blocks)]
+                   for d, slot in enumerate(kv.deferred)]
+        out += [z3.Implies(conj(u, v), neg(eq(x, y))) for table in tables for t, (x, u) in enumerate(table)
+                for y, v in table[t + 1:]]
     for b in range(layout.B):
         held = _holders(layout, s, b)
-        out += [eq(s.pool.ref[b], held), le(held, 1)]
+        out.append(eq(s.pool.ref[b], held))
+        out += [] if layout.cfg.prefix_caching else [le(held, 1)]
         out.append(eq(count(conj(lt(j, s.pool.free_len), eq(x, b)) for j, x in enumerate(free)),
                       z3.If(eq(held, 0), V(1), V(0))))
     return conj(out)
@@ -252,8 +261,9 @@ def kva6_load_by_status(layout: Layout, s: SState) -> Any:
     landed one while WAITING; a settled one while RUNNING or PREEMPTED; one in
     flight, failed or landed while parked; only a parked request counts
     external tokens, at most its offer, all of them computed while its load
-    is in flight (no local hit without prefix caching); no entry carries a
-    sync load (the models have none)."""
+    is in flight (no local hit without prefix caching); an entry's sync
+    load is within its offer and its start (none without sync loads); a
+    model with sync loads parks nobody."""
     kv, out = kv_of(s), []
     for r, q in enumerate(s.reqs):
         load = kv.load[r]
@@ -264,8 +274,34 @@ def kva6_load_by_status(layout: Layout, s: SState) -> Any:
         hit = layout.model.prompts[r].external_hit
         out += [le(0, kv.external[r]), le(kv.external[r], max(hit, 0)),
                 z3.Implies(conj(eq(q.status, REMOTE_KVS), eq(load, L_IN_FLIGHT)), eq(q.num_computed, kv.external[r]))]
-    out += [z3.Implies(used, eq(ke.external, 0)) for _, _, ke, used in _entries(s)]
-    return conj(out)
+    out += [z3.Implies(used, _entry_load(layout, e, ke)) for _, e, ke, used in _entries(s)]
+    return conj(out + _sync_only(layout, s))
+
+
+def _sync_only(layout: Layout, s: SState) -> list:
+    """A model whose loads are all synchronous (kv_sync.py; no async load
+    beside them, kv_state.refuse_unencoded_connector): nobody parks, so no
+    request waits for remote KV, none is in `kv_holding`, and a load is
+    never asked for or settled (NONE or DONE)."""
+    from flightcheck.verification.z3.encoding.kv_sync import has_sync_loads
+    if not has_sync_loads(layout):
+        return []
+    kv = kv_of(s)
+    return [eq(kv.holding_len, 0)] + [conj(neg(eq(q.status, REMOTE_KVS)), disj(eq(load, L_NONE), eq(load, L_DONE)))
+                                      for q, load in zip(s.reqs, kv.load)]
+
+
+def _entry_load(layout: Layout, e: Any, ke: Any) -> Any:
+    """An entry's sync load (kv_sync.py): none in a model without one; else
+    at most its request's offer, block aligned, within its start."""
+    from flightcheck.verification.z3.encoding.kv_sync import has_sync_loads
+    from flightcheck.verification.z3.encoding.terms import div_const, pick
+    if not has_sync_loads(layout):
+        return eq(ke.external, 0)
+    bs = layout.cfg.block_size
+    offers = [V(max(p.external_hit, 0)) for p in layout.model.prompts]
+    return conj(le(0, ke.external), le(ke.external, pick(offers, e.req, V(0))), le(ke.external, e.start),
+                eq(div_const(ke.external, bs) * bs, ke.external))
 
 
 def kva7_counters(layout: Layout, s: SState) -> Any:

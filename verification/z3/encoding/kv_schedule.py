@@ -15,8 +15,10 @@ What it encodes is what the connector models need (kv_state.`refuse_unencoded_co
 names the rest, which the explicit search covers): asynchronous loads
 (parking, a landed or failed load's promotion, admission of a promoted
 request), the step fence, aborts and failures during a load, a producer's
-held tables; under vLLM 0.33's rules and 0.34's without a load limit, with
-no prefix caching, no drafts, chunked prefill on and synchronous scheduling.
+held tables; and, for KV7's models, a consumer's synchronous loads beside
+prefix caching (the admission's local hit and sync offer: kv_sync.py);
+under vLLM 0.33's rules and 0.34's without a load limit, with no drafts,
+chunked prefill on and synchronous scheduling.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ import z3
 from flightcheck.verification.z3.encoding import blocks as zb
 from flightcheck.verification.z3.encoding.allocation import blocks_for, candidate, snapshot_entry
 from flightcheck.verification.z3.encoding.connector import has_batch_in_flight, kv_of, load_at, with_kv
-from flightcheck.verification.z3.encoding.kv_state import L_DONE, L_IN_FLIGHT, L_NONE, L_RECEIVED, SKvEntry
+from flightcheck.verification.z3.encoding import kv_sync as sync
+from flightcheck.verification.z3.encoding.kv_invalid import forget_rewritten
+from flightcheck.verification.z3.encoding.kv_state import L_DONE, L_IN_FLIGHT, L_RECEIVED, SKvEntry
+from flightcheck.verification.z3.encoding.kv_sync import has_sync_loads
 from flightcheck.verification.z3.encoding.priority import holder_looked_at_first, join_kv_holding
-from flightcheck.verification.z3.encoding.reset_pause_state import offered_by_prompt, takes_waiting_queue
+from flightcheck.verification.z3.encoding.reset_pause_state import takes_waiting_queue
 from flightcheck.verification.z3.encoding.requests import empty_table, put_flag, req_at, tokens_at, with_req
 from flightcheck.verification.z3.encoding.state import (
     PAD,
@@ -77,17 +82,6 @@ def unfinished_or_held(layout: Layout, s: SState, r: int) -> Any:
     return disj(active, kv_of(s).held[r])
 
 
-def _offer(layout: Layout, st: SState, r: Any, tokens: Any) -> tuple[Any, Any]:
-    """kv_loads.connector_offer with no local hit: (external tokens, async);
-    every hit of a model the encoding takes is async (kv_state.refuse_unencoded_connector)."""
-    hits = [ite(offered_by_prompt(layout, st, k), V(layout.model.prompts[k].external_hit), V(0))
-            if layout.cfg.rules.kv_sync_hits else V(0) for k in range(layout.N)]     # 0 once a reset took it
-    hit = ite(eq(req_at(st, r).status, 0), V(0), pick(hits, r, V(0)))
-    asks = conj(eq(load_at(st, r), L_NONE), lt(0, hit))
-    external = imax(V(0), imin(hit, tokens))
-    return ite(asks, external, V(0)), conj(asks, lt(0, external))
-
-
 def _promote(layout: Layout, st: SState, r: Any, q: Any, tokens: Any) -> SState:
     """kv_loads.promote without prefix caching: nothing valid frees the
     table; a load of every token leaves the last one to compute."""
@@ -97,16 +91,6 @@ def _promote(layout: Layout, st: SState, r: Any, q: Any, tokens: Any) -> SState:
     freed = with_req(freed, r, status=V(WAITING), table_len=V(0), table=empty_table(layout))
     kept = with_req(st, r, status=V(WAITING), num_computed=ite(eq(q.num_computed, tokens), tokens - 1, q.num_computed))
     return with_kv(merge(empty, freed, kept), r, external=V(0))
-
-
-def _whole_fits(layout: Layout, st: SState, q: Any, tokens: Any) -> Any:
-    """spec.schedule._fits_whole with no hit (vLLM 0.33's full-sequence
-    admission): the blocks r's whole sequence needs beyond those it holds (a
-    promoted load's) are free."""
-    if not layout.cfg.rules.full_sequence_admission:
-        return z3.BoolVal(True)
-    whole = blocks_for(layout, imin(tokens, V(layout.cfg.max_model_len)))
-    return le(imax(V(0), whole - q.table_len), st.pool.free_len)
 
 
 def _allocate(layout: Layout, st: SState, r: Any, q: Any, total: Any) -> tuple[Any, SState]:
@@ -119,6 +103,16 @@ def _allocate(layout: Layout, st: SState, r: Any, q: Any, total: Any) -> tuple[A
     return le(num_fresh, st.pool.free_len), with_req(out, r, table_len=table_len, table=table)
 
 
+def _whole_fits(layout: Layout, st: SState, q: Any, tokens: Any) -> Any:
+    """spec.schedule._fits_whole with no hit (vLLM 0.33's full-sequence
+    admission): the blocks r's whole sequence needs beyond those it holds (a
+    promoted load's) are free (session_schedule.py's; kv_sync.py's with a hit)."""
+    if not layout.cfg.rules.full_sequence_admission:
+        return z3.BoolVal(True)
+    whole = blocks_for(layout, imin(tokens, V(layout.cfg.max_model_len)))
+    return le(imax(V(0), whole - q.table_len), st.pool.free_len)
+
+
 @dataclass(frozen=True)
 class LoopParts:
     """What the connector's waiting step takes from schedule.py's waiting
@@ -129,6 +123,12 @@ class LoopParts:
     add: Any
     clip: Any
     deferred: Any
+
+
+def _hits(layout: Layout) -> bool:
+    """The admission takes a local hit or a sync load (kv_sync.py); else the
+    circuit of the async models, as it was."""
+    return has_sync_loads(layout) or layout.cfg.prefix_caching
 
 
 def kv_waiting_step(layout: Layout, builder: Builder, acc, phase: Any, threshold_on: Any, pads: Any,
@@ -156,9 +156,10 @@ def kv_waiting_step(layout: Layout, builder: Builder, acc, phase: Any, threshold
     going = conj(active, neg(skip))
     st1 = builder.snap(merge(conj(going, eq(q.status, REMOTE_KVS)), _promote(layout, st, r, q, tokens), st), "promoted")
     q1 = builder.snap(req_at(st1, r), "q1")
-    external, is_async = _offer(layout, st1, r, tokens)
+    hit = sync.prefix_hit(layout, builder, st1, r, q1, tokens)
+    external, is_async = sync.connector_offer(layout, st1, r, tokens, hit.num_hit * cfg.block_size)
     external, is_async = builder.let("external", external), builder.let("async", is_async)
-    fits_whole = _whole_fits(layout, st1, q1, tokens)
+    fits_whole = sync.admission_fits_whole(layout, st1, q1, tokens, hit)
     # an async hit: blocks for its external tokens, parked in kv_holding, passed over
     park_fits, parked = _allocate(layout, st1, r, q1, q1.num_computed + external)
     park = builder.let("park", conj(going, is_async, fits_whole, park_fits))
@@ -167,10 +168,12 @@ def kv_waiting_step(layout: Layout, builder: Builder, acc, phase: Any, threshold
     pk.holding, pk.holding_len = join_kv_holding(layout, st1, pk.holding, pk.holding_len, r), pk.holding_len + 1
     parked = with_req(parked, r, status=V(REMOTE_KVS), num_computed=q1.num_computed + external)
     parked = with_kv(parked, r, load=V(L_IN_FLIGHT), external=external)
-    # otherwise an admission from its computed tokens (no hit was asked for, or none offered)
-    computed = q1.num_computed
-    num_new = builder.let("num_new", _clip(layout, acc.budget, computed, tokens - computed, True, threshold_on))
-    admit_fits, admitted = _allocate(layout, st1, r, q1, computed + num_new)
+    # otherwise an admission from its computed tokens, its local hit and a sync load's
+    computed = builder.let("computed", q1.num_computed + hit.num_hit * cfg.block_size + external) \
+        if _hits(layout) else q1.num_computed
+    num_new = builder.let("num_new", _clip(layout, acc.budget, q1.num_computed, tokens - computed, True, threshold_on))
+    admit_fits, admitted = sync.allocate_with_hit(layout, builder, st1, r, q1, tokens, hit, computed + num_new) \
+        if _hits(layout) else _allocate(layout, st1, r, q1, computed + num_new)
     admit = builder.let("admit", conj(going, neg(is_async), neg(eq(num_new, 0)), fits_whole, admit_fits))
     a = builder.snap(req_at(admitted, r), "a")
     entry, _ = snapshot_entry(layout, candidate(admitted, r, a, tokens), computed, num_new, computed, acc.budget)
@@ -178,7 +181,8 @@ def kv_waiting_step(layout: Layout, builder: Builder, acc, phase: Any, threshold
     ak = kv_of(admitted)
     ak.holding, ak.holding_len = remove(ak.holding, ak.holding_len, r)
     admitted.running, admitted.running_len = put(st1.running, st1.running_len, r), st1.running_len + 1
-    admitted = with_kv(with_req(admitted, r, status=V(RUNNING)), r, load=V(L_DONE), external=V(0))
+    admitted = with_kv(with_req(admitted, r, status=V(RUNNING), num_computed=computed), r, load=V(L_DONE),
+                       external=external if _hits(layout) else V(0))      # a sync load's: the entry's at launch
     entries, cnt, budget = _add(layout, acc, entry, admit)
     state = merge(park, parked, merge(admit, admitted, st1))
     return BatchInProgress(state, budget, cnt, entries, acc.preempted,
@@ -194,13 +198,17 @@ def kv_launch(layout: Layout, st: SState, acc, put_batch: Any) -> SState:
     queues at slot `num_batches` of `st` (before it is counted): no sync
     load (external 0), and under the fence each entry's request's table."""
     fenced = layout.cfg.fences_freed_blocks
-    row = []
+    row, externals = [], []
     for j, e in enumerate(acc.entries):
         q = req_at(st, e.req)
         used = conj(lt(j, acc.count), z3.BoolVal(fenced))
-        row.append(SKvEntry(V(0), ite(used, q.table_len, V(0)), [ite(used, x, V(PAD)) for x in q.table]))
+        externals.append(ite(lt(j, acc.count), pick(kv_of(st).external, e.req, V(0)), V(0))
+                         if has_sync_loads(layout) else V(0))
+        row.append(SKvEntry(externals[-1], ite(used, q.table_len, V(0)), [ite(used, x, V(PAD)) for x in q.table]))
     out = clone(st)
     kv = kv_of(out)
     kv.entries = [[merge(conj(put_batch, eq(st.num_batches, k)), new, old) for new, old in zip(row, slots)]
                   for k, slots in enumerate(kv.entries)]
-    return out
+    if has_sync_loads(layout):      # the admitted requests' sync loads are the entries' now
+        kv.external = [ite(flag, V(0), x) for flag, x in zip(acc.admitted, kv.external)]
+    return forget_rewritten(layout, out, acc.entries, acc.count, externals)

@@ -18,7 +18,7 @@ at arrival like its prompt length, so it needs no variable.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import z3
@@ -48,6 +48,22 @@ def kv_deferred_capacity(layout) -> int:
     return layout.N * layout.K if layout.cfg.fences_freed_blocks else 0
 
 
+def tracks_invalid_kv(layout) -> bool:
+    """KV7's models (`Config.check_invalid_kv`): `State.invalid_kv` is part of
+    a state's identity (spec/kv_invalid.py `InvalidKvState`), so of the frame:
+    one Bool per block."""
+    return layout.cfg.kv_connector is not None and layout.cfg.check_invalid_kv
+
+
+def with_kv_identity(layout, state: State) -> State:
+    """A decoded state as the explicit search builds it: an `InvalidKvState`
+    where KV7 is checked (its `invalid_kv` compared and hashed)."""
+    if not tracks_invalid_kv(layout):
+        return state
+    from flightcheck.spec.kv_invalid import with_invalid_kv_identity
+    return with_invalid_kv_identity(state)
+
+
 def keeps_arrivals(layout) -> bool:
     """vLLM 0.34's load limit orders `waiting` against `async_kv_waiting` by
     arrival (`State.arrivals`, kept only then)."""
@@ -65,10 +81,14 @@ def refuse_unencoded_connector(model) -> None:
     why = []
     if rules.kv_inflight_load_limit and kv.max_inflight_loads is not None:
         why.append("vLLM 0.34's load limit (max_inflight_loads)")
-    if any(p.external_hit > 0 and not (p.load_async and rules.kv_async_loads) for p in model.prompts):
-        why.append("synchronous loads (a hit without load_async)")
-    if cfg.prefix_caching or cfg.num_spec_tokens or rules.output_placeholders:
-        why.append("prefix caching, drafts or asynchronous scheduling")
+    loads_async = [p.external_hit > 0 and p.load_async and rules.kv_async_loads for p in model.prompts]
+    sync = any(p.external_hit > 0 and rules.kv_sync_hits and not a for p, a in zip(model.prompts, loads_async))
+    if sync and kv.load_failure_policy != "recompute":
+        why.append("synchronous loads under the fail policy")
+    if (sync or cfg.prefix_caching) and (any(loads_async) or kv.producer):     # kv_sync.py's shape
+        why.append("asynchronous loads or a producer beside synchronous loads or prefix caching")
+    if cfg.num_spec_tokens or rules.output_placeholders:
+        why.append("drafts or asynchronous scheduling")
     if not cfg.enable_chunked_prefill or cfg.cache_aware_admission_window:
         why.append("chunked prefill off or the cache-aware order")
     if why:
@@ -107,6 +127,7 @@ class SKv:
     entries: list             # [K][E] SKvEntry, parallel to the frame's batches
     deferred: list            # SDeferred slots
     deferred_len: Any
+    invalid: list = field(default_factory=list)    # Bool per block: State.invalid_kv (KV7's models only)
 
 
 def kv_frame(layout, tag: str) -> list:
@@ -124,7 +145,8 @@ def kv_frame(layout, tag: str) -> list:
                           ints(f"kv.deferred{d}.blocks", T)) for d in range(kv_deferred_capacity(layout))]
     return [SKv(ints("kv.load", N), ints("kv.external", N), [z3.Bool(f"kv.held[{r}]@{tag}") for r in range(N)],
                 ints("kv.holding", N), var(f"kv.holding_len@{tag}"), ints("kv.arrivals", N),
-                var(f"kv.arrivals_len@{tag}"), entries, deferred, var(f"kv.deferred_len@{tag}"))]
+                var(f"kv.arrivals_len@{tag}"), entries, deferred, var(f"kv.deferred_len@{tag}"),
+                [z3.Bool(f"kv.invalid[{b}]@{tag}") for b in range(layout.B)] if tracks_invalid_kv(layout) else [])]
 
 
 def _padded(xs: tuple, n: int, what: str) -> list:
@@ -163,7 +185,8 @@ def kv_constant(layout, state: State) -> list:
     return [SKv([V(LOAD.index(q.load)) for q in qs], [V(q.external) for q in qs],
                 [z3.BoolVal(q.held) for q in qs], _padded(state.kv_holding, layout.N, "kv_holding"),
                 V(len(state.kv_holding)), *_arrivals(layout, state),
-                entries, deferred, V(len(state.deferred_frees)))]
+                entries, deferred, V(len(state.deferred_frees)),
+                [z3.BoolVal(b in state.invalid_kv) for b in range(layout.B)] if tracks_invalid_kv(layout) else [])]
 
 
 def _arrivals(layout, state: State) -> tuple[list, Any]:
@@ -213,7 +236,7 @@ def kv_entry_fields(kv: list, k: int, j: int, iv) -> dict:
     return dict(external=iv(e.external), blocks=tuple(iv(b) for b in e.blocks[:iv(e.blocks_len)]))
 
 
-def kv_state_fields(kv: list, iv) -> dict:
+def kv_state_fields(kv: list, iv, bv=None) -> dict:
     """The State's connector fields decoded from a model ({} without a connector)."""
     if not kv:
         return {}
@@ -221,6 +244,8 @@ def kv_state_fields(kv: list, iv) -> dict:
     deferred = tuple((iv(d.left), tuple(iv(b) for b in d.blocks[:iv(d.length)])) for d in s.deferred[:iv(s.deferred_len)])
     arrivals = tuple(iv(x) for x in s.arrivals[:iv(s.arrivals_len)])
     kept = {"arrivals": arrivals} if arrivals else {}       # under the priority policy priority_state.py's
+    if s.invalid:
+        kept["invalid_kv"] = frozenset(b for b, x in enumerate(s.invalid) if bv(x))
     return dict(kv_holding=tuple(iv(x) for x in s.holding[:iv(s.holding_len)]), deferred_frees=deferred, **kept)
 
 

@@ -44,6 +44,7 @@ from flightcheck.verification.z3.encoding.kv_state import (  # noqa: F401  (NotR
     kv_offer_of,
     kv_request_fields,
     kv_state_fields,
+    with_kv_identity,
     refuse_unencoded_connector,
 )
 from flightcheck.verification.z3.encoding.lora import lora_request_fields, refuse_other_lora, refuse_unencoded_lora
@@ -523,13 +524,13 @@ def decode(layout: Layout, m: z3.ModelRef, f: SState) -> State:
     pool = BlockPool(tuple(iv(c) for c in f.pool.ref), labels,
                      tuple(iv(b) for b in f.pool.free[:iv(f.pool.free_len)]),
                      duplicates_of(labels, [iv(x) for x in f.pool.copy_rank]))
-    return unw_state(layout, f.unw, iv, State(requests=tuple(reqs), waiting=tuple(iv(x) for x in f.waiting[:iv(f.waiting_len)]),
+    return unw_state(layout, f.unw, iv, with_kv_identity(layout, State(requests=tuple(reqs), waiting=tuple(iv(x) for x in f.waiting[:iv(f.waiting_len)]),
                  running=tuple(iv(x) for x in f.running[:iv(f.running_len)]),
                  in_flight=tuple(in_flight), pool=pool,
                  scheduled_ids=frozenset(r for r in range(layout.N) if bv(f.scheduled[r])),
-                 **{**kv_state_fields(f.kv, iv), **prio_state_fields(f.prio, iv)},     # priority's arrivals win
+                 **{**kv_state_fields(f.kv, iv, bv), **prio_state_fields(f.prio, iv)},     # priority's arrivals win
                  **session_state_fields(f.sess, iv), **rp_state_fields(f.rp, iv), **grammar_state_fields(f.grammar, bv),
-                 **cad_state_fields(f.cad, iv, bv)))
+                 **cad_state_fields(f.cad, iv, bv))))
 
 
 def dump(m: z3.ModelRef, f: SState) -> str:
