@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_run_faults import LEFT_AFTER_S, _descendants, _left_after
+from .test_run_faults import LEFT_AFTER_S, STARTUP_HANG_S, _descendants, _left_after, answer_stop_signals
 
 
 def _lines(path: Path) -> int:
@@ -30,11 +30,14 @@ def test_a_stop_signal_ends_bench_with_one_line_a_whole_trace_and_nothing_left(t
     trace = tmp_path / "b.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "flightcheck.cli", "bench", "--pp", "2", "--num-prompts",
                              "400", "--trace", str(trace)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=answer_stop_signals)
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + STARTUP_HANG_S
         while _lines(trace) < 50 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
+        # the signal must find bench running its workload (50 events written), not starting or done
+        assert proc.poll() is None and _lines(trace) >= 50, \
+            f"bench wrote {_lines(trace)} trace lines, exit code {proc.poll()}, before the signal"
         pids = _descendants(proc.pid)
         os.kill(proc.pid, signum)
         _, err = proc.communicate(timeout=60)

@@ -30,6 +30,12 @@ pytestmark = [pytest.mark.usefixtures("both_checkers"),     # checks traces: bot
 # Long enough a run that it is still generating when the test acts on it.
 LONG_RUN = ["--pp", "3", "--num-prompts", "6", "--max-tokens", "400", "--max-model-len", "512"]
 LEFT_AFTER_S = 2.0                   # no process of the run may be left this long after the driver
+# A guard against a run that never starts, not a bound on its start: the driver
+# and its stages each import torch and build the model, seconds on an idle host
+# and minutes on a busy one (about 2 min for one torch import under
+# `nice -n 10` at load 15 to 18, 2026-12-07); the tests that stop a run need it
+# generating first, however long that takes.
+STARTUP_HANG_S = 600.0
 
 
 @dataclass
@@ -52,10 +58,21 @@ class Run:
                 pass
 
 
+def answer_stop_signals() -> None:
+    """Popen's preexec_fn: the driver starts with SIGTERM and SIGHUP at their
+    default action, whatever the suite's own. Under `nohup` (a suite run in
+    the background) SIGHUP is ignored, the driver inherits that, and
+    flightcheck keeps a stop signal it was started ignoring ignored
+    (commands/stop_signals.py): the SIGHUP cases would test nohup, not the
+    driver's answer, and their driver would run on past the signal."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def _start(*argv: str) -> Run:
     cmd = [sys.executable, "-m", "flightcheck.cli", "run", *argv]
     run = Run(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True))
+                               start_new_session=True, preexec_fn=answer_stop_signals))
 
     def read() -> None:
         for line in run.proc.stderr:
@@ -70,7 +87,7 @@ def _start(*argv: str) -> Run:
 def _start_generating(tmp_path: Path) -> tuple[Run, list[int]]:
     """A long run once it generates, and every process under its driver."""
     run = _start(*LONG_RUN, "--trace", str(tmp_path / "t.jsonl"))
-    assert run.generating.wait(120.0), "".join(run.lines)
+    assert run.generating.wait(STARTUP_HANG_S), "".join(run.lines)
     return run, _descendants(run.proc.pid)
 
 
@@ -358,7 +375,7 @@ def _maps_libtorch(pid: int) -> bool:
 def test_ctrl_c_mid_run_writes_the_chrome_trace_from_the_partial_trace(tmp_path):
     chrome = tmp_path / "t.chrome.json"
     run = _start(*LONG_RUN, "--trace", str(tmp_path / "t.jsonl"), "--chrome-trace", str(chrome))
-    assert run.generating.wait(120.0), "".join(run.lines)
+    assert run.generating.wait(STARTUP_HANG_S), "".join(run.lines)
     pids = _descendants(run.proc.pid)
     try:
         os.killpg(run.proc.pid, signal.SIGINT)

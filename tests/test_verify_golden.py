@@ -21,6 +21,8 @@ import pytest
 
 from flightcheck.cli import main
 
+from .cpu_time import cpu_seconds
+
 GOLDEN = Path(__file__).parent / "golden" / "verify-before-layout-move.json"
 RENAMED = {"S7_fates_only_age": "S13_fates_only_age",
            "L2_every_run_terminates": "L4_every_run_terminates"}
@@ -49,14 +51,25 @@ def test_explicit_rows_and_mutant_kills_equal_the_golden_file(capsys):
     assert got_kills == want_kills
 
 
+# What the default `flightcheck verify --json` costs: 157 s of CPU, the driver
+# and its two workers together (154.8 s user + 1.8 s sys, 2026-12-07,
+# /usr/bin/time; the README's 2 minutes are its wall time on an idle 2-core
+# machine). At load 16 to 19 under `nice -n 10` the same run took 1,654 s of
+# wall time, past the old wall-time bound of 300 s: that bound measured the
+# host. The bound is on the CPU, about twice the cost, so that it catches a
+# regression of several times and not a busy host.
+VERIFY_CPU_LIMIT_S = 320
+
+
 def test_the_default_run_equals_the_golden_file_in_under_two_minutes(capsys):
     want = comparable(json.loads(GOLDEN.read_text()))
+    before = cpu_seconds()
     report = verify_json(capsys)
+    cpu = cpu_seconds() - before
     assert comparable(report) == want
     assert report["ok"]
-    # The 2-minute figure is measured on an idle 2-core machine (README); this
-    # bound only catches a regression of several times, not load from a busy host.
-    assert report["seconds"] < 300, f"flightcheck verify took {report['seconds']:.0f} s"
+    assert cpu < VERIFY_CPU_LIMIT_S, \
+        f"flightcheck verify took {cpu:.0f} s of CPU ({report['seconds']:.0f} s of wall time)"
 
 
 @pytest.mark.parametrize("old,new", sorted(RENAMED.items()))
