@@ -47,6 +47,19 @@ tests/data/vllm/hunt409 as 04x_<seed>_..., x the release's minor: 044 for
   forms nothing). It now reads the state past the calls that only move a
   wait on (`_past_waits_moved`); the ground truth (`left_to_clients`)
   names nothing.
+* A check-trace false rejection, 0.33.0 sync: seed 409 index 108
+  (`--versions 0.33.0 --all-features --stages 2`; a consumer connector
+  under the recompute policy, `max_loras` 1, the prefill cadence at interval
+  2). r1's async load fails whole and lands while r0 (another LoRA) runs;
+  the empty schedule() call that follows promotes r1 (its table freed, so
+  0.33.0 `Scheduler.schedule`'s `skip_request` puts it back in `waiting`,
+  not `kv_holding_waiting`) and skips it for the LoRA cap. The checker took
+  that call's `waiting` order (`_reorder_at_empty_calls`, which the cadence
+  and grammars turn on) with r1 in it while its own promotion
+  (`_promote_at_empty_calls`) left r1 in kv_holding: r1 in both queues, a
+  false S10 at line 14. The reorder now keeps `waiting`'s own members
+  (verification/traces/replay.py `reordered_waiting`); the ground truth
+  names nothing and the run ends done.
 """
 
 from __future__ import annotations
@@ -58,6 +71,7 @@ import pytest
 from flightcheck.verification.traces.check import check_trace
 from flightcheck.verification.traces.lasso import quiet_completion
 from flightcheck.verification.traces.reading import read_trace_file
+from flightcheck.verification.traces.replay import reordered_waiting
 from flightcheck.vllm.livelock_recording import loud_event
 from flightcheck.vllm.replay import findings
 
@@ -70,6 +84,7 @@ HUNT = DATA / "hunt409"
 DROPPED_LASSO = KeptCase(HUNT / "044_403_async_dropped_token_and_drafts_lasso_beside_a_parked_session_seed403_48")
 SEND_HOLDS = KeptCase(HUNT / "044_405_async_preempted_twice_for_a_block_a_send_holds_seed405_125")
 PROMOTED_AT_END = KeptCase(HUNT / "043_409_sync_grammar_promoted_behind_a_parked_session_at_the_end_seed409_106")
+LOAD_PROMOTED_EMPTY = KeptCase(HUNT / "043_409_sync_failed_load_promoted_at_an_empty_call_under_the_lora_cap_seed409_108")
 
 
 def test_the_kept_trace_goes_round_admit_sample_preempt_with_the_token_dropped() -> None:
@@ -158,6 +173,27 @@ def test_check_trace_takes_a_grammar_promotion_that_admits_nothing_for_the_clien
     assert checked.ok, checked
 
 
+def test_an_empty_call_that_promotes_a_failed_load_leaves_it_in_one_queue() -> None:
+    events = read_trace_file(str(LOAD_PROMOTED_EMPTY.trace))
+    assert (events[0]["max_loras"], events[0]["prefill_schedule_interval"]) == (1, 2)
+    failed = next(i for i, e in enumerate(events) if e["ev"] == "kv_failed" and e["req"] == "r1")
+    assert (events[failed + 1]["ev"], events[failed + 1]["req"]) == ("kv_received", "r1")
+    assert any(n["ev"] == "schedule" for n in events[13]["empty_batches_before"])   # line 14's note
+    result = LOAD_PROMOTED_EMPTY.result()
+    assert (result["ending"], findings(result)) == ("done", [])
+    checked = check_trace(LOAD_PROMOTED_EMPTY.trace)
+    assert checked.ok, checked
+
+
+@pytest.mark.parametrize("waiting, scheduled, kept", [
+    ((), (0,), ()),                       # promoted out of kv_holding by the call: not the reorder's
+    ((2, 1), (1, 0, 2), (1, 2)),          # the call's order, its own members
+    ((3, 1), (1,), (1, 3))])              # a member the call's queue lacks stays, after
+def test_the_reorder_at_an_empty_call_keeps_waiting_s_own_members(waiting: tuple, scheduled: tuple,
+                                                                   kept: tuple) -> None:
+    assert reordered_waiting(waiting, scheduled) == kept
+
+
 # --- on vLLM itself (slow): the kept workload, the ground truth and check-trace together
 
 
@@ -189,4 +225,12 @@ def test_vllm_waits_on_the_send_and_the_ground_truth_names_no_loop(running: Work
 def test_vllm_leaves_r2_behind_the_parked_session_and_check_trace_accepts_it(running: Workers) -> None:
     replayed = replay_kept_workload(running["0.33.0"], PROMOTED_AT_END, "0.33.0")
     assert replayed.result["batches"] == PROMOTED_AT_END.result()["batches"]
+    assert replayed.category == "accepted, correct run", replayed.detail
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_skips_the_promoted_load_for_the_lora_cap_and_check_trace_accepts_it(running: Workers) -> None:
+    replayed = replay_kept_workload(running["0.33.0"], LOAD_PROMOTED_EMPTY, "0.33.0")
+    assert replayed.result["batches"] == LOAD_PROMOTED_EMPTY.result()["batches"]
     assert replayed.category == "accepted, correct run", replayed.detail

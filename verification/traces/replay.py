@@ -255,7 +255,7 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
                 want = self._fmt([(self._name(e.req), e.start, e.n, e.cached, e.drafts) for e in scheduled.entries])
                 raise _Violation("schedule_decision", f"the trace notes an empty schedule() call where the "
                                  f"spec schedules {want or 'a preemption'}")
-            self.state = replace(self.state, waiting=scheduled.state.waiting)
+            self.state = replace(self.state, waiting=reordered_waiting(self.state.waiting, scheduled.state.waiting))
             if self.cadenced:
                 self.state = cadence.carry_empty_call(self.state, scheduled.state)
 
@@ -534,3 +534,13 @@ class TraceChecker(AsyncScheduling, EngineSteps, DraftHandOff, ConnectorEvents, 
                          f"would schedule {would if nxt.entries else 'a preemption'}: "
                          "the scheduler stalled")
 
+
+
+def reordered_waiting(waiting: tuple[int, ...], scheduled: tuple[int, ...]) -> tuple[int, ...]:
+    """`waiting` in the order an empty schedule() call left it (`scheduled`),
+    its own members only: a landed load that call promoted out of kv_holding
+    is `_promote_at_empty_calls`' (connector.py) to take, not a second copy
+    beside its kv_holding place (seed 409 index 108, 0.33.0: a false S10)."""
+    members = set(waiting)
+    order = tuple(r for r in scheduled if r in members)
+    return order + tuple(r for r in waiting if r not in set(order))
