@@ -124,3 +124,41 @@ def test_k_induction_keeps_pr1_and_pa1_pa3_but_not_kvu1_kvu2_so_kv8_stays_unknow
                         "PA2_well_formed_but_the_blocks": "proved", "PA3_queues_match_statuses": "proved",
                         "KVU1_nothing_unwritten": "unknown", "KVU2_cached_blocks_computed": "unknown",
                         KV8: "unknown"}
+
+
+@pytest.mark.slow
+def test_the_block_candidates_hold_on_every_state_of_the_fixed_model():
+    """The strengthening offered to KV8's proof (unwritten_engines.BLOCK_CANDIDATES,
+    with WF_encoding) is true of every reachable state of prio-unwritten-k3 under the
+    fix: where the Houdini loop drops one, it is for want of a stronger invariant, not
+    because the conjunct is false."""
+    from flightcheck.verification.z3.kv_engines import WF, _on
+    from flightcheck.verification.z3.unwritten_engines import BLOCK_CANDIDATES
+    (model,) = PRIORITY_UNWRITTEN_MODELS["vllm-0.34-unwritten-kv-fixed"]
+    system, names, broken, states = System(model), [WF, *BLOCK_CANDIDATES], {}, 0
+    for s in reachable(model):
+        c, states = system.constant(s), states + 1
+        for name in names:
+            if not z3.is_true(z3.simplify(_on(system, name, c))):
+                broken[name] = broken.get(name, 0) + 1
+    assert states == 1572 and broken == {}
+
+
+@pytest.mark.slow
+def test_without_the_in_flight_sums_wf_and_s9_fall_on_schedule_so_kv8_stays_unknown():
+    """The gap with a block strengthening (docs/proofs.md, "KV8": the third row):
+    without IF1/IF2 and S2, WF_encoding and S9 have counterexamples to induction
+    under `schedule` on frames whose counters no run reaches; KVU1 falls with
+    them and KV8 stays unknown. Flip this test when KV8 is proved."""
+    from flightcheck.verification.z3.kv_engines import CANDIDATE
+    from flightcheck.verification.z3.unwritten_engines import BLOCK_CANDIDATES, unwritten_induction
+    (model,) = PRIORITY_UNWRITTEN_MODELS["vllm-0.34-unwritten-kv-fixed"]
+    offered = tuple(n for n in BLOCK_CANDIDATES
+                    if n not in {CANDIDATE + "S2_length_cap", CANDIDATE + "IF1_in_flight_counter",
+                                 CANDIDATE + "IF2_stale_counter"})
+    rows = {p.name: p for p in unwritten_induction(model, strengthening=offered, with_wf=True).properties}
+    assert rows["WF_encoding"].status == "unknown" and "under action 1 " in rows["WF_encoding"].message
+    assert rows[CANDIDATE + "S9_kv_ownership"].status == "unknown"
+    assert rows["KVU1_nothing_unwritten"].status == "unknown" and rows[KV8].status == "unknown"
+    assert all(rows[n].status == "proved" for n in ("PR1_waiting_in_priority_order", "PA1_arrived_iff_placed",
+                                                   "PA2_well_formed_but_the_blocks", "PA3_queues_match_statuses"))
