@@ -15,6 +15,18 @@ vLLM's own state"), independently of the checker.
   its sampling entries is in flight (a position sampled twice), an entry
   of fewer than 0 tokens, or one reaching past max_model_len (0.8.4, which
   does not clip drafts to it): rejected at that `schedule` event (the spec drops such drafts, as vLLM 0.33 does);
+* a batch computing on KV a failed load left invalid, or a prefix hit on
+  KV no batch wrote (`kv_computed_on_invalid_kv`, `hits_on_unwritten_kv`):
+  rejected at that `schedule` event (KV7, KV8);
+* a livelock the ground truth names (`admission_livelocks`: a request
+  preempted again from a state that came back with only the scheduler's
+  own work between, flightcheck/vllm/livelock_recording.py): rejected at
+  or after the first `schedule` that preempts a request of the loop, where
+  check-trace's L4 closes the lasso;
+* a counter vLLM let go negative or out of step with the batches in flight
+  (`negative_counters`, `in_flight_counter_mismatches`), or a stall an
+  input ended (the replay's `stalls`): rejected somewhere, the ground
+  truth's step being where vLLM shows it, not where it began;
 * with several of these, at the first of them, not before;
 * a trace numbering engine steps (`engine_step`): the first event after
   the engine waited for input with batches in flight (E-a), and the
@@ -96,13 +108,23 @@ def expected_verdict(result: dict[str, Any], events: list[dict[str, Any]]) -> Ex
             exact.append(again[0])
     schedules = {e.get("step"): i for i, e in enumerate(events) if e["ev"] == "schedule"}
     for record in (truth.get("leftover_drafts", []) + truth.get("double_samples", [])
-                   + truth.get("negative_schedules", []) + truth.get("beyond_max_model_len", [])):
+                   + truth.get("negative_schedules", []) + truth.get("beyond_max_model_len", [])
+                   + truth.get("kv_computed_on_invalid_kv", []) + truth.get("hits_on_unwritten_kv", [])):
         if record.get("step") in schedules:
             exact.append(schedules[record["step"]])
     exact.extend(_engine_choices(result, events))
     last = len(events) - 1
     if exact:
         return Expected("bug", min(exact), min(exact))    # at the event of the first bug, not before it
+    looping = {loop["req"] for loop in truth.get("admission_livelocks", [])}
+    if looping:                                           # L4 closes the lasso after a first round
+        first = next((i for i, e in enumerate(events) if e["ev"] == "schedule"
+                      and looping & set(e.get("preempted", []))), 0)
+        return Expected("bug", first, last)
+    if truth.get("negative_counters") or truth.get("in_flight_counter_mismatches"):
+        return Expected("bug", None, last)                # a counter gone wrong: the checker's IF rules
+    if result.get("stalls"):                              # a stall an input ended (run_endings.py): L2
+        return Expected("stuck", None, last)
     if result["ending"] == "exception":
         return Expected("exception", None, last)          # the trace stops where vLLM raised
     if result["ending"] == "stuck" and result.get("left_to_clients"):
