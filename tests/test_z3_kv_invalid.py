@@ -32,7 +32,7 @@ from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.kv_models import KV_INVALID_K2
 from flightcheck.verification.z3.encoding.crosscheck import CrossChecker, CrossReport, concrete_successors
 from flightcheck.verification.z3.encoding.actions import SCHEDULE
-from flightcheck.verification.z3.encoding.kv_invalid import kv7_no_compute_on_invalid_kv, kva10_invalid_kv_quarantined
+from flightcheck.verification.z3.encoding.kv_invalid_formulas import kv7_no_compute_on_invalid_kv, kva10_invalid_kv_quarantined
 from flightcheck.verification.z3.encoding.kv_state import refuse_unencoded_connector
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.kv_engines import WF, kv_properties

@@ -27,7 +27,7 @@ from flightcheck.verification.priority_models import PRIORITY_UNWRITTEN_MODELS
 from flightcheck.verification.z3.encoding.actions import SCHEDULE
 from flightcheck.verification.z3.encoding.crosscheck import CrossChecker, CrossReport, reachable
 from flightcheck.verification.z3.encoding.system import System
-from flightcheck.verification.z3.encoding.unwritten import UNWRITTEN_AUXILIARY, UNWRITTEN_STEP_FORMULAS
+from flightcheck.verification.z3.encoding.unwritten_formulas import UNWRITTEN_AUXILIARY, UNWRITTEN_STEP_FORMULAS
 
 KV8 = "KV8_no_hit_on_unwritten_kv"
 

@@ -22,7 +22,7 @@ import z3
 from flightcheck.spec import transition_properties_for
 from flightcheck.verification.models import Model
 from flightcheck.verification.mutants import applied
-from flightcheck.verification.z3.encoding.kv_invalid import KV7_AUXILIARY, KV7_STEP_FORMULAS
+from flightcheck.verification.z3.encoding.kv_invalid_formulas import KV7_AUXILIARY, KV7_STEP_FORMULAS
 from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY
 from flightcheck.verification.z3.encoding.system import System
 from flightcheck.verification.z3.kv_engines import KV_CANDIDATES, WF, _on, _spec_breaks, kv_bmc, kv_induction

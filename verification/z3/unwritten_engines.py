@@ -22,7 +22,7 @@ import time
 from flightcheck.verification.models import Model
 from flightcheck.verification.results import kind_of
 from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY
-from flightcheck.verification.z3.encoding.unwritten import UNWRITTEN_AUXILIARY, UNWRITTEN_STEP_FORMULAS
+from flightcheck.verification.z3.encoding.unwritten_formulas import UNWRITTEN_AUXILIARY, UNWRITTEN_STEP_FORMULAS
 from flightcheck.verification.z3.kv_engines import CANDIDATE, kv_induction
 from flightcheck.verification.z3.kv_engines import step_consequences as kv_step_consequences
 from flightcheck.verification.z3.results import EngineResult

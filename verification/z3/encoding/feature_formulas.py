@@ -16,11 +16,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from flightcheck.verification.z3.encoding.cadence_invariants import CAD_AUXILIARY
-from flightcheck.verification.z3.encoding.kv_invalid import KV7_AUXILIARY
+from flightcheck.verification.z3.encoding.kv_invalid_formulas import KV7_AUXILIARY
 from flightcheck.verification.z3.encoding.kv_invariants import KV_AUXILIARY, KV_FORMULAS
 from flightcheck.verification.z3.encoding.lora_invariants import LORA_AUXILIARY, LORA_FORMULAS
 from flightcheck.verification.z3.encoding.session_invariants import SESSION_AUXILIARY, SESSION_FORMULAS
-from flightcheck.verification.z3.encoding.unwritten import UNWRITTEN_AUXILIARY
+from flightcheck.verification.z3.encoding.unwritten_formulas import UNWRITTEN_AUXILIARY
 from flightcheck.verification.z3.encoding.priority_invariants import (PRIORITY_AUXILIARY, PRIORITY_FORMULAS,
                                                                     PRIORITY_KV_AUXILIARY)
 from flightcheck.verification.z3.encoding.priority_session_invariants import (PRIORITY_SESSION_AUXILIARY,

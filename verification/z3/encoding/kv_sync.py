@@ -31,7 +31,8 @@ from flightcheck.verification.z3.encoding import blocks as zb
 from flightcheck.verification.z3.encoding.allocation import blocks_for, cache_full_blocks, candidate, concat
 from flightcheck.verification.z3.encoding.kv_state import L_NONE, PAD, kv_offer
 from flightcheck.verification.z3.encoding.requests import label_at, req_at, with_counters, with_req
-from flightcheck.verification.z3.encoding.state import LIVE, RUNNING, SUPERSEDED, Layout, SState
+from flightcheck.verification.z3.encoding.state import (F_ABORTED, F_ERROR, F_LENGTH, F_STOPPED, LIVE, RUNNING,
+                                                        SUPERSEDED, Layout, SState)
 from flightcheck.verification.z3.encoding.terms import (
     V,
     Builder,
@@ -65,14 +66,13 @@ def connector_offer(layout: Layout, st: SState, r: Any, tokens: Any, local: Any)
     """kv_loads.connector_offer: (external tokens, async). Asked once (load
     NONE); an async hit takes the tokens past the local hit, a sync one
     those short of the last token, block aligned."""
-    from flightcheck.verification.z3.encoding.connector import load_at
     from flightcheck.verification.z3.encoding.reset_pause_state import offered_by_prompt
     bs = layout.cfg.block_size
     offers = [kv_offer(layout, k, True) for k in range(layout.N)]
     hits = [ite(offered_by_prompt(layout, st, k), V(o["external_hit"]), V(0)) for k, o in enumerate(offers)]
     hit = ite(eq(req_at(st, r).status, 0), V(0), pick(hits, r, V(0)))      # 0 once a reset took it
     is_async = pick([z3.BoolVal(o["load_async"]) for o in offers], r, z3.BoolVal(False))
-    asks = conj(eq(load_at(st, r), L_NONE), lt(0, hit))
+    asks = conj(eq(pick(st.kv[0].load, r), L_NONE), lt(0, hit))     # connector.load_at (which imports this module)
     async_external = imax(V(0), imin(hit, tokens - local))
     sync_external = div_const(imax(V(0), imin(hit, tokens - 1 - local)), bs) * bs
     external = ite(is_async, async_external, sync_external)
@@ -330,7 +330,6 @@ def _fail_finished(layout: Layout, s: SState, r: int, from_block: Any) -> tuple[
     output's failures are; with none, the report still marks the blocks
     (KV7's models) and under the fix evicts them. Any table index names a
     block (out of the load's range: no block)."""
-    from flightcheck.verification.z3.encoding.connector import _FINISHED
     e = load_entry(s, r, live_only=False)
     within, end = load_blocks(layout, e, from_block)
     invalid = [conj(within, x) for x in finished_invalid(layout, s, r, from_block, end)]
@@ -340,7 +339,7 @@ def _fail_finished(layout: Layout, s: SState, r: int, from_block: Any) -> tuple[
         st = uncache(layout, st, evicted)
     acts = z3.BoolVal(quarantine or layout.cfg.check_invalid_kv)
     max_blocks = -(-layout.cfg.max_model_len // layout.cfg.block_size)
-    guard = conj(disj(*[eq(s.reqs[r].status, c) for c in _FINISHED]), e.found, le(0, from_block),
+    guard = conj(disj(*[eq(s.reqs[r].status, c) for c in (F_STOPPED, F_LENGTH, F_ABORTED, F_ERROR)]), e.found, le(0, from_block),
                  lt(from_block, max_blocks), disj(acts, _holds_any(layout, s, invalid)))
     return guard, mark_invalid(report_taken(layout, st, r), invalid)
 

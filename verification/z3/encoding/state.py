@@ -85,7 +85,7 @@ from flightcheck.verification.z3.encoding.session_state import (
     session_state_fields,
 )
 from flightcheck.verification.z3.encoding.terms import V, leaves, value_of, var
-from flightcheck.verification.z3.encoding.unwritten import (refuse_unencoded_unwritten, unw_constant, unw_frame,
+from flightcheck.verification.z3.encoding.unwritten_frame import (refuse_unencoded_unwritten, unw_constant, unw_frame,
                                                             unw_state)
 
 STATUS: tuple[Status, ...] = (Status.NEW, Status.WAITING, Status.RUNNING, Status.PREEMPTED,
