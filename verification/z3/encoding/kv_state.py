@@ -87,6 +87,8 @@ def refuse_unencoded_connector(model) -> None:
         why.append("synchronous loads under the fail policy")
     if (sync or cfg.prefix_caching) and (any(loads_async) or kv.producer):     # kv_sync.py's shape
         why.append("asynchronous loads or a producer beside synchronous loads or prefix caching")
+    if (sync or cfg.prefix_caching) and cfg.reset_and_pause:     # a reset uncaches outside schedule: not in kv_sync.py
+        why.append("synchronous loads or prefix caching beside reset and pause")
     if cfg.num_spec_tokens or rules.output_placeholders:
         why.append("drafts or asynchronous scheduling")
     if not cfg.enable_chunked_prefill or cfg.cache_aware_admission_window:
