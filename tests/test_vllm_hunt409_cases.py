@@ -214,23 +214,13 @@ def test_vllm_goes_round_the_lasso_again_and_both_name_it(running: Workers) -> N
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_vllm_waits_on_the_send_and_the_ground_truth_names_no_loop(running: Workers) -> None:
-    replayed = replay_kept_workload(running["0.34.0"], SEND_HOLDS, "0.34.0", asynchronous=True)
-    assert replayed.result["batches"] == SEND_HOLDS.result()["batches"]
-    assert replayed.category == "accepted, correct run", replayed.detail
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_vllm_leaves_r2_behind_the_parked_session_and_check_trace_accepts_it(running: Workers) -> None:
-    replayed = replay_kept_workload(running["0.33.0"], PROMOTED_AT_END, "0.33.0")
-    assert replayed.result["batches"] == PROMOTED_AT_END.result()["batches"]
-    assert replayed.category == "accepted, correct run", replayed.detail
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_vllm_skips_the_promoted_load_for_the_lora_cap_and_check_trace_accepts_it(running: Workers) -> None:
-    replayed = replay_kept_workload(running["0.33.0"], LOAD_PROMOTED_EMPTY, "0.33.0")
-    assert replayed.result["batches"] == LOAD_PROMOTED_EMPTY.result()["batches"]
+@pytest.mark.parametrize("case, version, asynchronous", [
+    (SEND_HOLDS, "0.34.0", True),            # vLLM waits on the send; the ground truth names no loop
+    (PROMOTED_AT_END, "0.33.0", False),      # r2 left behind the parked session
+    (LOAD_PROMOTED_EMPTY, "0.33.0", False),  # the promoted load skipped for the LoRA cap
+], ids=["send_holds", "promoted_at_end", "load_promoted_empty"])
+def test_vllm_replays_the_correct_run_batch_for_batch_and_check_trace_accepts_it(
+        running: Workers, case: KeptCase, version: str, asynchronous: bool) -> None:
+    replayed = replay_kept_workload(running[version], case, version, asynchronous=asynchronous)
+    assert replayed.result["batches"] == case.result()["batches"]
     assert replayed.category == "accepted, correct run", replayed.detail

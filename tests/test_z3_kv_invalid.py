@@ -30,7 +30,7 @@ from flightcheck.spec.kv_invalid import quarantined, schedule_reads
 from flightcheck.spec.transitions import FailKvLoad, Schedule
 from flightcheck.verification.explicit import search as explicit
 from flightcheck.verification.kv_models import KV_INVALID_K2
-from flightcheck.verification.z3.encoding.crosscheck import CrossChecker, CrossReport, concrete_successors
+from flightcheck.verification.z3.encoding.crosscheck import concrete_successors
 from flightcheck.verification.z3.encoding.actions import SCHEDULE
 from flightcheck.verification.z3.encoding.kv_invalid_formulas import kv7_no_compute_on_invalid_kv, kva10_invalid_kv_quarantined
 from flightcheck.verification.z3.encoding.kv_state import refuse_unencoded_connector
@@ -39,7 +39,7 @@ from flightcheck.verification.z3.kv_engines import WF, kv_properties
 from flightcheck.verification.z3.kv_invalid_engines import KV7, kv7_auxiliary, kv7_bmc, kv7_induction
 from flightcheck.verification.z3.kv_models import KV_INVALID_K1
 from flightcheck.verification.z3.profiles import profile_model
-from tests.test_z3_kv import _reachable
+from tests.test_z3_kv import _cross_check, _reachable
 
 FIXED = profile_model(KV_INVALID_K2, "vllm-0.34-invalid-kv-fixed")
 MODELS = (KV_INVALID_K2, FIXED)
@@ -54,13 +54,6 @@ def _kv7_states(model, count: int, seed: int = 0) -> list:
     sync load's entry in flight (its failure enabled)."""
     states = [s for s in _reachable(model) if s.invalid_kv or any(e.external for b in s.in_flight for e in b)]
     return random.Random(seed).sample(states, min(count, len(states)))
-
-
-def _cross_check(model, states) -> CrossReport:
-    checker, report = CrossChecker(model), CrossReport()
-    for s in states:
-        checker.check(s, report)
-    return report
 
 
 @pytest.mark.parametrize("model", MODELS, ids=_name)
