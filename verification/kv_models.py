@@ -162,6 +162,7 @@ KV_MUTANT_MODELS[KV_PROFILE] = {
     "shared_prefix_failure_skipped_pr37827": KV_SHARED_PREFIX,
     "send_reported_before_finish_pr26929": _CONNECTOR_MODELS["kv-send-k2"],
     "old_incarnation_transfer_reported_pr46014": _CONNECTOR_MODELS["kv-fence-k2"],
+    "load_reported_after_promotion_51786": KV_PARTIAL_LOAD,
     "remote_load_requested_after_preemption_pr53250": _CONNECTOR_MODELS["kv-fence-k2"],
     "failure_names_foreign_blocks": _CONNECTOR_MODELS["kv-load-fail-k2"],
     "load_reported_twice": _CONNECTOR_MODELS["kv-load-fail-k2"],

@@ -160,6 +160,21 @@ CONNECTOR_BUGS: tuple[Mutant, ...] = (
         _edit("kv_reports.receive_kv", "not req.load.in_transfer",
               "not req.load.in_transfer and req.status is not Status.PREEMPTED"),
         killed_by="C4_new_incarnation_new_state", shortest=12),
+    _kv("load_reported_after_promotion_51786",
+        "vLLM issue #51786 (open; unchanged in 0.34.0): MultiConnector.get_transfer_results unions its "
+        "children's finished_recving without counting them (it counts only sends, `_extra_async_saves`), "
+        "so with two consumer children (NixlConnector and LMCacheMPConnector) the same request's load is "
+        "reported again some steps after the first report promoted it to RUNNING, and "
+        "`_update_from_kv_xfer_finished` fails `assert RequestStatus.is_finished(req.status)`, killing "
+        "EngineCore. The edit fabricates that connector: it reports finished_recving again for a request "
+        "running on a promoted load, and the scheduler takes the report down the branch vLLM reaches past "
+        "its assertion (the table freed under a running request: `_free_blocks`)",
+        _edit("search.kv_reports", "q.load.in_transfer",
+              "q.load.in_transfer or (q.load_async and q.load.value == 'done' and q.status.value == 'RUNNING')"),
+        _edit("kv_reports.receive_kv", "not req.load.in_transfer",
+              "not req.load.in_transfer and not (req.load_async and req.load is Load.DONE "
+              "and req.status is Status.RUNNING)"),
+        killed_by="C3_report_once", shortest=5),
     _kv("remote_load_requested_after_preemption_pr53250",
         "vLLM PR #53250 (open): MoRIIO's get_num_new_matched_tokens ignored do_remote_prefill=False after "
         "the one-shot transfer, so a request preempted and scheduled again asked for the remote KV again; "
