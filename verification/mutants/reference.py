@@ -399,6 +399,13 @@ GRAMMAR: tuple[ReferenceMutant, ...] = (
             _edit("grammar.Grammars._mark_pending_structured_output",
                   "request.num_output_placeholders > 1 + len(entry.spec_token_ids)", "False"),
             profile="vllm-0.34-async"),
+    _mutant("failed_grammar_left_waiting_pr45012",
+            "a grammar whose compilation failed is never recorded as an error: its request waits for it "
+            "for ever, skipped by every waiting loop (vLLM PR #45012; handled since PR #47312)",
+            _edit("grammar.Grammars._blocked_on_grammar", """
+                  if request.grammar == FAILED:
+                      self.grammar_compile_error_reqs.add(request.request_id)""", ""),
+            profile="vllm-0.34-async"),
     _mutant("compiling_grammar_scheduled",
             "the waiting loop takes a request whose grammar still compiles for a ready one (synthetic)",
             _edit("grammar.Grammars._blocked_on_grammar", "request.grammar == READY",
