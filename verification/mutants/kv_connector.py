@@ -137,6 +137,17 @@ SCHEDULER_BUGS: tuple[Mutant, ...] = (
                            and q.prompt_labels[:from_block + 1] == labels for x, q in enumerate(state.requests))
               return state.with_request(r, num_computed=req.num_computed if shared else valid, load=Load.FAILED)"""),
         killed_by="KV3_rollback_restores_counters", shortest=4),
+    _kv("spec_step_blocks_not_reserved_pr57104",
+        "vLLM PR #57104 (merged 2026-09-16; in 0.33.0 and 0.34.0): with a KV connector and speculative "
+        "decoding (MTP), an async load was admitted into the free blocks less the other loads' "
+        "remaining blocks (`_inflight_prefill_reserved_blocks`), neither counting the blocks a decode "
+        "step's drafts need past the sequence (allocated only once the load has landed); two loads "
+        "filled the pool, the landed one could not allocate its first decode's blocks, the waiting loop "
+        "broke there, the other load could not be preempted, and the engine scheduled nothing for ever. "
+        "The edit takes the spec-decode step out of the reservation (`_spec_decode_step_blocks`, and "
+        "its share of `_request_remaining_blocks`)",
+        _edit("kv_loads.fits_beside_reservations", "step = lookahead.step_tokens(cfg)", "step = 0"),
+        killed_by="L2_no_deadlock", shortest=6),
 )
 
 # -- the connector's bugs: fabricated connectors ------------------------------------

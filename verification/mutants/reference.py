@@ -321,6 +321,16 @@ KV_CONNECTOR: tuple[ReferenceMutant, ...] = (
             "(vLLM issue #49250, open, unchanged in 0.34.0)",
             _edit("kv_transfer.KvTransfers._roll_back", "request.num_output_placeholders = 0", ""),
             profile="vllm-0.34-async"),
+    _mutant("spec_step_blocks_not_reserved_pr57104",
+            "with drafts, an async load is admitted without reserving a decode step's draft blocks "
+            "(`_spec_decode_step_blocks`, its share of `_request_remaining_blocks`): loads fill the pool "
+            "and the landed one can never allocate its first decode (vLLM PR #57104)",
+            _edit("kv_transfer.KvTransfers._remaining_blocks",
+                  "(1 + k + self.config.num_lookahead_tokens if k else 0)", "0"),
+            _edit("kv_transfer.KvTransfers._reserved_blocks",
+                  "return sum(self._remaining_blocks(r) for r in holders) + spec_step_blocks",
+                  "return sum(self._remaining_blocks(r) for r in holders)"),
+            profile="vllm-0.34-async"),
 )
 
 
