@@ -54,7 +54,7 @@ def test_each_grammar_mutant_is_killed_as_recorded(name: str) -> None:
 
 def test_the_issue_bugs_are_named_mutants() -> None:
     assert {n.rsplit("_", 1)[1] for n in GRAMMAR_MUTANTS if GRAMMAR_MUTANTS[n].kind == "historical"} == \
-        {"29379", "49694"}
+        {"29379", "49694", "pr45012"}
 
 
 def test_a_request_waits_for_its_grammar_and_a_failed_one_finishes_with_an_error() -> None:

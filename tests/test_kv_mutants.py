@@ -19,8 +19,9 @@ import pytest
 
 from flightcheck.spec.transitions import CONTRACT_PROPERTIES
 from flightcheck.verification.explicit import search as explicit
-from flightcheck.verification.kv_models import (KV_HEAD_OF_LINE, KV_MUTANT_MODELS, KV_PARTIAL_LOAD,
-                                                 KV_PREFIX_PRESSURE, KV_SHARED_PREFIX, kv_mutant_model)
+from flightcheck.verification.kv_models import (KV_HEAD_OF_LINE, KV_MTP_PRESSURE, KV_MUTANT_MODELS,
+                                                 KV_PARTIAL_LOAD, KV_PREFIX_PRESSURE, KV_SHARED_PREFIX,
+                                                 kv_mutant_model)
 from flightcheck.verification.mutants import (ALL_MUTANTS, KV_MUTANTS, MUTANTS, PROFILE_MUTANTS, kv_mutants_of,
                                              reference_applied)
 from flightcheck.verification.mutants.kv_connector import KV_PROFILE
@@ -31,6 +32,7 @@ from flightcheck.verification.results import SOMETIMES_NAMES, kind_of
 from flightcheck.verification import suite
 from flightcheck.verification.suite import SuiteOptions, hunt_mutant, run_suite
 from flightcheck.verification.traces.counterexample import broken_at, replay
+from flightcheck.reference.connector import KvOffer
 from tests.test_reference_kv import _random_run, add, make_run
 from tests.test_reference_kv import \
     test_a_landed_load_is_not_starved_by_a_blocked_plain_waiting_request as scenario_45388
@@ -41,6 +43,10 @@ pytestmark = pytest.mark.usefixtures("both_checkers")
 
 # The bugs issue 36 lists, by pull request or issue number.
 ISSUE_BUGS = {18232, 18631, 26929, 32255, 37827, 45357, 45388, 46014, 49250, 49674, 53250}
+# Found since, fixed or open upstream, by pull request.
+LATER_PR_BUGS = {57104}
+# Found since, open vLLM issues with no fix to name (`..._NNNNN`).
+OPEN_ISSUE_BUGS = {51786}
 # The kills, as the registry must record them (mutant -> property, length).
 KILLS = {
     "promotion_asks_connector_again_pr18232": ("C1_load_promised_once", 4),
@@ -52,19 +58,22 @@ KILLS = {
     "fenced_victim_preempted_pr49674": ("P_KV_preemption_frees", 10),
     "rollback_keeps_placeholders_pr49250": ("KV3_rollback_restores_counters", 3),
     "shared_prefix_failure_skipped_pr37827": ("KV3_rollback_restores_counters", 4),
+    "spec_step_blocks_not_reserved_pr57104": ("L2_no_deadlock", 6),
     "send_reported_before_finish_pr26929": ("C5_send_after_finish", 3),
     "old_incarnation_transfer_reported_pr46014": ("C4_new_incarnation_new_state", 12),
     "remote_load_requested_after_preemption_pr53250": ("C1_load_promised_once", 14),
     "failure_names_foreign_blocks": ("C2_reports_own_blocks", 3),
     "load_reported_twice": ("C3_report_once", 4),
+    "load_reported_after_promotion_51786": ("C3_report_once", 5),
 }
 
 
 def test_every_bug_of_the_issue_is_a_mutant_named_for_its_number():
     numbers = {int(m.group(1)) for name in KV_MUTANTS if (m := re.search(r"_pr(\d+)$", name))}
-    assert numbers == ISSUE_BUGS
-    assert all(KV_MUTANTS[n].kind == "historical" for n in KV_MUTANTS if re.search(r"_pr\d+$", n))
-    assert all(KV_MUTANTS[n].kind == "synthetic" for n in KV_MUTANTS if not re.search(r"_pr\d+$", n))
+    assert numbers == ISSUE_BUGS | LATER_PR_BUGS
+    assert {int(m.group(1)) for name in KV_MUTANTS if (m := re.search(r"_(\d+)$", name))} == OPEN_ISSUE_BUGS
+    assert all(KV_MUTANTS[n].kind == "historical" for n in KV_MUTANTS if re.search(r"_(pr)?\d+$", n))
+    assert all(KV_MUTANTS[n].kind == "synthetic" for n in KV_MUTANTS if not re.search(r"_(pr)?\d+$", n))
 
 
 def test_the_registry_records_each_kill_and_keeps_them_out_of_runs_without_a_connector():
@@ -105,7 +114,8 @@ def test_every_contract_clause_kills_a_fabricated_connector():
     assert all(kind_of(c) == "invariant" for c in clauses)
 
 
-@pytest.mark.parametrize("model", [KV_PARTIAL_LOAD, KV_PREFIX_PRESSURE, KV_SHARED_PREFIX, KV_HEAD_OF_LINE], ids=lambda m: m.name)
+@pytest.mark.parametrize("model", [KV_PARTIAL_LOAD, KV_PREFIX_PRESSURE, KV_SHARED_PREFIX, KV_HEAD_OF_LINE, KV_MTP_PRESSURE],
+                         ids=lambda m: m.name)
 def test_the_correct_spec_passes_on_the_models_of_the_kv_mutants_own(model):
     """(The connector's own models, the others' mutants are hunted on, are
     proved in tests/test_spec_kv_search.py, the contract included.)"""
@@ -179,7 +189,7 @@ REFERENCE_KILLS = {
 
 # ... and those a random run does not catch, by a scenario of their bug.
 REFERENCE_SCENARIO_KILLS = ("waiting_head_blocks_promotion_pr45388", "fenced_victim_preempted_pr49674",
-                            "rollback_keeps_placeholders_pr49250")
+                            "rollback_keeps_placeholders_pr49250", "spec_step_blocks_not_reserved_pr57104")
 
 
 def test_the_reference_has_its_kv_connector_mutants_and_they_are_not_fuzzed():
@@ -207,6 +217,32 @@ def test_the_reference_plain_head_first_starves_the_landed_load_of_the_45388_sce
     with reference_applied("waiting_head_blocks_promotion_pr45388"), pytest.raises(AssertionError) as caught:
         scenario_45388()
     assert '[("loaded", 15, 1, 0)]' in "".join(traceback.format_exception(caught.value))
+
+
+def _two_loads_with_a_draft_per_step(loads: list) -> None:
+    """vLLM PR #57104's scenario, scaled down: a draft per step, a pool of 3
+    blocks of 2, async loads of two whole prompts (2 blocks and 1), run to
+    its end; `loads` gets the loads the first schedule() admits."""
+    run = make_run(KV_PROFILE, num_spec_tokens=1, block_size=2, num_blocks=3, max_model_len=6,
+                   max_num_batched_tokens=4, max_num_seqs=2, enable_prefix_caching=False)
+    add(run, "a", 4, KvOffer(hit=4, load_async=True), max_tokens=1)
+    add(run, "b", 2, KvOffer(hit=2, load_async=True), max_tokens=1)
+    loads += run.schedule().kv_loads
+    run.run_to_end(60)
+
+
+def test_the_reference_without_the_draft_step_reservation_never_ends_57104():
+    """The reservation admits b's load only once a's decode blocks are free;
+    without the draft step's share both load at once, a lands and can never
+    allocate its first decode, b cannot be preempted: nothing runs again."""
+    loads: list = []
+    _two_loads_with_a_draft_per_step(loads)
+    assert loads == [("a", 4)]
+    loads = []
+    with reference_applied("spec_step_blocks_not_reserved_pr57104"), \
+            pytest.raises(AssertionError, match="the run did not end"):
+        _two_loads_with_a_draft_per_step(loads)
+    assert loads == [("a", 4), ("b", 2)]
 
 
 def _preemptions_put_aside() -> list[str]:

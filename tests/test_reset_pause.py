@@ -15,12 +15,14 @@ from flightcheck.spec.state import Fate, Status, initial_state
 from flightcheck.verification.explicit.search import search
 from flightcheck.verification.mutants import ALL_MUTANTS, MUTANTS, PROFILE_MUTANTS
 from flightcheck.verification.mutants.registry import RESET_PAUSE_MUTANTS
-from flightcheck.verification.reset_pause_models import RESET_PAUSE_K2, RESET_PAUSE_K2_ASYNC, reset_pause_mutant_model
+from flightcheck.verification.reset_pause_models import (RESET_DRAFTS_K2, RESET_PAUSE_K2, RESET_PAUSE_K2_ASYNC,
+                                                         reset_pause_mutant_model)
 from flightcheck.verification.suite import SOMETIMES_NAMES, hunt_mutant
 
 KILLS = {
     "placeholders_kept_on_preemption_pr38624": ("IA1_placeholders", 8),
     "reset_discards_drained_output_pr42117": ("RP2_reset_drops_in_flight", 4),
+    "stale_rejections_settled_pr46066": ("IA1_placeholders", 9),
     "pause_clear_cache_keeps_running_pr34382": ("RP2_reset_drops_in_flight", 3),
     "reset_delivers_stale_output": ("RP2_reset_drops_in_flight", 3),
     "drop_mode_output_applied": ("RP3_reset_output_never_applied", 4),
@@ -104,6 +106,15 @@ def test_pause_new_admits_no_waiting_request_not_even_a_preempted_one():
 def test_the_async_model_is_searched_exhaustively_without_a_violation():
     r = search(RESET_PAUSE_K2_ASYNC)
     assert r.complete and r.num_states == 28716
+    assert not r.violations and all(r.liveness.values())
+
+
+def test_the_drafts_model_is_searched_exhaustively_without_a_violation():
+    """reset-drafts-k2, the model #46066 is hunted on (a draft-carrying decode
+    in flight at a reset, the request resumed beside it): every property of
+    vllm-0.34-async holds under the fix, liveness included."""
+    r = search(RESET_DRAFTS_K2)
+    assert r.complete and r.num_states == 2190
     assert not r.violations and all(r.liveness.values())
 
 

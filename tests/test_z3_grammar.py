@@ -136,8 +136,9 @@ def test_k_induction_proves_g1_g3() -> None:
 
 def test_verify_structured_output_searches_hunts_and_refuses_other_profiles() -> None:
     """`flightcheck verify --profile vllm-0.34-async --structured-output --no-z3`:
-    both grammar models searched, every property proved, the four grammar
-    mutants killed (the historical ones by G3); 0.8.x has no structured output."""
+    both grammar models searched, every property proved, the five grammar
+    mutants killed (#29379's and #49694's by G3, #45012's failed grammar left
+    waiting by L2); 0.8.x has no structured output."""
     from flightcheck.cli import main
     from flightcheck.verification.suite import SuiteOptions, run_suite
 
@@ -147,7 +148,8 @@ def test_verify_structured_output_searches_hunts_and_refuses_other_profiles() ->
     assert kills == {"stale_fsm_bitmask_29379": ("G3_fsm_never_refuses", 6),
                      "illegal_draft_verified_49694": ("G3_fsm_never_refuses", 6),
                      "compiling_grammar_scheduled": ("G1_no_run_while_compiling", 2),
-                     "fsm_advanced_by_drafts_scheduled": ("G2_fsm_tracks_output", 6)}
+                     "fsm_advanced_by_drafts_scheduled": ("G2_fsm_tracks_output", 6),
+                     "failed_grammar_left_waiting_pr45012": ("L2_no_deadlock", 2)}
     grammar_rows = [p for p in report["properties"] if p["name"] in GRAMMAR_NAMES]
     assert len(grammar_rows) == 6 and all(p["kind"] == "invariant" and p["status"] == "proved" for p in grammar_rows)
     assert main(["verify", "--profile", "vllm-0.8.5", "--structured-output"]) == 2

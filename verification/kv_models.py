@@ -145,6 +145,20 @@ KV_HEAD_OF_LINE = Model(
     allow_stop=False, allow_abort=False, skip_targets=_MUTANT_SKIPPED,
 )
 
+# Speculative decoding (a draft per step) beside two async loads of whole
+# prompts (2 blocks and 1) in a pool of 3: under vLLM's reservation the
+# second load waits for the first's decode blocks; without the draft step's
+# share of it both load, and the landed one cannot allocate its first decode
+# (vLLM PR #57104's deadlock).
+KV_MTP_PRESSURE = Model(
+    "kv-mtp-pressure",
+    Config(num_stages=2, max_num_batched_tokens=4, max_num_seqs=2, block_size=2, num_blocks=3,
+           max_model_len=6, num_spec_tokens=1, prefix_caching=False, profile=KV_PROFILE,
+           kv_connector=KvConnector()),
+    (_kv(4, 1, 4, load_async=True), _kv(2, 1, 2, load_async=True)),
+    allow_stop=False, allow_abort=False, skip_targets=_MUTANT_SKIPPED,
+)
+
 _CONNECTOR_MODELS = {m.name.split("@")[0]: m for m in KV_PROFILE_MODELS[KV_PROFILE]}
 
 # The connector's mutants and the model each is hunted on, per profile:
@@ -160,8 +174,10 @@ KV_MUTANT_MODELS[KV_PROFILE] = {
     "fenced_victim_preempted_pr49674": _CONNECTOR_MODELS["kv-fence-k2"],
     "rollback_keeps_placeholders_pr49250": _CONNECTOR_MODELS["kv-load-fail-k2"],
     "shared_prefix_failure_skipped_pr37827": KV_SHARED_PREFIX,
+    "spec_step_blocks_not_reserved_pr57104": KV_MTP_PRESSURE,
     "send_reported_before_finish_pr26929": _CONNECTOR_MODELS["kv-send-k2"],
     "old_incarnation_transfer_reported_pr46014": _CONNECTOR_MODELS["kv-fence-k2"],
+    "load_reported_after_promotion_51786": KV_PARTIAL_LOAD,
     "remote_load_requested_after_preemption_pr53250": _CONNECTOR_MODELS["kv-fence-k2"],
     "failure_names_foreign_blocks": _CONNECTOR_MODELS["kv-load-fail-k2"],
     "load_reported_twice": _CONNECTOR_MODELS["kv-load-fail-k2"],

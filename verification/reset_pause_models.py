@@ -31,6 +31,20 @@ RESET_PAUSE_K2 = Model(
     allow_abort=False, allow_stop=False, skip_targets=_SKIPPED,
 )
 RESET_PAUSE_K2_ASYNC = replace(RESET_PAUSE_K2.under_profile("vllm-0.34-async"), name="reset-pause-k2-async")
+# One request with a draft per step, K = 2, async, one seat: a reset drops a
+# draft-carrying decode in flight and the request resumes (same step: drop
+# mode) while that decode is still out, with fresh placeholders of its own
+# (vLLM #46066). 2,190 states; no other request is needed for the bug.
+RESET_DRAFTS_K2 = Model(
+    "reset-drafts-k2",
+    Config(num_stages=2, max_num_batched_tokens=3, max_num_seqs=1, block_size=2, num_blocks=3,
+           max_model_len=6, prefix_caching=False, num_spec_tokens=1, profile="vllm-0.34-async",
+           reset_and_pause=True),
+    (Prompt(1, 3),),
+    allow_abort=False, allow_stop=False, skip_targets=_SKIPPED + ("two_prefill_chunks_in_flight",),
+)
+# The reset-and-pause mutants whose bug needs a draft in flight.
+_ON_DRAFTS = ("stale_rejections_settled_pr46066",)
 
 # The models `flightcheck verify` would search per profile, by profile.
 RESET_PAUSE_MODELS: dict[str, tuple[Model, ...]] = {
@@ -43,8 +57,9 @@ RESET_PAUSE_MODELS: dict[str, tuple[Model, ...]] = {
 
 def reset_pause_mutant_model(name: str) -> Model:
     """The model the reset-and-pause mutant `name` is hunted on, with it applied."""
-    assert RESET_PAUSE_K2_ASYNC.cfg.profile == RESET_PAUSE_PROFILE
-    return RESET_PAUSE_K2_ASYNC.with_mutant(name)
+    model = RESET_DRAFTS_K2 if name in _ON_DRAFTS else RESET_PAUSE_K2_ASYNC
+    assert model.cfg.profile == RESET_PAUSE_PROFILE
+    return model.with_mutant(name)
 
 
 # --- beside a KV connector (vLLM 0.34; the same code in 0.33). Targets these

@@ -39,6 +39,15 @@ GRAMMAR_BUGS: tuple[Mutant, ...] = (
        "verifier accept drafts past the first illegal one",
        _edit("grammar.verifier_accepts", "return num_accepted <= illegal_from", "return True"),
        killed_by="G3_fsm_never_refuses", shortest=6),
+    _g("failed_grammar_left_waiting_pr45012", "historical",
+       "vLLM PR #45012 (open; the failure is handled since PR #47312, merged 2026-07-20, in 0.33 and "
+       "0.34's `_try_promote_blocked_waiting_request`): a grammar whose background compilation raised "
+       "was never recorded as failed, so its request stayed in WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, "
+       "skipped by every waiting loop, and its client waited until it timed out. The edit skips a "
+       "failed grammar's request as it skips a compiling one (nothing in `grammar_errors`)",
+       _edit("grammar.blocked_on_grammar", "return replace(state, grammar_errors=state.grammar_errors | {r}), True",
+             "return state, True"),
+       killed_by="L2_no_deadlock", shortest=2),
     _g("compiling_grammar_scheduled", "synthetic",
        "The waiting loop takes a request whose grammar is still compiling for a ready one (it skips "
        "only a failed grammar): the request runs without a grammar",

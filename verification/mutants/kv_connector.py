@@ -137,6 +137,17 @@ SCHEDULER_BUGS: tuple[Mutant, ...] = (
                            and q.prompt_labels[:from_block + 1] == labels for x, q in enumerate(state.requests))
               return state.with_request(r, num_computed=req.num_computed if shared else valid, load=Load.FAILED)"""),
         killed_by="KV3_rollback_restores_counters", shortest=4),
+    _kv("spec_step_blocks_not_reserved_pr57104",
+        "vLLM PR #57104 (merged 2026-09-16; in 0.33.0 and 0.34.0): with a KV connector and speculative "
+        "decoding (MTP), an async load was admitted into the free blocks less the other loads' "
+        "remaining blocks (`_inflight_prefill_reserved_blocks`), neither counting the blocks a decode "
+        "step's drafts need past the sequence (allocated only once the load has landed); two loads "
+        "filled the pool, the landed one could not allocate its first decode's blocks, the waiting loop "
+        "broke there, the other load could not be preempted, and the engine scheduled nothing for ever. "
+        "The edit takes the spec-decode step out of the reservation (`_spec_decode_step_blocks`, and "
+        "its share of `_request_remaining_blocks`)",
+        _edit("kv_loads.fits_beside_reservations", "step = lookahead.step_tokens(cfg)", "step = 0"),
+        killed_by="L2_no_deadlock", shortest=6),
 )
 
 # -- the connector's bugs: fabricated connectors ------------------------------------
@@ -160,6 +171,21 @@ CONNECTOR_BUGS: tuple[Mutant, ...] = (
         _edit("kv_reports.receive_kv", "not req.load.in_transfer",
               "not req.load.in_transfer and req.status is not Status.PREEMPTED"),
         killed_by="C4_new_incarnation_new_state", shortest=12),
+    _kv("load_reported_after_promotion_51786",
+        "vLLM issue #51786 (open; unchanged in 0.34.0): MultiConnector.get_transfer_results unions its "
+        "children's finished_recving without counting them (it counts only sends, `_extra_async_saves`), "
+        "so with two consumer children (NixlConnector and LMCacheMPConnector) the same request's load is "
+        "reported again some steps after the first report promoted it to RUNNING, and "
+        "`_update_from_kv_xfer_finished` fails `assert RequestStatus.is_finished(req.status)`, killing "
+        "EngineCore. The edit fabricates that connector: it reports finished_recving again for a request "
+        "running on a promoted load, and the scheduler takes the report down the branch vLLM reaches past "
+        "its assertion (the table freed under a running request: `_free_blocks`)",
+        _edit("search.kv_reports", "q.load.in_transfer",
+              "q.load.in_transfer or (q.load_async and q.load.value == 'done' and q.status.value == 'RUNNING')"),
+        _edit("kv_reports.receive_kv", "not req.load.in_transfer",
+              "not req.load.in_transfer and not (req.load_async and req.load is Load.DONE "
+              "and req.status is Status.RUNNING)"),
+        killed_by="C3_report_once", shortest=5),
     _kv("remote_load_requested_after_preemption_pr53250",
         "vLLM PR #53250 (open): MoRIIO's get_num_new_matched_tokens ignored do_remote_prefill=False after "
         "the one-shot transfer, so a request preempted and scheduled again asked for the remote KV again; "

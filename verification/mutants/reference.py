@@ -19,43 +19,12 @@ tests/test_reference_mutants.py shows each one's damage on a small scenario.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from flightcheck.verification.mutants.reference_base import REFERENCE_MODULES, ReferenceMutant, _edit, _mutant
+from flightcheck.verification.mutants.reference_kv import KV_CONNECTOR
 
-from flightcheck.verification.mutants.patch import Edit
-
-# The reference modules a mutant may edit methods of, by the short name a
-# target is written with ("scheduler.Scheduler._preempt").
-REFERENCE_MODULES: dict[str, str] = {
-    "scheduler": "flightcheck.reference.scheduler",
-    "update": "flightcheck.reference.update",
-    "kv_transfer": "flightcheck.reference.kv_transfer",      # the KV connector's steps
-    "kv_waiting": "flightcheck.reference.kv_waiting",
-    "priority": "flightcheck.reference.priority",            # the priority policy
-    "sessions": "flightcheck.reference.sessions",             # streaming sessions' steps
-    "grammar": "flightcheck.reference.grammar",               # structured output's steps
-    "reset_pause": "flightcheck.reference.reset_pause",       # the reset and the pause
-    "lora": "flightcheck.reference.lora",                     # LoRA's max_loras cap
-    "waiting": "flightcheck.reference.waiting",               # the waiting loop (the cap's skip)
-    "kv_cache_manager": "flightcheck.reference.kv_cache_manager",   # the prompt-logprobs limit
-}
-
-
-@dataclass(frozen=True)
-class ReferenceMutant:
-    name: str
-    history: str                    # the bug, where it comes from (one line of --list-mutants lore)
-    edits: tuple[Edit, ...]         # applied in order; several may edit one method
-    profile: str | None = None      # the one profile it is fuzzed under; None: every profile
-
-
-def _edit(target: str, old: str, new: str) -> Edit:
-    module, function = target.split(".", 1)
-    return Edit(REFERENCE_MODULES[module], function, old, new)
-
-
-def _mutant(name: str, history: str, *edits: Edit, profile: str | None = None) -> ReferenceMutant:
-    return ReferenceMutant(name, history, edits, profile)
-
+# Read from here by the registry, the tests and the commands (the KV
+# connector's mutants and the base live in their own modules).
+__all__ = ["REFERENCE_MODULES", "ReferenceMutant", "KV_CONNECTOR"]
 
 ADVANCE_AT_COMPLETION = "advance_at_completion"
 SHARED_SNAPSHOT = "shared_snapshot"
@@ -282,48 +251,6 @@ ASYNC_0_33: tuple[ReferenceMutant, ...] = (
 )
 
 
-# The KV connector's historical bugs in the reference (reference/kv_transfer.py),
-# named as the spec's (verification/mutants/kv_connector.py). The fuzzer has
-# no connector, so they are not fuzzed: each is caught by the reference's own
-# checks on random connector runs (reference/consistency.py and the step
-# fence's KV1: tests/test_kv_mutants.py pins the seed and the check).
-KV_CONNECTOR: tuple[ReferenceMutant, ...] = (
-    _mutant("fence_ignored_pr45357",
-            "blocks of a finished or preempted request freed while an overlapping step still writes "
-            "them: the step fence left out (vLLM PR #45357)",
-            _edit("kv_transfer.KvTransfers._request_blocks_can_be_freed",
-                  "not self._defer_block_free or request.last_sched_seq <= self.processed_step_seq", "True"),
-            profile="vllm-0.34-async"),
-    _mutant("aborted_load_freed_at_once_pr32255",
-            "a request aborted during its async load has its blocks freed at once, the load still "
-            "writing them (vLLM PR #32255)",
-            _edit("kv_transfer.KvTransfers._load_outlives_abort",
-                  "self._kv_aborted_load_held and req_id not in self.finished_recving_kv_req_ids", "False"),
-            profile="vllm-0.34-async"),
-    _mutant("waiting_head_blocks_promotion_pr45388",
-            "a plain WAITING head that cannot allocate is looked at before the landed loads, which are "
-            "never promoted: the engine schedules nothing for ever (vLLM issue #45388)",
-            _edit("kv_waiting.KvWaiting._next_candidate",
-                  "held = next((r for r in self.kv_holding_waiting if r not in skipped), None)", """
-                  plain_first = next((r for r in self.waiting if r not in skipped and not self._may_load_async(r)), None)
-                  held = None if plain_first is not None else next(
-                      (r for r in self.kv_holding_waiting if r not in skipped), None)"""),
-            profile="vllm-0.34-async"),
-    _mutant("fenced_victim_preempted_pr49674",
-            "a victim whose free the step fence defers is preempted anyway: the preemption frees nothing "
-            "for the request it makes room for (vLLM issue #49674)",
-            _edit("scheduler.Scheduler._allocate_or_preempt", """
-                  if self._defer_block_free and not self._request_blocks_can_be_freed(victim):
-                      return None""", ""),
-            profile="vllm-0.34-async"),
-    _mutant("rollback_keeps_placeholders_pr49250",
-            "a recompute rollback of a failed load leaves num_output_placeholders under async scheduling "
-            "(vLLM issue #49250, open, unchanged in 0.34.0)",
-            _edit("kv_transfer.KvTransfers._roll_back", "request.num_output_placeholders = 0", ""),
-            profile="vllm-0.34-async"),
-)
-
-
 # The priority policy's historical bugs (docs/request-states.md), caught by
 # the priority refinement fuzzer (verification/refinement/priority_machine.py)
 # under vLLM 0.34; not fuzzed by the default runs (no priority there).
@@ -398,6 +325,13 @@ GRAMMAR: tuple[ReferenceMutant, ...] = (
             "#29379)",
             _edit("grammar.Grammars._mark_pending_structured_output",
                   "request.num_output_placeholders > 1 + len(entry.spec_token_ids)", "False"),
+            profile="vllm-0.34-async"),
+    _mutant("failed_grammar_left_waiting_pr45012",
+            "a grammar whose compilation failed is never recorded as an error: its request waits for it "
+            "for ever, skipped by every waiting loop (vLLM PR #45012; handled since PR #47312)",
+            _edit("grammar.Grammars._blocked_on_grammar", """
+                  if request.grammar == FAILED:
+                      self.grammar_compile_error_reqs.add(request.request_id)""", ""),
             profile="vllm-0.34-async"),
     _mutant("compiling_grammar_scheduled",
             "the waiting loop takes a request whose grammar still compiles for a ready one (synthetic)",

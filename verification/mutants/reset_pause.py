@@ -44,6 +44,27 @@ RESET_PAUSE: tuple[Mutant, ...] = (
         "the reset failed, the cache kept. The edit ignores `running`",
         _edit("reset_pause.reset", "running", "False"),
         killed_by="RP2_reset_drops_in_flight", shortest=3),
+    _rp("stale_rejections_settled_pr46066", "historical",
+        "vLLM PR #46066 (merged 2026-06-30): under async scheduling with speculative decoding, "
+        "`reset_prefix_cache(reset_running_requests=True)` zeroed the reset requests' placeholders and "
+        "marked their frames in flight for discard, but `update_from_output` took a returning stale "
+        "frame's rejected drafts back (`num_computed_tokens -= num_rejected`, `num_output_placeholders "
+        "-= num_rejected`, each behind its `> 0` guard) before the discard: from the resumed request's "
+        "fresh counters, which went negative. vLLM 0.33/0.34 skip a drop-mode stale output first "
+        "(`if output_is_stale and request.drop_stale_output: continue`) and guard the adjustment with "
+        "`if not output_is_stale`. The edit takes a dropped output's drafts back as rejected (every "
+        "draft rejected: one outcome the verifier may return) before dropping it",
+        _edit("actions._complete_by_name", """
+              if not has_output:
+                  continue""", """
+              if not has_output:
+                  req = state.requests[holder]
+                  if stale and req.drop_stale and e.drafts:
+                      state = state.with_request(
+                          holder, num_computed=req.num_computed - e.drafts if req.num_computed > 0 else req.num_computed,
+                          placeholders=req.placeholders - e.drafts if req.placeholders > 0 else req.placeholders)
+                  continue"""),
+        killed_by="IA1_placeholders", shortest=9),
     _rp("reset_delivers_stale_output", "synthetic",
         "`reset_prefix_cache` preempts in deliver mode (`_preempt_request` without "
         "`drop_stale_output=True`): the reset requests' outputs in flight are appended, though their "
