@@ -20,11 +20,12 @@ from flightcheck.verification.refinement.reset_pause_machine import (RESET_PAUSE
 pytestmark = pytest.mark.usefixtures("both_checkers")   # a refinement fuzzer: both checkers compared
 
 # mutant -> (seed, steps) of a run that catches it (measured 2026-12-06: 0.5 to 2 s each; re-measured
-# 2026-12-08 with drafts met at resets and pauses: caught at steps 136, 260 and 375)
+# 2026-12-08 with drafts met at resets and pauses: caught at steps 136, 260, 375 and, #46066's twin, 139)
 CAUGHT_FROM = {
     "reset_delivers_stale_output": (2, 3000),
     "paused_all_runs_running_loop": (1, 3000),
     "paused_new_admits_waiting": (2, 3000),
+    "stale_rejections_settled_pr46066": (2, 3000),
 }
 
 

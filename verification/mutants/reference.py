@@ -361,6 +361,23 @@ RESET_PAUSE: tuple[ReferenceMutant, ...] = (
                   "return self.pause_state == PauseState.UNPAUSED",
                   "return self.pause_state != PauseState.PAUSED_ALL"),
             profile="vllm-0.34-async"),
+    _mutant("stale_rejections_settled_pr46066",
+            "a reset request's stale decode, returning in drop mode after the request resumed, has its "
+            "drafts taken back as rejected from the resumed request's fresh `num_computed_tokens` and "
+            "placeholders (each behind its `> 0` guard) before it is discarded (vLLM PR #46066; 0.34.0's "
+            "`update_from_output` skips a drop-mode stale output first). As the spec's twin, every draft "
+            "counts as rejected (one outcome the verifier may return): the edit is where the output is "
+            "bound, which does not see the tokens (`update_from_output` itself is the tracing "
+            "scheduler's override too)",
+            _edit("update.OutputUpdate._fate_by_counters",
+                  "return SUPERSEDED if request.drop_stale_output else ORPHANED", """
+                  if request.drop_stale_output and entry.spec_token_ids and entry.samples:
+                      if request.num_computed_tokens > 0:
+                          request.num_computed_tokens -= len(entry.spec_token_ids)
+                      if request.num_output_placeholders > 0:
+                          request.num_output_placeholders -= len(entry.spec_token_ids)
+                  return SUPERSEDED if request.drop_stale_output else ORPHANED"""),
+            profile="vllm-0.34-async"),
 )
 
 # LoRA's cap and the prompt-logprobs limit in the reference (reference/lora.py,
