@@ -4,7 +4,13 @@ history variable (z3/encoding/unwritten.py), on KV8's model
 `PRIORITY_UNWRITTEN_MODELS`), under finding 1's fix
 (`vllm-0.34-unwritten-kv-fixed`).
 
-`unwritten_induction`: PR1, PA1-PA3 (the priority proof's conjuncts),
+`unwritten_microstep_induction` proves it: the base proof's engine
+(z3.induction, `schedule` micro-step by micro-step) with the base
+conjuncts, PR1, PA1, PA3, KVU1 and KVU2, then KV8 in one step
+(docs/proofs.md, "KV8 by k-induction"; about 10 minutes on k3 at load 10).
+
+`unwritten_induction` (the one-query step of kv_engines, kept as the record
+of its gap): PR1, PA1-PA3 (the priority proof's conjuncts),
 `KVU1_nothing_unwritten` and `KVU2_cached_blocks_computed` by k-induction
 (kv_engines.kv_induction, the Houdini way, WF_encoding not offered), then
 KV8 as a one-step consequence of what it kept
