@@ -272,3 +272,39 @@ def test_kv8_is_proved_by_k_induction_on_prio_unwritten_k3_under_the_fix():
     assert set(rows) >= {"WF_encoding", *invariants, *auxiliary, KV8}
     assert {n: r.status for n, r in rows.items() if r.status != "proved"} == {}
     assert rows[KV8].method == "one step from the k-induction invariant"
+
+
+def test_the_chains_new_facts_are_false_of_a_batch_that_breaks_them():
+    """Not vacuous: on a reachable frame of the twin under the fix (r0 running
+    with a labelled block), a batch under construction with a retry pending
+    for no request breaks the retry's fact, and one pairing r0's held block
+    with its own label, no entry writing it, breaks the pair's fact; the
+    batch as the call starts keeps both."""
+    from dataclasses import replace as with_fields
+    from flightcheck.verification.z3.encoding.schedule import BatchInProgress
+    from flightcheck.verification.z3.encoding.state import pad_entry
+    from flightcheck.verification.z3.encoding.terms import V, clone
+    from flightcheck.spec.pool_store import label_of
+    from flightcheck.verification.z3.induction.microsteps import batch_facts
+    model = _twin(FIXED)
+    system = System(model)
+    s = next(s for s in reachable(model) if 0 in s.running and s.requests[0].block_table
+             and label_of(s.pool, s.requests[0].block_table[0]) is not None)
+    block = s.requests[0].block_table[0]
+    frame = system.constant(s)
+
+    def facts(layout, st, pending, retried, paired):
+        acc = BatchInProgress(st, V(layout.cfg.max_num_batched_tokens), V(0), [pad_entry() for _ in range(layout.E)],
+                              [z3.BoolVal(False)] * layout.N, [z3.BoolVal(False)] * layout.N,
+                              [z3.BoolVal(False)] * layout.N, z3.BoolVal(paired), V(0), z3.BoolVal(False), V(0),
+                              pending=V(pending), retried=V(retried))
+        if paired:
+            acc = with_fields(acc, state=clone(st))
+            acc.state.unw = [[st.pool.label[b] if b == block else x for b, x in enumerate(st.unw[0])]]
+        return {n: z3.is_true(z3.simplify(f)) for n, f in batch_facts(layout, acc, frame).items()
+                if n.startswith(("batch.retry.", "batch.unwritten."))}
+
+    start = system.build(facts, frame, 0, -1, False)
+    assert start and all(start.values())
+    assert not system.build(facts, frame, 3, -1, False)["batch.retry.none_or_one"]
+    assert not system.build(facts, frame, 0, -1, True)["batch.unwritten.pairs_lose_their_label"]
