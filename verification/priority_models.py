@@ -15,7 +15,8 @@ and 0.34, sync and async, and the model each priority mutant is hunted on.
   low-priority request chunked by the long-prefill threshold, handed back
   from a chunk that caches a block it would have finished, then re-admitted
   on that block as a prefix hit (docs/vllm-unwritten-kv-findings.md,
-  finding 1; `PRIORITY_UNWRITTEN_MODELS`).
+  finding 1; `PRIORITY_UNWRITTEN_MODELS`); `prio-unwritten-k1`, the same
+  run with one batch in flight (the slow tests' twin, not in the suite).
 """
 
 from __future__ import annotations
@@ -82,6 +83,16 @@ PRIO_UNWRITTEN_K3 = Model(
     (Prompt(9, 1, (1, 2), priority=2), Prompt(1, 1, priority=0), Prompt(9, 1, (1, 2), priority=1)),
     allow_stop=False, allow_abort=False, skip_targets=("stale_output_delivered",),
 )
+# The same run with one batch in flight and two seats (`prio-unwritten-k1`):
+# each schedule waits for the batch before it, r1 finishes before r2 takes
+# its seat, and the hand-back and the hit come as in the K = 3 run, one
+# `complete` between the schedules (10 steps). 242 states under 0.33's,
+# 0.34's rules and the fix alike; KV8 broken under the first two, kept
+# under the fix. Not one of the suite's models: the slow tests check the
+# facts KV8's k-induction tracks inside a `schedule` call on every call of
+# its runs (tests/test_z3_unwritten.py; the proof is on prio-unwritten-k3).
+PRIO_UNWRITTEN_K1 = replace(PRIO_UNWRITTEN_K3, name="prio-unwritten-k1",
+                            cfg=replace(PRIO_UNWRITTEN_K3.cfg, num_stages=1, max_num_seqs=2))
 # `verify --priority`'s KV8 rows, per profile: violated under vLLM 0.33's and
 # 0.34's rules (a vLLM bug), proved under the fix; the fix's profile has the
 # policy's other models too.

@@ -4,7 +4,13 @@ history variable (z3/encoding/unwritten.py), on KV8's model
 `PRIORITY_UNWRITTEN_MODELS`), under finding 1's fix
 (`vllm-0.34-unwritten-kv-fixed`).
 
-`unwritten_induction`: PR1, PA1-PA3 (the priority proof's conjuncts),
+`unwritten_microstep_induction` proves it: the base proof's engine
+(z3.induction, `schedule` micro-step by micro-step) with the base
+conjuncts, PR1, PA1, PA3, KVU1 and KVU2, then KV8 in one step
+(docs/proofs.md, "KV8 by k-induction"; about 10 minutes on k3 at load 10).
+
+`unwritten_induction` (the one-query step of kv_engines, kept as the record
+of its gap): PR1, PA1-PA3 (the priority proof's conjuncts),
 `KVU1_nothing_unwritten` and `KVU2_cached_blocks_computed` by k-induction
 (kv_engines.kv_induction, the Houdini way, WF_encoding not offered), then
 KV8 as a one-step consequence of what it kept
@@ -21,6 +27,8 @@ import time
 
 from flightcheck.verification.models import Model
 from flightcheck.verification.results import kind_of
+from flightcheck.verification.z3.encoding.feature_formulas import AUXILIARY as FEATURE_AUXILIARY
+from flightcheck.verification.z3.encoding.feature_formulas import FORMULAS as FEATURE_FORMULAS
 from flightcheck.verification.z3.encoding.priority_invariants import PRIORITY_AUXILIARY
 from flightcheck.verification.z3.encoding.unwritten_formulas import UNWRITTEN_AUXILIARY, UNWRITTEN_STEP_FORMULAS
 from flightcheck.verification.z3.kv_engines import CANDIDATE, kv_induction
@@ -52,4 +60,44 @@ def unwritten_induction(model: Model, k: int = 1, time_budget: float | None = No
                        [*PRIORITY_AUXILIARY, *UNWRITTEN_AUXILIARY, *strengthening], time_budget, with_wf=with_wf)
     kept = [p.name for p in res.properties if p.status == "proved"]
     steps = kv_step_consequences(model, kept, UNWRITTEN_STEP_FORMULAS, kind_of)
+    return EngineResult(model.name, res.method, time.perf_counter() - started, k, [*res.properties, *steps])
+
+
+# --- the base proof's micro-step split (z3.induction), where KV8 is proved ----------
+
+# The priority proof's conjuncts the base proof does not have (PA2 is WF_encoding
+# less the blocks: WF_encoding itself is offered).
+PRIORITY_CONJUNCTS = ("PR1_waiting_in_priority_order", "PA1_arrived_iff_placed", "PA3_queues_match_statuses")
+
+
+def microstep_conjuncts(cfg) -> tuple[list[str], list[str]]:
+    """(the spec's state invariants, the auxiliary ones) `unwritten_microstep_induction`
+    offers: the base proof's (z3.induction.kinduction: S1-S11, L1, L3, IF0-IF3,
+    A1-A11) less L2 (it calls `schedule` on the next state, a second
+    circuit; KV8 does not need it), PR1, PA1, PA3, KVU1 and KVU2."""
+    from flightcheck.verification.z3.encoding.invariants import NEEDS_SCHEDULE, invariant_formulas_for
+    from flightcheck.verification.z3.induction.strengthening import auxiliary_for
+    invariants = [n for n in invariant_formulas_for(cfg) if n not in NEEDS_SCHEDULE]
+    return invariants, [*auxiliary_for(cfg), *PRIORITY_CONJUNCTS, *UNWRITTEN_AUXILIARY]
+
+
+def unwritten_microstep_induction(model: Model, k: int = 1, time_budget: float | None = None,
+                                  progress=None) -> EngineResult:
+    """KVU1, KVU2 with the base proof's conjuncts and the priority ones
+    (`microstep_conjuncts`) by the base k-induction engine
+    (z3.induction.kinduction.prove_by_induction: `schedule` and
+    `complete_oldest` micro-step by micro-step, where the in-flight sums of
+    IF1/IF2 are cheap; the chain tracks KVU1 and KVU2 inside a call by
+    `unwritten_formulas.unwritten_batch_facts`), then KV8 in one step from
+    what it kept (kv_engines.step_consequences, each kept name as the
+    encoding's formula of it)."""
+    from flightcheck.verification.z3.induction.kinduction import prove_by_induction
+    started = time.perf_counter()
+    invariants, auxiliary = microstep_conjuncts(model.cfg)
+    res = prove_by_induction(model, k, invariants, auxiliary, time_budget, progress=progress)
+    offered = {"WF_encoding", *invariants, *auxiliary}
+    kept = [p.name for p in res.properties if p.status == "proved" and p.name in offered]
+    as_formulas = [n if n == "WF_encoding" or n in FEATURE_FORMULAS or n in FEATURE_AUXILIARY else CANDIDATE + n
+                   for n in kept]
+    steps = kv_step_consequences(model, as_formulas, UNWRITTEN_STEP_FORMULAS, kind_of)
     return EngineResult(model.name, res.method, time.perf_counter() - started, k, [*res.properties, *steps])

@@ -8,7 +8,7 @@ from typing import Any
 import z3
 from flightcheck.verification.z3.encoding.actions import SCHEDULE
 from flightcheck.verification.z3.encoding.requests import req_at
-from flightcheck.verification.z3.encoding.terms import V, conj, disj, eq, lt, neg
+from flightcheck.verification.z3.encoding.terms import V, conj, disj, eq, lt, neg, sum_terms
 from flightcheck.verification.z3.encoding.unwritten import written
 from flightcheck.verification.z3.encoding.unwritten_frame import TRUE
 
@@ -57,3 +57,46 @@ def kvu2_cached_blocks_computed(layout, s) -> Any:
 UNWRITTEN_STEP_FORMULAS = {"KV8_no_hit_on_unwritten_kv": kv8_no_hit_on_unwritten_kv}
 UNWRITTEN_AUXILIARY = {"KVU1_nothing_unwritten": kvu1_nothing_unwritten,
                        "KVU2_cached_blocks_computed": kvu2_cached_blocks_computed}
+
+
+# --- KVU1 and KVU2 inside `schedule`, as z3.induction.microsteps tracks a call:
+# between the hand-back that pairs a block and the launch that forgets the pair,
+# and between an allocation that caches a block and the launch that advances the
+# counter, neither holds; these do, and give both back at the launch.
+
+def unwritten_batch_facts(layout, acc) -> dict[str, Any]:
+    """Facts of the batch under construction (`acc`, z3.encoding.schedule.
+    BatchInProgress) where the frame has KV8's history: every pair's block
+    has lost the pair's label or is written by an entry so far (so the
+    launch's `forget_written` drops it: KVU1 after the call), and every
+    labelled block of a table lies within its request's computed tokens
+    plus its entry's (the launch's counter: KVU2 after the call)."""
+    st = acc.state
+    if not st.unw:
+        return {}
+    bs = layout.cfg.block_size
+    gone = written(layout, st, acc.entries, acc.count)
+    facts = {"batch.unwritten.pairs_lose_their_label": conj(*[
+        disj(eq(x, layout.none_label), conj(neg(eq(st.pool.label[b], x)), eq(st.pool.ref[b], 0)), gone[b])
+        for b, x in enumerate(st.unw[0])])}
+    out, private = [], []
+    for r, q in enumerate(st.reqs):
+        for i, x in enumerate(q.table):
+            labelled = disj(*[conj(eq(x, b), neg(eq(st.pool.label[b], layout.none_label))) for b in range(layout.B)])
+            past = conj(lt(i, q.table_len), labelled, lt(q.num_computed, V((i + 1) * bs)))
+            private += [z3.Implies(conj(past, eq(x, b)), eq(st.pool.ref[b], 1)) for b in range(layout.B)]
+        scheduled = [conj(lt(j, acc.count), eq(e.req, r)) for j, e in enumerate(acc.entries)]
+        ahead = q.num_computed + sum_terms([z3.If(c, e.n, V(0)) for c, e in zip(scheduled, acc.entries)])
+        for i, x in enumerate(q.table):
+            labelled = disj(*[conj(eq(x, b), neg(eq(st.pool.label[b], layout.none_label))) for b in range(layout.B)])
+            out.append(z3.Implies(conj(lt(i, q.table_len), labelled), z3.Not(lt(ahead, V((i + 1) * bs)))))
+    facts["batch.unwritten.cached_blocks_computed_or_scheduled"] = conj(*out)
+    # a pair is made at a hand-back only (the frame has none: KVU1), and a call
+    # that preempts admits no one: the waiting loop's hits find no pair
+    facts["batch.unwritten.pairs_only_after_a_preemption"] = disj(
+        acc.any_preempted, *[conj(*[eq(x, layout.none_label) for x in st.unw[0]])])
+    # what a hand-back pairs is held by the victim alone: it leaves every table
+    # (until the waiting loop admits someone, who may hit a block the running
+    # loop cached in this call; no hand-back comes after an admission)
+    facts["batch.unwritten.cached_past_computed_is_private"] = disj(*acc.admitted, conj(*private))
+    return facts

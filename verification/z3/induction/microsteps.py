@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import z3
 from flightcheck.verification.z3.encoding.invariants import kv_ownership_clauses
+from flightcheck.verification.z3.encoding.priority_state import has_priority
 from flightcheck.verification.z3.encoding.requests import at, num_tokens
 from flightcheck.verification.z3.encoding.schedule import BatchInProgress, threshold_in_force
 from flightcheck.verification.z3.encoding.state import (
@@ -45,6 +46,7 @@ from flightcheck.verification.z3.encoding.state import (
     Layout,
     SState,
 )
+from flightcheck.verification.z3.encoding.unwritten_formulas import unwritten_batch_facts
 from flightcheck.verification.z3.encoding.terms import (
     V,
     conj,
@@ -56,6 +58,7 @@ from flightcheck.verification.z3.encoding.terms import (
     leaves,
     lt,
     neg,
+    pick,
     sum_terms,
 )
 
@@ -84,7 +87,46 @@ def batch_facts(layout: Layout, acc: BatchInProgress, frame: SState) -> dict[str
     a visited request breaks on the way still holds, on the frame, for the
     requests not yet visited."""
     return {**_untouched_facts(layout, acc, frame), **_loop_facts(layout, acc), **_marked_facts(acc),
-            **_entry_facts(layout, acc, frame)}
+            **_entry_facts(layout, acc, frame), **_retry_facts(layout, acc, frame),
+            **unwritten_batch_facts(layout, acc)}
+
+
+def _retry_facts(layout: Layout, acc: BatchInProgress, frame: SState) -> dict[str, Any]:
+    """Under the priority policy (z3.encoding.priority: a preemption that is
+    not of the request itself makes the next micro-step retry the request
+    with its first try's num_new): no retry pending, or a retry of a
+    RUNNING request in `running` that has no entry and was not preempted,
+    for a num_new that fits its tokens, the model length, the threshold
+    and the budget left (a hand-back only returns tokens to it). Without
+    these the micro-step after a hand-back allocates for a request the
+    chain knows nothing of. FCFS: none (no retry)."""
+    if not has_priority(layout):
+        return {}
+    cfg, st = layout.cfg, acc.state
+    retrying, r = lt(0, acc.pending), acc.retried
+    threshold_on = threshold_in_force(layout, frame)
+
+    def field(fn) -> Any:
+        return at(layout, st, r, lambda q, k: fn(q, k))
+
+    bound = [le(acc.pending, acc.budget), le(field(lambda q, k: q.num_computed) + acc.pending,
+                                             cfg.max_model_len - cfg.rules.sampled_token_slot),
+             le(field(lambda q, k: q.num_computed) + acc.pending,
+                field(lambda q, k: num_tokens(layout, q, k) + q.num_drafts))]
+    if cfg.long_prefill_token_threshold:
+        bound.append(disj(neg(threshold_on), le(acc.pending, cfg.long_prefill_token_threshold)))
+    in_running = disj(*[conj(lt(p, st.running_len), eq(x, r)) for p, x in enumerate(st.running)])
+    has_entry = disj(*[conj(lt(j, acc.count), eq(e.req, r)) for j, e in enumerate(acc.entries)])
+    return {
+        "batch.retry.none_or_one": conj(le(0, acc.pending), eq(acc.pending, 0) == eq(r, PAD)),
+        "batch.retry.of_a_running_request": z3.Implies(retrying, conj(
+            le(0, r), lt(r, layout.N), eq(field(lambda q, k: q.status), RUNNING), in_running, neg(has_entry),
+            neg(acc.done), acc.any_preempted, *[z3.Implies(eq(r, v), neg(acc.preempted[v])) for v in range(layout.N)])),
+        "batch.retry.fits": z3.Implies(retrying, conj(*bound)),
+        # the position still points at it: a victim before it moved it back by one
+        "batch.retry.at_the_position": z3.Implies(retrying, conj(lt(acc.position, st.running_len),
+                                                                eq(pick(st.running, acc.position, V(PAD)), r))),
+    }
 
 
 def _untouched_facts(layout: Layout, acc: BatchInProgress, frame: SState) -> dict[str, Any]:

@@ -49,7 +49,12 @@ def formula(system: System, name: str, state: SState, schedule: SchedResult | No
         return system.build(ALL_INVARIANT_FORMULAS[name], state, schedule)
     if is_candidate(name):
         return system.build(predicate(name), state)
-    return system.build(AUXILIARY[name], state)
+    if name in AUXILIARY:
+        return system.build(AUXILIARY[name], state)
+    # a feature's invariant or auxiliary one (encoding/feature_formulas.py),
+    # offered beside the base conjuncts (z3/unwritten_engines.py, KV8)
+    from flightcheck.verification.z3.encoding import feature_formulas
+    return system.build({**feature_formulas.FORMULAS, **feature_formulas.AUXILIARY}[name], state)
 
 
 def solver_for(system: System) -> z3.Solver:
