@@ -114,14 +114,15 @@ def expected_verdict(result: dict[str, Any], events: list[dict[str, Any]]) -> Ex
             exact.append(schedules[record["step"]])
     exact.extend(_engine_choices(result, events))
     last = len(events) - 1
-    if exact:
-        return Expected("bug", min(exact), min(exact))    # at the event of the first bug, not before it
+    counters = truth.get("negative_counters") or truth.get("in_flight_counter_mismatches")
+    if exact:      # at the event of the first bug, not before it; a counter gone wrong began before vLLM shows it
+        return Expected("bug", None if counters else min(exact), min(exact))
     looping = {loop["req"] for loop in truth.get("admission_livelocks", [])}
     if looping:                                           # L4 closes the lasso after a first round
         first = next((i for i, e in enumerate(events) if e["ev"] == "schedule"
                       and looping & set(e.get("preempted", []))), 0)
         return Expected("bug", first, last)
-    if truth.get("negative_counters") or truth.get("in_flight_counter_mismatches"):
+    if counters:
         return Expected("bug", None, last)                # a counter gone wrong: the checker's IF rules
     if result.get("stalls"):                              # a stall an input ended (run_endings.py): L2
         return Expected("stuck", None, last)

@@ -1,0 +1,147 @@
+"""What the hunt over seeds 424-430, releases alone and the connector, found
+(campaigns of `python -m flightcheck.vllm.campaign ... --reuse-ids --jobs 1
+--no-mutants`, one seed a campaign; the trace, workload and replay result of
+each case kept in tests/data/vllm/hunt430 as 07x_<seed>_..., x the release's
+minor: 074 for 0.34.0).
+
+* A check-trace miss of KV7, 0.34.0 sync: seed 429 index 44 (`--versions
+  0.34.0 --kv-connector --stages 3 --no-mid-step-inputs`; a consumer and
+  producer under the recompute policy, prefix caching on). r0 (prefix `p`,
+  24 tokens) loads 24 tokens synchronously in batch 1 and is aborted while
+  the batch is in flight; r1 loads in the same batch. The batch's output
+  reports both failures (`kv_failed` r0 from block 2, then r1 from block
+  0): vLLM 0.34.0 `Scheduler.update_from_output` hands the output's whole
+  `invalid_block_ids` to `_handle_invalid_blocks`, which finds no request
+  holding r0's block 3 and, under the recompute policy, leaves it cached.
+  r4, sharing the prefix, takes blocks 1-3 as a prefix hit and is
+  scheduled at 24 on block 3 (step 9): the ground truth's
+  `kv_computed_on_invalid_kv` (vLLM #37827, finding 7's stale hit after an
+  aborted loader). check-trace marked block 3 invalid at r0's report
+  (`mark_finished_load_invalid`), then judged r1's report as the output's
+  joint step from the state before the output, which had no mark: the mark
+  was lost and the read accepted. The output now carries the finished
+  loads' failures into each joint step (verification/traces/connector.py
+  `KvOutput.with_finished_marks`).
+* A reading of the ground truth that came too late, 0.33.0 async: seed 426
+  index 48 (`--versions 0.33.0 --async --spec-tokens 2 --lookahead
+  --stages 2`, an aborted request's id reused). The older r1's batch 3
+  completes under the newer r1's name and moves its in-flight counter
+  (check-trace: IF1_in_flight_counter at that `complete`, line 18; the
+  ground truth: `in_flight_counter_mismatches` at step 8, the same event);
+  the stale token follows at batch 4. `expected_verdict` placed the
+  rejection at the stale token alone (the audit's "rejected before the
+  first bug"); a counter gone wrong began before vLLM shows it, so with one
+  recorded the rejection may fall anywhere up to the first exact event
+  (verification/traces/ground_truth.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from flightcheck.verification.traces.check import check_events
+from flightcheck.verification.traces.ground_truth import expected_verdict
+from flightcheck.vllm.differential import read_trace
+
+from .vllm_support import DATA, KeptCase, Workers, replay_kept_workload, workers
+
+pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
+
+HUNT = DATA / "hunt430"
+ABORTED_LOADER = KeptCase(HUNT / "074_429_sync_aborted_loaders_invalid_block_kept_past_a_second_failure_seed429_44")
+COUNTER_FIRST = KeptCase(HUNT / "073_426_async_reused_id_counter_drifts_before_the_stale_token_seed426_48")
+
+
+def _failures_swapped(events: list[dict]) -> list[dict]:
+    """The trace with its one output's two `kv_failed` events in the other order."""
+    at = [i for i, e in enumerate(events) if e["ev"] == "kv_failed"]
+    assert len(at) == 2 and at[1] == at[0] + 1
+    swapped = list(events)
+    swapped[at[0]], swapped[at[1]] = events[at[1]], events[at[0]]
+    return swapped
+
+
+def test_the_aborted_loaders_failure_comes_first_in_an_output_of_two() -> None:
+    events = read_trace(ABORTED_LOADER.trace)
+    assert (events[0]["vllm_version"], events[0]["kv_connector"]["load_failure_policy"]) == ("0.34.0", "recompute")
+    failed = [(e["req"], e["from_block"], e["of"], e["step"]) for e in events if e["ev"] == "kv_failed"]
+    assert failed == [("r0", 2, 2, 4), ("r1", 0, 2, 4)]
+    aborted = next(i for i, e in enumerate(events) if e["ev"] == "finish" and e["req"] == "r0")
+    assert events[aborted]["reason"] == "abort" and aborted < next(i for i, e in enumerate(events)
+                                                                   if e["ev"] == "kv_failed")
+    truth = ABORTED_LOADER.result()["ground_truth"]["kv_computed_on_invalid_kv"]
+    assert truth == [{"step": 9, "req": "r4", "start": 24, "blocks": [3], "reported": [3]}]
+
+
+@pytest.mark.parametrize("order", ["as written", "swapped"])
+def test_check_trace_rejects_the_read_of_the_aborted_loaders_block_in_either_order(order: str) -> None:
+    events = read_trace(ABORTED_LOADER.trace)
+    events = events if order == "as written" else _failures_swapped(events)
+    verdict = check_events(events)
+    assert not verdict.ok and verdict.property == "KV7_no_compute_on_invalid_kv", verdict.to_json()
+    rejected = events[verdict.event_index]
+    assert (rejected["ev"], rejected["step"], rejected["batch"]) == ("schedule", 9, 3)
+    assert "[3]" in verdict.message
+    assert expected_verdict(ABORTED_LOADER.result(), events).agrees(verdict)
+
+
+def test_the_reused_ids_counter_drift_is_rejected_where_the_ground_truth_shows_it() -> None:
+    events = read_trace(COUNTER_FIRST.trace)
+    truth = COUNTER_FIRST.result()["ground_truth"]
+    verdict = check_events(events)
+    assert not verdict.ok and verdict.property == "IF1_in_flight_counter"
+    rejected = events[verdict.event_index]
+    assert (rejected["ev"], rejected["batch"], rejected["step"]) == ("complete", 3, 8)
+    assert [m["step"] for m in truth["in_flight_counter_mismatches"]] == [8]
+    stale = next(i for i, e in enumerate(events) if e["ev"] == "complete" and e["batch"] == 4)
+    assert [s["batch"] for s in truth["stale_tokens"]] == [4] and verdict.event_index < stale
+    expected = expected_verdict(COUNTER_FIRST.result(), events)
+    assert (expected.kind, expected.earliest, expected.latest) == ("bug", None, stale)
+    assert expected.agrees(verdict)
+
+
+@pytest.mark.parametrize("counters, earliest", [
+    ({}, 5),                                                                   # the stale token alone: there
+    ({"in_flight_counter_mismatches": [{"step": 2, "req": "r1"}]}, None),      # a counter first: up to it
+    ({"negative_counters": [{"step": 2, "req": "r1"}]}, None),
+])
+def test_a_counter_gone_wrong_lets_the_rejection_come_before_the_first_exact_event(counters: dict,
+                                                                                  earliest: int | None) -> None:
+    events = [{"ev": "config"}] + [{"ev": "schedule", "batch": b, "step": b} for b in (1, 2)] + \
+        [{"ev": "complete", "batch": 1, "step": 3}, {"ev": "schedule", "batch": 3, "step": 4},
+         {"ev": "complete", "batch": 2, "step": 5}, {"ev": "end"}]
+    truth = {"stale_tokens": [{"batch": 2, "step": 5}], "partial_chunk_tokens": [], "in_flight_set_mismatches": [],
+             **counters}
+    expected = expected_verdict({"ground_truth": truth, "ending": "done"}, events)
+    assert (expected.kind, expected.earliest, expected.latest) == ("bug", earliest, 5)
+
+
+# --- on vLLM itself (slow): the kept workload, the differential and check-trace together
+
+
+@pytest.fixture(scope="module")
+def running() -> Iterator[Workers]:
+    yield from workers()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_reads_the_aborted_loaders_invalid_block_again_and_check_trace_rejects_it(running: Workers) -> None:
+    replayed = replay_kept_workload(running["0.34.0"], ABORTED_LOADER, "0.34.0")
+    assert replayed.result["batches"] == ABORTED_LOADER.result()["batches"]
+    assert replayed.result["ground_truth"]["kv_computed_on_invalid_kv"] == \
+        ABORTED_LOADER.result()["ground_truth"]["kv_computed_on_invalid_kv"]
+    assert replayed.category == "rejected, real bug", replayed.detail
+    assert "KV7_no_compute_on_invalid_kv" in replayed.detail
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_drifts_the_reused_ids_counter_again(running: Workers) -> None:
+    replayed = replay_kept_workload(running["0.33.0"], COUNTER_FIRST, "0.33.0", asynchronous=True)
+    assert replayed.result["batches"] == COUNTER_FIRST.result()["batches"]
+    assert replayed.result["ground_truth"]["in_flight_counter_mismatches"] == \
+        COUNTER_FIRST.result()["ground_truth"]["in_flight_counter_mismatches"]
+    assert replayed.category == "rejected, real bug" and "IF1_in_flight_counter" in replayed.detail, replayed.detail
