@@ -102,18 +102,22 @@ def test_the_reused_ids_counter_drift_is_rejected_where_the_ground_truth_shows_i
     assert expected.agrees(verdict)
 
 
-@pytest.mark.parametrize("counters, earliest", [
-    ({}, 5),                                                                   # the stale token alone: there
-    ({"in_flight_counter_mismatches": [{"step": 2, "req": "r1"}]}, None),      # a counter first: up to it
-    ({"negative_counters": [{"step": 2, "req": "r1"}]}, None),
+STALE = {"stale_tokens": [{"batch": 2, "step": 5}]}
+
+
+@pytest.mark.parametrize("findings, earliest", [
+    (STALE, 5),                                                                  # the stale token alone: there
+    ({**STALE, "in_flight_counter_mismatches": [{"step": 2, "req": "r1"}]}, None),  # a counter first: up to it
+    ({**STALE, "negative_counters": [{"step": 2, "req": "r1"}]}, None),
+    ({**STALE, "placeholder_mismatches": [{"step": 2, "req": "r1"}]}, None),       # placeholders: a state too
+    ({"stale_tokens": [], "kv_superseded_tokens": [{"batch": 2, "step": 5}]}, 5),  # a rollback's token: there
 ])
-def test_a_counter_gone_wrong_lets_the_rejection_come_before_the_first_exact_event(counters: dict,
-                                                                                  earliest: int | None) -> None:
+def test_a_state_gone_wrong_lets_the_rejection_come_before_the_first_exact_event(findings: dict,
+                                                                                earliest: int | None) -> None:
     events = [{"ev": "config"}] + [{"ev": "schedule", "batch": b, "step": b} for b in (1, 2)] + \
         [{"ev": "complete", "batch": 1, "step": 3}, {"ev": "schedule", "batch": 3, "step": 4},
          {"ev": "complete", "batch": 2, "step": 5}, {"ev": "end"}]
-    truth = {"stale_tokens": [{"batch": 2, "step": 5}], "partial_chunk_tokens": [], "in_flight_set_mismatches": [],
-             **counters}
+    truth = {"partial_chunk_tokens": [], "in_flight_set_mismatches": [], **findings}
     expected = expected_verdict({"ground_truth": truth, "ending": "done"}, events)
     assert (expected.kind, expected.earliest, expected.latest) == ("bug", earliest, 5)
 

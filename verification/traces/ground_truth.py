@@ -2,7 +2,8 @@
 vLLM's own ground truth (flightcheck/vllm/README.md, "Ground truth from
 vLLM's own state"), independently of the checker.
 
-* a stale token or a token sampled for a partial chunk: rejected at the
+* a stale token, a token sampled for a partial chunk, or one a failed
+  load's rollback superseded (`kv_superseded_tokens`): rejected at the
   `complete` event of the batch that applies it;
 * a request missing from 0.8.4's in-flight set while its batch is in flight
   (a stale completion cleared it): rejected at the first `schedule` that
@@ -24,9 +25,11 @@ vLLM's own state"), independently of the checker.
   or after the first `schedule` that preempts a request of the loop, where
   check-trace's L4 closes the lasso;
 * a counter vLLM let go negative or out of step with the batches in flight
-  (`negative_counters`, `in_flight_counter_mismatches`), or a stall an
-  input ended (the replay's `stalls`): rejected somewhere, the ground
-  truth's step being where vLLM shows it, not where it began;
+  (`negative_counters`, `in_flight_counter_mismatches`), or any other state
+  gone wrong (`STATE_GONE_WRONG`: output placeholders, blocks, queues), or
+  a stall an input ended (the replay's `stalls`): rejected somewhere, the
+  ground truth's step being where vLLM shows it, not where it began (so
+  beside a finding placed exactly, anywhere up to that one's event);
 * with several of these, at the first of them, not before;
 * a trace numbering engine steps (`engine_step`): the first event after
   the engine waited for input with batches in flight (E-a), and the
@@ -87,12 +90,23 @@ class Expected:
                 and self.latest is not None and got <= self.latest)
 
 
+# What vLLM's state shows gone wrong at the step it is seen, not where it
+# began (flightcheck/vllm/replay.py `findings`): counters, output
+# placeholders (a failed load's rollback included, vLLM #49250), a sharer's
+# base, blocks freed under a transfer or leaked, a heap out of order, a
+# session's lost input or overcounted seats, a grammar error bound by id.
+STATE_GONE_WRONG = ("negative_counters", "in_flight_counter_mismatches", "placeholder_mismatches",
+                    "kv_rollback_placeholders", "kv_holder_base_counts_later_batches",
+                    "kv_blocks_freed_under_transfer", "kv_blocks_leaked_at_end", "priority_heaps_out_of_order",
+                    "session_inputs_lost", "session_seats_overcounted", "grammar_errors_bound_by_id")
+
+
 def expected_verdict(result: dict[str, Any], events: list[dict[str, Any]]) -> Expected:
     """Where the checker must reject the trace of `result` (a replay result), if at all."""
     truth = result["ground_truth"]
     completes = {e.get("batch"): i for i, e in enumerate(events) if e["ev"] == "complete"}
     exact: list[int] = []
-    for record in truth["stale_tokens"] + truth["partial_chunk_tokens"]:
+    for record in truth["stale_tokens"] + truth["partial_chunk_tokens"] + truth.get("kv_superseded_tokens", []):
         if record.get("batch") in completes:
             exact.append(completes[record["batch"]])
     for record in truth["in_flight_set_mismatches"]:
@@ -114,7 +128,7 @@ def expected_verdict(result: dict[str, Any], events: list[dict[str, Any]]) -> Ex
             exact.append(schedules[record["step"]])
     exact.extend(_engine_choices(result, events))
     last = len(events) - 1
-    counters = truth.get("negative_counters") or truth.get("in_flight_counter_mismatches")
+    counters = any(truth.get(key) for key in STATE_GONE_WRONG)
     if exact:      # at the event of the first bug, not before it; a counter gone wrong began before vLLM shows it
         return Expected("bug", None if counters else min(exact), min(exact))
     looping = {loop["req"] for loop in truth.get("admission_livelocks", [])}
