@@ -33,6 +33,18 @@ minor: 074 for 0.34.0).
   first bug"); a counter gone wrong began before vLLM shows it, so with one
   recorded the rejection may fall anywhere up to the first exact event
   (verification/traces/ground_truth.py).
+* The same reading, 0.8.4 sync: seed 425 index 47 (`--versions 0.8.5,0.8.4
+  --stages 4`). r4 is preempted with batch 5 in flight and admitted again
+  (batch 7); batch 5's stale completion takes r4 out of
+  `scheduled_req_ids` (the ground truth's `in_flight_set_mismatches`,
+  missing r4, step 17), and the next `schedule()`, r4 no longer gated,
+  finds no block for it and preempts it with batch 7 in flight
+  (check-trace: illegal_schedule there, line 21). `expected_verdict` looked
+  for the next call that schedules r4 (line 39); it now takes one that
+  preempts it too.
+* Also named in the audit and left as they are: stuck runs that
+  check-trace's L2 rejects a few events before `end`, where vLLM has
+  already stopped scheduling (expected at `end`).
 """
 
 from __future__ import annotations
@@ -51,6 +63,7 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both ch
 
 HUNT = DATA / "hunt430"
 ABORTED_LOADER = KeptCase(HUNT / "074_429_sync_aborted_loaders_invalid_block_kept_past_a_second_failure_seed429_44")
+MISSING_ID = KeptCase(HUNT / "070_425_084_sync_missing_in_flight_id_preempted_at_the_next_call_seed425_47")
 COUNTER_FIRST = KeptCase(HUNT / "073_426_async_reused_id_counter_drifts_before_the_stale_token_seed426_48")
 
 
@@ -102,6 +115,20 @@ def test_the_reused_ids_counter_drift_is_rejected_where_the_ground_truth_shows_i
     assert expected.agrees(verdict)
 
 
+def test_a_missing_in_flight_id_shows_at_the_call_that_preempts_the_request() -> None:
+    events = read_trace(MISSING_ID.trace)
+    truth = MISSING_ID.result()["ground_truth"]
+    assert truth["in_flight_set_mismatches"] == [{"step": 17, "extra": [], "missing": ["r4"]}]
+    verdict = check_events(events)
+    assert not verdict.ok and verdict.property == "illegal_schedule"
+    rejected = events[verdict.event_index]
+    assert (rejected["ev"], rejected["batch"], rejected["preempted"], rejected["step"]) == ("schedule", None, ["r4"], 18)
+    stale = events[verdict.event_index - 1]
+    assert (stale["ev"], stale["batch"], stale["tokens"]) == ("complete", 5, {"r4": []})
+    expected = expected_verdict(MISSING_ID.result(), events)
+    assert (expected.kind, expected.earliest, expected.latest) == ("bug", verdict.event_index, verdict.event_index)
+
+
 STALE = {"stale_tokens": [{"batch": 2, "step": 5}]}
 
 
@@ -139,6 +166,16 @@ def test_vllm_reads_the_aborted_loaders_invalid_block_again_and_check_trace_reje
         ABORTED_LOADER.result()["ground_truth"]["kv_computed_on_invalid_kv"]
     assert replayed.category == "rejected, real bug", replayed.detail
     assert "KV7_no_compute_on_invalid_kv" in replayed.detail
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_clears_the_preempted_requests_in_flight_id_again(running: Workers) -> None:
+    replayed = replay_kept_workload(running["0.8.4"], MISSING_ID, "0.8.4")
+    assert replayed.result["batches"] == MISSING_ID.result()["batches"]
+    assert replayed.result["ground_truth"]["in_flight_set_mismatches"] == \
+        MISSING_ID.result()["ground_truth"]["in_flight_set_mismatches"]
+    assert replayed.category == "rejected, real bug" and "illegal_schedule" in replayed.detail, replayed.detail
 
 
 @pytest.mark.slow

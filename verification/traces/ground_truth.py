@@ -7,7 +7,8 @@ vLLM's own state"), independently of the checker.
   `complete` event of the batch that applies it;
 * a request missing from 0.8.4's in-flight set while its batch is in flight
   (a stale completion cleared it): rejected at the first `schedule` that
-  schedules it again, the schedule the missing id allows; an extra id
+  schedules it again or, finding no block for it, preempts it: the
+  schedule the missing id allows; an extra id
   (0.8.4's counter drift) holds the engine back and shows at `end` only if
   the run sticks;
 * speculative decoding: drafts vLLM 0.8.x kept (past an entry that
@@ -112,12 +113,14 @@ def expected_verdict(result: dict[str, Any], events: list[dict[str, Any]]) -> Ex
     for record in truth["in_flight_set_mismatches"]:
         # Only a request missing from the set while its batch is in flight (a
         # stale completion cleared it) lets the scheduler misbehave: at the
-        # first schedule that schedules it again. An extra id (the counter
-        # drift) only holds the engine back, which shows at `end` if it sticks.
+        # first schedule that schedules it again, or tries to and preempts it
+        # (0.8.4 `Scheduler.schedule`: no block for it; seed 425 index 47). An
+        # extra id (the counter drift) only holds the engine back, which shows
+        # at `end` if it sticks.
         missing = set(record.get("missing", []))
         step = record.get("step", 0)
         again = [i for i, e in enumerate(events) if e["ev"] == "schedule" and e.get("step", -1) >= step
-                 and missing & {x["req"] for x in e["entries"]}]
+                 and missing & ({x["req"] for x in e["entries"]} | set(e.get("preempted", [])))]
         if again:
             exact.append(again[0])
     schedules = {e.get("step"): i for i, e in enumerate(events) if e["ev"] == "schedule"}
