@@ -42,6 +42,16 @@ minor: 074 for 0.34.0).
   (check-trace: illegal_schedule there, line 21). `expected_verdict` looked
   for the next call that schedules r4 (line 39); it now takes one that
   preempts it too.
+* The same reading, 0.34.0 sync: seed 428 index 170 (`--versions
+  0.34.0,0.33.0 --kv-connector --spec-tokens 2 --lookahead --stages 2`;
+  0.33.0 alike). r4's sync load fails from block 0 with its sampling entry
+  (batch 2) in flight; the rollback supersedes that entry, and batch 3
+  samples r4 from 0. The ground truth names a double sample at that
+  schedule, but the entry in flight is superseded (its token is to be
+  dropped): the bug is that 0.34.0 applies it at batch 2's completion
+  (`kv_superseded_tokens`), where check-trace rejects S7_output_binding.
+  `expected_verdict` now skips a double sample whose entry in flight a
+  rollback superseded.
 * Also named in the audit and left as they are: stuck runs that
   check-trace's L2 rejects a few events before `end`, where vLLM has
   already stopped scheduling (expected at `end`).
@@ -64,6 +74,7 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both ch
 HUNT = DATA / "hunt430"
 ABORTED_LOADER = KeptCase(HUNT / "074_429_sync_aborted_loaders_invalid_block_kept_past_a_second_failure_seed429_44")
 MISSING_ID = KeptCase(HUNT / "070_425_084_sync_missing_in_flight_id_preempted_at_the_next_call_seed425_47")
+SUPERSEDED = KeptCase(HUNT / "074_428_sync_sampling_again_after_a_rollback_superseded_the_entry_in_flight_seed428_170")
 COUNTER_FIRST = KeptCase(HUNT / "073_426_async_reused_id_counter_drifts_before_the_stale_token_seed426_48")
 
 
@@ -129,6 +140,24 @@ def test_a_missing_in_flight_id_shows_at_the_call_that_preempts_the_request() ->
     assert (expected.kind, expected.earliest, expected.latest) == ("bug", verdict.event_index, verdict.event_index)
 
 
+def test_sampling_again_after_a_rollback_is_no_double_sample_the_superseded_token_is_the_bug() -> None:
+    events = read_trace(SUPERSEDED.trace)
+    truth = SUPERSEDED.result()["ground_truth"]
+    assert truth["double_samples"][0] == {"step": 4, "batch": 3, "req": "r4", "in_flight": 2}
+    assert truth["kv_superseded_tokens"][0] == {"step": 5, "req": "r4", "batch": 2}
+    failed = next(e for e in events if e["ev"] == "kv_failed")
+    assert (failed["req"], failed["from_block"]) == ("r4", 0)
+    verdict = check_events(events)
+    assert not verdict.ok and verdict.property == "S7_output_binding"
+    rejected = events[verdict.event_index]
+    assert (rejected["ev"], rejected["batch"], rejected["tokens"]) == ("complete", 2, {"r4": [650]})
+    expected = expected_verdict(SUPERSEDED.result(), events)
+    assert (expected.kind, expected.earliest, expected.latest) == ("bug", verdict.event_index, verdict.event_index)
+    # without the superseded token the double sample is the first bug, at its schedule
+    alone = {**SUPERSEDED.result(), "ground_truth": {**truth, "kv_superseded_tokens": []}}
+    assert expected_verdict(alone, events).latest == verdict.event_index - 1
+
+
 STALE = {"stale_tokens": [{"batch": 2, "step": 5}]}
 
 
@@ -176,6 +205,16 @@ def test_vllm_clears_the_preempted_requests_in_flight_id_again(running: Workers)
     assert replayed.result["ground_truth"]["in_flight_set_mismatches"] == \
         MISSING_ID.result()["ground_truth"]["in_flight_set_mismatches"]
     assert replayed.category == "rejected, real bug" and "illegal_schedule" in replayed.detail, replayed.detail
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_applies_the_superseded_token_again(running: Workers) -> None:
+    replayed = replay_kept_workload(running["0.34.0"], SUPERSEDED, "0.34.0")
+    assert replayed.result["batches"] == SUPERSEDED.result()["batches"]
+    assert replayed.result["ground_truth"]["kv_superseded_tokens"] == \
+        SUPERSEDED.result()["ground_truth"]["kv_superseded_tokens"]
+    assert replayed.category == "rejected, real bug" and "S7_output_binding" in replayed.detail, replayed.detail
 
 
 @pytest.mark.slow
