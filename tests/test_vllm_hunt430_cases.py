@@ -22,6 +22,20 @@ minor: 074 for 0.34.0).
   was lost and the read accepted. The output now carries the finished
   loads' failures into each joint step (verification/traces/connector.py
   `KvOutput.with_finished_marks`).
+* A false rejection, a spec error, 0.34.0 sync: seed 424 index 89
+  (`--versions 0.33.0,0.34.0 --kv-connector --stages 2
+  --no-mid-step-inputs`, an audit at 260 workloads; recompute policy,
+  prefix caching). r0's sync load of block 1 fails from block 0 while r1
+  and r3, parked for async loads, both hold block 1 as a prefix hit. 0.34.0
+  `_update_requests_with_invalid_blocks` scans the parked loads with one
+  set of marks: r1, first, marks block 1 and is cut to 0; r3's only invalid
+  block is marked, so it keeps its 19 tokens (its load failed all the
+  same), and its own failure later cuts it to 8 with its blocks [1, 5, 6]
+  kept (`_update_waiting_for_remote_kv` caches them). The spec cut every
+  parked holder (r3 to 0), so at promotion it freed r3's blocks and
+  allocated them again in another order: a false S9_kv_ownership at line
+  29. spec/kv_reports.py `_cut_parked_holders` now applies the marks
+  (reference/kv_transfer.py `_invalid_block_holders` already did).
 * A reading of the ground truth that came too late, 0.33.0 async: seed 426
   index 48 (`--versions 0.33.0 --async --spec-tokens 2 --lookahead
   --stages 2`, an aborted request's id reused). The older r1's batch 3
@@ -66,6 +80,7 @@ import pytest
 from flightcheck.verification.traces.check import check_events
 from flightcheck.verification.traces.ground_truth import expected_verdict
 from flightcheck.vllm.differential import read_trace
+from flightcheck.vllm.replay import findings
 
 from .vllm_support import DATA, KeptCase, Workers, replay_kept_workload, workers
 
@@ -75,6 +90,7 @@ HUNT = DATA / "hunt430"
 ABORTED_LOADER = KeptCase(HUNT / "074_429_sync_aborted_loaders_invalid_block_kept_past_a_second_failure_seed429_44")
 MISSING_ID = KeptCase(HUNT / "070_425_084_sync_missing_in_flight_id_preempted_at_the_next_call_seed425_47")
 SUPERSEDED = KeptCase(HUNT / "074_428_sync_sampling_again_after_a_rollback_superseded_the_entry_in_flight_seed428_170")
+SECOND_SHARER = KeptCase(HUNT / "074_424_sync_second_parked_sharer_keeps_its_tokens_seed424_89")
 COUNTER_FIRST = KeptCase(HUNT / "073_426_async_reused_id_counter_drifts_before_the_stale_token_seed426_48")
 
 
@@ -109,6 +125,20 @@ def test_check_trace_rejects_the_read_of_the_aborted_loaders_block_in_either_ord
     assert (rejected["ev"], rejected["step"], rejected["batch"]) == ("schedule", 9, 3)
     assert "[3]" in verdict.message
     assert expected_verdict(ABORTED_LOADER.result(), events).agrees(verdict)
+
+
+def test_a_second_parked_sharer_of_a_marked_block_keeps_its_tokens_and_the_run_is_accepted() -> None:
+    events = read_trace(SECOND_SHARER.trace)
+    assert SECOND_SHARER.result()["ground_truth"].get("kv_computed_on_invalid_kv", []) == []
+    assert SECOND_SHARER.result()["ending"] == "done" and not findings(SECOND_SHARER.result())
+    loads = next(e for e in events if e["ev"] == "schedule")["kv_loads"]
+    assert [(x["req"], x["block_ids"][0]) for x in loads] == [("r1", 1), ("r3", 1)]      # both hit block 1
+    failed = [(e["req"], e["from_block"], e["computed"], e.get("holders")) for e in events if e["ev"] == "kv_failed"]
+    assert failed == [("r0", 0, 0, [{"req": "r1", "computed": 0}]), ("r1", 0, 0, None), ("r3", 1, 8, None)]
+    promoted = next(e for e in events if e["ev"] == "schedule" and e["entries"] and e["entries"][0]["req"] == "r3")
+    assert (promoted["entries"][0]["start"], promoted["entries"][0]["block_ids"]) == (8, [1, 5, 6])
+    verdict = check_events(events)
+    assert verdict.ok, verdict.to_json()
 
 
 def test_the_reused_ids_counter_drift_is_rejected_where_the_ground_truth_shows_it() -> None:
@@ -215,6 +245,14 @@ def test_vllm_applies_the_superseded_token_again(running: Workers) -> None:
     assert replayed.result["ground_truth"]["kv_superseded_tokens"] == \
         SUPERSEDED.result()["ground_truth"]["kv_superseded_tokens"]
     assert replayed.category == "rejected, real bug" and "S7_output_binding" in replayed.detail, replayed.detail
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_keeps_the_second_parked_sharers_tokens_again_and_check_trace_accepts(running: Workers) -> None:
+    replayed = replay_kept_workload(running["0.34.0"], SECOND_SHARER, "0.34.0")
+    assert replayed.result["batches"] == SECOND_SHARER.result()["batches"]
+    assert replayed.category == "accepted, correct run", replayed.detail
 
 
 @pytest.mark.slow
