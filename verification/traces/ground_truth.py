@@ -125,7 +125,7 @@ def expected_verdict(result: dict[str, Any], events: list[dict[str, Any]]) -> Ex
         if again:
             exact.append(again[0])
     schedules = {e.get("step"): i for i, e in enumerate(events) if e["ev"] == "schedule"}
-    for record in (truth.get("leftover_drafts", []) + _double_samples(truth)
+    for record in (truth.get("leftover_drafts", []) + _double_samples(truth, events)
                    + truth.get("negative_schedules", []) + truth.get("beyond_max_model_len", [])
                    + truth.get("kv_computed_on_invalid_kv", []) + truth.get("hits_on_unwritten_kv", [])):
         if record.get("step") in schedules:
@@ -153,16 +153,28 @@ def expected_verdict(result: dict[str, Any], events: list[dict[str, Any]]) -> Ex
     return Expected("legal", None, None)
 
 
-def _double_samples(truth: dict[str, Any]) -> list[dict[str, Any]]:
+def _double_samples(truth: dict[str, Any], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The double samples but those whose entry in flight a failed load's
-    rollback superseded: that entry's token is to be dropped (0.34.0
-    `Scheduler._update_requests_with_invalid_blocks` rolls the request back),
-    so the new sampling entry samples no position twice, and the bug shows
-    where the token is applied all the same (`kv_superseded_tokens`; seed
-    428 index 170)."""
+    rollback superseded before the new entry was scheduled: that entry's
+    token is to be dropped (0.34.0 `Scheduler._update_requests_with_invalid_blocks`
+    rolls the request back), so the new sampling entry samples no position
+    twice, and the bug shows where the token is applied all the same
+    (`kv_superseded_tokens`; seed 428 index 170). A rollback after the new
+    entry leaves it a double sample (seed 425 index 137)."""
     superseded = {(late.get("batch"), late.get("req")) for late in truth.get("kv_superseded_tokens", [])}
     return [double for double in truth.get("double_samples", [])
-            if (double.get("in_flight"), double.get("req")) not in superseded]
+            if (double.get("in_flight"), double.get("req")) not in superseded or not _rolled_back_between(double, events)]
+
+
+def _rolled_back_between(double: dict[str, Any], events: list[dict[str, Any]]) -> bool:
+    """A `kv_failed` of the request (or naming it a holder) between the
+    schedule of the batch in flight and the schedule of the double sample."""
+    carried = next((i for i, e in enumerate(events) if e["ev"] == "schedule" and e.get("batch") == double.get("in_flight")), None)
+    again = next((i for i, e in enumerate(events) if e["ev"] == "schedule" and e.get("step") == double.get("step")), None)
+    if carried is None or again is None:
+        return False
+    return any(e["ev"] == "kv_failed" and double.get("req") in {e["req"], *(h["req"] for h in e.get("holders", []))}
+               for e in events[carried:again])
 
 
 def _engine_choices(result: dict[str, Any], events: list[dict[str, Any]]) -> list[int]:
