@@ -151,8 +151,9 @@ def fail_kv_load(state: State, cfg: Config, r: int, from_block: int) -> State | 
     if quarantines_invalid_kv(cfg):           # the fix: no marks, every holder cut, the blocks evicted
         return _scan_invalid_blocks(state, cfg, ((r, from_block),))
     state = mark_invalid(state, _invalid_blocks(state, cfg, r, from_block))     # KV7 (kv_invalid.py)
+    state = _cut_parked_holders(state, cfg, _invalid_blocks(state, cfg, r, from_block), {})
     for h in holders:
-        if h != r:
+        if h != r and state.requests[h].status is Status.RUNNING:
             state = _recompute_holder(state, cfg, h, r, from_block)
     return _report_taken(rollback(state, cfg, r, valid), cfg, r)
 
@@ -209,8 +210,9 @@ def fail_kv_output(state: State, cfg: Config, failures: tuple[tuple[int, int], .
 def _scan_invalid_blocks(state: State, cfg: Config, failures: tuple[tuple[int, int], ...]) -> State | None:
     """Recompute, for an output's failures together (vLLM's
     `_handle_invalid_blocks`: `_update_requests_with_invalid_blocks` over
-    parked loads, then over `running`). Parked loads: each cut at its own
-    failed block or its first block among the sync loads' invalid ones,
+    parked loads, then over `running`). Parked loads, one set of marks
+    (`_cut_parked_holders`): each cut at its own failed block or its first
+    block among the sync loads' invalid ones no earlier one marked,
     whichever comes first, its load failed (one that has landed stays
     RECEIVED: `_failed`). Running requests, in order, one
     set of marks: each holder of an invalid block recomputes from its first
@@ -229,12 +231,7 @@ def _scan_invalid_blocks(state: State, cfg: Config, failures: tuple[tuple[int, i
         return None
     carrier = next(iter(carriers), None)
     invalid: set[int] = set().union(*(_invalid_blocks(state, cfg, r, b) for r, b in sync))
-    for h in _parked_loads(state):
-        blocks = _computed_blocks(state, cfg, h)
-        cuts = [parked[h]] if h in parked else []
-        cuts += [i for i, block in enumerate(blocks) if block in invalid][:1]
-        if cuts:
-            state = state.with_request(h, num_computed=min(cuts) * bs, load=_failed(state.requests[h].load))
+    state = _cut_parked_holders(state, cfg, invalid, parked)
     marked: set[int] = set()
     quarantine, evicted = quarantines_invalid_kv(cfg), set(invalid)
     for h in state.running:
@@ -252,6 +249,29 @@ def _scan_invalid_blocks(state: State, cfg: Config, failures: tuple[tuple[int, i
     for r, _ in sync:
         state = _report_taken(state, cfg, r)
     return mark_invalid(state, invalid)                 # KV7 (kv_invalid.py)
+
+
+def _cut_parked_holders(state: State, cfg: Config, invalid: set[int], own: dict[int, int]) -> State:
+    """Recompute, vLLM's pass over parked loads (0.34.0
+    `_update_requests_with_invalid_blocks` over `kv_holding_waiting`, one set
+    of marks for the pass): each parked load holding an invalid block, or
+    failing itself (`own`: its failed block), is cut at its own failed block
+    or its first invalid block no earlier holder marked, whichever comes
+    first; one whose invalid blocks all were marked keeps its computed
+    tokens ("this request can still consider this block as computed"). Its
+    load fails either way (`failed_recving_kv_req_ids`)."""
+    marked: set[int] = set()
+    for h in _parked_loads(state):
+        blocks = _computed_blocks(state, cfg, h)
+        held = [i for i, block in enumerate(blocks) if block in invalid]
+        cuts = ([own[h]] if h in own else []) + [i for i in held if blocks[i] not in marked][:1]
+        marked.update(blocks[i] for i in held)
+        q = state.requests[h]
+        if cuts:
+            state = state.with_request(h, num_computed=min(cuts) * cfg.block_size, load=_failed(q.load))
+        elif held:
+            state = state.with_request(h, load=_failed(q.load))
+    return state
 
 
 def _parked_loads(state: State) -> list[int]:
@@ -375,16 +395,10 @@ def _computed_blocks(state: State, cfg: Config, h: int) -> tuple[int, ...]:
 
 
 def _recompute_holder(state: State, cfg: Config, h: int, r: int, from_block: int) -> State:
-    """Recompute, for a request h sharing r's invalid blocks through its
-    prefix hit. A parked load: back to its first invalid block, its load
-    failed (`failed_recving_kv_req_ids`). A running request: it keeps its hit
+    """Recompute, for a running request h sharing r's invalid blocks through
+    its prefix hit (parked ones: `_cut_parked_holders`): it keeps its hit
     (r recomputes the shared blocks), its entry in the batch carrying r's
     load and every later one superseded; none there: nothing changes."""
-    q, bs = state.requests[h], cfg.block_size
-    invalid = _invalid_blocks(state, cfg, r, from_block)
-    if q.status is Status.WAITING_FOR_REMOTE_KVS:
-        first = next(i for i, b in enumerate(_computed_blocks(state, cfg, h)) if b in invalid)
-        return state.with_request(h, num_computed=first * bs, load=_failed(q.load))
     return _revert_to_carrier(state, cfg, h, _carrier(state, r))
 
 

@@ -21,8 +21,6 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both ch
 
 # check-trace rejects at an earlier event than the ground truth's record:
 EARLIER_THAN_THE_GROUND_TRUTH = {
-    # the session's input arrives behind a load: IF1 at the arrival, the counter's drift shows a step later
-    "034_async_session_input_takes_its_arrival_behind_a_load_seed322_39",
     # 0.8.4's negative slice: the schedule that caches the unwritten block, before the hit the truth names
     "084_sync_negative_count_caches_the_first_block_seed376_149",
 }

@@ -2,17 +2,20 @@
 vLLM's own ground truth (flightcheck/vllm/README.md, "Ground truth from
 vLLM's own state"), independently of the checker.
 
-* a stale token or a token sampled for a partial chunk: rejected at the
+* a stale token, a token sampled for a partial chunk, or one a failed
+  load's rollback superseded (`kv_superseded_tokens`): rejected at the
   `complete` event of the batch that applies it;
 * a request missing from 0.8.4's in-flight set while its batch is in flight
   (a stale completion cleared it): rejected at the first `schedule` that
-  schedules it again, the schedule the missing id allows; an extra id
+  schedules it again or, finding no block for it, preempts it: the
+  schedule the missing id allows; an extra id
   (0.8.4's counter drift) holds the engine back and shows at `end` only if
   the run sticks;
 * speculative decoding: drafts vLLM 0.8.x kept (past an entry that
   scheduled none of them, or through a preemption) scheduled, or the request
   preempted trying to, and an entry that samples a request while another of
-  its sampling entries is in flight (a position sampled twice), an entry
+  its sampling entries is in flight (a position sampled twice; not one a
+  failed load's rollback superseded, whose token is the bug), an entry
   of fewer than 0 tokens, or one reaching past max_model_len (0.8.4, which
   does not clip drafts to it): rejected at that `schedule` event (the spec drops such drafts, as vLLM 0.33 does);
 * a batch computing on KV a failed load left invalid, or a prefix hit on
@@ -24,9 +27,11 @@ vLLM's own state"), independently of the checker.
   or after the first `schedule` that preempts a request of the loop, where
   check-trace's L4 closes the lasso;
 * a counter vLLM let go negative or out of step with the batches in flight
-  (`negative_counters`, `in_flight_counter_mismatches`), or a stall an
-  input ended (the replay's `stalls`): rejected somewhere, the ground
-  truth's step being where vLLM shows it, not where it began;
+  (`negative_counters`, `in_flight_counter_mismatches`), or any other state
+  gone wrong (`STATE_GONE_WRONG`: output placeholders, blocks, queues), or
+  a stall an input ended (the replay's `stalls`): rejected somewhere, the
+  ground truth's step being where vLLM shows it, not where it began (so
+  beside a finding placed exactly, anywhere up to that one's event);
 * with several of these, at the first of them, not before;
 * a trace numbering engine steps (`engine_step`): the first event after
   the engine waited for input with batches in flight (E-a), and the
@@ -87,41 +92,55 @@ class Expected:
                 and self.latest is not None and got <= self.latest)
 
 
+# What vLLM's state shows gone wrong at the step it is seen, not where it
+# began (flightcheck/vllm/replay.py `findings`): counters, output
+# placeholders (a failed load's rollback included, vLLM #49250), a sharer's
+# base, blocks freed under a transfer or leaked, a heap out of order, a
+# session's lost input or overcounted seats, a grammar error bound by id.
+STATE_GONE_WRONG = ("negative_counters", "in_flight_counter_mismatches", "placeholder_mismatches",
+                    "kv_rollback_placeholders", "kv_holder_base_counts_later_batches",
+                    "kv_blocks_freed_under_transfer", "kv_blocks_leaked_at_end", "priority_heaps_out_of_order",
+                    "session_inputs_lost", "session_seats_overcounted", "grammar_errors_bound_by_id")
+
+
 def expected_verdict(result: dict[str, Any], events: list[dict[str, Any]]) -> Expected:
     """Where the checker must reject the trace of `result` (a replay result), if at all."""
     truth = result["ground_truth"]
     completes = {e.get("batch"): i for i, e in enumerate(events) if e["ev"] == "complete"}
     exact: list[int] = []
-    for record in truth["stale_tokens"] + truth["partial_chunk_tokens"]:
+    for record in truth["stale_tokens"] + truth["partial_chunk_tokens"] + truth.get("kv_superseded_tokens", []):
         if record.get("batch") in completes:
             exact.append(completes[record["batch"]])
     for record in truth["in_flight_set_mismatches"]:
         # Only a request missing from the set while its batch is in flight (a
         # stale completion cleared it) lets the scheduler misbehave: at the
-        # first schedule that schedules it again. An extra id (the counter
-        # drift) only holds the engine back, which shows at `end` if it sticks.
+        # first schedule that schedules it again, or tries to and preempts it
+        # (0.8.4 `Scheduler.schedule`: no block for it; seed 425 index 47). An
+        # extra id (the counter drift) only holds the engine back, which shows
+        # at `end` if it sticks.
         missing = set(record.get("missing", []))
         step = record.get("step", 0)
         again = [i for i, e in enumerate(events) if e["ev"] == "schedule" and e.get("step", -1) >= step
-                 and missing & {x["req"] for x in e["entries"]}]
+                 and missing & ({x["req"] for x in e["entries"]} | set(e.get("preempted", [])))]
         if again:
             exact.append(again[0])
     schedules = {e.get("step"): i for i, e in enumerate(events) if e["ev"] == "schedule"}
-    for record in (truth.get("leftover_drafts", []) + truth.get("double_samples", [])
+    for record in (truth.get("leftover_drafts", []) + _double_samples(truth, events)
                    + truth.get("negative_schedules", []) + truth.get("beyond_max_model_len", [])
                    + truth.get("kv_computed_on_invalid_kv", []) + truth.get("hits_on_unwritten_kv", [])):
         if record.get("step") in schedules:
             exact.append(schedules[record["step"]])
     exact.extend(_engine_choices(result, events))
     last = len(events) - 1
-    if exact:
-        return Expected("bug", min(exact), min(exact))    # at the event of the first bug, not before it
+    counters = any(truth.get(key) for key in STATE_GONE_WRONG)
+    if exact:      # at the event of the first bug, not before it; a counter gone wrong began before vLLM shows it
+        return Expected("bug", None if counters else min(exact), min(exact))
     looping = {loop["req"] for loop in truth.get("admission_livelocks", [])}
     if looping:                                           # L4 closes the lasso after a first round
         first = next((i for i, e in enumerate(events) if e["ev"] == "schedule"
                       and looping & set(e.get("preempted", []))), 0)
         return Expected("bug", first, last)
-    if truth.get("negative_counters") or truth.get("in_flight_counter_mismatches"):
+    if counters:
         return Expected("bug", None, last)                # a counter gone wrong: the checker's IF rules
     if result.get("stalls"):                              # a stall an input ended (run_endings.py): L2
         return Expected("stuck", None, last)
@@ -132,6 +151,30 @@ def expected_verdict(result: dict[str, Any], events: list[dict[str, Any]]) -> Ex
     if result["ending"] in ("stuck", "blocked_in_flight") and events[-1]["ev"] == "end":
         return Expected(result["ending"], last, last)
     return Expected("legal", None, None)
+
+
+def _double_samples(truth: dict[str, Any], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The double samples but those whose entry in flight a failed load's
+    rollback superseded before the new entry was scheduled: that entry's
+    token is to be dropped (0.34.0 `Scheduler._update_requests_with_invalid_blocks`
+    rolls the request back), so the new sampling entry samples no position
+    twice, and the bug shows where the token is applied all the same
+    (`kv_superseded_tokens`; seed 428 index 170). A rollback after the new
+    entry leaves it a double sample (seed 425 index 137)."""
+    superseded = {(late.get("batch"), late.get("req")) for late in truth.get("kv_superseded_tokens", [])}
+    return [double for double in truth.get("double_samples", [])
+            if (double.get("in_flight"), double.get("req")) not in superseded or not _rolled_back_between(double, events)]
+
+
+def _rolled_back_between(double: dict[str, Any], events: list[dict[str, Any]]) -> bool:
+    """A `kv_failed` of the request (or naming it a holder) between the
+    schedule of the batch in flight and the schedule of the double sample."""
+    carried = next((i for i, e in enumerate(events) if e["ev"] == "schedule" and e.get("batch") == double.get("in_flight")), None)
+    again = next((i for i, e in enumerate(events) if e["ev"] == "schedule" and e.get("step") == double.get("step")), None)
+    if carried is None or again is None:
+        return False
+    return any(e["ev"] == "kv_failed" and double.get("req") in {e["req"], *(h["req"] for h in e.get("holders", []))}
+               for e in events[carried:again])
 
 
 def _engine_choices(result: dict[str, Any], events: list[dict[str, Any]]) -> list[int]:
