@@ -77,6 +77,12 @@ class Observations:
     spec_decoding: bool = False
     leftover_drafts: list[dict[str, Any]] = field(default_factory=list)
     double_samples: list[dict[str, Any]] = field(default_factory=list)
+    # ... and a call that tried to (a running request with a sampling entry in
+    # flight whose allocation, reaching into its drafts, found no room): no
+    # entry, but the call formed another batch than without those drafts. Not
+    # a finding alone; only where a rejection may begin (ground_truth.py
+    # `expected_verdict`; seed 425 index 64).
+    double_sample_attempts: list[dict[str, Any]] = field(default_factory=list)
     # ... and an entry of fewer than 0 tokens (num_computed_tokens past the
     # known tokens and drafts: 0.8.x's `num_new_tokens == 0` skip misses it).
     negative_schedules: list[dict[str, Any]] = field(default_factory=list)
@@ -160,6 +166,7 @@ class Observations:
             found.update(placeholder_mismatches=self.placeholder_mismatches)
         if self.spec_decoding:
             found.update(leftover_drafts=self.leftover_drafts, double_samples=self.double_samples,
+                         double_sample_attempts=self.double_sample_attempts,
                          negative_schedules=self.negative_schedules,
                          beyond_max_model_len=self.beyond_max_model_len,
                          drafts_held_at_admission=self.drafts_held_at_admission,
@@ -358,6 +365,7 @@ class GroundTruthMixin(LivelockWatch):
                 self._fc_leftover_drafts.setdefault(id(request), f"left over by batch {batch_id}, which "
                                                                  f"scheduled none")
         failed, self._fc_failed_allocations = self._fc_failed_allocations, set()
+        self._fc_watch_double_sample_attempts(batch_id, entries, running_before, failed)
         for request in running_before:
             if status_name(request) != "PREEMPTED":
                 continue
@@ -370,6 +378,31 @@ class GroundTruthMixin(LivelockWatch):
                                                      "why": why + "; preempted scheduling them"})
             if request.spec_token_ids and not self.records_async_scheduling:
                 self._fc_leftover_drafts.setdefault(id(request), "proposed before its preemption")
+
+    def _fc_watch_double_sample_attempts(self, batch_id: int | None, entries: list[tuple[EntrySnapshot, Any]],
+                                         running_before: list[Any], failed: set[int]) -> None:
+        """A running request this call left out because its allocation, its
+        drafts counted in, found no room, while a sampling entry of it is in
+        flight: sync engines hand a batch's drafts over at its submission
+        (the `drafts_handed_over_at_submission` deviation), and 0.34.0
+        `Scheduler.schedule` then tries the drafts first; when no block is
+        free and the request behind cannot be preempted
+        (`_request_blocks_can_be_freed`: in flight, the connector defers
+        frees) the running loop breaks, and the call forms less than without
+        those drafts (seed 425 index 64: nothing)."""
+        if self.records_async_scheduling:
+            return
+        scheduled = {id(entry.request) for entry, _ in entries}
+        for request in running_before:
+            if id(request) in scheduled or id(request) not in failed or not request.spec_token_ids:
+                continue
+            admitted = self._fc_admitted(request)  # type: ignore[attr-defined]
+            earlier = next((b.batch_id for b in self._fc_in_flight.values() for e in b.entries
+                            if e.request is request and e.incarnation == admitted and e.samples), None)
+            if earlier is not None:
+                self.flightcheck_observations.double_sample_attempts.append({
+                    "step": self.flightcheck_step, "batch": batch_id, "req": request.request_id,
+                    "in_flight": earlier, "drafts": len(request.spec_token_ids)})
 
     def _fc_drafts_after(self, targets: dict[str, Any], dropped: list[str], model_runner_output: Any) -> dict[str, int]:
         """The drafts vLLM now holds for each request this output was applied

@@ -134,7 +134,8 @@ def expected_verdict(result: dict[str, Any], events: list[dict[str, Any]]) -> Ex
     last = len(events) - 1
     counters = any(truth.get(key) for key in STATE_GONE_WRONG)
     if exact:      # at the event of the first bug, not before it; a counter gone wrong began before vLLM shows it
-        return Expected("bug", None if counters else min(exact), min(exact))
+        return Expected("bug", None if counters else min([min(exact)] + _double_sample_attempts(truth, events)),
+                        min(exact))
     looping = {loop["req"] for loop in truth.get("admission_livelocks", [])}
     if looping:                                           # L4 closes the lasso after a first round
         first = next((i for i, e in enumerate(events) if e["ev"] == "schedule"
@@ -151,6 +152,18 @@ def expected_verdict(result: dict[str, Any], events: list[dict[str, Any]]) -> Ex
     if result["ending"] in ("stuck", "blocked_in_flight") and events[-1]["ev"] == "end":
         return Expected(result["ending"], last, last)
     return Expected("legal", None, None)
+
+
+def _double_sample_attempts(truth: dict[str, Any], events: list[dict[str, Any]]) -> list[int]:
+    """Where each attempted double sample shows: the first event of its
+    step (its schedule, or the event that carries the empty call). The drafts
+    handed over at submission that tried it already made vLLM form another
+    batch than without them (seed 425 index 64: nothing, where r2's last
+    prompt tokens were due), so with a bug found a rejection may begin
+    there; an attempt alone is no finding (the batch may be the same)."""
+    return [next(i for i, e in enumerate(events) if e.get("step", -1) >= attempt["step"])
+            for attempt in truth.get("double_sample_attempts", [])
+            if any(e.get("step", -1) >= attempt["step"] for e in events)]
 
 
 def _double_samples(truth: dict[str, Any], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
