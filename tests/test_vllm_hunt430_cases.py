@@ -66,6 +66,24 @@ minor: 074 for 0.34.0).
   (`kv_superseded_tokens`), where check-trace rejects S7_output_binding.
   `expected_verdict` now skips a double sample whose entry in flight a
   rollback superseded.
+* A suspected false rejection that is vLLM's, 0.34.0 sync: seed 425 index
+  64 (`--versions 0.34.0,0.33.0 --kv-connector --stages 3 --spec-tokens 3
+  --reuse-ids`, fail policy; 0.33.0 alike). With batches 1 and 2 in
+  flight, the engine hands r0's drafts for batch 2 to the scheduler at
+  submission (`drafts_handed_over_at_submission`, EngineCore.post_step), so
+  0.34.0 `Scheduler.schedule` takes r0 first, for 3 draft tokens on top of
+  its sampling entry in flight; `allocate_slots` finds no free block,
+  `_request_blocks_can_be_freed` refuses to preempt r2 (in flight, the
+  connector defers frees) and the running loop breaks: nothing is formed,
+  and r2's last two prompt tokens wait. Without those drafts the same call
+  schedules r2 for 2 (a replay with r0's `spec_token_ids` cleared at that
+  call), as the spec does: check-trace's Eb_complete_only_when_needed at
+  line 9 is right. The ground truth named only the later double sample
+  (step 17), so `expected_verdict` placed the rejection there; the recorder
+  now keeps the attempt (`double_sample_attempts`, flightcheck/vllm/
+  ground_truth.py: a running request left out because its allocation,
+  drafts counted in, failed while its sampling entry is in flight), and a
+  rejection may begin at its step (verification/traces/ground_truth.py).
 * Also named in the audit and left as they are: stuck runs that
   check-trace's L2 rejects a few events before `end`, where vLLM has
   already stopped scheduling (expected at `end`).
@@ -91,6 +109,7 @@ ABORTED_LOADER = KeptCase(HUNT / "074_429_sync_aborted_loaders_invalid_block_kep
 MISSING_ID = KeptCase(HUNT / "070_425_084_sync_missing_in_flight_id_preempted_at_the_next_call_seed425_47")
 SUPERSEDED = KeptCase(HUNT / "074_428_sync_sampling_again_after_a_rollback_superseded_the_entry_in_flight_seed428_170")
 SECOND_SHARER = KeptCase(HUNT / "074_424_sync_second_parked_sharer_keeps_its_tokens_seed424_89")
+BLOCKED_BY_DRAFTS = KeptCase(HUNT / "075_425_sync_drafts_handed_over_at_submission_block_the_running_loop_seed425_64")
 COUNTER_FIRST = KeptCase(HUNT / "073_426_async_reused_id_counter_drifts_before_the_stale_token_seed426_48")
 
 
@@ -211,6 +230,27 @@ def test_a_state_gone_wrong_lets_the_rejection_come_before_the_first_exact_event
 # --- on vLLM itself (slow): the kept workload, the differential and check-trace together
 
 
+def test_drafts_handed_over_at_submission_leave_the_call_empty_and_the_rejection_may_begin_there() -> None:
+    events = read_trace(BLOCKED_BY_DRAFTS.trace)
+    second = next(e for e in events if e["ev"] == "schedule" and e["batch"] == 2)
+    assert [(x["req"], x["start"], x["n"], x["samples"]) for x in second["entries"]] == \
+        [("r0", 12, 3, True), ("r2", 16, 1, False)]          # r2: 2 of its 19 prompt tokens left
+    failed = next(e for e in events if e["ev"] == "kv_failed")
+    assert [(x["ev"], x["step"]) for x in failed["empty_batches_before"]] == [("schedule", 3)]   # nothing formed
+    verdict = check_events(events)
+    assert not verdict.ok and verdict.property == "Eb_complete_only_when_needed", verdict.to_json()
+    rejected = events[verdict.event_index]
+    assert (verdict.event_index, rejected["ev"], rejected["batch"]) == (8, "complete", 1)
+    truth = BLOCKED_BY_DRAFTS.result()["ground_truth"]
+    assert [d["step"] for d in truth["double_samples"]] == [17]
+    assert [(a["step"], a["batch"], a["req"], a["in_flight"]) for a in truth["double_sample_attempts"]] == \
+        [(3, None, "r0", 2)]
+    expected = expected_verdict(BLOCKED_BY_DRAFTS.result(), events)
+    assert (expected.kind, expected.earliest) == ("bug", 5) and expected.agrees(verdict)   # from kv_failed's step 3
+    unrecorded = {**BLOCKED_BY_DRAFTS.result(), "ground_truth": {**truth, "double_sample_attempts": []}}
+    assert not expected_verdict(unrecorded, events).agrees(verdict)       # the double sample's call alone: too early
+
+
 @pytest.fixture(scope="module")
 def running() -> Iterator[Workers]:
     yield from workers()
@@ -263,3 +303,14 @@ def test_vllm_drifts_the_reused_ids_counter_again(running: Workers) -> None:
     assert replayed.result["ground_truth"]["in_flight_counter_mismatches"] == \
         COUNTER_FIRST.result()["ground_truth"]["in_flight_counter_mismatches"]
     assert replayed.category == "rejected, real bug" and "IF1_in_flight_counter" in replayed.detail, replayed.detail
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_forms_nothing_behind_the_handed_over_drafts_again(running: Workers) -> None:
+    replayed = replay_kept_workload(running["0.34.0"], BLOCKED_BY_DRAFTS, "0.34.0")
+    assert replayed.result["batches"] == BLOCKED_BY_DRAFTS.result()["batches"]
+    for key in ("double_samples", "double_sample_attempts"):
+        assert replayed.result["ground_truth"][key] == BLOCKED_BY_DRAFTS.result()["ground_truth"][key]
+    assert replayed.category == "rejected, real bug" and "Eb_complete_only_when_needed" in replayed.detail, \
+        replayed.detail
