@@ -67,6 +67,7 @@ from .lasso import LIVELOCK
 from .line_reader import MAX_BLANK_RUN, Follow, LineReader, open_lines
 from .reading import MalformedTrace, parse_line, validate_numbered
 from .replay import _Violation
+from .step_inputs import INPUTS, another_input_follows
 
 # What callers import from here: the check, its verdicts, the reader.
 __all__ = ["Follow", "LineReader", "MAX_FINISH_LOOKAHEAD", "MAX_PROMPT_BLOCKS", "Verdict", "check_lines",
@@ -189,7 +190,7 @@ def check_lines(lines: Iterable[str], profile: str | None = None, *, keep_going:
     except MalformedTrace as err:
         cut_short = getattr(lines, "cut_short", None)
         yield Verdict(True, None, malformed=str(err), violations=run.violations, read_before=run.read_before,
-                      checked_before=run.read_before - len(run.held),
+                      checked_before=run.read_before - len(run.held) - (run.held_input is not None),
                       cut_short=cut_short == run.line and not run.line_parsed)
 
 
@@ -207,6 +208,7 @@ class _Run:
         self.stopped = False
         self.last: tuple[int, int, str] = (1, 0, "config")   # line, index, kind of the last event fed
         self.held: list[tuple[int, int, dict[str, Any]]] = []   # a complete event and the finishes after it
+        self.held_input: tuple[int, int, dict[str, Any]] | None = None   # an input, until the next event is read
 
     def check(self, lines: Iterable[str]) -> Iterator[Verdict]:
         for line, event in self._events(lines):
@@ -214,6 +216,10 @@ class _Run:
             if index == 0:
                 self._start(event)
                 continue
+            if self.held_input is not None:
+                yield from self._release_input(event)
+                if self.stopped:
+                    return
             if self.held:
                 if event["ev"] == "finish" and len(self.held) <= MAX_FINISH_LOOKAHEAD:
                     self.held.append((line, index, event))
@@ -222,10 +228,14 @@ class _Run:
             if event["ev"] == "complete" and not self.stopped and self._stops_unknown():
                 self.held.append((line, index, event))
                 continue
+            if event["ev"] in INPUTS and "step" in event and not self.stopped:
+                self.held_input = (line, index, event)    # L2 waits for the next input of its step
+                continue
             if not self.stopped:
                 yield from self._feed(line, index, event)
             if self.stopped:
                 return
+        yield from self._release_input(None)
         yield from self._release()
         if not self.stopped:
             yield from self._at_end()
@@ -275,6 +285,14 @@ class _Run:
         slots = c.in_flight_slots() if isinstance(c, FastPath) else [e.req for b in c.state.in_flight for e in b]
         return any(not c.stops[r][1] for r in slots if r in c.stops)
 
+    def _release_input(self, following: dict[str, Any] | None) -> Iterator[Verdict]:
+        """Feed the held input, told whether `following` (the next event,
+        None at the end) is another input of its step (step_inputs.py)."""
+        held, self.held_input = self.held_input, None
+        if held is not None and not self.stopped:
+            line, index, event = held
+            yield from self._feed(line, index, event, follows=another_input_follows(event, following))
+
     def _release(self) -> Iterator[Verdict]:
         """Feed the held complete event, with the finish reasons after it, then those finishes."""
         held, self.held = self.held, []
@@ -289,7 +307,7 @@ class _Run:
             yield from self._feed(line, index, event)
 
     def _feed(self, line: int, index: int, event: dict[str, Any],
-              upcoming: dict[str, Any] | None = None) -> Iterator[Verdict]:
+              upcoming: dict[str, Any] | None = None, follows: bool = False) -> Iterator[Verdict]:
         c = self.checker
         if event["ev"] == "arrive":
             _refuse_huge_prompt(event, c.cfg.block_size, line)
@@ -299,6 +317,7 @@ class _Run:
         fast = isinstance(c, FastPath)
         before = None if fast else c.state            # the fast path's: the state it handed over
         c.upcoming_finish = upcoming or {}
+        c.input_follows_in_step = follows
         self.last = (line, index, event["ev"])
         try:
             c.feed(event)
