@@ -192,14 +192,16 @@ def quiet_completion(complete: dict[str, Any]) -> bool:
 
 def _recurs(earlier: State, now: State) -> bool:
     """`now` is `earlier` again, but for the `is_prefill_chunk` of requests
-    that do not run: vLLM keeps the flag through a preemption (0.33.0
-    `Scheduler._preempt_request` leaves it) and reads it only of running
-    requests (the cadence's `any(not r.is_prefill_chunk for r in
-    self.running)`, the running loop's deferral and `prefill_scheduled`),
-    and `_update_after_schedule` sets it anew for every scheduled request,
-    so a waiting request's flag never decides (the spec's reads:
-    cadence.py, drafts.py `padded_admission`, kv_loads.py, all of running
-    requests). Compared whole, a loop whose first round preempted a request
+    that do not run and have nothing in flight: vLLM keeps the flag through
+    a preemption (0.33.0/0.34.0 `Scheduler._preempt_request` leaves it) and
+    reads it of running requests (the cadence's `any(not
+    r.is_prefill_chunk for r in self.running)`, the running loop's deferral
+    and `prefill_scheduled`) and of those whose batch returns drafts
+    (`update_draft_token_ids`: none without an entry in flight), and
+    `_update_after_schedule` sets it anew for every scheduled request, so
+    such a request's flag never decides (the spec's reads: cadence.py,
+    drafts.py `padded_admission`, kv_loads.py, all of running requests).
+    Compared whole, a loop whose first round preempted a request
     that had sampled and whose next rounds preempt it mid-prefill closed a
     round late (seed 422 index 122 of the hunt over seeds 417-423, 0.33.0
     sync: the second preemption's state came back but for r0's flag, and a
@@ -211,7 +213,8 @@ def _recurs(earlier: State, now: State) -> bool:
     if any(getattr(earlier, f.name) != getattr(now, f.name) for f in fields(now) if f.name != "requests"):
         return False
     running = set(now.running)
-    return all(a == b or (r not in running and replace(a, is_prefill_chunk=b.is_prefill_chunk) == b)
+    return all(a == b or (r not in running and not now.entries_of(r, fate=None)
+                          and replace(a, is_prefill_chunk=b.is_prefill_chunk) == b)
                for r, (a, b) in enumerate(zip(earlier.requests, now.requests)))
 
 
