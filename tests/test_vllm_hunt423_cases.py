@@ -35,6 +35,12 @@ tests/data/vllm/hunt423 as 06x_<seed>_..., x the release's minor: 064 for
   spec at line 21 and not in vLLM (`schedule_decision`, external 8 against
   12). The fail policy's eviction is now one scan over the output's invalid
   blocks before any request finishes (`_evict_invalid_tails`).
+* A check-trace false rejection of seed 422 index 42's kind after a KV
+  report, 0.34.0 and 0.33.0 async: seed 418 index 151 (the fifth pass,
+  `--kv-connector --spec-tokens 3 --lookahead --stages 1`): r3's stall
+  waited on r0's send; r0's `kv_sent` and r3's abort share a `step`, no
+  call between. A KV report's L2 check may wait for an input of its step
+  too (step_inputs.py `DEFERRABLE`).
 * A check-trace miss, 0.33.0 sync: seed 422 index 122 (`--versions
   0.34.0,0.33.0 --all-features --spec-tokens 3 --lookahead --stages 1`,
   the third pass; blocks of 8, 4 usable, one draft and one lookahead slot,
@@ -79,6 +85,8 @@ pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both ch
 HUNT = DATA / "hunt423"
 ABORTED_BEFORE_A_CALL = KeptCase(HUNT / "064_422_sync_arrival_aborted_before_any_schedule_call_below_the_padding_"
                                         "budget_seed422_42")
+SENT_THEN_ABORTED = KeptCase(HUNT / "064_418_async_stalled_request_aborted_after_the_send_before_any_call_"
+                                    "seed418_151")
 LASSO_BUT_FOR_A_FLAG = KeptCase(HUNT / "063_422_sync_lasso_back_but_for_a_preempted_request_s_prefill_flag_"
                                        "seed422_122")
 EVICTED_WITH_ITS_SHARER = KeptCase(HUNT / "064_423_async_fail_policy_evicts_an_aborted_loader_s_block_its_sharer_"
@@ -148,9 +156,30 @@ def test_a_trace_without_step_numbers_is_judged_after_every_event() -> None:
     ({"ev": "arrive", "step": 0}, {"ev": "finish", "step": 0}, False),             # no input
     ({"ev": "complete", "step": 4}, {"ev": "abort", "step": 4}, False),
     ({"ev": "arrive"}, {"ev": "abort"}, False),                                     # no steps
+    ({"ev": "kv_sent", "step": 17}, {"ev": "abort", "step": 17}, True),          # a report, then an input
+    ({"ev": "abort", "step": 17}, {"ev": "kv_sent", "step": 17}, False),         # an input, then a report
     ({"ev": "arrive", "step": 0}, None, False)])
 def test_another_input_of_the_step_follows(event: dict, following: dict | None, follows: bool) -> None:
     assert another_input_follows(event, following) is follows
+
+
+def test_a_send_reported_and_the_stalled_request_aborted_before_a_call_is_accepted() -> None:
+    """Seed 418 index 151 (the fifth pass, 0.34.0 and 0.33.0 async): r3 (one token past its hit,
+    padded to 1 + 3 over a budget of 4 less a draft slot) can never be admitted; r0's send kept L2
+    waiting until its `kv_sent` (line 25), and r3's abort (line 26, the same `step`) came before
+    any call. After a call between, the stall is rejected at the report."""
+    events = read_trace_file(str(SENT_THEN_ABORTED.trace))
+    sent, abort = events[24], events[25]
+    assert (sent["ev"], sent["req"], abort["ev"], abort["req"]) == ("kv_sent", "r0", "abort", "r3")
+    assert sent["step"] == abort["step"] and "empty_batches_before" not in abort
+    result = SENT_THEN_ABORTED.result()
+    assert (result["ending"], findings(result), result["stalls"]) == ("done", [], [])
+    assert _verdicts(events) == ((True, None, None),) * 2
+    called = [{"ev": "schedule", "empty_batch": 5, "step": sent["step"] + 1}]
+    later = events[:25] + [dict(abort, step=sent["step"] + 1, empty_batches_before=called)] + events[26:27] + \
+        [{"ev": "end"}]
+    assert [v[:2] for v in _verdicts(later)] == [(False, "L2_no_deadlock")] * 2
+    assert {v[2] for v in _verdicts(later)} == {25}
 
 
 # --- seed 423 index 93: the fail policy's eviction, one scan over the output's invalid blocks
@@ -250,7 +279,9 @@ def running() -> Iterator[Workers]:
     (ABORTED_BEFORE_A_CALL, "0.34.0", True),
     (EVICTED_WITH_ITS_SHARER, "0.34.0", True),     # r2 misses the evicted block
     (EVICTED_WITH_ITS_SHARER, "0.33.0", True),
-], ids=["aborted_sync", "aborted_async", "evicted_034", "evicted_033"])
+    (SENT_THEN_ABORTED, "0.34.0", True),           # r3 aborted after the send, before a call
+    (SENT_THEN_ABORTED, "0.33.0", True),
+], ids=["aborted_sync", "aborted_async", "evicted_034", "evicted_033", "sent_034", "sent_033"])
 def test_vllm_replays_the_correct_run_and_check_trace_accepts_it(
         running: Workers, case: KeptCase, version: str, asynchronous: bool) -> None:
     from flightcheck.vllm.campaign import ReplayJob, replay_workload

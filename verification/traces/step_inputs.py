@@ -13,10 +13,13 @@ scheduled (hunt seed 422 index 42, 0.34.0 sync and async, three drafts with
 a draft input slot beside `max_num_batched_tokens` 4: r0 arrives and is
 aborted in engine step 0, before any call; vLLM never stalls, the ground
 truth names nothing). Run alone, that arrival does stall vLLM: check-trace
-rejects it there, at the arrival.
+rejects it there, at the arrival. The same holds of a KV connector's report
+followed by an input of its step (seed 418 index 151, 0.34.0 and 0.33.0
+async, the fifth pass: r0's `kv_sent` ends the send r3's stall waited on,
+and r3 is aborted before the next call).
 
-So the L2 check of an input's state waits for the next event when that
-event is another input with the same `step` (the writer counts its
+So the L2 check of an input's (or a KV report's) state waits for the next
+event when that event is an input with the same `step` (the writer counts its
 scheduler's `schedule()` and `update_from_output()` calls in `step`:
 docs/trace-format.md) and no empty batch noted before it: the next input's
 state is judged instead, whatever it is. An input the spec takes as a no-op
@@ -34,15 +37,20 @@ from typing import Any, Callable
 
 from flightcheck.spec import Config, State, invariants_for
 
-from .engine_steps import INPUTS
+from .engine_steps import INPUTS, KV_REPORTS
 
 L2 = "L2_no_deadlock"
+# the events whose L2 check an input of their step may take over: inputs, and
+# the connector's reports (`update_from_output` hands them over after the
+# step's `schedule()`; the next step's inputs come before its call)
+DEFERRABLE = INPUTS + KV_REPORTS
 
 
 def another_input_follows(event: dict[str, Any], following: dict[str, Any] | None) -> bool:
-    """`following` is an input of the same scheduler step as the input
-    `event`, no `schedule()` call between them (module docstring)."""
-    if following is None or event["ev"] not in INPUTS or following["ev"] not in INPUTS:
+    """`following` is an input of the same scheduler step as `event` (an
+    input or a KV report), no `schedule()` call between them (module
+    docstring)."""
+    if following is None or event["ev"] not in DEFERRABLE or following["ev"] not in INPUTS:
         return False
     step = event.get("step")
     return step is not None and following.get("step") == step and not following.get("empty_batches_before")

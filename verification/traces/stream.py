@@ -67,7 +67,7 @@ from .lasso import LIVELOCK
 from .line_reader import MAX_BLANK_RUN, Follow, LineReader, open_lines
 from .reading import MalformedTrace, parse_line, validate_numbered
 from .replay import _Violation
-from .step_inputs import INPUTS, another_input_follows
+from .step_inputs import DEFERRABLE, another_input_follows
 
 # What callers import from here: the check, its verdicts, the reader.
 __all__ = ["Follow", "LineReader", "MAX_FINISH_LOOKAHEAD", "MAX_PROMPT_BLOCKS", "Verdict", "check_lines",
@@ -208,7 +208,7 @@ class _Run:
         self.stopped = False
         self.last: tuple[int, int, str] = (1, 0, "config")   # line, index, kind of the last event fed
         self.held: list[tuple[int, int, dict[str, Any]]] = []   # a complete event and the finishes after it
-        self.held_input: tuple[int, int, dict[str, Any]] | None = None   # an input, until the next event is read
+        self.held_input: tuple[int, int, dict[str, Any]] | None = None   # an input or KV report, until the next line
 
     def check(self, lines: Iterable[str]) -> Iterator[Verdict]:
         for line, event in self._events(lines):
@@ -228,8 +228,8 @@ class _Run:
             if event["ev"] == "complete" and not self.stopped and self._stops_unknown():
                 self.held.append((line, index, event))
                 continue
-            if event["ev"] in INPUTS and "step" in event and not self.stopped:
-                self.held_input = (line, index, event)    # L2 waits for the next input of its step
+            if event["ev"] in DEFERRABLE and "step" in event and not self.stopped:
+                self.held_input = (line, index, event)    # L2 may wait for the next input of its step
                 continue
             if not self.stopped:
                 yield from self._feed(line, index, event)
