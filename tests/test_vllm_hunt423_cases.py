@@ -154,7 +154,9 @@ def test_a_trace_without_step_numbers_is_judged_after_every_event() -> None:
                                    "empty_batches_before": [{"ev": "schedule", "empty_batch": 1, "step": 1}]}, False),
     ({"ev": "arrive", "step": 0}, {"ev": "schedule", "step": 1}, False),
     ({"ev": "arrive", "step": 0}, {"ev": "finish", "step": 0}, False),             # no input
-    ({"ev": "complete", "step": 4}, {"ev": "abort", "step": 4}, False),
+    ({"ev": "complete", "step": 4}, {"ev": "abort", "step": 4}, True),           # after update_from_output
+    ({"ev": "finish", "step": 4}, {"ev": "arrive", "step": 4}, True),
+    ({"ev": "schedule", "step": 4}, {"ev": "abort", "step": 4}, False),          # a call's own state
     ({"ev": "arrive"}, {"ev": "abort"}, False),                                     # no steps
     ({"ev": "kv_sent", "step": 17}, {"ev": "abort", "step": 17}, True),          # a report, then an input
     ({"ev": "abort", "step": 17}, {"ev": "kv_sent", "step": 17}, False),         # an input, then a report

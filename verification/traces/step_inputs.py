@@ -16,7 +16,9 @@ truth names nothing). Run alone, that arrival does stall vLLM: check-trace
 rejects it there, at the arrival. The same holds of a KV connector's report
 followed by an input of its step (seed 418 index 151, 0.34.0 and 0.33.0
 async, the fifth pass: r0's `kv_sent` ends the send r3's stall waited on,
-and r3 is aborted before the next call).
+and r3 is aborted before the next call), and of a completion (with the
+finishes it writes) followed by one: the engine takes the next step's
+inputs after `update_from_output` and before the next call.
 
 So the L2 check of an input's (or a KV report's) state waits for the next
 event when that event is an input with the same `step` (the writer counts its
@@ -40,16 +42,17 @@ from flightcheck.spec import Config, State, invariants_for
 from .engine_steps import INPUTS, KV_REPORTS
 
 L2 = "L2_no_deadlock"
-# the events whose L2 check an input of their step may take over: inputs, and
-# the connector's reports (`update_from_output` hands them over after the
-# step's `schedule()`; the next step's inputs come before its call)
-DEFERRABLE = INPUTS + KV_REPORTS
+# the events whose L2 check an input of their step may take over: inputs,
+# and what `update_from_output` hands over after the step's `schedule()` (the
+# connector's reports, the completion and the finishes it writes); the next
+# step's inputs come before its call
+DEFERRABLE = INPUTS + KV_REPORTS + ("complete", "finish")
 
 
 def another_input_follows(event: dict[str, Any], following: dict[str, Any] | None) -> bool:
-    """`following` is an input of the same scheduler step as `event` (an
-    input or a KV report), no `schedule()` call between them (module
-    docstring)."""
+    """`following`, the next event that is no `finish` (a finish reports
+    what its completion or abort did), is an input of the same scheduler
+    step as `event`, no `schedule()` call between them (module docstring)."""
     if following is None or event["ev"] not in DEFERRABLE or following["ev"] not in INPUTS:
         return False
     step = event.get("step")
@@ -83,3 +86,8 @@ class StepInputs:
         l2 = next((inv for inv in invariants_for(self.cfg, auxiliary=False) if inv.name == L2), None)
         if l2 is not None and not l2.holds(self.state, self.cfg):
             raise self._violation(L2, l2.statement)
+
+
+def next_not_finish(events: list[dict[str, Any]], start: int) -> dict[str, Any] | None:
+    """The first event from `start` on that is no `finish` (None: none)."""
+    return next((e for e in events[start:] if e["ev"] != "finish"), None)
