@@ -41,6 +41,14 @@ tests/data/vllm/hunt423 as 06x_<seed>_..., x the release's minor: 064 for
   waited on r0's send; r0's `kv_sent` and r3's abort share a `step`, no
   call between. A KV report's L2 check may wait for an input of its step
   too (step_inputs.py `DEFERRABLE`).
+* A check-trace false rejection, 0.33.0 async: seed 419 index 95 (the
+  sixth pass, `--all-features --spec-tokens 3 --lookahead --stages 1`).
+  Under PAUSED_NEW vLLM's `get_num_unfinished_requests()` counts the
+  running and KV-holding requests less the parked sessions, -1 here (a
+  session parked in `waiting`, nothing running), and
+  `has_unfinished_requests()` asks `> 0` (0.33.0
+  v1/core/sched/interface.py); L2 (spec/deadlock.py) read any non-zero
+  count as a request unfinished. It asks `> 0` now (`_has_unfinished`).
 * A check-trace miss, 0.33.0 sync: seed 422 index 122 (`--versions
   0.34.0,0.33.0 --all-features --spec-tokens 3 --lookahead --stages 1`,
   the third pass; blocks of 8, 4 usable, one draft and one lookahead slot,
@@ -67,7 +75,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from flightcheck.spec import State, Status, step
+from flightcheck.spec import State, Status, invariants_for, step
+from flightcheck.spec.reset_pause import num_unfinished_requests
+from flightcheck.spec.state import Pause
 from flightcheck.spec.blocks import cached_block
 from flightcheck.spec.kv_reports import fail_kv_output
 from flightcheck.spec.transitions import FailKvLoad
@@ -87,6 +97,7 @@ ABORTED_BEFORE_A_CALL = KeptCase(HUNT / "064_422_sync_arrival_aborted_before_any
                                         "budget_seed422_42")
 SENT_THEN_ABORTED = KeptCase(HUNT / "064_418_async_stalled_request_aborted_after_the_send_before_any_call_"
                                     "seed418_151")
+PAUSED_PARKED = KeptCase(HUNT / "063_419_async_paused_with_a_parked_session_and_a_new_request_seed419_95")
 LASSO_BUT_FOR_A_FLAG = KeptCase(HUNT / "063_422_sync_lasso_back_but_for_a_preempted_request_s_prefill_flag_"
                                        "seed422_122")
 EVICTED_WITH_ITS_SHARER = KeptCase(HUNT / "064_423_async_fail_policy_evicts_an_aborted_loader_s_block_its_sharer_"
@@ -182,6 +193,24 @@ def test_a_send_reported_and_the_stalled_request_aborted_before_a_call_is_accept
         [{"ev": "end"}]
     assert [v[:2] for v in _verdicts(later)] == [(False, "L2_no_deadlock")] * 2
     assert {v[2] for v in _verdicts(later)} == {25}
+
+
+def test_a_pause_with_a_parked_session_and_a_new_request_counts_nothing_unfinished() -> None:
+    """Seed 419 index 95 (the sixth pass, 0.33.0 async): under PAUSED_NEW (line 23) nothing runs,
+    r1 is a session parked in `waiting` and r2 a new request: vLLM's count, the running and
+    KV-holding requests less the parked sessions, is -1, and `has_unfinished_requests()` asks
+    `> 0`; L2 read -1 as a request unfinished and called the pause a stall (line 26, line 24
+    before the inputs' rule)."""
+    events = read_trace_file(str(PAUSED_PARKED.trace))
+    assert (events[22]["ev"], events[22]["state"]) == ("pause", "new")
+    assert (events[26]["ev"], events[26]["state"]) == ("pause", "none")
+    state = _states_after(events, (26,))[26]
+    assert state.pause is Pause.PAUSED_NEW and num_unfinished_requests(state) == -1 and not state.running
+    checker = IncrementalChecker(events)
+    assert all(inv.holds(state, checker.cfg) for inv in invariants_for(checker.cfg) if inv.name == "L2_no_deadlock")
+    result = PAUSED_PARKED.result()
+    assert (result["ending"], findings(result), result["stalls"]) == ("done", [], [])
+    assert _verdicts(events) == ((True, None, None),) * 2
 
 
 # --- seed 423 index 93: the fail policy's eviction, one scan over the output's invalid blocks
@@ -283,7 +312,8 @@ def running() -> Iterator[Workers]:
     (EVICTED_WITH_ITS_SHARER, "0.33.0", True),
     (SENT_THEN_ABORTED, "0.34.0", True),           # r3 aborted after the send, before a call
     (SENT_THEN_ABORTED, "0.33.0", True),
-], ids=["aborted_sync", "aborted_async", "evicted_034", "evicted_033", "sent_034", "sent_033"])
+    (PAUSED_PARKED, "0.33.0", True),               # paused, a parked session and a new request: no stall
+], ids=["aborted_sync", "aborted_async", "evicted_034", "evicted_033", "sent_034", "sent_033", "paused_033"])
 def test_vllm_replays_the_correct_run_and_check_trace_accepts_it(
         running: Workers, case: KeptCase, version: str, asynchronous: bool) -> None:
     from flightcheck.vllm.campaign import ReplayJob, replay_workload
