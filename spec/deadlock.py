@@ -42,7 +42,7 @@ from .state import State, Status
 
 def l2_no_deadlock(s: State, cfg: Config) -> bool:
     """L2 as safety: with nothing in flight and a request unfinished, schedule is enabled and forms a batch or preempts (with a KV connector: nothing in flight includes no load or send to be reported; with streaming sessions: unless nothing runs and the end of the sessions waiting for input would let it move on; with structured output, no grammar compiling)."""
-    if any(s.in_flight) or not num_unfinished_requests(s) or waits_on_environment(s):
+    if any(s.in_flight) or not _has_unfinished(s) or waits_on_environment(s):
         return True
     return _moves_on(s, cfg) or (_waits_on_a_client(s) and _moves_on(_parked_ended(s, cfg), cfg))
 
@@ -137,9 +137,21 @@ def l3_drain(s: State, cfg: Config) -> bool:
 
 def l2_async_no_deadlock(s: State, cfg: Config) -> bool:
     """L2 under async: with nothing in flight and a request unfinished, schedule forms a batch or preempts within stagger + 1 calls, the empty batches between draining at once (with a KV connector: nothing in flight includes no load or send to be reported; with streaming sessions: unless nothing runs and the end of the sessions waiting for input would let it move on; with structured output, no grammar compiling)."""
-    if any(s.in_flight) or not num_unfinished_requests(s) or waits_on_environment(s):
+    if any(s.in_flight) or not _has_unfinished(s) or waits_on_environment(s):
         return True
     return _moves_on_within_stagger(s, cfg) or parked_sessions_hold_the_way(s, cfg)
+
+
+def _has_unfinished(s: State) -> bool:
+    """vLLM's `has_unfinished_requests()` (0.33.0/0.34.0
+    v1/core/sched/interface.py): `get_num_unfinished_requests() > 0`. Under
+    PAUSED_NEW the count is the running and KV-holding requests less the
+    parked sessions, which sit in `waiting`, so it can go below 0: no
+    request unfinished, and the engine has no step to take (the hunt over
+    seeds 417-423, seed 419 index 95 of its sixth pass, 0.33.0 async: a
+    pause with only a parked session and a new request waiting was taken
+    for a stall, -1 read as a count)."""
+    return num_unfinished_requests(s) > 0
 
 
 def _moves_on_within_stagger(s: State, cfg: Config) -> bool:

@@ -183,9 +183,10 @@ def fail_kv_output(state: State, cfg: Config, failures: tuple[tuple[int, int], .
     request once, and each failure one the connector may report in the
     state before the output (`fail_kv_load` enabled there: C2-C4 read
     there, not after another failure of the same output rolled its request
-    back). One failure: `fail_kv_load`. The fail policy evicts every
-    failed load's invalid tail, then finishes every request holding an invalid
-    block, in the scan order (it orders the frees);
+    back). One failure: `fail_kv_load`. The fail policy evicts the tails
+    one scan over every invalid block finds (`_evict_invalid_tails`), then
+    finishes every request holding an invalid block, in the scan order (it
+    orders the frees);
     recompute: `_scan_invalid_blocks`."""
     if not failures or len({r for r, _ in failures}) < len(failures):
         return None
@@ -198,13 +199,35 @@ def fail_kv_output(state: State, cfg: Config, failures: tuple[tuple[int, int], .
         # `finish_requests`' set: `kv_holding_waiting`, then `running`
         scan = {x: i for i, x in enumerate(state.kv_holding + state.running)}
         ordered = sorted(failures, key=lambda f: (scan.get(f[0], len(scan)), f[0]))
-        for r, from_block in ordered:     # every failed load's invalid tail leaves the cache first
-            if shared_holders(state, cfg, r, from_block):       # (`evict_blocks` before `finish_requests`)
-                state = replace(state, pool=uncache(state.pool, state.requests[r].block_table[from_block:]))
+        state = _evict_invalid_tails(state, cfg, failures)     # (`evict_blocks` before `finish_requests`)
         for r, from_block in ordered:
             state = fail_kv_load(state, cfg, r, from_block) or state   # one an earlier failure finished: nothing
         return state
     return _scan_invalid_blocks(state, cfg, failures)
+
+
+def _evict_invalid_tails(state: State, cfg: Config, failures: tuple[tuple[int, int], ...]) -> State:
+    """The fail policy's eviction for an output's failures together, before
+    any request finishes: vLLM 0.33.0/0.34.0 `Scheduler._handle_invalid_blocks`
+    scans `running` once over every block the output made invalid
+    (`_update_requests_with_invalid_blocks(evict_blocks=True)`), and each
+    request with an invalid block among its computed ones that no earlier
+    request marked leaves the cache from there (its table's tail). An
+    aborted loader's invalid blocks count too, which a running sharer still
+    holds: one by one, the running loader's own failure first would finish
+    that sharer before the aborted loader's scan could reach it, and its
+    hit would stay cached (hunt seed 423 index 93, 0.33.0/0.34.0 async: a
+    later request hit it in the spec, missed in vLLM)."""
+    invalid: set[int] = set().union(*(_invalid_blocks(state, cfg, r, b) for r, b in failures))
+    marked: set[int] = set()
+    evicted: list[int] = []
+    for h in state.running:
+        blocks = _computed_blocks(state, cfg, h)
+        fresh = [i for i, block in enumerate(blocks) if block in invalid and block not in marked]
+        marked.update(block for block in blocks if block in invalid)
+        if fresh:
+            evicted.extend(state.requests[h].block_table[fresh[0]:])
+    return replace(state, pool=uncache(state.pool, tuple(evicted))) if evicted else state
 
 
 def _scan_invalid_blocks(state: State, cfg: Config, failures: tuple[tuple[int, int], ...]) -> State | None:

@@ -88,8 +88,10 @@ def test_the_kept_trace_loops_admit_prefill_preempt_with_nothing_appended() -> N
     assert events[-1]["ev"] == "schedule" and events[-1]["preempted"] == ["r4"]    # no end event
 
 
-# the lasso check-trace names: (request, the line of the first state, the line it comes back, schedule events)
-LASSOS = {"0.34.0": ("r4", 94, 99, 3), "0.33.0": ("r2", 95, 125, 16),
+# the lasso check-trace names: (request, the line of the first state, the line it comes back, schedule events);
+# sync, a round earlier since the lasso reads no flag `is_prefill_chunk` of a request not running (lasso.py
+# `_recurs`, the hunt over seeds 417-423: the first round's victim had sampled, the later ones had not)
+LASSOS = {"0.34.0": ("r4", 89, 94, 3), "0.33.0": ("r2", 80, 110, 16),
           "0.34.0-async": ("r4", 102, 107, 3), "0.33.0-async": ("r2", 108, 138, 16)}
 
 

@@ -66,7 +66,8 @@ tests/data/vllm/hunt402; seeds 389-395 kept as 03x_<seed>_...).
   `Scheduler.schedule`, "Prefer to not schedule than schedule
   un-padded"), so schedule() forms nothing, every call. A connector reset
   at step 1 makes the connector offer nothing and r1 is admitted from 0.
-  check-trace rejects L2 at r1's arrival; the ground truth named nothing,
+  check-trace rejects L2 after step 0's inputs (line 5; at r1's arrival,
+  line 2, before the hunt over seeds 417-423); the ground truth named nothing,
   since its busy loop counted the arrival's step as new work, leaving a
   zero-step idle for the short-idle replay. That step's schedule() had
   read the arrival: the idle now begins there (run_endings.py
@@ -193,7 +194,10 @@ def test_a_stall_from_the_arrivals_own_step_is_named_beside_check_traces_l2(mode
     result = case.result()
     assert result["stalls"] == [{"step": 0, "until": 1, "unfinished": ["r1", "r3"]}] and findings(result)
     verdict = check_trace(case.trace)
-    assert (verdict.ok, verdict.property, verdict.line) == (False, "L2_no_deadlock", 2)     # at r1's arrival
+    # after the last input of engine step 0 (r4's abort, line 5): the state the first schedule() call
+    # meets (verification/traces/step_inputs.py; r1's arrival at line 2 stalls it already)
+    assert [e["ev"] for e in events[1:5]] == ["arrive"] * 3 + ["abort"] and {e["step"] for e in events[1:5]} == {0}
+    assert (verdict.ok, verdict.property, verdict.line) == (False, "L2_no_deadlock", 5)
 
 
 # --- on vLLM itself (slow): the kept workload, the ground truth and check-trace together

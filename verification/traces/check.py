@@ -30,6 +30,7 @@ from .incremental import Incremental
 from .reading import (MalformedTrace, NumberedEvents, line_of, parse_line, read_events, read_trace_file,
                       validate_events)
 from .replay import REASONS, TraceChecker, _Violation
+from .step_inputs import another_input_follows, next_not_finish
 
 # What callers import from here (the parts' names included, so that a caller
 # needs one module): the entry points, the result, the errors, the parts.
@@ -92,6 +93,7 @@ def check_events(events: list[dict[str, Any]], profile: str | None = None, full:
         # states are immutable: describe it only if needed (the fast path's: the one it handed over)
         before = None if fast else checker.state
         checker.upcoming_finish = event.get("_finishes", {})
+        checker.input_follows_in_step = another_input_follows(event, next_not_finish(events, index + 1))
         if progress is not None and index % PROGRESS_EVERY == 0:
             progress(index, len(events))
         try:

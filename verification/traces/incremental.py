@@ -270,7 +270,10 @@ class Incremental:
                     return False
             elif inv.name == "L3_drain" and _same_head(before, s):
                 pass                   # it held of `before`, and reads only the oldest batch
-            elif inv.name == "L2_no_deadlock" and _arrival_behind_a_schedulable_queue(before, s, event.action, cfg):
+            elif inv.name == "L2_no_deadlock" and self._l2_judged_later():
+                pass                   # of the next input's state (step_inputs.py)
+            elif inv.name == "L2_no_deadlock" and not self.l2_owed_before \
+                    and _arrival_behind_a_schedulable_queue(before, s, event.action, cfg):
                 pass                   # it held of `before` with a batch to form: see below
             elif not inv.of_state(s, cfg):
                 return False

@@ -102,6 +102,7 @@ same verdict: the drivers (check.py `check_events`, stream.py) call
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
 from typing import Any, Callable
 
 from flightcheck.spec import State
@@ -159,7 +160,7 @@ class LassoWatch:
             self._lasso_anchors = {}
         earlier = self._lasso_anchors.setdefault(key, [])
         for anchor in earlier:
-            if anchor.state == state and not waits_on_environment(state):
+            if _recurs(anchor.state, state) and not waits_on_environment(state):
                 self._lasso_reported = True
                 raise self._violation(LIVELOCK, self._lasso_message(anchor, preempted, line))
         earlier.append(_Anchor(state, line, self._lasso_schedules, preempted))
@@ -187,6 +188,34 @@ def quiet_completion(complete: dict[str, Any]) -> bool:
     against its stale share, is vLLM's own bookkeeping: quiet.)"""
     dropped = set(complete.get("dropped") or ())
     return all(req in dropped for req, tokens in complete.get("tokens", {}).items() if tokens)
+
+
+def _recurs(earlier: State, now: State) -> bool:
+    """`now` is `earlier` again, but for the `is_prefill_chunk` of requests
+    that do not run and have nothing in flight: vLLM keeps the flag through
+    a preemption (0.33.0/0.34.0 `Scheduler._preempt_request` leaves it) and
+    reads it of running requests (the cadence's `any(not
+    r.is_prefill_chunk for r in self.running)`, the running loop's deferral
+    and `prefill_scheduled`) and of those whose batch returns drafts
+    (`update_draft_token_ids`: none without an entry in flight), and
+    `_update_after_schedule` sets it anew for every scheduled request, so
+    such a request's flag never decides (the spec's reads: cadence.py,
+    drafts.py `padded_admission`, kv_loads.py, all of running requests).
+    Compared whole, a loop whose first round preempted a request
+    that had sampled and whose next rounds preempt it mid-prefill closed a
+    round late (seed 422 index 122 of the hunt over seeds 417-423, 0.33.0
+    sync: the second preemption's state came back but for r0's flag, and a
+    session's input then broke the loop; the ground truth named it)."""
+    if earlier == now:
+        return True
+    if earlier.running != now.running or len(earlier.requests) != len(now.requests):
+        return False
+    if any(getattr(earlier, f.name) != getattr(now, f.name) for f in fields(now) if f.name != "requests"):
+        return False
+    running = set(now.running)
+    return all(a == b or (r not in running and not now.entries_of(r, fate=None)
+                          and replace(a, is_prefill_chunk=b.is_prefill_chunk) == b)
+               for r, (a, b) in enumerate(zip(earlier.requests, now.requests)))
 
 
 def _sketch(state: State) -> tuple:

@@ -67,6 +67,7 @@ from .lasso import LIVELOCK
 from .line_reader import MAX_BLANK_RUN, Follow, LineReader, open_lines
 from .reading import MalformedTrace, parse_line, validate_numbered
 from .replay import _Violation
+from .step_inputs import DEFERRABLE, another_input_follows
 
 # What callers import from here: the check, its verdicts, the reader.
 __all__ = ["Follow", "LineReader", "MAX_FINISH_LOOKAHEAD", "MAX_PROMPT_BLOCKS", "Verdict", "check_lines",
@@ -187,9 +188,16 @@ def check_lines(lines: Iterable[str], profile: str | None = None, *, keep_going:
     try:
         yield from run.check(lines)
     except MalformedTrace as err:
+        try:
+            for verdict in run.flush():          # what was held for the line after it is judged first
+                yield verdict
+                if verdict.final:
+                    return
+        except MalformedTrace:
+            pass                                 # (a held arrival refused: the first error is the one told)
         cut_short = getattr(lines, "cut_short", None)
         yield Verdict(True, None, malformed=str(err), violations=run.violations, read_before=run.read_before,
-                      checked_before=run.read_before - len(run.held),
+                      checked_before=run.read_before - len(run.held) - (run.held_input is not None),
                       cut_short=cut_short == run.line and not run.line_parsed)
 
 
@@ -207,6 +215,7 @@ class _Run:
         self.stopped = False
         self.last: tuple[int, int, str] = (1, 0, "config")   # line, index, kind of the last event fed
         self.held: list[tuple[int, int, dict[str, Any]]] = []   # a complete event and the finishes after it
+        self.held_input: tuple[int, int, dict[str, Any]] | None = None   # an input or KV report, until the next line
 
     def check(self, lines: Iterable[str]) -> Iterator[Verdict]:
         for line, event in self._events(lines):
@@ -214,19 +223,27 @@ class _Run:
             if index == 0:
                 self._start(event)
                 continue
+            if self.held_input is not None:
+                yield from self._release_input(event)
+                if self.stopped:
+                    return
             if self.held:
                 if event["ev"] == "finish" and len(self.held) <= MAX_FINISH_LOOKAHEAD:
                     self.held.append((line, index, event))
                     continue
-                yield from self._release()
-            if event["ev"] == "complete" and not self.stopped and self._stops_unknown():
-                self.held.append((line, index, event))
+                yield from self._release(event)
+            if event["ev"] == "complete" and not self.stopped and (self._stops_unknown() or "step" in event):
+                self.held.append((line, index, event))      # (its L2 may wait for an input after its finishes)
+                continue
+            if event["ev"] in DEFERRABLE and "step" in event and not self.stopped:
+                self.held_input = (line, index, event)    # L2 may wait for the next input of its step
                 continue
             if not self.stopped:
                 yield from self._feed(line, index, event)
             if self.stopped:
                 return
-        yield from self._release()
+        yield from self._release_input(None)
+        yield from self._release(None)
         if not self.stopped:
             yield from self._at_end()
 
@@ -275,21 +292,39 @@ class _Run:
         slots = c.in_flight_slots() if isinstance(c, FastPath) else [e.req for b in c.state.in_flight for e in b]
         return any(not c.stops[r][1] for r in slots if r in c.stops)
 
-    def _release(self) -> Iterator[Verdict]:
-        """Feed the held complete event, with the finish reasons after it, then those finishes."""
+    def flush(self) -> Iterator[Verdict]:
+        """Feed what is held (an input or report, a complete and its
+        finishes) as if nothing followed: before a malformed line, the
+        events read before it are judged as they would have been one by one."""
+        yield from self._release_input(None)
+        if not self.stopped:
+            yield from self._release(None)
+
+    def _release_input(self, following: dict[str, Any] | None) -> Iterator[Verdict]:
+        """Feed the held input, told whether `following` (the next event,
+        None at the end) is another input of its step (step_inputs.py)."""
+        held, self.held_input = self.held_input, None
+        if held is not None and not self.stopped:
+            line, index, event = held
+            yield from self._feed(line, index, event, follows=another_input_follows(event, following))
+
+    def _release(self, following: dict[str, Any] | None) -> Iterator[Verdict]:
+        """Feed the held complete event, with the finish reasons after it,
+        then those finishes, each told whether `following` (the event after
+        them, None at the end) is an input of their step (step_inputs.py)."""
         held, self.held = self.held, []
         if not held:
             return
         line, index, complete = held[0]
         upcoming = {e.get("req"): e.get("reason") for _, _, e in held[1:]}
-        yield from self._feed(line, index, complete, upcoming)
+        yield from self._feed(line, index, complete, upcoming, follows=another_input_follows(complete, following))
         for line, index, event in held[1:]:
             if self.stopped:
                 return
-            yield from self._feed(line, index, event)
+            yield from self._feed(line, index, event, follows=another_input_follows(event, following))
 
     def _feed(self, line: int, index: int, event: dict[str, Any],
-              upcoming: dict[str, Any] | None = None) -> Iterator[Verdict]:
+              upcoming: dict[str, Any] | None = None, follows: bool = False) -> Iterator[Verdict]:
         c = self.checker
         if event["ev"] == "arrive":
             _refuse_huge_prompt(event, c.cfg.block_size, line)
@@ -299,6 +334,7 @@ class _Run:
         fast = isinstance(c, FastPath)
         before = None if fast else c.state            # the fast path's: the state it handed over
         c.upcoming_finish = upcoming or {}
+        c.input_follows_in_step = follows
         self.last = (line, index, event["ev"])
         try:
             c.feed(event)
