@@ -16,6 +16,8 @@ from flightcheck.spec.profiles import DEFAULT_PROFILE, PROFILES, VLLM_0_8_4, VLL
 from flightcheck.spec.state import BlockPool
 from flightcheck.verification.traces.check import UnknownVersion, check_events, config_from_event
 
+from .cpu_time import cpu_seconds
+
 pytestmark = pytest.mark.usefixtures("both_checkers")   # checks traces: both checkers compared
 
 # -- the profiles and Config --------------------------------------------------------
@@ -211,15 +213,28 @@ def test_every_profile_is_encoded_in_z3():
     assert Z3_PROFILES == frozenset(PROFILES)
 
 
+# What `verify --profile vllm-0.33` with the Z3 engines costs: about 310 s of
+# CPU, the driver and its two workers together (309.6 s user + 3.2 s sys for
+# the pytest run of the test below, 2026-12-07, /usr/bin/time). The old bound,
+# 300 s of wall time (about twice the run on an idle 2-core machine), failed
+# at load 5 to 10 under `nice -n 10`: 1,161 s of wall time, every other
+# assertion holding. The bound is on the CPU, about twice the cost, as in
+# tests/test_verify_golden.py and tests/test_profile_033.py: it catches the
+# proofs becoming several times slower, not a busy host.
+VERIFY_033_Z3_CPU_LIMIT_S = 600
+
+
 @pytest.mark.slow
 def test_verify_under_0_33_proves_every_property_by_k_induction_and_reaches_the_deferral(capsys):
     """`flightcheck verify --profile vllm-0.33` with the Z3 engines (issue 21):
     every invariant and transition property proved by k-induction of shared-k3
     under 0.33, the verification-only target deferred_resumption reached by
-    BMC, everything OK, within the golden test's regression bound."""
+    BMC, everything OK, within a regression bound on its CPU."""
     from flightcheck.verification.z3.encoding.invariants import COUNTER_FORMULAS
     from flightcheck.verification.z3.encoding.transitions import SPEC_PROPERTIES
+    before = cpu_seconds()
     code, out = _run(capsys, "verify", "--profile", "vllm-0.33", "--json")
+    cpu = cpu_seconds() - before
     report = json.loads(out)
     assert code == 0 and report["ok"] and report["profile"] == "vllm-0.33"
     z3_rows = [p for p in report["properties"] if p["method"].endswith("[vllm-0.33]")]
@@ -227,4 +242,5 @@ def test_verify_under_0_33_proves_every_property_by_k_induction_and_reaches_the_
     assert proved == set(SPEC_PROPERTIES) | set(COUNTER_FORMULAS)     # IF1-IF3: 0.33's counters
     deferral = [p for p in z3_rows if p["name"] == "deferred_resumption"]
     assert [(p["kind"], p["status"], p["depth"]) for p in deferral] == [("sometimes", "reached", 6)]
-    assert report["seconds"] < 300
+    assert cpu < VERIFY_033_Z3_CPU_LIMIT_S, f"verify --profile vllm-0.33 took {cpu:.0f} s of CPU " \
+                                            f"({report['seconds']:.0f} s of wall time)"
