@@ -256,61 +256,32 @@ def running() -> Iterator[Workers]:
     yield from workers()
 
 
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_vllm_reads_the_aborted_loaders_invalid_block_again_and_check_trace_rejects_it(running: Workers) -> None:
-    replayed = replay_kept_workload(running["0.34.0"], ABORTED_LOADER, "0.34.0")
-    assert replayed.result["batches"] == ABORTED_LOADER.result()["batches"]
-    assert replayed.result["ground_truth"]["kv_computed_on_invalid_kv"] == \
-        ABORTED_LOADER.result()["ground_truth"]["kv_computed_on_invalid_kv"]
-    assert replayed.category == "rejected, real bug", replayed.detail
-    assert "KV7_no_compute_on_invalid_kv" in replayed.detail
+# Each kept case replayed on vLLM: (case, release, async, the ground truth's
+# keys that must come back equal, the campaign's category, the property
+# check-trace names; None where it accepts).
+REPLAYS = {
+    "aborted_loaders_invalid_block": (ABORTED_LOADER, "0.34.0", False, ("kv_computed_on_invalid_kv",),
+                                      "rejected, real bug", "KV7_no_compute_on_invalid_kv"),
+    "missing_in_flight_id": (MISSING_ID, "0.8.4", False, ("in_flight_set_mismatches",),
+                             "rejected, real bug", "illegal_schedule"),
+    "superseded_token": (SUPERSEDED, "0.34.0", False, ("kv_superseded_tokens",),
+                         "rejected, real bug", "S7_output_binding"),
+    "second_parked_sharer": (SECOND_SHARER, "0.34.0", False, (), "accepted, correct run", None),
+    "reused_id_counter": (COUNTER_FIRST, "0.33.0", True, ("in_flight_counter_mismatches",),
+                          "rejected, real bug", "IF1_in_flight_counter"),
+    "blocked_by_handed_over_drafts": (BLOCKED_BY_DRAFTS, "0.34.0", False, ("double_samples", "double_sample_attempts"),
+                                      "rejected, real bug", "Eb_complete_only_when_needed"),
+}
 
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_vllm_clears_the_preempted_requests_in_flight_id_again(running: Workers) -> None:
-    replayed = replay_kept_workload(running["0.8.4"], MISSING_ID, "0.8.4")
-    assert replayed.result["batches"] == MISSING_ID.result()["batches"]
-    assert replayed.result["ground_truth"]["in_flight_set_mismatches"] == \
-        MISSING_ID.result()["ground_truth"]["in_flight_set_mismatches"]
-    assert replayed.category == "rejected, real bug" and "illegal_schedule" in replayed.detail, replayed.detail
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_vllm_applies_the_superseded_token_again(running: Workers) -> None:
-    replayed = replay_kept_workload(running["0.34.0"], SUPERSEDED, "0.34.0")
-    assert replayed.result["batches"] == SUPERSEDED.result()["batches"]
-    assert replayed.result["ground_truth"]["kv_superseded_tokens"] == \
-        SUPERSEDED.result()["ground_truth"]["kv_superseded_tokens"]
-    assert replayed.category == "rejected, real bug" and "S7_output_binding" in replayed.detail, replayed.detail
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_vllm_keeps_the_second_parked_sharers_tokens_again_and_check_trace_accepts(running: Workers) -> None:
-    replayed = replay_kept_workload(running["0.34.0"], SECOND_SHARER, "0.34.0")
-    assert replayed.result["batches"] == SECOND_SHARER.result()["batches"]
-    assert replayed.category == "accepted, correct run", replayed.detail
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_vllm_drifts_the_reused_ids_counter_again(running: Workers) -> None:
-    replayed = replay_kept_workload(running["0.33.0"], COUNTER_FIRST, "0.33.0", asynchronous=True)
-    assert replayed.result["batches"] == COUNTER_FIRST.result()["batches"]
-    assert replayed.result["ground_truth"]["in_flight_counter_mismatches"] == \
-        COUNTER_FIRST.result()["ground_truth"]["in_flight_counter_mismatches"]
-    assert replayed.category == "rejected, real bug" and "IF1_in_flight_counter" in replayed.detail, replayed.detail
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_vllm_forms_nothing_behind_the_handed_over_drafts_again(running: Workers) -> None:
-    replayed = replay_kept_workload(running["0.34.0"], BLOCKED_BY_DRAFTS, "0.34.0")
-    assert replayed.result["batches"] == BLOCKED_BY_DRAFTS.result()["batches"]
-    for key in ("double_samples", "double_sample_attempts"):
-        assert replayed.result["ground_truth"][key] == BLOCKED_BY_DRAFTS.result()["ground_truth"][key]
-    assert replayed.category == "rejected, real bug" and "Eb_complete_only_when_needed" in replayed.detail, \
-        replayed.detail
+@pytest.mark.parametrize("name", sorted(REPLAYS))
+def test_vllm_replays_each_kept_case_the_same_and_the_campaign_judges_it_again(running: Workers, name: str) -> None:
+    case, version, asynchronous, truth_keys, category, prop = REPLAYS[name]
+    replayed = replay_kept_workload(running[version], case, version, asynchronous=asynchronous)
+    assert replayed.result["batches"] == case.result()["batches"]
+    for key in truth_keys:
+        assert replayed.result["ground_truth"][key] == case.result()["ground_truth"][key]
+    assert replayed.category == category, replayed.detail
+    assert prop is None or prop in replayed.detail, replayed.detail
